@@ -1,0 +1,134 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdir, mkdtemp, readFile, readdir, rm } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+/** Where Debian puts the binary; PATH is searched first. */
+const CANDIDATE_BINARIES = ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"];
+
+export interface NatsServerOptions {
+  /** JetStream store directory; a fresh temp directory when omitted. */
+  storeDir?: string;
+  /** Fixed port; a free one chosen by the server when omitted. */
+  port?: number;
+  /** Extra command-line arguments. */
+  args?: string[];
+  /** How long to wait for the server to listen. */
+  startTimeoutMs?: number;
+}
+
+/**
+ * A nats-server child process on 127.0.0.1 with JetStream, for the demo and the test suites.
+ * It can be stopped, killed with SIGKILL and restarted on the same port and store.
+ */
+export class NatsServerProcess {
+  private child: ChildProcess | undefined;
+  private stderrTail = "";
+
+  private constructor(
+    readonly storeDir: string,
+    private readonly ownsStore: boolean,
+    public port: number,
+    private readonly extraArgs: string[],
+    private readonly startTimeoutMs: number,
+  ) {}
+
+  static async start(options: NatsServerOptions = {}): Promise<NatsServerProcess> {
+    const ownsStore = options.storeDir === undefined;
+    const storeDir = options.storeDir ?? (await mkdtemp(join(tmpdir(), "gym-ckpt-nats-")));
+    const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? -1, options.args ?? [], options.startTimeoutMs ?? 10_000);
+    await server.launch();
+    return server;
+  }
+
+  get url(): string {
+    return `nats://127.0.0.1:${this.port}`;
+  }
+
+  get pid(): number | undefined {
+    return this.child?.pid;
+  }
+
+  private async launch(): Promise<void> {
+    const portsDir = join(this.storeDir, "ports");
+    await rm(portsDir, { recursive: true, force: true });
+    await mkdir(portsDir, { recursive: true });
+    const args = ["-a", "127.0.0.1", "-p", String(this.port), "-js", "-sd", join(this.storeDir, "js"), "--ports_file_dir", portsDir, ...this.extraArgs];
+    const child = spawn(findBinary(), args, { stdio: ["ignore", "ignore", "pipe"] });
+    this.child = child;
+    this.stderrTail = "";
+    child.stderr?.setEncoding("utf8");
+    child.stderr?.on("data", (chunk: string) => {
+      this.stderrTail = (this.stderrTail + chunk).slice(-4000);
+    });
+    const exited = new Promise<never>((_, reject) => {
+      child.once("exit", (code, signal) => reject(new Error(`nats-server exited early (code ${code}, signal ${signal}): ${this.stderrTail}`)));
+      child.once("error", reject);
+    });
+    exited.catch(() => undefined);
+    const listening = this.waitForPortsFile(portsDir, child.pid!);
+    const port = await Promise.race([listening, exited]);
+    this.port = port;
+  }
+
+  /** The server writes `<exe>_<pid>.ports` once it listens; poll for it with a bounded budget. */
+  private async waitForPortsFile(dir: string, pid: number): Promise<number> {
+    const deadline = Date.now() + this.startTimeoutMs;
+    while (Date.now() < deadline) {
+      if (existsSync(dir)) {
+        const file = (await readdir(dir)).find((name) => name.endsWith(`_${pid}.ports`));
+        if (file) {
+          const ports = JSON.parse(await readFile(join(dir, file), "utf8")) as { nats?: string[] };
+          const url = ports.nats?.[0];
+          if (url) return Number(new URL(url).port);
+        }
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    throw new Error(`nats-server did not listen within ${this.startTimeoutMs} ms: ${this.stderrTail}`);
+  }
+
+  /** Graceful stop (SIGTERM), waiting for the process to exit. */
+  async stop(): Promise<void> {
+    await this.signal("SIGTERM");
+  }
+
+  /** Crash the server (SIGKILL). */
+  async kill(): Promise<void> {
+    await this.signal("SIGKILL");
+  }
+
+  /** Start again on the same port and JetStream store after stop or kill. */
+  async restart(): Promise<void> {
+    if (this.child && this.child.exitCode === null && this.child.signalCode === null) await this.stop();
+    await this.launch();
+  }
+
+  /** Stop and remove the store directory if this launcher created it. */
+  async dispose(): Promise<void> {
+    await this.kill();
+    if (this.ownsStore) await rm(this.storeDir, { recursive: true, force: true });
+  }
+
+  private async signal(signal: NodeJS.Signals): Promise<void> {
+    const child = this.child;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+    child.kill(signal);
+    await exited;
+  }
+}
+
+function findBinary(): string {
+  for (const candidate of CANDIDATE_BINARIES) {
+    if (!candidate.includes("/")) {
+      for (const dir of (process.env.PATH ?? "").split(":")) {
+        if (dir && existsSync(join(dir, candidate))) return join(dir, candidate);
+      }
+    } else if (existsSync(candidate)) {
+      return candidate;
+    }
+  }
+  throw new Error("nats-server not found; install it with: sudo apt-get install -y nats-server");
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Makes a fresh clone ready to test or demo: npm packages, then Debian's nats-server.
+# Idempotent and quiet when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+lock_hash() { sha256sum package-lock.json 2>/dev/null | cut -c1-64; }
+if [ ! -d node_modules ] || [ ! -f node_modules/.gym-ckpt-lock ] || [ "$(cat node_modules/.gym-ckpt-lock)" != "$(lock_hash)" ]; then
+  echo "prepare-env: installing npm packages (npm ci)" >&2
+  npm ci --no-audit --no-fund --loglevel=error >&2
+  lock_hash > node_modules/.gym-ckpt-lock
+fi
+
+if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+  if [ "$(id -u)" = "0" ]; then
+    echo "prepare-env: installing Debian's nats-server" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq nats-server >&2
+  else
+    echo "prepare-env: nats-server is missing. Install it, then run this command again:" >&2
+    echo "    sudo apt-get install -y nats-server" >&2
+    exit 1
+  fi
+fi
