@@ -1,0 +1,33 @@
+import type { z } from "zod";
+import { CheckpointError, describeZodError } from "./errors.js";
+import { MAX_CONTROL_MESSAGE_BYTES } from "./version.js";
+
+/**
+ * Parses and validates one message. Oversized payloads, malformed JSON and schema violations all
+ * become catalog errors, so a receiver can answer them without touching its state.
+ */
+export function decodeMessage<S extends z.ZodType>(schema: S, data: Uint8Array | string): z.infer<S> {
+  const size = typeof data === "string" ? Buffer.byteLength(data) : data.byteLength;
+  if (size > MAX_CONTROL_MESSAGE_BYTES) {
+    throw new CheckpointError("payload_too_large", `message is ${size} bytes; the limit is ${MAX_CONTROL_MESSAGE_BYTES}`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(typeof data === "string" ? data : Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("utf8"));
+  } catch (error) {
+    throw new CheckpointError("invalid_request", `malformed JSON: ${(error as Error).message}`);
+  }
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
+  return parsed.data;
+}
+
+/** Serializes a message, refusing anything that would not fit in one NATS message. */
+export function encodeMessage(value: unknown): string {
+  const text = JSON.stringify(value);
+  const size = Buffer.byteLength(text);
+  if (size > MAX_CONTROL_MESSAGE_BYTES) {
+    throw new CheckpointError("payload_too_large", `message is ${size} bytes; the limit is ${MAX_CONTROL_MESSAGE_BYTES}`);
+  }
+  return text;
+}

@@ -1,0 +1,176 @@
+import { z } from "zod";
+
+/**
+ * The error catalog: every refusal anywhere in gym-ckpt carries one of these codes.
+ * `docs/errors.md` mirrors this table; a unit test keeps the two in step.
+ * `status` is the HTTP status the controller API answers with.
+ */
+export const ERROR_CATALOG = {
+  unauthorized: {
+    status: 401,
+    meaning: "The bearer token is missing or wrong.",
+    solve: "Send `Authorization: Bearer <token>` with the token configured for the deployment.",
+  },
+  invalid_request: {
+    status: 400,
+    meaning: "The message is not valid JSON, has unknown or mistyped fields, or breaks a documented limit.",
+    solve: "Fix the request; the detail names the offending field.",
+  },
+  payload_too_large: {
+    status: 413,
+    meaning: "The message is larger than the control-message limit (1 MiB).",
+    solve: "Keep control messages small: records travel through checkpoint storage, never on the bus.",
+  },
+  stale_checkpoint: {
+    status: 409,
+    meaning: "The checkpoint id was already resumed (or aborted before its prepare arrived).",
+    solve: "Start a new checkpoint with a fresh id; a delayed call from an old controller is fenced on purpose.",
+  },
+  stale_epoch: {
+    status: 409,
+    meaning: "The coordinator epoch is lower than one this participant has already seen.",
+    solve: "Another coordinator took over; this one must stop sending phase messages.",
+  },
+  checkpoint_conflict: {
+    status: 409,
+    meaning: "A different checkpoint is active, or a retried commit names another directory or scope.",
+    solve: "Resume (abort) the active checkpoint first, or retry with the same arguments.",
+  },
+  invalid_phase: {
+    status: 409,
+    meaning: "The operation is not allowed in the participant's current phase (or readiness regressed before commit).",
+    solve: "Follow the phase machine: prepare, commit, resume; retire and forget only while no checkpoint is open.",
+  },
+  deadline_exceeded: {
+    status: 409,
+    meaning: "The absolute deadline passed before or during the operation.",
+    solve: "Retry with a later deadline; idempotent retries return the same result.",
+  },
+  stale_attempt: {
+    status: 409,
+    meaning: "A data-plane request from a retired attempt, or a session bound to another attempt.",
+    solve: "Dispatch the rollout as a newer attempt; the old one is fenced until forget.",
+  },
+  admission_closed: {
+    status: 409,
+    meaning: "A checkpoint is open and this server does not admit new work until resume.",
+    solve: "Retry after the checkpoint resumes.",
+  },
+  rollout_id_required: {
+    status: 400,
+    meaning: "Work arrived without a rollout id, so a checkpoint could neither record nor retire it.",
+    solve: "Send episode-scoped calls under the `/ng-rollout/<capture_key>/` path prefix.",
+  },
+  restart_in_scope: {
+    status: 409,
+    meaning: "The commit scope names an episode this participant reported as a restart.",
+    solve: "Leave the participant's `restarts` out of the commit scope; restart those rollouts from input.",
+  },
+  invalid_checkpoint_state: {
+    status: 422,
+    meaning: "Checkpoint files are missing, corrupt, or belong to another checkpoint, kind or instance; or restore found live state.",
+    solve: "Restore from another published checkpoint (see `gym-ckpt verify`), into fresh processes.",
+  },
+  not_participant: {
+    status: 404,
+    meaning: "The addressed server is not a checkpoint participant.",
+    solve: "Enable checkpointing on that server or leave it out of the membership.",
+  },
+  not_found: {
+    status: 404,
+    meaning: "The named checkpoint or resource does not exist.",
+    solve: "List published checkpoints with `gym-ckpt ls`.",
+  },
+  unreachable: {
+    status: 503,
+    meaning: "Nobody answers on the participant's subject (NATS no-responders).",
+    solve: "Check the participant process; an unreachable participant resumes by itself when its lease expires.",
+  },
+  outcome_unknown: {
+    status: 504,
+    meaning: "A request timed out; the participant may or may not have acted.",
+    solve: "Retry with the same checkpoint id: every operation is idempotent per (checkpoint_id, op).",
+  },
+  not_leader: {
+    status: 503,
+    meaning: "This coordinator does not hold the leader lease (or is still waiting out its first lease period).",
+    solve: "Send controller calls to the active coordinator, or retry shortly.",
+  },
+  prepare_incomplete: {
+    status: 409,
+    meaning: "Prepare did not finish before its deadline; the reply lists the blockers.",
+    solve: "Resume to abort, retire the blockers, then prepare again.",
+  },
+  restore_failed: {
+    status: 409,
+    meaning: "A participant failed to restore; the replacement attempts were retired everywhere and everyone resumed.",
+    solve: "Restart the listed rollouts from their input as a later attempt.",
+  },
+  internal_error: {
+    status: 500,
+    meaning: "An unexpected failure inside gym-ckpt.",
+    solve: "Check the logs (they carry the trace id) and report a bug.",
+  },
+} as const satisfies Record<string, { status: number; meaning: string; solve: string }>;
+
+export type ErrorCode = keyof typeof ERROR_CATALOG;
+export const ERROR_CODES = Object.keys(ERROR_CATALOG) as ErrorCode[];
+export const ErrorCodeSchema = z.enum(ERROR_CODES as [ErrorCode, ...ErrorCode[]]);
+
+/** The body of every refusal, on NATS and HTTP alike. */
+export const ErrorReplySchema = z
+  .object({
+    error: z.object({ code: ErrorCodeSchema, detail: z.string() }).strict(),
+  })
+  .strict();
+export type ErrorReply = z.infer<typeof ErrorReplySchema>;
+
+const MARK = Symbol.for("gym-ckpt.CheckpointError");
+
+/**
+ * The one error class of the project: a code from the catalog, a human detail, an optional cause.
+ * `instanceof` works across duplicate copies of the package (the symbol is global).
+ */
+export class CheckpointError extends Error {
+  readonly code: ErrorCode;
+  readonly data: Record<string, unknown> | undefined;
+
+  constructor(code: ErrorCode, detail: string, options: { cause?: unknown; data?: Record<string, unknown> } = {}) {
+    super(detail, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = "CheckpointError";
+    this.code = code;
+    this.data = options.data;
+  }
+
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    return typeof value === "object" && value !== null && (value as Record<symbol, unknown>)[MARK] === true;
+  }
+
+  get status(): number {
+    return ERROR_CATALOG[this.code].status;
+  }
+
+  toReply(): ErrorReply {
+    return { error: { code: this.code, detail: this.message } };
+  }
+
+  static fromReply(reply: ErrorReply): CheckpointError {
+    return new CheckpointError(reply.error.code, reply.error.detail);
+  }
+}
+Object.defineProperty(CheckpointError.prototype, MARK, { value: true });
+
+/** Turns anything thrown into a catalog error; unknown failures become `internal_error`. */
+export function toCheckpointError(error: unknown): CheckpointError {
+  if (error instanceof CheckpointError) return error;
+  const detail = error instanceof Error ? error.message : String(error);
+  return new CheckpointError("internal_error", detail, { cause: error });
+}
+
+/** Readable one-line description of a zod failure, for `invalid_request` details. */
+export function describeZodError(error: z.ZodError): string {
+  return error.issues
+    .slice(0, 5)
+    .map((issue) => `${issue.path.length ? issue.path.join(".") : "(root)"}: ${issue.message}`)
+    .join("; ");
+}

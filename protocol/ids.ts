@@ -1,0 +1,75 @@
+import { z } from "zod";
+
+/**
+ * Identity of rollouts, attempts and checkpoints.
+ *
+ * A rollout is one logical sample; an attempt is one physical execution of it. Every restored
+ * episode continues as attempt+1. The capture key is the attempt-qualified string used in URLs,
+ * records and blocker lists: `<rollout>` for attempt 0, `<rollout>-a<N>` otherwise. Rollout ids
+ * may not end in `-a<digits>`, which keeps the mapping reversible.
+ */
+
+/** Shared by every id that may become a path component or a subject token. */
+export const SAFE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+const RESERVED_ATTEMPT_SUFFIX = /-a\d+$/;
+const CAPTURE_KEY_SUFFIX = /^(.+)-a([1-9]\d*)$/;
+
+export const MAX_ATTEMPT = 1_000_000;
+
+export const RolloutIdSchema = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(SAFE_NAME_PATTERN, "rollout id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$")
+  .refine((id) => !RESERVED_ATTEMPT_SUFFIX.test(id), "rollout id may not end in -a<digits> (reserved for attempts)");
+export type RolloutId = z.infer<typeof RolloutIdSchema>;
+
+export const AttemptSchema = z.number().int().min(0).max(MAX_ATTEMPT);
+
+export const EpisodeIdSchema = z
+  .object({
+    rollout_id: RolloutIdSchema,
+    attempt: AttemptSchema.default(0),
+  })
+  .strict();
+export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
+
+export const CheckpointIdSchema = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$");
+export type CheckpointId = z.infer<typeof CheckpointIdSchema>;
+
+/** A server's name in the deployment; becomes a directory name and subject tokens. */
+export const InstanceSchema = z.string().min(1).max(128).regex(SAFE_NAME_PATTERN, "instance must match ^[A-Za-z0-9][A-Za-z0-9._-]*$");
+export type Instance = z.infer<typeof InstanceSchema>;
+
+/** A deployment name scopes subjects and KV buckets; no dots, since it is one subject token. */
+export const DeploymentSchema = z.string().min(1).max(64).regex(/^[A-Za-z0-9][A-Za-z0-9_-]*$/, "deployment must match ^[A-Za-z0-9][A-Za-z0-9_-]*$");
+
+export const CaptureKeySchema = z
+  .string()
+  .min(1)
+  .max(220)
+  .refine((key) => parseCaptureKey(key) !== undefined, "not a valid capture key");
+
+export function captureKey(episode: EpisodeId): string {
+  return episode.attempt === 0 ? episode.rollout_id : `${episode.rollout_id}-a${episode.attempt}`;
+}
+
+/** The inverse of `captureKey`; undefined for anything `captureKey` cannot produce. */
+export function parseCaptureKey(key: string): EpisodeId | undefined {
+  const match = CAPTURE_KEY_SUFFIX.exec(key);
+  const candidate = match ? { rollout_id: match[1]!, attempt: Number(match[2]) } : { rollout_id: key, attempt: 0 };
+  const parsed = EpisodeIdSchema.safeParse(candidate);
+  return parsed.success ? parsed.data : undefined;
+}
+
+export function nextAttempt(episode: EpisodeId): EpisodeId {
+  return { rollout_id: episode.rollout_id, attempt: episode.attempt + 1 };
+}
+
+export function sameEpisode(a: EpisodeId, b: EpisodeId): boolean {
+  return a.rollout_id === b.rollout_id && a.attempt === b.attempt;
+}

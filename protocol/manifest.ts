@@ -1,0 +1,83 @@
+import { z } from "zod";
+import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema } from "./ids.js";
+import { KindSchema } from "./kinds.js";
+import { MANIFEST_SCHEMA_VERSION } from "./version.js";
+
+/**
+ * Checkpoint files. Per participant:
+ *   <checkpoint_dir>/gym/<kind>/<instance>/records-<sha256>.jsonl   written first, fsynced, renamed
+ *   <checkpoint_dir>/gym/<kind>/<instance>/manifest.json            create-only, written last
+ * Globally, written by the coordinator after every commit succeeded:
+ *   <checkpoint_dir>/checkpoint.json, then <root>/LATEST.
+ */
+
+export const RECORDS_FILE_PATTERN = /^records-[0-9a-f]{64}\.jsonl$/;
+export const MANIFEST_FILE = "manifest.json";
+export const GLOBAL_MANIFEST_FILE = "checkpoint.json";
+export const LATEST_FILE = "LATEST";
+
+const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
+
+export const ParticipantManifestSchema = z
+  .object({
+    schema_version: z.literal(MANIFEST_SCHEMA_VERSION),
+    kind: KindSchema,
+    instance: InstanceSchema,
+    checkpoint_id: CheckpointIdSchema,
+    records_file: z.string().regex(RECORDS_FILE_PATTERN, "records_file must be records-<sha256>.jsonl"),
+    records_sha256: Sha256Schema,
+    record_count: z.number().int().min(0),
+    created_at: z.number(),
+    /** Participant-specific fields a restore needs besides the records. */
+    extra: z.record(z.string(), z.unknown()),
+  })
+  .strict()
+  .refine((m) => m.records_file === `records-${m.records_sha256}.jsonl`, "records_file must name records_sha256");
+export type ParticipantManifest = z.infer<typeof ParticipantManifestSchema>;
+
+/**
+ * Every record line starts with the episode it belongs to: the SOURCE attempt that was checkpointed.
+ * Kinds extend this with their own strict fields (boundary, session state, ledger rows…).
+ */
+export const RecordBaseSchema = z.object({ episode_id: EpisodeIdSchema });
+export type RecordBase = z.infer<typeof RecordBaseSchema>;
+
+/** Per-participant reference inside the global manifest. */
+export const ParticipantEntrySchema = z
+  .object({
+    kind: KindSchema,
+    instance: InstanceSchema,
+    /** Relative to the checkpoint directory. */
+    manifest_path: z.string(),
+    manifest_sha256: Sha256Schema,
+    records_sha256: Sha256Schema,
+    record_count: z.number().int().min(0),
+    episode_ids: z.array(z.string()),
+    extras: z.record(z.string(), z.unknown()),
+  })
+  .strict();
+export type ParticipantEntry = z.infer<typeof ParticipantEntrySchema>;
+
+/** The controller's own state: inline JSON, or a file beside checkpoint.json with its digest. */
+export const ControllerStateSchema = z.union([
+  z.object({ inline: z.unknown() }).strict(),
+  z.object({ file: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/), sha256: Sha256Schema }).strict(),
+]);
+export type ControllerState = z.infer<typeof ControllerStateSchema>;
+
+export const GlobalManifestSchema = z
+  .object({
+    schema_version: z.literal(MANIFEST_SCHEMA_VERSION),
+    checkpoint_id: CheckpointIdSchema,
+    epoch: z.number().int().min(0),
+    prepared_at: z.number(),
+    published_at: z.number(),
+    stop: z.boolean(),
+    /** The episodes the controller continues; null = everything each participant held. */
+    scope: z.array(EpisodeIdSchema).nullable(),
+    restarts: z.array(z.string()),
+    participants: z.array(ParticipantEntrySchema),
+    controller_state: ControllerStateSchema.nullable(),
+  })
+  .strict();
+export type GlobalManifest = z.infer<typeof GlobalManifestSchema>;

@@ -1,0 +1,173 @@
+import { z } from "zod";
+import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema } from "./ids.js";
+import { KindSchema } from "./kinds.js";
+import { ParticipantManifestSchema } from "./manifest.js";
+
+/**
+ * Control messages between the coordinator and a participant. Every phase message carries an
+ * absolute deadline (Unix epoch seconds) and the coordinator's epoch, the fencing token that
+ * lets participants refuse a deposed coordinator.
+ */
+
+export const OPS = ["status", "prepare", "renew", "commit", "restore", "resume", "retire", "forget"] as const;
+export const OpSchema = z.enum(OPS);
+export type Op = z.infer<typeof OpSchema>;
+export type PhaseOp = Exclude<Op, "status">;
+
+export const PHASES = ["idle", "preparing", "prepared", "committed", "restored"] as const;
+export const PhaseSchema = z.enum(PHASES);
+export type Phase = z.infer<typeof PhaseSchema>;
+
+export const MAX_BLOCKERS = 100;
+const MAX_SCOPE = 100_000;
+
+const DeadlineSchema = z.number().finite().positive();
+const EpochSchema = z.number().int().min(0);
+
+const common = {
+  checkpoint_id: CheckpointIdSchema,
+  deadline_ts: DeadlineSchema,
+  epoch: EpochSchema,
+};
+
+/** A directory the coordinator owns and this participant can see: absolute, normalized. */
+export const CheckpointDirSchema = z
+  .string()
+  .min(1)
+  .max(4096)
+  .refine((dir) => dir.startsWith("/"), "checkpoint_dir must be absolute")
+  .refine((dir) => !dir.split("/").some((part) => part === ".." || part === "."), "checkpoint_dir may not contain . or .. segments")
+  .refine((dir) => !dir.includes("\0"), "checkpoint_dir may not contain NUL");
+
+export const StatusRequestSchema = z.object({ epoch: EpochSchema.optional() }).strict();
+export const PrepareRequestSchema = z.object(common).strict();
+export const RenewRequestSchema = z.object(common).strict();
+export const ResumeRequestSchema = z.object(common).strict();
+export const CommitRequestSchema = z
+  .object({
+    ...common,
+    checkpoint_dir: CheckpointDirSchema,
+    /** The episodes the controller continues; null = everything this participant holds. */
+    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE).nullable(),
+    stop: z.boolean().default(false),
+  })
+  .strict();
+export const RestoreRequestSchema = z
+  .object({
+    ...common,
+    checkpoint_dir: CheckpointDirSchema,
+    /** The checkpointed (source) attempts the controller will continue. */
+    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE),
+  })
+  .strict();
+export const RetireRequestSchema = z
+  .object({ ...common, episode_ids: z.array(EpisodeIdSchema).min(1).max(MAX_SCOPE) })
+  .strict();
+export const ForgetRequestSchema = z
+  .object({ ...common, rollout_ids: z.array(RolloutIdSchema).min(1).max(MAX_SCOPE) })
+  .strict();
+
+export const PrepareReportSchema = z
+  .object({
+    ready: z.boolean(),
+    /** At most 100 capture keys or synthetic labels; `blocker_count` is the full count. */
+    blockers: z.array(z.string()).max(MAX_BLOCKERS),
+    blocker_count: z.number().int().min(0),
+    counts: z.record(z.string(), z.number().int()),
+    /** Uncapped: in-flight episodes this participant cannot capture; they restart from input. */
+    restarts: z.array(z.string()),
+  })
+  .strict();
+export type PrepareReport = z.infer<typeof PrepareReportSchema>;
+
+const ExtrasSchema = z.record(z.string(), z.unknown());
+
+export const StatusReplySchema = z
+  .object({
+    kind: KindSchema,
+    instance: InstanceSchema,
+    phase: PhaseSchema,
+    checkpoint_id: CheckpointIdSchema.nullable(),
+    lease_expires_at: z.number().nullable(),
+    /** Highest coordinator epoch this participant has seen. */
+    epoch: EpochSchema,
+    retired_rollouts: z.number().int().min(0),
+    report: PrepareReportSchema,
+    protocol_version: z.number().int(),
+    extras: ExtrasSchema,
+  })
+  .strict();
+export const PrepareReplySchema = z.object({ phase: z.enum(["prepared", "preparing", "idle"]), report: PrepareReportSchema }).strict();
+export const RenewReplySchema = z.object({ lease_expires_at: z.number() }).strict();
+export const CommitReplySchema = z
+  .object({
+    phase: z.literal("committed"),
+    manifest: ParticipantManifestSchema,
+    /** Path of manifest.json relative to checkpoint_dir. */
+    manifest_path: z.string(),
+    manifest_sha256: z.string().regex(/^[0-9a-f]{64}$/),
+    /** Capture keys actually exported, sorted. */
+    episode_ids: z.array(z.string()),
+    /** Kind-specific additions, e.g. the model's `staging_keys`. */
+    extras: ExtrasSchema,
+  })
+  .strict();
+export const RestoreReplySchema = z
+  .object({
+    phase: z.literal("restored"),
+    source_checkpoint_id: CheckpointIdSchema,
+    /** Capture keys of the NEXT attempts that will continue. */
+    restored: z.array(z.string()),
+  })
+  .strict();
+export const ResumeReplySchema = z.object({ phase: z.literal("idle"), idempotent: z.boolean() }).strict();
+export const RetireReplySchema = z.object({ retired: z.array(z.string()) }).strict();
+export const ForgetReplySchema = z.object({ forgotten: z.array(z.string()) }).strict();
+
+export type StatusRequest = z.infer<typeof StatusRequestSchema>;
+export type PrepareRequest = z.infer<typeof PrepareRequestSchema>;
+export type RenewRequest = z.infer<typeof RenewRequestSchema>;
+export type ResumeRequest = z.infer<typeof ResumeRequestSchema>;
+export type CommitRequest = z.infer<typeof CommitRequestSchema>;
+export type CommitRequestInput = z.input<typeof CommitRequestSchema>;
+export type RestoreRequest = z.infer<typeof RestoreRequestSchema>;
+export type RetireRequest = z.infer<typeof RetireRequestSchema>;
+export type ForgetRequest = z.infer<typeof ForgetRequestSchema>;
+export type StatusReply = z.infer<typeof StatusReplySchema>;
+export type PrepareReply = z.infer<typeof PrepareReplySchema>;
+export type RenewReply = z.infer<typeof RenewReplySchema>;
+export type CommitReply = z.infer<typeof CommitReplySchema>;
+export type RestoreReply = z.infer<typeof RestoreReplySchema>;
+export type ResumeReply = z.infer<typeof ResumeReplySchema>;
+export type RetireReply = z.infer<typeof RetireReplySchema>;
+export type ForgetReply = z.infer<typeof ForgetReplySchema>;
+
+/** Request and reply schema of every op, so both ends validate from one table. */
+export const CONTROL_MESSAGES = {
+  status: { request: StatusRequestSchema, reply: StatusReplySchema },
+  prepare: { request: PrepareRequestSchema, reply: PrepareReplySchema },
+  renew: { request: RenewRequestSchema, reply: RenewReplySchema },
+  commit: { request: CommitRequestSchema, reply: CommitReplySchema },
+  restore: { request: RestoreRequestSchema, reply: RestoreReplySchema },
+  resume: { request: ResumeRequestSchema, reply: ResumeReplySchema },
+  retire: { request: RetireRequestSchema, reply: RetireReplySchema },
+  forget: { request: ForgetRequestSchema, reply: ForgetReplySchema },
+} as const;
+
+export type RequestOf<O extends Op> = z.infer<(typeof CONTROL_MESSAGES)[O]["request"]>;
+export type RequestInputOf<O extends Op> = z.input<(typeof CONTROL_MESSAGES)[O]["request"]>;
+export type ReplyOf<O extends Op> = z.infer<(typeof CONTROL_MESSAGES)[O]["reply"]>;
+
+/** Announcement a participant puts in the membership registry and refreshes as a heartbeat. */
+export const MemberSchema = z
+  .object({
+    kind: KindSchema,
+    instance: InstanceSchema,
+    /** Random per process: a restarted participant is a new incarnation. */
+    incarnation: z.string().min(1).max(64),
+    started_at: z.number(),
+    heartbeat_at: z.number(),
+    protocol_version: z.number().int(),
+  })
+  .strict();
+export type Member = z.infer<typeof MemberSchema>;

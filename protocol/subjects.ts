@@ -1,0 +1,45 @@
+import type { Kind } from "./kinds.js";
+import type { Op } from "./messages.js";
+
+/**
+ * Every NATS subject and KV bucket name gym-ckpt uses, in one place.
+ *   gym.ckpt.v1.<deployment>.p.<kind>.<instance>.<op>   one participant's control op (request/reply)
+ *   gym.ckpt.v1.<deployment>.ctl.<op>                    the controller API of the active coordinator
+ * Directed subjects per participant make every outcome attributable.
+ */
+const ROOT = "gym.ckpt.v1";
+
+export function participantSubject(deployment: string, kind: Kind, instance: string, op: Op): string {
+  return `${ROOT}.${deployment}.p.${kind}.${instance}.${op}`;
+}
+
+export function controllerSubject(deployment: string, op: string): string {
+  return `${ROOT}.${deployment}.ctl.${op}`;
+}
+
+/** KV buckets; nats-server 2.9 applies TTL per bucket only, so each lifetime gets its own bucket. */
+export function membersBucket(deployment: string): string {
+  return `gym_ckpt_${deployment}_members`;
+}
+export function leaderBucket(deployment: string): string {
+  return `gym_ckpt_${deployment}_leader`;
+}
+export function journalBucket(deployment: string): string {
+  return `gym_ckpt_${deployment}_journal`;
+}
+
+export function memberKey(kind: Kind, instance: string): string {
+  return `${kind}.${instance}`;
+}
+
+/** Headers on control messages. */
+export const HEADER_AUTHORIZATION = "Authorization";
+export const HEADER_TRACEPARENT = "traceparent";
+export const HEADER_TRACESTATE = "tracestate";
+
+/**
+ * Membership registry lifetime. Participants re-put their entry every MEMBER_HEARTBEAT_MS; the
+ * bucket's max_age (MEMBER_TTL_MS) drops the entry of a participant that stopped.
+ */
+export const MEMBER_TTL_MS = 15_000;
+export const MEMBER_HEARTBEAT_MS = 5_000;

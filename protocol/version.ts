@@ -1,0 +1,8 @@
+/** Version of the control messages on the wire; bumped on any incompatible change. */
+export const PROTOCOL_VERSION = 1;
+
+/** Version of `manifest.json` and `checkpoint.json`; readers refuse any other. */
+export const MANIFEST_SCHEMA_VERSION = 1;
+
+/** NATS' default max_payload. Control messages must stay well under it: records never travel on the bus. */
+export const MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024;
