@@ -109,3 +109,4 @@ export {
 } from "./subjects.js";
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { decodeMessage, encodeMessage } from "./codec.js";
+export { tokensEqual, bearerToken } from "./auth.js";

@@ -1,0 +1,628 @@
+import type { Context } from "@opentelemetry/api";
+import type { Logger } from "pino";
+import {
+  CheckpointError,
+  MAX_BLOCKERS,
+  PROTOCOL_VERSION,
+  captureKey,
+  nextAttempt,
+  type CommitReply,
+  type CommitRequest,
+  type EpisodeId,
+  type ForgetReply,
+  type ForgetRequest,
+  type Phase,
+  type PhaseOp,
+  type PrepareReply,
+  type PrepareReport,
+  type PrepareRequest,
+  type RecordBase,
+  type RenewReply,
+  type RenewRequest,
+  type ReplyOf,
+  type RequestOf,
+  type RestoreReply,
+  type RestoreRequest,
+  type ResumeReply,
+  type ResumeRequest,
+  type RetireReply,
+  type RetireRequest,
+  type StatusReply,
+} from "../../protocol/index.js";
+import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
+import { FsCheckpointStorage } from "../storage/fs-storage.js";
+import { WriteGate } from "../storage/write-gate.js";
+import { ATTR, participantInstruments, withSpan } from "../telemetry/instruments.js";
+import { AsyncLock } from "./async-lock.js";
+import { systemClock, type Clock } from "./clock.js";
+import type { ParticipantKind } from "./participant-kind.js";
+import { ResumedFence } from "./resumed-fence.js";
+import { RetiredMarks } from "./retired-marks.js";
+
+export interface ControlPlaneOptions<R extends RecordBase> {
+  adapter: ParticipantKind<R>;
+  instance: string;
+  storage?: CheckpointStorage;
+  clock?: Clock;
+  /** Lease = max(current, deadline + grace); a participant whose lease expires resumes by itself. */
+  leaseGraceSeconds?: number;
+  /** When set, every checkpoint_dir must lie inside this directory. */
+  checkpointRoot?: string;
+  logger?: Logger;
+  /** Upper bound between readiness re-checks while a prepare waits (notifications usually come first). */
+  readinessPollMs?: number;
+}
+
+/** One export per checkpoint: a retry with the same directory and scope reuses it. */
+interface PendingWrite<R> {
+  checkpointId: string;
+  dir: string;
+  scopeKey: string;
+  stop: boolean;
+  createdAt: number;
+  records: R[] | undefined;
+  gate: WriteGate;
+  running: Promise<CommitReply> | undefined;
+}
+
+const ALLOWED: Record<"prepare" | "commit" | "restore" | "renew", readonly Phase[]> = {
+  prepare: ["idle", "preparing"],
+  commit: ["prepared"],
+  restore: ["idle"],
+  renew: ["preparing", "prepared", "committed", "restored"],
+};
+
+/**
+ * The kind-agnostic participant control plane: phase machine, fences, lease, reply cache,
+ * export-once commit and all-or-nothing restore. One lock serializes transitions; the readiness
+ * wait of prepare and the storage write of commit run outside it so a resume can always abort.
+ *
+ *   idle --prepare--> preparing --(ready)--> prepared --commit--> committed
+ *   idle --restore--> restored
+ *   any non-idle --resume | lease expiry--> idle
+ */
+export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
+  readonly adapter: ParticipantKind<R>;
+  readonly instance: string;
+  private readonly storage: CheckpointStorage;
+  private readonly clock: Clock;
+  private readonly graceSeconds: number;
+  private readonly checkpointRoot: string | undefined;
+  private readonly logger: Logger | undefined;
+  private readonly pollMs: number;
+
+  private readonly lock = new AsyncLock();
+  private readonly resumed = new ResumedFence(64);
+  private readonly retired = new RetiredMarks();
+  private readonly cache = new Map<string, unknown>();
+  private phase: Phase = "idle";
+  private activeId: string | null = null;
+  private leaseExpiresAt: number | null = null;
+  private cancelLeaseTimer: (() => void) | undefined;
+  private highestEpoch = 0;
+  private pendingWrite: PendingWrite<R> | undefined;
+  private pendingInstall: Promise<unknown> | undefined;
+  private closedAt: number | undefined;
+  private readonly waiters = new Set<() => void>();
+
+  constructor(options: ControlPlaneOptions<R>) {
+    this.adapter = options.adapter;
+    this.instance = options.instance;
+    this.storage = options.storage ?? new FsCheckpointStorage();
+    this.clock = options.clock ?? systemClock;
+    this.graceSeconds = options.leaseGraceSeconds ?? 600;
+    if (!(this.graceSeconds > 0)) throw new CheckpointError("invalid_request", "leaseGraceSeconds must be > 0");
+    this.checkpointRoot = options.checkpointRoot?.replace(/\/+$/, "");
+    this.logger = options.logger?.child({ kind: this.adapter.kind, instance: this.instance });
+    this.pollMs = options.readinessPollMs ?? 1000;
+    this.adapter.attach?.({
+      notifyReadinessChanged: () => this.notify(),
+      isRetired: (episode) => this.retired.isRetired(episode),
+    });
+  }
+
+  get currentPhase(): Phase {
+    return this.phase;
+  }
+
+  get activeCheckpointId(): string | null {
+    return this.activeId;
+  }
+
+  /** For data-plane admission: a retired attempt is refused with `stale_attempt` until forget. */
+  assertNotRetired(episode: EpisodeId): void {
+    if (this.retired.isRetired(episode)) throw new CheckpointError("stale_attempt", this.retired.describe(episode));
+  }
+
+  isRetired(episode: EpisodeId): boolean {
+    return this.retired.isRetired(episode);
+  }
+
+  /** Dispatches one validated request; the epoch fence applies to every phase op. */
+  async handle<O extends PhaseOp | "status">(op: O, request: RequestOf<O>, parent?: Context): Promise<ReplyOf<O>> {
+    if (op === "status") return this.status() as ReplyOf<O>;
+    const phaseRequest = request as RequestOf<PhaseOp>;
+    const attributes = {
+      [ATTR.checkpointId]: phaseRequest.checkpoint_id,
+      [ATTR.epoch]: phaseRequest.epoch,
+      [ATTR.kind]: this.adapter.kind,
+      [ATTR.instance]: this.instance,
+    };
+    const started = this.clock.now();
+    const instruments = participantInstruments();
+    try {
+      const reply = await withSpan(`checkpoint.${op}`, attributes, parent, async (span) => {
+        if (phaseRequest.epoch < this.highestEpoch) {
+          throw new CheckpointError("stale_epoch", `epoch ${phaseRequest.epoch} is below ${this.highestEpoch}, already seen here`);
+        }
+        const result = await this.dispatch(op as PhaseOp, phaseRequest);
+        this.highestEpoch = Math.max(this.highestEpoch, phaseRequest.epoch);
+        if (op === "prepare") {
+          const r = result as PrepareReply;
+          span.setAttributes({ [ATTR.phase]: r.phase, [ATTR.blockers]: r.report.blocker_count });
+        }
+        return result;
+      });
+      instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
+      return reply as ReplyOf<O>;
+    } catch (error) {
+      const code = error instanceof CheckpointError ? error.code : "internal_error";
+      instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
+      instruments.refusals.add(1, { code, kind: this.adapter.kind });
+      this.logger?.warn({ op, checkpoint_id: phaseRequest.checkpoint_id, code, err: error }, "control operation refused");
+      throw error;
+    }
+  }
+
+  private dispatch(op: PhaseOp, request: RequestOf<PhaseOp>): Promise<unknown> {
+    switch (op) {
+      case "prepare":
+        return this.prepare(request as PrepareRequest);
+      case "renew":
+        return this.renew(request as RenewRequest);
+      case "commit":
+        return this.commit(request as CommitRequest);
+      case "restore":
+        return this.restore(request as RestoreRequest);
+      case "resume":
+        return this.resume(request as ResumeRequest);
+      case "retire":
+        return this.retire(request as RetireRequest);
+      case "forget":
+        return this.forget(request as ForgetRequest);
+      default: {
+        const unreachable: never = op;
+        throw new CheckpointError("invalid_request", `unknown op ${String(unreachable)}`);
+      }
+    }
+  }
+
+  status(): StatusReply {
+    return {
+      kind: this.adapter.kind,
+      instance: this.instance,
+      phase: this.phase,
+      checkpoint_id: this.activeId,
+      lease_expires_at: this.leaseExpiresAt,
+      epoch: this.highestEpoch,
+      retired_rollouts: this.retired.size,
+      report: this.report(),
+      protocol_version: PROTOCOL_VERSION,
+      extras: this.adapter.statusExtras?.() ?? {},
+    };
+  }
+
+  // ---- prepare ---------------------------------------------------------------------------
+
+  private async prepare(request: PrepareRequest): Promise<PrepareReply> {
+    this.checkDeadline(request.deadline_ts);
+    const id = request.checkpoint_id;
+    const early = await this.lock.run(async () => {
+      const cached = this.cached<PrepareReply>(id, "prepare");
+      if (cached) return cached;
+      this.admit(id, ALLOWED.prepare, "prepare");
+      if (this.phase === "idle") {
+        this.activeId = id;
+        this.phase = "preparing";
+        this.renewLease(request.deadline_ts);
+        this.closedAt = this.clock.now();
+        try {
+          await this.adapter.closeAdmission();
+        } catch (error) {
+          // Phase and admission must never disagree: reopen everything.
+          await this.reopen(undefined);
+          throw error;
+        }
+      } else {
+        this.renewLease(request.deadline_ts);
+      }
+      return undefined;
+    });
+    if (early) return early;
+
+    try {
+      await this.waitReady(id, request.deadline_ts);
+    } catch (error) {
+      await this.lock.run(() => (this.activeId === id ? this.reopen(undefined) : undefined));
+      throw error;
+    }
+
+    return this.lock.run(() => {
+      const report = this.report();
+      if (this.activeId !== id) return { phase: this.phase === "idle" ? "idle" : "preparing", report } as PrepareReply;
+      if (this.phase === "preparing" && report.ready) {
+        this.phase = "prepared";
+        const reply: PrepareReply = { phase: "prepared", report };
+        this.cache.set(cacheKey(id, "prepare"), reply);
+        return reply;
+      }
+      if (this.phase === "prepared") return this.cached<PrepareReply>(id, "prepare") ?? { phase: "prepared", report };
+      participantInstruments().blockersAtDeadline.record(report.blocker_count, { kind: this.adapter.kind });
+      this.logger?.info({ checkpoint_id: id, blockers: report.blockers, blocker_count: report.blocker_count }, "prepare_not_ready");
+      return { phase: "preparing", report } satisfies PrepareReply;
+    });
+  }
+
+  /** Waits outside the lock; wakes on readiness notifications, re-checks at least every pollMs. */
+  private async waitReady(id: string, deadlineTs: number): Promise<void> {
+    for (;;) {
+      if (this.activeId !== id || this.phase !== "preparing") return;
+      if (this.report().ready) return;
+      const remaining = deadlineTs * 1000 - this.clock.now();
+      if (remaining <= 0) return;
+      await new Promise<void>((resolve) => {
+        const wake = () => {
+          cancel();
+          this.waiters.delete(wake);
+          resolve();
+        };
+        const cancel = this.clock.setTimer(wake, Math.min(this.pollMs, remaining));
+        this.waiters.add(wake);
+      });
+    }
+  }
+
+  private notify(): void {
+    for (const wake of [...this.waiters]) wake();
+  }
+
+  // ---- commit ----------------------------------------------------------------------------
+
+  private async commit(request: CommitRequest): Promise<CommitReply> {
+    this.checkDeadline(request.deadline_ts);
+    const id = request.checkpoint_id;
+    const dir = this.checkpointDir(request.checkpoint_dir);
+    const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
+    const pending = await this.lock.run(() => {
+      const cached = this.cached<CommitReply>(id, "commit");
+      if (cached) return cached;
+      this.admit(id, ALLOWED.commit, "commit");
+      const existing = this.pendingWrite;
+      if (existing && existing.checkpointId === id) {
+        if (existing.dir !== dir || existing.scopeKey !== scopeKey || existing.stop !== request.stop) {
+          throw new CheckpointError("checkpoint_conflict", "a retried commit must name the same directory, scope and stop flag");
+        }
+      }
+      this.renewLease(request.deadline_ts);
+      // Readiness can regress after prepare (e.g. a held response was delivered).
+      const report = this.report();
+      if (!report.ready) {
+        throw new CheckpointError("invalid_phase", `readiness regressed since prepare; blockers: ${report.blockers.join(", ")}`);
+      }
+      if (request.episode_ids) {
+        const restarts = new Set(report.restarts);
+        const inScope = request.episode_ids.map(captureKey).filter((key) => restarts.has(key));
+        if (inScope.length) throw new CheckpointError("restart_in_scope", `the scope names restarts: ${inScope.slice(0, 10).join(", ")}`);
+      }
+      if (existing && existing.checkpointId === id) return existing;
+      const fresh: PendingWrite<R> = {
+        checkpointId: id,
+        dir,
+        scopeKey,
+        stop: request.stop,
+        createdAt: this.clock.now() / 1000,
+        records: undefined,
+        gate: new WriteGate(),
+        running: undefined,
+      };
+      this.pendingWrite = fresh;
+      return fresh;
+    });
+    if (!isPendingWrite(pending)) return pending;
+
+    // The write cannot be cancelled by a deadline; a retry awaits the same write.
+    pending.running ??= this.runWrite(pending, request).catch((error: unknown) => {
+      pending.running = undefined;
+      throw error;
+    });
+    const reply = await this.raceDeadline(pending.running, request.deadline_ts, "commit");
+    return this.lock.run(async () => {
+      if (this.activeId !== id || this.pendingWrite !== pending) {
+        throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was resumed while its commit was writing`);
+      }
+      const cached = this.cached<CommitReply>(id, "commit");
+      if (cached) return cached;
+      try {
+        await this.adapter.afterCommit?.(request.episode_ids, { stop: request.stop });
+      } catch (error) {
+        // Best effort: the records are durable; clean-up and parking failures are only logged.
+        this.logger?.warn({ checkpoint_id: id, err: error }, "after-commit hook failed");
+      }
+      this.phase = "committed";
+      this.cache.set(cacheKey(id, "commit"), reply);
+      return reply;
+    });
+  }
+
+  private async runWrite(pending: PendingWrite<R>, request: CommitRequest): Promise<CommitReply> {
+    const target = { checkpointDir: pending.dir, checkpointId: pending.checkpointId, kind: this.adapter.kind, instance: this.instance };
+    const parentAttrs = { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance };
+    if (!pending.records) {
+      pending.records = await withSpan("export", parentAttrs, undefined, async (span) => {
+        const exported = await this.adapter.exportRecords(request.episode_ids);
+        const checked = exported.map((record, index) => {
+          const parsed = this.adapter.recordSchema.safeParse(record);
+          if (!parsed.success) throw new CheckpointError("internal_error", `exported record ${index} does not match the ${this.adapter.kind} record schema`);
+          return parsed.data;
+        });
+        span.setAttribute(ATTR.records, checked.length);
+        return checked;
+      });
+    }
+    const records = pending.records;
+    const written = await withSpan("write", parentAttrs, undefined, async (span) => {
+      const result = await this.storage.write(target, records, {
+        gate: pending.gate,
+        createdAt: pending.createdAt,
+        extra: this.adapter.manifestExtra?.() ?? {},
+      });
+      span.setAttributes({ [ATTR.records]: records.length, [ATTR.bytes]: result.bytes });
+      return result;
+    });
+    const instruments = participantInstruments();
+    instruments.records.add(records.length, { op: "commit", kind: this.adapter.kind });
+    instruments.bytes.add(written.bytes, { op: "commit", kind: this.adapter.kind });
+    return {
+      phase: "committed",
+      manifest: written.manifest,
+      manifest_path: written.manifestPath,
+      manifest_sha256: written.manifestSha256,
+      episode_ids: [...new Set(records.map((r) => captureKey(r.episode_id)))].sort(),
+      extras: this.adapter.commitExtras?.(records) ?? {},
+    };
+  }
+
+  // ---- restore ---------------------------------------------------------------------------
+
+  private async restore(request: RestoreRequest): Promise<RestoreReply> {
+    this.checkDeadline(request.deadline_ts);
+    const id = request.checkpoint_id;
+    const dir = this.checkpointDir(request.checkpoint_dir);
+    return this.lock.run(async () => {
+      const cached = this.cached<RestoreReply>(id, "restore");
+      if (cached) return cached;
+      this.admit(id, ALLOWED.restore, "restore");
+      if (this.pendingInstall) await this.pendingInstall;
+      if (this.adapter.hasLiveState()) {
+        throw new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: this participant holds live state");
+      }
+      const scope = new Set(request.episode_ids.map(captureKey));
+      const target = { checkpointDir: dir, checkpointId: id, kind: this.adapter.kind, instance: this.instance };
+      const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind }, undefined, async (span) => {
+        const result = await this.storage.read(target, this.adapter.recordSchema, (record) => scope.has(captureKey(record.episode_id)));
+        span.setAttributes({ [ATTR.records]: result.records.length, [ATTR.bytes]: result.bytes });
+        return result;
+      });
+      participantInstruments().records.add(read.records.length, { op: "restore", kind: this.adapter.kind });
+      participantInstruments().bytes.add(read.bytes, { op: "restore", kind: this.adapter.kind });
+
+      await this.adapter.closeAdmission();
+      this.closedAt = this.clock.now();
+      const install = withSpan("install", { [ATTR.kind]: this.adapter.kind, [ATTR.records]: read.records.length }, undefined, () =>
+        this.adapter.install(read.records, read.manifest.extra),
+      );
+      const settled = install.then(
+        () => undefined,
+        () => undefined,
+      );
+      this.pendingInstall = settled;
+      void settled.then(() => {
+        if (this.pendingInstall === settled) this.pendingInstall = undefined;
+      });
+      try {
+        await this.raceDeadline(install, request.deadline_ts, "restore");
+      } catch (error) {
+        // An install still running keeps changing state: reopen only after it ends.
+        await settled;
+        await this.adapter.openAdmission();
+        this.closedAt = undefined;
+        throw error;
+      }
+      this.phase = "restored";
+      this.activeId = id;
+      this.renewLease(request.deadline_ts);
+      const reply: RestoreReply = {
+        phase: "restored",
+        source_checkpoint_id: id,
+        restored: [...new Set(read.records.map((r) => captureKey(nextAttempt(r.episode_id))))].sort(),
+      };
+      this.cache.set(cacheKey(id, "restore"), reply);
+      return reply;
+    });
+  }
+
+  // ---- resume, renew ---------------------------------------------------------------------
+
+  private async resume(request: ResumeRequest): Promise<ResumeReply> {
+    const id = request.checkpoint_id;
+    return this.lock.run(async () => {
+      if (this.resumed.has(id)) return { phase: "idle", idempotent: true };
+      if (this.activeId === null) {
+        // Remember it: a delayed prepare of an aborted checkpoint must not close admission.
+        this.resumed.add(id);
+        return { phase: "idle", idempotent: true };
+      }
+      if (this.activeId !== id) throw new CheckpointError("checkpoint_conflict", `checkpoint ${this.activeId} is active, not ${id}`);
+      await this.reopen(id);
+      return { phase: "idle", idempotent: false };
+    });
+  }
+
+  private async renew(request: RenewRequest): Promise<RenewReply> {
+    this.checkDeadline(request.deadline_ts);
+    return this.lock.run(() => {
+      this.admit(request.checkpoint_id, ALLOWED.renew, "renew");
+      this.renewLease(request.deadline_ts);
+      return { lease_expires_at: this.leaseExpiresAt! };
+    });
+  }
+
+  // ---- retire, forget --------------------------------------------------------------------
+
+  private async retire(request: RetireRequest): Promise<RetireReply> {
+    this.checkDeadline(request.deadline_ts);
+    return this.lock.run(async () => {
+      this.admitOutsideCheckpoint(request.checkpoint_id, "retire");
+      // Mark first: anything that arrives while the work is being stopped is already refused.
+      for (const episode of request.episode_ids) this.retired.mark(episode);
+      if (this.phase === "restored") this.renewLease(request.deadline_ts);
+      if (this.pendingInstall) await this.pendingInstall;
+      await withSpan("retire", { [ATTR.episodes]: request.episode_ids.length }, undefined, () =>
+        this.raceDeadline(this.adapter.retire(request.episode_ids), request.deadline_ts, "retire"),
+      );
+      this.notify();
+      return { retired: [...new Set(request.episode_ids.map(captureKey))].sort() };
+    });
+  }
+
+  private async forget(request: ForgetRequest): Promise<ForgetReply> {
+    this.checkDeadline(request.deadline_ts);
+    return this.lock.run(async () => {
+      this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
+      if (this.phase === "restored") this.renewLease(request.deadline_ts);
+      const rollouts = [...new Set(request.rollout_ids)].sort();
+      await this.adapter.forget(rollouts);
+      for (const rollout of rollouts) this.retired.forget(rollout);
+      return { forgotten: rollouts };
+    });
+  }
+
+  // ---- shared rules ----------------------------------------------------------------------
+
+  /** The admission check of every phase-changing op: resumed fence, conflicting id, phase. */
+  private admit(id: string, allowed: readonly Phase[], op: string): void {
+    if (this.resumed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed`);
+    if (this.activeId !== null && this.activeId !== id) {
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${this.activeId} is active; ${op} for ${id} refused`);
+    }
+    if (!allowed.includes(this.phase)) throw new CheckpointError("invalid_phase", `${op} is not allowed in phase ${this.phase}`);
+  }
+
+  /** Retire and forget run only while no checkpoint is open: stopping an episode waits for its clean-up, which waits for resume. */
+  private admitOutsideCheckpoint(id: string, op: string): void {
+    if (this.phase !== "idle" && this.phase !== "restored") {
+      throw new CheckpointError("invalid_phase", `${op} is refused while checkpoint ${this.activeId} is open (${this.phase}); resume first`);
+    }
+    if (this.phase === "restored" && this.activeId !== id) {
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${this.activeId} is restored here; ${op} must name it`);
+    }
+  }
+
+  private checkDeadline(deadlineTs: number): void {
+    if (deadlineTs * 1000 <= this.clock.now()) throw new CheckpointError("deadline_exceeded", "the deadline has already passed");
+  }
+
+  private async raceDeadline<T>(work: Promise<T>, deadlineTs: number, op: string): Promise<T> {
+    let cancel: (() => void) | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      cancel = this.clock.setTimer(
+        () => reject(new CheckpointError("deadline_exceeded", `${op} did not finish before its deadline`)),
+        deadlineTs * 1000 - this.clock.now(),
+      );
+    });
+    try {
+      return await Promise.race([work, timeout]);
+    } finally {
+      cancel?.();
+    }
+  }
+
+  private checkpointDir(dir: string): string {
+    const normalized = dir.replace(/\/+$/, "") || "/";
+    if (this.checkpointRoot && !normalized.startsWith(`${this.checkpointRoot}/`)) {
+      throw new CheckpointError("invalid_request", `checkpoint_dir must lie inside ${this.checkpointRoot}`);
+    }
+    return normalized;
+  }
+
+  private cached<T>(id: string, op: string): T | undefined {
+    return this.cache.get(cacheKey(id, op)) as T | undefined;
+  }
+
+  private report(): PrepareReport {
+    const readiness = this.adapter.readiness();
+    return {
+      ready: readiness.blockers.length === 0,
+      blockers: readiness.blockers.slice(0, MAX_BLOCKERS),
+      blocker_count: readiness.blockers.length,
+      counts: readiness.counts,
+      restarts: readiness.restarts,
+    };
+  }
+
+  private renewLease(deadlineTs: number): void {
+    const candidate = deadlineTs + this.graceSeconds;
+    this.leaseExpiresAt = Math.max(this.leaseExpiresAt ?? 0, candidate);
+    this.cancelLeaseTimer?.();
+    const id = this.activeId;
+    this.cancelLeaseTimer = this.clock.setTimer(() => void this.onLeaseTimer(id), this.leaseExpiresAt * 1000 - this.clock.now());
+  }
+
+  /** An abandoned checkpoint resumes by itself, exactly as a resume would (and fences the id). */
+  private async onLeaseTimer(id: string | null): Promise<void> {
+    await this.lock.run(async () => {
+      if (this.activeId === null || this.activeId !== id || this.leaseExpiresAt === null) return;
+      if (this.clock.now() < this.leaseExpiresAt * 1000) return;
+      this.logger?.warn({ checkpoint_id: id, phase: this.phase }, "lease_expired");
+      participantInstruments().leaseExpiries.add(1, { kind: this.adapter.kind, phase: this.phase });
+      await this.reopen(id);
+    });
+  }
+
+  /** Resume, lease expiry and a failed prepare all come back to idle through here. Runs under the lock. */
+  private async reopen(resumedId: string | undefined): Promise<void> {
+    const write = this.pendingWrite;
+    this.pendingWrite = undefined;
+    if (write) await write.gate.stop();
+    if (this.pendingInstall) await this.pendingInstall;
+    await this.adapter.openAdmission();
+    if (this.closedAt !== undefined) {
+      participantInstruments().pause.record((this.clock.now() - this.closedAt) / 1000, { kind: this.adapter.kind });
+      this.closedAt = undefined;
+    }
+    if (resumedId !== undefined) {
+      this.resumed.add(resumedId);
+      for (const key of [...this.cache.keys()]) if (key.startsWith(`${resumedId}\u0000`)) this.cache.delete(key);
+    }
+    this.phase = "idle";
+    this.activeId = null;
+    this.leaseExpiresAt = null;
+    this.cancelLeaseTimer?.();
+    this.cancelLeaseTimer = undefined;
+    this.notify();
+  }
+
+  /** Stops timers; used when the process shuts down. */
+  dispose(): void {
+    this.cancelLeaseTimer?.();
+    this.notify();
+  }
+}
+
+function cacheKey(id: string, op: string): string {
+  return `${id}\u0000${op}`;
+}
+
+function isPendingWrite<R>(value: PendingWrite<R> | CommitReply): value is PendingWrite<R> {
+  return (value as PendingWrite<R>).gate instanceof WriteGate;
+}

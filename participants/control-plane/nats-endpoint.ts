@@ -1,0 +1,82 @@
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { Logger } from "pino";
+import {
+  CONTROL_MESSAGES,
+  CheckpointError,
+  HEADER_AUTHORIZATION,
+  OPS,
+  bearerToken,
+  decodeMessage,
+  encodeMessage,
+  participantSubject,
+  toCheckpointError,
+  tokensEqual,
+  type Op,
+  type RecordBase,
+} from "../../protocol/index.js";
+import { extractTraceContext } from "../telemetry/nats-propagation.js";
+import type { ParticipantControlPlane } from "./control-plane.js";
+
+export interface ControlEndpointOptions {
+  nc: NatsConnection;
+  deployment: string;
+  token: string;
+  logger?: Logger;
+}
+
+/**
+ * Serves a control plane on the participant's own subjects, one per op. Each request is
+ * authenticated (bearer token, constant-time), decoded strictly, and handled concurrently so a
+ * prepare waiting for readiness never delays the resume that aborts it.
+ */
+export class ControlEndpoint {
+  private readonly subscriptions: Subscription[] = [];
+  private readonly inFlight = new Set<Promise<void>>();
+
+  constructor(
+    private readonly plane: ParticipantControlPlane<RecordBase>,
+    private readonly options: ControlEndpointOptions,
+  ) {
+    if (!options.token) throw new CheckpointError("invalid_request", "a participant needs a non-empty control token");
+  }
+
+  start(): void {
+    for (const op of OPS) {
+      const subject = participantSubject(this.options.deployment, this.plane.adapter.kind, this.plane.instance, op);
+      const sub = this.options.nc.subscribe(subject);
+      this.subscriptions.push(sub);
+      void (async () => {
+        for await (const msg of sub) {
+          const task = this.answer(op, msg);
+          this.inFlight.add(task);
+          void task.finally(() => this.inFlight.delete(task));
+        }
+      })();
+    }
+  }
+
+  private async answer(op: Op, msg: Msg): Promise<void> {
+    let body: string;
+    try {
+      const token = bearerToken(msg.headers?.get(HEADER_AUTHORIZATION));
+      if (token === undefined || !tokensEqual(token, this.options.token)) {
+        throw new CheckpointError("unauthorized", "missing or wrong bearer token");
+      }
+      const request = decodeMessage(CONTROL_MESSAGES[op].request, msg.data);
+      const reply = await this.plane.handle(op, request as never, extractTraceContext(msg.headers));
+      body = encodeMessage(reply);
+    } catch (error) {
+      const refusal = toCheckpointError(error);
+      if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "control operation failed");
+      body = encodeMessage(refusal.toReply());
+    }
+    if (msg.reply) msg.respond(body);
+  }
+
+  /** Stops serving; waits for answers already being computed. */
+  async stop(): Promise<void> {
+    for (const sub of this.subscriptions) sub.unsubscribe();
+    this.subscriptions.length = 0;
+    await Promise.allSettled([...this.inFlight]);
+  }
+}

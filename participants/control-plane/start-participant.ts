@@ -1,0 +1,66 @@
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { Logger } from "pino";
+import { DeploymentSchema, InstanceSchema, type RecordBase } from "../../protocol/index.js";
+import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
+import type { Clock } from "./clock.js";
+import { ParticipantControlPlane } from "./control-plane.js";
+import { MembershipAnnouncer } from "./membership-announcer.js";
+import { ControlEndpoint } from "./nats-endpoint.js";
+import type { ParticipantKind } from "./participant-kind.js";
+
+export interface StartParticipantOptions<R extends RecordBase> {
+  nc: NatsConnection;
+  deployment: string;
+  instance: string;
+  token: string;
+  adapter: ParticipantKind<R>;
+  storage?: CheckpointStorage;
+  clock?: Clock;
+  leaseGraceSeconds?: number;
+  checkpointRoot?: string;
+  logger?: Logger;
+  /** Announce in the membership registry (default true). */
+  announce?: boolean;
+  heartbeatMs?: number;
+}
+
+export interface ParticipantHandle<R extends RecordBase> {
+  controlPlane: ParticipantControlPlane<R>;
+  stop(): Promise<void>;
+}
+
+/** Wires a kind adapter to its control plane, serves it on NATS and announces it. */
+export async function startParticipant<R extends RecordBase>(options: StartParticipantOptions<R>): Promise<ParticipantHandle<R>> {
+  DeploymentSchema.parse(options.deployment);
+  InstanceSchema.parse(options.instance);
+  const controlPlane = new ParticipantControlPlane<R>({
+    adapter: options.adapter,
+    instance: options.instance,
+    ...(options.storage && { storage: options.storage }),
+    ...(options.clock && { clock: options.clock }),
+    ...(options.leaseGraceSeconds !== undefined && { leaseGraceSeconds: options.leaseGraceSeconds }),
+    ...(options.checkpointRoot && { checkpointRoot: options.checkpointRoot }),
+    ...(options.logger && { logger: options.logger }),
+  });
+  const endpoint = new ControlEndpoint(controlPlane as unknown as ParticipantControlPlane<RecordBase>, {
+    nc: options.nc,
+    deployment: options.deployment,
+    token: options.token,
+    ...(options.logger && { logger: options.logger }),
+  });
+  endpoint.start();
+  await options.nc.flush();
+  const announcer =
+    options.announce === false
+      ? undefined
+      : new MembershipAnnouncer(options.nc, options.deployment, options.adapter.kind, options.instance, options.logger, options.heartbeatMs);
+  await announcer?.start();
+  return {
+    controlPlane,
+    async stop() {
+      await announcer?.stop();
+      await endpoint.stop();
+      controlPlane.dispose();
+    },
+  };
+}

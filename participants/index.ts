@@ -1,0 +1,16 @@
+/** Participant SDK: the kind-agnostic control plane, storage, and the kind adapters. */
+export { ParticipantControlPlane } from "./control-plane/control-plane.js";
+export type { ControlPlaneOptions } from "./control-plane/control-plane.js";
+export type { ParticipantKind, ParticipantContext, KindReadiness } from "./control-plane/participant-kind.js";
+export { startParticipant } from "./control-plane/start-participant.js";
+export type { StartParticipantOptions, ParticipantHandle } from "./control-plane/start-participant.js";
+export { ControlEndpoint } from "./control-plane/nats-endpoint.js";
+export { MembershipAnnouncer } from "./control-plane/membership-announcer.js";
+export { systemClock, ManualClock } from "./control-plane/clock.js";
+export type { Clock } from "./control-plane/clock.js";
+export { FsCheckpointStorage, participantDir, readParticipantManifest, scanRecordLines } from "./storage/fs-storage.js";
+export type { CheckpointStorage, ParticipantTarget, WrittenParticipant, ReadParticipant } from "./storage/checkpoint-storage.js";
+export { WriteGate } from "./storage/write-gate.js";
+export { writeFileAtomic, fsyncDir } from "./storage/fs-durable.js";
+export { ScriptableKind, ScriptRecordSchema } from "./testing/scriptable-kind.js";
+export type { ScriptRecord } from "./testing/scriptable-kind.js";

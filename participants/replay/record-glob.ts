@@ -1,0 +1,109 @@
+import { promises as fs, type Dirent } from "node:fs";
+import path from "node:path";
+
+/**
+ * Minimal glob expansion for record patterns: `*`, `?`, `[...]` within a path segment and `**`
+ * across directories. Dotfiles never match (temp files are dot-named). Results are absolute,
+ * deduplicated across patterns and sorted numerically aware, so step_9 comes before step_10.
+ */
+export async function expandGlobs(patterns: readonly string[], cwd: string): Promise<string[]> {
+  const found = new Set<string>();
+  for (const pattern of patterns) {
+    const absolute = path.resolve(cwd, pattern);
+    const { root, dir, base } = path.parse(absolute);
+    const segments = [...dir.slice(root.length).split(path.sep), base].filter((s) => s !== "");
+    await walk(root, segments, found);
+  }
+  return [...found].sort(naturalCompare);
+}
+
+const MAGIC = /[*?[]/;
+
+async function walk(base: string, segments: readonly string[], out: Set<string>): Promise<void> {
+  const [segment, ...rest] = segments;
+  if (segment === undefined) return;
+  if (segment === "**") {
+    // `**` at the end means every file below; otherwise it matches zero or more directories.
+    const next = rest.length === 0 ? ["*"] : rest;
+    await walk(base, next, out);
+    for (const entry of await listDir(base)) {
+      if (!entry.name.startsWith(".") && (await isDir(base, entry))) await walk(path.join(base, entry.name), segments, out);
+    }
+    return;
+  }
+  if (!MAGIC.test(segment)) {
+    const target = path.join(base, segment);
+    if (rest.length > 0) return walk(target, rest, out);
+    if (await isFilePath(target)) out.add(target);
+    return;
+  }
+  const regex = segmentRegex(segment);
+  for (const entry of await listDir(base)) {
+    if (entry.name.startsWith(".") || !regex.test(entry.name)) continue;
+    const target = path.join(base, entry.name);
+    if (rest.length > 0) {
+      if (await isDir(base, entry)) await walk(target, rest, out);
+    } else if (await isFilePath(target)) {
+      out.add(target);
+    }
+  }
+}
+
+function segmentRegex(segment: string): RegExp {
+  let source = "";
+  for (let i = 0; i < segment.length; i++) {
+    const ch = segment[i]!;
+    if (ch === "*") source += "[^/]*";
+    else if (ch === "?") source += "[^/]";
+    else if (ch === "[") {
+      const close = segment.indexOf("]", i + 1);
+      if (close === -1) source += "\\[";
+      else {
+        const body = segment.slice(i + 1, close).replace(/^!/, "^").replace(/\\/g, "\\\\");
+        source += `[${body}]`;
+        i = close;
+      }
+    } else source += ch.replace(/[.+^${}()|\\\]]/g, "\\$&");
+  }
+  return new RegExp(`^${source}$`);
+}
+
+async function listDir(dir: string): Promise<Dirent[]> {
+  try {
+    return await fs.readdir(dir, { withFileTypes: true });
+  } catch {
+    return []; // a missing directory simply matches nothing (yet)
+  }
+}
+
+async function isDir(base: string, entry: Dirent): Promise<boolean> {
+  if (entry.isDirectory()) return true;
+  if (!entry.isSymbolicLink()) return false;
+  return fs.stat(path.join(base, entry.name)).then((s) => s.isDirectory(), () => false);
+}
+
+async function isFilePath(target: string): Promise<boolean> {
+  return fs.stat(target).then((s) => s.isFile(), () => false);
+}
+
+/** Compares digit runs as numbers and everything else as text. */
+export function naturalCompare(a: string, b: string): number {
+  const pa = a.split(/(\d+)/);
+  const pb = b.split(/(\d+)/);
+  for (let i = 0; i < Math.min(pa.length, pb.length); i++) {
+    const x = pa[i]!;
+    const y = pb[i]!;
+    if (x === y) continue;
+    if (i % 2 === 1) {
+      // Digit run: compare by value without overflow (strip zeros, then length, then digits).
+      const nx = x.replace(/^0+(?=\d)/, "");
+      const ny = y.replace(/^0+(?=\d)/, "");
+      if (nx.length !== ny.length) return nx.length - ny.length;
+      if (nx !== ny) return nx < ny ? -1 : 1;
+      continue;
+    }
+    return x < y ? -1 : 1;
+  }
+  if (pa.length !== pb.length) return pa.length - pb.length;
+  return a < b ? -1 : a > b ? 1 : 0;
+}

@@ -1,0 +1,55 @@
+import path from "node:path";
+import { invalidRequest } from "./errors.js";
+
+/**
+ * Layout: <root>/step_<N>/<kind>_rollouts_<env>.jsonl with its index beside it as
+ * index_<kind>_<env>.jsonl. The kind is part of the index name so a train and an eval file
+ * of the same env in the same step can never share (and misread) one index.
+ */
+
+export const RECORD_KINDS = ["train", "eval"] as const;
+export type RecordKind = (typeof RECORD_KINDS)[number];
+
+export const ENV_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+const RECORD_FILE = /^(train|eval)_rollouts_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$/;
+const INDEX_FILE = /^index_(train|eval)_[A-Za-z0-9][A-Za-z0-9._-]*\.jsonl$/;
+const STEP_DIR = /^step_(0|[1-9][0-9]*)$/;
+
+export function assertEnvName(env: string): void {
+  if (!ENV_NAME_PATTERN.test(env)) {
+    throw invalidRequest(`env name ${JSON.stringify(env)} must match ${ENV_NAME_PATTERN}`);
+  }
+}
+
+export function stepDirName(step: number): string {
+  if (!Number.isSafeInteger(step) || step < 0) throw invalidRequest(`step must be a non-negative integer, got ${step}`);
+  return `step_${step}`;
+}
+
+export function recordFileName(kind: RecordKind, env: string): string {
+  assertEnvName(env);
+  return `${kind}_rollouts_${env}.jsonl`;
+}
+
+/** kind and env of a conventional record file name, or null for any other name. */
+export function parseRecordFileName(fileName: string): { kind: RecordKind; env: string } | null {
+  const m = RECORD_FILE.exec(fileName);
+  return m ? { kind: m[1] as RecordKind, env: m[2]! } : null;
+}
+
+/** The index that may sit beside a record file; null when the name is not conventional (always fully parsed). */
+export function indexPathFor(recordPath: string): string | null {
+  const parsed = parseRecordFileName(path.basename(recordPath));
+  return parsed ? path.join(path.dirname(recordPath), `index_${parsed.kind}_${parsed.env}.jsonl`) : null;
+}
+
+/** Index files are never records, even when a broad glob happens to match them. */
+export function isIndexFileName(fileName: string): boolean {
+  return INDEX_FILE.test(fileName);
+}
+
+/** The step of a record file from its step_<N> directory, or null. */
+export function stepOfPath(recordPath: string): number | null {
+  const m = STEP_DIR.exec(path.basename(path.dirname(recordPath)));
+  return m ? Number(m[1]) : null;
+}

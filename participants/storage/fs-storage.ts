@@ -1,0 +1,212 @@
+import { createHash, randomBytes } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { link, mkdir, open, readFile, rename, stat, unlink } from "node:fs/promises";
+import { join, relative } from "node:path";
+import type { z } from "zod";
+import {
+  CheckpointError,
+  MANIFEST_FILE,
+  MANIFEST_SCHEMA_VERSION,
+  ParticipantManifestSchema,
+  describeZodError,
+  sha256Hex,
+  type ParticipantManifest,
+  type RecordBase,
+} from "../../protocol/index.js";
+import type { CheckpointStorage, ParticipantTarget, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
+import { fsyncDir } from "./fs-durable.js";
+import type { WriteGate } from "./write-gate.js";
+
+const WRITE_CHUNK_BYTES = 1 << 20;
+const MAX_MANIFEST_BYTES = 1 << 20;
+
+/** `<checkpoint_dir>/gym/<kind>/<instance>`; ids were validated as safe path components. */
+export function participantDir(target: ParticipantTarget): string {
+  return join(target.checkpointDir, "gym", target.kind, target.instance);
+}
+
+function corrupt(detail: string, cause?: unknown): CheckpointError {
+  return new CheckpointError("invalid_checkpoint_state", detail, { cause });
+}
+
+/** The filesystem backend: one records file plus a create-only manifest per participant. */
+export class FsCheckpointStorage implements CheckpointStorage {
+  async write(
+    target: ParticipantTarget,
+    records: readonly RecordBase[],
+    options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown> },
+  ): Promise<WrittenParticipant> {
+    const dir = participantDir(target);
+    await mkdir(dir, { recursive: true });
+    const suffix = `${process.pid}.${randomBytes(6).toString("hex")}`;
+    const tempRecords = join(dir, `.records.jsonl.${suffix}`);
+    const hash = createHash("sha256");
+    let bytes = 0;
+    const handle = await open(tempRecords, "wx");
+    try {
+      // Batch lines into large writes; the stop flag is checked before every record.
+      let pending: Buffer[] = [];
+      let pendingBytes = 0;
+      for (const record of records) {
+        options.gate.throwIfStopped();
+        const line = Buffer.from(`${JSON.stringify(record)}\n`, "utf8");
+        hash.update(line);
+        pending.push(line);
+        pendingBytes += line.byteLength;
+        if (pendingBytes >= WRITE_CHUNK_BYTES) {
+          await handle.write(Buffer.concat(pending, pendingBytes));
+          bytes += pendingBytes;
+          pending = [];
+          pendingBytes = 0;
+        }
+      }
+      if (pendingBytes > 0) {
+        await handle.write(Buffer.concat(pending, pendingBytes));
+        bytes += pendingBytes;
+      }
+      await handle.sync();
+    } catch (error) {
+      await handle.close();
+      await unlink(tempRecords).catch(() => undefined);
+      throw error;
+    }
+    await handle.close();
+
+    const digest = hash.digest("hex");
+    const recordsFile = `records-${digest}.jsonl`;
+    const manifest: ParticipantManifest = {
+      schema_version: MANIFEST_SCHEMA_VERSION,
+      kind: target.kind,
+      instance: target.instance,
+      checkpoint_id: target.checkpointId,
+      records_file: recordsFile,
+      records_sha256: digest,
+      record_count: records.length,
+      created_at: options.createdAt,
+      extra: options.extra,
+    };
+    const manifestText = `${JSON.stringify(manifest, null, 2)}\n`;
+    const manifestPath = join(dir, MANIFEST_FILE);
+
+    try {
+      await options.gate.publish(async () => {
+        // A digest-named file never changes once named, so renaming over an identical one is harmless.
+        await rename(tempRecords, join(dir, recordsFile));
+        await this.createManifest(dir, manifestPath, manifestText, suffix);
+        await fsyncDir(dir);
+      });
+    } finally {
+      await unlink(tempRecords).catch(() => undefined);
+    }
+    return {
+      manifest,
+      manifestPath: relative(target.checkpointDir, manifestPath),
+      manifestSha256: sha256Hex(manifestText),
+      bytes,
+    };
+  }
+
+  /** Create-only publication: a hard link never replaces a name, so one of two racing writers wins. */
+  private async createManifest(dir: string, manifestPath: string, text: string, suffix: string): Promise<void> {
+    const temp = join(dir, `.manifest.json.${suffix}`);
+    const handle = await open(temp, "wx");
+    try {
+      await handle.writeFile(text);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    try {
+      await link(temp, manifestPath);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+      const existing = await readFile(manifestPath, "utf8");
+      if (existing !== text) {
+        throw new CheckpointError("checkpoint_conflict", `${manifestPath} already exists with different content`);
+      }
+    } finally {
+      await unlink(temp).catch(() => undefined);
+    }
+  }
+
+  async read<R extends RecordBase>(target: ParticipantTarget, schema: z.ZodType<R>, keep: (record: R) => boolean = () => true): Promise<ReadParticipant<R>> {
+    const dir = participantDir(target);
+    const manifest = await readParticipantManifest(dir);
+    if (manifest.kind !== target.kind || manifest.instance !== target.instance) {
+      throw corrupt(`manifest belongs to ${manifest.kind}/${manifest.instance}, not ${target.kind}/${target.instance}`);
+    }
+    if (manifest.checkpoint_id !== target.checkpointId) {
+      throw corrupt(`manifest belongs to checkpoint ${manifest.checkpoint_id}, not ${target.checkpointId}`);
+    }
+    const records: R[] = [];
+    const { bytes, count, digest } = await scanRecordLines(join(dir, manifest.records_file), (line, index) => {
+      let value: unknown;
+      try {
+        value = JSON.parse(line);
+      } catch (error) {
+        throw corrupt(`record ${index} is not JSON`, error);
+      }
+      const parsed = schema.safeParse(value);
+      if (!parsed.success) throw corrupt(`record ${index} is invalid: ${describeZodError(parsed.error)}`);
+      if (keep(parsed.data)) records.push(parsed.data);
+    });
+    if (digest !== manifest.records_sha256) throw corrupt(`records digest ${digest} does not match the manifest's ${manifest.records_sha256}`);
+    if (count !== manifest.record_count) throw corrupt(`records file has ${count} records; the manifest says ${manifest.record_count}`);
+    return { manifest, records, bytes };
+  }
+}
+
+/** Reads and validates `<dir>/manifest.json`; every failure is `invalid_checkpoint_state`. */
+export async function readParticipantManifest(dir: string): Promise<ParticipantManifest> {
+  const path = join(dir, MANIFEST_FILE);
+  let info;
+  try {
+    info = await stat(path);
+  } catch (error) {
+    throw corrupt(`no manifest at ${path}`, error);
+  }
+  if (info.size > MAX_MANIFEST_BYTES) throw corrupt(`manifest ${path} is ${info.size} bytes, over the ${MAX_MANIFEST_BYTES} limit`);
+  let value: unknown;
+  try {
+    value = JSON.parse(await readFile(path, "utf8"));
+  } catch (error) {
+    throw corrupt(`manifest ${path} is not valid JSON`, error);
+  }
+  const parsed = ParticipantManifestSchema.safeParse(value);
+  if (!parsed.success) throw corrupt(`manifest ${path} is invalid: ${describeZodError(parsed.error)}`);
+  return parsed.data;
+}
+
+/**
+ * Streams a records file line by line, hashing the exact bytes (newline included) so the digest
+ * covers the whole file even when only some records are kept. A final line without a newline is
+ * still hashed and counted, so truncation shows up as a digest mismatch.
+ */
+export async function scanRecordLines(
+  path: string,
+  onLine: (line: string, index: number) => void,
+): Promise<{ bytes: number; count: number; digest: string }> {
+  const hash = createHash("sha256");
+  let bytes = 0;
+  let count = 0;
+  let carry: Buffer = Buffer.alloc(0);
+  try {
+    for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) {
+      hash.update(chunk);
+      bytes += chunk.byteLength;
+      let data = carry.byteLength ? Buffer.concat([carry, chunk]) : chunk;
+      let newline = data.indexOf(0x0a);
+      while (newline !== -1) {
+        onLine(data.subarray(0, newline).toString("utf8"), count++);
+        data = data.subarray(newline + 1);
+        newline = data.indexOf(0x0a);
+      }
+      carry = Buffer.from(data);
+    }
+  } catch (error) {
+    if (error instanceof CheckpointError) throw error;
+    throw corrupt(`cannot read ${path}: ${(error as Error).message}`, error);
+  }
+  if (carry.byteLength) onLine(carry.toString("utf8"), count++);
+  return { bytes, count, digest: hash.digest("hex") };
+}
