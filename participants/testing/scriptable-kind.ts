@@ -29,7 +29,7 @@ export class ScriptableKind implements ParticipantKind<ScriptRecord> {
   readonly calls: ScriptCall[] = [];
   /** Live episodes by capture key. */
   readonly episodes = new Map<string, ScriptRecord>();
-  /** Restored episodes by the NEXT attempt's capture key, until their replacement starts. */
+  /** Restored episodes, already as their NEXT attempt, until their replacement starts. */
   readonly restored = new Map<string, ScriptRecord>();
   admissionOpen = true;
   private blockers: string[] = [];
@@ -104,7 +104,8 @@ export class ScriptableKind implements ParticipantKind<ScriptRecord> {
     await this.enter("exportRecords", scope);
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
     const live = [...this.episodes.values()].filter((r) => !wanted || wanted.has(captureKey(r.episode_id)));
-    // Restored episodes whose replacement has not started are exported again under their source id.
+    // Restored episodes whose replacement has not started are exported again as that next attempt,
+    // so a second crash still continues them (as attempt+2).
     const pending = [...this.restored.values()].filter((r) => !wanted || wanted.has(captureKey(r.episode_id)));
     return [...live, ...pending];
   }
@@ -120,7 +121,10 @@ export class ScriptableKind implements ParticipantKind<ScriptRecord> {
         throw new CheckpointError("stale_attempt", `${captureKey(nextAttempt(record.episode_id))} is retired`);
       }
     }
-    for (const record of records) this.restored.set(captureKey(nextAttempt(record.episode_id)), record);
+    for (const record of records) {
+      const next = nextAttempt(record.episode_id);
+      this.restored.set(captureKey(next), { episode_id: next, state: record.state });
+    }
   }
 
   /** The replacement attempt starts: it takes its restored state exactly once. */
@@ -139,8 +143,8 @@ export class ScriptableKind implements ParticipantKind<ScriptRecord> {
         if (record.episode_id.rollout_id === episode.rollout_id && record.episode_id.attempt <= episode.attempt) this.episodes.delete(key);
       }
       for (const [key] of [...this.restored]) {
-        const restoredAs = this.restored.get(key)!;
-        if (restoredAs.episode_id.rollout_id === episode.rollout_id && restoredAs.episode_id.attempt + 1 <= episode.attempt) this.restored.delete(key);
+        const pending = this.restored.get(key)!;
+        if (pending.episode_id.rollout_id === episode.rollout_id && pending.episode_id.attempt <= episode.attempt) this.restored.delete(key);
       }
     }
   }

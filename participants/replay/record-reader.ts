@@ -1,0 +1,304 @@
+import { createHash } from "node:crypto";
+import { promises as fs, type FileHandle } from "node:fs/promises";
+import path from "node:path";
+import type { Logger } from "pino";
+import { describeIssues, invalidState } from "./errors.js";
+import { defaultLogger } from "./log.js";
+import { checkIndex, type IndexRow } from "./rollout-index.js";
+import { indexPathFor, parseRecordFileName } from "./record-paths.js";
+import { branchCount, traceReward } from "./trace-graph.js";
+import { TraceRecordSchema, type TraceRecord } from "./trace-record.js";
+
+/** Seeds are named with these prefixes; records of replayed tasks are never replayed again. */
+export const REPLAY_NAME_PREFIXES = ["continue:", "recheck:"] as const;
+
+export interface RecordFilters {
+  /** Inclusive bounds on the source rollout's reward; null is open. */
+  minReward: number | null;
+  maxReward: number | null;
+  /** 2 for continue/compaction (a restart needs a second branch), else 1. */
+  minBranches: number;
+}
+
+export type SkipReason = "replayed" | "empty" | "source_reward" | "no_seed";
+
+/**
+ * The one selection predicate, applied to an index row before reading and to every parsed record
+ * after. Using the same function on the same derived fields keeps index filtering a strict subset
+ * of the parse-side checks, so the indexed and full-parse paths yield the same records.
+ */
+export function selectionSkip(
+  fields: { taskName: string | null; reward: number; branches: number },
+  filters: RecordFilters,
+): SkipReason | null {
+  const name = fields.taskName ?? "";
+  if (REPLAY_NAME_PREFIXES.some((prefix) => name.startsWith(prefix))) return "replayed";
+  if (fields.branches === 0) return "empty";
+  if (filters.minReward !== null && fields.reward < filters.minReward) return "source_reward";
+  if (filters.maxReward !== null && fields.reward > filters.maxReward) return "source_reward";
+  if (fields.branches < filters.minBranches) return "no_seed";
+  return null;
+}
+
+/** Parse-side checks: the index predicate plus what only the record shows (explicit replay lineage). */
+export function recordSkip(trace: TraceRecord, filters: RecordFilters): SkipReason | null {
+  if (trace.info?.["replay"] !== undefined) return "replayed";
+  return selectionSkip({ taskName: trace.task.name, reward: traceReward(trace), branches: branchCount(trace) }, filters);
+}
+
+export interface ReadStats {
+  files: number;
+  filesIndexed: number;
+  filesFullParsed: number;
+  indexRejected: number;
+  /** Record-file bytes read from disk (spans, whole files, or hashing). */
+  bytesRead: number;
+  /** Record-file bytes handed to JSON.parse. */
+  bytesParsed: number;
+  indexBytesRead: number;
+  spansRead: number;
+  records: number;
+  tornLines: number;
+  skipped: Record<SkipReason, number>;
+}
+
+export function newReadStats(): ReadStats {
+  return {
+    files: 0,
+    filesIndexed: 0,
+    filesFullParsed: 0,
+    indexRejected: 0,
+    bytesRead: 0,
+    bytesParsed: 0,
+    indexBytesRead: 0,
+    spansRead: 0,
+    records: 0,
+    tornLines: 0,
+    skipped: { replayed: 0, empty: 0, source_reward: 0, no_seed: 0 },
+  };
+}
+
+export function addReadStats(into: ReadStats, from: ReadStats): void {
+  for (const key of Object.keys(from) as Array<keyof ReadStats>) {
+    if (key === "skipped") {
+      for (const reason of Object.keys(from.skipped) as SkipReason[]) into.skipped[reason] += from.skipped[reason];
+    } else {
+      into[key] += from[key];
+    }
+  }
+}
+
+export interface LoadedRecord {
+  trace: TraceRecord;
+  file: string;
+  /** Position of the record's line among the file's lines (0-based). */
+  ordinal: number;
+  offset: number;
+  len: number;
+}
+
+export interface ReadOptions {
+  filters: RecordFilters;
+  stats?: ReadStats;
+  /** false forces a full parse (used to fall back when an index turns out to disagree with its file). */
+  useIndex?: boolean;
+  /** Also hash the whole record file against the index header's sha256 (reads every byte, parses none). */
+  verifySha256?: boolean;
+  logger?: Logger;
+}
+
+const CHUNK = 4 << 20;
+
+/**
+ * Yields the selected records of one file. With a valid index only the selected spans are read
+ * (fs read at offsets) and parsed; otherwise the whole file is parsed line by line. A survivor whose
+ * bytes disagree with its index row throws invalid_checkpoint_state with reason "index_mismatch".
+ */
+export async function* readRecords(file: string, options: ReadOptions): AsyncGenerator<LoadedRecord> {
+  const stats = options.stats ?? newReadStats();
+  const logger = options.logger ?? defaultLogger();
+  const handle = await fs.open(file, "r");
+  try {
+    stats.files += 1;
+    const size = (await handle.stat()).size; // fstat of the handle we read from: no race with a rename
+    const rows = options.useIndex === false ? null : await loadIndex(file, handle, size, stats, logger, options.verifySha256 ?? false);
+    if (rows) {
+      stats.filesIndexed += 1;
+      yield* readSpans(file, handle, rows, options.filters, stats);
+    } else {
+      stats.filesFullParsed += 1;
+      yield* parseAll(file, handle, options.filters, stats, logger);
+    }
+  } finally {
+    await handle.close();
+  }
+}
+
+async function loadIndex(
+  file: string,
+  handle: FileHandle,
+  size: number,
+  stats: ReadStats,
+  logger: Logger,
+  verifySha256: boolean,
+): Promise<IndexRow[] | null> {
+  const indexPath = indexPathFor(file);
+  const names = parseRecordFileName(path.basename(file));
+  if (indexPath === null || names === null) return null;
+  let text: string;
+  try {
+    text = await fs.readFile(indexPath, "utf8");
+  } catch {
+    return null; // not written yet (records are published first) or never: parse in full
+  }
+  stats.indexBytesRead += Buffer.byteLength(text);
+  const check = checkIndex(text, { recordFile: path.basename(file), kind: names.kind, env: names.env, size });
+  let reason = check.ok ? null : check.reason;
+  if (check.ok && verifySha256) {
+    const digest = await hashHandle(handle, size, stats);
+    if (digest !== check.header.sha256) reason = "sha256 differs from the record file";
+  }
+  if (reason !== null || !check.ok) {
+    stats.indexRejected += 1;
+    logger.warn({ file, index: indexPath, reason }, "ignoring rollout index; parsing the record file in full");
+    return null;
+  }
+  return check.rows;
+}
+
+async function hashHandle(handle: FileHandle, size: number, stats: ReadStats): Promise<string> {
+  const hash = createHash("sha256");
+  const buffer = Buffer.allocUnsafe(CHUNK);
+  for (let position = 0; position < size; ) {
+    const { bytesRead } = await handle.read(buffer, 0, Math.min(CHUNK, size - position), position);
+    if (bytesRead === 0) break;
+    hash.update(buffer.subarray(0, bytesRead));
+    position += bytesRead;
+    stats.bytesRead += bytesRead;
+  }
+  return hash.digest("hex");
+}
+
+async function* readSpans(
+  file: string,
+  handle: FileHandle,
+  rows: readonly IndexRow[],
+  filters: RecordFilters,
+  stats: ReadStats,
+): AsyncGenerator<LoadedRecord> {
+  for (const [ordinal, row] of rows.entries()) {
+    const skip = selectionSkip({ taskName: row.task_name, reward: row.reward, branches: row.branches }, filters);
+    if (skip) {
+      stats.skipped[skip] += 1; // filtered spans are never read
+      continue;
+    }
+    const bytes = Buffer.allocUnsafe(row.len);
+    let got = 0;
+    while (got < row.len) {
+      const { bytesRead } = await handle.read(bytes, got, row.len - got, row.offset + got);
+      if (bytesRead === 0) break;
+      got += bytesRead;
+    }
+    stats.bytesRead += got;
+    stats.spansRead += 1;
+    const where = `${file}:${ordinal + 1}`;
+    if (got !== row.len || bytes[row.len - 1] !== 0x0a) throw mismatch(where, "span is not one whole line");
+    const trace = parseLine(bytes, where, stats);
+    if (
+      trace.id !== row.trace ||
+      trace.task.idx !== row.task_idx ||
+      trace.task.name !== row.task_name ||
+      traceReward(trace) !== row.reward ||
+      branchCount(trace) !== row.branches
+    ) {
+      throw mismatch(where, "record differs from its index row");
+    }
+    const parseSkip = recordSkip(trace, filters);
+    if (parseSkip) {
+      stats.skipped[parseSkip] += 1;
+      continue;
+    }
+    stats.records += 1;
+    yield { trace, file, ordinal, offset: row.offset, len: row.len };
+  }
+}
+
+function mismatch(where: string, what: string) {
+  return invalidState(`${where}: ${what}; the index is stale`, { reason: "index_mismatch" });
+}
+
+async function* parseAll(
+  file: string,
+  handle: FileHandle,
+  filters: RecordFilters,
+  stats: ReadStats,
+  logger: Logger,
+): AsyncGenerator<LoadedRecord> {
+  let carry = Buffer.alloc(0);
+  let carryOffset = 0; // file offset of carry[0]
+  let position = 0;
+  let ordinal = 0;
+  const take = (line: Buffer, offset: number, last: boolean): LoadedRecord | null => {
+    const current = ordinal++;
+    if (isBlank(line)) return null;
+    const where = `${file}:${current + 1}`;
+    const torn = last && line[line.length - 1] !== 0x0a;
+    let trace: TraceRecord;
+    try {
+      trace = parseLine(line, where, stats);
+    } catch (error) {
+      if (!torn) throw error;
+      // An append-mode writer may be mid-line: tolerate a torn, newline-less final line.
+      stats.tornLines += 1;
+      logger.warn({ file, line: current + 1 }, "skipping torn last line");
+      return null;
+    }
+    const skip = recordSkip(trace, filters);
+    if (skip) {
+      stats.skipped[skip] += 1;
+      return null;
+    }
+    stats.records += 1;
+    return { trace, file, ordinal: current, offset, len: line.length };
+  };
+
+  for (;;) {
+    const chunk = Buffer.allocUnsafe(CHUNK);
+    const { bytesRead } = await handle.read(chunk, 0, CHUNK, position);
+    if (bytesRead === 0) break;
+    position += bytesRead;
+    stats.bytesRead += bytesRead;
+    const data = carry.length > 0 ? Buffer.concat([carry, chunk.subarray(0, bytesRead)]) : chunk.subarray(0, bytesRead);
+    let start = 0;
+    for (let nl = data.indexOf(0x0a, start); nl !== -1; nl = data.indexOf(0x0a, start)) {
+      const record = take(data.subarray(start, nl + 1), carryOffset + start, false);
+      if (record) yield record;
+      start = nl + 1;
+    }
+    carry = data.subarray(start);
+    carryOffset += start;
+  }
+  if (carry.length > 0) {
+    const record = take(carry, carryOffset, true);
+    if (record) yield record;
+  }
+}
+
+function isBlank(line: Buffer): boolean {
+  for (const byte of line) if (byte !== 0x20 && byte !== 0x0a && byte !== 0x0d && byte !== 0x09) return false;
+  return true;
+}
+
+/** JSON-parses one line and validates it as a rollout record; counts the bytes parsed. */
+function parseLine(bytes: Buffer, where: string, stats: ReadStats): TraceRecord {
+  stats.bytesParsed += bytes.length;
+  let raw: unknown;
+  try {
+    raw = JSON.parse(bytes.toString("utf8"));
+  } catch (cause) {
+    throw invalidState(`${where}: not a JSON rollout record`, { cause });
+  }
+  const trace = TraceRecordSchema.safeParse(raw);
+  if (!trace.success) throw invalidState(`${where}: not a rollout record: ${describeIssues(trace.error.issues)}`);
+  return trace.data;
+}

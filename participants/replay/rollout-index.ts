@@ -1,0 +1,99 @@
+import { z } from "zod";
+import { describeIssues } from "./errors.js";
+import { RECORD_KINDS } from "./record-paths.js";
+
+/**
+ * The index beside a record file: a header line that pins the record file (name, kind, env,
+ * size, sha256, record count), then one row per record in file order with its byte span.
+ * The index is derived and optional: a reader that finds it missing, stale or hostile
+ * ignores it and parses the record file in full.
+ */
+
+export const INDEX_FORMAT = "gym-ckpt/rollout-index";
+export const INDEX_VERSION = 1;
+
+export const IndexHeaderSchema = z
+  .object({
+    format: z.literal(INDEX_FORMAT),
+    version: z.literal(INDEX_VERSION),
+    kind: z.enum(RECORD_KINDS),
+    env: z.string().min(1),
+    step: z.number().int().min(0).nullable(),
+    record_file: z.string().min(1),
+    size: z.number().int().min(0),
+    sha256: z.string().regex(/^[0-9a-f]{64}$/),
+    records: z.number().int().min(0),
+  })
+  .strict();
+
+export const IndexRowSchema = z
+  .object({
+    trace: z.string().min(1),
+    task_idx: z.number().int(),
+    task_name: z.string().nullable(),
+    reward: z.number(),
+    policy_version: z.number().int().min(0).nullable(),
+    step: z.number().int().min(0).nullable(),
+    branches: z.number().int().min(0),
+    turns: z.number().int().min(0),
+    stop: z.string().nullable(),
+    /** Byte offset of the record's line in the record file. */
+    offset: z.number().int().min(0),
+    /** Byte length of the line including its trailing newline. */
+    len: z.number().int().min(1),
+  })
+  .strict();
+
+export type IndexHeader = z.infer<typeof IndexHeaderSchema>;
+export type IndexRow = z.infer<typeof IndexRowSchema>;
+
+export function encodeIndex(header: IndexHeader, rows: readonly IndexRow[]): Buffer {
+  return Buffer.from([header, ...rows].map((line) => JSON.stringify(line) + "\n").join(""), "utf8");
+}
+
+/** What the record file actually is, measured by the reader (size from fstat of the open handle). */
+export interface IndexExpectation {
+  recordFile: string;
+  kind: string;
+  env: string;
+  size: number;
+}
+
+export type IndexCheck = { ok: true; header: IndexHeader; rows: IndexRow[] } | { ok: false; reason: string };
+
+/**
+ * Validates an index against its record file without reading the record file.
+ * Rows must tile the file exactly: first offset 0, each row starting where the previous ended,
+ * the last ending at the file size. That rejects offsets past the end, overlapping or gapped
+ * spans and stale rows before a single span is read.
+ */
+export function checkIndex(text: string, expect: IndexExpectation): IndexCheck {
+  const lines = text.split("\n").filter((line) => line.trim() !== "");
+  if (lines.length === 0) return { ok: false, reason: "empty index" };
+  let parsedLines: unknown[];
+  try {
+    parsedLines = lines.map((line) => JSON.parse(line) as unknown);
+  } catch {
+    return { ok: false, reason: "index is not JSON lines" };
+  }
+  const header = IndexHeaderSchema.safeParse(parsedLines[0]);
+  if (!header.success) return { ok: false, reason: `bad header: ${describeIssues(header.error.issues)}` };
+  const h = header.data;
+  if (h.record_file !== expect.recordFile) return { ok: false, reason: `index names ${h.record_file}` };
+  if (h.kind !== expect.kind || h.env !== expect.env) return { ok: false, reason: "index kind/env differ from the file name" };
+  if (h.size !== expect.size) return { ok: false, reason: `size ${h.size} != record file size ${expect.size}` };
+  if (h.records !== parsedLines.length - 1) return { ok: false, reason: "row count differs from header" };
+
+  const rows: IndexRow[] = [];
+  let end = 0;
+  for (let i = 1; i < parsedLines.length; i++) {
+    const row = IndexRowSchema.safeParse(parsedLines[i]);
+    if (!row.success) return { ok: false, reason: `bad row ${i}: ${describeIssues(row.error.issues)}` };
+    if (row.data.offset !== end) return { ok: false, reason: `row ${i} span does not follow the previous one` };
+    end = row.data.offset + row.data.len;
+    if (end > expect.size) return { ok: false, reason: `row ${i} span ends past the end of the file` };
+    rows.push(row.data);
+  }
+  if (end !== expect.size) return { ok: false, reason: "rows do not cover the record file" };
+  return { ok: true, header: h, rows };
+}

@@ -1,0 +1,46 @@
+import { promises as fs } from "node:fs";
+import path from "node:path";
+import { z } from "zod";
+import { RECORD_KINDS, type RecordKind } from "./record-paths.js";
+
+/**
+ * A step-complete marker, written after every env file of one (step, kind) is published.
+ * Envs of a step are written concurrently and can appear in any order; a follower that waits
+ * for the marker appends a step's files all at once, in sorted order, like a cold loader would.
+ */
+export const StepMarkerSchema = z
+  .object({
+    format: z.literal("gym-ckpt/rollout-step"),
+    version: z.literal(1),
+    step: z.number().int().min(0),
+    kind: z.enum(RECORD_KINDS),
+    files: z.array(z.string().min(1)),
+  })
+  .strict();
+export type StepMarker = z.infer<typeof StepMarkerSchema>;
+
+export function stepMarkerName(kind: RecordKind): string {
+  return `_complete_${kind}.json`;
+}
+
+/** Record file names listed by the markers present in `dir` (unreadable or invalid markers count as absent). */
+export async function completedFiles(dir: string): Promise<Set<string>> {
+  const files = new Set<string>();
+  for (const kind of RECORD_KINDS) {
+    let text: string;
+    try {
+      text = await fs.readFile(path.join(dir, stepMarkerName(kind)), "utf8");
+    } catch {
+      continue;
+    }
+    let raw: unknown;
+    try {
+      raw = JSON.parse(text);
+    } catch {
+      continue;
+    }
+    const marker = StepMarkerSchema.safeParse(raw);
+    if (marker.success) for (const name of marker.data.files) files.add(name);
+  }
+  return files;
+}

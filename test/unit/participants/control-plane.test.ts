@@ -1,0 +1,323 @@
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+
+const T0 = 1_700_000_000; // seconds; ManualClock starts here
+const DEADLINE = T0 + 30;
+
+let root: string;
+let clock: ManualClock;
+let kind: ScriptableKind;
+let plane: ParticipantControlPlane;
+
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-cp-"));
+  clock = new ManualClock(T0 * 1000);
+  kind = new ScriptableKind("environment");
+  plane = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, leaseGraceSeconds: 60, checkpointRoot: root });
+});
+
+afterEach(async () => {
+  plane.dispose();
+  await rm(root, { recursive: true, force: true });
+});
+
+function call<O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }) {
+  const request = { deadline_ts: DEADLINE, epoch: 1, ...body };
+  if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+  return plane.handle(op, request as never);
+}
+
+async function refused(promise: Promise<unknown>): Promise<string> {
+  try {
+    await promise;
+  } catch (error) {
+    if (error instanceof CheckpointError) return error.code;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}
+
+/** Lets promise chains started by timers run. */
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+describe("phase machine", () => {
+  it("runs prepare → commit → resume and writes records then manifest", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 }, { step: 3 });
+    kind.addEpisode({ rollout_id: "r2", attempt: 2 }, { step: 1 });
+
+    const prepared = await call("prepare", { checkpoint_id: "c1" });
+    expect(prepared.phase).toBe("prepared");
+    expect(kind.admissionOpen).toBe(false);
+
+    const committed = await call("commit", { checkpoint_id: "c1" });
+    expect(committed.episode_ids).toEqual(["r1", "r2-a2"]);
+    expect(committed.manifest.record_count).toBe(2);
+    expect(committed.manifest_path).toBe("gym/environment/env0/manifest.json");
+    const files = await readdir(join(root, "c1/gym/environment/env0"));
+    expect(files.sort()).toEqual(["manifest.json", committed.manifest.records_file]);
+    expect(plane.currentPhase).toBe("committed");
+
+    expect(await call("resume", { checkpoint_id: "c1" })).toEqual({ phase: "idle", idempotent: false });
+    expect(kind.admissionOpen).toBe(true);
+    expect(plane.status().checkpoint_id).toBeNull();
+    expect(kind.hooks()).toEqual(["closeAdmission", "exportRecords", "openAdmission"]);
+  });
+
+  it("exports only the commit scope", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    kind.addEpisode({ rollout_id: "r2", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const reply = await call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r2", attempt: 0 }] });
+    expect(reply.episode_ids).toEqual(["r2"]);
+  });
+
+  it("reports blockers at the deadline, capped at 100 with the full count, and keeps admission closed", async () => {
+    kind.setBlockers(Array.from({ length: 150 }, (_, i) => `b${i}`));
+    const pending = call("prepare", { checkpoint_id: "c1" });
+    await flush();
+    clock.advance(31_000);
+    const reply = await pending;
+    expect(reply.phase).toBe("preparing");
+    expect(reply.report.ready).toBe(false);
+    expect(reply.report.blockers).toHaveLength(100);
+    expect(reply.report.blocker_count).toBe(150);
+    expect(kind.admissionOpen).toBe(false);
+    expect(plane.currentPhase).toBe("preparing");
+  });
+
+  it("finishes a waiting prepare as soon as the kind reports readiness", async () => {
+    kind.setBlockers(["r1"]);
+    const pending = call("prepare", { checkpoint_id: "c1" });
+    await flush();
+    kind.setBlockers([]);
+    expect((await pending).phase).toBe("prepared");
+  });
+
+  it("returns cached replies for retried prepare and commit", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    const first = await call("prepare", { checkpoint_id: "c1" });
+    expect(await call("prepare", { checkpoint_id: "c1" })).toBe(first);
+    const commit = await call("commit", { checkpoint_id: "c1" });
+    expect(await call("commit", { checkpoint_id: "c1" })).toBe(commit);
+    expect(kind.hooks().filter((h) => h === "exportRecords")).toHaveLength(1);
+  });
+});
+
+describe("fences and refusals change no state", () => {
+  it("refuses a conflicting checkpoint id", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    const before = plane.status();
+    expect(await refused(call("prepare", { checkpoint_id: "c2" }))).toBe("checkpoint_conflict");
+    expect(await refused(call("resume", { checkpoint_id: "c2" }))).toBe("checkpoint_conflict");
+    expect(plane.status()).toEqual(before);
+  });
+
+  it("fences resumed ids, and ids resumed before their prepare arrived", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    await call("resume", { checkpoint_id: "c1" });
+    expect(await refused(call("prepare", { checkpoint_id: "c1" }))).toBe("stale_checkpoint");
+    expect(await call("resume", { checkpoint_id: "c1" })).toEqual({ phase: "idle", idempotent: true });
+
+    expect(await call("resume", { checkpoint_id: "never-prepared" })).toEqual({ phase: "idle", idempotent: true });
+    expect(await refused(call("prepare", { checkpoint_id: "never-prepared" }))).toBe("stale_checkpoint");
+    expect(kind.admissionOpen).toBe(true);
+  });
+
+  it("remembers the last 64 resumed ids", async () => {
+    for (let i = 0; i < 65; i++) await call("resume", { checkpoint_id: `old${i}` });
+    expect(await refused(call("prepare", { checkpoint_id: "old64" }))).toBe("stale_checkpoint");
+    expect((await call("prepare", { checkpoint_id: "old0" })).phase).toBe("prepared");
+  });
+
+  it("refuses an epoch lower than the highest seen", async () => {
+    await call("prepare", { checkpoint_id: "c1", epoch: 5 });
+    const before = plane.status();
+    expect(await refused(call("resume", { checkpoint_id: "c1", epoch: 4 }))).toBe("stale_epoch");
+    expect(plane.status()).toEqual(before);
+    expect((await call("resume", { checkpoint_id: "c1", epoch: 6 })).idempotent).toBe(false);
+    expect(plane.status().epoch).toBe(6);
+  });
+
+  it("refuses ops in the wrong phase", async () => {
+    expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("invalid_phase");
+    expect(await refused(call("renew", { checkpoint_id: "c1" }))).toBe("invalid_phase");
+    await call("prepare", { checkpoint_id: "c1" });
+    expect(await refused(call("restore", { checkpoint_id: "c1", checkpoint_dir: join(root, "c1"), episode_ids: [] }))).toBe("invalid_phase");
+    expect(await refused(call("retire", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r", attempt: 0 }] }))).toBe("invalid_phase");
+    expect(await refused(call("forget", { checkpoint_id: "c1", rollout_ids: ["r"] }))).toBe("invalid_phase");
+    expect(plane.status().retired_rollouts).toBe(0);
+  });
+
+  it("refuses a deadline already past", async () => {
+    expect(await refused(call("prepare", { checkpoint_id: "c1", deadline_ts: T0 - 1 }))).toBe("deadline_exceeded");
+    expect(plane.currentPhase).toBe("idle");
+  });
+
+  it("refuses commit when readiness regressed after prepare", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    kind.setBlockers(["r9"]);
+    expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("invalid_phase");
+    expect(plane.currentPhase).toBe("prepared");
+    expect(existsSync(join(root, "c1"))).toBe(false);
+  });
+
+  it("refuses a scope that names a restart", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    kind.setRestarts(["r1"]);
+    await call("prepare", { checkpoint_id: "c1" });
+    expect(await refused(call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).toBe("restart_in_scope");
+    expect(plane.currentPhase).toBe("prepared");
+  });
+
+  it("refuses a retried commit with another directory or scope", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    const gate = deferred();
+    kind.delay("exportRecords", gate.promise);
+    const first = call("commit", { checkpoint_id: "c1" });
+    await flush();
+    expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "other") }))).toBe("checkpoint_conflict");
+    expect(await refused(call("commit", { checkpoint_id: "c1", episode_ids: [] }))).toBe("checkpoint_conflict");
+    gate.resolve();
+    expect((await first).phase).toBe("committed");
+  });
+
+  it("refuses a checkpoint_dir outside the configured root", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: "/etc/c1" }))).toBe("invalid_request");
+  });
+});
+
+describe("lease", () => {
+  it("sets lease = max(current, deadline + grace)", async () => {
+    await call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 100 });
+    expect(plane.status().lease_expires_at).toBe(T0 + 160);
+    await call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 50 });
+    expect(plane.status().lease_expires_at).toBe(T0 + 160);
+    expect(await call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 200 })).toEqual({ lease_expires_at: T0 + 260 });
+  });
+
+  it("resumes by itself when the lease expires, and fences the id", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    clock.advance(89_000);
+    await flush();
+    expect(plane.currentPhase).toBe("prepared");
+    clock.advance(2_000);
+    await flush();
+    await flush();
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.admissionOpen).toBe(true);
+    expect(await refused(call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 200 }))).toBe("stale_checkpoint");
+  });
+});
+
+describe("resume stops a pending write", () => {
+  it("publishes no manifest after resume", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const gate = deferred();
+    kind.delay("exportRecords", gate.promise);
+    const commit = call("commit", { checkpoint_id: "c1" });
+    await flush();
+    await call("resume", { checkpoint_id: "c1" });
+    gate.resolve();
+    expect(await refused(commit)).toBe("stale_checkpoint");
+    expect(existsSync(join(root, "c1/gym/environment/env0/manifest.json"))).toBe(false);
+  });
+});
+
+describe("retire and forget", () => {
+  it("marks retired attempts until forget", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 1 });
+    const reply = await call("retire", { checkpoint_id: "retire", episode_ids: [{ rollout_id: "r1", attempt: 1 }] });
+    expect(reply).toEqual({ retired: ["r1-a1"] });
+    expect(kind.episodes.size).toBe(0);
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 0 })).toBe(true);
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 2 })).toBe(false);
+    expect(() => plane.assertNotRetired({ rollout_id: "r1", attempt: 1 })).toThrow(/retired/);
+    expect(plane.status().retired_rollouts).toBe(1);
+    expect(await call("forget", { checkpoint_id: "forget", rollout_ids: ["r1", "r1"] })).toEqual({ forgotten: ["r1"] });
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(false);
+    expect(plane.status().retired_rollouts).toBe(0);
+  });
+});
+
+describe("restore", () => {
+  async function checkpointWith(episodes: { rollout_id: string; attempt: number }[]): Promise<string> {
+    const source = new ScriptableKind("environment");
+    const writer = new ParticipantControlPlane({ adapter: source, instance: "env0", clock, checkpointRoot: root });
+    for (const e of episodes) source.addEpisode(e, { at: e.rollout_id });
+    await writer.handle("prepare", { checkpoint_id: "src", deadline_ts: DEADLINE, epoch: 1 });
+    await writer.handle("commit", { checkpoint_id: "src", deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: join(root, "src"), episode_ids: null, stop: false });
+    writer.dispose();
+    return join(root, "src");
+  }
+
+  it("installs the scoped records as attempt+1", async () => {
+    const dir = await checkpointWith([
+      { rollout_id: "r1", attempt: 0 },
+      { rollout_id: "r2", attempt: 1 },
+    ]);
+    const reply = await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r2", attempt: 1 }] });
+    expect(reply).toEqual({ phase: "restored", source_checkpoint_id: "src", restored: ["r2-a2"] });
+    expect([...kind.restored.keys()]).toEqual(["r2-a2"]);
+    expect(plane.currentPhase).toBe("restored");
+    await call("resume", { checkpoint_id: "src" });
+    expect(kind.admissionOpen).toBe(true);
+  });
+
+  it("refuses to restore into a process with live state", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    kind.addEpisode({ rollout_id: "live", attempt: 0 });
+    expect(await refused(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [] }))).toBe("invalid_checkpoint_state");
+    expect(plane.currentPhase).toBe("idle");
+  });
+
+  it("installs nothing from corrupted records and stays idle", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const pdir = join(dir, "gym/environment/env0");
+    const recordsFile = (await readdir(pdir)).find((f) => f.startsWith("records-"))!;
+    const { writeFile } = await import("node:fs/promises");
+    const text = await readFile(join(pdir, recordsFile), "utf8");
+    await writeFile(join(pdir, recordsFile), text.replace('"r1"', '"r9"'));
+    expect(await refused(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).toBe(
+      "invalid_checkpoint_state",
+    );
+    expect(kind.hooks()).not.toContain("install");
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.admissionOpen).toBe(true);
+  });
+
+  it("reopens admission when install fails", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    kind.failNext("install");
+    await expect(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] })).rejects.toThrow(/install/);
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.admissionOpen).toBe(true);
+    expect(kind.hooks()).toEqual(["closeAdmission", "install", "openAdmission"]);
+  });
+
+  it("refuses a directory of another checkpoint", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    expect(await refused(call("restore", { checkpoint_id: "other", checkpoint_dir: dir, episode_ids: [] }))).toBe("invalid_checkpoint_state");
+  });
+
+  it("re-exports restored episodes whose replacement has not started", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await call("resume", { checkpoint_id: "src" });
+    await call("prepare", { checkpoint_id: "c2" });
+    const reply = await call("commit", { checkpoint_id: "c2" });
+    expect(reply.episode_ids).toEqual(["r1-a1"]);
+  });
+});
+
+function deferred() {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}

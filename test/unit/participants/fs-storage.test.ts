@@ -1,0 +1,121 @@
+import { mkdtemp, readdir, readFile, rm, writeFile, unlink } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointError, sha256Hex } from "../../../protocol/index.js";
+import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
+
+let root: string;
+let target: ParticipantTarget;
+const storage = new FsCheckpointStorage();
+const records = [
+  { episode_id: { rollout_id: "r1", attempt: 0 }, state: { text: "héllo ✓", n: 1 } },
+  { episode_id: { rollout_id: "r2", attempt: 3 }, state: null },
+];
+
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-fs-"));
+  target = { checkpointDir: join(root, "c1"), checkpointId: "c1", kind: "agent", instance: "agent0" };
+});
+afterEach(() => rm(root, { recursive: true, force: true }));
+
+const write = (gate = new WriteGate(), recs = records) => storage.write(target, recs, { gate, createdAt: 1, extra: {} });
+
+async function code(promise: Promise<unknown>): Promise<string> {
+  try {
+    await promise;
+  } catch (error) {
+    if (error instanceof CheckpointError) return error.code;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}
+
+describe("filesystem checkpoint storage", () => {
+  it("names the records file by the sha256 of its bytes and round-trips exactly", async () => {
+    const written = await write();
+    const dir = participantDir(target);
+    const bytes = await readFile(join(dir, written.manifest.records_file));
+    expect(sha256Hex(bytes)).toBe(written.manifest.records_sha256);
+    expect(written.manifest.records_file).toBe(`records-${written.manifest.records_sha256}.jsonl`);
+    expect(written.bytes).toBe(bytes.byteLength);
+    expect(written.manifestSha256).toBe(sha256Hex(await readFile(join(dir, "manifest.json"))));
+    const read = await storage.read(target, ScriptRecordSchema);
+    expect(read.records).toEqual(records);
+    expect((await readdir(dir)).sort()).toEqual(["manifest.json", written.manifest.records_file]);
+  });
+
+  it("filters while still checking digest and count over the whole file", async () => {
+    await write();
+    const read = await storage.read(target, ScriptRecordSchema, (r) => r.episode_id.rollout_id === "r2");
+    expect(read.records.map((r) => r.episode_id.rollout_id)).toEqual(["r2"]);
+  });
+
+  it("re-publishes identical content idempotently and refuses different content", async () => {
+    const first = await write();
+    const again = await write();
+    expect(again.manifestSha256).toBe(first.manifestSha256);
+    expect(await code(write(new WriteGate(), records.slice(0, 1)))).toBe("checkpoint_conflict");
+    const read = await storage.read(target, ScriptRecordSchema);
+    expect(read.records).toHaveLength(2);
+  });
+
+  it("publishes nothing once the gate is stopped", async () => {
+    const gate = new WriteGate();
+    await gate.stop();
+    expect(await code(write(gate))).toBe("stale_checkpoint");
+    expect(await readdir(participantDir(target))).toEqual([]);
+  });
+
+  describe("refuses corrupt checkpoints with invalid_checkpoint_state", () => {
+    it("corrupted record bytes", async () => {
+      const written = await write();
+      const file = join(participantDir(target), written.manifest.records_file);
+      const text = await readFile(file, "utf8");
+      await writeFile(file, text.replace("héllo", "hallo"));
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+    });
+
+    it("a wrong count", async () => {
+      await write();
+      const path = join(participantDir(target), "manifest.json");
+      const manifest = JSON.parse(await readFile(path, "utf8"));
+      await writeFile(path, JSON.stringify({ ...manifest, record_count: 3 }));
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+    });
+
+    it("a truncated manifest", async () => {
+      await write();
+      const path = join(participantDir(target), "manifest.json");
+      const text = await readFile(path, "utf8");
+      await writeFile(path, text.slice(0, text.length / 2));
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+    });
+
+    it("a missing manifest or records file", async () => {
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+      const written = await write();
+      await unlink(join(participantDir(target), written.manifest.records_file));
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+    });
+
+    it("a manifest of another instance or checkpoint, or with unknown fields", async () => {
+      await write();
+      expect(await code(storage.read({ ...target, checkpointId: "c2" }, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+      const path = join(participantDir(target), "manifest.json");
+      const manifest = JSON.parse(await readFile(path, "utf8"));
+      await writeFile(path, JSON.stringify({ ...manifest, instance: "agent1" }));
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+      await writeFile(path, JSON.stringify({ ...manifest, unexpected: 1 }));
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+      await writeFile(path, JSON.stringify({ ...manifest, records_file: "../../../etc/passwd" }));
+      expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+    });
+
+    it("records that break the kind's schema", async () => {
+      await write();
+      const strict = ScriptRecordSchema.extend({ state: ScriptRecordSchema.shape.state.refine((s) => s === null) });
+      expect(await code(storage.read(target, strict))).toBe("invalid_checkpoint_state");
+    });
+  });
+});

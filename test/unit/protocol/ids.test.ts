@@ -1,0 +1,57 @@
+import { describe, expect, it } from "vitest";
+import {
+  CheckpointIdSchema,
+  EpisodeIdSchema,
+  RolloutIdSchema,
+  captureKey,
+  nextAttempt,
+  parseCaptureKey,
+} from "../../../protocol/index.js";
+
+describe("ids and capture keys", () => {
+  it("uses the bare rollout id for attempt 0 and -a<N> after", () => {
+    expect(captureKey({ rollout_id: "r1", attempt: 0 })).toBe("r1");
+    expect(captureKey({ rollout_id: "counter-1", attempt: 1 })).toBe("counter-1-a1");
+    expect(captureKey(nextAttempt({ rollout_id: "x.y_z", attempt: 41 }))).toBe("x.y_z-a42");
+  });
+
+  it("reverses every key it produces", () => {
+    for (const episode of [
+      { rollout_id: "r", attempt: 0 },
+      { rollout_id: "a-b-c", attempt: 3 },
+      { rollout_id: "task.9", attempt: 120 },
+    ]) {
+      expect(parseCaptureKey(captureKey(episode))).toEqual(episode);
+    }
+  });
+
+  it("refuses non-canonical keys", () => {
+    expect(parseCaptureKey("r-a0")).toBeUndefined();
+    expect(parseCaptureKey("r-a01")).toBeUndefined();
+    expect(parseCaptureKey("../etc")).toBeUndefined();
+    expect(parseCaptureKey("")).toBeUndefined();
+  });
+
+  it("reserves the -a<digits> suffix in rollout ids", () => {
+    expect(RolloutIdSchema.safeParse("job-a3").success).toBe(false);
+    expect(RolloutIdSchema.safeParse("job-abc").success).toBe(true);
+    expect(RolloutIdSchema.safeParse("-lead").success).toBe(false);
+    expect(RolloutIdSchema.safeParse("a/b").success).toBe(false);
+  });
+
+  it("validates attempts and rejects unknown fields", () => {
+    expect(EpisodeIdSchema.parse({ rollout_id: "r" })).toEqual({ rollout_id: "r", attempt: 0 });
+    expect(EpisodeIdSchema.safeParse({ rollout_id: "r", attempt: -1 }).success).toBe(false);
+    expect(EpisodeIdSchema.safeParse({ rollout_id: "r", attempt: 1.5 }).success).toBe(false);
+    expect(EpisodeIdSchema.safeParse({ rollout_id: "r", attempt: 0, extra: 1 }).success).toBe(false);
+  });
+
+  it("bounds checkpoint ids to 1-128 safe characters", () => {
+    expect(CheckpointIdSchema.safeParse("ckpt-20261129T072100-0a1b2c3d").success).toBe(true);
+    expect(CheckpointIdSchema.safeParse("a".repeat(128)).success).toBe(true);
+    expect(CheckpointIdSchema.safeParse("a".repeat(129)).success).toBe(false);
+    expect(CheckpointIdSchema.safeParse("..").success).toBe(false);
+    expect(CheckpointIdSchema.safeParse(".hidden").success).toBe(false);
+    expect(CheckpointIdSchema.safeParse("a/b").success).toBe(false);
+  });
+});

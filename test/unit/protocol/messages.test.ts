@@ -1,0 +1,84 @@
+import { readFileSync } from "node:fs";
+import { describe, expect, it } from "vitest";
+import {
+  CheckpointError,
+  CommitRequestSchema,
+  ERROR_CATALOG,
+  ERROR_CODES,
+  MAX_CONTROL_MESSAGE_BYTES,
+  PrepareRequestSchema,
+  canonicalDigest,
+  canonicalJson,
+  decodeMessage,
+  encodeMessage,
+  tokensEqual,
+  bearerToken,
+} from "../../../protocol/index.js";
+
+const base = { checkpoint_id: "c1", deadline_ts: 2_000_000_000, epoch: 1 };
+
+function refusal(fn: () => unknown): CheckpointError {
+  try {
+    fn();
+  } catch (error) {
+    if (error instanceof CheckpointError) return error;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}
+
+describe("control messages", () => {
+  it("accepts a valid prepare and rejects unknown fields", () => {
+    expect(PrepareRequestSchema.parse(base)).toEqual(base);
+    expect(PrepareRequestSchema.safeParse({ ...base, surprise: true }).success).toBe(false);
+  });
+
+  it("requires absolute, normalized checkpoint directories", () => {
+    const commit = { ...base, episode_ids: null };
+    expect(CommitRequestSchema.parse({ ...commit, checkpoint_dir: "/data/ckpt/c1" }).stop).toBe(false);
+    expect(CommitRequestSchema.safeParse({ ...commit, checkpoint_dir: "relative/dir" }).success).toBe(false);
+    expect(CommitRequestSchema.safeParse({ ...commit, checkpoint_dir: "/data/../etc" }).success).toBe(false);
+    expect(CommitRequestSchema.safeParse({ ...commit, checkpoint_dir: "" }).success).toBe(false);
+  });
+
+  it("decodes into catalog errors: malformed, unknown fields, oversized", () => {
+    expect(refusal(() => decodeMessage(PrepareRequestSchema, "{not json")).code).toBe("invalid_request");
+    const unknown = refusal(() => decodeMessage(PrepareRequestSchema, JSON.stringify({ ...base, x: 1 })));
+    expect(unknown.code).toBe("invalid_request");
+    expect(unknown.message).toMatch(/x/);
+    const big = JSON.stringify({ ...base, pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) });
+    expect(refusal(() => decodeMessage(PrepareRequestSchema, big)).code).toBe("payload_too_large");
+    expect(refusal(() => encodeMessage({ pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) })).code).toBe("payload_too_large");
+    expect(decodeMessage(PrepareRequestSchema, new TextEncoder().encode(JSON.stringify(base)))).toEqual(base);
+  });
+
+  it("keeps docs/errors.md in step with the catalog", () => {
+    const doc = readFileSync(new URL("../../../docs/errors.md", import.meta.url), "utf8");
+    const documented = [...doc.matchAll(/^\| `([a-z_]+)` \| (\d{3}) \|/gm)].map((m) => [m[1], Number(m[2])]);
+    expect(documented).toEqual(ERROR_CODES.map((code) => [code, ERROR_CATALOG[code].status]));
+  });
+
+  it("recognizes CheckpointError across copies by its global symbol", () => {
+    const error = new CheckpointError("stale_epoch", "old");
+    expect(error instanceof CheckpointError).toBe(true);
+    expect(error.toReply()).toEqual({ error: { code: "stale_epoch", detail: "old" } });
+    expect(new Error("plain") instanceof CheckpointError).toBe(false);
+  });
+});
+
+describe("canonical JSON and tokens", () => {
+  it("sorts keys at every depth so digests ignore key order", () => {
+    expect(canonicalJson({ b: 1, a: { d: [1, { z: 1, y: 2 }], c: null } })).toBe('{"a":{"c":null,"d":[1,{"y":2,"z":1}]},"b":1}');
+    expect(canonicalDigest({ a: 1, b: 2 })).toBe(canonicalDigest({ b: 2, a: 1 }));
+    expect(canonicalDigest({ a: 1 })).not.toBe(canonicalDigest({ a: 2 }));
+  });
+
+  it("compares bearer tokens exactly", () => {
+    expect(tokensEqual("s3cret", "s3cret")).toBe(true);
+    expect(tokensEqual("s3cret", "s3cre")).toBe(false);
+    expect(tokensEqual("", "s3cret")).toBe(false);
+    expect(bearerToken("Bearer abc")).toBe("abc");
+    expect(bearerToken("Basic abc")).toBeUndefined();
+    expect(bearerToken(undefined)).toBeUndefined();
+  });
+});
