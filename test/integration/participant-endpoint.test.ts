@@ -1,0 +1,89 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { headers } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { MEMBER_TTL_MS, memberKey, membersBucket, participantSubject, type Op } from "../../protocol/index.js";
+import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
+import { startNats, type NatsFixture } from "../support/nats.js";
+
+const DEPLOYMENT = "itest";
+const TOKEN = "integration-secret";
+let nats: NatsFixture;
+let root: string;
+let kind: ScriptableKind;
+let participant: ParticipantHandle<ScriptRecord>;
+
+beforeAll(async () => {
+  nats = await startNats();
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-it-"));
+  kind = new ScriptableKind("model");
+  participant = await startParticipant({ nc: await nats.connect(), deployment: DEPLOYMENT, instance: "policy_model", token: TOKEN, adapter: kind, checkpointRoot: root });
+});
+
+afterAll(async () => {
+  await participant?.stop();
+  await nats?.close();
+  await rm(root, { recursive: true, force: true });
+});
+
+async function send(op: Op, body: unknown, token: string | null = TOKEN): Promise<any> {
+  const h = headers();
+  if (token !== null) h.set("Authorization", `Bearer ${token}`);
+  const payload = typeof body === "string" ? body : JSON.stringify(body);
+  const msg = await nats.nc.request(participantSubject(DEPLOYMENT, "model", "policy_model", op), payload, { timeout: 5000, headers: h });
+  return msg.json();
+}
+
+const deadline = () => Date.now() / 1000 + 30;
+const phase = (id: string, extra: object = {}) => ({ checkpoint_id: id, deadline_ts: deadline(), epoch: 1, ...extra });
+
+describe("participant control plane over a real nats-server", () => {
+  it("announces itself in the membership registry with a bucket-level TTL", async () => {
+    const kv = await new Kvm(nats.nc).open(membersBucket(DEPLOYMENT));
+    const entry = await kv.get(memberKey("model", "policy_model"));
+    expect(entry?.json()).toMatchObject({ kind: "model", instance: "policy_model", protocol_version: 1 });
+    const status = await kv.status();
+    expect(status.ttl).toBe(MEMBER_TTL_MS);
+  });
+
+  it("drives every op through the phase machine", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    expect((await send("status", {})).phase).toBe("idle");
+    expect((await send("prepare", phase("c1"))).phase).toBe("prepared");
+    expect((await send("renew", phase("c1"))).lease_expires_at).toBeGreaterThan(Date.now() / 1000);
+    const commit = await send("commit", phase("c1", { checkpoint_dir: join(root, "c1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(commit.phase).toBe("committed");
+    expect(commit.episode_ids).toEqual(["r1"]);
+    expect((await send("status", {})).phase).toBe("committed");
+    expect(await send("resume", phase("c1"))).toEqual({ phase: "idle", idempotent: false });
+
+    // Restore happens in a fresh process: replace the participant with a new incarnation.
+    await participant.stop();
+    kind = new ScriptableKind("model");
+    participant = await startParticipant({ nc: await nats.connect(), deployment: DEPLOYMENT, instance: "policy_model", token: TOKEN, adapter: kind, checkpointRoot: root });
+    const restore = await send("restore", phase("c1", { checkpoint_dir: join(root, "c1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(restore).toEqual({ phase: "restored", source_checkpoint_id: "c1", restored: ["r1-a1"] });
+    expect(await send("retire", phase("c1", { episode_ids: [{ rollout_id: "r1", attempt: 1 }] }))).toEqual({ retired: ["r1-a1"] });
+    expect(await send("resume", phase("c1"))).toEqual({ phase: "idle", idempotent: false });
+    expect(await send("forget", phase("forget", { rollout_ids: ["r1"] }))).toEqual({ forgotten: ["r1"] });
+    expect((await send("status", {})).retired_rollouts).toBe(0);
+  });
+
+  it("answers bad input with documented codes and changes nothing", async () => {
+    await send("resume", phase("c-old"));
+    const before = await send("status", {});
+    expect((await send("prepare", phase("c9"), null)).error.code).toBe("unauthorized");
+    expect((await send("prepare", phase("c9"), "wrong-token")).error.code).toBe("unauthorized");
+    expect((await send("prepare", "{not json")).error.code).toBe("invalid_request");
+    expect((await send("prepare", phase("c9", { surprise: 1 }))).error.code).toBe("invalid_request");
+    expect((await send("prepare", { ...phase("c9"), deadline_ts: "soon" })).error.code).toBe("invalid_request");
+    expect((await send("prepare", phase("../../etc"))).error.code).toBe("invalid_request");
+    expect((await send("commit", phase("c9", { checkpoint_dir: "/tmp/../etc", episode_ids: null }))).error.code).toBe("invalid_request");
+    expect((await send("commit", phase("c9", { checkpoint_dir: join(root, "c9"), episode_ids: null }))).error.code).toBe("invalid_phase");
+    expect((await send("prepare", phase("c-old"))).error.code).toBe("stale_checkpoint");
+    expect((await send("prepare", { ...phase("c9"), epoch: 0 })).error.code).toBe("stale_epoch");
+    expect(await send("status", {})).toEqual(before);
+  });
+});
