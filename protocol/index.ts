@@ -110,3 +110,36 @@ export {
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { decodeMessage, encodeMessage } from "./codec.js";
 export { tokensEqual, bearerToken } from "./auth.js";
+export { ROLLOUT_PREFIX, parseRolloutPath, rolloutPath } from "./rollout-path.js";
+export type { RolloutPath } from "./rollout-path.js";
+export {
+  CONTROLLER_OPS,
+  CONTROLLER_OP_NAMES,
+  ControllerStateInputSchema,
+  CtlPrepareRequestSchema,
+  CtlCommitRequestSchema,
+  CtlPublishRequestSchema,
+  CtlResumeRequestSchema,
+  CtlCheckpointRequestSchema,
+  CtlRestoreRequestSchema,
+  CtlRetireRequestSchema,
+  CtlForgetRequestSchema,
+  CtlStatusRequestSchema,
+  CtlListRequestSchema,
+  CtlGetRequestSchema,
+  CtlPrepareParticipantSchema,
+  CtlBlockerSchema,
+  CtlPrepareReplySchema,
+  CtlCommitReplySchema,
+  CtlPublishReplySchema,
+  CtlResumeReplySchema,
+  CtlCheckpointReplySchema,
+  CtlRestoreReplySchema,
+  CtlRetireReplySchema,
+  CtlForgetReplySchema,
+  CtlParticipantStatusSchema,
+  CtlStatusReplySchema,
+  CtlListReplySchema,
+  CtlGetReplySchema,
+} from "./controller-api.js";
+export type { ControllerOp, ControllerStateInput, CtlRequestOf, CtlRequestInputOf, CtlReplyOf } from "./controller-api.js";

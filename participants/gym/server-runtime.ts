@@ -1,0 +1,100 @@
+import { parseArgs } from "node:util";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import pino, { type Logger } from "pino";
+import { z } from "zod";
+import { DeploymentSchema, InstanceSchema, describeZodError } from "../../protocol/index.js";
+
+/**
+ * The shared shell of every reference Gym server process: common flags, a NATS connection,
+ * a pino logger, the ready line launchers wait for, and a clean shutdown on SIGTERM/SIGINT.
+ *
+ * Flags (env fallback in brackets): --nats [GYM_CKPT_NATS_URL], --deployment [GYM_CKPT_DEPLOYMENT],
+ * --instance, --token [GYM_CKPT_TOKEN], --port (0 = any free port), --checkpoint-root
+ * [GYM_CKPT_CHECKPOINT_ROOT], --lease-grace-seconds, plus server-specific string flags.
+ */
+const CommonSchema = z
+  .object({
+    nats: z.string().min(1),
+    deployment: DeploymentSchema,
+    instance: InstanceSchema,
+    token: z.string().min(1, "a control token is required (--token or GYM_CKPT_TOKEN)"),
+    port: z.coerce.number().int().min(0).max(65535),
+    checkpointRoot: z.string().optional(),
+    leaseGraceSeconds: z.coerce.number().positive().optional(),
+  })
+  .strict();
+export type CommonServerConfig = z.infer<typeof CommonSchema>;
+
+export interface ServerRuntime {
+  config: CommonServerConfig;
+  /** Server-specific flags, as given. */
+  extra: Record<string, string | undefined>;
+  nc: NatsConnection;
+  logger: Logger;
+  /** Print the line launchers wait for: {"ready":true,"name":…,"url":…}. */
+  announceReady(url: string): void;
+  /** Register clean-up run on SIGTERM/SIGINT before exit. */
+  onShutdown(fn: () => Promise<void> | void): void;
+}
+
+export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    options: {
+      nats: { type: "string" },
+      deployment: { type: "string" },
+      instance: { type: "string" },
+      token: { type: "string" },
+      port: { type: "string" },
+      "checkpoint-root": { type: "string" },
+      "lease-grace-seconds": { type: "string" },
+      ...Object.fromEntries(extraFlags.map((flag) => [flag, { type: "string" as const }])),
+    },
+  });
+  const parsed = CommonSchema.safeParse({
+    nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222",
+    deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",
+    instance: values.instance ?? name,
+    token: values.token ?? process.env.GYM_CKPT_TOKEN ?? "",
+    port: values.port ?? "0",
+    checkpointRoot: values["checkpoint-root"] ?? process.env.GYM_CKPT_CHECKPOINT_ROOT,
+    leaseGraceSeconds: values["lease-grace-seconds"],
+  });
+  if (!parsed.success) {
+    process.stderr.write(`${name}: invalid configuration: ${describeZodError(parsed.error)}\n`);
+    process.exit(2);
+  }
+  const config = parsed.data;
+  const logger = pino({
+    name,
+    base: { instance: config.instance },
+    redact: { paths: ["token", "config.token", "*.authorization", "headers.authorization"], censor: "[Redacted]" },
+  });
+  const nc = await connect({ servers: config.nats, name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
+  const shutdown: (() => Promise<void> | void)[] = [];
+  let stopping = false;
+  const stop = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, "shutting down");
+    for (const fn of shutdown.reverse()) await Promise.resolve(fn()).catch((err: unknown) => logger.warn({ err }, "shutdown step failed"));
+    await nc.drain().catch(() => undefined);
+    process.exit(0);
+  };
+  process.once("SIGTERM", () => void stop("SIGTERM"));
+  process.once("SIGINT", () => void stop("SIGINT"));
+  const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
+  return {
+    config,
+    extra,
+    nc,
+    logger,
+    announceReady(url) {
+      process.stdout.write(`${JSON.stringify({ ready: true, name, instance: config.instance, url })}\n`);
+    },
+    onShutdown(fn) {
+      shutdown.push(fn);
+    },
+  };
+}
