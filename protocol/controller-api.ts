@@ -1,0 +1,231 @@
+import { z } from "zod";
+import { ErrorCodeSchema } from "./errors.js";
+import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema } from "./ids.js";
+import { KindSchema } from "./kinds.js";
+import { GlobalManifestSchema, ParticipantEntrySchema } from "./manifest.js";
+import { PhaseSchema, PrepareReportSchema } from "./messages.js";
+
+/**
+ * The controller API of the active coordinator: one request and one reply schema per op, shared by
+ * the NATS API (`controllerSubject(deployment, op)`), the HTTP API (one route per op) and the
+ * typed clients. Every request is strict; refusals are `ErrorReplySchema` bodies with catalog codes.
+ */
+
+const MAX_SCOPE = 100_000;
+const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
+
+/** Absolute deadline, Unix epoch seconds; the coordinator's default timeout applies when omitted. */
+const OptionalDeadline = z.number().finite().positive().optional();
+
+/** The controller's own state: inline JSON, or a file it already wrote into the checkpoint directory. */
+export const ControllerStateInputSchema = z.union([
+  z.object({ inline: z.unknown() }).strict(),
+  z
+    .object({
+      file: z.string().min(1).max(255).regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "file must be a plain file name"),
+      /** When given, the coordinator checks the file against it. */
+      sha256: Sha256Schema.optional(),
+    })
+    .strict(),
+]);
+export type ControllerStateInput = z.infer<typeof ControllerStateInputSchema>;
+
+const ParticipantRef = { kind: KindSchema, instance: InstanceSchema };
+const ParticipantErrorSchema = z.object({ code: ErrorCodeSchema, detail: z.string() }).strict();
+
+// ---- requests ------------------------------------------------------------------------------
+
+export const CtlPrepareRequestSchema = z.object({ checkpoint_id: CheckpointIdSchema, deadline_ts: OptionalDeadline }).strict();
+export const CtlCommitRequestSchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    deadline_ts: OptionalDeadline,
+    /** The episodes the controller continues; null = everything each participant holds. */
+    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE).nullable().default(null),
+    stop: z.boolean().default(false),
+  })
+  .strict();
+export const CtlPublishRequestSchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    controller_state: ControllerStateInputSchema.nullable().default(null),
+  })
+  .strict();
+export const CtlResumeRequestSchema = z.object({ checkpoint_id: CheckpointIdSchema, deadline_ts: OptionalDeadline }).strict();
+export const CtlCheckpointRequestSchema = z
+  .object({
+    /** Generated (time-ordered) when omitted. */
+    checkpoint_id: CheckpointIdSchema.optional(),
+    deadline_ts: OptionalDeadline,
+    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE).nullable().default(null),
+    stop: z.boolean().default(false),
+    controller_state: ControllerStateInputSchema.nullable().default(null),
+  })
+  .strict();
+export const CtlRestoreRequestSchema = z
+  .object({
+    /** The published checkpoint to restore; LATEST when omitted. */
+    checkpoint_id: CheckpointIdSchema.optional(),
+    deadline_ts: OptionalDeadline,
+    /** The checkpointed (source) attempts the controller will continue. */
+    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE),
+  })
+  .strict();
+export const CtlRetireRequestSchema = z
+  .object({
+    /** Defaults to the restored checkpoint's id, or "retire". */
+    checkpoint_id: CheckpointIdSchema.optional(),
+    deadline_ts: OptionalDeadline,
+    episode_ids: z.array(EpisodeIdSchema).min(1).max(MAX_SCOPE),
+  })
+  .strict();
+export const CtlForgetRequestSchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema.optional(),
+    deadline_ts: OptionalDeadline,
+    rollout_ids: z.array(RolloutIdSchema).min(1).max(MAX_SCOPE),
+  })
+  .strict();
+export const CtlStatusRequestSchema = z.object({}).strict();
+export const CtlListRequestSchema = z.object({}).strict();
+export const CtlGetRequestSchema = z.object({ checkpoint_id: CheckpointIdSchema }).strict();
+
+// ---- replies -------------------------------------------------------------------------------
+
+export const CtlPrepareParticipantSchema = z
+  .object({
+    ...ParticipantRef,
+    ok: z.boolean(),
+    phase: z.enum(["prepared", "preparing", "idle"]).nullable(),
+    report: PrepareReportSchema.nullable(),
+    error: ParticipantErrorSchema.nullable(),
+  })
+  .strict();
+export const CtlBlockerSchema = z
+  .object({
+    ...ParticipantRef,
+    /** Capture keys or synthetic labels; for a failed request, the error code. */
+    blockers: z.array(z.string()),
+    blocker_count: z.number().int().min(0),
+    code: ErrorCodeSchema.nullable(),
+  })
+  .strict();
+export const CtlPrepareReplySchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    epoch: z.number().int().min(0),
+    prepared: z.boolean(),
+    /** The stage that was not fully prepared, or null. */
+    stopped_at: KindSchema.array().nullable(),
+    participants: z.array(CtlPrepareParticipantSchema),
+    blockers: z.array(CtlBlockerSchema),
+    restarts: z.array(z.string()),
+  })
+  .strict();
+export const CtlCommitReplySchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    epoch: z.number().int().min(0),
+    checkpoint_dir: z.string(),
+    participants: z.array(ParticipantEntrySchema),
+  })
+  .strict();
+export const CtlPublishReplySchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    manifest_path: z.string(),
+    published_at: z.number(),
+    /** Checkpoint ids removed by retention (old published ones and partial ones). */
+    deleted: z.array(z.string()),
+  })
+  .strict();
+export const CtlResumeReplySchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    participants: z.array(z.object({ ...ParticipantRef, idempotent: z.boolean() }).strict()),
+  })
+  .strict();
+export const CtlCheckpointReplySchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    epoch: z.number().int().min(0),
+    checkpoint_dir: z.string(),
+    manifest_path: z.string(),
+    published_at: z.number(),
+    participants: z.number().int().min(0),
+    restarts: z.array(z.string()),
+    deleted: z.array(z.string()),
+    timings_ms: z.object({ prepare: z.number(), commit: z.number(), publish: z.number(), resume: z.number() }).strict(),
+  })
+  .strict();
+export const CtlRestoreReplySchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    participants: z.array(z.object({ ...ParticipantRef, restored: z.array(z.string()) }).strict()),
+  })
+  .strict();
+export const CtlRetireReplySchema = z
+  .object({ participants: z.array(z.object({ ...ParticipantRef, retired: z.array(z.string()) }).strict()) })
+  .strict();
+export const CtlForgetReplySchema = z
+  .object({ participants: z.array(z.object({ ...ParticipantRef, forgotten: z.array(z.string()) }).strict()) })
+  .strict();
+export const CtlParticipantStatusSchema = z
+  .object({
+    ...ParticipantRef,
+    reachable: z.boolean(),
+    phase: PhaseSchema.nullable(),
+    checkpoint_id: CheckpointIdSchema.nullable(),
+    lease_expires_at: z.number().nullable(),
+    epoch: z.number().int().min(0).nullable(),
+    blockers: z.array(z.string()),
+    blocker_count: z.number().int().min(0),
+    error: ParticipantErrorSchema.nullable(),
+  })
+  .strict();
+export const CtlStatusReplySchema = z
+  .object({
+    deployment: z.string(),
+    coordinator: z.object({ id: z.string(), leader: z.boolean(), ready: z.boolean(), epoch: z.number().int().nullable() }).strict(),
+    checkpoint: z.object({ checkpoint_id: CheckpointIdSchema, phase: z.string(), epoch: z.number().int() }).strict().nullable(),
+    participants: z.array(CtlParticipantStatusSchema),
+  })
+  .strict();
+export const CtlListReplySchema = z
+  .object({
+    latest: CheckpointIdSchema.nullable(),
+    checkpoints: z.array(
+      z
+        .object({
+          checkpoint_id: CheckpointIdSchema,
+          published_at: z.number(),
+          epoch: z.number().int(),
+          participants: z.number().int(),
+          stop: z.boolean(),
+        })
+        .strict(),
+    ),
+  })
+  .strict();
+export const CtlGetReplySchema = z.object({ latest: z.boolean(), manifest: GlobalManifestSchema }).strict();
+
+/** Every controller op: request and reply schema, and its HTTP route. */
+export const CONTROLLER_OPS = {
+  checkpoint: { request: CtlCheckpointRequestSchema, reply: CtlCheckpointReplySchema, method: "POST" },
+  prepare: { request: CtlPrepareRequestSchema, reply: CtlPrepareReplySchema, method: "POST" },
+  commit: { request: CtlCommitRequestSchema, reply: CtlCommitReplySchema, method: "POST" },
+  publish: { request: CtlPublishRequestSchema, reply: CtlPublishReplySchema, method: "POST" },
+  resume: { request: CtlResumeRequestSchema, reply: CtlResumeReplySchema, method: "POST" },
+  restore: { request: CtlRestoreRequestSchema, reply: CtlRestoreReplySchema, method: "POST" },
+  retire: { request: CtlRetireRequestSchema, reply: CtlRetireReplySchema, method: "POST" },
+  forget: { request: CtlForgetRequestSchema, reply: CtlForgetReplySchema, method: "POST" },
+  status: { request: CtlStatusRequestSchema, reply: CtlStatusReplySchema, method: "GET" },
+  list: { request: CtlListRequestSchema, reply: CtlListReplySchema, method: "GET" },
+  get: { request: CtlGetRequestSchema, reply: CtlGetReplySchema, method: "GET" },
+} as const;
+
+export type ControllerOp = keyof typeof CONTROLLER_OPS;
+export const CONTROLLER_OP_NAMES = Object.keys(CONTROLLER_OPS) as ControllerOp[];
+export type CtlRequestOf<O extends ControllerOp> = z.infer<(typeof CONTROLLER_OPS)[O]["request"]>;
+export type CtlRequestInputOf<O extends ControllerOp> = z.input<(typeof CONTROLLER_OPS)[O]["request"]>;
+export type CtlReplyOf<O extends ControllerOp> = z.infer<(typeof CONTROLLER_OPS)[O]["reply"]>;
