@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { promises as fs, type FileHandle } from "node:fs/promises";
+import fs, { type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import { describeIssues, invalidState } from "./errors.js";

@@ -1,0 +1,383 @@
+import path from "node:path";
+import { setTimeout as delay } from "node:timers/promises";
+import type { Logger } from "pino";
+import type { z } from "zod";
+import { compactionSeeds, recheckSeed, toolCallSeeds, type AnchorKind, type Seed } from "./anchors.js";
+import { describeIssues, invalidRequest, ReplayError } from "./errors.js";
+import { defaultLogger } from "./log.js";
+import { expandGlobs } from "./record-glob.js";
+import { isIndexFileName, stepOfPath } from "./record-paths.js";
+import { addReadStats, newReadStats, readRecords, type ReadStats } from "./record-reader.js";
+import {
+  parseReplayConfig,
+  recordFilters,
+  recordPatterns,
+  type ReplayConfig,
+  type ReplayConfigInput,
+} from "./replay-config.js";
+import type { RandomFactory } from "./seeded-random.js";
+import { completedFiles } from "./step-marker.js";
+import type { Prompt, TraceRecord } from "./trace-record.js";
+
+/** The fields every task has; a source environment's typed task adds its own. */
+export interface TaskShape {
+  idx: number;
+  name: string | null;
+  prompt: Prompt | null;
+}
+
+/**
+ * The environment whose finished rollouts are replayed. It owns the task type, tools, user
+ * simulation and, above all, scoring: a replayed task is judged by the original verifier.
+ */
+export interface SourceEnvironment<T extends TaskShape = TaskShape, Rollout = unknown, Score = unknown> {
+  readonly id: string;
+  /** Validates a recorded task as this environment's typed task; a failure marks a foreign record. */
+  readonly taskSchema: z.ZodType<T>;
+  /** Narrows the `source` table of the replay config to this environment's own config. */
+  readonly configSchema?: z.ZodType<unknown>;
+  readonly tools?: readonly unknown[];
+  readonly user?: unknown;
+  readonly stops?: readonly string[];
+  readonly stateType?: string;
+  definesGroupRewards?(): boolean;
+  setup?(task: T): Promise<void> | void;
+  restoreSnapshot?(task: T, ref: string): Promise<void> | void;
+  score(task: T, rollout: Rollout): Promise<Score> | Score;
+  scoreGroup?(tasks: readonly T[], rollouts: readonly Rollout[]): Promise<Score[]> | Score[];
+}
+
+/** Where a replayed task came from: enough to find the exact record and anchor again. */
+export interface ReplayLineage {
+  mode: ReplayConfig["mode"];
+  anchor: AnchorKind;
+  sourceEnv: string;
+  sourceTraceId: string;
+  sourceFile: string;
+  sourceStep: number | null;
+  /** Line position of the record in its file (0-based). */
+  sourceOrdinal: number;
+  sourceTaskIdx: number;
+  sourceTaskName: string | null;
+  anchorNode: number;
+}
+
+export interface ReplayTask<T extends TaskShape = TaskShape> {
+  /** Replay-local position; stable for the life of the source (tasks are only ever appended). */
+  readonly idx: number;
+  readonly name: string;
+  /** The seeded context. It is prompt, not completion: see seededContextNodes for loss masking. */
+  readonly prompt: Prompt;
+  /** The source's typed task with idx, name and prompt replaced; everything else (answers…) kept. */
+  readonly task: T;
+  readonly lineage: ReplayLineage;
+  readonly snapshot: string | null;
+  readonly seedTokens: number;
+}
+
+export type ReplaySkipReason = keyof ReadStats["skipped"] | "foreign" | "overlong";
+
+export interface ReplayStats {
+  read: ReadStats;
+  /** Source-side skips, on top of read.skipped. */
+  foreign: number;
+  noSeed: number;
+  overlong: number;
+  indexFallbacks: number;
+}
+
+export interface ReloadResult {
+  added: number;
+  total: number;
+  files: string[];
+}
+
+export interface ReplayTaskSourceOptions {
+  /** Base for relative record globs (default: process.cwd()). */
+  cwd?: string;
+  logger?: Logger;
+  /** Replaces the seeded generator of the tool-call anchor draw. */
+  random?: RandomFactory;
+}
+
+/**
+ * Turns saved rollout records into fresh tasks. Loading is append-only and a pure function of the
+ * files (numeric file order, per-record seeded draws), so independent workers agree on every index.
+ * Follow mode: each reload re-expands the globs and appends tasks from files not seen before.
+ */
+export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown, Score = unknown>
+  implements AsyncIterable<ReplayTask<T>>
+{
+  readonly config: ReplayConfig;
+  readonly sourceConfig: unknown;
+  readonly stats: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
+
+  private readonly list: ReplayTask<T>[] = [];
+  private readonly done = new Set<string>();
+  private readonly cwd: string;
+  private readonly logger: Logger;
+  private readonly random: RandomFactory | undefined;
+  private inFlight: Promise<ReloadResult> | null = null;
+  private cursor = 0;
+  private readonly closing = new AbortController();
+  private warnedEmpty = false;
+
+  constructor(
+    config: ReplayConfigInput | ReplayConfig,
+    readonly source: SourceEnvironment<T, Rollout, Score>,
+    options: ReplayTaskSourceOptions = {},
+  ) {
+    this.config = parseReplayConfig(config);
+    if (this.config.source.id !== source.id) {
+      throw invalidRequest(`config names source ${this.config.source.id} but environment ${source.id} was given`);
+    }
+    if (source.configSchema) {
+      const narrowed = source.configSchema.safeParse(this.config.source);
+      if (!narrowed.success) throw invalidRequest(`invalid source config: ${describeIssues(narrowed.error.issues)}`);
+      this.sourceConfig = narrowed.data;
+    } else {
+      this.sourceConfig = this.config.source;
+    }
+    this.cwd = options.cwd ?? process.cwd();
+    this.logger = options.logger ?? defaultLogger();
+    this.random = options.random;
+  }
+
+  get tasks(): readonly ReplayTask<T>[] {
+    return this.list;
+  }
+
+  get size(): number {
+    return this.list.length;
+  }
+
+  /** Capability seams report the source's behaviour, not the wrapper's. */
+  get tools(): readonly unknown[] {
+    return this.source.tools ?? [];
+  }
+  get user(): unknown {
+    return this.source.user;
+  }
+  get definesTools(): boolean {
+    return this.tools.length > 0;
+  }
+  get definesUser(): boolean {
+    return this.source.user !== undefined;
+  }
+  definesGroupRewards(): boolean {
+    return this.source.definesGroupRewards?.() ?? false;
+  }
+  get stops(): readonly string[] {
+    return this.source.stops ?? [];
+  }
+  get stateType(): string | undefined {
+    return this.source.stateType;
+  }
+
+  /** Loads what is there now; the same as reload(). */
+  load(): Promise<ReloadResult> {
+    return this.reload();
+  }
+
+  /** Appends tasks from files that appeared since the last load. One reload runs at a time. */
+  reload(): Promise<ReloadResult> {
+    this.inFlight ??= this.loadNewFiles().finally(() => {
+      this.inFlight = null;
+    });
+    return this.inFlight;
+  }
+
+  /** The task at `idx`, reloading once when it is past the end (a worker may lag behind). */
+  async taskAt(idx: number): Promise<ReplayTask<T>> {
+    if (idx >= this.list.length) await this.reload();
+    const task = this.list[idx];
+    if (!Number.isInteger(idx) || idx < 0 || !task) {
+      throw invalidRequest(`replay task ${idx} does not exist (${this.list.length} tasks)`);
+    }
+    return task;
+  }
+
+  /** The next unserved task, reloading when the list runs dry; undefined when nothing new exists. */
+  async next(): Promise<ReplayTask<T> | undefined> {
+    if (this.cursor >= this.list.length) await this.reload();
+    const task = this.list[this.cursor];
+    if (task) this.cursor += 1;
+    return task;
+  }
+
+  /** Every task in order; when `poll_interval_ms` is set it waits for new records until close(). */
+  async *[Symbol.asyncIterator](): AsyncIterator<ReplayTask<T>> {
+    let i = 0;
+    while (!this.closing.signal.aborted) {
+      const task = this.list[i];
+      if (task) {
+        i += 1;
+        yield task;
+        continue;
+      }
+      await this.reload();
+      if (i < this.list.length) continue;
+      if (this.config.poll_interval_ms === null) return;
+      try {
+        await delay(this.config.poll_interval_ms, undefined, { signal: this.closing.signal });
+      } catch {
+        return; // closed
+      }
+    }
+  }
+
+  /** Stops any polling iterator. */
+  close(): void {
+    this.closing.abort();
+  }
+
+  /** How a trace becomes seeds; override to change only that. */
+  seeds(trace: TraceRecord): Seed[] {
+    const c = this.config;
+    if (c.mode === "recheck") {
+      const seed = recheckSeed(trace, c.recheck_prompt);
+      return seed ? [seed] : [];
+    }
+    if (c.anchor === "compaction") return compactionSeeds(trace);
+    return toolCallSeeds(trace, { maxAnchors: c.max_anchors, seed: c.seed, ...(this.random ? { random: this.random } : {}) });
+  }
+
+  /** Scoring is the source verifier's, on the source-typed task. */
+  async score(task: ReplayTask<T>, rollout: Rollout): Promise<Score> {
+    return this.source.score(task.task, rollout);
+  }
+
+  async scoreGroup(tasks: readonly ReplayTask<T>[], rollouts: readonly Rollout[]): Promise<Score[]> {
+    if (this.source.scoreGroup) return this.source.scoreGroup(tasks.map((t) => t.task), rollouts);
+    return Promise.all(tasks.map((task, i) => this.score(task, rollouts[i]!)));
+  }
+
+  /** Runs the source's setup, then restores the anchor's sandbox snapshot when the task has one. */
+  async setup(task: ReplayTask<T>): Promise<void> {
+    await this.source.setup?.(task.task);
+    if (task.snapshot === null) return;
+    if (!this.source.restoreSnapshot) {
+      throw invalidRequest(`task ${task.name} needs snapshot ${task.snapshot} but ${this.source.id} cannot restore snapshots`);
+    }
+    await this.source.restoreSnapshot(task.task, task.snapshot);
+  }
+
+  private async loadNewFiles(): Promise<ReloadResult> {
+    const matched = await expandGlobs(recordPatterns(this.config), this.cwd);
+    const fresh = matched.filter((file) => !isIndexFileName(path.basename(file)) && !this.done.has(file));
+    if (matched.length === 0 && this.list.length === 0 && !this.warnedEmpty) {
+      this.warnedEmpty = true;
+      this.logger.warn({ records: this.config.records }, "replay records matched no files yet");
+    }
+    const files = this.config.wait_for_step_marker ? await this.completedPrefix(fresh) : fresh;
+
+    // Build everything first and commit at the end: a refusal leaves the task list untouched.
+    const added: ReplayTask<T>[] = [];
+    const stats: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
+    for (const file of files) added.push(...(await this.loadFile(file, this.list.length + added.length, stats)));
+
+    this.list.push(...added);
+    for (const file of files) this.done.add(file);
+    addReadStats(this.stats.read, stats.read);
+    this.stats.foreign += stats.foreign;
+    this.stats.noSeed += stats.noSeed;
+    this.stats.overlong += stats.overlong;
+    this.stats.indexFallbacks += stats.indexFallbacks;
+    if (files.length > 0) {
+      this.logger.info(
+        { tasks: this.list.length, added: added.length, files: files.length, skipped: { ...stats.read.skipped, foreign: stats.foreign, no_seed: stats.noSeed, overlong: stats.overlong } },
+        "replay tasks loaded",
+      );
+    }
+    return { added: added.length, total: this.list.length, files };
+  }
+
+  /** Files in sorted order up to the first one whose step has not been marked complete. */
+  private async completedPrefix(files: readonly string[]): Promise<string[]> {
+    const listed = new Map<string, Set<string>>();
+    const out: string[] = [];
+    for (const file of files) {
+      if (stepOfPath(file) !== null) {
+        const dir = path.dirname(file);
+        if (!listed.has(dir)) listed.set(dir, await completedFiles(dir));
+        if (!listed.get(dir)!.has(path.basename(file))) break; // later files wait too, so order is kept
+      }
+      out.push(file);
+    }
+    return out;
+  }
+
+  private async loadFile(file: string, base: number, stats: ReplayStats): Promise<ReplayTask<T>[]> {
+    const attempt = (useIndex: boolean) => {
+      const local: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
+      return this.collect(file, base, local, useIndex).then((tasks) => ({ tasks, local }));
+    };
+    let result: { tasks: ReplayTask<T>[]; local: ReplayStats };
+    try {
+      result = await attempt(true);
+    } catch (error) {
+      if (!(error instanceof ReplayError && error.reason === "index_mismatch")) throw error;
+      // The index passed its structural checks but disagrees with the bytes: trust only the file.
+      this.logger.warn({ file, reason: error.message }, "rollout index disagrees with its file; parsing in full");
+      result = await attempt(false);
+      result.local.indexFallbacks += 1;
+    }
+    addReadStats(stats.read, result.local.read);
+    stats.foreign += result.local.foreign;
+    stats.noSeed += result.local.noSeed;
+    stats.overlong += result.local.overlong;
+    stats.indexFallbacks += result.local.indexFallbacks;
+    return result.tasks;
+  }
+
+  private async collect(file: string, base: number, stats: ReplayStats, useIndex: boolean): Promise<ReplayTask<T>[]> {
+    const out: ReplayTask<T>[] = [];
+    const records = readRecords(file, {
+      filters: recordFilters(this.config),
+      stats: stats.read,
+      useIndex,
+      verifySha256: this.config.verify_index_sha256,
+      logger: this.logger,
+    });
+    for await (const record of records) {
+      const typed = this.source.taskSchema.safeParse(record.trace.task);
+      if (!typed.success) {
+        stats.foreign += 1; // e.g. another env's record in a mixed file
+        continue;
+      }
+      const seeds = this.seeds(record.trace);
+      if (seeds.length === 0) stats.noSeed += 1;
+      for (const seed of seeds) {
+        if (this.config.max_seed_tokens !== null && seed.tokens > this.config.max_seed_tokens) {
+          stats.overlong += 1;
+          continue;
+        }
+        const idx = base + out.length;
+        const task = { ...typed.data, idx, name: seed.name, prompt: seed.prompt } as T;
+        out.push(
+          Object.freeze({
+            idx,
+            name: seed.name,
+            prompt: seed.prompt,
+            task,
+            snapshot: seed.snapshot,
+            seedTokens: seed.tokens,
+            lineage: Object.freeze({
+              mode: this.config.mode,
+              anchor: seed.anchor,
+              sourceEnv: this.source.id,
+              sourceTraceId: record.trace.id,
+              sourceFile: record.file,
+              sourceStep: stepOfPath(record.file),
+              sourceOrdinal: record.ordinal,
+              sourceTaskIdx: record.trace.task.idx,
+              sourceTaskName: record.trace.task.name,
+              anchorNode: seed.anchorNode,
+            }),
+          }),
+        );
+      }
+    }
+    return out;
+  }
+}
