@@ -6,8 +6,10 @@ cd "$(dirname "$0")/../.."
 
 lock_hash() { sha256sum package-lock.json 2>/dev/null | cut -c1-64; }
 if [ ! -d node_modules ] || [ ! -f node_modules/.gym-ckpt-lock ] || [ "$(cat node_modules/.gym-ckpt-lock)" != "$(lock_hash)" ]; then
-  echo "prepare-env: installing npm packages (npm ci)" >&2
-  npm ci --no-audit --no-fund --loglevel=error >&2
+  echo "prepare-env: installing npm packages" >&2
+  # Not `npm ci`: one of vite's optional, Windows-only dependencies is absent from this registry,
+  # which `npm ci` treats as a lock mismatch. `npm install` follows the lock and skips it.
+  npm install --no-audit --no-fund --no-save --loglevel=error >&2
   lock_hash > node_modules/.gym-ckpt-lock
 fi
 
