@@ -63,8 +63,10 @@ function stable(value: unknown): string {
 
 function samePrompt(seed: Prompt, task: Prompt | null): boolean {
   if (task === null) return false;
-  if (typeof seed === "string" || typeof task === "string") return seed === task;
-  return stable(seed) === stable(withoutLeadingSystem(task));
+  // Compare as messages so a string prompt equals its one-user-message form.
+  const asMessages = (p: Prompt): Message[] =>
+    typeof p === "string" ? [{ role: "user", content: p }] : withoutLeadingSystem(p);
+  return stable(asMessages(seed)) === stable(asMessages(task));
 }
 
 /**

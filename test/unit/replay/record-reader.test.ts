@@ -1,0 +1,248 @@
+import { copyFile, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import fs from "node:fs/promises";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import {
+  encodeIndex,
+  indexPathFor,
+  newReadStats,
+  readRecords,
+  ReplayError,
+  writeRolloutRecords,
+  writeStepRecords,
+  type IndexHeader,
+  type IndexRow,
+  type ReadStats,
+  type RecordFilters,
+} from "../../../participants/replay/index.js";
+import { collect, compactedTrace, linearTrace, silent, tempDir, traceId, writeHandIndexed } from "./fixtures.js";
+
+let dir: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+const open: RecordFilters = { minReward: null, maxReward: null, minBranches: 1 };
+const incorrect: RecordFilters = { minReward: null, maxReward: 0.5, minBranches: 1 };
+
+async function read(file: string, filters: RecordFilters, extra: { useIndex?: boolean; verifySha256?: boolean } = {}) {
+  const stats = newReadStats();
+  const records = await collect(readRecords(file, { filters, stats, logger: silent, ...extra }));
+  return { ids: records.map((r) => r.trace.id), records, stats };
+}
+
+/** Ten records, rewards 0,1,0,1…; half are "incorrect". */
+function tenTraces() {
+  return Array.from({ length: 10 }, (_, i) => (i % 3 === 2 ? compactedTrace(traceId(i), i % 2) : linearTrace(traceId(i), i % 2)));
+}
+
+describe("index-selected loading", () => {
+  it("(19) yields exactly what a full parse yields, and index paths are derived per kind", async () => {
+    const indexed = path.join(dir, "indexed", "step_1");
+    const plain = path.join(dir, "plain", "step_1");
+    const { recordPath } = await writeRolloutRecords(path.join(dir, "indexed"), 1, { kind: "train", env: "gsm8k", traces: tenTraces() });
+    await mkdir(plain, { recursive: true });
+    const plainPath = path.join(plain, "train_rollouts_gsm8k.jsonl");
+    await copyFile(recordPath, plainPath); // record files are byte-identical with or without an index
+
+    const a = await read(recordPath, incorrect);
+    const b = await read(plainPath, incorrect);
+    expect(a.ids).toEqual([0, 2, 4, 6, 8].map(traceId));
+    expect(b.records.map((r) => r.trace)).toEqual(a.records.map((r) => r.trace));
+    expect(b.records.map((r) => [r.offset, r.len, r.ordinal])).toEqual(a.records.map((r) => [r.offset, r.len, r.ordinal]));
+    expect([a.stats.filesIndexed, a.stats.spansRead, a.stats.skipped.source_reward]).toEqual([1, 5, 5]);
+    expect([b.stats.filesFullParsed, b.stats.spansRead, b.stats.skipped.source_reward]).toEqual([1, 0, 5]);
+
+    expect(indexPathFor(recordPath)).toBe(path.join(indexed, "index_train_gsm8k.jsonl"));
+    await expect(fs.access(indexPathFor(recordPath)!)).resolves.toBeUndefined();
+    await expect(fs.access(indexPathFor(plainPath)!)).rejects.toThrow();
+    expect(indexPathFor(path.join(dir, "records.jsonl"))).toBeNull();
+    expect(indexPathFor(path.join(dir, "train_rollouts.jsonl"))).toBeNull(); // old mixed file: always fully parsed
+    expect(indexPathFor(path.join(dir, "eval_rollouts_gsm8k.jsonl"))).toBe(path.join(dir, "index_eval_gsm8k.jsonl"));
+  });
+
+  it("parses only the selected spans: bytes parsed equal the selected bytes", async () => {
+    const { recordPath, bytes } = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: tenTraces() });
+    const a = await read(recordPath, incorrect);
+    const selected = a.records.reduce((n, r) => n + r.len, 0);
+    expect(a.stats.bytesParsed).toBe(selected);
+    expect(a.stats.bytesRead).toBe(selected);
+    const full = await read(recordPath, incorrect, { useIndex: false });
+    expect(full.stats.bytesParsed).toBe(bytes);
+    expect(full.ids).toEqual(a.ids);
+  });
+
+  it("(20) never reads filtered spans: invalid JSON there is fine with the index, fatal without", async () => {
+    const good = (i: number, reward: number) => ({ line: JSON.stringify(linearTrace(traceId(i), reward)), row: { trace: traceId(i), task_name: "gsm8k", reward, branches: 1 } });
+    const { recordPath, indexPath } = await writeHandIndexed(path.join(dir, "step_1"), "train_rollouts_gsm8k.jsonl", [
+      good(1, 0),
+      { line: "{this is not json at all", row: { trace: traceId(2), task_name: "gsm8k", reward: 1, branches: 1 } },
+      good(3, 0),
+      { line: "also not json", row: { trace: traceId(4), task_name: "recheck:00000001", reward: 0, branches: 1 } },
+    ]);
+    const a = await read(recordPath, incorrect);
+    expect(a.ids).toEqual([traceId(1), traceId(3)]);
+    expect(a.stats.skipped).toEqual({ replayed: 1, empty: 0, source_reward: 1, no_seed: 0 });
+    await rm(indexPath);
+    await expect(read(recordPath, incorrect)).rejects.toThrow(/train_rollouts_gsm8k\.jsonl:2: not a JSON rollout record/);
+  });
+
+  it("(21) prefilters by branch count for compaction without reading linear records", async () => {
+    const compacted = compactedTrace(traceId(2), 0);
+    const { recordPath } = await writeHandIndexed(path.join(dir, "step_1"), "train_rollouts_gsm8k.jsonl", [
+      { line: "linear record bytes that are not JSON", row: { trace: traceId(1), task_name: "gsm8k", reward: 0, branches: 1 } },
+      { line: JSON.stringify(compacted), row: { trace: traceId(2), task_name: "gsm8k", reward: 0, branches: 2 } },
+    ]);
+    const a = await read(recordPath, { ...open, minBranches: 2 });
+    expect(a.ids).toEqual([traceId(2)]);
+    expect(a.stats.skipped.no_seed).toBe(1);
+  });
+
+  it("skips blank lines and empty traces on both paths alike", async () => {
+    const empty = linearTrace(traceId(9));
+    empty.nodes = [];
+    const { recordPath } = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [empty, linearTrace(traceId(1))] });
+    for (const useIndex of [true, false]) {
+      const r = await read(recordPath, open, { useIndex });
+      expect(r.ids).toEqual([traceId(1)]);
+      expect(r.stats.skipped.empty).toBe(1);
+    }
+    const hand = path.join(dir, "records.jsonl");
+    await writeFile(hand, "\n" + JSON.stringify(linearTrace(traceId(1))) + "\n\n  \n" + JSON.stringify(linearTrace(traceId(2))) + "\n");
+    expect((await read(hand, open)).ids).toEqual([traceId(1), traceId(2)]);
+  });
+
+  it("rejects JSON that is not a rollout record with file:line", async () => {
+    const hand = path.join(dir, "records.jsonl");
+    await writeFile(hand, JSON.stringify(linearTrace(traceId(1))) + "\n" + JSON.stringify({ id: "x", reward: 1 }) + "\n");
+    const error = await read(hand, open).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect((error as ReplayError).code).toBe("invalid_checkpoint_state");
+    expect((error as ReplayError).message).toMatch(/records\.jsonl:2: not a rollout record/);
+  });
+});
+
+describe("append-mode files", () => {
+  it("tolerate a torn last line but not a corrupt middle line", async () => {
+    const hand = path.join(dir, "traces.jsonl");
+    const full = JSON.stringify(linearTrace(traceId(3)));
+    await writeFile(hand, [linearTrace(traceId(1)), linearTrace(traceId(2))].map((t) => JSON.stringify(t) + "\n").join("") + full.slice(0, 100));
+    const r = await read(hand, open);
+    expect(r.ids).toEqual([traceId(1), traceId(2)]);
+    expect(r.stats.tornLines).toBe(1);
+    // A complete final line without its newline is a record, not a tear.
+    await writeFile(hand, JSON.stringify(linearTrace(traceId(1))) + "\n" + full);
+    expect((await read(hand, open)).ids).toEqual([traceId(1), traceId(3)]);
+    await writeFile(hand, full.slice(0, 100) + "\n" + full + "\n");
+    await expect(read(hand, open)).rejects.toThrow(/traces\.jsonl:1: not a JSON rollout record/);
+  });
+});
+
+describe("stale, foreign and hostile indexes", () => {
+  async function fixture() {
+    const traces = [linearTrace(traceId(1), 0), linearTrace(traceId(2), 1), linearTrace(traceId(3), 0)];
+    const written = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces });
+    const lines = (await readFile(written.indexPath, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>);
+    return { ...written, size: written.bytes, header: lines[0] as IndexHeader, rows: lines.slice(1) as IndexRow[] };
+  }
+
+  /** Reads while recording every positioned read on any file handle. */
+  async function readSpying(file: string, filters: RecordFilters, verifySha256 = false) {
+    const probe = await fs.open(file, "r");
+    const proto = Object.getPrototypeOf(probe) as { read: (...args: unknown[]) => Promise<{ bytesRead: number }> };
+    await probe.close();
+    const reads: Array<{ position: number; length: number }> = [];
+    const original = proto.read;
+    const spy = vi.spyOn(proto, "read").mockImplementation(function (this: unknown, ...args: unknown[]) {
+      reads.push({ position: args[3] as number, length: args[2] as number });
+      return original.apply(this, args);
+    });
+    try {
+      return { ...(await read(file, filters, { verifySha256 })), reads };
+    } finally {
+      spy.mockRestore();
+    }
+  }
+
+  const cases: Array<[string, (f: Awaited<ReturnType<typeof fixture>>) => { header: IndexHeader; rows: IndexRow[] }]> = [
+    ["offset past the end", (f) => ({ header: f.header, rows: f.rows.map((r, i) => (i === 1 ? { ...r, offset: f.size + 1000 } : r)) })],
+    ["negative length", (f) => ({ header: f.header, rows: f.rows.map((r, i) => (i === 1 ? { ...r, len: -5 } : r)) })],
+    ["overlapping spans", (f) => ({ header: f.header, rows: f.rows.map((r, i) => (i === 1 ? { ...r, offset: r.offset - 10, len: r.len + 10 } : r)) })],
+    ["a gap between spans", (f) => ({ header: f.header, rows: f.rows.map((r, i) => (i === 1 ? { ...r, len: r.len - 3 } : i === 2 ? { ...r, offset: r.offset - 3 + 3 } : r)) })],
+    ["a huge length", (f) => ({ header: { ...f.header, size: 2 ** 40 }, rows: f.rows.map((r, i) => (i === 2 ? { ...r, len: 2 ** 40 } : r)) })],
+    ["a size mismatch", (f) => ({ header: { ...f.header, size: f.size + 1 }, rows: f.rows })],
+    ["a header naming another file", (f) => ({ header: { ...f.header, record_file: "train_rollouts_other.jsonl" }, rows: f.rows })],
+    ["a row count mismatch", (f) => ({ header: { ...f.header, records: 2 }, rows: f.rows })],
+    ["an unknown row key", (f) => ({ header: f.header, rows: f.rows.map((r) => ({ ...r, length: r.len }) as IndexRow) })],
+  ];
+
+  for (const [name, mutate] of cases) {
+    it(`ignores an index with ${name}, reading nothing outside the file`, async () => {
+      const f = await fixture();
+      const { header, rows } = mutate(f);
+      await writeFile(f.indexPath, encodeIndex(header, rows));
+      const r = await readSpying(f.recordPath, incorrect);
+      expect(r.ids).toEqual([traceId(1), traceId(3)]); // fell back to a correct full parse
+      expect(r.stats.indexRejected).toBe(1);
+      expect(r.stats.spansRead).toBe(0);
+      expect(r.stats.bytesRead).toBe(f.size);
+      expect(r.reads.length).toBeGreaterThan(0);
+      for (const read of r.reads) expect(read.position).toBeLessThanOrEqual(f.size);
+      expect(r.reads.reduce((n, x) => Math.max(n, x.position), 0)).toBeLessThanOrEqual(f.size);
+    });
+  }
+
+  it("ignores an index that is not JSON lines", async () => {
+    const f = await fixture();
+    await writeFile(f.indexPath, "garbage\n");
+    const r = await read(f.recordPath, incorrect);
+    expect([r.ids.length, r.stats.indexRejected, r.stats.filesFullParsed]).toEqual([2, 1, 1]);
+  });
+
+  it("detects a same-size content change by sha256 when asked to verify", async () => {
+    const f = await fixture();
+    const data = await readFile(f.recordPath);
+    const at = data.indexOf("The answer is 42.", f.rows[1]!.offset); // inside a filtered (reward 1) record
+    data.write("X", at);
+    await writeFile(f.recordPath, data);
+    const trusting = await read(f.recordPath, incorrect);
+    expect([trusting.stats.filesIndexed, trusting.stats.bytesParsed]).toEqual([1, f.rows[0]!.len + f.rows[2]!.len]);
+    const verified = await read(f.recordPath, incorrect, { verifySha256: true });
+    expect([verified.stats.indexRejected, verified.stats.filesFullParsed]).toEqual([1, 1]);
+    expect(verified.ids).toEqual([traceId(1), traceId(3)]);
+  });
+
+  it("refuses with index_mismatch when a selected span disagrees with its row", async () => {
+    const f = await fixture();
+    const data = await readFile(f.recordPath);
+    data.write(traceId(7), data.indexOf(traceId(3))); // same size, different trace id in a selected record
+    await writeFile(f.recordPath, data);
+    const error = await read(f.recordPath, incorrect).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect((error as ReplayError).reason).toBe("index_mismatch");
+    expect((error as ReplayError).code).toBe("invalid_checkpoint_state");
+    expect((await read(f.recordPath, incorrect, { useIndex: false })).ids).toEqual([traceId(1), traceId(7)]);
+  });
+
+  it("keeps train and eval of one env apart even when a glob matches both", async () => {
+    await writeStepRecords(dir, 1, [
+      { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0)] },
+      { kind: "eval", env: "gsm8k", traces: [linearTrace(traceId(3), 0)] },
+    ]);
+    const step = path.join(dir, "step_1");
+    const evalFile = path.join(step, "eval_rollouts_gsm8k.jsonl");
+    const e = await read(evalFile, incorrect);
+    expect([e.ids, e.stats.filesIndexed]).toEqual([[traceId(3)], 1]);
+    // The upstream hazard: eval read with the train index's spans. Here the header names the train file.
+    await copyFile(path.join(step, "index_train_gsm8k.jsonl"), path.join(step, "index_eval_gsm8k.jsonl"));
+    const hazard = await read(evalFile, incorrect);
+    expect([hazard.ids, hazard.stats.indexRejected, hazard.stats.filesFullParsed]).toEqual([[traceId(3)], 1, 1]);
+  });
+});
+
+describe("read stats", () => {
+  it("start at zero", () => {
+    const s: ReadStats = newReadStats();
+    expect(Object.values(s).filter((v) => typeof v === "number").every((v) => v === 0)).toBe(true);
+  });
+});

@@ -1,0 +1,141 @@
+import { createHash } from "node:crypto";
+import { readdir, readFile, stat } from "node:fs/promises";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import {
+  IndexHeaderSchema,
+  IndexRowSchema,
+  RecordWriter,
+  ReplayError,
+  StepMarkerSchema,
+  TraceRecordSchema,
+  writeRolloutRecords,
+  writeStepRecords,
+  type TraceRecord,
+} from "../../../participants/replay/index.js";
+import { compactedTrace, linearTrace, tempDir, traceId } from "./fixtures.js";
+
+let dir: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+async function readIndex(indexPath: string) {
+  const lines = (await readFile(indexPath, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l) as unknown);
+  return { header: IndexHeaderSchema.parse(lines[0]), rows: lines.slice(1).map((l) => IndexRowSchema.parse(l)) };
+}
+
+describe("record writer", () => {
+  it("writes step_<N>/<kind>_rollouts_<env>.jsonl and an index pinning name, size and sha256", async () => {
+    const traces = [linearTrace(traceId(1), 0), compactedTrace(traceId(2), 1)];
+    traces[0]!.stop_condition = "max_turns";
+    const written = await writeRolloutRecords(dir, 3, { kind: "train", env: "gsm8k", traces, policyVersion: (_t, i) => 5 + i });
+    expect(written.recordPath).toBe(path.join(dir, "step_3", "train_rollouts_gsm8k.jsonl"));
+    expect(written.indexPath).toBe(path.join(dir, "step_3", "index_train_gsm8k.jsonl"));
+    const data = await readFile(written.recordPath);
+    const { header, rows } = await readIndex(written.indexPath);
+    expect(header).toEqual({
+      format: "gym-ckpt/rollout-index",
+      version: 1,
+      kind: "train",
+      env: "gsm8k",
+      step: 3,
+      record_file: "train_rollouts_gsm8k.jsonl",
+      size: data.length,
+      sha256: createHash("sha256").update(data).digest("hex"),
+      records: 2,
+    });
+    expect(rows.map(({ offset: _o, len: _l, ...rest }) => rest)).toEqual([
+      { trace: traceId(1), task_idx: 0, task_name: "gsm8k", reward: 0, policy_version: 5, step: 3, branches: 1, turns: 1, stop: "max_turns" },
+      { trace: traceId(2), task_idx: 0, task_name: "gsm8k", reward: 1, policy_version: 6, step: 3, branches: 2, turns: 4, stop: null },
+    ]);
+    // Spans tile the file and each holds exactly one record line, newline included.
+    expect(rows[0]!.offset).toBe(0);
+    expect(rows[1]!.offset).toBe(rows[0]!.len);
+    expect(rows[1]!.offset + rows[1]!.len).toBe(data.length);
+    rows.forEach((row, i) => {
+      const span = data.subarray(row.offset, row.offset + row.len);
+      expect(span.at(-1)).toBe(0x0a);
+      expect(JSON.parse(span.toString("utf8"))).toEqual(traces[i]);
+    });
+  });
+
+  it("computes spans on bytes, so UTF-8 multibyte content shifts later spans correctly", async () => {
+    const wide = linearTrace(traceId(1));
+    wide.nodes[1]!.message = { role: "user", content: "Combien font 6×7 ? 漢字 🙂 é" };
+    const traces = [wide, linearTrace(traceId(2)), linearTrace(traceId(3))];
+    const { recordPath, indexPath } = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces });
+    const { rows } = await readIndex(indexPath);
+    const firstLine = JSON.stringify(wide) + "\n";
+    expect(rows[0]!.len).toBe(Buffer.byteLength(firstLine));
+    expect(rows[0]!.len).toBeGreaterThan(firstLine.length); // string length would be wrong
+    const data = await readFile(recordPath);
+    for (const [i, row] of rows.entries()) {
+      expect(TraceRecordSchema.parse(JSON.parse(data.subarray(row.offset, row.offset + row.len).toString("utf8"))).id).toBe(traceId(i + 1));
+    }
+  });
+
+  it("gives eval files their own index name (no train/eval collision)", async () => {
+    await writeStepRecords(dir, 1, [
+      { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1))] },
+      { kind: "eval", env: "gsm8k", traces: [linearTrace(traceId(2)), linearTrace(traceId(3))] },
+    ]);
+    const files = (await readdir(path.join(dir, "step_1"))).sort();
+    expect(files).toEqual([
+      "_complete_eval.json",
+      "_complete_train.json",
+      "eval_rollouts_gsm8k.jsonl",
+      "index_eval_gsm8k.jsonl",
+      "index_train_gsm8k.jsonl",
+      "train_rollouts_gsm8k.jsonl",
+    ]); // no temp files left behind
+    expect((await readIndex(path.join(dir, "step_1", "index_eval_gsm8k.jsonl"))).header.records).toBe(2);
+    expect((await readIndex(path.join(dir, "step_1", "index_train_gsm8k.jsonl"))).header.record_file).toBe("train_rollouts_gsm8k.jsonl");
+  });
+
+  it("writes all envs of a step, then a step-complete marker per kind", async () => {
+    const envs = ["a", "b", "c"].map((env, i) => ({ kind: "train" as const, env, traces: [linearTrace(traceId(i))] }));
+    const written = await writeStepRecords(dir, 12, envs);
+    expect(written.map((w) => path.basename(w.recordPath))).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl", "train_rollouts_c.jsonl"]);
+    const marker = StepMarkerSchema.parse(JSON.parse(await readFile(path.join(dir, "step_12", "_complete_train.json"), "utf8")));
+    expect(marker).toEqual({ format: "gym-ckpt/rollout-step", version: 1, step: 12, kind: "train", files: ["train_rollouts_a.jsonl", "train_rollouts_b.jsonl", "train_rollouts_c.jsonl"] });
+  });
+
+  it("refuses bad input before writing anything", async () => {
+    const bad = linearTrace(traceId(2)) as unknown as Record<string, unknown>;
+    bad["reward"] = 1; // derived views are never stored
+    const attempts: Array<Promise<unknown>> = [
+      writeStepRecords(dir, 1, [
+        { kind: "train", env: "ok", traces: [linearTrace(traceId(1))] },
+        { kind: "train", env: "bad", traces: [bad as unknown as TraceRecord] },
+      ]),
+      writeStepRecords(dir, 1, [{ kind: "train", env: "../escape", traces: [] }]),
+      writeStepRecords(dir, 1, [
+        { kind: "train", env: "x", traces: [] },
+        { kind: "train", env: "x", traces: [] },
+      ]),
+      writeRolloutRecords(dir, -1, { kind: "train", env: "x", traces: [] }),
+      writeRolloutRecords(dir, 1, { kind: "train", env: "x", traces: [linearTrace(traceId(1))], policyVersion: -2 }),
+    ];
+    for (const attempt of attempts) {
+      const error = await attempt.then(() => null, (e: unknown) => e);
+      expect(error).toBeInstanceOf(ReplayError);
+      expect((error as ReplayError).code).toBe("invalid_request");
+    }
+    expect(await readdir(dir)).toEqual([]);
+  });
+
+  it("keeps writing off the caller's path and publishes steps in enqueue order", async () => {
+    const writer = new RecordWriter(dir);
+    writer.enqueue(1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1))] }]);
+    writer.enqueue(2, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(2))] }]);
+    await writer.flush();
+    const one = await stat(path.join(dir, "step_1", "_complete_train.json"));
+    const two = await stat(path.join(dir, "step_2", "train_rollouts_gsm8k.jsonl"));
+    expect(one.mtimeMs).toBeLessThanOrEqual(two.mtimeMs);
+    writer.enqueue(3, [{ kind: "train", env: "no/slash", traces: [] }]);
+    writer.enqueue(4, [{ kind: "train", env: "gsm8k", traces: [] }]);
+    await expect(writer.flush()).rejects.toMatchObject({ code: "invalid_request" });
+    expect((await readdir(dir)).sort()).toEqual(["step_1", "step_2"]); // step 4 never overtakes failed step 3
+  });
+});

@@ -1,0 +1,90 @@
+import { describe, expect, it } from "vitest";
+import {
+  DEFAULT_RECHECK_PROMPT,
+  dumpReplayConfig,
+  parseReplayConfig,
+  recordFilters,
+  ReplayError,
+  ReplayTaskSource,
+} from "../../../participants/replay/index.js";
+import { mathSource } from "./fixtures.js";
+
+const base = { records: "runs/*/rollouts/step_*/train_rollouts_gsm8k.jsonl", source: { id: "gsm8k" } };
+
+function refusal(raw: unknown): ReplayError {
+  try {
+    parseReplayConfig(raw);
+  } catch (error) {
+    if (error instanceof ReplayError) return error;
+    throw error;
+  }
+  throw new Error("config was accepted");
+}
+
+describe("replay config (16)", () => {
+  it("fills defaults", () => {
+    expect(parseReplayConfig(base)).toEqual({
+      ...base,
+      mode: "continue",
+      anchor: "compaction",
+      max_anchors: 1,
+      recheck_prompt: DEFAULT_RECHECK_PROMPT,
+      max_seed_tokens: null,
+      min_source_reward: null,
+      max_source_reward: null,
+      seed: 0,
+      wait_for_step_marker: false,
+      poll_interval_ms: null,
+      verify_index_sha256: false,
+    });
+  });
+
+  it("re-validates a dumped config identically", () => {
+    for (const raw of [
+      base,
+      { ...base, mode: "recheck", max_source_reward: 0.5, source: { id: "gsm8k", split: "test" } },
+      { ...base, anchor: "tool-call", max_anchors: null, seed: 9, records: ["a/*.jsonl", "b/**/*.jsonl"] },
+    ]) {
+      const once = parseReplayConfig(raw);
+      const dumped = dumpReplayConfig(once);
+      expect(parseReplayConfig(dumped)).toEqual(once);
+      expect(JSON.stringify(parseReplayConfig(dumped))).toBe(JSON.stringify(once));
+    }
+  });
+
+  it("rejects anchor options with recheck, compared against defaults", () => {
+    expect(refusal({ ...base, mode: "recheck", anchor: "tool-call" }).message).toMatch(/anchor/);
+    expect(refusal({ ...base, mode: "recheck", max_anchors: 3 }).message).toMatch(/max_anchors/);
+    expect(refusal({ ...base, mode: "recheck", max_anchors: null }).code).toBe("invalid_request");
+    // Explicit defaults are what a dumped config carries: accepted.
+    expect(parseReplayConfig({ ...base, mode: "recheck", anchor: "compaction", max_anchors: 1 }).mode).toBe("recheck");
+  });
+
+  it("rejects bad values and unknown keys", () => {
+    expect(refusal({ ...base, max_anchors: 0 }).message).toMatch(/max_anchors/);
+    expect(refusal({ ...base, records: [] }).message).toMatch(/records/);
+    expect(refusal({ ...base, records: "" }).message).toMatch(/records/);
+    expect(refusal({ ...base, source: {} }).message).toMatch(/source/);
+    expect(refusal({ ...base, min_source_reward: 1, max_source_reward: 0 }).message).toMatch(/min_source_reward/);
+    expect(refusal({ ...base, follow: true }).message).toMatch(/follow/);
+    expect(refusal({ ...base, mode: "resume" }).code).toBe("invalid_request");
+  });
+
+  it("derives the index filters: only compaction needs two branches", () => {
+    expect(recordFilters(parseReplayConfig(base))).toEqual({ minReward: null, maxReward: null, minBranches: 2 });
+    expect(recordFilters(parseReplayConfig({ ...base, anchor: "tool-call", min_source_reward: 0 })).minBranches).toBe(1);
+    expect(recordFilters(parseReplayConfig({ ...base, mode: "recheck", max_source_reward: 0.5 }))).toEqual({
+      minReward: null,
+      maxReward: 0.5,
+      minBranches: 1,
+    });
+  });
+
+  it("narrows the source table to the source environment's own config type", () => {
+    const replay = new ReplayTaskSource({ ...base, source: { id: "gsm8k" } }, mathSource());
+    expect(replay.sourceConfig).toEqual({ id: "gsm8k", split: "train" }); // source default applied
+    expect(() => new ReplayTaskSource({ ...base, source: { id: "gsm8k", split: "dev" } }, mathSource())).toThrow(/split/);
+    expect(() => new ReplayTaskSource({ ...base, source: { id: "gsm8k", extra: 1 } }, mathSource())).toThrow(ReplayError);
+    expect(() => new ReplayTaskSource({ ...base, source: { id: "mbpp" } }, mathSource())).toThrow(/mbpp/);
+  });
+});
