@@ -1,0 +1,56 @@
+import { mkdir, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { expandGlobs, isIndexFileName, naturalCompare, stepOfPath } from "../../../participants/replay/index.js";
+import { tempDir } from "./fixtures.js";
+
+let dir: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+async function touch(...rel: string[]) {
+  for (const r of rel) {
+    await mkdir(path.dirname(path.join(dir, r)), { recursive: true });
+    await writeFile(path.join(dir, r), "");
+  }
+}
+
+describe("record globs", () => {
+  it("sorts digit runs numerically", () => {
+    const sorted = ["step_10/a", "step_9/a", "step_1/b", "step_1/a", "step_010/a", "step_2/a"].sort(naturalCompare);
+    expect(sorted).toEqual(["step_1/a", "step_1/b", "step_2/a", "step_9/a", "step_010/a", "step_10/a"]);
+    expect(naturalCompare("x99999999999999999999", "x100000000000000000000")).toBeLessThan(0);
+  });
+
+  it("expands *, ?, [..] and ** without dotfiles, deduplicating across patterns", async () => {
+    await touch(
+      "run/rollouts/step_10/train_rollouts_a.jsonl",
+      "run/rollouts/step_9/train_rollouts_a.jsonl",
+      "run/rollouts/step_9/eval_rollouts_a.jsonl",
+      "run/rollouts/step_9/index_train_a.jsonl",
+      "run/rollouts/step_9/.train_rollouts_a.jsonl.123.abc.tmp",
+      "run/rollouts/.hidden/train_rollouts_a.jsonl",
+      "run/other/deep/er/records.jsonl",
+    );
+    const rel = (files: string[]) => files.map((f) => path.relative(dir, f));
+    expect(rel(await expandGlobs(["run/rollouts/step_*/*_rollouts_*.jsonl", "run/rollouts/step_9/train_rollouts_?.jsonl"], dir))).toEqual([
+      "run/rollouts/step_9/eval_rollouts_a.jsonl",
+      "run/rollouts/step_9/train_rollouts_a.jsonl",
+      "run/rollouts/step_10/train_rollouts_a.jsonl",
+    ]);
+    expect(rel(await expandGlobs(["run/**/*.jsonl"], dir))).toEqual([
+      "run/other/deep/er/records.jsonl",
+      "run/rollouts/step_9/eval_rollouts_a.jsonl",
+      "run/rollouts/step_9/index_train_a.jsonl",
+      "run/rollouts/step_9/train_rollouts_a.jsonl",
+      "run/rollouts/step_10/train_rollouts_a.jsonl",
+    ]);
+    expect(rel(await expandGlobs(["run/rollouts/step_[0-9]/train_*.jsonl"], dir))).toEqual(["run/rollouts/step_9/train_rollouts_a.jsonl"]);
+    expect(await expandGlobs([path.join(dir, "missing/*/x.jsonl")], "/")).toEqual([]);
+    expect(isIndexFileName("index_train_a.jsonl")).toBe(true);
+    expect(isIndexFileName("train_rollouts_a.jsonl")).toBe(false);
+    expect(stepOfPath("/r/step_12/train_rollouts_a.jsonl")).toBe(12);
+    expect(stepOfPath("/r/records.jsonl")).toBeNull();
+  });
+});

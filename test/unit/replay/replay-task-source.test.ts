@@ -1,0 +1,312 @@
+import { copyFile, mkdir, readFile, rename, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { pino } from "pino";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import {
+  ReplayError,
+  ReplayTaskSource,
+  writeFileAtomic,
+  writeRolloutRecords,
+  writeStepRecords,
+  type ReplayConfigInput,
+  type ReplayTask,
+  type TraceRecord,
+} from "../../../participants/replay/index.js";
+import {
+  call,
+  collect,
+  compactedTrace,
+  linearTrace,
+  mathSource,
+  result,
+  RESTART,
+  say,
+  silent,
+  sys,
+  TASK_PROMPT,
+  tempDir,
+  TraceBuilder,
+  traceId,
+  user,
+  type MathTask,
+} from "./fixtures.js";
+
+let dir: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+const rollouts = () => path.join(dir, "run", "rollouts");
+
+function source(config: Partial<ReplayConfigInput> = {}, env = mathSource()) {
+  return new ReplayTaskSource<MathTask, string, number>(
+    { records: "run/rollouts/step_*/train_rollouts_gsm8k.jsonl", source: { id: "gsm8k" }, mode: "recheck", ...config },
+    env,
+    { cwd: dir, logger: silent },
+  );
+}
+
+const write = (step: number, traces: TraceRecord[], env = "gsm8k") => writeRolloutRecords(rollouts(), step, { kind: "train", env, traces });
+const names = (tasks: readonly ReplayTask[]) => tasks.map((t) => t.name);
+const withoutFile = (tasks: readonly ReplayTask[]) => tasks.map((t) => ({ ...t, lineage: { ...t.lineage, sourceFile: path.basename(t.lineage.sourceFile) } }));
+
+describe("delegation (17)", () => {
+  it("reports the source's capabilities and loads the source's typed tasks", async () => {
+    const plain = source();
+    expect([plain.definesTools, plain.definesUser, plain.definesGroupRewards(), plain.stops, plain.stateType]).toEqual([false, false, false, [], undefined]);
+
+    const tools = [{ name: "python" }];
+    const userSim = { persona: "student" };
+    const rich = source({}, mathSource({ tools, user: userSim, stops: ["answer_given"], stateType: "dialog", definesGroupRewards: () => true }));
+    expect(rich.definesTools).toBe(true);
+    expect(rich.tools).toBe(tools);
+    expect(rich.definesUser).toBe(true);
+    expect(rich.user).toBe(userSim);
+    expect(rich.definesGroupRewards()).toBe(true);
+    expect(rich.stops).toEqual(["answer_given"]);
+    expect(rich.stateType).toBe("dialog");
+
+    const record = linearTrace(traceId(0xabc), 0);
+    record.task = { idx: 17, name: "gsm8k", prompt: TASK_PROMPT, answer: "42" };
+    await write(1, [record]);
+    await rich.load();
+    expect(rich.tasks).toHaveLength(1);
+    const [task] = rich.tasks;
+    expect(task!.task).toEqual({ idx: 0, name: "recheck:00000abc", prompt: task!.prompt, answer: "42" });
+    expect(task!.idx).toBe(0);
+  });
+
+  it("delegates scoring to the source verifier on the source-typed task", async () => {
+    const score = vi.fn((t: MathTask, rollout: string) => (rollout.includes(t.answer) ? 1 : 0));
+    const replay = source({}, mathSource({ score }));
+    await write(1, [linearTrace(traceId(1), 0)]);
+    await replay.load();
+    const task = replay.tasks[0]!;
+    expect(await replay.score(task, "so 42")).toBe(1);
+    expect(await replay.score(task, "so 41")).toBe(0);
+    expect(score).toHaveBeenCalledWith(task.task, "so 42");
+    expect(await replay.scoreGroup([task, task], ["42", "x"])).toEqual([1, 0]);
+  });
+
+  it("restores an anchor snapshot after the source's setup, and refuses when the source cannot", async () => {
+    const traced = compactedTrace(traceId(5), 0);
+    traced.info = { snapshots: { "9": "snap-final" } };
+    await write(1, [traced]);
+    const calls: string[] = [];
+    const capable = source({}, mathSource({ setup: () => void calls.push("setup"), restoreSnapshot: (_t, ref) => void calls.push(`restore ${ref}`) }));
+    await capable.load();
+    expect(capable.tasks[0]!.snapshot).toBe("snap-final");
+    await capable.setup(capable.tasks[0]!);
+    expect(calls).toEqual(["setup", "restore snap-final"]);
+    const unable = source();
+    await unable.load();
+    await expect(unable.setup(unable.tasks[0]!)).rejects.toMatchObject({ code: "invalid_request" });
+  });
+});
+
+describe("follow and append (18)", () => {
+  it("starts empty, loads step_9 before step_10, appends on reload and never re-mines replays", async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: "warn" }, { write: (s: string) => void lines.push(s) });
+    const replay = new ReplayTaskSource<MathTask, string, number>(
+      { records: "run/rollouts/step_*/train_rollouts_gsm8k.jsonl", source: { id: "gsm8k" }, mode: "recheck" },
+      mathSource(),
+      { cwd: dir, logger },
+    );
+    expect(await replay.load()).toEqual({ added: 0, total: 0, files: [] });
+    expect(lines.join("")).toMatch(/matched no files/);
+
+    await write(10, [linearTrace(traceId(0x10), 0)]);
+    await write(9, [linearTrace(traceId(0x9), 0), linearTrace(traceId(0x99), 0)]);
+    await replay.reload();
+    expect(names(replay.tasks)).toEqual(["recheck:00000009", "recheck:00000099", "recheck:00000010"]);
+    expect(replay.tasks.map((t) => t.lineage.sourceStep)).toEqual([9, 9, 10]);
+    const before = [...replay.tasks];
+
+    await write(11, [linearTrace(traceId(0x11), 0)]);
+    const grown = await replay.reload();
+    expect(grown.added).toBe(1);
+    expect(replay.tasks.map((t) => t.idx)).toEqual([0, 1, 2, 3]);
+    before.forEach((task, i) => expect(replay.tasks[i]).toBe(task)); // same objects, same indices
+
+    const replayed = linearTrace(traceId(0x12), 0, "recheck:00000009");
+    const lineaged = linearTrace(traceId(0x13), 0);
+    lineaged.info = { replay: { sourceTraceId: traceId(0x9) } };
+    await write(12, [replayed, lineaged]);
+    expect((await replay.reload()).added).toBe(0);
+    expect(replay.stats.read.skipped.replayed).toBe(2);
+    expect(replay.size).toBe(4);
+  });
+
+  it("does not re-read a file already loaded, even when it changes or its index appears", async () => {
+    const { recordPath, indexPath } = await write(1, [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0)]);
+    await rename(indexPath, indexPath + ".hidden"); // record visible before its index
+    const early = source();
+    await early.load();
+    expect([early.stats.read.filesFullParsed, early.stats.read.filesIndexed]).toEqual([1, 0]);
+    await rename(indexPath + ".hidden", indexPath);
+    expect((await early.reload()).added).toBe(0);
+    expect(early.stats.read.files).toBe(1);
+
+    const late = source(); // another worker loading after the index landed
+    await late.load();
+    expect(late.stats.read.filesIndexed).toBe(1);
+    expect(late.tasks).toEqual(early.tasks);
+    expect(recordPath).toBe(late.tasks[0]!.lineage.sourceFile);
+  });
+
+  it("appends files in the order they appear: a step's envs written out of order misalign a follower", async () => {
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl" };
+    const follower = source(config);
+    await write(1, [linearTrace(traceId(0xb), 0)], "b");
+    await follower.reload();
+    await write(1, [linearTrace(traceId(0xa), 0)], "a");
+    await follower.reload();
+    const cold = source(config);
+    await cold.load();
+    expect(names(follower.tasks)).toEqual(["recheck:0000000b", "recheck:0000000a"]);
+    expect(names(cold.tasks)).toEqual(["recheck:0000000a", "recheck:0000000b"]);
+  });
+
+  it("with wait_for_step_marker, consumes a step only when complete and never out of order", async () => {
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
+    const follower = source(config);
+    await write(1, [linearTrace(traceId(0xb), 0)], "b");
+    expect((await follower.reload()).added).toBe(0);
+    await write(1, [linearTrace(traceId(0xa), 0)], "a");
+    await writeStepRecords(rollouts(), 2, [{ kind: "train", env: "a", traces: [linearTrace(traceId(0x2a), 0)] }]);
+    expect((await follower.reload()).added).toBe(0); // step 2 is complete but waits behind step 1
+    const marker = { format: "gym-ckpt/rollout-step", version: 1, step: 1, kind: "train", files: ["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"] };
+    await writeFileAtomic(path.join(rollouts(), "step_1", "_complete_train.json"), Buffer.from(JSON.stringify(marker)));
+    await follower.reload();
+    const cold = source(config);
+    await cold.load();
+    expect(names(follower.tasks)).toEqual(["recheck:0000000a", "recheck:0000000b", "recheck:0000002a"]);
+    expect(follower.tasks).toEqual(cold.tasks);
+  });
+});
+
+describe("loading", () => {
+  it("(19) index-selected and full-parse loading yield identical tasks", async () => {
+    const traces = Array.from({ length: 12 }, (_, i) => (i % 2 ? compactedTrace(traceId(i), i % 3 ? 0 : 1) : linearTrace(traceId(i), i % 3 ? 0 : 1)));
+    const { recordPath } = await write(1, traces);
+    const plainDir = path.join(dir, "plain", "rollouts", "step_1");
+    await mkdir(plainDir, { recursive: true });
+    await copyFile(recordPath, path.join(plainDir, "train_rollouts_gsm8k.jsonl"));
+    for (const config of [{ max_source_reward: 0.5 }, { mode: "continue" as const }, { mode: "continue" as const, anchor: "tool-call" as const, max_anchors: null }]) {
+      const indexed = source(config);
+      const plain = source({ ...config, records: "plain/rollouts/step_*/train_rollouts_gsm8k.jsonl" });
+      await Promise.all([indexed.load(), plain.load()]);
+      expect(indexed.size).toBeGreaterThan(0);
+      expect(withoutFile(plain.tasks)).toEqual(withoutFile(indexed.tasks));
+      expect([indexed.stats.read.filesIndexed, plain.stats.read.filesFullParsed]).toEqual([1, 1]);
+    }
+  });
+
+  it("falls back to a full parse when the index disagrees with the bytes it selects", async () => {
+    const { recordPath } = await write(1, [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0)]);
+    const data = await readFile(recordPath);
+    data.write(traceId(3), data.indexOf(traceId(2)));
+    await writeFile(recordPath, data);
+    const replay = source();
+    await replay.load();
+    expect(names(replay.tasks)).toEqual(["recheck:00000001", "recheck:00000003"]);
+    expect(replay.stats.indexFallbacks).toBe(1);
+  });
+
+  it("carries full lineage, drops overlong seeds and foreign records", async () => {
+    const b = new TraceBuilder();
+    b.chain(null, [[sys()], [user(TASK_PROMPT)], [call("a"), true], [result("a", "42")], [say("42"), true]]);
+    const tool = b.trace(traceId(0x77));
+    const foreign = linearTrace(traceId(0x88));
+    foreign.task = { idx: 3, name: "mbpp", prompt: "Write a function." }; // no `answer`: not a gsm8k task
+    await write(4, [tool, foreign, compactedTrace(traceId(0x99))]);
+    const replay = source({ mode: "continue", anchor: "tool-call", max_anchors: null });
+    await replay.load();
+    expect(names(replay.tasks)).toEqual(["continue:00000077:tool-call3", "continue:00000099:tool-call3", "continue:00000099:tool-call3-1"]);
+    expect(replay.tasks[0]!.lineage).toEqual({
+      mode: "continue",
+      anchor: "tool-call",
+      sourceEnv: "gsm8k",
+      sourceTraceId: traceId(0x77),
+      sourceFile: path.join(rollouts(), "step_4", "train_rollouts_gsm8k.jsonl"),
+      sourceStep: 4,
+      sourceOrdinal: 0,
+      sourceTaskIdx: 0,
+      sourceTaskName: "gsm8k",
+      anchorNode: 3,
+    });
+    expect(replay.stats.foreign).toBe(1);
+
+    const budget = replay.tasks[1]!.seedTokens; // the shorter of the compacted trace's two seeds
+    const tight = source({ mode: "continue", anchor: "tool-call", max_anchors: null, max_seed_tokens: budget });
+    await tight.load();
+    expect(tight.tasks.every((t) => t.seedTokens <= budget)).toBe(true);
+    expect(tight.stats.overlong).toBe(replay.tasks.filter((t) => t.seedTokens > budget).length);
+    expect(tight.stats.overlong).toBeGreaterThan(0);
+  });
+
+  it("compaction mode replays restarts as string prompts", async () => {
+    await write(1, [linearTrace(traceId(1)), compactedTrace(traceId(2))]);
+    const replay = source({ mode: "continue" });
+    await replay.load();
+    expect(replay.tasks.map((t) => [t.name, t.prompt, t.task.prompt])).toEqual([["continue:00000002:compaction0", RESTART, RESTART]]);
+    expect(replay.stats.read.skipped.no_seed).toBe(1); // the linear record, by branch count
+  });
+
+  it("refuses a corrupt file without changing state", async () => {
+    await write(1, [linearTrace(traceId(1), 0)]);
+    const bad = path.join(rollouts(), "step_2", "train_rollouts_gsm8k.jsonl");
+    await mkdir(path.dirname(bad), { recursive: true });
+    await writeFile(bad, "{oops\n");
+    const replay = source();
+    const error = await replay.load().then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect((error as ReplayError).code).toBe("invalid_checkpoint_state");
+    expect(replay.size).toBe(0);
+    await writeFile(bad, JSON.stringify(linearTrace(traceId(2), 0)) + "\n");
+    await replay.reload();
+    expect(names(replay.tasks)).toEqual(["recheck:00000001", "recheck:00000002"]);
+  });
+});
+
+describe("serving tasks to an environment server", () => {
+  it("next() hands out each task once, reloading when it runs dry", async () => {
+    const replay = source();
+    expect(await replay.next()).toBeUndefined();
+    await write(1, [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0)]);
+    expect((await replay.next())?.name).toBe("recheck:00000001");
+    expect((await replay.next())?.name).toBe("recheck:00000002");
+    expect(await replay.next()).toBeUndefined();
+    await write(2, [linearTrace(traceId(3), 0)]);
+    expect((await replay.next())?.name).toBe("recheck:00000003");
+  });
+
+  it("taskAt() reloads once for an index past the end and refuses a missing one", async () => {
+    const replay = source();
+    await write(1, [linearTrace(traceId(1), 0)]);
+    expect((await replay.taskAt(0)).name).toBe("recheck:00000001");
+    await expect(replay.taskAt(1)).rejects.toMatchObject({ code: "invalid_request" });
+    await expect(replay.taskAt(-1)).rejects.toMatchObject({ code: "invalid_request" });
+  });
+
+  it("iterates current tasks, and a polling iterator ends on close()", async () => {
+    await write(1, [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0)]);
+    expect(names(await collect(source()))).toEqual(["recheck:00000001", "recheck:00000002"]);
+    const polling = source({ poll_interval_ms: 3_600_000 });
+    const it = polling[Symbol.asyncIterator]();
+    expect((await it.next()).value?.name).toBe("recheck:00000001");
+    expect((await it.next()).value?.name).toBe("recheck:00000002");
+    const pending = it.next(); // now waiting for new records
+    polling.close();
+    expect(await pending).toEqual({ done: true, value: undefined });
+  });
+
+  it("serialises concurrent reloads", async () => {
+    await write(1, [linearTrace(traceId(1), 0)]);
+    const replay = source();
+    const [a, b] = await Promise.all([replay.reload(), replay.reload()]);
+    expect(a).toBe(b);
+    expect(replay.size).toBe(1);
+  });
+});
