@@ -1,0 +1,34 @@
+import { cpus, totalmem } from "node:os";
+import { readFile, writeFile } from "node:fs/promises";
+import { fileURLToPath } from "node:url";
+
+/** Shared by the benchmarks: machine description, percentiles, and their section of docs/benchmarks.md. */
+export const BENCHMARKS_DOC = fileURLToPath(new URL("../../docs/benchmarks.md", import.meta.url));
+
+export function machine(): string {
+  const cpu = cpus()[0]?.model ?? "unknown CPU";
+  return `${cpu}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}, ${process.platform}`;
+}
+
+export function percentile(values: number[], p: number): number {
+  if (values.length === 0) return NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))]!;
+}
+
+/** Replaces (or appends) the section between `<!-- bench:name -->` and `<!-- /bench:name -->`. */
+export async function writeSection(name: string, markdown: string): Promise<void> {
+  let doc = "# Benchmarks\n\nMeasured on the project's shared 2-core machines; ratios are measured side by side in one run.\nRun all with `npm run bench`, one with `npm run bench -- <name>`.\n";
+  try {
+    doc = await readFile(BENCHMARKS_DOC, "utf8");
+  } catch {
+    // first benchmark writes the file
+  }
+  const open = `<!-- bench:${name} -->`;
+  const close = `<!-- /bench:${name} -->`;
+  const section = `${open}\n${markdown.trim()}\n${close}`;
+  const start = doc.indexOf(open);
+  const end = doc.indexOf(close);
+  doc = start !== -1 && end > start ? doc.slice(0, start) + section + doc.slice(end + close.length) : `${doc.trimEnd()}\n\n${section}\n`;
+  await writeFile(BENCHMARKS_DOC, doc);
+}
