@@ -1,0 +1,456 @@
+import { randomBytes } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "pino";
+import {
+  CheckpointError,
+  ErrorReplySchema,
+  captureKey,
+  sha256Hex,
+  type CtlReplyOf,
+  type CtlRequestInputOf,
+  type EpisodeId,
+} from "../../protocol/index.js";
+import { newCheckpointId } from "../engine/checkpoint-id.js";
+import { AsyncLock } from "../engine/async-lock.js";
+import { replaceFileDurably } from "../publication/durable-fs.js";
+import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
+import { DispatchLog } from "./dispatch-log.js";
+import { ProgressReporter } from "./progress-reporter.js";
+import { appendResult, readResults } from "./results-file.js";
+import type { TaskRow } from "./task-rows.js";
+
+/** The controller ops the collector needs; the NATS client and the in-process engine both fit. */
+export interface CollectorController {
+  prepare(request: CtlRequestInputOf<"prepare">): Promise<CtlReplyOf<"prepare">>;
+  commit(request: CtlRequestInputOf<"commit">): Promise<CtlReplyOf<"commit">>;
+  publish(request: CtlRequestInputOf<"publish">): Promise<CtlReplyOf<"publish">>;
+  resume(request: CtlRequestInputOf<"resume">): Promise<CtlReplyOf<"resume">>;
+  restore(request: CtlRequestInputOf<"restore">): Promise<CtlReplyOf<"restore">>;
+  retire(request: CtlRequestInputOf<"retire">): Promise<CtlReplyOf<"retire">>;
+  forget(request: CtlRequestInputOf<"forget">): Promise<CtlReplyOf<"forget">>;
+  list(request: CtlRequestInputOf<"list">): Promise<CtlReplyOf<"list">>;
+  get(request: CtlRequestInputOf<"get">): Promise<CtlReplyOf<"get">>;
+}
+
+export interface CollectorOptions {
+  rows: TaskRow[];
+  /** POST <runUrl> with {rollout_id, attempt, task} runs one row (environment or legacy agent /run). */
+  runUrl: string;
+  outPath: string;
+  /** The coordinator's checkpoint root: checkpoints, LATEST, dispatched.jsonl live here. */
+  checkpointDir: string;
+  controller: CollectorController;
+  concurrency?: number;
+  /** Checkpoint on a timer while rows are in flight. */
+  checkpointEverySeconds?: number;
+  /** Deadline for each checkpoint op. */
+  checkpointTimeoutSeconds?: number;
+  /** Timeout of one /run. */
+  runTimeoutSeconds?: number;
+  /** Attempts per row before it counts as failed. */
+  maxAttempts?: number;
+  progress?: ProgressReporter;
+  logger: Logger;
+}
+
+export interface CollectionSummary {
+  rows: number;
+  finished: number;
+  failed: number;
+  meanReward: number;
+  checkpoints: number;
+  continued: number;
+  restarted: number;
+  /** Usage the environment reported: calls/tokens kept by continuation vs generated again. */
+  usage: { modelCallsKept: number; tokensKept: number; modelCallsRegenerated: number; tokensRegenerated: number };
+  stopped: boolean;
+}
+
+interface RowState {
+  row: TaskRow;
+  attempt: number;
+  status: "pending" | "inflight" | "done" | "failed";
+  /** The row continues a restored checkpoint at `attempt` (not yet dispatched, or running). */
+  restored: boolean;
+  /** Became a continuation at least once in this run (for the summary). */
+  continued: boolean;
+  failures: number;
+  reply?: Promise<void>;
+}
+
+const RETIRE_BATCH = 1024;
+
+/**
+ * Rollout collection with checkpoints: dispatches rows with bounded concurrency, appends results
+ * as rows finish, checkpoints on demand (signal, timer) and, after a crash, continues restored
+ * rows as attempt+1 while retiring and re-sending everything else it had dispatched.
+ */
+export class Collector {
+  private readonly states = new Map<string, RowState>();
+  private readonly lock = new AsyncLock();
+  private gateOpen = true;
+  private gateWaiters: (() => void)[] = [];
+  private dispatchWaiters: (() => void)[] = [];
+  private readonly toRetire: EpisodeId[] = [];
+  /** Rollouts with a retired attempt; forgotten once a later attempt replies, and at close. */
+  private readonly retired = new Set<string>();
+  private readonly toForget = new Set<string>();
+  private log!: DispatchLog;
+  private runId = `run-${new Date().toISOString().replace(/[-:.TZ]/g, "").slice(0, 14)}-${randomBytes(4).toString("hex")}`;
+  private checkpoints = 0;
+  private lastCheckpointAt: number | undefined;
+  private stopping = false;
+  private restartedCount = 0;
+  private readonly usage = { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 };
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly options: CollectorOptions) {}
+
+  private get logPath(): string {
+    return join(this.options.checkpointDir, "dispatched.jsonl");
+  }
+
+  // ---- start-up: continue what the previous run left --------------------------------------
+
+  /** Reads finished rows, the previous dispatch log and LATEST; restores or retires accordingly. */
+  async start(): Promise<void> {
+    const finished = await readResults(this.options.outPath);
+    for (const row of this.options.rows) {
+      const done = finished.get(row.rolloutId);
+      this.states.set(row.rolloutId, { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0 });
+    }
+    const history = await DispatchLog.read(this.logPath);
+    const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
+
+    // Carried forward before anything is retired or restored, so a crash now still fences them.
+    this.log = await DispatchLog.create(
+      this.logPath,
+      this.runId,
+      [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt })),
+    );
+    const collection = history ? await this.latestCollection(history.runId) : undefined;
+    const continued = new Map((collection?.continued ?? []).filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
+
+    // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.
+    const stale = [...unfinished].filter(([id]) => !continued.has(id)).map(([rollout_id, attempt]) => ({ rollout_id, attempt }));
+    for (const episode of stale) {
+      const state = this.states.get(episode.rollout_id)!;
+      state.attempt = episode.attempt + 1;
+      this.restartedCount++;
+    }
+    if (stale.length) await this.retireNow(stale);
+
+    if (collection && continued.size) {
+      const sources = [...continued.values()];
+      try {
+        await this.options.controller.restore({ checkpoint_id: collection.checkpoint_id, episode_ids: sources });
+        await this.options.controller.resume({ checkpoint_id: collection.checkpoint_id });
+        for (const source of sources) {
+          const state = this.states.get(source.rollout_id)!;
+          Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });
+        }
+        this.options.logger.info({ checkpoint_id: collection.checkpoint_id, rows: sources.length }, "restored checkpoint; continuing rows as their next attempt");
+      } catch (error) {
+        // The coordinator retired attempt+1 everywhere and resumed: start those rows over as attempt+2.
+        this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
+        for (const source of sources) {
+          this.states.get(source.rollout_id)!.attempt = source.attempt + 2;
+          this.retired.add(source.rollout_id);
+          this.restartedCount++;
+        }
+      }
+    }
+  }
+
+  /** The LATEST checkpoint's collection state, only when it belongs to the logged run. */
+  private async latestCollection(runId: string): Promise<CollectionState | undefined> {
+    const { latest } = await this.options.controller.list({});
+    if (!latest) return undefined;
+    const { manifest } = await this.options.controller.get({ checkpoint_id: latest });
+    const ref = manifest.controller_state;
+    if (!ref || !("file" in ref)) return undefined;
+    const text = await readFile(join(this.options.checkpointDir, latest, ref.file), "utf8");
+    if (sha256Hex(text) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
+    const state = CollectionStateSchema.parse(JSON.parse(text));
+    if (state.run_id !== runId) {
+      this.options.logger.info({ latest, latest_run: state.run_id, logged_run: runId }, "LATEST belongs to another run; restoring nothing");
+      return undefined;
+    }
+    return state;
+  }
+
+  // ---- the dispatch loop -----------------------------------------------------------------
+
+  async run(): Promise<CollectionSummary> {
+    const concurrency = this.options.concurrency ?? 8;
+    if (this.options.checkpointEverySeconds) {
+      this.timer = setInterval(() => {
+        if (this.inFlight() > 0 && !this.stopping) void this.checkpoint({ stop: false }).catch((err: unknown) => this.options.logger.warn({ err }, "timer checkpoint failed"));
+      }, this.options.checkpointEverySeconds * 1000);
+      this.timer.unref();
+    }
+    const workers = Array.from({ length: concurrency }, () => this.worker());
+    await Promise.all(workers);
+    if (this.timer) clearInterval(this.timer);
+    if (!this.stopping) await this.close();
+    this.report(true);
+    this.options.progress?.finish();
+    return this.summary();
+  }
+
+  private async worker(): Promise<void> {
+    for (;;) {
+      if (this.stopping) return;
+      await this.waitForGate();
+      if (this.stopping) return;
+      const next = [...this.states.values()].find((s) => s.status === "pending");
+      if (!next) {
+        if (this.inFlight() === 0 && this.toRetire.length === 0) return;
+        // Rows may come back (a failed /run is retried): wait for any change.
+        await new Promise<void>((resolve) => this.dispatchWaiters.push(resolve));
+        continue;
+      }
+      next.status = "inflight";
+      const reply = this.dispatch(next);
+      next.reply = reply;
+      await reply;
+      for (const wake of this.dispatchWaiters.splice(0)) wake();
+      this.report(false);
+    }
+  }
+
+  private async dispatch(state: RowState): Promise<void> {
+    const episode = { rollout_id: state.row.rolloutId, attempt: state.attempt };
+    for (;;) {
+      await this.log.record(episode);
+      let response: Response;
+      try {
+        response = await fetch(this.options.runUrl, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt, task: state.row.task }),
+          signal: AbortSignal.timeout((this.options.runTimeoutSeconds ?? 300) * 1000),
+        });
+      } catch (error) {
+        if (this.stopping) return;
+        return this.failed(state, error);
+      }
+      const body = (await response.json().catch(() => ({}))) as Record<string, unknown>;
+      if (response.ok) return this.finished(state, body);
+      const refusal = ErrorReplySchema.safeParse(body);
+      if (refusal.success && refusal.data.error.code === "admission_closed") {
+        // The attempt never started: wait for the checkpoint to end and send it again.
+        await this.waitForGate(true);
+        if (this.stopping) return;
+        continue;
+      }
+      return this.failed(state, new Error(`/run answered ${response.status}: ${JSON.stringify(body).slice(0, 200)}`));
+    }
+  }
+
+  private async finished(state: RowState, body: Record<string, unknown>): Promise<void> {
+    const reward = typeof body.reward === "number" ? body.reward : 0;
+    state.status = "done";
+    state.restored = false;
+    await appendResult(this.options.outPath, {
+      rollout_id: state.row.rolloutId,
+      attempt: state.attempt,
+      reward,
+      continued: state.continued,
+      finished_at: Date.now() / 1000,
+      response: body,
+    });
+    const usage = body.usage as Record<string, unknown> | undefined;
+    if (usage) {
+      this.usage.modelCallsKept += num(usage.model_calls_kept);
+      this.usage.tokensKept += num(usage.tokens_kept);
+      this.usage.modelCallsRegenerated += num(usage.model_calls_regenerated);
+      this.usage.tokensRegenerated += num(usage.tokens_regenerated);
+    }
+    if (this.retired.has(state.row.rolloutId)) this.toForget.add(state.row.rolloutId);
+  }
+
+  /**
+   * A /run without a reply: its attempt is queued for retirement (batched, never inside a
+   * checkpoint) and the row is sent again as the next attempt, which the retire does not fence.
+   */
+  private failed(state: RowState, error: unknown): void {
+    this.options.logger.warn({ rollout_id: state.row.rolloutId, attempt: state.attempt, err: error }, "/run failed");
+    this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
+    state.failures++;
+    state.restored = false;
+    void this.flushRetires().catch((err: unknown) => this.options.logger.warn({ err }, "retire failed; retried before the next checkpoint"));
+    if (state.failures >= (this.options.maxAttempts ?? 3)) {
+      state.status = "failed";
+      return;
+    }
+    state.attempt++;
+    state.status = "pending";
+  }
+
+  private async flushRetires(): Promise<void> {
+    await this.lock.run(() => this.retireQueued());
+  }
+
+  private async retireNow(episodes: EpisodeId[]): Promise<void> {
+    for (let i = 0; i < episodes.length; i += RETIRE_BATCH) {
+      await this.options.controller.retire({ episode_ids: episodes.slice(i, i + RETIRE_BATCH), deadline_ts: this.deadline() });
+    }
+    for (const e of episodes) this.retired.add(e.rollout_id);
+  }
+
+  // ---- checkpoints -----------------------------------------------------------------------
+
+  /** prepare → commit(scope) → collection.json → publish → resume (or stop). */
+  async checkpoint({ stop }: { stop: boolean }): Promise<{ published: boolean; checkpointId: string }> {
+    return this.lock.run(async () => {
+      this.closeGate();
+      const checkpointId = newCheckpointId(Date.now());
+      const log = this.options.logger.child({ checkpoint_id: checkpointId, stop });
+      let published = false;
+      try {
+        await this.retireQueued();
+        const prepared = await this.options.controller.prepare({ checkpoint_id: checkpointId, deadline_ts: this.deadline() });
+        if (!prepared.prepared) {
+          log.warn({ blockers: prepared.blockers, stopped_at: prepared.stopped_at }, "prepare did not finish; checkpoint not published");
+          return { published, checkpointId };
+        }
+        const restarts = new Set(prepared.restarts);
+        const open = [...this.states.values()].filter((s) => s.status === "inflight" || (s.status === "pending" && s.restored));
+        const scope = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => !restarts.has(captureKey(e)));
+        const restarted = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => restarts.has(captureKey(e)));
+        const committed = await this.options.controller.commit({ checkpoint_id: checkpointId, deadline_ts: this.deadline(), episode_ids: scope, stop });
+
+        // A /run reply already on the wire belongs to an episode no episode owner exported: wait for it.
+        const exported = new Set(committed.participants.filter((p) => p.kind === "environment" || p.kind === "agent").flatMap((p) => p.episode_ids));
+        const onTheWire = open.filter((s) => s.status === "inflight" && !exported.has(captureKey({ rollout_id: s.row.rolloutId, attempt: s.attempt })));
+        await Promise.race([Promise.all(onTheWire.map((s) => s.reply)), delay(this.options.checkpointTimeoutSeconds ?? 60)]);
+        const continued = scope.filter((e) => this.states.get(e.rollout_id)!.status !== "done");
+
+        const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };
+        const text = `${JSON.stringify(state, null, 2)}\n`;
+        await replaceFileDurably(join(committed.checkpoint_dir, COLLECTION_STATE_FILE), text);
+        await this.options.controller.publish({ checkpoint_id: checkpointId, controller_state: { file: COLLECTION_STATE_FILE, sha256: sha256Hex(text) } });
+        published = true;
+        this.checkpoints++;
+        this.lastCheckpointAt = Date.now();
+        log.info({ continued: continued.length, restarted: restarted.length }, "checkpoint published");
+        return { published, checkpointId };
+      } finally {
+        if (stop && published) {
+          this.stopping = true;
+        } else {
+          await this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }).catch((err: unknown) => log.error({ err }, "resume failed"));
+        }
+        this.openGate();
+        this.report(true);
+      }
+    });
+  }
+
+  /** Retires queued by failed /runs; called under the lock, before prepare. */
+  private async retireQueued(): Promise<void> {
+    while (this.toRetire.length) {
+      const batch = this.toRetire.slice(0, RETIRE_BATCH);
+      await this.retireNow(batch);
+      this.toRetire.splice(0, batch.length);
+    }
+  }
+
+  /** Forgets every retired rollout; called once all rows are done. */
+  private async close(): Promise<void> {
+    await this.lock.run(async () => {
+      await this.retireQueued();
+      const rollouts = [...this.retired];
+      for (let i = 0; i < rollouts.length; i += RETIRE_BATCH) {
+        await this.options.controller.forget({ rollout_ids: rollouts.slice(i, i + RETIRE_BATCH), deadline_ts: this.deadline() });
+      }
+      this.retired.clear();
+      this.toForget.clear();
+    });
+  }
+
+  // ---- helpers ---------------------------------------------------------------------------
+
+  private closeGate(): void {
+    this.gateOpen = false;
+  }
+
+  private openGate(): void {
+    this.gateOpen = true;
+    for (const wake of this.gateWaiters.splice(0)) wake();
+  }
+
+  /** Waits while a checkpoint is open; `untilNextOpen` waits for the next reopen even if open now. */
+  private async waitForGate(untilNextOpen = false): Promise<void> {
+    if (this.gateOpen && !untilNextOpen) return;
+    if (untilNextOpen && this.gateOpen) {
+      // Admission is closed by a checkpoint this collector did not start (or the refusal raced
+      // our reopen): back off briefly and try again.
+      await delay(0.25);
+      return;
+    }
+    await new Promise<void>((resolve) => this.gateWaiters.push(resolve));
+  }
+
+  private inFlight(): number {
+    return [...this.states.values()].filter((s) => s.status === "inflight").length;
+  }
+
+  private deadline(): number {
+    return Date.now() / 1000 + (this.options.checkpointTimeoutSeconds ?? 60);
+  }
+
+  private report(force: boolean): void {
+    const values = [...this.states.values()];
+    this.options.progress?.update(
+      {
+        total: values.length,
+        done: values.filter((s) => s.status === "done").length,
+        inFlight: values.filter((s) => s.status === "inflight").length,
+        failed: values.filter((s) => s.status === "failed").length,
+        checkpoints: this.checkpoints,
+        lastCheckpointAt: this.lastCheckpointAt,
+      },
+      force,
+    );
+  }
+
+  summary(): CollectionSummary {
+    const values = [...this.states.values()];
+    const done = values.filter((s) => s.status === "done");
+    return {
+      rows: values.length,
+      finished: done.length,
+      failed: values.filter((s) => s.status === "failed").length,
+      meanReward: NaN,
+      checkpoints: this.checkpoints,
+      continued: values.filter((s) => s.continued).length,
+      restarted: this.restartedCount,
+      usage: { ...this.usage },
+      stopped: this.stopping,
+    };
+  }
+
+  /** Mean reward over every finished row of the output file (this run and earlier ones). */
+  async meanReward(): Promise<number> {
+    const results = await readResults(this.options.outPath);
+    const rewards = [...results.values()].map((r) => r.reward);
+    return rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : NaN;
+  }
+
+  /** Marks the collection as stopping (SIGTERM after the stop checkpoint); in-flight rows are abandoned. */
+  get isStopping(): boolean {
+    return this.stopping;
+  }
+}
+
+function num(value: unknown): number {
+  return typeof value === "number" && Number.isFinite(value) ? value : 0;
+}
+
+function delay(seconds: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, seconds * 1000).unref());
+}
+
