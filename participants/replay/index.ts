@@ -26,7 +26,7 @@ export { expandGlobs, naturalCompare } from "./record-glob.js";
 export { writeFileAtomic } from "./atomic-write.js";
 export { INDEX_FORMAT, INDEX_VERSION, IndexHeaderSchema, IndexRowSchema, encodeIndex, checkIndex } from "./rollout-index.js";
 export type { IndexHeader, IndexRow, IndexExpectation, IndexCheck } from "./rollout-index.js";
-export { StepMarkerSchema, stepMarkerName, completedFiles } from "./step-marker.js";
+export { StepMarkerSchema, stepMarkerName, isStepMarkerName, completedFiles } from "./step-marker.js";
 export type { StepMarker } from "./step-marker.js";
 export { encodeRecords, writeRolloutRecords, writeStepRecords, RecordWriter } from "./record-writer.js";
 export type { EnvRecords, WrittenRecords } from "./record-writer.js";

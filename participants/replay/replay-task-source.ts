@@ -16,7 +16,7 @@ import {
   type ReplayConfigInput,
 } from "./replay-config.js";
 import type { RandomFactory } from "./seeded-random.js";
-import { completedFiles } from "./step-marker.js";
+import { completedFiles, isStepMarkerName } from "./step-marker.js";
 import type { Prompt, TraceRecord } from "./trace-record.js";
 
 /** The fields every task has; a source environment's typed task adds its own. */
@@ -264,7 +264,10 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
 
   private async loadNewFiles(): Promise<ReloadResult> {
     const matched = await expandGlobs(recordPatterns(this.config), this.cwd);
-    const fresh = matched.filter((file) => !isIndexFileName(path.basename(file)) && !this.done.has(file));
+    const fresh = matched.filter((file) => {
+      const name = path.basename(file);
+      return !isIndexFileName(name) && !isStepMarkerName(name) && !this.done.has(file);
+    });
     if (matched.length === 0 && this.list.length === 0 && !this.warnedEmpty) {
       this.warnedEmpty = true;
       this.logger.warn({ records: this.config.records }, "replay records matched no files yet");

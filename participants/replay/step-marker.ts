@@ -23,6 +23,11 @@ export function stepMarkerName(kind: RecordKind): string {
   return `_complete_${kind}.json`;
 }
 
+/** Markers are never records, even when a broad glob matches them. */
+export function isStepMarkerName(fileName: string): boolean {
+  return /^_complete_(train|eval)\.json$/.test(fileName);
+}
+
 /** Record file names listed by the markers present in `dir` (unreadable or invalid markers count as absent). */
 export async function completedFiles(dir: string): Promise<Set<string>> {
   const files = new Set<string>();

@@ -155,6 +155,14 @@ describe("follow and append (18)", () => {
     expect(recordPath).toBe(late.tasks[0]!.lineage.sourceFile);
   });
 
+  it("never treats index files or step markers as records, even under a broad glob", async () => {
+    await writeStepRecords(rollouts(), 1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0)] }]);
+    const broad = source({ records: "run/rollouts/**/*" });
+    await broad.load();
+    expect(names(broad.tasks)).toEqual(["recheck:00000001"]);
+    expect(broad.stats.read.files).toBe(1);
+  });
+
   it("appends files in the order they appear: a step's envs written out of order misalign a follower", async () => {
     const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl" };
     const follower = source(config);
