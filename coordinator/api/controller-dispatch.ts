@@ -1,0 +1,60 @@
+import {
+  CONTROLLER_OPS,
+  CheckpointError,
+  decodeMessage,
+  describeZodError,
+  type ControllerOp,
+  type CtlReplyOf,
+  type CtlRequestOf,
+} from "../../protocol/index.js";
+import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
+
+/** Validates a controller request (strict zod; nothing happens on a refusal) and runs the op. */
+export async function dispatchController<O extends ControllerOp>(engine: CheckpointEngine, op: O, body: unknown): Promise<CtlReplyOf<O>> {
+  const schema = CONTROLLER_OPS[op].request;
+  let request: CtlRequestOf<O>;
+  if (typeof body === "string" || body instanceof Uint8Array) {
+    const empty = typeof body === "string" ? body.trim() === "" : body.byteLength === 0;
+    request = (empty ? parseValue(schema, {}) : decodeMessage(schema, body)) as CtlRequestOf<O>;
+  } else {
+    request = parseValue(schema, body ?? {}) as CtlRequestOf<O>;
+  }
+  return (await run(engine, op, request)) as CtlReplyOf<O>;
+}
+
+function parseValue(schema: (typeof CONTROLLER_OPS)[ControllerOp]["request"], value: unknown): unknown {
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
+  return parsed.data;
+}
+
+function run(engine: CheckpointEngine, op: ControllerOp, request: unknown): Promise<unknown> {
+  switch (op) {
+    case "checkpoint":
+      return engine.checkpoint(request as CtlRequestOf<"checkpoint">);
+    case "prepare":
+      return engine.prepare(request as CtlRequestOf<"prepare">);
+    case "commit":
+      return engine.commit(request as CtlRequestOf<"commit">);
+    case "publish":
+      return engine.publish(request as CtlRequestOf<"publish">);
+    case "resume":
+      return engine.resume(request as CtlRequestOf<"resume">);
+    case "restore":
+      return engine.restore(request as CtlRequestOf<"restore">);
+    case "retire":
+      return engine.retire(request as CtlRequestOf<"retire">);
+    case "forget":
+      return engine.forget(request as CtlRequestOf<"forget">);
+    case "status":
+      return engine.status();
+    case "list":
+      return engine.list();
+    case "get":
+      return engine.get(request as CtlRequestOf<"get">);
+    default: {
+      const never: never = op;
+      throw new CheckpointError("invalid_request", `unknown op ${String(never)}`);
+    }
+  }
+}

@@ -1,0 +1,103 @@
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import type { Logger } from "pino";
+import {
+  CONTROLLER_OP_NAMES,
+  CheckpointError,
+  MAX_CONTROL_MESSAGE_BYTES,
+  toCheckpointError,
+  type ControllerOp,
+} from "../../protocol/index.js";
+import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
+import type { Leadership } from "../ha/leadership.js";
+import { authorizeController } from "./controller-auth.js";
+import { dispatchController } from "./controller-dispatch.js";
+import { buildOpenApiDocument, httpRoute } from "./openapi.js";
+
+export interface HttpControllerApiOptions {
+  engine: CheckpointEngine;
+  leadership: Leadership;
+  token: string;
+  host?: string;
+  port?: number;
+  logger?: Logger;
+}
+
+/**
+ * The HTTP/JSON controller API for controllers that do not speak NATS: one POST per op, GET status,
+ * list and one checkpoint, /healthz, /readyz and the generated /openapi.json. Bound to 127.0.0.1 by
+ * default. Bodies are decoded by the same strict codec as the NATS API, so refusals are identical.
+ */
+export class HttpControllerApi {
+  private app: FastifyInstance | undefined;
+  private address: { host: string; port: number } | undefined;
+
+  constructor(private readonly options: HttpControllerApiOptions) {}
+
+  get url(): string {
+    if (!this.address) throw new Error("the HTTP API is not listening");
+    return `http://${this.address.host}:${this.address.port}`;
+  }
+
+  async start(): Promise<string> {
+    const app = Fastify({ logger: false, bodyLimit: MAX_CONTROL_MESSAGE_BYTES + 1024 });
+    this.app = app;
+    // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes.
+    app.removeAllContentTypeParsers();
+    app.addContentTypeParser("*", { parseAs: "string" }, (_req, body, done) => done(null, body));
+    app.setErrorHandler((error: Error & { code?: string; statusCode?: number }, _req, reply) => {
+      const refusal =
+        error.code === "FST_ERR_CTP_BODY_TOO_LARGE"
+          ? new CheckpointError("payload_too_large", `body is larger than ${MAX_CONTROL_MESSAGE_BYTES} bytes`)
+          : error.statusCode && error.statusCode < 500 && !(error instanceof CheckpointError)
+            ? new CheckpointError("invalid_request", error.message)
+            : toCheckpointError(error);
+      void this.refuse(reply, refusal);
+    });
+    app.setNotFoundHandler((req, reply) => void this.refuse(reply, new CheckpointError("not_found", `no route ${req.method} ${req.url}`)));
+
+    const openapi = buildOpenApiDocument();
+    app.get("/openapi.json", async () => openapi);
+    app.get("/healthz", async () => ({ ok: true }));
+    app.get("/readyz", async (_req, reply) => {
+      const state = this.options.leadership.state();
+      if (!state.ready) return this.refuse(reply, new CheckpointError("not_leader", "this coordinator is not the ready leader"));
+      return { ok: true, epoch: state.epoch };
+    });
+    for (const op of CONTROLLER_OP_NAMES) {
+      const { method, url } = httpRoute(op);
+      const fastifyUrl = url.replace("{checkpoint_id}", ":checkpoint_id");
+      app.route({ method, url: fastifyUrl, handler: (req, reply) => this.handle(op, req, reply) });
+    }
+    const host = this.options.host ?? "127.0.0.1";
+    await app.listen({ host, port: this.options.port ?? 0 });
+    const info = app.server.address();
+    if (!info || typeof info === "string") throw new Error("unexpected listen address");
+    this.address = { host: info.address, port: info.port };
+    this.options.logger?.info({ url: this.url }, "http_api_listening");
+    return this.url;
+  }
+
+  private async handle(op: ControllerOp, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+    try {
+      authorizeController(req.headers.authorization, this.options.token);
+      let body: unknown;
+      if (op === "get") body = { checkpoint_id: (req.params as { checkpoint_id?: string }).checkpoint_id };
+      else if (req.method === "GET") body = {};
+      else body = typeof req.body === "string" ? req.body : "";
+      return await dispatchController(this.options.engine, op, body);
+    } catch (error) {
+      const refusal = toCheckpointError(error);
+      if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");
+      return this.refuse(reply, refusal);
+    }
+  }
+
+  private refuse(reply: FastifyReply, refusal: CheckpointError): FastifyReply {
+    return reply.code(refusal.status).header("content-type", "application/json").send(JSON.stringify(refusal.toReply()));
+  }
+
+  async stop(): Promise<void> {
+    await this.app?.close();
+    this.app = undefined;
+  }
+}

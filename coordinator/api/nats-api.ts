@@ -1,0 +1,72 @@
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { Logger } from "pino";
+import {
+  CONTROLLER_OP_NAMES,
+  HEADER_AUTHORIZATION,
+  controllerSubject,
+  encodeMessage,
+  toCheckpointError,
+  type ControllerOp,
+} from "../../protocol/index.js";
+import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
+import { authorizeController } from "./controller-auth.js";
+import { dispatchController } from "./controller-dispatch.js";
+
+export interface NatsControllerApiOptions {
+  nc: NatsConnection;
+  deployment: string;
+  token: string;
+  engine: CheckpointEngine;
+  logger?: Logger;
+}
+
+/**
+ * The controller API on NATS: request/reply on `controllerSubject(deployment, op)`, one subject per
+ * op, bearer token in the Authorization header. Only the ready leader serves it (the daemon starts
+ * and stops this API with leadership), so a controller that sees no responders knows no coordinator
+ * is active yet; the queue group keeps a hand-over overlap from answering twice.
+ */
+export class NatsControllerApi {
+  private readonly subs: Subscription[] = [];
+  private readonly inFlight = new Set<Promise<void>>();
+
+  constructor(private readonly options: NatsControllerApiOptions) {}
+
+  get serving(): boolean {
+    return this.subs.length > 0;
+  }
+
+  start(): void {
+    if (this.subs.length) return;
+    for (const op of CONTROLLER_OP_NAMES) {
+      const sub = this.options.nc.subscribe(controllerSubject(this.options.deployment, op), { queue: "gym-ckpt-coordinator" });
+      this.subs.push(sub);
+      void (async () => {
+        for await (const msg of sub) {
+          const task = this.answer(op, msg);
+          this.inFlight.add(task);
+          void task.finally(() => this.inFlight.delete(task));
+        }
+      })();
+    }
+  }
+
+  private async answer(op: ControllerOp, msg: Msg): Promise<void> {
+    let body: string;
+    try {
+      authorizeController(msg.headers?.get(HEADER_AUTHORIZATION), this.options.token);
+      body = encodeMessage(await dispatchController(this.options.engine, op, msg.data));
+    } catch (error) {
+      const refusal = toCheckpointError(error);
+      if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");
+      body = encodeMessage(refusal.toReply());
+    }
+    if (msg.reply) msg.respond(body);
+  }
+
+  async stop(): Promise<void> {
+    for (const sub of this.subs) sub.unsubscribe();
+    this.subs.length = 0;
+    await Promise.allSettled([...this.inFlight]);
+  }
+}

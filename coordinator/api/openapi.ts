@@ -1,0 +1,77 @@
+import { z } from "zod";
+import { CONTROLLER_OPS, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, type ControllerOp } from "../../protocol/index.js";
+
+/** HTTP route of each controller op. */
+export function httpRoute(op: ControllerOp): { method: "GET" | "POST"; url: string } {
+  switch (op) {
+    case "status":
+      return { method: "GET", url: "/v1/status" };
+    case "list":
+      return { method: "GET", url: "/v1/checkpoints" };
+    case "get":
+      return { method: "GET", url: "/v1/checkpoints/{checkpoint_id}" };
+    default:
+      return { method: "POST", url: `/v1/${op}` };
+  }
+}
+
+function schemaOf(schema: z.ZodType, io: "input" | "output"): Record<string, unknown> {
+  const json = z.toJSONSchema(schema, { io, unrepresentable: "any", target: "draft-2020-12" }) as Record<string, unknown>;
+  delete json.$schema;
+  return json;
+}
+
+/** The OpenAPI 3.1 document of the HTTP controller API, generated from the zod schemas. */
+export function buildOpenApiDocument(): Record<string, unknown> {
+  const errorCodes = Object.entries(ERROR_CATALOG);
+  const errorResponses: Record<string, unknown> = {};
+  for (const [code, entry] of errorCodes) {
+    const key = String(entry.status);
+    const existing = errorResponses[key] as { description: string } | undefined;
+    errorResponses[key] = {
+      description: existing ? `${existing.description}, ${code}` : `Refusal: ${code}`,
+      content: { "application/json": { schema: { $ref: "#/components/schemas/ErrorReply" } } },
+    };
+  }
+  const paths: Record<string, Record<string, unknown>> = {};
+  for (const op of Object.keys(CONTROLLER_OPS) as ControllerOp[]) {
+    const { method, url } = httpRoute(op);
+    const spec = CONTROLLER_OPS[op];
+    const operation: Record<string, unknown> = {
+      operationId: op,
+      security: [{ bearer: [] }],
+      responses: {
+        "200": { description: `${op} reply`, content: { "application/json": { schema: schemaOf(spec.reply, "output") } } },
+        ...errorResponses,
+      },
+    };
+    if (method === "POST") {
+      operation.requestBody = { required: false, content: { "application/json": { schema: schemaOf(spec.request, "input") } } };
+    }
+    if (op === "get") {
+      operation.parameters = [{ name: "checkpoint_id", in: "path", required: true, schema: { type: "string", pattern: "^[A-Za-z0-9][A-Za-z0-9._-]*$" } }];
+    }
+    paths[url] = { ...(paths[url] ?? {}), [method.toLowerCase()]: operation };
+  }
+  paths["/healthz"] = { get: { operationId: "healthz", responses: { "200": { description: "The process is up" } } } };
+  paths["/readyz"] = {
+    get: {
+      operationId: "readyz",
+      responses: { "200": { description: "This coordinator is the ready leader" }, "503": { description: "not_leader" } },
+    },
+  };
+  paths["/openapi.json"] = { get: { operationId: "openapi", responses: { "200": { description: "This document" } } } };
+  return {
+    openapi: "3.1.0",
+    info: {
+      title: "gym-ckpt coordinator controller API",
+      version: `v${PROTOCOL_VERSION}`,
+      description: "One POST per op, GET status, list and a checkpoint. Refusals carry a code from the error catalog.",
+    },
+    paths,
+    components: {
+      securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
+      schemas: { ErrorReply: schemaOf(ErrorReplySchema, "output") },
+    },
+  };
+}

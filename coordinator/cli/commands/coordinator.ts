@@ -1,0 +1,98 @@
+import type { Command } from "commander";
+import { loadConfig, redactConfig } from "../../config/config-loader.js";
+import { startCoordinator } from "../../daemon/coordinator-daemon.js";
+import type { EngineHooks } from "../../engine/checkpoint-engine.js";
+import { createLogger } from "../../telemetry/logger.js";
+import { printJson, runCli } from "../shared.js";
+
+interface Flags {
+  config?: string;
+  deployment?: string;
+  natsUrl?: string;
+  token?: string;
+  controllerToken?: string;
+  checkpointRoot?: string;
+  retention?: string;
+  leaseMs?: string;
+  defaultTimeoutMs?: string;
+  httpHost?: string;
+  httpPort?: string;
+  http?: boolean;
+  coordinatorId?: string;
+  logLevel?: string;
+  printConfig?: boolean;
+}
+
+const num = (value: string | undefined) => (value === undefined ? undefined : Number.isFinite(Number(value)) ? Number(value) : value);
+
+/**
+ * TEST-ONLY fault injection: GYM_CKPT_TEST_CRASH_AT=before-decision|after-decision makes the daemon
+ * SIGKILL itself at that point of a commit, so the suites can check what a successor does.
+ */
+function testHooks(): EngineHooks | undefined {
+  const at = process.env.GYM_CKPT_TEST_CRASH_AT;
+  if (!at) return undefined;
+  const crash = () => {
+    process.stderr.write(`GYM_CKPT_TEST_CRASH_AT=${at}: killing myself\n`);
+    process.kill(process.pid, "SIGKILL");
+  };
+  return at === "before-decision" ? { beforeDecision: crash } : at === "after-decision" ? { afterDecision: crash } : undefined;
+}
+
+export function register(program: Command): void {
+  program
+    .command("coordinator")
+    .description("run the coordinator daemon (config: defaults < --config file < env GYM_CKPT_* < flags)")
+    .option("--config <file>", "JSON config file (env GYM_CKPT_CONFIG)")
+    .option("--deployment <name>")
+    .option("--nats-url <url>")
+    .option("--token <token>", "participants' control token")
+    .option("--controller-token <token>", "controller API token (default: --token)")
+    .option("--checkpoint-root <dir>")
+    .option("--retention <n>")
+    .option("--lease-ms <ms>")
+    .option("--default-timeout-ms <ms>")
+    .option("--http-host <host>")
+    .option("--http-port <port>")
+    .option("--no-http", "do not serve the HTTP API")
+    .option("--coordinator-id <id>")
+    .option("--log-level <level>")
+    .option("--print-config", "print the effective config (secrets redacted) and exit")
+    .action(async (flags: Flags, command: Command) => {
+      await runCli(async () => {
+        const httpSource = command.getOptionValueSource("http");
+        const config = loadConfig({
+          file: flags.config,
+          flags: {
+            deployment: flags.deployment,
+            "nats.servers": flags.natsUrl,
+            token: flags.token,
+            controller_token: flags.controllerToken,
+            checkpoint_root: flags.checkpointRoot,
+            retention: num(flags.retention),
+            lease_ms: num(flags.leaseMs),
+            default_timeout_ms: num(flags.defaultTimeoutMs),
+            "http.host": flags.httpHost,
+            "http.port": num(flags.httpPort),
+            "http.enabled": httpSource === "cli" ? flags.http : undefined,
+            coordinator_id: flags.coordinatorId,
+            log_level: flags.logLevel,
+          },
+        });
+        if (flags.printConfig) {
+          printJson(redactConfig(config));
+          return;
+        }
+        const logger = createLogger(config.log_level);
+        const hooks = testHooks();
+        const handle = await startCoordinator({ config, logger, ...(hooks && { hooks }) });
+        if (handle.httpUrl) process.stdout.write(`http ${handle.httpUrl}\n`);
+        await new Promise<void>((resolve) => {
+          const shutdown = () => resolve();
+          process.once("SIGTERM", shutdown);
+          process.once("SIGINT", shutdown);
+        });
+        await handle.stop();
+      });
+    });
+}

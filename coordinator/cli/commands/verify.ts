@@ -1,0 +1,21 @@
+import type { Command } from "commander";
+import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
+import { verifyCheckpoint } from "../../publication/verify-checkpoint.js";
+import { printJson, rootFrom, runCli } from "../shared.js";
+
+export function register(program: Command): void {
+  program
+    .command("verify <checkpoint>")
+    .description("re-read every manifest and record of a checkpoint; exit 1 naming the error code on any mismatch")
+    .option("--root <dir>", "checkpoint root (env GYM_CKPT_CHECKPOINT_ROOT)")
+    .option("--json", "print the report as JSON")
+    .action(async (checkpoint: string, flags: { root?: string; json?: boolean }) => {
+      await runCli(async () => {
+        const catalog = new CheckpointCatalog(rootFrom(flags.root));
+        const id = checkpoint === "LATEST" ? ((await catalog.latest()) ?? checkpoint) : checkpoint;
+        const report = await verifyCheckpoint(catalog, id);
+        if (flags.json) printJson(report);
+        else process.stdout.write(`ok ${report.checkpoint_id}: ${report.participants.length} participants, ${report.records} records, ${report.bytes} bytes\n`);
+      });
+    });
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env node
+import { readdirSync } from "node:fs";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { dirname, join } from "node:path";
+import { Command } from "commander";
+import { PROTOCOL_VERSION } from "../../protocol/index.js";
+
+/** A CLI command module: `commands/<name>.ts` exports `register(program)`. */
+export interface CommandModule {
+  register(program: Command): void;
+}
+
+/**
+ * The `gym-ckpt` binary. Every command lives in its own file under `commands/`; main loads them all,
+ * so adding a command never edits this file.
+ */
+export async function buildProgram(): Promise<Command> {
+  const program = new Command("gym-ckpt")
+    .description("Distributed checkpoint coordinator for Gym-style RL rollout servers, over NATS")
+    .version(`0.1.0 (protocol v${PROTOCOL_VERSION})`)
+    .showHelpAfterError();
+  const dir = join(dirname(fileURLToPath(import.meta.url)), "commands");
+  const files = readdirSync(dir)
+    .filter((f) => (f.endsWith(".js") || f.endsWith(".ts")) && !f.endsWith(".d.ts") && !f.startsWith("_"))
+    .sort();
+  for (const file of files) {
+    const mod = (await import(pathToFileURL(join(dir, file)).href)) as Partial<CommandModule>;
+    if (typeof mod.register === "function") mod.register(program);
+  }
+  return program;
+}
+
+const invokedDirectly = process.argv[1] !== undefined && fileURLToPath(import.meta.url) === (await import("node:fs")).realpathSync(process.argv[1]);
+if (invokedDirectly) {
+  const program = await buildProgram();
+  await program.parseAsync(process.argv);
+}

@@ -1,0 +1,116 @@
+import { connect } from "@nats-io/transport-node";
+import type { Command } from "commander";
+import { CheckpointError, EpisodeIdSchema, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
+import { readFileSync } from "node:fs";
+import { HttpControllerClient } from "../client/http-controller-client.js";
+import { NatsControllerClient } from "../client/nats-controller-client.js";
+import type { ControllerClient } from "../client/controller-client.js";
+
+export interface ClientFlags {
+  natsUrl?: string;
+  deployment?: string;
+  token?: string;
+  httpUrl?: string;
+  leaderWaitMs?: string;
+  json?: boolean;
+}
+
+/** Connection flags shared by every client command (env fallbacks: GYM_CKPT_*). */
+export function withClientOptions(command: Command): Command {
+  return command
+    .option("--nats-url <url>", "NATS server(s), comma-separated (env GYM_CKPT_NATS_URL)")
+    .option("--deployment <name>", "deployment name (env GYM_CKPT_DEPLOYMENT)")
+    .option("--token <token>", "controller token (env GYM_CKPT_CONTROLLER_TOKEN or GYM_CKPT_TOKEN)")
+    .option("--http-url <url>", "use the HTTP API at this URL instead of NATS (env GYM_CKPT_HTTP_URL)")
+    .option("--leader-wait-ms <ms>", "retry this long while no coordinator is the ready leader", "10000")
+    .option("--json", "print the raw JSON reply");
+}
+
+/** Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. */
+export async function withClient(flags: ClientFlags, fn: (client: ControllerClient) => Promise<unknown>): Promise<void> {
+  const env = process.env;
+  const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
+  const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
+  await runCli(async () => {
+    if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
+    if (httpUrl) {
+      await fn(new HttpControllerClient({ baseUrl: httpUrl, token }));
+      return;
+    }
+    const nc = await connect({ servers: (flags.natsUrl ?? env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222").split(",") });
+    try {
+      await fn(
+        new NatsControllerClient({
+          nc,
+          deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
+          token,
+          leaderWaitMs: Number(flags.leaderWaitMs ?? 10_000),
+        }),
+      );
+    } finally {
+      await nc.close();
+    }
+  });
+}
+
+/** Exit codes: 0 ok, 1 a refusal (code printed), 2 bad usage or configuration. */
+export async function runCli(fn: () => Promise<void>): Promise<void> {
+  try {
+    await fn();
+  } catch (error) {
+    if (error instanceof CheckpointError) {
+      process.stderr.write(`error ${error.code}: ${error.message}\n`);
+      process.exitCode = error.code === "invalid_request" ? 2 : 1;
+      return;
+    }
+    process.stderr.write(`error internal_error: ${error instanceof Error ? error.message : String(error)}\n`);
+    process.exitCode = 1;
+  }
+}
+
+export function printJson(value: unknown): void {
+  process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+}
+
+/** Episodes from `r1,r2-a1` (capture keys) or `@file.json` (a JSON array of EpisodeIds or capture keys). */
+export function parseEpisodes(value: string): EpisodeId[] {
+  let items: unknown[];
+  if (value.startsWith("@")) {
+    const parsed: unknown = JSON.parse(readFileSync(value.slice(1), "utf8"));
+    if (!Array.isArray(parsed)) throw new CheckpointError("invalid_request", `${value.slice(1)} must hold a JSON array`);
+    items = parsed;
+  } else {
+    items = value.split(",").map((s) => s.trim()).filter(Boolean);
+  }
+  return items.map((item) => {
+    const episode = typeof item === "string" ? parseCaptureKey(item) : EpisodeIdSchema.safeParse(item).data;
+    if (!episode) throw new CheckpointError("invalid_request", `not an episode id or capture key: ${JSON.stringify(item)}`);
+    return episode;
+  });
+}
+
+export function deadlineFrom(timeoutS: string | undefined): number | undefined {
+  if (timeoutS === undefined) return undefined;
+  const seconds = Number(timeoutS);
+  if (!(seconds > 0)) throw new CheckpointError("invalid_request", "--timeout-s must be a positive number");
+  return Date.now() / 1000 + seconds;
+}
+
+export function controllerStateFrom(flags: { stateJson?: string; stateFile?: string }) {
+  if (flags.stateJson !== undefined && flags.stateFile !== undefined) throw new CheckpointError("invalid_request", "use --state-json or --state-file, not both");
+  if (flags.stateJson !== undefined) {
+    try {
+      return { inline: JSON.parse(flags.stateJson) as unknown };
+    } catch {
+      throw new CheckpointError("invalid_request", "--state-json is not valid JSON");
+    }
+  }
+  if (flags.stateFile !== undefined) return { file: flags.stateFile };
+  return null;
+}
+
+export function rootFrom(root: string | undefined): string {
+  const value = root ?? process.env.GYM_CKPT_CHECKPOINT_ROOT;
+  if (!value) throw new CheckpointError("invalid_request", "no checkpoint root: pass --root or set GYM_CKPT_CHECKPOINT_ROOT");
+  return value;
+}

@@ -1,0 +1,121 @@
+import { readFileSync } from "node:fs";
+import { z } from "zod";
+import { CheckpointError } from "../../protocol/index.js";
+import { CoordinatorConfigSchema, SECRET_CONFIG_PATHS, type CoordinatorConfig } from "./coordinator-config.js";
+
+type Plain = Record<string, unknown>;
+
+/** Environment variables → config paths (values are coerced by type, so zod reports bad ones). */
+export const CONFIG_ENV: readonly { env: string; path: string; type: "string" | "number" | "boolean" }[] = [
+  { env: "GYM_CKPT_DEPLOYMENT", path: "deployment", type: "string" },
+  { env: "GYM_CKPT_NATS_URL", path: "nats.servers", type: "string" },
+  { env: "GYM_CKPT_NATS_USER", path: "nats.user", type: "string" },
+  { env: "GYM_CKPT_NATS_PASS", path: "nats.pass", type: "string" },
+  { env: "GYM_CKPT_NATS_TOKEN", path: "nats.token", type: "string" },
+  { env: "GYM_CKPT_TOKEN", path: "token", type: "string" },
+  { env: "GYM_CKPT_CONTROLLER_TOKEN", path: "controller_token", type: "string" },
+  { env: "GYM_CKPT_CHECKPOINT_ROOT", path: "checkpoint_root", type: "string" },
+  { env: "GYM_CKPT_RETENTION", path: "retention", type: "number" },
+  { env: "GYM_CKPT_LEASE_MS", path: "lease_ms", type: "number" },
+  { env: "GYM_CKPT_DEFAULT_TIMEOUT_MS", path: "default_timeout_ms", type: "number" },
+  { env: "GYM_CKPT_REQUEST_SLACK_MS", path: "request_slack_ms", type: "number" },
+  { env: "GYM_CKPT_HTTP", path: "http.enabled", type: "boolean" },
+  { env: "GYM_CKPT_HTTP_HOST", path: "http.host", type: "string" },
+  { env: "GYM_CKPT_HTTP_PORT", path: "http.port", type: "number" },
+  { env: "GYM_CKPT_COORDINATOR_ID", path: "coordinator_id", type: "string" },
+  { env: "GYM_CKPT_LOG_LEVEL", path: "log_level", type: "string" },
+];
+
+function coerce(value: string, type: "string" | "number" | "boolean"): unknown {
+  if (type === "number") return value.trim() !== "" && Number.isFinite(Number(value)) ? Number(value) : value;
+  if (type === "boolean") {
+    const parsed = z.stringbool().safeParse(value);
+    return parsed.success ? parsed.data : value;
+  }
+  return value;
+}
+
+function setPath(target: Plain, path: string, value: unknown): void {
+  const parts = path.split(".");
+  let node = target;
+  for (const part of parts.slice(0, -1)) {
+    if (typeof node[part] !== "object" || node[part] === null) node[part] = {};
+    node = node[part] as Plain;
+  }
+  node[parts.at(-1)!] = value;
+}
+
+function merge(base: Plain, layer: Plain): Plain {
+  const out: Plain = { ...base };
+  for (const [key, value] of Object.entries(layer)) {
+    if (value === undefined) continue;
+    const existing = out[key];
+    out[key] =
+      value !== null && typeof value === "object" && !Array.isArray(value) && existing !== null && typeof existing === "object" && !Array.isArray(existing)
+        ? merge(existing as Plain, value as Plain)
+        : value;
+  }
+  return out;
+}
+
+export function envLayer(env: NodeJS.ProcessEnv): Plain {
+  const layer: Plain = {};
+  for (const { env: name, path, type } of CONFIG_ENV) {
+    const value = env[name];
+    if (value !== undefined && value !== "") setPath(layer, path, coerce(value, type));
+  }
+  return layer;
+}
+
+export function fileLayer(path: string): Plain {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (error) {
+    throw new CheckpointError("invalid_request", `cannot read config file ${path}: ${(error as Error).message}`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new CheckpointError("invalid_request", `config file ${path} is not valid JSON: ${(error as Error).message}`);
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) throw new CheckpointError("invalid_request", `config file ${path} must hold a JSON object`);
+  return value as Plain;
+}
+
+export interface LoadConfigInput {
+  /** JSON config file; GYM_CKPT_CONFIG when omitted. */
+  file?: string | undefined;
+  env?: NodeJS.ProcessEnv;
+  /** Already-shaped flag values (dotted paths allowed as keys). */
+  flags?: Record<string, unknown>;
+}
+
+/** Layers defaults < file < env < flags and validates; errors are readable (z.prettifyError). */
+export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
+  const env = input.env ?? process.env;
+  const file = input.file ?? env.GYM_CKPT_CONFIG;
+  let merged: Plain = {};
+  if (file) merged = merge(merged, fileLayer(file));
+  merged = merge(merged, envLayer(env));
+  const flags: Plain = {};
+  for (const [path, value] of Object.entries(input.flags ?? {})) if (value !== undefined) setPath(flags, path, value);
+  merged = merge(merged, flags);
+  const parsed = CoordinatorConfigSchema.safeParse(merged);
+  if (!parsed.success) throw new CheckpointError("invalid_request", `invalid configuration:\n${z.prettifyError(parsed.error)}`);
+  return parsed.data;
+}
+
+/** The config with every secret replaced, for --print-config and logs. */
+export function redactConfig(config: CoordinatorConfig): Plain {
+  const copy = structuredClone(config) as unknown as Plain;
+  for (const path of SECRET_CONFIG_PATHS) {
+    const parts = path.split(".");
+    let node: Plain | undefined = copy;
+    for (const part of parts.slice(0, -1)) node = node?.[part] as Plain | undefined;
+    const last = parts.at(-1)!;
+    if (node && node[last] !== undefined) node[last] = "[Redacted]";
+  }
+  return copy;
+}

@@ -1,0 +1,134 @@
+import { randomBytes } from "node:crypto";
+import { mkdir } from "node:fs/promises";
+import { hostname } from "node:os";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import type { Logger } from "pino";
+import { HttpControllerApi } from "../api/http-api.js";
+import { NatsControllerApi } from "../api/nats-api.js";
+import type { CoordinatorConfig } from "../config/coordinator-config.js";
+import { CheckpointEngine, type EngineHooks } from "../engine/checkpoint-engine.js";
+import { systemClock, type Clock } from "../engine/clock.js";
+import { NatsParticipantTransport } from "../engine/nats-transport.js";
+import { ParticipantClient } from "../engine/participant-client.js";
+import { KvDecisionJournal } from "../ha/decision-journal.js";
+import { LeaderLease } from "../ha/leader-lease.js";
+import { KvMemberRegistry } from "../membership/member-registry.js";
+import { openMembersBucket } from "../membership/members-bucket.js";
+import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
+import { createLogger } from "../telemetry/logger.js";
+
+export interface StartCoordinatorOptions {
+  config: CoordinatorConfig;
+  logger?: Logger;
+  clock?: Clock;
+  /** Use this connection instead of connecting (it is not closed on stop). */
+  nc?: NatsConnection;
+  /** Test-only fault injection. */
+  hooks?: EngineHooks;
+}
+
+export interface CoordinatorHandle {
+  id: string;
+  engine: CheckpointEngine;
+  lease: LeaderLease;
+  natsApi: NatsControllerApi;
+  httpUrl: string | undefined;
+  /** Resolves once this coordinator is the ready leader and has finished recovery. */
+  whenReady(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/**
+ * Wires one coordinator: NATS connection, membership registry (bucket config asserted), decision
+ * journal, leader lease, engine, NATS and HTTP controller APIs. The NATS controller API is served
+ * only while this coordinator is the ready leader, after it recovered what a predecessor journaled.
+ */
+export async function startCoordinator(options: StartCoordinatorOptions): Promise<CoordinatorHandle> {
+  const { config } = options;
+  const clock = options.clock ?? systemClock;
+  const id = config.coordinator_id ?? `${hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
+  const logger = (options.logger ?? createLogger(config.log_level)).child({ component: "coordinator", coordinator_id: id, deployment: config.deployment });
+  const ownsConnection = options.nc === undefined;
+  const nc =
+    options.nc ??
+    (await connect({
+      servers: config.nats.servers.split(",").map((s) => s.trim()),
+      name: `gym-ckpt-coordinator-${id}`,
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 500,
+      pingInterval: 10_000,
+      maxPingOut: 3,
+      ...(config.nats.user !== undefined && { user: config.nats.user }),
+      ...(config.nats.pass !== undefined && { pass: config.nats.pass }),
+      ...(config.nats.token !== undefined && { token: config.nats.token }),
+    }));
+  await mkdir(config.checkpoint_root, { recursive: true });
+  const membersKv = await openMembersBucket(nc, config.deployment);
+  const journal = await KvDecisionJournal.open(nc, config.deployment);
+  const catalog = new CheckpointCatalog(config.checkpoint_root);
+  let natsApi!: NatsControllerApi;
+  let readyResolve!: () => void;
+  const ready = new Promise<void>((resolve) => (readyResolve = resolve));
+
+  const lease = new LeaderLease({
+    nc,
+    deployment: config.deployment,
+    id,
+    leaseMs: config.lease_ms,
+    clock,
+    logger,
+    onReady: async () => {
+      const recovered = await engine.recover();
+      if (recovered.length) logger.info({ recovered }, "recovery_done");
+      natsApi.start();
+      readyResolve();
+    },
+    onLost: () => {
+      void natsApi.stop();
+    },
+  });
+  const engine = new CheckpointEngine({
+    deployment: config.deployment,
+    client: new ParticipantClient({
+      transport: new NatsParticipantTransport(nc),
+      deployment: config.deployment,
+      token: config.token,
+      clock,
+      slackMs: config.request_slack_ms,
+    }),
+    membership: new KvMemberRegistry(membersKv, logger),
+    leadership: lease,
+    journal,
+    catalog,
+    writer: new GlobalManifestWriter(catalog, config.retention),
+    clock,
+    logger,
+    defaultTimeoutMs: config.default_timeout_ms,
+    ...(options.hooks && { hooks: options.hooks }),
+  });
+  const controllerToken = config.controller_token ?? config.token;
+  natsApi = new NatsControllerApi({ nc, deployment: config.deployment, token: controllerToken, engine, logger });
+  let http: HttpControllerApi | undefined;
+  if (config.http.enabled) {
+    http = new HttpControllerApi({ engine, leadership: lease, token: controllerToken, host: config.http.host, port: config.http.port, logger });
+    await http.start();
+  }
+  await lease.start();
+  logger.info({ http: http?.url, lease_ms: config.lease_ms, checkpoint_root: config.checkpoint_root }, "coordinator_started");
+  return {
+    id,
+    engine,
+    lease,
+    natsApi,
+    httpUrl: http?.url,
+    whenReady: () => ready,
+    async stop() {
+      await natsApi.stop();
+      await http?.stop();
+      await lease.stop(true);
+      if (ownsConnection) await nc.drain().catch(() => undefined);
+      logger.info("coordinator_stopped");
+    },
+  };
+}

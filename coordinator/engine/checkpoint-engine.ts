@@ -1,0 +1,673 @@
+import type { Context } from "@opentelemetry/api";
+import type { Logger } from "pino";
+import {
+  CheckpointError,
+  PREPARE_STAGES,
+  RESUME_STAGES,
+  RETIRE_STAGES,
+  captureKey,
+  nextAttempt,
+  type ControllerStateInput,
+  type CtlReplyOf,
+  type CtlRequestOf,
+  type EpisodeId,
+  type Op,
+  type ParticipantEntry,
+  type RequestOf,
+} from "../../protocol/index.js";
+import type { DecisionJournal, JournalEntry } from "../ha/decision-journal.js";
+import type { Leadership } from "../ha/leadership.js";
+import type { MembershipSource } from "../membership/member-registry.js";
+import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
+import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
+import { coordinatorTelemetry, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
+import { AsyncLock } from "./async-lock.js";
+import { newCheckpointId } from "./checkpoint-id.js";
+import type { Clock } from "./clock.js";
+import { combinedFailure, type Outcome, type ParticipantClient, type ParticipantRef } from "./participant-client.js";
+import { runAll, runStages } from "./phase-driver.js";
+
+/** The coordinator-side phase of the one checkpoint (or restore) it has open. */
+export type OpenPhase = "preparing" | "prepared" | "committing" | "committed" | "published" | "restored";
+
+interface OpenCheckpoint {
+  id: string;
+  phase: OpenPhase;
+  epoch: number;
+  members: ParticipantRef[];
+  preparedAt: number;
+  restarts: string[];
+  dir: string | null;
+  scope: EpisodeId[] | null;
+  stop: boolean;
+  autoPublish: boolean;
+  controllerState: ControllerStateInput | null;
+  commit?: CtlReplyOf<"commit">;
+  publish?: CtlReplyOf<"publish">;
+}
+
+/** Test-only fault injection points (the daemon maps GYM_CKPT_TEST_CRASH_AT onto them). */
+export interface EngineHooks {
+  beforeDecision?: (checkpointId: string) => void | Promise<void>;
+  afterDecision?: (checkpointId: string) => void | Promise<void>;
+}
+
+export interface CheckpointEngineOptions {
+  deployment: string;
+  client: ParticipantClient;
+  membership: MembershipSource;
+  leadership: Leadership;
+  journal: DecisionJournal;
+  catalog: CheckpointCatalog;
+  writer: GlobalManifestWriter;
+  clock: Clock;
+  logger: Logger;
+  /** Deadline of an op whose request names none. */
+  defaultTimeoutMs: number;
+  /** Timeout of the status probe. */
+  statusTimeoutMs?: number;
+  hooks?: EngineHooks;
+}
+
+const RESTORE_CLEANUP_MS = 30_000;
+
+type Failure = Extract<Outcome<Op>, { ok: false }>;
+
+function failuresOf<O extends Op>(outcomes: Outcome<O>[]): Failure[] {
+  return outcomes.filter((o): o is Extract<Outcome<O>, { ok: false }> => !o.ok);
+}
+
+/**
+ * The coordinator engine: the only sender of phase messages. It drives one checkpoint (or restore)
+ * at a time through the protocol's stage orders, journals what a successor must know, and publishes.
+ * Every refusal is a catalog code and leaves nothing changed.
+ */
+export class CheckpointEngine {
+  private readonly lock = new AsyncLock();
+  private open: OpenCheckpoint | undefined;
+  /** Checkpoints this coordinator resumed (closed); resume of one of them is idempotent. */
+  private readonly closed = new Set<string>();
+  private readonly log: Logger;
+
+  constructor(private readonly options: CheckpointEngineOptions) {
+    this.log = options.logger.child({ component: "engine" });
+  }
+
+  get openCheckpoint(): { checkpoint_id: string; phase: OpenPhase; epoch: number } | null {
+    return this.open ? { checkpoint_id: this.open.id, phase: this.open.phase, epoch: this.open.epoch } : null;
+  }
+
+  // ---- controller ops --------------------------------------------------------------------
+
+  prepare(request: CtlRequestOf<"prepare">): Promise<CtlReplyOf<"prepare">> {
+    return this.op("prepare", request.checkpoint_id, (ctx) => this.doPrepare(request.checkpoint_id, this.deadline(request.deadline_ts), false, null, ctx));
+  }
+
+  commit(request: CtlRequestOf<"commit">): Promise<CtlReplyOf<"commit">> {
+    return this.op("commit", request.checkpoint_id, (ctx) =>
+      this.doCommit(request.checkpoint_id, this.deadline(request.deadline_ts), request.episode_ids, request.stop, ctx),
+    );
+  }
+
+  publish(request: CtlRequestOf<"publish">): Promise<CtlReplyOf<"publish">> {
+    return this.op("publish", request.checkpoint_id, () => this.doPublish(request.checkpoint_id, request.controller_state));
+  }
+
+  resume(request: CtlRequestOf<"resume">): Promise<CtlReplyOf<"resume">> {
+    return this.op("resume", request.checkpoint_id, (ctx) => this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx));
+  }
+
+  checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
+    const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
+    return this.op("checkpoint", id, async (ctx) => {
+      const deadlineMs = this.deadline(request.deadline_ts);
+      const t0 = this.options.clock.now();
+      const prepared = await this.doPrepare(id, deadlineMs, true, request.controller_state, ctx);
+      if (!prepared.prepared) {
+        await this.abort(id, deadlineMs, ctx);
+        const detail = prepared.blockers
+          .map((b) => `${b.kind}/${b.instance}: ${b.code ?? `${b.blocker_count} blocker(s)`}${b.blockers.length ? ` [${b.blockers.slice(0, 10).join(", ")}]` : ""}`)
+          .join("; ");
+        throw new CheckpointError("prepare_incomplete", `checkpoint ${id} aborted: stage ${prepared.stopped_at?.join("+")} not prepared: ${detail}`, {
+          data: { blockers: prepared.blockers },
+        });
+      }
+      const t1 = this.options.clock.now();
+      let commit: CtlReplyOf<"commit">;
+      let published: CtlReplyOf<"publish">;
+      try {
+        commit = await this.doCommit(id, deadlineMs, request.episode_ids, request.stop, ctx);
+      } catch (error) {
+        await this.abort(id, deadlineMs, ctx);
+        throw error;
+      }
+      const t2 = this.options.clock.now();
+      try {
+        published = await this.doPublish(id, request.controller_state);
+      } catch (error) {
+        await this.abort(id, deadlineMs, ctx);
+        throw error;
+      }
+      const t3 = this.options.clock.now();
+      await this.doResume(id, Math.max(deadlineMs, t3 + 1000), ctx);
+      const t4 = this.options.clock.now();
+      return {
+        checkpoint_id: id,
+        epoch: prepared.epoch,
+        checkpoint_dir: commit.checkpoint_dir,
+        manifest_path: published.manifest_path,
+        published_at: published.published_at,
+        participants: commit.participants.length,
+        restarts: prepared.restarts,
+        deleted: published.deleted,
+        timings_ms: { prepare: t1 - t0, commit: t2 - t1, publish: t3 - t2, resume: t4 - t3 },
+      };
+    });
+  }
+
+  restore(request: CtlRequestOf<"restore">): Promise<CtlReplyOf<"restore">> {
+    return this.op("restore", request.checkpoint_id ?? "LATEST", async (ctx) => {
+      const deadlineMs = this.deadline(request.deadline_ts);
+      if (this.open) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
+      const id = request.checkpoint_id ?? (await this.options.catalog.latest());
+      if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
+      const manifest = await this.options.catalog.get(id);
+      const epoch = this.options.leadership.epoch();
+      const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
+      const dir = this.options.catalog.dirFor(id);
+      const open: OpenCheckpoint = {
+        id,
+        phase: "preparing",
+        epoch,
+        members,
+        preparedAt: this.options.clock.now() / 1000,
+        restarts: [],
+        dir,
+        scope: request.episode_ids,
+        stop: false,
+        autoPublish: false,
+        controllerState: null,
+      };
+      await this.journal(open, "restoring");
+      this.open = open;
+      const outcomes = await runAll(members, (m) =>
+        this.send(m, "restore", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: dir, episode_ids: request.episode_ids }, deadlineMs, epoch, ctx),
+      );
+      const failures = failuresOf(outcomes);
+      if (failures.length === 0) {
+        open.phase = "restored";
+        await this.journal(open, "restored");
+        return {
+          checkpoint_id: id,
+          participants: outcomes.map((o) => ({ kind: o.participant.kind, instance: o.participant.instance, restored: o.ok ? o.reply.restored : [] })),
+        };
+      }
+      await this.restoreCleanup(open, deadlineMs, ctx);
+      const cause = combinedFailure("restore", failures);
+      throw new CheckpointError("restore_failed", `${cause.message}; attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`, {
+        data: cause.data ?? {},
+      });
+    });
+  }
+
+  retire(request: CtlRequestOf<"retire">): Promise<CtlReplyOf<"retire">> {
+    return this.op("retire", request.checkpoint_id ?? "retire", async (ctx) => {
+      const { id, members, epoch, deadlineMs } = await this.outsideCheckpoint("retire", request.checkpoint_id, request.deadline_ts);
+      const { results, stoppedAt } = await runStages(
+        RETIRE_STAGES,
+        members,
+        (m, c) => this.send(m, "retire", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, episode_ids: request.episode_ids }, deadlineMs, epoch, c),
+        { spanName: "checkpoint.coordinate.retire.stage", parent: ctx, proceed: (o) => failuresOf(o).length === 0 },
+      );
+      const all = results.flatMap((r) => r.outcomes);
+      if (stoppedAt) throw combinedFailure("retire", failuresOf(all));
+      return { participants: all.map((o) => ({ ...o.participant, retired: o.ok ? o.reply.retired : [] })) };
+    });
+  }
+
+  forget(request: CtlRequestOf<"forget">): Promise<CtlReplyOf<"forget">> {
+    return this.op("forget", request.checkpoint_id ?? "forget", async (ctx) => {
+      const { id, members, epoch, deadlineMs } = await this.outsideCheckpoint("forget", request.checkpoint_id, request.deadline_ts);
+      const { results, stoppedAt } = await runStages(
+        RETIRE_STAGES,
+        members,
+        (m, c) => this.send(m, "forget", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, rollout_ids: request.rollout_ids }, deadlineMs, epoch, c),
+        { spanName: "checkpoint.coordinate.forget.stage", parent: ctx, proceed: (o) => failuresOf(o).length === 0 },
+      );
+      const all = results.flatMap((r) => r.outcomes);
+      if (stoppedAt) throw combinedFailure("forget", failuresOf(all));
+      return { participants: all.map((o) => ({ ...o.participant, forgotten: o.ok ? o.reply.forgotten : [] })) };
+    });
+  }
+
+  /** Status of every registered participant (one directed status request each); no lock needed. */
+  async status(): Promise<CtlReplyOf<"status">> {
+    const registered = await this.options.membership.list();
+    const known = new Map(registered.map((m) => [`${m.kind}.${m.instance}`, m]));
+    for (const m of this.open?.members ?? []) known.set(`${m.kind}.${m.instance}`, m);
+    const members = [...known.values()].sort((a, b) => (`${a.kind}.${a.instance}` < `${b.kind}.${b.instance}` ? -1 : 1));
+    const deadlineMs = this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000);
+    const outcomes = await runAll(members, (m) => this.options.client.call(m, "status", {}, deadlineMs));
+    return {
+      deployment: this.options.deployment,
+      coordinator: this.options.leadership.state(),
+      checkpoint: this.openCheckpoint,
+      participants: outcomes.map((o) =>
+        o.ok
+          ? {
+              ...o.participant,
+              reachable: true,
+              phase: o.reply.phase,
+              checkpoint_id: o.reply.checkpoint_id,
+              lease_expires_at: o.reply.lease_expires_at,
+              epoch: o.reply.epoch,
+              blockers: o.reply.report.blockers,
+              blocker_count: o.reply.report.blocker_count,
+              error: null,
+            }
+          : {
+              ...o.participant,
+              reachable: o.code !== "unreachable" && o.code !== "outcome_unknown",
+              phase: null,
+              checkpoint_id: null,
+              lease_expires_at: null,
+              epoch: null,
+              blockers: [],
+              blocker_count: 0,
+              error: { code: o.code, detail: o.detail },
+            },
+      ),
+    };
+  }
+
+  async list(): Promise<CtlReplyOf<"list">> {
+    const { published } = await this.options.catalog.scan();
+    return { latest: await this.options.catalog.latest(), checkpoints: published };
+  }
+
+  async get(request: CtlRequestOf<"get">): Promise<CtlReplyOf<"get">> {
+    const manifest = await this.options.catalog.get(request.checkpoint_id);
+    return { latest: (await this.options.catalog.latest()) === request.checkpoint_id, manifest };
+  }
+
+  // ---- recovery (new leader) ---------------------------------------------------------------
+
+  /**
+   * Completes what a previous leader journaled (presumed abort): a decided commit is re-driven and,
+   * for the convenience op, published; anything else is resumed (a failed or interrupted restore
+   * first retires attempt+1 everywhere). Runs once leadership is ready, before any controller op.
+   */
+  recover(): Promise<{ checkpoint_id: string; action: string }[]> {
+    return this.lock.run(async () => {
+      const done: { checkpoint_id: string; action: string }[] = [];
+      for (const entry of await this.options.journal.list()) {
+        const action = await this.recoverOne(entry).catch((error: unknown) => {
+          this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
+          return "failed";
+        });
+        done.push({ checkpoint_id: entry.checkpoint_id, action });
+      }
+      return done;
+    });
+  }
+
+  private async recoverOne(entry: JournalEntry): Promise<string> {
+    const log = this.log.child({ checkpoint_id: entry.checkpoint_id, previous_epoch: entry.epoch });
+    const epoch = this.options.leadership.epoch();
+    const deadlineMs = this.options.clock.now() + this.options.defaultTimeoutMs;
+    const open: OpenCheckpoint = {
+      id: entry.checkpoint_id,
+      phase: "prepared",
+      epoch,
+      members: entry.participants,
+      preparedAt: entry.prepared_at,
+      restarts: entry.restarts,
+      dir: entry.checkpoint_dir,
+      scope: entry.scope,
+      stop: entry.stop,
+      autoPublish: entry.auto_publish,
+      controllerState: entry.controller_state,
+    };
+    this.open = open;
+    switch (entry.state) {
+      case "decided": {
+        log.info({ state: entry.state }, "recovery_redrive_commit");
+        try {
+          await this.doCommit(open.id, deadlineMs, entry.scope, entry.stop, undefined);
+        } catch (error) {
+          log.warn({ err: error }, "recovery_commit_failed_resuming");
+          await this.abort(open.id, deadlineMs, undefined);
+          return "commit_failed_resumed";
+        }
+        if (!entry.auto_publish) return "committed";
+        await this.doPublish(open.id, entry.controller_state);
+        await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
+        return "committed_published_resumed";
+      }
+      case "restored":
+        open.phase = "restored";
+        return "restored";
+      case "restoring":
+        log.info({ state: entry.state }, "recovery_restore_cleanup");
+        await this.restoreCleanup(open, deadlineMs, undefined);
+        return "retired_resumed";
+      case "open":
+      case "published":
+        log.info({ state: entry.state }, "recovery_resume");
+        await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
+        return "resumed";
+      default: {
+        const unknownState: never = entry.state;
+        throw new Error(`unknown journal state ${String(unknownState)}`);
+      }
+    }
+  }
+
+  // ---- phases ---------------------------------------------------------------------------
+
+  private async doPrepare(
+    id: string,
+    deadlineMs: number,
+    autoPublish: boolean,
+    controllerState: ControllerStateInput | null,
+    ctx: Context | undefined,
+  ): Promise<CtlReplyOf<"prepare">> {
+    let open = this.open;
+    if (open && open.id !== id) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open (${open.phase}); resume it first`);
+    if (open && open.phase !== "preparing" && open.phase !== "prepared") {
+      throw new CheckpointError("invalid_phase", `checkpoint ${id} is ${open.phase}; prepare is not allowed`);
+    }
+    if (!open) {
+      if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
+      if (await this.isPublished(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
+      const epoch = this.options.leadership.epoch();
+      const members = await this.options.membership.list();
+      if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
+      open = {
+        id,
+        phase: "preparing",
+        epoch,
+        members,
+        preparedAt: this.options.clock.now() / 1000,
+        restarts: [],
+        dir: null,
+        scope: null,
+        stop: false,
+        autoPublish,
+        controllerState,
+      };
+      // Journaled before the first prepare: a successor resumes whatever this one opened.
+      await this.journal(open, "open");
+      this.open = open;
+    }
+    const epoch = open.epoch;
+    const { results, stoppedAt } = await runStages(
+      PREPARE_STAGES,
+      open.members,
+      (m, c) => this.send(m, "prepare", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
+      { spanName: "checkpoint.coordinate.prepare.stage", parent: ctx, proceed: (o) => o.every((x) => x.ok && x.reply.phase === "prepared") },
+    );
+    const outcomes = results.flatMap((r) => r.outcomes);
+    const participants = outcomes.map((o) =>
+      o.ok
+        ? { ...o.participant, ok: true, phase: o.reply.phase, report: o.reply.report, error: null }
+        : { ...o.participant, ok: false, phase: null, report: null, error: { code: o.code, detail: o.detail } },
+    );
+    const blockers = outcomes
+      .filter((o) => !o.ok || o.reply.phase !== "prepared")
+      .map((o) =>
+        o.ok
+          ? { ...o.participant, blockers: o.reply.report.blockers, blocker_count: o.reply.report.blocker_count, code: null }
+          : { ...o.participant, blockers: [], blocker_count: 0, code: o.code },
+      );
+    const restarts = [...new Set(outcomes.flatMap((o) => (o.ok ? o.reply.report.restarts : [])))].sort();
+    const prepared = stoppedAt === null;
+    if (prepared) {
+      open.phase = "prepared";
+      open.restarts = restarts;
+    }
+    this.log.info({ checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt, blockers: blockers.length }, prepared ? "prepared" : "prepare_incomplete");
+    return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
+  }
+
+  private async doCommit(
+    id: string,
+    deadlineMs: number,
+    scope: EpisodeId[] | null,
+    stop: boolean,
+    ctx: Context | undefined,
+  ): Promise<CtlReplyOf<"commit">> {
+    const open = this.requireOpen(id, "commit");
+    if (open.phase === "committed" || open.phase === "published") {
+      if (sameScope(open.scope, scope) && open.stop === stop && open.commit) return open.commit;
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was committed with another scope or stop flag`);
+    }
+    if (open.phase !== "prepared" && open.phase !== "committing") {
+      throw new CheckpointError("invalid_phase", `checkpoint ${id} is ${open.phase}; commit needs every participant prepared`);
+    }
+    if (open.phase === "committing" && (!sameScope(open.scope, scope) || open.stop !== stop)) {
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} is being committed with another scope or stop flag`);
+    }
+    const dir = this.options.catalog.dirFor(id);
+    const epoch = open.epoch;
+    await this.options.hooks?.beforeDecision?.(id);
+    if (open.phase === "prepared") {
+      open.dir = dir;
+      open.scope = scope;
+      open.stop = stop;
+      // The decision is durable before any commit leaves: a successor completes it.
+      await this.journal(open, "decided");
+      open.phase = "committing";
+    }
+    await this.options.hooks?.afterDecision?.(id);
+    const outcomes = await inSpan("checkpoint.coordinate.commit.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, (c) =>
+      runAll(open.members, (m) =>
+        this.send(m, "commit", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: dir, episode_ids: scope, stop }, deadlineMs, epoch, c),
+      ),
+    );
+    const failures = failuresOf(outcomes);
+    if (failures.length) throw combinedFailure("commit", failures);
+    const participants: ParticipantEntry[] = outcomes.map((o) => {
+      if (!o.ok) throw new Error("unreachable");
+      return {
+        kind: o.participant.kind,
+        instance: o.participant.instance,
+        manifest_path: o.reply.manifest_path,
+        manifest_sha256: o.reply.manifest_sha256,
+        records_sha256: o.reply.manifest.records_sha256,
+        record_count: o.reply.manifest.record_count,
+        episode_ids: o.reply.episode_ids,
+        extras: o.reply.extras,
+      };
+    });
+    open.phase = "committed";
+    open.commit = { checkpoint_id: id, epoch, checkpoint_dir: dir, participants };
+    return open.commit;
+  }
+
+  private async doPublish(id: string, controllerState: ControllerStateInput | null): Promise<CtlReplyOf<"publish">> {
+    const open = this.requireOpen(id, "publish");
+    if (open.phase === "published" && open.publish) return open.publish;
+    if (open.phase !== "committed" || !open.commit) {
+      throw new CheckpointError("invalid_phase", `checkpoint ${id} is ${open.phase}; publish needs every commit to have succeeded`);
+    }
+    this.options.leadership.assert(open.epoch);
+    const publishedAt = this.options.clock.now() / 1000;
+    const result = await this.options.writer.publish({
+      checkpointId: id,
+      epoch: open.epoch,
+      preparedAt: open.preparedAt,
+      publishedAt,
+      stop: open.stop,
+      scope: open.scope,
+      restarts: open.restarts,
+      participants: open.commit.participants,
+      controllerState: controllerState ?? open.controllerState,
+    });
+    open.phase = "published";
+    open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted: result.deleted };
+    await this.journal(open, "published");
+    coordinatorTelemetry().published.add(1);
+    this.log.info({ checkpoint_id: id, epoch: open.epoch, deleted: result.deleted }, "published");
+    return open.publish;
+  }
+
+  private async doResume(id: string, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
+    const open = this.open;
+    if (!open || open.id !== id) {
+      if (this.closed.has(id)) return { checkpoint_id: id, participants: [] };
+      if (open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open, not ${id}`);
+      throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator`);
+    }
+    const epoch = this.options.leadership.epoch();
+    const { results } = await runStages(
+      RESUME_STAGES,
+      open.members,
+      (m, c) => this.send(m, "resume", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
+      { spanName: "checkpoint.coordinate.resume.stage", parent: ctx },
+    );
+    // Closed even when some failed: an unreachable participant resumes when its lease expires.
+    this.open = undefined;
+    this.closed.add(id);
+    await this.options.journal.remove(id);
+    const outcomes = results.flatMap((r) => r.outcomes);
+    const failures = failuresOf(outcomes);
+    if (failures.length) throw combinedFailure("resume", failures);
+    return { checkpoint_id: id, participants: outcomes.map((o) => ({ ...o.participant, idempotent: o.ok ? o.reply.idempotent : false })) };
+  }
+
+  /** Best-effort abort after a failed step of the convenience op; the original error is what the caller sees. */
+  private async abort(id: string, deadlineMs: number, ctx: Context | undefined): Promise<void> {
+    try {
+      await this.doResume(id, Math.max(deadlineMs, this.options.clock.now() + 5000), ctx);
+    } catch (error) {
+      this.log.warn({ checkpoint_id: id, err: error }, "abort_resume_incomplete");
+    }
+  }
+
+  /** All-or-nothing restore clean-up: retire attempt+1 everywhere, then resume everyone. */
+  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<void> {
+    const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
+    const epoch = open.epoch;
+    const replacements = (open.scope ?? []).map(nextAttempt);
+    if (replacements.length) {
+      const { results } = await runStages(
+        RETIRE_STAGES,
+        open.members,
+        (m, c) =>
+          this.send(m, "retire", { checkpoint_id: open.id, deadline_ts: cleanupDeadline / 1000, epoch, episode_ids: replacements }, cleanupDeadline, epoch, c),
+        { spanName: "checkpoint.coordinate.restore.retire", parent: ctx },
+      );
+      const failures = failuresOf(results.flatMap((r) => r.outcomes));
+      if (failures.length) this.log.warn({ checkpoint_id: open.id, failures: failures.map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.code}`) }, "restore_retire_incomplete");
+    }
+    try {
+      await this.doResume(open.id, cleanupDeadline, ctx);
+    } catch (error) {
+      this.log.warn({ checkpoint_id: open.id, err: error }, "restore_resume_incomplete");
+    }
+  }
+
+  // ---- helpers --------------------------------------------------------------------------
+
+  private async op<T>(name: string, id: string, fn: (ctx: Context) => Promise<T>): Promise<T> {
+    return this.lock.run(async () => {
+      const started = this.options.clock.now();
+      try {
+        const result = await inSpan(`checkpoint.coordinate.${name}`, { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name }, undefined, (ctx) => fn(ctx));
+        coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: "ok" });
+        return result;
+      } catch (error) {
+        const code = error instanceof CheckpointError ? error.code : "internal_error";
+        coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });
+        this.log.warn({ op: name, checkpoint_id: id, code, err: error }, "controller_op_failed");
+        throw error;
+      }
+    });
+  }
+
+  private async send<O extends Op>(
+    member: ParticipantRef,
+    op: O,
+    request: RequestOf<O>,
+    deadlineMs: number,
+    epoch: number,
+    ctx: Context | undefined,
+  ): Promise<Outcome<O>> {
+    // Fencing on the sending side: a demoted coordinator stops before the participants must refuse it.
+    this.options.leadership.assert(epoch);
+    const outcome = await this.options.client.call(member, op, request, deadlineMs, ctx);
+    if (!outcome.ok) {
+      this.log.warn({ checkpoint_id: (request as { checkpoint_id?: string }).checkpoint_id, kind: member.kind, instance: member.instance, op, code: outcome.code, detail: outcome.detail }, "participant_refused");
+    }
+    return outcome;
+  }
+
+  private requireOpen(id: string, op: string): OpenCheckpoint {
+    const open = this.open;
+    if (open && open.id === id) return open;
+    if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed`);
+    if (open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open, not ${id}`);
+    throw new CheckpointError("not_found", `checkpoint ${id} is not open; ${op} needs a prepared checkpoint`);
+  }
+
+  private async outsideCheckpoint(
+    op: string,
+    requestedId: string | undefined,
+    deadlineTs: number | undefined,
+  ): Promise<{ id: string; members: ParticipantRef[]; epoch: number; deadlineMs: number }> {
+    const deadlineMs = this.deadline(deadlineTs);
+    const open = this.open;
+    if (open && open.phase !== "restored") {
+      throw new CheckpointError("invalid_phase", `${op} is refused while checkpoint ${open.id} is open (${open.phase}); resume first`);
+    }
+    if (open && requestedId !== undefined && requestedId !== open.id) {
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is restored; ${op} must name it`);
+    }
+    const epoch = this.options.leadership.epoch();
+    const members = open ? open.members : await this.options.membership.list();
+    if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
+    return { id: open ? open.id : (requestedId ?? op), members, epoch, deadlineMs };
+  }
+
+  private deadline(deadlineTs: number | undefined): number {
+    const now = this.options.clock.now();
+    if (deadlineTs === undefined) return now + this.options.defaultTimeoutMs;
+    const ms = deadlineTs * 1000;
+    if (ms <= now) throw new CheckpointError("deadline_exceeded", "deadline_ts is already in the past");
+    return ms;
+  }
+
+  private async isPublished(id: string): Promise<boolean> {
+    try {
+      await this.options.catalog.get(id);
+      return true;
+    } catch (error) {
+      if (error instanceof CheckpointError && error.code === "not_found") return false;
+      return true;
+    }
+  }
+
+  private journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {
+    return this.options.journal.record({
+      checkpoint_id: open.id,
+      epoch: open.epoch,
+      state,
+      participants: open.members.map((m) => ({ kind: m.kind, instance: m.instance })),
+      prepared_at: open.preparedAt,
+      checkpoint_dir: open.dir,
+      scope: open.scope,
+      stop: open.stop,
+      restarts: open.restarts,
+      auto_publish: open.autoPublish,
+      controller_state: open.controllerState,
+      updated_at: this.options.clock.now(),
+    });
+  }
+}
+
+function sameScope(a: EpisodeId[] | null, b: EpisodeId[] | null): boolean {
+  if (a === null || b === null) return a === b;
+  const key = (s: EpisodeId[]) => [...new Set(s.map(captureKey))].sort().join(",");
+  return key(a) === key(b);
+}

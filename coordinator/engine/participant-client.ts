@@ -1,0 +1,151 @@
+import { context as otelContext, trace, SpanStatusCode, type Context } from "@opentelemetry/api";
+import {
+  CONTROL_MESSAGES,
+  CheckpointError,
+  ErrorReplySchema,
+  describeZodError,
+  encodeMessage,
+  participantSubject,
+  type ErrorCode,
+  type Kind,
+  type Op,
+  type ReplyOf,
+  type RequestOf,
+} from "../../protocol/index.js";
+import type { Clock } from "./clock.js";
+import { coordinatorTelemetry, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
+import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport } from "./transport.js";
+
+/** A participant as the coordinator addresses it. */
+export interface ParticipantRef {
+  kind: Kind;
+  instance: string;
+}
+
+export type Outcome<O extends Op> =
+  | { ok: true; participant: ParticipantRef; reply: ReplyOf<O> }
+  | { ok: false; participant: ParticipantRef; code: ErrorCode; detail: string };
+
+export interface ParticipantClientOptions {
+  transport: ParticipantTransport;
+  deployment: string;
+  token: string;
+  clock: Clock;
+  /** Added to the remaining time for the reply in flight. */
+  slackMs: number;
+  /** Upper bound of one try; a timed-out try is retried idempotently while the deadline allows. */
+  attemptTimeoutMs?: number;
+}
+
+/**
+ * One directed request per participant, so every outcome is attributable:
+ *   no responders → `unreachable` at once (never retried);
+ *   timeout → outcome unknown, retried with the same body while the deadline allows;
+ *   error reply → its catalog code; anything unparseable → `internal_error`.
+ * The request timeout is the time left until the deadline plus slack.
+ */
+export class ParticipantClient {
+  constructor(private readonly options: ParticipantClientOptions) {}
+
+  async call<O extends Op>(
+    participant: ParticipantRef,
+    op: O,
+    request: RequestOf<O>,
+    deadlineMs: number,
+    parent?: Context,
+  ): Promise<Outcome<O>> {
+    const { clock, transport, slackMs } = this.options;
+    const subject = participantSubject(this.options.deployment, participant.kind, participant.instance, op);
+    const body = encodeMessage(request);
+    const tracer = coordinatorTelemetry().tracer;
+    const span = tracer.startSpan(
+      `checkpoint.participant.${op}`,
+      { attributes: { [SPAN_ATTR.kind]: participant.kind, [SPAN_ATTR.instance]: participant.instance, [SPAN_ATTR.op]: op } },
+      parent ?? otelContext.active(),
+    );
+    const ctx = trace.setSpan(parent ?? otelContext.active(), span);
+    const started = clock.now();
+    let outcome: Outcome<O>;
+    try {
+      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx);
+    } catch (error) {
+      outcome = { ok: false, participant, code: "internal_error", detail: error instanceof Error ? error.message : String(error) };
+    }
+    const result = outcome.ok ? "ok" : outcome.code;
+    coordinatorTelemetry().requestDuration.record((clock.now() - started) / 1000, { op, kind: participant.kind, outcome: result });
+    if (!outcome.ok) {
+      span.setAttribute(SPAN_ATTR.code, outcome.code);
+      span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.detail });
+    }
+    span.end();
+    return outcome;
+  }
+
+  private async attempt<O extends Op>(
+    participant: ParticipantRef,
+    op: O,
+    subject: string,
+    body: string,
+    deadlineMs: number,
+    ctx: Context,
+  ): Promise<Outcome<O>> {
+    const { clock, transport, slackMs, token } = this.options;
+    for (let tries = 1; ; tries++) {
+      const remaining = deadlineMs - clock.now();
+      let timeoutMs = Math.max(remaining, 0) + slackMs;
+      if (this.options.attemptTimeoutMs !== undefined) timeoutMs = Math.min(timeoutMs, this.options.attemptTimeoutMs);
+      let text: string;
+      try {
+        text = await transport.request(subject, body, { timeoutMs, token, context: ctx });
+      } catch (error) {
+        if (error instanceof NoRespondersFailure) {
+          return { ok: false, participant, code: "unreachable", detail: `${participant.kind}/${participant.instance}: ${error.message}` };
+        }
+        if (error instanceof RequestTimeoutFailure) {
+          if (clock.now() < deadlineMs) continue;
+          return {
+            ok: false,
+            participant,
+            code: "outcome_unknown",
+            detail: `${participant.kind}/${participant.instance}: ${op} timed out after ${tries} ${tries === 1 ? "try" : "tries"}`,
+          };
+        }
+        throw error;
+      }
+      return parseReply(participant, op, text);
+    }
+  }
+}
+
+function parseReply<O extends Op>(participant: ParticipantRef, op: O, text: string): Outcome<O> {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return { ok: false, participant, code: "internal_error", detail: `${participant.kind}/${participant.instance}: reply is not JSON` };
+  }
+  const refusal = ErrorReplySchema.safeParse(value);
+  if (refusal.success) return { ok: false, participant, code: refusal.data.error.code, detail: refusal.data.error.detail };
+  const parsed = CONTROL_MESSAGES[op].reply.safeParse(value);
+  if (!parsed.success) {
+    return {
+      ok: false,
+      participant,
+      code: "internal_error",
+      detail: `${participant.kind}/${participant.instance}: invalid ${op} reply: ${describeZodError(parsed.error)}`,
+    };
+  }
+  return { ok: true, participant, reply: parsed.data as ReplyOf<O> };
+}
+
+/** One CheckpointError summarizing several failed outcomes (the first code wins). */
+export function combinedFailure(op: string, failures: { participant: ParticipantRef; code: ErrorCode; detail: string }[]): CheckpointError {
+  const first = failures[0]!;
+  const detail = failures
+    .slice(0, 20)
+    .map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.code}: ${f.detail}`)
+    .join("; ");
+  return new CheckpointError(first.code, `${op} failed on ${failures.length} participant(s): ${detail}`, {
+    data: { failures: failures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail })) },
+  });
+}

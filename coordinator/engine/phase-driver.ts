@@ -1,0 +1,54 @@
+import type { Context } from "@opentelemetry/api";
+import type { Kind } from "../../protocol/index.js";
+import { inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
+import type { ParticipantRef } from "./participant-client.js";
+
+export interface StageResult<T> {
+  stage: readonly Kind[];
+  outcomes: T[];
+}
+
+export interface StagedRunOptions<T> {
+  /** Span name prefix for the per-stage child spans. */
+  spanName: string;
+  parent?: Context;
+  /** Returns true when the stage may be followed by the next one; default: always continue. */
+  proceed?: (outcomes: T[]) => boolean;
+}
+
+/** Members of the given kinds, in a stable order (instance name). */
+export function membersOf<P extends ParticipantRef>(members: readonly P[], kinds: readonly Kind[]): P[] {
+  return members.filter((m) => kinds.includes(m.kind)).sort((a, b) => (a.instance < b.instance ? -1 : a.instance > b.instance ? 1 : 0));
+}
+
+/**
+ * Staged fan-out: stages run one after another, the members of a stage in parallel (one directed
+ * request each). Empty stages are skipped. `proceed` decides after each stage whether to go on:
+ * prepare stops at the first stage not fully prepared; resume and clean-up retire go on past failures.
+ */
+export async function runStages<P extends ParticipantRef, T>(
+  stages: readonly (readonly Kind[])[],
+  members: readonly P[],
+  call: (member: P, ctx: Context | undefined) => Promise<T>,
+  options: StagedRunOptions<T>,
+): Promise<{ results: StageResult<T>[]; stoppedAt: readonly Kind[] | null }> {
+  const results: StageResult<T>[] = [];
+  for (const stage of stages) {
+    const stageMembers = membersOf(members, stage);
+    if (stageMembers.length === 0) continue;
+    const outcomes = await inSpan(
+      `${options.spanName}.${stage.join("+")}`,
+      { [SPAN_ATTR.stage]: stage.join("+"), [SPAN_ATTR.participants]: stageMembers.length },
+      options.parent,
+      (ctx) => Promise.all(stageMembers.map((member) => call(member, ctx))),
+    );
+    results.push({ stage, outcomes });
+    if (options.proceed && !options.proceed(outcomes)) return { results, stoppedAt: stage };
+  }
+  return { results, stoppedAt: null };
+}
+
+/** All members at once (commit, restore, renew, status). */
+export async function runAll<P extends ParticipantRef, T>(members: readonly P[], call: (member: P) => Promise<T>): Promise<T[]> {
+  return Promise.all(members.map((member) => call(member)));
+}

@@ -1,0 +1,33 @@
+import type { Context } from "@opentelemetry/api";
+
+/** Nobody is subscribed on the subject (NATS no-responders): the participant is unreachable. */
+export class NoRespondersFailure extends Error {
+  constructor(subject: string) {
+    super(`no responders on ${subject}`);
+    this.name = "NoRespondersFailure";
+  }
+}
+
+/** The request timed out: the participant may or may not have acted. */
+export class RequestTimeoutFailure extends Error {
+  constructor(subject: string, timeoutMs: number) {
+    super(`no reply on ${subject} within ${timeoutMs} ms`);
+    this.name = "RequestTimeoutFailure";
+  }
+}
+
+export interface TransportRequestOptions {
+  timeoutMs: number;
+  /** Bearer token sent in the Authorization header. */
+  token: string;
+  /** Trace context injected as W3C traceparent/tracestate headers. */
+  context?: Context;
+}
+
+/**
+ * One directed request/reply. The NATS implementation maps no-responders and timeouts to the two
+ * failure classes above; unit tests use in-memory fakes.
+ */
+export interface ParticipantTransport {
+  request(subject: string, body: string, options: TransportRequestOptions): Promise<string>;
+}

@@ -1,0 +1,132 @@
+import type { KV } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { Logger } from "pino";
+import { CheckpointError, leaderBucket } from "../../protocol/index.js";
+import { systemClock, type Clock } from "../engine/clock.js";
+import { openBucketAsserted } from "../membership/kv-bucket.js";
+import { coordinatorTelemetry } from "../telemetry/coordinator-telemetry.js";
+import type { Leadership, LeadershipState } from "./leadership.js";
+
+export const LEADER_KEY = "coordinator";
+
+export interface LeaderLeaseOptions {
+  nc: NatsConnection;
+  deployment: string;
+  id: string;
+  /** Lease period = the leader bucket's max_age. */
+  leaseMs: number;
+  clock?: Clock;
+  logger?: Logger;
+  /** Called once leadership became usable (after the first lease period), with the epoch. */
+  onReady?: (epoch: number) => void | Promise<void>;
+  /** Called when leadership is lost. */
+  onLost?: (epoch: number) => void;
+}
+
+/**
+ * Leader election on a JetStream KV bucket whose max_age is the lease period (2.9-compatible: no
+ * per-key TTL). Campaign = `create` (succeeds only when the key is absent); the revision it returns
+ * is the epoch. The leader renews every third of the lease with `update` on the last revision; any
+ * failure demotes at once. A new leader waits one full lease period before it is ready, so a
+ * deposed leader has time to notice, and participants fence lower epochs anyway.
+ */
+export class LeaderLease implements Leadership {
+  private kv: KV | undefined;
+  private heldEpoch: number | null = null;
+  private lastRevision = 0;
+  private readyAt = Infinity;
+  private readyFired = false;
+  private timer: (() => void) | undefined;
+  private stopped = false;
+  private readonly clock: Clock;
+
+  constructor(private readonly options: LeaderLeaseOptions) {
+    this.clock = options.clock ?? systemClock;
+  }
+
+  async start(): Promise<void> {
+    this.kv = await openBucketAsserted(this.options.nc, leaderBucket(this.options.deployment), { history: 1, ttl: this.options.leaseMs });
+    await this.tick();
+  }
+
+  epoch(): number {
+    if (this.heldEpoch === null) throw new CheckpointError("not_leader", `coordinator ${this.options.id} does not hold the leader lease`);
+    if (this.clock.now() < this.readyAt) throw new CheckpointError("not_leader", `coordinator ${this.options.id} is waiting out its first lease period`);
+    return this.heldEpoch;
+  }
+
+  assert(epoch: number): void {
+    if (this.epoch() !== epoch) throw new CheckpointError("not_leader", `epoch ${epoch} is no longer this coordinator's`);
+  }
+
+  state(): LeadershipState {
+    const leader = this.heldEpoch !== null;
+    return { id: this.options.id, leader, ready: leader && this.clock.now() >= this.readyAt, epoch: this.heldEpoch };
+  }
+
+  private schedule(ms: number): void {
+    if (this.stopped) return;
+    this.timer = this.clock.setTimer(() => {
+      this.tick().catch((error: unknown) => this.options.logger?.error({ err: error }, "lease_tick_failed"));
+    }, ms);
+  }
+
+  private async tick(): Promise<void> {
+    if (this.stopped) return;
+    const value = JSON.stringify({ id: this.options.id, at: this.clock.now() });
+    if (this.heldEpoch === null) {
+      try {
+        const revision = await this.kv!.create(LEADER_KEY, value);
+        this.heldEpoch = revision;
+        this.lastRevision = revision;
+        this.readyAt = this.clock.now() + this.options.leaseMs;
+        this.readyFired = false;
+        coordinatorTelemetry().leaderChanges.add(1, { event: "won" });
+        this.options.logger?.info({ epoch: revision, ready_in_ms: this.options.leaseMs }, "lease_won");
+      } catch {
+        // Someone else leads (or the server is unreachable): campaign again later.
+      }
+    } else {
+      try {
+        this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision);
+      } catch (error) {
+        this.demote(error);
+      }
+    }
+    if (this.heldEpoch !== null && !this.readyFired) {
+      const wait = this.readyAt - this.clock.now();
+      if (wait <= 0) {
+        this.readyFired = true;
+        const epoch = this.heldEpoch;
+        this.options.logger?.info({ epoch }, "lease_ready");
+        void Promise.resolve(this.options.onReady?.(epoch)).catch((error: unknown) => this.options.logger?.error({ err: error }, "on_ready_failed"));
+      } else {
+        this.schedule(Math.min(wait, this.options.leaseMs / 3));
+        return;
+      }
+    }
+    this.schedule(this.heldEpoch === null ? this.options.leaseMs / 4 : this.options.leaseMs / 3);
+  }
+
+  private demote(cause: unknown): void {
+    const epoch = this.heldEpoch;
+    if (epoch === null) return;
+    this.heldEpoch = null;
+    this.readyAt = Infinity;
+    coordinatorTelemetry().leaderChanges.add(1, { event: "lost" });
+    this.options.logger?.warn({ epoch, err: cause }, "lease_lost");
+    this.options.onLost?.(epoch);
+  }
+
+  /** Stops renewing; a leader deletes its key so a successor need not wait for expiry. */
+  async stop(release = true): Promise<void> {
+    this.stopped = true;
+    this.timer?.();
+    if (release && this.heldEpoch !== null && this.kv) {
+      const epoch = this.heldEpoch;
+      this.heldEpoch = null;
+      await this.kv.delete(LEADER_KEY, { previousSeq: this.lastRevision }).catch(() => undefined);
+      this.options.onLost?.(epoch);
+    }
+  }
+}

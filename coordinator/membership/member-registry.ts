@@ -1,0 +1,46 @@
+import type { KV } from "@nats-io/kv";
+import type { Logger } from "pino";
+import { MemberSchema, type Member } from "../../protocol/index.js";
+import type { ParticipantRef } from "../engine/participant-client.js";
+
+/** Where the engine learns the participants of a deployment. */
+export interface MembershipSource {
+  list(): Promise<ParticipantRef[]>;
+}
+
+/**
+ * The membership registry read from JetStream KV: one entry per live participant, refreshed by its
+ * heartbeat and dropped by the bucket's max_age. Malformed entries are skipped and logged.
+ */
+export class KvMemberRegistry implements MembershipSource {
+  constructor(
+    private readonly kv: KV,
+    private readonly logger?: Logger,
+  ) {}
+
+  async members(): Promise<Member[]> {
+    const keys: string[] = [];
+    for await (const key of await this.kv.keys()) keys.push(key);
+    const members: Member[] = [];
+    await Promise.all(
+      keys.map(async (key) => {
+        const entry = await this.kv.get(key);
+        if (!entry || entry.operation !== "PUT") return;
+        let value: unknown;
+        try {
+          value = entry.json();
+        } catch {
+          value = undefined;
+        }
+        const parsed = MemberSchema.safeParse(value);
+        if (parsed.success) members.push(parsed.data);
+        else this.logger?.warn({ key }, "membership_entry_invalid");
+      }),
+    );
+    return members.sort((a, b) => (a.kind + "." + a.instance < b.kind + "." + b.instance ? -1 : 1));
+  }
+
+  async list(): Promise<ParticipantRef[]> {
+    return (await this.members()).map((m) => ({ kind: m.kind, instance: m.instance }));
+  }
+}

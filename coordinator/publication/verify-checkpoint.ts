@@ -1,0 +1,138 @@
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { readFile } from "node:fs/promises";
+import { StringDecoder } from "node:string_decoder";
+import { isAbsolute, join, normalize, sep } from "node:path";
+import {
+  CheckpointError,
+  MANIFEST_FILE,
+  ParticipantManifestSchema,
+  RECORDS_FILE_PATTERN,
+  RecordBaseSchema,
+  describeZodError,
+  sha256Hex,
+  type GlobalManifest,
+} from "../../protocol/index.js";
+import type { CheckpointCatalog } from "./checkpoint-catalog.js";
+import { sha256File } from "./global-manifest-writer.js";
+
+export interface VerifiedParticipant {
+  kind: string;
+  instance: string;
+  records: number;
+  bytes: number;
+}
+
+export interface VerifyReport {
+  checkpoint_id: string;
+  participants: VerifiedParticipant[];
+  records: number;
+  bytes: number;
+}
+
+function bad(detail: string, cause?: unknown): CheckpointError {
+  return new CheckpointError("invalid_checkpoint_state", detail, cause === undefined ? {} : { cause });
+}
+
+/**
+ * Re-reads a published checkpoint end to end: the global manifest, every participant manifest (its
+ * digest as recorded globally, identity, schema), every records file (sha256 over every line with
+ * its newline, line count, each line a JSON record with an episode_id) and the controller state
+ * file. Throws a CheckpointError naming the first mismatch.
+ */
+export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId: string): Promise<VerifyReport> {
+  const manifest: GlobalManifest = await catalog.get(checkpointId);
+  const dir = catalog.dirFor(checkpointId);
+  const participants: VerifiedParticipant[] = [];
+  for (const entry of manifest.participants) {
+    const label = `${entry.kind}/${entry.instance}`;
+    const manifestPath = inside(dir, entry.manifest_path, label);
+    if (manifestPath !== join(dir, "gym", entry.kind, entry.instance, MANIFEST_FILE)) {
+      throw bad(`${label}: manifest_path ${entry.manifest_path} is not gym/${entry.kind}/${entry.instance}/${MANIFEST_FILE}`);
+    }
+    let text: string;
+    try {
+      text = await readFile(manifestPath, "utf8");
+    } catch (error) {
+      throw bad(`${label}: manifest ${entry.manifest_path} is missing`, error);
+    }
+    if (sha256Hex(text) !== entry.manifest_sha256) throw bad(`${label}: manifest digest does not match checkpoint.json`);
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch (error) {
+      throw bad(`${label}: manifest is not JSON`, error);
+    }
+    const parsed = ParticipantManifestSchema.safeParse(value);
+    if (!parsed.success) throw bad(`${label}: manifest is invalid: ${describeZodError(parsed.error)}`);
+    const m = parsed.data;
+    if (m.kind !== entry.kind || m.instance !== entry.instance) throw bad(`${label}: manifest belongs to ${m.kind}/${m.instance}`);
+    if (m.checkpoint_id !== checkpointId) throw bad(`${label}: manifest belongs to checkpoint ${m.checkpoint_id}`);
+    if (!RECORDS_FILE_PATTERN.test(m.records_file)) throw bad(`${label}: records_file ${m.records_file} has the wrong name`);
+    if (m.records_sha256 !== entry.records_sha256 || m.record_count !== entry.record_count) {
+      throw bad(`${label}: manifest digest or count disagrees with checkpoint.json`);
+    }
+    const scanned = await scanRecords(join(manifestPath, "..", m.records_file), label);
+    if (scanned.digest !== m.records_sha256) throw bad(`${label}: records digest ${scanned.digest} does not match ${m.records_sha256}`);
+    if (scanned.count !== m.record_count) throw bad(`${label}: records file has ${scanned.count} records; the manifest says ${m.record_count}`);
+    participants.push({ kind: entry.kind, instance: entry.instance, records: scanned.count, bytes: scanned.bytes });
+  }
+  const state = manifest.controller_state;
+  if (state && "file" in state) {
+    let digest: string;
+    try {
+      digest = await sha256File(inside(dir, state.file, "controller state"));
+    } catch (error) {
+      if (error instanceof CheckpointError) throw error;
+      throw bad(`controller state file ${state.file} is missing`, error);
+    }
+    if (digest !== state.sha256) throw bad(`controller state file ${state.file} digest does not match checkpoint.json`);
+  }
+  return {
+    checkpoint_id: checkpointId,
+    participants,
+    records: participants.reduce((n, p) => n + p.records, 0),
+    bytes: participants.reduce((n, p) => n + p.bytes, 0),
+  };
+}
+
+function inside(dir: string, relativePath: string, label: string): string {
+  if (isAbsolute(relativePath)) throw bad(`${label}: path ${relativePath} must be relative`);
+  const full = normalize(join(dir, relativePath));
+  if (!full.startsWith(dir + sep)) throw bad(`${label}: path ${relativePath} leaves the checkpoint directory`);
+  return full;
+}
+
+async function scanRecords(path: string, label: string): Promise<{ digest: string; count: number; bytes: number }> {
+  const hash = createHash("sha256");
+  let count = 0;
+  let bytes = 0;
+  let carry = "";
+  const decoder = new StringDecoder("utf8");
+  const check = (line: string) => {
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch (error) {
+      throw bad(`${label}: record ${count} is not JSON`, error);
+    }
+    const parsed = RecordBaseSchema.safeParse(value);
+    if (!parsed.success) throw bad(`${label}: record ${count} has no valid episode_id: ${describeZodError(parsed.error)}`);
+    count++;
+  };
+  try {
+    for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) {
+      hash.update(chunk);
+      bytes += chunk.byteLength;
+      const lines = (carry + decoder.write(chunk)).split("\n");
+      carry = lines.pop()!;
+      for (const line of lines) check(line);
+    }
+  } catch (error) {
+    if (error instanceof CheckpointError) throw error;
+    throw bad(`${label}: cannot read ${path}: ${(error as Error).message}`, error);
+  }
+  carry += decoder.end();
+  if (carry.length) check(carry);
+  return { digest: hash.digest("hex"), count, bytes };
+}
