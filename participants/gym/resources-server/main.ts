@@ -1,0 +1,58 @@
+import { startParticipant } from "../../control-plane/start-participant.js";
+import { CheckpointModeSchema, CheckpointVerifySchema, createResourcesApp, type ResourcesServer } from "../../kinds/resources/index.js";
+import { startServerRuntime } from "../server-runtime.js";
+import { CalculatorServer, calculatorServerClass } from "./calculator-server.js";
+import { CounterServer } from "./counter-server.js";
+
+/**
+ * The reference resources server process.
+ *   --server calculator (default) | counter
+ *   --mode stateless (calculator default) | restart_only | exported (counter only)
+ *   --verify replay (calculator default) | wait
+ *   --owner <routing id written into records>
+ */
+const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner"]);
+const { config, extra, logger } = runtime;
+
+function buildServer(): ResourcesServer {
+  const which = extra.server ?? "calculator";
+  if (which === "counter") {
+    if (extra.mode !== undefined && extra.mode !== "exported") throw new Error("the counter server is declared exported");
+    return new CounterServer();
+  }
+  if (which !== "calculator") throw new Error(`unknown --server ${which}`);
+  const mode = CheckpointModeSchema.parse(extra.mode ?? CalculatorServer.checkpointMode);
+  const verify = CheckpointVerifySchema.parse(extra.verify ?? CalculatorServer.checkpointVerify);
+  if (mode === "exported") throw new Error("the calculator server has no session state to export; use --mode stateless or restart_only");
+  const Server = calculatorServerClass(mode, verify);
+  return new Server();
+}
+
+let server: ResourcesServer;
+try {
+  server = buildServer();
+} catch (error) {
+  process.stderr.write(`resources-server: ${error instanceof Error ? error.message : String(error)}\n`);
+  process.exit(2);
+}
+const { app, kind } = await createResourcesApp(server, { owner: extra.owner ?? null, logger });
+if (server instanceof CalculatorServer) server.controls.routes(app);
+if (server instanceof CounterServer) app.get("/admin/counters", async () => ({ counters: Object.fromEntries(server.counters), parked: server.parked }));
+app.get("/health", async () => ({ ok: true, mode: kind.mode, verify: kind.verify }));
+const address = await app.listen({ host: "127.0.0.1", port: config.port });
+const participant = await startParticipant({
+  nc: runtime.nc,
+  deployment: config.deployment,
+  instance: config.instance,
+  token: config.token,
+  adapter: kind,
+  logger,
+  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
+  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
+});
+runtime.onShutdown(async () => {
+  await participant.stop();
+  await app.close();
+});
+logger.info({ url: address, mode: kind.mode, verify: kind.verify }, "resources server listening");
+runtime.announceReady(address);

@@ -1,0 +1,338 @@
+import type { Logger } from "pino";
+import {
+  CheckpointError,
+  captureKey,
+  nextAttempt,
+  sameEpisode,
+  type EpisodeId,
+} from "../../../protocol/index.js";
+import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
+import { AdmissionGate } from "./admission-gate.js";
+import type { JsonValue } from "./json-value.js";
+import type { CheckpointMode, CheckpointVerify } from "./resources-modes.js";
+import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
+import { ResourcesSessionRecordSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
+
+/** How a request relates to the session lifecycle. */
+export type RequestRole = "seed" | "verify" | "close" | "other";
+
+export interface ResourcesKindOptions {
+  mode: CheckpointMode;
+  verify: CheckpointVerify;
+  /** Required in `exported` mode; in other modes only `retireSessionState` is used, to free. */
+  hooks?: Partial<ResourcesSessionHooks>;
+  /** Routing owner written into records (the worker id); null for a single-worker server. */
+  owner?: string | null;
+  logger?: Logger;
+}
+
+interface Session {
+  sessionId: string;
+  episode: EpisodeId;
+  /** Restored and not yet claimed by a request of its (next) attempt. */
+  restored: boolean;
+  owner: string | null;
+}
+
+/** One admitted data-plane request; released when its response is finished or aborted. */
+export interface RequestTicket {
+  readonly episode: EpisodeId;
+  readonly sessionId: string | undefined;
+  readonly role: RequestRole;
+  /** Counted in flight (holds up prepare). */
+  readonly counted: boolean;
+}
+
+interface ActiveRequest extends RequestTicket {
+  released: boolean;
+}
+
+/**
+ * The resources participant kind: a session table learned from the requests, the admission gate,
+ * in-flight counting, export per commit scope, all-or-nothing install, and stop-then-free retire.
+ */
+export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
+  readonly kind = "resources" as const;
+  readonly recordSchema = ResourcesSessionRecordSchema;
+  readonly mode: CheckpointMode;
+  readonly verify: CheckpointVerify;
+  private readonly hooks: Partial<ResourcesSessionHooks>;
+  private readonly owner: string | null;
+  private readonly logger: Logger | undefined;
+  private readonly gate = new AdmissionGate();
+  private readonly sessions = new Map<string, Session>();
+  private readonly active = new Set<ActiveRequest>();
+  /** Sessions being retired: blockers until their retire finished. */
+  private readonly retiring = new Map<string, EpisodeId>();
+  /** Retired session ids per rollout, refused with `stale_attempt` until forget. */
+  private readonly retiredSessions = new Map<string, Set<string>>();
+  /** The same marks by session id (a cookie may come back under any prefix). */
+  private readonly retiredSessionRollout = new Map<string, string>();
+  private readonly releaseWaiters = new Set<() => void>();
+  private context: ParticipantContext | undefined;
+
+  constructor(options: ResourcesKindOptions) {
+    this.mode = options.mode;
+    this.verify = options.verify;
+    this.hooks = options.hooks ?? {};
+    this.owner = options.owner ?? null;
+    this.logger = options.logger;
+    if (this.mode === "exported") {
+      for (const hook of ["exportSessionStates", "restoreSessionStates", "retireSessionState"] as const) {
+        if (typeof this.hooks[hook] !== "function") throw new Error(`checkpointMode "exported" requires the ${hook} hook`);
+      }
+    }
+  }
+
+  attach(context: ParticipantContext): void {
+    this.context = context;
+  }
+
+  // ---- data plane ------------------------------------------------------------------------
+
+  /** True when this request may be replayed after a crash, so it neither waits nor counts. */
+  isReplayable(role: RequestRole): boolean {
+    return role === "verify" && this.verify === "replay";
+  }
+
+  /** The episode a session is bound to (live or restored), if it is known here. */
+  sessionEpisode(sessionId: string): EpisodeId | undefined {
+    return this.sessions.get(sessionId)?.episode;
+  }
+
+  /**
+   * Admits one request: waits for resume when it must, then applies the fences, then counts it.
+   * Throws a catalog error (and changes nothing) when the request is refused.
+   */
+  async admit(request: { episode: EpisodeId; sessionId: string | undefined; role: RequestRole }, signal?: AbortSignal): Promise<RequestTicket> {
+    const replayable = this.isReplayable(request.role);
+    // restart_only servers keep serving during a checkpoint; only seeds wait, so the restart set
+    // cannot change. Every other server parks non-replayable requests until resume.
+    const waits = this.mode === "restart_only" ? request.role === "seed" : !replayable;
+    if (waits) await this.gate.waitOpen(signal);
+
+    if (request.role !== "close") {
+      if (this.context?.isRetired(request.episode)) throw new CheckpointError("stale_attempt", `${captureKey(request.episode)} was retired`);
+      if (request.sessionId !== undefined && request.role !== "seed") {
+        if (this.retiredSessionRollout.has(request.sessionId)) {
+          throw new CheckpointError("stale_attempt", `session of ${request.episode.rollout_id} was retired`);
+        }
+        const session = this.sessions.get(request.sessionId);
+        if (session && !sameEpisode(session.episode, request.episode)) {
+          throw new CheckpointError("stale_attempt", `the session is bound to ${captureKey(session.episode)}, not ${captureKey(request.episode)}`);
+        }
+        // The replacement attempt's first request claims its restored session.
+        if (session?.restored) session.restored = false;
+      }
+    }
+    // restart_only never holds up prepare, except a seed already in flight: its session must
+    // show up in `restarts` before the checkpoint's restart set is read.
+    const counted = this.mode === "restart_only" ? request.role === "seed" : !replayable;
+    const ticket: ActiveRequest = { ...request, counted, released: false };
+    this.active.add(ticket);
+    if (counted) this.context?.notifyReadinessChanged();
+    return ticket;
+  }
+
+  /** Called while the request still counts in flight, after a 2xx response was produced. */
+  succeeded(ticket: RequestTicket): void {
+    if (ticket.sessionId === undefined) return;
+    if (ticket.role === "seed") this.bind(ticket.sessionId, ticket.episode);
+    else if (ticket.role === "verify" || ticket.role === "close") this.end(ticket.sessionId, ticket.episode);
+  }
+
+  /** Explicit lifecycle for protocols no route reveals (Gymnasium reset / terminal step). */
+  bind(sessionId: string, episode: EpisodeId): void {
+    const existing = this.sessions.get(sessionId);
+    if (existing && sameEpisode(existing.episode, episode)) {
+      existing.restored = false;
+      return;
+    }
+    if (existing) throw new CheckpointError("stale_attempt", `the session is bound to ${captureKey(existing.episode)}`);
+    this.sessions.set(sessionId, { sessionId, episode, restored: false, owner: this.owner });
+  }
+
+  /** Ends a session; a late request of another attempt cannot end the current attempt's session. */
+  end(sessionId: string, episode: EpisodeId): void {
+    const existing = this.sessions.get(sessionId);
+    if (existing && sameEpisode(existing.episode, episode) && !this.retiring.has(sessionId)) this.sessions.delete(sessionId);
+  }
+
+  release(ticket: RequestTicket): void {
+    const active = ticket as ActiveRequest;
+    if (active.released) return;
+    active.released = true;
+    this.active.delete(active);
+    if (active.counted) this.context?.notifyReadinessChanged();
+    for (const wake of [...this.releaseWaiters]) wake();
+  }
+
+  // ---- ParticipantKind -------------------------------------------------------------------
+
+  readiness(): KindReadiness {
+    const blockers = new Set<string>();
+    let inflight = 0;
+    for (const request of this.active) {
+      if (!request.counted) continue;
+      inflight += 1;
+      blockers.add(captureKey(request.episode));
+    }
+    for (const episode of this.retiring.values()) blockers.add(captureKey(episode));
+    const restarts = this.mode === "restart_only" ? [...new Set([...this.sessions.values()].map((s) => captureKey(s.episode)))].sort() : [];
+    return {
+      blockers: [...blockers].sort(),
+      counts: { inflight, sessions: this.sessions.size, restored: this.restoredCount(), waiting: this.gate.waiting },
+      restarts,
+    };
+  }
+
+  async closeAdmission(): Promise<void> {
+    this.gate.close();
+  }
+
+  async openAdmission(): Promise<void> {
+    this.gate.reopen();
+  }
+
+  async exportRecords(scope: EpisodeId[] | null): Promise<ResourcesSessionRecord[]> {
+    if (this.mode === "restart_only") return [];
+    const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
+    const candidates = [...this.sessions.values()].filter(
+      (s) =>
+        !this.retiring.has(s.sessionId) &&
+        !this.context?.isRetired(s.episode) &&
+        (wanted === undefined || wanted.has(captureKey(s.episode))),
+    );
+    if (this.mode === "stateless") {
+      return candidates.map((s) => ({ episode_id: s.episode, session_id: s.sessionId, state: null, owner: s.owner }));
+    }
+    const states = candidates.length ? await this.hooks.exportSessionStates!(candidates.map((s) => s.sessionId)) : {};
+    const records: ResourcesSessionRecord[] = [];
+    for (const s of candidates) {
+      if (!Object.hasOwn(states, s.sessionId)) {
+        // The server already dropped it (e.g. a verifier that cleaned up after failing).
+        this.logger?.warn({ episode: captureKey(s.episode) }, "session no longer held by the server; not exported");
+        continue;
+      }
+      records.push({ episode_id: s.episode, session_id: s.sessionId, state: states[s.sessionId] as JsonValue, owner: s.owner });
+    }
+    return records;
+  }
+
+  hasLiveState(): boolean {
+    return this.sessions.size > 0 || this.active.size > 0;
+  }
+
+  async install(records: ResourcesSessionRecord[]): Promise<void> {
+    if (this.hasLiveState()) throw new CheckpointError("invalid_checkpoint_state", "restore needs a server without sessions or requests");
+    if (records.length === 0) return;
+    if (this.mode === "restart_only") {
+      throw new CheckpointError("invalid_checkpoint_state", "a restart_only resources server keeps nothing in a checkpoint; its records cannot be restored");
+    }
+    const seen = new Set<string>();
+    for (const record of records) {
+      if (seen.has(record.session_id)) throw new CheckpointError("invalid_checkpoint_state", "a session id appears twice in the records");
+      seen.add(record.session_id);
+      const next = nextAttempt(record.episode_id);
+      if (this.context?.isRetired(next)) throw new CheckpointError("stale_attempt", `${captureKey(next)} is retired`);
+      if (this.mode === "stateless" && record.state !== null) {
+        throw new CheckpointError("invalid_checkpoint_state", "a stateless server's records must carry state null");
+      }
+    }
+    if (this.mode === "exported") {
+      const states: Record<string, JsonValue> = {};
+      for (const record of records) states[record.session_id] = record.state as JsonValue;
+      try {
+        await this.hooks.restoreSessionStates!(states);
+      } catch (error) {
+        throw new CheckpointError("invalid_checkpoint_state", `restoring session states failed: ${error instanceof Error ? error.message : String(error)}`, {
+          cause: error,
+        });
+      }
+    }
+    // Cookies keep working: the client holds the same session cookie under the next attempt.
+    for (const record of records) {
+      this.sessions.set(record.session_id, { sessionId: record.session_id, episode: nextAttempt(record.episode_id), restored: true, owner: record.owner });
+    }
+  }
+
+  async retire(episodes: EpisodeId[]): Promise<void> {
+    const covers = (episode: EpisodeId) => episodes.some((e) => e.rollout_id === episode.rollout_id && episode.attempt <= e.attempt);
+    const targets = [...this.sessions.values()].filter((s) => covers(s.episode));
+    for (const s of targets) {
+      this.retiring.set(s.sessionId, s.episode);
+      let ids = this.retiredSessions.get(s.episode.rollout_id);
+      if (!ids) this.retiredSessions.set(s.episode.rollout_id, (ids = new Set()));
+      ids.add(s.sessionId);
+      this.retiredSessionRollout.set(s.sessionId, s.episode.rollout_id);
+    }
+    this.context?.notifyReadinessChanged();
+    const ids = new Set(targets.map((s) => s.sessionId));
+    // Stop: wait for every request of those sessions or attempts, replayable ones included.
+    await this.waitUntil(() => ![...this.active].some((r) => covers(r.episode) || (r.sessionId !== undefined && ids.has(r.sessionId))));
+    // Free, then drop. A failing hook leaves the session retiring (a blocker) so the retire can be retried.
+    for (const s of targets) {
+      await this.hooks.retireSessionState?.(s.sessionId);
+      this.sessions.delete(s.sessionId);
+      this.retiring.delete(s.sessionId);
+    }
+    this.context?.notifyReadinessChanged();
+  }
+
+  async forget(rolloutIds: string[]): Promise<void> {
+    for (const rollout of rolloutIds) {
+      for (const id of this.retiredSessions.get(rollout) ?? []) this.retiredSessionRollout.delete(id);
+      this.retiredSessions.delete(rollout);
+    }
+  }
+
+  async afterCommit(scope: EpisodeId[] | null, options: { stop: boolean }): Promise<void> {
+    if (scope !== null) {
+      // Restored sessions whose replacement never started and that the controller no longer
+      // continues are freed; no fence, since the rollout may still run as that attempt.
+      const wanted = new Set(scope.map(captureKey));
+      for (const s of [...this.sessions.values()]) {
+        if (!s.restored || wanted.has(captureKey(s.episode))) continue;
+        await this.hooks.retireSessionState?.(s.sessionId);
+        this.sessions.delete(s.sessionId);
+      }
+    }
+    if (options.stop && this.mode === "exported" && this.hooks.parkSessionStates) {
+      const ids = [...this.sessions.keys()];
+      if (ids.length) await this.hooks.parkSessionStates(ids);
+    }
+  }
+
+  statusExtras(): Record<string, unknown> {
+    const retired = this.retiredSessionRollout.size;
+    return {
+      mode: this.mode,
+      verify: this.verify,
+      retired_sessions: retired,
+      accepting: this.gate.isOpen,
+      sessions: this.sessions.size,
+      restored: this.restoredCount(),
+      inflight: [...this.active].filter((r) => r.counted).length,
+    };
+  }
+
+  // ---- helpers ---------------------------------------------------------------------------
+
+  private restoredCount(): number {
+    let n = 0;
+    for (const s of this.sessions.values()) if (s.restored) n += 1;
+    return n;
+  }
+
+  private async waitUntil(done: () => boolean): Promise<void> {
+    while (!done()) {
+      await new Promise<void>((resolve) => {
+        const wake = () => {
+          this.releaseWaiters.delete(wake);
+          resolve();
+        };
+        this.releaseWaiters.add(wake);
+      });
+    }
+  }
+}

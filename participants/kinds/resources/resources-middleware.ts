@@ -1,0 +1,126 @@
+import type { FastifyInstance, FastifyRequest } from "fastify";
+import { CheckpointError, parseRolloutPath, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
+import { sendRefusal } from "../../http/http-refusal.js";
+import type { RequestRole, RequestTicket, ResourcesKind } from "./resources-kind.js";
+import { HEADER_CHECKPOINT_RESTART, HEADER_CHECKPOINT_VERIFY, ROUTE_CLOSE, ROUTE_SEED, ROUTE_VERIFY } from "./resources-modes.js";
+import { newSessionId, readSessionCookie, sessionCookieHeader } from "./session-cookie.js";
+
+/** What route handlers learn about the request's session, and the explicit lifecycle hooks. */
+export interface SessionAccess {
+  /** The episode and session of an admitted request; undefined outside the checkpoint middleware. */
+  of(request: FastifyRequest): { episode: EpisodeId; sessionId: string | undefined } | undefined;
+  /** Like `of`, but the session id must exist (it always does on `/seed_session`). */
+  require(request: FastifyRequest): { episode: EpisodeId; sessionId: string };
+  /** For reset/step protocols: this request starts a session (issues the cookie if needed). */
+  started(request: FastifyRequest): string;
+  /** For reset/step protocols: this request ends its session. */
+  ended(request: FastifyRequest): void;
+}
+
+interface Admitted {
+  ticket: RequestTicket;
+  sessionId: string | undefined;
+  issueCookie: boolean;
+  seedReply: boolean;
+}
+
+function roleOf(route: string): RequestRole {
+  const path = route.split("?")[0]!.replace(/\/+$/, "");
+  if (path === ROUTE_SEED) return "seed";
+  if (path === ROUTE_VERIFY) return "verify";
+  if (path === ROUTE_CLOSE) return "close";
+  return "other";
+}
+
+/**
+ * Installs the checkpoint middleware on a fastify app (before its routes). GET/HEAD and
+ * `/ng-control/*` pass through; every other request is admitted by the resources kind:
+ * waits for resume when it must, is fenced, counted, and its success binds or ends the session
+ * while it still counts in flight.
+ */
+export function installResourcesCheckpointing(app: FastifyInstance, kind: ResourcesKind): SessionAccess {
+  const admitted = new WeakMap<FastifyRequest, Admitted>();
+
+  app.addHook("onRequest", async (request, reply) => {
+    if (request.method === "GET" || request.method === "HEAD") return;
+    const path = request.url.split("?")[0]!;
+    if (path.startsWith("/ng-control/")) return;
+    const abort = new AbortController();
+    const onClose = () => abort.abort();
+    reply.raw.once("close", onClose);
+    try {
+      const cookie = readSessionCookie(request.headers.cookie);
+      const parsed = parseRolloutPath(path);
+      if (parsed === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not hold a valid capture key");
+      let episode: EpisodeId;
+      let route: string;
+      if (parsed) {
+        episode = parsed.episode;
+        route = parsed.route;
+      } else {
+        const bound = cookie === undefined ? undefined : kind.sessionEpisode(cookie);
+        if (!bound) throw new CheckpointError("rollout_id_required", "send episode-scoped calls under /ng-rollout/<capture_key>/");
+        episode = bound;
+        route = path;
+      }
+      const role = roleOf(route);
+      let sessionId = cookie;
+      if (role === "seed") {
+        // A seed keeps the cookie only when it already names this episode's session.
+        const bound = cookie === undefined ? undefined : kind.sessionEpisode(cookie);
+        if (!(bound && sameEpisode(bound, episode))) sessionId = newSessionId();
+      }
+      const ticket = await kind.admit({ episode, sessionId, role }, abort.signal);
+      reply.raw.off("close", onClose);
+      admitted.set(request, { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed" });
+      if (reply.raw.destroyed || reply.raw.writableFinished) kind.release(ticket);
+      else reply.raw.once("close", () => kind.release(ticket));
+    } catch (error) {
+      reply.raw.off("close", onClose);
+      return sendRefusal(reply, error);
+    }
+  });
+
+  app.addHook("onSend", async (request, reply, payload) => {
+    const entry = admitted.get(request);
+    if (!entry) return payload;
+    if (entry.seedReply) {
+      reply.header(HEADER_CHECKPOINT_VERIFY, kind.verify);
+      if (kind.mode === "restart_only") reply.header(HEADER_CHECKPOINT_RESTART, "1");
+    }
+    if (reply.statusCode >= 200 && reply.statusCode < 300) {
+      kind.succeeded({ ...entry.ticket, sessionId: entry.sessionId });
+      if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
+    }
+    return payload;
+  });
+
+  const of = (request: FastifyRequest) => {
+    const entry = admitted.get(request);
+    return entry ? { episode: entry.ticket.episode, sessionId: entry.sessionId } : undefined;
+  };
+  return {
+    of,
+    require(request) {
+      const found = of(request);
+      if (!found?.sessionId) throw new CheckpointError("invalid_request", `no ${"ng_session"} cookie: seed a session first`);
+      return { episode: found.episode, sessionId: found.sessionId };
+    },
+    started(request) {
+      const entry = admitted.get(request);
+      if (!entry) throw new CheckpointError("invalid_request", "this request did not pass the checkpoint middleware");
+      const bound = entry.sessionId === undefined ? undefined : kind.sessionEpisode(entry.sessionId);
+      if (entry.sessionId === undefined || (bound && !sameEpisode(bound, entry.ticket.episode))) {
+        entry.sessionId = newSessionId();
+        entry.issueCookie = true;
+      }
+      kind.bind(entry.sessionId, entry.ticket.episode);
+      entry.seedReply = true;
+      return entry.sessionId;
+    },
+    ended(request) {
+      const entry = admitted.get(request);
+      if (entry?.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
+    },
+  };
+}

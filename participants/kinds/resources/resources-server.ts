@@ -1,0 +1,88 @@
+import Fastify, { type FastifyInstance } from "fastify";
+import type { Logger } from "pino";
+import { CheckpointError } from "../../../protocol/index.js";
+import { sendRefusal } from "../../http/http-refusal.js";
+import type { JsonValue } from "./json-value.js";
+import { ResourcesKind } from "./resources-kind.js";
+import { installResourcesCheckpointing, type SessionAccess } from "./resources-middleware.js";
+import { CheckpointModeSchema, CheckpointVerifySchema, type CheckpointMode, type CheckpointVerify } from "./resources-modes.js";
+import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
+
+/**
+ * Base class of an HTTP resources server. Subclasses declare what their code can do on the class:
+ *
+ *   class Calculator extends ResourcesServer {
+ *     static override readonly checkpointMode = "stateless";
+ *     static override readonly checkpointVerify = "replay";
+ *     routes(app, sessions) { app.post("/seed_session", ...); ... }
+ *   }
+ *
+ * Routes are registered under `/ng-rollout/:capture_key`. `exported` servers also implement the
+ * session hooks (export / restore / retire, optional park).
+ */
+export abstract class ResourcesServer implements Partial<ResourcesSessionHooks> {
+  /** Fails closed: a server nobody audited is restarted from input after a crash. */
+  static readonly checkpointMode: CheckpointMode = "restart_only";
+  static readonly checkpointVerify: CheckpointVerify = "wait";
+
+  abstract routes(app: FastifyInstance, sessions: SessionAccess): void | Promise<void>;
+
+  exportSessionStates?(sessionIds: string[]): Promise<Record<string, JsonValue>>;
+  restoreSessionStates?(states: Record<string, JsonValue>): Promise<void>;
+  retireSessionState?(sessionId: string): Promise<void>;
+  parkSessionStates?(sessionIds: string[]): Promise<void>;
+}
+
+export interface ResourcesAppOptions {
+  /** Routing owner written into records; null for a single-worker server. */
+  owner?: string | null;
+  logger?: Logger;
+  bodyLimit?: number;
+}
+
+export interface ResourcesApp {
+  app: FastifyInstance;
+  kind: ResourcesKind;
+  sessions: SessionAccess;
+}
+
+/** The declarations of a server instance's class, validated. */
+export function declarationsOf(server: ResourcesServer): { mode: CheckpointMode; verify: CheckpointVerify } {
+  const ctor = server.constructor as typeof ResourcesServer;
+  return { mode: CheckpointModeSchema.parse(ctor.checkpointMode), verify: CheckpointVerifySchema.parse(ctor.checkpointVerify) };
+}
+
+/** Builds the fastify app with the checkpoint middleware in front of the server's routes. */
+export async function createResourcesApp(server: ResourcesServer, options: ResourcesAppOptions = {}): Promise<ResourcesApp> {
+  const { mode, verify } = declarationsOf(server);
+  const hooks: Partial<ResourcesSessionHooks> = {};
+  if (server.exportSessionStates) hooks.exportSessionStates = server.exportSessionStates.bind(server);
+  if (server.restoreSessionStates) hooks.restoreSessionStates = server.restoreSessionStates.bind(server);
+  if (server.retireSessionState) hooks.retireSessionState = server.retireSessionState.bind(server);
+  if (server.parkSessionStates) hooks.parkSessionStates = server.parkSessionStates.bind(server);
+  const kind = new ResourcesKind({ mode, verify, hooks, owner: options.owner ?? null, ...(options.logger && { logger: options.logger }) });
+  const app = Fastify({ logger: false, bodyLimit: options.bodyLimit ?? 1024 * 1024 });
+  // Callers often POST an empty body (close_session); treat it as {}.
+  app.removeContentTypeParser("application/json");
+  app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
+    const text = typeof body === "string" ? body : body.toString("utf8");
+    if (text.trim() === "") return done(null, {});
+    try {
+      done(null, JSON.parse(text));
+    } catch {
+      done(new CheckpointError("invalid_request", "the body is not valid JSON"), undefined);
+    }
+  });
+  app.setErrorHandler((error, _request, reply) => {
+    if (error instanceof CheckpointError) return sendRefusal(reply, error);
+    const status = (error as { statusCode?: number }).statusCode ?? 500;
+    const message = error instanceof Error ? error.message : String(error);
+    if (status === 413) return sendRefusal(reply, new CheckpointError("payload_too_large", message));
+    if (status >= 400 && status < 500) return sendRefusal(reply, new CheckpointError("invalid_request", message));
+    options.logger?.error({ err: error }, "resources route failed");
+    return sendRefusal(reply, new CheckpointError("internal_error", "the resources server failed"));
+  });
+  const sessions = installResourcesCheckpointing(app, kind);
+  await app.register(async (scope) => server.routes(scope, sessions), { prefix: "/ng-rollout/:capture_key" });
+  return { app, kind, sessions };
+}

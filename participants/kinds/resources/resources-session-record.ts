@@ -1,0 +1,18 @@
+import { z } from "zod";
+import { EpisodeIdSchema } from "../../../protocol/index.js";
+
+export const SessionIdSchema = z.string().regex(/^[A-Za-z0-9_-]{8,128}$/, "session id must be 8-128 characters of [A-Za-z0-9_-]");
+
+/**
+ * One checkpointed resources session. `state` is the server's opaque JSON (null on stateless
+ * servers); `owner` is the routing id of the worker that holds the session (null: single worker).
+ */
+export const ResourcesSessionRecordSchema = z
+  .object({
+    episode_id: EpisodeIdSchema,
+    session_id: SessionIdSchema,
+    state: z.json().nullable(),
+    owner: z.string().min(1).max(200).nullable(),
+  })
+  .strict();
+export type ResourcesSessionRecord = z.infer<typeof ResourcesSessionRecordSchema>;

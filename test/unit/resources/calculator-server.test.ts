@@ -1,0 +1,77 @@
+import { describe, expect, it } from "vitest";
+import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
+import { calculate } from "../../../participants/gym/resources-server/arithmetic-expression.js";
+import { CalculatorServer, calculatorServerClass } from "../../../participants/gym/resources-server/calculator-server.js";
+
+describe("arithmetic expression", () => {
+  it("evaluates with precedence, parentheses and unary minus", () => {
+    expect(calculate("17 + 25")).toBe("42");
+    expect(calculate("2 + 3 * 4")).toBe("14");
+    expect(calculate("(2 + 3) * 4")).toBe("20");
+    expect(calculate("-3 - -4")).toBe("1");
+    expect(calculate("7 / 2")).toBe("3.5");
+    expect(calculate("1 / 3")).toBe("0.333333333333");
+  });
+
+  it("refuses anything that is not arithmetic", () => {
+    for (const bad of ["process.exit()", "1 +", "(1", "1 / 0", "2 2", "", "a", "1;2"]) {
+      expect(() => calculate(bad), bad).toThrow(/invalid expression/);
+    }
+    expect(() => calculate("(".repeat(100) + "1" + ")".repeat(100))).toThrow(/nested too deeply/);
+  });
+});
+
+describe("calculator resources server", () => {
+  it("serves seed, tool, verify and close under the rollout prefix", async () => {
+    const { app, kind } = await createResourcesApp(new CalculatorServer());
+    const seed = await app.inject({ method: "POST", url: "/ng-rollout/r1/seed_session", payload: { task: { expression: "17 + 25", tool_rounds: 1 } } });
+    expect(seed.statusCode).toBe(200);
+    expect(seed.json()).toEqual({});
+    expect(seed.headers["x-ng-checkpoint-verify"]).toBe("replay");
+    expect(seed.headers["x-ng-checkpoint-restart"]).toBeUndefined();
+    const cookie = String(seed.headers["set-cookie"]).split(";")[0]!;
+    expect(cookie).toMatch(/^ng_session=[A-Za-z0-9_-]{22}$/);
+    expect(kind.readiness().counts.sessions).toBe(1);
+
+    const tool = await app.inject({ method: "POST", url: "/ng-rollout/r1/tools/calculator", headers: { cookie }, payload: { expression: "17 + 25" } });
+    expect(tool.json()).toEqual({ result: "42" });
+    const right = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", headers: { cookie }, payload: { task: { expression: "17 + 25" }, answer: " 42\n" } });
+    expect(right.json()).toEqual({ reward: 1 });
+    expect(kind.readiness().counts.sessions).toBe(0);
+    const wrong = await app.inject({ method: "POST", url: "/ng-rollout/r2/verify", payload: { task: { expression: "17 + 25" }, answer: "41" } });
+    expect(wrong.json()).toEqual({ reward: 0 });
+    const close = await app.inject({ method: "POST", url: "/ng-rollout/r1/close_session", headers: { cookie } });
+    expect(close.statusCode).toBe(200);
+    await app.close();
+  });
+
+  it("answers bad bodies and missing prefixes with catalog codes", async () => {
+    const { app } = await createResourcesApp(new CalculatorServer());
+    const extra = await app.inject({ method: "POST", url: "/ng-rollout/r1/tools/calculator", payload: { expression: "1+1", extra: 1 } });
+    expect(extra.statusCode).toBe(400);
+    expect(extra.json().error.code).toBe("invalid_request");
+    const evil = await app.inject({ method: "POST", url: "/ng-rollout/r1/tools/calculator", payload: { expression: "require('fs')" } });
+    expect(evil.json().error.code).toBe("invalid_request");
+    const noPrefix = await app.inject({ method: "POST", url: "/verify", payload: {} });
+    expect(noPrefix.statusCode).toBe(400);
+    expect(noPrefix.json().error.code).toBe("rollout_id_required");
+    const badKey = await app.inject({ method: "POST", url: "/ng-rollout/..%2Fetc/verify", payload: {} });
+    expect(badKey.json().error.code).toBe("invalid_request");
+    const badCookie = await app.inject({ method: "POST", url: "/ng-rollout/r1/tools/calculator", headers: { cookie: "ng_session=../../x" }, payload: { expression: "1" } });
+    expect(badCookie.json().error.code).toBe("invalid_request");
+    const badJson = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", headers: { "content-type": "application/json" }, payload: "{nope" });
+    expect(badJson.json().error.code).toBe("invalid_request");
+    await app.close();
+  });
+
+  it("restart-only servers mark the seed reply as a restart", async () => {
+    const Server = calculatorServerClass("restart_only", "wait");
+    const { app, kind } = await createResourcesApp(new Server());
+    const seed = await app.inject({ method: "POST", url: "/ng-rollout/r1-a2/seed_session", payload: { task: { expression: "1" } } });
+    expect(seed.headers["x-ng-checkpoint-verify"]).toBe("wait");
+    expect(seed.headers["x-ng-checkpoint-restart"]).toBe("1");
+    expect(kind.readiness().restarts).toEqual(["r1-a2"]);
+    expect(kind.statusExtras()).toMatchObject({ mode: "restart_only", verify: "wait", retired_sessions: 0 });
+    await app.close();
+  });
+});
