@@ -9,7 +9,14 @@ import path from "node:path";
  */
 export async function writeFileAtomic(target: string, data: Uint8Array): Promise<void> {
   const dir = path.dirname(target);
-  await fs.mkdir(dir, { recursive: true });
+  const created = await fs.mkdir(dir, { recursive: true });
+  if (created !== undefined) {
+    // New directories are durable only once their own parent entries are fsynced.
+    for (let d = dir; ; d = path.dirname(d)) {
+      await fsyncDir(path.dirname(d));
+      if (d === created || d === path.dirname(d)) break;
+    }
+  }
   const temp = path.join(dir, `.${path.basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
   try {
     const handle = await fs.open(temp, "wx");

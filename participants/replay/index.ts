@@ -37,6 +37,7 @@ export {
   newReadStats,
   addReadStats,
   readRecords,
+  maxIndexBytes,
 } from "./record-reader.js";
 export type { RecordFilters, SkipReason, ReadStats, LoadedRecord, ReadOptions } from "./record-reader.js";
 export { seededRandom, sampleSorted } from "./seeded-random.js";

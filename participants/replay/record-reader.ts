@@ -109,6 +109,11 @@ export interface ReadOptions {
 
 const CHUNK = 4 << 20;
 
+/** Upper bound on an index's size for a record file of `recordBytes`. */
+export function maxIndexBytes(recordBytes: number): number {
+  return (1 << 20) + 4 * recordBytes;
+}
+
 /**
  * Yields the selected records of one file. With a valid index only the selected spans are read
  * (fs read at offsets) and parsed; otherwise the whole file is parsed line by line. A survivor whose
@@ -147,6 +152,12 @@ async function loadIndex(
   if (indexPath === null || names === null) return null;
   let text: string;
   try {
+    // An index row is far smaller than the record it describes; a much larger index is hostile.
+    if ((await fs.stat(indexPath)).size > maxIndexBytes(size)) {
+      stats.indexRejected += 1;
+      logger.warn({ file, index: indexPath }, "ignoring oversized rollout index; parsing the record file in full");
+      return null;
+    }
     text = await fs.readFile(indexPath, "utf8");
   } catch {
     return null; // not written yet (records are published first) or never: parse in full

@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import {
   encodeIndex,
   indexPathFor,
+  maxIndexBytes,
   newReadStats,
   readRecords,
   ReplayError,
@@ -191,6 +192,13 @@ describe("stale, foreign and hostile indexes", () => {
       expect(r.reads.reduce((n, x) => Math.max(n, x.position), 0)).toBeLessThanOrEqual(f.size);
     });
   }
+
+  it("ignores an oversized index without reading it", async () => {
+    const f = await fixture();
+    await writeFile(f.indexPath, (await readFile(f.indexPath, "utf8")) + "\n".repeat(maxIndexBytes(f.size)));
+    const r = await read(f.recordPath, incorrect);
+    expect([r.ids.length, r.stats.indexRejected, r.stats.indexBytesRead, r.stats.filesFullParsed]).toEqual([2, 1, 0, 1]);
+  });
 
   it("ignores an index that is not JSON lines", async () => {
     const f = await fixture();
