@@ -1,0 +1,165 @@
+import { CheckpointError, captureKey, nextAttempt, type EpisodeId } from "../../../protocol/index.js";
+import type { Clock } from "../../control-plane/clock.js";
+import { systemClock } from "../../control-plane/clock.js";
+import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
+import type { StepEpisode } from "../environment/episode-steps.js";
+import { RestorableEpisodes, type BeginOptions } from "../environment/restorable-episodes.js";
+import { AgentRecordSchema, LegacySessionSchema, type AgentRecord } from "./agent-record.js";
+import { noSessionHooks, type AgentSessionHooks } from "./agent-session-hooks.js";
+import { AgentSessions, type Activation } from "./agent-sessions.js";
+
+/**
+ * The agent participant (protocol §7): native sessions invoked by an environment server, and
+ * legacy `/run` episodes the agent owns entirely (tracked by the same step tracker as the
+ * environment). Session keys are the logical rollout id, so a replacement attempt finds its
+ * restored session.
+ */
+export class AgentKind implements ParticipantKind<AgentRecord> {
+  readonly kind = "agent" as const;
+  readonly recordSchema = AgentRecordSchema;
+  readonly sessions: AgentSessions;
+  readonly legacy: RestorableEpisodes;
+  private context: ParticipantContext | undefined;
+
+  constructor(
+    private readonly hooks: AgentSessionHooks = noSessionHooks,
+    clock: Clock = systemClock,
+  ) {
+    const isRetired = (episode: EpisodeId) => this.context?.isRetired(episode) ?? false;
+    const notify = () => this.context?.notifyReadinessChanged();
+    this.sessions = new AgentSessions(isRetired, notify);
+    this.legacy = new RestorableEpisodes(isRetired, notify, clock);
+  }
+
+  attach(context: ParticipantContext): void {
+    this.context = context;
+  }
+
+  // ---- data plane ------------------------------------------------------------------------
+
+  openSession(episode: EpisodeId, key: string = episode.rollout_id): { restored: boolean } {
+    return this.sessions.openSession(episode, key);
+  }
+
+  activate<T>(episode: EpisodeId, fn: (activation: Activation) => Promise<T>, key: string = episode.rollout_id): Promise<T> {
+    return this.sessions.activate(episode, key, fn);
+  }
+
+  async closeSession(episode: EpisodeId, key: string = episode.rollout_id): Promise<void> {
+    if (await this.sessions.closeSession(episode, key)) await this.hooks.retireAgentSession(key);
+  }
+
+  /** A legacy `/run` episode: the agent owns seed, turn loop and verify. */
+  runLegacy<T>(episode: EpisodeId, task: unknown, options: BeginOptions, fn: (episode: StepEpisode) => Promise<T>): Promise<T> {
+    return this.legacy.begin(episode, task, options, fn);
+  }
+
+  // ---- ParticipantKind -------------------------------------------------------------------
+
+  readiness(): KindReadiness {
+    const states = this.sessions.states();
+    return {
+      blockers: [...this.sessions.blockers(), ...this.legacy.steps.blockers()],
+      counts: {
+        sessions: this.sessions.size,
+        running: states.running,
+        at_boundary: states.at_boundary,
+        idle: states.idle,
+        legacy_episodes: this.legacy.steps.size,
+        restored_pending: this.sessions.restoredPending + this.legacy.pendingCount,
+      },
+      restarts: this.legacy.steps.restarts(),
+    };
+  }
+
+  async closeAdmission(): Promise<void> {
+    this.sessions.close();
+    this.legacy.steps.close();
+  }
+
+  async openAdmission(): Promise<void> {
+    this.sessions.open();
+    this.legacy.steps.open();
+  }
+
+  async exportRecords(scope: EpisodeId[] | null): Promise<AgentRecord[]> {
+    const sessions = this.sessions.exportable(scope);
+    const states = sessions.length ? await this.hooks.exportAgentSessions(sessions.map((s) => s.key)) : {};
+    const records: AgentRecord[] = sessions.map((s) => {
+      if (!(s.key in states)) throw new CheckpointError("internal_error", `the agent hooks exported no state for session ${s.key}`);
+      return { episode_id: s.episode, mode: "session", session_key: s.key, session: states[s.key] ?? null, boundary: s.boundary, episode: null };
+    });
+    for (const legacy of this.legacy.exportSnapshots(scope)) {
+      records.push({
+        episode_id: legacy.episode_id,
+        mode: "legacy",
+        session_key: legacy.episode_id.rollout_id,
+        session: { task_digest: legacy.task_digest },
+        boundary: null,
+        episode: legacy.boundary,
+      });
+    }
+    return records;
+  }
+
+  hasLiveState(): boolean {
+    return this.sessions.size > 0 || this.legacy.hasLiveState();
+  }
+
+  /** Validates every record, then installs all as attempt+1, or nothing. */
+  async install(records: AgentRecord[]): Promise<void> {
+    if (this.hasLiveState()) throw new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: sessions or episodes are live here");
+    const sessionRecords = records.filter((r) => r.mode === "session");
+    const legacyRecords = records.filter((r) => r.mode === "legacy");
+    const keys = new Set<string>();
+    for (const record of records) {
+      const target = nextAttempt(record.episode_id);
+      if (this.context?.isRetired(target)) throw new CheckpointError("stale_attempt", `${captureKey(target)} is retired; it cannot be restored`);
+      const key = `${record.mode}:${record.session_key}`;
+      if (keys.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two ${record.mode} records for ${record.session_key}`);
+      keys.add(key);
+      if (record.session_key !== record.episode_id.rollout_id) {
+        throw new CheckpointError("invalid_checkpoint_state", `session key ${record.session_key} does not name rollout ${record.episode_id.rollout_id}`);
+      }
+    }
+    const legacy = legacyRecords.map((r) => {
+      const parsed = LegacySessionSchema.safeParse(r.session);
+      if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `legacy record ${captureKey(r.episode_id)} has no valid task digest`);
+      return { episode_id: r.episode_id, task_digest: parsed.data.task_digest, boundary: r.episode };
+    });
+    // The hooks validate their own state and install all or nothing; only then do sessions appear.
+    await this.hooks.restoreAgentSessions(
+      sessionRecords.map((r) => ({ session_key: r.session_key, episode_id: nextAttempt(r.episode_id), session: r.session })),
+    );
+    this.sessions.installRestored(sessionRecords.map((r) => ({ key: r.session_key, episode: nextAttempt(r.episode_id), boundary: r.boundary })));
+    this.legacy.install(legacy);
+  }
+
+  async retire(episodes: EpisodeId[]): Promise<void> {
+    const dropped = await this.sessions.retire(episodes);
+    await this.legacy.retire(episodes);
+    for (const key of dropped) await this.hooks.retireAgentSession(key);
+  }
+
+  async forget(): Promise<void> {
+    // Retired marks live in the control plane; nothing else is kept per finished rollout.
+  }
+
+  /** Restored state the controller no longer continues is freed (not fenced: it may start that attempt over). */
+  async afterCommit(scope: EpisodeId[] | null): Promise<void> {
+    for (const key of this.sessions.unclaimedOutside(scope)) {
+      this.sessions.drop(key);
+      await this.hooks.retireAgentSession(key);
+    }
+    this.legacy.dropPendingOutside(scope);
+  }
+
+  statusExtras(): Record<string, unknown> {
+    return {
+      accepting: !this.sessions.gate.closed,
+      sessions: this.sessions.size,
+      legacy_episodes: this.legacy.steps.size,
+      restored_pending: this.sessions.restoredPending + this.legacy.pendingCount,
+    };
+  }
+}

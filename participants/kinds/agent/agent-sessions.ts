@@ -1,0 +1,268 @@
+import { CheckpointError, captureKey, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
+import { AdmissionGate } from "../environment/admission-gate.js";
+import type { Boundary } from "../environment/episode-steps.js";
+
+/**
+ * Agent sessions parked at boundaries (protocol §7). A session is `idle` between activations,
+ * `running` inside one, and `at_boundary` while parked or while it awaits a policy call made right
+ * after a boundary (the policy holds that response during a checkpoint, so the loop cannot move on).
+ */
+export type SessionState = "idle" | "running" | "at_boundary";
+
+/** What an activation's turn loop sees. */
+export interface Activation {
+  readonly episode: EpisodeId;
+  readonly sessionKey: string;
+  /** Aborted by retire or close_session. */
+  readonly signal: AbortSignal;
+  /** The restored turn-loop snapshot, handed over once; null for a fresh session and afterwards. */
+  continuation(): Boundary | null;
+  /** Reports a boundary; `snapshot` runs only if a checkpoint exports the session, and must return the state as of this call. */
+  boundary(snapshot: () => Boundary): Promise<void>;
+  /** Awaits a policy call; counts as at the boundary when made right after one. */
+  awaitingModel<T>(call: Promise<T>): Promise<T>;
+  /** The policy refused (`admission_closed`): park at the latest boundary until resume, then retry from it. */
+  park(): Promise<void>;
+}
+
+interface Session {
+  key: string;
+  episode: EpisodeId;
+  state: SessionState;
+  snapshot: (() => Boundary) | null;
+  /** A restored continuation no activation has claimed yet. */
+  restored: Boundary | null | undefined;
+  freshBoundary: boolean;
+  activation: { abort: AbortController; done: Promise<void> } | undefined;
+}
+
+const PARK_RETRY_MS = 100;
+
+export interface ExportedSession {
+  key: string;
+  episode: EpisodeId;
+  boundary: Boundary | null;
+  restored: boolean;
+}
+
+export class AgentSessions {
+  readonly gate = new AdmissionGate();
+  private readonly sessions = new Map<string, Session>();
+
+  constructor(
+    private readonly isRetired: (episode: EpisodeId) => boolean,
+    private readonly onChange: () => void = () => undefined,
+  ) {}
+
+  get size(): number {
+    return this.sessions.size;
+  }
+
+  get restoredPending(): number {
+    return [...this.sessions.values()].filter((s) => s.restored !== undefined).length;
+  }
+
+  states(): Record<SessionState, number> {
+    const counts: Record<SessionState, number> = { idle: 0, running: 0, at_boundary: 0 };
+    for (const s of this.sessions.values()) counts[s.state] += 1;
+    return counts;
+  }
+
+  stateOf(key: string): SessionState | undefined {
+    return this.sessions.get(key)?.state;
+  }
+
+  /** Sessions between boundaries block a prepare. */
+  blockers(): string[] {
+    return [...this.sessions.values()].filter((s) => s.state === "running").map((s) => captureKey(s.episode));
+  }
+
+  close(): void {
+    this.gate.close();
+    this.onChange();
+  }
+
+  open(): void {
+    this.gate.open();
+    this.onChange();
+  }
+
+  /**
+   * Opens (or re-binds) a session. The same key with another attempt → `stale_attempt`; the same
+   * (next-attempt) id re-binds a restored session. New sessions are refused while admission is closed.
+   */
+  openSession(episode: EpisodeId, key: string): { restored: boolean } {
+    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", `${captureKey(episode)} was retired`);
+    const existing = this.sessions.get(key);
+    if (existing) {
+      if (!sameEpisode(existing.episode, episode)) {
+        throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(existing.episode)}, not ${captureKey(episode)}`);
+      }
+      return { restored: existing.restored !== undefined };
+    }
+    if (this.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; no new sessions until resume");
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, activation: undefined });
+    this.onChange();
+    return { restored: false };
+  }
+
+  /** Runs one activation of an open, idle session of the same attempt. */
+  activate<T>(episode: EpisodeId, key: string, fn: (activation: Activation) => Promise<T>): Promise<T> {
+    const s = this.requireSession(episode, key);
+    if (s.state !== "idle") throw new CheckpointError("invalid_request", `session ${key} is already running an activation`);
+    const abort = new AbortController();
+    let finished!: () => void;
+    s.activation = { abort, done: new Promise<void>((resolve) => (finished = resolve)) };
+    let continuation = s.restored ?? null;
+    if (s.restored !== undefined) {
+      // Claimed: until a new boundary is reported, the restored one is still where it continues from.
+      const restoredBoundary = s.restored;
+      s.snapshot = restoredBoundary === null ? null : () => restoredBoundary;
+      s.restored = undefined;
+    }
+    this.setState(s, "running");
+    const setState = (state: SessionState) => this.setState(s, state);
+    const waitParked = async () => {
+      setState("at_boundary");
+      try {
+        await this.gate.waitOpen(abort.signal);
+      } finally {
+        if (!abort.signal.aborted) setState("running");
+      }
+    };
+    const activation: Activation = {
+      episode: s.episode,
+      sessionKey: key,
+      signal: abort.signal,
+      continuation: () => {
+        const c = continuation;
+        continuation = null;
+        return c;
+      },
+      boundary: async (snapshot) => {
+        abort.signal.throwIfAborted();
+        s.snapshot = snapshot;
+        s.freshBoundary = true;
+        if (this.gate.closed) await waitParked();
+      },
+      awaitingModel: async (call) => {
+        if (!s.freshBoundary) return call;
+        setState("at_boundary");
+        try {
+          const result = await call;
+          // A response that arrives while a checkpoint is open is used only after resume.
+          if (this.gate.closed) await this.gate.waitOpen(abort.signal);
+          return result;
+        } finally {
+          s.freshBoundary = false;
+          if (!abort.signal.aborted) setState("running");
+        }
+      },
+      park: async () => {
+        abort.signal.throwIfAborted();
+        setState("at_boundary");
+        try {
+          if (!this.gate.closed) await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
+          await this.gate.waitOpen(abort.signal);
+        } finally {
+          if (!abort.signal.aborted) setState("running");
+        }
+      },
+    };
+    return (async () => fn(activation))().finally(() => {
+      s.activation = undefined;
+      s.snapshot = null;
+      s.freshBoundary = false;
+      if (this.sessions.get(key) === s) this.setState(s, "idle");
+      finished();
+      this.onChange();
+    });
+  }
+
+  /** The environment ended the episode: cancel any activation still running, then drop the session. */
+  async closeSession(episode: EpisodeId, key: string): Promise<boolean> {
+    const s = this.sessions.get(key);
+    if (!s) return false;
+    if (!sameEpisode(s.episode, episode)) {
+      throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);
+    }
+    await this.stop(s, "closed");
+    this.sessions.delete(key);
+    this.onChange();
+    return true;
+  }
+
+  /** Sessions exported by a checkpoint: parked ones at their latest snapshot, restored ones at their continuation. */
+  exportable(scope: EpisodeId[] | null): ExportedSession[] {
+    const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
+    return [...this.sessions.values()]
+      .filter((s) => s.state !== "running" && (!wanted || wanted.has(captureKey(s.episode))))
+      .map((s) => ({
+        key: s.key,
+        episode: s.episode,
+        boundary: s.restored !== undefined ? s.restored : (s.snapshot?.() ?? null),
+        restored: s.restored !== undefined,
+      }));
+  }
+
+  /** Installs restored sessions bound to their NEXT attempt (the caller validated everything). */
+  installRestored(items: { key: string; episode: EpisodeId; boundary: Boundary | null }[]): void {
+    for (const item of items) {
+      this.sessions.set(item.key, {
+        key: item.key,
+        episode: item.episode,
+        state: "idle",
+        snapshot: null,
+        restored: item.boundary,
+        freshBoundary: false,
+        activation: undefined,
+      });
+    }
+    this.onChange();
+  }
+
+  /** Restored sessions not yet claimed whose episode is outside `scope` (commit clean-up). */
+  unclaimedOutside(scope: EpisodeId[] | null): string[] {
+    if (!scope) return [];
+    const wanted = new Set(scope.map(captureKey));
+    return [...this.sessions.values()].filter((s) => s.restored !== undefined && s.state === "idle" && !wanted.has(captureKey(s.episode))).map((s) => s.key);
+  }
+
+  drop(key: string): void {
+    if (this.sessions.delete(key)) this.onChange();
+  }
+
+  /** Retire: every session of these rollouts with attempt ≤ N is cancelled, waited for and dropped. Returns the dropped keys. */
+  async retire(episodes: EpisodeId[]): Promise<string[]> {
+    const targets = [...this.sessions.values()].filter((s) =>
+      episodes.some((e) => e.rollout_id === s.episode.rollout_id && s.episode.attempt <= e.attempt),
+    );
+    await Promise.all(targets.map((s) => this.stop(s, "retired")));
+    for (const s of targets) if (this.sessions.get(s.key) === s) this.sessions.delete(s.key);
+    if (targets.length) this.onChange();
+    return targets.map((s) => s.key);
+  }
+
+  private async stop(s: Session, why: "closed" | "retired"): Promise<void> {
+    const activation = s.activation;
+    if (!activation) return;
+    activation.abort.abort(new CheckpointError("stale_attempt", `session ${s.key} (${captureKey(s.episode)}) was ${why}`));
+    await activation.done;
+  }
+
+  private requireSession(episode: EpisodeId, key: string): Session {
+    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", `${captureKey(episode)} was retired`);
+    const s = this.sessions.get(key);
+    if (!s) throw new CheckpointError("invalid_request", `no open session ${key}; call open_session first`);
+    if (!sameEpisode(s.episode, episode)) {
+      throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);
+    }
+    return s;
+  }
+
+  private setState(s: Session, state: SessionState): void {
+    if (s.state === state) return;
+    s.state = state;
+    this.onChange();
+  }
+}

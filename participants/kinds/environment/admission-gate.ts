@@ -1,0 +1,57 @@
+/**
+ * Open/closed admission shared by the step tracker and agent sessions. Work waiting for "open"
+ * re-checks after every wake-up, so a new checkpoint that closes again before a parked waiter runs
+ * keeps it parked for that checkpoint too.
+ */
+export class AdmissionGate {
+  private closedNow = false;
+  private waiters = new Set<() => void>();
+
+  get closed(): boolean {
+    return this.closedNow;
+  }
+
+  close(): void {
+    this.closedNow = true;
+    this.wakeAll();
+  }
+
+  open(): void {
+    this.closedNow = false;
+    this.wakeAll();
+  }
+
+  /** Resolves once admission is open; rejects with the signal's reason when it aborts. */
+  async waitOpen(signal?: AbortSignal): Promise<void> {
+    while (this.closedNow) await this.nextChange(signal);
+    signal?.throwIfAborted();
+  }
+
+  /** Resolves at the next open/close (or after `timeoutMs`); rejects when `signal` aborts. */
+  nextChange(signal?: AbortSignal, timeoutMs?: number): Promise<void> {
+    signal?.throwIfAborted();
+    return new Promise<void>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
+      const done = () => {
+        this.waiters.delete(wake);
+        signal?.removeEventListener("abort", onAbort);
+        if (timer) clearTimeout(timer);
+      };
+      const wake = () => {
+        done();
+        resolve();
+      };
+      const onAbort = () => {
+        done();
+        reject(signal!.reason);
+      };
+      this.waiters.add(wake);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      if (timeoutMs !== undefined) timer = setTimeout(wake, timeoutMs);
+    });
+  }
+
+  private wakeAll(): void {
+    for (const wake of [...this.waiters]) wake();
+  }
+}

@@ -1,0 +1,287 @@
+import { CheckpointError, captureKey, type EpisodeId } from "../../../protocol/index.js";
+import { systemClock, type Clock } from "../../control-plane/clock.js";
+import { AdmissionGate } from "./admission-gate.js";
+
+/**
+ * The episode step tracker (protocol §5.1), shared by the environment participant and the agent's
+ * legacy `/run` mode.
+ *
+ * An episode is a sequence of steps; after each completed step its owner records a boundary (an
+ * opaque JSON object: the next step plus what it needs). A step still running when admission
+ * closes is either
+ *   - `wait`:   the checkpoint waits for it; the boundary after it is recorded and the episode parks;
+ *   - `replay`: the checkpoint does not wait; the episode counts as parked at the boundary before the
+ *               step, which runs again after a crash.
+ * Time parked for a checkpoint is not counted against the episode deadline.
+ */
+export type StepMode = "wait" | "replay";
+export type EpisodeState = "running" | "wait_step" | "replay_step" | "parked";
+export type Boundary = Record<string, unknown>;
+
+/** What episode code sees: its identity, its continuation and the step/boundary calls. */
+export interface StepEpisode {
+  readonly id: EpisodeId;
+  readonly key: string;
+  /** Aborted by retire (reason: `stale_attempt`) or by the episode deadline (`deadline_exceeded`). */
+  readonly signal: AbortSignal;
+  /** The restored boundary, handed over exactly once; null for a fresh episode and afterwards. */
+  continuation(): Boundary | null;
+  /** Records a completed step; parks here while a checkpoint is open. */
+  boundary(boundary: Boundary): Promise<void>;
+  /** Runs one step in `wait` or `replay` mode; a step never starts while a checkpoint is open. */
+  step<T>(mode: StepMode, fn: (signal: AbortSignal) => Promise<T>): Promise<T>;
+  /** Parks at the latest boundary until admission reopens (used when a callee refused with `admission_closed`). */
+  park(): Promise<void>;
+  /** The episode cannot be captured (e.g. a restart-only resources server); takes effect only while no checkpoint is open. */
+  markRestart(): Promise<void>;
+  /** Final clean-up: retire waits for it instead of interrupting it. */
+  finishing<T>(fn: () => Promise<T>): Promise<T>;
+}
+
+export interface ExportableEpisode<D> {
+  id: EpisodeId;
+  boundary: Boundary | null;
+  data: D;
+}
+
+export interface RunOptions<D> {
+  data: D;
+  /** The boundary a restored episode starts from; it is also what gets exported until a new one is recorded. */
+  restoredBoundary?: Boundary | null;
+  /** Episode deadline; checkpoint pauses do not count. */
+  timeoutMs?: number;
+}
+
+interface Tracked<D> {
+  id: EpisodeId;
+  key: string;
+  data: D;
+  state: EpisodeState;
+  boundary: Boundary | null;
+  continuation: Boundary | null;
+  restart: boolean;
+  retiring: boolean;
+  finishing: boolean;
+  abort: AbortController;
+  done: Promise<void>;
+  /** Remaining episode time and when the current countdown started (undefined while suspended). */
+  remainingMs: number | undefined;
+  countdownSince: number | undefined;
+  cancelTimer: (() => void) | undefined;
+}
+
+/** Park poll while the callee refused but our own admission is still open (bounded backoff). */
+const PARK_RETRY_MS = 100;
+
+export class EpisodeSteps<D = undefined> {
+  private readonly tracked = new Map<string, Tracked<D>>();
+  readonly gate = new AdmissionGate();
+  private readonly clock: Clock;
+
+  constructor(
+    private readonly onChange: () => void = () => undefined,
+    clock: Clock = systemClock,
+  ) {
+    this.clock = clock;
+  }
+
+  get size(): number {
+    return this.tracked.size;
+  }
+
+  has(episode: EpisodeId): boolean {
+    return this.tracked.has(captureKey(episode));
+  }
+
+  /** Tracked episodes of a rollout (any attempt). */
+  ofRollout(rolloutId: string): EpisodeId[] {
+    return [...this.tracked.values()].filter((t) => t.id.rollout_id === rolloutId).map((t) => t.id);
+  }
+
+  states(): Record<EpisodeState, number> {
+    const counts: Record<EpisodeState, number> = { running: 0, wait_step: 0, replay_step: 0, parked: 0 };
+    for (const t of this.tracked.values()) counts[t.state] += 1;
+    return counts;
+  }
+
+  /** Blocking = (running or in a wait step) and not a restart, or retired but not yet stopped. */
+  blockers(): string[] {
+    return [...this.tracked.values()]
+      .filter((t) => t.retiring || (!t.restart && (t.state === "running" || t.state === "wait_step")))
+      .map((t) => t.key);
+  }
+
+  restarts(): string[] {
+    return [...this.tracked.values()].filter((t) => t.restart && !t.retiring).map((t) => t.key);
+  }
+
+  /** Parked or inside a replay step, neither retiring nor a restart: exported at the latest boundary. */
+  exportable(): ExportableEpisode<D>[] {
+    return [...this.tracked.values()]
+      .filter((t) => !t.retiring && !t.restart && (t.state === "parked" || t.state === "replay_step"))
+      .map((t) => ({ id: t.id, boundary: t.boundary, data: t.data }));
+  }
+
+  close(): void {
+    if (this.gate.closed) return;
+    const now = this.clock.now();
+    for (const t of this.tracked.values()) this.suspend(t, now);
+    this.gate.close();
+    this.onChange();
+  }
+
+  open(): void {
+    if (!this.gate.closed) return;
+    this.gate.open();
+    for (const t of this.tracked.values()) this.schedule(t);
+    this.onChange();
+  }
+
+  /**
+   * Tracks one episode while `fn` runs it. A second start of a tracked attempt is refused with
+   * `stale_attempt`. The episode stays tracked until `fn` settles, so an interrupted retire can retry.
+   */
+  run<T>(episode: EpisodeId, options: RunOptions<D>, fn: (episode: StepEpisode) => Promise<T>): Promise<T> {
+    const key = captureKey(episode);
+    if (this.tracked.has(key)) throw new CheckpointError("stale_attempt", `${key} is already running here`);
+    let finished!: () => void;
+    const t: Tracked<D> = {
+      id: episode,
+      key,
+      data: options.data,
+      state: "running",
+      boundary: options.restoredBoundary ?? null,
+      continuation: options.restoredBoundary ?? null,
+      restart: false,
+      retiring: false,
+      finishing: false,
+      abort: new AbortController(),
+      done: new Promise<void>((resolve) => (finished = resolve)),
+      remainingMs: options.timeoutMs,
+      countdownSince: undefined,
+      cancelTimer: undefined,
+    };
+    this.tracked.set(key, t);
+    if (!this.gate.closed) this.schedule(t);
+    this.onChange();
+    const handle = this.handle(t);
+    const work = (async () => {
+      // A restored episode admitted while admission is still closed waits at its boundary.
+      if (this.gate.closed) await handle.park();
+      return fn(handle);
+    })();
+    return work.finally(() => {
+      t.cancelTimer?.();
+      this.tracked.delete(key);
+      finished();
+      this.onChange();
+    });
+  }
+
+  /**
+   * Retire: stops every tracked episode of these rollouts with attempt ≤ the given one (once), and
+   * waits until each has ended. Final clean-up in progress is waited for, not interrupted.
+   */
+  async retire(episodes: EpisodeId[]): Promise<void> {
+    const targets = [...this.tracked.values()].filter((t) =>
+      episodes.some((e) => e.rollout_id === t.id.rollout_id && t.id.attempt <= e.attempt),
+    );
+    for (const t of targets) {
+      if (!t.retiring) {
+        t.retiring = true;
+        if (!t.finishing) t.abort.abort(new CheckpointError("stale_attempt", `${t.key} was retired`));
+      }
+    }
+    if (targets.length) this.onChange();
+    await Promise.all(targets.map((t) => t.done));
+  }
+
+  private handle(t: Tracked<D>): StepEpisode {
+    const setState = (state: EpisodeState) => {
+      if (t.state === state) return;
+      t.state = state;
+      this.onChange();
+    };
+    const park = async () => {
+      setState("parked");
+      try {
+        if (!this.gate.closed) {
+          // Our own admission is open but a callee refused: wait briefly (or for the checkpoint to reach us).
+          await this.gate.nextChange(t.abort.signal, PARK_RETRY_MS);
+        }
+        await this.gate.waitOpen(t.abort.signal);
+      } finally {
+        if (!t.abort.signal.aborted) setState("running");
+      }
+    };
+    return {
+      id: t.id,
+      key: t.key,
+      signal: t.abort.signal,
+      continuation: () => {
+        const c = t.continuation;
+        t.continuation = null;
+        return c;
+      },
+      boundary: async (boundary) => {
+        t.abort.signal.throwIfAborted();
+        t.boundary = JSON.parse(JSON.stringify(boundary)) as Boundary;
+        t.continuation = null;
+        if (this.gate.closed) await park();
+        else setState("running");
+      },
+      step: async (mode, fn) => {
+        t.abort.signal.throwIfAborted();
+        if (this.gate.closed) await park();
+        setState(mode === "wait" ? "wait_step" : "replay_step");
+        try {
+          return await fn(t.abort.signal);
+        } finally {
+          // A replay step stays non-blocking until its boundary is recorded (the owner records it next).
+          if (mode === "wait") setState("running");
+        }
+      },
+      park,
+      markRestart: async () => {
+        // The exported set and the restart set never change during a checkpoint.
+        await this.gate.waitOpen(t.abort.signal);
+        t.restart = true;
+        this.onChange();
+      },
+      finishing: async (fn) => {
+        t.abort.signal.throwIfAborted();
+        if (this.gate.closed) await park();
+        t.finishing = true;
+        setState("running");
+        try {
+          return await fn();
+        } finally {
+          t.finishing = false;
+        }
+      },
+    };
+  }
+
+  private schedule(t: Tracked<D>): void {
+    if (t.remainingMs === undefined || t.countdownSince !== undefined) return;
+    t.countdownSince = this.clock.now();
+    t.cancelTimer = this.clock.setTimer(() => {
+      if (!t.finishing) t.abort.abort(new CheckpointError("deadline_exceeded", `episode ${t.key} ran out of time`));
+    }, t.remainingMs);
+  }
+
+  private suspend(t: Tracked<D>, now: number): void {
+    if (t.remainingMs === undefined || t.countdownSince === undefined) return;
+    t.cancelTimer?.();
+    t.cancelTimer = undefined;
+    t.remainingMs = Math.max(0, t.remainingMs - (now - t.countdownSince));
+    t.countdownSince = undefined;
+  }
+
+  /** Remaining episode time (ms), for tests and status; undefined without a deadline. */
+  remainingMs(episode: EpisodeId): number | undefined {
+    const t = this.tracked.get(captureKey(episode));
+    if (!t || t.remainingMs === undefined) return undefined;
+    return t.countdownSince === undefined ? t.remainingMs : Math.max(0, t.remainingMs - (this.clock.now() - t.countdownSince));
+  }
+}

@@ -1,0 +1,123 @@
+import { CheckpointError, canonicalDigest, captureKey, nextAttempt, type EpisodeId } from "../../../protocol/index.js";
+import type { Clock } from "../../control-plane/clock.js";
+import { systemClock } from "../../control-plane/clock.js";
+import { EpisodeSteps, type Boundary, type StepEpisode } from "./episode-steps.js";
+
+/** One episode as a checkpoint stores it: the source attempt, its task digest and its boundary. */
+export interface EpisodeSnapshot {
+  episode_id: EpisodeId;
+  task_digest: string;
+  boundary: Boundary | null;
+}
+
+export interface BeginOptions {
+  timeoutMs?: number;
+}
+
+/**
+ * The step tracker plus restored episodes waiting for their replacement (protocol §5.3). Used by
+ * the environment participant and by the agent's legacy `/run` episodes.
+ *
+ * Restored records are kept under their NEXT attempt until `begin` takes them; later checkpoints
+ * export them again as that attempt, so a second crash before re-dispatch continues as attempt+2.
+ */
+export class RestorableEpisodes {
+  readonly steps: EpisodeSteps<{ taskDigest: string }>;
+  /** Next-attempt capture key → record already rewritten to the next attempt. */
+  private readonly pending = new Map<string, EpisodeSnapshot>();
+
+  constructor(
+    private readonly isRetired: (episode: EpisodeId) => boolean,
+    onChange: () => void = () => undefined,
+    clock: Clock = systemClock,
+  ) {
+    this.steps = new EpisodeSteps(onChange, clock);
+  }
+
+  get pendingCount(): number {
+    return this.pending.size;
+  }
+
+  hasLiveState(): boolean {
+    return this.steps.size > 0 || this.pending.size > 0;
+  }
+
+  /**
+   * Starts (or continues) an episode. Checks, in order: the retired fence (`stale_attempt`), a
+   * conflicting attempt of the same rollout (`stale_attempt`), admission (`admission_closed` when
+   * closed and nothing was restored for this attempt), the restored task digest (`invalid_request`).
+   * All checks run before anything changes, so a refusal loses nothing.
+   */
+  begin<T>(episode: EpisodeId, task: unknown, options: BeginOptions, fn: (episode: StepEpisode) => Promise<T>): Promise<T> {
+    const key = captureKey(episode);
+    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", `${key} was retired`);
+    for (const other of this.steps.ofRollout(episode.rollout_id)) {
+      throw new CheckpointError("stale_attempt", `${captureKey(other)} of rollout ${episode.rollout_id} is already running here`);
+    }
+    for (const pending of this.pending.values()) {
+      if (pending.episode_id.rollout_id === episode.rollout_id && pending.episode_id.attempt > episode.attempt) {
+        throw new CheckpointError("stale_attempt", `rollout ${episode.rollout_id} was restored as ${captureKey(pending.episode_id)}; ${key} is stale`);
+      }
+    }
+    const restored = this.pending.get(key);
+    if (!restored && this.steps.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; retry after resume");
+    const taskDigest = canonicalDigest(task);
+    if (restored && restored.task_digest !== taskDigest) {
+      throw new CheckpointError("invalid_request", `${key} continues a checkpoint recorded for a different task (digest mismatch)`);
+    }
+    // Taken exactly once; a later attempt also supersedes pending records of earlier attempts.
+    for (const [pendingKey, pending] of [...this.pending]) {
+      if (pending.episode_id.rollout_id === episode.rollout_id) this.pending.delete(pendingKey);
+    }
+    return this.steps.run(
+      episode,
+      {
+        data: { taskDigest },
+        ...(restored && { restoredBoundary: restored.boundary }),
+        ...(options.timeoutMs !== undefined && { timeoutMs: options.timeoutMs }),
+      },
+      fn,
+    );
+  }
+
+  /** Live episodes parked or in a replay step, plus pending restored records (as their next attempt). */
+  exportSnapshots(scope: EpisodeId[] | null): EpisodeSnapshot[] {
+    const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
+    const live = this.steps.exportable().map((e) => ({ episode_id: e.id, task_digest: e.data.taskDigest, boundary: e.boundary }));
+    const all = [...live, ...this.pending.values()];
+    return all.filter((s) => !wanted || wanted.has(captureKey(s.episode_id)));
+  }
+
+  /** Validates the whole set first (fresh process, no retired or duplicate targets), then installs all. */
+  install(snapshots: EpisodeSnapshot[]): string[] {
+    if (this.hasLiveState()) throw new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: episodes are tracked here");
+    const next = new Map<string, EpisodeSnapshot>();
+    for (const snapshot of snapshots) {
+      const target = nextAttempt(snapshot.episode_id);
+      const key = captureKey(target);
+      if (this.isRetired(target)) throw new CheckpointError("stale_attempt", `${key} is retired; it cannot be restored`);
+      if (next.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two records for ${captureKey(snapshot.episode_id)}`);
+      next.set(key, { episode_id: target, task_digest: snapshot.task_digest, boundary: snapshot.boundary });
+    }
+    for (const [key, snapshot] of next) this.pending.set(key, snapshot);
+    return [...next.keys()];
+  }
+
+  /** Commit clean-up: pending records the controller no longer continues are dropped (not fenced). */
+  dropPendingOutside(scope: EpisodeId[] | null): void {
+    if (!scope) return;
+    const wanted = new Set(scope.map(captureKey));
+    for (const key of [...this.pending.keys()]) if (!wanted.has(key)) this.pending.delete(key);
+  }
+
+  async retire(episodes: EpisodeId[]): Promise<void> {
+    for (const [key, pending] of [...this.pending]) {
+      if (episodes.some((e) => e.rollout_id === pending.episode_id.rollout_id && pending.episode_id.attempt <= e.attempt)) this.pending.delete(key);
+    }
+    await this.steps.retire(episodes);
+  }
+
+  pendingKeys(): string[] {
+    return [...this.pending.keys()].sort();
+  }
+}

@@ -1,0 +1,209 @@
+import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointError, canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { FsCheckpointStorage, ParticipantControlPlane } from "../../../participants/index.js";
+import { EnvironmentKind, EnvironmentRecordSchema, type StepEpisode } from "../../../participants/kinds/environment/index.js";
+
+const TASK = { expression: "17 + 25", tool_rounds: 1 };
+const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+let root: string;
+const planes: ParticipantControlPlane[] = [];
+
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-env-"));
+});
+afterEach(async () => {
+  for (const plane of planes.splice(0)) plane.dispose();
+  await rm(root, { recursive: true, force: true });
+});
+
+function fresh() {
+  const kind = new EnvironmentKind();
+  const plane = new ParticipantControlPlane({ adapter: kind, instance: "env0", leaseGraceSeconds: 60, checkpointRoot: root });
+  planes.push(plane as unknown as ParticipantControlPlane);
+  const call = <O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }) => {
+    const request: Record<string, unknown> = { deadline_ts: Date.now() / 1000 + 30, epoch: 1, ...body };
+    if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+    if (op === "restore") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), ...body });
+    return plane.handle(op, request as never);
+  };
+  return { kind, plane, call };
+}
+
+async function code(work: () => unknown): Promise<string> {
+  try {
+    await work();
+  } catch (error) {
+    if (error instanceof CheckpointError) return error.code;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}
+
+/** Episode code must observe its signal so retire can stop it. */
+function abortable(promise: Promise<void>, signal: AbortSignal): Promise<void> {
+  return Promise.race([promise, new Promise<void>((_, reject) => signal.addEventListener("abort", () => reject(signal.reason), { once: true }))]);
+}
+
+/** A three-step episode: invoke_agent (replay) → verify (wait) → return; agent work is gated by the test. */
+function protocol(agentGate: Promise<void>, log: string[]) {
+  return async (e: StepEpisode) => {
+    let b = e.continuation() ?? { next: "invoke_agent" };
+    log.push(`start:${e.key}:${String(b.next)}`);
+    if (b.next === "invoke_agent") {
+      await e.boundary(b);
+      const answer = await e.step("replay", async (signal) => {
+        await abortable(agentGate, signal);
+        log.push(`agent:${e.key}`);
+        return "42";
+      });
+      b = { next: "verify", answer };
+      await e.boundary(b);
+    }
+    if (b.next === "verify") {
+      const reward = await e.step("wait", async () => (b.answer === "42" ? 1 : 0));
+      b = { next: "return", reward };
+      await e.boundary(b);
+    }
+    return b.reward as number;
+  };
+}
+
+describe("environment participant", () => {
+  it("continues a crashed episode from its boundary; a second crash before re-dispatch continues as attempt+2", async () => {
+    const log: string[] = [];
+    const first = fresh();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const run = first.kind.begin(ep("r1"), TASK, {}, protocol(gate, log));
+    void run.catch(() => undefined);
+    await flush();
+    expect((await first.call("prepare", { checkpoint_id: "c1" })).phase).toBe("prepared");
+    const commit = await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+    expect(commit.episode_ids).toEqual(["r1"]);
+
+    // crash: a fresh process restores c1; r1 is pending as r1-a1 until its replacement starts
+    const second = fresh();
+    expect(await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] })).toMatchObject({ restored: ["r1-a1"] });
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1 });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect((await second.call("prepare", { checkpoint_id: "c2" })).phase).toBe("prepared");
+    const again = await second.call("commit", { checkpoint_id: "c2", episode_ids: [ep("r1", 1)] });
+    expect(again.episode_ids).toEqual(["r1-a1"]);
+
+    // second crash before the replacement started
+    const third = fresh();
+    expect(await third.call("restore", { checkpoint_id: "c2", episode_ids: [ep("r1", 1)] })).toMatchObject({ restored: ["r1-a2"] });
+    await third.call("resume", { checkpoint_id: "c2" });
+    expect(await code(() => third.kind.begin(ep("r1", 1), TASK, {}, protocol(Promise.resolve(), log)))).toBe("stale_attempt");
+    const reward = await third.kind.begin(ep("r1", 2), TASK, {}, protocol(Promise.resolve(), log));
+    expect(reward).toBe(1);
+    expect(log).toEqual(["start:r1:invoke_agent", "start:r1-a2:invoke_agent", "agent:r1-a2"]);
+    expect(third.kind.hasLiveState()).toBe(false);
+    release();
+  });
+
+  it("refuses with documented codes and loses nothing: admission closed, digest mismatch, retired attempts, attempt conflicts", async () => {
+    const { kind, call } = fresh();
+    const hold = new Promise<void>(() => undefined);
+    const running = kind.begin(ep("busy"), TASK, {}, protocol(hold, []));
+    void running.catch(() => undefined);
+    expect(await code(() => kind.begin(ep("busy", 1), TASK, {}, protocol(hold, [])))).toBe("stale_attempt");
+    await flush();
+    await call("prepare", { checkpoint_id: "c1" });
+    expect(await code(() => kind.begin(ep("new"), TASK, {}, protocol(hold, [])))).toBe("admission_closed");
+    await call("commit", { checkpoint_id: "c1" });
+    await call("resume", { checkpoint_id: "c1" });
+
+    const other = fresh();
+    await other.call("restore", { checkpoint_id: "c1", episode_ids: [ep("busy")] });
+    await other.call("resume", { checkpoint_id: "c1" });
+    expect(await code(() => other.kind.begin(ep("busy", 1), { expression: "1 + 1", tool_rounds: 1 }, {}, protocol(hold, [])))).toBe("invalid_request");
+    expect(other.kind.statusExtras()).toMatchObject({ restored_pending: 1, episodes: 0 });
+    await other.call("retire", { checkpoint_id: "retire", episode_ids: [ep("busy", 1)] });
+    expect(other.kind.statusExtras()).toMatchObject({ restored_pending: 0 });
+    expect(await code(() => other.kind.begin(ep("busy", 1), TASK, {}, protocol(hold, [])))).toBe("stale_attempt");
+    await other.call("forget", { checkpoint_id: "forget", rollout_ids: ["busy"] });
+    await kind.retire([ep("busy")]);
+  });
+
+  it("an episode finishing while prepared waits at {next:'return'} and delivers only after resume", async () => {
+    const { kind, call } = fresh();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let delivered: number | undefined;
+    const run = kind
+      .begin(ep("f1"), TASK, {}, async (e) => {
+        await e.boundary({ next: "verify", answer: "42" });
+        const reward = await e.step("wait", async () => {
+          await gate;
+          return 1;
+        });
+        await e.boundary({ next: "return", reward });
+        return reward;
+      })
+      .then((reward) => (delivered = reward));
+    await flush();
+    const prepared = call("prepare", { checkpoint_id: "c1" });
+    await flush();
+    expect(kind.readiness().blockers).toEqual(["f1"]);
+    release();
+    expect((await prepared).phase).toBe("prepared");
+    await flush();
+    expect(delivered).toBeUndefined();
+    const commit = await call("commit", { checkpoint_id: "c1" });
+    const dir = join(root, "c1/gym/environment/env0");
+    const records = (await readFile(join(dir, commit.manifest.records_file), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    expect(records).toEqual([{ episode_id: ep("f1"), task_digest: canonicalDigest(TASK), boundary: { next: "return", reward: 1 } }]);
+    await call("resume", { checkpoint_id: "c1" });
+    await run;
+    expect(delivered).toBe(1);
+  });
+
+  it("commit clean-up drops pending restored records outside the scope", async () => {
+    const first = fresh();
+    const hold = new Promise<void>(() => undefined);
+    for (const id of ["a", "b"]) void first.kind.begin(ep(id), TASK, {}, protocol(hold, [])).catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("a"), ep("b")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    await second.call("prepare", { checkpoint_id: "c2" });
+    const commit = await second.call("commit", { checkpoint_id: "c2", episode_ids: [ep("b", 1)] });
+    expect(commit.episode_ids).toEqual(["b-a1"]);
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1 });
+    await first.kind.retire([ep("a"), ep("b")]);
+  });
+
+  it("corrupt restored records install nothing and leave the participant idle", async () => {
+    const storage = new FsCheckpointStorage();
+    const good = { episode_id: ep("g"), task_digest: canonicalDigest(TASK), boundary: { next: "verify", answer: "42" } };
+    const { WriteGate } = await import("../../../participants/index.js");
+    await storage.write({ checkpointDir: join(root, "bad"), checkpointId: "bad", kind: "environment", instance: "env0" }, [good, { episode_id: ep("h"), task_digest: "nope", boundary: null } as never], {
+      gate: new WriteGate(),
+      createdAt: 1,
+      extra: {},
+    });
+    const { kind, plane, call } = fresh();
+    expect(await code(() => call("restore", { checkpoint_id: "bad", episode_ids: [ep("g"), ep("h")] }))).toBe("invalid_checkpoint_state");
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.hasLiveState()).toBe(false);
+
+    // a flipped byte in the records file is caught by the digest
+    const dir = join(root, "c2/gym/environment/env0");
+    await storage.write({ checkpointDir: join(root, "c2"), checkpointId: "c2", kind: "environment", instance: "env0" }, [good], { gate: new WriteGate(), createdAt: 1, extra: {} });
+    const file = (await readdir(dir)).find((f) => f.startsWith("records-"))!;
+    const text = await readFile(join(dir, file), "utf8");
+    await writeFile(join(dir, file), text.replace("verify", "verifx"));
+    expect(sha256Hex(await readFile(join(dir, file)))).not.toBe(file.slice(8, 72));
+    expect(await code(() => call("restore", { checkpoint_id: "c2", episode_ids: [ep("g")] }))).toBe("invalid_checkpoint_state");
+    expect(kind.hasLiveState()).toBe(false);
+    expect(EnvironmentRecordSchema.safeParse(good).success).toBe(true);
+  });
+});

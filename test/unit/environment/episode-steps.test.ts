@@ -1,0 +1,198 @@
+import { describe, expect, it } from "vitest";
+import { CheckpointError } from "../../../protocol/index.js";
+import { ManualClock } from "../../../participants/index.js";
+import { EpisodeSteps, type StepEpisode } from "../../../participants/kinds/environment/index.js";
+
+const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+/** A latch a test opens when it wants a step to finish. */
+function latch() {
+  let open!: () => void;
+  const promise = new Promise<void>((resolve) => (open = resolve));
+  return { promise, open };
+}
+
+describe("episode steps", () => {
+  it("a wait step blocks; its boundary is recorded after it and the episode parks there", async () => {
+    const steps = new EpisodeSteps();
+    const verify = latch();
+    const run = steps.run(ep("w1"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "verify" });
+      const reward = await e.step("wait", async () => {
+        await verify.promise;
+        return 1;
+      });
+      await e.boundary({ next: "return", reward });
+      return reward;
+    });
+    await flush();
+    steps.close();
+    expect(steps.blockers()).toEqual(["w1"]);
+    expect(steps.exportable()).toEqual([]);
+    verify.open();
+    await flush();
+    expect(steps.blockers()).toEqual([]);
+    expect(steps.states().parked).toBe(1);
+    expect(steps.exportable()).toEqual([{ id: ep("w1"), boundary: { next: "return", reward: 1 }, data: undefined }]);
+    steps.open();
+    expect(await run).toBe(1);
+    expect(steps.size).toBe(0);
+  });
+
+  it("a replay step does not block; it is exported at the boundary before it and parks at the next one", async () => {
+    const steps = new EpisodeSteps();
+    const agent = latch();
+    const run = steps.run(ep("r1"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "invoke_agent" });
+      const answer = await e.step("replay", async () => {
+        await agent.promise;
+        return "42";
+      });
+      await e.boundary({ next: "verify", answer });
+      return answer;
+    });
+    await flush();
+    steps.close();
+    expect(steps.blockers()).toEqual([]);
+    expect(steps.exportable().map((x) => x.boundary)).toEqual([{ next: "invoke_agent" }]);
+    agent.open();
+    await flush();
+    expect(steps.states()).toMatchObject({ parked: 1, replay_step: 0 });
+    expect(steps.exportable().map((x) => x.boundary)).toEqual([{ next: "verify", answer: "42" }]);
+    steps.open();
+    expect(await run).toBe("42");
+  });
+
+  it("an episode without a boundary inside its first replay step is exported with boundary null", async () => {
+    const steps = new EpisodeSteps();
+    const seed = latch();
+    const run = steps.run(ep("n1"), { data: undefined }, async (e) => e.step("replay", () => seed.promise));
+    await flush();
+    steps.close();
+    expect(steps.exportable()).toEqual([{ id: ep("n1"), boundary: null, data: undefined }]);
+    seed.open();
+    steps.open();
+    await run;
+  });
+
+  it("a step never starts while a checkpoint is open: the episode parks at its latest boundary", async () => {
+    const steps = new EpisodeSteps();
+    const started: string[] = [];
+    steps.close();
+    const run = steps.run(ep("p1"), { data: undefined, restoredBoundary: { next: "verify" } }, async (e) => {
+      expect(e.continuation()).toEqual({ next: "verify" });
+      expect(e.continuation()).toBeNull();
+      await e.step("wait", async () => started.push("verify"));
+      return "done";
+    });
+    await flush();
+    expect(started).toEqual([]);
+    expect(steps.states().parked).toBe(1);
+    expect(steps.exportable().map((x) => x.boundary)).toEqual([{ next: "verify" }]);
+    steps.open();
+    expect(await run).toBe("done");
+    expect(started).toEqual(["verify"]);
+  });
+
+  it("a new checkpoint closing before a parked episode wakes keeps it parked", async () => {
+    const steps = new EpisodeSteps();
+    const run = steps.run(ep("k1"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "a" });
+      await e.boundary({ next: "b" });
+      return "ok";
+    });
+    steps.close();
+    await flush();
+    steps.open();
+    steps.close();
+    await flush();
+    expect(steps.states().parked).toBe(1);
+    steps.open();
+    expect(await run).toBe("ok");
+  });
+
+  it("parked time does not count against the episode deadline", async () => {
+    const clock = new ManualClock(1_000_000);
+    const steps = new EpisodeSteps(undefined, clock);
+    const work = latch();
+    const run = steps.run(ep("d1"), { data: undefined, timeoutMs: 1000 }, async (e) => {
+      await e.step("replay", (signal) => Promise.race([work.promise, new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason)))]));
+      return "ok";
+    });
+    clock.advance(600);
+    steps.close();
+    clock.advance(10_000); // a long checkpoint
+    expect(steps.remainingMs(ep("d1"))).toBe(400);
+    steps.open();
+    clock.advance(300);
+    expect(steps.remainingMs(ep("d1"))).toBe(100);
+    work.open();
+    expect(await run).toBe("ok");
+
+    const late = steps.run(ep("d2"), { data: undefined, timeoutMs: 50 }, (e) => new Promise((_, reject) => e.signal.addEventListener("abort", () => reject(e.signal.reason))));
+    clock.advance(51);
+    await expect(late).rejects.toMatchObject({ code: "deadline_exceeded" });
+  });
+
+  it("retire stops parked episodes and waits for them; final clean-up is not interrupted", async () => {
+    const steps = new EpisodeSteps();
+    const cleanup = latch();
+    const cleaned: string[] = [];
+    const parked = steps.run(ep("x", 0), { data: undefined }, async (e) => {
+      await e.boundary({ next: "verify" });
+      await e.boundary({ next: "return" });
+      return "never";
+    });
+    const parkedOutcome = parked.catch((error: unknown) => error);
+    const finishing = steps.run(ep("y", 1), { data: undefined }, async (e) => {
+      await e.finishing(async () => {
+        await cleanup.promise;
+        cleaned.push("y");
+      });
+      return "finished";
+    });
+    steps.close();
+    await flush();
+    expect(steps.states()).toMatchObject({ parked: 1, running: 1 });
+    const retired = steps.retire([ep("x", 0), ep("y", 3)]);
+    expect(steps.blockers().sort()).toEqual(["x", "y-a1"]);
+    await flush();
+    expect(steps.blockers()).toEqual(["y-a1"]);
+    expect(await parkedOutcome).toMatchObject({ code: "stale_attempt" });
+    cleanup.open();
+    await retired;
+    expect(await finishing).toBe("finished");
+    expect(cleaned).toEqual(["y"]);
+    expect(steps.size).toBe(0);
+  });
+
+  it("a duplicate start of a tracked attempt is refused", async () => {
+    const steps = new EpisodeSteps();
+    const hold = latch();
+    const first = steps.run(ep("dup"), { data: undefined }, () => hold.promise);
+    expect(() => steps.run(ep("dup"), { data: undefined }, async () => undefined)).toThrow(CheckpointError);
+    hold.open();
+    await first;
+  });
+
+  it("markRestart waits for reopen; restarts never block and are never exported", async () => {
+    const steps = new EpisodeSteps();
+    let episode!: StepEpisode;
+    const hold = latch();
+    const run = steps.run(ep("rs"), { data: undefined }, async (e) => {
+      episode = e;
+      await e.markRestart();
+      await hold.promise;
+    });
+    await flush();
+    expect(steps.restarts()).toEqual(["rs"]);
+    expect(episode.key).toBe("rs");
+    steps.close();
+    expect(steps.blockers()).toEqual([]);
+    expect(steps.exportable()).toEqual([]);
+    steps.open();
+    hold.open();
+    await run;
+  });
+});
