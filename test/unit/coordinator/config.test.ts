@@ -1,0 +1,54 @@
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { loadConfig, redactConfig } from "../../../coordinator/config/config-loader.js";
+import { CheckpointError } from "../../../protocol/index.js";
+
+describe("coordinator config", () => {
+  it("layers defaults < file < env < flags", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    try {
+      const file = join(dir, "c.json");
+      await writeFile(file, JSON.stringify({ deployment: "fromfile", retention: 5, lease_ms: 3000, token: "filetoken", checkpoint_root: "/data/ck", http: { port: 9000 } }));
+      const config = loadConfig({
+        file,
+        env: { GYM_CKPT_DEPLOYMENT: "fromenv", GYM_CKPT_RETENTION: "4", GYM_CKPT_HTTP: "false" },
+        flags: { retention: 3 },
+      });
+      expect(config.deployment).toBe("fromenv");
+      expect(config.retention).toBe(3);
+      expect(config.lease_ms).toBe(3000);
+      expect(config.http).toEqual({ enabled: false, host: "127.0.0.1", port: 9000 });
+      expect(config.token).toBe("filetoken");
+      expect(config.request_slack_ms).toBe(5000);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("reports every problem readably and refuses unknown keys", () => {
+    let error: unknown;
+    try {
+      loadConfig({ env: { GYM_CKPT_LEASE_MS: "soon" }, flags: { checkpoint_root: "relative/dir", bogus: 1 } });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(CheckpointError);
+    const message = (error as CheckpointError).message;
+    expect((error as CheckpointError).code).toBe("invalid_request");
+    expect(message).toContain("lease_ms");
+    expect(message).toContain("checkpoint_root");
+    expect(message).toContain("token");
+    expect(message).toContain("bogus");
+  });
+
+  it("redacts secrets when printed", () => {
+    const config = loadConfig({ env: { GYM_CKPT_TOKEN: "s3cret", GYM_CKPT_NATS_PASS: "pw", GYM_CKPT_CHECKPOINT_ROOT: "/c" } });
+    const printed = JSON.stringify(redactConfig(config));
+    expect(printed).not.toContain("s3cret");
+    expect(printed).not.toContain("pw\"");
+    expect(printed).toContain("[Redacted]");
+    expect(config.token).toBe("s3cret");
+  });
+});

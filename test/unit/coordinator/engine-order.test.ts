@@ -1,0 +1,262 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointError, type Kind } from "../../../protocol/index.js";
+import { makeEngine, type Call } from "./fake-participants.js";
+
+const STAGE: Record<string, Record<Kind, number>> = {
+  prepare: { environment: 0, model: 1, agent: 2, resources: 3 },
+  resume: { resources: 0, agent: 1, model: 2, environment: 3 },
+  retire: { environment: 0, agent: 1, model: 2, resources: 2 },
+};
+
+/** Every call of a later stage starts after every call of an earlier stage. */
+function expectStaged(calls: Call[], order: Record<Kind, number>): void {
+  for (const a of calls) for (const b of calls) if (order[a.kind] < order[b.kind]) expect(a.seq).toBeLessThan(b.seq);
+}
+
+async function refusal(promise: Promise<unknown>): Promise<CheckpointError> {
+  try {
+    await promise;
+  } catch (error) {
+    if (error instanceof CheckpointError) return error;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-engine-"));
+});
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+describe("engine ordering", () => {
+  it("checkpoint: prepare staged env→model→agent→resources, journal decided before any commit, commit all, publish, resume reversed", async () => {
+    const { engine, fake, journal, catalog } = makeEngine(root);
+    const reply = await engine.checkpoint({ checkpoint_id: "c1", episode_ids: null, stop: false, controller_state: { inline: { step: 3 } } });
+    expect(reply.participants).toBe(5);
+    const prepares = fake.ops("prepare");
+    expect(prepares).toHaveLength(5);
+    expectStaged(prepares, STAGE.prepare!);
+    const resumes = fake.ops("resume");
+    expect(resumes).toHaveLength(5);
+    expectStaged(resumes, STAGE.resume!);
+    // phases never overlap: all prepares < decision < all commits < all resumes
+    const decided = fake.events.indexOf("journal:decided");
+    const firstCommit = fake.events.findIndex((e) => e.startsWith("commit:"));
+    const lastPrepare = fake.events.map((e) => e.startsWith("prepare:")).lastIndexOf(true);
+    expect(lastPrepare).toBeLessThan(decided);
+    expect(decided).toBeLessThan(firstCommit);
+    expect(fake.events.filter((e) => e.startsWith("journal:"))).toEqual(["journal:open", "journal:decided", "journal:published"]);
+    expect(Math.max(...fake.ops("commit").map((c) => c.seq))).toBeLessThan(Math.min(...resumes.map((c) => c.seq)));
+    // every message carries the epoch and an absolute deadline
+    for (const call of fake.calls) {
+      expect(call.body.epoch).toBe(7);
+      expect(typeof call.body.deadline_ts).toBe("number");
+    }
+    expect(journal.entries.size).toBe(0);
+    const manifest = await catalog.get("c1");
+    expect(manifest.participants.map((p) => `${p.kind}/${p.instance}`)).toHaveLength(5);
+    expect(manifest.controller_state).toEqual({ inline: { step: 3 } });
+    expect(await catalog.latest()).toBe("c1");
+  });
+
+  it("prepare stops at the first stage that is not fully prepared and returns per-participant blockers", async () => {
+    const { engine, fake } = makeEngine(root);
+    fake.set("model", "m1", "prepare", { notReady: ["r7", "r8-a1"] });
+    const reply = await engine.prepare({ checkpoint_id: "c2" });
+    expect(reply.prepared).toBe(false);
+    expect(reply.stopped_at).toEqual(["model"]);
+    expect(reply.blockers).toEqual([{ kind: "model", instance: "m1", blockers: ["r7", "r8-a1"], blocker_count: 2, code: null }]);
+    expect(fake.ops("prepare").map((c) => c.kind)).toEqual(["environment", "model"]);
+    // commit refused in the wrong phase, nothing sent
+    const before = fake.calls.length;
+    expect((await refusal(engine.commit({ checkpoint_id: "c2", episode_ids: null, stop: false }))).code).toBe("invalid_phase");
+    expect(fake.calls.length).toBe(before);
+  });
+
+  it("the convenience op aborts (resumes everyone) when prepare is incomplete; unreachable is a blocker", async () => {
+    const { engine, fake } = makeEngine(root);
+    fake.set("agent", "a2", "prepare", "unreachable");
+    const error = await refusal(engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }));
+    expect(error.code).toBe("prepare_incomplete");
+    expect(error.message).toContain("agent/a2: unreachable");
+    expect(fake.ops("prepare").some((c) => c.kind === "resources")).toBe(false);
+    expect(fake.ops("commit")).toHaveLength(0);
+    expect(fake.ops("resume")).toHaveLength(5);
+    expectStaged(fake.ops("resume"), STAGE.resume!);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
+  it("resume continues past failures and reports them all", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "c4" });
+    fake.set("agent", "a1", "resume", "unreachable");
+    fake.set("model", "m1", "resume", { error: "internal_error" });
+    const error = await refusal(engine.resume({ checkpoint_id: "c4" }));
+    expect(error.code).toBe("unreachable");
+    expect(error.message).toContain("agent/a1");
+    expect(error.message).toContain("model/m1");
+    expect(fake.ops("resume").map((c) => c.kind)).toContain("environment");
+    expect(journal.entries.size).toBe(0);
+    // idempotent afterwards
+    expect((await engine.resume({ checkpoint_id: "c4" })).participants).toEqual([]);
+    // a resumed id is fenced
+    expect((await refusal(engine.prepare({ checkpoint_id: "c4" }))).code).toBe("stale_checkpoint");
+  });
+
+  it("a request timeout is retried idempotently within the deadline, then reported as outcome_unknown", async () => {
+    const { engine, fake } = makeEngine(root, { attemptTimeoutMs: 1000 });
+    fake.set("environment", "e1", "prepare", "timeout");
+    const reply = await engine.prepare({ checkpoint_id: "c5" });
+    expect(reply.prepared).toBe(false);
+    expect(reply.blockers[0]).toMatchObject({ kind: "environment", code: "outcome_unknown" });
+    const tries = fake.ops("prepare").filter((c) => c.kind === "environment");
+    expect(tries.length).toBeGreaterThan(5);
+    expect(new Set(tries.map((c) => JSON.stringify(c.body))).size).toBe(1);
+  });
+
+  it("request timeout = remaining time + slack", async () => {
+    const { engine, fake, clock } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "c6", deadline_ts: (clock.now() + 4000) / 1000 });
+    expect(fake.calls[0]!.timeoutMs).toBe(4000 + 5000);
+  });
+
+  it("unreachable is reported at once, without retries", async () => {
+    const { engine, fake } = makeEngine(root);
+    fake.set("environment", "e1", "prepare", "unreachable");
+    await engine.prepare({ checkpoint_id: "c7" });
+    expect(fake.ops("prepare")).toHaveLength(1);
+  });
+
+  it("refusals change nothing: unknown checkpoint, wrong phase, conflicting id", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    expect((await refusal(engine.commit({ checkpoint_id: "nope", episode_ids: null, stop: false }))).code).toBe("not_found");
+    expect((await refusal(engine.publish({ checkpoint_id: "nope", controller_state: null }))).code).toBe("not_found");
+    expect((await refusal(engine.resume({ checkpoint_id: "nope" }))).code).toBe("not_found");
+    expect((await refusal(engine.get({ checkpoint_id: "nope" }))).code).toBe("not_found");
+    expect((await refusal(engine.restore({ episode_ids: [] }))).code).toBe("not_found");
+    expect(fake.calls).toHaveLength(0);
+    await engine.prepare({ checkpoint_id: "c8" });
+    const sent = fake.calls.length;
+    expect((await refusal(engine.prepare({ checkpoint_id: "other" }))).code).toBe("checkpoint_conflict");
+    expect((await refusal(engine.publish({ checkpoint_id: "c8", controller_state: null }))).code).toBe("invalid_phase");
+    expect((await refusal(engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("invalid_phase");
+    expect((await refusal(engine.forget({ rollout_ids: ["r1"] }))).code).toBe("invalid_phase");
+    expect(fake.calls.length).toBe(sent);
+    expect(journal.entries.get("c8")?.state).toBe("open");
+  });
+
+  it("retire and forget go callers before callees: environment, agent, then model and resources", async () => {
+    const { engine, fake } = makeEngine(root);
+    const reply = await engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(reply.participants).toHaveLength(5);
+    expectStaged(fake.ops("retire"), STAGE.retire!);
+    await engine.forget({ rollout_ids: ["r1"] });
+    expectStaged(fake.ops("forget"), STAGE.retire!);
+    expect(fake.ops("forget")[0]!.body.checkpoint_id).toBe("forget");
+  });
+});
+
+describe("all-or-nothing restore", () => {
+  it("on a failure retires attempt+1 everywhere with deadline max(deadline, now+30s), resumes everyone and reports restore_failed", async () => {
+    const { engine, fake, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    fake.calls.length = 0;
+    fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" });
+    const deadline = (clock.now() + 2000) / 1000;
+    const error = await refusal(engine.restore({ checkpoint_id: "base", deadline_ts: deadline, episode_ids: [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r2", attempt: 2 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).toContain("model/m1");
+    const restores = fake.ops("restore");
+    expect(restores).toHaveLength(5);
+    const retires = fake.ops("retire");
+    expect(retires).toHaveLength(5);
+    expectStaged(retires, STAGE.retire!);
+    for (const r of retires) {
+      expect(r.body.episode_ids).toEqual([{ rollout_id: "r1", attempt: 1 }, { rollout_id: "r2", attempt: 3 }]);
+      expect(r.body.deadline_ts).toBe((clock.now() + 30_000) / 1000);
+      expect(r.body.checkpoint_id).toBe("base");
+    }
+    const resumes = fake.ops("resume");
+    expect(resumes).toHaveLength(5);
+    expectStaged(resumes, STAGE.resume!);
+    expect(Math.max(...retires.map((c) => c.seq))).toBeLessThan(Math.min(...resumes.map((c) => c.seq)));
+    expect(Math.max(...restores.map((c) => c.seq))).toBeLessThan(Math.min(...retires.map((c) => c.seq)));
+    expect(engine.openCheckpoint).toBeNull();
+    expect(journal.entries.size).toBe(0);
+  });
+
+  it("a successful restore leaves everyone restored until resume; retire must name it", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    const reply = await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(reply.checkpoint_id).toBe("base");
+    expect(reply.participants.every((p) => p.restored[0] === "r1-a1")).toBe(true);
+    expect(engine.openCheckpoint?.phase).toBe("restored");
+    expect((await refusal(engine.retire({ checkpoint_id: "other", episode_ids: [{ rollout_id: "r9", attempt: 0 }] }))).code).toBe("checkpoint_conflict");
+    await engine.retire({ episode_ids: [{ rollout_id: "r9", attempt: 0 }] });
+    expect(fake.ops("retire").every((c) => c.body.checkpoint_id === "base")).toBe(true);
+    await engine.resume({ checkpoint_id: "base" });
+    expect(engine.openCheckpoint).toBeNull();
+  });
+});
+
+describe("HA hooks and recovery", () => {
+  it("journals the decision before any commit and recovery re-drives a decided commit, then publishes and resumes", async () => {
+    const crash = new Error("crash after decision");
+    const first = makeEngine(root, { hooks: { afterDecision: () => Promise.reject(crash) } });
+    await first.engine.prepare({ checkpoint_id: "c9" });
+    await expect(first.engine.commit({ checkpoint_id: "c9", episode_ids: null, stop: false })).rejects.toBe(crash);
+    expect(first.fake.ops("commit")).toHaveLength(0);
+    const entry = first.journal.entries.get("c9")!;
+    expect(entry.state).toBe("decided");
+    // a successor with the same journal
+    const second = makeEngine(root);
+    // as the convenience op would have journaled it
+    await second.journal.record({ ...entry, auto_publish: true });
+    second.fake.calls.length = 0;
+    const recovered = await second.engine.recover();
+    expect(recovered).toEqual([{ checkpoint_id: "c9", action: "committed_published_resumed" }]);
+    expect(second.fake.ops("commit")).toHaveLength(5);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect((await second.catalog.get("c9")).checkpoint_id).toBe("c9");
+    expect(second.journal.entries.size).toBe(0);
+  });
+
+  it("recovery of an undecided checkpoint resumes everyone (presumed abort)", async () => {
+    const second = makeEngine(root);
+    await second.journal.record({
+      checkpoint_id: "c10",
+      epoch: 3,
+      state: "open",
+      participants: second.fake.members,
+      prepared_at: 1,
+      checkpoint_dir: null,
+      scope: null,
+      stop: false,
+      restarts: [],
+      auto_publish: true,
+      controller_state: null,
+      updated_at: 1,
+    });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "c10", action: "resumed" }]);
+    expect(second.fake.ops("commit")).toHaveLength(0);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    await expect(second.catalog.get("c10")).rejects.toMatchObject({ code: "not_found" });
+  });
+
+  it("a demoted coordinator sends nothing more", async () => {
+    const { engine, fake, leadership } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "c11" });
+    leadership.demote();
+    const sent = fake.calls.length;
+    expect((await refusal(engine.commit({ checkpoint_id: "c11", episode_ids: null, stop: false }))).code).toBe("not_leader");
+    expect(fake.ops("commit")).toHaveLength(0);
+    expect(fake.calls.length).toBe(sent);
+  });
+});

@@ -1,0 +1,177 @@
+import { pino } from "pino";
+import {
+  MANIFEST_SCHEMA_VERSION,
+  captureKey,
+  nextAttempt,
+  sha256Hex,
+  type Kind,
+  type Op,
+} from "../../../protocol/index.js";
+import { CheckpointEngine, type EngineHooks } from "../../../coordinator/engine/checkpoint-engine.js";
+import type { Clock } from "../../../coordinator/engine/clock.js";
+import { ParticipantClient } from "../../../coordinator/engine/participant-client.js";
+import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "../../../coordinator/engine/transport.js";
+import { MemoryDecisionJournal } from "../../../coordinator/ha/decision-journal.js";
+import { StaticLeadership } from "../../../coordinator/ha/leadership.js";
+import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
+
+export interface Call {
+  seq: number;
+  kind: Kind;
+  instance: string;
+  op: Op;
+  body: Record<string, unknown>;
+  timeoutMs: number;
+}
+
+type Behaviour = "ok" | "unreachable" | "timeout" | { error: string } | { notReady: string[] };
+
+/** In-memory participants behind a fake transport; every request is recorded in order. */
+export class FakeParticipants implements ParticipantTransport {
+  readonly calls: Call[] = [];
+  readonly events: string[] = [];
+  private seq = 0;
+  /** Advanced by a scripted timeout, as if the request had waited that long. */
+  clock: TestClock | undefined;
+  /** behaviour per `${kind}.${instance}.${op}` (default ok). */
+  readonly script = new Map<string, Behaviour>();
+
+  constructor(readonly members: { kind: Kind; instance: string }[]) {}
+
+  set(kind: Kind, instance: string, op: Op, behaviour: Behaviour): void {
+    this.script.set(`${kind}.${instance}.${op}`, behaviour);
+  }
+
+  ops(op: Op): Call[] {
+    return this.calls.filter((c) => c.op === op);
+  }
+
+  async request(subject: string, body: string, options: TransportRequestOptions): Promise<string> {
+    const parts = subject.split(".");
+    const [kind, instance, op] = [parts[5] as Kind, parts[6]!, parts[7] as Op];
+    const parsed = JSON.parse(body) as Record<string, unknown>;
+    this.calls.push({ seq: this.seq++, kind, instance, op, body: parsed, timeoutMs: options.timeoutMs });
+    this.events.push(`${op}:${kind}/${instance}`);
+    await Promise.resolve();
+    const behaviour = this.script.get(`${kind}.${instance}.${op}`) ?? "ok";
+    if (behaviour === "unreachable") throw new NoRespondersFailure(subject);
+    if (behaviour === "timeout") {
+      if (this.clock) this.clock.current += options.timeoutMs;
+      throw new RequestTimeoutFailure(subject, options.timeoutMs);
+    }
+    if (false as boolean) throw new RequestTimeoutFailure(subject, options.timeoutMs);
+    if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
+    const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts: [] });
+    switch (op) {
+      case "prepare":
+        if (typeof behaviour === "object" && "notReady" in behaviour) return JSON.stringify({ phase: "preparing", report: report(behaviour.notReady) });
+        return JSON.stringify({ phase: "prepared", report: report([]) });
+      case "commit": {
+        const digest = sha256Hex("");
+        return JSON.stringify({
+          phase: "committed",
+          manifest: {
+            schema_version: MANIFEST_SCHEMA_VERSION,
+            kind,
+            instance,
+            checkpoint_id: parsed.checkpoint_id,
+            records_file: `records-${digest}.jsonl`,
+            records_sha256: digest,
+            record_count: 0,
+            created_at: 1,
+            extra: {},
+          },
+          manifest_path: `gym/${kind}/${instance}/manifest.json`,
+          manifest_sha256: sha256Hex(`${kind}/${instance}`),
+          episode_ids: [],
+          extras: {},
+        });
+      }
+      case "resume":
+        return JSON.stringify({ phase: "idle", idempotent: false });
+      case "restore":
+        return JSON.stringify({
+          phase: "restored",
+          source_checkpoint_id: parsed.checkpoint_id,
+          restored: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map((e) => captureKey(nextAttempt(e))),
+        });
+      case "retire":
+        return JSON.stringify({ retired: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map(captureKey) });
+      case "forget":
+        return JSON.stringify({ forgotten: parsed.rollout_ids });
+      case "renew":
+        return JSON.stringify({ lease_expires_at: 1 });
+      case "status":
+        return JSON.stringify({
+          kind,
+          instance,
+          phase: "idle",
+          checkpoint_id: null,
+          lease_expires_at: null,
+          epoch: 0,
+          retired_rollouts: 0,
+          report: report([]),
+          protocol_version: 1,
+          extras: {},
+        });
+    }
+  }
+}
+
+export class TestClock implements Clock {
+  constructor(public current = 1_800_000_000_000) {}
+  now(): number {
+    return this.current;
+  }
+  setTimer(): () => void {
+    return () => undefined;
+  }
+  async sleep(ms: number): Promise<void> {
+    this.current += ms;
+  }
+}
+
+export const FOUR_KINDS: { kind: Kind; instance: string }[] = [
+  { kind: "agent", instance: "a2" },
+  { kind: "environment", instance: "e1" },
+  { kind: "resources", instance: "r1" },
+  { kind: "agent", instance: "a1" },
+  { kind: "model", instance: "m1" },
+];
+
+export function makeEngine(root: string, options: { members?: { kind: Kind; instance: string }[]; hooks?: EngineHooks; attemptTimeoutMs?: number; retention?: number } = {}) {
+  const members = options.members ?? FOUR_KINDS;
+  const fake = new FakeParticipants(members);
+  const clock = new TestClock();
+  const journal = new MemoryDecisionJournal();
+  const catalog = new CheckpointCatalog(root);
+  const leadership = new StaticLeadership(7);
+  fake.clock = clock;
+  const origRecord = journal.record.bind(journal);
+  journal.record = async (entry) => {
+    fake.events.push(`journal:${entry.state}`);
+    await origRecord(entry);
+  };
+  const engine = new CheckpointEngine({
+    deployment: "unit",
+    client: new ParticipantClient({
+      transport: fake,
+      deployment: "unit",
+      token: "t",
+      clock,
+      slackMs: 5000,
+      ...(options.attemptTimeoutMs !== undefined && { attemptTimeoutMs: options.attemptTimeoutMs }),
+    }),
+    membership: { list: async () => [...members] },
+    leadership,
+    journal,
+    catalog,
+    writer: new GlobalManifestWriter(catalog, options.retention ?? 2),
+    clock,
+    logger: pino({ level: "silent" }),
+    defaultTimeoutMs: 10_000,
+    ...(options.hooks && { hooks: options.hooks }),
+  });
+  return { engine, fake, clock, journal, catalog, leadership };
+}

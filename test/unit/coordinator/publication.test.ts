@@ -1,0 +1,123 @@
+import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { MANIFEST_SCHEMA_VERSION, sha256Hex, type ParticipantEntry } from "../../../protocol/index.js";
+import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
+import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-pub-"));
+});
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+/** Writes one participant's files the way a participant does and returns its global entry. */
+async function writeParticipant(id: string, kind: "model" | "agent", instance: string, lines: string[]): Promise<ParticipantEntry> {
+  const dir = join(root, id, "gym", kind, instance);
+  await mkdir(dir, { recursive: true });
+  const text = lines.map((l) => `${l}\n`).join("");
+  const digest = sha256Hex(text);
+  await writeFile(join(dir, `records-${digest}.jsonl`), text);
+  const manifest = {
+    schema_version: MANIFEST_SCHEMA_VERSION,
+    kind,
+    instance,
+    checkpoint_id: id,
+    records_file: `records-${digest}.jsonl`,
+    records_sha256: digest,
+    record_count: lines.length,
+    created_at: 1,
+    extra: {},
+  };
+  const manifestText = `${JSON.stringify(manifest, null, 2)}\n`;
+  await writeFile(join(dir, "manifest.json"), manifestText);
+  return {
+    kind,
+    instance,
+    manifest_path: `gym/${kind}/${instance}/manifest.json`,
+    manifest_sha256: sha256Hex(manifestText),
+    records_sha256: digest,
+    record_count: lines.length,
+    episode_ids: [],
+    extras: {},
+  };
+}
+
+async function publish(writer: GlobalManifestWriter, id: string, at: number, state: unknown = null) {
+  const entries = [
+    await writeParticipant(id, "model", "m1", ['{"episode_id":{"rollout_id":"r1","attempt":0},"x":1}', '{"episode_id":{"rollout_id":"r2","attempt":1}}']),
+    await writeParticipant(id, "agent", "a1", []),
+  ];
+  return writer.publish({
+    checkpointId: id,
+    epoch: 4,
+    preparedAt: at - 1,
+    publishedAt: at,
+    stop: false,
+    scope: null,
+    restarts: ["r9"],
+    participants: entries,
+    controllerState: state as never,
+  });
+}
+
+describe("publication and retention", () => {
+  it("writes checkpoint.json, then LATEST; keeps the newest N and deletes partial checkpoints", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await mkdir(join(root, "partial-one", "gym"), { recursive: true });
+    await publish(writer, "c1", 100);
+    await publish(writer, "c2", 200);
+    const third = await publish(writer, "c3", 300, { inline: { tokens: 5 } });
+    expect(third.deleted).toEqual(["c1"]);
+    expect((await readdir(root)).filter((n) => !n.startsWith(".")).sort()).toEqual(["LATEST", "c2", "c3"]);
+    expect((await readFile(join(root, "LATEST"), "utf8")).trim()).toBe("c3");
+    const m = await catalog.get("c3");
+    expect(m.epoch).toBe(4);
+    expect(m.controller_state).toEqual({ inline: { tokens: 5 } });
+    expect(m.participants.map((p) => p.kind)).toEqual(["agent", "model"]);
+    expect((await catalog.scan()).published.map((e) => e.checkpoint_id)).toEqual(["c3", "c2"]);
+  });
+
+  it("references a controller state file with its sha256 and refuses a mismatch", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await mkdir(join(root, "c1"), { recursive: true });
+    await writeFile(join(root, "c1", "trainer.json"), '{"step":7}');
+    await expect(publish(writer, "c1", 1, { file: "trainer.json", sha256: "0".repeat(64) })).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
+    await expect(publish(writer, "c1", 1, { file: "missing.json" })).rejects.toMatchObject({ code: "not_found" });
+    const ok = await publish(writer, "c1", 1, { file: "trainer.json" });
+    expect(ok.manifest.controller_state).toEqual({ file: "trainer.json", sha256: sha256Hex('{"step":7}') });
+    expect((await verifyCheckpoint(catalog, "c1")).records).toBe(2);
+  });
+});
+
+describe("verify", () => {
+  it("accepts an intact checkpoint and names invalid_checkpoint_state on any mismatch", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    await publish(writer, "c1", 1);
+    const report = await verifyCheckpoint(catalog, "c1");
+    expect(report).toMatchObject({ checkpoint_id: "c1", records: 2 });
+    const dir = join(root, "c1", "gym", "model", "m1");
+    const recordsFile = (await readdir(dir)).find((n) => n.startsWith("records-"))!;
+    await writeFile(join(dir, recordsFile), '{"episode_id":{"rollout_id":"r1","attempt":0},"x":2}\n{"episode_id":{"rollout_id":"r2","attempt":1}}\n');
+    await expect(verifyCheckpoint(catalog, "c1")).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("digest") });
+    await expect(verifyCheckpoint(catalog, "nope")).rejects.toMatchObject({ code: "not_found" });
+  });
+
+  it("detects a tampered manifest and a wrong count", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    await publish(writer, "c1", 1);
+    const path = join(root, "c1", "gym", "agent", "a1", "manifest.json");
+    const manifest = JSON.parse(await readFile(path, "utf8")) as Record<string, unknown>;
+    manifest.record_count = 3;
+    await writeFile(path, `${JSON.stringify(manifest, null, 2)}\n`);
+    await expect(verifyCheckpoint(catalog, "c1")).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("manifest digest") });
+  });
+});
