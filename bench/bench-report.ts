@@ -1,9 +1,18 @@
 import { cpus, totalmem } from "node:os";
+import { existsSync } from "node:fs";
 import { readFile, writeFile } from "node:fs/promises";
+import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
+/** The repository root: the nearest ancestor with package.json (works from bench/ and dist/bench/). */
+function repoRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, "package.json")) && dirname(dir) !== dir) dir = dirname(dir);
+  return dir;
+}
+
 /** Shared by the benchmarks: machine description, percentiles, and their section of docs/benchmarks.md. */
-export const BENCHMARKS_DOC = fileURLToPath(new URL("../../docs/benchmarks.md", import.meta.url));
+export const BENCHMARKS_DOC = join(repoRoot(), "docs", "benchmarks.md");
 
 export function machine(): string {
   const cpu = cpus()[0]?.model ?? "unknown CPU";

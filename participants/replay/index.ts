@@ -23,7 +23,7 @@ export {
 } from "./record-paths.js";
 export type { RecordKind } from "./record-paths.js";
 export { expandGlobs, naturalCompare } from "./record-glob.js";
-export { writeFileAtomic } from "./atomic-write.js";
+export { writeFileAtomic } from "../storage/fs-durable.js";
 export { INDEX_FORMAT, INDEX_VERSION, IndexHeaderSchema, IndexRowSchema, encodeIndex, checkIndex } from "./rollout-index.js";
 export type { IndexHeader, IndexRow, IndexExpectation, IndexCheck } from "./rollout-index.js";
 export { StepMarkerSchema, stepMarkerName, isStepMarkerName, completedFiles } from "./step-marker.js";

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import path from "node:path";
 import { setImmediate as yieldToLoop } from "node:timers/promises";
-import { writeFileAtomic } from "./atomic-write.js";
+import { writeFileAtomic } from "../storage/fs-durable.js";
 import { describeIssues, invalidRequest } from "./errors.js";
 import { encodeIndex, INDEX_FORMAT, INDEX_VERSION, type IndexRow } from "./rollout-index.js";
 import { indexPathFor, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";

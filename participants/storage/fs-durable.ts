@@ -1,5 +1,6 @@
-import { open, rename, writeFile } from "node:fs/promises";
-import { dirname } from "node:path";
+import { randomBytes } from "node:crypto";
+import { mkdir, open, rename, rm } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
 
 /** fsync a directory so renames and links inside it survive a crash. */
 export async function fsyncDir(dir: string): Promise<void> {
@@ -11,16 +12,27 @@ export async function fsyncDir(dir: string): Promise<void> {
   }
 }
 
-/** Write a whole file durably: temp file in the same directory, fsync, rename, fsync the directory. */
-export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
-  const temp = `${dirname(path)}/.${path.split("/").pop()}.${process.pid}.${Math.random().toString(16).slice(2)}.tmp`;
-  await writeFile(temp, data);
-  const handle = await open(temp, "r+");
+/**
+ * Publishes `data` at `target` atomically: a dot-named temp file in the same directory (no glob
+ * matches it, and the rename stays on one filesystem), write, fsync, rename, then fsync the
+ * directory so the rename itself survives a crash. Readers see the old file or the new one.
+ */
+export async function writeFileAtomic(target: string, data: string | Uint8Array): Promise<void> {
+  const dir = dirname(target);
+  await mkdir(dir, { recursive: true });
+  const temp = join(dir, `.${basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
   try {
-    await handle.sync();
-  } finally {
-    await handle.close();
+    const handle = await open(temp, "wx");
+    try {
+      await handle.writeFile(data);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    await rename(temp, target);
+  } catch (error) {
+    await rm(temp, { force: true });
+    throw error;
   }
-  await rename(temp, path);
-  await fsyncDir(dirname(path));
+  await fsyncDir(dir);
 }
