@@ -1,0 +1,260 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { ParticipantControlPlane } from "../../../participants/index.js";
+import { AgentKind, type Activation, type AgentSessionHooks, type RestoredAgentSession } from "../../../participants/kinds/agent/index.js";
+
+const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+/** Bounded polling for a condition (no fixed sleeps). */
+async function waitFor(condition: () => boolean, timeoutMs = 5000): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  while (!condition()) {
+    if (Date.now() > until) throw new Error("condition not reached");
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+let root: string;
+const planes: ParticipantControlPlane[] = [];
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-agent-"));
+});
+afterEach(async () => {
+  for (const plane of planes.splice(0)) plane.dispose();
+  await rm(root, { recursive: true, force: true });
+});
+
+/** Hooks keeping `{cookie}` per session; restore validates every entry before installing any. */
+class CookieHooks implements AgentSessionHooks {
+  readonly state = new Map<string, { cookie: string }>();
+  readonly retired: string[] = [];
+  async exportAgentSessions(keys: string[]) {
+    return Object.fromEntries(keys.map((k) => [k, this.state.get(k) ?? { cookie: "none" }]));
+  }
+  async restoreAgentSessions(sessions: RestoredAgentSession[]) {
+    for (const s of sessions) {
+      const cookie = (s.session as { cookie?: unknown } | null)?.cookie;
+      if (typeof cookie !== "string") throw new CheckpointError("invalid_checkpoint_state", `session ${s.session_key} has no cookie`);
+    }
+    for (const s of sessions) this.state.set(s.session_key, s.session as { cookie: string });
+  }
+  async retireAgentSession(key: string) {
+    this.retired.push(key);
+    this.state.delete(key);
+  }
+}
+
+function fresh() {
+  const hooks = new CookieHooks();
+  const kind = new AgentKind(hooks);
+  const plane = new ParticipantControlPlane({ adapter: kind, instance: "agent0", leaseGraceSeconds: 60, checkpointRoot: root });
+  planes.push(plane as unknown as ParticipantControlPlane);
+  const call = <O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }) => {
+    const request: Record<string, unknown> = { deadline_ts: Date.now() / 1000 + 30, epoch: 1, ...body };
+    if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+    if (op === "restore") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), ...body });
+    return plane.handle(op, request as never);
+  };
+  return { kind, hooks, plane, call };
+}
+
+async function code(work: () => unknown): Promise<string> {
+  try {
+    await work();
+  } catch (error) {
+    if (error instanceof CheckpointError) return error.code;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}
+
+/** A scripted policy: each call waits for the test to answer it. */
+class ScriptedPolicy {
+  readonly calls: { messages: number; answer: (reply: string | "refuse") => void }[] = [];
+  call(messages: string[], signal: AbortSignal): Promise<string> {
+    return new Promise((resolve, reject) => {
+      signal.addEventListener("abort", () => reject(signal.reason), { once: true });
+      this.calls.push({
+        messages: messages.length,
+        answer: (reply) => (reply === "refuse" ? reject(new CheckpointError("admission_closed", "policy parked")) : resolve(reply)),
+      });
+    });
+  }
+}
+
+/** A turn loop: boundary before each model call, tool round, boundary after it. */
+function turnLoop(policy: ScriptedPolicy, snapshots: { count: number }) {
+  return async (a: Activation) => {
+    const restored = a.continuation();
+    const messages = restored ? [...(restored.messages as string[])] : ["system", "user"];
+    for (let round = 0; round < 5; round++) {
+      const copy = [...messages];
+      await a.boundary(() => {
+        snapshots.count += 1;
+        return { messages: copy };
+      });
+      let reply: string;
+      for (;;) {
+        try {
+          reply = await a.awaitingModel(policy.call(messages, a.signal));
+          break;
+        } catch (error) {
+          if (error instanceof CheckpointError && error.code === "admission_closed") {
+            await a.park();
+            continue;
+          }
+          throw error;
+        }
+      }
+      if (!reply.startsWith("tool")) return { answer: reply, messages: messages.length };
+      messages.push("assistant", "tool-result");
+    }
+    throw new Error("too many rounds");
+  };
+}
+
+describe("agent participant", () => {
+  it("sessions are at a boundary while awaiting a policy call made right after one; snapshots run only on export", async () => {
+    const { kind, call } = fresh();
+    const policy = new ScriptedPolicy();
+    const snapshots = { count: 0 };
+    kind.openSession(ep("s1"));
+    expect(kind.sessions.stateOf("s1")).toBe("idle");
+    const run = kind.activate(ep("s1"), turnLoop(policy, snapshots));
+    await flush();
+    expect(kind.sessions.stateOf("s1")).toBe("at_boundary");
+    policy.calls[0]!.answer("tool");
+    await flush();
+    expect(policy.calls.map((c) => c.messages)).toEqual([2, 4]);
+    expect(snapshots.count).toBe(0);
+    expect((await call("prepare", { checkpoint_id: "c1" })).phase).toBe("prepared");
+    const commit = await call("commit", { checkpoint_id: "c1" });
+    expect(commit.episode_ids).toEqual(["s1"]);
+    expect(snapshots.count).toBe(1);
+    await call("resume", { checkpoint_id: "c1" });
+    policy.calls[1]!.answer("42");
+    expect(await run).toEqual({ answer: "42", messages: 4 });
+    expect(kind.sessions.stateOf("s1")).toBe("idle");
+    await kind.closeSession(ep("s1"));
+    expect(kind.hasLiveState()).toBe(false);
+  });
+
+  it("a running session blocks; a refused policy call parks it until resume, then retries from the same boundary", async () => {
+    const { kind, call } = fresh();
+    const policy = new ScriptedPolicy();
+    kind.openSession(ep("p1"));
+    const run = kind.activate(ep("p1"), async (a) => {
+      // work between boundaries, until the test lets it reach its first boundary
+      await waitFor(() => !a.signal.aborted && !kind.sessions.gate.closed === false);
+      return turnLoop(policy, { count: 0 })(a);
+    });
+    await flush();
+    expect(kind.readiness().blockers).toEqual(["p1"]);
+    const prepared = call("prepare", { checkpoint_id: "c1" });
+    expect((await prepared).phase).toBe("prepared");
+    // the activation started before admission closed: it parks at its first boundary
+    expect(kind.sessions.stateOf("p1")).toBe("at_boundary");
+    expect(policy.calls).toHaveLength(0);
+    await call("resume", { checkpoint_id: "c1" });
+    await flush();
+    expect(policy.calls).toHaveLength(1);
+    policy.calls[0]!.answer("refuse");
+    await flush();
+    expect(kind.sessions.stateOf("p1")).toBe("at_boundary");
+    await waitFor(() => policy.calls.length === 2);
+    expect(policy.calls.map((c) => c.messages)).toEqual([2, 2]);
+    policy.calls[1]!.answer("done");
+    expect((await run).answer).toBe("done");
+  });
+
+  it("open_session: refused while closed, stale_attempt for another attempt; restored sessions re-bound by the next attempt continue once", async () => {
+    const first = fresh();
+    const policy = new ScriptedPolicy();
+    first.kind.openSession(ep("r"));
+    first.hooks.state.set("r", { cookie: "c-r" });
+    const run = first.kind.activate(ep("r"), turnLoop(policy, { count: 0 }));
+    void run.catch(() => undefined);
+    await flush();
+    policy.calls[0]!.answer("tool");
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    expect(await code(() => first.kind.openSession(ep("other")))).toBe("admission_closed");
+    expect(await code(() => first.kind.openSession(ep("r", 1)))).toBe("stale_attempt");
+    await first.call("commit", { checkpoint_id: "c1" });
+
+    const second = fresh();
+    expect(await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r")] })).toMatchObject({ restored: ["r-a1"] });
+    expect(second.hooks.state.get("r")).toEqual({ cookie: "c-r" });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(await code(() => second.kind.openSession(ep("r")))).toBe("stale_attempt");
+    expect(second.kind.openSession(ep("r", 1))).toEqual({ restored: true });
+    const policy2 = new ScriptedPolicy();
+    const resumed = second.kind.activate(ep("r", 1), turnLoop(policy2, { count: 0 }));
+    await flush();
+    expect(policy2.calls.map((c) => c.messages)).toEqual([4]);
+    policy2.calls[0]!.answer("42");
+    expect(await resumed).toEqual({ answer: "42", messages: 4 });
+    expect(second.kind.openSession(ep("r", 1))).toEqual({ restored: false });
+    await first.kind.retire([ep("r")]);
+  });
+
+  it("restore is validated and all-or-nothing; retire cancels the activation, frees the session and fences the attempt", async () => {
+    const first = fresh();
+    const policy = new ScriptedPolicy();
+    for (const id of ["a", "b"]) {
+      first.kind.openSession(ep(id));
+      void first.kind.activate(ep(id), turnLoop(policy, { count: 0 })).catch(() => undefined);
+    }
+    first.hooks.state.set("a", { cookie: "ok" });
+    first.hooks.state.set("b", { bad: true } as never);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    await first.call("resume", { checkpoint_id: "c1" });
+
+    const second = fresh();
+    expect(await code(() => second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("a"), ep("b")] }))).toBe("invalid_checkpoint_state");
+    expect(second.kind.hasLiveState()).toBe(false);
+    expect(second.hooks.state.size).toBe(0);
+    expect(second.plane.currentPhase).toBe("idle");
+
+    await first.call("retire", { checkpoint_id: "retire", episode_ids: [ep("a"), ep("b")] });
+    expect(first.kind.hasLiveState()).toBe(false);
+    expect(first.hooks.retired.sort()).toEqual(["a", "b"]);
+    expect(await code(() => first.kind.openSession(ep("a")))).toBe("stale_attempt");
+    expect(await code(() => first.kind.activate(ep("a"), async () => 1))).toBe("stale_attempt");
+    expect(first.plane.status().retired_rollouts).toBe(2);
+  });
+
+  it("legacy /run episodes use the step tracker and are exported with their own boundary", async () => {
+    const first = fresh();
+    const task = { expression: "2 + 2" };
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const run = first.kind.runLegacy(ep("L"), task, {}, async (e) => {
+      const b = e.continuation() ?? { next: "loop", messages: 2 };
+      await e.boundary(b);
+      await e.step("replay", async () => gate);
+      await e.boundary({ next: "return", reward: 1 });
+      return 1;
+    });
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    const commit = await first.call("commit", { checkpoint_id: "c1" });
+    expect(commit.episode_ids).toEqual(["L"]);
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("L")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1, legacy_episodes: 0 });
+    const seen: unknown[] = [];
+    expect(await second.kind.runLegacy(ep("L", 1), task, {}, async (e) => (seen.push(e.continuation()), 7))).toBe(7);
+    expect(seen).toEqual([{ next: "loop", messages: 2 }]);
+    await first.call("resume", { checkpoint_id: "c1" });
+    release();
+    expect(await run).toBe(1);
+  });
+});
