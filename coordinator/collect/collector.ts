@@ -29,8 +29,8 @@ export interface CollectorController {
   restore(request: CtlRequestInputOf<"restore">): Promise<CtlReplyOf<"restore">>;
   retire(request: CtlRequestInputOf<"retire">): Promise<CtlReplyOf<"retire">>;
   forget(request: CtlRequestInputOf<"forget">): Promise<CtlReplyOf<"forget">>;
-  list(request: CtlRequestInputOf<"list">): Promise<CtlReplyOf<"list">>;
-  get(request: CtlRequestInputOf<"get">): Promise<CtlReplyOf<"get">>;
+  list(): Promise<CtlReplyOf<"list">>;
+  get(checkpointId: string): Promise<CtlReplyOf<"get">>;
 }
 
 export interface CollectorOptions {
@@ -165,9 +165,9 @@ export class Collector {
 
   /** The LATEST checkpoint's collection state, only when it belongs to the logged run. */
   private async latestCollection(runId: string): Promise<CollectionState | undefined> {
-    const { latest } = await this.options.controller.list({});
+    const { latest } = await this.options.controller.list();
     if (!latest) return undefined;
-    const { manifest } = await this.options.controller.get({ checkpoint_id: latest });
+    const { manifest } = await this.options.controller.get(latest);
     const ref = manifest.controller_state;
     if (!ref || !("file" in ref)) return undefined;
     const text = await readFile(join(this.options.checkpointDir, latest, ref.file), "utf8");

@@ -1,0 +1,114 @@
+import { mkdir, writeFile, rm } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { connect } from "@nats-io/transport-node";
+import type { Command } from "commander";
+import { CheckpointError } from "../../../protocol/index.js";
+import { NatsControllerClient } from "../../client/nats-controller-client.js";
+import { Collector } from "../../collect/collector.js";
+import { ProgressReporter } from "../../collect/progress-reporter.js";
+import { readTaskRows } from "../../collect/task-rows.js";
+import { createLogger } from "../../telemetry/logger.js";
+import { runCli, withClientOptions, type ClientFlags } from "../shared.js";
+
+/** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
+export const EXIT_REQUEUE = 75;
+
+interface CollectFlags extends ClientFlags {
+  tasks: string;
+  out: string;
+  checkpointDir: string;
+  runUrl: string;
+  concurrency: string;
+  checkpointEvery?: string;
+  checkpointTimeoutS: string;
+  runTimeoutS: string;
+  maxAttempts: string;
+  logLevel: string;
+}
+
+export function register(program: Command): void {
+  withClientOptions(
+    program
+      .command("collect")
+      .description("rollout collection with checkpoints: SIGUSR1 checkpoints, SIGTERM checkpoints and exits 75, a restart continues")
+      .requiredOption("--tasks <file>", "tasks.jsonl: one task per line ({id, task} or a bare task object)")
+      .requiredOption("--out <file>", "results.jsonl, appended as rows finish")
+      .requiredOption("--checkpoint-dir <dir>", "the coordinator's checkpoint root (shared with it)")
+      .requiredOption("--run-url <url>", "the environment (or legacy agent) server's /run URL")
+      .option("--concurrency <n>", "rows in flight at once", "8")
+      .option("--checkpoint-every <s>", "checkpoint every S seconds while rows are in flight")
+      .option("--checkpoint-timeout-s <s>", "deadline of each checkpoint op", "60")
+      .option("--run-timeout-s <s>", "timeout of one /run", "300")
+      .option("--max-attempts <n>", "attempts per row before it counts as failed", "3")
+      .option("--log-level <level>", "pino log level", "warn"),
+  ).action(async (flags: CollectFlags) => {
+    await runCli(async () => {
+      const env = process.env;
+      const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
+      if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
+      const positive = (name: string, value: string | undefined) => {
+        const n = Number(value);
+        if (value !== undefined && !(n > 0)) throw new CheckpointError("invalid_request", `--${name} must be a positive number`);
+        return value === undefined ? undefined : n;
+      };
+      const checkpointDir = resolve(flags.checkpointDir);
+      await mkdir(checkpointDir, { recursive: true });
+      const rows = await readTaskRows(flags.tasks);
+      const logger = createLogger(flags.logLevel as Parameters<typeof createLogger>[0]);
+      const nc = await connect({ servers: (flags.natsUrl ?? env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222").split(","), maxReconnectAttempts: -1 });
+      const controller = new NatsControllerClient({
+        nc,
+        deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
+        token,
+        leaderWaitMs: Number(flags.leaderWaitMs ?? 30_000),
+      });
+      const collector = new Collector({
+        rows,
+        runUrl: flags.runUrl,
+        outPath: resolve(flags.out),
+        checkpointDir,
+        controller,
+        concurrency: positive("concurrency", flags.concurrency)!,
+        ...(flags.checkpointEvery !== undefined && { checkpointEverySeconds: positive("checkpoint-every", flags.checkpointEvery)! }),
+        checkpointTimeoutSeconds: positive("checkpoint-timeout-s", flags.checkpointTimeoutS)!,
+        runTimeoutSeconds: positive("run-timeout-s", flags.runTimeoutS)!,
+        maxAttempts: positive("max-attempts", flags.maxAttempts)!,
+        progress: new ProgressReporter(process.stderr),
+        logger,
+      });
+      const pidFile = join(checkpointDir, "collector.pid");
+      await writeFile(pidFile, `${process.pid}\n`);
+
+      process.on("SIGUSR1", () => {
+        void collector.checkpoint({ stop: false }).catch((err: unknown) => logger.error({ err }, "SIGUSR1 checkpoint failed"));
+      });
+      process.once("SIGTERM", () => {
+        void (async () => {
+          const result = await collector.checkpoint({ stop: true }).catch((err: unknown) => {
+            logger.error({ err }, "SIGTERM checkpoint failed");
+            return { published: false, checkpointId: "" };
+          });
+          process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
+          await rm(pidFile, { force: true });
+          process.exit(EXIT_REQUEUE);
+        })();
+      });
+
+      await collector.start();
+      const summary = await collector.run();
+      const mean = await collector.meanReward();
+      await rm(pidFile, { force: true });
+      await nc.close();
+      const u = summary.usage;
+      process.stdout.write(
+        [
+          `rows: ${summary.rows} (finished ${summary.finished}, failed ${summary.failed}), mean reward ${Number.isNaN(mean) ? "n/a" : mean.toFixed(3)}`,
+          `checkpoints taken: ${summary.checkpoints}`,
+          `rows continued from a checkpoint: ${summary.continued}, restarted from input: ${summary.restarted}`,
+          `model calls kept by continuation: ${u.modelCallsKept} (${u.tokensKept} generated tokens); regenerated: ${u.modelCallsRegenerated} (${u.tokensRegenerated} tokens)`,
+        ].join("\n") + "\n",
+      );
+      if (summary.failed > 0 || summary.finished < summary.rows) process.exitCode = 1;
+    });
+  });
+}
