@@ -1,0 +1,185 @@
+import { headers } from "@nats-io/transport-node";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
+import { openMembersBucket } from "../../coordinator/membership/members-bucket.js";
+import { CheckpointError, PROTOCOL_VERSION, controllerSubject, type Kind } from "../../protocol/index.js";
+import { KIND_OF, hookLog, monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
+
+const PREPARE_RANK: Record<Kind, number> = { environment: 0, model: 1, agent: 2, resources: 3 };
+const RESUME_RANK: Record<Kind, number> = { resources: 0, agent: 1, model: 2, environment: 3 };
+const RETIRE_RANK: Record<Kind, number> = { environment: 0, agent: 1, model: 2, resources: 2 };
+
+function expectStaged(entries: string[], rank: Record<Kind, number>): void {
+  const ranks = entries.map((e) => rank[e.split(":")[1]!.split("/")[0] as Kind]);
+  expect(ranks).toEqual([...ranks].sort((a, b) => a - b));
+}
+
+async function refusal(promise: Promise<unknown>): Promise<CheckpointError> {
+  try {
+    await promise;
+  } catch (error) {
+    if (error instanceof CheckpointError) return error;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}
+
+let world: World;
+beforeAll(async () => {
+  world = await startWorld();
+  await world.startParticipants();
+  const coordinator = await world.startCoordinator();
+  await coordinator.whenReady();
+});
+afterAll(async () => {
+  await world?.close();
+});
+beforeEach(() => {
+  hookLog.length = 0;
+});
+
+describe("coordinator over a real nats-server with participants of all four kinds", () => {
+  it("runs a full checkpoint in protocol order and publishes a verifiable checkpoint", async () => {
+    world.participant("policy").adapter.addEpisode({ rollout_id: "r1", attempt: 0 }, { tokens: [1, 2] });
+    world.participant("agent1").adapter.addEpisode({ rollout_id: "r1", attempt: 0 }, { turn: 2 });
+    world.participant("env1").adapter.addEpisode({ rollout_id: "r1", attempt: 0 }, { step: 1 });
+    const monitor = monitorPhaseMessages(world.pnc, world.deployment);
+    await world.pnc.flush();
+    const reply = await world.client.checkpoint({ checkpoint_id: "full-1", controller_state: { inline: { trainer_step: 10 } } });
+    monitor.stop();
+    expect(reply.participants).toBe(5);
+    // messages on the wire: prepare staged, then commit to all, then resume reversed
+    const ops = monitor.log.map((m) => m.op);
+    expect(ops.slice(0, 5)).toEqual(Array(5).fill("prepare"));
+    expect(ops.slice(5, 10)).toEqual(Array(5).fill("commit"));
+    expect(ops.slice(10, 15)).toEqual(Array(5).fill("resume"));
+    const prepareKinds = monitor.log.slice(0, 5).map((m) => PREPARE_RANK[KIND_OF(m.target)]);
+    expect(prepareKinds).toEqual([...prepareKinds].sort());
+    const resumeKinds = monitor.log.slice(10).map((m) => RESUME_RANK[KIND_OF(m.target)]);
+    expect(resumeKinds).toEqual([...resumeKinds].sort());
+    // what the participants did, in order
+    const closes = hookLog.filter((h) => h.startsWith("close:"));
+    const opens = hookLog.filter((h) => h.startsWith("open:"));
+    expectStaged(closes, PREPARE_RANK);
+    expectStaged(opens, RESUME_RANK);
+    expect(hookLog.lastIndexOf(closes.at(-1)!)).toBeLessThan(hookLog.indexOf(hookLog.find((h) => h.startsWith("export:"))!));
+    expect(Math.max(...hookLog.map((h, i) => (h.startsWith("export:") ? i : -1)))).toBeLessThan(hookLog.indexOf(opens[0]!));
+    const epochs = new Set(monitor.log.map((m) => m.epoch));
+    expect(epochs.size).toBe(1);
+    // published and verifiable
+    const catalog = new CheckpointCatalog(world.root);
+    expect(await catalog.latest()).toBe("full-1");
+    const verified = await verifyCheckpoint(catalog, "full-1");
+    expect(verified.records).toBe(3);
+    const manifest = (await world.client.get("full-1")).manifest;
+    expect(manifest.controller_state).toEqual({ inline: { trainer_step: 10 } });
+    expect(manifest.epoch).toBe([...epochs][0]);
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    const list = await world.client.list();
+    expect(list.latest).toBe("full-1");
+  });
+
+  it("returns per-participant blockers at the deadline and stops at that stage", async () => {
+    world.participant("policy").adapter.setBlockers(["r5", "r6-a1"]);
+    try {
+      const reply = await world.client.prepare({ checkpoint_id: "blocked-1", deadline_ts: Date.now() / 1000 + 0.6 });
+      expect(reply.prepared).toBe(false);
+      expect(reply.stopped_at).toEqual(["model"]);
+      expect(reply.blockers).toEqual([{ kind: "model", instance: "policy", blockers: ["r5", "r6-a1"], blocker_count: 2, code: null }]);
+      expect(hookLog.filter((h) => h.startsWith("close:"))).toEqual(["close:environment/env1", "close:model/policy"]);
+      const status = await world.client.status();
+      expect(status.checkpoint).toMatchObject({ checkpoint_id: "blocked-1", phase: "preparing" });
+      expect(status.participants.find((p) => p.instance === "policy")).toMatchObject({ phase: "preparing", blocker_count: 2 });
+      // commit refused in the wrong phase, nothing changed
+      expect((await refusal(world.client.commit({ checkpoint_id: "blocked-1" }))).code).toBe("invalid_phase");
+      expect(world.participant("policy").handle.controlPlane.currentPhase).toBe("preparing");
+    } finally {
+      world.participant("policy").adapter.setBlockers([]);
+      await world.client.resume({ checkpoint_id: "blocked-1" });
+    }
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+
+  it("reports an unreachable participant at once (no responders)", async () => {
+    const kv = await openMembersBucket(world.pnc, world.deployment);
+    const now = Date.now() / 1000;
+    await kv.put("resources.ghost", JSON.stringify({ kind: "resources", instance: "ghost", incarnation: "x", started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
+    try {
+      const started = Date.now();
+      const reply = await world.client.prepare({ checkpoint_id: "ghost-1", deadline_ts: Date.now() / 1000 + 20 });
+      expect(Date.now() - started).toBeLessThan(5000);
+      expect(reply.prepared).toBe(false);
+      expect(reply.blockers).toEqual([{ kind: "resources", instance: "ghost", blockers: [], blocker_count: 0, code: "unreachable" }]);
+      const error = await refusal(world.client.resume({ checkpoint_id: "ghost-1" }));
+      expect(error.code).toBe("unreachable");
+      expect(error.message).toContain("resources/ghost");
+      const status = await world.client.status();
+      expect(status.participants.find((p) => p.instance === "ghost")).toMatchObject({ reachable: false, error: { code: "unreachable" } });
+    } finally {
+      await kv.delete("resources.ghost");
+    }
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+
+  it("answers bad controller input with catalog codes and changes nothing", async () => {
+    const nc = world.pnc;
+    const ask = async (op: string, body: string, token = "controller-token") => {
+      const h = headers();
+      h.set("Authorization", `Bearer ${token}`);
+      const msg = await nc.request(controllerSubject(world.deployment, op), body, { timeout: 5000, headers: h });
+      return (msg.json() as { error?: { code: string } }).error?.code;
+    };
+    expect(await ask("prepare", JSON.stringify({ checkpoint_id: "x", bogus: 1 }))).toBe("invalid_request");
+    expect(await ask("prepare", JSON.stringify({ checkpoint_id: 5 }))).toBe("invalid_request");
+    expect(await ask("prepare", "{not json")).toBe("invalid_request");
+    expect(await ask("prepare", JSON.stringify({ checkpoint_id: "../etc" }))).toBe("invalid_request");
+    expect(await ask("commit", JSON.stringify({ checkpoint_id: "never-prepared" }))).toBe("not_found");
+    expect(await ask("publish", JSON.stringify({ checkpoint_id: "never-prepared" }))).toBe("not_found");
+    expect(await ask("get", JSON.stringify({ checkpoint_id: "missing" }))).toBe("not_found");
+    expect(await ask("retire", JSON.stringify({ episode_ids: [] }))).toBe("invalid_request");
+    expect(await ask("status", "{}", "wrong-token")).toBe("unauthorized");
+    expect(await ask("checkpoint", JSON.stringify({ deadline_ts: 1 }))).toBe("deadline_exceeded");
+    // the same id cannot be reused after publication
+    expect(await ask("prepare", JSON.stringify({ checkpoint_id: "full-1" }))).toBe("stale_checkpoint");
+    expect(hookLog).toEqual([]);
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+
+  it("restore failure path: retires attempt+1 everywhere, resumes everyone, reports restore_failed", async () => {
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "q1", attempt: 0 }, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "base-2" });
+    // restore needs fresh processes
+    await world.stopParticipants();
+    await world.startParticipants();
+    hookLog.length = 0;
+    world.participant("agent2").adapter.failNext("install");
+    const error = await refusal(world.client.restore({ checkpoint_id: "base-2", episode_ids: [{ rollout_id: "q1", attempt: 0 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).toContain("agent/agent2");
+    const retires = hookLog.filter((h) => h.startsWith("retire:"));
+    expect(retires).toHaveLength(5);
+    expectStaged(retires, RETIRE_RANK);
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.handle.controlPlane.isRetired({ rollout_id: "q1", attempt: 1 })).toBe(true);
+      expect(p.adapter.restored.size).toBe(0);
+    }
+    // after the clean-up retire, the four participants that had restored reopen in resume order
+    const reopened = hookLog.slice(hookLog.indexOf(retires.at(-1)!) + 1).filter((h) => h.startsWith("open:"));
+    expect(reopened).toHaveLength(4);
+    expectStaged(reopened, RESUME_RANK);
+  });
+
+  it("restore success leaves everyone restored until resume", async () => {
+    await world.stopParticipants();
+    await world.startParticipants();
+    const reply = await world.client.restore({ episode_ids: [{ rollout_id: "q1", attempt: 0 }] });
+    expect(reply.checkpoint_id).toBe("base-2");
+    expect(reply.participants.find((p) => p.instance === "policy")?.restored).toEqual(["q1-a1"]);
+    expect(world.participant("policy").handle.controlPlane.currentPhase).toBe("restored");
+    expect((await refusal(world.client.prepare({ checkpoint_id: "during-restore" }))).code).toBe("checkpoint_conflict");
+    await world.client.resume({ checkpoint_id: "base-2" });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+});

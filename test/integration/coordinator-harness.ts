@@ -1,0 +1,160 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { pino } from "pino";
+import { startParticipant, ScriptableKind, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
+import { CoordinatorConfigSchema, type CoordinatorConfig } from "../../coordinator/config/coordinator-config.js";
+import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
+import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
+import type { Kind } from "../../protocol/index.js";
+import { startNats, type NatsFixture } from "../support/nats.js";
+
+export const PARTICIPANT_TOKEN = "participant-token";
+export const CONTROLLER_TOKEN = "controller-token";
+
+/** A global, ordered log of every hook any in-process participant ran. */
+export const hookLog: string[] = [];
+
+/** ScriptableKind that also writes each hook into the shared, ordered hook log. */
+export class LoggedKind extends ScriptableKind {
+  constructor(
+    kind: Kind,
+    readonly instance: string,
+  ) {
+    super(kind);
+  }
+  override async closeAdmission(): Promise<void> {
+    hookLog.push(`close:${this.kind}/${this.instance}`);
+    return super.closeAdmission();
+  }
+  override async openAdmission(): Promise<void> {
+    hookLog.push(`open:${this.kind}/${this.instance}`);
+    return super.openAdmission();
+  }
+  override async exportRecords(scope: Parameters<ScriptableKind["exportRecords"]>[0]): Promise<ScriptRecord[]> {
+    hookLog.push(`export:${this.kind}/${this.instance}`);
+    return super.exportRecords(scope);
+  }
+  override async retire(episodes: Parameters<ScriptableKind["retire"]>[0]): Promise<void> {
+    hookLog.push(`retire:${this.kind}/${this.instance}`);
+    return super.retire(episodes);
+  }
+}
+
+export interface RunningParticipant {
+  kind: Kind;
+  instance: string;
+  adapter: LoggedKind;
+  handle: ParticipantHandle<ScriptRecord>;
+}
+
+export const DEFAULT_MEMBERS: { kind: Kind; instance: string }[] = [
+  { kind: "environment", instance: "env1" },
+  { kind: "model", instance: "policy" },
+  { kind: "agent", instance: "agent1" },
+  { kind: "agent", instance: "agent2" },
+  { kind: "resources", instance: "tools" },
+];
+
+export interface World {
+  nats: NatsFixture;
+  deployment: string;
+  root: string;
+  pnc: NatsConnection;
+  participants: RunningParticipant[];
+  coordinators: CoordinatorHandle[];
+  client: NatsControllerClient;
+  config(overrides?: Partial<CoordinatorConfig>): CoordinatorConfig;
+  startCoordinator(overrides?: Partial<CoordinatorConfig>): Promise<CoordinatorHandle>;
+  startParticipants(members?: { kind: Kind; instance: string }[]): Promise<RunningParticipant[]>;
+  stopParticipants(): Promise<void>;
+  participant(instance: string): RunningParticipant;
+  close(): Promise<void>;
+}
+
+let counter = 0;
+
+export async function startWorld(options: { nats?: NatsFixture } = {}): Promise<World> {
+  const nats = options.nats ?? (await startNats());
+  const deployment = `d${process.pid}x${counter++}`;
+  const root = await mkdtemp(join(tmpdir(), "gym-ckpt-coord-"));
+  const pnc = await nats.connect();
+  const cnc = await nats.connect();
+  const world: World = {
+    nats,
+    deployment,
+    root,
+    pnc,
+    participants: [],
+    coordinators: [],
+    client: new NatsControllerClient({ nc: cnc, deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 8000, slackMs: 3000 }),
+    config(overrides = {}) {
+      return CoordinatorConfigSchema.parse({
+        deployment,
+        nats: { servers: nats.server.url },
+        token: PARTICIPANT_TOKEN,
+        controller_token: CONTROLLER_TOKEN,
+        checkpoint_root: root,
+        lease_ms: 500,
+        default_timeout_ms: 5000,
+        request_slack_ms: 1000,
+        http: { enabled: true, host: "127.0.0.1", port: 0 },
+        log_level: "silent",
+        ...overrides,
+      });
+    },
+    async startCoordinator(overrides = {}) {
+      const handle = await startCoordinator({ config: world.config(overrides), nc: await nats.connect(), logger: pino({ level: "silent" }) });
+      world.coordinators.push(handle);
+      return handle;
+    },
+    async startParticipants(members = DEFAULT_MEMBERS) {
+      const started = await Promise.all(
+        members.map(async ({ kind, instance }) => {
+          const adapter = new LoggedKind(kind, instance);
+          const handle = await startParticipant({ nc: pnc, deployment, instance, token: PARTICIPANT_TOKEN, adapter, logger: pino({ level: "silent" }) });
+          return { kind, instance, adapter, handle };
+        }),
+      );
+      world.participants.push(...started);
+      return started;
+    },
+    async stopParticipants() {
+      await Promise.all(world.participants.map((p) => p.handle.stop()));
+      world.participants.length = 0;
+    },
+    participant(instance) {
+      const found = world.participants.find((p) => p.instance === instance);
+      if (!found) throw new Error(`no participant ${instance}`);
+      return found;
+    },
+    async close() {
+      await Promise.allSettled(world.coordinators.map((c) => c.stop()));
+      await world.stopParticipants().catch(() => undefined);
+      if (!options.nats) await nats.close();
+      await rm(root, { recursive: true, force: true });
+    },
+  };
+  return world;
+}
+
+/** Records every participant-subject message in publish order: `${op}:${kind}/${instance}@${epoch}`. */
+export function monitorPhaseMessages(nc: NatsConnection, deployment: string): { log: { op: string; target: string; epoch: number | undefined }[]; stop(): void } {
+  const log: { op: string; target: string; epoch: number | undefined }[] = [];
+  const sub = nc.subscribe(`gym.ckpt.v1.${deployment}.p.>`, {
+    callback: (_err, msg) => {
+      const parts = msg.subject.split(".");
+      let epoch: number | undefined;
+      try {
+        epoch = (JSON.parse(msg.string()) as { epoch?: number }).epoch;
+      } catch {
+        epoch = undefined;
+      }
+      log.push({ op: parts[7]!, target: `${parts[5]}/${parts[6]}`, epoch });
+    },
+  });
+  return { log, stop: () => sub.unsubscribe() };
+}
+
+export const KIND_OF = (target: string) => target.split("/")[0] as Kind;
