@@ -1,0 +1,20 @@
+import type { Command } from "commander";
+import { runParticipantProgram } from "../../local/participant-entry.js";
+
+export function register(program: Command): void {
+  program
+    .command("attach")
+    .description("join a server we do not own to checkpoints through an attach proxy: `gym-ckpt attach model --upstream URL --listen HOST:PORT`")
+    .allowUnknownOption(true)
+    .helpOption(false)
+    .argument("<kind>", "model")
+    .argument("[args...]", "passed to the attach proxy (try --help)")
+    .action(async (kind: string, args: string[]) => {
+      if (kind !== "model") {
+        process.stderr.write(`error invalid_request: only \`attach model\` exists (got ${JSON.stringify(kind)})\n`);
+        process.exitCode = 2;
+        return;
+      }
+      process.exitCode = await runParticipantProgram("attach/main", args);
+    });
+}
