@@ -1,0 +1,100 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
+import { CheckpointError, CtlStatusReplySchema } from "../../protocol/index.js";
+import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
+
+let world: World;
+let base: string;
+beforeAll(async () => {
+  world = await startWorld();
+  await world.startParticipants();
+  const coordinator = await world.startCoordinator();
+  await coordinator.whenReady();
+  base = coordinator.httpUrl!;
+});
+afterAll(async () => {
+  await world?.close();
+});
+
+const auth = { authorization: `Bearer ${CONTROLLER_TOKEN}` };
+
+async function post(path: string, body: string, headers: Record<string, string> = { ...auth, "content-type": "application/json" }) {
+  const response = await fetch(`${base}${path}`, { method: "POST", headers, body });
+  return { status: response.status, body: (await response.json()) as Record<string, any> };
+}
+
+describe("HTTP controller API (real HTTP client)", () => {
+  it("is bound to 127.0.0.1 and serves healthz, readyz and the generated OpenAPI document", async () => {
+    expect(new URL(base).hostname).toBe("127.0.0.1");
+    expect((await fetch(`${base}/healthz`)).status).toBe(200);
+    const ready = await fetch(`${base}/readyz`);
+    expect(ready.status).toBe(200);
+    const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { openapi: string; paths: Record<string, Record<string, any>> };
+    expect(doc.openapi).toBe("3.1.0");
+    for (const op of ["checkpoint", "prepare", "commit", "publish", "resume", "restore", "retire", "forget"]) expect(doc.paths[`/v1/${op}`]?.post).toBeDefined();
+    expect(doc.paths["/v1/status"]?.get).toBeDefined();
+    expect(doc.paths["/v1/checkpoints"]?.get).toBeDefined();
+    expect(doc.paths["/v1/checkpoints/{checkpoint_id}"]?.get).toBeDefined();
+    const prepareBody = doc.paths["/v1/prepare"]!.post.requestBody.content["application/json"].schema;
+    expect(prepareBody.additionalProperties).toBe(false);
+    expect(prepareBody.required).toEqual(["checkpoint_id"]);
+  });
+
+  it("runs the fine-grained ops one POST each, and GETs status, list and a checkpoint", async () => {
+    const prepared = await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h1" }));
+    expect(prepared.status).toBe(200);
+    expect(prepared.body.prepared).toBe(true);
+    const committed = await post("/v1/commit", JSON.stringify({ checkpoint_id: "h1", episode_ids: null }));
+    expect(committed.status).toBe(200);
+    expect(committed.body.participants).toHaveLength(5);
+    const published = await post("/v1/publish", JSON.stringify({ checkpoint_id: "h1", controller_state: { inline: [1, 2, 3] } }));
+    expect(published.status).toBe(200);
+    const resumed = await post("/v1/resume", JSON.stringify({ checkpoint_id: "h1" }));
+    expect(resumed.status).toBe(200);
+    expect(resumed.body.participants).toHaveLength(5);
+    const status = await fetch(`${base}/v1/status`, { headers: auth });
+    expect(status.status).toBe(200);
+    const parsed = CtlStatusReplySchema.parse(await status.json());
+    expect(parsed.participants.map((p) => p.phase)).toEqual(Array(5).fill("idle"));
+    const list = (await (await fetch(`${base}/v1/checkpoints`, { headers: auth })).json()) as { latest: string };
+    expect(list.latest).toBe("h1");
+    const one = (await (await fetch(`${base}/v1/checkpoints/h1`, { headers: auth })).json()) as { manifest: { controller_state: unknown } };
+    expect(one.manifest.controller_state).toEqual({ inline: [1, 2, 3] });
+  });
+
+  it("refuses bad input with documented codes and HTTP statuses, changing nothing", async () => {
+    expect(await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h2", extra: true }))).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
+    expect(await post("/v1/prepare", JSON.stringify({ checkpoint_id: ["h2"] }))).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
+    expect(await post("/v1/prepare", "{oops")).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
+    expect(await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h2" }), { "content-type": "application/json" })).toMatchObject({
+      status: 401,
+      body: { error: { code: "unauthorized" } },
+    });
+    expect(await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h2" }), { authorization: "Bearer nope", "content-type": "application/json" })).toMatchObject({
+      status: 401,
+    });
+    expect(await post("/v1/commit", JSON.stringify({ checkpoint_id: "unknown" }))).toMatchObject({ status: 404, body: { error: { code: "not_found" } } });
+    expect(await post("/v1/publish", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "stale_checkpoint" } } });
+    expect(await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "stale_checkpoint" } } });
+    expect(await post("/v1/prepare", "x".repeat(1024 * 1024 + 100))).toMatchObject({ status: 413, body: { error: { code: "payload_too_large" } } });
+    const missing = await fetch(`${base}/v1/checkpoints/nope`, { headers: auth });
+    expect(missing.status).toBe(404);
+    expect((await fetch(`${base}/v1/nothing`, { method: "POST", headers: auth })).status).toBe(404);
+    // wrong phase: publish before commit
+    expect((await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h3" }))).status).toBe(200);
+    expect(await post("/v1/publish", JSON.stringify({ checkpoint_id: "h3" }))).toMatchObject({ status: 409, body: { error: { code: "invalid_phase" } } });
+    expect(await post("/v1/retire", JSON.stringify({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).toMatchObject({ status: 409, body: { error: { code: "invalid_phase" } } });
+    expect((await post("/v1/resume", JSON.stringify({ checkpoint_id: "h3" }))).status).toBe(200);
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+
+  it("the typed HTTP client runs the convenience op and surfaces refusals as CheckpointError", async () => {
+    const client = new HttpControllerClient({ baseUrl: base, token: CONTROLLER_TOKEN });
+    const reply = await client.checkpoint({ checkpoint_id: "h4" });
+    expect(reply.participants).toBe(5);
+    expect((await client.get("h4")).latest).toBe(true);
+    await expect(client.get("absent")).rejects.toSatisfy((e: unknown) => e instanceof CheckpointError && e.code === "not_found");
+    const bad = new HttpControllerClient({ baseUrl: base, token: "wrong" });
+    await expect(bad.status()).rejects.toMatchObject({ code: "unauthorized" });
+  });
+});
