@@ -1,0 +1,172 @@
+import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
+import { z } from "zod";
+import { CheckpointError, captureKey, describeZodError, parseCaptureKey, rolloutPath, type EpisodeId } from "../../../protocol/index.js";
+import { sendRefusal } from "../../http/http-refusal.js";
+import type { AgentKind } from "../../kinds/agent/index.js";
+import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
+import { AgentSessionState } from "./agent-session-state.js";
+import { expectOk, postJson, sessionCookieFrom, trimSlash } from "./gym-http.js";
+import { GymTaskSchema, RunRequestSchema, type GymTask, type RunReply } from "./gym-task.js";
+import { LoopStateSchema, initialState, runTurnLoop, type AgentEndpoints, type LoopDriver } from "./tool-calling-agent.js";
+
+/**
+ * The reference agent server. Native routes (invoked by the environment server), all under
+ * `/ng-rollout/<capture_key>/`:
+ *   POST open_session {cookie?}  → {session_key, restored}
+ *   POST activate     {task}     → {answer, model_calls, continued}
+ *   POST close_session {}        → {}
+ * Legacy: POST /run {rollout_id, attempt, task} → the agent owns seed, turn loop and verify.
+ */
+const OpenBodySchema = z.object({ cookie: z.string().max(200).nullable().optional() }).strict();
+const ActivateBodySchema = z.object({ task: GymTaskSchema }).strict();
+const EmptyBodySchema = z.object({}).strict();
+
+/** The legacy episode's own boundary. */
+const LegacyBoundarySchema = z.discriminatedUnion("next", [
+  z.object({ next: z.literal("loop"), cookie: z.string().nullable(), verify_mode: z.enum(["wait", "replay"]), state: LoopStateSchema }).strict(),
+  z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: z.enum(["wait", "replay"]), answer: z.string() }).strict(),
+  z.object({ next: z.literal("return"), answer: z.string(), reward: z.number() }).strict(),
+]);
+
+export interface AgentAppOptions {
+  kind: AgentKind;
+  state: AgentSessionState;
+  endpoints: AgentEndpoints;
+  episodeTimeoutMs?: number;
+}
+
+function parse<T>(schema: z.ZodType<T>, body: unknown): T {
+  const parsed = schema.safeParse(body ?? {});
+  if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
+  return parsed.data;
+}
+
+function episodeOf(request: FastifyRequest): EpisodeId {
+  const key = (request.params as { key?: string }).key ?? "";
+  const episode = parseCaptureKey(key);
+  if (!episode) throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not hold a valid capture key");
+  return episode;
+}
+
+export function createAgentApp(options: AgentAppOptions): FastifyInstance {
+  const { kind, state, endpoints } = options;
+  const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
+  // Malformed JSON and the like arrive here; they are the caller's fault.
+  app.setErrorHandler((error, _request, reply) =>
+    sendRefusal(reply, error instanceof CheckpointError ? error : new CheckpointError("invalid_request", error instanceof Error ? error.message : String(error))),
+  );
+
+  app.get("/health", async () => ({ ok: true }));
+  app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.sessions.states(), cookies: state.sessions.size }));
+
+  app.post("/ng-rollout/:key/open_session", async (request, reply) => {
+    try {
+      const episode = episodeOf(request);
+      const body = parse(OpenBodySchema, request.body);
+      const opened = kind.openSession(episode);
+      if (!opened.restored) state.set(episode.rollout_id, { cookie: body.cookie ?? state.get(episode.rollout_id)?.cookie ?? null });
+      return { session_key: episode.rollout_id, restored: opened.restored };
+    } catch (error) {
+      return sendRefusal(reply, error);
+    }
+  });
+
+  app.post("/ng-rollout/:key/activate", async (request, reply) => {
+    try {
+      const episode = episodeOf(request);
+      const body = parse(ActivateBodySchema, request.body);
+      const key = captureKey(episode);
+      const result = await kind.activate(episode, async (activation) => {
+        const restored = activation.continuation();
+        let start = initialState(body.task);
+        if (restored) {
+          const parsed = LoopStateSchema.safeParse(restored);
+          if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${key} is not a turn-loop state`);
+          start = parsed.data;
+        }
+        const driver: LoopDriver = {
+          signal: activation.signal,
+          boundary: (snapshot) => activation.boundary(() => snapshot),
+          model: (call) => activation.awaitingModel(call()),
+          tool: (call) => call(),
+          park: () => activation.park(),
+        };
+        const loop = await runTurnLoop(endpoints, key, body.task, state.get(episode.rollout_id)?.cookie ?? null, start, driver);
+        return { answer: loop.answer, model_calls: loop.modelCalls, continued: restored !== null };
+      });
+      return result;
+    } catch (error) {
+      return sendRefusal(reply, error);
+    }
+  });
+
+  app.post("/ng-rollout/:key/close_session", async (request, reply) => {
+    try {
+      const episode = episodeOf(request);
+      parse(EmptyBodySchema, request.body);
+      await kind.closeSession(episode);
+      return {};
+    } catch (error) {
+      return sendRefusal(reply, error);
+    }
+  });
+
+  app.post("/run", async (request, reply) => {
+    try {
+      const body = parse(RunRequestSchema, request.body);
+      const episode = { rollout_id: body.rollout_id, attempt: body.attempt };
+      return await kind.runLegacy(episode, body.task, options.episodeTimeoutMs !== undefined ? { timeoutMs: options.episodeTimeoutMs } : {}, (ep) =>
+        runLegacyEpisode(endpoints, ep, body.task),
+      );
+    } catch (error) {
+      return sendRefusal(reply, error);
+    }
+  });
+
+  return app;
+}
+
+/** A legacy episode: seed (replay) → turn loop (model calls replay, tools wait) → verify → return. */
+async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
+  const restored = ep.continuation();
+  const continuedFrom = restored ? String(restored.next) : null;
+  let boundary = restored ? LegacyBoundarySchema.parse(restored) : undefined;
+  const resources = trimSlash(endpoints.resourcesUrl);
+  if (!boundary) {
+    const seeded = await ep.step("replay", async (signal) => {
+      const response = await postJson(`${resources}${rolloutPath(ep.key, "/seed_session")}`, { task }, { signal });
+      expectOk("seed_session", response);
+      return {
+        cookie: sessionCookieFrom(response.headers) ?? null,
+        verify: response.headers.get("x-ng-checkpoint-verify") === "replay" ? ("replay" as const) : ("wait" as const),
+        restart: response.headers.get("x-ng-checkpoint-restart") === "1",
+      };
+    });
+    if (seeded.restart) await ep.markRestart();
+    boundary = { next: "loop", cookie: seeded.cookie, verify_mode: seeded.verify, state: initialState(task) };
+  }
+  if (boundary.next === "loop") {
+    const { cookie, verify_mode } = boundary;
+    const driver: LoopDriver = {
+      signal: ep.signal,
+      boundary: (state) => ep.boundary({ next: "loop", cookie, verify_mode, state }),
+      model: (call) => ep.step("replay", call),
+      tool: (call) => ep.step("wait", call),
+      park: () => ep.park(),
+    };
+    const loop = await runTurnLoop(endpoints, ep.key, task, cookie, boundary.state, driver);
+    boundary = { next: "verify", cookie, verify_mode, answer: loop.answer };
+    await ep.boundary(boundary);
+  }
+  if (boundary.next === "verify") {
+    const { cookie, answer } = boundary;
+    const reward = await ep.step(boundary.verify_mode as StepMode, async (signal) => {
+      const response = await postJson(`${resources}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, ...(cookie && { headers: { cookie: `ng_session=${cookie}` } }) });
+      return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
+    });
+    boundary = { next: "return", answer, reward };
+    await ep.boundary(boundary);
+  }
+  const done = boundary;
+  return { rollout_id: ep.id.rollout_id, attempt: ep.id.attempt, reward: done.reward, answer: done.answer, continued_from: continuedFrom };
+}

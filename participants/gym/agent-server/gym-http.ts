@@ -1,0 +1,52 @@
+import { CheckpointError, ErrorReplySchema } from "../../../protocol/index.js";
+
+/**
+ * The small HTTP client the reference servers use for their data-plane calls. A refusal with the
+ * standard error body becomes the same CheckpointError on this side, so `admission_closed` and
+ * `stale_attempt` travel unchanged from callee to caller.
+ */
+export interface JsonResponse {
+  status: number;
+  headers: Headers;
+  body: unknown;
+}
+
+export async function postJson(url: string, body: unknown, options: { signal?: AbortSignal; headers?: Record<string, string> } = {}): Promise<JsonResponse> {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...options.headers },
+    body: JSON.stringify(body),
+    ...(options.signal && { signal: options.signal }),
+  });
+  const text = await response.text();
+  let parsed: unknown = undefined;
+  try {
+    parsed = text.length ? JSON.parse(text) : undefined;
+  } catch {
+    parsed = text;
+  }
+  return { status: response.status, headers: response.headers, body: parsed };
+}
+
+/** Throws the callee's refusal (or an internal error naming the call) unless the status is 2xx. */
+export function expectOk(what: string, response: JsonResponse): unknown {
+  if (response.status >= 200 && response.status < 300) return response.body;
+  const refusal = ErrorReplySchema.safeParse(response.body);
+  if (refusal.success) throw new CheckpointError(refusal.data.error.code, `${what}: ${refusal.data.error.detail}`);
+  throw new CheckpointError("internal_error", `${what} answered HTTP ${response.status}`);
+}
+
+export function isRefusal(error: unknown, code: string): boolean {
+  return error instanceof CheckpointError && error.code === code;
+}
+
+/** The `ng_session` value of a Set-Cookie header, if any. */
+export function sessionCookieFrom(headers: Headers): string | undefined {
+  const raw = headers.get("set-cookie");
+  const match = raw ? /(?:^|[;,]\s*)ng_session=([^;,\s]+)/.exec(raw) : null;
+  return match?.[1];
+}
+
+export function trimSlash(url: string): string {
+  return url.replace(/\/+$/, "");
+}

@@ -1,0 +1,43 @@
+import { startParticipant } from "../../control-plane/start-participant.js";
+import { AgentKind } from "../../kinds/agent/index.js";
+import { startServerRuntime } from "../server-runtime.js";
+import { AgentSessionState } from "./agent-session-state.js";
+import { createAgentApp } from "./agent-server.js";
+
+/**
+ * The reference agent server process.
+ *   --policy-url <url>     the model participant (attach proxy) base URL
+ *   --resources-url <url>  the resources server base URL
+ *   --stream true|false    stream policy responses (default true)
+ *   --episode-timeout-ms   legacy /run deadline (checkpoint pauses do not count)
+ */
+const runtime = await startServerRuntime("agent-server", process.argv.slice(2), ["policy-url", "resources-url", "stream", "episode-timeout-ms"]);
+const { config, extra, logger } = runtime;
+if (!extra["policy-url"] || !extra["resources-url"]) {
+  process.stderr.write("agent-server: --policy-url and --resources-url are required\n");
+  process.exit(2);
+}
+const state = new AgentSessionState();
+const kind = new AgentKind(state);
+const app = createAgentApp({
+  kind,
+  state,
+  endpoints: { policyUrl: extra["policy-url"], resourcesUrl: extra["resources-url"], stream: extra.stream !== "false" },
+  ...(extra["episode-timeout-ms"] && { episodeTimeoutMs: Number(extra["episode-timeout-ms"]) }),
+});
+const address = await app.listen({ host: "127.0.0.1", port: config.port });
+const participant = await startParticipant({
+  nc: runtime.nc,
+  deployment: config.deployment,
+  instance: config.instance,
+  token: config.token,
+  adapter: kind,
+  logger,
+  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
+  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
+});
+runtime.onShutdown(async () => {
+  await participant.stop();
+  await app.close();
+});
+runtime.announceReady(address);

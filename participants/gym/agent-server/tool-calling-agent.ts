@@ -1,0 +1,160 @@
+import { z } from "zod";
+import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
+import { expectOk, isRefusal, postJson, trimSlash } from "./gym-http.js";
+import type { GymTask } from "./gym-task.js";
+
+/**
+ * The reference tool-calling agent's turn loop, written once and driven either by a native
+ * activation (boundaries are lazy snapshots) or by a legacy `/run` episode (boundaries go to the
+ * step tracker). A boundary is reported before each model call; the tool round's results are part
+ * of the next one. A refused model call (`admission_closed`) parks and retries from the boundary.
+ */
+export const ChatMessageSchema = z
+  .object({
+    role: z.enum(["system", "user", "assistant", "tool"]),
+    content: z.string().nullable(),
+    tool_calls: z
+      .array(z.object({ id: z.string(), type: z.literal("function"), function: z.object({ name: z.string(), arguments: z.string() }) }))
+      .optional(),
+    tool_call_id: z.string().optional(),
+  })
+  .passthrough();
+export type ChatMessage = z.infer<typeof ChatMessageSchema>;
+
+/** The loop state a boundary holds. */
+export const LoopStateSchema = z.object({ messages: z.array(ChatMessageSchema).min(2).max(64) }).strict();
+export type LoopState = z.infer<typeof LoopStateSchema>;
+
+export const CALCULATOR_TOOL = {
+  type: "function",
+  function: {
+    name: "calculator",
+    description: "Evaluate an arithmetic expression",
+    parameters: { type: "object", properties: { expression: { type: "string" } }, required: ["expression"] },
+  },
+} as const;
+
+const SYSTEM_PROMPT = "You are a careful calculator agent. Use the calculator tool, then answer with the number only.";
+const MAX_TURNS = 16;
+
+export function initialState(task: GymTask): LoopState {
+  return {
+    messages: [
+      { role: "system", content: SYSTEM_PROMPT },
+      { role: "user", content: `Compute: ${task.expression}` },
+    ],
+  };
+}
+
+/** How the loop reports progress to whoever tracks it. */
+export interface LoopDriver {
+  signal: AbortSignal;
+  boundary(state: LoopState): Promise<void>;
+  model<T>(call: () => Promise<T>): Promise<T>;
+  tool<T>(call: () => Promise<T>): Promise<T>;
+  park(): Promise<void>;
+}
+
+export interface AgentEndpoints {
+  policyUrl: string;
+  resourcesUrl: string;
+  stream: boolean;
+}
+
+export interface LoopResult {
+  answer: string;
+  modelCalls: number;
+}
+
+export async function runTurnLoop(
+  endpoints: AgentEndpoints,
+  captureKey: string,
+  task: GymTask,
+  cookie: string | null,
+  start: LoopState,
+  driver: LoopDriver,
+): Promise<LoopResult> {
+  const messages: ChatMessage[] = start.messages.map((m) => ({ ...m }));
+  let modelCalls = 0;
+  for (let turn = 0; turn < MAX_TURNS; turn++) {
+    await driver.boundary({ messages: messages.map((m) => ({ ...m })) });
+    let reply: ChatMessage;
+    for (;;) {
+      try {
+        modelCalls += 1;
+        reply = await driver.model(() => callPolicy(endpoints, captureKey, task, messages, driver.signal));
+        break;
+      } catch (error) {
+        if (!isRefusal(error, "admission_closed")) throw error;
+        await driver.park();
+      }
+    }
+    const calls = reply.tool_calls ?? [];
+    if (calls.length === 0) return { answer: (reply.content ?? "").trim(), modelCalls };
+    messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });
+    for (const call of calls) {
+      const result = await driver.tool(() => callCalculator(endpoints, captureKey, cookie, call.function.arguments, driver.signal));
+      messages.push({ role: "tool", tool_call_id: call.id, content: JSON.stringify(result) });
+    }
+  }
+  throw new CheckpointError("internal_error", `no final answer after ${MAX_TURNS} turns`);
+}
+
+async function callPolicy(endpoints: AgentEndpoints, key: string, task: GymTask, messages: ChatMessage[], signal: AbortSignal): Promise<ChatMessage> {
+  const url = `${trimSlash(endpoints.policyUrl)}${rolloutPath(key, "/v1/chat/completions")}`;
+  const response = await postJson(
+    url,
+    { model: "policy", messages, tools: [CALCULATOR_TOOL], metadata: { tool_rounds: String(task.tool_rounds) }, stream: endpoints.stream },
+    { signal },
+  );
+  const body = expectOk("policy", response);
+  return typeof body === "string" ? assembleStream(body) : firstMessage(body);
+}
+
+function firstMessage(body: unknown): ChatMessage {
+  const parsed = z.object({ choices: z.array(z.object({ message: ChatMessageSchema }).passthrough()).min(1) }).passthrough().safeParse(body);
+  if (!parsed.success) throw new CheckpointError("internal_error", "the policy answered without a message");
+  return parsed.data.choices[0]!.message;
+}
+
+/** Rebuilds one assistant message from OpenAI-style SSE chunks. */
+export function assembleStream(text: string): ChatMessage {
+  let content = "";
+  const tools = new Map<number, { id: string; name: string; arguments: string }>();
+  for (const line of text.split("\n")) {
+    const trimmed = line.trim();
+    if (!trimmed.startsWith("data:")) continue;
+    const data = trimmed.slice(5).trim();
+    if (data === "[DONE]") break;
+    const chunk = JSON.parse(data) as { choices?: { delta?: { content?: string | null; tool_calls?: { index?: number; id?: string; function?: { name?: string; arguments?: string } }[] } }[] };
+    const delta = chunk.choices?.[0]?.delta;
+    if (!delta) continue;
+    if (typeof delta.content === "string") content += delta.content;
+    for (const call of delta.tool_calls ?? []) {
+      const index = call.index ?? 0;
+      const entry = tools.get(index) ?? { id: "", name: "", arguments: "" };
+      if (call.id) entry.id = call.id;
+      if (call.function?.name) entry.name += call.function.name;
+      if (call.function?.arguments) entry.arguments += call.function.arguments;
+      tools.set(index, entry);
+    }
+  }
+  const toolCalls = [...tools.entries()]
+    .sort(([a], [b]) => a - b)
+    .map(([, t]) => ({ id: t.id, type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
+  return { role: "assistant", content: content.length ? content : null, ...(toolCalls.length && { tool_calls: toolCalls }) };
+}
+
+async function callCalculator(endpoints: AgentEndpoints, key: string, cookie: string | null, args: string, signal: AbortSignal): Promise<unknown> {
+  let expression: unknown;
+  try {
+    expression = (JSON.parse(args) as { expression?: unknown }).expression;
+  } catch {
+    expression = undefined;
+  }
+  if (typeof expression !== "string") return { error: "the calculator needs {\"expression\": string}" };
+  const url = `${trimSlash(endpoints.resourcesUrl)}${rolloutPath(key, "/tools/calculator")}`;
+  const response = await postJson(url, { expression }, { signal, ...(cookie && { headers: { cookie: `ng_session=${cookie}` } }) });
+  if (response.status === 400) return response.body;
+  return expectOk("calculator", response);
+}
