@@ -1,0 +1,70 @@
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
+import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
+import { CONTROLLER_TOKEN, hookLog, startWorld, type World } from "../integration/coordinator-harness.js";
+import { daemonArgs, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
+
+let world: World;
+const daemons: DaemonProcess[] = [];
+
+beforeAll(async () => {
+  ensureBuilt();
+  world = await startWorld();
+  await world.startParticipants();
+  for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "k1", attempt: 0 }, { s: 1 });
+});
+afterAll(async () => {
+  await Promise.allSettled(daemons.map((d) => d.kill()));
+  await world?.close();
+});
+beforeEach(() => {
+  hookLog.length = 0;
+});
+
+/** Starts a crashing daemon, waits until it serves, asks for a checkpoint and waits for the SIGKILL. */
+async function crashDuringCheckpoint(id: string, at: "before-decision" | "after-decision"): Promise<void> {
+  const daemon = spawnDaemon(daemonArgs(world, ["--no-http", "--coordinator-id", `crashing-${at}`]), { GYM_CKPT_TEST_CRASH_AT: at });
+  daemons.push(daemon);
+  const nc = await world.nats.connect();
+  const client = new NatsControllerClient({ nc, deployment: world.deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 15_000, slackMs: 500 });
+  // status succeeds once the daemon is the ready leader serving the controller API
+  await client.status();
+  const pending = client.checkpoint({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + 1.5 }).catch((error: unknown) => error);
+  const exit = await daemon.exited;
+  expect(exit.signal).toBe("SIGKILL");
+  expect(daemon.stderr()).toContain(`GYM_CKPT_TEST_CRASH_AT=${at}`);
+  const outcome = await pending;
+  expect(outcome).toMatchObject({ code: expect.stringMatching(/outcome_unknown|not_leader/) });
+  for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("prepared");
+}
+
+describe("a coordinator process killed with SIGKILL mid-checkpoint", () => {
+  it("after the decision: the new leader re-drives commit, publishes and resumes", async () => {
+    await crashDuringCheckpoint("killed-after", "after-decision");
+    expect(hookLog.filter((h) => h.startsWith("export:"))).toHaveLength(0);
+    const successor = await world.startCoordinator({ coordinator_id: "successor-1", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+    await successor.whenReady();
+    expect(hookLog.filter((h) => h.startsWith("export:"))).toHaveLength(5);
+    const catalog = new CheckpointCatalog(world.root);
+    const manifest = await catalog.get("killed-after");
+    expect(manifest.epoch).toBe(successor.lease.state().epoch);
+    expect((await verifyCheckpoint(catalog, "killed-after")).records).toBe(3);
+    expect(await catalog.latest()).toBe("killed-after");
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    await successor.stop();
+    world.coordinators.splice(world.coordinators.indexOf(successor), 1);
+  });
+
+  it("before the decision: the new leader resumes everyone (presumed abort)", async () => {
+    await crashDuringCheckpoint("killed-before", "before-decision");
+    const successor = await world.startCoordinator({ coordinator_id: "successor-2", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+    await successor.whenReady();
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    expect(hookLog.filter((h) => h.startsWith("export:"))).toHaveLength(0);
+    await expect(new CheckpointCatalog(world.root).get("killed-before")).rejects.toMatchObject({ code: "not_found" });
+    // the aborted id is fenced
+    await expect(world.client.prepare({ checkpoint_id: "killed-before" })).rejects.toMatchObject({ code: "stale_checkpoint" });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+});

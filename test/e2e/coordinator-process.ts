@@ -1,0 +1,82 @@
+import { execFile, execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { existsSync } from "node:fs";
+import { promisify } from "node:util";
+import { CONTROLLER_TOKEN, PARTICIPANT_TOKEN, type World } from "../integration/coordinator-harness.js";
+
+export const MAIN = "dist/coordinator/cli/main.js";
+
+/** Builds dist once when it is missing (`npm test` builds before vitest). */
+export function ensureBuilt(): void {
+  if (existsSync(MAIN)) return;
+  try {
+    execFileSync("npx", ["tsc", "-p", "tsconfig.build.json"], { stdio: "ignore" });
+  } catch {
+    // type errors elsewhere still emit JavaScript
+  }
+  if (!existsSync(MAIN)) throw new Error(`${MAIN} is missing after the build`);
+}
+
+export function daemonArgs(world: World, extra: string[] = []): string[] {
+  return [
+    MAIN,
+    "coordinator",
+    "--deployment",
+    world.deployment,
+    "--nats-url",
+    world.nats.server.url,
+    "--token",
+    PARTICIPANT_TOKEN,
+    "--controller-token",
+    CONTROLLER_TOKEN,
+    "--checkpoint-root",
+    world.root,
+    "--lease-ms",
+    "500",
+    "--default-timeout-ms",
+    "5000",
+    "--log-level",
+    "warn",
+    ...extra,
+  ];
+}
+
+export interface DaemonProcess {
+  child: ChildProcess;
+  stdout: () => string;
+  stderr: () => string;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  kill(signal?: NodeJS.Signals): Promise<void>;
+}
+
+/** Spawns `gym-ckpt coordinator` as a real process; `kill` is safe to call in teardown. */
+export function spawnDaemon(args: string[], env: Record<string, string> = {}): DaemonProcess {
+  const child = spawn(process.execPath, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  let err = "";
+  child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
+  child.stderr!.on("data", (d: Buffer) => (err += d.toString()));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+  return {
+    child,
+    stdout: () => out,
+    stderr: () => err,
+    exited,
+    async kill(signal: NodeJS.Signals = "SIGKILL") {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      await exited;
+    },
+  };
+}
+
+const execFileAsync = promisify(execFile);
+
+/** Runs the built CLI without blocking the event loop (in-process participants must keep answering). */
+export async function cli(args: string[], env: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+  try {
+    const { stdout, stderr } = await execFileAsync(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env }, timeout: 30_000 });
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const e = error as { code?: number; stdout?: string; stderr?: string };
+    return { code: typeof e.code === "number" ? e.code : 1, stdout: e.stdout ?? "", stderr: e.stderr ?? "" };
+  }
+}
