@@ -1,0 +1,111 @@
+import { readdir, writeFile, appendFile } from "node:fs/promises";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CONTROLLER_TOKEN, PARTICIPANT_TOKEN, startWorld, type World } from "../integration/coordinator-harness.js";
+import { cli, daemonArgs, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
+
+let world: World;
+let daemon: DaemonProcess;
+let env: Record<string, string>;
+
+beforeAll(async () => {
+  ensureBuilt();
+  world = await startWorld();
+  await world.startParticipants();
+  world.participant("policy").adapter.addEpisode({ rollout_id: "c1", attempt: 0 }, { t: 1 });
+  daemon = spawnDaemon(daemonArgs(world, ["--http-port", "0"]));
+  env = { GYM_CKPT_NATS_URL: world.nats.server.url, GYM_CKPT_DEPLOYMENT: world.deployment, GYM_CKPT_CONTROLLER_TOKEN: CONTROLLER_TOKEN, GYM_CKPT_CHECKPOINT_ROOT: world.root };
+});
+afterAll(async () => {
+  await daemon?.kill();
+  await world?.close();
+});
+
+describe("gym-ckpt CLI (built binary)", () => {
+  it("checkpoint, status table, ls and verify against a real daemon", async () => {
+    const checkpoint = await cli(["checkpoint", "--id", "cli-1", "--json", "--state-json", '{"step":1}'], env);
+    expect(checkpoint.stderr).toBe("");
+    expect(checkpoint.code).toBe(0);
+    expect(JSON.parse(checkpoint.stdout)).toMatchObject({ checkpoint_id: "cli-1", participants: 5 });
+
+    const status = await cli(["status"], env);
+    expect(status.code).toBe(0);
+    const lines = status.stdout.trim().split("\n");
+    expect(lines[1]).toMatch(/^KIND\s+INSTANCE\s+PHASE\s+LEASE\s+BLOCKERS$/);
+    expect(lines.slice(2).map((l) => l.split(/\s+/).slice(0, 3).join(" "))).toEqual([
+      "agent agent1 idle",
+      "agent agent2 idle",
+      "environment env1 idle",
+      "model policy idle",
+      "resources tools idle",
+    ]);
+
+    const ls = await cli(["ls"], env);
+    expect(ls.code).toBe(0);
+    expect(ls.stdout).toMatch(/^\* cli-1 /);
+
+    const verify = await cli(["verify", "cli-1"], env);
+    expect(verify.code).toBe(0);
+    expect(verify.stdout).toContain("ok cli-1: 5 participants, 1 records");
+  });
+
+  it("fine-grained ops: prepare, commit, publish, resume; refusals exit non-zero naming the code", async () => {
+    expect((await cli(["prepare", "cli-2"], env)).code).toBe(0);
+    const wrong = await cli(["publish", "cli-2"], env);
+    expect(wrong.code).toBe(1);
+    expect(wrong.stderr).toMatch(/^error invalid_phase: /);
+    expect((await cli(["commit", "cli-2", "--episodes", "c1"], env)).code).toBe(0);
+    expect((await cli(["publish", "cli-2"], env)).code).toBe(0);
+    expect((await cli(["resume", "cli-2"], env)).code).toBe(0);
+    const unknown = await cli(["commit", "nope"], env);
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toMatch(/^error not_found: /);
+    const badId = await cli(["prepare", "../x"], env);
+    expect(badId.code).toBe(2);
+    expect(badId.stderr).toMatch(/^error invalid_request: /);
+    const badToken = await cli(["status"], { ...env, GYM_CKPT_CONTROLLER_TOKEN: "wrong" });
+    expect(badToken.stderr).toMatch(/^error unauthorized: /);
+    const retire = await cli(["retire", "--episodes", "c1-a3"], env);
+    expect(retire.code).toBe(0);
+    expect(JSON.parse(retire.stdout).participants).toHaveLength(5);
+    expect((await cli(["forget", "--rollouts", "c1"], env)).code).toBe(0);
+  });
+
+  it("verify exits 1 naming invalid_checkpoint_state when a record changed", async () => {
+    const dir = join(world.root, "cli-1", "gym", "model", "policy");
+    const records = (await readdir(dir)).find((n) => n.startsWith("records-"))!;
+    await appendFile(join(dir, records), '{"episode_id":{"rollout_id":"zz","attempt":0}}\n');
+    const verify = await cli(["verify", "cli-1"], env);
+    expect(verify.code).toBe(1);
+    expect(verify.stderr).toMatch(/^error invalid_checkpoint_state: model\/policy: records digest/);
+    const missing = await cli(["verify", "never"], env);
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toMatch(/^error not_found: /);
+  });
+
+  it("coordinator --print-config redacts secrets; bad config is a readable error (exit 2)", async () => {
+    const printed = await cli(daemonArgs(world, ["--print-config"]).slice(1));
+    expect(printed.code).toBe(0);
+    expect(printed.stdout).not.toContain(PARTICIPANT_TOKEN);
+    expect(printed.stdout).not.toContain(CONTROLLER_TOKEN);
+    expect(JSON.parse(printed.stdout)).toMatchObject({ token: "[Redacted]", controller_token: "[Redacted]", lease_ms: 500, deployment: world.deployment });
+    const file = join(world.root, "bad-config.json");
+    await writeFile(file, JSON.stringify({ retention: 0, unknown_key: 1 }));
+    const bad = await cli(["coordinator", "--config", file, "--print-config"], { GYM_CKPT_TOKEN: "x", GYM_CKPT_CHECKPOINT_ROOT: "relative" });
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain("invalid configuration");
+    expect(bad.stderr).toContain("retention");
+    expect(bad.stderr).toContain("checkpoint_root");
+    expect(bad.stderr).toContain("unknown_key");
+  });
+
+  it("the daemon prints its HTTP address (127.0.0.1) and stops cleanly on SIGTERM", async () => {
+    const url = /http (http:\/\/\S+)/.exec(daemon.stdout())?.[1];
+    expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    const via = await cli(["status", "--http-url", url!, "--json"], env);
+    expect(via.code).toBe(0);
+    expect(JSON.parse(via.stdout).participants).toHaveLength(5);
+    await daemon.kill("SIGTERM");
+    expect(await daemon.exited).toEqual({ code: 0, signal: null });
+  });
+});
