@@ -1,0 +1,55 @@
+import { z } from "zod";
+import { canonicalJson } from "../../protocol/index.js";
+import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sandbox/run-sandboxed.js";
+import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
+
+export const MAX_CASES = 100;
+const CodeVerifyBodySchema = z
+  .object({
+    task: z
+      .object({
+        function_name: z.string().regex(/^[A-Za-z_$][A-Za-z0-9_$]{0,63}$/, "function_name must be a JavaScript identifier"),
+        tests: z.array(z.object({ args: z.array(z.json()).max(32), expected: z.json() }).strict()).min(1).max(MAX_CASES),
+      })
+      .catchall(z.json()),
+    answer: z.string().min(1).max(100_000),
+  })
+  .strict();
+
+/** The submitted code as the answer: the first fenced code block if there is one. */
+export function extractCode(answer: string): string {
+  const fenced = /```(?:javascript|js)?\s*\n([\s\S]*?)```/.exec(answer);
+  return fenced ? fenced[1]! : answer;
+}
+
+/**
+ * Runs a submitted JavaScript function against test cases in a sandboxed child process
+ * (see run-sandboxed.ts for the limits). Reward = fraction of cases whose JSON result equals
+ * the expected value; 0 when the run was stopped by a limit.
+ */
+export class CodeVerifier extends VerifierServer {
+  constructor(private readonly limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS) {
+    super();
+  }
+
+  async verify(body: unknown): Promise<VerifyResult> {
+    const { task, answer } = parseVerifierBody(CodeVerifyBodySchema, body);
+    const outcome = await runSandboxed(
+      { mode: "function", code: extractCode(answer), function_name: task.function_name, cases: task.tests.map((t) => ({ args: t.args })) },
+      this.limits,
+    );
+    if (outcome.status !== "completed") return { reward: 0, status: outcome.status, passed: 0, total: task.tests.length };
+    let passed = 0;
+    const statuses = outcome.results.map((result, index) => {
+      if (result.status !== "ok") return result.status;
+      try {
+        const ok = canonicalJson(JSON.parse(result.output)) === canonicalJson(task.tests[index]!.expected);
+        if (ok) passed += 1;
+        return ok ? "pass" : "fail";
+      } catch {
+        return "fail";
+      }
+    });
+    return { reward: passed / task.tests.length, status: "completed", passed, total: task.tests.length, cases: statuses };
+  }
+}

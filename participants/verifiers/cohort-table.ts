@@ -1,0 +1,199 @@
+import { VerifierError } from "./verifier-errors.js";
+import type { VerifyResult } from "./verifier-server.js";
+
+/** One member's submission, as the judge sees it. */
+export interface CohortMember {
+  index: number;
+  answer: string;
+  task: unknown;
+}
+
+/** Judges a complete cohort: one result per member, in index order. */
+export type CohortJudge = (members: CohortMember[], signal: AbortSignal) => Promise<number[]>;
+
+export interface CohortSettings {
+  /** Members per cohort (num_rollouts_per_prompt). */
+  size: number;
+  /** From the first member's arrival; duplicates do not extend it. */
+  collectionTimeoutMs: number;
+  /** Covers the judge call(s) after collection. */
+  evaluationTimeoutMs: number;
+  /** How long finished cohorts (results or failures) are kept for replays. */
+  resultTtlMs: number;
+  /** Count cap on finished cohorts kept. */
+  maxTerminalCohorts: number;
+}
+
+export const DEFAULT_COHORT_SETTINGS: Omit<CohortSettings, "size"> = {
+  collectionTimeoutMs: 1_800_000,
+  evaluationTimeoutMs: 1_800_000,
+  resultTtlMs: 3_600_000,
+  maxTerminalCohorts: 4096,
+};
+
+export interface Coordinates {
+  groupId: string;
+  attempt: number;
+  index: number;
+}
+
+type CohortState = "collecting" | "judging" | "done" | "failed" | "superseded";
+
+interface Cohort {
+  groupId: string;
+  attempt: number;
+  state: CohortState;
+  slots: Map<number, { digest: string; member: CohortMember }>;
+  results: VerifyResult[] | undefined;
+  failure: VerifierError | undefined;
+  settled: Promise<void>;
+  settle: () => void;
+  timer: NodeJS.Timeout | undefined;
+  finishedAt: number | undefined;
+}
+
+/**
+ * Process-local cohort table of the comparison verifier. A cohort is keyed by group id and
+ * group attempt; each member owns one slot. Judging starts once every slot is filled and all
+ * results are published together. Nothing here is durable: after a crash the table is empty
+ * and cohorts are rebuilt only from the members that re-send their `/verify` (docs/verifiers.md).
+ */
+export class CohortTable {
+  private readonly cohorts = new Map<string, Cohort>();
+  /** Finished cohorts in finish order, for the TTL and count caps. */
+  private readonly finished: Cohort[] = [];
+  judgeCalls = 0;
+
+  constructor(
+    private readonly settings: CohortSettings,
+    private readonly judge: CohortJudge,
+  ) {
+    for (const [name, value] of Object.entries(settings)) {
+      if (!Number.isFinite(value) || value <= 0) throw new Error(`cohort setting ${name} must be finite and positive`);
+    }
+    if (!Number.isInteger(settings.size)) throw new Error("cohort size must be an integer");
+  }
+
+  /** Members currently waiting across active cohorts (for status and tests). */
+  get activeCohorts(): number {
+    let n = 0;
+    for (const cohort of this.cohorts.values()) if (cohort.state === "collecting" || cohort.state === "judging") n += 1;
+    return n;
+  }
+
+  async arrive(coordinates: Coordinates, digest: string, member: CohortMember): Promise<VerifyResult> {
+    this.sweep(Date.now());
+    if (coordinates.index < 0 || coordinates.index >= this.settings.size) {
+      throw new VerifierError("invalid_coordinates", `_ng_rollout_index must be in 0..${this.settings.size - 1}`);
+    }
+    let cohort = this.cohorts.get(coordinates.groupId);
+    if (cohort && coordinates.attempt < cohort.attempt) {
+      throw new VerifierError("cohort_superseded", `group attempt ${coordinates.attempt} was superseded by ${cohort.attempt}`);
+    }
+    if (cohort && coordinates.attempt > cohort.attempt) {
+      this.supersede(cohort);
+      cohort = undefined;
+    }
+    if (!cohort) cohort = this.create(coordinates);
+
+    const slot = cohort.slots.get(coordinates.index);
+    if (slot) {
+      // Identical replay: wait with the others, or take the cached result without judging again.
+      if (slot.digest !== digest) throw new VerifierError("cohort_slot_conflict", `slot ${coordinates.index} holds a different payload`);
+    } else {
+      if (cohort.state !== "collecting") throw cohort.failure ?? new VerifierError("cohort_failed", "the cohort is no longer collecting");
+      cohort.slots.set(coordinates.index, { digest, member });
+      if (cohort.slots.size === this.settings.size) this.startJudging(cohort);
+    }
+    await cohort.settled;
+    if (cohort.state === "done") return cohort.results![coordinates.index]!;
+    throw cohort.failure ?? new VerifierError("cohort_failed", "the cohort failed");
+  }
+
+  private create(coordinates: Coordinates): Cohort {
+    let settle!: () => void;
+    const settled = new Promise<void>((resolve) => (settle = resolve));
+    const cohort: Cohort = {
+      groupId: coordinates.groupId,
+      attempt: coordinates.attempt,
+      state: "collecting",
+      slots: new Map(),
+      results: undefined,
+      failure: undefined,
+      settled,
+      settle,
+      timer: undefined,
+      finishedAt: undefined,
+    };
+    cohort.timer = setTimeout(() => {
+      if (cohort.state !== "collecting") return;
+      this.finish(
+        cohort,
+        "failed",
+        new VerifierError("cohort_failed", `only ${cohort.slots.size} of ${this.settings.size} members arrived within ${this.settings.collectionTimeoutMs} ms`),
+      );
+    }, this.settings.collectionTimeoutMs);
+    cohort.timer.unref?.();
+    this.cohorts.set(coordinates.groupId, cohort);
+    return cohort;
+  }
+
+  private startJudging(cohort: Cohort): void {
+    clearTimeout(cohort.timer);
+    cohort.state = "judging";
+    const members = [...cohort.slots.values()].map((s) => s.member).sort((a, b) => a.index - b.index);
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(new Error("evaluation timeout")), this.settings.evaluationTimeoutMs);
+    timer.unref?.();
+    this.judgeCalls += 1;
+    const judged = new Promise<number[]>((resolve, reject) => {
+      abort.signal.addEventListener("abort", () => reject(new Error(`evaluation exceeded ${this.settings.evaluationTimeoutMs} ms`)), { once: true });
+      this.judge(members, abort.signal).then(resolve, reject);
+    });
+    judged
+      .then((rewards) => {
+        if (rewards.length !== members.length || rewards.some((r) => typeof r !== "number" || !Number.isFinite(r))) {
+          throw new Error("the judge returned a malformed result");
+        }
+        return rewards.map((reward): VerifyResult => ({ reward }));
+      })
+      .catch((error: unknown) =>
+        // A judge failure is a masked result (HTTP 200), cached like any other.
+        members.map((): VerifyResult => ({ reward: 0, _ng_failure_class: "judge_failed", detail: error instanceof Error ? error.message : String(error) })),
+      )
+      .then((results) => {
+        clearTimeout(timer);
+        if (cohort.state !== "judging") return;
+        cohort.results = results;
+        this.finish(cohort, "done", undefined);
+      });
+  }
+
+  private supersede(cohort: Cohort): void {
+    if (cohort.state === "collecting" || cohort.state === "judging") {
+      this.finish(cohort, "superseded", new VerifierError("cohort_superseded", `group attempt ${cohort.attempt} was superseded`));
+    }
+    this.cohorts.delete(cohort.groupId);
+  }
+
+  private finish(cohort: Cohort, state: "done" | "failed" | "superseded", failure: VerifierError | undefined): void {
+    clearTimeout(cohort.timer);
+    cohort.state = state;
+    cohort.failure = failure;
+    cohort.finishedAt = Date.now();
+    if (state !== "superseded") this.finished.push(cohort);
+    cohort.settle();
+    this.sweep(cohort.finishedAt);
+  }
+
+  /** Drops finished cohorts past their TTL or beyond the count cap (oldest first). */
+  private sweep(now: number): void {
+    while (this.finished.length > 0) {
+      const oldest = this.finished[0]!;
+      const expired = now - oldest.finishedAt! > this.settings.resultTtlMs;
+      if (!expired && this.finished.length <= this.settings.maxTerminalCohorts) break;
+      this.finished.shift();
+      if (this.cohorts.get(oldest.groupId) === oldest) this.cohorts.delete(oldest.groupId);
+    }
+  }
+}

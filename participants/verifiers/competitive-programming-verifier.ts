@@ -1,0 +1,48 @@
+import { z } from "zod";
+import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sandbox/run-sandboxed.js";
+import { extractCode, MAX_CASES } from "./code-verifier.js";
+import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
+
+const CpVerifyBodySchema = z
+  .object({
+    task: z
+      .object({ cases: z.array(z.object({ input: z.string().max(1_000_000), output: z.string().max(1_000_000) }).strict()).min(1).max(MAX_CASES) })
+      .catchall(z.json()),
+    answer: z.string().min(1).max(100_000),
+  })
+  .strict();
+
+/** Output comparison that ignores trailing spaces on lines and trailing blank lines. */
+export function normalizeOutput(text: string): string {
+  return text
+    .replace(/\r\n/g, "\n")
+    .split("\n")
+    .map((line) => line.trimEnd())
+    .join("\n")
+    .replace(/\n+$/, "");
+}
+
+/**
+ * Competitive programming: the program reads the case's stdin through `input` (a string) or
+ * `readLine()`, writes with `print(...)` / `console.log(...)`, and must print the expected
+ * output. All cases must pass for reward 1. Same sandbox and limits as the code verifier.
+ */
+export class CompetitiveProgrammingVerifier extends VerifierServer {
+  constructor(private readonly limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS) {
+    super();
+  }
+
+  async verify(body: unknown): Promise<VerifyResult> {
+    const { task, answer } = parseVerifierBody(CpVerifyBodySchema, body);
+    const outcome = await runSandboxed({ mode: "stdio", code: extractCode(answer), cases: task.cases.map((c) => ({ input: c.input })) }, this.limits);
+    if (outcome.status !== "completed") return { reward: 0, status: outcome.status, passed: 0, total: task.cases.length };
+    let passed = 0;
+    const verdicts = outcome.results.map((result, index) => {
+      if (result.status !== "ok") return result.status;
+      const ok = normalizeOutput(result.output) === normalizeOutput(task.cases[index]!.output);
+      if (ok) passed += 1;
+      return ok ? "pass" : "wrong_answer";
+    });
+    return { reward: passed === task.cases.length ? 1 : 0, status: "completed", passed, total: task.cases.length, cases: verdicts };
+  }
+}

@@ -1,0 +1,41 @@
+import { z } from "zod";
+import type { JudgeClient } from "./judge-client.js";
+import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
+
+const EquivalenceBodySchema = z
+  .object({
+    task: z.object({ expected_answer: z.string().max(100_000), question: z.string().max(100_000).optional() }).catchall(z.json()),
+    answer: z.string().max(100_000),
+  })
+  .strict();
+
+export const EQUIVALENCE_SYSTEM_PROMPT =
+  "You judge whether a candidate answer is equivalent to a reference answer. Reply with exactly one word: YES or NO.";
+
+/**
+ * Asks a judge model whether the answer is equivalent to the expected one. Pure with respect to
+ * its input (temperature 0), so replaying it after a crash is safe. A judge failure is answered
+ * 200 with reward 0 and `_ng_failure_class: "judge_failed"`, so the caller can mask the sample.
+ */
+export class EquivalenceJudgeVerifier extends VerifierServer {
+  constructor(private readonly judge: JudgeClient) {
+    super();
+  }
+
+  async verify(body: unknown): Promise<VerifyResult> {
+    const { task, answer } = parseVerifierBody(EquivalenceBodySchema, body);
+    const question = task.question ? `Question: ${task.question}\n` : "";
+    try {
+      const verdict = await this.judge.ask([
+        { role: "system", content: EQUIVALENCE_SYSTEM_PROMPT },
+        { role: "user", content: `${question}Reference answer: ${task.expected_answer}\nCandidate answer: ${answer}` },
+      ]);
+      const word = verdict.trim().toUpperCase();
+      if (word.startsWith("YES")) return { reward: 1, verdict: "YES" };
+      if (word.startsWith("NO")) return { reward: 0, verdict: "NO" };
+      return { reward: 0, _ng_failure_class: "judge_failed", detail: "the judge answered neither YES nor NO" };
+    } catch (error) {
+      return { reward: 0, _ng_failure_class: "judge_failed", detail: error instanceof Error ? error.message : String(error) };
+    }
+  }
+}

@@ -1,0 +1,16 @@
+/** Reference verifiers: each a stateless + replay resources server that judges one request on its own. */
+export { VerifierServer, parseVerifierBody } from "./verifier-server.js";
+export type { VerifyResult } from "./verifier-server.js";
+export { VERIFIER_ERRORS, VerifierError, sendVerifierRefusal } from "./verifier-errors.js";
+export type { VerifierErrorCode } from "./verifier-errors.js";
+export { MathVerifier, extractAnswer, normalizeAnswer } from "./math-verifier.js";
+export { CodeVerifier, extractCode } from "./code-verifier.js";
+export { CompetitiveProgrammingVerifier, normalizeOutput } from "./competitive-programming-verifier.js";
+export { EquivalenceJudgeVerifier, EQUIVALENCE_SYSTEM_PROMPT } from "./equivalence-judge-verifier.js";
+export { CohortCompareVerifier, modelCohortJudge, COHORT_SYSTEM_PROMPT } from "./cohort-compare-verifier.js";
+export { CohortTable, DEFAULT_COHORT_SETTINGS } from "./cohort-table.js";
+export type { CohortJudge, CohortMember, CohortSettings, Coordinates } from "./cohort-table.js";
+export { JudgeClient } from "./judge-client.js";
+export type { JudgeClientOptions, ChatMessage } from "./judge-client.js";
+export { runSandboxed, DEFAULT_SANDBOX_LIMITS } from "./sandbox/run-sandboxed.js";
+export type { SandboxJob, SandboxLimits, SandboxOutcome, CaseResult } from "./sandbox/run-sandboxed.js";

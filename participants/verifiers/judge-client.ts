@@ -1,0 +1,42 @@
+import { z } from "zod";
+
+/** Only the fields we read from an OpenAI-compatible chat completion (other fields pass through). */
+const ChatCompletionSchema = z.looseObject({
+  choices: z.array(z.looseObject({ message: z.looseObject({ content: z.string().nullable() }) })).min(1),
+});
+
+export interface JudgeClientOptions {
+  /** Base URL of an OpenAI-compatible endpoint, e.g. the reference policy backend. */
+  baseUrl: string;
+  model?: string;
+  requestTimeoutMs?: number;
+  apiKey?: string;
+}
+
+export interface ChatMessage {
+  role: "system" | "user" | "assistant";
+  content: string;
+}
+
+/** Asks a judge model once (non-streaming) and returns its text; throws on any failure. */
+export class JudgeClient {
+  readonly calls: number[] = [];
+  constructor(private readonly options: JudgeClientOptions) {
+    new URL(options.baseUrl);
+  }
+
+  async ask(messages: ChatMessage[], signal?: AbortSignal): Promise<string> {
+    this.calls.push(Date.now());
+    const timeout = AbortSignal.timeout(this.options.requestTimeoutMs ?? 60_000);
+    const response = await fetch(`${this.options.baseUrl.replace(/\/+$/, "")}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...(this.options.apiKey && { authorization: `Bearer ${this.options.apiKey}` }) },
+      body: JSON.stringify({ model: this.options.model ?? "judge", messages, stream: false, temperature: 0 }),
+      signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
+    });
+    if (!response.ok) throw new Error(`judge answered HTTP ${response.status}`);
+    const parsed = ChatCompletionSchema.safeParse(await response.json());
+    if (!parsed.success) throw new Error("judge reply is not a chat completion");
+    return parsed.data.choices[0]!.message.content ?? "";
+  }
+}

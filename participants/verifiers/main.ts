@@ -1,0 +1,81 @@
+import { startParticipant } from "../control-plane/start-participant.js";
+import { createResourcesApp } from "../kinds/resources/index.js";
+import { startServerRuntime } from "../gym/server-runtime.js";
+import { CodeVerifier } from "./code-verifier.js";
+import { CohortCompareVerifier, modelCohortJudge } from "./cohort-compare-verifier.js";
+import { CompetitiveProgrammingVerifier } from "./competitive-programming-verifier.js";
+import { EquivalenceJudgeVerifier } from "./equivalence-judge-verifier.js";
+import { JudgeClient } from "./judge-client.js";
+import { MathVerifier } from "./math-verifier.js";
+import type { VerifierServer } from "./verifier-server.js";
+
+/**
+ * A verifier process: `node dist/participants/verifiers/main.js --verifier <name> [...]`
+ *   --verifier math | code | competitive | equivalence | cohort
+ *   --judge-url <OpenAI-compatible base URL> (equivalence, cohort), --judge-model
+ *   --cohort-size <n>, --collection-timeout-ms, --evaluation-timeout-ms (cohort)
+ */
+const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
+  "verifier",
+  "judge-url",
+  "judge-model",
+  "cohort-size",
+  "collection-timeout-ms",
+  "evaluation-timeout-ms",
+]);
+const { config, extra, logger } = runtime;
+
+function judge(): JudgeClient {
+  if (!extra["judge-url"]) throw new Error("--judge-url is required for judge-based verifiers");
+  return new JudgeClient({ baseUrl: extra["judge-url"], ...(extra["judge-model"] && { model: extra["judge-model"] }) });
+}
+
+function build(): VerifierServer {
+  switch (extra.verifier ?? "math") {
+    case "math":
+      return new MathVerifier();
+    case "code":
+      return new CodeVerifier();
+    case "competitive":
+      return new CompetitiveProgrammingVerifier();
+    case "equivalence":
+      return new EquivalenceJudgeVerifier(judge());
+    case "cohort":
+      return new CohortCompareVerifier(
+        {
+          size: Number(extra["cohort-size"] ?? "2"),
+          ...(extra["collection-timeout-ms"] && { collectionTimeoutMs: Number(extra["collection-timeout-ms"]) }),
+          ...(extra["evaluation-timeout-ms"] && { evaluationTimeoutMs: Number(extra["evaluation-timeout-ms"]) }),
+        },
+        modelCohortJudge(judge()),
+      );
+    default:
+      throw new Error(`unknown --verifier ${extra.verifier}`);
+  }
+}
+
+let server: VerifierServer;
+try {
+  server = build();
+} catch (error) {
+  process.stderr.write(`verifier: ${error instanceof Error ? error.message : String(error)}\n`);
+  process.exit(2);
+}
+const { app, kind } = await createResourcesApp(server, { logger });
+app.get("/health", async () => ({ ok: true, verifier: extra.verifier ?? "math", mode: kind.mode, verify: kind.verify }));
+const address = await app.listen({ host: "127.0.0.1", port: config.port });
+const participant = await startParticipant({
+  nc: runtime.nc,
+  deployment: config.deployment,
+  instance: config.instance,
+  token: config.token,
+  adapter: kind,
+  logger,
+  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
+  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
+});
+runtime.onShutdown(async () => {
+  await participant.stop();
+  await app.close();
+});
+runtime.announceReady(address);

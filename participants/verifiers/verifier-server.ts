@@ -1,0 +1,50 @@
+import type { FastifyInstance, FastifyRequest } from "fastify";
+import { z } from "zod";
+import { CheckpointError, describeZodError } from "../../protocol/index.js";
+import { ResourcesServer, type CheckpointMode, type CheckpointVerify, type SessionAccess } from "../kinds/resources/index.js";
+import { sendVerifierRefusal } from "./verifier-errors.js";
+
+export const VerifierSeedBodySchema = z.object({ task: z.json().optional() }).strict();
+
+export function parseVerifierBody<T>(schema: z.ZodType<T>, body: unknown): T {
+  const parsed = schema.safeParse(body ?? {});
+  if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
+  return parsed.data;
+}
+
+/** What every verifier answers on `/verify`: a reward plus optional detail fields. */
+export interface VerifyResult {
+  reward: number;
+  [detail: string]: unknown;
+}
+
+/**
+ * A verifier is a resources server whose `/verify` judges one request on its own: declared
+ * stateless (sessions hold nothing) and replay (verification may run again after a crash).
+ */
+export abstract class VerifierServer extends ResourcesServer {
+  static override readonly checkpointMode: CheckpointMode = "stateless";
+  static override readonly checkpointVerify: CheckpointVerify = "replay";
+  verifyCalls = 0;
+
+  abstract verify(body: unknown, request: FastifyRequest): Promise<VerifyResult>;
+
+  routes(app: FastifyInstance, sessions: SessionAccess): void {
+    app.post("/seed_session", async (request) => {
+      parseVerifierBody(VerifierSeedBodySchema, request.body);
+      sessions.require(request);
+      return {};
+    });
+    app.post("/verify", async (request, reply) => {
+      this.verifyCalls += 1;
+      try {
+        return await this.verify(request.body, request);
+      } catch (error) {
+        const sent = sendVerifierRefusal(reply, error);
+        if (sent) return sent;
+        throw error;
+      }
+    });
+    app.post("/close_session", async () => ({}));
+  }
+}

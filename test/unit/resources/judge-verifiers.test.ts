@@ -1,0 +1,264 @@
+import Fastify, { type FastifyInstance } from "fastify";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createResourcesApp, declarationsOf } from "../../../participants/kinds/resources/index.js";
+import {
+  CodeVerifier,
+  CohortCompareVerifier,
+  CompetitiveProgrammingVerifier,
+  EquivalenceJudgeVerifier,
+  JudgeClient,
+  MathVerifier,
+  modelCohortJudge,
+  normalizeAnswer,
+  type CohortJudge,
+  type VerifierServer,
+} from "../../../participants/verifiers/index.js";
+
+/** A tiny OpenAI-compatible judge stub: answers by a rule on the last user message. */
+let stub: FastifyInstance;
+let stubUrl: string;
+const stubCalls: string[] = [];
+let stubMode: "ok" | "fail" | "garbage" = "ok";
+
+beforeAll(async () => {
+  stub = Fastify();
+  stub.post("/v1/chat/completions", async (request, reply) => {
+    const body = request.body as { messages: { role: string; content: string }[] };
+    const last = body.messages.at(-1)!.content;
+    stubCalls.push(last);
+    if (stubMode === "fail") return reply.code(500).send({ error: "down" });
+    let content = "maybe";
+    if (stubMode === "ok") {
+      if (last.includes("Responses:")) content = `BEST: ${/\[(\d+)\] best/.exec(last)?.[1] ?? "0"}`;
+      else {
+        const ref = /Reference answer: (.*)\n/.exec(last)?.[1];
+        const cand = /Candidate answer: (.*)$/.exec(last)?.[1];
+        content = ref !== undefined && cand !== undefined && ref.replace(/\s/g, "") === cand.replace(/\s/g, "") ? "YES" : "NO";
+      }
+    }
+    return { id: "x", object: "chat.completion", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] };
+  });
+  stubUrl = await stub.listen({ host: "127.0.0.1", port: 0 });
+});
+
+afterAll(async () => {
+  await stub?.close();
+});
+
+async function post(server: VerifierServer, key: string, payload: object) {
+  const { app } = await createResourcesApp(server);
+  try {
+    const reply = await app.inject({ method: "POST", url: `/ng-rollout/${key}/verify`, payload });
+    return { status: reply.statusCode, body: reply.json() };
+  } finally {
+    await app.close();
+  }
+}
+
+describe("declarations", () => {
+  it("every reference verifier is stateless + replay", () => {
+    const judge = new JudgeClient({ baseUrl: "http://127.0.0.1:9" });
+    const servers = [
+      new MathVerifier(),
+      new CodeVerifier(),
+      new CompetitiveProgrammingVerifier(),
+      new EquivalenceJudgeVerifier(judge),
+      new CohortCompareVerifier({ size: 2 }, modelCohortJudge(judge)),
+    ];
+    for (const server of servers) expect(declarationsOf(server)).toEqual({ mode: "stateless", verify: "replay" });
+  });
+});
+
+describe("math verifier", () => {
+  it("compares normalized exact answers", async () => {
+    expect(normalizeAnswer("The answer is \\boxed{\\frac{1}{2}}")).toBe("0.5");
+    expect(normalizeAnswer(" 1,000. ")).toBe("1000");
+    expect(normalizeAnswer("$42$")).toBe("42");
+    expect(normalizeAnswer("4.50")).toBe("4.5");
+    const task = { expected_answer: "1/2" };
+    expect((await post(new MathVerifier(), "m1", { task, answer: "so \\boxed{0.5}" })).body).toEqual({ reward: 1, extracted: "0.5" });
+    expect((await post(new MathVerifier(), "m1", { task, answer: "\\boxed{0.25}" })).body).toEqual({ reward: 0, extracted: "0.25" });
+    expect((await post(new MathVerifier(), "m1", { task: {}, answer: "1" })).body.error.code).toBe("invalid_request");
+  });
+});
+
+describe("equivalence judge", () => {
+  it("asks the judge endpoint and maps YES/NO to rewards; failures are masked", async () => {
+    const judge = new JudgeClient({ baseUrl: stubUrl, requestTimeoutMs: 5000 });
+    const verifier = new EquivalenceJudgeVerifier(judge);
+    const task = { question: "2+2?", expected_answer: "x + 1" };
+    stubMode = "ok";
+    expect((await post(verifier, "e1", { task, answer: "x+1" })).body).toEqual({ reward: 1, verdict: "YES" });
+    expect((await post(verifier, "e1", { task, answer: "x+2" })).body).toEqual({ reward: 0, verdict: "NO" });
+    expect(stubCalls.at(-1)).toContain("Question: 2+2?");
+    stubMode = "garbage";
+    expect((await post(verifier, "e1", { task, answer: "x+1" })).body).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed" });
+    stubMode = "fail";
+    expect((await post(verifier, "e1", { task, answer: "x+1" })).body).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed", detail: "judge answered HTTP 500" });
+    stubMode = "ok";
+  });
+});
+
+/** A judge the cohort tests control: counts calls, resolves when told. */
+function scriptedJudge() {
+  const calls: number[][] = [];
+  const judge: CohortJudge = async (members) => {
+    calls.push(members.map((m) => m.index));
+    return members.map((m) => (m.answer.includes("best") ? 1 : 0));
+  };
+  return { judge, calls };
+}
+
+const member = (group: string, index: number, answer: string, attempt?: number) => ({
+  task: { prompt: "p" },
+  answer,
+  _ng_group_id: group,
+  _ng_rollout_index: index,
+  ...(attempt === undefined ? {} : { _ng_group_attempt: attempt }),
+});
+
+describe("cohort comparison verifier", () => {
+  async function cohortApp(size: number, settings: object = {}, judge = scriptedJudge()) {
+    const verifier = new CohortCompareVerifier({ size, collectionTimeoutMs: 10_000, ...settings }, judge.judge);
+    const { app, kind } = await createResourcesApp(verifier);
+    const send = (payload: object, key = "r") => app.inject({ method: "POST", url: `/ng-rollout/${key}/verify`, payload });
+    return { verifier, app, kind, send, calls: judge.calls };
+  }
+
+  it("judges only after every member arrived and publishes all rewards together", async () => {
+    const c = await cohortApp(3);
+    let settled = 0;
+    const first = c.send(member("g1", 0, "meh"), "r0").then((r) => (settled++, r));
+    const second = c.send(member("g1", 2, "best one"), "r2").then((r) => (settled++, r));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(settled).toBe(0);
+    expect(c.calls).toEqual([]);
+    // Waiting members are replayable verifies: they do not count in flight.
+    expect(c.kind.readiness().counts.inflight).toBe(0);
+    const third = await c.send(member("g1", 1, "ok"), "r1");
+    expect(third.json()).toEqual({ reward: 0 });
+    expect((await first).json()).toEqual({ reward: 0 });
+    expect((await second).json()).toEqual({ reward: 1 });
+    expect(c.calls).toEqual([[0, 1, 2]]);
+    await c.app.close();
+  });
+
+  it("an identical replay returns the cached reward without another judge call; a different payload is 409", async () => {
+    const c = await cohortApp(2);
+    const a = c.send(member("g2", 0, "best"));
+    // An identical replay while collecting attaches as a waiter.
+    const aAgain = c.send(member("g2", 0, "best"));
+    await c.send(member("g2", 1, "other"));
+    expect((await a).json()).toEqual({ reward: 1 });
+    expect((await aAgain).json()).toEqual({ reward: 1 });
+    const replay = await c.send(member("g2", 1, "other"));
+    expect(replay.json()).toEqual({ reward: 0 });
+    expect(c.calls).toHaveLength(1);
+    const conflict = await c.send(member("g2", 1, "changed"));
+    expect(conflict.statusCode).toBe(409);
+    expect(conflict.json().error.code).toBe("cohort_slot_conflict");
+    await c.app.close();
+  });
+
+  it("a newer group attempt supersedes older ones; invalid coordinates are 422", async () => {
+    const c = await cohortApp(2);
+    const old = c.send(member("g3", 0, "a", 0));
+    await new Promise((resolve) => setImmediate(resolve));
+    const newer = c.send(member("g3", 0, "best", 1));
+    const oldReply = await old;
+    expect(oldReply.statusCode).toBe(409);
+    expect(oldReply.json().error.code).toBe("cohort_superseded");
+    const late = await c.send(member("g3", 1, "b", 0));
+    expect(late.json().error.code).toBe("cohort_superseded");
+    await c.send(member("g3", 1, "b", 1));
+    expect((await newer).json()).toEqual({ reward: 1 });
+    for (const bad of [member("g3", 2, "x"), member("g3", -1, "x"), member("", 0, "x"), { ...member("g3", 0, "x"), _ng_group_attempt: "1" }]) {
+      const reply = await c.send(bad);
+      expect(reply.statusCode).toBe(422);
+      expect(reply.json().error.code).toBe("invalid_coordinates");
+    }
+    await c.app.close();
+  });
+
+  it("a collection timeout from the first arrival fails the waiters with 503", async () => {
+    const c = await cohortApp(3, { collectionTimeoutMs: 200 });
+    const started = Date.now();
+    const first = c.send(member("g4", 0, "a"));
+    const duplicate = c.send(member("g4", 0, "a"));
+    const replies = await Promise.all([first, duplicate]);
+    for (const reply of replies) {
+      expect(reply.statusCode).toBe(503);
+      expect(reply.json().error.code).toBe("cohort_failed");
+    }
+    expect(Date.now() - started).toBeLessThan(2000);
+    expect(c.calls).toEqual([]);
+    // The failed attempt stays failed; the group is retried as a new attempt.
+    expect((await c.send(member("g4", 1, "b"))).statusCode).toBe(503);
+    await c.app.close();
+  });
+
+  it("judge failures and evaluation timeouts are masked 200 results, cached", async () => {
+    let calls = 0;
+    const failing: CohortJudge = async () => {
+      calls += 1;
+      throw new Error("judge exploded");
+    };
+    const c = await cohortApp(1, {}, { judge: failing, calls: [] });
+    expect((await c.send(member("g5", 0, "x"))).json()).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed" });
+    expect((await c.send(member("g5", 0, "x"))).json()).toMatchObject({ _ng_failure_class: "judge_failed" });
+    expect(calls).toBe(1);
+    const hanging: CohortJudge = () => new Promise(() => undefined);
+    const h = await cohortApp(1, { evaluationTimeoutMs: 100 }, { judge: hanging, calls: [] });
+    expect((await h.send(member("g6", 0, "x"))).json()).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed" });
+    await c.app.close();
+    await h.app.close();
+  });
+
+  it("the model judge asks the judge endpoint once per cohort", async () => {
+    const judge = new JudgeClient({ baseUrl: stubUrl, requestTimeoutMs: 5000 });
+    const c = await cohortApp(2, {}, { judge: modelCohortJudge(judge), calls: [] });
+    const before = stubCalls.length;
+    const a = c.send(member("g7", 0, "fine"));
+    const b = await c.send(member("g7", 1, "best"));
+    expect(b.json()).toEqual({ reward: 1 });
+    expect((await a).json()).toEqual({ reward: 0 });
+    expect(stubCalls.length - before).toBe(1);
+    await c.app.close();
+  });
+
+  describe("after a crash (the cohort table is process-local)", () => {
+    it("members that had not recorded their reward re-verify and rebuild the cohort", async () => {
+      const before = await cohortApp(3);
+      // Two members wait; the process dies before the third arrives.
+      void before.send(member("g8", 0, "best")).catch(() => undefined);
+      void before.send(member("g8", 1, "b")).catch(() => undefined);
+      await new Promise((resolve) => setImmediate(resolve));
+      await before.app.close();
+      // Restored episodes replay their /verify (replayable) into a fresh, empty table.
+      const after = await cohortApp(3);
+      const replays = [after.send(member("g8", 0, "best"), "r0-a1"), after.send(member("g8", 1, "b"), "r1-a1")];
+      const third = await after.send(member("g8", 2, "c"), "r2");
+      expect([...(await Promise.all(replays)).map((r) => r.json()), third.json()]).toEqual([{ reward: 1 }, { reward: 0 }, { reward: 0 }]);
+      expect(before.calls).toEqual([]);
+      expect(after.calls).toEqual([[0, 1, 2]]);
+      await after.app.close();
+    });
+
+    it("a crash after the result but before every member recorded it fails the replays after the collection timeout", async () => {
+      const before = await cohortApp(2);
+      const results = await Promise.all([before.send(member("g9", 0, "best")), before.send(member("g9", 1, "b"))]);
+      expect(results.map((r) => r.json())).toEqual([{ reward: 1 }, { reward: 0 }]);
+      await before.app.close();
+      // Member 0 recorded its reward; member 1 did not and replays into the fresh process alone.
+      const after = await cohortApp(2, { collectionTimeoutMs: 150 });
+      const lonely = await after.send(member("g9", 1, "b"), "r1-a1");
+      expect(lonely.statusCode).toBe(503);
+      expect(lonely.json().error.code).toBe("cohort_failed");
+      expect(after.calls).toEqual([]);
+      // Retried from input: the whole group runs again as a new group attempt.
+      const retry = await Promise.all([after.send(member("g9", 0, "best", 1)), after.send(member("g9", 1, "b", 1))]);
+      expect(retry.map((r) => r.json())).toEqual([{ reward: 1 }, { reward: 0 }]);
+      await after.app.close();
+    });
+  });
+});
