@@ -1,0 +1,209 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync } from "node:fs";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { join } from "node:path";
+
+/**
+ * Starts the reference Gym as child processes, in dependency order, each on loopback with a free
+ * port: policy backend → model attach proxy → resources → agent → environment. Each process prints
+ * a JSON ready line (`{"ready":true,...,"url"}`) that the launcher waits for. Any subset can be
+ * killed (SIGKILL for crash tests) and started again; restarted processes get the current URLs of
+ * the ones they call. `stop()` ends every process it started.
+ */
+export const GYM_PROCESSES = ["policy", "model", "resources", "agent", "environment"] as const;
+export type GymProcessName = (typeof GYM_PROCESSES)[number];
+
+export interface GymLaunchOptions {
+  nats: string;
+  deployment: string;
+  /** Control-plane bearer token of the participants. */
+  token: string;
+  checkpointRoot?: string;
+  leaseGraceSeconds?: number;
+  /** Directory holding the compiled `participants/` tree (default: the one beside this module, or dist/ when run from source). */
+  participantsDir?: string;
+  /** Instance names (default: policy_backend, policy_model, resources, agent, environment). */
+  instances?: Partial<Record<GymProcessName, string>>;
+  /** Extra flags per process, e.g. `{ policy: ["--token-delay-ms", "5"], resources: ["--verify", "wait"] }`. */
+  args?: Partial<Record<GymProcessName, string[]>>;
+  /** Processes already running elsewhere (e.g. a real inference backend): their URLs; the launcher never starts them. */
+  external?: Partial<Record<GymProcessName, string>>;
+  readyTimeoutMs?: number;
+  /** Every output line of every child (logs are JSON lines from pino). */
+  onOutput?: (name: GymProcessName, line: string) => void;
+  env?: NodeJS.ProcessEnv;
+}
+
+export interface GymProcess {
+  name: GymProcessName;
+  instance: string;
+  pid: number;
+  url: string;
+  child: ChildProcess;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+export interface Gym {
+  readonly urls: Partial<Record<GymProcessName, string>>;
+  readonly processes: Map<GymProcessName, GymProcess>;
+  readonly instances: Record<GymProcessName, string>;
+  /** (Re)starts the named processes that are not running, in dependency order. */
+  start(names?: readonly GymProcessName[]): Promise<void>;
+  /** Sends `signal` (default SIGKILL) and waits until each process exited. */
+  kill(names: readonly GymProcessName[], signal?: NodeJS.Signals): Promise<void>;
+  /** Ends every process: SIGTERM, then SIGKILL after a grace period. */
+  stop(): Promise<void>;
+}
+
+const DEFAULT_INSTANCES: Record<GymProcessName, string> = {
+  policy: "policy_backend",
+  model: "policy_model",
+  resources: "resources",
+  agent: "agent",
+  environment: "environment",
+};
+
+const ENTRIES: Record<GymProcessName, string> = {
+  policy: "gym/policy-backend/main.js",
+  model: "attach/main.js",
+  resources: "gym/resources-server/main.js",
+  agent: "gym/agent-server/main.js",
+  environment: "gym/environment-server/main.js",
+};
+
+function defaultParticipantsDir(): string {
+  const here = fileURLToPath(new URL("..", import.meta.url));
+  // From source (tsx, vitest) the compiled tree lives in dist/.
+  return import.meta.url.endsWith(".ts") ? join(here, "..", "dist", "participants") : here;
+}
+
+export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
+  const dir = options.participantsDir ?? defaultParticipantsDir();
+  const instances = { ...DEFAULT_INSTANCES, ...options.instances };
+  const urls: Partial<Record<GymProcessName, string>> = {};
+  const processes = new Map<GymProcessName, GymProcess>();
+  Object.assign(urls, options.external);
+
+  const common = (name: GymProcessName) => [
+    "--nats",
+    options.nats,
+    "--deployment",
+    options.deployment,
+    "--instance",
+    instances[name],
+    "--token",
+    options.token,
+    "--port",
+    "0",
+    ...(options.checkpointRoot ? ["--checkpoint-root", options.checkpointRoot] : []),
+    ...(options.leaseGraceSeconds !== undefined ? ["--lease-grace-seconds", String(options.leaseGraceSeconds)] : []),
+  ];
+  const need = (name: GymProcessName, of: GymProcessName): string => {
+    const url = urls[of];
+    if (!url) throw new Error(`${name} needs the ${of} URL; start ${of} first`);
+    return url;
+  };
+  const argsFor = (name: GymProcessName): string[] => {
+    const own = options.args?.[name] ?? [];
+    switch (name) {
+      case "policy":
+        return [...common(name), ...own];
+      case "model":
+        return ["--upstream", need(name, "policy"), ...common(name), ...own];
+      case "resources":
+        return [...common(name), ...own];
+      case "agent":
+        return [...common(name), "--policy-url", need(name, "model"), "--resources-url", need(name, "resources"), ...own];
+      case "environment":
+        return [...common(name), "--agent-url", need(name, "agent"), "--resources-url", need(name, "resources"), ...own];
+    }
+  };
+
+  const startOne = async (name: GymProcessName): Promise<void> => {
+    const entry = join(dir, ENTRIES[name]);
+    if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npm run build\` first`);
+    const child = spawn(process.execPath, [entry, ...argsFor(name)], {
+      stdio: ["ignore", "pipe", "pipe"],
+      env: { ...process.env, ...options.env },
+    });
+    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+    const tail: string[] = [];
+    const remember = (line: string) => {
+      tail.push(line);
+      if (tail.length > 20) tail.shift();
+      options.onOutput?.(name, line);
+    };
+    createInterface({ input: child.stderr! }).on("line", remember);
+    const ready = new Promise<string>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`${name} did not print its ready line in time:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? 20_000);
+      createInterface({ input: child.stdout! }).on("line", (line) => {
+        remember(line);
+        if (!line.startsWith("{")) return;
+        try {
+          const parsed = JSON.parse(line) as { ready?: unknown; url?: unknown };
+          if (parsed.ready === true && typeof parsed.url === "string") {
+            clearTimeout(timer);
+            resolve(parsed.url);
+          }
+        } catch {
+          // an ordinary log line
+        }
+      });
+      void exited.then(({ code, signal }) => {
+        clearTimeout(timer);
+        reject(new Error(`${name} exited (code ${code}, signal ${signal}) before it was ready:\n${tail.join("\n")}`));
+      });
+    });
+    let url: string;
+    try {
+      url = await ready;
+    } catch (error) {
+      child.kill("SIGKILL");
+      throw error;
+    }
+    urls[name] = url;
+    processes.set(name, { name, instance: instances[name], pid: child.pid!, url, child, exited });
+    void exited.then(() => {
+      if (processes.get(name)?.child === child) processes.delete(name);
+    });
+  };
+
+  const gym: Gym = {
+    urls,
+    processes,
+    instances,
+    async start(names = GYM_PROCESSES) {
+      for (const name of GYM_PROCESSES) {
+        if (!names.includes(name) || processes.has(name)) continue;
+        if (options.external?.[name]) continue;
+        await startOne(name);
+      }
+    },
+    async kill(names, signal = "SIGKILL") {
+      const targets = names.map((n) => processes.get(n)).filter((p): p is GymProcess => p !== undefined);
+      for (const p of targets) p.child.kill(signal);
+      await Promise.all(targets.map((p) => p.exited));
+      for (const p of targets) if (processes.get(p.name) === p) processes.delete(p.name);
+    },
+    async stop() {
+      const all = [...processes.values()].reverse();
+      for (const p of all) p.child.kill("SIGTERM");
+      await Promise.all(
+        all.map(async (p) => {
+          const timer = setTimeout(() => p.child.kill("SIGKILL"), 5000);
+          await p.exited;
+          clearTimeout(timer);
+        }),
+      );
+      processes.clear();
+    },
+  };
+  try {
+    await gym.start();
+  } catch (error) {
+    await gym.stop();
+    throw error;
+  }
+  return gym;
+}

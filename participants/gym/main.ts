@@ -1,0 +1,74 @@
+import { parseArgs } from "node:util";
+import { GYM_PROCESSES, launchGym, type GymProcessName } from "./gym-launcher.js";
+
+/**
+ * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
+ * one JSON line with every URL, and stops every process on SIGINT/SIGTERM.
+ *
+ *   --nats URL (GYM_CKPT_NATS_URL, default nats://127.0.0.1:4222)   --deployment NAME (default "default")
+ *   --token TOKEN (GYM_CKPT_TOKEN)   --checkpoint-root DIR   --lease-grace-seconds N
+ *   --token-delay-ms N (policy streaming pace)   --resources-mode stateless|restart_only   --verify replay|wait
+ */
+const { values } = parseArgs({
+  args: process.argv.slice(2),
+  strict: true,
+  options: {
+    nats: { type: "string" },
+    deployment: { type: "string" },
+    token: { type: "string" },
+    "checkpoint-root": { type: "string" },
+    "lease-grace-seconds": { type: "string" },
+    "token-delay-ms": { type: "string" },
+    "resources-mode": { type: "string" },
+    verify: { type: "string" },
+    verbose: { type: "boolean" },
+    help: { type: "boolean" },
+  },
+});
+if (values.help) {
+  process.stdout.write(
+    "usage: gym-ckpt gym [--nats URL] [--deployment NAME] [--token TOKEN] [--checkpoint-root DIR]\n" +
+      "                    [--lease-grace-seconds N] [--token-delay-ms N] [--resources-mode MODE] [--verify replay|wait] [--verbose]\n",
+  );
+  process.exit(0);
+}
+const token = values.token ?? process.env.GYM_CKPT_TOKEN;
+if (!token) {
+  process.stderr.write("gym: a control token is required (--token or GYM_CKPT_TOKEN)\n");
+  process.exit(2);
+}
+const checkpointRoot = values["checkpoint-root"] ?? process.env.GYM_CKPT_CHECKPOINT_ROOT;
+const gym = await launchGym({
+  nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222",
+  deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",
+  token,
+  ...(checkpointRoot && { checkpointRoot }),
+  ...(values["lease-grace-seconds"] && { leaseGraceSeconds: Number(values["lease-grace-seconds"]) }),
+  args: {
+    ...(values["token-delay-ms"] && { policy: ["--token-delay-ms", values["token-delay-ms"]] }),
+    resources: [...(values["resources-mode"] ? ["--mode", values["resources-mode"]] : []), ...(values.verify ? ["--verify", values.verify] : [])],
+  },
+  ...(values.verbose && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
+}).catch((error: unknown) => {
+  process.stderr.write(`gym: ${error instanceof Error ? error.message : String(error)}\n`);
+  process.exit(1);
+});
+const urls = Object.fromEntries(GYM_PROCESSES.map((name) => [name, gym.urls[name]]));
+process.stdout.write(`${JSON.stringify({ ready: true, name: "gym", urls, instances: gym.instances })}\n`);
+let stopping = false;
+const stop = async () => {
+  if (stopping) return;
+  stopping = true;
+  await gym.stop();
+  process.exit(0);
+};
+process.once("SIGINT", () => void stop());
+process.once("SIGTERM", () => void stop());
+// A child that dies on its own takes the demo down with it, visibly.
+for (const p of gym.processes.values()) {
+  void p.exited.then(({ code, signal }) => {
+    if (stopping) return;
+    process.stderr.write(`gym: ${p.name} exited (code ${code}, signal ${signal}); stopping the rest\n`);
+    void stop();
+  });
+}
