@@ -35,7 +35,10 @@ describe("code verifier", () => {
   it("contains a promise loop and a hostile error getter", async () => {
     const micro = await verify(new CodeVerifier(LIMITS), { task: addTask, answer: "function add() { const spin = () => Promise.resolve().then(spin); spin(); return 1; }" });
     expect(micro.body.reward).toBe(0);
-    expect(["memory_limit", "timeout"]).toContain(micro.body.status);
+    // Whichever limit trips first under load (heap, per-case timeout or wall clock), nothing passes.
+    expect(micro.body.passed).toBe(0);
+    if (micro.body.status === "completed") expect(micro.body.cases).not.toContain("pass");
+    else expect(["memory_limit", "timeout"]).toContain(micro.body.status);
     const getter = await runSandboxed(
       { mode: "function", code: "function f() { throw { get message() { for (;;) {} } }; }", function_name: "f", cases: [{ args: [] }] },
       LIMITS,
