@@ -1,0 +1,77 @@
+import { z } from "zod";
+
+/**
+ * The reference backend's deterministic "policy". With tools, and fewer `tool` messages after the
+ * last user message than `metadata.tool_rounds` (default "1"), it calls `tools[0]` with
+ * `{"expression": <text after the last "Compute:">}`; otherwise it answers with the `result` of the
+ * last tool message (or that message's raw content, or "ok" when there is none).
+ * `metadata.answer_tokens: "N"` appends N filler tokens to a final answer (benchmarks).
+ */
+const MessageSchema = z.object({ role: z.string(), content: z.unknown().optional() }).passthrough();
+export const ChatRequestSchema = z
+  .object({
+    model: z.string().optional(),
+    messages: z.array(MessageSchema).min(1).max(4096),
+    tools: z.array(z.object({ type: z.string(), function: z.object({ name: z.string() }).passthrough() }).passthrough()).optional(),
+    metadata: z.record(z.string(), z.string()).optional(),
+    stream: z.boolean().optional(),
+    max_tokens: z.number().int().positive().optional(),
+  })
+  .passthrough();
+export type ChatRequest = z.infer<typeof ChatRequestSchema>;
+
+export type PolicyReply =
+  | { type: "tool_call"; name: string; arguments: string; tokens: string[] }
+  | { type: "answer"; content: string; tokens: string[] };
+
+function text(content: unknown): string {
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) return content.map((part) => (part && typeof part === "object" && "text" in part ? String((part as { text: unknown }).text) : "")).join("");
+  return "";
+}
+
+/** Splits text into small pieces so a stream has several chunks. */
+export function tokenize(value: string): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < value.length; i += 4) out.push(value.slice(i, i + 4));
+  return out.length ? out : [""];
+}
+
+export function decide(request: ChatRequest): PolicyReply {
+  const messages = request.messages;
+  let lastUser = -1;
+  for (let i = messages.length - 1; i >= 0; i--) {
+    if (messages[i]!.role === "user") {
+      lastUser = i;
+      break;
+    }
+  }
+  const after = messages.slice(lastUser + 1);
+  const toolMessages = after.filter((m) => m.role === "tool");
+  const rounds = Number.parseInt(request.metadata?.tool_rounds ?? "1", 10);
+  const tool = request.tools?.[0];
+  if (tool && toolMessages.length < (Number.isFinite(rounds) ? rounds : 1)) {
+    const userText = lastUser >= 0 ? text(messages[lastUser]!.content) : "";
+    const at = userText.lastIndexOf("Compute:");
+    const expression = (at >= 0 ? userText.slice(at + "Compute:".length) : userText).trim();
+    const args = JSON.stringify({ expression });
+    return { type: "tool_call", name: tool.function.name, arguments: args, tokens: tokenize(args) };
+  }
+  let answer = "ok";
+  const lastTool = toolMessages.at(-1);
+  if (lastTool) {
+    const raw = text(lastTool.content);
+    answer = raw;
+    try {
+      const parsed = JSON.parse(raw) as unknown;
+      if (parsed && typeof parsed === "object" && "result" in parsed) answer = String((parsed as { result: unknown }).result);
+    } catch {
+      // not JSON: the raw content is the answer
+    }
+  }
+  const filler = Number.parseInt(request.metadata?.answer_tokens ?? "0", 10);
+  const tokens = tokenize(answer);
+  const limit = Number.isFinite(filler) ? Math.min(Math.max(filler, 0), 100_000) : 0;
+  for (let i = 0; i < limit; i++) tokens.push(" tok");
+  return { type: "answer", content: tokens.join(""), tokens };
+}
