@@ -35,7 +35,7 @@ async function admin(path: string, body?: object, method = "POST"): Promise<any>
 describe("reference policy backend", () => {
   it("answers tool calls then the tool result, non-streaming and streaming, and records every call", async () => {
     await admin("/admin/reset", {});
-    const toolCall = await (await chat({ model: "policy", messages: first, tools: TOOLS, metadata: { tool_rounds: "1" } }, { "x-ng-capture-key": "r1", "x-ng-model-call-id": "mc-1" })).json();
+    const toolCall: any = await (await chat({ model: "policy", messages: first, tools: TOOLS, metadata: { tool_rounds: "1" } }, { "x-ng-capture-key": "r1", "x-ng-model-call-id": "mc-1" })).json();
     expect(toolCall.choices[0].message.tool_calls[0].function).toEqual({ name: "calculator", arguments: '{"expression":"17 + 25"}' });
     expect(toolCall.choices[0].finish_reason).toBe("tool_calls");
     const streamed = await chat({ model: "policy", messages: second, tools: TOOLS, stream: true }, { "x-ng-capture-key": "r1", "x-ng-model-call-id": "mc-2", "x-ng-continued-from": "mc-0" });
@@ -70,7 +70,7 @@ describe("reference policy backend", () => {
       headers: { "content-type": "application/json", authorization: `Bearer ${TOKEN}` },
       body: JSON.stringify(inventory),
     });
-    const receipt = await cut.json();
+    const receipt: any = await cut.json();
     expect(receipt.inventory).toEqual(inventory);
     expect(receipt.prefixes).toHaveLength(1);
     expect(receipt.prefixes[0]).toMatchObject({ ticket_id: "t1", disposition: "durable_prefix", cut_kind: "active_prefix", prefix_token_count: 0 });
