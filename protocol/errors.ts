@@ -106,6 +106,26 @@ export const ERROR_CATALOG = {
     meaning: "A participant failed to restore; the replacement attempts were retired everywhere and everyone resumed.",
     solve: "Restart the listed rollouts from their input as a later attempt.",
   },
+  invalid_coordinates: {
+    status: 422,
+    meaning: "A cohort verifier got invalid coordinates (_ng_group_id, _ng_group_attempt, _ng_rollout_index).",
+    solve: "Send a group id, a group attempt ≥ 0 and a member slot in 0..N-1.",
+  },
+  cohort_slot_conflict: {
+    status: 409,
+    meaning: "The cohort member slot already holds a different payload (even after the cohort finished).",
+    solve: "Replay only the identical payload; send a changed answer as a new group attempt.",
+  },
+  cohort_superseded: {
+    status: 409,
+    meaning: "A newer _ng_group_attempt of the cohort exists; this attempt is retired.",
+    solve: "Verify under the newest group attempt.",
+  },
+  cohort_failed: {
+    status: 503,
+    meaning: "The cohort did not collect every member before its collection timeout, or its evaluation timed out.",
+    solve: "Retry the whole group from input as a new group attempt.",
+  },
   internal_error: {
     status: 500,
     meaning: "An unexpected failure inside gym-ckpt.",

@@ -1,7 +1,7 @@
 /** Reference verifiers: each a stateless + replay resources server that judges one request on its own. */
 export { VerifierServer, parseVerifierBody } from "./verifier-server.js";
 export type { VerifyResult } from "./verifier-server.js";
-export { VERIFIER_ERRORS, VerifierError, sendVerifierRefusal } from "./verifier-errors.js";
+export { VerifierError, sendVerifierRefusal } from "./verifier-errors.js";
 export type { VerifierErrorCode } from "./verifier-errors.js";
 export { MathVerifier, extractAnswer, normalizeAnswer } from "./math-verifier.js";
 export { CodeVerifier, extractCode } from "./code-verifier.js";

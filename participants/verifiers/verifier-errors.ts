@@ -1,35 +1,17 @@
 import type { FastifyReply } from "fastify";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, type ErrorCode } from "../../protocol/index.js";
+import { sendRefusal } from "../http/http-refusal.js";
 
-/**
- * Verifier data-plane refusals that the checkpoint error catalog does not cover (a wire addition
- * of the verifiers; the body has the catalog's shape `{error:{code,detail}}`).
- */
-export const VERIFIER_ERRORS = {
-  invalid_coordinates: { status: 422, meaning: "The cohort coordinates (_ng_group_id, _ng_group_attempt, _ng_rollout_index) are invalid." },
-  cohort_slot_conflict: { status: 409, meaning: "The member slot already holds a different payload (even after the cohort finished)." },
-  cohort_superseded: { status: 409, meaning: "A newer _ng_group_attempt of the group exists; this attempt is retired." },
-  cohort_failed: { status: 503, meaning: "The cohort did not collect every member before its collection timeout (or its evaluation timed out); retry the group as a new attempt." },
-} as const;
-export type VerifierErrorCode = keyof typeof VERIFIER_ERRORS;
+/** The cohort verifier's refusals; their codes live in the error catalog like every other. */
+export type VerifierErrorCode = Extract<ErrorCode, "invalid_coordinates" | "cohort_slot_conflict" | "cohort_superseded" | "cohort_failed">;
 
-export class VerifierError extends Error {
-  constructor(
-    readonly code: VerifierErrorCode,
-    detail: string,
-  ) {
-    super(detail);
-    this.name = "VerifierError";
-  }
-
-  get status(): number {
-    return VERIFIER_ERRORS[this.code].status;
+export class VerifierError extends CheckpointError {
+  constructor(code: VerifierErrorCode, detail: string) {
+    super(code, detail);
   }
 }
 
-/** Answers a VerifierError with its own status; anything else goes through the catalog. */
+/** Answers catalog refusals; anything else is left to fastify's error handler. */
 export function sendVerifierRefusal(reply: FastifyReply, error: unknown): FastifyReply | undefined {
-  if (error instanceof VerifierError) return reply.code(error.status).type("application/json").send({ error: { code: error.code, detail: error.message } });
-  if (error instanceof CheckpointError) return reply.code(error.status).type("application/json").send(error.toReply());
-  return undefined;
+  return error instanceof CheckpointError ? sendRefusal(reply, error) : undefined;
 }
