@@ -82,13 +82,13 @@ describe("reference policy backend", () => {
     expect(tampered.status).toBe(400);
     expect((await admin("/admin/calls", undefined, "GET")).calls[0].delivered).toBe(false);
     await admin("/admin/release", {});
-    expect((await (await pending).json()).choices[0].message.tool_calls).toHaveLength(1);
+    expect(((await (await pending).json()) as any).choices[0].message.tool_calls).toHaveLength(1);
     expect((await admin("/admin/cuts", undefined, "GET")).cuts.map((c: any) => c.model_call_ids)).toEqual([["mc-held"]]);
   });
 
   it("refuses malformed chat bodies with invalid_request", async () => {
     const response = await chat({ messages: [] });
     expect(response.status).toBe(400);
-    expect((await response.json()).error.code).toBe("invalid_request");
+    expect(((await response.json()) as any).error.code).toBe("invalid_request");
   });
 });
