@@ -52,7 +52,9 @@ describe("code verifier", () => {
       task: addTask,
       answer: "function add() { const hog = []; for (;;) hog.push('x'.repeat(1024) + hog.length); }",
     });
-    expect(result.body).toEqual({ reward: 0, status: "memory_limit", passed: 0, total: 2 });
+    // On a loaded machine the per-case timeout can trip before the heap limit; both contain it.
+    if (result.body.status === "completed") expect(result.body).toMatchObject({ reward: 0, passed: 0, cases: ["timeout", "timeout"] });
+    else expect(result.body).toEqual({ reward: 0, status: "memory_limit", passed: 0, total: 2 });
     // Off-heap allocation is not available inside the sandbox.
     const offHeap = await runSandboxed({ mode: "function", code: "function f() { return new ArrayBuffer(2 ** 30).byteLength; }", function_name: "f", cases: [{ args: [] }] }, LIMITS);
     expect(offHeap).toMatchObject({ status: "completed", results: [{ status: "error", error: expect.stringMatching(/ArrayBuffer is not defined/) }] });
