@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
-import { expectOk, postJson, sessionCookieFrom, trimSlash } from "../agent-server/gym-http.js";
+import { expectOk, isRefusal, postJson, sessionCookieFrom, trimSlash } from "../agent-server/gym-http.js";
 import type { GymTask, RunReply } from "../agent-server/gym-task.js";
 
 /**
@@ -28,6 +28,18 @@ function cookieHeader(cookie: string | null): Record<string, string> {
 }
 
 export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
+  try {
+    return await runSteps(endpoints, ep, task);
+  } catch (error) {
+    // A failed episode (deadline, callee error) must not leave an activation running at the agent.
+    if (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt")) {
+      await postJson(`${trimSlash(endpoints.agentUrl)}${rolloutPath(ep.key, "/close_session")}`, {}).catch(() => undefined);
+    }
+    throw error;
+  }
+}
+
+async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
   const agent = trimSlash(endpoints.agentUrl);
   const resources = trimSlash(endpoints.resourcesUrl);
   const restored = ep.continuation();
@@ -57,11 +69,20 @@ export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, ta
   if (boundary.next === "invoke_agent") {
     const { cookie, verify_mode } = boundary;
     // Agent activations continue from the agent's own boundaries, so the step may be replayed.
-    const answer = await ep.step("replay", async (signal) => {
-      expectOk("open_session", await postJson(`${agent}${rolloutPath(ep.key, "/open_session")}`, { cookie }, { signal }));
-      const activated = expectOk("activate", await postJson(`${agent}${rolloutPath(ep.key, "/activate")}`, { task }, { signal }));
-      return z.object({ answer: z.string() }).passthrough().parse(activated).answer;
-    });
+    let answer: string | undefined;
+    while (answer === undefined) {
+      try {
+        answer = await ep.step("replay", async (signal) => {
+          expectOk("open_session", await postJson(`${agent}${rolloutPath(ep.key, "/open_session")}`, { cookie }, { signal }));
+          const activated = expectOk("activate", await postJson(`${agent}${rolloutPath(ep.key, "/activate")}`, { task }, { signal }));
+          return z.object({ answer: z.string() }).passthrough().parse(activated).answer;
+        });
+      } catch (error) {
+        // The agent closed admission after this step started: park at invoke_agent, retry after resume.
+        if (!isRefusal(error, "admission_closed")) throw error;
+        await ep.park();
+      }
+    }
     boundary = { next: "verify", cookie, verify_mode, answer };
     await ep.boundary(boundary);
   }
