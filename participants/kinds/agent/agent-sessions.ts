@@ -164,6 +164,8 @@ export class AgentSessions {
         try {
           if (!this.gate.closed) await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
           await this.gate.waitOpen(abort.signal);
+          // The retried call is made from the same boundary, so it again counts as at the boundary.
+          s.freshBoundary = true;
         } finally {
           if (!abort.signal.aborted) setState("running");
         }

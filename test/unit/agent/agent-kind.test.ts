@@ -149,7 +149,7 @@ describe("agent participant", () => {
     kind.openSession(ep("p1"));
     const run = kind.activate(ep("p1"), async (a) => {
       // work between boundaries, until the test lets it reach its first boundary
-      await waitFor(() => !a.signal.aborted && !kind.sessions.gate.closed === false);
+      await waitFor(() => kind.sessions.gate.closed);
       return turnLoop(policy, { count: 0 })(a);
     });
     await flush();
@@ -167,6 +167,9 @@ describe("agent participant", () => {
     expect(kind.sessions.stateOf("p1")).toBe("at_boundary");
     await waitFor(() => policy.calls.length === 2);
     expect(policy.calls.map((c) => c.messages)).toEqual([2, 2]);
+    // the retried call is made from the same boundary: the session still counts as at it
+    expect(kind.sessions.stateOf("p1")).toBe("at_boundary");
+    expect(kind.readiness().blockers).toEqual([]);
     policy.calls[1]!.answer("done");
     expect((await run).answer).toBe("done");
   });
