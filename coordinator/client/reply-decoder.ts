@@ -8,8 +8,10 @@ export function decodeControllerReply<O extends ControllerOp>(op: O, text: strin
   } catch {
     throw new CheckpointError("internal_error", `the coordinator's ${op} reply is not JSON`);
   }
-  const refusal = ErrorReplySchema.safeParse(value);
-  if (refusal.success) throw CheckpointError.fromReply(refusal.data);
+  if (value !== null && typeof value === "object" && "error" in value) {
+    const refusal = ErrorReplySchema.safeParse(value);
+    if (refusal.success) throw CheckpointError.fromReply(refusal.data);
+  }
   const parsed = CONTROLLER_OPS[op].reply.safeParse(value);
   if (!parsed.success) throw new CheckpointError("internal_error", `invalid ${op} reply: ${describeZodError(parsed.error)}`);
   return parsed.data as CtlReplyOf<O>;

@@ -143,13 +143,22 @@ export class CheckpointEngine {
       }
       const t2 = this.options.clock.now();
       try {
-        published = await this.doPublish(id, request.controller_state);
+        published = await this.doPublish(id, request.controller_state, true);
       } catch (error) {
         await this.abort(id, deadlineMs, ctx);
         throw error;
       }
       const t3 = this.options.clock.now();
-      await this.doResume(id, Math.max(deadlineMs, t3 + 1000), ctx);
+      // Retention runs beside the resume: deleting old checkpoints need not keep everyone paused.
+      const retention = this.options.writer.retain(id).catch((error: unknown) => {
+        this.log.warn({ checkpoint_id: id, err: error }, "retention_failed");
+        return [] as string[];
+      });
+      try {
+        await this.doResume(id, Math.max(deadlineMs, t3 + 1000), ctx);
+      } finally {
+        published = { ...published, deleted: await retention };
+      }
       const t4 = this.options.clock.now();
       return {
         checkpoint_id: id,
@@ -331,6 +340,12 @@ export class CheckpointEngine {
     this.open = open;
     switch (entry.state) {
       case "decided": {
+        if (await this.isPublished(open.id)) {
+          log.info({ state: entry.state }, "recovery_published_resume");
+          open.phase = "published";
+          await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
+          return "resumed";
+        }
         log.info({ state: entry.state }, "recovery_redrive_commit");
         try {
           await this.doCommit(open.id, deadlineMs, entry.scope, entry.stop, undefined);
@@ -485,7 +500,7 @@ export class CheckpointEngine {
     return open.commit;
   }
 
-  private async doPublish(id: string, controllerState: ControllerStateInput | null): Promise<CtlReplyOf<"publish">> {
+  private async doPublish(id: string, controllerState: ControllerStateInput | null, deferRetention = false): Promise<CtlReplyOf<"publish">> {
     const open = this.requireOpen(id, "publish");
     if (open.phase === "published" && open.publish) return open.publish;
     if (open.phase !== "committed" || !open.commit) {
@@ -503,10 +518,11 @@ export class CheckpointEngine {
       restarts: open.restarts,
       participants: open.commit.participants,
       controllerState: controllerState ?? open.controllerState,
+      deferRetention,
     });
     open.phase = "published";
     open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted: result.deleted };
-    await this.journal(open, "published");
+    // No journal write here: recovery of a decided entry finds checkpoint.json and only resumes.
     coordinatorTelemetry().published.add(1);
     this.log.info({ checkpoint_id: id, epoch: open.epoch, deleted: result.deleted }, "published");
     return open.publish;
@@ -529,7 +545,8 @@ export class CheckpointEngine {
     // Closed even when some failed: an unreachable participant resumes when its lease expires.
     this.open = undefined;
     this.closed.add(id);
-    await this.options.journal.remove(id);
+    // Off the critical path: an entry that outlives a crash only makes a successor resume again (idempotent).
+    this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
     const outcomes = results.flatMap((r) => r.outcomes);
     const failures = failuresOf(outcomes);
     if (failures.length) throw combinedFailure("resume", failures);

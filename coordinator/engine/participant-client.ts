@@ -124,8 +124,11 @@ function parseReply<O extends Op>(participant: ParticipantRef, op: O, text: stri
   } catch {
     return { ok: false, participant, code: "internal_error", detail: `${participant.kind}/${participant.instance}: reply is not JSON` };
   }
-  const refusal = ErrorReplySchema.safeParse(value);
-  if (refusal.success) return { ok: false, participant, code: refusal.data.error.code, detail: refusal.data.error.detail };
+  // Only a body with an `error` key can be a refusal (avoids building a ZodError for every reply).
+  if (value !== null && typeof value === "object" && "error" in value) {
+    const refusal = ErrorReplySchema.safeParse(value);
+    if (refusal.success) return { ok: false, participant, code: refusal.data.error.code, detail: refusal.data.error.detail };
+  }
   const parsed = CONTROL_MESSAGES[op].reply.safeParse(value);
   if (!parsed.success) {
     return {

@@ -30,6 +30,8 @@ export interface PublishInput {
   controllerState: ControllerStateInput | null;
   /** Ids retention must not delete besides the one being published. */
   protect?: string[];
+  /** Skip retention here; the caller runs `retain` later (off the critical path). */
+  deferRetention?: boolean;
 }
 
 export interface PublishResult {
@@ -67,8 +69,13 @@ export class GlobalManifestWriter {
     const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
     await replaceFileDurably(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);
     await replaceFileDurably(join(this.catalog.root, LATEST_FILE), `${input.checkpointId}\n`);
-    const deleted = await applyRetention(this.catalog, this.retention, new Set([input.checkpointId, ...(input.protect ?? [])]), input.checkpointId);
+    const deleted = input.deferRetention ? [] : await this.retain(input.checkpointId, input.protect ?? []);
     return { manifestPath, manifest, deleted };
+  }
+
+  /** Keeps the newest N published checkpoints (never `latest`) and deletes partial ones. */
+  retain(latest: string, protect: string[] = []): Promise<string[]> {
+    return applyRetention(this.catalog, this.retention, new Set([latest, ...protect]), latest);
   }
 
   private async resolveControllerState(dir: string, input: ControllerStateInput | null): Promise<ControllerState | null> {

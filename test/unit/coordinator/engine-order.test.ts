@@ -51,7 +51,7 @@ describe("engine ordering", () => {
     const lastPrepare = fake.events.map((e) => e.startsWith("prepare:")).lastIndexOf(true);
     expect(lastPrepare).toBeLessThan(decided);
     expect(decided).toBeLessThan(firstCommit);
-    expect(fake.events.filter((e) => e.startsWith("journal:"))).toEqual(["journal:open", "journal:decided", "journal:published"]);
+    expect(fake.events.filter((e) => e.startsWith("journal:"))).toEqual(["journal:open", "journal:decided"]);
     expect(Math.max(...fake.ops("commit").map((c) => c.seq))).toBeLessThan(Math.min(...resumes.map((c) => c.seq)));
     // every message carries the epoch and an absolute deadline
     for (const call of fake.calls) {

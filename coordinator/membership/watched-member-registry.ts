@@ -1,0 +1,81 @@
+import type { KV, KvEntry } from "@nats-io/kv";
+import type { Logger } from "pino";
+import { MEMBER_TTL_MS, MemberSchema, type Member } from "../../protocol/index.js";
+import { systemClock, type Clock } from "../engine/clock.js";
+import type { ParticipantRef } from "../engine/participant-client.js";
+import { KvMemberRegistry, type MembershipSource } from "./member-registry.js";
+
+interface Cached {
+  member: Member;
+  /** When this entry was last written (local receipt time, or the server's stamp when seeded). */
+  seenAt: number;
+}
+
+/**
+ * The membership registry kept in memory from a KV watch, so listing members costs nothing on the
+ * checkpoint path. nats-server 2.9 sends no notification when max_age drops an entry, so an entry
+ * not refreshed within MEMBER_TTL_MS is treated as gone, exactly as the bucket would drop it.
+ */
+export class WatchedMemberRegistry implements MembershipSource {
+  private readonly cache = new Map<string, Cached>();
+  private stopWatch: (() => void) | undefined;
+
+  constructor(
+    private readonly kv: KV,
+    private readonly logger?: Logger,
+    private readonly clock: Clock = systemClock,
+    private readonly ttlMs = MEMBER_TTL_MS,
+  ) {}
+
+  async start(): Promise<void> {
+    const watch = await this.kv.watch({ include: "updates" });
+    this.stopWatch = () => watch.stop();
+    void (async () => {
+      for await (const entry of watch) this.apply(entry, this.clock.now());
+    })().catch((error: unknown) => this.logger?.error({ err: error }, "membership_watch_failed"));
+    // Seed after the watch is running so nothing written meanwhile is missed.
+    const seeded = await new KvMemberRegistry(this.kv, this.logger).members();
+    const now = this.clock.now();
+    for (const member of seeded) {
+      const key = `${member.kind}.${member.instance}`;
+      if (!this.cache.has(key)) this.cache.set(key, { member, seenAt: now });
+    }
+  }
+
+  private apply(entry: KvEntry, now: number): void {
+    if (entry.operation !== "PUT") {
+      this.cache.delete(entry.key);
+      return;
+    }
+    let value: unknown;
+    try {
+      value = entry.json();
+    } catch {
+      value = undefined;
+    }
+    const parsed = MemberSchema.safeParse(value);
+    if (!parsed.success) {
+      this.logger?.warn({ key: entry.key }, "membership_entry_invalid");
+      return;
+    }
+    this.cache.set(entry.key, { member: parsed.data, seenAt: now });
+  }
+
+  members(): Member[] {
+    const cutoff = this.clock.now() - this.ttlMs;
+    const live: Member[] = [];
+    for (const [key, cached] of this.cache) {
+      if (cached.seenAt < cutoff) this.cache.delete(key);
+      else live.push(cached.member);
+    }
+    return live.sort((a, b) => (`${a.kind}.${a.instance}` < `${b.kind}.${b.instance}` ? -1 : 1));
+  }
+
+  async list(): Promise<ParticipantRef[]> {
+    return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
+  }
+
+  stop(): void {
+    this.stopWatch?.();
+  }
+}
