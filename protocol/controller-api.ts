@@ -52,6 +52,7 @@ export const CtlPublishRequestSchema = z
   })
   .strict();
 export const CtlResumeRequestSchema = z.object({ checkpoint_id: CheckpointIdSchema, deadline_ts: OptionalDeadline }).strict();
+export const CtlRenewRequestSchema = z.object({ checkpoint_id: CheckpointIdSchema, deadline_ts: OptionalDeadline }).strict();
 export const CtlCheckpointRequestSchema = z
   .object({
     /** Generated (time-ordered) when omitted. */
@@ -145,6 +146,12 @@ export const CtlResumeReplySchema = z
     participants: z.array(z.object({ ...ParticipantRef, idempotent: z.boolean() }).strict()),
   })
   .strict();
+export const CtlRenewReplySchema = z
+  .object({
+    checkpoint_id: CheckpointIdSchema,
+    participants: z.array(z.object({ ...ParticipantRef, lease_expires_at: z.number() }).strict()),
+  })
+  .strict();
 export const CtlCheckpointReplySchema = z
   .object({
     checkpoint_id: CheckpointIdSchema,
@@ -216,6 +223,7 @@ export const CONTROLLER_OPS = {
   commit: { request: CtlCommitRequestSchema, reply: CtlCommitReplySchema, method: "POST" },
   publish: { request: CtlPublishRequestSchema, reply: CtlPublishReplySchema, method: "POST" },
   resume: { request: CtlResumeRequestSchema, reply: CtlResumeReplySchema, method: "POST" },
+  renew: { request: CtlRenewRequestSchema, reply: CtlRenewReplySchema, method: "POST" },
   restore: { request: CtlRestoreRequestSchema, reply: CtlRestoreReplySchema, method: "POST" },
   retire: { request: CtlRetireRequestSchema, reply: CtlRetireReplySchema, method: "POST" },
   forget: { request: CtlForgetRequestSchema, reply: CtlForgetReplySchema, method: "POST" },

@@ -40,6 +40,8 @@ function run(engine: CheckpointEngine, op: ControllerOp, request: unknown): Prom
       return engine.publish(request as CtlRequestOf<"publish">);
     case "resume":
       return engine.resume(request as CtlRequestOf<"resume">);
+    case "renew":
+      return engine.renew(request as CtlRequestOf<"renew">);
     case "restore":
       return engine.restore(request as CtlRequestOf<"restore">);
     case "retire":

@@ -23,6 +23,9 @@ export abstract class ControllerClient {
   resume(request: CtlRequestInputOf<"resume">) {
     return this.call("resume", request);
   }
+  renew(request: CtlRequestInputOf<"renew">) {
+    return this.call("renew", request);
+  }
   restore(request: CtlRequestInputOf<"restore">) {
     return this.call("restore", request);
   }

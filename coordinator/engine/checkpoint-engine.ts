@@ -44,6 +44,7 @@ interface OpenCheckpoint {
   controllerState: ControllerStateInput | null;
   commit?: CtlReplyOf<"commit">;
   publish?: CtlReplyOf<"publish">;
+  log?: Logger;
 }
 
 /** Test-only fault injection points (the daemon maps GYM_CKPT_TEST_CRASH_AT onto them). */
@@ -115,6 +116,24 @@ export class CheckpointEngine {
 
   resume(request: CtlRequestOf<"resume">): Promise<CtlReplyOf<"resume">> {
     return this.op("resume", request.checkpoint_id, (ctx) => this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx));
+  }
+
+  /** Extends every participant's lease (all at once), e.g. while a long publication runs. */
+  renew(request: CtlRequestOf<"renew">): Promise<CtlReplyOf<"renew">> {
+    return this.op("renew", request.checkpoint_id, async (ctx) => {
+      const open = this.requireOpen(request.checkpoint_id, "renew");
+      const deadlineMs = this.deadline(request.deadline_ts);
+      const epoch = open.epoch;
+      const outcomes = await inSpan("checkpoint.coordinate.renew.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, (c) =>
+        runAll(open.members, (m) => this.send(m, "renew", { checkpoint_id: open.id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c)),
+      );
+      const failures = failuresOf(outcomes);
+      if (failures.length) throw combinedFailure("renew", failures);
+      return {
+        checkpoint_id: open.id,
+        participants: outcomes.map((o) => ({ ...o.participant, lease_expires_at: o.ok ? o.reply.lease_expires_at : 0 })),
+      };
+    });
   }
 
   checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
@@ -441,7 +460,7 @@ export class CheckpointEngine {
       open.phase = "prepared";
       open.restarts = restarts;
     }
-    this.log.info({ checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt, blockers: blockers.length }, prepared ? "prepared" : "prepare_incomplete");
+    this.checkpointLog(id).info({ prepared, stopped_at: stoppedAt, blockers: blockers.length }, prepared ? "prepared" : "prepare_incomplete");
     return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
   }
 
@@ -524,7 +543,7 @@ export class CheckpointEngine {
     open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted: result.deleted };
     // No journal write here: recovery of a decided entry finds checkpoint.json and only resumes.
     coordinatorTelemetry().published.add(1);
-    this.log.info({ checkpoint_id: id, epoch: open.epoch, deleted: result.deleted }, "published");
+    this.checkpointLog(id).info({ deleted: result.deleted }, "published");
     return open.publish;
   }
 
@@ -597,7 +616,7 @@ export class CheckpointEngine {
       } catch (error) {
         const code = error instanceof CheckpointError ? error.code : "internal_error";
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });
-        this.log.warn({ op: name, checkpoint_id: id, code, err: error }, "controller_op_failed");
+        this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
         throw error;
       }
     });
@@ -615,9 +634,18 @@ export class CheckpointEngine {
     this.options.leadership.assert(epoch);
     const outcome = await this.options.client.call(member, op, request, deadlineMs, ctx);
     if (!outcome.ok) {
-      this.log.warn({ checkpoint_id: (request as { checkpoint_id?: string }).checkpoint_id, kind: member.kind, instance: member.instance, op, code: outcome.code, detail: outcome.detail }, "participant_refused");
+      this.checkpointLog((request as { checkpoint_id?: string }).checkpoint_id)
+        .child({ kind: member.kind, instance: member.instance })
+        .warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
     return outcome;
+  }
+
+  /** The child logger of one checkpoint (cached while it is open). */
+  private checkpointLog(id: string | undefined): Logger {
+    if (id === undefined) return this.log;
+    if (this.open?.id === id) return (this.open.log ??= this.log.child({ checkpoint_id: id, epoch: this.open.epoch }));
+    return this.log.child({ checkpoint_id: id });
   }
 
   private requireOpen(id: string, op: string): OpenCheckpoint {

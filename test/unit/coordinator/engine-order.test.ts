@@ -260,3 +260,14 @@ describe("HA hooks and recovery", () => {
     expect(fake.calls.length).toBe(sent);
   });
 });
+
+describe("renew", () => {
+  it("goes to every participant at once and needs an open checkpoint", async () => {
+    const { engine, fake } = makeEngine(root);
+    expect((await refusal(engine.renew({ checkpoint_id: "r1" }))).code).toBe("not_found");
+    await engine.prepare({ checkpoint_id: "r1" });
+    const reply = await engine.renew({ checkpoint_id: "r1" });
+    expect(reply.participants).toHaveLength(5);
+    expect(fake.ops("renew")).toHaveLength(5);
+  });
+});
