@@ -1,0 +1,77 @@
+import { mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { startParticipant } from "../control-plane/start-participant.js";
+import { ModelKind } from "../kinds/model/model-kind.js";
+import { startServerRuntime } from "../gym/server-runtime.js";
+import { parseListen, parseUpstream } from "./upstream-url.js";
+import { createAttachProxy } from "./attach-proxy.js";
+
+/**
+ * `gym-ckpt attach model --upstream <openai-base-url> --listen <host:port>`: the model participant
+ * as a reverse proxy in front of an OpenAI-compatible server (vLLM, SGLang, the reference backend).
+ *   --upstream URL        the inference server's base URL (`http://host:8000/v1` or `http://host:8000`)
+ *   --listen HOST:PORT    where to listen (default 127.0.0.1 and --port)
+ *   --cuts on|off         send generation-cut rounds to the upstream (default on; off for servers
+ *                         without `/ng-control/v1/generation-cut`)
+ *   --cut-token T         bearer token of the cut endpoint (default: --token)
+ *   --cut-timeout-ms N    deadline of one cut round (default 10000)
+ *   --ledger-dir DIR      capture ledger directory (default <tmp>/gym-ckpt-ledger/<deployment>/<instance>)
+ * plus the common runtime flags (--nats, --deployment, --instance, --token, --port, ...).
+ */
+const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "ledger-dir"]);
+const { config, extra, logger } = runtime;
+
+function fail(message: string): never {
+  process.stderr.write(`attach model: ${message}\n`);
+  process.exit(2);
+}
+
+if (!extra.upstream) fail("--upstream <openai-base-url> is required");
+let upstream: ReturnType<typeof parseUpstream>;
+let listen: { host: string; port: number };
+try {
+  upstream = parseUpstream(extra.upstream);
+  listen = extra.listen ? parseListen(extra.listen) : { host: "127.0.0.1", port: config.port };
+} catch (error) {
+  fail(error instanceof Error ? error.message : String(error));
+}
+const cuts = extra.cuts ?? "on";
+if (cuts !== "on" && cuts !== "off") fail("--cuts must be on or off");
+const cutTimeoutMs = Number(extra["cut-timeout-ms"] ?? "10000");
+if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
+const ledgerDir = extra["ledger-dir"] ?? join(tmpdir(), "gym-ckpt-ledger", config.deployment, config.instance);
+mkdirSync(ledgerDir, { recursive: true });
+
+const kind = new ModelKind({
+  ledgerDir,
+  cutBackend: cuts === "on" ? { root: upstream.root, token: extra["cut-token"] ?? config.token, timeoutMs: cutTimeoutMs, serverName: config.instance } : null,
+  logger,
+});
+const server = createAttachProxy({ upstream, kind, controlToken: config.token, logger });
+await new Promise<void>((resolve, reject) => {
+  server.once("error", reject);
+  server.listen(listen.port, listen.host, () => resolve());
+});
+const address = server.address();
+const port = typeof address === "object" && address ? address.port : listen.port;
+const host = listen.host.includes(":") ? `[${listen.host}]` : listen.host;
+const url = `http://${host}:${port}`;
+const participant = await startParticipant({
+  nc: runtime.nc,
+  deployment: config.deployment,
+  instance: config.instance,
+  token: config.token,
+  adapter: kind,
+  logger,
+  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
+  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
+});
+kind.bindCheckpointId(() => participant.controlPlane.activeCheckpointId);
+runtime.onShutdown(async () => {
+  await participant.stop();
+  server.closeAllConnections();
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+});
+logger.info({ url, upstream: upstream.root, cuts, ledgerDir }, "attach proxy listening");
+runtime.announceReady(url);

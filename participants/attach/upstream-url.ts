@@ -1,0 +1,32 @@
+/**
+ * Where the proxy forwards: the upstream's OpenAI base URL (`http://host:8000/v1` or
+ * `http://host:8000`) reduced to its root, so `/v1/chat/completions` after the rollout prefix maps
+ * onto the upstream's own `/v1/chat/completions`.
+ */
+export interface Upstream {
+  /** Origin + base path without a trailing `/v1` (also the generation-cut root). */
+  root: string;
+  url: URL;
+}
+
+export function parseUpstream(raw: string): Upstream {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new Error(`--upstream is not a URL: ${raw}`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new Error("--upstream must be an http(s) URL");
+  if (url.search || url.hash) throw new Error("--upstream may not carry a query or fragment");
+  const root = `${url.origin}${url.pathname.replace(/\/+$/, "").replace(/\/v1$/, "")}`;
+  return { root, url: new URL(root) };
+}
+
+/** `host:port` of --listen; the port may be 0 (any free port). */
+export function parseListen(raw: string): { host: string; port: number } {
+  const match = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(raw);
+  if (!match) throw new Error(`--listen must be host:port (got ${raw})`);
+  const port = Number(match[2]);
+  if (port > 65535) throw new Error("--listen port must be 0..65535");
+  return { host: match[1]!.replace(/^\[|\]$/g, ""), port };
+}

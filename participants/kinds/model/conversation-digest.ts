@@ -1,0 +1,45 @@
+import { canonicalDigest } from "../../../protocol/index.js";
+
+/** Routes the model participant gates; everything else passes through untracked. */
+export const GENERATION_ROUTES = ["/v1/chat/completions", "/v1/responses", "/v1/messages"] as const;
+
+export function isGenerationRoute(route: string): boolean {
+  const path = route.split("?")[0]!;
+  return GENERATION_ROUTES.some((r) => path.endsWith(r));
+}
+
+type Body = Record<string, unknown>;
+
+/**
+ * The conversation digest of a generation request: sha256 of the canonical JSON of its items
+ * (chat `messages`, responses `instructions`+`input`, messages `system`+`messages`). A re-issued
+ * call with the same conversation has the same digest, whatever its sampling parameters.
+ */
+export function conversationDigest(route: string, body: Body): string {
+  const path = route.split("?")[0]!;
+  if (path.endsWith("/v1/responses")) return canonicalDigest({ instructions: body.instructions ?? null, input: body.input ?? null });
+  if (path.endsWith("/v1/messages")) return canonicalDigest({ system: body.system ?? null, messages: body.messages ?? null });
+  return canonicalDigest({ messages: body.messages ?? null });
+}
+
+const STRUCTURED_FIELDS = ["guided_choice", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern", "structural_tag", "structured_outputs"] as const;
+
+/**
+ * Why a request uses constrained decoding (and so may never be cut: a frozen prefix cannot
+ * restore a structured decoder's state), or null for free-form generation.
+ */
+export function constrainedReason(body: Body): string | null {
+  const choice = body.tool_choice;
+  if (choice !== undefined && choice !== null && choice !== "auto" && choice !== "none") {
+    return typeof choice === "string" ? `tool_choice:${choice}` : "tool_choice:constrained";
+  }
+  const format = body.response_format;
+  if (format !== undefined && format !== null) {
+    const type = typeof format === "object" && "type" in format ? String((format as { type: unknown }).type) : "unknown";
+    if (type !== "text") return `response_format:${type}`;
+  }
+  for (const field of STRUCTURED_FIELDS) {
+    if (body[field] !== undefined && body[field] !== null) return field;
+  }
+  return null;
+}

@@ -1,0 +1,380 @@
+import { randomUUID } from "node:crypto";
+import type { Logger } from "pino";
+import { CheckpointError, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
+import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
+import type { AdmissionTicket } from "./admission-ticket.js";
+import { CaptureLedger } from "./capture-ledger.js";
+import { constrainedReason, conversationDigest } from "./conversation-digest.js";
+import type { GenerationCutRecord } from "./generation-cut-contract.js";
+import { cutRecordOf, runCutRound, type CutBackend } from "./generation-cut-round.js";
+import type { LedgerRow } from "./ledger-row.js";
+import { ModelRecordSchema, type ModelRecord } from "./model-record.js";
+
+export interface ModelKindOptions {
+  /** Directory of the capture ledger (persists across process restarts). */
+  ledgerDir: string;
+  ledgerStripes?: number;
+  /** The backend's cut endpoint; null = the backend cannot cut (calls are regenerated). */
+  cutBackend: CutBackend | null;
+  logger?: Logger;
+}
+
+export interface CallOutcome {
+  stagingKey: string | null;
+  usage: LedgerRow["usage"];
+}
+
+/**
+ * The policy-model participant kind: admission tickets for generation calls, responses held while
+ * admission is closed, one generation-cut round per close, and the token-free capture ledger that
+ * a checkpoint exports (delivered calls only) and a restore imports as the next attempt's ledger.
+ */
+export class ModelKind implements ParticipantKind<ModelRecord> {
+  readonly kind = "model" as const;
+  readonly recordSchema = ModelRecordSchema;
+  readonly ledger: CaptureLedger;
+  private context: ParticipantContext | undefined;
+  private checkpointIdSource: () => string | null = () => null;
+  private admitting = true;
+  private reopened = latch();
+  readonly tickets = new Map<string, AdmissionTicket>();
+  private served = false;
+  /** Restored cuts by NEXT-attempt capture key, consumed by a matching re-issued call. */
+  private readonly restoredCuts = new Map<string, GenerationCutRecord>();
+  /** Imported ledgers whose replacement has not called yet. */
+  private readonly restoredKeys = new Set<string>();
+  /** This checkpoint's cuts: one per episode, the latest admitted. */
+  private readonly latestCuts = new Map<string, { admittedAt: number; record: GenerationCutRecord }>();
+  private readonly retiring = new Set<string>();
+  private round = { cut: 0, cut_failed: 0, cut_skipped: 0 };
+  private readonly skipReasons = new Map<string, number>();
+
+  constructor(private readonly options: ModelKindOptions) {
+    this.ledger = new CaptureLedger(options.ledgerDir, options.ledgerStripes);
+  }
+
+  attach(context: ParticipantContext): void {
+    this.context = context;
+  }
+
+  /** Where the cut inventory's checkpoint id comes from (the control plane's active id). */
+  bindCheckpointId(source: () => string | null): void {
+    this.checkpointIdSource = source;
+  }
+
+  get admissionOpen(): boolean {
+    return this.admitting;
+  }
+
+  // ---- data plane -------------------------------------------------------------------------
+
+  /** Opens a ticket for a generation call, or refuses (`stale_attempt`, `admission_closed`). */
+  async admit(key: string, route: string, body: Record<string, unknown>): Promise<AdmissionTicket> {
+    const episode = parseCaptureKey(key);
+    if (!episode) throw new CheckpointError("rollout_id_required", `not a capture key: ${key}`);
+    this.refuseIfNotAdmitting(episode, key);
+    const rows = await this.ledger.rows(key);
+    this.refuseIfNotAdmitting(episode, key);
+    const requestDigest = conversationDigest(route, body);
+    const constrained = constrainedReason(body);
+    let claimedCut: GenerationCutRecord | null = null;
+    const restored = this.restoredCuts.get(key);
+    if (restored && constrained === null && restored.request_digest === requestDigest) {
+      claimedCut = restored;
+      this.restoredCuts.delete(key);
+    }
+    this.served = true;
+    this.restoredKeys.delete(key);
+    let close!: () => void;
+    const closed = new Promise<void>((resolve) => (close = resolve));
+    const ticket: AdmissionTicket & { close: () => void } = {
+      ticketId: randomUUID(),
+      captureKey: key,
+      episode,
+      route,
+      admittedAt: Date.now() / 1000,
+      modelCallId: `mc-${randomUUID()}`,
+      parentCallId: rows.at(-1)?.model_call_id ?? null,
+      stream: body.stream === true,
+      requestDigest,
+      constrained,
+      claimedCut,
+      responseStarted: false,
+      held: false,
+      finished: false,
+      cutAck: null,
+      abort: new AbortController(),
+      closed,
+      close,
+    };
+    this.tickets.set(ticket.ticketId, ticket);
+    this.notify();
+    return ticket;
+  }
+
+  /**
+   * The backend's response is about to start. While admission is closed it is held here until
+   * reopen; afterwards it is "started" and must finish sending (a prepare blocker while it streams).
+   */
+  async responseStart(ticket: AdmissionTicket): Promise<void> {
+    while (!this.admitting && !ticket.abort.signal.aborted) {
+      if (!ticket.held) {
+        ticket.held = true;
+        this.notify();
+      }
+      await Promise.race([this.reopened.promise, aborted(ticket.abort.signal)]);
+    }
+    ticket.held = false;
+    if (ticket.abort.signal.aborted) throw new CheckpointError("stale_attempt", `${ticket.captureKey} was retired`);
+    ticket.responseStarted = true;
+    this.notify();
+  }
+
+  /** The backend acknowledged the call (response complete): write its lineage row, close the ticket. */
+  async complete(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
+    try {
+      if (!ticket.abort.signal.aborted) {
+        await this.ledger.append({
+          capture_key: ticket.captureKey,
+          model_call_id: ticket.modelCallId,
+          parent_call_id: ticket.parentCallId,
+          continued_from: ticket.claimedCut?.model_call_id ?? null,
+          route: ticket.route.split("?")[0]!.slice(0, 200),
+          staging_key: outcome.stagingKey,
+          usage: outcome.usage,
+          recorded_at: Date.now() / 1000,
+        });
+      }
+    } finally {
+      this.closeTicket(ticket);
+    }
+  }
+
+  /** The call failed or its caller left: no row; an unused restored cut is given back. */
+  fail(ticket: AdmissionTicket): void {
+    if (ticket.finished) return;
+    const cut = ticket.claimedCut;
+    if (cut && !ticket.responseStarted && !ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode) && !this.restoredCuts.has(ticket.captureKey)) {
+      this.restoredCuts.set(ticket.captureKey, cut);
+    }
+    this.closeTicket(ticket);
+  }
+
+  private closeTicket(ticket: AdmissionTicket): void {
+    if (ticket.finished) return;
+    ticket.finished = true;
+    this.tickets.delete(ticket.ticketId);
+    (ticket as AdmissionTicket & { close: () => void }).close();
+    this.notify();
+  }
+
+  private refuseIfNotAdmitting(episode: EpisodeId, key: string): void {
+    if (this.retiring.has(key) || this.context?.isRetired(episode)) throw new CheckpointError("stale_attempt", `${key} was retired`);
+    if (!this.admitting) throw new CheckpointError("admission_closed", "a checkpoint is open; retry after it resumes");
+  }
+
+  // ---- ledger API (framework side) ----------------------------------------------------------
+
+  async captureManifest(key: string): Promise<{ capture_key: string; records: readonly LedgerRow[] }> {
+    if (!parseCaptureKey(key)) throw new CheckpointError("invalid_request", "not a capture key");
+    return { capture_key: key, records: await this.ledger.rows(key) };
+  }
+
+  /** Retires the ledgers of attempts 0..N of a rollout; refused while a checkpoint is open. */
+  async retireLedgers(episode: EpisodeId): Promise<string[]> {
+    this.refuseLedgerRemoval();
+    return this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
+  }
+
+  async deleteLedger(key: string): Promise<void> {
+    if (!parseCaptureKey(key)) throw new CheckpointError("invalid_request", "not a capture key");
+    this.refuseLedgerRemoval();
+    await this.ledger.remove([key]);
+  }
+
+  private refuseLedgerRemoval(): void {
+    // A commit may still read any live episode's ledger.
+    if (!this.admitting) throw new CheckpointError("invalid_phase", "a checkpoint is open: retry ledger retire and delete after resume");
+  }
+
+  private async removeAttempts(rolloutId: string, which: (attempt: number) => boolean): Promise<string[]> {
+    const keys = (await this.ledger.keysOfRollout(rolloutId)).filter((k) => which(k.attempt)).map((k) => k.key);
+    await this.ledger.remove(keys);
+    return keys;
+  }
+
+  // ---- ParticipantKind ------------------------------------------------------------------------
+
+  readiness(): KindReadiness {
+    const streaming = new Set<string>();
+    let held = 0;
+    for (const t of this.tickets.values()) {
+      if (t.responseStarted && !t.finished) streaming.add(t.captureKey);
+      if (t.held) held += 1;
+    }
+    const counts: Record<string, number> = { inflight: this.tickets.size, held, ...this.round };
+    for (const [reason, n] of this.skipReasons) counts[`cut_skipped.${reason}`] = n;
+    return { blockers: [...streaming].sort(), counts, restarts: [] };
+  }
+
+  async closeAdmission(): Promise<void> {
+    if (!this.admitting) return;
+    this.admitting = false;
+    this.reopened = latch();
+    this.latestCuts.clear();
+    this.round = { cut: 0, cut_failed: 0, cut_skipped: 0 };
+    this.skipReasons.clear();
+    const undelivered = [...this.tickets.values()].filter((t) => !t.responseStarted && !t.finished && !t.abort.signal.aborted);
+    const eligible: AdmissionTicket[] = [];
+    for (const t of undelivered) {
+      const reason = t.constrained ?? (this.options.cutBackend ? null : "backend:unknown");
+      if (reason === null) eligible.push(t);
+      else {
+        this.round.cut_skipped += 1;
+        this.skipReasons.set(reason, (this.skipReasons.get(reason) ?? 0) + 1);
+      }
+    }
+    if (eligible.length && this.options.cutBackend) {
+      const checkpointId = this.checkpointIdSource() ?? `close-${randomUUID()}`;
+      const result = await runCutRound(this.options.cutBackend, checkpointId, eligible);
+      if (result.error) this.options.logger?.warn({ checkpoint_id: checkpointId, err: result.error, calls: eligible.length }, "generation cut failed; the calls will be regenerated");
+      for (const t of eligible) {
+        const ack = result.acks.get(t.ticketId);
+        if (!ack) continue;
+        t.cutAck = ack;
+        const current = this.latestCuts.get(t.captureKey);
+        if (!current || current.admittedAt <= t.admittedAt) this.latestCuts.set(t.captureKey, { admittedAt: t.admittedAt, record: cutRecordOf(t, ack) });
+      }
+      this.round.cut = result.acks.size;
+      this.round.cut_failed = result.failed;
+    }
+    this.notify();
+  }
+
+  async openAdmission(): Promise<void> {
+    this.admitting = true;
+    this.latestCuts.clear();
+    for (const t of this.tickets.values()) t.cutAck = null;
+    this.reopened.resolve();
+    this.notify();
+  }
+
+  async exportRecords(scope: EpisodeId[] | null): Promise<ModelRecord[]> {
+    if (scope === null) throw new CheckpointError("invalid_request", "the model participant exports only the commit's episode_ids; a null scope is refused");
+    const undelivered = new Set([...this.tickets.values()].filter((t) => !t.responseStarted).map((t) => t.modelCallId));
+    const records: ModelRecord[] = [];
+    const seen = new Set<string>();
+    for (const episode of scope) {
+      const key = captureKey(episode);
+      if (seen.has(key)) continue;
+      seen.add(key);
+      const rows = (await this.ledger.rows(key)).filter((row) => !undelivered.has(row.model_call_id));
+      const cut = this.latestCuts.get(key)?.record ?? this.restoredCuts.get(key) ?? null;
+      if (rows.length === 0 && !cut) continue;
+      records.push({ episode_id: { rollout_id: episode.rollout_id, attempt: episode.attempt }, rows: [...rows], generation_cuts: cut ? [cut] : [] });
+    }
+    return records;
+  }
+
+  commitExtras(records: ModelRecord[]): Record<string, unknown> {
+    const keys = new Set<string>();
+    for (const record of records) {
+      for (const row of record.rows) if (row.staging_key) keys.add(row.staging_key);
+      for (const cut of record.generation_cuts) for (const key of cut.continuation.staging_keys) keys.add(key);
+    }
+    return { staging_keys: [...keys].sort() };
+  }
+
+  hasLiveState(): boolean {
+    return this.served || this.tickets.size > 0 || this.restoredCuts.size > 0 || this.restoredKeys.size > 0;
+  }
+
+  async install(records: ModelRecord[], _extra: Record<string, unknown>): Promise<void> {
+    // Validate everything before writing anything.
+    const seen = new Set<string>();
+    for (const record of records) {
+      const parsed = ModelRecordSchema.safeParse(record);
+      if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", "a model record does not match its schema");
+      const key = captureKey(record.episode_id);
+      if (seen.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two model records for ${key}`);
+      seen.add(key);
+      for (const cut of record.generation_cuts) {
+        if (cut.continuation.source_capture_key !== key) throw new CheckpointError("invalid_checkpoint_state", `the cut of ${key} names another source`);
+      }
+    }
+    for (const record of records) {
+      const source = record.episode_id;
+      const target = nextAttempt(source);
+      const targetKey = captureKey(target);
+      // Whatever dead executions left for the target and later attempts is replaced.
+      await this.removeAttempts(source.rollout_id, (attempt) => attempt >= target.attempt);
+      for (const key of [...this.restoredCuts.keys()]) {
+        const episode = parseCaptureKey(key);
+        if (episode?.rollout_id === source.rollout_id && episode.attempt >= target.attempt) this.restoredCuts.delete(key);
+      }
+      await this.ledger.replace(targetKey, record.rows);
+      const cut = record.generation_cuts[0];
+      if (cut) this.restoredCuts.set(targetKey, cut);
+      this.restoredKeys.add(targetKey);
+      // Nothing will write the source attempts' ledgers again.
+      await this.removeAttempts(source.rollout_id, (attempt) => attempt <= source.attempt);
+    }
+    this.notify();
+  }
+
+  async retire(episodes: EpisodeId[]): Promise<void> {
+    const keys = episodes.map(captureKey);
+    for (const key of keys) this.retiring.add(key);
+    try {
+      // Stop first, so no late row recreates a ledger.
+      const stopping = [...this.tickets.values()].filter((t) => keys.includes(t.captureKey));
+      for (const t of stopping) t.abort.abort();
+      await Promise.all(stopping.map((t) => t.closed));
+      for (const episode of episodes) {
+        const key = captureKey(episode);
+        this.restoredCuts.delete(key);
+        this.restoredKeys.delete(key);
+        await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
+      }
+    } finally {
+      for (const key of keys) this.retiring.delete(key);
+      this.notify();
+    }
+  }
+
+  async forget(rolloutIds: string[]): Promise<void> {
+    const ids = new Set(rolloutIds);
+    for (const key of [...this.restoredCuts.keys()]) if (ids.has(parseCaptureKey(key)?.rollout_id ?? "")) this.restoredCuts.delete(key);
+    for (const id of ids) this.ledger.evict(id);
+  }
+
+  statusExtras(): Record<string, unknown> {
+    return { restored_generation_cuts: this.restoredCuts.size, served: this.served, cuts_enabled: this.options.cutBackend !== null };
+  }
+
+  async afterCommit(scope: EpisodeId[] | null): Promise<void> {
+    if (scope === null) return;
+    const inScope = new Set(scope.map(captureKey));
+    // Restored state whose replacement never started here and which the controller no longer continues.
+    for (const key of [...this.restoredKeys]) {
+      if (inScope.has(key)) continue;
+      this.restoredKeys.delete(key);
+      this.restoredCuts.delete(key);
+      await this.ledger.remove([key]);
+    }
+  }
+
+  private notify(): void {
+    this.context?.notifyReadinessChanged();
+  }
+}
+
+function latch(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+function aborted(signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
+}

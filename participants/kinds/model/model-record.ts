@@ -1,0 +1,17 @@
+import { z } from "zod";
+import { EpisodeIdSchema } from "../../../protocol/index.js";
+import { GenerationCutRecordSchema } from "./generation-cut-contract.js";
+import { LedgerRowSchema } from "./ledger-row.js";
+
+/**
+ * The model participant's checkpoint record for one episode (the SOURCE attempt): its delivered
+ * lineage rows and at most one generation cut.
+ */
+export const ModelRecordSchema = z
+  .object({
+    episode_id: EpisodeIdSchema,
+    rows: z.array(LedgerRowSchema).max(100_000),
+    generation_cuts: z.array(GenerationCutRecordSchema).max(1, "a model record holds at most one generation cut"),
+  })
+  .strict();
+export type ModelRecord = z.infer<typeof ModelRecordSchema>;
