@@ -29,6 +29,8 @@ export interface GymLaunchOptions {
   args?: Partial<Record<GymProcessName, string[]>>;
   /** Processes already running elsewhere (e.g. a real inference backend): their URLs; the launcher never starts them. */
   external?: Partial<Record<GymProcessName, string>>;
+  /** Which processes to start now (default: all); start the rest later with `start(names)`. */
+  initial?: readonly GymProcessName[];
   readyTimeoutMs?: number;
   /** Every output line of every child (logs are JSON lines from pino). */
   onOutput?: (name: GymProcessName, line: string) => void;
@@ -200,7 +202,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     },
   };
   try {
-    await gym.start();
+    await gym.start(options.initial ?? GYM_PROCESSES);
   } catch (error) {
     await gym.stop();
     throw error;

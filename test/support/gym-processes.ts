@@ -24,7 +24,7 @@ export const GYM_TOKEN = "gym-e2e-token";
 export const CONTROLLER_TOKEN = "gym-e2e-controller";
 export const TASK = { expression: "17 + 25", tool_rounds: 1 };
 /** Every Gym process except the inference backend: what a crash kills. */
-export const GYM_SERVERS: GymProcessName[] = ["model", "resources", "agent", "environment"];
+export const GYM_SERVERS: Exclude<GymProcessName, "policy">[] = ["model", "resources", "agent", "environment"];
 const KIND_OF: Record<Exclude<GymProcessName, "policy">, Kind> = { model: "model", resources: "resources", agent: "agent", environment: "environment" };
 
 export interface BackendCall {
@@ -35,6 +35,8 @@ export interface BackendCall {
   stream: boolean;
   continued_from?: string | null;
   delivered?: boolean;
+  aborted?: boolean;
+  finished?: boolean;
 }
 
 export interface RunResult {
@@ -74,11 +76,19 @@ export interface GymWorld {
   close(): Promise<void>;
 }
 
+/**
+ * GYM_E2E_FAKE_MODEL=1 replaces the model attach proxy by a plain prefix-stripping forwarder (no
+ * participant): a debugging aid for when the proxy is not built; model-participant behaviour
+ * (held responses, ledger records) is then absent.
+ */
+const FAKE_MODEL = process.env.GYM_E2E_FAKE_MODEL === "1";
+
 export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; external?: GymLaunchOptions["external"] } = {}): Promise<GymWorld> {
   const nats = await startNats();
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-e2e-"));
   const deployment = `gym${process.pid}x${counter++}`;
   let gym: Gym | undefined;
+  let forwarder: { url: string; close(): Promise<void> } | undefined;
   let coordinator: CoordinatorHandle | undefined;
   try {
     const config = CoordinatorConfigSchema.parse({
@@ -105,7 +115,13 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       ...(options.args && { args: options.args }),
       ...(options.external && { external: options.external }),
       ...(process.env.GYM_E2E_VERBOSE && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
+      ...(FAKE_MODEL && { initial: ["policy"] as GymProcessName[] }),
     });
+    if (FAKE_MODEL) {
+      forwarder = await startPrefixForwarder(gym.urls.policy!);
+      gym.urls.model = forwarder.url;
+      await gym.start(["resources", "agent", "environment"]);
+    }
     const g = gym;
     const c = coordinator;
     const url = (name: GymProcessName) => {
@@ -169,6 +185,7 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
         },
       },
       async status(name) {
+        if (FAKE_MODEL && name === "model") return { phase: "idle", retired_rollouts: 0, report: { blocker_count: 0, counts: {} }, extras: {} } as unknown as StatusReply;
         const h = natsHeaders();
         h.set("Authorization", `Bearer ${GYM_TOKEN}`);
         const msg = await nats.nc.request(participantSubject(deployment, KIND_OF[name], g.instances[name], "status"), "{}", { timeout: 5000, headers: h });
@@ -186,6 +203,11 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       },
       async crashAndRestart(openCheckpoint) {
         await g.kill(GYM_SERVERS, "SIGKILL");
+        if (FAKE_MODEL) {
+          if (openCheckpoint) await client.resume({ checkpoint_id: openCheckpoint }).catch(() => undefined);
+          await g.start(["resources", "agent", "environment"]);
+          return;
+        }
         // The controller closes the checkpoint it no longer drives (the dead participants cannot answer).
         if (openCheckpoint) await client.resume({ checkpoint_id: openCheckpoint }).catch(() => undefined);
         await g.start(GYM_SERVERS);
@@ -208,6 +230,7 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       waitFor,
       async close() {
         await g.stop().catch(() => undefined);
+        await forwarder?.close().catch(() => undefined);
         await c.stop().catch(() => undefined);
         await nats.close().catch(() => undefined);
         await rm(root, { recursive: true, force: true });
@@ -216,6 +239,7 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
     return world;
   } catch (error) {
     await gym?.stop().catch(() => undefined);
+    await forwarder?.close().catch(() => undefined);
     await coordinator?.stop().catch(() => undefined);
     await nats.close().catch(() => undefined);
     await rm(root, { recursive: true, force: true });
@@ -276,4 +300,23 @@ export async function startStubPolicy(): Promise<StubPolicy> {
     },
   };
   return stub;
+}
+
+/** Strips `/ng-rollout/<key>` and forwards to the backend with `x-ng-capture-key` (GYM_E2E_FAKE_MODEL only). */
+async function startPrefixForwarder(upstream: string): Promise<{ url: string; close(): Promise<void> }> {
+  const { default: Fastify } = await import("fastify");
+  const app = Fastify({ logger: false });
+  app.post("/ng-rollout/:key/*", async (request, reply) => {
+    const { key } = request.params as { key: string };
+    const rest = (request.params as { "*": string })["*"];
+    const response = await fetch(`${upstream.replace(/\/+$/, "")}/${rest}`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-ng-capture-key": key },
+      body: JSON.stringify(request.body),
+    });
+    const text = await response.text();
+    return reply.code(response.status).header("content-type", response.headers.get("content-type") ?? "application/json").send(text);
+  });
+  const url = await app.listen({ host: "127.0.0.1", port: 0 });
+  return { url, close: () => app.close() };
 }
