@@ -34,6 +34,8 @@ export interface CoordinatorHandle {
   lease: LeaderLease;
   natsApi: NatsControllerApi;
   httpUrl: string | undefined;
+  /** Settles when the NATS connection closed for good (the CLI treats that as fatal). */
+  closed: Promise<void | Error>;
   /** Resolves once this coordinator is the ready leader and has finished recovery. */
   whenReady(): Promise<void>;
   stop(): Promise<void>;
@@ -90,6 +92,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     },
     onLost: () => {
       void natsApi.stop();
+      engine.leadershipLost();
     },
   });
   const engine = new CheckpointEngine({
@@ -126,6 +129,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     lease,
     natsApi,
     httpUrl: http?.url,
+    closed: nc.closed(),
     whenReady: () => ready,
     async stop() {
       await natsApi.stop();

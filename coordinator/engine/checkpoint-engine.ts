@@ -174,7 +174,9 @@ export class CheckpointEngine {
         return [] as string[];
       });
       try {
-        await this.doResume(id, Math.max(deadlineMs, t3 + 1000), ctx);
+        // stop: the controller stops after this checkpoint, so participants stay parked (no resume).
+        if (request.stop) this.close(id);
+        else await this.doResume(id, Math.max(deadlineMs, t3 + 1000), ctx);
       } finally {
         published = { ...published, deleted: await retention };
       }
@@ -362,6 +364,10 @@ export class CheckpointEngine {
         if (await this.isPublished(open.id)) {
           log.info({ state: entry.state }, "recovery_published_resume");
           open.phase = "published";
+          if (entry.stop) {
+            this.close(open.id);
+            return "published_stopped";
+          }
           await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
           return "resumed";
         }
@@ -375,6 +381,10 @@ export class CheckpointEngine {
         }
         if (!entry.auto_publish) return "committed";
         await this.doPublish(open.id, entry.controller_state);
+        if (entry.stop) {
+          this.close(open.id);
+          return "committed_published_stopped";
+        }
         await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
         return "committed_published_resumed";
       }
@@ -562,10 +572,7 @@ export class CheckpointEngine {
       { spanName: "checkpoint.coordinate.resume.stage", parent: ctx },
     );
     // Closed even when some failed: an unreachable participant resumes when its lease expires.
-    this.open = undefined;
-    this.closed.add(id);
-    // Off the critical path: an entry that outlives a crash only makes a successor resume again (idempotent).
-    this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
+    this.close(id);
     const outcomes = results.flatMap((r) => r.outcomes);
     const failures = failuresOf(outcomes);
     if (failures.length) throw combinedFailure("resume", failures);
@@ -639,6 +646,23 @@ export class CheckpointEngine {
         .warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
     return outcome;
+  }
+
+  /** Forgets the open checkpoint and its journal entry; its id stays fenced here. */
+  private close(id: string): void {
+    if (this.open?.id === id) this.open = undefined;
+    this.closed.add(id);
+    // Off the critical path: an entry that outlives a crash only makes a successor resume again (idempotent).
+    this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
+  }
+
+  /**
+   * Leadership was lost: drop the in-memory view of the open checkpoint. The journal, not this
+   * memory, is the truth a leader (this one again, or another) recovers from.
+   */
+  leadershipLost(): void {
+    if (this.open) this.log.warn({ checkpoint_id: this.open.id, phase: this.open.phase }, "leadership_lost_open_checkpoint_left_to_journal");
+    this.open = undefined;
   }
 
   /** The child logger of one checkpoint (cached while it is open). */

@@ -87,11 +87,17 @@ export function register(program: Command): void {
         const hooks = testHooks();
         const handle = await startCoordinator({ config, logger, ...(hooks && { hooks }) });
         if (handle.httpUrl) process.stdout.write(`http ${handle.httpUrl}\n`);
-        await new Promise<void>((resolve) => {
-          const shutdown = () => resolve();
-          process.once("SIGTERM", shutdown);
-          process.once("SIGINT", shutdown);
+        const lostConnection = await new Promise<boolean>((resolve) => {
+          process.once("SIGTERM", () => resolve(false));
+          process.once("SIGINT", () => resolve(false));
+          void handle.closed.then(() => resolve(true));
         });
+        if (lostConnection) {
+          // maxReconnectAttempts is unlimited, so this is fatal: exit and let the supervisor restart us.
+          logger.fatal("nats_connection_closed");
+          process.exitCode = 1;
+          return;
+        }
         await handle.stop();
       });
     });

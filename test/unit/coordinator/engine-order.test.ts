@@ -271,3 +271,24 @@ describe("renew", () => {
     expect(fake.ops("renew")).toHaveLength(5);
   });
 });
+
+describe("stop", () => {
+  it("the convenience op with stop publishes and leaves everyone parked (no resume), then closes the checkpoint", async () => {
+    const { engine, fake, catalog, journal } = makeEngine(root);
+    const reply = await engine.checkpoint({ checkpoint_id: "last", episode_ids: null, stop: true, controller_state: null });
+    expect(reply.participants).toBe(5);
+    expect(fake.ops("commit").every((c) => c.body.stop === true)).toBe(true);
+    expect(fake.ops("resume")).toHaveLength(0);
+    expect((await catalog.get("last")).stop).toBe(true);
+    expect(engine.openCheckpoint).toBeNull();
+    expect(journal.entries.size).toBe(0);
+  });
+
+  it("losing leadership drops the in-memory open checkpoint (the journal is the truth)", async () => {
+    const { engine, journal } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "lost" });
+    engine.leadershipLost();
+    expect(engine.openCheckpoint).toBeNull();
+    expect(journal.entries.get("lost")?.state).toBe("open");
+  });
+});

@@ -1,0 +1,73 @@
+import { Kvm } from "@nats-io/kv";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { openBucketAsserted } from "../../coordinator/membership/kv-bucket.js";
+import { MEMBERS_BUCKET_OPTIONS, openMembersBucket } from "../../coordinator/membership/members-bucket.js";
+import { WatchedMemberRegistry } from "../../coordinator/membership/watched-member-registry.js";
+import { MEMBER_TTL_MS, membersBucket } from "../../protocol/index.js";
+import { startWorld, type World } from "./coordinator-harness.js";
+
+let world: World;
+beforeAll(async () => {
+  world = await startWorld();
+});
+afterAll(async () => {
+  await world?.close();
+});
+
+async function until(predicate: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await predicate())) {
+    if (Date.now() > end) throw new Error("condition not met in time");
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+describe("membership registry", () => {
+  it("opens or creates the bucket with history 1 and bucket TTL, and asserts the stream config", async () => {
+    const kv = await openMembersBucket(world.pnc, world.deployment);
+    const status = await kv.status();
+    expect(MEMBERS_BUCKET_OPTIONS).toEqual({ history: 1, ttl: MEMBER_TTL_MS });
+    expect(status.history).toBe(1);
+    expect(status.ttl).toBe(MEMBER_TTL_MS);
+    // a bucket created elsewhere with another lifetime is refused loudly
+    await new Kvm(world.pnc).create("gym_ckpt_wrongttl_members", { history: 1, ttl: 60_000 });
+    await expect(openBucketAsserted(world.pnc, "gym_ckpt_wrongttl_members", MEMBERS_BUCKET_OPTIONS)).rejects.toMatchObject({
+      code: "internal_error",
+      message: expect.stringContaining("ttl 60000 ms"),
+    });
+    expect(membersBucket(world.deployment)).toBe(`gym_ckpt_${world.deployment}_members`);
+  });
+
+  it("sees participants join and leave through the KV watch", async () => {
+    const registry = new WatchedMemberRegistry(await openMembersBucket(world.pnc, world.deployment));
+    await registry.start();
+    try {
+      expect(await registry.list()).toEqual([]);
+      const [env] = await world.startParticipants([{ kind: "environment", instance: "e9" }]);
+      await until(async () => (await registry.list()).length === 1);
+      expect(await registry.list()).toEqual([{ kind: "environment", instance: "e9" }]);
+      await env!.handle.stop();
+      world.participants.length = 0;
+      await until(async () => (await registry.list()).length === 0);
+    } finally {
+      registry.stop();
+    }
+  });
+
+  it("drops a member whose heartbeat stopped for longer than the bucket TTL", async () => {
+    const kv = await openMembersBucket(world.pnc, world.deployment);
+    let now = 1_000_000;
+    const clock = { now: () => now, setTimer: () => () => undefined, sleep: async () => undefined };
+    const registry = new WatchedMemberRegistry(kv, undefined, clock);
+    await registry.start();
+    try {
+      await kv.put("model.silent", JSON.stringify({ kind: "model", instance: "silent", incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 }));
+      await until(async () => (await registry.list()).length === 1);
+      now += MEMBER_TTL_MS + 1;
+      expect(await registry.list()).toEqual([]);
+    } finally {
+      registry.stop();
+      await kv.delete("model.silent");
+    }
+  });
+});
