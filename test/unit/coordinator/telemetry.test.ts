@@ -1,0 +1,69 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { context, propagation, trace } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
+import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
+import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { NatsParticipantTransport } from "../../../coordinator/engine/nats-transport.js";
+import { makeEngine } from "./fake-participants.js";
+
+const exporter = new InMemorySpanExporter();
+let root: string;
+beforeAll(async () => {
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] }));
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-otel-"));
+});
+afterAll(async () => {
+  trace.disable();
+  propagation.disable();
+  context.disable();
+  await rm(root, { recursive: true, force: true });
+});
+
+describe("coordinator telemetry", () => {
+  it("one trace per op: checkpoint.coordinate.<op>, a child per stage, a child per participant request", async () => {
+    exporter.reset();
+    const { engine } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "t1" });
+    const spans = exporter.getFinishedSpans();
+    const root_ = spans.find((s) => s.name === "checkpoint.coordinate.prepare")!;
+    expect(root_).toBeDefined();
+    expect(root_.instrumentationScope.name).toBe("gym-ckpt");
+    const stages = spans.filter((s) => s.name.startsWith("checkpoint.coordinate.prepare.stage."));
+    expect(stages.map((s) => s.name)).toEqual([
+      "checkpoint.coordinate.prepare.stage.environment",
+      "checkpoint.coordinate.prepare.stage.model",
+      "checkpoint.coordinate.prepare.stage.agent",
+      "checkpoint.coordinate.prepare.stage.resources",
+    ]);
+    for (const stage of stages) expect(stage.parentSpanContext?.spanId).toBe(root_.spanContext().spanId);
+    const requests = spans.filter((s) => s.name === "checkpoint.participant.prepare");
+    expect(requests).toHaveLength(5);
+    const stageIds = new Set(stages.map((s) => s.spanContext().spanId));
+    for (const r of requests) {
+      expect(stageIds.has(r.parentSpanContext!.spanId)).toBe(true);
+      expect(r.spanContext().traceId).toBe(root_.spanContext().traceId);
+    }
+  });
+
+  it("injects W3C traceparent and the bearer token into the NATS headers", async () => {
+    let captured: MsgHdrs | undefined;
+    const nc = {
+      request: async (_subject: string, _body: string, options: { headers: MsgHdrs }) => {
+        captured = options.headers;
+        return { string: () => "{}" };
+      },
+    } as unknown as NatsConnection;
+    const span = trace.getTracer("test").startSpan("parent");
+    await new NatsParticipantTransport(nc).request("s", "{}", { timeoutMs: 100, token: "tok", context: trace.setSpan(context.active(), span) });
+    span.end();
+    expect(captured?.get("Authorization")).toBe("Bearer tok");
+    const traceparent = captured?.get("traceparent");
+    expect(traceparent).toMatch(new RegExp(`^00-${span.spanContext().traceId}-${span.spanContext().spanId}-0[01]$`));
+  });
+});
