@@ -24,6 +24,8 @@ export class NatsParticipantTransport implements ParticipantTransport {
         throw new NoRespondersFailure(subject);
       }
       if (error instanceof NoRespondersError) throw new NoRespondersFailure(subject);
+      // Disconnected while the request was in flight: the participant may or may not have acted.
+      if (error instanceof RequestError) throw new RequestTimeoutFailure(subject, options.timeoutMs);
       throw error;
     }
   }

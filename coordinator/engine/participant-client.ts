@@ -16,6 +16,8 @@ import type { Clock } from "./clock.js";
 import { coordinatorTelemetry, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport } from "./transport.js";
 
+const RETRY_PAUSE_MS = 50;
+
 /** A participant as the coordinator addresses it. */
 export interface ParticipantRef {
   kind: Kind;
@@ -102,7 +104,12 @@ export class ParticipantClient {
           return { ok: false, participant, code: "unreachable", detail: `${participant.kind}/${participant.instance}: ${error.message}` };
         }
         if (error instanceof RequestTimeoutFailure) {
-          if (clock.now() < deadlineMs) continue;
+          const left = deadlineMs - clock.now();
+          if (left > 0) {
+            // Unknown outcome: retry the same body (idempotent per checkpoint_id and op) after a short pause.
+            await clock.sleep(Math.min(RETRY_PAUSE_MS * tries, left));
+            continue;
+          }
           return {
             ok: false,
             participant,
