@@ -639,7 +639,7 @@ export class CheckpointEngine {
   ): Promise<Outcome<O>> {
     // Fencing on the sending side: a demoted coordinator stops before the participants must refuse it.
     this.options.leadership.assert(epoch);
-    const outcome = await this.options.client.call(member, op, request, deadlineMs, ctx);
+    const outcome = await this.options.client.call(member, op, request, deadlineMs, ctx, () => this.options.leadership.assert(epoch));
     if (!outcome.ok) {
       this.checkpointLog((request as { checkpoint_id?: string }).checkpoint_id)
         .child({ kind: member.kind, instance: member.instance })

@@ -6,6 +6,7 @@ import {
   describeZodError,
   encodeMessage,
   participantSubject,
+  toCheckpointError,
   type ErrorCode,
   type Kind,
   type Op,
@@ -55,8 +56,10 @@ export class ParticipantClient {
     request: RequestOf<O>,
     deadlineMs: number,
     parent?: Context,
+    /** Checked before every try; throwing (e.g. `not_leader`) ends the call with that code. */
+    guard?: () => void,
   ): Promise<Outcome<O>> {
-    const { clock, transport, slackMs } = this.options;
+    const { clock } = this.options;
     const subject = participantSubject(this.options.deployment, participant.kind, participant.instance, op);
     const body = encodeMessage(request);
     const tracer = coordinatorTelemetry().tracer;
@@ -69,9 +72,10 @@ export class ParticipantClient {
     const started = clock.now();
     let outcome: Outcome<O>;
     try {
-      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx);
+      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard);
     } catch (error) {
-      outcome = { ok: false, participant, code: "internal_error", detail: error instanceof Error ? error.message : String(error) };
+      const refusal = toCheckpointError(error);
+      outcome = { ok: false, participant, code: refusal.code, detail: refusal.message };
     }
     const result = outcome.ok ? "ok" : outcome.code;
     coordinatorTelemetry().requestDuration.record((clock.now() - started) / 1000, { op, kind: participant.kind, outcome: result });
@@ -90,9 +94,11 @@ export class ParticipantClient {
     body: string,
     deadlineMs: number,
     ctx: Context,
+    guard: (() => void) | undefined,
   ): Promise<Outcome<O>> {
     const { clock, transport, slackMs, token } = this.options;
     for (let tries = 1; ; tries++) {
+      guard?.();
       const remaining = deadlineMs - clock.now();
       let timeoutMs = Math.max(remaining, 0) + slackMs;
       if (this.options.attemptTimeoutMs !== undefined) timeoutMs = Math.min(timeoutMs, this.options.attemptTimeoutMs);
