@@ -8,6 +8,7 @@ import { GYM_PROCESSES, launchGym, type GymProcessName } from "./gym-launcher.js
  *   --nats URL (GYM_CKPT_NATS_URL, default nats://127.0.0.1:4222)   --deployment NAME (default "default")
  *   --token TOKEN (GYM_CKPT_TOKEN)   --checkpoint-root DIR   --lease-grace-seconds N
  *   --token-delay-ms N (policy streaming pace)   --resources-mode stateless|restart_only   --verify replay|wait
+ *   --policy-url URL (use a running OpenAI-compatible policy backend instead of starting the fake one)
  */
 const { values } = parseArgs({
   args: process.argv.slice(2),
@@ -21,6 +22,7 @@ const { values } = parseArgs({
     "token-delay-ms": { type: "string" },
     "resources-mode": { type: "string" },
     verify: { type: "string" },
+    "policy-url": { type: "string" },
     verbose: { type: "boolean" },
     help: { type: "boolean" },
   },
@@ -28,7 +30,8 @@ const { values } = parseArgs({
 if (values.help) {
   process.stdout.write(
     "usage: gym-ckpt gym [--nats URL] [--deployment NAME] [--token TOKEN] [--checkpoint-root DIR]\n" +
-      "                    [--lease-grace-seconds N] [--token-delay-ms N] [--resources-mode MODE] [--verify replay|wait] [--verbose]\n",
+      "                    [--lease-grace-seconds N] [--token-delay-ms N] [--resources-mode MODE] [--verify replay|wait]\n" +
+      "                    [--policy-url URL] [--verbose]\n",
   );
   process.exit(0);
 }
@@ -48,6 +51,8 @@ const gym = await launchGym({
     ...(values["token-delay-ms"] && { policy: ["--token-delay-ms", values["token-delay-ms"]] }),
     resources: [...(values["resources-mode"] ? ["--mode", values["resources-mode"]] : []), ...(values.verify ? ["--verify", values.verify] : [])],
   },
+  // A policy backend running elsewhere (an inference server, or the demo's long-lived fake).
+  ...(values["policy-url"] && { external: { policy: values["policy-url"] } }),
   ...(values.verbose && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
 }).catch((error: unknown) => {
   process.stderr.write(`gym: ${error instanceof Error ? error.message : String(error)}\n`);
