@@ -1,7 +1,8 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { spawn, type ChildProcess } from "node:child_process";
 import { connect, headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import {
@@ -114,6 +115,27 @@ async function floorRound(nc: NatsConnection, deployment: string, members: Membe
   for (const stage of RESUME_STAGES) await Promise.all(members.filter((m) => stage.includes(m.kind)).map((m) => send(m, "resume", common)));
 }
 
+/** Runs the responders for `members` in a child process (as real participants would be), until killed. */
+async function spawnResponders(url: string, deployment: string, n: number): Promise<ChildProcess> {
+  const child = spawn(process.execPath, [fileURLToPath(import.meta.url)], {
+    env: { ...process.env, COORD_BENCH_ROLE: "responders", COORD_BENCH_URL: url, COORD_BENCH_DEPLOYMENT: deployment, COORD_BENCH_N: String(n) },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  await new Promise<void>((resolve, reject) => {
+    child.stdout!.once("data", () => resolve());
+    child.once("exit", (code) => reject(new Error(`responders exited (${code})`)));
+  });
+  return child;
+}
+
+async function respondersMain(): Promise<void> {
+  const nc = await connect({ servers: process.env.COORD_BENCH_URL! });
+  serve(nc, process.env.COORD_BENCH_DEPLOYMENT!, membersFor(Number(process.env.COORD_BENCH_N)));
+  await nc.flush();
+  process.stdout.write("ready\n");
+  process.once("SIGTERM", () => void nc.close().then(() => process.exit(0)));
+}
+
 export async function run(): Promise<void> {
   const server = await NatsServerProcess.start();
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-bench-coord-"));
@@ -127,7 +149,8 @@ export async function run(): Promise<void> {
       // Same client options as the coordinator daemon's own connection.
       const cnc = await connect({ servers: server.url, noAsyncTraces: true });
       const fnc = await connect({ servers: server.url, noAsyncTraces: true });
-      const stop = serve(pnc, deployment, members);
+      const responders = await spawnResponders(server.url, deployment, n);
+      const stop = () => responders.kill("SIGTERM");
       const kv = await openMembersBucket(pnc, deployment);
       const now = Date.now() / 1000;
       for (const m of members) {
@@ -185,7 +208,7 @@ export async function run(): Promise<void> {
     `## Coordinator: full checkpoint vs raw NATS request floor
 
 Machine: ${machine()}. Command: \`npm run bench -- coordinator\` (sizes via \`COORD_BENCH_SIZES\`). nats-server 2.9 on 127.0.0.1.
-A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemon → reply): journal(open) → prepare in 4 stages → journal(decided) → commit to all → checkpoint.json then LATEST (each: temp file, fsync, rename, dir fsync) → resume in 4 stages, with retention running beside the resume. Participants are lightweight in-process responders (empty records); the daemon, the responders and the floor client share one Node process and one nats-server. The floor is the same staged pattern (4 prepare stages, commit to all, 4 resume stages) as bare \`nc.request\` calls to the same responders, on a connection with the same options, interleaved round by round with the checkpoints. The machine is shared (load average ${loadavg()[0]!.toFixed(1)} at the end of the run), so p99s are noisy; ratios are side by side.
+A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemon → reply): journal(open) → prepare in 4 stages → journal(decided) → commit to all → checkpoint.json then LATEST (each: temp file, fsync, rename, dir fsync) → resume in 4 stages, with retention running beside the resume. Participants are lightweight responders (empty records) in a separate Node process, as participants would be; the coordinator daemon and the floor client share the benchmark process, and one nats-server serves both. The floor is the same staged pattern (4 prepare stages, commit to all, 4 resume stages) as bare \`nc.request\` calls to the same responders, on a connection with the same options, interleaved round by round with the checkpoints. The machine is shared (load average ${loadavg()[0]!.toFixed(1)} at the end of the run), so p99s are noisy; ratios are side by side.
 
 | participants | checkpoint p50 (ms) | p99 (ms) | floor p50 (ms) | floor p99 (ms) | ratio p50 | split inside the coordinator, p50 (ms) |
 | --- | --- | --- | --- | --- | --- | --- |
@@ -196,4 +219,7 @@ What the floor does not pay, per checkpoint and independent of N: the controller
   );
 }
 
-if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await run();
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
+  if (process.env.COORD_BENCH_ROLE === "responders") await respondersMain();
+  else await run();
+}

@@ -85,8 +85,13 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     clock,
     logger,
     onReady: async () => {
-      const recovered = await engine.recover();
-      if (recovered.length) logger.info({ recovered }, "recovery_done");
+      try {
+        const recovered = await engine.recover();
+        if (recovered.length) logger.info({ recovered }, "recovery_done");
+      } catch (error) {
+        // Entries that could not be completed stay journaled; the controller can still resume them.
+        logger.error({ err: error }, "recovery_failed");
+      }
       natsApi.start();
       readyResolve();
     },
@@ -117,11 +122,18 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const controllerToken = config.controller_token ?? config.token;
   natsApi = new NatsControllerApi({ nc, deployment: config.deployment, token: controllerToken, engine, logger });
   let http: HttpControllerApi | undefined;
-  if (config.http.enabled) {
-    http = new HttpControllerApi({ engine, leadership: lease, token: controllerToken, host: config.http.host, port: config.http.port, logger });
-    await http.start();
+  try {
+    if (config.http.enabled) {
+      http = new HttpControllerApi({ engine, leadership: lease, token: controllerToken, host: config.http.host, port: config.http.port, logger });
+      await http.start();
+    }
+    await lease.start();
+  } catch (error) {
+    await http?.stop().catch(() => undefined);
+    registry.stop();
+    if (ownsConnection) await nc.close().catch(() => undefined);
+    throw error;
   }
-  await lease.start();
   logger.info({ http: http?.url, lease_ms: config.lease_ms, checkpoint_root: config.checkpoint_root }, "coordinator_started");
   return {
     id,
