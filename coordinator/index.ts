@@ -16,6 +16,7 @@ export type { BucketOptions } from "./membership/kv-bucket.js";
 export { openMembersBucket, MEMBERS_BUCKET_OPTIONS } from "./membership/members-bucket.js";
 export { KvMemberRegistry } from "./membership/member-registry.js";
 export type { MembershipSource } from "./membership/member-registry.js";
+export { WatchedMemberRegistry } from "./membership/watched-member-registry.js";
 export { LeaderLease, LEADER_KEY } from "./ha/leader-lease.js";
 export type { LeaderLeaseOptions } from "./ha/leader-lease.js";
 export { StaticLeadership } from "./ha/leadership.js";
@@ -48,6 +49,7 @@ export { loadConfig, redactConfig, CONFIG_ENV } from "./config/config-loader.js"
 export { startCoordinator } from "./daemon/coordinator-daemon.js";
 export type { StartCoordinatorOptions, CoordinatorHandle } from "./daemon/coordinator-daemon.js";
 export { createLogger, REDACT_PATHS } from "./telemetry/logger.js";
+export { decodeControllerReply } from "./client/reply-decoder.js";
 export { coordinatorTelemetry } from "./telemetry/coordinator-telemetry.js";
 export { NatsServerProcess } from "./local/nats-server-process.js";
 export type { NatsServerOptions } from "./local/nats-server-process.js";
