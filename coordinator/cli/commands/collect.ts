@@ -23,6 +23,7 @@ interface CollectFlags extends ClientFlags {
   checkpointTimeoutS: string;
   runTimeoutS: string;
   maxAttempts: string;
+  progressIntervalS: string;
   logLevel: string;
 }
 
@@ -40,6 +41,7 @@ export function register(program: Command): void {
       .option("--checkpoint-timeout-s <s>", "deadline of each checkpoint op", "60")
       .option("--run-timeout-s <s>", "timeout of one /run", "300")
       .option("--max-attempts <n>", "attempts per row before it counts as failed", "3")
+      .option("--progress-interval-s <s>", "seconds between progress lines when stderr is not a terminal", "10")
       .option("--log-level <level>", "pino log level", "warn"),
   ).action(async (flags: CollectFlags) => {
     await runCli(async () => {
@@ -73,7 +75,7 @@ export function register(program: Command): void {
         checkpointTimeoutSeconds: positive("checkpoint-timeout-s", flags.checkpointTimeoutS)!,
         runTimeoutSeconds: positive("run-timeout-s", flags.runTimeoutS)!,
         maxAttempts: positive("max-attempts", flags.maxAttempts)!,
-        progress: new ProgressReporter(process.stderr),
+        progress: new ProgressReporter(process.stderr, positive("progress-interval-s", flags.progressIntervalS)! * 1000),
         logger,
       });
       const pidFile = join(checkpointDir, "collector.pid");
@@ -105,7 +107,10 @@ export function register(program: Command): void {
           `rows: ${summary.rows} (finished ${summary.finished}, failed ${summary.failed}), mean reward ${Number.isNaN(mean) ? "n/a" : mean.toFixed(3)}`,
           `checkpoints taken: ${summary.checkpoints}`,
           `rows continued from a checkpoint: ${summary.continued}, restarted from input: ${summary.restarted}`,
-          `model calls kept by continuation: ${u.modelCallsKept} (${u.tokensKept} generated tokens); regenerated: ${u.modelCallsRegenerated} (${u.tokensRegenerated} tokens)`,
+          // Only when the environment reports usage in its /run replies.
+          ...(u.modelCallsKept + u.modelCallsRegenerated > 0
+            ? [`model calls kept by continuation: ${u.modelCallsKept} (${u.tokensKept} generated tokens); regenerated: ${u.modelCallsRegenerated} (${u.tokensRegenerated} tokens)`]
+            : []),
         ].join("\n") + "\n",
       );
       if (summary.failed > 0 || summary.finished < summary.rows) process.exitCode = 1;

@@ -1,0 +1,30 @@
+import type { Command } from "commander";
+import { runDemo } from "../../local/demo.js";
+
+export function register(program: Command): void {
+  program
+    .command("demo")
+    .description("a complete local run: nats-server, coordinator, reference Gym, a collection that is SIGKILLed mid-run and continues")
+    .option("--rows <n>", "rows to collect", "60")
+    .option("--concurrency <n>", "rows in flight at once", "8")
+    .option("--checkpoint-every <s>", "seconds between timer checkpoints", "2")
+    .option("--crash-after <share>", "share of rows finished before the crash", "0.4")
+    .option("--token-delay-ms <ms>", "pace of the fake policy's streamed tokens", "60")
+    .option("--keep", "keep the work directory (checkpoints, results, logs)")
+    .action(async (flags: { rows: string; concurrency: string; checkpointEvery: string; crashAfter: string; tokenDelayMs: string; keep?: boolean }) => {
+      const say = (line: string) => process.stdout.write(`[demo] ${line}\n`);
+      const numbers = { rows: Number(flags.rows), concurrency: Number(flags.concurrency), checkpointEvery: Number(flags.checkpointEvery), crashAfter: Number(flags.crashAfter), tokenDelayMs: Number(flags.tokenDelayMs) };
+      if (!(numbers.rows >= 1 && numbers.concurrency >= 1 && numbers.checkpointEvery > 0 && numbers.crashAfter > 0 && numbers.crashAfter < 1 && numbers.tokenDelayMs >= 0)) {
+        process.stderr.write("error invalid_request: --rows and --concurrency ≥ 1, --checkpoint-every > 0, 0 < --crash-after < 1, --token-delay-ms ≥ 0\n");
+        process.exitCode = 2;
+        return;
+      }
+      try {
+        const outcome = await runDemo({ ...numbers, keep: flags.keep === true, say });
+        process.exitCode = outcome.ok ? 0 : 1;
+      } catch (error) {
+        say(`demo FAILED: ${error instanceof Error ? error.message : String(error)}`);
+        process.exitCode = 1;
+      }
+    });
+}

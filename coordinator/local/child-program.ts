@@ -1,0 +1,80 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { createInterface } from "node:readline";
+
+export interface ChildProgram {
+  child: ChildProcess;
+  /** The parsed JSON ready line (`{"ready":true,…}`), when waited for. */
+  ready: Record<string, unknown> | undefined;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /** SIGKILL the process (and, with `group`, every process it started). */
+  kill(signal?: NodeJS.Signals): Promise<void>;
+}
+
+export interface ChildProgramOptions {
+  /** Wait for a `{"ready":true}` JSON line on stdout. */
+  waitReady?: boolean;
+  readyTimeoutMs?: number;
+  /** Own process group, so `kill` reaches its children too. */
+  group?: boolean;
+  /** Every output line (stdout and stderr) except the ready line. */
+  onLine?: (line: string, stream: "stdout" | "stderr") => void;
+  env?: NodeJS.ProcessEnv;
+}
+
+/** Starts `node <script> …args` and optionally waits for its ready line. */
+export async function startChildProgram(script: string, args: string[], options: ChildProgramOptions = {}): Promise<ChildProgram> {
+  const child = spawn(process.execPath, [script, ...args], {
+    stdio: ["ignore", "pipe", "pipe"],
+    detached: options.group === true,
+    env: { ...process.env, ...options.env },
+  });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.once("exit", (code, signal) => resolve({ code, signal })),
+  );
+  const tail: string[] = [];
+  let resolveReady: ((value: Record<string, unknown>) => void) | undefined;
+  const onLine = (stream: "stdout" | "stderr") => (line: string) => {
+    if (resolveReady && stream === "stdout" && line.startsWith("{")) {
+      try {
+        const parsed = JSON.parse(line) as Record<string, unknown>;
+        if (parsed.ready === true) {
+          resolveReady(parsed);
+          resolveReady = undefined;
+          return;
+        }
+      } catch {
+        // not the ready line
+      }
+    }
+    tail.push(line);
+    if (tail.length > 30) tail.shift();
+    options.onLine?.(line, stream);
+  };
+  createInterface({ input: child.stdout! }).on("line", onLine("stdout"));
+  createInterface({ input: child.stderr! }).on("line", onLine("stderr"));
+
+  const kill = async (signal: NodeJS.Signals = "SIGKILL") => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    try {
+      if (options.group) process.kill(-child.pid!, signal);
+      else child.kill(signal);
+    } catch {
+      // already gone
+    }
+    await exited;
+  };
+
+  let ready: Record<string, unknown> | undefined;
+  if (options.waitReady) {
+    ready = await new Promise<Record<string, unknown>>((resolve, reject) => {
+      resolveReady = resolve;
+      const timer = setTimeout(() => reject(new Error(`${script} printed no ready line within ${options.readyTimeoutMs ?? 30_000} ms:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? 30_000);
+      timer.unref();
+      void exited.then(({ code, signal }) => reject(new Error(`${script} exited (code ${code}, signal ${signal}) before it was ready:\n${tail.join("\n")}`)));
+    }).catch(async (error: unknown) => {
+      await kill();
+      throw error;
+    });
+  }
+  return { child, ready, exited, kill };
+}

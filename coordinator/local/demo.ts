@@ -1,0 +1,256 @@
+import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { LATEST_FILE, parseCaptureKey } from "../../protocol/index.js";
+import { startChildProgram, type ChildProgram } from "./child-program.js";
+import { NatsServerProcess } from "./nats-server-process.js";
+import { participantEntry } from "./participant-entry.js";
+
+export interface DemoOptions {
+  rows: number;
+  concurrency: number;
+  /** Seconds between the collector's timer checkpoints. */
+  checkpointEvery: number;
+  /** Share of rows finished before the crash. */
+  crashAfter: number;
+  tokenDelayMs: number;
+  keep: boolean;
+  say: (line: string) => void;
+}
+
+interface BackendCall {
+  capture_key: string | null;
+  message_count: number;
+  delivered: boolean;
+  tokens_emitted: number;
+}
+
+export interface DemoOutcome {
+  ok: boolean;
+  finished: number;
+  rows: number;
+  repeatedDeliveredCalls: number;
+}
+
+const DEPLOYMENT = "demo";
+
+/**
+ * The README's first command: a whole local run. nats-server, a coordinator daemon, the reference
+ * Gym and a rollout collection; periodic checkpoints; then the collector and every Gym process are
+ * SIGKILLed mid-run, started again, and the collection continues from the last checkpoint. The
+ * fake policy backend plays the inference server that survives a Gym crash, so its call log can
+ * prove that no delivered model call was made twice.
+ */
+export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
+  const { say } = options;
+  const work = await mkdtemp(join(tmpdir(), "gym-ckpt-demo-"));
+  const root = join(work, "checkpoints");
+  await mkdir(root);
+  const token = randomBytes(16).toString("hex");
+  const cli = fileURLToPath(new URL(`../cli/main${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url));
+  const children: ChildProgram[] = [];
+  let nats: NatsServerProcess | undefined;
+  const track = (child: ChildProgram) => {
+    children.push(child);
+    return child;
+  };
+  try {
+    nats = await NatsServerProcess.start();
+    say(`nats-server (JetStream) on ${nats.url}`);
+    const common = ["--nats-url", nats.url, "--deployment", DEPLOYMENT, "--token", token];
+
+    track(
+      await startChildProgram(cli, ["coordinator", ...common, "--checkpoint-root", root, "--lease-ms", "1000", "--no-http", "--log-level", "warn"], {
+        onLine: (line) => say(`  coordinator: ${line}`),
+      }),
+    );
+    say("coordinator daemon started (it waits one lease period before it leads)");
+
+    const backend = track(
+      await startChildProgram(
+        participantEntry("gym/policy-backend/main"),
+        ["--nats", nats.url, "--deployment", DEPLOYMENT, "--instance", "policy_backend", "--token", token, "--port", "0", "--token-delay-ms", String(options.tokenDelayMs)],
+        { waitReady: true },
+      ),
+    );
+    const backendUrl = String(backend.ready!.url);
+    say(`fake policy backend (the inference server, outlives Gym crashes) on ${backendUrl}`);
+
+    const startGym = async () => {
+      const gym = track(
+        await startChildProgram(
+          participantEntry("gym/main"),
+          ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--token", token, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl],
+          { waitReady: true, group: true },
+        ),
+      );
+      return { gym, urls: gym.ready!.urls as Record<string, string> };
+    };
+    let { gym, urls } = await startGym();
+    say(`reference Gym up: model proxy ${urls.model}, resources ${urls.resources}, agent ${urls.agent}, environment ${urls.environment}`);
+
+    const tasks = join(work, "tasks.jsonl");
+    const out = join(work, "results.jsonl");
+    await writeFile(tasks, demoTasks(options.rows));
+    const collectArgs = () => [
+      "collect",
+      ...common,
+      "--tasks",
+      tasks,
+      "--out",
+      out,
+      "--checkpoint-dir",
+      root,
+      "--run-url",
+      `${urls.environment}/run`,
+      "--concurrency",
+      String(options.concurrency),
+      "--checkpoint-every",
+      String(options.checkpointEvery),
+      "--checkpoint-timeout-s",
+      "20",
+      "--progress-interval-s",
+      "2",
+    ];
+    const collectorOutput = (line: string) => say(`  collect: ${line}`);
+    say(`collecting ${options.rows} multi-turn rows, ${options.concurrency} at a time, a checkpoint every ${options.checkpointEvery} s`);
+    let collector = track(await startChildProgram(cli, collectArgs(), { onLine: collectorOutput }));
+
+    // Let the run get going, past at least one published checkpoint.
+    const crashAt = Math.ceil(options.rows * options.crashAfter);
+    await waitFor(async () => (await countLines(out)) >= crashAt && existsSync(join(root, LATEST_FILE)), 120_000, collector, "rows to finish before the crash");
+    // Hold every response not yet started, so nothing is delivered after the last checkpoint.
+    const calls = await backendCalls(backendUrl);
+    await postJson(`${backendUrl}/admin/hold`, { after: calls.length });
+    const before = await readLatest(root);
+    collector.child.kill("SIGUSR1");
+    await waitFor(async () => (await readLatest(root)) !== before, 60_000, collector, "the last checkpoint before the crash");
+    const latest = await readLatest(root);
+    say(`checkpoint ${latest} published with ${await countLines(out)}/${options.rows} rows done — now SIGKILL the collector and every Gym process`);
+    await Promise.all([collector.kill("SIGKILL"), gym.kill("SIGKILL")]);
+    await postJson(`${backendUrl}/admin/release`, {});
+
+    say("starting the Gym and the collector again: restore, resume, continue");
+    ({ gym, urls } = await startGym());
+    collector = track(await startChildProgram(cli, collectArgs(), { onLine: collectorOutput }));
+    const { code } = await collector.exited;
+
+    const results = await readResults(out);
+    const finalCalls = await backendCalls(backendUrl);
+    const verdict = verifyCalls(finalCalls);
+    const meanReward = results.length ? results.reduce((sum, r) => sum + r.reward, 0) / results.length : 0;
+    const continued = results.filter((r) => r.continued).length;
+    say("");
+    say(`rows finished: ${results.length}/${options.rows} (collector exit code ${code}), mean reward ${meanReward.toFixed(3)}`);
+    say(`rows continued from checkpoint ${latest}: ${continued}; rows that started over: ${results.filter((r) => !r.continued && r.attempt > 0).length}`);
+    say(
+      `model calls: ${verdict.delivered} delivered, ${verdict.keptByContinuation} of them (${verdict.tokensKept} tokens) made before the crash and kept by continuation; ` +
+        `${verdict.reissued} undelivered calls re-issued; delivered calls repeated: ${verdict.repeated}`,
+    );
+    const ok = code === 0 && results.length === options.rows && verdict.repeated === 0;
+    say(ok ? "demo passed: every row finished and no delivered model call was repeated" : "demo FAILED");
+    if (options.keep) say(`work directory kept: ${work}`);
+    return { ok, finished: results.length, rows: options.rows, repeatedDeliveredCalls: verdict.repeated };
+  } finally {
+    await Promise.allSettled(children.map((c) => c.kill("SIGKILL")));
+    await nats?.dispose();
+    if (!options.keep) await rm(work, { recursive: true, force: true });
+  }
+}
+
+/** Arithmetic tasks that take two tool rounds each: three model calls per row. */
+function demoTasks(rows: number): string {
+  const lines: string[] = [];
+  for (let i = 0; i < rows; i++) {
+    const a = 3 + ((i * 7) % 41);
+    const b = 2 + ((i * 13) % 29);
+    const c = 1 + (i % 9);
+    lines.push(JSON.stringify({ id: `demo-${String(i).padStart(3, "0")}`, task: { expression: `${a} * ${b} + ${c}`, tool_rounds: 2 } }));
+  }
+  return `${lines.join("\n")}\n`;
+}
+
+/**
+ * Per rollout, a delivered call with the same conversation length as an earlier delivered call
+ * would be work done twice. Calls of attempt 0 delivered before the crash and continued by a
+ * later attempt are the work continuation kept.
+ */
+export function verifyCalls(calls: BackendCall[]) {
+  const seen = new Map<string, Set<number>>();
+  const attempts = new Map<string, number>();
+  let repeated = 0;
+  let delivered = 0;
+  for (const call of calls) {
+    const episode = call.capture_key ? parseCaptureKey(call.capture_key) : undefined;
+    if (!episode) continue;
+    attempts.set(episode.rollout_id, Math.max(attempts.get(episode.rollout_id) ?? 0, episode.attempt));
+    if (!call.delivered) continue;
+    delivered++;
+    const counts = seen.get(episode.rollout_id) ?? new Set<number>();
+    if (counts.has(call.message_count)) repeated++;
+    counts.add(call.message_count);
+    seen.set(episode.rollout_id, counts);
+  }
+  let keptByContinuation = 0;
+  let tokensKept = 0;
+  let reissued = 0;
+  for (const call of calls) {
+    const episode = call.capture_key ? parseCaptureKey(call.capture_key) : undefined;
+    if (!episode) continue;
+    const finalAttempt = attempts.get(episode.rollout_id) ?? 0;
+    if (call.delivered && episode.attempt < finalAttempt) {
+      keptByContinuation++;
+      tokensKept += call.tokens_emitted;
+    }
+    if (!call.delivered && episode.attempt < finalAttempt) reissued++;
+  }
+  return { delivered, repeated, keptByContinuation, tokensKept, reissued };
+}
+
+async function backendCalls(url: string): Promise<BackendCall[]> {
+  const response = await fetch(`${url}/admin/calls`);
+  return ((await response.json()) as { calls: BackendCall[] }).calls;
+}
+
+async function postJson(url: string, body: unknown): Promise<void> {
+  const response = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  if (!response.ok) throw new Error(`${url} answered ${response.status}`);
+}
+
+async function readLatest(root: string): Promise<string | undefined> {
+  try {
+    return (await readFile(join(root, LATEST_FILE), "utf8")).trim();
+  } catch {
+    return undefined;
+  }
+}
+
+async function countLines(path: string): Promise<number> {
+  try {
+    return (await readFile(path, "utf8")).split("\n").filter((l) => l.trim()).length;
+  } catch {
+    return 0;
+  }
+}
+
+async function readResults(path: string): Promise<{ reward: number; continued: boolean; attempt: number }[]> {
+  const text = await readFile(path, "utf8").catch(() => "");
+  return text
+    .split("\n")
+    .filter((l) => l.trim())
+    .map((l) => JSON.parse(l) as { reward: number; continued: boolean; attempt: number });
+}
+
+/** Polls a condition with a bounded budget; fails early if the watched process died. */
+async function waitFor(condition: () => Promise<boolean>, timeoutMs: number, watched: ChildProgram, what: string): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await condition()) return;
+    if (watched.child.exitCode !== null) throw new Error(`the collector exited (code ${watched.child.exitCode}) while waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+}
