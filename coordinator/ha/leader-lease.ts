@@ -66,6 +66,8 @@ export class LeaderLease implements Leadership {
 
   /** Campaign at once instead of at the next tick (failover tests; operators forcing a hand-over). */
   async campaignNow(): Promise<boolean> {
+    // Never race the timer loop: let a tick in flight finish first, then own the single timer.
+    while (this.inflight) await this.inflight;
     if (this.heldEpoch !== null || this.stopped || !this.kv) return this.heldEpoch !== null;
     try {
       const revision = await this.kv.create(LEADER_KEY, JSON.stringify({ id: this.options.id, at: this.clock.now() }));
@@ -90,7 +92,17 @@ export class LeaderLease implements Leadership {
     }, ms);
   }
 
-  private async tick(): Promise<void> {
+  private inflight: Promise<void> | undefined;
+
+  private tick(): Promise<void> {
+    const run = this.tickOnce().finally(() => {
+      if (this.inflight === run) this.inflight = undefined;
+    });
+    this.inflight = run;
+    return run;
+  }
+
+  private async tickOnce(): Promise<void> {
     if (this.stopped) return;
     const value = JSON.stringify({ id: this.options.id, at: this.clock.now() });
     if (this.heldEpoch === null) {
