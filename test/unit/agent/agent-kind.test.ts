@@ -260,4 +260,59 @@ describe("agent participant", () => {
     release();
     expect(await run).toBe(1);
   });
+
+  it("a commit fails when the hooks do not export every session; scope clean-up frees unclaimed restored sessions", async () => {
+    const first = fresh();
+    const policy = new ScriptedPolicy();
+    for (const id of ["k1", "k2"]) {
+      first.kind.openSession(ep(id));
+      first.hooks.state.set(id, { cookie: id });
+      void first.kind.activate(ep(id), turnLoop(policy, { count: 0 })).catch(() => undefined);
+    }
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    await first.call("resume", { checkpoint_id: "c1" });
+
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("k1"), ep("k2")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    await second.call("prepare", { checkpoint_id: "c2" });
+    const commit = await second.call("commit", { checkpoint_id: "c2", episode_ids: [ep("k2", 1)] });
+    expect(commit.episode_ids).toEqual(["k2-a1"]);
+    expect(second.hooks.retired).toEqual(["k1"]);
+    expect(second.kind.statusExtras()).toMatchObject({ sessions: 1, restored_pending: 1 });
+    await second.call("resume", { checkpoint_id: "c2" });
+
+    const exporter = second.hooks.exportAgentSessions.bind(second.hooks);
+    second.hooks.exportAgentSessions = async (keys: string[]) => {
+      const all = await exporter(keys);
+      delete all[keys[0]!];
+      return all;
+    };
+    await second.call("prepare", { checkpoint_id: "c3" });
+    expect(await code(() => second.call("commit", { checkpoint_id: "c3", episode_ids: [ep("k2", 1)] }))).toBe("internal_error");
+    await second.call("resume", { checkpoint_id: "c3" });
+    await first.kind.retire([ep("k1"), ep("k2")]);
+  });
+
+  it("a legacy replacement with another task is refused and the restored episode is kept", async () => {
+    const first = fresh();
+    const run = first.kind.runLegacy(ep("T"), { expression: "1 + 1" }, {}, async (e) => {
+      await e.boundary({ next: "loop" });
+      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
+    });
+    void run.catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("T")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(await code(() => second.kind.runLegacy(ep("T", 1), { expression: "2 + 2" }, {}, async () => 0))).toBe("invalid_request");
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1 });
+    expect(await second.kind.runLegacy(ep("T", 1), { expression: "1 + 1" }, {}, async (e) => e.continuation())).toEqual({ next: "loop" });
+    await first.call("resume", { checkpoint_id: "c1" });
+    await first.kind.retire([ep("T")]);
+  });
 });
