@@ -146,6 +146,20 @@ describe("coordinator over a real nats-server with participants of all four kind
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
 
+  it("retire and forget run callers before callees: environment, agent, then model and resources", async () => {
+    const retired = await world.client.retire({ episode_ids: [{ rollout_id: "gone", attempt: 0 }] });
+    expect(retired.participants).toHaveLength(5);
+    const retires = hookLog.filter((h) => h.startsWith("retire:"));
+    expect(retires).toHaveLength(5);
+    expectStaged(retires, RETIRE_RANK);
+    for (const p of world.participants) expect(p.handle.controlPlane.isRetired({ rollout_id: "gone", attempt: 0 })).toBe(true);
+    await world.client.forget({ rollout_ids: ["gone"] });
+    const forgets = hookLog.filter((h) => h.startsWith("forget:"));
+    expect(forgets).toHaveLength(5);
+    expectStaged(forgets, RETIRE_RANK);
+    for (const p of world.participants) expect(p.handle.controlPlane.isRetired({ rollout_id: "gone", attempt: 0 })).toBe(false);
+  });
+
   it("restore failure path: retires attempt+1 everywhere, resumes everyone, reports restore_failed", async () => {
     for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "q1", attempt: 0 }, { n: 1 });
     await world.client.checkpoint({ checkpoint_id: "base-2" });

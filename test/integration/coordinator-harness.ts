@@ -40,6 +40,10 @@ export class LoggedKind extends ScriptableKind {
     hookLog.push(`retire:${this.kind}/${this.instance}`);
     return super.retire(episodes);
   }
+  override async forget(rolloutIds: string[]): Promise<void> {
+    hookLog.push(`forget:${this.kind}/${this.instance}`);
+    return super.forget(rolloutIds);
+  }
 }
 
 export interface RunningParticipant {
