@@ -83,7 +83,7 @@ describe("coordinator over a real nats-server with participants of all four kind
   it("returns per-participant blockers at the deadline and stops at that stage", async () => {
     world.participant("policy").adapter.setBlockers(["r5", "r6-a1"]);
     try {
-      const reply = await world.client.prepare({ checkpoint_id: "blocked-1", deadline_ts: Date.now() / 1000 + 0.6 });
+      const reply = await world.client.prepare({ checkpoint_id: "blocked-1", deadline_ts: Date.now() / 1000 + 1.5 });
       expect(reply.prepared).toBe(false);
       expect(reply.stopped_at).toEqual(["model"]);
       expect(reply.blockers).toEqual([{ kind: "model", instance: "policy", blockers: ["r5", "r6-a1"], blocker_count: 2, code: null }]);

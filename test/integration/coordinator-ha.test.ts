@@ -27,9 +27,9 @@ async function until(predicate: () => boolean, timeoutMs = 5000): Promise<void> 
 describe("two coordinators: one lease, fenced epochs", () => {
   it("only the leader sends phase messages; the loser stops when it loses the lease; participants refuse its stale epoch", async () => {
     const monitor = monitorPhaseMessages(world.pnc, world.deployment);
-    const a = await world.startCoordinator({ coordinator_id: "coord-a", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+    const a = await world.startCoordinator({ coordinator_id: "coord-a", lease_ms: 1500, http: { enabled: false, host: "127.0.0.1", port: 0 } });
     await a.whenReady();
-    const b = await world.startCoordinator({ coordinator_id: "coord-b", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+    const b = await world.startCoordinator({ coordinator_id: "coord-b", lease_ms: 1500, http: { enabled: false, host: "127.0.0.1", port: 0 } });
     expect(a.lease.state()).toMatchObject({ leader: true, ready: true });
     expect(b.lease.state()).toMatchObject({ leader: false, ready: false });
     const epochA = a.lease.state().epoch!;
@@ -72,7 +72,7 @@ describe("two coordinators: one lease, fenced epochs", () => {
     }
     monitor.stop();
     // A keeps campaigning as a follower and never wins while B renews
-    await new Promise((resolve) => setTimeout(resolve, 700));
+    await new Promise((resolve) => setTimeout(resolve, 1600));
     expect(a.lease.state().leader).toBe(false);
     expect(b.lease.state()).toMatchObject({ leader: true, ready: true, epoch: epochB });
   });
