@@ -30,6 +30,7 @@ export interface CollectorController {
   retire(request: CtlRequestInputOf<"retire">): Promise<CtlReplyOf<"retire">>;
   forget(request: CtlRequestInputOf<"forget">): Promise<CtlReplyOf<"forget">>;
   list(): Promise<CtlReplyOf<"list">>;
+  status(): Promise<CtlReplyOf<"status">>;
   get(checkpointId: string): Promise<CtlReplyOf<"get">>;
 }
 
@@ -52,6 +53,8 @@ export interface CollectorOptions {
   maxAttempts?: number;
   progress?: ProgressReporter;
   logger: Logger;
+  /** Test-only fault injection (the CLI maps GYM_CKPT_TEST_CRASH_AT=after-restore onto it). */
+  hooks?: { afterRestore?: () => void | Promise<void> };
 }
 
 export interface CollectionSummary {
@@ -130,6 +133,14 @@ export class Collector {
       [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt })),
     );
     const collection = history ? await this.latestCollection(history.runId) : undefined;
+    // A checkpoint our predecessor left open (it crashed mid-checkpoint) is closed first. The one
+    // we are about to restore is left alone: the coordinator closes it itself, since a resume would
+    // fence its id at the fresh participants.
+    const open = (await this.options.controller.status()).checkpoint;
+    if (open && open.checkpoint_id !== collection?.checkpoint_id) {
+      this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase }, "closing the checkpoint a previous run left open");
+      await this.options.controller.resume({ checkpoint_id: open.checkpoint_id, deadline_ts: this.deadline() });
+    }
     const continued = new Map((collection?.continued ?? []).filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
 
     // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.
@@ -151,9 +162,12 @@ export class Collector {
           Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });
         }
         this.options.logger.info({ checkpoint_id: collection.checkpoint_id, rows: sources.length }, "restored checkpoint; continuing rows as their next attempt");
+        await this.options.hooks?.afterRestore?.();
       } catch (error) {
-        // The coordinator retired attempt+1 everywhere and resumed: start those rows over as attempt+2.
+        // The coordinator retired attempt+1 everywhere and resumed. The source attempts may still run
+        // on servers that survived: fence them too, then start those rows over as attempt+2.
         this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
+        await this.retireNow(sources);
         for (const source of sources) {
           this.states.get(source.rollout_id)!.attempt = source.attempt + 2;
           this.retired.add(source.rollout_id);

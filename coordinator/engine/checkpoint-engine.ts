@@ -111,7 +111,12 @@ export class CheckpointEngine {
   }
 
   publish(request: CtlRequestOf<"publish">): Promise<CtlReplyOf<"publish">> {
-    return this.op("publish", request.checkpoint_id, () => this.doPublish(request.checkpoint_id, request.controller_state));
+    return this.op("publish", request.checkpoint_id, async () => {
+      const reply = await this.doPublish(request.checkpoint_id, request.controller_state);
+      // stop: the controller stops after this checkpoint; participants stay parked (as in `checkpoint`).
+      if (this.open?.id === request.checkpoint_id && this.open.stop) this.close(request.checkpoint_id);
+      return reply;
+    });
   }
 
   resume(request: CtlRequestOf<"resume">): Promise<CtlReplyOf<"resume">> {
@@ -198,8 +203,12 @@ export class CheckpointEngine {
   restore(request: CtlRequestOf<"restore">): Promise<CtlReplyOf<"restore">> {
     return this.op("restore", request.checkpoint_id ?? "LATEST", async (ctx) => {
       const deadlineMs = this.deadline(request.deadline_ts);
-      if (this.open) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       const id = request.checkpoint_id ?? (await this.options.catalog.latest());
+      // A published checkpoint whose controller died before resuming it is exactly what the next
+      // controller restores: close it here, without a resume that would fence its id at the fresh
+      // participants the restore is for.
+      if (this.open && this.open.phase === "published" && this.open.id === id) this.close(id);
+      if (this.open) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
       const manifest = await this.options.catalog.get(id);
       const epoch = this.options.leadership.epoch();

@@ -75,6 +75,10 @@ export function register(program: Command): void {
         checkpointTimeoutSeconds: positive("checkpoint-timeout-s", flags.checkpointTimeoutS)!,
         runTimeoutSeconds: positive("run-timeout-s", flags.runTimeoutS)!,
         maxAttempts: positive("max-attempts", flags.maxAttempts)!,
+        ...(env.GYM_CKPT_TEST_CRASH_AT === "after-restore" && {
+          // TEST-ONLY: die between the restore and the first dispatch.
+          hooks: { afterRestore: () => void process.kill(process.pid, "SIGKILL") },
+        }),
         progress: new ProgressReporter(process.stderr, positive("progress-interval-s", flags.progressIntervalS)! * 1000),
         logger,
       });
