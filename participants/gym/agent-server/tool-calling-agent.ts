@@ -22,7 +22,13 @@ export const ChatMessageSchema = z
 export type ChatMessage = z.infer<typeof ChatMessageSchema>;
 
 /** The loop state a boundary holds. */
-export const LoopStateSchema = z.object({ messages: z.array(ChatMessageSchema).min(2).max(64) }).strict();
+export const LoopStateSchema = z
+  .object({
+    messages: z.array(ChatMessageSchema).min(2).max(64),
+    /** Set by the final boundary: the activation already has its answer and makes no more calls. */
+    answer: z.string().optional(),
+  })
+  .strict();
 export type LoopState = z.infer<typeof LoopStateSchema>;
 
 export const CALCULATOR_TOOL = {
@@ -76,6 +82,7 @@ export async function runTurnLoop(
 ): Promise<LoopResult> {
   const messages: ChatMessage[] = start.messages.map((m) => ({ ...m }));
   let modelCalls = 0;
+  if (start.answer !== undefined) return { answer: start.answer, modelCalls };
   for (let turn = 0; turn < MAX_TURNS; turn++) {
     await driver.boundary({ messages: messages.map((m) => ({ ...m })) });
     let reply: ChatMessage;
@@ -90,7 +97,13 @@ export async function runTurnLoop(
       }
     }
     const calls = reply.tool_calls ?? [];
-    if (calls.length === 0) return { answer: (reply.content ?? "").trim(), modelCalls };
+    if (calls.length === 0) {
+      // The final boundary holds the answer: a crash between here and the caller receiving it must
+      // not make the restored activation call the policy again.
+      const answer = (reply.content ?? "").trim();
+      await driver.boundary({ messages: [...messages.map((m) => ({ ...m })), { role: "assistant", content: reply.content ?? null }], answer });
+      return { answer, modelCalls };
+    }
     messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });
     for (const call of calls) {
       const result = await driver.tool(() => callCalculator(endpoints, captureKey, cookie, call.function.arguments, driver.signal));

@@ -172,8 +172,9 @@ export class AgentSessions {
       },
     };
     return (async () => fn(activation))().finally(() => {
+      // The snapshot stays: an idle session is exported at its activation's final boundary, so a
+      // caller that has not received the result yet continues from it instead of starting over.
       s.activation = undefined;
-      s.snapshot = null;
       s.freshBoundary = false;
       if (this.sessions.get(key) === s) this.setState(s, "idle");
       finished();

@@ -139,6 +139,8 @@ describe("agent participant", () => {
     policy.calls[1]!.answer("42");
     expect(await run).toEqual({ answer: "42", messages: 4 });
     expect(kind.sessions.stateOf("s1")).toBe("idle");
+    // An idle session is exported at its activation's latest boundary, never as "start over".
+    expect((await kind.exportRecords([ep("s1")])).map((r) => r.boundary)).toEqual([{ messages: ["system", "user", "assistant", "tool-result"] }]);
     await kind.closeSession(ep("s1"));
     expect(kind.hasLiveState()).toBe(false);
   });
