@@ -1,4 +1,4 @@
-import type { Context } from "@opentelemetry/api";
+import { trace, type Context, type Span } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -32,7 +32,7 @@ import {
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import { FsCheckpointStorage } from "../storage/fs-storage.js";
 import { WriteGate } from "../storage/write-gate.js";
-import { ATTR, participantInstruments, withSpan } from "../telemetry/instruments.js";
+import { ATTR, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
 import { AsyncLock } from "./async-lock.js";
 import { systemClock, type Clock } from "./clock.js";
 import type { ParticipantKind } from "./participant-kind.js";
@@ -104,6 +104,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private pendingInstall: Promise<unknown> | undefined;
   private closedAt: number | undefined;
   private readonly waiters = new Set<() => void>();
+  private readonly unobserve: () => void;
 
   constructor(options: ControlPlaneOptions<R>) {
     this.adapter = options.adapter;
@@ -118,6 +119,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.adapter.attach?.({
       notifyReadinessChanged: () => this.notify(),
       isRetired: (episode) => this.retired.isRetired(episode),
+    });
+    this.unobserve = observeParticipant({
+      kind: this.adapter.kind,
+      instance: this.instance,
+      observe: () => {
+        const readiness = this.adapter.readiness();
+        return { counts: readiness.counts, blockers: readiness.blockers.length };
+      },
     });
   }
 
@@ -157,10 +166,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         }
         const result = await this.dispatch(op as PhaseOp, phaseRequest);
         this.highestEpoch = Math.max(this.highestEpoch, phaseRequest.epoch);
-        if (op === "prepare") {
-          const r = result as PrepareReply;
-          span.setAttributes({ [ATTR.phase]: r.phase, [ATTR.blockers]: r.report.blocker_count });
-        }
+        spanResult(span, op, result);
         return result;
       });
       instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
@@ -241,7 +247,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     if (early) return early;
 
     try {
-      await this.waitReady(id, request.deadline_ts);
+      await withSpan("wait_ready", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
+        await this.waitReady(id, request.deadline_ts);
+        span.setAttribute(ATTR.blockers, this.report().blocker_count);
+      });
     } catch (error) {
       await this.lock.run(() => (this.activeId === id ? this.reopen(undefined) : undefined));
       throw error;
@@ -357,6 +366,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async runWrite(pending: PendingWrite<R>, request: CommitRequest): Promise<CommitReply> {
     const target = { checkpointDir: pending.dir, checkpointId: pending.checkpointId, kind: this.adapter.kind, instance: this.instance };
     const parentAttrs = { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance };
+    // The commit op span that started this write (a retry awaits the same write).
+    const opSpan = trace.getActiveSpan();
     if (!pending.records) {
       pending.records = await withSpan("export", parentAttrs, undefined, async (span) => {
         const exported = await this.adapter.exportRecords(request.episode_ids);
@@ -379,9 +390,12 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       span.setAttributes({ [ATTR.records]: records.length, [ATTR.bytes]: result.bytes });
       return result;
     });
+    opSpan?.setAttributes({ [ATTR.records]: records.length, [ATTR.bytes]: written.bytes });
     const instruments = participantInstruments();
     instruments.records.add(records.length, { op: "commit", kind: this.adapter.kind });
     instruments.bytes.add(written.bytes, { op: "commit", kind: this.adapter.kind });
+    const restarts = this.report().restarts.length;
+    if (restarts) instruments.episodes.add(restarts, { outcome: "restarted", kind: this.adapter.kind });
     return {
       phase: "committed",
       manifest: written.manifest,
@@ -408,17 +422,18 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       }
       const scope = new Set(request.episode_ids.map(captureKey));
       const target = { checkpointDir: dir, checkpointId: id, kind: this.adapter.kind, instance: this.instance };
-      const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind }, undefined, async (span) => {
+      const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
         const result = await this.storage.read(target, this.adapter.recordSchema, (record) => scope.has(captureKey(record.episode_id)));
         span.setAttributes({ [ATTR.records]: result.records.length, [ATTR.bytes]: result.bytes });
         return result;
       });
       participantInstruments().records.add(read.records.length, { op: "restore", kind: this.adapter.kind });
       participantInstruments().bytes.add(read.bytes, { op: "restore", kind: this.adapter.kind });
+      trace.getActiveSpan()?.setAttributes({ [ATTR.records]: read.records.length, [ATTR.bytes]: read.bytes });
 
       await this.adapter.closeAdmission();
       this.closedAt = this.clock.now();
-      const install = withSpan("install", { [ATTR.kind]: this.adapter.kind, [ATTR.records]: read.records.length }, undefined, () =>
+      const install = withSpan("install", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.records]: read.records.length }, undefined, () =>
         this.adapter.install(read.records, read.manifest.extra),
       );
       const settled = install.then(
@@ -440,6 +455,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       }
       this.phase = "restored";
       this.activeId = id;
+      participantInstruments().episodes.add(read.records.length ? new Set(read.records.map((r) => captureKey(r.episode_id))).size : 0, {
+        outcome: "continued",
+        kind: this.adapter.kind,
+      });
       this.renewLease(request.deadline_ts);
       const reply: RestoreReply = {
         phase: "restored",
@@ -487,7 +506,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       for (const episode of request.episode_ids) this.retired.mark(episode);
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
       if (this.pendingInstall) await this.pendingInstall;
-      await withSpan("retire", { [ATTR.episodes]: request.episode_ids.length }, undefined, () =>
+      await withSpan("retire", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.episodes]: request.episode_ids.length }, undefined, () =>
         this.raceDeadline(this.adapter.retire(request.episode_ids), request.deadline_ts, "retire"),
       );
       this.notify();
@@ -597,7 +616,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     if (this.pendingInstall) await this.pendingInstall;
     await this.adapter.openAdmission();
     if (this.closedAt !== undefined) {
-      participantInstruments().pause.record((this.clock.now() - this.closedAt) / 1000, { kind: this.adapter.kind });
+      participantInstruments().pause.record((this.clock.now() - this.closedAt) / 1000, { kind: this.adapter.kind, participant: this.instance });
       this.closedAt = undefined;
     }
     if (resumedId !== undefined) {
@@ -614,8 +633,34 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   /** Stops timers; used when the process shuts down. */
   dispose(): void {
+    this.unobserve();
     this.cancelLeaseTimer?.();
     this.notify();
+  }
+}
+
+/** Outcome attributes of a phase op's span, in the shared namespace. */
+function spanResult(span: Span, op: PhaseOp, result: unknown): void {
+  switch (op) {
+    case "prepare": {
+      const r = result as PrepareReply;
+      span.setAttributes({ [ATTR.phase]: r.phase, [ATTR.blockers]: r.report.blocker_count });
+      return;
+    }
+    case "commit":
+      span.setAttribute(ATTR.episodes, (result as CommitReply).episode_ids.length);
+      return;
+    case "restore":
+      span.setAttribute(ATTR.episodes, (result as RestoreReply).restored.length);
+      return;
+    case "retire":
+      span.setAttribute(ATTR.episodes, (result as RetireReply).retired.length);
+      return;
+    case "forget":
+      span.setAttribute(ATTR.rollouts, (result as ForgetReply).forgotten.length);
+      return;
+    default:
+      return;
   }
 }
 

@@ -3,6 +3,9 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import { DeploymentSchema, InstanceSchema, describeZodError } from "../../protocol/index.js";
+import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
+import { traceLogFields } from "../telemetry/log-correlation.js";
+import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 
 /**
  * The shared shell of every reference Gym server process: common flags, a NATS connection,
@@ -10,7 +13,9 @@ import { DeploymentSchema, InstanceSchema, describeZodError } from "../../protoc
  *
  * Flags (env fallback in brackets): --nats [GYM_CKPT_NATS_URL], --deployment [GYM_CKPT_DEPLOYMENT],
  * --instance, --token [GYM_CKPT_TOKEN], --port (0 = any free port), --checkpoint-root
- * [GYM_CKPT_CHECKPOINT_ROOT], --lease-grace-seconds, plus server-specific string flags.
+ * [GYM_CKPT_CHECKPOINT_ROOT], --lease-grace-seconds, --otlp-endpoint [OTEL_EXPORTER_OTLP_ENDPOINT],
+ * --metrics-port (Prometheus /metrics; 0 = any free port) [OTEL_EXPORTER_PROMETHEUS_PORT], plus
+ * server-specific string flags. Telemetry: see participants/telemetry/telemetry-sdk.ts.
  */
 const CommonSchema = z
   .object({
@@ -21,6 +26,8 @@ const CommonSchema = z
     port: z.coerce.number().int().min(0).max(65535),
     checkpointRoot: z.string().optional(),
     leaseGraceSeconds: z.coerce.number().positive().optional(),
+    otlpEndpoint: z.url().optional(),
+    metricsPort: z.coerce.number().int().min(0).max(65535).optional(),
   })
   .strict();
 export type CommonServerConfig = z.infer<typeof CommonSchema>;
@@ -31,6 +38,7 @@ export interface ServerRuntime {
   extra: Record<string, string | undefined>;
   nc: NatsConnection;
   logger: Logger;
+  telemetry: TelemetryHandle;
   /** Print the line launchers wait for: {"ready":true,"name":…,"url":…}. */
   announceReady(url: string): void;
   /** Register clean-up run on SIGTERM/SIGINT before exit. */
@@ -49,6 +57,8 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
       port: { type: "string" },
       "checkpoint-root": { type: "string" },
       "lease-grace-seconds": { type: "string" },
+      "otlp-endpoint": { type: "string" },
+      "metrics-port": { type: "string" },
       ...Object.fromEntries(extraFlags.map((flag) => [flag, { type: "string" as const }])),
     },
   });
@@ -60,16 +70,28 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     port: values.port ?? "0",
     checkpointRoot: values["checkpoint-root"] ?? process.env.GYM_CKPT_CHECKPOINT_ROOT,
     leaseGraceSeconds: values["lease-grace-seconds"],
+    otlpEndpoint: values["otlp-endpoint"],
+    metricsPort: values["metrics-port"],
   });
   if (!parsed.success) {
     process.stderr.write(`${name}: invalid configuration: ${describeZodError(parsed.error)}\n`);
     process.exit(2);
   }
   const config = parsed.data;
+  // Before anything creates a tracer, meter or fastify app.
+  const telemetry = await startTelemetry({
+    serviceName: `gym-ckpt-${name}`,
+    serviceInstanceId: config.instance,
+    ...(config.otlpEndpoint && { otlpEndpoint: config.otlpEndpoint }),
+    ...(config.metricsPort !== undefined && { metricsPort: config.metricsPort }),
+  });
+  const stopHttpPropagation = propagateHttpTraceContext();
   const logger = pino({
     name,
     base: { instance: config.instance },
     redact: { paths: ["token", "config.token", "*.authorization", "headers.authorization"], censor: "[Redacted]" },
+    // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
+    mixin: traceLogFields,
   });
   const nc = await connect({ servers: config.nats, name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
   const shutdown: (() => Promise<void> | void)[] = [];
@@ -80,6 +102,8 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     logger.info({ signal }, "shutting down");
     for (const fn of shutdown.reverse()) await Promise.resolve(fn()).catch((err: unknown) => logger.warn({ err }, "shutdown step failed"));
     await nc.drain().catch(() => undefined);
+    stopHttpPropagation();
+    await telemetry.shutdown();
     process.exit(0);
   };
   process.once("SIGTERM", () => void stop("SIGTERM"));
@@ -90,8 +114,10 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     extra,
     nc,
     logger,
+    telemetry,
     announceReady(url) {
-      process.stdout.write(`${JSON.stringify({ ready: true, name, instance: config.instance, url })}\n`);
+      const metrics = telemetry.metricsUrl ? { metrics_url: telemetry.metricsUrl } : {};
+      process.stdout.write(`${JSON.stringify({ ready: true, name, instance: config.instance, url, ...metrics })}\n`);
     },
     onShutdown(fn) {
       shutdown.push(fn);

@@ -1,8 +1,21 @@
-import { context, metrics, trace, SpanStatusCode, type Attributes, type Context, type Span } from "@opentelemetry/api";
+import {
+  context,
+  metrics,
+  trace,
+  SpanStatusCode,
+  type Attributes,
+  type Context,
+  type Meter,
+  type MeterProvider,
+  type Span,
+  type Tracer,
+  type TracerProvider,
+} from "@opentelemetry/api";
 import { CheckpointError } from "../../protocol/index.js";
 
 /**
- * Participant-side telemetry through @opentelemetry/api only; the daemons wire the SDK.
+ * Participant-side telemetry through @opentelemetry/api only; the daemons wire the SDK
+ * (see telemetry-sdk.ts). Names, units and attributes are documented in docs/telemetry.md.
  * Attribute names share one namespace and never carry tokens or keys.
  */
 export const ATTR = {
@@ -21,31 +34,89 @@ export const ATTR = {
   rollouts: "gym_ckpt.rollouts",
 } as const;
 
-const tracer = () => trace.getTracer("gym-ckpt");
-const meter = () => metrics.getMeter("gym-ckpt");
+/** Instrumentation scope of every participant span and instrument. */
+export const SCOPE = "gym-ckpt";
+
+let injected: { tracerProvider?: TracerProvider; meterProvider?: MeterProvider } = {};
+
+/**
+ * Tests (and embedders that keep their own providers) inject providers instead of relying on the
+ * global registration; instruments are re-created on the next use.
+ */
+export function useTelemetryProviders(providers: { tracerProvider?: TracerProvider; meterProvider?: MeterProvider }): void {
+  injected = providers;
+  instruments = undefined;
+}
+
+const tracer = (): Tracer => (injected.tracerProvider ?? trace.getTracerProvider()).getTracer(SCOPE);
+const meter = (): Meter => (injected.meterProvider ?? metrics.getMeterProvider()).getMeter(SCOPE);
+
+/** What the state gauge reads from one live control plane. */
+export interface ObservedParticipant {
+  kind: string;
+  instance: string;
+  /** The kind's readiness counts (e.g. `held` responses of the model kind) and the blocker count. */
+  observe(): { counts: Record<string, number>; blockers: number };
+}
+const observed = new Set<ObservedParticipant>();
+
+/** Registers a control plane for the state gauges; returns the unregister function. */
+export function observeParticipant(participant: ObservedParticipant): () => void {
+  observed.add(participant);
+  return () => observed.delete(participant);
+}
 
 let instruments: ReturnType<typeof createInstruments> | undefined;
 function createInstruments() {
   const m = meter();
+  const state = m.createObservableGauge("gym_ckpt.participant.state", {
+    unit: "1",
+    description: "The kind's readiness counts by name (model: held, inflight, cut, cut_failed, cut_skipped; environment: parked, ...)",
+  });
+  const blockers = m.createObservableGauge("gym_ckpt.participant.blockers", { unit: "{blocker}", description: "Current readiness blockers" });
+  m.addBatchObservableCallback(
+    (result) => {
+      for (const p of observed) {
+        let snapshot: ReturnType<ObservedParticipant["observe"]>;
+        try {
+          snapshot = p.observe();
+        } catch {
+          continue;
+        }
+        const base = { kind: p.kind, participant: p.instance };
+        result.observe(blockers, snapshot.blockers, base);
+        for (const [name, value] of Object.entries(snapshot.counts)) {
+          if (Number.isFinite(value)) result.observe(state, value, { ...base, name });
+        }
+      }
+    },
+    [state, blockers],
+  );
   return {
     opDuration: m.createHistogram("gym_ckpt.participant.op.duration", { unit: "s", description: "Control operation duration by op, kind and outcome" }),
-    pause: m.createHistogram("gym_ckpt.participant.pause.duration", { unit: "s", description: "Admission closed until reopened" }),
+    pause: m.createHistogram("gym_ckpt.participant.pause.duration", { unit: "s", description: "Admission closed until reopened, per participant" }),
     records: m.createCounter("gym_ckpt.records", { unit: "{record}", description: "Records written (commit) and read (restore)" }),
     bytes: m.createCounter("gym_ckpt.bytes", { unit: "By", description: "Record bytes written (commit) and read (restore)" }),
     refusals: m.createCounter("gym_ckpt.refusals", { unit: "{refusal}", description: "Refusals by error code" }),
     leaseExpiries: m.createCounter("gym_ckpt.lease.expiries", { unit: "{expiry}", description: "Leases that expired and resumed a participant by itself" }),
     blockersAtDeadline: m.createHistogram("gym_ckpt.prepare.blockers_at_deadline", { unit: "{blocker}", description: "Blockers when a prepare missed its deadline" }),
+    episodes: m.createCounter("gym_ckpt.episodes", {
+      unit: "{episode}",
+      description: "Episodes continued from a checkpoint (restore) or marked to restart (restarts at commit)",
+    }),
   };
 }
+
 export function participantInstruments() {
   instruments ??= createInstruments();
   return instruments;
 }
 
-/** Runs `fn` inside a span; records duration and outcome; errors mark the span with their code. */
+/** Runs `fn` inside a span; errors mark the span (status ERROR and their catalog code). */
 export async function withSpan<T>(name: string, attributes: Attributes, parent: Context | undefined, fn: (span: Span) => Promise<T>): Promise<T> {
-  const span = parent ? tracer().startSpan(name, { attributes }, parent) : tracer().startSpan(name, { attributes });
-  const ctx = trace.setSpan(parent ?? context.active(), span);
+  const base = parent ?? context.active();
+  const span = tracer().startSpan(name, { attributes }, base);
+  const ctx = trace.setSpan(base, span);
   try {
     return await context.with(ctx, () => fn(span));
   } catch (error) {

@@ -1,0 +1,146 @@
+import { createServer, type Server } from "node:http";
+import { metrics } from "@opentelemetry/api";
+import type { AddressInfo } from "node:net";
+
+/**
+ * The OTel SDK of the coordinator daemon (library code only uses @opentelemetry/api). A thin copy of
+ * participants/telemetry/telemetry-sdk.ts: coordinator/ never imports participants/.
+ * Configured by the standard OTEL_* variables plus two flags:
+ *
+ * - traces go out over OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT or
+ *   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (or `otlpEndpoint`) is set, or OTEL_TRACES_EXPORTER names an
+ *   exporter; JSON encoding unless OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL says otherwise;
+ * - metrics go out over OTLP/HTTP (JSON) when OTEL_EXPORTER_OTLP_ENDPOINT or
+ *   OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set and OTEL_METRICS_EXPORTER allows `otlp`;
+ * - a Prometheus `/metrics` endpoint is served when `metricsPort` (or OTEL_EXPORTER_PROMETHEUS_PORT)
+ *   is given; 0 picks a free port; host OTEL_EXPORTER_PROMETHEUS_HOST, default 127.0.0.1.
+ *
+ * With none of these (or OTEL_SDK_DISABLED=true) the SDK is not even loaded.
+ */
+export interface TelemetryOptions {
+  serviceName: string;
+  /** Resource `service.instance.id` (the participant instance). */
+  serviceInstanceId?: string;
+  /** OTLP/HTTP base URL (e.g. http://127.0.0.1:4318); fills OTEL_EXPORTER_OTLP_ENDPOINT when unset. */
+  otlpEndpoint?: string;
+  metricsPort?: number;
+  metricsHost?: string;
+}
+
+export interface TelemetryHandle {
+  /** `http://host:port/metrics` when the Prometheus endpoint is served. */
+  metricsUrl: string | undefined;
+  tracing: boolean;
+  /** Flushes and stops exporters and the metrics server. */
+  shutdown(): Promise<void>;
+}
+
+const env = process.env;
+const listed = (name: string) =>
+  (env[name] ?? "")
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean);
+
+export async function startTelemetry(options: TelemetryOptions): Promise<TelemetryHandle> {
+  const off: TelemetryHandle = { metricsUrl: undefined, tracing: false, shutdown: async () => undefined };
+  if (/^true$/i.test(env.OTEL_SDK_DISABLED ?? "")) return off;
+  if (options.otlpEndpoint && !env.OTEL_EXPORTER_OTLP_ENDPOINT) env.OTEL_EXPORTER_OTLP_ENDPOINT = options.otlpEndpoint;
+
+  const tracesExporters = listed("OTEL_TRACES_EXPORTER");
+  const tracesEndpoint = Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT);
+  const traces: "env" | "json" | "off" =
+    tracesExporters.length > 0
+      ? tracesExporters.includes("none")
+        ? "off"
+        : "env"
+      : tracesEndpoint
+        ? env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL || env.OTEL_EXPORTER_OTLP_PROTOCOL
+          ? "env"
+          : "json"
+        : "off";
+  const metricsExporters = listed("OTEL_METRICS_EXPORTER");
+  const otlpMetrics =
+    Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) && (metricsExporters.length === 0 || metricsExporters.includes("otlp"));
+  const envPort = env.OTEL_EXPORTER_PROMETHEUS_PORT ? Number(env.OTEL_EXPORTER_PROMETHEUS_PORT) : undefined;
+  const promPort = options.metricsPort ?? (envPort ?? (metricsExporters.includes("prometheus") ? 9464 : undefined));
+  if (traces === "off" && !otlpMetrics && promPort === undefined) return off;
+
+  // Loaded only when used: the SDK costs most of a second at start-up.
+  const [{ NodeSDK }, { defaultResource, resourceFromAttributes }, { PeriodicExportingMetricReader }, { PrometheusExporter }, { OTLPMetricExporter }, { OTLPTraceExporter }] =
+    await Promise.all([
+      import("@opentelemetry/sdk-node"),
+      import("@opentelemetry/resources"),
+      import("@opentelemetry/sdk-metrics"),
+      import("@opentelemetry/exporter-prometheus"),
+      import("@opentelemetry/exporter-metrics-otlp-http"),
+      import("@opentelemetry/exporter-trace-otlp-http"),
+    ]);
+
+  const readers: InstanceType<typeof PeriodicExportingMetricReader | typeof PrometheusExporter>[] = [];
+  let server: Server | undefined;
+  let metricsUrl: string | undefined;
+  if (promPort !== undefined) {
+    // Our own server: the exporter's would fall back to 9464 for port 0 and bind every interface.
+    const prometheus = new PrometheusExporter({ preventServerStart: true });
+    readers.push(prometheus);
+    const host = options.metricsHost ?? env.OTEL_EXPORTER_PROMETHEUS_HOST ?? "127.0.0.1";
+    server = createServer((req, res) => {
+      if (req.method === "GET" && (req.url === "/metrics" || req.url?.startsWith("/metrics?"))) prometheus.getMetricsRequestHandler(req, res);
+      else res.writeHead(404).end();
+    });
+    const s = server;
+    await new Promise<void>((resolve, reject) => {
+      s.once("error", reject);
+      s.listen(promPort, host, () => resolve());
+    });
+    const { port } = s.address() as AddressInfo;
+    metricsUrl = `http://${host.includes(":") ? `[${host}]` : host}:${port}/metrics`;
+  }
+  if (otlpMetrics) {
+    const interval = Number(env.OTEL_METRIC_EXPORT_INTERVAL) || 60_000;
+    readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter(), exportIntervalMillis: interval, exportTimeoutMillis: Math.min(interval, 30_000) }));
+  }
+  const sdk = new NodeSDK({
+    ...(env.OTEL_SERVICE_NAME ? {} : { serviceName: options.serviceName }),
+    ...(options.serviceInstanceId && { resource: defaultResource().merge(resourceFromAttributes({ "service.instance.id": options.serviceInstanceId })) }),
+    metricReaders: readers,
+    // Logs stay pino's (stdout, with trace_id/span_id); no OTel log export.
+    logRecordProcessors: [],
+    ...(traces === "json" ? { traceExporter: new OTLPTraceExporter() } : traces === "off" ? { spanProcessors: [] } : {}),
+  });
+  sdk.start();
+  return {
+    metricsUrl,
+    tracing: traces !== "off",
+    async shutdown() {
+      await sdk.shutdown().catch(() => undefined);
+      await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+    },
+  };
+}
+
+/** What the leadership gauges read (LeaderLease.state()). */
+export interface ObservedLeadership {
+  leader: boolean;
+  ready: boolean;
+  epoch: number | null;
+}
+
+/**
+ * Gauges of this coordinator's leadership: `gym_ckpt.coordinator.leader.epoch` (the epoch it holds;
+ * not reported while it holds none) and `gym_ckpt.coordinator.leader` (1 when the ready leader).
+ * Call after startTelemetry; returns a function that stops observing.
+ */
+export function observeLeadership(state: () => ObservedLeadership): () => void {
+  const meter = metrics.getMeter("gym-ckpt");
+  const epoch = meter.createObservableGauge("gym_ckpt.coordinator.leader.epoch", { unit: "1", description: "Leader epoch held by this coordinator" });
+  const leader = meter.createObservableGauge("gym_ckpt.coordinator.leader", { unit: "1", description: "1 when this coordinator is the ready leader" });
+  const callback = (result: { observe(instrument: typeof epoch, value: number): void }) => {
+    const s = state();
+    result.observe(leader, s.leader && s.ready ? 1 : 0);
+    if (s.epoch !== null) result.observe(epoch, s.epoch);
+  };
+  meter.addBatchObservableCallback(callback, [epoch, leader]);
+  return () => meter.removeBatchObservableCallback(callback, [epoch, leader]);
+}
