@@ -3,6 +3,7 @@ import { loadConfig, redactConfig } from "../../config/config-loader.js";
 import { startCoordinator } from "../../daemon/coordinator-daemon.js";
 import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
+import { observeLeadership, startTelemetry } from "../../telemetry/telemetry-sdk.js";
 import { printJson, runCli } from "../shared.js";
 
 interface Flags {
@@ -21,6 +22,8 @@ interface Flags {
   coordinatorId?: string;
   logLevel?: string;
   printConfig?: boolean;
+  otlpEndpoint?: string;
+  metricsPort?: string;
 }
 
 const num = (value: string | undefined) => (value === undefined ? undefined : Number.isFinite(Number(value)) ? Number(value) : value);
@@ -58,6 +61,8 @@ export function register(program: Command): void {
     .option("--coordinator-id <id>")
     .option("--log-level <level>")
     .option("--print-config", "print the effective config (secrets redacted) and exit")
+    .option("--otlp-endpoint <url>", "OTLP/HTTP endpoint for traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)")
+    .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port (env OTEL_EXPORTER_PROMETHEUS_PORT)")
     .action(async (flags: Flags, command: Command) => {
       await runCli(async () => {
         const httpSource = command.getOptionValueSource("http");
@@ -83,9 +88,18 @@ export function register(program: Command): void {
           printJson(redactConfig(config));
           return;
         }
+        // Before the coordinator creates its instruments; docs/telemetry.md.
+        const telemetry = await startTelemetry({
+          serviceName: "gym-ckpt-coordinator",
+          ...(config.coordinator_id && { serviceInstanceId: config.coordinator_id }),
+          ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
+          ...(flags.metricsPort !== undefined && { metricsPort: Number(flags.metricsPort) }),
+        });
+        if (telemetry.metricsUrl) process.stdout.write(`metrics ${telemetry.metricsUrl}\n`);
         const logger = createLogger(config.log_level);
         const hooks = testHooks();
         const handle = await startCoordinator({ config, logger, ...(hooks && { hooks }) });
+        observeLeadership(() => handle.lease.state());
         if (handle.httpUrl) process.stdout.write(`http ${handle.httpUrl}\n`);
         const lostConnection = await new Promise<boolean>((resolve) => {
           process.once("SIGTERM", () => resolve(false));
@@ -96,9 +110,11 @@ export function register(program: Command): void {
           // maxReconnectAttempts is unlimited, so this is fatal: exit and let the supervisor restart us.
           logger.fatal("nats_connection_closed");
           process.exitCode = 1;
+          await telemetry.shutdown();
           return;
         }
         await handle.stop();
+        await telemetry.shutdown();
       });
     });
 }
