@@ -21,6 +21,8 @@ export interface LeaderLeaseOptions {
   onReady?: (epoch: number) => void | Promise<void>;
   /** Called when leadership is lost. */
   onLost?: (epoch: number) => void;
+  /** An already opened leader bucket (tests); opened and asserted from `nc` otherwise. */
+  kv?: KV;
 }
 
 /**
@@ -45,7 +47,7 @@ export class LeaderLease implements Leadership {
   }
 
   async start(): Promise<void> {
-    this.kv = await openBucketAsserted(this.options.nc, leaderBucket(this.options.deployment), { history: 1, ttl: this.options.leaseMs });
+    this.kv = this.options.kv ?? (await openBucketAsserted(this.options.nc, leaderBucket(this.options.deployment), { history: 1, ttl: this.options.leaseMs }));
     await this.tick();
   }
 

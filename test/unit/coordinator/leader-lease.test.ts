@@ -1,0 +1,125 @@
+import type { KV } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { describe, expect, it } from "vitest";
+import { LeaderLease } from "../../../coordinator/ha/leader-lease.js";
+import type { Clock } from "../../../coordinator/engine/clock.js";
+
+/** Timers fire only when the test advances time. */
+class ManualClock implements Clock {
+  private timers: { at: number; fn: () => void; id: number }[] = [];
+  private next = 0;
+  constructor(public current = 1_000_000) {}
+  now(): number {
+    return this.current;
+  }
+  setTimer(fn: () => void, ms: number): () => void {
+    const id = this.next++;
+    this.timers.push({ at: this.current + ms, fn, id });
+    return () => {
+      this.timers = this.timers.filter((t) => t.id !== id);
+    };
+  }
+  async sleep(): Promise<void> {}
+  async advance(ms: number): Promise<void> {
+    const target = this.current + ms;
+    for (;;) {
+      const due = this.timers.filter((t) => t.at <= target).sort((a, b) => a.at - b.at)[0];
+      if (!due) break;
+      this.timers = this.timers.filter((t) => t.id !== due.id);
+      this.current = due.at;
+      due.fn();
+      for (let i = 0; i < 10; i++) await Promise.resolve();
+    }
+    this.current = target;
+  }
+}
+
+/** A KV with create/update CAS semantics on one key. */
+class FakeKv {
+  revision = 100;
+  holder: number | undefined;
+  failUpdates = false;
+  async create(_key: string): Promise<number> {
+    if (this.holder !== undefined) throw new Error("wrong last sequence");
+    this.holder = ++this.revision;
+    return this.holder;
+  }
+  async update(_key: string, _value: string, last: number): Promise<number> {
+    if (this.failUpdates || this.holder !== last) throw new Error("wrong last sequence");
+    this.holder = ++this.revision;
+    return this.holder;
+  }
+  async delete(): Promise<void> {
+    this.holder = undefined;
+  }
+}
+
+function lease(kv: FakeKv, clock: ManualClock, events: string[]) {
+  return new LeaderLease({
+    nc: {} as NatsConnection,
+    deployment: "d",
+    id: "me",
+    leaseMs: 3000,
+    clock,
+    kv: kv as unknown as KV,
+    onReady: (epoch) => void events.push(`ready:${epoch}`),
+    onLost: (epoch) => void events.push(`lost:${epoch}`),
+  });
+}
+
+describe("leader lease", () => {
+  it("wins with create (revision = epoch), waits one lease period before it is ready, renews with update", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const events: string[] = [];
+    const l = lease(kv, clock, events);
+    await l.start();
+    expect(l.state()).toMatchObject({ leader: true, ready: false, epoch: 101 });
+    expect(() => l.epoch()).toThrow(/first lease period/);
+    await clock.advance(2999);
+    expect(l.state().ready).toBe(false);
+    await clock.advance(1);
+    expect(l.state().ready).toBe(true);
+    expect(l.epoch()).toBe(101);
+    expect(events).toEqual(["ready:101"]);
+    expect(kv.revision).toBeGreaterThan(101);
+    // the epoch stays the winning revision while renewals move the key's revision on
+    await clock.advance(10_000);
+    expect(l.epoch()).toBe(101);
+  });
+
+  it("demotes at the first failed renewal and then campaigns as a follower", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const events: string[] = [];
+    const l = lease(kv, clock, events);
+    await l.start();
+    await clock.advance(3000);
+    kv.failUpdates = true;
+    await clock.advance(1000);
+    expect(l.state()).toMatchObject({ leader: false, ready: false, epoch: null });
+    expect(events).toEqual(["ready:101", "lost:101"]);
+    expect(() => l.epoch()).toThrow(/does not hold/);
+    expect(() => l.assert(101)).toThrow();
+    // someone else holds the key: campaigns fail until it is gone
+    kv.failUpdates = false;
+    await clock.advance(5000);
+    expect(l.state().leader).toBe(false);
+    kv.holder = undefined;
+    await clock.advance(1000);
+    expect(l.state()).toMatchObject({ leader: true, ready: false });
+    expect(l.state().epoch).toBeGreaterThan(101);
+    await l.stop();
+  });
+
+  it("a follower never becomes leader while the key is held", async () => {
+    const kv = new FakeKv();
+    kv.holder = 50;
+    const clock = new ManualClock();
+    const l = lease(kv, clock, []);
+    await l.start();
+    await clock.advance(20_000);
+    expect(l.state()).toMatchObject({ leader: false, epoch: null });
+    await l.stop();
+  });
+});
