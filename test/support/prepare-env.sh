@@ -25,3 +25,17 @@ if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; t
     exit 1
   fi
 fi
+
+# Debian's prometheus: the telemetry e2e test scrapes the processes with a real one.
+if [ ! -x /usr/bin/prometheus ]; then
+  if [ "$(id -u)" = "0" ]; then
+    echo "prepare-env: installing Debian's prometheus" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq prometheus >&2
+  else
+    echo "prepare-env: prometheus is missing. Install it, then run this command again:" >&2
+    echo "    sudo apt-get install -y prometheus" >&2
+    exit 1
+  fi
+fi

@@ -1,0 +1,197 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { context, propagation, trace } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
+import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader, type ResourceMetrics } from "@opentelemetry/sdk-metrics";
+import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from "@opentelemetry/sdk-trace-base";
+import { headers as natsHeaders } from "@nats-io/transport-node";
+import { pino } from "pino";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ATTR, useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
+import { traceLogFields } from "../../../participants/telemetry/log-correlation.js";
+import { extractTraceContext } from "../../../participants/telemetry/nats-propagation.js";
+import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
+
+/** Providers injected (no global SDK in vitest); the context manager makes children find their parent. */
+const spans = new InMemorySpanExporter();
+const tracerProvider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(spans)] });
+const metricExporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
+const reader = new PeriodicExportingMetricReader({ exporter: metricExporter, exportIntervalMillis: 60_000 });
+const meterProvider = new MeterProvider({ readers: [reader] });
+
+let root: string;
+beforeAll(async () => {
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  useTelemetryProviders({ tracerProvider, meterProvider });
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-tele-unit-"));
+});
+afterAll(async () => {
+  useTelemetryProviders({});
+  await meterProvider.shutdown();
+  propagation.disable();
+  context.disable();
+  await rm(root, { recursive: true, force: true });
+});
+beforeEach(() => spans.reset());
+
+const DEADLINE = () => Date.now() / 1000 + 30;
+function call(plane: ParticipantControlPlane, op: PhaseOp, body: Record<string, unknown> & { checkpoint_id: string }, parent?: ReturnType<typeof context.active>) {
+  const request = { deadline_ts: DEADLINE(), epoch: 3, ...body };
+  if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+  return plane.handle(op, request as never as RequestInputOf<PhaseOp> as never, parent);
+}
+
+const named = (name: string) => spans.getFinishedSpans().filter((s) => s.name === name);
+const one = (name: string): ReadableSpan => {
+  const found = named(name);
+  expect(found, name).toHaveLength(1);
+  return found[0]!;
+};
+const childrenOf = (span: ReadableSpan) =>
+  spans
+    .getFinishedSpans()
+    .filter((s) => s.parentSpanContext?.spanId === span.spanContext().spanId)
+    .map((s) => s.name)
+    .sort();
+
+async function collect(): Promise<Map<string, ResourceMetrics["scopeMetrics"][number]["metrics"][number]>> {
+  await reader.forceFlush();
+  const all = metricExporter.getMetrics();
+  const latest = all[all.length - 1]!;
+  return new Map(latest.scopeMetrics.flatMap((s) => s.metrics).map((m) => [m.descriptor.name, m]));
+}
+
+describe("participant spans", () => {
+  it("checkpoint.<op> spans parented by the coordinator's traceparent, with wait_ready / export / write children", async () => {
+    const kind = new ScriptableKind("environment");
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 }, { step: 2 });
+    kind.addEpisode({ rollout_id: "r2", attempt: 1 }, { step: 5 });
+    kind.setRestarts(["r9"]);
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "env0", checkpointRoot: root, logger: pino({ level: "silent" }) });
+    // What the coordinator put in the NATS headers.
+    const coordinatorSpan = tracerProvider.getTracer("coordinator").startSpan("checkpoint.participant.prepare");
+    const h = natsHeaders();
+    propagation.inject(trace.setSpan(context.active(), coordinatorSpan), h, { set: (c, k, v) => c.set(k, v) });
+    coordinatorSpan.end();
+    const parent = extractTraceContext(h);
+    try {
+      await call(plane, "prepare", { checkpoint_id: "c1" }, parent);
+      await call(plane, "commit", { checkpoint_id: "c1" }, parent);
+      await call(plane, "resume", { checkpoint_id: "c1" }, parent);
+    } finally {
+      plane.dispose();
+    }
+    const traceId = coordinatorSpan.spanContext().traceId;
+    const prepare = one("checkpoint.prepare");
+    const commit = one("checkpoint.commit");
+    const resume = one("checkpoint.resume");
+    for (const span of [prepare, commit, resume]) {
+      expect(span.spanContext().traceId).toBe(traceId);
+      expect(span.parentSpanContext?.spanId).toBe(coordinatorSpan.spanContext().spanId);
+      expect(span.instrumentationScope.name).toBe("gym-ckpt");
+      expect(span.attributes).toMatchObject({ [ATTR.checkpointId]: "c1", [ATTR.epoch]: 3, [ATTR.kind]: "environment", [ATTR.instance]: "env0" });
+    }
+    expect(prepare.attributes).toMatchObject({ [ATTR.phase]: "prepared", [ATTR.blockers]: 0 });
+    expect(childrenOf(prepare)).toEqual(["wait_ready"]);
+    expect(one("wait_ready").attributes).toMatchObject({ [ATTR.blockers]: 0, [ATTR.instance]: "env0" });
+    expect(childrenOf(commit)).toEqual(["export", "write"]);
+    expect(one("export").attributes).toMatchObject({ [ATTR.records]: 2 });
+    const write = one("write");
+    expect(write.attributes[ATTR.records]).toBe(2);
+    expect(write.attributes[ATTR.bytes]).toBeGreaterThan(0);
+    expect(commit.attributes).toMatchObject({ [ATTR.records]: 2, [ATTR.episodes]: 2, [ATTR.bytes]: write.attributes[ATTR.bytes] });
+    expect(childrenOf(resume)).toEqual([]);
+    // One namespace; nothing that looks like a token or key.
+    for (const span of spans.getFinishedSpans()) {
+      for (const key of Object.keys(span.attributes)) {
+        expect(key.startsWith("gym_ckpt.")).toBe(true);
+        expect(key).not.toMatch(/token|key/);
+      }
+    }
+
+    // Restore into a fresh process: read and install children.
+    spans.reset();
+    const fresh = new ScriptableKind("environment");
+    const restorer = new ParticipantControlPlane({ adapter: fresh, instance: "env0", checkpointRoot: root });
+    try {
+      await call(restorer, "restore", { checkpoint_id: "c1", checkpoint_dir: join(root, "c1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    } finally {
+      restorer.dispose();
+    }
+    const restore = one("checkpoint.restore");
+    expect(childrenOf(restore)).toEqual(["install", "read"]);
+    expect(one("read").attributes).toMatchObject({ [ATTR.records]: 1, [ATTR.kind]: "environment" });
+    expect(one("install").attributes).toMatchObject({ [ATTR.records]: 1 });
+    expect(restore.attributes).toMatchObject({ [ATTR.episodes]: 1, [ATTR.records]: 1 });
+  });
+
+  it("a refusal marks the op span with its catalog code", async () => {
+    const plane = new ParticipantControlPlane({ adapter: new ScriptableKind("agent"), instance: "a0", checkpointRoot: root });
+    try {
+      await expect(call(plane, "commit", { checkpoint_id: "never-prepared" })).rejects.toMatchObject({ code: "invalid_phase" });
+    } finally {
+      plane.dispose();
+    }
+    const commit = one("checkpoint.commit");
+    expect(commit.status.code).toBe(2); // ERROR
+    expect(commit.attributes[ATTR.code]).toBe("invalid_phase");
+  });
+});
+
+describe("participant metrics", () => {
+  it("names, units and attributes", async () => {
+    const kind = new ScriptableKind("resources");
+    kind.addEpisode({ rollout_id: "m1", attempt: 0 });
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "res0", checkpointRoot: root });
+    try {
+      await call(plane, "prepare", { checkpoint_id: "m-c1" });
+      await call(plane, "commit", { checkpoint_id: "m-c1" });
+      await call(plane, "resume", { checkpoint_id: "m-c1" });
+      await expect(call(plane, "commit", { checkpoint_id: "m-c2" })).rejects.toMatchObject({ code: "invalid_phase" });
+      const metrics = await collect();
+      const units = Object.fromEntries([...metrics].map(([name, m]) => [name, m.descriptor.unit]));
+      expect(units).toMatchObject({
+        "gym_ckpt.participant.op.duration": "s",
+        "gym_ckpt.participant.pause.duration": "s",
+        "gym_ckpt.records": "{record}",
+        "gym_ckpt.bytes": "By",
+        "gym_ckpt.refusals": "{refusal}",
+        "gym_ckpt.participant.state": "1",
+        "gym_ckpt.participant.blockers": "{blocker}",
+      });
+      const points = (name: string) => metrics.get(name)!.dataPoints.map((p) => p.attributes);
+      expect(points("gym_ckpt.participant.op.duration")).toEqual(
+        expect.arrayContaining([
+          { op: "prepare", kind: "resources", outcome: "ok" },
+          { op: "commit", kind: "resources", outcome: "ok" },
+          { op: "commit", kind: "resources", outcome: "error" },
+        ]),
+      );
+      expect(points("gym_ckpt.participant.pause.duration")).toContainEqual({ kind: "resources", participant: "res0" });
+      expect(points("gym_ckpt.refusals")).toContainEqual({ code: "invalid_phase", kind: "resources" });
+      const records = metrics.get("gym_ckpt.records")!.dataPoints.find((p) => p.attributes.kind === "resources" && p.attributes.op === "commit")!;
+      expect(records.value).toBe(1);
+      const state = metrics.get("gym_ckpt.participant.state")!.dataPoints.find((p) => p.attributes.participant === "res0" && p.attributes.name === "episodes")!;
+      expect(state.value).toBe(1);
+    } finally {
+      plane.dispose();
+    }
+  });
+});
+
+describe("log correlation", () => {
+  it("pino lines inside a span carry trace_id / span_id; outside none", () => {
+    const lines: Record<string, unknown>[] = [];
+    const logger = pino({ mixin: traceLogFields }, { write: (s: string) => lines.push(JSON.parse(s) as Record<string, unknown>) });
+    const span = tracerProvider.getTracer("t").startSpan("op");
+    context.with(trace.setSpan(context.active(), span), () => logger.info("inside"));
+    span.end();
+    logger.info("outside");
+    expect(lines[0]).toMatchObject({ msg: "inside", trace_id: span.spanContext().traceId, span_id: span.spanContext().spanId, trace_flags: "01" });
+    expect(lines[1]!.trace_id).toBeUndefined();
+  });
+});
