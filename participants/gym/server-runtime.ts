@@ -85,7 +85,8 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     ...(config.otlpEndpoint && { otlpEndpoint: config.otlpEndpoint }),
     ...(config.metricsPort !== undefined && { metricsPort: config.metricsPort }),
   });
-  const stopHttpPropagation = propagateHttpTraceContext();
+  // Data-plane trace context only matters when spans are recorded somewhere.
+  const stopHttpPropagation = telemetry.tracing ? propagateHttpTraceContext() : () => undefined;
   const logger = pino({
     name,
     base: { instance: config.instance },
