@@ -1,3 +1,4 @@
+import { context } from "@opentelemetry/api";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
@@ -11,6 +12,7 @@ import {
 import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
 import { authorizeController } from "./controller-auth.js";
 import { dispatchController } from "./controller-dispatch.js";
+import { extractTraceContext } from "../telemetry/nats-trace-headers.js";
 
 export interface NatsControllerApiOptions {
   nc: NatsConnection;
@@ -55,7 +57,8 @@ export class NatsControllerApi {
     let body: string;
     try {
       authorizeController(msg.headers?.get(HEADER_AUTHORIZATION), this.options.token);
-      body = encodeMessage(await dispatchController(this.options.engine, op, msg.data));
+      const parent = extractTraceContext(msg.headers);
+      body = encodeMessage(await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)));
     } catch (error) {
       const refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");

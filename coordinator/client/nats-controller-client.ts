@@ -1,3 +1,4 @@
+import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
 import { NoRespondersError, RequestError, TimeoutError, headers, type NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError, HEADER_AUTHORIZATION, controllerSubject, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { ControllerClient } from "./controller-client.js";
@@ -27,6 +28,8 @@ export class NatsControllerClient extends ControllerClient {
     for (;;) {
       const h = headers();
       h.set(HEADER_AUTHORIZATION, `Bearer ${this.options.token}`);
+      // The controller's own span (if any) becomes the parent of the coordinator's.
+      injectTraceContext(h);
       const timeout = replyTimeoutMs(request, this.options.timeoutMs ?? 90_000, this.options.slackMs ?? 10_000);
       try {
         const msg = await this.options.nc.request(subject, body, { timeout: Math.max(1, Math.ceil(timeout)), headers: h });

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
+import { SpanStatusCode, trace } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -14,6 +15,7 @@ import {
 import { newCheckpointId } from "../engine/checkpoint-id.js";
 import { AsyncLock } from "../engine/async-lock.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
+import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { DispatchLog } from "./dispatch-log.js";
 import { ProgressReporter } from "./progress-reporter.js";
@@ -107,8 +109,15 @@ export class Collector {
   private restartedCount = 0;
   private readonly usage = { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 };
   private timer: NodeJS.Timeout | undefined;
+  private readonly instruments = collectionInstruments(() => this.rowCounts());
 
   constructor(private readonly options: CollectorOptions) {}
+
+  private rowCounts(): RowCounts {
+    const counts: RowCounts = { pending: 0, inflight: 0, done: 0, failed: 0 };
+    for (const state of this.states.values()) counts[state.status]++;
+    return counts;
+  }
 
   private get logPath(): string {
     return join(this.options.checkpointDir, "dispatched.jsonl");
@@ -152,8 +161,14 @@ export class Collector {
     }
     if (stale.length) await this.retireNow(stale);
 
-    if (collection && continued.size) {
-      const sources = [...continued.values()];
+    if (collection && continued.size) await this.restoreRows(collection, [...continued.values()]);
+    this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
+  }
+
+  /** Restores the continued rows as attempt+1; if the restore fails they start over as attempt+2. */
+  private async restoreRows(collection: CollectionState, sources: EpisodeId[]): Promise<void> {
+    const attributes = { "gym_ckpt.checkpoint.id": collection.checkpoint_id, "gym_ckpt.rows": sources.length };
+    await tracer().startActiveSpan("checkpoint.collection.restore", { attributes }, async (span) => {
       try {
         await this.options.controller.restore({ checkpoint_id: collection.checkpoint_id, episode_ids: sources });
         await this.options.controller.resume({ checkpoint_id: collection.checkpoint_id });
@@ -161,11 +176,13 @@ export class Collector {
           const state = this.states.get(source.rollout_id)!;
           Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });
         }
+        this.instruments.rows.add(sources.length, { outcome: "continued" });
         this.options.logger.info({ checkpoint_id: collection.checkpoint_id, rows: sources.length }, "restored checkpoint; continuing rows as their next attempt");
         await this.options.hooks?.afterRestore?.();
       } catch (error) {
         // The coordinator retired attempt+1 everywhere and resumed. The source attempts may still run
         // on servers that survived: fence them too, then start those rows over as attempt+2.
+        span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
         this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
         await this.retireNow(sources);
         for (const source of sources) {
@@ -173,8 +190,11 @@ export class Collector {
           this.retired.add(source.rollout_id);
           this.restartedCount++;
         }
+      } finally {
+        span.setAttribute("gym_ckpt.restarts", this.restartedCount);
+        span.end();
       }
-    }
+    });
   }
 
   /** The LATEST checkpoint's collection state, only when it belongs to the logged run. */
@@ -318,6 +338,23 @@ export class Collector {
 
   /** prepare → commit(scope) → collection.json → publish → resume (or stop). */
   async checkpoint({ stop }: { stop: boolean }): Promise<{ published: boolean; checkpointId: string }> {
+    return tracer().startActiveSpan("checkpoint.collection.checkpoint", { attributes: { "gym_ckpt.stop": stop } }, async (span) => {
+      try {
+        const result = await this.checkpointInSpan(stop);
+        span.setAttributes({ "gym_ckpt.checkpoint.id": result.checkpointId, "gym_ckpt.published": result.published, "gym_ckpt.in_flight": this.inFlight() });
+        this.instruments.checkpoints.add(1, { outcome: result.published ? "published" : "not_prepared" });
+        return result;
+      } catch (error) {
+        span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
+        this.instruments.checkpoints.add(1, { outcome: "failed" });
+        throw error;
+      } finally {
+        span.end();
+      }
+    });
+  }
+
+  private async checkpointInSpan(stop: boolean): Promise<{ published: boolean; checkpointId: string }> {
     return this.lock.run(async () => {
       this.closeGate();
       const checkpointId = newCheckpointId(Date.now());
@@ -468,3 +505,7 @@ function delay(seconds: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, seconds * 1000).unref());
 }
 
+
+function tracer() {
+  return trace.getTracer("gym-ckpt");
+}

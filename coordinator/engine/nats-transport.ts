@@ -1,11 +1,7 @@
-import { propagation, type TextMapSetter } from "@opentelemetry/api";
-import { NoRespondersError, RequestError, TimeoutError, headers, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node";
+import { NoRespondersError, RequestError, TimeoutError, headers, type NatsConnection } from "@nats-io/transport-node";
 import { HEADER_AUTHORIZATION } from "../../protocol/index.js";
+import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
-
-const setter: TextMapSetter<MsgHdrs> = {
-  set: (carrier, key, value) => carrier.set(key, value),
-};
 
 /** Core NATS request/reply with the bearer token and W3C trace context in the headers. */
 export class NatsParticipantTransport implements ParticipantTransport {
@@ -14,7 +10,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
   async request(subject: string, body: string, options: TransportRequestOptions): Promise<string> {
     const h = headers();
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);
-    if (options.context) propagation.inject(options.context, h, setter);
+    if (options.context) injectTraceContext(h, options.context);
     try {
       const msg = await this.nc.request(subject, body, { timeout: Math.max(1, Math.ceil(options.timeoutMs)), headers: h });
       return msg.string();

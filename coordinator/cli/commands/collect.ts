@@ -8,6 +8,7 @@ import { Collector } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
 import { createLogger } from "../../telemetry/logger.js";
+import { startTelemetry } from "../../telemetry/telemetry-sdk.js";
 import { runCli, withClientOptions, type ClientFlags } from "../shared.js";
 
 /** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
@@ -25,6 +26,8 @@ interface CollectFlags extends ClientFlags {
   maxAttempts: string;
   progressIntervalS: string;
   logLevel: string;
+  otlpEndpoint?: string;
+  metricsPort?: string;
 }
 
 export function register(program: Command): void {
@@ -42,7 +45,9 @@ export function register(program: Command): void {
       .option("--run-timeout-s <s>", "timeout of one /run", "300")
       .option("--max-attempts <n>", "attempts per row before it counts as failed", "3")
       .option("--progress-interval-s <s>", "seconds between progress lines when stderr is not a terminal", "10")
-      .option("--log-level <level>", "pino log level", "warn"),
+      .option("--log-level <level>", "pino log level", "warn")
+      .option("--otlp-endpoint <url>", "OTLP/HTTP endpoint for traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)")
+      .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port"),
   ).action(async (flags: CollectFlags) => {
     await runCli(async () => {
       const env = process.env;
@@ -56,6 +61,12 @@ export function register(program: Command): void {
       const checkpointDir = resolve(flags.checkpointDir);
       await mkdir(checkpointDir, { recursive: true });
       const rows = await readTaskRows(flags.tasks);
+      const telemetry = await startTelemetry({
+        serviceName: "gym-ckpt-collect",
+        ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
+        ...(flags.metricsPort !== undefined && { metricsPort: Number(flags.metricsPort) }),
+      });
+      if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
       const logger = createLogger(flags.logLevel as Parameters<typeof createLogger>[0]);
       const nc = await connect({ servers: (flags.natsUrl ?? env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222").split(","), maxReconnectAttempts: -1 });
       const controller = new NatsControllerClient({
@@ -96,6 +107,7 @@ export function register(program: Command): void {
           });
           process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
           await rm(pidFile, { force: true });
+          await telemetry.shutdown();
           process.exit(EXIT_REQUEUE);
         })();
       });
@@ -105,6 +117,7 @@ export function register(program: Command): void {
       const mean = await collector.meanReward();
       await rm(pidFile, { force: true });
       await nc.close();
+      await telemetry.shutdown();
       const u = summary.usage;
       process.stdout.write(
         [
