@@ -5,11 +5,17 @@ import { GYM_SERVERS, TASK, startGymWorld, type GymWorld, type RunResult } from 
 /**
  * Seeded random controller sequences against the real reference Gym: start, release, checkpoint,
  * start-then-checkpoint, retire, and after a checkpoint either resume or crash+restore; stragglers
- * take the resume → retire → re-dispatch path. Invariants at the end: every rollout ends with a
+ * take the resume → retire → re-dispatch path (one seed runs verify as a wait step and holds it, which
+ * makes stragglers). Invariants at the end: every rollout ends with a
  * reward of 1, model calls ≤ 2 × attempts, every server idle with nothing left behind, every
  * published checkpoint verifies. Seeds and steps are bounded so the file stays well under 3 minutes.
  */
-const SEEDS = [11, 29, 47];
+/** Seeds, and whether verify runs as a `wait` step there (verify holds then make stragglers). */
+const SEEDS: [number, boolean][] = [
+  [11, false],
+  [41, true],
+  [47, false],
+];
 const STEPS = 14;
 const ROLLOUTS = 6;
 
@@ -43,11 +49,11 @@ afterEach(async () => {
   world = undefined;
 });
 
-async function sequence(seed: number): Promise<void> {
+async function sequence(seed: number, waitVerify: boolean): Promise<void> {
   const random = mulberry32(seed);
   const pick = <T>(items: T[]): T | undefined => (items.length ? items[Math.floor(random() * items.length)] : undefined);
   // Cuts off: see gym-second-crash.test.ts (a re-exported restored cut is refused by the model's restore).
-  world = await startGymWorld({ args: { model: ["--cuts", "off"] } });
+  world = await startGymWorld({ args: { model: ["--cuts", "off"], ...(waitVerify && { resources: ["--verify", "wait"] }) } });
   const w = world;
   const rollouts: Rollout[] = Array.from({ length: ROLLOUTS }, (_, i) => ({
     id: `s${seed}-r${i}`,
@@ -63,7 +69,13 @@ async function sequence(seed: number): Promise<void> {
   let attempts = 0;
   const log: string[] = [];
 
-  const hold = async () => w.backend.hold((await w.backend.calls()).length + 1 + Math.floor(random() * 4));
+  let verifyHeld = false;
+  const verifyHold = async (on: boolean) => {
+    await fetch(`${w.gym.urls.resources}/admin/verify/${on ? "hold" : "release"}`);
+    verifyHeld = on;
+  };
+  // With verify as a wait step, episodes are kept in flight by held verifies instead of held model calls.
+  const hold = async () => (waitVerify ? undefined : w.backend.hold((await w.backend.calls()).length + 1 + Math.floor(random() * 4)));
   /** Settles one rollout's /run: done, refused before it started (same attempt again), or lost (next attempt). */
   const settle = async (r: Rollout) => {
     if (!r.run) return;
@@ -93,12 +105,25 @@ async function sequence(seed: number): Promise<void> {
   const running = () => rollouts.filter((r) => r.state === "running");
   const scope = (): EpisodeId[] => rollouts.filter((r) => r.state === "running" || r.pendingRestore).map((r) => ({ rollout_id: r.id, attempt: r.attempt }));
 
+  /** Lets time pass until some episode waits in its held verify (bounded): the straggler case. */
+  const untilVerifyInFlight = async () => {
+    const stats = async () => (await (await fetch(`${w.gym.urls.resources}/admin/stats`)).json()) as { verify_started: number; verify_finished: number };
+    await w
+      .waitFor(async () => {
+        const s = await stats();
+        return s.verify_started > s.verify_finished;
+      }, "a verify in flight", 2000)
+      .catch(() => undefined);
+  };
   const checkpoint = async (step: number) => {
     const id = `cp-${seed}-${step}`;
-    const prepared = await w.client.prepare({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + 3 });
+    if (waitVerify && verifyHeld && running().length && random() < 0.5) await untilVerifyInFlight();
+    const prepared = await w.client.prepare({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + 2 });
     if (!prepared.prepared) {
-      // Stragglers: abort, retire them, re-dispatch later as the next attempt.
+      // Stragglers: abort, retire them, re-dispatch later as the next attempt. (Their held verify
+      // must be able to end: retire waits for a request in flight before it frees the session.)
       await w.client.resume({ checkpoint_id: id });
+      if (verifyHeld) await verifyHold(false);
       const keys = new Set(prepared.blockers.flatMap((b) => b.blockers));
       const stragglers = rollouts.filter((r) => r.state === "running" && keys.has(captureKey({ rollout_id: r.id, attempt: r.attempt })));
       log.push(`${id} not prepared; retire ${stragglers.map((r) => r.id).join(",")}`);
@@ -124,6 +149,7 @@ async function sequence(seed: number): Promise<void> {
     }
     log.push(`${id} crash+restore ${[...exported].join(",")}`);
     await w.crashAndRestart(id);
+    if (verifyHeld) await verifyHold(true); // the fresh resources process starts unheld
     await Promise.all(running().map(settle)); // every in-flight /run is lost with the processes
     const restored = rollouts.filter((r) => r.state === "idle").filter((r) => exported.has(captureKey({ rollout_id: r.id, attempt: r.attempt - 1 })) || (r.pendingRestore && exported.has(captureKey({ rollout_id: r.id, attempt: r.attempt }))));
     const sources = restored.map((r) => (r.pendingRestore ? { rollout_id: r.id, attempt: r.attempt } : { rollout_id: r.id, attempt: r.attempt - 1 }));
@@ -137,6 +163,7 @@ async function sequence(seed: number): Promise<void> {
   };
 
   await hold();
+  if (waitVerify) await verifyHold(true);
   for (let step = 0; step < STEPS; step++) {
     const roll = random();
     const idle = rollouts.filter((r) => r.state === "idle");
@@ -147,6 +174,11 @@ async function sequence(seed: number): Promise<void> {
       log.push("release");
       await w.backend.release();
       await hold();
+      if (waitVerify && !verifyHeld && random() < 0.7) {
+        log.push("hold verify");
+        await verifyHold(true);
+      }
+
     } else if (roll < 0.75) {
       await checkpoint(step);
     } else if (roll < 0.85) {
@@ -157,6 +189,7 @@ async function sequence(seed: number): Promise<void> {
       const r = pick(rollouts.filter((x) => x.state === "running" || x.pendingRestore));
       if (r) {
         log.push(`retire ${captureKey({ rollout_id: r.id, attempt: r.attempt })}`);
+        if (verifyHeld) await verifyHold(false); // retire waits for its requests in flight to end
         await w.client.retire({ episode_ids: [{ rollout_id: r.id, attempt: r.attempt }] });
         retired.add(r.id);
         if (r.state === "running") await settle(r);
@@ -171,6 +204,7 @@ async function sequence(seed: number): Promise<void> {
 
   // Drain: release everything and re-dispatch until every rollout has its reward.
   await w.backend.release();
+  if (verifyHeld) await verifyHold(false);
   for (let round = 0; round < 10 && rollouts.some((r) => r.state !== "done"); round++) {
     await Promise.all(running().map(settle));
     for (const r of rollouts.filter((x) => x.state === "idle")) start(r);
@@ -199,7 +233,7 @@ async function sequence(seed: number): Promise<void> {
 }
 
 describe("random controller sequences against the reference Gym", () => {
-  for (const seed of SEEDS) {
-    it(`seed ${seed}`, () => sequence(seed), 90_000);
+  for (const [seed, waitVerify] of SEEDS) {
+    it(`seed ${seed}${waitVerify ? " (verify as a wait step)" : ""}`, () => sequence(seed, waitVerify), 90_000);
   }
 });
