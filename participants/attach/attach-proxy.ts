@@ -171,9 +171,15 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
         }
         const status = upRes.statusCode ?? 502;
         res.writeHead(status, responseHeaders(upRes.headers));
+        // One listener copies each chunk through and keeps the usage tail; a full socket pauses the
+        // upstream until it drains (backpressure), so a stream is never buffered here.
         const tail = new UsageTail();
-        upRes.on("data", (chunk: Buffer) => tail.push(chunk));
-        upRes.pipe(res, { end: false });
+        const resume = () => upRes.resume();
+        res.on("drain", resume);
+        upRes.on("data", (chunk: Buffer) => {
+          tail.push(chunk);
+          if (!res.write(chunk)) upRes.pause();
+        });
         upRes.on("error", () => {
           res.destroy();
           failOnce();

@@ -72,6 +72,7 @@ runtime.onShutdown(async () => {
   await participant.stop();
   server.closeAllConnections();
   await new Promise<void>((resolve) => server.close(() => resolve()));
+  await kind.close();
 });
 logger.info({ url, upstream: upstream.root, cuts, ledgerDir }, "attach proxy listening");
 runtime.announceReady(url);

@@ -1,4 +1,4 @@
-import { mkdir, readFile, readdir, rename, unlink, appendFile, writeFile } from "node:fs/promises";
+import { mkdir, open, readFile, readdir, rename, unlink, writeFile, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { parseCaptureKey } from "../../../protocol/index.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
@@ -10,18 +10,24 @@ const SUFFIX = ".lineage.jsonl";
  * The capture ledger: per capture key, an append-only JSONL file of lineage rows
  * (`<dir>/<capture_key>.lineage.jsonl`), guarded by a bounded set of striped lock files
  * (`<dir>/locks/stripe-NNNN.lock`). Reads go through an in-memory copy that is loaded once per
- * key, so resolving a call's parent never touches the disk on the hot path.
+ * key, so resolving a call's parent never touches the disk on the hot path. Appends reuse an open
+ * file handle per key (a few per stripe, least recently used closed first), so a row costs one
+ * write, not an open/write/close.
  */
 export class CaptureLedger {
   readonly locks: StripedLocks;
   private readonly cache = new Map<string, LedgerRow[]>();
+  /** Open append handles per stripe (touched only under that stripe's lock), in LRU order. */
+  private readonly handles: Map<string, FileHandle>[];
   private readonly ready: Promise<void>;
 
   constructor(
     readonly dir: string,
     stripes = 16,
+    private readonly handlesPerStripe = 8,
   ) {
     this.locks = new StripedLocks(join(dir, "locks"), stripes);
+    this.handles = Array.from({ length: stripes }, () => new Map());
     this.ready = mkdir(dir, { recursive: true }).then(() => undefined);
   }
 
@@ -49,7 +55,48 @@ export class CaptureLedger {
     const parsed = LedgerRowSchema.parse(row);
     const rows = await this.rows(parsed.capture_key);
     (rows as LedgerRow[]).push(parsed);
-    await this.locks.run(parsed.capture_key, () => appendFile(this.fileOf(parsed.capture_key), `${JSON.stringify(parsed)}\n`));
+    await this.locks.run(parsed.capture_key, async () => {
+      const handle = await this.appendHandle(parsed.capture_key);
+      await handle.write(`${JSON.stringify(parsed)}\n`);
+    });
+  }
+
+  /** Closes every append handle and releases the lock files. */
+  async close(): Promise<void> {
+    await this.ready;
+    for (const stripe of this.handles) {
+      for (const handle of stripe.values()) await handle.close().catch(() => undefined);
+      stripe.clear();
+    }
+    await this.locks.close();
+  }
+
+  /** Under the key's stripe lock. */
+  private async appendHandle(key: string): Promise<FileHandle> {
+    const stripe = this.handles[this.locks.stripeOf(key)]!;
+    const open_ = stripe.get(key);
+    if (open_) {
+      stripe.delete(key);
+      stripe.set(key, open_);
+      return open_;
+    }
+    if (stripe.size >= this.handlesPerStripe) {
+      const [oldest, handle] = stripe.entries().next().value as [string, FileHandle];
+      stripe.delete(oldest);
+      await handle.close().catch(() => undefined);
+    }
+    const handle = await open(this.fileOf(key), "a");
+    stripe.set(key, handle);
+    return handle;
+  }
+
+  /** Under the key's stripe lock: the file is about to be renamed over or removed. */
+  private async dropHandle(key: string): Promise<void> {
+    const stripe = this.handles[this.locks.stripeOf(key)]!;
+    const handle = stripe.get(key);
+    if (!handle) return;
+    stripe.delete(key);
+    await handle.close().catch(() => undefined);
   }
 
   /** Replaces a key's ledger with `rows` (atomic rename). */
@@ -59,6 +106,7 @@ export class CaptureLedger {
     await this.locks.run(key, async () => {
       const path = this.fileOf(key);
       const tmp = `${path}.tmp-${process.pid}`;
+      await this.dropHandle(key);
       await writeFile(tmp, checked.map((r) => `${JSON.stringify(r)}\n`).join(""));
       await rename(tmp, path);
       this.cache.set(key, checked);
@@ -71,6 +119,7 @@ export class CaptureLedger {
     for (const key of keys) {
       await this.locks.run(key, async () => {
         this.cache.delete(key);
+        await this.dropHandle(key);
         await unlink(this.fileOf(key)).catch((error: NodeJS.ErrnoException) => {
           if (error.code !== "ENOENT") throw error;
         });

@@ -14,6 +14,8 @@ export interface ModelKindOptions {
   /** Directory of the capture ledger (persists across process restarts). */
   ledgerDir: string;
   ledgerStripes?: number;
+  /** Runs one cut round (default: POST to the backend); a seam for tests. */
+  cutRunner?: typeof runCutRound;
   /** The backend's cut endpoint; null = the backend cannot cut (calls are regenerated). */
   cutBackend: CutBackend | null;
   logger?: Logger;
@@ -75,11 +77,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     this.refuseIfNotAdmitting(episode, key);
     const rows = await this.ledger.rows(key);
     this.refuseIfNotAdmitting(episode, key);
-    const requestDigest = conversationDigest(route, body);
+    // The conversation digest (canonical JSON + sha256 of the whole conversation) is only needed by a
+    // cut round or a restored cut, so it is computed on first use, not on every call.
+    let digest: string | undefined;
+    const requestDigest = () => (digest ??= conversationDigest(route, body));
     const constrained = constrainedReason(body);
     let claimedCut: GenerationCutRecord | null = null;
     const restored = this.restoredCuts.get(key);
-    if (restored && constrained === null && restored.request_digest === requestDigest) {
+    if (restored && constrained === null && restored.request_digest === requestDigest()) {
       claimedCut = restored;
       this.restoredCuts.delete(key);
     }
@@ -96,7 +101,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       modelCallId: `mc-${randomUUID()}`,
       parentCallId: rows.at(-1)?.model_call_id ?? null,
       stream: body.stream === true,
-      requestDigest,
+      get requestDigest() {
+        return requestDigest();
+      },
       constrained,
       claimedCut,
       responseStarted: false,
@@ -236,7 +243,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     }
     if (eligible.length && this.options.cutBackend) {
       const checkpointId = this.checkpointIdSource() ?? `close-${randomUUID()}`;
-      const result = await runCutRound(this.options.cutBackend, checkpointId, eligible);
+      const result = await (this.options.cutRunner ?? runCutRound)(this.options.cutBackend, checkpointId, eligible);
       if (result.error) this.options.logger?.warn({ checkpoint_id: checkpointId, err: result.error, calls: eligible.length }, "generation cut failed; the calls will be regenerated");
       for (const t of eligible) {
         const ack = result.acks.get(t.ticketId);
@@ -362,6 +369,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       this.restoredCuts.delete(key);
       await this.ledger.remove([key]);
     }
+  }
+
+  /** Shutdown: closes the ledger's file handles and releases its lock files. */
+  async close(): Promise<void> {
+    await this.ledger.close();
   }
 
   private notify(): void {

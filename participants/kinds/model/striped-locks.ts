@@ -1,3 +1,4 @@
+import { unlinkSync } from "node:fs";
 import { mkdir, open, readFile, unlink } from "node:fs/promises";
 import { join } from "node:path";
 import { AsyncLock } from "../../control-plane/async-lock.js";
@@ -5,18 +6,27 @@ import { AsyncLock } from "../../control-plane/async-lock.js";
 /**
  * A bounded set of lock files guarding per-rollout ledger files: a key maps to one of `stripes`
  * lock files by hash, so the lock directory never holds more than `stripes` files however many
- * rollouts there are. Within a process a FIFO mutex per stripe serializes; across processes the
- * stripe's lock file is created exclusively (holding the owner's pid) and removed on release; a
- * lock file whose owner died is broken.
+ * rollouts there are.
+ *
+ * Within a process a FIFO mutex per stripe serializes. Across processes a stripe is OWNED: its
+ * lock file is created exclusively (holding the owner's pid) on first use and kept while the stripe
+ * is busy, so the hot path (one ledger row per generation call) costs no file-system call at all.
+ * A stripe idle for `idleMs` is released (its file removed) so another process can take it; every
+ * owned stripe is released on close() and at process exit; a lock file whose owner died is broken.
  */
 export class StripedLocks {
   private readonly local: AsyncLock[];
   private readonly ready: Promise<void>;
+  /** Stripes whose lock file this process holds, with the time of their last use. */
+  private readonly owned = new Map<number, number>();
+  private sweeper: NodeJS.Timeout | undefined;
+  private closed = false;
 
   constructor(
     readonly dir: string,
     readonly stripes = 16,
     private readonly waitMs = 10_000,
+    private readonly idleMs = 1_000,
   ) {
     if (!Number.isInteger(stripes) || stripes < 1 || stripes > 1024) throw new Error("stripes must be an integer in 1..1024");
     this.local = Array.from({ length: stripes }, () => new AsyncLock());
@@ -37,18 +47,76 @@ export class StripedLocks {
     return join(this.dir, `stripe-${String(stripe).padStart(4, "0")}.lock`);
   }
 
+  /** Stripes whose lock file this process currently holds. */
+  ownedStripes(): number[] {
+    return [...this.owned.keys()].sort((a, b) => a - b);
+  }
+
   async run<T>(key: string, fn: () => Promise<T>): Promise<T> {
     await this.ready;
     const stripe = this.stripeOf(key);
     return this.local[stripe]!.run(async () => {
-      const path = this.lockFile(stripe);
-      await this.acquire(path);
+      if (this.closed) throw new Error("ledger locks are closed");
+      if (!this.owned.has(stripe)) {
+        await this.acquire(this.lockFile(stripe));
+        this.owned.set(stripe, Date.now());
+        OWNERS.add(this);
+        this.sweep();
+      }
       try {
         return await fn();
       } finally {
-        await unlink(path).catch(() => undefined);
+        this.owned.set(stripe, Date.now());
       }
     });
+  }
+
+  /** Releases every owned stripe (after the work queued on it) and refuses further use. */
+  async close(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.sweeper);
+    this.sweeper = undefined;
+    await Promise.all([...this.owned.keys()].map((stripe) => this.local[stripe]!.run(() => this.release(stripe))));
+    OWNERS.delete(this);
+  }
+
+  /** Releases stripes idle for `idleMs`; re-arms itself while any stripe is owned. */
+  private sweep(): void {
+    if (this.sweeper || this.closed) return;
+    this.sweeper = setTimeout(() => {
+      this.sweeper = undefined;
+      const now = Date.now();
+      const idle = [...this.owned].filter(([, used]) => now - used >= this.idleMs).map(([stripe]) => stripe);
+      void Promise.all(
+        idle.map((stripe) =>
+          this.local[stripe]!.run(async () => {
+            const used = this.owned.get(stripe);
+            if (used !== undefined && Date.now() - used >= this.idleMs) await this.release(stripe);
+          }),
+        ),
+      ).finally(() => {
+        if (this.owned.size > 0) this.sweep();
+        else OWNERS.delete(this);
+      });
+    }, this.idleMs);
+    this.sweeper.unref();
+  }
+
+  private async release(stripe: number): Promise<void> {
+    if (!this.owned.delete(stripe)) return;
+    await unlink(this.lockFile(stripe)).catch(() => undefined);
+  }
+
+  /** Exit hook: drop this process's lock files synchronously. */
+  releaseAllSync(): void {
+    for (const stripe of this.owned.keys()) {
+      try {
+        unlinkSync(this.lockFile(stripe));
+      } catch {
+        // already gone
+      }
+    }
+    this.owned.clear();
   }
 
   private async acquire(path: string): Promise<void> {
@@ -56,8 +124,11 @@ export class StripedLocks {
     for (let attempt = 0; ; attempt++) {
       try {
         const handle = await open(path, "wx");
-        await handle.writeFile(String(process.pid));
-        await handle.close();
+        try {
+          await handle.writeFile(String(process.pid));
+        } finally {
+          await handle.close();
+        }
         return;
       } catch (error) {
         if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
@@ -71,6 +142,12 @@ export class StripedLocks {
     }
   }
 }
+
+/** Instances holding lock files; one process-wide exit hook releases them. */
+const OWNERS = new Set<StripedLocks>();
+process.once("exit", () => {
+  for (const locks of OWNERS) locks.releaseAllSync();
+});
 
 async function ownerIsDead(path: string): Promise<boolean> {
   const text = await readFile(path, "utf8").catch(() => "");

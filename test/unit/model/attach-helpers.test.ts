@@ -1,0 +1,44 @@
+import { describe, expect, it } from "vitest";
+import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
+import { UsageTail } from "../../../participants/attach/usage-tail.js";
+
+describe("usage tail", () => {
+  it("reads usage from the final SSE chunk, split across network chunks, keeping only the tail", () => {
+    const tail = new UsageTail(256);
+    for (let i = 0; i < 200; i++) tail.push(Buffer.from(`data: {"choices":[{"delta":{"content":"tok${i}"}}]}\n\n`));
+    const last = 'data: {"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":200,"total_tokens":220}}\n\ndata: [DONE]\n\n';
+    tail.push(Buffer.from(last.slice(0, 30)));
+    tail.push(Buffer.from(last.slice(30)));
+    expect(tail.usage()).toEqual({ prompt_tokens: 20, completion_tokens: 200, total_tokens: 220 });
+  });
+
+  it("reads chat and responses/messages usage names from a whole JSON body, and null when absent", () => {
+    const chat = new UsageTail();
+    chat.push(Buffer.from('{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}'));
+    expect(chat.usage()).toEqual({ prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 });
+    const messages = new UsageTail();
+    messages.push(Buffer.from('{"type":"message","usage":{"input_tokens":5,"output_tokens":6}}'));
+    expect(messages.usage()).toEqual({ prompt_tokens: 5, completion_tokens: 6, total_tokens: 11 });
+    const none = new UsageTail();
+    none.push(Buffer.from("data: [DONE]\n\n"));
+    expect(none.usage()).toBeNull();
+  });
+});
+
+describe("upstream and listen flags", () => {
+  it("reduce the upstream base URL to its root", () => {
+    expect(parseUpstream("http://127.0.0.1:8000/v1").root).toBe("http://127.0.0.1:8000");
+    expect(parseUpstream("http://127.0.0.1:8000/").root).toBe("http://127.0.0.1:8000");
+    expect(parseUpstream("https://h/openai/v1/").root).toBe("https://h/openai");
+    expect(() => parseUpstream("ftp://h")).toThrow(/http/);
+    expect(() => parseUpstream("http://h/v1?x=1")).toThrow(/query/);
+    expect(() => parseUpstream("not a url")).toThrow(/not a URL/);
+  });
+
+  it("parse host:port with IPv6 brackets and port 0", () => {
+    expect(parseListen("127.0.0.1:0")).toEqual({ host: "127.0.0.1", port: 0 });
+    expect(parseListen("[::1]:9000")).toEqual({ host: "::1", port: 9000 });
+    expect(() => parseListen("9000")).toThrow(/host:port/);
+    expect(() => parseListen("h:70000")).toThrow(/0..65535/);
+  });
+});

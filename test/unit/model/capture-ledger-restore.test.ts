@@ -1,0 +1,157 @@
+import { existsSync } from "node:fs";
+import { appendFile, readFile, readdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CaptureLedger, ModelKind, type LedgerRow, type ModelRecord } from "../../../participants/kinds/model/index.js";
+import { CHAT, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+
+let f: ModelFixture;
+beforeEach(async () => {
+  f = await modelFixture();
+});
+afterEach(async () => {
+  await f.close();
+});
+
+const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
+const row = (capture_key: string, model_call_id: string, parent_call_id: string | null = null): LedgerRow => ({
+  capture_key,
+  model_call_id,
+  parent_call_id,
+  continued_from: null,
+  route: CHAT,
+  staging_key: `stage/${model_call_id}`,
+  usage: null,
+  recorded_at: 1,
+});
+const ledgerFile = (key: string) => join(f.dir, "ledger", `${key}.lineage.jsonl`);
+const fileRows = async (key: string) =>
+  (await readFile(ledgerFile(key), "utf8"))
+    .split("\n")
+    .filter(Boolean)
+    .map((l) => JSON.parse(l).model_call_id);
+
+describe("export", () => {
+  it("refuses a null scope and leaves out undelivered calls and episodes with nothing", async () => {
+    await expect(f.kind.exportRecords(null)).rejects.toMatchObject({ code: "invalid_request" });
+    const delivered = await deliveredCall(f.kind, "ex");
+    await f.kind.admit("ex", CHAT, chat("still generating"));
+    const streaming = await f.kind.admit("ex", CHAT, chat("streaming"));
+    await f.kind.responseStart(streaming);
+    const records = await f.kind.exportRecords([ep("ex"), ep("nothing"), ep("ex", 1)]);
+    expect(records.map((r) => [r.episode_id, r.rows.map((x) => x.model_call_id)])).toEqual([[ep("ex"), [delivered.modelCallId]]]);
+  });
+
+  it("writes rows only after the backend acknowledged; a failed call leaves no row", async () => {
+    const ticket = await f.kind.admit("ack", CHAT, chat("a"));
+    await f.kind.responseStart(ticket);
+    expect(existsSync(ledgerFile("ack"))).toBe(false);
+    f.kind.fail(ticket);
+    expect((await f.kind.captureManifest("ack")).records).toEqual([]);
+    const ok = await deliveredCall(f.kind, "ack", "b", "stage/b");
+    expect(await fileRows("ack")).toEqual([ok.modelCallId]);
+  });
+});
+
+describe("restore: import as the next attempt, then retire the sources", () => {
+  it("installs rows as attempt N+1's ledger, replacing target-and-later attempts, and retires attempts 0..N", async () => {
+    // What earlier executions left on disk: the source attempt 1, an older attempt 0, a dead
+    // replacement (attempt 2, with a call of its own) and an even later attempt 3.
+    const ledger = new CaptureLedger(join(f.dir, "ledger"));
+    await ledger.append(row("ro", "mc-old"));
+    await ledger.append(row("ro-a1", "mc-src"));
+    await ledger.append(row("ro-a2", "mc-src"));
+    await ledger.append(row("ro-a2", "mc-dead", "mc-src"));
+    await ledger.append(row("ro-a3", "mc-later"));
+    await ledger.append(row("keep", "mc-keep"));
+    await ledger.close();
+    const record: ModelRecord = { episode_id: ep("ro", 1), rows: [row("ro-a1", "mc-src-0"), row("ro-a1", "mc-src", "mc-src-0")], generation_cuts: [] };
+    await f.kind.install([record], {});
+    expect(await fileRows("ro-a2")).toEqual(["mc-src-0", "mc-src"]);
+    expect((await f.kind.captureManifest("ro-a2")).records.map((r) => r.model_call_id)).toEqual(["mc-src-0", "mc-src"]);
+    const files = (await readdir(join(f.dir, "ledger"))).filter((n) => n.endsWith(".jsonl")).sort();
+    expect(files).toEqual(["keep.lineage.jsonl", "ro-a2.lineage.jsonl"]);
+    expect(f.kind.hasLiveState()).toBe(true);
+    // The replacement's first call resolves its parent to the source's last delivered call.
+    const first = await f.kind.admit("ro-a2", CHAT, chat("again"));
+    expect(first.parentCallId).toBe("mc-src");
+  });
+
+  it("restoring the same record twice replaces what the first replacement wrote", async () => {
+    const record: ModelRecord = { episode_id: ep("tw"), rows: [row("tw", "mc-1")], generation_cuts: [] };
+    await f.kind.install([record], {});
+    const dead = await deliveredCall(f.kind, "tw-a1");
+    expect(dead.parentCallId).toBe("mc-1");
+    // A fresh process on the same ledger directory, after the replacement crashed.
+    await f.kind.close();
+    const fresh = new ModelKind({ ledgerDir: join(f.dir, "ledger"), cutBackend: null });
+    f.kind = fresh;
+    await fresh.install([record], {});
+    expect((await fresh.captureManifest("tw-a1")).records.map((r) => r.model_call_id)).toEqual(["mc-1"]);
+    expect(await fileRows("tw-a1")).toEqual(["mc-1"]);
+    const again = await fresh.admit("tw-a1", CHAT, chat("x"));
+    expect(again.parentCallId).toBe("mc-1");
+  });
+
+  it("validates every record before writing anything", async () => {
+    const ok: ModelRecord = { episode_id: ep("v1"), rows: [row("v1", "mc-a")], generation_cuts: [] };
+    await expect(f.kind.install([ok, { ...ok, rows: [] }], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
+    await expect(f.kind.install([ok, { episode_id: ep("v2"), rows: [{ ...row("v2", "mc-b"), route: "" }], generation_cuts: [] }], {})).rejects.toMatchObject({
+      code: "invalid_checkpoint_state",
+    });
+    expect(existsSync(ledgerFile("v1-a1"))).toBe(false);
+    expect(f.kind.hasLiveState()).toBe(false);
+  });
+});
+
+describe("ledger retire and delete", () => {
+  it("are refused while a checkpoint is open and change nothing", async () => {
+    await deliveredCall(f.kind, "lr");
+    await f.kind.closeAdmission();
+    await expect(f.kind.retireLedgers(ep("lr"))).rejects.toMatchObject({ code: "invalid_phase", message: expect.stringMatching(/retry ledger retire and delete after resume/) });
+    await expect(f.kind.deleteLedger("lr")).rejects.toMatchObject({ code: "invalid_phase" });
+    expect((await f.kind.captureManifest("lr")).records).toHaveLength(1);
+    expect(existsSync(ledgerFile("lr"))).toBe(true);
+    await f.kind.openAdmission();
+    await f.kind.deleteLedger("lr");
+    expect((await f.kind.captureManifest("lr")).records).toEqual([]);
+    expect(existsSync(ledgerFile("lr"))).toBe(false);
+  });
+
+  it("retire removes attempts 0..N of the rollout only", async () => {
+    for (const key of ["rr", "rr-a1", "rr-a2", "rr2"]) await deliveredCall(f.kind, key);
+    expect((await f.kind.retireLedgers(ep("rr", 1))).sort()).toEqual(["rr", "rr-a1"]);
+    expect((await readdir(join(f.dir, "ledger"))).filter((n) => n.endsWith(".jsonl")).sort()).toEqual(["rr-a2.lineage.jsonl", "rr2.lineage.jsonl"]);
+    await expect(f.kind.deleteLedger("../x")).rejects.toMatchObject({ code: "invalid_request" });
+  });
+
+  it("a checkpoint retire stops in-flight calls first so no late row recreates the ledger", async () => {
+    await deliveredCall(f.kind, "late");
+    const inflight = await f.kind.admit("late", CHAT, chat("x"));
+    await f.kind.responseStart(inflight);
+    const retiring = f.kind.retire([ep("late")]);
+    // The proxy sees the abort and the backend's answer arrives anyway: no row is written.
+    await f.kind.complete(inflight, { stagingKey: "stage/late", usage: null });
+    await retiring;
+    expect((await f.kind.captureManifest("late")).records).toEqual([]);
+    expect(existsSync(ledgerFile("late"))).toBe(false);
+  });
+});
+
+describe("ledger files", () => {
+  it("drop a torn last line on load", async () => {
+    const path = ledgerFile("torn");
+    await writeFile(path, `${JSON.stringify(row("torn", "mc-1"))}\n`);
+    await appendFile(path, '{"capture_key":"torn","model_');
+    const ledger = new CaptureLedger(join(f.dir, "ledger"));
+    expect((await ledger.rows("torn")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
+    await ledger.close();
+  });
+
+  it("reject rows that do not match the schema", async () => {
+    const ledger = new CaptureLedger(join(f.dir, "ledger"));
+    await expect(ledger.append({ ...row("bad", "mc-1"), extra: 1 } as LedgerRow)).rejects.toThrow();
+    await expect(ledger.append(row("not a key/..", "mc-1"))).rejects.toThrow();
+    await ledger.close();
+  });
+});

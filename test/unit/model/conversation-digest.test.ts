@@ -1,0 +1,72 @@
+import { createHash } from "node:crypto";
+import { describe, expect, it } from "vitest";
+import { constrainedReason, conversationDigest, isGenerationRoute } from "../../../participants/kinds/model/index.js";
+
+const sha = (text: string) => createHash("sha256").update(text).digest("hex");
+
+describe("generation routes", () => {
+  it("gates exactly chat completions, responses and messages (query strings ignored)", () => {
+    expect(isGenerationRoute("/v1/chat/completions")).toBe(true);
+    expect(isGenerationRoute("/v1/responses")).toBe(true);
+    expect(isGenerationRoute("/v1/messages?beta=true")).toBe(true);
+    expect(isGenerationRoute("/openai/v1/chat/completions")).toBe(true);
+    expect(isGenerationRoute("/v1/models")).toBe(false);
+    expect(isGenerationRoute("/v1/completions")).toBe(false);
+    expect(isGenerationRoute("/v1/embeddings")).toBe(false);
+    expect(isGenerationRoute("/health?x=/v1/responses")).toBe(false);
+  });
+});
+
+describe("conversation digest (canonical JSON, sha256)", () => {
+  it("is the sha256 of the sorted, compact JSON of the chat messages", () => {
+    const digest = conversationDigest("/v1/chat/completions", { model: "m", messages: [{ role: "user", content: "hi" }] });
+    expect(digest).toBe(sha('{"messages":[{"content":"hi","role":"user"}]}'));
+  });
+
+  it("ignores key order and sampling parameters, but not the conversation", () => {
+    const a = conversationDigest("/v1/chat/completions", { messages: [{ role: "user", content: "hi", name: "u" }], temperature: 0.1, stream: true });
+    const b = conversationDigest("/v1/chat/completions", { max_tokens: 9, messages: [{ name: "u", content: "hi", role: "user" }] });
+    const c = conversationDigest("/v1/chat/completions", { messages: [{ role: "user", content: "hi!", name: "u" }] });
+    expect(a).toBe(b);
+    expect(c).not.toBe(a);
+  });
+
+  it("uses instructions+input for /v1/responses and system+messages for /v1/messages", () => {
+    expect(conversationDigest("/v1/responses", { input: "x", instructions: "be brief", model: "m" })).toBe(sha('{"input":"x","instructions":"be brief"}'));
+    expect(conversationDigest("/v1/responses", { input: [{ role: "user", content: "x" }] })).toBe(sha('{"input":[{"content":"x","role":"user"}],"instructions":null}'));
+    expect(conversationDigest("/v1/messages?beta=1", { system: "s", messages: [{ role: "user", content: "q" }], max_tokens: 5 })).toBe(
+      sha('{"messages":[{"content":"q","role":"user"}],"system":"s"}'),
+    );
+    expect(conversationDigest("/v1/chat/completions", {})).toBe(sha('{"messages":null}'));
+  });
+});
+
+describe("constrained-decoding skip reasons", () => {
+  it("free-form requests may be cut", () => {
+    expect(constrainedReason({ messages: [] })).toBeNull();
+    expect(constrainedReason({ tool_choice: "auto" })).toBeNull();
+    expect(constrainedReason({ tool_choice: "none" })).toBeNull();
+    expect(constrainedReason({ tool_choice: null, response_format: null, guided_json: null })).toBeNull();
+    expect(constrainedReason({ response_format: { type: "text" } })).toBeNull();
+  });
+
+  it("tool_choice other than auto/none is constrained; named and allowed-tools choices are tool_choice:constrained", () => {
+    expect(constrainedReason({ tool_choice: "required" })).toBe("tool_choice:required");
+    expect(constrainedReason({ tool_choice: "any" })).toBe("tool_choice:any");
+    expect(constrainedReason({ tool_choice: { type: "function", function: { name: "calculator" } } })).toBe("tool_choice:constrained");
+    expect(constrainedReason({ tool_choice: { type: "allowed_tools", allowed_tools: { mode: "auto", tools: [] } } })).toBe("tool_choice:constrained");
+  });
+
+  it("a non-text response_format is constrained, named by its type", () => {
+    expect(constrainedReason({ response_format: { type: "json_object" } })).toBe("response_format:json_object");
+    expect(constrainedReason({ response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } })).toBe("response_format:json_schema");
+    expect(constrainedReason({ response_format: "json" })).toBe("response_format:unknown");
+  });
+
+  it.each(["guided_choice", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern", "structural_tag", "structured_outputs"])(
+    "%s is constrained",
+    (field) => {
+      expect(constrainedReason({ messages: [], [field]: field === "guided_choice" ? ["a", "b"] : "x" })).toBe(field);
+    },
+  );
+});

@@ -1,0 +1,203 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
+import { BACKEND, CHAT, ackFor, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+
+let f: ModelFixture;
+beforeEach(async () => {
+  f = await modelFixture();
+});
+afterEach(async () => {
+  vi.useRealTimers();
+  await f.close();
+});
+
+const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
+
+function cutRecord(sourceKey: string, content: string, extra: Partial<GenerationCutRecord["continuation"]> = {}): GenerationCutRecord {
+  return {
+    model_call_id: "mc-cut",
+    request_digest: conversationDigest(CHAT, chat(content)),
+    continuation: {
+      source_capture_key: sourceKey,
+      source_model_call_id: "mc-cut",
+      staging_keys: ["cut/mc-cut"],
+      prefix_token_count: 9,
+      prefix_digest: "c".repeat(64),
+      effective_output_limit: 50,
+      terminal_finish_reason: null,
+      terminal_stop_reason: null,
+      ...extra,
+    },
+  };
+}
+
+describe("the cut round at close-admission", () => {
+  it("inventories only undelivered, unconstrained calls and keeps a record per episode", async () => {
+    const started = await f.kind.admit("a", CHAT, chat("s"));
+    await f.kind.responseStart(started);
+    const free = await f.kind.admit("b", CHAT, chat("free", { tool_choice: "auto", response_format: { type: "text" } }));
+    await f.kind.admit("c", CHAT, chat("named", { tool_choice: { type: "function", function: { name: "f" } } }));
+    await f.kind.admit("d", CHAT, chat("json", { response_format: { type: "json_schema", json_schema: {} } }));
+    await f.kind.admit("e", CHAT, chat("tag", { structural_tag: { begin: "<x>" } }));
+    await f.kind.closeAdmission();
+    expect(f.rounds).toEqual([[free.ticketId]]);
+    expect(free.cutAck?.staging_keys).toEqual([`cut/${free.modelCallId}`]);
+    expect(f.kind.readiness().counts).toMatchObject({
+      cut: 1,
+      cut_skipped: 3,
+      "cut_skipped.tool_choice:constrained": 1,
+      "cut_skipped.response_format:json_schema": 1,
+      "cut_skipped.structural_tag": 1,
+    });
+    const [record] = await f.kind.exportRecords([ep("b")]);
+    expect(record!.generation_cuts).toEqual([
+      {
+        model_call_id: free.modelCallId,
+        request_digest: conversationDigest(CHAT, chat("free")),
+        continuation: {
+          source_capture_key: "b",
+          source_model_call_id: free.modelCallId,
+          staging_keys: [`cut/${free.modelCallId}`],
+          prefix_token_count: 7,
+          prefix_digest: "a".repeat(64),
+          effective_output_limit: 100,
+          terminal_finish_reason: null,
+          terminal_stop_reason: null,
+        },
+      },
+    ]);
+    expect(await f.kind.exportRecords([ep("c"), ep("d"), ep("e")])).toEqual([]);
+    await f.kind.openAdmission();
+    expect(free.cutAck).toBeNull();
+  });
+
+  it("without a known backend nothing is sent and every undelivered call is skipped as backend:unknown", async () => {
+    const g = await modelFixture({ cuts: false });
+    try {
+      await g.kind.admit("x", CHAT, chat("a"));
+      await g.kind.closeAdmission();
+      expect(g.rounds).toEqual([]);
+      expect(g.kind.readiness().counts).toMatchObject({ cut: 0, cut_skipped: 1, "cut_skipped.backend:unknown": 1 });
+      expect(g.kind.statusExtras()).toMatchObject({ cuts_enabled: false });
+    } finally {
+      await g.close();
+    }
+  });
+
+  it("a failed round never blocks: every call counts as cut_failed and no cut is exported", async () => {
+    await f.kind.admit("x", CHAT, chat("a"));
+    await f.kind.admit("y", CHAT, chat("b"));
+    f.answer = (tickets) => ({ acks: new Map(), failed: tickets.length, error: "generation-cut answered HTTP 500" });
+    await f.kind.closeAdmission();
+    expect(f.kind.readiness().counts).toMatchObject({ cut: 0, cut_failed: 2 });
+    expect(await f.kind.exportRecords([ep("x"), ep("y")])).toEqual([]);
+  });
+
+  it("keeps one cut per episode: the latest admitted call", async () => {
+    vi.useFakeTimers({ toFake: ["Date"] });
+    vi.setSystemTime(1_700_000_000_000);
+    const older = await f.kind.admit("retry", CHAT, chat("q"));
+    vi.setSystemTime(1_700_000_005_000);
+    const newer = await f.kind.admit("retry", CHAT, chat("q"));
+    vi.setSystemTime(1_700_000_002_000);
+    const middle = await f.kind.admit("retry", CHAT, chat("q"));
+    expect([older.admittedAt, newer.admittedAt, middle.admittedAt]).toEqual([1_700_000_000, 1_700_000_005, 1_700_000_002]);
+    await f.kind.closeAdmission();
+    expect(f.kind.readiness().counts).toMatchObject({ cut: 3 });
+    const records = await f.kind.exportRecords([ep("retry")]);
+    expect(records).toHaveLength(1);
+    expect(records[0]!.generation_cuts.map((c) => c.model_call_id)).toEqual([newer.modelCallId]);
+  });
+
+  it("lists every staging key of rows and cuts, sorted and unique, in the commit extras", async () => {
+    await deliveredCall(f.kind, "k1", "a", "stage/z");
+    await deliveredCall(f.kind, "k1", "b", "stage/a");
+    await deliveredCall(f.kind, "k2", "c", null);
+    const undelivered = await f.kind.admit("k2", CHAT, chat("d"));
+    f.answer = (tickets) => ({ acks: new Map(tickets.map((t) => [t.ticketId, ackFor(t, { staging_keys: ["stage/m", "stage/a"] })])), failed: 0, error: null });
+    await f.kind.closeAdmission();
+    const records = await f.kind.exportRecords([ep("k1"), ep("k2"), ep("k1")]);
+    expect(records.map((r) => [r.episode_id.rollout_id, r.rows.length, r.generation_cuts.length])).toEqual([
+      ["k1", 2, 0],
+      ["k2", 1, 1],
+    ]);
+    expect(records[1]!.rows.map((r) => r.model_call_id)).not.toContain(undelivered.modelCallId);
+    expect(f.kind.commitExtras(records)).toEqual({ staging_keys: ["stage/a", "stage/m", "stage/z"] });
+  });
+});
+
+describe("restored cuts", () => {
+  const source = ep("rc");
+  const record = (cut: GenerationCutRecord | null): ModelRecord => ({ episode_id: source, rows: [], generation_cuts: cut ? [cut] : [] });
+
+  it("are keyed by the next attempt and consumed only by a call whose conversation digest matches", async () => {
+    await f.kind.install([record(cutRecord("rc", "the question"))], {});
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    // The source attempt never consumes it.
+    const onSource = await f.kind.admit("rc", CHAT, chat("the question"));
+    expect(onSource.claimedCut).toBeNull();
+    // A different conversation regenerates and leaves the cut in place.
+    const mismatch = await f.kind.admit("rc-a1", CHAT, chat("another question"));
+    expect(mismatch.claimedCut).toBeNull();
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    // A constrained request with the same conversation is never continued.
+    const constrained = await f.kind.admit("rc-a1", CHAT, chat("the question", { tool_choice: "required" }));
+    expect(constrained.claimedCut).toBeNull();
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    // The unconsumed cut is still exported for the next attempt.
+    expect((await f.kind.exportRecords([ep("rc", 1)]))[0]!.generation_cuts.map((c) => c.model_call_id)).toEqual(["mc-cut"]);
+    // Different sampling parameters, same conversation: consumed.
+    const match = await f.kind.admit("rc-a1", CHAT, chat("the question", { temperature: 0.7, stream: true }));
+    expect(match.claimedCut?.model_call_id).toBe("mc-cut");
+    expect(continuationOf(match)).toMatchObject({ source_capture_key: "rc", staging_keys: ["cut/mc-cut"], prefix_token_count: 9 });
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+    const again = await f.kind.admit("rc-a1", CHAT, chat("the question"));
+    expect(again.claimedCut).toBeNull();
+    // The delivered continuation's row names the cut call it continued.
+    await f.kind.responseStart(match);
+    await f.kind.complete(match, { stagingKey: "stage/x", usage: null });
+    expect((await f.kind.captureManifest("rc-a1")).records.map((r) => r.continued_from)).toEqual(["mc-cut"]);
+  });
+
+  it("a claiming call that fails before its response starts gives the cut back", async () => {
+    await f.kind.install([record(cutRecord("rc", "q"))], {});
+    const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    expect(claimed.claimedCut).not.toBeNull();
+    f.kind.fail(claimed);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    const retry = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    expect(retry.claimedCut?.model_call_id).toBe("mc-cut");
+    // Once the response started the cut is spent, even if the call then fails.
+    await f.kind.responseStart(retry);
+    f.kind.fail(retry);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+  });
+
+  it("retire and forget drop restored cuts; a commit whose scope leaves them out frees them", async () => {
+    await f.kind.install([record(cutRecord("rc", "q")), { episode_id: ep("other"), rows: [], generation_cuts: [cutRecord("other", "q")] }], {});
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 2 });
+    await f.kind.retire([ep("rc", 1)]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    await f.kind.afterCommit([ep("zzz")]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+  });
+
+  it("restore refuses a cut that names another source and changes nothing", async () => {
+    await expect(f.kind.install([record(cutRecord("rc-a3", "q"))], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+    expect(f.kind.hasLiveState()).toBe(false);
+  });
+
+  it("restore refuses a record with more than one cut", async () => {
+    const two = { episode_id: source, rows: [], generation_cuts: [cutRecord("rc", "q"), cutRecord("rc", "r")] } as ModelRecord;
+    await expect(f.kind.install([two], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
+    expect(f.kind.hasLiveState()).toBe(false);
+  });
+
+  it("the cut backend's root drops a trailing /v1", async () => {
+    const { backendRoot } = await import("../../../participants/kinds/model/index.js");
+    expect(backendRoot("http://h:8000/v1/")).toBe("http://h:8000");
+    expect(backendRoot("http://h:8000/openai/v1")).toBe("http://h:8000/openai");
+    expect(backendRoot(BACKEND.root)).toBe("http://backend.invalid");
+  });
+});

@@ -1,0 +1,97 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { EpisodeId } from "../../../protocol/index.js";
+import { ModelKind, type AdmissionTicket, type CutBackend, type CutRoundResult, type DurablePrefixAck } from "../../../participants/kinds/model/index.js";
+
+/** A ModelKind on a temp ledger dir with a fake participant context and a scripted cut runner. */
+export interface ModelFixture {
+  kind: ModelKind;
+  dir: string;
+  retired: Set<string>;
+  notified: () => number;
+  /** Inventories the fake cut runner received (ticket ids per round). */
+  rounds: string[][];
+  /** What the next cut round answers; default: a durable prefix for every ticket. */
+  answer: (tickets: AdmissionTicket[]) => CutRoundResult;
+  close(): Promise<void>;
+}
+
+export const BACKEND: CutBackend = { root: "http://backend.invalid", token: "t", timeoutMs: 1000, serverName: "policy_model" };
+
+export function ackFor(ticket: AdmissionTicket, extra: Partial<DurablePrefixAck> = {}): DurablePrefixAck {
+  return {
+    ticket_id: ticket.ticketId,
+    rollout_id: ticket.episode.rollout_id,
+    attempt: ticket.episode.attempt,
+    model_call_id: ticket.modelCallId,
+    admitted_at: ticket.admittedAt,
+    disposition: "durable_prefix",
+    cut_kind: "active_prefix",
+    frozen_buffer_id: `buf-${ticket.ticketId}`,
+    staging_keys: [`cut/${ticket.modelCallId}`],
+    prefix_token_count: 7,
+    prefix_digest: "a".repeat(64),
+    effective_output_limit: 100,
+    ...extra,
+  };
+}
+
+export const ackAll = (tickets: AdmissionTicket[]): CutRoundResult => ({ acks: new Map(tickets.map((t) => [t.ticketId, ackFor(t)])), failed: 0, error: null });
+
+export async function modelFixture(options: { cuts?: boolean; stripes?: number } = {}): Promise<ModelFixture> {
+  const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-model-unit-"));
+  const retired = new Set<string>();
+  let notifications = 0;
+  const fixture: ModelFixture = {
+    kind: undefined as unknown as ModelKind,
+    dir,
+    retired,
+    notified: () => notifications,
+    rounds: [],
+    answer: ackAll,
+    async close() {
+      await fixture.kind.close();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+  fixture.kind = new ModelKind({
+    ledgerDir: join(dir, "ledger"),
+    ...(options.stripes !== undefined && { ledgerStripes: options.stripes }),
+    cutBackend: options.cuts === false ? null : BACKEND,
+    cutRunner: async (_backend, _checkpointId, tickets) => {
+      fixture.rounds.push(tickets.map((t) => t.ticketId));
+      return fixture.answer(tickets);
+    },
+  });
+  fixture.kind.attach({
+    notifyReadinessChanged: () => void (notifications += 1),
+    isRetired: (episode: EpisodeId) => retired.has(`${episode.rollout_id}#${episode.attempt}`),
+  });
+  return fixture;
+}
+
+export const chat = (content: string, extra: Record<string, unknown> = {}) => ({ model: "policy", messages: [{ role: "user", content }], ...extra });
+export const CHAT = "/v1/chat/completions";
+
+/** Admits, starts and completes one call; returns its ticket. */
+export async function deliveredCall(kind: ModelKind, key: string, content = "hi", stagingKey: string | null = null): Promise<AdmissionTicket> {
+  const ticket = await kind.admit(key, CHAT, chat(content));
+  await kind.responseStart(ticket);
+  await kind.complete(ticket, { stagingKey, usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
+  return ticket;
+}
+
+/** Resolves on the next microtask turns, so a pending promise can be observed as still pending. */
+export async function settle(turns = 20): Promise<void> {
+  for (let i = 0; i < turns; i++) await new Promise((resolve) => setImmediate(resolve));
+}
+
+export function isPending(promise: Promise<unknown>): () => boolean {
+  let done = false;
+  promise.then(
+    () => (done = true),
+    () => (done = true),
+  );
+  return () => !done;
+}

@@ -1,0 +1,128 @@
+import { spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CaptureLedger, StripedLocks } from "../../../participants/kinds/model/index.js";
+import { isPending, settle } from "./model-fixtures.js";
+
+let dir: string;
+const open: { close(): Promise<void> }[] = [];
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-locks-"));
+});
+afterEach(async () => {
+  for (const item of open.splice(0)) await item.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+function locks(stripes: number, waitMs = 10_000, idleMs = 60_000): StripedLocks {
+  const l = new StripedLocks(join(dir, "locks"), stripes, waitMs, idleMs);
+  open.push(l);
+  return l;
+}
+
+/** Two distinct keys that hash to the same stripe, and one that does not. */
+function keysOnOneStripe(l: StripedLocks): { a: string; b: string; other: string } {
+  const first = "rollout-0";
+  for (let i = 1; i < 10_000; i++) {
+    if (l.stripeOf(`rollout-${i}`) === l.stripeOf(first)) {
+      for (let j = 1; j < 10_000; j++) if (l.stripeOf(`other-${j}`) !== l.stripeOf(first)) return { a: first, b: `rollout-${i}`, other: `other-${j}` };
+    }
+  }
+  throw new Error("no collision found");
+}
+
+function deferred(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+describe("striped ledger locks", () => {
+  it("map keys to a stable stripe in range (FNV-1a)", () => {
+    const l = locks(16);
+    expect(l.stripeOf("rollout-0")).toBe(l.stripeOf("rollout-0"));
+    const stripes = new Set(Array.from({ length: 1000 }, (_, i) => l.stripeOf(`r-${i}`)));
+    expect([...stripes].every((s) => s >= 0 && s < 16)).toBe(true);
+    expect(stripes.size).toBe(16);
+    expect(new StripedLocks(join(dir, "x"), 16).stripeOf("abc")).toBe(l.stripeOf("abc"));
+    expect(l.lockFile(3)).toBe(join(dir, "locks", "stripe-0003.lock"));
+    expect(() => new StripedLocks(dir, 0)).toThrow(/stripes/);
+    expect(() => new StripedLocks(dir, 1025)).toThrow(/stripes/);
+  });
+
+  it("keep a bounded number of lock files however many rollouts write", async () => {
+    const ledger = new CaptureLedger(join(dir, "ledger"), 4);
+    open.push(ledger);
+    for (let i = 0; i < 300; i++) {
+      await ledger.append({ capture_key: `roll-${i}`, model_call_id: `mc-${i}`, parent_call_id: null, continued_from: null, route: "/v1/chat/completions", staging_key: null, usage: null, recorded_at: i });
+    }
+    const lockFiles = await readdir(join(dir, "ledger", "locks"));
+    expect(lockFiles.length).toBeLessThanOrEqual(4);
+    expect(lockFiles.every((n) => /^stripe-000[0-3]\.lock$/.test(n))).toBe(true);
+    expect((await readdir(join(dir, "ledger"))).filter((n) => n.endsWith(".lineage.jsonl"))).toHaveLength(300);
+  });
+
+  it("serialize two keys on one stripe; keys on other stripes proceed", async () => {
+    const l = locks(8);
+    const { a, b, other } = keysOnOneStripe(l);
+    const gate = deferred();
+    const order: string[] = [];
+    const first = l.run(a, async () => {
+      order.push("a:start");
+      await gate.promise;
+      order.push("a:end");
+    });
+    await settle();
+    const second = l.run(b, async () => void order.push("b"));
+    const third = l.run(other, async () => void order.push("other"));
+    await third;
+    await settle();
+    expect(isPending(second)()).toBe(true);
+    expect(order).toEqual(["a:start", "other"]);
+    gate.resolve();
+    await Promise.all([first, second]);
+    expect(order).toEqual(["a:start", "other", "a:end", "b"]);
+  });
+
+  it("own a stripe across processes through its lock file holding the pid, released when idle", async () => {
+    const l = locks(4, 10_000, 30);
+    await l.run("k", async () => undefined);
+    const file = l.lockFile(l.stripeOf("k"));
+    expect(await readFile(file, "utf8")).toBe(String(process.pid));
+    expect(l.ownedStripes()).toEqual([l.stripeOf("k")]);
+    // Reused without touching the file system while busy, released after idleMs.
+    for (let i = 0; i < 50 && existsSync(file); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(existsSync(file)).toBe(false);
+    expect(l.ownedStripes()).toEqual([]);
+  });
+
+  it("wait for a stripe held by another live process, and give up after the wait", async () => {
+    const l = locks(4, 150);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    await writeFile(l.lockFile(l.stripeOf("k")), String(process.ppid));
+    await expect(l.run("k", async () => "ran")).rejects.toThrow(/held by a live process/);
+    expect(await readFile(l.lockFile(l.stripeOf("k")), "utf8")).toBe(String(process.ppid));
+  });
+
+  it("break a lock file whose owner died", async () => {
+    const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
+    const l = locks(4, 2_000);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    await writeFile(l.lockFile(l.stripeOf("k")), String(dead));
+    expect(await l.run("k", async () => "ran")).toBe("ran");
+    expect(await readFile(l.lockFile(l.stripeOf("k")), "utf8")).toBe(String(process.pid));
+  });
+
+  it("close() releases every owned stripe and refuses further use", async () => {
+    const l = new StripedLocks(join(dir, "locks"), 4);
+    await l.run("a", async () => undefined);
+    await l.run("zz", async () => undefined);
+    expect((await readdir(join(dir, "locks"))).length).toBe(l.ownedStripes().length);
+    await l.close();
+    expect(await readdir(join(dir, "locks"))).toEqual([]);
+    await expect(l.run("a", async () => undefined)).rejects.toThrow(/closed/);
+  });
+});
