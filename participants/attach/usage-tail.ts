@@ -26,26 +26,46 @@ export class UsageTail {
       const line = lines[i]!.trim();
       if (line.startsWith("data:") && line.includes('"usage"')) candidates.push(line.slice(5).trim());
     }
+    // Newest first. A streamed Messages API answer reports output tokens in its last
+    // `message_delta` and input tokens in `message_start`: take each from the newest event naming it.
+    let prompt: number | undefined;
+    let completion: number | undefined;
+    let total: number | undefined;
     for (const candidate of candidates) {
+      let counts: UsageCounts | undefined;
       try {
-        const parsed = UsageSchema.safeParse(pickUsage(JSON.parse(candidate)));
-        if (parsed.success) return parsed.data;
+        counts = pickUsage(JSON.parse(candidate));
       } catch {
-        // partial or not JSON
+        continue; // partial or not JSON
       }
+      if (!counts) continue;
+      prompt ??= counts.prompt;
+      completion ??= counts.completion;
+      total ??= counts.total;
+      if (prompt !== undefined && completion !== undefined) break;
     }
-    return null;
+    if (prompt === undefined || completion === undefined) return null;
+    const parsed = UsageSchema.safeParse({ prompt_tokens: prompt, completion_tokens: completion, total_tokens: total ?? prompt + completion });
+    return parsed.success ? parsed.data : null;
   }
 }
 
-function pickUsage(value: unknown): unknown {
+interface UsageCounts {
+  prompt?: number;
+  completion?: number;
+  total?: number;
+}
+
+const num = (value: unknown): number | undefined => (typeof value === "number" ? value : undefined);
+
+/** The usage block of a chat completion (chunk), a responses event (`response.usage`) or a messages event (`message.usage`). */
+function pickUsage(value: unknown): UsageCounts | undefined {
   if (!value || typeof value !== "object") return undefined;
-  const usage = (value as { usage?: unknown }).usage;
+  const v = value as { usage?: unknown; response?: { usage?: unknown }; message?: { usage?: unknown } };
+  const usage = v.usage ?? v.response?.usage ?? v.message?.usage;
   if (!usage || typeof usage !== "object") return undefined;
   const u = usage as Record<string, unknown>;
   // OpenAI chat names; responses/messages APIs use input/output tokens.
-  const prompt = u.prompt_tokens ?? u.input_tokens;
-  const completion = u.completion_tokens ?? u.output_tokens;
-  if (typeof prompt !== "number" || typeof completion !== "number") return undefined;
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: typeof u.total_tokens === "number" ? u.total_tokens : prompt + completion };
+  const counts = { prompt: num(u.prompt_tokens) ?? num(u.input_tokens), completion: num(u.completion_tokens) ?? num(u.output_tokens), total: num(u.total_tokens) };
+  return counts.prompt === undefined && counts.completion === undefined ? undefined : counts;
 }

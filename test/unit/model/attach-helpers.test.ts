@@ -25,6 +25,23 @@ describe("usage tail", () => {
   });
 });
 
+describe("usage tail of streamed responses and messages", () => {
+  it("reads response.usage from the responses API's completed event", () => {
+    const tail = new UsageTail();
+    tail.push(Buffer.from('event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"hi"}\n\n'));
+    tail.push(Buffer.from('event: response.completed\ndata: {"type":"response.completed","response":{"id":"r","usage":{"input_tokens":9,"output_tokens":2,"total_tokens":11}}}\n\n'));
+    expect(tail.usage()).toEqual({ prompt_tokens: 9, completion_tokens: 2, total_tokens: 11 });
+  });
+
+  it("takes output tokens from the last message_delta and input tokens from message_start", () => {
+    const tail = new UsageTail();
+    tail.push(Buffer.from('event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":12,"output_tokens":1}}}\n\n'));
+    tail.push(Buffer.from('event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"hi"}}\n\n'));
+    tail.push(Buffer.from('event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n'));
+    expect(tail.usage()).toEqual({ prompt_tokens: 12, completion_tokens: 5, total_tokens: 17 });
+  });
+});
+
 describe("upstream and listen flags", () => {
   it("reduce the upstream base URL to its root", () => {
     expect(parseUpstream("http://127.0.0.1:8000/v1").root).toBe("http://127.0.0.1:8000");

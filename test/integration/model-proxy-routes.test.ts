@@ -1,0 +1,198 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { startNats, type NatsFixture } from "../support/nats.js";
+import { PROXY_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
+
+/**
+ * `/v1/responses` and `/v1/messages` through the attach proxy process, streaming and not, against an
+ * in-test upstream that records what it received and can stall a stream mid-way (to show the
+ * proxy forwards events as they come instead of buffering the stream).
+ */
+const TOKEN = "routes-secret";
+let nats: NatsFixture;
+let root: string;
+let upstream: Server;
+let upstreamUrl: string;
+let proxy: SpawnedServer;
+
+interface Seen {
+  method: string;
+  url: string;
+  headers: IncomingHttpHeaders;
+  body: string;
+}
+let seen: Seen[] = [];
+/** Streams stall after their first event until this resolves. */
+let release: () => void = () => undefined;
+let stalled: Promise<void> = Promise.resolve();
+
+const RESPONSES_EVENTS = [
+  'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1","status":"in_progress"}}\n\n',
+  'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"Hel"}\n\n',
+  'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"lo"}\n\n',
+  'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_1","status":"completed","usage":{"input_tokens":11,"output_tokens":2,"total_tokens":13}}}\n\n',
+];
+const MESSAGES_EVENTS = [
+  'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","role":"assistant","content":[],"usage":{"input_tokens":21,"output_tokens":1}}}\n\n',
+  'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n',
+  'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":4}}\n\n',
+  'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+];
+
+beforeAll(async () => {
+  nats = await startNats();
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-model-routes-"));
+  upstream = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const body = Buffer.concat(chunks).toString("utf8");
+      seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
+      const path = (req.url ?? "").split("?")[0];
+      if (path === "/v1/models") return void res.writeHead(200, { "content-type": "application/json" }).end('{"object":"list","data":[]}');
+      const parsed = body ? (JSON.parse(body) as { stream?: boolean; fail?: boolean }) : {};
+      if (parsed.fail) return void res.writeHead(400, { "content-type": "application/json" }).end('{"error":{"message":"bad request"}}');
+      const staging = { "x-ng-staging-key": `stage/${req.headers["x-ng-model-call-id"]}` };
+      if (path === "/v1/responses" && !parsed.stream) {
+        return void res
+          .writeHead(200, { "content-type": "application/json", ...staging })
+          .end(JSON.stringify({ id: "resp_1", object: "response", output: [{ type: "message", content: [{ type: "output_text", text: "Hello" }] }], usage: { input_tokens: 11, output_tokens: 2, total_tokens: 13 } }));
+      }
+      if (path === "/v1/messages" && !parsed.stream) {
+        return void res
+          .writeHead(200, { "content-type": "application/json", ...staging })
+          .end(JSON.stringify({ id: "msg_1", type: "message", role: "assistant", content: [{ type: "text", text: "Hi" }], usage: { input_tokens: 21, output_tokens: 4 } }));
+      }
+      const events = path === "/v1/responses" ? RESPONSES_EVENTS : MESSAGES_EVENTS;
+      res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", ...staging });
+      res.write(events[0]);
+      void stalled.then(() => {
+        for (const event of events.slice(1)) res.write(event);
+        res.end();
+      });
+    });
+  });
+  await new Promise<void>((resolve) => upstream.listen(0, "127.0.0.1", resolve));
+  upstreamUrl = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`;
+  proxy = await spawnServer(
+    "proxy",
+    PROXY_ENTRY,
+    commonArgs(nats.server.url, "modelroutes", "policy_model", TOKEN, ["--upstream", `${upstreamUrl}/v1`, "--cuts", "off", "--ledger-dir", join(root, "ledger")]),
+  );
+});
+
+afterAll(async () => {
+  release();
+  await proxy?.kill();
+  upstream?.closeAllConnections();
+  await new Promise<void>((resolve) => (upstream ? upstream.close(() => resolve()) : resolve()));
+  await nats?.close();
+  await rm(root, { recursive: true, force: true });
+});
+
+beforeEach(() => {
+  seen = [];
+  stalled = new Promise<void>((resolve) => (release = resolve));
+});
+
+const ledger = async (key: string): Promise<any[]> =>
+  ((await (await fetch(`${proxy.url}/ng-capture/v1/ledger/${key}`, { headers: { authorization: `Bearer ${TOKEN}` } })).json()) as any).records;
+
+/** Reads a streamed body until `until` appears in it (the response keeps streaming). */
+async function readUntil(reader: ReadableStreamDefaultReader<Uint8Array>, soFar: string, until: string): Promise<string> {
+  const decoder = new TextDecoder();
+  let text = soFar;
+  while (!text.includes(until)) {
+    const { done, value } = await reader.read();
+    if (done) throw new Error(`stream ended before ${until}: ${text}`);
+    text += decoder.decode(value, { stream: true });
+  }
+  return text;
+}
+
+describe.each([
+  ["/v1/responses", { model: "m", input: "Say hello", instructions: "brief" }, RESPONSES_EVENTS, { prompt_tokens: 11, completion_tokens: 2, total_tokens: 13 }],
+  ["/v1/messages", { model: "m", max_tokens: 16, system: "brief", messages: [{ role: "user", content: "Say hi" }] }, MESSAGES_EVENTS, { prompt_tokens: 21, completion_tokens: 4, total_tokens: 25 }],
+])("%s through the attach proxy", (route, request, events, usage) => {
+  const key = `routes${route.replace(/\W/g, "-")}`;
+
+  it("passes a non-streamed call through byte for byte with lineage headers and records its row", async () => {
+    // Unusual spacing and key order: the proxy forwards the bytes it received, not a re-serialization.
+    const raw = `{ "stream": false,\n  ${JSON.stringify(request).slice(1)}`;
+    const response = await fetch(`${proxy.url}/ng-rollout/${key}${route}?beta=true`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: "Bearer user-key", "anthropic-version": "2023-06-01" },
+      body: raw,
+    });
+    expect(response.status).toBe(200);
+    const body = (await response.json()) as any;
+    expect(body.usage).toMatchObject({ input_tokens: usage.prompt_tokens });
+    expect(seen).toHaveLength(1);
+    const call = seen[0]!;
+    expect([call.method, call.url, call.body]).toEqual(["POST", `${route}?beta=true`, raw]);
+    expect(call.headers).toMatchObject({ "x-ng-capture-key": key, authorization: "Bearer user-key", "anthropic-version": "2023-06-01", "content-length": String(Buffer.byteLength(raw)) });
+    expect(call.headers["x-ng-model-call-id"]).toMatch(/^mc-/);
+    expect(call.headers["x-ng-parent-call-id"]).toBeUndefined();
+    const rows = await ledger(key);
+    expect(rows.map((r) => [r.model_call_id, r.parent_call_id, r.route, r.staging_key, r.usage])).toEqual([
+      [call.headers["x-ng-model-call-id"], null, route, `stage/${call.headers["x-ng-model-call-id"]}`, usage],
+    ]);
+  });
+
+  it("streams events as they come (never buffering the stream), then records the row with its parent", async () => {
+    const response = await fetch(`${proxy.url}/ng-rollout/${key}${route}`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ ...request, stream: true }),
+    });
+    expect(response.status).toBe(200);
+    expect(response.headers.get("content-type")).toBe("text/event-stream");
+    const reader = response.body!.getReader();
+    // The first event arrives while the upstream still holds the rest of the stream.
+    const first = await readUntil(reader, "", events[0]!);
+    expect(first).toBe(events[0]);
+    expect(await ledger(key)).toHaveLength(1); // no row before the response completed
+    release();
+    const all = await readUntil(reader, first, events.at(-1)!);
+    expect(all).toBe(events.join(""));
+    expect((await reader.read()).done).toBe(true);
+    const call = seen[0]!;
+    expect(call.headers["x-ng-parent-call-id"]).toMatch(/^mc-/);
+    const rows = await ledger(key);
+    expect(rows).toHaveLength(2);
+    expect(rows[1]).toMatchObject({ model_call_id: call.headers["x-ng-model-call-id"], parent_call_id: rows[0].model_call_id, route, usage });
+  });
+
+  it("passes an upstream refusal through and records no row", async () => {
+    const response = await fetch(`${proxy.url}/ng-rollout/${key}-refused${route}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ...request, fail: true }) });
+    expect(response.status).toBe(400);
+    expect(await response.json()).toEqual({ error: { message: "bad request" } });
+    expect(await ledger(`${key}-refused`)).toEqual([]);
+  });
+});
+
+describe("other routes", () => {
+  it("pass through untracked, with or without the rollout prefix", async () => {
+    const bare = await fetch(`${proxy.url}/v1/models`);
+    expect(await bare.json()).toEqual({ object: "list", data: [] });
+    const prefixed = await fetch(`${proxy.url}/ng-rollout/other/v1/models`);
+    expect(prefixed.status).toBe(200);
+    expect(seen.map((s) => [s.method, s.url, s.headers["x-ng-capture-key"]])).toEqual([
+      ["GET", "/v1/models", undefined],
+      ["GET", "/v1/models", undefined],
+    ]);
+    expect(await ledger("other")).toEqual([]);
+  });
+
+  it("refuse generation calls without the prefix or with a non-JSON body", async () => {
+    const bare = await fetch(`${proxy.url}/v1/responses`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+    expect([bare.status, ((await bare.json()) as any).error.code]).toEqual([400, "rollout_id_required"]);
+    const garbled = await fetch(`${proxy.url}/ng-rollout/g/v1/messages`, { method: "POST", headers: { "content-type": "application/json" }, body: "{not json" });
+    expect([garbled.status, ((await garbled.json()) as any).error.code]).toEqual([400, "invalid_request"]);
+    expect(seen).toEqual([]);
+  });
+});
