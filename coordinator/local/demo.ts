@@ -18,6 +18,8 @@ export interface DemoOptions {
   crashAfter: number;
   tokenDelayMs: number;
   keep: boolean;
+  /** Bound on the restarted collection (default 180 s). */
+  finishTimeoutMs?: number;
   say: (line: string) => void;
 }
 
@@ -136,7 +138,12 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     say("starting the Gym and the collector again: restore, resume, continue");
     ({ gym, urls } = await startGym());
     collector = track(await startChildProgram(cli, collectArgs(), { onLine: collectorOutput }));
-    const { code } = await collector.exited;
+    const { code } = await Promise.race([
+      collector.exited,
+      delay(options.finishTimeoutMs ?? 180_000).then(() => {
+        throw new Error(`the restarted collection did not finish within ${(options.finishTimeoutMs ?? 180_000) / 1000} s`);
+      }),
+    ]);
 
     const results = await readResults(out);
     const finalCalls = await backendCalls(backendUrl);
@@ -242,6 +249,10 @@ async function readResults(path: string): Promise<{ reward: number; continued: b
     .split("\n")
     .filter((l) => l.trim())
     .map((l) => JSON.parse(l) as { reward: number; continued: boolean; attempt: number });
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }
 
 /** Polls a condition with a bounded budget; fails early if the watched process died. */

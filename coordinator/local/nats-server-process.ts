@@ -79,8 +79,8 @@ export class NatsServerProcess {
       if (existsSync(dir)) {
         const file = (await readdir(dir)).find((name) => name.endsWith(`_${pid}.ports`));
         if (file) {
-          const ports = JSON.parse(await readFile(join(dir, file), "utf8")) as { nats?: string[] };
-          const url = ports.nats?.[0];
+          // The server may still be writing the file: a partial read is retried on the next poll.
+          const url = parsePortsFile(await readFile(join(dir, file), "utf8"));
           if (url) return Number(new URL(url).port);
         }
       }
@@ -117,6 +117,14 @@ export class NatsServerProcess {
     const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
     child.kill(signal);
     await exited;
+  }
+}
+
+function parsePortsFile(text: string): string | undefined {
+  try {
+    return (JSON.parse(text) as { nats?: string[] }).nats?.[0];
+  } catch {
+    return undefined;
   }
 }
 

@@ -185,13 +185,14 @@ describe("gym-ckpt collect", () => {
 });
 
 describe("the demo (shortened)", () => {
-  it("finishes every row and repeats no delivered model call", async () => {
+  it("finishes every row and repeats no delivered model call", { timeout: 240_000 }, async () => {
     const output: string[] = [];
     const demo = await startChildProgram(CLI, ["demo", "--rows", "12", "--concurrency", "4", "--checkpoint-every", "1", "--token-delay-ms", "30", "--crash-after", "0.3"], {
       onLine: (line) => output.push(line),
     });
     collectors.push(demo);
     const { code } = await demo.exited;
+    if (code !== 0) console.error(output.join("\n"));
     expect(code, output.join("\n")).toBe(0);
     expect(output).toContain("[demo] demo passed: every row finished and no delivered model call was repeated");
     expect(output.some((line) => /rows finished: 12\/12/.test(line))).toBe(true);
