@@ -13,29 +13,22 @@ if [ ! -d node_modules ] || [ ! -f node_modules/.gym-ckpt-lock ] || [ "$(cat nod
   lock_hash > node_modules/.gym-ckpt-lock
 fi
 
-if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+# Installs a Debian package when its binary is missing (as root), or says the one command to run.
+ensure_debian_package() {
+  local binary=$1 package=$2
+  if command -v "$binary" >/dev/null 2>&1 || [ -x "/usr/sbin/$binary" ] || [ -x "/usr/bin/$binary" ]; then return 0; fi
   if [ "$(id -u)" = "0" ]; then
-    echo "prepare-env: installing Debian's nats-server" >&2
+    echo "prepare-env: installing Debian's $package" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >&2
-    apt-get install -y -qq nats-server >&2
+    apt-get install -y -qq "$package" >&2
   else
-    echo "prepare-env: nats-server is missing. Install it, then run this command again:" >&2
-    echo "    sudo apt-get install -y nats-server" >&2
+    echo "prepare-env: $package is missing. Install it, then run this command again:" >&2
+    echo "    sudo apt-get install -y $package" >&2
     exit 1
   fi
-fi
+}
 
-# Debian's prometheus: the telemetry e2e test scrapes the processes with a real one.
-if [ ! -x /usr/bin/prometheus ]; then
-  if [ "$(id -u)" = "0" ]; then
-    echo "prepare-env: installing Debian's prometheus" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq prometheus >&2
-  else
-    echo "prepare-env: prometheus is missing. Install it, then run this command again:" >&2
-    echo "    sudo apt-get install -y prometheus" >&2
-    exit 1
-  fi
-fi
+ensure_debian_package nats-server nats-server
+# The telemetry e2e test scrapes the processes with a real Prometheus; the demo does not need it.
+if [ "${1:-test}" = "test" ]; then ensure_debian_package prometheus prometheus; fi
