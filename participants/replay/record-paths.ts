@@ -1,4 +1,12 @@
 import path from "node:path";
+import {
+  RECORD_KINDS,
+  ROLLOUT_ENV_PATTERN,
+  parseRolloutRecordFileName,
+  rolloutIndexFileName,
+  rolloutRecordFileName,
+  type RecordKind,
+} from "../../protocol/index.js";
 import { invalidRequest } from "./errors.js";
 
 /**
@@ -7,11 +15,9 @@ import { invalidRequest } from "./errors.js";
  * of the same env in the same step can never share (and misread) one index.
  */
 
-export const RECORD_KINDS = ["train", "eval"] as const;
-export type RecordKind = (typeof RECORD_KINDS)[number];
-
-export const ENV_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-const RECORD_FILE = /^(train|eval)_rollouts_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$/;
+// Names are the protocol's (protocol/rollout-records.ts); replay refuses with its own error type.
+export { RECORD_KINDS, type RecordKind };
+export const ENV_NAME_PATTERN = ROLLOUT_ENV_PATTERN;
 const INDEX_FILE = /^index_(train|eval)_[A-Za-z0-9][A-Za-z0-9._-]*\.jsonl$/;
 const STEP_DIR = /^step_(0|[1-9][0-9]*)$/;
 
@@ -28,19 +34,18 @@ export function stepDirName(step: number): string {
 
 export function recordFileName(kind: RecordKind, env: string): string {
   assertEnvName(env);
-  return `${kind}_rollouts_${env}.jsonl`;
+  return rolloutRecordFileName(kind, env);
 }
 
 /** kind and env of a conventional record file name, or null for any other name. */
 export function parseRecordFileName(fileName: string): { kind: RecordKind; env: string } | null {
-  const m = RECORD_FILE.exec(fileName);
-  return m ? { kind: m[1] as RecordKind, env: m[2]! } : null;
+  return parseRolloutRecordFileName(fileName);
 }
 
 /** The index that may sit beside a record file; null when the name is not conventional (always fully parsed). */
 export function indexPathFor(recordPath: string): string | null {
   const parsed = parseRecordFileName(path.basename(recordPath));
-  return parsed ? path.join(path.dirname(recordPath), `index_${parsed.kind}_${parsed.env}.jsonl`) : null;
+  return parsed ? path.join(path.dirname(recordPath), rolloutIndexFileName(parsed.kind, parsed.env)) : null;
 }
 
 /** Index files are never records, even when a broad glob happens to match them. */

@@ -1,13 +1,10 @@
-import { createHash } from "node:crypto";
 import path from "node:path";
-import { setImmediate as yieldToLoop } from "node:timers/promises";
+import { CheckpointError, encodeRecordLines, encodeRolloutRecords, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
-import { describeIssues, invalidRequest } from "./errors.js";
-import { encodeIndex, INDEX_FORMAT, INDEX_VERSION, type IndexRow } from "./rollout-index.js";
+import { invalidRequest } from "./errors.js";
 import { indexPathFor, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
 import { StepMarkerSchema, stepMarkerName } from "./step-marker.js";
-import { branchCount, traceReward, turnCount } from "./trace-graph.js";
-import { TraceRecordSchema, type TraceRecord } from "./trace-record.js";
+import type { TraceRecord } from "./trace-record.js";
 
 /** Records of one env for one step. */
 export interface EnvRecords {
@@ -25,24 +22,12 @@ export interface WrittenRecords {
   bytes: number;
 }
 
-/** Serialisation yields to the event loop this often so a big step does not stall the caller. */
-const YIELD_EVERY = 64;
-
 /** Encodes records as JSON lines and returns each line's byte span (newline included). */
 export async function encodeRecords(
   traces: readonly TraceRecord[],
 ): Promise<{ data: Buffer; spans: Array<{ offset: number; len: number }> }> {
-  const chunks: Buffer[] = [];
-  const spans: Array<{ offset: number; len: number }> = [];
-  let offset = 0;
-  for (let i = 0; i < traces.length; i++) {
-    if (i > 0 && i % YIELD_EVERY === 0) await yieldToLoop();
-    const line = Buffer.from(JSON.stringify(traces[i]) + "\n", "utf8"); // spans are bytes, never string length
-    spans.push({ offset, len: line.length });
-    chunks.push(line);
-    offset += line.length;
-  }
-  return { data: Buffer.concat(chunks, offset), spans };
+  const { bytes, spans } = encodeRecordLines(traces);
+  return { data: bytes, spans };
 }
 
 /**
@@ -61,48 +46,21 @@ interface Prepared {
   records: number;
 }
 
-/** Validates and encodes one env's records; touches no file. */
+/** Validates and encodes one env's records (the protocol's pure encoding); touches no file. */
 async function prepare(rootDir: string, step: number, batch: EnvRecords): Promise<Prepared> {
   const stepDir = path.join(rootDir, stepDirName(step));
   const recordPath = path.join(stepDir, recordFileName(batch.kind, batch.env));
   const indexPath = indexPathFor(recordPath)!;
-  const versions = batch.traces.map((trace, i) => {
-    const v = typeof batch.policyVersion === "function" ? batch.policyVersion(trace, i) : (batch.policyVersion ?? null);
-    if (v !== null && (!Number.isSafeInteger(v) || v < 0)) throw invalidRequest(`policy version must be a non-negative integer, got ${v}`);
-    return v;
-  });
-  batch.traces.forEach((trace, i) => {
-    const check = TraceRecordSchema.safeParse(trace);
-    if (!check.success) throw invalidRequest(`trace ${i} of ${batch.env} is not a rollout record: ${describeIssues(check.error.issues)}`);
-  });
-
-  const { data, spans } = await encodeRecords(batch.traces);
-  const rows: IndexRow[] = batch.traces.map((trace, i) => ({
-    trace: trace.id,
-    task_idx: trace.task.idx,
-    task_name: trace.task.name,
-    reward: traceReward(trace),
-    policy_version: versions[i]!,
-    step,
-    branches: branchCount(trace),
-    turns: turnCount(trace),
-    stop: trace.stop_condition ?? null,
-    offset: spans[i]!.offset,
-    len: spans[i]!.len,
-  }));
-  const header = {
-    format: INDEX_FORMAT,
-    version: INDEX_VERSION,
-    kind: batch.kind,
-    env: batch.env,
-    step,
-    record_file: path.basename(recordPath),
-    size: data.length,
-    sha256: createHash("sha256").update(data).digest("hex"),
-    records: rows.length,
-  } as const;
-
-  return { recordPath, indexPath, data, index: encodeIndex(header, rows), records: rows.length };
+  const pv = batch.policyVersion;
+  const policyVersion = typeof pv === "function" ? batch.traces.map((trace, i) => pv(trace, i)) : (pv ?? null);
+  let encoded: EncodedRolloutRecords;
+  try {
+    encoded = encodeRolloutRecords({ kind: batch.kind, env: batch.env, step, records: batch.traces, policyVersion });
+  } catch (error) {
+    if (error instanceof CheckpointError) throw invalidRequest(error.message, { cause: error });
+    throw error;
+  }
+  return { recordPath, indexPath, data: encoded.recordBytes, index: encoded.indexBytes, records: encoded.rows.length };
 }
 
 async function publish(p: Prepared): Promise<WrittenRecords> {

@@ -1,6 +1,10 @@
-import { z } from "zod";
+import {
+  RolloutIndexHeaderSchema as IndexHeaderSchema,
+  RolloutIndexRowSchema as IndexRowSchema,
+  type RolloutIndexHeader as IndexHeader,
+  type RolloutIndexRow as IndexRow,
+} from "../../protocol/index.js";
 import { describeIssues } from "./errors.js";
-import { RECORD_KINDS } from "./record-paths.js";
 
 /**
  * The index beside a record file: a header line that pins the record file (name, kind, env,
@@ -9,47 +13,15 @@ import { RECORD_KINDS } from "./record-paths.js";
  * ignores it and parses the record file in full.
  */
 
-export const INDEX_FORMAT = "gym-ckpt/rollout-index";
-export const INDEX_VERSION = 1;
-
-export const IndexHeaderSchema = z
-  .object({
-    format: z.literal(INDEX_FORMAT),
-    version: z.literal(INDEX_VERSION),
-    kind: z.enum(RECORD_KINDS),
-    env: z.string().min(1),
-    step: z.number().int().min(0).nullable(),
-    record_file: z.string().min(1),
-    size: z.number().int().min(0),
-    sha256: z.string().regex(/^[0-9a-f]{64}$/),
-    records: z.number().int().min(0),
-  })
-  .strict();
-
-export const IndexRowSchema = z
-  .object({
-    trace: z.string().min(1),
-    task_idx: z.number().int(),
-    task_name: z.string().nullable(),
-    reward: z.number(),
-    policy_version: z.number().int().min(0).nullable(),
-    step: z.number().int().min(0).nullable(),
-    branches: z.number().int().min(0),
-    turns: z.number().int().min(0),
-    stop: z.string().nullable(),
-    /** Byte offset of the record's line in the record file. */
-    offset: z.number().int().min(0),
-    /** Byte length of the line including its trailing newline. */
-    len: z.number().int().min(1),
-  })
-  .strict();
-
-export type IndexHeader = z.infer<typeof IndexHeaderSchema>;
-export type IndexRow = z.infer<typeof IndexRowSchema>;
-
-export function encodeIndex(header: IndexHeader, rows: readonly IndexRow[]): Buffer {
-  return Buffer.from([header, ...rows].map((line) => JSON.stringify(line) + "\n").join(""), "utf8");
-}
+// The wire shapes live in the protocol so every writer encodes the same index.
+export {
+  ROLLOUT_INDEX_FORMAT as INDEX_FORMAT,
+  ROLLOUT_INDEX_VERSION as INDEX_VERSION,
+  RolloutIndexHeaderSchema as IndexHeaderSchema,
+  RolloutIndexRowSchema as IndexRowSchema,
+  encodeRolloutIndex as encodeIndex,
+} from "../../protocol/index.js";
+export type { RolloutIndexHeader as IndexHeader, RolloutIndexRow as IndexRow } from "../../protocol/index.js";
 
 /** What the record file actually is, measured by the reader (size from fstat of the open handle). */
 export interface IndexExpectation {

@@ -1,27 +1,15 @@
 import { promises as fs } from "node:fs";
 import path from "node:path";
-import { z } from "zod";
-import { RECORD_KINDS, type RecordKind } from "./record-paths.js";
+import { RECORD_KINDS, RolloutStepMarkerSchema as StepMarkerSchema, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
 
 /**
  * A step-complete marker, written after every env file of one (step, kind) is published.
  * Envs of a step are written concurrently and can appear in any order; a follower that waits
  * for the marker appends a step's files all at once, in sorted order, like a cold loader would.
+ * The schema and name are the protocol's, so the collector writes the same marker.
  */
-export const StepMarkerSchema = z
-  .object({
-    format: z.literal("gym-ckpt/rollout-step"),
-    version: z.literal(1),
-    step: z.number().int().min(0),
-    kind: z.enum(RECORD_KINDS),
-    files: z.array(z.string().min(1)),
-  })
-  .strict();
-export type StepMarker = z.infer<typeof StepMarkerSchema>;
-
-export function stepMarkerName(kind: RecordKind): string {
-  return `_complete_${kind}.json`;
-}
+export { RolloutStepMarkerSchema as StepMarkerSchema, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
+export type { RolloutStepMarker as StepMarker } from "../../protocol/index.js";
 
 /** Markers are never records, even when a broad glob matches them. */
 export function isStepMarkerName(fileName: string): boolean {

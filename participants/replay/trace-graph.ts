@@ -1,42 +1,18 @@
+import { traceLeaves } from "../../protocol/index.js";
 import { invalidState } from "./errors.js";
 import type { TraceRecord } from "./trace-record.js";
 
-/** Derived views of a trace's message graph. None of these are stored in the record. */
+/** Derived views of a trace's message graph (the counting ones live in the protocol). None are stored in the record. */
 
-/** Leaves in node-index order: nodes no other node names as parent. */
-export function leaves(trace: TraceRecord): number[] {
-  const hasChild = new Array<boolean>(trace.nodes.length).fill(false);
-  for (const node of trace.nodes) if (node.parent !== null) hasChild[node.parent] = true;
-  const out: number[] = [];
-  hasChild.forEach((child, i) => {
-    if (!child) out.push(i);
-  });
-  return out;
-}
+export { traceLeaves as leaves, traceBranchCount as branchCount, traceTurnCount as turnCount, traceReward } from "../../protocol/index.js";
 
 /** Root→leaf node-index paths, one per leaf, in leaf order. */
 export function branches(trace: TraceRecord): number[][] {
-  return leaves(trace).map((leaf) => {
+  return traceLeaves(trace).map((leaf) => {
     const path: number[] = [];
     for (let i: number | null = leaf; i !== null; i = trace.nodes[i]!.parent) path.push(i);
     return path.reverse();
   });
-}
-
-export function branchCount(trace: TraceRecord): number {
-  return leaves(trace).length;
-}
-
-/** Turns are model calls: sampled nodes over the whole trace. */
-export function turnCount(trace: TraceRecord): number {
-  return trace.nodes.reduce((n, node) => n + (node.sampled ? 1 : 0), 0);
-}
-
-/** The rollout reward is the sum of the weighted reward contributions. */
-export function traceReward(trace: TraceRecord): number {
-  let sum = 0;
-  for (const value of Object.values(trace.rewards)) sum += value;
-  return sum;
 }
 
 /**

@@ -1,0 +1,374 @@
+import { createHash } from "node:crypto";
+import { z } from "zod";
+import { CheckpointError } from "./errors.js";
+
+/**
+ * Rollout records: the pure encoding shared by every writer (the replay record writer, the
+ * collector) and every reader. One JSON line per finished rollout in
+ * `rollouts/step_<N>/<kind>_rollouts_<env>.jsonl`, then a derived byte-span index
+ * `index_<kind>_<env>.jsonl` beside it. Nothing here touches a file: callers own the I/O.
+ */
+
+// ---- record lines -------------------------------------------------------------------------
+
+const TextPartSchema = z.object({ type: z.literal("text"), text: z.string() }).strict();
+const ImagePartSchema = z
+  .object({ type: z.literal("image_url"), image_url: z.object({ url: z.string() }).strict() })
+  .strict();
+export const TraceContentSchema = z.union([z.string(), z.array(z.union([TextPartSchema, ImagePartSchema]))]);
+
+export const TraceToolCallSchema = z
+  .object({ id: z.string(), name: z.string(), arguments: z.string() /* raw JSON text as emitted */ })
+  .strict();
+
+export const TraceMessageSchema = z.discriminatedUnion("role", [
+  z.object({ role: z.literal("system"), content: TraceContentSchema }).strict(),
+  z.object({ role: z.literal("user"), content: TraceContentSchema }).strict(),
+  z
+    .object({
+      role: z.literal("assistant"),
+      content: z.string().nullable().optional(),
+      reasoning_content: z.string().nullable().optional(),
+      tool_calls: z.array(TraceToolCallSchema).nullable().optional(),
+      provider_state: z.unknown().optional(),
+    })
+    .strict(),
+  z
+    .object({
+      role: z.literal("tool"),
+      tool_call_id: z.string(),
+      content: TraceContentSchema,
+      name: z.string().nullable().optional(),
+    })
+    .strict(),
+]);
+
+export const TraceNodeSchema = z
+  .object({
+    parent: z.number().int().min(0).nullable(),
+    message: TraceMessageSchema,
+    /** True only when a model call of this rollout produced the message (seeded context is false). */
+    sampled: z.boolean(),
+    token_ids: z.array(z.number().int()),
+    mask: z.array(z.boolean()),
+    is_content: z.array(z.boolean()).optional(),
+    logprobs: z.array(z.number()),
+    finish_reason: z.string().nullable().optional(),
+    usage: z.unknown().optional(),
+  })
+  .strict();
+
+export const TracePromptSchema = z.union([z.string(), z.array(TraceMessageSchema)]);
+
+/** `task` is open-ended: the source environment's own task schema validates its extra fields. */
+export const TraceTaskSchema = z
+  .object({ idx: z.number().int(), name: z.string().nullable(), prompt: TracePromptSchema.nullable() })
+  .catchall(z.unknown());
+
+export const TraceRecordSchema = z
+  .object({
+    id: z.string().min(1),
+    task: TraceTaskSchema,
+    nodes: z.array(TraceNodeSchema),
+    rewards: z.record(z.string(), z.number()),
+    metrics: z.record(z.string(), z.number()).optional(),
+    info: z.record(z.string(), z.unknown()).optional(),
+    extra_usage: z.array(z.unknown()).optional(),
+    is_completed: z.boolean().optional(),
+    stop_condition: z.string().nullable().optional(),
+    errors: z.array(z.unknown()).optional(),
+    timing: z.unknown().optional(),
+  })
+  .strict()
+  .superRefine((trace, ctx) => {
+    // Parents must precede their children: graph walks rely on it and a cycle would never end.
+    trace.nodes.forEach((node, i) => {
+      if (node.parent !== null && node.parent >= i) {
+        ctx.addIssue({ code: "custom", path: ["nodes", i, "parent"], message: "parent must be an earlier node" });
+      }
+    });
+  });
+
+export type TraceContent = z.infer<typeof TraceContentSchema>;
+export type TraceToolCall = z.infer<typeof TraceToolCallSchema>;
+export type TraceMessage = z.infer<typeof TraceMessageSchema>;
+export type TraceNode = z.infer<typeof TraceNodeSchema>;
+export type TracePrompt = z.infer<typeof TracePromptSchema>;
+export type TraceTask = z.infer<typeof TraceTaskSchema>;
+export type TraceRecord = z.infer<typeof TraceRecordSchema>;
+
+// ---- derived views (never stored in the record) ------------------------------------------
+
+/** Leaves in node-index order: nodes no other node names as parent. */
+export function traceLeaves(trace: TraceRecord): number[] {
+  const hasChild = new Array<boolean>(trace.nodes.length).fill(false);
+  for (const node of trace.nodes) if (node.parent !== null) hasChild[node.parent] = true;
+  const out: number[] = [];
+  hasChild.forEach((child, i) => {
+    if (!child) out.push(i);
+  });
+  return out;
+}
+
+export function traceBranchCount(trace: TraceRecord): number {
+  return traceLeaves(trace).length;
+}
+
+/** Turns are model calls: sampled nodes over the whole trace. */
+export function traceTurnCount(trace: TraceRecord): number {
+  return trace.nodes.reduce((n, node) => n + (node.sampled ? 1 : 0), 0);
+}
+
+/** The rollout reward is the sum of the weighted reward contributions. */
+export function traceReward(trace: TraceRecord): number {
+  let sum = 0;
+  for (const value of Object.values(trace.rewards)) sum += value;
+  return sum;
+}
+
+// ---- paths --------------------------------------------------------------------------------
+
+export const ROLLOUTS_DIR = "rollouts";
+export const RECORD_KINDS = ["train", "eval"] as const;
+export type RecordKind = (typeof RECORD_KINDS)[number];
+export const RecordKindSchema = z.enum(RECORD_KINDS);
+export const ROLLOUT_ENV_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+const RECORD_FILE = /^(train|eval)_rollouts_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$/;
+
+function invalid(detail: string): CheckpointError {
+  return new CheckpointError("invalid_request", detail);
+}
+
+export function assertRolloutEnv(env: string): void {
+  if (!ROLLOUT_ENV_PATTERN.test(env) || env.length > 200) throw invalid(`env name ${JSON.stringify(env)} must match ${ROLLOUT_ENV_PATTERN}`);
+}
+
+export function assertRolloutStep(step: number): void {
+  if (!Number.isSafeInteger(step) || step < 0) throw invalid(`step must be a non-negative integer, got ${step}`);
+}
+
+export function rolloutStepDir(step: number): string {
+  assertRolloutStep(step);
+  return `step_${step}`;
+}
+
+export function rolloutRecordFileName(kind: RecordKind, env: string): string {
+  assertRolloutEnv(env);
+  return `${kind}_rollouts_${env}.jsonl`;
+}
+
+/** The kind is in the index name so a train and an eval file of one env never share an index. */
+export function rolloutIndexFileName(kind: RecordKind, env: string): string {
+  assertRolloutEnv(env);
+  return `index_${kind}_${env}.jsonl`;
+}
+
+/** kind and env of a conventional record file name, or null for any other name. */
+export function parseRolloutRecordFileName(fileName: string): { kind: RecordKind; env: string } | null {
+  const m = RECORD_FILE.exec(fileName);
+  return m ? { kind: m[1] as RecordKind, env: m[2]! } : null;
+}
+
+/** POSIX paths relative to a rollouts root (`<run>/rollouts`): `step_<N>/<file>`. */
+export function rolloutRecordPaths(step: number, kind: RecordKind, env: string): { stepDir: string; recordFile: string; indexFile: string } {
+  const stepDir = rolloutStepDir(step);
+  return { stepDir, recordFile: `${stepDir}/${rolloutRecordFileName(kind, env)}`, indexFile: `${stepDir}/${rolloutIndexFileName(kind, env)}` };
+}
+
+// ---- the index ----------------------------------------------------------------------------
+
+export const ROLLOUT_INDEX_FORMAT = "gym-ckpt/rollout-index";
+export const ROLLOUT_INDEX_VERSION = 1;
+
+/** First index line: pins the record file (name, kind, env, size, sha256, record count). */
+export const RolloutIndexHeaderSchema = z
+  .object({
+    format: z.literal(ROLLOUT_INDEX_FORMAT),
+    version: z.literal(ROLLOUT_INDEX_VERSION),
+    kind: z.enum(RECORD_KINDS),
+    env: z.string().min(1),
+    step: z.number().int().min(0).nullable(),
+    record_file: z.string().min(1),
+    size: z.number().int().min(0),
+    sha256: z.string().regex(/^[0-9a-f]{64}$/),
+    records: z.number().int().min(0),
+  })
+  .strict();
+
+/** One index row per record, in file order. */
+export const RolloutIndexRowSchema = z
+  .object({
+    trace: z.string().min(1),
+    task_idx: z.number().int(),
+    task_name: z.string().nullable(),
+    reward: z.number(),
+    policy_version: z.number().int().min(0).nullable(),
+    step: z.number().int().min(0).nullable(),
+    branches: z.number().int().min(0),
+    turns: z.number().int().min(0),
+    stop: z.string().nullable(),
+    /** Byte offset of the record's line in the record file. */
+    offset: z.number().int().min(0),
+    /** Byte length of the line including its trailing newline. */
+    len: z.number().int().min(1),
+  })
+  .strict();
+
+export type RolloutIndexHeader = z.infer<typeof RolloutIndexHeaderSchema>;
+export type RolloutIndexRow = z.infer<typeof RolloutIndexRowSchema>;
+
+export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly RolloutIndexRow[]): Buffer {
+  return Buffer.from([header, ...rows].map((line) => JSON.stringify(line) + "\n").join(""), "utf8");
+}
+
+/** JSON lines with each line's byte span (newline included): spans are bytes, never string length. */
+export function encodeRecordLines(records: readonly unknown[]): { bytes: Buffer; spans: Array<{ offset: number; len: number }> } {
+  const chunks: Buffer[] = [];
+  const spans: Array<{ offset: number; len: number }> = [];
+  let offset = 0;
+  for (const record of records) {
+    const line = Buffer.from(JSON.stringify(record) + "\n", "utf8");
+    spans.push({ offset, len: line.length });
+    chunks.push(line);
+    offset += line.length;
+  }
+  return { bytes: Buffer.concat(chunks, offset), spans };
+}
+
+// ---- step-complete marker -----------------------------------------------------------------
+
+/** Written after every env file of one (step, kind) is published; lists those files. */
+export const RolloutStepMarkerSchema = z
+  .object({
+    format: z.literal("gym-ckpt/rollout-step"),
+    version: z.literal(1),
+    step: z.number().int().min(0),
+    kind: z.enum(RECORD_KINDS),
+    files: z.array(z.string().min(1)),
+  })
+  .strict();
+export type RolloutStepMarker = z.infer<typeof RolloutStepMarkerSchema>;
+
+export function rolloutStepMarkerName(kind: RecordKind): string {
+  return `_complete_${kind}.json`;
+}
+
+// ---- one env's file for one step ----------------------------------------------------------
+
+export interface RolloutRecordBatch {
+  kind: RecordKind;
+  env: string;
+  step: number;
+  records: readonly unknown[];
+  /** Policy version per record (the record itself does not carry it); one value for all, or per position. */
+  policyVersion?: number | null | readonly (number | null)[];
+}
+
+export interface EncodedRolloutRecords {
+  /** Relative to the rollouts root: `step_<N>/<kind>_rollouts_<env>.jsonl` and its index. */
+  recordFile: string;
+  indexFile: string;
+  recordBytes: Buffer;
+  indexBytes: Buffer;
+  header: RolloutIndexHeader;
+  rows: RolloutIndexRow[];
+}
+
+/**
+ * Validates and encodes one env's records and their index. Pure: write `recordBytes` first and
+ * `indexBytes` second (each atomically) so an index never points at bytes that are not there yet.
+ * Refusals are `invalid_request` and name the first problem.
+ */
+export function encodeRolloutRecords(batch: RolloutRecordBatch): EncodedRolloutRecords {
+  if (!RecordKindSchema.safeParse(batch.kind).success) throw invalid(`kind must be train or eval, got ${JSON.stringify(batch.kind)}`);
+  const paths = rolloutRecordPaths(batch.step, batch.kind, batch.env);
+  const pv = batch.policyVersion;
+  if (Array.isArray(pv) && pv.length !== batch.records.length) throw invalid(`${pv.length} policy versions for ${batch.records.length} records`);
+  const versions = batch.records.map((_, i) => {
+    const v = Array.isArray(pv) ? (pv as (number | null)[])[i]! : ((pv as number | null | undefined) ?? null);
+    if (v !== null && (!Number.isSafeInteger(v) || v < 0)) throw invalid(`policy version must be a non-negative integer, got ${v}`);
+    return v;
+  });
+  const traces = batch.records.map((record, i) => {
+    const parsed = TraceRecordSchema.safeParse(record);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      throw invalid(`record ${i} of ${batch.env} is not a rollout record: ${issue ? `${issue.path.map(String).join(".") || "(root)"}: ${issue.message}` : "invalid"}`);
+    }
+    return parsed.data;
+  });
+  // The validated copy drops nothing (strict schemas), so the caller's objects are what gets written.
+  const { bytes, spans } = encodeRecordLines(batch.records);
+  const rows: RolloutIndexRow[] = traces.map((trace, i) => ({
+    trace: trace.id,
+    task_idx: trace.task.idx,
+    task_name: trace.task.name,
+    reward: traceReward(trace),
+    policy_version: versions[i]!,
+    step: batch.step,
+    branches: traceBranchCount(trace),
+    turns: traceTurnCount(trace),
+    stop: trace.stop_condition ?? null,
+    offset: spans[i]!.offset,
+    len: spans[i]!.len,
+  }));
+  const header: RolloutIndexHeader = {
+    format: ROLLOUT_INDEX_FORMAT,
+    version: ROLLOUT_INDEX_VERSION,
+    kind: batch.kind,
+    env: batch.env,
+    step: batch.step,
+    record_file: rolloutRecordFileName(batch.kind, batch.env),
+    size: bytes.length,
+    sha256: createHash("sha256").update(bytes).digest("hex"),
+    records: rows.length,
+  };
+  return { recordFile: paths.recordFile, indexFile: paths.indexFile, recordBytes: bytes, indexBytes: encodeRolloutIndex(header, rows), header, rows };
+}
+
+// ---- a finished /run's trajectory -----------------------------------------------------------
+
+/**
+ * What an environment server adds to its `/run` reply when asked (`x-ng-trajectory: 1`): the
+ * episode as a record's message graph plus its outcome. A collector turns it into a record line.
+ */
+export const RunTrajectorySchema = z
+  .object({
+    /** The task's name in the record; a replayed task carries its seed name (`continue:…`). */
+    task_name: z.string().nullable(),
+    prompt: TracePromptSchema.nullable(),
+    nodes: z.array(TraceNodeSchema),
+    reward: z.number(),
+    turns: z.number().int().min(0),
+    stop_condition: z.string().nullable(),
+    is_completed: z.boolean(),
+    /** Lineage of a replayed task; its record then counts as replayed and is never mined again. */
+    replay: z.record(z.string(), z.unknown()).nullable(),
+  })
+  .strict();
+export type RunTrajectory = z.infer<typeof RunTrajectorySchema>;
+
+export const TRAJECTORY_HEADER = "x-ng-trajectory";
+
+/** The record line of one finished row: the row's task plus the trajectory's graph and outcome. */
+export function traceRecordFromTrajectory(input: {
+  id: string;
+  taskIdx: number;
+  task: Record<string, unknown>;
+  trajectory: RunTrajectory;
+  info?: Record<string, unknown>;
+}): TraceRecord {
+  const t = input.trajectory;
+  const record: TraceRecord = {
+    id: input.id,
+    task: { ...input.task, idx: input.taskIdx, name: t.task_name, prompt: t.prompt },
+    nodes: t.nodes,
+    rewards: { reward: t.reward },
+    metrics: {},
+    info: { ...input.info, ...(t.replay && { replay: t.replay }) },
+    is_completed: t.is_completed,
+    stop_condition: t.stop_condition,
+    errors: [],
+  };
+  return TraceRecordSchema.parse(record);
+}
