@@ -2,7 +2,10 @@ import { parseArgs } from "node:util";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
-import { DeploymentSchema, InstanceSchema, describeZodError } from "../../protocol/index.js";
+import type { FastifyInstance } from "fastify";
+import { DeploymentSchema, InstanceSchema, describeZodError, type RecordBase } from "../../protocol/index.js";
+import type { ParticipantKind } from "../control-plane/participant-kind.js";
+import { startParticipant } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
@@ -43,6 +46,11 @@ export interface ServerRuntime {
   announceReady(url: string): void;
   /** Register clean-up run on SIGTERM/SIGINT before exit. */
   onShutdown(fn: () => Promise<void> | void): void;
+  /**
+   * The usual ending of a server's main: listen on 127.0.0.1 at the configured port, attach the
+   * participant to NATS, stop both on shutdown, then print the ready line. Returns the URL.
+   */
+  serve<R extends RecordBase>(app: FastifyInstance, adapter: ParticipantKind<R>): Promise<string>;
 }
 
 export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
@@ -110,7 +118,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
   process.once("SIGTERM", () => void stop("SIGTERM"));
   process.once("SIGINT", () => void stop("SIGINT"));
   const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
-  return {
+  const runtime: ServerRuntime = {
     config,
     extra,
     nc,
@@ -123,5 +131,25 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     onShutdown(fn) {
       shutdown.push(fn);
     },
+    async serve(app, adapter) {
+      const url = await app.listen({ host: "127.0.0.1", port: config.port });
+      const participant = await startParticipant({
+        nc,
+        deployment: config.deployment,
+        instance: config.instance,
+        token: config.token,
+        adapter,
+        logger,
+        ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
+        ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
+      });
+      runtime.onShutdown(async () => {
+        await participant.stop();
+        await app.close();
+      });
+      runtime.announceReady(url);
+      return url;
+    },
   };
+  return runtime;
 }

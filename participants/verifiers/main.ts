@@ -1,4 +1,3 @@
-import { startParticipant } from "../control-plane/start-participant.js";
 import { createResourcesApp } from "../kinds/resources/index.js";
 import { startServerRuntime } from "../gym/server-runtime.js";
 import { CodeVerifier } from "./code-verifier.js";
@@ -63,19 +62,4 @@ try {
 }
 const { app, kind } = await createResourcesApp(server, { logger });
 app.get("/health", async () => ({ ok: true, verifier: extra.verifier ?? "math", mode: kind.mode, verify: kind.verify }));
-const address = await app.listen({ host: "127.0.0.1", port: config.port });
-const participant = await startParticipant({
-  nc: runtime.nc,
-  deployment: config.deployment,
-  instance: config.instance,
-  token: config.token,
-  adapter: kind,
-  logger,
-  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
-  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
-});
-runtime.onShutdown(async () => {
-  await participant.stop();
-  await app.close();
-});
-runtime.announceReady(address);
+await runtime.serve(app, kind);

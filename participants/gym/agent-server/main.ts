@@ -1,4 +1,3 @@
-import { startParticipant } from "../../control-plane/start-participant.js";
 import { AgentKind } from "../../kinds/agent/index.js";
 import { startServerRuntime } from "../server-runtime.js";
 import { AgentSessionState } from "./agent-session-state.js";
@@ -25,19 +24,4 @@ const app = createAgentApp({
   endpoints: { policyUrl: extra["policy-url"], resourcesUrl: extra["resources-url"], stream: extra.stream !== "false" },
   ...(extra["episode-timeout-ms"] && { episodeTimeoutMs: Number(extra["episode-timeout-ms"]) }),
 });
-const address = await app.listen({ host: "127.0.0.1", port: config.port });
-const participant = await startParticipant({
-  nc: runtime.nc,
-  deployment: config.deployment,
-  instance: config.instance,
-  token: config.token,
-  adapter: kind,
-  logger,
-  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
-  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
-});
-runtime.onShutdown(async () => {
-  await participant.stop();
-  await app.close();
-});
-runtime.announceReady(address);
+await runtime.serve(app, kind);

@@ -1,4 +1,3 @@
-import { startParticipant } from "../../control-plane/start-participant.js";
 import { CheckpointModeSchema, CheckpointVerifySchema, createResourcesApp, type ResourcesServer } from "../../kinds/resources/index.js";
 import { startServerRuntime } from "../server-runtime.js";
 import { CalculatorServer, calculatorServerClass } from "./calculator-server.js";
@@ -39,20 +38,5 @@ const { app, kind } = await createResourcesApp(server, { owner: extra.owner ?? n
 if (server instanceof CalculatorServer) server.controls.routes(app);
 if (server instanceof CounterServer) app.get("/admin/counters", async () => ({ counters: Object.fromEntries(server.counters), parked: server.parked }));
 app.get("/health", async () => ({ ok: true, mode: kind.mode, verify: kind.verify }));
-const address = await app.listen({ host: "127.0.0.1", port: config.port });
-const participant = await startParticipant({
-  nc: runtime.nc,
-  deployment: config.deployment,
-  instance: config.instance,
-  token: config.token,
-  adapter: kind,
-  logger,
-  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
-  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
-});
-runtime.onShutdown(async () => {
-  await participant.stop();
-  await app.close();
-});
+const address = await runtime.serve(app, kind);
 logger.info({ url: address, mode: kind.mode, verify: kind.verify }, "resources server listening");
-runtime.announceReady(address);
