@@ -7,18 +7,19 @@ import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { expectOk, postJson, sessionCookieFrom, trimSlash } from "./gym-http.js";
 import { GymTaskSchema, RunRequestSchema, type GymTask, type RunReply } from "./gym-task.js";
-import { LoopStateSchema, initialState, runTurnLoop, type AgentEndpoints, type LoopDriver } from "./tool-calling-agent.js";
+import { ChatMessageSchema, LoopStateSchema, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver } from "./tool-calling-agent.js";
 
 /**
  * The reference agent server. Native routes (invoked by the environment server), all under
  * `/ng-rollout/<capture_key>/`:
  *   POST open_session {cookie?}  → {session_key, restored}
- *   POST activate     {task}     → {answer, model_calls, continued}
+ *   POST activate     {task, seed?} → {answer, model_calls, continued, messages}
  *   POST close_session {}        → {}
  * Legacy: POST /run {rollout_id, attempt, task} → the agent owns seed, turn loop and verify.
  */
 const OpenBodySchema = z.object({ cookie: z.string().max(200).nullable().optional() }).strict();
-const ActivateBodySchema = z.object({ task: GymTaskSchema }).strict();
+/** `seed`: a replayed task's context (no system message); the turn loop continues from it. */
+const ActivateBodySchema = z.object({ task: GymTaskSchema, seed: z.array(ChatMessageSchema).min(1).max(60).optional() }).strict();
 const EmptyBodySchema = z.object({}).strict();
 
 /** The legacy episode's own boundary. */
@@ -78,7 +79,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       const key = captureKey(episode);
       const result = await kind.activate(episode, async (activation) => {
         const restored = activation.continuation();
-        let start = initialState(body.task);
+        let start = body.seed ? seededState(body.seed) : initialState(body.task);
         if (restored) {
           const parsed = LoopStateSchema.safeParse(restored);
           if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${key} is not a turn-loop state`);
@@ -92,7 +93,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
           park: () => activation.park(),
         };
         const loop = await runTurnLoop(endpoints, key, body.task, state.get(episode.rollout_id)?.cookie ?? null, start, driver);
-        return { answer: loop.answer, model_calls: loop.modelCalls, continued: restored !== null };
+        return { answer: loop.answer, model_calls: loop.modelCalls, continued: restored !== null, messages: loop.messages };
       });
       return result;
     } catch (error) {

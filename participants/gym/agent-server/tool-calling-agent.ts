@@ -70,6 +70,13 @@ export interface AgentEndpoints {
 export interface LoopResult {
   answer: string;
   modelCalls: number;
+  /** The whole conversation, final answer included (the episode's trajectory). */
+  messages: ChatMessage[];
+}
+
+/** A replayed task: the agent continues from a seeded context instead of the task's first prompt. */
+export function seededState(seed: ChatMessage[]): LoopState {
+  return { messages: [{ role: "system", content: SYSTEM_PROMPT }, ...seed.map((m) => ({ ...m }))] };
 }
 
 export async function runTurnLoop(
@@ -82,7 +89,7 @@ export async function runTurnLoop(
 ): Promise<LoopResult> {
   const messages: ChatMessage[] = start.messages.map((m) => ({ ...m }));
   let modelCalls = 0;
-  if (start.answer !== undefined) return { answer: start.answer, modelCalls };
+  if (start.answer !== undefined) return { answer: start.answer, modelCalls, messages };
   for (let turn = 0; turn < MAX_TURNS; turn++) {
     await driver.boundary({ messages: messages.map((m) => ({ ...m })) });
     let reply: ChatMessage;
@@ -101,8 +108,9 @@ export async function runTurnLoop(
       // The final boundary holds the answer: a crash between here and the caller receiving it must
       // not make the restored activation call the policy again.
       const answer = (reply.content ?? "").trim();
-      await driver.boundary({ messages: [...messages.map((m) => ({ ...m })), { role: "assistant", content: reply.content ?? null }], answer });
-      return { answer, modelCalls };
+      const final: ChatMessage[] = [...messages.map((m) => ({ ...m })), { role: "assistant", content: reply.content ?? null }];
+      await driver.boundary({ messages: final, answer });
+      return { answer, modelCalls, messages: final };
     }
     messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });
     for (const call of calls) {
