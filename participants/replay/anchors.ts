@@ -246,3 +246,32 @@ export function seededContextNodes(prompt: Prompt): MessageNode[] {
     logprobs: [],
   }));
 }
+
+/**
+ * A conversation is a well-formed resume point when every turn that issued tool calls is
+ * answered by exactly its run of results and it ends waiting for the model (a user turn or a
+ * complete tool run): the same predicates the anchors use, for contexts that come from elsewhere
+ * (a checkpoint's parked episodes).
+ */
+export function isResumePoint(messages: readonly Message[]): boolean {
+  const last = messages[messages.length - 1];
+  if (!last || (last.role !== "user" && last.role !== "tool")) return false;
+  for (let i = 0; i < messages.length; i++) {
+    const message = messages[i]!;
+    if (message.role === "tool") {
+      // Every tool result belongs to the run right after its issuer (checked from the issuer).
+      const prev = messages[i - 1];
+      if (!prev || (prev.role !== "tool" && !issuedCalls(prev))) return false;
+      continue;
+    }
+    const calls = issuedCalls(message);
+    if (!calls) continue;
+    const results: string[] = [];
+    for (let j = i + 1; j < messages.length && messages[j]!.role === "tool"; j++) {
+      const m = messages[j]!;
+      if (m.role === "tool") results.push(m.tool_call_id);
+    }
+    if (!answersExactly(calls, results)) return false;
+  }
+  return true;
+}

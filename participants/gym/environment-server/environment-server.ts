@@ -1,20 +1,31 @@
 import Fastify, { type FastifyInstance } from "fastify";
-import { CheckpointError, describeZodError } from "../../../protocol/index.js";
+import { z } from "zod";
+import { CheckpointError, TRAJECTORY_HEADER, canonicalDigest, describeZodError } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import type { EnvironmentKind } from "../../kinds/environment/index.js";
+import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
+import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
 import { RunRequestSchema } from "../agent-server/gym-task.js";
 import { runGymEpisode, type GymEndpoints } from "./gym-episode.js";
+
+/** `/run` also takes `replay_idx`: the task at that index of the served replay source (see docs/replay.md). */
+const EnvironmentRunSchema = RunRequestSchema.extend({ replay_idx: z.number().int().min(0).optional() }).strict();
 
 /**
  * The reference environment server: `POST /run {rollout_id, attempt, task}` → seed → agent →
  * verify → `{rollout_id, attempt, reward, answer, continued_from}`. Refusals carry catalog codes:
  * `admission_closed` while a checkpoint is open, `stale_attempt` for retired or conflicting
  * attempts, `invalid_request` for a task that differs from the restored one.
+ * With `x-ng-trajectory: 1` the reply also carries `trajectory` (the conversation as a rollout
+ * record's message graph, reward, turns); with a replay source, `/replay/next` hands out replayed
+ * tasks and `/run {…, replay_idx}` runs one from its seeded context (docs/replay.md).
  */
 export interface EnvironmentAppOptions {
   kind: EnvironmentKind;
   endpoints: GymEndpoints;
   episodeTimeoutMs?: number;
+  /** A replay task source served at `/replay/*`; `/run` then accepts `replay_idx`. */
+  replay?: GymReplaySource;
 }
 
 export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyInstance {
@@ -25,15 +36,51 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
   );
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));
+  const replay = options.replay;
+  if (replay) {
+    app.get("/replay/info", async () => ({ tasks: replay.size, config: replay.config, stats: replay.stats }));
+    // The next unserved replay task (reloading first when the list ran dry): a ready /run body minus the ids.
+    app.post("/replay/next", async () => {
+      const task = await replay.next();
+      return task ? { done: false, ...gymReplayRun(task) } : { done: true, tasks: replay.size };
+    });
+  }
   app.post("/run", async (request, reply) => {
     try {
-      const parsed = RunRequestSchema.safeParse(request.body ?? {});
+      const parsed = EnvironmentRunSchema.safeParse(request.body ?? {});
       if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
       const body = parsed.data;
       const episode = { rollout_id: body.rollout_id, attempt: body.attempt };
-      return await kind.begin(episode, body.task, options.episodeTimeoutMs !== undefined ? { timeoutMs: options.episodeTimeoutMs } : {}, (ep) =>
-        runGymEpisode(endpoints, ep, body.task),
+      let replayed: GymReplayRun | undefined;
+      if (body.replay_idx !== undefined) {
+        if (!replay) throw new CheckpointError("invalid_request", "this environment serves no replay source (start it with --replay-config)");
+        replayed = gymReplayRun(await replay.taskAt(body.replay_idx).catch((error: unknown) => {
+          throw new CheckpointError("invalid_request", error instanceof Error ? error.message : String(error));
+        }));
+        if (canonicalDigest(replayed.task) !== canonicalDigest(body.task)) {
+          throw new CheckpointError("invalid_request", `task differs from replay task ${body.replay_idx}'s`);
+        }
+      }
+      // A replayed run is a different episode input than its plain task: the restore digest says so.
+      const digested = replayed ? { task: body.task, replay_idx: replayed.replay_idx } : body.task;
+      const result = await kind.begin(episode, digested, options.episodeTimeoutMs !== undefined ? { timeoutMs: options.episodeTimeoutMs } : {}, (ep) =>
+        runGymEpisode(endpoints, ep, body.task, replayed ? { seed: replayed.seed } : {}),
       );
+      const { messages, ...runReply } = result;
+      if (request.headers[TRAJECTORY_HEADER] !== "1") return runReply;
+      // Opt-in: the episode as a rollout record's message graph (collectors write it as records).
+      const chat = z.array(ChatMessageLikeSchema).safeParse(messages ?? []);
+      const conversation = chat.success ? chat.data : [];
+      const firstUser = conversation.find((m) => m.role === "user")?.content ?? null;
+      const trajectory = chatTrajectory({
+        messages: conversation,
+        seeded: 1 + (replayed ? replayed.seed.length : 1),
+        reward: runReply.reward,
+        taskName: replayed ? replayed.name : null,
+        prompt: replayed ? (replay!.tasks[replayed.replay_idx]!.prompt) : firstUser,
+        replay: replayed ? { ...replayed.lineage } : null,
+      });
+      return { ...runReply, trajectory };
     } catch (error) {
       return sendRefusal(reply, error);
     }

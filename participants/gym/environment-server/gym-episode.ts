@@ -11,10 +11,12 @@ import type { GymTask, RunReply } from "../agent-server/gym-task.js";
  * After a crash the replacement attempt continues from the restored boundary.
  */
 const VerifyModeSchema = z.enum(["wait", "replay"]);
+/** The agent's conversation, kept from the activation on so a restored episode still has its trajectory. */
+const MessagesSchema = z.array(z.record(z.string(), z.unknown())).max(128).optional();
 export const EnvironmentBoundarySchema = z.discriminatedUnion("next", [
   z.object({ next: z.literal("invoke_agent"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema }).strict(),
-  z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema, answer: z.string() }).strict(),
-  z.object({ next: z.literal("return"), answer: z.string(), reward: z.number() }).strict(),
+  z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema, answer: z.string(), messages: MessagesSchema }).strict(),
+  z.object({ next: z.literal("return"), answer: z.string(), reward: z.number(), messages: MessagesSchema }).strict(),
 ]);
 export type EnvironmentBoundary = z.infer<typeof EnvironmentBoundarySchema>;
 
@@ -23,13 +25,23 @@ export interface GymEndpoints {
   resourcesUrl: string;
 }
 
+/** A replayed task: the context (chat messages, no system) the agent continues from. */
+export interface GymEpisodeOptions {
+  seed?: Record<string, unknown>[];
+}
+
+/** The `/run` reply plus the agent's conversation (absent when the agent did not report one). */
+export interface GymEpisodeResult extends RunReply {
+  messages?: Record<string, unknown>[];
+}
+
 function cookieHeader(cookie: string | null): Record<string, string> {
   return cookie ? { cookie: `ng_session=${cookie}` } : {};
 }
 
-export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
+export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions = {}): Promise<GymEpisodeResult> {
   try {
-    return await runSteps(endpoints, ep, task);
+    return await runSteps(endpoints, ep, task, options);
   } catch (error) {
     // A failed episode (deadline, callee error) must not leave an activation running at the agent.
     if (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt")) {
@@ -39,7 +51,7 @@ export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, ta
   }
 }
 
-async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
+async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions): Promise<GymEpisodeResult> {
   const agent = trimSlash(endpoints.agentUrl);
   const resources = trimSlash(endpoints.resourcesUrl);
   const restored = ep.continuation();
@@ -70,30 +82,32 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask)
     const { cookie, verify_mode } = boundary;
     // Agent activations continue from the agent's own boundaries, so the step may be replayed.
     let answer: string | undefined;
+    let messages: Record<string, unknown>[] | undefined;
     while (answer === undefined) {
       try {
-        answer = await ep.step("replay", async (signal) => {
+        ({ answer, messages } = await ep.step("replay", async (signal) => {
           expectOk("open_session", await postJson(`${agent}${rolloutPath(ep.key, "/open_session")}`, { cookie }, { signal }));
-          const activated = expectOk("activate", await postJson(`${agent}${rolloutPath(ep.key, "/activate")}`, { task }, { signal }));
-          return z.object({ answer: z.string() }).passthrough().parse(activated).answer;
-        });
+          const body = { task, ...(options.seed && { seed: options.seed }) };
+          const activated = expectOk("activate", await postJson(`${agent}${rolloutPath(ep.key, "/activate")}`, body, { signal }));
+          return z.object({ answer: z.string(), messages: MessagesSchema }).passthrough().parse(activated);
+        }));
       } catch (error) {
         // The agent closed admission after this step started: park at invoke_agent, retry after resume.
         if (!isRefusal(error, "admission_closed")) throw error;
         await ep.park();
       }
     }
-    boundary = { next: "verify", cookie, verify_mode, answer };
+    boundary = { next: "verify", cookie, verify_mode, answer, ...(messages && { messages }) };
     await ep.boundary(boundary);
   }
 
   if (boundary.next === "verify") {
-    const { cookie, answer } = boundary;
+    const { cookie, answer, messages } = boundary;
     const reward = await ep.step(boundary.verify_mode, async (signal) => {
       const response = await postJson(`${resources}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, headers: cookieHeader(cookie) });
       return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
     });
-    boundary = { next: "return", answer, reward };
+    boundary = { next: "return", answer, reward, ...(messages && { messages }) };
     // An episode finishing while Gym is prepared waits here without delivering its result.
     await ep.boundary(boundary);
   }
@@ -103,5 +117,6 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask)
     // Final clean-up is never interrupted by retire; failures here do not change the result.
     await postJson(`${agent}${rolloutPath(ep.key, "/close_session")}`, {}).catch(() => undefined);
   });
-  return { rollout_id: ep.id.rollout_id, attempt: ep.id.attempt, reward: done.reward, answer: done.answer, continued_from: continuedFrom };
+  const reply = { rollout_id: ep.id.rollout_id, attempt: ep.id.attempt, reward: done.reward, answer: done.answer, continued_from: continuedFrom };
+  return done.messages ? { ...reply, messages: done.messages } : reply;
 }

@@ -1,0 +1,109 @@
+import { z } from "zod";
+import type { RunTrajectory } from "../../protocol/index.js";
+import type { Message, MessageNode, Prompt } from "./trace-record.js";
+
+/**
+ * OpenAI-style chat messages (what agents send to the policy) ⇄ record messages, and a finished
+ * conversation as a record's linear message graph. Used by the reference environment server to
+ * put an episode's trajectory in its `/run` reply and to seed a replayed task's context.
+ */
+export const ChatToolCallSchema = z
+  .object({ id: z.string(), type: z.literal("function"), function: z.object({ name: z.string(), arguments: z.string() }).passthrough() })
+  .passthrough();
+export const ChatMessageLikeSchema = z
+  .object({
+    role: z.enum(["system", "user", "assistant", "tool"]),
+    content: z.string().nullable().optional(),
+    tool_calls: z.array(ChatToolCallSchema).nullable().optional(),
+    tool_call_id: z.string().optional(),
+    name: z.string().nullable().optional(),
+  })
+  .passthrough();
+export type ChatMessageLike = z.infer<typeof ChatMessageLikeSchema>;
+
+export function chatToMessage(m: ChatMessageLike): Message {
+  const content = m.content ?? "";
+  switch (m.role) {
+    case "system":
+      return { role: "system", content };
+    case "user":
+      return { role: "user", content };
+    case "tool":
+      return { role: "tool", tool_call_id: m.tool_call_id ?? "", content, ...(m.name != null && { name: m.name }) };
+    case "assistant": {
+      const calls = (m.tool_calls ?? []).map((c) => ({ id: c.id, name: c.function.name, arguments: c.function.arguments }));
+      return { role: "assistant", content: m.content ?? null, ...(calls.length > 0 && { tool_calls: calls }) };
+    }
+  }
+}
+
+/** Text of record content (image parts have no chat-text form and are dropped). */
+function text(content: Message["content"]): string {
+  if (content === null || content === undefined) return "";
+  return typeof content === "string" ? content : content.map((p) => (p.type === "text" ? p.text : "")).join("");
+}
+
+export function messageToChat(m: Message): ChatMessageLike {
+  switch (m.role) {
+    case "system":
+    case "user":
+      return { role: m.role, content: text(m.content) };
+    case "tool":
+      return { role: "tool", tool_call_id: m.tool_call_id, content: text(m.content) };
+    case "assistant":
+      return {
+        role: "assistant",
+        content: m.content ?? null,
+        ...(m.tool_calls && m.tool_calls.length > 0 && {
+          tool_calls: m.tool_calls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.arguments } })),
+        }),
+      };
+  }
+}
+
+/** A seed prompt as the chat messages an agent continues from (no system message: the agent adds its own). */
+export function promptToChat(prompt: Prompt): ChatMessageLike[] {
+  const messages: Message[] = typeof prompt === "string" ? [{ role: "user", content: prompt }] : prompt;
+  return messages.filter((m, i) => !(i === 0 && m.role === "system")).map(messageToChat);
+}
+
+/**
+ * A linear conversation as record nodes. The first `seeded` messages are context the episode was
+ * launched with (never sampled, no trainable tokens); later assistant messages came from model calls.
+ * No token ids are known here, so readers estimate lengths from characters.
+ */
+export function nodesFromChat(messages: readonly ChatMessageLike[], seeded: number): MessageNode[] {
+  return messages.map((m, i) => ({
+    parent: i === 0 ? null : i - 1,
+    message: chatToMessage(m),
+    sampled: i >= seeded && m.role === "assistant",
+    token_ids: [],
+    mask: [],
+    logprobs: [],
+  }));
+}
+
+/** The trajectory part of a `/run` reply. */
+export function chatTrajectory(input: {
+  messages: readonly ChatMessageLike[];
+  /** How many leading messages were launch context (system + the task, or system + a replay seed). */
+  seeded: number;
+  reward: number;
+  taskName: string | null;
+  /** The record's task prompt: the replay seed, or the first user message of a fresh task. */
+  prompt: Prompt | null;
+  replay: Record<string, unknown> | null;
+  stopCondition?: string | null;
+}): RunTrajectory {
+  const nodes = nodesFromChat(input.messages, input.seeded);
+  return {
+    task_name: input.taskName,
+    prompt: input.prompt,
+    nodes,
+    reward: input.reward,
+    turns: nodes.filter((n) => n.sampled).length,
+    stop_condition: input.stopCondition ?? null,
+    is_completed: true,
+    replay: input.replay,
+  };
+}

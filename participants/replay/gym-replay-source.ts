@@ -1,0 +1,65 @@
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import type { Logger } from "pino";
+import { z } from "zod";
+import { GymTaskSchema, type GymTask } from "../gym/agent-server/gym-task.js";
+import { promptToChat, type ChatMessageLike } from "./chat-trajectory.js";
+import { invalidRequest } from "./errors.js";
+import { parseReplayConfig } from "./replay-config.js";
+import { ReplayTaskSource, type ReplayTask, type SourceEnvironment } from "./replay-task-source.js";
+import { PromptSchema } from "./trace-record.js";
+
+/**
+ * The reference Gym as a replay source: its records carry the Gym task (expression, tool_rounds)
+ * next to idx/name/prompt. Scoring stays with the resources server's `/verify`, which the
+ * environment server calls for every `/run`, replayed or not.
+ */
+export const GYM_SOURCE_ID = "reference-gym";
+
+export const GymRecordTaskSchema = GymTaskSchema.extend({
+  idx: z.number().int(),
+  name: z.string().nullable(),
+  prompt: PromptSchema.nullable(),
+}).strict();
+export type GymRecordTask = z.infer<typeof GymRecordTaskSchema>;
+
+export const gymSourceEnvironment: SourceEnvironment<GymRecordTask, { reward: number }, number> = {
+  id: GYM_SOURCE_ID,
+  taskSchema: GymRecordTaskSchema,
+  configSchema: z.object({ id: z.literal(GYM_SOURCE_ID) }).strict(),
+  tools: ["calculator"],
+  // The environment server verifies through the resources server; a rollout reply already holds it.
+  score: (_task, rollout) => rollout.reward,
+};
+
+export type GymReplaySource = ReplayTaskSource<GymRecordTask, { reward: number }, number>;
+
+/** Reads and validates a replay config file; relative record globs resolve against its directory. */
+export async function loadGymReplaySource(configPath: string, logger?: Logger): Promise<GymReplaySource> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(await readFile(configPath, "utf8"));
+  } catch (error) {
+    throw invalidRequest(`replay config ${configPath} is not readable JSON: ${error instanceof Error ? error.message : String(error)}`);
+  }
+  const source = new ReplayTaskSource(parseReplayConfig(raw), gymSourceEnvironment, {
+    cwd: path.dirname(path.resolve(configPath)),
+    ...(logger && { logger }),
+  });
+  await source.load();
+  return source;
+}
+
+/** What `/run` needs to run a replayed task: the Gym task and the context the agent continues from. */
+export interface GymReplayRun {
+  replay_idx: number;
+  name: string;
+  task: GymTask;
+  seed: ChatMessageLike[];
+  lineage: ReplayTask["lineage"];
+}
+
+export function gymReplayRun(task: ReplayTask<GymRecordTask>): GymReplayRun {
+  const { expression, tool_rounds } = task.task;
+  return { replay_idx: task.idx, name: task.name, task: { expression, tool_rounds }, seed: promptToChat(task.prompt), lineage: task.lineage };
+}
