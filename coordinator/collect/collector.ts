@@ -6,8 +6,11 @@ import type { Logger } from "pino";
 import {
   CheckpointError,
   ErrorReplySchema,
+  RunTrajectorySchema,
+  TRAJECTORY_HEADER,
   captureKey,
   sha256Hex,
+  traceRecordFromTrajectory,
   type CtlReplyOf,
   type CtlRequestInputOf,
   type EpisodeId,
@@ -20,6 +23,7 @@ import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } fr
 import { DispatchLog } from "./dispatch-log.js";
 import { ProgressReporter } from "./progress-reporter.js";
 import { appendResult, readResults } from "./results-file.js";
+import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import type { TaskRow } from "./task-rows.js";
 
 /** The controller ops the collector needs; the NATS client and the in-process engine both fit. */
@@ -55,6 +59,8 @@ export interface CollectorOptions {
   maxAttempts?: number;
   progress?: ProgressReporter;
   logger: Logger;
+  /** Also write finished rows as rollout records (asks `/run` for its trajectory). */
+  records?: RolloutRecordsOptions;
   /** Test-only fault injection (the CLI maps GYM_CKPT_TEST_CRASH_AT=after-restore onto it). */
   hooks?: { afterRestore?: () => void | Promise<void> };
 }
@@ -70,6 +76,8 @@ export interface CollectionSummary {
   /** Usage the environment reported: calls/tokens kept by continuation vs generated again. */
   usage: { modelCallsKept: number; tokensKept: number; modelCallsRegenerated: number; tokensRegenerated: number };
   stopped: boolean;
+  /** Rollout records written (when `records` is set). */
+  records?: RolloutRecordsStats;
 }
 
 interface RowState {
@@ -110,8 +118,13 @@ export class Collector {
   private readonly usage = { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 };
   private timer: NodeJS.Timeout | undefined;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
+  private readonly records: RolloutRecordsSink | undefined;
+  private readonly rowIndex = new Map<string, number>();
 
-  constructor(private readonly options: CollectorOptions) {}
+  constructor(private readonly options: CollectorOptions) {
+    this.records = options.records ? new RolloutRecordsSink(options.records, options.logger) : undefined;
+    options.rows.forEach((row, i) => this.rowIndex.set(row.rolloutId, i));
+  }
 
   private rowCounts(): RowCounts {
     const counts: RowCounts = { pending: 0, inflight: 0, done: 0, failed: 0 };
@@ -127,6 +140,7 @@ export class Collector {
 
   /** Reads finished rows, the previous dispatch log and LATEST; restores or retires accordingly. */
   async start(): Promise<void> {
+    await this.records?.start();
     const finished = await readResults(this.options.outPath);
     for (const row of this.options.rows) {
       const done = finished.get(row.rolloutId);
@@ -228,6 +242,7 @@ export class Collector {
     await Promise.all(workers);
     if (this.timer) clearInterval(this.timer);
     if (!this.stopping) await this.close();
+    await this.records?.close();
     this.report(true);
     this.options.progress?.finish();
     return this.summary();
@@ -262,7 +277,7 @@ export class Collector {
       try {
         response = await fetch(this.options.runUrl, {
           method: "POST",
-          headers: { "content-type": "application/json" },
+          headers: { "content-type": "application/json", ...(this.records && { [TRAJECTORY_HEADER]: "1" }) },
           body: JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt, task: state.row.task }),
           signal: AbortSignal.timeout((this.options.runTimeoutSeconds ?? 300) * 1000),
         });
@@ -283,7 +298,9 @@ export class Collector {
     }
   }
 
-  private async finished(state: RowState, body: Record<string, unknown>): Promise<void> {
+  private async finished(state: RowState, reply: Record<string, unknown>): Promise<void> {
+    // The trajectory goes to the rollout records, not into results.jsonl.
+    const { trajectory, ...body } = reply;
     const reward = typeof body.reward === "number" ? body.reward : 0;
     state.status = "done";
     state.restored = false;
@@ -295,6 +312,7 @@ export class Collector {
       finished_at: Date.now() / 1000,
       response: body,
     });
+    if (this.records) this.recordRollout(state, trajectory);
     const usage = body.usage as Record<string, unknown> | undefined;
     if (usage) {
       this.usage.modelCallsKept += num(usage.model_calls_kept);
@@ -303,6 +321,36 @@ export class Collector {
       this.usage.tokensRegenerated += num(usage.tokens_regenerated);
     }
     if (this.retired.has(state.row.rolloutId)) this.toForget.add(state.row.rolloutId);
+  }
+
+  /** Buffers the finished row's rollout record; a reply without a valid trajectory is counted, not fatal. */
+  private recordRollout(state: RowState, raw: unknown): void {
+    const parsed = RunTrajectorySchema.safeParse(raw);
+    if (!parsed.success) {
+      this.records!.skip();
+      if (this.records!.stats.skipped === 1) this.options.logger.warn({ rollout_id: state.row.rolloutId }, "/run replied without a trajectory; no rollout record for it");
+      return;
+    }
+    const key = captureKey({ rollout_id: state.row.rolloutId, attempt: state.attempt });
+    try {
+      this.records!.add(
+        traceRecordFromTrajectory({
+          id: sha256Hex(`${this.runId}/${key}`).slice(0, 32),
+          taskIdx: this.rowIndex.get(state.row.rolloutId) ?? -1,
+          task: state.row.task,
+          trajectory: parsed.data,
+          info: { rollout_id: state.row.rolloutId, attempt: state.attempt, continued: state.continued, run_id: this.runId },
+        }),
+      );
+    } catch (error) {
+      this.records!.skip();
+      this.options.logger.warn({ err: error, rollout_id: state.row.rolloutId }, "trajectory is not a valid rollout record");
+    }
+  }
+
+  /** Publishes buffered rollout records now (SIGTERM path, before exiting). */
+  async flushRecords(): Promise<void> {
+    await this.records?.close();
   }
 
   /**
@@ -481,6 +529,7 @@ export class Collector {
       restarted: this.restartedCount,
       usage: { ...this.usage },
       stopped: this.stopping,
+      ...(this.records && { records: { ...this.records.stats } }),
     };
   }
 

@@ -2,7 +2,7 @@ import { mkdir, writeFile, rm } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { connect } from "@nats-io/transport-node";
 import type { Command } from "commander";
-import { CheckpointError } from "../../../protocol/index.js";
+import { CheckpointError, RecordKindSchema, assertRolloutEnv } from "../../../protocol/index.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { Collector } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
@@ -28,6 +28,11 @@ interface CollectFlags extends ClientFlags {
   logLevel: string;
   otlpEndpoint?: string;
   metricsPort?: string;
+  recordsDir?: string;
+  recordsEnv: string;
+  recordsKind: string;
+  recordsEveryRows: string;
+  recordsEveryS: string;
 }
 
 export function register(program: Command): void {
@@ -47,7 +52,12 @@ export function register(program: Command): void {
       .option("--progress-interval-s <s>", "seconds between progress lines when stderr is not a terminal", "10")
       .option("--log-level <level>", "pino log level", "warn")
       .option("--otlp-endpoint <url>", "OTLP/HTTP endpoint for traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)")
-      .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port"),
+      .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port")
+      .option("--records-dir <dir>", "also write finished rows as rollout records under DIR/rollouts/step_<N>/ (docs/replay.md)")
+      .option("--records-env <name>", "env name in the record file names", "gym")
+      .option("--records-kind <kind>", "train or eval", "eval")
+      .option("--records-every-rows <n>", "write a step file every N finished rows", "64")
+      .option("--records-every-s <s>", "…or S seconds after the first buffered row", "30"),
   ).action(async (flags: CollectFlags) => {
     await runCli(async () => {
       const env = process.env;
@@ -61,6 +71,10 @@ export function register(program: Command): void {
       const checkpointDir = resolve(flags.checkpointDir);
       await mkdir(checkpointDir, { recursive: true });
       const rows = await readTaskRows(flags.tasks);
+      if (flags.recordsDir !== undefined) {
+        assertRolloutEnv(flags.recordsEnv);
+        if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
+      }
       const telemetry = await startTelemetry({
         serviceName: "gym-ckpt-collect",
         ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
@@ -90,6 +104,15 @@ export function register(program: Command): void {
           // TEST-ONLY: die between the restore and the first dispatch.
           hooks: { afterRestore: () => void process.kill(process.pid, "SIGKILL") },
         }),
+        ...(flags.recordsDir !== undefined && {
+          records: {
+            dir: resolve(flags.recordsDir),
+            env: flags.recordsEnv,
+            kind: RecordKindSchema.parse(flags.recordsKind),
+            everyRows: Math.ceil(positive("records-every-rows", flags.recordsEveryRows)!),
+            everySeconds: positive("records-every-s", flags.recordsEveryS)!,
+          },
+        }),
         progress: new ProgressReporter(process.stderr, positive("progress-interval-s", flags.progressIntervalS)! * 1000),
         logger,
       });
@@ -107,6 +130,7 @@ export function register(program: Command): void {
           });
           process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
           await rm(pidFile, { force: true });
+          await collector.flushRecords();
           await telemetry.shutdown();
           process.exit(EXIT_REQUEUE);
         })();
@@ -124,6 +148,9 @@ export function register(program: Command): void {
           `rows: ${summary.rows} (finished ${summary.finished}, failed ${summary.failed}), mean reward ${Number.isNaN(mean) ? "n/a" : mean.toFixed(3)}`,
           `checkpoints taken: ${summary.checkpoints}`,
           `rows continued from a checkpoint: ${summary.continued}, restarted from input: ${summary.restarted}`,
+          ...(summary.records
+            ? [`rollout records: ${summary.records.records} in ${summary.records.steps} step files${summary.records.skipped ? `, ${summary.records.skipped} rows without a trajectory` : ""}`]
+            : []),
           // Only when the environment reports usage in its /run replies.
           ...(u.modelCallsKept + u.modelCallsRegenerated > 0
             ? [`model calls kept by continuation: ${u.modelCallsKept} (${u.tokensKept} generated tokens); regenerated: ${u.modelCallsRegenerated} (${u.tokensRegenerated} tokens)`]

@@ -1,0 +1,126 @@
+import { mkdir, readdir } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "pino";
+import {
+  ROLLOUTS_DIR,
+  RolloutStepMarkerSchema,
+  assertRolloutEnv,
+  encodeRolloutRecords,
+  rolloutStepDir,
+  rolloutStepMarkerName,
+  type RecordKind,
+  type TraceRecord,
+} from "../../protocol/index.js";
+import { fsyncDirectory, replaceFileDurably } from "../publication/durable-fs.js";
+
+export interface RolloutRecordsOptions {
+  /** Records go to `<dir>/rollouts/step_<N>/<kind>_rollouts_<env>.jsonl` (+ index, step marker). */
+  dir: string;
+  env: string;
+  kind: RecordKind;
+  /** Flush a step file once this many finished rows are buffered. */
+  everyRows: number;
+  /** …or this many seconds after the first buffered row, whichever comes first. */
+  everySeconds: number;
+}
+
+export interface RolloutRecordsStats {
+  steps: number;
+  records: number;
+  /** Finished rows whose `/run` reply carried no usable trajectory. */
+  skipped: number;
+  failedFlushes: number;
+}
+
+const STEP_DIR = /^step_(0|[1-9][0-9]*)$/;
+
+/**
+ * Buffers finished rows' rollout records and publishes them as step files (step = a counter of
+ * flushes, continuing after the highest step already in the directory): the record file, then its
+ * index, then the step-complete marker, each replaced atomically and durably. Flushes run one at a
+ * time, off the dispatch path.
+ */
+export class RolloutRecordsSink {
+  private buffer: TraceRecord[] = [];
+  private nextStep = 1;
+  private tail: Promise<void> = Promise.resolve();
+  private timer: NodeJS.Timeout | undefined;
+  readonly stats: RolloutRecordsStats = { steps: 0, records: 0, skipped: 0, failedFlushes: 0 };
+
+  constructor(
+    private readonly options: RolloutRecordsOptions,
+    private readonly logger: Logger,
+  ) {
+    assertRolloutEnv(options.env);
+  }
+
+  private get root(): string {
+    return join(this.options.dir, ROLLOUTS_DIR);
+  }
+
+  /** Continues after the highest existing step so a restarted collection never replaces a published step. */
+  async start(): Promise<void> {
+    await mkdir(this.root, { recursive: true });
+    let highest = 0;
+    for (const name of await readdir(this.root)) {
+      const m = STEP_DIR.exec(name);
+      if (m) highest = Math.max(highest, Number(m[1]));
+    }
+    this.nextStep = highest + 1;
+  }
+
+  add(record: TraceRecord): void {
+    this.buffer.push(record);
+    if (this.buffer.length >= this.options.everyRows) {
+      void this.flush();
+    } else if (!this.timer) {
+      this.timer = setTimeout(() => void this.flush(), this.options.everySeconds * 1000);
+      this.timer.unref();
+    }
+  }
+
+  skip(): void {
+    this.stats.skipped++;
+  }
+
+  /** Publishes what is buffered as the next step; failures are logged and the records kept for the next flush. */
+  flush(): Promise<void> {
+    this.tail = this.tail.then(() => this.flushNow());
+    return this.tail;
+  }
+
+  async close(): Promise<void> {
+    await this.flush();
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  private async flushNow(): Promise<void> {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    const records = this.buffer;
+    if (records.length === 0) return;
+    this.buffer = [];
+    // A step number is never reused, even after a failed (possibly half-visible) attempt.
+    const step = this.nextStep++;
+    const { kind, env } = this.options;
+    try {
+      const encoded = encodeRolloutRecords({ kind, env, step, records });
+      const stepDir = join(this.root, rolloutStepDir(step));
+      await mkdir(stepDir, { recursive: true });
+      await fsyncDirectory(this.root);
+      // Records first, then the index that points into them, then the marker listing the file.
+      await replaceFileDurably(join(this.root, encoded.recordFile), encoded.recordBytes);
+      await replaceFileDurably(join(this.root, encoded.indexFile), encoded.indexBytes);
+      const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files: [encoded.header.record_file] });
+      await replaceFileDurably(join(stepDir, rolloutStepMarkerName(kind)), `${JSON.stringify(marker)}\n`);
+      this.stats.steps++;
+      this.stats.records += records.length;
+      this.logger.info({ step, records: records.length, file: encoded.recordFile }, "rollout records written");
+    } catch (error) {
+      this.stats.failedFlushes++;
+      this.buffer = [...records, ...this.buffer];
+      this.logger.warn({ err: error, step, records: records.length }, "writing rollout records failed; kept for the next flush");
+    }
+  }
+}
