@@ -42,7 +42,7 @@ export {
 export type { RecordFilters, SkipReason, ReadStats, LoadedRecord, ReadOptions } from "./record-reader.js";
 export { seededRandom, sampleSorted } from "./seeded-random.js";
 export type { Random, RandomFactory } from "./seeded-random.js";
-export { estimateTokens, compactionSeeds, toolCallSeeds, recheckSeed, seededContextNodes } from "./anchors.js";
+export { estimateTokens, compactionSeeds, toolCallSeeds, recheckSeed, seededContextNodes, isResumePoint } from "./anchors.js";
 export type { AnchorKind, Seed, ToolCallOptions } from "./anchors.js";
 export {
   DEFAULT_RECHECK_PROMPT,
@@ -64,3 +64,17 @@ export type {
   ReloadResult,
   ReplayTaskSourceOptions,
 } from "./replay-task-source.js";
+export {
+  ChatToolCallSchema,
+  ChatMessageLikeSchema,
+  chatToMessage,
+  messageToChat,
+  promptToChat,
+  nodesFromChat,
+  chatTrajectory,
+} from "./chat-trajectory.js";
+export type { ChatMessageLike } from "./chat-trajectory.js";
+export { GYM_SOURCE_ID, GymRecordTaskSchema, gymSourceEnvironment, loadGymReplaySource, gymReplayRun } from "./gym-replay-source.js";
+export type { GymRecordTask, GymReplaySource, GymReplayRun } from "./gym-replay-source.js";
+export { CheckpointSeedSchema, exportCheckpointSeeds } from "./checkpoint-seeds.js";
+export type { CheckpointSeed, CheckpointSeedSkip, CheckpointSeedExport } from "./checkpoint-seeds.js";

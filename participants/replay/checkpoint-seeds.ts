@@ -1,0 +1,189 @@
+import { readFile, stat } from "node:fs/promises";
+import path from "node:path";
+import { z } from "zod";
+import {
+  GLOBAL_MANIFEST_FILE,
+  GlobalManifestSchema,
+  canonicalDigest,
+  captureKey,
+  describeZodError,
+  type GlobalManifest,
+} from "../../protocol/index.js";
+import { AgentRecordSchema, LegacySessionSchema, type AgentRecord } from "../kinds/agent/index.js";
+import { EnvironmentRecordSchema, type EnvironmentRecord } from "../kinds/environment/index.js";
+import { FsCheckpointStorage } from "../storage/fs-storage.js";
+import { estimateTokens, isResumePoint, seededContextNodes } from "./anchors.js";
+import { ChatMessageLikeSchema, chatToMessage } from "./chat-trajectory.js";
+import { invalidRequest, invalidState } from "./errors.js";
+import { PromptSchema, type Message } from "./trace-record.js";
+
+/**
+ * A published checkpoint's parked episodes as `continue` seeds: each episode parked where the
+ * agent waits for its next model call becomes a fresh task whose prompt is the conversation so far
+ * (system message dropped; the harness adds its own). Lineage names the checkpoint, the episode's
+ * capture key and the boundary, so the seed can always be traced back to the exact records.
+ */
+export const CheckpointSeedSchema = z
+  .object({
+    name: z.string().min(1),
+    prompt: PromptSchema,
+    /** The original task when it was given (matched by the records' task digest), else null. */
+    task: z.record(z.string(), z.unknown()).nullable(),
+    seed_tokens: z.number().int().min(0),
+    lineage: z
+      .object({
+        mode: z.literal("continue"),
+        anchor: z.literal("checkpoint-boundary"),
+        source_checkpoint_id: z.string(),
+        capture_key: z.string(),
+        rollout_id: z.string(),
+        attempt: z.number().int().min(0),
+        /** The boundary the episode was parked at: `invoke_agent` (native) or `loop` (legacy agent `/run`). */
+        boundary: z.string(),
+        task_digest: z.string().nullable(),
+        /** Model turns already in the seeded context. */
+        turns: z.number().int().min(0),
+      })
+      .strict(),
+  })
+  .strict();
+export type CheckpointSeed = z.infer<typeof CheckpointSeedSchema>;
+
+export type CheckpointSeedSkip = "no_boundary" | "past_agent" | "not_started" | "finished_loop" | "no_progress" | "not_a_resume_point" | "restart";
+
+export interface CheckpointSeedExport {
+  checkpointId: string;
+  seeds: CheckpointSeed[];
+  skipped: Partial<Record<CheckpointSeedSkip, number>>;
+}
+
+const MAX_GLOBAL_MANIFEST_BYTES = 16 << 20;
+const LoopSnapshotSchema = z.object({ messages: z.array(ChatMessageLikeSchema).min(1), answer: z.string().optional() }).passthrough();
+const LegacyLoopSchema = z.object({ next: z.literal("loop"), state: LoopSnapshotSchema }).passthrough();
+
+async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest> {
+  const file = path.join(checkpointDir, GLOBAL_MANIFEST_FILE);
+  let size: number;
+  try {
+    size = (await stat(file)).size;
+  } catch {
+    throw invalidRequest(`${checkpointDir} holds no ${GLOBAL_MANIFEST_FILE} (not a published checkpoint)`);
+  }
+  if (size > MAX_GLOBAL_MANIFEST_BYTES) throw invalidState(`${file} is ${size} bytes, over the ${MAX_GLOBAL_MANIFEST_BYTES} limit`);
+  let raw: unknown;
+  try {
+    raw = JSON.parse(await readFile(file, "utf8"));
+  } catch {
+    throw invalidState(`${file} is not JSON`);
+  }
+  const parsed = GlobalManifestSchema.safeParse(raw);
+  if (!parsed.success) throw invalidState(`${file} is invalid: ${describeZodError(parsed.error)}`);
+  return parsed.data;
+}
+
+/**
+ * Reads `checkpoint.json`, then every environment and agent participant's records (manifest
+ * identity, digest and count verified by the storage), and exports the resumable episodes.
+ * `tasks` (e.g. the collection's task file) lets a seed carry its original task, matched by digest.
+ */
+export async function exportCheckpointSeeds(checkpointDir: string, options: { tasks?: readonly unknown[] } = {}): Promise<CheckpointSeedExport> {
+  const manifest = await readGlobalManifest(checkpointDir);
+  const id = manifest.checkpoint_id;
+  const storage = new FsCheckpointStorage();
+  const environment = new Map<string, EnvironmentRecord>();
+  const agent = new Map<string, AgentRecord>();
+  for (const p of manifest.participants) {
+    const target = { checkpointDir, checkpointId: id, kind: p.kind, instance: p.instance };
+    if (p.kind === "environment") {
+      for (const r of (await storage.read(target, EnvironmentRecordSchema)).records) environment.set(captureKey(r.episode_id), r);
+    } else if (p.kind === "agent") {
+      for (const r of (await storage.read(target, AgentRecordSchema)).records) agent.set(captureKey(r.episode_id), r);
+    }
+  }
+  const byDigest = new Map<string, Record<string, unknown>>();
+  for (const task of options.tasks ?? []) {
+    if (task !== null && typeof task === "object" && !Array.isArray(task)) byDigest.set(canonicalDigest(task), task as Record<string, unknown>);
+  }
+  const restarts = new Set(manifest.restarts);
+  const skipped: CheckpointSeedExport["skipped"] = {};
+  const skip = (reason: CheckpointSeedSkip) => void (skipped[reason] = (skipped[reason] ?? 0) + 1);
+  const seeds: CheckpointSeed[] = [];
+
+  const keys = [...new Set([...environment.keys(), ...[...agent.values()].filter((a) => a.mode === "legacy").map((a) => captureKey(a.episode_id))])].sort();
+  for (const key of keys) {
+    if (restarts.has(key)) {
+      skip("restart");
+      continue;
+    }
+    const env = environment.get(key);
+    const ag = agent.get(key);
+    let boundary: string;
+    let snapshot: unknown;
+    let digest: string | null;
+    if (env) {
+      digest = env.task_digest;
+      if (env.boundary === null) {
+        skip("no_boundary");
+        continue;
+      }
+      boundary = String(env.boundary["next"]);
+      if (boundary !== "invoke_agent") {
+        skip("past_agent"); // verify/return: the conversation is over, nothing to continue
+        continue;
+      }
+      if (!ag || ag.mode !== "session" || ag.boundary === null) {
+        skip("not_started");
+        continue;
+      }
+      snapshot = ag.boundary;
+    } else {
+      const legacy = LegacyLoopSchema.safeParse(ag!.episode);
+      const session = LegacySessionSchema.safeParse(ag!.session);
+      digest = session.success ? session.data.task_digest : null;
+      if (!legacy.success) {
+        skip(ag!.episode === null ? "no_boundary" : "past_agent");
+        continue;
+      }
+      boundary = "loop";
+      snapshot = legacy.data.state;
+    }
+    const loop = LoopSnapshotSchema.safeParse(snapshot);
+    if (!loop.success) throw invalidState(`${id}: the agent boundary of ${key} is not a turn-loop snapshot`);
+    if (loop.data.answer !== undefined) {
+      skip("finished_loop");
+      continue;
+    }
+    const messages: Message[] = loop.data.messages.map(chatToMessage);
+    const context = messages[0]?.role === "system" ? messages.slice(1) : messages;
+    const turns = context.filter((m) => m.role === "assistant").length;
+    if (turns === 0) {
+      skip("no_progress"); // the seed would be the task's own prompt
+      continue;
+    }
+    if (!isResumePoint(context)) {
+      skip("not_a_resume_point");
+      continue;
+    }
+    const episode = (env ?? ag)!.episode_id;
+    seeds.push(
+      CheckpointSeedSchema.parse({
+        name: `continue:${id}:${key}`,
+        prompt: context,
+        task: digest ? (byDigest.get(digest) ?? null) : null,
+        seed_tokens: estimateTokens(seededContextNodes(context)),
+        lineage: {
+          mode: "continue",
+          anchor: "checkpoint-boundary",
+          source_checkpoint_id: id,
+          capture_key: key,
+          rollout_id: episode.rollout_id,
+          attempt: episode.attempt,
+          boundary,
+          task_digest: digest,
+          turns,
+        },
+      }),
+    );
+  }
+  return { checkpointId: id, seeds, skipped };
+}
