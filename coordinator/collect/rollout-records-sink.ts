@@ -83,9 +83,16 @@ export class RolloutRecordsSink {
     this.stats.skipped++;
   }
 
-  /** Publishes what is buffered as the next step; failures are logged and the records kept for the next flush. */
+  /**
+   * Publishes what is buffered now as the next step (the batch is taken at once, so rows finishing
+   * meanwhile go to a later step); failures are logged and the records kept for the next flush.
+   */
   flush(): Promise<void> {
-    this.tail = this.tail.then(() => this.flushNow());
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    const records = this.buffer;
+    this.buffer = [];
+    if (records.length > 0) this.tail = this.tail.then(() => this.write(records));
     return this.tail;
   }
 
@@ -95,12 +102,7 @@ export class RolloutRecordsSink {
     this.timer = undefined;
   }
 
-  private async flushNow(): Promise<void> {
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = undefined;
-    const records = this.buffer;
-    if (records.length === 0) return;
-    this.buffer = [];
+  private async write(records: TraceRecord[]): Promise<void> {
     // A step number is never reused, even after a failed (possibly half-visible) attempt.
     const step = this.nextStep++;
     const { kind, env } = this.options;

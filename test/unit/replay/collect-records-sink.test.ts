@@ -1,0 +1,72 @@
+import { readdir, readFile, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { RolloutRecordsSink } from "../../../coordinator/collect/rollout-records-sink.js";
+import { RolloutStepMarkerSchema } from "../../../protocol/index.js";
+import { readRecords, newReadStats } from "../../../participants/replay/index.js";
+import { linearTrace, silent, tempDir, traceId } from "./fixtures.js";
+
+let dir: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+async function waitFor(condition: () => Promise<boolean>, what: string): Promise<void> {
+  for (let i = 0; i < 400; i++) {
+    if (await condition()) return;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+async function idsOf(file: string): Promise<string[]> {
+  const out: string[] = [];
+  const stats = newReadStats();
+  for await (const r of readRecords(file, { filters: { minReward: null, maxReward: null, minBranches: 1 }, stats, useIndex: true, verifySha256: true, logger: silent })) out.push(r.trace.id);
+  expect(stats.filesIndexed).toBe(1); // the index was accepted, sha256 included
+  return out;
+}
+
+describe("the collector's rollout-records sink", () => {
+  it("writes a step every K rows, on the timer, and at close; a restart continues after the highest step", async () => {
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 2, everySeconds: 0.05 }, silent);
+    await sink.start();
+    sink.add(linearTrace(traceId(1)));
+    sink.add(linearTrace(traceId(2))); // K reached: step_1
+    sink.add(linearTrace(traceId(3))); // alone: the timer writes step_2
+    const root = path.join(dir, "rollouts");
+    await waitFor(async () => (await readdir(root)).includes("step_2") && (await readdir(path.join(root, "step_2"))).includes("_complete_eval.json"), "the timer flush");
+    expect(await idsOf(path.join(root, "step_1", "eval_rollouts_gym.jsonl"))).toEqual([traceId(1), traceId(2)]);
+    expect(await idsOf(path.join(root, "step_2", "eval_rollouts_gym.jsonl"))).toEqual([traceId(3)]);
+    const marker = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_eval.json"), "utf8")));
+    expect(marker).toEqual({ format: "gym-ckpt/rollout-step", version: 1, step: 1, kind: "eval", files: ["eval_rollouts_gym.jsonl"] });
+    await sink.close();
+    expect(sink.stats).toEqual({ steps: 2, records: 3, skipped: 0, failedFlushes: 0 });
+
+    const again = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 100, everySeconds: 600 }, silent);
+    await again.start();
+    again.add(linearTrace(traceId(4)));
+    await again.close(); // the final flush
+    expect((await readdir(root)).sort()).toEqual(["step_1", "step_2", "step_3"]);
+    expect(await idsOf(path.join(root, "step_3", "eval_rollouts_gym.jsonl"))).toEqual([traceId(4)]);
+    expect((await readdir(path.join(root, "step_3"))).sort()).toEqual(["_complete_eval.json", "eval_rollouts_gym.jsonl", "index_eval_gym.jsonl"]); // no temp files
+  });
+
+  it("keeps records of a failed flush for the next one and never reuses the failed step", async () => {
+    const root = path.join(dir, "rollouts");
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await sink.start();
+    await writeFile(path.join(root, "step_1"), "a file where the step directory should go");
+    sink.add(linearTrace(traceId(1)));
+    await sink.flush();
+    expect(sink.stats).toMatchObject({ steps: 0, failedFlushes: 1 });
+    sink.add(linearTrace(traceId(2)));
+    await sink.close();
+    expect(sink.stats).toMatchObject({ steps: 1, records: 2, failedFlushes: 1 });
+    expect(await idsOf(path.join(root, "step_2", "train_rollouts_gym.jsonl"))).toEqual([traceId(1), traceId(2)]);
+  });
+
+  it("refuses an env name that is not a safe file-name component", () => {
+    expect(() => new RolloutRecordsSink({ dir, env: "a/b", kind: "train", everyRows: 1, everySeconds: 1 }, silent)).toThrow(/env name/);
+  });
+});

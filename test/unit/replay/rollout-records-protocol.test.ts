@@ -1,0 +1,134 @@
+import { readFile, readdir } from "node:fs/promises";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import {
+  CheckpointError,
+  RunTrajectorySchema,
+  encodeRolloutRecords,
+  rolloutRecordPaths,
+  traceRecordFromTrajectory,
+} from "../../../protocol/index.js";
+import {
+  ReplayTaskSource,
+  chatTrajectory,
+  chatToMessage,
+  isResumePoint,
+  messageToChat,
+  promptToChat,
+  writeRolloutRecords,
+  type ChatMessageLike,
+} from "../../../participants/replay/index.js";
+import { call, compactedTrace, linearTrace, mathSource, result, say, silent, sys, tempDir, traceId, user } from "./fixtures.js";
+
+let dir: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+describe("protocol rollout-record encoding", () => {
+  it("is byte-identical to what the replay record writer publishes", async () => {
+    const traces = [linearTrace(traceId(1), 0), compactedTrace(traceId(2), 1)];
+    traces[1]!.nodes[1]!.message = { role: "user", content: "6×7 = ? 漢字 🙂" }; // multibyte shifts the second span
+    const encoded = encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records: traces, policyVersion: [2, 3] });
+    const written = await writeRolloutRecords(dir, 4, { kind: "train", env: "gsm8k", traces, policyVersion: (_t, i) => 2 + i });
+    expect(encoded.recordFile).toBe("step_4/train_rollouts_gsm8k.jsonl");
+    expect(encoded.indexFile).toBe("step_4/index_train_gsm8k.jsonl");
+    expect(await readFile(written.recordPath)).toEqual(encoded.recordBytes);
+    expect(await readFile(written.indexPath)).toEqual(encoded.indexBytes);
+    expect(encoded.rows.map((r) => [r.offset, r.len, r.policy_version, r.branches])).toEqual([
+      [0, Buffer.byteLength(JSON.stringify(traces[0]) + "\n"), 2, 1],
+      [Buffer.byteLength(JSON.stringify(traces[0]) + "\n"), Buffer.byteLength(JSON.stringify(traces[1]) + "\n"), 3, 2],
+    ]);
+    expect(encoded.header.size).toBe(encoded.recordBytes.length);
+  });
+
+  it("refuses bad input with invalid_request and names the paths it would use", () => {
+    const refusal = (f: () => unknown) => {
+      try {
+        f();
+      } catch (error) {
+        return error;
+      }
+      return null;
+    };
+    const cases = [
+      () => encodeRolloutRecords({ kind: "train", env: "../x", step: 1, records: [] }),
+      () => encodeRolloutRecords({ kind: "train", env: "x", step: -1, records: [] }),
+      () => encodeRolloutRecords({ kind: "test" as "train", env: "x", step: 1, records: [] }),
+      () => encodeRolloutRecords({ kind: "train", env: "x", step: 1, records: [{ id: "x" }] }),
+      () => encodeRolloutRecords({ kind: "train", env: "x", step: 1, records: [linearTrace(traceId(1))], policyVersion: [1, 2] }),
+      () => encodeRolloutRecords({ kind: "train", env: "x", step: 1, records: [linearTrace(traceId(1))], policyVersion: 1.5 }),
+    ];
+    for (const c of cases) {
+      const error = refusal(c);
+      expect(error).toBeInstanceOf(CheckpointError);
+      expect((error as CheckpointError).code).toBe("invalid_request");
+    }
+    expect(rolloutRecordPaths(9, "eval", "gym")).toEqual({ stepDir: "step_9", recordFile: "step_9/eval_rollouts_gym.jsonl", indexFile: "step_9/index_eval_gym.jsonl" });
+  });
+});
+
+describe("chat trajectories", () => {
+  const conversation: ChatMessageLike[] = [
+    { role: "system", content: "You are a calculator." },
+    { role: "user", content: "Compute: 6 * 7" },
+    { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "calculator", arguments: '{"expression":"6 * 7"}' } }] },
+    { role: "tool", tool_call_id: "c1", content: '{"result":42}' },
+    { role: "assistant", content: "42" },
+  ];
+
+  it("becomes a record whose seeded context is unsampled and which replays like any other record", async () => {
+    const trajectory = chatTrajectory({ messages: conversation, seeded: 2, reward: 1, taskName: "gsm8k", prompt: "Compute: 6 * 7", replay: null });
+    expect(RunTrajectorySchema.parse(trajectory)).toEqual(trajectory);
+    expect(trajectory.turns).toBe(2);
+    expect(trajectory.nodes.map((n) => n.sampled)).toEqual([false, false, true, false, true]);
+    const record = traceRecordFromTrajectory({ id: traceId(7), taskIdx: 3, task: { answer: "42" }, trajectory, info: { rollout_id: "r" } });
+    expect(record.task).toEqual({ answer: "42", idx: 3, name: "gsm8k", prompt: "Compute: 6 * 7" });
+    expect(record.rewards).toEqual({ reward: 1 });
+
+    const { recordBytes, indexBytes, recordFile, indexFile } = encodeRolloutRecords({ kind: "eval", env: "calc", step: 1, records: [record] });
+    const { mkdir, writeFile } = await import("node:fs/promises");
+    await mkdir(path.join(dir, "step_1"));
+    await writeFile(path.join(dir, recordFile), recordBytes);
+    await writeFile(path.join(dir, indexFile), indexBytes);
+    const source = new ReplayTaskSource({ records: "step_*/eval_rollouts_calc.jsonl", source: { id: "gsm8k" }, anchor: "tool-call" }, mathSource(), { cwd: dir, logger: silent });
+    await source.load();
+    expect(source.tasks.map((t) => [t.name, t.lineage.anchorNode, t.task.answer])).toEqual([[`continue:${traceId(7).slice(0, 8)}:tool-call3`, 3, "42"]]);
+    expect(promptToChat(source.tasks[0]!.prompt)).toEqual(conversation.slice(1, 4));
+  });
+
+  it("a replayed record carries its lineage and is never mined again", async () => {
+    const trajectory = chatTrajectory({ messages: conversation, seeded: 4, reward: 1, taskName: "continue:abcdef12:tool-call3", prompt: null, replay: { sourceTraceId: "abc" } });
+    const record = traceRecordFromTrajectory({ id: traceId(8), taskIdx: 0, task: { answer: "42" }, trajectory });
+    expect(record.info).toEqual({ replay: { sourceTraceId: "abc" } });
+    expect(record.nodes.filter((n) => n.sampled)).toHaveLength(1);
+    const { recordBytes, recordFile } = encodeRolloutRecords({ kind: "train", env: "calc", step: 1, records: [record] });
+    const { mkdir, writeFile } = await import("node:fs/promises");
+    await mkdir(path.join(dir, "step_1"));
+    await writeFile(path.join(dir, recordFile), recordBytes);
+    const source = new ReplayTaskSource({ records: "step_*/*.jsonl", source: { id: "gsm8k" }, anchor: "tool-call" }, mathSource(), { cwd: dir, logger: silent });
+    await source.load();
+    expect(source.size).toBe(0);
+    expect(source.stats.read.skipped.replayed).toBe(1);
+    expect(await readdir(path.join(dir, "step_1"))).toEqual(["train_rollouts_calc.jsonl"]);
+  });
+
+  it("converts messages both ways", () => {
+    for (const m of conversation.slice(1)) expect(messageToChat(chatToMessage(m))).toEqual(m);
+    expect(promptToChat("hi")).toEqual([{ role: "user", content: "hi" }]);
+  });
+});
+
+describe("resume points", () => {
+  it("accept a context ending in a user turn or a complete tool run, and nothing else", () => {
+    expect(isResumePoint([user("q")])).toBe(true);
+    expect(isResumePoint([user("q"), call("a"), result("a")])).toBe(true);
+    expect(isResumePoint([sys(), user("q"), call("a", "b"), result("b"), result("a")])).toBe(true);
+    expect(isResumePoint([user("q"), call("a", "b"), result("a")])).toBe(false); // dangling call
+    expect(isResumePoint([user("q"), call("a"), result("a"), result("x")])).toBe(false); // foreign result
+    expect(isResumePoint([user("q"), say("done")])).toBe(false); // finished, nothing to continue
+    expect(isResumePoint([user("q"), call("a"), user("more")])).toBe(false); // call never answered
+    expect(isResumePoint([result("a")])).toBe(false);
+    expect(isResumePoint([])).toBe(false);
+  });
+});
