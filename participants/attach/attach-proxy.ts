@@ -37,7 +37,10 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   const { upstream, kind, logger } = options;
   const maxBody = options.maxBodyBytes ?? 32 * 1024 * 1024;
   const secure = upstream.url.protocol === "https:";
-  const agent = secure ? new HttpsAgent({ keepAlive: true, maxSockets: Infinity }) : new HttpAgent({ keepAlive: true, maxSockets: Infinity });
+  // Keep-alive sockets to the upstream, as many as there are concurrent calls, without Nagle: a
+  // request costs no connect once the pool is warm.
+  const agentOptions = { keepAlive: true, maxSockets: Infinity, maxFreeSockets: 1024, noDelay: true };
+  const agent = secure ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
   const send = secure ? httpsRequest : httpRequest;
   const basePath = upstream.url.pathname.replace(/\/+$/, "");
 
@@ -185,18 +188,18 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
           failOnce();
         });
         upRes.on("end", () => {
-          void (async () => {
-            if (!settled) {
-              settled = true;
-              if (status >= 200 && status < 300) {
-                const staging = upRes.headers["x-ng-staging-key"];
-                await kind
-                  .complete(ticket, { stagingKey: typeof staging === "string" && staging ? staging.slice(0, 512) : null, usage: tail.usage() })
-                  .catch((error: unknown) => logger?.error({ err: error, capture_key: ticket.captureKey }, "ledger row write failed"));
-              } else kind.fail(ticket);
-            }
-            res.end();
-          })();
+          if (settled) return void res.end();
+          settled = true;
+          if (status < 200 || status >= 300) {
+            kind.fail(ticket);
+            return void res.end();
+          }
+          const staging = upRes.headers["x-ng-staging-key"];
+          // complete() puts the row in the in-memory ledger before it returns; ending the response in
+          // this same tick lets the last chunk and the terminator leave in one write.
+          const written = kind.complete(ticket, { stagingKey: typeof staging === "string" && staging ? staging.slice(0, 512) : null, usage: tail.usage() });
+          res.end();
+          written.catch((error: unknown) => logger?.error({ err: error, capture_key: ticket.captureKey }, "ledger row write failed"));
         });
       })();
     });

@@ -1,4 +1,3 @@
-import { UsageSchema } from "../kinds/model/ledger-row.js";
 import type { LedgerRow } from "../kinds/model/ledger-row.js";
 
 /**
@@ -17,37 +16,52 @@ export class UsageTail {
   }
 
   usage(): LedgerRow["usage"] {
-    const text = Buffer.concat(this.chunks).toString("utf8");
-    const candidates: string[] = [];
-    const trimmed = text.trim();
-    if (trimmed.startsWith("{")) candidates.push(trimmed);
-    const lines = text.split("\n");
-    for (let i = lines.length - 1; i >= 0 && candidates.length < 8; i--) {
-      const line = lines[i]!.trim();
-      if (line.startsWith("data:") && line.includes('"usage"')) candidates.push(line.slice(5).trim());
+    // The usage block is almost always in the last event (or at the end of a small body): try the
+    // last KiB before decoding the whole tail.
+    let quick = 0;
+    let from = this.chunks.length;
+    while (from > 0 && quick < 1024) quick += this.chunks[--from]!.length;
+    if (from > 0) {
+      const found = usageIn(Buffer.concat(this.chunks.slice(from)).toString("utf8"));
+      if (found) return found;
     }
-    // Newest first. A streamed Messages API answer reports output tokens in its last
-    // `message_delta` and input tokens in `message_start`: take each from the newest event naming it.
-    let prompt: number | undefined;
-    let completion: number | undefined;
-    let total: number | undefined;
-    for (const candidate of candidates) {
-      let counts: UsageCounts | undefined;
-      try {
-        counts = pickUsage(JSON.parse(candidate));
-      } catch {
-        continue; // partial or not JSON
-      }
-      if (!counts) continue;
-      prompt ??= counts.prompt;
-      completion ??= counts.completion;
-      total ??= counts.total;
-      if (prompt !== undefined && completion !== undefined) break;
-    }
-    if (prompt === undefined || completion === undefined) return null;
-    const parsed = UsageSchema.safeParse({ prompt_tokens: prompt, completion_tokens: completion, total_tokens: total ?? prompt + completion });
-    return parsed.success ? parsed.data : null;
+    return usageIn(Buffer.concat(this.chunks).toString("utf8"));
   }
+}
+
+function usageIn(text: string): LedgerRow["usage"] {
+  const candidates: string[] = [];
+  const trimmed = text.trim();
+  if (trimmed.startsWith("{")) candidates.push(trimmed);
+  // Walk the lines backwards without splitting the whole tail.
+  for (let end = text.length; end > 0 && candidates.length < 8; ) {
+    const start = text.lastIndexOf("\n", end - 1) + 1;
+    const line = text.slice(start, end).trim();
+    if (line.startsWith("data:") && line.includes('"usage"')) candidates.push(line.slice(5).trim());
+    end = start - 1;
+  }
+  // Newest first. A streamed Messages API answer reports output tokens in its last
+  // `message_delta` and input tokens in `message_start`: take each from the newest event naming it.
+  let prompt: number | undefined;
+  let completion: number | undefined;
+  let total: number | undefined;
+  for (const candidate of candidates) {
+    let counts: UsageCounts | undefined;
+    try {
+      counts = pickUsage(JSON.parse(candidate));
+    } catch {
+      continue; // partial or not JSON
+    }
+    if (!counts) continue;
+    prompt ??= counts.prompt;
+    completion ??= counts.completion;
+    total ??= counts.total;
+    if (prompt !== undefined && completion !== undefined) break;
+  }
+  if (prompt === undefined || completion === undefined) return null;
+  // Checked here by hand (this runs once per call); the ledger row's schema validates it again.
+  const usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: total ?? prompt + completion };
+  return Object.values(usage).every((n) => Number.isSafeInteger(n) && n >= 0) ? usage : null;
 }
 
 interface UsageCounts {

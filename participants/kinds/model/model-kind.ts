@@ -137,7 +137,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     this.notify();
   }
 
-  /** The backend acknowledged the call (response complete): write its lineage row, close the ticket. */
+  /**
+   * The backend acknowledged the call (response complete): write its lineage row, close the ticket.
+   * The row is in the in-memory ledger when this returns (before the promise settles), so the
+   * proxy may end the response at once; the ticket closes once the file append is done.
+   */
   async complete(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
     try {
       if (!ticket.abort.signal.aborted) {

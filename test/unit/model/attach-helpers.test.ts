@@ -40,6 +40,14 @@ describe("usage tail of streamed responses and messages", () => {
     tail.push(Buffer.from('event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n'));
     expect(tail.usage()).toEqual({ prompt_tokens: 12, completion_tokens: 5, total_tokens: 17 });
   });
+
+  it("looks past the last KiB when the input tokens are further back in the tail", () => {
+    const tail = new UsageTail();
+    tail.push(Buffer.from('event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":33,"output_tokens":1}}}\n\n'));
+    for (let i = 0; i < 60; i++) tail.push(Buffer.from(`event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"t${i}"}}\n\n`));
+    tail.push(Buffer.from('event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":60}}\n\n'));
+    expect(tail.usage()).toEqual({ prompt_tokens: 33, completion_tokens: 60, total_tokens: 93 });
+  });
 });
 
 describe("upstream and listen flags", () => {
