@@ -175,6 +175,12 @@ describe.each([
   });
 });
 
+describe("the proxy process", () => {
+  it("listens on 127.0.0.1 by default", () => {
+    expect(new URL(proxy.url).hostname).toBe("127.0.0.1");
+  });
+});
+
 describe("other routes", () => {
   it("pass through untracked, with or without the rollout prefix", async () => {
     const bare = await fetch(`${proxy.url}/v1/models`);
