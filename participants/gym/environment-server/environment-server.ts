@@ -69,8 +69,10 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       const { messages, ...runReply } = result;
       if (request.headers[TRAJECTORY_HEADER] !== "1") return runReply;
       // Opt-in: the episode as a rollout record's message graph (collectors write it as records).
-      const chat = z.array(ChatMessageLikeSchema).safeParse(messages ?? []);
-      const conversation = chat.success ? chat.data : [];
+      // Unknown after a restore past the agent (the boundaries do not keep it): trajectory null.
+      const chat = z.array(ChatMessageLikeSchema).min(1).safeParse(messages);
+      if (!chat.success) return { ...runReply, trajectory: null };
+      const conversation = chat.data;
       const firstUser = conversation.find((m) => m.role === "user")?.content ?? null;
       const trajectory = chatTrajectory({
         messages: conversation,

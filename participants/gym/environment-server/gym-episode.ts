@@ -11,12 +11,12 @@ import type { GymTask, RunReply } from "../agent-server/gym-task.js";
  * After a crash the replacement attempt continues from the restored boundary.
  */
 const VerifyModeSchema = z.enum(["wait", "replay"]);
-/** The agent's conversation, kept from the activation on so a restored episode still has its trajectory. */
+/** The agent's conversation as its activation reports it (the episode's trajectory; kept in memory only). */
 const MessagesSchema = z.array(z.record(z.string(), z.unknown())).max(128).optional();
 export const EnvironmentBoundarySchema = z.discriminatedUnion("next", [
   z.object({ next: z.literal("invoke_agent"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema }).strict(),
-  z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema, answer: z.string(), messages: MessagesSchema }).strict(),
-  z.object({ next: z.literal("return"), answer: z.string(), reward: z.number(), messages: MessagesSchema }).strict(),
+  z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema, answer: z.string() }).strict(),
+  z.object({ next: z.literal("return"), answer: z.string(), reward: z.number() }).strict(),
 ]);
 export type EnvironmentBoundary = z.infer<typeof EnvironmentBoundarySchema>;
 
@@ -62,6 +62,8 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
     boundary = parsed.data;
   }
   const continuedFrom = boundary?.next ?? null;
+  // Not part of any boundary: an episode restored past the agent replies without a trajectory.
+  let messages: Record<string, unknown>[] | undefined;
 
   if (!boundary) {
     const seeded = await ep.step("replay", async (signal) => {
@@ -82,7 +84,6 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
     const { cookie, verify_mode } = boundary;
     // Agent activations continue from the agent's own boundaries, so the step may be replayed.
     let answer: string | undefined;
-    let messages: Record<string, unknown>[] | undefined;
     while (answer === undefined) {
       try {
         ({ answer, messages } = await ep.step("replay", async (signal) => {
@@ -97,17 +98,17 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
         await ep.park();
       }
     }
-    boundary = { next: "verify", cookie, verify_mode, answer, ...(messages && { messages }) };
+    boundary = { next: "verify", cookie, verify_mode, answer };
     await ep.boundary(boundary);
   }
 
   if (boundary.next === "verify") {
-    const { cookie, answer, messages } = boundary;
+    const { cookie, answer } = boundary;
     const reward = await ep.step(boundary.verify_mode, async (signal) => {
       const response = await postJson(`${resources}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, headers: cookieHeader(cookie) });
       return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
     });
-    boundary = { next: "return", answer, reward, ...(messages && { messages }) };
+    boundary = { next: "return", answer, reward };
     // An episode finishing while Gym is prepared waits here without delivering its result.
     await ep.boundary(boundary);
   }
@@ -118,5 +119,5 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
     await postJson(`${agent}${rolloutPath(ep.key, "/close_session")}`, {}).catch(() => undefined);
   });
   const reply = { rollout_id: ep.id.rollout_id, attempt: ep.id.attempt, reward: done.reward, answer: done.answer, continued_from: continuedFrom };
-  return done.messages ? { ...reply, messages: done.messages } : reply;
+  return messages ? { ...reply, messages } : reply;
 }
