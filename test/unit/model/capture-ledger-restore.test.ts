@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { appendFile, readFile, readdir, writeFile } from "node:fs/promises";
+import { appendFile, mkdir, readFile, readdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, ModelKind, type LedgerRow, type ModelRecord } from "../../../participants/kinds/model/index.js";
@@ -141,6 +141,7 @@ describe("ledger retire and delete", () => {
 describe("ledger files", () => {
   it("drop a torn last line on load", async () => {
     const path = ledgerFile("torn");
+    await mkdir(join(f.dir, "ledger"), { recursive: true }); // the fixture's ledger may not have created it yet
     await writeFile(path, `${JSON.stringify(row("torn", "mc-1"))}\n`);
     await appendFile(path, '{"capture_key":"torn","model_');
     const ledger = new CaptureLedger(join(f.dir, "ledger"));

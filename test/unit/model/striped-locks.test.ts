@@ -94,7 +94,7 @@ describe("striped ledger locks", () => {
     expect(await readFile(file, "utf8")).toBe(String(process.pid));
     expect(l.ownedStripes()).toEqual([l.stripeOf("k")]);
     // Reused without touching the file system while busy, released after idleMs.
-    for (let i = 0; i < 50 && existsSync(file); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    for (let i = 0; i < 250 && existsSync(file); i++) await new Promise((resolve) => setTimeout(resolve, 20));
     expect(existsSync(file)).toBe(false);
     expect(l.ownedStripes()).toEqual([]);
   });
