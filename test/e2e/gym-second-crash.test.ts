@@ -3,18 +3,14 @@ import { TASK, startGymWorld, type GymWorld } from "../support/gym-processes.js"
 
 /**
  * A second crash before the replacement starts: the restored state is exported again by the next
- * checkpoint as attempt 1 and restored as attempt 2.
- *
- * The model proxy runs with `--cuts off` here: with cuts on, the model participant re-exports a
- * restored generation cut under the next attempt while the cut still names the source attempt, and
- * its own restore then refuses it ("the cut of <key>-a1 names another source"). Reported to the
- * model kind's owner; switch cuts back on once that is fixed.
+ * checkpoint as attempt 1 and restored as attempt 2. Generation cuts are on: a restored cut not
+ * yet consumed travels with it (exported under attempt 1, still naming the attempt that was cut).
  */
 let world: GymWorld;
 const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 
 beforeAll(async () => {
-  world = await startGymWorld({ args: { model: ["--cuts", "off"] } });
+  world = await startGymWorld();
 }, 60_000);
 afterAll(async () => {
   await world?.close();

@@ -310,7 +310,12 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       if (seen.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two model records for ${key}`);
       seen.add(key);
       for (const cut of record.generation_cuts) {
-        if (cut.continuation.source_capture_key !== key) throw new CheckpointError("invalid_checkpoint_state", `the cut of ${key} names another source`);
+        // A restored cut not yet consumed is exported again under the next attempt but still names
+        // the attempt whose call was cut: same rollout, that attempt or an earlier one.
+        const source = parseCaptureKey(cut.continuation.source_capture_key);
+        if (!source || source.rollout_id !== record.episode_id.rollout_id || source.attempt > record.episode_id.attempt) {
+          throw new CheckpointError("invalid_checkpoint_state", `the cut of ${key} names another source`);
+        }
       }
     }
     for (const record of records) {
