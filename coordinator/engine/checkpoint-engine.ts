@@ -251,32 +251,36 @@ export class CheckpointEngine {
 
   retire(request: CtlRequestOf<"retire">): Promise<CtlReplyOf<"retire">> {
     return this.op("retire", request.checkpoint_id ?? "retire", async (ctx) => {
-      const { id, members, epoch, deadlineMs } = await this.outsideCheckpoint("retire", request.checkpoint_id, request.deadline_ts);
-      const { results, stoppedAt } = await runStages(
-        RETIRE_STAGES,
-        members,
-        (m, c) => this.send(m, "retire", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, episode_ids: request.episode_ids }, deadlineMs, epoch, c),
-        { spanName: "checkpoint.coordinate.retire.stage", parent: ctx, proceed: (o) => failuresOf(o).length === 0 },
-      );
-      const all = results.flatMap((r) => r.outcomes);
-      if (stoppedAt) throw combinedFailure("retire", failuresOf(all));
+      const all = await this.callersBeforeCallees("retire", request.checkpoint_id, request.deadline_ts, { episode_ids: request.episode_ids }, ctx);
       return { participants: all.map((o) => ({ ...o.participant, retired: o.ok ? o.reply.retired : [] })) };
     });
   }
 
   forget(request: CtlRequestOf<"forget">): Promise<CtlReplyOf<"forget">> {
     return this.op("forget", request.checkpoint_id ?? "forget", async (ctx) => {
-      const { id, members, epoch, deadlineMs } = await this.outsideCheckpoint("forget", request.checkpoint_id, request.deadline_ts);
-      const { results, stoppedAt } = await runStages(
-        RETIRE_STAGES,
-        members,
-        (m, c) => this.send(m, "forget", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, rollout_ids: request.rollout_ids }, deadlineMs, epoch, c),
-        { spanName: "checkpoint.coordinate.forget.stage", parent: ctx, proceed: (o) => failuresOf(o).length === 0 },
-      );
-      const all = results.flatMap((r) => r.outcomes);
-      if (stoppedAt) throw combinedFailure("forget", failuresOf(all));
+      const all = await this.callersBeforeCallees("forget", request.checkpoint_id, request.deadline_ts, { rollout_ids: request.rollout_ids }, ctx);
       return { participants: all.map((o) => ({ ...o.participant, forgotten: o.ok ? o.reply.forgotten : [] })) };
     });
+  }
+
+  /** Retire and forget: environment, then agent, then model and resources; stop at the first failing stage. */
+  private async callersBeforeCallees<O extends "retire" | "forget">(
+    op: O,
+    requestedId: string | undefined,
+    deadlineTs: number | undefined,
+    body: Omit<RequestOf<O>, "checkpoint_id" | "deadline_ts" | "epoch">,
+    ctx: Context | undefined,
+  ): Promise<Outcome<O>[]> {
+    const { id, members, epoch, deadlineMs } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
+    const { results, stoppedAt } = await runStages(
+      RETIRE_STAGES,
+      members,
+      (m, c) => this.send(m, op, { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, ...body } as RequestOf<O>, deadlineMs, epoch, c),
+      { spanName: `checkpoint.coordinate.${op}.stage`, parent: ctx, proceed: (o) => failuresOf(o).length === 0 },
+    );
+    const all = results.flatMap((r) => r.outcomes);
+    if (stoppedAt) throw combinedFailure(op, failuresOf(all));
+    return all;
   }
 
   /** Status of every registered participant (one directed status request each); no lock needed. */
