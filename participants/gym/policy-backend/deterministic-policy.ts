@@ -6,6 +6,9 @@ import { z } from "zod";
  * `{"expression": <text after the last "Compute:">}`; otherwise it answers with the `result` of the
  * last tool message (or that message's raw content, or "ok" when there is none).
  * `metadata.answer_tokens: "N"` appends N filler tokens to a final answer (benchmarks).
+ * As a judge (a user message with `Reference answer:` and `Candidate answer:` lines, the
+ * equivalence verifier's prompt) it answers YES when the two match after trimming and case-folding,
+ * else NO — deterministic, so a replayed verify gets the same verdict.
  */
 const MessageSchema = z.object({ role: z.string(), content: z.unknown().optional() }).passthrough();
 export const ChatRequestSchema = z
@@ -46,6 +49,8 @@ export function decide(request: ChatRequest): PolicyReply {
       break;
     }
   }
+  const verdict = lastUser >= 0 ? judgeVerdict(text(messages[lastUser]!.content)) : undefined;
+  if (verdict) return { type: "answer", content: verdict, tokens: tokenize(verdict) };
   const after = messages.slice(lastUser + 1);
   const toolMessages = after.filter((m) => m.role === "tool");
   const rounds = Number.parseInt(request.metadata?.tool_rounds ?? "1", 10);
@@ -74,4 +79,12 @@ export function decide(request: ChatRequest): PolicyReply {
   const limit = Number.isFinite(filler) ? Math.min(Math.max(filler, 0), 100_000) : 0;
   for (let i = 0; i < limit; i++) tokens.push(" tok");
   return { type: "answer", content: tokens.join(""), tokens };
+}
+
+/** The fake judge: compares the reference and candidate answers of an equivalence prompt. */
+function judgeVerdict(prompt: string): "YES" | "NO" | undefined {
+  const reference = /^Reference answer:(.*)$/m.exec(prompt)?.[1];
+  const candidate = /^Candidate answer:(.*)$/m.exec(prompt)?.[1];
+  if (reference === undefined || candidate === undefined) return undefined;
+  return reference.trim().toLowerCase() === candidate.trim().toLowerCase() ? "YES" : "NO";
 }
