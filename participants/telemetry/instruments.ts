@@ -100,6 +100,8 @@ function createInstruments() {
     refusals: m.createCounter("gym_ckpt.refusals", { unit: "{refusal}", description: "Refusals by error code" }),
     leaseExpiries: m.createCounter("gym_ckpt.lease.expiries", { unit: "{expiry}", description: "Leases that expired and resumed a participant by itself" }),
     blockersAtDeadline: m.createHistogram("gym_ckpt.prepare.blockers_at_deadline", { unit: "{blocker}", description: "Blockers when a prepare missed its deadline" }),
+    cuts: m.createCounter("gym_ckpt.model.cuts", { unit: "{call}", description: "Generation cuts by outcome (cut, cut_failed, cut_skipped)" }),
+    heldResponses: m.createCounter("gym_ckpt.model.held_responses", { unit: "{response}", description: "Responses held while admission was closed" }),
     episodes: m.createCounter("gym_ckpt.episodes", {
       unit: "{episode}",
       description: "Episodes continued from a checkpoint (restore) or marked to restart (restarts at commit)",

@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
 import { CheckpointError, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
 import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
+import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
 import { CaptureLedger } from "./capture-ledger.js";
 import { constrainedReason, conversationDigest } from "./conversation-digest.js";
@@ -127,6 +128,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     while (!this.admitting && !ticket.abort.signal.aborted) {
       if (!ticket.held) {
         ticket.held = true;
+        participantInstruments().heldResponses.add(1);
         this.notify();
       }
       await Promise.race([this.reopened.promise, aborted(ticket.abort.signal)]);
@@ -258,6 +260,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       }
       this.round.cut = result.acks.size;
       this.round.cut_failed = result.failed;
+    }
+    for (const outcome of ["cut", "cut_failed", "cut_skipped"] as const) {
+      if (this.round[outcome]) participantInstruments().cuts.add(this.round[outcome], { outcome });
     }
     this.notify();
   }
