@@ -14,3 +14,11 @@ export { WriteGate } from "./storage/write-gate.js";
 export { writeFileAtomic, fsyncDir } from "./storage/fs-durable.js";
 export { ScriptableKind, ScriptRecordSchema } from "./testing/scriptable-kind.js";
 export type { ScriptRecord } from "./testing/scriptable-kind.js";
+// The kind adapters, the attach proxy's building blocks, verifiers and replay, one namespace each
+// (their own index files list what they export).
+export * as environment from "./kinds/environment/index.js";
+export * as agent from "./kinds/agent/index.js";
+export * as model from "./kinds/model/index.js";
+export * as resources from "./kinds/resources/index.js";
+export * as verifiers from "./verifiers/index.js";
+export * as replay from "./replay/index.js";
