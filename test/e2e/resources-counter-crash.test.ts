@@ -1,12 +1,7 @@
-import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import type { ChildProcess } from "node:child_process";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
-import { headers } from "@nats-io/transport-node";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { participantSubject, type Op } from "../../protocol/index.js";
-import { startNats, type NatsFixture } from "../support/nats.js";
+import { phase, postRollout, startResourcesWorld, type ResourcesWorld } from "../support/resources-server.js";
 
 /**
  * Exported resources state survives a crash: real nats-server, the counter resources server
@@ -15,80 +10,20 @@ import { startNats, type NatsFixture } from "../support/nats.js";
 const DEPLOYMENT = "rese2e";
 const TOKEN = "resources-e2e-secret";
 const INSTANCE = "counter";
-const MAIN = join(process.cwd(), "dist/participants/gym/resources-server/main.js");
 
-let nats: NatsFixture;
-let root: string;
-const children = new Set<ChildProcess>();
+let world: ResourcesWorld;
 
 beforeAll(async () => {
-  nats = await startNats();
-  root = await mkdtemp(join(tmpdir(), "gym-ckpt-res-e2e-"));
+  world = await startResourcesWorld(DEPLOYMENT, INSTANCE, TOKEN);
 });
-
-afterEach(() => {
-  for (const child of children) child.kill("SIGKILL");
-  children.clear();
-});
-
-afterAll(async () => {
-  await nats?.close();
-  await rm(root, { recursive: true, force: true });
-});
+afterEach(() => world.killAll());
+afterAll(() => world?.close());
 
 /** Spawns the counter server and resolves with its URL once it printed the ready line. */
-async function spawnCounter(): Promise<{ child: ChildProcess; url: string }> {
-  const child = spawn(
-    process.execPath,
-    [MAIN, "--server", "counter", "--nats", nats.server.url, "--deployment", DEPLOYMENT, "--instance", INSTANCE, "--token", TOKEN, "--checkpoint-root", root],
-    { stdio: ["ignore", "pipe", "pipe"] },
-  );
-  children.add(child);
-  let stderr = "";
-  child.stderr!.on("data", (chunk) => (stderr += String(chunk)));
-  const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`counter server not ready: ${stderr}`)), 20_000);
-    child.once("exit", (code) => reject(new Error(`counter server exited ${code}: ${stderr}`)));
-    createInterface({ input: child.stdout! }).on("line", (line) => {
-      try {
-        const parsed = JSON.parse(line) as { ready?: boolean; url?: string };
-        if (parsed.ready === true && parsed.url) {
-          clearTimeout(timer);
-          resolve(parsed.url);
-        }
-      } catch {
-        // not the ready line
-      }
-    });
-  });
-  return { child, url };
-}
-
-async function kill(child: ChildProcess): Promise<void> {
-  const exited = new Promise((resolve) => child.once("exit", resolve));
-  child.kill("SIGKILL");
-  await exited;
-  children.delete(child);
-}
-
-async function control(op: Op, body: object): Promise<any> {
-  const h = headers();
-  h.set("Authorization", `Bearer ${TOKEN}`);
-  const msg = await nats.nc.request(participantSubject(DEPLOYMENT, "resources", INSTANCE, op), JSON.stringify(body), { timeout: 10_000, headers: h });
-  return msg.json();
-}
-
-const phase = (id: string, extra: object = {}) => ({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + 30, epoch: 1, ...extra });
-
-async function post(url: string, key: string, route: string, cookie?: string): Promise<{ status: number; body: any; cookie?: string }> {
-  const response = await fetch(`${url}/ng-rollout/${key}${route}`, {
-    method: "POST",
-    headers: { "content-type": "application/json", ...(cookie && { cookie }) },
-    body: "{}",
-  });
-  const setCookie = response.headers.get("set-cookie");
-  return { status: response.status, body: await response.json(), ...(setCookie && { cookie: setCookie.split(";")[0]! }) };
-}
+const spawnCounter = (): Promise<{ child: ChildProcess; url: string }> => world.spawn(["--server", "counter"]);
+const kill = (child: ChildProcess) => world.kill(child);
+const control = (op: Parameters<ResourcesWorld["control"]>[0], body: object) => world.control(op, body);
+const post = (url: string, key: string, route: string, cookie?: string) => postRollout(url, key, route, cookie);
 
 /** Two increments, a checkpoint of r1, then SIGKILL. Returns the session cookie. */
 async function countToTwoAndCrash(checkpointId: string): Promise<string> {
@@ -99,7 +34,7 @@ async function countToTwoAndCrash(checkpointId: string): Promise<string> {
   expect((await post(first.url, "r1", "/increment", cookie)).body).toEqual({ count: 1 });
   expect((await post(first.url, "r1", "/increment", cookie)).body).toEqual({ count: 2 });
   expect((await control("prepare", phase(checkpointId))).phase).toBe("prepared");
-  const commit = await control("commit", phase(checkpointId, { checkpoint_dir: join(root, checkpointId), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+  const commit = await control("commit", phase(checkpointId, { checkpoint_dir: join(world.root, checkpointId), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
   expect(commit).toMatchObject({ phase: "committed", episode_ids: ["r1"] });
   await kill(first.child);
   return cookie;
@@ -109,7 +44,7 @@ describe("exported resources state across a crash (real processes)", () => {
   it("two increments, crash, restore, resume: the next increment returns 3", async () => {
     const cookie = await countToTwoAndCrash("cnt-1");
     const fresh = await spawnCounter();
-    const restore = await control("restore", phase("cnt-1", { checkpoint_dir: join(root, "cnt-1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    const restore = await control("restore", phase("cnt-1", { checkpoint_dir: join(world.root, "cnt-1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(restore).toEqual({ phase: "restored", source_checkpoint_id: "cnt-1", restored: ["r1-a1"] });
     // The replacement's request waits while restored, and continues at resume.
     let answered = false;
