@@ -320,7 +320,11 @@ export class Collector {
       this.usage.modelCallsRegenerated += num(usage.model_calls_regenerated);
       this.usage.tokensRegenerated += num(usage.tokens_regenerated);
     }
-    if (this.retired.has(state.row.rolloutId)) this.toForget.add(state.row.rolloutId);
+    if (this.retired.has(state.row.rolloutId)) {
+      // A later attempt replied: nothing of the retired ones can still run, so lift the fence.
+      this.toForget.add(state.row.rolloutId);
+      void this.lock.run(() => this.forgetQueued()).catch((err: unknown) => this.options.logger.warn({ err }, "forget failed; retried at close"));
+    }
   }
 
   /** Buffers the finished row's rollout record; a reply without a valid trajectory is counted, not fatal. */
@@ -457,16 +461,25 @@ export class Collector {
     }
   }
 
+  /** Forgets rollouts whose later attempt replied; called under the lock, so never inside a checkpoint. */
+  private async forgetQueued(): Promise<void> {
+    const rollouts = [...this.toForget];
+    for (let i = 0; i < rollouts.length; i += RETIRE_BATCH) {
+      const batch = rollouts.slice(i, i + RETIRE_BATCH);
+      await this.options.controller.forget({ rollout_ids: batch, deadline_ts: this.deadline() });
+      for (const id of batch) {
+        this.toForget.delete(id);
+        this.retired.delete(id);
+      }
+    }
+  }
+
   /** Forgets every retired rollout; called once all rows are done. */
   private async close(): Promise<void> {
     await this.lock.run(async () => {
       await this.retireQueued();
-      const rollouts = [...this.retired];
-      for (let i = 0; i < rollouts.length; i += RETIRE_BATCH) {
-        await this.options.controller.forget({ rollout_ids: rollouts.slice(i, i + RETIRE_BATCH), deadline_ts: this.deadline() });
-      }
-      this.retired.clear();
-      this.toForget.clear();
+      for (const id of this.retired) this.toForget.add(id);
+      await this.forgetQueued();
     });
   }
 
