@@ -1,10 +1,10 @@
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { headers } from "@nats-io/transport-node";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { participantSubject, type Op } from "../../protocol/index.js";
+import type { Op } from "../../protocol/index.js";
+import { controlRequest, phase as controlPhase } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, waitUntil, type SpawnedServer } from "../e2e/model-processes.js";
 
@@ -33,13 +33,8 @@ afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-async function control(op: Op, body: object): Promise<any> {
-  const h = headers();
-  h.set("Authorization", `Bearer ${TOKEN}`);
-  const msg = await nats.nc.request(participantSubject(DEPLOYMENT, "model", "policy_model", op), JSON.stringify(body), { timeout: 10_000, headers: h });
-  return msg.json();
-}
-const phase = (id: string, extra: object = {}, seconds = 20) => ({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + seconds, epoch: 1, ...extra });
+const control = (op: Op, body: object) => controlRequest(nats.nc, { deployment: DEPLOYMENT, kind: "model", instance: "policy_model", token: TOKEN }, op, body);
+const phase = (id: string, extra: object = {}, seconds = 20) => controlPhase(id, extra, seconds);
 const admin = async (path: string, body?: object, method = body ? "POST" : "GET"): Promise<any> =>
   (await fetch(`${backend.url}${path}`, { method, ...(body && { headers: { "content-type": "application/json" }, body: JSON.stringify(body) }) })).json();
 const capture = async (path: string, init: RequestInit = {}): Promise<any> =>

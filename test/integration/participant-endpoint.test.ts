@@ -1,11 +1,11 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { headers } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { MEMBER_TTL_MS, memberKey, membersBucket, participantSubject, type Op } from "../../protocol/index.js";
+import { MEMBER_TTL_MS, memberKey, membersBucket, type Op } from "../../protocol/index.js";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
+import { controlRequest, phase } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
 const DEPLOYMENT = "itest";
@@ -28,16 +28,8 @@ afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-async function send(op: Op, body: unknown, token: string | null = TOKEN): Promise<any> {
-  const h = headers();
-  if (token !== null) h.set("Authorization", `Bearer ${token}`);
-  const payload = typeof body === "string" ? body : JSON.stringify(body);
-  const msg = await nats.nc.request(participantSubject(DEPLOYMENT, "model", "policy_model", op), payload, { timeout: 5000, headers: h });
-  return msg.json();
-}
-
-const deadline = () => Date.now() / 1000 + 30;
-const phase = (id: string, extra: object = {}) => ({ checkpoint_id: id, deadline_ts: deadline(), epoch: 1, ...extra });
+const send = (op: Op, body: unknown, token: string | null = TOKEN) =>
+  controlRequest(nats.nc, { deployment: DEPLOYMENT, kind: "model", instance: "policy_model", token }, op, body, 5000);
 
 describe("participant control plane over a real nats-server", () => {
   it("announces itself in the membership registry with a bucket-level TTL", async () => {

@@ -1,7 +1,6 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { headers as natsHeaders } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
@@ -12,7 +11,8 @@ import { FsCheckpointStorage } from "../../participants/index.js";
 import { AgentRecordSchema } from "../../participants/kinds/agent/index.js";
 import { EnvironmentRecordSchema } from "../../participants/kinds/environment/index.js";
 import { launchGym, type Gym, type GymLaunchOptions, type GymProcessName } from "../../participants/gym/gym-launcher.js";
-import { GlobalManifestSchema, participantSubject, type EpisodeId, type Kind, type StatusReply } from "../../protocol/index.js";
+import { GlobalManifestSchema, type EpisodeId, type Kind, type StatusReply } from "../../protocol/index.js";
+import { controlRequest } from "./control-requests.js";
 import { startNats, type NatsFixture } from "./nats.js";
 
 /**
@@ -186,10 +186,7 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       },
       async status(name) {
         if (FAKE_MODEL && name === "model") return { phase: "idle", retired_rollouts: 0, report: { blocker_count: 0, counts: {} }, extras: {} } as unknown as StatusReply;
-        const h = natsHeaders();
-        h.set("Authorization", `Bearer ${GYM_TOKEN}`);
-        const msg = await nats.nc.request(participantSubject(deployment, KIND_OF[name], g.instances[name], "status"), "{}", { timeout: 5000, headers: h });
-        return msg.json<StatusReply>();
+        return (await controlRequest(nats.nc, { deployment, kind: KIND_OF[name], instance: g.instances[name], token: GYM_TOKEN }, "status", {}, 5000)) as StatusReply;
       },
       async state(name) {
         const response = await fetch(`${url(name)}/admin/state`);

@@ -2,9 +2,9 @@ import type { ChildProcess } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { headers } from "@nats-io/transport-node";
 import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
-import { participantSubject, type Op } from "../../protocol/index.js";
+import type { Op } from "../../protocol/index.js";
+import { controlRequest, phase } from "./control-requests.js";
 import { startNats, type NatsFixture } from "./nats.js";
 
 /**
@@ -48,11 +48,8 @@ export async function startResourcesWorld(deployment: string, instance: string, 
       await Promise.all([...programs.values()].map((p) => p.kill("SIGKILL")));
       programs.clear();
     },
-    async control(op, body) {
-      const h = headers();
-      h.set("Authorization", `Bearer ${token}`);
-      const msg = await nats.nc.request(participantSubject(deployment, "resources", instance, op), JSON.stringify(body), { timeout: 10_000, headers: h });
-      return msg.json();
+    control(op, body) {
+      return controlRequest(nats.nc, { deployment, kind: "resources", instance, token }, op, body);
     },
     async close() {
       await world.killAll();
@@ -63,8 +60,7 @@ export async function startResourcesWorld(deployment: string, instance: string, 
   return world;
 }
 
-/** Common phase-message fields with a 30 s deadline. */
-export const phase = (id: string, extra: object = {}) => ({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + 30, epoch: 1, ...extra });
+export { phase };
 
 /** POST a JSON body to `/ng-rollout/<key><route>`, returning status, body and the session cookie. */
 export async function postRollout(url: string, key: string, route: string, cookie?: string, body: object = {}): Promise<{ status: number; body: any; cookie?: string }> {
