@@ -3,8 +3,9 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
 import { openMembersBucket } from "../../coordinator/membership/members-bucket.js";
-import { CheckpointError, PROTOCOL_VERSION, controllerSubject, type Kind } from "../../protocol/index.js";
+import { PROTOCOL_VERSION, controllerSubject, type Kind } from "../../protocol/index.js";
 import { KIND_OF, hookLog, monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
+import { refusalOf } from "../support/refusal.js";
 
 const PREPARE_RANK: Record<Kind, number> = { environment: 0, model: 1, agent: 2, resources: 3 };
 const RESUME_RANK: Record<Kind, number> = { resources: 0, agent: 1, model: 2, environment: 3 };
@@ -15,15 +16,7 @@ function expectStaged(entries: string[], rank: Record<Kind, number>): void {
   expect(ranks).toEqual([...ranks].sort((a, b) => a - b));
 }
 
-async function refusal(promise: Promise<unknown>): Promise<CheckpointError> {
-  try {
-    await promise;
-  } catch (error) {
-    if (error instanceof CheckpointError) return error;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
+const refusal = refusalOf;
 
 let world: World;
 beforeAll(async () => {

@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { ParticipantControlPlane } from "../../../participants/index.js";
 import { AgentKind, type Activation, type AgentSessionHooks, type RestoredAgentSession } from "../../../participants/kinds/agent/index.js";
+import { refusalCode } from "../../support/refusal.js";
 
 const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 const flush = () => new Promise((resolve) => setImmediate(resolve));
@@ -62,15 +63,7 @@ function fresh() {
   return { kind, hooks, plane, call };
 }
 
-async function code(work: () => unknown): Promise<string> {
-  try {
-    await work();
-  } catch (error) {
-    if (error instanceof CheckpointError) return error.code;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
+const code = (work: () => unknown) => refusalCode(work);
 
 /** A scripted policy: each call waits for the test to answer it. */
 class ScriptedPolicy {

@@ -2,8 +2,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, type Kind } from "../../../protocol/index.js";
+import type { Kind } from "../../../protocol/index.js";
 import { makeEngine, type Call } from "./fake-participants.js";
+import { refusalOf } from "../../support/refusal.js";
 
 const STAGE: Record<string, Record<Kind, number>> = {
   prepare: { environment: 0, model: 1, agent: 2, resources: 3 },
@@ -16,15 +17,7 @@ function expectStaged(calls: Call[], order: Record<Kind, number>): void {
   for (const a of calls) for (const b of calls) if (order[a.kind] < order[b.kind]) expect(a.seq).toBeLessThan(b.seq);
 }
 
-async function refusal(promise: Promise<unknown>): Promise<CheckpointError> {
-  try {
-    await promise;
-  } catch (error) {
-    if (error instanceof CheckpointError) return error;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
+const refusal = refusalOf;
 
 let root: string;
 beforeEach(async () => {

@@ -2,9 +2,10 @@ import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane } from "../../../participants/index.js";
 import { EnvironmentKind, EnvironmentRecordSchema, type StepEpisode } from "../../../participants/kinds/environment/index.js";
+import { refusalCode } from "../../support/refusal.js";
 
 const TASK = { expression: "17 + 25", tool_rounds: 1 };
 const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
@@ -34,15 +35,7 @@ function fresh() {
   return { kind, plane, call };
 }
 
-async function code(work: () => unknown): Promise<string> {
-  try {
-    await work();
-  } catch (error) {
-    if (error instanceof CheckpointError) return error.code;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
+const code = (work: () => unknown) => refusalCode(work);
 
 /** Episode code must observe its signal so retire can stop it. */
 function abortable(promise: Promise<void>, signal: AbortSignal): Promise<void> {

@@ -3,8 +3,9 @@ import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
 import { ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { refusalCode } from "../../support/refusal.js";
 
 const T0 = 1_700_000_000; // seconds; ManualClock starts here
 const DEADLINE = T0 + 30;
@@ -32,15 +33,7 @@ function call<O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { che
   return plane.handle(op, request as never);
 }
 
-async function refused(promise: Promise<unknown>): Promise<string> {
-  try {
-    await promise;
-  } catch (error) {
-    if (error instanceof CheckpointError) return error.code;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
+const refused = refusalCode;
 
 /** Lets promise chains started by timers run. */
 const flush = () => new Promise((resolve) => setImmediate(resolve));

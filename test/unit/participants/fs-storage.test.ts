@@ -2,8 +2,9 @@ import { mkdtemp, readdir, readFile, rm, writeFile, unlink } from "node:fs/promi
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, sha256Hex } from "../../../protocol/index.js";
+import { sha256Hex } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
+import { refusalCode } from "../../support/refusal.js";
 
 let root: string;
 let target: ParticipantTarget;
@@ -21,15 +22,7 @@ afterEach(() => rm(root, { recursive: true, force: true }));
 
 const write = (gate = new WriteGate(), recs = records) => storage.write(target, recs, { gate, createdAt: 1, extra: {} });
 
-async function code(promise: Promise<unknown>): Promise<string> {
-  try {
-    await promise;
-  } catch (error) {
-    if (error instanceof CheckpointError) return error.code;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
+const code = refusalCode;
 
 describe("filesystem checkpoint storage", () => {
   it("names the records file by the sha256 of its bytes and round-trips exactly", async () => {

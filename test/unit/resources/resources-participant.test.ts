@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
 import {
   ResourcesServer,
@@ -16,6 +16,7 @@ import {
 } from "../../../participants/kinds/resources/index.js";
 import { CalculatorServer, calculatorServerClass } from "../../../participants/gym/resources-server/calculator-server.js";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
+import { refusalCode } from "../../support/refusal.js";
 
 let root: string;
 const opened: { app: FastifyInstance; plane: ParticipantControlPlane<any> }[] = [];
@@ -53,15 +54,7 @@ async function harness(server: ResourcesServer) {
   return { app, kind, sessions, plane, call, post, seed };
 }
 
-async function refused(promise: Promise<unknown>): Promise<string> {
-  try {
-    await promise;
-  } catch (error) {
-    if (error instanceof CheckpointError) return error.code;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
+const refused = refusalCode;
 
 /** Bounded polling on a condition (no sleeps for correctness). */
 async function until(condition: () => boolean, what: string, timeoutMs = 5000): Promise<void> {
