@@ -1,10 +1,11 @@
 import { randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { LATEST_FILE, parseCaptureKey } from "../../protocol/index.js";
+import { parseCaptureKey } from "../../protocol/index.js";
+import { readResults } from "../collect/results-file.js";
+import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { startChildProgram, type ChildProgram } from "./child-program.js";
 import { NatsServerProcess } from "./nats-server-process.js";
 import { participantEntry } from "./participant-entry.js";
@@ -123,15 +124,16 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
 
     // Let the run get going, past at least one published checkpoint.
     const crashAt = Math.ceil(options.rows * options.crashAfter);
-    await waitFor(async () => (await countLines(out)) >= crashAt && existsSync(join(root, LATEST_FILE)), 120_000, collector, "rows to finish before the crash");
+    await waitFor(async () => (await readResults(out)).size >= crashAt && (await new CheckpointCatalog(root).latest()) !== null, 120_000, collector, "rows to finish before the crash");
     // Hold every response not yet started, so nothing is delivered after the last checkpoint.
     const calls = await backendCalls(backendUrl);
     await postJson(`${backendUrl}/admin/hold`, { after: calls.length });
-    const before = await readLatest(root);
+    const catalog = new CheckpointCatalog(root);
+    const before = await catalog.latest();
     collector.child.kill("SIGUSR1");
-    await waitFor(async () => (await readLatest(root)) !== before, 60_000, collector, "the last checkpoint before the crash");
-    const latest = await readLatest(root);
-    say(`checkpoint ${latest} published with ${await countLines(out)}/${options.rows} rows done — now SIGKILL the collector and every Gym process`);
+    await waitFor(async () => (await catalog.latest()) !== before, 60_000, collector, "the last checkpoint before the crash");
+    const latest = await catalog.latest();
+    say(`checkpoint ${latest} published with ${(await readResults(out)).size}/${options.rows} rows done — now SIGKILL the collector and every Gym process`);
     await Promise.all([collector.kill("SIGKILL"), gym.kill("SIGKILL")]);
     await postJson(`${backendUrl}/admin/release`, {});
 
@@ -145,7 +147,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
       }),
     ]);
 
-    const results = await readResults(out);
+    const results = [...(await readResults(out)).values()];
     const finalCalls = await backendCalls(backendUrl);
     const verdict = verifyCalls(finalCalls);
     const meanReward = results.length ? results.reduce((sum, r) => sum + r.reward, 0) / results.length : 0;
@@ -225,30 +227,6 @@ async function backendCalls(url: string): Promise<BackendCall[]> {
 async function postJson(url: string, body: unknown): Promise<void> {
   const response = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
   if (!response.ok) throw new Error(`${url} answered ${response.status}`);
-}
-
-async function readLatest(root: string): Promise<string | undefined> {
-  try {
-    return (await readFile(join(root, LATEST_FILE), "utf8")).trim();
-  } catch {
-    return undefined;
-  }
-}
-
-async function countLines(path: string): Promise<number> {
-  try {
-    return (await readFile(path, "utf8")).split("\n").filter((l) => l.trim()).length;
-  } catch {
-    return 0;
-  }
-}
-
-async function readResults(path: string): Promise<{ reward: number; continued: boolean; attempt: number }[]> {
-  const text = await readFile(path, "utf8").catch(() => "");
-  return text
-    .split("\n")
-    .filter((l) => l.trim())
-    .map((l) => JSON.parse(l) as { reward: number; continued: boolean; attempt: number });
 }
 
 function delay(ms: number): Promise<void> {
