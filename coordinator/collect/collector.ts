@@ -69,7 +69,6 @@ export interface CollectionSummary {
   rows: number;
   finished: number;
   failed: number;
-  meanReward: number;
   checkpoints: number;
   continued: number;
   restarted: number;
@@ -536,7 +535,6 @@ export class Collector {
       rows: values.length,
       finished: done.length,
       failed: values.filter((s) => s.status === "failed").length,
-      meanReward: NaN,
       checkpoints: this.checkpoints,
       continued: values.filter((s) => s.continued).length,
       restarted: this.restartedCount,
@@ -551,11 +549,6 @@ export class Collector {
     const results = await readResults(this.options.outPath);
     const rewards = [...results.values()].map((r) => r.reward);
     return rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : NaN;
-  }
-
-  /** Marks the collection as stopping (SIGTERM after the stop checkpoint); in-flight rows are abandoned. */
-  get isStopping(): boolean {
-    return this.stopping;
   }
 }
 
