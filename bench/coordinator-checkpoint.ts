@@ -103,16 +103,20 @@ function serve(nc: NatsConnection, deployment: string, members: Member[]): () =>
   return () => subs.forEach((s) => s.unsubscribe());
 }
 
-/** The floor: the same staged pattern of directed requests, nothing else. */
-async function floorRound(nc: NatsConnection, deployment: string, members: Member[], id: string): Promise<void> {
+/** The floor: the same staged pattern of directed requests, nothing else. Returns its split (ms). */
+async function floorRound(nc: NatsConnection, deployment: string, members: Member[], id: string): Promise<{ prepare: number; commit: number; resume: number }> {
   const h = headers();
   h.set(HEADER_AUTHORIZATION, `Bearer ${TOKEN}`);
   const send = (m: Member, op: "prepare" | "commit" | "resume", body: unknown) =>
     nc.request(participantSubject(deployment, m.kind, m.instance, op), JSON.stringify(body), { timeout: 10_000, headers: h }).then((r) => r.json());
   const common = { checkpoint_id: id, deadline_ts: Date.now() / 1000 + 30, epoch: 1 };
+  const t0 = performance.now();
   for (const stage of PREPARE_STAGES) await Promise.all(members.filter((m) => stage.includes(m.kind)).map((m) => send(m, "prepare", common)));
+  const t1 = performance.now();
   await Promise.all(members.map((m) => send(m, "commit", { ...common, checkpoint_dir: "/tmp/x", episode_ids: null, stop: false })));
+  const t2 = performance.now();
   for (const stage of RESUME_STAGES) await Promise.all(members.filter((m) => stage.includes(m.kind)).map((m) => send(m, "resume", common)));
+  return { prepare: t1 - t0, commit: t2 - t1, resume: performance.now() - t2 };
 }
 
 /** Runs the responders for `members` in a child process (as real participants would be), until killed. */
@@ -140,7 +144,7 @@ export async function run(): Promise<void> {
   const server = await NatsServerProcess.start();
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-bench-coord-"));
   const rows: string[] = [];
-  const results: { split: string; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number }[] = [];
+  const results: { split: string; floorSplit: string; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number }[] = [];
   try {
     for (const n of SIZES) {
       const deployment = `bench${n}`;
@@ -174,6 +178,7 @@ export async function run(): Promise<void> {
       const full: number[] = [];
       const parts = { prepare: [] as number[], commit: [] as number[], publish: [] as number[], resume: [] as number[] };
       const floor: number[] = [];
+      const floorParts = { prepare: [] as number[], commit: [] as number[], resume: [] as number[] };
       // Interleave the two so both see the same machine state.
       for (let i = 0; i < rounds + WARMUP; i++) {
         let t = performance.now();
@@ -181,9 +186,10 @@ export async function run(): Promise<void> {
         const a = performance.now() - t;
         if (i >= WARMUP) for (const k of ["prepare", "commit", "publish", "resume"] as const) parts[k].push(reply.timings_ms[k]);
         t = performance.now();
-        await floorRound(fnc, deployment, members, `f${n}-${i}`);
+        const floorSplit = await floorRound(fnc, deployment, members, `f${n}-${i}`);
         const b = performance.now() - t;
         if (i >= WARMUP) {
+          for (const k of ["prepare", "commit", "resume"] as const) floorParts[k].push(floorSplit[k]);
           full.push(a);
           floor.push(b);
         }
@@ -192,11 +198,12 @@ export async function run(): Promise<void> {
       stop();
       await Promise.all([pnc.close(), cnc.close(), fnc.close()]);
       const split = (["prepare", "commit", "publish", "resume"] as const).map((k) => `${k} ${percentile(parts[k], 50).toFixed(1)}`).join(", ");
-      const r = { split, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0 };
+      const floorSplit = (["prepare", "commit", "resume"] as const).map((k) => `${k} ${percentile(floorParts[k], 50).toFixed(1)}`).join(", ");
+      const r = { split, floorSplit, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0 };
       r.ratio = r.p50 / r.f50;
       results.push(r);
-      console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | inside the coordinator (p50 ms): ${split}`);
-      rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} |`);
+      console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | inside the coordinator (p50 ms): ${split} | floor: ${floorSplit}`);
+      rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} | ${floorSplit} |`);
     }
   } finally {
     await server.dispose();
@@ -210,8 +217,8 @@ export async function run(): Promise<void> {
 Machine: ${machine()}. Command: \`npm run bench -- coordinator\` (sizes via \`COORD_BENCH_SIZES\`). nats-server 2.9 on 127.0.0.1.
 A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemon → reply): journal(open) → prepare in 4 stages → journal(decided) → commit to all → checkpoint.json then LATEST (each: temp file, fsync, rename, dir fsync) → resume in 4 stages, with retention running beside the resume. Participants are lightweight responders (empty records) in a separate Node process, as participants would be; the coordinator daemon and the floor client share the benchmark process, and one nats-server serves both. The floor is the same staged pattern (4 prepare stages, commit to all, 4 resume stages) as bare \`nc.request\` calls to the same responders, on a connection with the same options, interleaved round by round with the checkpoints. The machine is shared (load average ${loadavg()[0]!.toFixed(1)} at the end of the run), so p99s are noisy; ratios are side by side.
 
-| participants | checkpoint p50 (ms) | p99 (ms) | floor p50 (ms) | floor p99 (ms) | ratio p50 | split inside the coordinator, p50 (ms) |
-| --- | --- | --- | --- | --- | --- | --- |
+| participants | checkpoint p50 (ms) | p99 (ms) | floor p50 (ms) | floor p99 (ms) | ratio p50 | split inside the coordinator, p50 (ms) | floor split, p50 (ms) |
+| --- | --- | --- | --- | --- | --- | --- | --- |
 ${rows.join("\n")}
 
 Targets: ratio ≤ 1.5× the floor; 64-participant p50 < 15 ms${r64 ? ` (measured ${r64.p50.toFixed(2)} ms)` : ""}.

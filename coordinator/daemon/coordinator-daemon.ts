@@ -100,6 +100,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       engine.leadershipLost();
     },
   });
+  const writer = new GlobalManifestWriter(catalog, config.retention);
   const engine = new CheckpointEngine({
     deployment: config.deployment,
     client: new ParticipantClient({
@@ -113,7 +114,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     leadership: lease,
     journal,
     catalog,
-    writer: new GlobalManifestWriter(catalog, config.retention),
+    writer,
     clock,
     logger,
     defaultTimeoutMs: config.default_timeout_ms,
@@ -148,6 +149,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       await http?.stop();
       await lease.stop(true);
       registry.stop();
+      await writer.settled();
       if (ownsConnection) await nc.drain().catch(() => undefined);
       logger.info("coordinator_stopped");
     },

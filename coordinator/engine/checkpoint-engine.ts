@@ -145,7 +145,8 @@ export class CheckpointEngine {
     const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
     return this.op("checkpoint", id, async (ctx) => {
       const deadlineMs = this.deadline(request.deadline_ts);
-      const t0 = this.options.clock.now();
+      // Durations on the monotonic clock (the engine's clock is wall time, for deadlines).
+      const t0 = performance.now();
       const prepared = await this.doPrepare(id, deadlineMs, true, request.controller_state, ctx);
       if (!prepared.prepared) {
         await this.abort(id, deadlineMs, ctx);
@@ -156,7 +157,7 @@ export class CheckpointEngine {
           data: { blockers: prepared.blockers },
         });
       }
-      const t1 = this.options.clock.now();
+      const t1 = performance.now();
       let commit: CtlReplyOf<"commit">;
       let published: CtlReplyOf<"publish">;
       try {
@@ -165,27 +166,23 @@ export class CheckpointEngine {
         await this.abort(id, deadlineMs, ctx);
         throw error;
       }
-      const t2 = this.options.clock.now();
+      const t2 = performance.now();
       try {
-        published = await this.doPublish(id, request.controller_state, true);
+        published = await this.doPublish(id, request.controller_state, false);
       } catch (error) {
         await this.abort(id, deadlineMs, ctx);
         throw error;
       }
-      const t3 = this.options.clock.now();
-      // Retention runs beside the resume: deleting old checkpoints need not keep everyone paused.
-      const retention = this.options.writer.retain(id).catch((error: unknown) => {
-        this.log.warn({ checkpoint_id: id, err: error }, "retention_failed");
-        return [] as string[];
-      });
+      const t3 = performance.now();
       try {
         // stop: the controller stops after this checkpoint, so participants stay parked (no resume).
         if (request.stop) this.close(id);
-        else await this.doResume(id, Math.max(deadlineMs, t3 + 1000), ctx);
+        else await this.doResume(id, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx);
       } finally {
-        published = { ...published, deleted: await retention };
+        // Retention after the resume: deleting old checkpoints need not keep everyone paused.
+        published = { ...published, deleted: this.retainAfter(id) };
       }
-      const t4 = this.options.clock.now();
+      const t4 = performance.now();
       return {
         checkpoint_id: id,
         epoch: prepared.epoch,
@@ -195,7 +192,7 @@ export class CheckpointEngine {
         participants: commit.participants.length,
         restarts: prepared.restarts,
         deleted: published.deleted,
-        timings_ms: { prepare: t1 - t0, commit: t2 - t1, publish: t3 - t2, resume: t4 - t3 },
+        timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t3) },
       };
     });
   }
@@ -324,7 +321,7 @@ export class CheckpointEngine {
   }
 
   async list(): Promise<CtlReplyOf<"list">> {
-    const { published } = await this.options.catalog.scan();
+    const { published } = this.options.catalog.scan();
     return { latest: await this.options.catalog.latest(), checkpoints: published };
   }
 
@@ -516,6 +513,8 @@ export class CheckpointEngine {
       await this.journal(open, "decided");
       open.phase = "committing";
     }
+    // LATEST's temp file is written and fsynced while the commits are in flight (renamed only at publish).
+    this.options.writer.stage(id);
     await this.options.hooks?.afterDecision?.(id);
     const outcomes = await inSpan("checkpoint.coordinate.commit.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, (c) =>
       runAll(open.members, (m) =>
@@ -542,7 +541,8 @@ export class CheckpointEngine {
     return open.commit;
   }
 
-  private async doPublish(id: string, controllerState: ControllerStateInput | null, deferRetention = false): Promise<CtlReplyOf<"publish">> {
+  /** Publishes; retention runs here unless the caller runs it later (`retainNow` false). */
+  private async doPublish(id: string, controllerState: ControllerStateInput | null, retainNow = true): Promise<CtlReplyOf<"publish">> {
     const open = this.requireOpen(id, "publish");
     if (open.phase === "published" && open.publish) return open.publish;
     if (open.phase !== "committed" || !open.commit) {
@@ -560,13 +560,13 @@ export class CheckpointEngine {
       restarts: open.restarts,
       participants: open.commit.participants,
       controllerState: controllerState ?? open.controllerState,
-      deferRetention,
     });
     open.phase = "published";
-    open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted: result.deleted };
+    const deleted = retainNow ? this.retainAfter(id) : [];
+    open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted };
     // No journal write here: recovery of a decided entry finds checkpoint.json and only resumes.
     coordinatorTelemetry().published.add(1);
-    this.checkpointLog(id).info({ deleted: result.deleted }, "published");
+    this.checkpointLog(id).info({ deleted }, "published");
     return open.publish;
   }
 
@@ -590,6 +590,16 @@ export class CheckpointEngine {
     const failures = failuresOf(outcomes);
     if (failures.length) throw combinedFailure("resume", failures);
     return { checkpoint_id: id, participants: outcomes.map((o) => ({ ...o.participant, idempotent: o.ok ? o.reply.idempotent : false })) };
+  }
+
+  /** Retention after a publication whose reply must not fail for it (the checkpoint is published). */
+  private retainAfter(id: string): string[] {
+    try {
+      return this.options.writer.retain(id);
+    } catch (error) {
+      this.log.warn({ checkpoint_id: id, err: error }, "retention_failed");
+      return [];
+    }
   }
 
   /** Best-effort abort after a failed step of the convenience op; the original error is what the caller sees. */
@@ -665,6 +675,7 @@ export class CheckpointEngine {
   private close(id: string): void {
     if (this.open?.id === id) this.open = undefined;
     this.closed.add(id);
+    void this.options.writer.discard(id);
     // Off the critical path: an entry that outlives a crash only makes a successor resume again (idempotent).
     this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
   }
@@ -746,6 +757,11 @@ export class CheckpointEngine {
       updated_at: this.options.clock.now(),
     });
   }
+}
+
+/** A duration rounded to 10 µs. */
+function ms(duration: number): number {
+  return Math.round(duration * 100) / 100;
 }
 
 function sameScope(a: EpisodeId[] | null, b: EpisodeId[] | null): boolean {

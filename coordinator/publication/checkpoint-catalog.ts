@@ -1,4 +1,5 @@
-import { readdir, readFile, stat } from "node:fs/promises";
+import { readdirSync, readFileSync, statSync, type Stats } from "node:fs";
+import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import {
   CheckpointError,
@@ -22,6 +23,8 @@ export interface CatalogEntry {
 
 /** Reads the published checkpoints under a root: `<root>/<id>/checkpoint.json` and `<root>/LATEST`. */
 export class CheckpointCatalog {
+  private readonly entries = new Map<string, { version: string; entry: CatalogEntry }>();
+
   constructor(readonly root: string) {}
 
   dirFor(checkpointId: string): string {
@@ -45,38 +48,29 @@ export class CheckpointCatalog {
 
   /** The global manifest of a published checkpoint; `not_found` when it has none. */
   async get(checkpointId: string): Promise<GlobalManifest> {
-    const parsedId = CheckpointIdSchema.safeParse(checkpointId);
-    if (!parsedId.success) throw new CheckpointError("invalid_request", describeZodError(parsedId.error));
-    const path = join(this.root, checkpointId, GLOBAL_MANIFEST_FILE);
+    const path = this.manifestPath(checkpointId);
     let text: string;
     try {
-      const info = await stat(path);
-      if (info.size > MAX_GLOBAL_MANIFEST_BYTES) throw new CheckpointError("invalid_checkpoint_state", `${path} is too large`);
+      checkSize(path, await stat(path));
       text = await readFile(path, "utf8");
     } catch (error) {
-      if (error instanceof CheckpointError) throw error;
-      if ((error as NodeJS.ErrnoException).code === "ENOENT") throw new CheckpointError("not_found", `checkpoint ${checkpointId} is not published under ${this.root}`);
-      throw error;
+      throw readFailure(error, checkpointId, this.root);
     }
-    let value: unknown;
-    try {
-      value = JSON.parse(text);
-    } catch {
-      throw new CheckpointError("invalid_checkpoint_state", `${path} is not valid JSON`);
-    }
-    const parsed = GlobalManifestSchema.safeParse(value);
-    if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `${path} is invalid: ${describeZodError(parsed.error)}`);
-    if (parsed.data.checkpoint_id !== checkpointId) {
-      throw new CheckpointError("invalid_checkpoint_state", `${path} belongs to checkpoint ${parsed.data.checkpoint_id}`);
-    }
-    return parsed.data;
+    return parseGlobalManifest(path, checkpointId, text);
   }
 
-  /** Directories under the root, split into published (valid checkpoint.json) and partial ones. */
-  async scan(): Promise<{ published: CatalogEntry[]; partial: string[] }> {
+  /**
+   * Directories under the root, split into published (valid checkpoint.json) and partial ones.
+   * Blocking: a readdir and a stat per checkpoint; checkpoint.json is written once (renamed into
+   * place), so its parse is cached until its inode, size or mtime changes. Retention scans after
+   * every publication and must not re-read every manifest each time.
+   */
+  scan(): { published: CatalogEntry[]; partial: string[] } {
     let names: string[];
     try {
-      names = (await readdir(this.root, { withFileTypes: true })).filter((d) => d.isDirectory()).map((d) => d.name);
+      names = readdirSync(this.root, { withFileTypes: true })
+        .filter((d) => d.isDirectory() && CheckpointIdSchema.safeParse(d.name).success)
+        .map((d) => d.name);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return { published: [], partial: [] };
       throw error;
@@ -84,16 +78,74 @@ export class CheckpointCatalog {
     const published: CatalogEntry[] = [];
     const partial: string[] = [];
     for (const name of names) {
-      if (!CheckpointIdSchema.safeParse(name).success) continue;
       try {
-        const m = await this.get(name);
-        published.push({ checkpoint_id: name, published_at: m.published_at, epoch: m.epoch, participants: m.participants.length, stop: m.stop });
+        published.push(this.entry(name));
       } catch (error) {
         if (error instanceof CheckpointError && error.code === "not_found") partial.push(name);
         // A corrupt checkpoint.json is neither listed nor deleted: `verify` reports it.
       }
     }
+    for (const name of this.entries.keys()) if (!names.includes(name)) this.entries.delete(name);
     published.sort((a, b) => b.published_at - a.published_at || (a.checkpoint_id < b.checkpoint_id ? 1 : -1));
-    return { published, partial };
+    return { published, partial: partial.sort() };
   }
+
+  /** Caches the catalog entry of a checkpoint.json whose content and stat the caller already has. */
+  remember(name: string, manifest: GlobalManifest, info: Stats): CatalogEntry {
+    const entry = { checkpoint_id: name, published_at: manifest.published_at, epoch: manifest.epoch, participants: manifest.participants.length, stop: manifest.stop };
+    this.entries.set(name, { version: fileVersion(info), entry });
+    return entry;
+  }
+
+  private entry(name: string): CatalogEntry {
+    const path = this.manifestPath(name);
+    let info: Stats;
+    let text = "";
+    try {
+      info = statSync(path);
+      const cached = this.entries.get(name);
+      if (cached?.version === fileVersion(info)) return cached.entry;
+      checkSize(path, info);
+      text = readFileSync(path, "utf8");
+    } catch (error) {
+      throw readFailure(error, name, this.root);
+    }
+    return this.remember(name, parseGlobalManifest(path, name, text), info);
+  }
+
+  private manifestPath(checkpointId: string): string {
+    const parsedId = CheckpointIdSchema.safeParse(checkpointId);
+    if (!parsedId.success) throw new CheckpointError("invalid_request", describeZodError(parsedId.error));
+    return join(this.root, checkpointId, GLOBAL_MANIFEST_FILE);
+  }
+}
+
+function fileVersion(info: Stats): string {
+  return `${info.ino}:${info.size}:${info.mtimeMs}`;
+}
+
+function checkSize(path: string, info: Stats): void {
+  if (info.size > MAX_GLOBAL_MANIFEST_BYTES) throw new CheckpointError("invalid_checkpoint_state", `${path} is too large`);
+}
+
+/** A catalog error for a failed read: a missing file means the checkpoint is not published. */
+function readFailure(error: unknown, checkpointId: string, root: string): Error {
+  if (error instanceof CheckpointError) return error;
+  if ((error as NodeJS.ErrnoException).code === "ENOENT") return new CheckpointError("not_found", `checkpoint ${checkpointId} is not published under ${root}`);
+  return error as Error;
+}
+
+function parseGlobalManifest(path: string, checkpointId: string, text: string): GlobalManifest {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw new CheckpointError("invalid_checkpoint_state", `${path} is not valid JSON`);
+  }
+  const parsed = GlobalManifestSchema.safeParse(value);
+  if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `${path} is invalid: ${describeZodError(parsed.error)}`);
+  if (parsed.data.checkpoint_id !== checkpointId) {
+    throw new CheckpointError("invalid_checkpoint_state", `${path} belongs to checkpoint ${parsed.data.checkpoint_id}`);
+  }
+  return parsed.data;
 }

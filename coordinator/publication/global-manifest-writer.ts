@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
+import { createReadStream, statSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import {
@@ -15,8 +15,8 @@ import {
   type ParticipantEntry,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { replaceFileDurably } from "./durable-fs.js";
-import { applyRetention } from "./retention.js";
+import { discardStagedFile, installStagedFileSync, replaceFileDurablySync, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
+import { applyRetention, removeTrash } from "./retention.js";
 
 export interface PublishInput {
   checkpointId: string;
@@ -28,54 +28,121 @@ export interface PublishInput {
   restarts: string[];
   participants: ParticipantEntry[];
   controllerState: ControllerStateInput | null;
-  /** Ids retention must not delete besides the one being published. */
-  protect?: string[];
-  /** Skip retention here; the caller runs `retain` later (off the critical path). */
-  deferRetention?: boolean;
 }
 
 export interface PublishResult {
   manifestPath: string;
   manifest: GlobalManifest;
-  deleted: string[];
 }
 
 /**
  * Publication, only after every commit succeeded: the global checkpoint.json last in the checkpoint
- * directory, then LATEST atomically replaced at the root, then retention.
+ * directory, then LATEST atomically replaced at the root; the caller runs retention (`retain`)
+ * when it suits it (the convenience op: after the resume).
+ *
+ * LATEST's new content (the id) is known before the commits return, so `stage` writes and fsyncs
+ * its temp file while they are in flight; publication then pays one fsynced file (checkpoint.json)
+ * and two directory fsyncs. The order on disk is unchanged: LATEST is renamed only after
+ * checkpoint.json is durable.
  */
 export class GlobalManifestWriter {
+  private readonly staged = new Map<string, Promise<StagedFile>>();
+  private readonly inUse = new Set<string>();
+  private cleanup: Promise<void> = Promise.resolve();
+
   constructor(
     private readonly catalog: CheckpointCatalog,
     private readonly retention: number,
   ) {}
 
-  async publish(input: PublishInput): Promise<PublishResult> {
-    const dir = this.catalog.dirFor(input.checkpointId);
-    await mkdir(dir, { recursive: true });
-    const controllerState = await this.resolveControllerState(dir, input.controllerState);
-    const manifest = GlobalManifestSchema.parse({
-      schema_version: MANIFEST_SCHEMA_VERSION,
-      checkpoint_id: input.checkpointId,
-      epoch: input.epoch,
-      prepared_at: input.preparedAt,
-      published_at: input.publishedAt,
-      stop: input.stop,
-      scope: input.scope,
-      restarts: [...new Set(input.restarts)].sort(),
-      participants: [...input.participants].sort((a, b) => (a.kind + "/" + a.instance < b.kind + "/" + b.instance ? -1 : 1)),
-      controller_state: controllerState,
-    } satisfies GlobalManifest);
-    const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
-    await replaceFileDurably(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);
-    await replaceFileDurably(join(this.catalog.root, LATEST_FILE), `${input.checkpointId}\n`);
-    const deleted = input.deferRetention ? [] : await this.retain(input.checkpointId, input.protect ?? []);
-    return { manifestPath, manifest, deleted };
+  /** Starts writing (and fsyncing) the checkpoint directory and LATEST's temp file for `checkpointId`. */
+  stage(checkpointId: string): void {
+    if (this.staged.has(checkpointId)) return;
+    const staging = this.stageLatest(checkpointId);
+    staging.catch(() => undefined); // surfaced by publish; a discarded stage needs no handler
+    this.staged.set(checkpointId, staging);
   }
 
-  /** Keeps the newest N published checkpoints (never `latest`) and deletes partial ones. */
-  retain(latest: string, protect: string[] = []): Promise<string[]> {
-    return applyRetention(this.catalog, this.retention, new Set([latest, ...protect]), latest);
+  /** Drops what `stage` wrote (the checkpoint was resumed without being published). */
+  async discard(checkpointId: string): Promise<void> {
+    const staging = this.staged.get(checkpointId);
+    if (!staging) return;
+    this.staged.delete(checkpointId);
+    const staged = await staging.catch(() => undefined);
+    if (staged) {
+      await discardStagedFile(staged);
+      this.inUse.delete(staged.temp);
+    }
+  }
+
+  async publish(input: PublishInput): Promise<PublishResult> {
+    const dir = this.catalog.dirFor(input.checkpointId);
+    this.stage(input.checkpointId);
+    const staging = this.staged.get(input.checkpointId)!;
+    this.staged.delete(input.checkpointId);
+    let latest: StagedFile | undefined;
+    try {
+      latest = await staging; // also created the checkpoint directory
+      const controllerState = await this.resolveControllerState(dir, input.controllerState);
+      const manifest = GlobalManifestSchema.parse({
+        schema_version: MANIFEST_SCHEMA_VERSION,
+        checkpoint_id: input.checkpointId,
+        epoch: input.epoch,
+        prepared_at: input.preparedAt,
+        published_at: input.publishedAt,
+        stop: input.stop,
+        scope: input.scope,
+        restarts: [...new Set(input.restarts)].sort(),
+        participants: [...input.participants].sort((a, b) => (a.kind + "/" + a.instance < b.kind + "/" + b.instance ? -1 : 1)),
+        controller_state: controllerState,
+      } satisfies GlobalManifest);
+      const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
+      // Blocking I/O on purpose: nothing else is in flight for this checkpoint, and the thread-pool
+      // round trips of the async calls cost more than the writes (docs/benchmarks.md).
+      replaceFileDurablySync(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);
+      installStagedFileSync(latest);
+      // Retention scans the catalog right after this; it need not re-read what was just written.
+      this.catalog.remember(input.checkpointId, manifest, statSync(manifestPath));
+      return { manifestPath, manifest };
+    } catch (error) {
+      latest ??= await staging.catch(() => undefined);
+      if (latest) await discardStagedFile(latest);
+      throw error;
+    } finally {
+      if (latest) this.inUse.delete(latest.temp);
+    }
+  }
+
+  /**
+   * Keeps the newest N published checkpoints (never `latest`) and deletes partial ones. Deleted
+   * checkpoints leave the catalog before this returns (a rename each, blocking: a few metadata
+   * operations); their files are removed in the background (`settled` awaits that).
+   */
+  retain(latest: string): string[] {
+    const deleted = applyRetention(this.catalog, this.retention, new Set([latest]));
+    this.cleanup = this.cleanup
+      .then(() => removeTrash(this.catalog.root, this.inUse))
+      .catch(() => undefined); // a failed removal is retried after the next publication
+    return deleted;
+  }
+
+  /** Resolves once background removal of deleted checkpoints has finished. */
+  settled(): Promise<void> {
+    return this.cleanup;
+  }
+
+  private async stageLatest(checkpointId: string): Promise<StagedFile> {
+    const target = join(this.catalog.root, LATEST_FILE);
+    const temp = tempPathFor(target);
+    // Reserved before it exists, so background removal of leftovers never takes it.
+    this.inUse.add(temp);
+    try {
+      await mkdir(this.catalog.dirFor(checkpointId), { recursive: true });
+      return await stageFile(target, `${checkpointId}\n`, temp);
+    } catch (error) {
+      this.inUse.delete(temp);
+      throw error;
+    }
   }
 
   private async resolveControllerState(dir: string, input: ControllerStateInput | null): Promise<ControllerState | null> {

@@ -1,18 +1,44 @@
-import { rm } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { renameSync } from "node:fs";
+import { readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
+import { TEMP_PREFIX, TEMP_SUFFIX } from "./durable-fs.js";
+
+/** Prefix of a deleted checkpoint's directory while its files are being removed. */
+export const TRASH_PREFIX = ".trash-";
 
 /**
  * Keeps the newest `keep` published checkpoints and deletes older ones and partial checkpoints
  * (directories without checkpoint.json), except the ids in `protect` (the checkpoint being
  * published, one still open). Returns the deleted ids.
+ *
+ * A deleted checkpoint leaves the catalog at once: its directory is renamed to a dot-name (one
+ * metadata operation); `removeTrash` frees its files later, off the checkpoint's critical path.
+ * Blocking on purpose: a readdir, a stat per checkpoint and a rename take microseconds each, less
+ * than the thread-pool round trips of their async forms.
  */
-export async function applyRetention(catalog: CheckpointCatalog, keep: number, protect: ReadonlySet<string>, latest: string | null): Promise<string[]> {
-  const { published, partial } = await catalog.scan();
-  const doomed = [
-    ...published.slice(Math.max(keep, 1)).map((e) => e.checkpoint_id),
-    ...partial,
-  ].filter((id) => !protect.has(id) && id !== latest);
-  for (const id of doomed) await rm(join(catalog.root, id), { recursive: true, force: true });
+export function applyRetention(catalog: CheckpointCatalog, keep: number, protect: ReadonlySet<string>): string[] {
+  const { published, partial } = catalog.scan();
+  const doomed = [...published.slice(Math.max(keep, 1)).map((e) => e.checkpoint_id), ...partial].filter((id) => !protect.has(id));
+  for (const id of doomed) renameSync(join(catalog.root, id), join(catalog.root, `${TRASH_PREFIX}${id}.${randomBytes(4).toString("hex")}`));
   return doomed.sort();
+}
+
+/**
+ * Removes trashed checkpoint directories and temp files crashed writers left at the root, except
+ * the temp files in `inUse` (a publication staged them and will rename them).
+ */
+export async function removeTrash(root: string, inUse: ReadonlySet<string>): Promise<void> {
+  let names: string[];
+  try {
+    names = await readdir(root);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return;
+    throw error;
+  }
+  const leftovers = names.filter(
+    (name) => name.startsWith(TRASH_PREFIX) || (name.startsWith(TEMP_PREFIX) && name.endsWith(TEMP_SUFFIX) && !inUse.has(join(root, name))),
+  );
+  for (const name of leftovers) await rm(join(root, name), { recursive: true, force: true });
 }

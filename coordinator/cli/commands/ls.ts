@@ -11,7 +11,7 @@ export function register(program: Command): void {
     .action(async (flags: { root?: string; json?: boolean }) => {
       await runCli(async () => {
         const catalog = new CheckpointCatalog(rootFrom(flags.root));
-        const [latest, { published }] = await Promise.all([catalog.latest(), catalog.scan()]);
+        const [latest, { published }] = [await catalog.latest(), catalog.scan()];
         if (flags.json) return printJson({ latest, checkpoints: published });
         for (const c of published) {
           process.stdout.write(

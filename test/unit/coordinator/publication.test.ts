@@ -72,15 +72,42 @@ describe("publication and retention", () => {
     await mkdir(join(root, "partial-one", "gym"), { recursive: true });
     await publish(writer, "c1", 100);
     await publish(writer, "c2", 200);
-    const third = await publish(writer, "c3", 300, { inline: { tokens: 5 } });
-    expect(third.deleted).toEqual(["c1"]);
+    await publish(writer, "c3", 300, { inline: { tokens: 5 } });
+    expect(writer.retain("c3")).toEqual(["c1", "partial-one"]);
     expect((await readdir(root)).filter((n) => !n.startsWith(".")).sort()).toEqual(["LATEST", "c2", "c3"]);
     expect((await readFile(join(root, "LATEST"), "utf8")).trim()).toBe("c3");
     const m = await catalog.get("c3");
     expect(m.epoch).toBe(4);
     expect(m.controller_state).toEqual({ inline: { tokens: 5 } });
     expect(m.participants.map((p) => p.kind)).toEqual(["agent", "model"]);
-    expect((await catalog.scan()).published.map((e) => e.checkpoint_id)).toEqual(["c3", "c2"]);
+    expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["c3", "c2"]);
+  });
+
+  it("removes a deleted checkpoint's files in the background and sweeps temp files crashed writers left", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 1);
+    await writeFile(join(root, ".LATEST.999.deadbeef.tmp"), "c0\n");
+    await publish(writer, "c1", 100);
+    await publish(writer, "c2", 200);
+    expect(writer.retain("c2")).toEqual(["c1"]);
+    await writer.settled();
+    expect((await readdir(root)).sort()).toEqual(["LATEST", "c2"]);
+  });
+
+  it("stages LATEST ahead of publication without changing it, and discards an unpublished stage", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 100);
+    writer.stage("c2");
+    writer.stage("c3");
+    await publish(writer, "c2", 200);
+    expect(await catalog.latest()).toBe("c2");
+    const pending = (await readdir(root)).filter((n) => n.startsWith(".LATEST."));
+    expect(pending).toHaveLength(1); // c3's staged temp, still reserved
+    await writer.discard("c3");
+    await writer.settled();
+    expect((await readdir(root)).filter((n) => n.startsWith(".")).sort()).toEqual([]);
+    expect(await catalog.latest()).toBe("c2");
   });
 
   it("references a controller state file with its sha256 and refuses a mismatch", async () => {

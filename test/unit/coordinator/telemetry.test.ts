@@ -53,10 +53,15 @@ describe("coordinator telemetry", () => {
 
   it("injects W3C traceparent and the bearer token into the NATS headers", async () => {
     let captured: MsgHdrs | undefined;
+    let deliver: ((error: null, msg: unknown) => void) | undefined;
     const nc = {
-      request: async (_subject: string, _body: string, options: { headers: MsgHdrs }) => {
+      subscribe: (_subject: string, options: { callback: (error: null, msg: unknown) => void }) => {
+        deliver = options.callback;
+        return { isClosed: () => false, closed: new Promise(() => undefined) };
+      },
+      publish: (_subject: string, _body: string, options: { reply: string; headers: MsgHdrs }) => {
         captured = options.headers;
-        return { string: () => "{}" };
+        queueMicrotask(() => deliver?.(null, { subject: options.reply, data: new TextEncoder().encode("{}"), headers: undefined, string: () => "{}" }));
       },
     } as unknown as NatsConnection;
     const span = trace.getTracer("test").startSpan("parent");

@@ -69,13 +69,16 @@ describe("striped ledger locks", () => {
     const l = locks(8);
     const { a, b, other } = keysOnOneStripe(l);
     const gate = deferred();
+    const started = deferred();
     const order: string[] = [];
     const first = l.run(a, async () => {
       order.push("a:start");
+      started.resolve();
       await gate.promise;
       order.push("a:end");
     });
-    await settle();
+    // Taking the stripe's lock file is file I/O: wait for it rather than for a number of turns.
+    await started.promise;
     const second = l.run(b, async () => void order.push("b"));
     const third = l.run(other, async () => void order.push("other"));
     await third;
