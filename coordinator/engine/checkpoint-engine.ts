@@ -371,7 +371,7 @@ export class CheckpointEngine {
     this.open = open;
     switch (entry.state) {
       case "decided": {
-        if (await this.isPublished(open.id)) {
+        if (this.options.catalog.has(open.id)) {
           log.info({ state: entry.state }, "recovery_published_resume");
           open.phase = "published";
           if (entry.stop) {
@@ -433,7 +433,7 @@ export class CheckpointEngine {
     }
     if (!open) {
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
-      if (await this.isPublished(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
+      if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const epoch = this.options.leadership.epoch();
       const members = await this.options.membership.list();
       if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
@@ -729,16 +729,6 @@ export class CheckpointEngine {
     const ms = deadlineTs * 1000;
     if (ms <= now) throw new CheckpointError("deadline_exceeded", "deadline_ts is already in the past");
     return ms;
-  }
-
-  private async isPublished(id: string): Promise<boolean> {
-    try {
-      await this.options.catalog.get(id);
-      return true;
-    } catch (error) {
-      if (error instanceof CheckpointError && error.code === "not_found") return false;
-      return true;
-    }
   }
 
   private journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {

@@ -46,6 +46,19 @@ export class CheckpointCatalog {
     return parsed.data;
   }
 
+  /**
+   * Whether the checkpoint has a checkpoint.json (valid or not: a corrupt one is still not a fresh
+   * id). Blocking: one stat, on the path of every prepare.
+   */
+  has(checkpointId: string): boolean {
+    try {
+      statSync(this.manifestPath(checkpointId));
+      return true;
+    } catch (error) {
+      return (error as NodeJS.ErrnoException).code !== "ENOENT";
+    }
+  }
+
   /** The global manifest of a published checkpoint; `not_found` when it has none. */
   async get(checkpointId: string): Promise<GlobalManifest> {
     const path = this.manifestPath(checkpointId);
