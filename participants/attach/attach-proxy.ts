@@ -195,10 +195,10 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
             return void res.end();
           }
           const staging = upRes.headers["x-ng-staging-key"];
-          // complete() puts the row in the in-memory ledger before it returns; ending the response in
-          // this same tick lets the last chunk and the terminator leave in one write.
-          const written = kind.complete(ticket, { stagingKey: typeof staging === "string" && staging ? staging.slice(0, 512) : null, usage: tail.usage() });
+          // The caller gets its end first; the row is recorded in this same tick, so no next call of
+          // this rollout can be admitted before complete() has put it in the in-memory ledger.
           res.end();
+          const written = kind.complete(ticket, { stagingKey: typeof staging === "string" && staging ? staging.slice(0, 512) : null, usage: tail.usage() });
           written.catch((error: unknown) => logger?.error({ err: error, capture_key: ticket.captureKey }, "ledger row write failed"));
         });
       })();

@@ -244,9 +244,17 @@ async function streamCompletion(
   if (decision.type === "tool_call") {
     if (!(await write(chunk({ tool_calls: [{ index: 0, id: `call_${call.seq}`, type: "function", function: { name: decision.name, arguments: "" } }] }, null)))) return void (call.aborted = true);
   }
+  // Tokens leave at a steady rate, like an inference server's decode steps: token i is due i+1
+  // delays after the stream started, so a late timer does not push back every later token (a
+  // stream held at a gate starts a fresh schedule instead of bursting).
+  let due = performance.now();
   for (let i = 0; i < decision.tokens.length; i++) {
     await controls.passGate(i);
-    if (delay > 0) await sleep(delay);
+    if (delay > 0) {
+      const now = performance.now();
+      due = (now > due + delay ? now : due) + delay;
+      await sleep(Math.max(0, due - now));
+    }
     const token = decision.tokens[i]!;
     emit(call, token);
     const delta = decision.type === "tool_call" ? { tool_calls: [{ index: 0, function: { arguments: token } }] } : { content: token };
