@@ -453,6 +453,9 @@ export class CheckpointEngine {
       // Journaled before the first prepare: a successor resumes whatever this one opened.
       await this.journal(open, "open");
       this.open = open;
+      // LATEST's next content is this id: its temp file is written and fsynced while the stages run
+      // (renamed only at publication; dropped when the checkpoint closes unpublished).
+      this.options.writer.stage(id);
     }
     const epoch = open.epoch;
     const { results, stoppedAt } = await runStages(
@@ -513,8 +516,7 @@ export class CheckpointEngine {
       await this.journal(open, "decided");
       open.phase = "committing";
     }
-    // LATEST's temp file is written and fsynced while the commits are in flight (renamed only at publish).
-    this.options.writer.stage(id);
+    this.options.writer.stage(id); // already staged at prepare, unless a successor is re-driving the commit
     await this.options.hooks?.afterDecision?.(id);
     const outcomes = await inSpan("checkpoint.coordinate.commit.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, (c) =>
       runAll(open.members, (m) =>

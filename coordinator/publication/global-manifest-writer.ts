@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { createReadStream, statSync } from "node:fs";
-import { mkdir } from "node:fs/promises";
+import { mkdir, rmdir } from "node:fs/promises";
 import { join } from "node:path";
 import {
   CheckpointError,
@@ -40,9 +40,9 @@ export interface PublishResult {
  * directory, then LATEST atomically replaced at the root; the caller runs retention (`retain`)
  * when it suits it (the convenience op: after the resume).
  *
- * LATEST's new content (the id) is known before the commits return, so `stage` writes and fsyncs
- * its temp file while they are in flight; publication then pays one fsynced file (checkpoint.json)
- * and two directory fsyncs. The order on disk is unchanged: LATEST is renamed only after
+ * LATEST's new content (the id) is known when the checkpoint opens, so `stage` writes and fsyncs
+ * its temp file while the prepare and commit requests are in flight; publication then pays one
+ * fsynced file (checkpoint.json) and two directory fsyncs. The order on disk is unchanged: LATEST is renamed only after
  * checkpoint.json is durable.
  */
 export class GlobalManifestWriter {
@@ -63,16 +63,23 @@ export class GlobalManifestWriter {
     this.staged.set(checkpointId, staging);
   }
 
-  /** Drops what `stage` wrote (the checkpoint was resumed without being published). */
-  async discard(checkpointId: string): Promise<void> {
+  /**
+   * Drops what `stage` wrote (the checkpoint was resumed without being published): the temp file,
+   * and the checkpoint directory if nothing was committed into it.
+   */
+  discard(checkpointId: string): Promise<void> {
     const staging = this.staged.get(checkpointId);
-    if (!staging) return;
+    if (!staging) return this.cleanup;
     this.staged.delete(checkpointId);
-    const staged = await staging.catch(() => undefined);
-    if (staged) {
-      await discardStagedFile(staged);
-      this.inUse.delete(staged.temp);
-    }
+    this.cleanup = this.cleanup.then(async () => {
+      const staged = await staging.catch(() => undefined);
+      if (staged) {
+        await discardStagedFile(staged);
+        this.inUse.delete(staged.temp);
+      }
+      await rmdir(this.catalog.dirFor(checkpointId)).catch(() => undefined); // not empty: retention deletes it as partial
+    });
+    return this.cleanup;
   }
 
   async publish(input: PublishInput): Promise<PublishResult> {
@@ -126,7 +133,7 @@ export class GlobalManifestWriter {
     return deleted;
   }
 
-  /** Resolves once background removal of deleted checkpoints has finished. */
+  /** Resolves once background work (removing deleted checkpoints, discarding stages) has finished. */
   settled(): Promise<void> {
     return this.cleanup;
   }

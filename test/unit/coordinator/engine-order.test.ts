@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -73,7 +73,7 @@ describe("engine ordering", () => {
   });
 
   it("the convenience op aborts (resumes everyone) when prepare is incomplete; unreachable is a blocker", async () => {
-    const { engine, fake } = makeEngine(root);
+    const { engine, fake, writer } = makeEngine(root);
     fake.set("agent", "a2", "prepare", "unreachable");
     const error = await refusal(engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }));
     expect(error.code).toBe("prepare_incomplete");
@@ -83,6 +83,9 @@ describe("engine ordering", () => {
     expect(fake.ops("resume")).toHaveLength(5);
     expectStaged(fake.ops("resume"), STAGE.resume!);
     expect(engine.openCheckpoint).toBeNull();
+    // What publication staged at prepare (the checkpoint directory, LATEST's temp file) is gone.
+    await writer.settled();
+    expect(await readdir(root)).toEqual([]);
   });
 
   it("resume continues past failures and reports them all", async () => {

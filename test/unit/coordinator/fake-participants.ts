@@ -147,6 +147,7 @@ export function makeEngine(root: string, options: { members?: { kind: Kind; inst
   const journal = new MemoryDecisionJournal();
   const catalog = new CheckpointCatalog(root);
   const leadership = new StaticLeadership(7);
+  const writer = new GlobalManifestWriter(catalog, options.retention ?? 2);
   fake.clock = clock;
   const origRecord = journal.record.bind(journal);
   journal.record = async (entry) => {
@@ -167,11 +168,11 @@ export function makeEngine(root: string, options: { members?: { kind: Kind; inst
     leadership,
     journal,
     catalog,
-    writer: new GlobalManifestWriter(catalog, options.retention ?? 2),
+    writer,
     clock,
     logger: pino({ level: "silent" }),
     defaultTimeoutMs: 10_000,
     ...(options.hooks && { hooks: options.hooks }),
   });
-  return { engine, fake, clock, journal, catalog, leadership };
+  return { engine, fake, clock, journal, catalog, leadership, writer };
 }
