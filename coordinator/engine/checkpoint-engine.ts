@@ -25,7 +25,7 @@ import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
 import { combinedFailure, type Outcome, type ParticipantClient, type ParticipantRef } from "./participant-client.js";
-import { runAll, runStages } from "./phase-driver.js";
+import { runAll, runStages, type StagedRun } from "./phase-driver.js";
 
 /** The coordinator-side phase of the one checkpoint (or restore) it has open. */
 export type OpenPhase = "preparing" | "prepared" | "committing" | "committed" | "published" | "restored";
@@ -340,15 +340,59 @@ export class CheckpointEngine {
   recover(): Promise<{ checkpoint_id: string; action: string }[]> {
     return this.lock.run(async () => {
       const done: { checkpoint_id: string; action: string }[] = [];
-      for (const entry of await this.options.journal.list()) {
+      const entries = await this.options.journal.list();
+      for (const entry of entries) {
         const action = await this.recoverOne(entry).catch((error: unknown) => {
           this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
           return "failed";
         });
         done.push({ checkpoint_id: entry.checkpoint_id, action });
       }
+      done.push(...(await this.resumeOrphans(new Set(entries.map((e) => e.checkpoint_id)))));
       return done;
     });
+  }
+
+  /**
+   * Participants still preparing or prepared for a checkpoint no journal entry names: a predecessor
+   * crashed while its first prepare stage and the entry's write were both in flight. Presumed
+   * abort, found by asking every registered participant for its status.
+   */
+  private async resumeOrphans(journaled: ReadonlySet<string>): Promise<{ checkpoint_id: string; action: string }[]> {
+    const members = await this.options.membership.list();
+    const outcomes = await runAll(members, (m) => this.options.client.call(m, "status", {}, this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000)));
+    const orphans = new Map<string, ParticipantRef[]>();
+    for (const o of outcomes) {
+      if (!o.ok || (o.reply.phase !== "preparing" && o.reply.phase !== "prepared") || o.reply.checkpoint_id === null) continue;
+      if (journaled.has(o.reply.checkpoint_id)) continue;
+      orphans.set(o.reply.checkpoint_id, [...(orphans.get(o.reply.checkpoint_id) ?? []), o.participant]);
+    }
+    const done: { checkpoint_id: string; action: string }[] = [];
+    for (const [id, prepared] of orphans) {
+      this.log.info({ checkpoint_id: id, participants: prepared.length }, "recovery_resume_unjournaled");
+      this.open = {
+        id,
+        phase: "prepared",
+        epoch: this.options.leadership.epoch(),
+        members: prepared,
+        preparedAt: this.options.clock.now() / 1000,
+        restarts: [],
+        dir: null,
+        scope: null,
+        stop: false,
+        autoPublish: false,
+        controllerState: null,
+      };
+      const action = await this.doResume(id, this.options.clock.now() + this.options.defaultTimeoutMs, undefined).then(
+        () => "resumed_unjournaled",
+        (error: unknown) => {
+          this.log.warn({ checkpoint_id: id, err: error }, "recovery_resume_failed");
+          return "failed";
+        },
+      );
+      done.push({ checkpoint_id: id, action });
+    }
+    return done;
   }
 
   private async recoverOne(entry: JournalEntry): Promise<string> {
@@ -427,6 +471,7 @@ export class CheckpointEngine {
     ctx: Context | undefined,
   ): Promise<CtlReplyOf<"prepare">> {
     let open = this.open;
+    let journaled: Promise<void> | undefined;
     if (open && open.id !== id) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open (${open.phase}); resume it first`);
     if (open && open.phase !== "preparing" && open.phase !== "prepared") {
       throw new CheckpointError("invalid_phase", `checkpoint ${id} is ${open.phase}; prepare is not allowed`);
@@ -450,20 +495,32 @@ export class CheckpointEngine {
         autoPublish,
         controllerState,
       };
-      // Journaled before the first prepare: a successor resumes whatever this one opened.
-      await this.journal(open, "open");
+      // Journaled while the first stage's prepares are in flight and acknowledged before the second
+      // stage: a successor resumes whatever this one opened, from this entry or, if it crashed before
+      // the entry was acknowledged, from the first stage's status (recover → resumeOrphans).
+      journaled = this.journal(open, "open");
+      journaled.catch(() => undefined); // observed below
       this.open = open;
       // LATEST's next content is this id: its temp file is written and fsynced while the stages run
       // (renamed only at publication; dropped when the checkpoint closes unpublished).
       this.options.writer.stage(id);
     }
     const epoch = open.epoch;
-    const { results, stoppedAt } = await runStages(
-      PREPARE_STAGES,
-      open.members,
-      (m, c) => this.send(m, "prepare", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
-      { spanName: "checkpoint.coordinate.prepare.stage", parent: ctx, proceed: (o) => o.every((x) => x.ok && x.reply.phase === "prepared") },
-    );
+    let staged: StagedRun<Outcome<"prepare">>;
+    try {
+      staged = await runStages(
+        PREPARE_STAGES,
+        open.members,
+        (m, c) => this.send(m, "prepare", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
+        { spanName: "checkpoint.coordinate.prepare.stage", parent: ctx, proceed: (o) => o.every((x) => x.ok && x.reply.phase === "prepared"), gate: journaled },
+      );
+      await journaled;
+    } catch (error) {
+      // No entry, no checkpoint: nobody stays prepared for one a successor could not find.
+      if (journaled && (await journaled.then(() => false, () => true))) await this.abort(id, deadlineMs, ctx);
+      throw error;
+    }
+    const { results, stoppedAt } = staged;
     const outcomes = results.flatMap((r) => r.outcomes);
     const participants = outcomes.map((o) =>
       o.ok

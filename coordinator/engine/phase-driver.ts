@@ -8,12 +8,20 @@ export interface StageResult<T> {
   outcomes: T[];
 }
 
+/** What a staged run did: each stage's outcomes, and the stage it stopped at (null: it ran them all). */
+export interface StagedRun<T> {
+  results: StageResult<T>[];
+  stoppedAt: readonly Kind[] | null;
+}
+
 export interface StagedRunOptions<T> {
   /** Span name prefix for the per-stage child spans. */
   spanName: string;
   parent?: Context;
   /** Returns true when the stage may be followed by the next one; default: always continue. */
   proceed?: (outcomes: T[]) => boolean;
+  /** Awaited before any stage after the first runs (work that may overlap only the first stage). */
+  gate?: Promise<unknown>;
 }
 
 /** Members of the given kinds, in a stable order (instance name). */
@@ -31,11 +39,12 @@ export async function runStages<P extends ParticipantRef, T>(
   members: readonly P[],
   call: (member: P, ctx: Context | undefined) => Promise<T>,
   options: StagedRunOptions<T>,
-): Promise<{ results: StageResult<T>[]; stoppedAt: readonly Kind[] | null }> {
+): Promise<StagedRun<T>> {
   const results: StageResult<T>[] = [];
   for (const stage of stages) {
     const stageMembers = membersOf(members, stage);
     if (stageMembers.length === 0) continue;
+    if (results.length > 0 && options.gate) await options.gate;
     const outcomes = await inSpan(
       `${options.spanName}.${stage.join("+")}`,
       { [SPAN_ATTR.stage]: stage.join("+"), [SPAN_ATTR.participants]: stageMembers.length },

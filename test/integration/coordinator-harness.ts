@@ -149,6 +149,7 @@ export function monitorPhaseMessages(nc: NatsConnection, deployment: string): { 
   const sub = nc.subscribe(`gym.ckpt.v1.${deployment}.p.>`, {
     callback: (_err, msg) => {
       const parts = msg.subject.split(".");
+      if (parts[7] === "status") return; // a read-only probe (recovery asks every participant), not a phase message
       let epoch: number | undefined;
       try {
         epoch = (JSON.parse(msg.string()) as { epoch?: number }).epoch;

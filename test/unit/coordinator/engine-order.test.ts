@@ -246,6 +246,46 @@ describe("HA hooks and recovery", () => {
     await expect(second.catalog.get("c10")).rejects.toMatchObject({ code: "not_found" });
   });
 
+  it("the open entry is written while the first stage prepares and acknowledged before the second stage", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    let acknowledge!: () => void;
+    const record = journal.record.bind(journal);
+    journal.record = async (entry) => {
+      if (entry.state === "open") await new Promise<void>((resolve) => (acknowledge = resolve));
+      await record(entry);
+    };
+    const prepared = engine.prepare({ checkpoint_id: "c19" });
+    for (let i = 0; i < 20 && fake.ops("prepare").length === 0; i++) await Promise.resolve();
+    expect(fake.ops("prepare").map((c) => c.kind)).toEqual(["environment"]);
+    for (let i = 0; i < 20; i++) await Promise.resolve();
+    expect(fake.ops("prepare").map((c) => c.kind)).toEqual(["environment"]); // held until the entry is acknowledged
+    acknowledge();
+    expect((await prepared).prepared).toBe(true);
+    expect(fake.ops("prepare").map((c) => c.kind)).toEqual(["environment", "model", "agent", "agent", "resources"]);
+  });
+
+  it("a failed open entry resumes the first stage and refuses the prepare", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    journal.record = async () => {
+      throw new Error("kv unavailable");
+    };
+    await expect(engine.prepare({ checkpoint_id: "c21" })).rejects.toThrow("kv unavailable");
+    expect(fake.ops("prepare").map((c) => c.kind)).toEqual(["environment"]);
+    expect(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).toHaveLength(5);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
+  it("recovery resumes participants prepared for a checkpoint no journal entry names", async () => {
+    const { engine, fake } = makeEngine(root);
+    fake.state.set("environment.e1", { phase: "prepared", checkpoint_id: "c20" });
+    fake.state.set("model.m1", { phase: "preparing", checkpoint_id: "c20" });
+    expect(await engine.recover()).toEqual([{ checkpoint_id: "c20", action: "resumed_unjournaled" }]);
+    expect(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).toEqual(["model/m1", "environment/e1"]);
+    expect(fake.ops("resume").every((c) => c.body.checkpoint_id === "c20" && c.body.epoch === 7)).toBe(true);
+    // idle participants were only asked for their status
+    expect(await engine.recover()).toEqual([]);
+  });
+
   it("a demoted coordinator sends nothing more", async () => {
     const { engine, fake, leadership } = makeEngine(root);
     await engine.prepare({ checkpoint_id: "c11" });

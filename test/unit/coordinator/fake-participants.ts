@@ -36,6 +36,8 @@ export class FakeParticipants implements ParticipantTransport {
   clock: TestClock | undefined;
   /** behaviour per `${kind}.${instance}.${op}` (default ok). */
   readonly script = new Map<string, Behaviour>();
+  /** What each participant's `status` reports, following the phase messages it answered. */
+  readonly state = new Map<string, { phase: string; checkpoint_id: string | null }>();
 
   constructor(readonly members: { kind: Kind; instance: string }[]) {}
 
@@ -63,6 +65,11 @@ export class FakeParticipants implements ParticipantTransport {
     if (false as boolean) throw new RequestTimeoutFailure(subject, options.timeoutMs);
     if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
     const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts: [] });
+    const track = (phase: string) => this.state.set(`${kind}.${instance}`, { phase, checkpoint_id: phase === "idle" ? null : (parsed.checkpoint_id as string) });
+    if (op === "prepare") track(typeof behaviour === "object" && "notReady" in behaviour ? "preparing" : "prepared");
+    if (op === "commit") track("committed");
+    if (op === "resume") track("idle");
+    if (op === "restore") track("restored");
     switch (op) {
       case "prepare":
         if (typeof behaviour === "object" && "notReady" in behaviour) return JSON.stringify({ phase: "preparing", report: report(behaviour.notReady) });
@@ -106,8 +113,7 @@ export class FakeParticipants implements ParticipantTransport {
         return JSON.stringify({
           kind,
           instance,
-          phase: "idle",
-          checkpoint_id: null,
+          ...(this.state.get(`${kind}.${instance}`) ?? { phase: "idle", checkpoint_id: null }),
           lease_expires_at: null,
           epoch: 0,
           retired_rollouts: 0,
