@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { renameSync } from "node:fs";
 import { readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
+import { LATEST_FILE } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { TEMP_PREFIX, TEMP_SUFFIX } from "./durable-fs.js";
 
@@ -26,8 +27,9 @@ export function applyRetention(catalog: CheckpointCatalog, keep: number, protect
 }
 
 /**
- * Removes trashed checkpoint directories and temp files crashed writers left at the root, except
- * the temp files in `inUse` (a publication staged them and will rename them).
+ * Removes trashed checkpoint directories and the temp files of LATEST that crashed writers left at
+ * the root, except those in `inUse` (a publication staged them and will rename them). Nothing else
+ * at the root is touched: it may belong to a controller (dispatch log, results).
  */
 export async function removeTrash(root: string, inUse: ReadonlySet<string>): Promise<void> {
   let names: string[];
@@ -38,7 +40,7 @@ export async function removeTrash(root: string, inUse: ReadonlySet<string>): Pro
     throw error;
   }
   const leftovers = names.filter(
-    (name) => name.startsWith(TRASH_PREFIX) || (name.startsWith(TEMP_PREFIX) && name.endsWith(TEMP_SUFFIX) && !inUse.has(join(root, name))),
+    (name) => name.startsWith(TRASH_PREFIX) || (name.startsWith(`${TEMP_PREFIX}${LATEST_FILE}.`) && name.endsWith(TEMP_SUFFIX) && !inUse.has(join(root, name))),
   );
   for (const name of leftovers) await rm(join(root, name), { recursive: true, force: true });
 }

@@ -87,11 +87,12 @@ describe("publication and retention", () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 1);
     await writeFile(join(root, ".LATEST.999.deadbeef.tmp"), "c0\n");
+    await writeFile(join(root, ".results.999.cafe.tmp"), "a controller's own file\n");
     await publish(writer, "c1", 100);
     await publish(writer, "c2", 200);
     expect(writer.retain("c2")).toEqual(["c1"]);
     await writer.settled();
-    expect((await readdir(root)).sort()).toEqual(["LATEST", "c2"]);
+    expect((await readdir(root)).sort()).toEqual([".results.999.cafe.tmp", "LATEST", "c2"]);
   });
 
   it("stages LATEST ahead of publication without changing it, and discards an unpublished stage", async () => {
