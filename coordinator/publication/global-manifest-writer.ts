@@ -133,9 +133,10 @@ export class GlobalManifestWriter {
     return deleted;
   }
 
-  /** Resolves once background work (removing deleted checkpoints, discarding stages) has finished. */
-  settled(): Promise<void> {
-    return this.cleanup;
+  /** Resolves once background work (staging, discarding stages, removing deleted checkpoints) has finished. */
+  async settled(): Promise<void> {
+    await Promise.all([...this.staged.values()].map((staging) => staging.catch(() => undefined)));
+    await this.cleanup;
   }
 
   private async stageLatest(checkpointId: string): Promise<StagedFile> {

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Kind } from "../../../protocol/index.js";
-import { makeEngine, type Call } from "./fake-participants.js";
+import { makeEngine, writers, type Call } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
 const STAGE: Record<string, Record<Kind, number>> = {
@@ -24,6 +24,7 @@ beforeEach(async () => {
   root = await mkdtemp(join(tmpdir(), "gym-ckpt-engine-"));
 });
 afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
   await rm(root, { recursive: true, force: true });
 });
 

@@ -146,6 +146,9 @@ export const FOUR_KINDS: { kind: Kind; instance: string }[] = [
   { kind: "model", instance: "m1" },
 ];
 
+/** Writers of the engines made so far: a test's teardown awaits their background file work. */
+export const writers: GlobalManifestWriter[] = [];
+
 export function makeEngine(root: string, options: { members?: { kind: Kind; instance: string }[]; hooks?: EngineHooks; attemptTimeoutMs?: number; retention?: number } = {}) {
   const members = options.members ?? FOUR_KINDS;
   const fake = new FakeParticipants(members);
@@ -154,6 +157,7 @@ export function makeEngine(root: string, options: { members?: { kind: Kind; inst
   const catalog = new CheckpointCatalog(root);
   const leadership = new StaticLeadership(7);
   const writer = new GlobalManifestWriter(catalog, options.retention ?? 2);
+  writers.push(writer);
   fake.clock = clock;
   const origRecord = journal.record.bind(journal);
   journal.record = async (entry) => {

@@ -8,7 +8,7 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsParticipantTransport } from "../../../coordinator/engine/nats-transport.js";
-import { makeEngine } from "./fake-participants.js";
+import { makeEngine, writers } from "./fake-participants.js";
 
 const exporter = new InMemorySpanExporter();
 let root: string;
@@ -22,6 +22,7 @@ afterAll(async () => {
   trace.disable();
   propagation.disable();
   context.disable();
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
   await rm(root, { recursive: true, force: true });
 });
 
