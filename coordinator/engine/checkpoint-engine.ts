@@ -35,6 +35,12 @@ interface OpenCheckpoint {
   phase: OpenPhase;
   epoch: number;
   members: ParticipantRef[];
+  /**
+   * Each member's process incarnation when the checkpoint opened (where membership knows it). A
+   * member that restarted since is not sent this checkpoint's messages: its new process never took
+   * part, and a late resume would fence the id there (so a restore of it would be refused).
+   */
+  incarnations: Map<string, string>;
   preparedAt: number;
   restarts: string[];
   dir: string | null;
@@ -216,6 +222,7 @@ export class CheckpointEngine {
         phase: "preparing",
         epoch,
         members,
+        incarnations: this.incarnationsOf(members),
         preparedAt: this.options.clock.now() / 1000,
         restarts: [],
         dir,
@@ -375,6 +382,7 @@ export class CheckpointEngine {
         phase: "prepared",
         epoch: this.options.leadership.epoch(),
         members: prepared,
+        incarnations: this.incarnationsOf(prepared),
         preparedAt: this.options.clock.now() / 1000,
         restarts: [],
         dir: null,
@@ -404,6 +412,7 @@ export class CheckpointEngine {
       phase: "prepared",
       epoch,
       members: entry.participants,
+      incarnations: new Map(), // not journaled: a predecessor's view cannot be checked
       preparedAt: entry.prepared_at,
       restarts: entry.restarts,
       dir: entry.checkpoint_dir,
@@ -487,6 +496,7 @@ export class CheckpointEngine {
         phase: "preparing",
         epoch,
         members,
+        incarnations: this.incarnationsOf(members),
         preparedAt: this.options.clock.now() / 1000,
         restarts: [],
         dir: null,
@@ -721,6 +731,8 @@ export class CheckpointEngine {
   ): Promise<Outcome<O>> {
     // Fencing on the sending side: a demoted coordinator stops before the participants must refuse it.
     this.options.leadership.assert(epoch);
+    const restarted = this.restartedSince(member, (request as { checkpoint_id?: string }).checkpoint_id);
+    if (restarted) return { ok: false, participant: member, code: "unreachable", detail: restarted };
     const outcome = await this.options.client.call(member, op, request, deadlineMs, ctx, () => this.options.leadership.assert(epoch));
     if (!outcome.ok) {
       this.checkpointLog((request as { checkpoint_id?: string }).checkpoint_id)
@@ -728,6 +740,25 @@ export class CheckpointEngine {
         .warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
     return outcome;
+  }
+
+  private incarnationsOf(members: readonly ParticipantRef[]): Map<string, string> {
+    const incarnations = new Map<string, string>();
+    for (const m of members) {
+      const incarnation = this.options.membership.incarnationOf?.(m);
+      if (incarnation !== undefined) incarnations.set(`${m.kind}.${m.instance}`, incarnation);
+    }
+    return incarnations;
+  }
+
+  /** Why a member of the open checkpoint `id` must not be sent its messages any more, if it must not. */
+  private restartedSince(member: ParticipantRef, id: string | undefined): string | null {
+    const open = this.open;
+    if (!open || open.id !== id) return null;
+    const then = open.incarnations.get(`${member.kind}.${member.instance}`);
+    const now = this.options.membership.incarnationOf?.(member);
+    if (then === undefined || now === undefined || then === now) return null;
+    return `${member.kind}/${member.instance} restarted after checkpoint ${open.id} opened (incarnation ${then} → ${now}); the new process never took part`;
   }
 
   /** Forgets the open checkpoint and its journal entry; its id stays fenced here. */

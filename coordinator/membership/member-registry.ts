@@ -6,6 +6,8 @@ import type { ParticipantRef } from "../engine/participant-client.js";
 /** Where the engine learns the participants of a deployment. */
 export interface MembershipSource {
   list(): Promise<ParticipantRef[]>;
+  /** The member's current process incarnation, when this source knows it. */
+  incarnationOf?(member: ParticipantRef): string | undefined;
 }
 
 /**

@@ -75,6 +75,10 @@ export class WatchedMemberRegistry implements MembershipSource {
     return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
   }
 
+  incarnationOf(member: ParticipantRef): string | undefined {
+    return this.cache.get(`${member.kind}.${member.instance}`)?.member.incarnation;
+  }
+
   stop(): void {
     this.stopWatch?.();
   }

@@ -106,6 +106,18 @@ describe("engine ordering", () => {
     expect((await refusal(engine.prepare({ checkpoint_id: "c4" }))).code).toBe("stale_checkpoint");
   });
 
+  it("a participant that restarted after the checkpoint opened is not sent its messages: its new process never took part", async () => {
+    const incarnations = new Map(["agent.a1", "agent.a2", "environment.e1", "model.m1", "resources.r1"].map((k) => [k, "old"]));
+    const { engine, fake } = makeEngine(root, { incarnations });
+    await engine.prepare({ checkpoint_id: "c30" });
+    incarnations.set("model.m1", "new"); // SIGKILLed and started again while the checkpoint is open
+    const error = await refusal(engine.resume({ checkpoint_id: "c30" }));
+    expect(error.code).toBe("unreachable");
+    expect(error.message).toContain("model/m1 restarted after checkpoint c30 opened (incarnation old → new)");
+    expect(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).toEqual(["resources/r1", "agent/a1", "agent/a2", "environment/e1"]);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
   it("a request timeout is retried idempotently within the deadline, then reported as outcome_unknown", async () => {
     const { engine, fake } = makeEngine(root, { attemptTimeoutMs: 1000 });
     fake.set("environment", "e1", "prepare", "timeout");

@@ -149,7 +149,10 @@ export const FOUR_KINDS: { kind: Kind; instance: string }[] = [
 /** Writers of the engines made so far: a test's teardown awaits their background file work. */
 export const writers: GlobalManifestWriter[] = [];
 
-export function makeEngine(root: string, options: { members?: { kind: Kind; instance: string }[]; hooks?: EngineHooks; attemptTimeoutMs?: number; retention?: number } = {}) {
+export function makeEngine(
+  root: string,
+  options: { members?: { kind: Kind; instance: string }[]; hooks?: EngineHooks; attemptTimeoutMs?: number; retention?: number; incarnations?: Map<string, string> } = {},
+) {
   const members = options.members ?? FOUR_KINDS;
   const fake = new FakeParticipants(members);
   const clock = new TestClock();
@@ -174,7 +177,7 @@ export function makeEngine(root: string, options: { members?: { kind: Kind; inst
       slackMs: 5000,
       ...(options.attemptTimeoutMs !== undefined && { attemptTimeoutMs: options.attemptTimeoutMs }),
     }),
-    membership: { list: async () => [...members] },
+    membership: { list: async () => [...members], incarnationOf: (m) => options.incarnations?.get(`${m.kind}.${m.instance}`) },
     leadership,
     journal,
     catalog,
