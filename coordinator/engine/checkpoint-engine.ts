@@ -13,6 +13,7 @@ import {
   type EpisodeId,
   type Op,
   type ParticipantEntry,
+  type ReplyOf,
   type RequestOf,
 } from "../../protocol/index.js";
 import type { DecisionJournal, JournalEntry } from "../ha/decision-journal.js";
@@ -77,6 +78,12 @@ export interface CheckpointEngineOptions {
 }
 
 const RESTORE_CLEANUP_MS = 30_000;
+
+/**
+ * Ops about the open checkpoint's state in each process, which a member that restarted since it
+ * opened never had (restore, retire and forget address whatever process is there now).
+ */
+const GUARDED_OPS: ReadonlySet<Op> = new Set<Op>(["prepare", "commit", "renew", "resume"]);
 
 type Failure = Extract<Outcome<Op>, { ok: false }>;
 
@@ -731,8 +738,13 @@ export class CheckpointEngine {
   ): Promise<Outcome<O>> {
     // Fencing on the sending side: a demoted coordinator stops before the participants must refuse it.
     this.options.leadership.assert(epoch);
-    const restarted = this.restartedSince(member, (request as { checkpoint_id?: string }).checkpoint_id);
-    if (restarted) return { ok: false, participant: member, code: "unreachable", detail: restarted };
+    const restarted = GUARDED_OPS.has(op) ? this.restartedSince(member, (request as { checkpoint_id?: string }).checkpoint_id) : null;
+    if (restarted) {
+      this.checkpointLog((request as { checkpoint_id?: string }).checkpoint_id).info({ op, detail: restarted }, "participant_restarted_skipped");
+      // A new process holds nothing of this checkpoint: it is as resumed as it can be.
+      if (op === "resume") return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
+      return { ok: false, participant: member, code: "unreachable", detail: restarted };
+    }
     const outcome = await this.options.client.call(member, op, request, deadlineMs, ctx, () => this.options.leadership.assert(epoch));
     if (!outcome.ok) {
       this.checkpointLog((request as { checkpoint_id?: string }).checkpoint_id)

@@ -111,9 +111,13 @@ describe("engine ordering", () => {
     const { engine, fake } = makeEngine(root, { incarnations });
     await engine.prepare({ checkpoint_id: "c30" });
     incarnations.set("model.m1", "new"); // SIGKILLed and started again while the checkpoint is open
-    const error = await refusal(engine.resume({ checkpoint_id: "c30" }));
+    const error = await refusal(engine.commit({ checkpoint_id: "c30", episode_ids: null, stop: false }));
     expect(error.code).toBe("unreachable");
     expect(error.message).toContain("model/m1 restarted after checkpoint c30 opened (incarnation old → new)");
+    expect(fake.ops("commit").map((c) => `${c.kind}/${c.instance}`)).not.toContain("model/m1");
+    // resume: the new process holds nothing of c30 (it counts as resumed) and is not fenced by it
+    const resumed = await engine.resume({ checkpoint_id: "c30" });
+    expect(resumed.participants.find((p) => p.instance === "m1")).toMatchObject({ idempotent: true });
     expect(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).toEqual(["resources/r1", "agent/a1", "agent/a2", "environment/e1"]);
     expect(engine.openCheckpoint).toBeNull();
   });
