@@ -32,6 +32,8 @@ export interface CoordinatorHandle {
   id: string;
   engine: CheckpointEngine;
   lease: LeaderLease;
+  /** The membership registry as this coordinator sees it (kept from a KV watch). */
+  members: WatchedMemberRegistry;
   natsApi: NatsControllerApi;
   httpUrl: string | undefined;
   /** Settles when the NATS connection closed for good (the CLI treats that as fatal). */
@@ -140,6 +142,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     id,
     engine,
     lease,
+    members: registry,
     natsApi,
     httpUrl: http?.url,
     closed: nc.closed(),

@@ -4,7 +4,8 @@ import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-cata
 import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
 import { openMembersBucket } from "../../coordinator/membership/members-bucket.js";
 import { PROTOCOL_VERSION, controllerSubject, type Kind } from "../../protocol/index.js";
-import { KIND_OF, hookLog, monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
+import { KIND_OF, PARTICIPANT_TOKEN, hookLog, monitorPhaseMessages, startWorld, until, type World } from "./coordinator-harness.js";
+import { controlRequest } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
 
 const PREPARE_RANK: Record<Kind, number> = { environment: 0, model: 1, agent: 2, resources: 3 };
@@ -176,6 +177,28 @@ describe("coordinator over a real nats-server with participants of all four kind
     const reopened = hookLog.slice(hookLog.indexOf(retires.at(-1)!) + 1).filter((h) => h.startsWith("open:"));
     expect(reopened).toHaveLength(4);
     expectStaged(reopened, RESUME_RANK);
+  });
+
+  it("a participant restarted while a checkpoint is open gets none of its messages; resume counts it as resumed and does not fence the id in the new process", async () => {
+    const coordinator = world.coordinators[0]!;
+    const ref = { kind: "model" as const, instance: "policy" };
+    const before = coordinator.members.incarnationOf(ref);
+    await world.client.prepare({ checkpoint_id: "restart-1" });
+    // SIGKILL-and-restart, in process: the old participant goes away, a new one (new incarnation) takes its subjects
+    const old = world.participant("policy");
+    await old.handle.stop();
+    world.participants.splice(world.participants.indexOf(old), 1);
+    await world.startParticipants([ref]);
+    await until(() => coordinator.members.incarnationOf(ref) !== before);
+    const resumed = await world.client.resume({ checkpoint_id: "restart-1" });
+    expect(resumed.participants.find((p) => p.instance === "policy")).toMatchObject({ idempotent: true });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    // The new process never saw restart-1, so the id is not fenced there: a late prepare of it is still accepted.
+    const target = { deployment: world.deployment, ...ref, token: PARTICIPANT_TOKEN };
+    const epoch = coordinator.lease.state().epoch!;
+    const deadline_ts = Date.now() / 1000 + 5;
+    expect(await controlRequest(world.pnc, target, "prepare", { checkpoint_id: "restart-1", deadline_ts, epoch })).toMatchObject({ phase: "prepared" });
+    expect(await controlRequest(world.pnc, target, "resume", { checkpoint_id: "restart-1", deadline_ts, epoch })).toMatchObject({ phase: "idle" });
   });
 
   it("restore success leaves everyone restored until resume", async () => {

@@ -5,7 +5,7 @@ import { NatsParticipantTransport } from "../../coordinator/engine/nats-transpor
 import { systemClock } from "../../coordinator/engine/clock.js";
 import { LEADER_KEY } from "../../coordinator/ha/leader-lease.js";
 import { leaderBucket } from "../../protocol/index.js";
-import { PARTICIPANT_TOKEN, monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
+import { PARTICIPANT_TOKEN, monitorPhaseMessages, startWorld, until, type World } from "./coordinator-harness.js";
 
 let world: World;
 beforeAll(async () => {
@@ -15,14 +15,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await world?.close();
 });
-
-async function until(predicate: () => boolean, timeoutMs = 5000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!predicate()) {
-    if (Date.now() > end) throw new Error("condition not met in time");
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}
 
 describe("two coordinators: one lease, fenced epochs", () => {
   it("only the leader sends phase messages; the loser stops when it loses the lease; participants refuse its stale epoch", async () => {
