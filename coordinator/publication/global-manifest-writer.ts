@@ -42,8 +42,8 @@ export interface PublishResult {
  *
  * LATEST's new content (the id) is known when the checkpoint opens, so `stage` writes and fsyncs
  * its temp file while the prepare and commit requests are in flight; publication then pays one
- * fsynced file (checkpoint.json) and two directory fsyncs. The order on disk is unchanged: LATEST is renamed only after
- * checkpoint.json is durable.
+ * fsynced file (checkpoint.json) and two directory fsyncs. The order on disk is unchanged: LATEST
+ * is renamed only after checkpoint.json is durable.
  */
 export class GlobalManifestWriter {
   private readonly staged = new Map<string, Promise<StagedFile>>();
