@@ -221,23 +221,10 @@ export class CheckpointEngine {
       if (this.open) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
       const manifest = await this.options.catalog.get(id);
-      const epoch = this.options.leadership.epoch();
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
       const dir = this.options.catalog.dirFor(id);
-      const open: OpenCheckpoint = {
-        id,
-        phase: "preparing",
-        epoch,
-        members,
-        incarnations: this.incarnationsOf(members),
-        preparedAt: this.options.clock.now() / 1000,
-        restarts: [],
-        dir,
-        scope: request.episode_ids,
-        stop: false,
-        autoPublish: false,
-        controllerState: null,
-      };
+      const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
+      const epoch = open.epoch;
       await this.journal(open, "restoring");
       this.open = open;
       const outcomes = await runAll(members, (m) =>
@@ -384,20 +371,7 @@ export class CheckpointEngine {
     const done: { checkpoint_id: string; action: string }[] = [];
     for (const [id, prepared] of orphans) {
       this.log.info({ checkpoint_id: id, participants: prepared.length }, "recovery_resume_unjournaled");
-      this.open = {
-        id,
-        phase: "prepared",
-        epoch: this.options.leadership.epoch(),
-        members: prepared,
-        incarnations: this.incarnationsOf(prepared),
-        preparedAt: this.options.clock.now() / 1000,
-        restarts: [],
-        dir: null,
-        scope: null,
-        stop: false,
-        autoPublish: false,
-        controllerState: null,
-      };
+      this.open = this.opening(id, "prepared", prepared);
       const action = await this.doResume(id, this.options.clock.now() + this.options.defaultTimeoutMs, undefined).then(
         () => "resumed_unjournaled",
         (error: unknown) => {
@@ -412,13 +386,8 @@ export class CheckpointEngine {
 
   private async recoverOne(entry: JournalEntry): Promise<string> {
     const log = this.log.child({ checkpoint_id: entry.checkpoint_id, previous_epoch: entry.epoch });
-    const epoch = this.options.leadership.epoch();
     const deadlineMs = this.options.clock.now() + this.options.defaultTimeoutMs;
-    const open: OpenCheckpoint = {
-      id: entry.checkpoint_id,
-      phase: "prepared",
-      epoch,
-      members: entry.participants,
+    const open = this.opening(entry.checkpoint_id, "prepared", entry.participants, {
       incarnations: new Map(), // not journaled: a predecessor's view cannot be checked
       preparedAt: entry.prepared_at,
       restarts: entry.restarts,
@@ -427,7 +396,7 @@ export class CheckpointEngine {
       stop: entry.stop,
       autoPublish: entry.auto_publish,
       controllerState: entry.controller_state,
-    };
+    });
     this.open = open;
     switch (entry.state) {
       case "decided": {
@@ -495,23 +464,9 @@ export class CheckpointEngine {
     if (!open) {
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
-      const epoch = this.options.leadership.epoch();
       const members = await this.options.membership.list();
       if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
-      open = {
-        id,
-        phase: "preparing",
-        epoch,
-        members,
-        incarnations: this.incarnationsOf(members),
-        preparedAt: this.options.clock.now() / 1000,
-        restarts: [],
-        dir: null,
-        scope: null,
-        stop: false,
-        autoPublish,
-        controllerState,
-      };
+      open = this.opening(id, "preparing", members, { autoPublish, controllerState });
       // Journaled while the first stage's prepares are in flight and acknowledged before the second
       // stage: a successor resumes whatever this one opened, from this entry or, if it crashed before
       // the entry was acknowledged, from the first stage's status (recover → resumeOrphans).
@@ -590,7 +545,6 @@ export class CheckpointEngine {
       await this.journal(open, "decided");
       open.phase = "committing";
     }
-    this.options.writer.stage(id); // already staged at prepare, unless a successor is re-driving the commit
     await this.options.hooks?.afterDecision?.(id);
     const outcomes = await inSpan("checkpoint.coordinate.commit.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, (c) =>
       runAll(open.members, (m) =>
@@ -752,6 +706,25 @@ export class CheckpointEngine {
         .warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
     return outcome;
+  }
+
+  /** A checkpoint (or restore) this coordinator opens now, at its epoch, with its members' incarnations. */
+  private opening(id: string, phase: OpenPhase, members: ParticipantRef[], fields: Partial<OpenCheckpoint> = {}): OpenCheckpoint {
+    return {
+      id,
+      phase,
+      epoch: this.options.leadership.epoch(),
+      members,
+      incarnations: this.incarnationsOf(members),
+      preparedAt: this.options.clock.now() / 1000,
+      restarts: [],
+      dir: null,
+      scope: null,
+      stop: false,
+      autoPublish: false,
+      controllerState: null,
+      ...fields,
+    };
   }
 
   private incarnationsOf(members: readonly ParticipantRef[]): Map<string, string> {

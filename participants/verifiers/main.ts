@@ -22,7 +22,7 @@ const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
   "collection-timeout-ms",
   "evaluation-timeout-ms",
 ]);
-const { config, extra, logger } = runtime;
+const { extra, logger } = runtime;
 
 function judge(): JudgeClient {
   if (!extra["judge-url"]) throw new Error("--judge-url is required for judge-based verifiers");

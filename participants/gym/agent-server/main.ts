@@ -11,7 +11,7 @@ import { createAgentApp } from "./agent-server.js";
  *   --episode-timeout-ms   legacy /run deadline (checkpoint pauses do not count)
  */
 const runtime = await startServerRuntime("agent-server", process.argv.slice(2), ["policy-url", "resources-url", "stream", "episode-timeout-ms"]);
-const { config, extra, logger } = runtime;
+const { extra } = runtime;
 if (!extra["policy-url"] || !extra["resources-url"]) {
   process.stderr.write("agent-server: --policy-url and --resources-url are required\n");
   process.exit(2);

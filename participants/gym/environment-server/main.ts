@@ -11,7 +11,7 @@ import { createEnvironmentApp } from "./environment-server.js";
  *   --replay-config <file>  serve a replay task source (docs/replay.md) at /replay/next
  */
 const runtime = await startServerRuntime("environment-server", process.argv.slice(2), ["agent-url", "resources-url", "episode-timeout-ms", "replay-config"]);
-const { config, extra, logger } = runtime;
+const { extra, logger } = runtime;
 if (!extra["agent-url"] || !extra["resources-url"]) {
   process.stderr.write("environment-server: --agent-url and --resources-url are required\n");
   process.exit(2);

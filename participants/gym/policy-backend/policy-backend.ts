@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { ServerResponse } from "node:http";
-import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
+import Fastify, { type FastifyInstance } from "fastify";
 import { z } from "zod";
 import { CheckpointError, bearerToken, describeZodError, sha256Hex, tokensEqual } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";

@@ -11,7 +11,7 @@ import { CounterServer } from "./counter-server.js";
  *   --owner <routing id written into records>
  */
 const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner"]);
-const { config, extra, logger } = runtime;
+const { extra, logger } = runtime;
 
 function buildServer(): ResourcesServer {
   const which = extra.server ?? "calculator";
