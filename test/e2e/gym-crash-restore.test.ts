@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { GYM_SERVERS, TASK, startGymWorld, type GymWorld } from "../support/gym-processes.js";
+import { ep } from "../support/episode.js";
 
 /**
  * The reference Gym end to end: nats-server, coordinator, policy backend, model attach proxy,
@@ -10,7 +11,6 @@ import { GYM_SERVERS, TASK, startGymWorld, type GymWorld } from "../support/gym-
  * except the inference backend, whose call log is the ground truth for "no delivered call repeated".
  */
 let world: GymWorld;
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 
 beforeAll(async () => {
   world = await startGymWorld();

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TASK, startGymWorld, type GymWorld } from "../support/gym-processes.js";
+import { ep } from "../support/episode.js";
 
 /**
  * A second crash before the replacement starts: the restored state is exported again by the next
@@ -7,7 +8,6 @@ import { TASK, startGymWorld, type GymWorld } from "../support/gym-processes.js"
  * yet consumed travels with it (exported under attempt 1, still naming the attempt that was cut).
  */
 let world: GymWorld;
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 
 beforeAll(async () => {
   world = await startGymWorld();

@@ -3,6 +3,7 @@ import { FsCheckpointStorage } from "../../participants/index.js";
 import { EnvironmentRecordSchema } from "../../participants/kinds/environment/index.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { startGymWorld, type GymWorld } from "../support/gym-processes.js";
+import { ep } from "../support/episode.js";
 
 /**
  * Steps in flight at a checkpoint: verification in `replay` mode (the checkpoint does not wait; the
@@ -10,7 +11,6 @@ import { startGymWorld, type GymWorld } from "../support/gym-processes.js";
  * recorded), and an episode finishing during prepare (neither lost nor redone).
  */
 let world: GymWorld | undefined;
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 
 afterEach(async () => {
   await world?.close();

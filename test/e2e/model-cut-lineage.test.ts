@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { startGymWorld, type BackendCall, type GymWorld } from "../support/gym-processes.js";
+import { ep } from "../support/episode.js";
 
 /**
  * The policy-model participant end to end (nats-server, coordinator, policy backend, attach proxy,
@@ -8,7 +9,6 @@ import { startGymWorld, type BackendCall, type GymWorld } from "../support/gym-p
  * twice keeps the lineage rooted at the source's delivered call.
  */
 let world: GymWorld;
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 
 beforeAll(async () => {
   world = await startGymWorld();

@@ -36,12 +36,3 @@ export const PROXY_ENTRY = "dist/participants/attach/main.js";
 export function commonArgs(nats: string, deployment: string, instance: string, token: string, extra: string[] = []): string[] {
   return ["--nats", nats, "--deployment", deployment, "--instance", instance, "--token", token, "--port", "0", ...extra];
 }
-
-export async function waitUntil(condition: () => Promise<boolean> | boolean, what: string, timeoutMs = 15_000): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    if (await condition()) return;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}

@@ -4,7 +4,8 @@ import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-cata
 import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
 import { openMembersBucket } from "../../coordinator/membership/members-bucket.js";
 import { PROTOCOL_VERSION, controllerSubject, type Kind } from "../../protocol/index.js";
-import { KIND_OF, PARTICIPANT_TOKEN, hookLog, monitorPhaseMessages, startWorld, until, type World } from "./coordinator-harness.js";
+import { KIND_OF, PARTICIPANT_TOKEN, hookLog, monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
+import { waitUntil } from "../support/wait-until.js";
 import { controlRequest } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
 
@@ -189,7 +190,7 @@ describe("coordinator over a real nats-server with participants of all four kind
     await old.handle.stop();
     world.participants.splice(world.participants.indexOf(old), 1);
     await world.startParticipants([ref]);
-    await until(() => coordinator.members.incarnationOf(ref) !== before);
+    await waitUntil(() => coordinator.members.incarnationOf(ref) !== before, "the coordinator to see the new incarnation", 5000);
     const resumed = await world.client.resume({ checkpoint_id: "restart-1" });
     expect(resumed.participants.find((p) => p.instance === "policy")).toMatchObject({ idempotent: true });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");

@@ -5,7 +5,8 @@ import { NatsParticipantTransport } from "../../coordinator/engine/nats-transpor
 import { systemClock } from "../../coordinator/engine/clock.js";
 import { LEADER_KEY } from "../../coordinator/ha/leader-lease.js";
 import { leaderBucket } from "../../protocol/index.js";
-import { PARTICIPANT_TOKEN, monitorPhaseMessages, startWorld, until, type World } from "./coordinator-harness.js";
+import { PARTICIPANT_TOKEN, monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
+import { waitUntil } from "../support/wait-until.js";
 
 let world: World;
 beforeAll(async () => {
@@ -38,7 +39,7 @@ describe("two coordinators: one lease, fenced epochs", () => {
     const epochB = b.lease.state().epoch!;
     expect(epochB).toBeGreaterThan(epochA);
     // A notices at its next renewal and demotes; it then sends nothing
-    await until(() => !a.lease.state().leader);
+    await waitUntil(() => !a.lease.state().leader, "coord-a to demote", 5000);
     expect(a.natsApi.serving).toBe(false);
     const sentByA = monitor.log.filter((m) => m.epoch === epochA).length;
     await expect(a.engine.prepare({ checkpoint_id: "ha-2" })).rejects.toMatchObject({ code: "not_leader" });

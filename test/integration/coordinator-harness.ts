@@ -163,12 +163,3 @@ export function monitorPhaseMessages(nc: NatsConnection, deployment: string): { 
 }
 
 export const KIND_OF = (target: string) => target.split("/")[0] as Kind;
-
-/** Polls a condition every 20 ms, bounded. */
-export async function until(predicate: () => boolean, timeoutMs = 5000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!predicate()) {
-    if (Date.now() > end) throw new Error("condition not met in time");
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}

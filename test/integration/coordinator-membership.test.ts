@@ -5,6 +5,7 @@ import { MEMBERS_BUCKET_OPTIONS, openMembersBucket } from "../../coordinator/mem
 import { WatchedMemberRegistry } from "../../coordinator/membership/watched-member-registry.js";
 import { MEMBER_TTL_MS, membersBucket } from "../../protocol/index.js";
 import { startWorld, type World } from "./coordinator-harness.js";
+import { waitUntil } from "../support/wait-until.js";
 
 let world: World;
 beforeAll(async () => {
@@ -13,14 +14,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await world?.close();
 });
-
-async function until(predicate: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await predicate())) {
-    if (Date.now() > end) throw new Error("condition not met in time");
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
 
 describe("membership registry", () => {
   it("opens or creates the bucket with history 1 and bucket TTL, and asserts the stream config", async () => {
@@ -44,11 +37,11 @@ describe("membership registry", () => {
     try {
       expect(await registry.list()).toEqual([]);
       const [env] = await world.startParticipants([{ kind: "environment", instance: "e9" }]);
-      await until(async () => (await registry.list()).length === 1);
+      await waitUntil(async () => (await registry.list()).length === 1, "one registered member", 5000);
       expect(await registry.list()).toEqual([{ kind: "environment", instance: "e9" }]);
       await env!.handle.stop();
       world.participants.length = 0;
-      await until(async () => (await registry.list()).length === 0);
+      await waitUntil(async () => (await registry.list()).length === 0, "no registered member", 5000);
     } finally {
       registry.stop();
     }
@@ -62,7 +55,7 @@ describe("membership registry", () => {
     await registry.start();
     try {
       await kv.put("model.silent", JSON.stringify({ kind: "model", instance: "silent", incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 }));
-      await until(async () => (await registry.list()).length === 1);
+      await waitUntil(async () => (await registry.list()).length === 1, "one registered member", 5000);
       now += MEMBER_TTL_MS + 1;
       expect(await registry.list()).toEqual([]);
     } finally {

@@ -6,7 +6,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Op } from "../../protocol/index.js";
 import { controlRequest, phase as controlPhase } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, waitUntil, type SpawnedServer } from "../e2e/model-processes.js";
+import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
+import { waitUntil } from "../support/wait-until.js";
+import { backendAdmin } from "../support/policy-backend-admin.js";
 
 const TOKEN = "model-it-secret";
 const DEPLOYMENT = "modelit";
@@ -35,8 +37,7 @@ afterAll(async () => {
 
 const control = (op: Op, body: object) => controlRequest(nats.nc, { deployment: DEPLOYMENT, kind: "model", instance: "policy_model", token: TOKEN }, op, body);
 const phase = (id: string, extra: object = {}, seconds = 20) => controlPhase(id, extra, seconds);
-const admin = async (path: string, body?: object, method = body ? "POST" : "GET"): Promise<any> =>
-  (await fetch(`${backend.url}${path}`, { method, ...(body && { headers: { "content-type": "application/json" }, body: JSON.stringify(body) }) })).json();
+const admin = (path: string, body?: object) => backendAdmin(backend.url, path, body);
 const capture = async (path: string, init: RequestInit = {}): Promise<any> =>
   (await fetch(`${proxy.url}/ng-capture/v1/${path}`, { ...init, headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json" } })).json();
 

@@ -1,7 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildInventory } from "../../participants/kinds/model/generation-cut-contract.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { BACKEND_ENTRY, commonArgs, spawnServer, waitUntil, type SpawnedServer } from "../e2e/model-processes.js";
+import { BACKEND_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
+import { waitUntil } from "../support/wait-until.js";
+import { backendAdmin } from "../support/policy-backend-admin.js";
 
 const TOKEN = "backend-secret";
 let nats: NatsFixture;
@@ -27,10 +29,7 @@ const second = [...first, { role: "assistant", content: null, tool_calls: [{ id:
 async function chat(body: object, headers: Record<string, string> = {}): Promise<Response> {
   return fetch(`${backend.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
 }
-async function admin(path: string, body?: object, method = "POST"): Promise<any> {
-  const response = await fetch(`${backend.url}${path}`, { method, ...(body && { headers: { "content-type": "application/json" }, body: JSON.stringify(body) }) });
-  return response.json();
-}
+const admin = (path: string, body?: object) => backendAdmin(backend.url, path, body);
 
 describe("reference policy backend", () => {
   it("answers tool calls then the tool result, non-streaming and streaming, and records every call", async () => {
@@ -49,8 +48,8 @@ describe("reference policy backend", () => {
       .join("");
     expect(content).toBe("42");
     expect(text.trimEnd().endsWith("data: [DONE]")).toBe(true);
-    await waitUntil(async () => (await admin("/admin/calls", undefined, "GET")).calls[1]?.delivered === true, "delivery");
-    const { calls } = await admin("/admin/calls", undefined, "GET");
+    await waitUntil(async () => (await admin("/admin/calls")).calls[1]?.delivered === true, "delivery");
+    const { calls } = await admin("/admin/calls");
     expect(calls.map((c: any) => [c.seq, c.capture_key, c.model_call_id, c.message_count, c.stream, c.continued_from, c.delivered])).toEqual([
       [1, "r1", "mc-1", 2, false, null, true],
       [2, "r1", "mc-2", 4, true, "mc-0", true],
@@ -61,7 +60,7 @@ describe("reference policy backend", () => {
     await admin("/admin/reset", {});
     await admin("/admin/hold", { after: 0 });
     const pending = chat({ messages: first, tools: TOOLS }, { "x-ng-capture-key": "r2-a1", "x-ng-model-call-id": "mc-held" });
-    await waitUntil(async () => (await admin("/admin/calls", undefined, "GET")).calls.length === 1, "the held call");
+    await waitUntil(async () => (await admin("/admin/calls")).calls.length === 1, "the held call");
     const inventory = buildInventory("ck1", "policy_model", [{ ticket_id: "t1", rollout_id: "r2", attempt: 1, model_call_id: "mc-held", admitted_at: 1 }]);
     const unauthorized = await fetch(`${backend.url}/ng-control/v1/generation-cut`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(inventory) });
     expect(unauthorized.status).toBe(401);
@@ -80,10 +79,10 @@ describe("reference policy backend", () => {
       body: JSON.stringify({ ...inventory, inventory_digest: "0".repeat(64) }),
     });
     expect(tampered.status).toBe(400);
-    expect((await admin("/admin/calls", undefined, "GET")).calls[0].delivered).toBe(false);
+    expect((await admin("/admin/calls")).calls[0].delivered).toBe(false);
     await admin("/admin/release", {});
     expect(((await (await pending).json()) as any).choices[0].message.tool_calls).toHaveLength(1);
-    expect((await admin("/admin/cuts", undefined, "GET")).cuts.map((c: any) => c.model_call_ids)).toEqual([["mc-held"]]);
+    expect((await admin("/admin/cuts")).cuts.map((c: any) => c.model_call_ids)).toEqual([["mc-held"]]);
   });
 
   it("refuses malformed chat bodies with invalid_request", async () => {

@@ -6,7 +6,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Op } from "../../protocol/index.js";
 import { controlRequest, phase as controlPhase } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, waitUntil, type SpawnedServer } from "../e2e/model-processes.js";
+import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
+import { waitUntil } from "../support/wait-until.js";
+import { backendAdmin } from "../support/policy-backend-admin.js";
 
 /**
  * A restored generation cut is consumed only by a re-issued call whose conversation matches: the
@@ -38,8 +40,7 @@ afterAll(async () => {
 
 const control = (op: Op, body: object) => controlRequest(nats.nc, { deployment: DEPLOYMENT, kind: "model", instance: "policy_model", token: TOKEN }, op, body);
 const phase = (id: string, extra: object = {}) => controlPhase(id, extra, 20);
-const admin = async (path: string, body?: object): Promise<any> =>
-  (await fetch(`${backend.url}${path}`, { method: body ? "POST" : "GET", ...(body && { headers: { "content-type": "application/json" }, body: JSON.stringify(body) }) })).json();
+const admin = (path: string, body?: object) => backendAdmin(backend.url, path, body);
 const status = async (): Promise<any> => (await fetch(`${proxy!.url}/ng-capture/v1/status`, { headers: { authorization: `Bearer ${TOKEN}` } })).json();
 const client = (key: string) => new OpenAI({ baseURL: `${proxy!.url}/ng-rollout/${key}/v1`, apiKey: "unused", maxRetries: 0, timeout: 20_000 });
 

@@ -14,6 +14,7 @@ import { launchGym, type Gym, type GymLaunchOptions, type GymProcessName } from 
 import { GlobalManifestSchema, type EpisodeId, type Kind, type StatusReply } from "../../protocol/index.js";
 import { controlRequest } from "./control-requests.js";
 import { startNats, type NatsFixture } from "./nats.js";
+import { backendAdmin } from "./policy-backend-admin.js";
 
 /**
  * The e2e world around the reference Gym: a spawned nats-server, an in-process coordinator
@@ -145,14 +146,7 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       });
       return { status: response.status, body: await response.json() };
     };
-    const admin = async (method: "GET" | "POST", path: string, body?: unknown) => {
-      const response = await fetch(`${url("policy")}${path}`, {
-        method,
-        ...(body !== undefined && { headers: { "content-type": "application/json" }, body: JSON.stringify(body) }),
-      });
-      if (!response.ok) throw new Error(`policy backend ${path}: HTTP ${response.status}`);
-      return response.json() as Promise<any>;
-    };
+    const admin = (path: string, body?: unknown) => backendAdmin(url("policy"), path, body);
     const world: GymWorld = {
       nats,
       root,
@@ -171,17 +165,17 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       },
       backend: {
         async calls() {
-          const body = await admin("GET", "/admin/calls");
+          const body = await admin("/admin/calls");
           return (Array.isArray(body) ? body : body.calls) as BackendCall[];
         },
         async hold(after) {
-          await admin("POST", "/admin/hold", { after });
+          await admin("/admin/hold", { after });
         },
         async release() {
-          await admin("POST", "/admin/release", {});
+          await admin("/admin/release", {});
         },
         async reset() {
-          await admin("POST", "/admin/reset", {});
+          await admin("/admin/reset", {});
         },
       },
       async status(name) {

@@ -6,8 +6,8 @@ import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../pro
 import { ParticipantControlPlane } from "../../../participants/index.js";
 import { AgentKind, type Activation, type AgentSessionHooks, type RestoredAgentSession } from "../../../participants/kinds/agent/index.js";
 import { refusalCode } from "../../support/refusal.js";
+import { ep } from "../../support/episode.js";
 
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
 /** Bounded polling for a condition (no fixed sleeps). */

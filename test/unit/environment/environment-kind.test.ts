@@ -6,9 +6,9 @@ import { canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from ".
 import { FsCheckpointStorage, ParticipantControlPlane } from "../../../participants/index.js";
 import { EnvironmentKind, EnvironmentRecordSchema, type StepEpisode } from "../../../participants/kinds/environment/index.js";
 import { refusalCode } from "../../support/refusal.js";
+import { ep } from "../../support/episode.js";
 
 const TASK = { expression: "17 + 25", tool_rounds: 1 };
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
 let root: string;

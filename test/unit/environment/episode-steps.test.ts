@@ -2,8 +2,8 @@ import { describe, expect, it } from "vitest";
 import { CheckpointError } from "../../../protocol/index.js";
 import { ManualClock } from "../../../participants/index.js";
 import { EpisodeSteps, type StepEpisode } from "../../../participants/kinds/environment/index.js";
+import { ep } from "../../support/episode.js";
 
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
 /** A latch a test opens when it wants a step to finish. */

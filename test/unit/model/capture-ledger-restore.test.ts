@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, ModelKind, type LedgerRow, type ModelRecord } from "../../../participants/kinds/model/index.js";
 import { CHAT, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+import { ep } from "../../support/episode.js";
 
 let f: ModelFixture;
 beforeEach(async () => {
@@ -13,7 +14,6 @@ afterEach(async () => {
   await f.close();
 });
 
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 const row = (capture_key: string, model_call_id: string, parent_call_id: string | null = null): LedgerRow => ({
   capture_key,
   model_call_id,

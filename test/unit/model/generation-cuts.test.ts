@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
 import { BACKEND, CHAT, ackFor, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+import { ep } from "../../support/episode.js";
 
 let f: ModelFixture;
 beforeEach(async () => {
@@ -11,7 +12,6 @@ afterEach(async () => {
   await f.close();
 });
 
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 
 function cutRecord(sourceKey: string, content: string, extra: Partial<GenerationCutRecord["continuation"]> = {}): GenerationCutRecord {
   return {
