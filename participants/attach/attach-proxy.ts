@@ -78,7 +78,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       throw new CheckpointError("invalid_request", "the request body is not JSON");
     }
     if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new CheckpointError("invalid_request", "the request body must be a JSON object");
-    const ticket = await kind.admit(rollout.captureKey, route, parsed as Record<string, unknown>);
+    const ticket = await kind.admit(rollout.captureKey, route, parsed as Record<string, unknown>, rollout.episode);
     return forward(req, res, route + query, body, ticket);
   }
 

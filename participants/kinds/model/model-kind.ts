@@ -71,9 +71,12 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   // ---- data plane -------------------------------------------------------------------------
 
-  /** Opens a ticket for a generation call, or refuses (`stale_attempt`, `admission_closed`). */
-  async admit(key: string, route: string, body: Record<string, unknown>): Promise<AdmissionTicket> {
-    const episode = parseCaptureKey(key);
+  /**
+   * Opens a ticket for a generation call, or refuses (`stale_attempt`, `admission_closed`).
+   * `parsed` is the key's episode when the caller already validated it (the proxy parsed the path).
+   */
+  async admit(key: string, route: string, body: Record<string, unknown>, parsed?: EpisodeId): Promise<AdmissionTicket> {
+    const episode = parsed ?? parseCaptureKey(key);
     if (!episode) throw new CheckpointError("rollout_id_required", `not a capture key: ${key}`);
     this.refuseIfNotAdmitting(episode, key);
     const rows = await this.ledger.rows(key);
