@@ -5,7 +5,6 @@ import { join } from "node:path";
 import {
   CheckpointError,
   GLOBAL_MANIFEST_FILE,
-  GlobalManifestSchema,
   LATEST_FILE,
   MANIFEST_SCHEMA_VERSION,
   type ControllerState,
@@ -91,7 +90,10 @@ export class GlobalManifestWriter {
     try {
       latest = await staging; // also created the checkpoint directory
       const controllerState = await this.resolveControllerState(dir, input.controllerState);
-      const manifest = GlobalManifestSchema.parse({
+      // Not re-parsed here: every field was validated where it entered (commit replies, the
+      // controller's request, prepare replies), and every reader parses the file. A cold zod pass
+      // over 64 entries costs 0.5–6 ms on the publication's critical path.
+      const manifest: GlobalManifest = {
         schema_version: MANIFEST_SCHEMA_VERSION,
         checkpoint_id: input.checkpointId,
         epoch: input.epoch,
@@ -102,7 +104,7 @@ export class GlobalManifestWriter {
         restarts: [...new Set(input.restarts)].sort(),
         participants: [...input.participants].sort((a, b) => (a.kind + "/" + a.instance < b.kind + "/" + b.instance ? -1 : 1)),
         controller_state: controllerState,
-      } satisfies GlobalManifest);
+      };
       const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
       // Blocking I/O on purpose: nothing else is in flight for this checkpoint, and the thread-pool
       // round trips of the async calls cost more than the writes (docs/benchmarks.md).

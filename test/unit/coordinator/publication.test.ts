@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { MANIFEST_SCHEMA_VERSION, sha256Hex, type ParticipantEntry } from "../../../protocol/index.js";
+import { GlobalManifestSchema, MANIFEST_SCHEMA_VERSION, sha256Hex, type ParticipantEntry } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
@@ -80,6 +80,11 @@ describe("publication and retention", () => {
     expect(m.epoch).toBe(4);
     expect(m.controller_state).toEqual({ inline: { tokens: 5 } });
     expect(m.participants.map((p) => p.kind)).toEqual(["agent", "model"]);
+    // The writer does not re-parse what it writes (its inputs were validated where they entered);
+    // the file on disk must still be exactly what every reader's strict schema accepts.
+    const onDisk = JSON.parse(await readFile(join(root, "c3", "checkpoint.json"), "utf8"));
+    expect(GlobalManifestSchema.parse(onDisk)).toEqual(onDisk);
+    expect(onDisk).toEqual(m);
     expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["c3", "c2"]);
   });
 
