@@ -31,6 +31,11 @@ export const ERROR_CATALOG = {
     meaning: "The coordinator epoch is lower than one this participant has already seen.",
     solve: "Another coordinator took over; this one must stop sending phase messages.",
   },
+  stale_incarnation: {
+    status: 409,
+    meaning: "The message is addressed to another process incarnation of this participant (it restarted after the checkpoint opened).",
+    solve: "Nothing to do for that checkpoint: the new process never took part in it. Start a new checkpoint.",
+  },
   checkpoint_conflict: {
     status: 409,
     meaning: "A different checkpoint is active, or a retried commit names another directory or scope.",

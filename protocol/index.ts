@@ -53,6 +53,8 @@ export {
   RetireReplySchema,
   ForgetReplySchema,
   CONTROL_MESSAGES,
+  GUARDED_OPS,
+  IncarnationSchema,
   MemberSchema,
 } from "./messages.js";
 export type {

@@ -30,6 +30,18 @@ const common = {
   epoch: EpochSchema,
 };
 
+/** A participant's process incarnation: random per process, so a restarted participant is a new one. */
+export const IncarnationSchema = z.string().min(1).max(64);
+
+/**
+ * Ops about one checkpoint's state inside one process, which a process started after the
+ * checkpoint opened never had. Their `incarnation` addresses the process that took part (the one
+ * the coordinator saw when the checkpoint opened); any other refuses with `stale_incarnation`.
+ * Absent = any incarnation. Restore, retire and forget address whatever process is there now.
+ */
+export const GUARDED_OPS = ["prepare", "renew", "commit", "resume"] as const;
+const guarded = { ...common, incarnation: IncarnationSchema.optional() };
+
 /** A directory the coordinator owns and this participant can see: absolute, normalized. */
 export const CheckpointDirSchema = z
   .string()
@@ -40,12 +52,12 @@ export const CheckpointDirSchema = z
   .refine((dir) => !dir.includes("\0"), "checkpoint_dir may not contain NUL");
 
 export const StatusRequestSchema = z.object({ epoch: EpochSchema.optional() }).strict();
-export const PrepareRequestSchema = z.object(common).strict();
-export const RenewRequestSchema = z.object(common).strict();
-export const ResumeRequestSchema = z.object(common).strict();
+export const PrepareRequestSchema = z.object(guarded).strict();
+export const RenewRequestSchema = z.object(guarded).strict();
+export const ResumeRequestSchema = z.object(guarded).strict();
 export const CommitRequestSchema = z
   .object({
-    ...common,
+    ...guarded,
     checkpoint_dir: CheckpointDirSchema,
     /** The episodes the controller continues; null = everything this participant holds. */
     episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE).nullable(),
@@ -163,8 +175,7 @@ export const MemberSchema = z
   .object({
     kind: KindSchema,
     instance: InstanceSchema,
-    /** Random per process: a restarted participant is a new incarnation. */
-    incarnation: z.string().min(1).max(64),
+    incarnation: IncarnationSchema,
     started_at: z.number(),
     heartbeat_at: z.number(),
     protocol_version: z.number().int(),

@@ -2,6 +2,8 @@ import { trace, type Context, type Span } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  GUARDED_OPS,
+  IncarnationSchema,
   MAX_BLOCKERS,
   PROTOCOL_VERSION,
   captureKey,
@@ -35,6 +37,7 @@ import { WriteGate } from "../storage/write-gate.js";
 import { ATTR, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
 import { AsyncLock } from "./async-lock.js";
 import { systemClock, type Clock } from "./clock.js";
+import { newIncarnation } from "./incarnation.js";
 import type { ParticipantKind } from "./participant-kind.js";
 import { ResumedFence } from "./resumed-fence.js";
 import { RetiredMarks } from "./retired-marks.js";
@@ -42,6 +45,8 @@ import { RetiredMarks } from "./retired-marks.js";
 export interface ControlPlaneOptions<R extends RecordBase> {
   adapter: ParticipantKind<R>;
   instance: string;
+  /** This process's incarnation, as announced in the membership registry (default: a fresh one). */
+  incarnation?: string;
   storage?: CheckpointStorage;
   clock?: Clock;
   /** Lease = max(current, deadline + grace); a participant whose lease expires resumes by itself. */
@@ -65,6 +70,8 @@ interface PendingWrite<R> {
   running: Promise<CommitReply> | undefined;
 }
 
+const GUARDED: ReadonlySet<PhaseOp> = new Set<PhaseOp>(GUARDED_OPS);
+
 const ALLOWED: Record<"prepare" | "commit" | "restore" | "renew", readonly Phase[]> = {
   prepare: ["idle", "preparing"],
   commit: ["prepared"],
@@ -84,6 +91,7 @@ const ALLOWED: Record<"prepare" | "commit" | "restore" | "renew", readonly Phase
 export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   readonly adapter: ParticipantKind<R>;
   readonly instance: string;
+  readonly incarnation: string;
   private readonly storage: CheckpointStorage;
   private readonly clock: Clock;
   private readonly graceSeconds: number;
@@ -109,6 +117,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   constructor(options: ControlPlaneOptions<R>) {
     this.adapter = options.adapter;
     this.instance = options.instance;
+    this.incarnation = IncarnationSchema.parse(options.incarnation ?? newIncarnation());
     this.storage = options.storage ?? new FsCheckpointStorage();
     this.clock = options.clock ?? systemClock;
     this.graceSeconds = options.leaseGraceSeconds ?? 600;
@@ -147,7 +156,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     return this.retired.isRetired(episode);
   }
 
-  /** Dispatches one validated request; the epoch fence applies to every phase op. */
+  /** Dispatches one validated request; the incarnation and epoch fences come before anything else. */
   async handle<O extends PhaseOp | "status">(op: O, request: RequestOf<O>, parent?: Context): Promise<ReplyOf<O>> {
     if (op === "status") return this.status() as ReplyOf<O>;
     const phaseRequest = request as RequestOf<PhaseOp>;
@@ -161,6 +170,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const instruments = participantInstruments();
     try {
       const reply = await withSpan(`checkpoint.${op}`, attributes, parent, async (span) => {
+        this.checkIncarnation(op as PhaseOp, phaseRequest);
         if (phaseRequest.epoch < this.highestEpoch) {
           throw new CheckpointError("stale_epoch", `epoch ${phaseRequest.epoch} is below ${this.highestEpoch}, already seen here`);
         }
@@ -545,6 +555,20 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     if (this.phase === "restored" && this.activeId !== id) {
       throw new CheckpointError("checkpoint_conflict", `checkpoint ${this.activeId} is restored here; ${op} must name it`);
     }
+  }
+
+  /**
+   * A guarded message addressed to another incarnation was meant for the process this one replaced:
+   * acting on it (a resume would fence the id here) would mix two processes' checkpoints.
+   */
+  private checkIncarnation(op: PhaseOp, request: RequestOf<PhaseOp>): void {
+    if (!GUARDED.has(op)) return;
+    const addressed = (request as { incarnation?: string }).incarnation;
+    if (addressed === undefined || addressed === this.incarnation) return;
+    throw new CheckpointError(
+      "stale_incarnation",
+      `${op} of checkpoint ${request.checkpoint_id} is addressed to incarnation ${addressed}; this process is ${this.incarnation} and never took part`,
+    );
   }
 
   private checkDeadline(deadlineTs: number): void {

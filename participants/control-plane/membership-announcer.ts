@@ -1,4 +1,3 @@
-import { randomBytes } from "node:crypto";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
@@ -26,11 +25,13 @@ export class MembershipAnnouncer {
     private readonly deployment: string,
     kind: Kind,
     instance: string,
+    /** The control plane's own incarnation: the coordinator addresses guarded messages to it. */
+    incarnation: string,
     private readonly logger?: Logger,
     private readonly heartbeatMs = MEMBER_HEARTBEAT_MS,
   ) {
     const now = Date.now() / 1000;
-    this.member = { kind, instance, incarnation: randomBytes(8).toString("hex"), started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION };
+    this.member = { kind, instance, incarnation, started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION };
   }
 
   get key(): string {

@@ -4,6 +4,7 @@ import { DeploymentSchema, InstanceSchema, type RecordBase } from "../../protoco
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import type { Clock } from "./clock.js";
 import { ParticipantControlPlane } from "./control-plane.js";
+import { newIncarnation } from "./incarnation.js";
 import { MembershipAnnouncer } from "./membership-announcer.js";
 import { ControlEndpoint } from "./nats-endpoint.js";
 import type { ParticipantKind } from "./participant-kind.js";
@@ -33,9 +34,12 @@ export interface ParticipantHandle<R extends RecordBase> {
 export async function startParticipant<R extends RecordBase>(options: StartParticipantOptions<R>): Promise<ParticipantHandle<R>> {
   DeploymentSchema.parse(options.deployment);
   InstanceSchema.parse(options.instance);
+  // One incarnation for both: the control plane refuses what is not addressed to the one announced.
+  const incarnation = newIncarnation();
   const controlPlane = new ParticipantControlPlane<R>({
     adapter: options.adapter,
     instance: options.instance,
+    incarnation,
     ...(options.storage && { storage: options.storage }),
     ...(options.clock && { clock: options.clock }),
     ...(options.leaseGraceSeconds !== undefined && { leaseGraceSeconds: options.leaseGraceSeconds }),
@@ -53,7 +57,7 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
   const announcer =
     options.announce === false
       ? undefined
-      : new MembershipAnnouncer(options.nc, options.deployment, options.adapter.kind, options.instance, options.logger, options.heartbeatMs);
+      : new MembershipAnnouncer(options.nc, options.deployment, options.adapter.kind, options.instance, incarnation, options.logger, options.heartbeatMs);
   await announcer?.start();
   return {
     controlPlane,

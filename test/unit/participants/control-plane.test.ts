@@ -185,6 +185,58 @@ describe("fences and refusals change no state", () => {
   });
 });
 
+describe("incarnation fence", () => {
+  const FOREIGN = "an-earlier-process";
+
+  it("refuses a guarded op addressed to another incarnation before anything else, and changes nothing", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    const idle = plane.status();
+    // idle: a prepare would close admission, a resume would fence the id
+    expect(await refused(call("prepare", { checkpoint_id: "c1", incarnation: FOREIGN, epoch: 9 }))).toBe("stale_incarnation");
+    expect(await refused(call("resume", { checkpoint_id: "c1", incarnation: FOREIGN, epoch: 9 }))).toBe("stale_incarnation");
+    expect(plane.status()).toEqual(idle);
+    expect(kind.admissionOpen).toBe(true);
+    expect(kind.hooks()).toEqual([]);
+
+    // prepared for c1 by this process: nothing addressed elsewhere commits, renews or resumes it
+    const prepared = await call("prepare", { checkpoint_id: "c1", incarnation: plane.incarnation });
+    expect(prepared.phase).toBe("prepared");
+    const before = plane.status();
+    expect(await refused(call("renew", { checkpoint_id: "c1", incarnation: FOREIGN, deadline_ts: DEADLINE + 1000 }))).toBe("stale_incarnation");
+    expect(await refused(call("commit", { checkpoint_id: "c1", incarnation: FOREIGN }))).toBe("stale_incarnation");
+    expect(await refused(call("resume", { checkpoint_id: "c1", incarnation: FOREIGN, epoch: 9 }))).toBe("stale_incarnation");
+    expect(await refused(call("prepare", { checkpoint_id: "c1", incarnation: FOREIGN }))).toBe("stale_incarnation");
+    expect(plane.status()).toEqual(before); // phase, active id, lease, epoch
+    expect(existsSync(join(root, "c1"))).toBe(false);
+    expect(kind.hooks()).toEqual(["closeAdmission"]);
+
+    // the refused commit cached nothing: the real one exports, and the resume is not idempotent
+    expect((await call("commit", { checkpoint_id: "c1", incarnation: plane.incarnation })).phase).toBe("committed");
+    expect(await call("resume", { checkpoint_id: "c1" })).toEqual({ phase: "idle", idempotent: false });
+    expect(kind.hooks()).toEqual(["closeAdmission", "exportRecords", "openAdmission"]);
+  });
+
+  it("a resume addressed to another incarnation does not fence the id here", async () => {
+    expect(await refused(call("resume", { checkpoint_id: "c1", incarnation: FOREIGN }))).toBe("stale_incarnation");
+    expect((await call("prepare", { checkpoint_id: "c1" })).phase).toBe("prepared");
+  });
+
+  it("a matching or absent incarnation works as before", async () => {
+    const other = new ParticipantControlPlane({ adapter: new ScriptableKind("agent"), instance: "a0", incarnation: "given-1", clock, checkpointRoot: root });
+    try {
+      expect(other.incarnation).toBe("given-1");
+      const ask = <O extends PhaseOp>(op: O, body: object) => other.handle(op, { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, ...body } as never);
+      expect((await ask("prepare", { incarnation: "given-1" })).phase).toBe("prepared");
+      expect((await ask("renew", {})).lease_expires_at).toBe(DEADLINE + 600);
+      expect((await ask("commit", { incarnation: "given-1", checkpoint_dir: join(root, "c1"), episode_ids: null, stop: false })).phase).toBe("committed");
+      expect(await ask("resume", { incarnation: "given-1" })).toEqual({ phase: "idle", idempotent: false });
+    } finally {
+      other.dispose();
+    }
+    expect(plane.incarnation).toMatch(/^[0-9a-f]{16}$/);
+  });
+});
+
 describe("lease", () => {
   it("sets lease = max(current, deadline + grace)", async () => {
     await call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 100 });
@@ -261,6 +313,13 @@ describe("restore", () => {
     expect(plane.currentPhase).toBe("restored");
     await call("resume", { checkpoint_id: "src" });
     expect(kind.admissionOpen).toBe(true);
+  });
+
+  it("a resume of the source checkpoint addressed to an earlier incarnation does not fence its restore", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    expect(await refused(call("resume", { checkpoint_id: "src", incarnation: "the-process-that-wrote-it" }))).toBe("stale_incarnation");
+    const reply = await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(reply.restored).toEqual(["r1-a1"]);
   });
 
   it("refuses to restore into a process with live state", async () => {

@@ -6,7 +6,12 @@ import {
   ERROR_CATALOG,
   ERROR_CODES,
   MAX_CONTROL_MESSAGE_BYTES,
+  GUARDED_OPS,
+  CONTROL_MESSAGES,
   PrepareRequestSchema,
+  RestoreRequestSchema,
+  RetireRequestSchema,
+  ForgetRequestSchema,
   canonicalDigest,
   canonicalJson,
   decodeMessage,
@@ -31,6 +36,21 @@ describe("control messages", () => {
   it("accepts a valid prepare and rejects unknown fields", () => {
     expect(PrepareRequestSchema.parse(base)).toEqual(base);
     expect(PrepareRequestSchema.safeParse({ ...base, surprise: true }).success).toBe(false);
+  });
+
+  it("lets exactly the guarded ops address one incarnation", () => {
+    expect([...GUARDED_OPS].sort()).toEqual(["commit", "prepare", "renew", "resume"]);
+    const bodies = { prepare: base, renew: base, resume: base, commit: { ...base, checkpoint_dir: "/data/c1", episode_ids: null } };
+    for (const op of GUARDED_OPS) {
+      const schema = CONTROL_MESSAGES[op].request;
+      expect(schema.safeParse({ ...bodies[op], incarnation: "0123abcd" }).success).toBe(true);
+      expect(schema.safeParse(bodies[op]).success).toBe(true);
+      expect(schema.safeParse({ ...bodies[op], incarnation: "" }).success).toBe(false);
+      expect(schema.safeParse({ ...bodies[op], incarnation: "x".repeat(65) }).success).toBe(false);
+    }
+    expect(RestoreRequestSchema.safeParse({ ...base, checkpoint_dir: "/data/c1", episode_ids: [], incarnation: "i" }).success).toBe(false);
+    expect(RetireRequestSchema.safeParse({ ...base, episode_ids: [{ rollout_id: "r", attempt: 0 }], incarnation: "i" }).success).toBe(false);
+    expect(ForgetRequestSchema.safeParse({ ...base, rollout_ids: ["r"], incarnation: "i" }).success).toBe(false);
   });
 
   it("requires absolute, normalized checkpoint directories", () => {
