@@ -2,6 +2,7 @@ import type { Context } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  GUARDED_OPS,
   PREPARE_STAGES,
   RESUME_STAGES,
   RETIRE_STAGES,
@@ -37,9 +38,9 @@ interface OpenCheckpoint {
   epoch: number;
   members: ParticipantRef[];
   /**
-   * Each member's process incarnation when the checkpoint opened (where membership knows it). A
-   * member that restarted since is not sent this checkpoint's messages: its new process never took
-   * part, and a late resume would fence the id there (so a restore of it would be refused).
+   * Each member's process incarnation when the checkpoint opened (where membership knows it). Its
+   * guarded messages carry it, so a process started since refuses them (`stale_incarnation`): it
+   * never took part, and a late resume would fence the id there (so a restore of it would be refused).
    */
   incarnations: Map<string, string>;
   preparedAt: number;
@@ -79,11 +80,8 @@ export interface CheckpointEngineOptions {
 
 const RESTORE_CLEANUP_MS = 30_000;
 
-/**
- * Ops about the open checkpoint's state in each process, which a member that restarted since it
- * opened never had (restore, retire and forget address whatever process is there now).
- */
-const GUARDED_OPS: ReadonlySet<Op> = new Set<Op>(["prepare", "commit", "renew", "resume"]);
+/** Ops addressed to the incarnation recorded when the checkpoint opened (see protocol GUARDED_OPS). */
+const GUARDED: ReadonlySet<Op> = new Set<Op>(GUARDED_OPS);
 
 type Failure = Extract<Outcome<Op>, { ok: false }>;
 
@@ -371,7 +369,8 @@ export class CheckpointEngine {
     const done: { checkpoint_id: string; action: string }[] = [];
     for (const [id, prepared] of orphans) {
       this.log.info({ checkpoint_id: id, participants: prepared.length }, "recovery_resume_unjournaled");
-      this.open = this.opening(id, "prepared", prepared);
+      // Addressed to whichever process reported it prepared, not to the view's (possibly older) incarnation.
+      this.open = this.opening(id, "prepared", prepared, { incarnations: new Map() });
       const action = await this.doResume(id, this.options.clock.now() + this.options.defaultTimeoutMs, undefined).then(
         () => "resumed_unjournaled",
         (error: unknown) => {
@@ -692,18 +691,25 @@ export class CheckpointEngine {
   ): Promise<Outcome<O>> {
     // Fencing on the sending side: a demoted coordinator stops before the participants must refuse it.
     this.options.leadership.assert(epoch);
-    const restarted = GUARDED_OPS.has(op) ? this.restartedSince(member, (request as { checkpoint_id?: string }).checkpoint_id) : null;
+    const id = (request as { checkpoint_id?: string }).checkpoint_id;
+    const incarnation = GUARDED.has(op) ? this.recordedIncarnation(member, id) : undefined;
+    // The membership view already shows a restart: skip the round trip the participant would refuse.
+    const restarted = incarnation === undefined ? null : this.restartedSince(member, id, incarnation);
     if (restarted) {
-      this.checkpointLog((request as { checkpoint_id?: string }).checkpoint_id).info({ op, detail: restarted }, "participant_restarted_skipped");
-      // A new process holds nothing of this checkpoint: it is as resumed as it can be.
-      if (op === "resume") return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
+      this.checkpointLog(id).info({ op, detail: restarted }, "participant_restarted_skipped");
+      if (op === "resume") return resumedElsewhere(member);
       return { ok: false, participant: member, code: "unreachable", detail: restarted };
     }
-    const outcome = await this.options.client.call(member, op, request, deadlineMs, ctx, () => this.options.leadership.assert(epoch));
+    const body = incarnation === undefined ? request : { ...request, incarnation };
+    const outcome = await this.options.client.call(member, op, body, deadlineMs, ctx, () => this.options.leadership.assert(epoch));
+    if (!outcome.ok && outcome.code === "stale_incarnation") {
+      // A new process the view did not show yet: it refused, so it holds nothing and stays unfenced.
+      this.checkpointLog(id).info({ op, kind: member.kind, instance: member.instance, detail: outcome.detail }, "participant_restarted_refused");
+      if (op === "resume") return resumedElsewhere(member);
+      return outcome;
+    }
     if (!outcome.ok) {
-      this.checkpointLog((request as { checkpoint_id?: string }).checkpoint_id)
-        .child({ kind: member.kind, instance: member.instance })
-        .warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
+      this.checkpointLog(id).child({ kind: member.kind, instance: member.instance }).warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
     return outcome;
   }
@@ -736,14 +742,18 @@ export class CheckpointEngine {
     return incarnations;
   }
 
-  /** Why a member of the open checkpoint `id` must not be sent its messages any more, if it must not. */
-  private restartedSince(member: ParticipantRef, id: string | undefined): string | null {
+  /** The incarnation of `member` recorded when the open checkpoint `id` opened, if known. */
+  private recordedIncarnation(member: ParticipantRef, id: string | undefined): string | undefined {
     const open = this.open;
-    if (!open || open.id !== id) return null;
-    const then = open.incarnations.get(`${member.kind}.${member.instance}`);
+    if (!open || open.id !== id) return undefined;
+    return open.incarnations.get(`${member.kind}.${member.instance}`);
+  }
+
+  /** Why `member`, incarnation `then` when checkpoint `id` opened, must not be sent its messages any more, if the view shows it. */
+  private restartedSince(member: ParticipantRef, id: string | undefined, then: string): string | null {
     const now = this.options.membership.incarnationOf?.(member);
-    if (then === undefined || now === undefined || then === now) return null;
-    return `${member.kind}/${member.instance} restarted after checkpoint ${open.id} opened (incarnation ${then} → ${now}); the new process never took part`;
+    if (now === undefined || then === now) return null;
+    return `${member.kind}/${member.instance} restarted after checkpoint ${id} opened (incarnation ${then} → ${now}); the new process never took part`;
   }
 
   /** Forgets the open checkpoint and its journal entry; its id stays fenced here. */
@@ -822,6 +832,11 @@ export class CheckpointEngine {
       updated_at: this.options.clock.now(),
     });
   }
+}
+
+/** A resume that a process started after the checkpoint opened needs not: it holds nothing of it. */
+function resumedElsewhere<O extends Op>(member: ParticipantRef): Outcome<O> {
+  return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
 }
 
 /** A duration rounded to 10 µs. */

@@ -202,6 +202,40 @@ describe("coordinator over a real nats-server with participants of all four kind
     expect(await controlRequest(world.pnc, target, "resume", { checkpoint_id: "restart-1", deadline_ts, epoch })).toMatchObject({ phase: "idle" });
   });
 
+  it("a restarted participant the membership view does not know yet refuses the open checkpoint's messages (stale_incarnation) and is not fenced", async () => {
+    const coordinator = world.coordinators[0]!;
+    const ref = { kind: "model" as const, instance: "policy" };
+    const old = world.participant("policy");
+    // What the participant announces is its control plane's own incarnation.
+    await waitUntil(() => coordinator.members.incarnationOf(ref) === old.handle.controlPlane.incarnation, "the coordinator to see the announced incarnation", 5000);
+    await world.client.prepare({ checkpoint_id: "unannounced-1" });
+    // Restarted, subscribed, but its announcement has not reached the coordinator: the view holds the
+    // old incarnation (or, once the old entry's delete arrives, none), never the new one.
+    await old.handle.stop();
+    world.participants.splice(world.participants.indexOf(old), 1);
+    const [fresh] = await world.startParticipants([ref], { announce: false });
+    expect(coordinator.members.incarnationOf(ref)).not.toBe(fresh!.handle.controlPlane.incarnation);
+    hookLog.length = 0;
+    try {
+      const error = await refusal(world.client.commit({ checkpoint_id: "unannounced-1" }));
+      expect(error.code).toBe("stale_incarnation");
+      expect(error.message).toContain("model/policy: stale_incarnation");
+      expect(fresh!.handle.controlPlane.currentPhase).toBe("idle");
+      expect(hookLog.filter((h) => h.endsWith("model/policy"))).toEqual([]);
+      const resumed = await world.client.resume({ checkpoint_id: "unannounced-1" });
+      expect(resumed.participants.find((p) => p.instance === "policy")).toMatchObject({ idempotent: true });
+    } finally {
+      await world.client.resume({ checkpoint_id: "unannounced-1" }).catch(() => undefined); // idempotent; keeps later tests independent
+    }
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    // The resume reached the new process and was refused there, so the id is not fenced: a late prepare is still accepted.
+    const target = { deployment: world.deployment, ...ref, token: PARTICIPANT_TOKEN };
+    const epoch = coordinator.lease.state().epoch!;
+    const deadline_ts = Date.now() / 1000 + 5;
+    expect(await controlRequest(world.pnc, target, "prepare", { checkpoint_id: "unannounced-1", deadline_ts, epoch })).toMatchObject({ phase: "prepared" });
+    expect(await controlRequest(world.pnc, target, "resume", { checkpoint_id: "unannounced-1", deadline_ts, epoch })).toMatchObject({ phase: "idle" });
+  });
+
   it("restore success leaves everyone restored until resume", async () => {
     await world.stopParticipants();
     await world.startParticipants();

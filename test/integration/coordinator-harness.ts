@@ -71,7 +71,8 @@ export interface World {
   client: NatsControllerClient;
   config(overrides?: Partial<CoordinatorConfig>): CoordinatorConfig;
   startCoordinator(overrides?: Partial<CoordinatorConfig>): Promise<CoordinatorHandle>;
-  startParticipants(members?: { kind: Kind; instance: string }[]): Promise<RunningParticipant[]>;
+  /** `announce: false`: subscribed but not (yet) in the membership registry. */
+  startParticipants(members?: { kind: Kind; instance: string }[], options?: { announce?: boolean }): Promise<RunningParticipant[]>;
   stopParticipants(): Promise<void>;
   participant(instance: string): RunningParticipant;
   close(): Promise<void>;
@@ -113,11 +114,11 @@ export async function startWorld(options: { nats?: NatsFixture } = {}): Promise<
       world.coordinators.push(handle);
       return handle;
     },
-    async startParticipants(members = DEFAULT_MEMBERS) {
+    async startParticipants(members = DEFAULT_MEMBERS, { announce = true } = {}) {
       const started = await Promise.all(
         members.map(async ({ kind, instance }) => {
           const adapter = new LoggedKind(kind, instance);
-          const handle = await startParticipant({ nc: pnc, deployment, instance, token: PARTICIPANT_TOKEN, adapter, logger: pino({ level: "silent" }) });
+          const handle = await startParticipant({ nc: pnc, deployment, instance, token: PARTICIPANT_TOKEN, adapter, announce, logger: pino({ level: "silent" }) });
           return { kind, instance, adapter, handle };
         }),
       );

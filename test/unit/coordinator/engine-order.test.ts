@@ -122,6 +122,51 @@ describe("engine ordering", () => {
     expect(engine.openCheckpoint).toBeNull();
   });
 
+  it("guarded messages carry each member's incarnation recorded at open, even after the view loses it; other ops carry none", async () => {
+    const incarnations = new Map([
+      ["environment.e1", "env-1"],
+      ["model.m1", "model-1"],
+      ["agent.a1", "agent-1"],
+      ["resources.r1", "res-1"],
+    ]); // agent.a2 unknown to the view: addressed to any incarnation
+    const { engine, fake } = makeEngine(root, { incarnations });
+    await engine.prepare({ checkpoint_id: "c40" });
+    incarnations.delete("model.m1"); // the old process's entry went away; the new one is not announced yet
+    await engine.renew({ checkpoint_id: "c40" });
+    await engine.commit({ checkpoint_id: "c40", episode_ids: null, stop: false });
+    await engine.resume({ checkpoint_id: "c40" });
+    for (const op of ["prepare", "renew", "commit", "resume"] as const) {
+      const sent = Object.fromEntries(fake.ops(op).map((c) => [`${c.kind}.${c.instance}`, c.body.incarnation]));
+      expect(sent).toEqual({ "environment.e1": "env-1", "model.m1": "model-1", "agent.a1": "agent-1", "agent.a2": undefined, "resources.r1": "res-1" });
+      for (const call of fake.ops(op)) if (call.instance === "a2") expect("incarnation" in call.body).toBe(false);
+    }
+    await engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await engine.forget({ rollout_ids: ["r1"] });
+    for (const call of [...fake.ops("retire"), ...fake.ops("forget")]) expect("incarnation" in call.body).toBe(false);
+  });
+
+  it("a stale_incarnation refusal (a restart the view did not show yet): commit fails with that code, resume counts it as resumed", async () => {
+    const incarnations = new Map(["agent.a1", "agent.a2", "environment.e1", "model.m1", "resources.r1"].map((k) => [k, "old"]));
+    const { engine, fake } = makeEngine(root, { incarnations });
+    await engine.prepare({ checkpoint_id: "c41" });
+    fake.set("model", "m1", "commit", { error: "stale_incarnation" });
+    fake.set("model", "m1", "resume", { error: "stale_incarnation" });
+    const error = await refusal(engine.commit({ checkpoint_id: "c41", episode_ids: null, stop: false }));
+    expect(error.code).toBe("stale_incarnation");
+    expect(error.message).toContain("model/m1: stale_incarnation");
+    expect(fake.ops("commit").find((c) => c.instance === "m1")?.body.incarnation).toBe("old");
+    const resumed = await engine.resume({ checkpoint_id: "c41" });
+    expect(resumed.participants.find((p) => p.instance === "m1")).toMatchObject({ idempotent: true });
+    expect(fake.ops("resume")).toHaveLength(5); // sent (the view showed no restart) and refused
+    expect(engine.openCheckpoint).toBeNull();
+    // prepare: the refusing participant is a blocker with the code, and the checkpoint stops at its stage
+    fake.set("model", "m1", "prepare", { error: "stale_incarnation" });
+    const prepared = await engine.prepare({ checkpoint_id: "c42" });
+    expect(prepared.prepared).toBe(false);
+    expect(prepared.blockers).toEqual([{ kind: "model", instance: "m1", blockers: [], blocker_count: 0, code: "stale_incarnation" }]);
+    await engine.resume({ checkpoint_id: "c42" });
+  });
+
   it("a request timeout is retried idempotently within the deadline, then reported as outcome_unknown", async () => {
     const { engine, fake } = makeEngine(root, { attemptTimeoutMs: 1000 });
     fake.set("environment", "e1", "prepare", "timeout");
