@@ -130,6 +130,8 @@ export const RestoreReplySchema = z
     source_checkpoint_id: CheckpointIdSchema,
     /** Capture keys of the NEXT attempts that will continue. */
     restored: z.array(z.string()),
+    /** The process that restored: the coordinator addresses this restore's resume and retire to it. */
+    incarnation: IncarnationSchema.optional(),
   })
   .strict();
 export const ResumeReplySchema = z.object({ phase: z.literal("idle"), idempotent: z.boolean() }).strict();

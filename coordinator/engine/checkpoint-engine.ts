@@ -38,11 +38,14 @@ interface OpenCheckpoint {
   epoch: number;
   members: ParticipantRef[];
   /**
-   * Each member's process incarnation when the checkpoint opened (where membership knows it). Its
-   * guarded messages carry it, so a process started since refuses them (`stale_incarnation`): it
-   * never took part, and a late resume would fence the id there (so a restore of it would be refused).
+   * The process incarnation each member's guarded messages are addressed to: the membership view's
+   * when the checkpoint opened, or the one a restore reply named. A process started since refuses
+   * them (`stale_incarnation`): it never took part, and a late resume would fence the id there (so
+   * a restore of it would be refused).
    */
   incarnations: Map<string, string>;
+  /** The membership view's incarnations when the checkpoint opened (a view that lags shows these). */
+  viewed: Map<string, string>;
   preparedAt: number;
   restarts: string[];
   dir: string | null;
@@ -694,7 +697,7 @@ export class CheckpointEngine {
     const id = (request as { checkpoint_id?: string }).checkpoint_id;
     const incarnation = GUARDED.has(op) ? this.recordedIncarnation(member, id) : undefined;
     // The membership view already shows a restart: skip the round trip the participant would refuse.
-    const restarted = incarnation === undefined ? null : this.restartedSince(member, id, incarnation);
+    const restarted = incarnation === undefined ? null : this.restartedSince(member, id!, incarnation);
     if (restarted) {
       this.checkpointLog(id).info({ op, detail: restarted }, "participant_restarted_skipped");
       if (op === "resume") return resumedElsewhere(member);
@@ -708,6 +711,7 @@ export class CheckpointEngine {
       if (op === "resume") return resumedElsewhere(member);
       return outcome;
     }
+    if (outcome.ok && op === "restore") this.recordRestorer(member, id, (outcome.reply as ReplyOf<"restore">).incarnation);
     if (!outcome.ok) {
       this.checkpointLog(id).child({ kind: member.kind, instance: member.instance }).warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
@@ -716,12 +720,14 @@ export class CheckpointEngine {
 
   /** A checkpoint (or restore) this coordinator opens now, at its epoch, with its members' incarnations. */
   private opening(id: string, phase: OpenPhase, members: ParticipantRef[], fields: Partial<OpenCheckpoint> = {}): OpenCheckpoint {
+    const viewed = this.incarnationsOf(members);
     return {
       id,
       phase,
       epoch: this.options.leadership.epoch(),
       members,
-      incarnations: this.incarnationsOf(members),
+      incarnations: new Map(viewed),
+      viewed,
       preparedAt: this.options.clock.now() / 1000,
       restarts: [],
       dir: null,
@@ -749,11 +755,22 @@ export class CheckpointEngine {
     return open.incarnations.get(`${member.kind}.${member.instance}`);
   }
 
-  /** Why `member`, incarnation `then` when checkpoint `id` opened, must not be sent its messages any more, if the view shows it. */
-  private restartedSince(member: ParticipantRef, id: string | undefined, then: string): string | null {
+  /**
+   * Why `member`, addressed as incarnation `then` in checkpoint `id`, must not be sent its messages
+   * any more, if the view shows it. A view still showing what it showed at open is lagging, not news
+   * (a restore reply may have named the newer process already).
+   */
+  private restartedSince(member: ParticipantRef, id: string, then: string): string | null {
     const now = this.options.membership.incarnationOf?.(member);
-    if (now === undefined || then === now) return null;
+    if (now === undefined || now === then || now === this.open?.viewed.get(`${member.kind}.${member.instance}`)) return null;
     return `${member.kind}/${member.instance} restarted after checkpoint ${id} opened (incarnation ${then} → ${now}); the new process never took part`;
+  }
+
+  /** The process that restored is the one this restore's resume must reach, whatever the view showed at open. */
+  private recordRestorer(member: ParticipantRef, id: string | undefined, incarnation: string | undefined): void {
+    const open = this.open;
+    if (incarnation === undefined || !open || open.id !== id) return;
+    open.incarnations.set(`${member.kind}.${member.instance}`, incarnation);
   }
 
   /** Forgets the open checkpoint and its journal entry; its id stays fenced here. */

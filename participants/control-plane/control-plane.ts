@@ -474,6 +474,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         phase: "restored",
         source_checkpoint_id: id,
         restored: [...new Set(read.records.map((r) => captureKey(nextAttempt(r.episode_id))))].sort(),
+        incarnation: this.incarnation,
       };
       this.cache.set(cacheKey(id, "restore"), reply);
       return reply;

@@ -45,7 +45,7 @@ describe("exported resources state across a crash (real processes)", () => {
     const cookie = await countToTwoAndCrash("cnt-1");
     const fresh = await spawnCounter();
     const restore = await control("restore", phase("cnt-1", { checkpoint_dir: join(world.root, "cnt-1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
-    expect(restore).toEqual({ phase: "restored", source_checkpoint_id: "cnt-1", restored: ["r1-a1"] });
+    expect(restore).toEqual({ phase: "restored", source_checkpoint_id: "cnt-1", restored: ["r1-a1"], incarnation: expect.any(String) });
     // The replacement's request waits while restored, and continues at resume.
     let answered = false;
     const next = post(fresh.url, "r1-a1", "/increment", cookie).then((r) => ((answered = true), r));

@@ -56,7 +56,7 @@ describe("participant control plane over a real nats-server", () => {
     kind = new ScriptableKind("model");
     participant = await startParticipant({ nc: await nats.connect(), deployment: DEPLOYMENT, instance: "policy_model", token: TOKEN, adapter: kind, checkpointRoot: root });
     const restore = await send("restore", phase("c1", { checkpoint_dir: join(root, "c1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
-    expect(restore).toEqual({ phase: "restored", source_checkpoint_id: "c1", restored: ["r1-a1"] });
+    expect(restore).toEqual({ phase: "restored", source_checkpoint_id: "c1", restored: ["r1-a1"], incarnation: expect.any(String) });
     expect(await send("retire", phase("c1", { episode_ids: [{ rollout_id: "r1", attempt: 1 }] }))).toEqual({ retired: ["r1-a1"] });
     expect(await send("resume", phase("c1"))).toEqual({ phase: "idle", idempotent: false });
     expect(await send("forget", phase("forget", { rollout_ids: ["r1"] }))).toEqual({ forgotten: ["r1"] });

@@ -145,6 +145,38 @@ describe("engine ordering", () => {
     for (const call of [...fake.ops("retire"), ...fake.ops("forget")]) expect("incarnation" in call.body).toBe(false);
   });
 
+  it("a restore's resume is addressed to the process that restored, while the view still lags; a later restart is still skipped", async () => {
+    const incarnations = new Map(["agent.a1", "agent.a2", "environment.e1", "model.m1", "resources.r1"].map((k) => [k, "old"]));
+    const { engine, fake } = makeEngine(root, { incarnations });
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    // model/m1 was restarted before the restore; the view still shows the old process
+    fake.restorers.set("model.m1", "new");
+    await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await engine.renew({ checkpoint_id: "base" });
+    await engine.resume({ checkpoint_id: "base" });
+    const resumeTo = (instance: string) => fake.ops("resume").filter((c) => c.instance === instance && c.body.checkpoint_id === "base");
+    expect(fake.ops("renew").find((c) => c.instance === "m1")?.body.incarnation).toBe("new");
+    expect(resumeTo("m1").at(-1)?.body.incarnation).toBe("new"); // not "old", which the new process would refuse
+    expect(resumeTo("e1").at(-1)?.body.incarnation).toBe("old");
+
+    // Again, with the view catching up after the restore: still sent to the restorer.
+    fake.restorers.set("model.m1", "second");
+    await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    incarnations.set("model.m1", "second");
+    await engine.resume({ checkpoint_id: "base" });
+    expect(resumeTo("m1").at(-1)?.body.incarnation).toBe("second");
+
+    // A restart after the restore (the view shows a process that neither the view at open nor the
+    // restore reply named) is skipped and counted as resumed.
+    fake.restorers.set("model.m1", "third");
+    await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    incarnations.set("model.m1", "fourth");
+    const before = resumeTo("m1").length;
+    const resumed = await engine.resume({ checkpoint_id: "base" });
+    expect(resumed.participants.find((p) => p.instance === "m1")).toMatchObject({ idempotent: true });
+    expect(resumeTo("m1")).toHaveLength(before);
+  });
+
   it("a stale_incarnation refusal (a restart the view did not show yet): commit fails with that code, resume counts it as resumed", async () => {
     const incarnations = new Map(["agent.a1", "agent.a2", "environment.e1", "model.m1", "resources.r1"].map((k) => [k, "old"]));
     const { engine, fake } = makeEngine(root, { incarnations });

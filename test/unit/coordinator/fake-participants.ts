@@ -38,6 +38,8 @@ export class FakeParticipants implements ParticipantTransport {
   readonly script = new Map<string, Behaviour>();
   /** What each participant's `status` reports, following the phase messages it answered. */
   readonly state = new Map<string, { phase: string; checkpoint_id: string | null }>();
+  /** The incarnation a participant's restore reply names, per `${kind}.${instance}` (default: none). */
+  readonly restorers = new Map<string, string>();
 
   constructor(readonly members: { kind: Kind; instance: string }[]) {}
 
@@ -102,6 +104,7 @@ export class FakeParticipants implements ParticipantTransport {
           phase: "restored",
           source_checkpoint_id: parsed.checkpoint_id,
           restored: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map((e) => captureKey(nextAttempt(e))),
+          ...(this.restorers.has(`${kind}.${instance}`) && { incarnation: this.restorers.get(`${kind}.${instance}`) }),
         });
       case "retire":
         return JSON.stringify({ retired: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map(captureKey) });

@@ -308,7 +308,7 @@ describe("restore", () => {
       { rollout_id: "r2", attempt: 1 },
     ]);
     const reply = await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r2", attempt: 1 }] });
-    expect(reply).toEqual({ phase: "restored", source_checkpoint_id: "src", restored: ["r2-a2"] });
+    expect(reply).toEqual({ phase: "restored", source_checkpoint_id: "src", restored: ["r2-a2"], incarnation: plane.incarnation });
     expect([...kind.restored.keys()]).toEqual(["r2-a2"]);
     expect(plane.currentPhase).toBe("restored");
     await call("resume", { checkpoint_id: "src" });

@@ -93,7 +93,7 @@ describe("verify in flight: replay vs wait", () => {
     const freshServer = new CalculatorServer();
     const b = await harness(freshServer);
     const restored = await b.call("restore", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
-    expect(restored).toEqual({ phase: "restored", source_checkpoint_id: "c1", restored: ["r1-a1"] });
+    expect(restored).toEqual({ phase: "restored", source_checkpoint_id: "c1", restored: ["r1-a1"], incarnation: expect.any(String) });
     // Data requests wait until resume; the replayed verify of the replacement attempt is admitted.
     const replay = b.post("/ng-rollout/r1-a1/verify", verifyBody(), cookie);
     expect((await b.call("resume", { checkpoint_id: "c1" })).phase).toBe("idle");
