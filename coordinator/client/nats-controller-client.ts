@@ -1,6 +1,8 @@
-import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
-import { NoRespondersError, RequestError, TimeoutError, headers, type NatsConnection } from "@nats-io/transport-node";
-import { CheckpointError, HEADER_AUTHORIZATION, controllerSubject, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { context } from "@opentelemetry/api";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { CheckpointError, controllerSubject, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { NatsParticipantTransport } from "../engine/nats-transport.js";
+import { NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
 import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
 
@@ -17,8 +19,12 @@ export interface NatsControllerClientOptions {
 
 /** The controller API over NATS request/reply on `controllerSubject(deployment, op)`. */
 export class NatsControllerClient extends ControllerClient {
+  /** The coordinator's own request path (one shared reply subscription, no Error built per request). */
+  private readonly transport: NatsParticipantTransport;
+
   constructor(private readonly options: NatsControllerClientOptions) {
     super();
+    this.transport = new NatsParticipantTransport(options.nc);
   }
 
   async call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
@@ -26,25 +32,19 @@ export class NatsControllerClient extends ControllerClient {
     const body = JSON.stringify(request);
     const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 10_000);
     for (;;) {
-      const h = headers();
-      h.set(HEADER_AUTHORIZATION, `Bearer ${this.options.token}`);
-      // The controller's own span (if any) becomes the parent of the coordinator's.
-      injectTraceContext(h);
       const timeout = replyTimeoutMs(request, this.options.timeoutMs ?? 90_000, this.options.slackMs ?? 10_000);
       try {
-        const msg = await this.options.nc.request(subject, body, { timeout: Math.max(1, Math.ceil(timeout)), headers: h });
-        return decodeControllerReply(op, msg.string());
+        // The controller's own span (if any) becomes the parent of the coordinator's.
+        const text = await this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active() });
+        return decodeControllerReply(op, text);
       } catch (error) {
-        const noLeader =
-          (error instanceof RequestError && error.isNoResponders()) ||
-          error instanceof NoRespondersError ||
-          (error instanceof CheckpointError && error.code === "not_leader");
+        const noLeader = error instanceof NoRespondersFailure || (error instanceof CheckpointError && error.code === "not_leader");
         if (noLeader && Date.now() < waitUntil) {
           await new Promise((resolve) => setTimeout(resolve, 100));
           continue;
         }
         if (noLeader && !(error instanceof CheckpointError)) throw new CheckpointError("not_leader", `no coordinator serves ${subject}`);
-        if (error instanceof TimeoutError) throw new CheckpointError("outcome_unknown", `no reply on ${subject} within ${Math.round(timeout)} ms`);
+        if (error instanceof RequestTimeoutFailure) throw new CheckpointError("outcome_unknown", `no reply on ${subject} within ${Math.round(timeout)} ms`);
         throw error;
       }
     }

@@ -15,7 +15,8 @@ interface Pending {
 const NO_RESPONDERS = 503;
 
 /**
- * Core NATS request/reply with the bearer token and W3C trace context in the headers.
+ * Core NATS request/reply with the bearer token and W3C trace context in the headers: the
+ * coordinator's requests to participants, and the controller client's requests to the coordinator.
  *
  * Requests share one reply subscription (`<inbox>.<n>`) and a plain timer each, instead of
  * `nc.request`: the coordinator sends hundreds of requests per checkpoint, and the client's own

@@ -1,0 +1,51 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
+import { HEADER_AUTHORIZATION, controllerSubject } from "../../protocol/index.js";
+import { startNats, type NatsFixture } from "../support/nats.js";
+
+// The controller client's own failure mapping over a real nats-server, without a coordinator:
+// nobody subscribed → not_leader once the leader wait runs out; a silent responder → outcome_unknown.
+let nats: NatsFixture;
+beforeAll(async () => {
+  nats = await startNats();
+});
+afterAll(async () => {
+  await nats.close();
+});
+
+const client = (deployment: string, options: { leaderWaitMs?: number; timeoutMs?: number } = {}) =>
+  new NatsControllerClient({ nc: nats.nc, deployment, token: "ctl-token", slackMs: 0, ...options });
+
+describe("NATS controller client", () => {
+  it("reports not_leader when no coordinator answers within the leader wait, after retrying", async () => {
+    const started = Date.now();
+    await expect(client("nobody", { leaderWaitMs: 300 }).call("status", {})).rejects.toMatchObject({ code: "not_leader" });
+    // Retried while waiting for a leader (no-responders is immediate), not one timeout.
+    expect(Date.now() - started).toBeGreaterThanOrEqual(300);
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+
+  it("reports outcome_unknown when the coordinator received the request but never replied", async () => {
+    const seen: (string | undefined)[] = [];
+    const sub = nats.nc.subscribe(controllerSubject("silent", "status"), { callback: (_e, msg) => seen.push(msg.headers?.get(HEADER_AUTHORIZATION)) });
+    await nats.nc.flush();
+    try {
+      await expect(client("silent", { timeoutMs: 200 }).call("status", {})).rejects.toMatchObject({ code: "outcome_unknown" });
+      expect(seen).toEqual(["Bearer ctl-token"]);
+    } finally {
+      sub.unsubscribe();
+    }
+  });
+
+  it("decodes the coordinator's reply, and its refusal with the catalog code", async () => {
+    const sub = nats.nc.subscribe(controllerSubject("echo", "status"), {
+      callback: (_e, msg) => msg.respond(JSON.stringify({ error: { code: "unauthorized", detail: "bad or missing bearer token" } })),
+    });
+    await nats.nc.flush();
+    try {
+      await expect(client("echo").call("status", {})).rejects.toMatchObject({ code: "unauthorized" });
+    } finally {
+      sub.unsubscribe();
+    }
+  });
+});
