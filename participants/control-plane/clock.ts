@@ -6,11 +6,27 @@ export interface Clock {
   setTimer(fn: () => void, ms: number): () => void;
 }
 
+/** setTimeout's longest delay (about 24.8 days); longer ones would fire at once. */
+const MAX_TIMEOUT_MS = 2 ** 31 - 1;
+
 export const systemClock: Clock = {
   now: () => Date.now(),
   setTimer(fn, ms) {
-    const timer = setTimeout(fn, Math.max(0, ms));
-    timer.unref?.();
+    // Deadlines and leases are wall-clock instants, timers run on the monotonic clock: a timer can
+    // fire a moment before Date.now() reaches the instant (or long before it, after a clock step).
+    // It fires `fn` only once the wall clock got there, re-arming for what is left.
+    const at = Date.now() + ms;
+    let timer: NodeJS.Timeout;
+    const arm = (delay: number) => {
+      timer = setTimeout(tick, Math.min(Math.max(0, delay), MAX_TIMEOUT_MS));
+      timer.unref?.();
+    };
+    const tick = () => {
+      const left = at - Date.now();
+      if (left > 0) arm(left);
+      else fn();
+    };
+    arm(ms);
     return () => clearTimeout(timer);
   },
 };

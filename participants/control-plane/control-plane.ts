@@ -102,7 +102,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private readonly lock = new AsyncLock();
   private readonly resumed = new ResumedFence(64);
   private readonly retired = new RetiredMarks();
-  private readonly cache = new Map<string, unknown>();
+  /** Replies per (id, op), with the arguments they answered (a retry must ask the same). */
+  private readonly cache = new Map<string, { reply: unknown; args: string }>();
   private phase: Phase = "idle";
   private activeId: string | null = null;
   private leaseExpiresAt: number | null = null;
@@ -272,7 +273,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (this.phase === "preparing" && report.ready) {
         this.phase = "prepared";
         const reply: PrepareReply = { phase: "prepared", report };
-        this.cache.set(cacheKey(id, "prepare"), reply);
+        this.remember(id, "prepare", reply);
         return reply;
       }
       if (this.phase === "prepared") return this.cached<PrepareReply>(id, "prepare") ?? { phase: "prepared", report };
@@ -312,8 +313,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const id = request.checkpoint_id;
     const dir = this.checkpointDir(request.checkpoint_dir);
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
+    const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
     const pending = await this.lock.run(() => {
-      const cached = this.cached<CommitReply>(id, "commit");
+      const cached = this.cached<CommitReply>(id, "commit", args);
       if (cached) return cached;
       this.admit(id, ALLOWED.commit, "commit");
       const existing = this.pendingWrite;
@@ -322,7 +324,6 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
           throw new CheckpointError("checkpoint_conflict", "a retried commit must name the same directory, scope and stop flag");
         }
       }
-      this.renewLease(request.deadline_ts);
       // Readiness can regress after prepare (e.g. a held response was delivered).
       const report = this.report();
       if (!report.ready) {
@@ -333,6 +334,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         const inScope = request.episode_ids.map(captureKey).filter((key) => restarts.has(key));
         if (inScope.length) throw new CheckpointError("restart_in_scope", `the scope names restarts: ${inScope.slice(0, 10).join(", ")}`);
       }
+      this.renewLease(request.deadline_ts); // only once nothing above refused
       if (existing && existing.checkpointId === id) return existing;
       const fresh: PendingWrite<R> = {
         checkpointId: id,
@@ -352,6 +354,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     // The write cannot be cancelled by a deadline; a retry awaits the same write.
     pending.running ??= this.runWrite(pending, request).catch((error: unknown) => {
       pending.running = undefined;
+      // Nothing was exported: the refusal leaves no write behind to pin this directory and scope.
+      if (pending.records === undefined && this.pendingWrite === pending) this.pendingWrite = undefined;
       throw error;
     });
     const reply = await this.raceDeadline(pending.running, request.deadline_ts, "commit");
@@ -359,7 +363,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (this.activeId !== id || this.pendingWrite !== pending) {
         throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was resumed while its commit was writing`);
       }
-      const cached = this.cached<CommitReply>(id, "commit");
+      const cached = this.cached<CommitReply>(id, "commit", args);
       if (cached) return cached;
       try {
         await this.adapter.afterCommit?.(request.episode_ids, { stop: request.stop });
@@ -368,7 +372,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         this.logger?.warn({ checkpoint_id: id, err: error }, "after-commit hook failed");
       }
       this.phase = "committed";
-      this.cache.set(cacheKey(id, "commit"), reply);
+      this.remember(id, "commit", reply, args);
       return reply;
     });
   }
@@ -422,15 +426,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
     const dir = this.checkpointDir(request.checkpoint_dir);
+    const scope = new Set(request.episode_ids.map(captureKey));
+    const args = `${dir}\u0000${[...scope].sort().join(",")}`;
     return this.lock.run(async () => {
-      const cached = this.cached<RestoreReply>(id, "restore");
+      const cached = this.cached<RestoreReply>(id, "restore", args);
       if (cached) return cached;
       this.admit(id, ALLOWED.restore, "restore");
       if (this.pendingInstall) await this.pendingInstall;
-      if (this.adapter.hasLiveState()) {
-        throw new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: this participant holds live state");
-      }
-      const scope = new Set(request.episode_ids.map(captureKey));
+      if (this.adapter.hasLiveState()) throw this.notFresh();
       const target = { checkpointDir: dir, checkpointId: id, kind: this.adapter.kind, instance: this.instance };
       const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
         const result = await this.storage.read(target, this.adapter.recordSchema, (record) => scope.has(captureKey(record.episode_id)));
@@ -442,6 +445,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       trace.getActiveSpan()?.setAttributes({ [ATTR.records]: read.records.length, [ATTR.bytes]: read.bytes });
 
       await this.adapter.closeAdmission();
+      // A call admitted while the records were read would be installed over: refuse, reopened.
+      if (this.adapter.hasLiveState()) {
+        await this.adapter.openAdmission();
+        throw this.notFresh();
+      }
       this.closedAt = this.clock.now();
       const install = withSpan("install", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.records]: read.records.length }, undefined, () =>
         this.adapter.install(read.records, read.manifest.extra),
@@ -476,7 +484,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         restored: [...new Set(read.records.map((r) => captureKey(nextAttempt(r.episode_id))))].sort(),
         incarnation: this.incarnation,
       };
-      this.cache.set(cacheKey(id, "restore"), reply);
+      this.remember(id, "restore", reply, args);
       return reply;
     });
   }
@@ -572,6 +580,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     );
   }
 
+  private notFresh(): CheckpointError {
+    return new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: this participant holds live state");
+  }
+
   private checkDeadline(deadlineTs: number): void {
     if (deadlineTs * 1000 <= this.clock.now()) throw new CheckpointError("deadline_exceeded", "the deadline has already passed");
   }
@@ -599,8 +611,18 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     return normalized;
   }
 
-  private cached<T>(id: string, op: string): T | undefined {
-    return this.cache.get(cacheKey(id, op)) as T | undefined;
+  /** The reply this (id, op) already got; a retry asking something else is a conflict, not a replay. */
+  private cached<T>(id: string, op: string, args = ""): T | undefined {
+    const entry = this.cache.get(cacheKey(id, op));
+    if (!entry) return undefined;
+    if (entry.args !== args) {
+      throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} must name the same directory and scope${op === "commit" ? " and stop flag" : ""}`);
+    }
+    return entry.reply as T;
+  }
+
+  private remember(id: string, op: string, reply: unknown, args = ""): void {
+    this.cache.set(cacheKey(id, op), { reply, args });
   }
 
   private report(): PrepareReport {
@@ -617,16 +639,21 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private renewLease(deadlineTs: number): void {
     const candidate = deadlineTs + this.graceSeconds;
     this.leaseExpiresAt = Math.max(this.leaseExpiresAt ?? 0, candidate);
+    this.armLeaseTimer();
+  }
+
+  private armLeaseTimer(): void {
     this.cancelLeaseTimer?.();
     const id = this.activeId;
-    this.cancelLeaseTimer = this.clock.setTimer(() => void this.onLeaseTimer(id), this.leaseExpiresAt * 1000 - this.clock.now());
+    this.cancelLeaseTimer = this.clock.setTimer(() => void this.onLeaseTimer(id), (this.leaseExpiresAt ?? 0) * 1000 - this.clock.now());
   }
 
   /** An abandoned checkpoint resumes by itself, exactly as a resume would (and fences the id). */
   private async onLeaseTimer(id: string | null): Promise<void> {
     await this.lock.run(async () => {
       if (this.activeId === null || this.activeId !== id || this.leaseExpiresAt === null) return;
-      if (this.clock.now() < this.leaseExpiresAt * 1000) return;
+      // Early (the wall clock was stepped back): wait for the rest, or the lease would never expire.
+      if (this.clock.now() < this.leaseExpiresAt * 1000) return this.armLeaseTimer();
       this.logger?.warn({ checkpoint_id: id, phase: this.phase }, "lease_expired");
       participantInstruments().leaseExpiries.add(1, { kind: this.adapter.kind, phase: this.phase });
       await this.reopen(id);

@@ -27,7 +27,11 @@ describe("NATS controller client", () => {
 
   it("reports outcome_unknown when the coordinator received the request but never replied", async () => {
     const seen: (string | undefined)[] = [];
-    const sub = nats.nc.subscribe(controllerSubject("silent", "status"), { callback: (_e, msg) => seen.push(msg.headers?.get(HEADER_AUTHORIZATION)) });
+    const sub = nats.nc.subscribe(controllerSubject("silent", "status"), {
+      callback: (_e, msg) => {
+        seen.push(msg.headers?.get(HEADER_AUTHORIZATION));
+      },
+    });
     await nats.nc.flush();
     try {
       await expect(client("silent", { timeoutMs: 200 }).call("status", {})).rejects.toMatchObject({ code: "outcome_unknown" });
@@ -39,7 +43,9 @@ describe("NATS controller client", () => {
 
   it("decodes the coordinator's reply, and its refusal with the catalog code", async () => {
     const sub = nats.nc.subscribe(controllerSubject("echo", "status"), {
-      callback: (_e, msg) => msg.respond(JSON.stringify({ error: { code: "unauthorized", detail: "bad or missing bearer token" } })),
+      callback: (_e, msg) => {
+        msg.respond(JSON.stringify({ error: { code: "unauthorized", detail: "bad or missing bearer token" } }));
+      },
     });
     await nats.nc.flush();
     try {

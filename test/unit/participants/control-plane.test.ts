@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
+import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
 import { refusalCode } from "../../support/refusal.js";
 
@@ -179,6 +179,36 @@ describe("fences and refusals change no state", () => {
     expect((await first).phase).toBe("committed");
   });
 
+  it("refuses a commit retried with other arguments after it succeeded, instead of replaying the first reply", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    kind.addEpisode({ rollout_id: "r2", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const first = await call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(await call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] })).toEqual(first);
+    expect(await refused(call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r2", attempt: 0 }] }))).toBe("checkpoint_conflict");
+    expect(await refused(call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }], checkpoint_dir: join(root, "b") }))).toBe("checkpoint_conflict");
+    expect(await refused(call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }], stop: true }))).toBe("checkpoint_conflict");
+    expect(existsSync(join(root, "b"))).toBe(false);
+  });
+
+  it("a commit whose export failed leaves nothing behind: a corrected retry is accepted", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    kind.failNext("exportRecords", new CheckpointError("invalid_request", "a null scope is refused")); // as the model kind does
+    expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "a") }))).toBe("invalid_request");
+    const reply = await call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "b"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(reply.episode_ids).toEqual(["r1"]);
+    expect(existsSync(join(root, "b", "gym/environment/env0/manifest.json"))).toBe(true);
+  });
+
+  it("a refused commit does not extend the lease", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    const lease = plane.status().lease_expires_at;
+    kind.setBlockers(["r9"]);
+    expect(await refused(call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 1000 }))).toBe("invalid_phase");
+    expect(plane.status().lease_expires_at).toBe(lease);
+  });
+
   it("refuses a checkpoint_dir outside the configured root", async () => {
     await call("prepare", { checkpoint_id: "c1" });
     expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: "/etc/c1" }))).toBe("invalid_request");
@@ -244,6 +274,29 @@ describe("lease", () => {
     await call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 50 });
     expect(plane.status().lease_expires_at).toBe(T0 + 160);
     expect(await call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 200 })).toEqual({ lease_expires_at: T0 + 260 });
+  });
+
+  it("still expires when its timer fires before the wall clock reached the lease (timers are monotonic)", async () => {
+    // A clock whose timers fire 5 ms early, as a monotonic timer does against a wall clock that lags.
+    const early = new ManualClock(T0 * 1000);
+    const eager = { now: () => early.now(), setTimer: (fn: () => void, ms: number) => early.setTimer(fn, ms - 5) };
+    const p = new ParticipantControlPlane({ adapter: new ScriptableKind("environment"), instance: "env1", clock: eager, leaseGraceSeconds: 60, checkpointRoot: root });
+    try {
+      await p.handle("prepare", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1 });
+      // Up to 1 ms before the lease (DEADLINE + 60 s): the timer has fired, the lease has not expired.
+      early.advance(90_000 - 1);
+      await flush();
+      await flush();
+      expect(p.currentPhase).toBe("prepared");
+      for (let i = 0; i < 5 && p.currentPhase !== "idle"; i++) {
+        early.advance(30_000);
+        await flush();
+        await flush();
+      }
+      expect(p.currentPhase).toBe("idle");
+    } finally {
+      p.dispose();
+    }
   });
 
   it("resumes by itself when the lease expires, and fences the id", async () => {
@@ -320,6 +373,31 @@ describe("restore", () => {
     expect(await refused(call("resume", { checkpoint_id: "src", incarnation: "the-process-that-wrote-it" }))).toBe("stale_incarnation");
     const reply = await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(reply.restored).toEqual(["r1-a1"]);
+  });
+
+  it("refuses a restore retried with another scope after it succeeded", async () => {
+    const dir = await checkpointWith([
+      { rollout_id: "r1", attempt: 0 },
+      { rollout_id: "r2", attempt: 0 },
+    ]);
+    const first = await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] })).toEqual(first);
+    expect(await refused(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r2", attempt: 0 }] }))).toBe("checkpoint_conflict");
+    expect([...kind.restored.keys()]).toEqual(["r1-a1"]);
+  });
+
+  it("refuses a restore when live state appeared while its records were read, and reopens admission", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const gate = deferred();
+    const reading = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    kind.delay("closeAdmission", gate.promise);
+    await flush();
+    kind.addEpisode({ rollout_id: "late", attempt: 0 }); // admitted before admission closed
+    gate.resolve();
+    expect(await refused(reading)).toBe("invalid_checkpoint_state");
+    expect(kind.restored.size).toBe(0);
+    expect(kind.admissionOpen).toBe(true);
+    expect(plane.currentPhase).toBe("idle");
   });
 
   it("refuses to restore into a process with live state", async () => {
