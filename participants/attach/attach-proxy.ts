@@ -158,6 +158,23 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       failOnce();
     });
     up.on("response", (upRes) => {
+      // Listening from the start: an upstream that dies while its response is held fails the call
+      // (the caller re-issues it), instead of leaving it "streaming" after reopen — a prepare
+      // blocker with nothing left to stream.
+      let lost = false;
+      const onLost = () => {
+        if (lost) return;
+        lost = true;
+        if (ticket.held && !res.headersSent) upstreamLost();
+      };
+      const upstreamLost = () => {
+        if (!res.headersSent && !res.writableEnded) refuse(res, new CheckpointError("internal_error", "upstream: the connection closed before the response completed"), 502);
+        failOnce();
+      };
+      upRes.on("error", onLost);
+      upRes.once("close", () => {
+        if (!upRes.complete) onLost();
+      });
       void (async () => {
         try {
           await kind.responseStart(ticket);
@@ -172,6 +189,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
           failOnce();
           return;
         }
+        if (lost) return upstreamLost();
         const status = upRes.statusCode ?? 502;
         res.writeHead(status, responseHeaders(upRes.headers));
         // One listener copies each chunk through and keeps the usage tail; a full socket pauses the
