@@ -1,6 +1,6 @@
 import { closeSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
-import { mkdir, readFile, readdir, rename, unlink, writeFile } from "node:fs/promises";
+import { appendFile, mkdir, readFile, readdir, rename, truncate, unlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseCaptureKey } from "../../../protocol/index.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
@@ -170,27 +170,50 @@ export class CaptureLedger {
     return keys;
   }
 
+  /** Under the key's stripe lock. */
   private async readFile(key: string): Promise<LedgerRow[]> {
+    const path = this.fileOf(key);
     let text: string;
     try {
-      text = await readFile(this.fileOf(key), "utf8");
+      text = await readFile(path, "utf8");
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
       throw error;
     }
+    const lines = text.split("\n");
     const rows: LedgerRow[] = [];
-    for (const line of text.split("\n")) {
+    for (const [index, line] of lines.slice(0, -1).entries()) {
       if (!line.trim()) continue;
-      // A torn last line (a crash mid-append) is dropped; every complete line must be valid.
       let value: unknown;
       try {
         value = JSON.parse(line);
       } catch {
-        continue;
+        throw new Error(`${path}: line ${index + 1} is not JSON: the ledger is corrupt`);
       }
       rows.push(LedgerRowSchema.parse(value));
     }
+    // What follows the last newline is an append a crash (or a full disk) cut short. It must not
+    // stay: the next append would join it into one invalid line. A complete row keeps its place.
+    const tail = lines.at(-1)!;
+    if (tail !== "") {
+      const row = parseRow(tail);
+      if (row) {
+        await appendFile(path, "\n");
+        rows.push(row);
+      } else {
+        await truncate(path, Buffer.byteLength(text) - Buffer.byteLength(tail));
+      }
+    }
     return rows;
+  }
+}
+
+function parseRow(line: string): LedgerRow | undefined {
+  try {
+    const parsed = LedgerRowSchema.safeParse(JSON.parse(line));
+    return parsed.success ? parsed.data : undefined;
+  } catch {
+    return undefined;
   }
 }
 

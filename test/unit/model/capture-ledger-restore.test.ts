@@ -146,7 +146,26 @@ describe("ledger files", () => {
     await appendFile(path, '{"capture_key":"torn","model_');
     const ledger = new CaptureLedger(join(f.dir, "ledger"));
     expect((await ledger.rows("torn")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
+    // The next append starts on a line of its own, so it survives a reload.
+    await ledger.append(row("torn", "mc-2"));
     await ledger.close();
+    const reloaded = new CaptureLedger(join(f.dir, "ledger"));
+    expect((await reloaded.rows("torn")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2"]);
+    await reloaded.close();
+  });
+
+  it("keep a complete last row that lost only its newline, and refuse a corrupt line in the middle", async () => {
+    await mkdir(join(f.dir, "ledger"), { recursive: true });
+    await writeFile(ledgerFile("nonl"), `${JSON.stringify(row("nonl", "mc-1"))}\n${JSON.stringify(row("nonl", "mc-2"))}`);
+    const ledger = new CaptureLedger(join(f.dir, "ledger"));
+    expect((await ledger.rows("nonl")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2"]);
+    await ledger.append(row("nonl", "mc-3"));
+    await ledger.close();
+    await writeFile(ledgerFile("mid"), `${JSON.stringify(row("mid", "mc-1"))}\n{"capture_key":"mid","mo\n${JSON.stringify(row("mid", "mc-3"))}\n`);
+    const reloaded = new CaptureLedger(join(f.dir, "ledger"));
+    expect((await reloaded.rows("nonl")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2", "mc-3"]);
+    await expect(reloaded.rows("mid")).rejects.toThrow(/line 2 is not JSON/);
+    await reloaded.close();
   });
 
   it("reject rows that do not match the schema", async () => {
