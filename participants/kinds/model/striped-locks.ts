@@ -1,5 +1,6 @@
+import { randomBytes } from "node:crypto";
 import { unlinkSync } from "node:fs";
-import { mkdir, open, readFile, unlink } from "node:fs/promises";
+import { mkdir, open, readFile, stat, unlink } from "node:fs/promises";
 import { join } from "node:path";
 import { AsyncLock } from "../../control-plane/async-lock.js";
 
@@ -9,7 +10,7 @@ import { AsyncLock } from "../../control-plane/async-lock.js";
  * rollouts there are.
  *
  * Within a process a FIFO mutex per stripe serializes. Across processes a stripe is OWNED: its
- * lock file is created exclusively (holding the owner's pid) on first use and kept while the stripe
+ * lock file is created exclusively (holding the owner's pid and process token) on first use and kept while the stripe
  * is busy, so the hot path (one ledger row per generation call) costs no file-system call at all.
  * A stripe idle for `idleMs` is released (its file removed) so another process can take it; every
  * owned stripe is released on close() and at process exit; a lock file whose owner died is broken.
@@ -125,7 +126,7 @@ export class StripedLocks {
       try {
         const handle = await open(path, "wx");
         try {
-          await handle.writeFile(String(process.pid));
+          await handle.writeFile(OWNER);
         } finally {
           await handle.close();
         }
@@ -149,11 +150,25 @@ process.once("exit", () => {
   for (const locks of OWNERS) locks.releaseAllSync();
 });
 
+/**
+ * What a lock file holds: the owner's pid and a token of its own. A pid alone is not enough: a
+ * restarted container's process is PID 1 again and would take its predecessor's files for its own.
+ */
+const OWNER = `${process.pid} ${randomBytes(8).toString("hex")}`;
+
+/** An empty lock file older than this was left by a writer that died between create and write. */
+const EMPTY_LOCK_GRACE_MS = 2_000;
+
 async function ownerIsDead(path: string): Promise<boolean> {
-  const text = await readFile(path, "utf8").catch(() => "");
-  const pid = Number(text);
-  if (!Number.isInteger(pid) || pid <= 0) return text.length > 0; // an unreadable/empty file may be mid-write
-  if (pid === process.pid) return false;
+  const text = (await readFile(path, "utf8").catch(() => "")).trim();
+  if (text === "") {
+    const info = await stat(path).catch(() => undefined);
+    return info !== undefined && Date.now() - info.mtimeMs > EMPTY_LOCK_GRACE_MS;
+  }
+  const pid = Number(text.split(" ")[0]);
+  if (!Number.isInteger(pid) || pid <= 0) return true;
+  // Our pid: held by this process (another ledger here) only if it carries our token.
+  if (pid === process.pid) return text !== OWNER;
   try {
     process.kill(pid, 0);
     return false;

@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, readdir, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -94,7 +94,7 @@ describe("striped ledger locks", () => {
     const l = locks(4, 10_000, 30);
     await l.run("k", async () => undefined);
     const file = l.lockFile(l.stripeOf("k"));
-    expect(await readFile(file, "utf8")).toBe(String(process.pid));
+    expect(await readFile(file, "utf8")).toMatch(new RegExp(`^${process.pid} [0-9a-f]{16}$`));
     expect(l.ownedStripes()).toEqual([l.stripeOf("k")]);
     // Reused without touching the file system while busy, released after idleMs.
     for (let i = 0; i < 250 && existsSync(file); i++) await new Promise((resolve) => setTimeout(resolve, 20));
@@ -116,7 +116,33 @@ describe("striped ledger locks", () => {
     await mkdir(join(dir, "locks"), { recursive: true });
     await writeFile(l.lockFile(l.stripeOf("k")), String(dead));
     expect(await l.run("k", async () => "ran")).toBe("ran");
-    expect(await readFile(l.lockFile(l.stripeOf("k")), "utf8")).toBe(String(process.pid));
+    expect(await readFile(l.lockFile(l.stripeOf("k")), "utf8")).toMatch(new RegExp(`^${process.pid} `));
+  });
+
+  it("break a lock file naming this pid that another process wrote (a restarted container is PID 1 again)", async () => {
+    const l = locks(4, 2_000);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    await writeFile(l.lockFile(l.stripeOf("k")), `${process.pid} 0123456789abcdef`);
+    await writeFile(l.lockFile(l.stripeOf("k2")), String(process.pid)); // the format before tokens
+    expect(await l.run("k", async () => "ran")).toBe("ran");
+    expect(await l.run("k2", async () => "ran")).toBe("ran");
+  });
+
+  it("wait for a stripe another ledger of this process holds", async () => {
+    const first = locks(4);
+    await first.run("k", async () => undefined);
+    const second = locks(4, 150);
+    await expect(second.run("k", async () => "ran")).rejects.toThrow(/held by a live process/);
+  });
+
+  it("break an empty lock file left by a writer that died between create and write, once it is old", async () => {
+    const l = locks(4, 2_000);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    const file = l.lockFile(l.stripeOf("k"));
+    await writeFile(file, "");
+    const past = new Date(Date.now() - 60_000);
+    await utimes(file, past, past);
+    expect(await l.run("k", async () => "ran")).toBe("ran");
   });
 
   it("close() releases every owned stripe and refuses further use", async () => {
