@@ -149,7 +149,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
    */
   async complete(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
     try {
-      if (!ticket.abort.signal.aborted) {
+      if (!ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode)) {
         await this.ledger.append({
           capture_key: ticket.captureKey,
           model_call_id: ticket.modelCallId,
@@ -350,8 +350,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     const keys = episodes.map(captureKey);
     for (const key of keys) this.retiring.add(key);
     try {
-      // Stop first, so no late row recreates a ledger.
-      const stopping = [...this.tickets.values()].filter((t) => keys.includes(t.captureKey));
+      // Stop first, so no late row recreates a ledger: every retired attempt's calls (0..N).
+      const stopping = [...this.tickets.values()].filter((t) => episodes.some((e) => e.rollout_id === t.episode.rollout_id && t.episode.attempt <= e.attempt));
       for (const t of stopping) t.abort.abort();
       await Promise.all(stopping.map((t) => t.closed));
       for (const episode of episodes) {

@@ -136,6 +136,17 @@ describe("ledger retire and delete", () => {
     expect((await f.kind.captureManifest("late")).records).toEqual([]);
     expect(existsSync(ledgerFile("late"))).toBe(false);
   });
+
+  it("a retire of attempt N stops the in-flight calls of earlier attempts too", async () => {
+    await deliveredCall(f.kind, "early");
+    const inflight = await f.kind.admit("early", CHAT, chat("x")); // attempt 0, still generating
+    await f.kind.responseStart(inflight);
+    const retiring = f.kind.retire([ep("early", 1)]);
+    expect(inflight.abort.signal.aborted).toBe(true);
+    await f.kind.complete(inflight, { stagingKey: "stage/early", usage: null });
+    await retiring;
+    expect(existsSync(ledgerFile("early"))).toBe(false);
+  });
 });
 
 describe("ledger files", () => {
