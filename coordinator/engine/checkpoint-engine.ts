@@ -336,23 +336,31 @@ export class CheckpointEngine {
 
   /**
    * Completes what a previous leader journaled (presumed abort): a decided commit is re-driven and,
-   * for the convenience op, published; anything else is resumed (a failed or interrupted restore
-   * first retires attempt+1 everywhere). Runs once leadership is ready, before any controller op.
+   * for the convenience op, published; a published checkpoint is never resumed here (see
+   * recoverPublished); anything else is resumed (a failed or interrupted restore first retires
+   * attempt+1 everywhere). Runs once leadership is ready, before any controller op.
    */
   recover(): Promise<{ checkpoint_id: string; action: string }[]> {
     return this.lock.run(async () => {
       const done: { checkpoint_id: string; action: string }[] = [];
       const entries = await this.options.journal.list();
+      const statuses = await this.probeStatuses();
       for (const entry of entries) {
-        const action = await this.recoverOne(entry).catch((error: unknown) => {
+        const action = await this.recoverOne(entry, statuses).catch((error: unknown) => {
           this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
           return "failed";
         });
         done.push({ checkpoint_id: entry.checkpoint_id, action });
       }
-      done.push(...(await this.resumeOrphans(new Set(entries.map((e) => e.checkpoint_id)))));
+      done.push(...(await this.resumeOrphans(new Set(entries.map((e) => e.checkpoint_id)), statuses)));
       return done;
     });
+  }
+
+  /** Every registered participant's status, once per recovery. */
+  private async probeStatuses(): Promise<Outcome<"status">[]> {
+    const members = await this.options.membership.list();
+    return runAll(members, (m) => this.options.client.call(m, "status", {}, this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000)));
   }
 
   /**
@@ -360,9 +368,7 @@ export class CheckpointEngine {
    * crashed while its first prepare stage and the entry's write were both in flight. Presumed
    * abort, found by asking every registered participant for its status.
    */
-  private async resumeOrphans(journaled: ReadonlySet<string>): Promise<{ checkpoint_id: string; action: string }[]> {
-    const members = await this.options.membership.list();
-    const outcomes = await runAll(members, (m) => this.options.client.call(m, "status", {}, this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000)));
+  private async resumeOrphans(journaled: ReadonlySet<string>, outcomes: Outcome<"status">[]): Promise<{ checkpoint_id: string; action: string }[]> {
     const orphans = new Map<string, ParticipantRef[]>();
     for (const o of outcomes) {
       if (!o.ok || (o.reply.phase !== "preparing" && o.reply.phase !== "prepared") || o.reply.checkpoint_id === null) continue;
@@ -386,7 +392,7 @@ export class CheckpointEngine {
     return done;
   }
 
-  private async recoverOne(entry: JournalEntry): Promise<string> {
+  private async recoverOne(entry: JournalEntry, statuses: Outcome<"status">[]): Promise<string> {
     const log = this.log.child({ checkpoint_id: entry.checkpoint_id, previous_epoch: entry.epoch });
     const deadlineMs = this.options.clock.now() + this.options.defaultTimeoutMs;
     const open = this.opening(entry.checkpoint_id, "prepared", entry.participants, {
@@ -402,16 +408,7 @@ export class CheckpointEngine {
     this.open = open;
     switch (entry.state) {
       case "decided": {
-        if (this.options.catalog.has(open.id)) {
-          log.info({ state: entry.state }, "recovery_published_resume");
-          open.phase = "published";
-          if (entry.stop) {
-            this.close(open.id);
-            return "published_stopped";
-          }
-          await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
-          return "resumed";
-        }
+        if (this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
         log.info({ state: entry.state }, "recovery_redrive_commit");
         try {
           await this.doCommit(open.id, deadlineMs, entry.scope, entry.stop, undefined);
@@ -438,6 +435,7 @@ export class CheckpointEngine {
         return "retired_resumed";
       case "open":
       case "published":
+        if (entry.state === "published" && this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
         log.info({ state: entry.state }, "recovery_resume");
         await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
         return "resumed";
@@ -446,6 +444,33 @@ export class CheckpointEngine {
         throw new Error(`unknown journal state ${String(unknownState)}`);
       }
     }
+  }
+
+  /**
+   * A published checkpoint whose resume a predecessor may not have sent: handled as the in-memory
+   * path handles it after publish, never with a resume of its own (it would reach processes started
+   * since and fence the id there, so restoring LATEST would be refused).
+   */
+  private recoverPublished(open: OpenCheckpoint, statuses: Outcome<"status">[], log: Logger): string {
+    open.phase = "published";
+    // stop: the controller stopped after it; participants stay parked by design.
+    if (open.stop) {
+      this.close(open.id);
+      return "published_stopped";
+    }
+    // Nobody holds it any more (resumed, resumed by lease, or restarted): nothing is left to resume.
+    const held = open.members.some((m) => {
+      const o = statuses.find((s) => s.participant.kind === m.kind && s.participant.instance === m.instance);
+      return !o || !o.ok || (o.reply.checkpoint_id === open.id && o.reply.phase !== "idle");
+    });
+    if (!held) {
+      log.info({ state: "published" }, "recovery_published_closed");
+      this.close(open.id);
+      return "published_closed";
+    }
+    // Left open: the controller's resume closes it, or the next controller's restore does.
+    log.info({ state: "published" }, "recovery_published_open");
+    return "published_open";
   }
 
   // ---- phases ---------------------------------------------------------------------------
@@ -596,7 +621,7 @@ export class CheckpointEngine {
     open.phase = "published";
     const deleted = retainNow ? this.retainAfter(id) : [];
     open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted };
-    // No journal write here: recovery of a decided entry finds checkpoint.json and only resumes.
+    // No journal write here: recovery of a decided entry finds checkpoint.json and treats it as published.
     coordinatorTelemetry().published.add(1);
     this.checkpointLog(id).info({ deleted }, "published");
     return open.publish;

@@ -15,8 +15,9 @@ import { openBucketAsserted } from "../membership/kv-bucket.js";
  * The durable record of one checkpoint the coordinator is driving, keyed by checkpoint id:
  *   open       prepare was sent; recovery resumes everyone (presumed abort)
  *   decided    the commit decision; recovery re-drives commit (idempotent), then completes
- *   published  (accepted for completeness) recovery resumes; a decided entry whose checkpoint.json
- *              exists is treated the same way, so publication needs no journal write
+ *   published  (accepted for completeness) a decided entry whose checkpoint.json exists is treated
+ *              the same way, so publication needs no journal write: recovery sends no resume; it
+ *              keeps the checkpoint open (published) while a participant may hold it, else closes it
  *   restoring  restore was sent; recovery retires attempt+1 everywhere, then resumes
  *   restored   every participant restored; recovery keeps it for the controller to resume
  * The entry is removed once everyone was resumed.

@@ -1,0 +1,96 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import type { JournalEntry } from "../../../coordinator/ha/decision-journal.js";
+import { makeEngine, writers } from "./fake-participants.js";
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-recovery-"));
+});
+afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+/** A checkpoint published by a coordinator that died before resuming it: its decided entry and checkpoint.json. */
+async function publishedNotResumed(id: string, options: { stop?: boolean } = {}): Promise<JournalEntry> {
+  const first = makeEngine(root);
+  await first.engine.prepare({ checkpoint_id: id });
+  await first.engine.commit({ checkpoint_id: id, episode_ids: null, stop: options.stop ?? false });
+  // Taken before publish: with stop, publish closes the checkpoint (and removes the entry) at once.
+  const entry = structuredClone(first.journal.entries.get(id));
+  if (!entry) throw new Error(`no journal entry for ${id}`);
+  expect(entry.state).toBe("decided");
+  await first.engine.publish({ checkpoint_id: id, controller_state: null });
+  await first.writer.settled();
+  return entry;
+}
+
+/** A successor coordinator over the same root and journal. */
+async function successor(entry: JournalEntry) {
+  const second = makeEngine(root);
+  await second.journal.record(entry);
+  second.fake.events.length = 0;
+  return second;
+}
+
+describe("recovery of a published, unresumed checkpoint", () => {
+  it("into restarted participants: sends no resume, and restoring it afterwards works", async () => {
+    const entry = await publishedNotResumed("x1");
+    const second = await successor(entry); // its participants are fresh processes: idle, holding nothing
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x1", action: "published_closed" }]);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.journal.entries.size).toBe(0);
+    // The next controller restores LATEST (= x1); nothing fenced it.
+    const restored = await second.engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(restored.checkpoint_id).toBe("x1");
+    expect(second.fake.ops("restore")).toHaveLength(5);
+    // A late resume of x1 by the old controller sends nothing either.
+    await second.engine.resume({ checkpoint_id: "x1" }); // closes the restore (same id)
+    expect(await second.engine.resume({ checkpoint_id: "x1" })).toEqual({ checkpoint_id: "x1", participants: [] });
+  });
+
+  it("with participants still parked on it: stays open as published; the controller's resume resumes everyone", async () => {
+    const entry = await publishedNotResumed("x2");
+    const second = await successor(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "x2" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x2", action: "published_open" }]);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "x2", phase: "published" });
+    const resumed = await second.engine.resume({ checkpoint_id: "x2" });
+    expect(resumed.participants).toHaveLength(5);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect(second.engine.openCheckpoint).toBeNull();
+    expect(second.journal.entries.size).toBe(0);
+  });
+
+  it("with participants still parked on it: the next controller's restore closes it without a resume", async () => {
+    const entry = await publishedNotResumed("x3");
+    const second = await successor(entry);
+    second.fake.state.set("model.m1", { phase: "committed", checkpoint_id: "x3" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x3", action: "published_open" }]);
+    const restored = await second.engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(restored.checkpoint_id).toBe("x3");
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "x3", phase: "restored" });
+  });
+
+  it("a participant that does not answer its status may still hold it: stays open", async () => {
+    const entry = await publishedNotResumed("x4");
+    const second = await successor(entry);
+    second.fake.set("agent", "a1", "status", "unreachable");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x4", action: "published_open" }]);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+  });
+
+  it("stop: closed without a resume (participants stay parked by design)", async () => {
+    const entry = await publishedNotResumed("x5", { stop: true });
+    const second = await successor(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "x5" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x5", action: "published_stopped" }]);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toBeNull();
+  });
+});
