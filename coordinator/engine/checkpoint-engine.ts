@@ -451,8 +451,19 @@ export class CheckpointEngine {
    * path handles it after publish, never with a resume of its own (it would reach processes started
    * since and fence the id there, so restoring LATEST would be refused).
    */
-  private recoverPublished(open: OpenCheckpoint, statuses: Outcome<"status">[], log: Logger): string {
+  private async recoverPublished(open: OpenCheckpoint, statuses: Outcome<"status">[], log: Logger): Promise<string> {
     open.phase = "published";
+    const latest = await this.options.writer.repairLatest(open.id).catch((error: unknown) => {
+      log.error({ err: error }, "recovery_latest_repair_failed"); // LATEST left as it is
+      return "failed" as const;
+    });
+    if (latest === "superseded") {
+      // A newer checkpoint was published since, so this one was closed: its entry outlived the close.
+      log.info({ state: "published" }, "recovery_published_superseded");
+      this.close(open.id);
+      return "superseded_closed";
+    }
+    if (latest === "repaired") log.warn({ state: "published" }, "recovery_latest_repaired");
     // stop: the controller stopped after it; participants stay parked by design.
     if (open.stop) {
       this.close(open.id);

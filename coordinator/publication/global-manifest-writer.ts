@@ -14,7 +14,7 @@ import {
   type ParticipantEntry,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { discardStagedFile, installStagedFileSync, replaceFileDurablySync, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
+import { discardStagedFile, installStagedFileSync, replaceFileDurably, replaceFileDurablySync, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
 import { applyRetention, removeTrash } from "./retention.js";
 
 export interface PublishInput {
@@ -120,6 +120,25 @@ export class GlobalManifestWriter {
     } finally {
       if (latest) this.inUse.delete(latest.temp);
     }
+  }
+
+  /**
+   * Recovery of a checkpoint whose checkpoint.json is durable: a crash between that write and
+   * LATEST's rename left LATEST naming an older checkpoint (or none); point it here, durably. A
+   * LATEST naming a newer checkpoint stays: then this checkpoint was closed since and its journal
+   * entry outlived the close ("superseded").
+   */
+  async repairLatest(checkpointId: string): Promise<"current" | "repaired" | "superseded"> {
+    const latest = await this.catalog.latest().catch(() => null); // unreadable: repaired below
+    if (latest === checkpointId) return "current";
+    if (latest !== null) {
+      const ours = await this.catalog.get(checkpointId);
+      const theirs = await this.catalog.get(latest).catch(() => undefined);
+      // Epochs only grow; within one epoch one coordinator's clock orders its publications.
+      if (theirs && (theirs.epoch > ours.epoch || (theirs.epoch === ours.epoch && theirs.published_at > ours.published_at))) return "superseded";
+    }
+    await replaceFileDurably(join(this.catalog.root, LATEST_FILE), `${checkpointId}\n`);
+    return "repaired";
   }
 
   /**

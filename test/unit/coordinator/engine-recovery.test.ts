@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -90,6 +90,52 @@ describe("recovery of a published, unresumed checkpoint", () => {
     const second = await successor(entry);
     for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "x5" });
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x5", action: "published_stopped" }]);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toBeNull();
+  });
+});
+
+describe("recovery repairs LATEST after a crash between checkpoint.json and LATEST's rename", () => {
+  it("points LATEST at the recovered checkpoint, durably, so a default restore picks it", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "older", episode_ids: null, stop: false, controller_state: null });
+    first.clock.current += 60_000;
+    await first.engine.prepare({ checkpoint_id: "newer" });
+    await first.engine.commit({ checkpoint_id: "newer", episode_ids: null, stop: false });
+    await first.engine.publish({ checkpoint_id: "newer", controller_state: null });
+    const entry = structuredClone(first.journal.entries.get("newer")!);
+    await first.writer.settled();
+    // The crash: checkpoint.json of "newer" is durable, LATEST was never renamed.
+    await writeFile(join(root, "LATEST"), "older\n");
+    const second = await successor(entry);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "newer", action: "published_closed" }]);
+    expect(await readFile(join(root, "LATEST"), "utf8")).toBe("newer\n");
+    expect((await readdir(root)).filter((n) => n.endsWith(".tmp"))).toEqual([]);
+    expect((await second.engine.restore({ episode_ids: [] })).checkpoint_id).toBe("newer");
+  });
+
+  it("stop: LATEST is repaired as well", async () => {
+    const entry = await publishedNotResumed("last", { stop: true });
+    await rm(join(root, "LATEST"));
+    const second = await successor(entry);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "last", action: "published_stopped" }]);
+    expect(await second.catalog.latest()).toBe("last");
+  });
+
+  it("never moves LATEST back: an entry older than LATEST outlived its close and is closed without a message", async () => {
+    const first = makeEngine(root);
+    await first.engine.prepare({ checkpoint_id: "stale" });
+    await first.engine.commit({ checkpoint_id: "stale", episode_ids: null, stop: false });
+    const entry = structuredClone(first.journal.entries.get("stale")!);
+    await first.engine.publish({ checkpoint_id: "stale", controller_state: null });
+    await first.engine.resume({ checkpoint_id: "stale" }); // its entry's removal is what a crash lost
+    first.clock.current += 60_000;
+    await first.engine.checkpoint({ checkpoint_id: "fresh", episode_ids: null, stop: false, controller_state: null });
+    await first.writer.settled();
+    const second = await successor(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "stale" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "stale", action: "superseded_closed" }]);
+    expect(await second.catalog.latest()).toBe("fresh");
     expect(second.fake.ops("resume")).toHaveLength(0);
     expect(second.engine.openCheckpoint).toBeNull();
   });
