@@ -1,3 +1,4 @@
+import { join } from "node:path";
 import type { Context } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
@@ -6,6 +7,8 @@ import {
   PREPARE_STAGES,
   RESUME_STAGES,
   RETIRE_STAGES,
+  GLOBAL_MANIFEST_FILE,
+  canonicalJson,
   captureKey,
   nextAttempt,
   type ControllerStateInput,
@@ -55,6 +58,7 @@ interface OpenCheckpoint {
   controllerState: ControllerStateInput | null;
   commit?: CtlReplyOf<"commit">;
   publish?: CtlReplyOf<"publish">;
+  restore?: CtlReplyOf<"restore">;
   log?: Logger;
 }
 
@@ -83,6 +87,9 @@ export interface CheckpointEngineOptions {
 
 const RESTORE_CLEANUP_MS = 30_000;
 
+/** How many recently closed checkpoints keep their replies for retries. */
+const REMEMBERED_CHECKPOINTS = 8;
+
 /** Ops addressed to the incarnation recorded when the checkpoint opened (see protocol GUARDED_OPS). */
 const GUARDED: ReadonlySet<Op> = new Set<Op>(GUARDED_OPS);
 
@@ -102,6 +109,11 @@ export class CheckpointEngine {
   private open: OpenCheckpoint | undefined;
   /** Checkpoints this coordinator resumed (closed); resume of one of them is idempotent. */
   private readonly closed = new Set<string>();
+  /**
+   * The last successful reply per (id, op) of the most recent checkpoints, with the arguments it
+   * answered: a controller retrying after a lost reply gets it again once the checkpoint closed.
+   */
+  private readonly replies = new Map<string, Map<string, { args: string | null; reply: unknown }>>();
   private readonly log: Logger;
 
   constructor(private readonly options: CheckpointEngineOptions) {
@@ -119,14 +131,23 @@ export class CheckpointEngine {
   }
 
   commit(request: CtlRequestOf<"commit">): Promise<CtlReplyOf<"commit">> {
-    return this.op("commit", request.checkpoint_id, (ctx) =>
-      this.doCommit(request.checkpoint_id, this.deadline(request.deadline_ts), request.episode_ids, request.stop, ctx),
-    );
+    const args = commitArgs(request.episode_ids, request.stop);
+    return this.op("commit", request.checkpoint_id, async (ctx) => {
+      const again = this.replayed<"commit">(request.checkpoint_id, "commit", args);
+      if (again) return again;
+      const reply = await this.doCommit(request.checkpoint_id, this.deadline(request.deadline_ts), request.episode_ids, request.stop, ctx);
+      this.remember(request.checkpoint_id, "commit", args, reply);
+      return reply;
+    });
   }
 
   publish(request: CtlRequestOf<"publish">): Promise<CtlReplyOf<"publish">> {
+    const args = canonicalJson(request.controller_state ?? null);
     return this.op("publish", request.checkpoint_id, async () => {
+      const again = this.replayed<"publish">(request.checkpoint_id, "publish", args);
+      if (again) return again;
       const reply = await this.doPublish(request.checkpoint_id, request.controller_state);
+      this.remember(request.checkpoint_id, "publish", args, reply);
       // stop: the controller stops after this checkpoint; participants stay parked (as in `checkpoint`).
       if (this.open?.id === request.checkpoint_id && this.open.stop) this.close(request.checkpoint_id);
       return reply;
@@ -157,7 +178,10 @@ export class CheckpointEngine {
 
   checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
     const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
+    const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]);
     return this.op("checkpoint", id, async (ctx) => {
+      const again = this.replayed<"checkpoint">(id, "checkpoint", args);
+      if (again) return again;
       const deadlineMs = this.deadline(request.deadline_ts);
       // Durations on the monotonic clock (the engine's clock is wall time, for deadlines).
       const t0 = performance.now();
@@ -197,7 +221,7 @@ export class CheckpointEngine {
         published = { ...published, deleted: this.retainAfter(id) };
       }
       const t4 = performance.now();
-      return {
+      return this.remember(id, "checkpoint", args, {
         checkpoint_id: id,
         epoch: prepared.epoch,
         checkpoint_dir: commit.checkpoint_dir,
@@ -207,7 +231,7 @@ export class CheckpointEngine {
         restarts: prepared.restarts,
         deleted: published.deleted,
         timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t3) },
-      };
+      });
     });
   }
 
@@ -215,6 +239,9 @@ export class CheckpointEngine {
     return this.op("restore", request.checkpoint_id ?? "LATEST", async (ctx) => {
       const deadlineMs = this.deadline(request.deadline_ts);
       const id = request.checkpoint_id ?? (await this.options.catalog.latest());
+      // A retry of the restore that is open (its reply was lost) gets that reply again.
+      const open0 = this.open;
+      if (open0?.restore && open0.phase === "restored" && open0.id === id && sameScope(open0.scope, request.episode_ids)) return open0.restore;
       // A published checkpoint whose controller died before resuming it is exactly what the next
       // controller restores: close it here, without a resume that would fence its id at the fresh
       // participants the restore is for.
@@ -235,10 +262,11 @@ export class CheckpointEngine {
       if (failures.length === 0) {
         open.phase = "restored";
         await this.journal(open, "restored");
-        return {
+        open.restore = {
           checkpoint_id: id,
           participants: outcomes.map((o) => ({ kind: o.participant.kind, instance: o.participant.instance, restored: o.ok ? o.reply.restored : [] })),
         };
+        return open.restore;
       }
       await this.restoreCleanup(open, deadlineMs, ctx);
       const cause = combinedFailure("restore", failures);
@@ -464,6 +492,13 @@ export class CheckpointEngine {
       return "superseded_closed";
     }
     if (latest === "repaired") log.warn({ state: "published" }, "recovery_latest_repaired");
+    // What its commit and publish answered, for a controller retrying them (publish: any arguments).
+    const manifest = await this.options.catalog.get(open.id).catch(() => undefined);
+    if (manifest) {
+      const dir = this.options.catalog.dirFor(open.id);
+      open.commit = this.remember(open.id, "commit", commitArgs(open.scope, open.stop), { checkpoint_id: open.id, epoch: manifest.epoch, checkpoint_dir: dir, participants: manifest.participants });
+      open.publish = this.remember(open.id, "publish", null, { checkpoint_id: open.id, manifest_path: join(dir, GLOBAL_MANIFEST_FILE), published_at: manifest.published_at, deleted: [] });
+    }
     // stop: the controller stopped after it; participants stay parked by design.
     if (open.stop) {
       this.close(open.id);
@@ -754,6 +789,33 @@ export class CheckpointEngine {
     return outcome;
   }
 
+  /** Keeps `reply` as the answer to a retry of (`id`, `op`) with the same arguments (`null`: any). */
+  private remember<T>(id: string, op: string, args: string | null, reply: T): T {
+    let ops = this.replies.get(id);
+    if (!ops) {
+      ops = new Map();
+      this.replies.set(id, ops);
+      for (const old of this.replies.keys()) {
+        if (this.replies.size <= REMEMBERED_CHECKPOINTS) break;
+        this.replies.delete(old);
+      }
+    }
+    ops.set(op, { args, reply });
+    return reply;
+  }
+
+  /**
+   * The remembered reply to a retry of (`id`, `op`) once `id` is no longer open; `checkpoint_conflict`
+   * when the retry's arguments differ. Open checkpoints answer retries from their own state.
+   */
+  private replayed<O extends "checkpoint" | "commit" | "publish">(id: string, op: O, args: string): CtlReplyOf<O> | undefined {
+    if (this.open?.id === id) return undefined;
+    const kept = this.replies.get(id)?.get(op);
+    if (!kept) return undefined;
+    if (kept.args !== null && kept.args !== args) throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was already ${op === "checkpoint" ? "checkpointed" : `${op}ed`} with other arguments`);
+    return kept.reply as CtlReplyOf<O>;
+  }
+
   /** A checkpoint (or restore) this coordinator opens now, at its epoch, with its members' incarnations. */
   private opening(id: string, phase: OpenPhase, members: ParticipantRef[], fields: Partial<OpenCheckpoint> = {}): OpenCheckpoint {
     const viewed = this.incarnationsOf(members);
@@ -895,6 +957,11 @@ function resumedElsewhere<O extends Op>(member: ParticipantRef): Outcome<O> {
 /** A duration rounded to 10 µs. */
 function ms(duration: number): number {
   return Math.round(duration * 100) / 100;
+}
+
+/** What a retried commit must repeat: its scope (as a set) and stop flag. */
+function commitArgs(scope: EpisodeId[] | null, stop: boolean): string {
+  return canonicalJson([scope === null ? null : [...new Set(scope.map(captureKey))].sort(), stop]);
 }
 
 function sameScope(a: EpisodeId[] | null, b: EpisodeId[] | null): boolean {

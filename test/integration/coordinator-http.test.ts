@@ -74,7 +74,8 @@ describe("HTTP controller API (real HTTP client)", () => {
       status: 401,
     });
     expect(await post("/v1/commit", JSON.stringify({ checkpoint_id: "unknown" }))).toMatchObject({ status: 404, body: { error: { code: "not_found" } } });
-    expect(await post("/v1/publish", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "stale_checkpoint" } } });
+    // h1 was published with another controller state: not a retry
+    expect(await post("/v1/publish", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "checkpoint_conflict" } } });
     expect(await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "stale_checkpoint" } } });
     expect(await post("/v1/prepare", "x".repeat(1024 * 1024 + 100))).toMatchObject({ status: 413, body: { error: { code: "payload_too_large" } } });
     const missing = await fetch(`${base}/v1/checkpoints/nope`, { headers: auth });
