@@ -60,7 +60,8 @@ export class HttpControllerApi {
     app.get("/healthz", async () => ({ ok: true }));
     app.get("/readyz", async (_req, reply) => {
       const state = this.options.leadership.state();
-      if (!state.ready) return this.refuse(reply, new CheckpointError("not_leader", "this coordinator is not the ready leader"));
+      // Ready = the engine serves controller ops: leader, past its first lease period, recovered.
+      if (!state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", "this coordinator is not the ready leader"));
       return { ok: true, epoch: state.epoch };
     });
     for (const op of CONTROLLER_OP_NAMES) {

@@ -120,6 +120,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     clock,
     logger,
     defaultTimeoutMs: config.default_timeout_ms,
+    requireRecovery: true,
     ...(options.hooks && { hooks: options.hooks }),
   });
   const controllerToken = config.controller_token ?? config.token;

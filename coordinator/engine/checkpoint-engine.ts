@@ -82,6 +82,11 @@ export interface CheckpointEngineOptions {
   defaultTimeoutMs: number;
   /** Timeout of the status probe. */
   statusTimeoutMs?: number;
+  /**
+   * Refuse controller ops (`not_leader`) until `recover()` ran under the current leadership (the
+   * daemon): a lease that just became ready has not completed its predecessor's work yet.
+   */
+  requireRecovery?: boolean;
   hooks?: EngineHooks;
 }
 
@@ -115,9 +120,18 @@ export class CheckpointEngine {
    */
   private readonly replies = new Map<string, Map<string, { args: string | null; reply: unknown }>>();
   private readonly log: Logger;
+  private recoveredFlag: boolean;
+  /** Bumped when leadership is lost, so a recovery that straddles the loss does not count. */
+  private leaderTerm = 0;
 
   constructor(private readonly options: CheckpointEngineOptions) {
     this.log = options.logger.child({ component: "engine" });
+    this.recoveredFlag = !options.requireRecovery;
+  }
+
+  /** Whether controller ops are served: recovery ran since leadership was (re)gained. */
+  get recovered(): boolean {
+    return this.recoveredFlag;
   }
 
   get openCheckpoint(): { checkpoint_id: string; phase: OpenPhase; epoch: number } | null {
@@ -369,20 +383,30 @@ export class CheckpointEngine {
    * attempt+1 everywhere). Runs once leadership is ready, before any controller op.
    */
   recover(): Promise<{ checkpoint_id: string; action: string }[]> {
+    const term = this.leaderTerm;
     return this.lock.run(async () => {
-      const done: { checkpoint_id: string; action: string }[] = [];
-      const entries = await this.options.journal.list();
-      const statuses = await this.probeStatuses();
-      for (const entry of entries) {
-        const action = await this.recoverOne(entry, statuses).catch((error: unknown) => {
-          this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
-          return "failed";
-        });
-        done.push({ checkpoint_id: entry.checkpoint_id, action });
+      // Set even when recovery fails: entries it could not complete stay journaled for the controller.
+      try {
+        return await this.recoverAll();
+      } finally {
+        if (term === this.leaderTerm) this.recoveredFlag = true;
       }
-      done.push(...(await this.resumeOrphans(new Set(entries.map((e) => e.checkpoint_id)), statuses)));
-      return done;
     });
+  }
+
+  private async recoverAll(): Promise<{ checkpoint_id: string; action: string }[]> {
+    const done: { checkpoint_id: string; action: string }[] = [];
+    const entries = await this.options.journal.list();
+    const statuses = await this.probeStatuses();
+    for (const entry of entries) {
+      const action = await this.recoverOne(entry, statuses).catch((error: unknown) => {
+        this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
+        return "failed";
+      });
+      done.push({ checkpoint_id: entry.checkpoint_id, action });
+    }
+    done.push(...(await this.resumeOrphans(new Set(entries.map((e) => e.checkpoint_id)), statuses)));
+    return done;
   }
 
   /** Every registered participant's status, once per recovery. */
@@ -743,6 +767,7 @@ export class CheckpointEngine {
     return this.lock.run(async () => {
       const started = this.options.clock.now();
       try {
+        if (!this.recoveredFlag) throw new CheckpointError("not_leader", "this coordinator has not finished recovering its predecessor's checkpoints yet");
         const result = await inSpan(`checkpoint.coordinate.${name}`, { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name }, undefined, (ctx) => fn(ctx));
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: "ok" });
         return result;
@@ -887,6 +912,8 @@ export class CheckpointEngine {
   leadershipLost(): void {
     if (this.open) this.log.warn({ checkpoint_id: this.open.id, phase: this.open.phase }, "leadership_lost_open_checkpoint_left_to_journal");
     this.open = undefined;
+    this.leaderTerm++;
+    if (this.options.requireRecovery) this.recoveredFlag = false;
   }
 
   /** The child logger of one checkpoint (cached while it is open). */

@@ -154,7 +154,7 @@ export const writers: GlobalManifestWriter[] = [];
 
 export function makeEngine(
   root: string,
-  options: { members?: { kind: Kind; instance: string }[]; hooks?: EngineHooks; attemptTimeoutMs?: number; retention?: number; incarnations?: Map<string, string> } = {},
+  options: { members?: { kind: Kind; instance: string }[]; hooks?: EngineHooks; attemptTimeoutMs?: number; retention?: number; incarnations?: Map<string, string>; requireRecovery?: boolean } = {},
 ) {
   const members = options.members ?? FOUR_KINDS;
   const fake = new FakeParticipants(members);
@@ -188,6 +188,7 @@ export function makeEngine(
     clock,
     logger: pino({ level: "silent" }),
     defaultTimeoutMs: 10_000,
+    ...(options.requireRecovery && { requireRecovery: true }),
     ...(options.hooks && { hooks: options.hooks }),
   });
   return { engine, fake, clock, journal, catalog, leadership, writer };

@@ -1,0 +1,56 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { HttpControllerApi } from "../../../coordinator/api/http-api.js";
+import { makeEngine, writers } from "./fake-participants.js";
+import { refusalOf } from "../../support/refusal.js";
+
+let root: string;
+let http: HttpControllerApi | undefined;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-gate-"));
+});
+afterEach(async () => {
+  await http?.stop();
+  http = undefined;
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+describe("controller ops wait for recovery (the daemon's engine)", () => {
+  it("refuses every state-changing op with not_leader until recover() ran, and again after leadership is lost", async () => {
+    const { engine, fake, journal } = makeEngine(root, { requireRecovery: true });
+    expect(engine.recovered).toBe(false);
+    expect((await refusalOf(engine.checkpoint({ checkpoint_id: "g1", episode_ids: null, stop: false, controller_state: null }))).code).toBe("not_leader");
+    expect((await refusalOf(engine.prepare({ checkpoint_id: "g1" }))).code).toBe("not_leader");
+    expect((await refusalOf(engine.restore({ episode_ids: [] }))).code).toBe("not_leader");
+    expect((await refusalOf(engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("not_leader");
+    expect(fake.calls).toHaveLength(0);
+    expect(journal.log).toHaveLength(0);
+    expect((await engine.status()).participants).toHaveLength(5); // read-only, served anyway
+    await engine.recover();
+    expect(engine.recovered).toBe(true);
+    await engine.prepare({ checkpoint_id: "g1" });
+    engine.leadershipLost();
+    expect((await refusalOf(engine.resume({ checkpoint_id: "g1" }))).code).toBe("not_leader");
+    await engine.recover(); // the new term's recovery resumes g1 from its journal entry
+    expect(journal.entries.size).toBe(0);
+    await engine.prepare({ checkpoint_id: "g2" });
+  });
+
+  it("HTTP: /readyz and the ops answer not_leader while the lease is ready but recovery has not run", async () => {
+    const { engine, leadership } = makeEngine(root, { requireRecovery: true });
+    http = new HttpControllerApi({ engine, leadership, token: "t" });
+    const base = await http.start();
+    expect(leadership.state().ready).toBe(true);
+    const ready = await fetch(`${base}/readyz`);
+    expect(ready.status).toBe(503);
+    expect(((await ready.json()) as { error: { code: string } }).error.code).toBe("not_leader");
+    const prepare = () => fetch(`${base}/v1/prepare`, { method: "POST", headers: { authorization: "Bearer t" }, body: JSON.stringify({ checkpoint_id: "h1" }) });
+    expect((await prepare()).status).toBe(503);
+    await engine.recover();
+    expect((await fetch(`${base}/readyz`)).status).toBe(200);
+    expect((await prepare()).status).toBe(200);
+  });
+});
