@@ -232,7 +232,7 @@ export class CheckpointEngine {
         else await this.doResume(id, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx);
       } finally {
         // Retention after the resume: deleting old checkpoints need not keep everyone paused.
-        published = { ...published, deleted: this.retainAfter(id) };
+        published = { ...published, deleted: this.retainAfter(id, prepared.epoch) };
       }
       const t4 = performance.now();
       return this.remember(id, "checkpoint", args, {
@@ -687,9 +687,11 @@ export class CheckpointEngine {
       restarts: open.restarts,
       participants: open.commit.participants,
       controllerState: controllerState ?? open.controllerState,
+      // Again after the awaits above: a demoted leader must not write checkpoint.json or LATEST.
+      beforeWrite: () => this.options.leadership.assert(open.epoch),
     });
     open.phase = "published";
-    const deleted = retainNow ? this.retainAfter(id) : [];
+    const deleted = retainNow ? this.retainAfter(id, open.epoch) : [];
     open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted };
     // No journal write here: recovery of a decided entry finds checkpoint.json and treats it as published.
     coordinatorTelemetry().published.add(1);
@@ -720,8 +722,10 @@ export class CheckpointEngine {
   }
 
   /** Retention after a publication whose reply must not fail for it (the checkpoint is published). */
-  private retainAfter(id: string): string[] {
+  private retainAfter(id: string, epoch: number): string[] {
     try {
+      // A deposed leader deletes nothing: its successor may have published since.
+      this.options.leadership.assert(epoch);
       return this.options.writer.retain(id);
     } catch (error) {
       this.log.warn({ checkpoint_id: id, err: error }, "retention_failed");

@@ -38,6 +38,8 @@ export class LeaderLease implements Leadership {
   private lastRevision = 0;
   private readyAt = Infinity;
   private readyFired = false;
+  /** When the last successful create/update was sent: the key lives at most leaseMs past it. */
+  private renewedAt = -Infinity;
   private timer: (() => void) | undefined;
   private stopped = false;
   private readonly clock: Clock;
@@ -53,7 +55,10 @@ export class LeaderLease implements Leadership {
 
   epoch(): number {
     if (this.heldEpoch === null) throw new CheckpointError("not_leader", `coordinator ${this.options.id} does not hold the leader lease`);
-    if (this.clock.now() < this.readyAt) throw new CheckpointError("not_leader", `coordinator ${this.options.id} is waiting out its first lease period`);
+    const now = this.clock.now();
+    if (now < this.readyAt) throw new CheckpointError("not_leader", `coordinator ${this.options.id} is waiting out its first lease period`);
+    // Local expiry: a successor may hold the key once a lease period passed without a renewal.
+    if (now > this.renewedAt + this.options.leaseMs) throw new CheckpointError("not_leader", `coordinator ${this.options.id} has not renewed its lease for ${now - this.renewedAt} ms`);
     return this.heldEpoch;
   }
 
@@ -63,7 +68,8 @@ export class LeaderLease implements Leadership {
 
   state(): LeadershipState {
     const leader = this.heldEpoch !== null;
-    return { id: this.options.id, leader, ready: leader && this.clock.now() >= this.readyAt, epoch: this.heldEpoch };
+    const now = this.clock.now();
+    return { id: this.options.id, leader, ready: leader && now >= this.readyAt && now <= this.renewedAt + this.options.leaseMs, epoch: this.heldEpoch };
   }
 
   /** Campaign at once instead of at the next tick (failover tests; operators forcing a hand-over). */
@@ -72,7 +78,9 @@ export class LeaderLease implements Leadership {
     while (this.inflight) await this.inflight;
     if (this.heldEpoch !== null || this.stopped || !this.kv) return this.heldEpoch !== null;
     try {
-      const revision = await this.kv.create(LEADER_KEY, JSON.stringify({ id: this.options.id, at: this.clock.now() }));
+      const sentAt = this.clock.now();
+      const revision = await this.kv.create(LEADER_KEY, JSON.stringify({ id: this.options.id, at: sentAt }));
+      this.renewedAt = sentAt;
       this.heldEpoch = revision;
       this.lastRevision = revision;
       this.readyAt = this.clock.now() + this.options.leaseMs;
@@ -106,10 +114,12 @@ export class LeaderLease implements Leadership {
 
   private async tickOnce(): Promise<void> {
     if (this.stopped) return;
-    const value = JSON.stringify({ id: this.options.id, at: this.clock.now() });
+    const sentAt = this.clock.now();
+    const value = JSON.stringify({ id: this.options.id, at: sentAt });
     if (this.heldEpoch === null) {
       try {
         const revision = await this.kv!.create(LEADER_KEY, value);
+        this.renewedAt = sentAt;
         this.heldEpoch = revision;
         this.lastRevision = revision;
         this.readyAt = this.clock.now() + this.options.leaseMs;
@@ -121,7 +131,9 @@ export class LeaderLease implements Leadership {
       }
     } else {
       try {
-        this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision);
+        // A third of the lease, not JetStream's 5 s default: a renewal that cannot finish in time demotes.
+        this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, Math.max(1, Math.floor(this.options.leaseMs / 3)));
+        this.renewedAt = sentAt;
       } catch (error) {
         this.demote(error);
       }

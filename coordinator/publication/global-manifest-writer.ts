@@ -27,6 +27,8 @@ export interface PublishInput {
   restarts: string[];
   participants: ParticipantEntry[];
   controllerState: ControllerStateInput | null;
+  /** Called right before the synchronous writes; throwing (e.g. leadership lost) writes nothing. */
+  beforeWrite?: () => void;
 }
 
 export interface PublishResult {
@@ -106,6 +108,7 @@ export class GlobalManifestWriter {
         controller_state: controllerState,
       };
       const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
+      input.beforeWrite?.();
       // Blocking I/O on purpose: nothing else is in flight for this checkpoint, and the thread-pool
       // round trips of the async calls cost more than the writes (docs/benchmarks.md).
       replaceFileDurablySync(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);

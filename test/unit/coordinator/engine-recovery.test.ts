@@ -140,3 +140,22 @@ describe("recovery repairs LATEST after a crash between checkpoint.json and LATE
     expect(second.engine.openCheckpoint).toBeNull();
   });
 });
+
+describe("a deposed leader writes nothing at publication", () => {
+  it("leadership is asserted again right before checkpoint.json and LATEST are written", async () => {
+    const { engine, leadership, catalog } = makeEngine(root, { retention: 1 });
+    await engine.checkpoint({ checkpoint_id: "kept", episode_ids: null, stop: false, controller_state: null });
+    await engine.prepare({ checkpoint_id: "late" });
+    await engine.commit({ checkpoint_id: "late", episode_ids: null, stop: false });
+    // Demoted after publish's first check, while it awaits its staged LATEST.
+    const assert = leadership.assert.bind(leadership);
+    let checks = 0;
+    leadership.assert = (epoch) => {
+      if (++checks === 2) leadership.demote();
+      assert(epoch);
+    };
+    await expect(engine.publish({ checkpoint_id: "late", controller_state: null })).rejects.toMatchObject({ code: "not_leader" });
+    expect(catalog.has("late")).toBe(false);
+    expect(await catalog.latest()).toBe("kept");
+  });
+});

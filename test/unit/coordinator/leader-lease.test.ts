@@ -39,12 +39,17 @@ class FakeKv {
   revision = 100;
   holder: number | undefined;
   failUpdates = false;
+  /** Updates never answer (a partitioned server): the caller's timeout is all that ends them. */
+  hangUpdates = false;
+  readonly updateTimeouts: (number | undefined)[] = [];
   async create(_key: string): Promise<number> {
     if (this.holder !== undefined) throw new Error("wrong last sequence");
     this.holder = ++this.revision;
     return this.holder;
   }
-  async update(_key: string, _value: string, last: number): Promise<number> {
+  async update(_key: string, _value: string, last: number, timeout?: number): Promise<number> {
+    this.updateTimeouts.push(timeout);
+    if (this.hangUpdates) return new Promise<number>(() => undefined);
     if (this.failUpdates || this.holder !== last) throw new Error("wrong last sequence");
     this.holder = ++this.revision;
     return this.holder;
@@ -121,5 +126,26 @@ describe("leader lease", () => {
     await clock.advance(20_000);
     expect(l.state()).toMatchObject({ leader: false, epoch: null });
     await l.stop();
+  });
+
+  it("renews with a timeout of a third of the lease and stops acting once a lease period passed without a successful renewal", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const events: string[] = [];
+    const l = lease(kv, clock, events);
+    await l.start();
+    await clock.advance(3000);
+    expect(l.epoch()).toBe(101);
+    expect(kv.updateTimeouts.at(-1)).toBe(1000);
+    // The last renewal that succeeded was sent at +3000; from then on no update answers.
+    kv.hangUpdates = true;
+    await clock.advance(2999);
+    expect(l.epoch()).toBe(101);
+    await clock.advance(2);
+    expect(() => l.epoch()).toThrow(/has not renewed its lease/);
+    expect(() => l.assert(101)).toThrow();
+    expect(l.state()).toMatchObject({ leader: true, ready: false });
+    expect(events).toEqual(["ready:101"]); // not demoted (the update is still pending), yet it refuses to act
+    await l.stop(false);
   });
 });
