@@ -428,6 +428,8 @@ export class CheckpointEngine {
       orphans.set(o.reply.checkpoint_id, [...(orphans.get(o.reply.checkpoint_id) ?? []), o.participant]);
     }
     const done: { checkpoint_id: string; action: string }[] = [];
+    // A journaled checkpoint recovery left open (published, restored, committed) stays the open one.
+    const kept = this.open;
     for (const [id, prepared] of orphans) {
       this.log.info({ checkpoint_id: id, participants: prepared.length }, "recovery_resume_unjournaled");
       // Addressed to whichever process reported it prepared, not to the view's (possibly older) incarnation.
@@ -441,6 +443,7 @@ export class CheckpointEngine {
       );
       done.push({ checkpoint_id: id, action });
     }
+    this.open = kept;
     return done;
   }
 

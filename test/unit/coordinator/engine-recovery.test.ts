@@ -159,3 +159,18 @@ describe("a deposed leader writes nothing at publication", () => {
     expect(await catalog.latest()).toBe("kept");
   });
 });
+
+describe("recovery with a journaled checkpoint left open and an unjournaled orphan", () => {
+  it("resuming the orphan does not drop the open checkpoint", async () => {
+    const entry = await publishedNotResumed("kept-open");
+    const second = await successor(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "kept-open" });
+    second.fake.state.set("resources.r1", { phase: "prepared", checkpoint_id: "orphan" });
+    expect(await second.engine.recover()).toEqual([
+      { checkpoint_id: "kept-open", action: "published_open" },
+      { checkpoint_id: "orphan", action: "resumed_unjournaled" },
+    ]);
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "kept-open", phase: "published" });
+    expect((await second.engine.resume({ checkpoint_id: "kept-open" })).participants).toHaveLength(5);
+  });
+});
