@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
-import { CheckpointError, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
+import { CheckpointError, canonicalDigest, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
 import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
@@ -21,6 +21,9 @@ export interface ModelKindOptions {
   cutBackend: CutBackend | null;
   logger?: Logger;
 }
+
+/** The largest staging-key list a commit reply carries inline (JSON bytes, about). */
+export const STAGING_KEYS_REPLY_BUDGET = 256 * 1024;
 
 export interface CallOutcome {
   stagingKey: string | null;
@@ -301,7 +304,12 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       for (const row of record.rows) if (row.staging_key) keys.add(row.staging_key);
       for (const cut of record.generation_cuts) for (const key of cut.continuation.staging_keys) keys.add(key);
     }
-    return { staging_keys: [...keys].sort() };
+    const list = [...keys].sort();
+    // One key per delivered call: a long run outgrows a NATS message (1 MiB). Past the budget the
+    // reply carries the list's size and digest; the keys themselves are in the committed records.
+    const bytes = list.reduce((sum, key) => sum + Buffer.byteLength(key) + 3, 0);
+    if (bytes <= STAGING_KEYS_REPLY_BUDGET) return { staging_keys: list };
+    return { staging_keys: null, staging_key_count: list.length, staging_keys_sha256: canonicalDigest(list) };
   }
 
   hasLiveState(): boolean {

@@ -2,6 +2,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
 import { BACKEND, CHAT, ackFor, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
+import { canonicalDigest, encodeMessage } from "../../../protocol/index.js";
 
 let f: ModelFixture;
 beforeEach(async () => {
@@ -123,6 +124,20 @@ describe("the cut round at close-admission", () => {
     ]);
     expect(records[1]!.rows.map((r) => r.model_call_id)).not.toContain(undelivered.modelCallId);
     expect(f.kind.commitExtras(records)).toEqual({ staging_keys: ["stage/a", "stage/m", "stage/z"] });
+  });
+
+  it("past the reply budget, the commit extras carry the staging keys' count and digest (the keys stay in the records)", () => {
+    // 500 rollouts × 40 delivered calls: one key each, far past what one NATS message may carry.
+    const rows = Array.from({ length: 40 }, (_, i) => ({ staging_key: `stage/${"x".repeat(20)}/${i}` }));
+    const records = Array.from({ length: 500 }, (_, r) => ({
+      episode_id: { rollout_id: `r${r}`, attempt: 0 },
+      rows: rows.map((row, i) => ({ ...row, staging_key: `${row.staging_key}/${r}`, model_call_id: `mc-${r}-${i}` })),
+      generation_cuts: [],
+    })) as unknown as ModelRecord[];
+    const keys = records.flatMap((rec) => rec.rows.map((row) => row.staging_key!)).sort();
+    const extras = f.kind.commitExtras(records);
+    expect(extras).toEqual({ staging_keys: null, staging_key_count: 20_000, staging_keys_sha256: canonicalDigest(keys) });
+    expect(encodeMessage(extras).length).toBeLessThan(1024);
   });
 });
 
