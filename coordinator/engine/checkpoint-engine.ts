@@ -268,6 +268,8 @@ export class CheckpointEngine {
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
       const epoch = open.epoch;
       await this.journal(open, "restoring");
+      // Leadership lost during the write dropped the open state: do not put back a stale restore.
+      this.options.leadership.assert(epoch);
       this.open = open;
       const outcomes = await runAll(members, (m) =>
         this.send(m, "restore", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: dir, episode_ids: request.episode_ids }, deadlineMs, epoch, ctx),

@@ -380,6 +380,22 @@ describe("HA hooks and recovery", () => {
     expect(await engine.recover()).toEqual([]);
   });
 
+  it("a restore whose leadership is lost during its journal write leaves nothing open and sends nothing", async () => {
+    const { engine, fake, journal, leadership } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    const record = journal.record.bind(journal);
+    journal.record = async (entry) => {
+      await record(entry);
+      if (entry.state === "restoring") {
+        leadership.demote();
+        engine.leadershipLost();
+      }
+    };
+    expect((await refusal(engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("not_leader");
+    expect(engine.openCheckpoint).toBeNull();
+    expect(fake.ops("restore")).toHaveLength(0);
+  });
+
   it("a demoted coordinator sends nothing more", async () => {
     const { engine, fake, leadership } = makeEngine(root);
     await engine.prepare({ checkpoint_id: "c11" });
