@@ -22,6 +22,8 @@ interface Admitted {
   sessionId: string | undefined;
   issueCookie: boolean;
   seedReply: boolean;
+  /** The route handler is running: the request stays in flight until it replies, client or not. */
+  handling: boolean;
 }
 
 function roleOf(route: string): RequestRole {
@@ -72,18 +74,31 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       }
       const ticket = await kind.admit({ episode, sessionId, role }, abort.signal);
       reply.raw.off("close", onClose);
-      admitted.set(request, { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed" });
-      if (reply.raw.destroyed || reply.raw.writableFinished) kind.release(ticket);
-      else reply.raw.once("close", () => kind.release(ticket));
+      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", handling: false };
+      admitted.set(request, entry);
+      // A client that goes away does not stop a running handler (it still changes the session), so
+      // its close releases only a request that never reached the handler; onSend releases the rest.
+      const releaseIfIdle = () => {
+        if (!entry.handling) kind.release(ticket);
+      };
+      if (reply.raw.destroyed || reply.raw.writableFinished) releaseIfIdle();
+      else reply.raw.once("close", releaseIfIdle);
     } catch (error) {
       reply.raw.off("close", onClose);
       return sendRefusal(reply, error);
     }
   });
 
+  app.addHook("preHandler", async (request) => {
+    const entry = admitted.get(request);
+    if (entry) entry.handling = true;
+  });
+
   app.addHook("onSend", async (request, reply, payload) => {
     const entry = admitted.get(request);
     if (!entry) return payload;
+    entry.handling = false;
+    kind.release(entry.ticket);
     if (entry.seedReply) {
       reply.header(HEADER_CHECKPOINT_VERIFY, kind.verify);
       if (kind.mode === "restart_only") reply.header(HEADER_CHECKPOINT_RESTART, "1");
