@@ -107,7 +107,7 @@ async function scanRecords(path: string, label: string): Promise<{ digest: strin
   const hash = createHash("sha256");
   let count = 0;
   let bytes = 0;
-  let carry = "";
+  let carry: string[] = [];
   const decoder = new StringDecoder("utf8");
   const check = (line: string) => {
     let value: unknown;
@@ -124,15 +124,21 @@ async function scanRecords(path: string, label: string): Promise<{ digest: strin
     for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) {
       hash.update(chunk);
       bytes += chunk.byteLength;
-      const lines = (carry + decoder.write(chunk)).split("\n");
-      carry = lines.pop()!;
-      for (const line of lines) check(line);
+      // Newlines are searched in the new text only; a long line's pieces are joined once.
+      const text = decoder.write(chunk);
+      let start = 0;
+      for (let newline = text.indexOf("\n"); newline !== -1; newline = text.indexOf("\n", start)) {
+        check(carry.join("") + text.slice(start, newline));
+        carry = [];
+        start = newline + 1;
+      }
+      if (start < text.length) carry.push(text.slice(start));
     }
   } catch (error) {
     if (error instanceof CheckpointError) throw error;
     throw bad(`${label}: cannot read ${path}: ${(error as Error).message}`, error);
   }
-  carry += decoder.end();
-  if (carry.length) check(carry);
+  const rest = carry.join("") + decoder.end();
+  if (rest.length) check(rest);
   return { digest: hash.digest("hex"), count, bytes };
 }

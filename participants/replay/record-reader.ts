@@ -213,8 +213,15 @@ async function* readSpans(
     stats.bytesRead += got;
     stats.spansRead += 1;
     const where = `${file}:${ordinal + 1}`;
-    if (got !== row.len || bytes[row.len - 1] !== 0x0a) throw mismatch(where, "span is not one whole line");
-    const trace = parseLine(bytes, where, stats);
+    // One whole line: a newline at the end and nowhere before it (a stale index can end a span on
+    // another record's newline); anything that then does not parse is the index's fault too.
+    if (got !== row.len || bytes.indexOf(0x0a) !== row.len - 1) throw mismatch(where, "span is not one whole line");
+    let trace: ReturnType<typeof parseLine>;
+    try {
+      trace = parseLine(bytes, where, stats);
+    } catch (error) {
+      throw mismatch(where, `span does not hold a record: ${error instanceof Error ? error.message : String(error)}`);
+    }
     if (
       trace.id !== row.trace ||
       trace.task.idx !== row.task_idx ||

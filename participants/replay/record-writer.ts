@@ -1,3 +1,4 @@
+import { promises as fs } from "node:fs";
 import path from "node:path";
 import { CheckpointError, encodeRecordLines, encodeRolloutRecords, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
@@ -51,6 +52,9 @@ async function prepare(rootDir: string, step: number, batch: EnvRecords): Promis
   const stepDir = path.join(rootDir, stepDirName(step));
   const recordPath = path.join(stepDir, recordFileName(batch.kind, batch.env));
   const indexPath = indexPathFor(recordPath)!;
+  // Steps are append-only: followers never re-read a file they consumed, so replacing one would
+  // leave workers with different task lists.
+  if (await exists(recordPath)) throw invalidRequest(`step ${step} already has ${path.basename(recordPath)}; a published file is never replaced`);
   const pv = batch.policyVersion;
   const policyVersion = typeof pv === "function" ? batch.traces.map((trace, i) => pv(trace, i)) : (pv ?? null);
   let encoded: EncodedRolloutRecords;
@@ -86,12 +90,15 @@ export async function writeStepRecords(
   const written = await Promise.all(prepared.map(publish));
   const stepDir = path.join(rootDir, stepDirName(step));
   for (const kind of new Set(batches.map((b) => b.kind))) {
+    // A step written in several calls keeps every call's files in its marker.
+    const earlier = await markerFiles(path.join(stepDir, stepMarkerName(kind)));
+    const files = written.filter((w, i) => batches[i]!.kind === kind).map((w) => path.basename(w.recordPath));
     const marker = StepMarkerSchema.parse({
       format: "gym-ckpt/rollout-step",
       version: 1,
       step,
       kind,
-      files: written.filter((w, i) => batches[i]!.kind === kind).map((w) => path.basename(w.recordPath)),
+      files: [...new Set([...earlier, ...files])].sort(),
     });
     await writeFileAtomic(path.join(stepDir, stepMarkerName(kind)), Buffer.from(JSON.stringify(marker) + "\n"));
   }
@@ -122,5 +129,22 @@ export class RecordWriter {
   async flush(): Promise<void> {
     await this.tail;
     if (this.failure !== undefined) throw this.failure;
+  }
+}
+
+async function exists(file: string): Promise<boolean> {
+  return fs.access(file).then(
+    () => true,
+    () => false,
+  );
+}
+
+/** The files an existing marker lists ([] when there is none or it is unreadable). */
+async function markerFiles(file: string): Promise<string[]> {
+  try {
+    const parsed = StepMarkerSchema.safeParse(JSON.parse(await fs.readFile(file, "utf8")));
+    return parsed.success ? parsed.data.files : [];
+  } catch {
+    return [];
   }
 }

@@ -277,9 +277,10 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     // Build everything first and commit at the end: a refusal leaves the task list untouched.
     const added: ReplayTask<T>[] = [];
     const stats: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
-    for (const file of files) added.push(...(await this.loadFile(file, this.list.length + added.length, stats)));
+    // Appended one by one: spreading 100k+ tasks into push() overflows the call stack.
+    for (const file of files) for (const task of await this.loadFile(file, this.list.length + added.length, stats)) added.push(task);
 
-    this.list.push(...added);
+    for (const task of added) this.list.push(task);
     for (const file of files) this.done.add(file);
     addReadStats(this.stats.read, stats.read);
     this.stats.foreign += stats.foreign;

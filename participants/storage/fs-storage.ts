@@ -189,24 +189,26 @@ export async function scanRecordLines(
   const hash = createHash("sha256");
   let bytes = 0;
   let count = 0;
-  let carry: Buffer = Buffer.alloc(0);
+  // The pieces of a line longer than a chunk, joined once its newline arrives: re-joining the
+  // carried part for every chunk made one large record cost quadratic time.
+  let pending: Buffer[] = [];
   try {
     for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) {
       hash.update(chunk);
       bytes += chunk.byteLength;
-      let data = carry.byteLength ? Buffer.concat([carry, chunk]) : chunk;
-      let newline = data.indexOf(0x0a);
-      while (newline !== -1) {
-        onLine(data.subarray(0, newline).toString("utf8"), count++);
-        data = data.subarray(newline + 1);
-        newline = data.indexOf(0x0a);
+      let start = 0;
+      for (let newline = chunk.indexOf(0x0a); newline !== -1; newline = chunk.indexOf(0x0a, start)) {
+        const piece = chunk.subarray(start, newline);
+        onLine((pending.length ? Buffer.concat([...pending, piece]) : piece).toString("utf8"), count++);
+        pending = [];
+        start = newline + 1;
       }
-      carry = Buffer.from(data);
+      if (start < chunk.byteLength) pending.push(Buffer.from(chunk.subarray(start)));
     }
   } catch (error) {
     if (error instanceof CheckpointError) throw error;
     throw corrupt(`cannot read ${path}: ${(error as Error).message}`, error);
   }
-  if (carry.byteLength) onLine(carry.toString("utf8"), count++);
+  if (pending.length) onLine(Buffer.concat(pending).toString("utf8"), count++);
   return { bytes, count, digest: hash.digest("hex") };
 }

@@ -143,6 +143,15 @@ describe("verify", () => {
     await expect(verifyCheckpoint(catalog, "nope")).rejects.toMatchObject({ code: "not_found" });
   });
 
+  it("verifies records that span many read chunks", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const big = `{"episode_id":{"rollout_id":"r1","attempt":0},"state":"${"é".repeat(300_000)}"}`;
+    const entries = [await writeParticipant("c9", "model", "m1", [big, '{"episode_id":{"rollout_id":"r2","attempt":0}}'])];
+    await writer.publish({ checkpointId: "c9", epoch: 1, preparedAt: 1, publishedAt: 2, stop: false, scope: null, restarts: [], participants: entries, controllerState: null });
+    expect(await verifyCheckpoint(catalog, "c9")).toMatchObject({ checkpoint_id: "c9", records: 2 });
+  });
+
   it("detects a tampered manifest and a wrong count", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 5);

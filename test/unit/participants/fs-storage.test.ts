@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { sha256Hex } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
+import { scanRecordLines } from "../../../participants/storage/fs-storage.js";
 import { refusalCode } from "../../support/refusal.js";
 
 let root: string;
@@ -110,5 +111,18 @@ describe("filesystem checkpoint storage", () => {
       const strict = ScriptRecordSchema.extend({ state: ScriptRecordSchema.shape.state.refine((s) => s === null) });
       expect(await code(storage.read(target, strict))).toBe("invalid_checkpoint_state");
     });
+  });
+});
+
+describe("scanRecordLines", () => {
+  it("splits records that span many read chunks (multi-byte text included) and hashes the exact bytes", async () => {
+    const big = `{"x":"${"é".repeat(400_000)}"}`; // ~800 KB: a dozen 64 KiB chunks, a 2-byte char split across some
+    const text = `{"a":1}\n${big}\n\n{"b":2}`; // an empty line and a final line without a newline
+    const file = join(root, "records.jsonl");
+    await writeFile(file, text);
+    const lines: string[] = [];
+    const scanned = await scanRecordLines(file, (line) => lines.push(line));
+    expect(lines).toEqual(['{"a":1}', big, "", '{"b":2}']);
+    expect(scanned).toEqual({ bytes: Buffer.byteLength(text), count: 4, digest: sha256Hex(text) });
   });
 });

@@ -232,6 +232,17 @@ describe("stale, foreign and hostile indexes", () => {
     expect((await read(f.recordPath, incorrect, { useIndex: false })).ids).toEqual([traceId(1), traceId(7)]);
   });
 
+  it("refuses with index_mismatch (so the loader falls back to a full parse) when a stale span covers two lines", async () => {
+    const f = await fixture();
+    // A well-formed index (contiguous spans tiling the file) whose first span covers two records:
+    // its last byte is a newline, so only a newline inside the span gives it away.
+    const twoLines: IndexRow[] = [{ ...f.rows[0]!, len: f.rows[0]!.len + f.rows[1]!.len }, { ...f.rows[2]! }];
+    await writeFile(f.indexPath, encodeIndex({ ...f.header, records: 2 }, twoLines));
+    const error = await read(f.recordPath, incorrect).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect((error as ReplayError).reason).toBe("index_mismatch");
+  });
+
   it("keeps train and eval of one env apart even when a glob matches both", async () => {
     await writeStepRecords(dir, 1, [
       { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0)] },

@@ -101,6 +101,18 @@ describe("record writer", () => {
     expect(marker).toEqual({ format: "gym-ckpt/rollout-step", version: 1, step: 12, kind: "train", files: ["train_rollouts_a.jsonl", "train_rollouts_b.jsonl", "train_rollouts_c.jsonl"] });
   });
 
+  it("keeps every file of a step written in several calls in its marker, and never replaces a published file", async () => {
+    await writeStepRecords(dir, 3, [{ kind: "train", env: "a", traces: [linearTrace(traceId(1))] }]);
+    await writeStepRecords(dir, 3, [{ kind: "train", env: "b", traces: [linearTrace(traceId(2))] }]);
+    const markerPath = path.join(dir, "step_3", "_complete_train.json");
+    expect(StepMarkerSchema.parse(JSON.parse(await readFile(markerPath, "utf8"))).files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+    const before = await readFile(path.join(dir, "step_3", "train_rollouts_a.jsonl"));
+    const error = await writeStepRecords(dir, 3, [{ kind: "train", env: "a", traces: [linearTrace(traceId(9))] }]).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect((error as ReplayError).code).toBe("invalid_request");
+    expect(await readFile(path.join(dir, "step_3", "train_rollouts_a.jsonl"))).toEqual(before);
+  });
+
   it("refuses bad input before writing anything", async () => {
     const bad = linearTrace(traceId(2)) as unknown as Record<string, unknown>;
     bad["reward"] = 1; // derived views are never stored
