@@ -254,8 +254,10 @@ export class Collector {
       if (this.stopping) return;
       const next = [...this.states.values()].find((s) => s.status === "pending");
       if (!next) {
-        if (this.inFlight() === 0 && this.toRetire.length === 0) return;
-        // Rows may come back (a failed /run is retried): wait for any change.
+        // Only an in-flight row can come back (a failed /run is retried). Queued retires are not
+        // waited for: nothing wakes us when they end, and close() drains them.
+        if (this.inFlight() === 0) return;
+        // Rows may come back: wait for any change.
         await new Promise<void>((resolve) => this.dispatchWaiters.push(resolve));
         continue;
       }

@@ -1,0 +1,158 @@
+import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import pino from "pino";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
+import { CheckpointError, type EpisodeId } from "../../../protocol/index.js";
+import { waitUntil } from "../../support/wait-until.js";
+
+/**
+ * The collector against a scripted `/run` server and a fake controller that keeps the engine's
+ * rules the collector relies on (one open checkpoint; retire refused while one is open; a restore
+ * closes the published checkpoint it restores).
+ */
+let dir: string;
+let server: Server | undefined;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-collector-"));
+});
+afterEach(async () => {
+  server?.closeAllConnections();
+  server?.close();
+  server = undefined;
+  await rm(dir, { recursive: true, force: true });
+});
+
+interface RunRequest {
+  rollout_id: string;
+  attempt: number;
+  task: unknown;
+}
+type RunHandler = (body: RunRequest) => Promise<{ status: number; body: unknown }> | { status: number; body: unknown };
+
+async function runServer(handler: RunHandler): Promise<string> {
+  server = createServer((req, res) => {
+    let data = "";
+    req.on("data", (chunk: Buffer) => (data += chunk.toString()));
+    req.on("end", () => {
+      void Promise.resolve(handler(JSON.parse(data) as RunRequest)).then((reply) => {
+        if (res.destroyed) return;
+        res.writeHead(reply.status, { "content-type": "application/json" });
+        res.end(JSON.stringify(reply.body));
+      });
+    });
+  });
+  await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+  return `http://127.0.0.1:${(server!.address() as { port: number }).port}/run`;
+}
+
+function deferred(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+type Call = { op: string; req: Record<string, unknown> };
+
+/** A controller that records its calls; `overrides` replace single ops. */
+function fakeController(overrides: Partial<Record<keyof CollectorController, (req: never) => Promise<unknown>>> = {}) {
+  const calls: Call[] = [];
+  const state = {
+    latest: null as string | null,
+    published: {} as Record<string, { file: string; sha256: string }>,
+    open: null as { checkpoint_id: string; phase: string } | null,
+  };
+  const base = {
+    async prepare(req: { checkpoint_id: string }) {
+      calls.push({ op: "prepare", req });
+      if (state.open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${state.open.checkpoint_id} is open`);
+      state.open = { checkpoint_id: req.checkpoint_id, phase: "prepared" };
+      return { prepared: true, blockers: [], restarts: [], stopped_at: null };
+    },
+    async commit(req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
+      calls.push({ op: "commit", req });
+      const checkpointDir = join(dir, req.checkpoint_id);
+      await mkdir(checkpointDir, { recursive: true });
+      return { checkpoint_dir: checkpointDir, participants: [{ kind: "environment", episode_ids: req.episode_ids.map((e) => (e.attempt ? `${e.rollout_id}-a${e.attempt}` : e.rollout_id)) }] };
+    },
+    async publish(req: { checkpoint_id: string; controller_state: { file: string; sha256: string } }) {
+      calls.push({ op: "publish", req });
+      state.latest = req.checkpoint_id;
+      state.published[req.checkpoint_id] = req.controller_state;
+      state.open = { checkpoint_id: req.checkpoint_id, phase: "published" };
+      return {};
+    },
+    async resume(req: { checkpoint_id: string }) {
+      calls.push({ op: "resume", req });
+      if (state.open?.checkpoint_id === req.checkpoint_id) state.open = null;
+      return {};
+    },
+    async restore(req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
+      calls.push({ op: "restore", req });
+      // The engine closes the published checkpoint it restores, and opens the restore.
+      if (state.open?.phase === "published" && state.open.checkpoint_id === req.checkpoint_id) state.open = null;
+      if (state.open) throw new CheckpointError("invalid_phase", `checkpoint ${state.open.checkpoint_id} is open`);
+      state.open = { checkpoint_id: req.checkpoint_id, phase: "restored" };
+      return { checkpoint_id: req.checkpoint_id, participants: [] };
+    },
+    async retire(req: { episode_ids: EpisodeId[] }) {
+      calls.push({ op: "retire", req });
+      if (state.open && state.open.phase !== "restored") throw new CheckpointError("invalid_phase", `retire is refused while ${state.open.checkpoint_id} is open`);
+      return { participants: [] };
+    },
+    async forget(req: { rollout_ids: string[] }) {
+      calls.push({ op: "forget", req });
+      return { forgotten: req.rollout_ids };
+    },
+    async list() {
+      return { latest: state.latest, checkpoints: [] };
+    },
+    async status() {
+      return { checkpoint: state.open };
+    },
+    async get(id: string) {
+      return { latest: id === state.latest, manifest: { controller_state: state.published[id] } };
+    },
+  };
+  const controller = { ...base, ...overrides } as unknown as CollectorController;
+  return { controller, calls, state, base };
+}
+
+const logger = pino({ level: "silent" });
+
+function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
+  return new Collector({
+    rows: [{ rolloutId: "a", task: {} }],
+    runUrl,
+    outPath: join(dir, "results.jsonl"),
+    checkpointDir: dir,
+    controller,
+    logger,
+    ...options,
+  });
+}
+
+describe("collector", () => {
+  it("finishes when the last row fails for good while the retire of its attempt is still running", { timeout: 10_000 }, async () => {
+    const url = await runServer(() => ({ status: 500, body: { oops: 1 } }));
+    const retireHeld = deferred();
+    let retireStarted = false;
+    const { controller, calls, base } = fakeController({
+      retire: async (req: never) => {
+        retireStarted = true;
+        await retireHeld.promise;
+        return base.retire(req);
+      },
+    });
+    const collector = collectorFor(controller, url, { maxAttempts: 1 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => retireStarted, "the retire of the failed attempt");
+    retireHeld.resolve();
+    const summary = await run;
+    expect(summary).toMatchObject({ rows: 1, finished: 0, failed: 1 });
+    expect(calls.filter((c) => c.op === "retire").map((c) => c.req.episode_ids)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+  });
+});
