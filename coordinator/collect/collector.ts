@@ -22,7 +22,7 @@ import { collectionInstruments, type RowCounts } from "./collection-telemetry.js
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { DispatchLog } from "./dispatch-log.js";
 import { ProgressReporter } from "./progress-reporter.js";
-import { appendResult, readResults } from "./results-file.js";
+import { appendResult, readResults, repairResultsTail } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import type { TaskRow } from "./task-rows.js";
 
@@ -140,6 +140,7 @@ export class Collector {
   /** Reads finished rows, the previous dispatch log and LATEST; restores or retires accordingly. */
   async start(): Promise<void> {
     await this.records?.start();
+    await repairResultsTail(this.options.outPath);
     const finished = await readResults(this.options.outPath);
     for (const row of this.options.rows) {
       const done = finished.get(row.rolloutId);

@@ -1,4 +1,4 @@
-import { appendFile, readFile } from "node:fs/promises";
+import { appendFile, open, readFile } from "node:fs/promises";
 import { z } from "zod";
 import { EpisodeIdSchema } from "../../protocol/index.js";
 
@@ -36,4 +36,37 @@ export async function readResults(path: string): Promise<Map<string, ResultLine>
     finished.set(parsed.rollout_id, parsed);
   }
   return finished;
+}
+
+/**
+ * Start-up repair of a crash mid-append: the torn last line is cut off, or, when it is a whole
+ * record that only lost its newline, the newline is added. Otherwise the next append would land
+ * after the fragment, leaving it mid-file where `readResults` refuses it.
+ */
+export async function repairResultsTail(path: string): Promise<void> {
+  let bytes: Buffer;
+  try {
+    bytes = await readFile(path);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return;
+    throw error;
+  }
+  const end = bytes.lastIndexOf(0x0a) + 1;
+  if (end === bytes.length) return;
+  const handle = await open(path, "r+");
+  try {
+    if (isResultLine(bytes.subarray(end).toString("utf8"))) await handle.write("\n", bytes.length);
+    else await handle.truncate(end);
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+function isResultLine(text: string): boolean {
+  try {
+    return ResultLineSchema.safeParse(JSON.parse(text)).success;
+  } catch {
+    return false;
+  }
 }

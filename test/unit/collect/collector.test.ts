@@ -1,10 +1,11 @@
-import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import { appendFile, mkdir, mkdtemp, readFile, rm } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
+import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
 import { CheckpointError, type EpisodeId } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -154,5 +155,36 @@ describe("collector", () => {
     const summary = await run;
     expect(summary).toMatchObject({ rows: 1, finished: 0, failed: 1 });
     expect(calls.filter((c) => c.op === "retire").map((c) => c.req.episode_ids)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+  });
+
+  it("cuts a torn last results line off at start, so the next append does not leave it mid-file", async () => {
+    const out = join(dir, "results.jsonl");
+    await appendResult(out, { rollout_id: "a", attempt: 0, reward: 1, continued: false, finished_at: 1, response: {} });
+    await appendFile(out, '{"rollout_id":"b","att'); // crash mid-append
+    const url = await runServer(() => ({ status: 200, body: { reward: 0.5 } }));
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }] });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ rows: 2, finished: 2 });
+    // The restart after the next crash reads the file.
+    const results = await readResults(out);
+    expect(Object.fromEntries([...results].map(([id, r]) => [id, r.reward]))).toEqual({ a: 1, b: 0.5 });
+  });
+
+  it("keeps a last results record that is whole but lost its newline", async () => {
+    const out = join(dir, "results.jsonl");
+    await appendResult(out, { rollout_id: "a", attempt: 0, reward: 1, continued: false, finished_at: 1, response: {} });
+    await appendResult(out, { rollout_id: "b", attempt: 2, reward: 1, continued: true, finished_at: 1, response: {} });
+    const whole = await readFile(out, "utf8");
+    await rm(out);
+    await appendFile(out, whole.slice(0, -1)); // crashed before the newline
+    const runs: string[] = [];
+    const url = await runServer((body) => (runs.push(body.rollout_id), { status: 200, body: { reward: 0 } }));
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { rows: ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} })) });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ rows: 3, finished: 3 });
+    expect(runs).toEqual(["c"]);
+    expect([...(await readResults(out)).keys()]).toEqual(["a", "b", "c"]);
   });
 });
