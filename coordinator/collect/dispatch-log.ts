@@ -1,6 +1,7 @@
-import { appendFile, readFile, writeFile } from "node:fs/promises";
+import { appendFile, readFile } from "node:fs/promises";
 import { z } from "zod";
 import { EpisodeIdSchema, RolloutIdSchema, type EpisodeId } from "../../protocol/index.js";
+import { replaceFileDurably } from "../publication/durable-fs.js";
 
 /**
  * `dispatched.jsonl`: the run id on the first line, then one `{rollout_id, attempt}` line appended
@@ -26,7 +27,9 @@ export class DispatchLog {
   /** Starts a fresh log for a new run, carrying forward attempts that must stay fenced. */
   static async create(path: string, runId: string, carried: Iterable<EpisodeId> = []): Promise<DispatchLog> {
     const lines = [JSON.stringify({ run_id: runId }), ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e)))];
-    await writeFile(path, `${lines.join("\n")}\n`);
+    // Atomic: a crash mid-rewrite must not lose the carried attempts (they would be re-sent as
+    // attempt 0, reusing capture keys); the old log stays until the new one is whole.
+    await replaceFileDurably(path, `${lines.join("\n")}\n`);
     return new DispatchLog(path, runId);
   }
 
