@@ -9,6 +9,7 @@ import {
   RunTrajectorySchema,
   TRAJECTORY_HEADER,
   captureKey,
+  nextAttempt,
   sha256Hex,
   traceRecordFromTrajectory,
   type CtlReplyOf,
@@ -148,12 +149,13 @@ export class Collector {
     }
     const history = await DispatchLog.read(this.logPath);
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
+    const restoredOnly = history?.restoredOnly ?? new Set<string>();
 
     // Carried forward before anything is retired or restored, so a crash now still fences them.
     this.log = await DispatchLog.create(
       this.logPath,
       this.runId,
-      [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt })),
+      [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
     );
     const collection = history ? await this.latestCollection(history.runId) : undefined;
     // A checkpoint our predecessor left open (it crashed mid-checkpoint) is closed first. The one
@@ -167,7 +169,11 @@ export class Collector {
     const continued = new Map((collection?.continued ?? []).filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
 
     // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.
-    const stale = [...unfinished].filter(([id]) => !continued.has(id)).map(([rollout_id, attempt]) => ({ rollout_id, attempt }));
+    // An attempt that was only restored never ran: retire the one before and send it again, so a
+    // participant still holding its restored record continues it.
+    const stale = [...unfinished]
+      .filter(([id]) => !continued.has(id))
+      .map(([rollout_id, attempt]) => ({ rollout_id, attempt: restoredOnly.has(rollout_id) ? attempt - 1 : attempt }));
     for (const episode of stale) {
       const state = this.states.get(episode.rollout_id)!;
       state.attempt = episode.attempt + 1;
@@ -186,6 +192,9 @@ export class Collector {
       try {
         await this.options.controller.restore({ checkpoint_id: collection.checkpoint_id, episode_ids: sources });
         await this.options.controller.resume({ checkpoint_id: collection.checkpoint_id });
+        // Logged before anything relies on it: a checkpoint taken before these rows are sent
+        // continues them as attempt+1, which the next start must find in the log.
+        await this.log.recordRestored(sources.map(nextAttempt));
         for (const source of sources) {
           const state = this.states.get(source.rollout_id)!;
           Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });

@@ -5,17 +5,24 @@ import { replaceFileDurably } from "../publication/durable-fs.js";
 
 /**
  * `dispatched.jsonl`: the run id on the first line, then one `{rollout_id, attempt}` line appended
- * just before each `/run` is sent. After a crash it names every attempt that may still be running
- * somewhere, so the next run can retire them before sending replacements. Lines are flushed, not
- * fsynced: losing the tail on power loss only loses attempts that never reached a server.
+ * just before each `/run` is sent, and one `{rollout_id, attempt, restored: true}` line per row a
+ * restore continues as its next attempt (not sent yet). After a crash it names every attempt that
+ * may still be running somewhere, so the next run can retire them before sending replacements.
+ * Lines are flushed, not fsynced: losing the tail on power loss only loses attempts that never
+ * reached a server.
  */
 const HeaderSchema = z.object({ run_id: z.string().min(1).max(128) }).strict();
-const EntrySchema = EpisodeIdSchema;
+const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
+
+/** A logged attempt; `restored` = installed by a restore and not sent since. */
+export type LoggedAttempt = EpisodeId & { restored?: true };
 
 export interface DispatchHistory {
   runId: string;
   /** Latest logged attempt per rollout. */
   latest: Map<string, number>;
+  /** Rollouts whose latest attempt was only restored, never sent. */
+  restoredOnly: Set<string>;
 }
 
 export class DispatchLog {
@@ -25,7 +32,7 @@ export class DispatchLog {
   ) {}
 
   /** Starts a fresh log for a new run, carrying forward attempts that must stay fenced. */
-  static async create(path: string, runId: string, carried: Iterable<EpisodeId> = []): Promise<DispatchLog> {
+  static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = []): Promise<DispatchLog> {
     const lines = [JSON.stringify({ run_id: runId }), ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e)))];
     // Atomic: a crash mid-rewrite must not lose the carried attempts (they would be re-sent as
     // attempt 0, reusing capture keys); the old log stays until the new one is whole.
@@ -35,6 +42,12 @@ export class DispatchLog {
 
   async record(episode: EpisodeId): Promise<void> {
     await appendFile(this.path, `${JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt })}\n`);
+  }
+
+  /** The next attempts a restore installed: a later checkpoint continues them before they are sent. */
+  async recordRestored(episodes: EpisodeId[]): Promise<void> {
+    if (!episodes.length) return;
+    await appendFile(this.path, episodes.map((e) => `${JSON.stringify({ rollout_id: e.rollout_id, attempt: e.attempt, restored: true })}\n`).join(""));
   }
 
   /** Reads a previous run's log; a torn (unparseable) last line is ignored, any other bad line is an error. */
@@ -51,12 +64,21 @@ export class DispatchLog {
     if (complete.length === 0) return undefined;
     const header = HeaderSchema.parse(JSON.parse(complete[0]!));
     const latest = new Map<string, number>();
+    const restoredOnly = new Set<string>();
     for (const line of complete.slice(1)) {
       if (!line.trim()) continue;
       const entry = EntrySchema.parse(JSON.parse(line));
       RolloutIdSchema.parse(entry.rollout_id);
-      latest.set(entry.rollout_id, Math.max(latest.get(entry.rollout_id) ?? 0, entry.attempt));
+      const previous = latest.get(entry.rollout_id);
+      if (previous !== undefined && entry.attempt < previous) continue;
+      if (previous === undefined || entry.attempt > previous) {
+        latest.set(entry.rollout_id, entry.attempt);
+        if (entry.restored) restoredOnly.add(entry.rollout_id);
+        else restoredOnly.delete(entry.rollout_id);
+      } else if (!entry.restored) {
+        restoredOnly.delete(entry.rollout_id); // the restored attempt was sent
+      }
     }
-    return { runId: header.run_id, latest };
+    return { runId: header.run_id, latest, restoredOnly };
   }
 }

@@ -26,6 +26,16 @@ describe("dispatch log", () => {
     expect(Object.fromEntries(history!.latest)).toEqual({ carried: 2, a: 1, b: 0 });
   });
 
+  it("tells a restored attempt that was never sent from one that was", async () => {
+    const path = join(dir, "dispatched.jsonl");
+    const log = await DispatchLog.create(path, "run-1", [{ rollout_id: "carried", attempt: 3, restored: true }]);
+    await log.recordRestored([{ rollout_id: "a", attempt: 1 }, { rollout_id: "b", attempt: 2 }]);
+    await log.record({ rollout_id: "b", attempt: 2 });
+    const history = await DispatchLog.read(path);
+    expect(Object.fromEntries(history!.latest)).toEqual({ carried: 3, a: 1, b: 2 });
+    expect([...history!.restoredOnly].sort()).toEqual(["a", "carried"]);
+  });
+
   it("is absent before the first run and refuses a corrupt middle line", async () => {
     expect(await DispatchLog.read(join(dir, "missing.jsonl"))).toBeUndefined();
     const path = join(dir, "bad.jsonl");

@@ -1,12 +1,13 @@
-import { appendFile, mkdir, mkdtemp, readFile, rm } from "node:fs/promises";
+import { appendFile, mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
+import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
-import { CheckpointError, type EpisodeId } from "../../../protocol/index.js";
+import { CheckpointError, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
 
 /**
@@ -121,6 +122,22 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
   return { controller, calls, state, base };
 }
 
+/** A published checkpoint of `runId` continuing `continued`, as LATEST (left open when `open`). */
+async function publishCollection(state: ReturnType<typeof fakeController>["state"], id: string, runId: string, continued: EpisodeId[], open = false): Promise<void> {
+  await mkdir(join(dir, id), { recursive: true });
+  const text = `${JSON.stringify({ checkpoint_id: id, run_id: runId, created_at: 1, continued, restarted: [] })}\n`;
+  await writeFile(join(dir, id, "collection.json"), text);
+  state.latest = id;
+  state.published[id] = { file: "collection.json", sha256: sha256Hex(text) };
+  if (open) state.open = { checkpoint_id: id, phase: "published" };
+}
+
+async function latestContinued(state: ReturnType<typeof fakeController>["state"]): Promise<EpisodeId[]> {
+  return (JSON.parse(await readFile(join(dir, state.latest!, "collection.json"), "utf8")) as { continued: EpisodeId[] }).continued;
+}
+
+const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map((c) => c.req.episode_ids);
+
 const logger = pino({ level: "silent" });
 
 function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
@@ -186,5 +203,48 @@ describe("collector", () => {
     expect(await collector.run()).toMatchObject({ rows: 3, finished: 3 });
     expect(runs).toEqual(["c"]);
     expect([...(await readResults(out)).keys()]).toEqual(["a", "b", "c"]);
+  });
+
+  it("a second crash before a restored row is sent continues it as attempt + 2", async () => {
+    // Run 1 dispatched a@0 and crashed after a checkpoint continuing it.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+
+    const second = collectorFor(controller, url);
+    await second.start();
+    expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+    // A checkpoint before a is sent again (then everything crashes) continues the restored a@1.
+    expect((await second.checkpoint({ stop: false })).published).toBe(true);
+    expect(await latestContinued(state)).toEqual([{ rollout_id: "a", attempt: 1 }]);
+
+    calls.length = 0;
+    const third = collectorFor(controller, url);
+    await third.start();
+    expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 1 }]]);
+    expect(calls.filter((c) => c.op === "retire")).toEqual([]);
+    const summary = await third.run();
+    expect(summary).toMatchObject({ finished: 1, continued: 1, restarted: 0 });
+    expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 2, continued: true });
+  });
+
+  it("a crash right after the restore fences the source attempt and sends the restored one", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    await collectorFor(controller, url).start(); // then dies before sending a@1
+
+    // LATEST is not the logged run's: nothing is restored. a@1 never ran, so a@0 is fenced and a@1
+    // is sent (a participant still holding the restored record continues it).
+    calls.length = 0;
+    const next = collectorFor(controller, url);
+    await next.start();
+    expect(restores(calls)).toEqual([]);
+    expect(calls.filter((c) => c.op === "retire").map((c) => c.req.episode_ids)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+    await next.run();
+    expect(sent).toEqual([1]);
   });
 });
