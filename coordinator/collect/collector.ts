@@ -162,7 +162,11 @@ export class Collector {
     // we are about to restore is left alone: the coordinator closes it itself, since a resume would
     // fence its id at the fresh participants.
     const open = (await this.options.controller.status()).checkpoint;
-    if (open && open.checkpoint_id !== collection?.checkpoint_id) {
+    // Our LATEST still open (a stop checkpoint): only a restore closes it at the coordinator, so it
+    // is restored even when no row continues from it (an empty scope), and it refuses retires until
+    // then.
+    const restoreCloses = open !== null && open.checkpoint_id === collection?.checkpoint_id;
+    if (open && !restoreCloses) {
       this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase }, "closing the checkpoint a previous run left open");
       await this.options.controller.resume({ checkpoint_id: open.checkpoint_id, deadline_ts: this.deadline() });
     }
@@ -179,9 +183,9 @@ export class Collector {
       state.attempt = episode.attempt + 1;
       this.restartedCount++;
     }
-    if (stale.length) await this.retireNow(stale);
-
-    if (collection && continued.size) await this.restoreRows(collection, [...continued.values()]);
+    if (stale.length && !restoreCloses) await this.retireNow(stale);
+    if (collection && (continued.size || restoreCloses)) await this.restoreRows(collection, [...continued.values()]);
+    if (stale.length && restoreCloses) await this.retireNow(stale);
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
   }
 

@@ -247,4 +247,35 @@ describe("collector", () => {
     await next.run();
     expect(sent).toEqual([1]);
   });
+
+  it("closes its open stop checkpoint with an empty restore when no row continues from it", async () => {
+    // SIGTERM with nothing in flight: the stop checkpoint continues nothing and stays open.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1");
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [], true);
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(restores(calls)).toEqual([[]]);
+    expect(state.open).toBeNull();
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(await collector.run()).toMatchObject({ finished: 1 });
+  });
+
+  it("restores its open stop checkpoint before retiring the rows it does not continue", async () => {
+    // a@0 was in flight but some server could not capture it: restarted, not continued.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [], true);
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(calls.filter((c) => c.op === "restore" || c.op === "retire").map((c) => [c.op, c.req.episode_ids])).toEqual([
+      ["restore", []],
+      ["retire", [{ rollout_id: "a", attempt: 0 }]],
+    ]);
+    expect(await collector.run()).toMatchObject({ finished: 1, restarted: 1 });
+    expect(sent).toEqual([1]);
+  });
 });
