@@ -89,8 +89,12 @@ interface RowState {
   /** Became a continuation at least once in this run (for the summary). */
   continued: boolean;
   failures: number;
+  /** The failed attempt whose retire must finish before this row is sent again. */
+  retiring?: number;
   reply?: Promise<void>;
 }
+
+const RETIRE_RETRY_S = 1;
 
 const RETIRE_BATCH = 1024;
 
@@ -117,6 +121,7 @@ export class Collector {
   private restartedCount = 0;
   private readonly usage = { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 };
   private timer: NodeJS.Timeout | undefined;
+  private retireRetry: NodeJS.Timeout | undefined;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
@@ -254,6 +259,7 @@ export class Collector {
     const workers = Array.from({ length: concurrency }, () => this.worker());
     await Promise.all(workers);
     if (this.timer) clearInterval(this.timer);
+    clearTimeout(this.retireRetry);
     if (!this.stopping) await this.close();
     await this.records?.close();
     this.report(true);
@@ -266,11 +272,13 @@ export class Collector {
       if (this.stopping) return;
       await this.waitForGate();
       if (this.stopping) return;
-      const next = [...this.states.values()].find((s) => s.status === "pending");
+      const pending = [...this.states.values()].filter((s) => s.status === "pending");
+      const next = pending.find((s) => s.retiring === undefined);
       if (!next) {
-        // Only an in-flight row can come back (a failed /run is retried). Queued retires are not
-        // waited for: nothing wakes us when they end, and close() drains them.
-        if (this.inFlight() === 0) return;
+        // Only an in-flight row can come back (a failed /run is retried), or one waiting for the
+        // retire of its failed attempt (retireQueued wakes us). Other queued retires are not
+        // waited for: close() drains them.
+        if (this.inFlight() === 0 && pending.length === 0) return;
         // Rows may come back: wait for any change.
         await new Promise<void>((resolve) => this.dispatchWaiters.push(resolve));
         continue;
@@ -279,7 +287,7 @@ export class Collector {
       const reply = this.dispatch(next);
       next.reply = reply;
       await reply;
-      for (const wake of this.dispatchWaiters.splice(0)) wake();
+      this.wakeDispatchers();
       this.report(false);
     }
   }
@@ -374,24 +382,37 @@ export class Collector {
 
   /**
    * A /run without a reply: its attempt is queued for retirement (batched, never inside a
-   * checkpoint) and the row is sent again as the next attempt, which the retire does not fence.
+   * checkpoint) and the row is sent again as the next attempt, which the retire does not fence —
+   * but only once that retire has finished: the server may still run the failed attempt (a
+   * timeout here is not one there) and refuses any other attempt of the rollout meanwhile.
    */
   private failed(state: RowState, error: unknown): void {
     this.options.logger.warn({ rollout_id: state.row.rolloutId, attempt: state.attempt, err: error }, "/run failed");
     this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
     state.failures++;
     state.restored = false;
-    void this.flushRetires().catch((err: unknown) => this.options.logger.warn({ err }, "retire failed; retried before the next checkpoint"));
     if (state.failures >= (this.options.maxAttempts ?? 3)) {
       state.status = "failed";
-      return;
+    } else {
+      state.retiring = state.attempt;
+      state.attempt++;
+      state.status = "pending";
     }
-    state.attempt++;
-    state.status = "pending";
+    this.flushRetires();
   }
 
-  private async flushRetires(): Promise<void> {
-    await this.lock.run(() => this.retireQueued());
+  /** Retires the queue now; while a row waits for its retire, a failed one is tried again. */
+  private flushRetires(): void {
+    void this.lock.run(() => this.retireQueued()).catch((err: unknown) => {
+      const waiting = [...this.states.values()].some((s) => s.status === "pending" && s.retiring !== undefined);
+      this.options.logger.warn({ err }, waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
+      if (waiting && !this.retireRetry) {
+        this.retireRetry = setTimeout(() => {
+          this.retireRetry = undefined;
+          this.flushRetires();
+        }, RETIRE_RETRY_S * 1000);
+      }
+    });
   }
 
   private async retireNow(episodes: EpisodeId[]): Promise<void> {
@@ -473,6 +494,11 @@ export class Collector {
       const batch = this.toRetire.slice(0, RETIRE_BATCH);
       await this.retireNow(batch);
       this.toRetire.splice(0, batch.length);
+      for (const e of batch) {
+        const state = this.states.get(e.rollout_id);
+        if (state?.retiring === e.attempt) delete state.retiring;
+      }
+      this.wakeDispatchers();
     }
   }
 
@@ -499,6 +525,10 @@ export class Collector {
   }
 
   // ---- helpers ---------------------------------------------------------------------------
+
+  private wakeDispatchers(): void {
+    for (const wake of this.dispatchWaiters.splice(0)) wake();
+  }
 
   private closeGate(): void {
     this.gateOpen = false;

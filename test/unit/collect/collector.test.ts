@@ -7,6 +7,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
+import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { CheckpointError, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -277,5 +278,55 @@ describe("collector", () => {
     ]);
     expect(await collector.run()).toMatchObject({ finished: 1, restarted: 1 });
     expect(sent).toEqual([1]);
+  });
+
+  it("sends a timed-out row again only once the retire of the old attempt has stopped it", async () => {
+    // The environment keeps running a /run the collector gave up on, and refuses any other attempt
+    // of that rollout (stale_attempt) until a retire has stopped it.
+    const kind = new EnvironmentKind();
+    const seen: string[] = [];
+    const url = await runServer(async (body) => {
+      try {
+        const reply = await kind.begin({ rollout_id: body.rollout_id, attempt: body.attempt }, body.task, {}, async (episode) => {
+          if (episode.id.attempt === 0) await new Promise((_, reject) => episode.signal.addEventListener("abort", () => reject(episode.signal.reason as Error)));
+          return { reward: 1 };
+        });
+        seen.push(`${body.attempt}:ok`);
+        return { status: 200, body: reply };
+      } catch (error) {
+        const code = (error as CheckpointError).code;
+        seen.push(`${body.attempt}:${code}`);
+        return { status: 409, body: { error: { code, message: String(error) } } };
+      }
+    });
+    const { controller } = fakeController({
+      // Fault injection: the retire reaches the server a moment after the /run timed out.
+      retire: async (req: never) => {
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        await kind.retire((req as { episode_ids: EpisodeId[] }).episode_ids);
+        return { participants: [] };
+      },
+    });
+    const collector = collectorFor(controller, url, { runTimeoutSeconds: 0.3, maxAttempts: 2 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(seen).toEqual(["0:stale_attempt", "1:ok"]);
+  });
+
+  it("retries a failed retire while a row waits for it", async () => {
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), body.attempt === 0 ? { status: 500, body: {} } : { status: 200, body: { reward: 1 } }));
+    let retires = 0;
+    const { controller, base } = fakeController({
+      retire: async (req: never) => {
+        if (++retires === 1) throw new CheckpointError("deadline_exceeded", "retire timed out");
+        return base.retire(req);
+      },
+    });
+    const collector = collectorFor(controller, url, { maxAttempts: 2 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(sent).toEqual([0, 1]);
+    expect(retires).toBe(2);
   });
 });
