@@ -294,8 +294,9 @@ export class Collector {
 
   private async dispatch(state: RowState): Promise<void> {
     const episode = { rollout_id: state.row.rolloutId, attempt: state.attempt };
+    // Once per attempt: an admission_closed retry sends the same attempt again.
+    await this.log.record(episode);
     for (;;) {
-      await this.log.record(episode);
       let response: Response;
       try {
         response = await fetch(this.options.runUrl, {

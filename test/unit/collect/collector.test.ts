@@ -296,7 +296,7 @@ describe("collector", () => {
       } catch (error) {
         const code = (error as CheckpointError).code;
         seen.push(`${body.attempt}:${code}`);
-        return { status: 409, body: { error: { code, message: String(error) } } };
+        return { status: 409, body: { error: { code, detail: String(error) } } };
       }
     });
     const { controller } = fakeController({
@@ -328,5 +328,18 @@ describe("collector", () => {
     expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
     expect(sent).toEqual([0, 1]);
     expect(retires).toBe(2);
+  });
+
+  it("logs an attempt once however often admission_closed makes it wait", async () => {
+    let refusals = 2;
+    const url = await runServer(() =>
+      refusals-- > 0 ? { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } } : { status: 200, body: { reward: 1 } },
+    );
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1 });
+    const lines = (await readFile(join(dir, "dispatched.jsonl"), "utf8")).trim().split("\n").slice(1);
+    expect(lines).toEqual([JSON.stringify({ rollout_id: "a", attempt: 0 })]);
   });
 });
