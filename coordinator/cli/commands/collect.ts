@@ -119,12 +119,17 @@ export function register(program: Command): void {
       const pidFile = join(checkpointDir, "collector.pid");
       await writeFile(pidFile, `${process.pid}\n`);
 
+      // Signals wait for start (its restore) to finish: a checkpoint taken mid-restore would race it.
+      const started = collector.start();
+      started.catch(() => undefined); // surfaced below
       process.on("SIGUSR1", () => {
-        void collector.checkpoint({ stop: false }).catch((err: unknown) => logger.error({ err }, "SIGUSR1 checkpoint failed"));
+        void started
+          .then(() => collector.checkpoint({ stop: false }))
+          .catch((err: unknown) => logger.error({ err }, "SIGUSR1 checkpoint failed"));
       });
       process.once("SIGTERM", () => {
         void (async () => {
-          const result = await collector.checkpoint({ stop: true }).catch((err: unknown) => {
+          const result = await started.then(() => collector.checkpoint({ stop: true })).catch((err: unknown) => {
             logger.error({ err }, "SIGTERM checkpoint failed");
             return { published: false, checkpointId: "" };
           });
@@ -136,7 +141,7 @@ export function register(program: Command): void {
         })();
       });
 
-      await collector.start();
+      await started;
       const summary = await collector.run();
       const mean = await collector.meanReward();
       await rm(pidFile, { force: true });
