@@ -398,9 +398,17 @@ export class CheckpointEngine {
 
   private async recoverAll(): Promise<{ checkpoint_id: string; action: string }[]> {
     const done: { checkpoint_id: string; action: string }[] = [];
-    const entries = await this.options.journal.list();
+    // Oldest first: a checkpoint opens only once the one before it closed, so an older entry that
+    // recovery would leave open is a leftover whose removal a crash cut short — the newer one wins.
+    const entries = [...(await this.options.journal.list())].sort((a, b) => a.epoch - b.epoch || a.prepared_at - b.prepared_at);
     const statuses = await this.probeStatuses();
     for (const entry of entries) {
+      const previous = this.open;
+      if (previous) {
+        this.log.info({ checkpoint_id: previous.id, newer: entry.checkpoint_id }, "recovery_superseded_entry_closed");
+        this.close(previous.id);
+        done.push({ checkpoint_id: previous.id, action: "superseded_closed" });
+      }
       const action = await this.recoverOne(entry, statuses).catch((error: unknown) => {
         this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
         return "failed";

@@ -161,6 +161,24 @@ describe("a deposed leader writes nothing at publication", () => {
 });
 
 describe("recovery with a journaled checkpoint left open and an unjournaled orphan", () => {
+  it("of two entries a recovery would leave open, the newer wins and the leftover older one is closed", async () => {
+    const newer = await publishedNotResumed("ckpt-b-newer");
+    const second = await successor(newer);
+    // A restore's entry whose removal a crash cut short, journaled before the newer checkpoint opened
+    // (and listed after it: ids do not sort by time).
+    const leftover: JournalEntry = { ...newer, checkpoint_id: "ckpt-z-older", state: "restored", prepared_at: newer.prepared_at - 60, scope: [] };
+    await second.journal.record(leftover);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "ckpt-b-newer" });
+    const done = await second.engine.recover();
+    expect(done).toEqual([
+      { checkpoint_id: "ckpt-z-older", action: "restored" },
+      { checkpoint_id: "ckpt-z-older", action: "superseded_closed" },
+      { checkpoint_id: "ckpt-b-newer", action: "published_open" },
+    ]);
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "ckpt-b-newer", phase: "published" });
+    expect([...second.journal.entries.keys()]).toEqual(["ckpt-b-newer"]);
+  });
+
   it("resuming the orphan does not drop the open checkpoint", async () => {
     const entry = await publishedNotResumed("kept-open");
     const second = await successor(entry);
