@@ -33,6 +33,9 @@ const CommonSchema = z
     metricsPort: z.coerce.number().int().min(0).max(65535).optional(),
   })
   .strict();
+
+/** How long a stopping server lets in-flight requests finish before it closes their connections. */
+const SHUTDOWN_DRAIN_MS = 2_000;
 export type CommonServerConfig = z.infer<typeof CommonSchema>;
 
 export interface ServerRuntime {
@@ -144,8 +147,13 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
         ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
       });
       runtime.onShutdown(async () => {
+        // No more control messages, so nothing will reopen admission or expire a lease: requests
+        // parked for a checkpoint would hold app.close() forever. Stop accepting, give in-flight
+        // requests a bounded drain, then close what is left.
         await participant.stop();
+        const forced = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);
         await app.close();
+        clearTimeout(forced);
       });
       runtime.announceReady(url);
       return url;

@@ -72,4 +72,25 @@ describe("reference Gym data plane", () => {
       ["crash-1-a1", 4],
     ]);
   });
+
+  it("a server stopped (SIGTERM) while its episodes are parked for a checkpoint still exits on its own", async () => {
+    policy.hold(policy.calls.length + 1);
+    const before = policy.calls.length;
+    const running = world.run("parked-1").catch(() => undefined);
+    await world.waitFor(() => policy.calls.length === before + 2, "the second model call");
+    const prepared = world.client.prepare({ checkpoint_id: "cp-sigterm-1" });
+    policy.release();
+    expect((await prepared).prepared).toBe(true); // the episode is parked at its boundary
+    const environment = world.gym.processes.get("environment")!;
+    const started = Date.now();
+    // The launcher's kill() waits for the exit without escalating: before the fix this never returned.
+    await world.gym.kill(["environment"], "SIGTERM");
+    expect(Date.now() - started).toBeLessThan(10_000);
+    expect(environment.child.exitCode ?? environment.child.signalCode).not.toBeNull();
+    await running;
+    // The others resume; the stopped environment is reported unreachable.
+    await expect(world.client.resume({ checkpoint_id: "cp-sigterm-1" })).rejects.toMatchObject({ message: expect.stringContaining("environment/environment: unreachable") });
+    await world.gym.start(["environment"]);
+    expect((await world.run("after-sigterm-1")).body).toMatchObject({ reward: 1 });
+  });
 });
