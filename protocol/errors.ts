@@ -150,6 +150,9 @@ export const ErrorReplySchema = z
   .strict();
 export type ErrorReply = z.infer<typeof ErrorReplySchema>;
 
+/** Longest refusal detail put on the wire (characters). */
+export const MAX_ERROR_DETAIL = 4096;
+
 const MARK = Symbol.for("gym-ckpt.CheckpointError");
 
 /**
@@ -175,8 +178,10 @@ export class CheckpointError extends Error {
     return ERROR_CATALOG[this.code].status;
   }
 
+  /** The wire form; a long detail (it may quote the request) is cut so a refusal always fits a message. */
   toReply(): ErrorReply {
-    return { error: { code: this.code, detail: this.message } };
+    const detail = this.message.length > MAX_ERROR_DETAIL ? `${this.message.slice(0, MAX_ERROR_DETAIL)}… (${this.message.length} characters)` : this.message;
+    return { error: { code: this.code, detail } };
   }
 
   static fromReply(reply: ErrorReply): CheckpointError {

@@ -49,7 +49,8 @@ export class ControlEndpoint {
         for await (const msg of sub) {
           const task = this.answer(op, msg);
           this.inFlight.add(task);
-          void task.finally(() => this.inFlight.delete(task));
+          // answer() settles every failure into a reply; a rejection here must still not end the process.
+          void task.catch((err: unknown) => this.options.logger?.error({ op, err }, "control answer failed")).finally(() => this.inFlight.delete(task));
         }
       })();
     }

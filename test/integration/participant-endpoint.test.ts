@@ -78,4 +78,14 @@ describe("participant control plane over a real nats-server", () => {
     expect((await send("prepare", { ...phase("c9"), epoch: 0 })).error.code).toBe("stale_epoch");
     expect(await send("status", {})).toEqual(before);
   });
+
+  it("refuses a request whose refusal would quote ~1 MiB of it, with a bounded detail, and keeps serving", async () => {
+    // zod's unknown-key detail repeats the key: an uncapped refusal outgrew a message and the
+    // failed encode ended the process.
+    const body = `{"checkpoint_id":"c9","deadline_ts":${Date.now() / 1000 + 30},"epoch":1,"${"k".repeat(1_000_000)}":1}`;
+    const reply = await send("prepare", body);
+    expect(reply.error.code).toBe("invalid_request");
+    expect(reply.error.detail.length).toBeLessThan(5000);
+    expect((await send("status", {})).phase).toBe("idle");
+  });
 });
