@@ -77,8 +77,9 @@ export function fileLayer(path: string): Plain {
   let value: unknown;
   try {
     value = JSON.parse(text);
-  } catch (error) {
-    throw new CheckpointError("invalid_request", `config file ${path} is not valid JSON: ${(error as Error).message}`);
+  } catch {
+    // Not JSON.parse's message: it quotes the text around the error, which may be a secret.
+    throw new CheckpointError("invalid_request", `config file ${path} is not valid JSON`);
   }
   if (value === null || typeof value !== "object" || Array.isArray(value)) throw new CheckpointError("invalid_request", `config file ${path} must hold a JSON object`);
   return value as Plain;
@@ -117,5 +118,8 @@ export function redactConfig(config: CoordinatorConfig): Plain {
     const last = parts.at(-1)!;
     if (node && node[last] !== undefined) node[last] = "[Redacted]";
   }
+  // Credentials can also ride in the server URLs (nats://user:pass@host).
+  const nats = copy.nats as Plain | undefined;
+  if (nats && typeof nats.servers === "string") nats.servers = nats.servers.replace(/\/\/[^/@,\s]*@/g, "//[Redacted]@");
   return copy;
 }

@@ -51,4 +51,24 @@ describe("coordinator config", () => {
     expect(printed).toContain("[Redacted]");
     expect(config.token).toBe("s3cret");
   });
+
+  it("redacts credentials inside the NATS server URLs", () => {
+    const config = loadConfig({ env: { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c", GYM_CKPT_NATS_URL: "nats://u:hunter2@127.0.0.1:4222,nats://tok3n@127.0.0.2:4222" } });
+    const printed = JSON.stringify(redactConfig(config));
+    expect(printed).not.toContain("hunter2");
+    expect(printed).not.toContain("tok3n");
+    expect(printed).toContain("nats://[Redacted]@127.0.0.1:4222,nats://[Redacted]@127.0.0.2:4222");
+  });
+
+  it("does not echo a config file's text when it is not JSON (it may quote a secret)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    const file = join(dir, "c.json");
+    await writeFile(file, '{"token": SUPERSECRET123, "checkpoint_root": "/c"}');
+    try {
+      expect(() => loadConfig({ file, env: {} })).toThrow(CheckpointError);
+      expect(() => loadConfig({ file, env: {} })).not.toThrow(/SUPERSECRE/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
 });
