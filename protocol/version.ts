@@ -6,3 +6,9 @@ export const MANIFEST_SCHEMA_VERSION = 1;
 
 /** NATS' default max_payload. Control messages must stay well under it: records never travel on the bus. */
 export const MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024;
+
+/**
+ * The furthest ahead a deadline may lie (seconds). Longer ones are refused (`invalid_request`):
+ * usually milliseconds sent as seconds, and past ~24.8 days timers overflow and fire at once.
+ */
+export const MAX_DEADLINE_AHEAD_S = 7 * 24 * 3600;

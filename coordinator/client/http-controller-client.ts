@@ -28,7 +28,7 @@ export class HttpControllerClient extends ControllerClient {
         method,
         headers: { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) },
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),
-        signal: AbortSignal.timeout(Math.max(1, Math.ceil(timeout))),
+        signal: AbortSignal.timeout(Math.min(Math.max(1, Math.ceil(timeout)), 2 ** 31 - 1)),
       });
     } catch (error) {
       if ((error as Error).name === "TimeoutError") throw new CheckpointError("outcome_unknown", `no reply from ${path} within ${Math.round(timeout)} ms`);

@@ -4,6 +4,7 @@ import type { Logger } from "pino";
 import {
   CheckpointError,
   GUARDED_OPS,
+  MAX_DEADLINE_AHEAD_S,
   PREPARE_STAGES,
   RESUME_STAGES,
   RETIRE_STAGES,
@@ -972,6 +973,7 @@ export class CheckpointEngine {
     if (deadlineTs === undefined) return now + this.options.defaultTimeoutMs;
     const ms = deadlineTs * 1000;
     if (ms <= now) throw new CheckpointError("deadline_exceeded", "deadline_ts is already in the past");
+    if (ms > now + MAX_DEADLINE_AHEAD_S * 1000) throw new CheckpointError("invalid_request", `deadline_ts lies more than ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
     return ms;
   }
 

@@ -41,7 +41,8 @@ export class NatsParticipantTransport implements ParticipantTransport {
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);
     if (options.context) injectTraceContext(h, options.context);
     const token = (++this.seq).toString(36);
-    const timeoutMs = Math.max(1, Math.ceil(options.timeoutMs));
+    // setTimeout fires at once past 2^31-1 ms; deadlines are bounded well below that anyway.
+    const timeoutMs = Math.min(Math.max(1, Math.ceil(options.timeoutMs)), 2 ** 31 - 1);
     return new Promise<string>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(token);

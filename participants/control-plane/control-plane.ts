@@ -5,6 +5,7 @@ import {
   GUARDED_OPS,
   IncarnationSchema,
   MAX_BLOCKERS,
+  MAX_DEADLINE_AHEAD_S,
   PROTOCOL_VERSION,
   captureKey,
   nextAttempt,
@@ -586,6 +587,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private checkDeadline(deadlineTs: number): void {
     if (deadlineTs * 1000 <= this.clock.now()) throw new CheckpointError("deadline_exceeded", "the deadline has already passed");
+    if (deadlineTs * 1000 > this.clock.now() + MAX_DEADLINE_AHEAD_S * 1000) {
+      throw new CheckpointError("invalid_request", `deadline_ts lies more than ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
+    }
   }
 
   private async raceDeadline<T>(work: Promise<T>, deadlineTs: number, op: string): Promise<T> {

@@ -396,6 +396,13 @@ describe("HA hooks and recovery", () => {
     expect(fake.ops("restore")).toHaveLength(0);
   });
 
+  it("refuses a deadline further ahead than the protocol allows, sending nothing", async () => {
+    const { engine, fake } = makeEngine(root);
+    expect((await refusal(engine.prepare({ checkpoint_id: "far", deadline_ts: Date.now() }))).code).toBe("invalid_request"); // ms as s
+    expect(fake.calls).toHaveLength(0);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
   it("a demoted coordinator sends nothing more", async () => {
     const { engine, fake, leadership } = makeEngine(root);
     await engine.prepare({ checkpoint_id: "c11" });

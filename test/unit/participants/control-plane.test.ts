@@ -146,6 +146,12 @@ describe("fences and refusals change no state", () => {
     expect(plane.status().retired_rollouts).toBe(0);
   });
 
+  it("refuses a deadline further ahead than the protocol allows (milliseconds sent as seconds), changing nothing", async () => {
+    expect(await refused(call("prepare", { checkpoint_id: "c1", deadline_ts: T0 * 1000 }))).toBe("invalid_request");
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.admissionOpen).toBe(true);
+  });
+
   it("refuses a deadline already past", async () => {
     expect(await refused(call("prepare", { checkpoint_id: "c1", deadline_ts: T0 - 1 }))).toBe("deadline_exceeded");
     expect(plane.currentPhase).toBe("idle");
