@@ -39,17 +39,22 @@ export class MembershipAnnouncer {
   }
 
   async start(): Promise<void> {
-    this.kv = await new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS });
     await this.beat();
     this.timer = setInterval(() => {
-      this.beat().catch((error: unknown) => this.logger?.warn({ err: error }, "membership heartbeat failed"));
+      this.beat().catch((error: unknown) => {
+        // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
+        // the next beat creates it again instead of failing forever.
+        this.kv = undefined;
+        this.logger?.warn({ err: error }, "membership heartbeat failed");
+      });
     }, this.heartbeatMs);
     this.timer.unref();
   }
 
   private async beat(): Promise<void> {
+    this.kv ??= await new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS });
     this.member.heartbeat_at = Date.now() / 1000;
-    await this.kv!.put(this.key, JSON.stringify(this.member));
+    await this.kv.put(this.key, JSON.stringify(this.member));
   }
 
   async stop(): Promise<void> {
