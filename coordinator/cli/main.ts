@@ -2,7 +2,7 @@
 import { readdirSync } from "node:fs";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { dirname, join } from "node:path";
-import { Command } from "commander";
+import { Command, CommanderError } from "commander";
 import { PROTOCOL_VERSION } from "../../protocol/index.js";
 
 /** A CLI command module: `commands/<name>.ts` exports `register(program)`. */
@@ -18,7 +18,10 @@ export async function buildProgram(): Promise<Command> {
   const program = new Command("gym-ckpt")
     .description("Distributed checkpoint coordinator for Gym-style RL rollout servers, over NATS")
     .version(`0.1.0 (protocol v${PROTOCOL_VERSION})`)
-    .showHelpAfterError();
+    .showHelpAfterError()
+    // Bad usage is `invalid_request` with exit 2, like every other usage error (docs/api.md).
+    .exitOverride()
+    .configureOutput({ outputError: (text, write) => write(`error invalid_request: ${text.replace(/^error: /, "")}`) });
   const dir = join(dirname(fileURLToPath(import.meta.url)), "commands");
   const files = readdirSync(dir)
     .filter((f) => (f.endsWith(".js") || f.endsWith(".ts")) && !f.endsWith(".d.ts") && !f.startsWith("_"))
@@ -33,5 +36,10 @@ export async function buildProgram(): Promise<Command> {
 const invokedDirectly = process.argv[1] !== undefined && fileURLToPath(import.meta.url) === (await import("node:fs")).realpathSync(process.argv[1]);
 if (invokedDirectly) {
   const program = await buildProgram();
-  await program.parseAsync(process.argv);
+  try {
+    await program.parseAsync(process.argv);
+  } catch (error) {
+    if (!(error instanceof CommanderError)) throw error;
+    process.exit(error.exitCode === 0 ? 0 : 2); // help and --version exit 0; commander printed the rest
+  }
 }

@@ -76,7 +76,13 @@ export function printJson(value: unknown): void {
 export function parseEpisodes(value: string): EpisodeId[] {
   let items: unknown[];
   if (value.startsWith("@")) {
-    const parsed: unknown = JSON.parse(readFileSync(value.slice(1), "utf8"));
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(readFileSync(value.slice(1), "utf8"));
+    } catch (error) {
+      const why = (error as NodeJS.ErrnoException).code === "ENOENT" ? "does not exist" : "is not readable JSON";
+      throw new CheckpointError("invalid_request", `episodes file ${value.slice(1)} ${why}`);
+    }
     if (!Array.isArray(parsed)) throw new CheckpointError("invalid_request", `${value.slice(1)} must hold a JSON array`);
     items = parsed;
   } else {

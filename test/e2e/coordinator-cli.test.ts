@@ -63,6 +63,11 @@ describe("gym-ckpt CLI (built binary)", () => {
     const badId = await cli(["prepare", "../x"], env);
     expect(badId.code).toBe(2);
     expect(badId.stderr).toMatch(/^error invalid_request: /);
+    // Bad usage (commander's own checks, an unreadable --episodes file) is invalid_request, exit 2.
+    for (const args of [["status", "--bogus"], ["commit"], ["retire", "--episodes", "@/nonexistent/episodes.json"]]) {
+      const usage = await cli(args, env);
+      expect([usage.code, usage.stderr.split("\n")[0]]).toEqual([2, expect.stringMatching(/^error invalid_request: /)]);
+    }
     const badToken = await cli(["status"], { ...env, GYM_CKPT_CONTROLLER_TOKEN: "wrong" });
     expect(badToken.stderr).toMatch(/^error unauthorized: /);
     const retire = await cli(["retire", "--episodes", "c1-a3"], env);
