@@ -22,6 +22,19 @@ export function decodeMessage<S extends z.ZodType>(schema: S, data: Uint8Array |
   return parsed.data;
 }
 
+/**
+ * Serializes a reply to an operation that already ran: too large is `reply_too_large` (the
+ * operation succeeded), not `payload_too_large` (which promises nothing changed).
+ */
+export function encodeReply(value: unknown, op: string): string {
+  try {
+    return encodeMessage(value);
+  } catch (error) {
+    if (!(error instanceof CheckpointError) || error.code !== "payload_too_large") throw error;
+    throw new CheckpointError("reply_too_large", `${op} succeeded, but its reply does not fit one NATS message: ${error.message}`);
+  }
+}
+
 /** Serializes a message, refusing anything that would not fit in one NATS message. */
 export function encodeMessage(value: unknown): string {
   const text = JSON.stringify(value);

@@ -21,6 +21,11 @@ export const ERROR_CATALOG = {
     meaning: "The message is larger than the control-message limit (1 MiB).",
     solve: "Keep control messages small: records travel through checkpoint storage, never on the bus.",
   },
+  reply_too_large: {
+    status: 502,
+    meaning: "The operation succeeded, but its reply is larger than the control-message limit (1 MiB), so it cannot travel over NATS.",
+    solve: "Read the result another way (`get`, `status`, `list`, or the HTTP API, which has no such limit); retrying the op with the same arguments answers the same way.",
+  },
   stale_checkpoint: {
     status: 409,
     meaning: "The checkpoint id was already resumed (or aborted before its prepare arrived).",

@@ -110,7 +110,7 @@ export {
   HEADER_TRACESTATE,
 } from "./subjects.js";
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
-export { decodeMessage, encodeMessage } from "./codec.js";
+export { decodeMessage, encodeMessage, encodeReply } from "./codec.js";
 export { tokensEqual, bearerToken } from "./auth.js";
 export { ROLLOUT_PREFIX, parseRolloutPath, rolloutPath } from "./rollout-path.js";
 export type { RolloutPath } from "./rollout-path.js";

@@ -6,6 +6,7 @@ import {
   HEADER_AUTHORIZATION,
   controllerSubject,
   encodeMessage,
+  encodeReply,
   toCheckpointError,
   type ControllerOp,
 } from "../../protocol/index.js";
@@ -59,7 +60,7 @@ export class NatsControllerApi {
     try {
       authorizeController(msg.headers?.get(HEADER_AUTHORIZATION), this.options.token);
       const parent = extractTraceContext(msg.headers);
-      body = encodeMessage(await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)));
+      body = encodeReply(await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)), op);
     } catch (error) {
       const refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");

@@ -8,6 +8,7 @@ import {
   bearerToken,
   decodeMessage,
   encodeMessage,
+  encodeReply,
   participantSubject,
   toCheckpointError,
   tokensEqual,
@@ -65,7 +66,7 @@ export class ControlEndpoint {
       }
       const request = decodeMessage(CONTROL_MESSAGES[op].request, msg.data);
       const reply = await this.plane.handle(op, request as never, extractTraceContext(msg.headers));
-      body = encodeMessage(reply);
+      body = encodeReply(reply, op);
     } catch (error) {
       const refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "control operation failed");

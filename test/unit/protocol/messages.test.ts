@@ -16,6 +16,7 @@ import {
   canonicalJson,
   decodeMessage,
   encodeMessage,
+  encodeReply,
   tokensEqual,
   bearerToken,
 } from "../../../protocol/index.js";
@@ -69,6 +70,10 @@ describe("control messages", () => {
     const big = JSON.stringify({ ...base, pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) });
     expect(refusal(() => decodeMessage(PrepareRequestSchema, big)).code).toBe("payload_too_large");
     expect(refusal(() => encodeMessage({ pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) })).code).toBe("payload_too_large");
+    // A reply to an op that already ran says so: reply_too_large, not "nothing changed".
+    const tooLarge = refusal(() => encodeReply({ pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) }, "commit"));
+    expect([tooLarge.code, tooLarge.message]).toEqual(["reply_too_large", expect.stringContaining("commit succeeded")]);
+    expect(encodeReply({ ok: true }, "commit")).toBe('{"ok":true}');
     expect(decodeMessage(PrepareRequestSchema, new TextEncoder().encode(JSON.stringify(base)))).toEqual(base);
   });
 
