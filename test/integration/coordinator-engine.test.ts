@@ -101,6 +101,8 @@ describe("coordinator over a real nats-server with participants of all four kind
     const now = Date.now() / 1000;
     await kv.put("resources.ghost", JSON.stringify({ kind: "resources", instance: "ghost", incarnation: "x", started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
     try {
+      // The coordinator's membership view follows the bucket through a watch: wait until it lists the ghost.
+      await waitUntil(async () => (await world.client.status()).participants.some((p) => p.instance === "ghost"), "the ghost in the membership view");
       const started = Date.now();
       const reply = await world.client.prepare({ checkpoint_id: "ghost-1", deadline_ts: Date.now() / 1000 + 20 });
       expect(Date.now() - started).toBeLessThan(5000);
@@ -113,6 +115,8 @@ describe("coordinator over a real nats-server with participants of all four kind
       expect(status.participants.find((p) => p.instance === "ghost")).toMatchObject({ reachable: false, error: { code: "unreachable" } });
     } finally {
       await kv.delete("resources.ghost");
+      // Gone from the view too, before the next test prepares.
+      await waitUntil(async () => !(await world.client.status()).participants.some((p) => p.instance === "ghost"), "the ghost to leave the membership view");
     }
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
