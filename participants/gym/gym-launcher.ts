@@ -10,6 +10,9 @@ import { join } from "node:path";
  * a JSON ready line (`{"ready":true,...,"url"}`) that the launcher waits for. Any subset can be
  * killed (SIGKILL for crash tests) and started again; restarted processes get the current URLs of
  * the ones they call. `stop()` ends every process it started.
+ *
+ * A restarted process gets its previous port back, so the running processes that call it keep a
+ * valid URL. If that port stays taken, it moves to a free one and its running callers restart.
  */
 export const GYM_PROCESSES = ["policy", "model", "resources", "agent", "environment"] as const;
 export type GymProcessName = (typeof GYM_PROCESSES)[number];
@@ -66,6 +69,18 @@ const DEFAULT_INSTANCES: Record<GymProcessName, string> = {
   environment: "environment",
 };
 
+/** Who calls whom: a process that moves to another port restarts its running callers. */
+const CALLERS: Record<GymProcessName, GymProcessName[]> = {
+  policy: ["model"],
+  model: ["agent"],
+  resources: ["agent", "environment"],
+  agent: ["environment"],
+  environment: [],
+};
+
+/** Tries on the previous port before moving to a new one (the old socket may linger briefly). */
+const SAME_PORT_TRIES = 5;
+
 const ENTRIES: Record<GymProcessName, string> = {
   policy: "gym/policy-backend/main.js",
   model: "attach/main.js",
@@ -80,14 +95,18 @@ function defaultParticipantsDir(): string {
   return import.meta.url.endsWith(".ts") ? join(here, "..", "dist", "participants") : here;
 }
 
+/** The child exited before its ready line because its port was taken. */
+class PortInUse extends Error {}
+
 export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   const dir = options.participantsDir ?? defaultParticipantsDir();
   const instances = { ...DEFAULT_INSTANCES, ...options.instances };
   const urls: Partial<Record<GymProcessName, string>> = {};
   const processes = new Map<GymProcessName, GymProcess>();
+  const ports: Partial<Record<GymProcessName, number>> = {};
   Object.assign(urls, options.external);
 
-  const common = (name: GymProcessName) => [
+  const common = (name: GymProcessName, port: number) => [
     "--nats",
     options.nats,
     "--deployment",
@@ -97,7 +116,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     "--token",
     options.token,
     "--port",
-    "0",
+    String(port),
     ...(options.checkpointRoot ? ["--checkpoint-root", options.checkpointRoot] : []),
     ...(options.leaseGraceSeconds !== undefined ? ["--lease-grace-seconds", String(options.leaseGraceSeconds)] : []),
   ];
@@ -106,30 +125,32 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     if (!url) throw new Error(`${name} needs the ${of} URL; start ${of} first`);
     return url;
   };
-  const argsFor = (name: GymProcessName): string[] => {
+  const argsFor = (name: GymProcessName, port: number): string[] => {
     const own = options.args?.[name] ?? [];
     switch (name) {
       case "policy":
-        return [...common(name), ...own];
+        return [...common(name, port), ...own];
       case "model":
-        return ["--upstream", need(name, "policy"), ...common(name), ...own];
+        return ["--upstream", need(name, "policy"), ...common(name, port), ...own];
       case "resources":
-        return [...common(name), ...own];
+        return [...common(name, port), ...own];
       case "agent":
-        return [...common(name), "--policy-url", need(name, "model"), "--resources-url", need(name, "resources"), ...own];
+        return [...common(name, port), "--policy-url", need(name, "model"), "--resources-url", need(name, "resources"), ...own];
       case "environment":
-        return [...common(name), "--agent-url", need(name, "agent"), "--resources-url", need(name, "resources"), ...own];
+        return [...common(name, port), "--agent-url", need(name, "agent"), "--resources-url", need(name, "resources"), ...own];
     }
   };
 
-  const startOne = async (name: GymProcessName): Promise<void> => {
+  const startOne = async (name: GymProcessName, port: number): Promise<void> => {
     const entry = join(dir, ENTRIES[name]);
     if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npm run build\` first`);
-    const child = spawn(process.execPath, [entry, ...argsFor(name)], {
+    const child = spawn(process.execPath, [entry, ...argsFor(name, port)], {
       stdio: ["ignore", "pipe", "pipe"],
       env: { ...process.env, ...options.env },
     });
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+    // After "close" every output line has been read, so the tail shows why it died.
+    const closed = new Promise<void>((resolve) => child.once("close", () => resolve()));
     const tail: string[] = [];
     const remember = (line: string) => {
       tail.push(line);
@@ -152,9 +173,12 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
           // an ordinary log line
         }
       });
-      void exited.then(({ code, signal }) => {
+      void closed.then(() => {
         clearTimeout(timer);
-        reject(new Error(`${name} exited (code ${code}, signal ${signal}) before it was ready:\n${tail.join("\n")}`));
+        const { exitCode: code, signalCode } = child;
+        const message = `${name} exited (code ${code}, signal ${signalCode}) before it was ready:\n${tail.join("\n")}`;
+        const portTaken = port !== 0 && tail.some((line) => line.includes("EADDRINUSE") && line.includes(`:${port}`));
+        reject(portTaken ? new PortInUse(message) : new Error(message));
       });
     });
     let url: string;
@@ -162,13 +186,47 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       url = await ready;
     } catch (error) {
       child.kill("SIGKILL");
+      await exited;
       throw error;
     }
     urls[name] = url;
+    ports[name] = Number(new URL(url).port);
     processes.set(name, { name, instance: instances[name], pid: child.pid!, url, child, exited });
     void exited.then(() => {
       if (processes.get(name)?.child === child) processes.delete(name);
     });
+  };
+
+  const terminate = async (p: GymProcess): Promise<void> => {
+    p.child.kill("SIGTERM");
+    const timer = setTimeout(() => p.child.kill("SIGKILL"), 5000);
+    await p.exited;
+    clearTimeout(timer);
+    if (processes.get(p.name) === p) processes.delete(p.name);
+  };
+
+  // A process that ran before comes back on its port: its running callers still hold that URL.
+  const startAgain = async (name: GymProcessName): Promise<void> => {
+    const previous = ports[name];
+    if (previous !== undefined) {
+      for (let attempt = 0; attempt < SAME_PORT_TRIES; attempt++) {
+        try {
+          return await startOne(name, previous);
+        } catch (error) {
+          if (!(error instanceof PortInUse)) throw error;
+          if (attempt < SAME_PORT_TRIES - 1) await new Promise((resolve) => setTimeout(resolve, 100 * 2 ** attempt));
+        }
+      }
+    }
+    await startOne(name, 0);
+    if (previous === undefined) return;
+    // It moved: restart the running callers so they get its new URL.
+    for (const caller of GYM_PROCESSES) {
+      const running = processes.get(caller);
+      if (!CALLERS[name].includes(caller) || !running) continue;
+      await terminate(running);
+      await startAgain(caller);
+    }
   };
 
   const gym: Gym = {
@@ -179,7 +237,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       for (const name of GYM_PROCESSES) {
         if (!names.includes(name) || processes.has(name)) continue;
         if (options.external?.[name]) continue;
-        await startOne(name);
+        await startAgain(name);
       }
     },
     async kill(names, signal = "SIGKILL") {
@@ -189,15 +247,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       for (const p of targets) if (processes.get(p.name) === p) processes.delete(p.name);
     },
     async stop() {
-      const all = [...processes.values()].reverse();
-      for (const p of all) p.child.kill("SIGTERM");
-      await Promise.all(
-        all.map(async (p) => {
-          const timer = setTimeout(() => p.child.kill("SIGKILL"), 5000);
-          await p.exited;
-          clearTimeout(timer);
-        }),
-      );
+      await Promise.all([...processes.values()].reverse().map(terminate));
       processes.clear();
     },
   };

@@ -1,0 +1,76 @@
+import { createServer, type Server } from "node:net";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { launchGym, type Gym } from "../../participants/gym/gym-launcher.js";
+import { startNats, type NatsFixture } from "../support/nats.js";
+
+/** launchGym's start(names) after kill(names): the callers of a restarted process keep working. */
+let nats: NatsFixture;
+let gym: Gym | undefined;
+let blocker: Server | undefined;
+
+beforeAll(async () => {
+  nats = await startNats();
+});
+afterEach(async () => {
+  await gym?.stop();
+  gym = undefined;
+  await new Promise<void>((resolve) => (blocker ? blocker.close(() => resolve()) : resolve()));
+  blocker = undefined;
+});
+afterAll(async () => {
+  await nats?.close();
+});
+
+let rollouts = 0;
+async function run(): Promise<{ status: number; body: unknown }> {
+  const rollout_id = `restart-${++rollouts}`;
+  const response = await fetch(`${gym!.urls.environment}/run`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ rollout_id, attempt: 0, task: { expression: "6 * 7", tool_rounds: 1 } }),
+  });
+  return { status: response.status, body: await response.json() };
+}
+
+const launch = (deployment: string) => launchGym({ nats: nats.server.url, deployment, token: "t0ken", args: { policy: ["--token-delay-ms", "0"] } });
+
+describe("restarting part of the Gym", () => {
+  it("restarts the agent alone and the environment still reaches it", async () => {
+    gym = await launch("restart-agent");
+    expect((await run()).status).toBe(200);
+    const environmentPid = gym.processes.get("environment")!.pid;
+    const agentUrl = gym.urls.agent;
+    await gym.kill(["agent"]);
+    await gym.start(["agent"]);
+    const { status, body } = await run();
+    expect({ status, body }).toMatchObject({ status: 200, body: { reward: 1, answer: "42" } });
+    expect(gym.urls.agent).toBe(agentUrl);
+    // The environment was not touched.
+    expect(gym.processes.get("environment")!.pid).toBe(environmentPid);
+  });
+
+  it("restarts the model alone and the agent still reaches it", async () => {
+    gym = await launch("restart-model");
+    expect((await run()).status).toBe(200);
+    await gym.kill(["model"]);
+    await gym.start(["model"]);
+    expect((await run()).status).toBe(200);
+  });
+
+  it("moves a process whose port stays taken and restarts its running callers", async () => {
+    gym = await launch("restart-moved");
+    const agentPort = Number(new URL(gym.urls.agent!).port);
+    const environmentPid = gym.processes.get("environment")!.pid;
+    await gym.kill(["agent"]);
+    const b = createServer();
+    blocker = b;
+    await new Promise<void>((resolve, reject) => {
+      b.once("error", reject);
+      b.listen(agentPort, "127.0.0.1", () => resolve());
+    });
+    await gym.start(["agent"]);
+    expect(Number(new URL(gym.urls.agent!).port)).not.toBe(agentPort);
+    expect(gym.processes.get("environment")!.pid).not.toBe(environmentPid);
+    expect((await run()).status).toBe(200);
+  });
+});
