@@ -38,6 +38,8 @@ export interface GymLaunchOptions {
   /** Every output line of every child (logs are JSON lines from pino). */
   onOutput?: (name: GymProcessName, line: string) => void;
   env?: NodeJS.ProcessEnv;
+  /** Aborting stops the start-up: the process being started and every one started so far are ended. */
+  signal?: AbortSignal;
 }
 
 export interface GymProcess {
@@ -104,6 +106,8 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   const urls: Partial<Record<GymProcessName, string>> = {};
   const processes = new Map<GymProcessName, GymProcess>();
   const ports: Partial<Record<GymProcessName, number>> = {};
+  const starting = new Set<ChildProcess>();
+  const { signal } = options;
   Object.assign(urls, options.external);
 
   const common = (name: GymProcessName, port: number) => [
@@ -140,14 +144,17 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
         return [...common(name, port), "--agent-url", need(name, "agent"), "--resources-url", need(name, "resources"), ...own];
     }
   };
+  const aborted = () => new Error(`gym start-up aborted${signal?.reason instanceof Error ? `: ${signal.reason.message}` : ""}`);
 
   const startOne = async (name: GymProcessName, port: number): Promise<void> => {
+    if (signal?.aborted) throw aborted();
     const entry = join(dir, ENTRIES[name]);
     if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npm run build\` first`);
     const child = spawn(process.execPath, [entry, ...argsFor(name, port)], {
       stdio: ["ignore", "pipe", "pipe"],
       env: { ...process.env, ...options.env },
     });
+    starting.add(child);
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
     // After "close" every output line has been read, so the tail shows why it died.
     const closed = new Promise<void>((resolve) => child.once("close", () => resolve()));
@@ -158,8 +165,14 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       options.onOutput?.(name, line);
     };
     createInterface({ input: child.stderr! }).on("line", remember);
+    let onAbort: (() => void) | undefined;
     const ready = new Promise<string>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`${name} did not print its ready line in time:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? 20_000);
+      onAbort = () => {
+        clearTimeout(timer);
+        reject(aborted());
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
       createInterface({ input: child.stdout! }).on("line", (line) => {
         remember(line);
         if (!line.startsWith("{")) return;
@@ -188,6 +201,9 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       child.kill("SIGKILL");
       await exited;
       throw error;
+    } finally {
+      starting.delete(child);
+      if (onAbort) signal?.removeEventListener("abort", onAbort);
     }
     urls[name] = url;
     ports[name] = Number(new URL(url).port);
@@ -247,6 +263,8 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       for (const p of targets) if (processes.get(p.name) === p) processes.delete(p.name);
     },
     async stop() {
+      // One still starting fails its start-up once killed.
+      for (const child of starting) child.kill("SIGKILL");
       await Promise.all([...processes.values()].reverse().map(terminate));
       processes.clear();
     },

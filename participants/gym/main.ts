@@ -1,5 +1,5 @@
 import { parseArgs } from "node:util";
-import { GYM_PROCESSES, launchGym, type GymProcessName } from "./gym-launcher.js";
+import { GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
@@ -41,7 +41,22 @@ if (!token) {
   process.exit(2);
 }
 const checkpointRoot = values["checkpoint-root"] ?? process.env.GYM_CKPT_CHECKPOINT_ROOT;
-const gym = await launchGym({
+// Installed before the launch: a signal during start-up must stop the children started so far.
+const abort = new AbortController();
+let gym: Gym | undefined;
+let stopping = false;
+const stop = async (code: number) => {
+  if (stopping) return;
+  stopping = true;
+  abort.abort();
+  // During start-up the launcher ends its own children once aborted, then exits below.
+  if (!gym) return;
+  await gym.stop();
+  process.exit(code);
+};
+process.once("SIGINT", () => void stop(0));
+process.once("SIGTERM", () => void stop(0));
+gym = await launchGym({
   nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222",
   deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",
   token,
@@ -54,26 +69,23 @@ const gym = await launchGym({
   // A policy backend running elsewhere (an inference server, or the demo's long-lived fake).
   ...(values["policy-url"] && { external: { policy: values["policy-url"] } }),
   ...(values.verbose && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
+  signal: abort.signal,
 }).catch((error: unknown) => {
+  if (stopping) process.exit(0);
   process.stderr.write(`gym: ${error instanceof Error ? error.message : String(error)}\n`);
   process.exit(1);
 });
-const urls = Object.fromEntries(GYM_PROCESSES.map((name) => [name, gym.urls[name]]));
-process.stdout.write(`${JSON.stringify({ ready: true, name: "gym", urls, instances: gym.instances })}\n`);
-let stopping = false;
-const stop = async () => {
-  if (stopping) return;
-  stopping = true;
+// A signal that came as the last child got ready found no gym to stop.
+if (stopping) {
   await gym.stop();
   process.exit(0);
-};
-process.once("SIGINT", () => void stop());
-process.once("SIGTERM", () => void stop());
-// A child that dies on its own takes the demo down with it, visibly.
-for (const p of gym.processes.values()) {
-  void p.exited.then(({ code, signal }) => {
-    if (stopping) return;
-    process.stderr.write(`gym: ${p.name} exited (code ${code}, signal ${signal}); stopping the rest\n`);
-    void stop();
-  });
 }
+const urls = Object.fromEntries(GYM_PROCESSES.map((name) => [name, gym!.urls[name]]));
+process.stdout.write(`${JSON.stringify({ ready: true, name: "gym", urls, instances: gym.instances })}\n`);
+// A child that dies on its own takes the demo down with it, visibly.
+const childDied = (name: GymProcessName, code: number | null, signal: NodeJS.Signals | null) => {
+  if (stopping) return;
+  process.stderr.write(`gym: ${name} exited (code ${code}, signal ${signal}); stopping the rest\n`);
+  void stop(0);
+};
+for (const p of gym.processes.values()) void p.exited.then(({ code, signal }) => childDied(p.name, code, signal));

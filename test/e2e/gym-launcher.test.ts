@@ -2,16 +2,21 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { alive as liveProcess, descendants, killAll } from "../support/process-tree.js";
+import { waitUntil } from "../support/wait-until.js";
 
 /** `gym-ckpt gym` over the built CLI: the whole reference set starts, serves a rollout, and stops cleanly. */
 let nats: NatsFixture;
 let child: ChildProcess | undefined;
+/** Every process a test saw, SIGKILLed in teardown whatever happened. */
+const seen = new Set<number>();
 
 beforeAll(async () => {
   nats = await startNats();
 });
 afterAll(async () => {
   if (child && child.exitCode === null) child.kill("SIGKILL");
+  killAll(seen);
   await nats?.close();
 });
 
@@ -24,7 +29,40 @@ function alive(pid: number): boolean {
   }
 }
 
+function spawnGym(deployment: string, extra: string[] = []): ChildProcess {
+  const gym = spawn(process.execPath, ["dist/coordinator/cli/main.js", "gym", "--nats", nats.server.url, "--deployment", deployment, "--token", "t0ken", ...extra], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  seen.add(gym.pid!);
+  return gym;
+}
+
+/** Records every descendant of `root` in `seen` and returns their pids. */
+function tree(root: number): { pid: number; cmdline: string }[] {
+  const found = descendants(root);
+  for (const p of found) seen.add(p.pid);
+  return found;
+}
+
 describe("gym-ckpt gym", () => {
+  it("stops the children already started when SIGTERM comes during start-up", async () => {
+    const gym = spawnGym("launcher-early", ["--verbose"]);
+    const exited = new Promise<number | null>((resolve) => gym.once("exit", (code) => resolve(code)));
+    // --verbose relays each child's lines: the policy's ready line means it is up and the next one starting.
+    await new Promise<void>((resolve, reject) => {
+      createInterface({ input: gym.stderr! }).on("line", (line) => {
+        if (line.startsWith("[policy] ") && line.includes('"ready":true')) resolve();
+      });
+      void exited.then((code) => reject(new Error(`gym exited early (${code})`)));
+    });
+    const started = tree(gym.pid!);
+    expect(started.filter((p) => p.cmdline.includes("policy-backend/main.js"))).toHaveLength(1);
+    gym.kill("SIGTERM");
+    const code = await exited;
+    await waitUntil(() => started.every((p) => !liveProcess(p.pid)), "every child of the gym to exit");
+    expect(code).toBe(0);
+  });
+
   it("starts every reference server, runs an episode, and stops them all on SIGTERM", async () => {
     child = spawn(process.execPath, ["dist/coordinator/cli/main.js", "gym", "--nats", nats.server.url, "--deployment", "launcher", "--token", "t0ken"], {
       stdio: ["ignore", "pipe", "pipe"],
