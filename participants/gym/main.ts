@@ -82,10 +82,12 @@ if (stopping) {
 }
 const urls = Object.fromEntries(GYM_PROCESSES.map((name) => [name, gym!.urls[name]]));
 process.stdout.write(`${JSON.stringify({ ready: true, name: "gym", urls, instances: gym.instances })}\n`);
-// A child that dies on its own takes the demo down with it, visibly.
+// A child that dies on its own takes the demo down with it, visibly, and the exit code says so.
 const childDied = (name: GymProcessName, code: number | null, signal: NodeJS.Signals | null) => {
   if (stopping) return;
   process.stderr.write(`gym: ${name} exited (code ${code}, signal ${signal}); stopping the rest\n`);
-  void stop(0);
+  void stop(1);
 };
 for (const p of gym.processes.values()) void p.exited.then(({ code, signal }) => childDied(p.name, code, signal));
+// One that died before the launch finished is already gone from the map.
+for (const name of GYM_PROCESSES) if (!(name === "policy" && values["policy-url"]) && !gym.processes.has(name)) childDied(name, null, null);

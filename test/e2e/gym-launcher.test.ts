@@ -63,6 +63,23 @@ describe("gym-ckpt gym", () => {
     expect(code).toBe(0);
   });
 
+  it("exits 1 and stops the rest when a child dies", async () => {
+    const gym = spawnGym("launcher-crash");
+    const exited = new Promise<number | null>((resolve) => gym.once("exit", (code) => resolve(code)));
+    await new Promise<void>((resolve, reject) => {
+      createInterface({ input: gym.stdout! }).on("line", (line) => {
+        if (line.includes('"name":"gym"') && line.includes('"ready":true')) resolve();
+      });
+      void exited.then((code) => reject(new Error(`gym exited early (${code})`)));
+    });
+    const children = tree(gym.pid!);
+    const resources = children.find((p) => p.cmdline.includes("resources-server/main.js"));
+    expect(resources).toBeDefined();
+    process.kill(resources!.pid, "SIGKILL");
+    expect(await exited).toBe(1);
+    await waitUntil(() => children.every((p) => !liveProcess(p.pid)), "every child of the gym to exit");
+  });
+
   it("starts every reference server, runs an episode, and stops them all on SIGTERM", async () => {
     child = spawn(process.execPath, ["dist/coordinator/cli/main.js", "gym", "--nats", nats.server.url, "--deployment", "launcher", "--token", "t0ken"], {
       stdio: ["ignore", "pipe", "pipe"],
