@@ -6,7 +6,7 @@ import { fileURLToPath } from "node:url";
 import { parseCaptureKey } from "../../protocol/index.js";
 import { readResults } from "../collect/results-file.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
-import { startChildProgram, type ChildProgram } from "./child-program.js";
+import { startChildProgram, type ChildProgram, type ChildProgramOptions } from "./child-program.js";
 import { NatsServerProcess } from "./nats-server-process.js";
 import { participantEntry } from "./participant-entry.js";
 
@@ -22,6 +22,8 @@ export interface DemoOptions {
   /** Bound on the restarted collection (default 180 s). */
   finishTimeoutMs?: number;
   say: (line: string) => void;
+  /** Aborting ends the run early: every process is killed and the work directory removed, then runDemo rejects. */
+  signal?: AbortSignal;
 }
 
 interface BackendCall {
@@ -48,47 +50,57 @@ const DEPLOYMENT = "demo";
  * prove that no delivered model call was made twice.
  */
 export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
-  const { say } = options;
+  const { say, signal } = options;
+  const aborted = () => new Error("demo aborted");
+  if (signal?.aborted) throw aborted();
   const work = await mkdtemp(join(tmpdir(), "gym-ckpt-demo-"));
   const root = join(work, "checkpoints");
-  await mkdir(root);
   const token = randomBytes(16).toString("hex");
   const cli = fileURLToPath(new URL(`../cli/main${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url));
   const children: ChildProgram[] = [];
+  // Starts still waiting for a ready line: clean-up waits for them, so no process outlives it.
+  const starting = new Set<Promise<unknown>>();
   let nats: NatsServerProcess | undefined;
-  const track = (child: ChildProgram) => {
-    children.push(child);
-    return child;
+  let natsStart: Promise<NatsServerProcess> | undefined;
+  const launch = async (script: string, args: string[], opts?: ChildProgramOptions): Promise<ChildProgram> => {
+    if (signal?.aborted) throw aborted();
+    const pending = startChildProgram(script, args, opts);
+    starting.add(pending);
+    try {
+      const child = await pending;
+      children.push(child);
+      if (signal?.aborted) throw aborted();
+      return child;
+    } finally {
+      starting.delete(pending);
+    }
   };
-  try {
-    nats = await NatsServerProcess.start();
+  const abortion = new Promise<never>((_, reject) => signal?.addEventListener("abort", () => reject(aborted()), { once: true }));
+  const run = async (): Promise<DemoOutcome> => {
+    await mkdir(root);
+    natsStart = NatsServerProcess.start();
+    nats = await natsStart;
     say(`nats-server (JetStream) on ${nats.url}`);
     const common = ["--nats-url", nats.url, "--deployment", DEPLOYMENT, "--token", token];
 
-    track(
-      await startChildProgram(cli, ["coordinator", ...common, "--checkpoint-root", root, "--lease-ms", "1000", "--no-http", "--log-level", "warn"], {
+    await launch(cli, ["coordinator", ...common, "--checkpoint-root", root, "--lease-ms", "1000", "--no-http", "--log-level", "warn"], {
         onLine: (line) => say(`  coordinator: ${line}`),
-      }),
-    );
+      });
     say("coordinator daemon started (it waits one lease period before it leads)");
 
-    const backend = track(
-      await startChildProgram(
-        participantEntry("gym/policy-backend/main"),
-        ["--nats", nats.url, "--deployment", DEPLOYMENT, "--instance", "policy_backend", "--token", token, "--port", "0", "--token-delay-ms", String(options.tokenDelayMs)],
-        { waitReady: true },
-      ),
+    const backend = await launch(
+      participantEntry("gym/policy-backend/main"),
+      ["--nats", nats.url, "--deployment", DEPLOYMENT, "--instance", "policy_backend", "--token", token, "--port", "0", "--token-delay-ms", String(options.tokenDelayMs)],
+      { waitReady: true },
     );
     const backendUrl = String(backend.ready!.url);
     say(`fake policy backend (the inference server, outlives Gym crashes) on ${backendUrl}`);
 
     const startGym = async () => {
-      const gym = track(
-        await startChildProgram(
-          participantEntry("gym/main"),
-          ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--token", token, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl],
-          { waitReady: true, group: true },
-        ),
+      const gym = await launch(
+        participantEntry("gym/main"),
+        ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--token", token, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl],
+        { waitReady: true, group: true },
       );
       return { gym, urls: gym.ready!.urls as Record<string, string> };
     };
@@ -120,7 +132,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     ];
     const collectorOutput = (line: string) => say(`  collect: ${line}`);
     say(`collecting ${options.rows} multi-turn rows, ${options.concurrency} at a time, a checkpoint every ${options.checkpointEvery} s`);
-    let collector = track(await startChildProgram(cli, collectArgs(), { onLine: collectorOutput }));
+    let collector = await launch(cli, collectArgs(), { onLine: collectorOutput });
 
     // Let the run get going, past at least one published checkpoint.
     const crashAt = Math.ceil(options.rows * options.crashAfter);
@@ -139,7 +151,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
 
     say("starting the Gym and the collector again: restore, resume, continue");
     ({ gym, urls } = await startGym());
-    collector = track(await startChildProgram(cli, collectArgs(), { onLine: collectorOutput }));
+    collector = await launch(cli, collectArgs(), { onLine: collectorOutput });
     const { code } = await Promise.race([
       collector.exited,
       delay(options.finishTimeoutMs ?? 180_000).then(() => {
@@ -163,9 +175,14 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     say(ok ? "demo passed: every row finished and no delivered model call was repeated" : "demo FAILED");
     if (options.keep) say(`work directory kept: ${work}`);
     return { ok, finished: results.length, rows: options.rows, repeatedDeliveredCalls: verdict.repeated };
+  };
+  try {
+    // An abort stops waiting for the run; the run itself can start nothing more (see launch).
+    return await Promise.race([run(), abortion]);
   } finally {
+    await Promise.allSettled([...starting]);
     await Promise.allSettled(children.map((c) => c.kill("SIGKILL")));
-    await nats?.dispose();
+    await natsStart?.then((n) => n.dispose()).catch(() => undefined);
     if (!options.keep) await rm(work, { recursive: true, force: true });
   }
 }

@@ -19,12 +19,27 @@ export function register(program: Command): void {
         process.exitCode = 2;
         return;
       }
+      // The demo's clean-up (every process, NATS, the work directory) must also run on Ctrl-C and
+      // SIGTERM: its Gym has its own process group, so a terminal's Ctrl-C never reaches it.
+      const abort = new AbortController();
+      let signalled: NodeJS.Signals | undefined;
+      const onSignal = (signal: NodeJS.Signals) => {
+        signalled = signal;
+        say(`${signal}: stopping every process and removing the work directory`);
+        abort.abort();
+      };
+      process.once("SIGINT", onSignal);
+      process.once("SIGTERM", onSignal);
       try {
-        const outcome = await runDemo({ ...numbers, keep: flags.keep === true, say });
+        const outcome = await runDemo({ ...numbers, keep: flags.keep === true, say, signal: abort.signal });
         process.exitCode = outcome.ok ? 0 : 1;
       } catch (error) {
-        say(`demo FAILED: ${error instanceof Error ? error.message : String(error)}`);
+        if (!signalled) say(`demo FAILED: ${error instanceof Error ? error.message : String(error)}`);
         process.exitCode = 1;
       }
+      // Whatever the run was still waiting on is moot now; exit as the signal would have.
+      if (signalled) process.exit(signalled === "SIGINT" ? 130 : 143);
+      process.off("SIGINT", onSignal);
+      process.off("SIGTERM", onSignal);
     });
 }
