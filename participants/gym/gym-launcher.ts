@@ -47,6 +47,8 @@ export interface GymProcess {
   instance: string;
   pid: number;
   url: string;
+  /** From the ready line, when the process serves Prometheus `/metrics`. */
+  metricsUrl?: string;
   child: ChildProcess;
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
@@ -110,6 +112,19 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   const { signal } = options;
   Object.assign(urls, options.external);
 
+  // One inherited OTEL_EXPORTER_PROMETHEUS_PORT would make every child bind the same port: each
+  // gets `--metrics-port` instead, base + its index in GYM_PROCESSES (0 stays "any free port").
+  const env = { ...process.env, ...options.env };
+  const prometheusBase = env.OTEL_EXPORTER_PROMETHEUS_PORT;
+  delete env.OTEL_EXPORTER_PROMETHEUS_PORT;
+  const metricsFlags = (name: GymProcessName): string[] => {
+    if (!prometheusBase) return [];
+    const base = Number(prometheusBase);
+    // Anything but a positive integer goes through as given, for the child to refuse.
+    const port = Number.isInteger(base) && base > 0 ? String(base + GYM_PROCESSES.indexOf(name)) : prometheusBase;
+    return ["--metrics-port", port];
+  };
+
   const common = (name: GymProcessName, port: number) => [
     "--nats",
     options.nats,
@@ -123,6 +138,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     String(port),
     ...(options.checkpointRoot ? ["--checkpoint-root", options.checkpointRoot] : []),
     ...(options.leaseGraceSeconds !== undefined ? ["--lease-grace-seconds", String(options.leaseGraceSeconds)] : []),
+    ...metricsFlags(name),
   ];
   const need = (name: GymProcessName, of: GymProcessName): string => {
     const url = urls[of];
@@ -152,7 +168,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npm run build\` first`);
     const child = spawn(process.execPath, [entry, ...argsFor(name, port)], {
       stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, ...options.env },
+      env,
     });
     starting.add(child);
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
@@ -166,7 +182,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     };
     createInterface({ input: child.stderr! }).on("line", remember);
     let onAbort: (() => void) | undefined;
-    const ready = new Promise<string>((resolve, reject) => {
+    const ready = new Promise<{ url: string; metricsUrl?: string }>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`${name} did not print its ready line in time:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? 20_000);
       onAbort = () => {
         clearTimeout(timer);
@@ -177,10 +193,10 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
         remember(line);
         if (!line.startsWith("{")) return;
         try {
-          const parsed = JSON.parse(line) as { ready?: unknown; url?: unknown };
+          const parsed = JSON.parse(line) as { ready?: unknown; url?: unknown; metrics_url?: unknown };
           if (parsed.ready === true && typeof parsed.url === "string") {
             clearTimeout(timer);
-            resolve(parsed.url);
+            resolve({ url: parsed.url, ...(typeof parsed.metrics_url === "string" && { metricsUrl: parsed.metrics_url }) });
           }
         } catch {
           // an ordinary log line
@@ -194,9 +210,9 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
         reject(portTaken ? new PortInUse(message) : new Error(message));
       });
     });
-    let url: string;
+    let announced: { url: string; metricsUrl?: string };
     try {
-      url = await ready;
+      announced = await ready;
     } catch (error) {
       child.kill("SIGKILL");
       await exited;
@@ -205,9 +221,10 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       starting.delete(child);
       if (onAbort) signal?.removeEventListener("abort", onAbort);
     }
+    const { url } = announced;
     urls[name] = url;
     ports[name] = Number(new URL(url).port);
-    processes.set(name, { name, instance: instances[name], pid: child.pid!, url, child, exited });
+    processes.set(name, { name, instance: instances[name], pid: child.pid!, ...announced, child, exited });
     void exited.then(() => {
       if (processes.get(name)?.child === child) processes.delete(name);
     });
