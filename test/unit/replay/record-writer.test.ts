@@ -129,8 +129,10 @@ describe("record writer", () => {
       writeRolloutRecords(dir, -1, { kind: "train", env: "x", traces: [] }),
       writeRolloutRecords(dir, 1, { kind: "train", env: "x", traces: [linearTrace(traceId(1))], policyVersion: -2 }),
     ];
-    for (const attempt of attempts) {
-      const error = await attempt.then(() => null, (e: unknown) => e);
+    // Settled into values at once: a refusal must not sit unhandled while an earlier one is awaited.
+    const outcomes = attempts.map((attempt) => attempt.then(() => null, (e: unknown) => e));
+    for (const outcome of outcomes) {
+      const error = await outcome;
       expect(error).toBeInstanceOf(ReplayError);
       expect((error as ReplayError).code).toBe("invalid_request");
     }
