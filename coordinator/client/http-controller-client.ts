@@ -12,6 +12,9 @@ export interface HttpControllerClientOptions {
 }
 
 /** The controller API over HTTP/JSON (fetch). */
+
+/** Connection errors that mean the request never left: nobody is serving at that address. */
+const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN", "UND_ERR_CONNECT_TIMEOUT"]);
 export class HttpControllerClient extends ControllerClient {
   constructor(private readonly options: HttpControllerClientOptions) {
     super();
@@ -32,8 +35,18 @@ export class HttpControllerClient extends ControllerClient {
       });
     } catch (error) {
       if ((error as Error).name === "TimeoutError") throw new CheckpointError("outcome_unknown", `no reply from ${path} within ${Math.round(timeout)} ms`);
-      throw new CheckpointError("not_leader", `cannot reach the coordinator at ${this.options.baseUrl}: ${(error as Error).message}`);
+      const code = ((error as Error).cause as { code?: string } | undefined)?.code;
+      // Only a connection that was never made proves nothing was sent; a reset after that may
+      // have cut off a reply to an op that ran (a coordinator crashing mid-commit).
+      if (code !== undefined && NOT_SENT.has(code)) throw new CheckpointError("not_leader", `cannot reach the coordinator at ${this.options.baseUrl}: ${code}`);
+      throw new CheckpointError("outcome_unknown", `the connection to ${this.options.baseUrl} failed during ${op}: ${code ?? (error as Error).message}; retry with the same arguments`);
     }
-    return decodeControllerReply(op, await response.text());
+    let text: string;
+    try {
+      text = await response.text();
+    } catch (error) {
+      throw new CheckpointError("outcome_unknown", `the reply to ${op} was cut off: ${(error as Error).message}; retry with the same arguments`);
+    }
+    return decodeControllerReply(op, text);
   }
 }
