@@ -64,7 +64,8 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
   let natsStart: Promise<NatsServerProcess> | undefined;
   const launch = async (script: string, args: string[], opts?: ChildProgramOptions): Promise<ChildProgram> => {
     if (signal?.aborted) throw aborted();
-    const pending = startChildProgram(script, args, opts);
+    // One inherited Prometheus port would make every demo process bind the same one.
+    const pending = startChildProgram(script, args, { ...opts, env: { ...opts?.env, OTEL_EXPORTER_PROMETHEUS_PORT: undefined } });
     starting.add(pending);
     try {
       const child = await pending;
