@@ -26,6 +26,7 @@ import { ProgressReporter } from "./progress-reporter.js";
 import { appendResult, readResults, repairResultsTail } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import type { TaskRow } from "./task-rows.js";
+import { RunTimeouts } from "./run-timeouts.js";
 
 /** The controller ops the collector needs; the NATS client and the in-process engine both fit. */
 export interface CollectorController {
@@ -107,6 +108,8 @@ export class Collector {
   private readonly states = new Map<string, RowState>();
   private readonly lock = new AsyncLock();
   private gateOpen = true;
+  /** `/run` timeouts, paused while this collector's checkpoint keeps episodes parked. */
+  private readonly runTimeouts = new RunTimeouts();
   private gateWaiters: (() => void)[] = [];
   private dispatchWaiters: (() => void)[] = [];
   private readonly toRetire: EpisodeId[] = [];
@@ -298,18 +301,22 @@ export class Collector {
     await this.log.record(episode);
     for (;;) {
       let response: Response;
+      const timeout = this.runTimeouts.start((this.options.runTimeoutSeconds ?? 300) * 1000);
+      let body: Record<string, unknown>;
       try {
         response = await fetch(this.options.runUrl, {
           method: "POST",
           headers: { "content-type": "application/json", ...(this.records && { [TRAJECTORY_HEADER]: "1" }) },
           body: JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt, task: state.row.task }),
-          signal: AbortSignal.timeout((this.options.runTimeoutSeconds ?? 300) * 1000),
+          signal: timeout.signal,
         });
+        body = (await response.json().catch(() => ({}))) as Record<string, unknown>;
       } catch (error) {
         if (this.stopping) return;
         return this.failed(state, error);
+      } finally {
+        timeout.done();
       }
-      const body = (await response.json().catch(() => ({}))) as Record<string, unknown>;
       if (response.ok) return this.finished(state, body);
       const refusal = ErrorReplySchema.safeParse(body);
       if (refusal.success && refusal.data.error.code === "admission_closed") {
@@ -533,10 +540,12 @@ export class Collector {
 
   private closeGate(): void {
     this.gateOpen = false;
+    this.runTimeouts.pause();
   }
 
   private openGate(): void {
     this.gateOpen = true;
+    this.runTimeouts.resume();
     for (const wake of this.gateWaiters.splice(0)) wake();
   }
 

@@ -1,0 +1,57 @@
+/**
+ * Timeouts of the `/run` calls in flight that stand still while the collector's own checkpoint
+ * keeps their episodes parked: parked time is not the episode's, and a long checkpoint would
+ * otherwise time rows out (each one then retried as a new attempt).
+ */
+export class RunTimeouts {
+  private readonly active = new Set<Entry>();
+  private pausedAt: number | undefined;
+
+  /** A signal that aborts (`TimeoutError`) once `ms` of unpaused time passed; `done` when the call ended. */
+  start(ms: number): { signal: AbortSignal; done: () => void } {
+    const entry: Entry = { controller: new AbortController(), remaining: ms, startedAt: 0, timer: undefined };
+    this.active.add(entry);
+    if (this.pausedAt === undefined) this.arm(entry);
+    return {
+      signal: entry.controller.signal,
+      done: () => {
+        clearTimeout(entry.timer);
+        this.active.delete(entry);
+      },
+    };
+  }
+
+  pause(): void {
+    if (this.pausedAt !== undefined) return;
+    this.pausedAt = Date.now();
+    for (const entry of this.active) {
+      clearTimeout(entry.timer);
+      entry.remaining -= this.pausedAt - entry.startedAt;
+    }
+  }
+
+  resume(): void {
+    if (this.pausedAt === undefined) return;
+    this.pausedAt = undefined;
+    for (const entry of this.active) this.arm(entry);
+  }
+
+  private arm(entry: Entry): void {
+    entry.startedAt = Date.now();
+    entry.timer = setTimeout(
+      () => {
+        this.active.delete(entry);
+        entry.controller.abort(new DOMException("the /run call timed out", "TimeoutError"));
+      },
+      Math.min(Math.max(entry.remaining, 0), 2 ** 31 - 1),
+    );
+  }
+}
+
+interface Entry {
+  controller: AbortController;
+  /** Unpaused time left (ms) as of `startedAt`. */
+  remaining: number;
+  startedAt: number;
+  timer: NodeJS.Timeout | undefined;
+}
