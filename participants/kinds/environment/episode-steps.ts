@@ -28,7 +28,11 @@ export interface StepEpisode {
   continuation(): Boundary | null;
   /** Records a completed step; parks here while a checkpoint is open. */
   boundary(boundary: Boundary): Promise<void>;
-  /** Runs one step in `wait` or `replay` mode; a step never starts while a checkpoint is open. */
+  /**
+   * Runs one step in `wait` or `replay` mode. A step does not start while a checkpoint is open,
+   * except right after a finished wait step: its boundary is not recorded yet, so the episode
+   * still blocks the checkpoint and goes on to its next boundary.
+   */
   step<T>(mode: StepMode, fn: (signal: AbortSignal) => Promise<T>): Promise<T>;
   /** Parks at the latest boundary until admission reopens (used when a callee refused with `admission_closed`). */
   park(): Promise<void>;
@@ -62,6 +66,8 @@ interface Tracked<D> {
   restart: boolean;
   retiring: boolean;
   finishing: boolean;
+  /** A wait step finished since the last boundary: that boundary is stale, so the episode may not park on it. */
+  dirty: boolean;
   abort: AbortController;
   done: Promise<void>;
   /** Remaining episode time and when the current countdown started (undefined while suspended). */
@@ -155,6 +161,7 @@ export class EpisodeSteps<D = undefined> {
       restart: false,
       retiring: false,
       finishing: false,
+      dirty: false,
       abort: new AbortController(),
       done: new Promise<void>((resolve) => (finished = resolve)),
       remainingMs: options.timeoutMs,
@@ -203,7 +210,9 @@ export class EpisodeSteps<D = undefined> {
       this.onChange();
     };
     const park = async () => {
-      setState("parked");
+      // Parked = exported at the latest boundary; after a finished wait step that boundary would
+      // replay the step, so the episode waits as a blocker instead.
+      setState(t.dirty ? "running" : "parked");
       try {
         if (!this.gate.closed) {
           // Our own admission is open but a callee refused: wait briefly (or for the checkpoint to reach us).
@@ -211,7 +220,8 @@ export class EpisodeSteps<D = undefined> {
         }
         await this.gate.waitOpen(t.abort.signal);
       } finally {
-        if (!t.abort.signal.aborted) setState("running");
+        // Aborted too: an episode on its way out is neither exported nor done.
+        setState("running");
       }
     };
     return {
@@ -227,18 +237,26 @@ export class EpisodeSteps<D = undefined> {
         t.abort.signal.throwIfAborted();
         t.boundary = JSON.parse(JSON.stringify(boundary)) as Boundary;
         t.continuation = null;
+        t.dirty = false;
         if (this.gate.closed) await park();
         else setState("running");
       },
       step: async (mode, fn) => {
         t.abort.signal.throwIfAborted();
-        if (this.gate.closed) await park();
+        // Not at a stale boundary: the checkpoint waits for this episode anyway (it blocks), so its
+        // next step runs (callees close after this stage) until it records a boundary and parks there.
+        if (this.gate.closed && !t.dirty) await park();
         setState(mode === "wait" ? "wait_step" : "replay_step");
+        let ok = false;
         try {
-          return await fn(t.abort.signal);
+          const result = await fn(t.abort.signal);
+          ok = true;
+          if (mode === "wait") t.dirty = true;
+          return result;
         } finally {
-          // A replay step stays non-blocking until its boundary is recorded (the owner records it next).
-          if (mode === "wait") setState("running");
+          // A replay step stays non-blocking until its boundary is recorded (the owner records it next);
+          // a failed step blocks: the episode is ending, not exportable at a boundary.
+          if (mode === "wait" || !ok) setState("running");
         }
       },
       park,

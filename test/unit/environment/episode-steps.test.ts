@@ -95,6 +95,56 @@ describe("episode steps", () => {
     expect(started).toEqual(["verify"]);
   });
 
+  it("after a finished wait step the next step runs on instead of parking at the stale boundary (several tool calls in one turn)", async () => {
+    const steps = new EpisodeSteps();
+    const tool1 = latch();
+    const ran: string[] = [];
+    const run = steps.run(ep("t1"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "loop", turn: 0 });
+      await e.step("wait", async () => {
+        await tool1.promise;
+        ran.push("tool1");
+      });
+      await e.step("wait", async () => void ran.push("tool2")); // no boundary in between
+      await e.boundary({ next: "loop", turn: 1 });
+      return "done";
+    });
+    await flush();
+    steps.close(); // the checkpoint waits for tool 1
+    expect(steps.blockers()).toEqual(["t1"]);
+    tool1.open();
+    await flush();
+    // Parking at {turn: 0} would replay tool 1 after a crash: tool 2 runs, then it parks at turn 1.
+    expect(ran).toEqual(["tool1", "tool2"]);
+    expect(steps.blockers()).toEqual([]);
+    expect(steps.exportable().map((x) => x.boundary)).toEqual([{ next: "loop", turn: 1 }]);
+    steps.open();
+    expect(await run).toBe("done");
+  });
+
+  it("an episode whose step failed is neither exported nor counted parked while it ends", async () => {
+    const steps = new EpisodeSteps();
+    const cleanup = latch();
+    const run = steps.run(ep("f1"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "invoke_agent" });
+      try {
+        await e.step("replay", async () => {
+          throw new Error("the agent failed");
+        });
+      } catch (error) {
+        await cleanup.promise; // e.g. closing its session over the network
+        throw error;
+      }
+    });
+    await flush();
+    steps.close();
+    expect(steps.exportable()).toEqual([]);
+    expect(steps.blockers()).toEqual(["f1"]);
+    cleanup.open();
+    await expect(run).rejects.toThrow("the agent failed");
+    steps.open();
+  });
+
   it("a new checkpoint closing before a parked episode wakes keeps it parked", async () => {
     const steps = new EpisodeSteps();
     const run = steps.run(ep("k1"), { data: undefined }, async (e) => {
