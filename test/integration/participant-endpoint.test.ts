@@ -7,7 +7,6 @@ import { MEMBER_TTL_MS, memberKey, membersBucket, type Op } from "../../protocol
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { controlRequest, phase } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { waitUntil } from "../support/wait-until.js";
 
 const DEPLOYMENT = "itest";
 const TOKEN = "integration-secret";
@@ -78,20 +77,6 @@ describe("participant control plane over a real nats-server", () => {
     expect((await send("prepare", phase("c-old"))).error.code).toBe("stale_checkpoint");
     expect((await send("prepare", { ...phase("c9"), epoch: 0 })).error.code).toBe("stale_epoch");
     expect(await send("status", {})).toEqual(before);
-  });
-
-  it("re-creates the membership bucket when it disappeared, and announces itself again", async () => {
-    const other = await startParticipant({ nc: await nats.connect(), deployment: "itest-bucket", instance: "env_b", token: TOKEN, adapter: new ScriptableKind("environment"), checkpointRoot: root, heartbeatMs: 100 });
-    try {
-      const kvm = new Kvm(nats.nc);
-      await kvm.open(membersBucket("itest-bucket")).then((kv) => kv.destroy()); // an operator's `nats kv del`
-      await waitUntil(async () => {
-        const kv = await kvm.open(membersBucket("itest-bucket")).catch(() => undefined);
-        return (await kv?.get(memberKey("environment", "env_b")).catch(() => null))?.json() !== undefined;
-      }, "the member to be announced again", 40_000); // JetStream API calls are slow when the whole suite runs
-    } finally {
-      await other.stop();
-    }
   });
 
   it("refuses a request whose refusal would quote it at length, with a bounded detail, and keeps serving", async () => {
