@@ -1,8 +1,9 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
+import type { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { alive as liveProcess, descendants, killAll } from "../support/process-tree.js";
+import { alive, descendants, killAll } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /** `gym-ckpt gym` over the built CLI: the whole reference set starts, serves a rollout, and stops cleanly. */
@@ -20,15 +21,6 @@ afterAll(async () => {
   await nats?.close();
 });
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 function spawnGym(deployment: string, extra: string[] = []): ChildProcess {
   const gym = spawn(process.execPath, ["dist/coordinator/cli/main.js", "gym", "--nats", nats.server.url, "--deployment", deployment, "--token", "t0ken", ...extra], {
     stdio: ["ignore", "pipe", "pipe"],
@@ -44,40 +36,44 @@ function tree(root: number): { pid: number; cmdline: string }[] {
   return found;
 }
 
+function exitOf(child: ChildProcess): Promise<number | null> {
+  return new Promise((resolve) => child.once("exit", (code) => resolve(code)));
+}
+
+/** Resolves at the first line of `stream` that `match` accepts; rejects if the process exits first. */
+function lineFrom(stream: Readable, exited: Promise<number | null>, match: (line: string) => boolean): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    createInterface({ input: stream }).on("line", (line) => {
+      if (match(line)) resolve();
+    });
+    void exited.then((code) => reject(new Error(`gym exited early (${code})`)));
+  });
+}
+
 describe("gym-ckpt gym", () => {
   it("stops the children already started when SIGTERM comes during start-up", async () => {
     const gym = spawnGym("launcher-early", ["--verbose"]);
-    const exited = new Promise<number | null>((resolve) => gym.once("exit", (code) => resolve(code)));
+    const exited = exitOf(gym);
     // --verbose relays each child's lines: the policy's ready line means it is up and the next one starting.
-    await new Promise<void>((resolve, reject) => {
-      createInterface({ input: gym.stderr! }).on("line", (line) => {
-        if (line.startsWith("[policy] ") && line.includes('"ready":true')) resolve();
-      });
-      void exited.then((code) => reject(new Error(`gym exited early (${code})`)));
-    });
+    await lineFrom(gym.stderr!, exited, (line) => line.startsWith("[policy] ") && line.includes('"ready":true'));
     const started = tree(gym.pid!);
     expect(started.filter((p) => p.cmdline.includes("policy-backend/main.js"))).toHaveLength(1);
     gym.kill("SIGTERM");
     const code = await exited;
-    await waitUntil(() => started.every((p) => !liveProcess(p.pid)), "every child of the gym to exit");
+    await waitUntil(() => started.every((p) => !alive(p.pid)), "every child of the gym to exit");
     expect(code).toBe(0);
   });
 
   it("exits 1 and stops the rest when a child dies", async () => {
     const gym = spawnGym("launcher-crash");
-    const exited = new Promise<number | null>((resolve) => gym.once("exit", (code) => resolve(code)));
-    await new Promise<void>((resolve, reject) => {
-      createInterface({ input: gym.stdout! }).on("line", (line) => {
-        if (line.includes('"name":"gym"') && line.includes('"ready":true')) resolve();
-      });
-      void exited.then((code) => reject(new Error(`gym exited early (${code})`)));
-    });
+    const exited = exitOf(gym);
+    await lineFrom(gym.stdout!, exited, (line) => line.includes('"name":"gym"') && line.includes('"ready":true'));
     const children = tree(gym.pid!);
     const resources = children.find((p) => p.cmdline.includes("resources-server/main.js"));
     expect(resources).toBeDefined();
     process.kill(resources!.pid, "SIGKILL");
     expect(await exited).toBe(1);
-    await waitUntil(() => children.every((p) => !liveProcess(p.pid)), "every child of the gym to exit");
+    await waitUntil(() => children.every((p) => !alive(p.pid)), "every child of the gym to exit");
   });
 
   it("starts every reference server, runs an episode, and stops them all on SIGTERM", async () => {
@@ -105,7 +101,7 @@ describe("gym-ckpt gym", () => {
     });
     expect(await response.json()).toEqual({ rollout_id: "demo-1", attempt: 0, reward: 1, answer: "42", continued_from: null });
     const ports = Object.values(ready.urls) as string[];
-    const exited = new Promise<number | null>((resolve) => child!.once("exit", (code) => resolve(code)));
+    const exited = exitOf(child!);
     child.kill("SIGTERM");
     expect(await exited).toBe(0);
     // Every child is gone: nothing answers on any of the URLs any more.
@@ -117,7 +113,7 @@ describe("gym-ckpt gym", () => {
     const bare = spawn(process.execPath, ["dist/coordinator/cli/main.js", "gym", "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
     let stderr = "";
     bare.stderr!.on("data", (chunk) => (stderr += String(chunk)));
-    const code = await new Promise<number | null>((resolve) => bare.once("exit", resolve));
+    const code = await exitOf(bare);
     expect(code).toBe(2);
     expect(stderr).toContain("control token is required");
   });

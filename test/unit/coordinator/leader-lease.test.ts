@@ -72,13 +72,19 @@ function lease(kv: FakeKv, clock: ManualClock, events: string[]) {
   });
 }
 
+/** A lease started on a fresh fake bucket and clock, with its ready/lost events recorded. */
+async function started() {
+  const kv = new FakeKv();
+  const clock = new ManualClock();
+  const events: string[] = [];
+  const l = lease(kv, clock, events);
+  await l.start();
+  return { kv, clock, events, l };
+}
+
 describe("leader lease", () => {
   it("wins with create (revision = epoch), waits one lease period before it is ready, renews with update", async () => {
-    const kv = new FakeKv();
-    const clock = new ManualClock();
-    const events: string[] = [];
-    const l = lease(kv, clock, events);
-    await l.start();
+    const { kv, clock, events, l } = await started();
     expect(l.state()).toMatchObject({ leader: true, ready: false, epoch: 101 });
     expect(() => l.epoch()).toThrow(/first lease period/);
     await clock.advance(2999);
@@ -94,11 +100,7 @@ describe("leader lease", () => {
   });
 
   it("demotes at the first failed renewal and then campaigns as a follower", async () => {
-    const kv = new FakeKv();
-    const clock = new ManualClock();
-    const events: string[] = [];
-    const l = lease(kv, clock, events);
-    await l.start();
+    const { kv, clock, events, l } = await started();
     await clock.advance(3000);
     kv.failUpdates = true;
     await clock.advance(1000);
@@ -129,11 +131,7 @@ describe("leader lease", () => {
   });
 
   it("renews with a timeout of a third of the lease and stops acting once a lease period passed without a successful renewal", async () => {
-    const kv = new FakeKv();
-    const clock = new ManualClock();
-    const events: string[] = [];
-    const l = lease(kv, clock, events);
-    await l.start();
+    const { kv, clock, events, l } = await started();
     await clock.advance(3000);
     expect(l.epoch()).toBe(101);
     expect(kv.updateTimeouts.at(-1)).toBe(1000);
