@@ -1,32 +1,45 @@
-import { afterEach, describe, expect, it, vi } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { systemClock } from "../../../participants/control-plane/clock.js";
 
+// Fake timers move the timers and Date.now() together; vi.setSystemTime() steps the wall clock
+// alone, as NTP does, so a timer can come due before the wall clock reached its instant.
+beforeEach(() => {
+  vi.useFakeTimers();
+});
 afterEach(() => {
-  vi.restoreAllMocks();
+  vi.useRealTimers();
 });
 
 describe("systemClock.setTimer", () => {
-  it("fires only once the wall clock reached the instant, even if the clock was stepped back meanwhile", async () => {
-    const realNow = Date.now.bind(Date);
-    let stepBack = 0;
-    vi.spyOn(Date, "now").mockImplementation(() => realNow() - stepBack);
-    const armed = realNow();
-    const fired = new Promise<number>((resolve) => systemClock.setTimer(() => resolve(realNow()), 20));
-    stepBack = 150; // an NTP step: the 20 ms timer fires while the wall clock still reads 130 ms short
-    const at = await fired;
-    expect(at - armed).toBeGreaterThanOrEqual(165);
+  it("fires only once the wall clock reached the instant, even if the clock was stepped back meanwhile", () => {
+    let fired = 0;
+    systemClock.setTimer(() => fired++, 20);
+    vi.setSystemTime(Date.now() - 150); // the wall clock steps back 150 ms
+    vi.advanceTimersByTime(20); // the timer comes due: the wall clock is still 150 ms short
+    expect(fired).toBe(0);
+    vi.advanceTimersByTime(149);
+    expect(fired).toBe(0);
+    vi.advanceTimersByTime(1);
+    expect(fired).toBe(1);
   });
 
-  it("can be cancelled, also after it re-armed", async () => {
-    const realNow = Date.now.bind(Date);
-    let stepBack = 0;
-    vi.spyOn(Date, "now").mockImplementation(() => realNow() - stepBack);
-    let calls = 0;
-    const cancel = systemClock.setTimer(() => calls++, 10);
-    stepBack = 60;
-    await new Promise((resolve) => setTimeout(resolve, 30)); // the first timer has fired and re-armed
+  it("splits a delay beyond setTimeout's 2^31-1 ms instead of firing at once", () => {
+    let fired = 0;
+    const day = 24 * 3600 * 1000;
+    systemClock.setTimer(() => fired++, 30 * day);
+    vi.advanceTimersByTime(29 * day);
+    expect(fired).toBe(0);
+    vi.advanceTimersByTime(day);
+    expect(fired).toBe(1);
+  });
+
+  it("can be cancelled, also after it re-armed", () => {
+    let fired = 0;
+    const cancel = systemClock.setTimer(() => fired++, 10);
+    vi.setSystemTime(Date.now() - 60);
+    vi.advanceTimersByTime(10); // came due early and re-armed for the rest
     cancel();
-    await new Promise((resolve) => setTimeout(resolve, 80));
-    expect(calls).toBe(0);
+    vi.advanceTimersByTime(1000);
+    expect(fired).toBe(0);
   });
 });
