@@ -23,7 +23,7 @@ import { collectionInstruments, type RowCounts } from "./collection-telemetry.js
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { DispatchLog } from "./dispatch-log.js";
 import { ProgressReporter } from "./progress-reporter.js";
-import { appendResult, readResults, repairResultsTail } from "./results-file.js";
+import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import type { TaskRow } from "./task-rows.js";
 import { RunTimeouts } from "./run-timeouts.js";
@@ -149,8 +149,7 @@ export class Collector {
   /** Reads finished rows, the previous dispatch log and LATEST; restores or retires accordingly. */
   async start(): Promise<void> {
     await this.records?.start();
-    await repairResultsTail(this.options.outPath);
-    const finished = await readResults(this.options.outPath);
+    const finished = await readResultsForAppend(this.options.outPath);
     for (const row of this.options.rows) {
       const done = finished.get(row.rolloutId);
       this.states.set(row.rolloutId, { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0 });

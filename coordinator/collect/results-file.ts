@@ -19,54 +19,56 @@ export async function appendResult(path: string, line: ResultLine): Promise<void
   await appendFile(path, `${JSON.stringify(ResultLineSchema.parse(line))}\n`);
 }
 
-/** Finished rows by rollout id; a torn last line (crash mid-append) is ignored. */
+/** Finished rows by rollout id, for readers beside a running collector: a torn last line (an append in progress or cut by a crash) is ignored. */
 export async function readResults(path: string): Promise<Map<string, ResultLine>> {
-  const finished = new Map<string, ResultLine>();
-  let text: string;
-  try {
-    text = await readFile(path, "utf8");
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return finished;
-    throw error;
-  }
-  // The piece after the last newline is either empty or a torn append: drop it.
-  for (const line of text.split("\n").slice(0, -1)) {
-    if (!line.trim()) continue;
-    const parsed = ResultLineSchema.parse(JSON.parse(line));
-    finished.set(parsed.rollout_id, parsed);
-  }
-  return finished;
+  const bytes = await readIfExists(path);
+  return bytes ? parseResults(bytes.subarray(0, bytes.lastIndexOf(0x0a) + 1)) : new Map();
 }
 
 /**
- * Start-up repair of a crash mid-append: the torn last line is cut off, or, when it is a whole
- * record that only lost its newline, the newline is added. Otherwise the next append would land
- * after the fragment, leaving it mid-file where `readResults` refuses it.
+ * The collector's own start-up read, which also repairs a crash mid-append: the torn last line is
+ * cut off, or, when it is a whole record that only lost its newline, the newline is added (and the
+ * row counts). Otherwise the next append would land after the fragment, leaving it mid-file.
  */
-export async function repairResultsTail(path: string): Promise<void> {
-  let bytes: Buffer;
-  try {
-    bytes = await readFile(path);
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return;
-    throw error;
-  }
+export async function readResultsForAppend(path: string): Promise<Map<string, ResultLine>> {
+  const bytes = await readIfExists(path);
+  if (!bytes) return new Map();
   const end = bytes.lastIndexOf(0x0a) + 1;
-  if (end === bytes.length) return;
+  if (end === bytes.length) return parseResults(bytes);
+  const tail = parseResults(bytes.subarray(end), true);
   const handle = await open(path, "r+");
   try {
-    if (isResultLine(bytes.subarray(end).toString("utf8"))) await handle.write("\n", bytes.length);
+    if (tail.size) await handle.write("\n", bytes.length);
     else await handle.truncate(end);
     await handle.sync();
   } finally {
     await handle.close();
   }
+  return new Map([...parseResults(bytes.subarray(0, end)), ...tail]);
 }
 
-function isResultLine(text: string): boolean {
+/** Whole lines only; `lenient` returns nothing for text that is not one valid line (a torn tail). */
+function parseResults(bytes: Buffer, lenient = false): Map<string, ResultLine> {
+  const finished = new Map<string, ResultLine>();
+  for (const line of bytes.toString("utf8").split("\n")) {
+    if (!line.trim()) continue;
+    let parsed: ResultLine;
+    try {
+      parsed = ResultLineSchema.parse(JSON.parse(line));
+    } catch (error) {
+      if (lenient) return new Map();
+      throw error;
+    }
+    finished.set(parsed.rollout_id, parsed);
+  }
+  return finished;
+}
+
+async function readIfExists(path: string): Promise<Buffer | undefined> {
   try {
-    return ResultLineSchema.safeParse(JSON.parse(text)).success;
-  } catch {
-    return false;
+    return await readFile(path);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw error;
   }
 }
