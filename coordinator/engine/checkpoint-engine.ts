@@ -5,6 +5,7 @@ import {
   CheckpointError,
   GUARDED_OPS,
   MAX_DEADLINE_AHEAD_S,
+  memberKey,
   PREPARE_STAGES,
   RESUME_STAGES,
   RETIRE_STAGES,
@@ -330,11 +331,10 @@ export class CheckpointEngine {
   /** Status of every registered participant (one directed status request each); no lock needed. */
   async status(): Promise<CtlReplyOf<"status">> {
     const registered = await this.options.membership.list();
-    const known = new Map(registered.map((m) => [`${m.kind}.${m.instance}`, m]));
-    for (const m of this.open?.members ?? []) known.set(`${m.kind}.${m.instance}`, m);
-    const members = [...known.values()].sort((a, b) => (`${a.kind}.${a.instance}` < `${b.kind}.${b.instance}` ? -1 : 1));
-    const deadlineMs = this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000);
-    const outcomes = await runAll(members, (m) => this.options.client.call(m, "status", {}, deadlineMs));
+    const known = new Map(registered.map((m) => [memberKey(m.kind, m.instance), m]));
+    for (const m of this.open?.members ?? []) known.set(memberKey(m.kind, m.instance), m);
+    const members = [...known.values()].sort((a, b) => (memberKey(a.kind, a.instance) < memberKey(b.kind, b.instance) ? -1 : 1));
+    const outcomes = await this.probeStatuses(members);
     return {
       deployment: this.options.deployment,
       coordinator: this.options.leadership.state(),
@@ -420,10 +420,11 @@ export class CheckpointEngine {
     return done;
   }
 
-  /** Every registered participant's status, once per recovery. */
-  private async probeStatuses(): Promise<Outcome<"status">[]> {
-    const members = await this.options.membership.list();
-    return runAll(members, (m) => this.options.client.call(m, "status", {}, this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000)));
+  /** One directed status request to each member (default: every registered participant). */
+  private async probeStatuses(members?: readonly ParticipantRef[]): Promise<Outcome<"status">[]> {
+    const targets = members ?? (await this.options.membership.list());
+    const deadlineMs = this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000);
+    return runAll(targets, (m) => this.options.client.call(m, "status", {}, deadlineMs));
   }
 
   /**
@@ -884,7 +885,7 @@ export class CheckpointEngine {
     const incarnations = new Map<string, string>();
     for (const m of members) {
       const incarnation = this.options.membership.incarnationOf?.(m);
-      if (incarnation !== undefined) incarnations.set(`${m.kind}.${m.instance}`, incarnation);
+      if (incarnation !== undefined) incarnations.set(memberKey(m.kind, m.instance), incarnation);
     }
     return incarnations;
   }
@@ -893,7 +894,7 @@ export class CheckpointEngine {
   private recordedIncarnation(member: ParticipantRef, id: string | undefined): string | undefined {
     const open = this.open;
     if (!open || open.id !== id) return undefined;
-    return open.incarnations.get(`${member.kind}.${member.instance}`);
+    return open.incarnations.get(memberKey(member.kind, member.instance));
   }
 
   /**
@@ -903,7 +904,7 @@ export class CheckpointEngine {
    */
   private restartedSince(member: ParticipantRef, id: string, then: string): string | null {
     const now = this.options.membership.incarnationOf?.(member);
-    if (now === undefined || now === then || now === this.open?.viewed.get(`${member.kind}.${member.instance}`)) return null;
+    if (now === undefined || now === then || now === this.open?.viewed.get(memberKey(member.kind, member.instance))) return null;
     return `${member.kind}/${member.instance} restarted after checkpoint ${id} opened (incarnation ${then} → ${now}); the new process never took part`;
   }
 
@@ -911,7 +912,7 @@ export class CheckpointEngine {
   private recordRestorer(member: ParticipantRef, id: string | undefined, incarnation: string | undefined): void {
     const open = this.open;
     if (incarnation === undefined || !open || open.id !== id) return;
-    open.incarnations.set(`${member.kind}.${member.instance}`, incarnation);
+    open.incarnations.set(memberKey(member.kind, member.instance), incarnation);
   }
 
   /** Forgets the open checkpoint and its journal entry; its id stays fenced here. */
@@ -1006,12 +1007,15 @@ function ms(duration: number): number {
 }
 
 /** What a retried commit must repeat: its scope (as a set) and stop flag. */
+/** A scope's identity: its capture keys, unique and sorted; null (everything) stays null. */
+function scopeKey(scope: EpisodeId[] | null): string | null {
+  return scope === null ? null : [...new Set(scope.map(captureKey))].sort().join(",");
+}
+
 function commitArgs(scope: EpisodeId[] | null, stop: boolean): string {
-  return canonicalJson([scope === null ? null : [...new Set(scope.map(captureKey))].sort(), stop]);
+  return canonicalJson([scopeKey(scope), stop]);
 }
 
 function sameScope(a: EpisodeId[] | null, b: EpisodeId[] | null): boolean {
-  if (a === null || b === null) return a === b;
-  const key = (s: EpisodeId[]) => [...new Set(s.map(captureKey))].sort().join(",");
-  return key(a) === key(b);
+  return scopeKey(a) === scopeKey(b);
 }

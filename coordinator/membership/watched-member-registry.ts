@@ -1,6 +1,6 @@
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
-import { MEMBER_TTL_MS, MemberSchema, type Member } from "../../protocol/index.js";
+import { MEMBER_TTL_MS, MemberSchema, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
 import { KvMemberRegistry, type MembershipSource } from "./member-registry.js";
@@ -37,7 +37,7 @@ export class WatchedMemberRegistry implements MembershipSource {
     const seeded = await new KvMemberRegistry(this.kv, this.logger).members();
     const now = this.clock.now();
     for (const member of seeded) {
-      const key = `${member.kind}.${member.instance}`;
+      const key = memberKey(member.kind, member.instance);
       if (!this.cache.has(key)) this.cache.set(key, { member, seenAt: now });
     }
   }
@@ -68,7 +68,7 @@ export class WatchedMemberRegistry implements MembershipSource {
       if (cached.seenAt < cutoff) this.cache.delete(key);
       else live.push(cached.member);
     }
-    return live.sort((a, b) => (`${a.kind}.${a.instance}` < `${b.kind}.${b.instance}` ? -1 : 1));
+    return live.sort((a, b) => (memberKey(a.kind, a.instance) < memberKey(b.kind, b.instance) ? -1 : 1));
   }
 
   async list(): Promise<ParticipantRef[]> {
@@ -76,7 +76,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   incarnationOf(member: ParticipantRef): string | undefined {
-    return this.cache.get(`${member.kind}.${member.instance}`)?.member.incarnation;
+    return this.cache.get(memberKey(member.kind, member.instance))?.member.incarnation;
   }
 
   stop(): void {
