@@ -12,3 +12,8 @@ export const MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024;
  * usually milliseconds sent as seconds, and past ~24.8 days timers overflow and fire at once.
  */
 export const MAX_DEADLINE_AHEAD_S = 7 * 24 * 3600;
+
+/** A delay setTimeout honours: at least 1 ms, at most 2^31-1 ms (longer ones fire at once). */
+export function timerDelay(ms: number): number {
+  return Math.min(Math.max(1, Math.ceil(ms)), 2 ** 31 - 1);
+}

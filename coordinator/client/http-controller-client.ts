@@ -1,4 +1,4 @@
-import { CONTROLLER_OPS, CheckpointError, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
 import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
@@ -31,7 +31,7 @@ export class HttpControllerClient extends ControllerClient {
         method,
         headers: { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) },
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),
-        signal: AbortSignal.timeout(Math.min(Math.max(1, Math.ceil(timeout)), 2 ** 31 - 1)),
+        signal: AbortSignal.timeout(timerDelay(timeout)),
       });
     } catch (error) {
       if ((error as Error).name === "TimeoutError") throw new CheckpointError("outcome_unknown", `no reply from ${path} within ${Math.round(timeout)} ms`);

@@ -1,3 +1,5 @@
+import { timerDelay } from "../../protocol/index.js";
+
 /**
  * Timeouts of the `/run` calls in flight that stand still while the collector's own checkpoint
  * keeps their episodes parked: parked time is not the episode's, and a long checkpoint would
@@ -43,7 +45,7 @@ export class RunTimeouts {
         this.active.delete(entry);
         entry.controller.abort(new DOMException("the /run call timed out", "TimeoutError"));
       },
-      Math.min(Math.max(entry.remaining, 0), 2 ** 31 - 1),
+      timerDelay(entry.remaining),
     );
   }
 }

@@ -1,5 +1,5 @@
 import { createInbox, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
-import { HEADER_AUTHORIZATION } from "../../protocol/index.js";
+import { HEADER_AUTHORIZATION, timerDelay } from "../../protocol/index.js";
 import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
 
@@ -41,8 +41,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);
     if (options.context) injectTraceContext(h, options.context);
     const token = (++this.seq).toString(36);
-    // setTimeout fires at once past 2^31-1 ms; deadlines are bounded well below that anyway.
-    const timeoutMs = Math.min(Math.max(1, Math.ceil(options.timeoutMs)), 2 ** 31 - 1);
+    const timeoutMs = timerDelay(options.timeoutMs);
     return new Promise<string>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(token);

@@ -1,3 +1,5 @@
+import { timerDelay } from "../../protocol/index.js";
+
 /** Time source and timers, injectable so lease tests advance time instead of sleeping. */
 export interface Clock {
   /** Milliseconds since the Unix epoch. */
@@ -5,9 +7,6 @@ export interface Clock {
   /** Runs `fn` after `ms`; returns a cancel function. */
   setTimer(fn: () => void, ms: number): () => void;
 }
-
-/** setTimeout's longest delay (about 24.8 days); longer ones would fire at once. */
-const MAX_TIMEOUT_MS = 2 ** 31 - 1;
 
 export const systemClock: Clock = {
   now: () => Date.now(),
@@ -18,7 +17,7 @@ export const systemClock: Clock = {
     const at = Date.now() + ms;
     let timer: NodeJS.Timeout;
     const arm = (delay: number) => {
-      timer = setTimeout(tick, Math.min(Math.max(0, delay), MAX_TIMEOUT_MS));
+      timer = setTimeout(tick, timerDelay(delay)); // longer than ~24.8 days: split, re-armed by tick
       timer.unref?.();
     };
     const tick = () => {
