@@ -57,8 +57,7 @@ export class LeaderLease implements Leadership {
     if (this.heldEpoch === null) throw new CheckpointError("not_leader", `coordinator ${this.options.id} does not hold the leader lease`);
     const now = this.clock.now();
     if (now < this.readyAt) throw new CheckpointError("not_leader", `coordinator ${this.options.id} is waiting out its first lease period`);
-    // Local expiry: a successor may hold the key once a lease period passed without a renewal.
-    if (now > this.renewedAt + this.options.leaseMs) throw new CheckpointError("not_leader", `coordinator ${this.options.id} has not renewed its lease for ${now - this.renewedAt} ms`);
+    if (!this.renewedRecently(now)) throw new CheckpointError("not_leader", `coordinator ${this.options.id} has not renewed its lease for ${now - this.renewedAt} ms`);
     return this.heldEpoch;
   }
 
@@ -69,7 +68,23 @@ export class LeaderLease implements Leadership {
   state(): LeadershipState {
     const leader = this.heldEpoch !== null;
     const now = this.clock.now();
-    return { id: this.options.id, leader, ready: leader && now >= this.readyAt && now <= this.renewedAt + this.options.leaseMs, epoch: this.heldEpoch };
+    return { id: this.options.id, leader, ready: leader && now >= this.readyAt && this.renewedRecently(now), epoch: this.heldEpoch };
+  }
+
+  /** Local expiry: a successor may hold the key once a lease period passed without a renewal. */
+  private renewedRecently(now: number): boolean {
+    return now <= this.renewedAt + this.options.leaseMs;
+  }
+
+  /** The key was created at `revision` by a request sent at `sentAt`: this coordinator leads. */
+  private won(revision: number, sentAt: number): void {
+    this.renewedAt = sentAt;
+    this.heldEpoch = revision;
+    this.lastRevision = revision;
+    this.readyAt = this.clock.now() + this.options.leaseMs;
+    this.readyFired = false;
+    coordinatorTelemetry().leaderChanges.add(1, { event: "won" });
+    this.options.logger?.info({ epoch: revision, ready_in_ms: this.options.leaseMs }, "lease_won");
   }
 
   /** Campaign at once instead of at the next tick (failover tests; operators forcing a hand-over). */
@@ -80,13 +95,7 @@ export class LeaderLease implements Leadership {
     try {
       const sentAt = this.clock.now();
       const revision = await this.kv.create(LEADER_KEY, JSON.stringify({ id: this.options.id, at: sentAt }));
-      this.renewedAt = sentAt;
-      this.heldEpoch = revision;
-      this.lastRevision = revision;
-      this.readyAt = this.clock.now() + this.options.leaseMs;
-      this.readyFired = false;
-      coordinatorTelemetry().leaderChanges.add(1, { event: "won" });
-      this.options.logger?.info({ epoch: revision, ready_in_ms: this.options.leaseMs }, "lease_won");
+      this.won(revision, sentAt);
       this.timer?.();
       this.schedule(this.options.leaseMs / 3);
       return true;
@@ -118,14 +127,7 @@ export class LeaderLease implements Leadership {
     const value = JSON.stringify({ id: this.options.id, at: sentAt });
     if (this.heldEpoch === null) {
       try {
-        const revision = await this.kv!.create(LEADER_KEY, value);
-        this.renewedAt = sentAt;
-        this.heldEpoch = revision;
-        this.lastRevision = revision;
-        this.readyAt = this.clock.now() + this.options.leaseMs;
-        this.readyFired = false;
-        coordinatorTelemetry().leaderChanges.add(1, { event: "won" });
-        this.options.logger?.info({ epoch: revision, ready_in_ms: this.options.leaseMs }, "lease_won");
+        this.won(await this.kv!.create(LEADER_KEY, value), sentAt);
       } catch {
         // Someone else leads (or the server is unreachable): campaign again later.
       }
