@@ -197,10 +197,12 @@ export async function run(): Promise<void> {
       await coordinator.stop();
       stop();
       await Promise.all([pnc.close(), cnc.close(), fnc.close()]);
-      const split = (["prepare", "commit", "publish", "resume"] as const).map((k) => `${k} ${percentile(parts[k], 50).toFixed(1)}`).join(", ");
-      const floorSplit = (["prepare", "commit", "resume"] as const).map((k) => `${k} ${percentile(floorParts[k], 50).toFixed(1)}`).join(", ");
-      const inside = Object.fromEntries((["prepare", "commit", "publish", "resume"] as const).map((k) => [k, percentile(parts[k], 50)])) as Record<keyof typeof parts, number>;
-      const floorInside = Object.fromEntries((["prepare", "commit", "resume"] as const).map((k) => [k, percentile(floorParts[k], 50)])) as Record<keyof typeof floorParts, number>;
+      const medians = <K extends string>(byPart: Record<K, number[]>) => Object.fromEntries(Object.entries<number[]>(byPart).map(([k, v]) => [k, percentile(v, 50)])) as Record<K, number>;
+      const inside = medians(parts);
+      const floorInside = medians(floorParts);
+      const splitOf = (m: Record<string, number>) => Object.entries(m).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ");
+      const split = splitOf(inside);
+      const floorSplit = splitOf(floorInside);
       const r = { split, floorSplit, inside, floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0 };
       r.ratio = r.p50 / r.f50;
       results.push(r);
