@@ -920,8 +920,12 @@ export class CheckpointEngine {
     if (this.open?.id === id) this.open = undefined;
     this.closed.add(id);
     void this.options.writer.discard(id);
-    // Off the critical path: an entry that outlives a crash only makes a successor resume again (idempotent).
-    this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
+    // Off the critical path, and only once LATEST's rename is durable: an entry that outlives a
+    // crash only makes a successor resume again (idempotent) or repair LATEST.
+    this.options.writer.durable().then(
+      () => this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed")),
+      (error: unknown) => this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept"),
+    );
   }
 
   /**

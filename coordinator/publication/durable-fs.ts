@@ -110,9 +110,3 @@ export function replaceFileDurablySync(path: string, data: string | Uint8Array):
   }
   fsyncDirectorySync(dirname(path));
 }
-
-/** `installStagedFile`, blocking: rename the staged temp over its target, then fsync the directory. */
-export function installStagedFileSync(staged: StagedFile): void {
-  renameSync(staged.temp, staged.target);
-  fsyncDirectorySync(dirname(staged.target));
-}

@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { createReadStream, statSync } from "node:fs";
+import { createReadStream, renameSync, statSync } from "node:fs";
 import { mkdir, rmdir } from "node:fs/promises";
 import { join } from "node:path";
 import {
@@ -14,7 +14,7 @@ import {
   type ParticipantEntry,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { discardStagedFile, installStagedFileSync, replaceFileDurably, replaceFileDurablySync, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
+import { discardStagedFile, fsyncDirectory, replaceFileDurably, replaceFileDurablySync, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
 import { applyRetention, removeTrash } from "./retention.js";
 
 export interface PublishInput {
@@ -41,15 +41,17 @@ export interface PublishResult {
  * directory, then LATEST atomically replaced at the root; the caller runs retention (`retain`)
  * when it suits it (the convenience op: after the resume).
  *
- * LATEST's new content (the id) is known when the checkpoint opens, so `stage` writes and fsyncs
- * its temp file while the prepare and commit requests are in flight; publication then pays one
- * fsynced file (checkpoint.json) and two directory fsyncs. The order on disk is unchanged: LATEST
- * is renamed only after checkpoint.json is durable.
+ * LATEST's new content (the id) is known when the checkpoint opens, so `stage` creates the
+ * checkpoint directory (root fsynced) and writes and fsyncs LATEST's temp file while the prepare
+ * and commit requests are in flight; publication then pays one fsynced file (checkpoint.json) and
+ * one directory fsync before LATEST's rename, whose root fsync runs in the background (`durable`).
+ * The order on disk is unchanged: LATEST is renamed only after checkpoint.json is durable.
  */
 export class GlobalManifestWriter {
   private readonly staged = new Map<string, Promise<StagedFile>>();
   private readonly inUse = new Set<string>();
   private cleanup: Promise<void> = Promise.resolve();
+  private latestDurable: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly catalog: CheckpointCatalog,
@@ -112,7 +114,13 @@ export class GlobalManifestWriter {
       // Blocking I/O on purpose: nothing else is in flight for this checkpoint, and the thread-pool
       // round trips of the async calls cost more than the writes (docs/benchmarks.md).
       replaceFileDurablySync(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);
-      installStagedFileSync(latest);
+      renameSync(latest.temp, latest.target);
+      // The root's fsync (LATEST's rename) leaves the critical path: until it is done the journal
+      // entry stays (the engine removes it after `durable()`), so after an OS crash that lost the
+      // rename, recovery finds checkpoint.json and repairs LATEST (repairLatest).
+      const durable = fsyncDirectory(this.catalog.root);
+      durable.catch(() => undefined); // reported through durable()
+      this.latestDurable = durable;
       // Retention scans the catalog right after this; it need not re-read what was just written.
       this.catalog.remember(input.checkpointId, manifest, statSync(manifestPath));
       return { manifestPath, manifest };
@@ -157,10 +165,18 @@ export class GlobalManifestWriter {
     return deleted;
   }
 
+  /**
+   * Resolves once the last publication's LATEST rename is durable (the root directory fsynced);
+   * rejects if that fsync failed.
+   */
+  durable(): Promise<void> {
+    return this.latestDurable;
+  }
+
   /** Resolves once background work (staging, discarding stages, removing deleted checkpoints) has finished. */
   async settled(): Promise<void> {
     await Promise.all([...this.staged.values()].map((staging) => staging.catch(() => undefined)));
-    await this.cleanup;
+    await Promise.all([this.cleanup, this.latestDurable.catch(() => undefined)]);
   }
 
   private async stageLatest(checkpointId: string): Promise<StagedFile> {
@@ -170,7 +186,10 @@ export class GlobalManifestWriter {
     this.inUse.add(temp);
     try {
       await mkdir(this.catalog.dirFor(checkpointId), { recursive: true });
-      return await stageFile(target, `${checkpointId}\n`, temp);
+      // The root's fsync makes the new checkpoint directory durable before anything is committed
+      // into it (publication no longer fsyncs the root before the resume).
+      const [staged] = await Promise.all([stageFile(target, `${checkpointId}\n`, temp), fsyncDirectory(this.catalog.root)]);
+      return staged;
     } catch (error) {
       this.inUse.delete(temp);
       throw error;

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Kind } from "../../../protocol/index.js";
-import { makeEngine, writers, type Call } from "./fake-participants.js";
+import { journalEmptied, makeEngine, writers, type Call } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
 const STAGE: Record<string, Record<Kind, number>> = {
@@ -52,7 +52,7 @@ describe("engine ordering", () => {
       expect(call.body.epoch).toBe(7);
       expect(typeof call.body.deadline_ts).toBe("number");
     }
-    expect(journal.entries.size).toBe(0);
+    await journalEmptied(journal);
     const manifest = await catalog.get("c1");
     expect(manifest.participants.map((p) => `${p.kind}/${p.instance}`)).toHaveLength(5);
     expect(manifest.controller_state).toEqual({ inline: { step: 3 } });
@@ -99,7 +99,7 @@ describe("engine ordering", () => {
     expect(error.message).toContain("agent/a1");
     expect(error.message).toContain("model/m1");
     expect(fake.ops("resume").map((c) => c.kind)).toContain("environment");
-    expect(journal.entries.size).toBe(0);
+    await journalEmptied(journal);
     // idempotent afterwards
     expect((await engine.resume({ checkpoint_id: "c4" })).participants).toEqual([]);
     // a resumed id is fenced
@@ -278,7 +278,7 @@ describe("all-or-nothing restore", () => {
     expect(Math.max(...retires.map((c) => c.seq))).toBeLessThan(Math.min(...resumes.map((c) => c.seq)));
     expect(Math.max(...restores.map((c) => c.seq))).toBeLessThan(Math.min(...retires.map((c) => c.seq)));
     expect(engine.openCheckpoint).toBeNull();
-    expect(journal.entries.size).toBe(0);
+    await journalEmptied(journal);
   });
 
   it("a successful restore leaves everyone restored until resume; retire must name it", async () => {
@@ -315,7 +315,7 @@ describe("HA hooks and recovery", () => {
     expect(second.fake.ops("commit")).toHaveLength(5);
     expect(second.fake.ops("resume")).toHaveLength(5);
     expect((await second.catalog.get("c9")).checkpoint_id).toBe("c9");
-    expect(second.journal.entries.size).toBe(0);
+    await journalEmptied(second.journal);
   });
 
   it("recovery of an undecided checkpoint resumes everyone (presumed abort)", async () => {
@@ -434,7 +434,7 @@ describe("stop", () => {
     expect(fake.ops("resume")).toHaveLength(0);
     expect((await catalog.get("last")).stop).toBe(true);
     expect(engine.openCheckpoint).toBeNull();
-    expect(journal.entries.size).toBe(0);
+    await journalEmptied(journal);
   });
 
   it("losing leadership drops the in-memory open checkpoint (the journal is the truth)", async () => {

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { JournalEntry } from "../../../coordinator/ha/decision-journal.js";
-import { makeEngine, writers } from "./fake-participants.js";
+import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
 
 let root: string;
 beforeEach(async () => {
@@ -42,7 +42,7 @@ describe("recovery of a published, unresumed checkpoint", () => {
     const second = await successor(entry); // its participants are fresh processes: idle, holding nothing
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x1", action: "published_closed" }]);
     expect(second.fake.ops("resume")).toHaveLength(0);
-    expect(second.journal.entries.size).toBe(0);
+    await journalEmptied(second.journal);
     // The next controller restores LATEST (= x1); nothing fenced it.
     const restored = await second.engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(restored.checkpoint_id).toBe("x1");
@@ -63,7 +63,7 @@ describe("recovery of a published, unresumed checkpoint", () => {
     expect(resumed.participants).toHaveLength(5);
     expect(second.fake.ops("resume")).toHaveLength(5);
     expect(second.engine.openCheckpoint).toBeNull();
-    expect(second.journal.entries.size).toBe(0);
+    await journalEmptied(second.journal);
   });
 
   it("with participants still parked on it: the next controller's restore closes it without a resume", async () => {
@@ -190,5 +190,27 @@ describe("recovery with a journaled checkpoint left open and an unjournaled orph
     ]);
     expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "kept-open", phase: "published" });
     expect((await second.engine.resume({ checkpoint_id: "kept-open" })).participants).toHaveLength(5);
+  });
+});
+
+describe("the journal entry outlives the checkpoint until LATEST's rename is durable", () => {
+  it("is removed only after the root directory's fsync (run after the reply), and kept if that fsync failed", async () => {
+    const { engine, journal, writer, catalog } = makeEngine(root);
+    let finish!: (error?: Error) => void;
+    const durable = new Promise<void>((resolve, reject) => (finish = (error) => (error ? reject(error) : resolve())));
+    durable.catch(() => undefined);
+    writer.durable = () => durable;
+    await engine.checkpoint({ checkpoint_id: "z1", episode_ids: null, stop: false, controller_state: null });
+    expect(await catalog.latest()).toBe("z1"); // visible at once; only its durability is pending
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(journal.entries.get("z1")?.state).toBe("decided"); // an OS crash now: recovery repairs LATEST from it
+    finish();
+    await journalEmptied(journal);
+
+    const failing = makeEngine(root);
+    failing.writer.durable = () => Promise.reject(new Error("EIO"));
+    await failing.engine.checkpoint({ checkpoint_id: "z2", episode_ids: null, stop: false, controller_state: null });
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(failing.journal.entries.get("z2")?.state).toBe("decided");
   });
 });

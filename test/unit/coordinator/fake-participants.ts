@@ -1,3 +1,4 @@
+import { waitUntil } from "../../support/wait-until.js";
 import { pino } from "pino";
 import {
   MANIFEST_SCHEMA_VERSION,
@@ -192,4 +193,9 @@ export function makeEngine(
     ...(options.hooks && { hooks: options.hooks }),
   });
   return { engine, fake, clock, journal, catalog, leadership, writer };
+}
+
+/** The journal entry goes once LATEST's rename is durable (a background fsync): waits for that. */
+export async function journalEmptied(journal: MemoryDecisionJournal): Promise<void> {
+  await waitUntil(() => journal.entries.size === 0, "the journal entry's removal", 5000);
 }
