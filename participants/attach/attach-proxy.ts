@@ -1,13 +1,16 @@
-import { Agent as HttpAgent, createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type Server, type ServerResponse } from "node:http";
-import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { Logger } from "pino";
+import { Pool } from "undici";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, bearerToken, describeZodError, parseRolloutPath, toCheckpointError, tokensEqual } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, bearerToken, describeZodError, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
+import { ForwardedCall } from "./forwarded-call.js";
+import { upstreamHeaders } from "./hop-headers.js";
+import { PassthroughCall } from "./passthrough-call.js";
+import { json, refuse } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
-import { UsageTail } from "./usage-tail.js";
 
 /**
  * The attach proxy: a streaming-safe reverse proxy that makes an OpenAI-compatible server we do
@@ -30,18 +33,16 @@ export interface AttachProxyOptions {
   maxBodyBytes?: number;
 }
 
-const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"]);
 const RetireBodySchema = z.object({ rollout_id: EpisodeIdSchema.shape.rollout_id, attempt: z.number().int().min(0) }).strict();
 
 export function createAttachProxy(options: AttachProxyOptions): Server {
   const { upstream, kind, logger } = options;
   const maxBody = options.maxBodyBytes ?? 32 * 1024 * 1024;
-  const secure = upstream.url.protocol === "https:";
-  // Keep-alive sockets to the upstream, as many as there are concurrent calls, without Nagle: a
-  // request costs no connect once the pool is warm.
-  const agentOptions = { keepAlive: true, maxSockets: Infinity, maxFreeSockets: 1024, noDelay: true };
-  const agent = secure ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
-  const send = secure ? httpsRequest : httpRequest;
+  // undici's pool of keep-alive upstream connections (as many as there are concurrent calls, no Nagle;
+  // TLS for an https upstream). Its dispatch API hands each chunk to the call's handler with no stream
+  // objects in between. No timeouts: a generation may take as long as it takes, and a held response
+  // waits for the checkpoint.
+  const pool = new Pool(upstream.url.origin, { connections: null, headersTimeout: 0, bodyTimeout: 0 });
   const basePath = upstream.url.pathname.replace(/\/+$/, "");
 
   const server = createServer({ noDelay: true, keepAlive: true }, (req, res) => {
@@ -51,7 +52,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       else res.destroy();
     });
   });
-  server.on("close", () => agent.destroy());
+  server.on("close", () => void pool.destroy().catch(() => undefined));
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const rawUrl = req.url ?? "/";
@@ -68,7 +69,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     }
     if (rollout === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not name a valid capture key");
     const route = rollout ? rollout.route : path;
-    if (!isGenerationRoute(route) || req.method !== "POST") return passthrough(req, res, route + query, undefined);
+    if (!isGenerationRoute(route) || req.method !== "POST") return passthrough(req, res, route + query);
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
     const body = await readBody(req, maxBody);
     let parsed: unknown;
@@ -82,146 +83,24 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     return forward(req, res, route + query, body, ticket);
   }
 
-  function upstreamHeaders(req: IncomingMessage, length: number | undefined): OutgoingHttpHeaders {
-    const headers: OutgoingHttpHeaders = {};
-    for (const [name, value] of Object.entries(req.headers)) {
-      if (value === undefined || HOP_BY_HOP.has(name) || name.startsWith("x-ng-")) continue;
-      headers[name] = value;
-    }
-    headers.host = upstream.url.host;
-    if (length !== undefined) headers["content-length"] = length;
-    return headers;
-  }
-
-  function responseHeaders(headers: IncomingHttpHeaders): OutgoingHttpHeaders {
-    const out: OutgoingHttpHeaders = {};
-    for (const [name, value] of Object.entries(headers)) {
-      if (value === undefined || (HOP_BY_HOP.has(name) && name !== "content-length")) continue;
-      out[name] = value;
-    }
-    return out;
-  }
-
-  function passthrough(req: IncomingMessage, res: ServerResponse, route: string, _body: undefined): void {
-    const headers = upstreamHeaders(req, undefined);
-    if (req.headers["content-length"] !== undefined) headers["content-length"] = req.headers["content-length"];
-    else if (req.headers["transfer-encoding"]) headers["transfer-encoding"] = req.headers["transfer-encoding"];
-    const up = send({ protocol: upstream.url.protocol, hostname: upstream.url.hostname, port: upstream.url.port, path: basePath + route, method: req.method, headers, agent });
-    up.on("response", (upRes) => {
-      res.writeHead(upRes.statusCode ?? 502, responseHeaders(upRes.headers));
-      upRes.pipe(res);
-    });
-    up.on("error", (error) => {
-      if (!res.headersSent) refuse(res, new CheckpointError("internal_error", `upstream: ${error.message}`), 502);
-      else res.destroy();
-    });
-    res.on("close", () => {
-      if (!res.writableFinished) up.destroy();
-    });
-    req.pipe(up);
+  function passthrough(req: IncomingMessage, res: ServerResponse, route: string): void {
+    const headers = upstreamHeaders(req.rawHeaders, upstream.url.host);
+    const length = req.headers["content-length"];
+    if (length !== undefined) headers.push("content-length", length);
+    // A body of unknown length goes on chunked, as it came.
+    const body = (length !== undefined && length !== "0") || req.headers["transfer-encoding"] ? req : null;
+    pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res));
   }
 
   function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket): void {
-    const headers = upstreamHeaders(req, body.length);
-    headers["x-ng-capture-key"] = ticket.captureKey;
-    headers["x-ng-model-call-id"] = ticket.modelCallId;
-    if (ticket.parentCallId) headers["x-ng-parent-call-id"] = ticket.parentCallId;
+    const headers = upstreamHeaders(req.rawHeaders, upstream.url.host);
+    headers.push("x-ng-capture-key", ticket.captureKey, "x-ng-model-call-id", ticket.modelCallId);
+    if (ticket.parentCallId) headers.push("x-ng-parent-call-id", ticket.parentCallId);
     if (ticket.claimedCut) {
-      headers["x-ng-continued-from"] = ticket.claimedCut.model_call_id;
-      headers["x-ng-continuation"] = Buffer.from(JSON.stringify(ticket.claimedCut.continuation)).toString("base64url");
+      headers.push("x-ng-continued-from", ticket.claimedCut.model_call_id);
+      headers.push("x-ng-continuation", Buffer.from(JSON.stringify(ticket.claimedCut.continuation)).toString("base64url"));
     }
-    let settled = false;
-    const failOnce = () => {
-      if (settled) return;
-      settled = true;
-      kind.fail(ticket);
-    };
-    const up = send({ protocol: upstream.url.protocol, hostname: upstream.url.hostname, port: upstream.url.port, path: basePath + route, method: "POST", headers, agent });
-    const onAbort = () => {
-      up.destroy();
-      if (!res.headersSent) refuse(res, new CheckpointError("stale_attempt", `${ticket.captureKey} was retired`));
-      else res.destroy();
-      failOnce();
-    };
-    ticket.abort.signal.addEventListener("abort", onAbort, { once: true });
-    res.on("close", () => {
-      ticket.abort.signal.removeEventListener("abort", onAbort);
-      if (!res.writableFinished) {
-        up.destroy();
-        failOnce();
-      }
-    });
-    up.on("error", (error) => {
-      if (settled) return;
-      if (!res.headersSent) refuse(res, new CheckpointError("internal_error", `upstream: ${error.message}`), 502);
-      else res.destroy();
-      failOnce();
-    });
-    up.on("response", (upRes) => {
-      // Listening from the start: an upstream that dies while its response is held fails the call
-      // (the caller re-issues it), instead of leaving it "streaming" after reopen — a prepare
-      // blocker with nothing left to stream.
-      let lost = false;
-      const onLost = () => {
-        if (lost) return;
-        lost = true;
-        if (ticket.held && !res.headersSent) upstreamLost();
-      };
-      const upstreamLost = () => {
-        if (!res.headersSent && !res.writableEnded) refuse(res, new CheckpointError("internal_error", "upstream: the connection closed before the response completed"), 502);
-        failOnce();
-      };
-      upRes.on("error", onLost);
-      upRes.once("close", () => {
-        if (!upRes.complete) onLost();
-      });
-      void (async () => {
-        try {
-          await kind.responseStart(ticket);
-        } catch (error) {
-          upRes.destroy();
-          if (!res.headersSent && !res.destroyed) refuse(res, error);
-          failOnce();
-          return;
-        }
-        if (res.destroyed) {
-          upRes.destroy();
-          failOnce();
-          return;
-        }
-        if (lost) return upstreamLost();
-        const status = upRes.statusCode ?? 502;
-        res.writeHead(status, responseHeaders(upRes.headers));
-        // One listener copies each chunk through and keeps the usage tail; a full socket pauses the
-        // upstream until it drains (backpressure), so a stream is never buffered here.
-        const tail = new UsageTail();
-        const resume = () => upRes.resume();
-        res.on("drain", resume);
-        upRes.on("data", (chunk: Buffer) => {
-          tail.push(chunk);
-          if (!res.write(chunk)) upRes.pause();
-        });
-        upRes.on("error", () => {
-          res.destroy();
-          failOnce();
-        });
-        upRes.on("end", () => {
-          if (settled) return void res.end();
-          settled = true;
-          if (status < 200 || status >= 300) {
-            kind.fail(ticket);
-            return void res.end();
-          }
-          const staging = upRes.headers["x-ng-staging-key"];
-          // The caller gets its end first; the row is recorded in this same tick, so no next call of
-          // this rollout can be admitted before complete() has put it in the in-memory ledger.
-          res.end();
-          const written = kind.complete(ticket, { stagingKey: typeof staging === "string" && staging ? staging.slice(0, 512) : null, usage: tail.usage() });
-          written.catch((error: unknown) => logger?.error({ err: error, capture_key: ticket.captureKey }, "ledger row write failed"));
-        });
-      })();
-    });
-    up.end(body);
+    pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger));
   }
 
   async function ledgerApi(req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
@@ -254,17 +133,6 @@ function safeJson(text: string): unknown {
   } catch {
     return undefined;
   }
-}
-
-function json(res: ServerResponse, status: number, body: unknown): void {
-  const payload = JSON.stringify(body);
-  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(payload) });
-  res.end(payload);
-}
-
-function refuse(res: ServerResponse, error: unknown, status?: number): void {
-  const refusal = toCheckpointError(error);
-  json(res, status ?? refusal.status, refusal.toReply());
 }
 
 function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {

@@ -1,0 +1,173 @@
+import type { IncomingHttpHeaders, ServerResponse } from "node:http";
+import type { Logger } from "pino";
+import type { Dispatcher } from "undici";
+import { CheckpointError } from "../../protocol/index.js";
+import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
+import type { ModelKind } from "../kinds/model/model-kind.js";
+import { callerHeaders } from "./hop-headers.js";
+import { refuse } from "./replies.js";
+import { UsageTail } from "./usage-tail.js";
+
+/** While a response start waits (held), at most this much of its body is kept before the upstream is paused. */
+const WAITING_BYTES = 64 * 1024;
+
+/**
+ * One admitted generation call's upstream answer, as an undici dispatch handler writing straight to
+ * the caller's response. The response start waits for the ticket (held while admission is closed)
+ * with the first bytes queued; from then on each chunk is written through as it comes and the
+ * upstream is paused while the caller's socket is full (resumed on 'drain'), so a stream is never
+ * buffered here. The last chunk and the end of the response leave in one socket write.
+ *
+ * Failures: an upstream error before any answer is a 502; an upstream lost while the response is held
+ * is a 502 at once (the caller re-issues the call after the checkpoint); mid-stream the caller's
+ * connection is cut. Retiring the ticket or the caller leaving drops the upstream call and fails the
+ * ticket; a completed 2xx answer writes the ledger row.
+ */
+export class ForwardedCall implements Dispatcher.DispatchHandler {
+  private controller: Dispatcher.DispatchController | null = null;
+  /** Set once the upstream answered (status and headers). */
+  private head: { status: number; headers: IncomingHttpHeaders } | null = null;
+  /** Body chunks that came before the caller's response started; null once it has. */
+  private waiting: Buffer[] | null = [];
+  private waitingBytes = 0;
+  private upstreamDone = false;
+  /** The upstream failed before the caller's response started. */
+  private lost = false;
+  /** We dropped the upstream call: its error callback is ours, not news. */
+  private stopped = false;
+  private settled = false;
+  private readonly tail = new UsageTail();
+
+  constructor(
+    private readonly res: ServerResponse,
+    private readonly ticket: AdmissionTicket,
+    private readonly kind: ModelKind,
+    private readonly logger: Logger | undefined,
+  ) {
+    ticket.abort.signal.addEventListener("abort", this.onRetired, { once: true });
+    res.on("close", this.onCallerClose);
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller;
+    if (this.stopped) controller.abort(new Error("call dropped"));
+  }
+
+  onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
+    if (status < 200) return; // informational; the final head follows
+    this.head = { status, headers };
+    this.kind.responseStart(this.ticket).then(this.release, this.onRefused);
+  }
+
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    this.tail.push(chunk);
+    if (this.waiting) {
+      this.waiting.push(chunk);
+      this.waitingBytes += chunk.length;
+      if (this.waitingBytes >= WAITING_BYTES) controller.pause();
+    } else if (!this.res.write(chunk)) controller.pause();
+  }
+
+  onResponseEnd(): void {
+    this.upstreamDone = true;
+    if (!this.waiting) this.finish();
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
+    if (this.settled || this.stopped) return;
+    if (!this.head) {
+      refuse(this.res, new CheckpointError("internal_error", `upstream: ${error.message}`), 502);
+      return this.failOnce();
+    }
+    if (!this.waiting) {
+      this.res.destroy();
+      return this.failOnce();
+    }
+    // Answered, but the caller's response has not started: fail at once if it is held; a start still
+    // being decided sees `lost` in release().
+    this.lost = true;
+    if (this.ticket.held) this.upstreamLost();
+  }
+
+  /** The ticket lets the response start: write the head and what came so far, then stream. */
+  private readonly release = (): void => {
+    if (this.res.destroyed) {
+      this.stopUpstream();
+      return this.failOnce();
+    }
+    if (this.lost) return this.upstreamLost();
+    const { status, headers } = this.head!;
+    this.res.writeHead(status, callerHeaders(headers));
+    const waiting = this.waiting!;
+    this.waiting = null;
+    let room = true;
+    for (const chunk of waiting) room = this.res.write(chunk);
+    if (this.upstreamDone) return this.finish();
+    this.res.on("drain", this.onDrain);
+    if (room) this.controller?.resume();
+    else this.controller?.pause();
+  };
+
+  /** The ticket was retired while the response waited. */
+  private readonly onRefused = (error: unknown): void => {
+    this.stopUpstream();
+    if (!this.res.headersSent && !this.res.destroyed) refuse(this.res, error);
+    this.failOnce();
+  };
+
+  private readonly onRetired = (): void => {
+    this.stopUpstream();
+    if (!this.res.headersSent) refuse(this.res, new CheckpointError("stale_attempt", `${this.ticket.captureKey} was retired`));
+    else this.res.destroy();
+    this.failOnce();
+  };
+
+  private readonly onCallerClose = (): void => {
+    this.ticket.abort.signal.removeEventListener("abort", this.onRetired);
+    if (!this.res.writableFinished) {
+      this.stopUpstream();
+      this.failOnce();
+    }
+  };
+
+  /** Once the upstream is done its socket may carry another call: a late resume must not touch it. */
+  private readonly onDrain = (): void => {
+    if (!this.upstreamDone) this.controller?.resume();
+  };
+
+  private upstreamLost(): void {
+    if (!this.res.headersSent && !this.res.writableEnded) refuse(this.res, new CheckpointError("internal_error", "upstream: the connection closed before the response completed"), 502);
+    this.failOnce();
+  }
+
+  private finish(): void {
+    if (this.settled) return void this.res.end();
+    this.settled = true;
+    const { status, headers } = this.head!;
+    if (status < 200 || status >= 300) {
+      this.kind.fail(this.ticket);
+      return void this.res.end();
+    }
+    this.res.end();
+    // The row goes in after the end is flushed (the flush is the next tick's uncork), still before any
+    // further I/O is handled: no next call of this rollout can be admitted before complete() has put
+    // the row in the in-memory ledger.
+    process.nextTick(this.record, headers["x-ng-staging-key"]);
+  }
+
+  private readonly record = (staging: string | string[] | undefined): void => {
+    const stagingKey = typeof staging === "string" && staging ? staging.slice(0, 512) : null;
+    this.kind.complete(this.ticket, { stagingKey, usage: this.tail.usage() }).catch((error: unknown) => this.logger?.error({ err: error, capture_key: this.ticket.captureKey }, "ledger row write failed"));
+  };
+
+  private stopUpstream(): void {
+    this.stopped = true;
+    this.controller?.abort(new Error("call dropped"));
+  }
+
+  private failOnce(): void {
+    if (this.settled) return;
+    this.settled = true;
+    this.kind.fail(this.ticket);
+  }
+}
