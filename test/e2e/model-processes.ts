@@ -15,12 +15,13 @@ export interface SpawnedServer {
   kill(signal?: NodeJS.Signals): Promise<void>;
 }
 
-export async function spawnServer(name: string, entry: string, args: string[], timeoutMs = 20_000): Promise<SpawnedServer> {
+export async function spawnServer(name: string, entry: string, args: string[], timeoutMs = 20_000, env?: NodeJS.ProcessEnv): Promise<SpawnedServer> {
   if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npx tsc -p tsconfig.build.json\` first`);
   const output: string[] = [];
   const program = await startChildProgram(entry, args, {
     waitReady: true,
     readyTimeoutMs: timeoutMs,
+    ...(env && { env }),
     onLine: (line) => {
       output.push(line);
       if (output.length > 200) output.shift();

@@ -31,4 +31,8 @@ ensure_debian_package() {
 
 ensure_debian_package nats-server nats-server
 # The telemetry e2e test scrapes the processes with a real Prometheus; the demo does not need it.
-if [ "${1:-test}" = "test" ]; then ensure_debian_package prometheus prometheus; fi
+# The https upstream test of the attach proxy makes its certificate with openssl.
+if [ "${1:-test}" = "test" ]; then
+  ensure_debian_package prometheus prometheus
+  ensure_debian_package openssl openssl
+fi
