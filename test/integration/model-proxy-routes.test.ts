@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { waitUntil } from "../support/wait-until.js";
 import { PROXY_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
 
 /**
@@ -26,6 +27,8 @@ interface Seen {
   body: string;
 }
 let seen: Seen[] = [];
+/** Model call ids whose upstream stream was closed before it finished. */
+const cutOff: string[] = [];
 /** Streams stall after their first event until this resolves. */
 let release: () => void = () => undefined;
 let stalled: Promise<void> = Promise.resolve();
@@ -54,6 +57,7 @@ beforeAll(async () => {
       seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
       const path = (req.url ?? "").split("?")[0];
       if (path === "/v1/models") return void res.writeHead(200, { "content-type": "application/json" }).end('{"object":"list","data":[]}');
+      if (path === "/v1/echo") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ body }));
       const parsed = body ? (JSON.parse(body) as { stream?: boolean; fail?: boolean }) : {};
       if (parsed.fail) return void res.writeHead(400, { "content-type": "application/json" }).end('{"error":{"message":"bad request"}}');
       const staging = { "x-ng-staging-key": `stage/${req.headers["x-ng-model-call-id"]}` };
@@ -69,6 +73,9 @@ beforeAll(async () => {
       }
       const events = path === "/v1/responses" ? RESPONSES_EVENTS : MESSAGES_EVENTS;
       res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", ...staging });
+      res.on("close", () => {
+        if (!res.writableFinished) cutOff.push(String(req.headers["x-ng-model-call-id"]));
+      });
       res.write(events[0]);
       void stalled.then(() => {
         for (const event of events.slice(1)) res.write(event);
@@ -167,6 +174,22 @@ describe.each([
     expect(rows[1]).toMatchObject({ model_call_id: call.headers["x-ng-model-call-id"], parent_call_id: rows[0].model_call_id, route, usage });
   });
 
+  it("a caller that leaves mid-stream drops the upstream call and records no row", async () => {
+    const leaving = new AbortController();
+    const response = await fetch(`${proxy.url}/ng-rollout/${key}-left${route}`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ ...request, stream: true }),
+      signal: leaving.signal,
+    });
+    await readUntil(response.body!.getReader(), "", events[0]!);
+    leaving.abort();
+    const callId = String(seen[0]!.headers["x-ng-model-call-id"]);
+    await waitUntil(() => cutOff.includes(callId), "the upstream stream to be closed by the proxy");
+    release();
+    expect(await ledger(`${key}-left`)).toEqual([]);
+  });
+
   it("passes an upstream refusal through and records no row", async () => {
     const response = await fetch(`${proxy.url}/ng-rollout/${key}-refused${route}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ...request, fail: true }) });
     expect(response.status).toBe(400);
@@ -192,6 +215,21 @@ describe("other routes", () => {
       ["GET", "/v1/models", undefined],
     ]);
     expect(await ledger("other")).toEqual([]);
+  });
+
+  it("pass a request body of unknown length (chunked) through intact", async () => {
+    const parts = ['{"purpose":', '"batch"}'];
+    const body = new ReadableStream<Uint8Array>({
+      start(controller) {
+        for (const part of parts) controller.enqueue(new TextEncoder().encode(part));
+        controller.close();
+      },
+    });
+    const response = await fetch(`${proxy.url}/v1/echo`, { method: "PUT", body, duplex: "half" } as RequestInit);
+    expect(response.status).toBe(200);
+    // Chunked on the upstream hop, or with a length when the whole body had already arrived.
+    expect(((await response.json()) as { body: string }).body).toBe(parts.join(""));
+    expect(seen.map((s) => s.method)).toEqual(["PUT"]);
   });
 
   it("refuse generation calls without the prefix or with a non-JSON body", async () => {
