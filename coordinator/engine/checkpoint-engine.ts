@@ -116,6 +116,8 @@ export class CheckpointEngine {
   private open: OpenCheckpoint | undefined;
   /** Checkpoints this coordinator resumed (closed); resume of one of them is idempotent. */
   private readonly closed = new Set<string>();
+  /** Journal writes per checkpoint id: a removal scheduled by close() yields to any write made since. */
+  private readonly journalWrites = new Map<string, number>();
   /**
    * The last successful reply per (id, op) of the most recent checkpoints, with the arguments it
    * answered: a controller retrying after a lost reply gets it again once the checkpoint closed.
@@ -921,9 +923,15 @@ export class CheckpointEngine {
     this.closed.add(id);
     void this.options.writer.discard(id);
     // Off the critical path, and only once LATEST's rename is durable: an entry that outlives a
-    // crash only makes a successor resume again (idempotent) or repair LATEST.
+    // crash only makes a successor resume again (idempotent) or repair LATEST. A write for the same
+    // id since (a restore of this checkpoint) keeps its entry.
+    const writes = this.journalWrites.get(id);
     this.options.writer.durable().then(
-      () => this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed")),
+      () => {
+        if (this.journalWrites.get(id) !== writes) return;
+        this.journalWrites.delete(id);
+        return this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
+      },
       (error: unknown) => this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept"),
     );
   }
@@ -983,6 +991,7 @@ export class CheckpointEngine {
   }
 
   private journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {
+    this.journalWrites.set(open.id, (this.journalWrites.get(open.id) ?? 0) + 1);
     return this.options.journal.record({
       checkpoint_id: open.id,
       epoch: open.epoch,

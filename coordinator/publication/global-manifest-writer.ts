@@ -141,7 +141,12 @@ export class GlobalManifestWriter {
    */
   async repairLatest(checkpointId: string): Promise<"current" | "repaired" | "superseded"> {
     const latest = await this.catalog.latest().catch(() => null); // unreadable: repaired below
-    if (latest === checkpointId) return "current";
+    if (latest === checkpointId) {
+      // Read back from the page cache, perhaps before its rename was durable (the predecessor died
+      // during the background fsync): make it so before the journal entry goes.
+      await fsyncDirectory(this.catalog.root);
+      return "current";
+    }
     if (latest !== null) {
       const ours = await this.catalog.get(checkpointId);
       const theirs = await this.catalog.get(latest).catch(() => undefined);

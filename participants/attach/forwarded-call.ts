@@ -19,7 +19,9 @@ const WAITING_BYTES = 64 * 1024;
  * buffered here. The last chunk and the end of the response leave in one socket write.
  *
  * Failures: an upstream error before any answer is a 502; an upstream lost while the response is held
- * is a 502 at once (the caller re-issues the call after the checkpoint); mid-stream the caller's
+ * is a 502 at once (the caller re-issues the call after the checkpoint) — unless WAITING_BYTES of its
+ * body came first: then the upstream is paused, the loss shows only when the response is released,
+ * and the caller's connection is cut after the head (as with the http client before); mid-stream the caller's
  * connection is cut. Retiring the ticket or the caller leaving drops the upstream call and fails the
  * ticket; a completed 2xx answer writes the ledger row.
  */
@@ -148,17 +150,13 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
       this.kind.fail(this.ticket);
       return void this.res.end();
     }
+    // end() writes the last bytes synchronously; the row goes in right after, before anything else
+    // runs: no next call of this rollout is admitted before complete() put it in the in-memory ledger.
     this.res.end();
-    // The row goes in after the end is flushed (the flush is the next tick's uncork), still before any
-    // further I/O is handled: no next call of this rollout can be admitted before complete() has put
-    // the row in the in-memory ledger.
-    process.nextTick(this.record, headers["x-ng-staging-key"]);
-  }
-
-  private readonly record = (staging: string | string[] | undefined): void => {
+    const staging = headers["x-ng-staging-key"];
     const stagingKey = typeof staging === "string" && staging ? staging.slice(0, 512) : null;
     this.kind.complete(this.ticket, { stagingKey, usage: this.tail.usage() }).catch((error: unknown) => this.logger?.error({ err: error, capture_key: this.ticket.captureKey }, "ledger row write failed"));
-  };
+  }
 
   private stopUpstream(): void {
     this.stopped = true;

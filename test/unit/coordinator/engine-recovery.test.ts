@@ -194,7 +194,7 @@ describe("recovery with a journaled checkpoint left open and an unjournaled orph
 });
 
 describe("the journal entry outlives the checkpoint until LATEST's rename is durable", () => {
-  it("is removed only after the root directory's fsync (run after the reply), and kept if that fsync failed", async () => {
+  it("is removed only after the root directory's fsync (run after the reply), never in place of a newer entry for the id, and kept if that fsync failed", async () => {
     const { engine, journal, writer, catalog } = makeEngine(root);
     let finish!: (error?: Error) => void;
     const durable = new Promise<void>((resolve, reject) => (finish = (error) => (error ? reject(error) : resolve())));
@@ -206,6 +206,21 @@ describe("the journal entry outlives the checkpoint until LATEST's rename is dur
     expect(journal.entries.get("z1")?.state).toBe("decided"); // an OS crash now: recovery repairs LATEST from it
     finish();
     await journalEmptied(journal);
+
+    // A restore of the same checkpoint while that removal waits: its entry is not the one removed.
+    const again = makeEngine(root);
+    let finishAgain!: () => void;
+    const pending = new Promise<void>((resolve) => (finishAgain = resolve));
+    again.writer.durable = () => pending;
+    await again.engine.checkpoint({ checkpoint_id: "z3", episode_ids: null, stop: true, controller_state: null });
+    await again.engine.restore({ checkpoint_id: "z3", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(again.journal.entries.get("z3")?.state).toBe("restored");
+    finishAgain();
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(again.journal.entries.get("z3")?.state).toBe("restored");
+    // …until the restore is resumed (closed): then it goes.
+    await again.engine.resume({ checkpoint_id: "z3" });
+    await journalEmptied(again.journal);
 
     const failing = makeEngine(root);
     failing.writer.durable = () => Promise.reject(new Error("EIO"));
