@@ -87,7 +87,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     const headers = upstreamHeaders(req.rawHeaders, upstream.url.host);
     const length = req.headers["content-length"];
     if (length !== undefined) headers.push("content-length", length);
-    // A body of unknown length goes on chunked, as it came.
+    // A body of unknown length goes on chunked (or with its length, if it had all arrived already).
     const body = (length !== undefined && length !== "0") || req.headers["transfer-encoding"] ? req : null;
     pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res));
   }

@@ -143,13 +143,12 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   }
 
   private finish(): void {
-    if (this.settled) return void this.res.end();
-    this.settled = true;
     const { status, headers } = this.head!;
-    if (status < 200 || status >= 300) {
-      this.kind.fail(this.ticket);
+    if (this.settled || status < 200 || status >= 300) {
+      this.failOnce(); // a non-2xx answer was not delivered; settled already: nothing more to do
       return void this.res.end();
     }
+    this.settled = true;
     // end() writes the last bytes synchronously; the row goes in right after, before anything else
     // runs: no next call of this rollout is admitted before complete() put it in the in-memory ledger.
     this.res.end();

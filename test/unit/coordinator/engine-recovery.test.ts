@@ -202,7 +202,6 @@ describe("the journal entry outlives the checkpoint until LATEST's rename is dur
     writer.durable = () => durable;
     await engine.checkpoint({ checkpoint_id: "z1", episode_ids: null, stop: false, controller_state: null });
     expect(await catalog.latest()).toBe("z1"); // visible at once; only its durability is pending
-    await new Promise((resolve) => setTimeout(resolve, 20));
     expect(journal.entries.get("z1")?.state).toBe("decided"); // an OS crash now: recovery repairs LATEST from it
     finish();
     await journalEmptied(journal);
@@ -216,16 +215,18 @@ describe("the journal entry outlives the checkpoint until LATEST's rename is dur
     await again.engine.restore({ checkpoint_id: "z3", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(again.journal.entries.get("z3")?.state).toBe("restored");
     finishAgain();
-    await new Promise((resolve) => setTimeout(resolve, 20));
+    await pending; // the engine's removal callback, registered first, has run
     expect(again.journal.entries.get("z3")?.state).toBe("restored");
     // …until the restore is resumed (closed): then it goes.
     await again.engine.resume({ checkpoint_id: "z3" });
     await journalEmptied(again.journal);
 
     const failing = makeEngine(root);
-    failing.writer.durable = () => Promise.reject(new Error("EIO"));
+    const fsyncFailed = Promise.reject(new Error("EIO"));
+    fsyncFailed.catch(() => undefined);
+    failing.writer.durable = () => fsyncFailed;
     await failing.engine.checkpoint({ checkpoint_id: "z2", episode_ids: null, stop: false, controller_state: null });
-    await new Promise((resolve) => setTimeout(resolve, 20));
+    await fsyncFailed.catch(() => undefined); // the engine's handler, registered first, has run
     expect(failing.journal.entries.get("z2")?.state).toBe("decided");
   });
 });
