@@ -98,6 +98,8 @@ interface RowState {
 const RETIRE_RETRY_S = 1;
 
 const RETIRE_BATCH = 1024;
+/** Resumes of a predecessor's open checkpoint before start-up gives up (see resumeLeftOpen). */
+const LEFT_OPEN_RESUME_TRIES = 3;
 
 /**
  * Rollout collection with checkpoints: dispatches rows with bounded concurrency, appends results
@@ -175,7 +177,7 @@ export class Collector {
     const restoreCloses = open !== null && open.checkpoint_id === collection?.checkpoint_id;
     if (open && !restoreCloses) {
       this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase }, "closing the checkpoint a previous run left open");
-      await this.options.controller.resume({ checkpoint_id: open.checkpoint_id, deadline_ts: this.deadline() });
+      await this.resumeLeftOpen(open.checkpoint_id);
     }
     const continued = new Map((collection?.continued ?? []).filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
 
@@ -194,6 +196,24 @@ export class Collector {
     if (collection && (continued.size || restoreCloses)) await this.restoreRows(collection, [...continued.values()]);
     if (stale.length && restoreCloses) await this.retireNow(stale);
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
+  }
+
+  /**
+   * Resumes the checkpoint a crashed predecessor left open. Its op may still run at the coordinator
+   * (a prepare waiting on a participant that died with it, until that op's deadline plus slack), and
+   * ops run there one at a time: a resume whose deadline passed while it waited is sent again.
+   */
+  private async resumeLeftOpen(checkpointId: string): Promise<void> {
+    for (let tries = 1; ; tries++) {
+      try {
+        await this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() });
+        return;
+      } catch (error) {
+        const code = error instanceof CheckpointError ? error.code : undefined;
+        if (tries >= LEFT_OPEN_RESUME_TRIES || (code !== "deadline_exceeded" && code !== "outcome_unknown")) throw error;
+        this.options.logger.warn({ checkpoint_id: checkpointId, code, tries }, "the coordinator is still busy with the previous run's checkpoint; resuming it again");
+      }
+    }
   }
 
   /** Restores the continued rows as attempt+1; if the restore fails they start over as attempt+2. */

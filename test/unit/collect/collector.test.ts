@@ -154,6 +154,25 @@ function collectorFor(controller: CollectorController, runUrl: string, options: 
 }
 
 describe("collector", () => {
+  it("closes a checkpoint its predecessor left open even when the coordinator is still busy with it (deadline passed while queued)", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    let refused = 0;
+    const { controller, calls, state, base } = fakeController({
+      resume: async (req: never) => {
+        // The predecessor's prepare still held the coordinator's op lock past this resume's deadline.
+        if (refused++ === 0) throw new CheckpointError("deadline_exceeded", "deadline_ts is already in the past");
+        return base.resume(req);
+      },
+    });
+    state.open = { checkpoint_id: "left-by-predecessor", phase: "prepared" };
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(refused).toBe(2);
+    expect(state.open).toBeNull();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(calls.filter((c) => c.op === "resume")).toHaveLength(1); // the refused one never reached base
+  });
+
   it("finishes when the last row fails for good while the retire of its attempt is still running", { timeout: 10_000 }, async () => {
     const url = await runServer(() => ({ status: 500, body: { oops: 1 } }));
     const retireHeld = deferred();
