@@ -141,10 +141,20 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     // Hold every response not yet started, so nothing is delivered after the last checkpoint.
     const calls = await backendCalls(backendUrl);
     await postJson(`${backendUrl}/admin/hold`, { after: calls.length });
+    const heldAt = Date.now() / 1000;
     const catalog = new CheckpointCatalog(root);
-    const before = await catalog.latest();
     collector.child.kill("SIGUSR1");
-    await waitFor(async () => (await catalog.latest()) !== before, 60_000, collector, "the last checkpoint before the crash");
+    // A checkpoint opened after the hold: a timer checkpoint already under way when it began may
+    // publish first, and calls delivered after its commit would be lost work, not continued work.
+    await waitFor(
+      async () => {
+        const id = await catalog.latest();
+        return id !== null && (await catalog.get(id)).prepared_at >= heldAt;
+      },
+      60_000,
+      collector,
+      "the last checkpoint before the crash",
+    );
     const latest = await catalog.latest();
     say(`checkpoint ${latest} published with ${(await readResults(out)).size}/${options.rows} rows done — now SIGKILL the collector and every Gym process`);
     await Promise.all([collector.kill("SIGKILL"), gym.kill("SIGKILL")]);
