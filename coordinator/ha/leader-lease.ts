@@ -29,7 +29,7 @@ export interface LeaderLeaseOptions {
  * Leader election on a JetStream KV bucket whose max_age is the lease period (2.9-compatible: no
  * per-key TTL). Campaign = `create` (succeeds only when the key is absent); the revision it returns
  * is the epoch. The leader renews every third of the lease with `update` on the last revision; any
- * failure demotes at once. A new leader waits one full lease period before it is ready, so a
+ * failure, or no answer before the lease would expire, demotes at once. A new leader waits one full lease period before it is ready, so a
  * deposed leader has time to notice, and participants fence lower epochs anyway.
  */
 export class LeaderLease implements Leadership {
@@ -133,8 +133,11 @@ export class LeaderLease implements Leadership {
       }
     } else {
       try {
-        // A third of the lease, not JetStream's 5 s default: a renewal that cannot finish in time demotes.
-        this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, Math.max(1, Math.floor(this.options.leaseMs / 3)));
+        // Until the lease would expire locally, not JetStream's 5 s default: a renewal that cannot
+        // finish in time demotes, while a merely slow one (a loaded machine) keeps the lease.
+        // Acting is fenced by renewedRecently meanwhile, so waiting longer never extends authority.
+        const remaining = Math.floor(this.renewedAt + this.options.leaseMs - sentAt);
+        this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, Math.max(1, remaining));
         this.renewedAt = sentAt;
       } catch (error) {
         this.demote(error);

@@ -24,12 +24,16 @@ beforeEach(() => {
 
 /** Starts a crashing daemon, waits until it serves, asks for a checkpoint and waits for the SIGKILL. */
 async function crashDuringCheckpoint(id: string, at: "before-decision" | "after-decision"): Promise<void> {
-  const daemon = spawnDaemon(daemonArgs(world, ["--no-http", "--coordinator-id", `crashing-${at}`]), { GYM_CKPT_TEST_CRASH_AT: at });
+  // info: the lease's won/ready/lost lines end up in the failure message if the daemon never serves
+  const daemon = spawnDaemon(daemonArgs(world, ["--no-http", "--coordinator-id", `crashing-${at}`, "--log-level", "info"]), { GYM_CKPT_TEST_CRASH_AT: at });
   daemons.push(daemon);
   const nc = await world.nats.connect();
   const client = new NatsControllerClient({ nc, deployment: world.deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 15_000, slackMs: 500 });
   // status succeeds once the daemon is the ready leader serving the controller API
-  await client.status();
+  await client.status().catch((error: unknown) => {
+    const state = daemon.child.exitCode ?? daemon.child.signalCode ?? "running";
+    throw new Error(`the daemon (${state}) never served status: ${String(error)}\n--- stderr ---\n${daemon.stderr()}\n--- stdout ---\n${daemon.stdout()}`);
+  });
   const pending = client.checkpoint({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + 1.5 }).catch((error: unknown) => error);
   const exit = await daemon.exited;
   expect(exit.signal).toBe("SIGKILL");

@@ -130,11 +130,12 @@ describe("leader lease", () => {
     await l.stop();
   });
 
-  it("renews with a timeout of a third of the lease and stops acting once a lease period passed without a successful renewal", async () => {
+  it("gives a renewal until the lease would expire and stops acting once a lease period passed without a successful renewal", async () => {
     const { kv, clock, events, l } = await started();
     await clock.advance(3000);
     expect(l.epoch()).toBe(101);
-    expect(kv.updateTimeouts.at(-1)).toBe(1000);
+    // renewals go out every third of the lease; each may take the rest of it (a slow one on a loaded machine keeps the lease)
+    expect(kv.updateTimeouts.at(-1)).toBe(2000);
     // The last renewal that succeeded was sent at +3000; from then on no update answers.
     kv.hangUpdates = true;
     await clock.advance(2999);
