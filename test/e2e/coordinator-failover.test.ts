@@ -28,7 +28,7 @@ async function crashDuringCheckpoint(id: string, at: "before-decision" | "after-
   const daemon = spawnDaemon(daemonArgs(world, ["--no-http", "--coordinator-id", `crashing-${at}`, "--log-level", "info"]), { GYM_CKPT_TEST_CRASH_AT: at });
   daemons.push(daemon);
   const nc = await world.nats.connect();
-  const client = new NatsControllerClient({ nc, deployment: world.deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 15_000, slackMs: 500 });
+  const client = new NatsControllerClient({ nc, deployment: world.deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 30_000, slackMs: 500 });
   // status succeeds once the daemon is the ready leader serving the controller API
   await client.status().catch((error: unknown) => {
     const state = daemon.child.exitCode ?? daemon.child.signalCode ?? "running";
