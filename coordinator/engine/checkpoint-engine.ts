@@ -648,6 +648,12 @@ export class CheckpointEngine {
     if (open.phase === "committing" && (!sameScope(open.scope, scope) || open.stop !== stop)) {
       throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} is being committed with another scope or stop flag`);
     }
+    if (scope && open.phase === "prepared") {
+      // Refused here, before the decision is journaled: a corrected scope can still be committed.
+      const restarts = new Set(open.restarts);
+      const inScope = scope.map(captureKey).filter((key) => restarts.has(key));
+      if (inScope.length) throw new CheckpointError("restart_in_scope", `the scope names restarts prepare reported: ${inScope.slice(0, 10).join(", ")}`);
+    }
     const dir = this.options.catalog.dirFor(id);
     const epoch = open.epoch;
     await this.options.hooks?.beforeDecision?.(id);

@@ -73,6 +73,23 @@ describe("engine ordering", () => {
     expect(fake.calls.length).toBe(before);
   });
 
+  it("commit refuses a scope naming a restart prepare reported before journaling the decision, so the corrected scope still commits", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    fake.set("model", "m1", "prepare", { restarts: ["r9-a1"] });
+    const prepared = await engine.prepare({ checkpoint_id: "c40" });
+    expect(prepared.restarts).toEqual(["r9-a1"]);
+    const entryBefore = journal.entries.get("c40");
+    const wrong = await refusal(engine.commit({ checkpoint_id: "c40", episode_ids: [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r9", attempt: 1 }], stop: false }));
+    expect(wrong.code).toBe("restart_in_scope");
+    // nothing changed: no decision journaled, no commit sent
+    expect(fake.events).not.toContain("journal:decided");
+    expect(fake.ops("commit")).toHaveLength(0);
+    expect(journal.entries.get("c40")).toEqual(entryBefore);
+    const reply = await engine.commit({ checkpoint_id: "c40", episode_ids: [{ rollout_id: "r1", attempt: 0 }], stop: false });
+    expect(reply.participants).toHaveLength(5);
+    expect(fake.events.filter((e) => e.startsWith("journal:"))).toEqual(["journal:open", "journal:decided"]);
+  });
+
   it("the convenience op aborts (resumes everyone) when prepare is incomplete; unreachable is a blocker", async () => {
     const { engine, fake, writer } = makeEngine(root);
     fake.set("agent", "a2", "prepare", "unreachable");

@@ -26,7 +26,7 @@ export interface Call {
   timeoutMs: number;
 }
 
-type Behaviour = "ok" | "unreachable" | "timeout" | { error: string } | { notReady: string[] };
+type Behaviour = "ok" | "unreachable" | "timeout" | { error: string } | { notReady: string[] } | { restarts: string[] };
 
 /** In-memory participants behind a fake transport; every request is recorded in order. */
 export class FakeParticipants implements ParticipantTransport {
@@ -67,7 +67,8 @@ export class FakeParticipants implements ParticipantTransport {
     }
     if (false as boolean) throw new RequestTimeoutFailure(subject, options.timeoutMs);
     if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
-    const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts: [] });
+    const restarts = typeof behaviour === "object" && "restarts" in behaviour ? behaviour.restarts : [];
+    const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts });
     const track = (phase: string) => this.state.set(`${kind}.${instance}`, { phase, checkpoint_id: phase === "idle" ? null : (parsed.checkpoint_id as string) });
     if (op === "prepare") track(typeof behaviour === "object" && "notReady" in behaviour ? "preparing" : "prepared");
     if (op === "commit") track("committed");
