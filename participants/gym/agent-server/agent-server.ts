@@ -2,6 +2,7 @@ import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
 import { z } from "zod";
 import { CheckpointError, captureKey, describeZodError, parseCaptureKey, rolloutPath, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
+import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
@@ -53,9 +54,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
   const { kind, state, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
   // Malformed JSON and the like arrive here; they are the caller's fault.
-  app.setErrorHandler((error, _request, reply) =>
-    sendRefusal(reply, error instanceof CheckpointError ? error : new CheckpointError("invalid_request", error instanceof Error ? error.message : String(error))),
-  );
+  installRefusalHandlers(app, "agent server");
 
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.sessions.states(), cookies: state.sessions.size }));

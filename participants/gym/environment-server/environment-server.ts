@@ -2,6 +2,7 @@ import Fastify, { type FastifyInstance } from "fastify";
 import { z } from "zod";
 import { CheckpointError, TRAJECTORY_HEADER, canonicalDigest, describeZodError } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
+import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
 import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
@@ -31,9 +32,7 @@ export interface EnvironmentAppOptions {
 export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyInstance {
   const { kind, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
-  app.setErrorHandler((error, _request, reply) =>
-    sendRefusal(reply, error instanceof CheckpointError ? error : new CheckpointError("invalid_request", error instanceof Error ? error.message : String(error))),
-  );
+  installRefusalHandlers(app, "environment server");
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));
   const replay = options.replay;

@@ -3,7 +3,7 @@ import type { ServerResponse } from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import { z } from "zod";
 import { CheckpointError, bearerToken, describeZodError, sha256Hex, tokensEqual } from "../../../protocol/index.js";
-import { sendRefusal } from "../../http/http-refusal.js";
+import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import {
   GENERATION_CUT_PATH,
   GenerationCutContinuationSchema,
@@ -57,12 +57,7 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
   const delay = options.tokenDelayMs ?? 0;
   const receipts = new Map<string, GenerationCutReceipt>();
 
-  app.setErrorHandler((error, _request, reply) => {
-    if (error instanceof CheckpointError) return sendRefusal(reply, error);
-    const status = (error as { statusCode?: number }).statusCode;
-    if (status && status >= 400 && status < 500) return sendRefusal(reply, new CheckpointError("invalid_request", error instanceof Error ? error.message : String(error)));
-    return sendRefusal(reply, error);
-  });
+  installRefusalHandlers(app, "policy backend");
 
   app.get("/health", async () => ({ ok: true }));
   app.get("/v1/models", async () => ({ object: "list", data: [{ id: "policy", object: "model", created: 0, owned_by: "gym-ckpt" }] }));

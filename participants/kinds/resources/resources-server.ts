@@ -1,7 +1,7 @@
 import Fastify, { type FastifyInstance } from "fastify";
 import type { Logger } from "pino";
 import { CheckpointError } from "../../../protocol/index.js";
-import { sendRefusal } from "../../http/http-refusal.js";
+import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind } from "./resources-kind.js";
 import { installResourcesCheckpointing, type SessionAccess } from "./resources-middleware.js";
@@ -73,15 +73,7 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
       done(new CheckpointError("invalid_request", "the body is not valid JSON"), undefined);
     }
   });
-  app.setErrorHandler((error, _request, reply) => {
-    if (error instanceof CheckpointError) return sendRefusal(reply, error);
-    const status = (error as { statusCode?: number }).statusCode ?? 500;
-    const message = error instanceof Error ? error.message : String(error);
-    if (status === 413) return sendRefusal(reply, new CheckpointError("payload_too_large", message));
-    if (status >= 400 && status < 500) return sendRefusal(reply, new CheckpointError("invalid_request", message));
-    options.logger?.error({ err: error }, "resources route failed");
-    return sendRefusal(reply, new CheckpointError("internal_error", "the resources server failed"));
-  });
+  installRefusalHandlers(app, "resources server", options.logger);
   const sessions = installResourcesCheckpointing(app, kind);
   await app.register(async (scope) => server.routes(scope, sessions), { prefix: "/ng-rollout/:capture_key" });
   return { app, kind, sessions };
