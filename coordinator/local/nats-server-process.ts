@@ -38,7 +38,12 @@ export class NatsServerProcess {
     const ownsStore = options.storeDir === undefined;
     const storeDir = options.storeDir ?? (await mkdtemp(join(tmpdir(), "gym-ckpt-nats-")));
     const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? -1, options.args ?? [], options.startTimeoutMs ?? 10_000);
-    await server.launch();
+    try {
+      await server.launch();
+    } catch (error) {
+      if (ownsStore) await rm(storeDir, { recursive: true, force: true });
+      throw error;
+    }
     return server;
   }
 
@@ -68,8 +73,13 @@ export class NatsServerProcess {
     });
     exited.catch(() => undefined);
     const listening = this.waitForPortsFile(portsDir, child.pid!);
-    const port = await Promise.race([listening, exited]);
-    this.port = port;
+    try {
+      this.port = await Promise.race([listening, exited]);
+    } catch (error) {
+      // Nobody gets a handle to dispose of a server that never listened: do not leave it running.
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+      throw error;
+    }
   }
 
   /** The server writes `<exe>_<pid>.ports` once it listens; poll for it with a bounded budget. */

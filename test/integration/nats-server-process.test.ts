@@ -1,8 +1,24 @@
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { NatsServerProcess } from "../support/nats.js";
+import { waitUntil } from "../support/wait-until.js";
+
+/** Pids of live processes whose command line mentions `text`. */
+async function processesMentioning(text: string): Promise<number[]> {
+  const pids: number[] = [];
+  for (const entry of await readdir("/proc")) {
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    const cmdline = await readFile(`/proc/${entry}/cmdline`, "utf8").catch(() => "");
+    const state = await readFile(`/proc/${entry}/stat`, "utf8").catch(() => "");
+    if (cmdline.includes(text) && !/^\d+ \(.*\) Z/.test(state)) pids.push(Number(entry));
+  }
+  return pids;
+}
 
 describe("NatsServerProcess", () => {
   let server: NatsServerProcess | undefined;
@@ -37,5 +53,15 @@ describe("NatsServerProcess", () => {
     const again = await new Kvm(nc).open("launcher_test");
     expect((await again.get("k"))?.string()).toBe("v1");
     await nc.close();
+  });
+
+  it("kills a server that did not listen in time instead of leaving it running", async () => {
+    const storeDir = await mkdtemp(join(tmpdir(), "gym-ckpt-nats-slow-"));
+    try {
+      await expect(NatsServerProcess.start({ storeDir, startTimeoutMs: 1 })).rejects.toThrow(/did not listen within 1 ms/);
+      await waitUntil(async () => (await processesMentioning(storeDir)).length === 0, "the unstarted nats-server to be gone", 5000);
+    } finally {
+      await rm(storeDir, { recursive: true, force: true });
+    }
   });
 });
