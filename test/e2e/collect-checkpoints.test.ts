@@ -189,6 +189,7 @@ describe("the demo (shortened)", () => {
     const output: string[] = [];
     const demo = await startChildProgram(CLI, ["demo", "--rows", "12", "--concurrency", "4", "--checkpoint-every", "1", "--token-delay-ms", "30", "--crash-after", "0.3"], {
       onLine: (line) => output.push(line),
+      group: true, // teardown's kill reaches the nats-server, coordinator and Gym servers it started
     });
     collectors.push(demo);
     const { code } = await demo.exited;

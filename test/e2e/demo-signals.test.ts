@@ -9,9 +9,18 @@ import { waitUntil } from "../support/wait-until.js";
 
 /** `gym-ckpt demo` stopped by a signal mid-run: no process and no temp directory is left behind. */
 const seen = new Set<number>();
+/** The demo runs in its own process group: teardown reaches whatever it started, even before the test saw it. */
+let group: number | undefined;
 let scratch: string | undefined;
 afterAll(async () => {
   killAll(seen);
+  if (group !== undefined) {
+    try {
+      process.kill(-group, "SIGKILL");
+    } catch {
+      // the group is gone already
+    }
+  }
   if (scratch) await rm(scratch, { recursive: true, force: true });
 });
 
@@ -22,7 +31,9 @@ describe("gym-ckpt demo", () => {
     const demo: ChildProcess = spawn(process.execPath, ["dist/coordinator/cli/main.js", "demo", "--rows", "40", "--token-delay-ms", "60"], {
       stdio: ["ignore", "pipe", "pipe"],
       env: { ...process.env, TMPDIR: scratch },
+      detached: true,
     });
+    group = demo.pid;
     seen.add(demo.pid!);
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => demo.once("exit", (code, signal) => resolve({ code, signal })));
     await new Promise<void>((resolve, reject) => {

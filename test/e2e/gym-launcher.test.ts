@@ -77,9 +77,7 @@ describe("gym-ckpt gym", () => {
   });
 
   it("starts every reference server, runs an episode, and stops them all on SIGTERM", async () => {
-    child = spawn(process.execPath, ["dist/coordinator/cli/main.js", "gym", "--nats", nats.server.url, "--deployment", "launcher", "--token", "t0ken"], {
-      stdio: ["ignore", "pipe", "pipe"],
-    });
+    child = spawnGym("launcher");
     const ready = await new Promise<any>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error("no ready line")), 30_000);
       createInterface({ input: child!.stdout! }).on("line", (line) => {
@@ -92,6 +90,7 @@ describe("gym-ckpt gym", () => {
       });
       child!.once("exit", (code) => reject(new Error(`gym exited early (${code})`)));
     });
+    tree(child.pid!); // its servers are killed in teardown even if this test fails
     expect(Object.keys(ready.urls).sort()).toEqual(["agent", "environment", "model", "policy", "resources"]);
     for (const url of Object.values(ready.urls) as string[]) expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     const response = await fetch(`${ready.urls.environment}/run`, {

@@ -1,4 +1,3 @@
-import { spawn } from "node:child_process";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -175,14 +174,15 @@ describe("replay on the reference Gym", () => {
       });
 
       const out = join(recordsDir, "seeds.jsonl");
-      const cli = await new Promise<{ code: number | null; stdout: string }>((resolve) => {
-        const child = spawn(process.execPath, [REPLAY_MAIN, "seeds", "--checkpoint", dir, "--out", out, "--tasks", join(recordsDir, "tasks.jsonl")]);
-        let stdout = "";
-        child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
-        child.on("exit", (code) => resolve({ code, stdout }));
+      const stdout: string[] = [];
+      const seeds = await startChildProgram(REPLAY_MAIN, ["seeds", "--checkpoint", dir, "--out", out, "--tasks", join(recordsDir, "tasks.jsonl")], {
+        onLine: (line, stream) => void (stream === "stdout" && stdout.push(line)),
       });
-      expect(cli.code).toBe(0);
-      expect(JSON.parse(cli.stdout)).toMatchObject({ checkpoint_id: "cp-seeds-1", seeds: 1 });
+      children.push(seeds); // killed in teardown if it hangs
+      const closed = new Promise<void>((resolve) => seeds.child.once("close", () => resolve())); // every stdout line read
+      expect((await seeds.exited).code).toBe(0);
+      await closed;
+      expect(JSON.parse(stdout.join("\n"))).toMatchObject({ checkpoint_id: "cp-seeds-1", seeds: 1 });
       const lines = (await readFile(out, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l));
       // The task file holds other tasks only: the seed keeps its digest but no task.
       expect(lines).toEqual([{ ...seed, task: null }]);
