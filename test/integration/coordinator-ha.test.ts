@@ -64,8 +64,16 @@ describe("two coordinators: one lease, fenced epochs", () => {
       expect(p.handle.controlPlane.currentPhase).toBe("idle");
     }
     monitor.stop();
-    // A keeps campaigning as a follower and never wins while B renews
-    await new Promise((resolve) => setTimeout(resolve, 1600));
+    // A keeps campaigning as a follower and never wins while B renews: observed over three of B's
+    // renewals (each one moves the key's revision on; A's campaigns in between all fail)
+    const renewals = await kv.watch({ key: LEADER_KEY, include: "updates" });
+    let seen = 0;
+    for await (const entry of renewals) {
+      expect(entry.operation).toBe("PUT");
+      expect(a.lease.state().leader).toBe(false);
+      if (++seen === 3) break;
+    }
+    renewals.stop();
     expect(a.lease.state().leader).toBe(false);
     expect(b.lease.state()).toMatchObject({ leader: true, ready: true, epoch: epochB });
   });

@@ -11,7 +11,7 @@ afterAll(async () => {
 });
 
 describe("nats-server killed and restarted on the same store", () => {
-  it("the coordinator regains the lease with a higher epoch and checkpoints again; KV state survived", async () => {
+  it("the coordinator leads again (never at a lower epoch) and checkpoints with every participant; the earlier checkpoint stays listed", async () => {
     const coordinator = await world.startCoordinator({ http: { enabled: false, host: "127.0.0.1", port: 0 } });
     await coordinator.whenReady();
     const first = await world.client.checkpoint({ checkpoint_id: "before-crash" });
