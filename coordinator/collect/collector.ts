@@ -26,6 +26,7 @@ import { ProgressReporter } from "./progress-reporter.js";
 import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import type { TaskRow } from "./task-rows.js";
+import { parseRunReply, type RunReply } from "./run-reply.js";
 import { RunTimeouts } from "./run-timeouts.js";
 
 /** The controller ops the collector needs; the NATS client and the in-process engine both fit. */
@@ -336,7 +337,10 @@ export class Collector {
       } finally {
         timeout.done();
       }
-      if (response.ok) return this.finished(state, body);
+      if (response.ok) {
+        const reply = parseRunReply(body);
+        return reply instanceof Error ? this.failed(state, reply) : this.finished(state, reply);
+      }
       const refusal = ErrorReplySchema.safeParse(body);
       if (refusal.success && refusal.data.error.code === "admission_closed") {
         // The attempt never started: wait for the checkpoint to end and send it again.
@@ -348,10 +352,10 @@ export class Collector {
     }
   }
 
-  private async finished(state: RowState, reply: Record<string, unknown>): Promise<void> {
+  private async finished(state: RowState, reply: RunReply): Promise<void> {
     // The trajectory goes to the rollout records, not into results.jsonl.
     const { trajectory, ...body } = reply;
-    const reward = typeof body.reward === "number" ? body.reward : 0;
+    const reward = body.reward;
     state.status = "done";
     state.restored = false;
     await appendResult(this.options.outPath, {
@@ -363,12 +367,12 @@ export class Collector {
       response: body,
     });
     if (this.records) this.recordRollout(state, trajectory);
-    const usage = body.usage as Record<string, unknown> | undefined;
+    const usage = body.usage;
     if (usage) {
-      this.usage.modelCallsKept += num(usage.model_calls_kept);
-      this.usage.tokensKept += num(usage.tokens_kept);
-      this.usage.modelCallsRegenerated += num(usage.model_calls_regenerated);
-      this.usage.tokensRegenerated += num(usage.tokens_regenerated);
+      this.usage.modelCallsKept += usage.model_calls_kept ?? 0;
+      this.usage.tokensKept += usage.tokens_kept ?? 0;
+      this.usage.modelCallsRegenerated += usage.model_calls_regenerated ?? 0;
+      this.usage.tokensRegenerated += usage.tokens_regenerated ?? 0;
     }
     if (this.retired.has(state.row.rolloutId)) {
       // A later attempt replied: nothing of the retired ones can still run, so lift the fence.
@@ -625,10 +629,6 @@ export class Collector {
     const rewards = [...results.values()].map((r) => r.reward);
     return rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : NaN;
   }
-}
-
-function num(value: unknown): number {
-  return typeof value === "number" && Number.isFinite(value) ? value : 0;
 }
 
 function delay(seconds: number): Promise<void> {

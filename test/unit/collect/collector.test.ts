@@ -332,6 +332,17 @@ describe("collector", () => {
     expect(seen).toEqual(["0:stale_attempt", "1:ok"]);
   });
 
+  it("a 2xx /run reply without a numeric reward fails its attempt instead of being recorded as reward 0", async () => {
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: body.attempt === 0 ? { answer: "42" } : { reward: "1" } }));
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { maxAttempts: 2 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
+    expect(sent).toEqual([0, 1]);
+    expect((await readResults(join(dir, "results.jsonl"))).size).toBe(0);
+  });
+
   it("retries a failed retire while a row waits for it", async () => {
     const sent: number[] = [];
     const url = await runServer((body) => (sent.push(body.attempt), body.attempt === 0 ? { status: 500, body: {} } : { status: 200, body: { reward: 1 } }));

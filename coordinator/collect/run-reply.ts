@@ -1,0 +1,29 @@
+import { z } from "zod";
+import { describeZodError } from "../../protocol/index.js";
+
+const Count = z.number().int().min(0);
+
+/**
+ * The part of an environment's `/run` reply the collector uses. Environments add fields of their own
+ * (answers, verdicts, metrics), which results.jsonl keeps verbatim, so unknown fields pass; the
+ * reward and the usage counters are checked, so a malformed reply fails its attempt instead of
+ * being recorded as reward 0.
+ */
+export const RunReplySchema = z
+  .object({
+    reward: z.number().finite(),
+    usage: z
+      .object({ model_calls_kept: Count.optional(), tokens_kept: Count.optional(), model_calls_regenerated: Count.optional(), tokens_regenerated: Count.optional() })
+      .passthrough()
+      .optional(),
+    trajectory: z.unknown().optional(),
+  })
+  .passthrough();
+
+export type RunReply = z.infer<typeof RunReplySchema>;
+
+/** The reply of a 2xx `/run`, or an Error naming what is wrong with it. */
+export function parseRunReply(body: unknown): RunReply | Error {
+  const parsed = RunReplySchema.safeParse(body);
+  return parsed.success ? parsed.data : new Error(`/run answered 2xx with an invalid reply: ${describeZodError(parsed.error)}`);
+}
