@@ -30,6 +30,8 @@ interface BackendCall {
   capture_key: string | null;
   message_count: number;
   delivered: boolean;
+  /** The caller went away before the response was fully written. */
+  aborted: boolean;
   tokens_emitted: number;
 }
 
@@ -141,6 +143,14 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     // Hold every response not yet started, so nothing is delivered after the last checkpoint.
     const calls = await backendCalls(backendUrl);
     await postJson(`${backendUrl}/admin/hold`, { after: calls.length });
+    // Responses the backend began before the hold still stream. One the model proxy holds through a
+    // timer checkpoint is delivered after that checkpoint's commit, so wait until all of them are in.
+    await waitFor(
+      async () => (await backendCalls(backendUrl)).slice(0, calls.length).every((c) => c.delivered || c.aborted),
+      60_000,
+      collector,
+      "responses started before the hold to finish",
+    );
     const heldAt = Date.now() / 1000;
     const catalog = new CheckpointCatalog(root);
     collector.child.kill("SIGUSR1");
