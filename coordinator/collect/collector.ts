@@ -355,13 +355,12 @@ export class Collector {
   private async finished(state: RowState, reply: RunReply): Promise<void> {
     // The trajectory goes to the rollout records, not into results.jsonl.
     const { trajectory, ...body } = reply;
-    const reward = body.reward;
     state.status = "done";
     state.restored = false;
     await appendResult(this.options.outPath, {
       rollout_id: state.row.rolloutId,
       attempt: state.attempt,
-      reward,
+      reward: body.reward,
       continued: state.continued,
       finished_at: Date.now() / 1000,
       response: body,
