@@ -22,7 +22,7 @@ import {
   type ReplyOf,
   type RequestOf,
 } from "../../protocol/index.js";
-import type { DecisionJournal, JournalEntry } from "../ha/decision-journal.js";
+import { assertJournalEntryFits, type DecisionJournal, type JournalEntry } from "../ha/decision-journal.js";
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
@@ -203,7 +203,7 @@ export class CheckpointEngine {
       const deadlineMs = this.deadline(request.deadline_ts);
       // Durations on the monotonic clock (the engine's clock is wall time, for deadlines).
       const t0 = performance.now();
-      const prepared = await this.doPrepare(id, deadlineMs, true, request.controller_state, ctx);
+      const prepared = await this.doPrepare(id, deadlineMs, true, request.controller_state, ctx, request.episode_ids);
       if (!prepared.prepared) {
         await this.abort(id, deadlineMs, ctx);
         const detail = prepared.blockers
@@ -270,6 +270,7 @@ export class CheckpointEngine {
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
       const dir = this.options.catalog.dirFor(id);
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
+      this.assertJournalable(open, "restoring");
       const epoch = open.epoch;
       await this.journal(open, "restoring");
       // Leadership lost during the write dropped the open state: do not put back a stale restore.
@@ -568,6 +569,8 @@ export class CheckpointEngine {
     autoPublish: boolean,
     controllerState: ControllerStateInput | null,
     ctx: Context | undefined,
+    /** The scope the convenience op will commit: checked with the open entry, before anything is sent. */
+    commitScope: EpisodeId[] | null = null,
   ): Promise<CtlReplyOf<"prepare">> {
     let open = this.open;
     let journaled: Promise<void> | undefined;
@@ -581,6 +584,7 @@ export class CheckpointEngine {
       const members = await this.options.membership.list();
       if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
       open = this.opening(id, "preparing", members, { autoPublish, controllerState });
+      this.assertJournalable({ ...open, dir: this.options.catalog.dirFor(id), scope: commitScope }, "open");
       // Journaled while the first stage's prepares are in flight and acknowledged before the second
       // stage: a successor resumes whatever this one opened, from this entry or, if it crashed before
       // the entry was acknowledged, from the first stage's status (recover → resumeOrphans).
@@ -656,6 +660,7 @@ export class CheckpointEngine {
     }
     const dir = this.options.catalog.dirFor(id);
     const epoch = open.epoch;
+    if (open.phase === "prepared") this.assertJournalable({ ...open, dir, scope, stop }, "decided");
     await this.options.hooks?.beforeDecision?.(id);
     if (open.phase === "prepared") {
       open.dir = dir;
@@ -998,7 +1003,16 @@ export class CheckpointEngine {
 
   private journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {
     this.journalWrites.set(open.id, (this.journalWrites.get(open.id) ?? 0) + 1);
-    return this.options.journal.record({
+    return this.options.journal.record(this.entryOf(open, state));
+  }
+
+  /** Refuses (`payload_too_large`) what could not be journaled, before anything is sent or kept. */
+  private assertJournalable(open: OpenCheckpoint, state: JournalEntry["state"]): void {
+    assertJournalEntryFits(this.entryOf(open, state));
+  }
+
+  private entryOf(open: OpenCheckpoint, state: JournalEntry["state"]): JournalEntry {
+    return {
       checkpoint_id: open.id,
       epoch: open.epoch,
       state,
@@ -1011,7 +1025,7 @@ export class CheckpointEngine {
       auto_publish: open.autoPublish,
       controller_state: open.controllerState,
       updated_at: this.options.clock.now(),
-    });
+    };
   }
 }
 

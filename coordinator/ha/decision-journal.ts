@@ -2,11 +2,13 @@ import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { z } from "zod";
 import {
+  CheckpointError,
   CheckpointIdSchema,
   ControllerStateInputSchema,
   EpisodeIdSchema,
   InstanceSchema,
   KindSchema,
+  MAX_CONTROL_MESSAGE_BYTES,
   journalBucket,
 } from "../../protocol/index.js";
 import { openBucketAsserted } from "../membership/kv-bucket.js";
@@ -41,6 +43,29 @@ export const JournalEntrySchema = z
   .strict();
 export type JournalEntry = z.infer<typeof JournalEntrySchema>;
 
+/**
+ * An entry must fit one NATS message, and the commit and restore messages carry the same scope:
+ * the headroom covers their other fields and headers (a bound of about 20k episodes in a scope).
+ */
+export const MAX_JOURNAL_ENTRY_BYTES = MAX_CONTROL_MESSAGE_BYTES - 16 * 1024;
+
+/**
+ * Refuses an entry too large to journal with `payload_too_large`. The engine calls it before it
+ * changes anything (nothing sent, nothing opened), so an oversized scope or controller state is a
+ * clean refusal rather than a checkpoint stuck half-way.
+ */
+export function assertJournalEntryFits(entry: JournalEntry): string {
+  const text = JSON.stringify(entry);
+  const size = Buffer.byteLength(text);
+  if (size > MAX_JOURNAL_ENTRY_BYTES) {
+    throw new CheckpointError(
+      "payload_too_large",
+      `checkpoint ${entry.checkpoint_id}: its journal entry (scope, restarts, inline controller state, members) is ${size} bytes; the limit is ${MAX_JOURNAL_ENTRY_BYTES}`,
+    );
+  }
+  return text;
+}
+
 export interface DecisionJournal {
   /** Durably records the entry; resolves only after the server acknowledged it. */
   record(entry: JournalEntry): Promise<void>;
@@ -57,7 +82,7 @@ export class KvDecisionJournal implements DecisionJournal {
   }
 
   async record(entry: JournalEntry): Promise<void> {
-    await this.kv.put(entry.checkpoint_id, JSON.stringify(JournalEntrySchema.parse(entry)));
+    await this.kv.put(entry.checkpoint_id, assertJournalEntryFits(JournalEntrySchema.parse(entry)));
   }
 
   async remove(checkpointId: string): Promise<void> {
@@ -83,6 +108,7 @@ export class MemoryDecisionJournal implements DecisionJournal {
   readonly entries = new Map<string, JournalEntry>();
   readonly log: { op: "record" | "remove"; checkpoint_id: string; state?: JournalEntry["state"] }[] = [];
   async record(entry: JournalEntry): Promise<void> {
+    assertJournalEntryFits(entry);
     this.entries.set(entry.checkpoint_id, JournalEntrySchema.parse(structuredClone(entry)));
     this.log.push({ op: "record", checkpoint_id: entry.checkpoint_id, state: entry.state });
   }

@@ -90,6 +90,36 @@ describe("engine ordering", () => {
     expect(fake.events.filter((e) => e.startsWith("journal:"))).toEqual(["journal:open", "journal:decided"]);
   });
 
+  it("a scope too large to journal is refused (payload_too_large) before anything is sent or journaled", async () => {
+    // ~25k episodes: the controller's request could fit one NATS message, the decision could not.
+    const huge = Array.from({ length: 25_000 }, (_, i) => ({ rollout_id: `rollout-${String(i).padStart(8, "0")}`, attempt: 1 }));
+    const { engine, fake, journal } = makeEngine(root);
+    // The convenience op: refused before a single prepare leaves.
+    const early = await refusal(engine.checkpoint({ checkpoint_id: "c50", episode_ids: huge, stop: false, controller_state: null }));
+    expect(early.code).toBe("payload_too_large");
+    expect(fake.calls).toHaveLength(0);
+    expect(journal.log).toEqual([]);
+    expect(engine.openCheckpoint).toBeNull();
+    // The fine-grained op: refused before the decision; the prepared checkpoint still commits.
+    await engine.prepare({ checkpoint_id: "c51" });
+    const entryBefore = journal.entries.get("c51");
+    const late = await refusal(engine.commit({ checkpoint_id: "c51", episode_ids: huge, stop: false }));
+    expect(late.code).toBe("payload_too_large");
+    expect(fake.ops("commit")).toHaveLength(0);
+    expect(journal.entries.get("c51")).toEqual(entryBefore);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "c51", phase: "prepared" });
+    const reply = await engine.commit({ checkpoint_id: "c51", episode_ids: huge.slice(0, 10), stop: false });
+    expect(reply.participants).toHaveLength(5);
+    await engine.publish({ checkpoint_id: "c51" });
+    await engine.resume({ checkpoint_id: "c51" });
+    // Restore: refused before anything opens or is sent.
+    const sent = fake.calls.length;
+    const restore = await refusal(engine.restore({ episode_ids: huge }));
+    expect(restore.code).toBe("payload_too_large");
+    expect(fake.calls.length).toBe(sent);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
   it("the convenience op aborts (resumes everyone) when prepare is incomplete; unreachable is a blocker", async () => {
     const { engine, fake, writer } = makeEngine(root);
     fake.set("agent", "a2", "prepare", "unreachable");
