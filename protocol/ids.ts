@@ -34,11 +34,19 @@ export const EpisodeIdSchema = z
   .strict();
 export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
 
+/**
+ * Names a checkpoint directory may not take because the root holds a file of that name: a
+ * checkpoint called LATEST would turn the pointer file's path into a directory. Compared
+ * case-insensitively, for case-insensitive filesystems.
+ */
+export const RESERVED_CHECKPOINT_IDS: readonly string[] = ["latest"];
+
 export const CheckpointIdSchema = z
   .string()
   .min(1)
   .max(128)
-  .regex(SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$");
+  .regex(SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$")
+  .refine((id) => !RESERVED_CHECKPOINT_IDS.includes(id.toLowerCase()), "checkpoint id may not be LATEST (the root's pointer file)");
 export type CheckpointId = z.infer<typeof CheckpointIdSchema>;
 
 /** A server's name in the deployment; becomes a directory name and subject tokens. */

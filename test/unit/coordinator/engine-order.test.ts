@@ -110,7 +110,7 @@ describe("engine ordering", () => {
     expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "c51", phase: "prepared" });
     const reply = await engine.commit({ checkpoint_id: "c51", episode_ids: huge.slice(0, 10), stop: false });
     expect(reply.participants).toHaveLength(5);
-    await engine.publish({ checkpoint_id: "c51" });
+    await engine.publish({ checkpoint_id: "c51", controller_state: null });
     await engine.resume({ checkpoint_id: "c51" });
     // Restore: refused before anything opens or is sent.
     const sent = fake.calls.length;

@@ -51,6 +51,9 @@ describe("ids and capture keys", () => {
     expect(CheckpointIdSchema.safeParse("a".repeat(128)).success).toBe(true);
     expect(CheckpointIdSchema.safeParse("a".repeat(129)).success).toBe(false);
     expect(CheckpointIdSchema.safeParse("..").success).toBe(false);
+    // the root's pointer file: a checkpoint directory of that name would break publication
+    for (const reserved of ["LATEST", "latest", "Latest"]) expect(CheckpointIdSchema.safeParse(reserved).success).toBe(false);
+    expect(CheckpointIdSchema.safeParse("LATEST-1").success).toBe(true);
     expect(CheckpointIdSchema.safeParse(".hidden").success).toBe(false);
     expect(CheckpointIdSchema.safeParse("a/b").success).toBe(false);
   });
