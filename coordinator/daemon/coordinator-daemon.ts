@@ -76,6 +76,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const journal = await KvDecisionJournal.open(nc, config.deployment);
   const catalog = new CheckpointCatalog(config.checkpoint_root);
   let natsApi!: NatsControllerApi;
+  let stopped = false;
   let readyResolve!: () => void;
   const ready = new Promise<void>((resolve) => (readyResolve = resolve));
 
@@ -86,13 +87,19 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     leaseMs: config.lease_ms,
     clock,
     logger,
-    onReady: async () => {
-      try {
-        const recovered = await engine.recover();
-        if (recovered.length) logger.info({ recovered }, "recovery_done");
-      } catch (error) {
-        // Entries that could not be completed stay journaled; the controller can still resume them.
-        logger.error({ err: error }, "recovery_failed");
+    onReady: async (epoch) => {
+      // Controller ops wait for recovery: retried (backing off to 5 s) while this term lasts.
+      for (let attempt = 1; ; attempt++) {
+        try {
+          const recovered = await engine.recover();
+          if (recovered.length) logger.info({ recovered }, "recovery_done");
+          break;
+        } catch (error) {
+          logger.error({ err: error, attempt }, "recovery_failed");
+          await new Promise((resolve) => setTimeout(resolve, Math.min(5000, 250 * 2 ** attempt)).unref());
+          const state = lease.state();
+          if (stopped || !state.leader || state.epoch !== epoch) return;
+        }
       }
       natsApi.start();
       readyResolve();
@@ -149,6 +156,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     closed: nc.closed(),
     whenReady: () => ready,
     async stop() {
+      stopped = true;
       await natsApi.stop();
       await http?.stop();
       await lease.stop(true);

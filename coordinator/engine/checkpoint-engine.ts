@@ -387,16 +387,18 @@ export class CheckpointEngine {
    * for the convenience op, published; a published checkpoint is never resumed here (see
    * recoverPublished); anything else is resumed (a failed or interrupted restore first retires
    * attempt+1 everywhere). Runs once leadership is ready, before any controller op.
+   *
+   * Controller ops are served only once it resolves. One entry that fails is logged and stays
+   * journaled (the controller can still resume it); but if the journal or the membership cannot be
+   * read at all, it rejects and the gate stays shut: serving then would leave a predecessor's
+   * decided commit unfinished while new checkpoints open beside it. The daemon retries.
    */
   recover(): Promise<{ checkpoint_id: string; action: string }[]> {
     const term = this.leaderTerm;
     return this.lock.run(async () => {
-      // Set even when recovery fails: entries it could not complete stay journaled for the controller.
-      try {
-        return await this.recoverAll();
-      } finally {
-        if (term === this.leaderTerm) this.recoveredFlag = true;
-      }
+      const done = await this.recoverAll();
+      if (term === this.leaderTerm) this.recoveredFlag = true;
+      return done;
     });
   }
 

@@ -39,6 +39,41 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     await engine.prepare({ checkpoint_id: "g2" });
   });
 
+  it("a recovery that cannot read the journal keeps the gate shut; the next one completes the predecessor's decided commit", async () => {
+    const { engine, fake, journal } = makeEngine(root, { requireRecovery: true });
+    // A predecessor decided d1 (every participant prepared, nothing committed yet) and died.
+    await journal.record({
+      checkpoint_id: "d1",
+      epoch: 6,
+      state: "decided",
+      participants: fake.members.map((m) => ({ kind: m.kind, instance: m.instance })),
+      prepared_at: 1,
+      checkpoint_dir: join(root, "d1"),
+      scope: null,
+      stop: false,
+      restarts: [],
+      auto_publish: true,
+      controller_state: null,
+      updated_at: 1,
+    });
+    fake.events.length = 0;
+    const list = journal.list.bind(journal);
+    journal.list = async () => {
+      journal.list = list; // fails once, as a KV keys() timeout at failover would
+      throw new Error("timeout listing the journal");
+    };
+    await expect(engine.recover()).rejects.toThrow("timeout listing the journal");
+    expect(engine.recovered).toBe(false);
+    expect((await refusalOf(engine.prepare({ checkpoint_id: "new1" }))).code).toBe("not_leader");
+    expect(fake.calls).toHaveLength(0);
+    expect([...journal.entries.keys()]).toEqual(["d1"]);
+    expect(await engine.recover()).toEqual([{ checkpoint_id: "d1", action: expect.any(String) }]);
+    expect(engine.recovered).toBe(true);
+    expect(fake.ops("commit")).toHaveLength(5);
+    await journalEmptied(journal);
+    await engine.prepare({ checkpoint_id: "new1" });
+  });
+
   it("HTTP: /readyz and the ops answer not_leader while the lease is ready but recovery has not run", async () => {
     const { engine, leadership } = makeEngine(root, { requireRecovery: true });
     http = new HttpControllerApi({ engine, leadership, token: "t" });
