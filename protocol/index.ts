@@ -85,6 +85,7 @@ export type {
   Member,
 } from "./messages.js";
 export {
+  PARTICIPANTS_DIR,
   RECORDS_FILE_PATTERN,
   MANIFEST_FILE,
   GLOBAL_MANIFEST_FILE,

@@ -4,13 +4,15 @@ import { KindSchema } from "./kinds.js";
 import { MANIFEST_SCHEMA_VERSION } from "./version.js";
 
 /**
- * Checkpoint files. Per participant:
+ * Checkpoint files. Per participant (`gym` is PARTICIPANTS_DIR):
  *   <checkpoint_dir>/gym/<kind>/<instance>/records-<sha256>.jsonl   written first, fsynced, renamed
  *   <checkpoint_dir>/gym/<kind>/<instance>/manifest.json            create-only, written last
  * Globally, written by the coordinator after every commit succeeded:
  *   <checkpoint_dir>/checkpoint.json, then <root>/LATEST.
  */
 
+/** The checkpoint directory's subdirectory that participants' commits write into. */
+export const PARTICIPANTS_DIR = "gym";
 export const RECORDS_FILE_PATTERN = /^records-[0-9a-f]{64}\.jsonl$/;
 export const MANIFEST_FILE = "manifest.json";
 export const GLOBAL_MANIFEST_FILE = "checkpoint.json";

@@ -7,6 +7,7 @@ import {
   GLOBAL_MANIFEST_FILE,
   GlobalManifestSchema,
   LATEST_FILE,
+  PARTICIPANTS_DIR,
   describeZodError,
   type GlobalManifest,
 } from "../../protocol/index.js";
@@ -73,7 +74,10 @@ export class CheckpointCatalog {
   }
 
   /**
-   * Directories under the root, split into published (valid checkpoint.json) and partial ones.
+   * Directories under the root, split into published (valid checkpoint.json) and partial ones:
+   * without checkpoint.json and recognisably a checkpoint's (empty, as opened, or holding the
+   * participants' directory). Any other directory is not ours (a controller may share the root) and
+   * is in neither list.
    * Blocking: a readdir and a stat per checkpoint; checkpoint.json is written once (renamed into
    * place), so its parse is cached until its inode, size or mtime changes. Retention scans after
    * every publication and must not re-read every manifest each time.
@@ -94,7 +98,7 @@ export class CheckpointCatalog {
       try {
         published.push(this.entry(name));
       } catch (error) {
-        if (error instanceof CheckpointError && error.code === "not_found") partial.push(name);
+        if (error instanceof CheckpointError && error.code === "not_found" && isCheckpointDir(join(this.root, name))) partial.push(name);
         // A corrupt checkpoint.json is neither listed nor deleted: `verify` reports it.
       }
     }
@@ -130,6 +134,16 @@ export class CheckpointCatalog {
     const parsedId = CheckpointIdSchema.safeParse(checkpointId);
     if (!parsedId.success) throw new CheckpointError("invalid_request", describeZodError(parsedId.error));
     return join(this.root, checkpointId, GLOBAL_MANIFEST_FILE);
+  }
+}
+
+/** Empty (opened, nothing committed) or holding the participants' directory that commits write. */
+function isCheckpointDir(dir: string): boolean {
+  try {
+    const entries = readdirSync(dir, { withFileTypes: true });
+    return entries.length === 0 || entries.some((e) => e.name === PARTICIPANTS_DIR && e.isDirectory());
+  } catch {
+    return false; // gone or unreadable: nothing to delete
   }
 }
 

@@ -80,7 +80,7 @@ export class GlobalManifestWriter {
         await discardStagedFile(staged);
         this.inUse.delete(staged.temp);
       }
-      await rmdir(this.catalog.dirFor(checkpointId)).catch(() => undefined); // not empty: retention deletes it as partial
+      await rmdir(this.catalog.dirFor(checkpointId)).catch(() => undefined); // not empty: something was committed, retention deletes it as partial
     });
     return this.cleanup;
   }

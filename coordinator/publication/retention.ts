@@ -11,8 +11,9 @@ export const TRASH_PREFIX = ".trash-";
 
 /**
  * Keeps the newest `keep` published checkpoints and deletes older ones and partial checkpoints
- * (directories without checkpoint.json), except the ids in `protect` (the checkpoint being
- * published, one still open). Returns the deleted ids.
+ * (without checkpoint.json, empty or holding the participants' directory; see
+ * CheckpointCatalog.scan), except the ids in `protect` (the checkpoint being published, one still
+ * open). Other directories at the root are a controller's and are left alone. Returns the deleted ids.
  *
  * A deleted checkpoint leaves the catalog at once: its directory is renamed to a dot-name (one
  * metadata operation); `removeTrash` frees its files later, off the checkpoint's critical path.

@@ -6,6 +6,7 @@ import { isAbsolute, join, normalize, sep } from "node:path";
 import {
   CheckpointError,
   MANIFEST_FILE,
+  PARTICIPANTS_DIR,
   ParticipantManifestSchema,
   RECORDS_FILE_PATTERN,
   RecordBaseSchema,
@@ -47,8 +48,8 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
   for (const entry of manifest.participants) {
     const label = `${entry.kind}/${entry.instance}`;
     const manifestPath = inside(dir, entry.manifest_path, label);
-    if (manifestPath !== join(dir, "gym", entry.kind, entry.instance, MANIFEST_FILE)) {
-      throw bad(`${label}: manifest_path ${entry.manifest_path} is not gym/${entry.kind}/${entry.instance}/${MANIFEST_FILE}`);
+    if (manifestPath !== join(dir, PARTICIPANTS_DIR, entry.kind, entry.instance, MANIFEST_FILE)) {
+      throw bad(`${label}: manifest_path ${entry.manifest_path} is not ${PARTICIPANTS_DIR}/${entry.kind}/${entry.instance}/${MANIFEST_FILE}`);
     }
     let text: string;
     try {

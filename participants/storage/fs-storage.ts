@@ -7,6 +7,7 @@ import {
   CheckpointError,
   MANIFEST_FILE,
   MANIFEST_SCHEMA_VERSION,
+  PARTICIPANTS_DIR,
   ParticipantManifestSchema,
   describeZodError,
   sha256Hex,
@@ -22,7 +23,7 @@ const MAX_MANIFEST_BYTES = 1 << 20;
 
 /** `<checkpoint_dir>/gym/<kind>/<instance>`; ids were validated as safe path components. */
 export function participantDir(target: ParticipantTarget): string {
-  return join(target.checkpointDir, "gym", target.kind, target.instance);
+  return join(target.checkpointDir, PARTICIPANTS_DIR, target.kind, target.instance);
 }
 
 function corrupt(detail: string, cause?: unknown): CheckpointError {

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { GlobalManifestSchema, MANIFEST_SCHEMA_VERSION, sha256Hex, type ParticipantEntry } from "../../../protocol/index.js";
+import { GlobalManifestSchema, MANIFEST_SCHEMA_VERSION, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, type ParticipantEntry } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
@@ -86,6 +86,24 @@ describe("publication and retention", () => {
     expect(GlobalManifestSchema.parse(onDisk)).toEqual(onDisk);
     expect(onDisk).toEqual(m);
     expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["c3", "c2"]);
+  });
+
+  it("deletes only recognisable partial checkpoints; a controller's directory at the root is left and not listed", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    // `gym-ckpt collect --records-dir <root>` writes <root>/rollouts/step_<N>/…: id-shaped, no checkpoint.json.
+    await mkdir(join(root, ROLLOUTS_DIR, "step_1"), { recursive: true });
+    await writeFile(join(root, ROLLOUTS_DIR, "x.jsonl"), '{"row":1}\n');
+    await mkdir(join(root, "opened-empty")); // opened, aborted before any commit
+    await mkdir(join(root, "committed-unpublished", PARTICIPANTS_DIR, "model", "m1"), { recursive: true });
+    await writeFile(join(root, "committed-unpublished", PARTICIPANTS_DIR, "model", "m1", "manifest.json"), "{}");
+    expect(catalog.scan().partial).toEqual(["committed-unpublished", "opened-empty"]);
+    await publish(writer, "c1", 100);
+    expect(writer.retain("c1")).toEqual(["committed-unpublished", "opened-empty"]);
+    await writer.settled();
+    expect((await readdir(root)).sort()).toEqual(["LATEST", "c1", ROLLOUTS_DIR]);
+    expect(await readFile(join(root, ROLLOUTS_DIR, "x.jsonl"), "utf8")).toBe('{"row":1}\n');
+    expect(catalog.scan()).toEqual({ published: [expect.objectContaining({ checkpoint_id: "c1" })], partial: [] });
   });
 
   it("removes a deleted checkpoint's files in the background and sweeps temp files crashed writers left", async () => {
