@@ -30,15 +30,18 @@ export interface LeaderLeaseOptions {
  * per-key TTL). Campaign = `create` (succeeds only when the key is absent); the revision it returns
  * is the epoch. The leader renews every third of the lease with `update` on the last revision; any
  * failure, or no answer before the lease would expire, demotes at once. A new leader waits one full lease period before it is ready, so a
- * deposed leader has time to notice, and participants fence lower epochs anyway.
+ * deposed leader has time to notice, and participants fence lower epochs anyway. That wait and the local
+ * expiry are measured on the monotonic clock: a wall-clock step must not stretch a deposed leader's
+ * authority nor cut a new leader's wait.
  */
 export class LeaderLease implements Leadership {
   private kv: KV | undefined;
   private heldEpoch: number | null = null;
   private lastRevision = 0;
+  /** When leadership becomes usable (monotonic clock, like renewedAt). */
   private readyAt = Infinity;
   private readyFired = false;
-  /** When the last successful create/update was sent: the key lives at most leaseMs past it. */
+  /** When the last successful create/update was sent (monotonic clock): the key lives at most leaseMs past it. */
   private renewedAt = -Infinity;
   private timer: (() => void) | undefined;
   private stopped = false;
@@ -55,7 +58,7 @@ export class LeaderLease implements Leadership {
 
   epoch(): number {
     if (this.heldEpoch === null) throw new CheckpointError("not_leader", `coordinator ${this.options.id} does not hold the leader lease`);
-    const now = this.clock.now();
+    const now = this.clock.monotonic();
     if (now < this.readyAt) throw new CheckpointError("not_leader", `coordinator ${this.options.id} is waiting out its first lease period`);
     if (!this.renewedRecently(now)) throw new CheckpointError("not_leader", `coordinator ${this.options.id} has not renewed its lease for ${now - this.renewedAt} ms`);
     return this.heldEpoch;
@@ -67,7 +70,7 @@ export class LeaderLease implements Leadership {
 
   state(): LeadershipState {
     const leader = this.heldEpoch !== null;
-    const now = this.clock.now();
+    const now = this.clock.monotonic();
     return { id: this.options.id, leader, ready: leader && now >= this.readyAt && this.renewedRecently(now), epoch: this.heldEpoch };
   }
 
@@ -81,7 +84,7 @@ export class LeaderLease implements Leadership {
     this.renewedAt = sentAt;
     this.heldEpoch = revision;
     this.lastRevision = revision;
-    this.readyAt = this.clock.now() + this.options.leaseMs;
+    this.readyAt = this.clock.monotonic() + this.options.leaseMs;
     this.readyFired = false;
     coordinatorTelemetry().leaderChanges.add(1, { event: "won" });
     this.options.logger?.info({ epoch: revision, ready_in_ms: this.options.leaseMs }, "lease_won");
@@ -93,8 +96,8 @@ export class LeaderLease implements Leadership {
     while (this.inflight) await this.inflight;
     if (this.heldEpoch !== null || this.stopped || !this.kv) return this.heldEpoch !== null;
     try {
-      const sentAt = this.clock.now();
-      const revision = await this.kv.create(LEADER_KEY, JSON.stringify({ id: this.options.id, at: sentAt }));
+      const sentAt = this.clock.monotonic();
+      const revision = await this.kv.create(LEADER_KEY, this.keyValue());
       this.won(revision, sentAt);
       this.timer?.();
       this.schedule(this.options.leaseMs / 3);
@@ -102,6 +105,11 @@ export class LeaderLease implements Leadership {
     } catch {
       return false;
     }
+  }
+
+  /** The key's value: who leads and when it last wrote, in wall time (for humans; never compared). */
+  private keyValue(): string {
+    return JSON.stringify({ id: this.options.id, at: this.clock.now() });
   }
 
   private schedule(ms: number): void {
@@ -123,8 +131,8 @@ export class LeaderLease implements Leadership {
 
   private async tickOnce(): Promise<void> {
     if (this.stopped) return;
-    const sentAt = this.clock.now();
-    const value = JSON.stringify({ id: this.options.id, at: sentAt });
+    const sentAt = this.clock.monotonic();
+    const value = this.keyValue();
     if (this.heldEpoch === null) {
       try {
         this.won(await this.kv!.create(LEADER_KEY, value), sentAt);
@@ -144,7 +152,7 @@ export class LeaderLease implements Leadership {
       }
     }
     if (this.heldEpoch !== null && !this.readyFired) {
-      const wait = this.readyAt - this.clock.now();
+      const wait = this.readyAt - this.clock.monotonic();
       if (wait <= 0) {
         this.readyFired = true;
         const epoch = this.heldEpoch;

@@ -50,7 +50,7 @@ describe("membership registry", () => {
   it("drops a member whose heartbeat stopped for longer than the bucket TTL", async () => {
     const kv = await openMembersBucket(world.pnc, world.deployment);
     let now = 1_000_000;
-    const clock = { now: () => now, setTimer: () => () => undefined, sleep: async () => undefined };
+    const clock = { now: () => now, monotonic: () => now, setTimer: () => () => undefined, sleep: async () => undefined };
     const registry = new WatchedMemberRegistry(kv, undefined, clock);
     await registry.start();
     try {

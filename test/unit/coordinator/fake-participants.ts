@@ -135,6 +135,9 @@ export class TestClock implements Clock {
   now(): number {
     return this.current;
   }
+  monotonic(): number {
+    return this.current;
+  }
   setTimer(): () => void {
     return () => undefined;
   }

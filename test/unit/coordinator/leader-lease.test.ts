@@ -4,33 +4,45 @@ import { describe, expect, it } from "vitest";
 import { LeaderLease } from "../../../coordinator/ha/leader-lease.js";
 import type { Clock } from "../../../coordinator/engine/clock.js";
 
-/** Timers fire only when the test advances time. */
+/**
+ * Timers fire only when the test advances time. Wall and monotonic time advance together; `stepWall`
+ * moves the wall clock alone (NTP, VM resume), and timers run on monotonic time, as setTimeout does.
+ */
 class ManualClock implements Clock {
   private timers: { at: number; fn: () => void; id: number }[] = [];
   private next = 0;
+  private mono = 0;
   constructor(public current = 1_000_000) {}
   now(): number {
     return this.current;
   }
+  monotonic(): number {
+    return this.mono;
+  }
   setTimer(fn: () => void, ms: number): () => void {
     const id = this.next++;
-    this.timers.push({ at: this.current + ms, fn, id });
+    this.timers.push({ at: this.mono + ms, fn, id });
     return () => {
       this.timers = this.timers.filter((t) => t.id !== id);
     };
   }
   async sleep(): Promise<void> {}
+  stepWall(ms: number): void {
+    this.current += ms;
+  }
   async advance(ms: number): Promise<void> {
-    const target = this.current + ms;
+    const target = this.mono + ms;
     for (;;) {
       const due = this.timers.filter((t) => t.at <= target).sort((a, b) => a.at - b.at)[0];
       if (!due) break;
       this.timers = this.timers.filter((t) => t.id !== due.id);
-      this.current = due.at;
+      this.current += due.at - this.mono;
+      this.mono = due.at;
       due.fn();
       for (let i = 0; i < 10; i++) await Promise.resolve();
     }
-    this.current = target;
+    this.current += target - this.mono;
+    this.mono = target;
   }
 }
 
@@ -42,12 +54,16 @@ class FakeKv {
   /** Updates never answer (a partitioned server): the caller's timeout is all that ends them. */
   hangUpdates = false;
   readonly updateTimeouts: (number | undefined)[] = [];
-  async create(_key: string): Promise<number> {
+  /** Every value sent with create or update. */
+  readonly values: string[] = [];
+  async create(_key: string, value: string): Promise<number> {
+    this.values.push(value);
     if (this.holder !== undefined) throw new Error("wrong last sequence");
     this.holder = ++this.revision;
     return this.holder;
   }
-  async update(_key: string, _value: string, last: number, timeout?: number): Promise<number> {
+  async update(_key: string, value: string, last: number, timeout?: number): Promise<number> {
+    this.values.push(value);
     this.updateTimeouts.push(timeout);
     if (this.hangUpdates) return new Promise<number>(() => undefined);
     if (this.failUpdates || this.holder !== last) throw new Error("wrong last sequence");
@@ -146,5 +162,37 @@ describe("leader lease", () => {
     expect(l.state()).toMatchObject({ leader: true, ready: false });
     expect(events).toEqual(["ready:101"]); // not demoted (the update is still pending), yet it refuses to act
     await l.stop(false);
+  });
+
+  it("a deposed leader whose wall clock steps backwards still stops acting a lease period after its last renewal", async () => {
+    const { kv, clock, events, l } = await started();
+    await clock.advance(3000);
+    expect(l.epoch()).toBe(101);
+    // The last renewal that succeeded was sent now; from then on no update answers (a successor may take the key).
+    kv.hangUpdates = true;
+    clock.stepWall(-6000);
+    await clock.advance(2999);
+    expect(l.epoch()).toBe(101);
+    await clock.advance(2);
+    expect(() => l.epoch()).toThrow(/has not renewed its lease/);
+    expect(l.state()).toMatchObject({ leader: true, ready: false });
+    expect(events).toEqual(["ready:101"]);
+    await l.stop(false);
+  });
+
+  it("a forward wall-clock step does not shorten a new leader's one-lease-period wait; the key still carries wall time", async () => {
+    const { kv, clock, events, l } = await started();
+    clock.stepWall(6000);
+    expect(() => l.epoch()).toThrow(/first lease period/);
+    await clock.advance(2999);
+    expect(() => l.epoch()).toThrow(/first lease period/);
+    expect(l.state().ready).toBe(false);
+    expect(events).toEqual([]);
+    await clock.advance(1);
+    expect(l.epoch()).toBe(101);
+    expect(events).toEqual(["ready:101"]);
+    // what the key says is for humans reading the bucket: the wall clock, step included
+    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", at: clock.now() });
+    await l.stop();
   });
 });
