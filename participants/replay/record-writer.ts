@@ -1,9 +1,10 @@
-import { promises as fs } from "node:fs";
+import { createHash } from "node:crypto";
+import { createReadStream, promises as fs } from "node:fs";
 import path from "node:path";
 import { CheckpointError, encodeRecordLines, encodeRolloutRecords, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { invalidRequest } from "./errors.js";
-import { indexPathFor, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
+import { indexPathFor, parseRecordFileName, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
 import { StepMarkerSchema, stepMarkerName } from "./step-marker.js";
 import type { TraceRecord } from "./trace-record.js";
 
@@ -34,6 +35,8 @@ export async function encodeRecords(
 /**
  * Writes <stepDir>/<kind>_rollouts_<env>.jsonl, then its index. Records are published first so an
  * index never points at bytes that do not exist yet. Invalid input is refused before anything is written.
+ * A record file already published with exactly these bytes is kept (a retry), and its index is
+ * written if it is missing or differs.
  */
 export async function writeRolloutRecords(rootDir: string, step: number, batch: EnvRecords): Promise<WrittenRecords> {
   return publish(await prepare(rootDir, step, batch));
@@ -45,6 +48,8 @@ interface Prepared {
   data: Buffer;
   index: Buffer;
   records: number;
+  /** The record file is already on disk with exactly these bytes (an earlier, interrupted attempt). */
+  published: boolean;
 }
 
 /** Validates and encodes one env's records (the protocol's pure encoding); touches no file. */
@@ -52,9 +57,6 @@ async function prepare(rootDir: string, step: number, batch: EnvRecords): Promis
   const stepDir = path.join(rootDir, stepDirName(step));
   const recordPath = path.join(stepDir, recordFileName(batch.kind, batch.env));
   const indexPath = indexPathFor(recordPath)!;
-  // Steps are append-only: followers never re-read a file they consumed, so replacing one would
-  // leave workers with different task lists.
-  if (await exists(recordPath)) throw invalidRequest(`step ${step} already has ${path.basename(recordPath)}; a published file is never replaced`);
   const pv = batch.policyVersion;
   const policyVersion = typeof pv === "function" ? batch.traces.map((trace, i) => pv(trace, i)) : (pv ?? null);
   let encoded: EncodedRolloutRecords;
@@ -64,18 +66,25 @@ async function prepare(rootDir: string, step: number, batch: EnvRecords): Promis
     if (error instanceof CheckpointError) throw invalidRequest(error.message, { cause: error });
     throw error;
   }
-  return { recordPath, indexPath, data: encoded.recordBytes, index: encoded.indexBytes, records: encoded.rows.length };
+  // Steps are append-only: followers never re-read a file they consumed, so replacing one would
+  // leave workers with different task lists. The same bytes again are a retry and are kept.
+  const published = await holdsBytes(recordPath, encoded.header.size, encoded.header.sha256);
+  if (published === false) throw invalidRequest(`step ${step} already has ${path.basename(recordPath)}; a published file is never replaced`);
+  return { recordPath, indexPath, data: encoded.recordBytes, index: encoded.indexBytes, records: encoded.rows.length, published: published === true };
 }
 
 async function publish(p: Prepared): Promise<WrittenRecords> {
-  await writeFileAtomic(p.recordPath, p.data);
-  await writeFileAtomic(p.indexPath, p.index);
+  if (!p.published) await writeFileAtomic(p.recordPath, p.data);
+  // The attempt that published the records may have stopped before their index (derived, so safe to replace).
+  if (!p.published || !(await sameBytes(p.indexPath, p.index))) await writeFileAtomic(p.indexPath, p.index);
   return { recordPath: p.recordPath, indexPath: p.indexPath, records: p.records, bytes: p.data.length };
 }
 
 /**
  * Writes every env of one step concurrently, then one step-complete marker per kind listing the
- * files, so a follower waiting for markers appends the step as a whole.
+ * files, so a follower waiting for markers appends the step as a whole. A retry of an interrupted
+ * step completes it: files it already published are kept, and each marker lists every record file
+ * of its kind in the step directory (a file left unlisted would stop a follower for good).
  */
 export async function writeStepRecords(
   rootDir: string,
@@ -87,18 +96,25 @@ export async function writeStepRecords(
   // Validate and encode every env before publishing any, so a refusal leaves the step untouched.
   const prepared: Prepared[] = [];
   for (const batch of batches) prepared.push(await prepare(rootDir, step, batch));
-  const written = await Promise.all(prepared.map(publish));
+  // Settle every publish before failing, so a retry never races a write of this call still under way.
+  const settled = await Promise.allSettled(prepared.map(publish));
+  const failed = settled.find((r) => r.status === "rejected");
+  if (failed) throw failed.reason;
+  const written = settled.map((r) => (r as PromiseFulfilledResult<WrittenRecords>).value);
   const stepDir = path.join(rootDir, stepDirName(step));
-  for (const kind of new Set(batches.map((b) => b.kind))) {
+  // Read after this call's files are published; includes files of an earlier, interrupted call.
+  const present = await recordFilesIn(stepDir);
+  for (const kind of new Set([...batches.map((b) => b.kind), ...present.map((f) => f.kind)])) {
     // A step written in several calls keeps every call's files in its marker.
     const earlier = await markerFiles(path.join(stepDir, stepMarkerName(kind)));
     const files = written.filter((w, i) => batches[i]!.kind === kind).map((w) => path.basename(w.recordPath));
+    const onDisk = present.filter((f) => f.kind === kind).map((f) => f.name);
     const marker = StepMarkerSchema.parse({
       format: "gym-ckpt/rollout-step",
       version: 1,
       step,
       kind,
-      files: [...new Set([...earlier, ...files])].sort(),
+      files: [...new Set([...earlier, ...onDisk, ...files])].sort(),
     });
     await writeFileAtomic(path.join(stepDir, stepMarkerName(kind)), Buffer.from(JSON.stringify(marker) + "\n"));
   }
@@ -132,11 +148,43 @@ export class RecordWriter {
   }
 }
 
-async function exists(file: string): Promise<boolean> {
-  return fs.access(file).then(
-    () => true,
-    () => false,
-  );
+/** Whether `file` holds exactly the bytes of this size and sha256; null when there is no file. */
+async function holdsBytes(file: string, size: number, sha256: string): Promise<boolean | null> {
+  let onDisk: number;
+  try {
+    onDisk = (await fs.stat(file)).size;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw error;
+  }
+  if (onDisk !== size) return false;
+  const hash = createHash("sha256");
+  for await (const chunk of createReadStream(file) as AsyncIterable<Buffer>) hash.update(chunk);
+  return hash.digest("hex") === sha256;
+}
+
+async function sameBytes(file: string, data: Buffer): Promise<boolean> {
+  try {
+    return (await fs.readFile(file)).equals(data);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return false;
+    throw error;
+  }
+}
+
+/** Conventional record files in a step directory ([] when it does not exist). */
+async function recordFilesIn(stepDir: string): Promise<Array<{ name: string; kind: RecordKind }>> {
+  let names: string[];
+  try {
+    names = await fs.readdir(stepDir);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
+    throw error;
+  }
+  return names.flatMap((name) => {
+    const parsed = parseRecordFileName(name);
+    return parsed ? [{ name, kind: parsed.kind }] : [];
+  });
 }
 
 /** The files an existing marker lists ([] when there is none or it is unreadable). */

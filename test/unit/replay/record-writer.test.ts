@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { readdir, readFile, stat } from "node:fs/promises";
+import { mkdir, readdir, readFile, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import {
@@ -111,6 +111,71 @@ describe("record writer", () => {
     expect(error).toBeInstanceOf(ReplayError);
     expect((error as ReplayError).code).toBe("invalid_request");
     expect(await readFile(path.join(dir, "step_3", "train_rollouts_a.jsonl"))).toEqual(before);
+  });
+
+  describe("a step interrupted after publishing some of its files (ENOSPC or a crash before the marker)", () => {
+    const a = () => ({ kind: "train" as const, env: "a", traces: [linearTrace(traceId(1))] });
+    const b = () => ({ kind: "train" as const, env: "b", traces: [linearTrace(traceId(2))] });
+    const stepDir = () => path.join(dir, "step_0");
+    const markerFiles = async (kind = "train") =>
+      StepMarkerSchema.parse(JSON.parse(await readFile(path.join(stepDir(), `_complete_${kind}.json`), "utf8"))).files;
+    // What the interrupted writeStepRecords(dir, 0, [a, b]) left: a and its index, no b, no marker.
+    const interrupted = () => writeRolloutRecords(dir, 0, a());
+
+    it("completing it with only the missing file marks every file of the step, so a follower's prefix includes a", async () => {
+      await interrupted();
+      await writeStepRecords(dir, 0, [b()]);
+      expect(await markerFiles()).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+    });
+
+    it("retrying the whole step accepts the identical published file, restores a missing index and marks both", async () => {
+      const { recordPath, indexPath } = await interrupted();
+      const published = await readFile(recordPath);
+      const index = await readFile(indexPath);
+      await rm(indexPath); // the crash can also fall between a record file and its index
+      const written = await writeStepRecords(dir, 0, [a(), b()]);
+      expect(written.map((w) => [path.basename(w.recordPath), w.records, w.bytes])).toEqual([
+        ["train_rollouts_a.jsonl", 1, published.length],
+        ["train_rollouts_b.jsonl", 1, (await readFile(path.join(stepDir(), "train_rollouts_b.jsonl"))).length],
+      ]);
+      expect(await readFile(recordPath)).toEqual(published);
+      expect(await readFile(indexPath)).toEqual(index);
+      expect(await markerFiles()).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+      // A retry after the step completed is a no-op, too.
+      await writeStepRecords(dir, 0, [a(), b()]);
+      expect(await markerFiles()).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+    });
+
+    it("a call that fails part-way writes no marker, and retrying it once the fault is gone completes the step", async () => {
+      const blocker = path.join(stepDir(), "index_train_b.jsonl");
+      await mkdir(blocker, { recursive: true }); // b's index cannot be published (stands in for ENOSPC)
+      await expect(writeStepRecords(dir, 0, [a(), b()])).rejects.toThrow();
+      expect((await readdir(stepDir())).sort()).toEqual(["index_train_a.jsonl", "index_train_b.jsonl", "train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+      await rm(blocker, { recursive: true });
+      await writeStepRecords(dir, 0, [a(), b()]);
+      expect(await markerFiles()).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+      expect((await readIndex(path.join(stepDir(), "index_train_b.jsonl"))).header.record_file).toBe("train_rollouts_b.jsonl");
+    });
+
+    it("retrying with different content for a published file is refused as before and changes nothing", async () => {
+      const { recordPath } = await interrupted();
+      const before = (await readdir(stepDir())).sort();
+      const published = await readFile(recordPath);
+      const changed = { ...a(), traces: [linearTrace(traceId(9))] };
+      const error = await writeStepRecords(dir, 0, [changed, b()]).then(() => null, (e: unknown) => e);
+      expect(error).toBeInstanceOf(ReplayError);
+      expect((error as ReplayError).code).toBe("invalid_request");
+      expect((error as ReplayError).message).toContain("already has train_rollouts_a.jsonl");
+      expect(await readFile(recordPath)).toEqual(published);
+      expect((await readdir(stepDir())).sort()).toEqual(before);
+    });
+
+    it("marks a file of another kind the interrupted call published, so it cannot block a follower either", async () => {
+      await writeRolloutRecords(dir, 0, { kind: "eval", env: "c", traces: [linearTrace(traceId(3))] });
+      await writeStepRecords(dir, 0, [a()]);
+      expect(await markerFiles("train")).toEqual(["train_rollouts_a.jsonl"]);
+      expect(await markerFiles("eval")).toEqual(["eval_rollouts_c.jsonl"]);
+    });
   });
 
   it("refuses bad input before writing anything", async () => {

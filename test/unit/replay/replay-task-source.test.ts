@@ -192,6 +192,19 @@ describe("follow and append (18)", () => {
     expect(names(follower.tasks)).toEqual(["recheck:0000000a", "recheck:0000000b", "recheck:0000002a"]);
     expect(follower.tasks).toEqual(cold.tasks);
   });
+
+  it("with wait_for_step_marker, follows past a step whose write was interrupted once it is retried", async () => {
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
+    const follower = source(config);
+    const a = { kind: "train" as const, env: "a", traces: [linearTrace(traceId(0xa), 0)] };
+    const b = { kind: "train" as const, env: "b", traces: [linearTrace(traceId(0xb), 0)] };
+    await writeRolloutRecords(rollouts(), 1, a); // writeStepRecords(1, [a, b]) stopped here: no b, no marker
+    expect((await follower.reload()).added).toBe(0);
+    await writeStepRecords(rollouts(), 1, [a, b]);
+    await writeStepRecords(rollouts(), 2, [{ kind: "train", env: "a", traces: [linearTrace(traceId(0x2a), 0)] }]);
+    await follower.reload();
+    expect(names(follower.tasks)).toEqual(["recheck:0000000a", "recheck:0000000b", "recheck:0000002a"]);
+  });
 });
 
 describe("loading", () => {
