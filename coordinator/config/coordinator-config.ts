@@ -26,6 +26,11 @@ export const CoordinatorConfigSchema = z
     lease_ms: z.number().int().min(200).max(600_000).default(5_000),
     default_timeout_ms: z.number().int().min(100).default(60_000),
     request_slack_ms: z.number().int().min(0).default(5_000),
+    /**
+     * One try of a participant request waits at most this long before it is sent again (same body,
+     * idempotent): core NATS delivers at most once, so a lost message must not cost the whole deadline.
+     */
+    request_attempt_ms: z.number().int().min(100).default(10_000),
     http: z
       .object({
         enabled: z.boolean().default(true),

@@ -118,6 +118,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       token: config.token,
       clock,
       slackMs: config.request_slack_ms,
+      attemptTimeoutMs: config.request_attempt_ms,
     }),
     membership: registry,
     leadership: lease,
