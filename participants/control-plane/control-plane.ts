@@ -173,11 +173,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     try {
       const reply = await withSpan(`checkpoint.${op}`, attributes, parent, async (span) => {
         this.checkIncarnation(op as PhaseOp, phaseRequest);
-        if (phaseRequest.epoch < this.highestEpoch) {
-          throw new CheckpointError("stale_epoch", `epoch ${phaseRequest.epoch} is below ${this.highestEpoch}, already seen here`);
-        }
+        this.checkEpoch(phaseRequest.epoch); // early refusal; each op checks again, and raises it, under the lock
         const result = await this.dispatch(op as PhaseOp, phaseRequest);
-        this.highestEpoch = Math.max(this.highestEpoch, phaseRequest.epoch);
         spanResult(span, op, result);
         return result;
       });
@@ -236,6 +233,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
     const early = await this.lock.run(async () => {
+      this.fenceEpoch(request.epoch);
       const cached = this.cached<PrepareReply>(id, "prepare");
       if (cached) return cached;
       this.admit(id, ALLOWED.prepare, "prepare");
@@ -316,6 +314,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
     const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
     const pending = await this.lock.run(() => {
+      this.fenceEpoch(request.epoch);
       const cached = this.cached<CommitReply>(id, "commit", args);
       if (cached) return cached;
       this.admit(id, ALLOWED.commit, "commit");
@@ -430,6 +429,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const scope = new Set(request.episode_ids.map(captureKey));
     const args = `${dir}\u0000${[...scope].sort().join(",")}`;
     return this.lock.run(async () => {
+      this.fenceEpoch(request.epoch);
       const cached = this.cached<RestoreReply>(id, "restore", args);
       if (cached) return cached;
       this.admit(id, ALLOWED.restore, "restore");
@@ -495,6 +495,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async resume(request: ResumeRequest): Promise<ResumeReply> {
     const id = request.checkpoint_id;
     return this.lock.run(async () => {
+      this.fenceEpoch(request.epoch);
       if (this.resumed.has(id)) return { phase: "idle", idempotent: true };
       if (this.activeId === null) {
         // Remember it: a delayed prepare of an aborted checkpoint must not close admission.
@@ -510,6 +511,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async renew(request: RenewRequest): Promise<RenewReply> {
     this.checkDeadline(request.deadline_ts);
     return this.lock.run(() => {
+      this.fenceEpoch(request.epoch);
       this.admit(request.checkpoint_id, ALLOWED.renew, "renew");
       this.renewLease(request.deadline_ts);
       return { lease_expires_at: this.leaseExpiresAt! };
@@ -521,6 +523,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async retire(request: RetireRequest): Promise<RetireReply> {
     this.checkDeadline(request.deadline_ts);
     return this.lock.run(async () => {
+      this.fenceEpoch(request.epoch);
       this.admitOutsideCheckpoint(request.checkpoint_id, "retire");
       // Mark first: anything that arrives while the work is being stopped is already refused.
       for (const episode of request.episode_ids) this.retired.mark(episode);
@@ -537,6 +540,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async forget(request: ForgetRequest): Promise<ForgetReply> {
     this.checkDeadline(request.deadline_ts);
     return this.lock.run(async () => {
+      this.fenceEpoch(request.epoch);
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
       const rollouts = [...new Set(request.rollout_ids)].sort();
@@ -579,6 +583,23 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       "stale_incarnation",
       `${op} of checkpoint ${request.checkpoint_id} is addressed to incarnation ${addressed}; this process is ${this.incarnation} and never took part`,
     );
+  }
+
+  private checkEpoch(epoch: number): void {
+    if (epoch < this.highestEpoch) throw new CheckpointError("stale_epoch", `epoch ${epoch} is below ${this.highestEpoch}, already seen here`);
+  }
+
+  /**
+   * First thing every op does once it holds the lock. The check is repeated because a newer
+   * leader's op may have been admitted while this one waited. The fence rises here, on admission,
+   * not on success: an authenticated, schema-valid op that got this far proves its leader exists,
+   * even if a phase check then refuses it, and an older leader's op must not run after it (nor
+   * stop its commit's write). Refusals before this point (input, deadline, incarnation, epoch)
+   * leave it unchanged.
+   */
+  private fenceEpoch(epoch: number): void {
+    this.checkEpoch(epoch);
+    this.highestEpoch = Math.max(this.highestEpoch, epoch);
   }
 
   private notFresh(): CheckpointError {

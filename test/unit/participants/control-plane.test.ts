@@ -136,6 +136,51 @@ describe("fences and refusals change no state", () => {
     expect(plane.status().epoch).toBe(6);
   });
 
+  it("raises the epoch fence when a newer leader's commit is admitted, not when it succeeds: the old leader's resume cannot stop its write", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1", epoch: 5 });
+    const gate = deferred();
+    kind.delay("exportRecords", gate.promise); // the new leader's re-driven write is slow
+    const commit = call("commit", { checkpoint_id: "c1", epoch: 6 });
+    for (let i = 0; i < 10 && !kind.hooks().includes("exportRecords"); i++) await flush();
+    expect(kind.hooks()).toContain("exportRecords");
+    expect(await refused(call("resume", { checkpoint_id: "c1", epoch: 5 }))).toBe("stale_epoch");
+    gate.resolve();
+    expect((await commit).phase).toBe("committed");
+    expect(plane.currentPhase).toBe("committed");
+    expect(existsSync(join(root, "c1/gym/environment/env0/manifest.json"))).toBe(true);
+  });
+
+  it("re-checks the epoch once the lock is held: an older leader's op queued behind a newer one's is refused", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    kind.addEpisode({ rollout_id: "r2", attempt: 0 });
+    const gate = deferred();
+    kind.delay("retire", gate.promise);
+    const holding = call("retire", { checkpoint_id: "retire", epoch: 1, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    for (let i = 0; i < 10 && !kind.hooks().includes("retire"); i++) await flush();
+    // Both pass the fence on arrival (highest seen is 1) and queue on the lock, the newer leader's first.
+    const newer = call("retire", { checkpoint_id: "retire", epoch: 6, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    const older = call("retire", { checkpoint_id: "retire", epoch: 5, episode_ids: [{ rollout_id: "r2", attempt: 0 }] });
+    gate.resolve();
+    await holding;
+    expect(await newer).toEqual({ retired: ["r1"] });
+    expect(await refused(older)).toBe("stale_epoch");
+    expect(plane.isRetired({ rollout_id: "r2", attempt: 0 })).toBe(false);
+    expect(kind.episodes.has("r2")).toBe(true);
+    expect(plane.status().epoch).toBe(6);
+  });
+
+  it("an admitted op refused for its phase still raises the fence; one refused before admission does not", async () => {
+    await call("prepare", { checkpoint_id: "c1", epoch: 5 });
+    expect(await refused(call("commit", { checkpoint_id: "c1", epoch: 6, checkpoint_dir: "/outside/the/root" }))).toBe("invalid_request");
+    expect(await refused(call("prepare", { checkpoint_id: "c1", epoch: 7, deadline_ts: T0 - 1 }))).toBe("deadline_exceeded");
+    expect(plane.status().epoch).toBe(5);
+    expect(await refused(call("prepare", { checkpoint_id: "c2", epoch: 6 }))).toBe("checkpoint_conflict");
+    expect(plane.status().epoch).toBe(6);
+    expect(await refused(call("resume", { checkpoint_id: "c1", epoch: 5 }))).toBe("stale_epoch");
+    expect(plane.currentPhase).toBe("prepared");
+  });
+
   it("refuses ops in the wrong phase", async () => {
     expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("invalid_phase");
     expect(await refused(call("renew", { checkpoint_id: "c1" }))).toBe("invalid_phase");
