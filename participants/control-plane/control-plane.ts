@@ -445,7 +445,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       participantInstruments().bytes.add(read.bytes, { op: "restore", kind: this.adapter.kind });
       trace.getActiveSpan()?.setAttributes({ [ATTR.records]: read.records.length, [ATTR.bytes]: read.bytes });
 
-      await this.adapter.closeAdmission();
+      try {
+        await this.adapter.closeAdmission();
+      } catch (error) {
+        // It may have closed part way (a kind stops admitting, then cuts what is in flight); the
+        // phase stays idle, so no resume would reopen it: reopen here, as prepare does.
+        await this.adapter.openAdmission();
+        throw error;
+      }
       // A call admitted while the records were read would be installed over: refuse, reopened.
       if (this.adapter.hasLiveState()) {
         await this.adapter.openAdmission();

@@ -451,6 +451,21 @@ describe("restore", () => {
     expect(plane.currentPhase).toBe("idle");
   });
 
+  it("reopens admission when closing it fails during a restore (the phase stays idle: no resume would reopen it)", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    // As the model kind does: stop admitting first, then fail while cutting what is in flight.
+    kind.closeAdmission = async () => {
+      kind.calls.push({ hook: "closeAdmission", at: Date.now() });
+      kind.admissionOpen = false;
+      throw new Error("cut runner failed");
+    };
+    await expect(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] })).rejects.toThrow(/cut runner/);
+    expect(kind.hooks()).toEqual(["closeAdmission", "openAdmission"]);
+    expect(kind.admissionOpen).toBe(true);
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.restored.size).toBe(0);
+  });
+
   it("refuses to restore into a process with live state", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
     kind.addEpisode({ rollout_id: "live", attempt: 0 });
