@@ -233,6 +233,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
     const early = await this.lock.run(async () => {
+      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
       this.fenceEpoch(request.epoch);
       const cached = this.cached<PrepareReply>(id, "prepare");
       if (cached) return cached;
@@ -314,6 +315,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
     const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
     const pending = await this.lock.run(() => {
+      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
       this.fenceEpoch(request.epoch);
       const cached = this.cached<CommitReply>(id, "commit", args);
       if (cached) return cached;
@@ -429,6 +431,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const scope = new Set(request.episode_ids.map(captureKey));
     const args = `${dir}\u0000${[...scope].sort().join(",")}`;
     return this.lock.run(async () => {
+      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
       this.fenceEpoch(request.epoch);
       const cached = this.cached<RestoreReply>(id, "restore", args);
       if (cached) return cached;
@@ -518,6 +521,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async renew(request: RenewRequest): Promise<RenewReply> {
     this.checkDeadline(request.deadline_ts);
     return this.lock.run(() => {
+      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
       this.fenceEpoch(request.epoch);
       this.admit(request.checkpoint_id, ALLOWED.renew, "renew");
       this.renewLease(request.deadline_ts);
@@ -530,6 +534,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async retire(request: RetireRequest): Promise<RetireReply> {
     this.checkDeadline(request.deadline_ts);
     return this.lock.run(async () => {
+      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
       this.fenceEpoch(request.epoch);
       this.admitOutsideCheckpoint(request.checkpoint_id, "retire");
       // Mark first: anything that arrives while the work is being stopped is already refused.
@@ -547,6 +552,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async forget(request: ForgetRequest): Promise<ForgetReply> {
     this.checkDeadline(request.deadline_ts);
     return this.lock.run(async () => {
+      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
       this.fenceEpoch(request.epoch);
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
@@ -613,6 +619,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     return new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: this participant holds live state");
   }
 
+  /** On arrival and again once the lock is held, before any state change: an op queued past its deadline does nothing. */
   private checkDeadline(deadlineTs: number): void {
     if (deadlineTs * 1000 <= this.clock.now()) throw new CheckpointError("deadline_exceeded", "the deadline has already passed");
     if (deadlineTs * 1000 > this.clock.now() + MAX_DEADLINE_AHEAD_S * 1000) {

@@ -38,6 +38,19 @@ const refused = refusalCode;
 /** Lets promise chains started by timers run. */
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
+/** Holds the lock with a retire whose kind hook waits; the returned function releases it. */
+async function holdLock() {
+  const gate = deferred();
+  kind.delay("retire", gate.promise);
+  const holding = call("retire", { checkpoint_id: "hold", deadline_ts: T0 + 300, episode_ids: [{ rollout_id: "x", attempt: 0 }] });
+  for (let i = 0; i < 10 && !kind.hooks().includes("retire"); i++) await flush();
+  expect(kind.hooks()).toEqual(["retire"]);
+  return async () => {
+    gate.resolve();
+    await holding;
+  };
+}
+
 describe("phase machine", () => {
   it("runs prepare → commit → resume and writes records then manifest", async () => {
     kind.addEpisode({ rollout_id: "r1", attempt: 0 }, { step: 3 });
@@ -395,6 +408,34 @@ describe("retire and forget", () => {
   });
 });
 
+describe("a deadline that passes while the op waits for the lock", () => {
+  it("refuses a queued retire with deadline_exceeded before marking anything", async () => {
+    kind.addEpisode({ rollout_id: "r2", attempt: 0 });
+    const release = await holdLock();
+    const queued = call("retire", { checkpoint_id: "retire", deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r2", attempt: 0 }] });
+    await flush();
+    clock.advance(20_000);
+    await release();
+    expect(await refused(queued)).toBe("deadline_exceeded");
+    expect(plane.isRetired({ rollout_id: "r2", attempt: 0 })).toBe(false);
+    expect(plane.status().retired_rollouts).toBe(1); // only the holding retire's mark
+    expect(kind.hooks()).toEqual(["retire"]);
+    expect(kind.episodes.has("r2")).toBe(true);
+  });
+
+  it("refuses a queued prepare with deadline_exceeded instead of closing admission", async () => {
+    const release = await holdLock();
+    const queued = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
+    await flush();
+    clock.advance(20_000);
+    await release();
+    expect(await refused(queued)).toBe("deadline_exceeded");
+    expect(kind.admissionOpen).toBe(true);
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.hooks()).toEqual(["retire"]);
+  });
+});
+
 describe("restore", () => {
   async function checkpointWith(episodes: { rollout_id: string; attempt: number }[]): Promise<string> {
     const source = new ScriptableKind("environment");
@@ -464,6 +505,19 @@ describe("restore", () => {
     expect(kind.admissionOpen).toBe(true);
     expect(plane.currentPhase).toBe("idle");
     expect(kind.restored.size).toBe(0);
+  });
+
+  it("refuses a restore whose deadline passed while it waited for the lock, before closing admission or installing", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const release = await holdLock();
+    const queued = call("restore", { checkpoint_id: "src", deadline_ts: T0 + 10, checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await flush();
+    clock.advance(20_000);
+    await release();
+    expect(await refused(queued)).toBe("deadline_exceeded");
+    expect(kind.hooks()).toEqual(["retire"]);
+    expect(plane.currentPhase).toBe("idle");
+    expect(plane.status().lease_expires_at).toBeNull();
   });
 
   it("refuses to restore into a process with live state", async () => {
