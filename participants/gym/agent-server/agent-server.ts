@@ -150,7 +150,7 @@ async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task
     const driver: LoopDriver = {
       signal: ep.signal,
       boundary: (state) => ep.boundary({ next: "loop", cookie, verify_mode, state }),
-      model: (call) => ep.step("replay", call),
+      model: (call) => ep.step("model", call),
       tool: (call) => ep.step("wait", call),
       park: () => ep.park(),
     };

@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
-import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
+import type { StepEpisode } from "../../kinds/environment/index.js";
 import { expectOk, isRefusal, postJson, sessionCookieFrom, trimSlash } from "../agent-server/gym-http.js";
 import type { GymTask, RunReply } from "../agent-server/gym-task.js";
 
@@ -71,7 +71,7 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
       expectOk("seed_session", response);
       return {
         cookie: sessionCookieFrom(response.headers) ?? null,
-        verify: (response.headers.get("x-ng-checkpoint-verify") === "replay" ? "replay" : "wait") as StepMode,
+        verify: response.headers.get("x-ng-checkpoint-verify") === "replay" ? ("replay" as const) : ("wait" as const),
         restart: response.headers.get("x-ng-checkpoint-restart") === "1",
       };
     });

@@ -6,6 +6,8 @@ import type { Boundary } from "../environment/episode-steps.js";
  * Agent sessions parked at boundaries (protocol §7). A session is `idle` between activations,
  * `running` inside one, and `at_boundary` while parked or while it awaits a policy call made right
  * after a boundary (the policy holds that response during a checkpoint, so the loop cannot move on).
+ * Once that call's response has arrived the call counts as delivered, so the session is `running`
+ * again until its next boundary, even while a checkpoint is open.
  */
 export type SessionState = "idle" | "running" | "at_boundary";
 
@@ -19,7 +21,7 @@ export interface Activation {
   continuation(): Boundary | null;
   /** Reports a boundary; `snapshot` runs only if a checkpoint exports the session, and must return the state as of this call. */
   boundary(snapshot: () => Boundary): Promise<void>;
-  /** Awaits a policy call; counts as at the boundary when made right after one. */
+  /** Awaits a policy call; counts as at the boundary when made right after one, until its response arrives. */
   awaitingModel<T>(call: Promise<T>): Promise<T>;
   /** The policy refused (`admission_closed`): park at the latest boundary until resume, then retry from it. */
   park(): Promise<void>;
@@ -33,6 +35,8 @@ interface Session {
   /** A restored continuation no activation has claimed yet. */
   restored: Boundary | null | undefined;
   freshBoundary: boolean;
+  /** A policy call made at the latest boundary got its response: that boundary is stale until the next one. */
+  delivered: boolean;
   activation: { abort: AbortController; done: Promise<void> } | undefined;
 }
 
@@ -101,7 +105,7 @@ export class AgentSessions {
       return { restored: existing.restored !== undefined };
     }
     if (this.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; no new sessions until resume");
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, activation: undefined });
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, activation: undefined });
     this.onChange();
     return { restored: false };
   }
@@ -143,6 +147,7 @@ export class AgentSessions {
         abort.signal.throwIfAborted();
         s.snapshot = snapshot;
         s.freshBoundary = true;
+        s.delivered = false;
         if (this.gate.closed) await waitParked();
       },
       awaitingModel: async (call) => {
@@ -150,8 +155,13 @@ export class AgentSessions {
         setState("at_boundary");
         try {
           const result = await call;
-          // A response that arrives while a checkpoint is open is used only after resume.
-          if (this.gate.closed) await this.gate.waitOpen(abort.signal);
+          // The model counts this call as delivered and exports it, so the boundary before it is
+          // stale. A response arriving while admission is closed had started before the model closed
+          // (held ones arrive only after resume). As after an environment's finished wait step, the
+          // session blocks and runs on to its next boundary (callees close after this stage) and
+          // parks there; if prepare already passed, the commit refuses (protocol §3.5: readiness
+          // regressed, `invalid_phase`) rather than export the stale boundary.
+          s.delivered = true;
           return result;
         } finally {
           s.freshBoundary = false;
@@ -160,12 +170,13 @@ export class AgentSessions {
       },
       park: async () => {
         abort.signal.throwIfAborted();
-        setState("at_boundary");
+        // Not at a boundary after a delivered call: wait as a blocker rather than export the stale one.
+        setState(s.delivered ? "running" : "at_boundary");
         try {
           if (!this.gate.closed) await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
           await this.gate.waitOpen(abort.signal);
           // The retried call is made from the same boundary, so it again counts as at the boundary.
-          s.freshBoundary = true;
+          s.freshBoundary = !s.delivered;
         } finally {
           if (!abort.signal.aborted) setState("running");
         }
@@ -176,6 +187,7 @@ export class AgentSessions {
       // caller that has not received the result yet continues from it instead of starting over.
       s.activation = undefined;
       s.freshBoundary = false;
+      s.delivered = false;
       if (this.sessions.get(key) === s) this.setState(s, "idle");
       finished();
       this.onChange();
@@ -218,6 +230,7 @@ export class AgentSessions {
         snapshot: null,
         restored: item.boundary,
         freshBoundary: false,
+        delivered: false,
         activation: undefined,
       });
     }

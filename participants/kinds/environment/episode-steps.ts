@@ -11,10 +11,14 @@ import { AdmissionGate } from "./admission-gate.js";
  * closes is either
  *   - `wait`:   the checkpoint waits for it; the boundary after it is recorded and the episode parks;
  *   - `replay`: the checkpoint does not wait; the episode counts as parked at the boundary before the
- *               step, which runs again after a crash.
+ *               step, which runs again after a crash;
+ *   - `model`:  a policy call (the legacy agent loop): `replay` while it runs (a held response arrives
+ *               only after resume; an undelivered call is re-issued), but once its response arrived
+ *               the model counts the call as delivered and exports it, so, as after a `wait` step,
+ *               the boundary before it is stale and the episode blocks until its next one.
  * Time parked for a checkpoint is not counted against the episode deadline.
  */
-export type StepMode = "wait" | "replay";
+export type StepMode = "wait" | "replay" | "model";
 export type EpisodeState = "running" | "wait_step" | "replay_step" | "parked";
 export type Boundary = Record<string, unknown>;
 
@@ -29,9 +33,9 @@ export interface StepEpisode {
   /** Records a completed step; parks here while a checkpoint is open. */
   boundary(boundary: Boundary): Promise<void>;
   /**
-   * Runs one step in `wait` or `replay` mode. A step does not start while a checkpoint is open,
-   * except right after a finished wait step: its boundary is not recorded yet, so the episode
-   * still blocks the checkpoint and goes on to its next boundary.
+   * Runs one step in `wait`, `replay` or `model` mode. A step does not start while a checkpoint is
+   * open, except right after a finished wait or model step: its boundary is not recorded yet, so the
+   * episode still blocks the checkpoint and goes on to its next boundary.
    */
   step<T>(mode: StepMode, fn: (signal: AbortSignal) => Promise<T>): Promise<T>;
   /** Parks at the latest boundary until admission reopens (used when a callee refused with `admission_closed`). */
@@ -66,7 +70,7 @@ interface Tracked<D> {
   restart: boolean;
   retiring: boolean;
   finishing: boolean;
-  /** A wait step finished since the last boundary: that boundary is stale, so the episode may not park on it. */
+  /** A wait or model step finished since the last boundary: that boundary is stale, so the episode may not park on it. */
   dirty: boolean;
   abort: AbortController;
   done: Promise<void>;
@@ -251,12 +255,14 @@ export class EpisodeSteps<D = undefined> {
         try {
           const result = await fn(t.abort.signal);
           ok = true;
-          if (mode === "wait") t.dirty = true;
+          // A model response that got here was delivered, even one arriving while admission is closed
+          // (the model closes first and lets a started response finish), so it must not be replayed.
+          if (mode !== "replay") t.dirty = true;
           return result;
         } finally {
           // A replay step stays non-blocking until its boundary is recorded (the owner records it next);
           // a failed step blocks: the episode is ending, not exportable at a boundary.
-          if (mode === "wait" || !ok) setState("running");
+          if (mode !== "replay" || !ok) setState("running");
         }
       },
       park,

@@ -10,6 +10,13 @@ import { ep } from "../../support/episode.js";
 
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
+/** A latch a test opens when it wants work to go on. */
+function latch() {
+  let open!: () => void;
+  const promise = new Promise<void>((resolve) => (open = resolve));
+  return { promise, open };
+}
+
 /** Bounded polling for a condition (no fixed sleeps). */
 async function waitFor(condition: () => boolean, timeoutMs = 5000): Promise<void> {
   const until = Date.now() + timeoutMs;
@@ -169,6 +176,67 @@ describe("agent participant", () => {
     expect((await run).answer).toBe("done");
   });
 
+  it("a policy response delivered while admission is closed is not exported at the boundary before the call", async () => {
+    // The model stage prepared after the response's stream ended; the agent's prepare closed
+    // admission before its fetch resolved. The model exports that call as delivered.
+    const first = fresh();
+    first.kind.openSession(ep("d"));
+    let respond!: (reply: string) => void;
+    const response = new Promise<string>((resolve) => (respond = resolve));
+    const toolRound = latch();
+    const run = first.kind.activate(ep("d"), async (a) => {
+      await a.boundary(() => ({ messages: ["S0"] }));
+      const reply = await a.awaitingModel(response);
+      await toolRound.promise;
+      await a.boundary(() => ({ messages: ["S0", reply] }));
+      return reply;
+    });
+    await flush();
+    expect(first.kind.sessions.stateOf("d")).toBe("at_boundary");
+    expect((await first.call("prepare", { checkpoint_id: "c1" })).phase).toBe("prepared");
+    respond("S1");
+    await flush();
+    // Between boundaries again: the commit refuses rather than export S0 (which would repeat the call).
+    expect(await code(() => first.call("commit", { checkpoint_id: "c1" }))).toBe("invalid_phase");
+    expect(first.kind.readiness().blockers).toEqual(["d"]);
+    // It runs on (its callees close after the agent) to its next boundary and parks there.
+    toolRound.open();
+    await waitFor(() => first.kind.sessions.stateOf("d") === "at_boundary");
+    expect((await first.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["d"]);
+
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("d")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    second.kind.openSession(ep("d", 1));
+    expect(await second.kind.activate(ep("d", 1), async (a) => a.continuation())).toEqual({ messages: ["S0", "S1"] });
+    await first.call("resume", { checkpoint_id: "c1" });
+    expect(await run).toBe("S1");
+  });
+
+  it("after a delivered policy call, parking without a new boundary blocks instead of exporting the stale one", async () => {
+    const { kind } = fresh();
+    kind.openSession(ep("q"));
+    let refuse!: (error: Error) => void;
+    const run = kind.activate(ep("q"), async (a) => {
+      await a.boundary(() => ({ messages: ["S0"] }));
+      await a.awaitingModel(Promise.resolve("tool"));
+      // a second policy call without reporting a boundary first, refused by a parked policy
+      try {
+        await a.awaitingModel(new Promise((_, reject) => (refuse = reject)));
+      } catch {
+        await a.park();
+      }
+      return "done";
+    });
+    await flush();
+    refuse(new CheckpointError("admission_closed", "policy parked"));
+    await flush();
+    expect(kind.sessions.stateOf("q")).toBe("running");
+    expect(kind.readiness().blockers).toEqual(["q"]);
+    expect(kind.sessions.exportable(null)).toEqual([]);
+    expect(await run).toBe("done");
+  });
+
   it("open_session: refused while closed, stale_attempt for another attempt; restored sessions re-bound by the next attempt continue once", async () => {
     const first = fresh();
     const policy = new ScriptedPolicy();
@@ -253,6 +321,38 @@ describe("agent participant", () => {
     expect(seen).toEqual([{ next: "loop", messages: 2 }]);
     await first.call("resume", { checkpoint_id: "c1" });
     release();
+    expect(await run).toBe(1);
+  });
+
+  it("legacy: a model step whose response arrives while admission is closed is not exported at the boundary before it", async () => {
+    const first = fresh();
+    const task = { expression: "2 + 2" };
+    let respond!: (reply: string) => void;
+    const response = new Promise<string>((resolve) => (respond = resolve));
+    const tool = latch();
+    const run = first.kind.runLegacy(ep("LM"), task, {}, async (e) => {
+      await e.boundary({ next: "loop", messages: 2 });
+      await e.step("model", () => response);
+      await e.step("wait", () => tool.promise); // the reply's tool round, as in the reference loop
+      await e.boundary({ next: "loop", messages: 4 });
+      return 1;
+    });
+    await flush();
+    // While the call runs the episode is at the boundary before it (a held response never blocks).
+    expect((await first.call("prepare", { checkpoint_id: "c1" })).phase).toBe("prepared");
+    respond("tool");
+    await flush();
+    expect(await code(() => first.call("commit", { checkpoint_id: "c1" }))).toBe("invalid_phase");
+    expect(first.kind.readiness().blockers).toEqual(["LM"]);
+    tool.open();
+    await waitFor(() => first.kind.legacy.steps.states().parked === 1);
+    expect((await first.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["LM"]);
+
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("LM")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(await second.kind.runLegacy(ep("LM", 1), task, {}, async (e) => e.continuation())).toEqual({ next: "loop", messages: 4 });
+    await first.call("resume", { checkpoint_id: "c1" });
     expect(await run).toBe(1);
   });
 
