@@ -864,14 +864,16 @@ export class CheckpointEngine {
   }
 
   /**
-   * The remembered reply to a retry of (`id`, `op`) once `id` is no longer open; `checkpoint_conflict`
-   * when the retry's arguments differ. Open checkpoints answer retries from their own state.
+   * `checkpoint_conflict` when a retry of (`id`, `op`) that already succeeded has other arguments,
+   * open or not; else the remembered reply once `id` is no longer open (open checkpoints answer
+   * retries from their own state).
    */
   private replayed<O extends "checkpoint" | "commit" | "publish">(id: string, op: O, args: string): CtlReplyOf<O> | undefined {
-    if (this.open?.id === id) return undefined;
     const kept = this.replies.get(id)?.get(op);
-    if (!kept) return undefined;
-    if (kept.args !== null && kept.args !== args) throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was already ${op === "checkpoint" ? "checkpointed" : `${op}ed`} with other arguments`);
+    if (kept && kept.args !== null && kept.args !== args) {
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was already ${op === "checkpoint" ? "checkpointed" : `${op}ed`} with other arguments`);
+    }
+    if (!kept || this.open?.id === id) return undefined;
     return kept.reply as CtlReplyOf<O>;
   }
 

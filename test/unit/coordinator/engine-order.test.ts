@@ -120,6 +120,17 @@ describe("engine ordering", () => {
     expect(engine.openCheckpoint).toBeNull();
   });
 
+  it("publish retried with another controller state while the checkpoint is still open is a conflict; the same one gets its reply", async () => {
+    const { engine, catalog } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "c60" });
+    await engine.commit({ checkpoint_id: "c60", episode_ids: null, stop: false });
+    const first = await engine.publish({ checkpoint_id: "c60", controller_state: { inline: { step: 1 } } });
+    expect((await refusal(engine.publish({ checkpoint_id: "c60", controller_state: { inline: { step: 2 } } }))).code).toBe("checkpoint_conflict");
+    expect(await engine.publish({ checkpoint_id: "c60", controller_state: { inline: { step: 1 } } })).toEqual(first);
+    expect((await catalog.get("c60")).controller_state).toEqual({ inline: { step: 1 } });
+    await engine.resume({ checkpoint_id: "c60" });
+  });
+
   it("the convenience op aborts (resumes everyone) when prepare is incomplete; unreachable is a blocker", async () => {
     const { engine, fake, writer } = makeEngine(root);
     fake.set("agent", "a2", "prepare", "unreachable");
