@@ -230,10 +230,14 @@ export class CheckpointEngine {
         throw error;
       }
       const t3 = performance.now();
+      // Published is published: a participant that fails to resume (it resumes when its lease
+      // expires) is reported in the reply, not as the op's failure, so the controller knows this
+      // checkpoint is its latest and a retry gets the same reply.
+      let resumeFailures: Failure[] = [];
       try {
         // stop: the controller stops after this checkpoint, so participants stay parked (no resume).
         if (request.stop) this.close(id);
-        else await this.doResume(id, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx);
+        else resumeFailures = (await this.resumeEveryone(id, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx)).failures;
       } finally {
         // Retention after the resume: deleting old checkpoints need not keep everyone paused.
         published = { ...published, deleted: this.retainAfter(id, prepared.epoch) };
@@ -248,6 +252,7 @@ export class CheckpointEngine {
         participants: commit.participants.length,
         restarts: prepared.restarts,
         deleted: published.deleted,
+        resume_failures: resumeFailures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail })),
         timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t3) },
       });
     });
@@ -730,9 +735,16 @@ export class CheckpointEngine {
   }
 
   private async doResume(id: string, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
+    const { reply, failures } = await this.resumeEveryone(id, deadlineMs, ctx);
+    if (failures.length) throw combinedFailure("resume", failures);
+    return reply;
+  }
+
+  /** Resume stage by stage in reverse, past failures, which it returns; the checkpoint is closed either way. */
+  private async resumeEveryone(id: string, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const open = this.open;
     if (!open || open.id !== id) {
-      if (this.closed.has(id)) return { checkpoint_id: id, participants: [] };
+      if (this.closed.has(id)) return { reply: { checkpoint_id: id, participants: [] }, failures: [] };
       if (open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open, not ${id}`);
       throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator`);
     }
@@ -746,9 +758,10 @@ export class CheckpointEngine {
     // Closed even when some failed: an unreachable participant resumes when its lease expires.
     this.close(id);
     const outcomes = results.flatMap((r) => r.outcomes);
-    const failures = failuresOf(outcomes);
-    if (failures.length) throw combinedFailure("resume", failures);
-    return { checkpoint_id: id, participants: outcomes.map((o) => ({ ...o.participant, idempotent: o.ok ? o.reply.idempotent : false })) };
+    return {
+      reply: { checkpoint_id: id, participants: outcomes.map((o) => ({ ...o.participant, idempotent: o.ok ? o.reply.idempotent : false })) },
+      failures: failuresOf(outcomes),
+    };
   }
 
   /** Retention after a publication whose reply must not fail for it (the checkpoint is published). */

@@ -164,6 +164,20 @@ describe("engine ordering", () => {
     expect((await refusal(engine.prepare({ checkpoint_id: "c4" }))).code).toBe("stale_checkpoint");
   });
 
+  it("the convenience op succeeds once published even when a participant fails to resume; the reply names it and a retry gets the same reply", async () => {
+    const { engine, fake, catalog } = makeEngine(root, { retention: 1 });
+    await engine.checkpoint({ checkpoint_id: "k1", episode_ids: null, stop: false, controller_state: null });
+    fake.set("agent", "a1", "resume", "unreachable");
+    const reply = await engine.checkpoint({ checkpoint_id: "k2", episode_ids: null, stop: false, controller_state: null });
+    expect(reply.resume_failures).toEqual([{ kind: "agent", instance: "a1", code: "unreachable", detail: expect.stringContaining("agent/a1") }]);
+    expect(reply.deleted).toEqual(["k1"]); // "k2" is durable and LATEST: the controller knows it is its latest
+    expect(await catalog.latest()).toBe("k2");
+    expect(fake.ops("resume").filter((c) => c.body.checkpoint_id === "k2").map((c) => c.kind)).toContain("environment"); // past the failure
+    expect(await engine.checkpoint({ checkpoint_id: "k2", episode_ids: null, stop: false, controller_state: null })).toEqual(reply);
+    fake.set("agent", "a1", "resume", "ok");
+    expect((await engine.checkpoint({ checkpoint_id: "k3", episode_ids: null, stop: false, controller_state: null })).resume_failures).toEqual([]);
+  });
+
   it("a participant that restarted after the checkpoint opened is not sent its messages: its new process never took part", async () => {
     const incarnations = new Map(["agent.a1", "agent.a2", "environment.e1", "model.m1", "resources.r1"].map((k) => [k, "old"]));
     const { engine, fake } = makeEngine(root, { incarnations });
