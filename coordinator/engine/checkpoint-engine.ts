@@ -17,6 +17,8 @@ import {
   type CtlReplyOf,
   type CtlRequestOf,
   type EpisodeId,
+  type ErrorCode,
+  type Kind,
   type Op,
   type ParticipantEntry,
   type ReplyOf,
@@ -252,7 +254,7 @@ export class CheckpointEngine {
         participants: commit.participants.length,
         restarts: prepared.restarts,
         deleted: published.deleted,
-        resume_failures: resumeFailures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail })),
+        resume_failures: failureRefs(resumeFailures),
         timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t3) },
       });
     });
@@ -389,8 +391,8 @@ export class CheckpointEngine {
 
   /**
    * Completes what a previous leader journaled (presumed abort): a decided commit is re-driven and,
-   * for the convenience op, published; a published checkpoint is never resumed here (see
-   * recoverPublished); anything else is resumed (a failed or interrupted restore first retires
+   * for the convenience op, published and resumed; a published checkpoint is resumed here only if
+   * the convenience op published it (see recoverPublished); anything else is resumed (a failed or interrupted restore first retires
    * attempt+1 everywhere). Runs once leadership is ready, before any controller op.
    *
    * Controller ops are served only once it resolves. One entry that fails is logged and stays
@@ -498,9 +500,12 @@ export class CheckpointEngine {
         await this.doPublish(open.id, entry.controller_state);
         if (entry.stop) {
           this.close(open.id);
+          this.rememberRecovered(open, []);
           return "committed_published_stopped";
         }
-        await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
+        const { failures } = await this.resumeEveryone(open.id, deadlineMs, undefined);
+        if (failures.length) log.warn({ err: combinedFailure("resume", failures) }, "recovery_resume_failed");
+        this.rememberRecovered(open, failures);
         return "committed_published_resumed";
       }
       case "restored":
@@ -551,16 +556,31 @@ export class CheckpointEngine {
     // stop: the controller stopped after it; participants stay parked by design.
     if (open.stop) {
       this.close(open.id);
+      if (open.autoPublish) this.rememberRecovered(open, []);
       return "published_stopped";
     }
-    // Nobody holds it any more (resumed, resumed by lease, or restarted): nothing is left to resume.
-    const held = open.members.some((m) => {
-      const o = statuses.find((s) => s.participant.kind === m.kind && s.participant.instance === m.instance);
-      return !o || !o.ok || (o.reply.checkpoint_id === open.id && o.reply.phase !== "idle");
+    const statusOf = (m: ParticipantRef) => statuses.find((s) => s.participant.kind === m.kind && s.participant.instance === m.instance);
+    const holders = open.members.filter((m) => {
+      const o = statusOf(m);
+      return o?.ok === true && o.reply.checkpoint_id === open.id && o.reply.phase !== "idle";
     });
+    if (open.autoPublish && holders.length) {
+      // The convenience op resumes right after it publishes, and its controller saw it fail: finish
+      // it here. Only the processes still holding it are resumed: a fresh one would fence the id
+      // that a later restore of LATEST needs (an unreachable one resumes when its lease expires).
+      log.info({ state: "published", holders: holders.length }, "recovery_published_resumed");
+      open.members = holders;
+      const { failures } = await this.resumeEveryone(open.id, this.options.clock.now() + this.options.defaultTimeoutMs, undefined);
+      if (failures.length) log.warn({ err: combinedFailure("resume", failures) }, "recovery_resume_failed");
+      this.rememberRecovered(open, failures);
+      return "published_resumed";
+    }
+    // Nobody holds it any more (resumed, resumed by lease, or restarted): nothing is left to resume.
+    const held = holders.length > 0 || open.members.some((m) => statusOf(m)?.ok !== true);
     if (!held) {
       log.info({ state: "published" }, "recovery_published_closed");
       this.close(open.id);
+      if (open.autoPublish) this.rememberRecovered(open, []);
       return "published_closed";
     }
     // Left open: the controller's resume closes it, or the next controller's restore does.
@@ -774,6 +794,26 @@ export class CheckpointEngine {
       this.log.warn({ checkpoint_id: id, err: error }, "retention_failed");
       return [];
     }
+  }
+
+  /**
+   * The reply a predecessor's convenience op would have given, kept for its controller's retry
+   * (that controller saw the op fail when the predecessor died). Timings are not known: zero.
+   */
+  private rememberRecovered(open: OpenCheckpoint, failures: Failure[]): void {
+    if (!open.commit || !open.publish) return;
+    this.remember(open.id, "checkpoint", canonicalJson([commitArgs(open.scope, open.stop), open.controllerState]), {
+      checkpoint_id: open.id,
+      epoch: open.commit.epoch,
+      checkpoint_dir: open.commit.checkpoint_dir,
+      manifest_path: open.publish.manifest_path,
+      published_at: open.publish.published_at,
+      participants: open.commit.participants.length,
+      restarts: open.restarts,
+      deleted: open.publish.deleted,
+      resume_failures: failureRefs(failures),
+      timings_ms: { prepare: 0, commit: 0, publish: 0, resume: 0 },
+    });
   }
 
   /** Best-effort abort after a failed step of the convenience op; the original error is what the caller sees. */
@@ -1060,6 +1100,10 @@ function ms(duration: number): number {
 /** A scope's identity: its capture keys, unique and sorted; null (everything) stays null. */
 function scopeKey(scope: EpisodeId[] | null): string | null {
   return scope === null ? null : [...new Set(scope.map(captureKey))].sort().join(",");
+}
+
+function failureRefs(failures: Failure[]): { kind: Kind; instance: string; code: ErrorCode; detail: string }[] {
+  return failures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail }));
 }
 
 function commitArgs(scope: EpisodeId[] | null, stop: boolean): string {

@@ -66,6 +66,23 @@ describe("recovery of a published, unresumed checkpoint", () => {
     await journalEmptied(second.journal);
   });
 
+  it("of the convenience op, with some participants still parked on it: resumes those (only), closes it, and a retry of the op gets its reply", async () => {
+    const entry = await publishedNotResumed("x7");
+    const second = await successor({ ...entry, auto_publish: true });
+    second.fake.state.set("model.m1", { phase: "committed", checkpoint_id: "x7" });
+    second.fake.state.set("agent.a1", { phase: "committed", checkpoint_id: "x7" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x7", action: "published_resumed" }]);
+    // The fresh processes are not sent a resume that would fence x7 for a later restore of LATEST.
+    expect(second.fake.ops("resume").map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "model/m1"]);
+    expect(second.engine.openCheckpoint).toBeNull();
+    await journalEmptied(second.journal);
+    // The controller saw its checkpoint op fail when the predecessor died; its retry succeeds.
+    const retried = await second.engine.checkpoint({ checkpoint_id: "x7", episode_ids: null, stop: false, controller_state: null });
+    expect(retried).toMatchObject({ checkpoint_id: "x7", participants: 5, resume_failures: [] });
+    expect(second.fake.ops("prepare")).toHaveLength(0);
+    await second.engine.checkpoint({ checkpoint_id: "x8", episode_ids: null, stop: false, controller_state: null }); // not blocked
+  });
+
   it("with participants still parked on it: the next controller's restore closes it without a resume", async () => {
     const entry = await publishedNotResumed("x3");
     const second = await successor(entry);
