@@ -129,6 +129,8 @@ export class CheckpointEngine {
   private recoveredFlag: boolean;
   /** Bumped when leadership is lost, so a recovery that straddles the loss does not count. */
   private leaderTerm = 0;
+  /** Phase messages sent and journal entries written, ever: tells whether a failed op had begun. */
+  private effects = 0;
 
   constructor(private readonly options: CheckpointEngineOptions) {
     this.log = options.logger.child({ component: "engine" });
@@ -853,12 +855,19 @@ export class CheckpointEngine {
   private async op<T>(name: string, id: string, fn: (ctx: Context) => Promise<T>): Promise<T> {
     return this.lock.run(async () => {
       const started = this.options.clock.now();
+      const effectsBefore = this.effects;
       try {
         if (!this.recoveredFlag) throw new CheckpointError("not_leader", "this coordinator has not finished recovering its predecessor's checkpoints yet");
         const result = await inSpan(`checkpoint.coordinate.${name}`, { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name }, undefined, (ctx) => fn(ctx));
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: "ok" });
         return result;
-      } catch (error) {
+      } catch (thrown) {
+        let error = thrown;
+        // not_leader promises nothing happened, and clients retry it (even with a fresh id): once
+        // this op has sent or journaled anything, a successor may complete it, so it is unknown.
+        if (error instanceof CheckpointError && error.code === "not_leader" && this.effects !== effectsBefore) {
+          error = new CheckpointError("outcome_unknown", `${name} ${id}: leadership was lost after it began, so it may still take effect (${error.message}); retry with the same checkpoint id once a leader serves`, { cause: error });
+        }
         const code = error instanceof CheckpointError ? error.code : "internal_error";
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });
         this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
@@ -887,6 +896,7 @@ export class CheckpointEngine {
       return { ok: false, participant: member, code: "unreachable", detail: restarted };
     }
     const body = incarnation === undefined ? request : { ...request, incarnation };
+    this.effects++;
     const outcome = await this.options.client.call(member, op, body, deadlineMs, ctx, () => this.options.leadership.assert(epoch));
     if (!outcome.ok && outcome.code === "stale_incarnation") {
       // A new process the view did not show yet: it refused, so it holds nothing and stays unfenced.
@@ -1058,8 +1068,11 @@ export class CheckpointEngine {
     return ms;
   }
 
-  private journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {
+  private async journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {
+    // A deposed leader journals nothing: its successor may already have recovered (and moved on).
+    this.options.leadership.assert(open.epoch);
     this.journalWrites.set(open.id, (this.journalWrites.get(open.id) ?? 0) + 1);
+    this.effects++;
     return this.options.journal.record(this.entryOf(open, state));
   }
 

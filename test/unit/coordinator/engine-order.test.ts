@@ -463,7 +463,8 @@ describe("HA hooks and recovery", () => {
         engine.leadershipLost();
       }
     };
-    expect((await refusal(engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("not_leader");
+    // The entry was written, so a successor cleans up after it: not "nothing happened" (not_leader).
+    expect((await refusal(engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("outcome_unknown");
     expect(engine.openCheckpoint).toBeNull();
     expect(fake.ops("restore")).toHaveLength(0);
   });
@@ -475,14 +476,26 @@ describe("HA hooks and recovery", () => {
     expect(engine.openCheckpoint).toBeNull();
   });
 
-  it("a demoted coordinator sends nothing more", async () => {
-    const { engine, fake, leadership } = makeEngine(root);
+  it("leadership lost after an op began is outcome_unknown, not not_leader (which clients retry as if nothing happened)", async () => {
+    let demote = () => {};
+    const { engine, fake, journal, leadership } = makeEngine(root, { hooks: { afterDecision: async () => demote() } });
+    demote = () => leadership.demote();
+    const error = await refusal(engine.checkpoint({ checkpoint_id: "c70", episode_ids: null, stop: false, controller_state: null }));
+    expect(error.code).toBe("outcome_unknown");
+    expect(error.message).toContain("c70");
+    expect(journal.entries.get("c70")?.state).toBe("decided"); // a successor completes it
+    expect(fake.ops("commit")).toHaveLength(0);
+  });
+
+  it("a demoted coordinator sends nothing more, and journals nothing", async () => {
+    const { engine, fake, leadership, journal } = makeEngine(root);
     await engine.prepare({ checkpoint_id: "c11" });
     leadership.demote();
     const sent = fake.calls.length;
     expect((await refusal(engine.commit({ checkpoint_id: "c11", episode_ids: null, stop: false }))).code).toBe("not_leader");
     expect(fake.ops("commit")).toHaveLength(0);
     expect(fake.calls.length).toBe(sent);
+    expect(journal.entries.get("c11")?.state).toBe("open");
   });
 });
 
