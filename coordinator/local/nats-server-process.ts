@@ -37,14 +37,18 @@ export class NatsServerProcess {
   static async start(options: NatsServerOptions = {}): Promise<NatsServerProcess> {
     const ownsStore = options.storeDir === undefined;
     const storeDir = options.storeDir ?? (await mkdtemp(join(tmpdir(), "gym-ckpt-nats-")));
-    const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? -1, options.args ?? [], options.startTimeoutMs ?? 10_000);
-    try {
-      await server.launch();
-    } catch (error) {
-      if (ownsStore) await rm(storeDir, { recursive: true, force: true });
-      throw error;
+    for (let tries = 1; ; tries++) {
+      const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? (await portBelowEphemeralRange()), options.args ?? [], options.startTimeoutMs ?? 10_000);
+      try {
+        await server.launch();
+        return server;
+      } catch (error) {
+        // A port we chose may be taken by another listener: choose again (a fixed one is the caller's).
+        if (options.port === undefined && tries < 8 && /address already in use/.test(String(error))) continue;
+        if (ownsStore) await rm(storeDir, { recursive: true, force: true });
+        throw error;
+      }
     }
-    return server;
   }
 
   get url(): string {
@@ -149,4 +153,18 @@ function findBinary(): string {
     }
   }
   throw new Error("nats-server not found; install it with: sudo apt-get install -y nats-server");
+}
+
+/**
+ * A random port below the kernel's ephemeral range (-1, the server's own choice, if there is no
+ * room). A port the server picks itself is ephemeral, and once it stops, an outgoing connection
+ * can take it as its source port, so a restart on the same port fails to bind. Outgoing
+ * connections never use ports below the range.
+ */
+async function portBelowEphemeralRange(): Promise<number> {
+  const range = await readFile("/proc/sys/net/ipv4/ip_local_port_range", "utf8").catch(() => "32768 60999");
+  const low = Number(range.trim().split(/\s+/)[0]);
+  const floor = 10_000;
+  if (!Number.isInteger(low) || low - floor < 1000) return -1;
+  return floor + Math.floor(Math.random() * (low - floor));
 }

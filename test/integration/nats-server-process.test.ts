@@ -27,9 +27,12 @@ describe("NatsServerProcess", () => {
     server = undefined;
   });
 
-  it("starts on a free loopback port with JetStream", async () => {
+  it("starts on a free loopback port below the ephemeral range, with JetStream", async () => {
     server = await NatsServerProcess.start();
     expect(server.port).toBeGreaterThan(0);
+    // Below the ephemeral range: no outgoing connection can take it while the server is down for a restart.
+    const low = Number((await readFile("/proc/sys/net/ipv4/ip_local_port_range", "utf8")).trim().split(/\s+/)[0]);
+    expect(server.port).toBeLessThan(low);
     const nc = await connect({ servers: server.url });
     const jsm = await jetstreamManager(nc);
     const info = await jsm.getAccountInfo();
