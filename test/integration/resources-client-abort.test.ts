@@ -1,8 +1,8 @@
 import { request, type ClientRequest } from "node:http";
 import type { AddressInfo } from "node:net";
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { afterEach, describe, expect, it } from "vitest";
-import { createResourcesApp, type SessionAccess } from "../../participants/kinds/resources/index.js";
+import { createResourcesApp, type ResourcesKind, type SessionAccess } from "../../participants/kinds/resources/index.js";
 import { CounterServer } from "../../participants/gym/resources-server/counter-server.js";
 import { waitUntil } from "../support/wait-until.js";
 
@@ -13,6 +13,20 @@ class GatedServer extends CounterServer {
   release: () => void = () => undefined;
   entered = false;
   finished = false;
+  kind: ResourcesKind | undefined;
+  /** A hook of a gated route is waiting for `open()`; the client of that request went away. */
+  holding = false;
+  clientGone = false;
+  private opened!: () => void;
+  private readonly gate = new Promise<void>((resolve) => (this.opened = resolve));
+  /** What a gated handler saw, and what the gated routes answered. */
+  inflightInHandler: number | undefined;
+  readonly replies: { status: number; body: string }[] = [];
+
+  open(): void {
+    this.opened();
+  }
+
   override routes(app: FastifyInstance, sessions: SessionAccess): void {
     super.routes(app, sessions);
     app.post("/slow_tool", async () => {
@@ -21,6 +35,26 @@ class GatedServer extends CounterServer {
       this.finished = true;
       return { ok: true };
     });
+    const park = async (_request: FastifyRequest, reply: FastifyReply) => {
+      reply.raw.once("close", () => (this.clientGone = true));
+      this.holding = true;
+      await this.gate;
+    };
+    const increment = async (request: FastifyRequest) => {
+      this.entered = true;
+      this.inflightInHandler = this.kind!.readiness().counts.inflight;
+      const { sessionId } = sessions.require(request);
+      this.counters.set(sessionId, (this.counters.get(sessionId) ?? 0) + 1);
+      return {};
+    };
+    const record = async (_request: FastifyRequest, reply: FastifyReply, payload: unknown) => {
+      this.replies.push({ status: reply.statusCode, body: String(payload) });
+      return payload;
+    };
+    // Parked after its body was read (an async preValidation hook of the server's own).
+    app.post("/read_then_park", { preValidation: park, onSend: record }, increment);
+    // Parked before its body is read (an async onRequest hook of the server's own).
+    app.post("/park_then_read", { onRequest: park, onSend: record }, increment);
   }
 }
 
@@ -30,15 +64,35 @@ afterEach(async () => {
   app = undefined;
 });
 
+async function start(): Promise<{ server: GatedServer; kind: ResourcesKind; base: string; cookie: string; sessionId: string }> {
+  const server = new GatedServer();
+  const built = await createResourcesApp(server, { owner: "w0" });
+  server.kind = built.kind;
+  app = built.app;
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  const base = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
+  const seeded = await fetch(`${base}/ng-rollout/ab-1/seed_session`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+  const cookie = String(seeded.headers.get("set-cookie")).split(";")[0]!;
+  return { server, kind: built.kind, base, cookie, sessionId: cookie.split("=")[1]! };
+}
+
+/** Sends a POST, waits until the server parked it, then drops the connection (a retire, a deadline). */
+async function postAndGiveUp(server: GatedServer, url: string, headers: Record<string, string>, body: string): Promise<void> {
+  let client: ClientRequest | undefined;
+  const failed = new Promise<void>((resolve) => {
+    client = request(url, { method: "POST", headers });
+    client.on("error", () => resolve());
+    client.end(body);
+  });
+  await waitUntil(() => server.holding, "the request to be parked");
+  client!.destroy();
+  await failed;
+  await waitUntil(() => server.clientGone, "the server to see the client go");
+}
+
 describe("resources: a client that disconnects mid-call", () => {
   it("keeps the call in flight until its handler replies, so retire waits for it", async () => {
-    const server = new GatedServer();
-    const built = await createResourcesApp(server, { owner: "w0" });
-    app = built.app;
-    await app.listen({ port: 0, host: "127.0.0.1" });
-    const base = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
-    const seeded = await fetch(`${base}/ng-rollout/ab-1/seed_session`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
-    const cookie = String(seeded.headers.get("set-cookie")).split(";")[0]!;
+    const { server, kind, base, cookie } = await start();
     let client: ClientRequest | undefined;
     const failed = new Promise<void>((resolve) => {
       client = request(`${base}/ng-rollout/ab-1/slow_tool`, { method: "POST", headers: { "content-type": "application/json", cookie } });
@@ -48,14 +102,60 @@ describe("resources: a client that disconnects mid-call", () => {
     await waitUntil(() => server.entered, "the handler to start");
     client!.destroy(); // the caller gives up (its own retire, a deadline)
     await failed;
-    expect(built.kind.readiness().counts.inflight).toBe(1);
+    expect(kind.readiness().counts.inflight).toBe(1);
     let retired = false;
-    const retiring = built.kind.retire([{ rollout_id: "ab-1", attempt: 0 }]).then(() => (retired = true));
+    const retiring = kind.retire([{ rollout_id: "ab-1", attempt: 0 }]).then(() => (retired = true));
     await new Promise((resolve) => setImmediate(resolve));
     expect(retired).toBe(false); // stop, then free: the handler is still running
     server.release();
     await retiring;
     expect(server.finished).toBe(true);
-    expect(built.kind.readiness().counts.inflight).toBe(0);
+    expect(kind.readiness().counts.inflight).toBe(0);
+  });
+
+  it("keeps a call whose client left after its body was read in flight: its handler still runs", async () => {
+    const { server, kind, base, cookie, sessionId } = await start();
+    await postAndGiveUp(server, `${base}/ng-rollout/ab-1/read_then_park`, { "content-type": "application/json", cookie }, "{}");
+    // Fastify still runs the handler, which changes the session: a prepare must not read ready.
+    expect(kind.readiness().counts.inflight).toBe(1);
+    server.open();
+    await waitUntil(() => server.replies.length === 1, "the reply");
+    expect(server.inflightInHandler).toBe(1);
+    expect(server.counters.get(sessionId)).toBe(1);
+    expect(kind.readiness().counts.inflight).toBe(0);
+  });
+
+  it("refuses such a call with stale_attempt once its session was retired; the retire waits for it", async () => {
+    const { server, kind, base, cookie, sessionId } = await start();
+    await postAndGiveUp(server, `${base}/ng-rollout/ab-1/read_then_park`, { "content-type": "application/json", cookie }, "{}");
+    let retired = false;
+    const retiring = kind.retire([{ rollout_id: "ab-1", attempt: 0 }]).then(() => (retired = true));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(retired).toBe(false); // stop first: the request may still reach its handler
+    server.open();
+    await retiring;
+    expect(server.entered).toBe(false);
+    expect(server.replies).toHaveLength(1);
+    expect(server.replies[0]!.status).toBe(409);
+    expect(JSON.parse(server.replies[0]!.body).error.code).toBe("stale_attempt");
+    expect(server.counters.has(sessionId)).toBe(false); // freed, not written again
+    expect(kind.readiness().counts).toMatchObject({ inflight: 0, sessions: 0 });
+  });
+
+  it("releases a call whose client left before its request was read; it never runs", async () => {
+    const { server, kind, base, cookie, sessionId } = await start();
+    // With a body: Fastify never reads it from the closed socket, so no onSend would release it.
+    await postAndGiveUp(server, `${base}/ng-rollout/ab-1/park_then_read`, { "content-type": "application/json", cookie }, "{}");
+    expect(kind.readiness().counts.inflight).toBe(0);
+    server.holding = server.clientGone = false;
+    // No body: Fastify would go on to the handler, so the request is refused on the way.
+    await postAndGiveUp(server, `${base}/ng-rollout/ab-1/park_then_read`, { cookie, "content-length": "0" }, "");
+    expect(kind.readiness().counts.inflight).toBe(0);
+    server.open();
+    await waitUntil(() => server.replies.length === 1, "the reply");
+    expect(JSON.parse(server.replies[0]!.body).error.code).toBe("admission_closed");
+    expect(server.entered).toBe(false);
+    expect(server.counters.get(sessionId)).toBe(0);
+    expect(kind.readiness().counts.inflight).toBe(0);
   });
 });

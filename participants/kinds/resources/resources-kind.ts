@@ -111,12 +111,9 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     const waits = this.mode === "restart_only" ? request.role === "seed" : !replayable;
     if (waits) await this.gate.waitOpen(signal);
 
+    this.refuseRetired(request);
     if (request.role !== "close") {
-      if (this.context?.isRetired(request.episode)) throw new CheckpointError("stale_attempt", `${captureKey(request.episode)} was retired`);
       if (request.sessionId !== undefined && request.role !== "seed") {
-        if (this.retiredSessionRollout.has(request.sessionId)) {
-          throw new CheckpointError("stale_attempt", `session of ${request.episode.rollout_id} was retired`);
-        }
         const session = this.sessions.get(request.sessionId);
         if (session && !sameEpisode(session.episode, request.episode)) {
           throw new CheckpointError("stale_attempt", `the session is bound to ${captureKey(session.episode)}, not ${captureKey(request.episode)}`);
@@ -132,6 +129,14 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.active.add(ticket);
     if (counted) this.context?.notifyReadinessChanged();
     return ticket;
+  }
+
+  /**
+   * Its handler is about to run. A retire that came after admission waits for the request, so the
+   * request is refused here (changing nothing) rather than writing state for a freed session.
+   */
+  enter(ticket: RequestTicket): void {
+    this.refuseRetired(ticket);
   }
 
   /** Called while the request still counts in flight, after a 2xx response was produced. */
@@ -317,6 +322,15 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   // ---- helpers ---------------------------------------------------------------------------
+
+  /** The retirement fences; `/close_session` passes (a caller closes a session only once). */
+  private refuseRetired(request: { episode: EpisodeId; sessionId: string | undefined; role: RequestRole }): void {
+    if (request.role === "close") return;
+    if (this.context?.isRetired(request.episode)) throw new CheckpointError("stale_attempt", `${captureKey(request.episode)} was retired`);
+    if (request.sessionId !== undefined && request.role !== "seed" && this.retiredSessionRollout.has(request.sessionId)) {
+      throw new CheckpointError("stale_attempt", `session of ${request.episode.rollout_id} was retired`);
+    }
+  }
 
   private restoredCount(): number {
     let n = 0;

@@ -22,8 +22,13 @@ interface Admitted {
   sessionId: string | undefined;
   issueCookie: boolean;
   seedReply: boolean;
-  /** The route handler is running: the request stays in flight until it replies, client or not. */
-  handling: boolean;
+  /**
+   * Fastify has its body (or it has none): from here it runs the handler or replies with an
+   * error even after the client went away, so the request stays in flight until onSend.
+   */
+  read: boolean;
+  /** The client went away before that: released, and refused should it get further. */
+  abandoned: boolean;
 }
 
 function roleOf(route: string): RequestRole {
@@ -74,30 +79,44 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       }
       const ticket = await kind.admit({ episode, sessionId, role }, abort.signal);
       reply.raw.off("close", onClose);
-      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", handling: false };
+      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false };
       admitted.set(request, entry);
-      // A client that goes away does not stop a running handler (it still changes the session), so
-      // its close releases only a request that never reached the handler; onSend releases the rest.
-      const releaseIfIdle = () => {
-        if (!entry.handling) kind.release(ticket);
+      // Before its body is read, a closed request never gets an onSend (Fastify waits forever on
+      // the destroyed stream, or fails the read): release it now. Once read, onSend releases it.
+      const releaseIfUnread = () => {
+        if (entry.read) return;
+        entry.abandoned = true;
+        kind.release(ticket);
       };
-      if (reply.raw.destroyed || reply.raw.writableFinished) releaseIfIdle();
-      else reply.raw.once("close", releaseIfIdle);
+      if (reply.raw.destroyed || reply.raw.writableFinished) releaseIfUnread();
+      else reply.raw.once("close", releaseIfUnread);
     } catch (error) {
       reply.raw.off("close", onClose);
       return sendRefusal(reply, error);
     }
   });
 
-  app.addHook("preHandler", async (request) => {
+  // Registered first, so it runs right after the body was parsed (synchronously, same tick).
+  app.addHook("preValidation", async (request) => {
     const entry = admitted.get(request);
-    if (entry) entry.handling = true;
+    if (!entry) return;
+    if (entry.abandoned) throw new CheckpointError("admission_closed", "the client went away before its request was read");
+    entry.read = true;
+  });
+
+  // The fences again at the handler's start: a retire that came meanwhile waits for this request.
+  app.addHook("onRoute", (route) => {
+    const handler = route.handler;
+    route.handler = function (this: FastifyInstance, request, reply) {
+      const entry = admitted.get(request);
+      if (entry) kind.enter(entry.ticket);
+      return handler.call(this, request, reply);
+    };
   });
 
   app.addHook("onSend", async (request, reply, payload) => {
     const entry = admitted.get(request);
     if (!entry) return payload;
-    entry.handling = false;
     kind.release(entry.ticket);
     if (entry.seedReply) {
       reply.header(HEADER_CHECKPOINT_VERIFY, kind.verify);
