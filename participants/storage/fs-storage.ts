@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { link, mkdir, open, readFile, rename, stat, unlink } from "node:fs/promises";
-import { join, relative } from "node:path";
+import { dirname, join, relative, resolve } from "node:path";
 import type { z } from "zod";
 import {
   CheckpointError,
@@ -26,6 +26,17 @@ export function participantDir(target: ParticipantTarget): string {
   return join(target.checkpointDir, PARTICIPANTS_DIR, target.kind, target.instance);
 }
 
+/** The directories holding the entries `mkdir -p dir` created; `first` is what it returned. */
+function parentsOfCreated(dir: string, first: string | undefined): string[] {
+  if (first === undefined) return [];
+  const top = resolve(first);
+  const parents: string[] = [];
+  for (let d = resolve(dir); ; d = dirname(d)) {
+    parents.push(dirname(d));
+    if (d === top || dirname(d) === d) return parents;
+  }
+}
+
 function corrupt(detail: string, cause?: unknown): CheckpointError {
   return new CheckpointError("invalid_checkpoint_state", detail, { cause });
 }
@@ -38,7 +49,9 @@ export class FsCheckpointStorage implements CheckpointStorage {
     options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown> },
   ): Promise<WrittenParticipant> {
     const dir = participantDir(target);
-    await mkdir(dir, { recursive: true });
+    // A new directory's entry lives in its parent: fsync those now (a retry creates nothing), or
+    // LATEST can survive a power loss that drops `gym/<kind>/<instance>`.
+    for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
     const suffix = `${process.pid}.${randomBytes(6).toString("hex")}`;
     const tempRecords = join(dir, `.records.jsonl.${suffix}`);
     const hash = createHash("sha256");

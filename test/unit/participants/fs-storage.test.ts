@@ -1,11 +1,18 @@
 import { mkdtemp, readdir, readFile, rm, writeFile, unlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { sha256Hex } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
+import { fsyncDir } from "../../../participants/storage/fs-durable.js";
 import { scanRecordLines } from "../../../participants/storage/fs-storage.js";
 import { refusalCode } from "../../support/refusal.js";
+
+// Records which directories the storage fsyncs (they are still fsynced).
+vi.mock("../../../participants/storage/fs-durable.js", async (importOriginal) => {
+  const original = await importOriginal<typeof import("../../../participants/storage/fs-durable.js")>();
+  return { ...original, fsyncDir: vi.fn(original.fsyncDir) };
+});
 
 let root: string;
 let target: ParticipantTarget;
@@ -52,6 +59,19 @@ describe("filesystem checkpoint storage", () => {
     expect(await code(write(new WriteGate(), records.slice(0, 1)))).toBe("checkpoint_conflict");
     const read = await storage.read(target, ScriptRecordSchema);
     expect(read.records).toHaveLength(2);
+  });
+
+  it("fsyncs the parent of every directory it creates, so the participant's entry survives a power loss", async () => {
+    const fsynced = vi.mocked(fsyncDir);
+    fsynced.mockClear();
+    await write();
+    const c1 = target.checkpointDir;
+    expect(fsynced.mock.calls.map(([dir]) => dir).sort()).toEqual([root, c1, join(c1, "gym"), join(c1, "gym", "agent"), participantDir(target)].sort());
+    // Only what it created: a second instance of the kind adds its own entry under gym/agent.
+    fsynced.mockClear();
+    target = { ...target, instance: "agent1" };
+    await write();
+    expect(fsynced.mock.calls.map(([dir]) => dir).sort()).toEqual([join(c1, "gym", "agent"), participantDir(target)].sort());
   });
 
   it("publishes nothing once the gate is stopped", async () => {
