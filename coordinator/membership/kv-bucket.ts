@@ -1,5 +1,6 @@
+import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { nanos, type NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError } from "../../protocol/index.js";
 
 export interface BucketOptions {
@@ -9,19 +10,31 @@ export interface BucketOptions {
 }
 
 /**
- * Opens a KV bucket, creating it with `options` if missing, then reads the stream config back and
- * refuses to continue when it differs. nats-server 2.9 silently ignores options it does not know
- * (per-key TTL, markers), and an existing bucket keeps the config it was created with, so the
- * assertion is the only way to know the lifetimes we rely on hold.
+ * Opens a KV bucket, creating it with `options` if missing, then reads the stream config back.
+ * nats-server 2.9 silently ignores options it does not know (per-key TTL, markers), and an existing
+ * bucket keeps the config it was created with (e.g. the leader bucket after `lease_ms` changed), so
+ * reading back is the only way to know the lifetimes we rely on hold. A differing bucket is
+ * updated in place, never recreated: a recreated stream restarts its sequence, and the leader
+ * epoch (a revision) would fall below what participants have seen, so they would refuse it.
  */
 export async function openBucketAsserted(nc: NatsConnection, name: string, options: BucketOptions): Promise<KV> {
   const kv = await new Kvm(nc).create(name, { history: options.history, ...(options.ttl > 0 ? { ttl: options.ttl } : {}) });
-  const status = await kv.status();
-  if (status.history !== options.history || status.ttl !== options.ttl) {
+  const matches = async () => {
+    const status = await kv.status();
+    return { ok: status.history === options.history && status.ttl === options.ttl, status };
+  };
+  let check = await matches();
+  if (!check.ok) {
+    const jsm = await jetstreamManager(nc);
+    // The duplicate window may not exceed max_age (the KV client sets it the same way on create).
+    const duplicateWindow = options.ttl > 0 ? Math.min(options.ttl, 120_000) : 120_000;
+    await jsm.streams.update(`KV_${name}`, { max_msgs_per_subject: options.history, max_age: nanos(options.ttl), duplicate_window: nanos(duplicateWindow) });
+    check = await matches();
+  }
+  if (!check.ok) {
     throw new CheckpointError(
       "internal_error",
-      `KV bucket ${name} has history ${status.history} and ttl ${status.ttl} ms; expected history ${options.history} and ttl ${options.ttl} ms. ` +
-        `Delete the bucket (nats kv del ${name}) so it is recreated with the right config.`,
+      `KV bucket ${name} has history ${check.status.history} and ttl ${check.status.ttl} ms, and the server kept it so after an update; expected history ${options.history} and ttl ${options.ttl} ms.`,
     );
   }
   return kv;
