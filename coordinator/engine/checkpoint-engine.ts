@@ -270,16 +270,17 @@ export class CheckpointEngine {
       const open0 = this.open;
       if (open0?.restore && open0.phase === "restored" && open0.id === id && sameScope(open0.scope, request.episode_ids)) return open0.restore;
       // A published checkpoint whose controller died before resuming it is exactly what the next
-      // controller restores: close it here, without a resume that would fence its id at the fresh
-      // participants the restore is for.
-      if (this.open && this.open.phase === "published" && this.open.id === id) this.close(id);
-      if (this.open) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
+      // controller restores: closed here (once nothing can refuse the restore any more), without a
+      // resume that would fence its id at the fresh participants the restore is for.
+      const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
+      if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
       const manifest = await this.options.catalog.get(id);
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
       const dir = this.options.catalog.dirFor(id);
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
       this.assertJournalable(open, "restoring");
+      if (unresumed && this.open === unresumed) this.close(id);
       const epoch = open.epoch;
       await this.journal(open, "restoring");
       // Leadership lost during the write dropped the open state: do not put back a stale restore.

@@ -88,6 +88,12 @@ describe("recovery of a published, unresumed checkpoint", () => {
     const second = await successor(entry);
     second.fake.state.set("model.m1", { phase: "committed", checkpoint_id: "x3" });
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x3", action: "published_open" }]);
+    // A restore refused (here: a scope too large to journal) changes nothing: x3 stays open, journaled.
+    const huge = Array.from({ length: 25_000 }, (_, i) => ({ rollout_id: `rollout-${String(i).padStart(8, "0")}`, attempt: 0 }));
+    await expect(second.engine.restore({ episode_ids: huge })).rejects.toMatchObject({ code: "payload_too_large" });
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "x3", phase: "published" });
+    await second.writer.settled();
+    expect(second.journal.entries.has("x3")).toBe(true);
     const restored = await second.engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(restored.checkpoint_id).toBe("x3");
     expect(second.fake.ops("resume")).toHaveLength(0);
