@@ -1,4 +1,4 @@
-import { mkdir, readdir } from "node:fs/promises";
+import { mkdir, readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import {
@@ -106,8 +106,10 @@ export class RolloutRecordsSink {
     // A step number is never reused, even after a failed (possibly half-visible) attempt.
     const step = this.nextStep++;
     const { kind, env } = this.options;
+    let written: string[] = [];
     try {
       const encoded = encodeRolloutRecords({ kind, env, step, records });
+      written = [encoded.recordFile, encoded.indexFile];
       const stepDir = join(this.root, rolloutStepDir(step));
       await mkdir(stepDir, { recursive: true });
       await fsyncDirectory(this.root);
@@ -121,6 +123,9 @@ export class RolloutRecordsSink {
       this.logger.info({ step, records: records.length, file: encoded.recordFile }, "rollout records written");
     } catch (error) {
       this.stats.failedFlushes++;
+      // Its rows go into a later step: take back what this attempt made visible, so no reader
+      // loads them twice and a marker-waiting follower finds no unlisted file to stop at.
+      await Promise.all(written.map((file) => rm(join(this.root, file), { force: true }).catch(() => undefined)));
       this.buffer = [...records, ...this.buffer];
       this.logger.warn({ err: error, step, records: records.length }, "writing rollout records failed; kept for the next flush");
     }

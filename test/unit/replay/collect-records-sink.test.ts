@@ -1,4 +1,4 @@
-import { readdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { RolloutRecordsSink } from "../../../coordinator/collect/rollout-records-sink.js";
@@ -64,6 +64,20 @@ describe("the collector's rollout-records sink", () => {
     await sink.close();
     expect(sink.stats).toMatchObject({ steps: 1, records: 2, failedFlushes: 1 });
     expect(await idsOf(path.join(root, "step_2", "train_rollouts_gym.jsonl"))).toEqual([traceId(1), traceId(2)]);
+  });
+
+  it("a flush that fails after its record file became visible takes the file back; the rows are written once, in a later step", async () => {
+    const root = path.join(dir, "rollouts");
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await sink.start();
+    // The index cannot be written (a directory is in its way): the record file was already published.
+    await mkdir(path.join(root, "step_1", "index_train_gym.jsonl"), { recursive: true });
+    sink.add(linearTrace(traceId(1)));
+    await sink.flush();
+    expect(sink.stats).toMatchObject({ steps: 0, failedFlushes: 1 });
+    expect(await readdir(path.join(root, "step_1"))).toEqual(["index_train_gym.jsonl"]); // no record file, no marker
+    await sink.close();
+    expect(await idsOf(path.join(root, "step_2", "train_rollouts_gym.jsonl"))).toEqual([traceId(1)]);
   });
 
   it("refuses an env name that is not a safe file-name component", () => {
