@@ -455,8 +455,10 @@ export class CheckpointEngine {
       orphans.set(o.reply.checkpoint_id, [...(orphans.get(o.reply.checkpoint_id) ?? []), o.participant]);
     }
     const done: { checkpoint_id: string; action: string }[] = [];
-    // A journaled checkpoint recovery left open (published, restored, committed) stays the open one.
+    // A journaled checkpoint recovery left open (published, restored, committed) stays the open one,
+    // unless leadership was lost meanwhile (a deposed leader holds nothing open).
     const kept = this.open;
+    const term = this.leaderTerm;
     for (const [id, prepared] of orphans) {
       this.log.info({ checkpoint_id: id, participants: prepared.length }, "recovery_resume_unjournaled");
       // Addressed to whichever process reported it prepared, not to the view's (possibly older) incarnation.
@@ -470,7 +472,7 @@ export class CheckpointEngine {
       );
       done.push({ checkpoint_id: id, action });
     }
-    this.open = kept;
+    this.open = term === this.leaderTerm ? kept : undefined;
     return done;
   }
 

@@ -214,6 +214,20 @@ describe("recovery with a journaled checkpoint left open and an unjournaled orph
     expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "kept-open", phase: "published" });
     expect((await second.engine.resume({ checkpoint_id: "kept-open" })).participants).toHaveLength(5);
   });
+
+  it("leadership lost while resuming the orphan: the open checkpoint is not put back on the deposed leader", async () => {
+    const entry = await publishedNotResumed("kept-open2");
+    const second = await successor(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "kept-open2" });
+    second.fake.state.set("resources.r1", { phase: "prepared", checkpoint_id: "orphan2" });
+    const request = second.fake.request.bind(second.fake);
+    second.fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".resume")) second.engine.leadershipLost();
+      return request(subject, body, options);
+    };
+    await second.engine.recover();
+    expect(second.engine.openCheckpoint).toBeNull();
+  });
 });
 
 describe("the journal entry outlives the checkpoint until LATEST's rename is durable", () => {
