@@ -114,7 +114,8 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
 
   // One inherited OTEL_EXPORTER_PROMETHEUS_PORT would make every child bind the same port: each
   // gets `--metrics-port` instead, base + its index in GYM_PROCESSES (0 stays "any free port").
-  const env = { ...process.env, ...options.env };
+  // The token travels in the environment, not argv: any local user can read /proc/<pid>/cmdline.
+  const env: NodeJS.ProcessEnv = { ...process.env, ...options.env, GYM_CKPT_TOKEN: options.token };
   const prometheusBase = env.OTEL_EXPORTER_PROMETHEUS_PORT;
   delete env.OTEL_EXPORTER_PROMETHEUS_PORT;
   const metricsFlags = (name: GymProcessName): string[] => {
@@ -132,8 +133,6 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     options.deployment,
     "--instance",
     instances[name],
-    "--token",
-    options.token,
     "--port",
     String(port),
     ...(options.checkpointRoot ? ["--checkpoint-root", options.checkpointRoot] : []),

@@ -71,6 +71,11 @@ describe("gym-ckpt gym", () => {
     const children = tree(gym.pid!);
     const resources = children.find((p) => p.cmdline.includes("resources-server/main.js"));
     expect(resources).toBeDefined();
+    // The launcher hands the control token to its servers through their environment, not argv
+    // (/proc/<pid>/cmdline is world-readable); only the command line the user typed carries it.
+    const servers = children.filter((p) => !p.cmdline.includes("gym/main.js"));
+    expect(servers.length).toBeGreaterThanOrEqual(5);
+    for (const p of servers) expect(p.cmdline).not.toContain("t0ken");
     process.kill(resources!.pid, "SIGKILL");
     expect(await exited).toBe(1);
     await waitUntil(() => children.every((p) => !alive(p.pid)), "every child of the gym to exit");
