@@ -114,7 +114,12 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     }
     const prefix = "/ng-capture/v1/ledger/";
     if (path.startsWith(prefix)) {
-      const key = decodeURIComponent(path.slice(prefix.length));
+      let key: string;
+      try {
+        key = decodeURIComponent(path.slice(prefix.length));
+      } catch {
+        throw new CheckpointError("invalid_request", `malformed percent-encoding in ${path}`);
+      }
       if (req.method === "GET") return json(res, 200, await kind.captureManifest(key));
       if (req.method === "DELETE") {
         await kind.deleteLedger(key);

@@ -237,6 +237,9 @@ describe("other routes", () => {
     expect([bare.status, ((await bare.json()) as any).error.code]).toEqual([400, "rollout_id_required"]);
     const garbled = await fetch(`${proxy.url}/ng-rollout/g/v1/messages`, { method: "POST", headers: { "content-type": "application/json" }, body: "{not json" });
     expect([garbled.status, ((await garbled.json()) as any).error.code]).toEqual([400, "invalid_request"]);
+    // A capture key with malformed percent-encoding on the ledger API is bad input, not an internal error.
+    const malformed = await fetch(`${proxy.url}/ng-capture/v1/ledger/%E0%A4%A`, { headers: { authorization: `Bearer ${TOKEN}` } });
+    expect([malformed.status, ((await malformed.json()) as any).error.code]).toEqual([400, "invalid_request"]);
     expect(seen).toEqual([]);
   });
 });
