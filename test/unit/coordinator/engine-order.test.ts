@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Kind } from "../../../protocol/index.js";
-import { journalEmptied, makeEngine, writers, type Call } from "./fake-participants.js";
+import { journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
 const STAGE: Record<string, Record<Kind, number>> = {
@@ -392,20 +392,7 @@ describe("HA hooks and recovery", () => {
 
   it("recovery of an undecided checkpoint resumes everyone (presumed abort)", async () => {
     const second = makeEngine(root);
-    await second.journal.record({
-      checkpoint_id: "c10",
-      epoch: 3,
-      state: "open",
-      participants: second.fake.members,
-      prepared_at: 1,
-      checkpoint_dir: null,
-      scope: null,
-      stop: false,
-      restarts: [],
-      auto_publish: true,
-      controller_state: null,
-      updated_at: 1,
-    });
+    await second.journal.record(journalEntry({ checkpoint_id: "c10", state: "open", participants: second.fake.members }));
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "c10", action: "resumed" }]);
     expect(second.fake.ops("commit")).toHaveLength(0);
     expect(second.fake.ops("resume")).toHaveLength(5);

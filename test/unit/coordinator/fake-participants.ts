@@ -12,7 +12,7 @@ import { CheckpointEngine, type EngineHooks } from "../../../coordinator/engine/
 import type { Clock } from "../../../coordinator/engine/clock.js";
 import { ParticipantClient } from "../../../coordinator/engine/participant-client.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "../../../coordinator/engine/transport.js";
-import { MemoryDecisionJournal } from "../../../coordinator/ha/decision-journal.js";
+import { MemoryDecisionJournal, type JournalEntry } from "../../../coordinator/ha/decision-journal.js";
 import { StaticLeadership } from "../../../coordinator/ha/leadership.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
@@ -202,4 +202,9 @@ export function makeEngine(
 /** The journal entry goes once LATEST's rename is durable (a background fsync): waits for that. */
 export async function journalEmptied(journal: MemoryDecisionJournal): Promise<void> {
   await waitUntil(() => journal.entries.size === 0, "the journal entry's removal", 5000);
+}
+
+/** A journal entry as a predecessor coordinator left it (every field overridable). */
+export function journalEntry(fields: Pick<JournalEntry, "checkpoint_id" | "state" | "participants"> & Partial<JournalEntry>): JournalEntry {
+  return { epoch: 3, prepared_at: 1, checkpoint_dir: null, scope: null, stop: false, restarts: [], auto_publish: true, controller_state: null, updated_at: 1, ...fields };
 }

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { HttpControllerApi } from "../../../coordinator/api/http-api.js";
-import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { journalEmptied, journalEntry, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
 let root: string;
@@ -42,20 +42,7 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
   it("a recovery that cannot read the journal keeps the gate shut; the next one completes the predecessor's decided commit", async () => {
     const { engine, fake, journal } = makeEngine(root, { requireRecovery: true });
     // A predecessor decided d1 (every participant prepared, nothing committed yet) and died.
-    await journal.record({
-      checkpoint_id: "d1",
-      epoch: 6,
-      state: "decided",
-      participants: fake.members.map((m) => ({ kind: m.kind, instance: m.instance })),
-      prepared_at: 1,
-      checkpoint_dir: join(root, "d1"),
-      scope: null,
-      stop: false,
-      restarts: [],
-      auto_publish: true,
-      controller_state: null,
-      updated_at: 1,
-    });
+    await journal.record(journalEntry({ checkpoint_id: "d1", epoch: 6, state: "decided", participants: fake.members.map((m) => ({ kind: m.kind, instance: m.instance })), checkpoint_dir: join(root, "d1") }));
     fake.events.length = 0;
     const list = journal.list.bind(journal);
     journal.list = async () => {
