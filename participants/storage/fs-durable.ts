@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { mkdir, open, rename, rm } from "node:fs/promises";
-import { basename, dirname, join } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 
 /** fsync a directory so renames and links inside it survive a crash. */
 export async function fsyncDir(dir: string): Promise<void> {
@@ -13,13 +13,28 @@ export async function fsyncDir(dir: string): Promise<void> {
 }
 
 /**
+ * The directories holding the entries `mkdir -p dir` created (`first` is what mkdir returned):
+ * a new directory's entry lives in its parent, so those are what to fsync for it to survive a
+ * crash. Empty when mkdir created nothing, so a retry costs no fsync.
+ */
+export function parentsOfCreated(dir: string, first: string | undefined): string[] {
+  if (first === undefined) return [];
+  const top = resolve(first);
+  const parents: string[] = [];
+  for (let d = resolve(dir); ; d = dirname(d)) {
+    parents.push(dirname(d));
+    if (d === top || dirname(d) === d) return parents;
+  }
+}
+
+/**
  * Publishes `data` at `target` atomically: a dot-named temp file in the same directory (no glob
  * matches it, and the rename stays on one filesystem), write, fsync, rename, then fsync the
  * directory so the rename itself survives a crash. Readers see the old file or the new one.
  */
 export async function writeFileAtomic(target: string, data: string | Uint8Array): Promise<void> {
   const dir = dirname(target);
-  await mkdir(dir, { recursive: true });
+  for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
   const temp = join(dir, `.${basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
   try {
     const handle = await open(temp, "wx");

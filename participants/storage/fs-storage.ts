@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { link, mkdir, open, readFile, rename, stat, unlink } from "node:fs/promises";
-import { dirname, join, relative, resolve } from "node:path";
+import { join, relative } from "node:path";
 import type { z } from "zod";
 import {
   CheckpointError,
@@ -15,7 +15,7 @@ import {
   type RecordBase,
 } from "../../protocol/index.js";
 import type { CheckpointStorage, ParticipantTarget, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
-import { fsyncDir } from "./fs-durable.js";
+import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
 import type { WriteGate } from "./write-gate.js";
 
 const WRITE_CHUNK_CHARS = 1 << 20;
@@ -24,17 +24,6 @@ const MAX_MANIFEST_BYTES = 1 << 20;
 /** `<checkpoint_dir>/gym/<kind>/<instance>`; ids were validated as safe path components. */
 export function participantDir(target: ParticipantTarget): string {
   return join(target.checkpointDir, PARTICIPANTS_DIR, target.kind, target.instance);
-}
-
-/** The directories holding the entries `mkdir -p dir` created; `first` is what it returned. */
-function parentsOfCreated(dir: string, first: string | undefined): string[] {
-  if (first === undefined) return [];
-  const top = resolve(first);
-  const parents: string[] = [];
-  for (let d = resolve(dir); ; d = dirname(d)) {
-    parents.push(dirname(d));
-    if (d === top || dirname(d) === d) return parents;
-  }
 }
 
 function corrupt(detail: string, cause?: unknown): CheckpointError {

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { sha256Hex } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
-import { fsyncDir } from "../../../participants/storage/fs-durable.js";
+import { fsyncDir, parentsOfCreated } from "../../../participants/storage/fs-durable.js";
 import { scanRecordLines } from "../../../participants/storage/fs-storage.js";
 import { refusalCode } from "../../support/refusal.js";
 
@@ -72,6 +72,12 @@ describe("filesystem checkpoint storage", () => {
     target = { ...target, instance: "agent1" };
     await write();
     expect(fsynced.mock.calls.map(([dir]) => dir).sort()).toEqual([join(c1, "gym", "agent"), participantDir(target)].sort());
+  });
+
+  it("parentsOfCreated: the directories holding each entry mkdir -p created (also used by writeFileAtomic)", () => {
+    expect(parentsOfCreated("/a/b/c/d", "/a/b/c")).toEqual(["/a/b/c", "/a/b"]);
+    expect(parentsOfCreated("/a/b/c/d", "/a/b/c/d")).toEqual(["/a/b/c"]);
+    expect(parentsOfCreated("/a/b/c/d", undefined)).toEqual([]);
   });
 
   it("publishes nothing once the gate is stopped", async () => {
