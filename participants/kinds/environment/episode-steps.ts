@@ -250,7 +250,8 @@ export class EpisodeSteps<D = undefined> {
         // Not at a stale boundary: the checkpoint waits for this episode anyway (it blocks), so its
         // next step runs (callees close after this stage) until it records a boundary and parks there.
         if (this.gate.closed && !t.dirty) await park();
-        setState(mode === "wait" ? "wait_step" : "replay_step");
+        // A replay step after a finished step (no boundary between) blocks too: its boundary is stale.
+        setState(mode === "wait" ? "wait_step" : t.dirty ? "running" : "replay_step");
         let ok = false;
         try {
           const result = await fn(t.abort.signal);

@@ -122,6 +122,31 @@ describe("episode steps", () => {
     expect(await run).toBe("done");
   });
 
+  it("a replay step started after a finished wait step (no boundary between) blocks: its boundary is stale", async () => {
+    const steps = new EpisodeSteps();
+    const agent = latch();
+    const run = steps.run(ep("t2"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "loop", turn: 0 });
+      await e.step("wait", async () => undefined);
+      const answer = await e.step("replay", async () => {
+        await agent.promise;
+        return "42";
+      });
+      await e.boundary({ next: "loop", turn: 1, answer });
+      return answer;
+    });
+    await flush();
+    steps.close();
+    // Exporting {turn: 0} would replay the finished wait step after a crash.
+    expect(steps.blockers()).toEqual(["t2"]);
+    expect(steps.exportable()).toEqual([]);
+    agent.open();
+    await flush();
+    expect(steps.exportable().map((x) => x.boundary)).toEqual([{ next: "loop", turn: 1, answer: "42" }]);
+    steps.open();
+    expect(await run).toBe("42");
+  });
+
   it("an episode whose step failed is neither exported nor counted parked while it ends", async () => {
     const steps = new EpisodeSteps();
     const cleanup = latch();
