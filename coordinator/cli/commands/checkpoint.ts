@@ -8,7 +8,7 @@ export function register(program: Command): void {
       .description("prepare → commit → publish → resume, in one call")
       .option("--id <checkpoint_id>", "checkpoint id (generated when omitted)")
       .option("--timeout-s <s>", "deadline, seconds from now")
-      .option("--episodes <keys|@file>", "commit scope: capture keys or @file.json (default: everything)")
+      .option("--episodes <keys|@file>", "commit scope: capture keys or @file.json (default: everything, which a model participant refuses)")
       .option("--stop", "the controller stops after this checkpoint")
       .option("--state-json <json>", "controller state, inline JSON")
       .option("--state-file <name>", "controller state file already in the checkpoint directory"),

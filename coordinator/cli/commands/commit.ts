@@ -7,7 +7,7 @@ export function register(program: Command): void {
       .command("commit <checkpoint_id>")
       .description("journal the decision, then commit on every participant at once")
       .option("--timeout-s <s>", "deadline, seconds from now")
-      .option("--episodes <keys|@file>", "commit scope (default: everything)")
+      .option("--episodes <keys|@file>", "commit scope: capture keys or @file.json (default: everything, which a model participant refuses)")
       .option("--stop", "the controller stops after this checkpoint"),
   ).action(async (id: string, flags: ClientFlags & { timeoutS?: string; episodes?: string; stop?: boolean }) => {
     await withClient(flags, async (client) =>
