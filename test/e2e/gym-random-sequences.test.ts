@@ -52,7 +52,6 @@ afterEach(async () => {
 async function sequence(seed: number, waitVerify: boolean): Promise<void> {
   const random = mulberry32(seed);
   const pick = <T>(items: T[]): T | undefined => (items.length ? items[Math.floor(random() * items.length)] : undefined);
-  // Cuts off: see gym-second-crash.test.ts (a re-exported restored cut is refused by the model's restore).
   world = await startGymWorld({ args: { ...(waitVerify && { resources: ["--verify", "wait"] }) } });
   const w = world;
   const rollouts: Rollout[] = Array.from({ length: ROLLOUTS }, (_, i) => ({
