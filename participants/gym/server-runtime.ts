@@ -18,7 +18,8 @@ import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk
  * --instance, --token [GYM_CKPT_TOKEN], --port (0 = any free port), --checkpoint-root
  * [GYM_CKPT_CHECKPOINT_ROOT], --lease-grace-seconds, --otlp-endpoint [OTEL_EXPORTER_OTLP_ENDPOINT],
  * --metrics-port (Prometheus /metrics; 0 = any free port) [OTEL_EXPORTER_PROMETHEUS_PORT], plus
- * server-specific string flags. Telemetry: see participants/telemetry/telemetry-sdk.ts.
+ * server-specific string flags; --help prints them and exits 0. Telemetry: see
+ * participants/telemetry/telemetry-sdk.ts.
  */
 const CommonSchema = z
   .object({
@@ -56,6 +57,24 @@ export interface ServerRuntime {
   serve<R extends RecordBase>(app: FastifyInstance, adapter: ParticipantKind<R>): Promise<string>;
 }
 
+/** The `--help` text: the common flags with their defaults and env fallbacks, then the server's own. */
+function usage(name: string, extraFlags: string[]): string {
+  const lines = [
+    `usage: ${name} [flags]`,
+    "  --nats URL                NATS server(s) (env GYM_CKPT_NATS_URL, default nats://127.0.0.1:4222)",
+    "  --deployment NAME         deployment name (env GYM_CKPT_DEPLOYMENT, default default)",
+    `  --instance NAME           this server's name in the deployment (default ${name})`,
+    "  --token TOKEN             participants' control token (env GYM_CKPT_TOKEN, required)",
+    "  --port N                  port on 127.0.0.1 (default 0: any free port)",
+    "  --checkpoint-root DIR     refuse commits and restores outside DIR (env GYM_CKPT_CHECKPOINT_ROOT)",
+    "  --lease-grace-seconds N   resume by itself N s after a message's deadline (default 600)",
+    "  --otlp-endpoint URL       OTLP/HTTP traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)",
+    "  --metrics-port N          Prometheus /metrics, 0 = any free port (env OTEL_EXPORTER_PROMETHEUS_PORT)",
+  ];
+  if (extraFlags.length) lines.push(`${name} flags: ${extraFlags.map((flag) => `--${flag} VALUE`).join(" ")}`);
+  return `${lines.join("\n")}\n`;
+}
+
 export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
   const { values } = parseArgs({
     args: argv,
@@ -70,9 +89,14 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
       "lease-grace-seconds": { type: "string" },
       "otlp-endpoint": { type: "string" },
       "metrics-port": { type: "string" },
+      help: { type: "boolean" },
       ...Object.fromEntries(extraFlags.map((flag) => [flag, { type: "string" as const }])),
     },
   });
+  if (values.help) {
+    process.stdout.write(usage(name, extraFlags));
+    process.exit(0);
+  }
   const parsed = CommonSchema.safeParse({
     nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222",
     deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",

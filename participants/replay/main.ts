@@ -9,7 +9,7 @@ import { exportCheckpointSeeds } from "./checkpoint-seeds.js";
  *   seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]
  *     Exports a published checkpoint's parked episodes as `continue` seeds, one JSON line each.
  *     --tasks: a task file (collect's `{id, task}` lines or bare tasks) to attach original tasks.
- * Prints a one-line JSON summary on stdout; exit 2 on usage errors, 1 on refusals.
+ * Prints a one-line JSON summary on stdout; exit 2 on usage errors, 1 on refusals; --help prints the usage.
  */
 const USAGE = "usage: main.js seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]\n";
 
@@ -35,12 +35,16 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(USAGE);
     return 2;
   }
-  let values: { checkpoint?: string; out?: string; tasks?: string };
+  let values: { checkpoint?: string; out?: string; tasks?: string; help?: boolean };
   try {
-    ({ values } = parseArgs({ args: rest, options: { checkpoint: { type: "string" }, out: { type: "string" }, tasks: { type: "string" } }, strict: true }));
+    ({ values } = parseArgs({ args: rest, options: { checkpoint: { type: "string" }, out: { type: "string" }, tasks: { type: "string" }, help: { type: "boolean" } }, strict: true }));
   } catch (error) {
     process.stderr.write(`${error instanceof Error ? error.message : String(error)}\n${USAGE}`);
     return 2;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
   }
   if (!values.checkpoint || !values.out) {
     process.stderr.write(USAGE);
