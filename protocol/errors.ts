@@ -98,12 +98,12 @@ export const ERROR_CATALOG = {
   },
   outcome_unknown: {
     status: 504,
-    meaning: "A request timed out; the participant may or may not have acted.",
+    meaning: "A request timed out, or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
     solve: "Retry with the same checkpoint id: every operation is idempotent per (checkpoint_id, op).",
   },
   not_leader: {
     status: 503,
-    meaning: "This coordinator does not hold the leader lease (or is still waiting out its first lease period).",
+    meaning: "This coordinator does not hold the leader lease (or is still waiting out its first lease period, or recovering its predecessor's checkpoints). Nothing was sent or journaled; an op that loses leadership after it began answers `outcome_unknown` instead.",
     solve: "Send controller calls to the active coordinator, or retry shortly.",
   },
   prepare_incomplete: {

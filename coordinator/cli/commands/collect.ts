@@ -87,7 +87,7 @@ export function register(program: Command): void {
         nc,
         deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
         token,
-        leaderWaitMs: Number(flags.leaderWaitMs ?? 30_000),
+        leaderWaitMs: Number(flags.leaderWaitMs ?? 10_000),
       });
       const collector = new Collector({
         rows,

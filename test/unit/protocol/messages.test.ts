@@ -77,10 +77,10 @@ describe("control messages", () => {
     expect(decodeMessage(PrepareRequestSchema, new TextEncoder().encode(JSON.stringify(base)))).toEqual(base);
   });
 
-  it("keeps docs/errors.md in step with the catalog", () => {
+  it("keeps docs/errors.md in step with the catalog: code, status, meaning and how to solve", () => {
     const doc = readFileSync(new URL("../../../docs/errors.md", import.meta.url), "utf8");
-    const documented = [...doc.matchAll(/^\| `([a-z_]+)` \| (\d{3}) \|/gm)].map((m) => [m[1], Number(m[2])]);
-    expect(documented).toEqual(ERROR_CODES.map((code) => [code, ERROR_CATALOG[code].status]));
+    const documented = [...doc.matchAll(/^\| `([a-z_]+)` \| (\d{3}) \| (.*) \| (.*) \|$/gm)].map((m) => [m[1], Number(m[2]), m[3], m[4]]);
+    expect(documented).toEqual(ERROR_CODES.map((code) => [code, ERROR_CATALOG[code].status, ERROR_CATALOG[code].meaning, ERROR_CATALOG[code].solve]));
   });
 
   it("recognizes CheckpointError across copies by its global symbol", () => {
