@@ -144,13 +144,17 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    req.on("data", (chunk: Buffer) => {
+    const onData = (chunk: Buffer) => {
       size += chunk.length;
-      if (size > limit) {
-        reject(new CheckpointError("invalid_request", `request body larger than ${limit} bytes`));
-        req.destroy();
-      } else chunks.push(chunk);
-    });
+      if (size <= limit) return void chunks.push(chunk);
+      // Refused, but not by destroying the socket (the client would get no answer): the rest is
+      // read and dropped while the refusal is written.
+      req.off("data", onData);
+      req.resume();
+      chunks.length = 0;
+      reject(new CheckpointError("payload_too_large", `request body larger than ${limit} bytes`));
+    };
+    req.on("data", onData);
     req.on("end", () => resolve(Buffer.concat(chunks)));
     req.on("error", reject);
   });

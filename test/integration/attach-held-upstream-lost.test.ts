@@ -75,3 +75,22 @@ describe("attach proxy: the upstream dies while its response is held", () => {
     expect(await kind.ledger.rows("lost-1")).toEqual([]);
   });
 });
+
+describe("attach proxy: a generation body over the limit", () => {
+  it("is refused with payload_too_large (413), answered rather than cut off", async () => {
+    const small = createAttachProxy({ upstream: parseUpstream("http://127.0.0.1:9/v1"), kind, controlToken: "t", maxBodyBytes: 1024 });
+    const url = await listen(small);
+    try {
+      const response = await fetch(`${url}/ng-rollout/big-1/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(256 * 1024) }] }),
+      });
+      expect(response.status).toBe(413);
+      expect(((await response.json()) as { error: { code: string } }).error.code).toBe("payload_too_large");
+    } finally {
+      small.closeAllConnections();
+      await new Promise((r) => small.close(r));
+    }
+  });
+});
