@@ -15,8 +15,22 @@ export const ResultLineSchema = z
   .strict();
 export type ResultLine = z.infer<typeof ResultLineSchema>;
 
-export async function appendResult(path: string, line: ResultLine): Promise<void> {
-  await appendFile(path, `${JSON.stringify(ResultLineSchema.parse(line))}\n`);
+/** Appends in progress per file: the next append to a path waits for the previous one. */
+const appendTails = new Map<string, Promise<void>>();
+
+/**
+ * Appends one line. Appends to one file run one at a time: fs.appendFile writes in 512 KiB chunks,
+ * so two concurrent appends of longer lines would interleave mid-line.
+ */
+export function appendResult(path: string, line: ResultLine): Promise<void> {
+  const text = `${JSON.stringify(ResultLineSchema.parse(line))}\n`;
+  const appended = (appendTails.get(path) ?? Promise.resolve()).then(() => appendFile(path, text));
+  const tail = appended.catch(() => undefined);
+  appendTails.set(path, tail);
+  void tail.then(() => {
+    if (appendTails.get(path) === tail) appendTails.delete(path);
+  });
+  return appended;
 }
 
 /** Finished rows by rollout id, for readers beside a running collector: a torn last line (an append in progress or cut by a crash) is ignored. */

@@ -372,4 +372,21 @@ describe("collector", () => {
     const lines = (await readFile(join(dir, "dispatched.jsonl"), "utf8")).trim().split("\n").slice(1);
     expect(lines).toEqual([JSON.stringify({ rollout_id: "a", attempt: 0 })]);
   });
+
+  it("keeps every results line whole when rows with replies larger than one write chunk finish together", async () => {
+    // Node writes an append in 512 KiB chunks: unserialized appends of two big lines interleave.
+    const arrived = deferred();
+    let count = 0;
+    const url = await runServer(async (body) => {
+      if (++count === 2) arrived.resolve();
+      await arrived.promise;
+      return { status: 200, body: { reward: 1, transcript: body.rollout_id.repeat(1 << 20) } };
+    });
+    const { controller } = fakeController();
+    const out = join(dir, "results.jsonl");
+    const collector = collectorFor(controller, url, { rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }], concurrency: 2 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 2 });
+    expect((await readResults(out)).size).toBe(2);
+  });
 });
