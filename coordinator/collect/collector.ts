@@ -161,12 +161,9 @@ export class Collector {
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
     const restoredOnly = history?.restoredOnly ?? new Set<string>();
 
-    // Carried forward before anything is retired or restored, so a crash now still fences them.
-    this.log = await DispatchLog.create(
-      this.logPath,
-      this.runId,
-      [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
-    );
+    // Read-only until every op that can refuse (not leader yet, a busy coordinator) has answered:
+    // a start-up that fails here leaves the log naming the previous run, so the retry still
+    // finds that run's LATEST and continues its rows.
     const collection = history ? await this.latestCollection(history.runId) : undefined;
     // A checkpoint our predecessor left open (it crashed mid-checkpoint) is closed first. The one
     // we are about to restore is left alone: the coordinator closes it itself, since a resume would
@@ -188,12 +185,19 @@ export class Collector {
     const stale = [...unfinished]
       .filter(([id]) => !continued.has(id))
       .map(([rollout_id, attempt]) => ({ rollout_id, attempt: restoredOnly.has(rollout_id) ? attempt - 1 : attempt }));
+    // Retiring changes no log: the previous one still names these attempts if this start fails.
+    if (stale.length && !restoreCloses) await this.retireNow(stale);
+    // Carried forward before anything is restored or sent, so a crash from now on still fences them.
+    this.log = await DispatchLog.create(
+      this.logPath,
+      this.runId,
+      [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
+    );
     for (const episode of stale) {
       const state = this.states.get(episode.rollout_id)!;
       state.attempt = episode.attempt + 1;
       this.restartedCount++;
     }
-    if (stale.length && !restoreCloses) await this.retireNow(stale);
     if (collection && (continued.size || restoreCloses)) await this.restoreRows(collection, [...continued.values()]);
     if (stale.length && restoreCloses) await this.retireNow(stale);
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });

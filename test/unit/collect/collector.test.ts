@@ -389,4 +389,17 @@ describe("collector", () => {
     expect(await collector.run()).toMatchObject({ finished: 2 });
     expect((await readResults(out)).size).toBe(2);
   });
+
+  it("a start-up that fails before sending anything (not yet leader) keeps the checkpoint for the next start", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const notLeader = { ...controller, list: () => Promise.reject(new CheckpointError("not_leader", "not the leader yet")) } as CollectorController;
+    await expect(collectorFor(notLeader, url).start()).rejects.toMatchObject({ code: "not_leader" });
+
+    const next = collectorFor(controller, url);
+    await next.start();
+    expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+  });
 });
