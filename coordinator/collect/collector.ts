@@ -243,6 +243,9 @@ export class Collector {
         // on servers that survived: fence them too, then start those rows over as attempt+2.
         span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
         this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
+        // Logged first: after a crash from here on, the next start must send attempt+2, not the
+        // fenced attempt+1 that every participant refuses.
+        await this.log.recordAll(sources.map(nextAttempt));
         await this.retireNow(sources);
         for (const source of sources) {
           this.states.get(source.rollout_id)!.attempt = source.attempt + 2;

@@ -44,6 +44,12 @@ export class DispatchLog {
     await appendFile(this.path, `${JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt })}\n`);
   }
 
+  /** Attempts that may exist somewhere (sent, or fenced by the coordinator): the next start retires them and sends the one after. */
+  async recordAll(episodes: EpisodeId[]): Promise<void> {
+    if (!episodes.length) return;
+    await appendFile(this.path, episodes.map((e) => `${JSON.stringify({ rollout_id: e.rollout_id, attempt: e.attempt })}\n`).join(""));
+  }
+
   /** The next attempts a restore installed: a later checkpoint continues them before they are sent. */
   async recordRestored(episodes: EpisodeId[]): Promise<void> {
     if (!episodes.length) return;

@@ -402,4 +402,27 @@ describe("collector", () => {
     await next.start();
     expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
   });
+
+  it("a crash after a failed restore does not send the attempt the coordinator fenced", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    // The restore fails (the coordinator retires a@1 everywhere); the process dies at the next step.
+    const failing = {
+      ...controller,
+      restore: () => Promise.reject(new CheckpointError("restore_failed", "a participant refused")),
+      retire: () => Promise.reject(new Error("killed")),
+    } as CollectorController;
+    await expect(collectorFor(failing, "http://127.0.0.1:1/run").start()).rejects.toThrow("killed");
+
+    const sent: number[] = [];
+    const url = await runServer((body) => {
+      sent.push(body.attempt);
+      return body.attempt <= 1 ? { status: 409, body: { error: { code: "stale_attempt", detail: "fenced" } } } : { status: 200, body: { reward: 1 } };
+    });
+    const next = collectorFor(controller, url, { maxAttempts: 1 });
+    await next.start();
+    expect(await next.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(sent).toEqual([2]);
+  });
 });
