@@ -94,6 +94,10 @@ interface RowState {
   /** The failed attempt whose retire must finish before this row is sent again. */
   retiring?: number;
   reply?: Promise<void>;
+  /** The last send was refused admission (admission_closed): it runs nowhere until sent again. */
+  refused: boolean;
+  /** Woken when a send is refused admission (a checkpoint waiting for the row's reply stops waiting). */
+  refusalWaiters: (() => void)[];
 }
 
 const RETIRE_RETRY_S = 1;
@@ -155,7 +159,7 @@ export class Collector {
     const finished = await readResultsForAppend(this.options.outPath);
     for (const row of this.options.rows) {
       const done = finished.get(row.rolloutId);
-      this.states.set(row.rolloutId, { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0 });
+      this.states.set(row.rolloutId, { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0, refused: false, refusalWaiters: [] });
     }
     const history = await DispatchLog.read(this.logPath);
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
@@ -327,6 +331,7 @@ export class Collector {
     // Once per attempt: an admission_closed retry sends the same attempt again.
     await this.log.record(episode);
     for (;;) {
+      state.refused = false;
       let response: Response;
       const timeout = this.runTimeouts.start((this.options.runTimeoutSeconds ?? 300) * 1000);
       let body: Record<string, unknown>;
@@ -351,7 +356,10 @@ export class Collector {
       const refusal = ErrorReplySchema.safeParse(body);
       if (refusal.success && refusal.data.error.code === "admission_closed") {
         // The attempt never started: wait for the checkpoint to end and send it again.
+        state.refused = true;
+        for (const wake of state.refusalWaiters.splice(0)) wake();
         await this.waitForGate(true);
+        await this.waitForGate(); // never re-sent while our checkpoint is open: it counts the row as not running
         if (this.stopping) return;
         continue;
       }
@@ -499,10 +507,20 @@ export class Collector {
         const committed = await this.options.controller.commit({ checkpoint_id: checkpointId, deadline_ts: this.deadline(), episode_ids: scope, stop });
 
         // A /run reply already on the wire belongs to an episode no episode owner exported: wait for it.
+        // Not for a restarted row (it parks at its next boundary until the resume) nor one refused
+        // admission (it waits for this checkpoint to end): neither can reply before the resume.
         const exported = new Set(committed.participants.filter((p) => p.kind === "environment" || p.kind === "agent").flatMap((p) => p.episode_ids));
-        const onTheWire = open.filter((s) => s.status === "inflight" && !exported.has(captureKey({ rollout_id: s.row.rolloutId, attempt: s.attempt })));
-        await Promise.race([Promise.all(onTheWire.map((s) => s.reply)), delay(this.options.checkpointTimeoutSeconds ?? 60)]);
-        const continued = scope.filter((e) => this.states.get(e.rollout_id)!.status !== "done");
+        const onTheWire = open.filter((s) => {
+          const key = captureKey({ rollout_id: s.row.rolloutId, attempt: s.attempt });
+          return s.status === "inflight" && !s.refused && !restarts.has(key) && !exported.has(key);
+        });
+        const answered = (s: RowState) => Promise.race([s.reply, new Promise<void>((resolve) => s.refusalWaiters.push(resolve))]);
+        await Promise.race([Promise.all(onTheWire.map(answered)), delay(this.options.checkpointTimeoutSeconds ?? 60)]);
+        for (const s of onTheWire) s.refusalWaiters.length = 0;
+        const continued = scope.filter((e) => {
+          const s = this.states.get(e.rollout_id)!;
+          return s.status !== "done" && !s.refused;
+        });
 
         const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };
         const text = `${JSON.stringify(state, null, 2)}\n`;

@@ -425,4 +425,58 @@ describe("collector", () => {
     expect(await next.run()).toMatchObject({ finished: 1, failed: 0 });
     expect(sent).toEqual([2]);
   });
+
+  it("a checkpoint does not wait for a row the coordinator restarts (it parks until the resume)", async () => {
+    const resumed = deferred();
+    let arrived = false;
+    const url = await runServer(async () => {
+      arrived = true;
+      await resumed.promise;
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller, base } = fakeController({
+      prepare: async (req: never) => ({ ...(await base.prepare(req)), restarts: ["a"] }),
+      resume: async (req: never) => {
+        resumed.resolve();
+        return base.resume(req);
+      },
+    });
+    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => arrived, "the /run of a");
+    const started = Date.now();
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(Date.now() - started).toBeLessThan(1000);
+    expect(await run).toMatchObject({ finished: 1 });
+  });
+
+  it("a checkpoint does not wait for a row refused admission by that checkpoint, nor continues it", async () => {
+    const prepared = deferred();
+    const sent: number[] = [];
+    const url = await runServer(async (body) => {
+      sent.push(body.attempt);
+      if (sent.length > 1) return { status: 200, body: { reward: 1 } };
+      await prepared.promise; // reached the environment just after prepare closed admission
+      return { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } };
+    });
+    const { controller, state, base } = fakeController({
+      prepare: async (req: never) => {
+        const reply = await base.prepare(req);
+        prepared.resolve();
+        return reply;
+      },
+      commit: async (req: never) => ({ ...(await base.commit(req)), participants: [] }),
+    });
+    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => sent.length === 1, "the /run of a");
+    const started = Date.now();
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(Date.now() - started).toBeLessThan(1000);
+    expect(await latestContinued(state)).toEqual([]);
+    expect(await run).toMatchObject({ finished: 1 });
+    expect(sent).toEqual([0, 0]);
+  });
 });
