@@ -6,6 +6,7 @@ import {
   RolloutStepMarkerSchema,
   assertRolloutEnv,
   encodeRolloutRecords,
+  parseRolloutRecordFileName,
   rolloutStepDir,
   rolloutStepMarkerName,
   type RecordKind,
@@ -58,15 +59,38 @@ export class RolloutRecordsSink {
     return join(this.options.dir, ROLLOUTS_DIR);
   }
 
-  /** Continues after the highest existing step so a restarted collection never replaces a published step. */
+  /**
+   * Continues after the highest existing step so a restarted collection never replaces a published
+   * step, and completes the steps a killed flush left without their marker.
+   */
   async start(): Promise<void> {
     await mkdir(this.root, { recursive: true });
     let highest = 0;
-    for (const name of await readdir(this.root)) {
-      const m = STEP_DIR.exec(name);
-      if (m) highest = Math.max(highest, Number(m[1]));
+    for (const entry of await readdir(this.root, { withFileTypes: true })) {
+      const m = STEP_DIR.exec(entry.name);
+      if (!m) continue;
+      highest = Math.max(highest, Number(m[1]));
+      if (entry.isDirectory()) await this.markIfUnmarked(Number(m[1]));
     }
     this.nextStep = highest + 1;
+  }
+
+  /**
+   * A flush killed after its record file was renamed into place but before the marker left that
+   * file unlisted, and a marker-waiting follower stops at it for good: write the marker now. Each
+   * file was replaced atomically, so a record file present is whole; an index present matches it,
+   * and a missing one makes readers parse the file in full.
+   */
+  private async markIfUnmarked(step: number): Promise<void> {
+    const { kind } = this.options;
+    const stepDir = join(this.root, rolloutStepDir(step));
+    const names = await readdir(stepDir);
+    if (names.includes(rolloutStepMarkerName(kind))) return;
+    const files = names.filter((name) => parseRolloutRecordFileName(name)?.kind === kind).sort();
+    if (!files.length) return;
+    const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files });
+    await replaceFileDurably(join(stepDir, rolloutStepMarkerName(kind)), `${JSON.stringify(marker)}\n`);
+    this.logger.info({ step, files }, "marked a rollout step a killed flush left unmarked");
   }
 
   add(record: TraceRecord): void {

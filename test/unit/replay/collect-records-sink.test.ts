@@ -3,8 +3,8 @@ import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { RolloutRecordsSink } from "../../../coordinator/collect/rollout-records-sink.js";
 import { RolloutStepMarkerSchema } from "../../../protocol/index.js";
-import { readRecords, newReadStats } from "../../../participants/replay/index.js";
-import { linearTrace, silent, tempDir, traceId } from "./fixtures.js";
+import { ReplayTaskSource, readRecords, newReadStats, writeRolloutRecords } from "../../../participants/replay/index.js";
+import { linearTrace, mathSource, silent, tempDir, traceId, type MathTask } from "./fixtures.js";
 
 let dir: string;
 let cleanup: () => Promise<void>;
@@ -78,6 +78,23 @@ describe("the collector's rollout-records sink", () => {
     expect(await readdir(path.join(root, "step_1"))).toEqual(["index_train_gym.jsonl"]); // no record file, no marker
     await sink.close();
     expect(await idsOf(path.join(root, "step_2", "train_rollouts_gym.jsonl"))).toEqual([traceId(1)]);
+  });
+
+  it("a restart marks the step a killed flush left without its marker, so a marker-waiting follower reads past it", async () => {
+    const root = path.join(dir, "rollouts");
+    // SIGKILL between the record file (and its index) and the marker.
+    await writeRolloutRecords(root, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(0xa), 0)] });
+    const sink = new RolloutRecordsSink({ dir, env: "gsm8k", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await sink.start();
+    sink.add(linearTrace(traceId(0xb), 0));
+    await sink.close();
+    const follower = new ReplayTaskSource<MathTask, string, number>(
+      { records: "rollouts/step_*/train_rollouts_*.jsonl", source: { id: "gsm8k" }, mode: "recheck", wait_for_step_marker: true },
+      mathSource(),
+      { cwd: dir, logger: silent },
+    );
+    await follower.load();
+    expect(follower.tasks.map((t) => t.name)).toEqual(["recheck:0000000a", "recheck:0000000b"]);
   });
 
   it("refuses an env name that is not a safe file-name component", () => {
