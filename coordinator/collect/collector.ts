@@ -22,6 +22,7 @@ import { replaceFileDurably } from "../publication/durable-fs.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { DispatchLog } from "./dispatch-log.js";
+import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter } from "./progress-reporter.js";
 import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
@@ -272,7 +273,7 @@ export class Collector {
     if (!ref || !("file" in ref)) return undefined;
     const text = await readFile(join(this.options.checkpointDir, latest, ref.file), "utf8");
     if (sha256Hex(text) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
-    const state = CollectionStateSchema.parse(JSON.parse(text));
+    const state = parseStateValue(CollectionStateSchema, text, join(latest, ref.file));
     if (state.run_id !== runId) {
       this.options.logger.info({ latest, latest_run: state.run_id, logged_run: runId }, "LATEST belongs to another run; restoring nothing");
       return undefined;

@@ -1,7 +1,8 @@
 import { appendFile, readFile } from "node:fs/promises";
 import { z } from "zod";
-import { EpisodeIdSchema, RolloutIdSchema, type EpisodeId } from "../../protocol/index.js";
+import { EpisodeIdSchema, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
+import { parseStateValue } from "./state-file-value.js";
 
 /**
  * `dispatched.jsonl`: the run id on the first line, then one `{rollout_id, attempt}` line appended
@@ -68,13 +69,12 @@ export class DispatchLog {
     // The piece after the last newline is either empty or a torn append: drop it.
     const complete = text.split("\n").slice(0, -1);
     if (complete.length === 0) return undefined;
-    const header = HeaderSchema.parse(JSON.parse(complete[0]!));
+    const header = parseStateValue(HeaderSchema, complete[0]!, `${path}:1`);
     const latest = new Map<string, number>();
     const restoredOnly = new Set<string>();
-    for (const line of complete.slice(1)) {
-      if (!line.trim()) continue;
-      const entry = EntrySchema.parse(JSON.parse(line));
-      RolloutIdSchema.parse(entry.rollout_id);
+    for (const [i, line] of complete.entries()) {
+      if (i === 0 || !line.trim()) continue;
+      const entry = parseStateValue(EntrySchema, line, `${path}:${i + 1}`);
       const previous = latest.get(entry.rollout_id);
       if (previous !== undefined && entry.attempt < previous) continue;
       if (previous === undefined || entry.attempt > previous) {

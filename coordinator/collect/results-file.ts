@@ -1,6 +1,7 @@
 import { appendFile, open, readFile } from "node:fs/promises";
 import { z } from "zod";
 import { EpisodeIdSchema } from "../../protocol/index.js";
+import { parseStateValue } from "./state-file-value.js";
 
 /** One finished row in `results.jsonl`; appended as rows finish, so a crash keeps every finished row. */
 export const ResultLineSchema = z
@@ -36,7 +37,7 @@ export function appendResult(path: string, line: ResultLine): Promise<void> {
 /** Finished rows by rollout id, for readers beside a running collector: a torn last line (an append in progress or cut by a crash) is ignored. */
 export async function readResults(path: string): Promise<Map<string, ResultLine>> {
   const bytes = await readIfExists(path);
-  return bytes ? parseResults(bytes.subarray(0, bytes.lastIndexOf(0x0a) + 1)) : new Map();
+  return bytes ? parseResults(path, bytes.subarray(0, bytes.lastIndexOf(0x0a) + 1)) : new Map();
 }
 
 /**
@@ -48,8 +49,8 @@ export async function readResultsForAppend(path: string): Promise<Map<string, Re
   const bytes = await readIfExists(path);
   if (!bytes) return new Map();
   const end = bytes.lastIndexOf(0x0a) + 1;
-  if (end === bytes.length) return parseResults(bytes);
-  const tail = parseResults(bytes.subarray(end), true);
+  if (end === bytes.length) return parseResults(path, bytes);
+  const tail = parseResults(path, bytes.subarray(end), true);
   const handle = await open(path, "r+");
   try {
     if (tail.size) await handle.write("\n", bytes.length);
@@ -58,17 +59,17 @@ export async function readResultsForAppend(path: string): Promise<Map<string, Re
   } finally {
     await handle.close();
   }
-  return new Map([...parseResults(bytes.subarray(0, end)), ...tail]);
+  return new Map([...parseResults(path, bytes.subarray(0, end)), ...tail]);
 }
 
 /** Whole lines only; `lenient` returns nothing for text that is not one valid line (a torn tail). */
-function parseResults(bytes: Buffer, lenient = false): Map<string, ResultLine> {
+function parseResults(path: string, bytes: Buffer, lenient = false): Map<string, ResultLine> {
   const finished = new Map<string, ResultLine>();
-  for (const line of bytes.toString("utf8").split("\n")) {
+  for (const [i, line] of bytes.toString("utf8").split("\n").entries()) {
     if (!line.trim()) continue;
     let parsed: ResultLine;
     try {
-      parsed = ResultLineSchema.parse(JSON.parse(line));
+      parsed = parseStateValue(ResultLineSchema, line, `${path}:${i + 1}`);
     } catch (error) {
       if (lenient) return new Map();
       throw error;

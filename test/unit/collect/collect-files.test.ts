@@ -40,7 +40,11 @@ describe("dispatch log", () => {
     expect(await DispatchLog.read(join(dir, "missing.jsonl"))).toBeUndefined();
     const path = join(dir, "bad.jsonl");
     await writeFile(path, '{"run_id":"r"}\n{"rollout_id":"a-a1","attempt":0}\n{"rollout_id":"b","attempt":0}\n');
-    await expect(DispatchLog.read(path)).rejects.toThrow();
+    await expect(DispatchLog.read(path)).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("bad.jsonl:2:") });
+    await writeFile(path, '{"run_id":"r"}\n{"rollout_id":"a",\n{"rollout_id":"b","attempt":0}\n');
+    await expect(DispatchLog.read(path)).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("bad.jsonl:2:") });
+    await writeFile(path, '{"run":"r"}\n');
+    await expect(DispatchLog.read(path)).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("bad.jsonl:1:") });
   });
 });
 
@@ -52,6 +56,13 @@ describe("results file", () => {
     const results = await readResults(path);
     expect([...results.keys()]).toEqual(["a"]);
     expect(results.get("a")?.continued).toBe(true);
+  });
+
+  it("names the file and line of a corrupt middle line (invalid_checkpoint_state)", async () => {
+    const path = join(dir, "results.jsonl");
+    await writeFile(path, '{"rollout_id":"b"\n');
+    await appendResult(path, { rollout_id: "a", attempt: 1, reward: 1, continued: true, finished_at: 1, response: { reward: 1 } });
+    await expect(readResults(path)).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("results.jsonl:1:") });
   });
 });
 
