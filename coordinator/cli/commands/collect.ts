@@ -3,6 +3,7 @@ import { join, resolve } from "node:path";
 import { connect } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import { CheckpointError, RecordKindSchema, assertRolloutEnv } from "../../../protocol/index.js";
+import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { Collector } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
@@ -63,11 +64,28 @@ export function register(program: Command): void {
       const env = process.env;
       const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
       if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
+      // Without a reply to print, --json would be silently ignored.
+      if (flags.json) throw new CheckpointError("invalid_request", "--json is not supported by collect: it prints a summary; finished rows are in --out");
+      // Every flag is checked before anything is created or connected.
       const positive = (name: string, value: string | undefined) => {
         const n = Number(value);
         if (value !== undefined && !(n > 0)) throw new CheckpointError("invalid_request", `--${name} must be a positive number`);
         return value === undefined ? undefined : n;
       };
+      // Counts: a fraction would mean zero workers (--concurrency 0.5) or a half attempt.
+      const positiveInt = (name: string, value: string) => {
+        const n = Number(value);
+        if (!Number.isSafeInteger(n) || n < 1) throw new CheckpointError("invalid_request", `--${name} must be a positive integer, got ${JSON.stringify(value)}`);
+        return n;
+      };
+      const concurrency = positiveInt("concurrency", flags.concurrency);
+      const maxAttempts = positiveInt("max-attempts", flags.maxAttempts);
+      const recordsEveryRows = positiveInt("records-every-rows", flags.recordsEveryRows);
+      const checkpointEverySeconds = positive("checkpoint-every", flags.checkpointEvery);
+      const checkpointTimeoutSeconds = positive("checkpoint-timeout-s", flags.checkpointTimeoutS)!;
+      const runTimeoutSeconds = positive("run-timeout-s", flags.runTimeoutS)!;
+      const recordsEverySeconds = positive("records-every-s", flags.recordsEveryS)!;
+      const progressIntervalSeconds = positive("progress-interval-s", flags.progressIntervalS)!;
       const checkpointDir = resolve(flags.checkpointDir);
       await mkdir(checkpointDir, { recursive: true });
       const rows = await readTaskRows(flags.tasks);
@@ -82,8 +100,10 @@ export function register(program: Command): void {
       });
       if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
       const logger = createLogger(flags.logLevel as Parameters<typeof createLogger>[0]);
-      const nc = await connect({ servers: (flags.natsUrl ?? env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222").split(","), maxReconnectAttempts: -1 });
-      const controller = new NatsControllerClient({
+      // The collector needs controller ops only, which the HTTP API serves as well.
+      const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
+      const nc = httpUrl ? undefined : await connect({ servers: (flags.natsUrl ?? env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222").split(","), maxReconnectAttempts: -1 });
+      const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
         nc,
         deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
         token,
@@ -95,11 +115,11 @@ export function register(program: Command): void {
         outPath: resolve(flags.out),
         checkpointDir,
         controller,
-        concurrency: positive("concurrency", flags.concurrency)!,
-        ...(flags.checkpointEvery !== undefined && { checkpointEverySeconds: positive("checkpoint-every", flags.checkpointEvery)! }),
-        checkpointTimeoutSeconds: positive("checkpoint-timeout-s", flags.checkpointTimeoutS)!,
-        runTimeoutSeconds: positive("run-timeout-s", flags.runTimeoutS)!,
-        maxAttempts: positive("max-attempts", flags.maxAttempts)!,
+        concurrency,
+        ...(checkpointEverySeconds !== undefined && { checkpointEverySeconds }),
+        checkpointTimeoutSeconds,
+        runTimeoutSeconds,
+        maxAttempts,
         ...(env.GYM_CKPT_TEST_CRASH_AT === "after-restore" && {
           // TEST-ONLY: die between the restore and the first dispatch.
           hooks: { afterRestore: () => void process.kill(process.pid, "SIGKILL") },
@@ -109,11 +129,11 @@ export function register(program: Command): void {
             dir: resolve(flags.recordsDir),
             env: flags.recordsEnv,
             kind: RecordKindSchema.parse(flags.recordsKind),
-            everyRows: Math.ceil(positive("records-every-rows", flags.recordsEveryRows)!),
-            everySeconds: positive("records-every-s", flags.recordsEveryS)!,
+            everyRows: recordsEveryRows,
+            everySeconds: recordsEverySeconds,
           },
         }),
-        progress: new ProgressReporter(process.stderr, positive("progress-interval-s", flags.progressIntervalS)! * 1000),
+        progress: new ProgressReporter(process.stderr, progressIntervalSeconds * 1000),
         logger,
       });
       const pidFile = join(checkpointDir, "collector.pid");
@@ -145,7 +165,7 @@ export function register(program: Command): void {
       const summary = await collector.run();
       const mean = await collector.meanReward();
       await rm(pidFile, { force: true });
-      await nc.close();
+      await nc?.close();
       await telemetry.shutdown();
       const u = summary.usage;
       process.stdout.write(
