@@ -140,13 +140,15 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     // Let the run get going, past at least one published checkpoint.
     const crashAt = Math.ceil(options.rows * options.crashAfter);
     await waitFor(async () => (await readResults(out)).size >= crashAt && (await new CheckpointCatalog(root).latest()) !== null, 120_000, collector, "rows to finish before the crash");
-    // Hold every response not yet started, so nothing is delivered after the last checkpoint.
-    const calls = await backendCalls(backendUrl);
-    await postJson(`${backendUrl}/admin/hold`, { after: calls.length });
+    // Hold every response not yet started, so nothing is delivered after the last checkpoint. The
+    // backend picks the cut-off as it arms the hold: with a count read here first, calls recorded
+    // in between slipped past the hold unwatched, streamed across the crash checkpoint (which cut
+    // them) and were delivered after its commit, so the restore legitimately generated them again.
+    const { hold_after: heldAfter } = (await postJson(`${backendUrl}/admin/hold`, {})) as { hold_after: number };
     // Responses the backend began before the hold still stream. One the model proxy holds through a
     // timer checkpoint is delivered after that checkpoint's commit, so wait until all of them are in.
     await waitFor(
-      async () => (await backendCalls(backendUrl)).slice(0, calls.length).every((c) => c.delivered || c.aborted),
+      async () => (await backendCalls(backendUrl)).slice(0, heldAfter).every((c) => c.delivered || c.aborted),
       60_000,
       collector,
       "responses started before the hold to finish",
@@ -262,9 +264,10 @@ async function backendCalls(url: string): Promise<BackendCall[]> {
   return ((await response.json()) as { calls: BackendCall[] }).calls;
 }
 
-async function postJson(url: string, body: unknown): Promise<void> {
+async function postJson(url: string, body: unknown): Promise<unknown> {
   const response = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
   if (!response.ok) throw new Error(`${url} answered ${response.status}`);
+  return response.json();
 }
 
 function delay(ms: number): Promise<void> {

@@ -74,9 +74,14 @@ export class BackendControls {
     return entry;
   }
 
-  setHold(after: number): void {
+  /**
+   * Holds calls beyond the Nth. Without N, every call not recorded yet: a count the caller read
+   * first lets calls recorded before the hold lands slip past it unseen.
+   */
+  setHold(after: number = this.calls.length): number {
     this.holdAfter = after;
     this.hold.arm();
+    return after;
   }
 
   /** Waits while this call is beyond the hold. */

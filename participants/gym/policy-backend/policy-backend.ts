@@ -32,7 +32,8 @@ export interface PolicyBackendOptions {
   logger?: boolean;
 }
 
-const HoldSchema = z.object({ after: z.number().int().min(0) }).strict();
+/** `after` omitted: hold every call not recorded yet. */
+const HoldSchema = z.object({ after: z.number().int().min(0).optional() }).strict();
 const GateSchema = z.object({ after_chunks: z.number().int().min(0).default(1) }).strict();
 const CutModeSchema = z.object({ mode: z.enum(CUT_MODES) }).strict();
 const EmptySchema = z.object({}).strict();
@@ -104,8 +105,7 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
   app.get("/admin/calls", async () => ({ calls: controls.view(), cuts: controls.cuts.length }));
   app.get("/admin/cuts", async () => ({ cuts: controls.cuts }));
   app.post("/admin/hold", async (request) => {
-    controls.setHold(parse(HoldSchema, request.body).after);
-    return { hold_after: controls.holdAfter };
+    return { hold_after: controls.setHold(parse(HoldSchema, request.body).after) };
   });
   app.post("/admin/release", async (request) => {
     parse(EmptySchema, request.body);
