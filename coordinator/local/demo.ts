@@ -28,6 +28,7 @@ export interface DemoOptions {
 
 interface BackendCall {
   capture_key: string | null;
+  model_call_id: string | null;
   message_count: number;
   delivered: boolean;
   /** The caller went away before the response was fully written. */
@@ -147,11 +148,17 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     const { hold_after: heldAfter } = (await postJson(`${backendUrl}/admin/hold`, {})) as { hold_after: number };
     // Responses the backend began before the hold still stream. One the model proxy holds through a
     // timer checkpoint is delivered after that checkpoint's commit, so wait until all of them are in.
+    // "In" means in the model proxy's capture ledger, not just written by the backend: a proxy slow
+    // to read a response it had not started relaying when the crash checkpoint closed it holds it,
+    // the checkpoint rightly records the call as unfinished, and the restore generates it again.
     await waitFor(
-      async () => (await backendCalls(backendUrl)).slice(0, heldAfter).every((c) => c.delivered || c.aborted),
+      async () => {
+        const calls = (await backendCalls(backendUrl)).slice(0, heldAfter);
+        return calls.every((c) => c.delivered || c.aborted) && (await inLedger(urls.model!, token, calls.filter((c) => c.delivered)));
+      },
       60_000,
       collector,
-      "responses started before the hold to finish",
+      "responses started before the hold to reach the Gym",
     );
     const heldAt = Date.now() / 1000;
     const catalog = new CheckpointCatalog(root);
@@ -185,6 +192,8 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     const results = [...(await readResults(out)).values()];
     const finalCalls = await backendCalls(backendUrl);
     const verdict = verifyCalls(finalCalls);
+    // Every call the backend saw, for whoever reads a kept work directory after a failed verdict.
+    if (options.keep) await writeFile(join(work, "backend-calls.json"), `${JSON.stringify(finalCalls, null, 1)}\n`);
     const meanReward = results.length ? results.reduce((sum, r) => sum + r.reward, 0) / results.length : 0;
     const continued = results.filter((r) => r.continued).length;
     say("");
@@ -262,6 +271,19 @@ export function verifyCalls(calls: BackendCall[]) {
 async function backendCalls(url: string): Promise<BackendCall[]> {
   const response = await fetch(`${url}/admin/calls`);
   return ((await response.json()) as { calls: BackendCall[] }).calls;
+}
+
+/** Every one of `calls` has its row in the model proxy's capture ledger (written once the Gym has the whole response). */
+async function inLedger(proxyUrl: string, token: string, calls: BackendCall[]): Promise<boolean> {
+  const byKey = new Map<string, string[]>();
+  for (const c of calls) if (c.capture_key && c.model_call_id) byKey.set(c.capture_key, [...(byKey.get(c.capture_key) ?? []), c.model_call_id]);
+  for (const [key, ids] of byKey) {
+    const response = await fetch(`${proxyUrl}/ng-capture/v1/ledger/${encodeURIComponent(key)}`, { headers: { authorization: `Bearer ${token}` } });
+    if (!response.ok) return false;
+    const recorded = new Set(((await response.json()) as { records: { model_call_id: string }[] }).records.map((r) => r.model_call_id));
+    if (!ids.every((id) => recorded.has(id))) return false;
+  }
+  return true;
 }
 
 async function postJson(url: string, body: unknown): Promise<unknown> {
