@@ -26,9 +26,11 @@ export interface DemoOptions {
   signal?: AbortSignal;
 }
 
-interface BackendCall {
+export interface BackendCall {
   capture_key: string | null;
   model_call_id: string | null;
+  /** The cut call this one continues (its generated prefix is reused, not generated again). */
+  continued_from: string | null;
   message_count: number;
   delivered: boolean;
   /** The caller went away before the response was fully written. */
@@ -233,11 +235,13 @@ function demoTasks(rows: number): string {
 
 /**
  * Per rollout, a delivered call with the same conversation length as an earlier delivered call
- * would be work done twice. Calls of attempt 0 delivered before the crash and continued by a
- * later attempt are the work continuation kept.
+ * would be work done twice, unless it continues that call: the crash checkpoint cut a generation
+ * (the backend finished writing the cut response, but the Gym never got it) and the restore
+ * generated only the rest, from the kept prefix. Calls of attempt 0 delivered before the crash and
+ * continued by a later attempt are the work continuation kept.
  */
 export function verifyCalls(calls: BackendCall[]) {
-  const seen = new Map<string, Set<number>>();
+  const seen = new Map<string, Map<number, string | null>>();
   const attempts = new Map<string, number>();
   let repeated = 0;
   let delivered = 0;
@@ -247,10 +251,13 @@ export function verifyCalls(calls: BackendCall[]) {
     attempts.set(episode.rollout_id, Math.max(attempts.get(episode.rollout_id) ?? 0, episode.attempt));
     if (!call.delivered) continue;
     delivered++;
-    const counts = seen.get(episode.rollout_id) ?? new Set<number>();
-    if (counts.has(call.message_count)) repeated++;
-    counts.add(call.message_count);
-    seen.set(episode.rollout_id, counts);
+    const byLength = seen.get(episode.rollout_id) ?? new Map<number, string | null>();
+    if (byLength.has(call.message_count)) {
+      const earlier = byLength.get(call.message_count);
+      if (earlier === null || earlier === undefined || call.continued_from !== earlier) repeated++;
+    }
+    byLength.set(call.message_count, call.model_call_id);
+    seen.set(episode.rollout_id, byLength);
   }
   let keptByContinuation = 0;
   let tokensKept = 0;
