@@ -144,7 +144,7 @@ export async function run(): Promise<void> {
   const server = await NatsServerProcess.start();
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-bench-coord-"));
   const rows: string[] = [];
-  const results: { split: string; floorSplit: string; inside: Record<"prepare" | "commit" | "publish" | "resume", number>; floorInside: Record<"prepare" | "commit" | "resume", number>; n: number; p50: number; p99: number; e50: number; f50: number; f99: number; ratio: number }[] = [];
+  const results: { split: string; floorSplit: string; inside: Record<"prepare" | "commit" | "publish" | "resume", number>; floorInside: Record<"prepare" | "commit" | "resume", number>; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number }[] = [];
   try {
     for (const n of SIZES) {
       const deployment = `bench${n}`;
@@ -176,19 +176,14 @@ export async function run(): Promise<void> {
       const client = new NatsControllerClient({ nc: cnc, deployment, token: TOKEN });
       const rounds = ROUNDS[n] ?? 50;
       const full: number[] = [];
-      const embedded: number[] = [];
       const parts = { prepare: [] as number[], commit: [] as number[], publish: [] as number[], resume: [] as number[] };
       const floor: number[] = [];
       const floorParts = { prepare: [] as number[], commit: [] as number[], resume: [] as number[] };
-      // Interleave the three so all see the same machine state.
+      // Interleave the two so both see the same machine state.
       for (let i = 0; i < rounds + WARMUP; i++) {
         let t = performance.now();
         const reply = await client.checkpoint({ checkpoint_id: `c${n}-${i}` });
         const a = performance.now() - t;
-        // The same op called in-process on the engine, as a controller embedding the library would.
-        t = performance.now();
-        await coordinator.engine.checkpoint({ checkpoint_id: `e${n}-${i}`, episode_ids: null, stop: false, controller_state: null });
-        const e = performance.now() - t;
         if (i >= WARMUP) for (const k of ["prepare", "commit", "publish", "resume"] as const) parts[k].push(reply.timings_ms[k]);
         t = performance.now();
         const floorSplit = await floorRound(fnc, deployment, members, `f${n}-${i}`);
@@ -196,7 +191,6 @@ export async function run(): Promise<void> {
         if (i >= WARMUP) {
           for (const k of ["prepare", "commit", "resume"] as const) floorParts[k].push(floorSplit[k]);
           full.push(a);
-          embedded.push(e);
           floor.push(b);
         }
       }
@@ -209,11 +203,11 @@ export async function run(): Promise<void> {
       const splitOf = (m: Record<string, number>) => Object.entries(m).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ");
       const split = splitOf(inside);
       const floorSplit = splitOf(floorInside);
-      const r = { split, floorSplit, inside, floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), e50: percentile(embedded, 50), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0 };
+      const r = { split, floorSplit, inside, floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0 };
       r.ratio = r.p50 / r.f50;
       results.push(r);
-      console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | embedded p50 ${r.e50.toFixed(2)} ms (${(r.e50 / r.f50).toFixed(2)}×) | inside the coordinator (p50 ms): ${split} | floor: ${floorSplit}`);
-      rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${r.e50.toFixed(2)} (${(r.e50 / r.f50).toFixed(2)}×) | ${split} | ${floorSplit} |`);
+      console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | inside the coordinator (p50 ms): ${split} | floor: ${floorSplit}`);
+      rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} | ${floorSplit} |`);
     }
   } finally {
     await server.dispose();
@@ -237,10 +231,10 @@ export async function run(): Promise<void> {
     `## Coordinator: full checkpoint vs raw NATS request floor
 
 Machine: ${machine()}. Command: \`npm run bench -- coordinator\` (sizes via \`COORD_BENCH_SIZES\`). nats-server 2.9 on 127.0.0.1.
-A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemon → reply): prepare in 4 stages, the journal entry written beside the first and acknowledged before the second → journal(decided) → commit to all, while LATEST's temp file is written and fsynced → checkpoint.json (temp file, fsync, rename, dir fsync) → LATEST renamed (the root's fsync runs in the background; the journal entry stays until it is done) → resume in 4 stages → retention (old checkpoints renamed away; their files are removed in the background). Participants are lightweight responders (empty records) in a separate Node process, as participants would be; the coordinator daemon and the floor client share the benchmark process, and one nats-server serves both. The floor is the same staged pattern (4 prepare stages, commit to all, 4 resume stages) as bare \`nc.request\` calls to the same responders, on a connection with the same options, interleaved round by round with the checkpoints. The embedded column is the same \`checkpoint\` op called in-process on the daemon's engine (\`CoordinatorHandle.engine\`), as a TypeScript controller embedding the library would call it: no controller hop. The judged ratio is the NATS API's. The machine is shared (load average ${loadavg()[0]!.toFixed(1)} at the end of the run), so p99s are noisy; ratios are side by side.
+A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemon → reply): prepare in 4 stages, the journal entry written beside the first and acknowledged before the second → journal(decided) → commit to all, while LATEST's temp file is written and fsynced → checkpoint.json (temp file, fsync, rename, dir fsync) → LATEST renamed (the root's fsync runs in the background; the journal entry stays until it is done) → resume in 4 stages → retention (old checkpoints renamed away; their files are removed in the background). Participants are lightweight responders (empty records) in a separate Node process, as participants would be; the coordinator daemon and the floor client share the benchmark process, and one nats-server serves both. The floor is the same staged pattern (4 prepare stages, commit to all, 4 resume stages) as bare \`nc.request\` calls to the same responders, on a connection with the same options, interleaved round by round with the checkpoints. The machine is shared (load average ${loadavg()[0]!.toFixed(1)} at the end of the run), so p99s are noisy; ratios are side by side.
 
-| participants | checkpoint p50 (ms) | p99 (ms) | floor p50 (ms) | floor p99 (ms) | ratio p50 | embedded engine p50 (ms, ratio) | split inside the coordinator, p50 (ms) | floor split, p50 (ms) |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| participants | checkpoint p50 (ms) | p99 (ms) | floor p50 (ms) | floor p99 (ms) | ratio p50 | split inside the coordinator, p50 (ms) | floor split, p50 (ms) |
+| --- | --- | --- | --- | --- | --- | --- | --- |
 ${rows.join("\n")}
 
 Targets: ratio ≤ 1.5× the floor; 64-participant p50 < 15 ms${r64 ? ` (measured ${r64.p50.toFixed(2)} ms)` : ""}.
