@@ -1,4 +1,6 @@
-import { appendFile, open, readFile } from "node:fs/promises";
+import { createReadStream } from "node:fs";
+import { appendFile, open, stat } from "node:fs/promises";
+import { createInterface } from "node:readline";
 import { z } from "zod";
 import { EpisodeIdSchema } from "../../protocol/index.js";
 import { parseStateValue } from "./state-file-value.js";
@@ -34,10 +36,13 @@ export function appendResult(path: string, line: ResultLine): Promise<void> {
   return appended;
 }
 
+/** A finished row as readers need it: the `/run` reply itself stays in the file. */
+export type FinishedRow = Omit<ResultLine, "response">;
+
 /** Finished rows by rollout id, for readers beside a running collector: a torn last line (an append in progress or cut by a crash) is ignored. */
-export async function readResults(path: string): Promise<Map<string, ResultLine>> {
-  const bytes = await readIfExists(path);
-  return bytes ? parseResults(path, bytes.subarray(0, bytes.lastIndexOf(0x0a) + 1)) : new Map();
+export async function readResults(path: string): Promise<Map<string, FinishedRow>> {
+  const size = await sizeIfExists(path);
+  return size === undefined ? new Map() : readLines(path, await wholeLinesEnd(path, size));
 }
 
 /**
@@ -45,43 +50,76 @@ export async function readResults(path: string): Promise<Map<string, ResultLine>
  * cut off, or, when it is a whole record that only lost its newline, the newline is added (and the
  * row counts). Otherwise the next append would land after the fragment, leaving it mid-file.
  */
-export async function readResultsForAppend(path: string): Promise<Map<string, ResultLine>> {
-  const bytes = await readIfExists(path);
-  if (!bytes) return new Map();
-  const end = bytes.lastIndexOf(0x0a) + 1;
-  if (end === bytes.length) return parseResults(path, bytes);
-  const tail = parseResults(path, bytes.subarray(end), true);
+export async function readResultsForAppend(path: string): Promise<Map<string, FinishedRow>> {
+  const size = await sizeIfExists(path);
+  if (size === undefined) return new Map();
+  const end = await wholeLinesEnd(path, size);
+  const rows = await readLines(path, end);
+  if (end === size) return rows;
   const handle = await open(path, "r+");
   try {
-    if (tail.size) await handle.write("\n", bytes.length);
+    const tailBytes = Buffer.alloc(size - end);
+    await handle.read(tailBytes, 0, tailBytes.length, end);
+    const tail = tornTail(path, tailBytes.toString("utf8"));
+    if (tail) await handle.write("\n", size);
     else await handle.truncate(end);
     await handle.sync();
+    if (tail) rows.set(tail.rollout_id, tail);
   } finally {
     await handle.close();
   }
-  return new Map([...parseResults(path, bytes.subarray(0, end)), ...tail]);
+  return rows;
 }
 
-/** Whole lines only; `lenient` returns nothing for text that is not one valid line (a torn tail). */
-function parseResults(path: string, bytes: Buffer, lenient = false): Map<string, ResultLine> {
-  const finished = new Map<string, ResultLine>();
-  for (const [i, line] of bytes.toString("utf8").split("\n").entries()) {
+/**
+ * Streams the whole lines before byte `end`: a results file keeps every reply verbatim and can
+ * outgrow one string (and a heap holding every reply); only what readers need is kept.
+ */
+async function readLines(path: string, end: number): Promise<Map<string, FinishedRow>> {
+  const finished = new Map<string, FinishedRow>();
+  if (end === 0) return finished;
+  const lines = createInterface({ input: createReadStream(path, { start: 0, end: end - 1 }), crlfDelay: Infinity });
+  let number = 0;
+  for await (const line of lines) {
+    number++;
     if (!line.trim()) continue;
-    let parsed: ResultLine;
-    try {
-      parsed = parseStateValue(ResultLineSchema, line, `${path}:${i + 1}`);
-    } catch (error) {
-      if (lenient) return new Map();
-      throw error;
-    }
-    finished.set(parsed.rollout_id, parsed);
+    const { response: _reply, ...row } = parseStateValue(ResultLineSchema, line, `${path}:${number}`);
+    finished.set(row.rollout_id, row);
   }
   return finished;
 }
 
-async function readIfExists(path: string): Promise<Buffer | undefined> {
+/** The last line when it is a whole record that only lost its newline; undefined for a torn fragment. */
+function tornTail(path: string, text: string): FinishedRow | undefined {
   try {
-    return await readFile(path);
+    const { response: _reply, ...row } = parseStateValue(ResultLineSchema, text, `${path}:tail`);
+    return row;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The offset just past the file's last newline (0 if none), found by reading backwards. */
+async function wholeLinesEnd(path: string, size: number): Promise<number> {
+  const handle = await open(path, "r");
+  try {
+    const chunk = Buffer.alloc(64 * 1024);
+    for (let to = size; to > 0; ) {
+      const from = Math.max(0, to - chunk.length);
+      const { bytesRead } = await handle.read(chunk, 0, to - from, from);
+      const at = chunk.subarray(0, bytesRead).lastIndexOf(0x0a);
+      if (at !== -1) return from + at + 1;
+      to = from;
+    }
+    return 0;
+  } finally {
+    await handle.close();
+  }
+}
+
+async function sizeIfExists(path: string): Promise<number | undefined> {
+  try {
+    return (await stat(path)).size;
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
     throw error;

@@ -58,6 +58,15 @@ describe("results file", () => {
     expect(results.get("a")?.continued).toBe(true);
   });
 
+  it("streams long lines: a torn tail longer than one read chunk is found, and the replies stay in the file", async () => {
+    const path = join(dir, "results.jsonl");
+    for (const id of ["a", "b", "c"]) await appendResult(path, { rollout_id: id, attempt: 0, reward: 1, continued: false, finished_at: 1, response: { transcript: "x".repeat(100_000) } });
+    await appendFile(path, `{"rollout_id":"d","attempt":0,"response":{"transcript":"${"y".repeat(150_000)}`);
+    const results = await readResults(path);
+    expect([...results.keys()]).toEqual(["a", "b", "c"]);
+    expect(results.get("a")).toEqual({ rollout_id: "a", attempt: 0, reward: 1, continued: false, finished_at: 1 });
+  });
+
   it("names the file and line of a corrupt middle line (invalid_checkpoint_state)", async () => {
     const path = join(dir, "results.jsonl");
     await writeFile(path, '{"rollout_id":"b"\n');
