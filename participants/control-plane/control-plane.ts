@@ -232,9 +232,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async prepare(request: PrepareRequest): Promise<PrepareReply> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
-    const early = await this.lock.run(async () => {
-      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
-      this.fenceEpoch(request.epoch);
+    const early = await this.underLock(request, async () => {
       const cached = this.cached<PrepareReply>(id, "prepare");
       if (cached) return cached;
       this.admit(id, ALLOWED.prepare, "prepare");
@@ -314,9 +312,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const dir = this.checkpointDir(request.checkpoint_dir);
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
     const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
-    const pending = await this.lock.run(() => {
-      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
-      this.fenceEpoch(request.epoch);
+    const pending = await this.underLock(request, () => {
       const cached = this.cached<CommitReply>(id, "commit", args);
       if (cached) return cached;
       this.admit(id, ALLOWED.commit, "commit");
@@ -430,9 +426,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const dir = this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));
     const args = `${dir}\u0000${[...scope].sort().join(",")}`;
-    return this.lock.run(async () => {
-      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
-      this.fenceEpoch(request.epoch);
+    return this.underLock(request, async () => {
       const cached = this.cached<RestoreReply>(id, "restore", args);
       if (cached) return cached;
       this.admit(id, ALLOWED.restore, "restore");
@@ -504,8 +498,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private async resume(request: ResumeRequest): Promise<ResumeReply> {
     const id = request.checkpoint_id;
-    return this.lock.run(async () => {
-      this.fenceEpoch(request.epoch);
+    return this.underLock({ epoch: request.epoch }, async () => {
       if (this.resumed.has(id)) return { phase: "idle", idempotent: true };
       if (this.activeId === null) {
         // Remember it: a delayed prepare of an aborted checkpoint must not close admission.
@@ -520,9 +513,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private async renew(request: RenewRequest): Promise<RenewReply> {
     this.checkDeadline(request.deadline_ts);
-    return this.lock.run(() => {
-      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
-      this.fenceEpoch(request.epoch);
+    return this.underLock(request, () => {
       this.admit(request.checkpoint_id, ALLOWED.renew, "renew");
       this.renewLease(request.deadline_ts);
       return { lease_expires_at: this.leaseExpiresAt! };
@@ -533,9 +524,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private async retire(request: RetireRequest): Promise<RetireReply> {
     this.checkDeadline(request.deadline_ts);
-    return this.lock.run(async () => {
-      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
-      this.fenceEpoch(request.epoch);
+    return this.underLock(request, async () => {
       this.admitOutsideCheckpoint(request.checkpoint_id, "retire");
       // Mark first: anything that arrives while the work is being stopped is already refused.
       for (const episode of request.episode_ids) this.retired.mark(episode);
@@ -551,9 +540,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private async forget(request: ForgetRequest): Promise<ForgetReply> {
     this.checkDeadline(request.deadline_ts);
-    return this.lock.run(async () => {
-      this.checkDeadline(request.deadline_ts); // again: it may have passed while this op waited
-      this.fenceEpoch(request.epoch);
+    return this.underLock(request, async () => {
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
       const rollouts = [...new Set(request.rollout_ids)].sort();
@@ -596,6 +583,18 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       "stale_incarnation",
       `${op} of checkpoint ${request.checkpoint_id} is addressed to incarnation ${addressed}; this process is ${this.incarnation} and never took part`,
     );
+  }
+
+  /**
+   * Runs an op under the lock, after the checks it repeats there (see fenceEpoch): its deadline, if
+   * it has one, may have passed while it waited, and a newer leader's op may have been admitted.
+   */
+  private underLock<T>(request: { epoch: number; deadline_ts?: number }, fn: () => T | Promise<T>): Promise<T> {
+    return this.lock.run(() => {
+      if (request.deadline_ts !== undefined) this.checkDeadline(request.deadline_ts);
+      this.fenceEpoch(request.epoch);
+      return fn();
+    });
   }
 
   private checkEpoch(epoch: number): void {
