@@ -17,8 +17,6 @@ import {
   type CtlReplyOf,
   type CtlRequestOf,
   type EpisodeId,
-  type ErrorCode,
-  type Kind,
   type Op,
   type ParticipantEntry,
   type ReplyOf,
@@ -33,7 +31,7 @@ import { coordinatorTelemetry, inSpan, SPAN_ATTR } from "../telemetry/coordinato
 import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
-import { combinedFailure, type Outcome, type ParticipantClient, type ParticipantRef } from "./participant-client.js";
+import { combinedFailure, failureRefs, type Outcome, type ParticipantClient, type ParticipantRef } from "./participant-client.js";
 import { runAll, runStages, type StagedRun } from "./phase-driver.js";
 
 /** The coordinator-side phase of the one checkpoint (or restore) it has open. */
@@ -508,9 +506,7 @@ export class CheckpointEngine {
           this.rememberRecovered(open, []);
           return "committed_published_stopped";
         }
-        const { failures } = await this.resumeEveryone(open.id, deadlineMs, undefined);
-        if (failures.length) log.warn({ err: combinedFailure("resume", failures) }, "recovery_resume_failed");
-        this.rememberRecovered(open, failures);
+        await this.finishRecovered(open, deadlineMs, log);
         return "committed_published_resumed";
       }
       case "restored":
@@ -575,9 +571,7 @@ export class CheckpointEngine {
       // that a later restore of LATEST needs (an unreachable one resumes when its lease expires).
       log.info({ state: "published", holders: holders.length }, "recovery_published_resumed");
       open.members = holders;
-      const { failures } = await this.resumeEveryone(open.id, this.options.clock.now() + this.options.defaultTimeoutMs, undefined);
-      if (failures.length) log.warn({ err: combinedFailure("resume", failures) }, "recovery_resume_failed");
-      this.rememberRecovered(open, failures);
+      await this.finishRecovered(open, this.options.clock.now() + this.options.defaultTimeoutMs, log);
       return "published_resumed";
     }
     // Nobody holds it any more (resumed, resumed by lease, or restarted): nothing is left to resume.
@@ -799,6 +793,13 @@ export class CheckpointEngine {
       this.log.warn({ checkpoint_id: id, err: error }, "retention_failed");
       return [];
     }
+  }
+
+  /** Resumes a recovered convenience op's checkpoint (past failures, logged) and keeps its reply. */
+  private async finishRecovered(open: OpenCheckpoint, deadlineMs: number, log: Logger): Promise<void> {
+    const { failures } = await this.resumeEveryone(open.id, deadlineMs, undefined);
+    if (failures.length) log.warn({ err: combinedFailure("resume", failures) }, "recovery_resume_failed");
+    this.rememberRecovered(open, failures);
   }
 
   /**
@@ -1116,10 +1117,6 @@ function ms(duration: number): number {
 /** A scope's identity: its capture keys, unique and sorted; null (everything) stays null. */
 function scopeKey(scope: EpisodeId[] | null): string | null {
   return scope === null ? null : [...new Set(scope.map(captureKey))].sort().join(",");
-}
-
-function failureRefs(failures: Failure[]): { kind: Kind; instance: string; code: ErrorCode; detail: string }[] {
-  return failures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail }));
 }
 
 function commitArgs(scope: EpisodeId[] | null, stop: boolean): string {

@@ -154,14 +154,21 @@ function parseReply<O extends Op>(participant: ParticipantRef, op: O, text: stri
   return { ok: true, participant, reply: parsed.data as ReplyOf<O> };
 }
 
+type ParticipantFailure = { participant: ParticipantRef; code: ErrorCode; detail: string };
+
+/** Failed outcomes as replies and error data list them: `{kind, instance, code, detail}`. */
+export function failureRefs(failures: ParticipantFailure[]): { kind: ParticipantRef["kind"]; instance: string; code: ErrorCode; detail: string }[] {
+  return failures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail }));
+}
+
 /** One CheckpointError summarizing several failed outcomes (the first code wins). */
-export function combinedFailure(op: string, failures: { participant: ParticipantRef; code: ErrorCode; detail: string }[]): CheckpointError {
+export function combinedFailure(op: string, failures: ParticipantFailure[]): CheckpointError {
   const first = failures[0]!;
   const detail = failures
     .slice(0, 20)
     .map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.code}: ${f.detail}`)
     .join("; ");
   return new CheckpointError(first.code, `${op} failed on ${failures.length} participant(s): ${detail}`, {
-    data: { failures: failures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail })) },
+    data: { failures: failureRefs(failures) },
   });
 }
