@@ -68,6 +68,10 @@ interface OpenCheckpoint {
 export interface EngineHooks {
   beforeDecision?: (checkpointId: string) => void | Promise<void>;
   afterDecision?: (checkpointId: string) => void | Promise<void>;
+  /** Awaited before checkpoint.json is written. */
+  beforePublication?: (checkpointId: string) => void | Promise<void>;
+  /** The convenience op's resume (overlapping its publication) is done. */
+  afterResume?: (checkpointId: string) => void | Promise<void>;
 }
 
 export interface CheckpointEngineOptions {
@@ -225,26 +229,37 @@ export class CheckpointEngine {
         throw error;
       }
       const t2 = performance.now();
+      // Publication and the resume run side by side; the reply waits for both. A participant that
+      // resumed keeps its commit reply, so a successor finding the decision without checkpoint.json
+      // still completes it (its re-driven commit is answered from those replies).
+      const open = this.requireOpen(id, "checkpoint");
+      const resuming = request.stop ? undefined : this.resumeStages(open, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx);
+      const publishing = this.doPublish(id, request.controller_state, false);
+      let resumeFailures: Failure[] = [];
+      let t3 = t2;
+      let t4 = t2;
       try {
-        published = await this.doPublish(id, request.controller_state, false);
+        [published] = await Promise.all([
+          publishing.finally(() => (t3 = performance.now())),
+          resuming?.then(async (resumed) => {
+            resumeFailures = resumed.failures;
+            t4 = performance.now();
+            await this.options.hooks?.afterResume?.(id);
+          }),
+        ]);
       } catch (error) {
+        // Not published (or leadership lost): abort, as after a failed commit (a second resume is
+        // idempotent where the first one got through).
+        await Promise.allSettled([publishing, resuming]);
         await this.abort(id, deadlineMs, ctx);
         throw error;
       }
-      const t3 = performance.now();
-      // Published is published: a participant that fails to resume (it resumes when its lease
-      // expires) is reported in the reply, not as the op's failure, so the controller knows this
-      // checkpoint is its latest and a retry gets the same reply.
-      let resumeFailures: Failure[] = [];
-      try {
-        // stop: the controller stops after this checkpoint, so participants stay parked (no resume).
-        if (request.stop) this.close(id);
-        else resumeFailures = (await this.resumeEveryone(id, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx)).failures;
-      } finally {
-        // Retention after the resume: deleting old checkpoints need not keep everyone paused.
-        published = { ...published, deleted: this.retainAfter(id, prepared.epoch) };
-      }
-      const t4 = performance.now();
+      // Closed only now: the journal entry may go once LATEST is durable. A participant that failed
+      // to resume (it resumes when its lease expires) is reported in the reply, not as the op's
+      // failure, so the controller knows this checkpoint is its latest and a retry gets the same reply.
+      this.close(id);
+      // Retention after the resume: deleting old checkpoints need not keep everyone paused.
+      published = { ...published, deleted: this.retainAfter(id, prepared.epoch) };
       return this.remember(id, "checkpoint", args, {
         checkpoint_id: id,
         epoch: prepared.epoch,
@@ -255,7 +270,7 @@ export class CheckpointEngine {
         restarts: prepared.restarts,
         deleted: published.deleted,
         resume_failures: failureRefs(resumeFailures),
-        timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t3) },
+        timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t2) },
       });
     });
   }
@@ -730,6 +745,7 @@ export class CheckpointEngine {
       throw new CheckpointError("invalid_phase", `checkpoint ${id} is ${open.phase}; publish needs every commit to have succeeded`);
     }
     this.options.leadership.assert(open.epoch);
+    await this.options.hooks?.beforePublication?.(id);
     const publishedAt = this.options.clock.now() / 1000;
     const result = await this.options.writer.publish({
       checkpointId: id,
@@ -767,6 +783,15 @@ export class CheckpointEngine {
       if (open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open, not ${id}`);
       throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator`);
     }
+    const resumed = await this.resumeStages(open, deadlineMs, ctx);
+    // Closed even when some failed: an unreachable participant resumes when its lease expires.
+    this.close(id);
+    return resumed;
+  }
+
+  /** The resume requests of `open`, stage by stage in reverse, past failures; leaves it open. */
+  private async resumeStages(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
+    const id = open.id;
     const epoch = this.options.leadership.epoch();
     const { results } = await runStages(
       RESUME_STAGES,
@@ -774,8 +799,6 @@ export class CheckpointEngine {
       (m, c) => this.send(m, "resume", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
       { spanName: "checkpoint.coordinate.resume.stage", parent: ctx },
     );
-    // Closed even when some failed: an unreachable participant resumes when its lease expires.
-    this.close(id);
     const outcomes = results.flatMap((r) => r.outcomes);
     return {
       reply: { checkpoint_id: id, participants: outcomes.map((o) => ({ ...o.participant, idempotent: o.ok ? o.reply.idempotent : false })) },

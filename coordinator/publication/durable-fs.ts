@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
-import { closeSync, fsyncSync, openSync, renameSync, unlinkSync, writeSync } from "node:fs";
+import { closeSync, fsync, fsyncSync, openSync, renameSync, unlinkSync, writeSync } from "node:fs";
 import { open, rename, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
+import { promisify } from "node:util";
 
 /** fsync a directory so a rename inside it survives a crash. */
 export async function fsyncDirectory(dir: string): Promise<void> {
@@ -73,10 +74,13 @@ export async function replaceFileDurably(path: string, data: string | Uint8Array
 /** Alias of `replaceFileDurably` (temp file, fsync, rename, directory fsync). */
 export const writeFileDurably = replaceFileDurably;
 
-// ---- blocking variants -------------------------------------------------------------------------
-// For the few small files on a critical path where the caller has nothing else to do meanwhile
-// (publication): every async fs call is a thread-pool round trip, and a durable replace takes
-// eight of them, which measurably costs more than the fsync itself on a busy 2-core machine.
+// ---- mostly blocking variant --------------------------------------------------------------------
+// For the few small files on a critical path (publication): every async fs call is a thread-pool
+// round trip, and a durable replace takes eight of them, which measurably costs more than the
+// writes on a busy 2-core machine. Here the cheap calls block and only the file's fsync (the one
+// slow call) goes to the thread pool, so replies in flight (the resume) are handled meanwhile.
+
+const fsyncInPool = promisify(fsync);
 
 export function fsyncDirectorySync(dir: string): void {
   const fd = openSync(dir, "r");
@@ -87,15 +91,15 @@ export function fsyncDirectorySync(dir: string): void {
   }
 }
 
-/** `replaceFileDurably`, blocking: temp file, fsync, rename, directory fsync. */
-export function replaceFileDurablySync(path: string, data: string | Uint8Array): void {
+/** `replaceFileDurably` for a small file: temp file, fsync (in the pool), rename, directory fsync. */
+export async function replaceSmallFileDurably(path: string, data: string | Uint8Array): Promise<void> {
   const temp = tempPathFor(path);
   try {
     const fd = openSync(temp, "wx");
     try {
       const bytes = typeof data === "string" ? Buffer.from(data) : data;
       for (let offset = 0; offset < bytes.byteLength; ) offset += writeSync(fd, bytes, offset);
-      fsyncSync(fd);
+      await fsyncInPool(fd);
     } finally {
       closeSync(fd);
     }

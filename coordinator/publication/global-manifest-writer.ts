@@ -14,7 +14,7 @@ import {
   type ParticipantEntry,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { discardStagedFile, fsyncDirectory, replaceFileDurably, replaceFileDurablySync, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
+import { discardStagedFile, fsyncDirectory, replaceFileDurably, replaceSmallFileDurably, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
 import { applyRetention, removeTrash } from "./retention.js";
 
 export interface PublishInput {
@@ -27,7 +27,7 @@ export interface PublishInput {
   restarts: string[];
   participants: ParticipantEntry[];
   controllerState: ControllerStateInput | null;
-  /** Called right before the synchronous writes; throwing (e.g. leadership lost) writes nothing. */
+  /** Called before checkpoint.json is written and again before LATEST is renamed; throwing (e.g. leadership lost) stops there. */
   beforeWrite?: () => void;
 }
 
@@ -111,9 +111,9 @@ export class GlobalManifestWriter {
       };
       const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
       input.beforeWrite?.();
-      // Blocking I/O on purpose: nothing else is in flight for this checkpoint, and the thread-pool
-      // round trips of the async calls cost more than the writes (docs/benchmarks.md).
-      replaceFileDurablySync(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);
+      await replaceSmallFileDurably(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);
+      // Again after the fsync's wait: a successor that took over meanwhile repairs LATEST itself.
+      input.beforeWrite?.();
       renameSync(latest.temp, latest.target);
       // The root's fsync (LATEST's rename) leaves the critical path: until it is done the journal
       // entry stays (the engine removes it after `durable()`), so after an OS crash that lost the

@@ -105,6 +105,13 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private readonly retired = new RetiredMarks();
   /** Replies per (id, op), with the arguments they answered (a retry must ask the same). */
   private readonly cache = new Map<string, { reply: unknown; args: string }>();
+  /**
+   * Commit replies of the last few checkpoints resumed after they committed. The coordinator
+   * resumes while it publishes, so a successor that finds the decision but no checkpoint.json
+   * re-drives the commit to participants that already resumed: they answer it from here (the
+   * records are durable) instead of refusing it, and the publication completes.
+   */
+  private readonly resumedCommits = new Map<string, { reply: unknown; args: string }>();
   private phase: Phase = "idle";
   private activeId: string | null = null;
   private leaseExpiresAt: number | null = null;
@@ -651,7 +658,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   /** The reply this (id, op) already got; a retry asking something else is a conflict, not a replay. */
   private cached<T>(id: string, op: string, args = ""): T | undefined {
-    const entry = this.cache.get(cacheKey(id, op));
+    const entry = this.cache.get(cacheKey(id, op)) ?? (op === "commit" ? this.resumedCommits.get(id) : undefined);
     if (!entry) return undefined;
     if (entry.args !== args) {
       throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} must name the same directory and scope${op === "commit" ? " and stop flag" : ""}`);
@@ -711,6 +718,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
     if (resumedId !== undefined) {
       this.resumed.add(resumedId);
+      const committed = this.cache.get(cacheKey(resumedId, "commit"));
+      if (committed) {
+        this.resumedCommits.set(resumedId, committed);
+        for (const id of this.resumedCommits.keys()) if (this.resumedCommits.size > RESUMED_COMMITS_KEPT) this.resumedCommits.delete(id);
+      }
       for (const key of [...this.cache.keys()]) if (key.startsWith(`${resumedId}\u0000`)) this.cache.delete(key);
     }
     this.phase = "idle";
@@ -753,6 +765,9 @@ function spanResult(span: Span, op: PhaseOp, result: unknown): void {
       return;
   }
 }
+
+/** How many resumed checkpoints keep their commit reply (a successor re-drives only the newest). */
+const RESUMED_COMMITS_KEPT = 4;
 
 function cacheKey(id: string, op: string): string {
   return `${id}\u0000${op}`;

@@ -23,7 +23,7 @@ beforeEach(() => {
 });
 
 /** Starts a crashing daemon, waits until it serves, asks for a checkpoint and waits for the SIGKILL. */
-async function crashDuringCheckpoint(id: string, at: "before-decision" | "after-decision"): Promise<void> {
+async function crashDuringCheckpoint(id: string, at: "before-decision" | "after-decision" | "during-publication"): Promise<void> {
   // info: the lease's won/ready/lost lines end up in the failure message if the daemon never serves
   const daemon = spawnDaemon(daemonArgs(world, ["--no-http", "--coordinator-id", `crashing-${at}`, "--log-level", "info"]), { GYM_CKPT_TEST_CRASH_AT: at });
   daemons.push(daemon);
@@ -40,7 +40,8 @@ async function crashDuringCheckpoint(id: string, at: "before-decision" | "after-
   expect(daemon.stderr()).toContain(`GYM_CKPT_TEST_CRASH_AT=${at}`);
   const outcome = await pending;
   expect(outcome).toMatchObject({ code: expect.stringMatching(/outcome_unknown|not_leader/) });
-  for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("prepared");
+  const phase = at === "during-publication" ? "idle" : "prepared"; // that crash comes after the resume
+  for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe(phase);
 }
 
 describe("a coordinator process killed with SIGKILL mid-checkpoint", () => {
@@ -55,6 +56,24 @@ describe("a coordinator process killed with SIGKILL mid-checkpoint", () => {
     expect(manifest.epoch).toBe(successor.lease.state().epoch);
     expect((await verifyCheckpoint(catalog, "killed-after")).records).toBe(3);
     expect(await catalog.latest()).toBe("killed-after");
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    await successor.stop();
+    world.coordinators.splice(world.coordinators.indexOf(successor), 1);
+  });
+
+  it("during the publication, after the overlapping resume: the new leader re-drives commit (answered from the kept replies, nothing exported again) and publishes", async () => {
+    await crashDuringCheckpoint("killed-publishing", "during-publication");
+    const exported = hookLog.filter((h) => h.startsWith("export:")).length;
+    expect(exported).toBe(5);
+    const catalog = new CheckpointCatalog(world.root);
+    await expect(catalog.get("killed-publishing")).rejects.toMatchObject({ code: "not_found" });
+    const successor = await world.startCoordinator({ coordinator_id: "successor-3", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+    await successor.whenReady();
+    expect(hookLog.filter((h) => h.startsWith("export:"))).toHaveLength(exported);
+    const manifest = await catalog.get("killed-publishing");
+    expect(manifest.epoch).toBe(successor.lease.state().epoch);
+    expect((await verifyCheckpoint(catalog, "killed-publishing")).records).toBe(3);
+    expect(await catalog.latest()).toBe("killed-publishing");
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
     await successor.stop();
     world.coordinators.splice(world.coordinators.indexOf(successor), 1);

@@ -29,8 +29,9 @@ interface Flags {
 const num = (value: string | undefined) => (value === undefined ? undefined : Number.isFinite(Number(value)) ? Number(value) : value);
 
 /**
- * TEST-ONLY fault injection: GYM_CKPT_TEST_CRASH_AT=before-decision|after-decision makes the daemon
- * SIGKILL itself at that point of a commit, so the suites can check what a successor does.
+ * TEST-ONLY fault injection: GYM_CKPT_TEST_CRASH_AT=before-decision|after-decision|during-publication
+ * makes the daemon SIGKILL itself at that point of a checkpoint, so the suites can check what a
+ * successor does (during-publication: after the overlapping resume, before checkpoint.json).
  */
 function testHooks(): EngineHooks | undefined {
   const at = process.env.GYM_CKPT_TEST_CRASH_AT;
@@ -39,7 +40,17 @@ function testHooks(): EngineHooks | undefined {
     process.stderr.write(`GYM_CKPT_TEST_CRASH_AT=${at}: killing myself\n`);
     process.kill(process.pid, "SIGKILL");
   };
-  return at === "before-decision" ? { beforeDecision: crash } : at === "after-decision" ? { afterDecision: crash } : undefined;
+  switch (at) {
+    case "before-decision":
+      return { beforeDecision: crash };
+    case "after-decision":
+      return { afterDecision: crash };
+    case "during-publication":
+      // checkpoint.json is never written; the resume that overlaps the publication completes first
+      return { beforePublication: () => new Promise<void>(() => undefined), afterResume: crash };
+    default:
+      return undefined;
+  }
 }
 
 export function register(program: Command): void {

@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Kind } from "../../../protocol/index.js";
 import { journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 const STAGE: Record<string, Record<Kind, number>> = {
   prepare: { environment: 0, model: 1, agent: 2, resources: 3 },
@@ -176,6 +177,37 @@ describe("engine ordering", () => {
     expect(await engine.checkpoint({ checkpoint_id: "k2", episode_ids: null, stop: false, controller_state: null })).toEqual(reply);
     fake.set("agent", "a1", "resume", "ok");
     expect((await engine.checkpoint({ checkpoint_id: "k3", episode_ids: null, stop: false, controller_state: null })).resume_failures).toEqual([]);
+  });
+
+  it("the convenience op publishes while the participants resume, and replies once both are done", async () => {
+    let resumedBeforeWrite = -1;
+    const { engine, fake, catalog, journal } = makeEngine(root, {
+      hooks: {
+        beforePublication: async () => {
+          // the resume is not waiting for checkpoint.json: all five complete while it is held here
+          await waitUntil(() => fake.ops("resume").length === 5, "the resume before checkpoint.json", 2000);
+          resumedBeforeWrite = fake.ops("resume").length;
+        },
+      },
+    });
+    const reply = await engine.checkpoint({ checkpoint_id: "o1", episode_ids: null, stop: false, controller_state: null });
+    expect(resumedBeforeWrite).toBe(5);
+    expect(await catalog.latest()).toBe("o1");
+    expect(reply.resume_failures).toEqual([]);
+    expect(engine.openCheckpoint).toBeNull();
+    await journalEmptied(journal);
+  });
+
+  it("a publication that fails while the participants resume fails the op and leaves nothing published or open", async () => {
+    const { engine, fake, catalog, journal } = makeEngine(root);
+    const error = await refusal(engine.checkpoint({ checkpoint_id: "o2", episode_ids: null, stop: false, controller_state: { file: "missing.json" } }));
+    expect(error.code).toBe("not_found");
+    expect(new Set(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).size).toBe(5);
+    await expect(catalog.get("o2")).rejects.toMatchObject({ code: "not_found" });
+    expect(await catalog.latest()).toBeNull();
+    expect(engine.openCheckpoint).toBeNull();
+    await journalEmptied(journal);
+    expect((await refusal(engine.prepare({ checkpoint_id: "o2" }))).code).toBe("stale_checkpoint");
   });
 
   it("a participant that restarted after the checkpoint opened is not sent its messages: its new process never took part", async () => {

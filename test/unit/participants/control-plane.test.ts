@@ -134,6 +134,31 @@ describe("fences and refusals change no state", () => {
     expect(kind.admissionOpen).toBe(true);
   });
 
+  it("answers a commit re-driven after its resume from the kept reply (the last 4 ids), changing nothing", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 }, { step: 3 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const committed = await call("commit", { checkpoint_id: "c1" });
+    await call("resume", { checkpoint_id: "c1" });
+    const before = plane.status();
+    // a successor completing the decision while the predecessor's publication was cut short
+    expect(await call("commit", { checkpoint_id: "c1", epoch: 2 })).toEqual(committed);
+    expect(plane.status()).toEqual({ ...before, epoch: 2 });
+    expect(kind.admissionOpen).toBe(true);
+    expect(kind.hooks().filter((h) => h === "exportRecords")).toHaveLength(1);
+    expect(await refused(call("commit", { checkpoint_id: "c1", epoch: 2, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).toBe("checkpoint_conflict");
+    // a checkpoint resumed before it committed stays refused
+    await call("prepare", { checkpoint_id: "c2", epoch: 2 });
+    await call("resume", { checkpoint_id: "c2", epoch: 2 });
+    expect(await refused(call("commit", { checkpoint_id: "c2", epoch: 2 }))).toBe("stale_checkpoint");
+    for (let i = 3; i <= 6; i++) {
+      await call("prepare", { checkpoint_id: `c${i}`, epoch: 2 });
+      await call("commit", { checkpoint_id: `c${i}`, epoch: 2 });
+      await call("resume", { checkpoint_id: `c${i}`, epoch: 2 });
+    }
+    expect(await refused(call("commit", { checkpoint_id: "c1", epoch: 2 }))).toBe("stale_checkpoint");
+    expect((await call("commit", { checkpoint_id: "c3", epoch: 2 })).manifest.checkpoint_id).toBe("c3");
+  });
+
   it("remembers the last 64 resumed ids", async () => {
     for (let i = 0; i < 65; i++) await call("resume", { checkpoint_id: `old${i}` });
     expect(await refused(call("prepare", { checkpoint_id: "old64" }))).toBe("stale_checkpoint");
