@@ -32,6 +32,7 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
   const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
   const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
   await runCli(async () => {
+    const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
     if (httpUrl) {
       await fn(new HttpControllerClient({ baseUrl: httpUrl, token }));
@@ -44,13 +45,31 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
           nc,
           deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
           token,
-          leaderWaitMs: Number(flags.leaderWaitMs ?? 10_000),
+          leaderWaitMs,
         }),
       );
     } finally {
       await nc.close();
     }
   });
+}
+
+/**
+ * An integer flag within [min, max]; anything else (a fraction, a word, an empty value) is
+ * `invalid_request` naming the flag, before anything is created or connected.
+ */
+export function integerFlag(name: string, value: string, min: number, max?: number): number {
+  const n = Number(value);
+  if (value.trim() === "" || !Number.isSafeInteger(n) || n < min || (max !== undefined && n > max)) {
+    const range = max === undefined ? (min === 1 ? "a positive integer" : `an integer ≥ ${min}`) : `an integer from ${min} to ${max}`;
+    throw new CheckpointError("invalid_request", `--${name} must be ${range}, got ${JSON.stringify(value)}`);
+  }
+  return n;
+}
+
+/** `--metrics-port`: a TCP port, 0 = any free one. */
+export function metricsPortFlag(value: string | undefined): { metricsPort?: number } {
+  return value === undefined ? {} : { metricsPort: integerFlag("metrics-port", value, 0, 65535) };
 }
 
 /** Exit codes: 0 ok, 1 a refusal (code printed), 2 bad usage or configuration. */

@@ -64,7 +64,7 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect(badId.code).toBe(2);
     expect(badId.stderr).toMatch(/^error invalid_request: /);
     // Bad usage (commander's own checks, an unreadable --episodes file) is invalid_request, exit 2.
-    for (const args of [["status", "--bogus"], ["commit"], ["retire", "--episodes", "@/nonexistent/episodes.json"]]) {
+    for (const args of [["status", "--bogus"], ["commit"], ["retire", "--episodes", "@/nonexistent/episodes.json"], ["status", "--leader-wait-ms", "soon"]]) {
       const usage = await cli(args, env);
       expect([usage.code, usage.stderr.split("\n")[0]]).toEqual([2, expect.stringMatching(/^error invalid_request: /)]);
     }
@@ -102,6 +102,8 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect(bad.stderr).toContain("retention");
     expect(bad.stderr).toContain("checkpoint_root");
     expect(bad.stderr).toContain("unknown_key");
+    const badPort = await cli(daemonArgs(world, ["--metrics-port", "70000", "--print-config"]).slice(1));
+    expect([badPort.code, badPort.stderr.trim()]).toEqual([2, 'error invalid_request: --metrics-port must be an integer from 0 to 65535, got "70000"']);
   });
 
   it("the daemon prints its HTTP address (127.0.0.1) and stops cleanly on SIGTERM", async () => {

@@ -10,7 +10,7 @@ import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
 import { createLogger } from "../../telemetry/logger.js";
 import { startTelemetry } from "../../telemetry/telemetry-sdk.js";
-import { runCli, withClientOptions, type ClientFlags } from "../shared.js";
+import { integerFlag, metricsPortFlag, runCli, withClientOptions, type ClientFlags } from "../shared.js";
 
 /** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
 export const EXIT_REQUEUE = 75;
@@ -73,14 +73,11 @@ export function register(program: Command): void {
         return value === undefined ? undefined : n;
       };
       // Counts: a fraction would mean zero workers (--concurrency 0.5) or a half attempt.
-      const positiveInt = (name: string, value: string) => {
-        const n = Number(value);
-        if (!Number.isSafeInteger(n) || n < 1) throw new CheckpointError("invalid_request", `--${name} must be a positive integer, got ${JSON.stringify(value)}`);
-        return n;
-      };
-      const concurrency = positiveInt("concurrency", flags.concurrency);
-      const maxAttempts = positiveInt("max-attempts", flags.maxAttempts);
-      const recordsEveryRows = positiveInt("records-every-rows", flags.recordsEveryRows);
+      const concurrency = integerFlag("concurrency", flags.concurrency, 1);
+      const maxAttempts = integerFlag("max-attempts", flags.maxAttempts, 1);
+      const recordsEveryRows = integerFlag("records-every-rows", flags.recordsEveryRows, 1);
+      const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
+      const metricsPort = metricsPortFlag(flags.metricsPort);
       const checkpointEverySeconds = positive("checkpoint-every", flags.checkpointEvery);
       const checkpointTimeoutSeconds = positive("checkpoint-timeout-s", flags.checkpointTimeoutS)!;
       const runTimeoutSeconds = positive("run-timeout-s", flags.runTimeoutS)!;
@@ -96,7 +93,7 @@ export function register(program: Command): void {
       const telemetry = await startTelemetry({
         serviceName: "gym-ckpt-collect",
         ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
-        ...(flags.metricsPort !== undefined && { metricsPort: Number(flags.metricsPort) }),
+        ...metricsPort,
       });
       if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
       const logger = createLogger(flags.logLevel as Parameters<typeof createLogger>[0]);
@@ -107,7 +104,7 @@ export function register(program: Command): void {
         nc,
         deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
         token,
-        leaderWaitMs: Number(flags.leaderWaitMs ?? 10_000),
+        leaderWaitMs,
       });
       const collector = new Collector({
         rows,

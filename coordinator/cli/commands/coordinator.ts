@@ -4,7 +4,7 @@ import { startCoordinator } from "../../daemon/coordinator-daemon.js";
 import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
 import { observeLeadership, startTelemetry } from "../../telemetry/telemetry-sdk.js";
-import { printJson, runCli } from "../shared.js";
+import { metricsPortFlag, printJson, runCli } from "../shared.js";
 
 interface Flags {
   config?: string;
@@ -76,6 +76,7 @@ export function register(program: Command): void {
     .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port (env OTEL_EXPORTER_PROMETHEUS_PORT)")
     .action(async (flags: Flags, command: Command) => {
       await runCli(async () => {
+        const metricsPort = metricsPortFlag(flags.metricsPort);
         const httpSource = command.getOptionValueSource("http");
         const config = loadConfig({
           file: flags.config,
@@ -104,7 +105,7 @@ export function register(program: Command): void {
           serviceName: "gym-ckpt-coordinator",
           ...(config.coordinator_id && { serviceInstanceId: config.coordinator_id }),
           ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
-          ...(flags.metricsPort !== undefined && { metricsPort: Number(flags.metricsPort) }),
+          ...metricsPort,
         });
         if (telemetry.metricsUrl) process.stdout.write(`metrics ${telemetry.metricsUrl}\n`);
         const logger = createLogger(config.log_level);

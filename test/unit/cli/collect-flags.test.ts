@@ -69,6 +69,17 @@ describe("gym-ckpt collect flags", () => {
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
 
+  it.each([
+    ["--metrics-port", "-1", "an integer from 0 to 65535"],
+    ["--metrics-port", "http", "an integer from 0 to 65535"],
+    ["--leader-wait-ms", "1.5", "an integer ≥ 0"],
+    ["--leader-wait-ms", "", "an integer ≥ 0"],
+  ])("refuses %s %j (invalid_request, exit 2) before creating anything", async (flag, value, range) => {
+    expect(await collect("--run-url", "http://127.0.0.1:1/run", flag, value)).toBe(2);
+    expect(stderr).toContain(`error invalid_request: ${flag} must be ${range}, got ${JSON.stringify(value)}`);
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
   it("refuses --json, which collect cannot honour (invalid_request, exit 2)", async () => {
     expect(await collect("--run-url", "http://127.0.0.1:1/run", "--json")).toBe(2);
     expect(stderr).toContain("error invalid_request: --json");
