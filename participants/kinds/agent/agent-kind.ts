@@ -68,7 +68,7 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
         legacy_episodes: this.legacy.steps.size,
         restored_pending: this.sessions.restoredPending + this.legacy.pendingCount,
       },
-      restarts: this.legacy.steps.restarts(),
+      restarts: [...this.sessions.restarts(), ...this.legacy.steps.restarts()],
     };
   }
 

@@ -7,7 +7,9 @@ import type { Boundary } from "../environment/episode-steps.js";
  * `running` inside one, and `at_boundary` while parked or while it awaits a policy call made right
  * after a boundary (the policy holds that response during a checkpoint, so the loop cannot move on).
  * Once that call's response has arrived the call counts as delivered, so the session is `running`
- * again until its next boundary, even while a checkpoint is open.
+ * again until its next boundary, even while a checkpoint is open. An activation that ends after a
+ * delivered call without reporting a boundary leaves a snapshot older than that call: the session
+ * is a restart (never exported) until a later activation reports a boundary.
  */
 export type SessionState = "idle" | "running" | "at_boundary";
 
@@ -37,6 +39,8 @@ interface Session {
   freshBoundary: boolean;
   /** A policy call made at the latest boundary got its response: that boundary is stale until the next one. */
   delivered: boolean;
+  /** An activation ended with `delivered` set: continuing from the snapshot would repeat that call. */
+  stale: boolean;
   activation: { abort: AbortController; done: Promise<void> } | undefined;
 }
 
@@ -81,6 +85,11 @@ export class AgentSessions {
     return [...this.sessions.values()].filter((s) => s.state === "running").map((s) => captureKey(s.episode));
   }
 
+  /** Idle sessions whose snapshot is stale: the controller restarts them from input. */
+  restarts(): string[] {
+    return [...this.sessions.values()].filter((s) => s.stale && s.state === "idle").map((s) => captureKey(s.episode));
+  }
+
   close(): void {
     this.gate.close();
     this.onChange();
@@ -88,6 +97,8 @@ export class AgentSessions {
 
   open(): void {
     this.gate.open();
+    // Activations that ended stale while admission was closed stop blocking: restarts from now on.
+    for (const s of this.sessions.values()) if (s.stale && !s.activation && s.state === "running") s.state = "idle";
     this.onChange();
   }
 
@@ -105,7 +116,7 @@ export class AgentSessions {
       return { restored: existing.restored !== undefined };
     }
     if (this.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; no new sessions until resume");
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, activation: undefined });
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, activation: undefined });
     this.onChange();
     return { restored: false };
   }
@@ -148,6 +159,7 @@ export class AgentSessions {
         s.snapshot = snapshot;
         s.freshBoundary = true;
         s.delivered = false;
+        s.stale = false;
         if (this.gate.closed) await waitParked();
       },
       awaitingModel: async (call) => {
@@ -171,7 +183,7 @@ export class AgentSessions {
       park: async () => {
         abort.signal.throwIfAborted();
         // Not at a boundary after a delivered call: wait as a blocker rather than export the stale one.
-        setState(s.delivered ? "running" : "at_boundary");
+        setState(s.delivered || s.stale ? "running" : "at_boundary");
         try {
           if (!this.gate.closed) await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
           await this.gate.waitOpen(abort.signal);
@@ -187,8 +199,11 @@ export class AgentSessions {
       // caller that has not received the result yet continues from it instead of starting over.
       s.activation = undefined;
       s.freshBoundary = false;
+      if (s.delivered) s.stale = true;
       s.delivered = false;
-      if (this.sessions.get(key) === s) this.setState(s, "idle");
+      // A stale session becomes a restart, but not while a checkpoint is open (its restart set is
+      // fixed at prepare): until resume it blocks instead.
+      if (this.sessions.get(key) === s) this.setState(s, s.stale && this.gate.closed ? "running" : "idle");
       finished();
       this.onChange();
     });
@@ -211,7 +226,7 @@ export class AgentSessions {
   exportable(scope: EpisodeId[] | null): ExportedSession[] {
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
     return [...this.sessions.values()]
-      .filter((s) => s.state !== "running" && (!wanted || wanted.has(captureKey(s.episode))))
+      .filter((s) => s.state !== "running" && !s.stale && (!wanted || wanted.has(captureKey(s.episode))))
       .map((s) => ({
         key: s.key,
         episode: s.episode,
@@ -231,6 +246,7 @@ export class AgentSessions {
         restored: item.boundary,
         freshBoundary: false,
         delivered: false,
+        stale: false,
         activation: undefined,
       });
     }

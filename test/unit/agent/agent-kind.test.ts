@@ -86,7 +86,7 @@ class ScriptedPolicy {
   }
 }
 
-/** A turn loop: boundary before each model call, tool round, boundary after it. */
+/** A turn loop: boundary before each model call, tool round; a final boundary holds the answer (as the reference loop's). */
 function turnLoop(policy: ScriptedPolicy, snapshots: { count: number }) {
   return async (a: Activation) => {
     const restored = a.continuation();
@@ -110,7 +110,11 @@ function turnLoop(policy: ScriptedPolicy, snapshots: { count: number }) {
           throw error;
         }
       }
-      if (!reply.startsWith("tool")) return { answer: reply, messages: messages.length };
+      if (!reply.startsWith("tool")) {
+        const final = [...messages, "assistant"];
+        await a.boundary(() => ({ messages: final, answer: reply }));
+        return { answer: reply, messages: messages.length };
+      }
       messages.push("assistant", "tool-result");
     }
     throw new Error("too many rounds");
@@ -139,8 +143,8 @@ describe("agent participant", () => {
     policy.calls[1]!.answer("42");
     expect(await run).toEqual({ answer: "42", messages: 4 });
     expect(kind.sessions.stateOf("s1")).toBe("idle");
-    // An idle session is exported at its activation's latest boundary, never as "start over".
-    expect((await kind.exportRecords([ep("s1")])).map((r) => r.boundary)).toEqual([{ messages: ["system", "user", "assistant", "tool-result"] }]);
+    // An idle session is exported at its activation's final boundary, never as "start over".
+    expect((await kind.exportRecords([ep("s1")])).map((r) => r.boundary)).toEqual([{ messages: ["system", "user", "assistant", "tool-result", "assistant"], answer: "42" }]);
     await kind.closeSession(ep("s1"));
     expect(kind.hasLiveState()).toBe(false);
   });
@@ -235,6 +239,53 @@ describe("agent participant", () => {
     expect(kind.readiness().blockers).toEqual(["q"]);
     expect(kind.sessions.exportable(null)).toEqual([]);
     expect(await run).toBe("done");
+  });
+
+  it("an activation ending after a delivered policy call without a boundary makes its session a restart, never exported at the stale boundary", async () => {
+    const { kind, call } = fresh();
+    kind.openSession(ep("e"));
+    expect(
+      await kind.activate(ep("e"), async (a) => {
+        await a.boundary(() => ({ messages: ["S0"] }));
+        return a.awaitingModel(Promise.resolve("final answer")); // no boundary reported after it
+      }),
+    ).toBe("final answer");
+    expect(kind.sessions.stateOf("e")).toBe("idle");
+    expect(kind.readiness()).toMatchObject({ blockers: [], restarts: ["e"] });
+    const prepared = await call("prepare", { checkpoint_id: "c1" });
+    expect(prepared.report.restarts).toEqual(["e"]);
+    expect(await code(() => call("commit", { checkpoint_id: "c1", episode_ids: [ep("e")] }))).toBe("restart_in_scope");
+    expect((await call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual([]);
+    await call("resume", { checkpoint_id: "c1" });
+    // a later activation that reports a boundary makes it continuable again
+    await kind.activate(ep("e"), async (a) => a.boundary(() => ({ messages: ["S0", "final answer", "S2"] })));
+    expect(kind.readiness().restarts).toEqual([]);
+    expect((await kind.exportRecords(null)).map((r) => r.boundary)).toEqual([{ messages: ["S0", "final answer", "S2"] }]);
+  });
+
+  it("one ending that way while a checkpoint is open blocks until resume (the restart set is fixed at prepare), then is a restart", async () => {
+    const { kind, call } = fresh();
+    kind.openSession(ep("f"));
+    let respond!: (reply: string) => void;
+    const ending = latch();
+    const run = kind.activate(ep("f"), async (a) => {
+      await a.boundary(() => ({ messages: ["S0"] }));
+      const reply = await a.awaitingModel(new Promise<string>((resolve) => (respond = resolve)));
+      await ending.promise;
+      return reply;
+    });
+    await flush();
+    expect((await call("prepare", { checkpoint_id: "c1" })).report.restarts).toEqual([]);
+    respond("S1");
+    ending.open();
+    expect(await run).toBe("S1");
+    expect(kind.sessions.stateOf("f")).toBe("running");
+    expect(kind.readiness()).toMatchObject({ blockers: ["f"], restarts: [] });
+    expect(kind.sessions.exportable(null)).toEqual([]);
+    expect(await code(() => call("commit", { checkpoint_id: "c1" }))).toBe("invalid_phase");
+    await call("resume", { checkpoint_id: "c1" });
+    expect(kind.sessions.stateOf("f")).toBe("idle");
+    expect(kind.readiness()).toMatchObject({ blockers: [], restarts: ["f"] });
   });
 
   it("open_session: refused while closed, stale_attempt for another attempt; restored sessions re-bound by the next attempt continue once", async () => {
