@@ -162,7 +162,7 @@ export const CtlCheckpointReplySchema = z
     participants: z.number().int().min(0),
     restarts: z.array(z.string()),
     deleted: z.array(z.string()),
-    /** Participants that failed to resume after publication (each resumes when its lease expires). */
+    /** Participants that failed to resume (it ran beside the publication; each resumes when its lease expires). */
     resume_failures: z.array(z.object({ ...ParticipantRef, ...ParticipantErrorSchema.shape }).strict()),
     timings_ms: z.object({ prepare: z.number(), commit: z.number(), publish: z.number(), resume: z.number() }).strict(),
   })

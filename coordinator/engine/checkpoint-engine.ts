@@ -179,7 +179,12 @@ export class CheckpointEngine {
   }
 
   resume(request: CtlRequestOf<"resume">): Promise<CtlReplyOf<"resume">> {
-    return this.op("resume", request.checkpoint_id, (ctx) => this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx));
+    return this.op("resume", request.checkpoint_id, async (ctx) => {
+      // A controller abandoning a decided, unpublished checkpoint: withdrawn first (see abortDecided).
+      const open = this.open;
+      if (open?.id === request.checkpoint_id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
+      return this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx);
+    });
   }
 
   /** Extends every participant's lease (all at once), e.g. while a long publication runs. */
@@ -221,12 +226,10 @@ export class CheckpointEngine {
       }
       const t1 = performance.now();
       let commit: CtlReplyOf<"commit">;
-      let published: CtlReplyOf<"publish">;
       try {
         commit = await this.doCommit(id, deadlineMs, request.episode_ids, request.stop, ctx);
       } catch (error) {
-        await this.abort(id, deadlineMs, ctx);
-        throw error;
+        throw await this.abortDecided(id, deadlineMs, ctx, error);
       }
       const t2 = performance.now();
       // Publication and the resume run side by side; the reply waits for both. A participant that
@@ -235,31 +238,27 @@ export class CheckpointEngine {
       const open = this.requireOpen(id, "checkpoint");
       const resuming = request.stop ? undefined : this.resumeStages(open, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx);
       const publishing = this.doPublish(id, request.controller_state, false);
-      let resumeFailures: Failure[] = [];
       let t3 = t2;
       let t4 = t2;
-      try {
-        [published] = await Promise.all([
-          publishing.finally(() => (t3 = performance.now())),
-          resuming?.then(async (resumed) => {
-            resumeFailures = resumed.failures;
-            t4 = performance.now();
-            await this.options.hooks?.afterResume?.(id);
-          }),
-        ]);
-      } catch (error) {
-        // Not published (or leadership lost): abort, as after a failed commit (a second resume is
-        // idempotent where the first one got through).
-        await Promise.allSettled([publishing, resuming]);
-        await this.abort(id, deadlineMs, ctx);
-        throw error;
-      }
-      // Closed only now: the journal entry may go once LATEST is durable. A participant that failed
-      // to resume (it resumes when its lease expires) is reported in the reply, not as the op's
-      // failure, so the controller knows this checkpoint is its latest and a retry gets the same reply.
+      const [publication, resumption] = await Promise.allSettled([
+        publishing.finally(() => (t3 = performance.now())),
+        resuming?.then(async (resumed) => {
+          t4 = performance.now();
+          await this.options.hooks?.afterResume?.(id);
+          return resumed.failures;
+        }),
+      ]);
+      if (publication.status === "rejected") throw await this.abortDecided(id, deadlineMs, ctx, publication.reason);
+      // Only a lost leadership rejects the resume (its sends assert it): the op then reports
+      // outcome_unknown, and the successor finishes the published checkpoint.
+      if (resumption.status === "rejected") throw resumption.reason;
+      // A participant that failed to resume (it resumes when its lease expires) is reported in the
+      // reply, not as the op's failure, so the controller knows this checkpoint is its latest and a
+      // retry gets the same reply. Closed only now: the journal entry may go once LATEST is durable.
+      const resumeFailures = resumption.value ?? [];
       this.close(id);
       // Retention after the resume: deleting old checkpoints need not keep everyone paused.
-      published = { ...published, deleted: this.retainAfter(id, prepared.epoch) };
+      const published = { ...publication.value, deleted: this.retainAfter(id, prepared.epoch) };
       return this.remember(id, "checkpoint", args, {
         checkpoint_id: id,
         epoch: prepared.epoch,
@@ -511,11 +510,18 @@ export class CheckpointEngine {
           await this.doCommit(open.id, deadlineMs, entry.scope, entry.stop, undefined);
         } catch (error) {
           log.warn({ err: error }, "recovery_commit_failed_resuming");
-          await this.abort(open.id, deadlineMs, undefined);
+          await this.abortDecided(open.id, deadlineMs, undefined, error);
           return "commit_failed_resumed";
         }
         if (!entry.auto_publish) return "committed";
-        await this.doPublish(open.id, entry.controller_state);
+        try {
+          await this.doPublish(open.id, entry.controller_state);
+        } catch (error) {
+          // e.g. its controller-state file is missing: left open, it would refuse every new checkpoint
+          log.warn({ err: error }, "recovery_publish_failed_resuming");
+          await this.abortDecided(open.id, deadlineMs, undefined, error);
+          return "publish_failed_resumed";
+        }
         if (entry.stop) {
           this.close(open.id);
           this.rememberRecovered(open, []);
@@ -581,7 +587,7 @@ export class CheckpointEngine {
       return o?.ok === true && o.reply.checkpoint_id === open.id && o.reply.phase !== "idle";
     });
     if (open.autoPublish && holders.length) {
-      // The convenience op resumes right after it publishes, and its controller saw it fail: finish
+      // The convenience op resumes as it publishes, and its controller saw it fail: finish
       // it here. Only the processes still holding it are resumed: a fresh one would fence the id
       // that a later restore of LATEST needs (an unreachable one resumes when its lease expires).
       log.info({ state: "published", holders: holders.length }, "recovery_published_resumed");
@@ -843,6 +849,35 @@ export class CheckpointEngine {
       resume_failures: failureRefs(failures),
       timings_ms: { prepare: 0, commit: 0, publish: 0, resume: 0 },
     });
+  }
+
+  /**
+   * Aborts a checkpoint after a failed commit or publication and returns the error its controller
+   * gets. The decision is withdrawn first (the entry goes back to `open`): participants answer a
+   * re-driven commit from the reply they keep after resuming, so a successor finding `decided`
+   * would publish a checkpoint its controller was told had failed. If it cannot be withdrawn, a
+   * successor may still complete it, which the controller learns as `outcome_unknown`.
+   */
+  private async abortDecided(id: string, deadlineMs: number, ctx: Context | undefined, error: unknown): Promise<unknown> {
+    const open = this.open;
+    const withdrawn =
+      open?.id !== id ||
+      (await this.withdrawDecision(open).then(
+        () => true,
+        (cause: unknown) => {
+          this.log.warn({ checkpoint_id: id, err: cause }, "abort_decision_not_withdrawn");
+          return false;
+        },
+      ));
+    await this.abort(id, deadlineMs, ctx);
+    if (withdrawn) return error;
+    const detail = error instanceof Error ? error.message : String(error);
+    return new CheckpointError("outcome_unknown", `checkpoint ${id} failed after its commit was decided (${detail}) and the decision could not be withdrawn, so a successor may still complete it; retry with the same checkpoint id once a leader serves`, { cause: error });
+  }
+
+  /** Journals `open` as undecided again (presumed abort: recovery resumes it rather than commit it). */
+  private withdrawDecision(open: OpenCheckpoint): Promise<void> {
+    return this.journal(open, "open");
   }
 
   /** Best-effort abort after a failed step of the convenience op; the original error is what the caller sees. */

@@ -91,8 +91,11 @@ export function fsyncDirectorySync(dir: string): void {
   }
 }
 
-/** `replaceFileDurably` for a small file: temp file, fsync (in the pool), rename, directory fsync. */
-export async function replaceSmallFileDurably(path: string, data: string | Uint8Array): Promise<void> {
+/**
+ * `replaceFileDurably` for a small file: temp file, fsync (in the pool), rename, directory fsync.
+ * `beforeRename` runs after the fsync's wait; throwing there leaves the target untouched.
+ */
+export async function replaceSmallFileDurably(path: string, data: string | Uint8Array, beforeRename?: () => void): Promise<void> {
   const temp = tempPathFor(path);
   try {
     const fd = openSync(temp, "wx");
@@ -103,6 +106,7 @@ export async function replaceSmallFileDurably(path: string, data: string | Uint8
     } finally {
       closeSync(fd);
     }
+    beforeRename?.();
     renameSync(temp, path);
   } catch (error) {
     try {

@@ -27,7 +27,7 @@ export interface PublishInput {
   restarts: string[];
   participants: ParticipantEntry[];
   controllerState: ControllerStateInput | null;
-  /** Called before checkpoint.json is written and again before LATEST is renamed; throwing (e.g. leadership lost) stops there. */
+  /** Called before checkpoint.json is written, before it is renamed into place and before LATEST is renamed; throwing (e.g. leadership lost) stops there. */
   beforeWrite?: () => void;
 }
 
@@ -111,8 +111,9 @@ export class GlobalManifestWriter {
       };
       const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
       input.beforeWrite?.();
-      await replaceSmallFileDurably(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`);
-      // Again after the fsync's wait: a successor that took over meanwhile repairs LATEST itself.
+      // Checked again after the fsync's wait, before each rename: a successor that took over
+      // meanwhile publishes (or repairs LATEST) itself.
+      await replaceSmallFileDurably(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`, input.beforeWrite);
       input.beforeWrite?.();
       renameSync(latest.temp, latest.target);
       // The root's fsync (LATEST's rename) leaves the critical path: until it is done the journal

@@ -485,6 +485,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       }
       this.phase = "restored";
       this.activeId = id;
+      this.resumedCommits.delete(id); // its commit reply (if this process made it) is no longer the state here
       participantInstruments().episodes.add(read.records.length ? new Set(read.records.map((r) => captureKey(r.episode_id))).size : 0, {
         outcome: "continued",
         kind: this.adapter.kind,
@@ -658,7 +659,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   /** The reply this (id, op) already got; a retry asking something else is a conflict, not a replay. */
   private cached<T>(id: string, op: string, args = ""): T | undefined {
-    const entry = this.cache.get(cacheKey(id, op)) ?? (op === "commit" ? this.resumedCommits.get(id) : undefined);
+    const entry = this.cache.get(cacheKey(id, op)) ?? (op === "commit" && this.resumed.has(id) ? this.resumedCommits.get(id) : undefined);
     if (!entry) return undefined;
     if (entry.args !== args) {
       throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} must name the same directory and scope${op === "commit" ? " and stop flag" : ""}`);

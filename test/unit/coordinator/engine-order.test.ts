@@ -202,12 +202,50 @@ describe("engine ordering", () => {
     const { engine, fake, catalog, journal } = makeEngine(root);
     const error = await refusal(engine.checkpoint({ checkpoint_id: "o2", episode_ids: null, stop: false, controller_state: { file: "missing.json" } }));
     expect(error.code).toBe("not_found");
+    // The decision is withdrawn before the abort's resume: participants keep their commit replies
+    // after resuming, so a successor finding `decided` would publish what its controller saw fail.
+    expect(journal.log.filter((e) => e.op === "record").map((e) => e.state)).toEqual(["open", "decided", "open"]);
+    const withdrawn = fake.events.lastIndexOf("journal:open");
+    expect(fake.events.slice(withdrawn + 1).filter((e) => e.startsWith("resume:"))).toHaveLength(5);
     expect(new Set(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).size).toBe(5);
     await expect(catalog.get("o2")).rejects.toMatchObject({ code: "not_found" });
     expect(await catalog.latest()).toBeNull();
     expect(engine.openCheckpoint).toBeNull();
     await journalEmptied(journal);
     expect((await refusal(engine.prepare({ checkpoint_id: "o2" }))).code).toBe("stale_checkpoint");
+  });
+
+  it("a decision that cannot be withdrawn after a failed publication: everyone resumed, the op answers outcome_unknown", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    const record = journal.record.bind(journal);
+    journal.record = async (entry) => {
+      if (entry.state === "open" && journal.entries.get(entry.checkpoint_id)?.state === "decided") throw new Error("KV unavailable");
+      await record(entry);
+    };
+    const error = await refusal(engine.checkpoint({ checkpoint_id: "o3", episode_ids: null, stop: false, controller_state: { file: "missing.json" } }));
+    expect(error.code).toBe("outcome_unknown");
+    expect(error.message).toContain("could not be withdrawn");
+    expect(new Set(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).size).toBe(5);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
+  it("resume of a committed, unpublished checkpoint withdraws its decision first; if it cannot, nothing is sent", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "o4" });
+    await engine.commit({ checkpoint_id: "o4", episode_ids: null, stop: false });
+    const record = journal.record.bind(journal);
+    let failing = true;
+    journal.record = async (entry) => {
+      if (failing) throw new Error("KV unavailable");
+      await record(entry);
+    };
+    await expect(engine.resume({ checkpoint_id: "o4" })).rejects.toThrow("KV unavailable"); // internal_error on the APIs
+    expect(fake.ops("resume")).toHaveLength(0);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "o4", phase: "committed" });
+    failing = false;
+    await engine.resume({ checkpoint_id: "o4" });
+    expect(journal.log.filter((e) => e.op === "record").map((e) => e.state)).toEqual(["open", "decided", "open"]);
+    expect(fake.ops("resume")).toHaveLength(5);
   });
 
   it("a participant that restarted after the checkpoint opened is not sent its messages: its new process never took part", async () => {
@@ -420,6 +458,20 @@ describe("HA hooks and recovery", () => {
     expect(second.fake.ops("resume")).toHaveLength(5);
     expect((await second.catalog.get("c9")).checkpoint_id).toBe("c9");
     await journalEmptied(second.journal);
+  });
+
+  it("recovery whose publication of a decided checkpoint fails withdraws the decision and resumes everyone, leaving nothing open", async () => {
+    const second = makeEngine(root);
+    await second.journal.record(
+      journalEntry({ checkpoint_id: "c12", state: "decided", participants: second.fake.members, checkpoint_dir: join(root, "c12"), controller_state: { file: "gone.json" } }),
+    );
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "c12", action: "publish_failed_resumed" }]);
+    expect(second.fake.ops("commit")).toHaveLength(5);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect(second.engine.openCheckpoint).toBeNull();
+    expect(second.journal.log.filter((e) => e.op === "record").map((e) => e.state)).toEqual(["decided", "decided", "open"]);
+    await journalEmptied(second.journal);
+    expect((await second.engine.checkpoint({ checkpoint_id: "c13", episode_ids: null, stop: false, controller_state: null })).checkpoint_id).toBe("c13");
   });
 
   it("recovery of an undecided checkpoint resumes everyone (presumed abort)", async () => {

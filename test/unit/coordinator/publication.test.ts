@@ -47,7 +47,7 @@ async function writeParticipant(id: string, kind: "model" | "agent", instance: s
   };
 }
 
-async function publish(writer: GlobalManifestWriter, id: string, at: number, state: unknown = null) {
+async function publish(writer: GlobalManifestWriter, id: string, at: number, state: unknown = null, beforeWrite?: () => void) {
   const entries = [
     await writeParticipant(id, "model", "m1", ['{"episode_id":{"rollout_id":"r1","attempt":0},"x":1}', '{"episode_id":{"rollout_id":"r2","attempt":1}}']),
     await writeParticipant(id, "agent", "a1", []),
@@ -62,6 +62,7 @@ async function publish(writer: GlobalManifestWriter, id: string, at: number, sta
     restarts: ["r9"],
     participants: entries,
     controllerState: state as never,
+    ...(beforeWrite && { beforeWrite }),
   });
 }
 
@@ -86,6 +87,22 @@ describe("publication and retention", () => {
     expect(GlobalManifestSchema.parse(onDisk)).toEqual(onDisk);
     expect(onDisk).toEqual(m);
     expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["c3", "c2"]);
+  });
+
+  it("leadership lost while checkpoint.json's fsync waits: neither checkpoint.json nor LATEST is written", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 100);
+    let checks = 0;
+    const demoted = () => {
+      if (++checks === 2) throw new Error("not the leader any more"); // the check after the fsync
+    };
+    await expect(publish(writer, "c2", 200, null, demoted)).rejects.toThrow("not the leader any more");
+    expect(checks).toBe(2);
+    expect((await readdir(join(root, "c2"))).sort()).toEqual(["gym"]); // no checkpoint.json, no temp file
+    expect((await readFile(join(root, "LATEST"), "utf8")).trim()).toBe("c1");
+    await writer.settled();
+    expect((await readdir(root)).filter((n) => n.startsWith("."))).toEqual([]);
   });
 
   it("deletes only recognisable partial checkpoints; a controller's directory at the root is left and not listed", async () => {

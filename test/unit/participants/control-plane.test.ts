@@ -157,6 +157,9 @@ describe("fences and refusals change no state", () => {
     }
     expect(await refused(call("commit", { checkpoint_id: "c1", epoch: 2 }))).toBe("stale_checkpoint");
     expect((await call("commit", { checkpoint_id: "c3", epoch: 2 })).manifest.checkpoint_id).toBe("c3");
+    // only while the id is still in the resumed fence (the last 64)
+    for (let i = 0; i < 64; i++) await call("resume", { checkpoint_id: `other${i}`, epoch: 2 });
+    expect(await refused(call("commit", { checkpoint_id: "c6", epoch: 2 }))).toBe("invalid_phase");
   });
 
   it("remembers the last 64 resumed ids", async () => {
