@@ -586,10 +586,17 @@ export class CheckpointEngine {
       const o = statusOf(m);
       return o?.ok === true && o.reply.checkpoint_id === open.id && o.reply.phase !== "idle";
     });
-    if (open.autoPublish && holders.length) {
+    if (open.autoPublish) {
       // The convenience op resumes as it publishes, and its controller saw it fail: finish
       // it here. Only the processes still holding it are resumed: a fresh one would fence the id
-      // that a later restore of LATEST needs (an unreachable one resumes when its lease expires).
+      // that a later restore of LATEST needs (an unreachable one resumes when its lease expires,
+      // so it does not keep the checkpoint open either).
+      if (holders.length === 0) {
+        log.info({ state: "published" }, "recovery_published_closed");
+        this.close(open.id);
+        this.rememberRecovered(open, []);
+        return "published_closed";
+      }
       log.info({ state: "published", holders: holders.length }, "recovery_published_resumed");
       open.members = holders;
       await this.finishRecovered(open, this.options.clock.now() + this.options.defaultTimeoutMs, log);
@@ -600,7 +607,6 @@ export class CheckpointEngine {
     if (!held) {
       log.info({ state: "published" }, "recovery_published_closed");
       this.close(open.id);
-      if (open.autoPublish) this.rememberRecovered(open, []);
       return "published_closed";
     }
     // Left open: the controller's resume closes it, or the next controller's restore does.

@@ -100,6 +100,17 @@ describe("recovery of a published, unresumed checkpoint", () => {
     expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "x3", phase: "restored" });
   });
 
+  it("of the convenience op, with the others resumed and one not answering its status: closed (that one resumes by its lease), a retry gets the reply", async () => {
+    const entry = await publishedNotResumed("x9");
+    const second = await successor({ ...entry, auto_publish: true });
+    second.fake.set("agent", "a1", "status", "unreachable");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x9", action: "published_closed" }]);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toBeNull();
+    expect(await second.engine.checkpoint({ checkpoint_id: "x9", episode_ids: null, stop: false, controller_state: null })).toMatchObject({ checkpoint_id: "x9", participants: 5 });
+    expect(second.fake.ops("prepare")).toHaveLength(0);
+  });
+
   it("a participant that does not answer its status may still hold it: stays open", async () => {
     const entry = await publishedNotResumed("x4");
     const second = await successor(entry);
