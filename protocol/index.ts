@@ -200,3 +200,5 @@ export type {
   EncodedRolloutRecords,
   RunTrajectory,
 } from "./rollout-records.js";
+export { DEFAULT_NATS_URL, natsServers, natsSettings } from "./nats-connection.js";
+export type { NatsConnectionSettings } from "./nats-connection.js";

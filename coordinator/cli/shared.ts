@@ -1,6 +1,6 @@
 import { connect } from "@nats-io/transport-node";
 import type { Command } from "commander";
-import { CheckpointError, EpisodeIdSchema, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, natsSettings, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
 import { readFileSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -38,7 +38,7 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
       await fn(new HttpControllerClient({ baseUrl: httpUrl, token }));
       return;
     }
-    const nc = await connect({ servers: (flags.natsUrl ?? env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222").split(",") });
+    const nc = await connect(natsSettings(flags.natsUrl));
     try {
       await fn(
         new NatsControllerClient({

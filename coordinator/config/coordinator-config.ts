@@ -1,6 +1,6 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
-import { DeploymentSchema } from "../../protocol/index.js";
+import { DEFAULT_NATS_URL, DeploymentSchema } from "../../protocol/index.js";
 
 /** Effective configuration of `gym-ckpt coordinator`: defaults < file < env GYM_CKPT_* < flags. */
 export const CoordinatorConfigSchema = z
@@ -8,13 +8,13 @@ export const CoordinatorConfigSchema = z
     deployment: DeploymentSchema.default("default"),
     nats: z
       .object({
-        servers: z.string().min(1).default("nats://127.0.0.1:4222"),
+        servers: z.string().min(1).default(DEFAULT_NATS_URL),
         user: z.string().optional(),
         pass: z.string().optional(),
         token: z.string().optional(),
       })
       .strict()
-      .default({ servers: "nats://127.0.0.1:4222" }),
+      .default({ servers: DEFAULT_NATS_URL }),
     /** Bearer token of the participants' control subjects. */
     token: z.string().min(1, "token is required (participants' control token)"),
     /** Bearer token of the controller API (NATS and HTTP); defaults to `token`. */

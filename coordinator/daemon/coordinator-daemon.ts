@@ -17,6 +17,7 @@ import { openMembersBucket } from "../membership/members-bucket.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { createLogger } from "../telemetry/logger.js";
+import { natsServers } from "../../protocol/index.js";
 
 export interface StartCoordinatorOptions {
   config: CoordinatorConfig;
@@ -57,7 +58,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const nc =
     options.nc ??
     (await connect({
-      servers: config.nats.servers.split(",").map((s) => s.trim()),
+      servers: natsServers(config.nats.servers),
       name: `gym-ckpt-coordinator-${id}`,
       maxReconnectAttempts: -1,
       reconnectTimeWait: 500,

@@ -1,5 +1,6 @@
 import { parseArgs } from "node:util";
 import { GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
+import { DEFAULT_NATS_URL } from "../../protocol/index.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
@@ -57,7 +58,7 @@ const stop = async (code: number) => {
 process.once("SIGINT", () => void stop(0));
 process.once("SIGTERM", () => void stop(0));
 gym = await launchGym({
-  nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222",
+  nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? DEFAULT_NATS_URL,
   deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",
   token,
   ...(checkpointRoot && { checkpointRoot }),

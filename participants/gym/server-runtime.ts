@@ -3,7 +3,7 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { DeploymentSchema, InstanceSchema, describeZodError, type RecordBase } from "../../protocol/index.js";
+import { DeploymentSchema, InstanceSchema, describeZodError, DEFAULT_NATS_URL, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -61,7 +61,8 @@ export interface ServerRuntime {
 function usage(name: string, extraFlags: string[]): string {
   const lines = [
     `usage: ${name} [flags]`,
-    "  --nats URL                NATS server(s) (env GYM_CKPT_NATS_URL, default nats://127.0.0.1:4222)",
+    "  --nats URL                NATS server(s), comma-separated (env GYM_CKPT_NATS_URL, default nats://127.0.0.1:4222);",
+    "                            credentials from env GYM_CKPT_NATS_USER + GYM_CKPT_NATS_PASS, or GYM_CKPT_NATS_TOKEN",
     "  --deployment NAME         deployment name (env GYM_CKPT_DEPLOYMENT, default default)",
     `  --instance NAME           this server's name in the deployment (default ${name})`,
     "  --token TOKEN             participants' control token (env GYM_CKPT_TOKEN, required)",
@@ -98,7 +99,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     process.exit(0);
   }
   const parsed = CommonSchema.safeParse({
-    nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222",
+    nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? DEFAULT_NATS_URL,
     deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",
     instance: values.instance ?? name,
     token: values.token ?? process.env.GYM_CKPT_TOKEN ?? "",
@@ -129,7 +130,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
     mixin: traceLogFields,
   });
-  const nc = await connect({ servers: config.nats, name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
+  const nc = await connect({ ...natsSettings(config.nats), name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
   const shutdown: (() => Promise<void> | void)[] = [];
   let stopping = false;
   const stop = async (signal: string) => {

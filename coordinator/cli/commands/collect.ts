@@ -2,7 +2,7 @@ import { mkdir, writeFile, rm } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { connect } from "@nats-io/transport-node";
 import type { Command } from "commander";
-import { CheckpointError, RecordKindSchema, assertRolloutEnv } from "../../../protocol/index.js";
+import { CheckpointError, RecordKindSchema, assertRolloutEnv, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { Collector } from "../../collect/collector.js";
@@ -99,7 +99,7 @@ export function register(program: Command): void {
       const logger = createLogger(flags.logLevel as Parameters<typeof createLogger>[0]);
       // The collector needs controller ops only, which the HTTP API serves as well.
       const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
-      const nc = httpUrl ? undefined : await connect({ servers: (flags.natsUrl ?? env.GYM_CKPT_NATS_URL ?? "nats://127.0.0.1:4222").split(","), maxReconnectAttempts: -1 });
+      const nc = httpUrl ? undefined : await connect({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
       const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
         nc,
         deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",

@@ -1,0 +1,37 @@
+import { CheckpointError } from "./errors.js";
+
+/** Where a process looks for NATS when neither a flag nor GYM_CKPT_NATS_URL names a server. */
+export const DEFAULT_NATS_URL = "nats://127.0.0.1:4222";
+
+/** What every gym-ckpt process passes to `connect`: the servers and, when set, its credentials. */
+export interface NatsConnectionSettings {
+  servers: string[];
+  user?: string;
+  pass?: string;
+  token?: string;
+}
+
+/** A comma-separated list of server URLs (`invalid_request` when it names none). */
+export function natsServers(value: string): string[] {
+  const servers = value
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
+  if (servers.length === 0) throw new CheckpointError("invalid_request", `no NATS server URL in ${JSON.stringify(value)}`);
+  return servers;
+}
+
+/**
+ * The servers (`servers`, else GYM_CKPT_NATS_URL, else the default) and the credentials in
+ * GYM_CKPT_NATS_USER / GYM_CKPT_NATS_PASS / GYM_CKPT_NATS_TOKEN: the variables the coordinator's
+ * config reads, so participants, the CLI and the collector authenticate the same way. They are
+ * connection options because nats.js does not take credentials from a `user:pass@` URL.
+ */
+export function natsSettings(servers: string | undefined, env: Record<string, string | undefined> = process.env): NatsConnectionSettings {
+  return {
+    servers: natsServers(servers ?? env.GYM_CKPT_NATS_URL ?? DEFAULT_NATS_URL),
+    ...(env.GYM_CKPT_NATS_USER && { user: env.GYM_CKPT_NATS_USER }),
+    ...(env.GYM_CKPT_NATS_PASS && { pass: env.GYM_CKPT_NATS_PASS }),
+    ...(env.GYM_CKPT_NATS_TOKEN && { token: env.GYM_CKPT_NATS_TOKEN }),
+  };
+}
