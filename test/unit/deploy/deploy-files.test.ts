@@ -1,0 +1,79 @@
+import { readdirSync, readFileSync } from "node:fs";
+import { join, relative } from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+// Not a declared dependency: hoisted from @opentelemetry/configuration and vite. Tests only.
+import { parseDocument } from "yaml";
+import { loadConfig } from "../../../coordinator/config/config-loader.js";
+
+/**
+ * deploy/ never runs in the suite (no Docker daemon or cluster): its YAML must parse, the
+ * Kubernetes config must pass the coordinator's schema, and the rules docs/operations.md states hold.
+ */
+const DEPLOY = fileURLToPath(new URL("../../../deploy", import.meta.url));
+
+function files(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) =>
+    entry.isDirectory() ? files(join(dir, entry.name)) : [join(dir, entry.name)],
+  );
+}
+
+// Manifests are walked by known paths; a missing one fails the test.
+type Yaml = any;
+
+function yamlFile(path: string): Yaml {
+  // Compose uses `<<` merge keys (YAML 1.1); they are off by default in YAML 1.2.
+  const doc = parseDocument(readFileSync(path, "utf8"), { merge: true, uniqueKeys: true });
+  expect([...doc.errors, ...doc.warnings].map((e) => e.message), relative(DEPLOY, path)).toEqual([]);
+  return doc.toJS();
+}
+
+describe("deploy/ files", () => {
+  it("every YAML file parses", () => {
+    const yamls = files(DEPLOY).filter((path) => /\.ya?ml$/.test(path));
+    expect(yamls.length).toBeGreaterThanOrEqual(6);
+    for (const path of yamls) expect(yamlFile(path), relative(DEPLOY, path)).toBeTypeOf("object");
+  });
+
+  it("the Kubernetes config passes the coordinator's schema with the Secret's variables, and its checkpoint root is the mounted volume", () => {
+    const base = join(DEPLOY, "kubernetes/base");
+    const config = loadConfig({
+      file: join(base, "config.json"),
+      env: { GYM_CKPT_TOKEN: "t", GYM_CKPT_CONTROLLER_TOKEN: "c", GYM_CKPT_NATS_USER: "coordinator", GYM_CKPT_NATS_PASS: "p", GYM_CKPT_COORDINATOR_ID: "pod-0" },
+    });
+    expect(config.http.host).toBe("0.0.0.0");
+    const kustomization = yamlFile(join(base, "kustomization.yaml"));
+    for (const resource of kustomization.resources) expect(files(base)).toContain(join(base, resource));
+    const container = yamlFile(join(base, "deployment.yaml")).spec.template.spec.containers[0];
+    expect(container.volumeMounts.map((m: Yaml) => m.mountPath)).toContain(config.checkpoint_root);
+  });
+
+  it("a coordinator rollout cannot wait for a standby to become ready", () => {
+    const spec = yamlFile(join(DEPLOY, "kubernetes/base/deployment.yaml")).spec;
+    expect(spec.template.spec.containers[0].readinessProbe.httpGet.path).toBe("/readyz");
+    // Readiness = leadership: a new pod stands by while the old leader lives, so the old pods
+    // must all go without waiting for a new one to become Ready.
+    if (spec.strategy.type !== "Recreate") expect(spec.strategy.rollingUpdate.maxUnavailable).toBe("100%");
+  });
+
+  it("compose publishes ports on loopback only, passes no token in a command, and keeps the attach ledger on a volume", () => {
+    const path = join(DEPLOY, "docker-compose.yml");
+    // Not even in the usage comment: a host shell expands it and the process arguments show it.
+    expect(readFileSync(path, "utf8")).not.toContain("--token");
+    const compose = yamlFile(path);
+    for (const [name, service] of Object.entries<Yaml>(compose.services)) {
+      for (const port of service.ports ?? []) expect(port, name).toMatch(/^127\.0\.0\.1:\d+:\d+$/);
+      expect(service.restart, name).toBe("unless-stopped");
+    }
+    const model = compose.services["gym-model"];
+    const ledgerDir = model.command[model.command.indexOf("--ledger-dir") + 1];
+    expect(model.volumes.map((v: string) => v.split(":")[1])).toContain(ledgerDir);
+  });
+
+  it("the systemd unit creates its state directory and does not restart a configuration error (exit 2)", () => {
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    expect(unit).toMatch(/^StateDirectory=gym-ckpt$/m);
+    expect(unit).toMatch(/^RestartPreventExitStatus=2$/m);
+    expect(unit).not.toMatch(/^ReadWritePaths=/m);
+  });
+});
