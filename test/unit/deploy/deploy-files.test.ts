@@ -2,7 +2,6 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-// Not a declared dependency: hoisted from @opentelemetry/configuration and vite. Tests only.
 import { parseDocument } from "yaml";
 import { loadConfig } from "../../../coordinator/config/config-loader.js";
 
