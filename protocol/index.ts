@@ -1,5 +1,6 @@
 /** The wire contract of gym-ckpt: schemas, ids, subjects, error catalog. No I/O. */
 export { PROTOCOL_VERSION, MANIFEST_SCHEMA_VERSION, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, timerDelay } from "./version.js";
+export { DURATION_BUCKETS_S } from "./duration-buckets.js";
 export {
   SAFE_NAME_PATTERN,
   MAX_ATTEMPT,

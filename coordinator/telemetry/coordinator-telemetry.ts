@@ -1,5 +1,5 @@
 import { context, metrics, trace, SpanStatusCode, type Attributes, type Context, type Span, type Tracer } from "@opentelemetry/api";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, DURATION_BUCKETS_S } from "../../protocol/index.js";
 
 /** Span attribute names; they never carry tokens. */
 export const SPAN_ATTR = {
@@ -13,14 +13,17 @@ export const SPAN_ATTR = {
   participants: "gym_ckpt.participants",
 } as const;
 
+const seconds = { explicitBucketBoundaries: [...DURATION_BUCKETS_S] };
+
 function create() {
   const meter = metrics.getMeter("gym-ckpt");
   return {
     tracer: trace.getTracer("gym-ckpt") as Tracer,
-    opDuration: meter.createHistogram("gym_ckpt.coordinator.op.duration", { unit: "s", description: "Controller op duration by op and outcome" }),
+    opDuration: meter.createHistogram("gym_ckpt.coordinator.op.duration", { unit: "s", description: "Controller op duration by op and outcome", advice: seconds }),
     requestDuration: meter.createHistogram("gym_ckpt.coordinator.request.duration", {
       unit: "s",
       description: "One directed participant request by op, kind and outcome",
+      advice: seconds,
     }),
     leaderChanges: meter.createCounter("gym_ckpt.coordinator.leader.changes", { unit: "{change}", description: "Lease won or lost" }),
     published: meter.createCounter("gym_ckpt.coordinator.published", { unit: "{checkpoint}", description: "Checkpoints published" }),

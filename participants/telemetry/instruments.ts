@@ -11,7 +11,7 @@ import {
   type Tracer,
   type TracerProvider,
 } from "@opentelemetry/api";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, DURATION_BUCKETS_S } from "../../protocol/index.js";
 
 /**
  * Participant-side telemetry through @opentelemetry/api only; the daemons wire the SDK
@@ -66,6 +66,8 @@ export function observeParticipant(participant: ObservedParticipant): () => void
   return () => observed.delete(participant);
 }
 
+const seconds = { explicitBucketBoundaries: [...DURATION_BUCKETS_S] };
+
 let instruments: ReturnType<typeof createInstruments> | undefined;
 function createInstruments() {
   const m = meter();
@@ -93,8 +95,8 @@ function createInstruments() {
     [state, blockers],
   );
   return {
-    opDuration: m.createHistogram("gym_ckpt.participant.op.duration", { unit: "s", description: "Control operation duration by op, kind and outcome" }),
-    pause: m.createHistogram("gym_ckpt.participant.pause.duration", { unit: "s", description: "Admission closed until reopened, per participant" }),
+    opDuration: m.createHistogram("gym_ckpt.participant.op.duration", { unit: "s", description: "Control operation duration by op, kind and outcome", advice: seconds }),
+    pause: m.createHistogram("gym_ckpt.participant.pause.duration", { unit: "s", description: "Admission closed until reopened, per participant", advice: seconds }),
     records: m.createCounter("gym_ckpt.records", { unit: "{record}", description: "Records written (commit) and read (restore)" }),
     bytes: m.createCounter("gym_ckpt.bytes", { unit: "By", description: "Record bytes written (commit) and read (restore)" }),
     refusals: m.createCounter("gym_ckpt.refusals", { unit: "{refusal}", description: "Refusals by error code" }),
