@@ -1,25 +1,9 @@
 import { trace } from "@opentelemetry/api";
 import { pino, type DestinationStream, type Logger, type LevelWithSilent } from "pino";
+import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/index.js";
 
-/** Paths pino censors: tokens, credentials and Authorization headers wherever they appear. */
-export const REDACT_PATHS = [
-  "token",
-  "controller_token",
-  "*.token",
-  "*.controller_token",
-  "*.pass",
-  "nats.pass",
-  "config.token",
-  "config.controller_token",
-  "config.nats.pass",
-  "config.nats.token",
-  "authorization",
-  "Authorization",
-  "*.authorization",
-  "*.Authorization",
-  "headers.authorization",
-  "*.headers.authorization",
-];
+/** Paths pino censors: the shared list of protocol/log-redaction.ts (tokens, passwords, credential headers). */
+export const REDACT_PATHS = LOG_REDACT_PATHS;
 
 /** JSON logs with trace correlation (trace_id/span_id from the active span) and redaction. */
 export function createLogger(level: LevelWithSilent = "info", destination?: DestinationStream): Logger {
@@ -27,7 +11,7 @@ export function createLogger(level: LevelWithSilent = "info", destination?: Dest
     {
       name: "gym-ckpt",
       level,
-      redact: { paths: REDACT_PATHS, censor: "[Redacted]" },
+      redact: { paths: [...LOG_REDACT_PATHS], censor: LOG_REDACT_CENSOR },
       base: { pid: process.pid },
       mixin() {
         const context = trace.getActiveSpan()?.spanContext();

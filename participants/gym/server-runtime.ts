@@ -9,6 +9,7 @@ import { startParticipant } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
+import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
 
 /**
  * The shared shell of every reference Gym server process: common flags, a NATS connection,
@@ -126,7 +127,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
   const logger = pino({
     name,
     base: { instance: config.instance },
-    redact: { paths: ["token", "config.token", "*.authorization", "headers.authorization"], censor: "[Redacted]" },
+    redact: { paths: [...LOG_REDACT_PATHS], censor: LOG_REDACT_CENSOR },
     // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
     mixin: traceLogFields,
   });
