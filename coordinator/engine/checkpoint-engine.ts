@@ -924,12 +924,7 @@ export class CheckpointEngine {
     return this.lock.run(async () => {
       const started = this.options.clock.now();
       const effectsBefore = this.effects;
-      try {
-        if (!this.recoveredFlag) throw new CheckpointError("not_leader", "this coordinator has not finished recovering its predecessor's checkpoints yet");
-        const result = await inSpan(`checkpoint.coordinate.${name}`, { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name }, undefined, (ctx) => fn(ctx));
-        coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: "ok" });
-        return result;
-      } catch (thrown) {
+      const failed = (thrown: unknown): unknown => {
         let error = thrown;
         // not_leader promises nothing happened, and clients retry it (even with a fresh id): once
         // this op has sent or journaled anything, a successor may complete it, so it is unknown.
@@ -939,8 +934,20 @@ export class CheckpointEngine {
         const code = error instanceof CheckpointError ? error.code : "internal_error";
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });
         this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
-        throw error;
-      }
+        return error;
+      };
+      if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", "this coordinator has not finished recovering its predecessor's checkpoints yet"));
+      return inSpan(`checkpoint.coordinate.${name}`, { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name }, undefined, async (ctx) => {
+        try {
+          const result = await fn(ctx);
+          coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: "ok" });
+          return result;
+        } catch (thrown) {
+          // Inside the op's span, so controller_op_failed carries its trace_id / span_id (even
+          // when the controller sent no trace context) and the span gets the code the reply has.
+          throw failed(thrown);
+        }
+      });
     });
   }
 

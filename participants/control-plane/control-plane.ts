@@ -177,23 +177,24 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     };
     const started = this.clock.now();
     const instruments = participantInstruments();
-    try {
-      const reply = await withSpan(`checkpoint.${op}`, attributes, parent, async (span) => {
+    const reply = await withSpan(`checkpoint.${op}`, attributes, parent, async (span) => {
+      try {
         this.checkIncarnation(op as PhaseOp, phaseRequest);
         this.checkEpoch(phaseRequest.epoch); // early refusal; each op checks again, and raises it, under the lock
         const result = await this.dispatch(op as PhaseOp, phaseRequest);
         spanResult(span, op, result);
+        instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
         return result;
-      });
-      instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
-      return reply as ReplyOf<O>;
-    } catch (error) {
-      const code = error instanceof CheckpointError ? error.code : "internal_error";
-      instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
-      instruments.refusals.add(1, { code, kind: this.adapter.kind });
-      this.logger?.warn({ op, checkpoint_id: phaseRequest.checkpoint_id, code, err: error }, "control operation refused");
-      throw error;
-    }
+      } catch (error) {
+        const code = error instanceof CheckpointError ? error.code : "internal_error";
+        instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
+        instruments.refusals.add(1, { code, kind: this.adapter.kind });
+        // Inside the op's span, so the line carries its trace_id / span_id.
+        this.logger?.warn({ op, checkpoint_id: phaseRequest.checkpoint_id, code, err: error }, "control operation refused");
+        throw error;
+      }
+    });
+    return reply as ReplyOf<O>;
   }
 
   private dispatch(op: PhaseOp, request: RequestOf<PhaseOp>): Promise<unknown> {

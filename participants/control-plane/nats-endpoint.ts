@@ -1,3 +1,4 @@
+import { context, type Context } from "@opentelemetry/api";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
@@ -57,7 +58,13 @@ export class ControlEndpoint {
     }
   }
 
-  private async answer(op: Op, msg: Msg): Promise<void> {
+  /** The coordinator's trace context is active for the whole answer: lines logged outside the op's span carry its trace_id too. */
+  private answer(op: Op, msg: Msg): Promise<void> {
+    const parent = extractTraceContext(msg.headers);
+    return context.with(parent, () => this.answerIn(op, msg, parent));
+  }
+
+  private async answerIn(op: Op, msg: Msg, parent: Context): Promise<void> {
     let body: string;
     try {
       const token = bearerToken(msg.headers?.get(HEADER_AUTHORIZATION));
@@ -65,7 +72,7 @@ export class ControlEndpoint {
         throw new CheckpointError("unauthorized", "missing or wrong bearer token");
       }
       const request = decodeMessage(CONTROL_MESSAGES[op].request, msg.data);
-      const reply = await this.plane.handle(op, request as never, extractTraceContext(msg.headers));
+      const reply = await this.plane.handle(op, request as never, parent);
       body = encodeReply(reply, op);
     } catch (error) {
       const refusal = toCheckpointError(error);

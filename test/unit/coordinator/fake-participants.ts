@@ -1,5 +1,5 @@
 import { waitUntil } from "../../support/wait-until.js";
-import { pino } from "pino";
+import { pino, type Logger } from "pino";
 import {
   MANIFEST_SCHEMA_VERSION,
   captureKey,
@@ -159,7 +159,15 @@ export const writers: GlobalManifestWriter[] = [];
 
 export function makeEngine(
   root: string,
-  options: { members?: { kind: Kind; instance: string }[]; hooks?: EngineHooks; attemptTimeoutMs?: number; retention?: number; incarnations?: Map<string, string>; requireRecovery?: boolean } = {},
+  options: {
+    members?: { kind: Kind; instance: string }[];
+    hooks?: EngineHooks;
+    attemptTimeoutMs?: number;
+    retention?: number;
+    incarnations?: Map<string, string>;
+    requireRecovery?: boolean;
+    logger?: Logger;
+  } = {},
 ) {
   const members = options.members ?? FOUR_KINDS;
   const fake = new FakeParticipants(members);
@@ -191,7 +199,7 @@ export function makeEngine(
     catalog,
     writer,
     clock,
-    logger: pino({ level: "silent" }),
+    logger: options.logger ?? pino({ level: "silent" }),
     defaultTimeoutMs: 10_000,
     ...(options.requireRecovery && { requireRecovery: true }),
     ...(options.hooks && { hooks: options.hooks }),

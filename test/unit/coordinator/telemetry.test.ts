@@ -8,6 +8,7 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsParticipantTransport } from "../../../coordinator/engine/nats-transport.js";
+import { createLogger } from "../../../coordinator/telemetry/logger.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 const exporter = new InMemorySpanExporter();
@@ -50,6 +51,16 @@ describe("coordinator telemetry", () => {
       expect(stageIds.has(r.parentSpanContext!.spanId)).toBe(true);
       expect(r.spanContext().traceId).toBe(root_.spanContext().traceId);
     }
+  });
+
+  it("controller_op_failed is logged inside the op span: it carries the op's trace_id without a controller context", async () => {
+    exporter.reset();
+    const lines: Record<string, unknown>[] = [];
+    const { engine } = makeEngine(root, { logger: createLogger("info", { write: (s: string) => lines.push(JSON.parse(s) as Record<string, unknown>) }) });
+    await expect(engine.commit({ checkpoint_id: "never-prepared", episode_ids: null, stop: false })).rejects.toMatchObject({ code: "not_found" });
+    const op = exporter.getFinishedSpans().find((s) => s.name === "checkpoint.coordinate.commit")!;
+    expect(op.parentSpanContext).toBeUndefined();
+    expect(lines.find((l) => l.msg === "controller_op_failed")).toMatchObject({ code: "not_found", trace_id: op.spanContext().traceId, span_id: op.spanContext().spanId });
   });
 
   it("injects W3C traceparent and the bearer token into the NATS headers", async () => {

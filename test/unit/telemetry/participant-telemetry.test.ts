@@ -6,14 +6,14 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader, type ResourceMetrics } from "@opentelemetry/sdk-metrics";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from "@opentelemetry/sdk-trace-base";
-import { headers as natsHeaders } from "@nats-io/transport-node";
+import { headers as natsHeaders, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
 import { ATTR, useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
 import { traceLogFields } from "../../../participants/telemetry/log-correlation.js";
 import { extractTraceContext } from "../../../participants/telemetry/nats-propagation.js";
-import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
+import { HEADER_AUTHORIZATION, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 
 /** Providers injected (no global SDK in vitest); the context manager makes children find their parent. */
 const spans = new InMemorySpanExporter();
@@ -39,6 +39,53 @@ afterAll(async () => {
 beforeEach(() => spans.reset());
 
 const DEADLINE = () => Date.now() / 1000 + 30;
+
+function capturingLogger() {
+  const lines: Record<string, unknown>[] = [];
+  const logger = pino({ mixin: traceLogFields }, { write: (s: string) => lines.push(JSON.parse(s) as Record<string, unknown>) });
+  return { logger, lines };
+}
+
+/** A NatsConnection with just what ControlEndpoint uses: one queue of messages per subject. */
+function fakeSubscriptions() {
+  const queues = new Map<string, { push(msg: Msg): void; close(): void }>();
+  const nc = {
+    subscribe(subject: string) {
+      const pending: Msg[] = [];
+      let wake: (() => void) | undefined;
+      let closed = false;
+      queues.set(subject, {
+        push(msg) {
+          pending.push(msg);
+          wake?.();
+        },
+        close() {
+          closed = true;
+          wake?.();
+        },
+      });
+      return {
+        unsubscribe: () => queues.get(subject)?.close(),
+        async *[Symbol.asyncIterator]() {
+          for (;;) {
+            if (pending.length) yield pending.shift()!;
+            else if (closed) return;
+            else await new Promise<void>((resolve) => (wake = resolve));
+          }
+        },
+      };
+    },
+  } as unknown as NatsConnection;
+  return {
+    nc,
+    request(op: string, headers: MsgHdrs, body: string): Promise<string> {
+      const subject = [...queues.keys()].find((s) => s.endsWith(`.${op}`))!;
+      return new Promise((resolve) => {
+        queues.get(subject)!.push({ subject, reply: "inbox", headers, data: new TextEncoder().encode(body), respond: (data: string) => (resolve(data), true) } as unknown as Msg);
+      });
+    },
+  };
+}
 function call(plane: ParticipantControlPlane, op: PhaseOp, body: Record<string, unknown> & { checkpoint_id: string }, parent?: ReturnType<typeof context.active>) {
   const request = { deadline_ts: DEADLINE(), epoch: 3, ...body };
   if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
@@ -129,8 +176,9 @@ describe("participant spans", () => {
     expect(restore.attributes).toMatchObject({ [ATTR.episodes]: 1, [ATTR.records]: 1 });
   });
 
-  it("a refusal marks the op span with its catalog code", async () => {
-    const plane = new ParticipantControlPlane({ adapter: new ScriptableKind("agent"), instance: "a0", checkpointRoot: root });
+  it("a refusal marks the op span with its catalog code and is logged inside it (trace_id, span_id)", async () => {
+    const { logger, lines } = capturingLogger();
+    const plane = new ParticipantControlPlane({ adapter: new ScriptableKind("agent"), instance: "a0", checkpointRoot: root, logger });
     try {
       await expect(call(plane, "commit", { checkpoint_id: "never-prepared" })).rejects.toMatchObject({ code: "invalid_phase" });
     } finally {
@@ -139,6 +187,38 @@ describe("participant spans", () => {
     const commit = one("checkpoint.commit");
     expect(commit.status.code).toBe(2); // ERROR
     expect(commit.attributes[ATTR.code]).toBe("invalid_phase");
+    expect(lines.find((l) => l.msg === "control operation refused")).toMatchObject({
+      code: "invalid_phase",
+      trace_id: commit.spanContext().traceId,
+      span_id: commit.spanContext().spanId,
+    });
+  });
+
+  it("the NATS endpoint answers in the coordinator's trace context: its own error lines carry the trace_id", async () => {
+    const { logger, lines } = capturingLogger();
+    const kind = new ScriptableKind("environment");
+    kind.failNext("closeAdmission", new Error("disk on fire"));
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "env9", checkpointRoot: root, logger });
+    const inbox = fakeSubscriptions();
+    const endpoint = new ControlEndpoint(plane as never, { nc: inbox.nc, deployment: "unit", token: "tok", logger });
+    endpoint.start();
+    const coordinatorSpan = tracerProvider.getTracer("coordinator").startSpan("checkpoint.participant.prepare");
+    const h = natsHeaders();
+    h.set(HEADER_AUTHORIZATION, "Bearer tok");
+    propagation.inject(trace.setSpan(context.active(), coordinatorSpan), h, { set: (c, k, v) => c.set(k, v) });
+    coordinatorSpan.end();
+    try {
+      const reply = await inbox.request("prepare", h, JSON.stringify({ checkpoint_id: "c-fire", deadline_ts: DEADLINE(), epoch: 3 }));
+      expect(JSON.parse(reply)).toMatchObject({ error: { code: "internal_error" } });
+    } finally {
+      await endpoint.stop();
+      plane.dispose();
+    }
+    const traceId = coordinatorSpan.spanContext().traceId;
+    const prepare = one("checkpoint.prepare");
+    expect(lines.find((l) => l.msg === "control operation refused")).toMatchObject({ trace_id: traceId, span_id: prepare.spanContext().spanId });
+    // Logged by the endpoint after the op's span ended: still the coordinator's trace.
+    expect(lines.find((l) => l.msg === "control operation failed")).toMatchObject({ trace_id: traceId, span_id: coordinatorSpan.spanContext().spanId });
   });
 });
 
