@@ -128,8 +128,8 @@ export interface ObservedLeadership {
 }
 
 /**
- * Gauges of this coordinator's leadership: `gym_ckpt.coordinator.leader.epoch` (the epoch it holds;
- * not reported while it holds none) and `gym_ckpt.coordinator.leader` (1 when the ready leader).
+ * Gauges of this coordinator's leadership: `gym_ckpt.coordinator.leader.epoch` (the epoch it holds,
+ * 0 while it holds none) and `gym_ckpt.coordinator.leader` (1 when the ready leader).
  * Call after startTelemetry; returns a function that stops observing.
  */
 export function observeLeadership(state: () => ObservedLeadership): () => void {
@@ -139,7 +139,9 @@ export function observeLeadership(state: () => ObservedLeadership): () => void {
   const callback = (result: { observe(instrument: typeof epoch, value: number): void }) => {
     const s = state();
     result.observe(leader, s.leader && s.ready ? 1 : 0);
-    if (s.epoch !== null) result.observe(epoch, s.epoch);
+    // 0, not skipped: with cumulative temporality (Prometheus) the SDK keeps exporting a gauge's
+    // last observation, so a lost lease would go on showing its old epoch. Epochs start at 1.
+    result.observe(epoch, s.epoch ?? 0);
   };
   meter.addBatchObservableCallback(callback, [epoch, leader]);
   return () => meter.removeBatchObservableCallback(callback, [epoch, leader]);

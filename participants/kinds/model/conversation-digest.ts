@@ -43,3 +43,17 @@ export function constrainedReason(body: Body): string | null {
   }
   return null;
 }
+
+/**
+ * The fixed names skip reasons are counted under (`cut_skipped.<name>` in the readiness counts and
+ * the `participant.state` gauge): a reason carries request values (`tool_choice:<any string>`,
+ * `response_format:<any type>`), which would make label values unbounded. `backend:unknown` is the
+ * model kind's own reason (no cut endpoint); `other` is never expected.
+ */
+export const SKIP_CATEGORIES = ["tool_choice", "response_format", ...STRUCTURED_FIELDS, "backend:unknown", "other"] as const;
+export type SkipCategory = (typeof SKIP_CATEGORIES)[number];
+
+export function skipCategory(reason: string): SkipCategory {
+  const name = reason === "backend:unknown" ? reason : reason.split(":")[0]!;
+  return (SKIP_CATEGORIES as readonly string[]).includes(name) ? (name as SkipCategory) : "other";
+}

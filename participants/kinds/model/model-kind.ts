@@ -5,7 +5,7 @@ import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../c
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
 import { CaptureLedger } from "./capture-ledger.js";
-import { constrainedReason, conversationDigest } from "./conversation-digest.js";
+import { constrainedReason, conversationDigest, skipCategory } from "./conversation-digest.js";
 import type { GenerationCutRecord } from "./generation-cut-contract.js";
 import { cutRecordOf, runCutRound, type CutBackend } from "./generation-cut-round.js";
 import type { LedgerRow } from "./ledger-row.js";
@@ -53,6 +53,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private readonly latestCuts = new Map<string, { admittedAt: number; record: GenerationCutRecord }>();
   private readonly retiring = new Set<string>();
   private round = { cut: 0, cut_failed: 0, cut_skipped: 0 };
+  /** This round's skipped calls by SKIP_CATEGORIES name. */
   private readonly skipReasons = new Map<string, number>();
 
   constructor(private readonly options: ModelKindOptions) {
@@ -232,7 +233,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       if (t.held) held += 1;
     }
     const counts: Record<string, number> = { inflight: this.tickets.size, held, ...this.round };
-    for (const [reason, n] of this.skipReasons) counts[`cut_skipped.${reason}`] = n;
+    for (const [category, n] of this.skipReasons) counts[`cut_skipped.${category}`] = n;
     return { blockers: [...streaming].sort(), counts, restarts: [] };
   }
 
@@ -245,14 +246,20 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     this.skipReasons.clear();
     const undelivered = [...this.tickets.values()].filter((t) => !t.responseStarted && !t.finished && !t.abort.signal.aborted);
     const eligible: AdmissionTicket[] = [];
+    const details = new Map<string, number>();
     for (const t of undelivered) {
       const reason = t.constrained ?? (this.options.cutBackend ? null : "backend:unknown");
       if (reason === null) eligible.push(t);
       else {
         this.round.cut_skipped += 1;
-        this.skipReasons.set(reason, (this.skipReasons.get(reason) ?? 0) + 1);
+        const category = skipCategory(reason);
+        this.skipReasons.set(category, (this.skipReasons.get(category) ?? 0) + 1);
+        const detail = reason.slice(0, 200);
+        details.set(detail, (details.get(detail) ?? 0) + 1);
       }
     }
+    // The detailed reasons (request values included) go to the log only; counts use the fixed categories.
+    if (details.size) this.options.logger?.info({ checkpoint_id: this.checkpointIdSource(), reasons: Object.fromEntries(details) }, "generation cut skipped");
     if (eligible.length && this.options.cutBackend) {
       const checkpointId = this.checkpointIdSource() ?? `close-${randomUUID()}`;
       const result = await (this.options.cutRunner ?? runCutRound)(this.options.cutBackend, checkpointId, eligible);

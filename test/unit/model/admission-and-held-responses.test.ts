@@ -1,4 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { pino } from "pino";
+import { SKIP_CATEGORIES } from "../../../participants/kinds/model/index.js";
 import { CheckpointError } from "../../../protocol/index.js";
 import { CHAT, chat, deliveredCall, isPending, modelFixture, settle, type ModelFixture } from "./model-fixtures.js";
 
@@ -162,7 +164,7 @@ describe("held responses and readiness", () => {
       cut: 1,
       cut_failed: 1,
       cut_skipped: 2,
-      "cut_skipped.tool_choice:required": 1,
+      "cut_skipped.tool_choice": 1,
       "cut_skipped.guided_regex": 1,
     });
     await f.kind.openAdmission();
@@ -170,6 +172,43 @@ describe("held responses and readiness", () => {
     f.answer = (tickets) => ({ acks: new Map(), failed: tickets.length, error: "timeout" });
     await f.kind.closeAdmission();
     expect(f.kind.readiness().counts).toMatchObject({ cut: 0, cut_failed: 2, cut_skipped: 2 });
+  });
+
+  it("counts skips under fixed names whatever the request says; the detailed reasons go to the log", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const g = await modelFixture({ logger: pino({}, { write: (s: string) => lines.push(JSON.parse(s) as Record<string, unknown>) }) });
+    try {
+      for (let i = 0; i < 5; i++) await g.kind.admit(`t${i}`, CHAT, chat("x", { tool_choice: `caller-value-${i}` }));
+      await g.kind.admit("f1", CHAT, chat("x", { response_format: { type: "made_up_format" } }));
+      await g.kind.admit("f2", CHAT, chat("x", { response_format: { type: "json_schema", json_schema: {} } }));
+      await g.kind.admit("s1", CHAT, chat("x", { structured_outputs: { choice: ["a"] } }));
+      await g.kind.closeAdmission();
+      expect(g.kind.readiness().counts).toEqual({
+        inflight: 8,
+        held: 0,
+        cut: 0,
+        cut_failed: 0,
+        cut_skipped: 8,
+        "cut_skipped.tool_choice": 5,
+        "cut_skipped.response_format": 2,
+        "cut_skipped.structured_outputs": 1,
+      });
+      for (const name of Object.keys(g.kind.readiness().counts).filter((n) => n.startsWith("cut_skipped."))) {
+        expect(SKIP_CATEGORIES).toContain(name.slice("cut_skipped.".length));
+      }
+      expect(lines.find((l) => l.msg === "generation cut skipped")?.reasons).toEqual({
+        "tool_choice:caller-value-0": 1,
+        "tool_choice:caller-value-1": 1,
+        "tool_choice:caller-value-2": 1,
+        "tool_choice:caller-value-3": 1,
+        "tool_choice:caller-value-4": 1,
+        "response_format:made_up_format": 1,
+        "response_format:json_schema": 1,
+        structured_outputs: 1,
+      });
+    } finally {
+      await g.close();
+    }
   });
 });
 

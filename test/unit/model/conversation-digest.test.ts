@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
-import { constrainedReason, conversationDigest, isGenerationRoute } from "../../../participants/kinds/model/index.js";
+import { SKIP_CATEGORIES, constrainedReason, conversationDigest, isGenerationRoute, skipCategory } from "../../../participants/kinds/model/index.js";
 
 const sha = (text: string) => createHash("sha256").update(text).digest("hex");
 
@@ -69,4 +69,20 @@ describe("constrained-decoding skip reasons", () => {
       expect(constrainedReason({ messages: [], [field]: field === "guided_choice" ? ["a", "b"] : "x" })).toBe(field);
     },
   );
+});
+
+describe("skip categories", () => {
+  it("map every reason, request values included, to one of a fixed set of names", () => {
+    expect(skipCategory("tool_choice:required")).toBe("tool_choice");
+    expect(skipCategory(`tool_choice:${"x".repeat(500)}`)).toBe("tool_choice");
+    expect(skipCategory("response_format:anything")).toBe("response_format");
+    expect(skipCategory("guided_json")).toBe("guided_json");
+    expect(skipCategory("structured_outputs")).toBe("structured_outputs");
+    expect(skipCategory("backend:unknown")).toBe("backend:unknown");
+    expect(skipCategory("backend:other")).toBe("other");
+    expect(skipCategory("something_new")).toBe("other");
+    expect([...SKIP_CATEGORIES].sort()).toEqual(
+      ["tool_choice", "response_format", "guided_choice", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern", "structural_tag", "structured_outputs", "backend:unknown", "other"].sort(),
+    );
+  });
 });

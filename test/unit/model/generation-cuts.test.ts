@@ -46,8 +46,8 @@ describe("the cut round at close-admission", () => {
     expect(f.kind.readiness().counts).toMatchObject({
       cut: 1,
       cut_skipped: 3,
-      "cut_skipped.tool_choice:constrained": 1,
-      "cut_skipped.response_format:json_schema": 1,
+      "cut_skipped.tool_choice": 1,
+      "cut_skipped.response_format": 1,
       "cut_skipped.structural_tag": 1,
     });
     const [record] = await f.kind.exportRecords([ep("b")]);

@@ -1,6 +1,7 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { Logger } from "pino";
 import type { EpisodeId } from "../../../protocol/index.js";
 import { ModelKind, type AdmissionTicket, type CutBackend, type CutRoundResult, type DurablePrefixAck } from "../../../participants/kinds/model/index.js";
 
@@ -39,7 +40,7 @@ export function ackFor(ticket: AdmissionTicket, extra: Partial<DurablePrefixAck>
 
 export const ackAll = (tickets: AdmissionTicket[]): CutRoundResult => ({ acks: new Map(tickets.map((t) => [t.ticketId, ackFor(t)])), failed: 0, error: null });
 
-export async function modelFixture(options: { cuts?: boolean; stripes?: number } = {}): Promise<ModelFixture> {
+export async function modelFixture(options: { cuts?: boolean; stripes?: number; logger?: Logger } = {}): Promise<ModelFixture> {
   const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-model-unit-"));
   const retired = new Set<string>();
   let notifications = 0;
@@ -59,6 +60,7 @@ export async function modelFixture(options: { cuts?: boolean; stripes?: number }
     ledgerDir: join(dir, "ledger"),
     ...(options.stripes !== undefined && { ledgerStripes: options.stripes }),
     cutBackend: options.cuts === false ? null : BACKEND,
+    ...(options.logger && { logger: options.logger }),
     cutRunner: async (_backend, _checkpointId, tickets) => {
       fixture.rounds.push(tickets.map((t) => t.ticketId));
       return fixture.answer(tickets);
