@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { SpanStatusCode, trace } from "@opentelemetry/api";
+import { SpanStatusCode, trace, type Span } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -474,8 +474,8 @@ export class Collector {
   async checkpoint({ stop }: { stop: boolean }): Promise<{ published: boolean; checkpointId: string }> {
     return tracer().startActiveSpan("checkpoint.collection.checkpoint", { attributes: { "gym_ckpt.stop": stop } }, async (span) => {
       try {
-        const result = await this.checkpointInSpan(stop);
-        span.setAttributes({ "gym_ckpt.checkpoint.id": result.checkpointId, "gym_ckpt.published": result.published, "gym_ckpt.in_flight": this.inFlight() });
+        const result = await this.checkpointInSpan(stop, span);
+        span.setAttributes({ "gym_ckpt.published": result.published, "gym_ckpt.in_flight": this.inFlight() });
         this.instruments.checkpoints.add(1, { outcome: result.published ? "published" : "not_prepared" });
         return result;
       } catch (error) {
@@ -488,10 +488,12 @@ export class Collector {
     });
   }
 
-  private async checkpointInSpan(stop: boolean): Promise<{ published: boolean; checkpointId: string }> {
+  private async checkpointInSpan(stop: boolean, span: Span): Promise<{ published: boolean; checkpointId: string }> {
     return this.lock.run(async () => {
       this.closeGate();
       const checkpointId = newCheckpointId(Date.now());
+      // Set now, so a checkpoint that fails still names its id.
+      span.setAttribute("gym_ckpt.checkpoint.id", checkpointId);
       const log = this.options.logger.child({ checkpoint_id: checkpointId, stop });
       let published = false;
       try {

@@ -275,9 +275,10 @@ export class CheckpointEngine {
   }
 
   restore(request: CtlRequestOf<"restore">): Promise<CtlReplyOf<"restore">> {
-    return this.op("restore", request.checkpoint_id ?? "LATEST", async (ctx) => {
+    return this.op("restore", request.checkpoint_id, async (ctx, identify) => {
       const deadlineMs = this.deadline(request.deadline_ts);
       const id = request.checkpoint_id ?? (await this.options.catalog.latest());
+      if (id) identify(id);
       // A retry of the restore that is open (its reply was lost) gets that reply again.
       const open0 = this.open;
       if (open0?.restore && open0.phase === "restored" && open0.id === id && sameScope(open0.scope, request.episode_ids)) return open0.restore;
@@ -320,15 +321,15 @@ export class CheckpointEngine {
   }
 
   retire(request: CtlRequestOf<"retire">): Promise<CtlReplyOf<"retire">> {
-    return this.op("retire", request.checkpoint_id ?? "retire", async (ctx) => {
-      const all = await this.callersBeforeCallees("retire", request.checkpoint_id, request.deadline_ts, { episode_ids: request.episode_ids }, ctx);
+    return this.op("retire", request.checkpoint_id, async (ctx, identify) => {
+      const all = await this.callersBeforeCallees("retire", request.checkpoint_id, request.deadline_ts, { episode_ids: request.episode_ids }, ctx, identify);
       return { participants: all.map((o) => ({ ...o.participant, retired: o.ok ? o.reply.retired : [] })) };
     });
   }
 
   forget(request: CtlRequestOf<"forget">): Promise<CtlReplyOf<"forget">> {
-    return this.op("forget", request.checkpoint_id ?? "forget", async (ctx) => {
-      const all = await this.callersBeforeCallees("forget", request.checkpoint_id, request.deadline_ts, { rollout_ids: request.rollout_ids }, ctx);
+    return this.op("forget", request.checkpoint_id, async (ctx, identify) => {
+      const all = await this.callersBeforeCallees("forget", request.checkpoint_id, request.deadline_ts, { rollout_ids: request.rollout_ids }, ctx, identify);
       return { participants: all.map((o) => ({ ...o.participant, forgotten: o.ok ? o.reply.forgotten : [] })) };
     });
   }
@@ -340,8 +341,12 @@ export class CheckpointEngine {
     deadlineTs: number | undefined,
     body: Omit<RequestOf<O>, "checkpoint_id" | "deadline_ts" | "epoch">,
     ctx: Context | undefined,
+    identify: (id: string) => void,
   ): Promise<Outcome<O>[]> {
-    const { id, members, epoch, deadlineMs } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
+    const { checkpointId, members, epoch, deadlineMs } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
+    if (checkpointId !== undefined) identify(checkpointId);
+    // Outside any checkpoint the op's name fills the request's checkpoint_id.
+    const id = checkpointId ?? op;
     const { results, stoppedAt } = await runStages(
       RETIRE_STAGES,
       members,
@@ -920,16 +925,22 @@ export class CheckpointEngine {
 
   // ---- helpers --------------------------------------------------------------------------
 
-  private async op<T>(name: string, id: string, fn: (ctx: Context) => Promise<T>): Promise<T> {
+  /**
+   * Runs controller op `name` under the lock, in its span. `requestedId` is the checkpoint the
+   * request names, if any; an op that finds its checkpoint later (restore of LATEST, retire in a
+   * restored one) passes it to `identify`, for the span attribute and the failure log. No id, no field.
+   */
+  private async op<T>(name: string, requestedId: string | undefined, fn: (ctx: Context, identify: (id: string) => void) => Promise<T>): Promise<T> {
     return this.lock.run(async () => {
       const started = this.options.clock.now();
       const effectsBefore = this.effects;
+      let id = requestedId;
       const failed = (thrown: unknown): unknown => {
         let error = thrown;
         // not_leader promises nothing happened, and clients retry it (even with a fresh id): once
         // this op has sent or journaled anything, a successor may complete it, so it is unknown.
         if (error instanceof CheckpointError && error.code === "not_leader" && this.effects !== effectsBefore) {
-          error = new CheckpointError("outcome_unknown", `${name} ${id}: leadership was lost after it began, so it may still take effect (${error.message}); retry with the same checkpoint id once a leader serves`, { cause: error });
+          error = new CheckpointError("outcome_unknown", `${name}${id === undefined ? "" : ` ${id}`}: leadership was lost after it began, so it may still take effect (${error.message}); retry with the same checkpoint id once a leader serves`, { cause: error });
         }
         const code = error instanceof CheckpointError ? error.code : "internal_error";
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });
@@ -937,9 +948,14 @@ export class CheckpointEngine {
         return error;
       };
       if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", "this coordinator has not finished recovering its predecessor's checkpoints yet"));
-      return inSpan(`checkpoint.coordinate.${name}`, { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name }, undefined, async (ctx) => {
+      const attributes = id === undefined ? { [SPAN_ATTR.op]: name } : { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name };
+      return inSpan(`checkpoint.coordinate.${name}`, attributes, undefined, async (ctx, span) => {
+        const identify = (found: string) => {
+          id = found;
+          span.setAttribute(SPAN_ATTR.checkpointId, found);
+        };
         try {
-          const result = await fn(ctx);
+          const result = await fn(ctx, identify);
           coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: "ok" });
           return result;
         } catch (thrown) {
@@ -1119,7 +1135,7 @@ export class CheckpointEngine {
     op: string,
     requestedId: string | undefined,
     deadlineTs: number | undefined,
-  ): Promise<{ id: string; members: ParticipantRef[]; epoch: number; deadlineMs: number }> {
+  ): Promise<{ checkpointId: string | undefined; members: ParticipantRef[]; epoch: number; deadlineMs: number }> {
     const deadlineMs = this.deadline(deadlineTs);
     const open = this.open;
     if (open && open.phase !== "restored") {
@@ -1131,7 +1147,7 @@ export class CheckpointEngine {
     const epoch = this.options.leadership.epoch();
     const members = open ? open.members : await this.options.membership.list();
     if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
-    return { id: open ? open.id : (requestedId ?? op), members, epoch, deadlineMs };
+    return { checkpointId: open ? open.id : requestedId, members, epoch, deadlineMs };
   }
 
   private deadline(deadlineTs: number | undefined): number {

@@ -8,6 +8,7 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsParticipantTransport } from "../../../coordinator/engine/nats-transport.js";
+import { SPAN_ATTR } from "../../../coordinator/telemetry/coordinator-telemetry.js";
 import { createLogger } from "../../../coordinator/telemetry/logger.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
@@ -61,6 +62,38 @@ describe("coordinator telemetry", () => {
     const op = exporter.getFinishedSpans().find((s) => s.name === "checkpoint.coordinate.commit")!;
     expect(op.parentSpanContext).toBeUndefined();
     expect(lines.find((l) => l.msg === "controller_op_failed")).toMatchObject({ code: "not_found", trace_id: op.spanContext().traceId, span_id: op.spanContext().spanId });
+  });
+
+  it("op spans and failure logs carry the real checkpoint id, or none: never LATEST, retire or forget", async () => {
+    exporter.reset();
+    const lines: Record<string, unknown>[] = [];
+    const { engine } = makeEngine(join(root, "ids"), { logger: createLogger("info", { write: (s: string) => lines.push(JSON.parse(s) as Record<string, unknown>) }) });
+    const opSpan = (name: string) => exporter.getFinishedSpans().filter((s) => s.name === `checkpoint.coordinate.${name}`).at(-1)!;
+    const ID = SPAN_ATTR.checkpointId;
+
+    // Nothing published: the restore of LATEST names no checkpoint.
+    await expect(engine.restore({ episode_ids: [] })).rejects.toMatchObject({ code: "not_found" });
+    expect(opSpan("restore").attributes).not.toHaveProperty(ID);
+    const failed = lines.find((l) => l.msg === "controller_op_failed" && l.op === "restore")!;
+    expect(failed).toBeDefined();
+    expect(failed).not.toHaveProperty("checkpoint_id");
+
+    // Outside a checkpoint, retire and forget name none either.
+    await engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await engine.forget({ rollout_ids: ["r1"] });
+    expect(opSpan("retire").attributes).not.toHaveProperty(ID);
+    expect(opSpan("forget").attributes).not.toHaveProperty(ID);
+
+    // The restore of LATEST names the checkpoint it restores; a retire inside it names that one too.
+    await engine.checkpoint({ checkpoint_id: "p1", episode_ids: null, stop: false, controller_state: null });
+    await engine.restore({ episode_ids: [{ rollout_id: "r2", attempt: 0 }] });
+    expect(opSpan("restore").attributes[ID]).toBe("p1");
+    await engine.retire({ episode_ids: [{ rollout_id: "r2", attempt: 1 }] });
+    expect(opSpan("retire").attributes[ID]).toBe("p1");
+    await engine.resume({ checkpoint_id: "p1" });
+
+    for (const span of exporter.getFinishedSpans()) expect(["LATEST", "retire", "forget"]).not.toContain(span.attributes[ID]);
+    for (const line of lines) expect(["LATEST", "retire", "forget"]).not.toContain(line.checkpoint_id);
   });
 
   it("injects W3C traceparent and the bearer token into the NATS headers", async () => {
