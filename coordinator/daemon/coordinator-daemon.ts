@@ -1,6 +1,4 @@
-import { randomBytes } from "node:crypto";
 import { mkdir } from "node:fs/promises";
-import { hostname } from "node:os";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { HttpControllerApi } from "../api/http-api.js";
@@ -18,6 +16,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { createLogger } from "../telemetry/logger.js";
 import { natsServers } from "../../protocol/index.js";
+import { newCoordinatorId } from "./coordinator-id.js";
 
 export interface StartCoordinatorOptions {
   config: CoordinatorConfig;
@@ -52,7 +51,7 @@ export interface CoordinatorHandle {
 export async function startCoordinator(options: StartCoordinatorOptions): Promise<CoordinatorHandle> {
   const { config } = options;
   const clock = options.clock ?? systemClock;
-  const id = config.coordinator_id ?? `${hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
+  const id = config.coordinator_id ?? newCoordinatorId();
   const logger = (options.logger ?? createLogger(config.log_level)).child({ component: "coordinator", coordinator_id: id, deployment: config.deployment });
   const ownsConnection = options.nc === undefined;
   const nc =

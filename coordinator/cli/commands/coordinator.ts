@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { loadConfig, redactConfig } from "../../config/config-loader.js";
 import { startCoordinator } from "../../daemon/coordinator-daemon.js";
+import { newCoordinatorId } from "../../daemon/coordinator-id.js";
 import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
 import { observeLeadership, startTelemetry } from "../../telemetry/telemetry-sdk.js";
@@ -100,17 +101,20 @@ export function register(program: Command): void {
           printJson(redactConfig(config));
           return;
         }
+        // One id for the lease, the logs and the telemetry resource (service.instance.id): chosen
+        // here when unset, since telemetry starts before the daemon.
+        const coordinatorId = config.coordinator_id ?? newCoordinatorId();
         // Before the coordinator creates its instruments; docs/telemetry.md.
         const telemetry = await startTelemetry({
           serviceName: "gym-ckpt-coordinator",
-          ...(config.coordinator_id && { serviceInstanceId: config.coordinator_id }),
+          serviceInstanceId: coordinatorId,
           ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
           ...metricsPort,
         });
         if (telemetry.metricsUrl) process.stdout.write(`metrics ${telemetry.metricsUrl}\n`);
         const logger = createLogger(config.log_level);
         const hooks = testHooks();
-        const handle = await startCoordinator({ config, logger, ...(hooks && { hooks }) });
+        const handle = await startCoordinator({ config: { ...config, coordinator_id: coordinatorId }, logger, ...(hooks && { hooks }) });
         observeLeadership(() => handle.lease.state());
         if (handle.httpUrl) process.stdout.write(`http ${handle.httpUrl}\n`);
         const lostConnection = await new Promise<boolean>((resolve) => {
