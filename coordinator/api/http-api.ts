@@ -1,3 +1,4 @@
+import { context, propagation } from "@opentelemetry/api";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import {
@@ -85,7 +86,9 @@ export class HttpControllerApi {
       if (op === "get") body = { checkpoint_id: (req.params as { checkpoint_id?: string }).checkpoint_id };
       else if (req.method === "GET") body = {};
       else body = typeof req.body === "string" ? req.body : "";
-      return await dispatchController(this.options.engine, op, body);
+      // The controller's traceparent, as the NATS API reads it: its span parents the op's.
+      const parent = propagation.extract(context.active(), req.headers);
+      return await context.with(parent, () => dispatchController(this.options.engine, op, body));
     } catch (error) {
       const refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");

@@ -1,3 +1,4 @@
+import { context, propagation } from "@opentelemetry/api";
 import { CONTROLLER_OPS, CheckpointError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
@@ -25,11 +26,14 @@ export class HttpControllerClient extends ControllerClient {
     let path = url;
     if (op === "get") path = url.replace("{checkpoint_id}", encodeURIComponent((request as { checkpoint_id: string }).checkpoint_id));
     const timeout = replyTimeoutMs(request, this.options.timeoutMs ?? 90_000, this.options.slackMs ?? 10_000);
+    const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) };
+    // W3C traceparent of the caller's span, as the NATS client sends it: the op joins the caller's trace.
+    propagation.inject(context.active(), headers);
     let response: Response;
     try {
       response = await fetch(new URL(path, this.options.baseUrl), {
         method,
-        headers: { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) },
+        headers,
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),
         signal: AbortSignal.timeout(timerDelay(timeout)),
       });
