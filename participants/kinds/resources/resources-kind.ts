@@ -69,6 +69,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   /** The same marks by session id (a cookie may come back under any prefix). */
   private readonly retiredSessionRollout = new Map<string, string>();
   private readonly releaseWaiters = new Set<() => void>();
+  /** Frees of sessions a retired attempt's handler built but may not bind; retire waits for them. */
+  private readonly freeing = new Set<Promise<void>>();
   private context: ParticipantContext | undefined;
 
   constructor(options: ResourcesKindOptions) {
@@ -146,8 +148,16 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     else if (ticket.role === "verify" || ticket.role === "close") this.end(ticket.sessionId, ticket.episode);
   }
 
-  /** Explicit lifecycle for protocols no route reveals (Gymnasium reset / terminal step). */
+  /**
+   * Explicit lifecycle for protocols no route reveals (Gymnasium reset / terminal step). A retired
+   * attempt's request that got into its handler before the retire binds nothing: whatever its
+   * handler built is freed (the retire waits for that) and the request gets `stale_attempt`.
+   */
   bind(sessionId: string, episode: EpisodeId): void {
+    if (this.context?.isRetired(episode)) {
+      this.freeUnbound(sessionId);
+      throw new CheckpointError("stale_attempt", `${captureKey(episode)} was retired`);
+    }
     const existing = this.sessions.get(sessionId);
     if (existing && sameEpisode(existing.episode, episode)) {
       existing.restored = false;
@@ -263,20 +273,27 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
 
   async retire(episodes: EpisodeId[]): Promise<void> {
     const covers = (episode: EpisodeId) => episodes.some((e) => e.rollout_id === episode.rollout_id && episode.attempt <= e.attempt);
-    const targets = [...this.sessions.values()].filter((s) => covers(s.episode));
-    for (const s of targets) {
-      this.retiring.set(s.sessionId, s.episode);
-      let ids = this.retiredSessions.get(s.episode.rollout_id);
-      if (!ids) this.retiredSessions.set(s.episode.rollout_id, (ids = new Set()));
-      ids.add(s.sessionId);
-      this.retiredSessionRollout.set(s.sessionId, s.episode.rollout_id);
+    const targets = new Map<string, Session>();
+    // A seed of a covered attempt already inside its handler binds its session only once it
+    // succeeds, after the sessions were listed: list again after every wait until none is new.
+    for (let round = 0; ; round++) {
+      const fresh = [...this.sessions.values()].filter((s) => covers(s.episode) && !targets.has(s.sessionId));
+      if (round > 0 && fresh.length === 0) break;
+      for (const s of fresh) {
+        targets.set(s.sessionId, s);
+        this.retiring.set(s.sessionId, s.episode);
+        let ids = this.retiredSessions.get(s.episode.rollout_id);
+        if (!ids) this.retiredSessions.set(s.episode.rollout_id, (ids = new Set()));
+        ids.add(s.sessionId);
+        this.retiredSessionRollout.set(s.sessionId, s.episode.rollout_id);
+      }
+      this.context?.notifyReadinessChanged();
+      // Stop: wait for every request of those sessions or attempts, replayable ones included.
+      await this.waitUntil(() => ![...this.active].some((r) => covers(r.episode) || (r.sessionId !== undefined && targets.has(r.sessionId))));
     }
-    this.context?.notifyReadinessChanged();
-    const ids = new Set(targets.map((s) => s.sessionId));
-    // Stop: wait for every request of those sessions or attempts, replayable ones included.
-    await this.waitUntil(() => ![...this.active].some((r) => covers(r.episode) || (r.sessionId !== undefined && ids.has(r.sessionId))));
+    await Promise.all([...this.freeing]);
     // Free, then drop. A failing hook leaves the session retiring (a blocker) so the retire can be retried.
-    for (const s of targets) {
+    for (const s of targets.values()) {
       await this.hooks.retireSessionState?.(s.sessionId);
       this.sessions.delete(s.sessionId);
       this.retiring.delete(s.sessionId);
@@ -330,6 +347,19 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     if (request.sessionId !== undefined && request.role !== "seed" && this.retiredSessionRollout.has(request.sessionId)) {
       throw new CheckpointError("stale_attempt", `session of ${request.episode.rollout_id} was retired`);
     }
+  }
+
+  /** Frees a session a retired attempt's handler may have built; tolerated like any retire free. */
+  private freeUnbound(sessionId: string): void {
+    const free = (async () => {
+      try {
+        await this.hooks.retireSessionState?.(sessionId);
+      } catch (error) {
+        this.logger?.warn({ err: error }, "freeing the session of a retired attempt failed");
+      }
+    })();
+    this.freeing.add(free);
+    void free.finally(() => this.freeing.delete(free));
   }
 
   private restoredCount(): number {

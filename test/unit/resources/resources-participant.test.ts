@@ -375,6 +375,68 @@ describe("retire, forget and the lifecycle", () => {
     expect((await a.post("/ng-rollout/r1-a1/seed_session", {}, cookie)).statusCode).toBe(200);
   });
 
+  /** Holds every seed in its handler until `release()`; its state lives until retireSessionState. */
+  function heldSeedServer(mode: CheckpointMode) {
+    return class HeldSeed extends ResourcesServer {
+      static override readonly checkpointMode: CheckpointMode = mode;
+      readonly states = new Set<string>();
+      entered = 0;
+      release: () => void = () => undefined;
+      private readonly gate = new Promise<void>((resolve) => (this.release = resolve));
+      routes(app: FastifyInstance, sessions: SessionAccess): void {
+        app.post("/seed_session", async (request) => {
+          this.entered += 1;
+          await this.gate;
+          this.states.add(sessions.require(request).sessionId);
+          return {};
+        });
+      }
+      override async exportSessionStates(ids: string[]): Promise<Record<string, JsonValue>> {
+        return Object.fromEntries(ids.filter((id) => this.states.has(id)).map((id) => [id, {}]));
+      }
+      override async restoreSessionStates(): Promise<void> {}
+      override async retireSessionState(sessionId: string): Promise<void> {
+        this.states.delete(sessionId);
+      }
+    };
+  }
+
+  it("retire frees the session of a seed that was inside its handler; the seed gets stale_attempt", async () => {
+    const Server = heldSeedServer("restart_only");
+    const server = new Server();
+    const a = await harness(server);
+    const seed = a.post("/ng-rollout/r1/seed_session", {});
+    await until(() => server.entered === 1, "the seed to start");
+    let retired = false;
+    const retire = a.call("retire", { checkpoint_id: "r", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }).then(() => (retired = true));
+    await until(() => a.kind.readiness().blockers.includes("r1"), "the retire to wait for the seed");
+    expect(retired).toBe(false);
+    server.release();
+    const reply = await seed;
+    await retire;
+    expect(reply.statusCode).toBe(409);
+    expect(reply.json().error.code).toBe("stale_attempt");
+    expect(reply.headers["set-cookie"]).toBeUndefined();
+    expect(server.states.size).toBe(0);
+    expect(a.kind.readiness()).toMatchObject({ blockers: [], restarts: [], counts: { sessions: 0, inflight: 0 } });
+  });
+
+  it("a retire lists the sessions again after waiting: one bound meanwhile is freed too", async () => {
+    const Server = heldSeedServer("exported");
+    const server = new Server();
+    const a = await harness(server);
+    const seed = a.post("/ng-rollout/r1/seed_session", {});
+    await until(() => server.entered === 1, "the seed to start");
+    // Straight to the kind: no retired mark, so the seed binds its session while the retire waits.
+    const retire = a.kind.retire([{ rollout_id: "r1", attempt: 0 }]);
+    server.release();
+    expect((await seed).statusCode).toBe(200);
+    await retire;
+    expect(server.states.size).toBe(0);
+    expect(a.kind.readiness()).toMatchObject({ blockers: [], counts: { sessions: 0, inflight: 0 } });
+    expect(a.kind.statusExtras().retired_sessions).toBe(1);
+  });
+
   it("explicit started/ended hooks give reset/step protocols a lifecycle", async () => {
     class Gymnasium extends ResourcesServer {
       static override readonly checkpointMode: CheckpointMode = "stateless";
