@@ -51,6 +51,19 @@ class GatedServer extends CounterServer {
       this.replies.push({ status: reply.statusCode, body: String(payload) });
       return payload;
     };
+    // Its handler holds until `open()`, then resolves nothing: Fastify answers no one whose client left.
+    app.post("/hold_then_nothing", async (_request, reply) => {
+      reply.raw.once("close", () => (this.clientGone = true));
+      this.holding = true;
+      await this.gate;
+      this.finished = true;
+    });
+    // Answers on the raw socket itself: Fastify runs no onSend.
+    app.post("/hijacked", async (_request, reply) => {
+      reply.hijack();
+      reply.raw.writeHead(200, { "content-type": "application/json" });
+      reply.raw.end("{}");
+    });
     // Parked after its body was read (an async preValidation hook of the server's own).
     app.post("/read_then_park", { preValidation: park, onSend: record }, increment);
     // Parked before its body is read (an async onRequest hook of the server's own).
@@ -123,6 +136,27 @@ describe("resources: a client that disconnects mid-call", () => {
     expect(server.inflightInHandler).toBe(1);
     expect(server.counters.get(sessionId)).toBe(1);
     expect(kind.readiness().counts.inflight).toBe(0);
+  });
+
+  it("releases such a call once its handler resolved nothing: Fastify sends no reply, so no onSend", async () => {
+    const { server, kind, base, cookie } = await start();
+    await postAndGiveUp(server, `${base}/ng-rollout/ab-1/hold_then_nothing`, { "content-type": "application/json", cookie }, "{}");
+    expect(kind.readiness().counts.inflight).toBe(1);
+    let retired = false;
+    const retiring = kind.retire([{ rollout_id: "ab-1", attempt: 0 }]).then(() => (retired = true));
+    server.open();
+    await waitUntil(() => server.finished, "the handler to finish");
+    await waitUntil(() => retired, "the retire to stop waiting for the call", 2000);
+    await retiring;
+    expect(kind.readiness()).toMatchObject({ blockers: [], counts: { inflight: 0, sessions: 0 } });
+  });
+
+  it("releases a call whose handler hijacked the reply", async () => {
+    const { kind, base, cookie } = await start();
+    const reply = await fetch(`${base}/ng-rollout/ab-1/hijacked`, { method: "POST", headers: { "content-type": "application/json", cookie }, body: "{}" });
+    expect(await reply.json()).toEqual({});
+    await waitUntil(() => kind.readiness().counts.inflight === 0, "the hijacked call to be released", 2000);
+    expect(kind.readiness().blockers).toEqual([]);
   });
 
   it("refuses such a call with stale_attempt once its session was retired; the retire waits for it", async () => {

@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyRequest } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { CheckpointError, parseRolloutPath, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import type { RequestRole, RequestTicket, ResourcesKind } from "./resources-kind.js";
@@ -29,6 +29,12 @@ interface Admitted {
   read: boolean;
   /** The client went away before that: released, and refused should it get further. */
   abandoned: boolean;
+  /** onSend ran (it releases the request). */
+  sending: boolean;
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return typeof value === "object" && value !== null && typeof (value as { then?: unknown }).then === "function";
 }
 
 function roleOf(route: string): RequestRole {
@@ -79,7 +85,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       }
       const ticket = await kind.admit({ episode, sessionId, role }, abort.signal);
       reply.raw.off("close", onClose);
-      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false };
+      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false };
       admitted.set(request, entry);
       // Before its body is read, a closed request never gets an onSend (Fastify waits forever on
       // the destroyed stream, or fails the read): release it now. Once read, onSend releases it.
@@ -105,18 +111,55 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
   });
 
   // The fences again at the handler's start: a retire that came meanwhile waits for this request.
+  // Once the handler settled, a request Fastify will not reply to gets no onSend: release it then.
   app.addHook("onRoute", (route) => {
     const handler = route.handler;
     route.handler = function (this: FastifyInstance, request, reply) {
       const entry = admitted.get(request);
-      if (entry) kind.enter(entry.ticket);
-      return handler.call(this, request, reply);
+      if (!entry) return handler.call(this, request, reply);
+      kind.enter(entry.ticket);
+      const result: unknown = handler.call(this, request, reply);
+      if (isThenable(result)) {
+        return result.then(
+          (payload) => (releaseUnanswered(entry, request, reply, { payload }), payload),
+          (error: unknown) => {
+            releaseUnanswered(entry, request, reply, { failed: true });
+            throw error;
+          },
+        );
+      }
+      // A synchronous handler that returned nothing sent its reply itself, hijacked it, or sends later.
+      if (result === undefined) releaseUnanswered(entry, request, reply, { payload: undefined, sync: true });
+      return result;
     };
   });
+
+  /**
+   * Mirrors when Fastify sends nothing after the handler (so no onSend runs): the reply was
+   * hijacked or already ended, or an async handler resolved undefined after its client left.
+   */
+  const releaseUnanswered = (
+    entry: Admitted,
+    request: FastifyRequest,
+    reply: FastifyReply,
+    outcome: { payload?: unknown; failed?: boolean; sync?: boolean },
+  ) => {
+    if (entry.sending) return;
+    let sends: boolean;
+    if (reply.sent) sends = false;
+    else if (outcome.failed) sends = true;
+    else if (outcome.sync) return; // it may still call reply.send
+    else {
+      const clientGone = request.raw.aborted || !request.socket || request.socket.destroyed;
+      sends = outcome.payload !== undefined || (!reply.raw.headersSent && !clientGone);
+    }
+    if (!sends) kind.release(entry.ticket);
+  };
 
   app.addHook("onSend", async (request, reply, payload) => {
     const entry = admitted.get(request);
     if (!entry) return payload;
+    entry.sending = true;
     kind.release(entry.ticket);
     if (entry.seedReply) {
       reply.header(HEADER_CHECKPOINT_VERIFY, kind.verify);
