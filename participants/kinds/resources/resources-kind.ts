@@ -141,6 +141,17 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.refuseRetired(ticket);
   }
 
+  /**
+   * A request that is no seed starts a session (`sessions.started`). On restart_only servers it
+   * neither waited nor counts, so while admission is closed it is refused: the restart set must
+   * not change during a checkpoint.
+   */
+  checkStart(ticket: RequestTicket): void {
+    if (this.mode === "restart_only" && ticket.role !== "seed" && !this.gate.isOpen) {
+      throw new CheckpointError("admission_closed", "a checkpoint is open; a restart_only server starts no session until resume");
+    }
+  }
+
   /** Called while the request still counts in flight, after a 2xx response was produced. */
   succeeded(ticket: RequestTicket): void {
     if (ticket.sessionId === undefined) return;

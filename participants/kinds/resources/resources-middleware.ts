@@ -11,7 +11,11 @@ export interface SessionAccess {
   of(request: FastifyRequest): { episode: EpisodeId; sessionId: string | undefined } | undefined;
   /** Like `of`, but the session id must exist (it always does on `/seed_session`). */
   require(request: FastifyRequest): { episode: EpisodeId; sessionId: string };
-  /** For reset/step protocols: this request starts a session (issues the cookie if needed). */
+  /**
+   * For reset/step protocols: this request starts a session (issues the cookie if needed). Call it
+   * before changing anything: on a restart_only server it throws `admission_closed` while a
+   * checkpoint is open.
+   */
   started(request: FastifyRequest): string;
   /** For reset/step protocols: this request ends its session. */
   ended(request: FastifyRequest): void;
@@ -186,6 +190,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     started(request) {
       const entry = admitted.get(request);
       if (!entry) throw new CheckpointError("invalid_request", "this request did not pass the checkpoint middleware");
+      kind.checkStart(entry.ticket);
       const bound = entry.sessionId === undefined ? undefined : kind.sessionEpisode(entry.sessionId);
       if (entry.sessionId === undefined || (bound && !sameEpisode(bound, entry.ticket.episode))) {
         entry.sessionId = newSessionId();

@@ -320,6 +320,28 @@ describe("admission during a checkpoint", () => {
     expect(a.kind.readiness().restarts).toEqual(["r1", "r2-a1", "r3"]);
   });
 
+  it("restart-only: a reset-style route starts no session while admission is closed", async () => {
+    class Gymnasium extends ResourcesServer {
+      static override readonly checkpointMode: CheckpointMode = "restart_only";
+      routes(app: FastifyInstance, sessions: SessionAccess): void {
+        app.post("/reset", async (request) => ({ session: sessions.started(request) }));
+      }
+    }
+    const a = await harness(new Gymnasium());
+    await a.post("/ng-rollout/g1/reset");
+    const prepared = await a.call("prepare", { checkpoint_id: "c1" });
+    expect(prepared.report).toMatchObject({ ready: true, restarts: ["g1"] });
+    const during = await a.post("/ng-rollout/g2/reset");
+    expect(during.statusCode).toBe(409);
+    expect(during.json().error.code).toBe("admission_closed");
+    expect(during.headers["set-cookie"]).toBeUndefined();
+    expect(a.kind.readiness()).toMatchObject({ restarts: ["g1"], counts: { sessions: 1 } });
+    expect((await a.call("commit", { checkpoint_id: "c1", episode_ids: [] })).episode_ids).toEqual([]);
+    await a.call("resume", { checkpoint_id: "c1" });
+    expect((await a.post("/ng-rollout/g2/reset")).statusCode).toBe(200);
+    expect(a.kind.readiness().restarts).toEqual(["g1", "g2"]);
+  });
+
   it("restart-only servers cannot restore records", async () => {
     const a = await harness(new CalculatorServer());
     await a.seed("r1");
