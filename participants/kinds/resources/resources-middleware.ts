@@ -89,6 +89,13 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       }
       const ticket = await kind.admit({ episode, sessionId, role }, abort.signal);
       reply.raw.off("close", onClose);
+      // A late close of another attempt: its session lives on under the attempt that owns it now,
+      // so the handler must not free it. Closing is never refused, so it is answered as done.
+      const bound = role === "close" && sessionId !== undefined ? kind.sessionEpisode(sessionId) : undefined;
+      if (bound && !sameEpisode(bound, episode)) {
+        kind.release(ticket);
+        return reply.code(200).type("application/json").send({});
+      }
       const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false };
       admitted.set(request, entry);
       // Before its body is read, a closed request never gets an onSend (Fastify waits forever on

@@ -521,6 +521,19 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.readiness().counts.sessions).toBe(1);
   });
 
+  it("a late close of another attempt is answered without running its handler", async () => {
+    const server = new CounterServer();
+    const a = await harness(server);
+    const cookie = await a.seed("r1-a2");
+    expect((await a.post("/ng-rollout/r1-a2/increment", {}, cookie)).json()).toEqual({ count: 1 });
+    const late = await a.post("/ng-rollout/r1-a1/close_session", {}, cookie);
+    expect(late.statusCode).toBe(200);
+    expect(late.json()).toEqual({});
+    expect(server.counters.get(cookie.split("=")[1]!)).toBe(1);
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 1, inflight: 0 });
+    expect((await a.post("/ng-rollout/r1-a2/increment", {}, cookie)).json()).toEqual({ count: 2 });
+  });
+
   it("an exported server must implement its hooks", async () => {
     class Incomplete extends ResourcesServer {
       static override readonly checkpointMode: CheckpointMode = "exported";
