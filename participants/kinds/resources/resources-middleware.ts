@@ -171,14 +171,18 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     const entry = admitted.get(request);
     if (!entry) return payload;
     entry.sending = true;
-    kind.release(entry.ticket);
-    if (entry.seedReply) {
-      reply.header(HEADER_CHECKPOINT_VERIFY, kind.verify);
-      if (kind.mode === "restart_only") reply.header(HEADER_CHECKPOINT_RESTART, "1");
-    }
-    if (reply.statusCode >= 200 && reply.statusCode < 300) {
-      kind.succeeded({ ...entry.ticket, sessionId: entry.sessionId });
-      if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
+    // Bound or ended while still in flight: a prepare that sees the request gone sees its session.
+    try {
+      if (entry.seedReply) {
+        reply.header(HEADER_CHECKPOINT_VERIFY, kind.verify);
+        if (kind.mode === "restart_only") reply.header(HEADER_CHECKPOINT_RESTART, "1");
+      }
+      if (reply.statusCode >= 200 && reply.statusCode < 300) {
+        kind.succeeded({ ...entry.ticket, sessionId: entry.sessionId });
+        if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
+      }
+    } finally {
+      kind.release(entry.ticket);
     }
     return payload;
   });

@@ -301,6 +301,17 @@ describe("admission during a checkpoint", () => {
     expect(a.kind.readiness().counts.sessions).toBe(2);
   });
 
+  it("a seed's session is bound before the seed stops counting in flight", async () => {
+    const { app, kind } = await createResourcesApp(new CalculatorServer());
+    const seen: { inflight: number; sessions: number }[] = [];
+    kind.attach({ notifyReadinessChanged: () => seen.push({ inflight: kind.readiness().counts.inflight!, sessions: kind.readiness().counts.sessions! }), isRetired: () => false });
+    const reply = await app.inject({ method: "POST", url: "/ng-rollout/r1/seed_session", payload: { task: { expression: "1" } } });
+    await app.close();
+    expect(reply.statusCode).toBe(200);
+    // What a waiting prepare reads when the seed is released: no longer in flight, session there.
+    expect(seen).toEqual([{ inflight: 1, sessions: 0 }, { inflight: 0, sessions: 1 }]);
+  });
+
   it("restart-only: sessions are restarts, a commit naming one is refused, only seeds wait", async () => {
     const Server = calculatorServerClass("restart_only", "wait");
     const a = await harness(new Server());
