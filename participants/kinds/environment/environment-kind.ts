@@ -35,10 +35,11 @@ export class EnvironmentKind implements ParticipantKind<EnvironmentRecord> {
   }
 
   readiness(): KindReadiness {
-    const states = this.episodes.steps.states();
+    // parked / replay_step count what a commit exports now (restarts and retiring episodes are not).
+    const exportable = this.episodes.steps.exportableCounts();
     return {
       blockers: this.episodes.steps.blockers(),
-      counts: { episodes: this.episodes.steps.size, parked: states.parked, replay_step: states.replay_step, restored_pending: this.episodes.pendingCount },
+      counts: { episodes: this.episodes.steps.size, ...exportable, restored_pending: this.episodes.pendingCount },
       restarts: this.episodes.steps.restarts(),
     };
   }

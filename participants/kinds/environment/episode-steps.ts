@@ -114,6 +114,15 @@ export class EpisodeSteps<D = undefined> {
     return counts;
   }
 
+  /** How many `exportable()` episodes are parked and how many are inside a replay step. */
+  exportableCounts(): { parked: number; replay_step: number } {
+    const counts = { parked: 0, replay_step: 0 };
+    for (const t of this.tracked.values()) {
+      if (this.isExportable(t)) counts[t.state as "parked" | "replay_step"] += 1;
+    }
+    return counts;
+  }
+
   /** Blocking = (running or in a wait step) and not a restart, or retired but not yet stopped. */
   blockers(): string[] {
     return [...this.tracked.values()]
@@ -127,9 +136,7 @@ export class EpisodeSteps<D = undefined> {
 
   /** Parked or inside a replay step, neither retiring nor a restart: exported at the latest boundary. */
   exportable(): ExportableEpisode<D>[] {
-    return [...this.tracked.values()]
-      .filter((t) => !t.retiring && !t.restart && (t.state === "parked" || t.state === "replay_step"))
-      .map((t) => ({ id: t.id, boundary: t.boundary, data: t.data }));
+    return [...this.tracked.values()].filter((t) => this.isExportable(t)).map((t) => ({ id: t.id, boundary: t.boundary, data: t.data }));
   }
 
   close(): void {
@@ -285,6 +292,10 @@ export class EpisodeSteps<D = undefined> {
         }
       },
     };
+  }
+
+  private isExportable(t: Tracked<D>): boolean {
+    return !t.retiring && !t.restart && (t.state === "parked" || t.state === "replay_step");
   }
 
   private schedule(t: Tracked<D>): void {

@@ -200,3 +200,32 @@ describe("environment participant", () => {
     expect(EnvironmentRecordSchema.safeParse(good).success).toBe(true);
   });
 });
+
+describe("environment readiness counts", () => {
+  it("counts parked and replay_step episodes as exported: a restart parked at a boundary is not", async () => {
+    const kind = new EnvironmentKind();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const restart = kind.begin(ep("rs"), TASK, {}, async (e) => {
+      await e.markRestart();
+      await gate;
+      await e.boundary({ next: "again" });
+    });
+    let releaseOther!: () => void;
+    const otherGate = new Promise<void>((resolve) => (releaseOther = resolve));
+    const exported = kind.begin(ep("ex"), TASK, {}, async (e) => {
+      await otherGate;
+      await e.boundary({ next: "again" });
+    });
+    await flush();
+    await kind.closeAdmission();
+    release();
+    releaseOther();
+    for (let i = 0; i < 50 && kind.episodes.steps.states().parked < 2; i++) await flush();
+    expect(kind.episodes.steps.states().parked).toBe(2);
+    expect(kind.readiness()).toMatchObject({ blockers: [], restarts: ["rs"], counts: { episodes: 2, parked: 1, replay_step: 0 } });
+    expect((await kind.exportRecords(null)).map((r) => r.episode_id)).toEqual([ep("ex")]);
+    await kind.openAdmission();
+    await Promise.all([restart, exported]);
+  });
+});
