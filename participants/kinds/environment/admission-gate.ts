@@ -1,3 +1,5 @@
+import { systemClock, type Clock } from "../../control-plane/clock.js";
+
 /**
  * Open/closed admission shared by the step tracker and agent sessions. Work waiting for "open"
  * re-checks after every wake-up, so a new checkpoint that closes again before a parked waiter runs
@@ -6,6 +8,9 @@
 export class AdmissionGate {
   private closedNow = false;
   private waiters = new Set<() => void>();
+
+  /** The clock runs the `nextChange` timeout, so fake-clock tests control the park retry. */
+  constructor(private readonly clock: Clock = systemClock) {}
 
   get closed(): boolean {
     return this.closedNow;
@@ -31,11 +36,11 @@ export class AdmissionGate {
   nextChange(signal?: AbortSignal, timeoutMs?: number): Promise<void> {
     signal?.throwIfAborted();
     return new Promise<void>((resolve, reject) => {
-      let timer: NodeJS.Timeout | undefined;
+      let cancelTimer: (() => void) | undefined;
       const done = () => {
         this.waiters.delete(wake);
         signal?.removeEventListener("abort", onAbort);
-        if (timer) clearTimeout(timer);
+        cancelTimer?.();
       };
       const wake = () => {
         done();
@@ -47,7 +52,7 @@ export class AdmissionGate {
       };
       this.waiters.add(wake);
       signal?.addEventListener("abort", onAbort, { once: true });
-      if (timeoutMs !== undefined) timer = setTimeout(wake, timeoutMs);
+      if (timeoutMs !== undefined) cancelTimer = this.clock.setTimer(wake, timeoutMs);
     });
   }
 

@@ -85,7 +85,7 @@ const PARK_RETRY_MS = 100;
 
 export class EpisodeSteps<D = undefined> {
   private readonly tracked = new Map<string, Tracked<D>>();
-  readonly gate = new AdmissionGate();
+  readonly gate: AdmissionGate;
   private readonly clock: Clock;
 
   constructor(
@@ -93,6 +93,7 @@ export class EpisodeSteps<D = undefined> {
     clock: Clock = systemClock,
   ) {
     this.clock = clock;
+    this.gate = new AdmissionGate(clock);
   }
 
   get size(): number {

@@ -251,6 +251,26 @@ describe("episode steps", () => {
     await first;
   });
 
+  it("a park while admission is open retries on the injected clock", async () => {
+    const clock = new ManualClock(1_000_000);
+    const steps = new EpisodeSteps(undefined, clock);
+    let resumed = false;
+    const run = steps.run(ep("pk"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "call" });
+      await e.park(); // a callee refused with admission_closed; ours is still open
+      resumed = true;
+    });
+    for (let i = 0; i < 10 && steps.states().parked === 0; i++) await flush();
+    expect(steps.states().parked).toBe(1);
+    clock.advance(99);
+    await flush();
+    expect(resumed).toBe(false);
+    clock.advance(1);
+    await flush();
+    expect(resumed).toBe(true);
+    await run;
+  });
+
   it("markRestart waits for reopen; restarts never block and are never exported", async () => {
     const steps = new EpisodeSteps();
     let episode!: StepEpisode;
