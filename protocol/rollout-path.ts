@@ -18,7 +18,12 @@ export function parseRolloutPath(path: string): RolloutPath | undefined | "inval
   if (!path.startsWith(ROLLOUT_PREFIX)) return undefined;
   const rest = path.slice(ROLLOUT_PREFIX.length);
   const slash = rest.indexOf("/");
-  const key = decodeURIComponent(slash === -1 ? rest : rest.slice(0, slash));
+  let key: string;
+  try {
+    key = decodeURIComponent(slash === -1 ? rest : rest.slice(0, slash));
+  } catch {
+    return "invalid"; // malformed percent-encoding (URIError)
+  }
   const episode = parseCaptureKey(key);
   if (!episode) return "invalid";
   return { episode, captureKey: key, route: slash === -1 ? "/" : rest.slice(slash) };

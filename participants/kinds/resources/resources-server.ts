@@ -1,6 +1,7 @@
 import Fastify, { type FastifyInstance } from "fastify";
 import type { Logger } from "pino";
 import { CheckpointError } from "../../../protocol/index.js";
+import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind } from "./resources-kind.js";
@@ -61,7 +62,12 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
   if (server.retireSessionState) hooks.retireSessionState = server.retireSessionState.bind(server);
   if (server.parkSessionStates) hooks.parkSessionStates = server.parkSessionStates.bind(server);
   const kind = new ResourcesKind({ mode, verify, hooks, owner: options.owner ?? null, ...(options.logger && { logger: options.logger }) });
-  const app = Fastify({ logger: false, bodyLimit: options.bodyLimit ?? 1024 * 1024 });
+  const app = Fastify({
+    logger: false,
+    bodyLimit: options.bodyLimit ?? 1024 * 1024,
+    // A path that does not decode (e.g. `/ng-rollout/%E0/…`) is refused by the router before any hook.
+    frameworkErrors: (error, _request, reply) => sendRefusal(reply, new CheckpointError("invalid_request", error.message)),
+  });
   // Callers often POST an empty body (close_session); treat it as {}.
   app.removeContentTypeParser("application/json");
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {

@@ -545,6 +545,13 @@ describe("retire, forget and the lifecycle", () => {
     expect((await a.post("/ng-rollout/r1-a2/increment", {}, cookie)).json()).toEqual({ count: 2 });
   });
 
+  it("a prefix whose capture key does not decode is invalid_request, not an internal error", async () => {
+    const a = await harness(new CalculatorServer());
+    const reply = await a.post("/ng-rollout/%E0/seed_session", { task: { expression: "1" } });
+    expect(reply.statusCode).toBe(400);
+    expect(reply.json().error.code).toBe("invalid_request");
+  });
+
   it("an exported server must implement its hooks", async () => {
     class Incomplete extends ResourcesServer {
       static override readonly checkpointMode: CheckpointMode = "exported";
