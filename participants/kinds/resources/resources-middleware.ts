@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { CheckpointError, parseRolloutPath, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
+import { CheckpointError, ROLLOUT_PREFIX, parseRolloutPath, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import type { RequestRole, RequestTicket, ResourcesKind } from "./resources-kind.js";
 import { HEADER_CHECKPOINT_RESTART, HEADER_CHECKPOINT_VERIFY, ROUTE_CLOSE, ROUTE_SEED, ROUTE_VERIFY } from "./resources-modes.js";
@@ -41,6 +41,19 @@ function isThenable(value: unknown): value is PromiseLike<unknown> {
   return typeof value === "object" && value !== null && typeof (value as { then?: unknown }).then === "function";
 }
 
+/**
+ * The route Fastify matched, without the rollout prefix (`/ng-rollout/:capture_key/seed_session`
+ * → `/seed_session`): the raw path may be percent-encoded (`/%73eed_session` reaches the seed
+ * handler too). The path itself when no route matched.
+ */
+function matchedRoute(request: FastifyRequest, path: string): string {
+  const url = request.routeOptions.url;
+  if (url === undefined) return path;
+  if (!url.startsWith(ROLLOUT_PREFIX)) return url;
+  const slash = url.indexOf("/", ROLLOUT_PREFIX.length);
+  return slash === -1 ? "/" : url.slice(slash);
+}
+
 function roleOf(route: string): RequestRole {
   const path = route.split("?")[0]!.replace(/\/+$/, "");
   if (path === ROUTE_SEED) return "seed";
@@ -70,17 +83,14 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       const parsed = parseRolloutPath(path);
       if (parsed === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not hold a valid capture key");
       let episode: EpisodeId;
-      let route: string;
       if (parsed) {
         episode = parsed.episode;
-        route = parsed.route;
       } else {
         const bound = cookie === undefined ? undefined : kind.sessionEpisode(cookie);
         if (!bound) throw new CheckpointError("rollout_id_required", "send episode-scoped calls under /ng-rollout/<capture_key>/");
         episode = bound;
-        route = path;
       }
-      const role = roleOf(route);
+      const role = roleOf(matchedRoute(request, parsed ? parsed.route : path));
       let sessionId = cookie;
       if (role === "seed") {
         // A seed keeps the cookie only when it already names this episode's session.

@@ -353,6 +353,23 @@ describe("admission during a checkpoint", () => {
     expect(a.kind.readiness().restarts).toEqual(["g1", "g2"]);
   });
 
+  it("a percent-encoded seed route is classified as the seed Fastify runs: it waits on restart_only", async () => {
+    const Server = calculatorServerClass("restart_only", "wait");
+    const a = await harness(new Server());
+    const seeded = await a.post("/ng-rollout/r1/%73eed_session", { task: { expression: "1" } });
+    expect(seeded.statusCode).toBe(200);
+    expect(seeded.headers["x-ng-checkpoint-restart"]).toBe("1");
+    expect(a.kind.readiness().restarts).toEqual(["r1"]);
+    await a.call("prepare", { checkpoint_id: "c1" });
+    const late = a.post("/ng-rollout/r2/seed_sessio%6E", { task: { expression: "1" } });
+    await until(() => a.kind.readiness().counts.waiting === 1, "the encoded seed to wait");
+    expect(a.kind.readiness().restarts).toEqual(["r1"]);
+    await a.call("commit", { checkpoint_id: "c1", episode_ids: [] });
+    await a.call("resume", { checkpoint_id: "c1" });
+    expect((await late).statusCode).toBe(200);
+    expect(a.kind.readiness().restarts).toEqual(["r1", "r2"]);
+  });
+
   it("restart-only servers cannot restore records", async () => {
     const a = await harness(new CalculatorServer());
     await a.seed("r1");
