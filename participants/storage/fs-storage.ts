@@ -123,8 +123,8 @@ export class FsCheckpointStorage implements CheckpointStorage {
       await link(temp, manifestPath);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-      const existing = await readFile(manifestPath, "utf8");
-      if (existing !== text) {
+      // Read at most as many bytes as ours: a manifest of another size (a huge one too) differs anyway.
+      if ((await stat(manifestPath)).size !== Buffer.byteLength(text) || (await readFile(manifestPath, "utf8")) !== text) {
         throw new CheckpointError("checkpoint_conflict", `${manifestPath} already exists with different content`);
       }
     } finally {

@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, readFile, rm, writeFile, unlink } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, truncate, writeFile, unlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -59,6 +59,14 @@ describe("filesystem checkpoint storage", () => {
     expect(await code(write(new WriteGate(), records.slice(0, 1)))).toBe("checkpoint_conflict");
     const read = await storage.read(target, ScriptRecordSchema);
     expect(read.records).toHaveLength(2);
+  });
+
+  it("refuses an existing manifest of another size without reading it (a huge one included)", async () => {
+    await mkdir(participantDir(target), { recursive: true });
+    const manifest = join(participantDir(target), "manifest.json");
+    await writeFile(manifest, "");
+    await truncate(manifest, 3 * 2 ** 30); // sparse: readFile would fail with ERR_FS_FILE_TOO_LARGE
+    expect(await code(write())).toBe("checkpoint_conflict");
   });
 
   it("fsyncs the parent of every directory it creates, so the participant's entry survives a power loss", async () => {
