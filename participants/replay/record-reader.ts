@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import fs, { type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
+import { LineSplitter } from "../storage/line-splitter.js";
 import { describeIssues, invalidState } from "./errors.js";
 import { defaultLogger } from "./log.js";
 import { checkIndex, type IndexRow } from "./rollout-index.js";
@@ -252,9 +253,6 @@ async function* parseAll(
   stats: ReadStats,
   logger: Logger,
 ): AsyncGenerator<LoadedRecord> {
-  let carry = Buffer.alloc(0);
-  let carryOffset = 0; // file offset of carry[0]
-  let position = 0;
   let ordinal = 0;
   const take = (line: Buffer, offset: number, last: boolean): LoadedRecord | null => {
     const current = ordinal++;
@@ -280,24 +278,21 @@ async function* parseAll(
     return { trace, file, ordinal: current, offset, len: line.length };
   };
 
-  for (;;) {
+  const splitter = new LineSplitter();
+  for (let position = 0; ; ) {
     const chunk = Buffer.allocUnsafe(CHUNK);
     const { bytesRead } = await handle.read(chunk, 0, CHUNK, position);
     if (bytesRead === 0) break;
     position += bytesRead;
     stats.bytesRead += bytesRead;
-    const data = carry.length > 0 ? Buffer.concat([carry, chunk.subarray(0, bytesRead)]) : chunk.subarray(0, bytesRead);
-    let start = 0;
-    for (let nl = data.indexOf(0x0a, start); nl !== -1; nl = data.indexOf(0x0a, start)) {
-      const record = take(data.subarray(start, nl + 1), carryOffset + start, false);
+    for (const line of splitter.push(chunk.subarray(0, bytesRead))) {
+      const record = take(line.bytes, line.offset, false);
       if (record) yield record;
-      start = nl + 1;
     }
-    carry = data.subarray(start);
-    carryOffset += start;
   }
-  if (carry.length > 0) {
-    const record = take(carry, carryOffset, true);
+  const last = splitter.end();
+  if (last) {
+    const record = take(last.bytes, last.offset, true);
     if (record) yield record;
   }
 }

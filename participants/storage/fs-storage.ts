@@ -16,6 +16,7 @@ import {
 } from "../../protocol/index.js";
 import type { CheckpointStorage, ParticipantTarget, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
 import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
+import { LineSplitter, type SplitLine } from "./line-splitter.js";
 import type { WriteGate } from "./write-gate.js";
 
 const WRITE_CHUNK_CHARS = 1 << 20;
@@ -192,26 +193,20 @@ export async function scanRecordLines(
   const hash = createHash("sha256");
   let bytes = 0;
   let count = 0;
-  // The pieces of a line longer than a chunk, joined once its newline arrives: re-joining the
-  // carried part for every chunk made one large record cost quadratic time.
-  let pending: Buffer[] = [];
+  const splitter = new LineSplitter();
+  const text = (line: SplitLine) => (line.terminated ? line.bytes.subarray(0, -1) : line.bytes).toString("utf8");
+  // The final line too: a line too long for a string must be invalid_checkpoint_state, not internal.
   try {
     for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) {
       hash.update(chunk);
       bytes += chunk.byteLength;
-      let start = 0;
-      for (let newline = chunk.indexOf(0x0a); newline !== -1; newline = chunk.indexOf(0x0a, start)) {
-        const piece = chunk.subarray(start, newline);
-        onLine((pending.length ? Buffer.concat([...pending, piece]) : piece).toString("utf8"), count++);
-        pending = [];
-        start = newline + 1;
-      }
-      if (start < chunk.byteLength) pending.push(Buffer.from(chunk.subarray(start)));
+      for (const line of splitter.push(chunk)) onLine(text(line), count++);
     }
+    const last = splitter.end();
+    if (last) onLine(text(last), count++);
   } catch (error) {
     if (error instanceof CheckpointError) throw error;
     throw corrupt(`cannot read ${path}: ${(error as Error).message}`, error);
   }
-  if (pending.length) onLine(Buffer.concat(pending).toString("utf8"), count++);
   return { bytes, count, digest: hash.digest("hex") };
 }

@@ -159,4 +159,14 @@ describe("scanRecordLines", () => {
     expect(lines).toEqual(['{"a":1}', big, "", '{"b":2}']);
     expect(scanned).toEqual({ bytes: Buffer.byteLength(text), count: 4, digest: sha256Hex(text) });
   });
+
+  it("a final line that cannot be handled is invalid_checkpoint_state, like any other line", async () => {
+    const file = join(root, "records.jsonl");
+    await writeFile(file, '{"a":1}\n{"b":2}');
+    // What a line too long for a string throws (RangeError), without writing 512 MiB.
+    const failing = (line: string) => {
+      if (line === '{"b":2}') throw new RangeError("Cannot create a string longer than 0x1fffffe8 characters");
+    };
+    expect(await code(scanRecordLines(file, failing))).toBe("invalid_checkpoint_state");
+  });
 });

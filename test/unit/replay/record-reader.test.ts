@@ -139,6 +139,23 @@ describe("append-mode files", () => {
   });
 });
 
+describe("long lines", () => {
+  it("join the pieces of a line spanning many read chunks once, not once per chunk", async () => {
+    const hand = path.join(dir, "traces.jsonl");
+    const huge = "x".repeat(20 << 20); // five 4 MiB read chunks, no newline: a torn final line
+    await writeFile(hand, JSON.stringify(linearTrace(traceId(1))) + "\n" + huge);
+    const concat = vi.spyOn(Buffer, "concat");
+    try {
+      const r = await read(hand, open, { useIndex: false });
+      expect(r.ids).toEqual([traceId(1)]);
+      expect(r.stats.tornLines).toBe(1);
+      expect(concat.mock.calls.length).toBeLessThanOrEqual(1);
+    } finally {
+      concat.mockRestore();
+    }
+  });
+});
+
 describe("stale, foreign and hostile indexes", () => {
   async function fixture() {
     const traces = [linearTrace(traceId(1), 0), linearTrace(traceId(2), 1), linearTrace(traceId(3), 0)];

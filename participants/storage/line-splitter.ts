@@ -1,0 +1,42 @@
+/** One line of a byte stream: its bytes (with the newline when it has one) and where it starts. */
+export interface SplitLine {
+  bytes: Buffer;
+  offset: number;
+  terminated: boolean;
+}
+
+/**
+ * Splits a stream of chunks into lines. The pieces of a line longer than a chunk are joined once,
+ * when its newline (or the end) arrives: re-joining the carried part for every chunk made one
+ * large line cost quadratic time.
+ */
+export class LineSplitter {
+  private pending: Buffer[] = [];
+  private lineOffset = 0;
+  private position = 0;
+
+  /** The lines this chunk completes, in order. */
+  push(chunk: Buffer): SplitLine[] {
+    const lines: SplitLine[] = [];
+    let start = 0;
+    for (let newline = chunk.indexOf(0x0a); newline !== -1; newline = chunk.indexOf(0x0a, start)) {
+      const piece = chunk.subarray(start, newline + 1);
+      lines.push({ bytes: this.pending.length ? Buffer.concat([...this.pending, piece]) : piece, offset: this.lineOffset, terminated: true });
+      this.pending = [];
+      this.lineOffset = this.position + newline + 1;
+      start = newline + 1;
+    }
+    // Copied: the caller may reuse its chunk buffer.
+    if (start < chunk.byteLength) this.pending.push(Buffer.from(chunk.subarray(start)));
+    this.position += chunk.byteLength;
+    return lines;
+  }
+
+  /** The final line without a newline, if any. */
+  end(): SplitLine | undefined {
+    if (!this.pending.length) return undefined;
+    const line = { bytes: Buffer.concat(this.pending), offset: this.lineOffset, terminated: false };
+    this.pending = [];
+    return line;
+  }
+}
