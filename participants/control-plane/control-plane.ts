@@ -1,4 +1,6 @@
 import { trace, type Context, type Span } from "@opentelemetry/api";
+import { realpath } from "node:fs/promises";
+import { dirname } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -317,7 +319,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async commit(request: CommitRequest): Promise<CommitReply> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
-    const dir = this.checkpointDir(request.checkpoint_dir);
+    const dir = await this.checkpointDir(request.checkpoint_dir);
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
     const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
     const pending = await this.underLock(request, () => {
@@ -431,7 +433,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async restore(request: RestoreRequest): Promise<RestoreReply> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
-    const dir = this.checkpointDir(request.checkpoint_dir);
+    const dir = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));
     const args = `${dir}\u0000${[...scope].sort().join(",")}`;
     return this.underLock(request, async () => {
@@ -650,12 +652,31 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
   }
 
-  private checkpointDir(dir: string): string {
+  private async checkpointDir(dir: string): Promise<string> {
     const normalized = dir.replace(/\/+$/, "") || "/";
     if (this.checkpointRoot && !normalized.startsWith(`${this.checkpointRoot}/`)) {
       throw new CheckpointError("invalid_request", `checkpoint_dir must lie inside ${this.checkpointRoot}`);
     }
+    if (this.checkpointRoot) await this.refuseSymlinkEscape(normalized, this.checkpointRoot);
     return normalized;
+  }
+
+  /**
+   * The textual check does not see symlinks: mkdir -p and open would follow one under the root.
+   * What of the directory exists already must resolve inside the root (before anything is created).
+   */
+  private async refuseSymlinkEscape(dir: string, root: string): Promise<void> {
+    const realRoot = await realpathOrUndefined(root);
+    if (realRoot === undefined) return; // nothing under a missing root exists, so no symlink either
+    let existing = dir;
+    let real = await realpathOrUndefined(existing);
+    while (real === undefined && existing !== root) {
+      existing = dirname(existing);
+      real = await realpathOrUndefined(existing);
+    }
+    if (real !== undefined && real !== realRoot && !real.startsWith(`${realRoot}/`)) {
+      throw new CheckpointError("invalid_request", `checkpoint_dir resolves outside ${root} (a symlink)`);
+    }
   }
 
   /** The reply this (id, op) already got; a retry asking something else is a conflict, not a replay. */
@@ -770,6 +791,17 @@ function spanResult(span: Span, op: PhaseOp, result: unknown): void {
 
 /** How many resumed checkpoints keep their commit reply (a successor re-drives only the newest). */
 const RESUMED_COMMITS_KEPT = 4;
+
+/** The resolved path, or undefined when it does not exist (yet). */
+async function realpathOrUndefined(path: string): Promise<string | undefined> {
+  try {
+    return await realpath(path);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT" || code === "ENOTDIR") return undefined;
+    throw new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${code ?? String(error)}`, { cause: error });
+  }
+}
 
 function cacheKey(id: string, op: string): string {
   return `${id}\u0000${op}`;

@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, symlink } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -6,6 +6,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
 import { refusalCode } from "../../support/refusal.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 const T0 = 1_700_000_000; // seconds; ManualClock starts here
 const DEADLINE = T0 + 30;
@@ -183,8 +184,7 @@ describe("fences and refusals change no state", () => {
     const gate = deferred();
     kind.delay("exportRecords", gate.promise); // the new leader's re-driven write is slow
     const commit = call("commit", { checkpoint_id: "c1", epoch: 6 });
-    for (let i = 0; i < 10 && !kind.hooks().includes("exportRecords"); i++) await flush();
-    expect(kind.hooks()).toContain("exportRecords");
+    await waitUntil(() => kind.hooks().includes("exportRecords"), "the write to start"); // past the checkpoint_dir checks (fs)
     expect(await refused(call("resume", { checkpoint_id: "c1", epoch: 5 }))).toBe("stale_epoch");
     gate.resolve();
     expect((await commit).phase).toBe("committed");
@@ -304,6 +304,24 @@ describe("fences and refusals change no state", () => {
   it("refuses a checkpoint_dir outside the configured root", async () => {
     await call("prepare", { checkpoint_id: "c1" });
     expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: "/etc/c1" }))).toBe("invalid_request");
+  });
+
+  it("refuses a checkpoint_dir that leaves the root through a symlink, before creating anything", async () => {
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
+    try {
+      await symlink(outside, join(root, "escape"));
+      await mkdir(join(root, "inside"));
+      await symlink(join(root, "inside"), join(root, "alias"));
+      await call("prepare", { checkpoint_id: "c1" });
+      expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "escape", "c1") }))).toBe("invalid_request");
+      expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "escape") }))).toBe("invalid_request");
+      expect(await readdir(outside)).toEqual([]);
+      // A symlink that stays inside the root is fine.
+      expect((await call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "alias", "c1") })).phase).toBe("committed");
+      expect(await readdir(join(root, "inside"))).toEqual(["c1"]);
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
   });
 });
 
