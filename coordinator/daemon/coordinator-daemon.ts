@@ -73,7 +73,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const membersKv = await openMembersBucket(nc, config.deployment);
   const registry = new WatchedMemberRegistry(membersKv, logger, clock);
   await registry.start();
-  const journal = await KvDecisionJournal.open(nc, config.deployment);
+  const journal = await KvDecisionJournal.open(nc, config.deployment, logger);
   const catalog = new CheckpointCatalog(config.checkpoint_root);
   let natsApi!: NatsControllerApi;
   let stopped = false;

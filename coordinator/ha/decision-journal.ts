@@ -1,10 +1,12 @@
 import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
+import type { Logger } from "pino";
 import { z } from "zod";
 import {
   CheckpointError,
   CheckpointIdSchema,
   ControllerStateInputSchema,
+  describeZodError,
   EpisodeIdSchema,
   InstanceSchema,
   KindSchema,
@@ -75,10 +77,13 @@ export interface DecisionJournal {
 
 /** The journal in a JetStream KV bucket without TTL (history 1); entries survive coordinator crashes. */
 export class KvDecisionJournal implements DecisionJournal {
-  private constructor(private readonly kv: KV) {}
+  private constructor(
+    private readonly kv: KV,
+    private readonly logger?: Logger,
+  ) {}
 
-  static async open(nc: NatsConnection, deployment: string): Promise<KvDecisionJournal> {
-    return new KvDecisionJournal(await openBucketAsserted(nc, journalBucket(deployment), { history: 1, ttl: 0 }));
+  static async open(nc: NatsConnection, deployment: string, logger?: Logger): Promise<KvDecisionJournal> {
+    return new KvDecisionJournal(await openBucketAsserted(nc, journalBucket(deployment), { history: 1, ttl: 0 }), logger?.child({ component: "journal" }));
   }
 
   async record(entry: JournalEntry): Promise<void> {
@@ -96,8 +101,18 @@ export class KvDecisionJournal implements DecisionJournal {
     for (const key of keys) {
       const e = await this.kv.get(key);
       if (!e || e.operation !== "PUT") continue;
-      const parsed = JournalEntrySchema.safeParse(e.json());
+      // A value nothing here wrote (not JSON, or not an entry) cannot be acted on: skipped, and
+      // logged each time, rather than failing recovery (and so every controller op) for good.
+      let value: unknown;
+      try {
+        value = e.json();
+      } catch {
+        this.logger?.error({ key, revision: e.revision, bytes: e.length }, "journal_entry_not_json_skipped");
+        continue;
+      }
+      const parsed = JournalEntrySchema.safeParse(value);
       if (parsed.success) entries.push(parsed.data);
+      else this.logger?.error({ key, revision: e.revision, detail: describeZodError(parsed.error) }, "journal_entry_invalid_skipped");
     }
     return entries.sort((a, b) => a.updated_at - b.updated_at);
   }
