@@ -18,6 +18,15 @@ export const MANIFEST_FILE = "manifest.json";
 export const GLOBAL_MANIFEST_FILE = "checkpoint.json";
 export const LATEST_FILE = "LATEST";
 
+/**
+ * Size limits of the checkpoint files every reader enforces (a larger file is
+ * `invalid_checkpoint_state`): a participant's manifest.json, checkpoint.json, and the controller
+ * state file checkpoint.json references (hashed at publication while the engine waits on it).
+ */
+export const MAX_MANIFEST_BYTES = 1 << 20;
+export const MAX_GLOBAL_MANIFEST_BYTES = 64 << 20;
+export const MAX_CONTROLLER_STATE_FILE_BYTES = 256 << 20;
+
 const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
 
 export const ParticipantManifestSchema = z

@@ -1,11 +1,11 @@
 import { randomBytes } from "node:crypto";
-import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { SpanStatusCode, trace, type Span } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
   CheckpointError,
   ErrorReplySchema,
+  MAX_CONTROLLER_STATE_FILE_BYTES,
   RunTrajectorySchema,
   TRAJECTORY_HEADER,
   captureKey,
@@ -19,6 +19,7 @@ import {
 import { newCheckpointId } from "../engine/checkpoint-id.js";
 import { AsyncLock } from "../engine/async-lock.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
+import { readRegularFile } from "../publication/regular-file.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { DispatchLog } from "./dispatch-log.js";
@@ -271,7 +272,8 @@ export class Collector {
     const { manifest } = await this.options.controller.get(latest);
     const ref = manifest.controller_state;
     if (!ref || !("file" in ref)) return undefined;
-    const text = await readFile(join(this.options.checkpointDir, latest, ref.file), "utf8");
+    // As publication hashed it: a regular file in the checkpoint, no link out of it, bounded.
+    const text = await readRegularFile(join(this.options.checkpointDir, latest, ref.file), { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true });
     if (sha256Hex(text) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
     const state = parseStateValue(CollectionStateSchema, text, join(latest, ref.file));
     if (state.run_id !== runId) {

@@ -1,7 +1,8 @@
-import { appendFile, readFile } from "node:fs/promises";
+import { appendFile } from "node:fs/promises";
 import { z } from "zod";
 import { EpisodeIdSchema, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
+import { readRegularFile } from "../publication/regular-file.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /**
@@ -14,6 +15,9 @@ import { parseStateValue } from "./state-file-value.js";
  */
 const HeaderSchema = z.object({ run_id: z.string().min(1).max(128) }).strict();
 const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
+
+/** About five million logged attempts; the log is read whole at start-up. */
+export const MAX_DISPATCH_LOG_BYTES = 256 << 20;
 
 /** A logged attempt; `restored` = installed by a restore and not sent since. */
 export type LoggedAttempt = EpisodeId & { restored?: true };
@@ -61,7 +65,7 @@ export class DispatchLog {
   static async read(path: string): Promise<DispatchHistory | undefined> {
     let text: string;
     try {
-      text = await readFile(path, "utf8");
+      text = await readRegularFile(path, { maxBytes: MAX_DISPATCH_LOG_BYTES });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
       throw error;

@@ -1,5 +1,4 @@
-import { readdirSync, readFileSync, statSync, type Stats } from "node:fs";
-import { readFile, stat } from "node:fs/promises";
+import { readdirSync, statSync, type Stats } from "node:fs";
 import { join } from "node:path";
 import {
   CheckpointError,
@@ -7,12 +6,15 @@ import {
   GLOBAL_MANIFEST_FILE,
   GlobalManifestSchema,
   LATEST_FILE,
+  MAX_GLOBAL_MANIFEST_BYTES,
   PARTICIPANTS_DIR,
   describeZodError,
   type GlobalManifest,
 } from "../../protocol/index.js";
+import { readRegularFile, readRegularFileSync } from "./regular-file.js";
 
-const MAX_GLOBAL_MANIFEST_BYTES = 64 << 20;
+/** LATEST holds one checkpoint id (at most 128 characters) and a newline. */
+const MAX_LATEST_BYTES = 4096;
 
 export interface CatalogEntry {
   checkpoint_id: string;
@@ -36,7 +38,7 @@ export class CheckpointCatalog {
   async latest(): Promise<string | null> {
     let text: string;
     try {
-      text = await readFile(join(this.root, LATEST_FILE), "utf8");
+      text = await readRegularFile(join(this.root, LATEST_FILE), { maxBytes: MAX_LATEST_BYTES });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
       throw error;
@@ -65,8 +67,7 @@ export class CheckpointCatalog {
     const path = this.manifestPath(checkpointId);
     let text: string;
     try {
-      checkSize(path, await stat(path));
-      text = await readFile(path, "utf8");
+      text = await readRegularFile(path, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES });
     } catch (error) {
       throw readFailure(error, checkpointId, this.root);
     }
@@ -116,18 +117,15 @@ export class CheckpointCatalog {
 
   private entry(name: string): CatalogEntry {
     const path = this.manifestPath(name);
-    let info: Stats;
-    let text = "";
+    const cached = this.entries.get(name);
+    let read: { text: string | undefined; info: Stats };
     try {
-      info = statSync(path);
-      const cached = this.entries.get(name);
-      if (cached?.version === fileVersion(info)) return cached.entry;
-      checkSize(path, info);
-      text = readFileSync(path, "utf8");
+      read = readRegularFileSync(path, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES }, (info) => cached?.version === fileVersion(info));
     } catch (error) {
       throw readFailure(error, name, this.root);
     }
-    return this.remember(name, parseGlobalManifest(path, name, text), info);
+    if (read.text === undefined) return cached!.entry;
+    return this.remember(name, parseGlobalManifest(path, name, read.text), read.info);
   }
 
   private manifestPath(checkpointId: string): string {
@@ -149,10 +147,6 @@ function isCheckpointDir(dir: string): boolean {
 
 function fileVersion(info: Stats): string {
   return `${info.ino}:${info.size}:${info.mtimeMs}`;
-}
-
-function checkSize(path: string, info: Stats): void {
-  if (info.size > MAX_GLOBAL_MANIFEST_BYTES) throw new CheckpointError("invalid_checkpoint_state", `${path} is too large`);
 }
 
 /** A catalog error for a failed read: a missing file means the checkpoint is not published. */

@@ -7,6 +7,7 @@ import {
   GLOBAL_MANIFEST_FILE,
   LATEST_FILE,
   MANIFEST_SCHEMA_VERSION,
+  MAX_CONTROLLER_STATE_FILE_BYTES,
   type ControllerState,
   type ControllerStateInput,
   type EpisodeId,
@@ -15,6 +16,7 @@ import {
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { discardStagedFile, fsyncDirectory, replaceFileDurably, replaceSmallFileDurably, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
+import { sha256RegularFile } from "./regular-file.js";
 import { applyRetention, removeTrash } from "./retention.js";
 
 export interface PublishInput {
@@ -205,11 +207,11 @@ export class GlobalManifestWriter {
   private async resolveControllerState(dir: string, input: ControllerStateInput | null): Promise<ControllerState | null> {
     if (input === null) return null;
     if ("inline" in input) return { inline: input.inline ?? null };
-    const path = join(dir, input.file);
     let digest: string;
     try {
-      digest = await sha256File(path);
+      digest = await controllerStateDigest(dir, input.file);
     } catch (error) {
+      if (error instanceof CheckpointError) throw error;
       throw new CheckpointError("not_found", `controller state file ${input.file} is not in the checkpoint directory`, { cause: error });
     }
     if (input.sha256 !== undefined && input.sha256 !== digest) {
@@ -219,6 +221,17 @@ export class GlobalManifestWriter {
   }
 }
 
+/**
+ * sha256 of the controller state file `file` in checkpoint directory `dir`: a regular file there,
+ * not a symbolic link (which could point out of the checkpoint), within
+ * MAX_CONTROLLER_STATE_FILE_BYTES; anything else is `invalid_checkpoint_state`, a missing file
+ * the open's ENOENT.
+ */
+export function controllerStateDigest(dir: string, file: string): Promise<string> {
+  return sha256RegularFile(join(dir, file), { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true });
+}
+
+/** sha256 of any file, following links (a library helper; checkpoint files use `controllerStateDigest`). */
 export async function sha256File(path: string): Promise<string> {
   const hash = createHash("sha256");
   for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) hash.update(chunk);

@@ -1,11 +1,10 @@
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
-import { readFile } from "node:fs/promises";
 import { StringDecoder } from "node:string_decoder";
 import { isAbsolute, join, normalize, sep } from "node:path";
 import {
   CheckpointError,
   MANIFEST_FILE,
+  MAX_MANIFEST_BYTES,
   PARTICIPANTS_DIR,
   ParticipantManifestSchema,
   RECORDS_FILE_PATTERN,
@@ -15,7 +14,8 @@ import {
   type GlobalManifest,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { sha256File } from "./global-manifest-writer.js";
+import { controllerStateDigest } from "./global-manifest-writer.js";
+import { openRegularFile, readRegularFile } from "./regular-file.js";
 
 export interface VerifiedParticipant {
   kind: string;
@@ -53,8 +53,9 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
     }
     let text: string;
     try {
-      text = await readFile(manifestPath, "utf8");
+      text = await readRegularFile(manifestPath, { maxBytes: MAX_MANIFEST_BYTES });
     } catch (error) {
+      if (error instanceof CheckpointError) throw bad(`${label}: manifest ${error.message}`, error);
       throw bad(`${label}: manifest ${entry.manifest_path} is missing`, error);
     }
     if (sha256Hex(text) !== entry.manifest_sha256) throw bad(`${label}: manifest digest does not match checkpoint.json`);
@@ -82,7 +83,8 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
   if (state && "file" in state) {
     let digest: string;
     try {
-      digest = await sha256File(inside(dir, state.file, "controller state"));
+      inside(dir, state.file, "controller state");
+      digest = await controllerStateDigest(dir, state.file);
     } catch (error) {
       if (error instanceof CheckpointError) throw error;
       throw bad(`controller state file ${state.file} is missing`, error);
@@ -122,7 +124,9 @@ async function scanRecords(path: string, label: string): Promise<{ digest: strin
     count++;
   };
   try {
-    for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) {
+    // No size limit (records are as large as the participant's state), but never a FIFO.
+    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER });
+    for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
       hash.update(chunk);
       bytes += chunk.byteLength;
       // Newlines are searched in the new text only; a long line's pieces are joined once.

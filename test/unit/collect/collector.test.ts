@@ -1,4 +1,4 @@
-import { appendFile, mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { appendFile, mkdir, mkdtemp, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -401,6 +401,18 @@ describe("collector", () => {
     const next = collectorFor(controller, url);
     await next.start();
     expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+  });
+
+  it("refuses LATEST's collection state when it is a symbolic link (as publication does) instead of reading where it points", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const file = join(dir, "ckpt-20240101T000000-aaaaaaaa", "collection.json");
+    await rename(file, join(dir, "elsewhere.json"));
+    await symlink(join(dir, "elsewhere.json"), file);
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+    expect(restores(calls)).toEqual([]);
   });
 
   it("a crash after a failed restore does not send the attempt the coordinator fenced", async () => {

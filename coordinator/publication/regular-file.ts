@@ -1,0 +1,126 @@
+import { createHash } from "node:crypto";
+import { closeSync, constants, fstatSync, openSync, readSync, type Stats } from "node:fs";
+import { open, type FileHandle } from "node:fs/promises";
+import { CheckpointError } from "../../protocol/index.js";
+
+/*
+ * Reading a file someone else put into the checkpoint root (a participant, the controller, an
+ * operator) without trusting what it is: opened with O_NONBLOCK, so a FIFO answers at once instead
+ * of blocking until a writer appears (while the engine lock or the event loop waits on it), then
+ * refused unless fstat shows a regular file within the caller's size limit. Errors of the open
+ * itself (ENOENT, EACCES) are passed on for the caller to name.
+ */
+
+export interface RegularFileLimits {
+  /** Larger is `invalid_checkpoint_state`; the bytes read are counted too, in case it grows. */
+  maxBytes: number;
+  /** Refuse a symbolic link (its last component) instead of following it, e.g. out of the checkpoint directory. */
+  noFollow?: boolean;
+}
+
+const READ_CHUNK = 1 << 20;
+
+function flags(limits: RegularFileLimits): number {
+  return constants.O_RDONLY | constants.O_NONBLOCK | (limits.noFollow ? constants.O_NOFOLLOW : 0);
+}
+
+function refused(path: string, detail: string): CheckpointError {
+  return new CheckpointError("invalid_checkpoint_state", `${path} ${detail}`);
+}
+
+function tooLarge(path: string, size: number, limits: RegularFileLimits): CheckpointError {
+  return refused(path, `is ${size} bytes, over the ${limits.maxBytes}-byte limit`);
+}
+
+/** ELOOP is how O_NOFOLLOW reports a symbolic link. */
+function openFailure(path: string, error: unknown, limits: RegularFileLimits): unknown {
+  if (limits.noFollow && (error as NodeJS.ErrnoException).code === "ELOOP") return refused(path, "is a symbolic link");
+  return error;
+}
+
+function check(path: string, info: Stats, limits: RegularFileLimits): void {
+  if (!info.isFile()) throw refused(path, "is not a regular file");
+  if (info.size > limits.maxBytes) throw tooLarge(path, info.size, limits);
+}
+
+/** Opens `path` for reading once it is known to be a regular file within the limits. */
+export async function openRegularFile(path: string, limits: RegularFileLimits): Promise<{ handle: FileHandle; info: Stats }> {
+  let handle: FileHandle;
+  try {
+    handle = await open(path, flags(limits));
+  } catch (error) {
+    throw openFailure(path, error, limits);
+  }
+  try {
+    const info = await handle.stat();
+    check(path, info, limits);
+    return { handle, info };
+  } catch (error) {
+    await handle.close();
+    throw error;
+  }
+}
+
+/** The whole file as UTF-8, refused if it is not a regular file or exceeds `maxBytes`. */
+export async function readRegularFile(path: string, limits: RegularFileLimits): Promise<string> {
+  const { handle } = await openRegularFile(path, limits);
+  try {
+    const chunks: Buffer[] = [];
+    let total = 0;
+    for (;;) {
+      const { bytesRead, buffer } = await handle.read(Buffer.allocUnsafe(READ_CHUNK), 0, READ_CHUNK, null);
+      if (bytesRead === 0) break;
+      total += bytesRead;
+      if (total > limits.maxBytes) throw tooLarge(path, total, limits);
+      chunks.push(buffer.subarray(0, bytesRead));
+    }
+    return Buffer.concat(chunks, total).toString("utf8");
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * `readRegularFile`, blocking, for the few callers that are (the catalog's scan); also returns
+ * the fstat of what it read. `skip` may decline the read after the fstat (a cache still holds it).
+ */
+export function readRegularFileSync(path: string, limits: RegularFileLimits, skip?: (info: Stats) => boolean): { text: string | undefined; info: Stats } {
+  let fd: number;
+  try {
+    fd = openSync(path, flags(limits));
+  } catch (error) {
+    throw openFailure(path, error, limits);
+  }
+  try {
+    const info = fstatSync(fd);
+    check(path, info, limits);
+    if (skip?.(info)) return { text: undefined, info };
+    const chunks: Buffer[] = [];
+    let total = 0;
+    for (;;) {
+      const buffer = Buffer.allocUnsafe(READ_CHUNK);
+      const bytesRead = readSync(fd, buffer, 0, READ_CHUNK, null);
+      if (bytesRead === 0) break;
+      total += bytesRead;
+      if (total > limits.maxBytes) throw tooLarge(path, total, limits);
+      chunks.push(buffer.subarray(0, bytesRead));
+    }
+    return { text: Buffer.concat(chunks, total).toString("utf8"), info };
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** sha256 (hex) of a regular file within the limits, streamed. */
+export async function sha256RegularFile(path: string, limits: RegularFileLimits): Promise<string> {
+  const { handle } = await openRegularFile(path, limits);
+  const hash = createHash("sha256");
+  let total = 0;
+  // The stream closes the handle when it ends or fails.
+  for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
+    total += chunk.byteLength;
+    if (total > limits.maxBytes) throw tooLarge(path, total, limits);
+    hash.update(chunk);
+  }
+  return hash.digest("hex");
+}

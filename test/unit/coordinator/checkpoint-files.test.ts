@@ -1,0 +1,189 @@
+import { execFileSync } from "node:child_process";
+import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import {
+  MANIFEST_SCHEMA_VERSION,
+  MAX_CONTROLLER_STATE_FILE_BYTES,
+  MAX_MANIFEST_BYTES,
+  sha256Hex,
+  type ParticipantEntry,
+} from "../../../protocol/index.js";
+import { DispatchLog, MAX_DISPATCH_LOG_BYTES } from "../../../coordinator/collect/dispatch-log.js";
+import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
+import { readRegularFile, readRegularFileSync } from "../../../coordinator/publication/regular-file.js";
+import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
+import { refusalOf } from "../../support/refusal.js";
+
+/**
+ * Files in the checkpoint root are read as regular files within a size limit: a FIFO (which a
+ * plain read would block on forever, with the engine lock or the event loop held), a device, an
+ * oversized file or, for the controller state, a symbolic link is `invalid_checkpoint_state`.
+ */
+let root: string;
+let outside: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-files-"));
+  outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
+});
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+  await rm(outside, { recursive: true, force: true });
+});
+
+const mkfifo = (path: string) => execFileSync("mkfifo", [path]);
+/** A sparse file: its size is what fstat reports, nothing is written. */
+const sparse = async (path: string, size: number) => {
+  await writeFile(path, "");
+  await truncate(path, size);
+};
+
+async function writeParticipant(id: string, instance: string, lines: string[]): Promise<ParticipantEntry> {
+  const dir = join(root, id, "gym", "agent", instance);
+  await mkdir(dir, { recursive: true });
+  const text = lines.map((l) => `${l}\n`).join("");
+  const digest = sha256Hex(text);
+  await writeFile(join(dir, `records-${digest}.jsonl`), text);
+  const manifest = {
+    schema_version: MANIFEST_SCHEMA_VERSION,
+    kind: "agent",
+    instance,
+    checkpoint_id: id,
+    records_file: `records-${digest}.jsonl`,
+    records_sha256: digest,
+    record_count: lines.length,
+    created_at: 1,
+    extra: {},
+  };
+  const manifestText = `${JSON.stringify(manifest)}\n`;
+  await writeFile(join(dir, "manifest.json"), manifestText);
+  return {
+    kind: "agent",
+    instance,
+    manifest_path: `gym/agent/${instance}/manifest.json`,
+    manifest_sha256: sha256Hex(manifestText),
+    records_sha256: digest,
+    record_count: lines.length,
+    episode_ids: [],
+    extras: {},
+  };
+}
+
+function publishInput(id: string, participants: ParticipantEntry[], file: string | null) {
+  return {
+    checkpointId: id,
+    epoch: 1,
+    preparedAt: 1,
+    publishedAt: 2,
+    stop: false,
+    scope: null,
+    restarts: [],
+    participants,
+    controllerState: file === null ? null : { file },
+  };
+}
+
+describe("bounded regular-file reads", () => {
+  it("refuse a FIFO at once, an oversized file, and a symbolic link when told not to follow it", async () => {
+    const fifo = join(root, "fifo");
+    mkfifo(fifo);
+    expect(await refusalOf(readRegularFile(fifo, { maxBytes: 10 }))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+    expect(() => readRegularFileSync(fifo, { maxBytes: 10 })).toThrow(/not a regular file/);
+    await writeFile(join(root, "big"), "x".repeat(11));
+    expect((await refusalOf(readRegularFile(join(root, "big"), { maxBytes: 10 }))).message).toContain("over the 10-byte limit");
+    await writeFile(join(outside, "state.json"), "{}");
+    await symlink(join(outside, "state.json"), join(root, "link"));
+    expect(await readRegularFile(join(root, "link"), { maxBytes: 10 })).toBe("{}");
+    expect((await refusalOf(readRegularFile(join(root, "link"), { maxBytes: 10, noFollow: true }))).message).toContain("is a symbolic link");
+    expect(await readRegularFile(join(root, "big"), { maxBytes: 11 })).toBe("x".repeat(11));
+  });
+});
+
+describe("the catalog", () => {
+  it("refuses a LATEST or checkpoint.json that is a FIFO instead of blocking on it", { timeout: 5000 }, async () => {
+    const catalog = new CheckpointCatalog(root);
+    mkfifo(join(root, "LATEST"));
+    expect((await refusalOf(catalog.latest())).code).toBe("invalid_checkpoint_state");
+    await mkdir(join(root, "c1"));
+    mkfifo(join(root, "c1", "checkpoint.json"));
+    expect((await refusalOf(catalog.get("c1"))).code).toBe("invalid_checkpoint_state");
+    // The blocking scan (retention, list) neither lists it nor takes it for a partial checkpoint.
+    expect(catalog.scan()).toEqual({ published: [], partial: [] });
+  });
+});
+
+describe("publication", () => {
+  it("refuses a controller state file that is a FIFO, a symbolic link out of the checkpoint or too large, and publishes nothing", { timeout: 5000 }, async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    const entry = await writeParticipant("c1", "a1", []);
+    mkfifo(join(root, "c1", "fifo.json"));
+    const fifo = await refusalOf(writer.publish(publishInput("c1", [entry], "fifo.json")));
+    expect(fifo).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+
+    await writeFile(join(outside, "secret.json"), "{}");
+    await symlink(join(outside, "secret.json"), join(root, "c1", "link.json"));
+    const link = await refusalOf(writer.publish(publishInput("c1", [entry], "link.json")));
+    expect(link).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+
+    await sparse(join(root, "c1", "huge.json"), MAX_CONTROLLER_STATE_FILE_BYTES + 1);
+    const huge = await refusalOf(writer.publish(publishInput("c1", [entry], "huge.json")));
+    expect(huge).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining(`${MAX_CONTROLLER_STATE_FILE_BYTES}-byte limit`) });
+
+    expect(catalog.has("c1")).toBe(false);
+    expect(await catalog.latest()).toBeNull();
+    // A missing file is still not_found; a regular one publishes.
+    expect((await refusalOf(writer.publish(publishInput("c1", [entry], "missing.json")))).code).toBe("not_found");
+    await writeFile(join(root, "c1", "state.json"), "{}");
+    await writer.publish(publishInput("c1", [entry], "state.json"));
+    expect(await catalog.latest()).toBe("c1");
+    await writer.settled();
+  });
+});
+
+describe("verify", () => {
+  it("refuses an oversized or FIFO participant manifest, a FIFO records file and a linked controller state", { timeout: 5000 }, async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const entry = await writeParticipant("c1", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    await writeFile(join(root, "c1", "state.json"), "{}");
+    await writer.publish(publishInput("c1", [entry], "state.json"));
+    await writer.settled();
+    expect((await verifyCheckpoint(catalog, "c1")).records).toBe(1);
+    const participantDir = join(root, "c1", "gym", "agent", "a1");
+
+    const records = join(participantDir, `records-${entry.records_sha256}.jsonl`);
+    await rm(records);
+    mkfifo(records);
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+
+    await rm(join(participantDir, "manifest.json"));
+    mkfifo(join(participantDir, "manifest.json"));
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+
+    await rm(join(participantDir, "manifest.json"));
+    await sparse(join(participantDir, "manifest.json"), MAX_MANIFEST_BYTES + 1);
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining(`${MAX_MANIFEST_BYTES}-byte limit`) });
+
+    const clean = await writeParticipant("c2", "a1", []);
+    await writeFile(join(outside, "state.json"), "{}");
+    await writeFile(join(root, "c2", "state.json"), "{}");
+    await writer.publish(publishInput("c2", [clean], "state.json"));
+    await writer.settled();
+    await rm(join(root, "c2", "state.json"));
+    await symlink(join(outside, "state.json"), join(root, "c2", "state.json"));
+    expect(await refusalOf(verifyCheckpoint(catalog, "c2"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+  });
+});
+
+describe("the dispatch log", () => {
+  it("is refused when it is a FIFO or larger than its limit", { timeout: 5000 }, async () => {
+    mkfifo(join(root, "dispatched.jsonl"));
+    expect((await refusalOf(DispatchLog.read(join(root, "dispatched.jsonl")))).code).toBe("invalid_checkpoint_state");
+    await sparse(join(root, "big.jsonl"), MAX_DISPATCH_LOG_BYTES + 1);
+    expect((await refusalOf(DispatchLog.read(join(root, "big.jsonl")))).message).toContain(`${MAX_DISPATCH_LOG_BYTES}-byte limit`);
+    expect(await DispatchLog.read(join(root, "absent.jsonl"))).toBeUndefined();
+  });
+});
