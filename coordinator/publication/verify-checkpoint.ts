@@ -1,21 +1,7 @@
-import { createHash } from "node:crypto";
-import { StringDecoder } from "node:string_decoder";
-import { isAbsolute, join, normalize, sep } from "node:path";
-import {
-  CheckpointError,
-  MANIFEST_FILE,
-  MAX_MANIFEST_BYTES,
-  PARTICIPANTS_DIR,
-  ParticipantManifestSchema,
-  RECORDS_FILE_PATTERN,
-  RecordBaseSchema,
-  describeZodError,
-  sha256Hex,
-  type GlobalManifest,
-} from "../../protocol/index.js";
+import { CheckpointError, type GlobalManifest } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
+import { bad, insideCheckpointDir, readCommittedManifest, scanRecords } from "./committed-records.js";
 import { controllerStateDigest } from "./global-manifest-writer.js";
-import { openRegularFile, readRegularFile } from "./regular-file.js";
 
 export interface VerifiedParticipant {
   kind: string;
@@ -31,10 +17,6 @@ export interface VerifyReport {
   bytes: number;
 }
 
-function bad(detail: string, cause?: unknown): CheckpointError {
-  return new CheckpointError("invalid_checkpoint_state", detail, cause === undefined ? {} : { cause });
-}
-
 /**
  * Re-reads a published checkpoint end to end: the global manifest, every participant manifest (its
  * digest as recorded globally, identity, schema), every records file (sha256 over every line with
@@ -47,34 +29,8 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
   const participants: VerifiedParticipant[] = [];
   for (const entry of manifest.participants) {
     const label = `${entry.kind}/${entry.instance}`;
-    const manifestPath = inside(dir, entry.manifest_path, label);
-    if (manifestPath !== join(dir, PARTICIPANTS_DIR, entry.kind, entry.instance, MANIFEST_FILE)) {
-      throw bad(`${label}: manifest_path ${entry.manifest_path} is not ${PARTICIPANTS_DIR}/${entry.kind}/${entry.instance}/${MANIFEST_FILE}`);
-    }
-    let text: string;
-    try {
-      text = await readRegularFile(manifestPath, { maxBytes: MAX_MANIFEST_BYTES });
-    } catch (error) {
-      if (error instanceof CheckpointError) throw bad(`${label}: manifest ${error.message}`, error);
-      throw bad(`${label}: manifest ${entry.manifest_path} is missing`, error);
-    }
-    if (sha256Hex(text) !== entry.manifest_sha256) throw bad(`${label}: manifest digest does not match checkpoint.json`);
-    let value: unknown;
-    try {
-      value = JSON.parse(text);
-    } catch (error) {
-      throw bad(`${label}: manifest is not JSON`, error);
-    }
-    const parsed = ParticipantManifestSchema.safeParse(value);
-    if (!parsed.success) throw bad(`${label}: manifest is invalid: ${describeZodError(parsed.error)}`);
-    const m = parsed.data;
-    if (m.kind !== entry.kind || m.instance !== entry.instance) throw bad(`${label}: manifest belongs to ${m.kind}/${m.instance}`);
-    if (m.checkpoint_id !== checkpointId) throw bad(`${label}: manifest belongs to checkpoint ${m.checkpoint_id}`);
-    if (!RECORDS_FILE_PATTERN.test(m.records_file)) throw bad(`${label}: records_file ${m.records_file} has the wrong name`);
-    if (m.records_sha256 !== entry.records_sha256 || m.record_count !== entry.record_count) {
-      throw bad(`${label}: manifest digest or count disagrees with checkpoint.json`);
-    }
-    const scanned = await scanRecords(join(manifestPath, "..", m.records_file), label);
+    const { manifest: m, recordsPath } = await readCommittedManifest(dir, checkpointId, entry);
+    const scanned = await scanRecords(recordsPath, label);
     if (scanned.digest !== m.records_sha256) throw bad(`${label}: records digest ${scanned.digest} does not match ${m.records_sha256}`);
     if (scanned.count !== m.record_count) throw bad(`${label}: records file has ${scanned.count} records; the manifest says ${m.record_count}`);
     participants.push({ kind: entry.kind, instance: entry.instance, records: scanned.count, bytes: scanned.bytes });
@@ -83,7 +39,7 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
   if (state && "file" in state) {
     let digest: string;
     try {
-      inside(dir, state.file, "controller state");
+      insideCheckpointDir(dir, state.file, "controller state");
       digest = await controllerStateDigest(dir, state.file);
     } catch (error) {
       if (error instanceof CheckpointError) throw error;
@@ -97,53 +53,4 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
     records: participants.reduce((n, p) => n + p.records, 0),
     bytes: participants.reduce((n, p) => n + p.bytes, 0),
   };
-}
-
-function inside(dir: string, relativePath: string, label: string): string {
-  if (isAbsolute(relativePath)) throw bad(`${label}: path ${relativePath} must be relative`);
-  const full = normalize(join(dir, relativePath));
-  if (!full.startsWith(dir + sep)) throw bad(`${label}: path ${relativePath} leaves the checkpoint directory`);
-  return full;
-}
-
-async function scanRecords(path: string, label: string): Promise<{ digest: string; count: number; bytes: number }> {
-  const hash = createHash("sha256");
-  let count = 0;
-  let bytes = 0;
-  let carry: string[] = [];
-  const decoder = new StringDecoder("utf8");
-  const check = (line: string) => {
-    let value: unknown;
-    try {
-      value = JSON.parse(line);
-    } catch (error) {
-      throw bad(`${label}: record ${count} is not JSON`, error);
-    }
-    const parsed = RecordBaseSchema.safeParse(value);
-    if (!parsed.success) throw bad(`${label}: record ${count} has no valid episode_id: ${describeZodError(parsed.error)}`);
-    count++;
-  };
-  try {
-    // No size limit (records are as large as the participant's state), but never a FIFO.
-    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER });
-    for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
-      hash.update(chunk);
-      bytes += chunk.byteLength;
-      // Newlines are searched in the new text only; a long line's pieces are joined once.
-      const text = decoder.write(chunk);
-      let start = 0;
-      for (let newline = text.indexOf("\n"); newline !== -1; newline = text.indexOf("\n", start)) {
-        check(carry.join("") + text.slice(start, newline));
-        carry = [];
-        start = newline + 1;
-      }
-      if (start < text.length) carry.push(text.slice(start));
-    }
-  } catch (error) {
-    if (error instanceof CheckpointError) throw error;
-    throw bad(`${label}: cannot read ${path}: ${(error as Error).message}`, error);
-  }
-  const rest = carry.join("") + decoder.end();
-  if (rest.length) check(rest);
-  return { digest: hash.digest("hex"), count, bytes };
 }

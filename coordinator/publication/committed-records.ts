@@ -1,0 +1,132 @@
+import { createHash } from "node:crypto";
+import { StringDecoder } from "node:string_decoder";
+import { isAbsolute, join, normalize, sep } from "node:path";
+import {
+  CheckpointError,
+  MANIFEST_FILE,
+  MAX_MANIFEST_BYTES,
+  PARTICIPANTS_DIR,
+  ParticipantManifestSchema,
+  RECORDS_FILE_PATTERN,
+  RecordBaseSchema,
+  describeZodError,
+  sha256Hex,
+  type ParticipantManifest,
+  type RecordBase,
+} from "../../protocol/index.js";
+import { openRegularFile, readRegularFile } from "./regular-file.js";
+
+/**
+ * What one participant committed into a checkpoint directory, read back and checked against its
+ * entry in checkpoint.json: its manifest.json
+ * (path, digest, identity, schema) and its records file (digest over every line with its newline,
+ * line count, each line a JSON record with an episode_id). Any mismatch is invalid_checkpoint_state.
+ */
+
+/** The fields of a participant's entry in checkpoint.json that name its committed files. */
+export interface CommittedEntry {
+  kind: string;
+  instance: string;
+  manifest_path: string;
+  manifest_sha256: string;
+  records_sha256: string;
+  record_count: number;
+}
+
+export function bad(detail: string, cause?: unknown): CheckpointError {
+  return new CheckpointError("invalid_checkpoint_state", detail, cause === undefined ? {} : { cause });
+}
+
+/** `relativePath` resolved inside checkpoint directory `dir`; refused when absolute or leaving it. */
+export function insideCheckpointDir(dir: string, relativePath: string, label: string): string {
+  if (isAbsolute(relativePath)) throw bad(`${label}: path ${relativePath} must be relative`);
+  const full = normalize(join(dir, relativePath));
+  if (!full.startsWith(dir + sep)) throw bad(`${label}: path ${relativePath} leaves the checkpoint directory`);
+  return full;
+}
+
+/** The participant's manifest, checked against `entry` (`source` names where the entry came from). */
+export async function readCommittedManifest(
+  dir: string,
+  checkpointId: string,
+  entry: CommittedEntry,
+  source = "checkpoint.json",
+): Promise<{ manifest: ParticipantManifest; recordsPath: string }> {
+  const label = `${entry.kind}/${entry.instance}`;
+  const manifestPath = insideCheckpointDir(dir, entry.manifest_path, label);
+  if (manifestPath !== join(dir, PARTICIPANTS_DIR, entry.kind, entry.instance, MANIFEST_FILE)) {
+    throw bad(`${label}: manifest_path ${entry.manifest_path} is not ${PARTICIPANTS_DIR}/${entry.kind}/${entry.instance}/${MANIFEST_FILE}`);
+  }
+  let text: string;
+  try {
+    text = await readRegularFile(manifestPath, { maxBytes: MAX_MANIFEST_BYTES });
+  } catch (error) {
+    if (error instanceof CheckpointError) throw bad(`${label}: manifest ${error.message}`, error);
+    throw bad(`${label}: manifest ${entry.manifest_path} is missing`, error);
+  }
+  if (sha256Hex(text) !== entry.manifest_sha256) throw bad(`${label}: manifest digest does not match ${source}`);
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw bad(`${label}: manifest is not JSON`, error);
+  }
+  const parsed = ParticipantManifestSchema.safeParse(value);
+  if (!parsed.success) throw bad(`${label}: manifest is invalid: ${describeZodError(parsed.error)}`);
+  const m = parsed.data;
+  if (m.kind !== entry.kind || m.instance !== entry.instance) throw bad(`${label}: manifest belongs to ${m.kind}/${m.instance}`);
+  if (m.checkpoint_id !== checkpointId) throw bad(`${label}: manifest belongs to checkpoint ${m.checkpoint_id}`);
+  if (!RECORDS_FILE_PATTERN.test(m.records_file)) throw bad(`${label}: records_file ${m.records_file} has the wrong name`);
+  if (m.records_sha256 !== entry.records_sha256 || m.record_count !== entry.record_count) {
+    throw bad(`${label}: manifest digest or count disagrees with ${source}`);
+  }
+  return { manifest: m, recordsPath: join(manifestPath, "..", m.records_file) };
+}
+
+/** Streams a records file, checking each line and handing it to `onRecord`; the caller compares digest and count. */
+export async function scanRecords(
+  path: string,
+  label: string,
+  onRecord?: (record: RecordBase) => void,
+): Promise<{ digest: string; count: number; bytes: number }> {
+  const hash = createHash("sha256");
+  let count = 0;
+  let bytes = 0;
+  let carry: string[] = [];
+  const decoder = new StringDecoder("utf8");
+  const check = (line: string) => {
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch (error) {
+      throw bad(`${label}: record ${count} is not JSON`, error);
+    }
+    const parsed = RecordBaseSchema.safeParse(value);
+    if (!parsed.success) throw bad(`${label}: record ${count} has no valid episode_id: ${describeZodError(parsed.error)}`);
+    onRecord?.(parsed.data);
+    count++;
+  };
+  try {
+    // No size limit (records are as large as the participant's state), but never a FIFO.
+    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER });
+    for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
+      hash.update(chunk);
+      bytes += chunk.byteLength;
+      // Newlines are searched in the new text only; a long line's pieces are joined once.
+      const text = decoder.write(chunk);
+      let start = 0;
+      for (let newline = text.indexOf("\n"); newline !== -1; newline = text.indexOf("\n", start)) {
+        check(carry.join("") + text.slice(start, newline));
+        carry = [];
+        start = newline + 1;
+      }
+      if (start < text.length) carry.push(text.slice(start));
+    }
+  } catch (error) {
+    if (error instanceof CheckpointError) throw error;
+    throw bad(`${label}: cannot read ${path}: ${(error as Error).message}`, error);
+  }
+  const rest = carry.join("") + decoder.end();
+  if (rest.length) check(rest);
+  return { digest: hash.digest("hex"), count, bytes };
+}
