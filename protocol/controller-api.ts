@@ -33,6 +33,45 @@ export type ControllerStateInput = z.infer<typeof ControllerStateInputSchema>;
 const ParticipantRef = { kind: KindSchema, instance: InstanceSchema };
 const ParticipantErrorSchema = z.object({ code: ErrorCodeSchema, detail: z.string() }).strict();
 
+/*
+ * Reply size (docs/api.md): over NATS a reply must fit one message (1 MiB), so past that the
+ * coordinator leaves lists out of it, largest first. A left-out list is null, with its length in
+ * `<name>_count` and the sha256 of its canonical JSON in `<name>_sha256` beside it (both absent
+ * while the list is there); samples (`blockers`) are emptied and error details cut instead, their
+ * counts staying. The HTTP API answers in full.
+ */
+const LeftOutCount = z.number().int().min(0).optional();
+const LeftOutSha256 = Sha256Schema.optional();
+const StringListOrLeftOut = z.array(z.string()).nullable();
+
+/** A participant's entry in the commit reply and in `get`'s manifest: checkpoint.json's, lists possibly left out. */
+export const CtlParticipantEntrySchema = ParticipantEntrySchema.extend({
+  /** Capture keys the participant exported, sorted; null = left out (read them from its committed records). */
+  episode_ids: StringListOrLeftOut,
+  episode_count: LeftOutCount,
+  episode_ids_sha256: LeftOutSha256,
+  extras: z.record(z.string(), z.unknown()).nullable(),
+  extras_sha256: LeftOutSha256,
+}).strict();
+
+/** checkpoint.json as `get` answers it: participants' lists, the scope and the restarts possibly left out. */
+export const CtlGlobalManifestSchema = GlobalManifestSchema.extend({
+  /** null with `scope_count` = left out; null without it = everything each participant held. */
+  scope_count: LeftOutCount,
+  scope_sha256: LeftOutSha256,
+  restarts: StringListOrLeftOut,
+  restart_count: LeftOutCount,
+  restarts_sha256: LeftOutSha256,
+  participants: z.array(CtlParticipantEntrySchema),
+}).strict();
+
+/** A participant's prepare report; its restarts possibly left out. */
+export const CtlPrepareReportSchema = PrepareReportSchema.extend({
+  restarts: StringListOrLeftOut,
+  restart_count: LeftOutCount,
+  restarts_sha256: LeftOutSha256,
+}).strict();
+
 // ---- requests ------------------------------------------------------------------------------
 
 export const CtlPrepareRequestSchema = z.object({ checkpoint_id: CheckpointIdSchema, deadline_ts: OptionalDeadline }).strict();
@@ -98,7 +137,7 @@ export const CtlPrepareParticipantSchema = z
     ...ParticipantRef,
     ok: z.boolean(),
     phase: z.enum(["prepared", "preparing", "idle"]).nullable(),
-    report: PrepareReportSchema.nullable(),
+    report: CtlPrepareReportSchema.nullable(),
     error: ParticipantErrorSchema.nullable(),
   })
   .strict();
@@ -128,7 +167,7 @@ export const CtlCommitReplySchema = z
     checkpoint_id: CheckpointIdSchema,
     epoch: z.number().int().min(0),
     checkpoint_dir: z.string(),
-    participants: z.array(ParticipantEntrySchema),
+    participants: z.array(CtlParticipantEntrySchema),
   })
   .strict();
 export const CtlPublishReplySchema = z
@@ -160,7 +199,9 @@ export const CtlCheckpointReplySchema = z
     manifest_path: z.string(),
     published_at: z.number(),
     participants: z.number().int().min(0),
-    restarts: z.array(z.string()),
+    restarts: StringListOrLeftOut,
+    restart_count: LeftOutCount,
+    restarts_sha256: LeftOutSha256,
     deleted: z.array(z.string()),
     /** Participants that failed to resume (it ran beside the publication; each resumes when its lease expires). */
     resume_failures: z.array(z.object({ ...ParticipantRef, ...ParticipantErrorSchema.shape }).strict()),
@@ -170,14 +211,14 @@ export const CtlCheckpointReplySchema = z
 export const CtlRestoreReplySchema = z
   .object({
     checkpoint_id: CheckpointIdSchema,
-    participants: z.array(z.object({ ...ParticipantRef, restored: z.array(z.string()) }).strict()),
+    participants: z.array(z.object({ ...ParticipantRef, restored: StringListOrLeftOut, restored_count: LeftOutCount, restored_sha256: LeftOutSha256 }).strict()),
   })
   .strict();
 export const CtlRetireReplySchema = z
-  .object({ participants: z.array(z.object({ ...ParticipantRef, retired: z.array(z.string()) }).strict()) })
+  .object({ participants: z.array(z.object({ ...ParticipantRef, retired: StringListOrLeftOut, retired_count: LeftOutCount, retired_sha256: LeftOutSha256 }).strict()) })
   .strict();
 export const CtlForgetReplySchema = z
-  .object({ participants: z.array(z.object({ ...ParticipantRef, forgotten: z.array(z.string()) }).strict()) })
+  .object({ participants: z.array(z.object({ ...ParticipantRef, forgotten: StringListOrLeftOut, forgotten_count: LeftOutCount, forgotten_sha256: LeftOutSha256 }).strict()) })
   .strict();
 export const CtlParticipantStatusSchema = z
   .object({
@@ -216,7 +257,7 @@ export const CtlListReplySchema = z
     ),
   })
   .strict();
-export const CtlGetReplySchema = z.object({ latest: z.boolean(), manifest: GlobalManifestSchema }).strict();
+export const CtlGetReplySchema = z.object({ latest: z.boolean(), manifest: CtlGlobalManifestSchema }).strict();
 
 /** Every controller op: request and reply schema, and its HTTP route. */
 export const CONTROLLER_OPS = {

@@ -6,13 +6,13 @@ import {
   HEADER_AUTHORIZATION,
   controllerSubject,
   encodeMessage,
-  encodeReply,
   toCheckpointError,
   type ControllerOp,
 } from "../../protocol/index.js";
 import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
 import { authorizeController } from "./controller-auth.js";
 import { dispatchController } from "./controller-dispatch.js";
+import { encodeControllerReply } from "./reply-budget.js";
 import { extractTraceContext } from "../telemetry/nats-trace-headers.js";
 
 export interface NatsControllerApiOptions {
@@ -60,7 +60,8 @@ export class NatsControllerApi {
     try {
       authorizeController(msg.headers?.get(HEADER_AUTHORIZATION), this.options.token);
       const parent = extractTraceContext(msg.headers);
-      body = encodeReply(await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)), op);
+      // Lists are left out past one message (reply-budget.ts); the HTTP API answers in full.
+      body = encodeControllerReply(op, await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)));
     } catch (error) {
       const refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");

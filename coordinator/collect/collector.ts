@@ -18,6 +18,7 @@ import {
 } from "../../protocol/index.js";
 import { newCheckpointId } from "../engine/checkpoint-id.js";
 import { AsyncLock } from "../engine/async-lock.js";
+import { committedEpisodeIds } from "../publication/committed-records.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { readRegularFile } from "../publication/regular-file.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
@@ -514,7 +515,7 @@ export class Collector {
         // A /run reply already on the wire belongs to an episode no episode owner exported: wait for it.
         // Not for a restarted row (it parks at its next boundary until the resume) nor one refused
         // admission (it waits for this checkpoint to end): neither can reply before the resume.
-        const exported = new Set(committed.participants.filter((p) => p.kind === "environment" || p.kind === "agent").flatMap((p) => p.episode_ids));
+        const exported = await this.exportedByOwners(committed);
         const onTheWire = open.filter((s) => {
           const key = captureKey({ rollout_id: s.row.rolloutId, attempt: s.attempt });
           return s.status === "inflight" && !s.refused && !restarts.has(key) && !exported.has(key);
@@ -546,6 +547,21 @@ export class Collector {
         this.report(true);
       }
     });
+  }
+
+  /**
+   * Capture keys the episode owners (environments, agents) exported. A commit reply over NATS
+   * leaves long lists out (null, with count and digest): those are read back from the owner's
+   * committed records in the checkpoint directory this collector shares, and checked against both.
+   */
+  private async exportedByOwners(committed: CtlReplyOf<"commit">): Promise<Set<string>> {
+    const exported = new Set<string>();
+    for (const p of committed.participants) {
+      if (p.kind !== "environment" && p.kind !== "agent") continue;
+      const ids = p.episode_ids ?? (await committedEpisodeIds(committed.checkpoint_dir, committed.checkpoint_id, p));
+      for (const key of ids) exported.add(key);
+    }
+    return exported;
   }
 
   /** Retires queued by failed /runs; called under the lock, before prepare. */

@@ -58,11 +58,14 @@ interface OpenCheckpoint {
   stop: boolean;
   autoPublish: boolean;
   controllerState: ControllerStateInput | null;
-  commit?: CtlReplyOf<"commit">;
+  commit?: CommitResult;
   publish?: CtlReplyOf<"publish">;
   restore?: CtlReplyOf<"restore">;
   log?: Logger;
 }
+
+/** The commit reply as the engine keeps it: every participant's entry in full, as checkpoint.json gets it. */
+type CommitResult = CtlReplyOf<"commit"> & { participants: ParticipantEntry[] };
 
 /** Test-only fault injection points (the daemon maps GYM_CKPT_TEST_CRASH_AT onto them). */
 export interface EngineHooks {
@@ -225,7 +228,7 @@ export class CheckpointEngine {
         });
       }
       const t1 = performance.now();
-      let commit: CtlReplyOf<"commit">;
+      let commit: CommitResult;
       try {
         commit = await this.doCommit(id, deadlineMs, request.episode_ids, request.stop, ctx);
       } catch (error) {
@@ -698,7 +701,7 @@ export class CheckpointEngine {
     scope: EpisodeId[] | null,
     stop: boolean,
     ctx: Context | undefined,
-  ): Promise<CtlReplyOf<"commit">> {
+  ): Promise<CommitResult> {
     const open = this.requireOpen(id, "commit");
     if (open.phase === "committed" || open.phase === "published") {
       if (sameScope(open.scope, scope) && open.stop === stop && open.commit) return open.commit;

@@ -9,6 +9,8 @@ import {
   ParticipantManifestSchema,
   RECORDS_FILE_PATTERN,
   RecordBaseSchema,
+  canonicalDigest,
+  captureKey,
   describeZodError,
   sha256Hex,
   type ParticipantManifest,
@@ -18,12 +20,12 @@ import { openRegularFile, readRegularFile } from "./regular-file.js";
 
 /**
  * What one participant committed into a checkpoint directory, read back and checked against its
- * entry in checkpoint.json: its manifest.json
+ * entry (in checkpoint.json, or in the commit reply before publication): its manifest.json
  * (path, digest, identity, schema) and its records file (digest over every line with its newline,
  * line count, each line a JSON record with an episode_id). Any mismatch is invalid_checkpoint_state.
  */
 
-/** The fields of a participant's entry in checkpoint.json that name its committed files. */
+/** The fields of a participant's entry (checkpoint.json, commit reply) that name its committed files. */
 export interface CommittedEntry {
   kind: string;
   instance: string;
@@ -129,4 +131,31 @@ export async function scanRecords(
   const rest = carry.join("") + decoder.end();
   if (rest.length) check(rest);
   return { digest: hash.digest("hex"), count, bytes };
+}
+
+/**
+ * The capture keys a participant exported, as its commit reply lists them (sorted, unique), read
+ * from its committed records: for a reply that left the list out (docs/api.md, "Reply size"). The
+ * result must match the reply's `episode_count` and `episode_ids_sha256`.
+ */
+export async function committedEpisodeIds(
+  dir: string,
+  checkpointId: string,
+  entry: CommittedEntry & { episode_count?: number | undefined; episode_ids_sha256?: string | undefined },
+): Promise<string[]> {
+  const label = `${entry.kind}/${entry.instance}`;
+  const { manifest, recordsPath } = await readCommittedManifest(dir, checkpointId, entry, "the commit reply");
+  const keys = new Set<string>();
+  const scanned = await scanRecords(recordsPath, label, (record) => keys.add(captureKey(record.episode_id)));
+  if (scanned.digest !== manifest.records_sha256 || scanned.count !== manifest.record_count) {
+    throw bad(`${label}: records file does not match its manifest (digest or count)`);
+  }
+  const ids = [...keys].sort();
+  if (entry.episode_count !== undefined && ids.length !== entry.episode_count) {
+    throw bad(`${label}: its records name ${ids.length} episodes; the commit reply says ${entry.episode_count}`);
+  }
+  if (entry.episode_ids_sha256 !== undefined && canonicalDigest(ids) !== entry.episode_ids_sha256) {
+    throw bad(`${label}: the episodes its records name do not match the commit reply's episode_ids_sha256`);
+  }
+  return ids;
 }

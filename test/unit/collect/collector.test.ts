@@ -8,7 +8,7 @@ import { Collector, type CollectorController, type CollectorOptions } from "../.
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
-import { CheckpointError, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
+import { CheckpointError, MANIFEST_SCHEMA_VERSION, canonicalDigest, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
 
 /**
@@ -135,6 +135,40 @@ async function publishCollection(state: ReturnType<typeof fakeController>["state
 
 async function latestContinued(state: ReturnType<typeof fakeController>["state"]): Promise<EpisodeId[]> {
   return (JSON.parse(await readFile(join(dir, state.latest!, "collection.json"), "utf8")) as { continued: EpisodeId[] }).continued;
+}
+
+/** An environment's committed files naming `rollouts` (attempt 0), and its commit-reply entry with the list left out. */
+async function committedOwner(checkpointDir: string, checkpointId: string, rollouts: string[]) {
+  const participantDir = join(checkpointDir, "gym", "environment", "e1");
+  await mkdir(participantDir, { recursive: true });
+  const records = rollouts.map((rollout_id) => `${JSON.stringify({ episode_id: { rollout_id, attempt: 0 }, task_digest: "0".repeat(64), boundary: null })}\n`).join("");
+  const digest = sha256Hex(records);
+  await writeFile(join(participantDir, `records-${digest}.jsonl`), records);
+  const manifest = `${JSON.stringify({
+    schema_version: MANIFEST_SCHEMA_VERSION,
+    kind: "environment",
+    instance: "e1",
+    checkpoint_id: checkpointId,
+    records_file: `records-${digest}.jsonl`,
+    records_sha256: digest,
+    record_count: rollouts.length,
+    created_at: 1,
+    extra: {},
+  })}\n`;
+  await writeFile(join(participantDir, "manifest.json"), manifest);
+  const keys = [...rollouts].sort();
+  return {
+    kind: "environment",
+    instance: "e1",
+    manifest_path: "gym/environment/e1/manifest.json",
+    manifest_sha256: sha256Hex(manifest),
+    records_sha256: digest,
+    record_count: rollouts.length,
+    episode_ids: null,
+    episode_count: keys.length,
+    episode_ids_sha256: canonicalDigest(keys),
+    extras: {},
+  };
 }
 
 const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map((c) => c.req.episode_ids);
@@ -460,6 +494,67 @@ describe("collector", () => {
     const started = Date.now();
     expect((await collector.checkpoint({ stop: false })).published).toBe(true);
     expect(Date.now() - started).toBeLessThan(1000);
+    expect(await run).toMatchObject({ finished: 1 });
+  });
+
+  it("a commit reply that left an owner's episode list out: the collector reads it from the owner's committed records and does not wait for those rows", async () => {
+    const resumed = deferred();
+    let arrived = false;
+    const url = await runServer(async () => {
+      arrived = true;
+      await resumed.promise; // an exported episode parks until the resume
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller, state, base } = fakeController({
+      commit: async (req: never) => {
+        const reply = await base.commit(req);
+        const id = (req as { checkpoint_id: string }).checkpoint_id;
+        // As the NATS API answers past 1 MiB: the list null, with its count and digest.
+        return { ...reply, checkpoint_id: id, participants: [await committedOwner(reply.checkpoint_dir, id, ["a"])] };
+      },
+      resume: async (req: never) => {
+        resumed.resolve();
+        return base.resume(req);
+      },
+    });
+    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => arrived, "the /run of a");
+    const started = Date.now();
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(Date.now() - started).toBeLessThan(1000);
+    expect(await latestContinued(state)).toEqual([{ rollout_id: "a", attempt: 0 }]);
+    expect(await run).toMatchObject({ finished: 1 });
+  });
+
+  it("refuses a checkpoint whose owner's committed records do not match the left-out list's count and digest", async () => {
+    const resumed = deferred();
+    let arrived = false;
+    const url = await runServer(async () => {
+      arrived = true;
+      await resumed.promise;
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller, calls, base } = fakeController({
+      commit: async (req: never) => {
+        const reply = await base.commit(req);
+        const id = (req as { checkpoint_id: string }).checkpoint_id;
+        const owner = await committedOwner(reply.checkpoint_dir, id, ["a"]);
+        return { ...reply, checkpoint_id: id, participants: [{ ...owner, episode_count: 2 }] };
+      },
+      resume: async (req: never) => {
+        resumed.resolve();
+        return base.resume(req);
+      },
+    });
+    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => arrived, "the /run of a");
+    await expect(collector.checkpoint({ stop: false })).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("the commit reply says 2") });
+    expect(calls.map((c) => c.op)).not.toContain("publish");
+    expect(calls.at(-1)?.op).toBe("resume");
     expect(await run).toMatchObject({ finished: 1 });
   });
 

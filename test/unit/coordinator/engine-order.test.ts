@@ -428,7 +428,7 @@ describe("all-or-nothing restore", () => {
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
     const reply = await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(reply.checkpoint_id).toBe("base");
-    expect(reply.participants.every((p) => p.restored[0] === "r1-a1")).toBe(true);
+    expect(reply.participants.every((p) => p.restored?.[0] === "r1-a1")).toBe(true);
     expect(engine.openCheckpoint?.phase).toBe("restored");
     expect((await refusal(engine.retire({ checkpoint_id: "other", episode_ids: [{ rollout_id: "r9", attempt: 0 }] }))).code).toBe("checkpoint_conflict");
     await engine.retire({ episode_ids: [{ rollout_id: "r9", attempt: 0 }] });

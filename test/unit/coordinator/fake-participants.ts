@@ -41,6 +41,8 @@ export class FakeParticipants implements ParticipantTransport {
   readonly state = new Map<string, { phase: string; checkpoint_id: string | null }>();
   /** The incarnation a participant's restore reply names, per `${kind}.${instance}` (default: none). */
   readonly restorers = new Map<string, string>();
+  /** The episode_ids a participant's commit reply lists, per `${kind}.${instance}` (default: none). */
+  readonly exported = new Map<string, string[]>();
 
   constructor(readonly members: { kind: Kind; instance: string }[]) {}
 
@@ -95,7 +97,7 @@ export class FakeParticipants implements ParticipantTransport {
           },
           manifest_path: `gym/${kind}/${instance}/manifest.json`,
           manifest_sha256: sha256Hex(`${kind}/${instance}`),
-          episode_ids: [],
+          episode_ids: this.exported.get(`${kind}.${instance}`) ?? [],
           extras: {},
         });
       }
@@ -122,7 +124,7 @@ export class FakeParticipants implements ParticipantTransport {
           lease_expires_at: null,
           epoch: 0,
           retired_rollouts: 0,
-          report: report([]),
+          report: report(typeof behaviour === "object" && "notReady" in behaviour ? behaviour.notReady : []),
           protocol_version: 1,
           extras: {},
         });
