@@ -4,6 +4,7 @@ import { z } from "zod";
 import {
   GLOBAL_MANIFEST_FILE,
   GlobalManifestSchema,
+  MAX_GLOBAL_MANIFEST_BYTES,
   canonicalDigest,
   captureKey,
   describeZodError,
@@ -57,7 +58,6 @@ export interface CheckpointSeedExport {
   skipped: Partial<Record<CheckpointSeedSkip, number>>;
 }
 
-const MAX_GLOBAL_MANIFEST_BYTES = 16 << 20;
 const LoopSnapshotSchema = z.object({ messages: z.array(ChatMessageLikeSchema).min(1), answer: z.string().optional() }).passthrough();
 const LegacyLoopSchema = z.object({ next: z.literal("loop"), state: LoopSnapshotSchema }).passthrough();
 

@@ -7,6 +7,7 @@ import {
   CheckpointError,
   MANIFEST_FILE,
   MANIFEST_SCHEMA_VERSION,
+  MAX_MANIFEST_BYTES,
   PARTICIPANTS_DIR,
   ParticipantManifestSchema,
   describeZodError,
@@ -20,7 +21,6 @@ import { LineSplitter, type SplitLine } from "./line-splitter.js";
 import type { WriteGate } from "./write-gate.js";
 
 const WRITE_CHUNK_CHARS = 1 << 20;
-const MAX_MANIFEST_BYTES = 1 << 20;
 
 /** `<checkpoint_dir>/gym/<kind>/<instance>`; ids were validated as safe path components. */
 export function participantDir(target: ParticipantTarget): string {
