@@ -16,7 +16,11 @@ const WAITING_BYTES = 64 * 1024;
  * the caller's response. The response start waits for the ticket (held while admission is closed)
  * with the first bytes queued; from then on each chunk is written through as it comes and the
  * upstream is paused while the caller's socket is full (resumed on 'drain'), so a stream is never
- * buffered here. The last chunk and the end of the response leave in one socket write.
+ * buffered here. The ledger row is written before the response ends, and the response's last
+ * bytes wait for it: the final body bytes of an answer with a content-length (a chunked answer's
+ * terminating chunk is end() itself), which leave with the end in one socket write. If the row
+ * cannot be written, the caller's connection is cut instead, so the caller never holds a complete
+ * answer the ledger does not know.
  *
  * Failures: an upstream error before any answer is a 502; an upstream lost while the response is held
  * is a 502 at once (the caller re-issues the call after the checkpoint) — unless WAITING_BYTES of its
@@ -39,6 +43,12 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   private stopped = false;
   private settled = false;
   private readonly tail = new UsageTail();
+  /** The answer's content-length, if it has one; its last bytes are withheld until the row is written. */
+  private length: number | null = null;
+  /** Body bytes written to the caller so far. */
+  private sent = 0;
+  /** The withheld last body bytes. */
+  private last: Buffer | null = null;
 
   constructor(
     private readonly res: ServerResponse,
@@ -58,6 +68,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
     if (status < 200) return; // informational; the final head follows
     this.head = { status, headers };
+    const length = Number(headers["content-length"]);
+    this.length = headers["content-length"] !== undefined && Number.isSafeInteger(length) && length > 0 ? length : null;
     this.kind.responseStart(this.ticket).then(this.release, this.onRefused);
   }
 
@@ -67,7 +79,17 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
       this.waiting.push(chunk);
       this.waitingBytes += chunk.length;
       if (this.waitingBytes >= WAITING_BYTES) controller.pause();
-    } else if (!this.res.write(chunk)) controller.pause();
+    } else if (!this.send(chunk)) controller.pause();
+  }
+
+  /** Writes a body chunk through, withholding the bytes that would complete a content-length body. */
+  private send(chunk: Buffer): boolean {
+    if (this.length !== null && this.sent + chunk.length >= this.length) {
+      this.last = this.last ? Buffer.concat([this.last, chunk]) : chunk;
+      return true;
+    }
+    this.sent += chunk.length;
+    return this.res.write(chunk);
   }
 
   onResponseEnd(): void {
@@ -103,7 +125,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     const waiting = this.waiting!;
     this.waiting = null;
     let room = true;
-    for (const chunk of waiting) room = this.res.write(chunk);
+    for (const chunk of waiting) room = this.send(chunk);
     if (this.upstreamDone) return this.finish();
     this.res.on("drain", this.onDrain);
     if (room) this.controller?.resume();
@@ -146,15 +168,25 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     const { status, headers } = this.head!;
     if (this.settled || status < 200 || status >= 300) {
       this.failOnce(); // a non-2xx answer was not delivered; settled already: nothing more to do
-      return void this.res.end();
+      return void this.endResponse();
     }
     this.settled = true;
-    // end() writes the last bytes synchronously; the row goes in right after, before anything else
-    // runs: no next call of this rollout is admitted before complete() put it in the in-memory ledger.
-    this.res.end();
+    // The row first (in the file, then in memory: a few microtask turns on the hot path), then the
+    // end: the caller cannot issue its next call before the row is its parent.
     const staging = headers["x-ng-staging-key"];
     const stagingKey = typeof staging === "string" && staging ? staging.slice(0, 512) : null;
-    this.kind.complete(this.ticket, { stagingKey, usage: this.tail.usage() }).catch((error: unknown) => this.logger?.error({ err: error, capture_key: this.ticket.captureKey }, "ledger row write failed"));
+    this.kind.complete(this.ticket, { stagingKey, usage: this.tail.usage() }).then(
+      () => this.endResponse(),
+      (error: unknown) => {
+        this.logger?.error({ err: error, capture_key: this.ticket.captureKey }, "ledger row write failed; the call is cut off");
+        this.res.destroy();
+      },
+    );
+  }
+
+  private endResponse(): void {
+    if (this.last) this.res.end(this.last);
+    else this.res.end();
   }
 
   private stopUpstream(): void {

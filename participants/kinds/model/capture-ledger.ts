@@ -1,4 +1,4 @@
-import { closeSync, open as openFd, writeSync } from "node:fs";
+import { closeSync, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
 import { appendFile, mkdir, readFile, readdir, rename, truncate, unlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -8,6 +8,15 @@ import { StripedLocks } from "./striped-locks.js";
 
 const SUFFIX = ".lineage.jsonl";
 const openAsync = promisify(openFd);
+
+/** Writes bytes at the descriptor's position (append); returns how many were written. A seam for tests. */
+export type LedgerWrite = (fd: number, buffer: Buffer, offset: number) => number;
+
+export interface CaptureLedgerOptions {
+  write?: LedgerWrite;
+  /** Told once per load of a ledger file with unreadable lines (1-based line numbers). */
+  onCorrupt?: (path: string, lines: number[]) => void;
+}
 
 /**
  * The capture ledger: per capture key, an append-only JSONL file of lineage rows
@@ -20,6 +29,12 @@ const openAsync = promisify(openFd);
  * Creating a file stays asynchronous (it costs far more). Which keys have a file is listed once at
  * start-up and kept current, so a new rollout's first call never probes the disk: the directory
  * belongs to one model server process at a time.
+ *
+ * A row enters memory only once its whole line is in the file. A write that fails part way (a full
+ * disk, an I/O error) is cut off again (truncated back to the size before it) so nothing is glued to
+ * it; if even that fails, the key is truncated before its next append. A line in the middle that is
+ * not a row (damage from outside) does not make the key unusable: its rows load, new calls append,
+ * and the key reports its unreadable lines (`corruptLines`), which export refuses to paper over.
  */
 export class CaptureLedger {
   readonly locks: StripedLocks;
@@ -28,13 +43,20 @@ export class CaptureLedger {
   private readonly handles = new Map<string, number>();
   /** Keys with a ledger file, listed at start-up and kept current. */
   private readonly onDisk = new Set<string>();
+  /** Loaded keys whose file has lines that are not rows (1-based line numbers). */
+  private readonly corrupt = new Map<string, number[]>();
+  /** Keys whose failed write could not be cut off: the file is truncated to this size before the next append. */
+  private readonly repair = new Map<string, number>();
+  private readonly write: LedgerWrite;
   private readonly ready: Promise<void>;
 
   constructor(
     readonly dir: string,
     stripes = 16,
     private readonly maxHandles = 256,
+    private readonly options: CaptureLedgerOptions = {},
   ) {
+    this.write = options.write ?? ((fd, buffer, offset) => writeSync(fd, buffer, offset));
     this.locks = new StripedLocks(join(dir, "locks"), stripes);
     this.ready = mkdir(dir, { recursive: true }).then(async () => {
       for (const key of await this.listKeys()) this.onDisk.add(key);
@@ -55,29 +77,59 @@ export class CaptureLedger {
     return this.locks.run(key, async () => {
       const again = this.cache.get(key);
       if (again) return again;
-      const loaded = this.onDisk.has(key) ? await this.readFile(key) : [];
-      this.cache.set(key, loaded);
-      return loaded;
+      const loaded = this.onDisk.has(key) ? await this.readFile(key) : { rows: [], corrupt: [] };
+      this.cache.set(key, loaded.rows);
+      if (loaded.corrupt.length) {
+        this.corrupt.set(key, loaded.corrupt);
+        this.options.onCorrupt?.(this.fileOf(key), loaded.corrupt);
+      }
+      return loaded.rows;
     });
   }
 
+  /** 1-based numbers of the lines of a loaded key's file that are not rows (empty when none). */
+  corruptLines(key: string): readonly number[] {
+    return this.corrupt.get(key) ?? [];
+  }
+
   /**
-   * Appends one row. The in-memory copy changes first — synchronously when the key is loaded (it
-   * always is after a call's admission) — so a following call sees the row at once, even before
-   * the returned promise (the file append) settles.
+   * Appends one row: the whole line goes to the file, then the row to the in-memory copy (when the
+   * key is loaded), so a following call sees it as soon as the promise resolves. On a failed write
+   * the promise rejects and neither the file nor memory keeps any of it.
    */
   async append(row: LedgerRow): Promise<void> {
     const parsed = LedgerRowSchema.parse(row);
-    const loaded = this.cache.get(parsed.capture_key);
-    if (loaded) loaded.push(parsed);
-    else ((await this.rows(parsed.capture_key)) as LedgerRow[]).push(parsed);
+    const key = parsed.capture_key;
     const line = Buffer.from(`${JSON.stringify(parsed)}\n`);
-    await this.locks.run(parsed.capture_key, async () => {
-      const fd = this.handles.get(parsed.capture_key) ?? (await this.openAppend(parsed.capture_key));
-      this.touch(parsed.capture_key, fd);
-      for (let written = 0; written < line.length; ) written += writeSync(fd, line, written);
-      this.onDisk.add(parsed.capture_key);
+    await this.ready;
+    await this.locks.run(key, async () => {
+      const fd = this.handles.get(key) ?? (await this.openAppend(key));
+      this.touch(key, fd);
+      const cut = this.repair.get(key);
+      if (cut !== undefined) {
+        ftruncateSync(fd, cut);
+        this.repair.delete(key);
+      }
+      const before = fstatSync(fd).size;
+      try {
+        for (let written = 0; written < line.length; ) written += this.write(fd, line, written);
+      } catch (error) {
+        this.cutOff(key, fd, before);
+        throw error;
+      }
+      this.onDisk.add(key);
+      this.cache.get(key)?.push(parsed);
     });
+  }
+
+  /** Under the key's stripe lock: removes what a failed write left after `size` bytes. */
+  private cutOff(key: string, fd: number, size: number): void {
+    try {
+      ftruncateSync(fd, size);
+    } catch {
+      this.repair.set(key, size);
+      this.dropHandle(key);
+    }
   }
 
   /** Closes every append descriptor and releases the lock files. */
@@ -122,6 +174,8 @@ export class CaptureLedger {
       await writeFile(tmp, checked.map((r) => `${JSON.stringify(r)}\n`).join(""));
       await rename(tmp, path);
       this.cache.set(key, checked);
+      this.corrupt.delete(key);
+      this.repair.delete(key);
       this.onDisk.add(key);
     });
   }
@@ -133,6 +187,8 @@ export class CaptureLedger {
       await this.locks.run(key, async () => {
         const path = this.fileOf(key);
         this.cache.delete(key);
+        this.corrupt.delete(key);
+        this.repair.delete(key);
         this.onDisk.delete(key);
         this.dropHandle(key);
         await unlink(path).catch((error: NodeJS.ErrnoException) => {
@@ -157,7 +213,11 @@ export class CaptureLedger {
 
   /** Drops the in-memory copy only (forget): the files stay for whoever consumes them. */
   evict(rolloutId: string): void {
-    for (const key of [...this.cache.keys()]) if (parseCaptureKey(key)?.rollout_id === rolloutId) this.cache.delete(key);
+    for (const key of [...this.cache.keys()]) {
+      if (parseCaptureKey(key)?.rollout_id !== rolloutId) continue;
+      this.cache.delete(key);
+      this.corrupt.delete(key);
+    }
   }
 
   /** Capture keys with a ledger file in the directory. */
@@ -170,27 +230,24 @@ export class CaptureLedger {
     return keys;
   }
 
-  /** Under the key's stripe lock. */
-  private async readFile(key: string): Promise<LedgerRow[]> {
+  /** Under the key's stripe lock: the file's rows, and the numbers of its lines that are not rows. */
+  private async readFile(key: string): Promise<{ rows: LedgerRow[]; corrupt: number[] }> {
     const path = this.fileOf(key);
     let text: string;
     try {
       text = await readFile(path, "utf8");
     } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
+      if ((error as NodeJS.ErrnoException).code === "ENOENT") return { rows: [], corrupt: [] };
       throw error;
     }
     const lines = text.split("\n");
     const rows: LedgerRow[] = [];
+    const corrupt: number[] = [];
     for (const [index, line] of lines.slice(0, -1).entries()) {
       if (!line.trim()) continue;
-      let value: unknown;
-      try {
-        value = JSON.parse(line);
-      } catch {
-        throw new Error(`${path}: line ${index + 1} is not JSON: the ledger is corrupt`);
-      }
-      rows.push(LedgerRowSchema.parse(value));
+      const row = parseRow(line);
+      if (row) rows.push(row);
+      else corrupt.push(index + 1);
     }
     // What follows the last newline is an append a crash (or a full disk) cut short. It must not
     // stay: the next append would join it into one invalid line. A complete row keeps its place.
@@ -204,7 +261,7 @@ export class CaptureLedger {
         await truncate(path, Buffer.byteLength(text) - Buffer.byteLength(tail));
       }
     }
-    return rows;
+    return { rows, corrupt };
   }
 }
 

@@ -4,7 +4,7 @@ import { CheckpointError, canonicalDigest, captureKey, nextAttempt, parseCapture
 import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
-import { CaptureLedger } from "./capture-ledger.js";
+import { CaptureLedger, type LedgerWrite } from "./capture-ledger.js";
 import { constrainedReason, conversationDigest, skipCategory } from "./conversation-digest.js";
 import type { GenerationCutRecord } from "./generation-cut-contract.js";
 import { cutRecordOf, runCutRound, type CutBackend } from "./generation-cut-round.js";
@@ -15,6 +15,8 @@ export interface ModelKindOptions {
   /** Directory of the capture ledger (persists across process restarts). */
   ledgerDir: string;
   ledgerStripes?: number;
+  /** The ledger's file write; a seam for tests (default: writeSync). */
+  ledgerWrite?: LedgerWrite;
   /** Runs one cut round (default: POST to the backend); a seam for tests. */
   cutRunner?: typeof runCutRound;
   /** The backend's cut endpoint; null = the backend cannot cut (calls are regenerated). */
@@ -57,7 +59,10 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private readonly skipReasons = new Map<string, number>();
 
   constructor(private readonly options: ModelKindOptions) {
-    this.ledger = new CaptureLedger(options.ledgerDir, options.ledgerStripes);
+    this.ledger = new CaptureLedger(options.ledgerDir, options.ledgerStripes, undefined, {
+      ...(options.ledgerWrite && { write: options.ledgerWrite }),
+      onCorrupt: (path, lines) => options.logger?.warn({ path, lines }, "capture ledger has unreadable lines; new calls continue, a checkpoint of its episode is refused"),
+    });
   }
 
   attach(context: ParticipantContext): void {
@@ -148,8 +153,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   /**
    * The backend acknowledged the call (response complete): write its lineage row, close the ticket.
-   * The row is in the in-memory ledger when this returns (before the promise settles), so the
-   * proxy may end the response at once; the ticket closes once the file append is done.
+   * The row is in the file and the in-memory ledger when the promise resolves, so the proxy ends the
+   * response only then. A failed write rejects (after closing the ticket) and leaves no row: the
+   * proxy then cuts the caller's response off instead of ending it, so the call fails as a whole.
    */
   async complete(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
     try {
@@ -197,7 +203,20 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   async captureManifest(key: string): Promise<{ capture_key: string; records: readonly LedgerRow[] }> {
     if (!parseCaptureKey(key)) throw new CheckpointError("invalid_request", "not a capture key");
-    return { capture_key: key, records: await this.ledger.rows(key) };
+    return { capture_key: key, records: await this.readableRows(key) };
+  }
+
+  /** A key's rows, refused when its file has unreadable lines: they would drop out of the lineage unseen. */
+  private async readableRows(key: string): Promise<readonly LedgerRow[]> {
+    const rows = await this.ledger.rows(key);
+    const bad = this.ledger.corruptLines(key);
+    if (bad.length) {
+      throw new CheckpointError(
+        "invalid_checkpoint_state",
+        `the capture ledger of ${key} has ${bad.length} unreadable line(s) (${bad.slice(0, 10).join(", ")}); repair ${this.ledger.fileOf(key)} or retire the episode`,
+      );
+    }
+    return rows;
   }
 
   /** Retires the ledgers of attempts 0..N of a rollout; refused while a checkpoint is open. */
@@ -297,7 +316,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       const key = captureKey(episode);
       if (seen.has(key)) continue;
       seen.add(key);
-      const rows = (await this.ledger.rows(key)).filter((row) => !undelivered.has(row.model_call_id));
+      const rows = (await this.readableRows(key)).filter((row) => !undelivered.has(row.model_call_id));
       const cut = this.latestCuts.get(key)?.record ?? this.restoredCuts.get(key) ?? null;
       if (rows.length === 0 && !cut) continue;
       records.push({ episode_id: { rollout_id: episode.rollout_id, attempt: episode.attempt }, rows: [...rows], generation_cuts: cut ? [cut] : [] });

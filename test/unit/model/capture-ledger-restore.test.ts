@@ -1,4 +1,4 @@
-import { existsSync } from "node:fs";
+import { closeSync, existsSync, writeSync } from "node:fs";
 import { appendFile, mkdir, readFile, readdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -165,18 +165,110 @@ describe("ledger files", () => {
     await reloaded.close();
   });
 
-  it("keep a complete last row that lost only its newline, and refuse a corrupt line in the middle", async () => {
+  it("keep a complete last row that lost only its newline", async () => {
     await mkdir(join(f.dir, "ledger"), { recursive: true });
     await writeFile(ledgerFile("nonl"), `${JSON.stringify(row("nonl", "mc-1"))}\n${JSON.stringify(row("nonl", "mc-2"))}`);
     const ledger = new CaptureLedger(join(f.dir, "ledger"));
     expect((await ledger.rows("nonl")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2"]);
     await ledger.append(row("nonl", "mc-3"));
     await ledger.close();
-    await writeFile(ledgerFile("mid"), `${JSON.stringify(row("mid", "mc-1"))}\n{"capture_key":"mid","mo\n${JSON.stringify(row("mid", "mc-3"))}\n`);
     const reloaded = new CaptureLedger(join(f.dir, "ledger"));
     expect((await reloaded.rows("nonl")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2", "mc-3"]);
-    await expect(reloaded.rows("mid")).rejects.toThrow(/line 2 is not JSON/);
     await reloaded.close();
+  });
+
+  it("a corrupt line in the middle leaves the key usable: new calls continue, export and manifest refuse with invalid_checkpoint_state", async () => {
+    await mkdir(join(f.dir, "ledger"), { recursive: true });
+    await writeFile(ledgerFile("mid"), `${JSON.stringify(row("mid", "mc-1"))}\n{"capture_key":"mid","mo\n${JSON.stringify(row("mid", "mc-3"))}\n{"not":"a row"}\n`);
+    const reported: [string, number[]][] = [];
+    const ledger = new CaptureLedger(join(f.dir, "ledger"), 16, 256, { onCorrupt: (path, lines) => reported.push([path, lines]) });
+    expect((await ledger.rows("mid")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-3"]);
+    expect(ledger.corruptLines("mid")).toEqual([2, 4]);
+    expect(reported).toEqual([[ledgerFile("mid"), [2, 4]]]);
+    await ledger.close();
+    // A model kind started on that directory: a new call's parent is the last readable row, and its row is kept.
+    await f.kind.close();
+    f.kind = new ModelKind({ ledgerDir: join(f.dir, "ledger"), cutBackend: null });
+    const call = await deliveredCall(f.kind, "mid");
+    expect(call.parentCallId).toBe("mc-3");
+    expect(await fileRows("mid").catch(() => "unparseable")).toBe("unparseable"); // the damage stays for the operator
+    await expect(f.kind.exportRecords([ep("mid")])).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringMatching(/2 unreadable line\(s\) \(2, 4\)/) });
+    await expect(f.kind.captureManifest("mid")).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
+    // Other keys export as before; a retire clears the damaged ledger.
+    await deliveredCall(f.kind, "fine");
+    expect((await f.kind.exportRecords([ep("fine")])).map((r) => r.rows.length)).toEqual([1]);
+    await f.kind.retireLedgers(ep("mid"));
+    expect(await f.kind.exportRecords([ep("mid")])).toEqual([]);
+  });
+
+  it("a write that fails part way is cut off: the file and memory keep nothing of it, later appends stay readable", async () => {
+    let failNext = false;
+    const ledger = new CaptureLedger(join(f.dir, "ledger"), 16, 256, {
+      write: (fd, buffer, offset) => {
+        if (!failNext) return writeSync(fd, buffer, offset);
+        failNext = false;
+        writeSync(fd, buffer.subarray(offset, offset + 20)); // a torn prefix reaches the file…
+        throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" }); // …then the disk is full
+      },
+    });
+    await ledger.append(row("full", "mc-1"));
+    expect((await ledger.rows("full")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
+    const size = (await readFile(ledgerFile("full"))).length;
+    failNext = true;
+    await expect(ledger.append(row("full", "mc-2"))).rejects.toThrow(/ENOSPC/);
+    expect((await readFile(ledgerFile("full"))).length).toBe(size);
+    expect((await ledger.rows("full")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
+    await ledger.append(row("full", "mc-3"));
+    await ledger.close();
+    const reloaded = new CaptureLedger(join(f.dir, "ledger"));
+    expect((await reloaded.rows("full")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-3"]);
+    expect(reloaded.corruptLines("full")).toEqual([]);
+    await reloaded.close();
+  });
+
+  it("a failed write that cannot even be cut off is cut before the key's next append", async () => {
+    let failNext = false;
+    const ledger = new CaptureLedger(join(f.dir, "ledger"), 16, 256, {
+      write: (fd, buffer, offset) => {
+        if (!failNext) return writeSync(fd, buffer, offset);
+        failNext = false;
+        writeSync(fd, buffer.subarray(offset, offset + 20));
+        closeSync(fd); // the descriptor is gone: truncating through it fails too
+        throw Object.assign(new Error("EIO: i/o error, write"), { code: "EIO" });
+      },
+    });
+    await ledger.append(row("eio", "mc-1"));
+    failNext = true;
+    await expect(ledger.append(row("eio", "mc-2"))).rejects.toThrow(/EIO/);
+    expect((await ledger.rows("eio")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
+    await ledger.append(row("eio", "mc-3"));
+    expect(await fileRows("eio")).toEqual(["mc-1", "mc-3"]);
+    await ledger.close();
+  });
+
+  it("a call whose row cannot be written fails: no row, the ticket closes, the next call's parent is the last written row", async () => {
+    let fail = false;
+    const g = new ModelKind({
+      ledgerDir: join(f.dir, "ledger-g"),
+      cutBackend: null,
+      ledgerWrite: (fd, buffer, offset) => {
+        if (fail) throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+        return writeSync(fd, buffer, offset);
+      },
+    });
+    try {
+      const first = await deliveredCall(g, "nospace");
+      fail = true;
+      await expect(deliveredCall(g, "nospace")).rejects.toThrow(/ENOSPC/);
+      expect(g.tickets.size).toBe(0);
+      expect(g.readiness().blockers).toEqual([]);
+      fail = false;
+      const next = await deliveredCall(g, "nospace");
+      expect(next.parentCallId).toBe(first.modelCallId);
+      expect((await g.captureManifest("nospace")).records.map((r) => r.model_call_id)).toEqual([first.modelCallId, next.modelCallId]);
+    } finally {
+      await g.close();
+    }
   });
 
   it("reject rows that do not match the schema", async () => {

@@ -1,0 +1,88 @@
+import { writeSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
+import { parseUpstream } from "../../participants/attach/upstream-url.js";
+import { ModelKind } from "../../participants/kinds/model/index.js";
+
+// The attach proxy in-process between a real client and a real upstream, with the ledger's file
+// write as a seam: how a call's lineage row and the caller's response relate.
+let dir: string;
+let upstream: Server;
+let proxy: Server;
+let proxyUrl: string;
+let kind: ModelKind;
+let failWrites = false;
+
+const listen = (server: Server) => new Promise<string>((resolve) => server.listen(0, "127.0.0.1", () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)));
+const SSE = ['data: {"choices":[{"delta":{"content":"He"}}]}\n\n', 'data: {"choices":[{"delta":{"content":"llo"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n', "data: [DONE]\n\n"];
+const JSON_BODY = JSON.stringify({ choices: [{ message: { role: "assistant", content: "Hello" } }], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
+
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-attach-row-"));
+  failWrites = false;
+  upstream = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as { stream?: boolean };
+      if (!body.stream) return void res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(JSON_BODY) }).end(JSON_BODY);
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      for (const event of SSE) res.write(event);
+      res.end();
+    });
+  });
+  const upstreamUrl = await listen(upstream);
+  kind = new ModelKind({
+    ledgerDir: join(dir, "ledger"),
+    cutBackend: null,
+    ledgerWrite: (fd, buffer, offset) => {
+      if (failWrites) throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+      return writeSync(fd, buffer, offset);
+    },
+  });
+  proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t" });
+  proxyUrl = await listen(proxy);
+});
+
+afterEach(async () => {
+  proxy.closeAllConnections();
+  upstream.closeAllConnections();
+  await Promise.all([new Promise((r) => proxy.close(r)), new Promise((r) => upstream.close(r))]);
+  await kind.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+const call = (key: string, stream: boolean) =>
+  fetch(`${proxyUrl}/ng-rollout/${key}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", stream, messages: [{ role: "user", content: "hi" }] }),
+  });
+
+describe.each([
+  ["a content-length answer", false, JSON_BODY],
+  ["a streamed (chunked) answer", true, SSE.join("")],
+])("attach proxy, %s", (_name, stream, expected) => {
+  it("is delivered whole once its row is written", async () => {
+    const response = await call("row-ok", stream);
+    expect(await response.text()).toBe(expected);
+    expect((await kind.ledger.rows("row-ok")).map((r) => r.usage)).toEqual([{ prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 }]);
+  });
+
+  it("is cut off before its last bytes when its row cannot be written: the caller never holds a complete answer the ledger lacks", async () => {
+    failWrites = true;
+    // Whether the head got out first or not, the caller's call fails.
+    await expect(call("row-fail", stream).then((response) => response.text())).rejects.toThrow();
+    expect(kind.tickets.size).toBe(0);
+    expect(await kind.ledger.rows("row-fail")).toEqual([]);
+    // The disk has room again: the caller's retry succeeds and is the first call of the key.
+    failWrites = false;
+    expect(await (await call("row-fail", stream)).text()).toBe(expected);
+    expect((await kind.ledger.rows("row-fail")).map((r) => r.parent_call_id)).toEqual([null]);
+  });
+});
