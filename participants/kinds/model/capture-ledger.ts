@@ -14,6 +14,8 @@ export type LedgerWrite = (fd: number, buffer: Buffer, offset: number) => number
 
 export interface CaptureLedgerOptions {
   write?: LedgerWrite;
+  /** How many rows the in-memory copy keeps at most (an empty ledger counts as one); default 50 000. */
+  maxCachedRows?: number;
   /** Told once per load of a ledger file with unreadable lines (1-based line numbers). */
   onCorrupt?: (path: string, lines: number[]) => void;
 }
@@ -21,8 +23,10 @@ export interface CaptureLedgerOptions {
 /**
  * The capture ledger: per capture key, an append-only JSONL file of lineage rows
  * (`<dir>/<capture_key>.lineage.jsonl`), guarded by a bounded set of striped lock files
- * (`<dir>/locks/stripe-NNNN.lock`). Reads go through an in-memory copy that is loaded once per
- * key, so resolving a call's parent never touches the disk on the hot path. Appends reuse an open
+ * (`<dir>/locks/stripe-NNNN.lock`). Reads go through an in-memory copy of recently used keys, so
+ * resolving a call's parent does not touch the disk on the hot path. The copy is bounded
+ * (`maxCachedRows`, least recently used keys dropped first): a finished rollout's rows leave memory as
+ * new rollouts come, and a dropped key is read again from its file when used. Appends reuse an open
  * descriptor per key (at most `maxHandles`, least recently used closed first) and write
  * synchronously: a few-hundred-byte page-cache append costs ~3 µs inline, against ~20 µs of CPU
  * and a thread-pool round trip for an asynchronous write (and an open/close per row before).
@@ -34,17 +38,19 @@ export interface CaptureLedgerOptions {
  * disk, an I/O error) is cut off again (truncated back to the size before it) so nothing is glued to
  * it; if even that fails, the key is truncated before its next append. A line in the middle that is
  * not a row (damage from outside) does not make the key unusable: its rows load, new calls append,
- * and the key reports its unreadable lines (`corruptLines`), which export refuses to paper over.
+ * and the key reports its unreadable lines (`load`), which export refuses to paper over.
  */
 export class CaptureLedger {
   readonly locks: StripedLocks;
-  private readonly cache = new Map<string, LedgerRow[]>();
+  /** Loaded keys in LRU order (oldest first). */
+  private readonly cache = new Map<string, LedgerEntry>();
+  /** Rows held by `cache` (an empty ledger counts as one). */
+  private cachedWeight = 0;
+  private readonly maxCachedRows: number;
   /** Open append descriptors in LRU order. Writes are synchronous, so closing one never races a write. */
   private readonly handles = new Map<string, number>();
   /** Keys with a ledger file, listed at start-up and kept current. */
   private readonly onDisk = new Set<string>();
-  /** Loaded keys whose file has lines that are not rows (1-based line numbers). */
-  private readonly corrupt = new Map<string, number[]>();
   /** Keys whose failed write could not be cut off: the file is truncated to this size before the next append. */
   private readonly repair = new Map<string, number>();
   private readonly write: LedgerWrite;
@@ -57,6 +63,7 @@ export class CaptureLedger {
     private readonly options: CaptureLedgerOptions = {},
   ) {
     this.write = options.write ?? ((fd, buffer, offset) => writeSync(fd, buffer, offset));
+    this.maxCachedRows = options.maxCachedRows ?? 50_000;
     this.locks = new StripedLocks(join(dir, "locks"), stripes);
     this.ready = mkdir(dir, { recursive: true }).then(async () => {
       for (const key of await this.listKeys()) this.onDisk.add(key);
@@ -69,27 +76,54 @@ export class CaptureLedger {
     return join(this.dir, `${key}${SUFFIX}`);
   }
 
-  /** The rows of a capture key, loaded from disk on first use. */
+  /** The rows of a capture key, from memory or its file. */
   async rows(key: string): Promise<readonly LedgerRow[]> {
+    return (await this.load(key)).rows;
+  }
+
+  /** A capture key's rows and the 1-based numbers of its file's lines that are not rows. */
+  async load(key: string): Promise<Readonly<LedgerEntry>> {
     const cached = this.cache.get(key);
-    if (cached) return cached;
+    if (cached) {
+      this.cache.delete(key);
+      this.cache.set(key, cached);
+      return cached;
+    }
     await this.ready;
     return this.locks.run(key, async () => {
       const again = this.cache.get(key);
       if (again) return again;
       const loaded = this.onDisk.has(key) ? await this.readFile(key) : { rows: [], corrupt: [] };
-      this.cache.set(key, loaded.rows);
-      if (loaded.corrupt.length) {
-        this.corrupt.set(key, loaded.corrupt);
-        this.options.onCorrupt?.(this.fileOf(key), loaded.corrupt);
-      }
-      return loaded.rows;
+      if (loaded.corrupt.length) this.options.onCorrupt?.(this.fileOf(key), loaded.corrupt);
+      this.cachePut(key, loaded);
+      return loaded;
     });
   }
 
-  /** 1-based numbers of the lines of a loaded key's file that are not rows (empty when none). */
-  corruptLines(key: string): readonly number[] {
-    return this.corrupt.get(key) ?? [];
+  /** How much the in-memory copy holds (for tests and status). */
+  cacheSize(): { keys: number; rows: number } {
+    let rows = 0;
+    for (const entry of this.cache.values()) rows += entry.rows.length;
+    return { keys: this.cache.size, rows };
+  }
+
+  private cachePut(key: string, entry: LedgerEntry): void {
+    this.cacheDrop(key);
+    this.cache.set(key, entry);
+    this.cachedWeight += weightOf(entry);
+    this.trimCache();
+  }
+
+  private cacheDrop(key: string): void {
+    const entry = this.cache.get(key);
+    if (!entry) return;
+    this.cache.delete(key);
+    this.cachedWeight -= weightOf(entry);
+  }
+
+  /** Drops the least recently used keys past the bound (never the most recent one). */
+  private trimCache(): void {
+    while (this.cachedWeight > this.maxCachedRows && this.cache.size > 1) this.cacheDrop(this.cache.keys().next().value as string);
   }
 
   /**
@@ -118,7 +152,12 @@ export class CaptureLedger {
         throw error;
       }
       this.onDisk.add(key);
-      this.cache.get(key)?.push(parsed);
+      const entry = this.cache.get(key);
+      if (entry) {
+        if (entry.rows.length > 0) this.cachedWeight += 1;
+        entry.rows.push(parsed);
+        this.trimCache();
+      }
     });
   }
 
@@ -173,8 +212,7 @@ export class CaptureLedger {
       this.dropHandle(key);
       await writeFile(tmp, checked.map((r) => `${JSON.stringify(r)}\n`).join(""));
       await rename(tmp, path);
-      this.cache.set(key, checked);
-      this.corrupt.delete(key);
+      this.cachePut(key, { rows: checked, corrupt: [] });
       this.repair.delete(key);
       this.onDisk.add(key);
     });
@@ -186,8 +224,7 @@ export class CaptureLedger {
     for (const key of keys) {
       await this.locks.run(key, async () => {
         const path = this.fileOf(key);
-        this.cache.delete(key);
-        this.corrupt.delete(key);
+        this.cacheDrop(key);
         this.repair.delete(key);
         this.onDisk.delete(key);
         this.dropHandle(key);
@@ -215,8 +252,7 @@ export class CaptureLedger {
   evict(rolloutId: string): void {
     for (const key of [...this.cache.keys()]) {
       if (parseCaptureKey(key)?.rollout_id !== rolloutId) continue;
-      this.cache.delete(key);
-      this.corrupt.delete(key);
+      this.cacheDrop(key);
     }
   }
 
@@ -231,7 +267,7 @@ export class CaptureLedger {
   }
 
   /** Under the key's stripe lock: the file's rows, and the numbers of its lines that are not rows. */
-  private async readFile(key: string): Promise<{ rows: LedgerRow[]; corrupt: number[] }> {
+  private async readFile(key: string): Promise<LedgerEntry> {
     const path = this.fileOf(key);
     let text: string;
     try {
@@ -263,6 +299,17 @@ export class CaptureLedger {
     }
     return { rows, corrupt };
   }
+}
+
+/** A loaded key: its rows, and the 1-based numbers of its file's lines that are not rows. */
+export interface LedgerEntry {
+  rows: LedgerRow[];
+  corrupt: number[];
+}
+
+/** What an entry costs the cache bound: its rows, at least one. */
+function weightOf(entry: LedgerEntry): number {
+  return Math.max(1, entry.rows.length);
 }
 
 function parseRow(line: string): LedgerRow | undefined {

@@ -17,6 +17,8 @@ export interface ModelKindOptions {
   ledgerStripes?: number;
   /** The ledger's file write; a seam for tests (default: writeSync). */
   ledgerWrite?: LedgerWrite;
+  /** Rows the ledger keeps in memory at most (default 50 000); older keys are read again from disk. */
+  ledgerCacheRows?: number;
   /** Runs one cut round (default: POST to the backend); a seam for tests. */
   cutRunner?: typeof runCutRound;
   /** The backend's cut endpoint; null = the backend cannot cut (calls are regenerated). */
@@ -61,6 +63,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   constructor(private readonly options: ModelKindOptions) {
     this.ledger = new CaptureLedger(options.ledgerDir, options.ledgerStripes, undefined, {
       ...(options.ledgerWrite && { write: options.ledgerWrite }),
+      ...(options.ledgerCacheRows !== undefined && { maxCachedRows: options.ledgerCacheRows }),
       onCorrupt: (path, lines) => options.logger?.warn({ path, lines }, "capture ledger has unreadable lines; new calls continue, a checkpoint of its episode is refused"),
     });
   }
@@ -208,8 +211,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   /** A key's rows, refused when its file has unreadable lines: they would drop out of the lineage unseen. */
   private async readableRows(key: string): Promise<readonly LedgerRow[]> {
-    const rows = await this.ledger.rows(key);
-    const bad = this.ledger.corruptLines(key);
+    const { rows, corrupt: bad } = await this.ledger.load(key);
     if (bad.length) {
       throw new CheckpointError(
         "invalid_checkpoint_state",

@@ -183,7 +183,7 @@ describe("ledger files", () => {
     const reported: [string, number[]][] = [];
     const ledger = new CaptureLedger(join(f.dir, "ledger"), 16, 256, { onCorrupt: (path, lines) => reported.push([path, lines]) });
     expect((await ledger.rows("mid")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-3"]);
-    expect(ledger.corruptLines("mid")).toEqual([2, 4]);
+    expect((await ledger.load("mid")).corrupt).toEqual([2, 4]);
     expect(reported).toEqual([[ledgerFile("mid"), [2, 4]]]);
     await ledger.close();
     // A model kind started on that directory: a new call's parent is the last readable row, and its row is kept.
@@ -222,7 +222,7 @@ describe("ledger files", () => {
     await ledger.close();
     const reloaded = new CaptureLedger(join(f.dir, "ledger"));
     expect((await reloaded.rows("full")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-3"]);
-    expect(reloaded.corruptLines("full")).toEqual([]);
+    expect((await reloaded.load("full")).corrupt).toEqual([]);
     await reloaded.close();
   });
 
@@ -269,6 +269,45 @@ describe("ledger files", () => {
     } finally {
       await g.close();
     }
+  });
+
+  it("keep a bounded number of rows in memory: finished rollouts leave it, and read back from their files when used", async () => {
+    const ledger = new CaptureLedger(join(f.dir, "ledger"), 16, 256, { maxCachedRows: 10 });
+    for (let r = 0; r < 40; r++) {
+      const key = `bound-${r}`;
+      await ledger.rows(key); // a call's admission loads the key
+      for (let i = 0; i < 3; i++) await ledger.append(row(key, `mc-${r}-${i}`, i ? `mc-${r}-${i - 1}` : null));
+      expect(ledger.cacheSize().rows).toBeLessThanOrEqual(10);
+    }
+    expect(ledger.cacheSize()).toMatchObject({ keys: 3 });
+    // An early rollout is read back whole from its file, and appends to it go on as before.
+    expect((await ledger.rows("bound-0")).map((r) => r.model_call_id)).toEqual(["mc-0-0", "mc-0-1", "mc-0-2"]);
+    await ledger.append(row("bound-0", "mc-0-3", "mc-0-2"));
+    expect((await ledger.rows("bound-0")).map((r) => r.model_call_id)).toEqual(["mc-0-0", "mc-0-1", "mc-0-2", "mc-0-3"]);
+    expect(ledger.cacheSize().rows).toBeLessThanOrEqual(10);
+    // Keys without rows count too: a stream of first calls that never complete stays bounded.
+    for (let r = 0; r < 100; r++) await ledger.rows(`empty-${r}`);
+    expect(ledger.cacheSize().keys).toBeLessThanOrEqual(10);
+    await ledger.close();
+  });
+
+  it("the model kind keeps its ledger memory bounded and still exports every delivered row and parent", async () => {
+    await f.kind.close();
+    f.kind = new ModelKind({ ledgerDir: join(f.dir, "ledger"), cutBackend: null, ledgerCacheRows: 5 });
+    const expected = new Map<string, string[]>();
+    for (let r = 0; r < 20; r++) {
+      const calls: string[] = [];
+      for (let i = 0; i < 2; i++) {
+        const t = await deliveredCall(f.kind, `mem-${r}`, `q${i}`);
+        expect(t.parentCallId).toBe(calls.at(-1) ?? null);
+        calls.push(t.modelCallId);
+      }
+      expected.set(`mem-${r}`, calls);
+    }
+    expect(f.kind.ledger.cacheSize().rows).toBeLessThanOrEqual(5);
+    const records = await f.kind.exportRecords([...expected.keys()].map((k) => ep(k)));
+    expect(new Map(records.map((rec) => [rec.episode_id.rollout_id, rec.rows.map((x) => x.model_call_id)]))).toEqual(expected);
+    expect(f.kind.ledger.cacheSize().rows).toBeLessThanOrEqual(5);
   });
 
   it("reject rows that do not match the schema", async () => {
