@@ -51,6 +51,8 @@ export class CaptureLedger {
   private readonly handles = new Map<string, number>();
   /** Keys with a ledger file, listed at start-up and kept current. */
   private readonly onDisk = new Set<string>();
+  /** Keys on disk or in memory, by rollout id: retire, restore and forget find a rollout's keys without listing the directory. */
+  private readonly byRollout = new Map<string, Set<string>>();
   /** Keys whose failed write could not be cut off: the file is truncated to this size before the next append. */
   private readonly repair = new Map<string, number>();
   private readonly write: LedgerWrite;
@@ -66,7 +68,7 @@ export class CaptureLedger {
     this.maxCachedRows = options.maxCachedRows ?? 50_000;
     this.locks = new StripedLocks(join(dir, "locks"), stripes);
     this.ready = mkdir(dir, { recursive: true }).then(async () => {
-      for (const key of await this.listKeys()) this.onDisk.add(key);
+      for (const key of await this.listKeys()) this.addOnDisk(key);
     });
   }
 
@@ -110,6 +112,7 @@ export class CaptureLedger {
   private cachePut(key: string, entry: LedgerEntry): void {
     this.cacheDrop(key);
     this.cache.set(key, entry);
+    this.index(key);
     this.cachedWeight += weightOf(entry);
     this.trimCache();
   }
@@ -119,6 +122,30 @@ export class CaptureLedger {
     if (!entry) return;
     this.cache.delete(key);
     this.cachedWeight -= weightOf(entry);
+    this.unindex(key);
+  }
+
+  private addOnDisk(key: string): void {
+    this.onDisk.add(key);
+    this.index(key);
+  }
+
+  private index(key: string): void {
+    const rolloutId = parseCaptureKey(key)?.rollout_id;
+    if (rolloutId === undefined) return;
+    const keys = this.byRollout.get(rolloutId);
+    if (keys) keys.add(key);
+    else this.byRollout.set(rolloutId, new Set([key]));
+  }
+
+  /** Forgets a key that is neither on disk nor in memory any more. */
+  private unindex(key: string): void {
+    if (this.onDisk.has(key) || this.cache.has(key)) return;
+    const rolloutId = parseCaptureKey(key)?.rollout_id;
+    const keys = rolloutId === undefined ? undefined : this.byRollout.get(rolloutId);
+    if (!keys) return;
+    keys.delete(key);
+    if (keys.size === 0) this.byRollout.delete(rolloutId!);
   }
 
   /** Drops the least recently used keys past the bound (never the most recent one). */
@@ -151,7 +178,7 @@ export class CaptureLedger {
         this.cutOff(key, fd, before);
         throw error;
       }
-      this.onDisk.add(key);
+      if (!this.onDisk.has(key)) this.addOnDisk(key);
       const entry = this.cache.get(key);
       if (entry) {
         if (entry.rows.length > 0) this.cachedWeight += 1;
@@ -214,7 +241,7 @@ export class CaptureLedger {
       await rename(tmp, path);
       this.cachePut(key, { rows: checked, corrupt: [] });
       this.repair.delete(key);
-      this.onDisk.add(key);
+      this.addOnDisk(key);
     });
   }
 
@@ -227,6 +254,7 @@ export class CaptureLedger {
         this.cacheDrop(key);
         this.repair.delete(key);
         this.onDisk.delete(key);
+        this.unindex(key);
         this.dropHandle(key);
         await unlink(path).catch((error: NodeJS.ErrnoException) => {
           if (error.code !== "ENOENT") throw error;
@@ -238,10 +266,8 @@ export class CaptureLedger {
   /** Capture keys of a rollout that have a ledger here (on disk or in memory), by attempt. */
   async keysOfRollout(rolloutId: string): Promise<{ key: string; attempt: number }[]> {
     await this.ready;
-    const keys = new Set<string>(await this.listKeys());
-    for (const key of this.cache.keys()) keys.add(key);
     const out: { key: string; attempt: number }[] = [];
-    for (const key of keys) {
+    for (const key of this.byRollout.get(rolloutId) ?? []) {
       const episode = parseCaptureKey(key);
       if (episode && episode.rollout_id === rolloutId) out.push({ key, attempt: episode.attempt });
     }
@@ -250,10 +276,7 @@ export class CaptureLedger {
 
   /** Drops the in-memory copy only (forget): the files stay for whoever consumes them. */
   evict(rolloutId: string): void {
-    for (const key of [...this.cache.keys()]) {
-      if (parseCaptureKey(key)?.rollout_id !== rolloutId) continue;
-      this.cacheDrop(key);
-    }
+    for (const key of [...(this.byRollout.get(rolloutId) ?? [])]) this.cacheDrop(key);
   }
 
   /** Capture keys with a ledger file in the directory. */

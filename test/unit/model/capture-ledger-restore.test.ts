@@ -65,6 +65,9 @@ describe("restore: import as the next attempt, then retire the sources", () => {
     await ledger.append(row("ro-a3", "mc-later"));
     await ledger.append(row("keep", "mc-keep"));
     await ledger.close();
+    // The restoring process starts on that directory.
+    await f.kind.close();
+    f.kind = new ModelKind({ ledgerDir: join(f.dir, "ledger"), cutBackend: null });
     const record: ModelRecord = { episode_id: ep("ro", 1), rows: [row("ro-a1", "mc-src-0"), row("ro-a1", "mc-src", "mc-src-0")], generation_cuts: [] };
     await f.kind.install([record], {});
     expect(await fileRows("ro-a2")).toEqual(["mc-src-0", "mc-src"]);
