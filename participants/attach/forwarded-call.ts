@@ -167,7 +167,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   private finish(): void {
     const { status, headers } = this.head!;
     if (this.settled || status < 200 || status >= 300) {
-      this.failOnce(); // a non-2xx answer was not delivered; settled already: nothing more to do
+      // A non-2xx answer was not delivered (and used no restored cut); settled already: nothing more to do.
+      this.failOnce({ upstreamRefused: true });
       return void this.endResponse();
     }
     this.settled = true;
@@ -194,9 +195,9 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     this.controller?.abort(new Error("call dropped"));
   }
 
-  private failOnce(): void {
+  private failOnce(options: { upstreamRefused?: boolean } = {}): void {
     if (this.settled) return;
     this.settled = true;
-    this.kind.fail(this.ticket);
+    this.kind.fail(this.ticket, options);
   }
 }

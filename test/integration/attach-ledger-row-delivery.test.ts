@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
-import { ModelKind } from "../../participants/kinds/model/index.js";
+import { ModelKind, conversationDigest } from "../../participants/kinds/model/index.js";
 
 // The attach proxy in-process between a real client and a real upstream, with the ledger's file
 // write as a seam: how a call's lineage row and the caller's response relate.
@@ -29,7 +29,8 @@ beforeEach(async () => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
-      const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as { stream?: boolean };
+      const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as { stream?: boolean; messages: { content: string }[] };
+      if (body.messages[0]?.content === "overloaded") return void res.writeHead(503, { "content-type": "application/json" }).end('{"error":{"message":"overloaded"}}');
       if (!body.stream) return void res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(JSON_BODY) }).end(JSON_BODY);
       res.writeHead(200, { "content-type": "text/event-stream" });
       for (const event of SSE) res.write(event);
@@ -57,11 +58,11 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const call = (key: string, stream: boolean) =>
+const call = (key: string, stream: boolean, content = "hi") =>
   fetch(`${proxyUrl}/ng-rollout/${key}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "m", stream, messages: [{ role: "user", content: "hi" }] }),
+    body: JSON.stringify({ model: "m", stream, messages: [{ role: "user", content }] }),
   });
 
 describe.each([
@@ -84,5 +85,32 @@ describe.each([
     failWrites = false;
     expect(await (await call("row-fail", stream)).text()).toBe(expected);
     expect((await kind.ledger.rows("row-fail")).map((r) => r.parent_call_id)).toEqual([null]);
+  });
+});
+
+describe("attach proxy, a restored cut", () => {
+  it("is given back when the upstream refuses the call that consumed it (non-2xx)", async () => {
+    const request = { model: "m", stream: false, messages: [{ role: "user", content: "overloaded" }] };
+    const cut = {
+      model_call_id: "mc-cut",
+      request_digest: conversationDigest("/v1/chat/completions", request),
+      continuation: {
+        source_capture_key: "rc",
+        source_model_call_id: "mc-cut",
+        staging_keys: ["cut/mc-cut"],
+        prefix_token_count: 9,
+        prefix_digest: "c".repeat(64),
+        effective_output_limit: 50,
+        terminal_finish_reason: null,
+        terminal_stop_reason: null,
+      },
+    };
+    await kind.install([{ episode_id: { rollout_id: "rc", attempt: 0 }, rows: [], generation_cuts: [cut] }], {});
+    expect(kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    const response = await call("rc-a1", false, "overloaded");
+    expect(response.status).toBe(503);
+    await response.text();
+    expect(kind.tickets.size).toBe(0);
+    expect(kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
   });
 });

@@ -179,11 +179,16 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     }
   }
 
-  /** The call failed or its caller left: no row; an unused restored cut is given back. */
-  fail(ticket: AdmissionTicket): void {
+  /**
+   * The call failed or its caller left: no row; an unused restored cut is given back. It is unused
+   * when the response never started, or when the upstream refused the call (`upstreamRefused`: a
+   * non-2xx answer generated nothing from it).
+   */
+  fail(ticket: AdmissionTicket, options: { upstreamRefused?: boolean } = {}): void {
     if (ticket.finished) return;
     const cut = ticket.claimedCut;
-    if (cut && !ticket.responseStarted && !ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode) && !this.restoredCuts.has(ticket.captureKey)) {
+    const unused = !ticket.responseStarted || options.upstreamRefused === true;
+    if (cut && unused && !ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode) && !this.restoredCuts.has(ticket.captureKey)) {
       this.restoredCuts.set(ticket.captureKey, cut);
     }
     this.closeTicket(ticket);
@@ -311,7 +316,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   async exportRecords(scope: EpisodeId[] | null): Promise<ModelRecord[]> {
     if (scope === null) throw new CheckpointError("invalid_request", "the model participant exports only the commit's episode_ids; a null scope is refused");
-    const undelivered = new Set([...this.tickets.values()].filter((t) => !t.responseStarted).map((t) => t.modelCallId));
+    const undelivered = new Set<string>();
+    // A restored cut an undelivered call consumed: it still holds that call's saved prefix.
+    const claimed = new Map<string, GenerationCutRecord>();
+    for (const t of this.tickets.values()) {
+      if (t.responseStarted) continue;
+      undelivered.add(t.modelCallId);
+      if (t.claimedCut && !t.abort.signal.aborted) claimed.set(t.captureKey, t.claimedCut);
+    }
     const records: ModelRecord[] = [];
     const seen = new Set<string>();
     for (const episode of scope) {
@@ -319,7 +331,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       if (seen.has(key)) continue;
       seen.add(key);
       const rows = (await this.readableRows(key)).filter((row) => !undelivered.has(row.model_call_id));
-      const cut = this.latestCuts.get(key)?.record ?? this.restoredCuts.get(key) ?? null;
+      // This round's cut is the newest; else an unconsumed restored cut; else one a call consumed but has not delivered.
+      const cut = this.latestCuts.get(key)?.record ?? this.restoredCuts.get(key) ?? claimed.get(key) ?? null;
       if (rows.length === 0 && !cut) continue;
       records.push({ episode_id: { rollout_id: episode.rollout_id, attempt: episode.attempt }, rows: [...rows], generation_cuts: cut ? [cut] : [] });
     }

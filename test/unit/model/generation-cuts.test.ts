@@ -188,6 +188,52 @@ describe("restored cuts", () => {
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
   });
 
+  it("a consumed cut stays in the next checkpoint while its call is undelivered, unless that call was cut anew", async () => {
+    await f.kind.install([record(cutRecord("rc", "q"))], {});
+    const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+    // The cut round fails: the export still carries the consumed cut (and its staging keys).
+    f.answer = (tickets) => ({ acks: new Map(), failed: tickets.length, error: "timeout" });
+    await f.kind.closeAdmission();
+    let records = await f.kind.exportRecords([ep("rc", 1)]);
+    expect(records.map((r) => r.generation_cuts.map((c) => c.model_call_id))).toEqual([["mc-cut"]]);
+    expect(f.kind.commitExtras(records)).toEqual({ staging_keys: ["cut/mc-cut"] });
+    await f.kind.openAdmission();
+    // A round that cuts the continuing call exports its newer cut instead.
+    f.answer = (tickets) => ({ acks: new Map(tickets.map((t) => [t.ticketId, ackFor(t)])), failed: 0, error: null });
+    await f.kind.closeAdmission();
+    records = await f.kind.exportRecords([ep("rc", 1)]);
+    expect(records.map((r) => r.generation_cuts.map((c) => c.model_call_id))).toEqual([[claimed.modelCallId]]);
+    await f.kind.openAdmission();
+    // Delivered: the cut is spent and leaves the checkpoint.
+    await f.kind.responseStart(claimed);
+    await f.kind.complete(claimed, { stagingKey: "stage/x", usage: null });
+    records = await f.kind.exportRecords([ep("rc", 1)]);
+    expect(records.map((r) => r.generation_cuts)).toEqual([[]]);
+  });
+
+  it("a consumed cut whose call is skipped by the round (cuts off) stays in the checkpoint", async () => {
+    const g = await modelFixture({ cuts: false });
+    try {
+      await g.kind.install([record(cutRecord("rc", "q"))], {});
+      await g.kind.admit("rc-a1", CHAT, chat("q"));
+      await g.kind.closeAdmission();
+      expect(g.kind.readiness().counts).toMatchObject({ cut_skipped: 1 });
+      expect((await g.kind.exportRecords([ep("rc", 1)])).map((r) => r.generation_cuts.map((c) => c.model_call_id))).toEqual([["mc-cut"]]);
+    } finally {
+      await g.close();
+    }
+  });
+
+  it("an upstream that refuses the claiming call (non-2xx) gives the cut back", async () => {
+    await f.kind.install([record(cutRecord("rc", "q"))], {});
+    const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    await f.kind.responseStart(claimed); // the refusal's head passes through to the caller
+    f.kind.fail(claimed, { upstreamRefused: true });
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    expect((await f.kind.admit("rc-a1", CHAT, chat("q"))).claimedCut?.model_call_id).toBe("mc-cut");
+  });
+
   it("retire and forget drop restored cuts; a commit whose scope leaves them out frees them", async () => {
     await f.kind.install([record(cutRecord("rc", "q")), { episode_id: ep("other"), rows: [], generation_cuts: [cutRecord("other", "q")] }], {});
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 2 });
