@@ -20,7 +20,9 @@ const WAITING_BYTES = 64 * 1024;
  * bytes wait for it: the final body bytes of an answer with a content-length (a chunked answer's
  * terminating chunk is end() itself), which leave with the end in one socket write. If the row
  * cannot be written, the caller's connection is cut instead, so the caller never holds a complete
- * answer the ledger does not know.
+ * answer the ledger does not know. The ticket stays open (a readiness blocker) until the response
+ * has been handed to the caller's socket in full ('finish'); a caller gone before that has the row
+ * taken back (`ModelKind.undelivered`).
  *
  * Failures: an upstream error before any answer is a 502; an upstream lost while the response is held
  * is a 502 at once (the caller re-issues the call after the checkpoint) — unless WAITING_BYTES of its
@@ -49,6 +51,9 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   private sent = 0;
   /** The withheld last body bytes. */
   private last: Buffer | null = null;
+  /** The row is written and the response ended: the ticket waits for the response to leave. */
+  private recorded = false;
+  private callerGone = false;
 
   constructor(
     private readonly res: ServerResponse,
@@ -58,6 +63,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   ) {
     ticket.abort.signal.addEventListener("abort", this.onRetired, { once: true });
     res.on("close", this.onCallerClose);
+    res.on("finish", this.onFinished);
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -147,11 +153,17 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   };
 
   private readonly onCallerClose = (): void => {
+    this.callerGone = true;
     this.ticket.abort.signal.removeEventListener("abort", this.onRetired);
-    if (!this.res.writableFinished) {
-      this.stopUpstream();
-      this.failOnce();
-    }
+    if (this.res.writableFinished) return;
+    this.stopUpstream();
+    if (this.recorded) void this.kind.undelivered(this.ticket);
+    else this.failOnce();
+  };
+
+  /** The whole response was handed to the caller's socket: a recorded call is delivered. */
+  private readonly onFinished = (): void => {
+    if (this.recorded) this.kind.delivered(this.ticket);
   };
 
   /** Once the upstream is done its socket may carry another call: a late resume must not touch it. */
@@ -176,8 +188,15 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     // end: the caller cannot issue its next call before the row is its parent.
     const staging = headers["x-ng-staging-key"];
     const stagingKey = typeof staging === "string" && staging ? staging.slice(0, 512) : null;
-    this.kind.complete(this.ticket, { stagingKey, usage: this.tail.usage() }).then(
-      () => this.endResponse(),
+    this.kind.record(this.ticket, { stagingKey, usage: this.tail.usage() }).then(
+      () => {
+        // The ticket stays open (a readiness blocker) until 'finish' or 'close' says whether the
+        // response left; a caller gone while the row was written never gets it.
+        this.recorded = true;
+        // Retired, or the caller left, while the row was written: nothing more leaves for the caller.
+        if (this.ticket.abort.signal.aborted || this.callerGone || this.res.destroyed) return void this.kind.undelivered(this.ticket);
+        this.endResponse();
+      },
       (error: unknown) => {
         this.logger?.error({ err: error, capture_key: this.ticket.captureKey }, "ledger row write failed; the call is cut off");
         this.res.destroy();
@@ -186,6 +205,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   }
 
   private endResponse(): void {
+    if (this.res.writableEnded) return;
     if (this.last) this.res.end(this.last);
     else this.res.end();
   }

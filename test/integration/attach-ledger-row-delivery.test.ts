@@ -1,13 +1,14 @@
 import { writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
+import { createServer, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo, Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
 import { ModelKind, conversationDigest } from "../../participants/kinds/model/index.js";
+import { waitUntil } from "../support/wait-until.js";
 
 // The attach proxy in-process between a real client and a real upstream, with the ledger's file
 // write as a seam: how a call's lineage row and the caller's response relate.
@@ -17,6 +18,24 @@ let proxy: Server;
 let proxyUrl: string;
 let kind: ModelKind;
 let failWrites = false;
+/** The proxy's response to the last call; with `hold`, its bytes stay in Node's socket buffer until `release`. */
+let proxied: ServerResponse | undefined;
+let hold = false;
+let release: () => void = () => undefined;
+
+/** Keeps what is written to a socket in Node's buffer (the write never reaches the kernel) until released. */
+function holdWrites(socket: Socket): () => void {
+  const held: (() => void)[] = [];
+  const target = socket as unknown as { _write: (...args: unknown[]) => void; _writev?: (...args: unknown[]) => void };
+  const { _write: write, _writev: writev } = target;
+  target._write = (...args) => void held.push(() => write.apply(socket, args));
+  if (writev) target._writev = (...args) => void held.push(() => writev.apply(socket, args));
+  return () => {
+    target._write = write;
+    if (writev) target._writev = writev;
+    for (const run of held.splice(0)) run();
+  };
+}
 
 const listen = (server: Server) => new Promise<string>((resolve) => server.listen(0, "127.0.0.1", () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)));
 const SSE = ['data: {"choices":[{"delta":{"content":"He"}}]}\n\n', 'data: {"choices":[{"delta":{"content":"llo"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n', "data: [DONE]\n\n"];
@@ -25,6 +44,8 @@ const JSON_BODY = JSON.stringify({ choices: [{ message: { role: "assistant", con
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-attach-row-"));
   failWrites = false;
+  proxied = undefined;
+  hold = false;
   upstream = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
@@ -47,6 +68,10 @@ beforeEach(async () => {
     },
   });
   proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t" });
+  proxy.prependListener("request", (_req, res: ServerResponse) => {
+    proxied = res;
+    if (hold) release = holdWrites(res.socket!);
+  });
   proxyUrl = await listen(proxy);
 });
 
@@ -83,6 +108,8 @@ describe.each([
     expect(await kind.ledger.rows("row-fail")).toEqual([]);
     // The disk has room again: the caller's retry succeeds and is the first call of the key.
     failWrites = false;
+  proxied = undefined;
+  hold = false;
     expect(await (await call("row-fail", stream)).text()).toBe(expected);
     expect((await kind.ledger.rows("row-fail")).map((r) => r.parent_call_id)).toEqual([null]);
   });
@@ -112,5 +139,40 @@ describe("attach proxy, a restored cut", () => {
     await response.text();
     expect(kind.tickets.size).toBe(0);
     expect(kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+  });
+});
+
+describe("attach proxy, a recorded call whose response has not left yet", () => {
+  it("keeps its ticket open (a readiness blocker) until the response has left for the caller", async () => {
+    hold = true;
+    const answer = call("flush", false);
+    await waitUntil(async () => (await kind.ledger.rows("flush")).length === 1, "the row to be written");
+    // The row is in, the response ended, but its bytes are still in the proxy's socket buffer.
+    expect(proxied!.writableEnded).toBe(true);
+    expect(proxied!.writableFinished).toBe(false);
+    expect(kind.tickets.size).toBe(1);
+    expect(kind.readiness().blockers).toEqual(["flush"]);
+    release();
+    expect(await (await answer).text()).toBe(JSON_BODY);
+    await waitUntil(() => kind.tickets.size === 0, "the ticket to close");
+    expect(kind.readiness().blockers).toEqual([]);
+    expect(await kind.ledger.rows("flush")).toHaveLength(1);
+  });
+
+  it("takes its row back when the caller leaves before the response has left: the re-issued call has no phantom parent", async () => {
+    hold = true;
+    const answer = call("gone", true).then(
+      (response) => response.text(),
+      (error: unknown) => error,
+    );
+    await waitUntil(async () => (await kind.ledger.rows("gone")).length === 1, "the row to be written");
+    expect(kind.readiness().blockers).toEqual(["gone"]);
+    proxied!.socket!.destroy(); // the caller's connection drops with the end still unsent
+    expect(await answer).toBeInstanceOf(Error);
+    await waitUntil(() => kind.tickets.size === 0, "the ticket to close");
+    expect(await kind.ledger.rows("gone")).toEqual([]);
+    hold = false;
+    expect(await (await call("gone", true)).text()).toBe(SSE.join(""));
+    expect((await kind.ledger.rows("gone")).map((r) => r.parent_call_id)).toEqual([null]);
   });
 });

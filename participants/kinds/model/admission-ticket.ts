@@ -2,9 +2,10 @@ import type { EpisodeId } from "../../../protocol/index.js";
 import type { DurablePrefixAck, GenerationCutContinuation, GenerationCutRecord } from "./generation-cut-contract.js";
 
 /**
- * One admitted generation call. A ticket lives from admission until its response finished or
- * the call failed; `responseStarted` separates a delivered-in-progress call (must finish sending,
- * blocks prepare) from an undelivered one (may be held, cut, and is re-issued after a restore).
+ * One admitted generation call. A ticket lives from admission until its response has left for the
+ * caller in full (row written, last byte handed to the socket) or the call failed; `responseStarted`
+ * separates a delivered-in-progress call (must finish sending, blocks prepare) from an undelivered
+ * one (may be held, cut, and is re-issued after a restore).
  */
 export interface AdmissionTicket {
   readonly ticketId: string;

@@ -234,15 +234,40 @@ export class CaptureLedger {
     const checked = rows.map((r) => LedgerRowSchema.parse(r));
     await this.ready;
     await this.locks.run(key, async () => {
-      const path = this.fileOf(key);
-      const tmp = `${path}.tmp-${process.pid}`;
-      this.dropHandle(key);
-      await writeFile(tmp, checked.map((r) => `${JSON.stringify(r)}\n`).join(""));
-      await rename(tmp, path);
+      await this.rewrite(key, checked.map((r) => `${JSON.stringify(r)}\n`).join(""));
       this.cachePut(key, { rows: checked, corrupt: [] });
-      this.repair.delete(key);
-      this.addOnDisk(key);
     });
+  }
+
+  /**
+   * Takes back one call's row (its response never fully left for the caller): the file is rewritten
+   * without that line, every other line kept as it is. False when the key has no such row.
+   */
+  async retract(key: string, modelCallId: string): Promise<boolean> {
+    await this.ready;
+    return this.locks.run(key, async () => {
+      if (!this.onDisk.has(key)) return false;
+      const text = await readFile(this.fileOf(key), "utf8");
+      const lines = text.split("\n");
+      const index = lines.findLastIndex((line) => parseRow(line)?.model_call_id === modelCallId);
+      if (index === -1) return false;
+      lines.splice(index, 1);
+      await this.rewrite(key, lines.join("\n"));
+      // Read again on next use: line numbers of unreadable lines may have moved.
+      this.cacheDrop(key);
+      return true;
+    });
+  }
+
+  /** Under the key's stripe lock: replaces the key's file with `text` (atomic rename). */
+  private async rewrite(key: string, text: string): Promise<void> {
+    const path = this.fileOf(key);
+    const tmp = `${path}.tmp-${process.pid}`;
+    this.dropHandle(key);
+    await writeFile(tmp, text);
+    await rename(tmp, path);
+    this.repair.delete(key);
+    if (!this.onDisk.has(key)) this.addOnDisk(key);
   }
 
   /** Deletes the ledgers of these keys (memory and disk). */

@@ -155,12 +155,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   /**
-   * The backend acknowledged the call (response complete): write its lineage row, close the ticket.
-   * The row is in the file and the in-memory ledger when the promise resolves, so the proxy ends the
-   * response only then. A failed write rejects (after closing the ticket) and leaves no row: the
-   * proxy then cuts the caller's response off instead of ending it, so the call fails as a whole.
+   * The backend acknowledged the call (response complete): write its lineage row. The row is in the
+   * file and the in-memory ledger when the promise resolves, so the proxy ends the response only
+   * then. The ticket stays open — the key still blocks readiness — until the response has left for
+   * the caller (`delivered`) or the caller left first (`undelivered`). A failed write rejects (after
+   * closing the ticket) and leaves no row: the proxy then cuts the caller's response off instead of
+   * ending it, so the call fails as a whole.
    */
-  async complete(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
+  async record(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
     try {
       if (!ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode)) {
         await this.ledger.append({
@@ -174,9 +176,36 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
           recorded_at: Date.now() / 1000,
         });
       }
+    } catch (error) {
+      this.closeTicket(ticket);
+      throw error;
+    }
+  }
+
+  /** The recorded call's response has been handed to the caller's socket in full: the ticket closes. */
+  delivered(ticket: AdmissionTicket): void {
+    this.closeTicket(ticket);
+  }
+
+  /**
+   * The caller left after the row was written but before its response had left in full: it cannot
+   * hold the whole answer and will re-issue the call, so the row is taken back (no phantom parent,
+   * nothing exported for it). The ticket closes once that is done, even if taking it back failed.
+   */
+  async undelivered(ticket: AdmissionTicket): Promise<void> {
+    try {
+      if (!ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode)) await this.ledger.retract(ticket.captureKey, ticket.modelCallId);
+    } catch (error) {
+      this.options.logger?.error({ err: error, capture_key: ticket.captureKey, model_call_id: ticket.modelCallId }, "could not take back the row of an undelivered call; it stays in the ledger");
     } finally {
       this.closeTicket(ticket);
     }
+  }
+
+  /** record() and delivered() at once, for a response known to have left (tests, in-process callers). */
+  async complete(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
+    await this.record(ticket, outcome);
+    this.delivered(ticket);
   }
 
   /**

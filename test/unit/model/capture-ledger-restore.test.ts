@@ -313,6 +313,23 @@ describe("ledger files", () => {
     expect(f.kind.ledger.cacheSize().rows).toBeLessThanOrEqual(5);
   });
 
+  it("retract takes back one row and keeps every other line as it is", async () => {
+    await mkdir(join(f.dir, "ledger"), { recursive: true });
+    const damaged = '{"capture_key":"rt","mo';
+    await writeFile(ledgerFile("rt"), `${JSON.stringify(row("rt", "mc-1"))}\n${damaged}\n${JSON.stringify(row("rt", "mc-2"))}\n`);
+    const ledger = new CaptureLedger(join(f.dir, "ledger"));
+    await ledger.append(row("rt", "mc-3", "mc-2"));
+    expect(await ledger.retract("rt", "mc-2")).toBe(true);
+    expect(await ledger.retract("rt", "mc-nope")).toBe(false);
+    expect(await ledger.retract("rt-a9", "mc-1")).toBe(false);
+    expect((await readFile(ledgerFile("rt"), "utf8")).split("\n")[1]).toBe(damaged);
+    expect(await ledger.load("rt")).toMatchObject({ corrupt: [2] });
+    expect((await ledger.rows("rt")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-3"]);
+    await ledger.append(row("rt", "mc-4", "mc-3"));
+    expect((await ledger.rows("rt")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-3", "mc-4"]);
+    await ledger.close();
+  });
+
   it("reject rows that do not match the schema", async () => {
     const ledger = new CaptureLedger(join(f.dir, "ledger"));
     await expect(ledger.append({ ...row("bad", "mc-1"), extra: 1 } as LedgerRow)).rejects.toThrow();
