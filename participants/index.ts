@@ -1,7 +1,7 @@
 /** Participant SDK: the kind-agnostic control plane, storage, and the kind adapters. */
 export { ParticipantControlPlane } from "./control-plane/control-plane.js";
 export type { ControlPlaneOptions } from "./control-plane/control-plane.js";
-export type { ParticipantKind, ParticipantContext, KindReadiness } from "./control-plane/participant-kind.js";
+export type { ParticipantKind, ParticipantContext, KindReadiness, CloseAdmissionOptions } from "./control-plane/participant-kind.js";
 export { startParticipant } from "./control-plane/start-participant.js";
 export type { StartParticipantOptions, ParticipantHandle } from "./control-plane/start-participant.js";
 export { ControlEndpoint } from "./control-plane/nats-endpoint.js";

@@ -252,7 +252,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         this.renewLease(request.deadline_ts);
         this.closedAt = this.clock.now();
         try {
-          await this.adapter.closeAdmission();
+          await this.adapter.closeAdmission({ timeLeftMs: request.deadline_ts * 1000 - this.clock.now() });
         } catch (error) {
           // Phase and admission must never disagree: reopen everything.
           await this.reopen(undefined);
@@ -453,7 +453,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       trace.getActiveSpan()?.setAttributes({ [ATTR.records]: read.records.length, [ATTR.bytes]: read.bytes });
 
       try {
-        await this.adapter.closeAdmission();
+        await this.adapter.closeAdmission({ timeLeftMs: request.deadline_ts * 1000 - this.clock.now() });
       } catch (error) {
         // It may have closed part way (a kind stops admitting, then cuts what is in flight); the
         // phase stays idle, so no resume would reopen it: reopen here, as prepare does.

@@ -10,6 +10,11 @@ export interface KindReadiness {
   restarts: string[];
 }
 
+export interface CloseAdmissionOptions {
+  /** Milliseconds until the closing op's deadline. */
+  timeLeftMs?: number;
+}
+
 /** Services the control plane offers to the kind it drives. */
 export interface ParticipantContext {
   /** Call whenever readiness may have changed, so a waiting prepare re-checks at once. */
@@ -29,8 +34,11 @@ export interface ParticipantKind<R extends RecordBase = RecordBase> {
   readonly recordSchema: z.ZodType<R>;
   attach?(context: ParticipantContext): void;
   readiness(): KindReadiness;
-  /** Stop admitting new work; work in flight parks at its next boundary. */
-  closeAdmission(): Promise<void>;
+  /**
+   * Stop admitting new work; work in flight parks at its next boundary. `timeLeftMs` is how long the
+   * op that closes (prepare, restore) has until its deadline: any work done here should fit in it.
+   */
+  closeAdmission(options?: CloseAdmissionOptions): Promise<void>;
   /** Reopen: parked work continues, held responses are delivered. */
   openAdmission(): Promise<void>;
   /** Records of the episodes in scope (null = all); called once per checkpoint. */

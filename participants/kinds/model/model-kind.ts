@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
 import { CheckpointError, canonicalDigest, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
-import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
+import type { CloseAdmissionOptions, KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
 import { CaptureLedger, type LedgerWrite } from "./capture-ledger.js";
@@ -292,8 +292,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     return { blockers: [...streaming].sort(), counts, restarts: [] };
   }
 
-  async closeAdmission(): Promise<void> {
+  /**
+   * Closes admission and runs the cut round, bounded by the cut timeout and by the closing op's
+   * deadline (less a reserve for its reply): the control-plane lock is held meanwhile, so a hung cut
+   * endpoint must not hold resume or lease expiry past the deadline.
+   */
+  async closeAdmission(options: CloseAdmissionOptions = {}): Promise<void> {
     if (!this.admitting) return;
+    const startedAt = Date.now();
     this.admitting = false;
     this.reopened = latch();
     this.latestCuts.clear();
@@ -315,9 +321,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     }
     // The detailed reasons (request values included) go to the log only; counts use the fixed categories.
     if (details.size) this.options.logger?.info({ checkpoint_id: this.checkpointIdSource(), reasons: Object.fromEntries(details) }, "generation cut skipped");
-    if (eligible.length && this.options.cutBackend) {
+    const backend = this.options.cutBackend;
+    if (eligible.length && backend) {
       const checkpointId = this.checkpointIdSource() ?? `close-${randomUUID()}`;
-      const result = await (this.options.cutRunner ?? runCutRound)(this.options.cutBackend, checkpointId, eligible);
+      const timeoutMs = cutBudget(backend.timeoutMs, options.timeLeftMs, Date.now() - startedAt);
+      const result =
+        timeoutMs > 0
+          ? await (this.options.cutRunner ?? runCutRound)({ ...backend, timeoutMs }, checkpointId, eligible)
+          : { acks: new Map(), failed: eligible.length, error: "no time left before the deadline" };
       if (result.error) this.options.logger?.warn({ checkpoint_id: checkpointId, err: result.error, calls: eligible.length }, "generation cut failed; the calls will be regenerated");
       for (const t of eligible) {
         const ack = result.acks.get(t.ticketId);
@@ -474,6 +485,17 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private notify(): void {
     this.context?.notifyReadinessChanged();
   }
+}
+
+/** Share of the time left to the deadline kept for the rest of the op (its reply), at most RESERVE_MAX_MS. */
+const RESERVE_SHARE = 0.2;
+const RESERVE_MAX_MS = 1_000;
+
+/** How long the cut round may take: the cut timeout, within the time left to the op's deadline less a reserve. */
+function cutBudget(timeoutMs: number, timeLeftMs: number | undefined, spentMs: number): number {
+  if (timeLeftMs === undefined) return timeoutMs;
+  const left = timeLeftMs - spentMs;
+  return Math.max(0, Math.min(timeoutMs, Math.floor(left - Math.min(RESERVE_MAX_MS, left * RESERVE_SHARE))));
 }
 
 function latch(): { promise: Promise<void>; resolve: () => void } {

@@ -1,5 +1,8 @@
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
+import { ModelKind, conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
 import { BACKEND, CHAT, ackFor, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 import { canonicalDigest, encodeMessage } from "../../../protocol/index.js";
@@ -108,6 +111,43 @@ describe("the cut round at close-admission", () => {
     const records = await f.kind.exportRecords([ep("retry")]);
     expect(records).toHaveLength(1);
     expect(records[0]!.generation_cuts.map((c) => c.model_call_id)).toEqual([newer.modelCallId]);
+  });
+
+  it("is bounded by the closing op's deadline (less a reserve for its reply), not only by the cut timeout", async () => {
+    await f.kind.admit("d1", CHAT, chat("a"));
+    await f.kind.closeAdmission();
+    await f.kind.openAdmission();
+    await f.kind.closeAdmission({ timeLeftMs: 60_000 });
+    await f.kind.openAdmission();
+    await f.kind.closeAdmission({ timeLeftMs: 500 });
+    expect(f.backends.map((b) => b.timeoutMs).slice(0, 2)).toEqual([BACKEND.timeoutMs, BACKEND.timeoutMs]);
+    expect(f.backends[2]!.timeoutMs).toBeLessThanOrEqual(400);
+    expect(f.backends[2]!.timeoutMs).toBeGreaterThan(300);
+    await f.kind.openAdmission();
+    // No time left at all: nothing is sent, and the calls count as cut_failed (regenerated after a restore).
+    await f.kind.closeAdmission({ timeLeftMs: 0 });
+    expect(f.rounds).toHaveLength(3);
+    expect(f.kind.readiness().counts).toMatchObject({ cut: 0, cut_failed: 1 });
+  });
+
+  it("a hung cut endpoint holds close-admission only until the deadline's budget, not for the cut timeout", async () => {
+    const hung = createServer(() => undefined); // accepts, never answers
+    await new Promise<void>((resolve) => hung.listen(0, "127.0.0.1", resolve));
+    const g = new ModelKind({
+      ledgerDir: join(f.dir, "ledger-hung"),
+      cutBackend: { root: `http://127.0.0.1:${(hung.address() as AddressInfo).port}`, token: "t", timeoutMs: 600_000, serverName: "policy_model" },
+    });
+    try {
+      await g.admit("hung", CHAT, chat("a"));
+      const started = Date.now();
+      await g.closeAdmission({ timeLeftMs: 400 });
+      expect(Date.now() - started).toBeLessThan(5_000);
+      expect(g.readiness().counts).toMatchObject({ cut: 0, cut_failed: 1 });
+    } finally {
+      hung.closeAllConnections();
+      await new Promise((resolve) => hung.close(resolve));
+      await g.close();
+    }
   });
 
   it("lists every staging key of rows and cuts, sorted and unique, in the commit extras", async () => {

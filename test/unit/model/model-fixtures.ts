@@ -13,6 +13,8 @@ export interface ModelFixture {
   notified: () => number;
   /** Inventories the fake cut runner received (ticket ids per round). */
   rounds: string[][];
+  /** The backend (with the round's timeout) each round was sent to. */
+  backends: CutBackend[];
   /** What the next cut round answers; default: a durable prefix for every ticket. */
   answer: (tickets: AdmissionTicket[]) => CutRoundResult;
   close(): Promise<void>;
@@ -50,6 +52,7 @@ export async function modelFixture(options: { cuts?: boolean; stripes?: number; 
     retired,
     notified: () => notifications,
     rounds: [],
+    backends: [],
     answer: ackAll,
     async close() {
       await fixture.kind.close();
@@ -61,8 +64,9 @@ export async function modelFixture(options: { cuts?: boolean; stripes?: number; 
     ...(options.stripes !== undefined && { ledgerStripes: options.stripes }),
     cutBackend: options.cuts === false ? null : BACKEND,
     ...(options.logger && { logger: options.logger }),
-    cutRunner: async (_backend, _checkpointId, tickets) => {
+    cutRunner: async (backend, _checkpointId, tickets) => {
       fixture.rounds.push(tickets.map((t) => t.ticketId));
+      fixture.backends.push(backend);
       return fixture.answer(tickets);
     },
   });

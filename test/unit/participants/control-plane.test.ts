@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
-import { ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ManualClock, ParticipantControlPlane, ScriptableKind, type ParticipantKind } from "../../../participants/index.js";
 import { refusalCode } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -73,6 +73,17 @@ describe("phase machine", () => {
     expect(kind.admissionOpen).toBe(true);
     expect(plane.status().checkpoint_id).toBeNull();
     expect(kind.hooks()).toEqual(["closeAdmission", "exportRecords", "openAdmission"]);
+  });
+
+  it("hands closeAdmission the time left to the closing op's deadline", async () => {
+    const seen: (number | undefined)[] = [];
+    const close = kind.closeAdmission.bind(kind);
+    (kind as ParticipantKind).closeAdmission = async (options) => {
+      seen.push(options?.timeLeftMs);
+      await close();
+    };
+    await call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 12 });
+    expect(seen).toEqual([12_000]);
   });
 
   it("exports only the commit scope", async () => {
