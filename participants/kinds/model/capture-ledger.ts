@@ -91,8 +91,8 @@ export class CaptureLedger {
       this.cache.set(key, cached);
       return cached;
     }
-    await this.ready;
     return this.locks.run(key, async () => {
+      await this.ready;
       const again = this.cache.get(key);
       if (again) return again;
       const loaded = this.onDisk.has(key) ? await this.readFile(key) : { rows: [], corrupt: [] };
@@ -162,8 +162,9 @@ export class CaptureLedger {
     const parsed = LedgerRowSchema.parse(row);
     const key = parsed.capture_key;
     const line = Buffer.from(`${JSON.stringify(parsed)}\n`);
-    await this.ready;
+    // Taken by the locks at once (before any await), so a close() that follows still lets it finish.
     await this.locks.run(key, async () => {
+      await this.ready;
       const fd = this.handles.get(key) ?? (await this.openAppend(key));
       this.touch(key, fd);
       const cut = this.repair.get(key);
@@ -198,12 +199,12 @@ export class CaptureLedger {
     }
   }
 
-  /** Closes every append descriptor and releases the lock files. */
+  /** Lets the writes already asked for finish, then closes every append descriptor and releases the lock files. */
   async close(): Promise<void> {
     await this.ready;
+    await this.locks.close();
     for (const fd of this.handles.values()) closeQuietly(fd);
     this.handles.clear();
-    await this.locks.close();
   }
 
   /** Under the key's stripe lock: marks the descriptor most recently used. */
@@ -232,8 +233,8 @@ export class CaptureLedger {
   /** Replaces a key's ledger with `rows` (atomic rename). */
   async replace(key: string, rows: LedgerRow[]): Promise<void> {
     const checked = rows.map((r) => LedgerRowSchema.parse(r));
-    await this.ready;
     await this.locks.run(key, async () => {
+      await this.ready;
       await this.rewrite(key, checked.map((r) => `${JSON.stringify(r)}\n`).join(""));
       this.cachePut(key, { rows: checked, corrupt: [] });
     });
@@ -244,8 +245,8 @@ export class CaptureLedger {
    * without that line, every other line kept as it is. False when the key has no such row.
    */
   async retract(key: string, modelCallId: string): Promise<boolean> {
-    await this.ready;
     return this.locks.run(key, async () => {
+      await this.ready;
       if (!this.onDisk.has(key)) return false;
       const text = await readFile(this.fileOf(key), "utf8");
       const lines = text.split("\n");
@@ -272,9 +273,9 @@ export class CaptureLedger {
 
   /** Deletes the ledgers of these keys (memory and disk). */
   async remove(keys: Iterable<string>): Promise<void> {
-    await this.ready;
     for (const key of keys) {
       await this.locks.run(key, async () => {
+        await this.ready;
         const path = this.fileOf(key);
         this.cacheDrop(key);
         this.repair.delete(key);

@@ -22,6 +22,8 @@ export class StripedLocks {
   private readonly owned = new Map<number, number>();
   private sweeper: NodeJS.Timeout | undefined;
   private closed = false;
+  /** Work accepted by run() and not settled yet: close() lets it finish first. */
+  private readonly accepted = new Set<Promise<unknown>>();
 
   constructor(
     readonly dir: string,
@@ -53,11 +55,20 @@ export class StripedLocks {
     return [...this.owned.keys()].sort((a, b) => a - b);
   }
 
-  async run<T>(key: string, fn: () => Promise<T>): Promise<T> {
+  /** Runs `fn` holding the key's stripe; refused once close() was called, but work accepted before runs. */
+  run<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    if (this.closed) return Promise.reject(new Error("ledger locks are closed"));
+    const work = this.runOnStripe(key, fn);
+    this.accepted.add(work);
+    const settled = () => void this.accepted.delete(work);
+    work.then(settled, settled);
+    return work;
+  }
+
+  private async runOnStripe<T>(key: string, fn: () => Promise<T>): Promise<T> {
     await this.ready;
     const stripe = this.stripeOf(key);
     return this.local[stripe]!.run(async () => {
-      if (this.closed) throw new Error("ledger locks are closed");
       if (!this.owned.has(stripe)) {
         await this.acquire(this.lockFile(stripe));
         this.owned.set(stripe, Date.now());
@@ -72,11 +83,12 @@ export class StripedLocks {
     });
   }
 
-  /** Releases every owned stripe (after the work queued on it) and refuses further use. */
+  /** Refuses further use, lets the work already accepted finish, then releases every owned stripe. */
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.sweeper);
     this.sweeper = undefined;
+    while (this.accepted.size) await Promise.allSettled([...this.accepted]);
     await Promise.all([...this.owned.keys()].map((stripe) => this.local[stripe]!.run(() => this.release(stripe))));
     OWNERS.delete(this);
   }

@@ -154,4 +154,38 @@ describe("striped ledger locks", () => {
     expect(await readdir(join(dir, "locks"))).toEqual([]);
     await expect(l.run("a", async () => undefined)).rejects.toThrow(/closed/);
   });
+
+  it("close() lets the work queued before it finish, then releases every stripe; later work is refused", async () => {
+    const l = new StripedLocks(join(dir, "locks"), 4);
+    const gate = deferred();
+    const started = deferred();
+    const first = l.run("a", async () => {
+      started.resolve();
+      await gate.promise;
+      return 1;
+    });
+    await started.promise;
+    const queued = l.run("a", async () => 2); // waits behind the first on the same stripe
+    const elsewhere = l.run("zz", async () => 3);
+    const closing = l.close();
+    await expect(l.run("a", async () => 4)).rejects.toThrow(/closed/);
+    gate.resolve();
+    expect(await Promise.all([first, queued, elsewhere])).toEqual([1, 2, 3]);
+    await closing;
+    expect(await readdir(join(dir, "locks"))).toEqual([]);
+    expect(l.ownedStripes()).toEqual([]);
+  });
+
+  it("a ledger closed right after an append (shutdown) still writes the row", async () => {
+    const ledger = new CaptureLedger(join(dir, "ledger"), 4);
+    const row = (id: string) => ({ capture_key: "shut", model_call_id: id, parent_call_id: null, continued_from: null, route: "/v1/chat/completions", staging_key: null, usage: null, recorded_at: 1 });
+    await ledger.append(row("mc-1"));
+    const appending = ledger.append(row("mc-2"));
+    const closing = ledger.close();
+    await appending;
+    await closing;
+    const lines = (await readFile(join(dir, "ledger", "shut.lineage.jsonl"), "utf8")).split("\n").filter(Boolean);
+    expect(lines.map((l) => JSON.parse(l).model_call_id)).toEqual(["mc-1", "mc-2"]);
+    await expect(ledger.append(row("mc-3"))).rejects.toThrow(/closed/);
+  });
 });
