@@ -55,7 +55,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private readonly restoredKeys = new Set<string>();
   /** This checkpoint's cuts: one per episode, the latest admitted. */
   private readonly latestCuts = new Map<string, { admittedAt: number; record: GenerationCutRecord }>();
-  private readonly retiring = new Set<string>();
+  /** Episodes whose calls are being stopped (retire, ledger retire/delete): admission answers stale_attempt meanwhile. */
+  private readonly stopping = new Set<(episode: EpisodeId, key: string) => boolean>();
   private round = { cut: 0, cut_failed: 0, cut_skipped: 0 };
   /** This round's skipped calls by SKIP_CATEGORIES name. */
   private readonly skipReasons = new Map<string, number>();
@@ -232,7 +233,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   private refuseIfNotAdmitting(episode: EpisodeId, key: string): void {
-    if (this.retiring.has(key) || this.context?.isRetired(episode)) throw new CheckpointError("stale_attempt", `${key} was retired`);
+    if (this.context?.isRetired(episode)) throw new CheckpointError("stale_attempt", `${key} was retired`);
+    for (const which of this.stopping) if (which(episode, key)) throw new CheckpointError("stale_attempt", `${key} was retired`);
     if (!this.admitting) throw new CheckpointError("admission_closed", "a checkpoint is open; retry after it resumes");
   }
 
@@ -255,16 +257,45 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     return rows;
   }
 
-  /** Retires the ledgers of attempts 0..N of a rollout; refused while a checkpoint is open. */
+  /**
+   * Retires the ledgers of attempts 0..N of a rollout; refused while a checkpoint is open. Their
+   * in-flight calls are stopped first (as a checkpoint retire does), so no late row recreates a ledger.
+   */
   async retireLedgers(episode: EpisodeId): Promise<string[]> {
     this.refuseLedgerRemoval();
-    return this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
+    return this.stopCalls(
+      (e) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt,
+      () => this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt),
+    );
   }
 
+  /** Deletes one ledger; refused while a checkpoint is open; its in-flight calls are stopped first. */
   async deleteLedger(key: string): Promise<void> {
     if (!parseCaptureKey(key)) throw new CheckpointError("invalid_request", "not a capture key");
     this.refuseLedgerRemoval();
-    await this.ledger.remove([key]);
+    await this.stopCalls(
+      (_e, k) => k === key,
+      () => this.ledger.remove([key]),
+    );
+  }
+
+  /**
+   * Stops the calls of the episodes `which` selects (aborted: the proxy drops them, no row is written)
+   * and runs `removal` once they have closed, refusing their new calls with stale_attempt meanwhile.
+   * A checkpoint that opened while they stopped refuses the removal (retry after resume).
+   */
+  private async stopCalls<T>(which: (episode: EpisodeId, key: string) => boolean, removal: () => Promise<T>): Promise<T> {
+    this.stopping.add(which);
+    try {
+      const stopped = [...this.tickets.values()].filter((t) => which(t.episode, t.captureKey));
+      for (const t of stopped) t.abort.abort();
+      await Promise.all(stopped.map((t) => t.closed));
+      this.refuseLedgerRemoval();
+      return await removal();
+    } finally {
+      this.stopping.delete(which);
+      this.notify();
+    }
   }
 
   private refuseLedgerRemoval(): void {
@@ -436,8 +467,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {
-    const keys = episodes.map(captureKey);
-    for (const key of keys) this.retiring.add(key);
+    const keys = new Set(episodes.map(captureKey));
+    const retiring = (_episode: EpisodeId, key: string) => keys.has(key);
+    this.stopping.add(retiring);
     try {
       // Stop first, so no late row recreates a ledger: every retired attempt's calls (0..N).
       const stopping = [...this.tickets.values()].filter((t) => episodes.some((e) => e.rollout_id === t.episode.rollout_id && t.episode.attempt <= e.attempt));
@@ -450,7 +482,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
       }
     } finally {
-      for (const key of keys) this.retiring.delete(key);
+      this.stopping.delete(retiring);
       this.notify();
     }
   }

@@ -128,6 +128,48 @@ describe("ledger retire and delete", () => {
     await expect(f.kind.deleteLedger("../x")).rejects.toMatchObject({ code: "invalid_request" });
   });
 
+  it("the ledger retire API stops the attempts' in-flight calls first, so no late row recreates a ledger", async () => {
+    await deliveredCall(f.kind, "api");
+    const inflight = await f.kind.admit("api-a1", CHAT, chat("x"));
+    await f.kind.responseStart(inflight);
+    const untouched = await f.kind.admit("api-a2", CHAT, chat("y"));
+    const retiring = f.kind.retireLedgers(ep("api", 1));
+    expect(inflight.abort.signal.aborted).toBe(true);
+    expect(untouched.abort.signal.aborted).toBe(false);
+    // Calls of the attempts being removed are refused meanwhile; the backend's late answer writes nothing.
+    await expect(f.kind.admit("api", CHAT, chat("z"))).rejects.toMatchObject({ code: "stale_attempt" });
+    await f.kind.complete(inflight, { stagingKey: "stage/late", usage: null });
+    expect((await retiring).sort()).toEqual(["api", "api-a1"]);
+    expect(existsSync(ledgerFile("api-a1"))).toBe(false);
+    expect(existsSync(ledgerFile("api"))).toBe(false);
+    // Once removed, the key may be used again.
+    expect((await f.kind.admit("api", CHAT, chat("again"))).parentCallId).toBeNull();
+  });
+
+  it("the ledger delete API stops that key's in-flight call first", async () => {
+    await deliveredCall(f.kind, "del");
+    const inflight = await f.kind.admit("del", CHAT, chat("x"));
+    await f.kind.responseStart(inflight);
+    const other = await f.kind.admit("del-a1", CHAT, chat("y"));
+    const deleting = f.kind.deleteLedger("del");
+    expect([inflight.abort.signal.aborted, other.abort.signal.aborted]).toEqual([true, false]);
+    await f.kind.complete(inflight, { stagingKey: "stage/late", usage: null });
+    await deleting;
+    expect(existsSync(ledgerFile("del"))).toBe(false);
+    expect((await f.kind.captureManifest("del")).records).toEqual([]);
+  });
+
+  it("a ledger removal whose calls stopped while a checkpoint opened is refused with invalid_phase and removes nothing", async () => {
+    await deliveredCall(f.kind, "race");
+    const inflight = await f.kind.admit("race", CHAT, chat("x"));
+    const deleting = f.kind.deleteLedger("race");
+    await f.kind.closeAdmission();
+    f.kind.fail(inflight);
+    await expect(deleting).rejects.toMatchObject({ code: "invalid_phase" });
+    expect(existsSync(ledgerFile("race"))).toBe(true);
+    await f.kind.openAdmission();
+  });
+
   it("a checkpoint retire stops in-flight calls first so no late row recreates the ledger", async () => {
     await deliveredCall(f.kind, "late");
     const inflight = await f.kind.admit("late", CHAT, chat("x"));
