@@ -476,9 +476,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       for (const t of stopping) t.abort.abort();
       await Promise.all(stopping.map((t) => t.closed));
       for (const episode of episodes) {
-        const key = captureKey(episode);
-        this.restoredCuts.delete(key);
-        this.restoredKeys.delete(key);
+        // Restored state of every attempt whose ledger goes (0..N), not only of attempt N.
+        this.dropRestored((e) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt);
         await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
       }
     } finally {
@@ -489,8 +488,20 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   async forget(rolloutIds: string[]): Promise<void> {
     const ids = new Set(rolloutIds);
-    for (const key of [...this.restoredCuts.keys()]) if (ids.has(parseCaptureKey(key)?.rollout_id ?? "")) this.restoredCuts.delete(key);
+    this.dropRestored((e) => ids.has(e.rollout_id));
     for (const id of ids) this.ledger.evict(id);
+  }
+
+  /** Forgets restored cuts and restored keys of the episodes `which` selects. */
+  private dropRestored(which: (episode: EpisodeId) => boolean): void {
+    for (const key of [...this.restoredCuts.keys()]) {
+      const episode = parseCaptureKey(key);
+      if (episode && which(episode)) this.restoredCuts.delete(key);
+    }
+    for (const key of [...this.restoredKeys]) {
+      const episode = parseCaptureKey(key);
+      if (episode && which(episode)) this.restoredKeys.delete(key);
+    }
   }
 
   statusExtras(): Record<string, unknown> {

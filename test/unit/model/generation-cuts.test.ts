@@ -283,6 +283,23 @@ describe("restored cuts", () => {
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
   });
 
+  it("a retire of a later attempt drops the restored state of every attempt it retires", async () => {
+    await f.kind.install([record(cutRecord("rc", "q"))], {}); // restored as rc-a1
+    expect(f.kind.hasLiveState()).toBe(true);
+    await f.kind.retire([ep("rc", 2)]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+    expect(f.kind.hasLiveState()).toBe(false);
+  });
+
+  it("forget drops restored keys as well as restored cuts", async () => {
+    await f.kind.install([record(cutRecord("rc", "q")), { episode_id: ep("kept"), rows: [], generation_cuts: [cutRecord("kept", "q")] }], {});
+    await f.kind.forget(["rc"]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    await f.kind.forget(["kept"]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+    expect(f.kind.hasLiveState()).toBe(false);
+  });
+
   it("restore refuses a cut that names another source and changes nothing", async () => {
     await expect(f.kind.install([record(cutRecord("rc-a3", "q"))], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
