@@ -5,6 +5,7 @@ import { z } from "zod";
 import { CheckpointError, EpisodeIdSchema, bearerToken, describeZodError, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
+import { canonicalRoute } from "./canonical-route.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
@@ -69,7 +70,12 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     }
     if (rollout === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not name a valid capture key");
     const route = rollout ? rollout.route : path;
-    if (!isGenerationRoute(route) || req.method !== "POST") return passthrough(req, res, route + query);
+    if (req.method !== "POST") return passthrough(req, res, route + query);
+    // Classified by what the upstream will read (decoded, dot segments resolved, ...), so no spelling
+    // of a generation route goes through untracked; only the plain spelling is forwarded.
+    const canonical = canonicalRoute(route);
+    if (!isGenerationRoute(canonical)) return passthrough(req, res, route + query);
+    if (canonical !== route) throw new CheckpointError("invalid_request", `a generation route must be sent in its plain form: ${canonical} (without encoding, extra slashes or dot segments)`);
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
     const body = await readBody(req, maxBody);
     let parsed: unknown;

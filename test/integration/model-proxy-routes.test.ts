@@ -1,5 +1,5 @@
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
+import { createServer, request, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -57,7 +57,7 @@ beforeAll(async () => {
       seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
       const path = (req.url ?? "").split("?")[0];
       if (path === "/v1/models") return void res.writeHead(200, { "content-type": "application/json" }).end('{"object":"list","data":[]}');
-      if (path === "/v1/echo") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ body }));
+      if (path === "/v1/echo" || path === "/v1/%65cho") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ body }));
       const parsed = body ? (JSON.parse(body) as { stream?: boolean; fail?: boolean }) : {};
       if (parsed.fail) return void res.writeHead(400, { "content-type": "application/json" }).end('{"error":{"message":"bad request"}}');
       const staging = { "x-ng-staging-key": `stage/${req.headers["x-ng-model-call-id"]}` };
@@ -108,6 +108,21 @@ beforeEach(() => {
 
 const ledger = async (key: string): Promise<any[]> =>
   ((await (await fetch(`${proxy.url}/ng-capture/v1/ledger/${key}`, { headers: { authorization: `Bearer ${TOKEN}` } })).json()) as any).records;
+
+/** A POST with its path sent exactly as given (fetch would normalize dot segments). */
+function rawPost(path: string, body: string): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = request(`${proxy.url}${path}`, { method: "POST", headers: { "content-type": "application/json" } }, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (c: string) => (text += c));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body: text }));
+    });
+    req.path = path;
+    req.on("error", reject);
+    req.end(body);
+  });
+}
 
 /** Reads a streamed body until `until` appears in it (the response keeps streaming). */
 async function readUntil(reader: ReadableStreamDefaultReader<Uint8Array>, soFar: string, until: string): Promise<string> {
@@ -230,6 +245,30 @@ describe("other routes", () => {
     // Chunked on the upstream hop, or with a length when the whole body had already arrived.
     expect(((await response.json()) as { body: string }).body).toBe(parts.join(""));
     expect(seen.map((s) => s.method)).toEqual(["PUT"]);
+  });
+
+  it("refuse a generation route in any other spelling (encoded, trailing or doubled slashes, dot segments, case) instead of passing it through untracked", async () => {
+    const spellings = [
+      "/ng-rollout/sp/v1/chat/completions/",
+      "/ng-rollout/sp/v1/chat/%63ompletions",
+      "/ng-rollout/sp/v1//chat/completions",
+      "/ng-rollout/sp/v1/chat/./completions",
+      "/ng-rollout/sp/v1/x/../chat/completions",
+      "/ng-rollout/sp/V1/Chat/Completions",
+      "/ng-rollout/sp/v1/chat%2Fcompletions",
+      "//ng-rollout/sp/v1/chat/completions",
+      "/v1/responses/",
+      "/ng-rollout/sp/v1/chat/%E0%A4%A",
+    ];
+    for (const spelling of spellings) {
+      const { status, body } = await rawPost(spelling, JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }));
+      expect([spelling, status, JSON.parse(body).error.code]).toEqual([spelling, 400, "invalid_request"]);
+    }
+    expect(seen).toEqual([]);
+    expect(await ledger("sp")).toEqual([]);
+    // Other routes still pass through as they are, encoded or not.
+    expect((await rawPost("/ng-rollout/sp/v1/%65cho", "{}")).status).toBe(200);
+    expect(seen.map((s) => s.url)).toEqual(["/v1/%65cho"]);
   });
 
   it("refuse generation calls without the prefix or with a non-JSON body", async () => {
