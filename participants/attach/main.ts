@@ -1,11 +1,11 @@
 import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { startParticipant } from "../control-plane/start-participant.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
 import { startServerRuntime } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
 import { createAttachProxy } from "./attach-proxy.js";
+import { ensurePrivateDir } from "./private-dir.js";
 
 /**
  * `gym-ckpt attach model --upstream <openai-base-url> --listen <host:port>`: the model participant
@@ -16,7 +16,8 @@ import { createAttachProxy } from "./attach-proxy.js";
  *                         without `/ng-control/v1/generation-cut`)
  *   --cut-token T         bearer token of the cut endpoint (default: --token)
  *   --cut-timeout-ms N    deadline of one cut round (default 10000)
- *   --ledger-dir DIR      capture ledger directory (default <tmp>/gym-ckpt-ledger/<deployment>/<instance>)
+ *   --ledger-dir DIR      capture ledger directory (default <tmp>/gym-ckpt-ledger/<deployment>/<instance>,
+ *                         created 0700 and refused unless every level under <tmp> is this user's own)
  * plus the common runtime flags (--nats, --deployment, --instance, --token, --port, ...).
  */
 const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "ledger-dir"]);
@@ -40,8 +41,14 @@ const cuts = extra.cuts ?? "on";
 if (cuts !== "on" && cuts !== "off") fail("--cuts must be on or off");
 const cutTimeoutMs = Number(extra["cut-timeout-ms"] ?? "10000");
 if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
-const ledgerDir = extra["ledger-dir"] ?? join(tmpdir(), "gym-ckpt-ledger", config.deployment, config.instance);
-mkdirSync(ledgerDir, { recursive: true });
+let ledgerDir: string;
+try {
+  // The default lives in the shared temp dir: another local user must not have planted any level of it.
+  ledgerDir = extra["ledger-dir"] ?? ensurePrivateDir(tmpdir(), ["gym-ckpt-ledger", config.deployment, config.instance]);
+  mkdirSync(ledgerDir, { recursive: true, mode: 0o700 });
+} catch (error) {
+  fail(error instanceof Error ? error.message : String(error));
+}
 
 const kind = new ModelKind({
   ledgerDir,

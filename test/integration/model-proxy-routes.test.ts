@@ -1,4 +1,5 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { spawnSync } from "node:child_process";
+import { chmod, mkdir, mkdtemp, rm, stat } from "node:fs/promises";
 import { createServer, request, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -216,6 +217,27 @@ describe.each([
 describe("the proxy process", () => {
   it("listens on 127.0.0.1 by default", () => {
     expect(new URL(proxy.url).hostname).toBe("127.0.0.1");
+  });
+
+  it("refuses a default ledger directory another user could have planted (a level writable by others)", async () => {
+    const shared = join(root, "shared-tmp");
+    await mkdir(join(shared, "gym-ckpt-ledger"), { recursive: true });
+    await chmod(join(shared, "gym-ckpt-ledger"), 0o777);
+    const run = spawnSync(process.execPath, [PROXY_ENTRY, ...commonArgs(nats.server.url, "modelroutes", "planted", TOKEN, ["--upstream", `${upstreamUrl}/v1`])], {
+      env: { ...process.env, TMPDIR: shared },
+      encoding: "utf8",
+      timeout: 20_000,
+    });
+    expect(run.status).toBe(2);
+    expect(run.stderr).toContain(`${join(shared, "gym-ckpt-ledger")} is writable by group or others`);
+    // A private default is created 0700 at every level.
+    await chmod(join(shared, "gym-ckpt-ledger"), 0o700);
+    const ok = await spawnServer("proxy-private", PROXY_ENTRY, commonArgs(nats.server.url, "modelroutes", "private", TOKEN, ["--upstream", `${upstreamUrl}/v1`]), 20_000, { ...process.env, TMPDIR: shared });
+    try {
+      expect((await stat(join(shared, "gym-ckpt-ledger", "modelroutes", "private"))).mode & 0o777).toBe(0o700);
+    } finally {
+      await ok.kill();
+    }
   });
 });
 

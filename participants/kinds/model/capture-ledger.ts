@@ -1,6 +1,7 @@
-import { closeSync, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { closeSync, constants, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
-import { appendFile, mkdir, readFile, readdir, rename, truncate, unlink, writeFile } from "node:fs/promises";
+import { mkdir, open, readdir, rename, unlink, writeFile, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { parseCaptureKey } from "../../../protocol/index.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
@@ -8,6 +9,9 @@ import { StripedLocks } from "./striped-locks.js";
 
 const SUFFIX = ".lineage.jsonl";
 const openAsync = promisify(openFd);
+/** Ledger files are opened without following a symlink: one planted in their place is refused (ELOOP). */
+const NOFOLLOW = constants.O_NOFOLLOW ?? 0;
+const APPEND_FLAGS = constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | NOFOLLOW;
 
 /** Writes bytes at the descriptor's position (append); returns how many were written. A seam for tests. */
 export type LedgerWrite = (fd: number, buffer: Buffer, offset: number) => number;
@@ -32,7 +36,9 @@ export interface CaptureLedgerOptions {
  * and a thread-pool round trip for an asynchronous write (and an open/close per row before).
  * Creating a file stays asynchronous (it costs far more). Which keys have a file is listed once at
  * start-up and kept current, so a new rollout's first call never probes the disk: the directory
- * belongs to one model server process at a time.
+ * belongs to one model server process at a time. Ledger files are opened without following symlinks
+ * and rewritten through exclusively created temp files with unguessable names, so a symlink planted in
+ * the directory is refused rather than written through.
  *
  * A row enters memory only once its whole line is in the file. A write that fails part way (a full
  * disk, an I/O error) is cut off again (truncated back to the size before it) so nothing is glued to
@@ -67,7 +73,7 @@ export class CaptureLedger {
     this.write = options.write ?? ((fd, buffer, offset) => writeSync(fd, buffer, offset));
     this.maxCachedRows = options.maxCachedRows ?? 50_000;
     this.locks = new StripedLocks(join(dir, "locks"), stripes);
-    this.ready = mkdir(dir, { recursive: true }).then(async () => {
+    this.ready = mkdir(dir, { recursive: true, mode: 0o700 }).then(async () => {
       for (const key of await this.listKeys()) this.addOnDisk(key);
     });
   }
@@ -219,7 +225,7 @@ export class CaptureLedger {
 
   /** Under the key's stripe lock: opens (creating) the key's file for appends, off the event loop. */
   private async openAppend(key: string): Promise<number> {
-    return openAsync(this.fileOf(key), "a");
+    return openAsync(this.fileOf(key), APPEND_FLAGS, 0o600);
   }
 
   /** Under the key's stripe lock: the file is about to be renamed over or removed. */
@@ -248,7 +254,7 @@ export class CaptureLedger {
     return this.locks.run(key, async () => {
       await this.ready;
       if (!this.onDisk.has(key)) return false;
-      const text = await readFile(this.fileOf(key), "utf8");
+      const text = await readNoFollow(this.fileOf(key));
       const lines = text.split("\n");
       const index = lines.findLastIndex((line) => parseRow(line)?.model_call_id === modelCallId);
       if (index === -1) return false;
@@ -263,10 +269,16 @@ export class CaptureLedger {
   /** Under the key's stripe lock: replaces the key's file with `text` (atomic rename). */
   private async rewrite(key: string, text: string): Promise<void> {
     const path = this.fileOf(key);
-    const tmp = `${path}.tmp-${process.pid}`;
+    // Created exclusively under a name no one can guess: never written through a planted symlink.
+    const tmp = `${path}.tmp-${process.pid}-${randomBytes(8).toString("hex")}`;
     this.dropHandle(key);
-    await writeFile(tmp, text);
-    await rename(tmp, path);
+    try {
+      await writeFile(tmp, text, { flag: "wx", mode: 0o600 });
+      await rename(tmp, path);
+    } catch (error) {
+      await unlink(tmp).catch(() => undefined);
+      throw error;
+    }
     this.repair.delete(key);
     if (!this.onDisk.has(key)) this.addOnDisk(key);
   }
@@ -320,7 +332,7 @@ export class CaptureLedger {
     const path = this.fileOf(key);
     let text: string;
     try {
-      text = await readFile(path, "utf8");
+      text = await readNoFollow(path);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return { rows: [], corrupt: [] };
       throw error;
@@ -340,14 +352,27 @@ export class CaptureLedger {
     if (tail !== "") {
       const row = parseRow(tail);
       if (row) {
-        await appendFile(path, "\n");
+        await withFile(path, constants.O_WRONLY | constants.O_APPEND | NOFOLLOW, (file) => file.appendFile("\n"));
         rows.push(row);
       } else {
-        await truncate(path, Buffer.byteLength(text) - Buffer.byteLength(tail));
+        await withFile(path, constants.O_WRONLY | NOFOLLOW, (file) => file.truncate(Buffer.byteLength(text) - Buffer.byteLength(tail)));
       }
     }
     return { rows, corrupt };
   }
+}
+
+async function withFile<T>(path: string, flags: number, fn: (file: FileHandle) => Promise<T>): Promise<T> {
+  const file = await open(path, flags);
+  try {
+    return await fn(file);
+  } finally {
+    await file.close();
+  }
+}
+
+function readNoFollow(path: string): Promise<string> {
+  return withFile(path, constants.O_RDONLY | NOFOLLOW, (file) => file.readFile("utf8"));
 }
 
 /** A loaded key: its rows, and the 1-based numbers of its file's lines that are not rows. */

@@ -33,7 +33,7 @@ export class StripedLocks {
   ) {
     if (!Number.isInteger(stripes) || stripes < 1 || stripes > 1024) throw new Error("stripes must be an integer in 1..1024");
     this.local = Array.from({ length: stripes }, () => new AsyncLock());
-    this.ready = mkdir(dir, { recursive: true }).then(() => undefined);
+    this.ready = mkdir(dir, { recursive: true, mode: 0o700 }).then(() => undefined);
   }
 
   /** FNV-1a: stable across processes, so every process maps a key to the same stripe. */
