@@ -16,10 +16,12 @@ const CAPTURE_KEY_SUFFIX = /^(.+)-a([1-9]\d*)$/;
 
 export const MAX_ATTEMPT = 1_000_000;
 
+const MAX_ROLLOUT_ID_CHARS = 200;
+
 export const RolloutIdSchema = z
   .string()
   .min(1)
-  .max(200)
+  .max(MAX_ROLLOUT_ID_CHARS)
   .regex(SAFE_NAME_PATTERN, "rollout id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$")
   .refine((id) => !RESERVED_ATTEMPT_SUFFIX.test(id), "rollout id may not end in -a<digits> (reserved for attempts)");
 export type RolloutId = z.infer<typeof RolloutIdSchema>;
@@ -66,12 +68,18 @@ export function captureKey(episode: EpisodeId): string {
   return episode.attempt === 0 ? episode.rollout_id : `${episode.rollout_id}-a${episode.attempt}`;
 }
 
-/** The inverse of `captureKey`; undefined for anything `captureKey` cannot produce. */
+/**
+ * The inverse of `captureKey`; undefined for anything `captureKey` cannot produce. It runs on
+ * every proxied model call, so it checks RolloutIdSchema's and AttemptSchema's rules directly
+ * instead of building a zod result (test/unit/protocol keeps the two in step).
+ */
 export function parseCaptureKey(key: string): EpisodeId | undefined {
   const match = CAPTURE_KEY_SUFFIX.exec(key);
-  const candidate = match ? { rollout_id: match[1]!, attempt: Number(match[2]) } : { rollout_id: key, attempt: 0 };
-  const parsed = EpisodeIdSchema.safeParse(candidate);
-  return parsed.success ? parsed.data : undefined;
+  const rollout = match ? match[1]! : key;
+  const attempt = match ? Number(match[2]) : 0;
+  const valid =
+    rollout.length <= MAX_ROLLOUT_ID_CHARS && SAFE_NAME_PATTERN.test(rollout) && !RESERVED_ATTEMPT_SUFFIX.test(rollout) && attempt <= MAX_ATTEMPT;
+  return valid ? { rollout_id: rollout, attempt } : undefined;
 }
 
 export function nextAttempt(episode: EpisodeId): EpisodeId {

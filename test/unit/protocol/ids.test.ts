@@ -32,6 +32,17 @@ describe("ids and capture keys", () => {
     expect(parseCaptureKey("")).toBeUndefined();
   });
 
+  it("parses exactly what EpisodeIdSchema accepts (its fast path checks the schema's rules itself)", () => {
+    const viaSchema = (key: string) => {
+      const match = /^(.+)-a([1-9]\d*)$/.exec(key);
+      const parsed = EpisodeIdSchema.safeParse(match ? { rollout_id: match[1], attempt: Number(match[2]) } : { rollout_id: key, attempt: 0 });
+      return parsed.success ? parsed.data : undefined;
+    };
+    const keys = ["r", "r-a1", "r-a0", "r-a01", "r-a1000000", "r-a1000001", "r-a99999999999999999999", "x".repeat(200), "x".repeat(201), `${"x".repeat(200)}-a2`];
+    keys.push("-r", ".r", "r/", "r b", "r-a1-a2", "job-a3-a1", "a.b_c-d", "ä", "r\n", "r-a", "r-ab1", "0", "-a1", "r--a1");
+    for (const key of keys) expect(parseCaptureKey(key), key).toEqual(viaSchema(key));
+  });
+
   it("reserves the -a<digits> suffix in rollout ids", () => {
     expect(RolloutIdSchema.safeParse("job-a3").success).toBe(false);
     expect(RolloutIdSchema.safeParse("job-abc").success).toBe(true);
