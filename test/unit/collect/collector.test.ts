@@ -187,6 +187,33 @@ function collectorFor(controller: CollectorController, runUrl: string, options: 
   });
 }
 
+/**
+ * A started collector whose row "a" is running: its `/run` has reached the environment and parks
+ * there until the controller's resume (as an exported episode does). `overrides` may replace
+ * other ops; resume keeps this hook and then does what the fake does.
+ */
+async function runningUntilResume(overrides: Parameters<typeof fakeController>[0] = {}) {
+  const resumed = deferred();
+  let arrived = false;
+  const url = await runServer(async () => {
+    arrived = true;
+    await resumed.promise;
+    return { status: 200, body: { reward: 1 } };
+  });
+  const fake = fakeController({
+    ...overrides,
+    resume: async (req: never) => {
+      resumed.resolve();
+      return fake.base.resume(req);
+    },
+  });
+  const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
+  await collector.start();
+  const run = collector.run();
+  await waitUntil(() => arrived, "the /run of a");
+  return { ...fake, collector, run };
+}
+
 describe("collector", () => {
   it("closes a checkpoint its predecessor left open even when the coordinator is still busy with it (deadline passed while queued)", async () => {
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
@@ -473,24 +500,9 @@ describe("collector", () => {
   });
 
   it("a checkpoint does not wait for a row the coordinator restarts (it parks until the resume)", async () => {
-    const resumed = deferred();
-    let arrived = false;
-    const url = await runServer(async () => {
-      arrived = true;
-      await resumed.promise;
-      return { status: 200, body: { reward: 1 } };
-    });
-    const { controller, base } = fakeController({
+    const { collector, run, base } = await runningUntilResume({
       prepare: async (req: never) => ({ ...(await base.prepare(req)), restarts: ["a"] }),
-      resume: async (req: never) => {
-        resumed.resolve();
-        return base.resume(req);
-      },
     });
-    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 3 });
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => arrived, "the /run of a");
     const started = Date.now();
     expect((await collector.checkpoint({ stop: false })).published).toBe(true);
     expect(Date.now() - started).toBeLessThan(1000);
@@ -498,29 +510,14 @@ describe("collector", () => {
   });
 
   it("a commit reply that left an owner's episode list out: the collector reads it from the owner's committed records and does not wait for those rows", async () => {
-    const resumed = deferred();
-    let arrived = false;
-    const url = await runServer(async () => {
-      arrived = true;
-      await resumed.promise; // an exported episode parks until the resume
-      return { status: 200, body: { reward: 1 } };
-    });
-    const { controller, state, base } = fakeController({
+    const { collector, run, state, base } = await runningUntilResume({
       commit: async (req: never) => {
         const reply = await base.commit(req);
         const id = (req as { checkpoint_id: string }).checkpoint_id;
         // As the NATS API answers past 1 MiB: the list null, with its count and digest.
         return { ...reply, checkpoint_id: id, participants: [await committedOwner(reply.checkpoint_dir, id, ["a"])] };
       },
-      resume: async (req: never) => {
-        resumed.resolve();
-        return base.resume(req);
-      },
     });
-    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 3 });
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => arrived, "the /run of a");
     const started = Date.now();
     expect((await collector.checkpoint({ stop: false })).published).toBe(true);
     expect(Date.now() - started).toBeLessThan(1000);
@@ -529,29 +526,14 @@ describe("collector", () => {
   });
 
   it("refuses a checkpoint whose owner's committed records do not match the left-out list's count and digest", async () => {
-    const resumed = deferred();
-    let arrived = false;
-    const url = await runServer(async () => {
-      arrived = true;
-      await resumed.promise;
-      return { status: 200, body: { reward: 1 } };
-    });
-    const { controller, calls, base } = fakeController({
+    const { collector, run, calls, base } = await runningUntilResume({
       commit: async (req: never) => {
         const reply = await base.commit(req);
         const id = (req as { checkpoint_id: string }).checkpoint_id;
         const owner = await committedOwner(reply.checkpoint_dir, id, ["a"]);
         return { ...reply, checkpoint_id: id, participants: [{ ...owner, episode_count: 2 }] };
       },
-      resume: async (req: never) => {
-        resumed.resolve();
-        return base.resume(req);
-      },
     });
-    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 3 });
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => arrived, "the /run of a");
     await expect(collector.checkpoint({ stop: false })).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("the commit reply says 2") });
     expect(calls.map((c) => c.op)).not.toContain("publish");
     expect(calls.at(-1)?.op).toBe("resume");
