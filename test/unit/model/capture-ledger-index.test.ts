@@ -3,7 +3,8 @@ import * as fsPromises from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { CaptureLedger, ModelKind, type LedgerRow, type ModelRecord } from "../../../participants/kinds/model/index.js";
+import { CaptureLedger, ModelKind, type ModelRecord } from "../../../participants/kinds/model/index.js";
+import { ledgerRow } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 
 // Counts directory listings: a rollout's keys come from an in-memory index, not from readdir.
@@ -21,25 +22,14 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const row = (capture_key: string, model_call_id: string): LedgerRow => ({
-  capture_key,
-  model_call_id,
-  parent_call_id: null,
-  continued_from: null,
-  route: "/v1/chat/completions",
-  staging_key: null,
-  usage: null,
-  recorded_at: 1,
-});
-
 describe("the capture ledger's rollout index", () => {
   it("restore and retire find a rollout's keys without listing the directory", async () => {
     const seed = new CaptureLedger(join(dir, "ledger"));
-    for (let r = 0; r < 30; r++) for (const suffix of ["", "-a1", "-a2"]) await seed.append(row(`ix${r}${suffix}`, `mc-${r}`));
+    for (let r = 0; r < 30; r++) for (const suffix of ["", "-a1", "-a2"]) await seed.append(ledgerRow(`ix${r}${suffix}`, `mc-${r}`));
     await seed.close();
     const kind = new ModelKind({ ledgerDir: join(dir, "ledger"), cutBackend: null });
     try {
-      const records: ModelRecord[] = Array.from({ length: 30 }, (_, r) => ({ episode_id: ep(`ix${r}`, 1), rows: [row(`ix${r}-a1`, `mc-${r}`)], generation_cuts: [] }));
+      const records: ModelRecord[] = Array.from({ length: 30 }, (_, r) => ({ episode_id: ep(`ix${r}`, 1), rows: [ledgerRow(`ix${r}-a1`, `mc-${r}`)], generation_cuts: [] }));
       await kind.ledger.rows("ix0"); // start-up: the one listing
       readdir.mockClear();
       await kind.install(records, {});

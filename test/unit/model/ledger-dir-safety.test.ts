@@ -4,7 +4,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { ensurePrivateDir } from "../../../participants/attach/private-dir.js";
-import { CaptureLedger, type LedgerRow } from "../../../participants/kinds/model/index.js";
+import { CaptureLedger } from "../../../participants/kinds/model/index.js";
+import { ledgerRow } from "./model-fixtures.js";
 
 // Another local user may plant directories or symlinks in a shared temp dir before the proxy starts.
 let base: string;
@@ -13,17 +14,6 @@ beforeEach(async () => {
 });
 afterEach(async () => {
   await rm(base, { recursive: true, force: true });
-});
-
-const row = (capture_key: string, model_call_id: string): LedgerRow => ({
-  capture_key,
-  model_call_id,
-  parent_call_id: null,
-  continued_from: null,
-  route: "/v1/chat/completions",
-  staging_key: null,
-  usage: null,
-  recorded_at: 1,
 });
 
 describe("the default ledger directory", () => {
@@ -55,7 +45,7 @@ describe("ledger files", () => {
     await symlink(victim, join(dir, "planted.lineage.jsonl"));
     const ledger = new CaptureLedger(dir);
     try {
-      await expect(ledger.append(row("planted", "mc-1"))).rejects.toMatchObject({ code: "ELOOP" });
+      await expect(ledger.append(ledgerRow("planted", "mc-1"))).rejects.toMatchObject({ code: "ELOOP" });
       await expect(ledger.rows("planted")).rejects.toMatchObject({ code: "ELOOP" });
       expect(await readFile(victim, "utf8")).toBe("precious\n");
     } finally {
@@ -71,9 +61,9 @@ describe("ledger files", () => {
     const ledger = new CaptureLedger(dir);
     try {
       await symlink(victim, join(dir, `swap.lineage.jsonl.tmp-${process.pid}`));
-      await ledger.replace("swap", [row("swap", "mc-1")]);
+      await ledger.replace("swap", [ledgerRow("swap", "mc-1")]);
       expect(await readFile(victim, "utf8")).toBe("precious\n");
-      expect((await readFile(join(dir, "swap.lineage.jsonl"), "utf8")).trim()).toBe(JSON.stringify(row("swap", "mc-1")));
+      expect((await readFile(join(dir, "swap.lineage.jsonl"), "utf8")).trim()).toBe(JSON.stringify(ledgerRow("swap", "mc-1")));
       expect(statSync(join(dir, "swap.lineage.jsonl")).mode & 0o777).toBe(0o600);
     } finally {
       await ledger.close();

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import type { EpisodeId } from "../../../protocol/index.js";
-import { ModelKind, type AdmissionTicket, type CutBackend, type CutRoundResult, type DurablePrefixAck } from "../../../participants/kinds/model/index.js";
+import { ModelKind, type AdmissionTicket, type CutBackend, type CutRoundResult, type DurablePrefixAck, type LedgerRow } from "../../../participants/kinds/model/index.js";
 
 /** A ModelKind on a temp ledger dir with a fake participant context and a scripted cut runner. */
 export interface ModelFixture {
@@ -79,6 +79,18 @@ export async function modelFixture(options: { cuts?: boolean; stripes?: number; 
 
 export const chat = (content: string, extra: Record<string, unknown> = {}) => ({ model: "policy", messages: [{ role: "user", content }], ...extra });
 export const CHAT = "/v1/chat/completions";
+
+/** A first-call chat lineage row of `capture_key` with nothing staged, as a ledger appends it. */
+export const ledgerRow = (capture_key: string, model_call_id: string): LedgerRow => ({
+  capture_key,
+  model_call_id,
+  parent_call_id: null,
+  continued_from: null,
+  route: CHAT,
+  staging_key: null,
+  usage: null,
+  recorded_at: 1,
+});
 
 /** Admits, starts and completes one call; returns its ticket. */
 export async function deliveredCall(kind: ModelKind, key: string, content = "hi", stagingKey: string | null = null): Promise<AdmissionTicket> {
