@@ -3,19 +3,14 @@ import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import {
-  MANIFEST_SCHEMA_VERSION,
-  MAX_CONTROLLER_STATE_FILE_BYTES,
-  MAX_MANIFEST_BYTES,
-  sha256Hex,
-  type ParticipantEntry,
-} from "../../../protocol/index.js";
+import { MAX_CONTROLLER_STATE_FILE_BYTES, MAX_MANIFEST_BYTES, type ParticipantEntry } from "../../../protocol/index.js";
 import { DispatchLog, MAX_DISPATCH_LOG_BYTES } from "../../../coordinator/collect/dispatch-log.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { readRegularFile, readRegularFileSync } from "../../../coordinator/publication/regular-file.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
 import { refusalOf } from "../../support/refusal.js";
+import { writeParticipant } from "./fake-participants.js";
 
 /**
  * Files in the checkpoint root are read as regular files within a size limit: a FIFO (which a
@@ -39,37 +34,6 @@ const sparse = async (path: string, size: number) => {
   await writeFile(path, "");
   await truncate(path, size);
 };
-
-async function writeParticipant(id: string, instance: string, lines: string[]): Promise<ParticipantEntry> {
-  const dir = join(root, id, "gym", "agent", instance);
-  await mkdir(dir, { recursive: true });
-  const text = lines.map((l) => `${l}\n`).join("");
-  const digest = sha256Hex(text);
-  await writeFile(join(dir, `records-${digest}.jsonl`), text);
-  const manifest = {
-    schema_version: MANIFEST_SCHEMA_VERSION,
-    kind: "agent",
-    instance,
-    checkpoint_id: id,
-    records_file: `records-${digest}.jsonl`,
-    records_sha256: digest,
-    record_count: lines.length,
-    created_at: 1,
-    extra: {},
-  };
-  const manifestText = `${JSON.stringify(manifest)}\n`;
-  await writeFile(join(dir, "manifest.json"), manifestText);
-  return {
-    kind: "agent",
-    instance,
-    manifest_path: `gym/agent/${instance}/manifest.json`,
-    manifest_sha256: sha256Hex(manifestText),
-    records_sha256: digest,
-    record_count: lines.length,
-    episode_ids: [],
-    extras: {},
-  };
-}
 
 function publishInput(id: string, participants: ParticipantEntry[], file: string | null) {
   return {
@@ -118,7 +82,7 @@ describe("publication", () => {
   it("refuses a controller state file that is a FIFO, a symbolic link out of the checkpoint or too large, and publishes nothing", { timeout: 5000 }, async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
-    const entry = await writeParticipant("c1", "a1", []);
+    const entry = await writeParticipant(root, "c1", "agent", "a1", []);
     mkfifo(join(root, "c1", "fifo.json"));
     const fifo = await refusalOf(writer.publish(publishInput("c1", [entry], "fifo.json")));
     expect(fifo).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
@@ -147,7 +111,7 @@ describe("verify", () => {
   it("refuses an oversized or FIFO participant manifest, a FIFO records file and a linked controller state", { timeout: 5000 }, async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 5);
-    const entry = await writeParticipant("c1", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    const entry = await writeParticipant(root, "c1", "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
     await writeFile(join(root, "c1", "state.json"), "{}");
     await writer.publish(publishInput("c1", [entry], "state.json"));
     await writer.settled();
@@ -167,7 +131,7 @@ describe("verify", () => {
     await sparse(join(participantDir, "manifest.json"), MAX_MANIFEST_BYTES + 1);
     expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining(`${MAX_MANIFEST_BYTES}-byte limit`) });
 
-    const clean = await writeParticipant("c2", "a1", []);
+    const clean = await writeParticipant(root, "c2", "agent", "a1", []);
     await writeFile(join(outside, "state.json"), "{}");
     await writeFile(join(root, "c2", "state.json"), "{}");
     await writer.publish(publishInput("c2", [clean], "state.json"));

@@ -1,3 +1,5 @@
+import { mkdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { waitUntil } from "../../support/wait-until.js";
 import { pino, type Logger } from "pino";
 import {
@@ -7,6 +9,7 @@ import {
   sha256Hex,
   type Kind,
   type Op,
+  type ParticipantEntry,
 } from "../../../protocol/index.js";
 import { CheckpointEngine, type EngineHooks } from "../../../coordinator/engine/checkpoint-engine.js";
 import type { Clock } from "../../../coordinator/engine/clock.js";
@@ -217,4 +220,36 @@ export async function journalEmptied(journal: MemoryDecisionJournal): Promise<vo
 /** A journal entry as a predecessor coordinator left it (every field overridable). */
 export function journalEntry(fields: Pick<JournalEntry, "checkpoint_id" | "state" | "participants"> & Partial<JournalEntry>): JournalEntry {
   return { epoch: 3, prepared_at: 1, checkpoint_dir: null, scope: null, stop: false, restarts: [], auto_publish: true, controller_state: null, updated_at: 1, ...fields };
+}
+
+/** Writes one participant's files under `root/id` the way a participant does and returns its global entry. */
+export async function writeParticipant(root: string, id: string, kind: Kind, instance: string, lines: string[]): Promise<ParticipantEntry> {
+  const dir = join(root, id, "gym", kind, instance);
+  await mkdir(dir, { recursive: true });
+  const text = lines.map((l) => `${l}\n`).join("");
+  const digest = sha256Hex(text);
+  await writeFile(join(dir, `records-${digest}.jsonl`), text);
+  const manifest = {
+    schema_version: MANIFEST_SCHEMA_VERSION,
+    kind,
+    instance,
+    checkpoint_id: id,
+    records_file: `records-${digest}.jsonl`,
+    records_sha256: digest,
+    record_count: lines.length,
+    created_at: 1,
+    extra: {},
+  };
+  const manifestText = `${JSON.stringify(manifest, null, 2)}\n`;
+  await writeFile(join(dir, "manifest.json"), manifestText);
+  return {
+    kind,
+    instance,
+    manifest_path: `gym/${kind}/${instance}/manifest.json`,
+    manifest_sha256: sha256Hex(manifestText),
+    records_sha256: digest,
+    record_count: lines.length,
+    episode_ids: [],
+    extras: {},
+  };
 }

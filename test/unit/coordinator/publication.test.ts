@@ -2,10 +2,11 @@ import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { GlobalManifestSchema, MANIFEST_SCHEMA_VERSION, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, type ParticipantEntry } from "../../../protocol/index.js";
+import { GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
+import { writeParticipant } from "./fake-participants.js";
 
 let root: string;
 beforeEach(async () => {
@@ -15,42 +16,10 @@ afterEach(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-/** Writes one participant's files the way a participant does and returns its global entry. */
-async function writeParticipant(id: string, kind: "model" | "agent", instance: string, lines: string[]): Promise<ParticipantEntry> {
-  const dir = join(root, id, "gym", kind, instance);
-  await mkdir(dir, { recursive: true });
-  const text = lines.map((l) => `${l}\n`).join("");
-  const digest = sha256Hex(text);
-  await writeFile(join(dir, `records-${digest}.jsonl`), text);
-  const manifest = {
-    schema_version: MANIFEST_SCHEMA_VERSION,
-    kind,
-    instance,
-    checkpoint_id: id,
-    records_file: `records-${digest}.jsonl`,
-    records_sha256: digest,
-    record_count: lines.length,
-    created_at: 1,
-    extra: {},
-  };
-  const manifestText = `${JSON.stringify(manifest, null, 2)}\n`;
-  await writeFile(join(dir, "manifest.json"), manifestText);
-  return {
-    kind,
-    instance,
-    manifest_path: `gym/${kind}/${instance}/manifest.json`,
-    manifest_sha256: sha256Hex(manifestText),
-    records_sha256: digest,
-    record_count: lines.length,
-    episode_ids: [],
-    extras: {},
-  };
-}
-
 async function publish(writer: GlobalManifestWriter, id: string, at: number, state: unknown = null, beforeWrite?: () => void) {
   const entries = [
-    await writeParticipant(id, "model", "m1", ['{"episode_id":{"rollout_id":"r1","attempt":0},"x":1}', '{"episode_id":{"rollout_id":"r2","attempt":1}}']),
-    await writeParticipant(id, "agent", "a1", []),
+    await writeParticipant(root, id, "model", "m1", ['{"episode_id":{"rollout_id":"r1","attempt":0},"x":1}', '{"episode_id":{"rollout_id":"r2","attempt":1}}']),
+    await writeParticipant(root, id, "agent", "a1", []),
   ];
   return writer.publish({
     checkpointId: id,
@@ -182,7 +151,7 @@ describe("verify", () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 5);
     const big = `{"episode_id":{"rollout_id":"r1","attempt":0},"state":"${"é".repeat(300_000)}"}`;
-    const entries = [await writeParticipant("c9", "model", "m1", [big, '{"episode_id":{"rollout_id":"r2","attempt":0}}'])];
+    const entries = [await writeParticipant(root, "c9", "model", "m1", [big, '{"episode_id":{"rollout_id":"r2","attempt":0}}'])];
     await writer.publish({ checkpointId: "c9", epoch: 1, preparedAt: 1, publishedAt: 2, stop: false, scope: null, restarts: [], participants: entries, controllerState: null });
     expect(await verifyCheckpoint(catalog, "c9")).toMatchObject({ checkpoint_id: "c9", records: 2 });
   });
