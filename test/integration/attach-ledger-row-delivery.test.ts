@@ -7,8 +7,9 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
-import { ModelKind, conversationDigest } from "../../participants/kinds/model/index.js";
+import { ModelKind } from "../../participants/kinds/model/index.js";
 import { waitUntil } from "../support/wait-until.js";
+import { cutRecord } from "../unit/model/model-fixtures.js";
 
 // The attach proxy in-process between a real client and a real upstream, with the ledger's file
 // write as a seam: how a call's lineage row and the caller's response relate.
@@ -118,21 +119,7 @@ describe.each([
 describe("attach proxy, a restored cut", () => {
   it("is given back when the upstream refuses the call that consumed it (non-2xx)", async () => {
     const request = { model: "m", stream: false, messages: [{ role: "user", content: "overloaded" }] };
-    const cut = {
-      model_call_id: "mc-cut",
-      request_digest: conversationDigest("/v1/chat/completions", request),
-      continuation: {
-        source_capture_key: "rc",
-        source_model_call_id: "mc-cut",
-        staging_keys: ["cut/mc-cut"],
-        prefix_token_count: 9,
-        prefix_digest: "c".repeat(64),
-        effective_output_limit: 50,
-        terminal_finish_reason: null,
-        terminal_stop_reason: null,
-      },
-    };
-    await kind.install([{ episode_id: { rollout_id: "rc", attempt: 0 }, rows: [], generation_cuts: [cut] }], {});
+    await kind.install([{ episode_id: { rollout_id: "rc", attempt: 0 }, rows: [], generation_cuts: [cutRecord("rc", request)] }], {});
     expect(kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
     const response = await call("rc-a1", false, "overloaded");
     expect(response.status).toBe(503);

@@ -3,7 +3,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { ModelKind, conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
-import { BACKEND, CHAT, ackFor, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+import { BACKEND, CHAT, ackFor, chat, cutRecord, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 import { canonicalDigest, encodeMessage } from "../../../protocol/index.js";
 
@@ -15,25 +15,6 @@ afterEach(async () => {
   vi.useRealTimers();
   await f.close();
 });
-
-
-function cutRecord(sourceKey: string, content: string, extra: Partial<GenerationCutRecord["continuation"]> = {}): GenerationCutRecord {
-  return {
-    model_call_id: "mc-cut",
-    request_digest: conversationDigest(CHAT, chat(content)),
-    continuation: {
-      source_capture_key: sourceKey,
-      source_model_call_id: "mc-cut",
-      staging_keys: ["cut/mc-cut"],
-      prefix_token_count: 9,
-      prefix_digest: "c".repeat(64),
-      effective_output_limit: 50,
-      terminal_finish_reason: null,
-      terminal_stop_reason: null,
-      ...extra,
-    },
-  };
-}
 
 describe("the cut round at close-admission", () => {
   it("inventories only undelivered, unconstrained calls and keeps a record per episode", async () => {
@@ -186,7 +167,7 @@ describe("restored cuts", () => {
   const record = (cut: GenerationCutRecord | null): ModelRecord => ({ episode_id: source, rows: [], generation_cuts: cut ? [cut] : [] });
 
   it("are keyed by the next attempt and consumed only by a call whose conversation digest matches", async () => {
-    await f.kind.install([record(cutRecord("rc", "the question"))], {});
+    await f.kind.install([record(cutRecord("rc", chat("the question")))], {});
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
     // The source attempt never consumes it.
     const onSource = await f.kind.admit("rc", CHAT, chat("the question"));
@@ -215,7 +196,7 @@ describe("restored cuts", () => {
   });
 
   it("a claiming call that fails before its response starts gives the cut back", async () => {
-    await f.kind.install([record(cutRecord("rc", "q"))], {});
+    await f.kind.install([record(cutRecord("rc", chat("q")))], {});
     const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
     expect(claimed.claimedCut).not.toBeNull();
     f.kind.fail(claimed);
@@ -229,7 +210,7 @@ describe("restored cuts", () => {
   });
 
   it("a consumed cut stays in the next checkpoint while its call is undelivered, unless that call was cut anew", async () => {
-    await f.kind.install([record(cutRecord("rc", "q"))], {});
+    await f.kind.install([record(cutRecord("rc", chat("q")))], {});
     const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
     // The cut round fails: the export still carries the consumed cut (and its staging keys).
@@ -255,7 +236,7 @@ describe("restored cuts", () => {
   it("a consumed cut whose call is skipped by the round (cuts off) stays in the checkpoint", async () => {
     const g = await modelFixture({ cuts: false });
     try {
-      await g.kind.install([record(cutRecord("rc", "q"))], {});
+      await g.kind.install([record(cutRecord("rc", chat("q")))], {});
       await g.kind.admit("rc-a1", CHAT, chat("q"));
       await g.kind.closeAdmission();
       expect(g.kind.readiness().counts).toMatchObject({ cut_skipped: 1 });
@@ -266,7 +247,7 @@ describe("restored cuts", () => {
   });
 
   it("an upstream that refuses the claiming call (non-2xx) gives the cut back", async () => {
-    await f.kind.install([record(cutRecord("rc", "q"))], {});
+    await f.kind.install([record(cutRecord("rc", chat("q")))], {});
     const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
     await f.kind.responseStart(claimed); // the refusal's head passes through to the caller
     f.kind.fail(claimed, { upstreamRefused: true });
@@ -275,7 +256,7 @@ describe("restored cuts", () => {
   });
 
   it("retire and forget drop restored cuts; a commit whose scope leaves them out frees them", async () => {
-    await f.kind.install([record(cutRecord("rc", "q")), { episode_id: ep("other"), rows: [], generation_cuts: [cutRecord("other", "q")] }], {});
+    await f.kind.install([record(cutRecord("rc", chat("q"))), { episode_id: ep("other"), rows: [], generation_cuts: [cutRecord("other", chat("q"))] }], {});
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 2 });
     await f.kind.retire([ep("rc", 1)]);
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
@@ -284,7 +265,7 @@ describe("restored cuts", () => {
   });
 
   it("a retire of a later attempt drops the restored state of every attempt it retires", async () => {
-    await f.kind.install([record(cutRecord("rc", "q"))], {}); // restored as rc-a1
+    await f.kind.install([record(cutRecord("rc", chat("q")))], {}); // restored as rc-a1
     expect(f.kind.hasLiveState()).toBe(true);
     await f.kind.retire([ep("rc", 2)]);
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
@@ -292,7 +273,7 @@ describe("restored cuts", () => {
   });
 
   it("forget drops restored keys as well as restored cuts", async () => {
-    await f.kind.install([record(cutRecord("rc", "q")), { episode_id: ep("kept"), rows: [], generation_cuts: [cutRecord("kept", "q")] }], {});
+    await f.kind.install([record(cutRecord("rc", chat("q"))), { episode_id: ep("kept"), rows: [], generation_cuts: [cutRecord("kept", chat("q"))] }], {});
     await f.kind.forget(["rc"]);
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
     await f.kind.forget(["kept"]);
@@ -301,13 +282,13 @@ describe("restored cuts", () => {
   });
 
   it("restore refuses a cut that names another source and changes nothing", async () => {
-    await expect(f.kind.install([record(cutRecord("rc-a3", "q"))], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
+    await expect(f.kind.install([record(cutRecord("rc-a3", chat("q")))], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
     expect(f.kind.hasLiveState()).toBe(false);
   });
 
   it("restore refuses a record with more than one cut", async () => {
-    const two = { episode_id: source, rows: [], generation_cuts: [cutRecord("rc", "q"), cutRecord("rc", "r")] } as ModelRecord;
+    const two = { episode_id: source, rows: [], generation_cuts: [cutRecord("rc", chat("q")), cutRecord("rc", chat("r"))] } as ModelRecord;
     await expect(f.kind.install([two], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
     expect(f.kind.hasLiveState()).toBe(false);
   });

@@ -3,7 +3,16 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import type { EpisodeId } from "../../../protocol/index.js";
-import { ModelKind, type AdmissionTicket, type CutBackend, type CutRoundResult, type DurablePrefixAck, type LedgerRow } from "../../../participants/kinds/model/index.js";
+import {
+  ModelKind,
+  conversationDigest,
+  type AdmissionTicket,
+  type CutBackend,
+  type CutRoundResult,
+  type DurablePrefixAck,
+  type GenerationCutRecord,
+  type LedgerRow,
+} from "../../../participants/kinds/model/index.js";
 
 /** A ModelKind on a temp ledger dir with a fake participant context and a scripted cut runner. */
 export interface ModelFixture {
@@ -91,6 +100,25 @@ export const ledgerRow = (capture_key: string, model_call_id: string): LedgerRow
   usage: null,
   recorded_at: 1,
 });
+
+/** A generation cut of `sourceKey`'s call "mc-cut", as exported, that a retry sending the chat `request` consumes. */
+export function cutRecord(sourceKey: string, request: Parameters<typeof conversationDigest>[1], extra: Partial<GenerationCutRecord["continuation"]> = {}): GenerationCutRecord {
+  return {
+    model_call_id: "mc-cut",
+    request_digest: conversationDigest(CHAT, request),
+    continuation: {
+      source_capture_key: sourceKey,
+      source_model_call_id: "mc-cut",
+      staging_keys: ["cut/mc-cut"],
+      prefix_token_count: 9,
+      prefix_digest: "c".repeat(64),
+      effective_output_limit: 50,
+      terminal_finish_reason: null,
+      terminal_stop_reason: null,
+      ...extra,
+    },
+  };
+}
 
 /** Admits, starts and completes one call; returns its ticket. */
 export async function deliveredCall(kind: ModelKind, key: string, content = "hi", stagingKey: string | null = null): Promise<AdmissionTicket> {
