@@ -109,8 +109,6 @@ describe.each([
     expect(await kind.ledger.rows("row-fail")).toEqual([]);
     // The disk has room again: the caller's retry succeeds and is the first call of the key.
     failWrites = false;
-  proxied = undefined;
-  hold = false;
     expect(await (await call("row-fail", stream)).text()).toBe(expected);
     expect((await kind.ledger.rows("row-fail")).map((r) => r.parent_call_id)).toEqual([null]);
   });
