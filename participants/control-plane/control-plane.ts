@@ -223,6 +223,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   }
 
   status(): StatusReply {
+    const report = this.report();
     return {
       kind: this.adapter.kind,
       instance: this.instance,
@@ -231,7 +232,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       lease_expires_at: this.leaseExpiresAt,
       epoch: this.highestEpoch,
       retired_rollouts: this.retired.size,
-      report: this.report(),
+      // Status serves operators and recovery (phase, checkpoint): its restarts are a sample like the
+      // blockers, with the full count in `counts.restarts`, so the reply fits one NATS message at
+      // any scale (a restart-only resources server lists every live session). Prepare lists them all.
+      report: { ...report, restarts: report.restarts.slice(0, MAX_BLOCKERS), counts: { ...report.counts, restarts: report.restarts.length } },
       protocol_version: PROTOCOL_VERSION,
       extras: this.adapter.statusExtras?.() ?? {},
     };

@@ -180,6 +180,16 @@ describe("fences and refusals change no state", () => {
     expect((await call("prepare", { checkpoint_id: "old0" })).phase).toBe("prepared");
   });
 
+  it("status samples restarts like blockers (full count in counts.restarts); prepare lists them all", async () => {
+    const restarts = Array.from({ length: 30_000 }, (_, i) => `session-${String(i).padStart(6, "0")}-restart-only`);
+    kind.setRestarts(restarts);
+    const status = plane.status();
+    expect(status.report.restarts).toEqual(restarts.slice(0, 100));
+    expect(status.report.counts.restarts).toBe(30_000);
+    expect(Buffer.byteLength(JSON.stringify(status))).toBeLessThan(64 * 1024);
+    expect((await call("prepare", { checkpoint_id: "c1" })).report.restarts).toHaveLength(30_000);
+  });
+
   it("refuses an epoch lower than the highest seen", async () => {
     await call("prepare", { checkpoint_id: "c1", epoch: 5 });
     const before = plane.status();
