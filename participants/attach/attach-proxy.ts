@@ -71,11 +71,11 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (rollout === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not name a valid capture key");
     const route = rollout ? rollout.route : path;
     if (req.method !== "POST") return passthrough(req, res, route + query);
-    // Classified by what the upstream will read (decoded, dot segments resolved, ...), so no spelling
-    // of a generation route goes through untracked; only the plain spelling is forwarded.
+    // Classified by what the upstream may read (decoded, dot segments resolved, ...), so no spelling of
+    // a generation route goes through untracked (a doubled slash from a base URL ending in `/` is
+    // common); it is forwarded as sent and recorded under its canonical form.
     const canonical = canonicalRoute(route);
     if (!isGenerationRoute(canonical)) return passthrough(req, res, route + query);
-    if (canonical !== route) throw new CheckpointError("invalid_request", `a generation route must be sent in its plain form: ${canonical} (without encoding, extra slashes or dot segments)`);
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
     const body = await readBody(req, maxBody);
     let parsed: unknown;
@@ -85,7 +85,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       throw new CheckpointError("invalid_request", "the request body is not JSON");
     }
     if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new CheckpointError("invalid_request", "the request body must be a JSON object");
-    const ticket = await kind.admit(rollout.captureKey, route, parsed as Record<string, unknown>, rollout.episode);
+    const ticket = await kind.admit(rollout.captureKey, canonical, parsed as Record<string, unknown>, rollout.episode);
     return forward(req, res, route + query, body, ticket);
   }
 

@@ -269,8 +269,9 @@ describe("other routes", () => {
     expect(seen.map((s) => s.method)).toEqual(["PUT"]);
   });
 
-  it("refuse a generation route in any other spelling (encoded, trailing or doubled slashes, dot segments, case) instead of passing it through untracked", async () => {
-    const spellings = [
+  it("track a generation route in any spelling (encoded, trailing or doubled slashes, dot segments, case): forwarded as sent, one ledger row each", async () => {
+    release(); // the upstream streams its whole answer at once
+    const tracked = [
       "/ng-rollout/sp/v1/chat/completions/",
       "/ng-rollout/sp/v1/chat/%63ompletions",
       "/ng-rollout/sp/v1//chat/completions",
@@ -278,19 +279,27 @@ describe("other routes", () => {
       "/ng-rollout/sp/v1/x/../chat/completions",
       "/ng-rollout/sp/V1/Chat/Completions",
       "/ng-rollout/sp/v1/chat%2Fcompletions",
-      "//ng-rollout/sp/v1/chat/completions",
-      "/v1/responses/",
-      "/ng-rollout/sp/v1/chat/%E0%A4%A",
     ];
-    for (const spelling of spellings) {
-      const { status, body } = await rawPost(spelling, JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }));
-      expect([spelling, status, JSON.parse(body).error.code]).toEqual([spelling, 400, "invalid_request"]);
+    const request = JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }], stream: true });
+    for (const spelling of tracked) expect([spelling, (await rawPost(spelling, request)).status]).toEqual([spelling, 200]);
+    expect(seen.map((s) => s.url)).toEqual(tracked.map((t) => t.slice("/ng-rollout/sp".length)));
+    const rows = await ledger("sp");
+    expect(rows.map((r) => r.route)).toEqual(tracked.map(() => "/v1/chat/completions"));
+    // Each is the next call of the rollout: one lineage, no untracked generation.
+    expect(rows.map((r) => r.parent_call_id)).toEqual([null, ...rows.slice(0, -1).map((r) => r.model_call_id)]);
+    // Without a recognisable prefix, or with malformed encoding, they are refused.
+    for (const [spelling, code] of [
+      ["//ng-rollout/sp/v1/chat/completions", "rollout_id_required"],
+      ["/v1/responses/", "rollout_id_required"],
+      ["/ng-rollout/sp/v1/chat/%E0%A4%A", "invalid_request"],
+    ] as const) {
+      const { status, body } = await rawPost(spelling, request);
+      expect([spelling, status, JSON.parse(body).error.code]).toEqual([spelling, 400, code]);
     }
-    expect(seen).toEqual([]);
-    expect(await ledger("sp")).toEqual([]);
+    expect(seen).toHaveLength(tracked.length);
     // Other routes still pass through as they are, encoded or not.
     expect((await rawPost("/ng-rollout/sp/v1/%65cho", "{}")).status).toBe(200);
-    expect(seen.map((s) => s.url)).toEqual(["/v1/%65cho"]);
+    expect(seen.at(-1)!.url).toBe("/v1/%65cho");
   });
 
   it("refuse generation calls without the prefix or with a non-JSON body", async () => {

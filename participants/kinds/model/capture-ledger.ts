@@ -1,9 +1,10 @@
 import { randomBytes } from "node:crypto";
 import { closeSync, constants, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
-import { mkdir, open, readdir, rename, unlink, writeFile, type FileHandle } from "node:fs/promises";
+import { mkdir, open, readdir, rename, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { parseCaptureKey } from "../../../protocol/index.js";
+import { fsyncDir } from "../../storage/fs-durable.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
 
@@ -254,7 +255,10 @@ export class CaptureLedger {
     return this.locks.run(key, async () => {
       await this.ready;
       if (!this.onDisk.has(key)) return false;
-      const text = await readNoFollow(this.fileOf(key));
+      let text = await readNoFollow(this.fileOf(key));
+      // A failed write whose cut-off also failed: its fragment goes, as the next append would cut it.
+      const cut = this.repair.get(key);
+      if (cut !== undefined) text = Buffer.from(text).subarray(0, cut).toString("utf8");
       const lines = text.split("\n");
       const index = lines.findLastIndex((line) => parseRow(line)?.model_call_id === modelCallId);
       if (index === -1) return false;
@@ -266,19 +270,30 @@ export class CaptureLedger {
     });
   }
 
-  /** Under the key's stripe lock: replaces the key's file with `text` (atomic rename). */
+  /**
+   * Under the key's stripe lock: replaces the key's file with `text`, atomically and durably (temp
+   * file fsynced, renamed, directory fsynced): a crash leaves the old rows or the new ones, never an
+   * empty file.
+   */
   private async rewrite(key: string, text: string): Promise<void> {
     const path = this.fileOf(key);
     // Created exclusively under a name no one can guess: never written through a planted symlink.
     const tmp = `${path}.tmp-${process.pid}-${randomBytes(8).toString("hex")}`;
     this.dropHandle(key);
     try {
-      await writeFile(tmp, text, { flag: "wx", mode: 0o600 });
+      const file = await open(tmp, "wx", 0o600);
+      try {
+        await file.writeFile(text);
+        await file.sync();
+      } finally {
+        await file.close();
+      }
       await rename(tmp, path);
     } catch (error) {
       await unlink(tmp).catch(() => undefined);
       throw error;
     }
+    await fsyncDir(this.dir);
     this.repair.delete(key);
     if (!this.onDisk.has(key)) this.addOnDisk(key);
   }

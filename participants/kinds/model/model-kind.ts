@@ -116,7 +116,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       route,
       admittedAt: Date.now() / 1000,
       modelCallId: `mc-${randomUUID()}`,
-      parentCallId: rows.at(-1)?.model_call_id ?? null,
+      // A row whose response is still leaving may yet be taken back (its caller left): not a parent.
+      parentCallId: rows.findLast((row) => !this.leaving(key, row.model_call_id))?.model_call_id ?? null,
       stream: body.stream === true,
       get requestDigest() {
         return requestDigest();
@@ -222,6 +223,12 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       this.restoredCuts.set(ticket.captureKey, cut);
     }
     this.closeTicket(ticket);
+  }
+
+  /** Whether `modelCallId` of `key` is a call whose ticket is still open (its row may be taken back). */
+  private leaving(key: string, modelCallId: string): boolean {
+    for (const t of this.tickets.values()) if (t.captureKey === key && t.modelCallId === modelCallId) return true;
+    return false;
   }
 
   private closeTicket(ticket: AdmissionTicket): void {

@@ -86,6 +86,23 @@ describe("admission tickets", () => {
   });
 });
 
+describe("parents", () => {
+  it("a recorded call whose response is still leaving is not a parent: its caller may leave and the row be taken back", async () => {
+    const first = await deliveredCall(f.kind, "p1", "one");
+    const leaving = await f.kind.admit("p1", CHAT, chat("two"));
+    await f.kind.responseStart(leaving);
+    await f.kind.record(leaving, { stagingKey: null, usage: null });
+    // A retry (or a parallel call) admitted now descends from the last call that surely left.
+    const retry = await f.kind.admit("p1", CHAT, chat("two"));
+    expect(retry.parentCallId).toBe(first.modelCallId);
+    await f.kind.undelivered(leaving);
+    expect((await f.kind.ledger.rows("p1")).map((r) => r.model_call_id)).toEqual([first.modelCallId]);
+    await f.kind.responseStart(retry);
+    await f.kind.complete(retry, { stagingKey: null, usage: null });
+    expect((await f.kind.admit("p1", CHAT, chat("three"))).parentCallId).toBe(retry.modelCallId);
+  });
+});
+
 describe("held responses and readiness", () => {
   it("a response whose start is intercepted while admission is closed is held until reopen", async () => {
     const ticket = await f.kind.admit("h1", CHAT, chat("hi", { stream: true }));
