@@ -64,6 +64,15 @@ class GatedServer extends CounterServer {
       reply.raw.writeHead(200, { "content-type": "application/json" });
       reply.raw.end("{}");
     });
+    // Hijacked synchronously; the handler answers on the raw socket only once `open()` is called.
+    app.post("/hijacked_later", (_request, reply) => {
+      reply.hijack();
+      this.holding = true;
+      void this.gate.then(() => {
+        reply.raw.writeHead(200, { "content-type": "application/json" });
+        reply.raw.end("{}");
+      });
+    });
     // Parked after its body was read (an async preValidation hook of the server's own).
     app.post("/read_then_park", { preValidation: park, onSend: record }, increment);
     // Parked before its body is read (an async onRequest hook of the server's own).
@@ -157,6 +166,17 @@ describe("resources: a client that disconnects mid-call", () => {
     expect(await reply.json()).toEqual({});
     await waitUntil(() => kind.readiness().counts.inflight === 0, "the hijacked call to be released", 2000);
     expect(kind.readiness().blockers).toEqual([]);
+  });
+
+  it("keeps a call whose handler hijacked the reply in flight until its raw response is done", async () => {
+    const { server, kind, base, cookie } = await start();
+    const reply = fetch(`${base}/ng-rollout/ab-1/hijacked_later`, { method: "POST", headers: { "content-type": "application/json", cookie }, body: "{}" });
+    await waitUntil(() => server.holding, "the hijacking handler to run", 2000);
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(kind.readiness().counts.inflight).toBe(1); // its handler still writes: a prepare must wait
+    server.open();
+    expect(await (await reply).json()).toEqual({});
+    await waitUntil(() => kind.readiness().counts.inflight === 0, "the hijacked call to be released", 2000);
   });
 
   it("refuses such a call with stale_attempt once its session was retired; the retire waits for it", async () => {

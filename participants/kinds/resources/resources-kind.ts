@@ -166,7 +166,9 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    */
   bind(sessionId: string, episode: EpisodeId): void {
     if (this.context?.isRetired(episode)) {
-      this.freeUnbound(sessionId);
+      // Only a session nobody holds is this handler's to free: a bound one is the retire's (it frees
+      // it) or another attempt's (not ours to touch).
+      if (!this.sessions.has(sessionId)) this.freeUnbound(sessionId);
       throw new CheckpointError("stale_attempt", `${captureKey(episode)} was retired`);
     }
     const existing = this.sessions.get(sessionId);

@@ -174,7 +174,10 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       const clientGone = request.raw.aborted || !request.socket || request.socket.destroyed;
       sends = outcome.payload !== undefined || (!reply.raw.headersSent && !clientGone);
     }
-    if (!sends) kind.release(entry.ticket);
+    if (sends) return;
+    // A hijacked reply may still be written by its handler: released once its response is done.
+    if (reply.raw.writableEnded || reply.raw.destroyed) kind.release(entry.ticket);
+    else reply.raw.once("close", () => kind.release(entry.ticket));
   };
 
   app.addHook("onSend", async (request, reply, payload) => {

@@ -487,6 +487,19 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.statusExtras().retired_sessions).toBe(1);
   });
 
+  it("a retired attempt's bind leaves a session bound to another attempt alone (not freed, still bound)", async () => {
+    const Server = heldSeedServer("exported");
+    const server = new Server();
+    const a = await harness(server);
+    a.kind.bind("s1", { rollout_id: "r1", attempt: 1 });
+    server.states.add("s1");
+    await a.call("retire", { checkpoint_id: "r", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(() => a.kind.bind("s1", { rollout_id: "r1", attempt: 0 })).toThrow(expect.objectContaining({ code: "stale_attempt" }));
+    await a.kind.retire([]); // waits for any free the refused bind started
+    expect(server.states.has("s1")).toBe(true);
+    expect(a.kind.sessionEpisode("s1")).toEqual({ rollout_id: "r1", attempt: 1 });
+  });
+
   it("explicit started/ended hooks give reset/step protocols a lifecycle", async () => {
     class Gymnasium extends ResourcesServer {
       static override readonly checkpointMode: CheckpointMode = "stateless";
