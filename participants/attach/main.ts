@@ -16,7 +16,7 @@ import { ensurePrivateDir } from "./private-dir.js";
  *                         without `/ng-control/v1/generation-cut`)
  *   --cut-token T         bearer token of the cut endpoint (default: --token)
  *   --cut-timeout-ms N    deadline of one cut round (default 10000)
- *   --ledger-dir DIR      capture ledger directory (default <tmp>/gym-ckpt-ledger/<deployment>/<instance>,
+ *   --ledger-dir DIR      capture ledger directory (default <tmp>/gym-ckpt-ledger-<uid>/<deployment>/<instance>,
  *                         created 0700 and refused unless every level under <tmp> is this user's own)
  * plus the common runtime flags (--nats, --deployment, --instance, --token, --port, ...).
  */
@@ -44,7 +44,8 @@ if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_00
 let ledgerDir: string;
 try {
   // The default lives in the shared temp dir: another local user must not have planted any level of it.
-  ledgerDir = extra["ledger-dir"] ?? ensurePrivateDir(tmpdir(), ["gym-ckpt-ledger", config.deployment, config.instance]);
+  // Per user: a first user's private directory would otherwise refuse every other user's proxy.
+  ledgerDir = extra["ledger-dir"] ?? ensurePrivateDir(tmpdir(), [`gym-ckpt-ledger-${process.getuid?.() ?? "user"}`, config.deployment, config.instance]);
   mkdirSync(ledgerDir, { recursive: true, mode: 0o700 });
 } catch (error) {
   fail(error instanceof Error ? error.message : String(error));

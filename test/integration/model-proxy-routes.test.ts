@@ -221,20 +221,21 @@ describe("the proxy process", () => {
 
   it("refuses a default ledger directory another user could have planted (a level writable by others)", async () => {
     const shared = join(root, "shared-tmp");
-    await mkdir(join(shared, "gym-ckpt-ledger"), { recursive: true });
-    await chmod(join(shared, "gym-ckpt-ledger"), 0o777);
+    const top = `gym-ckpt-ledger-${process.getuid!()}`;
+    await mkdir(join(shared, top), { recursive: true });
+    await chmod(join(shared, top), 0o777);
     const run = spawnSync(process.execPath, [PROXY_ENTRY, ...commonArgs(nats.server.url, "modelroutes", "planted", TOKEN, ["--upstream", `${upstreamUrl}/v1`])], {
       env: { ...process.env, TMPDIR: shared },
       encoding: "utf8",
       timeout: 20_000,
     });
     expect(run.status).toBe(2);
-    expect(run.stderr).toContain(`${join(shared, "gym-ckpt-ledger")} is writable by group or others`);
+    expect(run.stderr).toContain(`${join(shared, top)} is writable by group or others`);
     // A private default is created 0700 at every level.
-    await chmod(join(shared, "gym-ckpt-ledger"), 0o700);
+    await chmod(join(shared, top), 0o700);
     const ok = await spawnServer("proxy-private", PROXY_ENTRY, commonArgs(nats.server.url, "modelroutes", "private", TOKEN, ["--upstream", `${upstreamUrl}/v1`]), 20_000, { ...process.env, TMPDIR: shared });
     try {
-      expect((await stat(join(shared, "gym-ckpt-ledger", "modelroutes", "private"))).mode & 0o777).toBe(0o700);
+      expect((await stat(join(shared, top, "modelroutes", "private"))).mode & 0o777).toBe(0o700);
     } finally {
       await ok.kill();
     }
