@@ -32,6 +32,11 @@ export interface AttachProxyOptions {
   controlToken: string;
   logger?: Logger;
   maxBodyBytes?: number;
+  /**
+   * How long a recorded call's ended response may take to leave for its caller (default 30 s): a
+   * caller that stopped reading would otherwise keep its ticket, a readiness blocker, open for ever.
+   */
+  finishWaitMs?: number;
 }
 
 const RetireBodySchema = z.object({ rollout_id: EpisodeIdSchema.shape.rollout_id, attempt: z.number().int().min(0) }).strict();
@@ -39,6 +44,7 @@ const RetireBodySchema = z.object({ rollout_id: EpisodeIdSchema.shape.rollout_id
 export function createAttachProxy(options: AttachProxyOptions): Server {
   const { upstream, kind, logger } = options;
   const maxBody = options.maxBodyBytes ?? 32 * 1024 * 1024;
+  const finishWaitMs = options.finishWaitMs ?? 30_000;
   // undici's pool of keep-alive upstream connections (as many as there are concurrent calls, no Nagle;
   // TLS for an https upstream). Its dispatch API hands each chunk to the call's handler with no stream
   // objects in between. No timeouts: a generation may take as long as it takes, and a held response
@@ -106,7 +112,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       headers.push("x-ng-continued-from", ticket.claimedCut.model_call_id);
       headers.push("x-ng-continuation", Buffer.from(JSON.stringify(ticket.claimedCut.continuation)).toString("base64url"));
     }
-    pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger));
+    pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger, finishWaitMs));
   }
 
   async function ledgerApi(req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {

@@ -60,6 +60,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     private readonly ticket: AdmissionTicket,
     private readonly kind: ModelKind,
     private readonly logger: Logger | undefined,
+    private readonly finishWaitMs: number,
   ) {
     ticket.abort.signal.addEventListener("abort", this.onRetired, { once: true });
     res.on("close", this.onCallerClose);
@@ -196,6 +197,13 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
         // Retired, or the caller left, while the row was written: nothing more leaves for the caller.
         if (this.ticket.abort.signal.aborted || this.callerGone || this.res.destroyed) return void this.kind.undelivered(this.ticket);
         this.endResponse();
+        // A caller that stopped reading leaves 'finish' pending for ever: past the wait it counts as
+        // gone (its connection is cut, the row taken back), so its ticket cannot block every prepare.
+        const stalled = setTimeout(() => {
+          if (!this.res.writableFinished) this.res.destroy();
+        }, this.finishWaitMs);
+        stalled.unref();
+        this.res.once("close", () => clearTimeout(stalled));
       },
       (error: unknown) => {
         this.logger?.error({ err: error, capture_key: this.ticket.captureKey }, "ledger row write failed; the call is cut off");

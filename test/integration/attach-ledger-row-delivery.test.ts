@@ -68,7 +68,7 @@ beforeEach(async () => {
       return writeSync(fd, buffer, offset);
     },
   });
-  proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t" });
+  proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t", finishWaitMs: 3000 });
   proxy.prependListener("request", (_req, res: ServerResponse) => {
     proxied = res;
     if (hold) release = holdWrites(res.socket!);
@@ -142,6 +142,21 @@ describe("attach proxy, a recorded call whose response has not left yet", () => 
     await waitUntil(() => kind.tickets.size === 0, "the ticket to close");
     expect(kind.readiness().blockers).toEqual([]);
     expect(await kind.ledger.rows("flush")).toHaveLength(1);
+  });
+
+  it("counts a caller that stops reading as gone once the finish wait is over: connection cut, row taken back, ticket closed", async () => {
+    hold = true; // the response's bytes never leave Node's buffer, as with a caller that stopped reading
+    const answer = call("stalled", true).then(
+      (response) => response.text(),
+      (error: unknown) => error,
+    );
+    await waitUntil(async () => (await kind.ledger.rows("stalled")).length === 1, "the row to be written");
+    expect(kind.readiness().blockers).toEqual(["stalled"]);
+    await waitUntil(() => kind.tickets.size === 0, "the finish wait (3 s) to end the ticket", 10_000);
+    expect(proxied!.destroyed).toBe(true);
+    expect(await answer).toBeInstanceOf(Error);
+    expect(await kind.ledger.rows("stalled")).toEqual([]);
+    expect(kind.readiness().blockers).toEqual([]);
   });
 
   it("takes its row back when the caller leaves before the response has left: the re-issued call has no phantom parent", async () => {
