@@ -32,12 +32,13 @@ export function parentsOfCreated(dir: string, first: string | undefined): string
  * matches it, and the rename stays on one filesystem), write, fsync, rename, then fsync the
  * directory so the rename itself survives a crash. Readers see the old file or the new one.
  */
-export async function writeFileAtomic(target: string, data: string | Uint8Array): Promise<void> {
+export async function writeFileAtomic(target: string, data: string | Uint8Array, options: { mode?: number } = {}): Promise<void> {
   const dir = dirname(target);
   for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
   const temp = join(dir, `.${basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
   try {
-    const handle = await open(temp, "wx");
+    // Exclusive: never written through a file or symlink planted under the temp name.
+    const handle = await open(temp, "wx", options.mode);
     try {
       await handle.writeFile(data);
       await handle.sync();

@@ -1,10 +1,9 @@
-import { randomBytes } from "node:crypto";
 import { closeSync, constants, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
-import { mkdir, open, readdir, rename, unlink, type FileHandle } from "node:fs/promises";
+import { mkdir, open, readdir, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { parseCaptureKey } from "../../../protocol/index.js";
-import { fsyncDir } from "../../storage/fs-durable.js";
+import { writeFileAtomic } from "../../storage/fs-durable.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
 
@@ -276,24 +275,8 @@ export class CaptureLedger {
    * empty file.
    */
   private async rewrite(key: string, text: string): Promise<void> {
-    const path = this.fileOf(key);
-    // Created exclusively under a name no one can guess: never written through a planted symlink.
-    const tmp = `${path}.tmp-${process.pid}-${randomBytes(8).toString("hex")}`;
     this.dropHandle(key);
-    try {
-      const file = await open(tmp, "wx", 0o600);
-      try {
-        await file.writeFile(text);
-        await file.sync();
-      } finally {
-        await file.close();
-      }
-      await rename(tmp, path);
-    } catch (error) {
-      await unlink(tmp).catch(() => undefined);
-      throw error;
-    }
-    await fsyncDir(this.dir);
+    await writeFileAtomic(this.fileOf(key), text, { mode: 0o600 });
     this.repair.delete(key);
     if (!this.onDisk.has(key)) this.addOnDisk(key);
   }

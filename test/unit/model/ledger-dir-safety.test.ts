@@ -60,7 +60,7 @@ describe("ledger files", () => {
     await writeFile(victim, "precious\n");
     const ledger = new CaptureLedger(dir);
     try {
-      await symlink(victim, join(dir, `swap.lineage.jsonl.tmp-${process.pid}`));
+      await symlink(victim, join(dir, `.swap.lineage.jsonl.${process.pid}.tmp`)); // the temp name but for its random part
       await ledger.replace("swap", [ledgerRow("swap", "mc-1")]);
       expect(await readFile(victim, "utf8")).toBe("precious\n");
       expect((await readFile(join(dir, "swap.lineage.jsonl"), "utf8")).trim()).toBe(JSON.stringify(ledgerRow("swap", "mc-1")));
