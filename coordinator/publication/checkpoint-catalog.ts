@@ -118,13 +118,17 @@ export class CheckpointCatalog {
   private entry(name: string): CatalogEntry {
     const path = this.manifestPath(name);
     const cached = this.entries.get(name);
-    let read: { text: string | undefined; info: Stats };
+    let read: { text: string; info: Stats };
     try {
-      read = readRegularFileSync(path, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES }, (info) => cached?.version === fileVersion(info));
+      // The common case (retention after every publication): unchanged since it was read, one stat.
+      if (cached) {
+        const info = statSync(path);
+        if (info.isFile() && cached.version === fileVersion(info)) return cached.entry;
+      }
+      read = readRegularFileSync(path, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES });
     } catch (error) {
       throw readFailure(error, name, this.root);
     }
-    if (read.text === undefined) return cached!.entry;
     return this.remember(name, parseGlobalManifest(path, name, read.text), read.info);
   }
 

@@ -43,6 +43,11 @@ function check(path: string, info: Stats, limits: RegularFileLimits): void {
   if (info.size > limits.maxBytes) throw tooLarge(path, info.size, limits);
 }
 
+/** One read buffer sized to the file (one byte more shows whether it grew), at most READ_CHUNK. */
+function readBuffer(info: Stats): Buffer {
+  return Buffer.allocUnsafe(Math.min(info.size + 1, READ_CHUNK));
+}
+
 /** Opens `path` for reading once it is known to be a regular file within the limits. */
 export async function openRegularFile(path: string, limits: RegularFileLimits): Promise<{ handle: FileHandle; info: Stats }> {
   let handle: FileHandle;
@@ -63,12 +68,13 @@ export async function openRegularFile(path: string, limits: RegularFileLimits): 
 
 /** The whole file as UTF-8, refused if it is not a regular file or exceeds `maxBytes`. */
 export async function readRegularFile(path: string, limits: RegularFileLimits): Promise<string> {
-  const { handle } = await openRegularFile(path, limits);
+  const { handle, info } = await openRegularFile(path, limits);
   try {
     const chunks: Buffer[] = [];
     let total = 0;
     for (;;) {
-      const { bytesRead, buffer } = await handle.read(Buffer.allocUnsafe(READ_CHUNK), 0, READ_CHUNK, null);
+      const fresh = readBuffer(info);
+      const { bytesRead, buffer } = await handle.read(fresh, 0, fresh.length, null);
       if (bytesRead === 0) break;
       total += bytesRead;
       if (total > limits.maxBytes) throw tooLarge(path, total, limits);
@@ -80,11 +86,8 @@ export async function readRegularFile(path: string, limits: RegularFileLimits): 
   }
 }
 
-/**
- * `readRegularFile`, blocking, for the few callers that are (the catalog's scan); also returns
- * the fstat of what it read. `skip` may decline the read after the fstat (a cache still holds it).
- */
-export function readRegularFileSync(path: string, limits: RegularFileLimits, skip?: (info: Stats) => boolean): { text: string | undefined; info: Stats } {
+/** `readRegularFile`, blocking, for the few callers that are (the catalog's scan); also returns the fstat of what it read. */
+export function readRegularFileSync(path: string, limits: RegularFileLimits): { text: string; info: Stats } {
   let fd: number;
   try {
     fd = openSync(path, flags(limits));
@@ -94,12 +97,11 @@ export function readRegularFileSync(path: string, limits: RegularFileLimits, ski
   try {
     const info = fstatSync(fd);
     check(path, info, limits);
-    if (skip?.(info)) return { text: undefined, info };
     const chunks: Buffer[] = [];
     let total = 0;
     for (;;) {
-      const buffer = Buffer.allocUnsafe(READ_CHUNK);
-      const bytesRead = readSync(fd, buffer, 0, READ_CHUNK, null);
+      const buffer = readBuffer(info);
+      const bytesRead = readSync(fd, buffer, 0, buffer.length, null);
       if (bytesRead === 0) break;
       total += bytesRead;
       if (total > limits.maxBytes) throw tooLarge(path, total, limits);
