@@ -1,4 +1,3 @@
-import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { startParticipant } from "../control-plane/start-participant.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
@@ -45,8 +44,8 @@ let ledgerDir: string;
 try {
   // The default lives in the shared temp dir: another local user must not have planted any level of it.
   // Per user: a first user's private directory would otherwise refuse every other user's proxy.
+  // An explicit --ledger-dir is created (0700) by the ledger itself.
   ledgerDir = extra["ledger-dir"] ?? ensurePrivateDir(tmpdir(), [`gym-ckpt-ledger-${process.getuid?.() ?? "user"}`, config.deployment, config.instance]);
-  mkdirSync(ledgerDir, { recursive: true, mode: 0o700 });
 } catch (error) {
   fail(error instanceof Error ? error.message : String(error));
 }

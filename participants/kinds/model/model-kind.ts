@@ -48,6 +48,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private admitting = true;
   private reopened = latch();
   readonly tickets = new Map<string, AdmissionTicket>();
+  /** The model call ids of open tickets (unique per call): their rows may still be taken back. */
+  private readonly openCalls = new Set<string>();
   private served = false;
   /** Restored cuts by NEXT-attempt capture key, consumed by a matching re-issued call. */
   private readonly restoredCuts = new Map<string, GenerationCutRecord>();
@@ -117,7 +119,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       admittedAt: Date.now() / 1000,
       modelCallId: `mc-${randomUUID()}`,
       // A row whose response is still leaving may yet be taken back (its caller left): not a parent.
-      parentCallId: rows.findLast((row) => !this.leaving(key, row.model_call_id))?.model_call_id ?? null,
+      parentCallId: rows.findLast((row) => !this.openCalls.has(row.model_call_id))?.model_call_id ?? null,
       stream: body.stream === true,
       get requestDigest() {
         return requestDigest();
@@ -133,6 +135,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       close,
     };
     this.tickets.set(ticket.ticketId, ticket);
+    this.openCalls.add(ticket.modelCallId);
     this.notify();
     return ticket;
   }
@@ -225,16 +228,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     this.closeTicket(ticket);
   }
 
-  /** Whether `modelCallId` of `key` is a call whose ticket is still open (its row may be taken back). */
-  private leaving(key: string, modelCallId: string): boolean {
-    for (const t of this.tickets.values()) if (t.captureKey === key && t.modelCallId === modelCallId) return true;
-    return false;
-  }
-
   private closeTicket(ticket: AdmissionTicket): void {
     if (ticket.finished) return;
     ticket.finished = true;
     this.tickets.delete(ticket.ticketId);
+    this.openCalls.delete(ticket.modelCallId);
     (ticket as AdmissionTicket & { close: () => void }).close();
     this.notify();
   }
