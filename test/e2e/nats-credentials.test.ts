@@ -6,6 +6,7 @@ import { natsServers, natsSettings } from "../../protocol/index.js";
 import { NatsServerProcess } from "../../coordinator/local/nats-server-process.js";
 import { cli, ensureBuilt, MAIN, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 import { spawnServer, type SpawnedServer } from "./model-processes.js";
+import { waitUntil } from "../support/wait-until.js";
 
 /** A nats-server that requires a user and password: every process takes them from GYM_CKPT_NATS_USER/PASS. */
 const CREDENTIALS = { GYM_CKPT_NATS_USER: "gym", GYM_CKPT_NATS_PASS: "s3cret-pass" };
@@ -53,7 +54,16 @@ describe("NATS credentials from the environment", () => {
     stops.push(() => resources.kill());
     // The CLI waits (leader wait) until the daemon serves, then lists the participant it registered.
     let status = await cli(["status", "--leader-wait-ms", "20000"], { ...env, ...CREDENTIALS });
-    for (let i = 0; i < 50 && status.code === 0 && !status.stdout.includes("res-auth"); i++) status = await cli(["status"], { ...env, ...CREDENTIALS });
+    // The server may register after the daemon first answers: ask again until it is listed.
+    await waitUntil(
+      async () => {
+        if (status.code !== 0 || status.stdout.includes("res-auth")) return true;
+        status = await cli(["status"], { ...env, ...CREDENTIALS });
+        return false;
+      },
+      "the participant to register",
+      20_000,
+    );
     expect([status.code, status.stderr]).toEqual([0, ""]);
     expect(status.stdout).toMatch(/resources\s+res-auth/);
     const refused = await cli(["status", "--leader-wait-ms", "0"], env);

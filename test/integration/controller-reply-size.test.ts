@@ -1,12 +1,11 @@
-import { randomUUID } from "node:crypto";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
-import { canonicalDigest, captureKey, type EpisodeId, type Kind } from "../../protocol/index.js";
-import { makeEngine, writers } from "../unit/coordinator/fake-participants.js";
+import { canonicalDigest, captureKey } from "../../protocol/index.js";
+import { FOUR, makeEngine, uuidScope, writers } from "../unit/coordinator/fake-participants.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
 /** The NATS controller API at a scale whose commit and get replies exceed one message in full. */
@@ -22,27 +21,17 @@ afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-const MEMBERS: { kind: Kind; instance: string }[] = [
-  { kind: "environment", instance: "e1" },
-  { kind: "model", instance: "m1" },
-  { kind: "agent", instance: "a1" },
-  { kind: "resources", instance: "r1" },
-];
 
 describe("NATS controller API reply size", () => {
   it("answers commit and get of 6,800 UUID rollouts held by four participants (1.06 MB in full) with lists left out", async () => {
-    const { engine, fake } = makeEngine(root, { members: MEMBERS });
+    const { engine, fake } = makeEngine(root, { members: FOUR });
     const api = new NatsControllerApi({ nc: nats.nc, deployment: "unit", token: "ctl", engine });
     api.start();
     const client = new NatsControllerClient({ nc: await nats.connect(), deployment: "unit", token: "ctl" });
     try {
-      const scope: EpisodeId[] = [];
-      while (scope.length < 6800) {
-        const rollout_id = randomUUID();
-        if (!/-a\d+$/.test(rollout_id)) scope.push({ rollout_id, attempt: 0 });
-      }
+      const scope = uuidScope(6800);
       const keys = scope.map(captureKey).sort();
-      for (const m of MEMBERS) fake.exported.set(`${m.kind}.${m.instance}`, keys);
+      for (const m of FOUR) fake.exported.set(`${m.kind}.${m.instance}`, keys);
 
       expect((await client.prepare({ checkpoint_id: "big" })).prepared).toBe(true);
       const commit = await client.commit({ checkpoint_id: "big", episode_ids: scope });

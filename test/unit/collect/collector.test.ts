@@ -1,15 +1,16 @@
 import { appendFile, mkdir, mkdtemp, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
-import { CheckpointError, MANIFEST_SCHEMA_VERSION, canonicalDigest, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
+import { CheckpointError, canonicalDigest, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
+import { writeParticipant } from "../coordinator/fake-participants.js";
 
 /**
  * The collector against a scripted `/run` server and a fake controller that keeps the engine's
@@ -139,36 +140,10 @@ async function latestContinued(state: ReturnType<typeof fakeController>["state"]
 
 /** An environment's committed files naming `rollouts` (attempt 0), and its commit-reply entry with the list left out. */
 async function committedOwner(checkpointDir: string, checkpointId: string, rollouts: string[]) {
-  const participantDir = join(checkpointDir, "gym", "environment", "e1");
-  await mkdir(participantDir, { recursive: true });
-  const records = rollouts.map((rollout_id) => `${JSON.stringify({ episode_id: { rollout_id, attempt: 0 }, task_digest: "0".repeat(64), boundary: null })}\n`).join("");
-  const digest = sha256Hex(records);
-  await writeFile(join(participantDir, `records-${digest}.jsonl`), records);
-  const manifest = `${JSON.stringify({
-    schema_version: MANIFEST_SCHEMA_VERSION,
-    kind: "environment",
-    instance: "e1",
-    checkpoint_id: checkpointId,
-    records_file: `records-${digest}.jsonl`,
-    records_sha256: digest,
-    record_count: rollouts.length,
-    created_at: 1,
-    extra: {},
-  })}\n`;
-  await writeFile(join(participantDir, "manifest.json"), manifest);
+  const lines = rollouts.map((rollout_id) => JSON.stringify({ episode_id: { rollout_id, attempt: 0 }, task_digest: "0".repeat(64), boundary: null }));
+  const entry = await writeParticipant(dirname(checkpointDir), checkpointId, "environment", "e1", lines);
   const keys = [...rollouts].sort();
-  return {
-    kind: "environment",
-    instance: "e1",
-    manifest_path: "gym/environment/e1/manifest.json",
-    manifest_sha256: sha256Hex(manifest),
-    records_sha256: digest,
-    record_count: rollouts.length,
-    episode_ids: null,
-    episode_count: keys.length,
-    episode_ids_sha256: canonicalDigest(keys),
-    extras: {},
-  };
+  return { ...entry, episode_ids: null, episode_count: keys.length, episode_ids_sha256: canonicalDigest(keys) };
 }
 
 const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map((c) => c.req.episode_ids);

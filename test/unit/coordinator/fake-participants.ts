@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { waitUntil } from "../../support/wait-until.js";
@@ -7,6 +8,7 @@ import {
   captureKey,
   nextAttempt,
   sha256Hex,
+  type EpisodeId,
   type Kind,
   type Op,
   type ParticipantEntry,
@@ -252,4 +254,21 @@ export async function writeParticipant(root: string, id: string, kind: Kind, ins
     episode_ids: [],
     extras: {},
   };
+}
+
+/** One participant of each kind. */
+export const FOUR: { kind: Kind; instance: string }[] = [
+  { kind: "environment", instance: "e1" },
+  { kind: "model", instance: "m1" },
+  { kind: "agent", instance: "a1" },
+  { kind: "resources", instance: "r1" },
+];
+
+/** UUID rollout ids (one ending in `-a<digits>` would read as an attempt: drawn again). */
+export function uuidScope(n: number): EpisodeId[] {
+  const id = (): string => {
+    const uuid = randomUUID();
+    return /-a\d+$/.test(uuid) ? id() : uuid;
+  };
+  return Array.from({ length: n }, () => ({ rollout_id: id(), attempt: 0 }));
 }

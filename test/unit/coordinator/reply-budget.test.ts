@@ -1,4 +1,3 @@
-import { randomUUID } from "node:crypto";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -12,11 +11,10 @@ import {
   encodeReply,
   type ControllerOp,
   type CtlReplyOf,
-  type EpisodeId,
   type Kind,
 } from "../../../protocol/index.js";
 import { encodeControllerReply, fitControllerReply } from "../../../coordinator/api/reply-budget.js";
-import { makeEngine, writers } from "./fake-participants.js";
+import { FOUR, makeEngine, uuidScope, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
 /**
@@ -33,21 +31,6 @@ afterEach(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-const FOUR: { kind: Kind; instance: string }[] = [
-  { kind: "environment", instance: "e1" },
-  { kind: "model", instance: "m1" },
-  { kind: "agent", instance: "a1" },
-  { kind: "resources", instance: "r1" },
-];
-
-/** UUID rollout ids (one ending in `-a<digits>` would read as an attempt: drawn again). */
-function uuidScope(n: number): EpisodeId[] {
-  const id = (): string => {
-    const uuid = randomUUID();
-    return /-a\d+$/.test(uuid) ? id() : uuid;
-  };
-  return Array.from({ length: n }, () => ({ rollout_id: id(), attempt: 0 }));
-}
 
 const bytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
 

@@ -31,6 +31,7 @@ describe("the capture ledger's rollout index", () => {
     try {
       const records: ModelRecord[] = Array.from({ length: 30 }, (_, r) => ({ episode_id: ep(`ix${r}`, 1), rows: [ledgerRow(`ix${r}-a1`, `mc-${r}`)], generation_cuts: [] }));
       await kind.ledger.rows("ix0"); // start-up: the one listing
+      expect(readdir).toHaveBeenCalled(); // the spy sees the ledger's listings
       readdir.mockClear();
       await kind.install(records, {});
       await kind.retire([ep("ix0", 2)]);

@@ -5,7 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, StripedLocks } from "../../../participants/kinds/model/index.js";
-import { isPending, settle } from "./model-fixtures.js";
+import { isPending, ledgerRow, settle } from "./model-fixtures.js";
 
 let dir: string;
 const open: { close(): Promise<void> }[] = [];
@@ -181,7 +181,7 @@ describe("striped ledger locks", () => {
 
   it("a ledger closed right after an append (shutdown) still writes the row", async () => {
     const ledger = new CaptureLedger(join(dir, "ledger"), 4);
-    const row = (id: string) => ({ capture_key: "shut", model_call_id: id, parent_call_id: null, continued_from: null, route: "/v1/chat/completions", staging_key: null, usage: null, recorded_at: 1 });
+    const row = (id: string) => ledgerRow("shut", id);
     await ledger.append(row("mc-1"));
     const appending = ledger.append(row("mc-2"));
     const closing = ledger.close();

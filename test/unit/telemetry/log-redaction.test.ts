@@ -63,8 +63,8 @@ describe("log redaction", () => {
       context.with(trace.setSpan(context.active(), span), () => defaultLogger().info(secrets, "secrets"));
       process.stderr.write(span.spanContext().traceId);
     `;
-    const run = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });
-    expect(run.status, run.stderr).toBe(0);
+    const run = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8", timeout: 20_000 });
+    expect([run.status, run.signal], run.stderr).toEqual([0, null]);
     expectRedacted(run.stdout);
     expect(JSON.parse(run.stdout.trim())).toMatchObject({ msg: "secrets", trace_id: run.stderr });
   });
