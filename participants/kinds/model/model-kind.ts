@@ -29,6 +29,9 @@ export interface ModelKindOptions {
 /** The largest staging-key list a commit reply carries inline (JSON bytes, about). */
 export const STAGING_KEYS_REPLY_BUDGET = 256 * 1024;
 
+/** Selects calls by their episode and capture key. */
+type CallSelector = (episode: EpisodeId, key: string) => boolean;
+
 export interface CallOutcome {
   stagingKey: string | null;
   usage: LedgerRow["usage"];
@@ -58,7 +61,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   /** This checkpoint's cuts: one per episode, the latest admitted. */
   private readonly latestCuts = new Map<string, { admittedAt: number; record: GenerationCutRecord }>();
   /** Episodes whose calls are being stopped (retire, ledger retire/delete): admission answers stale_attempt meanwhile. */
-  private readonly stopping = new Set<(episode: EpisodeId, key: string) => boolean>();
+  private readonly stopping = new Set<CallSelector>();
   private round = { cut: 0, cut_failed: 0, cut_skipped: 0 };
   /** This round's skipped calls by SKIP_CATEGORIES name. */
   private readonly skipReasons = new Map<string, number>();
@@ -268,37 +271,38 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
    */
   async retireLedgers(episode: EpisodeId): Promise<string[]> {
     this.refuseLedgerRemoval();
-    return this.stopCalls(
-      (e) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt,
-      () => this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt),
-    );
+    const attempts = (e: EpisodeId) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt;
+    return this.stopCalls(attempts, attempts, () => {
+      this.refuseLedgerRemoval();
+      return this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
+    });
   }
 
   /** Deletes one ledger; refused while a checkpoint is open; its in-flight calls are stopped first. */
   async deleteLedger(key: string): Promise<void> {
     if (!parseCaptureKey(key)) throw new CheckpointError("invalid_request", "not a capture key");
     this.refuseLedgerRemoval();
-    await this.stopCalls(
-      (_e, k) => k === key,
-      () => this.ledger.remove([key]),
-    );
+    const ofKey = (_e: EpisodeId, k: string) => k === key;
+    await this.stopCalls(ofKey, ofKey, () => {
+      this.refuseLedgerRemoval();
+      return this.ledger.remove([key]);
+    });
   }
 
   /**
-   * Stops the calls of the episodes `which` selects (aborted: the proxy drops them, no row is written)
-   * and runs `removal` once they have closed, refusing their new calls with stale_attempt meanwhile.
-   * A checkpoint that opened while they stopped refuses the removal (retry after resume).
+   * Stops the calls `stop` selects (aborted: the proxy drops them, no row is written) and runs
+   * `removal` once they have closed, refusing new calls `refuse` selects with stale_attempt meanwhile.
+   * (The HTTP removals refuse, in `removal`, when a checkpoint opened while they stopped.)
    */
-  private async stopCalls<T>(which: (episode: EpisodeId, key: string) => boolean, removal: () => Promise<T>): Promise<T> {
-    this.stopping.add(which);
+  private async stopCalls<T>(refuse: CallSelector, stop: CallSelector, removal: () => Promise<T>): Promise<T> {
+    this.stopping.add(refuse);
     try {
-      const stopped = [...this.tickets.values()].filter((t) => which(t.episode, t.captureKey));
+      const stopped = [...this.tickets.values()].filter((t) => stop(t.episode, t.captureKey));
       for (const t of stopped) t.abort.abort();
       await Promise.all(stopped.map((t) => t.closed));
-      this.refuseLedgerRemoval();
       return await removal();
     } finally {
-      this.stopping.delete(which);
+      this.stopping.delete(refuse);
       this.notify();
     }
   }
@@ -473,22 +477,19 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   async retire(episodes: EpisodeId[]): Promise<void> {
     const keys = new Set(episodes.map(captureKey));
-    const retiring = (_episode: EpisodeId, key: string) => keys.has(key);
-    this.stopping.add(retiring);
-    try {
-      // Stop first, so no late row recreates a ledger: every retired attempt's calls (0..N).
-      const stopping = [...this.tickets.values()].filter((t) => episodes.some((e) => e.rollout_id === t.episode.rollout_id && t.episode.attempt <= e.attempt));
-      for (const t of stopping) t.abort.abort();
-      await Promise.all(stopping.map((t) => t.closed));
-      for (const episode of episodes) {
-        // Restored state of every attempt whose ledger goes (0..N), not only of attempt N.
-        this.dropRestored((e) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt);
-        await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
-      }
-    } finally {
-      this.stopping.delete(retiring);
-      this.notify();
-    }
+    // Stop first, so no late row recreates a ledger: every retired attempt's calls (0..N).
+    const covered = (episode: EpisodeId) => episodes.some((e) => e.rollout_id === episode.rollout_id && episode.attempt <= e.attempt);
+    await this.stopCalls(
+      (_episode, key) => keys.has(key),
+      covered,
+      async () => {
+        for (const episode of episodes) {
+          // Restored state of every attempt whose ledger goes (0..N), not only of attempt N.
+          this.dropRestored((e) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt);
+          await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
+        }
+      },
+    );
   }
 
   async forget(rolloutIds: string[]): Promise<void> {
