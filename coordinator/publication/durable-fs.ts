@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { closeSync, fsync, fsyncSync, openSync, renameSync, unlinkSync, writeSync } from "node:fs";
+import { closeSync, fsync, openSync, renameSync, unlinkSync, writeSync } from "node:fs";
 import { open, rename, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { promisify } from "node:util";
@@ -77,19 +77,10 @@ export const writeFileDurably = replaceFileDurably;
 // ---- mostly blocking variant --------------------------------------------------------------------
 // For the few small files on a critical path (publication): every async fs call is a thread-pool
 // round trip, and a durable replace takes eight of them, which measurably costs more than the
-// writes on a busy 2-core machine. Here the cheap calls block and only the file's fsync (the one
-// slow call) goes to the thread pool, so replies in flight (the resume) are handled meanwhile.
+// writes on a busy 2-core machine. Here the cheap calls block and only the two fsyncs (the slow
+// calls) go to the thread pool, so replies in flight (the resume) are handled meanwhile.
 
 const fsyncInPool = promisify(fsync);
-
-export function fsyncDirectorySync(dir: string): void {
-  const fd = openSync(dir, "r");
-  try {
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-}
 
 /**
  * `replaceFileDurably` for a small file: temp file, fsync (in the pool), rename, directory fsync.
@@ -116,5 +107,14 @@ export async function replaceSmallFileDurably(path: string, data: string | Uint8
     }
     throw error;
   }
-  fsyncDirectorySync(dirname(path));
+  await fsyncDirectoryInPool(dirname(path));
+}
+
+async function fsyncDirectoryInPool(dir: string): Promise<void> {
+  const fd = openSync(dir, "r");
+  try {
+    await fsyncInPool(fd);
+  } finally {
+    closeSync(fd);
+  }
 }
