@@ -109,6 +109,18 @@ const GUARDED: ReadonlySet<Op> = new Set<Op>(GUARDED_OPS);
 
 type Failure = Extract<Outcome<Op>, { ok: false }>;
 
+function statusOf(statuses: Outcome<"status">[], m: ParticipantRef): Outcome<"status"> | undefined {
+  return statuses.find((s) => s.participant.kind === m.kind && s.participant.instance === m.instance);
+}
+
+/** The members whose status shows them still holding checkpoint `id` (not idle in it). */
+function holdersOf(members: readonly ParticipantRef[], statuses: Outcome<"status">[], id: string): ParticipantRef[] {
+  return members.filter((m) => {
+    const o = statusOf(statuses, m);
+    return o?.ok === true && o.reply.checkpoint_id === id && o.reply.phase !== "idle";
+  });
+}
+
 function failuresOf<O extends Op>(outcomes: Outcome<O>[]): Failure[] {
   return outcomes.filter((o): o is Extract<Outcome<O>, { ok: false }> => !o.ok);
 }
@@ -291,6 +303,14 @@ export class CheckpointEngine {
       const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
       if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
+      if (unresumed) {
+        // Only fresh processes can restore it: one still parked in it would refuse, and the
+        // all-or-nothing clean-up would then retire attempt+1 on the live servers.
+        const holders = holdersOf(unresumed.members, await this.probeStatuses(unresumed.members), id);
+        if (holders.length) {
+          throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map((m) => `${m.kind}/${m.instance}`).join(", ")} still hold it parked; resume it before a restore`);
+        }
+      }
       const manifest = await this.options.catalog.get(id);
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
       const dir = this.options.catalog.dirFor(id);
@@ -589,11 +609,7 @@ export class CheckpointEngine {
       if (open.autoPublish) this.rememberRecovered(open, []);
       return "published_stopped";
     }
-    const statusOf = (m: ParticipantRef) => statuses.find((s) => s.participant.kind === m.kind && s.participant.instance === m.instance);
-    const holders = open.members.filter((m) => {
-      const o = statusOf(m);
-      return o?.ok === true && o.reply.checkpoint_id === open.id && o.reply.phase !== "idle";
-    });
+    const holders = holdersOf(open.members, statuses, open.id);
     if (open.autoPublish) {
       // The convenience op resumes as it publishes, and its controller saw it fail: finish
       // it here. Only the processes still holding it are resumed: a fresh one would fence the id
@@ -611,7 +627,7 @@ export class CheckpointEngine {
       return "published_resumed";
     }
     // Nobody holds it any more (resumed, resumed by lease, or restarted): nothing is left to resume.
-    const held = holders.length > 0 || open.members.some((m) => statusOf(m)?.ok !== true);
+    const held = holders.length > 0 || open.members.some((m) => statusOf(statuses, m)?.ok !== true);
     if (!held) {
       log.info({ state: "published" }, "recovery_published_closed");
       this.close(open.id);
@@ -950,7 +966,7 @@ export class CheckpointEngine {
         this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
         return error;
       };
-      if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", "this coordinator has not finished recovering its predecessor's checkpoints yet"));
+      if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", this.notServingYet()));
       const attributes = id === undefined ? { [SPAN_ATTR.op]: name } : { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name };
       return inSpan(`checkpoint.coordinate.${name}`, attributes, undefined, async (ctx, span) => {
         const identify = (found: string) => {
@@ -968,6 +984,14 @@ export class CheckpointEngine {
         }
       });
     });
+  }
+
+  /** Why ops are refused before recovery: a follower is told so, a new leader that it is still recovering. */
+  private notServingYet(): string {
+    const state = this.options.leadership.state();
+    if (!state.leader) return `coordinator ${state.id} is not the leader (another coordinator is active, or none yet): send controller ops to the leader`;
+    if (!state.ready) return `coordinator ${state.id} just became leader and waits one lease period before sending anything`;
+    return `coordinator ${state.id} is the leader but has not finished recovering its predecessor's checkpoints yet`;
   }
 
   private async send<O extends Op>(

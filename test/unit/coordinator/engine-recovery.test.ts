@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { JournalEntry } from "../../../coordinator/ha/decision-journal.js";
 import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { refusalOf } from "../../support/refusal.js";
 
 let root: string;
 beforeEach(async () => {
@@ -83,11 +84,21 @@ describe("recovery of a published, unresumed checkpoint", () => {
     await second.engine.checkpoint({ checkpoint_id: "x8", episode_ids: null, stop: false, controller_state: null }); // not blocked
   });
 
-  it("with participants still parked on it: the next controller's restore closes it without a resume", async () => {
+  it("with participants still parked on it: a restore is refused until they are gone; the next controller's restore then closes it without a resume", async () => {
     const entry = await publishedNotResumed("x3");
     const second = await successor(entry);
     second.fake.state.set("model.m1", { phase: "committed", checkpoint_id: "x3" });
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x3", action: "published_open" }]);
+    // m1 still parked in x3 would refuse a restore (it needs a fresh process), and the clean-up
+    // would retire attempt+1 on the live servers: refused before anything is journaled or sent.
+    const parked = await refusalOf(second.engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(parked.code).toBe("invalid_phase");
+    expect(parked.message).toContain("model/m1");
+    expect(second.fake.ops("restore")).toHaveLength(0);
+    expect(second.fake.ops("retire")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "x3", phase: "published" });
+    expect(second.journal.entries.get("x3")?.state).toBe(entry.state);
+    second.fake.state.delete("model.m1"); // m1 restarted: a fresh process, holding nothing
     // A restore refused (here: a scope too large to journal) changes nothing: x3 stays open, journaled.
     const huge = Array.from({ length: 25_000 }, (_, i) => ({ rollout_id: `rollout-${String(i).padStart(8, "0")}`, attempt: 0 }));
     await expect(second.engine.restore({ episode_ids: huge })).rejects.toMatchObject({ code: "payload_too_large" });
@@ -126,6 +137,25 @@ describe("recovery of a published, unresumed checkpoint", () => {
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x5", action: "published_stopped" }]);
     expect(second.fake.ops("resume")).toHaveLength(0);
     expect(second.engine.openCheckpoint).toBeNull();
+  });
+});
+
+describe("restore of a checkpoint this coordinator published and did not resume", () => {
+  it("is refused while its participants still hold it, with nothing sent or retired; after the resume it restores", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "p1" });
+    await engine.commit({ checkpoint_id: "p1", episode_ids: null, stop: false });
+    await engine.publish({ checkpoint_id: "p1", controller_state: null });
+    const journaled = structuredClone(journal.entries.get("p1"));
+    const refused = await refusalOf(engine.restore({ episode_ids: [{ rollout_id: "r0", attempt: 0 }] }));
+    expect(refused.code).toBe("invalid_phase");
+    expect(fake.ops("restore")).toHaveLength(0);
+    expect(fake.ops("retire")).toHaveLength(0);
+    expect(fake.ops("resume")).toHaveLength(0);
+    expect(journal.entries.get("p1")).toEqual(journaled);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "p1", phase: "published" });
+    expect((await engine.resume({ checkpoint_id: "p1" })).participants).toHaveLength(5);
+    expect((await engine.restore({ episode_ids: [{ rollout_id: "r0", attempt: 0 }] })).checkpoint_id).toBe("p1");
   });
 });
 

@@ -39,6 +39,18 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     await engine.prepare({ checkpoint_id: "g2" });
   });
 
+  it("tells a follower's caller that it is not the leader, and a new leader's caller that it is recovering", async () => {
+    const { engine, leadership } = makeEngine(root, { requireRecovery: true });
+    const recovering = await refusalOf(engine.prepare({ checkpoint_id: "f1" }));
+    expect(recovering.code).toBe("not_leader");
+    expect(recovering.message).toMatch(/is the leader but has not finished recovering/);
+    leadership.demote();
+    const follower = await refusalOf(engine.prepare({ checkpoint_id: "f1" }));
+    expect(follower.code).toBe("not_leader");
+    expect(follower.message).toMatch(/is not the leader/);
+    expect(follower.message).not.toMatch(/recovering/);
+  });
+
   it("a recovery that cannot read the journal keeps the gate shut; the next one completes the predecessor's decided commit", async () => {
     const { engine, fake, journal } = makeEngine(root, { requireRecovery: true });
     // A predecessor decided d1 (every participant prepared, nothing committed yet) and died.
