@@ -11,6 +11,7 @@ import {
   captureKey,
   nextAttempt,
   sha256Hex,
+  timerDelay,
   traceRecordFromTrajectory,
   type CtlReplyOf,
   type CtlRequestInputOf,
@@ -134,6 +135,10 @@ export class Collector {
   private restartedCount = 0;
   private readonly usage = { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 };
   private timer: NodeJS.Timeout | undefined;
+  /** Checkpoints asked for and not finished: timer ticks skip while there is one. */
+  private checkpointsPending = 0;
+  /** Stop checkpoints asked for and not finished: a timer checkpoint still waiting for the lock gives way. */
+  private stopsPending = 0;
   private retireRetry: NodeJS.Timeout | undefined;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
@@ -290,8 +295,11 @@ export class Collector {
     const concurrency = this.options.concurrency ?? 8;
     if (this.options.checkpointEverySeconds) {
       this.timer = setInterval(() => {
-        if (this.inFlight() > 0 && !this.stopping) void this.checkpoint({ stop: false }).catch((err: unknown) => this.options.logger.warn({ err }, "timer checkpoint failed"));
-      }, this.options.checkpointEverySeconds * 1000);
+        // A tick while a checkpoint runs or waits is skipped: queued ones would run back to back.
+        if (this.inFlight() > 0 && !this.stopping && this.checkpointsPending === 0) {
+          void this.checkpoint({ stop: false }, { timer: true }).catch((err: unknown) => this.options.logger.warn({ err }, "timer checkpoint failed"));
+        }
+      }, timerDelay(this.options.checkpointEverySeconds * 1000));
       this.timer.unref();
     }
     const workers = Array.from({ length: concurrency }, () => this.worker());
@@ -474,10 +482,16 @@ export class Collector {
   // ---- checkpoints -----------------------------------------------------------------------
 
   /** prepare → commit(scope) → collection.json → publish → resume (or stop). */
-  async checkpoint({ stop }: { stop: boolean }): Promise<{ published: boolean; checkpointId: string }> {
+  async checkpoint({ stop }: { stop: boolean }, { timer = false } = {}): Promise<{ published: boolean; checkpointId: string }> {
+    this.checkpointsPending++;
+    if (stop) this.stopsPending++;
     return tracer().startActiveSpan("checkpoint.collection.checkpoint", { attributes: { "gym_ckpt.stop": stop } }, async (span) => {
       try {
-        const result = await this.checkpointInSpan(stop, span);
+        const result = await this.checkpointInSpan(stop, span, timer);
+        if (!result) {
+          span.setAttribute("gym_ckpt.skipped", true);
+          return { published: false, checkpointId: "" };
+        }
         span.setAttributes({ "gym_ckpt.published": result.published, "gym_ckpt.in_flight": this.inFlight() });
         this.instruments.checkpoints.add(1, { outcome: result.published ? "published" : "not_prepared" });
         return result;
@@ -488,11 +502,17 @@ export class Collector {
       } finally {
         span.end();
       }
+    }).finally(() => {
+      this.checkpointsPending--;
+      if (stop) this.stopsPending--;
     });
   }
 
-  private async checkpointInSpan(stop: boolean, span: Span): Promise<{ published: boolean; checkpointId: string }> {
+  /** Undefined: skipped (a timer checkpoint that waited while a stop was asked for, or anything after a stop). */
+  private async checkpointInSpan(stop: boolean, span: Span, timer: boolean): Promise<{ published: boolean; checkpointId: string } | undefined> {
     return this.lock.run(async () => {
+      // The stop goes first: a scheduler's grace period is short, and after it nothing may resume.
+      if ((timer && this.stopsPending > 0) || (!stop && this.stopping)) return undefined;
       this.closeGate();
       const checkpointId = newCheckpointId(Date.now());
       // Set now, so a checkpoint that fails still names its id.
@@ -677,7 +697,7 @@ export class Collector {
 }
 
 function delay(seconds: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, seconds * 1000).unref());
+  return new Promise((resolve) => setTimeout(resolve, timerDelay(seconds * 1000)).unref());
 }
 
 

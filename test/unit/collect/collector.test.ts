@@ -544,3 +544,77 @@ describe("collector", () => {
     expect(sent).toEqual([0, 0]);
   });
 });
+
+describe("collector timer checkpoints", () => {
+  /** A controller whose prepare takes `ms` (a slow participant), counting prepares and commits. */
+  function slowPrepare(ms: number, overrides: Parameters<typeof fakeController>[0] = {}) {
+    const fake = fakeController({
+      ...overrides,
+      prepare: async (req: never) => {
+        await new Promise((resolve) => setTimeout(resolve, ms));
+        return fake.base.prepare(req);
+      },
+    });
+    return fake;
+  }
+
+  it("skips a tick while a checkpoint runs, so slow checkpoints never pile up behind each other", { timeout: 30_000 }, async () => {
+    const url = await runServer(async () => {
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller, calls } = slowPrepare(200);
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    // A tick every 20 ms, a checkpoint every 200 ms: without the skip, 50 would queue in the second the rows run.
+    const collector = collectorFor(controller, url, { rows, checkpointEverySeconds: 0.02 });
+    await collector.start();
+    const started = Date.now();
+    expect(await collector.run()).toMatchObject({ finished: 2 });
+    expect(Date.now() - started).toBeLessThan(2500); // not held up by a queue of checkpoints
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(calls.filter((c) => c.op === "prepare").length).toBeLessThanOrEqual(7); // at most 1000/200 + 2
+  });
+
+  it("a period past the timer range (30 days) is not a period of 1 ms", async () => {
+    const url = await runServer(async () => {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller, calls } = fakeController();
+    const collector = collectorFor(controller, url, { checkpointEverySeconds: 30 * 24 * 3600 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1 });
+    expect(calls.filter((c) => c.op === "prepare")).toHaveLength(0);
+  });
+
+  it("a stop checkpoint goes ahead of a timer checkpoint still waiting for its turn", { timeout: 30_000 }, async () => {
+    const release = deferred();
+    const url = await runServer(async (body) => {
+      if (body.rollout_id === "a" && body.attempt === 0) return { status: 500, body: { oops: 1 } };
+      await release.promise;
+      return { status: 200, body: { reward: 1 } };
+    });
+    // The failed attempt's retire holds the collector's lock for a while: the timer checkpoint waits behind it.
+    let retireStarted = false;
+    const fake = slowPrepare(0, {
+      retire: async (req: never) => {
+        retireStarted = true;
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        return fake.base.retire(req);
+      },
+    });
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(fake.controller, url, { rows, checkpointEverySeconds: 0.05, checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => retireStarted, "the retire of a's failed attempt");
+    await new Promise((resolve) => setTimeout(resolve, 150)); // a few ticks while b runs
+    expect((await collector.checkpoint({ stop: true })).published).toBe(true);
+    // The only checkpoint taken is the stop: the timer one that waited gave way, none queued after it.
+    expect(fake.calls.filter((c) => c.op === "commit").map((c) => c.req.stop)).toEqual([true]);
+    release.resolve();
+    await run;
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1); // nothing after the stop either
+  });
+});
