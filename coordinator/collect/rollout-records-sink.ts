@@ -9,6 +9,7 @@ import {
   parseRolloutRecordFileName,
   rolloutStepDir,
   rolloutStepMarkerName,
+  timerDelay,
   type RecordKind,
   type TraceRecord,
 } from "../../protocol/index.js";
@@ -31,9 +32,15 @@ export interface RolloutRecordsStats {
   /** Finished rows whose `/run` reply carried no usable trajectory. */
   skipped: number;
   failedFlushes: number;
+  /** Records still buffered after close: every flush of them failed (the rows are in results.jsonl only). */
+  unwritten: number;
 }
 
 const STEP_DIR = /^step_(0|[1-9][0-9]*)$/;
+
+/** Flushes close tries (a failed step is never reused, so a retry writes the next step) and the pause between them. */
+const CLOSE_TRIES = 3;
+const CLOSE_RETRY_MS = 500;
 
 /**
  * Buffers finished rows' rollout records and publishes them as step files (step = a counter of
@@ -46,7 +53,9 @@ export class RolloutRecordsSink {
   private nextStep = 1;
   private tail: Promise<void> = Promise.resolve();
   private timer: NodeJS.Timeout | undefined;
-  readonly stats: RolloutRecordsStats = { steps: 0, records: 0, skipped: 0, failedFlushes: 0 };
+  /** close() runs: it tries again itself, no timer. */
+  private closing = false;
+  readonly stats: RolloutRecordsStats = { steps: 0, records: 0, skipped: 0, failedFlushes: 0, unwritten: 0 };
 
   constructor(
     private readonly options: RolloutRecordsOptions,
@@ -97,10 +106,16 @@ export class RolloutRecordsSink {
     this.buffer.push(record);
     if (this.buffer.length >= this.options.everyRows) {
       void this.flush();
-    } else if (!this.timer) {
-      this.timer = setTimeout(() => void this.flush(), this.options.everySeconds * 1000);
-      this.timer.unref();
+    } else {
+      this.arm();
     }
+  }
+
+  /** The timer flush of what is buffered, unless one is already due. */
+  private arm(): void {
+    if (this.timer || this.closing) return;
+    this.timer = setTimeout(() => void this.flush(), timerDelay(this.options.everySeconds * 1000));
+    this.timer.unref();
   }
 
   skip(): void {
@@ -120,8 +135,18 @@ export class RolloutRecordsSink {
     return this.tail;
   }
 
+  /**
+   * The final flush, tried again when it fails: there is no later flush to take its rows. What no
+   * try wrote is counted in `stats.unwritten`.
+   */
   async close(): Promise<void> {
+    this.closing = true;
     await this.flush();
+    for (let tries = 1; this.buffer.length > 0 && tries < CLOSE_TRIES; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, CLOSE_RETRY_MS));
+      await this.flush();
+    }
+    this.stats.unwritten = this.buffer.length;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
   }
@@ -151,6 +176,8 @@ export class RolloutRecordsSink {
       // loads them twice and a marker-waiting follower finds no unlisted file to stop at.
       await Promise.all(written.map((file) => rm(join(this.root, file), { force: true }).catch(() => undefined)));
       this.buffer = [...records, ...this.buffer];
+      // No row may come to start the timer again (the last rows finished): start it now.
+      this.arm();
       this.logger.warn({ err: error, step, records: records.length }, "writing rollout records failed; kept for the next flush");
     }
   }

@@ -41,7 +41,7 @@ describe("the collector's rollout-records sink", () => {
     const marker = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_eval.json"), "utf8")));
     expect(marker).toEqual({ format: "gym-ckpt/rollout-step", version: 1, step: 1, kind: "eval", files: ["eval_rollouts_gym.jsonl"] });
     await sink.close();
-    expect(sink.stats).toEqual({ steps: 2, records: 3, skipped: 0, failedFlushes: 0 });
+    expect(sink.stats).toEqual({ steps: 2, records: 3, skipped: 0, failedFlushes: 0, unwritten: 0 });
 
     const again = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 100, everySeconds: 600 }, silent);
     await again.start();
@@ -64,6 +64,39 @@ describe("the collector's rollout-records sink", () => {
     await sink.close();
     expect(sink.stats).toMatchObject({ steps: 1, records: 2, failedFlushes: 1 });
     expect(await idsOf(path.join(root, "step_2", "train_rollouts_gym.jsonl"))).toEqual([traceId(1), traceId(2)]);
+  });
+
+  it("close tries a failed final flush again (there is no later flush to take its rows)", async () => {
+    const root = path.join(dir, "rollouts");
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 30 }, silent);
+    await sink.start();
+    await writeFile(path.join(root, "step_1"), "a stray file where the step directory should go");
+    sink.add(linearTrace(traceId(1)));
+    await sink.close();
+    expect(sink.stats).toMatchObject({ steps: 1, records: 1, failedFlushes: 1, unwritten: 0 });
+    expect(await idsOf(path.join(root, "step_2", "eval_rollouts_gym.jsonl"))).toEqual([traceId(1)]);
+  });
+
+  it("counts the records no try of close could write", async () => {
+    const root = path.join(dir, "rollouts");
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 30 }, silent);
+    await sink.start();
+    for (const step of [1, 2, 3, 4, 5]) await writeFile(path.join(root, `step_${step}`), "in the way");
+    sink.add(linearTrace(traceId(1)));
+    sink.add(linearTrace(traceId(2)));
+    await sink.close();
+    expect(sink.stats).toMatchObject({ steps: 0, records: 0, failedFlushes: 3, unwritten: 2 });
+  });
+
+  it("a failed timer flush is tried again on the timer, without waiting for another row", async () => {
+    const root = path.join(dir, "rollouts");
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 0.05 }, silent);
+    await sink.start();
+    await writeFile(path.join(root, "step_1"), "in the way");
+    sink.add(linearTrace(traceId(1))); // the last row: nothing else arms the timer
+    await waitFor(async () => (await readdir(root)).includes("step_2") && (await readdir(path.join(root, "step_2"))).includes("_complete_eval.json"), "the retried timer flush");
+    expect(sink.stats).toMatchObject({ steps: 1, records: 1, failedFlushes: 1 });
+    await sink.close();
   });
 
   it("a flush that fails after its record file became visible takes the file back; the rows are written once, in a later step", async () => {
