@@ -570,7 +570,7 @@ describe("collector timer checkpoints", () => {
     await collector.start();
     const started = Date.now();
     expect(await collector.run()).toMatchObject({ finished: 2 });
-    expect(Date.now() - started).toBeLessThan(2500); // not held up by a queue of checkpoints
+    expect(Date.now() - started).toBeLessThan(5000); // not held up by a queue of checkpoints (~10 s of them)
     await new Promise((resolve) => setTimeout(resolve, 500));
     expect(calls.filter((c) => c.op === "prepare").length).toBeLessThanOrEqual(7); // at most 1000/200 + 2
   });
@@ -594,12 +594,13 @@ describe("collector timer checkpoints", () => {
       await release.promise;
       return { status: 200, body: { reward: 1 } };
     });
-    // The failed attempt's retire holds the collector's lock for a while: the timer checkpoint waits behind it.
+    // The failed attempt's retire holds the collector's lock: the timer checkpoint waits behind it.
     let retireStarted = false;
+    const retireHeld = deferred();
     const fake = slowPrepare(0, {
       retire: async (req: never) => {
         retireStarted = true;
-        await new Promise((resolve) => setTimeout(resolve, 500));
+        await retireHeld.promise;
         return fake.base.retire(req);
       },
     });
@@ -608,8 +609,10 @@ describe("collector timer checkpoints", () => {
     await collector.start();
     const run = collector.run();
     await waitUntil(() => retireStarted, "the retire of a's failed attempt");
-    await new Promise((resolve) => setTimeout(resolve, 150)); // a few ticks while b runs
-    expect((await collector.checkpoint({ stop: true })).published).toBe(true);
+    await new Promise((resolve) => setTimeout(resolve, 300)); // a few ticks while b runs
+    const stop = collector.checkpoint({ stop: true });
+    retireHeld.resolve();
+    expect((await stop).published).toBe(true);
     // The only checkpoint taken is the stop: the timer one that waited gave way, none queued after it.
     expect(fake.calls.filter((c) => c.op === "commit").map((c) => c.req.stop)).toEqual([true]);
     release.resolve();
