@@ -1,6 +1,6 @@
 import { connect } from "@nats-io/transport-node";
 import type { Command } from "commander";
-import { CheckpointError, EpisodeIdSchema, natsSettings, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
 import { readFileSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -65,6 +65,30 @@ export function integerFlag(name: string, value: string, min: number, max?: numb
     throw new CheckpointError("invalid_request", `--${name} must be ${range}, got ${JSON.stringify(value)}`);
   }
   return n;
+}
+
+/**
+ * A duration flag in seconds: positive and at most the 7-day deadline cap. Longer ones are usually
+ * milliseconds typed as seconds, and past ~24.8 days a timer overflows and fires every millisecond.
+ */
+export function secondsFlag(name: string, value: string): number {
+  const n = Number(value);
+  if (value.trim() === "" || !(n > 0) || n > MAX_DEADLINE_AHEAD_S) {
+    throw new CheckpointError("invalid_request", `--${name} must be a positive number of seconds up to ${MAX_DEADLINE_AHEAD_S} (7 days), got ${JSON.stringify(value)}`);
+  }
+  return n;
+}
+
+/** A URL flag: absolute http(s). */
+export function httpUrlFlag(name: string, value: string): string {
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw new CheckpointError("invalid_request", `--${name} must be an http or https URL, got ${JSON.stringify(value)}`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new CheckpointError("invalid_request", `--${name} must be an http or https URL, got ${JSON.stringify(value)}`);
+  return value;
 }
 
 /** `--metrics-port`: a TCP port, 0 = any free one. */

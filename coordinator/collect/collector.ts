@@ -303,7 +303,17 @@ export class Collector {
       this.timer.unref();
     }
     const workers = Array.from({ length: concurrency }, () => this.worker());
-    await Promise.all(workers);
+    try {
+      await Promise.all(workers);
+    } catch (error) {
+      // A worker failed (results.jsonl cannot be appended): start no other row and drop the /runs
+      // in flight, whose results could not be kept either (they are logged: the next start retires them).
+      this.stopping = true;
+      this.runTimeouts.abortAll();
+      clearInterval(this.timer);
+      clearTimeout(this.retireRetry);
+      throw error;
+    }
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
     if (!this.stopping) await this.close();

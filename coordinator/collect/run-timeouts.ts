@@ -23,6 +23,15 @@ export class RunTimeouts {
     };
   }
 
+  /** Aborts every call in flight now (the collection gave up). */
+  abortAll(): void {
+    for (const entry of this.active) {
+      clearTimeout(entry.timer);
+      entry.controller.abort(new DOMException("the collection stopped", "AbortError"));
+    }
+    this.active.clear();
+  }
+
   pause(): void {
     if (this.pausedAt !== undefined) return;
     this.pausedAt = Date.now();

@@ -14,7 +14,13 @@ export interface TaskRow {
 }
 
 export async function readTaskRows(path: string): Promise<TaskRow[]> {
-  const text = await readFile(path, "utf8");
+  let text: string;
+  try {
+    text = await readFile(path, "utf8");
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    throw new CheckpointError("invalid_request", `tasks file ${path} ${code === "ENOENT" ? "does not exist" : `is not readable (${code ?? String(error)})`}`);
+  }
   const rows: TaskRow[] = [];
   const seen = new Set<string>();
   text.split("\n").forEach((line, index) => {

@@ -1,6 +1,7 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
 import { DEFAULT_NATS_URL, DeploymentSchema } from "../../protocol/index.js";
+import { LOG_LEVELS } from "../telemetry/logger.js";
 
 /** Effective configuration of `gym-ckpt coordinator`: defaults < file < env GYM_CKPT_* < flags. */
 export const CoordinatorConfigSchema = z
@@ -40,7 +41,7 @@ export const CoordinatorConfigSchema = z
       .strict()
       .default({ enabled: true, host: "127.0.0.1", port: 8480 }),
     coordinator_id: z.string().min(1).max(128).optional(),
-    log_level: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+    log_level: z.enum(LOG_LEVELS).default("info"),
   })
   .strict();
 export type CoordinatorConfig = z.infer<typeof CoordinatorConfigSchema>;

@@ -5,6 +5,9 @@ import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/index.js";
 /** Paths pino censors: the shared list of protocol/log-redaction.ts (tokens, passwords, credential headers). */
 export const REDACT_PATHS = LOG_REDACT_PATHS;
 
+/** The levels a `--log-level` flag or `log_level` setting may name. */
+export const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const satisfies readonly LevelWithSilent[];
+
 /** JSON logs with trace correlation (trace_id/span_id from the active span) and redaction. */
 export function createLogger(level: LevelWithSilent = "info", destination?: DestinationStream): Logger {
   return pino(

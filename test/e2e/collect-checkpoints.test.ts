@@ -36,7 +36,13 @@ async function setUp(rows: Row[]): Promise<GymWorld> {
   return world;
 }
 
-async function startCollector(w: GymWorld, extra: string[] = [], env: NodeJS.ProcessEnv = {}, via: "environment" | "agent" = "environment"): Promise<ChildProgram> {
+async function startCollector(
+  w: GymWorld,
+  extra: string[] = [],
+  env: NodeJS.ProcessEnv = {},
+  via: "environment" | "agent" = "environment",
+  onLine?: (line: string) => void,
+): Promise<ChildProgram> {
   const url = w.gym.urls[via]!;
   const collector = await startChildProgram(
     CLI,
@@ -61,7 +67,13 @@ async function startCollector(w: GymWorld, extra: string[] = [], env: NodeJS.Pro
       ...(process.env.COLLECT_E2E_VERBOSE ? ["--log-level", "info"] : []),
       ...extra,
     ],
-    { env, ...(process.env.COLLECT_E2E_VERBOSE && { onLine: (line: string) => console.log(`[collect] ${line}`) }) },
+    {
+      env,
+      onLine: (line: string) => {
+        onLine?.(line);
+        if (process.env.COLLECT_E2E_VERBOSE) console.log(`[collect] ${line}`);
+      },
+    },
   );
   collectors.push(collector);
   return collector;
@@ -181,6 +193,19 @@ describe("gym-ckpt collect", () => {
     expect(done.attempt).toBeGreaterThanOrEqual(1);
     const { delivered } = callsOf(await w.backend.calls(), "late");
     expect(new Set(delivered).size).toBe(delivered.length);
+  });
+});
+
+describe("gym-ckpt collect start-up failures", () => {
+  it("a start-up refusal over NATS exits 1 at once (its connection is closed) and leaves no collector.pid", async () => {
+    const w = await setUp([{ id: "a" }]);
+    await writeFile(join(w.root, "results.jsonl"), "not json\n{}\n");
+    const output: string[] = [];
+    const collector = await startCollector(w, [], {}, "environment", (line) => output.push(line));
+    const outcome = await Promise.race([collector.exited, new Promise((resolve) => setTimeout(() => resolve("still running after 10 s"), 10_000))]);
+    expect(outcome, output.join("\n")).toEqual({ code: 1, signal: null });
+    expect(output.some((line) => line.startsWith("error invalid_checkpoint_state: "))).toBe(true);
+    expect(existsSync(join(w.root, "collector.pid"))).toBe(false);
   });
 });
 

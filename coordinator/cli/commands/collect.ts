@@ -1,16 +1,17 @@
-import { mkdir, writeFile, rm } from "node:fs/promises";
-import { join, resolve } from "node:path";
-import { connect } from "@nats-io/transport-node";
+import { mkdir, stat } from "node:fs/promises";
+import { dirname, resolve } from "node:path";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import { CheckpointError, RecordKindSchema, assertRolloutEnv, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
-import { Collector } from "../../collect/collector.js";
+import { acquireCollectorLock } from "../../collect/collector-lock.js";
+import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
-import { createLogger } from "../../telemetry/logger.js";
-import { startTelemetry } from "../../telemetry/telemetry-sdk.js";
-import { integerFlag, metricsPortFlag, runCli, withClientOptions, type ClientFlags } from "../shared.js";
+import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
+import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
+import { httpUrlFlag, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
 
 /** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
 export const EXIT_REQUEUE = 75;
@@ -66,112 +67,132 @@ export function register(program: Command): void {
       if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
       // Without a reply to print, --json would be silently ignored.
       if (flags.json) throw new CheckpointError("invalid_request", "--json is not supported by collect: it prints a summary; finished rows are in --out");
-      // Every flag is checked before anything is created or connected.
-      const positive = (name: string, value: string | undefined) => {
-        const n = Number(value);
-        if (value !== undefined && !(n > 0)) throw new CheckpointError("invalid_request", `--${name} must be a positive number`);
-        return value === undefined ? undefined : n;
-      };
+      // Every flag and input file is checked before anything is created or connected.
       // Counts: a fraction would mean zero workers (--concurrency 0.5) or a half attempt.
       const concurrency = integerFlag("concurrency", flags.concurrency, 1);
       const maxAttempts = integerFlag("max-attempts", flags.maxAttempts, 1);
       const recordsEveryRows = integerFlag("records-every-rows", flags.recordsEveryRows, 1);
       const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
       const metricsPort = metricsPortFlag(flags.metricsPort);
-      const checkpointEverySeconds = positive("checkpoint-every", flags.checkpointEvery);
-      const checkpointTimeoutSeconds = positive("checkpoint-timeout-s", flags.checkpointTimeoutS)!;
-      const runTimeoutSeconds = positive("run-timeout-s", flags.runTimeoutS)!;
-      const recordsEverySeconds = positive("records-every-s", flags.recordsEveryS)!;
-      const progressIntervalSeconds = positive("progress-interval-s", flags.progressIntervalS)!;
-      const checkpointDir = resolve(flags.checkpointDir);
-      await mkdir(checkpointDir, { recursive: true });
-      const rows = await readTaskRows(flags.tasks);
+      const checkpointEverySeconds = flags.checkpointEvery === undefined ? undefined : secondsFlag("checkpoint-every", flags.checkpointEvery);
+      const checkpointTimeoutSeconds = secondsFlag("checkpoint-timeout-s", flags.checkpointTimeoutS);
+      const runTimeoutSeconds = secondsFlag("run-timeout-s", flags.runTimeoutS);
+      const recordsEverySeconds = secondsFlag("records-every-s", flags.recordsEveryS);
+      const progressIntervalSeconds = secondsFlag("progress-interval-s", flags.progressIntervalS);
+      const logLevel = LOG_LEVELS.find((level) => level === flags.logLevel);
+      if (!logLevel) throw new CheckpointError("invalid_request", `--log-level must be one of ${LOG_LEVELS.join(", ")}, got ${JSON.stringify(flags.logLevel)}`);
+      const runUrl = httpUrlFlag("run-url", flags.runUrl);
+      // The collector needs controller ops only, which the HTTP API serves as well.
+      const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
+      if (httpUrl !== undefined) httpUrlFlag("http-url", httpUrl);
       if (flags.recordsDir !== undefined) {
         assertRolloutEnv(flags.recordsEnv);
         if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
       }
-      const telemetry = await startTelemetry({
-        serviceName: "gym-ckpt-collect",
-        ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
-        ...metricsPort,
-      });
-      if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
-      const logger = createLogger(flags.logLevel as Parameters<typeof createLogger>[0]);
-      // The collector needs controller ops only, which the HTTP API serves as well.
-      const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
-      const nc = httpUrl ? undefined : await connect({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
-      const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
-        nc,
-        deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
-        token,
-        leaderWaitMs,
-      });
-      const collector = new Collector({
-        rows,
-        runUrl: flags.runUrl,
-        outPath: resolve(flags.out),
-        checkpointDir,
-        controller,
-        concurrency,
-        ...(checkpointEverySeconds !== undefined && { checkpointEverySeconds }),
-        checkpointTimeoutSeconds,
-        runTimeoutSeconds,
-        maxAttempts,
-        ...(env.GYM_CKPT_TEST_CRASH_AT === "after-restore" && {
-          // TEST-ONLY: die between the restore and the first dispatch.
-          hooks: { afterRestore: () => void process.kill(process.pid, "SIGKILL") },
-        }),
-        ...(flags.recordsDir !== undefined && {
-          records: {
-            dir: resolve(flags.recordsDir),
-            env: flags.recordsEnv,
-            kind: RecordKindSchema.parse(flags.recordsKind),
-            everyRows: recordsEveryRows,
-            everySeconds: recordsEverySeconds,
-          },
-        }),
-        progress: new ProgressReporter(process.stderr, progressIntervalSeconds * 1000),
-        logger,
-      });
-      const pidFile = join(checkpointDir, "collector.pid");
-      await writeFile(pidFile, `${process.pid}\n`);
+      const outPath = resolve(flags.out);
+      await assertAppendable(outPath);
+      const rows = await readTaskRows(flags.tasks);
+      const checkpointDir = resolve(flags.checkpointDir);
+      await mkdir(checkpointDir, { recursive: true });
+      // One collector per checkpoint root, before anything in it is read or written.
+      const lock = await acquireCollectorLock(checkpointDir);
+      let telemetry: TelemetryHandle | undefined;
+      let nc: NatsConnection | undefined;
+      // Every way out (a refusal at start-up, a failed run, the summary) lets go of the lock, the
+      // NATS connection (it reconnects forever and would keep the process alive) and telemetry.
+      const release = async () => {
+        await lock.release().catch(() => undefined);
+        await nc?.close().catch(() => undefined);
+        await telemetry?.shutdown().catch(() => undefined);
+      };
+      let summary: CollectionSummary;
+      let mean: number;
+      try {
+        telemetry = await startTelemetry({
+          serviceName: "gym-ckpt-collect",
+          ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
+          ...metricsPort,
+        });
+        if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
+        const logger = createLogger(logLevel);
+        if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
+        nc = httpUrl ? undefined : await connect({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
+        const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
+          nc,
+          deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
+          token,
+          leaderWaitMs,
+        });
+        const collector = new Collector({
+          rows,
+          runUrl,
+          outPath,
+          checkpointDir,
+          controller,
+          concurrency,
+          ...(checkpointEverySeconds !== undefined && { checkpointEverySeconds }),
+          checkpointTimeoutSeconds,
+          runTimeoutSeconds,
+          maxAttempts,
+          ...(env.GYM_CKPT_TEST_CRASH_AT === "after-restore" && {
+            // TEST-ONLY: die between the restore and the first dispatch.
+            hooks: { afterRestore: () => void process.kill(process.pid, "SIGKILL") },
+          }),
+          ...(flags.recordsDir !== undefined && {
+            records: {
+              dir: resolve(flags.recordsDir),
+              env: flags.recordsEnv,
+              kind: RecordKindSchema.parse(flags.recordsKind),
+              everyRows: recordsEveryRows,
+              everySeconds: recordsEverySeconds,
+            },
+          }),
+          progress: new ProgressReporter(process.stderr, progressIntervalSeconds * 1000),
+          logger,
+        });
 
-      // Signals wait for start (its restore) to finish: a checkpoint taken mid-restore would race it.
-      const started = collector.start();
-      started.catch(() => undefined); // surfaced below
-      process.on("SIGUSR1", () => {
-        void started
-          .then(() => collector.checkpoint({ stop: false }))
-          .catch((err: unknown) => logger.error({ err }, "SIGUSR1 checkpoint failed"));
-      });
-      process.once("SIGTERM", () => {
-        void (async () => {
-          const result = await started.then(() => collector.checkpoint({ stop: true })).catch((err: unknown) => {
-            logger.error({ err }, "SIGTERM checkpoint failed");
-            return { published: false, checkpointId: "" };
-          });
-          process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
-          await rm(pidFile, { force: true });
-          await collector.flushRecords();
-          await telemetry.shutdown();
-          process.exit(EXIT_REQUEUE);
-        })();
-      });
+        // Signals wait for start (its restore) to finish: a checkpoint taken mid-restore would race it.
+        const started = collector.start();
+        started.catch(() => undefined); // surfaced below
+        process.on("SIGUSR1", () => {
+          void started
+            .then(() => collector.checkpoint({ stop: false }))
+            .catch((err: unknown) => logger.error({ err }, "SIGUSR1 checkpoint failed"));
+        });
+        process.once("SIGTERM", () => {
+          void (async () => {
+            const result = await started.then(() => collector.checkpoint({ stop: true })).catch((err: unknown) => {
+              logger.error({ err }, "SIGTERM checkpoint failed");
+              return { published: false, checkpointId: "" };
+            });
+            process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
+            await collector.flushRecords();
+            const lost = collector.summary().records;
+            if (lost?.unwritten) process.stderr.write(`rollout records: ${lost.unwritten} finished rows not written (${lost.failedFlushes} failed flushes); they are in --out only\n`);
+            await release();
+            process.exit(EXIT_REQUEUE);
+          })();
+        });
 
-      await started;
-      const summary = await collector.run();
-      const mean = await collector.meanReward();
-      await rm(pidFile, { force: true });
-      await nc?.close();
-      await telemetry.shutdown();
+        await started;
+        summary = await collector.run();
+        mean = await collector.meanReward();
+      } finally {
+        await release();
+      }
       const u = summary.usage;
+      const records = summary.records;
       process.stdout.write(
         [
           `rows: ${summary.rows} (finished ${summary.finished}, failed ${summary.failed}), mean reward ${Number.isNaN(mean) ? "n/a" : mean.toFixed(3)}`,
           `checkpoints taken: ${summary.checkpoints}`,
           `rows continued from a checkpoint: ${summary.continued}, restarted from input: ${summary.restarted}`,
-          ...(summary.records
-            ? [`rollout records: ${summary.records.records} in ${summary.records.steps} step files${summary.records.skipped ? `, ${summary.records.skipped} rows without a trajectory` : ""}`]
+          ...(records
+            ? [
+                `rollout records: ${records.records} in ${records.steps} step files${records.skipped ? `, ${records.skipped} rows without a trajectory` : ""}` +
+                  (records.failedFlushes ? `, ${records.failedFlushes} failed flushes` : "") +
+                  (records.unwritten ? `; ${records.unwritten} finished rows NOT written (they are in --out only)` : ""),
+              ]
             : []),
           // Only when the environment reports usage in its /run replies.
           ...(u.modelCallsKept + u.modelCallsRegenerated > 0
@@ -179,7 +200,18 @@ export function register(program: Command): void {
             : []),
         ].join("\n") + "\n",
       );
-      if (summary.failed > 0 || summary.finished < summary.rows) process.exitCode = 1;
+      if (summary.failed > 0 || summary.finished < summary.rows || records?.unwritten) process.exitCode = 1;
     });
   });
+}
+
+/** `--out` is appended to: its directory must exist, and it must be a regular file if it does. */
+async function assertAppendable(path: string): Promise<void> {
+  const parent = await stat(dirname(path)).catch(() => undefined);
+  if (!parent?.isDirectory()) throw new CheckpointError("invalid_request", `--out: directory ${dirname(path)} does not exist`);
+  const out = await stat(path).catch((error: NodeJS.ErrnoException) => {
+    if (error.code === "ENOENT") return undefined;
+    throw new CheckpointError("invalid_request", `--out ${path} is not accessible (${error.code ?? String(error)})`);
+  });
+  if (out && !out.isFile()) throw new CheckpointError("invalid_request", `--out ${path} is not a regular file`);
 }

@@ -1,4 +1,7 @@
-import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { hostname } from "node:os";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -11,14 +14,16 @@ import { readResults } from "../../../coordinator/collect/results-file.js";
 let dir: string;
 let server: Server | undefined;
 let stderr: string;
+let stdout: string;
 const signals = ["SIGUSR1", "SIGTERM"] as const;
 let before: Map<string, Function[]>;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-collect-cli-"));
   await writeFile(join(dir, "tasks.jsonl"), '{"id":"a","task":{}}\n');
   stderr = "";
+  stdout = "";
   vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
-  vi.spyOn(process.stdout, "write").mockImplementation(() => true);
+  vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => ((stdout += String(chunk)), true));
   before = new Map(signals.map((s) => [s, process.listeners(s)]));
   process.exitCode = undefined;
 });
@@ -41,14 +46,14 @@ async function collect(...args: string[]): Promise<number> {
 }
 
 /** One server for the controller's HTTP API (a fresh deployment, nothing open) and the /run route. */
-async function serve(): Promise<string> {
+async function serve(onRun: () => unknown = () => ({ reward: 1 })): Promise<string> {
   server = createServer((req, res) => {
     res.setHeader("content-type", "application/json");
     if (req.url === "/v1/status") {
       res.end(JSON.stringify({ deployment: "default", coordinator: { id: "c", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: [] }));
     } else if (req.url === "/run") {
       req.resume();
-      req.on("end", () => res.end(JSON.stringify({ reward: 1 })));
+      req.on("end", () => void Promise.resolve(onRun()).then((body) => res.end(JSON.stringify(body))));
     } else {
       res.statusCode = 404;
       res.end(JSON.stringify({ error: { code: "not_found", detail: req.url } }));
@@ -89,5 +94,88 @@ describe("gym-ckpt collect flags", () => {
     const base = await serve();
     expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--nats-url", "nats://127.0.0.1:1")).toBe(0);
     expect([...(await readResults(join(dir, "results.jsonl"))).keys()]).toEqual(["a"]);
+  });
+
+  it.each([
+    ["--checkpoint-every", "Infinity"],
+    ["--checkpoint-every", "1e12"],
+    ["--records-every-s", "1e12"],
+    ["--checkpoint-timeout-s", "604801"],
+    ["--run-timeout-s", "Infinity"],
+    ["--progress-interval-s", "0"],
+    ["--run-timeout-s", "soon"],
+  ])("refuses %s %j: a duration must be positive and at most the 7-day cap (invalid_request, exit 2)", async (flag, value) => {
+    expect(await collect("--run-url", "http://127.0.0.1:1/run", flag, value)).toBe(2);
+    expect(stderr).toContain(`error invalid_request: ${flag} must be a positive number of seconds up to 604800 (7 days), got ${JSON.stringify(value)}`);
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
+  it.each([
+    [["--log-level", "bogus"], "--log-level must be one of fatal, error, warn, info, debug, trace, silent"],
+    [["--run-url", "not-a-url"], "--run-url must be an http or https URL"],
+    [["--run-url", "file:///etc/passwd"], "--run-url must be an http or https URL"],
+    [["--http-url", "127.0.0.1:8480"], "--http-url must be an http or https URL"],
+    [["--tasks", "/nonexistent/tasks.jsonl"], "tasks file /nonexistent/tasks.jsonl does not exist"],
+    [["--out", "/nonexistent/results.jsonl"], "--out: directory /nonexistent does not exist"],
+  ])("refuses %j before creating anything (invalid_request, exit 2)", async (args, detail) => {
+    expect(await collect("--run-url", "http://127.0.0.1:1/run", ...args)).toBe(2);
+    expect(stderr).toContain(`error invalid_request: ${detail}`);
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
+  it("a start-up refusal exits 1 and leaves no collector.pid behind", async () => {
+    const base = await serve();
+    await writeFile(join(dir, "results.jsonl"), "not json\n{}\n");
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(1);
+    expect(stderr).toContain("error invalid_checkpoint_state: ");
+    expect(existsSync(join(dir, "ckpt", "collector.pid"))).toBe(false);
+  });
+});
+
+describe("gym-ckpt collect: one collector per checkpoint root", () => {
+  it("refuses to start while the collector named in collector.pid runs (checkpoint_conflict, exit 1), touching nothing", async () => {
+    const base = await serve();
+    await mkdir(join(dir, "ckpt"));
+    const held = `${process.ppid} ${hostname()}\n`; // alive, and not this process
+    await writeFile(join(dir, "ckpt", "collector.pid"), held);
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(1);
+    expect(stderr).toContain(`error checkpoint_conflict: another collector (pid ${process.ppid}) is running on ${join(dir, "ckpt")}`);
+    expect((await readdir(join(dir, "ckpt"))).sort()).toEqual(["collector.pid"]);
+    expect(existsSync(join(dir, "results.jsonl"))).toBe(false);
+  });
+
+  it("takes over the collector.pid of a process that no longer runs, and removes it at the end", async () => {
+    const base = await serve();
+    await mkdir(join(dir, "ckpt"));
+    const dead = spawnSync(process.execPath, ["-e", ""]).pid;
+    await writeFile(join(dir, "ckpt", "collector.pid"), `${dead} ${hostname()}\n`);
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(0);
+    expect(existsSync(join(dir, "ckpt", "collector.pid"))).toBe(false);
+  });
+});
+
+describe("gym-ckpt collect: rollout records", () => {
+  const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+
+  it("tries a failed final flush again and reports the failed one", async () => {
+    const records = join(dir, "records");
+    // Something is in the way of step_1 once the collection runs: the first try of the last flush fails.
+    const base = await serve(async () => {
+      await writeFile(join(records, "rollouts", "step_1"), "x");
+      return { reward: 1, trajectory };
+    });
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--records-dir", records)).toBe(0);
+    expect(stdout).toContain("rollout records: 1 in 1 step files, 1 failed flushes\n");
+    expect((await readdir(join(records, "rollouts"))).sort()).toEqual(["step_1", "step_2"]);
+  });
+
+  it("exits 1 naming the finished rows whose records no flush could write", async () => {
+    const records = join(dir, "records");
+    const base = await serve(async () => {
+      for (const step of [1, 2, 3]) await writeFile(join(records, "rollouts", `step_${step}`), "x");
+      return { reward: 1, trajectory };
+    });
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--records-dir", records)).toBe(1);
+    expect(stdout).toContain("rollout records: 0 in 0 step files, 3 failed flushes; 1 finished rows NOT written (they are in --out only)\n");
   });
 });

@@ -621,3 +621,31 @@ describe("collector timer checkpoints", () => {
     expect(fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1); // nothing after the stop either
   });
 });
+
+describe("collector failures", () => {
+  it("a run that cannot append its results stops dispatching and drops the /runs in flight at once", { timeout: 10_000 }, async () => {
+    let dropped = false;
+    const requests: string[] = [];
+    server = createServer((req, res) => {
+      let data = "";
+      req.on("data", (chunk: Buffer) => (data += chunk.toString()));
+      req.on("end", () => {
+        const { rollout_id } = JSON.parse(data) as RunRequest;
+        requests.push(rollout_id);
+        res.on("close", () => void (!res.writableFinished && (dropped = true)));
+        if (rollout_id === "a") res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }));
+        // any other row runs until the collector hangs up
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    const { controller } = fakeController();
+    const rows = ["a", "b", "c", "d"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 2, outPath: join(dir, "missing", "results.jsonl") });
+    await collector.start();
+    await expect(collector.run()).rejects.toMatchObject({ code: "ENOENT" });
+    await waitUntil(() => dropped, "the /run of b to be dropped", 5000);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(requests.sort()).toEqual(["a", "b"]); // no row was sent after the failure
+  });
+});
