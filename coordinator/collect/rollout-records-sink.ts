@@ -1,4 +1,4 @@
-import { mkdir, readdir, rm } from "node:fs/promises";
+import { mkdir, readdir, stat } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import {
@@ -52,6 +52,8 @@ export class RolloutRecordsSink {
   private buffer: TraceRecord[] = [];
   private nextStep = 1;
   private tail: Promise<void> = Promise.resolve();
+  /** Steps whose record file was published but whose marker a failed flush did not write. */
+  private readonly unmarked = new Set<number>();
   private timer: NodeJS.Timeout | undefined;
   /** close() runs: it tries again itself, no timer. */
   private closing = false;
@@ -146,6 +148,7 @@ export class RolloutRecordsSink {
       await new Promise((resolve) => setTimeout(resolve, CLOSE_RETRY_MS));
       await this.flush();
     }
+    await this.markUnmarked();
     this.stats.unwritten = this.buffer.length;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
@@ -155,30 +158,60 @@ export class RolloutRecordsSink {
     // A step number is never reused, even after a failed (possibly half-visible) attempt.
     const step = this.nextStep++;
     const { kind, env } = this.options;
-    let written: string[] = [];
+    await this.markUnmarked();
+    let recordFile: string | undefined;
+    let published = false;
     try {
       const encoded = encodeRolloutRecords({ kind, env, step, records });
-      written = [encoded.recordFile, encoded.indexFile];
+      recordFile = encoded.recordFile;
       const stepDir = join(this.root, rolloutStepDir(step));
       await mkdir(stepDir, { recursive: true });
       await fsyncDirectory(this.root);
       // Records first, then the index that points into them, then the marker listing the file.
       await replaceFileDurably(join(this.root, encoded.recordFile), encoded.recordBytes);
+      published = true;
       await replaceFileDurably(join(this.root, encoded.indexFile), encoded.indexBytes);
       const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files: [encoded.header.record_file] });
       await replaceFileDurably(join(stepDir, rolloutStepMarkerName(kind)), `${JSON.stringify(marker)}\n`);
-      this.stats.steps++;
-      this.stats.records += records.length;
-      this.logger.info({ step, records: records.length, file: encoded.recordFile }, "rollout records written");
+      this.written(step, records.length, encoded.recordFile);
     } catch (error) {
       this.stats.failedFlushes++;
-      // Its rows go into a later step: take back what this attempt made visible, so no reader
-      // loads them twice and a marker-waiting follower finds no unlisted file to stop at.
-      await Promise.all(written.map((file) => rm(join(this.root, file), { force: true }).catch(() => undefined)));
+      // A rename whose directory fsync failed left the file visible all the same: published too
+      // (the marker's write fsyncs that directory).
+      published ||= recordFile !== undefined && (await stat(join(this.root, recordFile)).then(() => true, () => false));
+      if (published) {
+        // A published record file is never taken back: a follower that does not wait for markers
+        // may have loaded it already, and would see its rows again in a later step. Its rows are
+        // written; the marker is written by the next flush (or close, or the next start), and a
+        // missing index only makes readers parse the file in full.
+        this.unmarked.add(step);
+        this.written(step, records.length, recordFile!);
+        this.logger.warn({ err: error, step }, "rollout records written, but their index or marker failed; the marker is tried again");
+        return;
+      }
+      // Nothing of it was published: its rows go into a later step.
       this.buffer = [...records, ...this.buffer];
       // No row may come to start the timer again (the last rows finished): start it now.
       this.arm();
       this.logger.warn({ err: error, step, records: records.length }, "writing rollout records failed; kept for the next flush");
+    }
+  }
+
+  private written(step: number, records: number, file: string): void {
+    this.stats.steps++;
+    this.stats.records += records;
+    this.logger.info({ step, records, file }, "rollout records written");
+  }
+
+  /** Writes the markers a failed flush left out (steps whose record file was published). */
+  private async markUnmarked(): Promise<void> {
+    for (const step of [...this.unmarked]) {
+      try {
+        await this.markIfUnmarked(step);
+        this.unmarked.delete(step);
+      } catch (error) {
+        this.logger.warn({ err: error, step }, "writing a rollout step's marker failed; tried again at the next flush and the next start");
+      }
     }
   }
 }

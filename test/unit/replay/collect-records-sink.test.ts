@@ -100,7 +100,7 @@ describe("the collector's rollout-records sink", () => {
     await sink.close();
   });
 
-  it("a flush that fails after its record file became visible takes the file back; the rows are written once, in a later step", async () => {
+  it("a flush that fails after its record file was published keeps the file (a follower may have read it): its rows count once, and the next flush writes the marker", async () => {
     const root = path.join(dir, "rollouts");
     const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
     await sink.start();
@@ -108,10 +108,21 @@ describe("the collector's rollout-records sink", () => {
     await mkdir(path.join(root, "step_1", "index_train_gym.jsonl"), { recursive: true });
     sink.add(linearTrace(traceId(1)));
     await sink.flush();
-    expect(sink.stats).toMatchObject({ steps: 0, failedFlushes: 1 });
-    expect(await readdir(path.join(root, "step_1"))).toEqual(["index_train_gym.jsonl"]); // no record file, no marker
+    expect(sink.stats).toMatchObject({ steps: 1, records: 1, failedFlushes: 1 });
+    expect((await readdir(path.join(root, "step_1"))).sort()).toEqual(["index_train_gym.jsonl", "train_rollouts_gym.jsonl"]); // kept, no marker yet
+    sink.add(linearTrace(traceId(2)));
+    await sink.flush(); // writes step_1's marker before step_2
+    expect((await readdir(path.join(root, "step_1"))).sort()).toEqual(["_complete_train.json", "index_train_gym.jsonl", "train_rollouts_gym.jsonl"]);
     await sink.close();
-    expect(await idsOf(path.join(root, "step_2", "train_rollouts_gym.jsonl"))).toEqual([traceId(1)]);
+    expect(sink.stats).toEqual({ steps: 2, records: 2, skipped: 0, failedFlushes: 1, unwritten: 0 });
+    expect(await idsOf(path.join(root, "step_2", "train_rollouts_gym.jsonl"))).toEqual([traceId(2)]); // traceId(1) is not written twice
+    const follower = new ReplayTaskSource<MathTask, string, number>(
+      { records: "rollouts/step_*/train_rollouts_*.jsonl", source: { id: "gsm8k" }, mode: "recheck", wait_for_step_marker: true },
+      mathSource(),
+      { cwd: dir, logger: silent },
+    );
+    await follower.load();
+    expect(follower.tasks.map((t) => t.name)).toEqual(["recheck:00000001", "recheck:00000002"]);
   });
 
   it("a restart marks the step a killed flush left without its marker, so a marker-waiting follower reads past it", async () => {
