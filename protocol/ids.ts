@@ -43,10 +43,13 @@ export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
  */
 export const RESERVED_CHECKPOINT_IDS: readonly string[] = ["latest"];
 
+/** Longest checkpoint id; also the HTTP API's path-parameter limit (`GET /v1/checkpoints/{id}`). */
+export const MAX_CHECKPOINT_ID_CHARS = 128;
+
 export const CheckpointIdSchema = z
   .string()
   .min(1)
-  .max(128)
+  .max(MAX_CHECKPOINT_ID_CHARS)
   .regex(SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$")
   .refine((id) => !RESERVED_CHECKPOINT_IDS.includes(id.toLowerCase()), "checkpoint id may not be LATEST (the root's pointer file)");
 export type CheckpointId = z.infer<typeof CheckpointIdSchema>;

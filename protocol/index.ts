@@ -9,6 +9,7 @@ export {
   AttemptSchema,
   EpisodeIdSchema,
   CheckpointIdSchema,
+  MAX_CHECKPOINT_ID_CHARS,
   InstanceSchema,
   DeploymentSchema,
   CaptureKeySchema,

@@ -1,9 +1,12 @@
 import { context, propagation } from "@opentelemetry/api";
+import { STATUS_CODES } from "node:http";
+import type { Socket } from "node:net";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import {
   CONTROLLER_OP_NAMES,
   CheckpointError,
+  MAX_CHECKPOINT_ID_CHARS,
   MAX_CONTROL_MESSAGE_BYTES,
   toCheckpointError,
   type ControllerOp,
@@ -40,7 +43,16 @@ export class HttpControllerApi {
   }
 
   async start(): Promise<string> {
-    const app = Fastify({ logger: false, bodyLimit: MAX_CONTROL_MESSAGE_BYTES + 1024 });
+    const app = Fastify({
+      logger: false,
+      bodyLimit: MAX_CONTROL_MESSAGE_BYTES + 1024,
+      // The only path parameter is a checkpoint id (Fastify's default limit, 100, is shorter).
+      routerOptions: { maxParamLength: MAX_CHECKPOINT_ID_CHARS },
+      // Router errors (bad percent-encoding, an over-long parameter) and requests Node's HTTP
+      // parser rejects (`Content-Length: abc`) get a catalog refusal, not Fastify's own body.
+      frameworkErrors: (error, _req, reply) => void this.refuse(reply, new CheckpointError("invalid_request", error.message)),
+      clientErrorHandler: refuseMalformedRequest,
+    });
     this.app = app;
     // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes.
     app.removeAllContentTypeParsers();
@@ -104,4 +116,21 @@ export class HttpControllerApi {
     await this.app?.close();
     this.app = undefined;
   }
+}
+
+/**
+ * Node's HTTP parser refused the request before any route saw it: answer `invalid_request` in the
+ * catalog shape on the raw socket and close it (what Fastify's default handler does, with its own body).
+ */
+function refuseMalformedRequest(error: Error & { code?: string }, socket: Socket): void {
+  // A reset connection has nobody to answer.
+  if (error.code === "ECONNRESET" || socket.destroyed) return;
+  const refusal = new CheckpointError("invalid_request", `malformed HTTP request (${error.code ?? error.message})`);
+  const body = JSON.stringify(refusal.toReply());
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${refusal.status} ${STATUS_CODES[refusal.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy(error);
 }

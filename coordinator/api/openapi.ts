@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CONTROLLER_OPS, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, type ControllerOp } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, type ControllerOp } from "../../protocol/index.js";
 
 /** HTTP route of each controller op. */
 export function httpRoute(op: ControllerOp): { method: "GET" | "POST"; url: string } {
@@ -46,10 +46,13 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       },
     };
     if (method === "POST") {
-      operation.requestBody = { required: false, content: { "application/json": { schema: schemaOf(spec.request, "input") } } };
+      const schema = schemaOf(spec.request, "input");
+      // An absent body is `{}`: optional only for requests whose every field is.
+      const required = Array.isArray(schema.required) && schema.required.length > 0;
+      operation.requestBody = { required, content: { "application/json": { schema } } };
     }
     if (op === "get") {
-      operation.parameters = [{ name: "checkpoint_id", in: "path", required: true, schema: { type: "string", pattern: "^[A-Za-z0-9][A-Za-z0-9._-]*$" } }];
+      operation.parameters = [{ name: "checkpoint_id", in: "path", required: true, schema: schemaOf(CheckpointIdSchema, "input") }];
     }
     paths[url] = { ...(paths[url] ?? {}), [method.toLowerCase()]: operation };
   }

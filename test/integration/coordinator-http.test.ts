@@ -1,6 +1,7 @@
+import { connect } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
-import { CheckpointError, CtlStatusReplySchema } from "../../protocol/index.js";
+import { CheckpointError, CtlStatusReplySchema, ErrorReplySchema, MAX_CHECKPOINT_ID_CHARS } from "../../protocol/index.js";
 import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
@@ -38,6 +39,16 @@ describe("HTTP controller API (real HTTP client)", () => {
     const prepareBody = doc.paths["/v1/prepare"]!.post.requestBody.content["application/json"].schema;
     expect(prepareBody.additionalProperties).toBe(false);
     expect(prepareBody.required).toEqual(["checkpoint_id"]);
+    // A body is required exactly where the request schema has required keys.
+    for (const op of ["prepare", "commit", "publish", "resume", "renew", "restore", "retire", "forget"]) expect([op, doc.paths[`/v1/${op}`]!.post.requestBody.required]).toEqual([op, true]);
+    expect(doc.paths["/v1/checkpoint"]!.post.requestBody.required).toBe(false);
+    // The path parameter is CheckpointIdSchema's, length limit included.
+    expect(doc.paths["/v1/checkpoints/{checkpoint_id}"]!.get.parameters[0].schema).toEqual({
+      type: "string",
+      minLength: 1,
+      maxLength: MAX_CHECKPOINT_ID_CHARS,
+      pattern: "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    });
   });
 
   it("runs the fine-grained ops one POST each, and GETs status, list and a checkpoint", async () => {
@@ -89,6 +100,25 @@ describe("HTTP controller API (real HTTP client)", () => {
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
 
+  it("answers framework and HTTP parser errors with catalog refusals, and takes ids of any valid length", async () => {
+    // Longer than Fastify's default path-parameter limit (100), within the id schema's.
+    const longest = "L".repeat(MAX_CHECKPOINT_ID_CHARS);
+    const absent = await fetch(`${base}/v1/checkpoints/${longest}`, { headers: auth });
+    expect({ status: absent.status, body: ErrorReplySchema.parse(await absent.json()).error.code }).toEqual({ status: 404, body: "not_found" });
+    for (const path of [`/v1/checkpoints/${longest}x`, "/v1/checkpoints/%E0%A4%A", "/v1/checkpoints/%zz"]) {
+      const refused = await fetch(`${base}${path}`, { headers: auth });
+      expect({ path, status: refused.status, code: ErrorReplySchema.parse(await refused.json()).error.code }).toEqual({ path, status: 400, code: "invalid_request" });
+    }
+    // Requests Node's HTTP parser rejects never reach a route: raw sockets, since fetch refuses to send them.
+    for (const head of ["POST /v1/prepare HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n", "GET /v1/status HTTP/1.1\r\nHost: x\r\nBad Header\r\n"]) {
+      const response = await rawRequest(`${head}\r\n`);
+      const [statusLine] = response.split("\r\n");
+      expect(statusLine).toBe("HTTP/1.1 400 Bad Request");
+      expect(ErrorReplySchema.parse(JSON.parse(response.slice(response.indexOf("\r\n\r\n") + 4))).error.code).toBe("invalid_request");
+    }
+    expect((await fetch(`${base}/readyz`)).status).toBe(200);
+  });
+
   it("the typed HTTP client runs the convenience op and surfaces refusals as CheckpointError", async () => {
     const client = new HttpControllerClient({ baseUrl: base, token: CONTROLLER_TOKEN });
     const reply = await client.checkpoint({ checkpoint_id: "h4" });
@@ -99,3 +129,15 @@ describe("HTTP controller API (real HTTP client)", () => {
     await expect(bad.status()).rejects.toMatchObject({ code: "unauthorized" });
   });
 });
+
+/** Sends bytes as they are and returns everything the server wrote before it closed the connection. */
+function rawRequest(text: string): Promise<string> {
+  const { hostname, port } = new URL(base);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => socket.write(text));
+    let received = "";
+    socket.on("data", (chunk: Buffer) => (received += chunk.toString()));
+    socket.on("error", reject);
+    socket.on("close", () => resolve(received));
+  });
+}
