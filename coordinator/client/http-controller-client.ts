@@ -12,13 +12,48 @@ export interface HttpControllerClientOptions {
   slackMs?: number;
 }
 
-/** The controller API over HTTP/JSON (fetch). */
-
 /** Connection errors that mean the request never left: nobody is serving at that address. */
 const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN", "UND_ERR_CONNECT_TIMEOUT"]);
+
+/**
+ * The base URL must be http(s) without credentials (fetch refuses them): `127.0.0.1:8480` or
+ * `localhost:8480` (no scheme) would otherwise fail only at the first call. Not echoed: it may carry a password.
+ */
+function checkBaseUrl(baseUrl: string): void {
+  let url: URL;
+  try {
+    url = new URL(baseUrl);
+  } catch {
+    throw new CheckpointError("invalid_request", "the coordinator's HTTP URL is not a URL; give its scheme, host and port, e.g. http://127.0.0.1:8480");
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new CheckpointError("invalid_request", `the coordinator's HTTP URL must start with http:// or https:// (e.g. http://127.0.0.1:8480), not ${url.protocol}`);
+  }
+  if (url.username || url.password) throw new CheckpointError("invalid_request", "the coordinator's HTTP URL may not carry credentials; the token authenticates");
+}
+
+/**
+ * fetch refused the request before opening a connection: an argument it rejects (a TypeError of
+ * its own, with no network error as cause) or a port it blocks ("bad port", e.g. 1 or 6000).
+ * Nothing was sent, so this is the caller's mistake, never `outcome_unknown`.
+ */
+function refusedBeforeSending(error: unknown): boolean {
+  if (!(error instanceof TypeError)) return false;
+  const cause = error.cause as { code?: unknown; message?: unknown } | undefined;
+  if (cause === undefined) return error.message !== "fetch failed";
+  return cause.code === undefined && cause.message === "bad port";
+}
+
+/** Never fetch's own message: a rejected header value is quoted in it, and that is the token. */
+function describeCause(error: unknown): string {
+  return (error as Error).cause === undefined ? "fetch refused its URL or headers (is the token one line of printable characters?)" : "fetch blocks that port (bad port)";
+}
+
+/** The controller API over HTTP/JSON (fetch). */
 export class HttpControllerClient extends ControllerClient {
   constructor(private readonly options: HttpControllerClientOptions) {
     super();
+    checkBaseUrl(options.baseUrl);
   }
 
   async call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
@@ -39,6 +74,7 @@ export class HttpControllerClient extends ControllerClient {
       });
     } catch (error) {
       if ((error as Error).name === "TimeoutError") throw new CheckpointError("outcome_unknown", `no reply from ${path} within ${Math.round(timeout)} ms`);
+      if (refusedBeforeSending(error)) throw new CheckpointError("invalid_request", `cannot send ${op} to ${this.options.baseUrl}: ${describeCause(error)}`);
       const code = ((error as Error).cause as { code?: string } | undefined)?.code;
       // Only a connection that was never made proves nothing was sent; a reset after that may
       // have cut off a reply to an op that ran (a coordinator crashing mid-commit).

@@ -5,7 +5,7 @@ import { HttpControllerClient } from "../../coordinator/client/http-controller-c
 
 // The HTTP controller client's failure mapping against real sockets: only a connection that was
 // never made is not_leader (nothing was sent); a connection cut after the request left is
-// outcome_unknown (the op may have run).
+// outcome_unknown (the op may have run); a request fetch refuses to send is invalid_request.
 let server: Server | undefined;
 afterEach(async () => {
   server?.closeAllConnections();
@@ -36,5 +36,29 @@ describe("HTTP controller client", () => {
     const client = new HttpControllerClient({ baseUrl: url, token: "t" });
     await expect(client.call("commit", { checkpoint_id: "c1", episode_ids: null })).rejects.toMatchObject({ code: "outcome_unknown" });
     expect(received).toBe(1);
+  });
+
+  it("a base URL that cannot be used is invalid_request before anything is sent, never outcome_unknown", async () => {
+    const refusal = async (baseUrl: string) => {
+      try {
+        await new HttpControllerClient({ baseUrl, token: "t" }).call("commit", { checkpoint_id: "c1", episode_ids: null });
+      } catch (error) {
+        return { baseUrl, code: (error as { code?: string }).code, detail: (error as Error).message };
+      }
+      return { baseUrl, code: "sent" };
+    };
+    for (const baseUrl of ["127.0.0.1:8480", "localhost:8480", "ftp://127.0.0.1:8480", "http://127.0.0.1:99999", "http://user:pw@127.0.0.1:8480", "http://127.0.0.1:1"]) {
+      const result = await refusal(baseUrl);
+      expect(result).toMatchObject({ baseUrl, code: "invalid_request" });
+      expect(result.detail).not.toContain("pw");
+    }
+    // A token fetch cannot put in a header: refused before sending, and the detail does not quote it.
+    const url = await listen(() => undefined);
+    const bad = (await new HttpControllerClient({ baseUrl: url, token: "se\ncret" }).call("status", {}).then(
+      () => new Error("sent"),
+      (e: unknown) => e as Error,
+    )) as Error & { code?: string };
+    expect(bad).toMatchObject({ code: "invalid_request" });
+    expect(bad.message).not.toContain("cret");
   });
 });
