@@ -119,8 +119,25 @@ export function redactConfig(config: CoordinatorConfig): Plain {
     const last = parts.at(-1)!;
     if (node && node[last] !== undefined) node[last] = "[Redacted]";
   }
-  // Credentials can also ride in the server URLs (nats://user:pass@host).
   const nats = copy.nats as Plain | undefined;
-  if (nats && typeof nats.servers === "string") nats.servers = nats.servers.replace(/\/\/[^/@,\s]*@/g, "//[Redacted]@");
+  if (nats && typeof nats.servers === "string") nats.servers = redactServerUrls(nats.servers);
   return copy;
+}
+
+/**
+ * Credentials can also ride in the server URLs: `nats://user:pass@host`, or `user:pass@host` with no
+ * scheme, in any entry of the comma-separated list. Each entry loses everything between its scheme
+ * and its last `@` (a password may hold a raw `@` or `/`).
+ */
+function redactServerUrls(servers: string): string {
+  return servers
+    .split(",")
+    .map((entry) => {
+      const at = entry.lastIndexOf("@");
+      if (at < 0) return entry;
+      const scheme = /^\s*[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(entry)?.[0];
+      const keep = scheme !== undefined && scheme.length <= at ? scheme : /^\s*/.exec(entry)![0];
+      return `${keep}[Redacted]${entry.slice(at)}`;
+    })
+    .join(",");
 }

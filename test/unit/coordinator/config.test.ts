@@ -61,6 +61,14 @@ describe("coordinator config", () => {
     expect(printed).toContain("nats://[Redacted]@127.0.0.1:4222,nats://[Redacted]@127.0.0.2:4222");
   });
 
+  it("redacts the credentials of every server entry, with or without a scheme", () => {
+    const servers = "nats://u:s3cret@h:1,user2:pw2@h2:4222, tls://t0k@h3:4222,h4:4222,nats://u:p@ss/w@h5";
+    const config = loadConfig({ env: { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c", GYM_CKPT_NATS_URL: servers } });
+    const printed = (redactConfig(config).nats as { servers: string }).servers;
+    for (const secret of ["s3cret", "user2", "pw2", "t0k", "ss/w"]) expect(printed).not.toContain(secret);
+    expect(printed).toBe("nats://[Redacted]@h:1,[Redacted]@h2:4222, tls://[Redacted]@h3:4222,h4:4222,nats://[Redacted]@h5");
+  });
+
   it("does not echo a config file's text when it is not JSON (it may quote a secret)", async () => {
     const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
     const file = join(dir, "c.json");
