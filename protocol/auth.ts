@@ -1,4 +1,15 @@
 import { createHash, timingSafeEqual } from "node:crypto";
+import { z } from "zod";
+
+/**
+ * A configured bearer token (participants' control token, controller token, cut token): one that
+ * `bearerToken` can read back from `Authorization: Bearer <token>`. Whitespace ends the token there,
+ * so a token holding any could never authenticate; control characters are no header's either.
+ */
+export const BearerTokenSchema = z
+  .string()
+  .min(1, "a token may not be empty")
+  .regex(/^[^\s\p{Cc}]*$/u, "a token may not contain whitespace or control characters (`Authorization: Bearer <token>` could never carry it)");
 
 /**
  * Constant-time comparison of a presented bearer token with the expected one. Both sides are

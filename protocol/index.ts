@@ -118,7 +118,7 @@ export {
 } from "./subjects.js";
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { decodeMessage, encodeMessage, encodeReply } from "./codec.js";
-export { tokensEqual, bearerToken } from "./auth.js";
+export { tokensEqual, bearerToken, BearerTokenSchema } from "./auth.js";
 export { ROLLOUT_PREFIX, parseRolloutPath, rolloutPath } from "./rollout-path.js";
 export type { RolloutPath } from "./rollout-path.js";
 export {

@@ -1,6 +1,6 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
-import { DEFAULT_NATS_URL, DeploymentSchema } from "../../protocol/index.js";
+import { BearerTokenSchema, DEFAULT_NATS_URL, DeploymentSchema } from "../../protocol/index.js";
 import { LOG_LEVELS } from "../telemetry/logger.js";
 
 /** Effective configuration of `gym-ckpt coordinator`: defaults < file < env GYM_CKPT_* < flags. */
@@ -16,10 +16,10 @@ export const CoordinatorConfigSchema = z
       })
       .strict()
       .default({ servers: DEFAULT_NATS_URL }),
-    /** Bearer token of the participants' control subjects. */
-    token: z.string().min(1, "token is required (participants' control token)"),
+    /** Bearer token of the participants' control subjects (required). */
+    token: BearerTokenSchema,
     /** Bearer token of the controller API (NATS and HTTP); defaults to `token`. */
-    controller_token: z.string().min(1).optional(),
+    controller_token: BearerTokenSchema.optional(),
     checkpoint_root: z.string().refine((p) => isAbsolute(p), "checkpoint_root must be an absolute path"),
     /** Published checkpoints to keep. */
     retention: z.number().int().min(1).default(2),

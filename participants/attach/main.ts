@@ -1,4 +1,5 @@
 import { tmpdir } from "node:os";
+import { BearerTokenSchema } from "../../protocol/index.js";
 import { startParticipant } from "../control-plane/start-participant.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
 import { startServerRuntime } from "../gym/server-runtime.js";
@@ -38,6 +39,8 @@ try {
 }
 const cuts = extra.cuts ?? "on";
 if (cuts !== "on" && cuts !== "off") fail("--cuts must be on or off");
+const cutToken = BearerTokenSchema.safeParse(extra["cut-token"] ?? config.token);
+if (!cutToken.success) fail(`--cut-token: ${cutToken.error.issues[0]!.message}`);
 const cutTimeoutMs = Number(extra["cut-timeout-ms"] ?? "10000");
 if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
 let ledgerDir: string;
@@ -52,7 +55,7 @@ try {
 
 const kind = new ModelKind({
   ledgerDir,
-  cutBackend: cuts === "on" ? { root: upstream.root, token: extra["cut-token"] ?? config.token, timeoutMs: cutTimeoutMs, serverName: config.instance } : null,
+  cutBackend: cuts === "on" ? { root: upstream.root, token: cutToken.data, timeoutMs: cutTimeoutMs, serverName: config.instance } : null,
   logger,
 });
 const server = createAttachProxy({ upstream, kind, controlToken: config.token, logger });

@@ -2,6 +2,7 @@ import { context, type Context } from "@opentelemetry/api";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
+  BearerTokenSchema,
   CONTROL_MESSAGES,
   CheckpointError,
   HEADER_AUTHORIZATION,
@@ -39,7 +40,9 @@ export class ControlEndpoint {
     private readonly plane: ParticipantControlPlane<RecordBase>,
     private readonly options: ControlEndpointOptions,
   ) {
-    if (!options.token) throw new CheckpointError("invalid_request", "a participant needs a non-empty control token");
+    // Refused here, not at the first request: a token bearerToken cannot read back never authenticates.
+    const token = BearerTokenSchema.safeParse(options.token);
+    if (!token.success) throw new CheckpointError("invalid_request", `a participant's control token: ${token.error.issues[0]!.message}`);
   }
 
   start(): void {

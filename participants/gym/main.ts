@@ -1,6 +1,6 @@
 import { parseArgs } from "node:util";
 import { GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
-import { DEFAULT_NATS_URL } from "../../protocol/index.js";
+import { BearerTokenSchema, DEFAULT_NATS_URL } from "../../protocol/index.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
@@ -39,6 +39,12 @@ if (values.help) {
 const token = values.token ?? process.env.GYM_CKPT_TOKEN;
 if (!token) {
   process.stderr.write("gym: a control token is required (--token or GYM_CKPT_TOKEN)\n");
+  process.exit(2);
+}
+// Checked before any server starts: each would refuse it, one by one.
+const tokenRule = BearerTokenSchema.safeParse(token);
+if (!tokenRule.success) {
+  process.stderr.write(`gym: --token: ${tokenRule.error.issues[0]!.message}\n`);
   process.exit(2);
 }
 const checkpointRoot = values["checkpoint-root"] ?? process.env.GYM_CKPT_CHECKPOINT_ROOT;

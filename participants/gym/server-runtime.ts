@@ -3,7 +3,7 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { DeploymentSchema, InstanceSchema, describeZodError, DEFAULT_NATS_URL, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, DeploymentSchema, InstanceSchema, describeZodError, DEFAULT_NATS_URL, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -27,7 +27,7 @@ const CommonSchema = z
     nats: z.string().min(1),
     deployment: DeploymentSchema,
     instance: InstanceSchema,
-    token: z.string().min(1, "a control token is required (--token or GYM_CKPT_TOKEN)"),
+    token: z.string().min(1, "a control token is required (--token or GYM_CKPT_TOKEN)").pipe(BearerTokenSchema),
     port: z.coerce.number().int().min(0).max(65535),
     checkpointRoot: z.string().optional(),
     leaseGraceSeconds: z.coerce.number().positive().optional(),

@@ -121,4 +121,25 @@ describe("gym-ckpt gym", () => {
     expect(code).toBe(2);
     expect(stderr).toContain("control token is required");
   });
+
+  it("refuses tokens that could never authenticate (whitespace) before serving, in every process that takes one", async () => {
+    const run = async (entry: string, args: string[]) => {
+      const proc = spawn(process.execPath, [entry, ...args, "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
+      seen.add(proc.pid!);
+      let stderr = "";
+      proc.stderr!.on("data", (chunk) => (stderr += String(chunk)));
+      // One that accepts the token serves on: stopped (SIGTERM stops a gym's children too) so the test fails without leaving it behind.
+      const stop = setTimeout(() => proc.kill("SIGTERM"), 10_000);
+      const code = await exitOf(proc);
+      clearTimeout(stop);
+      return { code, stderr };
+    };
+    const cases: [string, string[]][] = [
+      ["dist/coordinator/cli/main.js", ["gym", "--token", "two words"]],
+      ["dist/participants/gym/policy-backend/main.js", ["--token", "two words"]],
+      ["dist/participants/gym/policy-backend/main.js", ["--token", "t0ken", "--cut-token", "cut token"]],
+      ["dist/participants/attach/main.js", ["--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--cut-token", "cut token"]],
+    ];
+    for (const [entry, args] of cases) expect({ args, ...(await run(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("may not contain whitespace") });
+  });
 });

@@ -79,6 +79,14 @@ describe("participant control plane over a real nats-server", () => {
     expect(await send("status", {})).toEqual(before);
   });
 
+  it("refuses a control token that could never authenticate (whitespace) before serving", async () => {
+    for (const token of ["two words", "line\n", ""]) {
+      await expect(
+        startParticipant({ nc: nats.nc, deployment: DEPLOYMENT, instance: "other_model", token, adapter: new ScriptableKind("model"), checkpointRoot: root, announce: false }),
+      ).rejects.toMatchObject({ code: "invalid_request" });
+    }
+  });
+
   it("refuses a request whose refusal would quote it at length, with a bounded detail, and keeps serving", async () => {
     // zod's unknown-key detail repeats the key: an uncapped refusal outgrew a message and the
     // failed encode ended the process.

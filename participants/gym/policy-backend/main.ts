@@ -1,3 +1,4 @@
+import { BearerTokenSchema } from "../../../protocol/index.js";
 import { startServerRuntime } from "../server-runtime.js";
 import { createPolicyBackend } from "./policy-backend.js";
 
@@ -14,7 +15,12 @@ if (!Number.isFinite(tokenDelayMs) || tokenDelayMs < 0 || tokenDelayMs > 60_000)
   process.stderr.write("policy-backend: --token-delay-ms must be a number between 0 and 60000\n");
   process.exit(2);
 }
-const { app } = await createPolicyBackend({ tokenDelayMs, cutToken: extra["cut-token"] ?? config.token });
+const cutToken = BearerTokenSchema.safeParse(extra["cut-token"] ?? config.token);
+if (!cutToken.success) {
+  process.stderr.write(`policy-backend: --cut-token: ${cutToken.error.issues[0]!.message}\n`);
+  process.exit(2);
+}
+const { app } = await createPolicyBackend({ tokenDelayMs, cutToken: cutToken.data });
 const address = await app.listen({ host: "127.0.0.1", port: config.port });
 runtime.onShutdown(async () => {
   await app.close();

@@ -44,6 +44,25 @@ describe("coordinator config", () => {
     expect(message).toContain("bogus");
   });
 
+  it("refuses tokens that could never authenticate (whitespace, control characters), naming the key", () => {
+    for (const [key, env] of [
+      ["token", { GYM_CKPT_TOKEN: "two words" }],
+      ["token", { GYM_CKPT_TOKEN: "trailing\n" }],
+      ["controller_token", { GYM_CKPT_TOKEN: "t", GYM_CKPT_CONTROLLER_TOKEN: "tab\there" }],
+    ] as const) {
+      let error: unknown;
+      try {
+        loadConfig({ env: { ...env, GYM_CKPT_CHECKPOINT_ROOT: "/c" } });
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(CheckpointError);
+      expect((error as CheckpointError).code).toBe("invalid_request");
+      expect((error as CheckpointError).message).toMatch(new RegExp(`whitespace[^]*→ at ${key}`));
+    }
+    expect(loadConfig({ env: { GYM_CKPT_TOKEN: "p4ss-w0rd!#", GYM_CKPT_CHECKPOINT_ROOT: "/c" } }).token).toBe("p4ss-w0rd!#");
+  });
+
   it("redacts secrets when printed", () => {
     const config = loadConfig({ env: { GYM_CKPT_TOKEN: "s3cret", GYM_CKPT_NATS_PASS: "pw", GYM_CKPT_CHECKPOINT_ROOT: "/c" } });
     const printed = JSON.stringify(redactConfig(config));
