@@ -35,3 +35,21 @@ export function natsSettings(servers: string | undefined, env: Record<string, st
     ...(env.GYM_CKPT_NATS_TOKEN && { token: env.GYM_CKPT_NATS_TOKEN }),
   };
 }
+
+/**
+ * Credentials can also ride in the server URLs: `nats://user:pass@host`, or `user:pass@host` with no
+ * scheme, in any entry of the comma-separated list. Each entry loses everything between its scheme
+ * and its last `@` (a password may hold a raw `@` or `/`).
+ */
+export function redactNatsServers(servers: string): string {
+  return servers
+    .split(",")
+    .map((entry) => {
+      const at = entry.lastIndexOf("@");
+      if (at < 0) return entry;
+      const scheme = /^\s*[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(entry)?.[0];
+      const keep = scheme !== undefined && scheme.length <= at ? scheme : /^\s*/.exec(entry)![0];
+      return `${keep}[Redacted]${entry.slice(at)}`;
+    })
+    .join(",");
+}

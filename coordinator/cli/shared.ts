@@ -1,9 +1,9 @@
-import { connect } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import { CheckpointError, EpisodeIdSchema, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
 import { readFileSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
+import { connectNats } from "../client/nats-connect.js";
 import type { ControllerClient } from "../client/controller-client.js";
 
 export interface ClientFlags {
@@ -38,7 +38,7 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
       await fn(new HttpControllerClient({ baseUrl: httpUrl, token }));
       return;
     }
-    const nc = await connect(natsSettings(flags.natsUrl));
+    const nc = await connectNats(natsSettings(flags.natsUrl));
     try {
       await fn(
         new NatsControllerClient({

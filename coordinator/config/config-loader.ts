@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { z } from "zod";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, redactNatsServers } from "../../protocol/index.js";
 import { CoordinatorConfigSchema, SECRET_CONFIG_PATHS, type CoordinatorConfig } from "./coordinator-config.js";
 
 type Plain = Record<string, unknown>;
@@ -120,24 +120,6 @@ export function redactConfig(config: CoordinatorConfig): Plain {
     if (node && node[last] !== undefined) node[last] = "[Redacted]";
   }
   const nats = copy.nats as Plain | undefined;
-  if (nats && typeof nats.servers === "string") nats.servers = redactServerUrls(nats.servers);
+  if (nats && typeof nats.servers === "string") nats.servers = redactNatsServers(nats.servers);
   return copy;
-}
-
-/**
- * Credentials can also ride in the server URLs: `nats://user:pass@host`, or `user:pass@host` with no
- * scheme, in any entry of the comma-separated list. Each entry loses everything between its scheme
- * and its last `@` (a password may hold a raw `@` or `/`).
- */
-function redactServerUrls(servers: string): string {
-  return servers
-    .split(",")
-    .map((entry) => {
-      const at = entry.lastIndexOf("@");
-      if (at < 0) return entry;
-      const scheme = /^\s*[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(entry)?.[0];
-      const keep = scheme !== undefined && scheme.length <= at ? scheme : /^\s*/.exec(entry)![0];
-      return `${keep}[Redacted]${entry.slice(at)}`;
-    })
-    .join(",");
 }

@@ -1,7 +1,8 @@
 import { mkdir } from "node:fs/promises";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { HttpControllerApi } from "../api/http-api.js";
+import { connectNats } from "../client/nats-connect.js";
 import { NatsControllerApi } from "../api/nats-api.js";
 import type { CoordinatorConfig } from "../config/coordinator-config.js";
 import { CheckpointEngine, type EngineHooks } from "../engine/checkpoint-engine.js";
@@ -56,7 +57,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const ownsConnection = options.nc === undefined;
   const nc =
     options.nc ??
-    (await connect({
+    (await connectNats({
       servers: natsServers(config.nats.servers),
       name: `gym-ckpt-coordinator-${id}`,
       maxReconnectAttempts: -1,

@@ -88,6 +88,14 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect(missing.stderr).toMatch(/^error not_found: /);
   });
 
+  it("a NATS nobody serves is not_leader (exit 1), for a client command and for the daemon; credentials in the URL are not printed", async () => {
+    const status = await cli(["status", "--nats-url", "nats://ops:hunter2@127.0.0.1:1"], env);
+    expect([status.code, status.stderr]).toEqual([1, expect.stringMatching(/^error not_leader: cannot reach NATS at nats:\/\/\[Redacted\]@127\.0\.0\.1:1 \(connection refused\)/)]);
+    expect(status.stderr).not.toContain("hunter2");
+    const started = await cli(["coordinator", "--nats-url", "nats://127.0.0.1:1", "--token", "t", "--checkpoint-root", world.root, "--no-http", "--log-level", "silent"]);
+    expect([started.code, started.stderr]).toEqual([1, expect.stringMatching(/^error not_leader: cannot reach NATS at nats:\/\/127\.0\.0\.1:1 /)]);
+  });
+
   it("coordinator --print-config redacts secrets; bad config is a readable error (exit 2)", async () => {
     const printed = await cli(daemonArgs(world, ["--print-config"]).slice(1));
     expect(printed.code).toBe(0);

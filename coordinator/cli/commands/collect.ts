@@ -1,10 +1,11 @@
 import { mkdir, stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import { CheckpointError, RecordKindSchema, assertRolloutEnv, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
+import { connectNats } from "../../client/nats-connect.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
@@ -116,7 +117,7 @@ export function register(program: Command): void {
         if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
         const logger = createLogger(logLevel);
         if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
-        nc = httpUrl ? undefined : await connect({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
+        nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
           nc,
           deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
