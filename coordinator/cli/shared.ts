@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { CheckpointError, EpisodeIdSchema, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
 import { connectNats } from "../client/nats-connect.js";
@@ -158,8 +158,20 @@ export function controllerStateFrom(flags: { stateJson?: string; stateFile?: str
   return null;
 }
 
+/**
+ * The checkpoint root `ls` and `verify` read: `not_found` when it does not exist, so a mistyped
+ * --root is not an empty listing.
+ */
 export function rootFrom(root: string | undefined): string {
   const value = root ?? process.env.GYM_CKPT_CHECKPOINT_ROOT;
   if (!value) throw new CheckpointError("invalid_request", "no checkpoint root: pass --root or set GYM_CKPT_CHECKPOINT_ROOT");
+  let isDirectory: boolean;
+  try {
+    isDirectory = statSync(value).isDirectory();
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") throw new CheckpointError("not_found", `no checkpoint root at ${value}`);
+    throw error;
+  }
+  if (!isDirectory) throw new CheckpointError("invalid_request", `checkpoint root ${value} is not a directory`);
   return value;
 }

@@ -1,4 +1,5 @@
-import { readdir, writeFile, appendFile } from "node:fs/promises";
+import { appendFile, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CONTROLLER_TOKEN, PARTICIPANT_TOKEN, startWorld, type World } from "../integration/coordinator-harness.js";
@@ -86,6 +87,23 @@ describe("gym-ckpt CLI (built binary)", () => {
     const missing = await cli(["verify", "never"], env);
     expect(missing.code).toBe(1);
     expect(missing.stderr).toMatch(/^error not_found: /);
+  });
+
+  it("ls of a missing root and verify LATEST of a root without LATEST are not_found (exit 1)", async () => {
+    const empty = await mkdtemp(join(tmpdir(), "gym-ckpt-cli-empty-"));
+    try {
+      const latest = await cli(["verify", "LATEST", "--root", empty]);
+      expect([latest.code, latest.stderr]).toEqual([1, `error not_found: nothing is published under ${empty}: it has no LATEST\n`]);
+      const absent = join(empty, "absent");
+      const ls = await cli(["ls", "--root", absent]);
+      expect([ls.code, ls.stdout, ls.stderr]).toEqual([1, "", `error not_found: no checkpoint root at ${absent}\n`]);
+      const lsJson = await cli(["ls", "--json", "--root", absent]);
+      expect([lsJson.code, lsJson.stdout]).toEqual([1, ""]);
+      // An existing root with nothing published lists nothing.
+      expect(await cli(["ls", "--root", empty])).toEqual({ code: 0, stdout: "", stderr: "" });
+    } finally {
+      await rm(empty, { recursive: true, force: true });
+    }
   });
 
   it("a NATS nobody serves is not_leader (exit 1), for a client command and for the daemon; credentials in the URL are not printed", async () => {

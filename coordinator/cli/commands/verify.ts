@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { CheckpointError, LATEST_FILE } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
 import { verifyCheckpoint } from "../../publication/verify-checkpoint.js";
 import { printJson, rootFrom, runCli } from "../shared.js";
@@ -12,7 +13,8 @@ export function register(program: Command): void {
     .action(async (checkpoint: string, flags: { root?: string; json?: boolean }) => {
       await runCli(async () => {
         const catalog = new CheckpointCatalog(rootFrom(flags.root));
-        const id = checkpoint === "LATEST" ? ((await catalog.latest()) ?? checkpoint) : checkpoint;
+        const id = checkpoint === "LATEST" ? await catalog.latest() : checkpoint;
+        if (id === null) throw new CheckpointError("not_found", `nothing is published under ${catalog.root}: it has no ${LATEST_FILE}`);
         const report = await verifyCheckpoint(catalog, id);
         if (flags.json) printJson(report);
         else process.stdout.write(`ok ${report.checkpoint_id}: ${report.participants.length} participants, ${report.records} records, ${report.bytes} bytes\n`);
