@@ -55,12 +55,13 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
 }
 
 /**
- * An integer flag within [min, max]; anything else (a fraction, a word, an empty value) is
- * `invalid_request` naming the flag, before anything is created or connected.
+ * A decimal integer flag within [min, max]; anything else (a fraction, a word, an empty value, and
+ * what `Number` would also take: `0x10`, `1e3`) is `invalid_request` naming the flag, before
+ * anything is created or connected.
  */
 export function integerFlag(name: string, value: string, min: number, max?: number): number {
   const n = Number(value);
-  if (value.trim() === "" || !Number.isSafeInteger(n) || n < min || (max !== undefined && n > max)) {
+  if (!/^-?\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min || (max !== undefined && n > max)) {
     const range = max === undefined ? (min === 1 ? "a positive integer" : `an integer ≥ ${min}`) : `an integer from ${min} to ${max}`;
     throw new CheckpointError("invalid_request", `--${name} must be ${range}, got ${JSON.stringify(value)}`);
   }

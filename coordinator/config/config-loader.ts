@@ -28,7 +28,8 @@ export const CONFIG_ENV: readonly { env: string; path: string; type: "string" | 
 ];
 
 function coerce(value: string, type: "string" | "number" | "boolean"): unknown {
-  if (type === "number") return value.trim() !== "" && Number.isFinite(Number(value)) ? Number(value) : value;
+  // Decimal only: Number() would also take `0x10` or `1e3`. Anything else stays a string, which zod reports.
+  if (type === "number") return /^\s*-?\d+(\.\d+)?\s*$/.test(value) ? Number(value) : value;
   if (type === "boolean") {
     const parsed = z.stringbool().safeParse(value);
     return parsed.success ? parsed.data : value;

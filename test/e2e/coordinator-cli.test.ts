@@ -65,7 +65,15 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect(badId.code).toBe(2);
     expect(badId.stderr).toMatch(/^error invalid_request: /);
     // Bad usage (commander's own checks, an unreadable --episodes file) is invalid_request, exit 2.
-    for (const args of [["status", "--bogus"], ["commit"], ["retire", "--episodes", "@/nonexistent/episodes.json"], ["status", "--leader-wait-ms", "soon"]]) {
+    for (const args of [
+      ["status", "--bogus"],
+      ["commit"],
+      ["retire", "--episodes", "@/nonexistent/episodes.json"],
+      ["status", "--leader-wait-ms", "soon"],
+      ["status", "--leader-wait-ms", "0x10"],
+      ["status", "--http-url", "localhost:8480"],
+      ["status", "--http-url", "127.0.0.1:8480"],
+    ]) {
       const usage = await cli(args, env);
       expect([usage.code, usage.stderr.split("\n")[0]]).toEqual([2, expect.stringMatching(/^error invalid_request: /)]);
     }
@@ -128,6 +136,11 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect(bad.stderr).toContain("retention");
     expect(bad.stderr).toContain("checkpoint_root");
     expect(bad.stderr).toContain("unknown_key");
+    const spaced = await cli(daemonArgs(world, ["--controller-token", "two words", "--print-config"]).slice(1));
+    expect([spaced.code, spaced.stdout]).toEqual([2, ""]);
+    expect(spaced.stderr).toMatch(/^error invalid_request: invalid configuration:[^]*whitespace[^]*controller_token/);
+    const hexPort = await cli(daemonArgs(world, ["--http-port", "0x10", "--print-config"]).slice(1));
+    expect([hexPort.code, hexPort.stderr.trim()]).toEqual([2, 'error invalid_request: --http-port must be an integer ≥ 0, got "0x10"']);
     const badPort = await cli(daemonArgs(world, ["--metrics-port", "70000", "--print-config"]).slice(1));
     expect([badPort.code, badPort.stderr.trim()]).toEqual([2, 'error invalid_request: --metrics-port must be an integer from 0 to 65535, got "70000"']);
   });

@@ -5,7 +5,7 @@ import { newCoordinatorId } from "../../daemon/coordinator-id.js";
 import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
 import { observeLeadership, startTelemetry } from "../../telemetry/telemetry-sdk.js";
-import { metricsPortFlag, printJson, runCli } from "../shared.js";
+import { integerFlag, metricsPortFlag, printJson, runCli } from "../shared.js";
 
 interface Flags {
   config?: string;
@@ -27,7 +27,8 @@ interface Flags {
   metricsPort?: string;
 }
 
-const num = (value: string | undefined) => (value === undefined ? undefined : Number.isFinite(Number(value)) ? Number(value) : value);
+/** A numeric config flag: decimal only (`--http-port ""` was port 0, `--retention 0x10` 16); the config schema checks its range. */
+const num = (name: string, value: string | undefined) => (value === undefined ? undefined : integerFlag(name, value, 0));
 
 /**
  * TEST-ONLY fault injection: GYM_CKPT_TEST_CRASH_AT=before-decision|after-decision|during-publication
@@ -87,11 +88,11 @@ export function register(program: Command): void {
             token: flags.token,
             controller_token: flags.controllerToken,
             checkpoint_root: flags.checkpointRoot,
-            retention: num(flags.retention),
-            lease_ms: num(flags.leaseMs),
-            default_timeout_ms: num(flags.defaultTimeoutMs),
+            retention: num("retention", flags.retention),
+            lease_ms: num("lease-ms", flags.leaseMs),
+            default_timeout_ms: num("default-timeout-ms", flags.defaultTimeoutMs),
             "http.host": flags.httpHost,
-            "http.port": num(flags.httpPort),
+            "http.port": num("http-port", flags.httpPort),
             "http.enabled": httpSource === "cli" ? flags.http : undefined,
             coordinator_id: flags.coordinatorId,
             log_level: flags.logLevel,

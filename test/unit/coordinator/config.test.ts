@@ -63,6 +63,18 @@ describe("coordinator config", () => {
     expect(loadConfig({ env: { GYM_CKPT_TOKEN: "p4ss-w0rd!#", GYM_CKPT_CHECKPOINT_ROOT: "/c" } }).token).toBe("p4ss-w0rd!#");
   });
 
+  it("reads numbers from the environment as decimals only", () => {
+    const env = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c" };
+    expect(loadConfig({ env: { ...env, GYM_CKPT_RETENTION: " 4 ", GYM_CKPT_HTTP_PORT: "0" } })).toMatchObject({ retention: 4, http: { port: 0 } });
+    for (const [name, value, key] of [
+      ["GYM_CKPT_RETENTION", "0x10", "retention"],
+      ["GYM_CKPT_LEASE_MS", "1e3", "lease_ms"],
+      ["GYM_CKPT_HTTP_PORT", "0b1", "http.port"],
+    ]) {
+      expect(() => loadConfig({ env: { ...env, [name!]: value } })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining(key!) }));
+    }
+  });
+
   it("redacts secrets when printed", () => {
     const config = loadConfig({ env: { GYM_CKPT_TOKEN: "s3cret", GYM_CKPT_NATS_PASS: "pw", GYM_CKPT_CHECKPOINT_ROOT: "/c" } });
     const printed = JSON.stringify(redactConfig(config));

@@ -1,0 +1,56 @@
+import { Command } from "commander";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { register } from "../../../coordinator/cli/commands/coordinator.js";
+import { integerFlag } from "../../../coordinator/cli/shared.js";
+
+/** `gym-ckpt coordinator --print-config` in process: numeric flags are decimal integers, checked before the daemon starts. */
+let stdout: string;
+let stderr: string;
+beforeEach(() => {
+  stdout = "";
+  stderr = "";
+  vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => ((stdout += String(chunk)), true));
+  vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
+  process.exitCode = undefined;
+});
+afterEach(() => {
+  vi.restoreAllMocks();
+  process.exitCode = undefined;
+});
+
+async function printConfig(...args: string[]): Promise<number> {
+  const program = new Command().exitOverride();
+  register(program);
+  await program.parseAsync(["coordinator", "--token", "t", "--checkpoint-root", "/ckpt", "--print-config", ...args], { from: "user" });
+  return Number(process.exitCode ?? 0);
+}
+
+describe("gym-ckpt coordinator numeric flags", () => {
+  it("takes decimal integers", async () => {
+    expect(await printConfig("--retention", "3", "--lease-ms", "2500", "--default-timeout-ms", "1000", "--http-port", "0")).toBe(0);
+    expect(JSON.parse(stdout)).toMatchObject({ retention: 3, lease_ms: 2500, default_timeout_ms: 1000, http: { port: 0 } });
+  });
+
+  it.each([
+    ["--http-port", ""],
+    ["--http-port", " "],
+    ["--retention", "0x10"],
+    ["--lease-ms", "1e3"],
+    ["--default-timeout-ms", "2000.5"],
+    ["--http-port", "soon"],
+  ])("refuses %s %j with invalid_request (exit 2), printing no config", async (flag, value) => {
+    expect(await printConfig(flag, value)).toBe(2);
+    expect(stderr).toBe(`error invalid_request: ${flag} must be an integer ≥ 0, got ${JSON.stringify(value)}\n`);
+    expect(stdout).toBe("");
+  });
+
+  it("leaves the range to the config schema (exit 2 naming the key)", async () => {
+    expect(await printConfig("--retention", "0")).toBe(2);
+    expect(stderr).toMatch(/^error invalid_request: invalid configuration:[^]*retention/);
+  });
+
+  it("integerFlag, shared by every command's integer flags, is decimal-only too", () => {
+    expect(integerFlag("leader-wait-ms", "250", 0)).toBe(250);
+    for (const value of ["0x10", "1e3", "0b1", "", "+"]) expect(() => integerFlag("leader-wait-ms", value, 0)).toThrow(expect.objectContaining({ code: "invalid_request" }));
+  });
+});
