@@ -1,5 +1,5 @@
 import { context } from "@opentelemetry/api";
-import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
   CONTROLLER_OP_NAMES,
@@ -58,7 +58,8 @@ export class NatsControllerApi {
   private async answer(op: ControllerOp, msg: Msg): Promise<void> {
     let body: string;
     try {
-      authorizeController(msg.headers?.get(HEADER_AUTHORIZATION), this.options.token);
+      // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.
+      authorizeController(msg.headers?.get(HEADER_AUTHORIZATION, Match.IgnoreCase), this.options.token);
       const parent = extractTraceContext(msg.headers);
       // Lists are left out past one message (reply-budget.ts); the HTTP API answers in full.
       body = encodeControllerReply(op, await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)));

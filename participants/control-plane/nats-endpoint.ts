@@ -1,5 +1,5 @@
 import { context, type Context } from "@opentelemetry/api";
-import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
   BearerTokenSchema,
@@ -70,7 +70,8 @@ export class ControlEndpoint {
   private async answerIn(op: Op, msg: Msg, parent: Context): Promise<void> {
     let body: string;
     try {
-      const token = bearerToken(msg.headers?.get(HEADER_AUTHORIZATION));
+      // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.
+      const token = bearerToken(msg.headers?.get(HEADER_AUTHORIZATION, Match.IgnoreCase));
       if (token === undefined || !tokensEqual(token, this.options.token)) {
         throw new CheckpointError("unauthorized", "missing or wrong bearer token");
       }

@@ -1,5 +1,8 @@
+import { headers } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
+import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
 import { HEADER_AUTHORIZATION, controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
@@ -52,6 +55,24 @@ describe("NATS controller client", () => {
       await expect(client("echo").call("status", {})).rejects.toMatchObject({ code: "unauthorized" });
     } finally {
       sub.unsubscribe();
+    }
+  });
+
+  it("the coordinator's NATS API reads the Authorization header in any case, as the HTTP API does", async () => {
+    const engine = { list: async () => ({ latest: null, checkpoints: [] }) } as unknown as CheckpointEngine;
+    const api = new NatsControllerApi({ nc: nats.nc, deployment: "anycase", token: "ctl-token", engine });
+    api.start();
+    await nats.nc.flush();
+    try {
+      const ask = async (name: string, value: string) => {
+        const h = headers();
+        h.set(name, value);
+        return (await nats.nc.request(controllerSubject("anycase", "list"), "", { headers: h, timeout: 5_000 })).json<Record<string, unknown>>();
+      };
+      for (const name of ["Authorization", "authorization", "AUTHORIZATION"]) expect([name, await ask(name, "Bearer ctl-token")]).toEqual([name, { latest: null, checkpoints: [] }]);
+      expect(await ask("authorization", "Bearer wrong")).toMatchObject({ error: { code: "unauthorized" } });
+    } finally {
+      await api.stop();
     }
   });
 });

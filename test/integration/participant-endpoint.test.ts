@@ -2,8 +2,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Kvm } from "@nats-io/kv";
+import { headers } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { MEMBER_TTL_MS, memberKey, membersBucket, type Op } from "../../protocol/index.js";
+import { MEMBER_TTL_MS, memberKey, membersBucket, participantSubject, type Op } from "../../protocol/index.js";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { controlRequest, phase } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -77,6 +78,15 @@ describe("participant control plane over a real nats-server", () => {
     expect((await send("prepare", phase("c-old"))).error.code).toBe("stale_checkpoint");
     expect((await send("prepare", { ...phase("c9"), epoch: 0 })).error.code).toBe("stale_epoch");
     expect(await send("status", {})).toEqual(before);
+  });
+
+  it("reads the Authorization header in any case, as an HTTP server would", async () => {
+    for (const name of ["authorization", "AUTHORIZATION"]) {
+      const h = headers();
+      h.set(name, `Bearer ${TOKEN}`);
+      const reply = await nats.nc.request(participantSubject(DEPLOYMENT, "model", "policy_model", "status"), "{}", { headers: h, timeout: 5_000 });
+      expect([name, reply.json<Record<string, unknown>>().phase]).toEqual([name, "idle"]);
+    }
   });
 
   it("refuses a control token that could never authenticate (whitespace) before serving", async () => {
