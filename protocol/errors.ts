@@ -108,8 +108,8 @@ export const ERROR_CATALOG = {
   },
   prepare_incomplete: {
     status: 409,
-    meaning: "Prepare did not finish before its deadline; the reply lists the blockers.",
-    solve: "Resume to abort, retire the blockers, then prepare again.",
+    meaning: "Prepare did not finish before its deadline; the detail names each participant not prepared with its code or blocker count and up to 10 of its blockers (the detail is cut at 4096 characters).",
+    solve: "Resume to abort, retire the blockers (`prepare` and `status` list up to 100 per participant, with the count), then prepare again.",
   },
   restore_failed: {
     status: 409,

@@ -1,4 +1,6 @@
+import { writeFile } from "node:fs/promises";
 import { connect } from "node:net";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
 import { CheckpointError, CtlStatusReplySchema, ErrorReplySchema, MAX_CHECKPOINT_ID_CHARS } from "../../protocol/index.js";
@@ -127,6 +129,25 @@ describe("HTTP controller API (real HTTP client)", () => {
     await expect(client.get("absent")).rejects.toSatisfy((e: unknown) => e instanceof CheckpointError && e.code === "not_found");
     const bad = new HttpControllerClient({ baseUrl: base, token: "wrong" });
     await expect(bad.status()).rejects.toMatchObject({ code: "unauthorized" });
+  });
+});
+
+describe("refusals docs/api.md lists per op", () => {
+  it("renew: stale_checkpoint for a resumed id, checkpoint_conflict while another is open; get and restore: invalid_checkpoint_state for a corrupt checkpoint.json", async () => {
+    expect(await post("/v1/renew", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "stale_checkpoint" } } });
+    expect((await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h6" }))).status).toBe(200);
+    expect(await post("/v1/renew", JSON.stringify({ checkpoint_id: "h7" }))).toMatchObject({ status: 409, body: { error: { code: "checkpoint_conflict" } } });
+    expect((await post("/v1/resume", JSON.stringify({ checkpoint_id: "h6" }))).status).toBe(200);
+
+    await new HttpControllerClient({ baseUrl: base, token: CONTROLLER_TOKEN }).checkpoint({ checkpoint_id: "h8" });
+    await writeFile(join(world.root, "h8", "checkpoint.json"), "{not json");
+    const got = await fetch(`${base}/v1/checkpoints/h8`, { headers: auth });
+    expect({ status: got.status, code: ErrorReplySchema.parse(await got.json()).error.code }).toEqual({ status: 422, code: "invalid_checkpoint_state" });
+    expect(await post("/v1/restore", JSON.stringify({ checkpoint_id: "h8", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).toMatchObject({
+      status: 422,
+      body: { error: { code: "invalid_checkpoint_state" } },
+    });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
 });
 
