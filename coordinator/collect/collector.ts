@@ -29,6 +29,7 @@ import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter } from "./progress-reporter.js";
 import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
+import { RowQueue } from "./row-queue.js";
 import type { TaskRow } from "./task-rows.js";
 import { parseRunReply, type RunReply } from "./run-reply.js";
 import { RunTimeouts } from "./run-timeouts.js";
@@ -117,6 +118,8 @@ const LEFT_OPEN_RESUME_TRIES = 3;
  */
 export class Collector {
   private readonly states = new Map<string, RowState>();
+  /** Counts by status and the send order: nothing per dispatch or per finished row walks every row. */
+  private queue = new RowQueue<RowState>();
   private readonly lock = new AsyncLock();
   private gateOpen = true;
   /** `/run` timeouts, paused while this collector's checkpoint keeps episodes parked. */
@@ -150,9 +153,7 @@ export class Collector {
   }
 
   private rowCounts(): RowCounts {
-    const counts: RowCounts = { pending: 0, inflight: 0, done: 0, failed: 0 };
-    for (const state of this.states.values()) counts[state.status]++;
-    return counts;
+    return { ...this.queue.counts };
   }
 
   private get logPath(): string {
@@ -165,9 +166,12 @@ export class Collector {
   async start(): Promise<void> {
     await this.records?.start();
     const finished = await readResultsForAppend(this.options.outPath);
+    this.queue = new RowQueue();
     for (const row of this.options.rows) {
       const done = finished.get(row.rolloutId);
-      this.states.set(row.rolloutId, { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0, refused: false, refusalWaiters: [] });
+      const state: RowState = { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0, refused: false, refusalWaiters: [] };
+      this.states.set(row.rolloutId, state);
+      this.queue.add(state);
     }
     const history = await DispatchLog.read(this.logPath);
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
@@ -328,18 +332,17 @@ export class Collector {
       if (this.stopping) return;
       await this.waitForGate();
       if (this.stopping) return;
-      const pending = [...this.states.values()].filter((s) => s.status === "pending");
-      const next = pending.find((s) => s.retiring === undefined);
+      const next = this.queue.next();
       if (!next) {
         // Only an in-flight row can come back (a failed /run is retried), or one waiting for the
         // retire of its failed attempt (retireQueued wakes us). Other queued retires are not
         // waited for: close() drains them.
-        if (this.inFlight() === 0 && pending.length === 0) return;
+        if (this.queue.counts.inflight === 0 && this.queue.counts.pending === 0) return;
         // Rows may come back: wait for any change.
         await new Promise<void>((resolve) => this.dispatchWaiters.push(resolve));
         continue;
       }
-      next.status = "inflight";
+      this.queue.set(next, "inflight");
       const reply = this.dispatch(next);
       next.reply = reply;
       await reply;
@@ -392,7 +395,7 @@ export class Collector {
   private async finished(state: RowState, reply: RunReply): Promise<void> {
     // The trajectory goes to the rollout records, not into results.jsonl.
     const { trajectory, ...body } = reply;
-    state.status = "done";
+    this.queue.set(state, "done");
     state.restored = false;
     await appendResult(this.options.outPath, {
       rollout_id: state.row.rolloutId,
@@ -459,11 +462,11 @@ export class Collector {
     state.failures++;
     state.restored = false;
     if (state.failures >= (this.options.maxAttempts ?? 3)) {
-      state.status = "failed";
+      this.queue.set(state, "failed");
     } else {
       state.retiring = state.attempt;
       state.attempt++;
-      state.status = "pending";
+      this.queue.set(state, "pending");
     }
     this.flushRetires();
   }
@@ -471,7 +474,8 @@ export class Collector {
   /** Retires the queue now; while a row waits for its retire, a failed one is tried again. */
   private flushRetires(): void {
     void this.lock.run(() => this.retireQueued()).catch((err: unknown) => {
-      const waiting = [...this.states.values()].some((s) => s.status === "pending" && s.retiring !== undefined);
+      // The attempt a row waits for is still in toRetire: a batch leaves it only once retired.
+      const waiting = this.toRetire.some((e) => this.states.get(e.rollout_id)?.retiring === e.attempt);
       this.options.logger.warn({ err }, waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
       if (waiting && !this.retireRetry) {
         this.retireRetry = setTimeout(() => {
@@ -602,7 +606,10 @@ export class Collector {
       this.toRetire.splice(0, batch.length);
       for (const e of batch) {
         const state = this.states.get(e.rollout_id);
-        if (state?.retiring === e.attempt) delete state.retiring;
+        if (state?.retiring === e.attempt) {
+          delete state.retiring;
+          this.queue.retireDone(state);
+        }
       }
       this.wakeDispatchers();
     }
@@ -660,7 +667,7 @@ export class Collector {
   }
 
   private inFlight(): number {
-    return [...this.states.values()].filter((s) => s.status === "inflight").length;
+    return this.queue.counts.inflight;
   }
 
   private deadline(): number {
@@ -668,13 +675,13 @@ export class Collector {
   }
 
   private report(force: boolean): void {
-    const values = [...this.states.values()];
+    const { counts } = this.queue;
     this.options.progress?.update(
       {
-        total: values.length,
-        done: values.filter((s) => s.status === "done").length,
-        inFlight: values.filter((s) => s.status === "inflight").length,
-        failed: values.filter((s) => s.status === "failed").length,
+        total: this.states.size,
+        done: counts.done,
+        inFlight: counts.inflight,
+        failed: counts.failed,
         checkpoints: this.checkpoints,
         lastCheckpointAt: this.lastCheckpointAt,
       },

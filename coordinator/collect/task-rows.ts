@@ -1,4 +1,5 @@
-import { readFile } from "node:fs/promises";
+import { createReadStream } from "node:fs";
+import { createInterface } from "node:readline";
 import { z } from "zod";
 import { CheckpointError, RolloutIdSchema, describeZodError } from "../../protocol/index.js";
 
@@ -13,31 +14,35 @@ export interface TaskRow {
   task: Record<string, unknown>;
 }
 
+/** Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be. */
 export async function readTaskRows(path: string): Promise<TaskRow[]> {
-  let text: string;
-  try {
-    text = await readFile(path, "utf8");
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    throw new CheckpointError("invalid_request", `tasks file ${path} ${code === "ENOENT" ? "does not exist" : `is not readable (${code ?? String(error)})`}`);
-  }
   const rows: TaskRow[] = [];
   const seen = new Set<string>();
-  text.split("\n").forEach((line, index) => {
-    if (!line.trim()) return;
-    let value: unknown;
-    try {
-      value = JSON.parse(line);
-    } catch {
-      throw new CheckpointError("invalid_request", `${path}:${index + 1}: not JSON`);
+  const input = createReadStream(path, { encoding: "utf8" });
+  let number = 0;
+  try {
+    for await (const line of createInterface({ input, crlfDelay: Infinity })) {
+      number++;
+      if (!line.trim()) continue;
+      let value: unknown;
+      try {
+        value = JSON.parse(line);
+      } catch {
+        throw new CheckpointError("invalid_request", `${path}:${number}: not JSON`);
+      }
+      const withId = value !== null && typeof value === "object" && "task" in value && "id" in value ? value : { id: `row-${number}`, task: value };
+      const parsed = TaskLineSchema.safeParse(withId);
+      if (!parsed.success) throw new CheckpointError("invalid_request", `${path}:${number}: ${describeZodError(parsed.error)}`);
+      if (seen.has(parsed.data.id)) throw new CheckpointError("invalid_request", `${path}:${number}: duplicate id ${parsed.data.id}`);
+      seen.add(parsed.data.id);
+      rows.push({ rolloutId: parsed.data.id, task: parsed.data.task });
     }
-    const withId =
-      value !== null && typeof value === "object" && "task" in value && "id" in value ? value : { id: `row-${index + 1}`, task: value };
-    const parsed = TaskLineSchema.safeParse(withId);
-    if (!parsed.success) throw new CheckpointError("invalid_request", `${path}:${index + 1}: ${describeZodError(parsed.error)}`);
-    if (seen.has(parsed.data.id)) throw new CheckpointError("invalid_request", `${path}:${index + 1}: duplicate id ${parsed.data.id}`);
-    seen.add(parsed.data.id);
-    rows.push({ rolloutId: parsed.data.id, task: parsed.data.task });
-  });
+  } catch (error) {
+    if (error instanceof CheckpointError) throw error;
+    const code = (error as NodeJS.ErrnoException).code;
+    throw new CheckpointError("invalid_request", `tasks file ${path} ${code === "ENOENT" ? "does not exist" : `is not readable (${code ?? String(error)})`}`);
+  } finally {
+    input.destroy(); // a refused line leaves the rest unread
+  }
   return rows;
 }

@@ -1,0 +1,51 @@
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+
+/**
+ * A tasks file past V8's longest string (about 512 MiB) cannot be read whole: Node refuses with
+ * ERR_STRING_TOO_LONG. Writing one is too slow for a unit test, so whole-file reads of the files
+ * under `huge.under` fail as Node's would, and the reader must still return every row.
+ */
+const huge = vi.hoisted(() => ({ under: undefined as string | undefined }));
+
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs/promises")>();
+  const tooLong = () => Object.assign(new Error("Cannot create a string longer than 0x1fffffe8 characters"), { code: "ERR_STRING_TOO_LONG" });
+  const readFile = (async (path: Parameters<typeof real.readFile>[0], options?: Parameters<typeof real.readFile>[1]) => {
+    if (huge.under !== undefined && String(path).startsWith(huge.under)) throw tooLong();
+    return real.readFile(path, options);
+  }) as typeof real.readFile;
+  return { ...real, default: { ...real, readFile }, readFile };
+});
+
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-tasks-"));
+});
+afterEach(async () => {
+  huge.under = undefined;
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("task rows", () => {
+  it("are streamed line by line: a file too large to read as one string still loads", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, Array.from({ length: 1000 }, (_, i) => JSON.stringify({ id: `t${i}`, task: { n: i } })).join("\n") + "\n");
+    huge.under = dir;
+    const rows = await readTaskRows(path);
+    expect(rows).toHaveLength(1000);
+    expect(rows[999]).toEqual({ rolloutId: "t999", task: { n: 999 } });
+  });
+
+  it("name the line of a refused one, counting blank and CRLF-ended lines", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, '{"a":1}\r\n\r\n{"id":"x","task":{}}\n{"id":"x","task":{}}\n');
+    await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: `${path}:4: duplicate id x` });
+    await writeFile(path, '{"a":1}\n{not json\n');
+    await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: `${path}:2: not JSON` });
+    await expect(readTaskRows(join(dir, "missing.jsonl"))).rejects.toMatchObject({ code: "ENOENT" });
+  });
+});
