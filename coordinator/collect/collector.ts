@@ -26,7 +26,7 @@ import { collectionInstruments, type RowCounts } from "./collection-telemetry.js
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { DispatchLog } from "./dispatch-log.js";
 import { parseStateValue } from "./state-file-value.js";
-import { ProgressReporter } from "./progress-reporter.js";
+import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
 import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
@@ -133,6 +133,8 @@ export class Collector {
   private log!: DispatchLog;
   private runId = `run-${new Date().toISOString().replace(/[-:.TZ]/g, "").slice(0, 14)}-${randomBytes(4).toString("hex")}`;
   private checkpoints = 0;
+  /** Rows earlier runs finished: the progress rate leaves them out. */
+  private doneBefore = 0;
   private lastCheckpointAt: number | undefined;
   private stopping = false;
   private restartedCount = 0;
@@ -173,6 +175,7 @@ export class Collector {
       this.states.set(row.rolloutId, state);
       this.queue.add(state);
     }
+    this.doneBefore = this.queue.counts.done;
     const history = await DispatchLog.read(this.logPath);
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
     const restoredOnly = history?.restoredOnly ?? new Set<string>();
@@ -296,6 +299,7 @@ export class Collector {
   // ---- the dispatch loop -----------------------------------------------------------------
 
   async run(): Promise<CollectionSummary> {
+    this.options.progress?.start(() => this.progressSnapshot());
     const concurrency = this.options.concurrency ?? 8;
     if (this.options.checkpointEverySeconds) {
       this.timer = setInterval(() => {
@@ -675,18 +679,20 @@ export class Collector {
   }
 
   private report(force: boolean): void {
+    this.options.progress?.update(this.progressSnapshot(), force);
+  }
+
+  private progressSnapshot(): ProgressSnapshot {
     const { counts } = this.queue;
-    this.options.progress?.update(
-      {
-        total: this.states.size,
-        done: counts.done,
-        inFlight: counts.inflight,
-        failed: counts.failed,
-        checkpoints: this.checkpoints,
-        lastCheckpointAt: this.lastCheckpointAt,
-      },
-      force,
-    );
+    return {
+      total: this.states.size,
+      done: counts.done,
+      doneBefore: this.doneBefore,
+      inFlight: counts.inflight,
+      failed: counts.failed,
+      checkpoints: this.checkpoints,
+      lastCheckpointAt: this.lastCheckpointAt,
+    };
   }
 
   summary(): CollectionSummary {

@@ -5,16 +5,23 @@
 export interface ProgressSnapshot {
   total: number;
   done: number;
+  /** Rows an earlier run had finished (in `done`, but not in the rate: this run did not do them). */
+  doneBefore: number;
   inFlight: number;
   failed: number;
   checkpoints: number;
   lastCheckpointAt: number | undefined;
 }
 
+/** How often the live bar is redrawn while nothing changes (its rate, ETA and ages move on). */
+const LIVE_REFRESH_MS = 1000;
+
 export class ProgressReporter {
-  private readonly startedAt: number;
+  private startedAt: number;
   private lastPlainAt = 0;
   private lastLength = 0;
+  private source: (() => ProgressSnapshot) | undefined;
+  private timer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly out: NodeJS.WritableStream & { isTTY?: boolean },
@@ -28,27 +35,41 @@ export class ProgressReporter {
     return this.out.isTTY === true;
   }
 
+  /**
+   * The run starts now (the rate counts from here), and a line is written on a timer too: rows
+   * may run for minutes with nothing finishing, and the line must not stop meanwhile.
+   */
+  start(source: () => ProgressSnapshot): void {
+    this.startedAt = this.now();
+    this.source = source;
+    this.arm();
+  }
+
   update(snapshot: ProgressSnapshot, force = false): void {
     const line = this.format(snapshot);
     if (this.interactive) {
       const padded = line.padEnd(this.lastLength);
       this.lastLength = line.length;
       this.out.write(`\r${padded}`);
+      this.arm();
     } else if (force || this.now() - this.lastPlainAt >= this.plainIntervalMs) {
       this.lastPlainAt = this.now();
       this.out.write(`${line}\n`);
+      this.arm();
     }
   }
 
-  /** Ends the live line so later output starts on a fresh one. */
+  /** Stops the timer and ends the live line so later output starts on a fresh one. */
   finish(): void {
+    clearTimeout(this.timer);
+    this.source = undefined;
     if (this.interactive && this.lastLength) this.out.write("\n");
     this.lastLength = 0;
   }
 
   format(s: ProgressSnapshot): string {
     const elapsed = (this.now() - this.startedAt) / 1000;
-    const rate = elapsed > 0 ? s.done / elapsed : 0;
+    const rate = elapsed > 0 ? Math.max(0, s.done - s.doneBefore) / elapsed : 0;
     const remaining = s.total - s.done - s.failed;
     const eta = rate > 0 ? formatSeconds(remaining / rate) : "?";
     const width = 24;
@@ -56,6 +77,15 @@ export class ProgressReporter {
     const bar = `${"#".repeat(filled)}${"-".repeat(width - filled)}`;
     const age = s.lastCheckpointAt === undefined ? "none" : `${formatSeconds((this.now() - s.lastCheckpointAt) / 1000)} ago`;
     return `[${bar}] ${s.done}/${s.total} done, ${s.inFlight} in flight, ${s.failed} failed | ${rate.toFixed(1)} rows/s, ETA ${eta} | checkpoints ${s.checkpoints}, last ${age}`;
+  }
+
+  /** The next timed line: one interval after the last one written, whatever wrote it. */
+  private arm(): void {
+    clearTimeout(this.timer);
+    const source = this.source;
+    if (!source) return;
+    this.timer = setTimeout(() => this.update(source(), true), this.interactive ? LIVE_REFRESH_MS : this.plainIntervalMs);
+    this.timer.unref();
   }
 }
 

@@ -96,7 +96,7 @@ describe("progress", () => {
     const written: string[] = [];
     const sink = { write: (s: string) => written.push(s), isTTY: false } as unknown as NodeJS.WritableStream;
     const plain = new ProgressReporter(sink, 1000, () => now);
-    const snap = { total: 10, done: 5, inFlight: 2, failed: 1, checkpoints: 1, lastCheckpointAt: 0 };
+    const snap = { total: 10, done: 5, doneBefore: 0, inFlight: 2, failed: 1, checkpoints: 1, lastCheckpointAt: 0 };
     now = 2000;
     plain.update(snap);
     now = 2500;

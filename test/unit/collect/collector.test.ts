@@ -6,6 +6,7 @@ import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
+import { ProgressReporter } from "../../../coordinator/collect/progress-reporter.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { CheckpointError, canonicalDigest, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
@@ -259,6 +260,27 @@ describe("collector", () => {
     expect(await collector.run()).toMatchObject({ rows: 3, finished: 3 });
     expect(runs).toEqual(["c"]);
     expect([...(await readResults(out)).keys()]).toEqual(["a", "b", "c"]);
+  });
+
+  it("progress after a restart: lines keep coming while a long row runs, and the rate leaves out rows earlier runs finished", async () => {
+    const out = join(dir, "results.jsonl");
+    for (let i = 0; i < 9; i++) await appendResult(out, { rollout_id: `r${i}`, attempt: 0, reward: 1, continued: false, finished_at: 1, response: {} });
+    const release = deferred();
+    const url = await runServer(async () => {
+      await release.promise;
+      return { status: 200, body: { reward: 1 } };
+    });
+    const lines: string[] = [];
+    const sink = { write: (s: string) => lines.push(s), isTTY: false } as unknown as NodeJS.WritableStream;
+    const { controller } = fakeController();
+    const rows = Array.from({ length: 10 }, (_, i) => ({ rolloutId: `r${i}`, task: {} }));
+    const collector = collectorFor(controller, url, { rows, progress: new ProgressReporter(sink, 50) });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => lines.length >= 3, "progress lines while the last row runs");
+    expect(lines.every((l) => l.includes("9/10 done, 1 in flight, 0 failed | 0.0 rows/s, ETA ?"))).toBe(true);
+    release.resolve();
+    expect(await run).toMatchObject({ finished: 10 });
   });
 
   it("a second crash before a restored row is sent continues it as attempt + 2", async () => {

@@ -1,0 +1,93 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { ProgressReporter, type ProgressSnapshot } from "../../../coordinator/collect/progress-reporter.js";
+
+/** The progress line against an injected clock; its timer runs on fake timers moved in step. */
+let clock: number;
+beforeEach(() => {
+  clock = 1_000_000;
+  vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
+});
+afterEach(() => {
+  vi.useRealTimers();
+});
+
+/** Moves the clock and the timers together, 100 ms at a time. */
+function advance(ms: number): void {
+  for (let moved = 0; moved < ms; moved += 100) {
+    clock += 100;
+    vi.advanceTimersByTime(100);
+  }
+}
+
+function sink(isTTY: boolean) {
+  const written: string[] = [];
+  return { written, out: { write: (s: string) => written.push(s), isTTY } as unknown as NodeJS.WritableStream };
+}
+
+const snapshot = (over: Partial<ProgressSnapshot> = {}): ProgressSnapshot => ({
+  total: 1000,
+  done: 900,
+  doneBefore: 900,
+  inFlight: 1,
+  failed: 0,
+  checkpoints: 0,
+  lastCheckpointAt: undefined,
+  ...over,
+});
+
+describe("progress reporter", () => {
+  it("rates only the rows this run finished: 900 of 1000 done before, 1 row/s now", () => {
+    const { out } = sink(false);
+    const reporter = new ProgressReporter(out, 2000, () => clock);
+    reporter.start(() => snapshot());
+    advance(5000);
+    const line = reporter.format(snapshot({ done: 905 }));
+    expect(line).toContain("905/1000 done");
+    expect(line).toContain("| 1.0 rows/s, ETA 1m35s |");
+    reporter.finish();
+  });
+
+  it("counts the rate from start(), not from when the reporter was made (start-up may take long)", () => {
+    const { out } = sink(false);
+    const reporter = new ProgressReporter(out, 2000, () => clock);
+    advance(60_000); // restoring a checkpoint
+    reporter.start(() => snapshot());
+    advance(10_000);
+    expect(reporter.format(snapshot({ done: 910 }))).toContain("| 1.0 rows/s, ETA 1m30s |");
+    reporter.finish();
+  });
+
+  it("writes a plain line every interval while no row finishes, one interval after the last line, until finish", () => {
+    const { out, written } = sink(false);
+    const reporter = new ProgressReporter(out, 2000, () => clock);
+    let lastCheckpointAt: number | undefined;
+    reporter.start(() => snapshot({ lastCheckpointAt, checkpoints: lastCheckpointAt === undefined ? 0 : 1 }));
+    advance(6500);
+    expect(written).toHaveLength(3);
+    expect(written.every((l) => l.endsWith("\n") && l.includes("900/1000 done, 1 in flight"))).toBe(true);
+    // A checkpoint ends at 6.5 s (forced line): the next timed one comes 2 s after it, not at 8 s.
+    lastCheckpointAt = clock;
+    reporter.update(snapshot({ lastCheckpointAt, checkpoints: 1 }), true);
+    advance(1900);
+    expect(written).toHaveLength(4);
+    advance(100);
+    expect(written).toHaveLength(5);
+    expect(written[4]).toContain("checkpoints 1, last 2s ago");
+    reporter.finish();
+    advance(10_000);
+    expect(written).toHaveLength(5);
+  });
+
+  it("redraws the live bar every second on a terminal while nothing changes", () => {
+    const { out, written } = sink(true);
+    const reporter = new ProgressReporter(out, 10_000, () => clock);
+    reporter.start(() => snapshot());
+    advance(3000);
+    expect(written).toHaveLength(3);
+    expect(written.every((l) => l.startsWith("\r["))).toBe(true);
+    reporter.finish();
+    expect(written.at(-1)).toBe("\n");
+    advance(3000);
+    expect(written).toHaveLength(4);
+  });
+});
