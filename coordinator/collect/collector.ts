@@ -357,7 +357,8 @@ export class Collector {
 
   private async dispatch(state: RowState): Promise<void> {
     const episode = { rollout_id: state.row.rolloutId, attempt: state.attempt };
-    // Once per attempt: an admission_closed retry sends the same attempt again.
+    // Once per attempt: an admission_closed retry sends the same attempt again. On disk before the
+    // /run goes out: after a power loss the next start must find it, to retire it.
     await this.log.record(episode);
     for (;;) {
       state.refused = false;

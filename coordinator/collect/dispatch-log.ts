@@ -1,4 +1,4 @@
-import { appendFile } from "node:fs/promises";
+import { open } from "node:fs/promises";
 import { z } from "zod";
 import { EpisodeIdSchema, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
@@ -10,8 +10,10 @@ import { parseStateValue } from "./state-file-value.js";
  * just before each `/run` is sent, and one `{rollout_id, attempt, restored: true}` line per row a
  * restore continues as its next attempt (not sent yet). After a crash it names every attempt that
  * may still be running somewhere, so the next run can retire them before sending replacements.
- * Lines are flushed, not fsynced: losing the tail on power loss only loses attempts that never
- * reached a server.
+ * Each line is on disk (fdatasync) before its append returns, and only then does the `/run` go
+ * out: a line lost on power loss would let the next run send that attempt again, unretired.
+ * Appends made while a sync runs share the next one (group commit): concurrent dispatches cost one
+ * sync per group, not one each.
  */
 const HeaderSchema = z.object({ run_id: z.string().min(1).max(128) }).strict();
 const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
@@ -30,7 +32,17 @@ export interface DispatchHistory {
   restoredOnly: Set<string>;
 }
 
+interface QueuedAppend {
+  text: string;
+  resolve: () => void;
+  reject: (error: unknown) => void;
+}
+
 export class DispatchLog {
+  /** Appends waiting for the next group write and sync. */
+  private queued: QueuedAppend[] = [];
+  private writing = false;
+
   private constructor(
     readonly path: string,
     readonly runId: string,
@@ -45,20 +57,52 @@ export class DispatchLog {
     return new DispatchLog(path, runId);
   }
 
+  /** The attempt about to be sent; on disk when this returns. */
   async record(episode: EpisodeId): Promise<void> {
-    await appendFile(this.path, `${JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt })}\n`);
+    await this.append(`${JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt })}\n`);
   }
 
   /** Attempts that may exist somewhere (sent, or fenced by the coordinator): the next start retires them and sends the one after. */
   async recordAll(episodes: EpisodeId[]): Promise<void> {
     if (!episodes.length) return;
-    await appendFile(this.path, episodes.map((e) => `${JSON.stringify({ rollout_id: e.rollout_id, attempt: e.attempt })}\n`).join(""));
+    await this.append(episodes.map((e) => `${JSON.stringify({ rollout_id: e.rollout_id, attempt: e.attempt })}\n`).join(""));
   }
 
   /** The next attempts a restore installed: a later checkpoint continues them before they are sent. */
   async recordRestored(episodes: EpisodeId[]): Promise<void> {
     if (!episodes.length) return;
-    await appendFile(this.path, episodes.map((e) => `${JSON.stringify({ rollout_id: e.rollout_id, attempt: e.attempt, restored: true })}\n`).join(""));
+    await this.append(episodes.map((e) => `${JSON.stringify({ rollout_id: e.rollout_id, attempt: e.attempt, restored: true })}\n`).join(""));
+  }
+
+  /** Resolves once `text` is written and synced, with whatever else was queued beside it. */
+  private append(text: string): Promise<void> {
+    const appended = new Promise<void>((resolve, reject) => this.queued.push({ text, resolve, reject }));
+    if (!this.writing) void this.writeQueued();
+    return appended;
+  }
+
+  /**
+   * Group commit: one write and one fdatasync for every append queued before it began. One at a
+   * time, so lines keep their order and a long write (over one 512 KiB chunk) is never interleaved.
+   */
+  private async writeQueued(): Promise<void> {
+    this.writing = true;
+    while (this.queued.length) {
+      const group = this.queued.splice(0);
+      try {
+        const handle = await open(this.path, "a");
+        try {
+          await handle.appendFile(group.map((a) => a.text).join(""));
+          await handle.datasync();
+        } finally {
+          await handle.close();
+        }
+        for (const a of group) a.resolve();
+      } catch (error) {
+        for (const a of group) a.reject(error);
+      }
+    }
+    this.writing = false;
   }
 
   /** Reads a previous run's log; a torn (unparseable) last line is ignored, any other bad line is an error. */
