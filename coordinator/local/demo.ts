@@ -69,8 +69,9 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
   let natsStart: Promise<NatsServerProcess> | undefined;
   const launch = async (script: string, args: string[], opts?: ChildProgramOptions): Promise<ChildProgram> => {
     if (signal?.aborted) throw aborted();
-    // One inherited Prometheus port would make every demo process bind the same one.
-    const pending = startChildProgram(script, args, { ...opts, env: { ...opts?.env, OTEL_EXPORTER_PROMETHEUS_PORT: undefined } });
+    // One inherited Prometheus port would make every demo process bind the same one. Each program
+    // stops once the demo is gone, even SIGKILLed (when the clean-up below never runs).
+    const pending = startChildProgram(script, args, { ...opts, exitWithParent: true, env: { ...opts?.env, OTEL_EXPORTER_PROMETHEUS_PORT: undefined } });
     starting.add(pending);
     try {
       const child = await pending;
@@ -84,7 +85,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
   const abortion = new Promise<never>((_, reject) => signal?.addEventListener("abort", () => reject(aborted()), { once: true }));
   const run = async (): Promise<DemoOutcome> => {
     await mkdir(root);
-    natsStart = NatsServerProcess.start();
+    natsStart = NatsServerProcess.start({ exitWithParent: true });
     nats = await natsStart;
     say(`nats-server (JetStream) on ${nats.url}`);
     const common = ["--nats-url", nats.url, "--deployment", DEPLOYMENT, "--token", token];

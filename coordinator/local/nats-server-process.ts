@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdir, mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -16,6 +16,12 @@ export interface NatsServerOptions {
   args?: string[];
   /** How long to wait for the server to listen. */
   startTimeoutMs?: number;
+  /**
+   * SIGKILL the server when this process dies, however it dies (nats-server cannot watch its parent
+   * itself): it runs under `setpriv --pdeathsig KILL` (Linux, util-linux ≥ 2.33). Without setpriv
+   * the server outlives a SIGKILLed parent.
+   */
+  exitWithParent?: boolean;
 }
 
 /**
@@ -32,13 +38,14 @@ export class NatsServerProcess {
     public port: number,
     private readonly extraArgs: string[],
     private readonly startTimeoutMs: number,
+    private readonly exitWithParent: boolean,
   ) {}
 
   static async start(options: NatsServerOptions = {}): Promise<NatsServerProcess> {
     const ownsStore = options.storeDir === undefined;
     const storeDir = options.storeDir ?? (await mkdtemp(join(tmpdir(), "gym-ckpt-nats-")));
     for (let tries = 1; ; tries++) {
-      const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? (await portBelowEphemeralRange()), options.args ?? [], options.startTimeoutMs ?? 10_000);
+      const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? (await portBelowEphemeralRange()), options.args ?? [], options.startTimeoutMs ?? 10_000, options.exitWithParent === true);
       try {
         await server.launch();
         return server;
@@ -64,7 +71,11 @@ export class NatsServerProcess {
     await rm(portsDir, { recursive: true, force: true });
     await mkdir(portsDir, { recursive: true });
     const args = ["-a", "127.0.0.1", "-p", String(this.port), "-js", "-sd", join(this.storeDir, "js"), "--ports_file_dir", portsDir, ...this.extraArgs];
-    const child = spawn(findBinary(), args, { stdio: ["ignore", "ignore", "pipe"] });
+    // setpriv execs the server in its own process: the pid (and so the ports file name) is the server's.
+    const setpriv = this.exitWithParent ? pdeathsigWrapper() : undefined;
+    const child = setpriv
+      ? spawn(setpriv, ["--pdeathsig", "KILL", "--", findBinary(), ...args], { stdio: ["ignore", "ignore", "pipe"] })
+      : spawn(findBinary(), args, { stdio: ["ignore", "ignore", "pipe"] });
     this.child = child;
     this.stderrTail = "";
     child.stderr?.setEncoding("utf8");
@@ -143,7 +154,13 @@ function parsePortsFile(text: string): string | undefined {
 }
 
 function findBinary(): string {
-  for (const candidate of CANDIDATE_BINARIES) {
+  const found = findExecutable(CANDIDATE_BINARIES);
+  if (!found) throw new Error("nats-server not found; install it with: sudo apt-get install -y nats-server");
+  return found;
+}
+
+function findExecutable(candidates: string[]): string | undefined {
+  for (const candidate of candidates) {
     if (!candidate.includes("/")) {
       for (const dir of (process.env.PATH ?? "").split(":")) {
         if (dir && existsSync(join(dir, candidate))) return join(dir, candidate);
@@ -152,7 +169,18 @@ function findBinary(): string {
       return candidate;
     }
   }
-  throw new Error("nats-server not found; install it with: sudo apt-get install -y nats-server");
+  return undefined;
+}
+
+let pdeathsig: string | null | undefined;
+
+/** setpriv, when it is there and knows --pdeathsig (util-linux ≥ 2.33); looked up once. */
+function pdeathsigWrapper(): string | undefined {
+  if (pdeathsig === undefined) {
+    const setpriv = findExecutable(["setpriv", "/usr/bin/setpriv"]);
+    pdeathsig = setpriv && spawnSync(setpriv, ["--help"], { encoding: "utf8" }).stdout?.includes("--pdeathsig") ? setpriv : null;
+  }
+  return pdeathsig ?? undefined;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdtemp, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -9,50 +9,79 @@ import { waitUntil } from "../support/wait-until.js";
 
 /** `gym-ckpt demo` stopped by a signal mid-run: no process and no temp directory is left behind. */
 const seen = new Set<number>();
-/** The demo runs in its own process group: teardown reaches whatever it started, even before the test saw it. */
-let group: number | undefined;
-let scratch: string | undefined;
+/** Each demo runs in its own process group: teardown reaches whatever it started, even before the test saw it. */
+const groups: number[] = [];
+const scratches: string[] = [];
 afterAll(async () => {
   killAll(seen);
-  if (group !== undefined) {
+  for (const group of groups) {
     try {
       process.kill(-group, "SIGKILL");
     } catch {
       // the group is gone already
     }
   }
-  if (scratch) await rm(scratch, { recursive: true, force: true });
+  for (const scratch of scratches) await rm(scratch, { recursive: true, force: true });
 });
+
+/** A demo whose reference Gym is up, with every process it started so far. */
+async function runningDemo() {
+  // The demo's work and NATS store directories go under TMPDIR: a private one shows what is left.
+  const scratch = await mkdtemp(join(tmpdir(), "demo-signals-"));
+  scratches.push(scratch);
+  const demo: ChildProcess = spawn(process.execPath, ["dist/coordinator/cli/main.js", "demo", "--rows", "40", "--token-delay-ms", "60"], {
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, TMPDIR: scratch },
+    detached: true,
+  });
+  groups.push(demo.pid!);
+  seen.add(demo.pid!);
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => demo.once("exit", (code, signal) => resolve({ code, signal })));
+  await new Promise<void>((resolve, reject) => {
+    createInterface({ input: demo.stdout! }).on("line", (line) => {
+      if (line.includes("reference Gym up")) resolve();
+    });
+    void exited.then(({ code }) => reject(new Error(`demo exited early (${code})`)));
+  });
+  const started = descendants(demo.pid!);
+  for (const p of started) seen.add(p.pid);
+  // nats-server, coordinator, policy backend, the gym launcher and its four servers.
+  expect(started.length).toBeGreaterThanOrEqual(8);
+  // The attach proxy's shared ledger directory (gym-ckpt-ledger) is not the demo's to remove.
+  const ours = async () => (await readdir(scratch)).filter((name) => name.startsWith("gym-ckpt-demo-") || name.startsWith("gym-ckpt-nats-"));
+  expect(await ours()).toHaveLength(2);
+  return { demo, exited, started, ours };
+}
 
 describe("gym-ckpt demo", () => {
   it("kills every process it started and removes its directories on SIGTERM", async () => {
-    // The demo's work and NATS store directories go under TMPDIR: a private one shows what is left.
-    scratch = await mkdtemp(join(tmpdir(), "demo-signals-"));
-    const demo: ChildProcess = spawn(process.execPath, ["dist/coordinator/cli/main.js", "demo", "--rows", "40", "--token-delay-ms", "60"], {
-      stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, TMPDIR: scratch },
-      detached: true,
-    });
-    group = demo.pid;
-    seen.add(demo.pid!);
-    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => demo.once("exit", (code, signal) => resolve({ code, signal })));
-    await new Promise<void>((resolve, reject) => {
-      createInterface({ input: demo.stdout! }).on("line", (line) => {
-        if (line.includes("reference Gym up")) resolve();
-      });
-      void exited.then(({ code }) => reject(new Error(`demo exited early (${code})`)));
-    });
-    const started = descendants(demo.pid!);
-    for (const p of started) seen.add(p.pid);
-    // nats-server, coordinator, policy backend, the gym launcher and its four servers.
-    expect(started.length).toBeGreaterThanOrEqual(8);
-    // The attach proxy's shared ledger directory (gym-ckpt-ledger) is not the demo's to remove.
-    const ours = async () => (await readdir(scratch!)).filter((name) => name.startsWith("gym-ckpt-demo-") || name.startsWith("gym-ckpt-nats-"));
-    expect(await ours()).toHaveLength(2);
+    const { demo, exited, started, ours } = await runningDemo();
     demo.kill("SIGTERM");
     const { code, signal } = await exited;
     await waitUntil(() => started.every((p) => !alive(p.pid)), "every process the demo started to exit");
     expect(await ours()).toEqual([]);
     expect({ code, signal }).toEqual({ code: 143, signal: null });
+  });
+
+  it("does the same when its terminal hangs up (SIGHUP to its process group): the detached Gym and nats-server go too", async () => {
+    const { demo, exited, started, ours } = await runningDemo();
+    process.kill(-demo.pid!, "SIGHUP");
+    const { code, signal } = await exited;
+    await waitUntil(() => started.every((p) => !alive(p.pid)), "every process the demo started to exit");
+    expect(await ours()).toEqual([]);
+    expect({ code, signal }).toEqual({ code: 129, signal: null });
+  });
+
+  it("SIGKILLed, it cleans up nothing, but every program it started stops by itself once the demo is gone", { timeout: 60_000 }, async () => {
+    const { demo, exited, started, ours } = await runningDemo();
+    demo.kill("SIGKILL");
+    expect(await exited).toEqual({ code: null, signal: "SIGKILL" });
+    // nats-server cannot watch its parent: it is SIGKILLed with it through setpriv --pdeathsig, when there.
+    const setpriv = spawnSync("setpriv", ["--help"], { encoding: "utf8" }).stdout?.includes("--pdeathsig") === true;
+    const expectedGone = started.filter((p) => setpriv || !p.cmdline.includes("nats-server"));
+    // The programs' own clean-up runs first (the Gym launcher stops its servers); one that hangs is cut short after 10 s.
+    await waitUntil(() => expectedGone.every((p) => !alive(p.pid)), "every process the demo started to exit", 30_000);
+    // What a SIGKILL leaves: the work and NATS store directories (docs/collect.md).
+    expect(await ours()).toHaveLength(2);
   });
 });

@@ -1,3 +1,4 @@
+import { constants } from "node:os";
 import type { Command } from "commander";
 import { runDemo } from "../../local/demo.js";
 
@@ -19,17 +20,20 @@ export function register(program: Command): void {
         process.exitCode = 2;
         return;
       }
-      // The demo's clean-up (every process, NATS, the work directory) must also run on Ctrl-C and
-      // SIGTERM: its Gym has its own process group, so a terminal's Ctrl-C never reaches it.
+      // The demo's clean-up (every process, NATS, the work directory) must also run on Ctrl-C,
+      // SIGTERM and SIGHUP (its terminal closed): its Gym has its own process group, so a terminal's
+      // Ctrl-C or hangup never reaches it, and nats-server takes SIGHUP as "reload the config".
       const abort = new AbortController();
       let signalled: NodeJS.Signals | undefined;
       const onSignal = (signal: NodeJS.Signals) => {
         signalled = signal;
+        // After a hangup, writing to the terminal fails (EIO): that must not end the clean-up.
+        if (signal === "SIGHUP") for (const stream of [process.stdout, process.stderr]) stream.on("error", () => undefined);
         say(`${signal}: stopping every process and removing the work directory`);
         abort.abort();
       };
-      process.once("SIGINT", onSignal);
-      process.once("SIGTERM", onSignal);
+      const signals = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
+      for (const signal of signals) process.once(signal, onSignal);
       try {
         const outcome = await runDemo({ ...numbers, keep: flags.keep === true, say, signal: abort.signal });
         process.exitCode = outcome.ok ? 0 : 1;
@@ -38,8 +42,7 @@ export function register(program: Command): void {
         process.exitCode = 1;
       }
       // Whatever the run was still waiting on is moot now; exit as the signal would have.
-      if (signalled) process.exit(signalled === "SIGINT" ? 130 : 143);
-      process.off("SIGINT", onSignal);
-      process.off("SIGTERM", onSignal);
+      if (signalled) process.exit(128 + constants.signals[signalled]);
+      for (const signal of signals) process.off(signal, onSignal);
     });
 }
