@@ -647,6 +647,7 @@ describe("collector timer checkpoints", () => {
 describe("collector failures", () => {
   it("a run that cannot append its results stops dispatching and drops the /runs in flight at once", { timeout: 10_000 }, async () => {
     let dropped = false;
+    let answerA: (() => void) | undefined;
     const requests: string[] = [];
     server = createServer((req, res) => {
       let data = "";
@@ -655,8 +656,10 @@ describe("collector failures", () => {
         const { rollout_id } = JSON.parse(data) as RunRequest;
         requests.push(rollout_id);
         res.on("close", () => void (!res.writableFinished && (dropped = true)));
-        if (rollout_id === "a") res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }));
-        // any other row runs until the collector hangs up
+        // a answers once b is in flight (each dispatch waits for its dispatch-log sync first), so
+        // the failure of a's append has a /run to drop; any other row runs until the collector hangs up
+        if (rollout_id === "a") answerA = () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }));
+        if (requests.includes("a") && requests.includes("b")) answerA?.();
       });
     });
     await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));

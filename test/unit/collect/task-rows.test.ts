@@ -46,6 +46,6 @@ describe("task rows", () => {
     await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: `${path}:4: duplicate id x` });
     await writeFile(path, '{"a":1}\n{not json\n');
     await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: `${path}:2: not JSON` });
-    await expect(readTaskRows(join(dir, "missing.jsonl"))).rejects.toMatchObject({ code: "ENOENT" });
+    await expect(readTaskRows(join(dir, "missing.jsonl"))).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("does not exist") });
   });
 });
