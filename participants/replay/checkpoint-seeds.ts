@@ -1,7 +1,7 @@
-import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { z } from "zod";
 import {
+  CheckpointError,
   GLOBAL_MANIFEST_FILE,
   GlobalManifestSchema,
   MAX_GLOBAL_MANIFEST_BYTES,
@@ -13,6 +13,7 @@ import {
 import { AgentRecordSchema, LegacySessionSchema, type AgentRecord } from "../kinds/agent/index.js";
 import { EnvironmentRecordSchema, type EnvironmentRecord } from "../kinds/environment/index.js";
 import { FsCheckpointStorage } from "../storage/fs-storage.js";
+import { readRegularFile } from "../storage/regular-file.js";
 import { estimateTokens, isResumePoint, seededContextNodes } from "./anchors.js";
 import { ChatMessageLikeSchema, chatToMessage } from "./chat-trajectory.js";
 import { invalidRequest, invalidState } from "./errors.js";
@@ -63,16 +64,17 @@ const LegacyLoopSchema = z.object({ next: z.literal("loop"), state: LoopSnapshot
 
 async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest> {
   const file = path.join(checkpointDir, GLOBAL_MANIFEST_FILE);
-  let size: number;
+  let text: string;
   try {
-    size = (await stat(file)).size;
-  } catch {
+    // Never a FIFO or device (it would block or stream forever), never past the limit.
+    text = (await readRegularFile(file, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES })).toString("utf8");
+  } catch (error) {
+    if (error instanceof CheckpointError) throw invalidState(error.message);
     throw invalidRequest(`${checkpointDir} holds no ${GLOBAL_MANIFEST_FILE} (not a published checkpoint)`);
   }
-  if (size > MAX_GLOBAL_MANIFEST_BYTES) throw invalidState(`${file} is ${size} bytes, over the ${MAX_GLOBAL_MANIFEST_BYTES} limit`);
   let raw: unknown;
   try {
-    raw = JSON.parse(await readFile(file, "utf8"));
+    raw = JSON.parse(text);
   } catch {
     throw invalidState(`${file} is not JSON`);
   }

@@ -1,8 +1,10 @@
 import { createHash } from "node:crypto";
-import fs, { type FileHandle } from "node:fs/promises";
+import type { FileHandle } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
+import { CheckpointError } from "../../protocol/index.js";
 import { LineSplitter } from "../storage/line-splitter.js";
+import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
 import { describeIssues, invalidState } from "./errors.js";
 import { defaultLogger } from "./log.js";
 import { checkIndex, type IndexRow } from "./rollout-index.js";
@@ -123,7 +125,7 @@ export function maxIndexBytes(recordBytes: number): number {
 export async function* readRecords(file: string, options: ReadOptions): AsyncGenerator<LoadedRecord> {
   const stats = options.stats ?? newReadStats();
   const logger = options.logger ?? defaultLogger();
-  const handle = await fs.open(file, "r");
+  const handle = await openRecordFile(file);
   try {
     stats.files += 1;
     const size = (await handle.stat()).size; // fstat of the handle we read from: no race with a rename
@@ -140,6 +142,19 @@ export async function* readRecords(file: string, options: ReadOptions): AsyncGen
   }
 }
 
+/**
+ * The record file, never a FIFO or device (a glob checks the type, but the name can be replaced
+ * before the open): refused with invalid_checkpoint_state. A missing file throws the open's ENOENT.
+ */
+async function openRecordFile(file: string): Promise<FileHandle> {
+  try {
+    return (await openRegularFile(file, { maxBytes: Number.MAX_SAFE_INTEGER })).handle;
+  } catch (error) {
+    if (error instanceof CheckpointError) throw invalidState(error.message);
+    throw error;
+  }
+}
+
 async function loadIndex(
   file: string,
   handle: FileHandle,
@@ -151,20 +166,20 @@ async function loadIndex(
   const indexPath = indexPathFor(file);
   const names = parseRecordFileName(path.basename(file));
   if (indexPath === null || names === null) return null;
-  let text: string;
+  let bytes: Buffer;
   try {
     // An index row is far smaller than the record it describes; a much larger index is hostile.
-    if ((await fs.stat(indexPath)).size > maxIndexBytes(size)) {
-      stats.indexRejected += 1;
-      logger.warn({ file, index: indexPath }, "ignoring oversized rollout index; parsing the record file in full");
-      return null;
-    }
-    text = await fs.readFile(indexPath, "utf8");
-  } catch {
-    return null; // not written yet (records are published first) or never: parse in full
+    // A FIFO or device there is too: it is refused unread instead of blocking or streaming forever.
+    bytes = await readRegularFile(indexPath, { maxBytes: maxIndexBytes(size) });
+  } catch (error) {
+    if (!(error instanceof CheckpointError)) return null; // not written yet (records are published first) or never: parse in full
+    stats.indexRejected += 1;
+    logger.warn({ file, index: indexPath, reason: error.message }, "ignoring rollout index; parsing the record file in full");
+    return null;
   }
-  stats.indexBytesRead += Buffer.byteLength(text);
-  const check = checkIndex(text, { recordFile: path.basename(file), kind: names.kind, env: names.env, size });
+  stats.indexBytesRead += bytes.length;
+  const expect = { recordFile: path.basename(file), kind: names.kind, env: names.env, size };
+  const check = checkIndex(bytes.toString("utf8"), expect);
   let reason = check.ok ? null : check.reason;
   if (check.ok && verifySha256) {
     const digest = await hashHandle(handle, size, stats);

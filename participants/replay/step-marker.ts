@@ -1,6 +1,6 @@
-import { promises as fs } from "node:fs";
 import path from "node:path";
 import { RECORD_KINDS, RolloutStepMarkerSchema as StepMarkerSchema, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
+import { readRegularFile } from "../storage/regular-file.js";
 
 /**
  * A step-complete marker, written after every env file of one (step, kind) is published.
@@ -16,13 +16,19 @@ export function isStepMarkerName(fileName: string): boolean {
   return /^_complete_(train|eval)\.json$/.test(fileName);
 }
 
-/** Record file names listed by the markers present in `dir` (unreadable or invalid markers count as absent). */
+/** A marker lists one step's file names (env names are at most 200 characters): thousands of envs fit. */
+export const MAX_STEP_MARKER_BYTES = 1 << 20;
+
+/**
+ * Record file names listed by the markers present in `dir`. Unreadable or invalid markers count as
+ * absent, and so does a FIFO, device or oversized file there: it is refused unread, never waited on.
+ */
 export async function completedFiles(dir: string): Promise<Set<string>> {
   const files = new Set<string>();
   for (const kind of RECORD_KINDS) {
     let text: string;
     try {
-      text = await fs.readFile(path.join(dir, stepMarkerName(kind)), "utf8");
+      text = (await readRegularFile(path.join(dir, stepMarkerName(kind)), { maxBytes: MAX_STEP_MARKER_BYTES })).toString("utf8");
     } catch {
       continue;
     }

@@ -1,5 +1,4 @@
 import { createHash, randomBytes } from "node:crypto";
-import { createReadStream } from "node:fs";
 import { link, mkdir, open, readFile, rename, stat, unlink } from "node:fs/promises";
 import { join, relative } from "node:path";
 import type { z } from "zod";
@@ -18,6 +17,7 @@ import {
 import type { CheckpointStorage, ParticipantTarget, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
 import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
 import { LineSplitter, type SplitLine } from "./line-splitter.js";
+import { openRegularFile, readRegularFile } from "./regular-file.js";
 import type { WriteGate } from "./write-gate.js";
 
 const WRITE_CHUNK_CHARS = 1 << 20;
@@ -163,16 +163,17 @@ export class FsCheckpointStorage implements CheckpointStorage {
 /** Reads and validates `<dir>/manifest.json`; every failure is `invalid_checkpoint_state`. */
 export async function readParticipantManifest(dir: string): Promise<ParticipantManifest> {
   const path = join(dir, MANIFEST_FILE);
-  let info;
+  let bytes: Buffer;
   try {
-    info = await stat(path);
+    // Never a FIFO or device (a restore would block on it), never past the limit.
+    bytes = await readRegularFile(path, { maxBytes: MAX_MANIFEST_BYTES });
   } catch (error) {
+    if (error instanceof CheckpointError) throw corrupt(`manifest ${error.message}`, error);
     throw corrupt(`no manifest at ${path}`, error);
   }
-  if (info.size > MAX_MANIFEST_BYTES) throw corrupt(`manifest ${path} is ${info.size} bytes, over the ${MAX_MANIFEST_BYTES} limit`);
   let value: unknown;
   try {
-    value = JSON.parse(await readFile(path, "utf8"));
+    value = JSON.parse(bytes.toString("utf8"));
   } catch (error) {
     throw corrupt(`manifest ${path} is not valid JSON`, error);
   }
@@ -197,7 +198,10 @@ export async function scanRecordLines(
   const text = (line: SplitLine) => (line.terminated ? line.bytes.subarray(0, -1) : line.bytes).toString("utf8");
   // The final line too: a line too long for a string must be invalid_checkpoint_state, not internal.
   try {
-    for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) {
+    // No size limit (records are as large as the participant's state), but never a FIFO or device.
+    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER });
+    // The stream closes the handle when it ends or fails.
+    for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
       hash.update(chunk);
       bytes += chunk.byteLength;
       for (const line of splitter.push(chunk)) onLine(text(line), count++);

@@ -1,12 +1,13 @@
-import { mkdir, mkdtemp, readdir, readFile, rm, truncate, writeFile, unlink } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { mkdir, mkdtemp, readdir, readFile, rm, symlink, truncate, writeFile, unlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { sha256Hex } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
 import { fsyncDir, parentsOfCreated } from "../../../participants/storage/fs-durable.js";
-import { scanRecordLines } from "../../../participants/storage/fs-storage.js";
-import { refusalCode } from "../../support/refusal.js";
+import { readParticipantManifest, scanRecordLines } from "../../../participants/storage/fs-storage.js";
+import { refusalCode, refusalOf as refusal } from "../../support/refusal.js";
 
 // Records which directories the storage fsyncs (they are still fsynced).
 vi.mock("../../../participants/storage/fs-durable.js", async (importOriginal) => {
@@ -138,6 +139,21 @@ describe("filesystem checkpoint storage", () => {
       expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
       await writeFile(path, JSON.stringify({ ...manifest, records_file: "../../../etc/passwd" }));
       expect(await code(storage.read(target, ScriptRecordSchema))).toBe("invalid_checkpoint_state");
+    });
+
+    it("a manifest or records file that is a FIFO or a device, refused at once instead of blocking the restore", { timeout: 5000 }, async () => {
+      const written = await write();
+      const dir = participantDir(target);
+      const records = join(dir, written.manifest.records_file);
+      await unlink(records);
+      execFileSync("mkfifo", [records]);
+      expect(await refusal(storage.read(target, ScriptRecordSchema))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+      await unlink(join(dir, "manifest.json"));
+      execFileSync("mkfifo", [join(dir, "manifest.json")]);
+      expect(await refusal(readParticipantManifest(dir))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+      await unlink(join(dir, "manifest.json"));
+      await symlink("/dev/zero", join(dir, "manifest.json"));
+      expect(await refusal(readParticipantManifest(dir))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
     });
 
     it("records that break the kind's schema", async () => {

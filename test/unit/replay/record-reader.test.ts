@@ -1,4 +1,5 @@
-import { copyFile, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { copyFile, mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import fs from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -164,7 +165,7 @@ describe("stale, foreign and hostile indexes", () => {
     return { ...written, size: written.bytes, header: lines[0] as IndexHeader, rows: lines.slice(1) as IndexRow[] };
   }
 
-  /** Reads while recording every positioned read on any file handle. */
+  /** Reads while recording every positioned read on any file handle (the record file's; the index is read sequentially). */
   async function readSpying(file: string, filters: RecordFilters, verifySha256 = false) {
     const probe = await fs.open(file, "r");
     const proto = Object.getPrototypeOf(probe) as { read: (...args: unknown[]) => Promise<{ bytesRead: number }> };
@@ -172,7 +173,7 @@ describe("stale, foreign and hostile indexes", () => {
     const reads: Array<{ position: number; length: number }> = [];
     const original = proto.read;
     const spy = vi.spyOn(proto, "read").mockImplementation(function (this: unknown, ...args: unknown[]) {
-      reads.push({ position: args[3] as number, length: args[2] as number });
+      if (typeof args[3] === "number") reads.push({ position: args[3], length: args[2] as number });
       return original.apply(this, args);
     });
     try {
@@ -215,6 +216,33 @@ describe("stale, foreign and hostile indexes", () => {
     await writeFile(f.indexPath, (await readFile(f.indexPath, "utf8")) + "\n".repeat(maxIndexBytes(f.size)));
     const r = await read(f.recordPath, incorrect);
     expect([r.ids.length, r.stats.indexRejected, r.stats.indexBytesRead, r.stats.filesFullParsed]).toEqual([2, 1, 0, 1]);
+  });
+
+  it("ignores a FIFO index at once instead of blocking on it", { timeout: 5000 }, async () => {
+    const f = await fixture();
+    await rm(f.indexPath);
+    execFileSync("mkfifo", [f.indexPath]);
+    const r = await read(f.recordPath, incorrect);
+    expect([r.ids.length, r.stats.indexRejected, r.stats.indexBytesRead, r.stats.filesFullParsed]).toEqual([2, 1, 0, 1]);
+  });
+
+  it("ignores an index linked to a device unread (its stat size 0 is no bound)", { timeout: 5000 }, async () => {
+    const f = await fixture();
+    await rm(f.indexPath);
+    await symlink("/dev/zero", f.indexPath);
+    const r = await read(f.recordPath, incorrect);
+    expect([r.ids.length, r.stats.indexRejected, r.stats.filesFullParsed]).toEqual([2, 1, 1]);
+    expect(r.stats.indexBytesRead).toBeLessThanOrEqual(maxIndexBytes(f.size));
+    expect(r.stats.indexBytesRead).toBe(0);
+  });
+
+  it("refuses a record file that is not a regular file instead of blocking on it", { timeout: 5000 }, async () => {
+    const fifo = path.join(dir, "step_1", "train_rollouts_fifo.jsonl");
+    await mkdir(path.dirname(fifo), { recursive: true });
+    execFileSync("mkfifo", [fifo]);
+    const error = await read(fifo, open).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
   });
 
   it("ignores an index that is not JSON lines", async () => {

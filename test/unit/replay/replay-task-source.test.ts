@@ -1,4 +1,5 @@
-import { copyFile, mkdir, readFile, rename, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { copyFile, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -193,6 +194,19 @@ describe("follow and append (18)", () => {
     expect(follower.tasks).toEqual(cold.tasks);
   });
 
+  it("with wait_for_step_marker, takes a FIFO marker for an absent one instead of blocking every later call", { timeout: 5000 }, async () => {
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
+    const follower = source(config);
+    await write(1, [linearTrace(traceId(1), 0)]);
+    const marker = path.join(rollouts(), "step_1", "_complete_train.json");
+    execFileSync("mkfifo", [marker]);
+    expect((await follower.reload()).added).toBe(0);
+    expect(await follower.next()).toBeUndefined(); // a reload is single-flight: a hung one would hang this too
+    await rm(marker);
+    await writeStepRecords(rollouts(), 1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0)] }]);
+    expect((await follower.next())?.name).toBe("recheck:00000001");
+  });
+
   it("with wait_for_step_marker, follows past a step whose write was interrupted once it is retried", async () => {
     const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
     const follower = source(config);
@@ -273,6 +287,15 @@ describe("loading", () => {
     await replay.load();
     expect(replay.tasks.map((t) => [t.name, t.prompt, t.task.prompt])).toEqual([["continue:00000002:compaction0", RESTART, RESTART]]);
     expect(replay.stats.read.skipped.no_seed).toBe(1); // the linear record, by branch count
+  });
+
+  it("parses in full past a FIFO index instead of blocking every later call", { timeout: 5000 }, async () => {
+    const { indexPath } = await write(1, [linearTrace(traceId(1), 0)]);
+    await rm(indexPath);
+    execFileSync("mkfifo", [indexPath]);
+    const replay = source();
+    expect((await replay.next())?.name).toBe("recheck:00000001");
+    expect([replay.stats.read.indexRejected, replay.stats.read.filesFullParsed]).toEqual([1, 1]);
   });
 
   it("refuses a corrupt file without changing state", async () => {

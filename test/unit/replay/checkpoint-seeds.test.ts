@@ -1,0 +1,92 @@
+import { execFileSync } from "node:child_process";
+import { rm, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, captureKey, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
+import { FsCheckpointStorage, WriteGate } from "../../../participants/index.js";
+import { exportCheckpointSeeds, ReplayError } from "../../../participants/replay/index.js";
+import { tempDir } from "./fixtures.js";
+
+/**
+ * `exportCheckpointSeeds` waits on no file on the way (checkpoint.json included) when it is a FIFO.
+ */
+let root: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir: root, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+const ID = "cp-1";
+const checkpointDir = () => path.join(root, ID);
+const storage = new FsCheckpointStorage();
+const digest = "a".repeat(64);
+
+/** An episode parked where its agent waits for the next model call: one seed. */
+function parked(rolloutId: string) {
+  const episode_id: EpisodeId = { rollout_id: rolloutId, attempt: 0 };
+  const messages = [
+    { role: "system", content: "You solve." },
+    { role: "user", content: "Compute 6*7." },
+    { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "python", arguments: "{}" } }] },
+    { role: "tool", tool_call_id: "c1", content: "42" },
+  ];
+  return {
+    environment: { episode_id, task_digest: digest, boundary: { next: "invoke_agent" } },
+    agent: { episode_id, mode: "session", session_key: `s-${rolloutId}`, session: {}, boundary: { messages }, episode: null },
+  };
+}
+
+async function writeParticipant(kind: "environment" | "agent", records: object[]): Promise<ParticipantEntry> {
+  const target = { checkpointDir: checkpointDir(), checkpointId: ID, kind, instance: `${kind}0` };
+  const written = await storage.write(target, records as never, { gate: new WriteGate(), createdAt: 1, extra: {} });
+  return {
+    kind,
+    instance: target.instance,
+    manifest_path: written.manifestPath,
+    manifest_sha256: written.manifestSha256,
+    records_sha256: written.manifest.records_sha256,
+    record_count: written.manifest.record_count,
+    episode_ids: [...new Set(records.map((r) => captureKey((r as { episode_id: EpisodeId }).episode_id)))].sort(),
+    extras: {},
+  };
+}
+
+async function publish(participants: ParticipantEntry[]): Promise<void> {
+  const manifest: GlobalManifest = {
+    schema_version: MANIFEST_SCHEMA_VERSION,
+    checkpoint_id: ID,
+    epoch: 1,
+    prepared_at: 1,
+    published_at: 2,
+    stop: false,
+    scope: null,
+    restarts: [],
+    participants,
+    controller_state: null,
+  };
+  await writeFile(path.join(checkpointDir(), GLOBAL_MANIFEST_FILE), JSON.stringify(manifest));
+}
+
+async function refusal(work: Promise<unknown>): Promise<ReplayError> {
+  const error = await work.then(() => null, (e: unknown) => e);
+  expect(error).toBeInstanceOf(ReplayError);
+  return error as ReplayError;
+}
+
+describe("checkpoint seeds", () => {
+  it("export the committed parked episodes", async () => {
+    const r1 = parked("r1");
+    await publish([await writeParticipant("environment", [r1.environment]), await writeParticipant("agent", [r1.agent])]);
+    const exported = await exportCheckpointSeeds(checkpointDir());
+    expect(exported.seeds.map((s) => s.name)).toEqual([`continue:${ID}:r1`]);
+    expect(exported.seeds[0]!.lineage).toMatchObject({ boundary: "invoke_agent", turns: 1 });
+  });
+
+  it("refuse a FIFO checkpoint.json at once instead of blocking on it", { timeout: 5000 }, async () => {
+    await writeParticipant("agent", []);
+    execFileSync("mkfifo", [path.join(checkpointDir(), GLOBAL_MANIFEST_FILE)]);
+    const error = await refusal(exportCheckpointSeeds(checkpointDir()));
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+    await rm(path.join(checkpointDir(), GLOBAL_MANIFEST_FILE));
+    expect((await refusal(exportCheckpointSeeds(checkpointDir()))).code).toBe("invalid_request"); // not a published checkpoint
+  });
+});
