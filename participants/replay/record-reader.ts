@@ -8,7 +8,7 @@ import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
 import { describeIssues, invalidState } from "./errors.js";
 import { defaultLogger } from "./log.js";
 import { checkIndex, type IndexRow } from "./rollout-index.js";
-import { indexPathFor, parseRecordFileName } from "./record-paths.js";
+import { indexPathFor, parseRecordFileName, stepOfPath } from "./record-paths.js";
 import { branchCount, traceReward } from "./trace-graph.js";
 import { TraceRecordSchema, type TraceRecord } from "./trace-record.js";
 
@@ -178,7 +178,7 @@ async function loadIndex(
     return null;
   }
   stats.indexBytesRead += bytes.length;
-  const expect = { recordFile: path.basename(file), kind: names.kind, env: names.env, size };
+  const expect = { recordFile: path.basename(file), kind: names.kind, env: names.env, step: stepOfPath(file), size };
   const check = checkIndex(bytes.toString("utf8"), expect);
   let reason = check.ok ? null : check.reason;
   if (check.ok && verifySha256) {

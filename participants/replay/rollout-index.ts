@@ -28,6 +28,8 @@ export interface IndexExpectation {
   recordFile: string;
   kind: string;
   env: string;
+  /** The step of the record file's step_<N> directory, null outside one (stepOfPath). */
+  step: number | null;
   size: number;
 }
 
@@ -53,6 +55,8 @@ export function checkIndex(text: string, expect: IndexExpectation): IndexCheck {
   const h = header.data;
   if (h.record_file !== expect.recordFile) return { ok: false, reason: `index names ${h.record_file}` };
   if (h.kind !== expect.kind || h.env !== expect.env) return { ok: false, reason: "index kind/env differ from the file name" };
+  // Same name, kind and env as the file's own index: only the step tells an index copied from another step.
+  if (h.step !== expect.step) return { ok: false, reason: `index is for step ${h.step}, the record file is in step ${expect.step}` };
   if (h.size !== expect.size) return { ok: false, reason: `size ${h.size} != record file size ${expect.size}` };
   if (h.records !== parsedLines.length - 1) return { ok: false, reason: "row count differs from header" };
 

@@ -192,6 +192,8 @@ describe("stale, foreign and hostile indexes", () => {
     ["a size mismatch", (f) => ({ header: { ...f.header, size: f.size + 1 }, rows: f.rows })],
     ["a header naming another file", (f) => ({ header: { ...f.header, record_file: "train_rollouts_other.jsonl" }, rows: f.rows })],
     ["a row count mismatch", (f) => ({ header: { ...f.header, records: 2 }, rows: f.rows })],
+    ["a header of another step", (f) => ({ header: { ...f.header, step: 2 }, rows: f.rows })],
+    ["a header of no step inside a step directory", (f) => ({ header: { ...f.header, step: null }, rows: f.rows })],
     ["an unknown row key", (f) => ({ header: f.header, rows: f.rows.map((r) => ({ ...r, length: r.len }) as IndexRow) })],
   ];
 
@@ -286,6 +288,23 @@ describe("stale, foreign and hostile indexes", () => {
     const error = await read(f.recordPath, incorrect).then(() => null, (e: unknown) => e);
     expect(error).toBeInstanceOf(ReplayError);
     expect((error as ReplayError).reason).toBe("index_mismatch");
+  });
+
+  it("ignores an index copied from another step, which would otherwise drop records unread", async () => {
+    // Same env, same size, different rewards: the copied index tiles the file and passes every other check.
+    const a = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 1)] });
+    const b = await writeRolloutRecords(dir, 2, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(2), 0)] });
+    expect(a.bytes).toBe(b.bytes);
+    await copyFile(a.indexPath, b.indexPath);
+    const r = await read(b.recordPath, incorrect);
+    expect([r.ids, r.stats.indexRejected, r.stats.filesFullParsed]).toEqual([[traceId(2)], 1, 1]);
+    // Outside a step directory an index must name no step either.
+    const flat = path.join(dir, "flat");
+    await mkdir(flat);
+    await copyFile(b.recordPath, path.join(flat, "train_rollouts_gsm8k.jsonl"));
+    await copyFile(a.indexPath, path.join(flat, "index_train_gsm8k.jsonl"));
+    const f = await read(path.join(flat, "train_rollouts_gsm8k.jsonl"), incorrect);
+    expect([f.ids, f.stats.indexRejected, f.stats.filesFullParsed]).toEqual([[traceId(2)], 1, 1]);
   });
 
   it("keeps train and eval of one env apart even when a glob matches both", async () => {
