@@ -83,9 +83,20 @@ async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest
   return parsed.data;
 }
 
+/** The storage refuses with CheckpointErrors; replay refusals are ReplayErrors with the same code. */
+async function readParticipant<T>(read: Promise<T>): Promise<T> {
+  try {
+    return await read;
+  } catch (error) {
+    if (error instanceof CheckpointError && error.code === "invalid_checkpoint_state") throw invalidState(error.message, { cause: error });
+    throw error;
+  }
+}
+
 /**
  * Reads `checkpoint.json`, then every environment and agent participant's records (manifest
- * identity, digest and count verified by the storage), and exports the resumable episodes.
+ * identity, digest and count verified by the storage, the manifest against the digests and count
+ * checkpoint.json pins), and exports the resumable episodes.
  * `tasks` (e.g. the collection's task file) lets a seed carry its original task, matched by digest.
  */
 export async function exportCheckpointSeeds(checkpointDir: string, options: { tasks?: readonly unknown[] } = {}): Promise<CheckpointSeedExport> {
@@ -96,10 +107,12 @@ export async function exportCheckpointSeeds(checkpointDir: string, options: { ta
   const agent = new Map<string, AgentRecord>();
   for (const p of manifest.participants) {
     const target = { checkpointDir, checkpointId: id, kind: p.kind, instance: p.instance };
+    // Pinned to checkpoint.json's entry: a participant directory replaced after publication (even a
+    // self-consistent one) holds episodes that were never committed, and is refused before it is read.
     if (p.kind === "environment") {
-      for (const r of (await storage.read(target, EnvironmentRecordSchema)).records) environment.set(captureKey(r.episode_id), r);
+      for (const r of (await readParticipant(storage.read(target, EnvironmentRecordSchema, undefined, p))).records) environment.set(captureKey(r.episode_id), r);
     } else if (p.kind === "agent") {
-      for (const r of (await storage.read(target, AgentRecordSchema)).records) agent.set(captureKey(r.episode_id), r);
+      for (const r of (await readParticipant(storage.read(target, AgentRecordSchema, undefined, p))).records) agent.set(captureKey(r.episode_id), r);
     }
   }
   const byDigest = new Map<string, Record<string, unknown>>();

@@ -25,6 +25,16 @@ export interface ReadParticipant<R> {
 }
 
 /**
+ * What a published checkpoint.json pins of one participant (its entry's fields): a manifest or
+ * records file that differs, even a self-consistent one put there later, was never committed.
+ */
+export interface PinnedParticipant {
+  manifest_sha256: string;
+  records_sha256: string;
+  record_count: number;
+}
+
+/**
  * Records-then-manifest storage for one participant. Backends: the filesystem (shared or local
  * disk); the JetStream object store mirrors the same layout.
  */
@@ -34,6 +44,14 @@ export interface CheckpointStorage {
     records: readonly RecordBase[],
     options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown> },
   ): Promise<WrittenParticipant>;
-  /** Verifies manifest identity, digest and count; keeps only records `keep` accepts. */
-  read<R extends RecordBase>(target: ParticipantTarget, schema: z.ZodType<R>, keep?: (record: R) => boolean): Promise<ReadParticipant<R>>;
+  /**
+   * Verifies manifest identity, digest and count, and the manifest against `pinned` (before any
+   * record is read) when given; keeps only records `keep` accepts.
+   */
+  read<R extends RecordBase>(
+    target: ParticipantTarget,
+    schema: z.ZodType<R>,
+    keep?: (record: R) => boolean,
+    pinned?: PinnedParticipant,
+  ): Promise<ReadParticipant<R>>;
 }

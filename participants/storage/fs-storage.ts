@@ -14,7 +14,7 @@ import {
   type ParticipantManifest,
   type RecordBase,
 } from "../../protocol/index.js";
-import type { CheckpointStorage, ParticipantTarget, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
+import type { CheckpointStorage, ParticipantTarget, PinnedParticipant, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
 import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
 import { LineSplitter, type SplitLine } from "./line-splitter.js";
 import { openRegularFile, readRegularFile } from "./regular-file.js";
@@ -133,9 +133,21 @@ export class FsCheckpointStorage implements CheckpointStorage {
     }
   }
 
-  async read<R extends RecordBase>(target: ParticipantTarget, schema: z.ZodType<R>, keep: (record: R) => boolean = () => true): Promise<ReadParticipant<R>> {
+  async read<R extends RecordBase>(
+    target: ParticipantTarget,
+    schema: z.ZodType<R>,
+    keep: (record: R) => boolean = () => true,
+    pinned?: PinnedParticipant,
+  ): Promise<ReadParticipant<R>> {
     const dir = participantDir(target);
-    const manifest = await readParticipantManifest(dir);
+    const { manifest, sha256 } = await loadParticipantManifest(dir);
+    if (pinned) {
+      const label = `${target.kind}/${target.instance}`;
+      if (sha256 !== pinned.manifest_sha256) throw corrupt(`${label}: manifest digest does not match checkpoint.json`);
+      if (manifest.records_sha256 !== pinned.records_sha256 || manifest.record_count !== pinned.record_count) {
+        throw corrupt(`${label}: manifest records digest or count disagrees with checkpoint.json`);
+      }
+    }
     if (manifest.kind !== target.kind || manifest.instance !== target.instance) {
       throw corrupt(`manifest belongs to ${manifest.kind}/${manifest.instance}, not ${target.kind}/${target.instance}`);
     }
@@ -162,6 +174,11 @@ export class FsCheckpointStorage implements CheckpointStorage {
 
 /** Reads and validates `<dir>/manifest.json`; every failure is `invalid_checkpoint_state`. */
 export async function readParticipantManifest(dir: string): Promise<ParticipantManifest> {
+  return (await loadParticipantManifest(dir)).manifest;
+}
+
+/** The manifest and the sha256 of the exact bytes it was parsed from (what checkpoint.json pins). */
+async function loadParticipantManifest(dir: string): Promise<{ manifest: ParticipantManifest; sha256: string }> {
   const path = join(dir, MANIFEST_FILE);
   let bytes: Buffer;
   try {
@@ -179,7 +196,7 @@ export async function readParticipantManifest(dir: string): Promise<ParticipantM
   }
   const parsed = ParticipantManifestSchema.safeParse(value);
   if (!parsed.success) throw corrupt(`manifest ${path} is invalid: ${describeZodError(parsed.error)}`);
-  return parsed.data;
+  return { manifest: parsed.data, sha256: sha256Hex(bytes) };
 }
 
 /**

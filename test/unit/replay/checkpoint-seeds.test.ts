@@ -1,14 +1,16 @@
 import { execFileSync } from "node:child_process";
-import { rm, writeFile } from "node:fs/promises";
+import { readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, captureKey, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
-import { FsCheckpointStorage, WriteGate } from "../../../participants/index.js";
+import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, captureKey, sha256Hex, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
+import { FsCheckpointStorage, WriteGate, participantDir } from "../../../participants/index.js";
 import { exportCheckpointSeeds, ReplayError } from "../../../participants/replay/index.js";
 import { tempDir } from "./fixtures.js";
 
 /**
- * `exportCheckpointSeeds` waits on no file on the way (checkpoint.json included) when it is a FIFO.
+ * `exportCheckpointSeeds` reads only what checkpoint.json committed: every participant manifest is
+ * checked against the digests and count its entry pins before a record is read, and no file on the
+ * way (checkpoint.json included) is waited on when it is a FIFO.
  */
 let root: string;
 let cleanup: () => Promise<void>;
@@ -79,6 +81,33 @@ describe("checkpoint seeds", () => {
     const exported = await exportCheckpointSeeds(checkpointDir());
     expect(exported.seeds.map((s) => s.name)).toEqual([`continue:${ID}:r1`]);
     expect(exported.seeds[0]!.lineage).toMatchObject({ boundary: "invoke_agent", turns: 1 });
+  });
+
+  it("refuse a participant directory replaced after publication, even a self-consistent one", async () => {
+    const [r1, r2] = [parked("r1"), parked("r2")];
+    await publish([await writeParticipant("environment", [r1.environment]), await writeParticipant("agent", [r1.agent])]);
+    // Replace both with participants that are valid on their own but hold an episode never committed.
+    for (const kind of ["environment", "agent"] as const) {
+      await rm(participantDir({ checkpointDir: checkpointDir(), checkpointId: ID, kind, instance: `${kind}0` }), { recursive: true });
+    }
+    await writeParticipant("environment", [r1.environment, r2.environment]);
+    await writeParticipant("agent", [r1.agent, r2.agent]);
+    const replaced = await refusal(exportCheckpointSeeds(checkpointDir()));
+    expect(replaced).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("checkpoint.json") });
+  });
+
+  it("refuse a manifest whose bytes differ from the committed ones though its records do not", async () => {
+    const r1 = parked("r1");
+    const env = await writeParticipant("environment", [r1.environment]);
+    await publish([env, await writeParticipant("agent", [r1.agent])]);
+    const file = path.join(checkpointDir(), env.manifest_path);
+    const manifest = JSON.parse(await readFile(file, "utf8")) as Record<string, unknown>;
+    const rewritten = JSON.stringify({ ...manifest, created_at: 2 });
+    expect(sha256Hex(rewritten)).not.toBe(env.manifest_sha256);
+    await rm(file);
+    await writeFile(file, rewritten);
+    const error = await refusal(exportCheckpointSeeds(checkpointDir()));
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("manifest digest") });
   });
 
   it("refuse a FIFO checkpoint.json at once instead of blocking on it", { timeout: 5000 }, async () => {
