@@ -5,6 +5,13 @@ import path from "node:path";
  * Minimal glob expansion for record patterns: `*`, `?`, `[...]` within a path segment and `**`
  * across directories. Dotfiles never match (temp files are dot-named). Results are absolute,
  * deduplicated across patterns and sorted numerically aware, so step_9 comes before step_10.
+ *
+ * Symbolic links to directories are followed only where the pattern spells the name out; a
+ * wildcard segment never descends through one. A `latest -> step_N` link would otherwise list
+ * step_N's files twice (once outside any step directory, so unmarked), and a `loop -> .` link
+ * would multiply every match or, with two of them, never end. A file reached by two paths (a
+ * linked record file, or two patterns naming it through a link) is listed once, under the path
+ * that sorts first.
  */
 export async function expandGlobs(patterns: readonly string[], cwd: string): Promise<string[]> {
   const found = new Set<string>();
@@ -14,7 +21,15 @@ export async function expandGlobs(patterns: readonly string[], cwd: string): Pro
     const segments = [...dir.slice(root.length).split(path.sep), base].filter((s) => s !== "");
     await walk(root, segments, found);
   }
-  return [...found].sort(naturalCompare);
+  const seen = new Set<string>();
+  const out: string[] = [];
+  for (const file of [...found].sort(naturalCompare)) {
+    const real = await fs.realpath(file).catch(() => file);
+    if (seen.has(real)) continue;
+    seen.add(real);
+    out.push(file);
+  }
+  return out;
 }
 
 const MAGIC = /[*?[]/;
@@ -27,7 +42,7 @@ async function walk(base: string, segments: readonly string[], out: Set<string>)
     const next = rest.length === 0 ? ["*"] : rest;
     await walk(base, next, out);
     for (const entry of await listDir(base)) {
-      if (!entry.name.startsWith(".") && (await isDir(base, entry))) await walk(path.join(base, entry.name), segments, out);
+      if (!entry.name.startsWith(".") && isDir(entry)) await walk(path.join(base, entry.name), segments, out);
     }
     return;
   }
@@ -42,7 +57,7 @@ async function walk(base: string, segments: readonly string[], out: Set<string>)
     if (entry.name.startsWith(".") || !regex.test(entry.name)) continue;
     const target = path.join(base, entry.name);
     if (rest.length > 0) {
-      if (await isDir(base, entry)) await walk(target, rest, out);
+      if (isDir(entry)) await walk(target, rest, out);
     } else if (await isFilePath(target)) {
       out.add(target);
     }
@@ -76,10 +91,9 @@ async function listDir(dir: string): Promise<Dirent[]> {
   }
 }
 
-async function isDir(base: string, entry: Dirent): Promise<boolean> {
-  if (entry.isDirectory()) return true;
-  if (!entry.isSymbolicLink()) return false;
-  return fs.stat(path.join(base, entry.name)).then((s) => s.isDirectory(), () => false);
+/** A directory a wildcard may descend into: a real one, never a symbolic link to one (see expandGlobs). */
+function isDir(entry: Dirent): boolean {
+  return entry.isDirectory();
 }
 
 async function isFilePath(target: string): Promise<boolean> {

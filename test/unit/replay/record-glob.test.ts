@@ -1,4 +1,4 @@
-import { mkdir, writeFile } from "node:fs/promises";
+import { mkdir, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { expandGlobs, isIndexFileName, naturalCompare, stepOfPath } from "../../../participants/replay/index.js";
@@ -52,5 +52,29 @@ describe("record globs", () => {
     expect(isIndexFileName("train_rollouts_a.jsonl")).toBe(false);
     expect(stepOfPath("/r/step_12/train_rollouts_a.jsonl")).toBe(12);
     expect(stepOfPath("/r/records.jsonl")).toBeNull();
+  });
+
+  it("never descends through a linked directory on a wildcard, and lists a file reached by two paths once", { timeout: 5000 }, async () => {
+    await touch("rollouts/step_1/train_rollouts_gsm8k.jsonl", "rollouts/step_2/train_rollouts_gsm8k.jsonl");
+    await symlink("step_1", path.join(dir, "rollouts/latest"));
+    await symlink(".", path.join(dir, "rollouts/loop"));
+    await symlink(".", path.join(dir, "rollouts/again"));
+    const rel = (files: string[]) => files.map((f) => path.relative(dir, f));
+    const steps = ["rollouts/step_1/train_rollouts_gsm8k.jsonl", "rollouts/step_2/train_rollouts_gsm8k.jsonl"];
+    // `latest/` would repeat step_1 outside any step directory; two self-links would never end.
+    expect(rel(await expandGlobs(["rollouts/**/train_rollouts_*.jsonl"], dir))).toEqual(steps);
+    expect(rel(await expandGlobs(["rollouts/*/train_rollouts_*.jsonl"], dir))).toEqual(steps);
+    expect(rel(await expandGlobs(["rollouts/**"], dir))).toEqual(steps);
+    // A link the pattern names literally is followed; the file it reaches again is listed once.
+    expect(rel(await expandGlobs(["rollouts/latest/train_rollouts_gsm8k.jsonl"], dir))).toEqual(["rollouts/latest/train_rollouts_gsm8k.jsonl"]);
+    expect(rel(await expandGlobs(["rollouts/step_*/train_rollouts_*.jsonl", "rollouts/latest/train_rollouts_gsm8k.jsonl"], dir))).toEqual([
+      "rollouts/latest/train_rollouts_gsm8k.jsonl",
+      "rollouts/step_2/train_rollouts_gsm8k.jsonl",
+    ]);
+    // A linked record file is still a match, but not a second copy of the same file.
+    await mkdir(path.join(dir, "rollouts/step_3"));
+    await symlink("../step_2/train_rollouts_gsm8k.jsonl", path.join(dir, "rollouts/step_3/train_rollouts_gsm8k.jsonl"));
+    await symlink("../step_2/train_rollouts_gsm8k.jsonl", path.join(dir, "rollouts/step_3/eval_rollouts_gsm8k.jsonl"));
+    expect(rel(await expandGlobs(["rollouts/step_*/*_rollouts_*.jsonl"], dir))).toEqual(steps);
   });
 });
