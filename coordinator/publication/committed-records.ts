@@ -134,6 +134,26 @@ export async function scanRecords(
 }
 
 /**
+ * One participant's committed manifest and records, checked end to end against `entry` (`source`
+ * names where it came from), with the capture keys its records name: what its commit reply lists
+ * as `episode_ids` (sorted, unique; the control plane derives that list from the same records).
+ */
+export async function readCommittedRecords(
+  dir: string,
+  checkpointId: string,
+  entry: CommittedEntry,
+  source = "checkpoint.json",
+): Promise<{ manifest: ParticipantManifest; episodeIds: string[]; count: number; bytes: number }> {
+  const label = `${entry.kind}/${entry.instance}`;
+  const { manifest, recordsPath } = await readCommittedManifest(dir, checkpointId, entry, source);
+  const keys = new Set<string>();
+  const scanned = await scanRecords(recordsPath, label, (record) => keys.add(captureKey(record.episode_id)));
+  if (scanned.digest !== manifest.records_sha256) throw bad(`${label}: records digest ${scanned.digest} does not match ${manifest.records_sha256}`);
+  if (scanned.count !== manifest.record_count) throw bad(`${label}: records file has ${scanned.count} records; the manifest says ${manifest.record_count}`);
+  return { manifest, episodeIds: [...keys].sort(), count: scanned.count, bytes: scanned.bytes };
+}
+
+/**
  * The capture keys a participant exported, as its commit reply lists them (sorted, unique), read
  * from its committed records: for a reply that left the list out (docs/api.md, "Reply size"). The
  * result must match the reply's `episode_count` and `episode_ids_sha256`.
@@ -144,13 +164,7 @@ export async function committedEpisodeIds(
   entry: CommittedEntry & { episode_count?: number | undefined; episode_ids_sha256?: string | undefined },
 ): Promise<string[]> {
   const label = `${entry.kind}/${entry.instance}`;
-  const { manifest, recordsPath } = await readCommittedManifest(dir, checkpointId, entry, "the commit reply");
-  const keys = new Set<string>();
-  const scanned = await scanRecords(recordsPath, label, (record) => keys.add(captureKey(record.episode_id)));
-  if (scanned.digest !== manifest.records_sha256 || scanned.count !== manifest.record_count) {
-    throw bad(`${label}: records file does not match its manifest (digest or count)`);
-  }
-  const ids = [...keys].sort();
+  const ids = (await readCommittedRecords(dir, checkpointId, entry, "the commit reply")).episodeIds;
   if (entry.episode_count !== undefined && ids.length !== entry.episode_count) {
     throw bad(`${label}: its records name ${ids.length} episodes; the commit reply says ${entry.episode_count}`);
   }

@@ -1,6 +1,6 @@
-import { CheckpointError, type GlobalManifest } from "../../protocol/index.js";
+import { CheckpointError, canonicalJson, type GlobalManifest } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { bad, insideCheckpointDir, readCommittedManifest, scanRecords } from "./committed-records.js";
+import { bad, insideCheckpointDir, readCommittedRecords } from "./committed-records.js";
 import { controllerStateDigest } from "./global-manifest-writer.js";
 
 export interface VerifiedParticipant {
@@ -18,22 +18,28 @@ export interface VerifyReport {
 }
 
 /**
- * Re-reads a published checkpoint end to end: the global manifest, every participant manifest (its
- * digest as recorded globally, identity, schema), every records file (sha256 over every line with
- * its newline, line count, each line a JSON record with an episode_id) and the controller state
- * file. Throws a CheckpointError naming the first mismatch.
+ * Re-reads a published checkpoint end to end: the global manifest (each (kind, instance) once),
+ * every participant manifest (its digest as recorded globally, identity, schema), every records
+ * file (sha256 over every line with its newline, line count, each line a JSON record with an
+ * episode_id), each entry's `episode_ids` against the capture keys its records name (the commit
+ * reply's list, which the participant derives from the same records: sorted, unique) and the
+ * controller state file. Throws a CheckpointError naming the first mismatch.
  */
 export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId: string): Promise<VerifyReport> {
   const manifest: GlobalManifest = await catalog.get(checkpointId);
   const dir = catalog.dirFor(checkpointId);
   const participants: VerifiedParticipant[] = [];
+  const seen = new Set<string>();
   for (const entry of manifest.participants) {
     const label = `${entry.kind}/${entry.instance}`;
-    const { manifest: m, recordsPath } = await readCommittedManifest(dir, checkpointId, entry);
-    const scanned = await scanRecords(recordsPath, label);
-    if (scanned.digest !== m.records_sha256) throw bad(`${label}: records digest ${scanned.digest} does not match ${m.records_sha256}`);
-    if (scanned.count !== m.record_count) throw bad(`${label}: records file has ${scanned.count} records; the manifest says ${m.record_count}`);
-    participants.push({ kind: entry.kind, instance: entry.instance, records: scanned.count, bytes: scanned.bytes });
+    // Two entries would share one directory: the second overwrote or shadows what the first committed.
+    if (seen.has(label)) throw bad(`${label}: listed twice in checkpoint.json`);
+    seen.add(label);
+    const committed = await readCommittedRecords(dir, checkpointId, entry);
+    if (canonicalJson(committed.episodeIds) !== canonicalJson(entry.episode_ids)) {
+      throw bad(`${label}: its records name ${committed.episodeIds.length} episodes; checkpoint.json's episode_ids differ (${entry.episode_ids.length} listed)`);
+    }
+    participants.push({ kind: entry.kind, instance: entry.instance, records: committed.count, bytes: committed.bytes });
   }
   const state = manifest.controller_state;
   if (state && "file" in state) {

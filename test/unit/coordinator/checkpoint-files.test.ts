@@ -142,6 +142,33 @@ describe("verify", () => {
   });
 });
 
+describe("verify checks checkpoint.json against the records", () => {
+  it("refuses episode_ids that differ from the capture keys the records name", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const lines = ['{"episode_id":{"rollout_id":"r2","attempt":1}}', '{"episode_id":{"rollout_id":"r1","attempt":0}}', '{"episode_id":{"rollout_id":"r1","attempt":0},"part":2}'];
+    const entry = await writeParticipant(root, "c1", "agent", "a1", lines);
+    expect(entry.episode_ids).toEqual(["r1", "r2-a1"]); // as a commit reply lists them: sorted, unique
+    for (const [id, episodeIds] of [["c2", []], ["c3", ["r1"]], ["c4", ["r2-a1", "r1"]], ["c5", ["r1", "r1", "r2-a1"]], ["c6", ["r1", "r2-a1", "r3"]]] as const) {
+      const copy = await writeParticipant(root, id, "agent", "a1", lines);
+      await writer.publish(publishInput(id, [{ ...copy, episode_ids: [...episodeIds] }], null));
+      expect(await refusalOf(verifyCheckpoint(catalog, id))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("episode_ids") });
+    }
+    await writer.publish(publishInput("c1", [entry], null));
+    expect((await verifyCheckpoint(catalog, "c1")).records).toBe(3);
+    await writer.settled();
+  });
+
+  it("refuses a participant listed twice", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const entry = await writeParticipant(root, "c1", "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    await writer.publish(publishInput("c1", [entry, entry], null));
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("listed twice") });
+    await writer.settled();
+  });
+});
+
 describe("the dispatch log", () => {
   it("is refused when it is a FIFO or larger than its limit", { timeout: 5000 }, async () => {
     mkfifo(join(root, "dispatched.jsonl"));

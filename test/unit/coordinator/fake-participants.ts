@@ -251,9 +251,23 @@ export async function writeParticipant(root: string, id: string, kind: Kind, ins
     manifest_sha256: sha256Hex(manifestText),
     records_sha256: digest,
     record_count: lines.length,
-    episode_ids: [],
+    episode_ids: exportedKeys(lines),
     extras: {},
   };
+}
+
+/** What a commit reply lists for these record lines: their episodes' capture keys, sorted, unique (unparsable lines name none). */
+function exportedKeys(lines: string[]): string[] {
+  const keys = new Set<string>();
+  for (const line of lines) {
+    try {
+      const episode = (JSON.parse(line) as { episode_id?: EpisodeId }).episode_id;
+      if (episode) keys.add(captureKey(episode));
+    } catch {
+      // a deliberately corrupt line
+    }
+  }
+  return [...keys].sort();
 }
 
 /** One participant of each kind. */
