@@ -221,13 +221,24 @@ export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly Ro
   return Buffer.from([header, ...rows].map((line) => JSON.stringify(line) + "\n").join(""), "utf8");
 }
 
-/** JSON lines with each line's byte span (newline included): spans are bytes, never string length. */
+/**
+ * JSON lines with each line's byte span (newline included): spans are bytes, never string length.
+ * A record JSON cannot encode (a BigInt or a cycle in a task's open-ended fields, a throwing
+ * toJSON) is `invalid_request`.
+ */
 export function encodeRecordLines(records: readonly unknown[]): { bytes: Buffer; spans: Array<{ offset: number; len: number }> } {
   const chunks: Buffer[] = [];
   const spans: Array<{ offset: number; len: number }> = [];
   let offset = 0;
-  for (const record of records) {
-    const line = Buffer.from(JSON.stringify(record) + "\n", "utf8");
+  for (const [i, record] of records.entries()) {
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(record);
+    } catch (error) {
+      throw invalid(`record ${i} cannot be encoded as JSON: ${error instanceof Error ? error.message : String(error)}`);
+    }
+    if (text === undefined) throw invalid(`record ${i} cannot be encoded as JSON`);
+    const line = Buffer.from(text + "\n", "utf8");
     spans.push({ offset, len: line.length });
     chunks.push(line);
     offset += line.length;

@@ -28,8 +28,13 @@ export interface WrittenRecords {
 export async function encodeRecords(
   traces: readonly TraceRecord[],
 ): Promise<{ data: Buffer; spans: Array<{ offset: number; len: number }> }> {
-  const { bytes, spans } = encodeRecordLines(traces);
-  return { data: bytes, spans };
+  try {
+    const { bytes, spans } = encodeRecordLines(traces);
+    return { data: bytes, spans };
+  } catch (error) {
+    if (error instanceof CheckpointError) throw invalidRequest(error.message, { cause: error });
+    throw error;
+  }
 }
 
 /**

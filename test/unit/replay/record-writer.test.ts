@@ -3,6 +3,7 @@ import { mkdir, readdir, readFile, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import {
+  encodeRecords,
   IndexHeaderSchema,
   IndexRowSchema,
   RecordWriter,
@@ -179,6 +180,12 @@ describe("record writer", () => {
   });
 
   it("refuses bad input before writing anything", async () => {
+    const withTask = (extra: Record<string, unknown>) => {
+      const trace = linearTrace(traceId(3));
+      return { ...trace, task: { ...trace.task, ...extra } } as TraceRecord;
+    };
+    const cyclic: Record<string, unknown> = {};
+    cyclic["self"] = cyclic;
     const bad = linearTrace(traceId(2)) as unknown as Record<string, unknown>;
     bad["reward"] = 1; // derived views are never stored
     const attempts: Array<Promise<unknown>> = [
@@ -193,6 +200,10 @@ describe("record writer", () => {
       ]),
       writeRolloutRecords(dir, -1, { kind: "train", env: "x", traces: [] }),
       writeRolloutRecords(dir, 1, { kind: "train", env: "x", traces: [linearTrace(traceId(1))], policyVersion: -2 }),
+      // The task's open-ended fields pass the schema but JSON cannot encode them.
+      writeStepRecords(dir, 1, [{ kind: "train", env: "bigint", traces: [withTask({ seed: 1n })] }]),
+      writeStepRecords(dir, 1, [{ kind: "train", env: "ok", traces: [linearTrace(traceId(1))] }, { kind: "train", env: "cycle", traces: [withTask(cyclic)] }]),
+      encodeRecords([withTask({ seed: 1n })]),
     ];
     // Settled into values at once: a refusal must not sit unhandled while an earlier one is awaited.
     const outcomes = attempts.map((attempt) => attempt.then(() => null, (e: unknown) => e));

@@ -58,6 +58,8 @@ describe("protocol rollout-record encoding", () => {
       () => encodeRolloutRecords({ kind: "train", env: "x", step: 1, records: [{ id: "x" }] }),
       () => encodeRolloutRecords({ kind: "train", env: "x", step: 1, records: [linearTrace(traceId(1))], policyVersion: [1, 2] }),
       () => encodeRolloutRecords({ kind: "train", env: "x", step: 1, records: [linearTrace(traceId(1))], policyVersion: 1.5 }),
+      // Open-ended task fields JSON cannot encode pass the schema; the encoding refuses them.
+      () => encodeRolloutRecords({ kind: "train", env: "x", step: 1, records: [{ ...linearTrace(traceId(1)), task: { ...linearTrace(traceId(1)).task, seed: 1n } }] }),
     ];
     for (const c of cases) {
       const error = refusal(c);
