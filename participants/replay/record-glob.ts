@@ -1,5 +1,6 @@
 import { promises as fs, type Dirent } from "node:fs";
 import path from "node:path";
+import { invalidRequest } from "./errors.js";
 
 /**
  * Minimal glob expansion for record patterns: `*`, `?`, `[...]` within a path segment and `**`
@@ -14,6 +15,10 @@ import path from "node:path";
  * that sorts first.
  */
 export async function expandGlobs(patterns: readonly string[], cwd: string): Promise<string[]> {
+  for (const pattern of patterns) {
+    const problem = globProblem(pattern);
+    if (problem !== null) throw invalidRequest(`record glob ${JSON.stringify(pattern)}: ${problem}`);
+  }
   const found = new Set<string>();
   for (const pattern of patterns) {
     const absolute = path.resolve(cwd, pattern);
@@ -62,6 +67,19 @@ async function walk(base: string, segments: readonly string[], out: Set<string>)
       out.add(target);
     }
   }
+}
+
+/** Why `pattern` cannot be expanded (a `[...]` class that is no valid set, e.g. `[z-a]`), or null. */
+export function globProblem(pattern: string): string | null {
+  for (const segment of pattern.split("/").flatMap((part) => part.split(path.sep))) {
+    if (segment === "**" || !MAGIC.test(segment)) continue;
+    try {
+      segmentRegex(segment);
+    } catch (error) {
+      return `segment ${JSON.stringify(segment)} is not a valid pattern (${error instanceof Error ? error.message : String(error)})`;
+    }
+  }
+  return null;
 }
 
 function segmentRegex(segment: string): RegExp {

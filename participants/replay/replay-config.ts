@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { describeIssues, invalidRequest } from "./errors.js";
+import { globProblem } from "./record-glob.js";
 import type { RecordFilters } from "./record-reader.js";
 
 export const DEFAULT_RECHECK_PROMPT =
@@ -39,6 +40,10 @@ export const ReplayConfigSchema = z
   })
   .strict()
   .superRefine((c, ctx) => {
+    (typeof c.records === "string" ? [c.records] : c.records).forEach((pattern, i) => {
+      const problem = globProblem(pattern);
+      if (problem !== null) ctx.addIssue({ code: "custom", path: typeof c.records === "string" ? ["records"] : ["records", i], message: problem });
+    });
     if (c.mode === "recheck" && c.anchor !== DEFAULT_ANCHOR) {
       ctx.addIssue({ code: "custom", path: ["anchor"], message: "anchor applies to mode=continue only" });
     }

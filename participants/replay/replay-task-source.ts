@@ -311,7 +311,21 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     return out;
   }
 
+  /**
+   * A file that vanished between the glob and its open (retention removed it) is skipped with a
+   * warning, not a failed reload: it loads nothing, and is never looked for again.
+   */
   private async loadFile(file: string, base: number, stats: ReplayStats): Promise<ReplayTask<T>[]> {
+    try {
+      return await this.loadFileOnce(file, base, stats);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+      this.logger.warn({ file }, "replay record file vanished before it was read; skipping it");
+      return [];
+    }
+  }
+
+  private async loadFileOnce(file: string, base: number, stats: ReplayStats): Promise<ReplayTask<T>[]> {
     const attempt = (useIndex: boolean) => {
       const local: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
       return this.collect(file, base, local, useIndex).then((tasks) => ({ tasks, local }));

@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import {
   DEFAULT_RECHECK_PROMPT,
   dumpReplayConfig,
+  expandGlobs,
   parseReplayConfig,
   recordFilters,
   ReplayError,
@@ -68,6 +69,16 @@ describe("replay config (16)", () => {
     expect(refusal({ ...base, min_source_reward: 1, max_source_reward: 0 }).message).toMatch(/min_source_reward/);
     expect(refusal({ ...base, follow: true }).message).toMatch(/follow/);
     expect(refusal({ ...base, mode: "resume" }).code).toBe("invalid_request");
+  });
+
+  it("rejects a glob that cannot be expanded, up front instead of on the first load", async () => {
+    expect(refusal({ ...base, records: "run/step_[z-a]/x.jsonl" })).toMatchObject({ code: "invalid_request", message: expect.stringMatching(/records: .*step_\[z-a\]/) });
+    expect(refusal({ ...base, records: ["run/step_*/x.jsonl", "run/[b-a]*/x.jsonl"] }).message).toMatch(/records\.1: /);
+    expect(parseReplayConfig({ ...base, records: ["run/step_[0-9]/x.jsonl", "run/[!.]*/**/x.jsonl", "run/[unclosed/x"] }).records).toHaveLength(3);
+    // expandGlobs refuses it too (it is exported), before touching the file system.
+    const error = await expandGlobs(["step_[z-a]/x"], "/nonexistent").then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect(error).toMatchObject({ code: "invalid_request" });
   });
 
   it("derives the index filters: only compaction needs two branches", () => {

@@ -1,4 +1,5 @@
 import { execFileSync } from "node:child_process";
+import { rmSync } from "node:fs";
 import { copyFile, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { pino } from "pino";
@@ -19,6 +20,7 @@ import {
   compactedTrace,
   linearTrace,
   mathSource,
+  MathTaskSchema,
   result,
   RESTART,
   say,
@@ -296,6 +298,30 @@ describe("loading", () => {
     const replay = source();
     expect((await replay.next())?.name).toBe("recheck:00000001");
     expect([replay.stats.read.indexRejected, replay.stats.read.filesFullParsed]).toEqual([1, 1]);
+  });
+
+  it("skips a file that vanished between the glob and its open (retention), logging it, instead of failing the reload", async () => {
+    await write(1, [linearTrace(traceId(1), 0)]);
+    const { recordPath } = await write(2, [linearTrace(traceId(2), 0)]);
+    await write(3, [linearTrace(traceId(3), 0)]);
+    // Step 2 is removed while step 1 is being read: after the glob listed it, before its open.
+    let removed = false;
+    const taskSchema = mathSource().taskSchema.superRefine(() => {
+      if (!removed) rmSync(recordPath);
+      removed = true;
+    });
+    const lines: string[] = [];
+    const logger = pino({ level: "warn" }, { write: (line: string) => void lines.push(line) });
+    const replay = new ReplayTaskSource<MathTask, string, number>(
+      { records: "run/rollouts/step_*/train_rollouts_gsm8k.jsonl", source: { id: "gsm8k" }, mode: "recheck" },
+      mathSource({ taskSchema: taskSchema as unknown as typeof MathTaskSchema }),
+      { cwd: dir, logger },
+    );
+    const loaded = await replay.load();
+    expect(names(replay.tasks)).toEqual(["recheck:00000001", "recheck:00000003"]);
+    expect(loaded.files.map((f) => path.basename(path.dirname(f)))).toEqual(["step_1", "step_2", "step_3"]);
+    expect(lines.join("")).toMatch(/vanished/);
+    expect((await replay.reload()).added).toBe(0);
   });
 
   it("refuses a corrupt file without changing state", async () => {
