@@ -1,33 +1,21 @@
-import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { parseArgs } from "node:util";
+import { CheckpointError } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { exportCheckpointSeeds } from "./checkpoint-seeds.js";
+import { ReplayError } from "./errors.js";
+import { readTaskFile } from "./task-file.js";
 
 /**
  * Replay tools.
  *   seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]
  *     Exports a published checkpoint's parked episodes as `continue` seeds, one JSON line each.
  *     --tasks: a task file (collect's `{id, task}` lines or bare tasks) to attach original tasks.
- * Prints a one-line JSON summary on stdout; exit 2 on usage errors, 1 on refusals; --help prints the usage.
+ * Prints a one-line JSON summary on stdout; --help prints the usage. Exit codes, like gym-ckpt's:
+ * 2 on usage errors and `invalid_request` (a missing or malformed --tasks file, a directory that is
+ * not a published checkpoint), 1 on any other refusal (`<code>: <detail>` on stderr).
  */
 const USAGE = "usage: main.js seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]\n";
-
-async function readTasks(file: string): Promise<unknown[]> {
-  const out: unknown[] = [];
-  for (const [i, line] of (await readFile(file, "utf8")).split("\n").entries()) {
-    if (!line.trim()) continue;
-    let value: unknown;
-    try {
-      value = JSON.parse(line);
-    } catch {
-      throw new Error(`${file}:${i + 1}: not JSON`);
-    }
-    const row = value as { id?: unknown; task?: unknown };
-    out.push(row && typeof row === "object" && "id" in row && "task" in row ? row.task : value);
-  }
-  return out;
-}
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
@@ -50,7 +38,7 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(USAGE);
     return 2;
   }
-  const tasks = values.tasks ? await readTasks(values.tasks) : undefined;
+  const tasks = values.tasks ? await readTaskFile(values.tasks) : undefined;
   const exported = await exportCheckpointSeeds(path.resolve(values.checkpoint), tasks ? { tasks } : {});
   await writeFileAtomic(path.resolve(values.out), exported.seeds.map((s) => `${JSON.stringify(s)}\n`).join(""));
   process.stdout.write(`${JSON.stringify({ checkpoint_id: exported.checkpointId, seeds: exported.seeds.length, skipped: exported.skipped, out: path.resolve(values.out) })}\n`);
@@ -60,8 +48,9 @@ async function main(argv: string[]): Promise<number> {
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (error: unknown) => {
-    const e = error as { code?: string; message?: string };
-    process.stderr.write(`replay: ${e.code ? `${e.code}: ` : ""}${e.message ?? String(error)}\n`);
-    process.exit(1);
+    // Refusals carry a catalog code; anything else is a bug (or an I/O failure) and says so.
+    const code = error instanceof ReplayError || error instanceof CheckpointError ? error.code : "internal_error";
+    process.stderr.write(`replay: ${code}: ${error instanceof Error ? error.message : String(error)}\n`);
+    process.exit(code === "invalid_request" ? 2 : 1);
   },
 );

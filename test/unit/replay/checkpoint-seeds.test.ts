@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, captureKey, sha256Hex, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
 import { FsCheckpointStorage, WriteGate, participantDir } from "../../../participants/index.js";
 import { exportCheckpointSeeds, ReplayError } from "../../../participants/replay/index.js";
+import { readTaskFile } from "../../../participants/replay/task-file.js";
 import { tempDir } from "./fixtures.js";
 
 /**
@@ -117,5 +118,18 @@ describe("checkpoint seeds", () => {
     expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
     await rm(path.join(checkpointDir(), GLOBAL_MANIFEST_FILE));
     expect((await refusal(exportCheckpointSeeds(checkpointDir()))).code).toBe("invalid_request"); // not a published checkpoint
+  });
+});
+
+describe("the --tasks file", () => {
+  it("reads collect's {id, task} rows and bare tasks, and refuses a missing or malformed file with invalid_request", async () => {
+    const file = path.join(root, "tasks.jsonl");
+    await writeFile(file, '{"id":"r1","task":{"q":1}}\n\n{"q":2}\n');
+    expect(await readTaskFile(file)).toEqual([{ q: 1 }, { q: 2 }]);
+    const missing = await refusal(readTaskFile(path.join(root, "absent.jsonl")));
+    expect(missing).toMatchObject({ code: "invalid_request", message: expect.stringContaining("does not exist") });
+    await writeFile(file, '{"q":1}\nnot json\n');
+    expect(await refusal(readTaskFile(file))).toMatchObject({ code: "invalid_request", message: expect.stringContaining("tasks.jsonl:2: not JSON") });
+    expect((await refusal(readTaskFile(root))).code).toBe("invalid_request"); // a directory
   });
 });

@@ -1,0 +1,50 @@
+import { execFile, execFileSync } from "node:child_process";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { ensureBuilt } from "./coordinator-process.js";
+
+/**
+ * The seeds exporter's refusals (built binary): each names its catalog code on stderr, and the exit
+ * code follows gym-ckpt's: 2 for usage errors and invalid_request, 1 for any other refusal.
+ */
+const REPLAY_MAIN = fileURLToPath(new URL("../../dist/participants/replay/main.js", import.meta.url));
+const run = promisify(execFile);
+
+beforeAll(() => ensureBuilt());
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "replay-seeds-cli-"));
+});
+afterEach(() => rm(dir, { recursive: true, force: true }));
+
+async function seeds(args: string[]): Promise<{ code: number; stderr: string }> {
+  try {
+    const { stderr } = await run(process.execPath, [REPLAY_MAIN, "seeds", "--out", join(dir, "out.jsonl"), ...args], { timeout: 30_000 });
+    return { code: 0, stderr };
+  } catch (error) {
+    const e = error as { code?: number; stderr?: string };
+    return { code: typeof e.code === "number" ? e.code : -1, stderr: e.stderr ?? "" };
+  }
+}
+
+describe("replay seeds (built binary)", () => {
+  it("refuses a missing or malformed --tasks file and a directory that is no checkpoint with invalid_request, exit 2", async () => {
+    const missing = await seeds(["--checkpoint", dir, "--tasks", join(dir, "absent.jsonl")]);
+    expect(missing).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: tasks file .*absent\.jsonl does not exist\n$/) });
+    await writeFile(join(dir, "tasks.jsonl"), "not json\n");
+    const malformed = await seeds(["--checkpoint", dir, "--tasks", join(dir, "tasks.jsonl")]);
+    expect(malformed).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: .*tasks\.jsonl:1: not JSON\n$/) });
+    const notCheckpoint = await seeds(["--checkpoint", dir]);
+    expect(notCheckpoint).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: .*not a published checkpoint/) });
+  });
+
+  it("refuses a checkpoint.json that is a FIFO with invalid_checkpoint_state, exit 1, without blocking", async () => {
+    execFileSync("mkfifo", [join(dir, "checkpoint.json")]);
+    const fifo = await seeds(["--checkpoint", dir]);
+    expect(fifo).toEqual({ code: 1, stderr: expect.stringMatching(/^replay: invalid_checkpoint_state: .*not a regular file/) });
+  });
+});
