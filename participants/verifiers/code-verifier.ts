@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { canonicalJson } from "../../protocol/index.js";
+import { CheckpointError, canonicalJson } from "../../protocol/index.js";
 import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sandbox/run-sandboxed.js";
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
@@ -34,6 +34,11 @@ export class CodeVerifier extends VerifierServer {
 
   async verify(body: unknown): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(CodeVerifyBodySchema, body);
+    // A case returning more than the sandbox's output limit fails as output_limit, so such an expected value could never pass.
+    const tooLong = task.tests.findIndex((test) => JSON.stringify(test.expected).length > this.limits.maxCaseOutputChars);
+    if (tooLong !== -1) {
+      throw new CheckpointError("invalid_request", `task.tests[${tooLong}].expected is longer than ${this.limits.maxCaseOutputChars} characters as JSON`);
+    }
     const outcome = await runSandboxed(
       { mode: "function", code: extractCode(answer), function_name: task.function_name, cases: task.tests.map((t) => ({ args: t.args })) },
       this.limits,

@@ -3,14 +3,17 @@ import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sand
 import { extractCode, MAX_CASES } from "./code-verifier.js";
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
-const CpVerifyBodySchema = z
-  .object({
-    task: z
-      .object({ cases: z.array(z.object({ input: z.string().max(1_000_000), output: z.string().max(1_000_000) }).strict()).min(1).max(MAX_CASES) })
-      .catchall(z.json()),
-    answer: z.string().min(1).max(100_000),
-  })
-  .strict();
+/** An expected output longer than the sandbox lets a case print could never pass: such a task is refused. */
+function cpVerifyBodySchema(maxOutputChars: number) {
+  return z
+    .object({
+      task: z
+        .object({ cases: z.array(z.object({ input: z.string().max(1_000_000), output: z.string().max(maxOutputChars) }).strict()).min(1).max(MAX_CASES) })
+        .catchall(z.json()),
+      answer: z.string().min(1).max(100_000),
+    })
+    .strict();
+}
 
 /** Output comparison that ignores trailing spaces on lines and trailing blank lines. */
 export function normalizeOutput(text: string): string {
@@ -28,12 +31,15 @@ export function normalizeOutput(text: string): string {
  * output. All cases must pass for reward 1. Same sandbox and limits as the code verifier.
  */
 export class CompetitiveProgrammingVerifier extends VerifierServer {
+  private readonly schema: ReturnType<typeof cpVerifyBodySchema>;
+
   constructor(private readonly limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS) {
     super();
+    this.schema = cpVerifyBodySchema(limits.maxCaseOutputChars);
   }
 
   async verify(body: unknown): Promise<VerifyResult> {
-    const { task, answer } = parseVerifierBody(CpVerifyBodySchema, body);
+    const { task, answer } = parseVerifierBody(this.schema, body);
     const outcome = await runSandboxed({ mode: "stdio", code: extractCode(answer), cases: task.cases.map((c) => ({ input: c.input })) }, this.limits);
     if (outcome.status !== "completed") return { reward: 0, status: outcome.status, passed: 0, total: task.cases.length };
     let passed = 0;

@@ -12,5 +12,6 @@ export { CohortTable, DEFAULT_COHORT_SETTINGS } from "./cohort-table.js";
 export type { CohortJudge, CohortMember, CohortSettings, Coordinates } from "./cohort-table.js";
 export { JudgeClient } from "./judge-client.js";
 export type { JudgeClientOptions, ChatMessage } from "./judge-client.js";
-export { runSandboxed, DEFAULT_SANDBOX_LIMITS } from "./sandbox/run-sandboxed.js";
+export { runSandboxed, stopSandboxes, liveSandboxes, DEFAULT_SANDBOX_LIMITS } from "./sandbox/run-sandboxed.js";
+export { SANDBOX_SLOTS } from "./sandbox/sandbox-slots.js";
 export type { SandboxJob, SandboxLimits, SandboxOutcome, CaseResult } from "./sandbox/run-sandboxed.js";

@@ -6,6 +6,7 @@ import { CompetitiveProgrammingVerifier } from "./competitive-programming-verifi
 import { EquivalenceJudgeVerifier } from "./equivalence-judge-verifier.js";
 import { JudgeClient } from "./judge-client.js";
 import { MathVerifier } from "./math-verifier.js";
+import { stopSandboxes } from "./sandbox/run-sandboxed.js";
 import type { VerifierServer } from "./verifier-server.js";
 
 /**
@@ -60,6 +61,9 @@ try {
   process.stderr.write(`verifier: ${error instanceof Error ? error.message : String(error)}\n`);
   process.exit(2);
 }
+// Registered before serve(), so it runs after the HTTP drain: sandbox children of verifies still
+// running then are killed instead of outliving this process.
+runtime.onShutdown(stopSandboxes);
 const { app, kind } = await createResourcesApp(server, { logger });
 app.get("/health", async () => ({ ok: true, verifier: extra.verifier ?? "math", mode: kind.mode, verify: kind.verify }));
 await runtime.serve(app, kind);

@@ -1,29 +1,32 @@
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { z } from "zod";
 import { SANDBOX_CHILD_SOURCE } from "./sandbox-child-source.js";
+import { SANDBOX_SLOTS } from "./sandbox-slots.js";
 
 /**
  * Limits of one sandboxed run. The child is a separate node process with:
  *   - `--max-old-space-size` (heap limit; off-heap allocators are removed inside the context),
- *   - a per-case `vm` timeout (sync code and microtasks) and a wall-clock SIGKILL for the whole run,
+ *   - a per-case `vm` timeout (sync code and microtasks), a wall-clock SIGKILL for the whole run
+ *     and a kernel CPU-time limit (RLIMIT_CPU) that holds even if this process dies,
  *   - an empty environment, a fresh temporary working directory, and Node's permission model
  *     (no fs, child processes, workers or addons),
- *   - the submission evaluated in a null-prototype `vm` context, so `require`/`process` are absent.
+ *   - the submission evaluated in a null-prototype `vm` context that holds no host object.
  * `vm` alone is not a security boundary; the process, its permission flags and the limits are.
  * This is no substitute for an OS sandbox (containers, seccomp) for adversarial workloads.
  */
 export interface SandboxLimits {
   memoryMb: number;
   caseTimeoutMs: number;
-  /** Added to the wall clock for process start-up. */
+  /** For node to start (until the child is ready), and again as slack on top of the cases' time. */
   startupMs: number;
-  maxOutputBytes: number;
+  /** Longest output of one case (characters); a case that produces more ends as `output_limit`. */
+  maxCaseOutputChars: number;
 }
 
-export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = { memoryMb: 64, caseTimeoutMs: 1000, startupMs: 3000, maxOutputBytes: 1024 * 1024 };
+export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = { memoryMb: 64, caseTimeoutMs: 1000, startupMs: 3000, maxCaseOutputChars: 64 * 1024 };
 
 export type SandboxJob =
   | { mode: "function"; code: string; function_name: string; cases: { args: unknown[] }[] }
@@ -33,6 +36,7 @@ const CaseResultSchema = z.discriminatedUnion("status", [
   z.object({ status: z.literal("ok"), output: z.string() }).strict(),
   z.object({ status: z.literal("error"), error: z.string() }).strict(),
   z.object({ status: z.literal("timeout") }).strict(),
+  z.object({ status: z.literal("output_limit") }).strict(),
 ]);
 export type CaseResult = z.infer<typeof CaseResultSchema>;
 const ChildOutputSchema = z.object({ results: z.array(CaseResultSchema) }).strict();
@@ -43,43 +47,96 @@ export type SandboxOutcome =
   | { status: "timeout" | "memory_limit" | "output_limit" | "crashed"; detail: string };
 
 const permissionFlag = process.allowedNodeEnvironmentFlags.has("--permission") ? "--permission" : "--experimental-permission";
+// --experimental-vm-modules lets the child answer import() with an error of the submission's own realm.
+const NODE_FLAGS = [permissionFlag, "--experimental-vm-modules", "--no-warnings"];
 
+/** Children of runs in flight, so a shutting-down verifier can end them. */
+const liveChildren = new Set<ChildProcess>();
+let exitHookInstalled = false;
+
+/** SIGKILLs every running sandbox child; their runs end as `crashed`. For a verifier's shutdown. */
+export function stopSandboxes(): void {
+  for (const child of liveChildren) child.kill("SIGKILL");
+}
+
+/** How many sandbox children are running right now (status and tests). */
+export function liveSandboxes(): number {
+  return liveChildren.size;
+}
+
+/**
+ * Starts node under `sh` so the kernel enforces a CPU-time limit (soft: SIGXCPU, then hard:
+ * SIGKILL) and no core dump is written: the child ends by itself even if this process is
+ * SIGKILLed. Fails closed: if a limit cannot be set, the child never starts.
+ */
+function spawnChild(cpuSeconds: number, nodeArgs: string[], cwd: string): ChildProcess {
+  const limits = `ulimit -c 0 && ulimit -S -t ${cpuSeconds} && ulimit -H -t ${cpuSeconds + 1} && exec "$0" "$@"`;
+  return spawn("/bin/sh", ["-c", limits, process.execPath, ...nodeArgs], { cwd, env: {}, stdio: ["pipe", "pipe", "pipe"] });
+}
+
+/**
+ * Runs a job in a sandbox child. At most one child per CPU runs at once (SANDBOX_SLOTS); a run
+ * waiting for a slot is not timed. The run's wall clock starts when the child reports ready, so
+ * node's start-up is not counted against the submission.
+ */
 export async function runSandboxed(job: SandboxJob, limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS): Promise<SandboxOutcome> {
+  return SANDBOX_SLOTS.run(() => runInChild(job, limits));
+}
+
+async function runInChild(job: SandboxJob, limits: SandboxLimits): Promise<SandboxOutcome> {
+  if (!exitHookInstalled) {
+    exitHookInstalled = true;
+    process.once("exit", stopSandboxes);
+  }
   const cwd = await mkdtemp(join(tmpdir(), "gym-ckpt-sandbox-"));
   try {
     return await new Promise<SandboxOutcome>((resolve) => {
-      const child = spawn(
-        process.execPath,
-        [permissionFlag, "--no-warnings", `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE],
-        { cwd, env: {}, stdio: ["pipe", "pipe", "pipe"] },
-      );
+      const runMs = limits.caseTimeoutMs * Math.max(1, job.cases.length) + limits.startupMs;
+      // A backstop well above the wall clock (V8's helper threads count too), not a second verdict.
+      const cpuSeconds = Math.ceil((2 * (limits.startupMs + runMs)) / 1000) + 1;
+      // JSON escaping can grow a character to six; an error detail is at most 500 characters.
+      const maxStdout = 64 * 1024 + Math.max(1, job.cases.length) * 6 * (limits.maxCaseOutputChars + 600);
+      const child = spawnChild(cpuSeconds, [...NODE_FLAGS, `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE], cwd);
+      liveChildren.add(child);
       let stdout = "";
       let stderr = "";
+      let ready = false;
       let stopped: SandboxOutcome | undefined;
       const stop = (outcome: SandboxOutcome) => {
         stopped ??= outcome;
         child.kill("SIGKILL");
       };
-      const wallMs = limits.startupMs + limits.caseTimeoutMs * Math.max(1, job.cases.length);
-      const timer = setTimeout(() => stop({ status: "timeout", detail: `wall clock of ${wallMs} ms exceeded` }), wallMs);
-      child.stdout.setEncoding("utf8");
-      child.stderr.setEncoding("utf8");
-      child.stdout.on("data", (chunk: string) => {
+      let timer = setTimeout(() => stop({ status: "crashed", detail: `the sandbox did not start within ${limits.startupMs} ms` }), limits.startupMs);
+      child.stdout!.setEncoding("utf8");
+      child.stderr!.setEncoding("utf8");
+      child.stdout!.on("data", (chunk: string) => {
+        if (stopped) return;
         stdout += chunk;
-        if (stdout.length > limits.maxOutputBytes) stop({ status: "output_limit", detail: `more than ${limits.maxOutputBytes} bytes of output` });
+        if (stdout.length > maxStdout) return stop({ status: "output_limit", detail: `more than ${maxStdout} characters of output` });
+        if (ready || !stdout.includes("\n")) return;
+        if (!stdout.startsWith("ready\n")) return stop({ status: "crashed", detail: "the sandbox did not report ready" });
+        ready = true;
+        stdout = stdout.slice("ready\n".length);
+        clearTimeout(timer);
+        timer = setTimeout(() => stop({ status: "timeout", detail: `wall clock of ${runMs} ms exceeded` }), runMs);
+        // stdin stays open until the child ends: its end tells the child that this process is gone.
+        child.stdin!.write(`${JSON.stringify({ ...job, case_timeout_ms: limits.caseTimeoutMs, max_case_output_chars: limits.maxCaseOutputChars })}\n`);
       });
-      child.stderr.on("data", (chunk: string) => {
+      child.stderr!.on("data", (chunk: string) => {
         if (stderr.length < 64 * 1024) stderr += chunk;
       });
-      child.stdin.on("error", () => undefined);
+      child.stdin!.on("error", () => undefined);
       child.on("error", (error) => stop({ status: "crashed", detail: error.message }));
       child.on("close", (code, signal) => {
         clearTimeout(timer);
+        liveChildren.delete(child);
+        child.stdin!.destroy();
         if (stopped) return resolve(stopped);
         if (/heap limit|out of memory|allocation failed/i.test(stderr)) {
           return resolve({ status: "memory_limit", detail: `heap limit of ${limits.memoryMb} MB reached` });
         }
-        if (code !== 0) return resolve({ status: "crashed", detail: `exit ${code ?? signal}: ${stderr.slice(0, 300)}` });
+        if (signal === "SIGXCPU") return resolve({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
+        if (code !== 0 || !ready) return resolve({ status: "crashed", detail: `exit ${code ?? signal}: ${stderr.slice(0, 300)}` });
         try {
           const parsed = ChildOutputSchema.parse(JSON.parse(stdout.trim()));
           if (parsed.results.length !== job.cases.length) return resolve({ status: "crashed", detail: "case count mismatch" });
@@ -88,7 +145,6 @@ export async function runSandboxed(job: SandboxJob, limits: SandboxLimits = DEFA
           resolve({ status: "crashed", detail: "unreadable child output" });
         }
       });
-      child.stdin.end(JSON.stringify({ ...job, case_timeout_ms: limits.caseTimeoutMs }));
     });
   } finally {
     await rm(cwd, { recursive: true, force: true });

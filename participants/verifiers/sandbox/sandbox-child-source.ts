@@ -1,25 +1,57 @@
 /**
  * The program the sandbox child runs (`node -e`), kept as source text so it needs no file on
- * disk. It reads one job from stdin, runs every case in a fresh `node:vm` context created from a
- * null-prototype object (so no host object — `process`, `require`, host `Function` — is
- * reachable), with a per-case timeout that also covers microtasks, and prints one JSON line.
+ * disk. Protocol with the parent (run-sandboxed.ts): the child prints `ready`, reads one job line
+ * from stdin, runs every case in a fresh `node:vm` context and prints one JSON line. The parent
+ * keeps stdin open for the whole run, so its end means the parent is gone: the child exits at
+ * the next case boundary.
+ *
+ * Every value the submission can reach is created inside its context: the context comes from a
+ * null-prototype object (no `process`, `require` or host `Function`), and `import()` — in the
+ * submission, in `eval` or in `Function` code — is rejected with an error made in that context
+ * (this needs `--experimental-vm-modules`; without a callback Node rejects with a host-realm
+ * error whose constructor leads to the host's `Function`).
+ *
+ * No submission code runs outside the per-case timeout: `displayErrors: false` stops Node from
+ * reading the thrown value's `stack` (a getter, a Proxy trap or `Error.prepareStackTrace`),
+ * `describe` reads a thrown value only through own data properties and never touches a Proxy,
+ * and unhandled rejections are swallowed instead of being inspected by Node's default handler.
  * Off-heap allocators (ArrayBuffer, typed arrays, WebAssembly) are removed from the context so
  * the heap limit of the child bounds memory.
  */
 export const SANDBOX_CHILD_SOURCE = String.raw`
 "use strict";
 const vm = require("node:vm");
-const chunks = [];
-process.stdin.on("data", (chunk) => chunks.push(chunk));
-process.stdin.on("end", () => {
-  const job = JSON.parse(Buffer.concat(chunks).toString("utf8"));
-  const results = job.cases.map((testCase) => runCase(job, testCase));
-  process.stdout.write(JSON.stringify({ results }) + "\n");
+const { isProxy } = require("node:util").types;
+
+process.on("unhandledRejection", () => undefined);
+let received = "";
+let started = false;
+process.stdin.setEncoding("utf8");
+process.stdin.on("data", (chunk) => {
+  if (started) return;
+  received += chunk;
+  const newline = received.indexOf("\n");
+  if (newline === -1) return;
+  started = true;
+  const job = JSON.parse(received.slice(0, newline));
+  received = "";
+  runCases(job);
 });
+// The parent holds stdin open until it has our results: its end means the parent died.
+process.stdin.on("end", () => process.exit(3));
+process.stdin.on("error", () => process.exit(3));
+process.stdout.write("ready\n");
 
 const REMOVED = ["ArrayBuffer", "SharedArrayBuffer", "DataView", "Atomics", "WebAssembly", "Int8Array", "Uint8Array",
   "Uint8ClampedArray", "Int16Array", "Uint16Array", "Int32Array", "Uint32Array", "Float32Array", "Float64Array",
   "BigInt64Array", "BigUint64Array", "FinalizationRegistry", "WeakRef"];
+
+// Made inside the running case's context before any submission code, so the rejection of an
+// import() hands the submission nothing from the host realm.
+let importDenied;
+const denyImport = () => {
+  throw importDenied;
+};
 
 function prelude(input) {
   return [
@@ -30,32 +62,74 @@ function prelude(input) {
     "globalThis.input = " + JSON.stringify(input) + ";",
     "const __lines = globalThis.input.split('\\n'); let __line = 0;",
     "globalThis.readLine = () => (__line < __lines.length ? __lines[__line++] : undefined);",
+    "new Error('import() is not available in the sandbox');",
   ].join("\n");
 }
 
-function describe(error) {
-  if (error === null || typeof error !== "object") return String(error).slice(0, 500);
-  if (error.code === "ERR_SCRIPT_EXECUTION_TIMEOUT") return "timeout";
-  const message = Object.getOwnPropertyDescriptor(error, "message");
-  const name = Object.getOwnPropertyDescriptor(Object.getPrototypeOf(error) || {}, "name");
-  return (String(name && name.value || "Error") + ": " + String(message && message.value)).slice(0, 500);
+function ownString(object, key) {
+  const descriptor = Object.getOwnPropertyDescriptor(object, key);
+  return descriptor && typeof descriptor.value === "string" ? descriptor.value : undefined;
 }
 
-function runCase(job, testCase) {
-  const context = vm.createContext(Object.create(null), { codeGeneration: { strings: true, wasm: false }, microtaskMode: "afterEvaluate" });
-  const options = { timeout: job.case_timeout_ms };
+/** Describes a thrown value without running any of its code (getters, traps, toString). */
+function describe(error) {
   try {
-    vm.runInContext(prelude(job.mode === "stdio" ? testCase.input : ""), context, options);
-    vm.runInContext(job.code, context, options);
+    if (error === null || (typeof error !== "object" && typeof error !== "function")) return String(error).slice(0, 500);
+    if (isProxy(error)) return "Error: a Proxy was thrown";
+    if (ownString(error, "code") === "ERR_SCRIPT_EXECUTION_TIMEOUT") return "timeout";
+    const proto = Object.getPrototypeOf(error);
+    const name = (proto !== null && !isProxy(proto) && ownString(proto, "name")) || "Error";
+    return (name + ": " + String(ownString(error, "message"))).slice(0, 500);
+  } catch {
+    return "Error: an unreadable value was thrown";
+  }
+}
+
+function runCases(job) {
+  let script;
+  let compileError;
+  try {
+    script = new vm.Script(job.code, { filename: "submission.js", importModuleDynamically: denyImport });
+  } catch (error) {
+    compileError = describe(error);
+  }
+  const results = [];
+  const next = () => {
+    if (results.length === job.cases.length) {
+      process.stdout.write(JSON.stringify({ results }) + "\n", () => process.exit(0));
+      return;
+    }
+    const testCase = job.cases[results.length];
+    results.push(compileError === undefined ? runCase(job, script, testCase) : { status: "error", error: compileError });
+    // Between cases the event loop runs, so the end of stdin (the parent died) is noticed.
+    setImmediate(next);
+  };
+  next();
+}
+
+function runCase(job, script, testCase) {
+  const context = vm.createContext(Object.create(null), {
+    codeGeneration: { strings: true, wasm: false },
+    microtaskMode: "afterEvaluate",
+    importModuleDynamically: denyImport,
+  });
+  const options = { timeout: job.case_timeout_ms, displayErrors: false };
+  try {
+    importDenied = vm.runInContext(prelude(job.mode === "stdio" ? testCase.input : ""), context, options);
+    script.runInContext(context, options);
     const tail = job.mode === "function"
       ? "JSON.stringify(" + job.function_name + "(..." + JSON.stringify(testCase.args) + "))"
       : "__out.join('\\n')";
     const output = vm.runInContext(tail, context, options);
     if (typeof output !== "string") return { status: "error", error: "the function returned nothing JSON can encode" };
-    return { status: "ok", output: output.slice(0, 65536) };
+    // Never compare a cut output: a case that printed more than the limit fails as such.
+    if (output.length > job.max_case_output_chars) return { status: "output_limit" };
+    return { status: "ok", output };
   } catch (error) {
     const detail = describe(error);
     return detail === "timeout" ? { status: "timeout" } : { status: "error", error: detail };
+  } finally {
+    importDenied = undefined;
   }
 }
 `;

@@ -1,8 +1,15 @@
+import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { availableParallelism } from "node:os";
+import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
-import { CodeVerifier, CompetitiveProgrammingVerifier, runSandboxed } from "../../../participants/verifiers/index.js";
+import { CodeVerifier, CompetitiveProgrammingVerifier, liveSandboxes, runSandboxed, stopSandboxes } from "../../../participants/verifiers/index.js";
+import { alive, descendants, killAll } from "../../support/process-tree.js";
+import { waitUntil } from "../../support/wait-until.js";
 
-const LIMITS = { memoryMb: 48, caseTimeoutMs: 500, startupMs: 4000, maxOutputBytes: 256 * 1024 };
+const LIMITS = { memoryMb: 48, caseTimeoutMs: 500, startupMs: 4000, maxCaseOutputChars: 64 * 1024 };
 const addTask = { function_name: "add", tests: [{ args: [1, 2], expected: 3 }, { args: [-5, 5], expected: 0 }] };
 
 async function verify(server: CodeVerifier | CompetitiveProgrammingVerifier, payload: object) {
@@ -80,6 +87,111 @@ describe("code verifier", () => {
     );
     expect(dynamicImport.status).toBe("completed");
     if (dynamicImport.status === "completed") expect(dynamicImport.results[0]).not.toMatchObject({ output: expect.stringContaining("root:") });
+    // import() (in the submission, eval or Function code) must not hand out a host-realm value:
+    // its constructor's constructor would be the host's Function, with process and require.
+    for (const importCall of ["import('x')", "eval(\"import('x')\")", "Function(\"return import('x')\")()"]) {
+      const code = `let seen = 'unsettled'; const p = ${importCall};
+        seen = 'promise:' + p.constructor.constructor('return typeof process')();
+        p.catch((e) => { seen += ' reason:' + e.constructor.constructor('return typeof process')(); });
+        function f() { return seen; }`;
+      const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }] }, LIMITS);
+      expect(outcome, importCall).toMatchObject({ status: "completed", results: [{ status: "ok" }] });
+      if (outcome.status === "completed" && outcome.results[0]!.status === "ok") expect(outcome.results[0]!.output, importCall).not.toContain("object");
+    }
+  });
+
+  it("lets no escape through import() reach the network or other processes", async () => {
+    let received = "";
+    const server = createServer((socket) => socket.on("data", (data) => (received += String(data)))).listen(0, "127.0.0.1");
+    await new Promise((resolve) => server.once("listening", resolve));
+    const port = (server.address() as { port: number }).port;
+    const victim = spawn("sleep", ["60"]);
+    try {
+      const code = `import('x').catch((e) => {
+          const host = e.constructor.constructor;
+          const socket = host('return require')()('net').connect(${port}, '127.0.0.1', () => socket.end('escaped'));
+          host('return process')().kill(${victim.pid}, 'SIGKILL');
+        });
+        function add(a, b) { return a + b; }`;
+      const result = await verify(new CodeVerifier(LIMITS), { task: addTask, answer: code });
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(received).toBe("");
+      expect([victim.exitCode, victim.signalCode]).toEqual([null, null]);
+      expect(result.body).toEqual({ reward: 1, status: "completed", passed: 2, total: 2, cases: ["pass", "pass"] });
+    } finally {
+      victim.kill("SIGKILL");
+      server.close();
+    }
+  });
+
+  it("describes hostile thrown values within the case's time, without running their code", async () => {
+    const hostile = [
+      "function f() { throw { get code() { throw 1; } }; }",
+      "function f() { throw new Proxy({}, { getPrototypeOf() { throw 1; } }); }",
+      "function f() { throw new Proxy({}, { getPrototypeOf() { for (;;) {} }, get() { for (;;) {} }, getOwnPropertyDescriptor() { for (;;) {} } }); }",
+      "function f() { throw Object.create(new Proxy({}, { getPrototypeOf() { for (;;) {} }, getOwnPropertyDescriptor() { for (;;) {} } })); }",
+      "function f() { throw { get stack() { for (;;) {} } }; }",
+      "function f() { Error.prepareStackTrace = () => { for (;;) {} }; throw new Error('x'); }",
+      "function f() { const g = () => 1; g.toString = () => { for (;;) {} }; throw g; }",
+      "function f() { throw { message: { toString() { for (;;) {} } } }; }",
+    ];
+    for (const code of hostile) {
+      const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }, { args: [] }] }, LIMITS);
+      expect(outcome, code).toMatchObject({ status: "completed", results: [{ status: "error" }, { status: "error" }] });
+    }
+    // A rejection the submission leaves unhandled is not inspected by the child's host code either.
+    const rejected = await runSandboxed(
+      { mode: "function", code: "Promise.reject(new Proxy({}, { get() { for (;;) {} }, getOwnPropertyDescriptor() { for (;;) {} } })); function f() { return 1; }", function_name: "f", cases: [{ args: [] }] },
+      LIMITS,
+    );
+    expect(rejected).toEqual({ status: "completed", results: [{ status: "ok", output: "1" }] });
+  });
+
+  it("ends its child when the verifier dies, and the kernel bounds the child's CPU time", async () => {
+    const source = fileURLToPath(new URL("../../../participants/verifiers/index.ts", import.meta.url));
+    const script = `import { runSandboxed } from ${JSON.stringify(source)};
+      await runSandboxed({ mode: "function", code: "function f() { for (;;) {} }", function_name: "f", cases: Array.from({ length: 100 }, () => ({ args: [] })) },
+        { memoryMb: 48, caseTimeoutMs: 300, startupMs: 10000, maxCaseOutputChars: 1024 });`;
+    const verifier = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { stdio: "ignore" });
+    let sandbox: number | undefined;
+    try {
+      await waitUntil(() => {
+        // Once node runs: before its exec, the same process is the shell still setting the limits.
+        sandbox = descendants(verifier.pid!).find((p) => p.cmdline.includes("--max-old-space-size=48") && !p.cmdline.startsWith("/bin/sh"))?.pid;
+        return sandbox !== undefined;
+      }, "the sandbox child");
+      expect(readFileSync(`/proc/${sandbox}/limits`, "utf8")).toMatch(/^Max cpu time\s+\d+\s+\d+\s+seconds/m);
+      verifier.kill("SIGKILL");
+      // 100 looping cases would keep an orphan busy for 30 s; it must notice its parent is gone.
+      await waitUntil(() => !alive(sandbox!), "the orphaned sandbox child to exit", 8000);
+    } finally {
+      killAll([verifier.pid!, ...(sandbox ? [sandbox] : [])]);
+    }
+  });
+
+  it("kills running children on shutdown", async () => {
+    const run = runSandboxed({ mode: "function", code: "function f() { for (;;) {} }", function_name: "f", cases: Array.from({ length: 50 }, () => ({ args: [] })) }, LIMITS);
+    await waitUntil(() => liveSandboxes() === 1, "a running sandbox child");
+    stopSandboxes();
+    expect(await run).toMatchObject({ status: "crashed" });
+    expect(liveSandboxes()).toBe(0);
+  });
+
+  it("runs at most one child per CPU and passes every correct submission under concurrency", async () => {
+    const limit = availableParallelism();
+    let most = 0;
+    const sampler = setInterval(() => {
+      most = Math.max(most, descendants(process.pid).filter((p) => p.cmdline.includes("--max-old-space-size=48")).length);
+    }, 25);
+    try {
+      const answer = "function add(a, b) { let s = 0; for (let i = 0; i < 1e6; i++) s += i % 2; return a + b; }";
+      const replies = await Promise.all(Array.from({ length: 3 * limit }, () => verify(new CodeVerifier(LIMITS), { task: addTask, answer })));
+      for (const reply of replies) expect(reply.body).toEqual({ reward: 1, status: "completed", passed: 2, total: 2, cases: ["pass", "pass"] });
+    } finally {
+      clearInterval(sampler);
+    }
+    expect(most).toBeGreaterThan(0);
+    expect(most).toBeLessThanOrEqual(limit);
   });
 
   it("refuses malformed tasks with invalid_request", async () => {
@@ -114,5 +226,21 @@ describe("competitive programming verifier", () => {
     else expect(["memory_limit", "output_limit"]).toContain(flood.status);
     const reader = await verify(new CompetitiveProgrammingVerifier(LIMITS), { task, answer: "print(require('fs').readFileSync('/etc/passwd','utf8'))" });
     expect(reader.body).toMatchObject({ reward: 0, cases: ["error", "error"] });
+  });
+
+  it("judges whole outputs up to the per-case limit and never a cut one", async () => {
+    const wide = { ...LIMITS, maxCaseOutputChars: 100_000 };
+    const long = { cases: [{ input: "", output: "x".repeat(70_000) }] };
+    expect((await verify(new CompetitiveProgrammingVerifier(wide), { task: long, answer: "print('x'.repeat(70000))" })).body).toMatchObject({ reward: 1, cases: ["pass"] });
+    // Output past the limit is a failure of its own, not a comparison of the part before the cut.
+    const padded = await verify(new CompetitiveProgrammingVerifier(LIMITS), { task: { cases: [{ input: "", output: "6" }] }, answer: "print('6' + '\\n'.repeat(65535) + 'WRONG')" });
+    expect(padded.body).toEqual({ reward: 0, status: "completed", passed: 0, total: 1, cases: ["output_limit"] });
+    // A task whose expected output no case may print is refused, as is a code task's expected value.
+    const refused = await verify(new CompetitiveProgrammingVerifier(LIMITS), { task: long, answer: "print('x'.repeat(70000))" });
+    expect([refused.status, refused.body.error.code]).toEqual([400, "invalid_request"]);
+    const longValue = { function_name: "f", tests: [{ args: [], expected: "y".repeat(70_000) }] };
+    expect((await verify(new CodeVerifier(wide), { task: longValue, answer: "function f() { return 'y'.repeat(70000); }" })).body).toMatchObject({ reward: 1 });
+    const refusedCode = await verify(new CodeVerifier(LIMITS), { task: longValue, answer: "function f() { return 'y'.repeat(70000); }" });
+    expect([refusedCode.status, refusedCode.body.error.code]).toEqual([400, "invalid_request"]);
   });
 });

@@ -1,0 +1,39 @@
+import { availableParallelism } from "node:os";
+
+/**
+ * A counting semaphore. Per-case timeouts are wall-clock, so running more sandbox children than
+ * there are CPUs would turn machine load into timeouts of correct submissions; runs beyond the
+ * capacity wait here, and their clocks only start once their child is running.
+ */
+export class Slots {
+  private busy = 0;
+  private readonly waiting: (() => void)[] = [];
+
+  constructor(readonly capacity: number) {
+    if (!Number.isInteger(capacity) || capacity < 1) throw new Error("slot capacity must be a positive integer");
+  }
+
+  get active(): number {
+    return this.busy;
+  }
+
+  get queued(): number {
+    return this.waiting.length;
+  }
+
+  async run<T>(task: () => Promise<T>): Promise<T> {
+    if (this.busy < this.capacity) this.busy += 1;
+    else await new Promise<void>((resolve) => this.waiting.push(resolve));
+    try {
+      return await task();
+    } finally {
+      // Hand the slot straight to the next waiter, so a newcomer cannot overtake the queue.
+      const next = this.waiting.shift();
+      if (next) next();
+      else this.busy -= 1;
+    }
+  }
+}
+
+/** One sandbox child per CPU for the whole process. */
+export const SANDBOX_SLOTS = new Slots(Math.max(1, availableParallelism()));
