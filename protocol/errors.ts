@@ -136,6 +136,11 @@ export const ERROR_CATALOG = {
     meaning: "The cohort did not collect every member before its collection timeout, or its evaluation timed out.",
     solve: "Retry the whole group from input as a new group attempt.",
   },
+  cohort_capacity: {
+    status: 503,
+    meaning: "The cohort verifier already has its maximum number of cohorts collecting or being judged, so no new cohort can start.",
+    solve: "Retry later, once running cohorts finish (members of cohorts already started are still admitted), or raise the verifier's maxActiveCohorts (--max-active-cohorts).",
+  },
   internal_error: {
     status: 500,
     meaning: "An unexpected failure inside gym-ckpt.",

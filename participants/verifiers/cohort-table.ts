@@ -22,6 +22,8 @@ export interface CohortSettings {
   resultTtlMs: number;
   /** Count cap on finished cohorts kept. */
   maxTerminalCohorts: number;
+  /** Count cap on cohorts collecting or being judged; a new cohort beyond it is refused. */
+  maxActiveCohorts: number;
 }
 
 export const DEFAULT_COHORT_SETTINGS: Omit<CohortSettings, "size"> = {
@@ -29,6 +31,7 @@ export const DEFAULT_COHORT_SETTINGS: Omit<CohortSettings, "size"> = {
   evaluationTimeoutMs: 1_800_000,
   resultTtlMs: 3_600_000,
   maxTerminalCohorts: 4096,
+  maxActiveCohorts: 1024,
 };
 
 export interface Coordinates {
@@ -43,7 +46,8 @@ interface Cohort {
   groupId: string;
   attempt: number;
   state: CohortState;
-  slots: Map<number, { digest: string; member: CohortMember }>;
+  /** The member is only needed until judging starts; replays compare the digest. */
+  slots: Map<number, { digest: string; member: CohortMember | undefined }>;
   results: VerifyResult[] | undefined;
   failure: VerifierError | undefined;
   settled: Promise<void>;
@@ -62,6 +66,7 @@ export class CohortTable {
   private readonly cohorts = new Map<string, Cohort>();
   /** Finished cohorts in finish order, for the TTL and count caps. */
   private readonly finished: Cohort[] = [];
+  private active = 0;
   judgeCalls = 0;
 
   constructor(
@@ -74,11 +79,9 @@ export class CohortTable {
     if (!Number.isInteger(settings.size)) throw new Error("cohort size must be an integer");
   }
 
-  /** Members currently waiting across active cohorts (for status and tests). */
+  /** Cohorts collecting or being judged (for status and tests). */
   get activeCohorts(): number {
-    let n = 0;
-    for (const cohort of this.cohorts.values()) if (cohort.state === "collecting" || cohort.state === "judging") n += 1;
-    return n;
+    return this.active;
   }
 
   async arrive(coordinates: Coordinates, digest: string, member: CohortMember): Promise<VerifyResult> {
@@ -89,6 +92,12 @@ export class CohortTable {
     let cohort = this.cohorts.get(coordinates.groupId);
     if (cohort && coordinates.attempt < cohort.attempt) {
       throw new VerifierError("cohort_superseded", `group attempt ${coordinates.attempt} was superseded by ${cohort.attempt}`);
+    }
+    // Checked before anything changes; a newer attempt replacing an active one adds no cohort.
+    const opens = !cohort || coordinates.attempt > cohort.attempt;
+    const replacesActive = cohort !== undefined && (cohort.state === "collecting" || cohort.state === "judging");
+    if (opens && !replacesActive && this.active >= this.settings.maxActiveCohorts) {
+      throw new VerifierError("cohort_capacity", `${this.active} cohorts are already collecting or being judged (maxActiveCohorts)`);
     }
     if (cohort && coordinates.attempt > cohort.attempt) {
       this.supersede(cohort);
@@ -135,13 +144,16 @@ export class CohortTable {
     }, this.settings.collectionTimeoutMs);
     cohort.timer.unref?.();
     this.cohorts.set(coordinates.groupId, cohort);
+    this.active += 1;
     return cohort;
   }
 
   private startJudging(cohort: Cohort): void {
     clearTimeout(cohort.timer);
     cohort.state = "judging";
-    const members = [...cohort.slots.values()].map((s) => s.member).sort((a, b) => a.index - b.index);
+    const members = [...cohort.slots.values()].map((s) => s.member!).sort((a, b) => a.index - b.index);
+    // The judge has them now; a finished cohort is kept (up to resultTtlMs) only for its digests and results.
+    for (const slot of cohort.slots.values()) slot.member = undefined;
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(new Error("evaluation timeout")), this.settings.evaluationTimeoutMs);
     timer.unref?.();
@@ -178,6 +190,7 @@ export class CohortTable {
 
   private finish(cohort: Cohort, state: "done" | "failed" | "superseded", failure: VerifierError | undefined): void {
     clearTimeout(cohort.timer);
+    this.active -= 1;
     cohort.state = state;
     cohort.failure = failure;
     cohort.finishedAt = Date.now();

@@ -13,7 +13,7 @@ import type { VerifierServer } from "./verifier-server.js";
  * A verifier process: `node dist/participants/verifiers/main.js --verifier <name> [...]`
  *   --verifier math | code | competitive | equivalence | cohort
  *   --judge-url <OpenAI-compatible base URL> (equivalence, cohort), --judge-model
- *   --cohort-size <n>, --collection-timeout-ms, --evaluation-timeout-ms (cohort)
+ *   --cohort-size <n>, --collection-timeout-ms, --evaluation-timeout-ms, --max-active-cohorts (cohort)
  */
 const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
   "verifier",
@@ -22,6 +22,7 @@ const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
   "cohort-size",
   "collection-timeout-ms",
   "evaluation-timeout-ms",
+  "max-active-cohorts",
 ]);
 const { extra, logger } = runtime;
 
@@ -46,6 +47,7 @@ function build(): VerifierServer {
           size: Number(extra["cohort-size"] ?? "2"),
           ...(extra["collection-timeout-ms"] && { collectionTimeoutMs: Number(extra["collection-timeout-ms"]) }),
           ...(extra["evaluation-timeout-ms"] && { evaluationTimeoutMs: Number(extra["evaluation-timeout-ms"]) }),
+          ...(extra["max-active-cohorts"] && { maxActiveCohorts: Number(extra["max-active-cohorts"]) }),
         },
         modelCohortJudge(judge()),
       );

@@ -1,3 +1,5 @@
+import { setFlagsFromString } from "node:v8";
+import { runInNewContext } from "node:vm";
 import Fastify, { type FastifyInstance } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createResourcesApp, declarationsOf } from "../../../participants/kinds/resources/index.js";
@@ -13,6 +15,7 @@ import {
   type CohortJudge,
   type VerifierServer,
 } from "../../../participants/verifiers/index.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 /** A tiny OpenAI-compatible judge stub: answers by a rule on the last user message. */
 let stub: FastifyInstance;
@@ -223,6 +226,50 @@ describe("cohort comparison verifier", () => {
     expect(b.json()).toEqual({ reward: 1 });
     expect((await a).json()).toEqual({ reward: 0 });
     expect(stubCalls.length - before).toBe(1);
+    await c.app.close();
+  });
+
+  it("keeps no member's task or answer once judging starts; replays still compare the digest", async () => {
+    setFlagsFromString("--expose-gc");
+    const gc = runInNewContext("gc") as () => void;
+    const c = await cohortApp(2);
+    // Only the table may keep the task alive: this test holds it weakly.
+    const held = new WeakRef({ prompt: "x".repeat(1000) });
+    const arrive = (index: number) => c.verifier.table.arrive({ groupId: "gm", attempt: 0, index }, `digest-${index}`, { index, answer: index ? "best" : "a", task: held.deref() });
+    expect(await Promise.all([arrive(0), arrive(1)])).toEqual([{ reward: 0 }, { reward: 1 }]);
+    // The finished cohort is kept for replays, but not the submissions it judged.
+    await new Promise((resolve) => setTimeout(resolve, 0));
+    gc();
+    expect(held.deref()).toBeUndefined();
+    expect(await c.verifier.table.arrive({ groupId: "gm", attempt: 0, index: 1 }, "digest-1", { index: 1, answer: "best", task: {} })).toEqual({ reward: 1 });
+    await expect(c.verifier.table.arrive({ groupId: "gm", attempt: 0, index: 1 }, "other", { index: 1, answer: "best", task: {} })).rejects.toMatchObject({
+      code: "cohort_slot_conflict",
+    });
+    expect(c.calls).toHaveLength(1);
+    await c.app.close();
+  });
+
+  it("refuses a new cohort beyond maxActiveCohorts with 503 cohort_capacity, changing nothing", async () => {
+    const c = await cohortApp(2, { maxActiveCohorts: 2 });
+    const waiting = [c.send(member("ca", 0, "best")), c.send(member("cb", 0, "best"))];
+    await waitUntil(() => c.verifier.table.activeCohorts === 2, "two collecting cohorts");
+    const refused = await c.send(member("cc", 0, "best"));
+    expect(refused.statusCode).toBe(503);
+    expect(refused.json().error.code).toBe("cohort_capacity");
+    expect(c.verifier.table.activeCohorts).toBe(2);
+    // Members of cohorts already started are admitted, and a newer attempt replaces its old one.
+    expect((await c.send(member("ca", 1, "b"))).json()).toEqual({ reward: 0 });
+    const newer = c.send(member("cb", 0, "best", 1));
+    expect((await waiting[1]!).json().error.code).toBe("cohort_superseded");
+    expect(c.verifier.table.activeCohorts).toBe(1);
+    // Room again: the refused group starts from scratch, as if it had never been seen.
+    const again = c.send(member("cc", 0, "best"));
+    expect((await c.send(member("cc", 1, "b"))).json()).toEqual({ reward: 0 });
+    expect((await again).json()).toEqual({ reward: 1 });
+    await c.send(member("cb", 1, "b", 1));
+    expect((await newer).json()).toEqual({ reward: 1 });
+    expect((await waiting[0]!).json()).toEqual({ reward: 1 });
+    expect(c.verifier.table.activeCohorts).toBe(0);
     await c.app.close();
   });
 
