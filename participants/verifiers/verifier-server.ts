@@ -1,12 +1,15 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { CheckpointError, describeZodError } from "../../protocol/index.js";
+import { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../http/json-depth.js";
 import { ResourcesServer, type CheckpointMode, type CheckpointVerify, type SessionAccess } from "../kinds/resources/index.js";
 import { sendVerifierRefusal } from "./verifier-errors.js";
 
 export const VerifierSeedBodySchema = z.object({ task: z.json().optional() }).strict();
 
 export function parseVerifierBody<T>(schema: z.ZodType<T>, body: unknown): T {
+  // The HTTP parser refuses such bodies already; this covers verify() called directly.
+  if (jsonNestsDeeperThan(body)) throw new CheckpointError("invalid_request", `the body nests more than ${MAX_JSON_DEPTH} levels deep`);
   const parsed = schema.safeParse(body ?? {});
   if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
   return parsed.data;

@@ -2,6 +2,7 @@ import Fastify, { type FastifyInstance } from "fastify";
 import type { Logger } from "pino";
 import { CheckpointError } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
+import { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../../http/json-depth.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind } from "./resources-kind.js";
@@ -73,11 +74,14 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
     const text = typeof body === "string" ? body : body.toString("utf8");
     if (text.trim() === "") return done(null, {});
+    let parsed: unknown;
     try {
-      done(null, JSON.parse(text));
+      parsed = JSON.parse(text);
     } catch {
-      done(new CheckpointError("invalid_request", "the body is not valid JSON"), undefined);
+      return done(new CheckpointError("invalid_request", "the body is not valid JSON"), undefined);
     }
+    if (jsonNestsDeeperThan(parsed)) return done(new CheckpointError("invalid_request", `the body nests more than ${MAX_JSON_DEPTH} levels deep`), undefined);
+    done(null, parsed);
   });
   installRefusalHandlers(app, "resources server", options.logger);
   const sessions = installResourcesCheckpointing(app, kind);

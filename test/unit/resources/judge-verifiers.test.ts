@@ -85,6 +85,43 @@ describe("math verifier", () => {
   });
 });
 
+describe("deeply nested bodies", () => {
+  const nested = (levels: number) => "[".repeat(levels) + "]".repeat(levels);
+  const bodies = (levels: number) => ({
+    math: `{"task":{"expected_answer":"1","x":${nested(levels)}},"answer":"1"}`,
+    code: `{"task":{"function_name":"f","tests":[{"args":[],"expected":${nested(levels)}}]},"answer":"function f() {}"}`,
+    cohort: `{"task":${nested(levels)},"answer":"a","_ng_group_id":"deep","_ng_rollout_index":0}`,
+  });
+
+  it("are refused with invalid_request instead of overflowing the stack (500)", async () => {
+    const servers = {
+      math: new MathVerifier(),
+      code: new CodeVerifier(),
+      cohort: new CohortCompareVerifier({ size: 2, collectionTimeoutMs: 1000 }, async (m) => m.map(() => 1)),
+    };
+    for (const [name, server] of Object.entries(servers)) {
+      const { app } = await createResourcesApp(server);
+      try {
+        for (const levels of [2000, 200_000]) {
+          const payload = bodies(levels)[name as keyof typeof servers];
+          const reply = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", payload, headers: { "content-type": "application/json" } });
+          expect([reply.statusCode, reply.json().error.code], `${name} at ${levels} levels`).toEqual([400, "invalid_request"]);
+        }
+      } finally {
+        await app.close();
+      }
+    }
+    // 128 levels in all (the body's object, the task's, then 126 arrays) are fine; one more is not.
+    const { app } = await createResourcesApp(new MathVerifier());
+    const send = (levels: number) => app.inject({ method: "POST", url: "/ng-rollout/r1/verify", payload: bodies(levels).math, headers: { "content-type": "application/json" } });
+    expect((await send(126)).json()).toEqual({ reward: 1, extracted: "1" });
+    expect((await send(127)).json().error.code).toBe("invalid_request");
+    await app.close();
+    // verify() called directly refuses them too.
+    await expect(new MathVerifier().verify(JSON.parse(bodies(5000).math))).rejects.toMatchObject({ code: "invalid_request" });
+  });
+});
+
 describe("equivalence judge", () => {
   it("asks the judge endpoint and maps YES/NO to rewards; failures are masked", async () => {
     const judge = new JudgeClient({ baseUrl: stubUrl, requestTimeoutMs: 5000 });
