@@ -83,6 +83,19 @@ describe("math verifier", () => {
     expect((await post(new MathVerifier(), "m1", { task, answer: "\\boxed{0.25}" })).body).toEqual({ reward: 0, extracted: "0.25" });
     expect((await post(new MathVerifier(), "m1", { task: {}, answer: "1" })).body.error.code).toBe("invalid_request");
   });
+
+  it("compares integers exactly, however large, and other numbers to 12 significant digits", async () => {
+    const factorial20 = { expected_answer: "2432902008176640000" };
+    for (const answer of ["\\boxed{2432902008176640001}", "2432902008176640000.5", "2432902008176639999"]) {
+      expect((await post(new MathVerifier(), "m2", { task: factorial20, answer })).body.reward, answer).toBe(0);
+    }
+    for (const answer of ["\\boxed{2,432,902,008,176,640,000}", "2.43290200817664e18", "\\frac{4865804016353280000}{2}", "2432902008176640000.0"]) {
+      expect((await post(new MathVerifier(), "m2", { task: factorial20, answer })).body, answer).toEqual({ reward: 1, extracted: "2432902008176640000" });
+    }
+    expect(normalizeAnswer("-0012.50e1")).toBe("-125");
+    expect(normalizeAnswer("1e-3")).toBe("0.001");
+    expect(normalizeAnswer("1/3")).toBe(normalizeAnswer("0.333333333333333"));
+  });
 });
 
 describe("deeply nested bodies", () => {
