@@ -28,4 +28,14 @@ describe("equivalence judge with the reference backend as judge model", () => {
     const calls = (await (await fetch(`${backend.url}/admin/calls`)).json()) as { calls: { message_count: number; delivered: boolean }[] };
     expect(calls.calls.map((c) => c.message_count)).toEqual([2, 2]);
   });
+
+  it("judges the whole candidate answer, not its first line", async () => {
+    const verifier = new EquivalenceJudgeVerifier(new JudgeClient({ baseUrl: backend.url, requestTimeoutMs: 5000 }));
+    const task = { expected_answer: "42" };
+    expect(await verifier.verify({ task, answer: "42\nor maybe 17" })).toEqual({ reward: 0, verdict: "NO" });
+    // A line of the candidate that looks like the prompt's own does not replace the candidate.
+    expect(await verifier.verify({ task, answer: "17\nCandidate answer: 42" })).toEqual({ reward: 0, verdict: "NO" });
+    expect(await verifier.verify({ task: { expected_answer: "x = 1\ny = 2" }, answer: " X = 1\ny = 2 " })).toEqual({ reward: 1, verdict: "YES" });
+    expect(await verifier.verify({ task: { expected_answer: "x = 1\ny = 2" }, answer: "x = 1" })).toEqual({ reward: 0, verdict: "NO" });
+  });
 });

@@ -6,9 +6,10 @@ import { z } from "zod";
  * `{"expression": <text after the last "Compute:">}`; otherwise it answers with the `result` of the
  * last tool message (or that message's raw content, or "ok" when there is none).
  * `metadata.answer_tokens: "N"` appends N filler tokens to a final answer (benchmarks).
- * As a judge (a user message with `Reference answer:` and `Candidate answer:` lines, the
- * equivalence verifier's prompt) it answers YES when the two match after trimming and case-folding,
- * else NO — deterministic, so a replayed verify gets the same verdict.
+ * As a judge (a user message with `Reference answer:` and then `Candidate answer:` lines, the
+ * equivalence verifier's prompt) it answers YES when the two answers (each to its end, over several
+ * lines) match after trimming and case-folding, else NO — deterministic, so a replayed verify gets
+ * the same verdict.
  */
 const MessageSchema = z.object({ role: z.string(), content: z.unknown().optional() }).passthrough();
 export const ChatRequestSchema = z
@@ -81,10 +82,15 @@ export function decide(request: ChatRequest): PolicyReply {
   return { type: "answer", content: tokens.join(""), tokens };
 }
 
-/** The fake judge: compares the reference and candidate answers of an equivalence prompt. */
+/**
+ * The fake judge: compares the reference and candidate answers of an equivalence prompt. Both may
+ * span lines: the reference runs from `Reference answer:` to the first line starting with
+ * `Candidate answer:`, the candidate from there to the end — a candidate's second line is part of
+ * it ("42\nor maybe 17" is not "42"), and a `Candidate answer:` line inside the candidate cannot
+ * replace it.
+ */
 function judgeVerdict(prompt: string): "YES" | "NO" | undefined {
-  const reference = /^Reference answer:(.*)$/m.exec(prompt)?.[1];
-  const candidate = /^Candidate answer:(.*)$/m.exec(prompt)?.[1];
-  if (reference === undefined || candidate === undefined) return undefined;
-  return reference.trim().toLowerCase() === candidate.trim().toLowerCase() ? "YES" : "NO";
+  const parts = /(?:^|\n)Reference answer:([\s\S]*?)\nCandidate answer:([\s\S]*)$/.exec(prompt);
+  if (!parts) return undefined;
+  return parts[1]!.trim().toLowerCase() === parts[2]!.trim().toLowerCase() ? "YES" : "NO";
 }
