@@ -20,13 +20,14 @@ export interface ChatMessage {
 
 /** Asks a judge model once (non-streaming) and returns its text; throws on any failure. */
 export class JudgeClient {
-  readonly calls: number[] = [];
+  /** Judge requests sent so far: a counter, since a long-running verifier asks millions of times. */
+  callCount = 0;
   constructor(private readonly options: JudgeClientOptions) {
     new URL(options.baseUrl);
   }
 
   async ask(messages: ChatMessage[], signal?: AbortSignal): Promise<string> {
-    this.calls.push(Date.now());
+    this.callCount += 1;
     const timeout = AbortSignal.timeout(this.options.requestTimeoutMs ?? 60_000);
     const response = await fetch(`${this.options.baseUrl.replace(/\/+$/, "")}/v1/chat/completions`, {
       method: "POST",

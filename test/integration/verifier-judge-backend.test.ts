@@ -24,7 +24,7 @@ describe("equivalence judge with the reference backend as judge model", () => {
     const task = { expected_answer: "Paris", question: "Capital of France?" };
     expect(await verifier.verify({ task, answer: "  paris " })).toEqual({ reward: 1, verdict: "YES" });
     expect(await verifier.verify({ task, answer: "Lyon" })).toEqual({ reward: 0, verdict: "NO" });
-    expect(judge.calls).toHaveLength(2);
+    expect(judge.callCount).toBe(2);
     const calls = (await (await fetch(`${backend.url}/admin/calls`)).json()) as { calls: { message_count: number; delivered: boolean }[] };
     expect(calls.calls.map((c) => c.message_count)).toEqual([2, 2]);
   });

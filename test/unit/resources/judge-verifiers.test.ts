@@ -149,6 +149,9 @@ describe("equivalence judge", () => {
     stubMode = "fail";
     expect((await post(verifier, "e1", { task, answer: "x+1" })).body).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed", detail: "judge answered HTTP 500" });
     stubMode = "ok";
+    // Counted, not logged: the client keeps nothing per call.
+    expect(judge.callCount).toBe(4);
+    expect(Object.values(judge).filter((field) => Array.isArray(field))).toEqual([]);
   });
 });
 
