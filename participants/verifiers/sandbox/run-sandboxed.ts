@@ -80,6 +80,11 @@ function spawnChild(cpuSeconds: number, nodeArgs: string[], cwd: string): ChildP
  * node's start-up is not counted against the submission.
  */
 export async function runSandboxed(job: SandboxJob, limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS): Promise<SandboxOutcome> {
+  // A missing limit (say, an old `maxOutputBytes` object from plain JavaScript) would silently mean none.
+  for (const name of Object.keys(DEFAULT_SANDBOX_LIMITS) as (keyof SandboxLimits)[]) {
+    const value = limits[name];
+    if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) throw new Error(`sandbox limit ${name} must be a positive number`);
+  }
   return SANDBOX_SLOTS.run(() => runInChild(job, limits));
 }
 

@@ -242,5 +242,8 @@ describe("competitive programming verifier", () => {
     expect((await verify(new CodeVerifier(wide), { task: longValue, answer: "function f() { return 'y'.repeat(70000); }" })).body).toMatchObject({ reward: 1 });
     const refusedCode = await verify(new CodeVerifier(LIMITS), { task: longValue, answer: "function f() { return 'y'.repeat(70000); }" });
     expect([refusedCode.status, refusedCode.body.error.code]).toEqual([400, "invalid_request"]);
+    // A limits object without the per-case limit is a programming error, not "no limit".
+    const { maxCaseOutputChars: _dropped, ...withoutLimit } = LIMITS;
+    await expect(runSandboxed({ mode: "stdio", code: "print(1)", cases: [{ input: "" }] }, withoutLimit as typeof LIMITS)).rejects.toThrow(/maxCaseOutputChars/);
   });
 });
