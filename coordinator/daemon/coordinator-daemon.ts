@@ -164,7 +164,9 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       await lease.stop(true);
       registry.stop();
       await writer.settled();
-      if (ownsConnection) await nc.drain().catch(() => undefined);
+      // A drain needs the server: with NATS gone (often why we stop) it fails, and the connection
+      // would go on reconnecting for ever and keep the process alive. Close it then.
+      if (ownsConnection) await nc.drain().catch(() => nc.close().catch(() => undefined));
       logger.info("coordinator_stopped");
     },
   };
