@@ -1,21 +1,26 @@
 import { createHash } from "node:crypto";
+import { CheckpointError } from "./errors.js";
+import { MAX_JSON_DEPTH } from "./json-depth.js";
 
-/** JSON with object keys sorted and no whitespace, so equal values always hash equally. */
+/**
+ * JSON with object keys sorted and no whitespace, so equal values always hash equally. A value
+ * nested more than MAX_JSON_DEPTH levels deep (tasks, conversations and controller state come from
+ * outside) is refused with `invalid_request` instead of overflowing the stack.
+ */
 export function canonicalJson(value: unknown): string {
-  return JSON.stringify(sortKeys(value));
+  return JSON.stringify(sortKeys(value, 1));
 }
 
-function sortKeys(value: unknown): unknown {
-  if (Array.isArray(value)) return value.map(sortKeys);
-  if (value !== null && typeof value === "object") {
-    const out: Record<string, unknown> = {};
-    for (const key of Object.keys(value).sort()) {
-      const v = (value as Record<string, unknown>)[key];
-      if (v !== undefined) out[key] = sortKeys(v);
-    }
-    return out;
+function sortKeys(value: unknown, depth: number): unknown {
+  if (value === null || typeof value !== "object") return value;
+  if (depth > MAX_JSON_DEPTH) throw new CheckpointError("invalid_request", `JSON value nested more than ${MAX_JSON_DEPTH} levels deep`);
+  if (Array.isArray(value)) return value.map((item) => sortKeys(item, depth + 1));
+  const out: Record<string, unknown> = {};
+  for (const key of Object.keys(value).sort()) {
+    const v = (value as Record<string, unknown>)[key];
+    if (v !== undefined) out[key] = sortKeys(v, depth + 1);
   }
-  return value;
+  return out;
 }
 
 export function sha256Hex(data: string | Uint8Array): string {

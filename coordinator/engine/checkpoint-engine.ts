@@ -181,8 +181,8 @@ export class CheckpointEngine {
   }
 
   publish(request: CtlRequestOf<"publish">): Promise<CtlReplyOf<"publish">> {
-    const args = canonicalJson(request.controller_state ?? null);
     return this.op("publish", request.checkpoint_id, async () => {
+      const args = canonicalJson(request.controller_state ?? null); // refuses state nested too deep
       const again = this.replayed<"publish">(request.checkpoint_id, "publish", args);
       if (again) return again;
       const reply = await this.doPublish(request.checkpoint_id, request.controller_state);
@@ -222,8 +222,8 @@ export class CheckpointEngine {
 
   checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
     const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
-    const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]);
     return this.op("checkpoint", id, async (ctx) => {
+      const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
       if (again) return again;
       const deadlineMs = this.deadline(request.deadline_ts);

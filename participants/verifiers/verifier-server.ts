@@ -1,7 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { CheckpointError, describeZodError } from "../../protocol/index.js";
-import { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../http/json-depth.js";
+import { CheckpointError, MAX_JSON_DEPTH, describeZodError, jsonNestsDeeperThan } from "../../protocol/index.js";
 import { ResourcesServer, type CheckpointMode, type CheckpointVerify, type SessionAccess } from "../kinds/resources/index.js";
 import { sendVerifierRefusal } from "./verifier-errors.js";
 

@@ -1,8 +1,7 @@
 import Fastify, { type FastifyInstance } from "fastify";
 import type { Logger } from "pino";
-import { CheckpointError } from "../../../protocol/index.js";
+import { CheckpointError, MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
-import { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../../http/json-depth.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind } from "./resources-kind.js";

@@ -132,6 +132,16 @@ describe("engine ordering", () => {
     await engine.resume({ checkpoint_id: "c60" });
   });
 
+  it("inline controller state nested too deep is refused (invalid_request) before anything is sent or journaled", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    let deep: unknown = 1;
+    for (let i = 0; i < 20_000; i++) deep = [deep];
+    expect((await refusal(engine.checkpoint({ checkpoint_id: "c70", episode_ids: null, stop: false, controller_state: { inline: deep } }))).code).toBe("invalid_request");
+    expect(fake.calls).toHaveLength(0);
+    expect(journal.log).toHaveLength(0);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
   it("the convenience op aborts (resumes everyone) when prepare is incomplete; unreachable is a blocker", async () => {
     const { engine, fake, writer } = makeEngine(root);
     fake.set("agent", "a2", "prepare", "unreachable");

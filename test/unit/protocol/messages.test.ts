@@ -14,6 +14,7 @@ import {
   ForgetRequestSchema,
   canonicalDigest,
   canonicalJson,
+  MAX_JSON_DEPTH,
   decodeMessage,
   encodeMessage,
   encodeReply,
@@ -96,6 +97,25 @@ describe("canonical JSON and tokens", () => {
     expect(canonicalJson({ b: 1, a: { d: [1, { z: 1, y: 2 }], c: null } })).toBe('{"a":{"c":null,"d":[1,{"y":2,"z":1}]},"b":1}');
     expect(canonicalDigest({ a: 1, b: 2 })).toBe(canonicalDigest({ b: 2, a: 1 }));
     expect(canonicalDigest({ a: 1 })).not.toBe(canonicalDigest({ a: 2 }));
+  });
+
+  it("refuses a value nested deeper than MAX_JSON_DEPTH with invalid_request instead of overflowing the stack", () => {
+    const nested = (depth: number, leaf: unknown = 1): unknown => {
+      let v = leaf;
+      for (let i = 0; i < depth; i++) v = i % 2 ? [v] : { k: v };
+      return v;
+    };
+    expect(canonicalJson(nested(MAX_JSON_DEPTH))).toContain('"k"');
+    for (const depth of [MAX_JSON_DEPTH + 1, 20_000]) {
+      let thrown: unknown;
+      try {
+        canonicalDigest(nested(depth));
+      } catch (error) {
+        thrown = error;
+      }
+      expect(thrown).toBeInstanceOf(CheckpointError);
+      expect((thrown as CheckpointError).code).toBe("invalid_request");
+    }
   });
 
   it("compares bearer tokens exactly", () => {

@@ -1,5 +1,5 @@
 /**
- * Deepest nesting of arrays and objects a data-plane JSON body may have. Schemas (zod's
+ * Deepest nesting of arrays and objects a JSON value from outside may have. Schemas (zod's
  * `z.json()`), canonical JSON and digests walk values recursively: a small body nested a few
  * thousand levels deep would overflow the stack and answer 500 instead of a refusal.
  */
