@@ -3,7 +3,7 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, DeploymentSchema, InstanceSchema, describeZodError, DEFAULT_NATS_URL, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, DeploymentSchema, InstanceSchema, describeZodError, DEFAULT_NATS_URL, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -131,7 +131,15 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
     mixin: traceLogFields,
   });
-  const nc = await connect({ ...natsSettings(config.nats), name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
+  let nc: NatsConnection;
+  try {
+    nc = await connect({ ...natsSettings(config.nats), name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
+  } catch (error) {
+    // A supervisor restarts us; it needs one readable line, not a stack trace (credentials redacted).
+    process.stderr.write(`${name}: cannot connect to NATS at ${redactNatsServers(config.nats)}: ${error instanceof Error ? error.message : String(error)}\n`);
+    await telemetry.shutdown();
+    process.exit(1);
+  }
   const shutdown: (() => Promise<void> | void)[] = [];
   let stopping = false;
   const stop = async (signal: string) => {

@@ -122,6 +122,17 @@ describe("gym-ckpt gym", () => {
     expect(stderr).toContain("control token is required");
   });
 
+  it("a server whose NATS cannot be reached exits 1 with one readable line (credentials redacted), not a stack trace", async () => {
+    const proc = spawn(process.execPath, ["dist/participants/attach/main.js", "--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--nats", "nats://nobody:s3cret@127.0.0.1:1"], { stdio: ["ignore", "pipe", "pipe"] });
+    seen.add(proc.pid!);
+    let stderr = "";
+    proc.stderr!.on("data", (chunk) => (stderr += String(chunk)));
+    expect(await exitOf(proc)).toBe(1);
+    expect(stderr).toContain("cannot connect to NATS at nats://[Redacted]@127.0.0.1:1");
+    expect(stderr).not.toContain("s3cret");
+    expect(stderr).not.toMatch(/^\s+at /m);
+  });
+
   it("refuses tokens that could never authenticate (whitespace) before serving, in every process that takes one", async () => {
     const run = async (entry: string, args: string[]) => {
       const proc = spawn(process.execPath, [entry, ...args, "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
