@@ -1,4 +1,4 @@
-import { mkdir, readdir, stat } from "node:fs/promises";
+import { mkdir, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import {
@@ -13,7 +13,8 @@ import {
   type RecordKind,
   type TraceRecord,
 } from "../../protocol/index.js";
-import { fsyncDirectory, replaceFileDurably } from "../publication/durable-fs.js";
+import { fsyncDirectory, linkStagedFile, replaceFileDurably, stageFile } from "../publication/durable-fs.js";
+import { readRegularFile } from "../publication/regular-file.js";
 
 export interface RolloutRecordsOptions {
   /** Records go to `<dir>/rollouts/step_<N>/<kind>_rollouts_<env>.jsonl` (+ index, step marker). */
@@ -38,15 +39,36 @@ export interface RolloutRecordsStats {
 
 const STEP_DIR = /^step_(0|[1-9][0-9]*)$/;
 
+/** Read-merge-write rounds of a step marker before giving up (the step is tried again later). */
+const MARKER_ROUNDS = 5;
+/** A marker lists one step's file names; larger is not a marker this sink wrote. */
+const MAX_MARKER_BYTES = 1 << 20;
+
+/** The files an existing marker lists; null when there is none, or it is not a valid marker. */
+async function markerFiles(path: string): Promise<string[] | null> {
+  let text: string;
+  try {
+    text = await readRegularFile(path, { maxBytes: MAX_MARKER_BYTES });
+  } catch {
+    return null;
+  }
+  try {
+    const parsed = RolloutStepMarkerSchema.safeParse(JSON.parse(text));
+    return parsed.success ? parsed.data.files : null;
+  } catch {
+    return null;
+  }
+}
+
 /** Flushes close tries (a failed step is never reused, so a retry writes the next step) and the pause between them. */
 const CLOSE_TRIES = 3;
 const CLOSE_RETRY_MS = 500;
 
 /**
  * Buffers finished rows' rollout records and publishes them as step files (step = a counter of
- * flushes, continuing after the highest step already in the directory): the record file, then its
- * index, then the step-complete marker, each replaced atomically and durably. Flushes run one at a
- * time, off the dispatch path.
+ * flushes, continuing after the highest step already in the directory): the record file (linked
+ * into place, never replacing one), then its index, then the step-complete marker (merged with what
+ * other writers listed), each atomic and durable. Flushes run one at a time, off the dispatch path.
  */
 export class RolloutRecordsSink {
   private buffer: TraceRecord[] = [];
@@ -72,7 +94,8 @@ export class RolloutRecordsSink {
 
   /**
    * Continues after the highest existing step so a restarted collection never replaces a published
-   * step, and completes the steps a killed flush left without their marker.
+   * step, and completes the markers of steps a killed flush (or a concurrent writer's lost marker
+   * update) left listing fewer record files of this kind than the step holds.
    */
   async start(): Promise<void> {
     await mkdir(this.root, { recursive: true });
@@ -81,27 +104,35 @@ export class RolloutRecordsSink {
       const m = STEP_DIR.exec(entry.name);
       if (!m) continue;
       highest = Math.max(highest, Number(m[1]));
-      if (entry.isDirectory()) await this.markIfUnmarked(Number(m[1]));
+      if (entry.isDirectory()) await this.completeMarker(Number(m[1]), "start");
     }
     this.nextStep = highest + 1;
   }
 
   /**
-   * A flush killed after its record file was renamed into place but before the marker left that
-   * file unlisted, and a marker-waiting follower stops at it for good: write the marker now. Each
-   * file was replaced atomically, so a record file present is whole; an index present matches it,
-   * and a missing one makes readers parse the file in full.
+   * Makes the step's marker of this kind list every record file of that kind in the step directory,
+   * keeping what it listed already. Step directories are shared: other collections writing into the
+   * same `--records-dir` (other envs, or the other kind) publish into the same step and merge the
+   * same marker, like `writeStepRecords` does. Merging is a read-modify-write, so another writer can
+   * replace the marker with a list computed before this file appeared: it is read again after each
+   * write until it lists everything (whoever writes last checks last). A record file present is whole
+   * (published atomically); a missing index only makes readers parse it in full. A marker left short
+   * after a few rounds is an error: the step stays in `unmarked` and is tried again.
    */
-  private async markIfUnmarked(step: number): Promise<void> {
+  private async completeMarker(step: number, why: "start" | "flush" | "retry"): Promise<void> {
     const { kind } = this.options;
     const stepDir = join(this.root, rolloutStepDir(step));
-    const names = await readdir(stepDir);
-    if (names.includes(rolloutStepMarkerName(kind))) return;
-    const files = names.filter((name) => parseRolloutRecordFileName(name)?.kind === kind).sort();
-    if (!files.length) return;
-    const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files });
-    await replaceFileDurably(join(stepDir, rolloutStepMarkerName(kind)), `${JSON.stringify(marker)}\n`);
-    this.logger.info({ step, files }, "marked a rollout step a killed flush left unmarked");
+    const markerPath = join(stepDir, rolloutStepMarkerName(kind));
+    for (let round = 0; round < MARKER_ROUNDS; round++) {
+      const listed = await markerFiles(markerPath);
+      const onDisk = (await readdir(stepDir)).filter((name) => parseRolloutRecordFileName(name)?.kind === kind);
+      const files = [...new Set([...(listed ?? []), ...onDisk])].sort();
+      if (!files.length || (listed !== null && files.length === listed.length)) return;
+      const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files });
+      await replaceFileDurably(markerPath, `${JSON.stringify(marker)}\n`);
+      if (why !== "flush") this.logger.info({ step, files }, "completed a rollout step marker that did not list every record file");
+    }
+    throw new Error(`the ${rolloutStepMarkerName(kind)} of step ${step} kept losing files to concurrent writers`);
   }
 
   add(record: TraceRecord): void {
@@ -156,29 +187,32 @@ export class RolloutRecordsSink {
 
   private async write(records: TraceRecord[]): Promise<void> {
     // A step number is never reused, even after a failed (possibly half-visible) attempt.
-    const step = this.nextStep++;
+    let step = this.nextStep++;
     const { kind, env } = this.options;
     await this.markUnmarked();
-    let recordFile: string | undefined;
     let published = false;
+    let recordFile: string | undefined;
     try {
-      const encoded = encodeRolloutRecords({ kind, env, step, records });
+      // Records first, then the index that points into them, then the marker listing the file. The
+      // record file is linked into place, never renamed over: another collection with this env and
+      // kind writing into the same directory may hold this step already, and then the next is tried.
+      let encoded: ReturnType<typeof encodeRolloutRecords>;
+      for (;;) {
+        encoded = encodeRolloutRecords({ kind, env, step, records });
+        await mkdir(join(this.root, rolloutStepDir(step)), { recursive: true });
+        await fsyncDirectory(this.root);
+        if (await linkStagedFile(await stageFile(join(this.root, encoded.recordFile), encoded.recordBytes))) break;
+        this.logger.info({ step, file: encoded.recordFile }, "another collection published this step's file; trying the next step");
+        step = this.nextStep++;
+      }
       recordFile = encoded.recordFile;
-      const stepDir = join(this.root, rolloutStepDir(step));
-      await mkdir(stepDir, { recursive: true });
-      await fsyncDirectory(this.root);
-      // Records first, then the index that points into them, then the marker listing the file.
-      await replaceFileDurably(join(this.root, encoded.recordFile), encoded.recordBytes);
       published = true;
+      await fsyncDirectory(join(this.root, rolloutStepDir(step)));
       await replaceFileDurably(join(this.root, encoded.indexFile), encoded.indexBytes);
-      const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files: [encoded.header.record_file] });
-      await replaceFileDurably(join(stepDir, rolloutStepMarkerName(kind)), `${JSON.stringify(marker)}\n`);
+      await this.completeMarker(step, "flush");
       this.written(step, records.length, encoded.recordFile);
     } catch (error) {
       this.stats.failedFlushes++;
-      // A rename whose directory fsync failed left the file visible all the same: published too
-      // (the marker's write fsyncs that directory).
-      published ||= recordFile !== undefined && (await stat(join(this.root, recordFile)).then(() => true, () => false));
       if (published) {
         // A published record file is never taken back: a follower that does not wait for markers
         // may have loaded it already, and would see its rows again in a later step. Its rows are
@@ -207,7 +241,7 @@ export class RolloutRecordsSink {
   private async markUnmarked(): Promise<void> {
     for (const step of [...this.unmarked]) {
       try {
-        await this.markIfUnmarked(step);
+        await this.completeMarker(step, "retry");
         this.unmarked.delete(step);
       } catch (error) {
         this.logger.warn({ err: error, step }, "writing a rollout step's marker failed; tried again at the next flush and the next start");

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { closeSync, fsync, openSync, renameSync, unlinkSync, writeSync } from "node:fs";
-import { open, rename, unlink } from "node:fs/promises";
+import { link, open, rename, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { promisify } from "node:util";
 
@@ -57,6 +57,23 @@ export async function installStagedFile(staged: StagedFile): Promise<void> {
     throw error;
   }
   await fsyncDirectory(dirname(staged.target));
+}
+
+/**
+ * Second half for a file that is never replaced: hard-link the staged temp to its target, which
+ * fails when the target exists (false, nothing changed), then drop the temp. The caller fsyncs the
+ * directory: the file is visible from the link on, whether or not that fsync succeeds.
+ */
+export async function linkStagedFile(staged: StagedFile): Promise<boolean> {
+  try {
+    await link(staged.temp, staged.target);
+    return true;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "EEXIST") return false;
+    throw error;
+  } finally {
+    await discardStagedFile(staged);
+  }
 }
 
 export async function discardStagedFile(staged: StagedFile): Promise<void> {

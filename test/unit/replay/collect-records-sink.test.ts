@@ -142,6 +142,42 @@ describe("the collector's rollout-records sink", () => {
     expect(follower.tasks.map((t) => t.name)).toEqual(["recheck:0000000a", "recheck:0000000b"]);
   });
 
+  it("two collections writing into one records dir at the same time share steps without replacing a file or a marker's entry", async () => {
+    const root = path.join(dir, "rollouts");
+    const sinks = ["a", "b", "a"].map((env) => new RolloutRecordsSink({ dir, env, kind: "train", everyRows: 100, everySeconds: 600 }, silent));
+    for (const sink of sinks) await sink.start(); // each starts at step 1
+    sinks.forEach((sink, i) => sink.add(linearTrace(traceId(0xa + i), 0)));
+    for (const sink of sinks) await sink.flush();
+    for (const sink of sinks) await sink.close();
+    expect(sinks.map((s) => s.stats)).toEqual(sinks.map(() => ({ steps: 1, records: 1, skipped: 0, failedFlushes: 0, unwritten: 0 })));
+    // envs a and b share step_1; the second collection of env a finds its file taken and writes step_2
+    const marker1 = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_train.json"), "utf8")));
+    expect(marker1.files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+    expect(await idsOf(path.join(root, "step_1", "train_rollouts_a.jsonl"))).toEqual([traceId(0xa)]);
+    expect(await idsOf(path.join(root, "step_1", "train_rollouts_b.jsonl"))).toEqual([traceId(0xb)]);
+    expect(await idsOf(path.join(root, "step_2", "train_rollouts_a.jsonl"))).toEqual([traceId(0xc)]);
+    const follower = new ReplayTaskSource<MathTask, string, number>(
+      { records: "rollouts/step_*/train_rollouts_*.jsonl", source: { id: "gsm8k" }, mode: "recheck", wait_for_step_marker: true },
+      mathSource(),
+      { cwd: dir, logger: silent },
+    );
+    await follower.load();
+    expect(follower.tasks.map((t) => t.name)).toEqual(["recheck:0000000a", "recheck:0000000b", "recheck:0000000c"]);
+  });
+
+  it("a start completes a marker that lists fewer record files of its kind than the step holds (a concurrent writer's lost update)", async () => {
+    const root = path.join(dir, "rollouts");
+    await writeRolloutRecords(root, 1, { kind: "train", env: "a", traces: [linearTrace(traceId(0xa), 0)] });
+    await writeRolloutRecords(root, 1, { kind: "train", env: "b", traces: [linearTrace(traceId(0xb), 0)] });
+    const short = { format: "gym-ckpt/rollout-step", version: 1, step: 1, kind: "train", files: ["train_rollouts_b.jsonl"] };
+    await writeFile(path.join(root, "step_1", "_complete_train.json"), `${JSON.stringify(short)}\n`);
+    const sink = new RolloutRecordsSink({ dir, env: "a", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await sink.start();
+    await sink.close();
+    const marker = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_train.json"), "utf8")));
+    expect(marker.files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+  });
+
   it("refuses an env name that is not a safe file-name component", () => {
     expect(() => new RolloutRecordsSink({ dir, env: "a/b", kind: "train", everyRows: 1, everySeconds: 1 }, silent)).toThrow(/env name/);
   });
