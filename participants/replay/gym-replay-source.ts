@@ -7,6 +7,7 @@ import { promptToChat, type ChatMessageLike } from "./chat-trajectory.js";
 import { invalidRequest } from "./errors.js";
 import { parseReplayConfig } from "./replay-config.js";
 import { ReplayTaskSource, type ReplayTask, type SourceEnvironment } from "./replay-task-source.js";
+import { replayTaskId } from "./replay-task-id.js";
 import { PromptSchema } from "./trace-record.js";
 
 /**
@@ -53,6 +54,8 @@ export async function loadGymReplaySource(configPath: string, logger?: Logger): 
 /** What `/run` needs to run a replayed task: the Gym task and the context the agent continues from. */
 export interface GymReplayRun {
   replay_idx: number;
+  /** The task's content id (`replayTaskId`): `/run` refuses a `replay_idx` whose task has another. */
+  replay_id: string;
   name: string;
   task: GymTask;
   seed: ChatMessageLike[];
@@ -61,5 +64,5 @@ export interface GymReplayRun {
 
 export function gymReplayRun(task: ReplayTask<GymRecordTask>): GymReplayRun {
   const { expression, tool_rounds } = task.task;
-  return { replay_idx: task.idx, name: task.name, task: { expression, tool_rounds }, seed: promptToChat(task.prompt), lineage: task.lineage };
+  return { replay_idx: task.idx, replay_id: replayTaskId(task), name: task.name, task: { expression, tool_rounds }, seed: promptToChat(task.prompt), lineage: task.lineage };
 }

@@ -74,6 +74,7 @@ export {
   chatTrajectory,
 } from "./chat-trajectory.js";
 export type { ChatMessageLike } from "./chat-trajectory.js";
+export { replayTaskId } from "./replay-task-id.js";
 export { GYM_SOURCE_ID, GymRecordTaskSchema, gymSourceEnvironment, loadGymReplaySource, gymReplayRun } from "./gym-replay-source.js";
 export type { GymRecordTask, GymReplaySource, GymReplayRun } from "./gym-replay-source.js";
 export { CheckpointSeedSchema, exportCheckpointSeeds } from "./checkpoint-seeds.js";

@@ -120,7 +120,7 @@ describe("replay on the reference Gym", () => {
     expect(next.seed.map((m: any) => m.role)).toEqual(["user", "assistant", "tool"]);
     expect(next.lineage).toMatchObject({ mode: "continue", anchor: "tool-call", sourceEnv: "reference-gym", sourceStep: 1, anchorNode: 3 });
 
-    const reply = await runWith({ rollout_id: "replayed-0", attempt: 0, task: next.task, replay_idx: next.replay_idx });
+    const reply = await runWith({ rollout_id: "replayed-0", attempt: 0, task: next.task, replay_idx: next.replay_idx, replay_id: next.replay_id });
     expect(reply.status).toBe(200);
     expect(reply.body).toMatchObject({ rollout_id: "replayed-0", reward: 1, answer: "20", continued_from: null });
     const t = reply.body.trajectory;
@@ -140,8 +140,8 @@ describe("replay on the reference Gym", () => {
     expect(calls.map((c) => c.message_count)).toEqual([4]);
 
     // A task that differs from the replay task's, or an index past the end, is refused.
-    expect(await runWith({ rollout_id: "replayed-1", attempt: 0, task: TASK, replay_idx: 0 })).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
-    expect(await runWith({ rollout_id: "replayed-2", attempt: 0, task: TASK, replay_idx: 999 })).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
+    expect(await runWith({ rollout_id: "replayed-1", attempt: 0, task: TASK, replay_idx: 0, replay_id: next.replay_id })).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
+    expect(await runWith({ rollout_id: "replayed-2", attempt: 0, task: TASK, replay_idx: 999, replay_id: next.replay_id })).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
     // Without the header the reply is unchanged.
     expect((await runWith({ rollout_id: "plain-0", attempt: 0, task: TASK }, false)).body).toEqual({ rollout_id: "plain-0", attempt: 0, reward: 1, answer: "42", continued_from: null });
   }, 60_000);

@@ -9,8 +9,16 @@ import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../rep
 import { RunRequestSchema } from "../agent-server/gym-task.js";
 import { runGymEpisode, type GymEndpoints } from "./gym-episode.js";
 
-/** `/run` also takes `replay_idx`: the task at that index of the served replay source (see docs/replay.md). */
-const EnvironmentRunSchema = RunRequestSchema.extend({ replay_idx: z.number().int().min(0).optional() }).strict();
+/**
+ * `/run` also takes `replay_idx` with `replay_id`: the task at that index of the served replay
+ * source, which must have that content id (see docs/replay.md).
+ */
+const EnvironmentRunSchema = RunRequestSchema.extend({
+  replay_idx: z.number().int().min(0).optional(),
+  replay_id: z.string().regex(/^[0-9a-f]{64}$/).optional(),
+})
+  .strict()
+  .refine((body) => (body.replay_idx === undefined) === (body.replay_id === undefined), { message: "replay_idx and replay_id go together" });
 
 /**
  * The reference environment server: `POST /run {rollout_id, attempt, task}` → seed → agent →
@@ -37,7 +45,15 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));
   const replay = options.replay;
   if (replay) {
-    app.get("/replay/info", async () => ({ tasks: replay.size, config: replay.config, stats: replay.stats }));
+    // Every info request reloads first (one reload at a time), so a poller sees the tasks on disk now.
+    app.get("/replay/info", async (_request, reply) => {
+      try {
+        await replay.reload();
+      } catch (error) {
+        return sendRefusal(reply, error);
+      }
+      return { tasks: replay.size, num_tasks: replay.size, config: replay.config, stats: replay.stats };
+    });
     // The next unserved replay task (reloading first when the list ran dry): a ready /run body minus the ids.
     app.post("/replay/next", async () => {
       const task = await replay.next();
@@ -56,12 +72,17 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         replayed = gymReplayRun(await replay.taskAt(body.replay_idx).catch((error: unknown) => {
           throw new CheckpointError("invalid_request", error instanceof Error ? error.message : String(error));
         }));
+        // The index alone could name another task on a worker whose list differs: the id must match too.
+        if (replayed.replay_id !== body.replay_id) {
+          throw new CheckpointError("invalid_request", `replay task ${body.replay_idx} has id ${replayed.replay_id}, not ${body.replay_id}`);
+        }
         if (canonicalDigest(replayed.task) !== canonicalDigest(body.task)) {
           throw new CheckpointError("invalid_request", `task differs from replay task ${body.replay_idx}'s`);
         }
       }
-      // A replayed run is a different episode input than its plain task: the restore digest says so.
-      const digested = replayed ? { task: body.task, replay_idx: replayed.replay_idx } : body.task;
+      // A replayed run is a different episode input than its plain task: the restore digest says so,
+      // and names the replay task by content (every anchor of one record shares the task).
+      const digested = replayed ? { task: body.task, replay_idx: replayed.replay_idx, replay_id: replayed.replay_id } : body.task;
       const result = await kind.begin(episode, digested, options.episodeTimeoutMs !== undefined ? { timeoutMs: options.episodeTimeoutMs } : {}, (ep) =>
         runGymEpisode(endpoints, ep, body.task, replayed ? { seed: replayed.seed } : {}),
       );

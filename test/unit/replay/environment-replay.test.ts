@@ -1,0 +1,80 @@
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { createEnvironmentApp } from "../../../participants/gym/environment-server/environment-server.js";
+import type { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
+import { ReplayTaskSource, gymSourceEnvironment, writeRolloutRecords, type GymReplaySource } from "../../../participants/replay/index.js";
+import { TraceBuilder, call, result, say, silent, sys, tempDir, traceId, user } from "./fixtures.js";
+
+let dir: string;
+let cleanup: () => Promise<void>;
+beforeEach(async () => ({ dir, cleanup } = await tempDir()));
+afterEach(() => cleanup());
+
+const TASK = { expression: "3 * 4", tool_rounds: 2 };
+
+/** One Gym rollout with two complete tool runs: two continue anchors of the same task. */
+async function writeGymRecords(step: number, id: number): Promise<void> {
+  const b = new TraceBuilder();
+  b.chain(null, [[sys()], [user("Compute: 3 * 4")], [call("c1"), true], [result("c1", "12")], [call("c2"), true], [result("c2", "12")], [say("12"), true]]);
+  const trace = { ...b.trace(traceId(id)), task: { ...TASK, idx: 0, name: null, prompt: "Compute: 3 * 4" } };
+  await writeRolloutRecords(path.join(dir, "rollouts"), step, { kind: "train", env: "gym", traces: [trace] });
+}
+
+/** The app with a stand-in kind: it records the restore digest input instead of running an episode. */
+async function appWith(replay: GymReplaySource) {
+  const begun: unknown[] = [];
+  const kind = {
+    statusExtras: () => ({}),
+    begin: async (episode: { rollout_id: string; attempt: number }, digested: unknown) => {
+      begun.push(digested);
+      return { ...episode, reward: 1, answer: "12", continued_from: null, messages: [] };
+    },
+  } as unknown as EnvironmentKind;
+  const app = createEnvironmentApp({ kind, endpoints: {} as never, replay });
+  await app.ready();
+  return { app, begun };
+}
+
+function source(): GymReplaySource {
+  return new ReplayTaskSource({ records: "rollouts/step_*/train_rollouts_gym.jsonl", source: { id: "reference-gym" }, anchor: "tool-call", max_anchors: null }, gymSourceEnvironment, { cwd: dir, logger: silent });
+}
+
+describe("the environment server's replay path", () => {
+  it("/run names a replay task by index and content id: an index whose task has another id is refused, and the id goes into the restore digest", async () => {
+    await writeGymRecords(1, 7);
+    const { app, begun } = await appWith(source());
+    const next = async () => (await app.inject({ method: "POST", url: "/replay/next" })).json();
+    const first = await next();
+    const second = await next();
+    expect([first.replay_idx, second.replay_idx]).toEqual([0, 1]);
+    expect(first.task).toEqual(second.task); // both anchors share the task: it cannot tell them apart
+    expect(first.replay_id).toMatch(/^[0-9a-f]{64}$/);
+    expect(second.replay_id).not.toBe(first.replay_id);
+    const run = (body: object) => app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r", attempt: 0, task: TASK, ...body } });
+
+    // A worker whose list disagrees: index 0 with task 1's id.
+    const crossed = await run({ replay_idx: 0, replay_id: second.replay_id });
+    expect(crossed.statusCode).toBe(400);
+    expect(crossed.json()).toMatchObject({ error: { code: "invalid_request" } });
+    // The id is required with the index.
+    expect((await run({ replay_idx: 0 })).json()).toMatchObject({ error: { code: "invalid_request" } });
+    expect((await run({ replay_id: first.replay_id })).json()).toMatchObject({ error: { code: "invalid_request" } });
+    expect(begun).toEqual([]); // no refusal began an episode
+
+    expect((await run({ replay_idx: 1, replay_id: second.replay_id })).statusCode).toBe(200);
+    expect(begun).toEqual([{ task: TASK, replay_idx: 1, replay_id: second.replay_id }]);
+    await app.close();
+  });
+
+  it("GET /replay/info reloads before it answers, so it reports the tasks on disk now", async () => {
+    await writeGymRecords(1, 7);
+    const replay = source();
+    await replay.load();
+    const { app } = await appWith(replay);
+    const info = async () => (await app.inject({ method: "GET", url: "/replay/info" })).json();
+    expect(await info()).toMatchObject({ tasks: 2, num_tasks: 2 });
+    await writeGymRecords(2, 8);
+    expect(await info()).toMatchObject({ tasks: 4, num_tasks: 4 });
+    await app.close();
+  });
+});
