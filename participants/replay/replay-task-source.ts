@@ -187,9 +187,24 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     return this.inFlight;
   }
 
+  /**
+   * A reload that looked at the disk after this call began. A reload already in flight may have
+   * expanded its globs before a file the caller knows of appeared: once it ends, if `satisfied` still
+   * says no, one more runs (or the one started meanwhile, which began after this call, is joined).
+   */
+  private async reloadSinceNow(satisfied: () => boolean): Promise<void> {
+    const joined = this.inFlight;
+    if (joined === null) {
+      await this.reload();
+      return;
+    }
+    await joined.catch(() => undefined); // its failure is this reload's to report, if it repeats
+    if (!satisfied()) await this.reload();
+  }
+
   /** The task at `idx`, reloading once when it is past the end (a worker may lag behind). */
   async taskAt(idx: number): Promise<ReplayTask<T>> {
-    if (idx >= this.list.length) await this.reload();
+    if (idx >= this.list.length) await this.reloadSinceNow(() => idx < this.list.length);
     const task = this.list[idx];
     if (!Number.isInteger(idx) || idx < 0 || !task) {
       throw invalidRequest(`replay task ${idx} does not exist (${this.list.length} tasks)`);
@@ -199,7 +214,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
 
   /** The next unserved task, reloading when the list runs dry; undefined when nothing new exists. */
   async next(): Promise<ReplayTask<T> | undefined> {
-    if (this.cursor >= this.list.length) await this.reload();
+    if (this.cursor >= this.list.length) await this.reloadSinceNow(() => this.cursor < this.list.length);
     const task = this.list[this.cursor];
     if (task) this.cursor += 1;
     return task;

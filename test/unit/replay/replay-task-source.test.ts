@@ -360,6 +360,39 @@ describe("serving tasks to an environment server", () => {
     await expect(replay.taskAt(-1)).rejects.toMatchObject({ code: "invalid_request" });
   });
 
+  it("taskAt() and next() that join a reload begun before a new file appeared reload once more before refusing", async () => {
+    for (const ask of ["taskAt", "next"] as const) {
+      await rm(path.join(dir, "run"), { recursive: true, force: true });
+      await write(1, [linearTrace(traceId(1), 0)]);
+      const replay = source();
+      await replay.load();
+      expect(ask === "next" ? (await replay.next())?.name : replay.size).toBe(ask === "next" ? "recheck:00000001" : 1);
+      // Hold the next reload after it expanded its globs (finding nothing new), still in flight.
+      const load = (replay as unknown as { loadNewFiles(): Promise<unknown> }).loadNewFiles.bind(replay);
+      let parsed!: () => void;
+      let release!: () => void;
+      const globbed = new Promise<void>((resolve) => (parsed = resolve));
+      const gate = new Promise<void>((resolve) => (release = resolve));
+      let calls = 0;
+      (replay as unknown as { loadNewFiles(): Promise<unknown> }).loadNewFiles = async () => {
+        const result = await load();
+        if (calls++ === 0) {
+          parsed();
+          await gate;
+        }
+        return result;
+      };
+      const periodic = replay.reload();
+      await globbed;
+      await write(2, [linearTrace(traceId(2), 0)]); // on disk before the request below arrives
+      const asked = ask === "taskAt" ? replay.taskAt(1) : replay.next();
+      release();
+      expect((await asked)?.name).toBe("recheck:00000002");
+      await periodic;
+      expect(calls).toBe(2);
+    }
+  });
+
   it("iterates current tasks, and a polling iterator ends on close()", async () => {
     await write(1, [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0)]);
     expect(names(await collect(source()))).toEqual(["recheck:00000001", "recheck:00000002"]);
