@@ -41,8 +41,14 @@ export interface SourceEnvironment<T extends TaskShape = TaskShape, Rollout = un
   readonly stops?: readonly string[];
   readonly stateType?: string;
   definesGroupRewards?(): boolean;
+  /** Whether the source's tasks run in a container (a capability seam, like `tools`). */
+  readonly needsContainer?: boolean;
   setup?(task: T): Promise<void> | void;
   restoreSnapshot?(task: T, ref: string): Promise<void> | void;
+  /** Runs after generation, before scoring (e.g. collects the sandbox's final state). */
+  finalize?(task: T, rollout: Rollout): Promise<void> | void;
+  /** Whether a finished rollout is fit to be scored; absent means every rollout is. */
+  validate?(task: T, rollout: Rollout): Promise<boolean> | boolean;
   score(task: T, rollout: Rollout): Promise<Score> | Score;
   scoreGroup?(tasks: readonly T[], rollouts: readonly Rollout[]): Promise<Score[]> | Score[];
 }
@@ -173,6 +179,9 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
   get stateType(): string | undefined {
     return this.source.stateType;
   }
+  get needsContainer(): boolean {
+    return this.source.needsContainer ?? false;
+  }
 
   /** Loads what is there now; the same as reload(). */
   load(): Promise<ReloadResult> {
@@ -265,6 +274,16 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
   async scoreGroup(tasks: readonly ReplayTask<T>[], rollouts: readonly Rollout[]): Promise<Score[]> {
     if (this.source.scoreGroup) return this.source.scoreGroup(tasks.map((t) => t.task), rollouts);
     return Promise.all(tasks.map((task, i) => this.score(task, rollouts[i]!)));
+  }
+
+  /** The source's finalize, on the source-typed task (nothing when it has none). */
+  async finalize(task: ReplayTask<T>, rollout: Rollout): Promise<void> {
+    await this.source.finalize?.(task.task, rollout);
+  }
+
+  /** The source's validate, on the source-typed task (true when it has none). */
+  async validate(task: ReplayTask<T>, rollout: Rollout): Promise<boolean> {
+    return this.source.validate ? this.source.validate(task.task, rollout) : true;
   }
 
   /** Runs the source's setup, then restores the anchor's sandbox snapshot when the task has one. */

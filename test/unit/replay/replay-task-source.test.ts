@@ -56,7 +56,7 @@ const withoutFile = (tasks: readonly ReplayTask[]) => tasks.map((t) => ({ ...t, 
 describe("delegation (17)", () => {
   it("reports the source's capabilities and loads the source's typed tasks", async () => {
     const plain = source();
-    expect([plain.definesTools, plain.definesUser, plain.definesGroupRewards(), plain.stops, plain.stateType]).toEqual([false, false, false, [], undefined]);
+    expect([plain.definesTools, plain.definesUser, plain.definesGroupRewards(), plain.stops, plain.stateType, plain.needsContainer]).toEqual([false, false, false, [], undefined, false]);
 
     const tools = [{ name: "python" }];
     const userSim = { persona: "student" };
@@ -68,6 +68,7 @@ describe("delegation (17)", () => {
     expect(rich.definesGroupRewards()).toBe(true);
     expect(rich.stops).toEqual(["answer_given"]);
     expect(rich.stateType).toBe("dialog");
+    expect(source({}, mathSource({ needsContainer: true })).needsContainer).toBe(true);
 
     const record = linearTrace(traceId(0xabc), 0);
     record.task = { idx: 17, name: "gsm8k", prompt: TASK_PROMPT, answer: "42" };
@@ -89,6 +90,24 @@ describe("delegation (17)", () => {
     expect(await replay.score(task, "so 41")).toBe(0);
     expect(score).toHaveBeenCalledWith(task.task, "so 42");
     expect(await replay.scoreGroup([task, task], ["42", "x"])).toEqual([1, 0]);
+  });
+
+  it("delegates finalize and validate to the source on the source-typed task, with defaults when it has none", async () => {
+    await write(1, [linearTrace(traceId(1), 0)]);
+    const finalize = vi.fn();
+    const validate = vi.fn((t: MathTask, rollout: string) => rollout.includes(t.answer));
+    const replay = source({}, mathSource({ finalize, validate }));
+    await replay.load();
+    const task = replay.tasks[0]!;
+    await replay.finalize(task, "so 42");
+    expect(finalize).toHaveBeenCalledWith(task.task, "so 42");
+    expect(await replay.validate(task, "so 42")).toBe(true);
+    expect(await replay.validate(task, "no answer")).toBe(false);
+    expect(validate).toHaveBeenCalledWith(task.task, "so 42");
+    const plain = source();
+    await plain.load();
+    await plain.finalize(plain.tasks[0]!, "x");
+    expect(await plain.validate(plain.tasks[0]!, "x")).toBe(true);
   });
 
   it("restores an anchor snapshot after the source's setup, and refuses when the source cannot", async () => {
