@@ -5,8 +5,10 @@ import { CoordinatorConfigSchema, SECRET_CONFIG_PATHS, type CoordinatorConfig } 
 
 type Plain = Record<string, unknown>;
 
+type EnvType = "string" | "number" | "boolean" | "list";
+
 /** Environment variables → config paths (values are coerced by type, so zod reports bad ones). */
-export const CONFIG_ENV: readonly { env: string; path: string; type: "string" | "number" | "boolean" }[] = [
+export const CONFIG_ENV: readonly { env: string; path: string; type: EnvType }[] = [
   { env: "GYM_CKPT_DEPLOYMENT", path: "deployment", type: "string" },
   { env: "GYM_CKPT_NATS_URL", path: "nats.servers", type: "string" },
   { env: "GYM_CKPT_NATS_USER", path: "nats.user", type: "string" },
@@ -25,15 +27,25 @@ export const CONFIG_ENV: readonly { env: string; path: string; type: "string" | 
   { env: "GYM_CKPT_HTTP_PORT", path: "http.port", type: "number" },
   { env: "GYM_CKPT_COORDINATOR_ID", path: "coordinator_id", type: "string" },
   { env: "GYM_CKPT_LOG_LEVEL", path: "log_level", type: "string" },
+  { env: "GYM_CKPT_EXPECTED_PARTICIPANTS", path: "expected_participants", type: "list" },
 ];
 
-function coerce(value: string, type: "string" | "number" | "boolean"): unknown {
+/** A comma-separated list flag or variable (`resources/r1,model/policy`); blanks around items are dropped. */
+export function splitList(value: string): string[] {
+  return value
+    .split(",")
+    .map((item) => item.trim())
+    .filter((item) => item !== "");
+}
+
+function coerce(value: string, type: EnvType): unknown {
   // Decimal only: Number() would also take `0x10` or `1e3`. Anything else stays a string, which zod reports.
   if (type === "number") return /^\s*-?\d+(\.\d+)?\s*$/.test(value) ? Number(value) : value;
   if (type === "boolean") {
     const parsed = z.stringbool().safeParse(value);
     return parsed.success ? parsed.data : value;
   }
+  if (type === "list") return splitList(value);
   return value;
 }
 

@@ -1,7 +1,23 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
-import { BearerTokenSchema, DEFAULT_NATS_URL, DeploymentSchema } from "../../protocol/index.js";
+import { BearerTokenSchema, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, type Kind } from "../../protocol/index.js";
 import { LOG_LEVELS } from "../telemetry/logger.js";
+
+/** One expected participant, written `kind/instance` (e.g. `resources/r1`). */
+export const ExpectedParticipantSchema = z.string().superRefine((value, ctx) => {
+  const [kind, instance, ...rest] = value.split("/");
+  if (rest.length > 0 || !KindSchema.safeParse(kind).success || !InstanceSchema.safeParse(instance).success) {
+    ctx.addIssue({ code: "custom", message: `expected participant "${value}" must be kind/instance, kind one of environment, model, agent, resources` });
+  }
+});
+
+/** The `kind/instance` strings of `expected_participants` as refs (already validated by the schema). */
+export function expectedRefs(expected: readonly string[] | undefined): { kind: Kind; instance: string }[] {
+  return (expected ?? []).map((value) => {
+    const [kind, instance] = value.split("/");
+    return { kind: kind as Kind, instance: instance! };
+  });
+}
 
 /** Effective configuration of `gym-ckpt coordinator`: defaults < file < env GYM_CKPT_* < flags. */
 export const CoordinatorConfigSchema = z
@@ -41,6 +57,16 @@ export const CoordinatorConfigSchema = z
       .strict()
       .default({ enabled: true, host: "127.0.0.1", port: 8480 }),
     coordinator_id: z.string().min(1).max(128).optional(),
+    /**
+     * Participants every checkpoint must include (reference §3.1: discovery is config-driven). One
+     * missing from the membership registry (no heartbeat within its TTL) is an `unreachable` blocker,
+     * so the checkpoint is not published without it. Unset: the registry alone decides.
+     */
+    expected_participants: z
+      .array(ExpectedParticipantSchema)
+      .max(10_000)
+      .refine((list) => new Set(list).size === list.length, "expected_participants lists a participant twice")
+      .optional(),
     log_level: z.enum(LOG_LEVELS).default("info"),
   })
   .strict();

@@ -4,7 +4,7 @@ import type { Logger } from "pino";
 import { HttpControllerApi } from "../api/http-api.js";
 import { connectNats } from "../client/nats-connect.js";
 import { NatsControllerApi } from "../api/nats-api.js";
-import type { CoordinatorConfig } from "../config/coordinator-config.js";
+import { expectedRefs, type CoordinatorConfig } from "../config/coordinator-config.js";
 import { CheckpointEngine, type EngineHooks } from "../engine/checkpoint-engine.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
@@ -130,6 +130,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     logger,
     defaultTimeoutMs: config.default_timeout_ms,
     requireRecovery: true,
+    ...(config.expected_participants && { expected: expectedRefs(config.expected_participants) }),
     ...(options.hooks && { hooks: options.hooks }),
   });
   const controllerToken = config.controller_token ?? config.token;

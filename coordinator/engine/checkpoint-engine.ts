@@ -6,6 +6,7 @@ import {
   GUARDED_OPS,
   MAX_DEADLINE_AHEAD_S,
   memberKey,
+  MEMBER_TTL_MS,
   PREPARE_STAGES,
   RESUME_STAGES,
   RETIRE_STAGES,
@@ -96,6 +97,11 @@ export interface CheckpointEngineOptions {
    * daemon): a lease that just became ready has not completed its predecessor's work yet.
    */
   requireRecovery?: boolean;
+  /**
+   * Participants every checkpoint must include (config `expected_participants`): one the membership
+   * registry does not list is an `unreachable` blocker of its prepare stage, so nothing is published.
+   */
+  expected?: readonly ParticipantRef[];
   hooks?: EngineHooks;
 }
 
@@ -108,6 +114,10 @@ const REMEMBERED_CHECKPOINTS = 8;
 const GUARDED: ReadonlySet<Op> = new Set<Op>(GUARDED_OPS);
 
 type Failure = Extract<Outcome<Op>, { ok: false }>;
+
+function refName(m: ParticipantRef): string {
+  return `${m.kind}/${m.instance}`;
+}
 
 function statusOf(statuses: Outcome<"status">[], m: ParticipantRef): Outcome<"status"> | undefined {
   return statuses.find((s) => s.participant.kind === m.kind && s.participant.instance === m.instance);
@@ -148,6 +158,8 @@ export class CheckpointEngine {
   private leaderTerm = 0;
   /** Phase messages sent and journal entries written, ever: tells whether a failed op had begun. */
   private effects = 0;
+  /** The participants of the checkpoint LATEST named when last read (read again when LATEST moves). */
+  private latestMembers: { id: string; members: ParticipantRef[] } | undefined;
 
   constructor(private readonly options: CheckpointEngineOptions) {
     this.log = options.logger.child({ component: "engine" });
@@ -660,6 +672,7 @@ export class CheckpointEngine {
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
       if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
+      await this.warnLatestMembersMissing(members);
       open = this.opening(id, "preparing", members, { autoPublish, controllerState });
       this.assertJournalable({ ...open, dir: this.options.catalog.dirFor(id), scope: commitScope }, "open");
       // Journaled while the first stage's prepares are in flight and acknowledged before the second
@@ -673,12 +686,20 @@ export class CheckpointEngine {
       this.options.writer.stage(id);
     }
     const epoch = open.epoch;
+    // Expected members the registry did not list when the checkpoint opened: never sent anything
+    // (they are not members of it, so resume skips them too), reported in their stage instead.
+    const members = open.members;
+    const missing = (this.options.expected ?? []).filter((e) => !members.some((m) => m.kind === e.kind && m.instance === e.instance));
+    if (missing.length) this.checkpointLog(id).warn({ missing: missing.map(refName) }, "expected_participants_missing");
     let staged: StagedRun<Outcome<"prepare">>;
     try {
       staged = await runStages(
         PREPARE_STAGES,
-        open.members,
-        (m, c) => this.send(m, "prepare", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
+        [...members, ...missing],
+        async (m, c) =>
+          missing.includes(m)
+            ? { ok: false, participant: m, code: "unreachable", detail: `expected participant ${refName(m)} is not in the membership registry (no heartbeat within ${MEMBER_TTL_MS / 1000} s)` }
+            : this.send(m, "prepare", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
         { spanName: "checkpoint.coordinate.prepare.stage", parent: ctx, proceed: (o) => o.every((x) => x.ok && x.reply.phase === "prepared"), gate: journaled },
       );
       await journaled;
@@ -709,6 +730,26 @@ export class CheckpointEngine {
     }
     this.checkpointLog(id).info({ prepared, stopped_at: stoppedAt, blockers: blockers.length }, prepared ? "prepared" : "prepare_incomplete");
     return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
+  }
+
+  /**
+   * Warns about each participant of the last published checkpoint the registry does not list: a
+   * restore from the next checkpoint would go on without its state (a lapsed heartbeat, or a
+   * process gone for good). Never fails the checkpoint; `expected_participants` makes it a blocker.
+   */
+  private async warnLatestMembersMissing(members: readonly ParticipantRef[]): Promise<void> {
+    try {
+      const latest = await this.options.catalog.latest();
+      if (latest === null) return;
+      if (this.latestMembers?.id !== latest) {
+        const manifest = await this.options.catalog.get(latest);
+        this.latestMembers = { id: latest, members: manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance })) };
+      }
+      const absent = this.latestMembers.members.filter((p) => !members.some((m) => m.kind === p.kind && m.instance === p.instance));
+      if (absent.length) this.log.warn({ latest, absent: absent.map(refName) }, "latest_participants_missing");
+    } catch (error) {
+      this.log.warn({ err: error }, "latest_participants_unread");
+    }
   }
 
   private async doCommit(

@@ -252,3 +252,50 @@ describe("coordinator over a real nats-server with participants of all four kind
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
 });
+
+describe("expected_participants: a live participant missing from the membership registry", () => {
+  const episode = { rollout_id: "e1", attempt: 0 };
+  async function worldWith(expected: string[] | undefined) {
+    const w = await startWorld();
+    await w.startParticipants([{ kind: "environment", instance: "env1" }, { kind: "model", instance: "policy" }]);
+    // Alive and subscribed, holding session state, but absent from the registry (a lapsed heartbeat).
+    const [res] = await w.startParticipants([{ kind: "resources", instance: "tools" }], { announce: false });
+    await (await w.startCoordinator(expected ? { expected_participants: expected } : {})).whenReady();
+    w.participant("env1").adapter.addEpisode(episode);
+    w.participant("policy").adapter.addEpisode(episode);
+    res!.adapter.addEpisode(episode, { counter: 2 });
+    return w;
+  }
+
+  it("is an unreachable blocker when expected: nothing is committed or published, everyone resumed", async () => {
+    const w = await worldWith(["environment/env1", "model/policy", "resources/tools"]);
+    try {
+      const error = await refusal(w.client.checkpoint({ checkpoint_id: "exp-1", episode_ids: [episode] }));
+      expect(error.code).toBe("prepare_incomplete");
+      expect(error.message).toContain("resources/tools: unreachable");
+      expect(hookLog.some((h) => h.startsWith("export:"))).toBe(false);
+      expect((await w.client.list()).latest).toBeNull();
+      expect((await refusal(w.client.get("exp-1"))).code).toBe("not_found");
+      // The prepare op reports it as a blocker of its stage; the resume closes the checkpoint as usual.
+      const reply = await w.client.prepare({ checkpoint_id: "exp-2" });
+      expect(reply.prepared).toBe(false);
+      expect(reply.stopped_at).toEqual(["resources"]);
+      expect(reply.blockers).toEqual([{ kind: "resources", instance: "tools", blockers: [], blocker_count: 0, code: "unreachable" }]);
+      await w.client.resume({ checkpoint_id: "exp-2" });
+      for (const p of w.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    } finally {
+      await w.close();
+    }
+  });
+
+  it("is left out when nothing is expected (the registry alone decides)", async () => {
+    const w = await worldWith(undefined);
+    try {
+      await w.client.checkpoint({ checkpoint_id: "unexp-1", episode_ids: [episode] });
+      const manifest = (await w.client.get("unexp-1")).manifest;
+      expect(manifest.participants.map((p) => `${p.kind}/${p.instance}`).sort()).toEqual(["environment/env1", "model/policy"]);
+    } finally {
+      await w.close();
+    }
+  });
+});

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { loadConfig, redactConfig } from "../../config/config-loader.js";
+import { loadConfig, redactConfig, splitList } from "../../config/config-loader.js";
 import { startCoordinator } from "../../daemon/coordinator-daemon.js";
 import { newCoordinatorId } from "../../daemon/coordinator-id.js";
 import type { EngineHooks } from "../../engine/checkpoint-engine.js";
@@ -22,6 +22,7 @@ interface Flags {
   http?: boolean;
   coordinatorId?: string;
   logLevel?: string;
+  expect?: string;
   printConfig?: boolean;
   otlpEndpoint?: string;
   metricsPort?: string;
@@ -73,6 +74,7 @@ export function register(program: Command): void {
     .option("--no-http", "do not serve the HTTP API")
     .option("--coordinator-id <id>")
     .option("--log-level <level>")
+    .option("--expect <kind/instance,...>", "participants every checkpoint must include (env GYM_CKPT_EXPECTED_PARTICIPANTS)")
     .option("--print-config", "print the effective config (secrets redacted) and exit")
     .option("--otlp-endpoint <url>", "OTLP/HTTP endpoint for traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)")
     .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port (env OTEL_EXPORTER_PROMETHEUS_PORT)")
@@ -96,6 +98,7 @@ export function register(program: Command): void {
             "http.enabled": httpSource === "cli" ? flags.http : undefined,
             coordinator_id: flags.coordinatorId,
             log_level: flags.logLevel,
+            expected_participants: flags.expect === undefined ? undefined : splitList(flags.expect),
           },
         });
         if (flags.printConfig) {

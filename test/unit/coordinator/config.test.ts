@@ -111,4 +111,31 @@ describe("coordinator config", () => {
       await rm(dir, { recursive: true, force: true });
     }
   });
+  it("expected_participants: file, env (comma-separated) or flag; kind/instance each once, else refused", async () => {
+    const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c" };
+    expect(loadConfig({ env: base }).expected_participants).toBeUndefined();
+    expect(loadConfig({ env: { ...base, GYM_CKPT_EXPECTED_PARTICIPANTS: "resources/r1, model/policy" } }).expected_participants).toEqual(["resources/r1", "model/policy"]);
+    expect(loadConfig({ env: { ...base, GYM_CKPT_EXPECTED_PARTICIPANTS: "resources/r1" }, flags: { expected_participants: ["environment/env1"] } }).expected_participants).toEqual([
+      "environment/env1",
+    ]);
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    try {
+      const file = join(dir, "c.json");
+      await writeFile(file, JSON.stringify({ token: "t", checkpoint_root: "/c", expected_participants: ["agent/a1"] }));
+      expect(loadConfig({ file, env: {} }).expected_participants).toEqual(["agent/a1"]);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+    for (const bad of [["resource/r1"], ["resources"], ["resources/../x"], ["resources/r1/x"], ["resources/r1", "resources/r1"], "resources/r1"]) {
+      let error: unknown;
+      try {
+        loadConfig({ env: base, flags: { expected_participants: bad } });
+      } catch (e) {
+        error = e;
+      }
+      expect(error, JSON.stringify(bad)).toBeInstanceOf(CheckpointError);
+      expect((error as CheckpointError).code).toBe("invalid_request");
+      expect((error as CheckpointError).message).toContain("expected_participants");
+    }
+  });
 });
