@@ -91,6 +91,11 @@ export const ERROR_CATALOG = {
     meaning: "The named checkpoint or resource does not exist.",
     solve: "List published checkpoints with `gym-ckpt ls`.",
   },
+  instance_conflict: {
+    status: 409,
+    meaning: "Another live process already serves this participant kind/instance (it answers on the participant's subjects, or claimed its membership entry first).",
+    solve: "Run one process per kind/instance: stop the other process, or give this one its own instance name. A restart whose predecessor is gone (nobody answers on its subjects) takes over by itself.",
+  },
   unreachable: {
     status: 503,
     meaning: "Nobody answers on the participant's subject (NATS no-responders).",

@@ -1,24 +1,41 @@
-import type { NatsConnection } from "@nats-io/transport-node";
+import { NoRespondersError, RequestError, type NatsConnection } from "@nats-io/transport-node";
 import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
+  CheckpointError,
   MEMBER_HEARTBEAT_MS,
   MEMBER_TTL_MS,
+  MemberSchema,
   PROTOCOL_VERSION,
   memberKey,
   membersBucket,
+  participantSubject,
   type Kind,
   type Member,
 } from "../../protocol/index.js";
 
+/** How long the claim's probe waits for another process to answer on this participant's subjects. */
+const PROBE_TIMEOUT_MS = 2_000;
+
 /**
  * Announces this participant in the deployment's membership registry and keeps the entry fresh.
  * The bucket's max_age (not per-key TTL, which nats-server 2.9 ignores) drops silent members.
+ *
+ * One process per kind/instance: two would share the subjects (each answering some requests) and
+ * overwrite each other's entry, so every checkpoint would fail with a misleading stale_incarnation.
+ * `claim()` (before the endpoint subscribes) refuses with `instance_conflict` when another process
+ * answers on this participant's subjects; `start()` then writes the entry by revision
+ * compare-and-set, so of two processes starting at once only one wins. An entry left by a
+ * predecessor that is gone (SIGKILLed: nobody answers, though its heartbeat is younger than the
+ * TTL) is taken over.
  */
 export class MembershipAnnouncer {
   private kv: KV | undefined;
   private timer: NodeJS.Timeout | undefined;
   private readonly member: Member;
+  /** Revision of our entry as last written (or of the entry seen at claim: 0 when there was none). */
+  private revision: number | undefined;
+  private lost = false;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -38,8 +55,35 @@ export class MembershipAnnouncer {
     return memberKey(this.member.kind, this.member.instance);
   }
 
+  private get name(): string {
+    return `${this.member.kind}/${this.member.instance}`;
+  }
+
+  /**
+   * Call before subscribing the control subjects: reads the entry (its revision is what `start()`
+   * replaces) and refuses when another process answers on this participant's status subject.
+   */
+  async claim(): Promise<void> {
+    this.kv ??= await this.openBucket();
+    const entry = await this.kv.get(this.key);
+    this.revision = entry && entry.operation === "PUT" ? entry.revision : 0;
+    const held = entry && entry.operation === "PUT" ? MemberSchema.safeParse(safeJson(() => entry.json())) : undefined;
+    const other = held?.success ? ` (membership entry: incarnation ${held.data.incarnation}, heartbeat ${new Date(held.data.heartbeat_at * 1000).toISOString()})` : "";
+    if (await this.someoneAnswers()) {
+      throw new CheckpointError("instance_conflict", `another process already serves ${this.name} in deployment ${this.deployment}${other}; run one process per kind/instance`);
+    }
+    if (held?.success) this.logger?.info({ previous_incarnation: held.data.incarnation }, "membership entry of a gone predecessor taken over");
+  }
+
   async start(): Promise<void> {
-    await this.beat();
+    if (this.revision === undefined) await this.claim();
+    try {
+      await this.write();
+    } catch (error) {
+      // Somebody wrote the entry since claim(): a process starting at the same time. It wins.
+      if (isWrongRevision(error)) throw new CheckpointError("instance_conflict", `another process claimed ${this.name} in deployment ${this.deployment} while this one started; run one process per kind/instance`);
+      throw error;
+    }
     this.timer = setInterval(() => {
       this.beat().catch((error: unknown) => {
         // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
@@ -51,15 +95,75 @@ export class MembershipAnnouncer {
     this.timer.unref();
   }
 
-  private async beat(): Promise<void> {
-    this.kv ??= await new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS });
+  /** Whether anything answers on this participant's status subject (nobody subscribed: no responders). */
+  private async someoneAnswers(): Promise<boolean> {
+    const subject = participantSubject(this.deployment, this.member.kind, this.member.instance, "status");
+    try {
+      await this.nc.request(subject, "", { timeout: PROBE_TIMEOUT_MS });
+      return true; // any reply, even `unauthorized` (no token sent): a process is there
+    } catch (error) {
+      if (isNoResponders(error)) return false;
+      return true; // subscribed but silent (a stalled process): still there
+    }
+  }
+
+  private openBucket(): Promise<KV> {
+    return new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS });
+  }
+
+  /** Compare-and-set on the revision last seen: never overwrites another process's entry. */
+  private async write(): Promise<void> {
+    this.kv ??= await this.openBucket();
     this.member.heartbeat_at = Date.now() / 1000;
-    await this.kv.put(this.key, JSON.stringify(this.member));
+    const value = JSON.stringify(this.member);
+    this.revision = this.revision ? await this.kv.update(this.key, value, this.revision) : await this.kv.create(this.key, value);
+  }
+
+  private async beat(): Promise<void> {
+    if (this.lost) return;
+    try {
+      await this.write();
+    } catch (error) {
+      if (!isWrongRevision(error)) throw error;
+      // Our entry expired (a long NATS outage), was deleted, or the bucket was re-created: write it
+      // again unless another incarnation holds it now.
+      this.kv ??= await this.openBucket();
+      const entry = await this.kv.get(this.key);
+      const held = entry && entry.operation === "PUT" ? MemberSchema.safeParse(safeJson(() => entry.json())) : undefined;
+      if (held?.success && held.data.incarnation !== this.member.incarnation) {
+        this.lost = true;
+        this.logger?.error({ code: "instance_conflict", other_incarnation: held.data.incarnation }, "another process took over this kind/instance; no longer announcing");
+        return;
+      }
+      this.revision = entry && entry.operation === "PUT" ? entry.revision : 0;
+      await this.write();
+    }
   }
 
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
-    await this.kv?.delete(this.key).catch(() => undefined);
+    // Only our own entry: a process that took over keeps its announcement.
+    if (!this.lost && this.revision) await this.kv?.delete(this.key, { previousSeq: this.revision }).catch(() => undefined);
   }
+}
+
+function safeJson(read: () => unknown): unknown {
+  try {
+    return read();
+  } catch {
+    return undefined;
+  }
+}
+
+function isNoResponders(error: unknown): boolean {
+  return error instanceof NoRespondersError || (error instanceof RequestError && error.isNoResponders());
+}
+
+/** JetStream's "wrong last sequence" (10071): the key's revision is not the one expected. */
+function isWrongRevision(error: unknown): boolean {
+  for (let e: unknown = error; e instanceof Error; e = e.cause) {
+    if ((e as { code?: unknown }).code === 10071 || /wrong last sequence/i.test(e.message)) return true;
+  }
+  return false;
 }

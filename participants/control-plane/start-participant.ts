@@ -52,13 +52,21 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
     token: options.token,
     ...(options.logger && { logger: options.logger }),
   });
-  endpoint.start();
-  await options.nc.flush();
   const announcer =
     options.announce === false
       ? undefined
       : new MembershipAnnouncer(options.nc, options.deployment, options.adapter.kind, options.instance, incarnation, options.logger, options.heartbeatMs);
-  await announcer?.start();
+  try {
+    // Before subscribing: another process answering on these subjects is refused (instance_conflict).
+    await announcer?.claim();
+    endpoint.start();
+    await options.nc.flush();
+    await announcer?.start();
+  } catch (error) {
+    await endpoint.stop();
+    controlPlane.dispose();
+    throw error;
+  }
   return {
     controlPlane,
     async stop() {

@@ -7,20 +7,23 @@ vi.mock("@nats-io/kv", () => ({
   Kvm: class {
     async create() {
       kvm.creates += 1;
-      return {
-        put: async (key: string) => {
-          if (kvm.failNextPut) {
-            kvm.failNextPut = false;
-            throw new Error("stream not found");
-          }
-          kvm.puts.push(key);
-        },
-        delete: async () => undefined,
+      let revision = 0;
+      const write = async (key: string) => {
+        if (kvm.failNextPut) {
+          kvm.failNextPut = false;
+          throw new Error("stream not found");
+        }
+        kvm.puts.push(key);
+        return ++revision;
       };
+      return { get: async () => null, create: write, update: write, delete: async () => undefined };
     }
   },
 }));
 
+const { NoRespondersError } = await import("@nats-io/transport-node");
+// The claim probes the participant's status subject first: nobody else answers.
+const noResponders = { request: async (subject: string) => Promise.reject(new NoRespondersError(subject)) } as never;
 const { MembershipAnnouncer } = await import("../../../participants/control-plane/membership-announcer.js");
 
 afterEach(() => {
@@ -30,7 +33,7 @@ afterEach(() => {
 describe("membership heartbeat", () => {
   it("re-creates the members bucket after a failed beat (deleted bucket, NATS back without its store)", async () => {
     vi.useFakeTimers();
-    const announcer = new MembershipAnnouncer({} as never, "dep", "environment", "env0", "inc-1", undefined, 100);
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", undefined, 100);
     await announcer.start();
     expect([kvm.creates, kvm.puts.length]).toEqual([1, 1]);
     kvm.failNextPut = true; // the bucket was deleted
