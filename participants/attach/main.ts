@@ -1,6 +1,5 @@
 import { tmpdir } from "node:os";
 import { BearerTokenSchema } from "../../protocol/index.js";
-import { startParticipant } from "../control-plane/start-participant.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
 import { startServerRuntime } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
@@ -67,16 +66,7 @@ const address = server.address();
 const port = typeof address === "object" && address ? address.port : listen.port;
 const host = listen.host.includes(":") ? `[${listen.host}]` : listen.host;
 const url = `http://${host}:${port}`;
-const participant = await startParticipant({
-  nc: runtime.nc,
-  deployment: config.deployment,
-  instance: config.instance,
-  token: config.token,
-  adapter: kind,
-  logger,
-  ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
-  ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
-});
+const participant = await runtime.participate(kind);
 kind.bindCheckpointId(() => participant.controlPlane.activeCheckpointId);
 runtime.onShutdown(async () => {
   await participant.stop();

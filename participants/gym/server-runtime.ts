@@ -3,9 +3,9 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, DeploymentSchema, InstanceSchema, describeZodError, DEFAULT_NATS_URL, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
-import { startParticipant } from "../control-plane/start-participant.js";
+import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
@@ -56,6 +56,11 @@ export interface ServerRuntime {
    * participant to NATS, stop both on shutdown, then print the ready line. Returns the URL.
    */
   serve<R extends RecordBase>(app: FastifyInstance, adapter: ParticipantKind<R>): Promise<string>;
+  /**
+   * Attaches `adapter` as this server's participant. A refusal (another live process serves this
+   * kind/instance: `instance_conflict`) prints one line and exits 1, for the supervisor to report.
+   */
+  participate<R extends RecordBase>(adapter: ParticipantKind<R>): Promise<ParticipantHandle<R>>;
 }
 
 /** The `--help` text: the common flags with their defaults and env fallbacks, then the server's own. */
@@ -170,16 +175,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     },
     async serve(app, adapter) {
       const url = await app.listen({ host: "127.0.0.1", port: config.port });
-      const participant = await startParticipant({
-        nc,
-        deployment: config.deployment,
-        instance: config.instance,
-        token: config.token,
-        adapter,
-        logger,
-        ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
-        ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
-      });
+      const participant = await runtime.participate(adapter);
       runtime.onShutdown(async () => {
         // No more control messages, so nothing will reopen admission or expire a lease: requests
         // parked for a checkpoint would hold app.close() forever. Stop accepting, give in-flight
@@ -191,6 +187,26 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
       });
       runtime.announceReady(url);
       return url;
+    },
+    async participate(adapter) {
+      try {
+        return await startParticipant({
+          nc,
+          deployment: config.deployment,
+          instance: config.instance,
+          token: config.token,
+          adapter,
+          logger,
+          ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
+          ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
+        });
+      } catch (error) {
+        const refusal = toCheckpointError(error);
+        process.stderr.write(`${name}: ${refusal.code}: ${refusal.message}\n`);
+        await nc.close().catch(() => undefined);
+        await telemetry.shutdown();
+        process.exit(1);
+      }
     },
   };
   return runtime;

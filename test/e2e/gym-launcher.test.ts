@@ -133,6 +133,24 @@ describe("gym-ckpt gym", () => {
     expect(stderr).not.toMatch(/^\s+at /m);
   });
 
+  it("a second live process for one kind/instance exits 1 with instance_conflict in one line; the first serves on", async () => {
+    const args = ["dist/participants/attach/main.js", "--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--nats", nats.server.url, "--deployment", `dup${process.pid}`, "--instance", "twin"];
+    const first = spawn(process.execPath, args, { stdio: ["ignore", "pipe", "pipe"] });
+    seen.add(first.pid!);
+    const firstExited = exitOf(first);
+    await lineFrom(first.stdout!, firstExited, (line) => line.includes('"ready":true'));
+    const second = spawn(process.execPath, args, { stdio: ["ignore", "pipe", "pipe"] });
+    seen.add(second.pid!);
+    let stderr = "";
+    second.stderr!.on("data", (chunk) => (stderr += String(chunk)));
+    expect(await exitOf(second)).toBe(1);
+    expect(stderr).toContain("instance_conflict");
+    expect(stderr).not.toMatch(/^\s+at /m);
+    expect(first.exitCode).toBeNull();
+    first.kill("SIGTERM");
+    expect(await firstExited).toBe(0);
+  });
+
   it("refuses tokens that could never authenticate (whitespace) before serving, in every process that takes one", async () => {
     const run = async (entry: string, args: string[]) => {
       const proc = spawn(process.execPath, [entry, ...args, "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
