@@ -86,6 +86,22 @@ describe("continue / compaction", () => {
     const seeds = compactionSeeds(b.trace(ID));
     expect(seeds.map((s) => [s.prompt, s.name])).toEqual([[RESTART, "continue:0123abcd:compaction0"]]);
   });
+
+  it("a branch that shares no node with the others (a subagent or separate conversation) is no restart", () => {
+    const b = new TraceBuilder();
+    b.chain(null, [[sys()], [user(TASK_PROMPT)], [say("42"), true]]);
+    // Its own root: a subagent launched from system and user messages only, which would otherwise pass every other check.
+    b.chain(null, [[sys()], [user("Subagent: verify 6*7.")], [say("42"), true]]);
+    b.chain(null, [[user("Separate conversation: list files.")], [say("a.txt"), true]]);
+    const trace = b.trace(ID);
+    expect(compactionSeeds(trace)).toEqual([]);
+    // Re-rooting the subagent at the shared system node makes it a restart.
+    const shared = new TraceBuilder();
+    const root = shared.add(null, sys());
+    shared.chain(root, [[user(TASK_PROMPT)], [say("42"), true]]);
+    shared.chain(root, [[user("Subagent: verify 6*7.")], [say("42"), true]]);
+    expect(compactionSeeds(shared.trace(ID)).map((s) => s.prompt)).toEqual(["Subagent: verify 6*7."]);
+  });
 });
 
 describe("continue / tool-call", () => {
@@ -144,6 +160,19 @@ describe("continue / tool-call", () => {
     expect(all).toEqual(["continue:0123abcd:tool-call3", "continue:0123abcd:tool-call3-1"]);
     const drawn = new Set(Array.from({ length: 40 }, (_, s) => toolCallSeeds(trace, { maxAnchors: 1, seed: s })[0]!.name));
     expect([...drawn].sort()).toEqual(all);
+  });
+
+  it("a tool node shared by several branches is considered once", () => {
+    // Two answers sampled after the same tool result: both branches pass through nodes 2-3.
+    const b = new TraceBuilder();
+    const tool = b.chain(null, [[sys()], [user(TASK_PROMPT)], [call("a"), true], [result("a")]]);
+    b.add(tool, say("42"), true);
+    b.add(tool, say("Forty-two"), true);
+    const trace = b.trace(ID);
+    const seeds = toolCallSeeds(trace, { maxAnchors: null, seed: 0 });
+    expect(seeds.map((s) => [s.name, s.anchorNode])).toEqual([["continue:0123abcd:tool-call3", 3]]);
+    // A draw of one keeps that seed on every salt: no duplicate candidate skews it.
+    for (let s = 0; s < 10; s++) expect(toolCallSeeds(trace, { maxAnchors: 1, seed: s }).map((x) => x.name)).toEqual(["continue:0123abcd:tool-call3"]);
   });
 
   it("(10) skips partial tool runs", () => {
@@ -222,6 +251,15 @@ describe("token estimate and loss masking", () => {
     for (const node of trace.nodes) node.token_ids = [];
     const chars = "You are a careful solver.".length + TASK_PROMPT.length + "The answer is 42.".length;
     expect(estimateTokens(trace.nodes)).toBe(Math.floor(chars / 4));
+  });
+
+  it("tool-call seeds of a record without token ids (Gym records) fall back to characters / 4", () => {
+    const trace = threeToolTrace();
+    for (const node of trace.nodes) node.token_ids = [];
+    const seeds = toolCallSeeds(trace, { maxAnchors: null, seed: 0 });
+    // Through the anchor, system node included: what max_seed_tokens compares against.
+    expect(seeds.map((s) => s.tokens)).toEqual([3, 5, 7].map((end) => estimateTokens(trace.nodes.slice(0, end + 1))));
+    expect(seeds.every((s) => s.tokens > 0)).toBe(true);
   });
 
   it("turns a seed into prompt nodes that are never sampled and carry no trainable tokens", () => {

@@ -100,6 +100,17 @@ describe("index-selected loading", () => {
     expect(a.stats.skipped.no_seed).toBe(1);
   });
 
+  it("min_source_reward keeps only records at or above it, on both paths alike", async () => {
+    const traces = [linearTrace(traceId(1), 0), linearTrace(traceId(2), 0.5), linearTrace(traceId(3), 1)];
+    const { recordPath } = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces });
+    for (const useIndex of [true, false]) {
+      const r = await read(recordPath, { ...open, minReward: 0.5 }, { useIndex });
+      expect(r.ids).toEqual([traceId(2), traceId(3)]); // inclusive bound
+      expect(r.stats.skipped.source_reward).toBe(1);
+      expect(r.stats.filesIndexed).toBe(useIndex ? 1 : 0);
+    }
+  });
+
   it("skips blank lines and empty traces on both paths alike", async () => {
     const empty = linearTrace(traceId(9));
     empty.nodes = [];
@@ -277,6 +288,18 @@ describe("stale, foreign and hostile indexes", () => {
     expect((error as ReplayError).reason).toBe("index_mismatch");
     expect((error as ReplayError).code).toBe("invalid_checkpoint_state");
     expect((await read(f.recordPath, incorrect, { useIndex: false })).ids).toEqual([traceId(1), traceId(7)]);
+  });
+
+  it("refuses with index_mismatch when a selected record's branch count differs from its row", async () => {
+    // A row claiming one branch for a compacted (two-branch) record: the branch prefilter would be wrong.
+    const compacted = compactedTrace(traceId(2), 0);
+    const { recordPath } = await writeHandIndexed(path.join(dir, "step_1"), "train_rollouts_gsm8k.jsonl", [
+      { line: JSON.stringify(compacted), row: { trace: traceId(2), task_name: "gsm8k", reward: 0, branches: 1 } },
+    ]);
+    const error = await read(recordPath, open).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", reason: "index_mismatch" });
+    expect((await read(recordPath, open, { useIndex: false })).ids).toEqual([traceId(2)]);
   });
 
   it("refuses with index_mismatch (so the loader falls back to a full parse) when a stale span covers two lines", async () => {
