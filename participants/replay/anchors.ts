@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { branches, snapshotRefs } from "./trace-graph.js";
 import type { Message, MessageNode, Prompt, TraceRecord } from "./trace-record.js";
 import { sampleSorted, seededRandom, type RandomFactory } from "./seeded-random.js";
@@ -22,7 +23,15 @@ export interface Seed {
   anchorNode: number;
 }
 
-const id8 = (trace: TraceRecord) => trace.id.slice(0, 8);
+/**
+ * The 8-hex-char trace tag in seed names (docs/replay.md). A uuid4-hex id (32+ lowercase hex chars) keeps its first
+ * 8 chars; any other id (`rollout-1`, `rollout-2`, …) would share a prefix, so it is tagged by the
+ * first 8 hex chars of its sha256 instead.
+ */
+function traceTag(id: string): string {
+  return /^[0-9a-f]{32,}$/.test(id) ? id.slice(0, 8) : createHash("sha256").update(id, "utf8").digest("hex").slice(0, 8);
+}
+const id8 = (trace: TraceRecord) => traceTag(trace.id);
 const messageOf = (trace: TraceRecord, node: number): Message => trace.nodes[node]!.message;
 
 /** Characters that count towards the fallback token estimate. */

@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { describe, expect, it, vi } from "vitest";
 import {
   compactionSeeds,
@@ -214,6 +215,31 @@ describe("recheck", () => {
     const trace = linearTrace(ID);
     const seed = recheckSeed(trace, "x".repeat(40))!;
     expect(seed.tokens).toBe(estimateTokens(trace.nodes) + 10);
+  });
+});
+
+describe("seed names", () => {
+  const sha8 = (id: string) => createHash("sha256").update(id, "utf8").digest("hex").slice(0, 8);
+
+  it("tag a non-hex trace id by its sha256 so ids sharing 8 chars do not collide", () => {
+    const ids = ["rollout-1", "rollout-2"]; // both "rollout-" by their first 8 chars
+    const names = ids.map((id) => [
+      ...compactionSeeds(compactedTrace(id)).map((s) => s.name),
+      ...toolCallSeeds(compactedTrace(id), { maxAnchors: null, seed: 0 }).map((s) => s.name),
+      recheckSeed(compactedTrace(id), "Check.")!.name,
+    ]);
+    for (const [i, id] of ids.entries()) {
+      const tag = sha8(id);
+      expect(names[i]).toEqual([`continue:${tag}:compaction0`, `continue:${tag}:tool-call3`, `continue:${tag}:tool-call3-1`, `recheck:${tag}`]);
+    }
+    expect(new Set(names.flat()).size).toBe(8);
+  });
+
+  it("keep the first 8 chars of a uuid4-hex id; short or uppercase hex ids are hashed", () => {
+    expect(recheckSeed(compactedTrace(ID), "c")!.name).toBe("recheck:0123abcd");
+    expect(recheckSeed(compactedTrace("0123abcd"), "c")!.name).toBe(`recheck:${sha8("0123abcd")}`);
+    expect(recheckSeed(compactedTrace(ID.toUpperCase()), "c")!.name).toBe(`recheck:${sha8(ID.toUpperCase())}`);
+    for (const id of ["rollout-1", "x", ID.toUpperCase()]) expect(recheckSeed(compactedTrace(id), "c")!.name).toMatch(/^recheck:[0-9a-f]{8}$/);
   });
 });
 
