@@ -85,7 +85,8 @@ const ALLOWED: Record<"prepare" | "commit" | "restore" | "renew", readonly Phase
 /**
  * The kind-agnostic participant control plane: phase machine, fences, lease, reply cache,
  * export-once commit and all-or-nothing restore. One lock serializes transitions; the readiness
- * wait of prepare and the storage write of commit run outside it so a resume can always abort.
+ * wait of prepare, the storage write of commit and the kind's after-commit hook run outside it so
+ * a resume (or lease expiry) can always abort or end them.
  *
  *   idle --prepare--> preparing --(ready)--> prepared --commit--> committed
  *   idle --restore--> restored
@@ -371,22 +372,36 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       throw error;
     });
     const reply = await this.raceDeadline(pending.running, request.deadline_ts, "commit");
-    return this.lock.run(async () => {
+    const done = await this.lock.run(() => {
       if (this.activeId !== id || this.pendingWrite !== pending) {
         throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was resumed while its commit was writing`);
       }
       const cached = this.cached<CommitReply>(id, "commit", args);
-      if (cached) return cached;
-      try {
-        await this.adapter.afterCommit?.(request.episode_ids, { stop: request.stop });
-      } catch (error) {
-        // Best effort: the records are durable; clean-up and parking failures are only logged.
-        this.logger?.warn({ checkpoint_id: id, err: error }, "after-commit hook failed");
-      }
+      if (cached) return { reply: cached, hook: undefined };
+      // Committed once the records are durable; the hook starts here, once, but runs outside the lock.
       this.phase = "committed";
       this.remember(id, "commit", reply, args);
-      return reply;
+      return { reply, hook: this.runAfterCommit(id, request) };
     });
+    // Clean-up and parking are best effort (reference §3.5 step 7): the reply waits for them up to
+    // the deadline, no longer, and a hook that hangs never holds the lock, so resume and lease
+    // expiry still reopen admission.
+    if (done.hook) {
+      await this.raceDeadline(done.hook, request.deadline_ts, "after-commit hook").catch((error: unknown) => {
+        this.logger?.warn({ checkpoint_id: id, err: error }, "after-commit hook still running at the commit deadline; replying committed");
+      });
+    }
+    return done.reply;
+  }
+
+  /** The kind's after-commit hook; it never rejects (its failures are only logged). */
+  private async runAfterCommit(id: string, request: CommitRequest): Promise<void> {
+    try {
+      await this.adapter.afterCommit?.(request.episode_ids, { stop: request.stop });
+    } catch (error) {
+      // Best effort: the records are durable; clean-up and parking failures are only logged.
+      this.logger?.warn({ checkpoint_id: id, err: error }, "after-commit hook failed");
+    }
   }
 
   private async runWrite(pending: PendingWrite<R>, request: CommitRequest): Promise<CommitReply> {

@@ -444,6 +444,69 @@ describe("lease", () => {
   });
 });
 
+describe("after-commit hook (restored clean-up, parking on stop)", () => {
+  /** A kind whose afterCommit waits for `gate`, recording when it started. */
+  function hookWaitingFor(gate: Promise<void>) {
+    const seen = { entered: false };
+    Object.assign(kind, {
+      afterCommit: async () => {
+        seen.entered = true;
+        await gate;
+      },
+    });
+    return seen;
+  }
+
+  async function committing(stop = true) {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    let settled: string | undefined;
+    const commit = call("commit", { checkpoint_id: "c1", stop });
+    void commit.then(
+      (reply) => (settled = reply.phase),
+      (error: unknown) => (settled = `refused ${String(error)}`),
+    );
+    return { commit, settled: () => settled };
+  }
+
+  it("the reply waits for a hook that finishes before the deadline", async () => {
+    const gate = deferred();
+    const seen = hookWaitingFor(gate.promise);
+    const { commit, settled } = await committing();
+    await waitUntil(() => seen.entered, "the hook to start");
+    for (let i = 0; i < 5; i++) await flush();
+    expect(settled()).toBeUndefined();
+    gate.resolve();
+    expect((await commit).phase).toBe("committed");
+  });
+
+  it("a hook that never returns neither holds the reply past the deadline nor blocks resume (the park is best effort)", async () => {
+    const seen = hookWaitingFor(new Promise<void>(() => undefined));
+    const { commit, settled } = await committing();
+    await waitUntil(() => seen.entered, "the hook to start");
+    expect(plane.currentPhase).toBe("committed");
+    // The resume is answered while the hook still hangs: it does not wait for the lock.
+    expect(await call("resume", { checkpoint_id: "c1", deadline_ts: T0 + 60 })).toEqual({ phase: "idle", idempotent: false });
+    expect(kind.admissionOpen).toBe(true);
+    expect(settled()).toBeUndefined();
+    clock.advance(30_000); // the commit's deadline
+    expect((await commit).phase).toBe("committed");
+    expect(existsSync(join(root, "c1/gym/environment/env0/manifest.json"))).toBe(true);
+  });
+
+  it("a hook that never returns does not keep the lease from expiring", async () => {
+    const seen = hookWaitingFor(new Promise<void>(() => undefined));
+    const { commit } = await committing();
+    await waitUntil(() => seen.entered, "the hook to start");
+    clock.advance(30_000);
+    expect((await commit).phase).toBe("committed");
+    clock.advance(61_000); // past deadline + grace
+    await waitUntil(() => plane.currentPhase === "idle", "the lease to expire", 2_000);
+    expect(kind.admissionOpen).toBe(true);
+    expect(await refused(call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 200 }))).toBe("stale_checkpoint");
+  });
+});
+
 describe("resume stops a pending write", () => {
   it("publishes no manifest after resume", async () => {
     kind.addEpisode({ rollout_id: "r1", attempt: 0 });
