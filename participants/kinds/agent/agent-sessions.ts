@@ -41,6 +41,8 @@ interface Session {
   delivered: boolean;
   /** An activation ended with `delivered` set: continuing from the snapshot would repeat that call. */
   stale: boolean;
+  /** A retire started (it may have been cut short by its deadline): a blocker, never exported, until a retire drops it. */
+  retiring: boolean;
   activation: { abort: AbortController; done: Promise<void> } | undefined;
 }
 
@@ -80,14 +82,14 @@ export class AgentSessions {
     return this.sessions.get(key)?.state;
   }
 
-  /** Sessions between boundaries block a prepare. */
+  /** Sessions between boundaries block a prepare, and so does one being retired, whatever its state (protocol §9). */
   blockers(): string[] {
-    return [...this.sessions.values()].filter((s) => s.state === "running").map((s) => captureKey(s.episode));
+    return [...this.sessions.values()].filter((s) => s.retiring || s.state === "running").map((s) => captureKey(s.episode));
   }
 
   /** Idle sessions whose snapshot is stale: the controller restarts them from input. */
   restarts(): string[] {
-    return [...this.sessions.values()].filter((s) => s.stale && s.state === "idle").map((s) => captureKey(s.episode));
+    return [...this.sessions.values()].filter((s) => s.stale && !s.retiring && s.state === "idle").map((s) => captureKey(s.episode));
   }
 
   close(): void {
@@ -116,7 +118,7 @@ export class AgentSessions {
       return { restored: existing.restored !== undefined };
     }
     if (this.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; no new sessions until resume");
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, activation: undefined });
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, retiring: false, activation: undefined });
     this.onChange();
     return { restored: false };
   }
@@ -226,7 +228,7 @@ export class AgentSessions {
   exportable(scope: EpisodeId[] | null): ExportedSession[] {
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
     return [...this.sessions.values()]
-      .filter((s) => s.state !== "running" && !s.stale && (!wanted || wanted.has(captureKey(s.episode))))
+      .filter((s) => s.state !== "running" && !s.stale && !s.retiring && !this.isRetired(s.episode) && (!wanted || wanted.has(captureKey(s.episode))))
       .map((s) => ({
         key: s.key,
         episode: s.episode,
@@ -247,6 +249,7 @@ export class AgentSessions {
         freshBoundary: false,
         delivered: false,
         stale: false,
+        retiring: false,
         activation: undefined,
       });
     }
@@ -269,6 +272,9 @@ export class AgentSessions {
     const targets = [...this.sessions.values()].filter((s) =>
       episodes.some((e) => e.rollout_id === s.episode.rollout_id && s.episode.attempt <= e.attempt),
     );
+    // Marked before the wait: a retire cut short by its deadline leaves them blockers, not exportable.
+    for (const s of targets) s.retiring = true;
+    if (targets.length) this.onChange();
     await Promise.all(targets.map((s) => this.stop(s, "retired")));
     for (const s of targets) if (this.sessions.get(s.key) === s) this.sessions.delete(s.key);
     if (targets.length) this.onChange();

@@ -347,6 +347,37 @@ describe("agent participant", () => {
     expect(first.plane.status().retired_rollouts).toBe(2);
   });
 
+  it("a session whose retire was cut short by its deadline blocks prepare and is never exported, until a retried retire drops it", async () => {
+    const { kind, hooks, plane, call } = fresh();
+    kind.openSession(ep("r1"));
+    // The activation awaits a call that ignores the abort signal (a user's agent, a long generation): the retire waits for it.
+    const answer = latch();
+    const activation = kind
+      .activate(ep("r1"), async (a) => {
+        await a.boundary(() => ({ turn: 1 }));
+        return a.awaitingModel(answer.promise);
+      })
+      .catch(() => undefined);
+    await waitFor(() => kind.sessions.stateOf("r1") === "at_boundary");
+    expect(await code(() => call("retire", { checkpoint_id: "retire", deadline_ts: Date.now() / 1000 + 0.2, episode_ids: [ep("r1")] }))).toBe(
+      "deadline_exceeded",
+    );
+    // Still parked at its boundary, but being retired: a blocker, whatever its state (protocol §9).
+    expect(kind.sessions.stateOf("r1")).toBe("at_boundary");
+    const prepared = await call("prepare", { checkpoint_id: "c1", deadline_ts: Date.now() / 1000 + 0.3 });
+    expect(prepared.phase).toBe("preparing");
+    expect(prepared.report.blockers).toEqual(["r1"]);
+    expect(await kind.exportRecords(null)).toEqual([]);
+    await call("resume", { checkpoint_id: "c1" });
+
+    answer.open();
+    await activation;
+    await call("retire", { checkpoint_id: "retire", episode_ids: [ep("r1")] });
+    expect(kind.hasLiveState()).toBe(false);
+    expect(hooks.retired).toEqual(["r1"]);
+    expect(plane.adapter.readiness().blockers).toEqual([]);
+  });
+
   it("legacy /run episodes use the step tracker and are exported with their own boundary", async () => {
     const first = fresh();
     const task = { expression: "2 + 2" };
