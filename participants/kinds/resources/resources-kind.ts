@@ -71,6 +71,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   private readonly releaseWaiters = new Set<() => void>();
   /** Frees of sessions a retired attempt's handler built but may not bind; retire waits for them. */
   private readonly freeing = new Set<Promise<void>>();
+  /** Session ids the current commit exported: a stop commit parks these and no others. */
+  private exported: string[] = [];
   private context: ParticipantContext | undefined;
 
   constructor(options: ResourcesKindOptions) {
@@ -223,6 +225,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   async exportRecords(scope: EpisodeId[] | null): Promise<ResourcesSessionRecord[]> {
+    this.exported = [];
     if (this.mode === "restart_only") return [];
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
     const candidates = [...this.sessions.values()].filter(
@@ -244,6 +247,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       }
       records.push({ episode_id: s.episode, session_id: s.sessionId, state: states[s.sessionId] as JsonValue, owner: s.owner });
     }
+    this.exported = records.map((r) => r.session_id);
     return records;
   }
 
@@ -332,8 +336,13 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
         this.sessions.delete(s.sessionId);
       }
     }
+    // Only the exported sessions are parked (protocol §9 `park_exported`): the others (outside the
+    // scope, retiring, dropped by the server) are not in the checkpoint, so their compute is not
+    // kept for a restore.
+    const exported = this.exported;
+    this.exported = [];
     if (options.stop && this.mode === "exported" && this.hooks.parkSessionStates) {
-      const ids = [...this.sessions.keys()];
+      const ids = exported.filter((id) => this.sessions.has(id));
       if (ids.length) await this.hooks.parkSessionStates(ids);
     }
   }

@@ -14,6 +14,6 @@ export interface ResourcesSessionHooks {
   restoreSessionStates(states: Record<string, JsonValue>): Promise<void>;
   /** Free one session's state; must tolerate a session that is already gone. */
   retireSessionState(sessionId: string): Promise<void>;
-  /** Optional, best effort: after a `stop` commit, free the compute the sessions hold. */
+  /** Optional, best effort: after a `stop` commit, free the compute of the sessions it exported (no others). */
   parkSessionStates?(sessionIds: string[]): Promise<void>;
 }
