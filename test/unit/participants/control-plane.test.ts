@@ -4,7 +4,14 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
-import { ManualClock, ParticipantControlPlane, ScriptableKind, type ParticipantKind } from "../../../participants/index.js";
+import {
+  FsCheckpointStorage,
+  ManualClock,
+  ParticipantControlPlane,
+  ScriptableKind,
+  type CheckpointStorage,
+  type ParticipantKind,
+} from "../../../participants/index.js";
 import { refusalCode } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -441,6 +448,79 @@ describe("lease", () => {
     expect(plane.currentPhase).toBe("idle");
     expect(kind.admissionOpen).toBe(true);
     expect(await refused(call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 200 }))).toBe("stale_checkpoint");
+  });
+});
+
+describe("export once per checkpoint, across failures", () => {
+  /** Storage whose writes the test fails or holds, counting them. */
+  function scriptedStorage() {
+    const fs = new FsCheckpointStorage();
+    const script = { writes: 0, failNext: false, hold: undefined as Promise<void> | undefined };
+    const storage: CheckpointStorage = {
+      async write(target, records, options) {
+        script.writes += 1;
+        if (script.failNext) {
+          script.failNext = false;
+          throw new Error("ENOSPC");
+        }
+        if (script.hold) await script.hold;
+        return fs.write(target, records, options);
+      },
+      read: (...args) => fs.read(...args),
+    };
+    plane.dispose();
+    plane = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, storage, leaseGraceSeconds: 60, checkpointRoot: root });
+    return script;
+  }
+
+  const exports = () => kind.hooks().filter((hook) => hook === "exportRecords").length;
+
+  it("a retry after a failed store re-stores the same records without exporting again", async () => {
+    const script = scriptedStorage();
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    script.failNext = true;
+    await expect(call("commit", { checkpoint_id: "c1" })).rejects.toThrow(/ENOSPC/);
+    kind.addEpisode({ rollout_id: "r2", attempt: 0 }); // what a second export would pick up
+    const reply = await call("commit", { checkpoint_id: "c1" });
+    expect(reply.episode_ids).toEqual(["r1"]);
+    expect(exports()).toBe(1);
+    expect(script.writes).toBe(2);
+  });
+
+  it("a write that outlives its deadline fails the call and keeps running; the retry awaits that same write", async () => {
+    const script = scriptedStorage();
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const hold = deferred();
+    script.hold = hold.promise;
+    const first = call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
+    await waitUntil(() => script.writes === 1, "the write to start");
+    clock.advance(10_000);
+    expect(await refused(first)).toBe("deadline_exceeded");
+    expect(plane.currentPhase).toBe("prepared");
+    kind.addEpisode({ rollout_id: "r2", attempt: 0 });
+    const retry = call("commit", { checkpoint_id: "c1" });
+    for (let i = 0; i < 5; i++) await flush();
+    hold.resolve();
+    expect((await retry).episode_ids).toEqual(["r1"]);
+    expect(exports()).toBe(1);
+    expect(script.writes).toBe(1);
+  });
+});
+
+// Lease expiry cannot overtake a readiness wait (the lease is at least the deadline + grace, and the
+// wait ends at the deadline); it reopens through the same path as resume (see "lease").
+describe("resume aborts a prepare that waits for readiness", () => {
+  it("a resume is answered at once, reopens admission, and the waiting prepare replies idle", async () => {
+    kind.setBlockers(["r1"]);
+    const prepare = call("prepare", { checkpoint_id: "c1" });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
+    // A newer leader's resume (no clock advance: it need not wait for prepare's deadline).
+    expect(await call("resume", { checkpoint_id: "c1", epoch: 2 })).toEqual({ phase: "idle", idempotent: false });
+    expect(kind.admissionOpen).toBe(true);
+    expect((await prepare).phase).toBe("idle");
+    expect(await refused(call("prepare", { checkpoint_id: "c1", epoch: 2 }))).toBe("stale_checkpoint");
   });
 });
 
