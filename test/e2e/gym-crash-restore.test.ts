@@ -218,3 +218,54 @@ describe("reference Gym: crash and restore", () => {
     await expectIdleEverywhere();
   });
 });
+
+/**
+ * A restart_only resources server: its seed reply says `x-ng-checkpoint-restart: 1`, so the
+ * environment marks the episode a restart; prepare reports it, the commit scope must leave it out,
+ * and after a crash the rollout restarts from its input.
+ */
+describe("reference Gym with a restart_only resources server", () => {
+  let restartWorld: GymWorld;
+  beforeAll(async () => {
+    restartWorld = await startGymWorld({ args: { resources: ["--mode", "restart_only"] } });
+  }, 60_000);
+  afterAll(async () => {
+    await restartWorld?.close();
+  });
+
+  it("reports the episode as a restart, keeps it out of the checkpoint, and restarts it from input after a crash", async () => {
+    const w = restartWorld;
+    await w.backend.hold(1);
+    const lost = w.run("ro-1").catch((error: unknown) => ({ status: 0, body: { lost: String(error) } }));
+    await w.waitFor(async () => (await w.backend.calls()).length >= 2, "2 backend calls");
+    const prepared = await w.client.prepare({ checkpoint_id: "cp-ro-1" });
+    expect(prepared.prepared).toBe(true);
+    expect(prepared.restarts).toEqual(["ro-1"]);
+    // The resources server lists its live session; the environment marked the episode from the seed header.
+    const restartsOf = (kind: string) => prepared.participants.find((p) => p.kind === kind)?.report?.restarts;
+    expect({ environment: restartsOf("environment"), resources: restartsOf("resources") }).toEqual({ environment: ["ro-1"], resources: ["ro-1"] });
+    // A scope naming a restart is refused; the scope without it commits.
+    await expect(w.client.commit({ checkpoint_id: "cp-ro-1", episode_ids: [ep("ro-1")] })).rejects.toMatchObject({ code: "restart_in_scope" });
+    await w.client.commit({ checkpoint_id: "cp-ro-1", episode_ids: [] });
+    await w.client.publish({ checkpoint_id: "cp-ro-1" });
+    const manifest = await new CheckpointCatalog(w.root).get("cp-ro-1");
+    expect({ scope: manifest.scope, restarts: manifest.restarts }).toEqual({ scope: [], restarts: ["ro-1"] });
+    expect((await w.verify("cp-ro-1")).records).toBe(0);
+
+    await w.crashAndRestart("cp-ro-1");
+    await w.backend.release();
+    expect((await lost).status).not.toBe(200);
+    await w.restoreAndResume("cp-ro-1", []);
+    const replacement = await w.run("ro-1", 1);
+    expect(replacement.body).toMatchObject({ rollout_id: "ro-1", attempt: 1, reward: 1, continued_from: null });
+    const calls = (await w.backend.calls()).filter((c) => c.capture_key?.startsWith("ro-1")).map((c) => [c.capture_key, c.message_count]);
+    // From input again: the replacement repeats the first call.
+    expect(calls).toEqual([
+      ["ro-1", 2],
+      ["ro-1", 4],
+      ["ro-1-a1", 2],
+      ["ro-1-a1", 4],
+    ]);
+    await w.client.forget({ rollout_ids: ["ro-1"] });
+  }, 60_000);
+});
