@@ -739,13 +739,16 @@ export class CheckpointEngine {
    */
   private async warnLatestMembersMissing(members: readonly ParticipantRef[]): Promise<void> {
     try {
-      const latest = await this.options.catalog.latest();
-      if (latest === null) return;
-      if (this.latestMembers?.id !== latest) {
+      // Read once per leadership term; after that, this leader's own publications keep it (no file
+      // reads on the prepare's path: they cost about a millisecond per checkpoint on a busy machine).
+      if (!this.latestMembers) {
+        const latest = await this.options.catalog.latest();
+        if (latest === null) return;
         const manifest = await this.options.catalog.get(latest);
         this.latestMembers = { id: latest, members: manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance })) };
       }
-      const absent = this.latestMembers.members.filter((p) => !members.some((m) => m.kind === p.kind && m.instance === p.instance));
+      const { id: latest, members: latestMembers } = this.latestMembers;
+      const absent = latestMembers.filter((p) => !members.some((m) => m.kind === p.kind && m.instance === p.instance));
       if (absent.length) this.log.warn({ latest, absent: absent.map(refName) }, "latest_participants_missing");
     } catch (error) {
       this.log.warn({ err: error }, "latest_participants_unread");
@@ -838,6 +841,8 @@ export class CheckpointEngine {
       beforeWrite: () => this.options.leadership.assert(open.epoch),
     });
     open.phase = "published";
+    // LATEST names it now: the missing-members warning needs no read of it (or of LATEST) later.
+    this.latestMembers = { id, members: open.commit.participants.map((p) => ({ kind: p.kind, instance: p.instance })) };
     const deleted = retainNow ? this.retainAfter(id, open.epoch) : [];
     open.publish = { checkpoint_id: id, manifest_path: result.manifestPath, published_at: publishedAt, deleted };
     // No journal write here: recovery of a decided entry finds checkpoint.json and treats it as published.
@@ -1180,6 +1185,7 @@ export class CheckpointEngine {
   leadershipLost(): void {
     if (this.open) this.log.warn({ checkpoint_id: this.open.id, phase: this.open.phase }, "leadership_lost_open_checkpoint_left_to_journal");
     this.open = undefined;
+    this.latestMembers = undefined; // another leader may publish meanwhile
     this.leaderTerm++;
     if (this.options.requireRecovery) this.recoveredFlag = false;
   }

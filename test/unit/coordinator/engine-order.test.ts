@@ -3,7 +3,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Kind } from "../../../protocol/index.js";
-import { journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
+import { pino } from "pino";
+import { FOUR_KINDS, journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -130,6 +131,23 @@ describe("engine ordering", () => {
     expect(await engine.publish({ checkpoint_id: "c60", controller_state: { inline: { step: 1 } } })).toEqual(first);
     expect((await catalog.get("c60")).controller_state).toEqual({ inline: { step: 1 } });
     await engine.resume({ checkpoint_id: "c60" });
+  });
+
+  it("warns when a participant of LATEST is missing from the registry, without reading LATEST again after its own publication", async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: "warn" }, { write: (line: string) => void lines.push(line) });
+    const members = [...FOUR_KINDS];
+    const { engine, catalog } = makeEngine(root, { members, logger });
+    let reads = 0;
+    const latest = catalog.latest.bind(catalog);
+    catalog.latest = () => (reads++, latest());
+    await engine.checkpoint({ checkpoint_id: "w1", episode_ids: null, stop: false, controller_state: null });
+    const gone = members.pop()!; // its heartbeat lapsed: the registry no longer lists it
+    reads = 0;
+    await engine.checkpoint({ checkpoint_id: "w2", episode_ids: null, stop: false, controller_state: null });
+    const warning = lines.map((l) => JSON.parse(l) as { msg: string; latest?: string; absent?: string[] }).find((l) => l.msg === "latest_participants_missing");
+    expect(warning).toMatchObject({ latest: "w1", absent: [`${gone.kind}/${gone.instance}`] });
+    expect(reads).toBe(0);
   });
 
   it("inline controller state nested too deep is refused (invalid_request) before anything is sent or journaled", async () => {
@@ -502,9 +520,9 @@ describe("HA hooks and recovery", () => {
       await record(entry);
     };
     const prepared = engine.prepare({ checkpoint_id: "c19" });
-    for (let i = 0; i < 20 && fake.ops("prepare").length === 0; i++) await Promise.resolve();
+    await waitUntil(() => fake.ops("prepare").length > 0, "the first stage's prepare");
     expect(fake.ops("prepare").map((c) => c.kind)).toEqual(["environment"]);
-    for (let i = 0; i < 20; i++) await Promise.resolve();
+    for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve)); // file reads (LATEST) included
     expect(fake.ops("prepare").map((c) => c.kind)).toEqual(["environment"]); // held until the entry is acknowledged
     acknowledge();
     expect((await prepared).prepared).toBe(true);

@@ -292,7 +292,7 @@ describe("fences and refusals change no state", () => {
     const gate = deferred();
     kind.delay("exportRecords", gate.promise);
     const first = call("commit", { checkpoint_id: "c1" });
-    await flush();
+    await waitUntil(() => kind.hooks().includes("exportRecords"), "the first commit's export to start"); // past its checkpoint_dir checks (fs)
     expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "other") }))).toBe("checkpoint_conflict");
     expect(await refused(call("commit", { checkpoint_id: "c1", episode_ids: [] }))).toBe("checkpoint_conflict");
     gate.resolve();
