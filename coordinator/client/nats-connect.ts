@@ -6,24 +6,24 @@ const UNREACHABLE = new Set(["ECONNREFUSED", "ENOTFOUND", "EHOSTUNREACH", "ENETU
 
 /**
  * `connect`, with its failures as catalog codes (the CLI, the collector and the daemon connect
- * through it). No server reachable is `not_leader`, as the HTTP client reports a coordinator it
+ * through it; `consequence` ends the unreachable detail). No server reachable is `not_leader`, as the HTTP client reports a coordinator it
  * cannot reach: nothing was sent, retry once NATS and a coordinator run. Credentials NATS refuses
  * are `unauthorized`; servers nats.js cannot parse are `invalid_request`.
  */
-export async function connectNats(options: ConnectionOptions): Promise<NatsConnection> {
+export async function connectNats(options: ConnectionOptions, consequence = "no coordinator can be asked; nothing was sent"): Promise<NatsConnection> {
   try {
     return await connect(options);
   } catch (error) {
-    throw connectFailure(error, options.servers);
+    throw connectFailure(error, options.servers, consequence);
   }
 }
 
-function connectFailure(error: unknown, servers: ConnectionOptions["servers"]): CheckpointError {
+function connectFailure(error: unknown, servers: ConnectionOptions["servers"], consequence: string): CheckpointError {
   const where = `NATS at ${redactNatsServers([servers ?? []].flat().join(",")) || "the default server"}`;
   const message = error instanceof Error ? error.message : String(error);
   const code = (error as { code?: unknown }).code;
   if (error instanceof errors.ConnectionError || error instanceof errors.TimeoutError || (typeof code === "string" && UNREACHABLE.has(code))) {
-    return new CheckpointError("not_leader", `cannot reach ${where} (${message}): no coordinator can be asked; nothing was sent`, { cause: error });
+    return new CheckpointError("not_leader", `cannot reach ${where} (${message}): ${consequence}`, { cause: error });
   }
   if (error instanceof errors.AuthorizationError || error instanceof errors.UserAuthenticationExpiredError) {
     return new CheckpointError("unauthorized", `${where} refused the connection's credentials (${message}); set GYM_CKPT_NATS_USER and GYM_CKPT_NATS_PASS, or GYM_CKPT_NATS_TOKEN`, { cause: error });

@@ -69,7 +69,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       ...(config.nats.user !== undefined && { user: config.nats.user }),
       ...(config.nats.pass !== undefined && { pass: config.nats.pass }),
       ...(config.nats.token !== undefined && { token: config.nats.token }),
-    }));
+    }, "this coordinator cannot start until NATS is reachable (a supervisor restarts it)"));
   await mkdir(config.checkpoint_root, { recursive: true });
   const membersKv = await openMembersBucket(nc, config.deployment);
   const registry = new WatchedMemberRegistry(membersKv, logger, clock);
