@@ -8,7 +8,7 @@ import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { expectOk, postJson, sessionCookieFrom, trimSlash } from "./gym-http.js";
 import { GymTaskSchema, RunRequestSchema, type GymTask, type RunReply } from "./gym-task.js";
-import { ChatMessageSchema, LoopStateSchema, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver } from "./tool-calling-agent.js";
+import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver } from "./tool-calling-agent.js";
 
 /**
  * The reference agent server. Native routes (invoked by the environment server), all under
@@ -20,7 +20,7 @@ import { ChatMessageSchema, LoopStateSchema, initialState, runTurnLoop, seededSt
  */
 const OpenBodySchema = z.object({ cookie: z.string().max(200).nullable().optional() }).strict();
 /** `seed`: a replayed task's context (no system message); the turn loop continues from it. */
-const ActivateBodySchema = z.object({ task: GymTaskSchema, seed: z.array(ChatMessageSchema).min(1).max(60).optional() }).strict();
+const ActivateBodySchema = z.object({ task: GymTaskSchema, seed: z.array(ChatMessageSchema).min(1).max(MAX_SEED_MESSAGES).optional() }).strict();
 const EmptyBodySchema = z.object({}).strict();
 
 /** The legacy episode's own boundary. */

@@ -21,10 +21,21 @@ export const ChatMessageSchema = z
   .passthrough();
 export type ChatMessage = z.infer<typeof ChatMessageSchema>;
 
+/** Longest replayed context an activation accepts (chat messages, no system message). */
+export const MAX_SEED_MESSAGES = 60;
+const MAX_TURNS = 16;
+/**
+ * Longest conversation a boundary may hold, and what the environment accepts as an activation's
+ * trajectory. It covers every loop that makes one tool call per turn: system + seed + MAX_TURNS ×
+ * (assistant + tool result) + final answer = 1 + 60 + 32 + 1 = 94. A policy making several tool
+ * calls per turn can still outgrow it; `runTurnLoop` refuses such a boundary when it is recorded.
+ */
+export const MAX_LOOP_MESSAGES = 128;
+
 /** The loop state a boundary holds. */
 export const LoopStateSchema = z
   .object({
-    messages: z.array(ChatMessageSchema).min(2).max(64),
+    messages: z.array(ChatMessageSchema).min(2).max(MAX_LOOP_MESSAGES),
     /** Set by the final boundary: the activation already has its answer and makes no more calls. */
     answer: z.string().optional(),
   })
@@ -41,7 +52,6 @@ export const CALCULATOR_TOOL = {
 } as const;
 
 const SYSTEM_PROMPT = "You are a careful calculator agent. Use the calculator tool, then answer with the number only.";
-const MAX_TURNS = 16;
 
 export function initialState(task: GymTask): LoopState {
   return {
@@ -91,7 +101,7 @@ export async function runTurnLoop(
   let modelCalls = 0;
   if (start.answer !== undefined) return { answer: start.answer, modelCalls, messages };
   for (let turn = 0; turn < MAX_TURNS; turn++) {
-    await driver.boundary({ messages: messages.map((m) => ({ ...m })) });
+    await driver.boundary(restorable({ messages: messages.map((m) => ({ ...m })) }));
     let reply: ChatMessage;
     for (;;) {
       try {
@@ -109,7 +119,7 @@ export async function runTurnLoop(
       // not make the restored activation call the policy again.
       const answer = (reply.content ?? "").trim();
       const final: ChatMessage[] = [...messages.map((m) => ({ ...m })), { role: "assistant", content: reply.content ?? null }];
-      await driver.boundary({ messages: final, answer });
+      await driver.boundary(restorable({ messages: final, answer }));
       return { answer, modelCalls, messages: final };
     }
     messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });
@@ -119,6 +129,15 @@ export async function runTurnLoop(
     }
   }
   throw new CheckpointError("internal_error", `no final answer after ${MAX_TURNS} turns`);
+}
+
+/**
+ * A boundary is recorded only if a restore would accept it: otherwise the checkpoint would hold a
+ * state its own restore refuses (`invalid_checkpoint_state`) and the rollout would be lost there.
+ */
+function restorable(state: LoopState): LoopState {
+  if (LoopStateSchema.safeParse(state).success) return state;
+  throw new CheckpointError("internal_error", `the turn loop reached a state no restore accepts (${state.messages.length} messages, at most ${MAX_LOOP_MESSAGES})`);
 }
 
 async function callPolicy(endpoints: AgentEndpoints, key: string, task: GymTask, messages: ChatMessage[], signal: AbortSignal): Promise<ChatMessage> {

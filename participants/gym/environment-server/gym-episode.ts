@@ -3,6 +3,7 @@ import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { expectOk, isRefusal, postJson, sessionCookieFrom, trimSlash } from "../agent-server/gym-http.js";
 import type { GymTask, RunReply } from "../agent-server/gym-task.js";
+import { MAX_LOOP_MESSAGES } from "../agent-server/tool-calling-agent.js";
 
 /**
  * The reference environment's episode protocol:
@@ -12,7 +13,7 @@ import type { GymTask, RunReply } from "../agent-server/gym-task.js";
  */
 const VerifyModeSchema = z.enum(["wait", "replay"]);
 /** The agent's conversation as its activation reports it (the episode's trajectory; kept in memory only). */
-const MessagesSchema = z.array(z.record(z.string(), z.unknown())).max(128).optional();
+const MessagesSchema = z.array(z.record(z.string(), z.unknown())).max(MAX_LOOP_MESSAGES).optional();
 export const EnvironmentBoundarySchema = z.discriminatedUnion("next", [
   z.object({ next: z.literal("invoke_agent"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema }).strict(),
   z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema, answer: z.string() }).strict(),

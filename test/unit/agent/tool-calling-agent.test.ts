@@ -1,0 +1,69 @@
+import { afterEach, describe, expect, it, vi } from "vitest";
+import {
+  LoopStateSchema,
+  MAX_LOOP_MESSAGES,
+  MAX_SEED_MESSAGES,
+  runTurnLoop,
+  seededState,
+  type ChatMessage,
+  type LoopDriver,
+  type LoopState,
+} from "../../../participants/gym/agent-server/tool-calling-agent.js";
+import { refusalCode } from "../../support/refusal.js";
+
+afterEach(() => vi.unstubAllGlobals());
+
+/** A policy that makes `rounds` tool rounds of `callsPerRound` calculator calls, then answers "2". */
+function stubPolicy(rounds: number, callsPerRound = 1): void {
+  let policyCalls = 0;
+  vi.stubGlobal("fetch", async (url: string) => {
+    if (String(url).includes("/v1/chat/completions")) {
+      policyCalls += 1;
+      const tool_calls = Array.from({ length: callsPerRound }, (_, i) => ({
+        id: `c${policyCalls}.${i}`,
+        type: "function",
+        function: { name: "calculator", arguments: '{"expression":"1+1"}' },
+      }));
+      const message = policyCalls <= rounds ? { role: "assistant", content: null, tool_calls } : { role: "assistant", content: "2" };
+      return new Response(JSON.stringify({ choices: [{ message }] }), { status: 200 });
+    }
+    return new Response(JSON.stringify({ result: 2 }), { status: 200 });
+  });
+}
+
+function recordingDriver(boundaries: LoopState[]): LoopDriver {
+  return {
+    signal: new AbortController().signal,
+    boundary: async (s) => void boundaries.push(s),
+    model: (c) => c(),
+    tool: (c) => c(),
+    park: async () => undefined,
+  };
+}
+
+const endpoints = { policyUrl: "http://p", resourcesUrl: "http://r", stream: false };
+const longestSeed: ChatMessage[] = Array.from({ length: MAX_SEED_MESSAGES }, (_, i) => ({ role: i % 2 ? "assistant" : "user", content: `m${i}` }));
+
+describe("tool-calling agent turn loop", () => {
+  it("a longest seed with the most tool rounds records only boundaries its own restore accepts", async () => {
+    stubPolicy(8);
+    const boundaries: LoopState[] = [];
+    const result = await runTurnLoop(endpoints, "r1.a1", { expression: "1+1", tool_rounds: 8 }, null, seededState(longestSeed), recordingDriver(boundaries));
+    expect(result.answer).toBe("2");
+    expect(boundaries.map((b) => b.messages.length)).toEqual([61, 63, 65, 67, 69, 71, 73, 75, 77, 78]);
+    for (const b of boundaries) expect(LoopStateSchema.safeParse(b).success).toBe(true);
+  });
+
+  it("a state that outgrows the restore limit fails when recorded, never as a boundary", async () => {
+    // Ten parallel calls per round: 61 + 11 per round passes 128 after the seventh round.
+    stubPolicy(16, 10);
+    const boundaries: LoopState[] = [];
+    const run = runTurnLoop(endpoints, "r1.a1", { expression: "1+1", tool_rounds: 8 }, null, seededState(longestSeed), recordingDriver(boundaries));
+    expect(await refusalCode(run)).toBe("internal_error");
+    expect(boundaries.length).toBeGreaterThan(0);
+    for (const b of boundaries) {
+      expect(b.messages.length).toBeLessThanOrEqual(MAX_LOOP_MESSAGES);
+      expect(LoopStateSchema.safeParse(b).success).toBe(true);
+    }
+  });
+});
