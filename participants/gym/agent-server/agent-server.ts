@@ -29,6 +29,14 @@ const LegacyBoundarySchema = z.discriminatedUnion("next", [
   z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: z.enum(["wait", "replay"]), answer: z.string() }).strict(),
   z.object({ next: z.literal("return"), answer: z.string(), reward: z.number() }).strict(),
 ]);
+type LegacyBoundary = z.infer<typeof LegacyBoundarySchema>;
+
+/** A restored legacy boundary, or `invalid_checkpoint_state` (checked before the restored record is taken). */
+function legacyBoundaryOf(key: string, restored: unknown): LegacyBoundary {
+  const parsed = LegacyBoundarySchema.safeParse(restored);
+  if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${key} is not a legacy agent boundary`);
+  return parsed.data;
+}
 
 export interface AgentAppOptions {
   kind: AgentKind;
@@ -115,9 +123,11 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
     try {
       const body = parse(RunRequestSchema, request.body);
       const episode = { rollout_id: body.rollout_id, attempt: body.attempt };
-      return await kind.runLegacy(episode, body.task, options.episodeTimeoutMs !== undefined ? { timeoutMs: options.episodeTimeoutMs } : {}, (ep) =>
-        runLegacyEpisode(endpoints, ep, body.task),
-      );
+      const begin = {
+        checkBoundary: (boundary: unknown) => void legacyBoundaryOf(captureKey(episode), boundary),
+        ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
+      };
+      return await kind.runLegacy(episode, body.task, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task));
     } catch (error) {
       return sendRefusal(reply, error);
     }
@@ -130,7 +140,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
 async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
   const restored = ep.continuation();
   const continuedFrom = restored ? String(restored.next) : null;
-  let boundary = restored ? LegacyBoundarySchema.parse(restored) : undefined;
+  let boundary = restored ? legacyBoundaryOf(ep.key, restored) : undefined;
   const resources = trimSlash(endpoints.resourcesUrl);
   if (!boundary) {
     const seeded = await ep.step("replay", async (signal) => {

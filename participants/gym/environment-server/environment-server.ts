@@ -1,13 +1,13 @@
 import Fastify, { type FastifyInstance } from "fastify";
 import { z } from "zod";
-import { CheckpointError, TRAJECTORY_HEADER, canonicalDigest, describeZodError } from "../../../protocol/index.js";
+import { CheckpointError, TRAJECTORY_HEADER, canonicalDigest, captureKey, describeZodError } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
 import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
 import { RunRequestSchema } from "../agent-server/gym-task.js";
-import { runGymEpisode, type GymEndpoints } from "./gym-episode.js";
+import { environmentBoundaryOf, runGymEpisode, type GymEndpoints } from "./gym-episode.js";
 
 /**
  * `/run` also takes `replay_idx` with `replay_id`: the task at that index of the served replay
@@ -24,7 +24,8 @@ const EnvironmentRunSchema = RunRequestSchema.extend({
  * The reference environment server: `POST /run {rollout_id, attempt, task}` → seed → agent →
  * verify → `{rollout_id, attempt, reward, answer, continued_from}`. Refusals carry catalog codes:
  * `admission_closed` while a checkpoint is open, `stale_attempt` for retired or conflicting
- * attempts, `invalid_request` for a task that differs from the restored one.
+ * attempts, `invalid_request` for a task that differs from the restored one, `invalid_checkpoint_state`
+ * for a restored boundary that is not an environment boundary (the restored record is kept).
  * With `x-ng-trajectory: 1` the reply also carries `trajectory` (the conversation as a rollout
  * record's message graph, reward, turns); with a replay source, `/replay/next` hands out replayed
  * tasks and `/run {…, replay_idx}` runs one from its seeded context (docs/replay.md).
@@ -83,9 +84,11 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       // A replayed run is a different episode input than its plain task: the restore digest says so,
       // and names the replay task by content (every anchor of one record shares the task).
       const digested = replayed ? { task: body.task, replay_idx: replayed.replay_idx, replay_id: replayed.replay_id } : body.task;
-      const result = await kind.begin(episode, digested, options.episodeTimeoutMs !== undefined ? { timeoutMs: options.episodeTimeoutMs } : {}, (ep) =>
-        runGymEpisode(endpoints, ep, body.task, replayed ? { seed: replayed.seed } : {}),
-      );
+      const begin = {
+        checkBoundary: (boundary: unknown) => void environmentBoundaryOf(captureKey(episode), boundary),
+        ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
+      };
+      const result = await kind.begin(episode, digested, begin, (ep) => runGymEpisode(endpoints, ep, body.task, replayed ? { seed: replayed.seed } : {}));
       const { messages, ...runReply } = result;
       if (request.headers[TRAJECTORY_HEADER] !== "1") return runReply;
       // Opt-in: the episode as a rollout record's message graph (collectors write it as records).

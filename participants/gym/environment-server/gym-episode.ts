@@ -21,6 +21,13 @@ export const EnvironmentBoundarySchema = z.discriminatedUnion("next", [
 ]);
 export type EnvironmentBoundary = z.infer<typeof EnvironmentBoundarySchema>;
 
+/** A restored environment boundary, or `invalid_checkpoint_state` (checked before the restored record is taken). */
+export function environmentBoundaryOf(key: string, restored: unknown): EnvironmentBoundary {
+  const parsed = EnvironmentBoundarySchema.safeParse(restored);
+  if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${key} is not an environment boundary`);
+  return parsed.data;
+}
+
 export interface GymEndpoints {
   agentUrl: string;
   resourcesUrl: string;
@@ -56,12 +63,7 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
   const agent = trimSlash(endpoints.agentUrl);
   const resources = trimSlash(endpoints.resourcesUrl);
   const restored = ep.continuation();
-  let boundary: EnvironmentBoundary | undefined;
-  if (restored) {
-    const parsed = EnvironmentBoundarySchema.safeParse(restored);
-    if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${ep.key} is not an environment boundary`);
-    boundary = parsed.data;
-  }
+  let boundary = restored ? environmentBoundaryOf(ep.key, restored) : undefined;
   const continuedFrom = boundary?.next ?? null;
   // Not part of any boundary: an episode restored past the agent replies without a trajectory.
   let messages: Record<string, unknown>[] | undefined;

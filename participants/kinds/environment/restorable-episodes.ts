@@ -12,6 +12,12 @@ export interface EpisodeSnapshot {
 
 export interface BeginOptions {
   timeoutMs?: number;
+  /**
+   * Checks a restored boundary (throws a catalog refusal, e.g. `invalid_checkpoint_state`) before
+   * the restored record is taken, so a boundary the episode code cannot continue from is refused
+   * without losing the record.
+   */
+  checkBoundary?: (boundary: Boundary) => void;
 }
 
 /**
@@ -45,8 +51,9 @@ export class RestorableEpisodes {
   /**
    * Starts (or continues) an episode. Checks, in order: the retired fence (`stale_attempt`), a
    * conflicting attempt of the same rollout (`stale_attempt`), admission (`admission_closed` when
-   * closed and nothing was restored for this attempt), the restored task digest (`invalid_request`).
-   * All checks run before anything changes, so a refusal loses nothing.
+   * closed and nothing was restored for this attempt), the restored task digest (`invalid_request`),
+   * the restored boundary (`options.checkBoundary`). All checks run before anything changes, so a
+   * refusal loses nothing.
    */
   begin<T>(episode: EpisodeId, task: unknown, options: BeginOptions, fn: (episode: StepEpisode) => Promise<T>): Promise<T> {
     const key = captureKey(episode);
@@ -65,6 +72,7 @@ export class RestorableEpisodes {
     if (restored && restored.task_digest !== taskDigest) {
       throw new CheckpointError("invalid_request", `${key} continues a checkpoint recorded for a different task (digest mismatch)`);
     }
+    if (restored?.boundary && options.checkBoundary) options.checkBoundary(restored.boundary);
     // Taken exactly once; a later attempt also supersedes pending records of earlier attempts.
     for (const [pendingKey, pending] of [...this.pending]) {
       if (pending.episode_id.rollout_id === episode.rollout_id) this.pending.delete(pendingKey);
