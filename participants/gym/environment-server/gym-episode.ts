@@ -33,9 +33,18 @@ export interface GymEndpoints {
   resourcesUrl: string;
 }
 
-/** A replayed task: the context (chat messages, no system) the agent continues from. */
+/**
+ * How long the agent's `close_session` clean-up may take. Its failure is ignored anyway, and an
+ * episode in final clean-up is not interrupted by retire, so a hung agent must not keep it (a
+ * blocker) alive until the episode deadline.
+ */
+export const CLOSE_SESSION_TIMEOUT_MS = 5000;
+
 export interface GymEpisodeOptions {
+  /** A replayed task: the context (chat messages, no system) the agent continues from. */
   seed?: Record<string, unknown>[];
+  /** Overrides CLOSE_SESSION_TIMEOUT_MS (tests). */
+  closeSessionTimeoutMs?: number;
 }
 
 /** The `/run` reply plus the agent's conversation (absent when the agent did not report one). */
@@ -52,11 +61,15 @@ export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, ta
     return await runSteps(endpoints, ep, task, options);
   } catch (error) {
     // A failed episode (deadline, callee error) must not leave an activation running at the agent.
-    if (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt")) {
-      await postJson(`${trimSlash(endpoints.agentUrl)}${rolloutPath(ep.key, "/close_session")}`, {}).catch(() => undefined);
-    }
+    if (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt")) await closeAgentSession(endpoints, ep, options);
     throw error;
   }
+}
+
+/** Best-effort `close_session`: failures and timeouts are ignored. */
+async function closeAgentSession(endpoints: GymEndpoints, ep: StepEpisode, options: GymEpisodeOptions): Promise<void> {
+  const signal = AbortSignal.timeout(options.closeSessionTimeoutMs ?? CLOSE_SESSION_TIMEOUT_MS);
+  await postJson(`${trimSlash(endpoints.agentUrl)}${rolloutPath(ep.key, "/close_session")}`, {}, { signal }).catch(() => undefined);
 }
 
 async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions): Promise<GymEpisodeResult> {
@@ -118,8 +131,8 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
 
   const done = boundary;
   await ep.finishing(async () => {
-    // Final clean-up is never interrupted by retire; failures here do not change the result.
-    await postJson(`${agent}${rolloutPath(ep.key, "/close_session")}`, {}).catch(() => undefined);
+    // Final clean-up is never interrupted by retire (only bounded by its own timeout); failures here do not change the result.
+    await closeAgentSession(endpoints, ep, options);
   });
   const reply = { rollout_id: ep.id.rollout_id, attempt: ep.id.attempt, reward: done.reward, answer: done.answer, continued_from: continuedFrom };
   return messages ? { ...reply, messages } : reply;

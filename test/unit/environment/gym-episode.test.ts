@@ -1,0 +1,40 @@
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
+import { runGymEpisode } from "../../../participants/gym/environment-server/gym-episode.js";
+
+afterEach(() => vi.unstubAllGlobals());
+
+/** Rejects after `ms` so a hang fails the test quickly instead of at the test timeout. */
+function within<T>(ms: number, work: Promise<T>): Promise<T> {
+  return Promise.race([work, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`still pending after ${ms} ms`)), ms))]);
+}
+
+describe("reference environment episode", () => {
+  it("retire during final clean-up ends within the close_session timeout when the agent never answers it", async () => {
+    let closeCalled!: () => void;
+    const closing = new Promise<void>((resolve) => (closeCalled = resolve));
+    vi.stubGlobal("fetch", async (url: string, init: { signal?: AbortSignal }) => {
+      const u = String(url);
+      const json = (body: unknown) => new Response(JSON.stringify(body), { status: 200 });
+      if (u.endsWith("/seed_session")) return json({});
+      if (u.endsWith("/open_session")) return json({ session_key: "r1", restored: false });
+      if (u.endsWith("/activate")) return json({ answer: "2", model_calls: 2, continued: false });
+      if (u.endsWith("/verify")) return json({ reward: 1 });
+      // close_session: a hung agent, answering only the caller's abort.
+      closeCalled();
+      return new Promise<Response>((_, reject) => init.signal?.addEventListener("abort", () => reject(init.signal!.reason)));
+    });
+    const kind = new EnvironmentKind();
+    const episode = { rollout_id: "r1", attempt: 1 };
+    const task = { expression: "1+1", tool_rounds: 1 };
+    const run = kind.begin(episode, task, {}, (ep) =>
+      runGymEpisode({ agentUrl: "http://agent", resourcesUrl: "http://resources" }, ep, task, { closeSessionTimeoutMs: 50 }),
+    );
+    await closing;
+    await within(2000, kind.episodes.retire([episode]));
+    expect(kind.episodes.steps.size).toBe(0);
+    expect(kind.episodes.steps.blockers()).toEqual([]);
+    // Retire waits for the clean-up instead of interrupting it, so the episode still delivers its result.
+    expect(await run).toMatchObject({ reward: 1, answer: "2" });
+  });
+});
