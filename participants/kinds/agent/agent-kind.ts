@@ -138,7 +138,9 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   async retire(episodes: EpisodeId[]): Promise<void> {
     const dropped = await this.sessions.retire(episodes);
     await this.legacy.retire(episodes);
-    for (const key of dropped) await this.hooks.retireAgentSession(key);
+    // A key reopened meanwhile (the next attempt's open_session during these awaits) holds that
+    // attempt's state now: freeing it would lose the new session's state.
+    for (const key of dropped) if (!this.sessions.has(key)) await this.hooks.retireAgentSession(key);
   }
 
   async forget(): Promise<void> {

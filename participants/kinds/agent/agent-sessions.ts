@@ -78,6 +78,10 @@ export class AgentSessions {
     return counts;
   }
 
+  has(key: string): boolean {
+    return this.sessions.has(key);
+  }
+
   stateOf(key: string): SessionState | undefined {
     return this.sessions.get(key)?.state;
   }

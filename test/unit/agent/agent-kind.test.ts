@@ -492,4 +492,22 @@ describe("agent participant", () => {
     await first.call("resume", { checkpoint_id: "c1" });
     await first.kind.retire([ep("T")]);
   });
+  it("a session reopened by the next attempt while a retire is still finishing keeps its state (the retire hook skips it)", async () => {
+    const { kind, hooks, call } = fresh();
+    kind.openSession(ep("r1"));
+    hooks.state.set("r1", { cookie: "attempt0" });
+    // A legacy episode that finishes only when the test says so keeps the retire waiting after the session is dropped.
+    const stop = latch();
+    const legacy = kind.runLegacy(ep("x"), { expression: "1" }, {}, async () => stop.promise);
+    const retire = call("retire", { checkpoint_id: "retire", episode_ids: [ep("r1"), ep("x")] });
+    await waitFor(() => kind.sessions.stateOf("r1") === undefined);
+    kind.openSession(ep("r1", 1));
+    hooks.state.set("r1", { cookie: "attempt1" });
+    stop.open();
+    await legacy;
+    await retire;
+    expect(kind.sessions.stateOf("r1")).toBe("idle");
+    expect(hooks.state.get("r1")).toEqual({ cookie: "attempt1" });
+    expect(hooks.retired).toEqual([]);
+  });
 });
