@@ -27,7 +27,7 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   ) {
     const isRetired = (episode: EpisodeId) => this.context?.isRetired(episode) ?? false;
     const notify = () => this.context?.notifyReadinessChanged();
-    this.sessions = new AgentSessions(isRetired, notify);
+    this.sessions = new AgentSessions(isRetired, notify, clock);
     this.legacy = new RestorableEpisodes(isRetired, notify, clock);
   }
 

@@ -1,4 +1,5 @@
 import { CheckpointError, captureKey, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
+import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "../environment/admission-gate.js";
 import type { Boundary } from "../environment/episode-steps.js";
 
@@ -56,13 +57,17 @@ export interface ExportedSession {
 }
 
 export class AgentSessions {
-  readonly gate = new AdmissionGate();
+  readonly gate: AdmissionGate;
   private readonly sessions = new Map<string, Session>();
 
   constructor(
     private readonly isRetired: (episode: EpisodeId) => boolean,
     private readonly onChange: () => void = () => undefined,
-  ) {}
+    clock: Clock = systemClock,
+  ) {
+    // The clock runs the park retry, so fake-clock tests control it.
+    this.gate = new AdmissionGate(clock);
+  }
 
   get size(): number {
     return this.sessions.size;

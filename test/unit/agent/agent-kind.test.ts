@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
-import { ParticipantControlPlane } from "../../../participants/index.js";
+import { ManualClock, ParticipantControlPlane } from "../../../participants/index.js";
 import { AgentKind, type Activation, type AgentSessionHooks, type RestoredAgentSession } from "../../../participants/kinds/agent/index.js";
 import { refusalCode } from "../../support/refusal.js";
 import { ep } from "../../support/episode.js";
@@ -509,5 +509,24 @@ describe("agent participant", () => {
     expect(kind.sessions.stateOf("r1")).toBe("idle");
     expect(hooks.state.get("r1")).toEqual({ cookie: "attempt1" });
     expect(hooks.retired).toEqual([]);
+  });
+  it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
+    const clock = new ManualClock(1_000_000);
+    const kind = new AgentKind(new CookieHooks(), clock);
+    kind.openSession(ep("pk"));
+    let resumed = false;
+    const run = kind.activate(ep("pk"), async (a) => {
+      await a.boundary(() => ({ turn: 1 }));
+      await a.park(); // the policy refused with admission_closed; ours is still open
+      resumed = true;
+    });
+    await waitFor(() => kind.sessions.stateOf("pk") === "at_boundary");
+    clock.advance(99);
+    await flush();
+    expect(resumed).toBe(false);
+    clock.advance(1);
+    await flush();
+    expect(resumed).toBe(true);
+    await run;
   });
 });
