@@ -149,10 +149,11 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
 
   /** Restored state the controller no longer continues is freed (not fenced: it may start that attempt over). */
   async afterCommit(scope: EpisodeId[] | null): Promise<void> {
-    for (const key of this.sessions.unclaimedOutside(scope)) {
-      this.sessions.drop(key);
-      await this.hooks.retireAgentSession(key);
-    }
+    // All dropped before the first hook's await: none can be claimed (and then freed) meanwhile,
+    // and a key the next attempt reopened while the hooks run keeps that attempt's state.
+    const dropped = this.sessions.unclaimedOutside(scope);
+    for (const key of dropped) this.sessions.drop(key);
+    for (const key of dropped) if (!this.sessions.has(key)) await this.hooks.retireAgentSession(key);
     this.legacy.dropPendingOutside(scope);
   }
 

@@ -492,6 +492,41 @@ describe("agent participant", () => {
     await first.call("resume", { checkpoint_id: "c1" });
     await first.kind.retire([ep("T")]);
   });
+  it("a commit's clean-up drops every unclaimed restored session before its first hook, so one reopened meanwhile keeps its state", async () => {
+    const first = fresh();
+    const policy = new ScriptedPolicy();
+    for (const id of ["k1", "k2"]) {
+      first.kind.openSession(ep(id));
+      first.hooks.state.set(id, { cookie: id });
+      void first.kind.activate(ep(id), turnLoop(policy, { count: 0 })).catch(() => undefined);
+    }
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    await first.call("resume", { checkpoint_id: "c1" });
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("k1"), ep("k2")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    const gate = latch();
+    const retireHook = second.hooks.retireAgentSession.bind(second.hooks);
+    second.hooks.retireAgentSession = async (key: string) => {
+      if (key === "k1") await gate.promise;
+      await retireHook(key);
+    };
+    await second.call("prepare", { checkpoint_id: "c2" });
+    // k1's hook outlives the commit's deadline: the commit answers, and the resume reopens admission
+    // while the clean-up still runs.
+    await second.call("commit", { checkpoint_id: "c2", episode_ids: [], deadline_ts: Date.now() / 1000 + 0.3 });
+    await second.call("resume", { checkpoint_id: "c2" });
+    second.kind.openSession(ep("k2", 2)); // the controller starts k2 over meanwhile
+    second.hooks.state.set("k2", { cookie: "fresh" });
+    gate.open();
+    await waitFor(() => second.hooks.retired.includes("k1"));
+    await flush();
+    expect(second.hooks.retired).toEqual(["k1"]);
+    expect(second.kind.sessions.stateOf("k2")).toBe("idle");
+    expect(second.hooks.state.get("k2")).toEqual({ cookie: "fresh" });
+  });
   it("a session reopened by the next attempt while a retire is still finishing keeps its state (the retire hook skips it)", async () => {
     const { kind, hooks, call } = fresh();
     kind.openSession(ep("r1"));
