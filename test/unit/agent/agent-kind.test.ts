@@ -70,6 +70,25 @@ function fresh() {
   return { kind, hooks, plane, call };
 }
 
+/** `second`, a fresh process, restored checkpoint c1 of `first`'s sessions k1 and k2 (taken at their first boundary) and resumed. */
+async function restoredK1K2() {
+  const first = fresh();
+  const policy = new ScriptedPolicy();
+  for (const id of ["k1", "k2"]) {
+    first.kind.openSession(ep(id));
+    first.hooks.state.set(id, { cookie: id });
+    void first.kind.activate(ep(id), turnLoop(policy, { count: 0 })).catch(() => undefined);
+  }
+  await flush();
+  await first.call("prepare", { checkpoint_id: "c1" });
+  await first.call("commit", { checkpoint_id: "c1" });
+  await first.call("resume", { checkpoint_id: "c1" });
+  const second = fresh();
+  await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("k1"), ep("k2")] });
+  await second.call("resume", { checkpoint_id: "c1" });
+  return { first, second };
+}
+
 const code = (work: () => unknown) => refusalCode(work);
 
 /** A scripted policy: each call waits for the test to answer it. */
@@ -439,21 +458,7 @@ describe("agent participant", () => {
   });
 
   it("a commit fails when the hooks do not export every session; scope clean-up frees unclaimed restored sessions", async () => {
-    const first = fresh();
-    const policy = new ScriptedPolicy();
-    for (const id of ["k1", "k2"]) {
-      first.kind.openSession(ep(id));
-      first.hooks.state.set(id, { cookie: id });
-      void first.kind.activate(ep(id), turnLoop(policy, { count: 0 })).catch(() => undefined);
-    }
-    await flush();
-    await first.call("prepare", { checkpoint_id: "c1" });
-    await first.call("commit", { checkpoint_id: "c1" });
-    await first.call("resume", { checkpoint_id: "c1" });
-
-    const second = fresh();
-    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("k1"), ep("k2")] });
-    await second.call("resume", { checkpoint_id: "c1" });
+    const { first, second } = await restoredK1K2();
     await second.call("prepare", { checkpoint_id: "c2" });
     const commit = await second.call("commit", { checkpoint_id: "c2", episode_ids: [ep("k2", 1)] });
     expect(commit.episode_ids).toEqual(["k2-a1"]);
@@ -493,20 +498,7 @@ describe("agent participant", () => {
     await first.kind.retire([ep("T")]);
   });
   it("a commit's clean-up drops every unclaimed restored session before its first hook, so one reopened meanwhile keeps its state", async () => {
-    const first = fresh();
-    const policy = new ScriptedPolicy();
-    for (const id of ["k1", "k2"]) {
-      first.kind.openSession(ep(id));
-      first.hooks.state.set(id, { cookie: id });
-      void first.kind.activate(ep(id), turnLoop(policy, { count: 0 })).catch(() => undefined);
-    }
-    await flush();
-    await first.call("prepare", { checkpoint_id: "c1" });
-    await first.call("commit", { checkpoint_id: "c1" });
-    await first.call("resume", { checkpoint_id: "c1" });
-    const second = fresh();
-    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("k1"), ep("k2")] });
-    await second.call("resume", { checkpoint_id: "c1" });
+    const { first, second } = await restoredK1K2();
     const gate = latch();
     const retireHook = second.hooks.retireAgentSession.bind(second.hooks);
     second.hooks.retireAgentSession = async (key: string) => {
@@ -526,6 +518,7 @@ describe("agent participant", () => {
     expect(second.hooks.retired).toEqual(["k1"]);
     expect(second.kind.sessions.stateOf("k2")).toBe("idle");
     expect(second.hooks.state.get("k2")).toEqual({ cookie: "fresh" });
+    await first.kind.retire([ep("k1"), ep("k2")]);
   });
   it("a session reopened by the next attempt while a retire is still finishing keeps its state (the retire hook skips it)", async () => {
     const { kind, hooks, call } = fresh();
