@@ -180,6 +180,15 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     const latest = await catalog.latest();
     say(`checkpoint ${latest} published with ${(await readResults(out)).size}/${options.rows} rows done — now SIGKILL the collector and every Gym process`);
     await Promise.all([collector.kill("SIGKILL"), gym.kill("SIGKILL")]);
+    // Released only once every held call's connection is gone: the Gym's leader has exited, but a
+    // killed proxy's sockets may close later on a busy machine, and a release before that streams
+    // the response into the dead proxy's socket buffer, which the backend would count as delivered.
+    await waitFor(
+      async () => (await backendCalls(backendUrl)).slice(heldAfter).every((c) => c.delivered || c.aborted),
+      30_000,
+      undefined,
+      "the killed Gym's held calls to close",
+    );
     await postJson(`${backendUrl}/admin/release`, {});
 
     say("starting the Gym and the collector again: restore, resume, continue");
@@ -305,11 +314,11 @@ function delay(ms: number): Promise<void> {
 }
 
 /** Polls a condition with a bounded budget; fails early if the watched process died. */
-async function waitFor(condition: () => Promise<boolean>, timeoutMs: number, watched: ChildProgram, what: string): Promise<void> {
+async function waitFor(condition: () => Promise<boolean>, timeoutMs: number, watched: ChildProgram | undefined, what: string): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (await condition()) return;
-    if (watched.child.exitCode !== null) throw new Error(`the collector exited (code ${watched.child.exitCode}) while waiting for ${what}`);
+    if (watched && watched.child.exitCode !== null) throw new Error(`the collector exited (code ${watched.child.exitCode}) while waiting for ${what}`);
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
