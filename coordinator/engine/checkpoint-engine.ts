@@ -689,7 +689,8 @@ export class CheckpointEngine {
     // Expected members the registry did not list when the checkpoint opened: never sent anything
     // (they are not members of it, so resume skips them too), reported in their stage instead.
     const members = open.members;
-    const missing = (this.options.expected ?? []).filter((e) => !members.some((m) => m.kind === e.kind && m.instance === e.instance));
+    const present = new Set(members.map((m) => memberKey(m.kind, m.instance)));
+    const missing = (this.options.expected ?? []).filter((e) => !present.has(memberKey(e.kind, e.instance)));
     if (missing.length) this.checkpointLog(id).warn({ missing: missing.map(refName) }, "expected_participants_missing");
     let staged: StagedRun<Outcome<"prepare">>;
     try {
@@ -748,7 +749,8 @@ export class CheckpointEngine {
         this.latestMembers = { id: latest, members: manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance })) };
       }
       const { id: latest, members: latestMembers } = this.latestMembers;
-      const absent = latestMembers.filter((p) => !members.some((m) => m.kind === p.kind && m.instance === p.instance));
+      const present = new Set(members.map((m) => memberKey(m.kind, m.instance)));
+      const absent = latestMembers.filter((p) => !present.has(memberKey(p.kind, p.instance)));
       if (absent.length) this.log.warn({ latest, absent: absent.map(refName) }, "latest_participants_missing");
     } catch (error) {
       this.log.warn({ err: error }, "latest_participants_unread");
