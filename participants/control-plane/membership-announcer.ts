@@ -64,15 +64,13 @@ export class MembershipAnnouncer {
    * replaces) and refuses when another process answers on this participant's status subject.
    */
   async claim(): Promise<void> {
-    this.kv ??= await this.openBucket();
-    const entry = await this.kv.get(this.key);
-    this.revision = entry && entry.operation === "PUT" ? entry.revision : 0;
-    const held = entry && entry.operation === "PUT" ? MemberSchema.safeParse(safeJson(() => entry.json())) : undefined;
-    const other = held?.success ? ` (membership entry: incarnation ${held.data.incarnation}, heartbeat ${new Date(held.data.heartbeat_at * 1000).toISOString()})` : "";
+    const { revision, held } = await this.readEntry();
+    this.revision = revision;
+    const other = held ? ` (membership entry: incarnation ${held.incarnation}, heartbeat ${new Date(held.heartbeat_at * 1000).toISOString()})` : "";
     if (await this.someoneAnswers()) {
       throw new CheckpointError("instance_conflict", `another process already serves ${this.name} in deployment ${this.deployment}${other}; run one process per kind/instance`);
     }
-    if (held?.success) this.logger?.info({ previous_incarnation: held.data.incarnation }, "membership entry of a gone predecessor taken over");
+    if (held) this.logger?.info({ previous_incarnation: held.incarnation }, "membership entry of a gone predecessor taken over");
   }
 
   async start(): Promise<void> {
@@ -107,6 +105,15 @@ export class MembershipAnnouncer {
     }
   }
 
+  /** The registry entry now: its revision (0: none) and the member it announces, if it parses. */
+  private async readEntry(): Promise<{ revision: number; held: Member | undefined }> {
+    this.kv ??= await this.openBucket();
+    const entry = await this.kv.get(this.key);
+    if (!entry || entry.operation !== "PUT") return { revision: 0, held: undefined };
+    const parsed = MemberSchema.safeParse(safeJson(() => entry.json()));
+    return { revision: entry.revision, held: parsed.success ? parsed.data : undefined };
+  }
+
   private openBucket(): Promise<KV> {
     return new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS });
   }
@@ -127,15 +134,13 @@ export class MembershipAnnouncer {
       if (!isWrongRevision(error)) throw error;
       // Our entry expired (a long NATS outage), was deleted, or the bucket was re-created: write it
       // again unless another incarnation holds it now.
-      this.kv ??= await this.openBucket();
-      const entry = await this.kv.get(this.key);
-      const held = entry && entry.operation === "PUT" ? MemberSchema.safeParse(safeJson(() => entry.json())) : undefined;
-      if (held?.success && held.data.incarnation !== this.member.incarnation) {
+      const { revision, held } = await this.readEntry();
+      if (held && held.incarnation !== this.member.incarnation) {
         this.lost = true;
-        this.logger?.error({ code: "instance_conflict", other_incarnation: held.data.incarnation }, "another process took over this kind/instance; no longer announcing");
+        this.logger?.error({ code: "instance_conflict", other_incarnation: held.incarnation }, "another process took over this kind/instance; no longer announcing");
         return;
       }
-      this.revision = entry && entry.operation === "PUT" ? entry.revision : 0;
+      this.revision = revision;
       await this.write();
     }
   }
