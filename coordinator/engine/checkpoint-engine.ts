@@ -398,8 +398,11 @@ export class CheckpointEngine {
     const registered = await this.options.membership.list();
     const known = new Map(registered.map((m) => [memberKey(m.kind, m.instance), m]));
     for (const m of this.open?.members ?? []) known.set(memberKey(m.kind, m.instance), m);
-    const members = [...known.values()].sort((a, b) => (memberKey(a.kind, a.instance) < memberKey(b.kind, b.instance) ? -1 : 1));
-    const outcomes = await this.probeStatuses(members);
+    // Expected members the registry lacks are listed as prepare would report them, not probed:
+    // a process alive without a heartbeat would look fine here yet block the next checkpoint.
+    const missing = this.expectedMissingFrom([...known.values()]);
+    const members = [...known.values()].sort(byMemberKey);
+    const outcomes = [...(await this.probeStatuses(members)), ...missing.map((m) => notRegistered<"status">(m))].sort((a, b) => byMemberKey(a.participant, b.participant));
     return {
       deployment: this.options.deployment,
       coordinator: this.options.leadership.state(),
@@ -689,8 +692,7 @@ export class CheckpointEngine {
     // Expected members the registry did not list when the checkpoint opened: never sent anything
     // (they are not members of it, so resume skips them too), reported in their stage instead.
     const members = open.members;
-    const present = new Set(members.map((m) => memberKey(m.kind, m.instance)));
-    const missing = (this.options.expected ?? []).filter((e) => !present.has(memberKey(e.kind, e.instance)));
+    const missing = this.expectedMissingFrom(members);
     if (missing.length) this.checkpointLog(id).warn({ missing: missing.map(refName) }, "expected_participants_missing");
     let staged: StagedRun<Outcome<"prepare">>;
     try {
@@ -699,7 +701,7 @@ export class CheckpointEngine {
         [...members, ...missing],
         async (m, c) =>
           missing.includes(m)
-            ? { ok: false, participant: m, code: "unreachable", detail: `expected participant ${refName(m)} is not in the membership registry (no heartbeat within ${MEMBER_TTL_MS / 1000} s)` }
+            ? notRegistered<"prepare">(m)
             : this.send(m, "prepare", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
         { spanName: "checkpoint.coordinate.prepare.stage", parent: ctx, proceed: (o) => o.every((x) => x.ok && x.reply.phase === "prepared"), gate: journaled },
       );
@@ -731,6 +733,12 @@ export class CheckpointEngine {
     }
     this.checkpointLog(id).info({ prepared, stopped_at: stoppedAt, blockers: blockers.length }, prepared ? "prepared" : "prepare_incomplete");
     return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
+  }
+
+  /** The expected participants (config `expected_participants`) that `members` lacks. */
+  private expectedMissingFrom(members: readonly ParticipantRef[]): ParticipantRef[] {
+    const present = new Set(members.map((m) => memberKey(m.kind, m.instance)));
+    return (this.options.expected ?? []).filter((e) => !present.has(memberKey(e.kind, e.instance)));
   }
 
   /**
@@ -1271,17 +1279,31 @@ function resumedElsewhere<O extends Op>(member: ParticipantRef): Outcome<O> {
   return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
 }
 
+/** An expected participant the membership registry does not list: never sent anything. */
+function notRegistered<O extends Op>(member: ParticipantRef): Outcome<O> {
+  return {
+    ok: false,
+    participant: member,
+    code: "unreachable",
+    detail: `expected participant ${refName(member)} is not in the membership registry (no heartbeat within ${MEMBER_TTL_MS / 1000} s)`,
+  };
+}
+
+function byMemberKey(a: ParticipantRef, b: ParticipantRef): number {
+  return memberKey(a.kind, a.instance) < memberKey(b.kind, b.instance) ? -1 : 1;
+}
+
 /** A duration rounded to 10 µs. */
 function ms(duration: number): number {
   return Math.round(duration * 100) / 100;
 }
 
-/** What a retried commit must repeat: its scope (as a set) and stop flag. */
 /** A scope's identity: its capture keys, unique and sorted; null (everything) stays null. */
 function scopeKey(scope: EpisodeId[] | null): string | null {
   return scope === null ? null : [...new Set(scope.map(captureKey))].sort().join(",");
 }
 
+/** What a retried commit must repeat: its scope (as a set) and stop flag. */
 function commitArgs(scope: EpisodeId[] | null, stop: boolean): string {
   return canonicalJson([scopeKey(scope), stop]);
 }

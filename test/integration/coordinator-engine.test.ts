@@ -281,6 +281,11 @@ describe("expected_participants: a live participant missing from the membership 
       expect(reply.prepared).toBe(false);
       expect(reply.stopped_at).toEqual(["resources"]);
       expect(reply.blockers).toEqual([{ kind: "resources", instance: "tools", blockers: [], blocker_count: 0, code: "unreachable" }]);
+      // status lists it too, in member order, as prepare reports it (not probed: it is not registered)
+      const listed = (await w.client.status()).participants;
+      expect(listed.map((p) => `${p.kind}/${p.instance}`)).toEqual(["environment/env1", "model/policy", "resources/tools"]);
+      expect(listed[2]).toMatchObject({ reachable: false, phase: null, error: { code: "unreachable" } });
+      expect(listed[2]!.error!.detail).toContain("not in the membership registry");
       await w.client.resume({ checkpoint_id: "exp-2" });
       for (const p of w.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
     } finally {
