@@ -18,6 +18,7 @@ import {
   type CtlReplyOf,
   type CtlRequestOf,
   type EpisodeId,
+  type ErrorCode,
   type Op,
   type ParticipantEntry,
   type ReplyOf,
@@ -62,6 +63,11 @@ interface OpenCheckpoint {
   commit?: CommitResult;
   publish?: CtlReplyOf<"publish">;
   restore?: CtlReplyOf<"restore">;
+  /**
+   * Members of a restored checkpoint found restarted when its resume reached them: the new process
+   * lost the restored state, so the restore is no longer all or nothing (see resumeRestored).
+   */
+  lostRestorers?: Map<string, string>;
   log?: Logger;
 }
 
@@ -106,6 +112,27 @@ export interface CheckpointEngineOptions {
 }
 
 const RESTORE_CLEANUP_MS = 30_000;
+
+/**
+ * Restore refusals a participant gives before installing anything (a refusal changes no state).
+ * Any other failure (a timeout, a deadline the install outlived, an internal error) may have
+ * installed attempt+1, so the restore's clean-up retires it there.
+ */
+const REFUSED_BEFORE_INSTALL: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
+  "unauthorized",
+  "invalid_request",
+  "payload_too_large",
+  "stale_checkpoint",
+  "stale_epoch",
+  "stale_incarnation",
+  "checkpoint_conflict",
+  "invalid_phase",
+  "invalid_checkpoint_state",
+  "stale_attempt",
+  "not_found",
+  "not_participant",
+  "unreachable",
+]);
 
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
@@ -210,6 +237,7 @@ export class CheckpointEngine {
       // A controller abandoning a decided, unpublished checkpoint: withdrawn first (see abortDecided).
       const open = this.open;
       if (open?.id === request.checkpoint_id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
+      if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, this.deadline(request.deadline_ts), ctx);
       return this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx);
     });
   }
@@ -315,16 +343,14 @@ export class CheckpointEngine {
       const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
       if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
-      if (unresumed) {
-        // Only fresh processes can restore it: one still parked in it would refuse, and the
-        // all-or-nothing clean-up would then retire attempt+1 on the live servers.
-        const holders = holdersOf(unresumed.members, await this.probeStatuses(unresumed.members), id);
-        if (holders.length) {
-          throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map((m) => `${m.kind}/${m.instance}`).join(", ")} still hold it parked; resume it before a restore`);
-        }
-      }
       const manifest = await this.options.catalog.get(id);
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
+      // Only fresh processes restore: one still parked in this checkpoint (published and never
+      // resumed, or committed with `stop`) would refuse, and the clean-up would resume it.
+      const holders = holdersOf(members, await this.probeStatuses(members), id);
+      if (holders.length) {
+        throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map(refName).join(", ")} still hold it parked; a restore needs fresh processes: restart them (or resume the checkpoint, or let their lease expire) first`);
+      }
       const dir = this.options.catalog.dirFor(id);
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
       this.assertJournalable(open, "restoring");
@@ -347,9 +373,16 @@ export class CheckpointEngine {
         };
         return open.restore;
       }
-      await this.restoreCleanup(open, deadlineMs, ctx);
+      // A participant's refusal changed nothing there; anywhere else the restore may have installed
+      // attempt+1 (it did, or the outcome is unknown), and only there must it be retired: retiring it
+      // at a process that refused would fence rollouts it runs (a restore sent to live processes).
+      const installedMaybe = outcomes.filter((o) => o.ok || !REFUSED_BEFORE_INSTALL.has(o.code)).map((o) => o.participant);
+      await this.restoreCleanup(open, deadlineMs, ctx, installedMaybe);
       const cause = combinedFailure("restore", failures);
-      throw new CheckpointError("restore_failed", `${cause.message}; attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`, {
+      const retired = installedMaybe.length
+        ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
+        : "every participant refused before installing anything, so nothing was retired";
+      throw new CheckpointError("restore_failed", `${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`, {
         data: cause.data ?? {},
       });
     });
@@ -867,6 +900,36 @@ export class CheckpointEngine {
     return reply;
   }
 
+  /**
+   * The resume of a restored checkpoint. A member that restarted since it restored (the membership
+   * view shows it, or it refuses the resume as another incarnation) lost its restored state while
+   * the others kept theirs: continuing would mix a restored rollout with one started from input.
+   * So the restore's all-or-nothing clean-up runs instead (journaled first, so a successor finishes
+   * it), and the reply is `restore_failed`.
+   */
+  private async resumeRestored(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
+    for (const m of open.members) {
+      const restorer = open.incarnations.get(memberKey(m.kind, m.instance));
+      const restarted = restorer === undefined ? null : this.restartedSince(m, open.id, restorer);
+      if (restarted) (open.lostRestorers ??= new Map()).set(refName(m), restarted);
+    }
+    let resumed: { reply: CtlReplyOf<"resume">; failures: Failure[] } | undefined;
+    if (!open.lostRestorers?.size) resumed = await this.resumeStages(open, deadlineMs, ctx);
+    const lost = open.lostRestorers;
+    if (resumed && !lost?.size) {
+      this.close(open.id);
+      if (resumed.failures.length) throw combinedFailure("resume", resumed.failures);
+      return resumed.reply;
+    }
+    this.checkpointLog(open.id).warn({ lost: [...lost!.keys()] }, "restored_participant_restarted");
+    await this.journal(open, "restoring");
+    await this.restoreCleanup(open, deadlineMs, ctx);
+    throw new CheckpointError(
+      "restore_failed",
+      `${[...lost!.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost!.values()].join("; ")}), so attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`,
+    );
+  }
+
   /** Resume stage by stage in reverse, past failures, which it returns; the checkpoint is closed either way. */
   private async resumeEveryone(id: string, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const open = this.open;
@@ -976,14 +1039,15 @@ export class CheckpointEngine {
   }
 
   /** All-or-nothing restore clean-up: retire attempt+1 everywhere, then resume everyone. */
-  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<void> {
+  /** Retires attempt+1 at `retireAt` (everyone unless known), then resumes everyone. */
+  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, retireAt: readonly ParticipantRef[] = open.members): Promise<void> {
     const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
     const replacements = (open.scope ?? []).map(nextAttempt);
-    if (replacements.length) {
+    if (replacements.length && retireAt.length) {
       const { results } = await runStages(
         RETIRE_STAGES,
-        open.members,
+        [...retireAt],
         (m, c) =>
           this.send(m, "retire", { checkpoint_id: open.id, deadline_ts: cleanupDeadline / 1000, epoch, episode_ids: replacements }, cleanupDeadline, epoch, c),
         { spanName: "checkpoint.coordinate.restore.retire", parent: ctx },
@@ -1066,7 +1130,7 @@ export class CheckpointEngine {
     const restarted = incarnation === undefined ? null : this.restartedSince(member, id!, incarnation);
     if (restarted) {
       this.checkpointLog(id).info({ op, detail: restarted }, "participant_restarted_skipped");
-      if (op === "resume") return resumedElsewhere(member);
+      if (op === "resume") return this.resumedElsewhere(member, restarted);
       return { ok: false, participant: member, code: "unreachable", detail: restarted };
     }
     const body = incarnation === undefined ? request : { ...request, incarnation };
@@ -1075,7 +1139,7 @@ export class CheckpointEngine {
     if (!outcome.ok && outcome.code === "stale_incarnation") {
       // A new process the view did not show yet: it refused, so it holds nothing and stays unfenced.
       this.checkpointLog(id).info({ op, kind: member.kind, instance: member.instance, detail: outcome.detail }, "participant_restarted_refused");
-      if (op === "resume") return resumedElsewhere(member);
+      if (op === "resume") return this.resumedElsewhere(member, outcome.detail);
       return outcome;
     }
     if (outcome.ok && op === "restore") this.recordRestorer(member, id, (outcome.reply as ReplyOf<"restore">).incarnation);
@@ -1083,6 +1147,16 @@ export class CheckpointEngine {
       this.checkpointLog(id).child({ kind: member.kind, instance: member.instance }).warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
     return outcome;
+  }
+
+  /**
+   * A resume that a process started after the checkpoint opened needs not: it holds nothing of it.
+   * Of a restored checkpoint, that process lost what it restored: noted for resumeRestored.
+   */
+  private resumedElsewhere<O extends Op>(member: ParticipantRef, detail: string): Outcome<O> {
+    const open = this.open;
+    if (open?.phase === "restored") (open.lostRestorers ??= new Map()).set(refName(member), detail);
+    return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
   }
 
   /** Keeps `reply` as the answer to a retry of (`id`, `op`) with the same arguments (`null`: any). */
@@ -1274,10 +1348,6 @@ export class CheckpointEngine {
   }
 }
 
-/** A resume that a process started after the checkpoint opened needs not: it holds nothing of it. */
-function resumedElsewhere<O extends Op>(member: ParticipantRef): Outcome<O> {
-  return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
-}
 
 /** An expected participant the membership registry does not list: never sent anything. */
 function notRegistered<O extends Op>(member: ParticipantRef): Outcome<O> {

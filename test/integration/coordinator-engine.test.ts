@@ -251,6 +251,77 @@ describe("coordinator over a real nats-server with participants of all four kind
     await world.client.resume({ checkpoint_id: "base-2" });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
+
+  it("a restore every participant refuses changes nothing: no retire, so the rollouts it restored before keep running", async () => {
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "rr1", attempt: 0 }, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "base-rr" });
+    await world.stopParticipants();
+    await world.startParticipants();
+    const scope = [{ rollout_id: "rr1", attempt: 0 }];
+    await world.client.restore({ checkpoint_id: "base-rr", episode_ids: scope });
+    await world.client.resume({ checkpoint_id: "base-rr" });
+    hookLog.length = 0;
+    // The same restore again, into the processes now running rr1's attempt 1: each refuses (the id
+    // was resumed here); retiring attempt 1 would fence the live continuation everywhere.
+    const error = await refusal(world.client.restore({ checkpoint_id: "base-rr", episode_ids: scope }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).toContain("nothing was retired");
+    expect(hookLog.filter((h) => h.startsWith("retire:"))).toEqual([]);
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.isRetired({ rollout_id: "rr1", attempt: 1 })).toBe(false);
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    }
+  });
+
+  it("restore of a stop checkpoint its participants still hold parked is invalid_phase, and nothing is sent", async () => {
+    await world.client.checkpoint({ checkpoint_id: "stop-held", stop: true });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("committed");
+    const monitor = monitorPhaseMessages(world.pnc, world.deployment);
+    await world.pnc.flush();
+    const error = await refusal(world.client.restore({ checkpoint_id: "stop-held", episode_ids: [] }));
+    monitor.stop();
+    expect(error.code).toBe("invalid_phase");
+    expect(error.message).toContain("still hold it parked");
+    expect(monitor.log.filter((m) => m.op !== "status")).toEqual([]);
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("committed");
+    // as after a real stop, the parked processes go away; fresh ones restore it
+    await world.stopParticipants();
+    await world.startParticipants();
+    await world.client.restore({ checkpoint_id: "stop-held", episode_ids: [] });
+    await world.client.resume({ checkpoint_id: "stop-held" });
+  });
+
+  for (const announce of [true, false]) {
+    it(`a participant restarted between restore and resume (${announce ? "the view shows it" : "it refuses as another incarnation"}): the resume is restore_failed and attempt+1 is retired everywhere`, async () => {
+      const coordinator = world.coordinators[0]!;
+      for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "lost1", attempt: 0 }, { n: 1 });
+      const id = `base-lost-${announce}`;
+      await world.client.checkpoint({ checkpoint_id: id });
+      await world.stopParticipants();
+      await world.startParticipants();
+      const ref = { kind: "environment" as const, instance: "env1" };
+      const old = world.participant("env1");
+      await waitUntil(() => coordinator.members.incarnationOf(ref) === old.handle.controlPlane.incarnation, "the coordinator to see the fresh process", 5000);
+      await world.client.restore({ checkpoint_id: id, episode_ids: [{ rollout_id: "lost1", attempt: 0 }] });
+      // SIGKILL-and-restart, in process: what env1 restored is gone with it
+      await old.handle.stop();
+      world.participants.splice(world.participants.indexOf(old), 1);
+      const [fresh] = await world.startParticipants([ref], { announce });
+      if (announce) await waitUntil(() => coordinator.members.incarnationOf(ref) === fresh!.handle.controlPlane.incarnation, "the coordinator to see the restart", 5000);
+      hookLog.length = 0;
+      const error = await refusal(world.client.resume({ checkpoint_id: id }));
+      expect(error.code).toBe("restore_failed");
+      expect(error.message).toContain("environment/env1");
+      expect(hookLog.filter((h) => h.startsWith("retire:"))).toHaveLength(5);
+      for (const p of world.participants) {
+        expect(p.handle.controlPlane.isRetired({ rollout_id: "lost1", attempt: 1 })).toBe(true);
+        expect(p.handle.controlPlane.currentPhase).toBe("idle");
+        expect(p.adapter.restored.size).toBe(0);
+      }
+      // closed: a retry answers from the closed id, and the next checkpoint opens
+      await world.client.forget({ rollout_ids: ["lost1"] });
+    });
+  }
 });
 
 describe("expected_participants: a live participant missing from the membership registry", () => {
