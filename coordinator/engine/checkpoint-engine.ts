@@ -343,14 +343,16 @@ export class CheckpointEngine {
       const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
       if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
+      if (unresumed) {
+        // Only fresh processes restore it: one still parked in it would refuse, and the clean-up
+        // would resume it, leaving the controller nothing to resume.
+        const holders = holdersOf(unresumed.members, await this.probeStatuses(unresumed.members), id);
+        if (holders.length) {
+          throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map(refName).join(", ")} still hold it parked; resume it before a restore`);
+        }
+      }
       const manifest = await this.options.catalog.get(id);
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
-      // Only fresh processes restore: one still parked in this checkpoint (published and never
-      // resumed, or committed with `stop`) would refuse, and the clean-up would resume it.
-      const holders = holdersOf(members, await this.probeStatuses(members), id);
-      if (holders.length) {
-        throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map(refName).join(", ")} still hold it parked; a restore needs fresh processes: restart them (or resume the checkpoint, or let their lease expire) first`);
-      }
       const dir = this.options.catalog.dirFor(id);
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
       this.assertJournalable(open, "restoring");

@@ -273,22 +273,20 @@ describe("coordinator over a real nats-server with participants of all four kind
     }
   });
 
-  it("restore of a stop checkpoint its participants still hold parked is invalid_phase, and nothing is sent", async () => {
+  it("restore of a stop checkpoint into the processes still parked in it: each refuses, nothing is retired, everyone resumes", async () => {
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "st1", attempt: 0 }, { n: 1 });
     await world.client.checkpoint({ checkpoint_id: "stop-held", stop: true });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("committed");
-    const monitor = monitorPhaseMessages(world.pnc, world.deployment);
-    await world.pnc.flush();
-    const error = await refusal(world.client.restore({ checkpoint_id: "stop-held", episode_ids: [] }));
-    monitor.stop();
-    expect(error.code).toBe("invalid_phase");
-    expect(error.message).toContain("still hold it parked");
-    expect(monitor.log.filter((m) => m.op !== "status")).toEqual([]);
-    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("committed");
-    // as after a real stop, the parked processes go away; fresh ones restore it
-    await world.stopParticipants();
-    await world.startParticipants();
-    await world.client.restore({ checkpoint_id: "stop-held", episode_ids: [] });
-    await world.client.resume({ checkpoint_id: "stop-held" });
+    hookLog.length = 0;
+    const error = await refusal(world.client.restore({ checkpoint_id: "stop-held", episode_ids: [{ rollout_id: "st1", attempt: 0 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).toContain("nothing was retired");
+    expect(hookLog.filter((h) => h.startsWith("retire:"))).toEqual([]);
+    // resumed, so nothing stays parked until its lease expires; the controller restarts st1 from input
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.handle.controlPlane.isRetired({ rollout_id: "st1", attempt: 1 })).toBe(false);
+    }
   });
 
   for (const announce of [true, false]) {
