@@ -64,8 +64,6 @@ export function register(program: Command): void {
   ).action(async (flags: CollectFlags) => {
     await runCli(async () => {
       const env = process.env;
-      const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
-      if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
       // Without a reply to print, --json would be silently ignored.
       if (flags.json) throw new CheckpointError("invalid_request", "--json is not supported by collect: it prints a summary; finished rows are in --out");
       // Every flag and input file is checked before anything is created or connected.
@@ -90,6 +88,9 @@ export function register(program: Command): void {
         assertRolloutEnv(flags.recordsEnv);
         if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
       }
+      // After the flags (a bad one is invalid_request, exit 2, with or without a token), before any file.
+      const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
+      if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
       const outPath = resolve(flags.out);
       await assertAppendable(outPath);
       const rows = await readTaskRows(flags.tasks);

@@ -85,6 +85,31 @@ describe("gym-ckpt collect flags", () => {
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
 
+  it("checks its flags before the token: a bad flag without a token is still invalid_request, exit 2", async () => {
+    const saved = { a: process.env.GYM_CKPT_CONTROLLER_TOKEN, b: process.env.GYM_CKPT_TOKEN };
+    delete process.env.GYM_CKPT_CONTROLLER_TOKEN;
+    delete process.env.GYM_CKPT_TOKEN;
+    try {
+      const program = new Command().exitOverride();
+      register(program);
+      const base = ["collect", "--tasks", join(dir, "tasks.jsonl"), "--out", join(dir, "results.jsonl"), "--checkpoint-dir", join(dir, "ckpt"), "--run-url", "http://127.0.0.1:1/run"];
+      await program.parseAsync([...base, "--concurrency", "0"], { from: "user" });
+      expect(Number(process.exitCode)).toBe(2);
+      expect(stderr).toContain("error invalid_request: --concurrency");
+      process.exitCode = undefined;
+      stderr = "";
+      const again = new Command().exitOverride();
+      register(again);
+      await again.parseAsync(base, { from: "user" });
+      expect(Number(process.exitCode)).toBe(1);
+      expect(stderr).toContain("error unauthorized");
+      expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+    } finally {
+      if (saved.a !== undefined) process.env.GYM_CKPT_CONTROLLER_TOKEN = saved.a;
+      if (saved.b !== undefined) process.env.GYM_CKPT_TOKEN = saved.b;
+    }
+  });
+
   it("refuses --json, which collect cannot honour (invalid_request, exit 2)", async () => {
     expect(await collect("--run-url", "http://127.0.0.1:1/run", "--json")).toBe(2);
     expect(stderr).toContain("error invalid_request: --json");
