@@ -73,10 +73,11 @@ export class RestorableEpisodes {
       throw new CheckpointError("invalid_request", `${key} continues a checkpoint recorded for a different task (digest mismatch)`);
     }
     if (restored?.boundary && options.checkBoundary) options.checkBoundary(restored.boundary);
-    // Taken exactly once; a later attempt also supersedes pending records of earlier attempts.
-    for (const [pendingKey, pending] of [...this.pending]) {
-      if (pending.episode_id.rollout_id === episode.rollout_id) this.pending.delete(pendingKey);
-    }
+    // Taken exactly once, and only its own (protocol §5.3): a record of another attempt stays until
+    // a retire drops it. A later attempt that took it would lose it if a callee then refused that
+    // attempt (the agent's restored session belongs to the record's attempt), and the real
+    // replacement would start from input here while the agent continues.
+    this.pending.delete(key);
     return this.steps.run(
       episode,
       {

@@ -2,7 +2,7 @@ import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { CheckpointError, canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane } from "../../../participants/index.js";
 import { EnvironmentKind, EnvironmentRecordSchema, type StepEpisode } from "../../../participants/kinds/environment/index.js";
 import { refusalCode } from "../../support/refusal.js";
@@ -122,6 +122,37 @@ describe("environment participant", () => {
     expect(await code(() => other.kind.begin(ep("busy", 1), TASK, {}, protocol(hold, [])))).toBe("stale_attempt");
     await other.call("forget", { checkpoint_id: "forget", rollout_ids: ["busy"] });
     await kind.retire([ep("busy")]);
+  });
+
+  it("a later attempt takes no restored record of another attempt: refused downstream, the record is still exported and continued", async () => {
+    const first = fresh();
+    const hold = new Promise<void>(() => undefined);
+    const parked = async (e: StepEpisode) => {
+      await e.boundary({ next: "verify", answer: "42" });
+      return e.step("replay", (signal) => abortable(hold, signal));
+    };
+    void first.kind.begin(ep("r1"), TASK, {}, parked).catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(await code(() => second.kind.begin(ep("r1"), TASK, {}, async () => "from input"))).toBe("stale_attempt");
+    // attempt+2 starts here from input, then its agent refuses it (the restored session is attempt+1's)
+    const refusedDownstream = async () => {
+      throw new CheckpointError("stale_attempt", "session r1 belongs to r1-a1");
+    };
+    expect(await code(() => second.kind.begin(ep("r1", 2), TASK, {}, refusedDownstream))).toBe("stale_attempt");
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1, episodes: 0 });
+    await second.call("prepare", { checkpoint_id: "c2" });
+    expect((await second.call("commit", { checkpoint_id: "c2", episode_ids: [ep("r1", 1)] })).episode_ids).toEqual(["r1-a1"]);
+    await second.call("resume", { checkpoint_id: "c2" });
+    // the real replacement continues from the restored boundary, as the agent does
+    expect(await second.kind.begin(ep("r1", 1), TASK, {}, async (e) => e.continuation())).toEqual({ next: "verify", answer: "42" });
+    expect(second.kind.hasLiveState()).toBe(false);
+    await first.kind.retire([ep("r1")]);
   });
 
   it("an episode finishing while prepared waits at {next:'return'} and delivers only after resume", async () => {
