@@ -444,6 +444,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       const parsed = ModelRecordSchema.safeParse(record);
       if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", "a model record does not match its schema");
       const key = captureKey(record.episode_id);
+      const target = nextAttempt(record.episode_id);
+      if (this.context?.isRetired(target)) throw new CheckpointError("stale_attempt", `${captureKey(target)} is retired; it cannot be restored`);
       if (seen.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two model records for ${key}`);
       seen.add(key);
       for (const cut of record.generation_cuts) {

@@ -96,6 +96,18 @@ describe("restore: import as the next attempt, then retire the sources", () => {
     expect(again.parentCallId).toBe("mc-1");
   });
 
+  it("refuses a record whose next attempt is retired with stale_attempt, before writing anything", async () => {
+    await deliveredCall(f.kind, "rt");
+    await deliveredCall(f.kind, "rt-a1");
+    const before = { source: await fileRows("rt"), target: await fileRows("rt-a1") };
+    f.retired.add("rt#1");
+    const ok: ModelRecord = { episode_id: ep("v1"), rows: [row("v1", "mc-a")], generation_cuts: [] };
+    const retiredTarget: ModelRecord = { episode_id: ep("rt"), rows: [row("rt", "mc-checkpointed")], generation_cuts: [] };
+    await expect(f.kind.install([ok, retiredTarget], {})).rejects.toMatchObject({ code: "stale_attempt" });
+    expect({ source: await fileRows("rt"), target: await fileRows("rt-a1") }).toEqual(before);
+    expect(existsSync(ledgerFile("v1-a1"))).toBe(false);
+  });
+
   it("validates every record before writing anything", async () => {
     const ok: ModelRecord = { episode_id: ep("v1"), rows: [row("v1", "mc-a")], generation_cuts: [] };
     await expect(f.kind.install([ok, { ...ok, rows: [] }], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
