@@ -58,7 +58,7 @@ export const ERROR_CATALOG = {
   },
   stale_attempt: {
     status: 409,
-    meaning: "A data-plane request from a retired attempt, or a session bound to another attempt.",
+    meaning: "A data-plane request from a retired attempt or from an attempt a restore continued as a later one, or a session bound to another attempt; a restore into a retired attempt.",
     solve: "Dispatch the rollout as a newer attempt; the old one is fenced until forget.",
   },
   admission_closed: {

@@ -39,11 +39,11 @@ import { FsCheckpointStorage } from "../storage/fs-storage.js";
 import { WriteGate } from "../storage/write-gate.js";
 import { ATTR, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
 import { AsyncLock } from "./async-lock.js";
+import { AttemptMarks } from "./attempt-marks.js";
 import { systemClock, type Clock } from "./clock.js";
 import { newIncarnation } from "./incarnation.js";
 import type { ParticipantKind } from "./participant-kind.js";
 import { ResumedFence } from "./resumed-fence.js";
-import { RetiredMarks } from "./retired-marks.js";
 
 export interface ControlPlaneOptions<R extends RecordBase> {
   adapter: ParticipantKind<R>;
@@ -105,7 +105,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private readonly lock = new AsyncLock();
   private readonly resumed = new ResumedFence(64);
-  private readonly retired = new RetiredMarks();
+  private readonly retired = new AttemptMarks("was retired");
+  /** Source attempts of the restore installed here: each continues as its next attempt only. */
+  private readonly restoredFrom = new AttemptMarks("was restored here as a later attempt");
   /** Replies per (id, op), with the arguments they answered (a retry must ask the same). */
   private readonly cache = new Map<string, { reply: unknown; args: string }>();
   /**
@@ -139,7 +141,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.pollMs = options.readinessPollMs ?? 1000;
     this.adapter.attach?.({
       notifyReadinessChanged: () => this.notify(),
-      isRetired: (episode) => this.retired.isRetired(episode),
+      isRetired: (episode) => this.isRetired(episode),
     });
     this.unobserve = observeParticipant({
       kind: this.adapter.kind,
@@ -159,13 +161,19 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     return this.activeId;
   }
 
-  /** For data-plane admission: a retired attempt is refused with `stale_attempt` until forget. */
+  /**
+   * For data-plane admission: a retired attempt, or one a restore here continued as a later
+   * attempt, is refused with `stale_attempt` until forget.
+   */
   assertNotRetired(episode: EpisodeId): void {
-    if (this.retired.isRetired(episode)) throw new CheckpointError("stale_attempt", this.retired.describe(episode));
+    for (const marks of [this.retired, this.restoredFrom]) {
+      if (marks.has(episode)) throw new CheckpointError("stale_attempt", marks.describe(episode));
+    }
   }
 
+  /** True for a retired attempt and for one a restore here continued as a later attempt (until forget). */
   isRetired(episode: EpisodeId): boolean {
-    return this.retired.isRetired(episode);
+    return this.retired.has(episode) || this.restoredFrom.has(episode);
   }
 
   /** Dispatches one validated request; the incarnation and epoch fences come before anything else. */
@@ -505,6 +513,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         this.closedAt = undefined;
         throw error;
       }
+      // Every episode in scope continues as its next attempt, never under its old identity (even
+      // where this participant had no record of it): its source attempts are fenced until forget.
+      for (const episode of request.episode_ids) this.restoredFrom.mark(episode);
       this.phase = "restored";
       this.activeId = id;
       this.resumedCommits.delete(id); // its commit reply (if this process made it) is no longer the state here
@@ -575,7 +586,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
       const rollouts = [...new Set(request.rollout_ids)].sort();
       await this.adapter.forget(rollouts);
-      for (const rollout of rollouts) this.retired.forget(rollout);
+      for (const rollout of rollouts) {
+        this.retired.forget(rollout);
+        this.restoredFrom.forget(rollout);
+      }
       return { forgotten: rollouts };
     });
   }

@@ -19,7 +19,11 @@ export interface CloseAdmissionOptions {
 export interface ParticipantContext {
   /** Call whenever readiness may have changed, so a waiting prepare re-checks at once. */
   notifyReadinessChanged(): void;
-  /** True when the attempt was retired and not yet forgotten (data plane answers `stale_attempt`). */
+  /**
+   * True when the attempt was retired, or a restore here continued its rollout as a later attempt
+   * (it never runs again under its old identity), and not yet forgotten: the data plane answers
+   * `stale_attempt`.
+   */
   isRetired(episode: EpisodeId): boolean;
 }
 

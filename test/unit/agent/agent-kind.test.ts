@@ -339,6 +339,28 @@ describe("agent participant", () => {
     await first.kind.retire([ep("r")]);
   });
 
+  it("a restore fences its source attempts: legacy /run and open_session of them are refused, with or without a record here", async () => {
+    const first = fresh();
+    first.kind.openSession(ep("s"));
+    first.hooks.state.set("s", { cookie: "c-s" });
+    void first.kind.activate(ep("s"), turnLoop(new ScriptedPolicy(), { count: 0 })).catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    // "env-only" is in scope but has no agent record: it continues as env-only@1 all the same.
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("s"), ep("env-only")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    const fromInput = async () => "ran from input";
+    expect(await code(() => second.kind.runLegacy(ep("s"), { expression: "1" }, {}, fromInput))).toBe("stale_attempt");
+    expect(await code(() => second.kind.runLegacy(ep("env-only"), { expression: "1" }, {}, fromInput))).toBe("stale_attempt");
+    expect(await code(() => second.kind.openSession(ep("env-only")))).toBe("stale_attempt");
+    expect(second.kind.openSession(ep("env-only", 1))).toEqual({ restored: false });
+    expect(second.kind.openSession(ep("s", 1))).toEqual({ restored: true });
+    await first.call("resume", { checkpoint_id: "c1" });
+    await first.kind.retire([ep("s")]);
+  });
+
   it("restore is validated and all-or-nothing; retire cancels the activation, frees the session and fences the attempt", async () => {
     const first = fresh();
     const policy = new ScriptedPolicy();

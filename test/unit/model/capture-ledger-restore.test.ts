@@ -3,6 +3,7 @@ import { appendFile, mkdir, readFile, readdir, writeFile } from "node:fs/promise
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, ModelKind, type LedgerRow, type ModelRecord } from "../../../participants/kinds/model/index.js";
+import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
 import { CHAT, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 
@@ -106,6 +107,24 @@ describe("restore: import as the next attempt, then retire the sources", () => {
     await expect(f.kind.install([ok, retiredTarget], {})).rejects.toMatchObject({ code: "stale_attempt" });
     expect({ source: await fileRows("rt"), target: await fileRows("rt-a1") }).toEqual(before);
     expect(existsSync(ledgerFile("v1-a1"))).toBe(false);
+  });
+
+  it("a restore through the control plane fences the source attempts: their calls are refused and recreate no ledger", async () => {
+    const record: ModelRecord = { episode_id: ep("src"), rows: [row("src", "mc-1")], generation_cuts: [] };
+    const dir = join(f.dir, "checkpoints");
+    const target = { checkpointDir: join(dir, "c1"), checkpointId: "c1", kind: "model" as const, instance: "model0" };
+    await new FsCheckpointStorage().write(target, [record], { gate: new WriteGate(), createdAt: 1, extra: {} });
+    const plane = new ParticipantControlPlane({ adapter: f.kind, instance: "model0", checkpointRoot: dir });
+    try {
+      const request = { checkpoint_id: "c1", deadline_ts: Date.now() / 1000 + 30, epoch: 1 };
+      await plane.handle("restore", { ...request, checkpoint_dir: target.checkpointDir, episode_ids: [ep("src"), ep("other")] });
+      await plane.handle("resume", request);
+      for (const key of ["src", "other"]) await expect(f.kind.admit(key, CHAT, chat("again"))).rejects.toMatchObject({ code: "stale_attempt" });
+      expect(existsSync(ledgerFile("src"))).toBe(false);
+      expect((await f.kind.admit("src-a1", CHAT, chat("continue"))).parentCallId).toBe("mc-1");
+    } finally {
+      plane.dispose();
+    }
   });
 
   it("validates every record before writing anything", async () => {

@@ -766,6 +766,24 @@ describe("restore", () => {
     expect(await refused(call("restore", { checkpoint_id: "other", checkpoint_dir: dir, episode_ids: [] }))).toBe("invalid_checkpoint_state");
   });
 
+  it("fences the scope's source attempts once installed (even without a record here), until forget; a failed install fences nothing", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 1 }]);
+    const scope = [
+      { rollout_id: "r1", attempt: 1 },
+      { rollout_id: "r2", attempt: 0 },
+    ];
+    kind.failNext("install");
+    await expect(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: scope })).rejects.toThrow(/install/);
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(false);
+    await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: scope });
+    const fenced = (rollout_id: string, attempt: number) => plane.isRetired({ rollout_id, attempt });
+    expect([fenced("r1", 0), fenced("r1", 1), fenced("r1", 2), fenced("r2", 0), fenced("r2", 1), fenced("r3", 0)]).toEqual([true, true, false, true, false, false]);
+    expect(() => plane.assertNotRetired({ rollout_id: "r2", attempt: 0 })).toThrow(/restored here as a later attempt/);
+    expect(plane.status().retired_rollouts).toBe(0);
+    await call("forget", { checkpoint_id: "src", rollout_ids: ["r1"] });
+    expect([fenced("r1", 1), fenced("r2", 0)]).toEqual([false, true]);
+  });
+
   it("re-exports restored episodes whose replacement has not started", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
     await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });

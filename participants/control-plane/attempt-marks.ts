@@ -1,0 +1,37 @@
+import { captureKey, type EpisodeId } from "../../protocol/index.js";
+
+/**
+ * Fenced attempts, per rollout the highest fenced attempt: any attempt at or below the mark is
+ * refused with `stale_attempt`. Marks are lifted only by `forget`. The control plane keeps two
+ * sets: retired attempts (a caller's last request can arrive after the retire on another
+ * connection), and the source attempts of the restore installed here (a restored episode
+ * continues as its next attempt, never under its old identity).
+ */
+export class AttemptMarks {
+  private readonly marks = new Map<string, number>();
+
+  /** `why` completes the refusal text: "<capture key> <why>". */
+  constructor(private readonly why: string) {}
+
+  mark(episode: EpisodeId): void {
+    const current = this.marks.get(episode.rollout_id);
+    if (current === undefined || episode.attempt > current) this.marks.set(episode.rollout_id, episode.attempt);
+  }
+
+  has(episode: EpisodeId): boolean {
+    const mark = this.marks.get(episode.rollout_id);
+    return mark !== undefined && episode.attempt <= mark;
+  }
+
+  forget(rolloutId: string): boolean {
+    return this.marks.delete(rolloutId);
+  }
+
+  get size(): number {
+    return this.marks.size;
+  }
+
+  describe(episode: EpisodeId): string {
+    return `${captureKey(episode)} ${this.why} (attempts <= ${this.marks.get(episode.rollout_id)} are fenced until forget)`;
+  }
+}
