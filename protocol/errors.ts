@@ -118,7 +118,7 @@ export const ERROR_CATALOG = {
   },
   restore_failed: {
     status: 409,
-    meaning: "A participant failed to restore; the replacement attempts were retired everywhere and everyone resumed.",
+    meaning: "A participant failed to restore (or, answering a `resume`, restarted since it restored); the replacement attempts were retired wherever the restore may have installed them and everyone resumed.",
     solve: "Restart the listed rollouts from their input as a later attempt.",
   },
   invalid_coordinates: {

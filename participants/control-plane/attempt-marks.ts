@@ -35,3 +35,8 @@ export class AttemptMarks {
     return `${captureKey(episode)} ${this.why} (attempts <= ${this.marks.get(episode.rollout_id)} are fenced until forget)`;
   }
 }
+
+/** The `stale_attempt` detail of a fenced attempt (the kinds see only that it is fenced, not why). */
+export function fencedAttempt(key: string): string {
+  return `${key} was retired, or a restore here continues it as a later attempt`;
+}

@@ -2,6 +2,7 @@ import { CheckpointError, captureKey, sameEpisode, type EpisodeId } from "../../
 import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "../environment/admission-gate.js";
 import type { Boundary } from "../environment/episode-steps.js";
+import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
 /**
  * Agent sessions parked at boundaries (protocol §7). A session is `idle` between activations,
@@ -118,7 +119,7 @@ export class AgentSessions {
    * (next-attempt) id re-binds a restored session. New sessions are refused while admission is closed.
    */
   openSession(episode: EpisodeId, key: string): { restored: boolean } {
-    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", `${captureKey(episode)} was retired`);
+    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(episode)));
     const existing = this.sessions.get(key);
     if (existing) {
       if (!sameEpisode(existing.episode, episode)) {
@@ -298,7 +299,7 @@ export class AgentSessions {
   }
 
   private requireSession(episode: EpisodeId, key: string): Session {
-    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", `${captureKey(episode)} was retired`);
+    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(episode)));
     const s = this.sessions.get(key);
     if (!s) throw new CheckpointError("invalid_request", `no open session ${key}; call open_session first`);
     if (!sameEpisode(s.episode, episode)) {

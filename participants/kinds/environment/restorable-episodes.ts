@@ -2,6 +2,7 @@ import { CheckpointError, canonicalDigest, captureKey, nextAttempt, type Episode
 import type { Clock } from "../../control-plane/clock.js";
 import { systemClock } from "../../control-plane/clock.js";
 import { EpisodeSteps, type Boundary, type StepEpisode } from "./episode-steps.js";
+import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
 /** One episode as a checkpoint stores it: the source attempt, its task digest and its boundary. */
 export interface EpisodeSnapshot {
@@ -57,7 +58,7 @@ export class RestorableEpisodes {
    */
   begin<T>(episode: EpisodeId, task: unknown, options: BeginOptions, fn: (episode: StepEpisode) => Promise<T>): Promise<T> {
     const key = captureKey(episode);
-    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", `${key} was retired`);
+    if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(key));
     for (const other of this.steps.ofRollout(episode.rollout_id)) {
       throw new CheckpointError("stale_attempt", `${captureKey(other)} of rollout ${episode.rollout_id} is already running here`);
     }

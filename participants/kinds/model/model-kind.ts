@@ -10,6 +10,7 @@ import type { GenerationCutRecord } from "./generation-cut-contract.js";
 import { cutRecordOf, runCutRound, type CutBackend } from "./generation-cut-round.js";
 import type { LedgerRow } from "./ledger-row.js";
 import { ModelRecordSchema, type ModelRecord } from "./model-record.js";
+import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
 export interface ModelKindOptions {
   /** Directory of the capture ledger (persists across process restarts). */
@@ -241,7 +242,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   private refuseIfNotAdmitting(episode: EpisodeId, key: string): void {
-    if (this.context?.isRetired(episode)) throw new CheckpointError("stale_attempt", `${key} was retired`);
+    if (this.context?.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(key));
     for (const which of this.stopping) if (which(episode, key)) throw new CheckpointError("stale_attempt", `${key} was retired`);
     if (!this.admitting) throw new CheckpointError("admission_closed", "a checkpoint is open; retry after it resumes");
   }

@@ -12,6 +12,7 @@ import type { JsonValue } from "./json-value.js";
 import type { CheckpointMode, CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 import { ResourcesSessionRecordSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
+import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
 /** How a request relates to the session lifecycle. */
 export type RequestRole = "seed" | "verify" | "close" | "other";
@@ -365,7 +366,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   /** The retirement fences; `/close_session` passes (a caller closes a session only once). */
   private refuseRetired(request: { episode: EpisodeId; sessionId: string | undefined; role: RequestRole }): void {
     if (request.role === "close") return;
-    if (this.context?.isRetired(request.episode)) throw new CheckpointError("stale_attempt", `${captureKey(request.episode)} was retired`);
+    if (this.context?.isRetired(request.episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(request.episode)));
     if (request.sessionId !== undefined && request.role !== "seed" && this.retiredSessionRollout.has(request.sessionId)) {
       throw new CheckpointError("stale_attempt", `session of ${request.episode.rollout_id} was retired`);
     }

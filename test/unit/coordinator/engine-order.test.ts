@@ -337,14 +337,21 @@ describe("engine ordering", () => {
     expect(resumeTo("m1").at(-1)?.body.incarnation).toBe("second");
 
     // A restart after the restore (the view shows a process that neither the view at open nor the
-    // restore reply named) is skipped and counted as resumed.
+    // restore reply named) is skipped: it lost what it restored, so the resume runs the restore's
+    // clean-up (attempt+1 retired everywhere, everyone resumed) and answers restore_failed.
     fake.restorers.set("model.m1", "third");
     await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     incarnations.set("model.m1", "fourth");
     const before = resumeTo("m1").length;
-    const resumed = await engine.resume({ checkpoint_id: "base" });
-    expect(resumed.participants.find((p) => p.instance === "m1")).toMatchObject({ idempotent: true });
-    expect(resumeTo("m1")).toHaveLength(before);
+    fake.calls.length = 0;
+    const error = await refusal(engine.resume({ checkpoint_id: "base" }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).toContain("model/m1");
+    expect(fake.ops("retire").map((c) => c.body.episode_ids)).toEqual(Array(5).fill([{ rollout_id: "r1", attempt: 1 }]));
+    expect(fake.ops("resume").filter((c) => c.instance !== "m1")).toHaveLength(4);
+    expect(resumeTo("m1")).toHaveLength(0); // the new process never restored: nothing to resume there
+    expect(before).toBeGreaterThan(0);
+    expect(engine.openCheckpoint).toBeNull();
   });
 
   it("a stale_incarnation refusal (a restart the view did not show yet): commit fails with that code, resume counts it as resumed", async () => {
@@ -427,7 +434,8 @@ describe("all-or-nothing restore", () => {
     const { engine, fake, clock, journal } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
     fake.calls.length = 0;
-    fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" });
+    // An install that outlived its deadline may still have installed attempt+1: retired there too.
+    fake.set("model", "m1", "restore", { error: "deadline_exceeded" });
     const deadline = (clock.now() + 2000) / 1000;
     const error = await refusal(engine.restore({ checkpoint_id: "base", deadline_ts: deadline, episode_ids: [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r2", attempt: 2 }] }));
     expect(error.code).toBe("restore_failed");
@@ -449,6 +457,18 @@ describe("all-or-nothing restore", () => {
     expect(Math.max(...restores.map((c) => c.seq))).toBeLessThan(Math.min(...retires.map((c) => c.seq)));
     expect(engine.openCheckpoint).toBeNull();
     await journalEmptied(journal);
+  });
+
+  it("on a refusal, attempt+1 is retired everywhere except at the participant that refused (it installed nothing)", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    fake.calls.length = 0;
+    fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" });
+    const error = await refusal(engine.restore({ checkpoint_id: "base", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(fake.ops("retire").map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "environment/e1", "resources/r1"]);
+    expect(fake.ops("resume")).toHaveLength(5);
+    expect(engine.openCheckpoint).toBeNull();
   });
 
   it("a successful restore leaves everyone restored until resume; retire must name it", async () => {
