@@ -915,20 +915,22 @@ export class CheckpointEngine {
       const restarted = restorer === undefined ? null : this.restartedSince(m, open.id, restorer);
       if (restarted) (open.lostRestorers ??= new Map()).set(refName(m), restarted);
     }
-    let resumed: { reply: CtlReplyOf<"resume">; failures: Failure[] } | undefined;
-    if (!open.lostRestorers?.size) resumed = await this.resumeStages(open, deadlineMs, ctx);
-    const lost = open.lostRestorers;
-    if (resumed && !lost?.size) {
-      this.close(open.id);
-      if (resumed.failures.length) throw combinedFailure("resume", resumed.failures);
-      return resumed.reply;
+    if (!open.lostRestorers) {
+      // None known yet; the resume itself may still meet one the view does not show (resumedElsewhere).
+      const { reply, failures } = await this.resumeStages(open, deadlineMs, ctx);
+      if (!open.lostRestorers) {
+        this.close(open.id);
+        if (failures.length) throw combinedFailure("resume", failures);
+        return reply;
+      }
     }
-    this.checkpointLog(open.id).warn({ lost: [...lost!.keys()] }, "restored_participant_restarted");
+    const lost: Map<string, string> = open.lostRestorers;
+    this.checkpointLog(open.id).warn({ lost: [...lost.keys()] }, "restored_participant_restarted");
     await this.journal(open, "restoring");
     await this.restoreCleanup(open, deadlineMs, ctx);
     throw new CheckpointError(
       "restore_failed",
-      `${[...lost!.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost!.values()].join("; ")}), so attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`,
+      `${[...lost.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost.values()].join("; ")}), so attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`,
     );
   }
 
@@ -1040,8 +1042,7 @@ export class CheckpointEngine {
     }
   }
 
-  /** All-or-nothing restore clean-up: retire attempt+1 everywhere, then resume everyone. */
-  /** Retires attempt+1 at `retireAt` (everyone unless known), then resumes everyone. */
+  /** All-or-nothing restore clean-up: retire attempt+1 at `retireAt` (default everyone), then resume everyone. */
   private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, retireAt: readonly ParticipantRef[] = open.members): Promise<void> {
     const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
@@ -1349,7 +1350,6 @@ export class CheckpointEngine {
     };
   }
 }
-
 
 /** An expected participant the membership registry does not list: never sent anything. */
 function notRegistered<O extends Op>(member: ParticipantRef): Outcome<O> {
