@@ -1,5 +1,6 @@
 import type { ServerResponse } from "node:http";
 import { toCheckpointError } from "../../protocol/index.js";
+import { countRefusal } from "../telemetry/instruments.js";
 
 /** A small JSON answer with its length (ledger API, health, refusals). */
 export function json(res: ServerResponse, status: number, body: unknown): void {
@@ -8,8 +9,12 @@ export function json(res: ServerResponse, status: number, body: unknown): void {
   res.end(payload);
 }
 
-/** A refusal body with its documented code; `status` overrides the code's own (502 for upstream failures). */
+/**
+ * A refusal body with its documented code; `status` overrides the code's own (502 for upstream
+ * failures). Counted in `gym_ckpt.refusals` as the model participant's, like every data-plane refusal.
+ */
 export function refuse(res: ServerResponse, error: unknown, status?: number): void {
   const refusal = toCheckpointError(error);
+  countRefusal(error, "model");
   json(res, status ?? refusal.status, refusal.toReply());
 }

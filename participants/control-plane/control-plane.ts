@@ -37,7 +37,7 @@ import {
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import { FsCheckpointStorage } from "../storage/fs-storage.js";
 import { WriteGate } from "../storage/write-gate.js";
-import { ATTR, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
+import { ATTR, countRefusal, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
 import { AsyncLock } from "./async-lock.js";
 import { AttemptMarks } from "./attempt-marks.js";
 import { systemClock, type Clock } from "./clock.js";
@@ -199,7 +199,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       } catch (error) {
         const code = error instanceof CheckpointError ? error.code : "internal_error";
         instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
-        instruments.refusals.add(1, { code, kind: this.adapter.kind });
+        countRefusal(error, this.adapter.kind);
         // Inside the op's span, so the line carries its trace_id / span_id.
         this.logger?.warn({ op, checkpoint_id: phaseRequest.checkpoint_id, code, err: error }, "control operation refused");
         throw error;

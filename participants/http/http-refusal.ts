@@ -1,8 +1,14 @@
 import type { FastifyReply } from "fastify";
-import { toCheckpointError } from "../../protocol/index.js";
+import { toCheckpointError, type Kind } from "../../protocol/index.js";
+import { countRefusal } from "../telemetry/instruments.js";
 
-/** Answers a data-plane refusal with its catalog status and the standard error body. */
-export function sendRefusal(reply: FastifyReply, error: unknown): FastifyReply {
+/**
+ * Answers a data-plane refusal with its catalog status and the standard error body, and counts it
+ * in `gym_ckpt.refusals` under the participant kind that answers (null: the server is no
+ * participant, like the reference policy backend, and counts nothing).
+ */
+export function sendRefusal(reply: FastifyReply, error: unknown, kind: Kind | null): FastifyReply {
   const refusal = toCheckpointError(error);
+  if (kind !== null) countRefusal(error, kind);
   return reply.code(refusal.status).type("application/json").send(refusal.toReply());
 }

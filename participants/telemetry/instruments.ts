@@ -11,7 +11,7 @@ import {
   type Tracer,
   type TracerProvider,
 } from "@opentelemetry/api";
-import { CheckpointError, DURATION_BUCKETS_S } from "../../protocol/index.js";
+import { CheckpointError, DURATION_BUCKETS_S, toCheckpointError } from "../../protocol/index.js";
 
 /**
  * Participant-side telemetry through @opentelemetry/api only; the daemons wire the SDK
@@ -114,6 +114,20 @@ function createInstruments() {
 export function participantInstruments() {
   instruments ??= createInstruments();
   return instruments;
+}
+
+const countedRefusals = new WeakSet<object>();
+
+/**
+ * Counts one refusal a participant answered (`gym_ckpt.refusals`, by catalog code and kind), on its
+ * control plane or its HTTP data plane. An error object counts once, whichever layers answer it.
+ */
+export function countRefusal(error: unknown, kind: string): void {
+  if (typeof error === "object" && error !== null) {
+    if (countedRefusals.has(error)) return;
+    countedRefusals.add(error);
+  }
+  participantInstruments().refusals.add(1, { code: toCheckpointError(error).code, kind });
 }
 
 /** Runs `fn` inside a span; errors mark the span (status ERROR and their catalog code). */

@@ -11,7 +11,7 @@ export class VerifierError extends CheckpointError {
   }
 }
 
-/** Answers catalog refusals; anything else is left to fastify's error handler. */
+/** Answers catalog refusals (verifiers are resources servers); anything else is left to fastify's error handler. */
 export function sendVerifierRefusal(reply: FastifyReply, error: unknown): FastifyReply | undefined {
-  return error instanceof CheckpointError ? sendRefusal(reply, error) : undefined;
+  return error instanceof CheckpointError ? sendRefusal(reply, error, "resources") : undefined;
 }

@@ -62,7 +62,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
   const { kind, state, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
   // Malformed JSON and the like arrive here; they are the caller's fault.
-  installRefusalHandlers(app, "agent server");
+  installRefusalHandlers(app, "agent server", kind.kind);
 
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.sessions.states(), cookies: state.sessions.size }));
@@ -75,7 +75,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       if (!opened.restored) state.set(episode.rollout_id, { cookie: body.cookie ?? state.get(episode.rollout_id)?.cookie ?? null });
       return { session_key: episode.rollout_id, restored: opened.restored };
     } catch (error) {
-      return sendRefusal(reply, error);
+      return sendRefusal(reply, error, kind.kind);
     }
   });
 
@@ -104,7 +104,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       });
       return result;
     } catch (error) {
-      return sendRefusal(reply, error);
+      return sendRefusal(reply, error, kind.kind);
     }
   });
 
@@ -115,7 +115,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       await kind.closeSession(episode);
       return {};
     } catch (error) {
-      return sendRefusal(reply, error);
+      return sendRefusal(reply, error, kind.kind);
     }
   });
 
@@ -129,7 +129,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       };
       return await kind.runLegacy(episode, body.task, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task));
     } catch (error) {
-      return sendRefusal(reply, error);
+      return sendRefusal(reply, error, kind.kind);
     }
   });
 

@@ -41,7 +41,7 @@ export interface EnvironmentAppOptions {
 export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyInstance {
   const { kind, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
-  installRefusalHandlers(app, "environment server");
+  installRefusalHandlers(app, "environment server", kind.kind);
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));
   const replay = options.replay;
@@ -51,7 +51,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       try {
         await replay.reload();
       } catch (error) {
-        return sendRefusal(reply, error);
+        return sendRefusal(reply, error, kind.kind);
       }
       return { tasks: replay.size, num_tasks: replay.size, config: replay.config, stats: replay.stats };
     });
@@ -107,7 +107,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       });
       return { ...runReply, trajectory };
     } catch (error) {
-      return sendRefusal(reply, error);
+      return sendRefusal(reply, error, kind.kind);
     }
   });
   return app;

@@ -58,7 +58,7 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
   const delay = options.tokenDelayMs ?? 0;
   const receipts = new Map<string, GenerationCutReceipt>();
 
-  installRefusalHandlers(app, "policy backend");
+  installRefusalHandlers(app, "policy backend", null);
 
   app.get("/health", async () => ({ ok: true }));
   app.get("/v1/models", async () => ({ object: "list", data: [{ id: "policy", object: "model", created: 0, owned_by: "gym-ckpt" }] }));

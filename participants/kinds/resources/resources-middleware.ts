@@ -119,7 +119,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       else reply.raw.once("close", releaseIfUnread);
     } catch (error) {
       reply.raw.off("close", onClose);
-      return sendRefusal(reply, error);
+      return sendRefusal(reply, error, kind.kind);
     }
   });
 

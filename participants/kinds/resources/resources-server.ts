@@ -66,7 +66,7 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     logger: false,
     bodyLimit: options.bodyLimit ?? 1024 * 1024,
     // A path that does not decode (e.g. `/ng-rollout/%E0/…`) is refused by the router before any hook.
-    frameworkErrors: (error, _request, reply) => sendRefusal(reply, new CheckpointError("invalid_request", error.message)),
+    frameworkErrors: (error, _request, reply) => sendRefusal(reply, new CheckpointError("invalid_request", error.message), kind.kind),
   });
   // Callers often POST an empty body (close_session); treat it as {}.
   app.removeContentTypeParser("application/json");
@@ -82,7 +82,7 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     if (jsonNestsDeeperThan(parsed)) return done(new CheckpointError("invalid_request", `the body nests more than ${MAX_JSON_DEPTH} levels deep`), undefined);
     done(null, parsed);
   });
-  installRefusalHandlers(app, "resources server", options.logger);
+  installRefusalHandlers(app, "resources server", kind.kind, options.logger);
   const sessions = installResourcesCheckpointing(app, kind);
   await app.register(async (scope) => server.routes(scope, sessions), { prefix: "/ng-rollout/:capture_key" });
   return { app, kind, sessions };

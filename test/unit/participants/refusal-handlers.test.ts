@@ -6,7 +6,7 @@ import { installRefusalHandlers } from "../../../participants/http/refusal-handl
 
 function app() {
   const server = Fastify({ logger: false, bodyLimit: 64 });
-  installRefusalHandlers(server, "test server");
+  installRefusalHandlers(server, "test server", null);
   server.post("/echo", async (request) => request.body);
   server.get("/refuse", async () => {
     throw new CheckpointError("admission_closed", "a checkpoint is open");

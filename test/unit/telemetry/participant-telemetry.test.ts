@@ -6,11 +6,19 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader, type ResourceMetrics } from "@opentelemetry/sdk-metrics";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from "@opentelemetry/sdk-trace-base";
+import Fastify from "fastify";
+import type { AddressInfo } from "node:net";
 import { headers as natsHeaders, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
 import { ATTR, useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
+import { createAttachProxy } from "../../../participants/attach/attach-proxy.js";
+import { parseUpstream } from "../../../participants/attach/upstream-url.js";
+import { installRefusalHandlers } from "../../../participants/http/refusal-handlers.js";
+import { ModelKind } from "../../../participants/kinds/model/index.js";
+import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
+import { CalculatorServer } from "../../../participants/gym/resources-server/calculator-server.js";
 import { traceLogFields } from "../../../participants/telemetry/log-correlation.js";
 import { extractTraceContext } from "../../../participants/telemetry/nats-propagation.js";
 import { HEADER_AUTHORIZATION, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
@@ -259,6 +267,67 @@ describe("participant metrics", () => {
       expect(state.value).toBe(1);
     } finally {
       plane.dispose();
+    }
+  });
+});
+
+describe("data-plane refusals", () => {
+  /** The cumulative count of one (code, kind) series so far. */
+  async function refusals(code: string, kind: string): Promise<number> {
+    const metric = (await collect()).get("gym_ckpt.refusals");
+    const point = metric?.dataPoints.find((p) => p.attributes.code === code && p.attributes.kind === kind);
+    return (point?.value as number | undefined) ?? 0;
+  }
+
+  it("the model proxy counts a generation call without the rollout prefix (rollout_id_required)", async () => {
+    const kind = new ModelKind({ ledgerDir: join(root, "ledger-refusals"), cutBackend: null });
+    // Refused before any upstream is contacted: nothing listens there.
+    const proxy = createAttachProxy({ upstream: parseUpstream("http://127.0.0.1:9/v1"), kind, controlToken: "t" });
+    await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+    try {
+      const before = await refusals("rollout_id_required", "model");
+      const res = await fetch(`http://127.0.0.1:${(proxy.address() as AddressInfo).port}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+      });
+      expect(res.status).toBe(400);
+      expect(await res.json()).toMatchObject({ error: { code: "rollout_id_required" } });
+      expect(await refusals("rollout_id_required", "model")).toBe(before + 1);
+    } finally {
+      proxy.closeAllConnections();
+      await new Promise((resolve) => proxy.close(resolve));
+      await kind.close();
+    }
+  });
+
+  it("a resources server counts its middleware's and its error handler's refusals", async () => {
+    const { app } = await createResourcesApp(new CalculatorServer());
+    try {
+      const before = await refusals("rollout_id_required", "resources");
+      const beforeMissing = await refusals("not_found", "resources");
+      expect((await app.inject({ method: "POST", url: "/seed_session", payload: {} })).json()).toMatchObject({ error: { code: "rollout_id_required" } });
+      expect((await app.inject({ method: "GET", url: "/nowhere" })).statusCode).toBe(404);
+      expect(await refusals("rollout_id_required", "resources")).toBe(before + 1);
+      expect(await refusals("not_found", "resources")).toBe(beforeMissing + 1);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it("a refusal the control plane counted and an HTTP layer answers again counts once", async () => {
+    const kind = new ScriptableKind("agent");
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "agent-once", checkpointRoot: root });
+    const app = Fastify({ logger: false });
+    installRefusalHandlers(app, "test server", "agent");
+    app.post("/commit", async () => call(plane, "commit", { checkpoint_id: "once-c1" }));
+    try {
+      const before = await refusals("invalid_phase", "agent");
+      expect((await app.inject({ method: "POST", url: "/commit" })).json()).toMatchObject({ error: { code: "invalid_phase" } });
+      expect(await refusals("invalid_phase", "agent")).toBe(before + 1);
+    } finally {
+      plane.dispose();
+      await app.close();
     }
   });
 });
