@@ -4,6 +4,7 @@ import { CheckpointError } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { exportCheckpointSeeds } from "./checkpoint-seeds.js";
 import { ReplayError } from "./errors.js";
+import { assertWritableOut } from "./out-file.js";
 import { readTaskFile } from "./task-file.js";
 
 /**
@@ -13,7 +14,8 @@ import { readTaskFile } from "./task-file.js";
  *     --tasks: a task file (collect's `{id, task}` lines or bare tasks) to attach original tasks.
  * Prints a one-line JSON summary on stdout; --help prints the usage. Exit codes, like gym-ckpt's:
  * 2 on usage errors and `invalid_request` (a missing or malformed --tasks file, a directory that is
- * not a published checkpoint), 1 on any other refusal (`<code>: <detail>` on stderr).
+ * not a published checkpoint, an --out whose directory does not exist or that is not a regular
+ * file), 1 on any other refusal (`<code>: <detail>` on stderr).
  */
 const USAGE = "usage: main.js seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]\n";
 
@@ -38,10 +40,13 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(USAGE);
     return 2;
   }
+  const out = path.resolve(values.out);
+  await assertWritableOut(out);
   const tasks = values.tasks ? await readTaskFile(values.tasks) : undefined;
   const exported = await exportCheckpointSeeds(path.resolve(values.checkpoint), tasks ? { tasks } : {});
-  await writeFileAtomic(path.resolve(values.out), exported.seeds.map((s) => `${JSON.stringify(s)}\n`).join(""));
-  process.stdout.write(`${JSON.stringify({ checkpoint_id: exported.checkpointId, seeds: exported.seeds.length, skipped: exported.skipped, out: path.resolve(values.out) })}\n`);
+  // Checked above, and never created here: a directory removed meanwhile fails the write.
+  await writeFileAtomic(out, exported.seeds.map((s) => `${JSON.stringify(s)}\n`).join(""), { createParents: false });
+  process.stdout.write(`${JSON.stringify({ checkpoint_id: exported.checkpointId, seeds: exported.seeds.length, skipped: exported.skipped, out })}\n`);
   return 0;
 }
 

@@ -31,10 +31,14 @@ export function parentsOfCreated(dir: string, first: string | undefined): string
  * Publishes `data` at `target` atomically: a dot-named temp file in the same directory (no glob
  * matches it, and the rename stays on one filesystem), write, fsync, rename, then fsync the
  * directory so the rename itself survives a crash. Readers see the old file or the new one.
+ * Missing parent directories are created, unless `createParents` is false (a path a user typed:
+ * a mistyped directory must fail, ENOENT, rather than appear).
  */
-export async function writeFileAtomic(target: string, data: string | Uint8Array, options: { mode?: number } = {}): Promise<void> {
+export async function writeFileAtomic(target: string, data: string | Uint8Array, options: { mode?: number; createParents?: boolean } = {}): Promise<void> {
   const dir = dirname(target);
-  for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
+  if (options.createParents !== false) {
+    for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
+  }
   const temp = join(dir, `.${basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
   try {
     // Exclusive: never written through a file or symlink planted under the temp name.

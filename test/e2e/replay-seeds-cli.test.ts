@@ -1,4 +1,5 @@
 import { execFile, execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -9,7 +10,8 @@ import { ensureBuilt } from "./coordinator-process.js";
 
 /**
  * The seeds exporter's refusals (built binary): each names its catalog code on stderr, and the exit
- * code follows gym-ckpt's: 2 for usage errors and invalid_request, 1 for any other refusal.
+ * code follows gym-ckpt's: 2 for usage errors and invalid_request (a mistyped --out directory too,
+ * as for collect), 1 for any other refusal.
  */
 const REPLAY_MAIN = fileURLToPath(new URL("../../dist/participants/replay/main.js", import.meta.url));
 const run = promisify(execFile);
@@ -40,6 +42,13 @@ describe("replay seeds (built binary)", () => {
     expect(malformed).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: .*tasks\.jsonl:1: not JSON\n$/) });
     const notCheckpoint = await seeds(["--checkpoint", dir]);
     expect(notCheckpoint).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: .*not a published checkpoint/) });
+  });
+
+  it("refuses an --out in a directory that does not exist with invalid_request, exit 2, and creates no directory", async () => {
+    const out = join(dir, "nonexist", "s.jsonl");
+    const refused = await seeds(["--checkpoint", dir, "--out", out]);
+    expect(refused).toEqual({ code: 2, stderr: `replay: invalid_request: --out: directory ${join(dir, "nonexist")} does not exist\n` });
+    expect(existsSync(join(dir, "nonexist"))).toBe(false);
   });
 
   it("refuses a checkpoint.json that is a FIFO with invalid_checkpoint_state, exit 1, without blocking", async () => {
