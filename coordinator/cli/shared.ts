@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { CheckpointError, EpisodeIdSchema, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -97,14 +97,17 @@ export function metricsPortFlag(value: string | undefined): { metricsPort?: numb
   return value === undefined ? {} : { metricsPort: integerFlag("metrics-port", value, 0, 65535) };
 }
 
-/** Exit codes: 0 ok, 1 a refusal (code printed), 2 bad usage or configuration. */
-export async function runCli(fn: () => Promise<void>): Promise<void> {
+/**
+ * Exit codes: 0 ok, 1 a refusal (code printed), 2 bad usage or configuration: `invalid_request`,
+ * and the codes a command counts as configuration errors too (`configCodes`).
+ */
+export async function runCli(fn: () => Promise<void>, configCodes: readonly ErrorCode[] = []): Promise<void> {
   try {
     await fn();
   } catch (error) {
     if (error instanceof CheckpointError) {
       process.stderr.write(`error ${error.code}: ${error.message}\n`);
-      process.exitCode = error.code === "invalid_request" ? 2 : 1;
+      process.exitCode = error.code === "invalid_request" || configCodes.includes(error.code) ? 2 : 1;
       return;
     }
     process.stderr.write(`error internal_error: ${error instanceof Error ? error.message : String(error)}\n`);

@@ -1,5 +1,5 @@
 import { parseArgs } from "node:util";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { connect, errors, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
@@ -141,9 +141,17 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     nc = await connect({ ...natsSettings(config.nats), name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
   } catch (error) {
     // A supervisor restarts us; it needs one readable line, not a stack trace (credentials redacted).
-    process.stderr.write(`${name}: cannot connect to NATS at ${redactNatsServers(config.nats)}: ${error instanceof Error ? error.message : String(error)}\n`);
+    // Credentials NATS refuses are configuration, which a restart cannot fix: exit 2, as for a bad flag.
+    const where = `NATS at ${redactNatsServers(config.nats)}`;
+    const message = error instanceof Error ? error.message : String(error);
+    const rejected = error instanceof errors.AuthorizationError || error instanceof errors.UserAuthenticationExpiredError;
+    process.stderr.write(
+      rejected
+        ? `${name}: unauthorized: ${where} refused the connection's credentials (${message}); set GYM_CKPT_NATS_USER and GYM_CKPT_NATS_PASS, or GYM_CKPT_NATS_TOKEN\n`
+        : `${name}: cannot connect to ${where}: ${message}\n`,
+    );
     await telemetry.shutdown();
-    process.exit(1);
+    process.exit(rejected ? 2 : 1);
   }
   const shutdown: (() => Promise<void> | void)[] = [];
   let stopping = false;

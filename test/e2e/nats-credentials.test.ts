@@ -1,6 +1,8 @@
+import { execFile } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { natsServers, natsSettings } from "../../protocol/index.js";
 import { NatsServerProcess } from "../../coordinator/local/nats-server-process.js";
@@ -70,5 +72,22 @@ describe("NATS credentials from the environment", () => {
     expect(refused.code).toBe(1);
     // A catalog code, not internal_error ("report a bug"): NATS refused the credentials.
     expect(refused.stderr).toMatch(/^error unauthorized: NATS at \S+ refused the connection's credentials \(.*authorization/i);
+  });
+
+  it("credentials NATS refuses at start-up are configuration: the coordinator and a participant exit 2 with one line", async () => {
+    const wrong = { GYM_CKPT_NATS_USER: CREDENTIALS.GYM_CKPT_NATS_USER, GYM_CKPT_NATS_PASS: "wrong-pass", GYM_CKPT_TOKEN: TOKEN };
+    // --metrics-port as in the systemd unit: its server must not keep the refused daemon alive.
+    const daemon = await cli(["coordinator", "--deployment", "authdep", "--nats-url", server.url, "--checkpoint-root", root, "--no-http", "--metrics-port", "0"], wrong);
+    expect(daemon.code).toBe(2);
+    expect(daemon.stderr).toMatch(/^error unauthorized: NATS at nats:\/\/127\.0\.0\.1:\d+ refused the connection's credentials \([^\n]*authorization[^\n]*\); set GYM_CKPT_NATS_USER and GYM_CKPT_NATS_PASS, or GYM_CKPT_NATS_TOKEN\n$/i);
+    const participant = await promisify(execFile)(process.execPath, ["dist/participants/gym/resources-server/main.js", "--nats", server.url, "--deployment", "authdep", "--metrics-port", "0"], {
+      env: { ...process.env, ...wrong },
+      timeout: 30_000,
+    }).then(
+      () => ({ code: 0, stderr: "" }),
+      (error: { code?: number; stderr?: string }) => ({ code: error.code, stderr: error.stderr }),
+    );
+    expect(participant.code).toBe(2);
+    expect(participant.stderr).toMatch(/^resources-server: unauthorized: NATS at nats:\/\/127\.0\.0\.1:\d+ refused the connection's credentials \([^\n]*authorization[^\n]*\);[^\n]*\n$/i);
   });
 });

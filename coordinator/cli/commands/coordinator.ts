@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { loadConfig, redactConfig, splitList } from "../../config/config-loader.js";
-import { startCoordinator } from "../../daemon/coordinator-daemon.js";
+import { startCoordinator, type CoordinatorHandle } from "../../daemon/coordinator-daemon.js";
 import { newCoordinatorId } from "../../daemon/coordinator-id.js";
 import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
@@ -79,6 +79,9 @@ export function register(program: Command): void {
     .option("--otlp-endpoint <url>", "OTLP/HTTP endpoint for traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)")
     .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port (env OTEL_EXPORTER_PROMETHEUS_PORT)")
     .action(async (flags: Flags, command: Command) => {
+      // Credentials NATS refuses at start-up (`unauthorized`, the daemon's only source of it) are
+      // configuration, like invalid_request: exit 2, which the systemd unit does not restart
+      // (RestartPreventExitStatus=2), rather than exit 1 and a restart every 2 s for ever.
       await runCli(async () => {
         const metricsPort = metricsPortFlag(flags.metricsPort);
         const httpSource = command.getOptionValueSource("http");
@@ -118,7 +121,14 @@ export function register(program: Command): void {
         if (telemetry.metricsUrl) process.stdout.write(`metrics ${telemetry.metricsUrl}\n`);
         const logger = createLogger(config.log_level);
         const hooks = testHooks();
-        const handle = await startCoordinator({ config: { ...config, coordinator_id: coordinatorId }, logger, ...(hooks && { hooks }) });
+        let handle: CoordinatorHandle;
+        try {
+          handle = await startCoordinator({ config: { ...config, coordinator_id: coordinatorId }, logger, ...(hooks && { hooks }) });
+        } catch (error) {
+          // Its metrics server would keep the process alive after the refusal is printed.
+          await telemetry.shutdown().catch(() => undefined);
+          throw error;
+        }
         observeLeadership(() => handle.lease.state());
         if (handle.httpUrl) process.stdout.write(`http ${handle.httpUrl}\n`);
         const lostConnection = await new Promise<boolean>((resolve) => {
@@ -135,6 +145,6 @@ export function register(program: Command): void {
         }
         await handle.stop();
         await telemetry.shutdown();
-      });
+      }, ["unauthorized"]);
     });
 }

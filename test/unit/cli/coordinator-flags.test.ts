@@ -1,7 +1,8 @@
 import { Command } from "commander";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { register } from "../../../coordinator/cli/commands/coordinator.js";
-import { integerFlag } from "../../../coordinator/cli/shared.js";
+import { integerFlag, runCli } from "../../../coordinator/cli/shared.js";
+import { CheckpointError } from "../../../protocol/index.js";
 
 /** `gym-ckpt coordinator --print-config` in process: numeric flags are decimal integers, checked before the daemon starts. */
 let stdout: string;
@@ -52,5 +53,19 @@ describe("gym-ckpt coordinator numeric flags", () => {
   it("integerFlag, shared by every command's integer flags, is decimal-only too", () => {
     expect(integerFlag("leader-wait-ms", "250", 0)).toBe(250);
     for (const value of ["0x10", "1e3", "0b1", "", "+"]) expect(() => integerFlag("leader-wait-ms", value, 0)).toThrow(expect.objectContaining({ code: "invalid_request" }));
+  });
+});
+
+describe("runCli exit codes", () => {
+  const refuse = (code: "unauthorized" | "invalid_request" | "not_leader") => async () => {
+    throw new CheckpointError(code, "refused");
+  };
+  it("exits 2 for invalid_request and for the codes a command counts as configuration, 1 for other refusals", async () => {
+    const exit = async (run: Promise<void>) => (await run, Number(process.exitCode ?? 0));
+    expect(await exit(runCli(refuse("unauthorized")))).toBe(1);
+    expect(await exit(runCli(refuse("invalid_request")))).toBe(2);
+    expect(await exit(runCli(refuse("unauthorized"), ["unauthorized"]))).toBe(2);
+    expect(await exit(runCli(refuse("not_leader"), ["unauthorized"]))).toBe(1);
+    expect(stderr).toBe("error unauthorized: refused\nerror invalid_request: refused\nerror unauthorized: refused\nerror not_leader: refused\n");
   });
 });
