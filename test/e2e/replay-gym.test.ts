@@ -7,15 +7,18 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { IndexHeaderSchema, ReplayTaskSource, TraceRecordSchema, exportCheckpointSeeds, gymSourceEnvironment } from "../../participants/replay/index.js";
-import { CONTROLLER_TOKEN, TASK, startGymWorld, type GymWorld } from "../support/gym-processes.js";
+import { DEFAULT_RECHECK_PROMPT } from "../../participants/replay/replay-config.js";
+import { CONTROLLER_TOKEN, GYM_TOKEN, TASK, startGymWorld, type GymWorld } from "../support/gym-processes.js";
+import { spawnServer } from "./model-processes.js";
 
 /**
  * Replay wired into the reference Gym, all real processes: `gym-ckpt collect --records-dir` writes
  * rollout records from the environment's `/run` trajectories while a follow-mode replay source on
  * the same glob picks up each new step; the environment server (started with --replay-config on
  * that directory) serves the replayed tasks and runs them from their seeded context; a published
- * checkpoint's parked episode is exported as a `continue` seed. The tests run in order: the
- * served-replay test uses the records the collection test wrote.
+ * checkpoint's parked episode is exported as a `continue` seed; a second environment server serves
+ * the same records in `recheck` mode. The tests run in order: the served-replay and recheck tests
+ * use the records the collection test wrote.
  */
 const CLI = fileURLToPath(new URL("../../dist/coordinator/cli/main.js", import.meta.url));
 const REPLAY_MAIN = fileURLToPath(new URL("../../dist/participants/replay/main.js", import.meta.url));
@@ -191,5 +194,46 @@ describe("replay on the reference Gym", () => {
       await world.backend.release();
     }
     expect((await running).body).toMatchObject({ reward: 1, answer: "42" });
+  }, 60_000);
+
+  // Last: its extra environment participant would otherwise take part in the checkpoint above.
+  it("a recheck replay of a correct collected rollout runs through the reference Gym and scores it again", async () => {
+    await world.backend.reset();
+    await writeFile(join(recordsDir, "recheck.json"), JSON.stringify({ records: GLOB, source: { id: "reference-gym" }, mode: "recheck" }));
+    const recheck = await spawnServer("environment-recheck", "dist/participants/gym/environment-server/main.js", [
+      ...["--nats", world.nats.server.url, "--deployment", world.deployment, "--instance", "environment-recheck", "--token", GYM_TOKEN, "--port", "0"],
+      ...["--checkpoint-root", world.root, "--agent-url", world.gym.urls.agent!, "--resources-url", world.gym.urls.resources!],
+      ...["--replay-config", join(recordsDir, "recheck.json")],
+    ]);
+    try {
+      const next = (await (await fetch(`${recheck.url}/replay/next`, { method: "POST" })).json()) as any;
+      expect(next).toMatchObject({ done: false, replay_idx: 0, task: { expression: expressionOf(0), tool_rounds: 1 }, lineage: { mode: "recheck" } });
+      expect(next.name).toMatch(/^recheck:[0-9a-f]{8}$/);
+      // The finished attempt (it answered correctly, reward 1) plus the "check your work" turn.
+      expect(next.seed.map((m: any) => m.role)).toEqual(["user", "assistant", "tool", "assistant", "user"]);
+      expect(next.seed.at(-1).content).toBe(DEFAULT_RECHECK_PROMPT);
+
+      const response = await fetch(`${recheck.url}/run`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-ng-trajectory": "1" },
+        body: JSON.stringify({ rollout_id: "recheck-0", attempt: 0, task: next.task, replay_idx: next.replay_idx, replay_id: next.replay_id }),
+      });
+      const reply = (await response.json()) as any;
+      expect(response.status).toBe(200);
+      // The policy redid the task's calculation (not the recheck sentence) and answered again.
+      expect(reply).toMatchObject({ rollout_id: "recheck-0", reward: 1, answer: "20" });
+      expect(reply.trajectory.task_name).toBe(next.name);
+      expect(reply.trajectory.nodes.map((n: any) => [n.message.role, n.sampled])).toEqual([
+        ["system", false],
+        ...next.seed.map((m: any) => [m.role, false]),
+        ["assistant", true],
+        ["tool", false],
+        ["assistant", true],
+      ]);
+      const calls = (await world.backend.calls()).filter((c) => c.capture_key === "recheck-0");
+      expect(calls.map((c) => c.message_count)).toEqual([6, 8]);
+    } finally {
+      await recheck.kill("SIGTERM");
+    }
   }, 60_000);
 });

@@ -3,8 +3,11 @@ import { z } from "zod";
 /**
  * The reference backend's deterministic "policy". With tools, and fewer `tool` messages after the
  * last user message than `metadata.tool_rounds` (default "1"), it calls `tools[0]` with
- * `{"expression": <text after the last "Compute:">}`; otherwise it answers with the `result` of the
- * last tool message (or that message's raw content, or "ok" when there is none).
+ * `{"expression": <text after the last "Compute:">}` of the latest user message that has one (the
+ * whole last user message when none has); otherwise it answers with the `result` of the last tool
+ * message (or that message's raw content, or "ok" when there is none). So a later user turn without
+ * `Compute:` (a replay recheck's "check your work above") redoes the task's calculation and answers
+ * again, rather than handing the calculator that sentence.
  * `metadata.answer_tokens: "N"` appends N filler tokens to a final answer (benchmarks).
  * As a judge (a user message with `Reference answer:` and then `Candidate answer:` lines, the
  * equivalence verifier's prompt) it answers YES when the two answers (each to its end, over several
@@ -57,10 +60,7 @@ export function decide(request: ChatRequest): PolicyReply {
   const rounds = Number.parseInt(request.metadata?.tool_rounds ?? "1", 10);
   const tool = request.tools?.[0];
   if (tool && toolMessages.length < (Number.isFinite(rounds) ? rounds : 1)) {
-    const userText = lastUser >= 0 ? text(messages[lastUser]!.content) : "";
-    const at = userText.lastIndexOf("Compute:");
-    const expression = (at >= 0 ? userText.slice(at + "Compute:".length) : userText).trim();
-    const args = JSON.stringify({ expression });
+    const args = JSON.stringify({ expression: taskExpression(messages, lastUser) });
     return { type: "tool_call", name: tool.function.name, arguments: args, tokens: tokenize(args) };
   }
   let answer = "ok";
@@ -80,6 +80,17 @@ export function decide(request: ChatRequest): PolicyReply {
   const limit = Number.isFinite(filler) ? Math.min(Math.max(filler, 0), 100_000) : 0;
   for (let i = 0; i < limit; i++) tokens.push(" tok");
   return { type: "answer", content: tokens.join(""), tokens };
+}
+
+/** The text after the last `Compute:` of the latest user message up to `lastUser` that has one. */
+function taskExpression(messages: ChatRequest["messages"], lastUser: number): string {
+  for (let i = lastUser; i >= 0; i--) {
+    if (messages[i]!.role !== "user") continue;
+    const userText = text(messages[i]!.content);
+    const at = userText.lastIndexOf("Compute:");
+    if (at >= 0) return userText.slice(at + "Compute:".length).trim();
+  }
+  return lastUser >= 0 ? text(messages[lastUser]!.content).trim() : "";
 }
 
 /**
