@@ -27,7 +27,11 @@ export interface NatsControllerApiOptions {
  * The controller API on NATS: request/reply on `controllerSubject(deployment, op)`, one subject per
  * op, bearer token in the Authorization header. Only the ready leader serves it (the daemon starts
  * and stops this API with leadership), so a controller that sees no responders knows no coordinator
- * is active yet; the queue group keeps a hand-over overlap from answering twice.
+ * is active yet. No queue group: a leader that froze (a stalled VM, a blocked event loop) keeps its
+ * subscriptions at the server until its connection times out, and a group would keep sending it a
+ * share of the requests, which would time out although a ready successor serves. With plain
+ * subscriptions both get each request; the successor answers, and a frozen leader that wakes finds
+ * its lease expired and refuses (its late reply is dropped by the requester, who took the first).
  */
 export class NatsControllerApi {
   private readonly subs: Subscription[] = [];
@@ -39,10 +43,11 @@ export class NatsControllerApi {
     return this.subs.length > 0;
   }
 
-  start(): void {
+  /** Subscribes, and resolves once the server has the subscriptions (so "ready" means served). */
+  async start(): Promise<void> {
     if (this.subs.length) return;
     for (const op of CONTROLLER_OP_NAMES) {
-      const sub = this.options.nc.subscribe(controllerSubject(this.options.deployment, op), { queue: "gym-ckpt-coordinator" });
+      const sub = this.options.nc.subscribe(controllerSubject(this.options.deployment, op));
       this.subs.push(sub);
       void (async () => {
         for await (const msg of sub) {
@@ -53,6 +58,9 @@ export class NatsControllerApi {
         }
       })();
     }
+    // A request published before the server processed the SUBs would reach only whoever else still
+    // subscribes (a frozen predecessor) and time out; the flush's round trip orders them first.
+    await this.options.nc.flush();
   }
 
   private async answer(op: ControllerOp, msg: Msg): Promise<void> {

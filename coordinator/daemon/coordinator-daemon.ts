@@ -102,7 +102,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
           if (stopped || !state.leader || state.epoch !== epoch) return;
         }
       }
-      natsApi.start();
+      await natsApi.start();
       readyResolve();
     },
     onLost: () => {

@@ -91,3 +91,32 @@ describe("a coordinator process killed with SIGKILL mid-checkpoint", () => {
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
 });
+
+describe("a hung (SIGSTOPped) leader", () => {
+  it("does not take controller requests from the ready successor: every one is answered", async () => {
+    // the spawned daemon must be the leader: earlier tests' successors go first
+    for (const c of world.coordinators.splice(0)) await c.stop();
+    const daemon = spawnDaemon(daemonArgs(world, ["--no-http", "--coordinator-id", "hung-leader", "--log-level", "info"]));
+    daemons.push(daemon);
+    const nc = await world.nats.connect();
+    const client = new NatsControllerClient({ nc, deployment: world.deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 30_000, timeoutMs: 2000 });
+    try {
+      await client.status();
+      // Frozen, not dead: its NATS connection and subscriptions stay registered at the server.
+      daemon.child.kill("SIGSTOP");
+      const successor = await world.startCoordinator({ coordinator_id: "successor-hung", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+      await successor.whenReady();
+      // A queue group shared with the frozen process would send it about half of these (each then
+      // timing out as outcome_unknown); a plain subscription each means the live leader answers all.
+      const answered = await Promise.allSettled(Array.from({ length: 8 }, () => client.list()));
+      expect(answered.map((a) => (a.status === "rejected" ? String(a.reason) : a.status))).toEqual(Array(8).fill("fulfilled"));
+      daemon.child.kill("SIGCONT");
+      await successor.stop();
+      world.coordinators.splice(world.coordinators.indexOf(successor), 1);
+    } finally {
+      daemon.child.kill("SIGCONT");
+      await daemon.kill();
+      await nc.close();
+    }
+  });
+});

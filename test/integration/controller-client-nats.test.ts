@@ -61,7 +61,7 @@ describe("NATS controller client", () => {
   it("the coordinator's NATS API reads the Authorization header in any case, as the HTTP API does", async () => {
     const engine = { list: async () => ({ latest: null, checkpoints: [] }) } as unknown as CheckpointEngine;
     const api = new NatsControllerApi({ nc: nats.nc, deployment: "anycase", token: "ctl-token", engine });
-    api.start();
+    await api.start();
     await nats.nc.flush();
     try {
       const ask = async (name: string, value: string) => {

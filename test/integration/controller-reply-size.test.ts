@@ -26,7 +26,7 @@ describe("NATS controller API reply size", () => {
   it("answers commit and get of 6,800 UUID rollouts held by four participants (1.06 MB in full) with lists left out", async () => {
     const { engine, fake } = makeEngine(root, { members: FOUR });
     const api = new NatsControllerApi({ nc: nats.nc, deployment: "unit", token: "ctl", engine });
-    api.start();
+    await api.start();
     const client = new NatsControllerClient({ nc: await nats.connect(), deployment: "unit", token: "ctl" });
     try {
       const scope = uuidScope(6800);
