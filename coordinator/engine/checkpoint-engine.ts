@@ -362,31 +362,7 @@ export class CheckpointEngine {
       // Leadership lost during the write dropped the open state: do not put back a stale restore.
       this.options.leadership.assert(epoch);
       this.open = open;
-      const outcomes = await runAll(members, (m) =>
-        this.send(m, "restore", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: dir, episode_ids: request.episode_ids }, deadlineMs, epoch, ctx),
-      );
-      const failures = failuresOf(outcomes);
-      if (failures.length === 0) {
-        open.phase = "restored";
-        await this.journal(open, "restored");
-        open.restore = {
-          checkpoint_id: id,
-          participants: outcomes.map((o) => ({ kind: o.participant.kind, instance: o.participant.instance, restored: o.ok ? o.reply.restored : [] })),
-        };
-        return open.restore;
-      }
-      // A participant's refusal changed nothing there; anywhere else the restore may have installed
-      // attempt+1 (it did, or the outcome is unknown), and only there must it be retired: retiring it
-      // at a process that refused would fence rollouts it runs (a restore sent to live processes).
-      const installedMaybe = outcomes.filter((o) => o.ok || !REFUSED_BEFORE_INSTALL.has(o.code)).map((o) => o.participant);
-      await this.restoreCleanup(open, deadlineMs, ctx, installedMaybe);
-      const cause = combinedFailure("restore", failures);
-      const retired = installedMaybe.length
-        ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
-        : "every participant refused before installing anything, so nothing was retired";
-      throw new CheckpointError("restore_failed", `${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`, {
-        data: cause.data ?? {},
-      });
+      return this.driveRestore(open, deadlineMs, ctx);
     });
   }
 
@@ -485,8 +461,9 @@ export class CheckpointEngine {
   /**
    * Completes what a previous leader journaled (presumed abort): a decided commit is re-driven and,
    * for the convenience op, published and resumed; a published checkpoint is resumed here only if
-   * the convenience op published it (see recoverPublished); anything else is resumed (a failed or interrupted restore first retires
-   * attempt+1 everywhere). Runs once leadership is ready, before any controller op.
+   * the convenience op published it (see recoverPublished); a restore is sent again (driveRestore:
+   * restored everywhere, or cleaned up all or nothing); anything else is resumed. Runs once
+   * leadership is ready, before any controller op.
    *
    * Controller ops are served only once it resolves. One entry that fails is logged and stays
    * journaled (the controller can still resume it); but if the journal or the membership cannot be
@@ -608,13 +585,20 @@ export class CheckpointEngine {
         await this.finishRecovered(open, deadlineMs, log);
         return "committed_published_resumed";
       }
-      case "restored":
-        open.phase = "restored";
-        return "restored";
       case "restoring":
-        log.info({ state: entry.state }, "recovery_restore_cleanup");
-        await this.restoreCleanup(open, deadlineMs, undefined);
-        return "retired_resumed";
+      case "restored": {
+        // Re-driven like a decided commit: its controller saw outcome_unknown, and a retry with the
+        // same id and scope gets the reply (a clean-up here would fence the id everywhere instead).
+        log.info({ state: entry.state }, "recovery_redrive_restore");
+        try {
+          if (await this.driveRestore(open, deadlineMs, undefined, entry.state)) return "restored";
+        } catch (error) {
+          if (!(error instanceof CheckpointError && error.code === "restore_failed")) throw error;
+          log.warn({ err: error }, "recovery_restore_failed");
+          return "retired_resumed";
+        }
+        return this.open === open ? "restored_partly_resumed" : "restored_resumed_closed";
+      }
       case "open":
       case "published":
         if (entry.state === "published" && this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
@@ -1040,6 +1024,64 @@ export class CheckpointEngine {
     } catch (error) {
       this.log.warn({ checkpoint_id: id, err: error }, "abort_resume_incomplete");
     }
+  }
+
+  /**
+   * Sends `open`'s restore (its id, directory and scope; this leader's epoch) to every member and
+   * settles it all or nothing: every member restored → journaled `restored`, and the reply kept in
+   * `open.restore` for a retry; otherwise attempt+1 is retired where it may have been installed,
+   * everyone resumes, and it throws `restore_failed`. Recovery re-drives a predecessor's restore
+   * (`journaled`: its entry's state) through here: a member that restored it already answers from
+   * its reply cache (kept per id, directory and scope, whatever the epoch and deadline), one that
+   * never got it installs it now.
+   */
+  private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"restore">>;
+  private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled: "restoring" | "restored"): Promise<CtlReplyOf<"restore"> | undefined>;
+  private async driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled?: "restoring" | "restored"): Promise<CtlReplyOf<"restore"> | undefined> {
+    const { id, epoch } = open;
+    const request = { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: open.dir ?? this.options.catalog.dirFor(id), episode_ids: open.scope ?? [] };
+    const outcomes = await runAll(open.members, (m) => this.send(m, "restore", request, deadlineMs, epoch, ctx));
+    // Journaled `restored`, every member had restored it: one refusing it as already resumed took
+    // part and was resumed since (its controller's resume, cut short by the crash, or its lease).
+    const resumed = journaled === "restored" ? outcomes.filter((o) => !o.ok && o.code === "stale_checkpoint") : [];
+    const failures = failuresOf(outcomes).filter((f) => !resumed.includes(f));
+    if (failures.length === 0) {
+      // Resumed everywhere: its entry outlived the close. Nothing is left to do.
+      if (resumed.length && resumed.length === outcomes.length) {
+        this.close(id);
+        return undefined;
+      }
+      open.phase = "restored";
+      await this.journal(open, "restored");
+      // Partly resumed: there is no whole reply to give again; the controller's resume finishes it.
+      if (resumed.length) return undefined;
+      open.restore = {
+        checkpoint_id: id,
+        participants: outcomes.map((o) => ({ kind: o.participant.kind, instance: o.participant.instance, restored: o.ok ? o.reply.restored : [] })),
+      };
+      return open.restore;
+    }
+    // A participant's refusal changed nothing there; anywhere else the restore may have installed
+    // attempt+1 (it did, or the outcome is unknown), and only there must it be retired: retiring it
+    // at a process that refused would fence rollouts it runs (a restore sent to live processes).
+    // A predecessor's restore may have installed it before: journaled `restored`, it did at every
+    // member; journaled `restoring`, a member refusing as already resumed may have installed it and
+    // resumed by its lease since.
+    const installedMaybe =
+      journaled === "restored"
+        ? open.members
+        : outcomes.filter((o) => o.ok || !REFUSED_BEFORE_INSTALL.has(o.code) || (journaled === "restoring" && o.code === "stale_checkpoint")).map((o) => o.participant);
+    // Journaled `restoring` first, so a successor finishing this clean-up does not take the members
+    // already resumed by it for ones its controller resumed (as resumeRestored does).
+    if (journaled === "restored") await this.journal(open, "restoring");
+    await this.restoreCleanup(open, deadlineMs, ctx, installedMaybe);
+    const cause = combinedFailure("restore", failures);
+    const retired = installedMaybe.length
+      ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
+      : "every participant refused before installing anything, so nothing was retired";
+    throw new CheckpointError("restore_failed", `${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`, {
+      data: cause.data ?? {},
+    });
   }
 
   /** All-or-nothing restore clean-up: retire attempt+1 at `retireAt` (default everyone), then resume everyone. */

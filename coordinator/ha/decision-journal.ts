@@ -22,8 +22,11 @@ import { openBucketAsserted } from "../membership/kv-bucket.js";
  *   published  (accepted for completeness) a decided entry whose checkpoint.json exists is treated
  *              the same way, so publication needs no journal write: recovery sends no resume; it
  *              keeps the checkpoint open (published) while a participant may hold it, else closes it
- *   restoring  restore was sent; recovery retires attempt+1 everywhere, then resumes
- *   restored   every participant restored; recovery keeps it for the controller to resume
+ *   restoring  restore was sent; recovery sends it again (participants that restored answer from
+ *              their reply cache): all restored → restored; else attempt+1 is retired where it may
+ *              have been installed, and everyone resumes
+ *   restored   every participant restored; recovery sends it again to rebuild the reply (a retry
+ *              gets it), then keeps it for the controller to resume
  * The entry is removed once everyone was resumed.
  */
 export const JournalEntrySchema = z

@@ -308,3 +308,108 @@ describe("the journal entry outlives the checkpoint until LATEST's rename is dur
     expect(failing.journal.entries.get("z2")?.state).toBe("decided");
   });
 });
+
+describe("recovery of a restore a predecessor journaled", () => {
+  const scope = [{ rollout_id: "r1", attempt: 0 }];
+
+  /**
+   * A predecessor that restored `id` everywhere (each participant caching its reply, as real ones
+   * do) and died before the controller got the reply: its entry, and the successor over the same
+   * participant processes. `state`: what the entry says (restoring: it died before journaling restored).
+   */
+  async function restoredThenCrashed(id: string, state: "restoring" | "restored") {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: id, episode_ids: null, stop: false, controller_state: null });
+    for (const m of first.fake.members) first.fake.restorers.set(`${m.kind}.${m.instance}`, `inc-${m.instance}`);
+    const reply = await first.engine.restore({ checkpoint_id: id, episode_ids: scope });
+    const entry = structuredClone(first.journal.entries.get(id)!);
+    expect(entry.state).toBe("restored");
+    await first.writer.settled();
+    const second = await successor({ ...entry, state });
+    for (const [key, cached] of first.fake.restoredHere) second.fake.restoredHere.set(key, cached);
+    for (const [key, incarnation] of first.fake.restorers) second.fake.restorers.set(key, incarnation);
+    return { second, reply };
+  }
+
+  it("restoring, every participant restored: re-sent, answered from their caches, recovered as restored; the retry gets the reply and the resume works", async () => {
+    const { second, reply } = await restoredThenCrashed("rs1", "restoring");
+    // One participant never got the predecessor's restore: it installs it now.
+    second.fake.restoredHere.delete("model.m1.rs1");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs1", action: "restored" }]);
+    expect(second.fake.ops("restore")).toHaveLength(5);
+    expect(second.fake.ops("restore").every((c) => c.body.checkpoint_dir === second.catalog.dirFor("rs1"))).toBe(true);
+    expect(second.fake.installs).toEqual(["model/m1"]);
+    expect(second.fake.ops("retire")).toHaveLength(0);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.journal.entries.get("rs1")?.state).toBe("restored");
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "rs1", phase: "restored" });
+    // The controller saw outcome_unknown; its retry with the same id and scope gets the reply.
+    expect(await second.engine.restore({ checkpoint_id: "rs1", episode_ids: scope })).toEqual(reply);
+    expect(second.fake.ops("restore")).toHaveLength(5);
+    // The resume goes to the processes that restored (their replies named them).
+    expect((await second.engine.resume({ checkpoint_id: "rs1" })).participants).toHaveLength(5);
+    expect(second.fake.ops("resume").map((c) => c.body.incarnation).sort()).toEqual(["inc-a1", "inc-a2", "inc-e1", "inc-m1", "inc-r1"]);
+    expect(second.engine.openCheckpoint).toBeNull();
+  });
+
+  it("restoring, one participant refuses: the clean-up retires attempt+1 where it may have been installed and resumes everyone", async () => {
+    const { second } = await restoredThenCrashed("rs2", "restoring");
+    // m1 holds live state (a refusal changes nothing, and it never installed this restore); a1
+    // refuses it as resumed: it may have installed it and resumed by its lease since.
+    second.fake.restoredHere.delete("model.m1.rs2");
+    second.fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" });
+    second.fake.set("agent", "a1", "restore", { error: "stale_checkpoint" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs2", action: "retired_resumed" }]);
+    expect(second.fake.ops("retire").map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "environment/e1", "resources/r1"]);
+    expect(second.fake.ops("retire")[0]!.body.episode_ids).toEqual([{ rollout_id: "r1", attempt: 1 }]);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect(second.engine.openCheckpoint).toBeNull();
+    await journalEmptied(second.journal);
+  });
+
+  it("restored: re-sent to rebuild the reply, which the retry gets; the resume works", async () => {
+    const { second, reply } = await restoredThenCrashed("rs3", "restored");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs3", action: "restored" }]);
+    expect(second.fake.installs).toEqual([]);
+    expect(await second.engine.restore({ checkpoint_id: "rs3", episode_ids: scope })).toEqual(reply);
+    // Another scope is another question: refused, the open restore kept.
+    expect((await refusalOf(second.engine.restore({ checkpoint_id: "rs3", episode_ids: [] }))).code).toBe("invalid_phase");
+    expect((await second.engine.resume({ checkpoint_id: "rs3" })).participants).toHaveLength(5);
+    expect(second.fake.ops("retire")).toHaveLength(0);
+  });
+
+  it("restored, its controller's resume cut short by the crash: nothing is retired; the resume's retry finishes it", async () => {
+    const { second } = await restoredThenCrashed("rs4", "restored");
+    second.fake.set("agent", "a1", "restore", { error: "stale_checkpoint" }); // resumed already
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs4", action: "restored_partly_resumed" }]);
+    expect(second.fake.ops("retire")).toHaveLength(0);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "rs4", phase: "restored" });
+    expect((await second.engine.resume({ checkpoint_id: "rs4" })).participants).toHaveLength(5);
+    expect(second.fake.ops("retire")).toHaveLength(0);
+  });
+
+  it("restored and resumed everywhere (its entry outlived the close): closed, nothing retired", async () => {
+    const { second } = await restoredThenCrashed("rs5", "restored");
+    for (const m of second.fake.members) second.fake.set(m.kind, m.instance, "restore", { error: "stale_checkpoint" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs5", action: "restored_resumed_closed" }]);
+    expect(second.fake.ops("retire")).toHaveLength(0);
+    expect(second.fake.ops("resume")).toHaveLength(0);
+    expect(second.engine.openCheckpoint).toBeNull();
+    await journalEmptied(second.journal);
+  });
+
+  it("restored, one participant lost it (restarted, holding live state): journaled restoring, then attempt+1 retired everywhere and everyone resumed", async () => {
+    const { second } = await restoredThenCrashed("rs6", "restored");
+    second.fake.restoredHere.delete("model.m1.rs6");
+    second.fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs6", action: "retired_resumed" }]);
+    // Journaled first: a successor finishing the clean-up must not take the resumed for resumed by their controller.
+    const events = second.fake.events;
+    expect(events.indexOf("journal:restoring")).toBeGreaterThan(-1);
+    expect(events.indexOf("journal:restoring")).toBeLessThan(events.findIndex((e) => e.startsWith("retire:")));
+    expect(second.fake.ops("retire")).toHaveLength(5);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect(second.engine.openCheckpoint).toBeNull();
+  });
+});

@@ -48,6 +48,14 @@ export class FakeParticipants implements ParticipantTransport {
   readonly restorers = new Map<string, string>();
   /** The episode_ids a participant's commit reply lists, per `${kind}.${instance}` (default: none). */
   readonly exported = new Map<string, string[]>();
+  /**
+   * What each participant restored, per `${kind}.${instance}.${checkpoint_id}`, until its resume:
+   * like a real participant's reply cache, a restore with the same directory and scope (whatever its
+   * epoch and deadline) gets the same reply, and one with others `checkpoint_conflict`.
+   */
+  readonly restoredHere = new Map<string, { args: string; reply: string }>();
+  /** The restores that installed (not answered from that cache), as `kind/instance`. */
+  readonly installs: string[] = [];
 
   constructor(readonly members: { kind: Kind; instance: string }[]) {}
 
@@ -77,6 +85,15 @@ export class FakeParticipants implements ParticipantTransport {
     const restarts = typeof behaviour === "object" && "restarts" in behaviour ? behaviour.restarts : [];
     const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts });
     const track = (phase: string) => this.state.set(`${kind}.${instance}`, { phase, checkpoint_id: phase === "idle" ? null : (parsed.checkpoint_id as string) });
+    const restoredKey = `${kind}.${instance}.${String(parsed.checkpoint_id)}`;
+    const restoreArgs = op === "restore" ? JSON.stringify([parsed.checkpoint_dir, (parsed.episode_ids as EpisodeId[]).map(captureKey).sort()]) : "";
+    if (op === "restore") {
+      const cached = this.restoredHere.get(restoredKey);
+      if (cached && cached.args !== restoreArgs) return JSON.stringify({ error: { code: "checkpoint_conflict", detail: "another directory or scope" } });
+      if (cached) return cached.reply;
+      this.installs.push(`${kind}/${instance}`);
+    }
+    if (op === "resume") this.restoredHere.delete(restoredKey);
     if (op === "prepare") track(typeof behaviour === "object" && "notReady" in behaviour ? "preparing" : "prepared");
     if (op === "commit") track("committed");
     if (op === "resume") track("idle");
@@ -108,13 +125,16 @@ export class FakeParticipants implements ParticipantTransport {
       }
       case "resume":
         return JSON.stringify({ phase: "idle", idempotent: false });
-      case "restore":
-        return JSON.stringify({
+      case "restore": {
+        const reply = JSON.stringify({
           phase: "restored",
           source_checkpoint_id: parsed.checkpoint_id,
           restored: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map((e) => captureKey(nextAttempt(e))),
           ...(this.restorers.has(`${kind}.${instance}`) && { incarnation: this.restorers.get(`${kind}.${instance}`) }),
         });
+        this.restoredHere.set(restoredKey, { args: restoreArgs, reply });
+        return reply;
+      }
       case "retire":
         return JSON.stringify({ retired: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map(captureKey) });
       case "forget":
