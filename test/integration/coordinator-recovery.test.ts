@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { startWorld, type World } from "./coordinator-harness.js";
 
@@ -33,5 +34,35 @@ describe("a new leader recovering a published checkpoint nobody resumed", () => 
     expect(restored.participants.find((p) => p.instance === "policy")?.restored).toEqual(["p1-a1"]);
     await world.client.resume({ checkpoint_id: "pub-1" });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+});
+
+describe("a new leader recovering a restore its predecessor sent", () => {
+  it("every participant restored, the leader died before journaling it: the successor sends it again, the controller's retry gets the reply, and the resume continues the episode", async () => {
+    for (const c of world.coordinators.splice(0)) await c.stop(); // a leader of its own
+    const first = await world.startCoordinator(NO_HTTP);
+    await first.whenReady();
+    const episode = { rollout_id: "q1", attempt: 0 };
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode(episode, { n: 2 });
+    await world.client.checkpoint({ checkpoint_id: "rr-1", stop: true });
+    await world.stopParticipants();
+    await world.startParticipants(); // fresh processes, as a restore needs
+    const restored = await world.client.restore({ checkpoint_id: "rr-1", episode_ids: [episode] });
+    // The leader dies; its entry as it was before the restores went out (every one has arrived).
+    await first.stop();
+    const journal = await KvDecisionJournal.open(world.pnc, world.deployment);
+    const entry = (await journal.list()).find((e) => e.checkpoint_id === "rr-1");
+    expect(entry?.state).toBe("restored");
+    await journal.record({ ...entry!, state: "restoring" });
+    const second = await world.startCoordinator(NO_HTTP);
+    await second.whenReady();
+    // The controller saw outcome_unknown: its retry with the same id and scope gets the reply.
+    expect(await world.client.restore({ checkpoint_id: "rr-1", episode_ids: [episode] })).toEqual(restored);
+    await world.client.resume({ checkpoint_id: "rr-1" });
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.handle.controlPlane.isRetired({ rollout_id: "q1", attempt: 1 })).toBe(false);
+    }
+    expect(world.participant("env1").adapter.restored.has("q1-a1")).toBe(true);
   });
 });
