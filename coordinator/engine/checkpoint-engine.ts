@@ -730,6 +730,9 @@ export class CheckpointEngine {
       if (journaled && (await journaled.then(() => false, () => true))) await this.abort(id, deadlineMs, ctx);
       throw error;
     }
+    // Leadership lost during the stages shows as a `not_leader` stage result; what is left of this
+    // prepare is the successor's to abort or complete, so the op must not look like an answer.
+    this.options.leadership.assert(epoch);
     const { results, stoppedAt } = staged;
     const outcomes = results.flatMap((r) => r.outcomes);
     const participants = outcomes.map((o) =>

@@ -606,6 +606,22 @@ describe("HA hooks and recovery", () => {
     expect(fake.ops("commit")).toHaveLength(0);
   });
 
+  for (const op of ["prepare", "checkpoint"] as const) {
+    it(`leadership lost during ${op}'s stages is outcome_unknown, not an incomplete prepare (a successor aborts it, not this one)`, async () => {
+      const { engine, fake, leadership } = makeEngine(root);
+      const request = fake.request.bind(fake);
+      fake.request = async (subject, body, options) => {
+        const reply = await request(subject, body, options);
+        if (subject.endsWith(".prepare")) leadership.demote();
+        return reply;
+      };
+      const error = await refusal(op === "prepare" ? engine.prepare({ checkpoint_id: "lost-mid" }) : engine.checkpoint({ checkpoint_id: "lost-mid", episode_ids: null, stop: false, controller_state: null }));
+      expect(error.code).toBe("outcome_unknown");
+      expect(fake.ops("prepare")).toHaveLength(1); // the first stage only
+      expect(fake.ops("resume")).toHaveLength(0); // the deposed leader aborts nothing
+    });
+  }
+
   it("a demoted coordinator sends nothing more, and journals nothing", async () => {
     const { engine, fake, leadership, journal } = makeEngine(root);
     await engine.prepare({ checkpoint_id: "c11" });
