@@ -609,15 +609,17 @@ describe("HA hooks and recovery", () => {
   for (const op of ["prepare", "checkpoint"] as const) {
     it(`leadership lost during ${op}'s stages is outcome_unknown, not an incomplete prepare (a successor aborts it, not this one)`, async () => {
       const { engine, fake, leadership } = makeEngine(root);
+      // The model's prepare times out while this coordinator is deposed (e.g. it was frozen): the
+      // retry's leadership guard ends that call with not_leader, a per-participant result.
+      fake.set("model", "m1", "prepare", "timeout");
       const request = fake.request.bind(fake);
       fake.request = async (subject, body, options) => {
-        const reply = await request(subject, body, options);
-        if (subject.endsWith(".prepare")) leadership.demote();
-        return reply;
+        if (subject.endsWith(".model.m1.prepare")) leadership.demote();
+        return request(subject, body, options);
       };
       const error = await refusal(op === "prepare" ? engine.prepare({ checkpoint_id: "lost-mid" }) : engine.checkpoint({ checkpoint_id: "lost-mid", episode_ids: null, stop: false, controller_state: null }));
       expect(error.code).toBe("outcome_unknown");
-      expect(fake.ops("prepare")).toHaveLength(1); // the first stage only
+      expect(fake.ops("prepare").map((c) => c.instance)).toEqual(["e1", "m1"]); // stages after it never start
       expect(fake.ops("resume")).toHaveLength(0); // the deposed leader aborts nothing
     });
   }
