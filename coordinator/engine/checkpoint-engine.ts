@@ -158,6 +158,11 @@ function holdersOf(members: readonly ParticipantRef[], statuses: Outcome<"status
   });
 }
 
+/** Whether any member may still hold checkpoint `id`: its status shows it, or it did not answer. */
+function mayHold(members: readonly ParticipantRef[], statuses: Outcome<"status">[], id: string): boolean {
+  return holdersOf(members, statuses, id).length > 0 || members.some((m) => statusOf(statuses, m)?.ok !== true);
+}
+
 function failuresOf<O extends Op>(outcomes: Outcome<O>[]): Failure[] {
   return outcomes.filter((o): o is Extract<Outcome<O>, { ok: false }> => !o.ok);
 }
@@ -661,8 +666,7 @@ export class CheckpointEngine {
       return "published_resumed";
     }
     // Nobody holds it any more (resumed, resumed by lease, or restarted): nothing is left to resume.
-    const held = holders.length > 0 || open.members.some((m) => statusOf(statuses, m)?.ok !== true);
-    if (!held) {
+    if (!mayHold(open.members, statuses, open.id)) {
       log.info({ state: "published" }, "recovery_published_closed");
       this.close(open.id);
       return "published_closed";
@@ -670,6 +674,19 @@ export class CheckpointEngine {
     // Left open: the controller's resume closes it, or the next controller's restore does.
     log.info({ state: "published" }, "recovery_published_open");
     return "published_open";
+  }
+
+  /**
+   * A published checkpoint left open for its controller's resume (after publish, or recovered so)
+   * is closed once every member's status shows it no longer holds it (resumed by its lease, or
+   * restarted): otherwise it would refuse every new checkpoint until someone resumed it by hand.
+   */
+  private async closeIfNobodyHolds(open: OpenCheckpoint): Promise<void> {
+    if (open.phase !== "published") return;
+    const statuses = await this.probeStatuses(open.members);
+    if (mayHold(open.members, statuses, open.id) || this.open !== open) return;
+    this.checkpointLog(open.id).info({ phase: open.phase }, "published_checkpoint_released_closed");
+    this.close(open.id);
   }
 
   // ---- phases ---------------------------------------------------------------------------
@@ -683,6 +700,7 @@ export class CheckpointEngine {
     /** The scope the convenience op will commit: checked with the open entry, before anything is sent. */
     commitScope: EpisodeId[] | null = null,
   ): Promise<CtlReplyOf<"prepare">> {
+    if (this.open && this.open.id !== id) await this.closeIfNobodyHolds(this.open);
     let open = this.open;
     let journaled: Promise<void> | undefined;
     if (open && open.id !== id) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open (${open.phase}); resume it first`);
@@ -1343,6 +1361,7 @@ export class CheckpointEngine {
     deadlineTs: number | undefined,
   ): Promise<{ checkpointId: string | undefined; members: ParticipantRef[]; epoch: number; deadlineMs: number }> {
     const deadlineMs = this.deadline(deadlineTs);
+    if (this.open) await this.closeIfNobodyHolds(this.open);
     const open = this.open;
     if (open && open.phase !== "restored") {
       throw new CheckpointError("invalid_phase", `${op} is refused while checkpoint ${open.id} is open (${open.phase}); resume first`);

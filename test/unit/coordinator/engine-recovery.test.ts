@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { JournalEntry } from "../../../coordinator/ha/decision-journal.js";
 import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 let root: string;
 beforeEach(async () => {
@@ -65,6 +66,26 @@ describe("recovery of a published, unresumed checkpoint", () => {
     expect(second.fake.ops("resume")).toHaveLength(5);
     expect(second.engine.openCheckpoint).toBeNull();
     await journalEmptied(second.journal);
+  });
+
+  it("left open as published: once every participant resumed on its own (lease), a new checkpoint or a retire closes it instead of being refused", async () => {
+    for (const next of ["prepare", "retire"] as const) {
+      const id = `x2-${next}`;
+      const entry = await publishedNotResumed(id);
+      const second = await successor(entry);
+      for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: id });
+      expect(await second.engine.recover()).toEqual([{ checkpoint_id: id, action: "published_open" }]);
+      // still held: refused, and it stays open
+      const refused = await refusalOf(next === "prepare" ? second.engine.prepare({ checkpoint_id: `${id}-next` }) : second.engine.retire({ episode_ids: [{ rollout_id: "r9", attempt: 0 }] }));
+      expect(refused.code).toBe(next === "prepare" ? "checkpoint_conflict" : "invalid_phase");
+      expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: id, phase: "published" });
+      // their leases expire: every status shows idle
+      for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "idle", checkpoint_id: null });
+      if (next === "prepare") expect(await second.engine.prepare({ checkpoint_id: `${id}-next` })).toMatchObject({ prepared: true });
+      else await second.engine.retire({ episode_ids: [{ rollout_id: "r9", attempt: 0 }] });
+      expect(second.fake.ops("resume")).toHaveLength(0); // nobody was sent a resume of it
+      await waitUntil(() => !second.journal.entries.has(id), "the closed checkpoint's journal entry to go", 5000);
+    }
   });
 
   it("of the convenience op, with some participants still parked on it: resumes those (only), closes it, and a retry of the op gets its reply", async () => {
