@@ -207,5 +207,5 @@ export type {
   EncodedRolloutRecords,
   RunTrajectory,
 } from "./rollout-records.js";
-export { DEFAULT_NATS_URL, natsServers, natsSettings, redactNatsServers } from "./nats-connection.js";
+export { DEFAULT_NATS_URL, isWrongRevision, natsServers, natsSettings, redactNatsServers } from "./nats-connection.js";
 export type { NatsConnectionSettings } from "./nats-connection.js";

@@ -53,3 +53,14 @@ export function redactNatsServers(servers: string): string {
     })
     .join(",");
 }
+
+/**
+ * Whether a JetStream write was refused because the key's revision was not the one expected (a
+ * compare-and-set lost to another writer: JetStream API code 10071, "wrong last sequence").
+ */
+export function isWrongRevision(error: unknown): boolean {
+  for (let e: unknown = error; e instanceof Error; e = e.cause) {
+    if ((e as { code?: unknown }).code === 10071 || /wrong last sequence/i.test(e.message)) return true;
+  }
+  return false;
+}

@@ -9,6 +9,7 @@ import {
   describeZodError,
   EpisodeIdSchema,
   InstanceSchema,
+  isWrongRevision,
   KindSchema,
   MAX_CONTROL_MESSAGE_BYTES,
   journalBucket,
@@ -78,8 +79,19 @@ export interface DecisionJournal {
   list(): Promise<JournalEntry[]>;
 }
 
-/** The journal in a JetStream KV bucket without TTL (history 1); entries survive coordinator crashes. */
+/**
+ * The journal in a JetStream KV bucket without TTL (history 1); entries survive coordinator crashes.
+ *
+ * Every write is a compare-and-set on the revision this coordinator last wrote or read for the key
+ * (`list`, which recovery calls at the start of each leadership term, starts afresh): a deposed
+ * leader's write still in flight when a successor recovered, rewrote or removed the entry is
+ * refused by the server (`not_leader`), instead of bringing back a state the successor moved past.
+ */
 export class KvDecisionJournal implements DecisionJournal {
+  private readonly revisions = new Map<string, number>();
+  /** Writes of one key go one after another: each compares against the revision the last one left. */
+  private readonly queues = new Map<string, Promise<unknown>>();
+
   private constructor(
     private readonly kv: KV,
     private readonly logger?: Logger,
@@ -90,20 +102,33 @@ export class KvDecisionJournal implements DecisionJournal {
   }
 
   async record(entry: JournalEntry): Promise<void> {
-    await this.kv.put(entry.checkpoint_id, assertJournalEntryFits(JournalEntrySchema.parse(entry)));
+    const key = entry.checkpoint_id;
+    const value = assertJournalEntryFits(JournalEntrySchema.parse(entry));
+    await this.fenced(key, async (known) => {
+      // create: a key nobody holds (or one removed: its purge marker is taken over).
+      this.revisions.set(key, known === undefined ? await this.kv.create(key, value) : await this.kv.update(key, value, known));
+    });
   }
 
   async remove(checkpointId: string): Promise<void> {
-    await this.kv.purge(checkpointId);
+    await this.fenced(checkpointId, async (known) => {
+      // Never written or read here: nothing of this coordinator's to remove.
+      if (known === undefined) return;
+      await this.kv.purge(checkpointId, { previousSeq: known });
+      this.revisions.delete(checkpointId);
+    });
   }
 
   async list(): Promise<JournalEntry[]> {
+    this.revisions.clear();
     const keys: string[] = [];
     for await (const key of await this.kv.keys()) keys.push(key);
     const entries: JournalEntry[] = [];
     for (const key of keys) {
       const e = await this.kv.get(key);
-      if (!e || e.operation !== "PUT") continue;
+      if (!e) continue;
+      this.revisions.set(key, e.revision);
+      if (e.operation !== "PUT") continue;
       // A value nothing here wrote (not JSON, or not an entry) cannot be acted on: skipped, and
       // logged each time, rather than failing recovery (and so every controller op) for good.
       let value: unknown;
@@ -118,6 +143,26 @@ export class KvDecisionJournal implements DecisionJournal {
       else this.logger?.error({ key, revision: e.revision, detail: describeZodError(parsed.error) }, "journal_entry_invalid_skipped");
     }
     return entries.sort((a, b) => a.updated_at - b.updated_at);
+  }
+
+  /** Runs `write` after the key's earlier writes, with the revision they left (undefined: none known). */
+  private fenced(key: string, write: (known: number | undefined) => Promise<void>): Promise<void> {
+    const run = async (): Promise<void> => {
+      try {
+        await write(this.revisions.get(key));
+      } catch (error) {
+        // The stale revision stays: every later write of the key is refused the same way.
+        if (!isWrongRevision(error)) throw error;
+        throw new CheckpointError("not_leader", `journal entry ${key} was changed by another coordinator since this one last wrote or read it`, { cause: error });
+      }
+    };
+    const next = (this.queues.get(key) ?? Promise.resolve()).then(run, run);
+    const settled = next.catch(() => undefined);
+    this.queues.set(key, settled);
+    void settled.then(() => {
+      if (this.queues.get(key) === settled) this.queues.delete(key);
+    });
+    return next;
   }
 }
 

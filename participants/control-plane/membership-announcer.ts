@@ -3,6 +3,7 @@ import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  isWrongRevision,
   MEMBER_HEARTBEAT_MS,
   MEMBER_TTL_MS,
   MemberSchema,
@@ -163,12 +164,4 @@ function safeJson(read: () => unknown): unknown {
 
 function isNoResponders(error: unknown): boolean {
   return error instanceof NoRespondersError || (error instanceof RequestError && error.isNoResponders());
-}
-
-/** JetStream's "wrong last sequence" (10071): the key's revision is not the one expected. */
-function isWrongRevision(error: unknown): boolean {
-  for (let e: unknown = error; e instanceof Error; e = e.cause) {
-    if ((e as { code?: unknown }).code === 10071 || /wrong last sequence/i.test(e.message)) return true;
-  }
-  return false;
 }

@@ -50,3 +50,35 @@ describe("KV decision journal", () => {
     expect((await kv.get("c-garbage"))?.string()).toBe("not json {");
   });
 });
+
+describe("KV decision journal: writes fenced by revision", () => {
+  const entry = (checkpoint_id: string, state: "open" | "decided" | "restoring" | "restored") =>
+    journalEntry({ checkpoint_id, state, participants: [{ kind: "environment", instance: "e1" }] });
+
+  it("a deposed leader's late write cannot bring back an entry its successor removed or rewrote", async () => {
+    const deposed = await KvDecisionJournal.open(nats.nc, "jcas");
+    await deposed.record(entry("gone", "open"));
+    await deposed.record(entry("moved", "decided"));
+    // The successor recovers (reads every entry), aborts one and moves the other on.
+    const successor = await KvDecisionJournal.open(nats.nc, "jcas");
+    expect((await successor.list()).map((e) => e.checkpoint_id).sort()).toEqual(["gone", "moved"]);
+    await successor.remove("gone");
+    await successor.record(entry("moved", "restoring"));
+    // The deposed leader's writes, in flight when it was cut off, land now: refused.
+    await expect(deposed.record(entry("gone", "decided"))).rejects.toMatchObject({ code: "not_leader" });
+    await expect(deposed.record(entry("moved", "restored"))).rejects.toMatchObject({ code: "not_leader" });
+    await expect(deposed.remove("moved")).rejects.toMatchObject({ code: "not_leader" });
+    expect((await successor.list()).map((e) => [e.checkpoint_id, e.state])).toEqual([["moved", "restoring"]]);
+  });
+
+  it("one coordinator's own writes of a key follow each other, also across a removal (a restore of a closed checkpoint)", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jown");
+    await journal.record(entry("c1", "open"));
+    await journal.record(entry("c1", "decided"));
+    // not awaited in between: queued per key, each against the revision the last one left
+    await Promise.all([journal.remove("c1"), journal.record(entry("c1", "restoring")), journal.record(entry("c1", "restored"))]);
+    expect((await journal.list()).map((e) => [e.checkpoint_id, e.state])).toEqual([["c1", "restored"]]);
+    await journal.remove("c1");
+    expect(await journal.list()).toEqual([]);
+  });
+});
