@@ -20,6 +20,13 @@ export interface NatsControllerApiOptions {
   deployment: string;
   token: string;
   engine: CheckpointEngine;
+  /**
+   * Whether this coordinator answers now (the daemon: it is the ready leader). Every subscribed
+   * coordinator gets every request; one that is not the ready leader (a frozen leader that woke
+   * with its lease expired) stays silent, so its refusal cannot race the real leader's answer and
+   * make the controller retry an op that is running. Default: always.
+   */
+  answering?: () => boolean;
   logger?: Logger;
 }
 
@@ -31,7 +38,7 @@ export interface NatsControllerApiOptions {
  * subscriptions at the server until its connection times out, and a group would keep sending it a
  * share of the requests, which would time out although a ready successor serves. With plain
  * subscriptions both get each request; the successor answers, and a frozen leader that wakes finds
- * its lease expired and refuses (its late reply is dropped by the requester, who took the first).
+ * its lease expired and stays silent (`answering`), leaving the request to the successor.
  */
 export class NatsControllerApi {
   private readonly subs: Subscription[] = [];
@@ -64,6 +71,7 @@ export class NatsControllerApi {
   }
 
   private async answer(op: ControllerOp, msg: Msg): Promise<void> {
+    if (this.options.answering?.() === false) return;
     let body: string;
     try {
       // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.

@@ -1,4 +1,5 @@
 import type { ControllerOp, CtlReplyOf, CtlRequestInputOf } from "../../protocol/index.js";
+import { newCheckpointId } from "../engine/checkpoint-id.js";
 
 /**
  * The typed controller client: one method per controller op. `NatsControllerClient` and
@@ -8,8 +9,9 @@ import type { ControllerOp, CtlReplyOf, CtlRequestInputOf } from "../../protocol
 export abstract class ControllerClient {
   abstract call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>>;
 
+  /** Without an id, one is chosen here, so every retry (not_leader, a lost reply) repeats the same op. */
   checkpoint(request: CtlRequestInputOf<"checkpoint"> = {}) {
-    return this.call("checkpoint", request);
+    return this.call("checkpoint", { ...request, checkpoint_id: request.checkpoint_id ?? newCheckpointId() });
   }
   prepare(request: CtlRequestInputOf<"prepare">) {
     return this.call("prepare", request);

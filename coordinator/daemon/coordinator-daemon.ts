@@ -134,7 +134,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     ...(options.hooks && { hooks: options.hooks }),
   });
   const controllerToken = config.controller_token ?? config.token;
-  natsApi = new NatsControllerApi({ nc, deployment: config.deployment, token: controllerToken, engine, logger });
+  natsApi = new NatsControllerApi({ nc, deployment: config.deployment, token: controllerToken, engine, answering: () => lease.state().ready, logger });
   let http: HttpControllerApi | undefined;
   try {
     if (config.http.enabled) {

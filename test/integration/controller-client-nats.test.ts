@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
-import { HEADER_AUTHORIZATION, controllerSubject } from "../../protocol/index.js";
+import { CheckpointError, HEADER_AUTHORIZATION, controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
 // The controller client's own failure mapping over a real nats-server, without a coordinator:
@@ -53,6 +53,42 @@ describe("NATS controller client", () => {
     await nats.nc.flush();
     try {
       await expect(client("echo").call("status", {})).rejects.toMatchObject({ code: "unauthorized" });
+    } finally {
+      sub.unsubscribe();
+    }
+  });
+
+  it("a coordinator that is not answering (a frozen leader woken with its lease expired) stays silent, so the ready leader's reply is the one the controller gets", async () => {
+    const deposed = { list: async () => Promise.reject(new CheckpointError("not_leader", "no longer the leader")) } as unknown as CheckpointEngine;
+    const leader = { list: async () => new Promise((resolve) => setTimeout(() => resolve({ latest: "c1", checkpoints: [] }), 100)) } as unknown as CheckpointEngine;
+    const woken = new NatsControllerApi({ nc: nats.nc, deployment: "pair", token: "ctl-token", engine: deposed, answering: () => false });
+    const ready = new NatsControllerApi({ nc: nats.nc, deployment: "pair", token: "ctl-token", engine: leader, answering: () => true });
+    await woken.start();
+    await ready.start();
+    try {
+      // the deposed one would refuse first; its not_leader would send the controller to retry
+      expect(await client("pair", { leaderWaitMs: 500 }).call("list", {})).toMatchObject({ latest: "c1" });
+    } finally {
+      await woken.stop();
+      await ready.stop();
+    }
+  });
+
+  it("the typed client names an id-less checkpoint itself, so a retry repeats the same op", async () => {
+    const bodies: Record<string, unknown>[] = [];
+    const sub = nats.nc.subscribe(controllerSubject("ids", "checkpoint"), {
+      callback: (_e, msg) => {
+        bodies.push(msg.json());
+        // the first try is refused as if by a deposed leader; the client retries
+        if (bodies.length === 1) msg.respond(JSON.stringify({ error: { code: "not_leader", detail: "deposed" } }));
+      },
+    });
+    await nats.nc.flush();
+    try {
+      await expect(client("ids", { leaderWaitMs: 400, timeoutMs: 200 }).checkpoint({})).rejects.toMatchObject({ code: "outcome_unknown" });
+      expect(bodies.length).toBe(2);
+      expect(bodies[0]!.checkpoint_id).toMatch(/^ckpt-/);
+      expect(bodies[1]!.checkpoint_id).toBe(bodies[0]!.checkpoint_id);
     } finally {
       sub.unsubscribe();
     }
