@@ -108,8 +108,15 @@ interface RowState {
 const RETIRE_RETRY_S = 1;
 
 const RETIRE_BATCH = 1024;
-/** Resumes of a predecessor's open checkpoint before start-up gives up (see resumeLeftOpen). */
-const LEFT_OPEN_RESUME_TRIES = 3;
+/** Tries of a controller op whose outcome is unknown before it counts as failed (see resent). */
+const RESEND_TRIES = 3;
+/**
+ * Codes after which an op is sent again with the same arguments: it did nothing (`not_leader`;
+ * `deadline_exceeded` of a deadline that passed while it waited) or its outcome is unknown (a
+ * failover mid-op: the successor re-drives it, and the retry gets the original reply).
+ */
+const RESENT_CODES: ReadonlySet<string> = new Set(["deadline_exceeded", "outcome_unknown", "not_leader"]);
+const RESEND_PAUSE_S = 1;
 
 /**
  * Rollout collection with checkpoints: dispatches rows with bounded concurrency, appends results
@@ -228,25 +235,40 @@ export class Collector {
    * ops run there one at a time: a resume whose deadline passed while it waited is sent again.
    */
   private async resumeLeftOpen(checkpointId: string): Promise<void> {
+    await this.resent("resume of the previous run's checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
+  }
+
+  /**
+   * Sends a controller op again (up to RESEND_TRIES, a second apart) while it answers a code of
+   * RESENT_CODES; any other error, or the last try's, is thrown.
+   */
+  private async resent<T>(what: string, checkpointId: string, send: () => Promise<T>): Promise<T> {
     for (let tries = 1; ; tries++) {
       try {
-        await this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() });
-        return;
+        return await send();
       } catch (error) {
         const code = error instanceof CheckpointError ? error.code : undefined;
-        if (tries >= LEFT_OPEN_RESUME_TRIES || (code !== "deadline_exceeded" && code !== "outcome_unknown")) throw error;
-        this.options.logger.warn({ checkpoint_id: checkpointId, code, tries }, "the coordinator is still busy with the previous run's checkpoint; resuming it again");
+        if (tries >= RESEND_TRIES || code === undefined || !RESENT_CODES.has(code)) throw error;
+        this.options.logger.warn({ checkpoint_id: checkpointId, code, tries }, `${what} did not answer for sure; sending it again`);
+        await delay(RESEND_PAUSE_S);
       }
     }
   }
 
-  /** Restores the continued rows as attempt+1; if the restore fails they start over as attempt+2. */
+  /**
+   * Restores the continued rows as attempt+1; if the restore fails they start over as attempt+2.
+   * An unknown outcome is not a failure: the coordinator's successor re-drives a journaled restore
+   * and answers its retry (same id and scope) with the original reply, and a resume of a closed id
+   * is idempotent. Abandoning it would leave the restore open (admission closed, participants
+   * parked until their lease expires) and throw the continuation away.
+   */
   private async restoreRows(collection: CollectionState, sources: EpisodeId[]): Promise<void> {
-    const attributes = { "gym_ckpt.checkpoint.id": collection.checkpoint_id, "gym_ckpt.rows": sources.length };
+    const checkpointId = collection.checkpoint_id;
+    const attributes = { "gym_ckpt.checkpoint.id": checkpointId, "gym_ckpt.rows": sources.length };
     await tracer().startActiveSpan("checkpoint.collection.restore", { attributes }, async (span) => {
       try {
-        await this.options.controller.restore({ checkpoint_id: collection.checkpoint_id, episode_ids: sources });
-        await this.options.controller.resume({ checkpoint_id: collection.checkpoint_id });
+        await this.resent("restore", checkpointId, () => this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources }));
+        await this.resent("resume of the restored checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId }));
         // Logged before anything relies on it: a checkpoint taken before these rows are sent
         // continues them as attempt+1, which the next start must find in the log.
         await this.log.recordRestored(sources.map(nextAttempt));
@@ -258,14 +280,18 @@ export class Collector {
         this.options.logger.info({ checkpoint_id: collection.checkpoint_id, rows: sources.length }, "restored checkpoint; continuing rows as their next attempt");
         await this.options.hooks?.afterRestore?.();
       } catch (error) {
-        // The coordinator retired attempt+1 everywhere and resumed. The source attempts may still run
-        // on servers that survived: fence them too, then start those rows over as attempt+2.
+        // After restore_failed the coordinator has retired attempt+1 wherever the restore may have
+        // installed it and resumed; after the tries ran out with the outcome unknown, attempt+1 may
+        // still be installed. The source attempts may still run on servers that survived. Retiring
+        // attempt+1 everywhere fences both (a retire fences every attempt up to the one named); then
+        // those rows start over as attempt+2.
         span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
         this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
         // Logged first: after a crash from here on, the next start must send attempt+2, not the
         // fenced attempt+1 that every participant refuses.
-        await this.log.recordAll(sources.map(nextAttempt));
-        await this.retireNow(sources);
+        const replacements = sources.map(nextAttempt);
+        await this.log.recordAll(replacements);
+        await this.retireNow(replacements);
         for (const source of sources) {
           this.states.get(source.rollout_id)!.attempt = source.attempt + 2;
           this.retired.add(source.rollout_id);

@@ -15,8 +15,9 @@ import { writeParticipant } from "../coordinator/fake-participants.js";
 
 /**
  * The collector against a scripted `/run` server and a fake controller that keeps the engine's
- * rules the collector relies on (one open checkpoint; retire refused while one is open; a restore
- * closes the published checkpoint it restores).
+ * rules the collector relies on (one open checkpoint; retire and forget refused while one is open,
+ * except a restore; a restore closes the published checkpoint it restores, and a retry of the open
+ * restore with the same id and scope gets its reply).
  */
 let dir: string;
 let server: Server | undefined;
@@ -69,6 +70,7 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
     published: {} as Record<string, { file: string; sha256: string }>,
     open: null as { checkpoint_id: string; phase: string } | null,
   };
+  let restoredScope = "";
   const base = {
     async prepare(req: { checkpoint_id: string }) {
       calls.push({ op: "prepare", req });
@@ -96,11 +98,15 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
     },
     async restore(req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
       calls.push({ op: "restore", req });
+      const reply = { checkpoint_id: req.checkpoint_id, participants: [] };
+      const scope = JSON.stringify(req.episode_ids);
+      if (state.open?.phase === "restored" && state.open.checkpoint_id === req.checkpoint_id && restoredScope === scope) return reply;
       // The engine closes the published checkpoint it restores, and opens the restore.
       if (state.open?.phase === "published" && state.open.checkpoint_id === req.checkpoint_id) state.open = null;
       if (state.open) throw new CheckpointError("invalid_phase", `checkpoint ${state.open.checkpoint_id} is open`);
       state.open = { checkpoint_id: req.checkpoint_id, phase: "restored" };
-      return { checkpoint_id: req.checkpoint_id, participants: [] };
+      restoredScope = scope;
+      return reply;
     },
     async retire(req: { episode_ids: EpisodeId[] }) {
       calls.push({ op: "retire", req });
@@ -109,6 +115,7 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
     },
     async forget(req: { rollout_ids: string[] }) {
       calls.push({ op: "forget", req });
+      if (state.open && state.open.phase !== "restored") throw new CheckpointError("invalid_phase", `forget is refused while ${state.open.checkpoint_id} is open`);
       return { forgotten: req.rollout_ids };
     },
     async list() {
@@ -672,5 +679,83 @@ describe("collector failures", () => {
     await waitUntil(() => dropped, "the /run of b to be dropped", 5000);
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(requests.sort()).toEqual(["a", "b"]); // no row was sent after the failure
+  });
+});
+
+describe("collector restores whose outcome is unknown", () => {
+  const checkpointId = "ckpt-20240101T000000-aaaaaaaa";
+  const a0 = { rollout_id: "a", attempt: 0 };
+  type Fake = ReturnType<typeof fakeController>;
+
+  /**
+   * Run 1 dispatched a@0 and crashed after a checkpoint continuing it; the collector of the next
+   * start (not started) with `overrides`, which reach the fake through `fake()`.
+   */
+  async function restartedRun(overrides: (fake: () => Fake) => Parameters<typeof fakeController>[0] = () => ({}), handler?: RunHandler) {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [a0]);
+    const fake: Fake = fakeController(overrides(() => fake));
+    await publishCollection(fake.state, checkpointId, "run-1", [a0]);
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), handler ? handler(body) : { status: 200, body: { reward: 1 } }));
+    return { ...fake, sent, collector: collectorFor(fake.controller, url) };
+  }
+
+  const ops = (calls: Call[], ...names: string[]) => calls.filter((c) => names.includes(c.op));
+
+  it.each([
+    ["outcome_unknown", true], // it ran and its reply was lost (the coordinator failed over mid-op)
+    ["not_leader", false], // it never ran (no leader served it)
+  ] as const)("a restore answered %s is sent again with the same id and scope, and its rows continue", async (code, ran) => {
+    const asked: unknown[] = [];
+    const { collector, calls, state, sent } = await restartedRun((fake) => ({
+      restore: async (req: never) => {
+        asked.push(req);
+        if (asked.length > 1) return fake().base.restore(req);
+        if (ran) await fake().base.restore(req);
+        throw new CheckpointError(code, "no reply");
+      },
+    }));
+    await collector.start();
+    expect(asked).toEqual([
+      { checkpoint_id: checkpointId, episode_ids: [a0] },
+      { checkpoint_id: checkpointId, episode_ids: [a0] },
+    ]);
+    expect(ops(calls, "retire")).toEqual([]);
+    expect(state.open).toBeNull(); // the restored checkpoint was resumed
+    expect(await collector.run()).toMatchObject({ finished: 1, continued: 1, restarted: 0 });
+    expect(sent).toEqual([1]);
+    expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 1, continued: true });
+  });
+
+  it("a resume of the restored checkpoint answered outcome_unknown is sent again, and its rows continue", async () => {
+    let lost = 0;
+    const { collector, calls, state, sent } = await restartedRun((fake) => ({
+      resume: async (req: never) => {
+        const reply = await fake().base.resume(req);
+        if (lost++ === 0) throw new CheckpointError("outcome_unknown", "the reply was lost");
+        return reply;
+      },
+    }));
+    await collector.start();
+    expect(ops(calls, "resume").map((c) => c.req.checkpoint_id)).toEqual([checkpointId, checkpointId]);
+    expect(ops(calls, "retire")).toEqual([]);
+    expect(state.open).toBeNull();
+    expect(await collector.run()).toMatchObject({ finished: 1, continued: 1, restarted: 0 });
+    expect(sent).toEqual([1]);
+  });
+
+  it("a restore whose outcome stays unknown after three tries: attempt + 1 is retired (fencing the source too) and the row starts over as attempt + 2", async () => {
+    let tries = 0;
+    const { collector, calls, sent } = await restartedRun(() => ({
+      restore: async () => {
+        tries++;
+        throw new CheckpointError("outcome_unknown", "no reply");
+      },
+    }));
+    await collector.start();
+    expect(tries).toBe(3);
+    expect(ops(calls, "retire").map((c) => c.req.episode_ids)).toEqual([[{ rollout_id: "a", attempt: 1 }]]);
+    expect(await collector.run()).toMatchObject({ finished: 1, continued: 0, restarted: 1 });
+    expect(sent).toEqual([2]);
   });
 });
