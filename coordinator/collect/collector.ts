@@ -134,7 +134,7 @@ export class Collector {
   private gateWaiters: (() => void)[] = [];
   private dispatchWaiters: (() => void)[] = [];
   private readonly toRetire: EpisodeId[] = [];
-  /** Rollouts with a retired attempt; forgotten once a later attempt replies, and at close. */
+  /** Rollouts with a retired attempt; forgotten once a later attempt replies, and at close (as are continued rows once they reply). */
   private readonly retired = new Set<string>();
   private readonly toForget = new Set<string>();
   private log!: DispatchLog;
@@ -444,8 +444,9 @@ export class Collector {
       this.usage.modelCallsRegenerated += usage.model_calls_regenerated ?? 0;
       this.usage.tokensRegenerated += usage.tokens_regenerated ?? 0;
     }
-    if (this.retired.has(state.row.rolloutId)) {
-      // A later attempt replied: nothing of the retired ones can still run, so lift the fence.
+    if (this.retired.has(state.row.rolloutId) || state.continued) {
+      // A later attempt replied: nothing of the retired ones, nor of the source attempts a restore
+      // continued (which participants fence until forget), can still run, so lift the fences.
       this.toForget.add(state.row.rolloutId);
       void this.lock.run(() => this.forgetQueued()).catch((err: unknown) => this.options.logger.warn({ err }, "forget failed; retried at close"));
     }
@@ -646,8 +647,12 @@ export class Collector {
     }
   }
 
-  /** Forgets rollouts whose later attempt replied; called under the lock, so never inside a checkpoint. */
+  /**
+   * Forgets rollouts whose later attempt replied; called under the lock, so never inside one of
+   * our checkpoints, and not after a stop checkpoint, which stays open (forget would be refused).
+   */
   private async forgetQueued(): Promise<void> {
+    if (this.stopping) return;
     const rollouts = [...this.toForget];
     for (let i = 0; i < rollouts.length; i += RETIRE_BATCH) {
       const batch = rollouts.slice(i, i + RETIRE_BATCH);

@@ -759,3 +759,79 @@ describe("collector restores whose outcome is unknown", () => {
     expect(sent).toEqual([2]);
   });
 });
+
+describe("collector restored-source fences", () => {
+  const checkpointId = "ckpt-20240101T000000-aaaaaaaa";
+  const a0 = { rollout_id: "a", attempt: 0 };
+
+  async function restoredRow(handler: RunHandler, overrides: Parameters<typeof fakeController>[0] = {}) {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [a0]);
+    const fake = fakeController(overrides);
+    await publishCollection(fake.state, checkpointId, "run-1", [a0]);
+    const url = await runServer(handler);
+    const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    expect(restores(fake.calls)).toEqual([[a0]]);
+    return { ...fake, collector };
+  }
+
+  it("a row continued from a restore is forgotten once it replies (participants fence its source attempts until forget)", async () => {
+    const { collector, calls } = await restoredRow(() => ({ status: 200, body: { reward: 1 } }));
+    expect(await collector.run()).toMatchObject({ finished: 1, continued: 1 });
+    expect(calls.filter((c) => c.op === "forget").map((c) => c.req.rollout_ids)).toEqual([["a"]]);
+  });
+
+  it("a continued row replying while a checkpoint is open is forgotten only after that checkpoint's resume", async () => {
+    const release = deferred();
+    let arrived = false;
+    const out = join(dir, "results.jsonl");
+    const fake = await restoredRow(
+      async () => {
+        arrived = true;
+        await release.promise;
+        return { status: 200, body: { reward: 1 } };
+      },
+      {
+        // The row's reply lands between commit and publish.
+        publish: async (req: never) => {
+          release.resolve();
+          await waitUntil(async () => (await readResults(out)).size === 1, "a's result");
+          return fake.base.publish(req);
+        },
+      },
+    );
+    fake.calls.length = 0;
+    const run = fake.collector.run();
+    await waitUntil(() => arrived, "the /run of a@1");
+    expect((await fake.collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(await run).toMatchObject({ finished: 1, continued: 1 });
+    expect(fake.calls.map((c) => c.op)).toEqual(["prepare", "commit", "publish", "resume", "forget"]);
+  });
+
+  it("sends no forget after a stop checkpoint (it stays open, and forget would be refused)", async () => {
+    const release = deferred();
+    let arrived = false;
+    const out = join(dir, "results.jsonl");
+    const fake = await restoredRow(
+      async () => {
+        arrived = true;
+        await release.promise;
+        return { status: 200, body: { reward: 1 } };
+      },
+      {
+        publish: async (req: never) => {
+          release.resolve();
+          await waitUntil(async () => (await readResults(out)).size === 1, "a's result");
+          return fake.base.publish(req);
+        },
+      },
+    );
+    fake.calls.length = 0;
+    const run = fake.collector.run();
+    await waitUntil(() => arrived, "the /run of a@1");
+    expect((await fake.collector.checkpoint({ stop: true })).published).toBe(true);
+    await run;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(fake.calls.map((c) => c.op)).toEqual(["prepare", "commit", "publish"]);
+  });
+});
