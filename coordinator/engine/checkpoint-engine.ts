@@ -339,6 +339,9 @@ export class CheckpointEngine {
       const deadlineMs = this.deadline(request.deadline_ts);
       const id = request.checkpoint_id ?? (await this.options.catalog.latest());
       if (id) identify(id);
+      // A restored checkpoint that no member holds any more (its controller abandoned it; its
+      // processes restarted or resumed by their lease) is closed first: a retry's reply would be stale.
+      if (this.open?.phase === "restored") await this.closeIfNobodyHolds(this.open);
       // A retry of the restore that is open (its reply was lost) gets that reply again.
       const open0 = this.open;
       if (open0?.restore && open0.phase === "restored" && open0.id === id && sameScope(open0.scope, request.episode_ids)) return open0.restore;
@@ -467,8 +470,9 @@ export class CheckpointEngine {
    * Completes what a previous leader journaled (presumed abort): a decided commit is re-driven and,
    * for the convenience op, published and resumed; a published checkpoint is resumed here only if
    * the convenience op published it (see recoverPublished); a restore is sent again (driveRestore:
-   * restored everywhere, or cleaned up all or nothing); anything else is resumed. Runs once
-   * leadership is ready, before any controller op.
+   * restored everywhere, or cleaned up all or nothing) unless it is restored and nobody holds it
+   * any more (closed); anything else is resumed. Runs once leadership is ready, before any
+   * controller op.
    *
    * Controller ops are served only once it resolves. One entry that fails is logged and stays
    * journaled (the controller can still resume it); but if the journal or the membership cannot be
@@ -592,6 +596,14 @@ export class CheckpointEngine {
       }
       case "restoring":
       case "restored": {
+        if (entry.state === "restored" && !mayHold(open.members, statuses, open.id)) {
+          // It outlived its processes (restarted, or resumed by their lease): its controller no longer
+          // has it to resume, and a re-sent restore would install it into processes that never took
+          // part, parked for nobody, while the open restore refused every new checkpoint.
+          log.info({ state: entry.state }, "recovery_restored_released_closed");
+          this.close(open.id);
+          return "restored_closed";
+        }
         // Re-driven like a decided commit: its controller saw outcome_unknown, and a retry with the
         // same id and scope gets the reply (a clean-up here would fence the id everywhere instead).
         log.info({ state: entry.state }, "recovery_redrive_restore");
@@ -677,15 +689,17 @@ export class CheckpointEngine {
   }
 
   /**
-   * A published checkpoint left open for its controller's resume (after publish, or recovered so)
-   * is closed once every member's status shows it no longer holds it (resumed by its lease, or
-   * restarted): otherwise it would refuse every new checkpoint until someone resumed it by hand.
+   * A published or restored checkpoint left open for its controller's resume (after publish or
+   * restore, or recovered so) is closed once every member's status shows it no longer holds it
+   * (resumed by its lease, or restarted): otherwise it would refuse every new checkpoint until
+   * someone resumed it by hand. A restored one whose controller abandoned it (it took a failover's
+   * outcome_unknown as a failure) would also be re-driven by every later leader.
    */
   private async closeIfNobodyHolds(open: OpenCheckpoint): Promise<void> {
-    if (open.phase !== "published") return;
+    if (open.phase !== "published" && open.phase !== "restored") return;
     const statuses = await this.probeStatuses(open.members);
     if (mayHold(open.members, statuses, open.id) || this.open !== open) return;
-    this.checkpointLog(open.id).info({ phase: open.phase }, "published_checkpoint_released_closed");
+    this.checkpointLog(open.id).info({ phase: open.phase }, `${open.phase}_checkpoint_released_closed`);
     this.close(open.id);
   }
 

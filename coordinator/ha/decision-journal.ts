@@ -26,8 +26,10 @@ import { openBucketAsserted } from "../membership/kv-bucket.js";
  *   restoring  restore was sent; recovery sends it again (participants that restored answer from
  *              their reply cache): all restored → restored; else attempt+1 is retired where it may
  *              have been installed, and everyone resumes
- *   restored   every participant restored; recovery sends it again to rebuild the reply (a retry
- *              gets it), then keeps it for the controller to resume
+ *   restored   every participant restored; recovery closes it without a message when no member's
+ *              status shows it still holding it (it outlived its processes: restarted, or resumed
+ *              by their lease); else sends it again to rebuild the reply (a retry gets it), then
+ *              keeps it for the controller to resume
  * The entry is removed once everyone was resumed.
  */
 export const JournalEntrySchema = z

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { waitUntil } from "../support/wait-until.js";
 import { startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
@@ -64,5 +65,67 @@ describe("a new leader recovering a restore its predecessor sent", () => {
       expect(p.handle.controlPlane.isRetired({ rollout_id: "q1", attempt: 1 })).toBe(false);
     }
     expect(world.participant("env1").adapter.restored.has("q1-a1")).toBe(true);
+  });
+});
+
+describe("a restore whose controller or leader went away part way", () => {
+  /** Leader `first` checkpoints `id` with one episode, every Gym server restarts, and `first` restores it there. */
+  async function restoredIntoFreshProcesses(id: string, rollout: string) {
+    for (const c of world.coordinators.splice(0)) await c.stop(); // a leader of its own
+    const first = await world.startCoordinator(NO_HTTP);
+    await first.whenReady();
+    const episode = { rollout_id: rollout, attempt: 0 };
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode(episode, { n: 2 });
+    await world.client.checkpoint({ checkpoint_id: id, stop: true });
+    await world.stopParticipants();
+    await world.startParticipants();
+    await world.client.restore({ checkpoint_id: id, episode_ids: [episode] });
+    return { first, episode };
+  }
+
+  async function restartAllParticipants(): Promise<void> {
+    await world.stopParticipants();
+    await world.startParticipants();
+  }
+
+  it("re-driven by a successor, then abandoned by its controller: once every Gym server restarted, the next checkpoint goes ahead and no later leader installs it again", async () => {
+    const { first, episode } = await restoredIntoFreshProcesses("ab-1", "ab");
+    await first.stop();
+    const journal = await KvDecisionJournal.open(world.pnc, world.deployment);
+    const entry = (await journal.list()).find((e) => e.checkpoint_id === "ab-1")!;
+    await journal.record({ ...entry, state: "restoring" }); // it died before journaling restored
+    const second = await world.startCoordinator(NO_HTTP);
+    await second.whenReady();
+    expect((await world.client.status()).checkpoint).toMatchObject({ checkpoint_id: "ab-1", phase: "restored" });
+    // Its controller took outcome_unknown for a failure: it retires the sources and moves on.
+    await world.client.retire({ episode_ids: [episode] });
+    await restartAllParticipants();
+    expect((await world.client.prepare({ checkpoint_id: "ab-next" })).prepared).toBe(true);
+    await world.client.resume({ checkpoint_id: "ab-next" });
+    await waitUntil(async () => !(await journal.list()).some((e) => e.checkpoint_id === "ab-1"), "ab-1's journal entry removed", 5000);
+    // A later leader finds nothing of ab-1 to re-drive into processes that never took part.
+    await second.stop();
+    const third = await world.startCoordinator(NO_HTTP);
+    await third.whenReady();
+    expect((await world.client.status()).checkpoint).toBeNull();
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.adapter.restored.size).toBe(0);
+    }
+  });
+
+  it("journaled restored, every Gym server restarted before the successor recovers: closed without installing it into them", async () => {
+    const { first } = await restoredIntoFreshProcesses("ab-2", "ab2");
+    await first.stop();
+    await restartAllParticipants();
+    const second = await world.startCoordinator(NO_HTTP);
+    await second.whenReady();
+    expect((await world.client.status()).checkpoint).toBeNull();
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.adapter.restored.size).toBe(0);
+    }
+    expect((await world.client.prepare({ checkpoint_id: "ab2-next" })).prepared).toBe(true);
+    await world.client.resume({ checkpoint_id: "ab2-next" });
   });
 });

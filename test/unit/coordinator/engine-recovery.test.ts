@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { JournalEntry } from "../../../coordinator/ha/decision-journal.js";
-import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { FakeParticipants, journalEmptied, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -254,6 +254,8 @@ describe("recovery with a journaled checkpoint left open and an unjournaled orph
     const leftover: JournalEntry = { ...newer, checkpoint_id: "ckpt-z-older", state: "restored", prepared_at: newer.prepared_at - 60, scope: [] };
     await second.journal.record(leftover);
     for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "ckpt-b-newer" });
+    // m1 does not answer its status, so it may still hold the leftover: recovery re-drives it.
+    second.fake.set("model", "m1", "status", "unreachable");
     const done = await second.engine.recover();
     expect(done).toEqual([
       { checkpoint_id: "ckpt-z-older", action: "restored" },
@@ -347,6 +349,7 @@ describe("recovery of a restore a predecessor journaled", () => {
     expect(entry.state).toBe("restored");
     await first.writer.settled();
     const second = await successor({ ...entry, state });
+    for (const [key, held] of first.fake.state) second.fake.state.set(key, held);
     for (const [key, cached] of first.fake.restoredHere) second.fake.restoredHere.set(key, cached);
     for (const [key, incarnation] of first.fake.restorers) second.fake.restorers.set(key, incarnation);
     return { second, reply };
@@ -402,6 +405,7 @@ describe("recovery of a restore a predecessor journaled", () => {
   it("restored, its controller's resume cut short by the crash: nothing is retired; the resume's retry finishes it", async () => {
     const { second } = await restoredThenCrashed("rs4", "restored");
     second.fake.set("agent", "a1", "restore", { error: "stale_checkpoint" }); // resumed already
+    second.fake.state.set("agent.a1", { phase: "idle", checkpoint_id: null });
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs4", action: "restored_partly_resumed" }]);
     expect(second.fake.ops("retire")).toHaveLength(0);
     expect(second.fake.ops("resume")).toHaveLength(0);
@@ -410,10 +414,11 @@ describe("recovery of a restore a predecessor journaled", () => {
     expect(second.fake.ops("retire")).toHaveLength(0);
   });
 
-  it("restored and resumed everywhere (its entry outlived the close): closed, nothing retired", async () => {
+  it("restored and resumed everywhere (its entry outlived the close): closed without a message", async () => {
     const { second } = await restoredThenCrashed("rs5", "restored");
-    for (const m of second.fake.members) second.fake.set(m.kind, m.instance, "restore", { error: "stale_checkpoint" });
-    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs5", action: "restored_resumed_closed" }]);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "idle", checkpoint_id: null });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs5", action: "restored_closed" }]);
+    expect(second.fake.ops("restore")).toHaveLength(0);
     expect(second.fake.ops("retire")).toHaveLength(0);
     expect(second.fake.ops("resume")).toHaveLength(0);
     expect(second.engine.openCheckpoint).toBeNull();
@@ -423,6 +428,7 @@ describe("recovery of a restore a predecessor journaled", () => {
   it("restored, one participant lost it (restarted, holding live state): journaled restoring, then attempt+1 retired everywhere and everyone resumed", async () => {
     const { second } = await restoredThenCrashed("rs6", "restored");
     second.fake.restoredHere.delete("model.m1.rs6");
+    second.fake.state.set("model.m1", { phase: "idle", checkpoint_id: null });
     second.fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" });
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs6", action: "retired_resumed" }]);
     // Journaled first: a successor finishing the clean-up must not take the resumed for resumed by their controller.
@@ -432,5 +438,60 @@ describe("recovery of a restore a predecessor journaled", () => {
     expect(second.fake.ops("retire")).toHaveLength(5);
     expect(second.fake.ops("resume")).toHaveLength(5);
     expect(second.engine.openCheckpoint).toBeNull();
+  });
+
+  /** Every participant process restarts: fresh, idle, holding nothing (no restore replies kept). */
+  function restartAll(fake: FakeParticipants): void {
+    for (const m of fake.members) fake.state.set(`${m.kind}.${m.instance}`, { phase: "idle", checkpoint_id: null });
+    fake.restoredHere.clear();
+  }
+
+  it("re-driven, then abandoned by its controller: once every participant restarted, the next prepare closes it without a message and goes ahead", async () => {
+    const { second } = await restoredThenCrashed("rs7", "restoring");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs7", action: "restored" }]);
+    // Its controller took outcome_unknown for a failure: it retires the sources and moves on, never resuming rs7.
+    await second.engine.retire({ episode_ids: scope });
+    restartAll(second.fake);
+    second.fake.calls.length = 0;
+    expect((await second.engine.prepare({ checkpoint_id: "rs7-next" })).prepared).toBe(true);
+    // Closed without a resume (it would fence rs7 in processes that never took part).
+    expect(second.fake.calls.filter((c) => c.body.checkpoint_id === "rs7")).toEqual([]);
+    expect(second.engine.openCheckpoint).toMatchObject({ checkpoint_id: "rs7-next", phase: "prepared" });
+    await waitUntil(() => !second.journal.entries.has("rs7"), "rs7's journal entry removed", 5000);
+  });
+
+  it("re-driven and abandoned, every participant restarted: a retire goes outside any checkpoint, and a restore of it installs it afresh", async () => {
+    const { second, reply } = await restoredThenCrashed("rs8", "restoring");
+    await second.engine.recover();
+    restartAll(second.fake);
+    // Same id and scope: not the stale reply of a restore nobody holds any more.
+    expect(await second.engine.restore({ checkpoint_id: "rs8", episode_ids: scope })).toEqual(reply);
+    expect(second.fake.installs).toHaveLength(5);
+    await second.engine.resume({ checkpoint_id: "rs8" });
+    restartAll(second.fake);
+    await second.engine.restore({ checkpoint_id: "rs8", episode_ids: scope });
+    restartAll(second.fake);
+    second.fake.calls.length = 0;
+    await second.engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 2 }] });
+    expect(second.fake.ops("retire").map((c) => c.body.checkpoint_id)).toEqual(Array(5).fill("retire"));
+    expect(second.engine.openCheckpoint).toBeNull();
+  });
+
+  it("restored, every participant restarted since: closed without a message, nothing installed into the fresh processes; the next prepare goes ahead", async () => {
+    const { second } = await restoredThenCrashed("rs9", "restored");
+    restartAll(second.fake);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs9", action: "restored_closed" }]);
+    expect(second.fake.calls.filter((c) => c.op !== "status")).toEqual([]);
+    expect(second.engine.openCheckpoint).toBeNull();
+    expect((await second.engine.prepare({ checkpoint_id: "rs9-next" })).prepared).toBe(true);
+    await waitUntil(() => !second.journal.entries.has("rs9"), "rs9's journal entry removed", 5000);
+  });
+
+  it("restored, one participant not answering its status (it may hold it): re-driven as before", async () => {
+    const { second } = await restoredThenCrashed("rs10", "restored");
+    restartAll(second.fake);
+    second.fake.set("model", "m1", "status", "unreachable");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs10", action: "restored" }]);
+    expect(second.fake.ops("restore")).toHaveLength(5);
   });
 });
