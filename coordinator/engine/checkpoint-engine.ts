@@ -68,6 +68,8 @@ interface OpenCheckpoint {
    * lost the restored state, so the restore is no longer all or nothing (see resumeRestored).
    */
   lostRestorers?: Map<string, string>;
+  /** Where the restore's clean-up retires attempt+1 (journaled with `restore_cleanup`; default every member). */
+  retireAt?: ParticipantRef[];
   log?: Logger;
 }
 
@@ -177,6 +179,11 @@ export class CheckpointEngine {
   private open: OpenCheckpoint | undefined;
   /** Checkpoints this coordinator resumed (closed); resume of one of them is idempotent. */
   private readonly closed = new Set<string>();
+  /**
+   * Restores whose all-or-nothing clean-up ran here (attempt+1 retired, everyone resumed): a resume
+   * retried once it closed answers `restore_failed` again, not the success a closed id gets.
+   */
+  private readonly cleanedUp = new Set<string>();
   /** Journal writes per checkpoint id: a removal scheduled by close() yields to any write made since. */
   private readonly journalWrites = new Map<string, number>();
   /**
@@ -243,6 +250,12 @@ export class CheckpointEngine {
       const open = this.open;
       if (open?.id === request.checkpoint_id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
       if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, this.deadline(request.deadline_ts), ctx);
+      if (open?.id !== request.checkpoint_id && this.cleanedUp.has(request.checkpoint_id)) {
+        throw new CheckpointError(
+          "restore_failed",
+          `the restore of checkpoint ${request.checkpoint_id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`,
+        );
+      }
       return this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx);
     });
   }
@@ -363,13 +376,15 @@ export class CheckpointEngine {
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
       const dir = this.options.catalog.dirFor(id);
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
-      this.assertJournalable(open, "restoring");
+      // Its clean-up's entry is the largest this restore may journal (it adds where to retire).
+      this.assertJournalable({ ...open, retireAt: members }, "restore_cleanup");
       if (unresumed && this.open === unresumed) this.close(id);
       const epoch = open.epoch;
       await this.journal(open, "restoring");
       // Leadership lost during the write dropped the open state: do not put back a stale restore.
       this.options.leadership.assert(epoch);
       this.open = open;
+      this.cleanedUp.delete(id);
       return this.driveRestore(open, deadlineMs, ctx);
     });
   }
@@ -471,8 +486,8 @@ export class CheckpointEngine {
    * for the convenience op, published and resumed; a published checkpoint is resumed here only if
    * the convenience op published it (see recoverPublished); a restore is sent again (driveRestore:
    * restored everywhere, or cleaned up all or nothing) unless it is restored and nobody holds it
-   * any more (closed); anything else is resumed. Runs once leadership is ready, before any
-   * controller op.
+   * any more (closed); a restore's clean-up is finished; anything else is resumed. Runs once
+   * leadership is ready, before any controller op.
    *
    * Controller ops are served only once it resolves. One entry that fails is logged and stays
    * journaled (the controller can still resume it); but if the journal or the membership cannot be
@@ -616,6 +631,12 @@ export class CheckpointEngine {
         }
         return this.open === open ? "restored_partly_resumed" : "restored_resumed_closed";
       }
+      case "restore_cleanup":
+        // Finished, never re-driven: participants keep their restore reply past a retire, so a
+        // re-sent restore would answer restored where attempt+1 was already retired.
+        log.info({ state: entry.state }, "recovery_restore_cleanup");
+        await this.restoreCleanup(open, deadlineMs, undefined, entry.retire_at ?? open.members);
+        return "retired_resumed";
       case "open":
       case "published":
         if (entry.state === "published" && this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
@@ -925,8 +946,8 @@ export class CheckpointEngine {
    * The resume of a restored checkpoint. A member that restarted since it restored (the membership
    * view shows it, or it refuses the resume as another incarnation) lost its restored state while
    * the others kept theirs: continuing would mix a restored rollout with one started from input.
-   * So the restore's all-or-nothing clean-up runs instead (journaled first, so a successor finishes
-   * it), and the reply is `restore_failed`.
+   * So the restore's all-or-nothing clean-up runs instead (journaled `restore_cleanup` first, so a
+   * successor finishes it rather than re-drive the restore), and the reply is `restore_failed`.
    */
   private async resumeRestored(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
     for (const m of open.members) {
@@ -945,7 +966,7 @@ export class CheckpointEngine {
     }
     const lost: Map<string, string> = open.lostRestorers;
     this.checkpointLog(open.id).warn({ lost: [...lost.keys()] }, "restored_participant_restarted");
-    await this.journal(open, "restoring");
+    await this.journal(open, "restore_cleanup");
     await this.restoreCleanup(open, deadlineMs, ctx);
     throw new CheckpointError(
       "restore_failed",
@@ -1064,11 +1085,11 @@ export class CheckpointEngine {
   /**
    * Sends `open`'s restore (its id, directory and scope; this leader's epoch) to every member and
    * settles it all or nothing: every member restored → journaled `restored`, and the reply kept in
-   * `open.restore` for a retry; otherwise attempt+1 is retired where it may have been installed,
-   * everyone resumes, and it throws `restore_failed`. Recovery re-drives a predecessor's restore
-   * (`journaled`: its entry's state) through here: a member that restored it already answers from
-   * its reply cache (kept per id, directory and scope, whatever the epoch and deadline), one that
-   * never got it installs it now.
+   * `open.restore` for a retry; otherwise (journaled `restore_cleanup`) attempt+1 is retired where
+   * it may have been installed, everyone resumes, and it throws `restore_failed`. Recovery
+   * re-drives a predecessor's restore (`journaled`: its entry's state) through here: a member that
+   * restored it already answers from its reply cache (kept per id, directory and scope, whatever
+   * the epoch and deadline), one that never got it installs it now.
    */
   private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"restore">>;
   private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled: "restoring" | "restored"): Promise<CtlReplyOf<"restore"> | undefined>;
@@ -1106,9 +1127,11 @@ export class CheckpointEngine {
       journaled === "restored"
         ? open.members
         : outcomes.filter((o) => o.ok || !REFUSED_BEFORE_INSTALL.has(o.code) || (journaled === "restoring" && o.code === "stale_checkpoint")).map((o) => o.participant);
-    // Journaled `restoring` first, so a successor finishing this clean-up does not take the members
-    // already resumed by it for ones its controller resumed (as resumeRestored does).
-    if (journaled === "restored") await this.journal(open, "restoring");
+    // Journaled first, so a successor finishes this clean-up (at the same members) instead of
+    // re-driving the restore: participants keep their restore reply past a retire, so a re-sent
+    // restore would look restored where attempt+1 was retired already.
+    open.retireAt = installedMaybe;
+    await this.journal(open, "restore_cleanup");
     await this.restoreCleanup(open, deadlineMs, ctx, installedMaybe);
     const cause = combinedFailure("restore", failures);
     const retired = installedMaybe.length
@@ -1121,6 +1144,7 @@ export class CheckpointEngine {
 
   /** All-or-nothing restore clean-up: retire attempt+1 at `retireAt` (default everyone), then resume everyone. */
   private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, retireAt: readonly ParticipantRef[] = open.members): Promise<void> {
+    this.cleanedUp.add(open.id);
     const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
     const replacements = (open.scope ?? []).map(nextAttempt);
@@ -1424,6 +1448,7 @@ export class CheckpointEngine {
       restarts: open.restarts,
       auto_publish: open.autoPublish,
       controller_state: open.controllerState,
+      ...(state === "restore_cleanup" && { retire_at: (open.retireAt ?? open.members).map((m) => ({ kind: m.kind, instance: m.instance })) }),
       updated_at: this.options.clock.now(),
     };
   }

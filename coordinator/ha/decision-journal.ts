@@ -24,19 +24,23 @@ import { openBucketAsserted } from "../membership/kv-bucket.js";
  *              the same way, so publication needs no journal write: recovery sends no resume; it
  *              keeps the checkpoint open (published) while a participant may hold it, else closes it
  *   restoring  restore was sent; recovery sends it again (participants that restored answer from
- *              their reply cache): all restored → restored; else attempt+1 is retired where it may
- *              have been installed, and everyone resumes
+ *              their reply cache): all restored → restored; else the clean-up (restore_cleanup)
  *   restored   every participant restored; recovery closes it without a message when no member's
  *              status shows it still holding it (it outlived its processes: restarted, or resumed
  *              by their lease); else sends it again to rebuild the reply (a retry gets it), then
  *              keeps it for the controller to resume
+ *   restore_cleanup
+ *              a failed restore's all-or-nothing clean-up began (or a restored one's resume found a
+ *              member restarted): recovery finishes it, retiring attempt+1 at `retire_at` and then
+ *              resuming everyone; never re-driven (a participant's retire keeps its restore reply,
+ *              so a re-sent restore would look restored where attempt+1 was already retired)
  * The entry is removed once everyone was resumed.
  */
 export const JournalEntrySchema = z
   .object({
     checkpoint_id: CheckpointIdSchema,
     epoch: z.number().int().min(0),
-    state: z.enum(["open", "decided", "published", "restoring", "restored"]),
+    state: z.enum(["open", "decided", "published", "restoring", "restored", "restore_cleanup"]),
     participants: z.array(z.object({ kind: KindSchema, instance: InstanceSchema }).strict()),
     prepared_at: z.number(),
     checkpoint_dir: z.string().nullable(),
@@ -46,6 +50,11 @@ export const JournalEntrySchema = z
     /** Set by the convenience `checkpoint` op: recovery publishes and resumes after commit. */
     auto_publish: z.boolean(),
     controller_state: ControllerStateInputSchema.nullable(),
+    /**
+     * restore_cleanup only: the members where attempt+1 is retired, those the restore may have
+     * installed it at (a participant that refused it keeps its attempts). Absent: every member.
+     */
+    retire_at: z.array(z.object({ kind: KindSchema, instance: InstanceSchema }).strict()).optional(),
     updated_at: z.number(),
   })
   .strict();

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { waitUntil } from "../support/wait-until.js";
-import { startWorld, type World } from "./coordinator-harness.js";
+import { hookLog, startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
 beforeAll(async () => {
@@ -80,7 +80,7 @@ describe("a restore whose controller or leader went away part way", () => {
     await world.stopParticipants();
     await world.startParticipants();
     await world.client.restore({ checkpoint_id: id, episode_ids: [episode] });
-    return { first, episode };
+    return { first, episode, next: { rollout_id: rollout, attempt: 1 } };
   }
 
   async function restartAllParticipants(): Promise<void> {
@@ -127,5 +127,39 @@ describe("a restore whose controller or leader went away part way", () => {
     }
     expect((await world.client.prepare({ checkpoint_id: "ab2-next" })).prepared).toBe(true);
     await world.client.resume({ checkpoint_id: "ab2-next" });
+  });
+
+  it("the resume's clean-up (a Gym server restarted since the restore) cut short by the leader's death: the successor finishes it, and the resume's retry answers restore_failed", async () => {
+    const { first, next } = await restoredIntoFreshProcesses("ab-3", "ab3");
+    // agent2 restarts between the restore and its resume: it lost what it restored.
+    const old = world.participant("agent2");
+    await old.handle.stop();
+    world.participants.splice(world.participants.indexOf(old), 1);
+    const [fresh] = await world.startParticipants([{ kind: "agent", instance: "agent2" }]);
+    await waitUntil(() => first.members.incarnationOf?.({ kind: "agent", instance: "agent2" }) === fresh!.handle.controlPlane.incarnation, "the restart in the leader's view", 5000);
+    // The clean-up's first retire stage (env1) is held while the leader dies.
+    let release!: () => void;
+    world.participant("env1").adapter.delay("retire", new Promise<void>((resolve) => (release = resolve)));
+    const mark = hookLog.length;
+    const resumed = first.engine.resume({ checkpoint_id: "ab-3" }).then(
+      () => "ok",
+      (error: { code?: string }) => error.code,
+    );
+    await waitUntil(() => hookLog.slice(mark).includes("retire:environment/env1"), "the clean-up's retire at env1", 5000);
+    await first.lease.stop(true);
+    release();
+    expect(await resumed).toBe("outcome_unknown");
+    expect(world.participant("env1").handle.controlPlane.isRetired(next)).toBe(true);
+    expect(world.participant("agent1").handle.controlPlane.isRetired(next)).toBe(false); // cut short there
+    await first.stop();
+    const second = await world.startCoordinator(NO_HTTP);
+    await second.whenReady();
+    // Finished, not re-driven: attempt+1 retired everywhere, everyone resumed.
+    expect((await world.client.status()).checkpoint).toBeNull();
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.handle.controlPlane.isRetired(next)).toBe(true);
+    }
+    expect(await world.client.resume({ checkpoint_id: "ab-3" }).then(() => "ok", (error: { code?: string }) => error.code)).toBe("restore_failed");
   });
 });

@@ -2,7 +2,7 @@ import { Writable } from "node:stream";
 import { Kvm } from "@nats-io/kv";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
+import { KvDecisionJournal, type JournalEntry } from "../../coordinator/ha/decision-journal.js";
 import { journalBucket } from "../../protocol/index.js";
 import { journalEntry } from "../unit/coordinator/fake-participants.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -51,8 +51,21 @@ describe("KV decision journal", () => {
   });
 });
 
+describe("KV decision journal: a restore's clean-up", () => {
+  it("a restore_cleanup entry keeps where attempt+1 is retired; an entry without retire_at (written before it existed) still lists", async () => {
+    const e1 = { kind: "environment" as const, instance: "e1" };
+    const m1 = { kind: "model" as const, instance: "m1" };
+    const journal = await KvDecisionJournal.open(nats.nc, "jclean");
+    const cleanup = journalEntry({ checkpoint_id: "c-clean", state: "restore_cleanup", participants: [e1, m1], retire_at: [e1] });
+    const older = journalEntry({ checkpoint_id: "c-older", state: "restoring", participants: [e1, m1], updated_at: 2 });
+    await journal.record(cleanup);
+    await journal.record(older);
+    expect(await (await KvDecisionJournal.open(nats.nc, "jclean")).list()).toEqual([cleanup, older]);
+  });
+});
+
 describe("KV decision journal: writes fenced by revision", () => {
-  const entry = (checkpoint_id: string, state: "open" | "decided" | "restoring" | "restored") =>
+  const entry = (checkpoint_id: string, state: JournalEntry["state"]) =>
     journalEntry({ checkpoint_id, state, participants: [{ kind: "environment", instance: "e1" }] });
 
   it("a deposed leader's late write cannot bring back an entry its successor removed or rewrote", async () => {

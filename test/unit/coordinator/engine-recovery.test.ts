@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { JournalEntry } from "../../../coordinator/ha/decision-journal.js";
-import { FakeParticipants, journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { FakeParticipants, FOUR_KINDS, journalEmptied, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -425,16 +425,16 @@ describe("recovery of a restore a predecessor journaled", () => {
     await journalEmptied(second.journal);
   });
 
-  it("restored, one participant lost it (restarted, holding live state): journaled restoring, then attempt+1 retired everywhere and everyone resumed", async () => {
+  it("restored, one participant lost it (restarted, holding live state): journaled restore_cleanup, then attempt+1 retired everywhere and everyone resumed", async () => {
     const { second } = await restoredThenCrashed("rs6", "restored");
     second.fake.restoredHere.delete("model.m1.rs6");
     second.fake.state.set("model.m1", { phase: "idle", checkpoint_id: null });
     second.fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" });
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs6", action: "retired_resumed" }]);
-    // Journaled first: a successor finishing the clean-up must not take the resumed for resumed by their controller.
+    // Journaled first: a successor finishes the clean-up rather than re-drive the restore.
     const events = second.fake.events;
-    expect(events.indexOf("journal:restoring")).toBeGreaterThan(-1);
-    expect(events.indexOf("journal:restoring")).toBeLessThan(events.findIndex((e) => e.startsWith("retire:")));
+    expect(events.indexOf("journal:restore_cleanup")).toBeGreaterThan(-1);
+    expect(events.indexOf("journal:restore_cleanup")).toBeLessThan(events.findIndex((e) => e.startsWith("retire:")));
     expect(second.fake.ops("retire")).toHaveLength(5);
     expect(second.fake.ops("resume")).toHaveLength(5);
     expect(second.engine.openCheckpoint).toBeNull();
@@ -493,5 +493,69 @@ describe("recovery of a restore a predecessor journaled", () => {
     second.fake.set("model", "m1", "status", "unreachable");
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs10", action: "restored" }]);
     expect(second.fake.ops("restore")).toHaveLength(5);
+  });
+
+  /** Makes the leader `engine` die (demoted) once the first retire stage's request was answered. */
+  function dieAfterFirstRetire(made: ReturnType<typeof makeEngine>): void {
+    const request = made.fake.request.bind(made.fake);
+    made.fake.request = async (subject, body, options) => {
+      const answer = await request(subject, body, options);
+      if (subject.endsWith(".retire")) {
+        made.leadership.demote();
+        made.engine.leadershipLost();
+      }
+      return answer;
+    };
+  }
+
+  it("a restored resume's clean-up cut short by a crash (e1 retired attempt+1): the successor finishes it, never re-drives the restore, and the resume's retry answers restore_failed", async () => {
+    const incarnations = new Map(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, "old"]));
+    const first = makeEngine(root, { incarnations });
+    await first.engine.checkpoint({ checkpoint_id: "rc1", episode_ids: null, stop: false, controller_state: null });
+    await first.engine.restore({ checkpoint_id: "rc1", episode_ids: scope });
+    incarnations.set("model.m1", "new"); // m1 restarted between the restore and its resume
+    dieAfterFirstRetire(first);
+    expect((await refusalOf(first.engine.resume({ checkpoint_id: "rc1" }))).code).toBe("outcome_unknown");
+    expect(first.fake.ops("retire").map((c) => `${c.kind}/${c.instance}`)).toEqual(["environment/e1"]);
+    const entry = structuredClone(first.journal.entries.get("rc1")!);
+    expect(entry.state).toBe("restore_cleanup");
+
+    // The successor over the same processes: m1 is the fresh one, the others still hold rc1 and keep their restore replies.
+    const second = await successor(entry);
+    for (const [key, held] of first.fake.state) second.fake.state.set(key, held);
+    for (const [key, cached] of first.fake.restoredHere) second.fake.restoredHere.set(key, cached);
+    second.fake.state.set("model.m1", { phase: "idle", checkpoint_id: null });
+    second.fake.restoredHere.delete("model.m1.rc1");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rc1", action: "retired_resumed" }]);
+    expect(second.fake.ops("restore")).toHaveLength(0);
+    expect(second.fake.ops("retire").map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(FOUR_KINDS.map((m) => `${m.kind}/${m.instance}`).sort());
+    expect(second.fake.ops("retire").every((c) => JSON.stringify(c.body.episode_ids) === JSON.stringify([{ rollout_id: "r1", attempt: 1 }]))).toBe(true);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect(second.engine.openCheckpoint).toBeNull();
+    // The controller retries its resume (it got outcome_unknown): the restore failed, all or nothing.
+    expect((await refusalOf(second.engine.resume({ checkpoint_id: "rc1" }))).code).toBe("restore_failed");
+    await journalEmptied(second.journal);
+  });
+
+  it("a failed restore's clean-up cut short by a crash: the successor finishes it at the same participants (not the one that refused), never re-drives the restore", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "rc2", episode_ids: null, stop: false, controller_state: null });
+    first.fake.set("model", "m1", "restore", { error: "invalid_checkpoint_state" }); // installed nothing
+    dieAfterFirstRetire(first);
+    expect((await refusalOf(first.engine.restore({ checkpoint_id: "rc2", episode_ids: scope }))).code).toBe("outcome_unknown");
+    const entry = structuredClone(first.journal.entries.get("rc2")!);
+    expect(entry.state).toBe("restore_cleanup");
+    expect(entry.retire_at?.map((m) => m.instance).sort()).toEqual(["a1", "a2", "e1", "r1"]);
+
+    // m1 would restore now (its refusal was passing): a re-driven restore would look restored everywhere.
+    const second = await successor(entry);
+    for (const [key, held] of first.fake.state) second.fake.state.set(key, held);
+    for (const [key, cached] of first.fake.restoredHere) second.fake.restoredHere.set(key, cached);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rc2", action: "retired_resumed" }]);
+    expect(second.fake.ops("restore")).toHaveLength(0);
+    expect(second.fake.ops("retire").map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "environment/e1", "resources/r1"]);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect(second.engine.openCheckpoint).toBeNull();
+    await journalEmptied(second.journal);
   });
 });
