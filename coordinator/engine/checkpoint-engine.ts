@@ -180,10 +180,12 @@ export class CheckpointEngine {
   /** Checkpoints this coordinator resumed (closed); resume of one of them is idempotent. */
   private readonly closed = new Set<string>();
   /**
-   * Restores whose all-or-nothing clean-up ran here (attempt+1 retired, everyone resumed): a resume
-   * retried once it closed answers `restore_failed` again, not the success a closed id gets.
+   * Restores that ended without their resume: their all-or-nothing clean-up ran here (attempt+1
+   * retired, everyone resumed), or they were closed because no process held them any more. A
+   * resume retried once such a restore closed answers `restore_failed` (this detail), not the
+   * success a closed id gets: the controller must not continue rollouts nobody restored.
    */
-  private readonly cleanedUp = new Set<string>();
+  private readonly restoreFailures = new Map<string, string>();
   /** Journal writes per checkpoint id: a removal scheduled by close() yields to any write made since. */
   private readonly journalWrites = new Map<string, number>();
   /**
@@ -250,12 +252,8 @@ export class CheckpointEngine {
       const open = this.open;
       if (open?.id === request.checkpoint_id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
       if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, this.deadline(request.deadline_ts), ctx);
-      if (open?.id !== request.checkpoint_id && this.cleanedUp.has(request.checkpoint_id)) {
-        throw new CheckpointError(
-          "restore_failed",
-          `the restore of checkpoint ${request.checkpoint_id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`,
-        );
-      }
+      const failed = open?.id === request.checkpoint_id ? undefined : this.restoreFailures.get(request.checkpoint_id);
+      if (failed) throw new CheckpointError("restore_failed", failed);
       return this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx);
     });
   }
@@ -384,7 +382,7 @@ export class CheckpointEngine {
       // Leadership lost during the write dropped the open state: do not put back a stale restore.
       this.options.leadership.assert(epoch);
       this.open = open;
-      this.cleanedUp.delete(id);
+      this.restoreFailures.delete(id);
       return this.driveRestore(open, deadlineMs, ctx);
     });
   }
@@ -616,7 +614,7 @@ export class CheckpointEngine {
           // has it to resume, and a re-sent restore would install it into processes that never took
           // part, parked for nobody, while the open restore refused every new checkpoint.
           log.info({ state: entry.state }, "recovery_restored_released_closed");
-          this.close(open.id);
+          this.closeReleasedRestore(open);
           return "restored_closed";
         }
         // Re-driven like a decided commit: its controller saw outcome_unknown, and a retry with the
@@ -721,6 +719,19 @@ export class CheckpointEngine {
     const statuses = await this.probeStatuses(open.members);
     if (mayHold(open.members, statuses, open.id) || this.open !== open) return;
     this.checkpointLog(open.id).info({ phase: open.phase }, `${open.phase}_checkpoint_released_closed`);
+    if (open.phase === "restored") this.closeReleasedRestore(open);
+    else this.close(open.id);
+  }
+
+  /**
+   * Closes a restore no process holds any more (restarted, or resumed by its lease) without a
+   * resume: what it restored may be gone, so its controller's resume answers `restore_failed`.
+   */
+  private closeReleasedRestore(open: OpenCheckpoint): void {
+    this.restoreFailures.set(
+      open.id,
+      `the restore of checkpoint ${open.id} was released before its resume (its processes restarted, or resumed when their lease expired), so what it restored may be gone: retire attempt+1 and restart those rollouts from input`,
+    );
     this.close(open.id);
   }
 
@@ -1144,7 +1155,7 @@ export class CheckpointEngine {
 
   /** All-or-nothing restore clean-up: retire attempt+1 at `retireAt` (default everyone), then resume everyone. */
   private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, retireAt: readonly ParticipantRef[] = open.members): Promise<void> {
-    this.cleanedUp.add(open.id);
+    this.restoreFailures.set(open.id, `the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
     const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
     const replacements = (open.scope ?? []).map(nextAttempt);
@@ -1356,9 +1367,11 @@ export class CheckpointEngine {
     // crash only makes a successor resume again (idempotent) or repair LATEST. A write for the same
     // id since (a restore of this checkpoint) keeps its entry.
     const writes = this.journalWrites.get(id);
+    const term = this.leaderTerm;
     this.options.writer.durable().then(
       () => {
-        if (this.journalWrites.get(id) !== writes) return;
+        // A write since, or another term (whose recovery may have journaled this id anew), keeps it.
+        if (this.journalWrites.get(id) !== writes || this.leaderTerm !== term) return;
         this.journalWrites.delete(id);
         return this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
       },

@@ -1,4 +1,4 @@
-import type { KV } from "@nats-io/kv";
+import type { KV, KvEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { z } from "zod";
@@ -115,19 +115,32 @@ export class KvDecisionJournal implements DecisionJournal {
   async record(entry: JournalEntry): Promise<void> {
     const key = entry.checkpoint_id;
     const value = assertJournalEntryFits(JournalEntrySchema.parse(entry));
-    await this.fenced(key, async (known) => {
-      // create: a key nobody holds (or one removed: its purge marker is taken over).
-      this.revisions.set(key, known === undefined ? await this.kv.create(key, value) : await this.kv.update(key, value, known));
-    });
+    await this.fenced(
+      key,
+      async (known) => {
+        // create: a key nobody holds (or one removed: its purge marker is taken over).
+        this.revisions.set(key, known === undefined ? await this.kv.create(key, value) : await this.kv.update(key, value, known));
+      },
+      // Landed if the key now holds exactly this value (entries carry their time, so no other write does).
+      (now) => {
+        if (now?.operation === "PUT" && now.string() === value) this.revisions.set(key, now.revision);
+      },
+    );
   }
 
   async remove(checkpointId: string): Promise<void> {
-    await this.fenced(checkpointId, async (known) => {
-      // Never written or read here: nothing of this coordinator's to remove.
-      if (known === undefined) return;
-      await this.kv.purge(checkpointId, { previousSeq: known });
-      this.revisions.delete(checkpointId);
-    });
+    await this.fenced(
+      checkpointId,
+      async (known) => {
+        // Never written or read here: nothing of this coordinator's to remove.
+        if (known === undefined) return;
+        await this.kv.purge(checkpointId, { previousSeq: known });
+        this.revisions.delete(checkpointId);
+      },
+      (now) => {
+        if (!now || now.operation !== "PUT") this.revisions.delete(checkpointId);
+      },
+    );
   }
 
   async list(): Promise<JournalEntry[]> {
@@ -156,14 +169,21 @@ export class KvDecisionJournal implements DecisionJournal {
     return entries.sort((a, b) => a.updated_at - b.updated_at);
   }
 
-  /** Runs `write` after the key's earlier writes, with the revision they left (undefined: none known). */
-  private fenced(key: string, write: (known: number | undefined) => Promise<void>): Promise<void> {
+  /**
+   * Runs `write` after the key's earlier writes, with the revision they left (undefined: none
+   * known). A write whose outcome is unknown (its acknowledgement was lost) is reconciled with what
+   * the key holds now (`landed`), so this coordinator's own write that did land never fences it out.
+   */
+  private fenced(key: string, write: (known: number | undefined) => Promise<void>, landed: (now: KvEntry | null) => void): Promise<void> {
     const run = async (): Promise<void> => {
       try {
         await write(this.revisions.get(key));
       } catch (error) {
+        if (!isWrongRevision(error)) {
+          await this.kv.get(key).then(landed, () => undefined); // unreadable: the next write finds out
+          throw error;
+        }
         // The stale revision stays: every later write of the key is refused the same way.
-        if (!isWrongRevision(error)) throw error;
         throw new CheckpointError("not_leader", `journal entry ${key} was changed by another coordinator since this one last wrote or read it`, { cause: error });
       }
     };

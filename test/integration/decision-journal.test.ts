@@ -95,3 +95,37 @@ describe("KV decision journal: writes fenced by revision", () => {
     expect(await journal.list()).toEqual([]);
   });
 });
+
+describe("KV decision journal: a write whose acknowledgement was lost", () => {
+  const entry = (checkpoint_id: string, state: "open" | "decided") => journalEntry({ checkpoint_id, state, participants: [{ kind: "environment", instance: "e1" }] });
+
+  /** The next call of `method` lands at the server, then fails as a lost acknowledgement would. */
+  function loseNextAck(journal: KvDecisionJournal, method: "create" | "update" | "purge"): void {
+    const kv = (journal as unknown as { kv: Record<string, (...args: unknown[]) => Promise<unknown>> }).kv;
+    const real = kv[method]!.bind(kv);
+    let armed = true;
+    kv[method] = async (...args: unknown[]) => {
+      const result = await real(...args);
+      if (armed) {
+        armed = false;
+        throw new Error("TIMEOUT");
+      }
+      return result;
+    };
+  }
+
+  it("does not fence out the coordinator that wrote it: its next writes and the removal go through", async () => {
+    for (const method of ["create", "update", "purge"] as const) {
+      const journal = await KvDecisionJournal.open(nats.nc, `jack-${method}`);
+      if (method !== "create") await journal.record(entry("ck", "open"));
+      if (method === "purge") await journal.record(entry("ck", "decided"));
+      loseNextAck(journal, method);
+      const lost = method === "purge" ? journal.remove("ck") : journal.record(entry("ck", method === "create" ? "open" : "decided"));
+      await expect(lost).rejects.toThrow(/TIMEOUT/);
+      // landed: the coordinator carries on with the revision it left (a re-recorded entry after a removal)
+      await journal.record(entry("ck", "open"));
+      await journal.remove("ck");
+      expect(await (await KvDecisionJournal.open(nats.nc, `jack-${method}`)).list()).toEqual([]);
+    }
+  });
+});

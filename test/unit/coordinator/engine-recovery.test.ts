@@ -483,6 +483,10 @@ describe("recovery of a restore a predecessor journaled", () => {
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs9", action: "restored_closed" }]);
     expect(second.fake.calls.filter((c) => c.op !== "status")).toEqual([]);
     expect(second.engine.openCheckpoint).toBeNull();
+    // its controller, told outcome_unknown, retries the resume: nothing it restored is left
+    const retried = await refusalOf(second.engine.resume({ checkpoint_id: "rs9" }));
+    expect(retried.code).toBe("restore_failed");
+    expect(retried.message).toContain("released before its resume");
     expect((await second.engine.prepare({ checkpoint_id: "rs9-next" })).prepared).toBe(true);
     await waitUntil(() => !second.journal.entries.has("rs9"), "rs9's journal entry removed", 5000);
   });
