@@ -582,6 +582,14 @@ export class CheckpointEngine {
     switch (entry.state) {
       case "decided": {
         if (this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
+        const newer = await this.publishedSince(entry);
+        if (newer) {
+          // A decision whose withdrawal failed while its controller moved on: completing it now
+          // would move LATEST back from the newer checkpoint. Presumed abort instead.
+          log.warn({ state: entry.state, latest: newer }, "recovery_decision_overtaken_resumed");
+          await this.abortDecided(open.id, deadlineMs, undefined, new Error(`checkpoint ${newer} was published since`));
+          return "decision_overtaken_resumed";
+        }
         log.info({ state: entry.state }, "recovery_redrive_commit");
         try {
           await this.doCommit(open.id, deadlineMs, entry.scope, entry.stop, undefined);
@@ -645,6 +653,17 @@ export class CheckpointEngine {
         const unknownState: never = entry.state;
         throw new Error(`unknown journal state ${String(unknownState)}`);
       }
+    }
+  }
+
+  /** The checkpoint LATEST names, if it was prepared after `entry`'s (unreadable: none). */
+  private async publishedSince(entry: JournalEntry): Promise<string | undefined> {
+    try {
+      const latest = await this.options.catalog.latest();
+      if (latest === null || latest === entry.checkpoint_id) return undefined;
+      return (await this.options.catalog.get(latest)).prepared_at > entry.prepared_at ? latest : undefined;
+    } catch {
+      return undefined;
     }
   }
 

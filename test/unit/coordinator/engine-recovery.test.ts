@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { JournalEntry } from "../../../coordinator/ha/decision-journal.js";
+import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { FakeParticipants, FOUR_KINDS, journalEmptied, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
@@ -329,6 +330,28 @@ describe("the journal entry outlives the checkpoint until LATEST's rename is dur
     await failing.engine.checkpoint({ checkpoint_id: "z2", episode_ids: null, stop: false, controller_state: null });
     await fsyncFailed.catch(() => undefined); // the engine's handler, registered first, has run
     expect(failing.journal.entries.get("z2")?.state).toBe("decided");
+  });
+});
+
+describe("recovery of a decided checkpoint overtaken by a newer publication", () => {
+  it("is resumed (presumed abort), never completed: LATEST is not moved back", async () => {
+    const first = makeEngine(root);
+    await first.engine.prepare({ checkpoint_id: "old-dec" });
+    await first.engine.commit({ checkpoint_id: "old-dec", episode_ids: null, stop: false });
+    // Its withdrawal failed (the entry stayed decided) and the controller moved on.
+    const entry = structuredClone(first.journal.entries.get("old-dec")!);
+    expect(entry.state).toBe("decided");
+    await first.engine.resume({ checkpoint_id: "old-dec" });
+    first.clock.current += 1000;
+    await first.engine.checkpoint({ checkpoint_id: "new-pub", episode_ids: null, stop: false, controller_state: null });
+    await first.writer.settled();
+    const second = await successor(entry);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "old-dec", action: "decision_overtaken_resumed" }]);
+    expect(second.fake.ops("commit")).toHaveLength(0);
+    expect(second.fake.ops("resume").map((c) => c.body.checkpoint_id)).toEqual(Array(5).fill("old-dec"));
+    expect(await new CheckpointCatalog(root).latest()).toBe("new-pub");
+    await expect(new CheckpointCatalog(root).get("old-dec")).rejects.toMatchObject({ code: "not_found" });
+    await journalEmptied(second.journal);
   });
 });
 
