@@ -64,7 +64,9 @@ describe("NatsServerProcess", () => {
       // The server's ports file goes elsewhere (the last flag wins), so it never looks listening to
       // the launcher, however fast it starts: a 1 ms budget raced a busy machine's first poll.
       const args = ["--ports_file_dir", join(storeDir, "elsewhere")];
-      await expect(NatsServerProcess.start({ storeDir, startTimeoutMs: 300, args })).rejects.toThrow(/did not listen within 300 ms/);
+      const starting = NatsServerProcess.start({ storeDir, startTimeoutMs: 300, args });
+      void starting.then((server) => server.dispose(), () => undefined); // a start that wrongly succeeds must not leak a server
+      await expect(starting).rejects.toThrow(/did not listen within 300 ms/);
       await waitUntil(async () => (await processesMentioning(storeDir)).length === 0, "the unstarted nats-server to be gone", 5000);
     } finally {
       await rm(storeDir, { recursive: true, force: true });
