@@ -781,7 +781,8 @@ describe("collector restored-source fences", () => {
     expect(calls.filter((c) => c.op === "forget").map((c) => c.req.rollout_ids)).toEqual([["a"]]);
   });
 
-  it("a continued row replying while a checkpoint is open is forgotten only after that checkpoint's resume", async () => {
+  /** A restored row whose reply lands between commit and publish of the checkpoint taken while it runs. */
+  async function continuedRowReplyingMidCheckpoint() {
     const release = deferred();
     let arrived = false;
     const out = join(dir, "results.jsonl");
@@ -792,7 +793,6 @@ describe("collector restored-source fences", () => {
         return { status: 200, body: { reward: 1 } };
       },
       {
-        // The row's reply lands between commit and publish.
         publish: async (req: never) => {
           release.resolve();
           await waitUntil(async () => (await readResults(out)).size === 1, "a's result");
@@ -803,35 +803,20 @@ describe("collector restored-source fences", () => {
     fake.calls.length = 0;
     const run = fake.collector.run();
     await waitUntil(() => arrived, "the /run of a@1");
+    return { fake, run };
+  }
+
+  it("a continued row replying while a checkpoint is open is forgotten only after that checkpoint's resume", async () => {
+    const { fake, run } = await continuedRowReplyingMidCheckpoint();
     expect((await fake.collector.checkpoint({ stop: false })).published).toBe(true);
     expect(await run).toMatchObject({ finished: 1, continued: 1 });
     expect(fake.calls.map((c) => c.op)).toEqual(["prepare", "commit", "publish", "resume", "forget"]);
   });
 
   it("sends no forget after a stop checkpoint (it stays open, and forget would be refused)", async () => {
-    const release = deferred();
-    let arrived = false;
-    const out = join(dir, "results.jsonl");
-    const fake = await restoredRow(
-      async () => {
-        arrived = true;
-        await release.promise;
-        return { status: 200, body: { reward: 1 } };
-      },
-      {
-        publish: async (req: never) => {
-          release.resolve();
-          await waitUntil(async () => (await readResults(out)).size === 1, "a's result");
-          return fake.base.publish(req);
-        },
-      },
-    );
-    fake.calls.length = 0;
-    const run = fake.collector.run();
-    await waitUntil(() => arrived, "the /run of a@1");
+    const { fake, run } = await continuedRowReplyingMidCheckpoint();
     expect((await fake.collector.checkpoint({ stop: true })).published).toBe(true);
     await run;
-    await new Promise((resolve) => setTimeout(resolve, 100));
     expect(fake.calls.map((c) => c.op)).toEqual(["prepare", "commit", "publish"]);
   });
 });
