@@ -637,6 +637,11 @@ export class CheckpointEngine {
         }
         return this.open === open ? "restored_partly_resumed" : "restored_resumed_closed";
       }
+      case "resuming":
+        // Its controller's resume was under way: finished (idempotent where it arrived), a success.
+        log.info({ state: entry.state }, "recovery_resume_restored");
+        await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
+        return "resumed";
       case "restore_cleanup":
         // Finished, never re-driven: participants keep their restore reply past a retire, so a
         // re-sent restore would answer restored where attempt+1 was already retired.
@@ -656,12 +661,18 @@ export class CheckpointEngine {
     }
   }
 
-  /** The checkpoint LATEST names, if it was prepared after `entry`'s (unreadable: none). */
+  /**
+   * The checkpoint LATEST names, if it was published after `entry`'s decision (unreadable: none).
+   * Ordered as repairLatest orders publications: by epoch, and only within one epoch (one leader's
+   * clock) by time, never across coordinators' clocks.
+   */
   private async publishedSince(entry: JournalEntry): Promise<string | undefined> {
     try {
       const latest = await this.options.catalog.latest();
       if (latest === null || latest === entry.checkpoint_id) return undefined;
-      return (await this.options.catalog.get(latest)).prepared_at > entry.prepared_at ? latest : undefined;
+      const manifest = await this.options.catalog.get(latest);
+      const after = manifest.epoch > entry.epoch || (manifest.epoch === entry.epoch && manifest.published_at * 1000 > entry.updated_at);
+      return after ? latest : undefined;
     } catch {
       return undefined;
     }
@@ -986,6 +997,9 @@ export class CheckpointEngine {
       if (restarted) (open.lostRestorers ??= new Map()).set(refName(m), restarted);
     }
     if (!open.lostRestorers) {
+      // Journaled first: a successor finding everyone idle then knows this resume released them
+      // (a success to finish), not a restart or a lease that lost what they restored.
+      await this.journal(open, "resuming");
       // None known yet; the resume itself may still meet one the view does not show (resumedElsewhere).
       const { reply, failures } = await this.resumeStages(open, deadlineMs, ctx);
       if (!open.lostRestorers) {

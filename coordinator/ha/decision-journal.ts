@@ -29,6 +29,8 @@ import { openBucketAsserted } from "../membership/kv-bucket.js";
  *              status shows it still holding it (it outlived its processes: restarted, or resumed
  *              by their lease); else sends it again to rebuild the reply (a retry gets it), then
  *              keeps it for the controller to resume
+ *   resuming   a restored checkpoint's resume was being sent: recovery finishes it (a success; its
+ *              retried resume answers ok), whatever the members' statuses show
  *   restore_cleanup
  *              a failed restore's all-or-nothing clean-up began (or a restored one's resume found a
  *              member restarted): recovery finishes it, retiring attempt+1 at `retire_at` and then
@@ -40,7 +42,7 @@ export const JournalEntrySchema = z
   .object({
     checkpoint_id: CheckpointIdSchema,
     epoch: z.number().int().min(0),
-    state: z.enum(["open", "decided", "published", "restoring", "restored", "restore_cleanup"]),
+    state: z.enum(["open", "decided", "published", "restoring", "restored", "resuming", "restore_cleanup"]),
     participants: z.array(z.object({ kind: KindSchema, instance: InstanceSchema }).strict()),
     prepared_at: z.number(),
     checkpoint_dir: z.string().nullable(),

@@ -355,6 +355,51 @@ describe("recovery of a decided checkpoint overtaken by a newer publication", ()
   });
 });
 
+describe("recovery of a restore whose resume was under way", () => {
+  it("finishes it as a success: the controller's retried resume answers ok, nothing is retired", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "rr", episode_ids: null, stop: false, controller_state: null });
+    await first.engine.restore({ checkpoint_id: "rr", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    // What the journal held when the leader died: the last entry it wrote before the resume's replies.
+    const recorded: JournalEntry[] = [];
+    const record = first.journal.record.bind(first.journal);
+    first.journal.record = async (entry) => {
+      recorded.push(structuredClone(entry));
+      return record(entry);
+    };
+    await first.engine.resume({ checkpoint_id: "rr" }); // reaches every participant
+    await first.writer.settled();
+    const entry = recorded.at(-1)!;
+    expect(entry.state).toBe("resuming");
+    const second = await successor(entry);
+    for (const [k, v] of first.fake.state) second.fake.state.set(k, v); // everyone idle: resumed
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rr", action: "resumed" }]);
+    expect(await second.engine.resume({ checkpoint_id: "rr" })).toMatchObject({ checkpoint_id: "rr" });
+    expect(second.fake.ops("retire")).toHaveLength(0);
+    await journalEmptied(second.journal);
+  });
+});
+
+describe("recovery of a decided checkpoint: publications of other coordinators are ordered by epoch, not their clocks", () => {
+  it("a newer leader's decision is completed although LATEST's older checkpoint came from a clock running ahead", async () => {
+    const fast = makeEngine(root);
+    fast.clock.current += 5000;
+    await fast.engine.checkpoint({ checkpoint_id: "w-old", episode_ids: null, stop: false, controller_state: null });
+    await fast.writer.settled();
+    const crash = new Error("crash after the decision");
+    const next = makeEngine(root, { hooks: { afterDecision: () => Promise.reject(crash) } });
+    (next.leadership as unknown as { fixedEpoch: number }).fixedEpoch = 8;
+    await next.engine.prepare({ checkpoint_id: "x-new" });
+    await expect(next.engine.commit({ checkpoint_id: "x-new", episode_ids: null, stop: false })).rejects.toBe(crash);
+    const entry = structuredClone(next.journal.entries.get("x-new")!);
+    expect(entry.epoch).toBe(8);
+    const third = await successor({ ...entry, auto_publish: true });
+    (third.leadership as unknown as { fixedEpoch: number }).fixedEpoch = 9;
+    expect(await third.engine.recover()).toEqual([{ checkpoint_id: "x-new", action: "committed_published_resumed" }]);
+    expect(await new CheckpointCatalog(root).latest()).toBe("x-new");
+  });
+});
+
 describe("recovery of a restore a predecessor journaled", () => {
   const scope = [{ rollout_id: "r1", attempt: 0 }];
 
