@@ -267,8 +267,10 @@ export class Collector {
     const attributes = { "gym_ckpt.checkpoint.id": checkpointId, "gym_ckpt.rows": sources.length };
     await tracer().startActiveSpan("checkpoint.collection.restore", { attributes }, async (span) => {
       try {
-        await this.resent("restore", checkpointId, () => this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources }));
-        await this.resent("resume of the restored checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId }));
+        // With deadlines, like every other op: a try that meets a failover is answered (or given up)
+        // within --checkpoint-timeout-s, not the client's 90 s default, while everyone stays parked.
+        await this.resent("restore", checkpointId, () => this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources, deadline_ts: this.deadline() }));
+        await this.resent("resume of the restored checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
         // Logged before anything relies on it: a checkpoint taken before these rows are sent
         // continues them as attempt+1, which the next start must find in the log.
         await this.log.recordRestored(sources.map(nextAttempt));

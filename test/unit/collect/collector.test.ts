@@ -300,6 +300,8 @@ describe("collector", () => {
     const second = collectorFor(controller, url);
     await second.start();
     expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+    // The restore and its resume carry deadlines like every other op (not the client's 90 s default).
+    for (const op of ["restore", "resume"]) expect(calls.find((c) => c.op === op)?.req.deadline_ts).toEqual(expect.any(Number));
     // A checkpoint before a is sent again (then everything crashes) continues the restored a@1.
     expect((await second.checkpoint({ stop: false })).published).toBe(true);
     expect(await latestContinued(state)).toEqual([{ rollout_id: "a", attempt: 1 }]);
