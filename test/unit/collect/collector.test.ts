@@ -718,9 +718,10 @@ describe("collector restores whose outcome is unknown", () => {
       },
     }));
     await collector.start();
+    // the same op again: same id and scope (each try with its own deadline)
     expect(asked).toEqual([
-      { checkpoint_id: checkpointId, episode_ids: [a0] },
-      { checkpoint_id: checkpointId, episode_ids: [a0] },
+      { checkpoint_id: checkpointId, episode_ids: [a0], deadline_ts: expect.any(Number) },
+      { checkpoint_id: checkpointId, episode_ids: [a0], deadline_ts: expect.any(Number) },
     ]);
     expect(ops(calls, "retire")).toEqual([]);
     expect(state.open).toBeNull(); // the restored checkpoint was resumed
