@@ -569,7 +569,8 @@ export class CheckpointEngine {
     const log = this.log.child({ checkpoint_id: entry.checkpoint_id, previous_epoch: entry.epoch });
     const deadlineMs = this.options.clock.now() + this.options.defaultTimeoutMs;
     const open = this.opening(entry.checkpoint_id, "prepared", entry.participants, {
-      incarnations: new Map(), // not journaled: a predecessor's view cannot be checked
+      // The restorers of a restored checkpoint are journaled; a predecessor's view otherwise is not.
+      incarnations: new Map(Object.entries(entry.incarnations ?? {})),
       preparedAt: entry.prepared_at,
       restarts: entry.restarts,
       dir: entry.checkpoint_dir,
@@ -638,10 +639,22 @@ export class CheckpointEngine {
         return this.open === open ? "restored_partly_resumed" : "restored_resumed_closed";
       }
       case "resuming":
-        // Its controller's resume was under way: finished (idempotent where it arrived), a success.
+        // Its controller's resume was under way: finished, addressed to the journaled restorers
+        // (idempotent where it arrived). One restarted since lost what it restored: the restore's
+        // clean-up then runs instead, and the controller's retried resume answers restore_failed.
         log.info({ state: entry.state }, "recovery_resume_restored");
-        await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
-        return "resumed";
+        open.phase = "restored";
+        try {
+          await this.resumeRestored(open, deadlineMs, undefined);
+          return "resumed";
+        } catch (error) {
+          if (error instanceof CheckpointError && error.code === "restore_failed") {
+            log.warn({ err: error }, "recovery_restored_participant_restarted");
+            return "retired_resumed";
+          }
+          log.warn({ err: error }, "recovery_resume_failed"); // closed; the failed ones resume by their lease
+          return "resumed";
+        }
       case "restore_cleanup":
         // Finished, never re-driven: participants keep their restore reply past a retire, so a
         // re-sent restore would answer restored where attempt+1 was already retired.
@@ -1495,6 +1508,7 @@ export class CheckpointEngine {
       auto_publish: open.autoPublish,
       controller_state: open.controllerState,
       ...(state === "restore_cleanup" && { retire_at: (open.retireAt ?? open.members).map((m) => ({ kind: m.kind, instance: m.instance })) }),
+      ...((state === "restored" || state === "resuming") && open.incarnations.size > 0 && { incarnations: Object.fromEntries(open.incarnations) }),
       updated_at: this.options.clock.now(),
     };
   }

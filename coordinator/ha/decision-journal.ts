@@ -8,6 +8,7 @@ import {
   ControllerStateInputSchema,
   describeZodError,
   EpisodeIdSchema,
+  IncarnationSchema,
   InstanceSchema,
   isWrongRevision,
   KindSchema,
@@ -57,6 +58,11 @@ export const JournalEntrySchema = z
      * installed it at (a participant that refused it keeps its attempts). Absent: every member.
      */
     retire_at: z.array(z.object({ kind: KindSchema, instance: InstanceSchema }).strict()).optional(),
+    /**
+     * Of a restored (or resuming) checkpoint: the process incarnation that restored it, per
+     * `kind.instance`, so a successor's resume is addressed to those and a restarted one is found.
+     */
+    incarnations: z.record(z.string(), IncarnationSchema).optional(),
     updated_at: z.number(),
   })
   .strict();

@@ -380,6 +380,41 @@ describe("recovery of a restore whose resume was under way", () => {
   });
 });
 
+describe("recovery of a restore whose resume was under way, a restorer restarted meanwhile", () => {
+  it("addresses the resume to the journaled restorers: the restarted one refuses, so the clean-up runs and the retried resume answers restore_failed", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "rz", episode_ids: null, stop: false, controller_state: null });
+    for (const m of first.fake.members) first.fake.restorers.set(`${m.kind}.${m.instance}`, `restorer-${m.instance}`);
+    await first.engine.restore({ checkpoint_id: "rz", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    const recorded: JournalEntry[] = [];
+    const record = first.journal.record.bind(first.journal);
+    first.journal.record = async (entry) => {
+      recorded.push(structuredClone(entry));
+      return record(entry);
+    };
+    await first.engine.resume({ checkpoint_id: "rz" });
+    await first.writer.settled();
+    const entry = recorded.find((e) => e.state === "resuming")!;
+    expect(entry.incarnations?.["environment.e1"]).toBe("restorer-e1");
+    const second = await successor(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "restored", checkpoint_id: "rz" });
+    // e1 restarted (the leader and one Gym process died together): the new process refuses what is
+    // addressed to the one that restored, and would accept an unaddressed resume as a no-op.
+    const request = second.fake.request.bind(second.fake);
+    second.fake.request = async (subject, body, options) => {
+      const parsed = JSON.parse(body) as { incarnation?: string };
+      if (subject.endsWith(".environment.e1.resume") && parsed.incarnation === "restorer-e1") {
+        return JSON.stringify({ error: { code: "stale_incarnation", detail: "addressed to restorer-e1; this process is fresh-e1" } });
+      }
+      return request(subject, body, options);
+    };
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rz", action: "retired_resumed" }]);
+    expect(second.fake.ops("retire")).toHaveLength(5);
+    const retried = await refusalOf(second.engine.resume({ checkpoint_id: "rz" }));
+    expect(retried.code).toBe("restore_failed");
+  });
+});
+
 describe("recovery of a decided checkpoint: publications of other coordinators are ordered by epoch, not their clocks", () => {
   it("a newer leader's decision is completed although LATEST's older checkpoint came from a clock running ahead", async () => {
     const fast = makeEngine(root);
