@@ -355,18 +355,24 @@ describe("recovery of a decided checkpoint overtaken by a newer publication", ()
   });
 });
 
+/** Every entry `journal` records from now on, as written (the journal keeps only the latest). */
+function recordedEntries(journal: ReturnType<typeof makeEngine>["journal"]): JournalEntry[] {
+  const recorded: JournalEntry[] = [];
+  const record = journal.record.bind(journal);
+  journal.record = async (entry) => {
+    recorded.push(structuredClone(entry));
+    return record(entry);
+  };
+  return recorded;
+}
+
 describe("recovery of a restore whose resume was under way", () => {
   it("finishes it as a success: the controller's retried resume answers ok, nothing is retired", async () => {
     const first = makeEngine(root);
     await first.engine.checkpoint({ checkpoint_id: "rr", episode_ids: null, stop: false, controller_state: null });
     await first.engine.restore({ checkpoint_id: "rr", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     // What the journal held when the leader died: the last entry it wrote before the resume's replies.
-    const recorded: JournalEntry[] = [];
-    const record = first.journal.record.bind(first.journal);
-    first.journal.record = async (entry) => {
-      recorded.push(structuredClone(entry));
-      return record(entry);
-    };
+    const recorded = recordedEntries(first.journal);
     await first.engine.resume({ checkpoint_id: "rr" }); // reaches every participant
     await first.writer.settled();
     const entry = recorded.at(-1)!;
@@ -386,12 +392,7 @@ describe("recovery of a restore whose resume was under way, a restorer restarted
     await first.engine.checkpoint({ checkpoint_id: "rz", episode_ids: null, stop: false, controller_state: null });
     for (const m of first.fake.members) first.fake.restorers.set(`${m.kind}.${m.instance}`, `restorer-${m.instance}`);
     await first.engine.restore({ checkpoint_id: "rz", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
-    const recorded: JournalEntry[] = [];
-    const record = first.journal.record.bind(first.journal);
-    first.journal.record = async (entry) => {
-      recorded.push(structuredClone(entry));
-      return record(entry);
-    };
+    const recorded = recordedEntries(first.journal);
     await first.engine.resume({ checkpoint_id: "rz" });
     await first.writer.settled();
     const entry = recorded.find((e) => e.state === "resuming")!;
