@@ -659,7 +659,8 @@ export class CheckpointEngine {
         // Finished, never re-driven: participants keep their restore reply past a retire, so a
         // re-sent restore would answer restored where attempt+1 was already retired.
         log.info({ state: entry.state }, "recovery_restore_cleanup");
-        await this.restoreCleanup(open, deadlineMs, undefined, entry.retire_at ?? open.members);
+        if (entry.retire_at) open.retireAt = entry.retire_at;
+        await this.restoreCleanup(open, deadlineMs, undefined);
         return "retired_resumed";
       case "open":
       case "published":
@@ -1189,7 +1190,7 @@ export class CheckpointEngine {
     // restore would look restored where attempt+1 was retired already.
     open.retireAt = installedMaybe;
     await this.journal(open, "restore_cleanup");
-    await this.restoreCleanup(open, deadlineMs, ctx, installedMaybe);
+    await this.restoreCleanup(open, deadlineMs, ctx);
     const cause = combinedFailure("restore", failures);
     const retired = installedMaybe.length
       ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
@@ -1199,8 +1200,12 @@ export class CheckpointEngine {
     });
   }
 
-  /** All-or-nothing restore clean-up: retire attempt+1 at `retireAt` (default everyone), then resume everyone. */
-  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, retireAt: readonly ParticipantRef[] = open.members): Promise<void> {
+  /**
+   * All-or-nothing restore clean-up: retire attempt+1 at `open.retireAt` (where the restore may have
+   * installed it; default everyone, as journaled in `restore_cleanup`), then resume everyone.
+   */
+  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<void> {
+    const retireAt = open.retireAt ?? open.members;
     this.restoreFailures.set(open.id, `the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
     const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
