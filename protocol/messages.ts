@@ -88,6 +88,12 @@ export const PrepareReportSchema = z
     counts: z.record(z.string(), z.number().int()),
     /** Uncapped: in-flight episodes this participant cannot capture; they restart from input. */
     restarts: z.array(z.string()),
+    /**
+     * Set by a participant that exports only a commit's `episode_ids` (it keeps state for every
+     * episode it ever served, like the model's ledger): the coordinator refuses a null-scope commit
+     * before the decision, instead of letting this participant refuse it after the others committed.
+     */
+    scope_required: z.boolean().optional(),
   })
   .strict();
 export type PrepareReport = z.infer<typeof PrepareReportSchema>;

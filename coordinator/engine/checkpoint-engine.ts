@@ -55,6 +55,8 @@ interface OpenCheckpoint {
   viewed: Map<string, string>;
   preparedAt: number;
   restarts: string[];
+  /** Members whose prepare report said they export only a scope (`scope_required`): a null-scope commit is refused. */
+  scopeRequiredBy?: string[];
   dir: string | null;
   scope: EpisodeId[] | null;
   stop: boolean;
@@ -860,6 +862,7 @@ export class CheckpointEngine {
     if (prepared) {
       open.phase = "prepared";
       open.restarts = restarts;
+      open.scopeRequiredBy = outcomes.filter((o) => o.ok && o.reply.report.scope_required).map((o) => refName(o.participant));
     }
     this.checkpointLog(id).info({ prepared, stopped_at: stoppedAt, blockers: blockers.length }, prepared ? "prepared" : "prepare_incomplete");
     return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
@@ -918,6 +921,14 @@ export class CheckpointEngine {
       const restarts = new Set(open.restarts);
       const inScope = scope.map(captureKey).filter((key) => restarts.has(key));
       if (inScope.length) throw new CheckpointError("restart_in_scope", `the scope names restarts prepare reported: ${inScope.slice(0, 10).join(", ")}`);
+    }
+    if (scope === null && open.phase === "prepared" && open.scopeRequiredBy?.length) {
+      // Refused here, before the decision: sent to all at once, it would fail at these participants
+      // after the others committed, and a decided checkpoint can only be completed or aborted.
+      throw new CheckpointError(
+        "invalid_request",
+        `${open.scopeRequiredBy.join(", ")} export only the commit's episode_ids and refuse a null scope: name the episodes you continue (refused before the commit decision: nothing was committed)`,
+      );
     }
     const dir = this.options.catalog.dirFor(id);
     const epoch = open.epoch;
@@ -1113,6 +1124,7 @@ export class CheckpointEngine {
     const open = this.open;
     const withdrawn =
       open?.id !== id ||
+      open.phase === "prepared" || // refused before the decision: there is nothing to withdraw
       (await this.withdrawDecision(open).then(
         () => true,
         (cause: unknown) => {

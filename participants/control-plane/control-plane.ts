@@ -734,6 +734,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       blocker_count: readiness.blockers.length,
       counts: readiness.counts,
       restarts: readiness.restarts,
+      ...(this.adapter.scopeRequired ? { scope_required: true } : {}),
     };
   }
 

@@ -36,6 +36,8 @@ export interface ParticipantKind<R extends RecordBase = RecordBase> {
   readonly kind: Kind;
   /** Strict schema of one record line; checked on export and on restore. */
   readonly recordSchema: z.ZodType<R>;
+  /** Exports only a commit's episode_ids and refuses a null scope (reported in prepare, so the coordinator refuses it first). */
+  readonly scopeRequired?: boolean;
   attach?(context: ParticipantContext): void;
   readiness(): KindReadiness;
   /**

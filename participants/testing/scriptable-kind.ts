@@ -32,6 +32,8 @@ export class ScriptableKind implements ParticipantKind<ScriptRecord> {
   /** Restored episodes, already as their NEXT attempt, until their replacement starts. */
   readonly restored = new Map<string, ScriptRecord>();
   admissionOpen = true;
+  /** Behave like the model: report `scope_required` and refuse a null-scope export. */
+  scopeRequired = false;
   private blockers: string[] = [];
   private restarts: string[] = [];
   private readonly failures = new Map<Hook, Error>();
@@ -102,6 +104,7 @@ export class ScriptableKind implements ParticipantKind<ScriptRecord> {
 
   async exportRecords(scope: EpisodeId[] | null): Promise<ScriptRecord[]> {
     await this.enter("exportRecords", scope);
+    if (scope === null && this.scopeRequired) throw new CheckpointError("invalid_request", "this participant exports only the commit's episode_ids");
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
     const live = [...this.episodes.values()].filter((r) => !wanted || wanted.has(captureKey(r.episode_id)));
     // Restored episodes whose replacement has not started are exported again as that next attempt,

@@ -96,6 +96,25 @@ describe("coordinator over a real nats-server with participants of all four kind
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   });
 
+  it("a null-scope commit is refused before the decision when a participant requires a scope: nobody commits, the scoped retry does", async () => {
+    world.participant("policy").adapter.scopeRequired = true;
+    try {
+      const prepared = await world.client.prepare({ checkpoint_id: "scoped-1" });
+      expect(prepared.participants.find((p) => p.instance === "policy")?.report?.scope_required).toBe(true);
+      const refused = await refusal(world.client.commit({ checkpoint_id: "scoped-1" }));
+      expect(refused.code).toBe("invalid_request");
+      expect(refused.message).toContain("model/policy");
+      expect(hookLog.some((h) => h.startsWith("export:"))).toBe(false);
+      for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("prepared");
+      const committed = await world.client.commit({ checkpoint_id: "scoped-1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+      expect(committed.participants).toHaveLength(world.participants.length);
+      await world.client.resume({ checkpoint_id: "scoped-1" });
+    } finally {
+      world.participant("policy").adapter.scopeRequired = false;
+    }
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+
   it("reports an unreachable participant at once (no responders)", async () => {
     const kv = await openMembersBucket(world.pnc, world.deployment);
     const now = Date.now() / 1000;

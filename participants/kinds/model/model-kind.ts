@@ -46,6 +46,8 @@ export interface CallOutcome {
 export class ModelKind implements ParticipantKind<ModelRecord> {
   readonly kind = "model" as const;
   readonly recordSchema = ModelRecordSchema;
+  /** The ledger keeps every episode ever served: a checkpoint exports only those the controller continues. */
+  readonly scopeRequired = true;
   readonly ledger: CaptureLedger;
   private context: ParticipantContext | undefined;
   private checkpointIdSource: () => string | null = () => null;

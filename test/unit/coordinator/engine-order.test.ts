@@ -92,6 +92,35 @@ describe("engine ordering", () => {
     expect(fake.events.filter((e) => e.startsWith("journal:"))).toEqual(["journal:open", "journal:decided"]);
   });
 
+  it("a null-scope commit is refused before the decision when a participant reported scope_required, so a scoped commit still goes ahead", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    fake.set("model", "m1", "prepare", { scopeRequired: true });
+    await engine.prepare({ checkpoint_id: "c45" });
+    const entryBefore = journal.entries.get("c45");
+    const wrong = await refusal(engine.commit({ checkpoint_id: "c45", episode_ids: null, stop: false }));
+    expect(wrong.code).toBe("invalid_request");
+    expect(wrong.message).toContain("model/m1");
+    // nothing changed: no decision journaled, no commit sent, still prepared
+    expect(fake.events).not.toContain("journal:decided");
+    expect(fake.ops("commit")).toHaveLength(0);
+    expect(journal.entries.get("c45")).toEqual(entryBefore);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "c45", phase: "prepared" });
+    const reply = await engine.commit({ checkpoint_id: "c45", episode_ids: [{ rollout_id: "r1", attempt: 0 }], stop: false });
+    expect(reply.participants).toHaveLength(5);
+    await engine.resume({ checkpoint_id: "c45" });
+
+    // The convenience op: refused after its prepare, before any commit; everyone resumed, nothing published.
+    const events = fake.events.length;
+    const refused = await refusal(engine.checkpoint({ checkpoint_id: "c46", episode_ids: null, stop: false, controller_state: null }));
+    expect(refused.code).toBe("invalid_request");
+    const after = fake.events.slice(events);
+    expect(after.some((e) => e.startsWith("commit:"))).toBe(false);
+    expect(after).not.toContain("journal:decided");
+    expect(after.filter((e) => e.startsWith("resume:"))).toHaveLength(5);
+    expect(engine.openCheckpoint).toBeNull();
+    await journalEmptied(journal);
+  });
+
   it("a scope too large to journal is refused (payload_too_large) before anything is sent or journaled", async () => {
     // ~25k episodes: the controller's request could fit one NATS message, the decision could not.
     const huge = Array.from({ length: 25_000 }, (_, i) => ({ rollout_id: `rollout-${String(i).padStart(8, "0")}`, attempt: 1 }));

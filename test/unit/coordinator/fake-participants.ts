@@ -31,7 +31,7 @@ export interface Call {
   timeoutMs: number;
 }
 
-type Behaviour = "ok" | "unreachable" | "timeout" | { error: string } | { notReady: string[] } | { restarts: string[] };
+type Behaviour = "ok" | "unreachable" | "timeout" | { error: string } | { notReady: string[] } | { restarts: string[] } | { scopeRequired: true };
 
 /** In-memory participants behind a fake transport; every request is recorded in order. */
 export class FakeParticipants implements ParticipantTransport {
@@ -83,7 +83,8 @@ export class FakeParticipants implements ParticipantTransport {
     if (false as boolean) throw new RequestTimeoutFailure(subject, options.timeoutMs);
     if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
     const restarts = typeof behaviour === "object" && "restarts" in behaviour ? behaviour.restarts : [];
-    const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts });
+    const scopeRequired = typeof behaviour === "object" && "scopeRequired" in behaviour ? { scope_required: true } : {};
+    const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts, ...scopeRequired });
     const track = (phase: string) => this.state.set(`${kind}.${instance}`, { phase, checkpoint_id: phase === "idle" ? null : (parsed.checkpoint_id as string) });
     const restoredKey = `${kind}.${instance}.${String(parsed.checkpoint_id)}`;
     const restoreArgs = op === "restore" ? JSON.stringify([parsed.checkpoint_dir, (parsed.episode_ids as EpisodeId[]).map(captureKey).sort()]) : "";

@@ -43,6 +43,18 @@ describe("export", () => {
     expect(records.map((r) => [r.episode_id, r.rows.map((x) => x.model_call_id)])).toEqual([[ep("ex"), [delivered.modelCallId]]]);
   });
 
+  it("says so in its prepare report (scope_required), so the coordinator refuses a null scope before anyone commits", async () => {
+    const plane = new ParticipantControlPlane({ adapter: f.kind, instance: "model0", checkpointRoot: join(f.dir, "checkpoints") });
+    try {
+      const request = { checkpoint_id: "c1", deadline_ts: Date.now() / 1000 + 30, epoch: 1 };
+      const prepared = (await plane.handle("prepare", request)) as { report: { scope_required?: boolean } };
+      expect(prepared.report.scope_required).toBe(true);
+      await plane.handle("resume", request);
+    } finally {
+      plane.dispose();
+    }
+  });
+
   it("writes rows only after the backend acknowledged; a failed call leaves no row", async () => {
     const ticket = await f.kind.admit("ack", CHAT, chat("a"));
     await f.kind.responseStart(ticket);
