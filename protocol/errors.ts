@@ -81,11 +81,6 @@ export const ERROR_CATALOG = {
     meaning: "Checkpoint files are missing, corrupt, or belong to another checkpoint, kind or instance; or restore found live state.",
     solve: "Restore from another published checkpoint (see `gym-ckpt verify`), into fresh processes.",
   },
-  not_participant: {
-    status: 404,
-    meaning: "The addressed server is not a checkpoint participant.",
-    solve: "Enable checkpointing on that server or leave it out of the membership.",
-  },
   not_found: {
     status: 404,
     meaning: "The named checkpoint or resource does not exist.",

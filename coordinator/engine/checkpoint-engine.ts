@@ -134,7 +134,6 @@ const REFUSED_BEFORE_INSTALL: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
   "invalid_checkpoint_state",
   "stale_attempt",
   "not_found",
-  "not_participant",
   "unreachable",
 ]);
 
