@@ -5,6 +5,7 @@ import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
+import { ReplayError } from "../../replay/errors.js";
 import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
 import { RunRequestSchema } from "../agent-server/gym-task.js";
 import { environmentBoundaryOf, runGymEpisode, type GymEndpoints } from "./gym-episode.js";
@@ -38,6 +39,11 @@ export interface EnvironmentAppOptions {
   replay?: GymReplaySource;
 }
 
+/** A replay refusal keeps its catalog code on the wire (a corrupt record file is invalid_checkpoint_state, not internal_error). */
+function replayRefusal(error: unknown): unknown {
+  return error instanceof ReplayError ? new CheckpointError(error.code, error.message, { cause: error }) : error;
+}
+
 export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyInstance {
   const { kind, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
@@ -51,13 +57,18 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       try {
         await replay.reload();
       } catch (error) {
-        return sendRefusal(reply, error, kind.kind);
+        return sendRefusal(reply, replayRefusal(error), kind.kind);
       }
       return { tasks: replay.size, num_tasks: replay.size, config: replay.config, stats: replay.stats };
     });
     // The next unserved replay task (reloading first when the list ran dry): a ready /run body minus the ids.
-    app.post("/replay/next", async () => {
-      const task = await replay.next();
+    app.post("/replay/next", async (_request, reply) => {
+      let task;
+      try {
+        task = await replay.next();
+      } catch (error) {
+        return sendRefusal(reply, replayRefusal(error), kind.kind);
+      }
       return task ? { done: false, ...gymReplayRun(task) } : { done: true, tasks: replay.size };
     });
   }
@@ -70,8 +81,9 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       let replayed: GymReplayRun | undefined;
       if (body.replay_idx !== undefined) {
         if (!replay) throw new CheckpointError("invalid_request", "this environment serves no replay source (start it with --replay-config)");
+        // An unknown index is the caller's invalid_request; a reload that found corrupt records is not.
         replayed = gymReplayRun(await replay.taskAt(body.replay_idx).catch((error: unknown) => {
-          throw new CheckpointError("invalid_request", error instanceof Error ? error.message : String(error));
+          throw replayRefusal(error);
         }));
         // The index alone could name another task on a worker whose list differs: the id must match too.
         if (replayed.replay_id !== body.replay_id) {
