@@ -87,6 +87,19 @@ export const TraceRecordSchema = z
         ctx.addIssue({ code: "custom", path: ["nodes", i, "parent"], message: "parent must be an earlier node" });
       }
     });
+    // info.snapshots maps a node index (decimal) to a sandbox ref. Readers refuse a malformed map, so a
+    // writer must too: one such record would fail every later reload of a source that globs its file.
+    const snapshots = trace.info?.["snapshots"];
+    if (snapshots === undefined || snapshots === null) return;
+    if (typeof snapshots !== "object" || Array.isArray(snapshots)) {
+      ctx.addIssue({ code: "custom", path: ["info", "snapshots"], message: "snapshots must map node indices to refs" });
+      return;
+    }
+    for (const [key, ref] of Object.entries(snapshots)) {
+      if (!/^(0|[1-9][0-9]*)$/.test(key) || Number(key) >= trace.nodes.length || typeof ref !== "string") {
+        ctx.addIssue({ code: "custom", path: ["info", "snapshots", key], message: "must name an existing node with a string ref" });
+      }
+    }
   });
 
 export type TraceContent = z.infer<typeof TraceContentSchema>;
