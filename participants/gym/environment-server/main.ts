@@ -1,4 +1,5 @@
 import { EnvironmentKind } from "../../kinds/environment/index.js";
+import { ReplayError } from "../../replay/errors.js";
 import { loadGymReplaySource } from "../../replay/gym-replay-source.js";
 import { startServerRuntime } from "../server-runtime.js";
 import { createEnvironmentApp } from "./environment-server.js";
@@ -17,7 +18,15 @@ if (!extra["agent-url"] || !extra["resources-url"]) {
   process.exit(2);
 }
 const kind = new EnvironmentKind();
-const replay = extra["replay-config"] ? await loadGymReplaySource(extra["replay-config"], logger) : undefined;
+let replay: Awaited<ReturnType<typeof loadGymReplaySource>> | undefined;
+try {
+  replay = extra["replay-config"] ? await loadGymReplaySource(extra["replay-config"], logger) : undefined;
+} catch (error) {
+  // A bad --replay-config is a bad flag: one line with its catalog code, exit 2 (corrupt records: 1).
+  if (!(error instanceof ReplayError)) throw error;
+  process.stderr.write(`environment-server: ${error.code}: ${error.message}\n`);
+  process.exit(error.code === "invalid_request" ? 2 : 1);
+}
 const app = createEnvironmentApp({
   ...(replay && { replay }),
   kind,

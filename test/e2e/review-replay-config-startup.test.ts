@@ -1,0 +1,56 @@
+import { execFile } from "node:child_process";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { startNats, type NatsFixture } from "../support/nats.js";
+import { ensureBuilt } from "./coordinator-process.js";
+
+/**
+ * Review (replay): the environment server's --replay-config is a flag value. A bad one should be
+ * refused like any bad flag (one line naming the catalog code, exit 2), not crash the process with
+ * an uncaught ReplayError stack trace and exit 1 (which a supervisor restarts forever).
+ */
+const ENV_MAIN = fileURLToPath(new URL("../../dist/participants/gym/environment-server/main.js", import.meta.url));
+const run = promisify(execFile);
+let nats: NatsFixture;
+let dir: string;
+beforeAll(async () => {
+  ensureBuilt();
+  nats = await startNats();
+});
+afterAll(() => nats.close());
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "review-replay-config-"));
+});
+afterEach(() => rm(dir, { recursive: true, force: true }));
+
+async function start(config: string): Promise<{ code: number; stderr: string }> {
+  const args = [ENV_MAIN, "--nats", nats.server.url, "--token", "review-token", "--agent-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9", "--replay-config", config];
+  try {
+    await run(process.execPath, args, { timeout: 30_000 });
+    return { code: 0, stderr: "" };
+  } catch (error) {
+    const e = error as { code?: number; stderr?: string };
+    return { code: typeof e.code === "number" ? e.code : -1, stderr: e.stderr ?? "" };
+  }
+}
+
+describe("environment server --replay-config (review)", () => {
+  it("refuses an invalid replay config with one invalid_request line and exit 2", async () => {
+    const config = join(dir, "replay.json");
+    await writeFile(config, JSON.stringify({ records: "r/*.jsonl", source: { id: "reference-gym" }, mode: "recheck", anchor: "tool-call" }));
+    const invalid = await start(config);
+    expect(invalid.code).toBe(2);
+    expect(invalid.stderr).toMatch(/^environment-server: invalid_request: .*anchor applies to mode=continue only\n$/);
+  });
+
+  it("refuses a missing replay config file with one invalid_request line and exit 2", async () => {
+    const missing = await start(join(dir, "absent.json"));
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toMatch(/^environment-server: invalid_request: .*absent\.json/);
+    expect(missing.stderr).not.toMatch(/\n\s+at /); // no stack trace
+  });
+});
