@@ -190,6 +190,7 @@ export {
   RunTrajectorySchema,
   TRAJECTORY_HEADER,
   traceRecordFromTrajectory,
+  traceSnapshotRefs,
 } from "./rollout-records.js";
 export type {
   TraceContent,

@@ -87,20 +87,29 @@ export const TraceRecordSchema = z
         ctx.addIssue({ code: "custom", path: ["nodes", i, "parent"], message: "parent must be an earlier node" });
       }
     });
-    // info.snapshots maps a node index (decimal) to a sandbox ref. Readers refuse a malformed map, so a
-    // writer must too: one such record would fail every later reload of a source that globs its file.
-    const snapshots = trace.info?.["snapshots"];
-    if (snapshots === undefined || snapshots === null) return;
-    if (typeof snapshots !== "object" || Array.isArray(snapshots)) {
-      ctx.addIssue({ code: "custom", path: ["info", "snapshots"], message: "snapshots must map node indices to refs" });
-      return;
-    }
-    for (const [key, ref] of Object.entries(snapshots)) {
-      if (!/^(0|[1-9][0-9]*)$/.test(key) || Number(key) >= trace.nodes.length || typeof ref !== "string") {
-        ctx.addIssue({ code: "custom", path: ["info", "snapshots", key], message: "must name an existing node with a string ref" });
-      }
-    }
+    // Readers refuse a malformed snapshot map, so a writer must too: one such record would fail
+    // every later reload of a source that globs its file.
+    const refs = traceSnapshotRefs(trace);
+    if (typeof refs === "string") ctx.addIssue({ code: "custom", path: ["info", "snapshots"], message: refs });
   });
+
+/**
+ * `info.snapshots`: node index (decimal string) → opaque sandbox ref, as a map; or, when the map is
+ * malformed (not an object, a key that is not an existing node, a ref that is not a string), why.
+ */
+export function traceSnapshotRefs(trace: { nodes: readonly unknown[]; info?: Record<string, unknown> | undefined }): Map<number, string> | string {
+  const raw = trace.info?.["snapshots"];
+  const refs = new Map<number, string>();
+  if (raw === undefined || raw === null) return refs;
+  if (typeof raw !== "object" || Array.isArray(raw)) return "info.snapshots must be an object";
+  for (const [key, ref] of Object.entries(raw)) {
+    if (!/^(0|[1-9][0-9]*)$/.test(key) || Number(key) >= trace.nodes.length || typeof ref !== "string") {
+      return `info.snapshots has a bad entry ${JSON.stringify(key)} (it must name an existing node with a string ref)`;
+    }
+    refs.set(Number(key), ref);
+  }
+  return refs;
+}
 
 export type TraceContent = z.infer<typeof TraceContentSchema>;
 export type TraceToolCall = z.infer<typeof TraceToolCallSchema>;
@@ -153,7 +162,7 @@ function invalid(detail: string): CheckpointError {
 }
 
 export function assertRolloutEnv(env: string): void {
-  if (!ROLLOUT_ENV_PATTERN.test(env) || env.length > 200) throw invalid(`env name ${JSON.stringify(env)} must match ${ROLLOUT_ENV_PATTERN}`);
+  if (!ROLLOUT_ENV_PATTERN.test(env) || env.length > 200) throw invalid(`env name ${JSON.stringify(env)} must match ${ROLLOUT_ENV_PATTERN} and be at most 200 characters`);
 }
 
 export function assertRolloutStep(step: number): void {

@@ -1,6 +1,8 @@
 import path from "node:path";
 import {
+  CheckpointError,
   RECORD_KINDS,
+  assertRolloutEnv,
   ROLLOUT_ENV_PATTERN,
   parseRolloutRecordFileName,
   rolloutIndexFileName,
@@ -22,8 +24,11 @@ const INDEX_FILE = /^index_(train|eval)_[A-Za-z0-9][A-Za-z0-9._-]*\.jsonl$/;
 const STEP_DIR = /^step_(0|[1-9][0-9]*)$/;
 
 export function assertEnvName(env: string): void {
-  if (!ENV_NAME_PATTERN.test(env)) {
-    throw invalidRequest(`env name ${JSON.stringify(env)} must match ${ENV_NAME_PATTERN}`);
+  try {
+    assertRolloutEnv(env);
+  } catch (error) {
+    if (error instanceof CheckpointError) throw invalidRequest(error.message, { cause: error });
+    throw error;
   }
 }
 

@@ -3,6 +3,7 @@ import { createReadStream, promises as fs } from "node:fs";
 import path from "node:path";
 import { CheckpointError, encodeRecordLines, encodeRolloutRecords, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
+import { readRegularFile } from "../storage/regular-file.js";
 import { invalidRequest } from "./errors.js";
 import { indexPathFor, parseRecordFileName, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
 import { StepMarkerSchema, stepMarkerName } from "./step-marker.js";
@@ -51,6 +52,7 @@ interface Prepared {
   recordPath: string;
   indexPath: string;
   data: Buffer;
+  sha256: string;
   index: Buffer;
   records: number;
   /** The record file is already on disk with exactly these bytes (an earlier, interrupted attempt). */
@@ -75,11 +77,25 @@ async function prepare(rootDir: string, step: number, batch: EnvRecords): Promis
   // leave workers with different task lists. The same bytes again are a retry and are kept.
   const published = await holdsBytes(recordPath, encoded.header.size, encoded.header.sha256);
   if (published === false) throw invalidRequest(`step ${step} already has ${path.basename(recordPath)}; a published file is never replaced`);
-  return { recordPath, indexPath, data: encoded.recordBytes, index: encoded.indexBytes, records: encoded.rows.length, published: published === true };
+  return {
+    recordPath,
+    indexPath,
+    data: encoded.recordBytes,
+    sha256: encoded.header.sha256,
+    index: encoded.indexBytes,
+    records: encoded.rows.length,
+    published: published === true,
+  };
 }
 
 async function publish(p: Prepared): Promise<WrittenRecords> {
-  if (!p.published) await writeFileAtomic(p.recordPath, p.data);
+  // Linked into place, never renamed over: a concurrent writer of the same file may have won since
+  // prepare looked. Its bytes being ours makes this a retry; other bytes are refused, as in prepare.
+  if (!p.published && !(await writeFileAtomic(p.recordPath, p.data, { exclusive: true }))) {
+    if ((await holdsBytes(p.recordPath, p.data.length, p.sha256)) !== true) {
+      throw invalidRequest(`${path.basename(path.dirname(p.recordPath))} already has ${path.basename(p.recordPath)}; a published file is never replaced`);
+    }
+  }
   // The attempt that published the records may have stopped before their index (derived, so safe to replace).
   if (!p.published || !(await sameBytes(p.indexPath, p.index))) await writeFileAtomic(p.indexPath, p.index);
   return { recordPath: p.recordPath, indexPath: p.indexPath, records: p.records, bytes: p.data.length };
@@ -109,21 +125,34 @@ export async function writeStepRecords(
   const stepDir = path.join(rootDir, stepDirName(step));
   // Read after this call's files are published; includes files of an earlier, interrupted call.
   const present = await recordFilesIn(stepDir);
-  for (const kind of new Set([...batches.map((b) => b.kind), ...present.map((f) => f.kind)])) {
-    // A step written in several calls keeps every call's files in its marker.
-    const earlier = await markerFiles(path.join(stepDir, stepMarkerName(kind)));
-    const files = written.filter((w, i) => batches[i]!.kind === kind).map((w) => path.basename(w.recordPath));
-    const onDisk = present.filter((f) => f.kind === kind).map((f) => f.name);
-    const marker = StepMarkerSchema.parse({
-      format: "gym-ckpt/rollout-step",
-      version: 1,
-      step,
-      kind,
-      files: [...new Set([...earlier, ...onDisk, ...files])].sort(),
-    });
-    await writeFileAtomic(path.join(stepDir, stepMarkerName(kind)), Buffer.from(JSON.stringify(marker) + "\n"));
-  }
+  for (const kind of new Set([...batches.map((b) => b.kind), ...present.map((f) => f.kind)])) await completeMarker(stepDir, step, kind);
   return written;
+}
+
+/** Read-merge-write rounds of a step marker before giving up (as the collector's records sink does). */
+const MARKER_ROUNDS = 5;
+/** A marker lists one step's file names; a larger file is not a marker. */
+const MAX_MARKER_BYTES = 1 << 20;
+
+/**
+ * Makes the step's marker of `kind` list every record file of that kind in the step directory,
+ * keeping what it listed. A step written in several calls, or by several writers at once (other
+ * envs; a collector sharing the directory), merges one marker: a read-modify-write, so another
+ * writer can replace it with a list computed before this call's file appeared. It is read again
+ * after each write until it lists everything (whoever writes last checks last); a file left
+ * unlisted would stop a follower waiting for markers for good.
+ */
+async function completeMarker(stepDir: string, step: number, kind: RecordKind): Promise<void> {
+  const markerPath = path.join(stepDir, stepMarkerName(kind));
+  for (let round = 0; round < MARKER_ROUNDS; round++) {
+    const listed = await markerFiles(markerPath);
+    const onDisk = (await recordFilesIn(stepDir)).filter((f) => f.kind === kind).map((f) => f.name);
+    const files = [...new Set([...(listed ?? []), ...onDisk])].sort();
+    if (listed !== null && files.length === listed.length) return;
+    const marker = StepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files });
+    await writeFileAtomic(markerPath, Buffer.from(JSON.stringify(marker) + "\n"));
+  }
+  throw new Error(`the ${stepMarkerName(kind)} of step ${step} kept losing files to concurrent writers`);
 }
 
 /**
@@ -192,12 +221,12 @@ async function recordFilesIn(stepDir: string): Promise<Array<{ name: string; kin
   });
 }
 
-/** The files an existing marker lists ([] when there is none or it is unreadable). */
-async function markerFiles(file: string): Promise<string[]> {
+/** The files an existing marker lists; null when there is none, or it is not a valid marker (a regular file within the limit). */
+async function markerFiles(file: string): Promise<string[] | null> {
   try {
-    const parsed = StepMarkerSchema.safeParse(JSON.parse(await fs.readFile(file, "utf8")));
-    return parsed.success ? parsed.data.files : [];
+    const parsed = StepMarkerSchema.safeParse(JSON.parse((await readRegularFile(file, { maxBytes: MAX_MARKER_BYTES })).toString("utf8")));
+    return parsed.success ? parsed.data.files : null;
   } catch {
-    return [];
+    return null;
   }
 }

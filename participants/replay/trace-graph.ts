@@ -1,4 +1,4 @@
-import { traceLeaves } from "../../protocol/index.js";
+import { traceLeaves, traceSnapshotRefs } from "../../protocol/index.js";
 import { invalidState } from "./errors.js";
 import type { TraceRecord } from "./trace-record.js";
 
@@ -20,18 +20,7 @@ export function branches(trace: TraceRecord): number[][] {
  * A malformed map is a producer bug, so it fails loudly instead of silently offering no anchors.
  */
 export function snapshotRefs(trace: TraceRecord): Map<number, string> {
-  const raw = trace.info?.["snapshots"];
-  const refs = new Map<number, string>();
-  if (raw === undefined || raw === null) return refs;
-  if (typeof raw !== "object" || Array.isArray(raw)) {
-    throw invalidState(`trace ${trace.id}: info.snapshots must be an object`);
-  }
-  for (const [key, ref] of Object.entries(raw)) {
-    const index = Number(key);
-    if (!/^(0|[1-9][0-9]*)$/.test(key) || index >= trace.nodes.length || typeof ref !== "string") {
-      throw invalidState(`trace ${trace.id}: info.snapshots has a bad entry ${JSON.stringify(key)}`);
-    }
-    refs.set(index, ref);
-  }
+  const refs = traceSnapshotRefs(trace);
+  if (typeof refs === "string") throw invalidState(`trace ${trace.id}: ${refs}`);
   return refs;
 }

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, open, rename, rm } from "node:fs/promises";
+import { link, mkdir, open, rename, rm } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 
 /** fsync a directory so renames and links inside it survive a crash. */
@@ -32,9 +32,15 @@ export function parentsOfCreated(dir: string, first: string | undefined): string
  * matches it, and the rename stays on one filesystem), write, fsync, rename, then fsync the
  * directory so the rename itself survives a crash. Readers see the old file or the new one.
  * Missing parent directories are created, unless `createParents` is false (a path a user typed:
- * a mistyped directory must fail, ENOENT, rather than appear).
+ * a mistyped directory must fail, ENOENT, rather than appear). With `exclusive`, the temp file is
+ * hard-linked into place instead, which never replaces an existing target: false when one was there
+ * (nothing changed), so of two concurrent writers exactly one creates the file.
  */
-export async function writeFileAtomic(target: string, data: string | Uint8Array, options: { mode?: number; createParents?: boolean } = {}): Promise<void> {
+export async function writeFileAtomic(
+  target: string,
+  data: string | Uint8Array,
+  options: { mode?: number; createParents?: boolean; exclusive?: boolean } = {},
+): Promise<boolean> {
   const dir = dirname(target);
   if (options.createParents !== false) {
     for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
@@ -49,10 +55,23 @@ export async function writeFileAtomic(target: string, data: string | Uint8Array,
     } finally {
       await handle.close();
     }
-    await rename(temp, target);
+    if (options.exclusive) {
+      const created = await link(temp, target).then(
+        () => true,
+        (error: NodeJS.ErrnoException) => {
+          if (error.code === "EEXIST") return false;
+          throw error;
+        },
+      );
+      await rm(temp, { force: true });
+      if (!created) return false;
+    } else {
+      await rename(temp, target);
+    }
   } catch (error) {
     await rm(temp, { force: true });
     throw error;
   }
   await fsyncDir(dir);
+  return true;
 }

@@ -1,25 +1,30 @@
 import { createHash } from "node:crypto";
+import fs from "node:fs";
 import { mkdir, readdir, readFile, rm, stat } from "node:fs/promises";
 import path from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import {
   encodeRecords,
   IndexHeaderSchema,
   IndexRowSchema,
   RecordWriter,
   ReplayError,
+  ReplayTaskSource,
   StepMarkerSchema,
   TraceRecordSchema,
   writeRolloutRecords,
   writeStepRecords,
   type TraceRecord,
 } from "../../../participants/replay/index.js";
-import { compactedTrace, linearTrace, tempDir, traceId } from "./fixtures.js";
+import { compactedTrace, linearTrace, mathSource, silent, tempDir, traceId } from "./fixtures.js";
 
 let dir: string;
 let cleanup: () => Promise<void>;
 beforeEach(async () => ({ dir, cleanup } = await tempDir()));
-afterEach(() => cleanup());
+afterEach(async () => {
+  vi.restoreAllMocks();
+  await cleanup();
+});
 
 async function readIndex(indexPath: string) {
   const lines = (await readFile(indexPath, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l) as unknown);
@@ -194,6 +199,7 @@ describe("record writer", () => {
         { kind: "train", env: "bad", traces: [bad as unknown as TraceRecord] },
       ]),
       writeStepRecords(dir, 1, [{ kind: "train", env: "../escape", traces: [] }]),
+      writeStepRecords(dir, 1, [{ kind: "train", env: "e".repeat(201), traces: [] }]), // over the 200-character limit
       writeStepRecords(dir, 1, [
         { kind: "train", env: "x", traces: [] },
         { kind: "train", env: "x", traces: [] },
@@ -213,6 +219,56 @@ describe("record writer", () => {
       expect((error as ReplayError).code).toBe("invalid_request");
     }
     expect(await readdir(dir)).toEqual([]);
+  });
+
+  it("of two concurrent writes of one step file with different content, exactly one lands and the other is refused", async () => {
+    const ids = async (file: string) =>
+      (await readFile(file, "utf8")).split("\n").filter(Boolean).map((line) => (JSON.parse(line) as { id: string }).id);
+    const a = writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1))] });
+    const b = writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(2)), linearTrace(traceId(3))] });
+    const settled = await Promise.allSettled([a, b]);
+    expect(settled.filter((r) => r.status === "fulfilled")).toHaveLength(1);
+    expect(settled.find((r) => r.status === "rejected")).toMatchObject({ reason: { code: "invalid_request" } });
+    const winner = settled[0]!.status === "fulfilled" ? [traceId(1)] : [traceId(2), traceId(3)];
+    expect(await ids(path.join(dir, "step_1", "train_rollouts_gsm8k.jsonl"))).toEqual(winner);
+    // The same bytes written concurrently are one write and its retry: both succeed.
+    const same = () => writeRolloutRecords(dir, 2, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(4))] });
+    await expect(Promise.all([same(), same()])).resolves.toHaveLength(2);
+    expect((await readdir(path.join(dir, "step_2"))).filter((n) => n.startsWith("."))).toEqual([]); // no temp file left
+  });
+
+  it("a step marker two calls merge at once lists both calls' files (read again after each write)", async () => {
+    // Interleaving: call A has read the (absent) marker and listed the step directory when call B
+    // publishes its file and writes its marker; A then writes the list it computed before.
+    const stepDir = path.join(dir, "step_1");
+    const realReaddir = fs.promises.readdir.bind(fs.promises);
+    let listings = 0;
+    let other: Promise<unknown> | undefined;
+    vi.spyOn(fs.promises, "readdir").mockImplementation((async (target: fs.PathLike, options?: unknown) => {
+      const result = await realReaddir(target as string, options as never);
+      // A's first listing is the one before its markers; its second is inside the first marker round.
+      if (String(target) === stepDir && other === undefined && ++listings === 2) {
+        other = writeStepRecords(dir, 1, [{ kind: "train", env: "b", traces: [linearTrace(traceId(2))] }]);
+        await other;
+      }
+      return result;
+    }) as never);
+    await writeStepRecords(dir, 1, [{ kind: "train", env: "a", traces: [linearTrace(traceId(1))] }]);
+    vi.restoreAllMocks();
+    expect(other).toBeDefined();
+    const listed = (JSON.parse(await readFile(path.join(stepDir, "_complete_train.json"), "utf8")) as { files: string[] }).files;
+    expect(listed).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+  });
+
+  it("refuses a record whose info.snapshots readers refuse, instead of writing a file that fails every later reload", async () => {
+    const poisoned = compactedTrace(traceId(1), 0);
+    poisoned.info = { snapshots: { "99": "snap-1" } }; // node 99 does not exist
+    await expect(writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [poisoned] })).rejects.toMatchObject({ code: "invalid_request" });
+    expect(await readdir(dir)).toEqual([]);
+    await writeRolloutRecords(dir, 2, { kind: "train", env: "gsm8k", traces: [compactedTrace(traceId(2), 0)] });
+    const replay = new ReplayTaskSource({ records: path.join(dir, "step_*/train_rollouts_gsm8k.jsonl"), source: { id: "gsm8k" } }, mathSource(), { logger: silent });
+    await replay.load();
+    expect(replay.size).toBe(1);
   });
 
   it("keeps writing off the caller's path and publishes steps in enqueue order", async () => {

@@ -9,7 +9,7 @@ import { startNats, type NatsFixture } from "../support/nats.js";
 import { ensureBuilt } from "./coordinator-process.js";
 
 /**
- * Review (replay): the environment server's --replay-config is a flag value. A bad one should be
+ * The environment server's --replay-config is a flag value. A bad one should be
  * refused like any bad flag (one line naming the catalog code, exit 2), not crash the process with
  * an uncaught ReplayError stack trace and exit 1 (which a supervisor restarts forever).
  */
@@ -23,12 +23,12 @@ beforeAll(async () => {
 });
 afterAll(() => nats.close());
 beforeEach(async () => {
-  dir = await mkdtemp(join(tmpdir(), "review-replay-config-"));
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-replay-config-"));
 });
 afterEach(() => rm(dir, { recursive: true, force: true }));
 
 async function start(config: string): Promise<{ code: number; stderr: string }> {
-  const args = [ENV_MAIN, "--nats", nats.server.url, "--token", "review-token", "--agent-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9", "--replay-config", config];
+  const args = [ENV_MAIN, "--nats", nats.server.url, "--token", "participant-token", "--agent-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9", "--replay-config", config];
   try {
     await run(process.execPath, args, { timeout: 30_000 });
     return { code: 0, stderr: "" };
@@ -38,7 +38,7 @@ async function start(config: string): Promise<{ code: number; stderr: string }> 
   }
 }
 
-describe("environment server --replay-config (review)", () => {
+describe("environment server --replay-config", () => {
   it("refuses an invalid replay config with one invalid_request line and exit 2", async () => {
     const config = join(dir, "replay.json");
     await writeFile(config, JSON.stringify({ records: "r/*.jsonl", source: { id: "reference-gym" }, mode: "recheck", anchor: "tool-call" }));

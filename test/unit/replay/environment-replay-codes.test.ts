@@ -7,7 +7,7 @@ import { ReplayTaskSource, gymSourceEnvironment } from "../../../participants/re
 import { silent, tempDir } from "./fixtures.js";
 
 /**
- * Review (replay): a corrupt record file under a served replay source is `invalid_checkpoint_state`
+ * A corrupt record file under a served replay source is `invalid_checkpoint_state`
  * (docs/replay.md, "Errors"), whichever route finds it. Today /replay/info and /replay/next answer
  * `internal_error` (500: toCheckpointError does not know ReplayError) and /run `invalid_request`
  * (400: every taskAt failure is rewrapped), though the request was fine.
@@ -17,7 +17,7 @@ let cleanup: () => Promise<void>;
 beforeEach(async () => ({ dir, cleanup } = await tempDir()));
 afterEach(() => cleanup());
 
-describe("the environment server's replay routes over a corrupt record file (review)", () => {
+describe("the environment server's replay routes over a corrupt record file", () => {
   it("answer invalid_checkpoint_state (422) on /replay/info, /replay/next and /run", async () => {
     await mkdir(path.join(dir, "rollouts", "step_1"), { recursive: true });
     await writeFile(path.join(dir, "rollouts", "step_1", "train_rollouts_gym.jsonl"), "not json\n");
