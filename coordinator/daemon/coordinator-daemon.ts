@@ -70,11 +70,20 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       ...(config.nats.pass !== undefined && { pass: config.nats.pass }),
       ...(config.nats.token !== undefined && { token: config.nats.token }),
     }, "this coordinator cannot start until NATS is reachable (a supervisor restarts it)"));
-  await mkdir(config.checkpoint_root, { recursive: true });
-  const membersKv = await openMembersBucket(nc, config.deployment);
-  const registry = new WatchedMemberRegistry(membersKv, logger, clock);
-  await registry.start();
-  const journal = await KvDecisionJournal.open(nc, config.deployment, logger);
+  let registry: WatchedMemberRegistry | undefined;
+  let journal: KvDecisionJournal;
+  try {
+    await mkdir(config.checkpoint_root, { recursive: true });
+    const membersKv = await openMembersBucket(nc, config.deployment);
+    registry = new WatchedMemberRegistry(membersKv, logger, clock);
+    await registry.start();
+    journal = await KvDecisionJournal.open(nc, config.deployment, logger);
+  } catch (error) {
+    // A connection left open would keep the process alive after the refusal is printed.
+    registry?.stop();
+    if (ownsConnection) await nc.close().catch(() => undefined);
+    throw error;
+  }
   const catalog = new CheckpointCatalog(config.checkpoint_root);
   let natsApi!: NatsControllerApi;
   let stopped = false;
