@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { CheckpointError, EpisodeIdSchema, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -29,10 +29,11 @@ export function withClientOptions(command: Command): Command {
 /** Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. */
 export async function withClient(flags: ClientFlags, fn: (client: ControllerClient) => Promise<unknown>): Promise<void> {
   const env = process.env;
-  const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
+  const token = clientToken(flags.token, env);
   const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
   await runCli(async () => {
     const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
+    const deployment = clientDeployment(flags.deployment, env);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
     if (httpUrl) {
       await fn(new HttpControllerClient({ baseUrl: httpUrl, token }));
@@ -43,7 +44,7 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
       await fn(
         new NatsControllerClient({
           nc,
-          deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
+          deployment,
           token,
           leaderWaitMs,
         }),
@@ -52,6 +53,18 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
       await nc.close();
     }
   });
+}
+
+/** The controller token: --token, else GYM_CKPT_CONTROLLER_TOKEN, else GYM_CKPT_TOKEN; empty variables are unset, as for the daemon. */
+export function clientToken(flag: string | undefined, env: NodeJS.ProcessEnv): string | undefined {
+  return flag ?? (env.GYM_CKPT_CONTROLLER_TOKEN || env.GYM_CKPT_TOKEN || undefined);
+}
+
+/** The deployment (--deployment, else GYM_CKPT_DEPLOYMENT, else `default`), refused as the daemon refuses it: it is one subject token. */
+export function clientDeployment(flag: string | undefined, env: NodeJS.ProcessEnv): string {
+  const parsed = DeploymentSchema.safeParse(flag ?? (env.GYM_CKPT_DEPLOYMENT || "default"));
+  if (!parsed.success) throw new CheckpointError("invalid_request", `--deployment: ${describeZodError(parsed.error)}`);
+  return parsed.data;
 }
 
 /**

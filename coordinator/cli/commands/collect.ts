@@ -12,7 +12,7 @@ import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
-import { httpUrlFlag, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
+import { clientDeployment, clientToken, httpUrlFlag, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
 
 /** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
 export const EXIT_REQUEUE = 75;
@@ -89,7 +89,8 @@ export function register(program: Command): void {
         if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
       }
       // After the flags (a bad one is invalid_request, exit 2, with or without a token), before any file.
-      const token = flags.token ?? env.GYM_CKPT_CONTROLLER_TOKEN ?? env.GYM_CKPT_TOKEN;
+      const deployment = clientDeployment(flags.deployment, env);
+      const token = clientToken(flags.token, env);
       if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
       const outPath = resolve(flags.out);
       await assertAppendable(outPath);
@@ -121,7 +122,7 @@ export function register(program: Command): void {
         nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
           nc,
-          deployment: flags.deployment ?? env.GYM_CKPT_DEPLOYMENT ?? "default",
+          deployment,
           token,
           leaderWaitMs,
         });

@@ -1,0 +1,49 @@
+import { Command } from "commander";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { register } from "../../../coordinator/cli/commands/status.js";
+
+/**
+ * The client commands' connection flags and variables: a deployment the daemon would refuse is bad
+ * usage (invalid_request, exit 2) before anything is connected, and empty variables count as unset,
+ * as the daemon's config loader treats them (an env file shared by both).
+ */
+let stderr: string;
+const saved = { ...process.env };
+beforeEach(() => {
+  stderr = "";
+  vi.spyOn(process.stdout, "write").mockImplementation(() => true);
+  vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
+  process.exitCode = undefined;
+  for (const name of ["GYM_CKPT_CONTROLLER_TOKEN", "GYM_CKPT_TOKEN", "GYM_CKPT_DEPLOYMENT", "GYM_CKPT_HTTP_URL", "GYM_CKPT_NATS_URL"]) delete process.env[name];
+});
+afterEach(() => {
+  vi.restoreAllMocks();
+  process.exitCode = undefined;
+  process.env = { ...saved };
+});
+
+// Port 1: nobody listens, so a command that gets as far as connecting fails with not_leader.
+async function status(...args: string[]): Promise<number> {
+  const program = new Command().exitOverride();
+  register(program);
+  await program.parseAsync(["status", "--nats-url", "nats://127.0.0.1:1", "--leader-wait-ms", "0", ...args], { from: "user" });
+  return Number(process.exitCode ?? 0);
+}
+
+describe("client commands: --deployment", () => {
+  it.each(["a.b", "a b", "*", ">", ""])("refuses --deployment %j as invalid_request (exit 2), as the daemon refuses it", async (deployment) => {
+    expect(await status("--token", "t", "--deployment", deployment)).toBe(2);
+    expect(stderr).toMatch(/^error invalid_request: .*deployment/);
+  });
+});
+
+describe("client commands: empty variables are unset", () => {
+  it("GYM_CKPT_CONTROLLER_TOKEN= falls back to GYM_CKPT_TOKEN, like the daemon's controller_token", async () => {
+    process.env.GYM_CKPT_CONTROLLER_TOKEN = "";
+    process.env.GYM_CKPT_TOKEN = "shared-token";
+    await status();
+    expect(stderr).not.toMatch(/no controller token/);
+    expect(stderr).toMatch(/^error not_leader: cannot reach NATS/);
+  });
+
+});
