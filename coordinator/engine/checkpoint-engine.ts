@@ -249,13 +249,15 @@ export class CheckpointEngine {
 
   resume(request: CtlRequestOf<"resume">): Promise<CtlReplyOf<"resume">> {
     return this.op("resume", request.checkpoint_id, async (ctx) => {
+      // Checked before anything is journaled: a refused resume changes nothing.
+      const deadlineMs = this.deadline(request.deadline_ts);
       // A controller abandoning a decided, unpublished checkpoint: withdrawn first (see abortDecided).
       const open = this.open;
       if (open?.id === request.checkpoint_id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
-      if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, this.deadline(request.deadline_ts), ctx);
+      if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
       const failed = open?.id === request.checkpoint_id ? undefined : this.restoreFailures.get(request.checkpoint_id);
       if (failed) throw new CheckpointError("restore_failed", failed);
-      return this.doResume(request.checkpoint_id, this.deadline(request.deadline_ts), ctx);
+      return this.doResume(request.checkpoint_id, deadlineMs, ctx);
     });
   }
 
