@@ -14,12 +14,23 @@ export async function dispatchController<O extends ControllerOp>(engine: Checkpo
   const schema = CONTROLLER_OPS[op].request;
   let request: CtlRequestOf<O>;
   if (typeof body === "string" || body instanceof Uint8Array) {
-    const empty = typeof body === "string" ? body.trim() === "" : body.byteLength === 0;
-    request = (empty ? parseValue(schema, {}) : decodeMessage(schema, body)) as CtlRequestOf<O>;
+    request = (isBlank(body) ? parseValue(schema, {}) : decodeMessage(schema, body)) as CtlRequestOf<O>;
   } else {
     request = parseValue(schema, body ?? {}) as CtlRequestOf<O>;
   }
   return (await run(engine, op, request)) as CtlReplyOf<O>;
+}
+
+/**
+ * Empty or JSON whitespace only (space, tab, LF, CR): `{}`, the same over HTTP (a string) and NATS
+ * (bytes). Anything else, a BOM or a no-break space too, goes to the JSON parser, which refuses it.
+ */
+function isBlank(body: string | Uint8Array): boolean {
+  for (let i = 0; i < body.length; i++) {
+    const c = typeof body === "string" ? body.charCodeAt(i) : body[i]!;
+    if (c !== 0x20 && c !== 0x09 && c !== 0x0a && c !== 0x0d) return false;
+  }
+  return true;
 }
 
 function parseValue(schema: (typeof CONTROLLER_OPS)[ControllerOp]["request"], value: unknown): unknown {

@@ -44,11 +44,12 @@ describe("coordinator config", () => {
     expect(message).toContain("bogus");
   });
 
-  it("refuses tokens that could never authenticate (whitespace, control characters), naming the key", () => {
+  it("refuses tokens that could never authenticate reliably (whitespace, control or non-ASCII characters), naming the key", () => {
     for (const [key, env] of [
       ["token", { GYM_CKPT_TOKEN: "two words" }],
       ["token", { GYM_CKPT_TOKEN: "trailing\n" }],
       ["controller_token", { GYM_CKPT_TOKEN: "t", GYM_CKPT_CONTROLLER_TOKEN: "tab\there" }],
+      ["controller_token", { GYM_CKPT_TOKEN: "t", GYM_CKPT_CONTROLLER_TOKEN: "café-token" }],
     ] as const) {
       let error: unknown;
       try {

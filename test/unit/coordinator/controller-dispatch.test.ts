@@ -14,4 +14,11 @@ describe("dispatchController: a blank body", () => {
     const overHttp = await dispatchController(engine, op, "  \n");
     expect(await dispatchController(engine, op, new TextEncoder().encode("  \n"))).toEqual(overHttp);
   });
+
+  it("a no-break space or a BOM is not blank: refused as malformed JSON over both", async () => {
+    for (const body of ["\u00a0", "\ufeff"]) {
+      await expect(dispatchController(engine, "status", body)).rejects.toMatchObject({ code: "invalid_request" });
+      await expect(dispatchController(engine, "status", new TextEncoder().encode(body))).rejects.toMatchObject({ code: "invalid_request" });
+    }
+  });
 });
