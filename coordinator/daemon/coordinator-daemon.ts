@@ -16,7 +16,7 @@ import { openMembersBucket } from "../membership/members-bucket.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { createLogger } from "../telemetry/logger.js";
-import { natsServers } from "../../protocol/index.js";
+import { CheckpointError, natsServers } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 
 export interface StartCoordinatorOptions {
@@ -73,7 +73,11 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   let registry: WatchedMemberRegistry | undefined;
   let journal: KvDecisionJournal;
   try {
-    await mkdir(config.checkpoint_root, { recursive: true });
+    await mkdir(config.checkpoint_root, { recursive: true }).catch((error: NodeJS.ErrnoException) => {
+      // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
+      if (!["ENOTDIR", "EACCES", "EPERM", "EROFS", "EEXIST"].includes(error.code ?? "")) throw error;
+      throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.code}: ${error.message})`, { cause: error });
+    });
     const membersKv = await openMembersBucket(nc, config.deployment);
     registry = new WatchedMemberRegistry(membersKv, logger, clock);
     await registry.start();
