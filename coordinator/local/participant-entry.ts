@@ -1,5 +1,6 @@
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
+import { constants } from "node:os";
 import { fileURLToPath } from "node:url";
 
 /**
@@ -24,7 +25,12 @@ export function runParticipantProgram(relativePath: string, args: string[]): Pro
     child.once("exit", (code, signal) => {
       process.off("SIGINT", forward);
       process.off("SIGTERM", forward);
-      resolve(code ?? (signal ? 128 + 15 : 1));
+      resolve(exitCodeOf(code, signal));
     });
   });
+}
+
+/** A child's exit as a process exit code: its own code, or for a signal the shell convention 128 + its number (SIGINT 130, SIGKILL 137, SIGTERM 143). */
+export function exitCodeOf(code: number | null, signal: NodeJS.Signals | null): number {
+  return code ?? (signal ? 128 + constants.signals[signal] : 1);
 }

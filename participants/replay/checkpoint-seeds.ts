@@ -51,7 +51,7 @@ export const CheckpointSeedSchema = z
   .strict();
 export type CheckpointSeed = z.infer<typeof CheckpointSeedSchema>;
 
-export type CheckpointSeedSkip = "no_boundary" | "past_agent" | "not_started" | "finished_loop" | "no_progress" | "not_a_resume_point" | "restart";
+export type CheckpointSeedSkip = "no_boundary" | "past_agent" | "not_started" | "not_turn_loop" | "finished_loop" | "no_progress" | "not_a_resume_point" | "restart";
 
 export interface CheckpointSeedExport {
   checkpointId: string;
@@ -163,7 +163,11 @@ export async function exportCheckpointSeeds(checkpointDir: string, options: { ta
       snapshot = legacy.data.state;
     }
     const loop = LoopSnapshotSchema.safeParse(snapshot);
-    if (!loop.success) throw invalidState(`${id}: the agent boundary of ${key} is not a turn-loop snapshot`);
+    if (!loop.success) {
+      // Another agent's own boundary state (the agent SDK's is opaque): no chat seed derives from it.
+      skip("not_turn_loop");
+      continue;
+    }
     if (loop.data.answer !== undefined) {
       skip("finished_loop");
       continue;

@@ -165,7 +165,12 @@ export class RecordWriter {
 
   constructor(private readonly rootDir: string) {}
 
-  enqueue(step: number, batches: readonly EnvRecords[]): void {
+  /**
+   * The lists are copied now, so a caller may clear or reuse its buffers at once; the records
+   * themselves are encoded later and must not change until `flush`.
+   */
+  enqueue(step: number, given: readonly EnvRecords[]): void {
+    const batches = given.map((batch) => ({ ...batch, traces: [...batch.traces] }));
     this.tail = this.tail.then(async () => {
       if (this.failure !== undefined) return; // a failed step stops later ones so steps never appear out of order
       try {

@@ -84,6 +84,15 @@ describe("checkpoint seeds", () => {
     expect(exported.seeds[0]!.lineage).toMatchObject({ boundary: "invoke_agent", turns: 1 });
   });
 
+  it("skip an episode whose agent boundary is not a turn-loop snapshot (another agent's own state) and export the rest", async () => {
+    const [r1, r2] = [parked("r1"), parked("r2")];
+    const custom = { ...r2.agent, boundary: { cursor: 7, scratchpad: "opaque" } };
+    await publish([await writeParticipant("environment", [r1.environment, r2.environment]), await writeParticipant("agent", [r1.agent, custom])]);
+    const exported = await exportCheckpointSeeds(checkpointDir());
+    expect(exported.seeds.map((s) => s.name)).toEqual([`continue:${ID}:r1`]);
+    expect(exported.skipped).toMatchObject({ not_turn_loop: 1 });
+  });
+
   it("refuse a participant directory replaced after publication, even a self-consistent one", async () => {
     const [r1, r2] = [parked("r1"), parked("r2")];
     await publish([await writeParticipant("environment", [r1.environment]), await writeParticipant("agent", [r1.agent])]);

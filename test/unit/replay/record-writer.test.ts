@@ -273,9 +273,12 @@ describe("record writer", () => {
 
   it("keeps writing off the caller's path and publishes steps in enqueue order", async () => {
     const writer = new RecordWriter(dir);
-    writer.enqueue(1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1))] }]);
+    const buffer = [linearTrace(traceId(1))];
+    writer.enqueue(1, [{ kind: "train", env: "gsm8k", traces: buffer }]);
+    buffer.length = 0; // the caller reuses its buffer at once
     writer.enqueue(2, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(2))] }]);
     await writer.flush();
+    expect((await readFile(path.join(dir, "step_1", "train_rollouts_gsm8k.jsonl"), "utf8")).split("\n").filter(Boolean)).toHaveLength(1);
     const one = await stat(path.join(dir, "step_1", "_complete_train.json"));
     const two = await stat(path.join(dir, "step_2", "train_rollouts_gsm8k.jsonl"));
     expect(one.mtimeMs).toBeLessThanOrEqual(two.mtimeMs);
