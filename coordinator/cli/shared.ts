@@ -13,6 +13,8 @@ export interface ClientFlags {
   httpUrl?: string;
   leaderWaitMs?: string;
   json?: boolean;
+  /** The op's `--timeout-s`, where it has one: checked before connecting, turned into deadline_ts by `deadlineFrom`. */
+  timeoutS?: string;
 }
 
 /** Connection flags shared by every client command (env fallbacks: GYM_CKPT_*). */
@@ -33,6 +35,7 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
   const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
   await runCli(async () => {
     const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
+    if (flags.timeoutS !== undefined) secondsFlag("timeout-s", flags.timeoutS);
     const deployment = clientDeployment(flags.deployment, env);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
     if (httpUrl) {
@@ -87,7 +90,8 @@ export function integerFlag(name: string, value: string, min: number, max?: numb
  */
 export function secondsFlag(name: string, value: string): number {
   const n = Number(value);
-  if (value.trim() === "" || !(n > 0) || n > MAX_DEADLINE_AHEAD_S) {
+  // Decimal only, as integer flags and config numbers: Number() would also take `0x10`, `1e3` or `Infinity`.
+  if (!/^\d+(\.\d+)?$/.test(value.trim()) || !(n > 0) || n > MAX_DEADLINE_AHEAD_S) {
     throw new CheckpointError("invalid_request", `--${name} must be a positive number of seconds up to ${MAX_DEADLINE_AHEAD_S} (7 days), got ${JSON.stringify(value)}`);
   }
   return n;
@@ -157,9 +161,7 @@ export function parseEpisodes(value: string): EpisodeId[] {
 
 export function deadlineFrom(timeoutS: string | undefined): number | undefined {
   if (timeoutS === undefined) return undefined;
-  const seconds = Number(timeoutS);
-  if (!(seconds > 0)) throw new CheckpointError("invalid_request", "--timeout-s must be a positive number");
-  return Date.now() / 1000 + seconds;
+  return Date.now() / 1000 + secondsFlag("timeout-s", timeoutS);
 }
 
 export function controllerStateFrom(flags: { stateJson?: string; stateFile?: string }) {

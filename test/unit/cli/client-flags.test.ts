@@ -46,4 +46,13 @@ describe("client commands: empty variables are unset", () => {
     expect(stderr).toMatch(/^error not_leader: cannot reach NATS/);
   });
 
+
+  it.each(["Infinity", "0x10", "1e3", "-5", ""])("refuses --timeout-s %j as bad usage before connecting (invalid_request, exit 2)", async (value) => {
+    const program = new Command().exitOverride();
+    const { register: registerCheckpoint } = await import("../../../coordinator/cli/commands/checkpoint.js");
+    registerCheckpoint(program);
+    await program.parseAsync(["checkpoint", "--token", "t", "--nats-url", "nats://127.0.0.1:1", "--leader-wait-ms", "0", "--timeout-s", value], { from: "user" });
+    expect(Number(process.exitCode)).toBe(2);
+    expect(stderr).toContain(`error invalid_request: --timeout-s must be a positive number of seconds`);
+  });
 });

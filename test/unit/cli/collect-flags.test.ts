@@ -129,6 +129,8 @@ describe("gym-ckpt collect flags", () => {
     ["--run-timeout-s", "Infinity"],
     ["--progress-interval-s", "0"],
     ["--run-timeout-s", "soon"],
+    ["--run-timeout-s", "0x10"],
+    ["--checkpoint-timeout-s", "1e3"],
   ])("refuses %s %j: a duration must be positive and at most the 7-day cap (invalid_request, exit 2)", async (flag, value) => {
     expect(await collect("--run-url", "http://127.0.0.1:1/run", flag, value)).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${flag} must be a positive number of seconds up to 604800 (7 days), got ${JSON.stringify(value)}`);
