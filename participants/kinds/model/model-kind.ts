@@ -277,6 +277,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     const attempts = (e: EpisodeId) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt;
     return this.stopCalls(attempts, attempts, () => {
       this.refuseLedgerRemoval();
+      // Restored state of those attempts goes with their ledgers (as a checkpoint retire drops it).
+      this.dropRestored(attempts);
       return this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
     });
   }
@@ -288,6 +290,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     const ofKey = (_e: EpisodeId, k: string) => k === key;
     await this.stopCalls(ofKey, ofKey, () => {
       this.refuseLedgerRemoval();
+      // A restored cut (and restored key) of this ledger goes with it, or a commit exports it again.
+      this.dropRestored((e) => captureKey(e) === key);
       return this.ledger.remove([key]);
     });
   }
