@@ -281,10 +281,14 @@ export class CaptureLedger {
     if (!this.onDisk.has(key)) this.addOnDisk(key);
   }
 
-  /** Deletes the ledgers of these keys (memory and disk). */
-  async remove(keys: Iterable<string>): Promise<void> {
+  /**
+   * Deletes the ledgers of these keys (memory and disk). `unless` is asked under each key's stripe
+   * lock, where no append can land between the answer and the unlink: true keeps that key.
+   */
+  async remove(keys: Iterable<string>, unless?: (key: string) => boolean): Promise<void> {
     for (const key of keys) {
       await this.locks.run(key, async () => {
+        if (unless?.(key)) return;
         await this.ready;
         const path = this.fileOf(key);
         this.cacheDrop(key);

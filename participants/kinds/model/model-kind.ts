@@ -61,6 +61,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private readonly restoredCuts = new Map<string, GenerationCutRecord>();
   /** Imported ledgers whose replacement has not called yet. */
   private readonly restoredKeys = new Set<string>();
+  /** Restored keys afterCommit is freeing; a call claiming one meanwhile takes it out (its ledger stays). */
+  private readonly freeing = new Set<string>();
   /** This checkpoint's cuts: one per episode, the latest admitted. */
   private readonly latestCuts = new Map<string, { admittedAt: number; record: GenerationCutRecord }>();
   /** Episodes whose calls are being stopped (retire, ledger retire/delete): admission answers stale_attempt meanwhile. */
@@ -115,6 +117,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     }
     this.served = true;
     this.restoredKeys.delete(key);
+    this.freeing.delete(key); // a replacement started here: afterCommit keeps its ledger
     let close!: () => void;
     const closed = new Promise<void>((resolve) => (close = resolve));
     const ticket: AdmissionTicket & { close: () => void } = {
@@ -526,12 +529,20 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   async afterCommit(scope: EpisodeId[] | null): Promise<void> {
     if (scope === null) return;
     const inScope = new Set(scope.map(captureKey));
-    // Restored state whose replacement never started here and which the controller no longer continues.
-    for (const key of [...this.restoredKeys]) {
-      if (inScope.has(key)) continue;
+    // Restored state whose replacement never started here and which the controller no longer
+    // continues. Taken all at once, before the first await: this hook may outlive the commit and the
+    // resume, and a call of one of these keys (the controller starting that attempt over from input)
+    // claims it, so its ledger, with that call's row, stays.
+    const freed = [...this.restoredKeys].filter((key) => !inScope.has(key));
+    for (const key of freed) {
       this.restoredKeys.delete(key);
       this.restoredCuts.delete(key);
-      await this.ledger.remove([key]);
+      this.freeing.add(key);
+    }
+    try {
+      await this.ledger.remove(freed, (key) => !this.freeing.has(key));
+    } finally {
+      for (const key of freed) this.freeing.delete(key);
     }
   }
 
