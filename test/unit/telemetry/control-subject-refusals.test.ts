@@ -1,0 +1,92 @@
+import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
+import { headers as natsHeaders, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
+import { HEADER_AUTHORIZATION } from "../../../protocol/index.js";
+
+/**
+ * docs/telemetry.md: `gym_ckpt.refusals` counts "refusals by catalog code a participant answered: on
+ * its control subjects and on its data-plane HTTP routes". The control endpoint's own refusals (a
+ * wrong bearer token, a malformed message) are answered on the control subjects too.
+ */
+const metricExporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
+const reader = new PeriodicExportingMetricReader({ exporter: metricExporter, exportIntervalMillis: 60_000 });
+const meterProvider = new MeterProvider({ readers: [reader] });
+beforeAll(() => useTelemetryProviders({ meterProvider }));
+afterAll(async () => {
+  useTelemetryProviders({});
+  await meterProvider.shutdown();
+});
+
+/** A NatsConnection with just what ControlEndpoint uses (as in participant-telemetry.test.ts). */
+function fakeSubscriptions() {
+  const queues = new Map<string, { push(msg: Msg): void; close(): void }>();
+  const nc = {
+    subscribe(subject: string) {
+      const pending: Msg[] = [];
+      let wake: (() => void) | undefined;
+      let closed = false;
+      queues.set(subject, {
+        push(msg) {
+          pending.push(msg);
+          wake?.();
+        },
+        close() {
+          closed = true;
+          wake?.();
+        },
+      });
+      return {
+        unsubscribe: () => queues.get(subject)?.close(),
+        async *[Symbol.asyncIterator]() {
+          for (;;) {
+            if (pending.length) yield pending.shift()!;
+            else if (closed) return;
+            else await new Promise<void>((resolve) => (wake = resolve));
+          }
+        },
+      };
+    },
+  } as unknown as NatsConnection;
+  return {
+    nc,
+    request(op: string, headers: MsgHdrs, body: string): Promise<string> {
+      const subject = [...queues.keys()].find((s) => s.endsWith(`.${op}`))!;
+      return new Promise((resolve) => {
+        queues.get(subject)!.push({ subject, reply: "inbox", headers, data: new TextEncoder().encode(body), respond: (data: string) => (resolve(data), true) } as unknown as Msg);
+      });
+    },
+  };
+}
+
+describe("gym_ckpt.refusals on the control subjects", () => {
+  it("counts the endpoint's own refusals: a wrong bearer token (unauthorized) and a malformed message (invalid_request)", async () => {
+    const plane = new ParticipantControlPlane({ adapter: new ScriptableKind("environment"), instance: "env-r" });
+    const inbox = fakeSubscriptions();
+    const endpoint = new ControlEndpoint(plane as never, { nc: inbox.nc, deployment: "unit", token: "right-token" });
+    endpoint.start();
+    try {
+      const wrong = natsHeaders();
+      wrong.set(HEADER_AUTHORIZATION, "Bearer wrong-token");
+      const body = JSON.stringify({ checkpoint_id: "c-r", deadline_ts: Date.now() / 1000 + 30, epoch: 1 });
+      expect(JSON.parse(await inbox.request("prepare", wrong, body))).toMatchObject({ error: { code: "unauthorized" } });
+      const right = natsHeaders();
+      right.set(HEADER_AUTHORIZATION, "Bearer right-token");
+      expect(JSON.parse(await inbox.request("prepare", right, "{not json"))).toMatchObject({ error: { code: "invalid_request" } });
+    } finally {
+      await endpoint.stop();
+      plane.dispose();
+    }
+    await reader.forceFlush();
+    const latest = metricExporter.getMetrics().at(-1);
+    const refusals = latest?.scopeMetrics.flatMap((s) => s.metrics).find((m) => m.descriptor.name === "gym_ckpt.refusals");
+    const points = (refusals?.dataPoints ?? []).map((p) => ({ ...p.attributes, value: p.value }));
+    expect(points).toEqual(
+      expect.arrayContaining([
+        { code: "unauthorized", kind: "environment", value: 1 },
+        { code: "invalid_request", kind: "environment", value: 1 },
+      ]),
+    );
+  });
+});
