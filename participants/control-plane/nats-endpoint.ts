@@ -17,6 +17,7 @@ import {
   type Op,
   type RecordBase,
 } from "../../protocol/index.js";
+import { countRefusal } from "../telemetry/instruments.js";
 import { extractTraceContext } from "../telemetry/nats-propagation.js";
 import type { ParticipantControlPlane } from "./control-plane.js";
 
@@ -80,6 +81,9 @@ export class ControlEndpoint {
       body = encodeReply(reply, op);
     } catch (error) {
       const refusal = toCheckpointError(error);
+      // The endpoint's own refusals (token, decoding) are answered on the control subjects too;
+      // one the control plane already counted counts once (countRefusal dedupes by error object).
+      countRefusal(error, this.plane.adapter.kind);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "control operation failed");
       body = encodeMessage(refusal.toReply());
     }
