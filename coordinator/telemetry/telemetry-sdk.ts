@@ -67,7 +67,7 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
   if (traces === "off" && !otlpMetrics && promPort === undefined) return off;
 
   // Loaded only when used: the SDK costs most of a second at start-up.
-  const [{ NodeSDK }, { defaultResource, resourceFromAttributes }, { PeriodicExportingMetricReader }, { PrometheusExporter }, { OTLPMetricExporter }, { OTLPTraceExporter }] =
+  const [{ NodeSDK }, { defaultResource, resourceFromAttributes, envDetector, hostDetector, processDetector }, { PeriodicExportingMetricReader }, { PrometheusExporter }, { OTLPMetricExporter }, { OTLPTraceExporter }] =
     await Promise.all([
       import("@opentelemetry/sdk-node"),
       import("@opentelemetry/resources"),
@@ -101,8 +101,17 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
     const interval = Number(env.OTEL_METRIC_EXPORT_INTERVAL) || 60_000;
     readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter(), exportIntervalMillis: interval, exportTimeoutMillis: Math.min(interval, 30_000) }));
   }
+  // The process detector's `process.command_args` is the whole argv: `--token`, `--controller-token`
+  // and `--cut-token` values would go to every OTLP batch and /metrics' target_info. Leave it out.
+  const processWithoutArgs: typeof processDetector = {
+    detect(config) {
+      const { "process.command_args": _args, ...attributes } = processDetector.detect(config).attributes ?? {};
+      return { attributes };
+    },
+  };
   const sdk = new NodeSDK({
     ...(env.OTEL_SERVICE_NAME ? {} : { serviceName: options.serviceName }),
+    resourceDetectors: [envDetector, processWithoutArgs, hostDetector],
     ...(options.serviceInstanceId && { resource: defaultResource().merge(resourceFromAttributes({ "service.instance.id": options.serviceInstanceId })) }),
     metricReaders: readers,
     // Logs stay pino's (stdout, with trace_id/span_id); no OTel log export.
