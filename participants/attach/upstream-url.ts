@@ -1,3 +1,5 @@
+import { redactNatsServers } from "../../protocol/index.js";
+
 /**
  * Where the proxy forwards: the upstream's OpenAI base URL (`http://host:8000/v1` or
  * `http://host:8000`) reduced to its root, so `/v1/chat/completions` after the rollout prefix maps
@@ -14,7 +16,8 @@ export function parseUpstream(raw: string): Upstream {
   try {
     url = new URL(raw);
   } catch {
-    throw new Error(`--upstream is not a URL: ${raw}`);
+    // Not the raw value: its userinfo may be a password (`scheme://user:pass@host`, redacted as for NATS URLs).
+    throw new Error(`--upstream is not a URL: ${redactNatsServers(raw)}`);
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") throw new Error("--upstream must be an http(s) URL");
   if (url.search || url.hash) throw new Error("--upstream may not carry a query or fragment");
