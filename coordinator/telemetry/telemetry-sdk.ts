@@ -10,8 +10,9 @@ import type { AddressInfo } from "node:net";
  * - traces go out over OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT or
  *   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (or `otlpEndpoint`) is set, or OTEL_TRACES_EXPORTER names an
  *   exporter; JSON encoding unless OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL says otherwise;
- * - metrics go out over OTLP/HTTP (JSON) when OTEL_EXPORTER_OTLP_ENDPOINT or
- *   OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set and OTEL_METRICS_EXPORTER allows `otlp`;
+ * - metrics go out over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is
+ *   set and OTEL_METRICS_EXPORTER allows `otlp`; encoded as OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL says
+ *   (`http/json` by default, `http/protobuf`, `grpc`), like the traces;
  * - a Prometheus `/metrics` endpoint is served when `metricsPort` (or OTEL_EXPORTER_PROMETHEUS_PORT)
  *   is given; 0 picks a free port; host OTEL_EXPORTER_PROMETHEUS_HOST, default 127.0.0.1.
  *
@@ -67,13 +68,12 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
   if (traces === "off" && !otlpMetrics && promPort === undefined) return off;
 
   // Loaded only when used: the SDK costs most of a second at start-up.
-  const [{ NodeSDK }, { defaultResource, resourceFromAttributes, envDetector, hostDetector, processDetector }, { PeriodicExportingMetricReader }, { PrometheusExporter }, { OTLPMetricExporter }, { OTLPTraceExporter }] =
+  const [{ NodeSDK }, { defaultResource, resourceFromAttributes, envDetector, hostDetector, processDetector }, { PeriodicExportingMetricReader }, { PrometheusExporter }, { OTLPTraceExporter }] =
     await Promise.all([
       import("@opentelemetry/sdk-node"),
       import("@opentelemetry/resources"),
       import("@opentelemetry/sdk-metrics"),
       import("@opentelemetry/exporter-prometheus"),
-      import("@opentelemetry/exporter-metrics-otlp-http"),
       import("@opentelemetry/exporter-trace-otlp-http"),
     ]);
 
@@ -99,6 +99,7 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
   }
   if (otlpMetrics) {
     const interval = Number(env.OTEL_METRIC_EXPORT_INTERVAL) || 60_000;
+    const { OTLPMetricExporter } = await otlpMetricExporterModule(env.OTEL_EXPORTER_OTLP_METRICS_PROTOCOL || env.OTEL_EXPORTER_OTLP_PROTOCOL);
     readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter(), exportIntervalMillis: interval, exportTimeoutMillis: Math.min(interval, 30_000) }));
   }
   // The process detector's `process.command_args` is the whole argv: `--token`, `--controller-token`
@@ -154,4 +155,16 @@ export function observeLeadership(state: () => ObservedLeadership): () => void {
   };
   meter.addBatchObservableCallback(callback, [epoch, leader]);
   return () => meter.removeBatchObservableCallback(callback, [epoch, leader]);
+}
+
+/** The OTLP metric exporter for the protocol (the traces' choice is the SDK's own, from the same variables). */
+function otlpMetricExporterModule(protocol: string | undefined) {
+  switch (protocol) {
+    case "grpc":
+      return import("@opentelemetry/exporter-metrics-otlp-grpc");
+    case "http/protobuf":
+      return import("@opentelemetry/exporter-metrics-otlp-proto");
+    default:
+      return import("@opentelemetry/exporter-metrics-otlp-http");
+  }
 }
