@@ -1,0 +1,87 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CoordinatorConfigSchema } from "../../coordinator/config/coordinator-config.js";
+import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
+import { createLogger } from "../../coordinator/telemetry/logger.js";
+
+/**
+ * docs/operations.md: "NATS with JetStream ... Use 3 nodes for production; the buckets then use R3"
+ * (and deploy/nats/nats-server.production.conf: "the KV buckets gym-ckpt creates ... then use R3 and
+ * survive a node loss"). On a real 3-node cluster the leader, members and journal buckets must be
+ * replicated, or losing the one node that holds them stops every coordinator.
+ */
+const freePort = () =>
+  new Promise<number>((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address() as { port: number };
+      s.close(() => resolve(port));
+    });
+  });
+
+let dir: string;
+const servers: ChildProcess[] = [];
+let clientPorts: number[] = [];
+let nc: NatsConnection;
+let coordinator: CoordinatorHandle | undefined;
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-r3-"));
+  clientPorts = [await freePort(), await freePort(), await freePort()];
+  const routePorts = [await freePort(), await freePort(), await freePort()];
+  const routes = routePorts.map((p) => `nats://127.0.0.1:${p}`).join(", ");
+  for (let i = 0; i < 3; i++) {
+    const conf = join(dir, `n${i}.conf`);
+    await writeFile(
+      conf,
+      `listen: 127.0.0.1:${clientPorts[i]}\nserver_name: n${i}\njetstream { store_dir: "${join(dir, `js${i}`)}" }\ncluster { name: r3test, listen: 127.0.0.1:${routePorts[i]}, routes: [${routes}] }\n`,
+    );
+    servers.push(spawn("nats-server", ["-c", conf], { stdio: "ignore" }));
+  }
+  const urls = clientPorts.map((p) => `nats://127.0.0.1:${p}`);
+  for (const until = Date.now() + 20_000; ; ) {
+    try {
+      nc ??= await connect({ servers: urls, maxReconnectAttempts: -1 });
+      await (await jetstreamManager(nc)).getAccountInfo();
+      break;
+    } catch (error) {
+      if (Date.now() > until) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+  }
+}, 40_000);
+
+afterAll(async () => {
+  await coordinator?.stop().catch(() => undefined);
+  await nc?.close().catch(() => undefined);
+  for (const s of servers) s.kill("SIGTERM");
+  await Promise.all(servers.map((s) => (s.exitCode === null && s.signalCode === null ? new Promise((resolve) => s.once("exit", resolve)) : undefined)));
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+describe("KV buckets on a 3-node JetStream cluster", () => {
+  it("the coordinator's leader, members and journal buckets are replicated (R3)", async () => {
+    const config = CoordinatorConfigSchema.parse({
+      deployment: "rthree",
+      nats: { servers: clientPorts.map((p) => `nats://127.0.0.1:${p}`).join(",") },
+      token: "r3-token",
+      checkpoint_root: join(dir, "ckpt"),
+      lease_ms: 1000,
+      http: { enabled: false },
+    });
+    coordinator = await startCoordinator({ config, logger: createLogger("silent") });
+    const jsm = await jetstreamManager(nc);
+    const replicas: Record<string, number> = {};
+    for (const bucket of ["leader", "members", "journal"]) {
+      replicas[bucket] = (await jsm.streams.info(`KV_gym_ckpt_rthree_${bucket}`)).config.num_replicas;
+    }
+    expect(replicas).toEqual({ leader: 3, members: 3, journal: 3 });
+  }, 30_000);
+});
