@@ -54,6 +54,30 @@ export function redactNatsServers(servers: string): string {
     .join(",");
 }
 
+/** What the server's INFO says of its cluster (nats.js `nc.info`). */
+export interface NatsServerInfo {
+  cluster?: string;
+  /** Client URLs of the cluster's servers (itself included), unless the cluster does not advertise them. */
+  connect_urls?: string[];
+}
+
+/**
+ * Replicas of the KV buckets gym-ckpt creates (leader lease, members, decision journal), the same
+ * rule in every process: GYM_CKPT_NATS_REPLICAS when set (1 to 5); else 1 on a single server, and on
+ * a cluster 3, or its size when it advertises fewer servers. A bucket on one node of a cluster would
+ * stop every coordinator when that node is lost.
+ */
+export function kvReplicas(info: NatsServerInfo | undefined, env: Record<string, string | undefined> = process.env): number {
+  const configured = env.GYM_CKPT_NATS_REPLICAS?.trim();
+  if (configured) {
+    if (!/^[1-5]$/.test(configured)) throw new CheckpointError("invalid_request", `GYM_CKPT_NATS_REPLICAS must be a whole number from 1 to 5, got ${JSON.stringify(configured)}`);
+    return Number(configured);
+  }
+  if (!info?.cluster) return 1;
+  const advertised = info.connect_urls?.length;
+  return advertised ? Math.min(3, advertised) : 3;
+}
+
 /**
  * Whether a JetStream write was refused because the key's revision was not the one expected (a
  * compare-and-set lost to another writer: JetStream API code 10071, "wrong last sequence").

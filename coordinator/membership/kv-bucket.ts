@@ -1,7 +1,7 @@
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import { nanos, type NatsConnection } from "@nats-io/transport-node";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, kvReplicas } from "../../protocol/index.js";
 
 export interface BucketOptions {
   history: number;
@@ -15,26 +15,28 @@ export interface BucketOptions {
  * bucket keeps the config it was created with (e.g. the leader bucket after `lease_ms` changed), so
  * reading back is the only way to know the lifetimes we rely on hold. A differing bucket is
  * updated in place, never recreated: a recreated stream restarts its sequence, and the leader
- * epoch (a revision) would fall below what participants have seen, so they would refuse it.
+ * epoch (a revision) would fall below what participants have seen, so they would refuse it. The
+ * replicas follow `kvReplicas` (a bucket created R1 before the cluster grew is scaled up in place).
  */
 export async function openBucketAsserted(nc: NatsConnection, name: string, options: BucketOptions): Promise<KV> {
-  const kv = await new Kvm(nc).create(name, { history: options.history, ...(options.ttl > 0 ? { ttl: options.ttl } : {}) });
+  const replicas = kvReplicas(nc.info);
+  const kv = await new Kvm(nc).create(name, { history: options.history, replicas, ...(options.ttl > 0 ? { ttl: options.ttl } : {}) });
   const matches = async () => {
     const status = await kv.status();
-    return { ok: status.history === options.history && status.ttl === options.ttl, status };
+    return { ok: status.history === options.history && status.ttl === options.ttl && status.replicas === replicas, status };
   };
   let check = await matches();
   if (!check.ok) {
     const jsm = await jetstreamManager(nc);
     // The duplicate window may not exceed max_age (the KV client sets it the same way on create).
     const duplicateWindow = options.ttl > 0 ? Math.min(options.ttl, 120_000) : 120_000;
-    await jsm.streams.update(`KV_${name}`, { max_msgs_per_subject: options.history, max_age: nanos(options.ttl), duplicate_window: nanos(duplicateWindow) });
+    await jsm.streams.update(`KV_${name}`, { max_msgs_per_subject: options.history, max_age: nanos(options.ttl), duplicate_window: nanos(duplicateWindow), num_replicas: replicas });
     check = await matches();
   }
   if (!check.ok) {
     throw new CheckpointError(
       "internal_error",
-      `KV bucket ${name} has history ${check.status.history} and ttl ${check.status.ttl} ms, and the server kept it so after an update; expected history ${options.history} and ttl ${options.ttl} ms.`,
+      `KV bucket ${name} has history ${check.status.history}, ttl ${check.status.ttl} ms and ${check.status.replicas} replica(s), and the server kept it so after an update; expected history ${options.history}, ttl ${options.ttl} ms and ${replicas} replica(s).`,
     );
   }
   return kv;

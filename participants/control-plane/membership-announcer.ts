@@ -6,6 +6,7 @@ import {
   isWrongRevision,
   MEMBER_HEARTBEAT_MS,
   MEMBER_TTL_MS,
+  kvReplicas,
   MemberSchema,
   PROTOCOL_VERSION,
   memberKey,
@@ -116,7 +117,8 @@ export class MembershipAnnouncer {
   }
 
   private openBucket(): Promise<KV> {
-    return new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS });
+    // The coordinator asserts this config (and scales replicas) when it opens the bucket; same rule here.
+    return new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS, replicas: kvReplicas(this.nc.info) });
   }
 
   /** Compare-and-set on the revision last seen: never overwrites another process's entry. */

@@ -4,6 +4,7 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorConfigSchema } from "../../coordinator/config/coordinator-config.js";
@@ -67,7 +68,10 @@ afterAll(async () => {
 });
 
 describe("KV buckets on a 3-node JetStream cluster", () => {
-  it("the coordinator's leader, members and journal buckets are replicated (R3)", async () => {
+  it("the coordinator's leader, members and journal buckets are replicated (R3), an R1 bucket from before scaled up in place", async () => {
+    // A journal bucket an older version created on one node, holding an entry that must survive.
+    const old = await new Kvm(nc).create("gym_ckpt_rthree_journal", { history: 1, replicas: 1 });
+    await old.put("kept", "x");
     const config = CoordinatorConfigSchema.parse({
       deployment: "rthree",
       nats: { servers: clientPorts.map((p) => `nats://127.0.0.1:${p}`).join(",") },
@@ -83,5 +87,6 @@ describe("KV buckets on a 3-node JetStream cluster", () => {
       replicas[bucket] = (await jsm.streams.info(`KV_gym_ckpt_rthree_${bucket}`)).config.num_replicas;
     }
     expect(replicas).toEqual({ leader: 3, members: 3, journal: 3 });
+    expect((await old.get("kept"))?.string()).toBe("x");
   }, 30_000);
 });

@@ -1,0 +1,21 @@
+import { describe, expect, it } from "vitest";
+import { kvReplicas } from "../../../protocol/index.js";
+
+describe("kvReplicas: the KV buckets' replicas, one rule in every process", () => {
+  it("is 1 on a single server and 3 on a cluster (its size when it advertises fewer)", () => {
+    expect(kvReplicas({}, {})).toBe(1);
+    expect(kvReplicas(undefined, {})).toBe(1);
+    expect(kvReplicas({ cluster: "c", connect_urls: ["a:1", "b:1", "c:1", "d:1", "e:1"] }, {})).toBe(3);
+    expect(kvReplicas({ cluster: "c", connect_urls: ["a:1", "b:1"] }, {})).toBe(2);
+    expect(kvReplicas({ cluster: "c" }, {})).toBe(3); // a cluster that does not advertise its servers
+  });
+
+  it("follows GYM_CKPT_NATS_REPLICAS, and refuses a value JetStream cannot take", () => {
+    expect(kvReplicas({ cluster: "c", connect_urls: ["a:1", "b:1", "c:1"] }, { GYM_CKPT_NATS_REPLICAS: "1" })).toBe(1);
+    expect(kvReplicas({}, { GYM_CKPT_NATS_REPLICAS: " 5 " })).toBe(5);
+    expect(kvReplicas({}, { GYM_CKPT_NATS_REPLICAS: "" })).toBe(1); // empty = unset
+    for (const bad of ["0", "6", "3.0", "three", "0x3"]) {
+      expect(() => kvReplicas({}, { GYM_CKPT_NATS_REPLICAS: bad })).toThrow(expect.objectContaining({ code: "invalid_request" }));
+    }
+  });
+});
