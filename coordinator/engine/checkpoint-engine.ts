@@ -204,7 +204,8 @@ export class CheckpointEngine {
   private latestMembers: { id: string; members: ParticipantRef[] } | undefined;
 
   constructor(private readonly options: CheckpointEngineOptions) {
-    this.log = options.logger.child({ component: "engine" });
+    // `module`, not `component`: the daemon binds that, and pino would write a rebound key twice.
+    this.log = options.logger.child({ module: "engine" });
     this.recoveredFlag = !options.requireRecovery;
   }
 

@@ -117,7 +117,7 @@ export class KvDecisionJournal implements DecisionJournal {
   ) {}
 
   static async open(nc: NatsConnection, deployment: string, logger?: Logger): Promise<KvDecisionJournal> {
-    return new KvDecisionJournal(await openBucketAsserted(nc, journalBucket(deployment), { history: 1, ttl: 0 }), logger?.child({ component: "journal" }));
+    return new KvDecisionJournal(await openBucketAsserted(nc, journalBucket(deployment), { history: 1, ttl: 0 }), logger?.child({ module: "journal" }));
   }
 
   async record(entry: JournalEntry): Promise<void> {

@@ -137,7 +137,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.graceSeconds = options.leaseGraceSeconds ?? 600;
     if (!(this.graceSeconds > 0)) throw new CheckpointError("invalid_request", "leaseGraceSeconds must be > 0");
     this.checkpointRoot = options.checkpointRoot?.replace(/\/+$/, "");
-    this.logger = options.logger?.child({ kind: this.adapter.kind, instance: this.instance });
+    // Only what the parent lacks: pino writes a key bound twice twice (a server's logger has `instance`).
+    const bound = options.logger?.bindings() ?? {};
+    this.logger = options.logger?.child({ kind: this.adapter.kind, ...(bound["instance"] === this.instance ? {} : { instance: this.instance }) });
     this.pollMs = options.readinessPollMs ?? 1000;
     this.adapter.attach?.({
       notifyReadinessChanged: () => this.notify(),

@@ -39,7 +39,7 @@ describe("KV decision journal", () => {
 
     expect(await journal.list()).toEqual([valid]);
     const skipped = records().filter((r) => typeof r.msg === "string" && (r.msg as string).startsWith("journal_entry_"));
-    expect(skipped.map((r) => [r.msg, r.key, r.component])).toEqual(
+    expect(skipped.map((r) => [r.msg, r.key, r.module])).toEqual(
       expect.arrayContaining([
         ["journal_entry_not_json_skipped", "c-garbage", "journal"],
         ["journal_entry_invalid_skipped", "c-foreign", "journal"],

@@ -24,3 +24,36 @@ describe("coordinator logs", () => {
     for (const secret of ["t0ken", "t1", "pw1", "abc", "def"]) expect(text).not.toContain(secret);
   });
 });
+
+describe("coordinator log lines carry each key once", () => {
+  it("the engine's lines under the daemon's bindings (pino writes a rebound key twice)", async () => {
+    const { mkdtemp, rm } = await import("node:fs/promises");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const { makeEngine, writers } = await import("./fake-participants.js");
+    const lines: string[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        lines.push(chunk.toString());
+        done();
+      },
+    });
+    const daemonLogger = createLogger("info", sink).child({ component: "coordinator", coordinator_id: "c0", deployment: "d" });
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logkeys-"));
+    try {
+      const { engine } = makeEngine(root, { logger: daemonLogger });
+      await engine.checkpoint({ checkpoint_id: "k1", episode_ids: null, stop: false, controller_state: null });
+      await Promise.all(writers.splice(0).map((w) => w.settled()));
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+    expect(lines.length).toBeGreaterThan(0);
+    for (const line of lines) {
+      const keys = [...line.matchAll(/"([a-z_]+)":/g)].map((m) => m[1]!);
+      // top-level keys only matter, but any repeated binding shows up here first
+      for (const key of ["component", "module", "coordinator_id", "deployment", "checkpoint_id"]) {
+        expect(keys.filter((k) => k === key).length, `${key} in ${line}`).toBeLessThanOrEqual(1);
+      }
+    }
+  });
+});

@@ -2,6 +2,7 @@ import { mkdir, mkdtemp, readdir, readFile, rm, symlink } from "node:fs/promises
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import {
@@ -799,3 +800,19 @@ function deferred() {
   const promise = new Promise<void>((r) => (resolve = r));
   return { promise, resolve };
 }
+
+describe("control plane log lines", () => {
+  it("carry instance once under a server logger that already binds it (pino writes a rebound key twice)", async () => {
+    const lines: string[] = [];
+    const logger = pino({ base: { instance: "env9" } }, { write: (line: string) => void lines.push(line) });
+    const logged = new ParticipantControlPlane({ adapter: new ScriptableKind("environment"), instance: "env9", clock, leaseGraceSeconds: 60, checkpointRoot: root, logger });
+    try {
+      await logged.handle("commit", { checkpoint_id: "never-prepared", deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: join(root, "x"), episode_ids: null, stop: false }).catch(() => undefined);
+    } finally {
+      logged.dispose();
+    }
+    expect(lines.length).toBeGreaterThan(0);
+    for (const line of lines) expect(line.match(/"instance":/g), line).toHaveLength(1);
+    expect(JSON.parse(lines[0]!)).toMatchObject({ instance: "env9", kind: "environment" });
+  });
+});
