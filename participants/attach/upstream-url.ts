@@ -21,6 +21,8 @@ export function parseUpstream(raw: string): Upstream {
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") throw new Error("--upstream must be an http(s) URL");
   if (url.search || url.hash) throw new Error("--upstream may not carry a query or fragment");
+  // Refused rather than dropped: the proxy would never send them (callers' own Authorization headers go through).
+  if (url.username || url.password) throw new Error("--upstream may not carry credentials (user:pass@): the proxy forwards each caller's Authorization header instead");
   const root = `${url.origin}${url.pathname.replace(/\/+$/, "").replace(/\/v1$/, "")}`;
   return { root, url: new URL(root) };
 }

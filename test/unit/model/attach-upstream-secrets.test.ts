@@ -18,4 +18,10 @@ describe("--upstream refusals", () => {
       expect(message, raw).not.toContain("s3cret-pw");
     }
   });
+
+  it("refuse credentials in a valid URL instead of silently dropping them", () => {
+    expect(() => parseUpstream("http://user:s3cret-pw@127.0.0.1:8000/v1")).toThrow(/may not carry credentials/);
+    expect(() => parseUpstream("http://token@127.0.0.1:8000/v1")).toThrow(/may not carry credentials/);
+    expect(parseUpstream("http://127.0.0.1:8000/v1").root).toBe("http://127.0.0.1:8000");
+  });
 });
