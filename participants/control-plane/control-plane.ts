@@ -498,9 +498,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       const install = withSpan("install", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.records]: read.records.length }, undefined, () =>
         this.adapter.install(read.records, read.manifest.extra),
       );
+      let ended = false;
       const settled = install.then(
-        () => undefined,
-        () => undefined,
+        () => void (ended = true),
+        () => void (ended = true),
       );
       this.pendingInstall = settled;
       void settled.then(() => {
@@ -509,8 +510,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       try {
         await this.raceDeadline(install, request.deadline_ts, "restore");
       } catch (error) {
-        // An install still running keeps changing state: reopen only after it ends.
-        await settled;
+        if (ended) {
+          await settled;
+        } else {
+          this.abandonLateInstall(id, settled, request.episode_ids.map(nextAttempt));
+        }
         await this.adapter.openAdmission();
         this.closedAt = undefined;
         throw error;
@@ -535,6 +539,26 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       this.remember(id, "restore", reply, args);
       return reply;
     });
+  }
+
+  /**
+   * An install that outlived its restore's deadline may never end (a kind hook that hangs) or end
+   * later having installed attempt+1 although the restore failed. Neither may hold the lock (every
+   * later op would queue behind it for good) nor serve: attempt+1 is fenced now, as the
+   * coordinator's clean-up retires it after a failed restore anyway, admission reopens for
+   * everything else, and what the install leaves is freed once it ends.
+   */
+  private abandonLateInstall(id: string, settled: Promise<void>, next: EpisodeId[]): void {
+    for (const episode of next) this.retired.mark(episode);
+    if (this.pendingInstall === settled) this.pendingInstall = undefined;
+    this.logger?.warn({ checkpoint_id: id, episodes: next.length }, "restore_install_outlived_deadline");
+    void settled
+      .then(() => this.adapter.retire(next))
+      .then(
+        () => this.logger?.info({ checkpoint_id: id }, "late_restore_install_freed"),
+        (err: unknown) => this.logger?.error({ checkpoint_id: id, err }, "late_restore_install_not_freed"),
+      )
+      .finally(() => this.notify());
   }
 
   // ---- resume, renew ---------------------------------------------------------------------

@@ -1,0 +1,48 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { FastifyInstance } from "fastify";
+import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
+import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
+import { createResourcesApp, type ResourcesServer } from "../../../participants/kinds/resources/index.js";
+
+/** A resources app plus its control plane, in process (the shape of resources-participant.test.ts). */
+export async function resourcesWorld() {
+  const root = await mkdtemp(join(tmpdir(), "gym-ckpt-res-"));
+  const opened: { app: FastifyInstance; plane: ParticipantControlPlane<any> }[] = [];
+  const harness = async (server: ResourcesServer, owner = "worker-0") => {
+    const { app, kind } = await createResourcesApp(server, { owner });
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "res0", checkpointRoot: root, readinessPollMs: 50 });
+    opened.push({ app, plane });
+    const call = <O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }, deadlineS = 30) => {
+      const request: Record<string, unknown> = { deadline_ts: Date.now() / 1000 + deadlineS, epoch: 1, ...body };
+      if (op === "commit" || op === "restore") {
+        Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, ...(op === "commit" ? { stop: false } : {}), ...body });
+      }
+      return plane.handle(op, request as never);
+    };
+    const post = (url: string, payload: object = {}, cookie?: string) => app.inject({ method: "POST", url, payload, ...(cookie ? { headers: { cookie } } : {}) });
+    return { app, kind, plane, call, post };
+  };
+  const writeCheckpoint = (id: string, records: object[]) =>
+    new FsCheckpointStorage().write({ checkpointDir: join(root, id), checkpointId: id, kind: "resources", instance: "res0" }, records as never, {
+      gate: new WriteGate(),
+      createdAt: Date.now() / 1000,
+      extra: {},
+    });
+  const close = async () => {
+    for (const { app, plane } of opened.splice(0)) {
+      plane.dispose();
+      await app.close();
+    }
+    await rm(root, { recursive: true, force: true });
+  };
+  return { root, harness, writeCheckpoint, close };
+}
+
+export const counterRecord = (rollout: string, session: string, count: number) => ({
+  episode_id: { rollout_id: rollout, attempt: 0 },
+  session_id: session,
+  state: { count },
+  owner: null,
+});
