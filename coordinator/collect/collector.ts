@@ -194,16 +194,23 @@ export class Collector {
     // A checkpoint our predecessor left open (it crashed mid-checkpoint) is closed first. The one
     // we are about to restore is left alone: the coordinator closes it itself, since a resume would
     // fence its id at the fresh participants.
-    const open = (await this.options.controller.status()).checkpoint;
-    // Our LATEST still open (a stop checkpoint): only a restore closes it at the coordinator, so it
-    // is restored even when no row continues from it (an empty scope), and it refuses retires until
-    // then.
-    const restoreCloses = open !== null && open.checkpoint_id === collection?.checkpoint_id;
+    const status = await this.options.controller.status();
+    const open = status.checkpoint;
+    // Our LATEST still open (a stop checkpoint, or a crash between publish and resume): only a
+    // restore closes it at the coordinator, so it is restored even when no row continues from it
+    // (an empty scope), and it refuses retires until then. Unless live Gym processes still hold it
+    // parked: only fresh processes accept a restore, so it is resumed instead, and the rows it
+    // would continue restart from input (their /runs died with our predecessor: nobody can read
+    // their replies, and the live servers refuse the same attempt while it runs).
+    const ours = open !== null && open.checkpoint_id === collection?.checkpoint_id;
+    const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);
+    const restoreCloses = ours && !heldParked;
     if (open && !restoreCloses) {
-      this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase }, "closing the checkpoint a previous run left open");
+      this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase, held_parked: heldParked }, "closing the checkpoint a previous run left open");
       await this.resumeLeftOpen(open.checkpoint_id);
     }
-    const continued = new Map((collection?.continued ?? []).filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
+    const restorable = heldParked ? [] : (collection?.continued ?? []);
+    const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
 
     // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.
     // An attempt that was only restored never ran: retire the one before and send it again, so a
@@ -751,6 +758,11 @@ export class Collector {
     const rewards = [...results.values()].map((r) => r.reward);
     return rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : NaN;
   }
+}
+
+/** Whether a participant's status shows it still holds checkpoint `id` (parked in it, not idle). */
+function heldBy(participants: CtlReplyOf<"status">["participants"], id: string): boolean {
+  return participants.some((p) => p.checkpoint_id === id && p.phase !== null && p.phase !== "idle");
 }
 
 function delay(seconds: number): Promise<void> {

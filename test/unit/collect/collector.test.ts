@@ -69,6 +69,8 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
     latest: null as string | null,
     published: {} as Record<string, { file: string; sha256: string }>,
     open: null as { checkpoint_id: string; phase: string } | null,
+    /** Live participants still parked in the open checkpoint (they refuse its restore). */
+    heldParked: false,
   };
   let restoredScope = "";
   const base = {
@@ -93,7 +95,7 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
     },
     async resume(req: { checkpoint_id: string }) {
       calls.push({ op: "resume", req });
-      if (state.open?.checkpoint_id === req.checkpoint_id) state.open = null;
+      if (state.open?.checkpoint_id === req.checkpoint_id) Object.assign(state, { open: null, heldParked: false });
       return {};
     },
     async restore(req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
@@ -102,6 +104,7 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
       const scope = JSON.stringify(req.episode_ids);
       if (state.open?.phase === "restored" && state.open.checkpoint_id === req.checkpoint_id && restoredScope === scope) return reply;
       // The engine closes the published checkpoint it restores, and opens the restore.
+      if (state.open?.phase === "published" && state.heldParked) throw new CheckpointError("invalid_phase", `checkpoint ${state.open.checkpoint_id} is still held parked`);
       if (state.open?.phase === "published" && state.open.checkpoint_id === req.checkpoint_id) state.open = null;
       if (state.open) throw new CheckpointError("invalid_phase", `checkpoint ${state.open.checkpoint_id} is open`);
       state.open = { checkpoint_id: req.checkpoint_id, phase: "restored" };
@@ -122,7 +125,8 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
       return { latest: state.latest, checkpoints: [] };
     },
     async status() {
-      return { checkpoint: state.open };
+      const held = state.open && state.heldParked ? [{ kind: "environment", instance: "e1", phase: "committed", checkpoint_id: state.open.checkpoint_id }] : [];
+      return { checkpoint: state.open, participants: held };
     },
     async get(id: string) {
       return { latest: id === state.latest, manifest: { controller_state: state.published[id] } };
@@ -363,6 +367,23 @@ describe("collector", () => {
       ["retire", [{ rollout_id: "a", attempt: 0 }]],
     ]);
     expect(await collector.run()).toMatchObject({ finished: 1, restarted: 1 });
+    expect(sent).toEqual([1]);
+  });
+
+  it("resumes its published checkpoint that live Gym processes still hold parked (killed before its resume) and restarts its rows from input", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }], true);
+    state.heldParked = true;
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(calls.filter((c) => ["restore", "resume", "retire"].includes(c.op)).map((c) => [c.op, c.req.episode_ids ?? c.req.checkpoint_id])).toEqual([
+      ["resume", "ckpt-20240101T000000-aaaaaaaa"],
+      ["retire", [{ rollout_id: "a", attempt: 0 }]],
+    ]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1, continued: 0 });
     expect(sent).toEqual([1]);
   });
 

@@ -1,0 +1,31 @@
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { collectHarness } from "./collect-processes.js";
+
+/** How `gym-ckpt collect` ends when it cannot finish: Gym servers down, Ctrl-C, a closed terminal. */
+const { setUp, startCollector } = collectHarness();
+
+describe("collect exit paths", () => {
+  it("an environment server that is down: the collection ends (rows failed, exit 1) instead of retrying the retire forever", { timeout: 60_000 }, async () => {
+    const w = await setUp(2);
+    await w.gym.kill(["model", "resources", "agent", "environment"], "SIGKILL");
+    const out: string[] = [];
+    const collector = await startCollector(w, ["--run-timeout-s", "3"], out);
+    const outcome = await Promise.race([collector.exited, new Promise((r) => setTimeout(() => r("still running after 40 s"), 40_000))]);
+    expect(outcome, out.slice(-3).join("\n")).toEqual({ code: 1, signal: null });
+    expect(out.some((l) => l.startsWith("rows: 2 (finished 0, failed 2)")), out.join("\n")).toBe(true);
+    expect(existsSync(join(w.root, "collector.pid"))).toBe(false);
+  });
+
+  it("Ctrl-C (SIGINT) removes collector.pid and exits 130", { timeout: 60_000 }, async () => {
+    const w = await setUp(1);
+    await w.backend.hold(0);
+    const collector = await startCollector(w);
+    await w.waitFor(async () => (await w.backend.calls()).length >= 1, "the row running");
+    collector.child.kill("SIGINT");
+    expect(await collector.exited).toEqual({ code: 130, signal: null });
+    expect(existsSync(join(w.root, "collector.pid"))).toBe(false);
+    await w.backend.release();
+  });
+});
