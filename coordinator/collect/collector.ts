@@ -242,7 +242,15 @@ export class Collector {
    * ops run there one at a time: a resume whose deadline passed while it waited is sent again.
    */
   private async resumeLeftOpen(checkpointId: string): Promise<void> {
-    await this.resent("resume of the previous run's checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
+    try {
+      await this.resent("resume of the previous run's checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
+    } catch (error) {
+      // A restore our predecessor left open whose processes restarted since: the coordinator ran
+      // its clean-up (retired attempt+1 where it may be installed, resumed everyone). Closed, then;
+      // the rows restart from input, and an attempt that clean-up fenced is skipped when sent.
+      if (!(error instanceof CheckpointError && error.code === "restore_failed")) throw error;
+      this.options.logger.info({ checkpoint_id: checkpointId, err: error }, "the restore the previous run left open had failed; its clean-up closed it");
+    }
   }
 
   /**

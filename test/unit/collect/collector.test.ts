@@ -387,6 +387,25 @@ describe("collector", () => {
     expect(sent).toEqual([1]);
   });
 
+  it("a restore left open whose processes restarted since is closed by its resume's clean-up (restore_failed) and the start goes on", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController({
+      resume: async () => {
+        // The coordinator retires attempt+1 where the restore may be installed, resumes everyone and closes it.
+        state.open = null;
+        throw new CheckpointError("restore_failed", "environment/e1 restarted since the restore and lost what it restored");
+      },
+    });
+    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(calls.filter((c) => c.op === "retire").map((c) => c.req.episode_ids)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1 });
+    expect(sent).toEqual([1]);
+  });
+
   it("sends a timed-out row again only once the retire of the old attempt has stopped it", async () => {
     // The environment keeps running a /run the collector gave up on, and refuses any other attempt
     // of that rollout (stale_attempt) until a retire has stopped it.
