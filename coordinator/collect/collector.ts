@@ -103,9 +103,13 @@ interface RowState {
   refused: boolean;
   /** Woken when a send is refused admission (a checkpoint waiting for the row's reply stops waiting). */
   refusalWaiters: (() => void)[];
+  /** Attempts refused `stale_attempt` (fenced, never started) and skipped without counting a failure. */
+  fencedSkips: number;
 }
 
 const RETIRE_RETRY_S = 1;
+/** Fenced attempts (`stale_attempt`) a row may skip before such a refusal counts as a failed attempt. */
+const MAX_FENCED_SKIPS = 3;
 
 const RETIRE_BATCH = 1024;
 /** Tries of a controller op whose outcome is unknown before it counts as failed (see resent). */
@@ -178,7 +182,7 @@ export class Collector {
     this.queue = new RowQueue();
     for (const row of this.options.rows) {
       const done = finished.get(row.rolloutId);
-      const state: RowState = { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0, refused: false, refusalWaiters: [] };
+      const state: RowState = { row, attempt: done?.attempt ?? 0, status: done ? "done" : "pending", restored: false, continued: false, failures: 0, refused: false, refusalWaiters: [], fencedSkips: 0 };
       this.states.set(row.rolloutId, state);
       this.queue.add(state);
     }
@@ -399,7 +403,7 @@ export class Collector {
   }
 
   private async dispatch(state: RowState): Promise<void> {
-    const episode = { rollout_id: state.row.rolloutId, attempt: state.attempt };
+    let episode = { rollout_id: state.row.rolloutId, attempt: state.attempt };
     // Once per attempt: an admission_closed retry sends the same attempt again. On disk before the
     // /run goes out: after a power loss the next start must find it, to retire it.
     await this.log.record(episode);
@@ -433,6 +437,20 @@ export class Collector {
         for (const wake of state.refusalWaiters.splice(0)) wake();
         await this.waitForGate(true);
         await this.waitForGate(); // never re-sent while our checkpoint is open: it counts the row as not running
+        if (this.stopping) return;
+        continue;
+      }
+      if (refusal.success && refusal.data.error.code === "stale_attempt" && state.fencedSkips < MAX_FENCED_SKIPS) {
+        // Fenced before it started (a restore's clean-up retired attempt+1 at the coordinator while
+        // our predecessor never learnt it): not a failure of the row. The next attempt goes, logged
+        // first like any other; bounded, since a server that fences every attempt would loop.
+        state.fencedSkips++;
+        state.restored = false;
+        this.retired.add(state.row.rolloutId); // its fences are lifted (forget) once a later attempt replies
+        this.options.logger.info({ rollout_id: episode.rollout_id, attempt: episode.attempt }, "/run refused the attempt as fenced; sending the next one");
+        episode = { rollout_id: episode.rollout_id, attempt: episode.attempt + 1 };
+        state.attempt = episode.attempt;
+        await this.log.record(episode);
         if (this.stopping) return;
         continue;
       }

@@ -406,6 +406,30 @@ describe("collector", () => {
     expect(sent).toEqual([1]);
   });
 
+  it("an attempt /run refuses as fenced (stale_attempt) never started: the next one is logged and sent without spending an attempt", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const sent: number[] = [];
+    // A restore's clean-up fenced a@1 at the coordinator; this start retires a@0 and sends a@1.
+    const url = await runServer((body) => (sent.push(body.attempt), body.attempt === 1 ? { status: 409, body: { error: { code: "stale_attempt", detail: "fenced" } } } : { status: 200, body: { reward: 1 } }));
+    const { controller, calls } = fakeController();
+    const collector = collectorFor(controller, url, { maxAttempts: 1 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(sent).toEqual([1, 2]);
+    expect((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.latest.get("a")).toBe(2);
+    expect(calls.filter((c) => c.op === "forget").map((c) => c.req.rollout_ids)).toEqual([["a"]]);
+  });
+
+  it("a server that fences every attempt: the row fails after a bounded number of skipped attempts", async () => {
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 409, body: { error: { code: "stale_attempt", detail: "fenced" } } }));
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { maxAttempts: 1 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
+    expect(sent).toEqual([0, 1, 2, 3]);
+  });
+
   it("sends a timed-out row again only once the retire of the old attempt has stopped it", async () => {
     // The environment keeps running a /run the collector gave up on, and refuses any other attempt
     // of that rollout (stale_attempt) until a retire has stopped it.
