@@ -1,6 +1,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { startControllerRelay } from "../support/controller-relay.js";
 import { collectHarness } from "./collect-processes.js";
 
 /** How `gym-ckpt collect` ends when it cannot finish: Gym servers down, Ctrl-C, a closed terminal. */
@@ -18,14 +19,36 @@ describe("collect exit paths", () => {
     expect(existsSync(join(w.root, "collector.pid"))).toBe(false);
   });
 
-  it("Ctrl-C (SIGINT) removes collector.pid and exits 130", { timeout: 60_000 }, async () => {
+  it.each([
+    { signal: "SIGINT" as const, code: 130, what: "Ctrl-C" },
+    { signal: "SIGHUP" as const, code: 129, what: "a closed terminal" },
+  ])("$what ($signal) removes collector.pid and exits $code", { timeout: 60_000 }, async ({ signal, code }) => {
     const w = await setUp(1);
     await w.backend.hold(0);
     const collector = await startCollector(w);
     await w.waitFor(async () => (await w.backend.calls()).length >= 1, "the row running");
+    collector.child.kill(signal);
+    expect(await collector.exited).toEqual({ code, signal: null });
+    expect(existsSync(join(w.root, "collector.pid"))).toBe(false);
+    await w.backend.release();
+  });
+
+  it("a second SIGTERM during the stop checkpoint is ignored, and a Ctrl-C then still removes collector.pid", { timeout: 60_000 }, async () => {
+    const w = await setUp(2);
+    await w.backend.hold(0);
+    const relay = await startControllerRelay(w, (op) => (op === "commit" ? "hold" : "pass"));
+    const collector = await startCollector(w, ["--deployment", relay.deployment]);
+    await w.waitFor(async () => (await w.backend.calls()).length >= 2, "the rows running");
+    const commitHeld = relay.when((op) => op === "commit");
+    collector.child.kill("SIGTERM");
+    await commitHeld;
+    collector.child.kill("SIGTERM");
+    // Still running its stop checkpoint: the second SIGTERM neither killed it nor cut it short.
+    expect(await Promise.race([collector.exited, new Promise((r) => setTimeout(() => r("running"), 500))])).toBe("running");
     collector.child.kill("SIGINT");
     expect(await collector.exited).toEqual({ code: 130, signal: null });
     expect(existsSync(join(w.root, "collector.pid"))).toBe(false);
+    await relay.close();
     await w.backend.release();
   });
 });

@@ -2,6 +2,7 @@ import { mkdir, stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
+import type { Logger } from "pino";
 import { CheckpointError, RecordKindSchema, assertRolloutEnv, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
@@ -16,6 +17,8 @@ import { clientDeployment, clientToken, httpUrlFlag, integerFlag, metricsPortFla
 
 /** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
 export const EXIT_REQUEUE = 75;
+/** Ctrl-C and a closed terminal exit as the shell reports a process killed by them: 128 + the signal's number. */
+const EXIT_BY_SIGNAL = { SIGINT: 130, SIGHUP: 129 } as const;
 
 interface CollectFlags extends ClientFlags {
   tasks: string;
@@ -108,6 +111,51 @@ export function register(program: Command): void {
         await nc?.close().catch(() => undefined);
         await telemetry?.shutdown().catch(() => undefined);
       };
+      let collector: Collector | undefined;
+      let started: Promise<void> | undefined;
+      let logger: Logger | undefined;
+      // Installed as soon as the lock is held, so no signal's default action (exit without clean-up)
+      // can leave collector.pid behind. SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
+      // exit at once (130, 129): the next start retires what was in flight. A second SIGTERM during
+      // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the lock still released.
+      type EndingSignal = "SIGTERM" | keyof typeof EXIT_BY_SIGNAL;
+      let leaving: EndingSignal | undefined;
+      const leave = async (code: number) => {
+        await release();
+        process.exit(code);
+      };
+      const onSignal = (signal: EndingSignal) => {
+        if (leaving === "SIGTERM" && signal === "SIGTERM") return void logger?.warn("SIGTERM again: the stop checkpoint is still running");
+        if (leaving && signal === "SIGTERM") return; // already leaving at once
+        const first = leaving === undefined;
+        leaving = signal;
+        if (signal === "SIGTERM") return void stopAndRequeue();
+        const code = EXIT_BY_SIGNAL[signal];
+        if (!first) return void leave(code);
+        void (async () => {
+          // Rows already in --out must reach the records too: a follower would otherwise never see them.
+          await collector?.flushRecords().catch(() => undefined);
+          reportUnwrittenRecords();
+          await leave(code);
+        })();
+      };
+      const reportUnwrittenRecords = () => {
+        const lost = collector?.summary().records;
+        if (lost?.unwritten) process.stderr.write(`rollout records: ${lost.unwritten} finished rows not written (${lost.failedFlushes} failed flushes); they are in --out only\n`);
+      };
+      const stopAndRequeue = async () => {
+        const result = await (started ?? Promise.reject(new Error("not started yet")))
+          .then(() => collector!.checkpoint({ stop: true }))
+          .catch((err: unknown) => {
+            logger?.error({ err }, "SIGTERM checkpoint failed");
+            return { published: false, checkpointId: "" };
+          });
+        process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
+        await collector?.flushRecords().catch(() => undefined);
+        reportUnwrittenRecords();
+        await leave(EXIT_REQUEUE);
+      };
+      for (const signal of ["SIGTERM", "SIGINT", "SIGHUP"] as const) process.on(signal, () => onSignal(signal));
       let summary: CollectionSummary;
       let mean: number;
       try {
@@ -117,7 +165,7 @@ export function register(program: Command): void {
           ...metricsPort,
         });
         if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
-        const logger = createLogger(logLevel);
+        logger = createLogger(logLevel);
         if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
         nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
@@ -126,7 +174,7 @@ export function register(program: Command): void {
           token,
           leaderWaitMs,
         });
-        const collector = new Collector({
+        collector = new Collector({
           rows,
           runUrl,
           outPath,
@@ -155,31 +203,20 @@ export function register(program: Command): void {
         });
 
         // Signals wait for start (its restore) to finish: a checkpoint taken mid-restore would race it.
-        const started = collector.start();
+        const running = collector;
+        const log = logger;
+        started = running.start();
         started.catch(() => undefined); // surfaced below
+        const begun = started;
         process.on("SIGUSR1", () => {
-          void started
-            .then(() => collector.checkpoint({ stop: false }))
-            .catch((err: unknown) => logger.error({ err }, "SIGUSR1 checkpoint failed"));
-        });
-        process.once("SIGTERM", () => {
-          void (async () => {
-            const result = await started.then(() => collector.checkpoint({ stop: true })).catch((err: unknown) => {
-              logger.error({ err }, "SIGTERM checkpoint failed");
-              return { published: false, checkpointId: "" };
-            });
-            process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
-            await collector.flushRecords();
-            const lost = collector.summary().records;
-            if (lost?.unwritten) process.stderr.write(`rollout records: ${lost.unwritten} finished rows not written (${lost.failedFlushes} failed flushes); they are in --out only\n`);
-            await release();
-            process.exit(EXIT_REQUEUE);
-          })();
+          void begun
+            .then(() => running.checkpoint({ stop: false }))
+            .catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
         });
 
         await started;
-        summary = await collector.run();
-        mean = await collector.meanReward();
+        summary = await running.run();
+        mean = await running.meanReward();
       } finally {
         await release();
       }
