@@ -98,6 +98,8 @@ interface RowState {
   failures: number;
   /** The failed attempt whose retire must finish before this row is sent again. */
   retiring?: number;
+  /** When the retire this row waits for first failed (Date.now()); cleared once it succeeds. */
+  retireFailingSince?: number;
   reply?: Promise<void>;
   /** The last send was refused admission (admission_closed): it runs nowhere until sent again. */
   refused: boolean;
@@ -156,6 +158,8 @@ export class Collector {
   /** Stop checkpoints asked for and not finished: a timer checkpoint still waiting for the lock gives way. */
   private stopsPending = 0;
   private retireRetry: NodeJS.Timeout | undefined;
+  /** Rows waiting for a retire whose last try failed (for the progress line). */
+  private retiresFailing = 0;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
@@ -538,11 +542,35 @@ export class Collector {
     this.flushRetires();
   }
 
-  /** Retires the queue now; while a row waits for its retire, a failed one is tried again. */
+  /**
+   * Retires the queue now; while a row waits for its retire, a failed one is tried again. A row
+   * whose retire has kept failing for --run-timeout-s (Gym servers down) fails for good: its
+   * attempt leaves the queue, and the dispatch log still names it for the next start to retire.
+   */
   private flushRetires(): void {
     void this.lock.run(() => this.retireQueued()).catch((err: unknown) => {
       // The attempt a row waits for is still in toRetire: a batch leaves it only once retired.
-      const waiting = this.toRetire.some((e) => this.states.get(e.rollout_id)?.retiring === e.attempt);
+      const now = Date.now();
+      const giveUpMs = (this.options.runTimeoutSeconds ?? 300) * 1000;
+      let waiting = 0;
+      for (let i = this.toRetire.length - 1; i >= 0; i--) {
+        const e = this.toRetire[i]!;
+        const state = this.states.get(e.rollout_id);
+        if (state?.retiring !== e.attempt) continue;
+        state.retireFailingSince ??= now;
+        if (now - state.retireFailingSince < giveUpMs) {
+          waiting++;
+          continue;
+        }
+        this.options.logger.warn({ rollout_id: e.rollout_id, attempt: e.attempt }, "the retire this row waits for kept failing; the row fails");
+        this.toRetire.splice(i, 1);
+        delete state.retiring;
+        delete state.retireFailingSince;
+        this.queue.set(state, "failed");
+      }
+      this.retiresFailing = waiting;
+      this.wakeDispatchers();
+      this.report(false);
       this.options.logger.warn({ err }, waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
       if (waiting && !this.retireRetry) {
         this.retireRetry = setTimeout(() => {
@@ -675,9 +703,11 @@ export class Collector {
         const state = this.states.get(e.rollout_id);
         if (state?.retiring === e.attempt) {
           delete state.retiring;
+          delete state.retireFailingSince;
           this.queue.retireDone(state);
         }
       }
+      this.retiresFailing = 0;
       this.wakeDispatchers();
     }
   }
@@ -759,6 +789,7 @@ export class Collector {
       failed: counts.failed,
       checkpoints: this.checkpoints,
       lastCheckpointAt: this.lastCheckpointAt,
+      retiresFailing: this.retiresFailing,
     };
   }
 

@@ -11,6 +11,8 @@ export interface ProgressSnapshot {
   failed: number;
   checkpoints: number;
   lastCheckpointAt: number | undefined;
+  /** Rows waiting for a retire whose last try failed (Gym servers unreachable): shown when not 0. */
+  retiresFailing?: number;
 }
 
 /** How often the live bar is redrawn while nothing changes (its rate, ETA and ages move on). */
@@ -76,7 +78,8 @@ export class ProgressReporter {
     const filled = s.total ? Math.round((s.done / s.total) * width) : 0;
     const bar = `${"#".repeat(filled)}${"-".repeat(width - filled)}`;
     const age = s.lastCheckpointAt === undefined ? "none" : `${formatSeconds((this.now() - s.lastCheckpointAt) / 1000)} ago`;
-    return `[${bar}] ${s.done}/${s.total} done, ${s.inFlight} in flight, ${s.failed} failed | ${rate.toFixed(1)} rows/s, ETA ${eta} | checkpoints ${s.checkpoints}, last ${age}`;
+    const retires = s.retiresFailing ? ` | retire failing for ${s.retiresFailing} rows` : "";
+    return `[${bar}] ${s.done}/${s.total} done, ${s.inFlight} in flight, ${s.failed} failed | ${rate.toFixed(1)} rows/s, ETA ${eta} | checkpoints ${s.checkpoints}, last ${age}${retires}`;
   }
 
   /** The next timed line: one interval after the last one written, whatever wrote it. */

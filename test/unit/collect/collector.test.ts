@@ -491,6 +491,22 @@ describe("collector", () => {
     expect(retires).toBe(2);
   });
 
+  it("a row whose retire keeps failing (Gym servers down) fails once --run-timeout-s has passed, and the collection ends", { timeout: 10_000 }, async () => {
+    const url = await runServer(() => ({ status: 502, body: {} }));
+    let retires = 0;
+    const { controller } = fakeController({
+      retire: async () => {
+        retires++;
+        throw new CheckpointError("unreachable", "no participant answered");
+      },
+    });
+    const collector = collectorFor(controller, url, { maxAttempts: 3, runTimeoutSeconds: 1.5 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
+    expect(retires).toBeGreaterThanOrEqual(2);
+    expect(retires).toBeLessThanOrEqual(4);
+  });
+
   it("logs an attempt once however often admission_closed makes it wait", async () => {
     let refusals = 2;
     const url = await runServer(() =>

@@ -47,6 +47,12 @@ describe("progress reporter", () => {
     reporter.finish();
   });
 
+  it("names the rows whose retire keeps failing (Gym servers unreachable), and nothing while there are none", () => {
+    const reporter = new ProgressReporter(sink(false).out, 2000, () => clock);
+    expect(reporter.format(snapshot({ retiresFailing: 2 }))).toMatch(/\| retire failing for 2 rows$/);
+    expect(reporter.format(snapshot({ retiresFailing: 0 }))).not.toContain("retire failing");
+  });
+
   it("counts the rate from start(), not from when the reporter was made (start-up may take long)", () => {
     const { out } = sink(false);
     const reporter = new ProgressReporter(out, 2000, () => clock);
