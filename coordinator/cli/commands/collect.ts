@@ -87,10 +87,13 @@ export function register(program: Command): void {
       // The collector needs controller ops only, which the HTTP API serves as well.
       const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
       if (httpUrl !== undefined) httpUrlFlag("http-url", httpUrl);
-      if (flags.recordsDir !== undefined) {
+      // Checked with or without --records-dir: a typo must not wait until records are switched on.
+      try {
         assertRolloutEnv(flags.recordsEnv);
-        if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
+      } catch (error) {
+        throw new CheckpointError("invalid_request", `--records-env: ${error instanceof Error ? error.message : String(error)}`);
       }
+      if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
       // After the flags (a bad one is invalid_request, exit 2, with or without a token), before any file.
       const deployment = clientDeployment(flags.deployment, env);
       const token = clientToken(flags.token, env);

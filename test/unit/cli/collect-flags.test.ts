@@ -15,7 +15,7 @@ let dir: string;
 let server: Server | undefined;
 let stderr: string;
 let stdout: string;
-const signals = ["SIGUSR1", "SIGTERM"] as const;
+const signals = ["SIGUSR1", "SIGTERM", "SIGINT", "SIGHUP"] as const;
 let before: Map<string, Function[]>;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-collect-cli-"));
@@ -144,6 +144,9 @@ describe("gym-ckpt collect flags", () => {
     [["--http-url", "127.0.0.1:8480"], "--http-url must be an http or https URL"],
     [["--tasks", "/nonexistent/tasks.jsonl"], "tasks file /nonexistent/tasks.jsonl does not exist"],
     [["--out", "/nonexistent/results.jsonl"], "--out: directory /nonexistent does not exist"],
+    // Checked without --records-dir too: a typo must not pass until records are switched on.
+    [["--records-kind", "training"], "--records-kind must be train or eval"],
+    [["--records-env", "../gym"], "--records-env"],
   ])("refuses %j before creating anything (invalid_request, exit 2)", async (args, detail) => {
     expect(await collect("--run-url", "http://127.0.0.1:1/run", ...args)).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${detail}`);
