@@ -24,7 +24,7 @@ import { replaceFileDurably } from "../publication/durable-fs.js";
 import { readRegularFile } from "../publication/regular-file.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
-import { DispatchLog } from "./dispatch-log.js";
+import { DispatchLog, type DispatchHistory } from "./dispatch-log.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
 import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
@@ -198,12 +198,12 @@ export class Collector {
     // Read-only until every op that can refuse (not leader yet, a busy coordinator) has answered:
     // a start-up that fails here leaves the log naming the previous run, so the retry still
     // finds that run's LATEST and continues its rows.
-    const collection = history ? await this.latestCollection(history.runId) : undefined;
+    const status = await this.options.controller.status();
+    const open = status.checkpoint;
     // A checkpoint our predecessor left open (it crashed mid-checkpoint) is closed first. The one
     // we are about to restore is left alone: the coordinator closes it itself, since a resume would
     // fence its id at the fresh participants.
-    const status = await this.options.controller.status();
-    const open = status.checkpoint;
+    const collection = history ? await this.latestCollection(history) : undefined;
     // Our LATEST still open (a stop checkpoint, or a crash between publish and resume): only a
     // restore closes it at the coordinator, so it is restored even when no row continues from it
     // (an empty scope), and it refuses retires until then. Unless live Gym processes still hold it
@@ -212,13 +212,16 @@ export class Collector {
     // their replies, and the live servers refuse the same attempt while it runs).
     const ours = open !== null && open.checkpoint_id === collection?.checkpoint_id;
     const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);
-    const restoreCloses = ours && !heldParked;
+    const restorable = heldParked ? [] : (collection?.continued ?? []);
+    const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
+    // Our restore of it left open (the previous start died before resuming it): sent again with the
+    // same scope while its rows are still logged at their source attempts (it died before the
+    // reply, and the retry gets it); resumed when the restored attempts were logged, which are sent.
+    const restoreCloses = ours && !heldParked && (open.phase !== "restored" || continued.size > 0);
     if (open && !restoreCloses) {
       this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase, held_parked: heldParked }, "closing the checkpoint a previous run left open");
       await this.resumeLeftOpen(open.checkpoint_id);
     }
-    const restorable = heldParked ? [] : (collection?.continued ?? []);
-    const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
 
     // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.
     // An attempt that was only restored never ran: retire the one before and send it again, so a
@@ -229,17 +232,21 @@ export class Collector {
     // Retiring changes no log: the previous one still names these attempts if this start fails.
     if (stale.length && !restoreCloses) await this.retireNow(stale);
     // Carried forward before anything is restored or sent, so a crash from now on still fences them.
+    // A restore of another run's checkpoint names that run: killed before the restore landed, the
+    // next start still finds the checkpoint open and restores it (see latestCollection).
+    const restoring = collection && (continued.size || restoreCloses) ? collection : undefined;
     this.log = await DispatchLog.create(
       this.logPath,
       this.runId,
       [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
+      restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined,
     );
     for (const episode of stale) {
       const state = this.states.get(episode.rollout_id)!;
       state.attempt = episode.attempt + 1;
       this.restartedCount++;
     }
-    if (collection && (continued.size || restoreCloses)) await this.restoreRows(collection, [...continued.values()]);
+    if (restoring) await this.restoreRows(restoring, [...continued.values()]);
     if (stale.length && restoreCloses) await this.retireNow(stale);
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
   }
@@ -293,10 +300,12 @@ export class Collector {
         // With deadlines, like every other op: a try that meets a failover is answered (or given up)
         // within --checkpoint-timeout-s, not the client's 90 s default, while everyone stays parked.
         await this.resent("restore", checkpointId, () => this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources, deadline_ts: this.deadline() }));
-        await this.resent("resume of the restored checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
         // Logged before anything relies on it: a checkpoint taken before these rows are sent
-        // continues them as attempt+1, which the next start must find in the log.
+        // continues them as attempt+1, which the next start must find in the log. Before the
+        // resume: a start after a crash here must not restore the checkpoint again (once resumed,
+        // the processes refuse it) but resume it and send attempt+1.
         await this.log.recordRestored(sources.map(nextAttempt));
+        await this.resent("resume of the restored checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
         for (const source of sources) {
           const state = this.states.get(source.rollout_id)!;
           Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });
@@ -329,8 +338,13 @@ export class Collector {
     });
   }
 
-  /** The LATEST checkpoint's collection state, only when it belongs to the logged run. */
-  private async latestCollection(runId: string): Promise<CollectionState | undefined> {
+  /**
+   * The LATEST checkpoint's collection state, only when it belongs to the logged run or to the run
+   * that one started by restoring (`continues_run`): killed before its restore's reply, the logged
+   * run still names those rows at their source attempts, and they are restored again.
+   */
+  private async latestCollection(history: DispatchHistory): Promise<CollectionState | undefined> {
+    const runId = history.runId;
     const { latest } = await this.options.controller.list();
     if (!latest) return undefined;
     const { manifest } = await this.options.controller.get(latest);
@@ -340,7 +354,7 @@ export class Collector {
     const text = await readRegularFile(join(this.options.checkpointDir, latest, ref.file), { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true });
     if (sha256Hex(text) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
     const state = parseStateValue(CollectionStateSchema, text, join(latest, ref.file));
-    if (state.run_id !== runId) {
+    if (state.run_id !== runId && state.run_id !== history.continuesRun) {
       this.options.logger.info({ latest, latest_run: state.run_id, logged_run: runId }, "LATEST belongs to another run; restoring nothing");
       return undefined;
     }

@@ -6,7 +6,8 @@ import { readRegularFile } from "../publication/regular-file.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /**
- * `dispatched.jsonl`: the run id on the first line, then one `{rollout_id, attempt}` line appended
+ * `dispatched.jsonl`: the run id on the first line (with `continues_run`, the earlier run whose
+ * checkpoint this run restores at start), then one `{rollout_id, attempt}` line appended
  * just before each `/run` is sent, and one `{rollout_id, attempt, restored: true}` line per row a
  * restore continues as its next attempt (not sent yet). After a crash it names every attempt that
  * may still be running somewhere, so the next run can retire them before sending replacements.
@@ -15,7 +16,7 @@ import { parseStateValue } from "./state-file-value.js";
  * Appends made while a sync runs share the next one (group commit): concurrent dispatches cost one
  * sync per group, not one each.
  */
-const HeaderSchema = z.object({ run_id: z.string().min(1).max(128) }).strict();
+const HeaderSchema = z.object({ run_id: z.string().min(1).max(128), continues_run: z.string().min(1).max(128).optional() }).strict();
 const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
 
 /** About five million logged attempts; the log is read whole at start-up. */
@@ -26,6 +27,8 @@ export type LoggedAttempt = EpisodeId & { restored?: true };
 
 export interface DispatchHistory {
   runId: string;
+  /** The earlier run whose checkpoint this run was restoring when it started (see Collector.start). */
+  continuesRun?: string;
   /** Latest logged attempt per rollout. */
   latest: Map<string, number>;
   /** Rollouts whose latest attempt was only restored, never sent. */
@@ -49,8 +52,9 @@ export class DispatchLog {
   ) {}
 
   /** Starts a fresh log for a new run, carrying forward attempts that must stay fenced. */
-  static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = []): Promise<DispatchLog> {
-    const lines = [JSON.stringify({ run_id: runId }), ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e)))];
+  static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = [], continuesRun?: string): Promise<DispatchLog> {
+    const header = { run_id: runId, ...(continuesRun !== undefined && { continues_run: continuesRun }) };
+    const lines = [JSON.stringify(header), ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e)))];
     // Atomic: a crash mid-rewrite must not lose the carried attempts (they would be re-sent as
     // attempt 0, reusing capture keys); the old log stays until the new one is whole.
     await replaceFileDurably(path, `${lines.join("\n")}\n`);
@@ -133,6 +137,6 @@ export class DispatchLog {
         restoredOnly.delete(entry.rollout_id); // the restored attempt was sent
       }
     }
-    return { runId: header.run_id, latest, restoredOnly };
+    return { runId: header.run_id, ...(header.continues_run !== undefined && { continuesRun: header.continues_run }), latest, restoredOnly };
   }
 }

@@ -430,6 +430,40 @@ describe("collector", () => {
     expect(sent).toEqual([0, 1, 2, 3]);
   });
 
+  it("a start killed before its restore of the previous run's checkpoint landed: the next start, finding it still open, restores it", async () => {
+    // run-2 started from run-1's stop checkpoint, wrote its log and died with the restore unsent.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }], true);
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+    expect((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.continuesRun).toBe("run-1");
+    expect(await collector.run()).toMatchObject({ finished: 1, continued: 1, restarted: 0 });
+    expect(sent).toEqual([1]);
+  });
+
+  it("a start killed between its restore's reply and the resume: the next start resumes that restore and sends the restored attempt", async () => {
+    // run-2 logged a@1 as restored before resuming; the restore is still open at the coordinator.
+    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
+    await log.recordRestored([{ rollout_id: "a", attempt: 1 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(calls.filter((c) => ["restore", "resume", "retire"].includes(c.op)).map((c) => [c.op, c.req.episode_ids ?? c.req.checkpoint_id])).toEqual([
+      ["resume", "ckpt-20240101T000000-aaaaaaaa"],
+      ["retire", [{ rollout_id: "a", attempt: 0 }]],
+    ]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(sent).toEqual([1]);
+  });
+
   it("sends a timed-out row again only once the retire of the old attempt has stopped it", async () => {
     // The environment keeps running a /run the collector gave up on, and refuses any other attempt
     // of that rollout (stale_attempt) until a retire has stopped it.
