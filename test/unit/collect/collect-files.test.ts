@@ -1,4 +1,4 @@
-import { appendFile, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { appendFile, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -24,6 +24,15 @@ describe("dispatch log", () => {
     const history = await DispatchLog.read(path);
     expect(history?.runId).toBe("run-1");
     expect(Object.fromEntries(history!.latest)).toEqual({ carried: 2, a: 1, b: 0 });
+  });
+
+  it("names the run whose checkpoint this run restores (continues_run) in its first line, and reads a log without it", async () => {
+    const path = join(dir, "dispatched.jsonl");
+    await DispatchLog.create(path, "run-2", [], "run-1");
+    expect((await readFile(path, "utf8")).split("\n")[0]).toBe('{"run_id":"run-2","continues_run":"run-1"}');
+    expect(await DispatchLog.read(path)).toMatchObject({ runId: "run-2", continuesRun: "run-1" });
+    await DispatchLog.create(path, "run-3");
+    expect((await DispatchLog.read(path))?.continuesRun).toBeUndefined();
   });
 
   it("tells a restored attempt that was never sent from one that was", async () => {
