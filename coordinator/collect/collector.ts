@@ -746,7 +746,13 @@ export class Collector {
   /** Forgets every retired rollout; called once all rows are done. */
   private async close(): Promise<void> {
     await this.lock.run(async () => {
-      await this.retireQueued();
+      // Only attempts of rows that failed for good are left to retire here. One that cannot be
+      // retired now (Gym servers down) stays in dispatched.jsonl: the next start retires it and
+      // sends its row again, so the collection still ends with its summary.
+      await this.retireQueued().catch((err: unknown) => {
+        this.options.logger.warn({ err, attempts: this.toRetire.length }, "could not retire the attempts of failed rows; the next start retires them");
+        this.toRetire.length = 0;
+      });
       for (const id of this.retired) this.toForget.add(id);
       await this.forgetQueued();
     });

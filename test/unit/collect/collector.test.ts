@@ -541,6 +541,19 @@ describe("collector", () => {
     expect(retires).toBeLessThanOrEqual(4);
   });
 
+  it("a row that fails for good while retires keep failing: the collection still ends with its summary (the next start retires the attempt)", { timeout: 10_000 }, async () => {
+    const url = await runServer(() => ({ status: 502, body: {} }));
+    const { controller } = fakeController({
+      retire: async () => {
+        throw new CheckpointError("unreachable", "no participant answered");
+      },
+    });
+    const collector = collectorFor(controller, url, { maxAttempts: 1 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
+    expect((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.latest.get("a")).toBe(0);
+  });
+
   it("logs an attempt once however often admission_closed makes it wait", async () => {
     let refusals = 2;
     const url = await runServer(() =>
