@@ -107,7 +107,10 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
       const gym = await launch(
         participantEntry("gym/main"),
         ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--token", token, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl],
-        { waitReady: true, group: true },
+        // TMPDIR = the work directory: the model attach proxy's default capture ledger
+        // (<tmp>/gym-ckpt-ledger-<uid>/<deployment>/<instance>) would otherwise be shared by every demo
+        // (same deployment, same capture keys demo-001…) and outlive it.
+        { waitReady: true, group: true, env: { TMPDIR: work } },
       );
       return { gym, urls: gym.ready!.urls as Record<string, string> };
     };
