@@ -61,8 +61,10 @@ const stop = async (code: number) => {
   await gym.stop();
   process.exit(code);
 };
-process.once("SIGINT", () => void stop(0));
-process.once("SIGTERM", () => void stop(0));
+// `on`, not `once`: Ctrl-C reaches this process twice (from the terminal and forwarded by the `gym-ckpt`
+// wrapper); a second copy must not kill it mid-stop (stop() ignores it).
+process.on("SIGINT", () => void stop(0));
+process.on("SIGTERM", () => void stop(0));
 gym = await launchGym({
   nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? DEFAULT_NATS_URL,
   deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",

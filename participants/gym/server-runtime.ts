@@ -165,8 +165,9 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     await telemetry.shutdown();
     process.exit(0);
   };
-  process.once("SIGTERM", () => void stop("SIGTERM"));
-  process.once("SIGINT", () => void stop("SIGINT"));
+  // `on`, not `once`: a group signal can arrive twice (the terminal, and the `gym-ckpt` wrapper forwarding it).
+  process.on("SIGTERM", () => void stop("SIGTERM"));
+  process.on("SIGINT", () => void stop("SIGINT"));
   const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
   const runtime: ServerRuntime = {
     config,
