@@ -1,4 +1,4 @@
-import type { Command } from "commander";
+import { Option, type Command } from "commander";
 import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
@@ -17,15 +17,21 @@ export interface ClientFlags {
   timeoutS?: string;
 }
 
-/** Connection flags shared by every client command (env fallbacks: GYM_CKPT_*). */
-export function withClientOptions(command: Command): Command {
+/**
+ * Connection flags shared by every client command (env fallbacks: GYM_CKPT_*). A command with no
+ * reply to print (`printsReply: false`) keeps `--json` out of its help; it still parses it, to
+ * refuse it by name rather than as an unknown option.
+ */
+export function withClientOptions(command: Command, options: { printsReply?: boolean } = {}): Command {
+  const json = new Option("--json", "print the raw JSON reply");
+  if (options.printsReply === false) json.hideHelp();
   return command
     .option("--nats-url <url>", "NATS server(s), comma-separated (env GYM_CKPT_NATS_URL)")
     .option("--deployment <name>", "deployment name (env GYM_CKPT_DEPLOYMENT)")
     .option("--token <token>", "controller token (env GYM_CKPT_CONTROLLER_TOKEN or GYM_CKPT_TOKEN)")
     .option("--http-url <url>", "use the HTTP API at this URL instead of NATS (env GYM_CKPT_HTTP_URL)")
     .option("--leader-wait-ms <ms>", "retry this long while no coordinator is the ready leader", "10000")
-    .option("--json", "print the raw JSON reply");
+    .addOption(json);
 }
 
 /** Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. */

@@ -47,19 +47,21 @@ async function runningDemo() {
   for (const p of started) seen.add(p.pid);
   // nats-server, coordinator, policy backend, the gym launcher and its four servers.
   expect(started.length).toBeGreaterThanOrEqual(8);
-  // The attach proxy's shared ledger directory (gym-ckpt-ledger) is not the demo's to remove.
+  // The attach proxy's capture ledger lives in the demo's work directory (the Gym's TMPDIR), not the
+  // shared <tmp>/gym-ckpt-ledger-<uid>/ a later demo (same deployment, same capture keys) would append to.
   const ours = async () => (await readdir(scratch)).filter((name) => name.startsWith("gym-ckpt-demo-") || name.startsWith("gym-ckpt-nats-"));
   expect(await ours()).toHaveLength(2);
-  return { demo, exited, started, ours };
+  return { demo, exited, started, ours, scratch };
 }
 
 describe("gym-ckpt demo", () => {
   it("kills every process it started and removes its directories on SIGTERM", async () => {
-    const { demo, exited, started, ours } = await runningDemo();
+    const { demo, exited, started, ours, scratch } = await runningDemo();
     demo.kill("SIGTERM");
     const { code, signal } = await exited;
     await waitUntil(() => started.every((p) => !alive(p.pid)), "every process the demo started to exit");
     expect(await ours()).toEqual([]);
+    expect(await readdir(scratch)).toEqual([]); // nothing else either: no capture ledger left behind
     expect({ code, signal }).toEqual({ code: 143, signal: null });
   });
 

@@ -113,7 +113,9 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       token: GYM_TOKEN,
       checkpointRoot: root,
       leaseGraceSeconds: 120,
-      ...(options.args && { args: options.args }),
+      // The model's capture ledger inside this world's root (removed with it), not the shared default
+      // under the system temp directory, where every test deployment would leave one behind.
+      args: { ...options.args, model: ["--ledger-dir", join(root, "model-ledger"), ...(options.args?.model ?? [])] },
       ...(options.external && { external: options.external }),
       ...(process.env.GYM_E2E_VERBOSE && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
       ...(FAKE_MODEL && { initial: ["policy"] as GymProcessName[] }),

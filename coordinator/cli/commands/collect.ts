@@ -64,6 +64,7 @@ export function register(program: Command): void {
       .option("--records-kind <kind>", "train or eval", "eval")
       .option("--records-every-rows <n>", "write a step file every N finished rows", "64")
       .option("--records-every-s <s>", "…or S seconds after the first buffered row", "30"),
+    { printsReply: false },
   ).action(async (flags: CollectFlags) => {
     await runCli(async () => {
       const env = process.env;

@@ -8,7 +8,6 @@ describe("gym-ckpt collect --help", () => {
     const program = new Command();
     register(program);
     const help = program.commands.find((c) => c.name() === "collect")!.helpInformation();
-    // Fails today: the shared client options list "--json  print the raw JSON reply".
     expect(help).not.toMatch(/--json/);
   });
 });
