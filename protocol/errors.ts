@@ -63,8 +63,8 @@ export const ERROR_CATALOG = {
   },
   admission_closed: {
     status: 409,
-    meaning: "A checkpoint is open and this server does not admit new work until resume.",
-    solve: "Retry after the checkpoint resumes.",
+    meaning: "A checkpoint is open and this server does not admit new work until resume, or the request names a restored session a resources server is still freeing after a commit left it out.",
+    solve: "Retry after the checkpoint resumes (or the free ended).",
   },
   rollout_id_required: {
     status: 400,

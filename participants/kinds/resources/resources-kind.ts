@@ -72,6 +72,11 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   private readonly releaseWaiters = new Set<() => void>();
   /** Frees of sessions a retired attempt's handler built but may not bind; retire waits for them. */
   private readonly freeing = new Set<Promise<void>>();
+  /**
+   * Restored sessions afterCommit dropped and is freeing: a request naming one is refused
+   * (`admission_closed`) until its free ended, so none is served from state about to be freed.
+   */
+  private readonly freeingRestored = new Set<string>();
   /** Session ids the current commit exported: a stop commit parks these and no others. */
   private exported: string[] = [];
   private context: ParticipantContext | undefined;
@@ -117,6 +122,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     if (waits) await this.gate.waitOpen(signal);
 
     this.refuseRetired(request);
+    this.refuseFreeing(request);
     if (request.role !== "close") {
       if (request.sessionId !== undefined && request.role !== "seed") {
         const session = this.sessions.get(request.sessionId);
@@ -253,7 +259,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   hasLiveState(): boolean {
-    return this.sessions.size > 0 || this.active.size > 0;
+    return this.sessions.size > 0 || this.active.size > 0 || this.freeingRestored.size > 0;
   }
 
   async install(records: ResourcesSessionRecord[]): Promise<void> {
@@ -329,12 +335,23 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   async afterCommit(scope: EpisodeId[] | null, options: { stop: boolean }): Promise<void> {
     if (scope !== null) {
       // Restored sessions whose replacement never started and that the controller no longer
-      // continues are freed; no fence, since the rollout may still run as that attempt.
+      // continues are freed; no fence, since the rollout may still run as that attempt. All dropped
+      // before the first hook's await (this hook may outlive the commit and the resume): none can be
+      // claimed and then freed meanwhile, and a request naming one is refused until its free ended.
       const wanted = new Set(scope.map(captureKey));
-      for (const s of [...this.sessions.values()]) {
-        if (!s.restored || wanted.has(captureKey(s.episode))) continue;
-        await this.hooks.retireSessionState?.(s.sessionId);
+      const dropped = [...this.sessions.values()].filter((s) => s.restored && !wanted.has(captureKey(s.episode)));
+      for (const s of dropped) {
         this.sessions.delete(s.sessionId);
+        this.freeingRestored.add(s.sessionId);
+      }
+      for (const s of dropped) {
+        try {
+          await this.hooks.retireSessionState?.(s.sessionId);
+        } catch (error) {
+          this.logger?.warn({ episode: captureKey(s.episode), err: error }, "freeing a restored session the commit left out failed");
+        } finally {
+          this.freeingRestored.delete(s.sessionId);
+        }
       }
     }
     // Only the exported sessions are parked (protocol §9 `park_exported`): the others (outside the
@@ -369,6 +386,14 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     if (this.context?.isRetired(request.episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(request.episode)));
     if (request.sessionId !== undefined && request.role !== "seed" && this.retiredSessionRollout.has(request.sessionId)) {
       throw new CheckpointError("stale_attempt", `session of ${request.episode.rollout_id} was retired`);
+    }
+  }
+
+  /** A restored session afterCommit is freeing is served to nobody (a seed gets a new session). */
+  private refuseFreeing(request: { sessionId: string | undefined; role: RequestRole }): void {
+    if (request.role === "seed" || request.role === "close" || request.sessionId === undefined) return;
+    if (this.freeingRestored.has(request.sessionId)) {
+      throw new CheckpointError("admission_closed", "the restored session is being freed (the last commit left it out); retry, or seed a new session");
     }
   }
 
