@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { CheckpointError, ROLLOUT_PREFIX, parseRolloutPath, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
+import { CheckpointError, ROLLOUT_PREFIX, parseCaptureKey, parseRolloutPath, sameEpisode, type EpisodeId, type RolloutPath } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import type { RequestRole, RequestTicket, ResourcesKind } from "./resources-kind.js";
 import { HEADER_CHECKPOINT_RESTART, HEADER_CHECKPOINT_VERIFY, ROUTE_CLOSE, ROUTE_SEED, ROUTE_VERIFY } from "./resources-modes.js";
@@ -54,6 +54,23 @@ function matchedRoute(request: FastifyRequest, path: string): string {
   return slash === -1 ? "/" : url.slice(slash);
 }
 
+/**
+ * The request's rollout, as the route Fastify matched reads it: a prefixed route's decoded
+ * `capture_key` param, so a percent-encoded prefix (`/ng-%72ollout/r1/…` reaches the prefixed
+ * handler too) cannot hide the episode and fall back to the cookie's. The raw path's prefix
+ * otherwise (no route matched, or one registered outside the prefix); "invalid" when either
+ * names no valid capture key or the two disagree.
+ */
+function rolloutOf(request: FastifyRequest, path: string): RolloutPath | undefined | "invalid" {
+  const raw = parseRolloutPath(path);
+  const url = request.routeOptions.url;
+  if (url === undefined || !url.startsWith(ROLLOUT_PREFIX)) return raw;
+  const key = (request.params as { capture_key?: unknown } | undefined)?.capture_key;
+  const episode = typeof key === "string" ? parseCaptureKey(key) : null;
+  if (!episode || raw === "invalid" || (raw && !sameEpisode(raw.episode, episode))) return "invalid";
+  return { episode, captureKey: key as string, route: matchedRoute(request, path) };
+}
+
 function roleOf(route: string): RequestRole {
   const path = route.split("?")[0]!.replace(/\/+$/, "");
   if (path === ROUTE_SEED) return "seed";
@@ -80,7 +97,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     reply.raw.once("close", onClose);
     try {
       const cookie = readSessionCookie(request.headers.cookie);
-      const parsed = parseRolloutPath(path);
+      const parsed = rolloutOf(request, path);
       if (parsed === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not hold a valid capture key");
       let episode: EpisodeId;
       if (parsed) {
