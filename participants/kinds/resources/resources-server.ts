@@ -68,8 +68,10 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     // A path that does not decode (e.g. `/ng-rollout/%E0/…`) is refused by the router before any hook.
     frameworkErrors: (error, _request, reply) => sendRefusal(reply, new CheckpointError("invalid_request", error.message), kind.kind),
   });
-  // Callers often POST an empty body (close_session); treat it as {}.
-  app.removeContentTypeParser("application/json");
+  // JSON only: Fastify's text/plain parser would hand a route a string body. Another content type
+  // is then 415, answered invalid_request before any route runs. Callers often POST an empty body
+  // (close_session); treat it as {}.
+  app.removeAllContentTypeParsers();
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
     const text = typeof body === "string" ? body : body.toString("utf8");
     if (text.trim() === "") return done(null, {});
