@@ -38,7 +38,7 @@ export class CohortCompareVerifier extends VerifierServer {
     this.table = new CohortTable({ ...DEFAULT_COHORT_SETTINGS, ...settings }, judge);
   }
 
-  async verify(body: unknown): Promise<VerifyResult> {
+  async verify(body: unknown, _request?: unknown, signal?: AbortSignal): Promise<VerifyResult> {
     const parsed = parseVerifierBody(CohortBodySchema, body);
     const coordinates = CoordinatesSchema.safeParse({
       groupId: parsed._ng_group_id,
@@ -48,7 +48,7 @@ export class CohortCompareVerifier extends VerifierServer {
     if (!coordinates.success) throw new VerifierError("invalid_coordinates", "_ng_group_id, _ng_group_attempt or _ng_rollout_index is invalid");
     // The full payload identifies a replay: anything different for an occupied slot is a conflict.
     const digest = canonicalDigest(parsed);
-    return this.table.arrive(coordinates.data, digest, { index: coordinates.data.index, answer: parsed.answer, task: parsed.task });
+    return this.table.arrive(coordinates.data, digest, { index: coordinates.data.index, answer: parsed.answer, task: parsed.task }, signal);
   }
 }
 

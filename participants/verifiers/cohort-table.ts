@@ -40,6 +40,13 @@ export interface Coordinates {
   index: number;
 }
 
+interface Slot {
+  digest: string;
+  member: CohortMember | undefined;
+  /** Requests waiting on this slot (the first arrival and identical replays). */
+  waiters: number;
+}
+
 type CohortState = "collecting" | "judging" | "done" | "failed" | "superseded";
 
 interface Cohort {
@@ -47,7 +54,7 @@ interface Cohort {
   attempt: number;
   state: CohortState;
   /** The member is only needed until judging starts; replays compare the digest. */
-  slots: Map<number, { digest: string; member: CohortMember | undefined }>;
+  slots: Map<number, Slot>;
   results: VerifyResult[] | undefined;
   failure: VerifierError | undefined;
   settled: Promise<void>;
@@ -84,7 +91,13 @@ export class CohortTable {
     return this.active;
   }
 
-  async arrive(coordinates: Coordinates, digest: string, member: CohortMember): Promise<VerifyResult> {
+  /**
+   * Takes (or rejoins) the member's slot and waits for the cohort's result. `signal` aborting (its
+   * request's attempt was retired) ends the wait with its reason; a slot nobody waits on any more
+   * is then given up while the cohort still collects, so the retried member can take it.
+   */
+  async arrive(coordinates: Coordinates, digest: string, member: CohortMember, signal?: AbortSignal): Promise<VerifyResult> {
+    signal?.throwIfAborted();
     this.sweep(Date.now());
     if (coordinates.index < 0 || coordinates.index >= this.settings.size) {
       throw new VerifierError("invalid_coordinates", `_ng_rollout_index must be in 0..${this.settings.size - 1}`);
@@ -105,18 +118,40 @@ export class CohortTable {
     }
     if (!cohort) cohort = this.create(coordinates);
 
-    const slot = cohort.slots.get(coordinates.index);
+    let slot = cohort.slots.get(coordinates.index);
     if (slot) {
       // Identical replay: wait with the others, or take the cached result without judging again.
       if (slot.digest !== digest) throw new VerifierError("cohort_slot_conflict", `slot ${coordinates.index} holds a different payload`);
     } else {
       if (cohort.state !== "collecting") throw cohort.failure ?? new VerifierError("cohort_failed", "the cohort is no longer collecting");
-      cohort.slots.set(coordinates.index, { digest, member });
+      slot = { digest, member, waiters: 0 };
+      cohort.slots.set(coordinates.index, slot);
       if (cohort.slots.size === this.settings.size) this.startJudging(cohort);
     }
-    await cohort.settled;
+    if (!(await this.waitSettled(cohort, slot, coordinates.index, signal))) throw signal!.reason;
     if (cohort.state === "done") return cohort.results![coordinates.index]!;
     throw cohort.failure ?? new VerifierError("cohort_failed", "the cohort failed");
+  }
+
+  /** False when `signal` aborted first (the slot is given up if nobody else waits on it). */
+  private async waitSettled(cohort: Cohort, slot: Slot, index: number, signal: AbortSignal | undefined): Promise<boolean> {
+    slot.waiters += 1;
+    if (!signal) {
+      await cohort.settled;
+      return true;
+    }
+    let onAbort!: () => void;
+    const aborted = new Promise<false>((resolve) => {
+      onAbort = () => resolve(false);
+      signal.addEventListener("abort", onAbort, { once: true });
+    });
+    try {
+      const settled = await Promise.race([cohort.settled.then(() => true as const), aborted]);
+      if (!settled && --slot.waiters === 0 && cohort.state === "collecting" && cohort.slots.get(index) === slot) cohort.slots.delete(index);
+      return settled;
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+    }
   }
 
   private create(coordinates: Coordinates): Cohort {

@@ -67,5 +67,11 @@ try {
 // running then are killed instead of outliving this process.
 runtime.onShutdown(stopSandboxes);
 const { app, kind } = await createResourcesApp(server, { logger });
-app.get("/health", async () => ({ ok: true, verifier: extra.verifier ?? "math", mode: kind.mode, verify: kind.verify }));
+app.get("/health", async () => ({
+  ok: true,
+  verifier: extra.verifier ?? "math",
+  mode: kind.mode,
+  verify: kind.verify,
+  ...(server instanceof CohortCompareVerifier && { active_cohorts: server.table.activeCohorts }),
+}));
 await runtime.serve(app, kind);

@@ -29,7 +29,8 @@ export abstract class VerifierServer extends ResourcesServer {
   static override readonly checkpointVerify: CheckpointVerify = "replay";
   verifyCalls = 0;
 
-  abstract verify(body: unknown, request: FastifyRequest): Promise<VerifyResult>;
+  /** `signal` aborts when a retire covers the request (see SessionAccess.signal). */
+  abstract verify(body: unknown, request: FastifyRequest, signal: AbortSignal): Promise<VerifyResult>;
 
   routes(app: FastifyInstance, sessions: SessionAccess): void {
     app.post("/seed_session", async (request) => {
@@ -40,7 +41,7 @@ export abstract class VerifierServer extends ResourcesServer {
     app.post("/verify", async (request, reply) => {
       this.verifyCalls += 1;
       try {
-        return await this.verify(request.body, request);
+        return await this.verify(request.body, request, sessions.signal(request));
       } catch (error) {
         const sent = sendVerifierRefusal(reply, error);
         if (sent) return sent;

@@ -42,10 +42,17 @@ export interface RequestTicket {
   readonly role: RequestRole;
   /** Counted in flight (holds up prepare). */
   readonly counted: boolean;
+  /**
+   * Aborted (reason: a `stale_attempt` CheckpointError) when a retire covers the request's attempt
+   * or session: the retire waits for the request, so a handler that waits on something that may
+   * never come (a cohort) must stop on it.
+   */
+  readonly signal: AbortSignal;
 }
 
 interface ActiveRequest extends RequestTicket {
   released: boolean;
+  readonly stop: AbortController;
 }
 
 /**
@@ -136,7 +143,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     // restart_only never holds up prepare, except a seed already in flight: its session must
     // show up in `restarts` before the checkpoint's restart set is read.
     const counted = this.mode === "restart_only" ? request.role === "seed" : !replayable;
-    const ticket: ActiveRequest = { ...request, counted, released: false };
+    const stop = new AbortController();
+    const ticket: ActiveRequest = { ...request, counted, released: false, stop, signal: stop.signal };
     this.active.add(ticket);
     if (counted) this.context?.notifyReadinessChanged();
     return ticket;
@@ -312,7 +320,12 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
         this.retiredSessionRollout.set(s.sessionId, s.episode.rollout_id);
       }
       this.context?.notifyReadinessChanged();
-      // Stop: wait for every request of those sessions or attempts, replayable ones included.
+      // Stop: wait for every request of those sessions or attempts, replayable ones included. Each
+      // is told to stop (its signal), so one that waits on others (a cohort member) ends its wait.
+      for (const r of this.active) {
+        if (r.role === "close" || !(covers(r.episode) || (r.sessionId !== undefined && targets.has(r.sessionId)))) continue;
+        r.stop.abort(new CheckpointError("stale_attempt", `${captureKey(r.episode)} was retired while its request ran`));
+      }
       await this.waitUntil(() => ![...this.active].some((r) => covers(r.episode) || (r.sessionId !== undefined && targets.has(r.sessionId))));
     }
     await Promise.all([...this.freeing]);

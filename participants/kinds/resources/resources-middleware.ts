@@ -19,6 +19,13 @@ export interface SessionAccess {
   started(request: FastifyRequest): string;
   /** For reset/step protocols: this request ends its session. */
   ended(request: FastifyRequest): void;
+  /**
+   * Aborted when a retire covers the request's attempt or session (its reason is a `stale_attempt`
+   * CheckpointError). The retire waits for the request: a handler that waits on anything that may
+   * not come (other members of a cohort, a long poll) must stop on it. Never aborts outside the
+   * checkpoint middleware.
+   */
+  signal(request: FastifyRequest): AbortSignal;
 }
 
 interface Admitted {
@@ -244,6 +251,9 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     ended(request) {
       const entry = admitted.get(request);
       if (entry?.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
+    },
+    signal(request) {
+      return admitted.get(request)?.ticket.signal ?? new AbortController().signal;
     },
   };
 }
