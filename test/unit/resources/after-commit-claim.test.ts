@@ -3,59 +3,60 @@ import { CounterServer } from "../../../participants/gym/resources-server/counte
 import { counterRecord, resourcesWorld } from "./resources-world.js";
 
 /**
- * ResourcesKind.afterCommit frees restored sessions outside the commit scope one by one, checking
- * `restored` before each hook and deleting the session after it. The commit replies by its deadline
- * even if that hook is slow; after the resume the next attempt's request claims the session and
- * works on it, then the hook finishes and frees and drops the now-claimed session. The agent kind
- * avoids exactly this ("All dropped before the first hook's await: none can be claimed (and then
- * freed) meanwhile").
+ * ResourcesKind.afterCommit frees the unclaimed restored sessions outside the commit scope. The
+ * commit replies by its deadline even if that free is slow, so after the resume a request of the
+ * next attempt can arrive while it runs: it must not be served from a session whose state is then
+ * freed behind its back (the agent and model kinds drop everything before their first await too).
  */
 let world: Awaited<ReturnType<typeof resourcesWorld>>;
 beforeEach(async () => (world = await resourcesWorld()));
 afterEach(() => world.close());
 
+/** A server whose frees wait for `release()`. */
+class HeldFree extends CounterServer {
+  release!: () => void;
+  private readonly held = new Promise<void>((resolve) => (this.release = resolve));
+  override async retireSessionState(sessionId: string): Promise<void> {
+    await this.held;
+    await super.retireSessionState(sessionId);
+  }
+}
+
+const until = async (done: () => boolean) => {
+  for (let i = 0; i < 200 && !done(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
+  expect(done()).toBe(true);
+};
+
 describe("after-commit clean-up of unclaimed restored sessions", () => {
   it("never frees a session its next attempt claimed while the clean-up ran", async () => {
-    class SlowFree extends CounterServer {
-      override async retireSessionState(sessionId: string): Promise<void> {
-        await new Promise((resolve) => setTimeout(resolve, 800));
-        await super.retireSessionState(sessionId);
-      }
-    }
+    const server = new HeldFree();
     const r1 = counterRecord("r1", "sessionAAAA", 2);
     const r2 = counterRecord("r2", "sessionBBBB", 5);
     await world.writeCheckpoint("c1", [r1, r2]);
-    const server = new SlowFree();
     const b = await world.harness(server);
     await b.call("restore", { checkpoint_id: "c1", episode_ids: [r1.episode_id, r2.episode_id] });
     await b.call("resume", { checkpoint_id: "c1" });
 
     await b.call("prepare", { checkpoint_id: "c2" });
-    // The scope continues r1-a1 only: r2-a1's unclaimed session is freed in the background.
+    // The scope continues r1-a1 only: r2-a1's unclaimed session is freed in the background (the
+    // commit replies by its deadline while the free is held).
     await b.call("commit", { checkpoint_id: "c2", episode_ids: [{ rollout_id: "r1", attempt: 1 }] }, 0.3);
     await b.call("resume", { checkpoint_id: "c2" });
-    // r2-a1 starts meanwhile (the rollout may still run as that attempt) and claims its session.
+    // r2-a1 starts meanwhile (the rollout may still run as that attempt) and uses its session.
     const claimed = await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB");
-    await new Promise((resolve) => setTimeout(resolve, 1000));
+    server.release();
+    await until(() => !server.counters.has("sessionBBBB"));
     const after = await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB");
     // Either the session was gone before anyone could use it, or what its user wrote survives:
     // never a request served from the session and then its state freed behind its back.
     if (claimed.statusCode === 200 && after.statusCode === 200) expect(after.json().count).toBe(claimed.json().count + 1);
-    // Here: refused while its free runs (retry later), and nothing of it is left once it ended.
+    // Here: refused while its free runs (retry later); once it ended the session is unknown (a new count).
     expect(claimed.json().error?.code).toBe("admission_closed");
-    expect(server.counters.get("sessionBBBB")).toBe(after.json().count);
-    expect(b.kind.hasLiveState()).toBe(true); // r1-a1's session lives on
-  }, 15_000);
+    expect(after.json()).toEqual({ count: 1 });
+    expect(server.counters.get("sessionAAAA")).toBe(2); // r1-a1's session lives on
+  });
 
   it("a session still being freed is live state until its free ended (a restore must not install it under the free)", async () => {
-    class HeldFree extends CounterServer {
-      release!: () => void;
-      readonly held = new Promise<void>((resolve) => (this.release = resolve));
-      override async retireSessionState(sessionId: string): Promise<void> {
-        await this.held;
-        await super.retireSessionState(sessionId);
-      }
-    }
     const r2 = counterRecord("r2", "sessionBBBB", 5);
     await world.writeCheckpoint("c1", [r2]);
     const server = new HeldFree();
@@ -68,8 +69,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     // The free of sessionBBBB still runs: installing it again now would be freed behind its back.
     expect(b.kind.hasLiveState()).toBe(true);
     server.release();
-    for (let i = 0; i < 100 && b.kind.hasLiveState(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
-    expect(b.kind.hasLiveState()).toBe(false);
+    await until(() => !b.kind.hasLiveState());
     expect(server.counters.has("sessionBBBB")).toBe(false);
   }, 15_000);
 });
