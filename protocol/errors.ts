@@ -49,7 +49,7 @@ export const ERROR_CATALOG = {
   invalid_phase: {
     status: 409,
     meaning: "The operation is not allowed in the participant's current phase (or readiness regressed before commit).",
-    solve: "Follow the phase machine: prepare, commit, resume; retire and forget only while no checkpoint is open.",
+    solve: "Follow the phase machine: prepare, commit, resume; retire and forget only while no checkpoint is open or during a restore (before its resume).",
   },
   deadline_exceeded: {
     status: 409,
