@@ -88,6 +88,9 @@ export class StripedLocks {
     this.closed = true;
     clearTimeout(this.sweeper);
     this.sweeper = undefined;
+    // The directory's mkdir may still be in flight (a ledger closed right after it opened): once
+    // close() returns nothing of ours may still create entries (a caller removing the tree would race it).
+    await this.ready.catch(() => undefined);
     while (this.accepted.size) await Promise.allSettled([...this.accepted]);
     await Promise.all([...this.owned.keys()].map((stripe) => this.local[stripe]!.run(() => this.release(stripe))));
     OWNERS.delete(this);

@@ -148,6 +148,13 @@ describe("striped ledger locks", () => {
     expect(await l.run("k", async () => "ran")).toBe("ran");
   });
 
+  it("close() right after construction returns only once the directory exists, so a caller may remove the tree at once", async () => {
+    const l = new StripedLocks(join(dir, "fresh", "locks"), 4);
+    await l.close();
+    // Its mkdir was in flight: returning earlier let it create entries while the caller removed the tree (ENOTEMPTY).
+    expect(existsSync(join(dir, "fresh", "locks"))).toBe(true);
+  });
+
   it("close() releases every owned stripe and refuses further use", async () => {
     const l = new StripedLocks(join(dir, "locks"), 4);
     await l.run("a", async () => undefined);
