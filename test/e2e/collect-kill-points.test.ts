@@ -7,7 +7,7 @@ import { collectHarness } from "./collect-processes.js";
  * a SIGKILL at each controller op of a checkpoint and of a restore), with or without a Gym restart:
  * the next start always finishes every row once.
  */
-const { setUp, startCollector, finishCleanly, resultLines } = collectHarness();
+const { setUp, startCollector, finishCleanly, stopAndRequeue, resultLines } = collectHarness();
 
 describe("collect restarted after a stop", () => {
   it("SIGTERM, then a restart against the same (parked) Gym servers finishes every row once", { timeout: 60_000 }, async () => {
@@ -84,13 +84,7 @@ describe("collect SIGKILLed at a chosen controller op of the restore after a req
   it.each(cases)("$name", { timeout: 60_000 }, async ({ op, action, restartGym }) => {
     const rows = 3;
     const w = await setUp(rows);
-    await w.backend.hold(1);
-    const first = await startCollector(w);
-    await w.waitFor(async () => (await w.backend.calls()).length >= rows + 1, "rows running");
-    first.child.kill("SIGTERM");
-    expect((await first.exited).code).toBe(75);
-    await w.crashAndRestart();
-    await w.backend.release();
+    await stopAndRequeue(w, rows);
     const relay = await startControllerRelay(w, (o, n) => (o === op && n === 1 ? action : "pass"));
     const collector = await startCollector(w, ["--deployment", relay.deployment]);
     await Promise.race([relay.when((o, a) => (action === "hold" ? o === op && a === "hold" : o === `${op}:done`)), collector.exited]);

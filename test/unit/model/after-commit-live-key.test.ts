@@ -1,6 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { LedgerRow } from "../../../participants/kinds/model/index.js";
-import { CHAT, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+import { deliveredCall, ledgerRow, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 
 // The model's after-commit hook frees restored ledgers outside the commit scope. It runs outside the
@@ -17,16 +16,7 @@ afterEach(async () => {
   await f.close();
 });
 
-const row = (capture_key: string, model_call_id: string): LedgerRow => ({
-  capture_key,
-  model_call_id,
-  parent_call_id: null,
-  continued_from: null,
-  route: CHAT,
-  staging_key: null,
-  usage: null,
-  recorded_at: 1,
-});
+const row = ledgerRow;
 
 describe("afterCommit racing a replacement's first call", () => {
   it("keeps the ledger of a restored key whose replacement called while the hook ran", async () => {

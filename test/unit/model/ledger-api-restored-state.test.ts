@@ -1,6 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { LedgerRow } from "../../../participants/kinds/model/index.js";
-import { CHAT, chat, cutRecord, modelFixture, type ModelFixture } from "./model-fixtures.js";
+import { CHAT, chat, cutRecord, ledgerRow, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 
 // The ledger API (`DELETE /ng-capture/v1/ledger/<key>`, `POST /ng-capture/v1/ledger/retire`) is
@@ -16,16 +16,7 @@ afterEach(async () => {
   await f.close();
 });
 
-const row = (capture_key: string, model_call_id: string): LedgerRow => ({
-  capture_key,
-  model_call_id,
-  parent_call_id: null,
-  continued_from: null,
-  route: CHAT,
-  staging_key: `stage/${model_call_id}`,
-  usage: null,
-  recorded_at: 1,
-});
+const row = (capture_key: string, model_call_id: string): LedgerRow => ({ ...ledgerRow(capture_key, model_call_id), staging_key: `stage/${model_call_id}` });
 
 async function restoreWithCut(): Promise<void> {
   await f.kind.install([{ episode_id: ep("ro"), rows: [row("ro", "mc-1")], generation_cuts: [cutRecord("ro", chat("again"))] }], {});

@@ -1,5 +1,6 @@
 import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
-import { headers as natsHeaders, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node";
+import { headers as natsHeaders } from "@nats-io/transport-node";
+import { fakeSubscriptions } from "../../support/fake-subscriptions.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
 import { useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
@@ -19,46 +20,6 @@ afterAll(async () => {
   await meterProvider.shutdown();
 });
 
-/** A NatsConnection with just what ControlEndpoint uses (as in participant-telemetry.test.ts). */
-function fakeSubscriptions() {
-  const queues = new Map<string, { push(msg: Msg): void; close(): void }>();
-  const nc = {
-    subscribe(subject: string) {
-      const pending: Msg[] = [];
-      let wake: (() => void) | undefined;
-      let closed = false;
-      queues.set(subject, {
-        push(msg) {
-          pending.push(msg);
-          wake?.();
-        },
-        close() {
-          closed = true;
-          wake?.();
-        },
-      });
-      return {
-        unsubscribe: () => queues.get(subject)?.close(),
-        async *[Symbol.asyncIterator]() {
-          for (;;) {
-            if (pending.length) yield pending.shift()!;
-            else if (closed) return;
-            else await new Promise<void>((resolve) => (wake = resolve));
-          }
-        },
-      };
-    },
-  } as unknown as NatsConnection;
-  return {
-    nc,
-    request(op: string, headers: MsgHdrs, body: string): Promise<string> {
-      const subject = [...queues.keys()].find((s) => s.endsWith(`.${op}`))!;
-      return new Promise((resolve) => {
-        queues.get(subject)!.push({ subject, reply: "inbox", headers, data: new TextEncoder().encode(body), respond: (data: string) => (resolve(data), true) } as unknown as Msg);
-      });
-    },
-  };
-}
 
 describe("gym_ckpt.refusals on the control subjects", () => {
   it("counts the endpoint's own refusals: a wrong bearer token (unauthorized) and a malformed message (invalid_request)", async () => {

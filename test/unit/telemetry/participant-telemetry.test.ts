@@ -8,7 +8,8 @@ import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, Periodic
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from "@opentelemetry/sdk-trace-base";
 import Fastify from "fastify";
 import type { AddressInfo } from "node:net";
-import { headers as natsHeaders, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node";
+import { headers as natsHeaders } from "@nats-io/transport-node";
+import { fakeSubscriptions } from "../../support/fake-subscriptions.js";
 import { pino } from "pino";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
@@ -54,46 +55,6 @@ function capturingLogger() {
   return { logger, lines };
 }
 
-/** A NatsConnection with just what ControlEndpoint uses: one queue of messages per subject. */
-function fakeSubscriptions() {
-  const queues = new Map<string, { push(msg: Msg): void; close(): void }>();
-  const nc = {
-    subscribe(subject: string) {
-      const pending: Msg[] = [];
-      let wake: (() => void) | undefined;
-      let closed = false;
-      queues.set(subject, {
-        push(msg) {
-          pending.push(msg);
-          wake?.();
-        },
-        close() {
-          closed = true;
-          wake?.();
-        },
-      });
-      return {
-        unsubscribe: () => queues.get(subject)?.close(),
-        async *[Symbol.asyncIterator]() {
-          for (;;) {
-            if (pending.length) yield pending.shift()!;
-            else if (closed) return;
-            else await new Promise<void>((resolve) => (wake = resolve));
-          }
-        },
-      };
-    },
-  } as unknown as NatsConnection;
-  return {
-    nc,
-    request(op: string, headers: MsgHdrs, body: string): Promise<string> {
-      const subject = [...queues.keys()].find((s) => s.endsWith(`.${op}`))!;
-      return new Promise((resolve) => {
-        queues.get(subject)!.push({ subject, reply: "inbox", headers, data: new TextEncoder().encode(body), respond: (data: string) => (resolve(data), true) } as unknown as Msg);
-      });
-    },
-  };
-}
 function call(plane: ParticipantControlPlane, op: PhaseOp, body: Record<string, unknown> & { checkpoint_id: string }, parent?: ReturnType<typeof context.active>) {
   const request = { deadline_ts: DEADLINE(), epoch: 3, ...body };
   if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
