@@ -754,7 +754,11 @@ export class Collector {
         this.toRetire.length = 0;
       });
       for (const id of this.retired) this.toForget.add(id);
-      await this.forgetQueued();
+      // Likewise a forget: the fences it would lift only refuse attempts no later start sends (it
+      // sends attempt + 1), so the collection still ends with its summary.
+      await this.forgetQueued().catch((err: unknown) => {
+        this.options.logger.warn({ err, rollouts: this.toForget.size }, "could not forget finished rollouts; their fences stay at the Gym servers until they restart");
+      });
     });
   }
 

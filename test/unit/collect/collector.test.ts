@@ -554,6 +554,29 @@ describe("collector", () => {
     expect((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.latest.get("a")).toBe(0);
   });
 
+  it("a forget that fails at the end (servers down since an earlier retire) does not throw away the summary either", { timeout: 10_000 }, async () => {
+    let aRetired = false;
+    const url = await runServer(async (body) => {
+      if (body.rollout_id === "b") await waitUntil(() => aRetired, "a's retire");
+      return { status: 502, body: {} };
+    });
+    const { controller, base } = fakeController({
+      retire: async (req: never) => {
+        const ids = (req as { episode_ids: EpisodeId[] }).episode_ids;
+        if (ids.some((e) => e.rollout_id === "b")) throw new CheckpointError("unreachable", "no participant answered");
+        const reply = await base.retire(req);
+        aRetired = true;
+        return reply;
+      },
+      forget: async () => {
+        throw new CheckpointError("unreachable", "no participant answered");
+      },
+    });
+    const collector = collectorFor(controller, url, { maxAttempts: 1, concurrency: 1, rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }] });
+    await collector.start();
+    await expect(collector.run()).resolves.toMatchObject({ finished: 0, failed: 2 });
+  });
+
   it("logs an attempt once however often admission_closed makes it wait", async () => {
     let refusals = 2;
     const url = await runServer(() =>
