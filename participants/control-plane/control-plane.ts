@@ -124,6 +124,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private highestEpoch = 0;
   private pendingWrite: PendingWrite<R> | undefined;
   private pendingInstall: Promise<unknown> | undefined;
+  /** Installs that outlived their restore's deadline and have not ended (see abandonLateInstall): no restore runs beside them. */
+  private readonly lateInstalls = new Set<Promise<void>>();
   private closedAt: number | undefined;
   private readonly waiters = new Set<() => void>();
   private readonly unobserve: () => void;
@@ -470,6 +472,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (cached) return cached;
       this.admit(id, ALLOWED.restore, "restore");
       if (this.pendingInstall) await this.pendingInstall;
+      if (this.lateInstalls.size) throw this.notFresh("an earlier restore's install is still running past its deadline");
       if (this.adapter.hasLiveState()) throw this.notFresh();
       const target = { checkpointDir: dir, checkpointId: id, kind: this.adapter.kind, instance: this.instance };
       const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
@@ -552,13 +555,19 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     for (const episode of next) this.retired.mark(episode);
     if (this.pendingInstall === settled) this.pendingInstall = undefined;
     this.logger?.warn({ checkpoint_id: id, episodes: next.length }, "restore_install_outlived_deadline");
-    void settled
-      .then(() => this.adapter.retire(next))
+    // Freed under the lock once it ended (no op waits for it there, so this cannot deadlock); until
+    // then a restore is refused: its install would run beside this one.
+    const freed = settled
+      .then(() => this.lock.run(() => this.adapter.retire(next)))
       .then(
-        () => this.logger?.info({ checkpoint_id: id }, "late_restore_install_freed"),
-        (err: unknown) => this.logger?.error({ checkpoint_id: id, err }, "late_restore_install_not_freed"),
+        () => void this.logger?.info({ checkpoint_id: id }, "late_restore_install_freed"),
+        (err: unknown) => void this.logger?.error({ checkpoint_id: id, err }, "late_restore_install_not_freed"),
       )
-      .finally(() => this.notify());
+      .finally(() => {
+        this.lateInstalls.delete(freed);
+        this.notify();
+      });
+    this.lateInstalls.add(freed);
   }
 
   // ---- resume, renew ---------------------------------------------------------------------
@@ -684,8 +693,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.highestEpoch = Math.max(this.highestEpoch, epoch);
   }
 
-  private notFresh(): CheckpointError {
-    return new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: this participant holds live state");
+  private notFresh(why = "this participant holds live state"): CheckpointError {
+    return new CheckpointError("invalid_checkpoint_state", `restore needs a fresh process: ${why}`);
   }
 
   /** On arrival and again once the lock is held, before any state change: an op queued past its deadline does nothing. */

@@ -2,13 +2,13 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { JsonValue } from "../../../participants/kinds/resources/index.js";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
 import { refusalCode } from "../../support/refusal.js";
-import { counterRecord, resourcesWorld } from "../resources/resources-world.js";
+import { counterRecord, resourcesWorld } from "./resources-world.js";
 
 let world: Awaited<ReturnType<typeof resourcesWorld>>;
 beforeEach(async () => (world = await resourcesWorld()));
 afterEach(() => world.close());
 
-describe("review: a restore install that outlived its deadline is still running", () => {
+describe("a restore install that outlived its deadline and is still running", () => {
   it("a later restore is refused (not fresh) until the late install has ended and been freed, instead of installing beside it", async () => {
     let hooksRunning = 0;
     let overlapped = false;
