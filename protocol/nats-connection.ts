@@ -63,9 +63,10 @@ export interface NatsServerInfo {
 
 /**
  * Replicas of the KV buckets gym-ckpt creates (leader lease, members, decision journal), the same
- * rule in every process: GYM_CKPT_NATS_REPLICAS when set (1 to 5); else 1 on a single server, and on
- * a cluster 3, or its size when it advertises fewer servers. A bucket on one node of a cluster would
- * stop every coordinator when that node is lost.
+ * rule in every process: GYM_CKPT_NATS_REPLICAS when set (1 to 5); else 1 on a single server and 3
+ * on a cluster. Not the servers it advertises: during a node's outage that count is lower, and a
+ * bucket created (or kept) smaller would stop every coordinator at the next loss. A bucket on one
+ * node of a cluster would stop them all when that node is lost.
  */
 export function kvReplicas(info: NatsServerInfo | undefined, env: Record<string, string | undefined> = process.env): number {
   const configured = env.GYM_CKPT_NATS_REPLICAS?.trim();
@@ -73,9 +74,7 @@ export function kvReplicas(info: NatsServerInfo | undefined, env: Record<string,
     if (!/^[1-5]$/.test(configured)) throw new CheckpointError("invalid_request", `GYM_CKPT_NATS_REPLICAS must be a whole number from 1 to 5, got ${JSON.stringify(configured)}`);
     return Number(configured);
   }
-  if (!info?.cluster) return 1;
-  const advertised = info.connect_urls?.length;
-  return advertised ? Math.min(3, advertised) : 3;
+  return info?.cluster ? 3 : 1;
 }
 
 /**

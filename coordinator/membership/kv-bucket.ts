@@ -16,21 +16,28 @@ export interface BucketOptions {
  * reading back is the only way to know the lifetimes we rely on hold. A differing bucket is
  * updated in place, never recreated: a recreated stream restarts its sequence, and the leader
  * epoch (a revision) would fall below what participants have seen, so they would refuse it. The
- * replicas follow `kvReplicas` (a bucket created R1 before the cluster grew is scaled up in place).
+ * replicas follow `kvReplicas` (a bucket created R1 before the cluster grew is scaled up in place,
+ * never down).
  */
 export async function openBucketAsserted(nc: NatsConnection, name: string, options: BucketOptions): Promise<KV> {
   const replicas = kvReplicas(nc.info);
   const kv = await new Kvm(nc).create(name, { history: options.history, replicas, ...(options.ttl > 0 ? { ttl: options.ttl } : {}) });
   const matches = async () => {
     const status = await kv.status();
-    return { ok: status.history === options.history && status.ttl === options.ttl && status.replicas === replicas, status };
+    // More replicas than the rule asks for are kept: never scaled down (say by a start during an outage).
+    return { ok: status.history === options.history && status.ttl === options.ttl && status.replicas >= replicas, status };
   };
   let check = await matches();
   if (!check.ok) {
     const jsm = await jetstreamManager(nc);
     // The duplicate window may not exceed max_age (the KV client sets it the same way on create).
     const duplicateWindow = options.ttl > 0 ? Math.min(options.ttl, 120_000) : 120_000;
-    await jsm.streams.update(`KV_${name}`, { max_msgs_per_subject: options.history, max_age: nanos(options.ttl), duplicate_window: nanos(duplicateWindow), num_replicas: replicas });
+    await jsm.streams.update(`KV_${name}`, {
+      max_msgs_per_subject: options.history,
+      max_age: nanos(options.ttl),
+      duplicate_window: nanos(duplicateWindow),
+      num_replicas: Math.max(replicas, check.status.replicas),
+    });
     check = await matches();
   }
   if (!check.ok) {

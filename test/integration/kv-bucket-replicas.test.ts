@@ -89,4 +89,44 @@ describe("KV buckets on a 3-node JetStream cluster", () => {
     expect(replicas).toEqual({ leader: 3, members: 3, journal: 3 });
     expect((await old.get("kept"))?.string()).toBe("x");
   }, 30_000);
+
+  it("a coordinator started during a one-node outage keeps the R3 buckets R3 (it does not scale them down to the servers it sees)", async () => {
+    const config = (ports: number[]) =>
+      CoordinatorConfigSchema.parse({
+        deployment: "rrev",
+        nats: { servers: ports.map((p) => `nats://127.0.0.1:${p}`).join(",") },
+        token: "r3-token",
+        checkpoint_root: join(dir, "ckpt"),
+        lease_ms: 1000,
+        http: { enabled: false },
+      });
+    await coordinator?.stop();
+    coordinator = await startCoordinator({ config: config(clientPorts), logger: createLogger("silent") });
+    const jsm = await jetstreamManager(nc);
+    const replicas = async () => {
+      const out: Record<string, number> = {};
+      for (const bucket of ["leader", "members", "journal"]) out[bucket] = (await jsm.streams.info(`KV_gym_ckpt_rrev_${bucket}`)).config.num_replicas;
+      return out;
+    };
+    expect(await replicas()).toEqual({ leader: 3, members: 3, journal: 3 });
+    await coordinator.stop();
+    coordinator = undefined;
+    // Node n2 goes down (a rolling restart, a lost machine).
+    const n2 = servers[2]!;
+    n2.kill("SIGTERM");
+    await new Promise((resolve) => n2.once("exit", resolve));
+    // Wait until the surviving nodes advertise only themselves.
+    for (const until = Date.now() + 15_000; ; ) {
+      const probe = await connect({ servers: `nats://127.0.0.1:${clientPorts[0]}` });
+      const urls = (probe.info as { connect_urls?: string[] } | undefined)?.connect_urls?.length;
+      await probe.close();
+      if (urls === 2) break;
+      if (Date.now() > until) throw new Error(`connect_urls still ${urls}`);
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+    coordinator = await startCoordinator({ config: config(clientPorts.slice(0, 2)), logger: createLogger("silent") }).catch((error: unknown) => {
+      throw new Error(`the coordinator did not start during the outage: ${String(error)}`);
+    });
+    expect(await replicas()).toEqual({ leader: 3, members: 3, journal: 3 });
+  }, 60_000);
 });
