@@ -1,6 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { jetstreamManager } from "@nats-io/jetstream";
@@ -10,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorConfigSchema } from "../../coordinator/config/coordinator-config.js";
 import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
 import { createLogger } from "../../coordinator/telemetry/logger.js";
+import { freePortRun } from "../support/ports.js";
 
 /**
  * docs/operations.md: "NATS with JetStream ... Use 3 nodes for production; the buckets then use R3"
@@ -17,16 +17,6 @@ import { createLogger } from "../../coordinator/telemetry/logger.js";
  * survive a node loss"). On a real 3-node cluster the leader, members and journal buckets must be
  * replicated, or losing the one node that holds them stops every coordinator.
  */
-const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
-
 let dir: string;
 const servers: ChildProcess[] = [];
 let clientPorts: number[] = [];
@@ -35,8 +25,9 @@ let coordinator: CoordinatorHandle | undefined;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-r3-"));
-  clientPorts = [await freePort(), await freePort(), await freePort()];
-  const routePorts = [await freePort(), await freePort(), await freePort()];
+  const base = await freePortRun(6);
+  clientPorts = [base, base + 1, base + 2];
+  const routePorts = [base + 3, base + 4, base + 5];
   const routes = routePorts.map((p) => `nats://127.0.0.1:${p}`).join(", ");
   for (let i = 0; i < 3; i++) {
     const conf = join(dir, `n${i}.conf`);
