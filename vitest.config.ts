@@ -5,6 +5,8 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
+    // One TMPDIR per run, removed after it: nothing a test leaves under the system temp directory stays.
+    globalSetup: ["test/support/run-tmpdir.ts"],
     pool: "forks",
     maxWorkers: 2,
     testTimeout: 60_000,
