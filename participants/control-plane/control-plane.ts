@@ -124,8 +124,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private highestEpoch = 0;
   private pendingWrite: PendingWrite<R> | undefined;
   private pendingInstall: Promise<unknown> | undefined;
-  /** Installs that outlived their restore's deadline and have not ended (see abandonLateInstall): no restore runs beside them. */
-  private readonly lateInstalls = new Set<Promise<void>>();
+  /** An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no restore runs beside it. */
+  private lateInstall: Promise<void> | undefined;
   private closedAt: number | undefined;
   private readonly waiters = new Set<() => void>();
   private readonly unobserve: () => void;
@@ -472,7 +472,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (cached) return cached;
       this.admit(id, ALLOWED.restore, "restore");
       if (this.pendingInstall) await this.pendingInstall;
-      if (this.lateInstalls.size) throw this.notFresh("an earlier restore's install is still running past its deadline");
+      if (this.lateInstall) throw this.notFresh("an earlier restore's install is still running past its deadline");
       if (this.adapter.hasLiveState()) throw this.notFresh();
       const target = { checkpointDir: dir, checkpointId: id, kind: this.adapter.kind, instance: this.instance };
       const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
@@ -564,10 +564,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         (err: unknown) => void this.logger?.error({ checkpoint_id: id, err }, "late_restore_install_not_freed"),
       )
       .finally(() => {
-        this.lateInstalls.delete(freed);
+        if (this.lateInstall === freed) this.lateInstall = undefined;
         this.notify();
       });
-    this.lateInstalls.add(freed);
+    this.lateInstall = freed;
   }
 
   // ---- resume, renew ---------------------------------------------------------------------

@@ -322,11 +322,11 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       this.context?.notifyReadinessChanged();
       // Stop: wait for every request of those sessions or attempts, replayable ones included. Each
       // is told to stop (its signal), so one that waits on others (a cohort member) ends its wait.
+      const stopped = (r: ActiveRequest) => covers(r.episode) || (r.sessionId !== undefined && targets.has(r.sessionId));
       for (const r of this.active) {
-        if (r.role === "close" || !(covers(r.episode) || (r.sessionId !== undefined && targets.has(r.sessionId)))) continue;
-        r.stop.abort(new CheckpointError("stale_attempt", `${captureKey(r.episode)} was retired while its request ran`));
+        if (r.role !== "close" && stopped(r)) r.stop.abort(new CheckpointError("stale_attempt", `${captureKey(r.episode)} was retired while its request ran`));
       }
-      await this.waitUntil(() => ![...this.active].some((r) => covers(r.episode) || (r.sessionId !== undefined && targets.has(r.sessionId))));
+      await this.waitUntil(() => ![...this.active].some(stopped));
     }
     await Promise.all([...this.freeing]);
     // Free, then drop. A failing hook leaves the session retiring (a blocker) so the retire can be retried.

@@ -78,6 +78,9 @@ function rolloutOf(request: FastifyRequest, path: string): RolloutPath | undefin
   return { episode, captureKey: key as string, route: matchedRoute(request, path) };
 }
 
+/** The signal of a request the checkpoint middleware did not admit: nothing retires it. */
+const NEVER_ABORTED = new AbortController().signal;
+
 function roleOf(route: string): RequestRole {
   const path = route.split("?")[0]!.replace(/\/+$/, "");
   if (path === ROUTE_SEED) return "seed";
@@ -253,7 +256,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       if (entry?.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
     },
     signal(request) {
-      return admitted.get(request)?.ticket.signal ?? new AbortController().signal;
+      return admitted.get(request)?.ticket.signal ?? NEVER_ABORTED;
     },
   };
 }
