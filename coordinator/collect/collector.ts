@@ -850,7 +850,6 @@ function delay(seconds: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, timerDelay(seconds * 1000)).unref());
 }
 
-
 function tracer() {
   return trace.getTracer("gym-ckpt");
 }
