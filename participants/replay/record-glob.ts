@@ -15,6 +15,11 @@ import { invalidRequest } from "./errors.js";
  * that sorts first.
  */
 export async function expandGlobs(patterns: readonly string[], cwd: string): Promise<string[]> {
+  return (await expandGlobFiles(patterns, cwd)).map((f) => f.path);
+}
+
+/** expandGlobs with each file's real path: the identity a follower remembers a loaded file by. */
+export async function expandGlobFiles(patterns: readonly string[], cwd: string): Promise<{ path: string; real: string }[]> {
   for (const pattern of patterns) {
     const problem = globProblem(pattern);
     if (problem !== null) throw invalidRequest(`record glob ${JSON.stringify(pattern)}: ${problem}`);
@@ -27,12 +32,12 @@ export async function expandGlobs(patterns: readonly string[], cwd: string): Pro
     await walk(root, segments, found);
   }
   const seen = new Set<string>();
-  const out: string[] = [];
+  const out: { path: string; real: string }[] = [];
   for (const file of [...found].sort(naturalCompare)) {
     const real = await fs.realpath(file).catch(() => file);
     if (seen.has(real)) continue;
     seen.add(real);
-    out.push(file);
+    out.push({ path: file, real });
   }
   return out;
 }

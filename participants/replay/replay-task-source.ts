@@ -5,7 +5,7 @@ import type { z } from "zod";
 import { compactionSeeds, recheckSeed, toolCallSeeds, type AnchorKind, type Seed } from "./anchors.js";
 import { describeIssues, invalidRequest, ReplayError } from "./errors.js";
 import { defaultLogger } from "./log.js";
-import { expandGlobs } from "./record-glob.js";
+import { expandGlobFiles } from "./record-glob.js";
 import { isIndexFileName, stepOfPath } from "./record-paths.js";
 import { addReadStats, newReadStats, readRecords, type ReadStats } from "./record-reader.js";
 import {
@@ -119,6 +119,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
   readonly stats: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
 
   private readonly list: ReplayTask<T>[] = [];
+  /** Real paths of the files loaded (a file reached by two paths is one file). */
   private readonly done = new Set<string>();
   private readonly cwd: string;
   private readonly logger: Logger;
@@ -297,11 +298,15 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
   }
 
   private async loadNewFiles(): Promise<ReloadResult> {
-    const matched = await expandGlobs(recordPatterns(this.config), this.cwd);
-    const fresh = matched.filter((file) => {
-      const name = path.basename(file);
-      return !isIndexFileName(name) && !isStepMarkerName(name) && !this.done.has(file);
-    });
+    const matched = await expandGlobFiles(recordPatterns(this.config), this.cwd);
+    // Known by real path: a link that appears later to a file already loaded is not a new file.
+    const realOf = new Map(matched.map((f) => [f.path, f.real]));
+    const fresh = matched
+      .filter((f) => {
+        const name = path.basename(f.path);
+        return !isIndexFileName(name) && !isStepMarkerName(name) && !this.done.has(f.real);
+      })
+      .map((f) => f.path);
     if (matched.length === 0 && this.list.length === 0 && !this.warnedEmpty) {
       this.warnedEmpty = true;
       this.logger.warn({ records: this.config.records }, "replay records matched no files yet");
@@ -315,7 +320,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     for (const file of files) for (const task of await this.loadFile(file, this.list.length + added.length, stats)) added.push(task);
 
     for (const task of added) this.list.push(task);
-    for (const file of files) this.done.add(file);
+    for (const file of files) this.done.add(realOf.get(file)!);
     addReadStats(this.stats.read, stats.read);
     this.stats.foreign += stats.foreign;
     this.stats.noSeed += stats.noSeed;

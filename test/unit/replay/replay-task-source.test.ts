@@ -1,6 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { rmSync } from "node:fs";
-import { copyFile, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -175,6 +175,19 @@ describe("follow and append (18)", () => {
     expect(late.stats.read.filesIndexed).toBe(1);
     expect(late.tasks).toEqual(early.tasks);
     expect(recordPath).toBe(late.tasks[0]!.lineage.sourceFile);
+  });
+
+  it("does not load a file again when a link to it appears later, even one that sorts first", async () => {
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl" };
+    const { recordPath } = await write(1, [linearTrace(traceId(1), 0)], "b");
+    const follower = source(config);
+    await follower.load();
+    await symlink(path.basename(recordPath), path.join(path.dirname(recordPath), "train_rollouts_a.jsonl"));
+    expect((await follower.reload()).added).toBe(0);
+    const cold = source(config);
+    await cold.load();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001"]);
+    expect(names(cold.tasks)).toEqual(names(follower.tasks));
   });
 
   it("never treats index files or step markers as records, even under a broad glob", async () => {
