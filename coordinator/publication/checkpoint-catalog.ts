@@ -156,7 +156,9 @@ function fileVersion(info: Stats): string {
 /** A catalog error for a failed read: a missing file means the checkpoint is not published. */
 function readFailure(error: unknown, checkpointId: string, root: string): Error {
   if (error instanceof CheckpointError) return error;
-  if ((error as NodeJS.ErrnoException).code === "ENOENT") return new CheckpointError("not_found", `checkpoint ${checkpointId} is not published under ${root}`);
+  // ENOTDIR: the id names a stray file under the root, not a checkpoint directory.
+  const code = (error as NodeJS.ErrnoException).code;
+  if (code === "ENOENT" || code === "ENOTDIR") return new CheckpointError("not_found", `checkpoint ${checkpointId} is not published under ${root}`);
   return error as Error;
 }
 

@@ -124,12 +124,13 @@ export async function scanRecords(
       }
       if (start < text.length) carry.push(text.slice(start));
     }
+    // Inside the try: a last line too long for a string is damage, like any other unreadable line.
+    const rest = carry.join("") + decoder.end();
+    if (rest.length) check(rest);
   } catch (error) {
     if (error instanceof CheckpointError) throw error;
     throw bad(`${label}: cannot read ${path}: ${(error as Error).message}`, error);
   }
-  const rest = carry.join("") + decoder.end();
-  if (rest.length) check(rest);
   return { digest: hash.digest("hex"), count, bytes };
 }
 

@@ -6,6 +6,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { MAX_CONTROLLER_STATE_FILE_BYTES, MAX_MANIFEST_BYTES, type ParticipantEntry } from "../../../protocol/index.js";
 import { DispatchLog, MAX_DISPATCH_LOG_BYTES } from "../../../coordinator/collect/dispatch-log.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
+import { scanRecords } from "../../../coordinator/publication/committed-records.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { readRegularFile, readRegularFileSync } from "../../../coordinator/publication/regular-file.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
@@ -139,6 +140,23 @@ describe("verify", () => {
     await rm(join(root, "c2", "state.json"));
     await symlink(join(outside, "state.json"), join(root, "c2", "state.json"));
     expect(await refusalOf(verifyCheckpoint(catalog, "c2"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+  });
+});
+
+describe("reading checkpoints back", () => {
+  it("an id naming a stray file under the root is not_found, like a missing one", async () => {
+    await writeFile(join(root, "c2"), "not a checkpoint\n");
+    expect(await refusalOf(verifyCheckpoint(new CheckpointCatalog(root), "c2"))).toMatchObject({ code: "not_found" });
+  });
+
+  it("a final records line that cannot be handled is invalid_checkpoint_state, like any other line", async () => {
+    const file = join(root, "records.jsonl");
+    await writeFile(file, '{"episode_id":{"rollout_id":"r1","attempt":0}}\n{"episode_id":{"rollout_id":"r2","attempt":0}}');
+    // What a line too long for a string throws (RangeError), without writing 512 MiB.
+    const failing = (record: { episode_id: { rollout_id: string } }) => {
+      if (record.episode_id.rollout_id === "r2") throw new RangeError("Invalid string length");
+    };
+    expect(await refusalOf(scanRecords(file, "agent/a1", failing))).toMatchObject({ code: "invalid_checkpoint_state" });
   });
 });
 
