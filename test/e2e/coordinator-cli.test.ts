@@ -2,6 +2,9 @@ import { appendFile, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../../coordinator/publication/global-manifest-writer.js";
+import { writeParticipant } from "../unit/coordinator/fake-participants.js";
 import { CONTROLLER_TOKEN, PARTICIPANT_TOKEN, startWorld, type World } from "../integration/coordinator-harness.js";
 import { cli, daemonArgs, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
@@ -111,6 +114,27 @@ describe("gym-ckpt CLI (built binary)", () => {
       expect(await cli(["ls", "--root", empty])).toEqual({ code: 0, stdout: "", stderr: "" });
     } finally {
       await rm(empty, { recursive: true, force: true });
+    }
+  });
+
+  it("ls of a root whose LATEST is damaged still lists every checkpoint, none marked, with a warning (exit 0)", async () => {
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-cli-latest-"));
+    try {
+      const writer = new GlobalManifestWriter(new CheckpointCatalog(root), 5);
+      for (const [id, at] of [["c1", 2], ["c2", 3]] as const) {
+        const entry = await writeParticipant(root, id, "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+        await writer.publish({ checkpointId: id, epoch: 1, preparedAt: 1, publishedAt: at, stop: false, scope: null, restarts: [], participants: [entry], controllerState: null });
+      }
+      await writer.settled();
+      expect((await cli(["ls", "--root", root])).stdout).toMatch(/^\* c2 .*\n  c1 /);
+      await writeFile(join(root, "LATEST"), "../c2\n");
+      const ls = await cli(["ls", "--root", root]);
+      expect([ls.code, ls.stderr]).toEqual([0, "warning invalid_checkpoint_state: LATEST does not name a checkpoint id (no checkpoint is marked LATEST)\n"]);
+      expect(ls.stdout).toMatch(/^  c2 .*\n  c1 /);
+      const json = await cli(["ls", "--json", "--root", root]);
+      expect(JSON.parse(json.stdout)).toMatchObject({ latest: null, latest_error: { code: "invalid_checkpoint_state" }, checkpoints: [{ checkpoint_id: "c2" }, { checkpoint_id: "c1" }] });
+    } finally {
+      await rm(root, { recursive: true, force: true });
     }
   });
 

@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { CheckpointError } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
 import { printJson, rootFrom, runCli } from "../shared.js";
 
@@ -11,8 +12,18 @@ export function register(program: Command): void {
     .action(async (flags: { root?: string; json?: boolean }) => {
       await runCli(async () => {
         const catalog = new CheckpointCatalog(rootFrom(flags.root));
-        const [latest, { published }] = [await catalog.latest(), catalog.scan()];
-        if (flags.json) return printJson({ latest, checkpoints: published });
+        const { published } = catalog.scan();
+        // A damaged LATEST still lists the checkpoints: ls is how an operator picks an older one to restore.
+        let latest: string | null = null;
+        let latestError: { code: string; detail: string } | undefined;
+        try {
+          latest = await catalog.latest();
+        } catch (error) {
+          if (!(error instanceof CheckpointError)) throw error;
+          latestError = { code: error.code, detail: error.message };
+          process.stderr.write(`warning ${error.code}: ${error.message} (no checkpoint is marked LATEST)\n`);
+        }
+        if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published });
         for (const c of published) {
           process.stdout.write(
             `${c.checkpoint_id === latest ? "*" : " "} ${c.checkpoint_id}  ${new Date(c.published_at * 1000).toISOString()}  epoch ${c.epoch}  ${c.participants} participants${c.stop ? "  stop" : ""}\n`,
