@@ -29,11 +29,19 @@ export interface ChildProgramOptions {
 
 const EXIT_WITH_PARENT = new URL(`./exit-with-parent${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url).href;
 
+/**
+ * What starts a node program that stops once this process is gone (see `exitWithParent`): the
+ * preload before its script, and a stdin pipe to keep open. Nothing where `--import` is missing.
+ */
+export function parentWatch(): { nodeArgs: string[]; stdin: "pipe" } | undefined {
+  return process.allowedNodeEnvironmentFlags.has("--import") ? { nodeArgs: ["--import", EXIT_WITH_PARENT], stdin: "pipe" } : undefined;
+}
+
 /** Starts `node <script> …args` and optionally waits for its ready line. */
 export async function startChildProgram(script: string, args: string[], options: ChildProgramOptions = {}): Promise<ChildProgram> {
-  const watchParent = options.exitWithParent === true && process.allowedNodeEnvironmentFlags.has("--import");
-  const child = spawn(process.execPath, [...(watchParent ? ["--import", EXIT_WITH_PARENT] : []), script, ...args], {
-    stdio: [watchParent ? "pipe" : "ignore", "pipe", "pipe"],
+  const watch = options.exitWithParent === true ? parentWatch() : undefined;
+  const child = spawn(process.execPath, [...(watch?.nodeArgs ?? []), script, ...args], {
+    stdio: [watch?.stdin ?? "ignore", "pipe", "pipe"],
     detached: options.group === true,
     env: { ...process.env, ...options.env },
   });

@@ -2,6 +2,7 @@ import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { constants } from "node:os";
 import { fileURLToPath } from "node:url";
+import { parentWatch } from "./child-program.js";
 
 /**
  * Participant-side programs (reference Gym, attach proxies) run as their own processes: the CLI
@@ -15,9 +16,17 @@ export function participantEntry(relativePath: string): string {
   return path;
 }
 
-/** Runs a participant program in the foreground with inherited stdio, forwarding SIGINT/SIGTERM. */
+/**
+ * Runs a participant program in the foreground with inherited output, forwarding SIGINT/SIGTERM.
+ * It stops once this process is gone, however it ended (SIGKILL included): an orphaned attach
+ * proxy would keep its instance's membership claim, and its restart would be `instance_conflict`.
+ */
 export function runParticipantProgram(relativePath: string, args: string[]): Promise<number> {
-  const child = spawn(process.execPath, [participantEntry(relativePath), ...args], { stdio: "inherit" });
+  const watch = parentWatch();
+  const child = spawn(process.execPath, [...(watch?.nodeArgs ?? []), participantEntry(relativePath), ...args], {
+    stdio: [watch?.stdin ?? "inherit", "inherit", "inherit"],
+  });
+  child.stdin?.on("error", () => undefined); // never written; closed when the child exits
   const forward = (signal: NodeJS.Signals) => child.kill(signal);
   process.on("SIGINT", forward);
   process.on("SIGTERM", forward);
