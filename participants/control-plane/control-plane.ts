@@ -1,6 +1,6 @@
 import { trace, type Context, type Span } from "@opentelemetry/api";
 import { realpath } from "node:fs/promises";
-import { dirname } from "node:path";
+import { dirname, isAbsolute } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -138,6 +138,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.clock = options.clock ?? systemClock;
     this.graceSeconds = options.leaseGraceSeconds ?? 600;
     if (!(this.graceSeconds > 0)) throw new CheckpointError("invalid_request", "leaseGraceSeconds must be > 0");
+    // Absolute, as the coordinator's: checkpoint_dir arrives absolute, so a relative root would
+    // accept the process and then refuse every commit.
+    if (options.checkpointRoot !== undefined && !isAbsolute(options.checkpointRoot)) {
+      throw new CheckpointError("invalid_request", `checkpointRoot ${JSON.stringify(options.checkpointRoot)} must be an absolute path`);
+    }
     this.checkpointRoot = options.checkpointRoot?.replace(/\/+$/, "");
     // Only what the parent lacks: pino writes a key bound twice twice (a server's logger has `instance`).
     const bound = options.logger?.bindings() ?? {};

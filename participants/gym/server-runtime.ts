@@ -1,3 +1,4 @@
+import { isAbsolute } from "node:path";
 import { parseArgs } from "node:util";
 import { connect, errors, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
@@ -29,7 +30,7 @@ const CommonSchema = z
     instance: InstanceSchema,
     token: z.string().min(1, "a control token is required (--token or GYM_CKPT_TOKEN)").pipe(BearerTokenSchema),
     port: z.coerce.number().int().min(0).max(65535),
-    checkpointRoot: z.string().optional(),
+    checkpointRoot: z.string().refine(isAbsolute, "must be an absolute path (as the coordinator's: checkpoint directories arrive absolute)").optional(),
     leaseGraceSeconds: z.coerce.number().positive().optional(),
     otlpEndpoint: z.url().optional(),
     metricsPort: z.coerce.number().int().min(0).max(65535).optional(),

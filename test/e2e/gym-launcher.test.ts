@@ -151,24 +151,33 @@ describe("gym-ckpt gym", () => {
     expect(await firstExited).toBe(0);
   });
 
+  /** Runs a program until it exits; one that accepts its flags serves on, and is stopped (SIGTERM stops a gym's children too) so the test fails without leaving it behind. */
+  const runToExit = async (entry: string, args: string[]) => {
+    const proc = spawn(process.execPath, [entry, ...args, "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
+    seen.add(proc.pid!);
+    let stderr = "";
+    proc.stderr!.on("data", (chunk) => (stderr += String(chunk)));
+    const stop = setTimeout(() => proc.kill("SIGTERM"), 10_000);
+    const code = await exitOf(proc);
+    clearTimeout(stop);
+    return { code, stderr };
+  };
+
   it("refuses tokens that could never authenticate (whitespace) before serving, in every process that takes one", async () => {
-    const run = async (entry: string, args: string[]) => {
-      const proc = spawn(process.execPath, [entry, ...args, "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
-      seen.add(proc.pid!);
-      let stderr = "";
-      proc.stderr!.on("data", (chunk) => (stderr += String(chunk)));
-      // One that accepts the token serves on: stopped (SIGTERM stops a gym's children too) so the test fails without leaving it behind.
-      const stop = setTimeout(() => proc.kill("SIGTERM"), 10_000);
-      const code = await exitOf(proc);
-      clearTimeout(stop);
-      return { code, stderr };
-    };
     const cases: [string, string[]][] = [
       ["dist/coordinator/cli/main.js", ["gym", "--token", "two words"]],
       ["dist/participants/gym/policy-backend/main.js", ["--token", "two words"]],
       ["dist/participants/gym/policy-backend/main.js", ["--token", "t0ken", "--cut-token", "cut token"]],
       ["dist/participants/attach/main.js", ["--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--cut-token", "cut token"]],
     ];
-    for (const [entry, args] of cases) expect({ args, ...(await run(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("a token must be visible ASCII") });
+    for (const [entry, args] of cases) expect({ args, ...(await runToExit(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("a token must be visible ASCII") });
+  });
+
+  it("refuses a relative --checkpoint-root before serving (checkpoint directories arrive absolute: every commit would be refused)", async () => {
+    const cases: [string, string[]][] = [
+      ["dist/participants/gym/resources-server/main.js", ["--token", "t0ken", "--checkpoint-root", "ckpt"]],
+      ["dist/participants/attach/main.js", ["--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--checkpoint-root", "./ckpt"]],
+    ];
+    for (const [entry, args] of cases) expect({ args, ...(await runToExit(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("checkpointRoot: must be an absolute path") });
   });
 });

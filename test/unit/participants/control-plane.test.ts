@@ -135,6 +135,13 @@ describe("phase machine", () => {
 });
 
 describe("fences and refusals change no state", () => {
+  it("refuses a relative checkpoint root at construction: checkpoint directories arrive absolute, so every commit would be refused", () => {
+    const make = (checkpointRoot: string) => () => new ParticipantControlPlane({ adapter: new ScriptableKind("agent"), instance: "a9", clock, checkpointRoot });
+    expect(make("ckpt")).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("must be an absolute path") }));
+    expect(make("./ckpt")).toThrow(/must be an absolute path/);
+    expect(make(root)).not.toThrow();
+  });
+
   it("refuses a conflicting checkpoint id", async () => {
     await call("prepare", { checkpoint_id: "c1" });
     const before = plane.status();
