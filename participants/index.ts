@@ -14,8 +14,11 @@ export { WriteGate } from "./storage/write-gate.js";
 export { writeFileAtomic, fsyncDir } from "./storage/fs-durable.js";
 export { ScriptableKind, ScriptRecordSchema } from "./testing/scriptable-kind.js";
 export type { ScriptRecord } from "./testing/scriptable-kind.js";
-// The kind adapters, the attach proxy's building blocks, verifiers and replay, one namespace each
-// (their own index files list what they export).
+// The reference Gym's launcher (it starts the servers as processes from dist/).
+export { launchGym, GYM_PROCESSES } from "./gym/gym-launcher.js";
+export type { GymLaunchOptions, Gym, GymProcess, GymProcessName } from "./gym/gym-launcher.js";
+// The kind adapters (the model kind is what the attach proxy runs), verifiers and replay, one
+// namespace each (their own index files list what they export).
 export * as environment from "./kinds/environment/index.js";
 export * as agent from "./kinds/agent/index.js";
 export * as model from "./kinds/model/index.js";
