@@ -10,7 +10,7 @@ import { ensureBuilt } from "./coordinator-process.js";
  * importing the package (`gym-ckpt/…`) through its exports and type declarations. A sample that is
  * a fragment (no imports) is prose and not checked.
  */
-const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
+const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 // Inside the package (.tmp/ is gitignored), so `gym-ckpt/…` resolves by self-reference to dist/.
 const WORK = join(ROOT, ".tmp", `doc-samples-${process.pid}`);
 beforeAll(() => ensureBuilt());
