@@ -1,4 +1,6 @@
-import { mkdir } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { mkdir, rmdir } from "node:fs/promises";
+import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { HttpControllerApi } from "../api/http-api.js";
@@ -15,6 +17,7 @@ import { WatchedMemberRegistry } from "../membership/watched-member-registry.js"
 import { openMembersBucket } from "../membership/members-bucket.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
+import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, natsServers } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
@@ -78,6 +81,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       if (!["ENOTDIR", "EACCES", "EPERM", "EROFS", "EEXIST"].includes(error.code ?? "")) throw error;
       throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.code}: ${error.message})`, { cause: error });
     });
+    await assertWritableRoot(config.checkpoint_root);
     const membersKv = await openMembersBucket(nc, config.deployment);
     registry = new WatchedMemberRegistry(membersKv, logger, clock);
     await registry.start();
@@ -184,4 +188,27 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       logger.info("coordinator_stopped");
     },
   };
+}
+
+/**
+ * An existing root this process cannot write (another user's 0555 directory, a read-only mount)
+ * would otherwise be served as ready and fail every checkpoint's mkdir with internal_error. Probed
+ * by doing what a checkpoint does, creating a directory there, rather than access(2), which root
+ * passes regardless of mode bits and NFS may answer from cached attributes. The probe is named like
+ * trash, so retention sweeps it if this process dies before removing it.
+ */
+async function assertWritableRoot(root: string): Promise<void> {
+  const probe = join(root, `${TRASH_PREFIX}probe.${process.pid}.${randomBytes(4).toString("hex")}`);
+  try {
+    await mkdir(probe);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code ?? "";
+    // A full disk (ENOSPC) or EIO is not configuration: exit 1, restarted.
+    if (!["EACCES", "EPERM", "EROFS"].includes(code)) throw error;
+    throw new CheckpointError("invalid_request", `checkpoint_root ${root} is not writable by this process (${code}: ${(error as Error).message})`, { cause: error });
+  }
+  // ENOENT: another coordinator's retention sharing this root swept it first.
+  await rmdir(probe).catch((error: NodeJS.ErrnoException) => {
+    if (error.code !== "ENOENT") throw error;
+  });
 }

@@ -48,9 +48,23 @@ export interface DaemonProcess {
   kill(signal?: NodeJS.Signals): Promise<void>;
 }
 
-/** Spawns `gym-ckpt coordinator` as a real process; `kill` is safe to call in teardown. */
-export function spawnDaemon(args: string[], env: Record<string, string> = {}): DaemonProcess {
-  const child = spawn(process.execPath, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+/**
+ * A command prefix that runs a program as another account the way a service manager would: `uid`,
+ * primary group `gid`, supplementary `groups` only, and `umask` (setpriv needs root).
+ */
+export function asAccount(account: { uid: number; gid: number; groups?: number[]; umask: number }): string[] {
+  const groups = account.groups?.length ? [`--groups=${account.groups.join(",")}`] : ["--clear-groups"];
+  const umask = account.umask.toString(8).padStart(4, "0");
+  return ["setpriv", `--reuid=${account.uid}`, `--regid=${account.gid}`, ...groups, "sh", "-c", `umask ${umask} && exec "$@"`, "sh"];
+}
+
+/**
+ * Spawns `gym-ckpt coordinator` as a real process (behind `prefix`, e.g. `asAccount(...)`); `kill`
+ * is safe to call in teardown.
+ */
+export function spawnDaemon(args: string[], env: Record<string, string> = {}, prefix: string[] = []): DaemonProcess {
+  const [command, ...rest] = [...prefix, process.execPath, ...args];
+  const child = spawn(command!, rest, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   let err = "";
   child.stdout!.on("data", (d: Buffer) => (out += d.toString()));

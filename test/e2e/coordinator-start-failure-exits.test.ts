@@ -1,9 +1,9 @@
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { MAIN, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
+import { MAIN, asAccount, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 /**
  * A daemon whose start-up fails after it connected to NATS (checkpoint_root cannot be created,
@@ -12,6 +12,8 @@ import { MAIN, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinato
  */
 let nats: NatsFixture | undefined;
 let dir: string;
+/** Traversable by every account (the run's TMPDIR is root's 0700): for a daemon run as another uid. */
+let shared: string | undefined;
 const daemons: DaemonProcess[] = [];
 
 beforeAll(async () => {
@@ -24,6 +26,7 @@ afterAll(async () => {
   await Promise.allSettled(daemons.map((d) => d.kill()));
   await nats?.close().catch(() => undefined);
   if (dir) await rm(dir, { recursive: true, force: true });
+  if (shared) await rm(shared, { recursive: true, force: true });
 });
 
 describe("coordinator start-up failure", () => {
@@ -38,5 +41,30 @@ describe("coordinator start-up failure", () => {
     expect(daemon.stderr()).toMatch(/^error invalid_request: checkpoint_root .*ENOTDIR/m);
     expect(outcome).not.toBe("still running");
     expect((outcome as { code: number }).code).toBe(2); // configuration: a supervisor should not restart it
+  }, 20_000);
+
+  it("exits 2 when checkpoint_root exists but this account cannot write it, instead of serving as ready", async () => {
+    // Root writes through mode bits, so as root the daemon runs as another account (as the systemd
+    // unit's gym-ckpt user does); otherwise this user's own read-only directory is enough.
+    const asRoot = process.getuid?.() === 0;
+    let base = dir;
+    if (asRoot) {
+      shared = await mkdtemp("/tmp/gym-ckpt-startfail-");
+      await chmod(shared, 0o755);
+      base = shared;
+    }
+    const root = join(base, "read-only");
+    await mkdir(root, { mode: 0o555 });
+    await chmod(root, 0o555);
+    const daemon = spawnDaemon(
+      [MAIN, "coordinator", "--deployment", `startro${process.pid}`, "--nats-url", nats!.server.url, "--token", "t", "--checkpoint-root", root, "--no-http", "--log-level", "warn"],
+      { HOME: "/" },
+      asRoot ? asAccount({ uid: 64_991, gid: 64_991, umask: 0o022 }) : [],
+    );
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+    expect(daemon.stderr()).toMatch(/^error invalid_request: checkpoint_root .* is not writable .*EACCES/m);
+    expect(outcome).not.toBe("still running");
+    expect((outcome as { code: number }).code).toBe(2);
   }, 20_000);
 });
