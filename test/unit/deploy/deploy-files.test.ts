@@ -75,4 +75,15 @@ describe("deploy/ files", () => {
     expect(unit).toMatch(/^RestartPreventExitStatus=2$/m);
     expect(unit).not.toMatch(/^ReadWritePaths=/m);
   });
+
+  it("the systemd unit leaves the checkpoint directories it creates writable by its group, as docs/operations.md tells participants on the host", () => {
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    expect(unit).toMatch(/^Group=gym-ckpt$/m);
+    // systemd's default UMask is 0022: participants in the group could not create <root>/<id>/gym.
+    const umask = Number.parseInt(/^UMask=([0-7]+)$/m.exec(unit)?.[1] ?? "0022", 8);
+    expect(umask & 0o020).toBe(0);
+    const operations = readFileSync(join(DEPLOY, "../docs/operations.md"), "utf8");
+    expect(operations).toContain("chmod 2775 /var/lib/gym-ckpt/checkpoints");
+    expect(operations).toMatch(/SupplementaryGroups=gym-ckpt.*UMask=0002/s);
+  });
 });
