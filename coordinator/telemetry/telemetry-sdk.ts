@@ -1,6 +1,7 @@
 import { createServer, type Server } from "node:http";
 import { metrics } from "@opentelemetry/api";
 import type { AddressInfo } from "node:net";
+import { CheckpointError } from "../../protocol/index.js";
 
 /**
  * The OTel SDK of the coordinator daemon (library code only uses @opentelemetry/api). A thin copy of
@@ -14,7 +15,8 @@ import type { AddressInfo } from "node:net";
  *   set and OTEL_METRICS_EXPORTER allows `otlp`; encoded as OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL says
  *   (`http/json` by default, `http/protobuf`, `grpc`), like the traces;
  * - a Prometheus `/metrics` endpoint is served when `metricsPort` (or OTEL_EXPORTER_PROMETHEUS_PORT)
- *   is given; 0 picks a free port; host OTEL_EXPORTER_PROMETHEUS_HOST, default 127.0.0.1.
+ *   is given; 0 picks a free port; host OTEL_EXPORTER_PROMETHEUS_HOST, default 127.0.0.1. A variable
+ *   that is not a port rejects with `invalid_request`.
  *
  * With none of these (or OTEL_SDK_DISABLED=true) the SDK is not even loaded.
  */
@@ -63,7 +65,13 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
   const metricsExporters = listed("OTEL_METRICS_EXPORTER");
   const otlpMetrics =
     Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) && (metricsExporters.length === 0 || metricsExporters.includes("otlp"));
-  const envPort = env.OTEL_EXPORTER_PROMETHEUS_PORT ? Number(env.OTEL_EXPORTER_PROMETHEUS_PORT) : undefined;
+  const envPortText = options.metricsPort === undefined ? env.OTEL_EXPORTER_PROMETHEUS_PORT : undefined;
+  // Checked like --metrics-port (decimal, 0-65535), before anything starts: Number() makes "abc" NaN
+  // and "0x10" 16, and listen() throws a RangeError. A configuration error, exit 2, not restarted.
+  if (envPortText && !(/^\d+$/.test(envPortText.trim()) && Number(envPortText) <= 65535)) {
+    throw new CheckpointError("invalid_request", `OTEL_EXPORTER_PROMETHEUS_PORT must be an integer from 0 to 65535 (0 = any free port), got ${JSON.stringify(envPortText)}`);
+  }
+  const envPort = envPortText ? Number(envPortText) : undefined;
   const promPort = options.metricsPort ?? (envPort ?? (metricsExporters.includes("prometheus") ? 9464 : undefined));
   if (traces === "off" && !otlpMetrics && promPort === undefined) return off;
 

@@ -4,7 +4,7 @@ import { connect, errors, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -122,12 +122,20 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
   }
   const config = parsed.data;
   // Before anything creates a tracer, meter or fastify app.
-  const telemetry = await startTelemetry({
-    serviceName: `gym-ckpt-${name}`,
-    serviceInstanceId: config.instance,
-    ...(config.otlpEndpoint && { otlpEndpoint: config.otlpEndpoint }),
-    ...(config.metricsPort !== undefined && { metricsPort: config.metricsPort }),
-  });
+  let telemetry: TelemetryHandle;
+  try {
+    telemetry = await startTelemetry({
+      serviceName: `gym-ckpt-${name}`,
+      serviceInstanceId: config.instance,
+      ...(config.otlpEndpoint && { otlpEndpoint: config.otlpEndpoint }),
+      ...(config.metricsPort !== undefined && { metricsPort: config.metricsPort }),
+    });
+  } catch (error) {
+    // A bad OTEL_* variable is configuration, like a bad flag: one line, exit 2.
+    if (!(error instanceof CheckpointError && error.code === "invalid_request")) throw error;
+    process.stderr.write(`${name}: invalid configuration: ${error.message}\n`);
+    process.exit(2);
+  }
   // Data-plane trace context only matters when spans are recorded somewhere.
   const stopHttpPropagation = telemetry.tracing ? propagateHttpTraceContext() : () => undefined;
   const logger = pino({

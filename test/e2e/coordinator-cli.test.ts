@@ -169,6 +169,13 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect([badPort.code, badPort.stderr.trim()]).toEqual([2, 'error invalid_request: --metrics-port must be an integer from 0 to 65535, got "70000"']);
   });
 
+  it("an OTEL_EXPORTER_PROMETHEUS_PORT that is not a port is refused like --metrics-port (exit 2: not restarted), before the daemon connects", async () => {
+    for (const port of ["abc", "99999", "-1"]) {
+      const refused = await cli(daemonArgs(world, ["--http-port", "0"]).slice(1), { OTEL_EXPORTER_PROMETHEUS_PORT: port });
+      expect([refused.code, refused.stderr.trim()]).toEqual([2, `error invalid_request: OTEL_EXPORTER_PROMETHEUS_PORT must be an integer from 0 to 65535 (0 = any free port), got ${JSON.stringify(port)}`]);
+    }
+  });
+
   it("the daemon prints its HTTP address (127.0.0.1) and stops cleanly on SIGTERM", async () => {
     const url = /http (http:\/\/\S+)/.exec(daemon.stdout())?.[1];
     expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);

@@ -152,8 +152,8 @@ describe("gym-ckpt gym", () => {
   });
 
   /** Runs a program until it exits; one that accepts its flags serves on, and is stopped (SIGTERM stops a gym's children too) so the test fails without leaving it behind. */
-  const runToExit = async (entry: string, args: string[]) => {
-    const proc = spawn(process.execPath, [entry, ...args, "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
+  const runToExit = async (entry: string, args: string[], env: Record<string, string> = {}) => {
+    const proc = spawn(process.execPath, [entry, ...args, "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "", ...env } });
     seen.add(proc.pid!);
     let stderr = "";
     proc.stderr!.on("data", (chunk) => (stderr += String(chunk)));
@@ -179,5 +179,16 @@ describe("gym-ckpt gym", () => {
       ["dist/participants/attach/main.js", ["--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--checkpoint-root", "./ckpt"]],
     ];
     for (const [entry, args] of cases) expect({ args, ...(await runToExit(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("checkpointRoot: must be an absolute path") });
+  });
+
+  it("refuses an OTEL_EXPORTER_PROMETHEUS_PORT that is not a port as it refuses such a --metrics-port: one line, exit 2, no stack", async () => {
+    for (const port of ["abc", "99999", "-1", "0x10"]) {
+      const result = await runToExit("dist/participants/gym/resources-server/main.js", ["--token", "t0ken"], { OTEL_EXPORTER_PROMETHEUS_PORT: port });
+      expect({ port, ...result }).toEqual({
+        port,
+        code: 2,
+        stderr: `resources-server: invalid configuration: OTEL_EXPORTER_PROMETHEUS_PORT must be an integer from 0 to 65535 (0 = any free port), got ${JSON.stringify(port)}\n`,
+      });
+    }
   });
 });
