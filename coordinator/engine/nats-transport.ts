@@ -1,5 +1,5 @@
-import { createInbox, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
-import { HEADER_AUTHORIZATION, timerDelay } from "../../protocol/index.js";
+import { createInbox, errors, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
 import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
 
@@ -9,6 +9,13 @@ interface Pending {
   resolve: (text: string) => void;
   reject: (error: Error) => void;
   timer: NodeJS.Timeout;
+}
+
+function tooLarge(subject: string, size: number): CheckpointError {
+  return new CheckpointError(
+    "payload_too_large",
+    `the request on ${subject} is ${size} bytes; with its headers it must fit one NATS message (at most ${MAX_CONTROL_MESSAGE_BYTES} bytes); nothing was sent`,
+  );
 }
 
 /** NATS status code the server puts on the reply when nobody is subscribed to the subject. */
@@ -24,6 +31,8 @@ const NO_RESPONDERS = 503;
  * largest single cost in profiles. Semantics are the same: a reply resolves, the server's
  * no-responders status is `NoRespondersFailure`, anything else (timeout, a disconnect that lost
  * the reply) is `RequestTimeoutFailure` — an unknown outcome the caller retries idempotently.
+ * A body over the control-message limit (or over the server's max_payload with its headers) is
+ * `payload_too_large` and is never sent.
  */
 export class NatsParticipantTransport implements ParticipantTransport {
   private readonly inbox: string;
@@ -36,6 +45,9 @@ export class NatsParticipantTransport implements ParticipantTransport {
   }
 
   request(subject: string, body: string, options: TransportRequestOptions): Promise<string> {
+    // Refused here, as the HTTP client's 413: the receiver would refuse it, and nats.js throws its own error.
+    const size = Buffer.byteLength(body);
+    if (size > MAX_CONTROL_MESSAGE_BYTES) return Promise.reject(tooLarge(subject, size));
     this.subscribe();
     const h = headers();
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);
@@ -51,7 +63,8 @@ export class NatsParticipantTransport implements ParticipantTransport {
       try {
         this.nc.publish(subject, body, { reply: `${this.inbox}.${token}`, headers: h });
       } catch (error) {
-        this.settle(token)?.reject(error as Error);
+        const maxPayload = error instanceof errors.InvalidArgumentError && error.message.includes("max_payload");
+        this.settle(token)?.reject(maxPayload ? tooLarge(subject, size) : (error as Error));
       }
     });
   }

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
-import { CheckpointError, HEADER_AUTHORIZATION, controllerSubject } from "../../protocol/index.js";
+import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
 // The controller client's own failure mapping over a real nats-server, without a coordinator:
@@ -109,6 +109,34 @@ describe("NATS controller client", () => {
       expect(await ask("authorization", "Bearer wrong")).toMatchObject({ error: { code: "unauthorized" } });
     } finally {
       await api.stop();
+    }
+  });
+
+  it("refuses a request over the control-message limit with payload_too_large before sending it, as the HTTP client's 413", async () => {
+    let received = 0;
+    const sub = nats.nc.subscribe(controllerSubject("big", "restore"), {
+      callback: (_e, msg) => {
+        received++;
+        msg.respond(JSON.stringify({ error: { code: "internal_error", detail: "should not have arrived" } }));
+      },
+    });
+    await nats.nc.flush();
+    try {
+      // 30,000 episodes: within the schema's 100,000, about 1.4 MB of JSON.
+      const scope = Array.from({ length: 30_000 }, (_, i) => ({ rollout_id: `rollout-${String(i).padStart(6, "0")}`, attempt: 0 }));
+      const thrown = await client("big", { leaderWaitMs: 0 }).restore({ episode_ids: scope }).catch((error: unknown) => error);
+      expect(thrown).toBeInstanceOf(CheckpointError);
+      expect(thrown).toMatchObject({ code: "payload_too_large" });
+      // A body just under the limit that its headers push over the server's max_payload: nats.js'
+      // own refusal, mapped the same way.
+      const padding = MAX_CONTROL_MESSAGE_BYTES - 20 - JSON.stringify({ episode_ids: [{ rollout_id: "", attempt: 0 }] }).length;
+      const nearly = { episode_ids: [{ rollout_id: "r".repeat(padding), attempt: 0 }] };
+      expect(Buffer.byteLength(JSON.stringify(nearly))).toBe(MAX_CONTROL_MESSAGE_BYTES - 20);
+      await expect(client("big", { leaderWaitMs: 0 }).restore(nearly)).rejects.toMatchObject({ code: "payload_too_large" });
+      await nats.nc.flush();
+      expect(received).toBe(0);
+    } finally {
+      sub.unsubscribe();
     }
   });
 });
