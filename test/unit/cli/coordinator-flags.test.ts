@@ -50,6 +50,14 @@ describe("gym-ckpt coordinator numeric flags", () => {
     expect(stderr).toMatch(/^error invalid_request: invalid configuration:[^]*retention/);
   });
 
+  it("refuses a default_timeout_ms past the 7-day deadline cap participants enforce (exit 2), accepts 7 days", async () => {
+    expect(await printConfig("--default-timeout-ms", String(7 * 24 * 3600 * 1000 + 1))).toBe(2);
+    expect(stderr).toMatch(/^error invalid_request: invalid configuration:[^]*default_timeout_ms/);
+    expect(stdout).toBe("");
+    process.exitCode = undefined;
+    expect(await printConfig("--default-timeout-ms", String(7 * 24 * 3600 * 1000))).toBe(0);
+  });
+
   it("integerFlag, shared by every command's integer flags, is decimal-only too", () => {
     expect(integerFlag("leader-wait-ms", "250", 0)).toBe(250);
     for (const value of ["0x10", "1e3", "0b1", "", "+"]) expect(() => integerFlag("leader-wait-ms", value, 0)).toThrow(expect.objectContaining({ code: "invalid_request" }));

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { loadConfig, redactConfig } from "../../../coordinator/config/config-loader.js";
-import { CheckpointError } from "../../../protocol/index.js";
+import { CheckpointError, MAX_DEADLINE_AHEAD_S } from "../../../protocol/index.js";
 
 describe("coordinator config", () => {
   it("layers defaults < file < env < flags", async () => {
@@ -73,6 +73,15 @@ describe("coordinator config", () => {
       ["GYM_CKPT_HTTP_PORT", "0b1", "http.port"],
     ]) {
       expect(() => loadConfig({ env: { ...env, [name!]: value } })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining(key!) }));
+    }
+  });
+
+  it("refuses a default_timeout_ms more than 7 days (MAX_DEADLINE_AHEAD_S) long: every op without a deadline would be refused", () => {
+    const env = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c" };
+    const cap = MAX_DEADLINE_AHEAD_S * 1000;
+    expect(loadConfig({ env, flags: { default_timeout_ms: cap } }).default_timeout_ms).toBe(cap);
+    for (const source of [{ env, flags: { default_timeout_ms: cap + 1 } }, { env: { ...env, GYM_CKPT_DEFAULT_TIMEOUT_MS: String(8 * 24 * 3600 * 1000) } }]) {
+      expect(() => loadConfig(source)).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("default_timeout_ms") }));
     }
   });
 
