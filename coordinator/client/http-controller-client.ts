@@ -8,7 +8,9 @@ export interface HttpControllerClientOptions {
   /** e.g. http://127.0.0.1:8480 */
   baseUrl: string;
   token: string;
+  /** As `NatsControllerClientOptions.timeoutMs`. */
   timeoutMs?: number;
+  /** Wait past a request's deadline (default 10 s). */
   slackMs?: number;
 }
 
@@ -60,7 +62,7 @@ export class HttpControllerClient extends ControllerClient {
     const { method, url } = httpRoute(op);
     let path = url;
     if (op === "get") path = url.replace("{checkpoint_id}", encodeURIComponent((request as { checkpoint_id: string }).checkpoint_id));
-    const timeout = replyTimeoutMs(request, this.options.timeoutMs ?? 90_000, this.options.slackMs ?? 10_000);
+    const timeout = replyTimeoutMs(op, request, this.options);
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) };
     // W3C traceparent of the caller's span, as the NATS client sends it: the op joins the caller's trace.
     propagation.inject(context.active(), headers);

@@ -10,8 +10,12 @@ export interface NatsControllerClientOptions {
   nc: NatsConnection;
   deployment: string;
   token: string;
-  /** Reply timeout of ops without a deadline (default 90 s: above the coordinator's default op timeout). */
+  /**
+   * Reply timeout of a request without `deadline_ts`. Default: 90 s for ops that take no deadline;
+   * an op that takes one waits as long as the coordinator's `default_timeout_ms` may be (`replyTimeoutMs`).
+   */
   timeoutMs?: number;
+  /** Wait past a request's deadline (default 10 s). */
   slackMs?: number;
   /** How long to retry while no coordinator is the ready leader (no responders / not_leader). */
   leaderWaitMs?: number;
@@ -32,7 +36,7 @@ export class NatsControllerClient extends ControllerClient {
     const body = JSON.stringify(request);
     const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 10_000);
     for (;;) {
-      const timeout = replyTimeoutMs(request, this.options.timeoutMs ?? 90_000, this.options.slackMs ?? 10_000);
+      const timeout = replyTimeoutMs(op, request, this.options);
       try {
         // The controller's own span (if any) becomes the parent of the coordinator's.
         const text = await this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active() });

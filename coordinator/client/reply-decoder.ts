@@ -1,4 +1,4 @@
-import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, describeZodError, type ControllerOp, type CtlReplyOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, MAX_DEADLINE_AHEAD_S, describeZodError, type ControllerOp, type CtlReplyOf } from "../../protocol/index.js";
 
 /** Turns a reply body into the op's typed reply, or throws the refusal as a CheckpointError. */
 export function decodeControllerReply<O extends ControllerOp>(op: O, text: string): CtlReplyOf<O> {
@@ -17,9 +17,27 @@ export function decodeControllerReply<O extends ControllerOp>(op: O, text: strin
   return parsed.data as CtlReplyOf<O>;
 }
 
-/** Time to wait for a reply: until the request's deadline plus slack, or the default. */
-export function replyTimeoutMs(request: unknown, defaultMs: number, slackMs: number, now = Date.now()): number {
+/** Reply timeout of an op that takes no deadline (`publish`, `status`, `list`, `get`) unless the client sets one. */
+export const DEFAULT_REPLY_TIMEOUT_MS = 90_000;
+/** Slack past a deadline before a missing reply is `outcome_unknown`, unless the client sets one. */
+export const DEFAULT_REPLY_SLACK_MS = 10_000;
+
+/**
+ * Time to wait for a reply: until the request's deadline plus slack. An op that takes a deadline but
+ * was sent without one runs until the coordinator's `default_timeout_ms`, which the client does not
+ * know; it waits as long as that can be (the setting is capped at the 7-day deadline cap) plus
+ * slack, rather than report `outcome_unknown` for an op the coordinator is still running. A
+ * `timeoutMs` the caller configured replaces both defaults.
+ */
+export function replyTimeoutMs(
+  op: ControllerOp,
+  request: unknown,
+  options: { timeoutMs?: number | undefined; slackMs?: number | undefined },
+  now = Date.now(),
+): number {
+  const slackMs = options.slackMs ?? DEFAULT_REPLY_SLACK_MS;
   const deadline = (request as { deadline_ts?: unknown } | null)?.deadline_ts;
   if (typeof deadline === "number" && Number.isFinite(deadline)) return Math.max(deadline * 1000 - now, 0) + slackMs;
-  return defaultMs;
+  if (options.timeoutMs !== undefined) return options.timeoutMs;
+  return "deadline_ts" in CONTROLLER_OPS[op].request.shape ? MAX_DEADLINE_AHEAD_S * 1000 + slackMs : DEFAULT_REPLY_TIMEOUT_MS;
 }

@@ -1,5 +1,5 @@
-import { headers } from "@nats-io/transport-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { headers, type Msg } from "@nats-io/transport-node";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
@@ -137,6 +137,35 @@ describe("NATS controller client", () => {
       expect(received).toBe(0);
     } finally {
       sub.unsubscribe();
+    }
+  });
+
+  it("an op that takes a deadline, sent without one, waits past 90 s (the coordinator runs it until its default_timeout_ms, up to 7 days) and gets the coordinator's answer", async () => {
+    const held: Msg[] = [];
+    const subs = ["prepare", "list"].map((op) => nats.nc.subscribe(controllerSubject("slow", op), { callback: (_e, msg) => void held.push(msg) }));
+    await nats.nc.flush();
+    const received = async (n: number) => {
+      const until = performance.now() + 10_000;
+      while (held.length < n && performance.now() < until) await new Promise((resolve) => setImmediate(resolve));
+      expect(held.length).toBe(n);
+    };
+    const slow = new NatsControllerClient({ nc: nats.nc, deployment: "slow", token: "ctl-token" });
+    // Only the client's reply timer is faked: 100 s pass at once (a coordinator with default_timeout_ms 100 s).
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
+    try {
+      const prepared = slow.prepare({ checkpoint_id: "slow-1" }).catch((error: unknown) => error);
+      await received(1);
+      vi.advanceTimersByTime(100_000);
+      held[0]!.respond(JSON.stringify({ error: { code: "prepare_incomplete", detail: "environment/env1: 1 blocker" } }));
+      expect(await prepared).toMatchObject({ code: "prepare_incomplete" });
+      // An op that takes no deadline (status, list, get, publish) keeps the 90 s wait.
+      const listed = slow.list().catch((error: unknown) => error);
+      await received(2);
+      vi.advanceTimersByTime(90_000);
+      expect(await listed).toMatchObject({ code: "outcome_unknown" });
+    } finally {
+      vi.useRealTimers();
+      for (const sub of subs) sub.unsubscribe();
     }
   });
 });
