@@ -1,6 +1,6 @@
 import { context, propagation } from "@opentelemetry/api";
 import { STATUS_CODES } from "node:http";
-import type { Socket } from "node:net";
+import { isIPv6, type Socket } from "node:net";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import {
@@ -39,7 +39,7 @@ export class HttpControllerApi {
 
   get url(): string {
     if (!this.address) throw new Error("the HTTP API is not listening");
-    return `http://${this.address.host}:${this.address.port}`;
+    return httpUrlOf(this.address.host, this.address.port);
   }
 
   async start(): Promise<string> {
@@ -116,6 +116,11 @@ export class HttpControllerApi {
     await this.app?.close();
     this.app = undefined;
   }
+}
+
+/** The base URL of a listening address: an IPv6 literal in brackets (`http://[::1]:8480`), or no client could parse it. */
+export function httpUrlOf(host: string, port: number): string {
+  return `http://${isIPv6(host) ? `[${host}]` : host}:${port}`;
 }
 
 /**

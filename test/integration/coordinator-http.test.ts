@@ -2,6 +2,7 @@ import { writeFile } from "node:fs/promises";
 import { connect } from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { httpUrlOf } from "../../coordinator/api/http-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
 import { CheckpointError, CtlStatusReplySchema, ErrorReplySchema, MAX_CHECKPOINT_ID_CHARS } from "../../protocol/index.js";
 import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
@@ -51,6 +52,17 @@ describe("HTTP controller API (real HTTP client)", () => {
       maxLength: MAX_CHECKPOINT_ID_CHARS,
       pattern: "^[A-Za-z0-9][A-Za-z0-9._-]*$",
     });
+  });
+
+  it("reports a URL clients can use for any host it listens on: an IPv6 literal in brackets (http.host ::1)", async () => {
+    expect(httpUrlOf("127.0.0.1", 8480)).toBe("http://127.0.0.1:8480");
+    for (const [host, url] of [
+      ["::1", "http://[::1]:8480"],
+      ["::", "http://[::]:8480"],
+    ] as const) {
+      expect(httpUrlOf(host, 8480)).toBe(url);
+      expect(() => new HttpControllerClient({ baseUrl: url, token: "t" })).not.toThrow();
+    }
   });
 
   it("runs the fine-grained ops one POST each, and GETs status, list and a checkpoint", async () => {
