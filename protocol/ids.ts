@@ -23,7 +23,9 @@ export const RolloutIdSchema = z
   .min(1)
   .max(MAX_ROLLOUT_ID_CHARS)
   .regex(SAFE_NAME_PATTERN, "rollout id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$")
-  .refine((id) => !RESERVED_ATTEMPT_SUFFIX.test(id), "rollout id may not end in -a<digits> (reserved for attempts)");
+  .refine((id) => !RESERVED_ATTEMPT_SUFFIX.test(id), "rollout id may not end in -a<digits> (reserved for attempts)")
+  // z.toJSONSchema drops refinements: the OpenAPI document states the rule as JSON Schema.
+  .meta({ not: { pattern: RESERVED_ATTEMPT_SUFFIX.source } });
 export type RolloutId = z.infer<typeof RolloutIdSchema>;
 
 export const AttemptSchema = z.number().int().min(0).max(MAX_ATTEMPT);
@@ -43,6 +45,11 @@ export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
  */
 export const RESERVED_CHECKPOINT_IDS: readonly string[] = ["latest"];
 
+/** A pattern matching `name` in any letter case (JSON Schema patterns take no flags). */
+function anyCase(name: string): string {
+  return [...name].map((c) => (c.toLowerCase() !== c.toUpperCase() ? `[${c.toUpperCase()}${c.toLowerCase()}]` : c.replace(/[.\\^$|?*+()[\]{}-]/g, "\\$&"))).join("");
+}
+
 /** Longest checkpoint id; also the HTTP API's path-parameter limit (`GET /v1/checkpoints/{id}`). */
 export const MAX_CHECKPOINT_ID_CHARS = 128;
 
@@ -51,7 +58,9 @@ export const CheckpointIdSchema = z
   .min(1)
   .max(MAX_CHECKPOINT_ID_CHARS)
   .regex(SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$")
-  .refine((id) => !RESERVED_CHECKPOINT_IDS.includes(id.toLowerCase()), "checkpoint id may not be LATEST (the root's pointer file)");
+  .refine((id) => !RESERVED_CHECKPOINT_IDS.includes(id.toLowerCase()), "checkpoint id may not be LATEST (the root's pointer file)")
+  // As RolloutIdSchema's rule: the reserved names in any case, as a pattern the OpenAPI document can carry.
+  .meta({ not: { pattern: `^(${RESERVED_CHECKPOINT_IDS.map(anyCase).join("|")})$` } });
 export type CheckpointId = z.infer<typeof CheckpointIdSchema>;
 
 /** A server's name in the deployment; becomes a directory name and subject tokens. */

@@ -1,6 +1,7 @@
 import { writeFile } from "node:fs/promises";
 import { connect } from "node:net";
 import { join } from "node:path";
+import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpUrlOf } from "../../coordinator/api/http-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
@@ -51,7 +52,35 @@ describe("HTTP controller API (real HTTP client)", () => {
       minLength: 1,
       maxLength: MAX_CHECKPOINT_ID_CHARS,
       pattern: "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+      not: { pattern: "^([Ll][Aa][Tt][Ee][Ss][Tt])$" },
     });
+  });
+
+  it("the served OpenAPI document refuses what the server refuses: LATEST as a checkpoint id, rollout ids ending -a<digits>", async () => {
+    const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { paths: Record<string, Record<string, any>> };
+    const ajv = new Ajv2020({ strict: true, allErrors: true });
+    const bodyOf = (op: string) => ajv.compile(doc.paths[`/v1/${op}`]!.post.requestBody.content["application/json"].schema);
+    const idParameter = ajv.compile(doc.paths["/v1/checkpoints/{checkpoint_id}"]!.get.parameters[0].schema);
+    const refused: [string, Record<string, unknown>][] = [
+      ["prepare", { checkpoint_id: "latest" }],
+      ["prepare", { checkpoint_id: "LATEST" }],
+      ["checkpoint", { checkpoint_id: "Latest" }],
+      ["restore", { checkpoint_id: "latest", episode_ids: [] }],
+      ["restore", { episode_ids: [{ rollout_id: "r1-a2", attempt: 0 }] }],
+      ["retire", { episode_ids: [{ rollout_id: "r1-a10" }] }],
+      ["forget", { rollout_ids: ["r1", "r2-a1"] }],
+    ];
+    for (const [op, body] of refused) {
+      expect([op, body, bodyOf(op)(body)]).toEqual([op, body, false]);
+      expect([op, body, await post(`/v1/${op}`, JSON.stringify(body))]).toMatchObject([op, body, { status: 400, body: { error: { code: "invalid_request" } } }]);
+    }
+    expect(idParameter("latest")).toBe(false);
+    expect((await fetch(`${base}/v1/checkpoints/latest`, { headers: auth })).status).toBe(400);
+    // Ids that merely contain the reserved forms stay valid in the document (as for the server).
+    expect(bodyOf("prepare")({ checkpoint_id: "latest-1" })).toBe(true);
+    expect(idParameter("step-latest")).toBe(true);
+    expect(bodyOf("forget")({ rollout_ids: ["r1-a", "r-a1x", "a1"] })).toBe(true);
+    expect(bodyOf("restore")({ episode_ids: [{ rollout_id: "r1", attempt: 2 }] })).toBe(true);
   });
 
   it("reports a URL clients can use for any host it listens on: an IPv6 literal in brackets (http.host ::1)", async () => {
