@@ -1,4 +1,5 @@
 import { context, propagation } from "@opentelemetry/api";
+import { Agent, fetch } from "undici";
 import { CONTROLLER_OPS, CheckpointError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
@@ -13,6 +14,13 @@ export interface HttpControllerClientOptions {
   /** Wait past a request's deadline (default 10 s). */
   slackMs?: number;
 }
+
+/**
+ * fetch's own dispatcher gives up on a reply after 300 s (undici's headersTimeout and bodyTimeout:
+ * `outcome_unknown` for an op the coordinator is still running); the op's deadline, as the abort
+ * signal below, is the only bound.
+ */
+const UNTIMED = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 
 /** Connection errors that mean the request never left: nobody is serving at that address. */
 const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN", "UND_ERR_CONNECT_TIMEOUT"]);
@@ -73,6 +81,7 @@ export class HttpControllerClient extends ControllerClient {
         headers,
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),
         signal: AbortSignal.timeout(timerDelay(timeout)),
+        dispatcher: UNTIMED,
       });
     } catch (error) {
       if ((error as Error).name === "TimeoutError") throw new CheckpointError("outcome_unknown", `no reply from ${path} within ${Math.round(timeout)} ms`);

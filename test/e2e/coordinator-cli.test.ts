@@ -1,11 +1,16 @@
 import { appendFile, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../coordinator/publication/global-manifest-writer.js";
 import { writeParticipant } from "../unit/coordinator/fake-participants.js";
 import { CONTROLLER_TOKEN, PARTICIPANT_TOKEN, startWorld, type World } from "../integration/coordinator-harness.js";
+import { waitUntil } from "../support/wait-until.js";
 import { cli, daemonArgs, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 let world: World;
@@ -173,6 +178,42 @@ describe("gym-ckpt CLI (built binary)", () => {
     for (const port of ["abc", "99999", "-1"]) {
       const refused = await cli(daemonArgs(world, ["--http-port", "0"]).slice(1), { OTEL_EXPORTER_PROMETHEUS_PORT: port });
       expect([refused.code, refused.stderr.trim()]).toEqual([2, `error invalid_request: OTEL_EXPORTER_PROMETHEUS_PORT must be an integer from 0 to 65535 (0 = any free port), got ${JSON.stringify(port)}`]);
+    }
+  });
+
+  it("over HTTP, waits for the reply until the op's deadline, past the HTTP stack's own 300 s reply timeout", async () => {
+    // In the CLI process a preload makes timers ~500× faster (undici's clock ticks every 499 ms, now
+    // every ~1 ms) and marks when 1200 such ticks (10 minutes there) have passed; the fake
+    // coordinator answers only then. The request's own deadline (an AbortSignal) is not scaled.
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-fast-timers-"));
+    const mark = join(dir, "ten-minutes");
+    const preload = join(dir, "fast-timers.mjs");
+    await writeFile(
+      preload,
+      [
+        `import { writeFileSync } from "node:fs";`,
+        `const real = globalThis.setTimeout;`,
+        `globalThis.setTimeout = (fn, ms, ...args) => real(fn, Math.ceil((ms ?? 0) / 500), ...args);`,
+        `let ticks = 0;`,
+        `const tick = () => (++ticks === 1200 ? writeFileSync(${JSON.stringify(mark)}, "") : real(tick, 1).unref());`,
+        `real(tick, 1).unref();`,
+      ].join("\n"),
+    );
+    const server = createServer((_req, res) => {
+      void waitUntil(() => existsSync(mark), "ten minutes of the CLI's timers").then(
+        () => res.writeHead(409, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "prepare_incomplete", detail: "environment/env1: 1 blocker" } })),
+        () => res.destroy(),
+      );
+    });
+    try {
+      await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+      const result = await cli(["prepare", "slow-1", "--timeout-s", "3600", "--http-url", url], { ...env, NODE_OPTIONS: `--import ${pathToFileURL(preload).href}` });
+      expect({ code: result.code, stderr: result.stderr.split("\n")[0] }).toEqual({ code: 1, stderr: "error prepare_incomplete: environment/env1: 1 blocker" });
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+      await rm(dir, { recursive: true, force: true });
     }
   });
 
