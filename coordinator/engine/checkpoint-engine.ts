@@ -510,7 +510,10 @@ export class CheckpointEngine {
     // Oldest first: a checkpoint opens only once the one before it closed, so an older entry that
     // recovery would leave open is a leftover whose removal a crash cut short — the newer one wins.
     const entries = [...(await this.options.journal.list())].sort((a, b) => a.epoch - b.epoch || a.prepared_at - b.prepared_at);
-    const statuses = await this.probeStatuses();
+    // Carries this leader's epoch: every participant that answers refuses a deposed leader's
+    // delayed ops from now on (before any controller op is served), and one that admitted such a
+    // prepare already shows it here, so resumeOrphans releases it.
+    const statuses = await this.probeStatuses(undefined, this.options.leadership.epoch());
     for (const entry of entries) {
       const previous = this.open;
       if (previous) {
@@ -528,11 +531,14 @@ export class CheckpointEngine {
     return done;
   }
 
-  /** One directed status request to each member (default: every registered participant). */
-  private async probeStatuses(members?: readonly ParticipantRef[]): Promise<Outcome<"status">[]> {
+  /**
+   * One directed status request to each member (default: every registered participant). With
+   * `epoch` (a leader's), each participant that answers raises its epoch fence to it.
+   */
+  private async probeStatuses(members?: readonly ParticipantRef[], epoch?: number): Promise<Outcome<"status">[]> {
     const targets = members ?? (await this.options.membership.list());
     const deadlineMs = this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000);
-    return runAll(targets, (m) => this.options.client.call(m, "status", {}, deadlineMs));
+    return runAll(targets, (m) => this.options.client.call(m, "status", epoch === undefined ? {} : { epoch }, deadlineMs));
   }
 
   /**

@@ -33,6 +33,7 @@ import {
   type RetireReply,
   type RetireRequest,
   type StatusReply,
+  type StatusRequest,
 } from "../../protocol/index.js";
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import { FsCheckpointStorage } from "../storage/fs-storage.js";
@@ -187,7 +188,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   /** Dispatches one validated request; the incarnation and epoch fences come before anything else. */
   async handle<O extends PhaseOp | "status">(op: O, request: RequestOf<O>, parent?: Context): Promise<ReplyOf<O>> {
-    if (op === "status") return this.status() as ReplyOf<O>;
+    if (op === "status") return this.status((request as StatusRequest).epoch) as ReplyOf<O>;
     const phaseRequest = request as RequestOf<PhaseOp>;
     const attributes = {
       [ATTR.checkpointId]: phaseRequest.checkpoint_id,
@@ -240,7 +241,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
   }
 
-  status(): StatusReply {
+  /**
+   * Read-only, except that an `epoch` above the highest seen raises it: a new leader's recovery
+   * probe carries its epoch, so no deposed leader's delayed op is admitted here once that leader
+   * serves (ops already queued on the lock re-check it there). A lower one is not refused, only
+   * not raised: status stays answerable to anyone with the token.
+   */
+  status(epoch?: number): StatusReply {
+    if (epoch !== undefined && epoch > this.highestEpoch) this.highestEpoch = epoch;
     const report = this.report();
     return {
       kind: this.adapter.kind,

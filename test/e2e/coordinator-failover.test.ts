@@ -2,7 +2,9 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
-import { CONTROLLER_TOKEN, hookLog, startWorld, type World } from "../integration/coordinator-harness.js";
+import { CONTROLLER_TOKEN, hookLog, monitorPhaseMessages, startWorld, type World } from "../integration/coordinator-harness.js";
+import { startStallProxy } from "../support/stall-proxy.js";
+import { waitUntil } from "../support/wait-until.js";
 import { daemonArgs, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 let world: World;
@@ -119,4 +121,48 @@ describe("a hung (SIGSTOPped) leader", () => {
       await nc.close();
     }
   });
+});
+
+describe("a leader whose outgoing NATS traffic stalls (a half partition) as a checkpoint starts", () => {
+  it("its prepare, delivered once the successor serves, is refused everywhere (the successor's recovery probe raised the epoch fence): nobody is left parked, the successor checkpoints", async () => {
+    for (const c of world.coordinators.splice(0)) await c.stop();
+    const proxy = await startStallProxy(world.nats.server.port);
+    const NO_HTTP = { http: { enabled: false, host: "127.0.0.1", port: 0 } };
+    // A: the real daemon, reaching NATS through the proxy (later flags win).
+    const stalled = spawnDaemon(daemonArgs(world, ["--no-http", "--coordinator-id", "stalled-a", "--log-level", "info", "--nats-url", proxy.url, "--lease-ms", "2000"]));
+    daemons.push(stalled);
+    const nc = await world.nats.connect();
+    const client = new NatsControllerClient({ nc, deployment: world.deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 30_000, slackMs: 3000 });
+    const monitor = monitorPhaseMessages(world.pnc, world.deployment);
+    try {
+      await client.status(); // A is the ready leader
+      const successor = await world.startCoordinator({ coordinator_id: "successor-b", lease_ms: 2000, ...NO_HTTP });
+      expect(successor.lease.state().leader).toBe(false);
+      // A still receives the controller's checkpoint request; what it sends (its prepare, its renewals) is held.
+      proxy.stall();
+      let settled = false;
+      void client.checkpoint({ checkpoint_id: "x-stalled", deadline_ts: Date.now() / 1000 + 30 }).catch(() => undefined).finally(() => (settled = true));
+      // A's renewals never arrive: its key expires, B takes over and recovers (nothing journaled, nobody prepared).
+      await successor.whenReady();
+      const epochB = successor.lease.state().epoch!;
+      for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      // The stall ends: A's prepare (its older epoch) reaches the environment stage.
+      proxy.heal();
+      await waitUntil(() => settled, "the deposed leader's checkpoint op to be answered", 40_000);
+      const stale = monitor.log.filter((m) => m.op === "prepare" && m.epoch !== undefined && m.epoch < epochB);
+      expect(stale.length).toBeGreaterThan(0); // what makes this scenario
+      for (const p of world.participants) {
+        expect({ instance: p.instance, phase: p.handle.controlPlane.currentPhase, checkpoint: p.handle.controlPlane.activeCheckpointId }).toEqual({ instance: p.instance, phase: "idle", checkpoint: null });
+      }
+      const next = await world.client.checkpoint({ checkpoint_id: "y-after", deadline_ts: Date.now() / 1000 + 10 });
+      expect(next.participants).toBe(5);
+      await successor.stop();
+      world.coordinators.splice(world.coordinators.indexOf(successor), 1);
+    } finally {
+      monitor.stop();
+      await stalled.kill();
+      await proxy.close();
+      await nc.close();
+    }
+  }, 90_000);
 });

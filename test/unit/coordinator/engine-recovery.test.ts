@@ -267,6 +267,18 @@ describe("recovery with a journaled checkpoint left open and an unjournaled orph
     expect([...second.journal.entries.keys()]).toEqual(["ckpt-b-newer"]);
   });
 
+  it("the status probe carries the new leader's epoch (participants raise their fence before it serves); one found prepared by a deposed leader is resumed", async () => {
+    const { engine, fake } = makeEngine(root, { requireRecovery: true });
+    fake.state.set("environment.e1", { phase: "prepared", checkpoint_id: "from-deposed" });
+    expect(await engine.recover()).toEqual([{ checkpoint_id: "from-deposed", action: "resumed_unjournaled" }]);
+    const statuses = fake.ops("status");
+    expect(statuses.map((c) => c.body)).toEqual(Array(5).fill({ epoch: 7 }));
+    // Every probe went out before the first other message and before ops are served.
+    expect(Math.max(...statuses.map((c) => c.seq))).toBeLessThan(Math.min(...fake.calls.filter((c) => c.op !== "status").map((c) => c.seq)));
+    expect(fake.ops("resume").map((c) => `${c.kind}/${c.instance}@${String(c.body.epoch)}`)).toEqual(["environment/e1@7"]);
+    expect(engine.recovered).toBe(true);
+  });
+
   it("resuming the orphan does not drop the open checkpoint", async () => {
     const entry = await publishedNotResumed("kept-open");
     const second = await successor(entry);

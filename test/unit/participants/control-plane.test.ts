@@ -247,6 +247,23 @@ describe("fences and refusals change no state", () => {
     expect(plane.status().epoch).toBe(6);
   });
 
+  it("a status carrying a newer leader's epoch raises the fence (a deposed leader's prepare queued on the lock is refused); a lower one is answered, not raised", async () => {
+    const release = await holdLock(); // a retire at epoch 1 holds the lock
+    // The deposed leader's delayed prepare passes the fence on arrival and queues on the lock.
+    const stale = call("prepare", { checkpoint_id: "from-deposed", epoch: 1 });
+    // The new leader's recovery probe.
+    expect((await plane.handle("status", { epoch: 4 })).epoch).toBe(4);
+    await release();
+    expect(await refused(stale)).toBe("stale_epoch");
+    expect({ phase: plane.currentPhase, active: plane.activeCheckpointId, admission: kind.admissionOpen }).toEqual({ phase: "idle", active: null, admission: true });
+    expect(await refused(call("prepare", { checkpoint_id: "from-deposed", epoch: 3 }))).toBe("stale_epoch");
+    // Read-only otherwise: a lower epoch (or none) changes nothing and is not refused.
+    const before = plane.status();
+    expect(await plane.handle("status", { epoch: 2 })).toEqual(before);
+    expect(await plane.handle("status", {})).toEqual(before);
+    expect((await call("prepare", { checkpoint_id: "c1", epoch: 4 })).phase).toBe("prepared");
+  });
+
   it("an admitted op refused for its phase still raises the fence; one refused before admission does not", async () => {
     await call("prepare", { checkpoint_id: "c1", epoch: 5 });
     expect(await refused(call("commit", { checkpoint_id: "c1", epoch: 6, checkpoint_dir: "/outside/the/root" }))).toBe("invalid_request");
