@@ -258,8 +258,26 @@ export class CheckpointEngine {
       if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
       const failed = open?.id === request.checkpoint_id ? undefined : this.restoreFailures.get(request.checkpoint_id);
       if (failed) throw new CheckpointError("restore_failed", failed);
+      if (!open && !this.closed.has(request.checkpoint_id)) return this.releaseHolders(request.checkpoint_id, deadlineMs, ctx);
       return this.doResume(request.checkpoint_id, deadlineMs, ctx);
     });
+  }
+
+  /**
+   * Resume of an id this coordinator has neither open nor closed: the participants whose status
+   * shows them still holding it are resumed (only those, addressed to whichever process reports
+   * it), as their lease would do much later. That is a checkpoint no journal entry or memory here
+   * names, e.g. one a deposed leader's delayed prepare parked at a participant this leader's
+   * recovery probe did not reach. None holds it: `not_found`, nothing sent.
+   */
+  private async releaseHolders(id: string, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
+    const epoch = this.options.leadership.epoch();
+    const members = await this.options.membership.list();
+    const holders = holdersOf(members, await this.probeStatuses(members, epoch), id);
+    if (holders.length === 0) throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator, and no participant's status shows it held`);
+    this.checkpointLog(id).warn({ holders: holders.map(refName) }, "resume_released_unknown_checkpoint");
+    this.open = this.opening(id, "prepared", holders, { incarnations: new Map() });
+    return this.doResume(id, deadlineMs, ctx);
   }
 
   /** Extends every participant's lease (all at once), e.g. while a long publication runs. */

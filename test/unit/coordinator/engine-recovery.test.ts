@@ -279,6 +279,26 @@ describe("recovery with a journaled checkpoint left open and an unjournaled orph
     expect(engine.recovered).toBe(true);
   });
 
+  it("a resume of an id the leader does not have open (a deposed leader's prepare parked a participant the probe missed) resumes the participants holding it, only those", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.recover();
+    fake.state.set("agent.a1", { phase: "prepared", checkpoint_id: "late-x" });
+    fake.calls.length = 0;
+    const reply = await engine.resume({ checkpoint_id: "late-x" });
+    expect(reply).toEqual({ checkpoint_id: "late-x", participants: [{ kind: "agent", instance: "a1", idempotent: false }] });
+    expect(fake.ops("resume").map((c) => ({ to: `${c.kind}/${c.instance}`, epoch: c.body.epoch, incarnation: c.body.incarnation }))).toEqual([{ to: "agent/a1", epoch: 7, incarnation: undefined }]);
+    expect(engine.openCheckpoint).toBeNull();
+    expect(fake.state.get("agent.a1")?.phase).toBe("idle");
+    // Closed here now: a retry is idempotent and sends nothing.
+    fake.calls.length = 0;
+    expect(await engine.resume({ checkpoint_id: "late-x" })).toEqual({ checkpoint_id: "late-x", participants: [] });
+    expect(fake.calls).toHaveLength(0);
+    // Held nowhere: not_found, and only status requests went out.
+    expect((await refusalOf(engine.resume({ checkpoint_id: "never-seen" }))).code).toBe("not_found");
+    expect(fake.calls.map((c) => c.op)).toEqual(Array(5).fill("status"));
+    expect((await engine.prepare({ checkpoint_id: "next" })).prepared).toBe(true);
+  });
+
   it("resuming the orphan does not drop the open checkpoint", async () => {
     const entry = await publishedNotResumed("kept-open");
     const second = await successor(entry);
