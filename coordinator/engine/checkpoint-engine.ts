@@ -86,6 +86,8 @@ export interface EngineHooks {
   beforePublication?: (checkpointId: string) => void | Promise<void>;
   /** The convenience op's resume (overlapping its publication) is done. */
   afterResume?: (checkpointId: string) => void | Promise<void>;
+  /** Awaited before a closed checkpoint's journal entry is removed; a throw fails that removal (as a KV timeout would). */
+  beforeJournalRemove?: (checkpointId: string) => void | Promise<void>;
 }
 
 export interface CheckpointEngineOptions {
@@ -1462,7 +1464,9 @@ export class CheckpointEngine {
         // A write since, or another term (whose recovery may have journaled this id anew), keeps it.
         if (this.journalWrites.get(id) !== writes || this.leaderTerm !== term) return;
         this.journalWrites.delete(id);
-        return this.options.journal.remove(id).catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
+        return Promise.resolve(this.options.hooks?.beforeJournalRemove?.(id))
+          .then(() => this.options.journal.remove(id))
+          .catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
       },
       (error: unknown) => this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept"),
     );

@@ -6,6 +6,7 @@ import { pino } from "pino";
 import { startParticipant, ScriptableKind, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { CoordinatorConfigSchema, type CoordinatorConfig } from "../../coordinator/config/coordinator-config.js";
 import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
+import type { EngineHooks } from "../../coordinator/engine/checkpoint-engine.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { Kind } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -70,7 +71,8 @@ export interface World {
   coordinators: CoordinatorHandle[];
   client: NatsControllerClient;
   config(overrides?: Partial<CoordinatorConfig>): CoordinatorConfig;
-  startCoordinator(overrides?: Partial<CoordinatorConfig>): Promise<CoordinatorHandle>;
+  /** `hooks`: the engine's test-only fault injection points. */
+  startCoordinator(overrides?: Partial<CoordinatorConfig>, options?: { hooks?: EngineHooks }): Promise<CoordinatorHandle>;
   /** `announce: false`: subscribed but not (yet) in the membership registry. */
   startParticipants(members?: { kind: Kind; instance: string }[], options?: { announce?: boolean }): Promise<RunningParticipant[]>;
   stopParticipants(): Promise<void>;
@@ -109,8 +111,8 @@ export async function startWorld(options: { nats?: NatsFixture } = {}): Promise<
         ...overrides,
       });
     },
-    async startCoordinator(overrides = {}) {
-      const handle = await startCoordinator({ config: world.config(overrides), nc: await nats.connect(), logger: pino({ level: "silent" }) });
+    async startCoordinator(overrides = {}, { hooks } = {}) {
+      const handle = await startCoordinator({ config: world.config(overrides), nc: await nats.connect(), logger: pino({ level: "silent" }), ...(hooks && { hooks }) });
       world.coordinators.push(handle);
       return handle;
     },
