@@ -119,6 +119,12 @@ export interface CheckpointEngineOptions {
 
 const RESTORE_CLEANUP_MS = 30_000;
 
+/** Pause before the first retry of a failed journal-entry removal, doubled per try up to the cap. */
+const JOURNAL_REMOVE_RETRY_MS = 100;
+const JOURNAL_REMOVE_RETRY_MAX_MS = 5000;
+/** How long a restore's resume waits for its entry's removal at least, when its deadline is (nearly) spent. */
+const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
+
 /**
  * Restore refusals a participant gives before installing anything (a refusal changes no state).
  * Any other failure (a timeout, a deadline the install outlived, an internal error) may have
@@ -189,8 +195,14 @@ export class CheckpointEngine {
    * success a closed id gets: the controller must not continue rollouts nobody restored.
    */
   private readonly restoreFailures = new Map<string, string>();
-  /** Journal writes per checkpoint id: a removal scheduled by close() yields to any write made since. */
+  /** The last journal write per checkpoint id (a number from journalSeq): a removal scheduled by close() yields to any write made since. */
   private readonly journalWrites = new Map<string, number>();
+  private journalSeq = 0;
+  /**
+   * The journal-entry removals of restores whose resume this coordinator finished, while pending:
+   * a resume retried meanwhile answers only once the entry is gone (see completionJournaled).
+   */
+  private readonly restoreRemovals = new Map<string, Promise<boolean>>();
   /**
    * The last successful reply per (id, op) of the most recent checkpoints, with the arguments it
    * answered: a controller retrying after a lost reply gets it again once the checkpoint closed.
@@ -260,6 +272,8 @@ export class CheckpointEngine {
       if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
       const failed = open?.id === request.checkpoint_id ? undefined : this.restoreFailures.get(request.checkpoint_id);
       if (failed) throw new CheckpointError("restore_failed", failed);
+      const removal = open?.id === request.checkpoint_id ? undefined : this.restoreRemovals.get(request.checkpoint_id);
+      if (removal) await this.completionJournaled(request.checkpoint_id, removal, deadlineMs);
       if (!open && !this.closed.has(request.checkpoint_id)) return this.releaseHolders(request.checkpoint_id, deadlineMs, ctx);
       return this.doResume(request.checkpoint_id, deadlineMs, ctx);
     });
@@ -1056,8 +1070,14 @@ export class CheckpointEngine {
       // None known yet; the resume itself may still meet one the view does not show (resumedElsewhere).
       const { reply, failures } = await this.resumeStages(open, deadlineMs, ctx);
       if (!open.lostRestorers) {
-        this.close(open.id);
+        // Its entry never repairs LATEST: removed without waiting for LATEST's fsync.
+        const removal = this.close(open.id, false);
+        this.restoreRemovals.set(open.id, removal);
+        void removal.then((removed) => {
+          if (removed && this.restoreRemovals.get(open.id) === removal) this.restoreRemovals.delete(open.id);
+        });
         if (failures.length) throw combinedFailure("resume", failures);
+        await this.completionJournaled(open.id, removal, deadlineMs);
         return reply;
       }
     }
@@ -1449,8 +1469,12 @@ export class CheckpointEngine {
     open.incarnations.set(memberKey(member.kind, member.instance), incarnation);
   }
 
-  /** Forgets the open checkpoint and its journal entry; its id stays fenced here. */
-  private close(id: string): void {
+  /**
+   * Forgets the open checkpoint and its journal entry; its id stays fenced here. Resolves true once
+   * the entry is removed (or nothing of this coordinator's was left to remove), false if it was
+   * kept: LATEST's fsync failed, a write for the id came since, or the term ended.
+   */
+  private close(id: string, afterLatest = true): Promise<boolean> {
     if (this.open?.id === id) this.open = undefined;
     this.closed.add(id);
     void this.options.writer.discard(id);
@@ -1459,16 +1483,58 @@ export class CheckpointEngine {
     // id since (a restore of this checkpoint) keeps its entry.
     const writes = this.journalWrites.get(id);
     const term = this.leaderTerm;
-    this.options.writer.durable().then(
-      () => {
-        // A write since, or another term (whose recovery may have journaled this id anew), keeps it.
-        if (this.journalWrites.get(id) !== writes || this.leaderTerm !== term) return;
-        this.journalWrites.delete(id);
-        return Promise.resolve(this.options.hooks?.beforeJournalRemove?.(id))
-          .then(() => this.options.journal.remove(id))
-          .catch((error: unknown) => this.log.warn({ checkpoint_id: id, err: error }, "journal_remove_failed"));
+    return (afterLatest ? this.options.writer.durable() : Promise.resolve()).then(
+      () => this.removeEntry(id, writes, term),
+      (error: unknown) => {
+        this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept");
+        return false;
       },
-      (error: unknown) => this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept"),
+    );
+  }
+
+  /**
+   * Removes a closed checkpoint's journal entry. A failed removal (a KV timeout) is retried with
+   * capped backoff for as long as this term lasts and no write for the id came since: an entry
+   * left behind is acted on by a successor, which would run the clean-up of a restore whose resume
+   * succeeded (retiring the attempt+1 its controller runs) once any Gym server restarted.
+   */
+  private async removeEntry(id: string, writes: number | undefined, term: number): Promise<boolean> {
+    for (let attempt = 1; ; attempt++) {
+      // A write since, or another term (whose recovery may have journaled this id anew), keeps it.
+      if (this.journalWrites.get(id) !== writes || this.leaderTerm !== term || !this.options.leadership.state().leader) return false;
+      try {
+        await this.options.hooks?.beforeJournalRemove?.(id);
+        await this.options.journal.remove(id);
+        if (this.journalWrites.get(id) === writes) this.journalWrites.delete(id);
+        return true;
+      } catch (error) {
+        // not_leader: another coordinator changed the entry since; it is that one's to handle now.
+        const fenced = error instanceof CheckpointError && error.code === "not_leader";
+        this.log.warn({ checkpoint_id: id, err: error, attempt, retrying: !fenced }, "journal_remove_failed");
+        if (fenced) return false;
+        await this.options.clock.sleep(Math.min(JOURNAL_REMOVE_RETRY_MAX_MS, JOURNAL_REMOVE_RETRY_MS * 2 ** (attempt - 1)));
+      }
+    }
+  }
+
+  /**
+   * A restored checkpoint's resume answers only once its journal entry is gone: a successor finding
+   * it `resuming` finishes the resume, but runs the restore's clean-up instead if its view shows a
+   * restorer restarted by then (it cannot tell a restart after the resume from one before), which
+   * would retire the attempt+1 a controller told "resumed" is running. Not removed in time (by the
+   * deadline, at least JOURNAL_REMOVE_WAIT_MIN_MS; or kept, the term having ended):
+   * `outcome_unknown`, so the controller's retry learns what became of it.
+   */
+  private async completionJournaled(id: string, removal: Promise<boolean>, deadlineMs: number): Promise<void> {
+    let cancel: (() => void) | undefined;
+    const timedOut = new Promise<false>((resolve) => {
+      cancel = this.options.clock.setTimer(() => resolve(false), Math.max(deadlineMs - this.options.clock.now(), JOURNAL_REMOVE_WAIT_MIN_MS));
+    });
+    const removed = await Promise.race([removal, timedOut]).finally(() => cancel?.());
+    if (removed) return;
+    throw new CheckpointError(
+      "outcome_unknown",
+      `checkpoint ${id} was resumed at every participant, but its journal entry could not be removed, so a successor may still finish it as a restore whose participant restarted (restore_failed); retry the resume once a leader serves`,
     );
   }
 
@@ -1480,6 +1546,7 @@ export class CheckpointEngine {
     if (this.open) this.log.warn({ checkpoint_id: this.open.id, phase: this.open.phase }, "leadership_lost_open_checkpoint_left_to_journal");
     this.open = undefined;
     this.latestMembers = undefined; // another leader may publish meanwhile
+    this.restoreRemovals.clear(); // the entries are the next leader's (or this one's next recovery's) to finish
     this.leaderTerm++;
     if (this.options.requireRecovery) this.recoveredFlag = false;
   }
@@ -1531,7 +1598,7 @@ export class CheckpointEngine {
   private async journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {
     // A deposed leader journals nothing: its successor may already have recovered (and moved on).
     this.options.leadership.assert(open.epoch);
-    this.journalWrites.set(open.id, (this.journalWrites.get(open.id) ?? 0) + 1);
+    this.journalWrites.set(open.id, ++this.journalSeq);
     this.effects++;
     return this.options.journal.record(this.entryOf(open, state));
   }

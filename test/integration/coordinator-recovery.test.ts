@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { EngineHooks } from "../../coordinator/engine/checkpoint-engine.js";
 import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { waitUntil } from "../support/wait-until.js";
@@ -70,9 +71,9 @@ describe("a new leader recovering a restore its predecessor sent", () => {
 
 describe("a restore whose controller or leader went away part way", () => {
   /** Leader `first` checkpoints `id` with one episode, every Gym server restarts, and `first` restores it there. */
-  async function restoredIntoFreshProcesses(id: string, rollout: string) {
+  async function restoredIntoFreshProcesses(id: string, rollout: string, hooks?: EngineHooks) {
     for (const c of world.coordinators.splice(0)) await c.stop(); // a leader of its own
-    const first = await world.startCoordinator(NO_HTTP);
+    const first = await world.startCoordinator(NO_HTTP, { hooks });
     await first.whenReady();
     const episode = { rollout_id: rollout, attempt: 0 };
     for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode(episode, { n: 2 });
@@ -112,6 +113,32 @@ describe("a restore whose controller or leader went away part way", () => {
       expect(p.handle.controlPlane.currentPhase).toBe("idle");
       expect(p.adapter.restored.size).toBe(0);
     }
+  });
+
+  it("resumed, but the first removal of its journal entry failed (a KV timeout): retried before the resume answers, so after a later Gym server restart a successor retires none of the attempts the controller runs", async () => {
+    let failRemovals = 0;
+    const { first, next } = await restoredIntoFreshProcesses("ab-4", "ab4", {
+      beforeJournalRemove: () => {
+        if (failRemovals > 0 && failRemovals--) throw new Error("journal entry removal timed out (injected)");
+      },
+    });
+    failRemovals = 1;
+    const resumed = await world.client.resume({ checkpoint_id: "ab-4" });
+    expect(resumed.participants.every((p) => p.idempotent === false)).toBe(true);
+    expect(failRemovals).toBe(0);
+    // The controller now runs ab4 as attempt 1, and no entry is left for a successor to act on.
+    const journal = await KvDecisionJournal.open(world.pnc, world.deployment);
+    expect((await journal.list()).map((e) => e.checkpoint_id)).not.toContain("ab-4");
+    // Some time later a Gym server restarts (an ordinary crash), then the coordinator fails over.
+    const old = world.participant("tools");
+    await old.handle.stop();
+    world.participants.splice(world.participants.indexOf(old), 1);
+    await world.startParticipants([{ kind: "resources", instance: "tools" }]);
+    await first.stop();
+    const second = await world.startCoordinator(NO_HTTP);
+    await second.whenReady();
+    expect((await world.client.status()).checkpoint).toBeNull();
+    expect(world.participants.filter((p) => p.handle.controlPlane.isRetired(next)).map((p) => p.instance)).toEqual([]);
   });
 
   it("journaled restored, every Gym server restarted before the successor recovers: closed without installing it into them", async () => {

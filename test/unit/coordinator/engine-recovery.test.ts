@@ -365,6 +365,55 @@ describe("the journal entry outlives the checkpoint until LATEST's rename is dur
   });
 });
 
+describe("a failed removal of a closed checkpoint's journal entry (a KV timeout)", () => {
+  /** Makes the next `n` removals fail; `onFailure` runs at each. Returns the removals tried. */
+  function failRemovals(journal: ReturnType<typeof makeEngine>["journal"], n: number, onFailure?: (tries: number) => void): { tries: number } {
+    const seen = { tries: 0 };
+    const remove = journal.remove.bind(journal);
+    journal.remove = async (id) => {
+      seen.tries++;
+      if (n-- > 0) {
+        onFailure?.(seen.tries);
+        throw new Error("journal timeout (scripted)");
+      }
+      return remove(id);
+    };
+    return seen;
+  }
+
+  it("is retried with capped backoff until the entry is gone", async () => {
+    const { engine, journal, clock } = makeEngine(root);
+    const removals = failRemovals(journal, 3);
+    const t0 = clock.now();
+    await engine.checkpoint({ checkpoint_id: "rm-1", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    expect(removals.tries).toBe(4);
+    expect(clock.now() - t0).toBe(100 + 200 + 400); // the pauses between tries
+  });
+
+  it("of a restore's resume: the resume answers only once the entry is gone, so no successor can find it resuming", async () => {
+    const { engine, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "rm-2", episode_ids: null, stop: true, controller_state: null });
+    await engine.restore({ checkpoint_id: "rm-2", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(journal.entries.get("rm-2")?.state).toBe("restored"); // the checkpoint's own removal yields to it
+    const removals = failRemovals(journal, 2);
+    await engine.resume({ checkpoint_id: "rm-2" });
+    expect(journal.entries.has("rm-2")).toBe(false);
+    expect(removals.tries).toBe(3);
+  });
+
+  it("of a restore's resume, failing until leadership is lost: outcome_unknown, and the entry stays resuming for the successor to finish", async () => {
+    const { engine, journal, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "rm-3", episode_ids: null, stop: true, controller_state: null });
+    await engine.restore({ checkpoint_id: "rm-3", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    failRemovals(journal, Infinity, (tries) => tries === 2 && engine.leadershipLost());
+    const refused = await refusalOf(engine.resume({ checkpoint_id: "rm-3" }));
+    expect(refused.code).toBe("outcome_unknown");
+    expect(fake.ops("resume")).toHaveLength(5); // every participant resumed
+    expect(journal.entries.get("rm-3")?.state).toBe("resuming");
+  });
+});
+
 describe("recovery of a decided checkpoint overtaken by a newer publication", () => {
   it("is resumed (presumed abort), never completed: LATEST is not moved back", async () => {
     const first = makeEngine(root);
