@@ -4,7 +4,8 @@ import { CheckpointError, controllerSubject, type ControllerOp, type CtlReplyOf,
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
-import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
+import { LEADER_CHECK_MS, LeaderLeaseReader } from "./leader-watch.js";
+import { DEFAULT_REPLY_TIMEOUT_MS, decodeControllerReply, hasDeadline, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface NatsControllerClientOptions {
   nc: NatsConnection;
@@ -19,16 +20,23 @@ export interface NatsControllerClientOptions {
   slackMs?: number;
   /** How long to retry while no coordinator is the ready leader (no responders / not_leader). */
   leaderWaitMs?: number;
+  /**
+   * An op sent without a deadline waits as long as the coordinator may run it, unless the
+   * coordinator that took it stops leading: its lease is re-read this often (default 5 s).
+   */
+  leaderCheckMs?: number;
 }
 
 /** The controller API over NATS request/reply on `controllerSubject(deployment, op)`. */
 export class NatsControllerClient extends ControllerClient {
   /** The coordinator's own request path (one shared reply subscription, no Error built per request). */
   private readonly transport: NatsParticipantTransport;
+  private readonly leases: LeaderLeaseReader;
 
   constructor(private readonly options: NatsControllerClientOptions) {
     super();
     this.transport = new NatsParticipantTransport(options.nc);
+    this.leases = new LeaderLeaseReader(options.nc, options.deployment);
   }
 
   async call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
@@ -37,10 +45,16 @@ export class NatsControllerClient extends ControllerClient {
     const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 10_000);
     for (;;) {
       const timeout = replyTimeoutMs(op, request, this.options);
+      // Waiting for the coordinator's own default timeout (unknown here): bounded by its leadership instead.
+      const watch = timeout > DEFAULT_REPLY_TIMEOUT_MS && this.options.timeoutMs === undefined && !hasDeadline(request) ? new AbortController() : undefined;
       try {
+        const leader = watch && (await this.leases.leader());
+        const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch?.signal });
+        if (watch && typeof leader === "string") {
+          void this.leases.lost(leader, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch.signal).then((lost) => watch.abort(lost));
+        }
         // The controller's own span (if any) becomes the parent of the coordinator's.
-        const text = await this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active() });
-        return decodeControllerReply(op, text);
+        return decodeControllerReply(op, await reply);
       } catch (error) {
         const noLeader = error instanceof NoRespondersFailure || (error instanceof CheckpointError && error.code === "not_leader");
         if (noLeader && Date.now() < waitUntil) {
@@ -50,6 +64,8 @@ export class NatsControllerClient extends ControllerClient {
         if (noLeader && !(error instanceof CheckpointError)) throw new CheckpointError("not_leader", `no coordinator serves ${subject}`);
         if (error instanceof RequestTimeoutFailure) throw new CheckpointError("outcome_unknown", `no reply on ${subject} within ${Math.round(timeout)} ms`);
         throw error;
+      } finally {
+        watch?.abort(new Error("the reply came"));
       }
     }
   }

@@ -36,8 +36,13 @@ export function replyTimeoutMs(
   now = Date.now(),
 ): number {
   const slackMs = options.slackMs ?? DEFAULT_REPLY_SLACK_MS;
-  const deadline = (request as { deadline_ts?: unknown } | null)?.deadline_ts;
-  if (typeof deadline === "number" && Number.isFinite(deadline)) return Math.max(deadline * 1000 - now, 0) + slackMs;
+  if (hasDeadline(request)) return Math.max(request.deadline_ts * 1000 - now, 0) + slackMs;
   if (options.timeoutMs !== undefined) return options.timeoutMs;
   return "deadline_ts" in CONTROLLER_OPS[op].request.shape ? MAX_DEADLINE_AHEAD_S * 1000 + slackMs : DEFAULT_REPLY_TIMEOUT_MS;
+}
+
+/** The request carries its own absolute deadline. */
+export function hasDeadline(request: unknown): request is { deadline_ts: number } {
+  const deadline = (request as { deadline_ts?: unknown } | null)?.deadline_ts;
+  return typeof deadline === "number" && Number.isFinite(deadline);
 }

@@ -60,6 +60,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
         reject(new RequestTimeoutFailure(subject, options.timeoutMs));
       }, timeoutMs);
       this.pending.set(token, { subject, timeoutMs: options.timeoutMs, resolve, reject, timer });
+      options.signal?.addEventListener("abort", () => this.settle(token)?.reject(options.signal!.reason as Error), { once: true });
       try {
         this.nc.publish(subject, body, { reply: `${this.inbox}.${token}`, headers: h });
       } catch (error) {

@@ -22,6 +22,8 @@ export interface TransportRequestOptions {
   token: string;
   /** Trace context injected as W3C traceparent/tracestate headers. */
   context?: Context;
+  /** Stops waiting for the reply: the request rejects with the signal's reason. */
+  signal?: AbortSignal;
 }
 
 /**
