@@ -1,4 +1,5 @@
-import { NoRespondersError, RequestError, type NatsConnection } from "@nats-io/transport-node";
+import { NoRespondersError, RequestError, type NatsConnection, type Status } from "@nats-io/transport-node";
+import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
@@ -30,6 +31,13 @@ const PROBE_TIMEOUT_MS = 2_000;
  * compare-and-set, so of two processes starting at once only one wins. An entry left by a
  * predecessor that is gone (SIGKILLed: nobody answers, though its heartbeat is younger than the
  * TTL) is taken over.
+ *
+ * The other side of a takeover: a process cut off from NATS long enough to be replaced finds,
+ * when its heartbeat's compare-and-set is refused, another incarnation in its entry. Only that
+ * definite observation (the entry as the stream leader holds it, never a replica's possibly
+ * lagging copy) settles `lost`; its owner must stop serving the name at once. Failed or timed-out
+ * writes, an expired or deleted entry, a re-created bucket are transient: the entry is written
+ * again. A reconnect beats at once, so the check does not wait a heartbeat period.
  */
 export class MembershipAnnouncer {
   private kv: KV | undefined;
@@ -37,7 +45,17 @@ export class MembershipAnnouncer {
   private readonly member: Member;
   /** Revision of our entry as last written (or of the entry seen at claim: 0 when there was none). */
   private revision: number | undefined;
-  private lost = false;
+  private isLost = false;
+  private stopped = false;
+  private beatsInFlight = 0;
+  private statusWatch: AsyncIterable<Status> | undefined;
+  private jsm: JetStreamManager | undefined;
+  private resolveLost!: (conflict: CheckpointError) => void;
+  /**
+   * Settles with an `instance_conflict` error once another incarnation is found holding this
+   * participant's entry (it stopped announcing then); pending forever otherwise.
+   */
+  readonly lost = new Promise<CheckpointError>((resolve) => (this.resolveLost = resolve));
 
   constructor(
     private readonly nc: NatsConnection,
@@ -84,15 +102,25 @@ export class MembershipAnnouncer {
       if (isWrongRevision(error)) throw new CheckpointError("instance_conflict", `another process claimed ${this.name} in deployment ${this.deployment} while this one started; run one process per kind/instance`);
       throw error;
     }
-    this.timer = setInterval(() => {
-      this.beat().catch((error: unknown) => {
-        // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
-        // the next beat creates it again instead of failing forever.
-        this.kv = undefined;
-        this.logger?.warn({ err: error }, "membership heartbeat failed");
-      });
-    }, this.heartbeatMs);
+    this.timer = setInterval(() => this.tick(false), this.heartbeatMs);
     this.timer.unref();
+    // Back from a NATS outage, the subscriptions are live again at once: learn now, not a
+    // heartbeat later, whether another process took the name meanwhile. Even past a beat still in
+    // flight: its request may have died with the old connection and only time out.
+    const watch = this.nc.status();
+    this.statusWatch = watch;
+    void (async () => {
+      for await (const status of watch) if (status.type === "reconnect") this.tick(true);
+    })();
+  }
+
+  private tick(reconnected: boolean): void {
+    this.beat(reconnected).catch((error: unknown) => {
+      // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
+      // the next beat creates it again instead of failing forever.
+      this.kv = undefined;
+      this.logger?.warn({ err: error }, "membership heartbeat failed");
+    });
   }
 
   /** Whether anything answers on this participant's status subject (nobody subscribed: no responders). */
@@ -129,30 +157,82 @@ export class MembershipAnnouncer {
     this.revision = this.revision ? await this.kv.update(this.key, value, this.revision) : await this.kv.create(this.key, value);
   }
 
-  private async beat(): Promise<void> {
-    if (this.lost) return;
+  /**
+   * The timer's beats one at a time, so a NATS outage does not pile up requests that all wait for
+   * their timeout. Overlapping beats are harmless otherwise: a compare-and-set one of them loses
+   * is repaired from the entry, and only another incarnation there stops announcing.
+   */
+  private async beat(reconnected: boolean): Promise<void> {
+    if (this.isLost || this.stopped || (this.beatsInFlight > 0 && !reconnected)) return;
+    this.beatsInFlight += 1;
     try {
-      await this.write();
-    } catch (error) {
-      if (!isWrongRevision(error)) throw error;
-      // Our entry expired (a long NATS outage), was deleted, or the bucket was re-created: write it
-      // again unless another incarnation holds it now.
-      const { revision, held } = await this.readEntry();
-      if (held && held.incarnation !== this.member.incarnation) {
-        this.lost = true;
-        this.logger?.error({ code: "instance_conflict", other_incarnation: held.incarnation }, "another process took over this kind/instance; no longer announcing");
-        return;
-      }
-      this.revision = revision;
-      await this.write();
+      await this.refresh();
+    } finally {
+      this.beatsInFlight -= 1;
     }
   }
 
-  async stop(): Promise<void> {
+  private async refresh(): Promise<void> {
+    try {
+      await this.write();
+      return;
+    } catch (error) {
+      if (!isWrongRevision(error)) throw error;
+    }
+    // Our entry expired (a long NATS outage), was deleted, the bucket was re-created, or another
+    // process took the name over. Write it again unless another incarnation holds it now.
+    const { revision, held } = await this.readEntryAtLeader();
+    // stop() may have deleted the entry meanwhile: not to be written again.
+    if (this.stopped) return;
+    if (held && held.incarnation !== this.member.incarnation) {
+      this.lose(held);
+      return;
+    }
+    this.revision = revision;
+    await this.write();
+  }
+
+  private lose(held: Member): void {
+    this.isLost = true;
+    this.stopWatching();
+    const since = new Date(held.started_at * 1000).toISOString();
+    const conflict = new CheckpointError(
+      "instance_conflict",
+      `another process (incarnation ${held.incarnation}, started ${since}) took over ${this.name} in deployment ${this.deployment} while this one (incarnation ${this.member.incarnation}) was cut off; this one stops serving it; run one process per kind/instance`,
+    );
+    this.logger?.error({ code: conflict.code, incarnation: this.member.incarnation, other_incarnation: held.incarnation }, "another process took over this kind/instance; no longer serving it");
+    this.resolveLost(conflict);
+  }
+
+  /**
+   * The entry as the stream's leader holds it. The KV's own get may be a direct get answered by
+   * any replica, whose copy can lag: an older incarnation's entry read there would stop a healthy
+   * process.
+   */
+  private async readEntryAtLeader(): Promise<{ revision: number; held: Member | undefined }> {
+    this.jsm ??= await jetstreamManager(this.nc);
+    const bucket = membersBucket(this.deployment);
+    const entry = await this.jsm.streams.getMessage(`KV_${bucket}`, { last_by_subj: `$KV.${bucket}.${this.key}` });
+    if (!entry) return { revision: 0, held: undefined };
+    // A delete or purge leaves a marker: no holder, but its sequence is what the next write replaces.
+    if (entry.header?.get("KV-Operation")) return { revision: entry.seq, held: undefined };
+    const parsed = MemberSchema.safeParse(safeJson(() => entry.json()));
+    return { revision: entry.seq, held: parsed.success ? parsed.data : undefined };
+  }
+
+  private stopWatching(): void {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
+    // nats.js's status iterator has stop(); its declared type is only AsyncIterable.
+    (this.statusWatch as { stop?: () => void } | undefined)?.stop?.();
+    this.statusWatch = undefined;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.stopWatching();
     // Only our own entry: a process that took over keeps its announcement.
-    if (!this.lost && this.revision) await this.kv?.delete(this.key, { previousSeq: this.revision }).catch(() => undefined);
+    if (!this.isLost && this.revision) await this.kv?.delete(this.key, { previousSeq: this.revision }).catch(() => undefined);
   }
 }
 

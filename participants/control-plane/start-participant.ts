@@ -1,6 +1,6 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { DeploymentSchema, InstanceSchema, type RecordBase } from "../../protocol/index.js";
+import { DeploymentSchema, InstanceSchema, type CheckpointError, type RecordBase } from "../../protocol/index.js";
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import type { Clock } from "./clock.js";
 import { ParticipantControlPlane } from "./control-plane.js";
@@ -27,6 +27,13 @@ export interface StartParticipantOptions<R extends RecordBase> {
 
 export interface ParticipantHandle<R extends RecordBase> {
   controlPlane: ParticipantControlPlane<R>;
+  /**
+   * Settles with an `instance_conflict` error when another process took this kind/instance over
+   * (this one was cut off from NATS long enough to be replaced). By then the participant has
+   * stopped answering its control subjects; call `stop()` and end the process (the reference
+   * servers exit 1). Pending forever otherwise, and without announcing (`announce: false`).
+   */
+  lost: Promise<CheckpointError>;
   stop(): Promise<void>;
 }
 
@@ -67,8 +74,15 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
     controlPlane.dispose();
     throw error;
   }
+  // Another incarnation owns the name now: every message for it is its. Unsubscribing is
+  // synchronous (answers already being computed still finish); the owner decides what else stops.
+  const lost = (announcer?.lost ?? new Promise<never>(() => undefined)).then((conflict) => {
+    void endpoint.stop();
+    return conflict;
+  });
   return {
     controlPlane,
+    lost,
     async stop() {
       await announcer?.stop();
       await endpoint.stop();

@@ -3,11 +3,13 @@ import { connect, createServer, type Socket } from "node:net";
 /**
  * A TCP proxy on 127.0.0.1 in front of nats-server for one process (connect it to `url`): `stall()`
  * holds that process's client→server bytes (a network stall or half partition: it keeps receiving,
- * what it sends is delayed), `heal()` delivers them in order and lets traffic flow again.
+ * what it sends is delayed), `heal()` delivers them in order and lets traffic flow again; `cut()`
+ * drops its connections and refuses new ones until `heal()` (the process loses NATS).
  */
 export interface StallProxy {
   url: string;
   stall(): void;
+  cut(): void;
   heal(): void;
   /** Drops every proxied connection and stops listening. */
   close(): Promise<void>;
@@ -15,8 +17,10 @@ export interface StallProxy {
 
 export async function startStallProxy(upstreamPort: number): Promise<StallProxy> {
   let stalled = false;
+  let cut = false;
   const pairs = new Set<{ client: Socket; upstream: Socket; held: Buffer[] }>();
   const server = createServer((client) => {
+    if (cut) return void client.destroy();
     const upstream = connect(upstreamPort, "127.0.0.1");
     const pair = { client, upstream, held: [] as Buffer[] };
     pairs.add(pair);
@@ -42,8 +46,16 @@ export async function startStallProxy(upstreamPort: number): Promise<StallProxy>
     stall: () => {
       stalled = true;
     },
+    cut: () => {
+      cut = true;
+      for (const pair of pairs) {
+        pair.client.destroy();
+        pair.upstream.destroy();
+      }
+    },
     heal: () => {
       stalled = false;
+      cut = false;
       for (const pair of pairs) for (const chunk of pair.held.splice(0)) pair.upstream.write(chunk);
     },
     close: async () => {

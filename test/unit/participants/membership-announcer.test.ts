@@ -1,8 +1,20 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 
 // The heartbeat's recovery logic in isolation (a fake KV manager): a put that fails drops the
-// bucket handle, so the next beat creates the bucket again instead of failing forever.
-const kvm = vi.hoisted(() => ({ creates: 0, puts: [] as string[], failNextPut: false }));
+// bucket handle, so the next beat creates the bucket again instead of failing forever; a refused
+// compare-and-set reads the entry from the stream leader, and only another incarnation there
+// counts as a takeover.
+const kvm = vi.hoisted(() => ({
+  creates: 0,
+  puts: [] as string[],
+  failNextPut: false,
+  /** The next write is refused as a compare-and-set on a stale revision. */
+  wrongRevisionNext: false,
+  /** What a direct get (any replica, possibly lagging) answers. */
+  replicaEntry: null as null | { incarnation: string },
+  /** What the stream leader holds for the key. */
+  leaderEntry: null as null | { seq: number; incarnation: string },
+}));
 vi.mock("@nats-io/kv", () => ({
   Kvm: class {
     async create() {
@@ -13,21 +25,44 @@ vi.mock("@nats-io/kv", () => ({
           kvm.failNextPut = false;
           throw new Error("stream not found");
         }
+        if (kvm.wrongRevisionNext) {
+          kvm.wrongRevisionNext = false;
+          throw Object.assign(new Error("wrong last sequence: 7"), { code: 10071 });
+        }
         kvm.puts.push(key);
         return ++revision;
       };
-      return { get: async () => null, create: write, update: write, delete: async () => undefined };
+      const get = async () => (kvm.replicaEntry ? { operation: "PUT", revision: 1, json: () => member(kvm.replicaEntry!.incarnation) } : null);
+      return { get, create: write, update: write, delete: async () => undefined };
     }
   },
 }));
+vi.mock("@nats-io/jetstream", () => ({
+  jetstreamManager: async () => ({
+    streams: {
+      getMessage: async () => (kvm.leaderEntry ? { seq: kvm.leaderEntry.seq, header: undefined, json: () => member(kvm.leaderEntry!.incarnation) } : null),
+    },
+  }),
+}));
+const member = (incarnation: string) => ({ kind: "environment", instance: "env0", incarnation, started_at: 1, heartbeat_at: 2, protocol_version: 1 });
 
 const { NoRespondersError } = await import("@nats-io/transport-node");
-// The claim probes the participant's status subject first: nobody else answers.
-const noResponders = { request: async (subject: string) => Promise.reject(new NoRespondersError(subject)) } as never;
+// The claim probes the participant's status subject first: nobody else answers. No reconnects.
+const noResponders = {
+  request: async (subject: string) => Promise.reject(new NoRespondersError(subject)),
+  status: () => ({ async *[Symbol.asyncIterator]() {} }),
+} as never;
 const { MembershipAnnouncer } = await import("../../../participants/control-plane/membership-announcer.js");
+/** Whether `promise` settled by the time it is read (advanceTimersByTimeAsync flushes microtasks). */
+const watch = (promise: Promise<unknown>) => {
+  const state = { settled: false };
+  void promise.then(() => (state.settled = true));
+  return state;
+};
 
 afterEach(() => {
   vi.useRealTimers();
+  Object.assign(kvm, { creates: 0, puts: [], failNextPut: false, wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
 });
 
 describe("membership heartbeat", () => {
@@ -42,6 +77,37 @@ describe("membership heartbeat", () => {
     await vi.advanceTimersByTimeAsync(100);
     expect(kvm.creates).toBe(2); // created again, and announced again
     expect(kvm.puts).toEqual(["environment.env0", "environment.env0"]);
+    await announcer.stop();
+  });
+
+  it("a refused compare-and-set with another incarnation at the stream leader: lost (instance_conflict), no more beats", async () => {
+    vi.useFakeTimers();
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", undefined, 100);
+    await announcer.start();
+    const lost = watch(announcer.lost);
+    kvm.wrongRevisionNext = true;
+    kvm.leaderEntry = { seq: 9, incarnation: "inc-2" };
+    await vi.advanceTimersByTimeAsync(100);
+    expect(lost.settled).toBe(true);
+    expect((await announcer.lost).code).toBe("instance_conflict");
+    await vi.advanceTimersByTimeAsync(500);
+    expect(kvm.puts).toHaveLength(1);
+    await announcer.stop();
+  });
+
+  it("a replica's lagging copy showing another incarnation is not a takeover: the leader's entry is ours, so it announces on", async () => {
+    vi.useFakeTimers();
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", undefined, 100);
+    await announcer.start();
+    const lost = watch(announcer.lost);
+    kvm.wrongRevisionNext = true; // our own write landed but its acknowledgement was lost, say
+    kvm.replicaEntry = { incarnation: "inc-0" }; // the predecessor this process took over from
+    kvm.leaderEntry = { seq: 9, incarnation: "inc-1" };
+    await vi.advanceTimersByTimeAsync(100);
+    expect(kvm.puts).toHaveLength(2);
+    await vi.advanceTimersByTimeAsync(300);
+    expect(kvm.puts).toHaveLength(5);
+    expect(lost.settled).toBe(false);
     await announcer.stop();
   });
 });
