@@ -60,6 +60,8 @@ export interface ServerRuntime {
   /**
    * Attaches `adapter` as this server's participant. A refusal (another live process serves this
    * kind/instance: `instance_conflict`) prints one line and exits 1, for the supervisor to report.
+   * So does losing the name later (another process took it over while this one was cut off from
+   * NATS), after the same clean shutdown as SIGTERM.
    */
   participate<R extends RecordBase>(adapter: ParticipantKind<R>): Promise<ParticipantHandle<R>>;
 }
@@ -164,19 +166,20 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
   }
   const shutdown: (() => Promise<void> | void)[] = [];
   let stopping = false;
-  const stop = async (signal: string) => {
+  /** The same clean shutdown for a signal (exit 0) and for losing the participant's name (exit 1). */
+  const stop = async (why: { signal: string } | { code: string }, exitCode: number) => {
     if (stopping) return;
     stopping = true;
-    logger.info({ signal }, "shutting down");
+    logger.info(why, "shutting down");
     for (const fn of shutdown.reverse()) await Promise.resolve(fn()).catch((err: unknown) => logger.warn({ err }, "shutdown step failed"));
     await nc.drain().catch(() => undefined);
     stopHttpPropagation();
     await telemetry.shutdown();
-    process.exit(0);
+    process.exit(exitCode);
   };
   // `on`, not `once`: a group signal can arrive twice (the terminal, and the `gym-ckpt` wrapper forwarding it).
-  process.on("SIGTERM", () => void stop("SIGTERM"));
-  process.on("SIGINT", () => void stop("SIGINT"));
+  process.on("SIGTERM", () => void stop({ signal: "SIGTERM" }, 0));
+  process.on("SIGINT", () => void stop({ signal: "SIGINT" }, 0));
   const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
   const runtime: ServerRuntime = {
     config,
@@ -206,9 +209,10 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
       runtime.announceReady(url);
       return url;
     },
-    async participate(adapter) {
+    async participate<R extends RecordBase>(adapter: ParticipantKind<R>) {
+      let participant: ParticipantHandle<R>;
       try {
-        return await startParticipant({
+        participant = await startParticipant({
           nc,
           deployment: config.deployment,
           instance: config.instance,
@@ -225,6 +229,12 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
         await telemetry.shutdown();
         process.exit(1);
       }
+      // It no longer answers for its name; serving the HTTP side on would only split the work.
+      void participant.lost.then((conflict) => {
+        process.stderr.write(`${name}: ${conflict.code}: ${conflict.message}\n`);
+        return stop({ code: conflict.code }, 1);
+      });
+      return participant;
     },
   };
   return runtime;
