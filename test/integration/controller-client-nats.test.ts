@@ -1,10 +1,13 @@
+import { Kvm } from "@nats-io/kv";
 import { headers, type Msg } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
-import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject } from "../../protocol/index.js";
+import { LEADER_KEY } from "../../coordinator/ha/leader-lease.js";
+import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, leaderBucket } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { waitUntil } from "../support/wait-until.js";
 
 // The controller client's own failure mapping over a real nats-server, without a coordinator:
 // nobody subscribed → not_leader once the leader wait runs out; a silent responder → outcome_unknown.
@@ -166,6 +169,31 @@ describe("NATS controller client", () => {
     } finally {
       vi.useRealTimers();
       for (const sub of subs) sub.unsubscribe();
+    }
+  });
+
+  it("an op sent without a deadline stops waiting (outcome_unknown) once the coordinator that took it no longer holds the leader lease", async () => {
+    // The lease as a coordinator writes it; the coordinator itself is a silent responder (killed mid-op).
+    const kv = await new Kvm(nats.nc).create(leaderBucket("lost"), { history: 1, ttl: 60_000 });
+    await kv.create(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
+    const held: Msg[] = [];
+    const sub = nats.nc.subscribe(controllerSubject("lost", "checkpoint"), { callback: (_e, msg) => void held.push(msg) });
+    await nats.nc.flush();
+    try {
+      const watched = new NatsControllerClient({ nc: nats.nc, deployment: "lost", token: "ctl-token", leaderCheckMs: 20 });
+      const outcome = watched.checkpoint({ checkpoint_id: "lost-1", episode_ids: [] }).catch((error: unknown) => error);
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      // Still leading (renewed): the client keeps waiting.
+      await kv.put(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
+      const early = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("waiting"), 200))]);
+      expect(early).toBe("waiting");
+      // Its lease expired (deleted here) with no reply sent.
+      await kv.delete(LEADER_KEY);
+      const lost = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 10_000))]);
+      expect(lost).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-a stopped leading") });
+    } finally {
+      sub.unsubscribe();
+      await kv.destroy();
     }
   });
 });
