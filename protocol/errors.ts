@@ -88,7 +88,8 @@ export const ERROR_CATALOG = {
   },
   instance_conflict: {
     status: 409,
-    meaning: "Another live process already serves this participant kind/instance (it answers on the participant's subjects, or claimed its membership entry first).",
+    meaning:
+      "Another live process already serves this participant kind/instance (it answers on the participant's subjects, or claimed its membership entry first), or took it over while this one was cut off from NATS (logged when this one is back; it stops answering the name and the reference programs exit 1).",
     solve: "Run one process per kind/instance: stop the other process, or give this one its own instance name. A restart whose predecessor is gone (nobody answers on its subjects) takes over by itself.",
   },
   unreachable: {
