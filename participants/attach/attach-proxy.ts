@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Logger } from "pino";
 import { Pool } from "undici";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, bearerToken, describeZodError, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, describeZodError, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
 import { canonicalRoute } from "./canonical-route.js";
@@ -91,6 +91,9 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       throw new CheckpointError("invalid_request", "the request body is not JSON");
     }
     if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new CheckpointError("invalid_request", "the request body must be a JSON object");
+    // The conversation digest (a cut round, a restored cut) walks the body as canonical JSON, which
+    // refuses such nesting: refused here, before it is forwarded, rather than failing a checkpoint later.
+    if (jsonNestsDeeperThan(parsed)) throw new CheckpointError("invalid_request", `the request body nests more than ${MAX_JSON_DEPTH} levels deep`);
     const ticket = await kind.admit(rollout.captureKey, canonical, parsed as Record<string, unknown>, rollout.episode);
     return forward(req, res, route + query, body, ticket);
   }

@@ -303,11 +303,21 @@ describe("other routes", () => {
     expect(seen.at(-1)!.url).toBe("/v1/%65cho");
   });
 
-  it("refuse generation calls without the prefix or with a non-JSON body", async () => {
+  it("refuse generation calls without the prefix, with a non-JSON body or one nested too deep", async () => {
     const bare = await fetch(`${proxy.url}/v1/responses`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
     expect([bare.status, ((await bare.json()) as any).error.code]).toEqual([400, "rollout_id_required"]);
     const garbled = await fetch(`${proxy.url}/ng-rollout/g/v1/messages`, { method: "POST", headers: { "content-type": "application/json" }, body: "{not json" });
     expect([garbled.status, ((await garbled.json()) as any).error.code]).toEqual([400, "invalid_request"]);
+    // Nested past MAX_JSON_DEPTH: refused before it is forwarded (its cut record could never be made).
+    let deep: unknown = "x";
+    for (let i = 0; i < 200; i++) deep = [deep];
+    const nested = await fetch(`${proxy.url}/ng-rollout/deep/v1/responses`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "m", input: [{ role: "user", content: "hi", blob: deep }] }),
+    });
+    expect([nested.status, ((await nested.json()) as any).error.code]).toEqual([400, "invalid_request"]);
+    expect(await ledger("deep")).toEqual([]);
     // A capture key with malformed percent-encoding on the ledger API is bad input, not an internal error.
     const malformed = await fetch(`${proxy.url}/ng-capture/v1/ledger/%E0%A4%A`, { headers: { authorization: `Bearer ${TOKEN}` } });
     expect([malformed.status, ((await malformed.json()) as any).error.code]).toEqual([400, "invalid_request"]);

@@ -380,15 +380,28 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
           ? await (this.options.cutRunner ?? runCutRound)({ ...backend, timeoutMs }, checkpointId, eligible)
           : { acks: new Map(), failed: eligible.length, error: "no time left before the deadline" };
       if (result.error) this.options.logger?.warn({ checkpoint_id: checkpointId, err: result.error, calls: eligible.length }, "generation cut failed; the calls will be regenerated");
+      let cut = 0;
+      let unrecorded = 0;
       for (const t of eligible) {
         const ack = result.acks.get(t.ticketId);
         if (!ack) continue;
+        let record: GenerationCutRecord;
+        try {
+          // Its conversation digest can fail (a body canonical JSON refuses, from an in-process caller):
+          // that call's cut failed, it is regenerated; a failed cut never blocks a checkpoint.
+          record = cutRecordOf(t, ack);
+        } catch (error) {
+          unrecorded += 1;
+          this.options.logger?.warn({ checkpoint_id: checkpointId, err: error, capture_key: t.captureKey }, "generation cut not recorded; the call will be regenerated");
+          continue;
+        }
+        cut += 1;
         t.cutAck = ack;
         const current = this.latestCuts.get(t.captureKey);
-        if (!current || current.admittedAt <= t.admittedAt) this.latestCuts.set(t.captureKey, { admittedAt: t.admittedAt, record: cutRecordOf(t, ack) });
+        if (!current || current.admittedAt <= t.admittedAt) this.latestCuts.set(t.captureKey, { admittedAt: t.admittedAt, record });
       }
-      this.round.cut = result.acks.size;
-      this.round.cut_failed = result.failed;
+      this.round.cut = cut;
+      this.round.cut_failed = result.failed + unrecorded;
     }
     for (const outcome of ["cut", "cut_failed", "cut_skipped"] as const) {
       if (this.round[outcome]) participantInstruments().cuts.add(this.round[outcome], { outcome });

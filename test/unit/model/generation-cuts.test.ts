@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { ModelKind, conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
 import { BACKEND, CHAT, ackFor, chat, cutRecord, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
-import { canonicalDigest, encodeMessage } from "../../../protocol/index.js";
+import { MAX_JSON_DEPTH, canonicalDigest, encodeMessage } from "../../../protocol/index.js";
 
 let f: ModelFixture;
 beforeEach(async () => {
@@ -76,6 +76,17 @@ describe("the cut round at close-admission", () => {
     await f.kind.closeAdmission();
     expect(f.kind.readiness().counts).toMatchObject({ cut: 0, cut_failed: 2 });
     expect(await f.kind.exportRecords([ep("x"), ep("y")])).toEqual([]);
+  });
+
+  it("a call whose cut record cannot be made (a conversation nested past MAX_JSON_DEPTH) counts as cut_failed; the close still succeeds", async () => {
+    let deep: unknown = "x";
+    for (let i = 0; i <= MAX_JSON_DEPTH; i++) deep = [deep];
+    const ok = await f.kind.admit("fine", CHAT, chat("a"));
+    await f.kind.admit("deep", CHAT, { model: "policy", messages: [{ role: "user", content: "a", blob: deep }] });
+    await f.kind.closeAdmission();
+    expect(f.kind.readiness().counts).toMatchObject({ cut: 1, cut_failed: 1 });
+    const records = await f.kind.exportRecords([ep("fine"), ep("deep")]);
+    expect(records.map((r) => [r.episode_id.rollout_id, r.generation_cuts.map((c) => c.model_call_id)])).toEqual([["fine", [ok.modelCallId]]]);
   });
 
   it("keeps one cut per episode: the latest admitted call", async () => {
