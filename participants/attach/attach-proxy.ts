@@ -33,8 +33,9 @@ export interface AttachProxyOptions {
   logger?: Logger;
   maxBodyBytes?: number;
   /**
-   * How long a recorded call's ended response may take to leave for its caller (default 30 s): a
-   * caller that stopped reading would otherwise keep its ticket, a readiness blocker, open for ever.
+   * How long a recorded call's ended response may take to leave for its caller, and how long a
+   * streaming answer may wait for the caller's full socket to drain (default 30 s): a caller that
+   * stopped reading would otherwise keep its ticket, a readiness blocker, open for ever.
    */
   finishWaitMs?: number;
 }

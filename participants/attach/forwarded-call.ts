@@ -15,8 +15,8 @@ const WAITING_BYTES = 64 * 1024;
  * One admitted generation call's upstream answer, as an undici dispatch handler writing straight to
  * the caller's response. The response start waits for the ticket (held while admission is closed)
  * with the first bytes queued; from then on each chunk is written through as it comes and the
- * upstream is paused while the caller's socket is full (resumed on 'drain'), so a stream is never
- * buffered here. The ledger row is written before the response ends, and the response's last
+ * upstream is paused while the caller's socket is full (resumed on 'drain'; a caller that lets the
+ * finish wait pass without one is cut), so a stream is never buffered here. The ledger row is written before the response ends, and the response's last
  * bytes wait for it: the final body bytes of an answer with a content-length (a chunked answer's
  * terminating chunk is end() itself), which leave with the end in one socket write. If the row
  * cannot be written, the caller's connection is cut instead, so the caller never holds a complete
@@ -54,6 +54,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   /** The row is written and the response ended: the ticket waits for the response to leave. */
   private recorded = false;
   private callerGone = false;
+  /** Armed while the upstream is paused for the caller's full socket; 'drain' disarms it. */
+  private stall: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly res: ServerResponse,
@@ -86,7 +88,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
       this.waiting.push(chunk);
       this.waitingBytes += chunk.length;
       if (this.waitingBytes >= WAITING_BYTES) controller.pause();
-    } else if (!this.send(chunk)) controller.pause();
+    } else if (!this.send(chunk)) this.pauseForCaller();
   }
 
   /** Writes a body chunk through, withholding the bytes that would complete a content-length body. */
@@ -101,6 +103,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
 
   onResponseEnd(): void {
     this.upstreamDone = true;
+    // The finish wait (after the row) takes over from here.
+    this.clearStall();
     if (!this.waiting) this.finish();
   }
 
@@ -136,7 +140,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     if (this.upstreamDone) return this.finish();
     this.res.on("drain", this.onDrain);
     if (room) this.controller?.resume();
-    else this.controller?.pause();
+    else this.pauseForCaller();
   };
 
   /** The ticket was retired while the response waited. */
@@ -155,6 +159,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
 
   private readonly onCallerClose = (): void => {
     this.callerGone = true;
+    this.clearStall();
     this.ticket.abort.signal.removeEventListener("abort", this.onRetired);
     if (this.res.writableFinished) return;
     this.stopUpstream();
@@ -169,8 +174,30 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
 
   /** Once the upstream is done its socket may carry another call: a late resume must not touch it. */
   private readonly onDrain = (): void => {
+    this.clearStall();
     if (!this.upstreamDone) this.controller?.resume();
   };
+
+  /**
+   * The caller's socket is full: the upstream waits for 'drain'. A caller that stopped reading
+   * mid-stream would keep the answer from ever completing (and its key a readiness blocker for
+   * ever), so past the finish wait without a 'drain' it counts as gone: its connection is cut, which
+   * drops the upstream call and fails the ticket (no row).
+   */
+  private pauseForCaller(): void {
+    this.controller?.pause();
+    if (this.stall || this.upstreamDone) return;
+    this.stall = setTimeout(() => {
+      this.stall = undefined;
+      if (!this.res.writableFinished) this.res.destroy();
+    }, this.finishWaitMs);
+    this.stall.unref();
+  }
+
+  private clearStall(): void {
+    clearTimeout(this.stall);
+    this.stall = undefined;
+  }
 
   private upstreamLost(): void {
     if (!this.res.headersSent && !this.res.writableEnded) refuse(this.res, new CheckpointError("internal_error", "upstream: the connection closed before the response completed"), 502);

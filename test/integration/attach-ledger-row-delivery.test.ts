@@ -38,6 +38,21 @@ function holdWrites(socket: Socket): () => void {
   };
 }
 
+/** A long streamed answer (4 MiB of events, more than any socket buffer), written with backpressure as inference servers do. */
+function streamLong(res: ServerResponse): void {
+  res.writeHead(200, { "content-type": "text/event-stream" });
+  const event = `data: {"choices":[{"delta":{"content":"${"x".repeat(64 * 1024)}"}}]}\n\n`;
+  let sent = 0;
+  const pump = () => {
+    while (sent < 64 && !res.destroyed) {
+      sent += 1;
+      if (!res.write(event)) return void res.once("drain", pump);
+    }
+    if (!res.destroyed) res.end(SSE.at(-1));
+  };
+  pump();
+}
+
 const listen = (server: Server) => new Promise<string>((resolve) => server.listen(0, "127.0.0.1", () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)));
 const SSE = ['data: {"choices":[{"delta":{"content":"He"}}]}\n\n', 'data: {"choices":[{"delta":{"content":"llo"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n', "data: [DONE]\n\n"];
 const JSON_BODY = JSON.stringify({ choices: [{ message: { role: "assistant", content: "Hello" } }], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
@@ -54,6 +69,7 @@ beforeEach(async () => {
       const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as { stream?: boolean; messages: { content: string }[] };
       if (body.messages[0]?.content === "overloaded") return void res.writeHead(503, { "content-type": "application/json" }).end('{"error":{"message":"overloaded"}}');
       if (!body.stream) return void res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(JSON_BODY) }).end(JSON_BODY);
+      if (body.messages[0]?.content === "long") return streamLong(res);
       res.writeHead(200, { "content-type": "text/event-stream" });
       for (const event of SSE) res.write(event);
       res.end();
@@ -156,6 +172,21 @@ describe("attach proxy, a recorded call whose response has not left yet", () => 
     expect(proxied!.destroyed).toBe(true);
     expect(await answer).toBeInstanceOf(Error);
     expect(await kind.ledger.rows("stalled")).toEqual([]);
+    expect(kind.readiness().blockers).toEqual([]);
+  });
+
+  it("counts a caller that stops reading mid-stream as gone once the finish wait passes without a drain: connection cut, upstream dropped, no row", async () => {
+    hold = true; // nothing the proxy writes leaves Node's buffer: its socket is full, the upstream paused
+    const answer = call("stalled-mid", true, "long").then(
+      (response) => response.text(),
+      (error: unknown) => error,
+    );
+    await waitUntil(() => kind.readiness().blockers.includes("stalled-mid"), "the response to start streaming");
+    expect(await kind.ledger.rows("stalled-mid")).toEqual([]); // the answer never completed
+    await waitUntil(() => kind.tickets.size === 0, "the finish wait (3 s) to end the ticket", 10_000);
+    expect(proxied!.destroyed).toBe(true);
+    expect(await answer).toBeInstanceOf(Error);
+    expect(await kind.ledger.rows("stalled-mid")).toEqual([]);
     expect(kind.readiness().blockers).toEqual([]);
   });
 
