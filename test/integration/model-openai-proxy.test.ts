@@ -97,7 +97,7 @@ describe("attach proxy with the real openai client", () => {
     expect(prepared.phase).toBe("prepared");
     const commit = await control("commit", phase("c-stream", { checkpoint_dir: join(root, "c-stream"), episode_ids: [{ rollout_id: "streamer", attempt: 0 }, { rollout_id: "nobody", attempt: 0 }] }));
     expect(commit.phase).toBe("committed");
-    expect(commit.episode_ids).toEqual(["streamer"]);
+    expect(commit.episode_ids).toEqual(["nobody", "streamer"]); // an episode with no call gets an empty record
     const { calls } = await admin("/admin/calls");
     expect(commit.extras.staging_keys).toEqual([`stage/${calls[0].model_call_id}`]);
     expect(await control("resume", phase("c-stream"))).toEqual({ phase: "idle", idempotent: false });
@@ -148,7 +148,7 @@ describe("attach proxy with the real openai client", () => {
     expect(prepared.phase).toBe("prepared");
     expect(prepared.report.counts).toMatchObject({ cut: 0, cut_failed: 1 });
     const commit = await control("commit", phase("c-fail", { checkpoint_dir: join(root, "c-fail"), episode_ids: [{ rollout_id: "failing", attempt: 0 }] }));
-    expect(commit.episode_ids).toEqual([]);
+    expect(commit.episode_ids).toEqual(["failing"]); // its record is empty: no delivered call, no cut
     await control("resume", phase("c-fail"));
     await admin("/admin/release", {});
     expect((await pending).choices[0]!.message.content).toBe("ok");

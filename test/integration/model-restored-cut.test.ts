@@ -94,3 +94,36 @@ describe("restored generation cut", () => {
     expect((await readdir(join(root, "ledger", "locks"))).length).toBeLessThanOrEqual(16);
   });
 });
+
+describe("restoring the same checkpoint twice, for an episode that had made no model call", () => {
+  it("does not root the new replacement's lineage at the dead replacement's calls", async () => {
+    const scope = { checkpoint_dir: join(root, "c-tw"), episode_ids: [{ rollout_id: "tw", attempt: 0 }] };
+    const chat = async () => (await client("tw-a1").chat.completions.create({ model: "policy", messages: FIRST, tools: TOOLS })).id;
+    const callsOfReplacement = async () => ((await admin("/admin/calls")).calls as any[]).filter((c) => c.capture_key === "tw-a1");
+    const restartAndRestore = async (name: string) => {
+      await proxy!.kill("SIGKILL");
+      proxy = await spawnServer(name, PROXY_ENTRY, proxyArgs());
+      expect(await control("restore", phase("c-tw", scope))).toMatchObject({ phase: "restored" });
+      await control("resume", phase("c-tw"));
+    };
+    // The checkpoint is taken before rollout tw made its first model call.
+    expect((await control("prepare", phase("c-tw"))).phase).toBe("prepared");
+    expect(await control("commit", phase("c-tw", scope))).toMatchObject({ phase: "committed" });
+    await control("resume", phase("c-tw"));
+
+    // Crash: a fresh proxy restores tw as tw-a1, whose replacement makes one call, then crashes too.
+    await restartAndRestore("proxy-tw-1");
+    await chat();
+    const [dead] = await callsOfReplacement();
+    expect(dead.parent_call_id).toBeNull();
+
+    // The same checkpoint is restored again: the new replacement starts where tw was at the checkpoint.
+    await restartAndRestore("proxy-tw-2");
+    await chat();
+    const calls = await callsOfReplacement();
+    expect(calls).toHaveLength(2);
+    expect(calls[1].parent_call_id, `the dead replacement's call ${dead.model_call_id} is not its parent`).toBeNull();
+    const ledger = (await (await fetch(`${proxy!.url}/ng-capture/v1/ledger/tw-a1`, { headers: { authorization: `Bearer ${TOKEN}` } })).json()) as { records: { model_call_id: string }[] };
+    expect(ledger.records.map((r) => r.model_call_id)).toEqual([calls[1].model_call_id]);
+  });
+});

@@ -436,7 +436,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       const rows = (await this.readableRows(key)).filter((row) => !undelivered.has(row.model_call_id));
       // This round's cut is the newest; else an unconsumed restored cut; else one a call consumed but has not delivered.
       const cut = this.latestCuts.get(key)?.record ?? this.restoredCuts.get(key) ?? claimed.get(key) ?? null;
-      if (rows.length === 0 && !cut) continue;
+      // An episode with neither still gets a record (empty): a restore must see it to replace what
+      // dead executions of its next attempts left (install only sees records).
       records.push({ episode_id: { rollout_id: episode.rollout_id, attempt: episode.attempt }, rows: [...rows], generation_cuts: cut ? [cut] : [] });
     }
     return records;
@@ -490,10 +491,13 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         const episode = parseCaptureKey(key);
         if (episode?.rollout_id === source.rollout_id && episode.attempt >= target.attempt) this.restoredCuts.delete(key);
       }
-      await this.ledger.replace(targetKey, record.rows);
       const cut = record.generation_cuts[0];
-      if (cut) this.restoredCuts.set(targetKey, cut);
-      this.restoredKeys.add(targetKey);
+      // An empty record (no delivered call, no cut) imports nothing: the target simply has no ledger.
+      if (record.rows.length > 0 || cut) {
+        await this.ledger.replace(targetKey, record.rows);
+        if (cut) this.restoredCuts.set(targetKey, cut);
+        this.restoredKeys.add(targetKey);
+      }
       // Nothing will write the source attempts' ledgers again.
       await this.removeAttempts(source.rollout_id, (attempt) => attempt <= source.attempt);
     }

@@ -5,7 +5,8 @@ import { LedgerRowSchema } from "./ledger-row.js";
 
 /**
  * The model participant's checkpoint record for one episode (the SOURCE attempt): its delivered
- * lineage rows and at most one generation cut.
+ * lineage rows and at most one generation cut (both empty for an episode with neither: a restore still
+ * replaces what dead executions of its next attempts left).
  */
 export const ModelRecordSchema = z
   .object({

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, ModelKind, type LedgerRow, type ModelRecord } from "../../../participants/kinds/model/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
-import { CHAT, chat, deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+import { CHAT, chat, deliveredCall, emptyRecords, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 
 let f: ModelFixture;
@@ -33,14 +33,18 @@ const fileRows = async (key: string) =>
     .map((l) => JSON.parse(l).model_call_id);
 
 describe("export", () => {
-  it("refuses a null scope and leaves out undelivered calls and episodes with nothing", async () => {
+  it("refuses a null scope, leaves out undelivered calls, and exports an empty record for an episode with nothing", async () => {
     await expect(f.kind.exportRecords(null)).rejects.toMatchObject({ code: "invalid_request" });
     const delivered = await deliveredCall(f.kind, "ex");
     await f.kind.admit("ex", CHAT, chat("still generating"));
     const streaming = await f.kind.admit("ex", CHAT, chat("streaming"));
     await f.kind.responseStart(streaming);
     const records = await f.kind.exportRecords([ep("ex"), ep("nothing"), ep("ex", 1)]);
-    expect(records.map((r) => [r.episode_id, r.rows.map((x) => x.model_call_id)])).toEqual([[ep("ex"), [delivered.modelCallId]]]);
+    expect(records.map((r) => [r.episode_id, r.rows.map((x) => x.model_call_id), r.generation_cuts])).toEqual([
+      [ep("ex"), [delivered.modelCallId], []],
+      [ep("nothing"), [], []],
+      [ep("ex", 1), [], []],
+    ]);
   });
 
   it("says so in its prepare report (scope_required), so the coordinator refuses a null scope before anyone commits", async () => {
@@ -107,6 +111,26 @@ describe("restore: import as the next attempt, then retire the sources", () => {
     expect(await fileRows("tw-a1")).toEqual(["mc-1"]);
     const again = await fresh.admit("tw-a1", CHAT, chat("x"));
     expect(again.parentCallId).toBe("mc-1");
+  });
+
+  it("restoring twice an episode that had no model call at the checkpoint replaces what the first replacement wrote", async () => {
+    // Its record is empty (the export keeps it, so the restore sees the episode) and imports no ledger.
+    const [record] = await f.kind.exportRecords([ep("nc")]);
+    expect(record).toEqual({ episode_id: ep("nc"), rows: [], generation_cuts: [] });
+    const restart = async () => {
+      await f.kind.close();
+      f.kind = new ModelKind({ ledgerDir: join(f.dir, "ledger"), cutBackend: null });
+    };
+    await restart();
+    await f.kind.install([record!], {});
+    expect(existsSync(ledgerFile("nc-a1"))).toBe(false);
+    expect(f.kind.hasLiveState()).toBe(false);
+    const dead = await deliveredCall(f.kind, "nc-a1"); // the replacement calls, then crashes
+    await restart();
+    await f.kind.install([record!], {});
+    expect(existsSync(ledgerFile("nc-a1"))).toBe(false);
+    const again = await f.kind.admit("nc-a1", CHAT, chat("x"));
+    expect(again.parentCallId, `the dead replacement's call ${dead.modelCallId} is not a parent`).toBeNull();
   });
 
   it("refuses a record whose next attempt is retired with stale_attempt, before writing anything", async () => {
@@ -286,7 +310,7 @@ describe("ledger files", () => {
     await deliveredCall(f.kind, "fine");
     expect((await f.kind.exportRecords([ep("fine")])).map((r) => r.rows.length)).toEqual([1]);
     await f.kind.retireLedgers(ep("mid"));
-    expect(await f.kind.exportRecords([ep("mid")])).toEqual([]);
+    expect(await f.kind.exportRecords([ep("mid")])).toEqual(emptyRecords(ep("mid")));
   });
 
   it("a write that fails part way is cut off: the file and memory keep nothing of it, later appends stay readable", async () => {

@@ -12,6 +12,7 @@ import {
   type DurablePrefixAck,
   type GenerationCutRecord,
   type LedgerRow,
+  type ModelRecord,
 } from "../../../participants/kinds/model/index.js";
 
 /** A ModelKind on a temp ledger dir with a fake participant context and a scripted cut runner. */
@@ -100,6 +101,9 @@ export const ledgerRow = (capture_key: string, model_call_id: string): LedgerRow
   usage: null,
   recorded_at: 1,
 });
+
+/** What a commit exports for episodes with no delivered call and no cut: an empty record each. */
+export const emptyRecords = (...episodes: EpisodeId[]): ModelRecord[] => episodes.map((episode_id) => ({ episode_id, rows: [], generation_cuts: [] }));
 
 /** A generation cut of `sourceKey`'s call "mc-cut", as exported, that a retry sending the chat `request` consumes. */
 export function cutRecord(sourceKey: string, request: Parameters<typeof conversationDigest>[1], extra: Partial<GenerationCutRecord["continuation"]> = {}): GenerationCutRecord {
