@@ -1,5 +1,5 @@
 import { writeSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { createServer, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import { tmpdir } from "node:os";
@@ -205,5 +205,34 @@ describe("attach proxy, a recorded call whose response has not left yet", () => 
     hold = false;
     expect(await (await call("gone", true)).text()).toBe(SSE.join(""));
     expect((await kind.ledger.rows("gone")).map((r) => r.parent_call_id)).toEqual([null]);
+  });
+});
+
+describe("attach proxy shutdown while a call's row waits for its stripe", () => {
+  it("takes back the row of a call whose caller never got the answer (the attach binary's shutdown order)", async () => {
+    const file = join(dir, "ledger", "sd.lineage.jsonl");
+    expect(await (await call("sd", false)).text()).toBe(JSON_BODY);
+    const before = await readFile(file, "utf8");
+    // The key's stripe is busy (a slow read or rewrite of another key of the same stripe).
+    let releaseStripe!: () => void;
+    const busy = kind.ledger.locks.run("sd", () => new Promise<void>((resolve) => (releaseStripe = resolve)));
+    const answer = call("sd", false).then(
+      (response) => response.text(),
+      (error: unknown) => error,
+    );
+    await waitUntil(() => [...kind.tickets.values()].some((t) => t.responseStarted), "the upstream answer");
+    await new Promise((resolve) => setImmediate(resolve)); // the row's append is queued on the stripe
+
+    // SIGTERM: participants/attach/main.ts closes every connection, the server, then the kind.
+    proxy.closeAllConnections();
+    await new Promise((resolve) => proxy.close(resolve));
+    const kindClosed = kind.close();
+    releaseStripe();
+    await busy;
+    await kindClosed;
+
+    expect(await answer).toBeInstanceOf(Error);
+    expect(kind.tickets.size).toBe(0);
+    expect(await readFile(file, "utf8"), "the undelivered call's row stayed").toBe(before);
   });
 });

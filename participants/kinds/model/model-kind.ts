@@ -56,6 +56,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   readonly tickets = new Map<string, AdmissionTicket>();
   /** The model call ids of open tickets (unique per call): their rows may still be taken back. */
   private readonly openCalls = new Set<string>();
+  /** Open tickets whose row is being written or written: close() lets them settle (a take-back may follow). */
+  private readonly recording = new Set<AdmissionTicket>();
   private served = false;
   /** Restored cuts by NEXT-attempt capture key, consumed by a matching re-issued call. */
   private readonly restoredCuts = new Map<string, GenerationCutRecord>();
@@ -177,6 +179,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
    * ending it, so the call fails as a whole.
    */
   async record(ticket: AdmissionTicket, outcome: CallOutcome): Promise<void> {
+    if (!ticket.finished) this.recording.add(ticket);
     try {
       if (!ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode)) {
         await this.ledger.append({
@@ -242,6 +245,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     ticket.finished = true;
     this.tickets.delete(ticket.ticketId);
     this.openCalls.delete(ticket.modelCallId);
+    this.recording.delete(ticket);
     (ticket as AdmissionTicket & { close: () => void }).close();
     this.notify();
   }
@@ -563,8 +567,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     }
   }
 
-  /** Shutdown: closes the ledger's file handles and releases its lock files. */
+  /**
+   * Shutdown: closes the ledger's file handles and releases its lock files, once every call whose row
+   * was asked for has settled: a caller cut off by the shutdown never got its answer, and its row
+   * (written after the cut, as work the ledger had accepted) is taken back first. The proxy bounds
+   * each by its finish wait; its shutdown closes the callers' connections before this.
+   */
   async close(): Promise<void> {
+    await Promise.all([...this.recording].map((t) => t.closed));
     await this.ledger.close();
   }
 
