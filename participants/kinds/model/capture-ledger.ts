@@ -254,15 +254,16 @@ export class CaptureLedger {
     return this.locks.run(key, async () => {
       await this.ready;
       if (!this.onDisk.has(key)) return false;
-      let text = await readNoFollow(this.fileOf(key));
+      let data = await readNoFollow(this.fileOf(key));
       // A failed write whose cut-off also failed: its fragment goes, as the next append would cut it.
       const cut = this.repair.get(key);
-      if (cut !== undefined) text = Buffer.from(text).subarray(0, cut).toString("utf8");
-      const lines = text.split("\n");
-      const index = lines.findLastIndex((line) => parseRow(line)?.model_call_id === modelCallId);
+      if (cut !== undefined) data = data.subarray(0, cut);
+      // In bytes: a damaged line (not UTF-8) is written back exactly as it was.
+      const lines = splitLines(data);
+      const index = lines.findLastIndex((line) => parseRow(line.toString("utf8"))?.model_call_id === modelCallId);
       if (index === -1) return false;
       lines.splice(index, 1);
-      await this.rewrite(key, lines.join("\n"));
+      await this.rewrite(key, Buffer.concat(lines.flatMap((line, i) => (i === 0 ? [line] : [NEWLINE, line]))));
       // Read again on next use: line numbers of unreadable lines may have moved.
       this.cacheDrop(key);
       return true;
@@ -274,9 +275,9 @@ export class CaptureLedger {
    * file fsynced, renamed, directory fsynced): a crash leaves the old rows or the new ones, never an
    * empty file.
    */
-  private async rewrite(key: string, text: string): Promise<void> {
+  private async rewrite(key: string, data: string | Buffer): Promise<void> {
     this.dropHandle(key);
-    await writeFileAtomic(this.fileOf(key), text, { mode: 0o600 });
+    await writeFileAtomic(this.fileOf(key), data, { mode: 0o600 });
     this.repair.delete(key);
     if (!this.onDisk.has(key)) this.addOnDisk(key);
   }
@@ -332,32 +333,34 @@ export class CaptureLedger {
   /** Under the key's stripe lock: the file's rows, and the numbers of its lines that are not rows. */
   private async readFile(key: string): Promise<LedgerEntry> {
     const path = this.fileOf(key);
-    let text: string;
+    let data: Buffer;
     try {
-      text = await readNoFollow(path);
+      data = await readNoFollow(path);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return { rows: [], corrupt: [] };
       throw error;
     }
-    const lines = text.split("\n");
+    // Split in bytes, not decoded text: a damaged line that is not UTF-8 decodes to a different length,
+    // and the torn tail must be cut at its byte offset.
+    const end = data.lastIndexOf(0x0a) + 1;
     const rows: LedgerRow[] = [];
     const corrupt: number[] = [];
-    for (const [index, line] of lines.slice(0, -1).entries()) {
-      if (!line.trim()) continue;
-      const row = parseRow(line);
+    for (const [index, line] of splitLines(data.subarray(0, end)).slice(0, -1).entries()) {
+      const text = line.toString("utf8");
+      if (!text.trim()) continue;
+      const row = parseRow(text);
       if (row) rows.push(row);
       else corrupt.push(index + 1);
     }
     // What follows the last newline is an append a crash (or a full disk) cut short. It must not
     // stay: the next append would join it into one invalid line. A complete row keeps its place.
-    const tail = lines.at(-1)!;
-    if (tail !== "") {
-      const row = parseRow(tail);
+    if (end < data.length) {
+      const row = parseRow(data.subarray(end).toString("utf8"));
       if (row) {
         await withFile(path, constants.O_WRONLY | constants.O_APPEND | NOFOLLOW, (file) => file.appendFile("\n"));
         rows.push(row);
       } else {
-        await withFile(path, constants.O_WRONLY | NOFOLLOW, (file) => file.truncate(Buffer.byteLength(text) - Buffer.byteLength(tail)));
+        await withFile(path, constants.O_WRONLY | NOFOLLOW, (file) => file.truncate(end));
       }
     }
     return { rows, corrupt };
@@ -373,8 +376,22 @@ async function withFile<T>(path: string, flags: number, fn: (file: FileHandle) =
   }
 }
 
-function readNoFollow(path: string): Promise<string> {
-  return withFile(path, constants.O_RDONLY | NOFOLLOW, (file) => file.readFile("utf8"));
+function readNoFollow(path: string): Promise<Buffer> {
+  return withFile(path, constants.O_RDONLY | NOFOLLOW, (file) => file.readFile());
+}
+
+const NEWLINE = Buffer.from("\n");
+
+/** The byte lines of `data` split at each newline (as String.split: n newlines give n + 1 parts). */
+function splitLines(data: Buffer): Buffer[] {
+  const lines: Buffer[] = [];
+  let start = 0;
+  for (let at = data.indexOf(0x0a); at !== -1; at = data.indexOf(0x0a, start)) {
+    lines.push(data.subarray(start, at));
+    start = at + 1;
+  }
+  lines.push(data.subarray(start));
+  return lines;
 }
 
 /** A loaded key: its rows, and the 1-based numbers of its file's lines that are not rows. */

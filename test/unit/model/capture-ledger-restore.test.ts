@@ -277,6 +277,29 @@ describe("ledger files", () => {
     await reloaded.close();
   });
 
+  it("cut a torn last line at its byte offset even after a damaged line that is not UTF-8: the next row stays readable", async () => {
+    const path = ledgerFile("bin");
+    await mkdir(join(f.dir, "ledger"), { recursive: true });
+    await writeFile(
+      path,
+      Buffer.concat([
+        Buffer.from(`${JSON.stringify(row("bin", "mc-1"))}\n`),
+        Buffer.from([0xff, 0xfe, 0xff, 0xfe, 0x0a]), // damage from outside: 4 bytes that are not UTF-8 (each decodes to 3)
+        Buffer.from(`${JSON.stringify(row("bin", "mc-2"))}\n`),
+        Buffer.from('{"capture_key":"bin","model_call_id":"mc-3","par'), // a crash cut the last append short
+      ]),
+    );
+    const ledger = new CaptureLedger(join(f.dir, "ledger"));
+    expect((await ledger.load("bin")).rows.map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2"]);
+    await ledger.append(row("bin", "mc-4"));
+    await ledger.close();
+    const reloaded = new CaptureLedger(join(f.dir, "ledger"));
+    const loaded = await reloaded.load("bin");
+    await reloaded.close();
+    expect(loaded).toMatchObject({ corrupt: [2] });
+    expect(loaded.rows.map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2", "mc-4"]);
+  });
+
   it("keep a complete last row that lost only its newline", async () => {
     await mkdir(join(f.dir, "ledger"), { recursive: true });
     await writeFile(ledgerFile("nonl"), `${JSON.stringify(row("nonl", "mc-1"))}\n${JSON.stringify(row("nonl", "mc-2"))}`);
@@ -437,6 +460,17 @@ describe("ledger files", () => {
     await ledger.append(row("rt", "mc-4", "mc-3"));
     expect((await ledger.rows("rt")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-3", "mc-4"]);
     await ledger.close();
+  });
+
+  it("retract keeps a damaged line that is not UTF-8 byte for byte", async () => {
+    await mkdir(join(f.dir, "ledger"), { recursive: true });
+    const damaged = Buffer.from([0xff, 0xfe, 0x7b, 0xc3]);
+    const line = (id: string) => Buffer.from(`${JSON.stringify(row("rb", id))}\n`);
+    await writeFile(ledgerFile("rb"), Buffer.concat([line("mc-1"), damaged, Buffer.from("\n"), line("mc-2")]));
+    const ledger = new CaptureLedger(join(f.dir, "ledger"));
+    expect(await ledger.retract("rb", "mc-2")).toBe(true);
+    await ledger.close();
+    expect(await readFile(ledgerFile("rb"))).toEqual(Buffer.concat([line("mc-1"), damaged, Buffer.from("\n")]));
   });
 
   it("reject rows that do not match the schema", async () => {
