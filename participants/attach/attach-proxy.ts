@@ -109,7 +109,8 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   }
 
   function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket): void {
-    const headers = upstreamHeaders(req.rawHeaders, upstream.url.host);
+    // Uncompressed: the usage is read from the answer's last bytes (the proxy sits next to the caller).
+    const headers = upstreamHeaders(req.rawHeaders, upstream.url.host, { identity: true });
     headers.push("x-ng-capture-key", ticket.captureKey, "x-ng-model-call-id", ticket.modelCallId);
     if (ticket.parentCallId) headers.push("x-ng-parent-call-id", ticket.parentCallId);
     if (ticket.claimedCut) {

@@ -9,15 +9,18 @@ const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "tra
 /**
  * The caller's headers for the upstream request, as a flat name/value list (undici's raw form):
  * read from `rawHeaders`, so the parsed `req.headers` object is never built on the hot path.
- * Caller-sent `x-ng-*` headers are dropped; the proxy sets its own.
+ * Caller-sent `x-ng-*` headers are dropped; the proxy sets its own. With `identity`, the answer is
+ * asked for uncompressed (`accept-encoding: identity` instead of the caller's): the proxy reads a
+ * tracked call's usage from its last bytes.
  */
-export function upstreamHeaders(rawHeaders: string[], host: string): string[] {
+export function upstreamHeaders(rawHeaders: string[], host: string, options: { identity?: boolean } = {}): string[] {
   const out = ["host", host];
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase();
-    if (HOP_BY_HOP.has(name) || name.startsWith("x-ng-")) continue;
+    if (HOP_BY_HOP.has(name) || name.startsWith("x-ng-") || (options.identity && name === "accept-encoding")) continue;
     out.push(name, rawHeaders[i + 1]!);
   }
+  if (options.identity) out.push("accept-encoding", "identity");
   return out;
 }
 

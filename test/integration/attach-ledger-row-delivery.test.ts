@@ -4,6 +4,7 @@ import { createServer, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { gzipSync } from "node:zlib";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
@@ -67,6 +68,10 @@ beforeEach(async () => {
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
       const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as { stream?: boolean; messages: { content: string }[] };
+      if (body.messages[0]?.content === "compressible" && /\bgzip\b/.test(String(req.headers["accept-encoding"]))) {
+        const gzipped = gzipSync(JSON_BODY); // as a gzip middleware (or nginx) in front of the server would
+        return void res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", "content-length": gzipped.length }).end(gzipped);
+      }
       if (body.messages[0]?.content === "overloaded") return void res.writeHead(503, { "content-type": "application/json" }).end('{"error":{"message":"overloaded"}}');
       if (!body.stream) return void res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(JSON_BODY) }).end(JSON_BODY);
       if (body.messages[0]?.content === "long") return streamLong(res);
@@ -127,6 +132,15 @@ describe.each([
     failWrites = false;
     expect(await (await call("row-fail", stream)).text()).toBe(expected);
     expect((await kind.ledger.rows("row-fail")).map((r) => r.parent_call_id)).toEqual([null]);
+  });
+});
+
+describe("attach proxy, an upstream that compresses when the caller accepts it", () => {
+  it("is asked for an uncompressed answer, so the row records its usage", async () => {
+    const response = await call("gz", false, "compressible"); // fetch sends accept-encoding: gzip, deflate, br
+    expect(response.headers.get("content-encoding")).toBeNull();
+    expect(await response.text()).toBe(JSON_BODY);
+    expect((await kind.ledger.rows("gz")).map((r) => r.usage)).toEqual([{ prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 }]);
   });
 });
 

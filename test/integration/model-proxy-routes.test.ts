@@ -148,7 +148,7 @@ describe.each([
     const raw = `{ "stream": false,\n  ${JSON.stringify(request).slice(1)}`;
     const response = await fetch(`${proxy.url}/ng-rollout/${key}${route}?beta=true`, {
       method: "POST",
-      headers: { "content-type": "application/json", authorization: "Bearer user-key", "anthropic-version": "2023-06-01" },
+      headers: { "content-type": "application/json", authorization: "Bearer user-key", "anthropic-version": "2023-06-01", "accept-encoding": "gzip, br" },
       body: raw,
     });
     expect(response.status).toBe(200);
@@ -157,7 +157,14 @@ describe.each([
     expect(seen).toHaveLength(1);
     const call = seen[0]!;
     expect([call.method, call.url, call.body]).toEqual(["POST", `${route}?beta=true`, raw]);
-    expect(call.headers).toMatchObject({ "x-ng-capture-key": key, authorization: "Bearer user-key", "anthropic-version": "2023-06-01", "content-length": String(Buffer.byteLength(raw)) });
+    // Asked for uncompressed, whatever the caller accepts: its usage is read from the answer's last bytes.
+    expect(call.headers).toMatchObject({
+      "x-ng-capture-key": key,
+      authorization: "Bearer user-key",
+      "anthropic-version": "2023-06-01",
+      "content-length": String(Buffer.byteLength(raw)),
+      "accept-encoding": "identity",
+    });
     expect(call.headers["x-ng-model-call-id"]).toMatch(/^mc-/);
     expect(call.headers["x-ng-parent-call-id"]).toBeUndefined();
     const rows = await ledger(key);
@@ -246,12 +253,13 @@ describe("other routes", () => {
   it("pass through untracked, with or without the rollout prefix", async () => {
     const bare = await fetch(`${proxy.url}/v1/models`);
     expect(await bare.json()).toEqual({ object: "list", data: [] });
-    const prefixed = await fetch(`${proxy.url}/ng-rollout/other/v1/models`);
+    const prefixed = await fetch(`${proxy.url}/ng-rollout/other/v1/models`, { headers: { "accept-encoding": "gzip" } });
     expect(prefixed.status).toBe(200);
     expect(seen.map((s) => [s.method, s.url, s.headers["x-ng-capture-key"]])).toEqual([
       ["GET", "/v1/models", undefined],
       ["GET", "/v1/models", undefined],
     ]);
+    expect(seen[1]!.headers["accept-encoding"]).toBe("gzip"); // untracked: the caller's headers as they came
     expect(await ledger("other")).toEqual([]);
   });
 
