@@ -207,11 +207,16 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   /**
    * The caller left after the row was written but before its response had left in full: it cannot
    * hold the whole answer and will re-issue the call, so the row is taken back (no phantom parent,
-   * nothing exported for it). The ticket closes once that is done, even if taking it back failed.
+   * nothing exported for it), and a restored cut it consumed is given back (its saved prefix is not
+   * spent: exported again, continued by the re-issued call). The ticket closes once that is done,
+   * even if taking it back failed (then the row, which names the cut, stays and so does the claim).
    */
   async undelivered(ticket: AdmissionTicket): Promise<void> {
     try {
-      if (!ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode)) await this.ledger.retract(ticket.captureKey, ticket.modelCallId);
+      if (!ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode)) {
+        await this.ledger.retract(ticket.captureKey, ticket.modelCallId);
+        this.giveBackCut(ticket);
+      }
     } catch (error) {
       this.options.logger?.error({ err: error, capture_key: ticket.captureKey, model_call_id: ticket.modelCallId }, "could not take back the row of an undelivered call; it stays in the ledger");
     } finally {
@@ -232,12 +237,15 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
    */
   fail(ticket: AdmissionTicket, options: { upstreamRefused?: boolean } = {}): void {
     if (ticket.finished) return;
-    const cut = ticket.claimedCut;
-    const unused = !ticket.responseStarted || options.upstreamRefused === true;
-    if (cut && unused && !ticket.abort.signal.aborted && !this.context?.isRetired(ticket.episode) && !this.restoredCuts.has(ticket.captureKey)) {
-      this.restoredCuts.set(ticket.captureKey, cut);
-    }
+    if (!ticket.responseStarted || options.upstreamRefused === true) this.giveBackCut(ticket);
     this.closeTicket(ticket);
+  }
+
+  /** An open ticket's claimed restored cut is unspent: restored again (unless retired or another is restored meanwhile). */
+  private giveBackCut(ticket: AdmissionTicket): void {
+    const cut = ticket.claimedCut;
+    if (ticket.finished || !cut || ticket.abort.signal.aborted || this.context?.isRetired(ticket.episode) || this.restoredCuts.has(ticket.captureKey)) return;
+    this.restoredCuts.set(ticket.captureKey, cut);
   }
 
   private closeTicket(ticket: AdmissionTicket): void {

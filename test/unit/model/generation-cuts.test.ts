@@ -223,6 +223,21 @@ describe("restored cuts", () => {
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
   });
 
+  it("a claiming call whose row is taken back (its caller left before the answer had left) gives the cut back", async () => {
+    await f.kind.install([record(cutRecord("rc", chat("q")))], {});
+    const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    expect(claimed.claimedCut?.model_call_id).toBe("mc-cut");
+    await f.kind.responseStart(claimed);
+    await f.kind.record(claimed, { stagingKey: null, usage: null });
+    await f.kind.undelivered(claimed);
+    expect(await f.kind.ledger.rows("rc-a1")).toEqual([]);
+    // The saved prefix is not spent: exported again, and the re-issued call continues from it.
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    expect((await f.kind.exportRecords([ep("rc", 1)])).map((r) => r.generation_cuts.map((c) => c.model_call_id))).toEqual([["mc-cut"]]);
+    const retry = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    expect(retry.claimedCut?.model_call_id).toBe("mc-cut");
+  });
+
   it("a consumed cut stays in the next checkpoint while its call is undelivered, unless that call was cut anew", async () => {
     await f.kind.install([record(cutRecord("rc", chat("q")))], {});
     const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
