@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Logger } from "pino";
 import { Pool } from "undici";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, describeZodError, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
+import { AttemptSchema, CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, describeZodError, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
 import { canonicalRoute } from "./canonical-route.js";
@@ -40,7 +40,7 @@ export interface AttachProxyOptions {
   finishWaitMs?: number;
 }
 
-const RetireBodySchema = z.object({ rollout_id: EpisodeIdSchema.shape.rollout_id, attempt: z.number().int().min(0) }).strict();
+const RetireBodySchema = z.object({ rollout_id: EpisodeIdSchema.shape.rollout_id, attempt: AttemptSchema }).strict();
 
 export function createAttachProxy(options: AttachProxyOptions): Server {
   const { upstream, kind, logger } = options;

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Op } from "../../protocol/index.js";
+import { MAX_ATTEMPT, type Op } from "../../protocol/index.js";
 import { controlRequest, phase as controlPhase } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
@@ -133,6 +133,10 @@ describe("attach proxy with the real openai client", () => {
     let text = "";
     for await (const chunk of await pending) text += chunk.choices[0]?.delta?.content ?? "";
     expect(text).toBe("ok");
+    expect((await capture("ledger/holder")).records).toHaveLength(2);
+    // An attempt no episode can have is bad input: refused, nothing removed.
+    const beyond = await capture("ledger/retire", { method: "POST", body: JSON.stringify({ rollout_id: "holder", attempt: MAX_ATTEMPT + 1 }) });
+    expect(beyond).toMatchObject({ error: { code: "invalid_request" } });
     expect((await capture("ledger/holder")).records).toHaveLength(2);
     expect((await capture("ledger/retire", { method: "POST", body: JSON.stringify({ rollout_id: "holder", attempt: 0 }) })).retired).toEqual(["holder"]);
     expect((await capture("ledger/holder")).records).toEqual([]);
