@@ -135,14 +135,17 @@ describe("code verifier", () => {
       "function f() { const g = () => 1; g.toString = () => { for (;;) {} }; throw g; }",
       "function f() { throw { message: { toString() { for (;;) {} } } }; }",
     ];
+    // A describer that ran the submission's code would loop for ever: the case would time out, however
+    // long its time. A generous one keeps a loaded machine's slow child from timing out a correct describer.
+    const limits = { ...LIMITS, caseTimeoutMs: 3000 };
     for (const code of hostile) {
-      const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }, { args: [] }] }, LIMITS);
+      const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }, { args: [] }] }, limits);
       expect(outcome, code).toMatchObject({ status: "completed", results: [{ status: "error" }, { status: "error" }] });
     }
     // A rejection the submission leaves unhandled is not inspected by the child's host code either.
     const rejected = await runSandboxed(
       { mode: "function", code: "Promise.reject(new Proxy({}, { get() { for (;;) {} }, getOwnPropertyDescriptor() { for (;;) {} } })); function f() { return 1; }", function_name: "f", cases: [{ args: [] }] },
-      LIMITS,
+      limits,
     );
     expect(rejected).toEqual({ status: "completed", results: [{ status: "ok", output: "1" }] });
   });
