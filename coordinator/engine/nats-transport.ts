@@ -38,6 +38,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
   private readonly inbox: string;
   private readonly pending = new Map<string, Pending>();
   private subscription: Subscription | undefined;
+  private watchDisconnects: Promise<void> | undefined;
   private seq = 0;
 
   constructor(private readonly nc: NatsConnection) {
@@ -74,12 +75,25 @@ export class NatsParticipantTransport implements ParticipantTransport {
     if (this.subscription && !this.subscription.isClosed()) return;
     this.subscription = this.nc.subscribe(`${this.inbox}.*`, { callback: (error, msg) => this.onReply(error, msg) });
     // A closed connection ends the subscription: nothing pending can be answered any more.
-    void this.subscription.closed.then(() => {
-      for (const token of [...this.pending.keys()]) {
-        const p = this.settle(token);
-        p?.reject(new RequestTimeoutFailure(p.subject, p.timeoutMs));
-      }
-    });
+    void this.subscription.closed.then(() => this.failPending());
+    this.watchDisconnects ??= this.failPendingOnDisconnect();
+  }
+
+  /**
+   * A disconnect may lose the replies in flight (the server drops what it could not deliver), so
+   * the requests waiting for them are unknown outcomes at once, for the caller to retry
+   * idempotently, rather than when their timers fire: a controller op sent without a deadline waits
+   * as long as the coordinator may run it.
+   */
+  private async failPendingOnDisconnect(): Promise<void> {
+    for await (const status of this.nc.status()) if (status.type === "disconnect") this.failPending();
+  }
+
+  private failPending(): void {
+    for (const token of [...this.pending.keys()]) {
+      const p = this.settle(token);
+      p?.reject(new RequestTimeoutFailure(p.subject, p.timeoutMs));
+    }
   }
 
   private onReply(error: Error | null, msg: Msg): void {

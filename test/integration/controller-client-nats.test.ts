@@ -1,5 +1,5 @@
 import { Kvm } from "@nats-io/kv";
-import { headers, type Msg } from "@nats-io/transport-node";
+import { connect, headers, type Msg } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
@@ -7,6 +7,7 @@ import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engin
 import { LEADER_KEY } from "../../coordinator/ha/leader-lease.js";
 import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, leaderBucket } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { startStallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
 
 // The controller client's own failure mapping over a real nats-server, without a coordinator:
@@ -197,3 +198,33 @@ describe("NATS controller client", () => {
     }
   });
 });
+
+describe("NATS controller client across a disconnect of its own", () => {
+  it("an op whose reply may have been lost while the client reconnected ends outcome_unknown at once, not when its (days-long) wait runs out", async () => {
+    const proxy = await startStallProxy(nats.server.port);
+    const clientNc = await connect({ servers: proxy.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    const held: Msg[] = [];
+    const sub = nats.nc.subscribe(controllerSubject("blip", "checkpoint"), { callback: (_e, msg) => void held.push(msg) });
+    await nats.nc.flush();
+    try {
+      const client = new NatsControllerClient({ nc: clientNc, deployment: "blip", token: "ctl-token" });
+      let settled: unknown = "pending";
+      void client.checkpoint({ checkpoint_id: "blip-1", episode_ids: [] }).then(
+        (reply) => (settled = reply),
+        (error: unknown) => (settled = error),
+      );
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      // The client's connection drops; the coordinator answers meanwhile: that reply is lost.
+      proxy.cut();
+      held[0]!.respond(JSON.stringify({ error: { code: "prepare_incomplete", detail: "answered while the client was away" } }));
+      await waitUntil(() => settled !== "pending", "the op to end once its connection dropped", 10_000);
+      expect(settled).toMatchObject({ code: "outcome_unknown" });
+    } finally {
+      sub.unsubscribe();
+      proxy.heal();
+      await clientNc.close().catch(() => undefined);
+      await proxy.close();
+    }
+  });
+});
+

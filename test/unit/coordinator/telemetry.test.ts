@@ -108,6 +108,7 @@ describe("coordinator telemetry", () => {
         captured = options.headers;
         queueMicrotask(() => deliver?.(null, { subject: options.reply, data: new TextEncoder().encode("{}"), headers: undefined, string: () => "{}" }));
       },
+      status: async function* () {},
     } as unknown as NatsConnection;
     const span = trace.getTracer("test").startSpan("parent");
     await new NatsParticipantTransport(nc).request("s", "{}", { timeoutMs: 100, token: "tok", context: trace.setSpan(context.active(), span) });
