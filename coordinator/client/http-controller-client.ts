@@ -3,7 +3,7 @@ import { Agent, fetch } from "undici";
 import { CONTROLLER_OPS, CheckpointError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
-import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
+import { decodeControllerReply, openEndedWait, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface HttpControllerClientOptions {
   /** e.g. http://127.0.0.1:8480 */
@@ -13,7 +13,15 @@ export interface HttpControllerClientOptions {
   timeoutMs?: number;
   /** Wait past a request's deadline (default 10 s). */
   slackMs?: number;
+  /**
+   * An op sent without a deadline waits as long as the coordinator may run it, unless the
+   * coordinator stops being the ready leader: its `/readyz` is asked this often (default 5 s).
+   */
+  readyCheckMs?: number;
 }
+
+/** Consecutive failed `/readyz` answers (not 200, or none in time) that end a wait: one slow answer is not a dead coordinator. */
+const READY_FAILURES = 2;
 
 /**
  * fetch's own dispatcher gives up on a reply after 300 s (undici's headersTimeout and bodyTimeout:
@@ -74,16 +82,60 @@ export class HttpControllerClient extends ControllerClient {
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) };
     // W3C traceparent of the caller's span, as the NATS client sends it: the op joins the caller's trace.
     propagation.inject(context.active(), headers);
+    const watch = openEndedWait(request, this.options, timeout) ? new AbortController() : undefined;
+    const signal = watch ? AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), watch.signal]) : AbortSignal.timeout(timerDelay(timeout));
+    if (watch) this.watchReadiness(watch);
+    try {
+      return await this.send(op, path, method, headers, request, signal, timeout);
+    } finally {
+      watch?.abort(new Error("the reply came"));
+    }
+  }
+
+  /**
+   * Aborts `watch` with `outcome_unknown` once the coordinator's `/readyz` fails READY_FAILURES
+   * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset).
+   */
+  private watchReadiness(watch: AbortController): void {
+    const everyMs = this.options.readyCheckMs ?? 5_000;
+    let failures = 0;
+    let timer: NodeJS.Timeout | undefined;
+    const check = async () => {
+      const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED }).then(
+        async (response) => (await response.arrayBuffer(), response.status === 200),
+        () => false,
+      );
+      if (watch.signal.aborted) return;
+      failures = ready ? 0 : failures + 1;
+      if (failures >= READY_FAILURES) {
+        return watch.abort(new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} stopped being the ready leader before it answered; retry the op to learn its outcome`));
+      }
+      timer = setTimeout(check, everyMs);
+    };
+    watch.signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
+    timer = setTimeout(check, everyMs);
+  }
+
+  private async send<O extends ControllerOp>(
+    op: O,
+    path: string,
+    method: string,
+    headers: Record<string, string>,
+    request: CtlRequestInputOf<O>,
+    signal: AbortSignal,
+    timeout: number,
+  ): Promise<CtlReplyOf<O>> {
     let response: Response;
     try {
       response = await fetch(new URL(path, this.options.baseUrl), {
         method,
         headers,
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),
-        signal: AbortSignal.timeout(timerDelay(timeout)),
+        signal,
         dispatcher: UNTIMED,
       });
     } catch (error) {
+      if (error instanceof CheckpointError) throw error; // the readiness watch ended the wait
       if ((error as Error).name === "TimeoutError") throw new CheckpointError("outcome_unknown", `no reply from ${path} within ${Math.round(timeout)} ms`);
       if (refusedBeforeSending(error)) throw new CheckpointError("invalid_request", `cannot send ${op} to ${this.options.baseUrl}: ${describeCause(error)}`);
       const code = ((error as Error).cause as { code?: string } | undefined)?.code;
@@ -96,6 +148,7 @@ export class HttpControllerClient extends ControllerClient {
     try {
       text = await response.text();
     } catch (error) {
+      if (error instanceof CheckpointError) throw error;
       throw new CheckpointError("outcome_unknown", `the reply to ${op} was cut off: ${(error as Error).message}; retry with the same arguments`);
     }
     return decodeControllerReply(op, text);

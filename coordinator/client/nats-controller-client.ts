@@ -5,7 +5,7 @@ import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
 import { LEADER_CHECK_MS, LeaderLeaseReader } from "./leader-watch.js";
-import { DEFAULT_REPLY_TIMEOUT_MS, decodeControllerReply, hasDeadline, replyTimeoutMs } from "./reply-decoder.js";
+import { decodeControllerReply, openEndedWait, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface NatsControllerClientOptions {
   nc: NatsConnection;
@@ -45,8 +45,7 @@ export class NatsControllerClient extends ControllerClient {
     const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 10_000);
     for (;;) {
       const timeout = replyTimeoutMs(op, request, this.options);
-      // Waiting for the coordinator's own default timeout (unknown here): bounded by its leadership instead.
-      const watch = timeout > DEFAULT_REPLY_TIMEOUT_MS && this.options.timeoutMs === undefined && !hasDeadline(request) ? new AbortController() : undefined;
+      const watch = openEndedWait(request, this.options, timeout) ? new AbortController() : undefined;
       try {
         const leader = watch && (await this.leases.leader());
         const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch?.signal });

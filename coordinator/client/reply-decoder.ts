@@ -46,3 +46,12 @@ export function hasDeadline(request: unknown): request is { deadline_ts: number 
   const deadline = (request as { deadline_ts?: unknown } | null)?.deadline_ts;
   return typeof deadline === "number" && Number.isFinite(deadline);
 }
+
+/**
+ * The wait `replyTimeoutMs` gave is the coordinator's default timeout's cap, not a deadline the
+ * caller chose: the clients then bound it by the coordinator's leadership instead (NATS: its lease,
+ * HTTP: its /readyz), so a coordinator that died does not leave them waiting for days.
+ */
+export function openEndedWait(request: unknown, options: { timeoutMs?: number | undefined }, timeoutMs: number): boolean {
+  return timeoutMs > DEFAULT_REPLY_TIMEOUT_MS && options.timeoutMs === undefined && !hasDeadline(request);
+}

@@ -2,6 +2,7 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
+import { waitUntil } from "../support/wait-until.js";
 
 // The HTTP controller client's failure mapping against real sockets: only a connection that was
 // never made is not_leader (nothing was sent); a connection cut after the request left is
@@ -61,4 +62,26 @@ describe("HTTP controller client", () => {
     expect(bad).toMatchObject({ code: "invalid_request" });
     expect(bad.message).not.toContain("cret");
   });
+
+  it("an op sent without a deadline waits while the coordinator stays the ready leader, and ends outcome_unknown once its /readyz fails twice", async () => {
+    let ready = true;
+    let received = 0;
+    const url = await listen((req, res) => {
+      if (req.url === "/readyz") return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end("{}");
+      received += 1; // the op itself: never answered (a coordinator that froze or lost its lease mid-op)
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 20 });
+    let settled: unknown = "pending";
+    void client.checkpoint({ checkpoint_id: "h1", episode_ids: [] }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => received === 1, "the op to reach the coordinator");
+    await new Promise((resolve) => setTimeout(resolve, 200)); // ten readiness checks pass
+    expect(settled).toBe("pending");
+    ready = false;
+    await waitUntil(() => settled !== "pending", "the op to end once the coordinator is not ready", 10_000);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
+  });
 });
+
