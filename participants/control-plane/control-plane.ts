@@ -1,6 +1,7 @@
 import { trace, type Context, type Span } from "@opentelemetry/api";
-import { realpath } from "node:fs/promises";
-import { dirname, isAbsolute } from "node:path";
+import type { Stats } from "node:fs";
+import { lstat, readdir, realpath, stat } from "node:fs/promises";
+import { isAbsolute } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -36,7 +37,7 @@ import {
   type StatusRequest,
 } from "../../protocol/index.js";
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
-import { FsCheckpointStorage } from "../storage/fs-storage.js";
+import { FsCheckpointStorage, participantDir } from "../storage/fs-storage.js";
 import { WriteGate } from "../storage/write-gate.js";
 import { ATTR, countRefusal, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
 import { AsyncLock } from "./async-lock.js";
@@ -738,25 +739,38 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     if (this.checkpointRoot && !normalized.startsWith(`${this.checkpointRoot}/`)) {
       throw new CheckpointError("invalid_request", `checkpoint_dir must lie inside ${this.checkpointRoot}`);
     }
-    if (this.checkpointRoot) await this.refuseSymlinkEscape(normalized, this.checkpointRoot);
+    if (this.checkpointRoot) await this.refuseRootEscape(normalized, this.checkpointRoot);
     return normalized;
   }
 
   /**
-   * The textual check does not see symlinks: mkdir -p and open would follow one under the root.
-   * What of the directory exists already must resolve inside the root (before anything is created).
+   * The textual check does not see symlinks: mkdir -p and open follow them anywhere below the
+   * checkpoint directory (`<dir>/gym` → elsewhere writes there, and a restore reads from there).
+   * So every existing component of `<dir>/gym/<kind>/<instance>` must be a directory resolving
+   * inside the root (a symlink to elsewhere in the root is fine; a dangling one is refused, mkdir
+   * would fail on it), and no file in the participant directory may be a symlink. Checked before
+   * anything is created; the storage opens manifest and records with O_NOFOLLOW besides.
    */
-  private async refuseSymlinkEscape(dir: string, root: string): Promise<void> {
+  private async refuseRootEscape(dir: string, root: string): Promise<void> {
     const realRoot = await realpathOrUndefined(root);
     if (realRoot === undefined) return; // nothing under a missing root exists, so no symlink either
-    let existing = dir;
-    let real = await realpathOrUndefined(existing);
-    while (real === undefined && existing !== root) {
-      existing = dirname(existing);
-      real = await realpathOrUndefined(existing);
+    const target = participantDir({ checkpointDir: dir, checkpointId: "", kind: this.adapter.kind, instance: this.instance });
+    const escape = (detail: string) => new CheckpointError("invalid_request", `checkpoint_dir: ${detail} (checkpoint root ${root})`);
+    let path = root;
+    for (const name of target.slice(root.length + 1).split("/").filter(Boolean)) {
+      path = `${path}/${name}`;
+      let info = await lstatOrUndefined(path);
+      if (info === undefined) return; // nothing below exists yet
+      if (info.isSymbolicLink()) {
+        const real = await realpathOrUndefined(path);
+        if (real === undefined) throw escape(`${path} is a symbolic link to nothing`);
+        if (real !== realRoot && !real.startsWith(`${realRoot}/`)) throw escape(`${path} resolves outside the root (a symlink)`);
+        info = await stat(path);
+      }
+      if (!info.isDirectory()) throw escape(`${path} is not a directory`);
     }
-    if (real !== undefined && real !== realRoot && !real.startsWith(`${realRoot}/`)) {
-      throw new CheckpointError("invalid_request", `checkpoint_dir resolves outside ${root} (a symlink)`);
+    for (const entry of await readdir(path, { withFileTypes: true })) {
+      if (entry.isSymbolicLink()) throw escape(`${path}/${entry.name} is a symbolic link`);
     }
   }
 
@@ -881,6 +895,17 @@ async function realpathOrUndefined(path: string): Promise<string | undefined> {
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "ENOENT" || code === "ENOTDIR") return undefined;
+    throw new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${code ?? String(error)}`, { cause: error });
+  }
+}
+
+/** lstat, or undefined when nothing is there; other failures refuse the checkpoint_dir. */
+async function lstatOrUndefined(path: string): Promise<Stats | undefined> {
+  try {
+    return await lstat(path);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") return undefined;
     throw new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${code ?? String(error)}`, { cause: error });
   }
 }

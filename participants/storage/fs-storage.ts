@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
-import { link, mkdir, open, readFile, rename, stat, unlink } from "node:fs/promises";
+import { link, mkdir, open, rename, unlink } from "node:fs/promises";
 import { join, relative } from "node:path";
 import type { z } from "zod";
 import {
@@ -124,8 +124,13 @@ export class FsCheckpointStorage implements CheckpointStorage {
       await link(temp, manifestPath);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-      // Read at most as many bytes as ours: a manifest of another size (a huge one too) differs anyway.
-      if ((await stat(manifestPath)).size !== Buffer.byteLength(text) || (await readFile(manifestPath, "utf8")) !== text) {
+      // Read at most as many bytes as ours: a manifest of another size (a huge one too) differs
+      // anyway, and so does a symlink or anything but a regular file (refused unread).
+      const existing = await readRegularFile(manifestPath, { maxBytes: Buffer.byteLength(text), noFollow: true }).catch((cause: unknown) => {
+        if (cause instanceof CheckpointError) return undefined;
+        throw cause;
+      });
+      if (existing?.toString("utf8") !== text) {
         throw new CheckpointError("checkpoint_conflict", `${manifestPath} already exists with different content`);
       }
     } finally {
@@ -182,8 +187,9 @@ async function loadParticipantManifest(dir: string): Promise<{ manifest: Partici
   const path = join(dir, MANIFEST_FILE);
   let bytes: Buffer;
   try {
-    // Never a FIFO or device (a restore would block on it), never past the limit.
-    bytes = await readRegularFile(path, { maxBytes: MAX_MANIFEST_BYTES });
+    // Never a FIFO or device (a restore would block on it), never past the limit, never through a
+    // symlink (it could point out of the checkpoint root).
+    bytes = await readRegularFile(path, { maxBytes: MAX_MANIFEST_BYTES, noFollow: true });
   } catch (error) {
     if (error instanceof CheckpointError) throw corrupt(`manifest ${error.message}`, error);
     throw corrupt(`no manifest at ${path}`, error);
@@ -215,8 +221,9 @@ export async function scanRecordLines(
   const text = (line: SplitLine) => (line.terminated ? line.bytes.subarray(0, -1) : line.bytes).toString("utf8");
   // The final line too: a line too long for a string must be invalid_checkpoint_state, not internal.
   try {
-    // No size limit (records are as large as the participant's state), but never a FIFO or device.
-    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER });
+    // No size limit (records are as large as the participant's state), but never a FIFO or device,
+    // never through a symlink.
+    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER, noFollow: true });
     // The stream closes the handle when it ends or fails.
     for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
       hash.update(chunk);

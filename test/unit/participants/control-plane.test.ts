@@ -376,6 +376,56 @@ describe("fences and refusals change no state", () => {
       await rm(outside, { recursive: true, force: true });
     }
   });
+
+  it("refuses a commit whose directory leaves the root below checkpoint_dir (<dir>/gym a symlink out of it), writing nothing", async () => {
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
+    try {
+      kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+      await call("prepare", { checkpoint_id: "c1" });
+      await mkdir(join(root, "c1"));
+      await symlink(outside, join(root, "c1", "gym"));
+      expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("invalid_request");
+      // Deeper too: <dir>/gym/<kind> out of the root.
+      await mkdir(join(root, "c2", "gym"), { recursive: true });
+      await symlink(outside, join(root, "c2", "gym", "environment"));
+      expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "c2") }))).toBe("invalid_request");
+      expect(await readdir(outside)).toEqual([]);
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
+  });
+
+  it("refuses a checkpoint_dir that is a dangling symlink, or a participant directory holding a symlink, with invalid_request", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    await symlink(join(root, "nowhere", "x"), join(root, "dangling"));
+    expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "dangling") }))).toBe("invalid_request");
+    await mkdir(join(root, "c1", "gym", "environment", "env0"), { recursive: true });
+    await symlink("/etc/hostname", join(root, "c1", "gym", "environment", "env0", "manifest.json"));
+    expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("invalid_request");
+    expect(await readdir(join(root, "c1", "gym", "environment", "env0"))).toEqual(["manifest.json"]);
+    expect(existsSync(join(root, "nowhere"))).toBe(false);
+  });
+
+  it("refuses a restore whose <checkpoint_dir>/gym is a symlink to a checkpoint outside the root, installing nothing", async () => {
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
+    try {
+      // A self-consistent checkpoint written outside the root (by a participant without one).
+      const writerKind = new ScriptableKind("environment");
+      writerKind.addEpisode({ rollout_id: "r1", attempt: 0 }, { planted: true });
+      const writer = new ParticipantControlPlane({ adapter: writerKind, instance: "env0", clock });
+      await writer.handle("prepare", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1 });
+      await writer.handle("commit", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: join(outside, "c1"), episode_ids: null, stop: false });
+      writer.dispose();
+      await mkdir(join(root, "c1"));
+      await symlink(join(outside, "c1", "gym"), join(root, "c1", "gym"));
+      const scope = [{ rollout_id: "r1", attempt: 0 }];
+      expect(await refused(call("restore", { checkpoint_id: "c1", checkpoint_dir: join(root, "c1"), episode_ids: scope }))).toBe("invalid_request");
+      expect([...kind.restored.keys()]).toEqual([]);
+      expect(plane.currentPhase).toBe("idle");
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
+  });
 });
 
 describe("incarnation fence", () => {

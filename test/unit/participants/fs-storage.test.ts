@@ -153,7 +153,23 @@ describe("filesystem checkpoint storage", () => {
       expect(await refusal(readParticipantManifest(dir))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
       await unlink(join(dir, "manifest.json"));
       await symlink("/dev/zero", join(dir, "manifest.json"));
-      expect(await refusal(readParticipantManifest(dir))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+      expect(await refusal(readParticipantManifest(dir))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+    });
+
+    it("a manifest or records file that is a symbolic link, even to a valid checkpoint's file (it could point out of the checkpoint root)", async () => {
+      const written = await write();
+      const dir = participantDir(target);
+      const elsewhere = join(root, "elsewhere");
+      await mkdir(elsewhere);
+      for (const name of ["manifest.json", written.manifest.records_file]) {
+        await writeFile(join(elsewhere, name), await readFile(join(dir, name)));
+        await unlink(join(dir, name));
+        await symlink(join(elsewhere, name), join(dir, name));
+        expect(await refusal(storage.read(target, ScriptRecordSchema))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+        await unlink(join(dir, name));
+        await writeFile(join(dir, name), await readFile(join(elsewhere, name)));
+      }
+      expect((await storage.read(target, ScriptRecordSchema)).records).toEqual(records);
     });
 
     it("records that break the kind's schema", async () => {
