@@ -114,24 +114,27 @@ export class FsCheckpointStorage implements CheckpointStorage {
   private async createManifest(dir: string, manifestPath: string, text: string, suffix: string): Promise<void> {
     const temp = join(dir, `.manifest.json.${suffix}`);
     const handle = await open(temp, "wx");
+    // Every way out removes the temp file, a failed write or fsync (ENOSPC, EIO) included.
     try {
-      await handle.writeFile(text);
-      await handle.sync();
-    } finally {
-      await handle.close();
-    }
-    try {
-      await link(temp, manifestPath);
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-      // Read at most as many bytes as ours: a manifest of another size (a huge one too) differs
-      // anyway, and so does a symlink or anything but a regular file (refused unread).
-      const existing = await readRegularFile(manifestPath, { maxBytes: Buffer.byteLength(text), noFollow: true }).catch((cause: unknown) => {
-        if (cause instanceof CheckpointError) return undefined;
-        throw cause;
-      });
-      if (existing?.toString("utf8") !== text) {
-        throw new CheckpointError("checkpoint_conflict", `${manifestPath} already exists with different content`);
+      try {
+        await handle.writeFile(text);
+        await handle.sync();
+      } finally {
+        await handle.close();
+      }
+      try {
+        await link(temp, manifestPath);
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+        // Read at most as many bytes as ours: a manifest of another size (a huge one too) differs
+        // anyway, and so does a symlink or anything but a regular file (refused unread).
+        const existing = await readRegularFile(manifestPath, { maxBytes: Buffer.byteLength(text), noFollow: true }).catch((cause: unknown) => {
+          if (cause instanceof CheckpointError) return undefined;
+          throw cause;
+        });
+        if (existing?.toString("utf8") !== text) {
+          throw new CheckpointError("checkpoint_conflict", `${manifestPath} already exists with different content`);
+        }
       }
     } finally {
       await unlink(temp).catch(() => undefined);

@@ -1,4 +1,5 @@
 import { execFileSync } from "node:child_process";
+import type { FileHandle } from "node:fs/promises";
 import { mkdir, mkdtemp, readdir, readFile, rm, symlink, truncate, writeFile, unlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,6 +14,26 @@ import { refusalCode, refusalOf as refusal } from "../../support/refusal.js";
 vi.mock("../../../participants/storage/fs-durable.js", async (importOriginal) => {
   const original = await importOriginal<typeof import("../../../participants/storage/fs-durable.js")>();
   return { ...original, fsyncDir: vi.fn(original.fsyncDir) };
+});
+
+// Fault injection below the storage: the next write into a temp manifest fails as a full disk does.
+const faults = vi.hoisted(() => ({ manifestWrite: undefined as NodeJS.ErrnoException | undefined }));
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const original = await importOriginal<typeof import("node:fs/promises")>();
+  const open = async (...args: Parameters<typeof original.open>): Promise<FileHandle> => {
+    const handle = await original.open(...args);
+    const error = faults.manifestWrite;
+    if (!error || !String(args[0]).includes("/.manifest.json.")) return handle;
+    faults.manifestWrite = undefined;
+    return new Proxy(handle, {
+      get(target, prop, receiver) {
+        if (prop === "writeFile") return () => Promise.reject(error);
+        const value = Reflect.get(target, prop, receiver) as unknown;
+        return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+  };
+  return { ...original, open, default: { ...original, open } };
 });
 
 let root: string;
@@ -60,6 +81,15 @@ describe("filesystem checkpoint storage", () => {
     expect(await code(write(new WriteGate(), records.slice(0, 1)))).toBe("checkpoint_conflict");
     const read = await storage.read(target, ScriptRecordSchema);
     expect(read.records).toHaveLength(2);
+  });
+
+  it("a manifest write that fails (a full disk, ENOSPC) leaves no temp manifest behind; the retry publishes a clean directory", async () => {
+    faults.manifestWrite = Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+    await expect(write()).rejects.toThrow(/ENOSPC/);
+    const written = await write(); // space freed: the commit's retry
+    expect((await storage.read(target, ScriptRecordSchema)).records).toEqual(records);
+    // Only what the layout names: no dot-named leftovers.
+    expect((await readdir(participantDir(target))).sort()).toEqual(["manifest.json", written.manifest.records_file]);
   });
 
   it("refuses an existing manifest of another size without reading it (a huge one included)", async () => {
