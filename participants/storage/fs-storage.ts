@@ -96,7 +96,12 @@ export class FsCheckpointStorage implements CheckpointStorage {
       await options.gate.publish(async () => {
         // A digest-named file never changes once named, so renaming over an identical one is harmless.
         await rename(tempRecords, join(dir, recordsFile));
-        await this.createManifest(dir, manifestPath, manifestText, suffix);
+        try {
+          await this.createManifest(dir, manifestPath, manifestText, suffix);
+        } catch (error) {
+          if (error instanceof CheckpointError && error.code === "checkpoint_conflict") await dropUnnamedRecords(dir, recordsFile);
+          throw error;
+        }
         await fsyncDir(dir);
       });
     } finally {
@@ -178,6 +183,18 @@ export class FsCheckpointStorage implements CheckpointStorage {
     if (count !== manifest.record_count) throw corrupt(`records file has ${count} records; the manifest says ${manifest.record_count}`);
     return { manifest, records, bytes };
   }
+}
+
+/**
+ * Another manifest was published first (reference §4.1 step 8): our records file goes unless that
+ * manifest names the same file (digest-named: then it is its records, byte for byte).
+ */
+async function dropUnnamedRecords(dir: string, recordsFile: string): Promise<void> {
+  const named = await readParticipantManifest(dir).then(
+    (manifest) => manifest.records_file,
+    () => undefined,
+  );
+  if (named !== recordsFile) await unlink(join(dir, recordsFile)).catch(() => undefined);
 }
 
 /** Reads and validates `<dir>/manifest.json`; every failure is `invalid_checkpoint_state`. */

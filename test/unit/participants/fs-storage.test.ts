@@ -79,6 +79,10 @@ describe("filesystem checkpoint storage", () => {
     const again = await write();
     expect(again.manifestSha256).toBe(first.manifestSha256);
     expect(await code(write(new WriteGate(), records.slice(0, 1)))).toBe("checkpoint_conflict");
+    // The refused write removed its own records file (reference §4.1 step 8), not the published one.
+    expect((await readdir(participantDir(target))).sort()).toEqual(["manifest.json", first.manifest.records_file]);
+    // Same records, other manifest content (extra): the records file is the published one's, kept.
+    expect(await code(storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra: { other: true } }))).toBe("checkpoint_conflict");
     const read = await storage.read(target, ScriptRecordSchema);
     expect(read.records).toHaveLength(2);
   });
