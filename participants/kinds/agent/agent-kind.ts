@@ -86,7 +86,8 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     const sessions = this.sessions.exportable(scope);
     const states = sessions.length ? await this.hooks.exportAgentSessions(sessions.map((s) => s.key)) : {};
     const records: AgentRecord[] = sessions.map((s) => {
-      if (!(s.key in states)) throw new CheckpointError("internal_error", `the agent hooks exported no state for session ${s.key}`);
+      // Own keys only: a rollout id may be `constructor` or `toString`.
+      if (!Object.hasOwn(states, s.key)) throw new CheckpointError("internal_error", `the agent hooks exported no state for session ${s.key}`);
       return { episode_id: s.episode, mode: "session", session_key: s.key, session: states[s.key] ?? null, boundary: s.boundary, episode: null };
     });
     for (const legacy of this.legacy.exportSnapshots(scope)) {

@@ -287,8 +287,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       }
     }
     if (this.mode === "exported") {
-      const states: Record<string, JsonValue> = {};
-      for (const record of records) states[record.session_id] = record.state as JsonValue;
+      // Own properties, whatever the id: assigning `states["__proto__"]` would set the prototype.
+      const states: Record<string, JsonValue> = Object.fromEntries(records.map((record) => [record.session_id, record.state as JsonValue]));
       try {
         await this.hooks.restoreSessionStates!(states);
       } catch (error) {

@@ -501,6 +501,19 @@ describe("agent participant", () => {
     await first.kind.retire([ep("k1"), ep("k2")]);
   });
 
+  it("a session named like an Object.prototype member (constructor, toString) must be exported too: hooks that leave it out fail the commit", async () => {
+    // Valid rollout ids; `key in states` found the inherited member, so the commit went through
+    // with the session's state lost.
+    for (const id of ["constructor", "toString"]) {
+      const { kind, hooks, call } = fresh();
+      kind.openSession(ep(id));
+      hooks.exportAgentSessions = async () => ({});
+      await call("prepare", { checkpoint_id: `c-${id}` });
+      expect(await code(() => call("commit", { checkpoint_id: `c-${id}` }))).toBe("internal_error");
+      await call("resume", { checkpoint_id: `c-${id}` });
+    }
+  });
+
   it("a legacy replacement with another task is refused and the restored episode is kept", async () => {
     const first = fresh();
     const run = first.kind.runLegacy(ep("T"), { expression: "1 + 1" }, {}, async (e) => {

@@ -236,6 +236,26 @@ describe("stateless and exported restore", () => {
     expect(fresh.counters.get("sessionAAAA")).toBe(2);
   });
 
+  it("a session id that names an Object.prototype member (__proto__, constructor) reaches the restore hook with its state", async () => {
+    // Valid session ids; assigned into a plain object, `__proto__` set its prototype instead, so
+    // the server never got that session's state while the kind installed the session.
+    const records = [
+      { episode_id: { rollout_id: "r1", attempt: 0 }, session_id: "__proto__", state: { count: 2 }, owner: null },
+      { episode_id: { rollout_id: "r2", attempt: 0 }, session_id: "constructor", state: { count: 5 }, owner: null },
+    ];
+    await new FsCheckpointStorage().write(
+      { checkpointDir: join(root, "c1"), checkpointId: "c1", kind: "resources", instance: "res0" },
+      records,
+      { gate: new WriteGate(), createdAt: Date.now() / 1000, extra: {} },
+    );
+    const fresh = new CounterServer();
+    const b = await harness(fresh);
+    const scope = [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r2", attempt: 0 }];
+    expect((await b.call("restore", { checkpoint_id: "c1", episode_ids: scope })).restored).toEqual(["r1-a1", "r2-a1"]);
+    expect(Object.fromEntries(fresh.counters)).toEqual({ ["__proto__"]: 2, constructor: 5 });
+    await b.call("resume", { checkpoint_id: "c1" });
+  });
+
   it("a tampered records file fails the restore before any hook", async () => {
     const server = new CounterServer();
     const a = await harness(server);
