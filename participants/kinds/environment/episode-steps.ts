@@ -85,6 +85,8 @@ const PARK_RETRY_MS = 100;
 
 export class EpisodeSteps<D = undefined> {
   private readonly tracked = new Map<string, Tracked<D>>();
+  /** The same episodes by rollout id: starts and retires look up one rollout, never scan them all. */
+  private readonly byRollout = new Map<string, Set<Tracked<D>>>();
   readonly gate: AdmissionGate;
   private readonly clock: Clock;
 
@@ -106,7 +108,7 @@ export class EpisodeSteps<D = undefined> {
 
   /** Tracked episodes of a rollout (any attempt). */
   ofRollout(rolloutId: string): EpisodeId[] {
-    return [...this.tracked.values()].filter((t) => t.id.rollout_id === rolloutId).map((t) => t.id);
+    return [...(this.byRollout.get(rolloutId) ?? [])].map((t) => t.id);
   }
 
   states(): Record<EpisodeState, number> {
@@ -181,6 +183,9 @@ export class EpisodeSteps<D = undefined> {
       cancelTimer: undefined,
     };
     this.tracked.set(key, t);
+    const ofRollout = this.byRollout.get(episode.rollout_id);
+    if (ofRollout) ofRollout.add(t);
+    else this.byRollout.set(episode.rollout_id, new Set([t]));
     if (!this.gate.closed) this.schedule(t);
     this.onChange();
     const handle = this.handle(t);
@@ -192,6 +197,9 @@ export class EpisodeSteps<D = undefined> {
     return work.finally(() => {
       t.cancelTimer?.();
       this.tracked.delete(key);
+      const ofRollout = this.byRollout.get(episode.rollout_id);
+      ofRollout?.delete(t);
+      if (ofRollout?.size === 0) this.byRollout.delete(episode.rollout_id);
       finished();
       this.onChange();
     });
@@ -202,17 +210,18 @@ export class EpisodeSteps<D = undefined> {
    * waits until each has ended. Final clean-up in progress is waited for, not interrupted.
    */
   async retire(episodes: EpisodeId[]): Promise<void> {
-    const targets = [...this.tracked.values()].filter((t) =>
-      episodes.some((e) => e.rollout_id === t.id.rollout_id && t.id.attempt <= e.attempt),
-    );
+    const targets = new Set<Tracked<D>>();
+    for (const e of episodes) {
+      for (const t of this.byRollout.get(e.rollout_id) ?? []) if (t.id.attempt <= e.attempt) targets.add(t);
+    }
     for (const t of targets) {
       if (!t.retiring) {
         t.retiring = true;
         if (!t.finishing) t.abort.abort(new CheckpointError("stale_attempt", `${t.key} was retired`));
       }
     }
-    if (targets.length) this.onChange();
-    await Promise.all(targets.map((t) => t.done));
+    if (targets.size) this.onChange();
+    await Promise.all([...targets].map((t) => t.done));
   }
 
   private handle(t: Tracked<D>): StepEpisode {

@@ -32,6 +32,8 @@ export class RestorableEpisodes {
   readonly steps: EpisodeSteps<{ taskDigest: string }>;
   /** Next-attempt capture key → record already rewritten to the next attempt. */
   private readonly pending = new Map<string, EpisodeSnapshot>();
+  /** The same records by rollout id (key → record): a start or retire looks up one rollout, never scans them all. */
+  private readonly pendingByRollout = new Map<string, Map<string, EpisodeSnapshot>>();
 
   constructor(
     private readonly isRetired: (episode: EpisodeId) => boolean,
@@ -62,8 +64,8 @@ export class RestorableEpisodes {
     for (const other of this.steps.ofRollout(episode.rollout_id)) {
       throw new CheckpointError("stale_attempt", `${captureKey(other)} of rollout ${episode.rollout_id} is already running here`);
     }
-    for (const pending of this.pending.values()) {
-      if (pending.episode_id.rollout_id === episode.rollout_id && pending.episode_id.attempt > episode.attempt) {
+    for (const pending of this.pendingByRollout.get(episode.rollout_id)?.values() ?? []) {
+      if (pending.episode_id.attempt > episode.attempt) {
         throw new CheckpointError("stale_attempt", `rollout ${episode.rollout_id} was restored as ${captureKey(pending.episode_id)}; ${key} is stale`);
       }
     }
@@ -78,7 +80,7 @@ export class RestorableEpisodes {
     // a retire drops it. A later attempt that took it would lose it if a callee then refused that
     // attempt (the agent's restored session belongs to the record's attempt), and the real
     // replacement would start from input here while the agent continues.
-    this.pending.delete(key);
+    this.dropPending(key, episode.rollout_id);
     return this.steps.run(
       episode,
       {
@@ -109,7 +111,12 @@ export class RestorableEpisodes {
       if (next.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two records for ${captureKey(snapshot.episode_id)}`);
       next.set(key, { episode_id: target, task_digest: snapshot.task_digest, boundary: snapshot.boundary });
     }
-    for (const [key, snapshot] of next) this.pending.set(key, snapshot);
+    for (const [key, snapshot] of next) {
+      this.pending.set(key, snapshot);
+      const ofRollout = this.pendingByRollout.get(snapshot.episode_id.rollout_id);
+      if (ofRollout) ofRollout.set(key, snapshot);
+      else this.pendingByRollout.set(snapshot.episode_id.rollout_id, new Map([[key, snapshot]]));
+    }
     return [...next.keys()];
   }
 
@@ -117,14 +124,23 @@ export class RestorableEpisodes {
   dropPendingOutside(scope: EpisodeId[] | null): void {
     if (!scope) return;
     const wanted = new Set(scope.map(captureKey));
-    for (const key of [...this.pending.keys()]) if (!wanted.has(key)) this.pending.delete(key);
+    for (const [key, pending] of [...this.pending]) if (!wanted.has(key)) this.dropPending(key, pending.episode_id.rollout_id);
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {
-    for (const [key, pending] of [...this.pending]) {
-      if (episodes.some((e) => e.rollout_id === pending.episode_id.rollout_id && pending.episode_id.attempt <= e.attempt)) this.pending.delete(key);
+    for (const e of episodes) {
+      for (const [key, pending] of [...(this.pendingByRollout.get(e.rollout_id) ?? [])]) {
+        if (pending.episode_id.attempt <= e.attempt) this.dropPending(key, e.rollout_id);
+      }
     }
     await this.steps.retire(episodes);
+  }
+
+  private dropPending(key: string, rolloutId: string): void {
+    this.pending.delete(key);
+    const ofRollout = this.pendingByRollout.get(rolloutId);
+    ofRollout?.delete(key);
+    if (ofRollout?.size === 0) this.pendingByRollout.delete(rolloutId);
   }
 
   pendingKeys(): string[] {

@@ -260,3 +260,41 @@ describe("environment readiness counts", () => {
     await Promise.all([restart, exported]);
   });
 });
+
+describe("environment kind at scale", () => {
+  /**
+   * Many restored episodes (docs/benchmarks.md measures 10,000 parked ones per participant): each
+   * start and each retired id must cost the same however many others are tracked or pending. An
+   * episode id that counts reads of its rollout_id measures the work instead of the time: a start
+   * that scans every pending record or tracked episode reads ~N²/2 of them (20,000 such starts
+   * blocked the event loop for 8-13 s), an indexed one a few per episode.
+   */
+  it("starting and retiring N restored episodes reads each episode id a bounded number of times, not O(N) times", async () => {
+    const n = 5_000;
+    let reads = 0;
+    const counted = (rolloutId: string, attempt: number) => ({
+      get rollout_id() {
+        reads += 1;
+        return rolloutId;
+      },
+      attempt,
+    });
+    const kind = new EnvironmentKind();
+    kind.attach({ notifyReadinessChanged() {}, isRetired: () => false });
+    const digest = canonicalDigest(TASK);
+    await kind.install(Array.from({ length: n }, (_, i) => ({ episode_id: ep(`r${i}`), task_digest: digest, boundary: { i } })));
+    // Half start (and keep running), half stay pending: both kinds of state are large.
+    const running: Promise<unknown>[] = [];
+    for (let i = 0; i < n / 2; i++) {
+      running.push(kind.begin(counted(`r${i}`, 1), TASK, {}, (e) => abortable(new Promise<void>(() => undefined), e.signal)).catch(() => undefined));
+    }
+    expect(kind.readiness().counts).toMatchObject({ episodes: n / 2, restored_pending: n / 2 });
+    const startReads = reads;
+    expect(startReads).toBeLessThan(20 * n);
+    // One retire of every rollout: running ones stop, pending ones are dropped.
+    await kind.retire(Array.from({ length: n }, (_, i) => counted(`r${i}`, 1)));
+    await Promise.all(running);
+    expect(kind.hasLiveState()).toBe(false);
+    expect(reads - startReads).toBeLessThan(20 * n);
+  });
+});
