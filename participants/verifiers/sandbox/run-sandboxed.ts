@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -8,7 +9,8 @@ import { SANDBOX_SLOTS } from "./sandbox-slots.js";
 
 /**
  * Limits of one sandboxed run. The child is a separate node process with:
- *   - `--max-old-space-size` (heap limit; off-heap allocators are removed inside the context),
+ *   - `--max-old-space-size` (heap limit; off-heap allocators are removed inside the context), a
+ *     resident-memory limit this process watches, and a kernel data-segment limit (RLIMIT_DATA),
  *   - a per-case `vm` timeout (sync code and microtasks), a wall-clock SIGKILL for the whole run
  *     and a kernel CPU-time limit (RLIMIT_CPU) that holds even if this process dies,
  *   - an empty environment, a fresh temporary working directory, and Node's permission model
@@ -18,7 +20,14 @@ import { SANDBOX_SLOTS } from "./sandbox-slots.js";
  * This is no substitute for an OS sandbox (containers, seccomp) for adversarial workloads.
  */
 export interface SandboxLimits {
+  /** V8 heap limit (`--max-old-space-size`). */
   memoryMb: number;
+  /**
+   * Resident memory (VmRSS) of the whole child, sampled every RESIDENT_SAMPLE_MS; above it the
+   * child is killed as `memory_limit`. Default: memoryMb + RESIDENT_OVERHEAD_MB (node itself, its
+   * young generation and code take ~100 MB beside the old-space heap).
+   */
+  residentMb?: number;
   caseTimeoutMs: number;
   /** For node to start (until the child is ready), and again as slack on top of the cases' time. */
   startupMs: number;
@@ -27,6 +36,10 @@ export interface SandboxLimits {
 }
 
 export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = { memoryMb: 64, caseTimeoutMs: 1000, startupMs: 3000, maxCaseOutputChars: 64 * 1024 };
+/** What the child may hold beyond its heap limit before the resident-memory watch kills it. */
+export const RESIDENT_OVERHEAD_MB = 160;
+/** How often the verifier reads a child's VmRSS. */
+export const RESIDENT_SAMPLE_MS = 20;
 
 export type SandboxJob =
   | { mode: "function"; code: string; function_name: string; cases: { args: unknown[] }[] }
@@ -64,13 +77,23 @@ export function liveSandboxes(): number {
   return liveChildren.size;
 }
 
+/** Resident memory of a process in KiB (Linux /proc), or undefined if it cannot be read. */
+function residentKb(pid: number): number | undefined {
+  try {
+    const match = /^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+    return match ? Number(match[1]) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /**
  * Starts node under `sh` so the kernel enforces a CPU-time limit (soft: SIGXCPU, then hard:
- * SIGKILL) and no core dump is written: the child ends by itself even if this process is
- * SIGKILLed. Fails closed: if a limit cannot be set, the child never starts.
+ * SIGKILL) and a data-segment limit, and no core dump is written: the child ends by itself even
+ * if this process is SIGKILLed. Fails closed: if a limit cannot be set, the child never starts.
  */
-function spawnChild(cpuSeconds: number, nodeArgs: string[], cwd: string): ChildProcess {
-  const limits = `ulimit -c 0 && ulimit -S -t ${cpuSeconds} && ulimit -H -t ${cpuSeconds + 1} && exec "$0" "$@"`;
+function spawnChild(cpuSeconds: number, dataMb: number, nodeArgs: string[], cwd: string): ChildProcess {
+  const limits = `ulimit -c 0 && ulimit -d ${dataMb * 1024} && ulimit -S -t ${cpuSeconds} && ulimit -H -t ${cpuSeconds + 1} && exec "$0" "$@"`;
   return spawn("/bin/sh", ["-c", limits, process.execPath, ...nodeArgs], { cwd, env: {}, stdio: ["pipe", "pipe", "pipe"] });
 }
 
@@ -81,7 +104,7 @@ function spawnChild(cpuSeconds: number, nodeArgs: string[], cwd: string): ChildP
  */
 export async function runSandboxed(job: SandboxJob, limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS): Promise<SandboxOutcome> {
   // A missing limit (say, an old `maxOutputBytes` object from plain JavaScript) would silently mean none.
-  for (const name of Object.keys(DEFAULT_SANDBOX_LIMITS) as (keyof SandboxLimits)[]) {
+  for (const name of [...Object.keys(DEFAULT_SANDBOX_LIMITS), ...(limits.residentMb === undefined ? [] : ["residentMb"])] as (keyof SandboxLimits)[]) {
     const value = limits[name];
     if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) throw new Error(`sandbox limit ${name} must be a positive number`);
   }
@@ -101,7 +124,11 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits): Promise<Sandb
       const cpuSeconds = Math.ceil((2 * (limits.startupMs + runMs)) / 1000) + 1;
       // JSON escaping can grow a character to six; an error detail is at most 500 characters.
       const maxStdout = 64 * 1024 + Math.max(1, job.cases.length) * 6 * (limits.maxCaseOutputChars + 600);
-      const child = spawnChild(cpuSeconds, [...NODE_FLAGS, `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE], cwd);
+      const residentMb = limits.residentMb ?? limits.memoryMb + RESIDENT_OVERHEAD_MB;
+      // A kernel backstop for the resident watch (between two samples, or once this process is
+      // gone): writable mappings include reserved thread stacks, so it sits well above residentMb.
+      const dataMb = Math.ceil(2 * residentMb + 256);
+      const child = spawnChild(cpuSeconds, dataMb, [...NODE_FLAGS, `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE], cwd);
       liveChildren.add(child);
       let stdout = "";
       let stderr = "";
@@ -112,6 +139,11 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits): Promise<Sandb
         child.kill("SIGKILL");
       };
       let timer = setTimeout(() => stop({ status: "crashed", detail: `the sandbox did not start within ${limits.startupMs} ms` }), limits.startupMs);
+      // The heap limit does not bound what V8 and ICU keep outside the heap: watch the whole process.
+      const watch = setInterval(() => {
+        const kb = child.pid === undefined ? undefined : residentKb(child.pid);
+        if (kb !== undefined && kb > residentMb * 1024) stop({ status: "memory_limit", detail: `resident memory above ${residentMb} MB` });
+      }, RESIDENT_SAMPLE_MS);
       child.stdout!.setEncoding("utf8");
       child.stderr!.setEncoding("utf8");
       child.stdout!.on("data", (chunk: string) => {
@@ -134,12 +166,15 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits): Promise<Sandb
       child.on("error", (error) => stop({ status: "crashed", detail: error.message }));
       child.on("close", (code, signal) => {
         clearTimeout(timer);
+        clearInterval(watch);
         liveChildren.delete(child);
         child.stdin!.destroy();
         if (stopped) return resolve(stopped);
         if (/heap limit|out of memory|allocation failed/i.test(stderr)) {
           return resolve({ status: "memory_limit", detail: `heap limit of ${limits.memoryMb} MB reached` });
         }
+        // An allocation refused at the data-segment limit, where ICU does not check for it.
+        if (signal === "SIGSEGV") return resolve({ status: "memory_limit", detail: `data-segment limit of ${dataMb} MB reached (SIGSEGV)` });
         if (signal === "SIGXCPU") return resolve({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
         if (code !== 0 || !ready) return resolve({ status: "crashed", detail: `exit ${code ?? signal}: ${stderr.slice(0, 300)}` });
         try {

@@ -15,8 +15,12 @@
  * reading the thrown value's `stack` (a getter, a Proxy trap or `Error.prepareStackTrace`),
  * `describe` reads a thrown value only through own data properties and never touches a Proxy,
  * and unhandled rejections are swallowed instead of being inspected by Node's default handler.
- * Off-heap allocators (ArrayBuffer, typed arrays, WebAssembly) are removed from the context so
- * the heap limit of the child bounds memory.
+ * The context keeps only an allowlist of plain ECMAScript globals (KEPT): everything else —
+ * ArrayBuffer, typed arrays, SharedArrayBuffer, Atomics, WebAssembly, Intl (whose ICU objects,
+ * Segmenter above all, hold copies of their strings off the V8 heap), WeakRef, and any global a
+ * later V8 adds — is deleted before the submission runs, so the heap limit of the child bounds
+ * what it can keep. The parent's resident-memory watch covers what stays reachable (ICU behind
+ * String.prototype.normalize / localeCompare / toLocale*, all transient).
  */
 export const SANDBOX_CHILD_SOURCE = String.raw`
 "use strict";
@@ -42,9 +46,13 @@ process.stdin.on("end", () => process.exit(3));
 process.stdin.on("error", () => process.exit(3));
 process.stdout.write("ready\n");
 
-const REMOVED = ["ArrayBuffer", "SharedArrayBuffer", "DataView", "Atomics", "WebAssembly", "Int8Array", "Uint8Array",
-  "Uint8ClampedArray", "Int16Array", "Uint16Array", "Int32Array", "Uint32Array", "Float32Array", "Float64Array",
-  "BigInt64Array", "BigUint64Array", "FinalizationRegistry", "WeakRef"];
+// The globals a submission keeps: plain ECMAScript whose values live on the V8 heap. Any other
+// global of the context is deleted (an allowlist, so an allocator a later V8 adds is removed too).
+const KEPT = ["Object", "Function", "Array", "Number", "parseFloat", "parseInt", "Infinity", "NaN", "undefined", "Boolean",
+  "String", "Symbol", "Date", "Promise", "RegExp", "Error", "AggregateError", "EvalError", "RangeError", "ReferenceError",
+  "SyntaxError", "TypeError", "URIError", "globalThis", "JSON", "Math", "Map", "BigInt", "Set", "WeakMap", "WeakSet",
+  "Proxy", "Reflect", "decodeURI", "decodeURIComponent", "encodeURI", "encodeURIComponent", "escape", "unescape", "eval",
+  "isFinite", "isNaN", "Iterator"];
 
 // Made inside the running case's context before any submission code, so the rejection of an
 // import() hands the submission nothing from the host realm.
@@ -55,7 +63,9 @@ const denyImport = () => {
 
 function prelude(input) {
   return [
-    "for (const name of " + JSON.stringify(REMOVED) + ") delete globalThis[name];",
+    // A global that cannot be deleted fails every case (closed) rather than stay reachable.
+    "{ const kept = new Set(" + JSON.stringify(KEPT) + ");",
+    "  for (const name of Reflect.ownKeys(globalThis)) if (typeof name === 'string' && !kept.has(name) && !Reflect.deleteProperty(globalThis, name)) throw new Error('sandbox: cannot remove ' + name); }",
     "const __out = [];",
     "globalThis.print = (...parts) => { __out.push(parts.map(String).join(' ')); };",
     "globalThis.console = { log: globalThis.print };",

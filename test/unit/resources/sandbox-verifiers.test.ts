@@ -67,6 +67,35 @@ describe("code verifier", () => {
     expect(offHeap).toMatchObject({ status: "completed", results: [{ status: "error", error: expect.stringMatching(/ArrayBuffer is not defined/) }] });
   });
 
+  it("keeps only plain ECMAScript globals, so nothing outside the heap can be held (Intl, WebAssembly, ...)", async () => {
+    // Intl.Segmenter#segment keeps an ICU copy of its string outside the V8 heap: 24 segmenters over
+    // one 16 Mi-character string held ~800 MB while the heap stayed under its limit.
+    const segmenters = await runSandboxed(
+      { mode: "function", code: "function f() { const s = 'x'.repeat(2 ** 24); const kept = []; for (let i = 0; i < 24; i++) kept.push(new Intl.Segmenter('en').segment(s)); return kept.length; }", function_name: "f", cases: [{ args: [] }] },
+      LIMITS,
+    );
+    expect(segmenters).toEqual({ status: "completed", results: [{ status: "error", error: "ReferenceError: Intl is not defined" }] });
+    const code = "function f() { return Reflect.ownKeys(globalThis).filter((k) => typeof k === 'string').sort(); }";
+    const globals = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }] }, LIMITS);
+    expect(globals.status).toBe("completed");
+    const names: string[] = globals.status === "completed" && globals.results[0]!.status === "ok" ? JSON.parse(globals.results[0]!.output) : [];
+    for (const gone of ["Intl", "WebAssembly", "SharedArrayBuffer", "Atomics", "ArrayBuffer", "DataView", "Uint8Array", "WeakRef", "FinalizationRegistry"]) expect(names).not.toContain(gone);
+    // What submissions use is still there (the locale-aware string methods too).
+    expect(names).toEqual(expect.arrayContaining(["Array", "JSON", "Map", "Math", "BigInt", "Promise", "print", "readLine", "console", "input"]));
+    const strings = await runSandboxed({ mode: "function", code: "function f() { return ['b', 'a'].sort((x, y) => x.localeCompare(y)).join('') + (1234).toLocaleString('en-US'); }", function_name: "f", cases: [{ args: [] }] }, { ...LIMITS, caseTimeoutMs: 3000 });
+    expect(strings).toEqual({ status: "completed", results: [{ status: "ok", output: '"ab1,234"' }] });
+  });
+
+  it("ends a child whose resident memory passes its limit as memory_limit, whatever holds it", async () => {
+    // A resident limit below the heap limit stands in for memory V8's heap limit does not see.
+    const limits = { ...LIMITS, memoryMb: 256, residentMb: 120, caseTimeoutMs: 5000 };
+    const code = `function f() { const kept = []; for (let i = 0; i < 20; i++) kept.push(Array.from({ length: 2 ** 20 }, () => i));
+      const t = Date.now(); while (Date.now() - t < 2000) {} return kept.length; }`;
+    const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }] }, limits);
+    expect(outcome).toEqual({ status: "memory_limit", detail: "resident memory above 120 MB" });
+    expect(liveSandboxes()).toBe(0);
+  });
+
   it("denies file, process and module access", async () => {
     const attempts = [
       "function f() { return require('fs').readFileSync('/etc/passwd', 'utf8'); }",
@@ -164,6 +193,7 @@ describe("code verifier", () => {
         return sandbox !== undefined;
       }, "the sandbox child");
       expect(readFileSync(`/proc/${sandbox}/limits`, "utf8")).toMatch(/^Max cpu time\s+\d+\s+\d+\s+seconds/m);
+      expect(readFileSync(`/proc/${sandbox}/limits`, "utf8")).toMatch(/^Max data size\s+\d+\s+\d+\s+bytes/m);
       verifier.kill("SIGKILL");
       // 100 looping cases would keep an orphan busy for 30 s; it must notice its parent is gone.
       await waitUntil(() => !alive(sandbox!), "the orphaned sandbox child to exit", 8000);
