@@ -11,7 +11,8 @@
  * (this needs `--experimental-vm-modules`; without a callback Node rejects with a host-realm
  * error whose constructor leads to the host's `Function`).
  *
- * No submission code runs outside the per-case timeout: `displayErrors: false` stops Node from
+ * No submission code runs outside the per-case timeout (one deadline across the case's three
+ * runInContext calls): `displayErrors: false` stops Node from
  * reading the thrown value's `stack` (a getter, a Proxy trap or `Error.prepareStackTrace`),
  * `describe` reads a thrown value only through own data properties and never touches a Proxy,
  * and unhandled rejections are swallowed instead of being inspected by Node's default handler.
@@ -123,14 +124,21 @@ function runCase(job, script, testCase) {
     microtaskMode: "afterEvaluate",
     importModuleDynamically: denyImport,
   });
-  const options = { timeout: job.case_timeout_ms, displayErrors: false };
+  // One deadline for the case: the prelude, the submission and the call (or output join, which
+  // the submission may have replaced) share it, each getting what the earlier ones left.
+  const deadline = performance.now() + job.case_timeout_ms;
+  const options = () => {
+    const left = Math.ceil(deadline - performance.now());
+    if (left < 1) throw { code: "ERR_SCRIPT_EXECUTION_TIMEOUT" };
+    return { timeout: left, displayErrors: false };
+  };
   try {
-    importDenied = vm.runInContext(prelude(job.mode === "stdio" ? testCase.input : ""), context, options);
-    script.runInContext(context, options);
+    importDenied = vm.runInContext(prelude(job.mode === "stdio" ? testCase.input : ""), context, options());
+    script.runInContext(context, options());
     const tail = job.mode === "function"
       ? "JSON.stringify(" + job.function_name + "(..." + JSON.stringify(testCase.args) + "))"
       : "__out.join('\\n')";
-    const output = vm.runInContext(tail, context, options);
+    const output = vm.runInContext(tail, context, options());
     if (typeof output !== "string") return { status: "error", error: "the function returned nothing JSON can encode" };
     // Never compare a cut output: a case that printed more than the limit fails as such.
     if (output.length > job.max_case_output_chars) return { status: "output_limit" };

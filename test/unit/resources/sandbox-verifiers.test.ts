@@ -10,6 +10,8 @@ import { alive, descendants, killAll } from "../../support/process-tree.js";
 import { waitUntil } from "../../support/wait-until.js";
 
 const LIMITS = { memoryMb: 48, caseTimeoutMs: 500, startupMs: 4000, maxCaseOutputChars: 64 * 1024 };
+/** Source of a busy wait of `ms` wall-clock milliseconds. */
+const busy = (ms: number) => `{ const __t = Date.now(); while (Date.now() - __t < ${ms}) {} }`;
 const addTask = { function_name: "add", tests: [{ args: [1, 2], expected: 3 }, { args: [-5, 5], expected: 0 }] };
 
 async function verify(server: CodeVerifier | CompetitiveProgrammingVerifier, payload: object) {
@@ -37,6 +39,13 @@ describe("code verifier", () => {
     const result = await verify(new CodeVerifier(LIMITS), { task: addTask, answer: "function add() { for (;;) {} }" });
     expect(result.body).toMatchObject({ reward: 0, status: "completed", cases: ["timeout", "timeout"] });
     expect(Date.now() - started).toBeLessThan(LIMITS.startupMs + 2 * LIMITS.caseTimeoutMs + 2000);
+  });
+
+  it("gives each case one deadline: top-level code and the call share the per-case timeout", async () => {
+    // 700 ms at top level and 700 ms in the call: each alone fits 1 s, together they do not.
+    const limits = { ...LIMITS, caseTimeoutMs: 1000 };
+    const result = await verify(new CodeVerifier(limits), { task: { function_name: "add", tests: [{ args: [1, 2], expected: 3 }] }, answer: `${busy(700)}\nfunction add(a, b) { ${busy(700)} return a + b; }` });
+    expect(result.body).toMatchObject({ reward: 0, status: "completed", cases: ["timeout"] });
   });
 
   it("contains a promise loop and a hostile error getter", async () => {
@@ -259,6 +268,13 @@ describe("competitive programming verifier", () => {
     else expect(["memory_limit", "output_limit"]).toContain(flood.status);
     const reader = await verify(new CompetitiveProgrammingVerifier(LIMITS), { task, answer: "print(require('fs').readFileSync('/etc/passwd','utf8'))" });
     expect(reader.body).toMatchObject({ reward: 0, cases: ["error", "error"] });
+  });
+
+  it("gives each case one deadline: the program and the output join it replaced share the per-case timeout", async () => {
+    const limits = { ...LIMITS, caseTimeoutMs: 1000 };
+    const answer = `${busy(700)}\nprint(6);\n__out.join = function (sep) { ${busy(700)} return Array.prototype.join.call(this, sep); };`;
+    const result = await verify(new CompetitiveProgrammingVerifier(limits), { task: { cases: [{ input: "", output: "6" }] }, answer });
+    expect(result.body).toMatchObject({ reward: 0, status: "completed", cases: ["timeout"] });
   });
 
   it("judges whole outputs up to the per-case limit and never a cut one", async () => {
