@@ -32,7 +32,8 @@ export class CodeVerifier extends VerifierServer {
     super();
   }
 
-  async verify(body: unknown): Promise<VerifyResult> {
+  /** `signal` (a retire of the request) stops the run: it rejects with the signal's `stale_attempt`. */
+  async verify(body: unknown, _request?: unknown, signal?: AbortSignal): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(CodeVerifyBodySchema, body);
     // A case returning more than the sandbox's output limit fails as output_limit, so such an expected value could never pass.
     const tooLong = task.tests.findIndex((test) => JSON.stringify(test.expected).length > this.limits.maxCaseOutputChars);
@@ -42,6 +43,7 @@ export class CodeVerifier extends VerifierServer {
     const outcome = await runSandboxed(
       { mode: "function", code: extractCode(answer), function_name: task.function_name, cases: task.tests.map((t) => ({ args: t.args })) },
       this.limits,
+      signal,
     );
     if (outcome.status !== "completed") return { reward: 0, status: outcome.status, passed: 0, total: task.tests.length };
     let passed = 0;

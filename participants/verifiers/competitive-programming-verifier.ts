@@ -38,9 +38,9 @@ export class CompetitiveProgrammingVerifier extends VerifierServer {
     this.schema = cpVerifyBodySchema(limits.maxCaseOutputChars);
   }
 
-  async verify(body: unknown): Promise<VerifyResult> {
+  async verify(body: unknown, _request?: unknown, signal?: AbortSignal): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(this.schema, body);
-    const outcome = await runSandboxed({ mode: "stdio", code: extractCode(answer), cases: task.cases.map((c) => ({ input: c.input })) }, this.limits);
+    const outcome = await runSandboxed({ mode: "stdio", code: extractCode(answer), cases: task.cases.map((c) => ({ input: c.input })) }, this.limits, signal);
     if (outcome.status !== "completed") return { reward: 0, status: outcome.status, passed: 0, total: task.cases.length };
     let passed = 0;
     const verdicts = outcome.results.map((result, index) => {

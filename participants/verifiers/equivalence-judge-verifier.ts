@@ -22,19 +22,24 @@ export class EquivalenceJudgeVerifier extends VerifierServer {
     super();
   }
 
-  async verify(body: unknown): Promise<VerifyResult> {
+  async verify(body: unknown, _request?: unknown, signal?: AbortSignal): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(EquivalenceBodySchema, body);
     const question = task.question ? `Question: ${task.question}\n` : "";
     try {
-      const verdict = await this.judge.ask([
-        { role: "system", content: EQUIVALENCE_SYSTEM_PROMPT },
-        { role: "user", content: `${question}Reference answer: ${task.expected_answer}\nCandidate answer: ${answer}` },
-      ]);
+      const verdict = await this.judge.ask(
+        [
+          { role: "system", content: EQUIVALENCE_SYSTEM_PROMPT },
+          { role: "user", content: `${question}Reference answer: ${task.expected_answer}\nCandidate answer: ${answer}` },
+        ],
+        signal,
+      );
       const word = verdict.trim().toUpperCase();
       if (word.startsWith("YES")) return { reward: 1, verdict: "YES" };
       if (word.startsWith("NO")) return { reward: 0, verdict: "NO" };
       return { reward: 0, _ng_failure_class: "judge_failed", detail: "the judge answered neither YES nor NO" };
     } catch (error) {
+      // A retired request is not a judge failure: it answers the retire's stale_attempt.
+      signal?.throwIfAborted();
       return { reward: 0, _ng_failure_class: "judge_failed", detail: error instanceof Error ? error.message : String(error) };
     }
   }

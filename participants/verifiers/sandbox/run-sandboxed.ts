@@ -100,18 +100,21 @@ function spawnChild(cpuSeconds: number, dataMb: number, nodeArgs: string[], cwd:
 /**
  * Runs a job in a sandbox child. At most one child per CPU runs at once (SANDBOX_SLOTS); a run
  * waiting for a slot is not timed. The run's wall clock starts when the child reports ready, so
- * node's start-up is not counted against the submission.
+ * node's start-up is not counted against the submission. `signal` aborting (a retire of the
+ * request) takes a waiting run out of the queue or kills its child, and rejects with its reason.
  */
-export async function runSandboxed(job: SandboxJob, limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS): Promise<SandboxOutcome> {
+export async function runSandboxed(job: SandboxJob, limits: SandboxLimits = DEFAULT_SANDBOX_LIMITS, signal?: AbortSignal): Promise<SandboxOutcome> {
   // A missing limit (say, an old `maxOutputBytes` object from plain JavaScript) would silently mean none.
   for (const name of [...Object.keys(DEFAULT_SANDBOX_LIMITS), ...(limits.residentMb === undefined ? [] : ["residentMb"])] as (keyof SandboxLimits)[]) {
     const value = limits[name];
     if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) throw new Error(`sandbox limit ${name} must be a positive number`);
   }
-  return SANDBOX_SLOTS.run(() => runInChild(job, limits));
+  const outcome = await SANDBOX_SLOTS.run(() => runInChild(job, limits, signal), signal);
+  signal?.throwIfAborted();
+  return outcome;
 }
 
-async function runInChild(job: SandboxJob, limits: SandboxLimits): Promise<SandboxOutcome> {
+async function runInChild(job: SandboxJob, limits: SandboxLimits, signal: AbortSignal | undefined): Promise<SandboxOutcome> {
   if (!exitHookInstalled) {
     exitHookInstalled = true;
     process.once("exit", stopSandboxes);
@@ -164,9 +167,13 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits): Promise<Sandb
       });
       child.stdin!.on("error", () => undefined);
       child.on("error", (error) => stop({ status: "crashed", detail: error.message }));
-      child.on("close", (code, signal) => {
+      const onAbort = () => stop({ status: "crashed", detail: "stopped: its request was retired" });
+      if (signal?.aborted) onAbort();
+      else signal?.addEventListener("abort", onAbort, { once: true });
+      child.on("close", (code, killedBy) => {
         clearTimeout(timer);
         clearInterval(watch);
+        signal?.removeEventListener("abort", onAbort);
         liveChildren.delete(child);
         child.stdin!.destroy();
         if (stopped) return resolve(stopped);
@@ -174,9 +181,9 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits): Promise<Sandb
           return resolve({ status: "memory_limit", detail: `heap limit of ${limits.memoryMb} MB reached` });
         }
         // An allocation refused at the data-segment limit, where ICU does not check for it.
-        if (signal === "SIGSEGV") return resolve({ status: "memory_limit", detail: `data-segment limit of ${dataMb} MB reached (SIGSEGV)` });
-        if (signal === "SIGXCPU") return resolve({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
-        if (code !== 0 || !ready) return resolve({ status: "crashed", detail: `exit ${code ?? signal}: ${stderr.slice(0, 300)}` });
+        if (killedBy === "SIGSEGV") return resolve({ status: "memory_limit", detail: `data-segment limit of ${dataMb} MB reached (SIGSEGV)` });
+        if (killedBy === "SIGXCPU") return resolve({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
+        if (code !== 0 || !ready) return resolve({ status: "crashed", detail: `exit ${code ?? killedBy}: ${stderr.slice(0, 300)}` });
         try {
           const parsed = ChildOutputSchema.parse(JSON.parse(stdout.trim()));
           if (parsed.results.length !== job.cases.length) return resolve({ status: "crashed", detail: "case count mismatch" });

@@ -21,9 +21,24 @@ export class Slots {
     return this.waiting.length;
   }
 
-  async run<T>(task: () => Promise<T>): Promise<T> {
+  /** Runs `task` once a slot is free. `signal` aborting while it waits takes it out of the queue (rejecting with the reason). */
+  async run<T>(task: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    signal?.throwIfAborted();
     if (this.busy < this.capacity) this.busy += 1;
-    else await new Promise<void>((resolve) => this.waiting.push(resolve));
+    else {
+      await new Promise<void>((resolve, reject) => {
+        const onAbort = () => {
+          this.waiting.splice(this.waiting.indexOf(granted), 1);
+          reject(signal!.reason);
+        };
+        const granted = () => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve();
+        };
+        this.waiting.push(granted);
+        signal?.addEventListener("abort", onAbort, { once: true });
+      });
+    }
     try {
       return await task();
     } finally {

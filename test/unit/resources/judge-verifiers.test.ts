@@ -1,3 +1,4 @@
+import { createServer, type ServerResponse } from "node:http";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import Fastify, { type FastifyInstance } from "fastify";
@@ -16,6 +17,7 @@ import {
   type VerifierServer,
 } from "../../../participants/verifiers/index.js";
 import { waitUntil } from "../../support/wait-until.js";
+import { resourcesWorld } from "./resources-world.js";
 
 /** A tiny OpenAI-compatible judge stub: answers by a rule on the last user message. */
 let stub: FastifyInstance;
@@ -152,6 +154,32 @@ describe("equivalence judge", () => {
     // Counted, not logged: the client keeps nothing per call.
     expect(judge.callCount).toBe(4);
     expect(Object.values(judge).filter((field) => Array.isArray(field))).toEqual([]);
+  });
+});
+
+describe("equivalence judge: retiring a request while the judge is asked", () => {
+  it("aborts the judge call (stale_attempt), so the retire does not wait for the judge's request timeout", async () => {
+    // A judge that accepts the request and never answers (a stuck inference server).
+    const pending: ServerResponse[] = [];
+    const judge = createServer((_req, res) => void pending.push(res)).listen(0, "127.0.0.1");
+    await new Promise((resolve) => judge.once("listening", resolve));
+    const world = await resourcesWorld();
+    try {
+      const port = (judge.address() as { port: number }).port;
+      const a = await world.harness(new EquivalenceJudgeVerifier(new JudgeClient({ baseUrl: `http://127.0.0.1:${port}`, requestTimeoutMs: 60_000 })));
+      const seed = await a.post("/ng-rollout/r1/seed_session", {});
+      const cookie = String(seed.headers["set-cookie"]).split(";")[0]!;
+      const verifying = a.post("/ng-rollout/r1/verify", { task: { expected_answer: "4" }, answer: "4" }, cookie);
+      await waitUntil(() => pending.length === 1, "the judge request");
+      const retire = await a.call("retire", { checkpoint_id: "x1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] } as never, 5).catch((error: unknown) => String(error));
+      for (const res of pending) res.destroy();
+      const reply = await verifying;
+      expect({ retire, code: reply.json().error?.code }).toEqual({ retire: { retired: ["r1"] }, code: "stale_attempt" });
+    } finally {
+      await world.close();
+      judge.closeAllConnections();
+      judge.close();
+    }
   });
 });
 

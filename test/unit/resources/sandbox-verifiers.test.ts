@@ -5,9 +5,11 @@ import { availableParallelism } from "node:os";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
-import { CodeVerifier, CompetitiveProgrammingVerifier, liveSandboxes, runSandboxed, stopSandboxes } from "../../../participants/verifiers/index.js";
+import { CodeVerifier, CompetitiveProgrammingVerifier, SANDBOX_SLOTS, liveSandboxes, runSandboxed, stopSandboxes } from "../../../participants/verifiers/index.js";
+import { Slots } from "../../../participants/verifiers/sandbox/sandbox-slots.js";
 import { alive, descendants, killAll } from "../../support/process-tree.js";
 import { waitUntil } from "../../support/wait-until.js";
+import { resourcesWorld } from "./resources-world.js";
 
 const LIMITS = { memoryMb: 48, caseTimeoutMs: 500, startupMs: 4000, maxCaseOutputChars: 64 * 1024 };
 /** Source of a busy wait of `ms` wall-clock milliseconds. */
@@ -240,6 +242,73 @@ describe("code verifier", () => {
     const result = await verify(new CodeVerifier(LIMITS), { task: { function_name: "a;b", tests: [{ args: [], expected: 1 }] }, answer: "x" });
     expect(result.status).toBe(400);
     expect(result.body.error.code).toBe("invalid_request");
+  });
+});
+
+describe("retiring a request whose sandboxed /verify runs or waits for a slot", () => {
+  const retire = (a: { call: (op: "retire", body: never, deadlineS: number) => Promise<unknown> }, rollout: string) =>
+    a.call("retire", { checkpoint_id: "x1", episode_ids: [{ rollout_id: rollout, attempt: 0 }] } as never, 5).catch((error: unknown) => String(error));
+  // 40 looping cases of 500 ms: a run that is not stopped takes 20 s, four times the retire's deadline.
+  const looping = { task: { function_name: "f", tests: Array.from({ length: 40 }, () => ({ args: [], expected: 1 })) }, answer: "function f() { for (;;) {} }" };
+
+  it("kills the running child and answers stale_attempt, so the retire finishes by its deadline", async () => {
+    const world = await resourcesWorld();
+    try {
+      const a = await world.harness(new CodeVerifier(LIMITS));
+      const seed = await a.post("/ng-rollout/r1/seed_session", {});
+      const cookie = String(seed.headers["set-cookie"]).split(";")[0]!;
+      const verifying = a.post("/ng-rollout/r1/verify", looping, cookie);
+      await waitUntil(() => liveSandboxes() === 1, "the sandbox child");
+      const retired = await retire(a, "r1");
+      const stillRunning = liveSandboxes();
+      stopSandboxes();
+      const reply = await verifying;
+      expect({ retired, stillRunning, code: reply.json().error?.code }).toEqual({ retired: { retired: ["r1"] }, stillRunning: 0, code: "stale_attempt" });
+    } finally {
+      await world.close();
+    }
+  });
+
+  it("takes a run waiting for a slot out of the queue, without waiting for other rollouts' runs", async () => {
+    const world = await resourcesWorld();
+    const others: Promise<unknown>[] = [];
+    try {
+      const a = await world.harness(new CodeVerifier(LIMITS));
+      // Other rollouts hold every slot.
+      for (let i = 0; i < SANDBOX_SLOTS.capacity; i++) others.push(a.post(`/ng-rollout/other${i}/verify`, looping));
+      await waitUntil(() => liveSandboxes() === SANDBOX_SLOTS.capacity, "every slot busy");
+      const seed = await a.post("/ng-rollout/r1/seed_session", {});
+      const cookie = String(seed.headers["set-cookie"]).split(";")[0]!;
+      const mine = a.post("/ng-rollout/r1/verify", { task: addTask, answer: "function add(a, b) { return a + b; }" }, cookie);
+      await waitUntil(() => SANDBOX_SLOTS.queued === 1, "r1's run waiting for a slot");
+      const retired = await retire(a, "r1");
+      const queued = SANDBOX_SLOTS.queued;
+      stopSandboxes();
+      const reply = await mine;
+      expect({ retired, queued, code: reply.json().error?.code }).toEqual({ retired: { retired: ["r1"] }, queued: 0, code: "stale_attempt" });
+    } finally {
+      stopSandboxes();
+      await Promise.all(others);
+      await world.close();
+    }
+  });
+
+  it("Slots: an aborted waiter leaves the queue and never runs; the slot goes to the next one", async () => {
+    const slots = new Slots(1);
+    let release!: () => void;
+    const holder = slots.run(() => new Promise<void>((resolve) => (release = resolve)));
+    const abort = new AbortController();
+    const ran: string[] = [];
+    const aborted = slots.run(async () => void ran.push("aborted"), abort.signal);
+    const next = slots.run(async () => void ran.push("next"));
+    expect(slots.queued).toBe(2);
+    abort.abort(new Error("retired"));
+    await expect(aborted).rejects.toThrow("retired");
+    expect(slots.queued).toBe(1);
+    release();
+    await Promise.all([holder, next]);
+    expect({ ran, active: slots.active, queued: slots.queued }).toEqual({ ran: ["next"], active: 0, queued: 0 });
+    await expect(slots.run(async () => 1, abort.signal)).rejects.toThrow("retired");
   });
 });
 
