@@ -131,25 +131,57 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits, signal: AbortS
       // A kernel backstop for the resident watch (between two samples, or once this process is
       // gone): writable mappings include reserved thread stacks, so it sits well above residentMb.
       const dataMb = Math.ceil(2 * residentMb + 256);
-      const child = spawnChild(cpuSeconds, dataMb, [...NODE_FLAGS, `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE], cwd);
-      liveChildren.add(child);
+      let child: ChildProcess;
+      try {
+        child = spawnChild(cpuSeconds, dataMb, [...NODE_FLAGS, `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE], cwd);
+      } catch (error) {
+        return resolve({ status: "crashed", detail: `the sandbox could not start: ${error instanceof Error ? error.message : String(error)}` });
+      }
       let stdout = "";
       let stderr = "";
       let ready = false;
       let stopped: SandboxOutcome | undefined;
+      let settled = false;
       const stop = (outcome: SandboxOutcome) => {
         stopped ??= outcome;
         child.kill("SIGKILL");
       };
-      let timer = setTimeout(() => stop({ status: "crashed", detail: `the sandbox did not start within ${limits.startupMs} ms` }), limits.startupMs);
+      let timer: NodeJS.Timeout | undefined;
+      let watch: NodeJS.Timeout | undefined;
+      const onAbort = () => stop({ status: "crashed", detail: "stopped: its request was retired" });
+      const settle = (outcome: SandboxOutcome) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        clearInterval(watch);
+        signal?.removeEventListener("abort", onAbort);
+        liveChildren.delete(child);
+        child.stdin?.destroy();
+        resolve(outcome);
+      };
+      // First, before anything that can throw: a spawn that failed (EMFILE, ENOENT, ...) reports
+      // here, and an 'error' nobody listens to would end this whole process.
+      child.on("error", (error) => {
+        // Never started: no 'close' follows.
+        if (child.pid === undefined) settle({ status: "crashed", detail: `the sandbox could not start: ${error.message}` });
+        else stop({ status: "crashed", detail: error.message });
+      });
+      const { stdin, stdout: out, stderr: err } = child;
+      // Out of file descriptors, node gives the child no pipes (and reports EMFILE next).
+      if (child.pid === undefined || !stdin || !out || !err) {
+        child.kill("SIGKILL");
+        return settle({ status: "crashed", detail: "the sandbox could not start: no process or no pipes (out of file descriptors?)" });
+      }
+      liveChildren.add(child);
+      timer = setTimeout(() => stop({ status: "crashed", detail: `the sandbox did not start within ${limits.startupMs} ms` }), limits.startupMs);
       // The heap limit does not bound what V8 and ICU keep outside the heap: watch the whole process.
-      const watch = setInterval(() => {
-        const kb = child.pid === undefined ? undefined : residentKb(child.pid);
+      watch = setInterval(() => {
+        const kb = residentKb(child.pid!);
         if (kb !== undefined && kb > residentMb * 1024) stop({ status: "memory_limit", detail: `resident memory above ${residentMb} MB` });
       }, RESIDENT_SAMPLE_MS);
-      child.stdout!.setEncoding("utf8");
-      child.stderr!.setEncoding("utf8");
-      child.stdout!.on("data", (chunk: string) => {
+      out.setEncoding("utf8");
+      err.setEncoding("utf8");
+      out.on("data", (chunk: string) => {
         if (stopped) return;
         stdout += chunk;
         if (stdout.length > maxStdout) return stop({ status: "output_limit", detail: `more than ${maxStdout} characters of output` });
@@ -160,36 +192,29 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits, signal: AbortS
         clearTimeout(timer);
         timer = setTimeout(() => stop({ status: "timeout", detail: `wall clock of ${runMs} ms exceeded` }), runMs);
         // stdin stays open until the child ends: its end tells the child that this process is gone.
-        child.stdin!.write(`${JSON.stringify({ ...job, case_timeout_ms: limits.caseTimeoutMs, max_case_output_chars: limits.maxCaseOutputChars })}\n`);
+        stdin.write(`${JSON.stringify({ ...job, case_timeout_ms: limits.caseTimeoutMs, max_case_output_chars: limits.maxCaseOutputChars })}\n`);
       });
-      child.stderr!.on("data", (chunk: string) => {
+      err.on("data", (chunk: string) => {
         if (stderr.length < 64 * 1024) stderr += chunk;
       });
-      child.stdin!.on("error", () => undefined);
-      child.on("error", (error) => stop({ status: "crashed", detail: error.message }));
-      const onAbort = () => stop({ status: "crashed", detail: "stopped: its request was retired" });
+      stdin.on("error", () => undefined);
       if (signal?.aborted) onAbort();
       else signal?.addEventListener("abort", onAbort, { once: true });
       child.on("close", (code, killedBy) => {
-        clearTimeout(timer);
-        clearInterval(watch);
-        signal?.removeEventListener("abort", onAbort);
-        liveChildren.delete(child);
-        child.stdin!.destroy();
-        if (stopped) return resolve(stopped);
+        if (stopped) return settle(stopped);
         if (/heap limit|out of memory|allocation failed/i.test(stderr)) {
-          return resolve({ status: "memory_limit", detail: `heap limit of ${limits.memoryMb} MB reached` });
+          return settle({ status: "memory_limit", detail: `heap limit of ${limits.memoryMb} MB reached` });
         }
         // An allocation refused at the data-segment limit, where ICU does not check for it.
-        if (killedBy === "SIGSEGV") return resolve({ status: "memory_limit", detail: `data-segment limit of ${dataMb} MB reached (SIGSEGV)` });
-        if (killedBy === "SIGXCPU") return resolve({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
-        if (code !== 0 || !ready) return resolve({ status: "crashed", detail: `exit ${code ?? killedBy}: ${stderr.slice(0, 300)}` });
+        if (killedBy === "SIGSEGV") return settle({ status: "memory_limit", detail: `data-segment limit of ${dataMb} MB reached (SIGSEGV)` });
+        if (killedBy === "SIGXCPU") return settle({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
+        if (code !== 0 || !ready) return settle({ status: "crashed", detail: `exit ${code ?? killedBy}: ${stderr.slice(0, 300)}` });
         try {
           const parsed = ChildOutputSchema.parse(JSON.parse(stdout.trim()));
-          if (parsed.results.length !== job.cases.length) return resolve({ status: "crashed", detail: "case count mismatch" });
-          resolve({ status: "completed", results: parsed.results });
+          if (parsed.results.length !== job.cases.length) return settle({ status: "crashed", detail: "case count mismatch" });
+          settle({ status: "completed", results: parsed.results });
         } catch {
-          resolve({ status: "crashed", detail: "unreadable child output" });
+          settle({ status: "crashed", detail: "unreadable child output" });
         }
       });
     });

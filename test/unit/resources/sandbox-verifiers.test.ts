@@ -213,6 +213,29 @@ describe("code verifier", () => {
     }
   });
 
+  it("answers crashed when the child cannot be spawned for want of file descriptors, and the verifier lives on", async () => {
+    // A verifier out of descriptors (each waiting /verify holds a socket): the spawn gets no pipes.
+    const source = fileURLToPath(new URL("../../../participants/verifiers/index.ts", import.meta.url));
+    const script = `import { closeSync, openSync } from "node:fs";
+      import { runSandboxed } from ${JSON.stringify(source)};
+      const job = { mode: "function", code: "function f() { return 1; }", function_name: "f", cases: [{ args: [] }] };
+      const limits = { memoryMb: 48, caseTimeoutMs: 1000, startupMs: 10000, maxCaseOutputChars: 1024 };
+      const fds = [];
+      try { for (;;) fds.push(openSync("/dev/null", "r")); } catch {}
+      for (const fd of fds.splice(-2)) closeSync(fd);
+      const starved = await runSandboxed(job, limits).catch((error) => "threw " + error);
+      for (const fd of fds) closeSync(fd);
+      const after = await runSandboxed(job, limits);
+      process.stdout.write(JSON.stringify({ starved: starved.status ?? starved, after }));`;
+    const verifier = spawn("/bin/sh", ["-c", 'ulimit -n 200 && exec "$0" "$@"', process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    let err = "";
+    verifier.stdout.on("data", (chunk) => (out += String(chunk)));
+    verifier.stderr.on("data", (chunk) => (err += String(chunk)));
+    const code = await new Promise((resolve) => verifier.on("close", resolve));
+    expect({ code, out, err: err.slice(0, 500) }).toEqual({ code: 0, out: JSON.stringify({ starved: "crashed", after: { status: "completed", results: [{ status: "ok", output: "1" }] } }), err: "" });
+  });
+
   it("kills running children on shutdown", async () => {
     const run = runSandboxed({ mode: "function", code: "function f() { for (;;) {} }", function_name: "f", cases: Array.from({ length: 50 }, () => ({ args: [] })) }, LIMITS);
     await waitUntil(() => liveSandboxes() === 1, "a running sandbox child");
