@@ -142,6 +142,11 @@ export const ERROR_CATALOG = {
     meaning: "The cohort verifier already has its maximum number of cohorts collecting or being judged, so no new cohort can start.",
     solve: "Retry later, once running cohorts finish (members of cohorts already started are still admitted), or raise the verifier's maxActiveCohorts (--max-active-cohorts).",
   },
+  sandbox_capacity: {
+    status: 503,
+    meaning: "A sandboxed verifier (code, competitive programming) already has its maximum number of runs waiting for a sandbox slot, so it takes no more.",
+    solve: "Retry later, once queued runs started, or run more verifier processes (or raise --max-sandbox-queue, within the process's file-descriptor limit: each waiting /verify holds a connection).",
+  },
   internal_error: {
     status: 500,
     meaning: "An unexpected failure inside gym-ckpt.",

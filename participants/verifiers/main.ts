@@ -7,6 +7,7 @@ import { EquivalenceJudgeVerifier } from "./equivalence-judge-verifier.js";
 import { JudgeClient } from "./judge-client.js";
 import { MathVerifier } from "./math-verifier.js";
 import { stopSandboxes } from "./sandbox/run-sandboxed.js";
+import { SANDBOX_SLOTS } from "./sandbox/sandbox-slots.js";
 import type { VerifierServer } from "./verifier-server.js";
 
 /**
@@ -14,6 +15,7 @@ import type { VerifierServer } from "./verifier-server.js";
  *   --verifier math | code | competitive | equivalence | cohort
  *   --judge-url <OpenAI-compatible base URL> (equivalence, cohort), --judge-model
  *   --cohort-size <n>, --collection-timeout-ms, --evaluation-timeout-ms, --max-active-cohorts (cohort)
+ *   --max-sandbox-queue <n> (code, competitive: runs that may wait for a sandbox slot)
  */
 const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
   "verifier",
@@ -23,6 +25,7 @@ const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
   "collection-timeout-ms",
   "evaluation-timeout-ms",
   "max-active-cohorts",
+  "max-sandbox-queue",
 ]);
 const { extra, logger } = runtime;
 
@@ -58,6 +61,11 @@ function build(): VerifierServer {
 
 let server: VerifierServer;
 try {
+  if (extra["max-sandbox-queue"] !== undefined) {
+    const queue = Number(extra["max-sandbox-queue"]);
+    if (!Number.isInteger(queue) || queue < 0) throw new Error("--max-sandbox-queue must be an integer ≥ 0");
+    SANDBOX_SLOTS.maxQueued = queue;
+  }
   server = build();
 } catch (error) {
   process.stderr.write(`verifier: ${error instanceof Error ? error.message : String(error)}\n`);

@@ -1,4 +1,5 @@
 import { availableParallelism } from "node:os";
+import { VerifierError } from "../verifier-errors.js";
 
 /**
  * A counting semaphore. Per-case timeouts are wall-clock, so running more sandbox children than
@@ -9,7 +10,14 @@ export class Slots {
   private busy = 0;
   private readonly waiting: (() => void)[] = [];
 
-  constructor(readonly capacity: number) {
+  /**
+   * `maxQueued`: how many runs may wait; beyond it run() refuses with `sandbox_capacity` (each
+   * waiting /verify holds a connection, and a flood must not take every file descriptor).
+   */
+  constructor(
+    readonly capacity: number,
+    public maxQueued = Number.POSITIVE_INFINITY,
+  ) {
     if (!Number.isInteger(capacity) || capacity < 1) throw new Error("slot capacity must be a positive integer");
   }
 
@@ -25,7 +33,9 @@ export class Slots {
   async run<T>(task: () => Promise<T>, signal?: AbortSignal): Promise<T> {
     signal?.throwIfAborted();
     if (this.busy < this.capacity) this.busy += 1;
-    else {
+    else if (this.waiting.length >= this.maxQueued) {
+      throw new VerifierError("sandbox_capacity", `${this.waiting.length} sandbox runs already wait for a slot (max ${this.maxQueued})`);
+    } else {
       await new Promise<void>((resolve, reject) => {
         const onAbort = () => {
           this.waiting.splice(this.waiting.indexOf(granted), 1);
@@ -50,5 +60,8 @@ export class Slots {
   }
 }
 
+/** Default of how many sandbox runs may wait for a slot in one verifier process (`--max-sandbox-queue`). */
+export const DEFAULT_MAX_SANDBOX_QUEUE = 512;
+
 /** One sandbox child per CPU for the whole process. */
-export const SANDBOX_SLOTS = new Slots(Math.max(1, availableParallelism()));
+export const SANDBOX_SLOTS = new Slots(Math.max(1, availableParallelism()), DEFAULT_MAX_SANDBOX_QUEUE);

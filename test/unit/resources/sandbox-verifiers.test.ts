@@ -335,6 +335,40 @@ describe("retiring a request whose sandboxed /verify runs or waits for a slot", 
   });
 });
 
+describe("a bounded queue of runs waiting for a sandbox slot", () => {
+  it("Slots: a run beyond maxQueued is refused with sandbox_capacity and changes nothing", async () => {
+    const slots = new Slots(1, 1);
+    let release!: () => void;
+    const holder = slots.run(() => new Promise<void>((resolve) => (release = resolve)));
+    const queued = slots.run(async () => "queued");
+    await expect(slots.run(async () => "refused")).rejects.toMatchObject({ code: "sandbox_capacity" });
+    expect([slots.active, slots.queued]).toEqual([1, 1]);
+    release();
+    expect(await queued).toBe("queued");
+    await holder;
+    expect([slots.active, slots.queued]).toEqual([0, 0]);
+  });
+
+  it("a /verify that finds the queue full answers 503 sandbox_capacity", async () => {
+    const looping = { function_name: "f", tests: Array.from({ length: 40 }, () => ({ args: [], expected: 1 })) };
+    const { app } = await createResourcesApp(new CodeVerifier(LIMITS));
+    const maxQueued = SANDBOX_SLOTS.maxQueued;
+    const running: Promise<unknown>[] = [];
+    try {
+      SANDBOX_SLOTS.maxQueued = 0;
+      for (let i = 0; i < SANDBOX_SLOTS.capacity; i++) running.push(app.inject({ method: "POST", url: `/ng-rollout/busy${i}/verify`, payload: { task: looping, answer: "function f() { for (;;) {} }" } }));
+      await waitUntil(() => liveSandboxes() === SANDBOX_SLOTS.capacity, "every slot busy");
+      const refused = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", payload: { task: addTask, answer: "function add(a, b) { return a + b; }" } });
+      expect([refused.statusCode, refused.json().error.code]).toEqual([503, "sandbox_capacity"]);
+    } finally {
+      SANDBOX_SLOTS.maxQueued = maxQueued;
+      stopSandboxes();
+      await Promise.all(running);
+      await app.close();
+    }
+  });
+});
+
 describe("competitive programming verifier", () => {
   const task = {
     cases: [
