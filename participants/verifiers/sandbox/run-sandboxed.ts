@@ -1,8 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { z } from "zod";
 import { SANDBOX_CHILD_SOURCE } from "./sandbox-child-source.js";
 import { SANDBOX_SLOTS } from "./sandbox-slots.js";
@@ -13,7 +10,8 @@ import { SANDBOX_SLOTS } from "./sandbox-slots.js";
  *     resident-memory limit this process watches, and a kernel data-segment limit (RLIMIT_DATA),
  *   - a per-case `vm` timeout (sync code and microtasks), a wall-clock SIGKILL for the whole run
  *     and a kernel CPU-time limit (RLIMIT_CPU) that holds even if this process dies,
- *   - an empty environment, a fresh temporary working directory, and Node's permission model
+ *   - an empty environment, `/` as working directory (nothing is created per run: a directory
+ *     removed after the run outlived a verifier that exited first), and Node's permission model
  *     (no fs, child processes, workers or addons),
  *   - the submission evaluated in a null-prototype `vm` context that holds no host object.
  * `vm` alone is not a security boundary; the process, its permission flags and the limits are.
@@ -92,9 +90,9 @@ function residentKb(pid: number): number | undefined {
  * SIGKILL) and a data-segment limit, and no core dump is written: the child ends by itself even
  * if this process is SIGKILLed. Fails closed: if a limit cannot be set, the child never starts.
  */
-function spawnChild(cpuSeconds: number, dataMb: number, nodeArgs: string[], cwd: string): ChildProcess {
+function spawnChild(cpuSeconds: number, dataMb: number, nodeArgs: string[]): ChildProcess {
   const limits = `ulimit -c 0 && ulimit -d ${dataMb * 1024} && ulimit -S -t ${cpuSeconds} && ulimit -H -t ${cpuSeconds + 1} && exec "$0" "$@"`;
-  return spawn("/bin/sh", ["-c", limits, process.execPath, ...nodeArgs], { cwd, env: {}, stdio: ["pipe", "pipe", "pipe"] });
+  return spawn("/bin/sh", ["-c", limits, process.execPath, ...nodeArgs], { cwd: "/", env: {}, stdio: ["pipe", "pipe", "pipe"] });
 }
 
 /**
@@ -119,106 +117,101 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits, signal: AbortS
     exitHookInstalled = true;
     process.once("exit", stopSandboxes);
   }
-  const cwd = await mkdtemp(join(tmpdir(), "gym-ckpt-sandbox-"));
-  try {
-    return await new Promise<SandboxOutcome>((resolve) => {
-      const runMs = limits.caseTimeoutMs * Math.max(1, job.cases.length) + limits.startupMs;
-      // A backstop well above the wall clock (V8's helper threads count too), not a second verdict.
-      const cpuSeconds = Math.ceil((2 * (limits.startupMs + runMs)) / 1000) + 1;
-      // JSON escaping can grow a character to six; an error detail is at most 500 characters.
-      const maxStdout = 64 * 1024 + Math.max(1, job.cases.length) * 6 * (limits.maxCaseOutputChars + 600);
-      const residentMb = limits.residentMb ?? limits.memoryMb + RESIDENT_OVERHEAD_MB;
-      // A kernel backstop for the resident watch (between two samples, or once this process is
-      // gone): writable mappings include reserved thread stacks, so it sits well above residentMb.
-      const dataMb = Math.ceil(2 * residentMb + 256);
-      let child: ChildProcess;
-      try {
-        child = spawnChild(cpuSeconds, dataMb, [...NODE_FLAGS, `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE], cwd);
-      } catch (error) {
-        return resolve({ status: "crashed", detail: `the sandbox could not start: ${error instanceof Error ? error.message : String(error)}` });
-      }
-      let stdout = "";
-      let stderr = "";
-      let ready = false;
-      let stopped: SandboxOutcome | undefined;
-      let settled = false;
-      const stop = (outcome: SandboxOutcome) => {
-        stopped ??= outcome;
-        child.kill("SIGKILL");
-      };
-      let timer: NodeJS.Timeout | undefined;
-      let watch: NodeJS.Timeout | undefined;
-      const onAbort = () => stop({ status: "crashed", detail: "stopped: its request was retired" });
-      const settle = (outcome: SandboxOutcome) => {
-        if (settled) return;
-        settled = true;
-        clearTimeout(timer);
-        clearInterval(watch);
-        signal?.removeEventListener("abort", onAbort);
-        liveChildren.delete(child);
-        child.stdin?.destroy();
-        resolve(outcome);
-      };
-      // First, before anything that can throw: a spawn that failed (EMFILE, ENOENT, ...) reports
-      // here, and an 'error' nobody listens to would end this whole process.
-      child.on("error", (error) => {
-        // Never started: no 'close' follows.
-        if (child.pid === undefined) settle({ status: "crashed", detail: `the sandbox could not start: ${error.message}` });
-        else stop({ status: "crashed", detail: error.message });
-      });
-      const { stdin, stdout: out, stderr: err } = child;
-      // Out of file descriptors, node gives the child no pipes (and reports EMFILE next).
-      if (child.pid === undefined || !stdin || !out || !err) {
-        child.kill("SIGKILL");
-        return settle({ status: "crashed", detail: "the sandbox could not start: no process or no pipes (out of file descriptors?)" });
-      }
-      liveChildren.add(child);
-      timer = setTimeout(() => stop({ status: "crashed", detail: `the sandbox did not start within ${limits.startupMs} ms` }), limits.startupMs);
-      // The heap limit does not bound what V8 and ICU keep outside the heap: watch the whole process.
-      watch = setInterval(() => {
-        const kb = residentKb(child.pid!);
-        if (kb !== undefined && kb > residentMb * 1024) stop({ status: "memory_limit", detail: `resident memory above ${residentMb} MB` });
-      }, RESIDENT_SAMPLE_MS);
-      out.setEncoding("utf8");
-      err.setEncoding("utf8");
-      out.on("data", (chunk: string) => {
-        if (stopped) return;
-        stdout += chunk;
-        if (stdout.length > maxStdout) return stop({ status: "output_limit", detail: `more than ${maxStdout} characters of output` });
-        if (ready || !stdout.includes("\n")) return;
-        if (!stdout.startsWith("ready\n")) return stop({ status: "crashed", detail: "the sandbox did not report ready" });
-        ready = true;
-        stdout = stdout.slice("ready\n".length);
-        clearTimeout(timer);
-        timer = setTimeout(() => stop({ status: "timeout", detail: `wall clock of ${runMs} ms exceeded` }), runMs);
-        // stdin stays open until the child ends: its end tells the child that this process is gone.
-        stdin.write(`${JSON.stringify({ ...job, case_timeout_ms: limits.caseTimeoutMs, max_case_output_chars: limits.maxCaseOutputChars })}\n`);
-      });
-      err.on("data", (chunk: string) => {
-        if (stderr.length < 64 * 1024) stderr += chunk;
-      });
-      stdin.on("error", () => undefined);
-      if (signal?.aborted) onAbort();
-      else signal?.addEventListener("abort", onAbort, { once: true });
-      child.on("close", (code, killedBy) => {
-        if (stopped) return settle(stopped);
-        if (/heap limit|out of memory|allocation failed/i.test(stderr)) {
-          return settle({ status: "memory_limit", detail: `heap limit of ${limits.memoryMb} MB reached` });
-        }
-        // An allocation refused at the data-segment limit, where ICU does not check for it.
-        if (killedBy === "SIGSEGV") return settle({ status: "memory_limit", detail: `data-segment limit of ${dataMb} MB reached (SIGSEGV)` });
-        if (killedBy === "SIGXCPU") return settle({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
-        if (code !== 0 || !ready) return settle({ status: "crashed", detail: `exit ${code ?? killedBy}: ${stderr.slice(0, 300)}` });
-        try {
-          const parsed = ChildOutputSchema.parse(JSON.parse(stdout.trim()));
-          if (parsed.results.length !== job.cases.length) return settle({ status: "crashed", detail: "case count mismatch" });
-          settle({ status: "completed", results: parsed.results });
-        } catch {
-          settle({ status: "crashed", detail: "unreadable child output" });
-        }
-      });
+  return new Promise<SandboxOutcome>((resolve) => {
+    const runMs = limits.caseTimeoutMs * Math.max(1, job.cases.length) + limits.startupMs;
+    // A backstop well above the wall clock (V8's helper threads count too), not a second verdict.
+    const cpuSeconds = Math.ceil((2 * (limits.startupMs + runMs)) / 1000) + 1;
+    // JSON escaping can grow a character to six; an error detail is at most 500 characters.
+    const maxStdout = 64 * 1024 + Math.max(1, job.cases.length) * 6 * (limits.maxCaseOutputChars + 600);
+    const residentMb = limits.residentMb ?? limits.memoryMb + RESIDENT_OVERHEAD_MB;
+    // A kernel backstop for the resident watch (between two samples, or once this process is
+    // gone): writable mappings include reserved thread stacks, so it sits well above residentMb.
+    const dataMb = Math.ceil(2 * residentMb + 256);
+    let child: ChildProcess;
+    try {
+      child = spawnChild(cpuSeconds, dataMb, [...NODE_FLAGS, `--max-old-space-size=${limits.memoryMb}`, "-e", SANDBOX_CHILD_SOURCE]);
+    } catch (error) {
+      return resolve({ status: "crashed", detail: `the sandbox could not start: ${error instanceof Error ? error.message : String(error)}` });
+    }
+    let stdout = "";
+    let stderr = "";
+    let ready = false;
+    let stopped: SandboxOutcome | undefined;
+    let settled = false;
+    const stop = (outcome: SandboxOutcome) => {
+      stopped ??= outcome;
+      child.kill("SIGKILL");
+    };
+    let timer: NodeJS.Timeout | undefined;
+    let watch: NodeJS.Timeout | undefined;
+    const onAbort = () => stop({ status: "crashed", detail: "stopped: its request was retired" });
+    const settle = (outcome: SandboxOutcome) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      clearInterval(watch);
+      signal?.removeEventListener("abort", onAbort);
+      liveChildren.delete(child);
+      child.stdin?.destroy();
+      resolve(outcome);
+    };
+    // First, before anything that can throw: a spawn that failed (EMFILE, ENOENT, ...) reports
+    // here, and an 'error' nobody listens to would end this whole process.
+    child.on("error", (error) => {
+      // Never started: no 'close' follows.
+      if (child.pid === undefined) settle({ status: "crashed", detail: `the sandbox could not start: ${error.message}` });
+      else stop({ status: "crashed", detail: error.message });
     });
-  } finally {
-    await rm(cwd, { recursive: true, force: true });
-  }
+    const { stdin, stdout: out, stderr: err } = child;
+    // Out of file descriptors, node gives the child no pipes (and reports EMFILE next).
+    if (child.pid === undefined || !stdin || !out || !err) {
+      child.kill("SIGKILL");
+      return settle({ status: "crashed", detail: "the sandbox could not start: no process or no pipes (out of file descriptors?)" });
+    }
+    liveChildren.add(child);
+    timer = setTimeout(() => stop({ status: "crashed", detail: `the sandbox did not start within ${limits.startupMs} ms` }), limits.startupMs);
+    // The heap limit does not bound what V8 and ICU keep outside the heap: watch the whole process.
+    watch = setInterval(() => {
+      const kb = residentKb(child.pid!);
+      if (kb !== undefined && kb > residentMb * 1024) stop({ status: "memory_limit", detail: `resident memory above ${residentMb} MB` });
+    }, RESIDENT_SAMPLE_MS);
+    out.setEncoding("utf8");
+    err.setEncoding("utf8");
+    out.on("data", (chunk: string) => {
+      if (stopped) return;
+      stdout += chunk;
+      if (stdout.length > maxStdout) return stop({ status: "output_limit", detail: `more than ${maxStdout} characters of output` });
+      if (ready || !stdout.includes("\n")) return;
+      if (!stdout.startsWith("ready\n")) return stop({ status: "crashed", detail: "the sandbox did not report ready" });
+      ready = true;
+      stdout = stdout.slice("ready\n".length);
+      clearTimeout(timer);
+      timer = setTimeout(() => stop({ status: "timeout", detail: `wall clock of ${runMs} ms exceeded` }), runMs);
+      // stdin stays open until the child ends: its end tells the child that this process is gone.
+      stdin.write(`${JSON.stringify({ ...job, case_timeout_ms: limits.caseTimeoutMs, max_case_output_chars: limits.maxCaseOutputChars })}\n`);
+    });
+    err.on("data", (chunk: string) => {
+      if (stderr.length < 64 * 1024) stderr += chunk;
+    });
+    stdin.on("error", () => undefined);
+    if (signal?.aborted) onAbort();
+    else signal?.addEventListener("abort", onAbort, { once: true });
+    child.on("close", (code, killedBy) => {
+      if (stopped) return settle(stopped);
+      if (/heap limit|out of memory|allocation failed/i.test(stderr)) {
+        return settle({ status: "memory_limit", detail: `heap limit of ${limits.memoryMb} MB reached` });
+      }
+      // An allocation refused at the data-segment limit, where ICU does not check for it.
+      if (killedBy === "SIGSEGV") return settle({ status: "memory_limit", detail: `data-segment limit of ${dataMb} MB reached (SIGSEGV)` });
+      if (killedBy === "SIGXCPU") return settle({ status: "timeout", detail: `CPU time limit of ${cpuSeconds} s reached` });
+      if (code !== 0 || !ready) return settle({ status: "crashed", detail: `exit ${code ?? killedBy}: ${stderr.slice(0, 300)}` });
+      try {
+        const parsed = ChildOutputSchema.parse(JSON.parse(stdout.trim()));
+        if (parsed.results.length !== job.cases.length) return settle({ status: "crashed", detail: "case count mismatch" });
+        settle({ status: "completed", results: parsed.results });
+      } catch {
+        settle({ status: "crashed", detail: "unreadable child output" });
+      }
+    });
+  });
 }
