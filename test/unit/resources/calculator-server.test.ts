@@ -13,6 +13,21 @@ describe("arithmetic expression", () => {
     expect(calculate("1 / 3")).toBe("0.333333333333");
   });
 
+  it("computes exactly: integer results print digit for digit, however large a double would round them", () => {
+    expect(calculate("1000000000 * 1000000000000")).toBe("1000000000000000000000");
+    expect(calculate("9007199254740993")).toBe("9007199254740993");
+    expect(calculate("4611686018427387904 + 1")).toBe("4611686018427387905");
+    expect(calculate("1e21 + 1")).toBe("1000000000000000000001");
+    expect(calculate("7 / 2 * 2")).toBe("7");
+    expect(calculate("0.1 + 0.2")).toBe("0.3");
+    expect(calculate("2.5e3")).toBe("2500");
+    expect(calculate("1e400 / 1e300")).toBe(`1${"0".repeat(100)}`);
+    // The limits stay: a result no double holds, and literals too large to expand, are refused.
+    for (const tooLarge of ["1e400", "1e308 * 10", "1e999999", Array.from({ length: 160 }, () => "9e999").join("*")]) {
+      expect(() => calculate(tooLarge), tooLarge).toThrow(/result is not finite/);
+    }
+  });
+
   it("refuses anything that is not arithmetic", () => {
     for (const bad of ["process.exit()", "1 +", "(1", "1 / 0", "2 2", "", "a", "1;2"]) {
       expect(() => calculate(bad), bad).toThrow(/invalid expression/);
@@ -43,6 +58,28 @@ describe("calculator resources server", () => {
     const close = await app.inject({ method: "POST", url: "/ng-rollout/r1/close_session", headers: { cookie } });
     expect(close.statusCode).toBe(200);
     await app.close();
+  });
+
+  it("rewards the exact answer of a large integer result on /verify", async () => {
+    const { app } = await createResourcesApp(new CalculatorServer());
+    try {
+      const rewards: Record<string, number> = {};
+      for (const [i, [expression, answer]] of ([
+        ["1000000000 * 1000000000000", "1000000000000000000000"],
+        ["9007199254740993", "9007199254740993"],
+        ["4611686018427387904 + 1", "4611686018427387905"],
+      ] as const).entries()) {
+        const reply = await app.inject({ method: "POST", url: `/ng-rollout/r${i}/verify`, payload: { task: { expression }, answer } });
+        rewards[`${expression} = ${answer}`] = reply.json().reward;
+      }
+      expect(rewards).toEqual({
+        "1000000000 * 1000000000000 = 1000000000000000000000": 1,
+        "9007199254740993 = 9007199254740993": 1,
+        "4611686018427387904 + 1 = 4611686018427387905": 1,
+      });
+    } finally {
+      await app.close();
+    }
   });
 
   it("answers bad bodies and missing prefixes with catalog codes", async () => {
