@@ -38,6 +38,7 @@ export class LeaderLeaseReader {
    */
   lost(leader: string, everyMs: number, stop: AbortSignal): Promise<CheckpointError> {
     return new Promise((resolve) => {
+      if (stop.aborted) return; // the reply came first
       let timer: NodeJS.Timeout | undefined;
       const check = async () => {
         const now = await this.leader();

@@ -47,11 +47,12 @@ export class NatsControllerClient extends ControllerClient {
       const timeout = replyTimeoutMs(op, request, this.options);
       const watch = openEndedWait(request, this.options, timeout) ? new AbortController() : undefined;
       try {
-        const leader = watch && (await this.leases.leader());
+        // The lease is read beside the request, not before it: one KV round trip off the op's path.
+        const leader = watch && this.leases.leader();
         const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch?.signal });
-        if (watch && typeof leader === "string") {
-          void this.leases.lost(leader, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch.signal).then((lost) => watch.abort(lost));
-        }
+        void leader?.then((id) => {
+          if (typeof id === "string") void this.leases.lost(id, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch!.signal).then((lost) => watch!.abort(lost));
+        });
         // The controller's own span (if any) becomes the parent of the coordinator's.
         return decodeControllerReply(op, await reply);
       } catch (error) {
