@@ -188,9 +188,25 @@ export function calculate(text: string): string {
     if (!Number.isFinite(Number(exact.n))) throw invalid("result is not finite");
     return String(exact.n);
   }
-  // A double of more than 1023 bits is infinite: scale both parts down alike first.
-  const shift = BigInt(Math.max(0, Math.max(bits(exact.n), bits(exact.d)) - 1000));
-  const value = Number(exact.n >> shift) / Number(exact.d >> shift);
+  const value = fractionToDouble(exact);
   if (!Number.isFinite(value)) throw invalid("result is not finite");
   return String(Number(value.toPrecision(12)));
+}
+
+/**
+ * n/d as the nearest double (to within an ulp): the integer quotient taken with 64 significant
+ * bits, then scaled by the power of two that was shifted in. Converting n and d separately fails
+ * when either has more than 1023 bits, and scaling both alike can leave the smaller one no bits.
+ */
+function fractionToDouble({ n, d }: Fraction): number {
+  const shift = 64 - (bits(n) - bits(d));
+  const quotient = shift >= 0 ? (n << BigInt(shift)) / d : n / (d << BigInt(-shift));
+  // In steps, so an intermediate power of two neither overflows nor underflows on its own.
+  let value = Number(quotient);
+  for (let rest = -shift; rest !== 0; ) {
+    const step = Math.max(-1000, Math.min(1000, rest));
+    value *= 2 ** step;
+    rest -= step;
+  }
+  return value;
 }

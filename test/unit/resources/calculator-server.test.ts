@@ -22,6 +22,12 @@ describe("arithmetic expression", () => {
     expect(calculate("0.1 + 0.2")).toBe("0.3");
     expect(calculate("2.5e3")).toBe("2500");
     expect(calculate("1e400 / 1e300")).toBe(`1${"0".repeat(100)}`);
+    // Fractions whose parts pass 1023 bits, with a small or a large denominator, and tiny quotients.
+    expect(calculate("1e302 / 3")).toBe("3.33333333333e+301");
+    expect(calculate("1e200 / (1e30 + 1) * 1e130")).toBe("1e+300");
+    expect(calculate("1 / 3e300")).toBe("3.33333333333e-301");
+    expect(calculate("-2 / 3")).toBe("-0.666666666667");
+    expect(calculate("1e-320 / 3")).toBe(String(Number((1e-320 / 3).toPrecision(12))));
     // The limits stay: a result no double holds, and literals too large to expand, are refused.
     for (const tooLarge of ["1e400", "1e308 * 10", "1e999999", Array.from({ length: 160 }, () => "9e999").join("*")]) {
       expect(() => calculate(tooLarge), tooLarge).toThrow(/result is not finite/);
