@@ -1,7 +1,7 @@
 import { trace, type Context, type Span } from "@opentelemetry/api";
 import type { Stats } from "node:fs";
 import { lstat, readdir, realpath, stat } from "node:fs/promises";
-import { isAbsolute } from "node:path";
+import { isAbsolute, normalize } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -145,7 +145,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     if (options.checkpointRoot !== undefined && !isAbsolute(options.checkpointRoot)) {
       throw new CheckpointError("invalid_request", `checkpointRoot ${JSON.stringify(options.checkpointRoot)} must be an absolute path`);
     }
-    this.checkpointRoot = options.checkpointRoot?.replace(/\/+$/, "");
+    // Normalized (`//`, `/./`, a trailing slash), as the paths checked against it are.
+    this.checkpointRoot = options.checkpointRoot === undefined ? undefined : normalize(options.checkpointRoot).replace(/\/+$/, "");
     // Only what the parent lacks: pino writes a key bound twice twice (a server's logger has `instance`).
     const bound = options.logger?.bindings() ?? {};
     this.logger = options.logger?.child({ kind: this.adapter.kind, ...(bound["instance"] === this.instance ? {} : { instance: this.instance }) });
@@ -735,7 +736,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   }
 
   private async checkpointDir(dir: string): Promise<string> {
-    const normalized = dir.replace(/\/+$/, "") || "/";
+    const normalized = normalize(dir).replace(/\/+$/, "") || "/";
     if (this.checkpointRoot && !normalized.startsWith(`${this.checkpointRoot}/`)) {
       throw new CheckpointError("invalid_request", `checkpoint_dir must lie inside ${this.checkpointRoot}`);
     }

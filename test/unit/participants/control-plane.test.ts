@@ -1,7 +1,7 @@
 import { mkdir, mkdtemp, readdir, readFile, rm, symlink } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
@@ -391,6 +391,26 @@ describe("fences and refusals change no state", () => {
       expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "c2") }))).toBe("invalid_request");
       expect(await readdir(outside)).toEqual([]);
     } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
+  });
+
+  it("checks the same below checkpoint_dir when the root is written unnormalized (`$DATA/ckpt` with DATA ending in /)", async () => {
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
+    const unnormalizedRoot = `${dirname(root)}//${basename(root)}`;
+    const unnormalized = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, leaseGraceSeconds: 60, checkpointRoot: `${unnormalizedRoot}/` });
+    try {
+      kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+      await unnormalized.handle("prepare", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1 } as never);
+      await mkdir(join(root, "c1"));
+      await symlink(outside, join(root, "c1", "gym"));
+      const commit = { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, episode_ids: null, stop: false };
+      expect(await refused(unnormalized.handle("commit", { ...commit, checkpoint_dir: `${unnormalizedRoot}/c1` } as never))).toBe("invalid_request");
+      expect(await readdir(outside)).toEqual([]);
+      // A directory inside it, however the coordinator spells the root, is accepted.
+      expect(await unnormalized.handle("commit", { ...commit, checkpoint_dir: join(root, "c2") } as never)).toMatchObject({ phase: "committed" });
+    } finally {
+      unnormalized.dispose();
       await rm(outside, { recursive: true, force: true });
     }
   });
