@@ -94,26 +94,30 @@ export class HttpControllerClient extends ControllerClient {
 
   /**
    * Aborts `watch` with `outcome_unknown` once the coordinator's `/readyz` fails READY_FAILURES
-   * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset).
+   * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset),
+   * or names another epoch than when the op was sent (behind a load balancer, another coordinator
+   * leads now). Its first answer is asked for beside the op, off its path.
    */
   private watchReadiness(watch: AbortController): void {
     const everyMs = this.options.readyCheckMs ?? 5_000;
     let failures = 0;
+    let epoch: unknown;
     let timer: NodeJS.Timeout | undefined;
+    const lost = (why: string) =>
+      watch.abort(new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`));
     const check = async () => {
-      const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED }).then(
-        async (response) => (await response.arrayBuffer(), response.status === 200),
-        () => false,
-      );
+      const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED })
+        .then(async (response) => (response.status === 200 ? ((await response.json()) as { epoch?: unknown }) : (await response.arrayBuffer(), undefined)))
+        .catch(() => undefined);
       if (watch.signal.aborted) return;
+      if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
+      if (ready) epoch ??= ready.epoch;
       failures = ready ? 0 : failures + 1;
-      if (failures >= READY_FAILURES) {
-        return watch.abort(new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} stopped being the ready leader before it answered; retry the op to learn its outcome`));
-      }
+      if (failures >= READY_FAILURES) return lost("stopped being the ready leader");
       timer = setTimeout(check, everyMs);
     };
     watch.signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
-    timer = setTimeout(check, everyMs);
+    void check();
   }
 
   private async send<O extends ControllerOp>(

@@ -31,7 +31,7 @@ describe("HTTP controller client", () => {
   it("the coordinator dies after receiving the request: outcome_unknown, not not_leader", async () => {
     let received = 0;
     const url = await listen((req) => {
-      received += 1;
+      if (req.url !== "/readyz") received += 1; // the client also asks /readyz beside an op without a deadline
       req.socket.destroy(); // crashed mid-commit
     });
     const client = new HttpControllerClient({ baseUrl: url, token: "t" });
@@ -82,6 +82,24 @@ describe("HTTP controller client", () => {
     ready = false;
     await waitUntil(() => settled !== "pending", "the op to end once the coordinator is not ready", 10_000);
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
+  });
+
+  it("an op sent without a deadline ends outcome_unknown once /readyz names another epoch (another coordinator leads behind the same address)", async () => {
+    let epoch = 7;
+    const url = await listen((req, res) => {
+      if (req.url === "/readyz") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch }));
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 20 });
+    let settled: unknown = "pending";
+    void client.checkpoint({ checkpoint_id: "h2", episode_ids: [] }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 200)); // ten readiness checks pass, same epoch
+    expect(settled).toBe("pending");
+    epoch = 9;
+    await waitUntil(() => settled !== "pending", "the op to end once another coordinator leads", 10_000);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("changed leader (epoch 7, now 9)") });
   });
 });
 
