@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
+import type { PhaseOp, RecordBase, RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
 import {
   ResourcesServer,
@@ -72,6 +72,16 @@ async function readRecords(checkpointId: string): Promise<any[]> {
 }
 
 const verifyBody = (answer = "42") => ({ task: { expression: "17 + 25" }, answer });
+
+
+/** A checkpoint of this test's resources participant (res0) holding `records`, as its commit writes it. */
+function writeCheckpoint(id: string, records: RecordBase[]) {
+  return new FsCheckpointStorage().write({ checkpointDir: join(root, id), checkpointId: id, kind: "resources", instance: "res0" }, records, {
+    gate: new WriteGate(),
+    createdAt: Date.now() / 1000,
+    extra: {},
+  });
+}
 
 describe("verify in flight: replay vs wait", () => {
   it("replay: an early prepare succeeds, the session is exported, and verify runs again after restore", async () => {
@@ -213,11 +223,7 @@ describe("stateless and exported restore", () => {
       { episode_id: { rollout_id: "r1", attempt: 0 }, session_id: "sessionAAAA", state: { count: 2 }, owner: null },
       { episode_id: { rollout_id: "r2", attempt: 0 }, session_id: "sessionBBBB", state: { count: -1 }, owner: null },
     ];
-    await new FsCheckpointStorage().write(
-      { checkpointDir: join(root, "c1"), checkpointId: "c1", kind: "resources", instance: "res0" },
-      records,
-      { gate: new WriteGate(), createdAt: Date.now() / 1000, extra: {} },
-    );
+    await writeCheckpoint("c1", records);
     const fresh = new CounterServer();
     const b = await harness(fresh);
     const scope = [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r2", attempt: 0 }];
@@ -227,11 +233,7 @@ describe("stateless and exported restore", () => {
     expect(b.kind.readiness().counts).toMatchObject({ sessions: 0, restored: 0, inflight: 0 });
     expect(b.kind.statusExtras()).toMatchObject({ accepting: true });
     // Nothing was installed, so a valid restore can still follow in the same process.
-    await new FsCheckpointStorage().write(
-      { checkpointDir: join(root, "c2"), checkpointId: "c2", kind: "resources", instance: "res0" },
-      [records[0]!],
-      { gate: new WriteGate(), createdAt: Date.now() / 1000, extra: {} },
-    );
+    await writeCheckpoint("c2", [records[0]!]);
     expect((await b.call("restore", { checkpoint_id: "c2", episode_ids: scope })).restored).toEqual(["r1-a1"]);
     expect(fresh.counters.get("sessionAAAA")).toBe(2);
   });
@@ -243,11 +245,7 @@ describe("stateless and exported restore", () => {
       { episode_id: { rollout_id: "r1", attempt: 0 }, session_id: "__proto__", state: { count: 2 }, owner: null },
       { episode_id: { rollout_id: "r2", attempt: 0 }, session_id: "constructor", state: { count: 5 }, owner: null },
     ];
-    await new FsCheckpointStorage().write(
-      { checkpointDir: join(root, "c1"), checkpointId: "c1", kind: "resources", instance: "res0" },
-      records,
-      { gate: new WriteGate(), createdAt: Date.now() / 1000, extra: {} },
-    );
+    await writeCheckpoint("c1", records);
     const fresh = new CounterServer();
     const b = await harness(fresh);
     const scope = [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r2", attempt: 0 }];
