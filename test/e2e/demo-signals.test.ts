@@ -4,11 +4,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, describe, expect, it } from "vitest";
-import { alive, descendants, killAll } from "../support/process-tree.js";
+import { alive, descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /** `gym-ckpt demo` stopped by a signal mid-run: no process and no temp directory is left behind. */
-const seen = new Set<number>();
+const seen = new TrackedProcesses();
 /** Each demo runs in its own process group: teardown reaches whatever it started, even before the test saw it. */
 const groups: number[] = [];
 const scratches: string[] = [];

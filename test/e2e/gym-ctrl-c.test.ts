@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { alive, descendants, killAll } from "../support/process-tree.js";
+import { alive, descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /**
@@ -14,7 +14,7 @@ import { waitUntil } from "../support/wait-until.js";
  * here the launcher's copy comes first, then the wrapper's, as a group signal usually delivers them.
  */
 let nats: NatsFixture;
-const seen = new Set<number>();
+const seen = new TrackedProcesses();
 beforeAll(async () => {
   nats = await startNats();
 });

@@ -3,14 +3,14 @@ import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { alive, descendants, killAll } from "../support/process-tree.js";
+import { alive, descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /** `gym-ckpt gym` over the built CLI: the whole reference set starts, serves a rollout, and stops cleanly. */
 let nats: NatsFixture;
 let child: ChildProcess | undefined;
 /** Every process a test saw, SIGKILLed in teardown whatever happened. */
-const seen = new Set<number>();
+const seen = new TrackedProcesses();
 
 beforeAll(async () => {
   nats = await startNats();

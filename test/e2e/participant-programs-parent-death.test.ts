@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { alive, descendants, killAll } from "../support/process-tree.js";
+import { alive, descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /**
@@ -16,7 +16,7 @@ import { waitUntil } from "../support/wait-until.js";
  */
 let nats: NatsFixture;
 let dir: string;
-const seen = new Set<number>();
+const seen = new TrackedProcesses();
 beforeAll(async () => {
   nats = await startNats();
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-parent-death-"));

@@ -6,7 +6,7 @@ import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRe
 import { participantSubject, type Kind } from "../../protocol/index.js";
 import { controlRequest } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { killAll } from "../support/process-tree.js";
+import { killAll, TrackedProcesses } from "../support/process-tree.js";
 import { startStallProxy, type StallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
 
@@ -16,7 +16,7 @@ import { waitUntil } from "../support/wait-until.js";
 const DEPLOYMENT = `takeover${process.pid}`;
 const TOKEN = "t0ken";
 let nats: NatsFixture;
-const seen = new Set<number>();
+const seen = new TrackedProcesses();
 const proxies: StallProxy[] = [];
 const handles: ParticipantHandle<ScriptRecord>[] = [];
 

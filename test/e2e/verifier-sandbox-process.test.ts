@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { commonArgs, spawnServer, type SpawnedServer } from "./model-processes.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { alive, descendants, killAll } from "../support/process-tree.js";
+import { alive, descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 const ENTRY = "dist/participants/verifiers/main.js";
@@ -29,7 +29,7 @@ const verify = (url: string, key: string, body: string, init: RequestInit = {}) 
 describe("code verifier process", () => {
   it("stopped (SIGTERM) with runs in flight and queued, leaves no sandbox children and nothing on disk behind", async () => {
     const verifier: SpawnedServer = await spawnServer("verifier", ENTRY, commonArgs(nats.server.url, "sbx", "verifier0", "tok", ["--verifier", "code"]), 20_000, { TMPDIR: scratch });
-    const seen = new Set<number>();
+    const seen = new TrackedProcesses();
     const sample = () => {
       for (const p of descendants(verifier.child.pid!)) if (p.cmdline.includes("--max-old-space-size")) seen.add(p.pid);
     };
@@ -57,7 +57,7 @@ describe("code verifier process", () => {
     // Which requests meet EMFILE depends on timing (the unit tests check the crashed answer itself).
     const verifier: SpawnedServer = await spawnServer("verifier", ENTRY, commonArgs(nats.server.url, "sbx", "verifier-fd", "tok", ["--verifier", "code"]));
     const pid = verifier.child.pid!;
-    const sandboxes = new Set<number>();
+    const sandboxes = new TrackedProcesses();
     try {
       // A few descriptors above what the idle server holds: concurrent connections take them, then
       // a child's pipes no longer fit and its spawn fails with EMFILE.

@@ -45,13 +45,45 @@ export function descendants(root: number): { pid: number; cmdline: string }[] {
   return found;
 }
 
-/** SIGKILL, ignoring processes already gone: for test teardown. */
-export function killAll(pids: Iterable<number>): void {
+/** When the process started (clock ticks since boot), which tells it from a later one given the same pid. */
+function startTime(pid: number): string | undefined {
+  try {
+    const text = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return text.slice(text.lastIndexOf(")") + 2).split(" ")[19];
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Pids a test started, each with its start time. pid_max is often 32768 and the suite starts
+ * thousands of processes, so by teardown a pid may name another process (a vitest worker, the CI
+ * shell): `killAll` kills only the processes recorded here, never a later one with the same pid.
+ */
+export class TrackedProcesses extends Set<number> {
+  private started: Map<number, string> | undefined;
+
+  override add(pid: number): this {
+    const started = startTime(pid);
+    if (started !== undefined) (this.started ??= new Map()).set(pid, started);
+    return super.add(pid);
+  }
+
+  /** Still the process that was added (not exited, its pid not reused). */
+  isSame(pid: number): boolean {
+    const started = this.started?.get(pid);
+    return started !== undefined && startTime(pid) === started;
+  }
+}
+
+/** SIGKILL every tracked process still running, skipping those gone (or whose pid now names another): for test teardown. */
+export function killAll(pids: TrackedProcesses): void {
   for (const pid of pids) {
+    if (!pids.isSame(pid)) continue;
     try {
       process.kill(pid, "SIGKILL");
     } catch {
-      // already gone
+      // gone meanwhile
     }
   }
 }

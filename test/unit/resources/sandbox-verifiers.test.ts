@@ -7,7 +7,7 @@ import { describe, expect, it } from "vitest";
 import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
 import { CodeVerifier, CompetitiveProgrammingVerifier, SANDBOX_SLOTS, liveSandboxes, runSandboxed, stopSandboxes } from "../../../participants/verifiers/index.js";
 import { Slots } from "../../../participants/verifiers/sandbox/sandbox-slots.js";
-import { alive, descendants, killAll } from "../../support/process-tree.js";
+import { alive, descendants, killAll, TrackedProcesses } from "../../support/process-tree.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { resourcesWorld } from "./resources-world.js";
 
@@ -196,6 +196,7 @@ describe("code verifier", () => {
       await runSandboxed({ mode: "function", code: "function f() { for (;;) {} }", function_name: "f", cases: Array.from({ length: 100 }, () => ({ args: [] })) },
         { memoryMb: 48, caseTimeoutMs: 300, startupMs: 10000, maxCaseOutputChars: 1024 });`;
     const verifier = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { stdio: "ignore" });
+    const started = new TrackedProcesses().add(verifier.pid!);
     let sandbox: number | undefined;
     try {
       await waitUntil(() => {
@@ -203,13 +204,14 @@ describe("code verifier", () => {
         sandbox = descendants(verifier.pid!).find((p) => p.cmdline.includes("--max-old-space-size=48") && !p.cmdline.startsWith("/bin/sh"))?.pid;
         return sandbox !== undefined;
       }, "the sandbox child");
+      started.add(sandbox!);
       expect(readFileSync(`/proc/${sandbox}/limits`, "utf8")).toMatch(/^Max cpu time\s+\d+\s+\d+\s+seconds/m);
       expect(readFileSync(`/proc/${sandbox}/limits`, "utf8")).toMatch(/^Max data size\s+\d+\s+\d+\s+bytes/m);
       verifier.kill("SIGKILL");
       // 100 looping cases would keep an orphan busy for 30 s; it must notice its parent is gone.
       await waitUntil(() => !alive(sandbox!), "the orphaned sandbox child to exit", 8000);
     } finally {
-      killAll([verifier.pid!, ...(sandbox ? [sandbox] : [])]);
+      killAll(started);
     }
   });
 
