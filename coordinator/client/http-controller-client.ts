@@ -3,6 +3,7 @@ import { Agent, fetch } from "undici";
 import { CONTROLLER_OPS, CheckpointError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
+import { pollUntil } from "./poll-until.js";
 import { decodeControllerReply, openEndedWait, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface HttpControllerClientOptions {
@@ -99,25 +100,20 @@ export class HttpControllerClient extends ControllerClient {
    * leads now). Its first answer is asked for beside the op, off its path.
    */
   private watchReadiness(watch: AbortController): void {
-    const everyMs = this.options.readyCheckMs ?? 5_000;
     let failures = 0;
     let epoch: unknown;
-    let timer: NodeJS.Timeout | undefined;
-    const lost = (why: string) =>
-      watch.abort(new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`));
+    const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
+    const everyMs = this.options.readyCheckMs ?? 5_000;
     const check = async () => {
       const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED })
         .then(async (response) => (response.status === 200 ? ((await response.json()) as { epoch?: unknown }) : (await response.arrayBuffer(), undefined)))
         .catch(() => undefined);
-      if (watch.signal.aborted) return;
       if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
       if (ready) epoch ??= ready.epoch;
       failures = ready ? 0 : failures + 1;
-      if (failures >= READY_FAILURES) return lost("stopped being the ready leader");
-      timer = setTimeout(check, everyMs);
+      return failures >= READY_FAILURES ? lost("stopped being the ready leader") : undefined;
     };
-    watch.signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
-    void check();
+    void pollUntil(check, everyMs, watch.signal, "now").then((error) => watch.abort(error));
   }
 
   private async send<O extends ControllerOp>(

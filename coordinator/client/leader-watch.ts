@@ -2,6 +2,7 @@ import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError, leaderBucket } from "../../protocol/index.js";
 import { LEADER_KEY } from "../ha/leader-lease.js";
+import { pollUntil } from "./poll-until.js";
 
 /** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
 export const LEADER_CHECK_MS = 5_000;
@@ -37,22 +38,16 @@ export class LeaderLeaseReader {
    * not know; without this, a client whose coordinator died would wait for the 7-day cap.
    */
   lost(leader: string, everyMs: number, stop: AbortSignal): Promise<CheckpointError> {
-    return new Promise((resolve) => {
-      if (stop.aborted) return; // the reply came first
-      let timer: NodeJS.Timeout | undefined;
-      const check = async () => {
+    return pollUntil(
+      async () => {
         const now = await this.leader();
-        if (stop.aborted) return;
-        // Unreadable: checked again next time, never taken for a loss.
-        if (now !== undefined && now !== leader) {
-          return resolve(
-            new CheckpointError("outcome_unknown", `coordinator ${leader} stopped leading before it answered (${now === null ? "nobody leads now" : `${now} leads now`}); retry the op to learn its outcome`),
-          );
-        }
-        timer = setTimeout(check, everyMs);
-      };
-      stop.addEventListener("abort", () => clearTimeout(timer), { once: true });
-      timer = setTimeout(check, everyMs);
-    });
+        // Unreadable (undefined): checked again next time, never taken for a loss.
+        if (now === undefined || now === leader) return undefined;
+        return new CheckpointError("outcome_unknown", `coordinator ${leader} stopped leading before it answered (${now === null ? "nobody leads now" : `${now} leads now`}); retry the op to learn its outcome`);
+      },
+      everyMs,
+      stop,
+      "later",
+    );
   }
 }
