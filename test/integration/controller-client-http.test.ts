@@ -66,8 +66,9 @@ describe("HTTP controller client", () => {
   it("an op sent without a deadline waits while the coordinator stays the ready leader, and ends outcome_unknown once its /readyz fails twice", async () => {
     let ready = true;
     let received = 0;
+    let checks = 0;
     const url = await listen((req, res) => {
-      if (req.url === "/readyz") return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end("{}");
+      if (req.url === "/readyz") return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end("{}", () => (checks += 1));
       received += 1; // the op itself: never answered (a coordinator that froze or lost its lease mid-op)
     });
     const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 20 });
@@ -76,8 +77,7 @@ describe("HTTP controller client", () => {
       (reply) => (settled = reply),
       (error: unknown) => (settled = error),
     );
-    await waitUntil(() => received === 1, "the op to reach the coordinator");
-    await new Promise((resolve) => setTimeout(resolve, 200)); // ten readiness checks pass
+    await waitUntil(() => received === 1 && checks >= 5, "the op to reach the coordinator and five readiness checks to pass");
     expect(settled).toBe("pending");
     ready = false;
     await waitUntil(() => settled !== "pending", "the op to end once the coordinator is not ready", 10_000);
@@ -86,8 +86,9 @@ describe("HTTP controller client", () => {
 
   it("an op sent without a deadline ends outcome_unknown once /readyz names another epoch (another coordinator leads behind the same address)", async () => {
     let epoch = 7;
+    let checks = 0;
     const url = await listen((req, res) => {
-      if (req.url === "/readyz") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch }));
+      if (req.url === "/readyz") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch }), () => (checks += 1));
     });
     const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 20 });
     let settled: unknown = "pending";
@@ -95,7 +96,7 @@ describe("HTTP controller client", () => {
       (reply) => (settled = reply),
       (error: unknown) => (settled = error),
     );
-    await new Promise((resolve) => setTimeout(resolve, 200)); // ten readiness checks pass, same epoch
+    await waitUntil(() => checks >= 5, "five readiness checks with the same epoch");
     expect(settled).toBe("pending");
     epoch = 9;
     await waitUntil(() => settled !== "pending", "the op to end once another coordinator leads", 10_000);
