@@ -165,7 +165,9 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits, signal: AbortS
     const { stdin, stdout: out, stderr: err } = child;
     // Out of file descriptors, node gives the child no pipes (and reports EMFILE next).
     if (child.pid === undefined || !stdin || !out || !err) {
-      child.kill("SIGKILL");
+      // Never kill() a child that has no pid: node keeps its handle with pid 0 after EMFILE, and
+      // kill(0) would SIGKILL this whole process group (the verifier, and whatever started it).
+      if (child.pid !== undefined) child.kill("SIGKILL");
       return settle({ status: "crashed", detail: "the sandbox could not start: no process or no pipes (out of file descriptors?)" });
     }
     liveChildren.add(child);

@@ -229,7 +229,12 @@ describe("code verifier", () => {
       for (const fd of fds) closeSync(fd);
       const after = await runSandboxed(job, limits);
       process.stdout.write(JSON.stringify({ starved: starved.status ?? starved, after }));`;
-    const verifier = spawn("/bin/sh", ["-c", 'ulimit -n 200 && exec "$0" "$@"', process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "pipe"] });
+    // Its own process group: a kill(0) there (node keeps pid 0 on a child that failed with EMFILE)
+    // SIGKILLs that group, so the verifier dies and this test fails, instead of taking the test runner with it.
+    const verifier = spawn("/bin/sh", ["-c", 'ulimit -n 200 && exec "$0" "$@"', process.execPath, "--import", "tsx", "--input-type=module", "-e", script], {
+      stdio: ["ignore", "pipe", "pipe"],
+      detached: true,
+    });
     let out = "";
     let err = "";
     verifier.stdout.on("data", (chunk) => (out += String(chunk)));
