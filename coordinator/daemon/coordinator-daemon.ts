@@ -127,7 +127,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       engine.leadershipLost();
     },
   });
-  const writer = new GlobalManifestWriter(catalog, config.retention);
+  const writer = new GlobalManifestWriter(catalog, config.retention, (err) => logger.warn({ err }, "retention_cleanup_failed"));
   const engine = new CheckpointEngine({
     deployment: config.deployment,
     client: new ParticipantClient({

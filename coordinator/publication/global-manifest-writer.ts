@@ -58,6 +58,8 @@ export class GlobalManifestWriter {
   constructor(
     private readonly catalog: CheckpointCatalog,
     private readonly retention: number,
+    /** Told when removing deleted checkpoints' files fails (retried after the next publication); a full disk should not be silent. */
+    private readonly onCleanupError?: (error: unknown) => void,
   ) {}
 
   /** Starts writing (and fsyncing) the checkpoint directory and LATEST's temp file for `checkpointId`. */
@@ -169,7 +171,7 @@ export class GlobalManifestWriter {
     const deleted = applyRetention(this.catalog, this.retention, new Set([latest]));
     this.cleanup = this.cleanup
       .then(() => removeTrash(this.catalog.root, this.inUse))
-      .catch(() => undefined); // a failed removal is retried after the next publication
+      .catch((error: unknown) => this.onCleanupError?.(error)); // retried after the next publication
     return deleted;
   }
 
