@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { StringDecoder } from "node:string_decoder";
-import { isAbsolute, join, normalize, sep } from "node:path";
+import { realpath } from "node:fs/promises";
+import { dirname, isAbsolute, join, normalize, sep } from "node:path";
 import {
   CheckpointError,
   MANIFEST_FILE,
@@ -59,9 +60,11 @@ export async function readCommittedManifest(
   if (manifestPath !== join(dir, PARTICIPANTS_DIR, entry.kind, entry.instance, MANIFEST_FILE)) {
     throw bad(`${label}: manifest_path ${entry.manifest_path} is not ${PARTICIPANTS_DIR}/${entry.kind}/${entry.instance}/${MANIFEST_FILE}`);
   }
+  await refuseLinkedParticipantDir(dir, dirname(manifestPath), label);
   let text: string;
   try {
-    text = await readRegularFile(manifestPath, { maxBytes: MAX_MANIFEST_BYTES });
+    // Neither the manifest nor the records file may be a symbolic link (out of the checkpoint).
+    text = await readRegularFile(manifestPath, { maxBytes: MAX_MANIFEST_BYTES, noFollow: true });
   } catch (error) {
     if (error instanceof CheckpointError) throw bad(`${label}: manifest ${error.message}`, error);
     throw bad(`${label}: manifest ${entry.manifest_path} is missing`, error);
@@ -83,6 +86,23 @@ export async function readCommittedManifest(
     throw bad(`${label}: manifest digest or count disagrees with ${source}`);
   }
   return { manifest: m, recordsPath: join(manifestPath, "..", m.records_file) };
+}
+
+/**
+ * A participant's directory must be where it seems: `gym/<kind>/<instance>` below the checkpoint
+ * directory with no symbolic link on the way (participants refuse to write or restore through one;
+ * a link put there later would make verify vouch for files outside the checkpoint). The checkpoint
+ * root itself may be reached through a link (a mount point).
+ */
+async function refuseLinkedParticipantDir(dir: string, participantDir: string, label: string): Promise<void> {
+  let real: string;
+  let expected: string;
+  try {
+    [real, expected] = await Promise.all([realpath(participantDir), realpath(dir).then((d) => join(d, participantDir.slice(dir.length)))]);
+  } catch (error) {
+    throw bad(`${label}: its directory ${participantDir.slice(dir.length + 1)} is missing`, error);
+  }
+  if (real !== expected) throw bad(`${label}: its directory ${participantDir.slice(dir.length + 1)} is reached through a symbolic link`);
 }
 
 /** Streams a records file, checking each line and handing it to `onRecord`; the caller compares digest and count. */
@@ -110,7 +130,7 @@ export async function scanRecords(
   };
   try {
     // No size limit (records are as large as the participant's state), but never a FIFO.
-    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER });
+    const { handle } = await openRegularFile(path, { maxBytes: Number.MAX_SAFE_INTEGER, noFollow: true });
     for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
       hash.update(chunk);
       bytes += chunk.byteLength;

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, rename, rm, symlink, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -140,6 +140,46 @@ describe("verify", () => {
     await rm(join(root, "c2", "state.json"));
     await symlink(join(outside, "state.json"), join(root, "c2", "state.json"));
     expect(await refusalOf(verifyCheckpoint(catalog, "c2"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+  });
+
+  it("refuses a participant manifest, records file or directory reached through a symbolic link, even with matching contents", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const entry = await writeParticipant(root, "c1", "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    await writer.publish(publishInput("c1", [entry], null));
+    await writer.settled();
+    expect((await verifyCheckpoint(catalog, "c1")).records).toBe(1);
+    const participantDir = join(root, "c1", "gym", "agent", "a1");
+    const copy = join(outside, "a1");
+    await cp(participantDir, copy, { recursive: true });
+    const linkedVerify = () => refusalOf(verifyCheckpoint(catalog, "c1"));
+
+    for (const name of ["manifest.json", `records-${entry.records_sha256}.jsonl`]) {
+      await rename(join(participantDir, name), join(outside, "kept"));
+      await symlink(join(copy, name), join(participantDir, name));
+      expect(await linkedVerify()).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+      await rm(join(participantDir, name));
+      await rename(join(outside, "kept"), join(participantDir, name));
+      expect((await verifyCheckpoint(catalog, "c1")).records).toBe(1);
+    }
+
+    // The instance directory, then the kind directory, replaced by a link to an identical copy.
+    await rename(participantDir, join(outside, "original"));
+    await symlink(copy, participantDir);
+    expect(await linkedVerify()).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("reached through a symbolic link") });
+    await rm(participantDir);
+    await mkdir(join(outside, "agent"));
+    await rename(join(outside, "original"), join(outside, "agent", "a1"));
+    await rm(join(root, "c1", "gym", "agent"), { recursive: true });
+    await symlink(join(outside, "agent"), join(root, "c1", "gym", "agent"));
+    expect(await linkedVerify()).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("reached through a symbolic link") });
+
+    // A checkpoint root reached through a link (a mount point) is fine.
+    await rm(join(root, "c1", "gym", "agent"));
+    await rename(join(outside, "agent"), join(root, "c1", "gym", "agent"));
+    const linkedRoot = join(outside, "root-link");
+    await symlink(root, linkedRoot);
+    expect((await verifyCheckpoint(new CheckpointCatalog(linkedRoot), "c1")).records).toBe(1);
   });
 });
 
