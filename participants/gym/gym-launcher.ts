@@ -85,6 +85,9 @@ const CALLERS: Record<GymProcessName, GymProcessName[]> = {
 /** Tries on the previous port before moving to a new one (the old socket may linger briefly). */
 const SAME_PORT_TRIES = 5;
 
+/** Set for the servers the launcher starts: each stops once the launcher is gone (its stdin's EOF; server-runtime.ts). */
+export const STOP_WITH_LAUNCHER_ENV = "GYM_CKPT_STOP_WITH_LAUNCHER";
+
 const ENTRIES: Record<GymProcessName, string> = {
   policy: "gym/policy-backend/main.js",
   model: "attach/main.js",
@@ -165,10 +168,12 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     if (signal?.aborted) throw aborted();
     const entry = join(dir, ENTRIES[name]);
     if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npm run build\` first`);
+    // stdin: a pipe never written to, whose EOF stops the server once this process is gone (STOP_WITH_LAUNCHER_ENV).
     const child = spawn(process.execPath, [entry, ...argsFor(name, port)], {
-      stdio: ["ignore", "pipe", "pipe"],
-      env,
+      stdio: ["pipe", "pipe", "pipe"],
+      env: { ...env, [STOP_WITH_LAUNCHER_ENV]: "1" },
     });
+    child.stdin!.on("error", () => undefined); // never written; closed when the child exits
     starting.add(child);
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
     // After "close" every output line has been read, so the tail shows why it died.

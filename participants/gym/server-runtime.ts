@@ -11,6 +11,7 @@ import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
+import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
 
 /**
  * The shared shell of every reference Gym server process: common flags, a NATS connection,
@@ -180,6 +181,17 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
   // `on`, not `once`: a group signal can arrive twice (the terminal, and the `gym-ckpt` wrapper forwarding it).
   process.on("SIGTERM", () => void stop({ signal: "SIGTERM" }, 0));
   process.on("SIGINT", () => void stop({ signal: "SIGINT" }, 0));
+  if (process.env[STOP_WITH_LAUNCHER_ENV] === "1") {
+    delete process.env[STOP_WITH_LAUNCHER_ENV]; // for this process only, not for what it starts
+    // Started by the Gym launcher: stdin is a pipe the launcher never writes to, and the kernel
+    // closes it however the launcher ends, SIGKILL included. Stopping on its EOF as on SIGTERM means
+    // no orphan keeps the port and the participant's name (its restart would be instance_conflict).
+    const launcherGone = () => void stop({ signal: "launcher_gone" }, 0);
+    process.stdin.once("end", launcherGone);
+    process.stdin.once("error", launcherGone);
+    process.stdin.resume();
+    process.stdin.unref(); // watching is no reason to stay alive
+  }
   const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
   const runtime: ServerRuntime = {
     config,

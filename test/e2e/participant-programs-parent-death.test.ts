@@ -27,9 +27,9 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-/** Starts the CLI and waits for the stdout line that `isReady` accepts. */
-async function startCli(args: string[], isReady: (line: string) => boolean): Promise<{ cli: ChildProcess; exited: Promise<unknown> }> {
-  const cli = spawn(process.execPath, ["dist/coordinator/cli/main.js", ...args], { stdio: ["ignore", "pipe", "pipe"] });
+/** Starts `script` (by default the CLI) and waits for the stdout line that `isReady` accepts. */
+async function startCli(args: string[], isReady: (line: string) => boolean, script = "dist/coordinator/cli/main.js"): Promise<{ cli: ChildProcess; exited: Promise<unknown> }> {
+  const cli = spawn(process.execPath, [script, ...args], { stdio: ["ignore", "pipe", "pipe"] });
   seen.add(cli.pid!);
   const exited = new Promise((resolve) => cli.once("exit", resolve));
   await new Promise<void>((resolve, reject) => {
@@ -62,5 +62,18 @@ describe("participant programs stop with a SIGKILLed gym-ckpt", () => {
   it("gym-ckpt gym: the launcher stops its servers", { timeout: 60_000 }, async () => {
     const { cli, exited } = await startCli(["gym", "--nats", nats.server.url, "--deployment", "orphan-gym", "--token", "t0ken"], (line) => line.includes('"name":"gym"') && line.includes('"ready":true'));
     await killAndExpectChildrenGone(cli, exited, "participants/gym/main.js");
+  });
+
+  it("the Gym launcher itself SIGKILLed: its servers stop (none keeps its port or its participant's name)", { timeout: 60_000 }, async () => {
+    const launcher = "dist/participants/gym/main.js";
+    const isReady = (line: string) => line.includes('"name":"gym"') && line.includes('"ready":true');
+    const args = ["--nats", nats.server.url, "--deployment", "orphan-launcher", "--token", "t0ken"];
+    const { cli, exited } = await startCli(args, isReady, launcher);
+    await killAndExpectChildrenGone(cli, exited, "participants/gym/environment-server/main.js");
+    // Every server's name is free again: a new launcher for the same deployment starts.
+    const again = await startCli(args, isReady, launcher);
+    for (const p of descendants(again.cli.pid!)) seen.add(p.pid);
+    again.cli.kill("SIGTERM");
+    await again.exited;
   });
 });
