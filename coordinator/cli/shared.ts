@@ -194,7 +194,10 @@ export function rootFrom(root: string | undefined): string {
   try {
     isDirectory = statSync(value).isDirectory();
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") throw new CheckpointError("not_found", `no checkpoint root at ${value}`);
+    const code = (error as NodeJS.ErrnoException).code;
+    // ENOTDIR: a path below a regular file, which cannot hold a root either.
+    if (code === "ENOENT" || code === "ENOTDIR") throw new CheckpointError("not_found", `no checkpoint root at ${value}`);
+    if (code === "EACCES" || code === "EPERM") throw new CheckpointError("invalid_request", `checkpoint root ${value} is not accessible to this account (${code})`);
     throw error;
   }
   if (!isDirectory) throw new CheckpointError("invalid_request", `checkpoint root ${value} is not a directory`);

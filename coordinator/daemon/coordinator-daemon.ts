@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, rmdir } from "node:fs/promises";
-import { join } from "node:path";
+import { mkdir, rmdir, stat } from "node:fs/promises";
+import { dirname, join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { HttpControllerApi } from "../api/http-api.js";
@@ -76,9 +76,9 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   let registry: WatchedMemberRegistry | undefined;
   let journal: KvDecisionJournal;
   try {
-    await mkdir(config.checkpoint_root, { recursive: true }).catch((error: NodeJS.ErrnoException) => {
+    await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
       // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
-      if (!["ENOTDIR", "EACCES", "EPERM", "EROFS", "EEXIST"].includes(error.code ?? "")) throw error;
+      if (!["ENOTDIR", "ENOENT", "EACCES", "EPERM", "EROFS", "EEXIST"].includes(error.code ?? "")) throw error;
       throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.code}: ${error.message})`, { cause: error });
     });
     await assertWritableRoot(config.checkpoint_root);
@@ -188,6 +188,25 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       logger.info("coordinator_stopped");
     },
   };
+}
+
+/**
+ * `mkdir -p` without Node 20's recursive mkdir, which retries for ever where mkdir(2) answers
+ * ENOENT under an existing parent (/proc, /sys): the daemon would spin, silent, never serving.
+ * Here a missing parent is created once, and a second ENOENT is the answer.
+ */
+async function makeDirectories(path: string): Promise<void> {
+  try {
+    await mkdir(path);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "EEXIST" && (await stat(path)).isDirectory()) return;
+    if (code !== "ENOENT" || dirname(path) === path) throw error;
+    await makeDirectories(dirname(path));
+    await mkdir(path).catch(async (again: NodeJS.ErrnoException) => {
+      if (again.code !== "EEXIST" || !(await stat(path)).isDirectory()) throw again;
+    });
+  }
 }
 
 /**

@@ -1,5 +1,6 @@
 import { readdirSync, statSync, type Stats } from "node:fs";
-import { join } from "node:path";
+import { lstat } from "node:fs/promises";
+import { dirname, join } from "node:path";
 import {
   CheckpointError,
   CheckpointIdSchema,
@@ -67,6 +68,11 @@ export class CheckpointCatalog {
     const path = this.manifestPath(checkpointId);
     let text: string;
     try {
+      // The coordinator makes real directories; a link (out of the root, or to another checkpoint)
+      // is not one of its checkpoints: `scan` does not list it and participants refuse to restore it.
+      if ((await lstat(dirname(path))).isSymbolicLink()) {
+        throw new CheckpointError("invalid_checkpoint_state", `checkpoint directory ${dirname(path)} is a symbolic link, not a checkpoint this root holds`);
+      }
       text = await readRegularFile(path, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES });
     } catch (error) {
       throw readFailure(error, checkpointId, this.root);

@@ -43,6 +43,18 @@ describe("coordinator start-up failure", () => {
     expect((outcome as { code: number }).code).toBe(2); // configuration: a supervisor should not restart it
   }, 20_000);
 
+  it("exits 2 when mkdir answers ENOENT under an existing parent (/proc), instead of spinning in Node's recursive mkdir", async () => {
+    const daemon = spawnDaemon([
+      MAIN, "coordinator", "--deployment", `startproc${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",
+      "--checkpoint-root", `/proc/gym-ckpt-${process.pid}/root`, "--no-http", "--log-level", "warn",
+    ]);
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+    expect(outcome).not.toBe("still running");
+    expect(daemon.stderr()).toMatch(/^error invalid_request: checkpoint_root .*ENOENT/m);
+    expect((outcome as { code: number }).code).toBe(2);
+  }, 20_000);
+
   it("exits 2 when checkpoint_root exists but this account cannot write it, instead of serving as ready", async () => {
     // Root writes through mode bits, so as root the daemon runs as another account (as the systemd
     // unit's gym-ckpt user does); otherwise this user's own read-only directory is enough.

@@ -18,6 +18,12 @@ export function register(program: Command): void {
         let latestError: { code: string; detail: string } | undefined;
         try {
           latest = await catalog.latest();
+          // LATEST names a checkpoint the listing lacks: its checkpoint.json is damaged or gone, which an operator must see.
+          if (latest !== null && !published.some((c) => c.checkpoint_id === latest)) {
+            const named = latest;
+            latest = null;
+            await catalog.get(named);
+          }
         } catch (error) {
           if (!(error instanceof CheckpointError)) throw error;
           latestError = { code: error.code, detail: error.message };

@@ -174,9 +174,18 @@ describe("verify", () => {
     await symlink(join(outside, "agent"), join(root, "c1", "gym", "agent"));
     expect(await linkedVerify()).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("reached through a symbolic link") });
 
-    // A checkpoint root reached through a link (a mount point) is fine.
+    // The checkpoint directory itself a link (out of the root): not a checkpoint this root holds.
     await rm(join(root, "c1", "gym", "agent"));
     await rename(join(outside, "agent"), join(root, "c1", "gym", "agent"));
+    await rename(join(root, "c1"), join(outside, "c1"));
+    await symlink(join(outside, "c1"), join(root, "c1"));
+    expect(catalog.scan().published).toEqual([]);
+    expect(await linkedVerify()).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("is a symbolic link") });
+    await rm(join(root, "c1"));
+    await rename(join(outside, "c1"), join(root, "c1"));
+    expect((await verifyCheckpoint(catalog, "c1")).records).toBe(1);
+
+    // A checkpoint root reached through a link (a mount point) is fine.
     const linkedRoot = join(outside, "root-link");
     await symlink(root, linkedRoot);
     expect((await verifyCheckpoint(new CheckpointCatalog(linkedRoot), "c1")).records).toBe(1);

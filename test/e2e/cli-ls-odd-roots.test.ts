@@ -1,0 +1,52 @@
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../../coordinator/publication/global-manifest-writer.js";
+import { writeParticipant } from "../unit/coordinator/fake-participants.js";
+import { cli, ensureBuilt } from "./coordinator-process.js";
+
+/** `gym-ckpt ls` on odd checkpoint roots, against what docs/api.md §4 promises. */
+let root: string;
+beforeAll(() => ensureBuilt());
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-odd-root-"));
+});
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+async function publish(ids: string[]): Promise<void> {
+  const catalog = new CheckpointCatalog(root);
+  const writer = new GlobalManifestWriter(catalog, 5);
+  let t = 2;
+  for (const id of ids) {
+    const entry = await writeParticipant(root, id, "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    await writer.publish({ checkpointId: id, epoch: 1, preparedAt: 1, publishedAt: t++, stop: false, scope: null, restarts: [], participants: [entry], controllerState: null });
+  }
+  await writer.settled();
+}
+
+describe("gym-ckpt ls on odd inputs", () => {
+  it("a --root below a regular file is a catalog refusal (not_found / invalid_request), not internal_error", async () => {
+    await writeFile(join(root, "afile"), "x");
+    const ls = await cli(["ls", "--root", join(root, "afile", "sub")]);
+    // docs/api.md: `not_found` (exit 1) when DIR does not exist; a non-directory is invalid_request (exit 2).
+    expect(ls.stderr).not.toMatch(/internal_error/);
+    expect(ls.stderr).toMatch(/^error (not_found|invalid_request): /);
+  });
+
+  it("a LATEST naming a checkpoint whose checkpoint.json is damaged is reported, not silently unmarked", async () => {
+    await publish(["c1", "c2"]); // LATEST = c2
+    await writeFile(join(root, "c2", "checkpoint.json"), '{"schema_version":');
+    const ls = await cli(["ls", "--root", root, "--json"]);
+    expect(ls.code).toBe(0);
+    const out = JSON.parse(ls.stdout) as { latest: string | null; latest_error?: unknown; checkpoints: { checkpoint_id: string }[] };
+    expect(out.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c1"]);
+    // LATEST must not name a checkpoint the listing lacks without saying why (docs/api.md, ls).
+    expect(ls.stderr).toMatch(/^warning invalid_checkpoint_state: /);
+    expect(out.latest).toBeNull();
+    expect(out.latest_error).toMatchObject({ code: "invalid_checkpoint_state" });
+  });
+});
