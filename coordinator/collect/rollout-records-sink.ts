@@ -14,6 +14,7 @@ import {
   type TraceRecord,
 } from "../../protocol/index.js";
 import { fsyncDirectory, linkStagedFile, replaceFileDurably, stageFile } from "../publication/durable-fs.js";
+import { makeDirectories } from "../publication/make-directories.js";
 import { readRegularFile } from "../publication/regular-file.js";
 
 export interface RolloutRecordsOptions {
@@ -98,7 +99,7 @@ export class RolloutRecordsSink {
    * update) left listing fewer record files of this kind than the step holds.
    */
   async start(): Promise<void> {
-    await mkdir(this.root, { recursive: true });
+    await makeDirectories(this.root);
     let highest = 0;
     for (const entry of await readdir(this.root, { withFileTypes: true })) {
       const m = STEP_DIR.exec(entry.name);

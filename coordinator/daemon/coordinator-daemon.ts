@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, rmdir, stat } from "node:fs/promises";
-import { dirname, join } from "node:path";
+import { mkdir, rmdir } from "node:fs/promises";
+import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { HttpControllerApi } from "../api/http-api.js";
@@ -11,6 +11,7 @@ import { CheckpointEngine, type EngineHooks } from "../engine/checkpoint-engine.
 import { systemClock, type Clock } from "../engine/clock.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ParticipantClient } from "../engine/participant-client.js";
+import { makeDirectories } from "../publication/make-directories.js";
 import { KvDecisionJournal } from "../ha/decision-journal.js";
 import { LeaderLease } from "../ha/leader-lease.js";
 import { WatchedMemberRegistry } from "../membership/watched-member-registry.js";
@@ -188,25 +189,6 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       logger.info("coordinator_stopped");
     },
   };
-}
-
-/**
- * `mkdir -p` without Node 20's recursive mkdir, which retries for ever where mkdir(2) answers
- * ENOENT under an existing parent (/proc, /sys): the daemon would spin, silent, never serving.
- * Here a missing parent is created once, and a second ENOENT is the answer.
- */
-async function makeDirectories(path: string): Promise<void> {
-  try {
-    await mkdir(path);
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    if (code === "EEXIST" && (await stat(path)).isDirectory()) return;
-    if (code !== "ENOENT" || dirname(path) === path) throw error;
-    await makeDirectories(dirname(path));
-    await mkdir(path).catch(async (again: NodeJS.ErrnoException) => {
-      if (again.code !== "EEXIST" || !(await stat(path)).isDirectory()) throw again;
-    });
-  }
 }
 
 /**
