@@ -129,6 +129,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   /** An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no restore runs beside it. */
   private lateInstall: Promise<void> | undefined;
   private closedAt: number | undefined;
+  /** Set once the process stops serving: a prepare waiting for readiness answers at once, not prepared. */
+  private stopping = false;
   private readonly waiters = new Set<() => void>();
   private readonly unobserve: () => void;
 
@@ -310,7 +312,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     return this.lock.run(() => {
       const report = this.report();
       if (this.activeId !== id) return { phase: this.phase === "idle" ? "idle" : "preparing", report } as PrepareReply;
-      if (this.phase === "preparing" && report.ready) {
+      // A stopping process never becomes prepared: it could not commit, so the coordinator must abort.
+      if (this.phase === "preparing" && report.ready && !this.stopping) {
         this.phase = "prepared";
         const reply: PrepareReply = { phase: "prepared", report };
         this.remember(id, "prepare", reply);
@@ -318,15 +321,15 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       }
       if (this.phase === "prepared") return this.cached<PrepareReply>(id, "prepare") ?? { phase: "prepared", report };
       participantInstruments().blockersAtDeadline.record(report.blocker_count, { kind: this.adapter.kind });
-      this.logger?.info({ checkpoint_id: id, blockers: report.blockers, blocker_count: report.blocker_count }, "prepare_not_ready");
+      this.logger?.info({ checkpoint_id: id, blockers: report.blockers, blocker_count: report.blocker_count, stopping: this.stopping }, "prepare_not_ready");
       return { phase: "preparing", report } satisfies PrepareReply;
     });
   }
 
-  /** Waits outside the lock; wakes on readiness notifications, re-checks at least every pollMs. */
+  /** Waits outside the lock; wakes on readiness notifications and on stopping, re-checks at least every pollMs. */
   private async waitReady(id: string, deadlineTs: number): Promise<void> {
     for (;;) {
-      if (this.activeId !== id || this.phase !== "preparing") return;
+      if (this.stopping || this.activeId !== id || this.phase !== "preparing") return;
       if (this.report().ready) return;
       const remaining = deadlineTs * 1000 - this.clock.now();
       if (remaining <= 0) return;
@@ -853,8 +856,19 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.notify();
   }
 
+  /**
+   * The process stops serving (shutdown, or its name taken over): a prepare waiting for readiness
+   * answers now as not prepared (`preparing`, with its blockers) instead of at its deadline, so
+   * the endpoint's wait for in-flight answers does not hold the process until then.
+   */
+  beginStopping(): void {
+    this.stopping = true;
+    this.notify();
+  }
+
   /** Stops timers; used when the process shuts down. */
   dispose(): void {
+    this.beginStopping();
     this.unobserve();
     this.cancelLeaseTimer?.();
     this.notify();

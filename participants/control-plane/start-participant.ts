@@ -70,6 +70,7 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
     await options.nc.flush();
     await announcer?.start();
   } catch (error) {
+    controlPlane.beginStopping();
     await endpoint.stop();
     controlPlane.dispose();
     throw error;
@@ -77,6 +78,7 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
   // Another incarnation owns the name now: every message for it is its. Unsubscribing is
   // synchronous (answers already being computed still finish); the owner decides what else stops.
   const lost = (announcer?.lost ?? new Promise<never>(() => undefined)).then((conflict) => {
+    controlPlane.beginStopping();
     void endpoint.stop();
     return conflict;
   });
@@ -84,6 +86,8 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
     controlPlane,
     lost,
     async stop() {
+      // First: the endpoint waits for answers being computed, and a prepare waiting for readiness would hold it until its deadline.
+      controlPlane.beginStopping();
       await announcer?.stop();
       await endpoint.stop();
       controlPlane.dispose();

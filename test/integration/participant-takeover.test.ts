@@ -6,7 +6,7 @@ import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { memberKey, membersBucket, participantSubject, type Kind } from "../../protocol/index.js";
-import { controlRequest } from "../support/control-requests.js";
+import { controlRequest, phase } from "../support/control-requests.js";
 import { startStallProxy, type StallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
 import { LoggedKind, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
@@ -46,7 +46,7 @@ async function startBehindProxy(kind: Kind, instance: string) {
   }
   const handle = await startParticipant({ nc, deployment: world.deployment, instance, token: PARTICIPANT_TOKEN, adapter, logger, heartbeatMs: 200 });
   handles.push(handle);
-  return { proxy, nc, handle, lines, hooks };
+  return { proxy, nc, handle, lines, hooks, adapter };
 }
 
 const isNoResponders = (error: unknown) => error instanceof NoRespondersError || (error instanceof RequestError && error.isNoResponders());
@@ -117,5 +117,27 @@ describe("a participant cut off from NATS", () => {
     }
     expect(await pending(p1.handle.lost)).toBe(true);
     expect(p1.lines.some((line) => line.includes("instance_conflict"))).toBe(false);
+  }, 60_000);
+
+  it("taken over while a prepare waits for readiness there: once back it answers that prepare as not prepared at once, and stop() does not wait for its deadline", async () => {
+    const p1 = await startBehindProxy("environment", "held");
+    p1.adapter.setBlockers(["r1"]);
+    const target = { deployment: world.deployment, kind: "environment" as const, instance: "held", token: PARTICIPANT_TOKEN };
+    const prepare = controlRequest(world.pnc, target, "prepare", phase("held-1", {}, 30), 40_000);
+    await waitUntil(async () => (await controlRequest(world.pnc, target, "status", {})).phase === "preparing", "P1 waiting for its blocker");
+
+    p1.proxy.cut();
+    await waitUntil(() => nobodyAnswers("environment", "held"), "P1's subscriptions gone from the server");
+    const p2 = await startParticipant({ nc: world.pnc, deployment: world.deployment, instance: "held", token: PARTICIPANT_TOKEN, adapter: new LoggedKind("environment", "held"), heartbeatMs: 200 });
+    handles.push(p2);
+    p1.proxy.heal();
+    expect(await p1.handle.lost).toMatchObject({ code: "instance_conflict" });
+
+    const started = Date.now();
+    const reply = await prepare;
+    await p1.handle.stop();
+    expect({ phase: reply.phase, blockers: reply.report?.blockers }).toEqual({ phase: "preparing", blockers: ["r1"] });
+    expect(Date.now() - started).toBeLessThan(5_000);
+    await p2.stop();
   }, 60_000);
 });

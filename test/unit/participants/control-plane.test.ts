@@ -619,6 +619,38 @@ describe("resume aborts a prepare that waits for readiness", () => {
   });
 });
 
+// A stopping process (shutdown, or its name taken over) waits for the answers being computed: a
+// prepare waiting for readiness must not hold it until its deadline, nor ever answer prepared.
+describe("stopping ends a prepare that waits for readiness", () => {
+  it("the waiting prepare answers at once as not prepared, with its blockers (no clock advance)", async () => {
+    kind.setBlockers(["r1"]);
+    const prepare = call("prepare", { checkpoint_id: "c1" });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
+    plane.beginStopping();
+    const reply = await prepare;
+    expect({ phase: reply.phase, blockers: reply.report.blockers }).toEqual({ phase: "preparing", blockers: ["r1"] });
+    expect(plane.currentPhase).toBe("preparing");
+  });
+
+  it("readiness reached as it stops still answers preparing: a stopping process cannot commit", async () => {
+    kind.setBlockers(["r1"]);
+    const prepare = call("prepare", { checkpoint_id: "c1" });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
+    plane.beginStopping();
+    kind.setBlockers([]);
+    expect((await prepare).phase).toBe("preparing");
+    expect(plane.currentPhase).toBe("preparing");
+  });
+
+  it("dispose stops it too", async () => {
+    kind.setBlockers(["r1"]);
+    const prepare = call("prepare", { checkpoint_id: "c1" });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
+    plane.dispose();
+    expect((await prepare).phase).toBe("preparing");
+  });
+});
+
 describe("after-commit hook (restored clean-up, parking on stop)", () => {
   /** A kind whose afterCommit waits for `gate`, recording when it started. */
   function hookWaitingFor(gate: Promise<void>) {
