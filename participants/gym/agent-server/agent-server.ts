@@ -3,12 +3,12 @@ import { z } from "zod";
 import { CheckpointError, captureKey, describeZodError, parseCaptureKey, rolloutPath, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
-import type { AgentKind } from "../../kinds/agent/index.js";
+import type { Activation, AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { expectOk, postJson, sessionCookieFrom, trimSlash } from "./gym-http.js";
 import { GymTaskSchema, RunRequestSchema, type GymTask, type RunReply } from "./gym-task.js";
-import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver } from "./tool-calling-agent.js";
+import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
 
 /**
  * The reference agent server. Native routes (invoked by the environment server), all under
@@ -35,6 +35,13 @@ type LegacyBoundary = z.infer<typeof LegacyBoundarySchema>;
 function legacyBoundaryOf(key: string, restored: unknown): LegacyBoundary {
   const parsed = LegacyBoundarySchema.safeParse(restored);
   if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${key} is not a legacy agent boundary`);
+  return parsed.data;
+}
+
+/** A restored turn-loop state, or `invalid_checkpoint_state` (checked before the activation claims the restored session). */
+function turnLoopStateOf(key: string, restored: unknown): LoopState {
+  const parsed = LoopStateSchema.safeParse(restored);
+  if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${key} is not a turn-loop state`);
   return parsed.data;
 }
 
@@ -84,14 +91,9 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       const episode = episodeOf(request);
       const body = parse(ActivateBodySchema, request.body);
       const key = captureKey(episode);
-      const result = await kind.activate(episode, async (activation) => {
+      const turnLoop = async (activation: Activation) => {
         const restored = activation.continuation();
-        let start = body.seed ? seededState(body.seed) : initialState(body.task);
-        if (restored) {
-          const parsed = LoopStateSchema.safeParse(restored);
-          if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `the restored boundary of ${key} is not a turn-loop state`);
-          start = parsed.data;
-        }
+        const start = restored ? turnLoopStateOf(key, restored) : body.seed ? seededState(body.seed) : initialState(body.task);
         const driver: LoopDriver = {
           signal: activation.signal,
           boundary: (snapshot) => activation.boundary(() => snapshot),
@@ -101,8 +103,9 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
         };
         const loop = await runTurnLoop(endpoints, key, body.task, state.get(episode.rollout_id)?.cookie ?? null, start, driver);
         return { answer: loop.answer, model_calls: loop.modelCalls, continued: restored !== null, messages: loop.messages };
-      });
-      return result;
+      };
+      // The restored boundary is checked before the session is claimed: a refused activate leaves it restored.
+      return await kind.activate(episode, turnLoop, episode.rollout_id, { checkBoundary: (boundary) => void turnLoopStateOf(key, boundary) });
     } catch (error) {
       return sendRefusal(reply, error, kind.kind);
     }

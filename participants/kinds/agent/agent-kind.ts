@@ -6,7 +6,7 @@ import type { StepEpisode } from "../environment/episode-steps.js";
 import { RestorableEpisodes, type BeginOptions } from "../environment/restorable-episodes.js";
 import { AgentRecordSchema, LegacySessionSchema, type AgentRecord } from "./agent-record.js";
 import { noSessionHooks, type AgentSessionHooks } from "./agent-session-hooks.js";
-import { AgentSessions, type Activation } from "./agent-sessions.js";
+import { AgentSessions, type ActivateOptions, type Activation } from "./agent-sessions.js";
 
 /**
  * The agent participant (protocol §7): native sessions invoked by an environment server, and
@@ -41,8 +41,8 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     return this.sessions.openSession(episode, key);
   }
 
-  activate<T>(episode: EpisodeId, fn: (activation: Activation) => Promise<T>, key: string = episode.rollout_id): Promise<T> {
-    return this.sessions.activate(episode, key, fn);
+  activate<T>(episode: EpisodeId, fn: (activation: Activation) => Promise<T>, key: string = episode.rollout_id, options: ActivateOptions = {}): Promise<T> {
+    return this.sessions.activate(episode, key, fn, options);
   }
 
   async closeSession(episode: EpisodeId, key: string = episode.rollout_id): Promise<void> {

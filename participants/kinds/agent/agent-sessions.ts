@@ -50,6 +50,15 @@ interface Session {
 
 const PARK_RETRY_MS = 100;
 
+export interface ActivateOptions {
+  /**
+   * Checks a restored continuation (throws a catalog refusal, e.g. `invalid_checkpoint_state`)
+   * before the activation claims it, so one the turn loop cannot continue from is refused with the
+   * session still restored (as `BeginOptions.checkBoundary` keeps a legacy `/run` record).
+   */
+  checkBoundary?: (boundary: Boundary) => void;
+}
+
 export interface ExportedSession {
   key: string;
   episode: EpisodeId;
@@ -133,10 +142,11 @@ export class AgentSessions {
     return { restored: false };
   }
 
-  /** Runs one activation of an open, idle session of the same attempt. */
-  activate<T>(episode: EpisodeId, key: string, fn: (activation: Activation) => Promise<T>): Promise<T> {
+  /** Runs one activation of an open, idle session of the same attempt; every check runs before anything changes. */
+  activate<T>(episode: EpisodeId, key: string, fn: (activation: Activation) => Promise<T>, options: ActivateOptions = {}): Promise<T> {
     const s = this.requireSession(episode, key);
     if (s.state !== "idle") throw new CheckpointError("invalid_request", `session ${key} is already running an activation`);
+    if (s.restored && options.checkBoundary) options.checkBoundary(s.restored);
     const abort = new AbortController();
     let finished!: () => void;
     s.activation = { abort, done: new Promise<void>((resolve) => (finished = resolve)) };

@@ -142,6 +142,22 @@ function turnLoop(policy: ScriptedPolicy, snapshots: { count: number }) {
 }
 
 describe("agent participant", () => {
+  it("activate's checkBoundary refuses a restored continuation before it is claimed: the session stays restored and idle, and a passing check hands it over", async () => {
+    const { kind } = fresh();
+    await kind.install([{ episode_id: ep("b"), mode: "session", session_key: "b", session: { cookie: "c" }, boundary: { messages: ["S0"] }, episode: null }]);
+    kind.openSession(ep("b", 1));
+    const refuse = () => {
+      throw new CheckpointError("invalid_checkpoint_state", "not a boundary this loop continues from");
+    };
+    let ran = false;
+    for (let i = 0; i < 2; i++) {
+      expect(await code(() => kind.activate(ep("b", 1), async () => (ran = true), "b", { checkBoundary: refuse }))).toBe("invalid_checkpoint_state");
+      expect({ ran, restoredPending: kind.sessions.restoredPending, state: kind.sessions.stateOf("b") }).toEqual({ ran: false, restoredPending: 1, state: "idle" });
+    }
+    expect(await kind.activate(ep("b", 1), async (a) => a.continuation(), "b", { checkBoundary: () => undefined })).toEqual({ messages: ["S0"] });
+    expect(kind.sessions.restoredPending).toBe(0);
+  });
+
   it("sessions are at a boundary while awaiting a policy call made right after one; snapshots run only on export", async () => {
     const { kind, call } = fresh();
     const policy = new ScriptedPolicy();

@@ -26,4 +26,29 @@ describe("reference agent server", () => {
       await app.close();
     }
   });
+
+  it("native activate refuses a restored boundary that is not a turn-loop state with invalid_checkpoint_state, keeping the restored session", async () => {
+    const state = new AgentSessionState();
+    const kind = new AgentKind(state);
+    const task = { expression: "1+1", tool_rounds: 1 };
+    // Passes the agent record schema (a boundary is any object) but is no turn-loop state.
+    await kind.install([
+      { episode_id: { rollout_id: "r1", attempt: 0 }, mode: "session", session_key: "r1", session: { cookie: null }, boundary: { messages: "bogus" }, episode: null },
+    ]);
+    // Unreachable callees: an activation that started over from the task would fail with another code.
+    const app = createAgentApp({ kind, state, endpoints: { policyUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9", stream: false } });
+    try {
+      const open = await app.inject({ method: "POST", url: "/ng-rollout/r1-a1/open_session", payload: {} });
+      expect(open.json()).toEqual({ session_key: "r1", restored: true });
+      // Each refusal changes nothing, so a retry is refused the same way instead of starting the rollout over.
+      for (let i = 0; i < 2; i++) {
+        const res = await app.inject({ method: "POST", url: "/ng-rollout/r1-a1/activate", payload: { task } });
+        expect({ status: res.statusCode, code: res.json().error?.code }).toEqual({ status: 422, code: "invalid_checkpoint_state" });
+        expect(kind.sessions.restoredPending).toBe(1);
+        expect(kind.sessions.stateOf("r1")).toBe("idle");
+      }
+    } finally {
+      await app.close();
+    }
+  });
 });
