@@ -20,48 +20,110 @@ export function extractAnswer(text: string): string {
 
 /** Longest integer compared digit for digit; a longer one falls back to the 12-significant-digit rule. */
 const MAX_EXACT_DIGITS = 1000;
+/** Significant digits other numbers are compared to. */
+const SIGNIFICANT_DIGITS = 12;
+/** Longest fraction term computed with; a longer fraction is compared as text. */
+const MAX_FRACTION_DIGITS = 10_000;
+
+/*
+ * Everything here runs on answers a model wrote (up to 100,000 characters) in the verifier's only
+ * thread, which also answers the checkpoint control plane: no pattern may backtrack over its input
+ * (each regex below is anchored with no two adjacent parts matching the same characters), and no
+ * number goes through a double (1e-400 would be 0, 1e1001 Infinity, a fraction of huge terms NaN).
+ */
+
+/** A decimal literal: sign, integer digits, fraction digits, exponent (at least one digit overall). */
+const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
 
 /**
  * Normalizes an answer: spacing, `$`, a trailing period, thousands separators, numbers and
  * fractions. Integers (also `2.5e3`, `4/2`) are compared exactly, digit for digit — as doubles,
- * 20! + 1 would equal 20! — and other numbers to 12 significant digits.
+ * 20! + 1 would equal 20! — and other numbers to 12 significant digits, in decimal arithmetic.
  */
 export function normalizeAnswer(text: string): string {
-  let value = extractAnswer(text).trim().replace(/^\$+|\$+$/g, "").replace(/\.$/, "").replace(/\s+/g, "");
+  let value = stripDecoration(extractAnswer(text)).replace(/\s+/g, "");
   if (/^-?\d{1,3}(,\d{3})+(\.\d+)?$/.test(value)) value = value.replace(/,/g, "");
   const fraction = /^(-?\d+)\/(\d+)$/.exec(value) ?? /^\\frac\{(-?\d+)\}\{(\d+)\}$/.exec(value);
-  if (fraction && Number(fraction[2]) !== 0) return exactQuotient(fraction[1]!, fraction[2]!) ?? approximateNumber(Number(fraction[1]) / Number(fraction[2]));
-  if (/^[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$/i.test(value)) return exactInteger(value) ?? approximateNumber(Number(value));
+  const quotient = fraction ? canonicalQuotient(fraction[1]!, fraction[2]!) : undefined;
+  if (quotient !== undefined) return quotient;
+  const literal = DECIMAL.exec(value);
+  if (literal && (literal[2] || literal[3])) {
+    const [, sign, whole = "", fractional = "", exponent = "0"] = literal;
+    const digits = whole + fractional;
+    const first = firstNonZero(digits);
+    if (first === digits.length) return "0";
+    return canonicalNumber(sign === "-", digits.slice(first, lastNonZero(digits) + 1), BigInt(whole.length - first) + BigInt(exponent));
+  }
   return value.toLowerCase();
 }
 
-/** The canonical digits of a decimal literal whose value is an integer (`-0012.50e1` → `-125`), else undefined. */
-function exactInteger(literal: string): string | undefined {
-  const parts = /^([-+]?)(\d*)(?:\.(\d*))?(?:e([-+]?\d+))?$/i.exec(literal);
-  if (!parts) return undefined;
-  const [, sign, whole = "", fractional = "", exponent = "0"] = parts;
-  let digits = whole + fractional;
-  // Integer digits of the value: where the decimal point sits in `digits`.
-  let point = whole.length + Number(exponent);
-  const leading = /^0*/.exec(digits)![0].length;
-  if (leading === digits.length) return "0";
-  digits = digits.slice(leading).replace(/0+$/, "");
-  point -= leading;
-  if (point < digits.length || point > MAX_EXACT_DIGITS) return undefined;
-  return (sign === "-" ? "-" : "") + digits + "0".repeat(point - digits.length);
+/** Whitespace, `$` on either side and a trailing period, removed until none is left (`$42$.` → `42`). */
+function stripDecoration(text: string): string {
+  let start = 0;
+  let end = text.length;
+  for (let changed = true; changed; ) {
+    changed = false;
+    while (start < end && (/\s/.test(text[start]!) || text[start] === "$")) (start += 1), (changed = true);
+    while (end > start && (/\s/.test(text[end - 1]!) || text[end - 1] === "$" || text[end - 1] === ".")) (end -= 1), (changed = true);
+  }
+  return text.slice(start, end);
 }
 
-/** `numerator / denominator` as canonical digits when it is an integer, else undefined. */
-function exactQuotient(numerator: string, denominator: string): string | undefined {
-  if (numerator.length > MAX_EXACT_DIGITS || denominator.length > MAX_EXACT_DIGITS) return undefined;
-  const n = BigInt(numerator);
+function firstNonZero(digits: string): number {
+  let i = 0;
+  while (i < digits.length && digits[i] === "0") i += 1;
+  return i;
+}
+
+function lastNonZero(digits: string): number {
+  let i = digits.length - 1;
+  while (i >= 0 && digits[i] === "0") i -= 1;
+  return i;
+}
+
+/** `numerator / denominator` canonical (exact decimal arithmetic); undefined for a zero denominator or terms too long. */
+function canonicalQuotient(numerator: string, denominator: string): string | undefined {
+  if (numerator.length > MAX_FRACTION_DIGITS || denominator.length > MAX_FRACTION_DIGITS) return undefined;
   const d = BigInt(denominator);
-  return n % d === 0n ? String(n / d) : undefined;
+  if (d === 0n) return undefined;
+  const n = BigInt(numerator);
+  const negative = n < 0n;
+  const magnitude = negative ? -n : n;
+  if (magnitude === 0n) return "0";
+  // Enough digits of the quotient for the rounding digit: at least 14 whatever the terms' lengths.
+  const shift = Math.max(0, 14 + String(d).length - String(magnitude).length);
+  const scaled = String((magnitude * 10n ** BigInt(shift)) / d);
+  const exact = (magnitude * 10n ** BigInt(shift)) % d === 0n;
+  const integerDigits = BigInt(scaled.length - shift);
+  // An inexact quotient keeps one more non-zero digit, so it never reads as an integer.
+  const digits = exact ? scaled.slice(0, lastNonZero(scaled) + 1) : `${scaled}1`;
+  return canonicalNumber(negative, digits, integerDigits);
 }
 
-/** Non-integers (and integers too long to compare exactly): 12 significant digits. */
-function approximateNumber(n: number): string {
-  return String(Number(n.toPrecision(12)));
+/**
+ * The canonical text of ±0.`digits` × 10^`integerDigits` (`digits`: no leading or trailing zeros):
+ * an integer of at most 1000 digits in full, anything else rounded half up to 12 significant digits
+ * and written as JavaScript writes numbers (`0.5`, `1e-7`, `1.5e+25`).
+ */
+function canonicalNumber(negative: boolean, digits: string, integerDigits: bigint): string {
+  const sign = negative ? "-" : "";
+  if (integerDigits >= BigInt(digits.length) && integerDigits <= BigInt(MAX_EXACT_DIGITS)) return sign + digits + "0".repeat(Number(integerDigits) - digits.length);
+  let kept = digits.slice(0, SIGNIFICANT_DIGITS);
+  let point = integerDigits;
+  if (digits.length > SIGNIFICANT_DIGITS && digits[SIGNIFICANT_DIGITS]! >= "5") {
+    const rounded = String(BigInt(kept) + 1n);
+    if (rounded.length > kept.length) point += 1n; // 999… rounded up to 1000…
+    kept = rounded;
+  }
+  kept = kept.slice(0, lastNonZero(kept) + 1);
+  const exponent = point - 1n;
+  if (exponent >= -6n && exponent < 21n) {
+    const at = Number(point);
+    if (at <= 0) return `${sign}0.${"0".repeat(-at)}${kept}`;
+    if (at < kept.length) return `${sign}${kept.slice(0, at)}.${kept.slice(at)}`;
+    return sign + kept + "0".repeat(at - kept.length);
+  }
+  return `${sign}${kept[0]}${kept.length > 1 ? `.${kept.slice(1)}` : ""}e${exponent > 0n ? "+" : "-"}${exponent < 0n ? -exponent : exponent}`;
 }
 
 /** Exact-answer math: reward 1 when the normalized answer equals the normalized expected answer. */

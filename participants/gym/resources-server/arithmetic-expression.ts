@@ -190,6 +190,8 @@ export function calculate(text: string): string {
   }
   const value = fractionToDouble(exact);
   if (!Number.isFinite(value)) throw invalid("result is not finite");
+  // A non-zero result below the smallest double would print as 0 (and verify a "0" answer).
+  if (value === 0) throw invalid("result is too small for a double");
   return String(Number(value.toPrecision(12)));
 }
 

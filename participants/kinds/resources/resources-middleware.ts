@@ -82,10 +82,15 @@ function rolloutOf(request: FastifyRequest, path: string): RolloutPath | undefin
 const NEVER_ABORTED = new AbortController().signal;
 
 function roleOf(route: string): RequestRole {
-  const path = route.split("?")[0]!.replace(/\/+$/, "");
-  if (path === ROUTE_SEED) return "seed";
-  if (path === ROUTE_VERIFY) return "verify";
-  if (path === ROUTE_CLOSE) return "close";
+  // Without a matched route this is the request's own path: trimmed in one pass (/\/+$/ backtracks
+  // quadratically on a long run of slashes before other text).
+  const path = route.split("?")[0]!;
+  let end = path.length;
+  while (end > 0 && path[end - 1] === "/") end -= 1;
+  const trimmed = path.slice(0, end);
+  if (trimmed === ROUTE_SEED) return "seed";
+  if (trimmed === ROUTE_VERIFY) return "verify";
+  if (trimmed === ROUTE_CLOSE) return "close";
   return "other";
 }
 

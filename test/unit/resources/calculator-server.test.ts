@@ -32,6 +32,9 @@ describe("arithmetic expression", () => {
     for (const tooLarge of ["1e400", "1e308 * 10", "1e999999", Array.from({ length: 160 }, () => "9e999").join("*")]) {
       expect(() => calculate(tooLarge), tooLarge).toThrow(/result is not finite/);
     }
+    // …and one below the smallest double, which would print as 0 (and verify the answer "0").
+    for (const tooSmall of ["1e-400", "1 / 1e400", "-1e-330 / 7"]) expect(() => calculate(tooSmall), tooSmall).toThrow(/too small for a double/);
+    expect(calculate("1e-400 * 1e400")).toBe("1");
   });
 
   it("refuses anything that is not arithmetic", () => {
