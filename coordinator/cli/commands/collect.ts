@@ -7,6 +7,7 @@ import { CheckpointError, RecordKindSchema, assertRolloutEnv, natsSettings } fro
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
+import { CheckpointRequests } from "../../collect/checkpoint-requests.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
@@ -66,6 +67,11 @@ export function register(program: Command): void {
       .option("--records-every-s <s>", "…or S seconds after the first buffered row", "30"),
     { printsReply: false },
   ).action(async (flags: CollectFlags) => {
+    // First of all: until a listener exists, Node's default SIGUSR1 action opens the V8 inspector
+    // on 127.0.0.1:9229 (any local user could run code in a process holding the controller token),
+    // and the checkpoint asked for would be lost. One arriving during start-up runs once started.
+    const checkpointRequests = new CheckpointRequests();
+    process.on("SIGUSR1", () => checkpointRequests.request());
     await runCli(async () => {
       const env = process.env;
       // Without a reply to print, --json would be silently ignored.
@@ -206,19 +212,15 @@ export function register(program: Command): void {
           logger,
         });
 
-        // Signals wait for start (its restore) to finish: a checkpoint taken mid-restore would race it.
         const running = collector;
         const log = logger;
         started = running.start();
         started.catch(() => undefined); // surfaced below
-        const begun = started;
-        process.on("SIGUSR1", () => {
-          void begun
-            .then(() => running.checkpoint({ stop: false }))
-            .catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
-        });
-
         await started;
+        // Only now: a checkpoint taken mid-restore would race it.
+        checkpointRequests.serve(() => {
+          void running.checkpoint({ stop: false }).catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
+        });
         summary = await running.run();
         mean = await running.meanReward();
       } finally {
