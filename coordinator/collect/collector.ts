@@ -22,6 +22,7 @@ import { AsyncLock } from "../engine/async-lock.js";
 import { committedEpisodeIds } from "../publication/committed-records.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { readRegularFile } from "../publication/regular-file.js";
+import { assertCheckpointVisible } from "./checkpoint-root.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { DispatchLog, type DispatchHistory } from "./dispatch-log.js";
@@ -53,7 +54,11 @@ export interface CollectorOptions {
   /** POST <runUrl> with {rollout_id, attempt, task} runs one row (environment or legacy agent /run). */
   runUrl: string;
   outPath: string;
-  /** The coordinator's checkpoint root: checkpoints, LATEST, dispatched.jsonl live here. */
+  /**
+   * The coordinator's checkpoint root as this host mounts it: checkpoints, LATEST, dispatched.jsonl
+   * live here. Every file of a checkpoint is read and written through it, not through the
+   * coordinator's path (its mount may differ).
+   */
   checkpointDir: string;
   controller: CollectorController;
   concurrency?: number;
@@ -203,7 +208,7 @@ export class Collector {
     // A checkpoint our predecessor left open (it crashed mid-checkpoint) is closed first. The one
     // we are about to restore is left alone: the coordinator closes it itself, since a resume would
     // fence its id at the fresh participants.
-    const collection = history ? await this.latestCollection(history) : undefined;
+    const collection = await this.latestCollection(history);
     // Our LATEST still open (a stop checkpoint, or a crash between publish and resume): only a
     // restore closes it at the coordinator, so it is restored even when no row continues from it
     // (an empty scope), and it refuses retires until then. Unless live Gym processes still hold it
@@ -343,15 +348,23 @@ export class Collector {
    * that one started by restoring (`continues_run`): killed before its restore's reply, the logged
    * run still names those rows at their source attempts, and they are restored again.
    */
-  private async latestCollection(history: DispatchHistory): Promise<CollectionState | undefined> {
-    const runId = history.runId;
+  private async latestCollection(history: DispatchHistory | undefined): Promise<CollectionState | undefined> {
     const { latest } = await this.options.controller.list();
     if (!latest) return undefined;
+    // Also without a log: a --checkpoint-dir that is not the coordinator's root is refused before
+    // this run writes anything, not at its first checkpoint.
+    await assertCheckpointVisible(this.options.checkpointDir, latest);
+    if (!history) return undefined;
+    const runId = history.runId;
     const { manifest } = await this.options.controller.get(latest);
     const ref = manifest.controller_state;
     if (!ref || !("file" in ref)) return undefined;
     // As publication hashed it: a regular file in the checkpoint, no link out of it, bounded.
-    const text = await readRegularFile(join(this.options.checkpointDir, latest, ref.file), { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true });
+    const path = join(this.options.checkpointDir, latest, ref.file);
+    const text = await readRegularFile(path, { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true }).catch((error: unknown) => {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+      throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of LATEST checkpoint ${latest} is missing: ${path} does not exist`);
+    });
     if (sha256Hex(text) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
     const state = parseStateValue(CollectionStateSchema, text, join(latest, ref.file));
     if (state.run_id !== runId && state.run_id !== history.continuesRun) {
@@ -654,6 +667,8 @@ export class Collector {
         const scope = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => !restarts.has(captureKey(e)));
         const restarted = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => restarts.has(captureKey(e)));
         const committed = await this.options.controller.commit({ checkpoint_id: checkpointId, deadline_ts: this.deadline(), episode_ids: scope, stop });
+        // Its files are read and written below through our root: refused (and resumed) unless they are there.
+        await assertCheckpointVisible(this.options.checkpointDir, checkpointId, committed.checkpoint_dir);
 
         // A /run reply already on the wire belongs to an episode no episode owner exported: wait for it.
         // Not for a restarted row (it parks at its next boundary until the resume) nor one refused
@@ -673,7 +688,7 @@ export class Collector {
 
         const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };
         const text = `${JSON.stringify(state, null, 2)}\n`;
-        await replaceFileDurably(join(committed.checkpoint_dir, COLLECTION_STATE_FILE), text);
+        await replaceFileDurably(join(this.options.checkpointDir, checkpointId, COLLECTION_STATE_FILE), text);
         await this.options.controller.publish({ checkpoint_id: checkpointId, controller_state: { file: COLLECTION_STATE_FILE, sha256: sha256Hex(text) } });
         published = true;
         this.checkpoints++;
@@ -695,13 +710,14 @@ export class Collector {
   /**
    * Capture keys the episode owners (environments, agents) exported. A commit reply over NATS
    * leaves long lists out (null, with count and digest): those are read back from the owner's
-   * committed records in the checkpoint directory this collector shares, and checked against both.
+   * committed records in the checkpoint directory this collector shares (through its own root),
+   * and checked against both.
    */
   private async exportedByOwners(committed: CtlReplyOf<"commit">): Promise<Set<string>> {
     const exported = new Set<string>();
     for (const p of committed.participants) {
       if (p.kind !== "environment" && p.kind !== "agent") continue;
-      const ids = p.episode_ids ?? (await committedEpisodeIds(committed.checkpoint_dir, committed.checkpoint_id, p));
+      const ids = p.episode_ids ?? (await committedEpisodeIds(join(this.options.checkpointDir, committed.checkpoint_id), committed.checkpoint_id, p));
       for (const key of ids) exported.add(key);
     }
     return exported;

@@ -45,12 +45,14 @@ async function collect(...args: string[]): Promise<number> {
   return Number(process.exitCode ?? 0);
 }
 
-/** One server for the controller's HTTP API (a fresh deployment, nothing open) and the /run route. */
+/** One server for the controller's HTTP API (a fresh deployment, nothing open or published) and the /run route. */
 async function serve(onRun: () => unknown = () => ({ reward: 1 })): Promise<string> {
   server = createServer((req, res) => {
     res.setHeader("content-type", "application/json");
     if (req.url === "/v1/status") {
       res.end(JSON.stringify({ deployment: "default", coordinator: { id: "c", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: [] }));
+    } else if (req.url === "/v1/checkpoints") {
+      res.end(JSON.stringify({ latest: null, checkpoints: [] }));
     } else if (req.url === "/run") {
       req.resume();
       req.on("end", () => void Promise.resolve(onRun()).then((body) => res.end(JSON.stringify(body))));

@@ -973,3 +973,51 @@ describe("collector restored-source fences", () => {
     expect(fake.calls.map((c) => c.op)).toEqual(["prepare", "commit", "publish"]);
   });
 });
+
+describe("collector --checkpoint-dir", () => {
+  it("the shared root mounted at another path on the collector's host: it writes and reads collection.json (and left-out episode lists) through its own --checkpoint-dir", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const fake = fakeController({
+      commit: async (req: never) => {
+        const reply = await fake.base.commit(req);
+        const id = (req as { checkpoint_id: string }).checkpoint_id;
+        // The owner's list left out (read back from its records), and the checkpoint named as the coordinator's host mounts it.
+        const owner = await committedOwner(reply.checkpoint_dir, id, []);
+        return { ...reply, checkpoint_id: id, checkpoint_dir: join("/mnt/coordinator-view-of-the-share", id), participants: [owner] };
+      },
+    });
+    const first = collectorFor(fake.controller, url);
+    await first.start();
+    expect((await first.checkpoint({ stop: false })).published).toBe(true);
+    expect(await latestContinued(fake.state)).toEqual([]);
+    const next = collectorFor(fake.controller, url);
+    await next.start();
+    expect(await next.run()).toMatchObject({ finished: 1, failed: 0 });
+  });
+
+  it("a --checkpoint-dir that is not the coordinator's root: the checkpoint is refused (invalid_request), resumed and not published; a start with LATEST elsewhere is refused too", async () => {
+    const mine = join(dir, "not-the-root");
+    await mkdir(mine);
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const fake = fakeController();
+    const first = collectorFor(fake.controller, url, { checkpointDir: mine });
+    await first.start();
+    const refusal = { code: "invalid_request", message: expect.stringContaining(`--checkpoint-dir ${mine} is not the coordinator's checkpoint root`) };
+    await expect(first.checkpoint({ stop: false })).rejects.toMatchObject(refusal);
+    expect(fake.calls.map((c) => c.op)).toEqual(["prepare", "commit", "resume"]);
+    expect(fake.state.open).toBeNull();
+
+    await publishCollection(fake.state, "ckpt-20240101T000000-aaaaaaaa", "run-1", []);
+    await expect(collectorFor(fake.controller, url, { checkpointDir: mine }).start()).rejects.toMatchObject(refusal);
+  });
+
+  it("LATEST without its collection.json: start is refused invalid_checkpoint_state, not a raw ENOENT", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    await rm(join(dir, "ckpt-20240101T000000-aaaaaaaa", "collection.json"));
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("collection.json") });
+    expect(restores(calls)).toEqual([]);
+  });
+});
