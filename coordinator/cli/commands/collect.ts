@@ -101,6 +101,8 @@ export function register(program: Command): void {
         throw new CheckpointError("invalid_request", `--records-env: ${error instanceof Error ? error.message : String(error)}`);
       }
       if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
+      // resolve("") is the working directory: never a checkpoint root anyone meant.
+      if (!flags.checkpointDir) throw new CheckpointError("invalid_request", "--checkpoint-dir must not be empty");
       // After the flags (a bad one is invalid_request, exit 2, with or without a token), before any file.
       const deployment = clientDeployment(flags.deployment, env);
       const token = clientToken(flags.token, env);
@@ -109,7 +111,7 @@ export function register(program: Command): void {
       await assertAppendable(outPath);
       const rows = await readTaskRows(flags.tasks);
       const checkpointDir = resolve(flags.checkpointDir);
-      await mkdir(checkpointDir, { recursive: true });
+      await ensureCheckpointDir(checkpointDir);
       // One collector per checkpoint root, before anything in it is read or written.
       const lock = await acquireCollectorLock(checkpointDir);
       let telemetry: TelemetryHandle | undefined;
@@ -248,6 +250,20 @@ export function register(program: Command): void {
       );
       if (summary.failed > 0 || summary.finished < summary.rows || records?.unwritten) process.exitCode = 1;
     });
+  });
+}
+
+/** `--checkpoint-dir` is an existing directory or one that can be created; anything else is a bad flag. */
+async function ensureCheckpointDir(path: string): Promise<void> {
+  const info = await stat(path).catch((error: NodeJS.ErrnoException) => {
+    // Absent, or under a file (ENOTDIR): creating it says which.
+    if (error.code === "ENOENT" || error.code === "ENOTDIR") return undefined;
+    throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} is not accessible (${error.code ?? String(error)})`);
+  });
+  if (info && !info.isDirectory()) throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} is not a directory`);
+  if (info) return;
+  await mkdir(path, { recursive: true }).catch((error: NodeJS.ErrnoException) => {
+    throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} cannot be created (${error.code ?? String(error)})`);
   });
 }
 

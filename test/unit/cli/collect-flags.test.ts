@@ -155,6 +155,17 @@ describe("gym-ckpt collect flags", () => {
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
 
+  it.each([
+    { what: "an empty path (not the working directory)", path: "", detail: () => "--checkpoint-dir must not be empty" },
+    { what: "a regular file", path: "a-file", detail: () => `--checkpoint-dir ${join(dir, "a-file")} is not a directory` },
+    { what: "a path under a regular file", path: "a-file/sub", detail: () => `--checkpoint-dir ${join(dir, "a-file", "sub")} cannot be created (ENOTDIR)` },
+  ])("refuses --checkpoint-dir as $what (invalid_request, exit 2), not internal_error", async ({ path, detail }) => {
+    await writeFile(join(dir, "a-file"), "x");
+    expect(await collect("--run-url", "http://127.0.0.1:1/run", "--checkpoint-dir", path && join(dir, path))).toBe(2);
+    expect(stderr).toContain(`error invalid_request: ${detail()}`);
+    expect((await readdir(dir)).sort()).toEqual(["a-file", "tasks.jsonl"]);
+  });
+
   it("a start-up refusal exits 1 and leaves no collector.pid behind", async () => {
     const base = await serve();
     await writeFile(join(dir, "results.jsonl"), "not json\n{}\n");
