@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
 import { join } from "node:path";
-import { link, readFile, rm, writeFile } from "node:fs/promises";
+import { link, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { CheckpointError } from "../../protocol/index.js";
 
 export const COLLECTOR_LOCK_FILE = "collector.pid";
@@ -10,6 +10,9 @@ export const COLLECTOR_LOCK_FILE = "collector.pid";
 const LOCK_LINE = /^([1-9][0-9]{0,9}) (\S{1,255})\n$/;
 
 const TAKEOVER_TRIES = 3;
+
+/** Lock files this process holds now: one with our pid is "left by this process" only when not among them. */
+const heldHere = new Set<string>();
 
 export interface CollectorLock {
   path: string;
@@ -25,7 +28,9 @@ export interface CollectorLock {
  * into place, which fails when the name exists). A file whose process is alive on this host refuses
  * the start (`checkpoint_conflict`); one left by a dead process, by another host (a requeued job
  * usually lands on another node after its predecessor died: liveness cannot be checked there) or
- * unreadable is taken over.
+ * unreadable is taken over. Never by removing the name after judging its content (another
+ * collector may have replaced that file meanwhile): the file is renamed aside to a name of our own
+ * (atomic), and what was moved is judged again; a fresh lock moved so is linked back.
  */
 export async function acquireCollectorLock(checkpointDir: string): Promise<CollectorLock> {
   const path = join(checkpointDir, COLLECTOR_LOCK_FILE);
@@ -37,20 +42,16 @@ export async function acquireCollectorLock(checkpointDir: string): Promise<Colle
     for (let tries = 1; ; tries++) {
       try {
         await link(aside, path);
+        heldHere.add(path); // at once: a take-over in this process must see it held
         break;
       } catch (error) {
         if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
       }
       const held = await readIfExists(path);
-      const why = held === undefined ? "released meanwhile" : staleBecause(held);
-      if (why === undefined || tries >= TAKEOVER_TRIES) {
-        const holder = why === undefined ? `another collector (pid ${held!.split(" ")[0]})` : "another collector";
-        throw new CheckpointError("checkpoint_conflict", `${holder} is running on ${checkpointDir}; if none is, remove ${path}`);
-      }
-      // Only the file we judged: one that changed meanwhile is judged again.
+      const why = held === undefined ? "released meanwhile" : staleBecause(held, path);
+      if (why === undefined || tries >= TAKEOVER_TRIES) throw conflict(checkpointDir, path, why === undefined ? held : undefined);
       if (held === undefined) continue;
-      if ((await readIfExists(path)) === held) await rm(path, { force: true });
-      tookOver = why;
+      if (await moveAsideIfStill(path, held, checkpointDir)) tookOver = why;
     }
   } finally {
     await rm(aside, { force: true });
@@ -59,18 +60,54 @@ export async function acquireCollectorLock(checkpointDir: string): Promise<Colle
     path,
     tookOver,
     async release() {
+      heldHere.delete(path);
       if ((await readIfExists(path)) === line) await rm(path, { force: true });
     },
   };
 }
 
+/**
+ * Takes the lock file away only if it is still the one judged stale (`held`): renamed aside, then
+ * read. Something else moved (a collector replaced the stale file after we read it) is linked back
+ * and false returned, so the caller judges the lock again. Should yet another lock have taken the
+ * name meanwhile, that one wins: the start is refused.
+ */
+async function moveAsideIfStill(path: string, held: string, checkpointDir: string): Promise<boolean> {
+  const judged = join(checkpointDir, `.${COLLECTOR_LOCK_FILE}.stale.${randomBytes(6).toString("hex")}`);
+  try {
+    await rename(path, judged);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return false; // gone meanwhile: try to link again
+    throw error;
+  }
+  try {
+    const moved = await readIfExists(judged);
+    if (moved === held) return true;
+    try {
+      await link(judged, path);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+      throw conflict(checkpointDir, path, undefined);
+    }
+    return false;
+  } finally {
+    await rm(judged, { force: true });
+  }
+}
+
+function conflict(checkpointDir: string, path: string, live: string | undefined): CheckpointError {
+  const holder = live === undefined ? "another collector" : `another collector (pid ${live.split(" ")[0]})`;
+  return new CheckpointError("checkpoint_conflict", `${holder} is running on ${checkpointDir}; if none is, remove ${path}`);
+}
+
 /** Why a lock file's holder no longer runs; undefined while it may. */
-function staleBecause(held: string): string | undefined {
+function staleBecause(held: string, path: string): string | undefined {
   const m = LOCK_LINE.exec(held);
   if (!m) return "unreadable content";
   const pid = Number(m[1]);
   if (m[2] !== hostname()) return `left by host ${m[2]}, whose processes cannot be checked from here`;
-  if (pid === process.pid) return "left by this process";
+  // Our pid: an earlier process's (pids are reused, e.g. in a requeued container), unless we hold it now.
+  if (pid === process.pid) return heldHere.has(path) ? undefined : "left by this process";
   try {
     process.kill(pid, 0);
     return undefined;
