@@ -155,6 +155,10 @@ export class Collector {
   private doneBefore = 0;
   private lastCheckpointAt: number | undefined;
   private stopping = false;
+  /** halt() was called: no /run is sent and no reply taken any more. */
+  private halted = false;
+  /** Finished rows being appended to --out (and buffered as records): halt() waits for them. */
+  private readonly finishing = new Set<Promise<void>>();
   private restartedCount = 0;
   private readonly usage = { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 };
   private timer: NodeJS.Timeout | undefined;
@@ -439,6 +443,7 @@ export class Collector {
     // /run goes out: after a power loss the next start must find it, to retire it.
     await this.log.record(episode);
     for (;;) {
+      if (this.halted) return;
       state.refused = false;
       let response: Response;
       const timeout = this.runTimeouts.start((this.options.runTimeoutSeconds ?? 300) * 1000);
@@ -457,6 +462,8 @@ export class Collector {
       } finally {
         timeout.done();
       }
+      // Halted meanwhile: the reply is dropped (the dispatch log has the attempt; the next start retires it).
+      if (this.halted) return;
       if (response.ok) {
         const reply = parseRunReply(body);
         return reply instanceof Error ? this.failed(state, reply) : this.finished(state, reply);
@@ -489,7 +496,15 @@ export class Collector {
     }
   }
 
-  private async finished(state: RowState, reply: RunReply): Promise<void> {
+  private finished(state: RowState, reply: RunReply): Promise<void> {
+    const done = this.appendFinished(state, reply);
+    this.finishing.add(done);
+    const forget = () => void this.finishing.delete(done);
+    done.then(forget, forget);
+    return done;
+  }
+
+  private async appendFinished(state: RowState, reply: RunReply): Promise<void> {
     // The trajectory goes to the rollout records, not into results.jsonl.
     const { trajectory, ...body } = reply;
     this.queue.set(state, "done");
@@ -543,7 +558,23 @@ export class Collector {
     }
   }
 
-  /** Publishes buffered rollout records now (SIGTERM path, before exiting). */
+  /**
+   * Stops the collection where it is, for an exit without a checkpoint (SIGINT, SIGHUP) or after the
+   * stop checkpoint: no further /run is sent, no checkpoint runs, and a reply arriving from now on is
+   * dropped, not appended to --out (the dispatch log names its attempt, so the next start retires
+   * it and sends the row again). Resolves once the rows already being appended are in --out and
+   * their records buffered, so the flush that follows writes every row --out has.
+   */
+  async halt(): Promise<void> {
+    this.halted = true;
+    this.stopping = true;
+    clearInterval(this.timer);
+    clearTimeout(this.retireRetry);
+    this.wakeDispatchers();
+    await Promise.allSettled([...this.finishing]);
+  }
+
+  /** Publishes buffered rollout records now (before exiting). */
   async flushRecords(): Promise<void> {
     await this.records?.close();
   }

@@ -34,7 +34,7 @@ export interface RolloutRecordsStats {
   /** Finished rows whose `/run` reply carried no usable trajectory. */
   skipped: number;
   failedFlushes: number;
-  /** Records still buffered after close: every flush of them failed (the rows are in results.jsonl only). */
+  /** Records still buffered after close (every flush of them failed) or added after it: the rows are in results.jsonl only. */
   unwritten: number;
 }
 
@@ -80,6 +80,10 @@ export class RolloutRecordsSink {
   private timer: NodeJS.Timeout | undefined;
   /** close() runs: it tries again itself, no timer. */
   private closing = false;
+  /** close() has finished: no flush comes any more. */
+  private closed = false;
+  /** Records added after close: never written, always counted in `stats.unwritten`. */
+  private late = 0;
   readonly stats: RolloutRecordsStats = { steps: 0, records: 0, skipped: 0, failedFlushes: 0, unwritten: 0 };
 
   constructor(
@@ -137,6 +141,11 @@ export class RolloutRecordsSink {
   }
 
   add(record: TraceRecord): void {
+    if (this.closed) {
+      this.late++;
+      this.stats.unwritten++;
+      return;
+    }
     this.buffer.push(record);
     if (this.buffer.length >= this.options.everyRows) {
       void this.flush();
@@ -181,9 +190,10 @@ export class RolloutRecordsSink {
       await this.flush();
     }
     await this.markUnmarked();
-    this.stats.unwritten = this.buffer.length;
+    this.stats.unwritten = this.buffer.length + this.late;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
+    this.closed = true;
   }
 
   private async write(records: TraceRecord[]): Promise<void> {

@@ -145,7 +145,9 @@ export function register(program: Command): void {
         const code = EXIT_BY_SIGNAL[signal];
         if (!first) return void leave(code);
         void (async () => {
-          // Rows already in --out must reach the records too: a follower would otherwise never see them.
+          // No /run is sent and no row appended to --out from here on (the next start retires what
+          // was in flight), so the flush after it writes the records of every row --out has.
+          await collector?.halt().catch(() => undefined);
           await collector?.flushRecords().catch(() => undefined);
           reportUnwrittenRecords();
           await leave(code);
@@ -163,6 +165,8 @@ export function register(program: Command): void {
             return { published: false, checkpointId: "" };
           });
         process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
+        // As on SIGINT: a row finishing after the flush would be in --out without its record.
+        await collector?.halt().catch(() => undefined);
         await collector?.flushRecords().catch(() => undefined);
         reportUnwrittenRecords();
         await leave(EXIT_REQUEUE);

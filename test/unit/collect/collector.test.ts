@@ -1021,3 +1021,38 @@ describe("collector --checkpoint-dir", () => {
     expect(restores(calls)).toEqual([]);
   });
 });
+
+describe("collector halt (SIGINT, SIGHUP)", () => {
+  const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+
+  it("sends no /run and appends no row once halted, so every row in --out is in the records flushed after it or counted unwritten", async () => {
+    // The first 8 /runs answer at once; the ones after are held until the test lets them answer, after the halt.
+    const held: (() => void)[] = [];
+    let requests = 0;
+    const url = await runServer(async () => {
+      if (++requests > 8) await new Promise<void>((resolve) => held.push(resolve));
+      return { status: 200, body: { reward: 1, trajectory } };
+    });
+    const fake = fakeController();
+    const rows = Array.from({ length: 40 }, (_, i) => ({ rolloutId: `r${i}`, task: {} }));
+    const collector = collectorFor(fake.controller, url, {
+      rows,
+      concurrency: 4,
+      records: { dir: join(dir, "records"), env: "gym", kind: "eval", everyRows: 1000, everySeconds: 600 },
+    });
+    await collector.start();
+    const run = collector.run();
+    const out = join(dir, "results.jsonl");
+    await waitUntil(async () => held.length === 4 && (await readResults(out)).size === 8, "8 rows finished, 4 held in flight");
+    const halting = collector.halt();
+    for (const answer of held.splice(0)) answer(); // replies that arrive after the halt
+    await halting;
+    await collector.flushRecords();
+    const reported = collector.summary().records!;
+    await run; // every worker has taken its last reply: nothing can be appended any more
+    const inResults = (await readResults(out)).size;
+    expect(inResults).toBe(8);
+    expect(reported.records + reported.unwritten).toBe(inResults);
+    expect(requests).toBe(12);
+  });
+});

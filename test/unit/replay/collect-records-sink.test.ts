@@ -88,6 +88,17 @@ describe("the collector's rollout-records sink", () => {
     expect(sink.stats).toMatchObject({ steps: 0, records: 0, failedFlushes: 3, unwritten: 2 });
   });
 
+  it("a record added after close is counted as not written (no later flush takes it), also across a second close", async () => {
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 30 }, silent);
+    await sink.start();
+    sink.add(linearTrace(traceId(1)));
+    await sink.close();
+    sink.add(linearTrace(traceId(2)));
+    expect(sink.stats).toMatchObject({ steps: 1, records: 1, unwritten: 1 });
+    await sink.close();
+    expect(sink.stats).toMatchObject({ steps: 1, records: 1, unwritten: 1 });
+  });
+
   it("a failed timer flush is tried again on the timer, without waiting for another row", async () => {
     const root = path.join(dir, "rollouts");
     const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 0.05 }, silent);
