@@ -1,4 +1,4 @@
-import { mkdir, readdir } from "node:fs/promises";
+import { readdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import {
@@ -210,7 +210,7 @@ export class RolloutRecordsSink {
       let encoded: ReturnType<typeof encodeRolloutRecords>;
       for (;;) {
         encoded = encodeRolloutRecords({ kind, env, step, records });
-        await mkdir(join(this.root, rolloutStepDir(step)), { recursive: true });
+        await makeDirectories(join(this.root, rolloutStepDir(step)));
         await fsyncDirectory(this.root);
         if (await linkStagedFile(await stageFile(join(this.root, encoded.recordFile), encoded.recordBytes))) break;
         this.logger.info({ step, file: encoded.recordFile }, "another collection published this step's file; trying the next step");

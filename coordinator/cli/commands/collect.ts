@@ -1,4 +1,4 @@
-import { mkdir, stat } from "node:fs/promises";
+import { stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
@@ -12,6 +12,7 @@ import { acquireCollectorLock } from "../../collect/collector-lock.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
+import { makeDirectories } from "../../publication/make-directories.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
 import { clientDeployment, clientToken, httpUrlFlag, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
@@ -266,7 +267,7 @@ async function ensureCheckpointDir(path: string): Promise<void> {
   });
   if (info && !info.isDirectory()) throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} is not a directory`);
   if (info) return;
-  await mkdir(path, { recursive: true }).catch((error: NodeJS.ErrnoException) => {
+  await makeDirectories(path).catch((error: NodeJS.ErrnoException) => {
     throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} cannot be created (${error.code ?? String(error)})`);
   });
 }

@@ -166,6 +166,12 @@ describe("gym-ckpt collect flags", () => {
     expect((await readdir(dir)).sort()).toEqual(["a-file", "tasks.jsonl"]);
   });
 
+  it("refuses a --checkpoint-dir that mkdir answers ENOENT for under an existing parent (/proc) at once, where Node's recursive mkdir spins", { timeout: 10_000 }, async () => {
+    const path = `/proc/gym-ckpt-${process.pid}/ckpt`;
+    expect(await collect("--run-url", "http://127.0.0.1:1/run", "--checkpoint-dir", path)).toBe(2);
+    expect(stderr).toContain(`error invalid_request: --checkpoint-dir ${path} cannot be created (ENOENT)`);
+  });
+
   it("a start-up refusal exits 1 and leaves no collector.pid behind", async () => {
     const base = await serve();
     await writeFile(join(dir, "results.jsonl"), "not json\n{}\n");
