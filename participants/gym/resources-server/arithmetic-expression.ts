@@ -180,8 +180,12 @@ export function calculate(text: string): string {
   try {
     exact = evaluate(text, FRACTIONS);
   } catch (error) {
-    if (error instanceof TooLarge) return formatResult(evaluateExpression(text));
-    throw error;
+    if (!(error instanceof TooLarge)) throw error;
+    // Past exact arithmetic's size, doubles: a 0 there may be an underflow (1e-5000) as well as a
+    // true zero, and printing it would verify the answer "0"; refused like the exact path's.
+    const value = evaluateExpression(text);
+    if (value === 0) throw invalid("result is too small for a double");
+    return formatResult(value);
   }
   // Results a double cannot hold stay refused, as before.
   if (exact.d === 1n) {

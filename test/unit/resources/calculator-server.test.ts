@@ -33,7 +33,7 @@ describe("arithmetic expression", () => {
       expect(() => calculate(tooLarge), tooLarge).toThrow(/result is not finite/);
     }
     // …and one below the smallest double, which would print as 0 (and verify the answer "0").
-    for (const tooSmall of ["1e-400", "1 / 1e400", "-1e-330 / 7"]) expect(() => calculate(tooSmall), tooSmall).toThrow(/too small for a double/);
+    for (const tooSmall of ["1e-400", "1 / 1e400", "-1e-330 / 7", "1e-5000", "1 / 1e999999", "1e-999999"]) expect(() => calculate(tooSmall), tooSmall).toThrow(/too small for a double/);
     expect(calculate("1e-400 * 1e400")).toBe("1");
   });
 
