@@ -11,6 +11,7 @@ import {
   RESUME_STAGES,
   RETIRE_STAGES,
   GLOBAL_MANIFEST_FILE,
+  PARTICIPANTS_DIR,
   canonicalJson,
   captureKey,
   nextAttempt,
@@ -28,6 +29,7 @@ import { assertJournalEntryFits, type DecisionJournal, type JournalEntry } from 
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
+import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { coordinatorTelemetry, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
@@ -189,6 +191,12 @@ export class CheckpointEngine {
   /** Checkpoints this coordinator resumed (closed); resume of one of them is idempotent. */
   private readonly closed = new Set<string>();
   /**
+   * Stop checkpoints this coordinator closed without a resume (participants stay parked for the
+   * controller to stop them): a resume of one releases whoever still holds it, for a controller
+   * that carries on after all.
+   */
+  private readonly stopped = new Set<string>();
+  /**
    * Restores that ended without their resume: their all-or-nothing clean-up ran here (attempt+1
    * retired, everyone resumed), or they were closed because no process held them any more. A
    * resume retried once such a restore closed answers `restore_failed` (this detail), not the
@@ -241,7 +249,8 @@ export class CheckpointEngine {
   commit(request: CtlRequestOf<"commit">): Promise<CtlReplyOf<"commit">> {
     const args = commitArgs(request.episode_ids, request.stop);
     return this.op("commit", request.checkpoint_id, async (ctx) => {
-      const again = this.replayed<"commit">(request.checkpoint_id, "commit", args);
+      const again = this.replayed<"commit">(request.checkpoint_id, "commit", args) ?? this.committedReply(request.checkpoint_id, request.episode_ids, request.stop);
+      // A retry is answered before its deadline_ts is checked: a lost reply's retry carries a past one.
       if (again) return again;
       const reply = await this.doCommit(request.checkpoint_id, this.deadline(request.deadline_ts), request.episode_ids, request.stop, ctx);
       this.remember(request.checkpoint_id, "commit", args, reply);
@@ -257,25 +266,33 @@ export class CheckpointEngine {
       const reply = await this.doPublish(request.checkpoint_id, request.controller_state);
       this.remember(request.checkpoint_id, "publish", args, reply);
       // stop: the controller stops after this checkpoint; participants stay parked (as in `checkpoint`).
-      if (this.open?.id === request.checkpoint_id && this.open.stop) this.close(request.checkpoint_id);
+      if (this.open?.id === request.checkpoint_id && this.open.stop) this.closeStopped(request.checkpoint_id);
       return reply;
     });
   }
 
   resume(request: CtlRequestOf<"resume">): Promise<CtlReplyOf<"resume">> {
     return this.op("resume", request.checkpoint_id, async (ctx) => {
+      const id = request.checkpoint_id;
+      const open = this.open;
+      // A retry of a resume that closed it sends nothing, so it is answered whatever its deadline_ts
+      // (a lost reply's retry carries a past one). Not a stop checkpoint's or a restore's that failed or still clears its entry.
+      if (open?.id !== id && this.closed.has(id) && !this.stopped.has(id) && !this.restoreFailures.has(id) && !this.restoreRemovals.has(id)) {
+        return { checkpoint_id: id, participants: [] };
+      }
       // Checked before anything is journaled: a refused resume changes nothing.
       const deadlineMs = this.deadline(request.deadline_ts);
       // A controller abandoning a decided, unpublished checkpoint: withdrawn first (see abortDecided).
-      const open = this.open;
       if (open?.id === request.checkpoint_id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
       if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
       const failed = open?.id === request.checkpoint_id ? undefined : this.restoreFailures.get(request.checkpoint_id);
       if (failed) throw new CheckpointError("restore_failed", failed);
       const removal = open?.id === request.checkpoint_id ? undefined : this.restoreRemovals.get(request.checkpoint_id);
       if (removal) await this.completionJournaled(request.checkpoint_id, removal, deadlineMs);
-      if (!open && !this.closed.has(request.checkpoint_id)) return this.releaseHolders(request.checkpoint_id, deadlineMs, ctx);
-      return this.doResume(request.checkpoint_id, deadlineMs, ctx);
+      if (!open && !this.closed.has(id)) return this.releaseHolders(id, deadlineMs, ctx);
+      // Parked by design, released now; once nobody holds it (the processes stopped), nothing to do.
+      if (!open && this.stopped.has(id)) return this.releaseHolders(id, deadlineMs, ctx, true);
+      return this.doResume(id, deadlineMs, ctx);
     });
   }
 
@@ -286,10 +303,11 @@ export class CheckpointEngine {
    * names, e.g. one a deposed leader's delayed prepare parked at a participant this leader's
    * recovery probe did not reach. None holds it: `not_found`, nothing sent.
    */
-  private async releaseHolders(id: string, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
+  private async releaseHolders(id: string, deadlineMs: number, ctx: Context | undefined, stopped = false): Promise<CtlReplyOf<"resume">> {
     const epoch = this.options.leadership.epoch();
     const members = await this.options.membership.list();
     const holders = holdersOf(members, await this.probeStatuses(members, epoch), id);
+    if (holders.length === 0 && stopped) return { checkpoint_id: id, participants: [] };
     if (holders.length === 0) throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator, and no participant's status shows it held`);
     this.checkpointLog(id).warn({ holders: holders.map(refName) }, "resume_released_unknown_checkpoint");
     this.open = this.opening(id, "prepared", holders, { incarnations: new Map() });
@@ -365,7 +383,8 @@ export class CheckpointEngine {
       // reply, not as the op's failure, so the controller knows this checkpoint is its latest and a
       // retry gets the same reply. Closed only now: the journal entry may go once LATEST is durable.
       const resumeFailures = resumption.value ?? [];
-      this.close(id);
+      if (request.stop) this.closeStopped(id);
+      else this.close(id);
       // Retention after the resume: deleting old checkpoints need not keep everyone paused.
       const published = { ...publication.value, deleted: this.retainAfter(id, prepared.epoch) };
       return this.remember(id, "checkpoint", args, {
@@ -385,15 +404,18 @@ export class CheckpointEngine {
 
   restore(request: CtlRequestOf<"restore">): Promise<CtlReplyOf<"restore">> {
     return this.op("restore", request.checkpoint_id, async (ctx, identify) => {
-      const deadlineMs = this.deadline(request.deadline_ts);
       const id = request.checkpoint_id ?? (await this.options.catalog.latest());
       if (id) identify(id);
+      const retryOf = (open: OpenCheckpoint | undefined) =>
+        open?.restore && open.phase === "restored" && open.id === id && sameScope(open.scope, request.episode_ids) ? open.restore : undefined;
+      // A retry (its reply was lost, so its deadline_ts may be past) is not refused for its deadline.
+      const deadlineMs = retryOf(this.open) ? undefined : this.deadline(request.deadline_ts);
       // A restored checkpoint that no member holds any more (its controller abandoned it; its
       // processes restarted or resumed by their lease) is closed first: a retry's reply would be stale.
       if (this.open?.phase === "restored") await this.closeIfNobodyHolds(this.open);
-      // A retry of the restore that is open (its reply was lost) gets that reply again.
-      const open0 = this.open;
-      if (open0?.restore && open0.phase === "restored" && open0.id === id && sameScope(open0.scope, request.episode_ids)) return open0.restore;
+      // A retry of the restore that is open gets that reply again.
+      const again = retryOf(this.open);
+      if (again) return again;
       // A published checkpoint whose controller died before resuming it is exactly what the next
       // controller restores: closed here (once nothing can refuse the restore any more), without a
       // resume that would fence its id at the fresh participants the restore is for.
@@ -421,7 +443,7 @@ export class CheckpointEngine {
       this.options.leadership.assert(epoch);
       this.open = open;
       this.restoreFailures.delete(id);
-      return this.driveRestore(open, deadlineMs, ctx);
+      return this.driveRestore(open, deadlineMs ?? this.deadline(request.deadline_ts), ctx);
     });
   }
 
@@ -653,7 +675,7 @@ export class CheckpointEngine {
           return "publish_failed_resumed";
         }
         if (entry.stop) {
-          this.close(open.id);
+          this.closeStopped(open.id);
           this.rememberRecovered(open, []);
           return "committed_published_stopped";
         }
@@ -763,7 +785,7 @@ export class CheckpointEngine {
     }
     // stop: the controller stopped after it; participants stay parked by design.
     if (open.stop) {
-      this.close(open.id);
+      this.closeStopped(open.id);
       if (open.autoPublish) this.rememberRecovered(open, []);
       return "published_stopped";
     }
@@ -846,6 +868,7 @@ export class CheckpointEngine {
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
       if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
+      this.clearLeftover(id);
       await this.warnLatestMembersMissing(members);
       open = this.opening(id, "preparing", members, { autoPublish, controllerState });
       this.assertJournalable({ ...open, dir: this.options.catalog.dirFor(id), scope: commitScope }, "open");
@@ -910,6 +933,24 @@ export class CheckpointEngine {
     return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
   }
 
+  /**
+   * A fresh id's directory must be free of participants' files: an attempt at this id aborted
+   * before a restart (the coordinator's own aborts refuse the id as stale) left the participants'
+   * directory, whose create-only manifests would refuse every commit once everyone is parked; it
+   * is taken away (the rest of the directory, e.g. a controller's state file, stays). Something
+   * there that is not a directory refuses the id before anything is journaled or sent.
+   */
+  private clearLeftover(id: string): void {
+    const leftover = this.options.catalog.leftover(id);
+    if (leftover === "not_a_directory") {
+      throw new CheckpointError("checkpoint_conflict", `${this.options.catalog.dirFor(id)} exists and is not a directory: use another checkpoint id`);
+    }
+    if (leftover === "participants") {
+      trashCheckpointDir(this.options.catalog.root, id, PARTICIPANTS_DIR);
+      this.checkpointLog(id).warn("earlier_attempt_participant_files_removed");
+    }
+  }
+
   /** The expected participants (config `expected_participants`) that `members` lacks. */
   private expectedMissingFrom(members: readonly ParticipantRef[]): ParticipantRef[] {
     const present = new Set(members.map((m) => memberKey(m.kind, m.instance)));
@@ -949,7 +990,8 @@ export class CheckpointEngine {
   ): Promise<CommitResult> {
     const open = this.requireOpen(id, "commit");
     if (open.phase === "committed" || open.phase === "published") {
-      if (sameScope(open.scope, scope) && open.stop === stop && open.commit) return open.commit;
+      const again = this.committedReply(id, scope, stop);
+      if (again) return again;
       throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was committed with another scope or stop flag`);
     }
     if (open.phase !== "prepared" && open.phase !== "committing") {
@@ -1474,6 +1516,19 @@ export class CheckpointEngine {
    * the entry is removed (or nothing of this coordinator's was left to remove), false if it was
    * kept: LATEST's fsync failed, a write for the id came since, or the term ended.
    */
+  /** The commit reply of open checkpoint `id`, committed with this scope and stop flag (a retry's answer). */
+  private committedReply(id: string, scope: EpisodeId[] | null, stop: boolean): CommitResult | undefined {
+    const open = this.open;
+    if (open?.id !== id || (open.phase !== "committed" && open.phase !== "published")) return undefined;
+    return sameScope(open.scope, scope) && open.stop === stop ? open.commit : undefined;
+  }
+
+  /** Closes a published stop checkpoint without a resume (see `stopped`). */
+  private closeStopped(id: string): void {
+    this.stopped.add(id);
+    void this.close(id);
+  }
+
   private close(id: string, afterLatest = true): Promise<boolean> {
     if (this.open?.id === id) this.open = undefined;
     this.closed.add(id);

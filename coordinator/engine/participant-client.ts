@@ -164,11 +164,14 @@ export function failureRefs(failures: ParticipantFailure[]): { kind: Participant
 /** One CheckpointError summarizing several failed outcomes (the first code wins). */
 export function combinedFailure(op: string, failures: ParticipantFailure[]): CheckpointError {
   const first = failures[0]!;
-  const detail = failures
-    .slice(0, 20)
-    .map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.code}: ${f.detail}`)
+  // Every failing participant by name and code first (the reply's detail is cut at 4096
+  // characters), then what the first few said.
+  const names = failures.map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.code}`).join(", ");
+  const details = failures
+    .slice(0, 5)
+    .map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.detail}`)
     .join("; ");
-  return new CheckpointError(first.code, `${op} failed on ${failures.length} participant(s): ${detail}`, {
+  return new CheckpointError(first.code, `${op} failed on ${failures.length} participant(s): ${names}; first details: ${details}`, {
     data: { failures: failureRefs(failures) },
   });
 }

@@ -1,4 +1,4 @@
-import { readdirSync, statSync, type Stats } from "node:fs";
+import { lstatSync, readdirSync, statSync, type Stats } from "node:fs";
 import { lstat } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import {
@@ -60,6 +60,31 @@ export class CheckpointCatalog {
       return true;
     } catch (error) {
       return (error as NodeJS.ErrnoException).code !== "ENOENT";
+    }
+  }
+
+  /**
+   * What is at `<root>/<id>` for an id that is not published (no checkpoint.json): nothing or a
+   * directory without participants' files (`"free"`: a controller may have written its state file
+   * there already), the participants' directory an aborted attempt at this id left
+   * (`"participants"`), or something that is not a directory (`"not_a_directory"`: a file, a link).
+   * Blocking: one lstat on the path of every prepare.
+   */
+  leftover(checkpointId: string): "free" | "participants" | "not_a_directory" {
+    const dir = this.dirFor(checkpointId);
+    let info: Stats;
+    try {
+      info = lstatSync(dir);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ENOENT") return "free";
+      throw error;
+    }
+    if (!info.isDirectory()) return "not_a_directory";
+    try {
+      return lstatSync(join(dir, PARTICIPANTS_DIR)).isDirectory() ? "participants" : "free";
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ENOENT") return "free";
+      throw error;
     }
   }
 

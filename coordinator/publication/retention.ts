@@ -23,8 +23,17 @@ export const TRASH_PREFIX = ".trash-";
 export function applyRetention(catalog: CheckpointCatalog, keep: number, protect: ReadonlySet<string>): string[] {
   const { published, partial } = catalog.scan();
   const doomed = [...published.slice(Math.max(keep, 1)).map((e) => e.checkpoint_id), ...partial].filter((id) => !protect.has(id));
-  for (const id of doomed) renameSync(join(catalog.root, id), join(catalog.root, `${TRASH_PREFIX}${id}.${randomBytes(4).toString("hex")}`));
+  for (const id of doomed) trashCheckpointDir(catalog.root, id);
   return doomed.sort();
+}
+
+/**
+ * Takes `<root>/<id>` (or `<root>/<id>/<below>`) away at once, renamed to a dot-name at the root;
+ * `removeTrash` frees it later.
+ */
+export function trashCheckpointDir(root: string, id: string, below?: string): void {
+  const from = below === undefined ? join(root, id) : join(root, id, below);
+  renameSync(from, join(root, `${TRASH_PREFIX}${id}${below === undefined ? "" : `.${below}`}.${randomBytes(4).toString("hex")}`));
 }
 
 /**
