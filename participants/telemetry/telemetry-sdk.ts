@@ -22,7 +22,7 @@ export interface TelemetryOptions {
   serviceName: string;
   /** Resource `service.instance.id` (the participant instance). */
   serviceInstanceId?: string;
-  /** OTLP/HTTP base URL (e.g. http://127.0.0.1:4318); fills OTEL_EXPORTER_OTLP_ENDPOINT when unset. */
+  /** OTLP/HTTP base URL (e.g. http://127.0.0.1:4318); replaces OTEL_EXPORTER_OTLP_ENDPOINT and the per-signal endpoints. */
   otlpEndpoint?: string;
   metricsPort?: number;
   metricsHost?: string;
@@ -46,7 +46,12 @@ const listed = (name: string) =>
 export async function startTelemetry(options: TelemetryOptions): Promise<TelemetryHandle> {
   const off: TelemetryHandle = { metricsUrl: undefined, tracing: false, shutdown: async () => undefined };
   if (/^true$/i.test(env.OTEL_SDK_DISABLED ?? "")) return off;
-  if (options.otlpEndpoint && !env.OTEL_EXPORTER_OTLP_ENDPOINT) env.OTEL_EXPORTER_OTLP_ENDPOINT = options.otlpEndpoint;
+  if (options.otlpEndpoint) {
+    // The flag wins over the environment (an inherited default collector), per-signal endpoints included.
+    env.OTEL_EXPORTER_OTLP_ENDPOINT = options.otlpEndpoint;
+    delete env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT;
+    delete env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT;
+  }
 
   const tracesExporters = listed("OTEL_TRACES_EXPORTER");
   const tracesEndpoint = Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT);
