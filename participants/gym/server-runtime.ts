@@ -86,8 +86,8 @@ function usage(name: string, extraFlags: string[]): string {
   return `${lines.join("\n")}\n`;
 }
 
-export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
-  const { values } = parseArgs({
+function parseServerArgs(argv: string[], extraFlags: string[]) {
+  return parseArgs({
     args: argv,
     strict: true,
     options: {
@@ -104,6 +104,30 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
       ...Object.fromEntries(extraFlags.map((flag) => [flag, { type: "string" as const }])),
     },
   });
+}
+
+/**
+ * Why the command line could not be parsed, naming a flag at most, never a value: a token with a
+ * space passed unquoted (`--token $T`) leaves the rest of the secret as a stray argument.
+ */
+function argvRefusal(error: unknown): string {
+  const { code, message } = error as { code?: string; message?: string };
+  const flag = /'(--?[A-Za-z0-9-]+)/.exec(message ?? "")?.[1];
+  if (code === "ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL") return "unexpected argument: every value follows its flag (quote a value that holds spaces)";
+  if (code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") return `unknown option${flag ? ` ${flag}` : ""} (see --help)`;
+  if (code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE") return `option${flag ? ` ${flag}` : ""} needs a value`;
+  return "the command line cannot be parsed (see --help)";
+}
+
+export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
+  let args: ReturnType<typeof parseServerArgs>;
+  try {
+    args = parseServerArgs(argv, extraFlags);
+  } catch (error) {
+    process.stderr.write(`${name}: invalid configuration: ${argvRefusal(error)}\n`);
+    process.exit(2);
+  }
+  const { values } = args;
   if (values.help) {
     process.stdout.write(usage(name, extraFlags));
     process.exit(0);
