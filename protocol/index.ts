@@ -59,6 +59,8 @@ export {
   GUARDED_OPS,
   IncarnationSchema,
   MemberSchema,
+  outsideCheckpointId,
+  namesCheckpoint,
 } from "./messages.js";
 export type {
   Op,

@@ -79,6 +79,19 @@ export const ForgetRequestSchema = z
   .object({ ...common, rollout_ids: z.array(RolloutIdSchema).min(1).max(MAX_SCOPE) })
   .strict();
 
+/**
+ * The `checkpoint_id` of a retire or forget sent while no checkpoint is open: the op's own name (the
+ * field is required). It names no checkpoint, so spans and logs leave it out (`namesCheckpoint`).
+ */
+export function outsideCheckpointId(op: "retire" | "forget"): string {
+  return op;
+}
+
+/** Whether a request's `checkpoint_id` names a checkpoint (not `outsideCheckpointId`'s placeholder). */
+export function namesCheckpoint(op: string, checkpointId: string): boolean {
+  return !((op === "retire" || op === "forget") && checkpointId === op);
+}
+
 export const PrepareReportSchema = z
   .object({
     ready: z.boolean(),

@@ -14,6 +14,7 @@ import {
   PARTICIPANTS_DIR,
   canonicalJson,
   captureKey,
+  outsideCheckpointId,
   nextAttempt,
   type ControllerStateInput,
   type CtlReplyOf,
@@ -472,8 +473,7 @@ export class CheckpointEngine {
   ): Promise<Outcome<O>[]> {
     const { checkpointId, members, epoch, deadlineMs } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
     if (checkpointId !== undefined) identify(checkpointId);
-    // Outside any checkpoint the op's name fills the request's checkpoint_id.
-    const id = checkpointId ?? op;
+    const id = checkpointId ?? outsideCheckpointId(op);
     const { results, stoppedAt } = await runStages(
       RETIRE_STAGES,
       members,

@@ -11,6 +11,7 @@ import {
   MAX_DEADLINE_AHEAD_S,
   PROTOCOL_VERSION,
   captureKey,
+  namesCheckpoint,
   nextAttempt,
   type CommitReply,
   type CommitRequest,
@@ -194,8 +195,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   async handle<O extends PhaseOp | "status">(op: O, request: RequestOf<O>, parent?: Context): Promise<ReplyOf<O>> {
     if (op === "status") return this.status((request as StatusRequest).epoch) as ReplyOf<O>;
     const phaseRequest = request as RequestOf<PhaseOp>;
+    // A retire or forget outside any checkpoint carries a placeholder id: left out, as the coordinator's span does.
+    const checkpointId = namesCheckpoint(op, phaseRequest.checkpoint_id) ? phaseRequest.checkpoint_id : undefined;
     const attributes = {
-      [ATTR.checkpointId]: phaseRequest.checkpoint_id,
+      ...(checkpointId !== undefined && { [ATTR.checkpointId]: checkpointId }),
       [ATTR.epoch]: phaseRequest.epoch,
       [ATTR.kind]: this.adapter.kind,
       [ATTR.instance]: this.instance,
@@ -215,7 +218,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
         countRefusal(error, this.adapter.kind);
         // Inside the op's span, so the line carries its trace_id / span_id.
-        this.logger?.warn({ op, checkpoint_id: phaseRequest.checkpoint_id, code, err: error }, "control operation refused");
+        this.logger?.warn({ op, ...(checkpointId !== undefined && { checkpoint_id: checkpointId }), code, err: error }, "control operation refused");
         throw error;
       }
     });
