@@ -308,6 +308,8 @@ export class CheckpointEngine {
     const epoch = this.options.leadership.epoch();
     const members = await this.options.membership.list();
     const holders = holdersOf(members, await this.probeStatuses(members, epoch), id);
+    // A stop checkpoint released once (or by its processes stopping) is an ordinary closed id after that.
+    if (stopped) this.stopped.delete(id);
     if (holders.length === 0 && stopped) return { checkpoint_id: id, participants: [] };
     if (holders.length === 0) throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator, and no participant's status shows it held`);
     this.checkpointLog(id).warn({ holders: holders.map(refName) }, "resume_released_unknown_checkpoint");
@@ -417,6 +419,8 @@ export class CheckpointEngine {
       // A retry of the restore that is open gets that reply again.
       const again = retryOf(this.open);
       if (again) return again;
+      // Not (or no longer) a retry: checked before anything is journaled or opened.
+      const deadline = deadlineMs ?? this.deadline(request.deadline_ts);
       // A published checkpoint whose controller died before resuming it is exactly what the next
       // controller restores: closed here (once nothing can refuse the restore any more), without a
       // resume that would fence its id at the fresh participants the restore is for.
@@ -444,7 +448,8 @@ export class CheckpointEngine {
       this.options.leadership.assert(epoch);
       this.open = open;
       this.restoreFailures.delete(id);
-      return this.driveRestore(open, deadlineMs ?? this.deadline(request.deadline_ts), ctx);
+      this.stopped.delete(id); // restored into fresh processes: its resume is the restore's
+      return this.driveRestore(open, deadline, ctx);
     });
   }
 
@@ -868,10 +873,10 @@ export class CheckpointEngine {
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
       if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
-      this.clearLeftover(id);
       await this.warnLatestMembersMissing(members);
       open = this.opening(id, "preparing", members, { autoPublish, controllerState });
       this.assertJournalable({ ...open, dir: this.options.catalog.dirFor(id), scope: commitScope }, "open");
+      await this.clearLeftover(id, members);
       // Journaled while the first stage's prepares are in flight and acknowledged before the second
       // stage: a successor resumes whatever this one opened, from this entry or, if it crashed before
       // the entry was acknowledged, from the first stage's status (recover → resumeOrphans).
@@ -938,14 +943,20 @@ export class CheckpointEngine {
    * before a restart (the coordinator's own aborts refuse the id as stale) left the participants'
    * directory, whose create-only manifests would refuse every commit once everyone is parked; it
    * is taken away (the rest of the directory, e.g. a controller's state file, stays). Something
-   * there that is not a directory refuses the id before anything is journaled or sent.
+   * there that is not a directory refuses the id before anything is journaled or sent. So does a
+   * member still holding that attempt (an abort that never reached it; it would answer the new
+   * prepare and commit from its reply cache, naming the files taken away): resume the id first.
    */
-  private clearLeftover(id: string): void {
+  private async clearLeftover(id: string, members: readonly ParticipantRef[]): Promise<void> {
     const leftover = this.options.catalog.leftover(id);
     if (leftover === "not_a_directory") {
       throw new CheckpointError("checkpoint_conflict", `${this.options.catalog.dirFor(id)} exists and is not a directory: use another checkpoint id`);
     }
     if (leftover === "participants") {
+      const holders = holdersOf(members, await this.probeStatuses(members), id);
+      if (holders.length) {
+        throw new CheckpointError("checkpoint_conflict", `${holders.map(refName).join(", ")} still hold an earlier attempt at checkpoint ${id}; resume ${id} first (nothing was sent)`);
+      }
       trashCheckpointDir(this.options.catalog.root, id, PARTICIPANTS_DIR);
       this.checkpointLog(id).warn("earlier_attempt_participant_files_removed");
     }
@@ -1601,7 +1612,11 @@ export class CheckpointEngine {
     if (this.open) this.log.warn({ checkpoint_id: this.open.id, phase: this.open.phase }, "leadership_lost_open_checkpoint_left_to_journal");
     this.open = undefined;
     this.latestMembers = undefined; // another leader may publish meanwhile
-    this.restoreRemovals.clear(); // the entries are the next leader's (or this one's next recovery's) to finish
+    // The entries are the next leader's (or this one's next recovery's) to finish, and how is theirs:
+    // a successor may run a restore's clean-up. Such an id is no longer known closed here, so a retried
+    // resume asks the participants (releaseHolders) instead of answering success from this term.
+    for (const id of this.restoreRemovals.keys()) this.closed.delete(id);
+    this.restoreRemovals.clear();
     this.leaderTerm++;
     if (this.options.requireRecovery) this.recoveredFlag = false;
   }
