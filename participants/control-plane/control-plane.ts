@@ -95,6 +95,9 @@ const ALLOWED: Record<"prepare" | "commit" | "restore" | "renew", readonly Phase
  *   idle --restore--> restored
  *   any non-idle --resume | lease expiry--> idle
  */
+/** How soon a lease expiry whose reopen failed is tried again. */
+const LEASE_RETRY_MS = 1000;
+
 export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   readonly adapter: ParticipantKind<R>;
   readonly instance: string;
@@ -504,6 +507,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       participantInstruments().records.add(read.records.length, { op: "restore", kind: this.adapter.kind });
       participantInstruments().bytes.add(read.bytes, { op: "restore", kind: this.adapter.kind });
       trace.getActiveSpan()?.setAttributes({ [ATTR.records]: read.records.length, [ATTR.bytes]: read.bytes });
+      // A read that outlived the deadline installs nothing: the coordinator has given up on this
+      // restore, and its clean-up (queued behind this lock) may itself run out of time.
+      this.checkDeadline(request.deadline_ts);
 
       try {
         await this.adapter.closeAdmission({ timeLeftMs: request.deadline_ts * 1000 - this.clock.now() });
@@ -513,10 +519,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         await this.adapter.openAdmission();
         throw error;
       }
-      // A call admitted while the records were read would be installed over: refuse, reopened.
-      if (this.adapter.hasLiveState()) {
+      // A call admitted while the records were read would be installed over: refuse, reopened. So
+      // is a restore whose admission closed only past its deadline.
+      if (this.adapter.hasLiveState() || request.deadline_ts * 1000 <= this.clock.now()) {
         await this.adapter.openAdmission();
-        throw this.notFresh();
+        throw this.adapter.hasLiveState() ? this.notFresh() : new CheckpointError("deadline_exceeded", "restore reached its deadline before the install could start");
       }
       this.closedAt = this.clock.now();
       const install = withSpan("install", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.records]: read.records.length }, undefined, () =>
@@ -827,7 +834,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (this.clock.now() < this.leaseExpiresAt * 1000) return this.armLeaseTimer();
       this.logger?.warn({ checkpoint_id: id, phase: this.phase }, "lease_expired");
       participantInstruments().leaseExpiries.add(1, { kind: this.adapter.kind, phase: this.phase });
-      await this.reopen(id);
+      try {
+        await this.reopen(id);
+      } catch (error) {
+        // The lease is the way out when the coordinator is gone: a reopen that failed (a kind's
+        // openAdmission threw) is tried again shortly, never left to an unhandled rejection.
+        this.logger?.error({ checkpoint_id: id, err: error }, "lease_expiry_reopen_failed");
+        if (this.activeId === id) this.cancelLeaseTimer = this.clock.setTimer(() => void this.onLeaseTimer(id), LEASE_RETRY_MS);
+      }
     });
   }
 

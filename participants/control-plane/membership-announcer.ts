@@ -231,8 +231,22 @@ export class MembershipAnnouncer {
   async stop(): Promise<void> {
     this.stopped = true;
     this.stopWatching();
-    // Only our own entry: a process that took over keeps its announcement.
-    if (!this.isLost && this.revision) await this.kv?.delete(this.key, { previousSeq: this.revision }).catch(() => undefined);
+    // Only our own entry: a process that took over keeps its announcement. Best effort: a stale
+    // entry only expires with the bucket's TTL.
+    const kv = this.kv;
+    if (this.isLost || !this.revision || !kv) return;
+    for (let tries = 0; tries < 3; tries++) {
+      try {
+        await kv.delete(this.key, { previousSeq: this.revision });
+        return;
+      } catch (error) {
+        if (!isWrongRevision(error)) return;
+      }
+      // A heartbeat in flight landed first (a new revision): delete the entry if it is still ours.
+      const entry = await this.readEntryAtLeader().catch(() => undefined);
+      if (entry?.held?.incarnation !== this.member.incarnation) return;
+      this.revision = entry.revision;
+    }
   }
 }
 
