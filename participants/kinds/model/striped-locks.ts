@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
-import { unlinkSync } from "node:fs";
+import { readFileSync, unlinkSync } from "node:fs";
 import { mkdir, open, readFile, stat, unlink } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { AsyncLock } from "../../control-plane/async-lock.js";
 
 /**
@@ -153,7 +153,8 @@ export class StripedLocks {
         await unlink(path).catch(() => undefined);
         continue;
       }
-      if (Date.now() > until) throw new Error(`ledger lock ${path} is held by a live process`);
+      // No path in the message: it may reach an HTTP caller as the detail of an internal_error.
+      if (Date.now() > until) throw new Error(`ledger lock ${basename(path)} is held by another live process`);
       await new Promise((resolve) => setTimeout(resolve, Math.min(2 + attempt, 20)));
     }
   }
@@ -166,10 +167,36 @@ process.once("exit", () => {
 });
 
 /**
- * What a lock file holds: the owner's pid and a token of its own. A pid alone is not enough: a
- * restarted container's process is PID 1 again and would take its predecessor's files for its own.
+ * When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22): with the boot id
+ * it tells the process that wrote a lock file from a later one that got its pid. Undefined where
+ * there is no such process, or no /proc.
  */
-const OWNER = `${process.pid} ${randomBytes(8).toString("hex")}`;
+function processStart(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // The command name (field 2) may hold spaces and parentheses: count from the last ")".
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+  } catch {
+    return undefined;
+  }
+}
+
+const BOOT_ID = (() => {
+  try {
+    return readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim() || undefined;
+  } catch {
+    return undefined;
+  }
+})();
+
+/**
+ * What a lock file holds: the owner's pid, a token of its own and, where /proc has them, its start
+ * time and the boot id. A pid alone is not enough: a restarted container's process is PID 1 again
+ * and would take its predecessor's files for its own, and after a crash an unrelated process may
+ * hold the dead owner's pid, which must not keep the stripe locked for good.
+ */
+const OWN_START = processStart(process.pid);
+const OWNER = [process.pid, randomBytes(8).toString("hex"), ...(OWN_START && BOOT_ID ? [OWN_START, BOOT_ID] : [])].join(" ");
 
 /** An empty lock file older than this was left by a writer that died between create and write. */
 const EMPTY_LOCK_GRACE_MS = 2_000;
@@ -180,10 +207,17 @@ async function ownerIsDead(path: string): Promise<boolean> {
     const info = await stat(path).catch(() => undefined);
     return info !== undefined && Date.now() - info.mtimeMs > EMPTY_LOCK_GRACE_MS;
   }
-  const pid = Number(text.split(" ")[0]);
+  const [pidText, , startedAt, bootId] = text.split(" ");
+  const pid = Number(pidText);
   if (!Number.isInteger(pid) || pid <= 0) return true;
   // Our pid: held by this process (another ledger here) only if it carries our token.
   if (pid === process.pid) return text !== OWNER;
+  if (startedAt !== undefined && bootId !== undefined && BOOT_ID !== undefined) {
+    // Written since an earlier boot, or the pid's process now started at another time: not its owner.
+    if (bootId !== BOOT_ID) return true;
+    const now = processStart(pid);
+    if (now !== undefined) return now !== startedAt;
+  }
   try {
     process.kill(pid, 0);
     return false;

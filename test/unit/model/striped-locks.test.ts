@@ -1,5 +1,5 @@
 import { spawnSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, readdir, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -96,7 +96,7 @@ describe("striped ledger locks", () => {
     // Checked inside the run, while the stripe is busy: after it, a loaded machine may already be
     // past the 30 ms idle release.
     await l.run("k", async () => {
-      expect(await readFile(file, "utf8")).toMatch(new RegExp(`^${process.pid} [0-9a-f]{16}$`));
+      expect(await readFile(file, "utf8")).toMatch(new RegExp(`^${process.pid} [0-9a-f]{16} [0-9]+ [0-9a-f-]{36}$`));
       expect(l.ownedStripes()).toEqual([l.stripeOf("k")]);
     });
     // Reused without touching the file system while busy, released after idleMs.
@@ -109,7 +109,7 @@ describe("striped ledger locks", () => {
     const l = locks(4, 150);
     await mkdir(join(dir, "locks"), { recursive: true });
     await writeFile(l.lockFile(l.stripeOf("k")), String(process.ppid));
-    await expect(l.run("k", async () => "ran")).rejects.toThrow(/held by a live process/);
+    await expect(l.run("k", async () => "ran")).rejects.toThrow(/^ledger lock stripe-\d{4}\.lock is held by another live process$/);
     expect(await readFile(l.lockFile(l.stripeOf("k")), "utf8")).toBe(String(process.ppid));
   });
 
@@ -131,11 +131,31 @@ describe("striped ledger locks", () => {
     expect(await l.run("k2", async () => "ran")).toBe("ran");
   });
 
+  it("break a lock file whose owner died although an unrelated live process now has its pid; respect one whose owner still runs", async () => {
+    const stat = (pid: number) => readFileSync(`/proc/${pid}/stat`, "utf8");
+    const startOf = (pid: number) => stat(pid).slice(stat(pid).lastIndexOf(")") + 2).split(" ")[19]!;
+    const bootId = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+    const l = locks(4, 150);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    // The parent (alive) with another start time: the owner that wrote this died, its pid was reused.
+    const ppid = process.ppid;
+    await writeFile(l.lockFile(l.stripeOf("k")), `${ppid} 0123456789abcdef ${Number(startOf(ppid)) + 1} ${bootId}`);
+    expect(await l.run("k", async () => "ran")).toBe("ran");
+    // Written before a reboot: nobody from then runs.
+    await writeFile(l.lockFile(l.stripeOf("k2")), `${ppid} 0123456789abcdef ${startOf(ppid)} 00000000-0000-0000-0000-000000000000`);
+    expect(await l.run("k2", async () => "ran")).toBe("ran");
+    // The parent itself, as it is: a live owner, waited for.
+    const held = `${ppid} 0123456789abcdef ${startOf(ppid)} ${bootId}`;
+    await writeFile(l.lockFile(l.stripeOf("k3")), held);
+    await expect(l.run("k3", async () => "ran")).rejects.toThrow(/held by another live process/);
+    expect(await readFile(l.lockFile(l.stripeOf("k3")), "utf8")).toBe(held);
+  });
+
   it("wait for a stripe another ledger of this process holds", async () => {
     const first = locks(4);
     await first.run("k", async () => undefined);
     const second = locks(4, 150);
-    await expect(second.run("k", async () => "ran")).rejects.toThrow(/held by a live process/);
+    await expect(second.run("k", async () => "ran")).rejects.toThrow(/held by another live process/);
   });
 
   it("break an empty lock file left by a writer that died between create and write, once it is old", async () => {
