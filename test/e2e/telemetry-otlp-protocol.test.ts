@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { startOtlpReceiver, type OtlpReceiver } from "../support/otlp-receiver.js";
+import { waitUntil } from "../support/wait-until.js";
 import { MAIN, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 /**
@@ -15,6 +16,8 @@ let nats: NatsFixture;
 let receiver: OtlpReceiver;
 let root: string;
 let daemon: DaemonProcess | undefined;
+/** Further daemons a test starts, stopped after all. */
+const daemons: DaemonProcess[] = [];
 
 beforeAll(async () => {
   ensureBuilt();
@@ -25,6 +28,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await daemon?.kill("SIGTERM").catch(() => undefined);
+  await Promise.all(daemons.map((d) => d.kill("SIGTERM").catch(() => undefined)));
   await receiver?.close().catch(() => undefined);
   await nats?.close().catch(() => undefined);
   if (root) await rm(root, { recursive: true, force: true });
@@ -41,5 +45,22 @@ describe("OTEL_EXPORTER_OTLP_PROTOCOL", () => {
     expect(receiver.rejected() + receiver.metricNames().size, daemon.stderr()).toBeGreaterThan(0);
     // JSON metric bodies land in metricNames(); protobuf ones are counted as rejected().
     expect([...receiver.metricNames()]).toEqual([]);
+  }, 30_000);
+});
+
+/**
+ * --otlp-endpoint (docs/telemetry.md, "Turning it on"), like every other flag, wins over the
+ * environment: the endpoint given on the command line is used, not one an inherited
+ * OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT (a pod's default collector) names.
+ */
+describe("--otlp-endpoint", () => {
+  it("wins over an inherited OTEL_EXPORTER_OTLP_ENDPOINT", async () => {
+    const flagged = spawnDaemon(
+      [MAIN, "coordinator", "--deployment", `of${process.pid}`, "--nats-url", nats.server.url, "--token", "tok", "--checkpoint-root", root, "--no-http", "--lease-ms", "500", "--log-level", "warn", "--otlp-endpoint", receiver.url],
+      // Port 9 (discard): nobody listens there.
+      { OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:9", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: "http://127.0.0.1:9/v1/metrics", OTEL_METRIC_EXPORT_INTERVAL: "300", OTEL_SERVICE_NAME: "" },
+    );
+    daemons.push(flagged);
+    await waitUntil(() => receiver.metricNames().has("gym_ckpt.coordinator.leader"), `the coordinator's metrics at --otlp-endpoint (stderr: ${flagged.stderr()})`, 15_000);
   }, 30_000);
 });

@@ -1,13 +1,20 @@
+import { existsSync, readFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { makeEngine, writers } from "./fake-participants.js";
+import { MANIFEST_SCHEMA_VERSION, type Kind } from "../../../protocol/index.js";
 import { refusalOf } from "../../support/refusal.js";
+import { journalEmptied, makeEngine, writeParticipant, writers } from "./fake-participants.js";
 
+/**
+ * The engine's answers to retries and reused ids: a retry whose reply was lost (its deadline_ts
+ * past by then), after a release, a stop checkpoint, a lost and regained leadership; a fresh id
+ * whose directory an earlier attempt left; a combined failure naming every participant.
+ */
 let root: string;
 beforeEach(async () => {
-  root = await mkdtemp(join(tmpdir(), "gym-ckpt-retries-"));
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-engine-retries-"));
 });
 afterEach(async () => {
   await Promise.all(writers.splice(0).map((w) => w.settled()));
@@ -16,77 +23,228 @@ afterEach(async () => {
 
 const R1 = [{ rollout_id: "r1", attempt: 0 }];
 
-/** A controller retrying an op whose reply it lost gets the same reply; nothing is sent again. */
-describe("retrying a controller op that already succeeded", () => {
-  it("checkpoint with the same id and arguments returns its reply; other arguments are checkpoint_conflict", async () => {
-    const { engine, fake } = makeEngine(root);
-    const reply = await engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: { inline: 1 } });
-    const sent = fake.calls.length;
-    expect(await engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: { inline: 1 } })).toEqual(reply);
-    expect(fake.calls.length).toBe(sent);
-    expect((await refusalOf(engine.checkpoint({ checkpoint_id: "k1", episode_ids: null, stop: false, controller_state: { inline: 1 } }))).code).toBe("checkpoint_conflict");
-    expect((await refusalOf(engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: true, controller_state: { inline: 1 } }))).code).toBe("checkpoint_conflict");
-    expect(fake.calls.length).toBe(sent);
-    // prepare of a used id is still fenced
-    expect((await refusalOf(engine.prepare({ checkpoint_id: "k1" }))).code).toBe("stale_checkpoint");
+/**
+ * docs/api.md "Retrying a controller op": a controller whose reply was lost (a reply timeout, which
+ * the clients declare at deadline_ts + slack) retries with the same id and arguments and gets the
+ * op's reply; "prepare, commit and publish answer from the open checkpoint", "a restore retried
+ * while it is open (same id ... and the same episode_ids) returns its reply".
+ * The same arguments include the same deadline_ts, which is in the past by then.
+ */
+describe("retry with the same arguments after a reply timeout (deadline_ts now past)", () => {
+  it("commit of the open checkpoint answers its reply", async () => {
+    const { engine, clock } = makeEngine(root);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.prepare({ checkpoint_id: "rt1", deadline_ts });
+    const committed = await engine.commit({ checkpoint_id: "rt1", deadline_ts, episode_ids: R1, stop: false });
+    // the reply was lost; the client gives up at deadline_ts + slack (10 s) and retries the same request
+    clock.current += 70_000;
+    await expect(engine.commit({ checkpoint_id: "rt1", deadline_ts, episode_ids: R1, stop: false })).resolves.toEqual(committed);
   });
 
-  it("publish with stop returns its reply (the checkpoint closed at once); other state is checkpoint_conflict", async () => {
-    const { engine, fake } = makeEngine(root);
-    await engine.prepare({ checkpoint_id: "k2" });
-    await engine.commit({ checkpoint_id: "k2", episode_ids: null, stop: true });
-    const reply = await engine.publish({ checkpoint_id: "k2", controller_state: { inline: { step: 1 } } });
-    expect(engine.openCheckpoint).toBeNull();
+  it("resume of a checkpoint it closed answers again; a fresh op with a past deadline is still refused, nothing sent", async () => {
+    const { engine, clock, fake } = makeEngine(root);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.prepare({ checkpoint_id: "rt2", deadline_ts });
+    const resumed = await engine.resume({ checkpoint_id: "rt2", deadline_ts });
+    clock.current += 70_000;
     const sent = fake.calls.length;
-    expect(await engine.publish({ checkpoint_id: "k2", controller_state: { inline: { step: 1 } } })).toEqual(reply);
-    expect((await refusalOf(engine.publish({ checkpoint_id: "k2", controller_state: null }))).code).toBe("checkpoint_conflict");
+    await expect(engine.resume({ checkpoint_id: "rt2", deadline_ts })).resolves.toEqual({ checkpoint_id: "rt2", participants: [] });
+    await expect(engine.prepare({ checkpoint_id: "rt3", deadline_ts })).rejects.toMatchObject({ code: "deadline_exceeded" });
     expect(fake.calls.length).toBe(sent);
+    expect(resumed.participants.length).toBeGreaterThan(0);
   });
 
-  it("commit and publish after the resume return their replies", async () => {
-    const { engine, fake } = makeEngine(root);
-    await engine.prepare({ checkpoint_id: "k3" });
-    const committed = await engine.commit({ checkpoint_id: "k3", episode_ids: R1, stop: false });
-    const published = await engine.publish({ checkpoint_id: "k3", controller_state: null });
-    await engine.resume({ checkpoint_id: "k3" });
-    const sent = fake.calls.length;
-    expect(await engine.commit({ checkpoint_id: "k3", episode_ids: R1, stop: false })).toEqual(committed);
-    expect(await engine.publish({ checkpoint_id: "k3", controller_state: null })).toEqual(published);
-    expect((await refusalOf(engine.commit({ checkpoint_id: "k3", episode_ids: null, stop: false }))).code).toBe("checkpoint_conflict");
-    expect(fake.calls.length).toBe(sent);
-  });
-
-  it("restore with the same id and scope returns the open restore's reply; another scope is still invalid_phase", async () => {
-    const { engine, fake } = makeEngine(root);
+  it("restore of the open restore answers its reply", async () => {
+    const { engine, clock } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
-    const reply = await engine.restore({ episode_ids: R1 });
-    // Only status probes (is the restore still held?) go out: nothing that changes a participant.
+    const deadline_ts = clock.now() / 1000 + 60;
+    const restored = await engine.restore({ checkpoint_id: "base", deadline_ts, episode_ids: R1 });
+    clock.current += 70_000;
+    await expect(engine.restore({ checkpoint_id: "base", deadline_ts, episode_ids: R1 })).resolves.toEqual(restored);
+  });
+});
+
+/**
+ * docs/api.md: "a refused request changes nothing". A restore's reply is lost; by the time the
+ * controller retries it (same arguments, so its deadline_ts is past), the restored processes no longer
+ * hold it (lease expired / restarted). restore() skipped the deadline check because the request looked
+ * like a retry of the open restore, then closeIfNobodyHolds closed that restore, and the request went on
+ * as a fresh restore: journaled `restoring`, opened, and only then refused deadline_exceeded.
+ */
+describe("restore retried with a past deadline after its restore was released", () => {
+  it("is refused without journaling or opening a new restore", async () => {
+    const { engine, clock, fake, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await waitEmpty(journal);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.restore({ checkpoint_id: "base", deadline_ts, episode_ids: R1 });
+    // the reply was lost; meanwhile every participant let the restore go (lease expired)
+    for (const key of [...fake.state.keys()]) fake.state.set(key, { phase: "idle", checkpoint_id: null });
+    clock.current += 70_000;
+    const restoresBefore = fake.ops("restore").length;
+    const retry = engine.restore({ checkpoint_id: "base", deadline_ts, episode_ids: R1 });
+    await expect(retry).rejects.toMatchObject({ code: expect.stringMatching(/deadline_exceeded|restore_failed/) });
+    // a refusal changes nothing: no restore left open, no `restoring` entry a successor would re-drive
+    expect({ open: engine.openCheckpoint, journal: [...journal.entries.values()].map((e) => `${e.checkpoint_id}:${e.state}`) }).toEqual({ open: null, journal: [] });
+    expect([...journal.entries.values()].map((e) => e.state)).not.toContain("restoring");
+    expect(fake.ops("restore").length).toBe(restoresBefore);
+    // and the next checkpoint is not blocked by a restore nobody drives
+    await expect(engine.prepare({ checkpoint_id: "next", deadline_ts: clock.now() / 1000 + 60 })).resolves.toMatchObject({ prepared: true });
+  });
+});
+
+async function waitEmpty(journal: { entries: Map<string, unknown> }): Promise<void> {
+  for (let i = 0; i < 200 && journal.entries.size > 0; i++) await new Promise((r) => setTimeout(r, 10));
+}
+
+/**
+ * docs/api.md resume: "Resuming an id that is already closed is idempotent, also when the retry's
+ * deadline_ts has passed". The usual restart path: the controller stops with a `stop` checkpoint,
+ * a new controller restores it (LATEST) into fresh Gym servers and resumes it; that resume's reply
+ * is lost and the retry (same arguments, a past deadline_ts) must get the same success. Because the id
+ * is still in `stopped`, the retry skips the closed fast path and is refused deadline_exceeded.
+ */
+describe("resume retried after the restore of a stop checkpoint was resumed", () => {
+  it("answers success although its deadline_ts has passed", async () => {
+    const { engine, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "stop-1", episode_ids: null, stop: true, controller_state: null });
+    await journalEmptied(journal);
+    // a new controller, fresh processes (status idle): restore LATEST, then resume it
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.restore({ checkpoint_id: "stop-1", deadline_ts, episode_ids: R1 });
+    await engine.resume({ checkpoint_id: "stop-1", deadline_ts });
+    // the resume's reply was lost; the client retries the same request after its reply timeout
+    clock.current += 70_000;
+    await expect(engine.resume({ checkpoint_id: "stop-1", deadline_ts })).resolves.toMatchObject({ checkpoint_id: "stop-1" });
+  });
+
+  it("the resume that released a stop checkpoint's parked participants, retried after its deadline, answers success", async () => {
+    const { engine, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "stop-2", episode_ids: null, stop: true, controller_state: null });
+    await journalEmptied(journal);
+    const deadline_ts = clock.now() / 1000 + 60;
+    const released = await engine.resume({ checkpoint_id: "stop-2", deadline_ts });
+    expect(released.participants.length).toBe(5);
+    clock.current += 70_000;
+    await expect(engine.resume({ checkpoint_id: "stop-2", deadline_ts })).resolves.toMatchObject({ checkpoint_id: "stop-2" });
+  });
+
+  it("control: the same sequence with a non-stop checkpoint answers success", async () => {
+    const { engine, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "go-1", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.restore({ checkpoint_id: "go-1", deadline_ts, episode_ids: R1 });
+    await engine.resume({ checkpoint_id: "go-1", deadline_ts });
+    clock.current += 70_000;
+    await expect(engine.resume({ checkpoint_id: "go-1", deadline_ts })).resolves.toMatchObject({ checkpoint_id: "go-1" });
+  });
+});
+
+/**
+ * docs/api.md resume: a restore's resume whose journal entry cannot be removed before leadership is
+ * lost answers outcome_unknown: "retry it (a successor may still finish it as a restore whose
+ * participant restarted, restore_failed)". Here the successor did exactly that (clean-up: attempt+1
+ * retired everywhere, entry removed), then this coordinator became leader again. leadershipLost()
+ * cleared restoreRemovals but kept `closed`, so the controller's retry is answered "resumed" from the
+ * previous term's memory (the new fast path answers it without even a deadline check): the controller
+ * continues rollouts whose attempt+1 was retired.
+ */
+describe("resume retried at a coordinator that lost and regained leadership meanwhile", () => {
+  it("does not answer success from the previous term's memory", async () => {
+    const { engine, journal, clock } = makeEngine(root, { requireRecovery: true });
+    await engine.recover();
+    await engine.checkpoint({ checkpoint_id: "rx", episode_ids: null, stop: false, controller_state: null });
+    for (let i = 0; i < 200 && journal.entries.size > 0; i++) await new Promise((r) => setTimeout(r, 10));
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.restore({ checkpoint_id: "rx", deadline_ts, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    // the entry's removal fails until leadership is lost
+    const remove = journal.remove.bind(journal);
+    let failing = true;
+    journal.remove = async (id) => {
+      if (failing) {
+        engine.leadershipLost();
+        throw new Error("journal timeout (scripted)");
+      }
+      return remove(id);
+    };
+    expect((await refusalOf(engine.resume({ checkpoint_id: "rx", deadline_ts }))).code).toBe("outcome_unknown");
+    expect(journal.entries.get("rx")?.state).toBe("resuming");
+    // A successor recovered the entry, found a restorer restarted, ran the restore's clean-up
+    // (attempt+1 retired everywhere, restore_failed) and removed the entry. Then it died and this
+    // coordinator is the leader again.
+    failing = false;
+    await remove("rx");
+    await engine.recover();
+    // the controller's retry (from the outcome_unknown) reaches this coordinator
+    const retry = await engine.resume({ checkpoint_id: "rx", deadline_ts }).then(
+      (reply) => ({ ok: true as const, reply }),
+      (error: { code: string }) => ({ ok: false as const, code: error.code }),
+    );
+    expect(retry).not.toMatchObject({ ok: true });
+  });
+});
+
+/**
+ * A reused id whose directory holds the participants' files of an earlier attempt (clearLeftover
+ * takes them away at prepare) while a participant the earlier abort never reached is still parked
+ * `committed` in it: that participant would answer the new prepare and commit from its reply
+ * cache, naming the very files taken away, and LATEST would name a manifest that is gone. The
+ * prepare is refused instead (`checkpoint_conflict`, resume the id first), nothing moved or sent.
+ */
+describe("a reused id whose gym/ belongs to a participant still parked in it", () => {
+  it("does not publish a checkpoint whose manifest was moved away", async () => {
+    // e1 committed "step-1200" in the earlier attempt and is still parked in it
+    const entry = await writeParticipant(root, "step-1200", "environment", "e1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    const { engine, fake, writer } = makeEngine(root);
+    fake.state.set("environment.e1", { phase: "committed", checkpoint_id: "step-1200" });
+    const manifestText = readFileSync(join(root, "step-1200", entry.manifest_path), "utf8");
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      // what ParticipantControlPlane answers from its reply cache for the id it is parked in
+      if (subject.endsWith(".environment.e1.prepare")) {
+        return JSON.stringify({ phase: "prepared", report: { ready: true, blockers: [], blocker_count: 0, counts: {}, restarts: [] } });
+      }
+      if (subject.endsWith(".environment.e1.commit")) {
+        return JSON.stringify({
+          phase: "committed",
+          manifest: { ...JSON.parse(manifestText), schema_version: MANIFEST_SCHEMA_VERSION },
+          manifest_path: entry.manifest_path,
+          manifest_sha256: entry.manifest_sha256,
+          episode_ids: entry.episode_ids,
+          extras: {},
+        });
+      }
+      return request(subject, body, options);
+    };
     const sent = () => fake.calls.filter((c) => c.op !== "status").length;
     const before = sent();
-    expect(await engine.restore({ episode_ids: R1 })).toEqual(reply);
-    expect(await engine.restore({ checkpoint_id: "base", episode_ids: R1 })).toEqual(reply);
-    expect((await refusalOf(engine.restore({ episode_ids: [{ rollout_id: "r2", attempt: 0 }] }))).code).toBe("invalid_phase");
+    const outcome = await engine.checkpoint({ checkpoint_id: "step-1200", episode_ids: null, stop: false, controller_state: null }).then(
+      () => "published",
+      (error: { code: string }) => error.code,
+    );
+    await writer.settled();
+    expect(outcome).toBe("checkpoint_conflict");
     expect(sent()).toBe(before);
-    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "base", phase: "restored" });
+    expect(existsSync(join(root, "step-1200", entry.manifest_path))).toBe(true);
   });
+});
 
-  it("only the most recent checkpoints keep their replies", async () => {
-    const { engine } = makeEngine(root, { retention: 20 });
-    for (let i = 0; i < 10; i++) await engine.checkpoint({ checkpoint_id: `n${i}`, episode_ids: null, stop: false, controller_state: null });
-    expect((await refusalOf(engine.checkpoint({ checkpoint_id: "n0", episode_ids: null, stop: false, controller_state: null }))).code).toBe("stale_checkpoint");
-    expect((await engine.checkpoint({ checkpoint_id: "n9", episode_ids: null, stop: false, controller_state: null })).checkpoint_id).toBe("n9");
-  });
-
-  it("after a failover: publish with stop retried at the successor returns the published checkpoint", async () => {
-    const first = makeEngine(root);
-    await first.engine.prepare({ checkpoint_id: "k4" });
-    await first.engine.commit({ checkpoint_id: "k4", episode_ids: null, stop: true });
-    const entry = structuredClone(first.journal.entries.get("k4")!);
-    const reply = await first.engine.publish({ checkpoint_id: "k4", controller_state: null });
-    const second = makeEngine(root);
-    await second.journal.record(entry);
-    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "k4", action: "published_stopped" }]);
-    expect(await second.engine.publish({ checkpoint_id: "k4", controller_state: null })).toEqual({ ...reply, deleted: [] });
-    expect(await second.engine.commit({ checkpoint_id: "k4", episode_ids: null, stop: true })).toMatchObject({ checkpoint_id: "k4", participants: expect.any(Array) });
+/**
+ * Resume continues past failures and answers one combined error (reference §2.1). On the wire a
+ * refusal is only {code, detail}, cut at 4096 characters: the detail names every participant that
+ * failed, with its code, before any per-participant text (docs/api.md, resume).
+ */
+describe("resume past failures", () => {
+  it("the refusal the controller receives names every participant that failed to resume", async () => {
+    const agents = Array.from({ length: 25 }, (_, i) => ({ kind: "agent" as Kind, instance: `agent${String(i).padStart(2, "0")}` }));
+    const { engine, fake } = makeEngine(root, { members: [{ kind: "environment", instance: "e1" }, ...agents] });
+    await engine.prepare({ checkpoint_id: "many" });
+    for (const a of agents) fake.set("agent", a.instance, "resume", "unreachable");
+    const error = await refusalOf(engine.resume({ checkpoint_id: "many" }));
+    expect(error.code).toBe("unreachable");
+    const wire = error.toReply().error.detail;
+    const missing = agents.filter((a) => !wire.includes(`agent/${a.instance}:`)).map((a) => a.instance);
+    expect(missing).toEqual([]);
   });
 });
