@@ -6,10 +6,13 @@ import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { callerHeaders } from "./hop-headers.js";
 import { refuse } from "./replies.js";
+import { isCompleteEvent, lastEventStart, mayEndStream } from "./sse-events.js";
 import { UsageTail } from "./usage-tail.js";
 
 /** While a response start waits (held), at most this much of its body is kept before the upstream is paused. */
 const WAITING_BYTES = 64 * 1024;
+/** A streamed answer's held last event: past this many bytes without an event boundary, all but the newest chunk leave. */
+const HELD_EVENT_BYTES = 64 * 1024;
 
 /**
  * One admitted generation call's upstream answer, as an undici dispatch handler writing straight to
@@ -17,10 +20,13 @@ const WAITING_BYTES = 64 * 1024;
  * with the first bytes queued; from then on each chunk is written through as it comes and the
  * upstream is paused while the caller's socket is full (resumed on 'drain'; a caller that lets the
  * finish wait pass without one is cut), so a stream is never buffered here. The ledger row is written before the response ends, and the response's last
- * bytes wait for it: the final body bytes of an answer with a content-length (a chunked answer's
- * terminating chunk is end() itself), which leave with the end in one socket write. If the row
- * cannot be written, the caller's connection is cut instead, so the caller never holds a complete
- * answer the ledger does not know. The ticket stays open (a readiness blocker) until the response
+ * bytes wait for it, then leave with the end in one socket write: the final body bytes of an answer
+ * with a content-length, and of an answer without one (a stream) an event that may be its last
+ * (`data: [DONE]`, a completion or error event: `mayEndStream`), written through only once the next
+ * one begins, since a caller may stop reading there without waiting for the terminating chunk
+ * (openai-python does). Other complete events leave as they come; an incomplete one waits for its end. If the row cannot be
+ * written, the caller's connection is cut instead, so the caller never holds a complete answer the
+ * ledger does not know. The ticket stays open (a readiness blocker) until the response
  * has been handed to the caller's socket in full ('finish'); a caller gone before that has the row
  * taken back (`ModelKind.undelivered`).
  *
@@ -45,11 +51,11 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   private stopped = false;
   private settled = false;
   private readonly tail = new UsageTail();
-  /** The answer's content-length, if it has one; its last bytes are withheld until the row is written. */
+  /** The answer's content-length, if it has one; its last bytes (without one: its last event) are withheld until the row is written. */
   private length: number | null = null;
   /** Body bytes written to the caller so far. */
   private sent = 0;
-  /** The withheld last body bytes. */
+  /** The withheld last body bytes: the end of a content-length body, or a stream's last event so far (if held). */
   private last: Buffer | null = null;
   /** The row is written and the response ended: the ticket waits for the response to leave. */
   private recorded = false;
@@ -91,14 +97,31 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     } else if (!this.send(chunk)) this.pauseForCaller();
   }
 
-  /** Writes a body chunk through, withholding the bytes that would complete a content-length body. */
+  /**
+   * Writes a body chunk through, withholding the bytes that would complete a content-length body, or
+   * (without a content-length) the stream's last event if it may end the stream or is incomplete.
+   * Returns false while the caller's socket is full.
+   */
   private send(chunk: Buffer): boolean {
-    if (this.length !== null && this.sent + chunk.length >= this.length) {
-      this.last = this.last ? Buffer.concat([this.last, chunk]) : chunk;
-      return true;
+    if (this.length !== null) {
+      if (this.sent + chunk.length >= this.length) {
+        this.last = this.last ? Buffer.concat([this.last, chunk]) : chunk;
+        return true;
+      }
+      this.sent += chunk.length;
+      return this.res.write(chunk);
     }
-    this.sent += chunk.length;
-    return this.res.write(chunk);
+    const pending = this.last ? Buffer.concat([this.last, chunk]) : chunk;
+    let cut = lastEventStart(pending);
+    const event = pending.subarray(cut);
+    // A complete event that cannot end the stream leaves at once; one that may (or one still arriving) waits for the next.
+    if (isCompleteEvent(event) && !mayEndStream(event)) cut = pending.length;
+    // Not an event stream (or one huge event): keep the memory bounded, still withholding the newest bytes.
+    else if (cut === 0 && pending.length - chunk.length >= HELD_EVENT_BYTES) cut = pending.length - chunk.length;
+    this.last = cut < pending.length ? pending.subarray(cut) : null;
+    if (cut === 0) return !this.res.writableNeedDrain;
+    this.sent += cut;
+    return this.res.write(pending.subarray(0, cut));
   }
 
   onResponseEnd(): void {
@@ -136,7 +159,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     const waiting = this.waiting!;
     this.waiting = null;
     let room = true;
-    for (const chunk of waiting) room = this.send(chunk);
+    for (const chunk of waiting) room = this.send(chunk) && room;
     if (this.upstreamDone) return this.finish();
     this.res.on("drain", this.onDrain);
     if (room) this.controller?.resume();

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
+import { isCompleteEvent, lastEventStart, mayEndStream } from "../../../participants/attach/sse-events.js";
 import { UsageTail } from "../../../participants/attach/usage-tail.js";
 
 describe("usage tail", () => {
@@ -47,6 +48,38 @@ describe("usage tail of streamed responses and messages", () => {
     for (let i = 0; i < 60; i++) tail.push(Buffer.from(`event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"t${i}"}}\n\n`));
     tail.push(Buffer.from('event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":60}}\n\n'));
     expect(tail.usage()).toEqual({ prompt_tokens: 33, completion_tokens: 60, total_tokens: 93 });
+  });
+});
+
+describe("a stream's last event (withheld until the ledger row is written)", () => {
+  const start = (text: string) => lastEventStart(Buffer.from(text));
+  it("begins after the last blank line followed by an event line, with LF or CRLF line ends", () => {
+    expect(start("data: a\n\ndata: [DONE]\n\n")).toBe(9);
+    expect(start("data: a\n\ndata: [DO")).toBe(9);
+    expect(start("data: a\r\n\r\nevent: x\r\ndata: b\r\n\r\n")).toBe(11);
+    expect(start("data: a\n\n\n\ndata: b\n")).toBe(11);
+  });
+  it("is the whole buffer when it holds one event, complete or not", () => {
+    expect(start("data: [DONE]\n\n")).toBe(0);
+    expect(start("data: a\n\n\n")).toBe(0);
+    expect(start("data: a\ndata: b")).toBe(0);
+    expect(start("")).toBe(0);
+  });
+  it("is complete once its blank line came", () => {
+    expect(isCompleteEvent(Buffer.from("data: a\n\n"))).toBe(true);
+    expect(isCompleteEvent(Buffer.from("event: x\r\ndata: a\r\n\r\n"))).toBe(true);
+    expect(isCompleteEvent(Buffer.from("data: a\n"))).toBe(false);
+    expect(isCompleteEvent(Buffer.from("\n\n"))).toBe(false);
+  });
+  it("may end the stream when it is [DONE], a completion or an error event", () => {
+    const may = (text: string) => mayEndStream(Buffer.from(text));
+    expect(may("data: [DONE]\n\n")).toBe(true);
+    expect(may('data: {"error":{"message":"engine dead"}}\n\n')).toBe(true);
+    expect(may('event: response.completed\ndata: {"type":"response.completed"}\n\n')).toBe(true);
+    expect(may('event: error\ndata: {"type":"error","message":"x"}\n\n')).toBe(true);
+    expect(may('event: message_stop\ndata: {"type":"message_stop"}\n\n')).toBe(true);
+    expect(may('data: {"choices":[{"delta":{"content":"the \\"error\\" word"}}]}\n\n')).toBe(false);
+    expect(may('event: message_start\ndata: {"type":"message_start"}\n\n')).toBe(false);
   });
 });
 
