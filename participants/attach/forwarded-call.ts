@@ -35,7 +35,7 @@ const HELD_EVENT_BYTES = 64 * 1024;
  * body came first: then the upstream is paused, the loss shows only when the response is released,
  * and the caller's connection is cut after the head (as with the http client before); mid-stream the caller's
  * connection is cut. Retiring the ticket or the caller leaving drops the upstream call and fails the
- * ticket; a completed 2xx answer writes the ledger row.
+ * ticket; a completed 2xx answer writes the ledger row, unless it is a stream ending in an error event.
  */
 export class ForwardedCall implements Dispatcher.DispatchHandler {
   private controller: Dispatcher.DispatchController | null = null;
@@ -229,8 +229,9 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
 
   private finish(): void {
     const { status, headers } = this.head!;
-    if (this.settled || status < 200 || status >= 300) {
-      // A non-2xx answer was not delivered (and used no restored cut); settled already: nothing more to do.
+    // A 200 stream ending in an error event failed as a non-2xx answer does: the client raises and re-issues it.
+    if (this.settled || status < 200 || status >= 300 || this.tail.endsInError()) {
+      // A non-2xx (or failed) answer was not delivered (and used no restored cut); settled already: nothing more to do.
       this.failOnce({ upstreamRefused: true });
       return void this.endResponse();
     }

@@ -27,6 +27,37 @@ export class UsageTail {
     }
     return usageIn(Buffer.concat(this.chunks).toString("utf8"));
   }
+
+  /**
+   * The stream's last event (past `data: [DONE]`) is an error: a 200 answer that failed after all —
+   * vLLM's `data: {"error":{...}}`, the Responses API's `response.failed` or `error` event, the
+   * Messages API's `event: error`. Only SSE `event:`/`data:` lines count, so a JSON body never matches.
+   */
+  endsInError(): boolean {
+    const text = Buffer.concat(this.chunks).toString("utf8");
+    for (let end = text.length; end > 0; ) {
+      const start = Math.max(text.lastIndexOf("\n\n", end - 1), text.lastIndexOf("\n\r\n", end - 1));
+      const lines = text.slice(start + 1, end).split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
+      end = start;
+      const eventName = lines.find((line) => line.startsWith("event:"))?.slice(6).trim();
+      const data = lines.filter((line) => line.startsWith("data:")).map((line) => line.slice(5).trim()).join("\n");
+      if (!eventName && (!data || data === "[DONE]")) continue; // blank, a comment, or the end marker
+      if (eventName === "error" || eventName === "response.failed") return true;
+      return isErrorData(data);
+    }
+    return false;
+  }
+}
+
+function isErrorData(data: string): boolean {
+  if (!data.startsWith("{")) return false;
+  try {
+    const value = JSON.parse(data) as { error?: unknown; type?: unknown; object?: unknown };
+    // Older vLLM streams an ErrorResponse (`"object":"error"`) instead of `{"error":{...}}`.
+    return (value.error !== undefined && value.error !== null) || value.type === "error" || value.type === "response.failed" || value.object === "error";
+  } catch {
+    return false; // cut at the tail's start, or not JSON
+  }
 }
 
 function usageIn(text: string): LedgerRow["usage"] {

@@ -74,6 +74,12 @@ beforeEach(async () => {
       }
       if (body.messages[0]?.content === "overloaded") return void res.writeHead(503, { "content-type": "application/json" }).end('{"error":{"message":"overloaded"}}');
       if (!body.stream) return void res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(JSON_BODY) }).end(JSON_BODY);
+      if (body.messages[0]?.content === "engine-error") {
+        // vLLM on an engine error: a 200 stream whose last event before [DONE] is an error.
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        res.write(SSE[0]);
+        return void res.end('data: {"error":{"message":"engine dead","code":500}}\n\ndata: [DONE]\n\n');
+      }
       if (body.messages[0]?.content === "long") return streamLong(res);
       res.writeHead(200, { "content-type": "text/event-stream" });
       for (const event of SSE) res.write(event);
@@ -153,6 +159,20 @@ describe("attach proxy, a restored cut", () => {
     expect(response.status).toBe(503);
     await response.text();
     expect(kind.tickets.size).toBe(0);
+    expect(kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+  });
+});
+
+describe("attach proxy, a restored cut consumed by a 200 stream that ends in an error event", () => {
+  it("is given back and the call records no row", async () => {
+    const request = { model: "m", stream: true, messages: [{ role: "user", content: "engine-error" }] };
+    await kind.install([{ episode_id: { rollout_id: "rce", attempt: 0 }, rows: [], generation_cuts: [cutRecord("rce", request)] }], {});
+    expect(kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    const response = await call("rce-a1", true, "engine-error");
+    expect(response.status).toBe(200);
+    expect(await response.text()).toContain('"error"');
+    await waitUntil(() => kind.tickets.size === 0, "the ticket to close");
+    expect(await kind.ledger.rows("rce-a1")).toEqual([]);
     expect(kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
   });
 });

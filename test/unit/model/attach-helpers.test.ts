@@ -51,6 +51,28 @@ describe("usage tail of streamed responses and messages", () => {
   });
 });
 
+describe("usage tail, a stream that ends in an error event", () => {
+  const endsInError = (...parts: string[]) => {
+    const tail = new UsageTail();
+    for (const part of parts) tail.push(Buffer.from(part));
+    return tail.endsInError();
+  };
+  it("is one whose last event before [DONE] is an error (vLLM, Responses, Messages)", () => {
+    expect(endsInError('data: {"choices":[]}\n\n', 'data: {"error":{"message":"engine dead"}}\n\ndata: [DONE]\n\n')).toBe(true);
+    expect(endsInError('data: {"object":"error","message":"x","code":500}\r\n\r\ndata: [DONE]\r\n\r\n')).toBe(true);
+    expect(endsInError('event: response.failed\ndata: {"type":"response.failed","response":{"status":"failed"}}\n\n')).toBe(true);
+    expect(endsInError('event: error\ndata: {"type":"error","code":"server_error","message":"x"}\n\n')).toBe(true);
+    expect(endsInError('event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n', ": keep-alive\n\n")).toBe(true);
+  });
+  it("is not a completed stream, a usage chunk with error null, or a JSON body naming an error", () => {
+    expect(endsInError('data: {"choices":[],"error":null,"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]\n\n')).toBe(false);
+    expect(endsInError('data: {"error":{"message":"early"}}\n\ndata: {"choices":[{"delta":{"content":"ok"}}]}\n\ndata: [DONE]\n\n')).toBe(false);
+    expect(endsInError('event: response.completed\ndata: {"type":"response.completed"}\n\n')).toBe(false);
+    expect(endsInError('{"error":{"message":"x"}}')).toBe(false);
+    expect(endsInError("")).toBe(false);
+  });
+});
+
 describe("a stream's last event (withheld until the ledger row is written)", () => {
   const start = (text: string) => lastEventStart(Buffer.from(text));
   it("begins after the last blank line followed by an event line, with LF or CRLF line ends", () => {
