@@ -47,25 +47,31 @@ async function checkpointWith(episodes: { rollout_id: string; attempt: number }[
   return join(root, "src");
 }
 
+/** Real checkpoint storage whose reads (a slow shared filesystem: a large checkpoint's records) end only once `until` resolves. */
+function slowStorage(until: Promise<unknown>): { storage: CheckpointStorage; reading: () => boolean } {
+  const fs = new FsCheckpointStorage();
+  let started = false;
+  const storage: CheckpointStorage = {
+    write: (...args) => fs.write(...args),
+    async read(...args) {
+      started = true;
+      await until;
+      return fs.read(...args);
+    },
+  };
+  return { storage, reading: () => started };
+}
+
 describe("restore whose records read outlives its deadline", () => {
   it("answers deadline_exceeded and installs nothing (the deadline is checked before any state change)", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
-    const fs = new FsCheckpointStorage();
     const hold = deferred();
-    let reading = false;
-    const storage: CheckpointStorage = {
-      write: (...args) => fs.write(...args),
-      async read(...args) {
-        reading = true;
-        await hold.promise; // a slow shared filesystem
-        return fs.read(...args);
-      },
-    };
+    const { storage, reading } = slowStorage(hold.promise);
     plane.dispose();
     plane = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, storage, leaseGraceSeconds: 60, checkpointRoot: root });
     const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     void restore.catch(() => undefined);
-    await waitUntil(() => reading, "the read to start");
+    await waitUntil(reading, "the read to start");
     clock.advance(31_000); // the restore's deadline passes while its records are read
     hold.resolve();
     const outcome = await restore.then(
@@ -111,14 +117,7 @@ describe("lease expiry whose reopen fails once (the kind's openAdmission throws)
 describe("restore whose records read outlives its deadline, on the system clock", () => {
   it("does not install and answer restored a second after its deadline", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
-    const fs = new FsCheckpointStorage();
-    const storage: CheckpointStorage = {
-      write: (...args) => fs.write(...args),
-      async read(...args) {
-        await new Promise((r) => setTimeout(r, 2_000)); // a slow shared filesystem
-        return fs.read(...args);
-      },
-    };
+    const { storage } = slowStorage(new Promise((resolve) => setTimeout(resolve, 2_000)));
     const sysKind = new ScriptableKind("environment");
     const p = new ParticipantControlPlane({ adapter: sysKind, instance: "env0", storage, leaseGraceSeconds: 60, checkpointRoot: root });
     try {
@@ -139,22 +138,13 @@ describe("restore whose records read outlives its deadline, on the system clock"
 describe("restore clean-up queued behind a restore whose read outlives both deadlines", () => {
   it("leaves nothing of the checkpoint installed after the coordinator's clean-up (retire attempt+1, resume)", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
-    const fs = new FsCheckpointStorage();
     const hold = deferred();
-    let reading = false;
-    const storage: CheckpointStorage = {
-      write: (...args) => fs.write(...args),
-      async read(...args) {
-        reading = true;
-        await hold.promise; // a slow shared filesystem: a large checkpoint's records
-        return fs.read(...args);
-      },
-    };
+    const { storage, reading } = slowStorage(hold.promise);
     plane.dispose();
     plane = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, storage, leaseGraceSeconds: 60, checkpointRoot: root });
     const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     void restore.catch(() => undefined);
-    await waitUntil(() => reading, "the read to start");
+    await waitUntil(reading, "the read to start");
     // The coordinator's request timed out (outcome unknown): its clean-up retires attempt+1 where the
     // restore may have installed it (deadline: 30 s from now), then resumes everyone.
     clock.advance(31_000);
