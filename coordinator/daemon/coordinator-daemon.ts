@@ -11,13 +11,13 @@ import { CheckpointEngine, type EngineHooks } from "../engine/checkpoint-engine.
 import { systemClock, type Clock } from "../engine/clock.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ParticipantClient } from "../engine/participant-client.js";
-import { makeDirectories } from "../publication/make-directories.js";
 import { KvDecisionJournal } from "../ha/decision-journal.js";
 import { LeaderLease } from "../ha/leader-lease.js";
 import { WatchedMemberRegistry } from "../membership/watched-member-registry.js";
 import { openMembersBucket } from "../membership/members-bucket.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
+import { makeDirectories } from "../publication/make-directories.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, natsServers } from "../../protocol/index.js";

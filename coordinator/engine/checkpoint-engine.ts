@@ -284,12 +284,12 @@ export class CheckpointEngine {
       // Checked before anything is journaled: a refused resume changes nothing.
       const deadlineMs = this.deadline(request.deadline_ts);
       // A controller abandoning a decided, unpublished checkpoint: withdrawn first (see abortDecided).
-      if (open?.id === request.checkpoint_id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
-      if (open?.id === request.checkpoint_id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
-      const failed = open?.id === request.checkpoint_id ? undefined : this.restoreFailures.get(request.checkpoint_id);
+      if (open?.id === id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
+      if (open?.id === id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
+      const failed = open?.id === id ? undefined : this.restoreFailures.get(id);
       if (failed) throw new CheckpointError("restore_failed", failed);
-      const removal = open?.id === request.checkpoint_id ? undefined : this.restoreRemovals.get(request.checkpoint_id);
-      if (removal) await this.completionJournaled(request.checkpoint_id, removal, deadlineMs);
+      const removal = open?.id === id ? undefined : this.restoreRemovals.get(id);
+      if (removal) await this.completionJournaled(id, removal, deadlineMs);
       if (!open && !this.closed.has(id)) return this.releaseHolders(id, deadlineMs, ctx);
       // Parked by design, released now; once nobody holds it (the processes stopped), nothing to do.
       if (!open && this.stopped.has(id)) return this.releaseHolders(id, deadlineMs, ctx, true);
@@ -412,7 +412,7 @@ export class CheckpointEngine {
       const retryOf = (open: OpenCheckpoint | undefined) =>
         open?.restore && open.phase === "restored" && open.id === id && sameScope(open.scope, request.episode_ids) ? open.restore : undefined;
       // A retry (its reply was lost, so its deadline_ts may be past) is not refused for its deadline.
-      const deadlineMs = retryOf(this.open) ? undefined : this.deadline(request.deadline_ts);
+      if (!retryOf(this.open)) this.deadline(request.deadline_ts);
       // A restored checkpoint that no member holds any more (its controller abandoned it; its
       // processes restarted or resumed by their lease) is closed first: a retry's reply would be stale.
       if (this.open?.phase === "restored") await this.closeIfNobodyHolds(this.open);
@@ -420,7 +420,7 @@ export class CheckpointEngine {
       const again = retryOf(this.open);
       if (again) return again;
       // Not (or no longer) a retry: checked before anything is journaled or opened.
-      const deadline = deadlineMs ?? this.deadline(request.deadline_ts);
+      const deadlineMs = this.deadline(request.deadline_ts);
       // A published checkpoint whose controller died before resuming it is exactly what the next
       // controller restores: closed here (once nothing can refuse the restore any more), without a
       // resume that would fence its id at the fresh participants the restore is for.
@@ -449,7 +449,7 @@ export class CheckpointEngine {
       this.open = open;
       this.restoreFailures.delete(id);
       this.stopped.delete(id); // restored into fresh processes: its resume is the restore's
-      return this.driveRestore(open, deadline, ctx);
+      return this.driveRestore(open, deadlineMs, ctx);
     });
   }
 
@@ -1522,11 +1522,6 @@ export class CheckpointEngine {
     open.incarnations.set(memberKey(member.kind, member.instance), incarnation);
   }
 
-  /**
-   * Forgets the open checkpoint and its journal entry; its id stays fenced here. Resolves true once
-   * the entry is removed (or nothing of this coordinator's was left to remove), false if it was
-   * kept: LATEST's fsync failed, a write for the id came since, or the term ended.
-   */
   /** The commit reply of open checkpoint `id`, committed with this scope and stop flag (a retry's answer). */
   private committedReply(id: string, scope: EpisodeId[] | null, stop: boolean): CommitResult | undefined {
     const open = this.open;
@@ -1540,6 +1535,11 @@ export class CheckpointEngine {
     void this.close(id);
   }
 
+  /**
+   * Forgets the open checkpoint and its journal entry; its id stays fenced here. Resolves true once
+   * the entry is removed (or nothing of this coordinator's was left to remove), false if it was
+   * kept: LATEST's fsync failed, a write for the id came since, or the term ended.
+   */
   private close(id: string, afterLatest = true): Promise<boolean> {
     if (this.open?.id === id) this.open = undefined;
     this.closed.add(id);

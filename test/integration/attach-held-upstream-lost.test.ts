@@ -1,6 +1,5 @@
-import { mkdtemp, rm } from "node:fs/promises";
-import { createServer, request, type Server, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import { mkdtemp } from "node:fs/promises";
+import { createServer, type Server, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -8,6 +7,7 @@ import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
 import { ModelKind } from "../../participants/kinds/model/index.js";
 import { waitUntil } from "../support/wait-until.js";
+import { closeAttachFixture, listenLocal, postStreamedChat } from "../support/attach-proxy-fixture.js";
 
 // The attach proxy in-process between a real client and a real upstream: the upstream dies while
 // the proxy holds its response (admission closed). The call must fail cleanly — a 502 to the
@@ -18,7 +18,6 @@ let proxy: Server;
 let kind: ModelKind;
 let upstreamResponse: ServerResponse | undefined;
 
-const listen = (server: Server) => new Promise<string>((resolve) => server.listen(0, "127.0.0.1", () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)));
 
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-attach-lost-"));
@@ -27,37 +26,17 @@ beforeEach(async () => {
     req.resume();
     req.on("end", () => (upstreamResponse = res));
   });
-  const upstreamUrl = await listen(upstream);
+  const upstreamUrl = await listenLocal(upstream);
   kind = new ModelKind({ ledgerDir: join(dir, "ledger"), cutBackend: null });
   proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t" });
-  (proxy as Server & { url?: string }).url = await listen(proxy);
+  (proxy as Server & { url?: string }).url = await listenLocal(proxy);
 });
 
-afterEach(async () => {
-  proxy.closeAllConnections();
-  upstream.closeAllConnections();
-  await Promise.all([new Promise((r) => proxy.close(r)), new Promise((r) => upstream.close(r))]);
-  await kind.close();
-  await rm(dir, { recursive: true, force: true });
-});
-
-function post(url: string): Promise<{ status: number; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = request(`${url}/ng-rollout/lost-1/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" } }, (res) => {
-      let body = "";
-      res.setEncoding("utf8");
-      res.on("data", (c: string) => (body += c));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
-      res.on("error", reject);
-    });
-    req.on("error", reject);
-    req.end(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: "hi" }] }));
-  });
-}
+afterEach(() => closeAttachFixture({ proxy, upstream, kind, dir }));
 
 describe("attach proxy: the upstream dies while its response is held", () => {
   it("answers 502 after reopen and leaves no ticket streaming", async () => {
-    const answer = post((proxy as Server & { url: string }).url);
+    const answer = postStreamedChat((proxy as Server & { url: string }).url, "lost-1");
     await waitUntil(() => upstreamResponse !== undefined, "the upstream to receive the call");
     await kind.closeAdmission();
     upstreamResponse!.writeHead(200, { "content-type": "text/event-stream" });
@@ -79,7 +58,7 @@ describe("attach proxy: the upstream dies while its response is held", () => {
 describe("attach proxy: a generation body over the limit", () => {
   it("is refused with payload_too_large (413), answered rather than cut off", async () => {
     const small = createAttachProxy({ upstream: parseUpstream("http://127.0.0.1:9/v1"), kind, controlToken: "t", maxBodyBytes: 1024 });
-    const url = await listen(small);
+    const url = await listenLocal(small);
     try {
       const response = await fetch(`${url}/ng-rollout/big-1/v1/chat/completions`, {
         method: "POST",

@@ -1,7 +1,6 @@
-import { writeSync } from "node:fs";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdtemp, readFile } from "node:fs/promises";
 import { createServer, type Server, type ServerResponse } from "node:http";
-import type { AddressInfo, Socket } from "node:net";
+import type { Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
@@ -11,6 +10,7 @@ import { parseUpstream } from "../../participants/attach/upstream-url.js";
 import { ModelKind } from "../../participants/kinds/model/index.js";
 import { waitUntil } from "../support/wait-until.js";
 import { cutRecord } from "../unit/model/model-fixtures.js";
+import { closeAttachFixture, ledgerWriteFailingWhen, listenLocal } from "../support/attach-proxy-fixture.js";
 
 // The attach proxy in-process between a real client and a real upstream, with the ledger's file
 // write as a seam: how a call's lineage row and the caller's response relate.
@@ -54,7 +54,6 @@ function streamLong(res: ServerResponse): void {
   pump();
 }
 
-const listen = (server: Server) => new Promise<string>((resolve) => server.listen(0, "127.0.0.1", () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)));
 const SSE = ['data: {"choices":[{"delta":{"content":"He"}}]}\n\n', 'data: {"choices":[{"delta":{"content":"llo"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n', "data: [DONE]\n\n"];
 const JSON_BODY = JSON.stringify({ choices: [{ message: { role: "assistant", content: "Hello" } }], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
 
@@ -86,30 +85,21 @@ beforeEach(async () => {
       res.end();
     });
   });
-  const upstreamUrl = await listen(upstream);
+  const upstreamUrl = await listenLocal(upstream);
   kind = new ModelKind({
     ledgerDir: join(dir, "ledger"),
     cutBackend: null,
-    ledgerWrite: (fd, buffer, offset) => {
-      if (failWrites) throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
-      return writeSync(fd, buffer, offset);
-    },
+    ledgerWrite: ledgerWriteFailingWhen(() => failWrites),
   });
   proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t", finishWaitMs: 3000 });
   proxy.prependListener("request", (_req, res: ServerResponse) => {
     proxied = res;
     if (hold) release = holdWrites(res.socket!);
   });
-  proxyUrl = await listen(proxy);
+  proxyUrl = await listenLocal(proxy);
 });
 
-afterEach(async () => {
-  proxy.closeAllConnections();
-  upstream.closeAllConnections();
-  await Promise.all([new Promise((r) => proxy.close(r)), new Promise((r) => upstream.close(r))]);
-  await kind.close();
-  await rm(dir, { recursive: true, force: true });
-});
+afterEach(() => closeAttachFixture({ proxy, upstream, kind, dir }));
 
 const call = (key: string, stream: boolean, content = "hi") =>
   fetch(`${proxyUrl}/ng-rollout/${key}/v1/chat/completions`, {

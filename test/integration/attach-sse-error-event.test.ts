@@ -1,6 +1,5 @@
-import { mkdtemp, rm } from "node:fs/promises";
-import { createServer, request, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
+import { mkdtemp } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -8,6 +7,7 @@ import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
 import { ModelKind } from "../../participants/kinds/model/index.js";
 import { waitUntil } from "../support/wait-until.js";
+import { closeAttachFixture, listenLocal, postStreamedChat } from "../support/attach-proxy-fixture.js";
 
 // A 200 stream can still fail: vLLM on an engine error sends `data: {"error":{...}}` then [DONE]; the
 // Responses API ends in `response.failed` or `event: error`; the Messages API sends `event: error`.
@@ -39,7 +39,6 @@ let proxy: Server;
 let proxyUrl: string;
 let kind: ModelKind;
 
-const listen = (server: Server) => new Promise<string>((resolve) => server.listen(0, "127.0.0.1", () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)));
 
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-sse-error-"));
@@ -52,37 +51,18 @@ beforeEach(async () => {
       res.end(events.at(-1));
     });
   });
-  const upstreamUrl = await listen(upstream);
+  const upstreamUrl = await listenLocal(upstream);
   kind = new ModelKind({ ledgerDir: join(dir, "ledger"), cutBackend: null });
   proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t", finishWaitMs: 3000 });
-  proxyUrl = await listen(proxy);
+  proxyUrl = await listenLocal(proxy);
 });
 
-afterEach(async () => {
-  proxy.closeAllConnections();
-  upstream.closeAllConnections();
-  await Promise.all([new Promise((r) => proxy.close(r)), new Promise((r) => upstream.close(r))]);
-  await kind.close();
-  await rm(dir, { recursive: true, force: true });
-});
-
-function post(key: string): Promise<{ status: number; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = request(`${proxyUrl}/ng-rollout/${key}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" } }, (res) => {
-      let body = "";
-      res.setEncoding("utf8");
-      res.on("data", (c: string) => (body += c));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
-    });
-    req.on("error", reject);
-    req.end(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: "hi" }] }));
-  });
-}
+afterEach(() => closeAttachFixture({ proxy, upstream, kind, dir }));
 
 describe("attach proxy, a 200 stream that ends in an error event", () => {
   it.each(Object.keys(STREAMS))("passes it through whole and records no row (%s)", async (style) => {
     const key = `${style}-1`;
-    const answer = await post(key);
+    const answer = await postStreamedChat(proxyUrl, key);
     expect(answer).toEqual({ status: 200, body: STREAMS[style]!.join("") });
     await waitUntil(() => kind.tickets.size === 0, "the ticket to close");
     expect(await kind.ledger.rows(key)).toEqual([]);

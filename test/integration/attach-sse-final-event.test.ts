@@ -1,7 +1,5 @@
-import { writeSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp } from "node:fs/promises";
 import { createServer, request, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -9,6 +7,7 @@ import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
 import { ModelKind } from "../../participants/kinds/model/index.js";
 import { waitUntil } from "../support/wait-until.js";
+import { closeAttachFixture, ledgerWriteFailingWhen, listenLocal } from "../support/attach-proxy-fixture.js";
 
 // A streamed answer's caller holds the complete answer as soon as `data: [DONE]` arrives.
 // openai-python (the Gym's client) breaks out of its SSE loop at [DONE] and closes the response
@@ -27,7 +26,6 @@ let terminatorDelayMs = 0;
 /** When set, the upstream writes its first event and waits for this before the rest. */
 let gate: Promise<void> | null = null;
 
-const listen = (server: Server) => new Promise<string>((resolve) => server.listen(0, "127.0.0.1", () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`)));
 const SSE = [
   'data: {"choices":[{"delta":{"content":"He"}}]}\n\n',
   'data: {"choices":[{"delta":{"content":"llo"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n',
@@ -58,26 +56,17 @@ beforeEach(async () => {
       setTimeout(() => res.end(), terminatorDelayMs);
     });
   });
-  const upstreamUrl = await listen(upstream);
+  const upstreamUrl = await listenLocal(upstream);
   kind = new ModelKind({
     ledgerDir: join(dir, "ledger"),
     cutBackend: null,
-    ledgerWrite: (fd, buffer, offset) => {
-      if (failWrites) throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
-      return writeSync(fd, buffer, offset);
-    },
+    ledgerWrite: ledgerWriteFailingWhen(() => failWrites),
   });
   proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t", finishWaitMs: 3000 });
-  proxyUrl = await listen(proxy);
+  proxyUrl = await listenLocal(proxy);
 });
 
-afterEach(async () => {
-  proxy.closeAllConnections();
-  upstream.closeAllConnections();
-  await Promise.all([new Promise((r) => proxy.close(r)), new Promise((r) => upstream.close(r))]);
-  await kind.close();
-  await rm(dir, { recursive: true, force: true });
-});
+afterEach(() => closeAttachFixture({ proxy, upstream, kind, dir }));
 
 /** As openai-python's Stream: read events until `data: [DONE]`, then close the response (the connection). */
 function callLikeOpenAIPython(key: string): Promise<{ text: string; sawDone: boolean }> {

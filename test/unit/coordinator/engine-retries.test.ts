@@ -67,15 +67,14 @@ describe("retry with the same arguments after a reply timeout (deadline_ts now p
 /**
  * docs/api.md: "a refused request changes nothing". A restore's reply is lost; by the time the
  * controller retries it (same arguments, so its deadline_ts is past), the restored processes no longer
- * hold it (lease expired / restarted). restore() skipped the deadline check because the request looked
- * like a retry of the open restore, then closeIfNobodyHolds closed that restore, and the request went on
- * as a fresh restore: journaled `restoring`, opened, and only then refused deadline_exceeded.
+ * hold it (lease expired / restarted), so that restore is closed and the request is a fresh restore
+ * after all: refused deadline_exceeded before anything is journaled or opened.
  */
 describe("restore retried with a past deadline after its restore was released", () => {
   it("is refused without journaling or opening a new restore", async () => {
     const { engine, clock, fake, journal } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
-    await waitEmpty(journal);
+    await journalEmptied(journal);
     const deadline_ts = clock.now() / 1000 + 60;
     await engine.restore({ checkpoint_id: "base", deadline_ts, episode_ids: R1 });
     // the reply was lost; meanwhile every participant let the restore go (lease expired)
@@ -93,16 +92,12 @@ describe("restore retried with a past deadline after its restore was released", 
   });
 });
 
-async function waitEmpty(journal: { entries: Map<string, unknown> }): Promise<void> {
-  for (let i = 0; i < 200 && journal.entries.size > 0; i++) await new Promise((r) => setTimeout(r, 10));
-}
-
 /**
  * docs/api.md resume: "Resuming an id that is already closed is idempotent, also when the retry's
  * deadline_ts has passed". The usual restart path: the controller stops with a `stop` checkpoint,
  * a new controller restores it (LATEST) into fresh Gym servers and resumes it; that resume's reply
- * is lost and the retry (same arguments, a past deadline_ts) must get the same success. Because the id
- * is still in `stopped`, the retry skips the closed fast path and is refused deadline_exceeded.
+ * is lost and the retry (same arguments, a past deadline_ts) must get the same success: once
+ * restored (or released), a stop checkpoint's id is an ordinary closed one.
  */
 describe("resume retried after the restore of a stop checkpoint was resumed", () => {
   it("answers success although its deadline_ts has passed", async () => {
@@ -145,9 +140,8 @@ describe("resume retried after the restore of a stop checkpoint was resumed", ()
  * docs/api.md resume: a restore's resume whose journal entry cannot be removed before leadership is
  * lost answers outcome_unknown: "retry it (a successor may still finish it as a restore whose
  * participant restarted, restore_failed)". Here the successor did exactly that (clean-up: attempt+1
- * retired everywhere, entry removed), then this coordinator became leader again. leadershipLost()
- * cleared restoreRemovals but kept `closed`, so the controller's retry is answered "resumed" from the
- * previous term's memory (the new fast path answers it without even a deadline check): the controller
+ * retired everywhere, entry removed), then this coordinator became leader again. Answering the
+ * controller's retry "resumed" from the previous term's memory would be wrong: the controller
  * continues rollouts whose attempt+1 was retired.
  */
 describe("resume retried at a coordinator that lost and regained leadership meanwhile", () => {
@@ -155,7 +149,7 @@ describe("resume retried at a coordinator that lost and regained leadership mean
     const { engine, journal, clock } = makeEngine(root, { requireRecovery: true });
     await engine.recover();
     await engine.checkpoint({ checkpoint_id: "rx", episode_ids: null, stop: false, controller_state: null });
-    for (let i = 0; i < 200 && journal.entries.size > 0; i++) await new Promise((r) => setTimeout(r, 10));
+    await journalEmptied(journal);
     const deadline_ts = clock.now() / 1000 + 60;
     await engine.restore({ checkpoint_id: "rx", deadline_ts, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     // the entry's removal fails until leadership is lost
