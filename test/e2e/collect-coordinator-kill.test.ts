@@ -53,7 +53,9 @@ async function setUp(deployment: string): Promise<{ gym: Gym; startDaemon: () =>
     deployment,
     token: GYM_TOKEN,
     checkpointRoot,
-    leaseGraceSeconds: 120,
+    // A participant a killed coordinator left parked in a checkpoint nobody recovers resumes by its
+    // lease (the protocol's way out): short here, so that path fits the wait below.
+    leaseGraceSeconds: 15,
     args: { policy: ["--token-delay-ms", "20"], model: ["--ledger-dir", join(checkpointRoot, "model-ledger")] },
   });
   const lines = Array.from({ length: ROWS }, (_, i) => JSON.stringify({ id: `r${i}`, task: { expression: `${i} + 1`, tool_rounds: 2 } }));
