@@ -6,6 +6,7 @@ import {
   RolloutStepMarkerSchema,
   assertRolloutEnv,
   encodeRolloutRecords,
+  makeDirectories,
   parseRolloutRecordFileName,
   rolloutStepDir,
   rolloutStepMarkerName,
@@ -14,7 +15,6 @@ import {
   type TraceRecord,
 } from "../../protocol/index.js";
 import { fsyncDirectory, linkStagedFile, replaceFileDurably, stageFile } from "../publication/durable-fs.js";
-import { makeDirectories } from "../publication/make-directories.js";
 import { readRegularFile } from "../publication/regular-file.js";
 
 export interface RolloutRecordsOptions {

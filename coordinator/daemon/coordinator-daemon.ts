@@ -17,10 +17,9 @@ import { WatchedMemberRegistry } from "../membership/watched-member-registry.js"
 import { openMembersBucket } from "../membership/members-bucket.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
-import { makeDirectories } from "../publication/make-directories.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, natsServers } from "../../protocol/index.js";
+import { CheckpointError, isMisplacedDirectory, makeDirectories, natsServers } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 
 export interface StartCoordinatorOptions {
@@ -79,7 +78,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   try {
     await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
       // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
-      if (!["ENOTDIR", "ENOENT", "EACCES", "EPERM", "EROFS", "EEXIST"].includes(error.code ?? "")) throw error;
+      if (!isMisplacedDirectory(error)) throw error;
       throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.code}: ${error.message})`, { cause: error });
     });
     await assertWritableRoot(config.checkpoint_root);

@@ -1,8 +1,9 @@
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { mkdir, mkdtemp, readFile, readdir, rm } from "node:fs/promises";
+import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { makeDirectories } from "../../protocol/index.js";
 
 /** Where Debian puts the binary; PATH is searched first. */
 const CANDIDATE_BINARIES = ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"];
@@ -69,7 +70,7 @@ export class NatsServerProcess {
   private async launch(): Promise<void> {
     const portsDir = join(this.storeDir, "ports");
     await rm(portsDir, { recursive: true, force: true });
-    await mkdir(portsDir, { recursive: true });
+    await makeDirectories(portsDir);
     const args = ["-a", "127.0.0.1", "-p", String(this.port), "-js", "-sd", join(this.storeDir, "js"), "--ports_file_dir", portsDir, ...this.extraArgs];
     // setpriv execs the server in its own process: the pid (and so the ports file name) is the server's.
     const setpriv = this.exitWithParent ? pdeathsigWrapper() : undefined;

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { createReadStream, renameSync, statSync } from "node:fs";
-import { mkdir, rmdir } from "node:fs/promises";
+import { rmdir } from "node:fs/promises";
 import { join } from "node:path";
 import {
   CheckpointError,
@@ -8,6 +8,7 @@ import {
   LATEST_FILE,
   MANIFEST_SCHEMA_VERSION,
   MAX_CONTROLLER_STATE_FILE_BYTES,
+  makeDirectories,
   type ControllerState,
   type ControllerStateInput,
   type EpisodeId,
@@ -195,7 +196,7 @@ export class GlobalManifestWriter {
     // Reserved before it exists, so background removal of leftovers never takes it.
     this.inUse.add(temp);
     try {
-      await mkdir(this.catalog.dirFor(checkpointId), { recursive: true });
+      await makeDirectories(this.catalog.dirFor(checkpointId));
       // The root's fsync makes the new checkpoint directory durable before anything is committed
       // into it (publication no longer fsyncs the root before the resume).
       const [staged] = await Promise.all([stageFile(target, `${checkpointId}\n`, temp), fsyncDirectory(this.catalog.root)]);

@@ -1,8 +1,8 @@
-import { mkdtemp, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { makeDirectories } from "../../../coordinator/publication/make-directories.js";
+import { makeDirectories } from "../../../protocol/make-directories.js";
 
 let dir: string;
 beforeEach(async () => {
@@ -19,6 +19,19 @@ describe("makeDirectories", () => {
     expect((await stat(deep)).isDirectory()).toBe(true);
     await makeDirectories(deep);
     await makeDirectories(dir);
+  });
+
+  it("returns the first directory it created, as Node's recursive mkdir does, and undefined when there was nothing to create", async () => {
+    expect(await makeDirectories(join(dir, "a", "b", "c"))).toBe(join(dir, "a"));
+    expect(await mkdir(join(dir, "n", "b", "c"), { recursive: true })).toBe(join(dir, "n"));
+    expect(await makeDirectories(join(dir, "a", "b", "d"))).toBe(join(dir, "a", "b", "d"));
+    expect(await makeDirectories(join(dir, "a", "b", "c"))).toBeUndefined();
+    expect(await mkdir(join(dir, "n", "b", "c"), { recursive: true })).toBeUndefined();
+  });
+
+  it("creates every level with the mode given", async () => {
+    await makeDirectories(join(dir, "p", "q"), { mode: 0o700 });
+    expect([(await stat(join(dir, "p"))).mode & 0o777, (await stat(join(dir, "p", "q"))).mode & 0o777]).toEqual([0o700, 0o700]);
   });
 
   it("refuses a file in the way and a path below a file with their own codes", async () => {
