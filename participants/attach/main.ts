@@ -1,5 +1,5 @@
 import { tmpdir } from "node:os";
-import { BearerTokenSchema } from "../../protocol/index.js";
+import { BearerTokenSchema, isMisplacedDirectory, makeDirectories } from "../../protocol/index.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
 import { startServerRuntime } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
@@ -46,10 +46,16 @@ let ledgerDir: string;
 try {
   // The default lives in the shared temp dir: another local user must not have planted any level of it.
   // Per user: a first user's private directory would otherwise refuse every other user's proxy.
-  // An explicit --ledger-dir is created (0700) by the ledger itself.
   ledgerDir = extra["ledger-dir"] ?? ensurePrivateDir(tmpdir(), [`gym-ckpt-ledger-${process.getuid?.() ?? "user"}`, config.deployment, config.instance]);
 } catch (error) {
   fail(error instanceof Error ? error.message : String(error));
+}
+if (extra["ledger-dir"] !== undefined) {
+  // Created (0700) here rather than first by the ledger, so one that cannot exist is refused before serving.
+  await makeDirectories(ledgerDir, { mode: 0o700 }).catch((error: NodeJS.ErrnoException) => {
+    if (!isMisplacedDirectory(error)) throw error;
+    fail(`invalid_request: --ledger-dir ${ledgerDir} cannot be created (${error.message})`);
+  });
 }
 
 const kind = new ModelKind({

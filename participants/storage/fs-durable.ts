@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
-import { link, mkdir, open, rename, rm } from "node:fs/promises";
+import { link, open, rename, rm } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
+import { makeDirectories } from "../../protocol/index.js";
 
 /** fsync a directory so renames and links inside it survive a crash. */
 export async function fsyncDir(dir: string): Promise<void> {
@@ -13,7 +14,7 @@ export async function fsyncDir(dir: string): Promise<void> {
 }
 
 /**
- * The directories holding the entries `mkdir -p dir` created (`first` is what mkdir returned):
+ * The directories holding the entries `mkdir -p dir` created (`first` is what makeDirectories returned):
  * a new directory's entry lives in its parent, so those are what to fsync for it to survive a
  * crash. Empty when mkdir created nothing, so a retry costs no fsync.
  */
@@ -43,7 +44,7 @@ export async function writeFileAtomic(
 ): Promise<boolean> {
   const dir = dirname(target);
   if (options.createParents !== false) {
-    for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
+    for (const parent of parentsOfCreated(dir, await makeDirectories(dir))) await fsyncDir(parent);
   }
   const temp = join(dir, `.${basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
   try {

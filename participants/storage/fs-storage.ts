@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
-import { link, mkdir, open, rename, unlink } from "node:fs/promises";
+import { link, open, rename, unlink } from "node:fs/promises";
 import { join, relative } from "node:path";
 import type { z } from "zod";
 import {
@@ -10,6 +10,7 @@ import {
   PARTICIPANTS_DIR,
   ParticipantManifestSchema,
   describeZodError,
+  makeDirectories,
   sha256Hex,
   type ParticipantManifest,
   type RecordBase,
@@ -41,7 +42,7 @@ export class FsCheckpointStorage implements CheckpointStorage {
     const dir = participantDir(target);
     // A new directory's entry lives in its parent: fsync those now (a retry creates nothing), or
     // LATEST can survive a power loss that drops `gym/<kind>/<instance>`.
-    for (const parent of parentsOfCreated(dir, await mkdir(dir, { recursive: true }))) await fsyncDir(parent);
+    for (const parent of parentsOfCreated(dir, await makeDirectories(dir))) await fsyncDir(parent);
     const suffix = `${process.pid}.${randomBytes(6).toString("hex")}`;
     const tempRecords = join(dir, `.records.jsonl.${suffix}`);
     const hash = createHash("sha256");

@@ -1,8 +1,8 @@
 import { closeSync, constants, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
-import { mkdir, open, readdir, unlink, type FileHandle } from "node:fs/promises";
+import { open, readdir, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
-import { parseCaptureKey } from "../../../protocol/index.js";
+import { makeDirectories, parseCaptureKey } from "../../../protocol/index.js";
 import { writeFileAtomic } from "../../storage/fs-durable.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
@@ -73,7 +73,7 @@ export class CaptureLedger {
     this.write = options.write ?? ((fd, buffer, offset) => writeSync(fd, buffer, offset));
     this.maxCachedRows = options.maxCachedRows ?? 50_000;
     this.locks = new StripedLocks(join(dir, "locks"), stripes);
-    this.ready = mkdir(dir, { recursive: true, mode: 0o700 }).then(async () => {
+    this.ready = makeDirectories(dir, { mode: 0o700 }).then(async () => {
       for (const key of await this.listKeys()) this.addOnDisk(key);
     });
   }

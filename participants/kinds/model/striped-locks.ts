@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
 import { readFileSync, unlinkSync } from "node:fs";
-import { mkdir, open, readFile, stat, unlink } from "node:fs/promises";
+import { open, readFile, stat, unlink } from "node:fs/promises";
 import { basename, join } from "node:path";
+import { makeDirectories } from "../../../protocol/index.js";
 import { AsyncLock } from "../../control-plane/async-lock.js";
 
 /**
@@ -33,7 +34,7 @@ export class StripedLocks {
   ) {
     if (!Number.isInteger(stripes) || stripes < 1 || stripes > 1024) throw new Error("stripes must be an integer in 1..1024");
     this.local = Array.from({ length: stripes }, () => new AsyncLock());
-    this.ready = mkdir(dir, { recursive: true, mode: 0o700 }).then(() => undefined);
+    this.ready = makeDirectories(dir, { mode: 0o700 }).then(() => undefined);
   }
 
   /** FNV-1a: stable across processes, so every process maps a key to the same stripe. */
