@@ -76,6 +76,7 @@ export class CaptureLedger {
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(async () => {
       for (const key of await this.listKeys()) this.addOnDisk(key);
     });
+    this.ready.catch(() => undefined); // a directory that cannot be made is every use's error, not the process's
   }
 
   fileOf(key: string): string {

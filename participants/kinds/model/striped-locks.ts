@@ -35,6 +35,7 @@ export class StripedLocks {
     if (!Number.isInteger(stripes) || stripes < 1 || stripes > 1024) throw new Error("stripes must be an integer in 1..1024");
     this.local = Array.from({ length: stripes }, () => new AsyncLock());
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(() => undefined);
+    this.ready.catch(() => undefined); // a directory that cannot be made is every use's error, not the process's
   }
 
   /** FNV-1a: stable across processes, so every process maps a key to the same stripe. */

@@ -70,3 +70,20 @@ describe("ledger files", () => {
     }
   });
 });
+
+describe("a ledger directory that cannot be made", () => {
+  it("is each use's error, not an unhandled rejection that ends the process", async () => {
+    const unhandled: unknown[] = [];
+    const record = (reason: unknown) => unhandled.push(reason);
+    process.on("unhandledRejection", record);
+    try {
+      const ledger = new CaptureLedger(join("/proc", `gym-ckpt-${process.pid}`, "ledger"));
+      // Past the microtask queue: an unobserved rejection is reported by now.
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      expect(unhandled).toEqual([]);
+      await expect(ledger.rows("whatever")).rejects.toThrow(/ENOENT/);
+    } finally {
+      process.off("unhandledRejection", record);
+    }
+  });
+});
