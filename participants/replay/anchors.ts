@@ -151,7 +151,10 @@ export function toolCallSeeds(trace: TraceRecord, options: ToolCallOptions): See
     const prefix: number[] = [];
     let running = 0;
     for (const n of branch) prefix.push((running += trace.nodes[n]!.token_ids.length));
-    for (let end = 0; end < branch.length; end++) {
+    // A prompt through an earlier dangling call or orphan result is no resume point, however
+    // complete its last run is: no anchor at or past the first malformed message.
+    const malformed = firstMalformed(branch.map((n) => messageOf(trace, n)));
+    for (let end = 0; end < Math.min(branch.length, malformed); end++) {
       const node = branch[end]!;
       if (messageOf(trace, node).role !== "tool" || seenTools.has(node)) continue;
       seenTools.add(node); // a tool node shared by several branches is considered once
@@ -265,12 +268,21 @@ export function seededContextNodes(prompt: Prompt): MessageNode[] {
 export function isResumePoint(messages: readonly Message[]): boolean {
   const last = messages[messages.length - 1];
   if (!last || (last.role !== "user" && last.role !== "tool")) return false;
+  return firstMalformed(messages) === messages.length;
+}
+
+/**
+ * Position of the first message no well-formed prefix may reach: a turn whose tool calls its run
+ * of results does not answer exactly, or a tool result with no issuer before its run. The length
+ * when there is none.
+ */
+function firstMalformed(messages: readonly Message[]): number {
   for (let i = 0; i < messages.length; i++) {
     const message = messages[i]!;
     if (message.role === "tool") {
       // Every tool result belongs to the run right after its issuer (checked from the issuer).
       const prev = messages[i - 1];
-      if (!prev || (prev.role !== "tool" && !issuedCalls(prev))) return false;
+      if (!prev || (prev.role !== "tool" && !issuedCalls(prev))) return i;
       continue;
     }
     const calls = issuedCalls(message);
@@ -280,7 +292,7 @@ export function isResumePoint(messages: readonly Message[]): boolean {
       const m = messages[j]!;
       if (m.role === "tool") results.push(m.tool_call_id);
     }
-    if (!answersExactly(calls, results)) return false;
+    if (!answersExactly(calls, results)) return i;
   }
-  return true;
+  return messages.length;
 }

@@ -4,6 +4,7 @@ import {
   compactionSeeds,
   DEFAULT_RECHECK_PROMPT,
   estimateTokens,
+  isResumePoint,
   recheckSeed,
   ReplayError,
   seededContextNodes,
@@ -183,6 +184,22 @@ describe("continue / tool-call", () => {
     const extra = new TraceBuilder();
     extra.chain(null, [[sys()], [user(TASK_PROMPT)], [call("a"), true], [result("a")], [result("z")], [say("42"), true]]);
     expect(toolCallSeeds(extra.trace(ID), { maxAnchors: null, seed: 0 })).toEqual([]);
+  });
+
+  it("offers no anchor after an earlier partial run: the seed would carry a call nobody answered", () => {
+    // Call b is never answered; the later run of c is complete, but a prompt through it still
+    // holds the dangling call, which a chat API refuses and a resume point never has.
+    const b = new TraceBuilder();
+    b.chain(null, [[sys()], [user(TASK_PROMPT)], [call("a", "b"), true], [result("a")], [call("c"), true], [result("c")], [say("42"), true]]);
+    const seeds = toolCallSeeds(b.trace(ID), { maxAnchors: null, seed: 0 });
+    for (const seed of seeds) expect(isResumePoint(seed.prompt as Message[])).toBe(true);
+    expect(seeds).toEqual([]);
+    // A tool result with no issuer before its run makes every later prefix malformed too.
+    const orphan = new TraceBuilder();
+    orphan.chain(null, [[sys()], [user(TASK_PROMPT)], [result("z")], [call("c"), true], [result("c")], [say("42"), true]]);
+    expect(toolCallSeeds(orphan.trace(ID), { maxAnchors: null, seed: 0 })).toEqual([]);
+    // Complete runs before the anchor keep it: the prefix is a resume point.
+    expect(toolCallSeeds(threeToolTrace(), { maxAnchors: null, seed: 0 }).every((s) => isResumePoint(s.prompt as Message[]))).toBe(true);
   });
 });
 
