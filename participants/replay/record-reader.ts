@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { createHash } from "node:crypto";
 import type { FileHandle } from "node:fs/promises";
 import path from "node:path";
@@ -111,6 +112,7 @@ export interface ReadOptions {
 }
 
 const CHUNK = 4 << 20;
+const { MAX_LENGTH } = constants;
 
 /** Upper bound on an index's size for a record file of `recordBytes`. */
 export function maxIndexBytes(recordBytes: number): number {
@@ -219,6 +221,9 @@ async function* readSpans(
       stats.skipped[skip] += 1; // filtered spans are never read
       continue;
     }
+    const where = `${file}:${ordinal + 1}`;
+    // A span no Buffer can hold is no record line: the index's fault, so the loader parses in full.
+    if (row.len > MAX_LENGTH) throw mismatch(where, `span of ${row.len} bytes is longer than any record can be`);
     const bytes = Buffer.allocUnsafe(row.len);
     let got = 0;
     while (got < row.len) {
@@ -228,7 +233,6 @@ async function* readSpans(
     }
     stats.bytesRead += got;
     stats.spansRead += 1;
-    const where = `${file}:${ordinal + 1}`;
     // One whole line: a newline at the end and nowhere before it (a stale index can end a span on
     // another record's newline); anything that then does not parse is the index's fault too.
     if (got !== row.len || bytes.indexOf(0x0a) !== row.len - 1) throw mismatch(where, "span is not one whole line");

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { copyFile, mkdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readFile, rm, symlink, truncate, writeFile } from "node:fs/promises";
 import fs from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -311,6 +311,19 @@ describe("stale, foreign and hostile indexes", () => {
     const error = await read(f.recordPath, incorrect).then(() => null, (e: unknown) => e);
     expect(error).toBeInstanceOf(ReplayError);
     expect((error as ReplayError).reason).toBe("index_mismatch");
+  });
+
+  it("refuses with index_mismatch, not a RangeError, a span longer than any buffer", async () => {
+    // A record file past 4 GiB (sparse here) and an index whose one row spans all of it: the row
+    // tiles the file, so only the span read shows it, and no Buffer that long can be allocated.
+    const { recordPath, indexPath } = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0)] });
+    const size = 5 * 2 ** 30;
+    await truncate(recordPath, size);
+    const [header, row] = (await readFile(indexPath, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>);
+    await writeFile(indexPath, encodeIndex({ ...(header as IndexHeader), size }, [{ ...(row as IndexRow), len: size }]));
+    const error = await read(recordPath, open).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", reason: "index_mismatch" });
   });
 
   it("ignores an index copied from another step, which would otherwise drop records unread", async () => {
