@@ -194,6 +194,7 @@ export {
   TRAJECTORY_HEADER,
   traceRecordFromTrajectory,
   traceSnapshotRefs,
+  MAX_RECORD_NESTING,
 } from "./rollout-records.js";
 export type {
   TraceContent,

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { z } from "zod";
 import { CheckpointError } from "./errors.js";
+import { jsonNestsDeeperThan } from "./json-depth.js";
 
 /**
  * Rollout records: the pure encoding shared by every writer (the replay record writer, the
@@ -65,6 +66,9 @@ export const TraceTaskSchema = z
   .object({ idx: z.number().int(), name: z.string().nullable(), prompt: TracePromptSchema.nullable() })
   .catchall(z.unknown());
 
+/** Deepest nesting of a record's opaque fields: far past any real task or provider state, far short of a stack overflow. */
+export const MAX_RECORD_NESTING = 1024;
+
 export const TraceRecordSchema = z
   .object({
     id: z.string().min(1),
@@ -91,6 +95,12 @@ export const TraceRecordSchema = z
     // every later reload of a source that globs its file.
     const refs = traceSnapshotRefs(trace);
     if (typeof refs === "string") ctx.addIssue({ code: "custom", path: ["info", "snapshots"], message: refs });
+    // The opaque fields nest as deep as their producer likes; a reader cloning or stringifying one
+    // a few thousand levels deep would overflow the stack on every reload instead of refusing it.
+    const opaque = [trace.task, trace.info, trace.extra_usage, trace.errors, trace.timing, ...trace.nodes.flatMap((n) => [n.usage, n.message.role === "assistant" ? n.message.provider_state : undefined])];
+    if (opaque.some((value) => jsonNestsDeeperThan(value, MAX_RECORD_NESTING))) {
+      ctx.addIssue({ code: "custom", path: [], message: `a field is nested more than ${MAX_RECORD_NESTING} levels deep` });
+    }
   });
 
 /**

@@ -370,6 +370,31 @@ describe("loading", () => {
     await replay.reload();
     expect(names(replay.tasks)).toEqual(["recheck:00000001", "recheck:00000002"]);
   });
+
+  it("refuses a record nested thousands of levels deep with invalid_checkpoint_state, not a stack overflow, and changes no state", async () => {
+    await write(1, [linearTrace(traceId(1), 0)]);
+    // Another writer's record (ours cannot encode it): an assistant turn's opaque provider state
+    // 5000 arrays deep. JSON.parse takes it; cloning it into a seed overflows the stack.
+    const deep = linearTrace(traceId(2), 0);
+    const line = JSON.stringify(deep).replace('"The answer is 42."}', `"The answer is 42.","provider_state":${"[".repeat(5000)}${"]".repeat(5000)}}`);
+    const bad = path.join(rollouts(), "step_2", "train_rollouts_gsm8k.jsonl");
+    await mkdir(path.dirname(bad), { recursive: true });
+    await writeFile(bad, line + "\n");
+    const replay = source();
+    const error = await replay.load().then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("train_rollouts_gsm8k.jsonl:1") });
+    expect(replay.size).toBe(0);
+  });
+
+  it("the writer refuses a record nested deeper than readers take, writing nothing", async () => {
+    const deep = linearTrace(traceId(1), 0);
+    let nested: unknown = [];
+    for (let i = 1; i < 2000; i++) nested = [nested];
+    deep.task["notes"] = nested;
+    await expect(write(1, [deep])).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("nested") });
+    await expect(readFile(path.join(rollouts(), "step_1", "train_rollouts_gsm8k.jsonl"))).rejects.toMatchObject({ code: "ENOENT" });
+  });
 });
 
 describe("serving tasks to an environment server", () => {
