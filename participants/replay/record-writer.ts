@@ -1,9 +1,9 @@
 import { createHash } from "node:crypto";
-import { createReadStream, promises as fs } from "node:fs";
+import { promises as fs } from "node:fs";
 import path from "node:path";
 import { CheckpointError, encodeRecordLines, encodeRolloutRecords, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
-import { readRegularFile } from "../storage/regular-file.js";
+import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
 import { invalidRequest } from "./errors.js";
 import { indexPathFor, parseRecordFileName, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
 import { StepMarkerSchema, stepMarkerName } from "./step-marker.js";
@@ -189,24 +189,32 @@ export class RecordWriter {
 
 /** Whether `file` holds exactly the bytes of this size and sha256; null when there is no file. */
 async function holdsBytes(file: string, size: number, sha256: string): Promise<boolean | null> {
-  let onDisk: number;
+  let opened: Awaited<ReturnType<typeof openRegularFile>>;
   try {
-    onDisk = (await fs.stat(file)).size;
+    // Never a FIFO or device (a read would wait for a writer for ever): that is not our file either.
+    opened = await openRegularFile(file, { maxBytes: Number.MAX_SAFE_INTEGER });
   } catch (error) {
+    if (error instanceof CheckpointError) return false;
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
     throw error;
   }
-  if (onDisk !== size) return false;
-  const hash = createHash("sha256");
-  for await (const chunk of createReadStream(file) as AsyncIterable<Buffer>) hash.update(chunk);
-  return hash.digest("hex") === sha256;
+  const { handle, info } = opened;
+  try {
+    if (info.size !== size) return false;
+    const hash = createHash("sha256");
+    for await (const chunk of handle.createReadStream({ autoClose: false }) as AsyncIterable<Buffer>) hash.update(chunk);
+    return hash.digest("hex") === sha256;
+  } finally {
+    await handle.close();
+  }
 }
 
+/** Whether `file` holds exactly `data`; a FIFO, device or larger file there does not (and is never waited on). */
 async function sameBytes(file: string, data: Buffer): Promise<boolean> {
   try {
-    return (await fs.readFile(file)).equals(data);
+    return (await readRegularFile(file, { maxBytes: data.length })).equals(data);
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return false;
+    if (error instanceof CheckpointError || (error as NodeJS.ErrnoException).code === "ENOENT") return false;
     throw error;
   }
 }

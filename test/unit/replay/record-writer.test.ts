@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
 import { mkdir, readdir, readFile, rm, stat } from "node:fs/promises";
@@ -161,6 +162,16 @@ describe("record writer", () => {
       await writeStepRecords(dir, 0, [a(), b()]);
       expect(await markerFiles()).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
       expect((await readIndex(path.join(stepDir(), "index_train_b.jsonl"))).header.record_file).toBe("train_rollouts_b.jsonl");
+    });
+
+    it("a retry replaces a FIFO standing where the index belongs instead of blocking on it", { timeout: 5000 }, async () => {
+      const { indexPath } = await interrupted();
+      const index = await readFile(indexPath);
+      await rm(indexPath);
+      execFileSync("mkfifo", [indexPath]); // readers ignore it unread; the retry must not wait for a writer either
+      await writeStepRecords(dir, 0, [a(), b()]);
+      expect(await readFile(indexPath)).toEqual(index);
+      expect(await markerFiles()).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
     });
 
     it("retrying with different content for a published file is refused as before and changes nothing", async () => {
