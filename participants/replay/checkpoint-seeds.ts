@@ -59,7 +59,9 @@ export interface CheckpointSeedExport {
   skipped: Partial<Record<CheckpointSeedSkip, number>>;
 }
 
-const LoopSnapshotSchema = z.object({ messages: z.array(ChatMessageLikeSchema).min(1), answer: z.string().optional() }).passthrough();
+const LoopSnapshotSchema = z
+  .object({ messages: z.array(ChatMessageLikeSchema).min(1), answer: z.string().optional(), seeded: z.number().int().nonnegative().optional() })
+  .passthrough();
 const LegacyLoopSchema = z.object({ next: z.literal("loop"), state: LoopSnapshotSchema }).passthrough();
 
 async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest> {
@@ -175,7 +177,10 @@ export async function exportCheckpointSeeds(checkpointDir: string, options: { ta
     const messages: Message[] = loop.data.messages.map(chatToMessage);
     const context = messages[0]?.role === "system" ? messages.slice(1) : messages;
     const turns = context.filter((m) => m.role === "assistant").length;
-    if (turns === 0) {
+    // A replayed task's seeded turns are its source rollout's: without turns of its own, the seed
+    // would be the replay task's own prompt again.
+    const ownTurns = messages.slice(loop.data.seeded ?? 0).filter((m) => m.role === "assistant").length;
+    if (ownTurns === 0) {
       skip("no_progress"); // the seed would be the task's own prompt
       continue;
     }

@@ -38,6 +38,11 @@ export const LoopStateSchema = z
     messages: z.array(ChatMessageSchema).min(2).max(MAX_LOOP_MESSAGES),
     /** Set by the final boundary: the activation already has its answer and makes no more calls. */
     answer: z.string().optional(),
+    /**
+     * A replayed task's leading messages (system prompt included) that came from its seed: the
+     * source rollout's turns, not this episode's progress (checkpoint seeds count turns after them).
+     */
+    seeded: z.number().int().min(1).max(MAX_LOOP_MESSAGES).optional(),
   })
   .strict();
 export type LoopState = z.infer<typeof LoopStateSchema>;
@@ -86,7 +91,7 @@ export interface LoopResult {
 
 /** A replayed task: the agent continues from a seeded context instead of the task's first prompt. */
 export function seededState(seed: ChatMessage[]): LoopState {
-  return { messages: [{ role: "system", content: SYSTEM_PROMPT }, ...seed.map((m) => ({ ...m }))] };
+  return { messages: [{ role: "system", content: SYSTEM_PROMPT }, ...seed.map((m) => ({ ...m }))], seeded: 1 + seed.length };
 }
 
 export async function runTurnLoop(
@@ -99,9 +104,10 @@ export async function runTurnLoop(
 ): Promise<LoopResult> {
   const messages: ChatMessage[] = start.messages.map((m) => ({ ...m }));
   let modelCalls = 0;
+  const seeded = start.seeded === undefined ? {} : { seeded: start.seeded };
   if (start.answer !== undefined) return { answer: start.answer, modelCalls, messages };
   for (let turn = 0; turn < MAX_TURNS; turn++) {
-    await driver.boundary(restorable({ messages: messages.map((m) => ({ ...m })) }));
+    await driver.boundary(restorable({ messages: messages.map((m) => ({ ...m })), ...seeded }));
     let reply: ChatMessage;
     for (;;) {
       try {
@@ -119,7 +125,7 @@ export async function runTurnLoop(
       // not make the restored activation call the policy again.
       const answer = (reply.content ?? "").trim();
       const final: ChatMessage[] = [...messages.map((m) => ({ ...m })), { role: "assistant", content: reply.content ?? null }];
-      await driver.boundary(restorable({ messages: final, answer }));
+      await driver.boundary(restorable({ messages: final, answer, ...seeded }));
       return { answer, modelCalls, messages: final };
     }
     messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });

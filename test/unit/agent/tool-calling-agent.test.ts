@@ -52,6 +52,8 @@ describe("tool-calling agent turn loop", () => {
     expect(result.answer).toBe("2");
     expect(boundaries.map((b) => b.messages.length)).toEqual([61, 63, 65, 67, 69, 71, 73, 75, 77, 78]);
     for (const b of boundaries) expect(LoopStateSchema.safeParse(b).success).toBe(true);
+    // Every boundary, the final one included, says which leading messages came from the seed.
+    expect(boundaries.map((b) => b.seeded)).toEqual(Array(10).fill(1 + MAX_SEED_MESSAGES));
   });
 
   it("a state that outgrows the restore limit fails when recorded, never as a boundary", async () => {

@@ -4,7 +4,8 @@ import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, captureKey, sha256Hex, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
 import { FsCheckpointStorage, WriteGate, participantDir } from "../../../participants/index.js";
-import { exportCheckpointSeeds, ReplayError } from "../../../participants/replay/index.js";
+import { DEFAULT_RECHECK_PROMPT, exportCheckpointSeeds, ReplayError } from "../../../participants/replay/index.js";
+import { seededState } from "../../../participants/gym/agent-server/tool-calling-agent.js";
 import { readTaskFile } from "../../../participants/replay/task-file.js";
 import { tempDir } from "./fixtures.js";
 
@@ -91,6 +92,25 @@ describe("checkpoint seeds", () => {
     const exported = await exportCheckpointSeeds(checkpointDir());
     expect(exported.seeds.map((s) => s.name)).toEqual([`continue:${ID}:r1`]);
     expect(exported.skipped).toMatchObject({ not_turn_loop: 1 });
+  });
+
+  it("skip a replayed episode parked before its first model call: its context is the replay seed, no progress of its own", async () => {
+    // What the reference agent's boundary holds at turn 0 of a replayed (recheck) task: the system
+    // prompt and the seed, whose assistant turns came from the source rollout, not from this episode.
+    const seed = [
+      { role: "user" as const, content: "Compute: 6*7" },
+      { role: "assistant" as const, content: null, tool_calls: [{ id: "c1", type: "function" as const, function: { name: "calculator", arguments: "{}" } }] },
+      { role: "tool" as const, tool_call_id: "c1", content: "42" },
+      { role: "assistant" as const, content: "42" },
+      { role: "user" as const, content: DEFAULT_RECHECK_PROMPT },
+    ];
+    const r1 = parked("r1");
+    const agent = { ...r1.agent, boundary: seededState(seed) };
+    await publish([await writeParticipant("environment", [r1.environment]), await writeParticipant("agent", [agent])]);
+    const exported = await exportCheckpointSeeds(checkpointDir());
+    // Its two assistant turns are the source rollout's: exported, it would be the replay task's own seed again.
+    expect(exported.seeds.map((s) => s.lineage.turns)).toEqual([]);
+    expect(exported.skipped).toMatchObject({ no_progress: 1 });
   });
 
   it("refuse a participant directory replaced after publication, even a self-consistent one", async () => {
