@@ -730,7 +730,10 @@ export class Collector {
         if (stop && published) {
           this.stopping = true;
         } else {
-          await this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }).catch((err: unknown) => log.error({ err }, "resume failed"));
+          // Sent again while its outcome is unknown, like the restore's resume: one that never reached
+          // a leader (it died between publish and resume) is lost, since a successor keeps a published
+          // checkpoint open for this resume, and the rows stay parked until the participants' lease expires.
+          await this.resent("resume", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() })).catch((err: unknown) => log.error({ err }, "resume failed"));
         }
         this.openGate();
         this.report(true);

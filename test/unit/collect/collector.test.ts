@@ -696,6 +696,35 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1 });
   });
 
+  it("a checkpoint's resume answered outcome_unknown (its coordinator died between publish and resume) is sent again, so the parked rows go on", async () => {
+    const resumed = deferred();
+    let arrived = false;
+    const url = await runServer(async () => {
+      arrived = true;
+      await resumed.promise; // parked at the environment until the checkpoint is resumed
+      return { status: 200, body: { reward: 1 } };
+    });
+    let lost = 0;
+    const fake = fakeController({
+      resume: async (req: never) => {
+        // The first one never reached a leader: nothing resumed. A successor keeps a published
+        // checkpoint open for its controller's resume, so only this collector can release it.
+        if (lost++ === 0) throw new CheckpointError("outcome_unknown", "no reply on ctl.resume within 15000 ms");
+        resumed.resolve();
+        return fake.base.resume(req);
+      },
+    });
+    const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => arrived, "the /run of a");
+    const { published, checkpointId } = await collector.checkpoint({ stop: false });
+    expect(published).toBe(true);
+    expect(fake.state.open).toBeNull(); // resumed, not left parked until the participants' lease expires
+    expect(fake.calls.filter((c) => c.op === "resume").map((c) => c.req.checkpoint_id)).toEqual([checkpointId]);
+    expect(await run).toMatchObject({ finished: 1, failed: 0 });
+  });
+
   it("a checkpoint does not wait for a row refused admission by that checkpoint, nor continues it", async () => {
     const prepared = deferred();
     const sent: number[] = [];
