@@ -147,6 +147,13 @@ export class Collector {
   private readonly toRetire: EpisodeId[] = [];
   /** Rollouts with a retired attempt; forgotten once a later attempt replies, and at close (as are continued rows once they reply). */
   private readonly retired = new Set<string>();
+  /**
+   * Our checkpoints whose resume never got an answer (no leader through every try): a successor
+   * keeps a published checkpoint open for exactly this resume, so it is sent again before the next
+   * prepare (which that open checkpoint would refuse) rather than leaving the Gym parked until the
+   * participants' lease expires.
+   */
+  private readonly unresumed = new Set<string>();
   private readonly toForget = new Set<string>();
   private log!: DispatchLog;
   private runId = `run-${new Date().toISOString().replace(/[-:.TZ]/g, "").slice(0, 14)}-${randomBytes(4).toString("hex")}`;
@@ -274,6 +281,24 @@ export class Collector {
       // the rows restart from input, and an attempt that clean-up fenced is skipped when sent.
       if (!(error instanceof CheckpointError && error.code === "restore_failed")) throw error;
       this.options.logger.info({ checkpoint_id: checkpointId, err: error }, "the restore the previous run left open had failed; its clean-up closed it");
+    }
+  }
+
+  /**
+   * Resumes one of our checkpoints, sent again while its outcome is unknown (like the restore's
+   * resume): one that never reached a leader (it died between publish and resume) would be lost,
+   * since a successor keeps a published checkpoint open for this resume. Still unknown after every
+   * try, it is remembered in `unresumed`; any other refusal is logged and forgotten.
+   */
+  private async resumeOwn(checkpointId: string, log: Logger): Promise<void> {
+    try {
+      await this.resent("resume", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
+      this.unresumed.delete(checkpointId);
+    } catch (err) {
+      const unknown = err instanceof CheckpointError && RESENT_CODES.has(err.code);
+      if (unknown) this.unresumed.add(checkpointId);
+      else this.unresumed.delete(checkpointId);
+      log.error({ err, sent_again_before_next_checkpoint: unknown }, "resume failed");
     }
   }
 
@@ -681,6 +706,7 @@ export class Collector {
       // The stop goes first: a scheduler's grace period is short, and after it nothing may resume.
       if ((timer && this.stopsPending > 0) || (!stop && this.stopping)) return undefined;
       this.closeGate();
+      for (const id of [...this.unresumed]) await this.resumeOwn(id, this.options.logger.child({ checkpoint_id: id }));
       const checkpointId = newCheckpointId(Date.now());
       // Set now, so a checkpoint that fails still names its id.
       span.setAttribute("gym_ckpt.checkpoint.id", checkpointId);
@@ -730,10 +756,7 @@ export class Collector {
         if (stop && published) {
           this.stopping = true;
         } else {
-          // Sent again while its outcome is unknown, like the restore's resume: one that never reached
-          // a leader (it died between publish and resume) is lost, since a successor keeps a published
-          // checkpoint open for this resume, and the rows stay parked until the participants' lease expires.
-          await this.resent("resume", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() })).catch((err: unknown) => log.error({ err }, "resume failed"));
+          await this.resumeOwn(checkpointId, log);
         }
         this.openGate();
         this.report(true);

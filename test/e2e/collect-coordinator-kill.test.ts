@@ -53,8 +53,9 @@ async function setUp(deployment: string): Promise<{ gym: Gym; startDaemon: () =>
     deployment,
     token: GYM_TOKEN,
     checkpointRoot,
-    // A participant a killed coordinator left parked in a checkpoint nobody recovers resumes by its
-    // lease (the protocol's way out): short here, so that path fits the wait below.
+    // A participant left parked (a resume lost with a killed coordinator) resumes by its lease, the
+    // protocol's way out: short here, so that slow path fits the wait below. The lost resume itself
+    // is sent again by the collector (collect-lost-resume.test.ts checks it with the full grace).
     leaseGraceSeconds: 15,
     args: { policy: ["--token-delay-ms", "20"], model: ["--ledger-dir", join(checkpointRoot, "model-ledger")] },
   });

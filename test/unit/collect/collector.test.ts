@@ -725,6 +725,40 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1, failed: 0 });
   });
 
+  it("a checkpoint whose resume stayed unknown through every try is resumed before the next checkpoint's prepare", async () => {
+    const resumed = deferred();
+    let arrived = false;
+    const url = await runServer(async () => {
+      arrived = true;
+      await resumed.promise;
+      return { status: 200, body: { reward: 1 } };
+    });
+    let lost = 0;
+    const fake = fakeController({
+      resume: async (req: never) => {
+        // No leader through all three tries of the first checkpoint's resume.
+        if (lost++ < 3) throw new CheckpointError("outcome_unknown", "no reply on ctl.resume within 15000 ms");
+        resumed.resolve();
+        return fake.base.resume(req);
+      },
+    });
+    const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => arrived, "the /run of a");
+    const first = await collector.checkpoint({ stop: false });
+    expect(first.published).toBe(true);
+    expect(fake.state.open).not.toBeNull(); // still published and open: only this collector's resume releases it
+    const second = await collector.checkpoint({ stop: false });
+    expect(second.published).toBe(true);
+    const ops = fake.calls.filter((c) => c.op === "resume" || c.op === "prepare").map((c) => `${c.op} ${c.req.checkpoint_id === first.checkpointId ? "first" : "second"}`);
+    // (the fake records the resumes that reached it: the first got through on its fourth send, before the second prepare)
+    expect(ops).toEqual(["prepare first", "resume first", "prepare second", "resume second"]);
+    expect(lost).toBe(5);
+    expect(fake.state.open).toBeNull();
+    expect(await run).toMatchObject({ finished: 1, failed: 0 });
+  }, 20_000);
+
   it("a checkpoint does not wait for a row refused admission by that checkpoint, nor continues it", async () => {
     const prepared = deferred();
     const sent: number[] = [];
