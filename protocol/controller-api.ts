@@ -1,8 +1,8 @@
 import { z } from "zod";
 import { ErrorCodeSchema } from "./errors.js";
-import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema } from "./ids.js";
+import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, anyCase } from "./ids.js";
 import { KindSchema } from "./kinds.js";
-import { GlobalManifestSchema, ParticipantEntrySchema } from "./manifest.js";
+import { GLOBAL_MANIFEST_FILE, GlobalManifestSchema, ParticipantEntrySchema } from "./manifest.js";
 import { PhaseSchema, PrepareReportSchema } from "./messages.js";
 
 /**
@@ -22,7 +22,14 @@ export const ControllerStateInputSchema = z.union([
   z.object({ inline: z.unknown() }).strict(),
   z
     .object({
-      file: z.string().min(1).max(255).regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "file must be a plain file name"),
+      file: z
+        .string()
+        .min(1)
+        .max(255)
+        .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "file must be a plain file name")
+        // Publication writes checkpoint.json into the same directory: it would overwrite the state (any case, for case-insensitive filesystems).
+        .refine((file) => file.toLowerCase() !== GLOBAL_MANIFEST_FILE, `file may not be ${GLOBAL_MANIFEST_FILE} (publication writes it)`)
+        .meta({ not: { pattern: `^${anyCase(GLOBAL_MANIFEST_FILE)}$` } }),
       /** When given, the coordinator checks the file against it. */
       sha256: Sha256Schema.optional(),
     })

@@ -46,7 +46,7 @@ export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
 export const RESERVED_CHECKPOINT_IDS: readonly string[] = ["latest"];
 
 /** A pattern matching `name` in any letter case (JSON Schema patterns take no flags). */
-function anyCase(name: string): string {
+export function anyCase(name: string): string {
   return [...name].map((c) => (c.toLowerCase() !== c.toUpperCase() ? `[${c.toUpperCase()}${c.toLowerCase()}]` : c.replace(/[.\\^$|?*+()[\]{}-]/g, "\\$&"))).join("");
 }
 

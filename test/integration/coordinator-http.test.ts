@@ -1,4 +1,4 @@
-import { writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { connect } from "node:net";
 import { join } from "node:path";
 import { Ajv2020 } from "ajv/dist/2020.js";
@@ -56,7 +56,7 @@ describe("HTTP controller API (real HTTP client)", () => {
     });
   });
 
-  it("the served OpenAPI document refuses what the server refuses: LATEST as a checkpoint id, rollout ids ending -a<digits>", async () => {
+  it("the served OpenAPI document refuses what the server refuses: LATEST as a checkpoint id, rollout ids ending -a<digits>, a controller state file named checkpoint.json", async () => {
     const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { paths: Record<string, Record<string, any>> };
     const ajv = new Ajv2020({ strict: true, allErrors: true });
     const bodyOf = (op: string) => ajv.compile(doc.paths[`/v1/${op}`]!.post.requestBody.content["application/json"].schema);
@@ -69,6 +69,8 @@ describe("HTTP controller API (real HTTP client)", () => {
       ["restore", { episode_ids: [{ rollout_id: "r1-a2", attempt: 0 }] }],
       ["retire", { episode_ids: [{ rollout_id: "r1-a10" }] }],
       ["forget", { rollout_ids: ["r1", "r2-a1"] }],
+      ["publish", { checkpoint_id: "h1", controller_state: { file: "checkpoint.json" } }],
+      ["publish", { checkpoint_id: "h1", controller_state: { file: "CHECKPOINT.json" } }],
     ];
     for (const [op, body] of refused) {
       expect([op, body, bodyOf(op)(body)]).toEqual([op, body, false]);
@@ -189,6 +191,29 @@ describe("refusals docs/api.md lists per op", () => {
       body: { error: { code: "invalid_checkpoint_state" } },
     });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+});
+
+describe("controller state file", () => {
+  it("a controller state file named checkpoint.json is refused (invalid_request), not overwritten by the publication", async () => {
+    expect((await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h9" }))).status).toBe(200);
+    expect((await post("/v1/commit", JSON.stringify({ checkpoint_id: "h9", episode_ids: [] }))).status).toBe(200);
+    // A trainer naming its own state file the obvious way.
+    const own = join(world.root, "h9", "checkpoint.json");
+    await writeFile(own, '{"trainer_step":1200}\n');
+    const latestNow = () => readFile(join(world.root, "LATEST"), "utf8").catch(() => null);
+    const latest = await latestNow();
+    for (const file of ["checkpoint.json", "Checkpoint.JSON"]) {
+      expect([file, await post("/v1/publish", JSON.stringify({ checkpoint_id: "h9", controller_state: { file } }))]).toMatchObject([
+        file,
+        { status: 400, body: { error: { code: "invalid_request" } } },
+      ]);
+    }
+    expect(await readFile(own, "utf8")).toBe('{"trainer_step":1200}\n');
+    expect(await latestNow()).toBe(latest);
+    const status = CtlStatusReplySchema.parse(await (await fetch(`${base}/v1/status`, { headers: auth })).json());
+    expect(status.checkpoint).toMatchObject({ checkpoint_id: "h9", phase: "committed" });
+    expect((await post("/v1/resume", JSON.stringify({ checkpoint_id: "h9" }))).status).toBe(200);
   });
 });
 
