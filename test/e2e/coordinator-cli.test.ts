@@ -93,6 +93,26 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect((await cli(["forget", "--rollouts", "c1"], env)).code).toBe(0);
   });
 
+  it("an empty value is the value given, never the flag left out: an empty id is refused, an empty --episodes is an empty scope", async () => {
+    const listed = (await cli(["ls", "--json"], env)).stdout;
+    // `"$ID"` of an unset variable: not a generated id, not LATEST, not the default id.
+    for (const args of [
+      ["checkpoint", "--id", "", "--episodes", "c1"],
+      ["restore", "", "--episodes", "c1"],
+      ["retire", "--episodes", "c1-a5", "--id", ""],
+      ["forget", "--rollouts", "c9", "--id", ""],
+    ]) {
+      const refused = await cli(args, env);
+      expect([args, refused.code, refused.stderr]).toEqual([args, 2, expect.stringMatching(/^error invalid_request: checkpoint_id: /)]);
+    }
+    expect((await cli(["ls", "--json"], env)).stdout).toBe(listed);
+    expect((await cli(["prepare", "cli-e2"], env)).code).toBe(0);
+    const committed = await cli(["commit", "cli-e2", "--episodes", ""], env);
+    expect([committed.code, committed.stderr]).toEqual([0, ""]);
+    expect((JSON.parse(committed.stdout) as { participants: { episode_ids: string[] }[] }).participants.map((p) => p.episode_ids)).toEqual(Array(5).fill([]));
+    expect((await cli(["resume", "cli-e2"], env)).code).toBe(0);
+  });
+
   it("verify exits 1 naming invalid_checkpoint_state when a record changed", async () => {
     const dir = join(world.root, "cli-1", "gym", "model", "policy");
     const records = (await readdir(dir)).find((n) => n.startsWith("records-"))!;

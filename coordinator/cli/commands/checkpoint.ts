@@ -15,9 +15,9 @@ export function register(program: Command): void {
   ).action(async (flags: ClientFlags & { id?: string; timeoutS?: string; episodes?: string; stop?: boolean; stateJson?: string; stateFile?: string }) => {
     await withClient(flags, async (client) => {
       const reply = await client.checkpoint({
-        ...(flags.id && { checkpoint_id: flags.id }),
+        ...(flags.id !== undefined && { checkpoint_id: flags.id }),
         deadline_ts: deadlineFrom(flags.timeoutS),
-        episode_ids: flags.episodes ? parseEpisodes(flags.episodes) : null,
+        episode_ids: flags.episodes !== undefined ? parseEpisodes(flags.episodes) : null,
         stop: flags.stop ?? false,
         controller_state: controllerStateFrom(flags),
       });

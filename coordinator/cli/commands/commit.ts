@@ -15,7 +15,7 @@ export function register(program: Command): void {
         await client.commit({
           checkpoint_id: id,
           deadline_ts: deadlineFrom(flags.timeoutS),
-          episode_ids: flags.episodes ? parseEpisodes(flags.episodes) : null,
+          episode_ids: flags.episodes !== undefined ? parseEpisodes(flags.episodes) : null,
           stop: flags.stop ?? false,
         }),
       ),

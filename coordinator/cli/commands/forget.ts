@@ -13,7 +13,7 @@ export function register(program: Command): void {
     await withClient(flags, async (client) =>
       printJson(
         await client.forget({
-          ...(flags.id && { checkpoint_id: flags.id }),
+          ...(flags.id !== undefined && { checkpoint_id: flags.id }),
           rollout_ids: flags.rollouts.split(",").map((s) => s.trim()).filter(Boolean),
           deadline_ts: deadlineFrom(flags.timeoutS),
         }),

@@ -10,7 +10,7 @@ export function register(program: Command): void {
       .option("--timeout-s <s>", "deadline, seconds from now"),
   ).action(async (id: string | undefined, flags: ClientFlags & { episodes: string; timeoutS?: string }) => {
     await withClient(flags, async (client) =>
-      printJson(await client.restore({ ...(id && { checkpoint_id: id }), episode_ids: parseEpisodes(flags.episodes), deadline_ts: deadlineFrom(flags.timeoutS) })),
+      printJson(await client.restore({ ...(id !== undefined && { checkpoint_id: id }), episode_ids: parseEpisodes(flags.episodes), deadline_ts: deadlineFrom(flags.timeoutS) })),
     );
   });
 }

@@ -11,7 +11,7 @@ export function register(program: Command): void {
       .option("--timeout-s <s>", "deadline, seconds from now"),
   ).action(async (flags: ClientFlags & { episodes: string; id?: string; timeoutS?: string }) => {
     await withClient(flags, async (client) =>
-      printJson(await client.retire({ ...(flags.id && { checkpoint_id: flags.id }), episode_ids: parseEpisodes(flags.episodes), deadline_ts: deadlineFrom(flags.timeoutS) })),
+      printJson(await client.retire({ ...(flags.id !== undefined && { checkpoint_id: flags.id }), episode_ids: parseEpisodes(flags.episodes), deadline_ts: deadlineFrom(flags.timeoutS) })),
     );
   });
 }
