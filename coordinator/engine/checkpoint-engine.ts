@@ -342,6 +342,9 @@ export class CheckpointEngine {
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
       if (again) return again;
       const deadlineMs = this.deadline(request.deadline_ts);
+      // A state file the publication would refuse is refused now, before the prepare parks anyone
+      // and a commit burns the id (publish checks it again: it may change meanwhile).
+      await this.options.writer.checkControllerState(id, request.controller_state);
       // Durations on the monotonic clock (the engine's clock is wall time, for deadlines).
       const t0 = performance.now();
       const prepared = await this.doPrepare(id, deadlineMs, true, request.controller_state, ctx, request.episode_ids);

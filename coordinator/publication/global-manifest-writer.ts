@@ -207,6 +207,14 @@ export class GlobalManifestWriter {
     }
   }
 
+  /**
+   * Refuses a controller state `publish` would refuse for `checkpointId` (a file missing, not a
+   * regular file, or with another sha256), so an op can check it before it sends anything.
+   */
+  async checkControllerState(checkpointId: string, input: ControllerStateInput | null): Promise<void> {
+    await this.resolveControllerState(this.catalog.dirFor(checkpointId), input);
+  }
+
   private async resolveControllerState(dir: string, input: ControllerStateInput | null): Promise<ControllerState | null> {
     if (input === null) return null;
     if ("inline" in input) return { inline: input.inline ?? null };

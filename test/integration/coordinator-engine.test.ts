@@ -1,3 +1,6 @@
+import { createHash } from "node:crypto";
+import { mkdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { headers } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
@@ -162,6 +165,28 @@ describe("coordinator over a real nats-server with participants of all four kind
     expect(await ask("prepare", JSON.stringify({ checkpoint_id: "full-1" }))).toBe("stale_checkpoint");
     expect(hookLog).toEqual([]);
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+
+  it("the checkpoint op refuses a controller state file it could not publish before sending anything, so the id stays usable", async () => {
+    const state = '{"trainer_step":7}\n';
+    const monitor = monitorPhaseMessages(world.pnc, world.deployment);
+    await world.pnc.flush();
+    expect(await refusal(world.client.checkpoint({ checkpoint_id: "state-file-1", controller_state: { file: "trainer.json" } }))).toMatchObject({ code: "not_found" });
+    await mkdir(join(world.root, "state-file-1"), { recursive: true });
+    await writeFile(join(world.root, "state-file-1", "trainer.json"), state);
+    const other = createHash("sha256").update("something else").digest("hex");
+    expect(await refusal(world.client.checkpoint({ checkpoint_id: "state-file-1", controller_state: { file: "trainer.json", sha256: other } }))).toMatchObject({
+      code: "invalid_checkpoint_state",
+    });
+    await world.pnc.flush();
+    monitor.stop();
+    expect(monitor.log).toEqual([]);
+    expect(hookLog).toEqual([]);
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+    // The same id, now with a file that is there: published, the state file recorded.
+    const sha256 = createHash("sha256").update(state).digest("hex");
+    expect((await world.client.checkpoint({ checkpoint_id: "state-file-1", controller_state: { file: "trainer.json", sha256 } })).checkpoint_id).toBe("state-file-1");
+    expect((await world.client.get("state-file-1")).manifest.controller_state).toEqual({ file: "trainer.json", sha256 });
   });
 
   it("retire and forget run callers before callees: environment, agent, then model and resources", async () => {

@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -256,8 +256,11 @@ describe("engine ordering", () => {
   });
 
   it("a publication that fails while the participants resume fails the op and leaves nothing published or open", async () => {
-    const { engine, fake, catalog, journal } = makeEngine(root);
-    const error = await refusal(engine.checkpoint({ checkpoint_id: "o2", episode_ids: null, stop: false, controller_state: { file: "missing.json" } }));
+    // The state file is there when the op starts (it is checked before anything is sent) and gone when publication reads it.
+    const { engine, fake, catalog, journal } = makeEngine(root, { hooks: { beforePublication: (id) => rm(join(root, id, "state.json")) } });
+    await mkdir(join(root, "o2"));
+    await writeFile(join(root, "o2", "state.json"), "{}\n");
+    const error = await refusal(engine.checkpoint({ checkpoint_id: "o2", episode_ids: null, stop: false, controller_state: { file: "state.json" } }));
     expect(error.code).toBe("not_found");
     // The decision is withdrawn before the abort's resume: participants keep their commit replies
     // after resuming, so a successor finding `decided` would publish what its controller saw fail.
@@ -273,13 +276,15 @@ describe("engine ordering", () => {
   });
 
   it("a decision that cannot be withdrawn after a failed publication: everyone resumed, the op answers outcome_unknown", async () => {
-    const { engine, fake, journal } = makeEngine(root);
+    const { engine, fake, journal } = makeEngine(root, { hooks: { beforePublication: (id) => rm(join(root, id, "state.json")) } });
+    await mkdir(join(root, "o3"));
+    await writeFile(join(root, "o3", "state.json"), "{}\n");
     const record = journal.record.bind(journal);
     journal.record = async (entry) => {
       if (entry.state === "open" && journal.entries.get(entry.checkpoint_id)?.state === "decided") throw new Error("KV unavailable");
       await record(entry);
     };
-    const error = await refusal(engine.checkpoint({ checkpoint_id: "o3", episode_ids: null, stop: false, controller_state: { file: "missing.json" } }));
+    const error = await refusal(engine.checkpoint({ checkpoint_id: "o3", episode_ids: null, stop: false, controller_state: { file: "state.json" } }));
     expect(error.code).toBe("outcome_unknown");
     expect(error.message).toContain("could not be withdrawn");
     expect(new Set(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).size).toBe(5);
