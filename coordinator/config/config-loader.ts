@@ -63,11 +63,13 @@ function merge(base: Plain, layer: Plain): Plain {
   const out: Plain = { ...base };
   for (const [key, value] of Object.entries(layer)) {
     if (value === undefined) continue;
-    const existing = out[key];
-    out[key] =
+    const existing = Object.hasOwn(out, key) ? out[key] : undefined;
+    const merged =
       value !== null && typeof value === "object" && !Array.isArray(value) && existing !== null && typeof existing === "object" && !Array.isArray(existing)
         ? merge(existing as Plain, value as Plain)
         : value;
+    // Defined, not assigned: a file's `__proto__` key stays an own key the strict schema refuses, instead of becoming the prototype.
+    Object.defineProperty(out, key, { value: merged, enumerable: true, writable: true, configurable: true });
   }
   return out;
 }

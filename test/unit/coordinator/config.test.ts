@@ -44,6 +44,28 @@ describe("coordinator config", () => {
     expect(message).toContain("bogus");
   });
 
+  it("refuses a config file key __proto__ as unknown, at any level, instead of dropping it", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    try {
+      for (const [name, text] of [
+        ["top.json", '{"token":"t","checkpoint_root":"/data/ck","__proto__":{"retention":7}}'],
+        ["nested.json", '{"token":"t","checkpoint_root":"/data/ck","http":{"__proto__":{"port":1}}}'],
+      ]) {
+        const file = join(dir, name!);
+        await writeFile(file, text!);
+        let error: unknown;
+        try {
+          loadConfig({ file, env: {} });
+        } catch (e) {
+          error = e;
+        }
+        expect([name, (error as CheckpointError | undefined)?.code, (error as Error | undefined)?.message]).toEqual([name, "invalid_request", expect.stringContaining('Unrecognized key: "__proto__"')]);
+      }
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("refuses tokens that could never authenticate reliably (whitespace, control or non-ASCII characters), naming the key", () => {
     for (const [key, env] of [
       ["token", { GYM_CKPT_TOKEN: "two words" }],
