@@ -54,9 +54,10 @@ export class HttpControllerApi {
       clientErrorHandler: refuseMalformedRequest,
     });
     this.app = app;
-    // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes.
+    // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes. Bytes,
+    // as NATS delivers them: decoded first, invalid UTF-8 (3 bytes per U+FFFD) would count as too large.
     app.removeAllContentTypeParsers();
-    app.addContentTypeParser("*", { parseAs: "string" }, (_req, body, done) => done(null, body));
+    app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, body, done) => done(null, body));
     app.setErrorHandler((error: Error & { code?: string; statusCode?: number }, _req, reply) => {
       const refusal =
         error.code === "FST_ERR_CTP_BODY_TOO_LARGE"
@@ -97,7 +98,7 @@ export class HttpControllerApi {
       let body: unknown;
       if (op === "get") body = { checkpoint_id: (req.params as { checkpoint_id?: string }).checkpoint_id };
       else if (req.method === "GET") body = {};
-      else body = typeof req.body === "string" ? req.body : "";
+      else body = req.body instanceof Uint8Array ? req.body : "";
       // The controller's traceparent, as the NATS API reads it: its span parents the op's.
       const parent = propagation.extract(context.active(), req.headers);
       return await context.with(parent, () => dispatchController(this.options.engine, op, body));

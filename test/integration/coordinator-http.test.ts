@@ -1,11 +1,12 @@
 import { readFile, writeFile } from "node:fs/promises";
 import { connect } from "node:net";
 import { join } from "node:path";
+import { headers } from "@nats-io/transport-node";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpUrlOf } from "../../coordinator/api/http-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
-import { CheckpointError, CtlStatusReplySchema, ErrorReplySchema, MAX_CHECKPOINT_ID_CHARS } from "../../protocol/index.js";
+import { CheckpointError, CtlStatusReplySchema, ErrorReplySchema, MAX_CHECKPOINT_ID_CHARS, controllerSubject } from "../../protocol/index.js";
 import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
@@ -162,6 +163,16 @@ describe("HTTP controller API (real HTTP client)", () => {
       expect(ErrorReplySchema.parse(JSON.parse(response.slice(response.indexOf("\r\n\r\n") + 4))).error.code).toBe("invalid_request");
     }
     expect((await fetch(`${base}/readyz`)).status).toBe(200);
+  });
+
+  it("measures a body by its bytes, as the NATS API does: 600 KB that are not UTF-8 are malformed JSON (400), not too large (413)", async () => {
+    const bytes = Buffer.alloc(600 * 1024, 0xff);
+    const response = await fetch(`${base}/v1/prepare`, { method: "POST", headers: { ...auth, "content-type": "application/json" }, body: bytes });
+    expect({ status: response.status, code: ErrorReplySchema.parse(await response.json()).error.code }).toEqual({ status: 400, code: "invalid_request" });
+    const h = headers();
+    h.set("Authorization", `Bearer ${CONTROLLER_TOKEN}`);
+    const overNats = await world.pnc.request(controllerSubject(world.deployment, "prepare"), bytes, { timeout: 5000, headers: h });
+    expect(ErrorReplySchema.parse(overNats.json()).error.code).toBe("invalid_request");
   });
 
   it("the typed HTTP client runs the convenience op and surfaces refusals as CheckpointError", async () => {
