@@ -1,6 +1,6 @@
 import { context, propagation } from "@opentelemetry/api";
 import { Agent, fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, CtlGetRequestSchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
 import { pollUntil } from "./poll-until.js";
@@ -68,6 +68,16 @@ function describeCause(error: unknown): string {
   return (error as Error).cause === undefined ? "fetch refused its URL or headers (is the token one line of printable characters?)" : "fetch blocks that port (bad port)";
 }
 
+/**
+ * The id `get` puts in its path, refused here as the server would refuse it: a URL resolves `.` and
+ * `..` (encoded or not) away, so `..` would ask for another route and be `not_found`, never this refusal.
+ */
+function getRequestId(request: unknown): string {
+  const parsed = CtlGetRequestSchema.safeParse(request);
+  if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
+  return parsed.data.checkpoint_id;
+}
+
 /** The controller API over HTTP/JSON (fetch). */
 export class HttpControllerClient extends ControllerClient {
   constructor(private readonly options: HttpControllerClientOptions) {
@@ -78,7 +88,7 @@ export class HttpControllerClient extends ControllerClient {
   async call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
     const { method, url } = httpRoute(op);
     let path = url;
-    if (op === "get") path = url.replace("{checkpoint_id}", encodeURIComponent((request as { checkpoint_id: string }).checkpoint_id));
+    if (op === "get") path = url.replace("{checkpoint_id}", encodeURIComponent(getRequestId(request)));
     const timeout = replyTimeoutMs(op, request, this.options);
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) };
     // W3C traceparent of the caller's span, as the NATS client sends it: the op joins the caller's trace.

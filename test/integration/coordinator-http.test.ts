@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpUrlOf } from "../../coordinator/api/http-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
 import { CheckpointError, CtlStatusReplySchema, ErrorReplySchema, MAX_CHECKPOINT_ID_CHARS, controllerSubject } from "../../protocol/index.js";
+import { refusalOf } from "../support/refusal.js";
 import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
@@ -183,6 +184,14 @@ describe("HTTP controller API (real HTTP client)", () => {
     await expect(client.get("absent")).rejects.toSatisfy((e: unknown) => e instanceof CheckpointError && e.code === "not_found");
     const bad = new HttpControllerClient({ baseUrl: base, token: "wrong" });
     await expect(bad.status()).rejects.toMatchObject({ code: "unauthorized" });
+  });
+
+  it("the typed clients refuse an invalid id to get alike, over HTTP (where a URL would resolve `..` away) as over NATS", async () => {
+    const http = new HttpControllerClient({ baseUrl: base, token: CONTROLLER_TOKEN });
+    for (const id of ["..", ".", "", "a/b", "LATEST"]) {
+      const [overHttp, overNats] = await Promise.all([refusalOf(http.get(id)), refusalOf(world.client.get(id))]);
+      expect([id, overHttp.code, overHttp.message]).toEqual([id, "invalid_request", overNats.message]);
+    }
   });
 });
 
