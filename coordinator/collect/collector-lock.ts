@@ -3,11 +3,15 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import { link, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { CheckpointError } from "../../protocol/index.js";
+import { parseProcessIdentity, processIdentity, whyOwnerGone } from "../../protocol/process-identity.js";
 
 export const COLLECTOR_LOCK_FILE = "collector.pid";
 
-/** `<pid> <host>`: the only content a collector ever gives the lock file. */
-const LOCK_LINE = /^([1-9][0-9]{0,9}) (\S{1,255})\n$/;
+/**
+ * `<pid> <host> <start time> <boot id>`, the line a collector gives the lock file; `<pid> <host>`
+ * where /proc has no identity, and in files older collectors left.
+ */
+const LOCK_LINE = /^([1-9][0-9]{0,9}) (\S{1,255})(?: (\S+) (\S+))?\n$/;
 
 const TAKEOVER_TRIES = 3;
 
@@ -26,7 +30,8 @@ export interface CollectorLock {
  * One collector per checkpoint root: two would replace each other's `dispatched.jsonl` and retire
  * each other's attempts. The file appears whole and only if absent (written aside, then hard-linked
  * into place, which fails when the name exists). A file whose process is alive on this host refuses
- * the start (`checkpoint_conflict`); one left by a dead process, by another host (a requeued job
+ * the start (`checkpoint_conflict`); one left by a process that no longer runs (by its start time and
+ * the boot id where the file has them, so a reused pid does not keep it held), by another host (a requeued job
  * usually lands on another node after its predecessor died: liveness cannot be checked there) or
  * unreadable is taken over. Never by removing the name after judging its content (another
  * collector may have replaced that file meanwhile): the file is renamed aside to a name of our own
@@ -34,7 +39,7 @@ export interface CollectorLock {
  */
 export async function acquireCollectorLock(checkpointDir: string): Promise<CollectorLock> {
   const path = join(checkpointDir, COLLECTOR_LOCK_FILE);
-  const line = `${process.pid} ${hostname()}\n`;
+  const line = ownLine();
   const aside = join(checkpointDir, `.${COLLECTOR_LOCK_FILE}.${randomBytes(6).toString("hex")}`);
   await writeFile(aside, line, { flag: "wx" });
   let tookOver: string | undefined;
@@ -100,21 +105,23 @@ function conflict(checkpointDir: string, path: string, live: string | undefined)
   return new CheckpointError("checkpoint_conflict", `${holder} is running on ${checkpointDir}; if none is, remove ${path}`);
 }
 
+/** This process's lock line. */
+function ownLine(): string {
+  const identity = processIdentity();
+  return `${process.pid} ${hostname()}${identity ? ` ${identity.startTime} ${identity.bootId}` : ""}\n`;
+}
+
 /** Why a lock file's holder no longer runs; undefined while it may. */
 function staleBecause(held: string, path: string): string | undefined {
   const m = LOCK_LINE.exec(held);
   if (!m) return "unreadable content";
   const pid = Number(m[1]);
+  const identity = m[3] === undefined ? undefined : parseProcessIdentity(m[3], m[4]!);
+  if (m[3] !== undefined && identity === undefined) return "unreadable content";
   if (m[2] !== hostname()) return `left by host ${m[2]}, whose processes cannot be checked from here`;
   // Our pid: an earlier process's (pids are reused, e.g. in a requeued container), unless we hold it now.
   if (pid === process.pid) return heldHere.has(path) ? undefined : "left by this process";
-  try {
-    process.kill(pid, 0);
-    return undefined;
-  } catch (error) {
-    // EPERM: alive, owned by another user.
-    return (error as NodeJS.ErrnoException).code === "ESRCH" ? `pid ${pid} is not running` : undefined;
-  }
+  return whyOwnerGone(pid, identity);
 }
 
 async function readIfExists(path: string): Promise<string | undefined> {

@@ -1,8 +1,9 @@
 import { randomBytes } from "node:crypto";
-import { readFileSync, unlinkSync } from "node:fs";
+import { unlinkSync } from "node:fs";
 import { open, readFile, stat, unlink } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { makeDirectories } from "../../../protocol/index.js";
+import { parseProcessIdentity, processIdentity, whyOwnerGone } from "../../../protocol/process-identity.js";
 import { AsyncLock } from "../../control-plane/async-lock.js";
 
 /**
@@ -169,36 +170,13 @@ process.once("exit", () => {
 });
 
 /**
- * When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22): with the boot id
- * it tells the process that wrote a lock file from a later one that got its pid. Undefined where
- * there is no such process, or no /proc.
- */
-function processStart(pid: number): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    // The command name (field 2) may hold spaces and parentheses: count from the last ")".
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
-}
-
-const BOOT_ID = (() => {
-  try {
-    return readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim() || undefined;
-  } catch {
-    return undefined;
-  }
-})();
-
-/**
  * What a lock file holds: the owner's pid, a token of its own and, where /proc has them, its start
- * time and the boot id. A pid alone is not enough: a restarted container's process is PID 1 again
- * and would take its predecessor's files for its own, and after a crash an unrelated process may
- * hold the dead owner's pid, which must not keep the stripe locked for good.
+ * time and the boot id (protocol/process-identity.ts). A pid alone is not enough: a restarted
+ * container's process is PID 1 again and would take its predecessor's files for its own, and after
+ * a crash an unrelated process may hold the dead owner's pid, which must not keep the stripe locked for good.
  */
-const OWN_START = processStart(process.pid);
-const OWNER = [process.pid, randomBytes(8).toString("hex"), ...(OWN_START && BOOT_ID ? [OWN_START, BOOT_ID] : [])].join(" ");
+const OWN_IDENTITY = processIdentity();
+const OWNER = [process.pid, randomBytes(8).toString("hex"), ...(OWN_IDENTITY ? [OWN_IDENTITY.startTime, OWN_IDENTITY.bootId] : [])].join(" ");
 
 /** An empty lock file older than this was left by a writer that died between create and write. */
 const EMPTY_LOCK_GRACE_MS = 2_000;
@@ -214,16 +192,8 @@ async function ownerIsDead(path: string): Promise<boolean> {
   if (!Number.isInteger(pid) || pid <= 0) return true;
   // Our pid: held by this process (another ledger here) only if it carries our token.
   if (pid === process.pid) return text !== OWNER;
-  if (startedAt !== undefined && bootId !== undefined && BOOT_ID !== undefined) {
-    // Written since an earlier boot, or the pid's process now started at another time: not its owner.
-    if (bootId !== BOOT_ID) return true;
-    const now = processStart(pid);
-    if (now !== undefined) return now !== startedAt;
-  }
-  try {
-    process.kill(pid, 0);
-    return false;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "ESRCH";
-  }
+  if (startedAt === undefined || bootId === undefined) return whyOwnerGone(pid, undefined) !== undefined;
+  // An identity no process of this boot writes is no owner.
+  const identity = parseProcessIdentity(startedAt, bootId);
+  return identity === undefined || whyOwnerGone(pid, identity) !== undefined;
 }

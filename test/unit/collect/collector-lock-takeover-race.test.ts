@@ -1,4 +1,5 @@
 import { mkdtemp, readFile, readdir, rm as realRm, writeFile } from "node:fs/promises";
+import { processIdentity } from "../../../protocol/process-identity.js";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it, vi } from "vitest";
@@ -11,7 +12,7 @@ import { waitUntil } from "../../support/wait-until.js";
  * file system), and the second one's move of the file happens just after the first one linked its lock.
  */
 const STALE = `4194301 ${hostname()}\n`;
-const MINE = `${process.pid} ${hostname()}\n`;
+const MINE = `${process.pid} ${hostname()} ${processIdentity()!.startTime} ${processIdentity()!.bootId}\n`;
 let rmCalls = 0;
 let renameCalls = 0;
 let secondArrived: () => void = () => undefined;

@@ -1,3 +1,5 @@
+import { spawnSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,33 +15,58 @@ afterEach(async () => {
 });
 
 const lockFile = () => join(dir, "collector.pid");
+/** When `pid` started (/proc/<pid>/stat field 22) and this boot's id: what a lock line records. */
+const stat = (pid: number) => readFileSync(`/proc/${pid}/stat`, "utf8");
+const startOf = (pid: number) => stat(pid).slice(stat(pid).lastIndexOf(")") + 2).split(" ")[19]!;
+const bootId = () => readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+const lineOf = (pid: number, start = startOf(pid), boot = bootId()) => `${pid} ${hostname()} ${start} ${boot}\n`;
 
 describe("collector.pid", () => {
-  it("holds this process's pid and host while held, and is gone after release (no temp file left)", async () => {
+  it("holds this process's pid, host, start time and boot id while held, and is gone after release (no temp file left)", async () => {
     const lock = await acquireCollectorLock(dir);
     expect(lock.tookOver).toBeUndefined();
-    expect(await readFile(lockFile(), "utf8")).toBe(`${process.pid} ${hostname()}\n`);
+    expect(await readFile(lockFile(), "utf8")).toBe(lineOf(process.pid));
     expect(await readdir(dir)).toEqual(["collector.pid"]);
     await lock.release();
     expect(await readdir(dir)).toEqual([]);
   });
 
-  it("refuses while a live process holds it (checkpoint_conflict) and leaves its file alone", async () => {
-    const held = `${process.ppid} ${hostname()}\n`;
+  it.each([
+    ["an older file without a start time", () => `${process.ppid} ${hostname()}\n`],
+    ["the process's own start time and boot id", () => lineOf(process.ppid)],
+  ])("refuses while a live process holds it (%s): checkpoint_conflict, its file left alone", async (_what, line) => {
+    const held = line();
     await writeFile(lockFile(), held);
-    await expect(acquireCollectorLock(dir)).rejects.toMatchObject({ code: "checkpoint_conflict" });
+    await expect(acquireCollectorLock(dir)).rejects.toMatchObject({ code: "checkpoint_conflict", message: expect.stringContaining(`(pid ${process.ppid})`) });
     expect(await readdir(dir)).toEqual(["collector.pid"]);
     expect(await readFile(lockFile(), "utf8")).toBe(held);
   });
 
   it.each([
-    ["another host", `${process.ppid} some-other-node-${hostname()}\n`, /left by host/],
-    ["unreadable content", "", /unreadable/],
+    // The parent is alive: its pid now belongs to a process that started after the one that wrote the file.
+    ["a live pid's other start time (the pid was reused)", () => lineOf(process.ppid, String(Number(startOf(process.ppid)) + 1)), /another process/],
+    ["an earlier boot", () => lineOf(process.ppid, startOf(process.ppid), "00000000-0000-0000-0000-000000000000"), /before this host last booted/],
+    ["a pid that no longer runs (an older file)", () => `${spawnSync(process.execPath, ["-e", ""]).pid} ${hostname()}\n`, /is not running/],
+    ["another host", () => `${process.ppid} some-other-node-${hostname()}\n`, /left by host/],
+    ["unreadable content", () => "", /unreadable/],
+    ["a start time that is not one", () => `${process.ppid} ${hostname()} 12x ${bootId()}\n`, /unreadable/],
+    ["a boot id that is not one", () => `${process.ppid} ${hostname()} ${startOf(process.ppid)} not-a-boot-id\n`, /unreadable/],
   ])("takes over a file left by %s", async (_what, content, why) => {
-    await writeFile(lockFile(), content);
+    await writeFile(lockFile(), content());
     const lock = await acquireCollectorLock(dir);
     expect(lock.tookOver).toMatch(why);
-    expect(await readFile(lockFile(), "utf8")).toBe(`${process.pid} ${hostname()}\n`);
+    expect(await readFile(lockFile(), "utf8")).toBe(lineOf(process.pid));
+    expect(await readdir(dir)).toEqual(["collector.pid"]);
+  });
+
+  it("a second acquisition in this process is refused while the first holds it, and succeeds once released", async () => {
+    const first = await acquireCollectorLock(dir);
+    await expect(acquireCollectorLock(dir)).rejects.toMatchObject({ code: "checkpoint_conflict" });
+    await first.release();
+    const second = await acquireCollectorLock(dir);
+    expect(second.tookOver).toBeUndefined();
+    await second.release();
+    expect(await readdir(dir)).toEqual([]);
   });
 
   it("release leaves a file another collector took over meanwhile", async () => {
