@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -74,5 +74,30 @@ describe("collector.pid", () => {
     await writeFile(lockFile(), `${process.ppid} ${hostname()}\n`);
     await lock.release();
     expect(await readdir(dir)).toEqual(["collector.pid"]);
+  });
+
+  it("a collector that died while taking over blocks nobody: its take-over entry is removed, the stale file taken over", async () => {
+    const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
+    await writeFile(lockFile(), `${dead} ${hostname()}\n`);
+    // A collector that died while taking over: its entry still in the take-over directory.
+    const takeover = join(dir, ".collector.pid.takeover");
+    await mkdir(takeover);
+    await writeFile(join(takeover, "0123456789ab"), `${dead} ${hostname()}\n`);
+    const lock = await acquireCollectorLock(dir);
+    expect(lock.tookOver).toMatch(/is not running/);
+    expect(await readdir(dir)).toEqual(["collector.pid"]);
+    await lock.release();
+  });
+
+  it("refuses while a live collector is taking over (its take-over entry names a live process), the stale file left to it", async () => {
+    const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
+    await writeFile(lockFile(), `${dead} ${hostname()}\n`);
+    const takeover = join(dir, ".collector.pid.takeover");
+    await mkdir(takeover);
+    await writeFile(join(takeover, "0123456789ab"), lineOf(process.ppid));
+    await expect(acquireCollectorLock(dir)).rejects.toMatchObject({ code: "checkpoint_conflict" });
+    expect((await readdir(dir)).sort()).toEqual([".collector.pid.takeover", "collector.pid"]);
+    expect(await readFile(lockFile(), "utf8")).toBe(`${dead} ${hostname()}\n`);
+    expect(await readdir(takeover)).toEqual(["0123456789ab"]);
   });
 });
