@@ -1,45 +1,20 @@
 #!/usr/bin/env node
-import { readdirSync } from "node:fs";
-import { fileURLToPath, pathToFileURL } from "node:url";
-import { dirname, join } from "node:path";
-import { Command, CommanderError } from "commander";
-import { PROTOCOL_VERSION } from "../../protocol/index.js";
-
-/** A CLI command module: `commands/<name>.ts` exports `register(program)`. */
-export interface CommandModule {
-  register(program: Command): void;
-}
-
 /**
- * The `gym-ckpt` binary. Every command lives in its own file under `commands/`; main loads them all,
- * so adding a command never edits this file.
+ * The `gym-ckpt` binary's entry, tiny on purpose. ESM runs a module's static imports before its
+ * body, and loading the program (commander, every command and their dependencies) takes hundreds
+ * of milliseconds; until a SIGUSR1 listener exists, Node's default action opens the V8 inspector
+ * on 127.0.0.1:9229, where any local user could run code in a process that holds a controller
+ * token. So the listener comes first, importing nothing but a module with no imports, and the
+ * program loads after it.
  */
-export async function buildProgram(): Promise<Command> {
-  const program = new Command("gym-ckpt")
-    .description("Distributed checkpoint coordinator for Gym-style RL rollout servers, over NATS")
-    .version(`0.1.0 (protocol v${PROTOCOL_VERSION})`)
-    .showHelpAfterError()
-    // Bad usage is `invalid_request` with exit 2, like every other usage error (docs/api.md).
-    .exitOverride()
-    .configureOutput({ outputError: (text, write) => write(`error invalid_request: ${text.replace(/^error: /, "")}`) });
-  const dir = join(dirname(fileURLToPath(import.meta.url)), "commands");
-  const files = readdirSync(dir)
-    .filter((f) => (f.endsWith(".js") || f.endsWith(".ts")) && !f.endsWith(".d.ts") && !f.startsWith("_"))
-    .sort();
-  for (const file of files) {
-    const mod = (await import(pathToFileURL(join(dir, file)).href)) as Partial<CommandModule>;
-    if (typeof mod.register === "function") mod.register(program);
-  }
-  return program;
-}
+import { listenForCheckpointSignals } from "../collect/checkpoint-requests.js";
 
-const invokedDirectly = process.argv[1] !== undefined && fileURLToPath(import.meta.url) === (await import("node:fs")).realpathSync(process.argv[1]);
-if (invokedDirectly) {
-  const program = await buildProgram();
-  try {
-    await program.parseAsync(process.argv);
-  } catch (error) {
-    if (!(error instanceof CommanderError)) throw error;
-    process.exit(error.exitCode === 0 ? 0 : 2); // help and --version exit 0; commander printed the rest
-  }
-}
+// `collect` checkpoints on SIGUSR1, and keeps one arriving while it loads for when it has started.
+// Every other command ignores it: a SIGUSR1 meant for a collector often reaches a whole process
+// group or job, coordinator daemon included, and must not open an inspector there either
+// (debugging: start node with --inspect).
+if (process.argv[2] === "collect") listenForCheckpointSignals();
+else process.on("SIGUSR1", () => undefined);
+
+const { runProgram } = await import("./program.js");
+await runProgram(process.argv);

@@ -2,6 +2,7 @@
  * Checkpoint requests (SIGUSR1) from the moment `collect` starts: one that arrives before the
  * collector has started is remembered, and those are run as one checkpoint once it has (a
  * checkpoint before its restore finished would race it); later ones run as they come.
+ * No imports: the CLI's entry module installs the listener before anything else loads.
  */
 export class CheckpointRequests {
   private checkpoint: (() => void) | undefined;
@@ -19,4 +20,14 @@ export class CheckpointRequests {
     this.waiting = false;
     checkpoint();
   }
+}
+
+/** The process's SIGUSR1 requests: one queue, whoever listens first (the CLI's entry, or `collect` itself). */
+const signalled = new CheckpointRequests();
+const onSignal = () => signalled.request();
+
+/** Listens for SIGUSR1 (once, however often called) and returns the requests it collects. */
+export function listenForCheckpointSignals(): CheckpointRequests {
+  if (!process.listeners("SIGUSR1").includes(onSignal)) process.on("SIGUSR1", onSignal);
+  return signalled;
 }

@@ -38,7 +38,7 @@ export function collectHarness() {
     return world;
   }
 
-  async function startCollector(w: GymWorld, extra: string[] = [], output: string[] = []): Promise<ChildProgram> {
+  async function startCollector(w: GymWorld, extra: string[] = [], output: string[] = [], env?: NodeJS.ProcessEnv): Promise<ChildProgram> {
     const collector = await startChildProgram(
       CLI,
       [
@@ -59,6 +59,7 @@ export function collectHarness() {
           output.push(line);
           if (process.env.COLLECT_E2E_VERBOSE) console.log(`[collect] ${line}`);
         },
+        ...(env && { env }),
       },
     );
     collectors.push(collector);

@@ -1,18 +1,27 @@
 import { execFileSync } from "node:child_process";
 import { constants, existsSync } from "node:fs";
-import { open, type FileHandle } from "node:fs/promises";
+import { mkdtemp, open, rm, type FileHandle } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
+import { startChildProgram } from "../../coordinator/local/child-program.js";
+import { pausedPackageLoad } from "../support/paused-package-load.js";
+import { waitUntil } from "../support/wait-until.js";
 import { collectHarness } from "./collect-processes.js";
 
 /**
- * A SIGUSR1 that reaches `gym-ckpt collect` while it is still starting (reading --tasks here; the
- * lock, telemetry, NATS and the restore come next). Node's default action for SIGUSR1 opens the V8
- * inspector on 127.0.0.1:9229, where any local user could run code in a process holding the
- * controller token; the request must instead be remembered and checkpoint once the collector runs.
- * A FIFO as --tasks holds the collector in start-up until the test writes the rows.
+ * A SIGUSR1 that reaches `gym-ckpt collect` while it is still starting. Node's default action for
+ * SIGUSR1 opens the V8 inspector on 127.0.0.1:9229, where any local user could run code in a
+ * process holding the controller token; the request must instead be remembered and checkpoint once
+ * the collector runs. Two moments: while it loads its modules (held at its first npm package by a
+ * preloaded resolve hook), and while it reads --tasks (a FIFO holds it there until the test writes
+ * the rows). Before the entry module runs at all no listener can exist: a SIGUSR1 in Node's own
+ * first tens of milliseconds kills the process or opens the inspector, whatever the program.
  */
 const { setUp, startCollector } = collectHarness();
+const CLI = fileURLToPath(new URL("../../dist/coordinator/cli/main.js", import.meta.url));
+const inspector = (l: string) => /Debugger listening|inspector/i.test(l);
 
 /** Opens the FIFO for writing once a reader has it open (ENXIO until then): the collector is reading --tasks. */
 async function writerOnceRead(fifo: string): Promise<FileHandle | undefined> {
@@ -23,7 +32,28 @@ async function writerOnceRead(fifo: string): Promise<FileHandle | undefined> {
 }
 
 describe("collect: SIGUSR1 during start-up", () => {
-  it("opens no inspector and checkpoints once after start-up, however many arrived", { timeout: 60_000 }, async () => {
+  it("while its modules load: opens no inspector and checkpoints once the collector has started", { timeout: 90_000 }, async () => {
+    const w = await setUp(1);
+    const paused = await pausedPackageLoad();
+    try {
+      await w.backend.hold(0);
+      const out: string[] = [];
+      const collector = await startCollector(w, [], out, paused.env);
+      await w.waitFor(() => paused.reached(), "the collector loading its first package");
+      collector.child.kill("SIGUSR1");
+      collector.child.kill("SIGUSR1");
+      await paused.release();
+      await w.waitFor(() => existsSync(join(w.root, "LATEST")) || out.some(inspector) || collector.child.exitCode !== null, "the remembered checkpoint (or the inspector opening)");
+      expect(out.filter(inspector)).toEqual([]);
+      await w.backend.release();
+      expect(await collector.exited, out.join("\n")).toEqual({ code: 0, signal: null });
+      expect(out).toContain("checkpoints taken: 1");
+    } finally {
+      await paused.remove();
+    }
+  });
+
+  it("while it reads --tasks: opens no inspector and checkpoints once after start-up, however many arrived", { timeout: 60_000 }, async () => {
     const w = await setUp(1);
     const fifo = join(w.root, "tasks.fifo");
     execFileSync("mkfifo", [fifo]);
@@ -36,11 +66,33 @@ describe("collect: SIGUSR1 during start-up", () => {
     collector.child.kill("SIGUSR1");
     await writer!.write('{"id":"r0","task":{"expression":"0 + 1","tool_rounds":1}}\n');
     await writer!.close();
-    const inspector = (l: string) => /Debugger listening|inspector/i.test(l);
     await w.waitFor(() => existsSync(join(w.root, "LATEST")) || out.some(inspector), "the remembered checkpoint (or the inspector opening)");
     expect(out.filter(inspector)).toEqual([]);
     await w.backend.release();
     expect(await collector.exited, out.join("\n")).toEqual({ code: 0, signal: null });
     expect(out).toContain("checkpoints taken: 1");
+  });
+});
+
+describe("other commands: SIGUSR1 while they load", () => {
+  it("is ignored: no inspector, the command runs as without it", { timeout: 60_000 }, async () => {
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-ls-usr1-"));
+    const paused = await pausedPackageLoad();
+    const out: string[] = [];
+    const stdout: string[] = [];
+    const onLine = (line: string, stream: "stdout" | "stderr") => void (stream === "stdout" ? stdout : out).push(line);
+    const ls = await startChildProgram(CLI, ["ls", "--root", root, "--json"], { env: paused.env, onLine });
+    try {
+      await waitUntil(() => paused.reached() || ls.child.exitCode !== null, "gym-ckpt ls loading its first package");
+      ls.child.kill("SIGUSR1");
+      await paused.release();
+      expect(await ls.exited, [...stdout, ...out].join("\n")).toEqual({ code: 0, signal: null });
+      expect(out.filter(inspector)).toEqual([]);
+      expect(JSON.parse(stdout.join("\n"))).toEqual({ latest: null, checkpoints: [] });
+    } finally {
+      await ls.kill("SIGKILL");
+      await paused.remove();
+      await rm(root, { recursive: true, force: true });
+    }
   });
 });

@@ -7,7 +7,7 @@ import { CheckpointError, RecordKindSchema, assertRolloutEnv, makeDirectories, n
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
-import { CheckpointRequests } from "../../collect/checkpoint-requests.js";
+import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
@@ -67,11 +67,9 @@ export function register(program: Command): void {
       .option("--records-every-s <s>", "…or S seconds after the first buffered row", "30"),
     { printsReply: false },
   ).action(async (flags: CollectFlags) => {
-    // First of all: until a listener exists, Node's default SIGUSR1 action opens the V8 inspector
-    // on 127.0.0.1:9229 (any local user could run code in a process holding the controller token),
-    // and the checkpoint asked for would be lost. One arriving during start-up runs once started.
-    const checkpointRequests = new CheckpointRequests();
-    process.on("SIGUSR1", () => checkpointRequests.request());
+    // The CLI's entry listens before the program loads (cli/main.ts); here for a program built
+    // otherwise. One arriving during start-up runs once started.
+    const checkpointRequests = listenForCheckpointSignals();
     await runCli(async () => {
       const env = process.env;
       // Without a reply to print, --json would be silently ignored.
