@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { isStorageFailure, storageFailureDetail } from "./storage-failure.js";
 
 /**
  * The error catalog: every refusal anywhere in gym-ckpt carries one of these codes.
@@ -147,6 +148,14 @@ export const ERROR_CATALOG = {
     meaning: "A sandboxed verifier (code, competitive programming) already has its maximum number of runs waiting for a sandbox slot, so it takes no more.",
     solve: "Retry later, once queued runs started, or run more verifier processes (or raise --max-sandbox-queue, within the process's file-descriptor limit: each waiting /verify holds a connection).",
   },
+  // 507, not 503: clients retry a 503 shortly (not_leader); a full disk waits for its operator.
+  storage_error: {
+    status: 507,
+    meaning:
+      "A file operation failed in the deployment's storage, not in gym-ckpt: a full disk or quota (ENOSPC, EDQUOT), an I/O error (EIO), a read-only mount (EROFS), no permission (EACCES, EPERM), a directory that cannot exist there (ENOENT, ENOTDIR: say, a checkpoint root not mounted on that host), or no file descriptors left (EMFILE, ENFILE). The detail names the system error, the call and the path.",
+    solve:
+      "Fix the storage on the host that answered (free space or quota, remount read-write, ownership, mount the checkpoint root, raise the open-file limit), then retry. A checkpoint that failed so published nothing: the `checkpoint` op resumed everyone (take it again with a fresh id); after a failed `commit`, `resume` it first.",
+  },
   internal_error: {
     status: 500,
     meaning: "An unexpected failure inside gym-ckpt.",
@@ -206,9 +215,13 @@ export class CheckpointError extends Error {
 }
 Object.defineProperty(CheckpointError.prototype, MARK, { value: true });
 
-/** Turns anything thrown into a catalog error; unknown failures become `internal_error`. */
+/**
+ * Turns anything thrown into a catalog error: a file-system call the storage refused becomes
+ * `storage_error` (the operator's disk or mount, not a bug); other unknown failures `internal_error`.
+ */
 export function toCheckpointError(error: unknown): CheckpointError {
   if (error instanceof CheckpointError) return error;
+  if (isStorageFailure(error)) return new CheckpointError("storage_error", storageFailureDetail(error as Error), { cause: error });
   const detail = error instanceof Error ? error.message : String(error);
   return new CheckpointError("internal_error", detail, { cause: error });
 }

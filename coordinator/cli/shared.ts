@@ -1,5 +1,5 @@
 import { Option, type Command } from "commander";
-import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -128,13 +128,10 @@ export async function runCli(fn: () => Promise<void>, configCodes: readonly Erro
   try {
     await fn();
   } catch (error) {
-    if (error instanceof CheckpointError) {
-      process.stderr.write(`error ${error.code}: ${error.message}\n`);
-      process.exitCode = error.code === "invalid_request" || configCodes.includes(error.code) ? 2 : 1;
-      return;
-    }
-    process.stderr.write(`error internal_error: ${error instanceof Error ? error.message : String(error)}\n`);
-    process.exitCode = 1;
+    // A file call the storage refused (a full disk under collect's --out) is storage_error, not internal_error.
+    const refusal = toCheckpointError(error);
+    process.stderr.write(`error ${refusal.code}: ${refusal.message}\n`);
+    process.exitCode = refusal.code === "invalid_request" || configCodes.includes(refusal.code) ? 2 : 1;
   }
 }
 

@@ -1,6 +1,6 @@
 import { open } from "node:fs/promises";
 import { z } from "zod";
-import { EpisodeIdSchema, type EpisodeId } from "../../protocol/index.js";
+import { EpisodeIdSchema, namePath, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { readRegularFile } from "../publication/regular-file.js";
 import { parseStateValue } from "./state-file-value.js";
@@ -103,6 +103,7 @@ export class DispatchLog {
         }
         for (const a of group) a.resolve();
       } catch (error) {
+        namePath(error, this.path); // a failed write or fdatasync names no path
         for (const a of group) a.reject(error);
       }
     }

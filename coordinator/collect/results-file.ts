@@ -2,7 +2,7 @@ import { createReadStream } from "node:fs";
 import { appendFile, open, stat } from "node:fs/promises";
 import { createInterface } from "node:readline";
 import { z } from "zod";
-import { EpisodeIdSchema } from "../../protocol/index.js";
+import { EpisodeIdSchema, namePath } from "../../protocol/index.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /** One finished row in `results.jsonl`; appended as rows finish, so a crash keeps every finished row. */
@@ -27,7 +27,8 @@ const appendTails = new Map<string, Promise<void>>();
  */
 export function appendResult(path: string, line: ResultLine): Promise<void> {
   const text = `${JSON.stringify(ResultLineSchema.parse(line))}\n`;
-  const appended = (appendTails.get(path) ?? Promise.resolve()).then(() => appendFile(path, text));
+  // A failed write names no path (a full disk's ENOSPC): the refusal should.
+  const appended = (appendTails.get(path) ?? Promise.resolve()).then(() => appendFile(path, text).catch((error: unknown) => Promise.reject(namePath(error, path))));
   const tail = appended.catch(() => undefined);
   appendTails.set(path, tail);
   void tail.then(() => {

@@ -16,6 +16,7 @@ import {
   captureKey,
   outsideCheckpointId,
   nextAttempt,
+  toCheckpointError,
   type ControllerStateInput,
   type CtlReplyOf,
   type CtlRequestOf,
@@ -1363,7 +1364,7 @@ export class CheckpointEngine {
         if (error instanceof CheckpointError && error.code === "not_leader" && this.effects !== effectsBefore) {
           error = new CheckpointError("outcome_unknown", `${name}${id === undefined ? "" : ` ${id}`}: leadership was lost after it began, so it may still take effect (${error.message}); retry with the same checkpoint id once a leader serves`, { cause: error });
         }
-        const code = error instanceof CheckpointError ? error.code : "internal_error";
+        const code = toCheckpointError(error).code; // what the APIs answer: storage_error for a full disk
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });
         this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
         return error;

@@ -3,12 +3,15 @@ import { closeSync, fsync, openSync, renameSync, unlinkSync, writeSync } from "n
 import { link, open, rename, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { promisify } from "node:util";
+import { namePath } from "../../protocol/index.js";
 
 /** fsync a directory so a rename inside it survives a crash. */
 export async function fsyncDirectory(dir: string): Promise<void> {
   const handle = await open(dir, "r");
   try {
     await handle.sync();
+  } catch (error) {
+    throw namePath(error, dir); // a handle's errors name no path (storage_error's detail should)
   } finally {
     await handle.close();
   }
@@ -42,7 +45,7 @@ export async function stageFile(target: string, data: string | Uint8Array, temp 
   } catch (error) {
     await handle.close();
     await unlink(temp).catch(() => undefined);
-    throw error;
+    throw namePath(error, temp);
   }
   await handle.close();
   return { target, temp };
@@ -122,7 +125,7 @@ export async function replaceSmallFileDurably(path: string, data: string | Uint8
     } catch {
       // the temp file was never created, or was already renamed
     }
-    throw error;
+    throw namePath(error, temp);
   }
   await fsyncDirectoryInPool(dirname(path));
 }
@@ -131,6 +134,8 @@ async function fsyncDirectoryInPool(dir: string): Promise<void> {
   const fd = openSync(dir, "r");
   try {
     await fsyncInPool(fd);
+  } catch (error) {
+    throw namePath(error, dir);
   } finally {
     closeSync(fd);
   }

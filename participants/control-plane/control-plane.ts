@@ -13,6 +13,7 @@ import {
   captureKey,
   namesCheckpoint,
   nextAttempt,
+  toCheckpointError,
   type CommitReply,
   type CommitRequest,
   type EpisodeId,
@@ -217,7 +218,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
         return result;
       } catch (error) {
-        const code = error instanceof CheckpointError ? error.code : "internal_error";
+        const code = toCheckpointError(error).code; // what the endpoint answers: storage_error for a full disk
         instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
         countRefusal(error, this.adapter.kind);
         // Inside the op's span, so the line carries its trace_id / span_id.

@@ -1,6 +1,6 @@
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { CheckpointError } from "../../protocol/index.js";
+import { toCheckpointError } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { exportCheckpointSeeds } from "./checkpoint-seeds.js";
 import { ReplayError } from "./errors.js";
@@ -53,9 +53,9 @@ async function main(argv: string[]): Promise<number> {
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (error: unknown) => {
-    // Refusals carry a catalog code; anything else is a bug (or an I/O failure) and says so.
-    const code = error instanceof ReplayError || error instanceof CheckpointError ? error.code : "internal_error";
-    process.stderr.write(`replay: ${code}: ${error instanceof Error ? error.message : String(error)}\n`);
+    // Refusals carry a catalog code; a file call the storage refused is storage_error, anything else a bug.
+    const { code, message } = error instanceof ReplayError ? error : toCheckpointError(error);
+    process.stderr.write(`replay: ${code}: ${message}\n`);
     process.exit(code === "invalid_request" ? 2 : 1);
   },
 );

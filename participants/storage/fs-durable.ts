@@ -1,13 +1,15 @@
 import { randomBytes } from "node:crypto";
 import { link, open, rename, rm } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
-import { makeDirectories } from "../../protocol/index.js";
+import { makeDirectories, namePath } from "../../protocol/index.js";
 
 /** fsync a directory so renames and links inside it survive a crash. */
 export async function fsyncDir(dir: string): Promise<void> {
   const handle = await open(dir, "r");
   try {
     await handle.sync();
+  } catch (error) {
+    throw namePath(error, dir); // a handle's errors name no path
   } finally {
     await handle.close();
   }
@@ -71,7 +73,7 @@ export async function writeFileAtomic(
     }
   } catch (error) {
     await rm(temp, { force: true });
-    throw error;
+    throw namePath(error, temp);
   }
   await fsyncDir(dir);
   return true;

@@ -10,7 +10,9 @@ import {
   PARTICIPANTS_DIR,
   ParticipantManifestSchema,
   describeZodError,
+  isStorageFailure,
   makeDirectories,
+  namePath,
   sha256Hex,
   type ParticipantManifest,
   type RecordBase,
@@ -30,6 +32,16 @@ export function participantDir(target: ParticipantTarget): string {
 
 function corrupt(detail: string, cause?: unknown): CheckpointError {
   return new CheckpointError("invalid_checkpoint_state", detail, { cause });
+}
+
+/**
+ * A read the storage refused (EIO, EACCES, EMFILE...): passed on as it is (`storage_error`), since
+ * another checkpoint would fail alike. A file that is not there (ENOENT, ENOTDIR) is a checkpoint
+ * missing files, `invalid_checkpoint_state`.
+ */
+function unreadableStorage(error: unknown): boolean {
+  const code = (error as NodeJS.ErrnoException).code;
+  return isStorageFailure(error) && code !== "ENOENT" && code !== "ENOTDIR";
 }
 
 /** The filesystem backend: one records file plus a create-only manifest per participant. */
@@ -73,7 +85,7 @@ export class FsCheckpointStorage implements CheckpointStorage {
     } catch (error) {
       await handle.close();
       await unlink(tempRecords).catch(() => undefined);
-      throw error;
+      throw namePath(error, tempRecords); // a handle's errors (ENOSPC on write) name no path
     }
     await handle.close();
 
@@ -142,6 +154,8 @@ export class FsCheckpointStorage implements CheckpointStorage {
           throw new CheckpointError("checkpoint_conflict", `${manifestPath} already exists with different content`);
         }
       }
+    } catch (error) {
+      throw namePath(error, temp);
     } finally {
       await unlink(temp).catch(() => undefined);
     }
@@ -198,7 +212,7 @@ async function dropUnnamedRecords(dir: string, recordsFile: string): Promise<voi
   if (named !== recordsFile) await unlink(join(dir, recordsFile)).catch(() => undefined);
 }
 
-/** Reads and validates `<dir>/manifest.json`; every failure is `invalid_checkpoint_state`. */
+/** Reads and validates `<dir>/manifest.json`; a failure is `invalid_checkpoint_state`, but a read the storage refused (see unreadableStorage). */
 export async function readParticipantManifest(dir: string): Promise<ParticipantManifest> {
   return (await loadParticipantManifest(dir)).manifest;
 }
@@ -213,6 +227,7 @@ async function loadParticipantManifest(dir: string): Promise<{ manifest: Partici
     bytes = await readRegularFile(path, { maxBytes: MAX_MANIFEST_BYTES, noFollow: true });
   } catch (error) {
     if (error instanceof CheckpointError) throw corrupt(`manifest ${error.message}`, error);
+    if (unreadableStorage(error)) throw error;
     throw corrupt(`no manifest at ${path}`, error);
   }
   let value: unknown;
@@ -254,7 +269,7 @@ export async function scanRecordLines(
     const last = splitter.end();
     if (last) onLine(text(last), count++);
   } catch (error) {
-    if (error instanceof CheckpointError) throw error;
+    if (error instanceof CheckpointError || unreadableStorage(error)) throw error;
     throw corrupt(`cannot read ${path}: ${(error as Error).message}`, error);
   }
   return { bytes, count, digest: hash.digest("hex") };

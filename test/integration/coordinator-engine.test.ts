@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { existsSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { headers } from "@nats-io/transport-node";
@@ -97,6 +98,37 @@ describe("coordinator over a real nats-server with participants of all four kind
       await world.client.resume({ checkpoint_id: "blocked-1" });
     }
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+
+  it("a commit the filesystem refuses at one participant (its directory cannot exist there: ENOTDIR, for root too) fails the checkpoint as storage_error naming it; nothing is published, everyone resumes", async () => {
+    const catalog = new CheckpointCatalog(world.root);
+    const latest = await catalog.latest();
+    const env = world.participant("env1");
+    const dir = join(world.root, "disk-1");
+    // By the time env1 writes, `<dir>/gym/environment` is a regular file (as a checkpoint root not
+    // mounted where it should be): its mkdir of `environment/env1` fails; the others' do not.
+    const exportRecords = env.adapter.exportRecords.bind(env.adapter);
+    env.adapter.exportRecords = async (scope) => {
+      await mkdir(join(dir, "gym"), { recursive: true });
+      await writeFile(join(dir, "gym", "environment"), "not a directory\n");
+      return exportRecords(scope);
+    };
+    let error: Awaited<ReturnType<typeof refusal>>;
+    try {
+      error = await refusal(world.client.checkpoint({ checkpoint_id: "disk-1" }));
+    } finally {
+      delete (env.adapter as Partial<typeof env.adapter>).exportRecords; // the class's method again
+    }
+    expect([error.code, error.message]).toEqual([
+      "storage_error",
+      `commit failed on 1 participant(s): environment/env1: storage_error; first details: environment/env1: ENOTDIR: not a directory, mkdir '${join(dir, "gym", "environment", "env1")}'`,
+    ]);
+    expect(existsSync(join(dir, "checkpoint.json"))).toBe(false);
+    expect(await catalog.latest()).toBe(latest);
+    expect((await world.client.list()).checkpoints.map((c) => c.checkpoint_id)).not.toContain("disk-1");
+    for (const p of world.participants) expect(`${p.instance}:${p.handle.controlPlane.currentPhase}`).toBe(`${p.instance}:idle`);
+    // The storage fixed, the next checkpoint goes through.
+    expect((await world.client.checkpoint({ checkpoint_id: "disk-2" })).participants).toBe(5);
   });
 
   it("a null-scope commit is refused before the decision when a participant requires a scope: nobody commits, the scoped retry does", async () => {

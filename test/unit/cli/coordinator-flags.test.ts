@@ -1,3 +1,4 @@
+import { writeFile } from "node:fs/promises";
 import { Command } from "commander";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { register } from "../../../coordinator/cli/commands/coordinator.js";
@@ -75,5 +76,13 @@ describe("runCli exit codes", () => {
     expect(await exit(runCli(refuse("unauthorized"), ["unauthorized"]))).toBe(2);
     expect(await exit(runCli(refuse("not_leader"), ["unauthorized"]))).toBe(1);
     expect(stderr).toBe("error unauthorized: refused\nerror invalid_request: refused\nerror unauthorized: refused\nerror not_leader: refused\n");
+  });
+
+  it("prints a file call the storage refused as storage_error (collect's --out on a full disk), anything else thrown as internal_error; exit 1", async () => {
+    const exit = async (run: Promise<void>) => (await run, Number(process.exitCode ?? 0));
+    // A real ENOSPC (writing to /dev/full fails so for root too), as an append to --out meets it.
+    expect(await exit(runCli(() => writeFile("/dev/full", "row\n")))).toBe(1);
+    expect(await exit(runCli(async () => Promise.reject(new Error("a bug"))))).toBe(1);
+    expect(stderr).toBe("error storage_error: ENOSPC: no space left on device, write\nerror internal_error: a bug\n");
   });
 });

@@ -1,4 +1,4 @@
-import { appendFile, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { appendFile, mkdtemp, readFile, rm, symlink, unlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -6,6 +6,10 @@ import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { ProgressReporter, formatSeconds } from "../../../coordinator/collect/progress-reporter.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
 import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { toCheckpointError } from "../../../protocol/index.js";
+
+/** What `work` rejects with, as the CLI prints it (runCli). */
+const refusalOf = async (work: Promise<unknown>) => toCheckpointError(await work.then(() => new Error("expected a failure"), (error: unknown) => error));
 
 let dir: string;
 beforeEach(async () => {
@@ -45,6 +49,15 @@ describe("dispatch log", () => {
     expect([...history!.restoredOnly].sort()).toEqual(["a", "carried"]);
   });
 
+  it("an append the disk refuses (a full disk: the log reaches /dev/full) is storage_error naming the log", async () => {
+    const path = join(dir, "dispatched.jsonl");
+    const log = await DispatchLog.create(path, "run-1");
+    await unlink(path);
+    await symlink("/dev/full", path); // ENOSPC on every write, for root too
+    const refused = await refusalOf(log.record({ rollout_id: "a", attempt: 0 }));
+    expect([refused.code, refused.message]).toEqual(["storage_error", `ENOSPC: no space left on device, write '${path}'`]);
+  });
+
   it("is absent before the first run and refuses a corrupt middle line", async () => {
     expect(await DispatchLog.read(join(dir, "missing.jsonl"))).toBeUndefined();
     const path = join(dir, "bad.jsonl");
@@ -74,6 +87,13 @@ describe("results file", () => {
     const results = await readResults(path);
     expect([...results.keys()]).toEqual(["a", "b", "c"]);
     expect(results.get("a")).toEqual({ rollout_id: "a", attempt: 0, reward: 1, continued: false, finished_at: 1 });
+  });
+
+  it("an append the disk refuses (--out on a full disk: here /dev/full) is storage_error naming --out", async () => {
+    const path = join(dir, "results.jsonl");
+    await symlink("/dev/full", path);
+    const refused = await refusalOf(appendResult(path, { rollout_id: "a", attempt: 0, reward: 1, continued: false, finished_at: 1, response: {} }));
+    expect([refused.code, refused.message]).toEqual(["storage_error", `ENOSPC: no space left on device, write '${path}'`]);
   });
 
   it("names the file and line of a corrupt middle line (invalid_checkpoint_state)", async () => {

@@ -1,18 +1,36 @@
 import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex } from "../../../protocol/index.js";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
 import { writeParticipant } from "./fake-participants.js";
+
+// A full disk for checkpoint.json's write: while `full`, the blocking writes publication uses fail
+// with a real ENOSPC (written to /dev/full), which names no path.
+const disk = vi.hoisted(() => ({ full: false }));
+vi.mock("node:fs", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs")>();
+  const writeSync = ((...args: Parameters<typeof real.writeSync>) => {
+    if (!disk.full) return (real.writeSync as (...a: unknown[]) => number)(...args);
+    const fd = real.openSync("/dev/full", "w");
+    try {
+      return real.writeSync(fd, "x");
+    } finally {
+      real.closeSync(fd);
+    }
+  }) as typeof real.writeSync;
+  return { ...real, default: { ...real, writeSync }, writeSync };
+});
 
 let root: string;
 beforeEach(async () => {
   root = await mkdtemp(join(tmpdir(), "gym-ckpt-pub-"));
 });
 afterEach(async () => {
+  disk.full = false;
   await rm(root, { recursive: true, force: true });
 });
 
@@ -72,6 +90,24 @@ describe("publication and retention", () => {
     expect((await readFile(join(root, "LATEST"), "utf8")).trim()).toBe("c1");
     await writer.settled();
     expect((await readdir(root)).filter((n) => n.startsWith("."))).toEqual([]);
+  });
+
+  it("a checkpoint.json the disk refuses (ENOSPC) is storage_error naming its file; LATEST stays", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 100);
+    disk.full = true;
+    const refused = await publish(writer, "c2", 200).then(
+      () => new Error("expected a failure"),
+      (error: unknown) => error,
+    );
+    disk.full = false;
+    const refusal = toCheckpointError(refused);
+    expect(refusal.code).toBe("storage_error");
+    expect(refusal.message).toMatch(new RegExp(`^ENOSPC: no space left on device, write '${join(root, "c2")}/\\.checkpoint\\.json\\.[^']+\\.tmp'$`));
+    expect((await readdir(join(root, "c2"))).sort()).toEqual(["gym"]); // no checkpoint.json, no temp file
+    expect((await readFile(join(root, "LATEST"), "utf8")).trim()).toBe("c1");
+    await writer.settled();
   });
 
   it("deletes only recognisable partial checkpoints; a controller's directory at the root is left and not listed", async () => {

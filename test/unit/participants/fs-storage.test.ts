@@ -4,7 +4,7 @@ import { mkdir, mkdtemp, readdir, readFile, rm, symlink, truncate, writeFile, un
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { sha256Hex } from "../../../protocol/index.js";
+import { sha256Hex, toCheckpointError } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
 import { fsyncDir, parentsOfCreated } from "../../../participants/storage/fs-durable.js";
 import { readParticipantManifest, scanRecordLines } from "../../../participants/storage/fs-storage.js";
@@ -16,11 +16,20 @@ vi.mock("../../../participants/storage/fs-durable.js", async (importOriginal) =>
   return { ...original, fsyncDir: vi.fn(original.fsyncDir) };
 });
 
-// Fault injection below the storage: the next write into a temp manifest fails as a full disk does.
-const faults = vi.hoisted(() => ({ manifestWrite: undefined as NodeJS.ErrnoException | undefined }));
+// Fault injection below the storage: the next write into a temp manifest fails as a full disk does;
+// the next open of a path ending in `openFailure.suffix` fails with its error (the storage refusing a read).
+const faults = vi.hoisted(() => ({
+  manifestWrite: undefined as NodeJS.ErrnoException | undefined,
+  openFailure: undefined as { suffix: string; error: NodeJS.ErrnoException } | undefined,
+}));
 vi.mock("node:fs/promises", async (importOriginal) => {
   const original = await importOriginal<typeof import("node:fs/promises")>();
   const open = async (...args: Parameters<typeof original.open>): Promise<FileHandle> => {
+    const failure = faults.openFailure;
+    if (failure && String(args[0]).endsWith(failure.suffix)) {
+      faults.openFailure = undefined;
+      throw failure.error;
+    }
     const handle = await original.open(...args);
     const error = faults.manifestWrite;
     if (!error || !String(args[0]).includes("/.manifest.json.")) return handle;
@@ -87,9 +96,12 @@ describe("filesystem checkpoint storage", () => {
     expect(read.records).toHaveLength(2);
   });
 
-  it("a manifest write that fails (a full disk, ENOSPC) leaves no temp manifest behind; the retry publishes a clean directory", async () => {
-    faults.manifestWrite = Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
-    await expect(write()).rejects.toThrow(/ENOSPC/);
+  it("a manifest write that fails (a full disk, ENOSPC) is storage_error naming the file, leaves no temp manifest behind; the retry publishes a clean directory", async () => {
+    // A real one: writing to /dev/full fails with ENOSPC, for root too.
+    faults.manifestWrite = await writeFile("/dev/full", "x").then(() => undefined, (error: NodeJS.ErrnoException) => error);
+    const refused = toCheckpointError(await write().catch((error: unknown) => error));
+    expect(refused.code).toBe("storage_error");
+    expect(refused.message).toMatch(new RegExp(`^ENOSPC: no space left on device, write '${participantDir(target)}/\\.manifest\\.json\\.[^']+'$`));
     const written = await write(); // space freed: the commit's retry
     expect((await storage.read(target, ScriptRecordSchema)).records).toEqual(records);
     // Only what the layout names: no dot-named leftovers.
@@ -202,6 +214,22 @@ describe("filesystem checkpoint storage", () => {
         expect(await refusal(storage.read(target, ScriptRecordSchema))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
         await unlink(join(dir, name));
         await writeFile(join(dir, name), await readFile(join(elsewhere, name)));
+      }
+      expect((await storage.read(target, ScriptRecordSchema)).records).toEqual(records);
+    });
+
+    it("but a read the storage refuses (EIO, EACCES: not the checkpoint's fault) is passed on as the system error, storage_error; a missing file stays invalid_checkpoint_state", async () => {
+      const written = await write();
+      const dir = participantDir(target);
+      const systemError = (code: string, path: string) => Object.assign(new Error(`${code}: i/o error, open '${path}'`), { errno: -5, code, syscall: "open", path });
+      for (const name of ["manifest.json", written.manifest.records_file]) {
+        for (const errno of ["EIO", "EACCES"]) {
+          faults.openFailure = { suffix: `/${name}`, error: systemError(errno, join(dir, name)) };
+          const refused = toCheckpointError(await storage.read(target, ScriptRecordSchema).catch((error: unknown) => error));
+          expect([name, refused.code, refused.message]).toEqual([name, "storage_error", `${errno}: i/o error, open '${join(dir, name)}'`]);
+        }
+        faults.openFailure = { suffix: `/${name}`, error: systemError("ENOENT", join(dir, name)) };
+        expect([name, await code(storage.read(target, ScriptRecordSchema))]).toEqual([name, "invalid_checkpoint_state"]);
       }
       expect((await storage.read(target, ScriptRecordSchema)).records).toEqual(records);
     });
