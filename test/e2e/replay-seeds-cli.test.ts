@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { MANIFEST_SCHEMA_VERSION } from "../../protocol/index.js";
 import { ensureBuilt } from "./coordinator-process.js";
 
 /**
@@ -49,6 +50,14 @@ describe("replay seeds (built binary)", () => {
     const refused = await seeds(["--checkpoint", dir, "--out", out]);
     expect(refused).toEqual({ code: 2, stderr: `replay: invalid_request: --out: directory ${join(dir, "nonexist")} does not exist\n` });
     expect(existsSync(join(dir, "nonexist"))).toBe(false);
+  });
+
+  it("an --out the storage refuses to create (a directory under /proc, for root too) is storage_error naming the file, exit 1", async () => {
+    // A published checkpoint with nothing parked: zero seeds, then the --out write.
+    const manifest = { schema_version: MANIFEST_SCHEMA_VERSION, checkpoint_id: "cp-1", epoch: 1, prepared_at: 1, published_at: 2, stop: false, scope: null, restarts: [], participants: [], controller_state: null };
+    await writeFile(join(dir, "checkpoint.json"), JSON.stringify(manifest));
+    const refused = await seeds(["--checkpoint", dir, "--out", "/proc/self/seeds.jsonl"]);
+    expect(refused).toEqual({ code: 1, stderr: expect.stringMatching(/^replay: storage_error: ENOENT: no such file or directory, open '\/proc\/self\/\.seeds\.jsonl\.[^']+\.tmp'\n$/) });
   });
 
   it("refuses a checkpoint.json that is a FIFO with invalid_checkpoint_state, exit 1, without blocking", async () => {
