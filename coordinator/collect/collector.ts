@@ -746,7 +746,7 @@ export class Collector {
         const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };
         const text = `${JSON.stringify(state, null, 2)}\n`;
         await replaceFileDurably(join(this.options.checkpointDir, checkpointId, COLLECTION_STATE_FILE), text);
-        await this.options.controller.publish({ checkpoint_id: checkpointId, controller_state: { file: COLLECTION_STATE_FILE, sha256: sha256Hex(text) } });
+        await this.publishOwn(checkpointId, sha256Hex(text));
         published = true;
         this.checkpoints++;
         this.lastCheckpointAt = Date.now();
@@ -762,6 +762,24 @@ export class Collector {
         this.report(true);
       }
     });
+  }
+
+  /**
+   * Publishes one of our checkpoints, sent again while its outcome is unknown: its coordinator
+   * dying mid-publish leaves it to a successor, which keeps a decided checkpoint for this publish
+   * (re-driving its commit, or answering from the published checkpoint.json). Taking the lost reply
+   * for a failure would resume a published checkpoint (a stop checkpoint's parked Gym included)
+   * and report it unpublished. A successor that no longer has it open (a stop checkpoint closes at
+   * its publish) refuses the retry: then the catalog tells whether it was published, with our state.
+   */
+  private async publishOwn(checkpointId: string, sha256: string): Promise<void> {
+    try {
+      await this.resent("publish", checkpointId, () => this.options.controller.publish({ checkpoint_id: checkpointId, controller_state: { file: COLLECTION_STATE_FILE, sha256 } }));
+    } catch (error) {
+      const ref = error instanceof CheckpointError ? await this.options.controller.get(checkpointId).then((got) => got.manifest.controller_state, () => null) : null;
+      if (!ref || !("file" in ref) || ref.file !== COLLECTION_STATE_FILE || ref.sha256 !== sha256) throw error;
+      this.options.logger.warn({ checkpoint_id: checkpointId, err: error }, "publish did not answer, but the checkpoint is published with our collection state");
+    }
   }
 
   /**

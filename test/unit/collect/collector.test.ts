@@ -9,9 +9,10 @@ import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { ProgressReporter } from "../../../coordinator/collect/progress-reporter.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
-import { CheckpointError, canonicalDigest, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
+import { dispatchController } from "../../../coordinator/api/controller-dispatch.js";
+import { CheckpointError, canonicalDigest, sha256Hex, type ControllerOp, type CtlReplyOf, type EpisodeId } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
-import { writeParticipant } from "../coordinator/fake-participants.js";
+import { makeEngine, writeParticipant, writers } from "../coordinator/fake-participants.js";
 
 /**
  * The collector against a scripted `/run` server and a fake controller that keeps the engine's
@@ -25,6 +26,7 @@ beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-collector-"));
 });
 afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
   server?.closeAllConnections();
   server?.close();
   server = undefined;
@@ -1117,5 +1119,119 @@ describe("collector halt (SIGINT, SIGHUP)", () => {
     expect(inResults).toBe(8);
     expect(reported.records + reported.unwritten).toBe(inResults);
     expect(requests).toBe(12);
+  });
+});
+
+describe("collector across a coordinator failover (the engine, then its successor over the same participants and journal)", () => {
+  type Fate = "pass" | "no-leader" | "died-before" | "died-after";
+  /** Collectors a test leaves running (a failing one included): halted before the root goes. */
+  const running: Collector[] = [];
+  afterEach(async () => {
+    await Promise.all(running.splice(0).map((c) => c.halt()));
+  });
+  const collectorIn = (w: { controller: CollectorController; url: string }) => {
+    const collector = collectorFor(w.controller, w.url, { checkpointTimeoutSeconds: 5 });
+    running.push(collector);
+    return collector;
+  };
+
+  /**
+   * The collector's controller is the real engine over fake participants (the Gym's control planes).
+   * `fate(op, n)` decides the n-th call of `op`: served; refused `not_leader` (no leader served it);
+   * or its coordinator dies before the op arrives ("died-before") or once it did the op and its
+   * background work, before the reply ("died-after"): a successor over the same participants,
+   * journal and checkpoint root takes over and recovers, and the collector gets `outcome_unknown`.
+   * The `/run` server plays the environment: refused admission while a participant is parked,
+   * else held until `release` and then until no participant is parked.
+   */
+  async function failoverWorld(fate: (op: string, n: number) => Fate = () => "pass") {
+    let coordinator = makeEngine(dir);
+    coordinator.clock.current = Date.now(); // the collector's deadlines are wall-clock times
+    const { fake, journal } = coordinator;
+    let epoch = 7;
+    const recoveries: string[][] = [];
+    const failover = async () => {
+      coordinator.leadership.demote();
+      coordinator.engine.leadershipLost();
+      coordinator = makeEngine(dir, { successorOf: coordinator, epoch: ++epoch });
+      recoveries.push((await coordinator.engine.recover()).map((r) => `${r.checkpoint_id}:${r.action}`));
+    };
+    const counts = new Map<string, number>();
+    const call = async <O extends ControllerOp>(op: O, req: unknown): Promise<CtlReplyOf<O>> => {
+      const n = (counts.get(op) ?? 0) + 1;
+      counts.set(op, n);
+      const f = fate(op, n);
+      if (f === "no-leader") throw new CheckpointError("not_leader", `no coordinator serves ${op}`);
+      if (f === "died-before" || f === "died-after") {
+        if (f === "died-after") {
+          await dispatchController(coordinator.engine, op, req).catch(() => undefined);
+          await coordinator.writer.settled();
+          const id = (req as { checkpoint_id?: string }).checkpoint_id;
+          if (op === "resume" && id) await waitUntil(() => !journal.entries.has(id), "the resumed checkpoint's journal entry to go");
+        }
+        await failover();
+        throw new CheckpointError("outcome_unknown", `no reply on ctl.${op}`);
+      }
+      return dispatchController(coordinator.engine, op, req);
+    };
+    const controller: CollectorController = {
+      prepare: (r) => call("prepare", r),
+      commit: (r) => call("commit", r),
+      publish: (r) => call("publish", r),
+      resume: (r) => call("resume", r),
+      restore: (r) => call("restore", r),
+      retire: (r) => call("retire", r),
+      forget: (r) => call("forget", r),
+      list: () => call("list", {}),
+      status: () => call("status", {}),
+      get: (id) => call("get", { checkpoint_id: id }),
+    };
+    const parked = () => [...fake.state.values()].some((s) => s.phase !== "idle");
+    const release = deferred();
+    const arrived: EpisodeId[] = [];
+    const url = await runServer(async (body) => {
+      if (parked()) return { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } };
+      arrived.push({ rollout_id: body.rollout_id, attempt: body.attempt });
+      await release.promise;
+      await waitUntil(() => !parked(), `${body.rollout_id}@${body.attempt} resumed`);
+      return { status: 200, body: { reward: 1 } };
+    });
+    return { controller, fake, journal, url, release, arrived, recoveries, engine: () => coordinator.engine, failover };
+  }
+
+  /** Participants sent `op` since `from` (an index into the fake's calls). */
+  const sent = (fake: { calls: { op: string }[] }, op: string, from = 0) => fake.calls.slice(from).filter((c) => c.op === op).length;
+
+  it.each([
+    ["died-after", "published, then SIGKILLed before its reply"],
+    ["died-before", "SIGKILLed before the publish reached it (its successor re-drives the decided commit)"],
+  ] as const)("a stop checkpoint's publish whose coordinator %s (%s) is sent again: published, and its parked Gym is not resumed", async (fate, _when) => {
+    const w = await failoverWorld((op, n) => (op === "publish" && n === 1 ? fate : "pass"));
+    w.fake.exported.set("environment.e1", ["a"]);
+    const collector = collectorIn(w);
+    await collector.start();
+    void collector.run();
+    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const result = await collector.checkpoint({ stop: true });
+    expect(w.recoveries).toHaveLength(1);
+    expect(result.published).toBe(true);
+    expect((await w.controller.list()).latest).toBe(result.checkpointId);
+    expect(sent(w.fake, "resume")).toBe(0); // still parked: the scheduler's grace period is for stopping, not for running on
+    expect(collector.summary()).toMatchObject({ checkpoints: 1, stopped: true });
+  });
+
+  it("a checkpoint's publish whose coordinator died after publishing it is sent again: counted as published, then resumed", async () => {
+    const w = await failoverWorld((op, n) => (op === "publish" && n === 1 ? "died-after" : "pass"));
+    w.fake.exported.set("environment.e1", ["a"]);
+    const collector = collectorIn(w);
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const result = await collector.checkpoint({ stop: false });
+    expect(w.recoveries).toEqual([[`${result.checkpointId}:published_open`]]);
+    expect(result.published).toBe(true);
+    expect(w.engine().openCheckpoint).toBeNull();
+    w.release.resolve();
+    expect(await run).toMatchObject({ finished: 1, checkpoints: 1 });
   });
 });

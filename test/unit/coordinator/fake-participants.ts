@@ -195,22 +195,28 @@ export function makeEngine(
     incarnations?: Map<string, string>;
     requireRecovery?: boolean;
     logger?: Logger;
+    /** A successor coordinator: the same participants, journal and clock as its predecessor's. */
+    successorOf?: { fake: FakeParticipants; journal: MemoryDecisionJournal; clock: TestClock };
+    epoch?: number;
   } = {},
 ) {
   const members = options.members ?? FOUR_KINDS;
-  const fake = new FakeParticipants(members);
-  const clock = new TestClock();
-  const journal = new MemoryDecisionJournal();
+  const shared = options.successorOf;
+  const fake = shared?.fake ?? new FakeParticipants(members);
+  const clock = shared?.clock ?? new TestClock();
+  const journal = shared?.journal ?? new MemoryDecisionJournal();
   const catalog = new CheckpointCatalog(root);
-  const leadership = new StaticLeadership(7);
+  const leadership = new StaticLeadership(options.epoch ?? 7);
   const writer = new GlobalManifestWriter(catalog, options.retention ?? 2);
   writers.push(writer);
   fake.clock = clock;
-  const origRecord = journal.record.bind(journal);
-  journal.record = async (entry) => {
-    fake.events.push(`journal:${entry.state}`);
-    await origRecord(entry);
-  };
+  if (!shared) {
+    const origRecord = journal.record.bind(journal);
+    journal.record = async (entry) => {
+      fake.events.push(`journal:${entry.state}`);
+      await origRecord(entry);
+    };
+  }
   const engine = new CheckpointEngine({
     deployment: "unit",
     client: new ParticipantClient({
