@@ -128,6 +128,8 @@ const RESEND_TRIES = 3;
  */
 const RESENT_CODES: ReadonlySet<string> = new Set(["deadline_exceeded", "outcome_unknown", "not_leader"]);
 const RESEND_PAUSE_S = 1;
+/** Seconds between rounds of resends of the resumes still unanswered (see unresumed). */
+const UNRESUMED_RETRY_S = 5;
 
 /**
  * Rollout collection with checkpoints: dispatches rows with bounded concurrency, appends results
@@ -149,11 +151,14 @@ export class Collector {
   private readonly retired = new Set<string>();
   /**
    * Our checkpoints whose resume never got an answer (no leader through every try): a successor
-   * keeps a published checkpoint open for exactly this resume, so it is sent again before the next
-   * prepare (which that open checkpoint would refuse) rather than leaving the Gym parked until the
-   * participants' lease expires.
+   * keeps a published checkpoint open for exactly this resume, so it is sent again every
+   * UNRESUMED_RETRY_S and before the next prepare (which that open checkpoint would refuse) rather
+   * than leaving the Gym parked until the participants' lease expires: no next checkpoint may come.
    */
   private readonly unresumed = new Set<string>();
+  private unresumedRetry: NodeJS.Timeout | undefined;
+  /** run() returned or threw: nothing is sent in the background any more. */
+  private ended = false;
   private readonly toForget = new Set<string>();
   private log!: DispatchLog;
   private runId = `run-${new Date().toISOString().replace(/[-:.TZ]/g, "").slice(0, 14)}-${randomBytes(4).toString("hex")}`;
@@ -290,29 +295,49 @@ export class Collector {
    * since a successor keeps a published checkpoint open for this resume. Still unknown after every
    * try, it is remembered in `unresumed`; any other refusal is logged and forgotten.
    */
-  private async resumeOwn(checkpointId: string, log: Logger): Promise<void> {
+  private async resumeOwn(checkpointId: string, log: Logger, tries = RESEND_TRIES): Promise<void> {
     try {
-      await this.resent("resume", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
+      await this.resent("resume", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }), tries);
       this.unresumed.delete(checkpointId);
     } catch (err) {
       const unknown = err instanceof CheckpointError && RESENT_CODES.has(err.code);
       if (unknown) this.unresumed.add(checkpointId);
       else this.unresumed.delete(checkpointId);
-      log.error({ err, sent_again_before_next_checkpoint: unknown }, "resume failed");
+      log.error({ err, sent_again_later: unknown }, "resume failed");
+      this.retryUnresumedLater();
     }
   }
 
+  /** Sends every resume still unanswered again (under the lock); `tries` each. */
+  private async resumeUnresumed(tries = RESEND_TRIES): Promise<void> {
+    for (const id of [...this.unresumed]) await this.resumeOwn(id, this.options.logger.child({ checkpoint_id: id }), tries);
+  }
+
+  /** While a resume is unanswered, another round of resends is due in UNRESUMED_RETRY_S (not once stopping or ended). */
+  private retryUnresumedLater(): void {
+    if (this.unresumedRetry || this.unresumed.size === 0 || this.stopping || this.ended) return;
+    this.unresumedRetry = setTimeout(() => {
+      this.unresumedRetry = undefined;
+      if (this.stopping || this.ended) return;
+      // One try each: a round that waits out an outage holds the lock a stop checkpoint may need.
+      void this.lock
+        .run(() => this.resumeUnresumed(1))
+        .finally(() => this.retryUnresumedLater());
+    }, UNRESUMED_RETRY_S * 1000);
+    this.unresumedRetry.unref();
+  }
+
   /**
-   * Sends a controller op again (up to RESEND_TRIES, a second apart) while it answers a code of
+   * Sends a controller op again (up to `maxTries`, a second apart) while it answers a code of
    * RESENT_CODES; any other error, or the last try's, is thrown.
    */
-  private async resent<T>(what: string, checkpointId: string, send: () => Promise<T>): Promise<T> {
+  private async resent<T>(what: string, checkpointId: string, send: () => Promise<T>, maxTries = RESEND_TRIES): Promise<T> {
     for (let tries = 1; ; tries++) {
       try {
         return await send();
       } catch (error) {
         const code = error instanceof CheckpointError ? error.code : undefined;
-        if (tries >= RESEND_TRIES || code === undefined || !RESENT_CODES.has(code)) throw error;
+        if (tries >= maxTries || code === undefined || !RESENT_CODES.has(code)) throw error;
         this.options.logger.warn({ checkpoint_id: checkpointId, code, tries }, `${what} did not answer for sure; sending it again`);
         await delay(RESEND_PAUSE_S);
       }
@@ -425,13 +450,17 @@ export class Collector {
       // in flight, whose results could not be kept either (they are logged: the next start retires them).
       this.stopping = true;
       this.runTimeouts.abortAll();
+      this.ended = true;
       clearInterval(this.timer);
       clearTimeout(this.retireRetry);
+      clearTimeout(this.unresumedRetry);
       throw error;
     }
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
     if (!this.stopping) await this.close();
+    this.ended = true;
+    clearTimeout(this.unresumedRetry);
     await this.records?.close();
     this.report(true);
     this.options.progress?.finish();
@@ -595,6 +624,7 @@ export class Collector {
     this.stopping = true;
     clearInterval(this.timer);
     clearTimeout(this.retireRetry);
+    clearTimeout(this.unresumedRetry);
     this.wakeDispatchers();
     await Promise.allSettled([...this.finishing]);
   }
@@ -706,7 +736,7 @@ export class Collector {
       // The stop goes first: a scheduler's grace period is short, and after it nothing may resume.
       if ((timer && this.stopsPending > 0) || (!stop && this.stopping)) return undefined;
       this.closeGate();
-      for (const id of [...this.unresumed]) await this.resumeOwn(id, this.options.logger.child({ checkpoint_id: id }));
+      await this.resumeUnresumed();
       const checkpointId = newCheckpointId(Date.now());
       // Set now, so a checkpoint that fails still names its id.
       span.setAttribute("gym_ckpt.checkpoint.id", checkpointId);
@@ -837,6 +867,8 @@ export class Collector {
   /** Forgets every retired rollout; called once all rows are done. */
   private async close(): Promise<void> {
     await this.lock.run(async () => {
+      // A checkpoint still unresumed keeps the Gym's admission closed for everyone until its lease.
+      await this.resumeUnresumed();
       // Only attempts of rows that failed for good are left to retire here. One that cannot be
       // retired now (Gym servers down) stays in dispatched.jsonl: the next start retires it and
       // sends its row again, so the collection still ends with its summary.

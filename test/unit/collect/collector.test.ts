@@ -761,6 +761,34 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1, failed: 0 });
   }, 20_000);
 
+  it("a checkpoint whose resume stayed unknown through every try is sent again in the background, so the parked rows go on without another checkpoint", async () => {
+    const resumed = deferred();
+    let arrived = false;
+    const url = await runServer(async () => {
+      arrived = true;
+      await resumed.promise;
+      return { status: 200, body: { reward: 1 } };
+    });
+    let lost = 0;
+    const fake = fakeController({
+      resume: async (req: never) => {
+        // No leader through all three tries of the checkpoint's resume; one serves after.
+        if (lost++ < 3) throw new CheckpointError("not_leader", "no coordinator serves ctl.resume");
+        resumed.resolve();
+        return fake.base.resume(req);
+      },
+    });
+    const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => arrived, "the /run of a");
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(fake.state.open).not.toBeNull();
+    // No timer, no SIGUSR1: without a resend the Gym stays parked until the participants' lease expires.
+    await waitUntil(() => fake.state.open === null, "the checkpoint resumed without another checkpoint", 10_000);
+    expect(await run).toMatchObject({ finished: 1, failed: 0, checkpoints: 1 });
+  }, 20_000);
+
   it("a checkpoint does not wait for a row refused admission by that checkpoint, nor continues it", async () => {
     const prepared = deferred();
     const sent: number[] = [];
