@@ -355,10 +355,12 @@ export class Collector {
     const checkpointId = collection.checkpoint_id;
     const attributes = { "gym_ckpt.checkpoint.id": checkpointId, "gym_ckpt.rows": sources.length };
     await tracer().startActiveSpan("checkpoint.collection.restore", { attributes }, async (span) => {
+      let restored = false;
       try {
         // With deadlines, like every other op: a try that meets a failover is answered (or given up)
         // within --checkpoint-timeout-s, not the client's 90 s default, while everyone stays parked.
         await this.resent("restore", checkpointId, () => this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources, deadline_ts: this.deadline() }));
+        restored = true;
         // Logged before anything relies on it: a checkpoint taken before these rows are sent
         // continues them as attempt+1, which the next start must find in the log. Before the
         // resume: a start after a crash here must not restore the checkpoint again (once resumed,
@@ -380,6 +382,12 @@ export class Collector {
         // those rows start over as attempt+2.
         span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
         this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
+        if (restored && error instanceof CheckpointError && RESENT_CODES.has(error.code)) {
+          // Its resume never got an answer: a successor re-drives the journaled restore and keeps it
+          // open (every participant parked) for this resume, which nothing else would send.
+          this.unresumed.add(checkpointId);
+          this.retryUnresumedLater();
+        }
         // Logged first: after a crash from here on, the next start must send attempt+2, not the
         // fenced attempt+1 that every participant refuses.
         const replacements = sources.map(nextAttempt);

@@ -1152,6 +1152,7 @@ describe("collector halt (SIGINT, SIGHUP)", () => {
 
 describe("collector across a coordinator failover (the engine, then its successor over the same participants and journal)", () => {
   type Fate = "pass" | "no-leader" | "died-before" | "died-after";
+  const a0 = { rollout_id: "a", attempt: 0 };
   /** Collectors a test leaves running (a failing one included): halted before the root goes. */
   const running: Collector[] = [];
   afterEach(async () => {
@@ -1262,4 +1263,36 @@ describe("collector across a coordinator failover (the engine, then its successo
     w.release.resolve();
     expect(await run).toMatchObject({ finished: 1, checkpoints: 1 });
   });
+
+  /**
+   * Run 1 (a failover world's first collector) stops with a@0 in flight (SIGTERM: published, the Gym
+   * parked in it); then the Gym servers restart (fresh processes) and run 1's /run dies with it.
+   */
+  async function stoppedRun(w: Awaited<ReturnType<typeof failoverWorld>>): Promise<string> {
+    w.fake.exported.set("environment.e1", ["a"]);
+    const first = collectorIn(w);
+    await first.start();
+    void first.run();
+    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const { published, checkpointId } = await first.checkpoint({ stop: true });
+    expect(published).toBe(true);
+    await first.halt();
+    server!.closeAllConnections();
+    w.fake.state.clear();
+    w.arrived.length = 0;
+    return checkpointId;
+  }
+
+  it("the restore's resume unanswered through every try (no leader that long): the restored checkpoint is still resumed once a leader serves, not left parked until the participants' lease", async () => {
+    let restoring = false;
+    const w = await failoverWorld((op, n) => (restoring && op === "resume" && n <= 3 ? "no-leader" : "pass"));
+    await stoppedRun(w);
+    restoring = true;
+    const collector = collectorIn(w);
+    await collector.start();
+    w.release.resolve();
+    await waitUntil(() => w.engine().openCheckpoint === null, "the restored checkpoint resumed", 10_000);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(w.arrived.map((e) => e.attempt)).toEqual([a0.attempt + 2]); // its attempt + 1 was retired when the tries ran out
+  }, 20_000);
 });
