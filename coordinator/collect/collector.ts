@@ -279,7 +279,7 @@ export class Collector {
    */
   private async resumeLeftOpen(checkpointId: string): Promise<void> {
     try {
-      await this.resent("resume of the previous run's checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
+      await this.resumeSent("resume of the previous run's checkpoint", checkpointId);
     } catch (error) {
       // A restore our predecessor left open whose processes restarted since: the coordinator ran
       // its clean-up (retired attempt+1 where it may be installed, resumed everyone). Closed, then;
@@ -297,7 +297,7 @@ export class Collector {
    */
   private async resumeOwn(checkpointId: string, log: Logger, tries = RESEND_TRIES): Promise<void> {
     try {
-      await this.resent("resume", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }), tries);
+      await this.resumeSent("resume", checkpointId, tries);
       this.unresumed.delete(checkpointId);
     } catch (err) {
       const unknown = err instanceof CheckpointError && RESENT_CODES.has(err.code);
@@ -325,6 +325,22 @@ export class Collector {
         .finally(() => this.retryUnresumedLater());
     }, UNRESUMED_RETRY_S * 1000);
     this.unresumedRetry.unref();
+  }
+
+  /**
+   * A resume, sent again while its outcome is unknown (see resent). `not_found` (no coordinator has
+   * it open, no participant holds it) leaves nothing to resume: typically the answer to a retry whose
+   * first try did resume it, its reply lost with a coordinator that died after closing it and
+   * removing its journal entry. Should a restore's clean-up have closed it instead, the attempt+1
+   * it fenced is refused `stale_attempt` when sent, and the row's next attempt goes.
+   */
+  private async resumeSent(what: string, checkpointId: string, tries = RESEND_TRIES): Promise<void> {
+    try {
+      await this.resent(what, checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }), tries);
+    } catch (error) {
+      if (!(error instanceof CheckpointError && error.code === "not_found")) throw error;
+      this.options.logger.info({ checkpoint_id: checkpointId, err: error }, `${what}: nothing is left open to resume`);
+    }
   }
 
   /**
@@ -366,7 +382,7 @@ export class Collector {
         // resume: a start after a crash here must not restore the checkpoint again (once resumed,
         // the processes refuse it) but resume it and send attempt+1.
         await this.log.recordRestored(sources.map(nextAttempt));
-        await this.resent("resume of the restored checkpoint", checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }));
+        await this.resumeSent("resume of the restored checkpoint", checkpointId);
         for (const source of sources) {
           const state = this.states.get(source.rollout_id)!;
           Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });

@@ -1283,6 +1283,31 @@ describe("collector across a coordinator failover (the engine, then its successo
     return checkpointId;
   }
 
+  it("a checkpoint left open whose resume landed just before its coordinator died (reply lost): the successor's not_found means nothing is left open, and the start goes on", async () => {
+    const w = await failoverWorld((op, n) => (op === "resume" && n === 1 ? "died-after" : "pass"));
+    // A predecessor collector died in its checkpoint's prepare: the checkpoint is open, the Gym parked.
+    await w.controller.prepare({ checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", deadline_ts: Date.now() / 1000 + 60 });
+    const collector = collectorIn(w);
+    await collector.start();
+    expect(w.recoveries).toEqual([[]]); // the successor knows nothing of it: resumed and removed
+    w.release.resolve();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+  });
+
+  it("the restore's resume landed just before its coordinator died (reply lost): the successor's not_found is not a failed restore, and the row continues as attempt + 1", async () => {
+    let restoring = false;
+    const w = await failoverWorld((op, n) => (restoring && op === "resume" && n === 1 ? "died-after" : "pass"));
+    const checkpointId = await stoppedRun(w);
+    restoring = true;
+    const collector = collectorIn(w);
+    await collector.start();
+    expect(w.recoveries).toEqual([[]]);
+    expect(w.fake.ops("restore").map((c) => c.body.checkpoint_id)).toContain(checkpointId);
+    w.release.resolve();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, continued: 1, restarted: 0 });
+    expect(w.arrived).toEqual([{ rollout_id: "a", attempt: 1 }]);
+  });
+
   it("the restore's resume unanswered through every try (no leader that long): the restored checkpoint is still resumed once a leader serves, not left parked until the participants' lease", async () => {
     let restoring = false;
     const w = await failoverWorld((op, n) => (restoring && op === "resume" && n <= 3 ? "no-leader" : "pass"));
