@@ -372,10 +372,17 @@ export class Collector {
     const attributes = { "gym_ckpt.checkpoint.id": checkpointId, "gym_ckpt.rows": sources.length };
     await tracer().startActiveSpan("checkpoint.collection.restore", { attributes }, async (span) => {
       let restored = false;
+      /** A try was answered otherwise than not_leader (which promises it never ran): it may have installed attempt+1. */
+      let ranMaybe = false;
       try {
         // With deadlines, like every other op: a try that meets a failover is answered (or given up)
         // within --checkpoint-timeout-s, not the client's 90 s default, while everyone stays parked.
-        await this.resent("restore", checkpointId, () => this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources, deadline_ts: this.deadline() }));
+        await this.resent("restore", checkpointId, () =>
+          this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources, deadline_ts: this.deadline() }).catch((error: unknown) => {
+            if (!(error instanceof CheckpointError && error.code === "not_leader")) ranMaybe = true;
+            throw error;
+          }),
+        );
         restored = true;
         // Logged before anything relies on it: a checkpoint taken before these rows are sent
         // continues them as attempt+1, which the next start must find in the log. Before the
@@ -397,6 +404,11 @@ export class Collector {
         // attempt+1 everywhere fences both (a retire fences every attempt up to the one named); then
         // those rows start over as attempt+2.
         span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
+        // Refused not_leader on every try (no leader that long; over HTTP, a coordinator still
+        // becoming leader answers it at once): it never ran, so nothing is installed or to clean up.
+        // The start fails like one refused before it; the log still names the source attempts and
+        // the run they continue, so the next start restores the same checkpoint.
+        if (!restored && !ranMaybe) throw error;
         this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
         if (restored && error instanceof CheckpointError && RESENT_CODES.has(error.code)) {
           // Its resume never got an answer: a successor re-drives the journaled restore and keeps it

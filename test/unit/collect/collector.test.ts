@@ -942,7 +942,7 @@ describe("collector restores whose outcome is unknown", () => {
     await publishCollection(fake.state, checkpointId, "run-1", [a0]);
     const sent: number[] = [];
     const url = await runServer((body) => (sent.push(body.attempt), handler ? handler(body) : { status: 200, body: { reward: 1 } }));
-    return { ...fake, sent, collector: collectorFor(fake.controller, url) };
+    return { ...fake, sent, url, collector: collectorFor(fake.controller, url) };
   }
 
   const ops = (calls: Call[], ...names: string[]) => calls.filter((c) => names.includes(c.op));
@@ -987,6 +987,25 @@ describe("collector restores whose outcome is unknown", () => {
     expect(ops(calls, "retire")).toEqual([]);
     expect(state.open).toBeNull();
     expect(await collector.run()).toMatchObject({ finished: 1, continued: 1, restarted: 0 });
+    expect(sent).toEqual([1]);
+  });
+
+  it("a restore refused not_leader on every try never ran: the start fails without giving its continuation up, and the next start restores it", async () => {
+    // A coordinator restarted with the job, not the ready leader yet (over HTTP, not_leader comes at once).
+    let ready = false;
+    const { collector, calls, sent, state, controller, url } = await restartedRun((fake) => ({
+      restore: async (req: never) => (ready ? fake().base.restore(req) : Promise.reject(new CheckpointError("not_leader", "this coordinator is not the ready leader"))),
+      retire: async (req: never) => (ready ? fake().base.retire(req) : Promise.reject(new CheckpointError("not_leader", "this coordinator is not the ready leader"))),
+    }));
+    await expect(collector.start()).rejects.toMatchObject({ code: "not_leader" });
+    expect(state.open).toBeNull();
+    ready = true;
+    calls.length = 0;
+    const next = collectorFor(controller, url);
+    await next.start();
+    expect(restores(calls)).toEqual([[a0]]);
+    expect(ops(calls, "retire")).toEqual([]);
+    expect(await next.run()).toMatchObject({ finished: 1, continued: 1, restarted: 0 });
     expect(sent).toEqual([1]);
   });
 
