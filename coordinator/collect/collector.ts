@@ -789,7 +789,7 @@ export class Collector {
         const open = [...this.states.values()].filter((s) => s.status === "inflight" || (s.status === "pending" && s.restored));
         const scope = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => !restarts.has(captureKey(e)));
         const restarted = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => restarts.has(captureKey(e)));
-        const committed = await this.options.controller.commit({ checkpoint_id: checkpointId, deadline_ts: this.deadline(), episode_ids: scope, stop });
+        const committed = await this.commitOwn(checkpointId, scope, stop);
         // Its files are read and written below through our root: refused (and resumed) unless they are there.
         await assertCheckpointVisible(this.options.checkpointDir, checkpointId, committed.checkpoint_dir);
 
@@ -828,6 +828,39 @@ export class Collector {
         this.report(true);
       }
     });
+  }
+
+  /**
+   * Commits one of our checkpoints. Its outcome unknown (`outcome_unknown`, `not_leader`), it is
+   * sent again only while the coordinator's status shows the checkpoint committed: a successor
+   * re-drives a decided commit and keeps it committed for this controller, which gets its reply
+   * from that state (nothing is sent again). Taken for a failure, it would be aborted (a SIGTERM's
+   * stop checkpoint lost, every row restarted from input). A commit that failed at a participant
+   * (over the wire its `outcome_unknown` looks the same) stays `committing`: not sent again, so a
+   * hung participant does not keep the Gym parked for another deadline; our resume aborts it.
+   */
+  private async commitOwn(checkpointId: string, scope: EpisodeId[], stop: boolean): Promise<CtlReplyOf<"commit">> {
+    const send = () => this.options.controller.commit({ checkpoint_id: checkpointId, deadline_ts: this.deadline(), episode_ids: scope, stop });
+    let lost: CheckpointError;
+    try {
+      return await send();
+    } catch (error) {
+      if (!(error instanceof CheckpointError && RESENT_CODES.has(error.code))) throw error;
+      lost = error;
+    }
+    for (let tries = 1; tries < RESEND_TRIES; tries++) {
+      await delay(RESEND_PAUSE_S);
+      // Unread (no leader serves yet): asked again after the next pause.
+      const open = await this.options.controller.status().then(
+        (status) => status.checkpoint,
+        () => undefined,
+      );
+      if (open === undefined) continue;
+      if (open?.checkpoint_id !== checkpointId || (open.phase !== "committed" && open.phase !== "published")) throw lost;
+      this.options.logger.warn({ checkpoint_id: checkpointId, err: lost }, "commit did not answer, but the coordinator holds it committed; sending it again");
+      return this.resent("commit", checkpointId, send);
+    }
+    throw lost;
   }
 
   /**

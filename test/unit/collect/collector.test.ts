@@ -1283,6 +1283,36 @@ describe("collector across a coordinator failover (the engine, then its successo
     expect(await run).toMatchObject({ finished: 1, checkpoints: 1 });
   });
 
+  it("a stop checkpoint's commit whose coordinator died once it had committed (reply lost): the successor re-drives it and keeps it committed, so the collector sends it again and publishes, the Gym left parked", async () => {
+    const w = await failoverWorld((op, n) => (op === "commit" && n === 1 ? "died-after" : "pass"));
+    w.fake.exported.set("environment.e1", ["a"]);
+    const collector = collectorIn(w);
+    await collector.start();
+    void collector.run();
+    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const result = await collector.checkpoint({ stop: true });
+    expect(w.recoveries).toEqual([[`${result.checkpointId}:committed`]]);
+    expect(result.published).toBe(true);
+    expect((await w.controller.list()).latest).toBe(result.checkpointId);
+    expect(sent(w.fake, "resume")).toBe(0);
+    expect(sent(w.fake, "commit")).toBe(10); // five by the first coordinator, five by its successor's re-drive: the retry sent none
+  });
+
+  it("a commit that failed at a participant with outcome_unknown (the checkpoint stays committing) is not sent again but aborted", async () => {
+    const w = await failoverWorld();
+    w.fake.exported.set("environment.e1", ["a"]);
+    w.fake.set("agent", "a1", "commit", { error: "outcome_unknown" });
+    const collector = collectorIn(w);
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    await expect(collector.checkpoint({ stop: false })).rejects.toMatchObject({ code: "outcome_unknown" });
+    expect(sent(w.fake, "commit")).toBe(5);
+    expect(w.engine().openCheckpoint).toBeNull(); // withdrawn and resumed
+    w.release.resolve();
+    expect(await run).toMatchObject({ finished: 1, checkpoints: 0 });
+  });
+
   /**
    * Run 1 (a failover world's first collector) stops with a@0 in flight (SIGTERM: published, the Gym
    * parked in it); then the Gym servers restart (fresh processes) and run 1's /run dies with it.
