@@ -410,9 +410,10 @@ export class Collector {
         // the run they continue, so the next start restores the same checkpoint.
         if (!restored && !ranMaybe) throw error;
         this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
-        if (restored && error instanceof CheckpointError && RESENT_CODES.has(error.code)) {
-          // Its resume never got an answer: a successor re-drives the journaled restore and keeps it
-          // open (every participant parked) for this resume, which nothing else would send.
+        if (error instanceof CheckpointError && RESENT_CODES.has(error.code)) {
+          // The restore (or its resume) may have landed and never got an answer: a successor
+          // re-drives the journaled restore and keeps it open (every participant parked) for this
+          // resume, which nothing else would send. Not open there: the resume answers not_found.
           this.unresumed.add(checkpointId);
           this.retryUnresumedLater();
         }

@@ -1357,6 +1357,20 @@ describe("collector across a coordinator failover (the engine, then its successo
     expect(w.arrived).toEqual([{ rollout_id: "a", attempt: 1 }]);
   });
 
+  it("a restore that landed but stayed unanswered through every try (its coordinator died, no leader after): the successor keeps it restored, and it is still resumed once a leader serves", async () => {
+    let restoring = false;
+    const w = await failoverWorld((op, n) => (restoring && op === "restore" ? (n === 1 ? "died-after" : n <= 3 ? "no-leader" : "pass") : "pass"));
+    const checkpointId = await stoppedRun(w);
+    restoring = true;
+    const collector = collectorIn(w);
+    await collector.start();
+    expect(w.recoveries).toEqual([[`${checkpointId}:restored`]]);
+    w.release.resolve();
+    await waitUntil(() => w.engine().openCheckpoint === null, "the restored checkpoint resumed", 10_000);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(w.arrived.map((e) => e.attempt)).toEqual([a0.attempt + 2]); // its attempt + 1 was retired when the tries ran out
+  }, 20_000);
+
   it("the restore's resume unanswered through every try (no leader that long): the restored checkpoint is still resumed once a leader serves, not left parked until the participants' lease", async () => {
     let restoring = false;
     const w = await failoverWorld((op, n) => (restoring && op === "resume" && n <= 3 ? "no-leader" : "pass"));
