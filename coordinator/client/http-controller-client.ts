@@ -19,6 +19,12 @@ export interface HttpControllerClientOptions {
    * coordinator stops being the ready leader: its `/readyz` is asked this often (default 5 s).
    */
   readyCheckMs?: number;
+  /**
+   * How long to retry while no coordinator is the ready leader (nobody listens at the address, or
+   * `not_leader`), as the NATS client does. Default 0: a library caller behind a load balancer
+   * decides itself; `gym-ckpt collect` passes its `--leader-wait-ms`.
+   */
+  leaderWaitMs?: number;
 }
 
 /** Consecutive failed `/readyz` answers (not 200, or none in time) that end a wait: one slow answer is not a dead coordinator. */
@@ -86,6 +92,19 @@ export class HttpControllerClient extends ControllerClient {
   }
 
   async call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
+    const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 0);
+    for (;;) {
+      try {
+        return await this.callOnce(op, request);
+      } catch (error) {
+        // not_leader promises nothing ran (refused before it began, or never sent): safe to send again.
+        if (!(error instanceof CheckpointError && error.code === "not_leader") || Date.now() >= waitUntil) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    }
+  }
+
+  private async callOnce<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
     const { method, url } = httpRoute(op);
     let path = url;
     if (op === "get") path = url.replace("{checkpoint_id}", encodeURIComponent(getRequestId(request)));

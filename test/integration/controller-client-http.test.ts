@@ -28,6 +28,20 @@ describe("HTTP controller client", () => {
     await expect(new HttpControllerClient({ baseUrl: url, token: "t" }).call("status", {})).rejects.toMatchObject({ code: "not_leader" });
   });
 
+  it("a coordinator still becoming leader (not_leader) is asked again within leaderWaitMs, and only then", async () => {
+    let asked = 0;
+    const url = await listen((_req, res) => {
+      asked += 1;
+      res.writeHead(asked <= 2 ? 503 : 200, { "content-type": "application/json" });
+      res.end(JSON.stringify(asked <= 2 ? { error: { code: "not_leader", detail: "waits one lease period" } } : { checkpoints: [], latest: null }));
+    });
+    await expect(new HttpControllerClient({ baseUrl: url, token: "t" }).call("list", {})).rejects.toMatchObject({ code: "not_leader" });
+    expect(asked).toBe(1); // no wait by default
+    asked = 0;
+    await expect(new HttpControllerClient({ baseUrl: url, token: "t", leaderWaitMs: 10_000 }).call("list", {})).resolves.toMatchObject({ checkpoints: [] });
+    expect(asked).toBe(3);
+  });
+
   it("the coordinator dies after receiving the request: outcome_unknown, not not_leader", async () => {
     let received = 0;
     const url = await listen((req) => {

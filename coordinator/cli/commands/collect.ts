@@ -182,7 +182,7 @@ export function register(program: Command): void {
         logger = createLogger(logLevel);
         if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
         nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
-        const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token }) : new NatsControllerClient({
+        const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token, leaderWaitMs }) : new NatsControllerClient({
           nc,
           deployment,
           token,
