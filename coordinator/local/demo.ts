@@ -8,7 +8,7 @@ import { readResults } from "../collect/results-file.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { startChildProgram, type ChildProgram, type ChildProgramOptions } from "./child-program.js";
 import { NatsServerProcess } from "./nats-server-process.js";
-import { participantEntry } from "./participant-entry.js";
+import { ignoreSigusr1Env, participantEntry } from "./participant-entry.js";
 
 export interface DemoOptions {
   rows: number;
@@ -98,7 +98,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     const backend = await launch(
       participantEntry("gym/policy-backend/main"),
       ["--nats", nats.url, "--deployment", DEPLOYMENT, "--instance", "policy_backend", "--token", token, "--port", "0", "--token-delay-ms", String(options.tokenDelayMs)],
-      { waitReady: true },
+      { waitReady: true, env: ignoreSigusr1Env() },
     );
     const backendUrl = String(backend.ready!.url);
     say(`fake policy backend (the inference server, outlives Gym crashes) on ${backendUrl}`);
@@ -110,7 +110,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
         // TMPDIR = the work directory: the model attach proxy's default capture ledger
         // (<tmp>/gym-ckpt-ledger-<uid>/<deployment>/<instance>) would otherwise be shared by every demo
         // (same deployment, same capture keys demo-001…) and outlive it.
-        { waitReady: true, group: true, env: { TMPDIR: work } },
+        { waitReady: true, group: true, env: { TMPDIR: work, ...ignoreSigusr1Env() } },
       );
       return { gym, urls: gym.ready!.urls as Record<string, string> };
     };

@@ -16,6 +16,18 @@ export function participantEntry(relativePath: string): string {
   return path;
 }
 
+const IGNORE_SIGUSR1 = new URL(`./ignore-sigusr1${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url).href;
+
+/**
+ * NODE_OPTIONS that preload ignore-sigusr1.ts into a participant program and every node process it
+ * starts (the Gym's servers); the caller's own NODE_OPTIONS kept. Empty where `--import` is missing.
+ */
+export function ignoreSigusr1Env(): NodeJS.ProcessEnv {
+  if (!process.allowedNodeEnvironmentFlags.has("--import")) return {};
+  const own = process.env.NODE_OPTIONS?.trim();
+  return { NODE_OPTIONS: `${own ? `${own} ` : ""}--import ${IGNORE_SIGUSR1}` };
+}
+
 /**
  * Runs a participant program in the foreground with inherited output, forwarding SIGINT/SIGTERM.
  * It stops once this process is gone, however it ended (SIGKILL included): an orphaned attach
@@ -25,6 +37,7 @@ export function runParticipantProgram(relativePath: string, args: string[]): Pro
   const watch = parentWatch();
   const child = spawn(process.execPath, [...(watch?.nodeArgs ?? []), participantEntry(relativePath), ...args], {
     stdio: [watch?.stdin ?? "inherit", "inherit", "inherit"],
+    env: { ...process.env, ...ignoreSigusr1Env() },
   });
   child.stdin?.on("error", () => undefined); // never written; closed when the child exits
   const forward = (signal: NodeJS.Signals) => child.kill(signal);
