@@ -30,8 +30,11 @@ export async function makeDirectories(path: string, options: { mode?: number } =
   }
 }
 
-/** mkdir failures saying the path cannot exist there (configuration: a restart will not help), unlike EIO and the like. */
-const MISPLACED = new Set(["ENOTDIR", "ENOENT", "EACCES", "EPERM", "EROFS", "EEXIST"]);
+/**
+ * mkdir failures saying the path cannot exist there (configuration: a restart will not help), unlike
+ * EIO and the like; a symbolic-link loop on the way (ELOOP) or a component too long is the path's too.
+ */
+const MISPLACED = new Set(["ENOTDIR", "ENOENT", "EACCES", "EPERM", "EROFS", "EEXIST", "ELOOP", "ENAMETOOLONG"]);
 
 export function isMisplacedDirectory(error: unknown): boolean {
   return MISPLACED.has((error as NodeJS.ErrnoException | undefined)?.code ?? "");

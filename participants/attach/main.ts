@@ -1,5 +1,5 @@
 import { tmpdir } from "node:os";
-import { BearerTokenSchema, isMisplacedDirectory, makeDirectories } from "../../protocol/index.js";
+import { BearerTokenSchema, isMisplacedDirectory, makeDirectories, toCheckpointError } from "../../protocol/index.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
 import { startServerRuntime } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
@@ -53,8 +53,11 @@ try {
 if (extra["ledger-dir"] !== undefined) {
   // Created (0700) here rather than first by the ledger, so one that cannot exist is refused before serving.
   await makeDirectories(ledgerDir, { mode: 0o700 }).catch((error: NodeJS.ErrnoException) => {
-    if (!isMisplacedDirectory(error)) throw error;
-    fail(`invalid_request: --ledger-dir ${ledgerDir} cannot be created (${error.message})`);
+    if (isMisplacedDirectory(error)) fail(`invalid_request: --ledger-dir ${ledgerDir} cannot be created (${error.message})`);
+    // Anything else (EIO, a full disk) is still a coded refusal, never a stack trace; exit 1: a restart may help.
+    const refusal = toCheckpointError(error);
+    process.stderr.write(`attach model: ${refusal.code}: --ledger-dir ${ledgerDir}: ${refusal.message}\n`);
+    process.exit(1);
   });
 }
 

@@ -1,4 +1,4 @@
-import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -54,6 +54,25 @@ describe("coordinator start-up failure", () => {
     expect(daemon.stderr()).toMatch(/^error invalid_request: checkpoint_root .*ENOENT/m);
     expect((outcome as { code: number }).code).toBe(2);
   }, 20_000);
+
+  it("exits 2 for a checkpoint_root no directory can have: through a symbolic-link loop (ELOOP) or a name too long (ENAMETOOLONG)", async () => {
+    await symlink(join(dir, "loop"), join(dir, "loop"));
+    for (const [name, root, errno] of [
+      ["loop", join(dir, "loop", "root"), "ELOOP"],
+      ["long", join(dir, "n".repeat(300), "root"), "ENAMETOOLONG"],
+    ] as const) {
+      const daemon = spawnDaemon([
+        MAIN, "coordinator", "--deployment", `start${name}${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",
+        "--checkpoint-root", root, "--no-http", "--log-level", "warn",
+      ]);
+      daemons.push(daemon);
+      const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+      expect(outcome).not.toBe("still running");
+      // Configuration, as ENOENT and ENOTDIR are: neither the storage (storage_error) nor a bug (internal_error), and no restart helps.
+      expect(daemon.stderr()).toMatch(new RegExp(`^error invalid_request: checkpoint_root .*${errno}`, "m"));
+      expect((outcome as { code: number }).code).toBe(2);
+    }
+  }, 30_000);
 
   it("exits 2 when checkpoint_root exists but this account cannot write it, instead of serving as ready", async () => {
     // Root writes through mode bits, so as root the daemon runs as another account (as the systemd

@@ -1,4 +1,7 @@
 import { spawnSync } from "node:child_process";
+import { mkdtemp, rm, symlink } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { launchGym, type Gym } from "../../participants/gym/gym-launcher.js";
 import { controlRequest, phase } from "../support/control-requests.js";
@@ -35,6 +38,21 @@ describe("participant directories that cannot exist (under /proc)", () => {
     const run = spawnSync(process.execPath, [PROXY_ENTRY, ...args], { encoding: "utf8", timeout: 10_000, killSignal: "SIGKILL" });
     expect({ status: run.status, ready: run.stdout.includes('"ready":true') }, run.stderr).toEqual({ status: 2, ready: false });
     expect(run.stderr).toMatch(new RegExp(`^attach model: invalid_request: --ledger-dir ${ledgerDir} cannot be created \\(ENOENT: `, "m"));
+  }, 20_000);
+
+  it("the attach proxy refuses a --ledger-dir through a symbolic-link loop (ELOOP) with invalid_request, exit 2, not a stack trace", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-ledger-loop-"));
+    try {
+      await symlink(join(dir, "loop"), join(dir, "loop"));
+      const ledgerDir = join(dir, "loop", "ledger");
+      const args = commonArgs(nats.server.url, deployment, "loopledger", TOKEN, ["--upstream", "http://127.0.0.1:9/v1", "--ledger-dir", ledgerDir]);
+      const run = spawnSync(process.execPath, [PROXY_ENTRY, ...args], { encoding: "utf8", timeout: 10_000, killSignal: "SIGKILL" });
+      expect({ status: run.status, ready: run.stdout.includes('"ready":true') }, run.stderr).toEqual({ status: 2, ready: false });
+      expect(run.stderr).toMatch(new RegExp(`^attach model: invalid_request: --ledger-dir ${ledgerDir} cannot be created \\(ELOOP: `, "m"));
+      expect(run.stderr).not.toMatch(/^\s+at /m); // no stack trace
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   }, 20_000);
 
   it("an environment server whose checkpoint root lies under /proc refuses the commit at once and resumes", async () => {
