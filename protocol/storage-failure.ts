@@ -82,6 +82,15 @@ export function isStorageFailure(error: unknown): boolean {
 }
 
 /**
+ * A read the storage refused (EIO, EACCES, EMFILE...), as opposed to a file that is not there
+ * (ENOENT, ENOTDIR), which callers name in their own terms (a checkpoint missing files, a state
+ * file not yet written): passed on as it is, `storage_error`.
+ */
+export function isUnreadableStorage(error: unknown): boolean {
+  return isStorageFailure(error) && (error as SystemError).code !== "ENOENT" && (error as SystemError).code !== "ENOTDIR";
+}
+
+/**
  * Node's message ("ENOSPC: no space left on device, write") with the path appended when Node
  * names one that its message leaves out: a call on a file handle (write, fsync) names none, so
  * writers attach theirs with `namePath`.

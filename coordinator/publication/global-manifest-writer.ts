@@ -8,6 +8,7 @@ import {
   LATEST_FILE,
   MANIFEST_SCHEMA_VERSION,
   MAX_CONTROLLER_STATE_FILE_BYTES,
+  isUnreadableStorage,
   makeDirectories,
   type ControllerState,
   type ControllerStateInput,
@@ -222,7 +223,8 @@ export class GlobalManifestWriter {
     try {
       digest = await controllerStateDigest(dir, input.file);
     } catch (error) {
-      if (error instanceof CheckpointError) throw error;
+      // It is there but the storage refuses its read (EACCES, EIO): storage_error, not "put it there and retry".
+      if (error instanceof CheckpointError || isUnreadableStorage(error)) throw error;
       throw new CheckpointError("not_found", `controller state file ${input.file} is not in the checkpoint directory`, { cause: error });
     }
     if (input.sha256 !== undefined && input.sha256 !== digest) {

@@ -10,7 +10,7 @@ import {
   PARTICIPANTS_DIR,
   ParticipantManifestSchema,
   describeZodError,
-  isStorageFailure,
+  isUnreadableStorage,
   makeDirectories,
   namePath,
   sha256Hex,
@@ -32,16 +32,6 @@ export function participantDir(target: ParticipantTarget): string {
 
 function corrupt(detail: string, cause?: unknown): CheckpointError {
   return new CheckpointError("invalid_checkpoint_state", detail, { cause });
-}
-
-/**
- * A read the storage refused (EIO, EACCES, EMFILE...): passed on as it is (`storage_error`), since
- * another checkpoint would fail alike. A file that is not there (ENOENT, ENOTDIR) is a checkpoint
- * missing files, `invalid_checkpoint_state`.
- */
-function unreadableStorage(error: unknown): boolean {
-  const code = (error as NodeJS.ErrnoException).code;
-  return isStorageFailure(error) && code !== "ENOENT" && code !== "ENOTDIR";
 }
 
 /** The filesystem backend: one records file plus a create-only manifest per participant. */
@@ -212,7 +202,7 @@ async function dropUnnamedRecords(dir: string, recordsFile: string): Promise<voi
   if (named !== recordsFile) await unlink(join(dir, recordsFile)).catch(() => undefined);
 }
 
-/** Reads and validates `<dir>/manifest.json`; a failure is `invalid_checkpoint_state`, but a read the storage refused (see unreadableStorage). */
+/** Reads and validates `<dir>/manifest.json`; a failure is `invalid_checkpoint_state`, but a read the storage refused (`isUnreadableStorage`: storage_error). */
 export async function readParticipantManifest(dir: string): Promise<ParticipantManifest> {
   return (await loadParticipantManifest(dir)).manifest;
 }
@@ -227,7 +217,8 @@ async function loadParticipantManifest(dir: string): Promise<{ manifest: Partici
     bytes = await readRegularFile(path, { maxBytes: MAX_MANIFEST_BYTES, noFollow: true });
   } catch (error) {
     if (error instanceof CheckpointError) throw corrupt(`manifest ${error.message}`, error);
-    if (unreadableStorage(error)) throw error;
+    // A read the storage refused is passed on (storage_error): another checkpoint would fail alike.
+    if (isUnreadableStorage(error)) throw error;
     throw corrupt(`no manifest at ${path}`, error);
   }
   let value: unknown;
@@ -269,7 +260,7 @@ export async function scanRecordLines(
     const last = splitter.end();
     if (last) onLine(text(last), count++);
   } catch (error) {
-    if (error instanceof CheckpointError || unreadableStorage(error)) throw error;
+    if (error instanceof CheckpointError || isUnreadableStorage(error)) throw error;
     throw corrupt(`cannot read ${path}: ${(error as Error).message}`, error);
   }
   return { bytes, count, digest: hash.digest("hex") };
