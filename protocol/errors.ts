@@ -152,7 +152,7 @@ export const ERROR_CATALOG = {
   storage_error: {
     status: 507,
     meaning:
-      "A file operation failed in the deployment's storage, not in gym-ckpt: a full disk or quota (ENOSPC, EDQUOT), an I/O error (EIO), a read-only mount (EROFS), no permission (EACCES, EPERM), a directory that cannot exist there (ENOENT, ENOTDIR: say, a checkpoint root not mounted on that host), or no file descriptors left (EMFILE, ENFILE). The detail names the system error, the call and the path.",
+      "A file operation failed in the deployment's storage, not in gym-ckpt: a full disk, quota or file size limit (ENOSPC, EDQUOT, EFBIG), an I/O error or a stale network file handle (EIO, ESTALE), a read-only mount (EROFS), no permission (EACCES, EPERM), a directory that cannot exist there (ENOENT, ENOTDIR: say, a checkpoint root not mounted on that host; ENAMETOOLONG), or no file descriptors left (EMFILE, ENFILE). The detail names the system error, the call and the path.",
     solve:
       "Fix the storage on the host that answered (free space or quota, remount read-write, ownership, mount the checkpoint root, raise the open-file limit), then retry. A checkpoint that failed so published nothing: the `checkpoint` op resumed everyone (take it again with a fresh id); after a failed `commit`, `resume` it first.",
   },

@@ -1,4 +1,4 @@
-import { CheckpointError, canonicalJson, type GlobalManifest } from "../../protocol/index.js";
+import { CheckpointError, canonicalJson, isUnreadableStorage, toCheckpointError, type GlobalManifest } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { bad, insideCheckpointDir, readCommittedRecords } from "./committed-records.js";
 import { controllerStateDigest } from "./global-manifest-writer.js";
@@ -49,6 +49,8 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
       digest = await controllerStateDigest(dir, state.file);
     } catch (error) {
       if (error instanceof CheckpointError) throw error;
+      // There but unreadable (EACCES, EIO) is the storage's refusal, not a checkpoint missing a file.
+      if (isUnreadableStorage(error)) throw toCheckpointError(error);
       throw bad(`controller state file ${state.file} is missing`, error);
     }
     if (digest !== state.sha256) throw bad(`controller state file ${state.file} digest does not match checkpoint.json`);
