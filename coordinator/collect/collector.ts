@@ -25,7 +25,9 @@ import { readRegularFile } from "../publication/regular-file.js";
 import { assertCheckpointVisible } from "./checkpoint-root.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
+import { delay } from "./delay.js";
 import { DispatchLog, type DispatchHistory } from "./dispatch-log.js";
+import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
 import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
@@ -119,17 +121,6 @@ const RETIRE_RETRY_S = 1;
 const MAX_FENCED_SKIPS = 3;
 
 const RETIRE_BATCH = 1024;
-/** Tries of a controller op whose outcome is unknown before it counts as failed (see resent). */
-const RESEND_TRIES = 3;
-/**
- * Codes after which an op is sent again with the same arguments: it did nothing (`not_leader`;
- * `deadline_exceeded` of a deadline that passed while it waited) or its outcome is unknown (a
- * failover mid-op: the successor re-drives it, and the retry gets the original reply).
- */
-const RESENT_CODES: ReadonlySet<string> = new Set(["deadline_exceeded", "outcome_unknown", "not_leader"]);
-const RESEND_PAUSE_S = 1;
-/** Seconds between rounds of resends of the resumes still unanswered (see unresumed). */
-const UNRESUMED_RETRY_S = 5;
 
 /**
  * Rollout collection with checkpoints: dispatches rows with bounded concurrency, appends results
@@ -149,16 +140,8 @@ export class Collector {
   private readonly toRetire: EpisodeId[] = [];
   /** Rollouts with a retired attempt; forgotten once a later attempt replies, and at close (as are continued rows once they reply). */
   private readonly retired = new Set<string>();
-  /**
-   * Our checkpoints whose resume never got an answer (no leader through every try): a successor
-   * keeps a published checkpoint open for exactly this resume, so it is sent again every
-   * UNRESUMED_RETRY_S and before the next prepare (which that open checkpoint would refuse) rather
-   * than leaving the Gym parked until the participants' lease expires: no next checkpoint may come.
-   */
-  private readonly unresumed = new Set<string>();
-  private unresumedRetry: NodeJS.Timeout | undefined;
-  /** run() returned or threw: nothing is sent in the background any more. */
-  private ended = false;
+  /** Our checkpoints' ops, sent again while their outcome is unknown, and the resumes still unanswered. */
+  private readonly ownOps: OwnCheckpointOps;
   private readonly toForget = new Set<string>();
   private log!: DispatchLog;
   private runId = `run-${new Date().toISOString().replace(/[-:.TZ]/g, "").slice(0, 14)}-${randomBytes(4).toString("hex")}`;
@@ -186,6 +169,13 @@ export class Collector {
   private readonly rowIndex = new Map<string, number>();
 
   constructor(private readonly options: CollectorOptions) {
+    this.ownOps = new OwnCheckpointOps({
+      controller: options.controller,
+      logger: options.logger,
+      lock: this.lock,
+      deadline: () => this.deadline(),
+      stopping: () => this.stopping,
+    });
     this.records = options.records ? new RolloutRecordsSink(options.records, options.logger) : undefined;
     options.rows.forEach((row, i) => this.rowIndex.set(row.rolloutId, i));
   }
@@ -279,84 +269,13 @@ export class Collector {
    */
   private async resumeLeftOpen(checkpointId: string): Promise<void> {
     try {
-      await this.resumeSent("resume of the previous run's checkpoint", checkpointId);
+      await this.ownOps.resumeSent("resume of the previous run's checkpoint", checkpointId);
     } catch (error) {
       // A restore our predecessor left open whose processes restarted since: the coordinator ran
       // its clean-up (retired attempt+1 where it may be installed, resumed everyone). Closed, then;
       // the rows restart from input, and an attempt that clean-up fenced is skipped when sent.
       if (!(error instanceof CheckpointError && error.code === "restore_failed")) throw error;
       this.options.logger.info({ checkpoint_id: checkpointId, err: error }, "the restore the previous run left open had failed; its clean-up closed it");
-    }
-  }
-
-  /**
-   * Resumes one of our checkpoints, sent again while its outcome is unknown (like the restore's
-   * resume): one that never reached a leader (it died between publish and resume) would be lost,
-   * since a successor keeps a published checkpoint open for this resume. Still unknown after every
-   * try, it is remembered in `unresumed`; any other refusal is logged and forgotten.
-   */
-  private async resumeOwn(checkpointId: string, log: Logger, tries = RESEND_TRIES): Promise<void> {
-    try {
-      await this.resumeSent("resume", checkpointId, tries);
-      this.unresumed.delete(checkpointId);
-    } catch (err) {
-      const unknown = err instanceof CheckpointError && RESENT_CODES.has(err.code);
-      if (unknown) this.unresumed.add(checkpointId);
-      else this.unresumed.delete(checkpointId);
-      log.error({ err, sent_again_later: unknown }, "resume failed");
-      this.retryUnresumedLater();
-    }
-  }
-
-  /** Sends every resume still unanswered again (under the lock); `tries` each. */
-  private async resumeUnresumed(tries = RESEND_TRIES): Promise<void> {
-    for (const id of [...this.unresumed]) await this.resumeOwn(id, this.options.logger.child({ checkpoint_id: id }), tries);
-  }
-
-  /** While a resume is unanswered, another round of resends is due in UNRESUMED_RETRY_S (not once stopping or ended). */
-  private retryUnresumedLater(): void {
-    if (this.unresumedRetry || this.unresumed.size === 0 || this.stopping || this.ended) return;
-    this.unresumedRetry = setTimeout(() => {
-      this.unresumedRetry = undefined;
-      if (this.stopping || this.ended) return;
-      // One try each: a round that waits out an outage holds the lock a stop checkpoint may need.
-      void this.lock
-        .run(() => this.resumeUnresumed(1))
-        .finally(() => this.retryUnresumedLater());
-    }, UNRESUMED_RETRY_S * 1000);
-    this.unresumedRetry.unref();
-  }
-
-  /**
-   * A resume, sent again while its outcome is unknown (see resent). `not_found` (no coordinator has
-   * it open, no participant holds it) leaves nothing to resume: typically the answer to a retry whose
-   * first try did resume it, its reply lost with a coordinator that died after closing it and
-   * removing its journal entry. Should a restore's clean-up have closed it instead, the attempt+1
-   * it fenced is refused `stale_attempt` when sent, and the row's next attempt goes.
-   */
-  private async resumeSent(what: string, checkpointId: string, tries = RESEND_TRIES): Promise<void> {
-    try {
-      await this.resent(what, checkpointId, () => this.options.controller.resume({ checkpoint_id: checkpointId, deadline_ts: this.deadline() }), tries);
-    } catch (error) {
-      if (!(error instanceof CheckpointError && error.code === "not_found")) throw error;
-      this.options.logger.info({ checkpoint_id: checkpointId, err: error }, `${what}: nothing is left open to resume`);
-    }
-  }
-
-  /**
-   * Sends a controller op again (up to `maxTries`, a second apart) while it answers a code of
-   * RESENT_CODES; any other error, or the last try's, is thrown.
-   */
-  private async resent<T>(what: string, checkpointId: string, send: () => Promise<T>, maxTries = RESEND_TRIES): Promise<T> {
-    for (let tries = 1; ; tries++) {
-      try {
-        return await send();
-      } catch (error) {
-        const code = error instanceof CheckpointError ? error.code : undefined;
-        if (tries >= maxTries || code === undefined || !RESENT_CODES.has(code)) throw error;
-        this.options.logger.warn({ checkpoint_id: checkpointId, code, tries }, `${what} did not answer for sure; sending it again`);
-        await delay(RESEND_PAUSE_S);
-      }
     }
   }
 
@@ -377,7 +296,7 @@ export class Collector {
       try {
         // With deadlines, like every other op: a try that meets a failover is answered (or given up)
         // within --checkpoint-timeout-s, not the client's 90 s default, while everyone stays parked.
-        await this.resent("restore", checkpointId, () =>
+        await this.ownOps.resent("restore", checkpointId, () =>
           this.options.controller.restore({ checkpoint_id: checkpointId, episode_ids: sources, deadline_ts: this.deadline() }).catch((error: unknown) => {
             if (!(error instanceof CheckpointError && error.code === "not_leader")) ranMaybe = true;
             throw error;
@@ -389,7 +308,7 @@ export class Collector {
         // resume: a start after a crash here must not restore the checkpoint again (once resumed,
         // the processes refuse it) but resume it and send attempt+1.
         await this.log.recordRestored(sources.map(nextAttempt));
-        await this.resumeSent("resume of the restored checkpoint", checkpointId);
+        await this.ownOps.resumeSent("resume of the restored checkpoint", checkpointId);
         for (const source of sources) {
           const state = this.states.get(source.rollout_id)!;
           Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });
@@ -414,8 +333,7 @@ export class Collector {
           // The restore (or its resume) may have landed and never got an answer: a successor
           // re-drives the journaled restore and keeps it open (every participant parked) for this
           // resume, which nothing else would send. Not open there: the resume answers not_found.
-          this.unresumed.add(checkpointId);
-          this.retryUnresumedLater();
+          this.ownOps.rememberUnresumed(checkpointId);
         }
         // Logged first: after a crash from here on, the next start must send attempt+2, not the
         // fenced attempt+1 that every participant refuses.
@@ -487,17 +405,15 @@ export class Collector {
       // in flight, whose results could not be kept either (they are logged: the next start retires them).
       this.stopping = true;
       this.runTimeouts.abortAll();
-      this.ended = true;
+      this.ownOps.end();
       clearInterval(this.timer);
       clearTimeout(this.retireRetry);
-      clearTimeout(this.unresumedRetry);
       throw error;
     }
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
     if (!this.stopping) await this.close();
-    this.ended = true;
-    clearTimeout(this.unresumedRetry);
+    this.ownOps.end();
     await this.records?.close();
     this.report(true);
     this.options.progress?.finish();
@@ -661,7 +577,7 @@ export class Collector {
     this.stopping = true;
     clearInterval(this.timer);
     clearTimeout(this.retireRetry);
-    clearTimeout(this.unresumedRetry);
+    this.ownOps.clearRetryTimer();
     this.wakeDispatchers();
     await Promise.allSettled([...this.finishing]);
   }
@@ -773,7 +689,7 @@ export class Collector {
       // The stop goes first: a scheduler's grace period is short, and after it nothing may resume.
       if ((timer && this.stopsPending > 0) || (!stop && this.stopping)) return undefined;
       this.closeGate();
-      await this.resumeUnresumed();
+      await this.ownOps.resumeUnresumed();
       const checkpointId = newCheckpointId(Date.now());
       // Set now, so a checkpoint that fails still names its id.
       span.setAttribute("gym_ckpt.checkpoint.id", checkpointId);
@@ -790,7 +706,7 @@ export class Collector {
         const open = [...this.states.values()].filter((s) => s.status === "inflight" || (s.status === "pending" && s.restored));
         const scope = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => !restarts.has(captureKey(e)));
         const restarted = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => restarts.has(captureKey(e)));
-        const committed = await this.commitOwn(checkpointId, scope, stop);
+        const committed = await this.ownOps.commitOwn(checkpointId, scope, stop);
         // Its files are read and written below through our root: refused (and resumed) unless they are there.
         await assertCheckpointVisible(this.options.checkpointDir, checkpointId, committed.checkpoint_dir);
 
@@ -813,7 +729,7 @@ export class Collector {
         const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };
         const text = `${JSON.stringify(state, null, 2)}\n`;
         await replaceFileDurably(join(this.options.checkpointDir, checkpointId, COLLECTION_STATE_FILE), text);
-        await this.publishOwn(checkpointId, sha256Hex(text));
+        await this.ownOps.publishOwn(checkpointId, sha256Hex(text));
         published = true;
         this.checkpoints++;
         this.lastCheckpointAt = Date.now();
@@ -823,63 +739,12 @@ export class Collector {
         if (stop && published) {
           this.stopping = true;
         } else {
-          await this.resumeOwn(checkpointId, log);
+          await this.ownOps.resumeOwn(checkpointId, log);
         }
         this.openGate();
         this.report(true);
       }
     });
-  }
-
-  /**
-   * Commits one of our checkpoints. Its outcome unknown (`outcome_unknown`, `not_leader`), it is
-   * sent again only while the coordinator's status shows the checkpoint committed: a successor
-   * re-drives a decided commit and keeps it committed for this controller, which gets its reply
-   * from that state (nothing is sent again). Taken for a failure, it would be aborted (a SIGTERM's
-   * stop checkpoint lost, every row restarted from input). A commit that failed at a participant
-   * (over the wire its `outcome_unknown` looks the same) stays `committing`: not sent again, so a
-   * hung participant does not keep the Gym parked for another deadline; our resume aborts it.
-   */
-  private async commitOwn(checkpointId: string, scope: EpisodeId[], stop: boolean): Promise<CtlReplyOf<"commit">> {
-    const send = () => this.options.controller.commit({ checkpoint_id: checkpointId, deadline_ts: this.deadline(), episode_ids: scope, stop });
-    let lost: CheckpointError;
-    try {
-      return await send();
-    } catch (error) {
-      if (!(error instanceof CheckpointError && RESENT_CODES.has(error.code))) throw error;
-      lost = error;
-    }
-    for (let tries = 1; tries < RESEND_TRIES; tries++) {
-      await delay(RESEND_PAUSE_S);
-      // Unread (no leader serves yet): asked again after the next pause.
-      const open = await this.options.controller.status().then(
-        (status) => status.checkpoint,
-        () => undefined,
-      );
-      if (open === undefined) continue;
-      if (open?.checkpoint_id !== checkpointId || (open.phase !== "committed" && open.phase !== "published")) throw lost;
-      this.options.logger.warn({ checkpoint_id: checkpointId, err: lost }, "commit did not answer, but the coordinator holds it committed; sending it again");
-      return this.resent("commit", checkpointId, send);
-    }
-    throw lost;
-  }
-
-  /**
-   * Publishes one of our checkpoints, sent again while its outcome is unknown: its coordinator
-   * dying mid-publish leaves it to a successor, which keeps a decided checkpoint for this publish
-   * (re-driving its commit, or answering from the published checkpoint.json). Taking the lost reply
-   * for a failure would resume a published checkpoint (a stop checkpoint's parked Gym included)
-   * and report it unpublished. A successor that no longer has it open (a stop checkpoint closes at
-   * its publish) refuses the retry: then the catalog tells whether it was published, with our state.
-   */
-  private async publishOwn(checkpointId: string, sha256: string): Promise<void> {
-    try {
-      await this.resent("publish", checkpointId, () => this.options.controller.publish({ checkpoint_id: checkpointId, controller_state: { file: COLLECTION_STATE_FILE, sha256 } }));
-    } catch (error) {
-      const ref = error instanceof CheckpointError ? await this.options.controller.get(checkpointId).then((got) => got.manifest.controller_state, () => null) : null;
-      if (!ref || !("file" in ref) || ref.file !== COLLECTION_STATE_FILE || ref.sha256 !== sha256) throw error;
-      this.options.logger.warn({ checkpoint_id: checkpointId, err: error }, "publish did not answer, but the checkpoint is published with our collection state");
-    }
   }
 
   /**
@@ -938,7 +803,7 @@ export class Collector {
   private async close(): Promise<void> {
     await this.lock.run(async () => {
       // A checkpoint still unresumed keeps the Gym's admission closed for everyone until its lease.
-      await this.resumeUnresumed();
+      await this.ownOps.resumeUnresumed();
       // Only attempts of rows that failed for good are left to retire here. One that cannot be
       // retired now (Gym servers down) stays in dispatched.jsonl: the next start retires it and
       // sends its row again, so the collection still ends with its summary.
@@ -1037,10 +902,6 @@ export class Collector {
 /** Whether a participant's status shows it still holds checkpoint `id` (parked in it, not idle). */
 function heldBy(participants: CtlReplyOf<"status">["participants"], id: string): boolean {
   return participants.some((p) => p.checkpoint_id === id && p.phase !== null && p.phase !== "idle");
-}
-
-function delay(seconds: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, timerDelay(seconds * 1000)).unref());
 }
 
 function tracer() {
