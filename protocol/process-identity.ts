@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { hostname } from "node:os";
 
 /**
  * Who wrote a lock file, beyond its pid. A pid alone is not enough: after a reboot or in a
@@ -6,7 +7,8 @@ import { readFileSync } from "node:fs";
  * get the dead owner's pid; a lock judged by its pid would then stay held for good. The start time
  * of the process (/proc/<pid>/stat field 22, clock ticks since boot) and the boot id tell the owner
  * from a later process with its pid. Shared by the collector's `collector.pid` and the model
- * participant's stripe locks. Reads this host's /proc (Linux; elsewhere there is no identity and
+ * participant's stripe locks, and the line naming a process (`processLine`) that `collector.pid`
+ * and the take-over entries of both locks hold (lock-takeover.ts). Reads this host's /proc (Linux; elsewhere there is no identity and
  * liveness falls back to the pid); not exported by index.ts.
  */
 export interface ProcessIdentity {
@@ -79,4 +81,32 @@ export function whyOwnerGone(pid: number, identity: ProcessIdentity | undefined)
   } catch (error) {
     return (error as NodeJS.ErrnoException).code === "ESRCH" ? `pid ${pid} is not running` : undefined;
   }
+}
+
+/**
+ * `<pid> <host> <start time> <boot id>`, the line naming a process in `collector.pid` and in a
+ * take-over entry; `<pid> <host>` where /proc has no identity, and in files older collectors left.
+ */
+const PROCESS_LINE = /^([1-9][0-9]{0,9}) (\S{1,255})(?: (\S+) (\S+))?\n$/;
+
+/** This process's line. */
+export function processLine(): string {
+  const identity = processIdentity();
+  return `${process.pid} ${hostname()}${identity ? ` ${identity.startTime} ${identity.bootId}` : ""}\n`;
+}
+
+/**
+ * Why the process a line names no longer runs; undefined while it may. `heldHere`: whether this
+ * process holds what a line with our pid names (else an earlier process with our pid wrote it).
+ */
+export function whyProcessLineStale(line: string, heldHere: () => boolean): string | undefined {
+  const m = PROCESS_LINE.exec(line);
+  if (!m) return "unreadable content";
+  const pid = Number(m[1]);
+  const identity = m[3] === undefined ? undefined : parseProcessIdentity(m[3], m[4]!);
+  if (m[3] !== undefined && identity === undefined) return "unreadable content";
+  if (m[2] !== hostname()) return `left by host ${m[2]}, whose processes cannot be checked from here`;
+  // Our pid: an earlier process's (pids are reused, e.g. in a requeued container), unless we hold it now.
+  if (pid === process.pid) return heldHere() ? undefined : "left by this process";
+  return whyOwnerGone(pid, identity);
 }

@@ -1,0 +1,126 @@
+import { randomBytes } from "node:crypto";
+import { mkdir, readFile, readdir, rename, rm, rmdir, unlink, writeFile } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { processLine, whyProcessLineStale } from "./process-identity.js";
+
+/**
+ * Replacing a lock file whose owner no longer runs, shared by the collector's `collector.pid` and
+ * the model participant's ledger stripe locks; not exported by index.ts.
+ *
+ * Breaking a stale lock removes its name, so two processes that both judged the same stale file
+ * must not both remove "it": the first removes it and places its own, the second would remove that
+ * fresh lock and place another beside its holder. So it is done by one process at a time, holding
+ * the lock's take-over directory (`.<lock name>.takeover` beside it), which judges the file again
+ * there: while the name holds a stale file nobody else changes it (a lock is placed only where the
+ * name is absent, whole, and a dead owner releases nothing), so what is removed is what was judged.
+ * Renaming a judged file aside and linking back a fresh one moved by mistake would leave the name
+ * empty in between, for a third process to place its own beside the fresh lock's holder.
+ */
+
+const TAKEOVER_TRIES = 3;
+
+/** Tokens of the take-over entries this process holds now (several take-overs may run at once in one process). */
+const takingHere = new Set<string>();
+
+export interface TakeOver {
+  /** Whether `place` put this process's lock there. */
+  held: boolean;
+  /** Why the file found there was stale; undefined when it was gone or live. */
+  why: string | undefined;
+}
+
+/**
+ * Holding the take-over directory of the lock at `path`: the file judged again by `whyStale`
+ * (undefined while its owner may run), removed if still stale, and this process's lock placed by
+ * `place` (only where the name is absent, whole; whether it did). Not held when a live owner's lock
+ * is there now, or another process placed its own first; undefined (nothing done) while a live
+ * process holds the take-over directory.
+ */
+export async function takeOverStale(
+  path: string,
+  whyStale: (content: string) => string | undefined | Promise<string | undefined>,
+  place: () => Promise<boolean>,
+): Promise<TakeOver | undefined> {
+  return oneAtATime(dirname(path), `.${basename(path)}.takeover`, () => replaceStale(path, whyStale, place));
+}
+
+async function replaceStale(path: string, whyStale: (content: string) => string | undefined | Promise<string | undefined>, place: () => Promise<boolean>): Promise<TakeOver> {
+  const now = await readIfExists(path);
+  const why = now === undefined ? undefined : await whyStale(now);
+  if (now !== undefined) {
+    if (why === undefined) return { held: false, why };
+    await unlink(path).catch((error: NodeJS.ErrnoException) => {
+      if (error.code !== "ENOENT") throw error;
+    });
+  }
+  return { held: await place(), why };
+}
+
+/**
+ * Runs `fn` holding the directory `dir/takeoverName`; undefined (nothing run) while a live process
+ * holds it. The directory appears whole, with its one entry, by renaming a private one into place,
+ * which fails while the name is a non-empty directory. An entry whose process no longer runs is
+ * removed by its own name, which no other holder can have: so removing it never removes a live
+ * holder's, and a take-over that stays held by a dead process cannot happen at this level either.
+ */
+async function oneAtATime<T>(dir: string, takeoverName: string, fn: () => Promise<T>): Promise<T | undefined> {
+  const shared = join(dir, takeoverName);
+  const name = token();
+  const mine = join(dir, `${takeoverName}.${name}`);
+  await mkdir(mine);
+  takingHere.add(name);
+  try {
+    await writeFile(join(mine, name), processLine(), { flag: "wx" });
+    for (let tries = 1; ; tries++) {
+      try {
+        await rename(mine, shared);
+        break;
+      } catch (error) {
+        if (!["ENOTEMPTY", "EEXIST"].includes((error as NodeJS.ErrnoException).code ?? "")) throw error;
+      }
+      if (tries >= TAKEOVER_TRIES || (await liveHolder(shared))) return undefined;
+    }
+    try {
+      return await fn();
+    } finally {
+      await rm(join(shared, name), { force: true });
+      // Empty now, unless the next holder moved in: that one stays.
+      await rmdir(shared).catch((error: NodeJS.ErrnoException) => {
+        if (!["ENOTEMPTY", "EEXIST", "ENOENT"].includes(error.code ?? "")) throw error;
+      });
+    }
+  } finally {
+    takingHere.delete(name);
+    await rm(mine, { recursive: true, force: true });
+  }
+}
+
+/** Whether a live process holds the take-over directory; entries of processes that no longer run are removed. */
+async function liveHolder(shared: string): Promise<boolean> {
+  const names = await readdir(shared).catch((error: NodeJS.ErrnoException) => {
+    if (error.code === "ENOENT" || error.code === "ENOTDIR") return [];
+    throw error;
+  });
+  let live = false;
+  for (const name of names) {
+    const entry = join(shared, name);
+    const content = await readFile(entry, "utf8").catch(() => "");
+    if (whyProcessLineStale(content, () => takingHere.has(name)) === undefined) live = true;
+    else await rm(entry, { recursive: true, force: true });
+  }
+  return live;
+}
+
+function token(): string {
+  return randomBytes(6).toString("hex");
+}
+
+/** A file's content; undefined where it does not exist. */
+export async function readIfExists(path: string): Promise<string | undefined> {
+  try {
+    return await readFile(path, "utf8");
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw error;
+  }
+}
