@@ -1,8 +1,9 @@
 import { randomBytes } from "node:crypto";
 import { unlinkSync } from "node:fs";
-import { open, readFile, stat, unlink } from "node:fs/promises";
+import { link, readdir, rm, stat, unlink, writeFile } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { makeDirectories } from "../../../protocol/index.js";
+import { readIfExists, takeOverStale } from "../../../protocol/lock-takeover.js";
 import { parseProcessIdentity, processIdentity, whyOwnerGone } from "../../../protocol/process-identity.js";
 import { AsyncLock } from "../../control-plane/async-lock.js";
 
@@ -12,10 +13,18 @@ import { AsyncLock } from "../../control-plane/async-lock.js";
  * rollouts there are.
  *
  * Within a process a FIFO mutex per stripe serializes. Across processes a stripe is OWNED: its
- * lock file is created exclusively (holding the owner's pid and process token) on first use and kept while the stripe
+ * lock file (holding the owner's pid and process token) is placed on first use and kept while the stripe
  * is busy, so the hot path (one ledger row per generation call) costs no file-system call at all.
  * A stripe idle for `idleMs` is released (its file removed) so another process can take it; every
  * owned stripe is released on close() and at process exit; a lock file whose owner died is broken.
+ *
+ * A lock file appears whole: it is a hard link to this instance's owner file (`.owner-<token>`,
+ * written once, removed on close() and at exit), made only where the name is absent. So taking an
+ * uncontended stripe is one link(2), and no live owner's lock file is ever empty: one created empty
+ * then written was taken for a dead writer's once its owner stalled past the empty-file grace.
+ * A dead owner's lock is broken one process at a time, which judges the file again
+ * (protocol/lock-takeover.ts): two processes that judged the same dead owner's file would otherwise
+ * both remove "it", the second removing the first's fresh lock, and both append to one ledger file.
  */
 export class StripedLocks {
   private readonly local: AsyncLock[];
@@ -26,6 +35,9 @@ export class StripedLocks {
   private closed = false;
   /** Work accepted by run() and not settled yet: close() lets it finish first. */
   private readonly accepted = new Set<Promise<unknown>>();
+  /** What this instance's lock files are hard links to; written on first acquisition. */
+  private readonly ownerFile: string;
+  private ownerWritten: Promise<void> | undefined;
 
   constructor(
     readonly dir: string,
@@ -35,6 +47,7 @@ export class StripedLocks {
   ) {
     if (!Number.isInteger(stripes) || stripes < 1 || stripes > 1024) throw new Error("stripes must be an integer in 1..1024");
     this.local = Array.from({ length: stripes }, () => new AsyncLock());
+    this.ownerFile = join(dir, `${OWNER_FILE_PREFIX}${randomBytes(6).toString("hex")}`);
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(() => undefined);
     this.ready.catch(() => undefined); // a directory that cannot be made is every use's error, not the process's
   }
@@ -97,6 +110,11 @@ export class StripedLocks {
     while (this.accepted.size) await Promise.allSettled([...this.accepted]);
     await Promise.all([...this.owned.keys()].map((stripe) => this.local[stripe]!.run(() => this.release(stripe))));
     OWNERS.delete(this);
+    if (this.ownerWritten) {
+      await this.ownerWritten.catch(() => undefined);
+      await rm(this.ownerFile, { force: true });
+      OWNER_FILES.delete(this.ownerFile);
+    }
   }
 
   /** Releases stripes idle for `idleMs`; re-arms itself while any stripe is owned. */
@@ -141,33 +159,76 @@ export class StripedLocks {
   private async acquire(path: string): Promise<void> {
     const until = Date.now() + this.waitMs;
     for (let attempt = 0; ; attempt++) {
-      try {
-        const handle = await open(path, "wx");
-        try {
-          await handle.writeFile(OWNER);
-        } finally {
-          await handle.close();
-        }
-        return;
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-      }
-      if (await ownerIsDead(path)) {
-        await unlink(path).catch(() => undefined);
-        continue;
+      if (await this.place(path)) return;
+      const held = await readIfExists(path);
+      if (held !== undefined && (await whyStale(path, held)) !== undefined) {
+        const taken = await takeOverStale(path, (now) => whyStale(path, now), () => this.place(path));
+        if (taken?.held) return;
+        // A live owner took it first, or another process is taking it over: wait like for any owner.
       }
       // No path in the message: it may reach an HTTP caller as the detail of an internal_error.
       if (Date.now() > until) throw new Error(`ledger lock ${basename(path)} is held by another live process`);
       await new Promise((resolve) => setTimeout(resolve, Math.min(2 + attempt, 20)));
     }
   }
+
+  /** Links the owner file to `path`; false where the name exists. */
+  private async place(path: string): Promise<boolean> {
+    for (let tries = 1; ; tries++) {
+      const written = this.ownerFileWritten();
+      await written;
+      try {
+        await link(this.ownerFile, path);
+        return true;
+      } catch (error) {
+        const code = (error as NodeJS.ErrnoException).code;
+        if (code === "EEXIST") return false;
+        // Our owner file removed from outside: written again, once (where the directory is gone, that fails).
+        if (code !== "ENOENT" || tries >= 2) throw error;
+        if (this.ownerWritten === written) this.ownerWritten = undefined;
+      }
+    }
+  }
+
+  /** The owner file's write, started on first use; one that failed is tried again by the next use. */
+  private ownerFileWritten(): Promise<void> {
+    if (this.ownerWritten) return this.ownerWritten;
+    const written = this.writeOwnerFile();
+    this.ownerWritten = written;
+    written.catch(() => {
+      if (this.ownerWritten === written) this.ownerWritten = undefined;
+    });
+    return written;
+  }
+
+  /** Writes the owner file, after removing those of processes that no longer run (a crash leaves its own). */
+  private async writeOwnerFile(): Promise<void> {
+    for (const name of await readdir(this.dir)) {
+      if (!name.startsWith(OWNER_FILE_PREFIX)) continue;
+      const path = join(this.dir, name);
+      const text = await readIfExists(path).catch(() => undefined);
+      if (text !== undefined && (await whyStale(path, text)) !== undefined) await rm(path, { force: true });
+    }
+    OWNER_FILES.add(this.ownerFile);
+    await writeFile(this.ownerFile, OWNER, { flag: "wx" });
+  }
 }
 
-/** Instances holding lock files; one process-wide exit hook releases them. */
+/** Instances holding lock files, and owner files not removed yet; one process-wide exit hook removes them. */
 const OWNERS = new Set<StripedLocks>();
+const OWNER_FILES = new Set<string>();
 process.once("exit", () => {
   for (const locks of OWNERS) locks.releaseAllSync();
+  for (const file of OWNER_FILES) {
+    try {
+      unlinkSync(file);
+    } catch {
+      // already gone
+    }
+  }
 });
+
+const OWNER_FILE_PREFIX = ".owner-";
 
 /**
  * What a lock file holds: the owner's pid, a token of its own and, where /proc has them, its start
@@ -178,22 +239,23 @@ process.once("exit", () => {
 const OWN_IDENTITY = processIdentity();
 const OWNER = [process.pid, randomBytes(8).toString("hex"), ...(OWN_IDENTITY ? [OWN_IDENTITY.startTime, OWN_IDENTITY.bootId] : [])].join(" ");
 
-/** An empty lock file older than this was left by a writer that died between create and write. */
+/** An empty lock file older than this was left by a writer that died between create and write (versions that wrote it in place). */
 const EMPTY_LOCK_GRACE_MS = 2_000;
 
-async function ownerIsDead(path: string): Promise<boolean> {
-  const text = (await readFile(path, "utf8").catch(() => "")).trim();
+/** Why a lock (or owner) file's owner no longer runs; undefined while it may. */
+async function whyStale(path: string, content: string): Promise<string | undefined> {
+  const text = content.trim();
   if (text === "") {
     const info = await stat(path).catch(() => undefined);
-    return info !== undefined && Date.now() - info.mtimeMs > EMPTY_LOCK_GRACE_MS;
+    return info !== undefined && Date.now() - info.mtimeMs > EMPTY_LOCK_GRACE_MS ? "left empty" : undefined;
   }
   const [pidText, , startedAt, bootId] = text.split(" ");
   const pid = Number(pidText);
-  if (!Number.isInteger(pid) || pid <= 0) return true;
+  if (!Number.isInteger(pid) || pid <= 0) return "unreadable content";
   // Our pid: held by this process (another ledger here) only if it carries our token.
-  if (pid === process.pid) return text !== OWNER;
-  if (startedAt === undefined || bootId === undefined) return whyOwnerGone(pid, undefined) !== undefined;
+  if (pid === process.pid) return text === OWNER ? undefined : "left by an earlier process with this pid";
+  if (startedAt === undefined || bootId === undefined) return whyOwnerGone(pid, undefined);
   // An identity no process of this boot writes is no owner.
   const identity = parseProcessIdentity(startedAt, bootId);
-  return identity === undefined || whyOwnerGone(pid, identity) !== undefined;
+  return identity === undefined ? "unreadable content" : whyOwnerGone(pid, identity);
 }

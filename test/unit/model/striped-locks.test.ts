@@ -1,8 +1,9 @@
 import { spawnSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, readdir, rm, utimes, writeFile } from "node:fs/promises";
+import { existsSync, readFileSync, readdirSync } from "node:fs";
+import { lstat, mkdir, mkdtemp, readFile, readdir, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, StripedLocks } from "../../../participants/kinds/model/index.js";
 import { isPending, ledgerRow, settle } from "./model-fixtures.js";
@@ -59,9 +60,12 @@ describe("striped ledger locks", () => {
     for (let i = 0; i < 300; i++) {
       await ledger.append({ capture_key: `roll-${i}`, model_call_id: `mc-${i}`, parent_call_id: null, continued_from: null, route: "/v1/chat/completions", staging_key: null, usage: null, recorded_at: i });
     }
-    const lockFiles = await readdir(join(dir, "ledger", "locks"));
+    // Lock files, and the one owner file they are hard links to.
+    const files = await readdir(join(dir, "ledger", "locks"));
+    const lockFiles = files.filter((n) => !n.startsWith(".owner-"));
     expect(lockFiles.length).toBeLessThanOrEqual(4);
     expect(lockFiles.every((n) => /^stripe-000[0-3]\.lock$/.test(n))).toBe(true);
+    expect(files.filter((n) => n.startsWith(".owner-"))).toEqual([expect.stringMatching(/^\.owner-[0-9a-f]{12}$/)]);
     expect((await readdir(join(dir, "ledger"))).filter((n) => n.endsWith(".lineage.jsonl"))).toHaveLength(300);
   });
 
@@ -168,6 +172,56 @@ describe("striped ledger locks", () => {
     expect(await l.run("k", async () => "ran")).toBe("ran");
   });
 
+  it("lock files are hard links to one owner file written once; owner files of processes that no longer run are removed, live ones kept", async () => {
+    const stat = (pid: number) => readFileSync(`/proc/${pid}/stat`, "utf8");
+    const startOf = (pid: number) => stat(pid).slice(stat(pid).lastIndexOf(")") + 2).split(" ")[19]!;
+    const bootId = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+    const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
+    await mkdir(join(dir, "locks"), { recursive: true });
+    // A crashed process's owner file, and a live one's (the parent, as it is).
+    const live = `${process.ppid} 0123456789abcdef ${startOf(process.ppid)} ${bootId}`;
+    await writeFile(join(dir, "locks", ".owner-000000000000"), `${dead} 0123456789abcdef`);
+    await writeFile(join(dir, "locks", ".owner-111111111111"), live);
+    const l = locks(4);
+    await l.run("a", async () => undefined);
+    await l.run("zz", async () => undefined);
+    const files = (await readdir(join(dir, "locks"))).sort();
+    const mine = files.filter((n) => n.startsWith(".owner-") && n !== ".owner-111111111111");
+    expect(mine).toHaveLength(1);
+    expect(files).toEqual([...mine, ".owner-111111111111", ...l.ownedStripes().map((s) => `stripe-000${s}.lock`)].sort());
+    const owner = await lstat(join(dir, "locks", mine[0]!));
+    for (const s of l.ownedStripes()) expect((await lstat(l.lockFile(s))).ino).toBe(owner.ino);
+    expect(await readFile(join(dir, "locks", ".owner-111111111111"), "utf8")).toBe(live);
+    await l.close();
+    expect(await readdir(join(dir, "locks"))).toEqual([".owner-111111111111"]);
+  });
+
+  it("a process that exits holding stripes, without close(), leaves neither lock files nor its owner file", () => {
+    const module = fileURLToPath(new URL("../../../participants/kinds/model/striped-locks.ts", import.meta.url));
+    const program = `import { StripedLocks } from ${JSON.stringify(module)};
+const l = new StripedLocks(${JSON.stringify(join(dir, "locks"))}, 4, 10_000, 60_000);
+await l.run("a", async () => undefined);
+await l.run("zz", async () => undefined);
+console.log(l.ownedStripes().length);
+process.exit(0);`;
+    const child = spawnSync(process.execPath, ["--import", "tsx", "--input-type=module", "-e", program], { encoding: "utf8", timeout: 30_000 });
+    expect({ status: child.status, stderr: child.stderr }).toEqual({ status: 0, stderr: "" });
+    expect(Number(child.stdout.trim())).toBeGreaterThan(0);
+    expect(readdirSync(join(dir, "locks"))).toEqual([]);
+  });
+
+  it("an owner file removed from outside is written again", async () => {
+    const l = locks(4, 10_000, 30);
+    await l.run("a", async () => undefined);
+    const [owner] = (await readdir(join(dir, "locks"))).filter((n) => n.startsWith(".owner-"));
+    await rm(join(dir, "locks", owner!));
+    // Another stripe: its lock file needs the owner file again.
+    const other = ["b", "c", "d", "e", "f", "g"].find((k) => l.stripeOf(k) !== l.stripeOf("a"))!;
+    expect(await l.run(other, async () => "ran")).toBe("ran");
+    expect(await readFile(l.lockFile(l.stripeOf(other)), "utf8")).toMatch(new RegExp(`^${process.pid} `));
+    expect((await readdir(join(dir, "locks"))).filter((n) => n.startsWith(".owner-"))).toEqual([owner]);
+  });
+
   it("close() right after construction returns only once the directory exists, so a caller may remove the tree at once", async () => {
     const l = new StripedLocks(join(dir, "fresh", "locks"), 4);
     await l.close();
@@ -179,7 +233,7 @@ describe("striped ledger locks", () => {
     const l = new StripedLocks(join(dir, "locks"), 4);
     await l.run("a", async () => undefined);
     await l.run("zz", async () => undefined);
-    expect((await readdir(join(dir, "locks"))).length).toBe(l.ownedStripes().length);
+    expect((await readdir(join(dir, "locks"))).length).toBe(l.ownedStripes().length + 1); // and the owner file
     await l.close();
     expect(await readdir(join(dir, "locks"))).toEqual([]);
     await expect(l.run("a", async () => undefined)).rejects.toThrow(/closed/);
