@@ -13,6 +13,10 @@ describe("a restore install that outlived its deadline and is still running", ()
     let hooksRunning = 0;
     let overlapped = false;
     let first = true;
+    // The first install waits for this, released only once the later restore was answered: still
+    // running then, however slow the machine (a timer raced the retire and resume under load).
+    let releaseFirst!: () => void;
+    const firstHeld = new Promise<void>((resolve) => (releaseFirst = resolve));
     class SlowFirstRestore extends CounterServer {
       override async restoreSessionStates(states: Record<string, JsonValue>): Promise<void> {
         hooksRunning++;
@@ -20,7 +24,7 @@ describe("a restore install that outlived its deadline and is still running", ()
         try {
           if (first) {
             first = false;
-            await new Promise((resolve) => setTimeout(resolve, 1_500));
+            await firstHeld;
           }
           await super.restoreSessionStates(states);
         } finally {
@@ -43,6 +47,7 @@ describe("a restore install that outlived its deadline and is still running", ()
       () => "restored",
       (error: { code?: string }) => error.code ?? String(error),
     );
+    releaseFirst();
     expect(overlapped).toBe(false);
     expect(second).not.toBe("restored");
   }, 20_000);
