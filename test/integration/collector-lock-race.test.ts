@@ -1,10 +1,10 @@
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { spawnSync } from "node:child_process";
 import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
+import { BOOT_ID, racersFor, startTimeOf } from "../support/lock-racers.js";
 
 /**
  * Collectors in separate processes start at once against one stale collector.pid, round after
@@ -34,43 +34,14 @@ process.on("message", async (m) => {
 });
 process.send({ ready: true });`;
 
-interface Racer {
-  child: ChildProcess;
-  next(): Promise<Record<string, unknown>>;
-}
-
-function startRacer(): Racer {
-  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", RACER], { stdio: ["ignore", "inherit", "inherit", "ipc"] });
-  const queue: Record<string, unknown>[] = [];
-  const waiting: ((m: Record<string, unknown>) => void)[] = [];
-  child.on("message", (m: Record<string, unknown>) => (waiting.length ? waiting.shift()!(m) : queue.push(m)));
-  const exited = new Promise<never>((_, reject) => child.once("exit", (code, signal) => reject(new Error(`racer ${child.pid} exited (${code ?? signal})`))));
-  exited.catch(() => undefined);
-  return {
-    child,
-    next: () => Promise.race([queue.length ? Promise.resolve(queue.shift()!) : new Promise<Record<string, unknown>>((resolve) => waiting.push(resolve)), exited]),
-  };
-}
-
-const stat = (pid: number) => readFileSync(`/proc/${pid}/stat`, "utf8");
-const startOf = (pid: number) => stat(pid).slice(stat(pid).lastIndexOf(")") + 2).split(" ")[19]!;
-const bootId = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
-
-let racers: Racer[] = [];
-beforeAll(async () => {
-  racers = Array.from({ length: RACERS }, startRacer);
-  expect(await Promise.all(racers.map((r) => r.next()))).toEqual(racers.map(() => ({ ready: true })));
-}, 60_000);
-afterAll(() => {
-  for (const r of racers) r.child.kill("SIGKILL");
-});
+const racers = racersFor(RACER, RACERS);
 
 describe("collector.pid: collectors in separate processes taking over one stale file at once", () => {
   it(`${RACERS} racers, ${ROUNDS} rounds: exactly one holds it each round, its own pid in the file, nothing left aside`, { timeout: 120_000 }, async () => {
     const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
     const stale = [
       `${dead} ${hostname()}\n`, // an older file whose process is gone
-      `${process.ppid} ${hostname()} ${Number(startOf(process.ppid)) + 1} ${bootId}\n`, // a reused, live pid
+      `${process.ppid} ${hostname()} ${Number(startTimeOf(process.ppid)) + 1} ${BOOT_ID}\n`, // a reused, live pid
     ];
     for (let round = 0; round < ROUNDS; round++) {
       const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-lock-racers-"));
@@ -78,9 +49,9 @@ describe("collector.pid: collectors in separate processes taking over one stale 
         const content = stale[round % stale.length]!;
         await writeFile(join(dir, "collector.pid"), content);
         const at = Date.now() + 50;
-        for (const r of racers) r.child.send({ type: "go", dir, at });
-        const replies = await Promise.all(racers.map((r) => r.next()));
-        const holders = racers.filter((_, i) => replies[i]!.held === true);
+        for (const r of racers()) r.child.send({ type: "go", dir, at });
+        const replies = await Promise.all(racers().map((r) => r.next()));
+        const holders = racers().filter((_, i) => replies[i]!.held === true);
         expect({ round, holders: holders.length }).toEqual({ round, holders: 1 });
         expect(replies.filter((m) => m.held === false).map((m) => m.code)).toEqual(Array(RACERS - 1).fill("checkpoint_conflict"));
         expect((await readFile(join(dir, "collector.pid"), "utf8")).split(" ")[0]).toBe(String(holders[0]!.child.pid));

@@ -1,10 +1,10 @@
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { spawnSync } from "node:child_process";
 import { mkdir, mkdtemp, readFile, readdir, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
+import { BOOT_ID, racersFor, startTimeOf } from "../support/lock-racers.js";
 
 /**
  * Model participants in separate processes take one ledger stripe at once, round after round, while
@@ -36,43 +36,14 @@ process.on("message", async (m) => {
 });
 process.send({ ready: true });`;
 
-interface Racer {
-  child: ChildProcess;
-  next(): Promise<Record<string, unknown>>;
-}
-
-function startRacer(): Racer {
-  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", RACER], { stdio: ["ignore", "inherit", "inherit", "ipc"] });
-  const queue: Record<string, unknown>[] = [];
-  const waiting: ((m: Record<string, unknown>) => void)[] = [];
-  child.on("message", (m: Record<string, unknown>) => (waiting.length ? waiting.shift()!(m) : queue.push(m)));
-  const exited = new Promise<never>((_, reject) => child.once("exit", (code, signal) => reject(new Error(`racer ${child.pid} exited (${code ?? signal})`))));
-  exited.catch(() => undefined);
-  return {
-    child,
-    next: () => Promise.race([queue.length ? Promise.resolve(queue.shift()!) : new Promise<Record<string, unknown>>((resolve) => waiting.push(resolve)), exited]),
-  };
-}
-
-const stat = (pid: number) => readFileSync(`/proc/${pid}/stat`, "utf8");
-const startOf = (pid: number) => stat(pid).slice(stat(pid).lastIndexOf(")") + 2).split(" ")[19]!;
-const bootId = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
-
-let racers: Racer[] = [];
-beforeAll(async () => {
-  racers = Array.from({ length: RACERS }, startRacer);
-  expect(await Promise.all(racers.map((r) => r.next()))).toEqual(racers.map(() => ({ ready: true })));
-}, 60_000);
-afterAll(() => {
-  for (const r of racers) r.child.kill("SIGKILL");
-});
+const racers = racersFor(RACER, RACERS);
 
 describe("ledger stripe locks: processes breaking one dead owner's lock at once", () => {
   it(`${RACERS} racers, ${ROUNDS} rounds: exactly one holds the stripe each round, its own pid in the file, nothing left behind`, { timeout: 120_000 }, async () => {
     const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
     const stale = [
       `${dead} 0123456789abcdef`, // an owner that no longer runs (no start time: judged by its pid)
-      `${process.ppid} 0123456789abcdef ${Number(startOf(process.ppid)) + 1} ${bootId}`, // a reused, live pid
+      `${process.ppid} 0123456789abcdef ${Number(startTimeOf(process.ppid)) + 1} ${BOOT_ID}`, // a reused, live pid
       "", // left empty long ago by an older version's writer that died between create and write
     ];
     for (let round = 0; round < ROUNDS; round++) {
@@ -84,14 +55,14 @@ describe("ledger stripe locks: processes breaking one dead owner's lock at once"
         const past = new Date(Date.now() - 60_000);
         await utimes(path, past, past);
         const at = Date.now() + 50;
-        for (const r of racers) r.child.send({ type: "go", dir, at });
-        const replies = await Promise.all(racers.map((r) => r.next()));
-        const holders = racers.filter((_, i) => replies[i]!.held === true);
+        for (const r of racers()) r.child.send({ type: "go", dir, at });
+        const replies = await Promise.all(racers().map((r) => r.next()));
+        const holders = racers().filter((_, i) => replies[i]!.held === true);
         expect({ round, holders: holders.length }).toEqual({ round, holders: 1 });
         expect(replies.filter((m) => m.held === false).map((m) => m.message)).toEqual(Array(RACERS - 1).fill("ledger lock stripe-0000.lock is held by another live process"));
         expect((await readFile(path, "utf8")).split(" ")[0]).toBe(String(holders[0]!.child.pid));
-        for (const r of racers) r.child.send({ type: "close" });
-        expect(await Promise.all(racers.map((r) => r.next()))).toEqual(racers.map(() => ({ closed: true })));
+        for (const r of racers()) r.child.send({ type: "close" });
+        expect(await Promise.all(racers().map((r) => r.next()))).toEqual(racers().map(() => ({ closed: true })));
         expect(await readdir(dir)).toEqual([]);
       } finally {
         await rm(dir, { recursive: true, force: true });

@@ -698,20 +698,24 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1 });
   });
 
-  it("a checkpoint's resume answered outcome_unknown (its coordinator died between publish and resume) is sent again, so the parked rows go on", async () => {
+  /**
+   * One row parked at the environment until its checkpoint is resumed, with a controller whose
+   * first `lose` resumes fail with `code` (they never reached a leader: nothing resumed; a
+   * successor keeps a published checkpoint open for its controller's resume, so only this
+   * collector can release it). Resolves once the row's /run arrived.
+   */
+  async function rowParkedUntilResumed(lose: number, code: "outcome_unknown" | "not_leader") {
     const resumed = deferred();
     let arrived = false;
     const url = await runServer(async () => {
       arrived = true;
-      await resumed.promise; // parked at the environment until the checkpoint is resumed
+      await resumed.promise;
       return { status: 200, body: { reward: 1 } };
     });
-    let lost = 0;
+    const sent = { resumes: 0 };
     const fake = fakeController({
       resume: async (req: never) => {
-        // The first one never reached a leader: nothing resumed. A successor keeps a published
-        // checkpoint open for its controller's resume, so only this collector can release it.
-        if (lost++ === 0) throw new CheckpointError("outcome_unknown", "no reply on ctl.resume within 15000 ms");
+        if (sent.resumes++ < lose) throw new CheckpointError(code, `no answer on ctl.resume (${code})`);
         resumed.resolve();
         return fake.base.resume(req);
       },
@@ -720,6 +724,11 @@ describe("collector", () => {
     await collector.start();
     const run = collector.run();
     await waitUntil(() => arrived, "the /run of a");
+    return { fake, collector, run, sent };
+  }
+
+  it("a checkpoint's resume answered outcome_unknown (its coordinator died between publish and resume) is sent again, so the parked rows go on", async () => {
+    const { fake, collector, run } = await rowParkedUntilResumed(1, "outcome_unknown");
     const { published, checkpointId } = await collector.checkpoint({ stop: false });
     expect(published).toBe(true);
     expect(fake.state.open).toBeNull(); // resumed, not left parked until the participants' lease expires
@@ -728,26 +737,7 @@ describe("collector", () => {
   });
 
   it("a checkpoint whose resume stayed unknown through every try is resumed before the next checkpoint's prepare", async () => {
-    const resumed = deferred();
-    let arrived = false;
-    const url = await runServer(async () => {
-      arrived = true;
-      await resumed.promise;
-      return { status: 200, body: { reward: 1 } };
-    });
-    let lost = 0;
-    const fake = fakeController({
-      resume: async (req: never) => {
-        // No leader through all three tries of the first checkpoint's resume.
-        if (lost++ < 3) throw new CheckpointError("outcome_unknown", "no reply on ctl.resume within 15000 ms");
-        resumed.resolve();
-        return fake.base.resume(req);
-      },
-    });
-    const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => arrived, "the /run of a");
+    const { fake, collector, run, sent } = await rowParkedUntilResumed(3, "outcome_unknown");
     const first = await collector.checkpoint({ stop: false });
     expect(first.published).toBe(true);
     expect(fake.state.open).not.toBeNull(); // still published and open: only this collector's resume releases it
@@ -756,32 +746,13 @@ describe("collector", () => {
     const ops = fake.calls.filter((c) => c.op === "resume" || c.op === "prepare").map((c) => `${c.op} ${c.req.checkpoint_id === first.checkpointId ? "first" : "second"}`);
     // (the fake records the resumes that reached it: the first got through on its fourth send, before the second prepare)
     expect(ops).toEqual(["prepare first", "resume first", "prepare second", "resume second"]);
-    expect(lost).toBe(5);
+    expect(sent.resumes).toBe(5);
     expect(fake.state.open).toBeNull();
     expect(await run).toMatchObject({ finished: 1, failed: 0 });
   }, 20_000);
 
   it("a checkpoint whose resume stayed unknown through every try is sent again in the background, so the parked rows go on without another checkpoint", async () => {
-    const resumed = deferred();
-    let arrived = false;
-    const url = await runServer(async () => {
-      arrived = true;
-      await resumed.promise;
-      return { status: 200, body: { reward: 1 } };
-    });
-    let lost = 0;
-    const fake = fakeController({
-      resume: async (req: never) => {
-        // No leader through all three tries of the checkpoint's resume; one serves after.
-        if (lost++ < 3) throw new CheckpointError("not_leader", "no coordinator serves ctl.resume");
-        resumed.resolve();
-        return fake.base.resume(req);
-      },
-    });
-    const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => arrived, "the /run of a");
+    const { fake, collector, run } = await rowParkedUntilResumed(3, "not_leader");
     expect((await collector.checkpoint({ stop: false })).published).toBe(true);
     expect(fake.state.open).not.toBeNull();
     // No timer, no SIGUSR1: without a resend the Gym stays parked until the participants' lease expires.
