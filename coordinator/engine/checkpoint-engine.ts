@@ -1062,6 +1062,9 @@ export class CheckpointEngine {
         extras: o.reply.extras,
       };
     });
+    // The reply names checkpoint_dir for the controller to write its own state into: it exists by
+    // then, whatever the participants wrote (staged during the prepare, so normally long done).
+    await this.options.writer.stagedDirectory(id);
     open.phase = "committed";
     open.commit = { checkpoint_id: id, epoch, checkpoint_dir: dir, participants };
     return open.commit;

@@ -91,6 +91,14 @@ export class GlobalManifestWriter {
     return this.cleanup;
   }
 
+  /**
+   * Settles once `stage` has created the checkpoint directory and LATEST's temp file (at once when
+   * nothing is staged); a staging failure is left for `publish` to report.
+   */
+  async stagedDirectory(checkpointId: string): Promise<void> {
+    await this.staged.get(checkpointId)?.catch(() => undefined);
+  }
+
   async publish(input: PublishInput): Promise<PublishResult> {
     const dir = this.catalog.dirFor(input.checkpointId);
     this.stage(input.checkpointId);

@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -31,6 +31,21 @@ afterEach(async () => {
 });
 
 describe("engine ordering", () => {
+  it("commit answers once the checkpoint directory it names exists, though the participants wrote nothing and staging it was slow", async () => {
+    const { engine, writer } = makeEngine(root);
+    // Staging (the directory, LATEST's temp file) held back past the commit's replies.
+    const staging = writer as unknown as { stageLatest(id: string): Promise<unknown> };
+    const stageLatest = staging.stageLatest.bind(writer);
+    staging.stageLatest = async (id) => {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      return stageLatest(id);
+    };
+    await engine.prepare({ checkpoint_id: "c-slow" });
+    const reply = await engine.commit({ checkpoint_id: "c-slow", episode_ids: null, stop: false });
+    expect((await stat(reply.checkpoint_dir)).isDirectory()).toBe(true); // the controller writes its state there next
+    await engine.resume({ checkpoint_id: "c-slow" });
+  });
+
   it("checkpoint: prepare staged env→model→agent→resources, journal decided before any commit, commit all, publish, resume reversed", async () => {
     const { engine, fake, journal, catalog } = makeEngine(root);
     const reply = await engine.checkpoint({ checkpoint_id: "c1", episode_ids: null, stop: false, controller_state: { inline: { step: 3 } } });
