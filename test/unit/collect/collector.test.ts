@@ -179,9 +179,11 @@ function collectorFor(controller: CollectorController, runUrl: string, options: 
 /**
  * A started collector whose row "a" is running: its `/run` has reached the environment and parks
  * there until the controller's resume (as an exported episode does). `overrides` may replace
- * other ops; resume keeps this hook and then does what the fake does.
+ * other ops; resume keeps this hook and then does what the fake does. The first `lost.resumes`
+ * resumes fail with `lost.code` instead (they never reached a leader: nothing resumed; a successor
+ * keeps a published checkpoint open for its controller's resume, so only the collector can release it).
  */
-async function runningUntilResume(overrides: Parameters<typeof fakeController>[0] = {}) {
+async function runningUntilResume(overrides: Parameters<typeof fakeController>[0] = {}, lost: { resumes: number; code: "outcome_unknown" | "not_leader" } = { resumes: 0, code: "outcome_unknown" }) {
   const resumed = deferred();
   let arrived = false;
   const url = await runServer(async () => {
@@ -189,9 +191,11 @@ async function runningUntilResume(overrides: Parameters<typeof fakeController>[0
     await resumed.promise;
     return { status: 200, body: { reward: 1 } };
   });
+  const sent = { resumes: 0 };
   const fake = fakeController({
     ...overrides,
     resume: async (req: never) => {
+      if (sent.resumes++ < lost.resumes) throw new CheckpointError(lost.code, `no answer on ctl.resume (${lost.code})`);
       resumed.resolve();
       return fake.base.resume(req);
     },
@@ -200,7 +204,7 @@ async function runningUntilResume(overrides: Parameters<typeof fakeController>[0
   await collector.start();
   const run = collector.run();
   await waitUntil(() => arrived, "the /run of a");
-  return { ...fake, collector, run };
+  return { ...fake, collector, run, sent };
 }
 
 describe("collector", () => {
@@ -698,65 +702,36 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1 });
   });
 
-  /**
-   * One row parked at the environment until its checkpoint is resumed, with a controller whose
-   * first `lose` resumes fail with `code` (they never reached a leader: nothing resumed; a
-   * successor keeps a published checkpoint open for its controller's resume, so only this
-   * collector can release it). Resolves once the row's /run arrived.
-   */
-  async function rowParkedUntilResumed(lose: number, code: "outcome_unknown" | "not_leader") {
-    const resumed = deferred();
-    let arrived = false;
-    const url = await runServer(async () => {
-      arrived = true;
-      await resumed.promise;
-      return { status: 200, body: { reward: 1 } };
-    });
-    const sent = { resumes: 0 };
-    const fake = fakeController({
-      resume: async (req: never) => {
-        if (sent.resumes++ < lose) throw new CheckpointError(code, `no answer on ctl.resume (${code})`);
-        resumed.resolve();
-        return fake.base.resume(req);
-      },
-    });
-    const collector = collectorFor(fake.controller, url, { checkpointTimeoutSeconds: 3 });
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => arrived, "the /run of a");
-    return { fake, collector, run, sent };
-  }
-
   it("a checkpoint's resume answered outcome_unknown (its coordinator died between publish and resume) is sent again, so the parked rows go on", async () => {
-    const { fake, collector, run } = await rowParkedUntilResumed(1, "outcome_unknown");
+    const { state, calls, collector, run } = await runningUntilResume({}, { resumes: 1, code: "outcome_unknown" });
     const { published, checkpointId } = await collector.checkpoint({ stop: false });
     expect(published).toBe(true);
-    expect(fake.state.open).toBeNull(); // resumed, not left parked until the participants' lease expires
-    expect(fake.calls.filter((c) => c.op === "resume").map((c) => c.req.checkpoint_id)).toEqual([checkpointId]);
+    expect(state.open).toBeNull(); // resumed, not left parked until the participants' lease expires
+    expect(calls.filter((c) => c.op === "resume").map((c) => c.req.checkpoint_id)).toEqual([checkpointId]);
     expect(await run).toMatchObject({ finished: 1, failed: 0 });
   });
 
   it("a checkpoint whose resume stayed unknown through every try is resumed before the next checkpoint's prepare", async () => {
-    const { fake, collector, run, sent } = await rowParkedUntilResumed(3, "outcome_unknown");
+    const { state, calls, collector, run, sent } = await runningUntilResume({}, { resumes: 3, code: "outcome_unknown" });
     const first = await collector.checkpoint({ stop: false });
     expect(first.published).toBe(true);
-    expect(fake.state.open).not.toBeNull(); // still published and open: only this collector's resume releases it
+    expect(state.open).not.toBeNull(); // still published and open: only this collector's resume releases it
     const second = await collector.checkpoint({ stop: false });
     expect(second.published).toBe(true);
-    const ops = fake.calls.filter((c) => c.op === "resume" || c.op === "prepare").map((c) => `${c.op} ${c.req.checkpoint_id === first.checkpointId ? "first" : "second"}`);
+    const ops = calls.filter((c) => c.op === "resume" || c.op === "prepare").map((c) => `${c.op} ${c.req.checkpoint_id === first.checkpointId ? "first" : "second"}`);
     // (the fake records the resumes that reached it: the first got through on its fourth send, before the second prepare)
     expect(ops).toEqual(["prepare first", "resume first", "prepare second", "resume second"]);
     expect(sent.resumes).toBe(5);
-    expect(fake.state.open).toBeNull();
+    expect(state.open).toBeNull();
     expect(await run).toMatchObject({ finished: 1, failed: 0 });
   }, 20_000);
 
   it("a checkpoint whose resume stayed unknown through every try is sent again in the background, so the parked rows go on without another checkpoint", async () => {
-    const { fake, collector, run } = await rowParkedUntilResumed(3, "not_leader");
+    const { state, collector, run } = await runningUntilResume({}, { resumes: 3, code: "not_leader" });
     expect((await collector.checkpoint({ stop: false })).published).toBe(true);
-    expect(fake.state.open).not.toBeNull();
+    expect(state.open).not.toBeNull();
     // No timer, no SIGUSR1: without a resend the Gym stays parked until the participants' lease expires.
-    await waitUntil(() => fake.state.open === null, "the checkpoint resumed without another checkpoint", 10_000);
+    await waitUntil(() => state.open === null, "the checkpoint resumed without another checkpoint", 10_000);
     expect(await run).toMatchObject({ finished: 1, failed: 0, checkpoints: 1 });
   }, 20_000);
 
