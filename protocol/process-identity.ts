@@ -89,10 +89,15 @@ export function whyOwnerGone(pid: number, identity: ProcessIdentity | undefined)
  */
 const PROCESS_LINE = /^([1-9][0-9]{0,9}) (\S{1,255})(?: (\S+) (\S+))?\n$/;
 
-/** This process's line. */
+let ownLine: string | undefined;
+
+/** This process's line (its identity does not change: read once). */
 export function processLine(): string {
-  const identity = processIdentity();
-  return `${process.pid} ${hostname()}${identity ? ` ${identity.startTime} ${identity.bootId}` : ""}\n`;
+  if (ownLine === undefined) {
+    const identity = processIdentity();
+    ownLine = `${process.pid} ${hostname()}${identity ? ` ${identity.startTime} ${identity.bootId}` : ""}\n`;
+  }
+  return ownLine;
 }
 
 /**

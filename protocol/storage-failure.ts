@@ -2,7 +2,7 @@
  * Which thrown errors are the deployment's storage refusing (a full disk, a read-only or missing
  * mount, permissions, EIO, no file descriptors left): `toCheckpointError` answers those
  * `storage_error` rather than `internal_error` ("report a bug"), since the operator must fix the
- * disk or mount. Pure: protocol/ does no I/O (but make directories).
+ * disk or mount. Pure: it only reads the error.
  */
 
 /** errno names that say the filesystem refused, not that gym-ckpt misbehaved. */
