@@ -65,6 +65,7 @@ async function replaceStale(path: string, whyStale: (content: string) => string 
  */
 async function oneAtATime<T>(dir: string, takeoverName: string, fn: () => Promise<T>): Promise<T | undefined> {
   const shared = join(dir, takeoverName);
+  await removeAbandoned(dir, `${takeoverName}.`);
   const name = token();
   const mine = join(dir, `${takeoverName}.${name}`);
   await mkdir(mine);
@@ -109,6 +110,22 @@ async function liveHolder(shared: string): Promise<boolean> {
     else await rm(entry, { recursive: true, force: true });
   }
   return live;
+}
+
+/**
+ * Removes the private directories (`<prefix><token>`) of take-overs whose process was killed
+ * before moving its directory into place, so they do not pile up beside the lock. Only a directory
+ * whose entry names a process that no longer runs: one still empty, or whose line is not whole,
+ * may be a live process's that has just made it.
+ */
+async function removeAbandoned(dir: string, prefix: string): Promise<void> {
+  const names = (await readdir(dir)).filter((name) => name.startsWith(prefix));
+  for (const name of names) {
+    const own = name.slice(prefix.length);
+    if (takingHere.has(own)) continue;
+    const line = await readFile(join(dir, name, own), "utf8").catch(() => "");
+    if (line.endsWith("\n") && whyProcessLineStale(line, () => false) !== undefined) await rm(join(dir, name), { recursive: true, force: true });
+  }
 }
 
 function token(): string {

@@ -89,6 +89,24 @@ describe("collector.pid", () => {
     await lock.release();
   });
 
+  it("a collector killed before its take-over directory moved into place leaves nothing behind: the next take-over removes it, a live one's stays", async () => {
+    const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
+    await writeFile(lockFile(), `${dead} ${hostname()}\n`);
+    const abandoned = ".collector.pid.takeover.0123456789ab";
+    await mkdir(join(dir, abandoned));
+    await writeFile(join(dir, abandoned, "0123456789ab"), `${dead} ${hostname()}\n`);
+    // Still being made by live processes: one with its line, one empty (its line not yet written).
+    const live = ".collector.pid.takeover.ba9876543210";
+    await mkdir(join(dir, live));
+    await writeFile(join(dir, live, "ba9876543210"), lineOf(process.ppid));
+    const justMade = ".collector.pid.takeover.aaaaaaaaaaaa";
+    await mkdir(join(dir, justMade));
+    const lock = await acquireCollectorLock(dir);
+    expect(lock.tookOver).toMatch(/is not running/);
+    expect((await readdir(dir)).sort()).toEqual([justMade, live, "collector.pid"].sort());
+    await lock.release();
+  });
+
   it("refuses while a live collector is taking over (its take-over entry names a live process), the stale file left to it", async () => {
     const dead = spawnSync(process.execPath, ["-e", ""]).pid!;
     await writeFile(lockFile(), `${dead} ${hostname()}\n`);
