@@ -17,9 +17,12 @@ vi.mock("../../../participants/storage/fs-durable.js", async (importOriginal) =>
 });
 
 // Fault injection below the storage: the next write into a temp manifest fails as a full disk does;
-// the next open of a path ending in `openFailure.suffix` fails with its error (the storage refusing a read).
+// the next open of a path ending in `openFailure.suffix` fails with its error (the storage refusing a read);
+// the next temp records file fills the disk: its first write writes half (as write(2) does on the
+// last free blocks, without an error) and every later one fails with `recordsDiskFull`.
 const faults = vi.hoisted(() => ({
   manifestWrite: undefined as NodeJS.ErrnoException | undefined,
+  recordsDiskFull: undefined as NodeJS.ErrnoException | undefined,
   openFailure: undefined as { suffix: string; error: NodeJS.ErrnoException } | undefined,
 }));
 vi.mock("node:fs/promises", async (importOriginal) => {
@@ -31,6 +34,20 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       throw failure.error;
     }
     const handle = await original.open(...args);
+    const full = faults.recordsDiskFull;
+    if (full && String(args[0]).includes("/.records.jsonl.")) {
+      faults.recordsDiskFull = undefined;
+      let writes = 0;
+      return new Proxy(handle, {
+        get(target, prop, receiver) {
+          if (prop === "write") {
+            return (buffer: Buffer) => (writes++ === 0 ? target.write(buffer, 0, Math.floor(buffer.byteLength / 2)) : Promise.reject(full));
+          }
+          const value = Reflect.get(target, prop, receiver) as unknown;
+          return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+        },
+      });
+    }
     const error = faults.manifestWrite;
     if (!error || !String(args[0]).includes("/.manifest.json.")) return handle;
     faults.manifestWrite = undefined;
@@ -105,6 +122,17 @@ describe("filesystem checkpoint storage", () => {
     const written = await write(); // space freed: the commit's retry
     expect((await storage.read(target, ScriptRecordSchema)).records).toEqual(records);
     // Only what the layout names: no dot-named leftovers.
+    expect((await readdir(participantDir(target))).sort()).toEqual(["manifest.json", written.manifest.records_file]);
+  });
+
+  it("a records file the disk fills up part way (a short write, then ENOSPC) is storage_error, not a commit of a short file; the retry publishes a clean directory", async () => {
+    faults.recordsDiskFull = await writeFile("/dev/full", "x").then(() => undefined, (error: NodeJS.ErrnoException) => error);
+    const refused = toCheckpointError(await write().catch((error: unknown) => error));
+    expect(refused.code).toBe("storage_error");
+    expect(refused.message).toMatch(/^ENOSPC: no space left on device/);
+    await expect(readdir(participantDir(target))).resolves.toEqual([]);
+    const written = await write(); // space freed: the commit's retry
+    expect((await storage.read(target, ScriptRecordSchema)).records).toEqual(records);
     expect((await readdir(participantDir(target))).sort()).toEqual(["manifest.json", written.manifest.records_file]);
   });
 
