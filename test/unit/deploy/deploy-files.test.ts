@@ -1,8 +1,11 @@
-import { readdirSync, readFileSync } from "node:fs";
+import { execFile } from "node:child_process";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
 import { parseDocument } from "yaml";
+import { buildProgram } from "../../../coordinator/cli/program.js";
 import { loadConfig } from "../../../coordinator/config/config-loader.js";
 
 /**
@@ -10,6 +13,7 @@ import { loadConfig } from "../../../coordinator/config/config-loader.js";
  * Kubernetes config must pass the coordinator's schema, and the rules docs/operations.md states hold.
  */
 const DEPLOY = fileURLToPath(new URL("../../../deploy", import.meta.url));
+const ROOT = join(DEPLOY, "..");
 
 function files(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((entry) =>
@@ -85,5 +89,86 @@ describe("deploy/ files", () => {
     const operations = readFileSync(join(DEPLOY, "../docs/operations.md"), "utf8");
     expect(operations).toContain("chmod 2775 /var/lib/gym-ckpt/checkpoints");
     expect(operations).toMatch(/SupplementaryGroups=gym-ckpt.*UMask=0002/s);
+  });
+});
+
+/** The flags a command line passes (`--name`, or `--name=value`), `--no-x` included. */
+function flagsOf(args: readonly string[]): string[] {
+  return args.filter((arg) => arg.startsWith("--")).map((arg) => arg.split("=")[0]!);
+}
+
+/** The `gym-ckpt <command>` options, as commander knows them. */
+async function cliFlags(command: string): Promise<string[]> {
+  const found = (await buildProgram()).commands.find((c) => c.name() === command);
+  expect(found, `gym-ckpt ${command}`).toBeDefined();
+  return found!.options.map((o) => o.long!).concat("--help");
+}
+
+/** The flags a participant program's `--help` lists (its source run through tsx, as no build is needed here). */
+async function programFlags(distPath: string): Promise<string[]> {
+  const source = join(ROOT, distPath.replace(/^dist\//, "").replace(/\.js$/, ".ts"));
+  expect(existsSync(source), `${distPath} is built from ${relative(ROOT, source)}`).toBe(true);
+  const { stdout } = await promisify(execFile)(process.execPath, ["--import", "tsx", source, "--help"], { cwd: ROOT, timeout: 30_000 });
+  return [...new Set([...stdout.matchAll(/--[a-z][a-z0-9-]*/g)].map((m) => m[0]))].concat("--help");
+}
+
+/** A command line's value after `flag`. */
+function valueOf(args: readonly string[], flag: string): string | undefined {
+  const at = args.indexOf(flag);
+  return at < 0 ? undefined : args[at + 1];
+}
+
+describe("the commands deploy/ runs", () => {
+  it("every coordinator command line (compose, Kubernetes, systemd) and the compose usage's CLI call pass only flags gym-ckpt takes", async () => {
+    const compose = yamlFile(join(DEPLOY, "docker-compose.yml"));
+    const container = yamlFile(join(DEPLOY, "kubernetes/base/deployment.yaml")).spec.template.spec.containers[0];
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    const execStart = /^ExecStart=(.*)$/m.exec(unit)![1]!.split(/\s+/);
+    const lines: [string, string[]][] = [
+      ["compose coordinator-a", compose.services["coordinator-a"].command],
+      ["compose coordinator-b", compose.services["coordinator-b"].command],
+      ["kubernetes", container.args],
+      ["systemd", execStart.slice(execStart.findIndex((arg) => arg.endsWith("dist/coordinator/cli/main.js")))],
+    ];
+    const coordinator = await cliFlags("coordinator");
+    for (const [where, args] of lines) {
+      expect(args[0], where).toMatch(/(^|\/)dist\/coordinator\/cli\/main\.js$/);
+      expect(args[1], where).toBe("coordinator");
+      for (const flag of flagsOf(args.slice(2))) expect(coordinator, `${where}: ${flag}`).toContain(flag);
+    }
+    // The usage comment's (and docs/operations.md's) `exec coordinator-a node dist/coordinator/cli/main.js checkpoint …`.
+    const usage = /exec coordinator-a \\\n#\s+node (dist\/coordinator\/cli\/main\.js .*)$/m.exec(readFileSync(join(DEPLOY, "docker-compose.yml"), "utf8"));
+    expect(usage).not.toBeNull();
+    const [, command, ...rest] = usage![1]!.split(/\s+/);
+    const flags = await cliFlags(command!);
+    for (const flag of flagsOf(rest)) expect(flags, `checkpoint ${flag}`).toContain(flag);
+  });
+
+  it("every Gym container runs a program that takes its flags, its URLs name the ports the others listen on, and Prometheus scrapes their metrics ports", { timeout: 120_000 }, async () => {
+    const compose = yamlFile(join(DEPLOY, "docker-compose.yml"));
+    const gym = Object.entries<Yaml>(compose.services).filter(([name]) => name.startsWith("gym-"));
+    expect(gym.map(([name]) => name).sort()).toEqual(["gym-agent", "gym-environment", "gym-model", "gym-policy", "gym-resources"]);
+    const helps = await Promise.all(gym.map(([, service]) => programFlags(service.command[0])));
+    const ports = new Set<string>();
+    gym.forEach(([name, service], i) => {
+      const args: string[] = service.command.slice(1);
+      for (const flag of flagsOf(args)) expect(helps[i], `${name}: ${flag}`).toContain(flag);
+      ports.add(valueOf(args, "--port")!);
+    });
+    // One network namespace: each URL a server calls is another's loopback --port.
+    for (const [name, service] of gym) {
+      for (const flag of ["--upstream", "--policy-url", "--resources-url", "--agent-url"]) {
+        const url = valueOf(service.command, flag);
+        if (url !== undefined) expect([...ports], `${name} ${flag} ${url}`).toContain(new URL(url).port);
+      }
+    }
+    // Prometheus: the coordinators' and every Gym server's --metrics-port, nothing else.
+    const prometheus = yamlFile(join(DEPLOY, "prometheus/prometheus.yml"));
+    const targets = prometheus.scrape_configs.flatMap((job: Yaml) => job.static_configs.flatMap((c: Yaml) => c.targets as string[])).sort();
+    const metrics = Object.entries<Yaml>(compose.services)
+      .filter(([, service]) => Array.isArray(service.command) && valueOf(service.command, "--metrics-port") !== undefined)
+      .map(([name, service]) => `${service.network_mode?.replace(/^service:/, "") ?? name}:${valueOf(service.command, "--metrics-port")}`)
+      .sort();
+    expect(targets).toEqual(metrics);
   });
 });
