@@ -45,7 +45,8 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
     const deployment = clientDeployment(flags.deployment, env);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
     if (httpUrl) {
-      await fn(new HttpControllerClient({ baseUrl: httpUrl, token }));
+      // --leader-wait-ms holds over HTTP too (nothing listening, or not_leader), as for collect.
+      await fn(new HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs }));
       return;
     }
     const nc = await connectNats(natsSettings(flags.natsUrl));

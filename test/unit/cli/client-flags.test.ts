@@ -56,3 +56,33 @@ describe("client commands: empty variables are unset", () => {
     expect(stderr).toContain(`error invalid_request: --timeout-s must be a positive number of seconds`);
   });
 });
+
+describe("client commands: --leader-wait-ms over --http-url", () => {
+  it("asks again while the coordinator answers not_leader (one still becoming leader), as over NATS", async () => {
+    const { createServer } = await import("node:http");
+    let asked = 0;
+    const server = createServer((_req, res) => {
+      asked += 1;
+      const ready = asked > 2;
+      res.writeHead(ready ? 200 : 503, { "content-type": "application/json" });
+      res.end(
+        JSON.stringify(
+          ready
+            ? { deployment: "default", coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: [] }
+            : { error: { code: "not_leader", detail: "waits one lease period" } },
+        ),
+      );
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    try {
+      const url = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+      const program = new Command().exitOverride();
+      register(program);
+      await program.parseAsync(["status", "--token", "t", "--http-url", url, "--leader-wait-ms", "10000"], { from: "user" });
+      expect([Number(process.exitCode ?? 0), stderr]).toEqual([0, ""]);
+      expect(asked).toBe(3);
+    } finally {
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+});
