@@ -3,6 +3,7 @@ export { PROTOCOL_VERSION, MANIFEST_SCHEMA_VERSION, MAX_CONTROL_MESSAGE_BYTES, M
 export { DURATION_BUCKETS_S } from "./duration-buckets.js";
 export { LOG_REDACT_PATHS, LOG_REDACT_CENSOR } from "./log-redaction.js";
 export { makeDirectories, isMisplacedDirectory } from "./make-directories.js";
+export { envSetting } from "./env-setting.js";
 export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
 export {
   SAFE_NAME_PATTERN,

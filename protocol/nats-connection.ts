@@ -1,3 +1,4 @@
+import { envSetting } from "./env-setting.js";
 import { CheckpointError } from "./errors.js";
 
 /** Where a process looks for NATS when neither a flag nor GYM_CKPT_NATS_URL names a server. */
@@ -29,7 +30,7 @@ export function natsServers(value: string): string[] {
  */
 export function natsSettings(servers: string | undefined, env: Record<string, string | undefined> = process.env): NatsConnectionSettings {
   return {
-    servers: natsServers(servers ?? env.GYM_CKPT_NATS_URL ?? DEFAULT_NATS_URL),
+    servers: natsServers(servers ?? envSetting("GYM_CKPT_NATS_URL", env) ?? DEFAULT_NATS_URL),
     ...(env.GYM_CKPT_NATS_USER && { user: env.GYM_CKPT_NATS_USER }),
     ...(env.GYM_CKPT_NATS_PASS && { pass: env.GYM_CKPT_NATS_PASS }),
     ...(env.GYM_CKPT_NATS_TOKEN && { token: env.GYM_CKPT_NATS_TOKEN }),

@@ -1,5 +1,5 @@
 import { Option, type Command } from "commander";
-import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -38,7 +38,7 @@ export function withClientOptions(command: Command, options: { printsReply?: boo
 export async function withClient(flags: ClientFlags, fn: (client: ControllerClient) => Promise<unknown>): Promise<void> {
   const env = process.env;
   const token = clientToken(flags.token, env);
-  const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
+  const httpUrl = flags.httpUrl ?? envSetting("GYM_CKPT_HTTP_URL", env);
   await runCli(async () => {
     const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
     if (flags.timeoutS !== undefined) secondsFlag("timeout-s", flags.timeoutS);
@@ -186,7 +186,7 @@ export function controllerStateFrom(flags: { stateJson?: string; stateFile?: str
  * --root is not an empty listing.
  */
 export function rootFrom(root: string | undefined): string {
-  const value = root ?? process.env.GYM_CKPT_CHECKPOINT_ROOT;
+  const value = root ?? envSetting("GYM_CKPT_CHECKPOINT_ROOT");
   if (!value) throw new CheckpointError("invalid_request", "no checkpoint root: pass --root or set GYM_CKPT_CHECKPOINT_ROOT");
   let isDirectory: boolean;
   try {

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { z } from "zod";
-import { CheckpointError, redactNatsServers } from "../../protocol/index.js";
+import { CheckpointError, envSetting, redactNatsServers } from "../../protocol/index.js";
 import { CoordinatorConfigSchema, SECRET_CONFIG_PATHS, type CoordinatorConfig } from "./coordinator-config.js";
 
 type Plain = Record<string, unknown>;
@@ -77,8 +77,8 @@ function merge(base: Plain, layer: Plain): Plain {
 export function envLayer(env: NodeJS.ProcessEnv): Plain {
   const layer: Plain = {};
   for (const { env: name, path, type } of CONFIG_ENV) {
-    const value = env[name];
-    if (value !== undefined && value !== "") setPath(layer, path, coerce(value, type));
+    const value = envSetting(name, env);
+    if (value !== undefined) setPath(layer, path, coerce(value, type));
   }
   return layer;
 }

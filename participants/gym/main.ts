@@ -1,6 +1,7 @@
 import { parseArgs } from "node:util";
 import { GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
-import { BearerTokenSchema, DEFAULT_NATS_URL } from "../../protocol/index.js";
+import { DEFAULT_NATS_URL, describeZodError, envSetting } from "../../protocol/index.js";
+import { LaunchFlagsSchema, argvRefusal } from "./server-runtime.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
@@ -11,43 +12,57 @@ import { BearerTokenSchema, DEFAULT_NATS_URL } from "../../protocol/index.js";
  *   --token-delay-ms N (policy streaming pace)   --resources-mode stateless|restart_only   --verify replay|wait
  *   --policy-url URL (use a running OpenAI-compatible policy backend instead of starting the fake one)
  */
-const { values } = parseArgs({
-  args: process.argv.slice(2),
-  strict: true,
-  options: {
-    nats: { type: "string" },
-    deployment: { type: "string" },
-    token: { type: "string" },
-    "checkpoint-root": { type: "string" },
-    "lease-grace-seconds": { type: "string" },
-    "token-delay-ms": { type: "string" },
-    "resources-mode": { type: "string" },
-    verify: { type: "string" },
-    "policy-url": { type: "string" },
-    verbose: { type: "boolean" },
-    help: { type: "boolean" },
-  },
-});
+const USAGE =
+  "usage: gym-ckpt gym [--nats URL] [--deployment NAME] [--token TOKEN] [--checkpoint-root DIR]\n" +
+  "                    [--lease-grace-seconds N] [--token-delay-ms N] [--resources-mode MODE] [--verify replay|wait]\n" +
+  "                    [--policy-url URL] [--verbose]\n";
+
+/** A configuration error: one line (naming a flag, never a value), exit 2, before any server starts. */
+function refuse(why: string): never {
+  process.stderr.write(`gym: invalid configuration: ${why}\n`);
+  process.exit(2);
+}
+
+let values: ReturnType<typeof parseGymArgs>["values"];
+try {
+  values = parseGymArgs().values;
+} catch (error) {
+  refuse(argvRefusal(error));
+}
+function parseGymArgs() {
+  return parseArgs({
+    args: process.argv.slice(2),
+    strict: true,
+    options: {
+      nats: { type: "string" },
+      deployment: { type: "string" },
+      token: { type: "string" },
+      "checkpoint-root": { type: "string" },
+      "lease-grace-seconds": { type: "string" },
+      "token-delay-ms": { type: "string" },
+      "resources-mode": { type: "string" },
+      verify: { type: "string" },
+      "policy-url": { type: "string" },
+      verbose: { type: "boolean" },
+      help: { type: "boolean" },
+    },
+  });
+}
 if (values.help) {
-  process.stdout.write(
-    "usage: gym-ckpt gym [--nats URL] [--deployment NAME] [--token TOKEN] [--checkpoint-root DIR]\n" +
-      "                    [--lease-grace-seconds N] [--token-delay-ms N] [--resources-mode MODE] [--verify replay|wait]\n" +
-      "                    [--policy-url URL] [--verbose]\n",
-  );
+  process.stdout.write(USAGE);
   process.exit(0);
 }
-const token = values.token ?? process.env.GYM_CKPT_TOKEN;
-if (!token) {
-  process.stderr.write("gym: a control token is required (--token or GYM_CKPT_TOKEN)\n");
-  process.exit(2);
-}
-// Checked before any server starts: each would refuse it, one by one.
-const tokenRule = BearerTokenSchema.safeParse(token);
-if (!tokenRule.success) {
-  process.stderr.write(`gym: --token: ${tokenRule.error.issues[0]!.message}\n`);
-  process.exit(2);
-}
-const checkpointRoot = values["checkpoint-root"] ?? process.env.GYM_CKPT_CHECKPOINT_ROOT;
+// Checked here, once: each server would refuse a bad value by itself, and the first to exit would
+// stop the rest with a message about that server rather than the flag.
+const flags = LaunchFlagsSchema.safeParse({
+  nats: values.nats ?? envSetting("GYM_CKPT_NATS_URL") ?? DEFAULT_NATS_URL,
+  deployment: values.deployment ?? envSetting("GYM_CKPT_DEPLOYMENT") ?? "default",
+  token: values.token ?? envSetting("GYM_CKPT_TOKEN") ?? "",
+  checkpointRoot: values["checkpoint-root"] ?? envSetting("GYM_CKPT_CHECKPOINT_ROOT"),
+  leaseGraceSeconds: values["lease-grace-seconds"],
+});
+if (!flags.success) refuse(describeZodError(flags.error));
+const { nats, deployment, token, checkpointRoot, leaseGraceSeconds } = flags.data;
 // Installed before the launch: a signal during start-up must stop the children started so far.
 const abort = new AbortController();
 let gym: Gym | undefined;
@@ -66,11 +81,11 @@ const stop = async (code: number) => {
 process.on("SIGINT", () => void stop(0));
 process.on("SIGTERM", () => void stop(0));
 gym = await launchGym({
-  nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? DEFAULT_NATS_URL,
-  deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",
+  nats,
+  deployment,
   token,
-  ...(checkpointRoot && { checkpointRoot }),
-  ...(values["lease-grace-seconds"] && { leaseGraceSeconds: Number(values["lease-grace-seconds"]) }),
+  ...(checkpointRoot !== undefined && { checkpointRoot }),
+  ...(leaseGraceSeconds !== undefined && { leaseGraceSeconds }),
   args: {
     ...(values["token-delay-ms"] && { policy: ["--token-delay-ms", values["token-delay-ms"]] }),
     resources: [...(values["resources-mode"] ? ["--mode", values["resources-mode"]] : []), ...(values.verify ? ["--verify", values.verify] : [])],

@@ -4,7 +4,7 @@ import { connect, errors, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, envSetting, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -41,6 +41,9 @@ const CommonSchema = z
 /** How long a stopping server lets in-flight requests finish before it closes their connections. */
 const SHUTDOWN_DRAIN_MS = 2_000;
 export type CommonServerConfig = z.infer<typeof CommonSchema>;
+
+/** The common flags `gym-ckpt gym` passes on to every server: checked once there, before any starts. */
+export const LaunchFlagsSchema = CommonSchema.pick({ nats: true, deployment: true, token: true, checkpointRoot: true, leaseGraceSeconds: true });
 
 export interface ServerRuntime {
   config: CommonServerConfig;
@@ -110,7 +113,7 @@ function parseServerArgs(argv: string[], extraFlags: string[]) {
  * Why the command line could not be parsed, naming a flag at most, never a value: a token with a
  * space passed unquoted (`--token $T`) leaves the rest of the secret as a stray argument.
  */
-function argvRefusal(error: unknown): string {
+export function argvRefusal(error: unknown): string {
   const { code, message } = error as { code?: string; message?: string };
   const flag = /'(--?[A-Za-z0-9-]+)/.exec(message ?? "")?.[1];
   if (code === "ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL") return "unexpected argument: every value follows its flag (quote a value that holds spaces)";
@@ -133,12 +136,12 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     process.exit(0);
   }
   const parsed = CommonSchema.safeParse({
-    nats: values.nats ?? process.env.GYM_CKPT_NATS_URL ?? DEFAULT_NATS_URL,
-    deployment: values.deployment ?? process.env.GYM_CKPT_DEPLOYMENT ?? "default",
+    nats: values.nats ?? envSetting("GYM_CKPT_NATS_URL") ?? DEFAULT_NATS_URL,
+    deployment: values.deployment ?? envSetting("GYM_CKPT_DEPLOYMENT") ?? "default",
     instance: values.instance ?? name,
-    token: values.token ?? process.env.GYM_CKPT_TOKEN ?? "",
+    token: values.token ?? envSetting("GYM_CKPT_TOKEN") ?? "",
     port: values.port ?? "0",
-    checkpointRoot: values["checkpoint-root"] ?? process.env.GYM_CKPT_CHECKPOINT_ROOT,
+    checkpointRoot: values["checkpoint-root"] ?? envSetting("GYM_CKPT_CHECKPOINT_ROOT"),
     leaseGraceSeconds: values["lease-grace-seconds"],
     otlpEndpoint: values["otlp-endpoint"],
     metricsPort: values["metrics-port"],

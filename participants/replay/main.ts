@@ -17,7 +17,7 @@ import { readTaskFile } from "./task-file.js";
  * not a published checkpoint, an --out whose directory does not exist or that is not a regular
  * file), 1 on any other refusal (`<code>: <detail>` on stderr).
  */
-const USAGE = "usage: main.js seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]\n";
+const USAGE = "usage: gym-ckpt seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]\n";
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;

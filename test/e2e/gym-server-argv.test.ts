@@ -25,3 +25,35 @@ describe("a reference server given a stray positional argument", () => {
     expect({ status: run.status, stderr: run.stderr.trim() }).toEqual({ status: 2, stderr: "environment-server: invalid configuration: unknown option --tokn (see --help)" });
   });
 });
+
+describe("configuration refused before anything starts", () => {
+  const GYM = "dist/participants/gym/main.js";
+  const run = (program: string, args: string[], env: Record<string, string> = {}) =>
+    spawnSync(process.execPath, [program, ...args], { encoding: "utf8", timeout: 20_000, env: { ...process.env, ...env } });
+
+  it("gym-ckpt gym: an unknown option or a stray argument is one line and exit 2, not a stack trace", () => {
+    ensureBuilt();
+    const unknown = run(GYM, ["--tokn=SECRETWORD"]);
+    expect({ status: unknown.status, stderr: unknown.stderr.trim() }).toEqual({ status: 2, stderr: "gym: invalid configuration: unknown option --tokn (see --help)" });
+    const stray = run(GYM, "--token correct horse-SECRETWORD battery".split(" "));
+    expect({ status: stray.status, leaks: `${stray.stdout}${stray.stderr}`.includes("SECRETWORD") }).toEqual({ status: 2, leaks: false });
+  });
+
+  it("gym-ckpt gym: a bad --lease-grace-seconds is named before any server starts (no server exits over it)", () => {
+    ensureBuilt();
+    const bad = run(GYM, ["--nats", "nats://127.0.0.1:1", "--token", "t0ken", "--lease-grace-seconds", "soon"]);
+    expect(bad.status).toBe(2);
+    expect(bad.stderr.trim()).toMatch(/^gym: invalid configuration: leaseGraceSeconds: /);
+  });
+
+  it.each([
+    ["a reference server", "dist/participants/gym/environment-server/main.js"],
+    ["gym-ckpt gym", "dist/participants/gym/main.js"],
+  ])("%s: empty GYM_CKPT_* variables count as unset, as for the coordinator (only the bad flag is refused)", (_what, program) => {
+    ensureBuilt();
+    const env = { GYM_CKPT_NATS_URL: "", GYM_CKPT_DEPLOYMENT: "", GYM_CKPT_CHECKPOINT_ROOT: "" };
+    const bad = run(program, ["--token", "t0ken", "--lease-grace-seconds", "soon"], env);
+    expect(bad.status).toBe(2);
+    expect(bad.stderr.trim()).toMatch(/^[a-z-]+: invalid configuration: leaseGraceSeconds: [^\n;]*$/);
+  });
+});

@@ -3,7 +3,7 @@ import { dirname, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, RecordKindSchema, assertRolloutEnv, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, RecordKindSchema, assertRolloutEnv, envSetting, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
@@ -90,7 +90,7 @@ export function register(program: Command): void {
       if (!logLevel) throw new CheckpointError("invalid_request", `--log-level must be one of ${LOG_LEVELS.join(", ")}, got ${JSON.stringify(flags.logLevel)}`);
       const runUrl = httpUrlFlag("run-url", flags.runUrl);
       // The collector needs controller ops only, which the HTTP API serves as well.
-      const httpUrl = flags.httpUrl ?? env.GYM_CKPT_HTTP_URL;
+      const httpUrl = flags.httpUrl ?? envSetting("GYM_CKPT_HTTP_URL", env);
       if (httpUrl !== undefined) httpUrlFlag("http-url", httpUrl);
       // Checked with or without --records-dir: a typo must not wait until records are switched on.
       try {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { kvReplicas } from "../../../protocol/index.js";
+import { DEFAULT_NATS_URL, kvReplicas, natsSettings } from "../../../protocol/index.js";
 
 describe("kvReplicas: the KV buckets' replicas, one rule in every process", () => {
   it("is 1 on a single server and 3 on a cluster, whatever it advertises (fewer during a node's outage)", () => {
@@ -17,5 +17,13 @@ describe("kvReplicas: the KV buckets' replicas, one rule in every process", () =
     for (const bad of ["0", "6", "3.0", "three", "0x3"]) {
       expect(() => kvReplicas({}, { GYM_CKPT_NATS_REPLICAS: bad })).toThrow(expect.objectContaining({ code: "invalid_request" }));
     }
+  });
+});
+
+describe("natsSettings", () => {
+  it("takes an empty GYM_CKPT_NATS_URL for unset (the default server), as the coordinator's config does", () => {
+    expect(natsSettings(undefined, { GYM_CKPT_NATS_URL: "" }).servers).toEqual([DEFAULT_NATS_URL]);
+    expect(natsSettings(undefined, { GYM_CKPT_NATS_URL: "nats://a:1, nats://b:2" }).servers).toEqual(["nats://a:1", "nats://b:2"]);
+    expect(natsSettings("nats://flag:3", { GYM_CKPT_NATS_URL: "nats://a:1" }).servers).toEqual(["nats://flag:3"]);
   });
 });
