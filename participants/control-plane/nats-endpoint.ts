@@ -1,5 +1,5 @@
 import { context, type Context } from "@opentelemetry/api";
-import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { Match, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
   BearerTokenSchema,
@@ -64,7 +64,7 @@ export class ControlEndpoint {
 
   /** The coordinator's trace context is active for the whole answer: lines logged outside the op's span carry its trace_id too. */
   private answer(op: Op, msg: Msg): Promise<void> {
-    const parent = extractTraceContext(msg.headers);
+    const parent = extractTraceContext(decodedHeaders(msg));
     return context.with(parent, () => this.answerIn(op, msg, parent));
   }
 
@@ -72,7 +72,7 @@ export class ControlEndpoint {
     let body: string;
     try {
       // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.
-      const token = bearerToken(msg.headers?.get(HEADER_AUTHORIZATION, Match.IgnoreCase));
+      const token = bearerToken(decodedHeaders(msg)?.get(HEADER_AUTHORIZATION, Match.IgnoreCase));
       if (token === undefined || !tokensEqual(token, this.options.token)) {
         throw new CheckpointError("unauthorized", "missing or wrong bearer token");
       }
@@ -95,5 +95,19 @@ export class ControlEndpoint {
     for (const sub of this.subscriptions) sub.unsubscribe();
     this.subscriptions.length = 0;
     await Promise.allSettled([...this.inFlight]);
+  }
+}
+
+/**
+ * The message's headers, or undefined when nats.js cannot decode them (`msg.headers` throws for a
+ * header name with a space, say, which any client on the bus can send): such a request carries no
+ * token we can read, so it is refused `unauthorized` like one without headers. Thrown out of the
+ * subscription loop instead, it ended that op's subscription with an unhandled rejection.
+ */
+function decodedHeaders(msg: Msg): MsgHdrs | undefined {
+  try {
+    return msg.headers;
+  } catch {
+    return undefined;
   }
 }
