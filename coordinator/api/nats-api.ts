@@ -4,6 +4,7 @@ import type { Logger } from "pino";
 import {
   CONTROLLER_OP_NAMES,
   HEADER_AUTHORIZATION,
+  decodedHeaders,
   controllerSubject,
   encodeMessage,
   toCheckpointError,
@@ -75,8 +76,9 @@ export class NatsControllerApi {
     let body: string;
     try {
       // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.
-      authorizeController(msg.headers?.get(HEADER_AUTHORIZATION, Match.IgnoreCase), this.options.token);
-      const parent = extractTraceContext(msg.headers);
+      const headers = decodedHeaders(msg);
+      authorizeController(headers?.get(HEADER_AUTHORIZATION, Match.IgnoreCase), this.options.token);
+      const parent = extractTraceContext(headers);
       // Lists are left out past one message (reply-budget.ts); the HTTP API answers in full.
       body = encodeControllerReply(op, await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)));
     } catch (error) {

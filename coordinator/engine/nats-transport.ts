@@ -1,5 +1,5 @@
 import { createInbox, errors, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
-import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
+import { CheckpointError, HEADER_AUTHORIZATION, decodedHeaders, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
 import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
 
@@ -100,7 +100,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     if (error) return; // e.g. a permissions violation on the inbox: the requests time out as unknown outcomes
     const p = this.settle(msg.subject.slice(this.inbox.length + 1));
     if (!p) return; // a late reply to a request that already timed out
-    if (msg.data.length === 0 && msg.headers?.code === NO_RESPONDERS) p.reject(new NoRespondersFailure(p.subject));
+    if (msg.data.length === 0 && decodedHeaders(msg)?.code === NO_RESPONDERS) p.reject(new NoRespondersFailure(p.subject));
     else p.resolve(msg.string());
   }
 

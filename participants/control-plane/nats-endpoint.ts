@@ -1,11 +1,12 @@
 import { context, type Context } from "@opentelemetry/api";
-import { Match, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
   BearerTokenSchema,
   CONTROL_MESSAGES,
   CheckpointError,
   HEADER_AUTHORIZATION,
+  decodedHeaders,
   OPS,
   bearerToken,
   decodeMessage,
@@ -95,19 +96,5 @@ export class ControlEndpoint {
     for (const sub of this.subscriptions) sub.unsubscribe();
     this.subscriptions.length = 0;
     await Promise.allSettled([...this.inFlight]);
-  }
-}
-
-/**
- * The message's headers, or undefined when nats.js cannot decode them (`msg.headers` throws for a
- * header name with a space, say, which any client on the bus can send): such a request carries no
- * token we can read, so it is refused `unauthorized` like one without headers. Thrown out of the
- * subscription loop instead, it ended that op's subscription with an unhandled rejection.
- */
-function decodedHeaders(msg: Msg): MsgHdrs | undefined {
-  try {
-    return msg.headers;
-  } catch {
-    return undefined;
   }
 }

@@ -6,6 +6,7 @@ import { NatsControllerClient } from "../../coordinator/client/nats-controller-c
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
 import { LEADER_KEY } from "../../coordinator/ha/leader-lease.js";
 import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, leaderBucket } from "../../protocol/index.js";
+import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { startStallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
@@ -95,6 +96,20 @@ describe("NATS controller client", () => {
       expect(bodies[1]!.checkpoint_id).toBe(bodies[0]!.checkpoint_id);
     } finally {
       sub.unsubscribe();
+    }
+  });
+
+  it("the coordinator's NATS API answers a header block nats.js cannot decode (a key with a space) unauthorized, not internal_error, and keeps serving", async () => {
+    const engine = { list: async () => ({ latest: null, checkpoints: [] }) } as unknown as CheckpointEngine;
+    const api = new NatsControllerApi({ nc: nats.nc, deployment: "badhdr", token: "ctl-token", engine });
+    await api.start();
+    await nats.nc.flush();
+    try {
+      const reply = await rawRequestWithHeaders(nats.server.url, controllerSubject("badhdr", "list"), "NATS/1.0\r\nBad Key: x\r\n\r\n", "{}");
+      expect(JSON.parse(reply).error.code).toBe("unauthorized");
+      expect(await client("badhdr").call("list", {})).toMatchObject({ latest: null });
+    } finally {
+      await api.stop();
     }
   });
 

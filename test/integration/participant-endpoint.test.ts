@@ -1,5 +1,4 @@
 import { mkdtemp, rm } from "node:fs/promises";
-import { connect as tcpConnect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Kvm } from "@nats-io/kv";
@@ -8,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { MEMBER_TTL_MS, memberKey, membersBucket, participantSubject, type Op } from "../../protocol/index.js";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { controlRequest, phase } from "../support/control-requests.js";
+import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
 const DEPLOYMENT = "itest";
@@ -103,31 +103,8 @@ describe("participant control plane over a real nats-server", () => {
     // client on the bus could. Decoding it threw out of the subscription loop: an unhandled
     // rejection, and that op was never answered again.
     const subject = participantSubject(DEPLOYMENT, "model", "policy_model", "status");
-    const header = "NATS/1.0\r\nBad Key: x\r\n\r\n";
-    const payload = "{}";
-    const { hostname, port } = new URL(nats.server.url);
-    const socket = tcpConnect(Number(port), hostname);
-    let received = "";
-    const replied = new Promise<string>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no reply; got ${JSON.stringify(received)}`)), 5_000);
-      socket.on("data", (chunk) => {
-        received += chunk.toString("utf8");
-        const at = received.indexOf("MSG _INBOX.raw ");
-        if (at === -1) return;
-        const lines = received.slice(at).split("\r\n");
-        if (lines.length < 3) return;
-        clearTimeout(timer);
-        resolve(lines[1]!);
-      });
-      socket.on("error", reject);
-    });
-    socket.write(`CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1}\r\nSUB _INBOX.raw 1\r\n`);
-    socket.write(`HPUB ${subject} _INBOX.raw ${header.length} ${header.length + payload.length}\r\n${header}${payload}\r\n`);
-    try {
-      expect(JSON.parse(await replied).error.code).toBe("unauthorized");
-    } finally {
-      socket.destroy();
-    }
+    const reply = await rawRequestWithHeaders(nats.server.url, subject, "NATS/1.0\r\nBad Key: x\r\n\r\n", "{}");
+    expect(JSON.parse(reply).error.code).toBe("unauthorized");
     expect((await send("status", {})).phase).toBe("idle");
   });
 
