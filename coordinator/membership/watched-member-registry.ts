@@ -7,7 +7,11 @@ import { KvMemberRegistry, type MembershipSource } from "./member-registry.js";
 
 interface Cached {
   member: Member;
-  /** When this entry was last written (local receipt time, or the server's stamp when seeded). */
+  /**
+   * When this entry was last written as this process saw it (its receipt, or the seed's read), on
+   * the monotonic clock: a wall-clock step (NTP, a VM resume) must neither drop live members from
+   * the next checkpoint nor keep a silent one in it.
+   */
   seenAt: number;
 }
 
@@ -31,11 +35,11 @@ export class WatchedMemberRegistry implements MembershipSource {
     const watch = await this.kv.watch({ include: "updates" });
     this.stopWatch = () => watch.stop();
     void (async () => {
-      for await (const entry of watch) this.apply(entry, this.clock.now());
+      for await (const entry of watch) this.apply(entry, this.clock.monotonic());
     })().catch((error: unknown) => this.logger?.error({ err: error }, "membership_watch_failed"));
     // Seed after the watch is running so nothing written meanwhile is missed.
     const seeded = await new KvMemberRegistry(this.kv, this.logger).members();
-    const now = this.clock.now();
+    const now = this.clock.monotonic();
     for (const member of seeded) {
       const key = memberKey(member.kind, member.instance);
       if (!this.cache.has(key)) this.cache.set(key, { member, seenAt: now });
@@ -62,7 +66,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   members(): Member[] {
-    const cutoff = this.clock.now() - this.ttlMs;
+    const cutoff = this.clock.monotonic() - this.ttlMs;
     const live: Member[] = [];
     for (const [key, cached] of this.cache) {
       if (cached.seenAt < cutoff) this.cache.delete(key);

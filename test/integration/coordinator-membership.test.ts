@@ -64,4 +64,27 @@ describe("membership registry", () => {
       await kv.delete("model.silent");
     }
   });
+
+  it("ages entries on the monotonic clock: a wall-clock step neither drops live members nor keeps a silent one", async () => {
+    const kv = await openMembersBucket(world.pnc, world.deployment);
+    let wall = 1_000_000;
+    let mono = 0;
+    const clock = { now: () => wall, monotonic: () => mono, setTimer: () => () => undefined, sleep: async () => undefined };
+    const registry = new WatchedMemberRegistry(kv, undefined, clock);
+    await registry.start();
+    try {
+      await kv.put("model.stepped", JSON.stringify({ kind: "model", instance: "stepped", incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 }));
+      await waitUntil(async () => (await registry.list()).length === 1, "one registered member", 5000);
+      // NTP or a VM resume moves the wall clock a minute ahead: the member heartbeated a moment ago.
+      wall += 60_000;
+      expect(await registry.list()).toEqual([{ kind: "model", instance: "stepped" }]);
+      // ... and back: a member silent for longer than the TTL is gone all the same.
+      wall -= 120_000;
+      mono += MEMBER_TTL_MS + 1;
+      expect(await registry.list()).toEqual([]);
+    } finally {
+      registry.stop();
+      await kv.delete("model.stepped");
+    }
+  });
 });
