@@ -1,4 +1,4 @@
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import { nanos, type NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError, kvReplicas } from "../../protocol/index.js";
@@ -28,6 +28,15 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
     return { ok: status.history === options.history && status.ttl === options.ttl && status.replicas >= replicas, status };
   };
   let check = await matches();
+  // A bucket someone created in memory (`nats kv add --storage memory`) is gone after a NATS restart:
+  // the journal's decisions with it, and the leader bucket comes back restarting its revisions, so
+  // participants refuse every epoch (stale_epoch). Storage cannot be changed in place: configuration.
+  if (check.status.storage !== StorageType.File) {
+    throw new CheckpointError(
+      "invalid_request",
+      `KV bucket ${name} is kept in ${check.status.storage} storage, which a NATS restart loses; delete it (stream KV_${name}) while no coordinator or participant runs, and start again to have it created on file storage`,
+    );
+  }
   if (!check.ok) {
     const jsm = await jetstreamManager(nc);
     // The duplicate window may not exceed max_age (the KV client sets it the same way on create).

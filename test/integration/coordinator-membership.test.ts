@@ -1,9 +1,11 @@
+import { StorageType } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { openBucketAsserted } from "../../coordinator/membership/kv-bucket.js";
 import { MEMBERS_BUCKET_OPTIONS, openMembersBucket } from "../../coordinator/membership/members-bucket.js";
 import { WatchedMemberRegistry } from "../../coordinator/membership/watched-member-registry.js";
-import { MEMBER_TTL_MS, membersBucket } from "../../protocol/index.js";
+import { MEMBER_TTL_MS, leaderBucket, membersBucket } from "../../protocol/index.js";
+import { refusalOf } from "../support/refusal.js";
 import { startWorld, type World } from "./coordinator-harness.js";
 import { waitUntil } from "../support/wait-until.js";
 
@@ -30,6 +32,15 @@ describe("membership registry", () => {
     expect((await corrected.status()).ttl).toBe(MEMBER_TTL_MS);
     expect(await corrected.put("k", "next")).toBe(4); // the revision keeps counting
     expect(membersBucket(world.deployment)).toBe(`gym_ckpt_${world.deployment}_members`);
+  });
+
+  it("refuses a bucket kept in memory (a NATS restart would lose the journal and restart the leader epochs), naming the bucket; the coordinator does not start", async () => {
+    await new Kvm(world.pnc).create("gym_ckpt_inmemory_journal", { history: 1, storage: StorageType.Memory });
+    const refused = await refusalOf(openBucketAsserted(world.pnc, "gym_ckpt_inmemory_journal", { history: 1, ttl: 0 }));
+    expect(refused.code).toBe("invalid_request");
+    expect(refused.message).toMatch(/gym_ckpt_inmemory_journal.*memory/);
+    await new Kvm(world.pnc).create(leaderBucket(world.deployment), { history: 1, ttl: 500, storage: StorageType.Memory });
+    expect((await refusalOf(world.startCoordinator())).code).toBe("invalid_request");
   });
 
   it("sees participants join and leave through the KV watch", async () => {
