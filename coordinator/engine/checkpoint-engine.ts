@@ -1359,13 +1359,18 @@ export class CheckpointEngine {
     return this.lock.run(async () => {
       const started = this.options.clock.now();
       const effectsBefore = this.effects;
+      const termBefore = this.leaderTerm;
       let id = requestedId;
       const failed = (thrown: unknown): unknown => {
         let error = thrown;
         // not_leader promises nothing happened, and clients retry it (even with a fresh id): once
         // this op has sent or journaled anything, a successor may complete it, so it is unknown.
-        if (error instanceof CheckpointError && error.code === "not_leader" && this.effects !== effectsBefore) {
-          error = new CheckpointError("outcome_unknown", `${name}${id === undefined ? "" : ` ${id}`}: leadership was lost after it began, so it may still take effect (${error.message}); retry with the same checkpoint id once a leader serves`, { cause: error });
+        // So is any failure of an op whose leadership was lost meanwhile, whatever it says: losing
+        // it dropped the open checkpoint here (a commit that succeeded everywhere then finds it
+        // `not_found`), while its journal entry is the successor's to complete.
+        const lost = (error instanceof CheckpointError && error.code === "not_leader") || this.leaderTerm !== termBefore;
+        if (lost && this.effects !== effectsBefore) {
+          error = new CheckpointError("outcome_unknown", `${name}${id === undefined ? "" : ` ${id}`}: leadership was lost after it began, so it may still take effect (${toCheckpointError(error).message}); retry with the same checkpoint id once a leader serves`, { cause: error });
         }
         const code = toCheckpointError(error).code; // what the APIs answer: storage_error for a full disk
         coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });

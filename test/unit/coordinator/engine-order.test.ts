@@ -655,6 +655,24 @@ describe("HA hooks and recovery", () => {
     expect(fake.ops("commit")).toHaveLength(0);
   });
 
+  it("leadership lost while every commit is in flight (all then answer ok) is outcome_unknown: the decided entry stays for a successor to complete", async () => {
+    const { engine, fake, journal, leadership } = makeEngine(root);
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      const reply = request(subject, body, options);
+      // The lease is lost (a KV timeout on renewal) once the last commit left: every commit still succeeds.
+      if (subject.endsWith(".commit") && fake.ops("commit").length === fake.members.length) {
+        leadership.demote();
+        engine.leadershipLost();
+      }
+      return reply;
+    };
+    const error = await refusal(engine.checkpoint({ checkpoint_id: "c71", episode_ids: null, stop: false, controller_state: null }));
+    expect(error.code).toBe("outcome_unknown");
+    expect(fake.ops("commit")).toHaveLength(5);
+    expect(journal.entries.get("c71")?.state).toBe("decided"); // a successor completes it
+  });
+
   for (const op of ["prepare", "checkpoint"] as const) {
     it(`leadership lost during ${op}'s stages is outcome_unknown, not an incomplete prepare (a successor aborts it, not this one)`, async () => {
       const { engine, fake, leadership } = makeEngine(root);
