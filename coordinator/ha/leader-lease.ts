@@ -180,6 +180,10 @@ export class LeaderLease implements Leadership {
   async stop(release = true): Promise<void> {
     this.stopped = true;
     this.timer?.();
+    // A renewal (or campaign) in flight lands a revision the delete below must name: else the
+    // delete is refused and the key lives on until its expiry, and the successor waits for it.
+    // (Each such request ends within its timeout, at most the rest of the lease.)
+    while (release && this.inflight) await this.inflight;
     if (release && this.heldEpoch !== null && this.kv) {
       const epoch = this.heldEpoch;
       this.heldEpoch = null;

@@ -68,9 +68,15 @@ class FakeKv {
     if (this.hangUpdates) return new Promise<number>(() => undefined);
     if (this.failUpdates || this.holder !== last) throw new Error("wrong last sequence");
     this.holder = ++this.revision;
-    return this.holder;
+    const landed = this.holder;
+    // The server applied it; its answer is on the way back.
+    if (this.updateGate) await this.updateGate;
+    return landed;
   }
-  async delete(): Promise<void> {
+  /** Set: an update's answer waits for it (a renewal in flight, already applied by the server). */
+  updateGate: Promise<void> | undefined;
+  async delete(_key: string, opts?: { previousSeq?: number }): Promise<void> {
+    if (opts?.previousSeq !== undefined && opts.previousSeq !== this.holder) throw new Error("wrong last sequence");
     this.holder = undefined;
   }
 }
@@ -133,6 +139,20 @@ describe("leader lease", () => {
     expect(l.state()).toMatchObject({ leader: true, ready: false });
     expect(l.state().epoch).toBeGreaterThan(101);
     await l.stop();
+  });
+
+  it("stopping while a renewal is in flight still releases the key, so a successor need not wait for its expiry", async () => {
+    const { kv, clock, events, l } = await started();
+    await clock.advance(3000);
+    let land!: () => void;
+    kv.updateGate = new Promise<void>((resolve) => (land = resolve));
+    await clock.advance(1000); // the next renewal is sent and waits for its answer
+    const stopping = l.stop();
+    land();
+    await stopping;
+    expect(kv.holder).toBeUndefined();
+    expect(events).toEqual(["ready:101", "lost:101"]);
+    expect(l.state()).toMatchObject({ leader: false, epoch: null });
   });
 
   it("a follower never becomes leader while the key is held", async () => {
