@@ -63,6 +63,9 @@ const observed = new Set<ObservedParticipant>();
 /** Registers a control plane for the state gauges; returns the unregister function. */
 export function observeParticipant(participant: ObservedParticipant): () => void {
   observed.add(participant);
+  // The gauges' callback is registered with the instruments: created now, so a participant's state
+  // is observed from its start, not only once its first checkpoint op or refusal created them.
+  participantInstruments();
   return () => observed.delete(participant);
 }
 
