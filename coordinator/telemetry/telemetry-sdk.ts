@@ -13,7 +13,8 @@ import { CheckpointError } from "../../protocol/index.js";
  *   exporter; JSON encoding unless OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL says otherwise;
  * - metrics go out over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is
  *   set and OTEL_METRICS_EXPORTER allows `otlp`; encoded as OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL says
- *   (`http/json` by default, `http/protobuf`, `grpc`), like the traces;
+ *   (`http/json` by default, `http/protobuf`, `grpc`), like the traces, every OTEL_METRIC_EXPORT_INTERVAL
+ *   ms (default 60000; anything but a whole number from 1 to 2^31-1 rejects with `invalid_request`);
  * - a Prometheus `/metrics` endpoint is served when `metricsPort` (or OTEL_EXPORTER_PROMETHEUS_PORT)
  *   is given; 0 picks a free port; host OTEL_EXPORTER_PROMETHEUS_HOST, default 127.0.0.1. A variable
  *   that is not a port rejects with `invalid_request`.
@@ -77,6 +78,12 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
     throw new CheckpointError("invalid_request", `OTEL_EXPORTER_PROMETHEUS_PORT must be an integer from 0 to 65535 (0 = any free port), got ${JSON.stringify(envPortText)}`);
   }
   const envPort = envPortText ? Number(envPortText) : undefined;
+  // Milliseconds, checked likewise: the metric reader throws on a negative one (exit 1, restarted for
+  // ever), and a timer takes one past 2^31-1 as 1 ms, exporting without pause.
+  const intervalText = otlpMetrics ? env.OTEL_METRIC_EXPORT_INTERVAL?.trim() : undefined;
+  if (intervalText && !(/^\d+$/.test(intervalText) && Number(intervalText) >= 1 && Number(intervalText) <= 2_147_483_647)) {
+    throw new CheckpointError("invalid_request", `OTEL_METRIC_EXPORT_INTERVAL must be a whole number of milliseconds from 1 to 2147483647, got ${JSON.stringify(env.OTEL_METRIC_EXPORT_INTERVAL)}`);
+  }
   const promPort = options.metricsPort ?? (envPort ?? (metricsExporters.includes("prometheus") ? 9464 : undefined));
   if (traces === "off" && !otlpMetrics && promPort === undefined) return off;
 
@@ -111,7 +118,7 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
     metricsUrl = `http://${host.includes(":") ? `[${host}]` : host}:${port}/metrics`;
   }
   if (otlpMetrics) {
-    const interval = Number(env.OTEL_METRIC_EXPORT_INTERVAL) || 60_000;
+    const interval = intervalText ? Number(intervalText) : 60_000;
     const { OTLPMetricExporter } = await otlpMetricExporterModule(env.OTEL_EXPORTER_OTLP_METRICS_PROTOCOL || env.OTEL_EXPORTER_OTLP_PROTOCOL);
     readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter(), exportIntervalMillis: interval, exportTimeoutMillis: Math.min(interval, 30_000) }));
   }

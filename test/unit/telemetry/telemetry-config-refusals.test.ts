@@ -1,0 +1,43 @@
+import { afterEach, describe, expect, it } from "vitest";
+import { startTelemetry as coordinatorTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
+import { startTelemetry as participantTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
+
+/**
+ * docs/telemetry.md: telemetry configuration that cannot work is refused before anything starts,
+ * as `invalid_request` (exit 2: a supervisor does not restart a configuration error), never an
+ * internal error (exit 1, restarted for ever) nor a process that silently exports nothing.
+ */
+const saved = { ...process.env };
+afterEach(() => {
+  for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+  for (const [name, value] of Object.entries(saved)) if (name.startsWith("OTEL_")) process.env[name] = value;
+});
+
+/** The refusal, or "started" (then stopped again) when it was not refused. */
+async function outcome(start: typeof coordinatorTelemetry, options: Parameters<typeof coordinatorTelemetry>[0]): Promise<unknown> {
+  return start(options).then(
+    async (handle) => {
+      await handle.shutdown();
+      return "started";
+    },
+    (error: unknown) => error,
+  );
+}
+
+describe.each([
+  ["coordinator", coordinatorTelemetry],
+  ["participants", participantTelemetry],
+])("startTelemetry (%s)", (_side, start) => {
+  it("refuses an OTEL_METRIC_EXPORT_INTERVAL that is not a whole number of milliseconds", async () => {
+    for (const value of ["-5", "abc", "0.5", "0x10", "3000000000"]) {
+      for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+      process.env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "http://127.0.0.1:9/v1/metrics";
+      process.env.OTEL_METRIC_EXPORT_INTERVAL = value;
+      const refused = await outcome(start, { serviceName: "unit" });
+      expect(refused, value).toMatchObject({ code: "invalid_request", message: expect.stringContaining(`OTEL_METRIC_EXPORT_INTERVAL must be`) });
+    }
+    process.env.OTEL_METRIC_EXPORT_INTERVAL = "1000";
+    expect(await outcome(start, { serviceName: "unit" })).toBe("started");
+  });
+
+});
