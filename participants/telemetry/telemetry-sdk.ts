@@ -47,6 +47,11 @@ const listed = (name: string) =>
 export async function startTelemetry(options: TelemetryOptions): Promise<TelemetryHandle> {
   const off: TelemetryHandle = { metricsUrl: undefined, tracing: false, shutdown: async () => undefined };
   if (/^true$/i.test(env.OTEL_SDK_DISABLED ?? "")) return off;
+  // The exporters would drop every batch without a word (`127.0.0.1:4318` lacks its scheme). Not
+  // echoed: a URL may carry a password.
+  if (options.otlpEndpoint !== undefined && !(URL.canParse(options.otlpEndpoint) && /^https?:$/.test(new URL(options.otlpEndpoint).protocol))) {
+    throw new CheckpointError("invalid_request", "--otlp-endpoint must be an http:// or https:// URL, e.g. http://127.0.0.1:4318");
+  }
   if (options.otlpEndpoint) {
     // The flag wins over the environment (an inherited default collector), per-signal endpoints included.
     env.OTEL_EXPORTER_OTLP_ENDPOINT = options.otlpEndpoint;

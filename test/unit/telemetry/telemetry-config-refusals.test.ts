@@ -40,4 +40,14 @@ describe.each([
     expect(await outcome(start, { serviceName: "unit" })).toBe("started");
   });
 
+  it("refuses an --otlp-endpoint that is not an http(s) URL, without echoing it", async () => {
+    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    for (const value of ["127.0.0.1:4318", "not a url", "ftp://user:hunter2@collector:4318"]) {
+      const refused = await outcome(start, { serviceName: "unit", otlpEndpoint: value });
+      expect(refused, value).toMatchObject({ code: "invalid_request", message: expect.stringContaining("--otlp-endpoint must be an http:// or https:// URL") });
+      expect((refused as Error).message).not.toContain("hunter2");
+      // Refused before it replaced the inherited endpoint.
+      expect(process.env.OTEL_EXPORTER_OTLP_ENDPOINT).toBeUndefined();
+    }
+  });
 });
