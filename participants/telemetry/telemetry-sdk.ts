@@ -107,7 +107,8 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
     // Our own server: the exporter's would fall back to 9464 for port 0 and bind every interface.
     const prometheus = new PrometheusExporter({ preventServerStart: true });
     readers.push(prometheus);
-    const host = options.metricsHost ?? env.OTEL_EXPORTER_PROMETHEUS_HOST ?? "127.0.0.1";
+    // Empty is unset, as for the port: listen("") would bind every interface.
+    const host = options.metricsHost ?? (env.OTEL_EXPORTER_PROMETHEUS_HOST?.trim() || "127.0.0.1");
     server = createServer((req, res) => {
       if (req.method === "GET" && (req.url === "/metrics" || req.url?.startsWith("/metrics?"))) prometheus.getMetricsRequestHandler(req, res);
       else res.writeHead(404).end();

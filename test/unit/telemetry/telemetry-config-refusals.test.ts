@@ -5,7 +5,8 @@ import { startTelemetry as participantTelemetry } from "../../../participants/te
 /**
  * docs/telemetry.md: telemetry configuration that cannot work is refused before anything starts,
  * as `invalid_request` (exit 2: a supervisor does not restart a configuration error), never an
- * internal error (exit 1, restarted for ever) nor a process that silently exports nothing.
+ * internal error (exit 1, restarted for ever) nor a process that silently exports nothing. An
+ * empty variable is an unset one.
  */
 const saved = { ...process.env };
 afterEach(() => {
@@ -50,4 +51,15 @@ describe.each([
       expect(process.env.OTEL_EXPORTER_OTLP_ENDPOINT).toBeUndefined();
     }
   });
+  it("an empty OTEL_EXPORTER_PROMETHEUS_HOST is unset: /metrics stays on 127.0.0.1, not every interface", async () => {
+    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    process.env.OTEL_EXPORTER_PROMETHEUS_HOST = "";
+    const handle = await start({ serviceName: "unit", metricsPort: 0 });
+    try {
+      expect(handle.metricsUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/metrics$/);
+    } finally {
+      await handle.shutdown();
+    }
+  });
+
 });
