@@ -8,7 +8,11 @@ import { SCOPE } from "./instruments.js";
  * Trace context on the reference servers' data plane, without touching their code:
  * - every fastify app created in this process gets a SERVER span per request, parented by the
  *   caller's `traceparent` (fastify publishes each new instance on `fastify.initialization`);
- * - every outgoing fetch (undici) and node:http request gets `traceparent` from the active context.
+ * - every outgoing fetch (undici) request gets `traceparent` from the active context, and so does
+ *   every node:http request where Node announces it before sending its headers
+ *   (`http.client.request.created`, Node 22.14 and 23.2 on). Node 20 has no such channel: its
+ *   `http.client.request.start` comes once the headers are sent, so a node:http client there adds
+ *   trace context itself (the model's generation-cut round).
  * Call once, before the apps are built; returns a function that unsubscribes.
  */
 export function propagateHttpTraceContext(): () => void {
@@ -25,7 +29,7 @@ export function propagateHttpTraceContext(): () => void {
   const subscriptions: [string, (message: unknown) => void][] = [
     ["fastify.initialization", onFastify],
     ["undici:request:create", onFetch],
-    ["http.client.request.start", onHttpClient],
+    ["http.client.request.created", onHttpClient],
   ];
   for (const [name, fn] of subscriptions) diagnostics.subscribe(name, fn);
   return () => {

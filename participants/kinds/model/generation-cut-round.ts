@@ -1,5 +1,6 @@
 import { request as httpRequest } from "node:http";
 import { request as httpsRequest } from "node:https";
+import { context, propagation } from "@opentelemetry/api";
 import { captureKey } from "../../../protocol/index.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
 import {
@@ -79,13 +80,17 @@ function postJson(url: string, body: unknown, token: string, timeoutMs: number):
   const target = new URL(url);
   const payload = Buffer.from(JSON.stringify(body));
   const send = target.protocol === "https:" ? httpsRequest : httpRequest;
+  const headers: Record<string, string | number> = { "content-type": "application/json", "content-length": payload.length, authorization: `Bearer ${token}` };
+  // The round is part of the checkpoint's trace (the prepare's span). Added here: Node 20 announces
+  // a node:http request on its diagnostics channel only once the headers are sent.
+  propagation.inject(context.active(), headers);
   return new Promise((resolve, reject) => {
     const req = send(
       target,
       {
         method: "POST",
         agent: false,
-        headers: { "content-type": "application/json", "content-length": payload.length, authorization: `Bearer ${token}` },
+        headers,
         signal: AbortSignal.timeout(timeoutMs),
       },
       (res) => {

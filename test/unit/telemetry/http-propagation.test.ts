@@ -3,7 +3,10 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import Fastify, { type FastifyInstance } from "fastify";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runCutRound } from "../../../participants/kinds/model/generation-cut-round.js";
 import { propagateHttpTraceContext } from "../../../participants/telemetry/http-propagation.js";
 import { startTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
 
@@ -62,6 +65,28 @@ describe("data-plane trace context", () => {
     // The handler's fetch carried the upstream server span as parent (after body parsing, too).
     expect(seen).toBe(`00-${caller.spanContext().traceId}-${a.spanContext().spanId}-01`);
     expect(b.parentSpanContext?.spanId).toBe(a.spanContext().spanId);
+  });
+
+  it("the model's generation-cut request (node:http) carries the prepare's trace context to the backend", async () => {
+    // Node 20 publishes a node:http request on its diagnostics channel only once its headers are
+    // sent, too late to add traceparent there; the cut round is part of the checkpoint's trace.
+    let seen: string | undefined;
+    const backend = createServer((request, response) => {
+      seen = request.headers.traceparent as string | undefined;
+      request.resume();
+      response.writeHead(500).end();
+    });
+    await new Promise<void>((resolve) => backend.listen(0, "127.0.0.1", resolve));
+    try {
+      const prepare = provider.getTracer("test").startSpan("checkpoint.prepare");
+      const cutBackend = { root: `http://127.0.0.1:${(backend.address() as AddressInfo).port}`, token: "cut-token-0123456789", timeoutMs: 5_000, serverName: "model0" };
+      const round = await context.with(trace.setSpan(context.active(), prepare), () => runCutRound(cutBackend, "c1", []));
+      prepare.end();
+      expect(round.error).toContain("HTTP 500");
+      expect(seen).toBe(`00-${prepare.spanContext().traceId}-${prepare.spanContext().spanId}-01`);
+    } finally {
+      await new Promise((resolve) => backend.close(resolve));
+    }
   });
 
   it("an untraced request starts no trace context in outgoing calls", async () => {
