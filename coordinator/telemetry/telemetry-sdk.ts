@@ -73,6 +73,9 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
           ? "env"
           : "json"
         : "off";
+  // OTEL_TRACES_EXPORTER=otlp names the exporter, not its encoding: JSON here too, as the metrics'
+  // default, not the SDK's (http/protobuf), unless a protocol variable says otherwise.
+  if (traces === "env" && !env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL && !env.OTEL_EXPORTER_OTLP_PROTOCOL) env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "http/json";
   const metricsExporters = listed("OTEL_METRICS_EXPORTER");
   const otlpMetrics =
     Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) && (metricsExporters.length === 0 || metricsExporters.includes("otlp"));
