@@ -146,7 +146,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.storage = options.storage ?? new FsCheckpointStorage();
     this.clock = options.clock ?? systemClock;
     this.graceSeconds = options.leaseGraceSeconds ?? 600;
-    if (!(this.graceSeconds > 0)) throw new CheckpointError("invalid_request", "leaseGraceSeconds must be > 0");
+    // Finite: an infinite lease never expires, and a renew could not say when it does.
+    if (!(this.graceSeconds > 0 && Number.isFinite(this.graceSeconds))) throw new CheckpointError("invalid_request", "leaseGraceSeconds must be a finite number > 0");
     // Absolute, as the coordinator's: checkpoint_dir arrives absolute, so a relative root would
     // accept the process and then refuse every commit.
     if (options.checkpointRoot !== undefined && !isAbsolute(options.checkpointRoot)) {
@@ -312,7 +313,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         span.setAttribute(ATTR.blockers, this.report().blocker_count);
       });
     } catch (error) {
-      await this.lock.run(() => (this.activeId === id ? this.reopen(undefined) : undefined));
+      // Only a prepare still waiting is undone: a retry of it that got there first may have made
+      // it prepared (its reply cached and maybe sent), which this failure must not reopen under.
+      await this.lock.run(() => (this.activeId === id && this.phase === "preparing" ? this.reopen(undefined) : undefined));
       throw error;
     }
 

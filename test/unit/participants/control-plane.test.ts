@@ -124,6 +124,29 @@ describe("phase machine", () => {
     expect((await pending).phase).toBe("prepared");
   });
 
+  it("a retried prepare whose readiness check throws while the first reaches prepared leaves it prepared (no idle participant answering a later retry prepared)", async () => {
+    kind.setBlockers(["r1"]);
+    const first = call("prepare", { checkpoint_id: "c1" });
+    await flush();
+    const retried = call("prepare", { checkpoint_id: "c1" });
+    await flush();
+    // Both wait; once unblocked, the first finds the kind ready and the retry's check throws.
+    const readiness = kind.readiness.bind(kind);
+    let checks = 0;
+    kind.readiness = () => {
+      if (++checks === 2) throw new Error("readiness failed");
+      return readiness();
+    };
+    kind.setBlockers([]);
+    expect((await first).phase).toBe("prepared");
+    await expect(retried).rejects.toThrow("readiness failed");
+    kind.readiness = readiness;
+    expect(plane.currentPhase).toBe("prepared");
+    expect(kind.admissionOpen).toBe(false);
+    expect((await call("prepare", { checkpoint_id: "c1" })).phase).toBe("prepared");
+    expect((await call("commit", { checkpoint_id: "c1" })).phase).toBe("committed");
+  });
+
   it("returns cached replies for retried prepare and commit", async () => {
     kind.addEpisode({ rollout_id: "r1", attempt: 0 });
     const first = await call("prepare", { checkpoint_id: "c1" });
@@ -135,6 +158,12 @@ describe("phase machine", () => {
 });
 
 describe("fences and refusals change no state", () => {
+  it.each([0, -1, Number.NaN, Number.POSITIVE_INFINITY])("refuses leaseGraceSeconds %s at construction: a lease must expire, at a time a renew can name", (leaseGraceSeconds) => {
+    expect(() => new ParticipantControlPlane({ adapter: new ScriptableKind("agent"), instance: "a9", clock, leaseGraceSeconds })).toThrow(
+      expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("leaseGraceSeconds") }),
+    );
+  });
+
   it("refuses a relative checkpoint root at construction: checkpoint directories arrive absolute, so every commit would be refused", () => {
     const make = (checkpointRoot: string) => () => new ParticipantControlPlane({ adapter: new ScriptableKind("agent"), instance: "a9", clock, checkpointRoot });
     expect(make("ckpt")).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("must be an absolute path") }));
