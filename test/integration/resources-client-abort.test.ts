@@ -1,4 +1,5 @@
 import { request, type ClientRequest } from "node:http";
+import { Readable } from "node:stream";
 import type { AddressInfo } from "node:net";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { afterEach, describe, expect, it } from "vitest";
@@ -21,6 +22,7 @@ class GatedServer extends CounterServer {
   private readonly gate = new Promise<void>((resolve) => (this.opened = resolve));
   /** What a gated handler saw, and what the gated routes answered. */
   inflightInHandler: number | undefined;
+  readonly events = new Readable({ read: () => undefined });
   readonly replies: { status: number; body: string }[] = [];
 
   open(): void {
@@ -72,6 +74,11 @@ class GatedServer extends CounterServer {
         reply.raw.writeHead(200, { "content-type": "application/json" });
         reply.raw.end("{}");
       });
+    });
+    // A streamed reply (an MCP call's SSE): the test pushes its events and ends it.
+    app.post("/streamed", async (_request, reply) => {
+      reply.raw.once("close", () => (this.clientGone = true));
+      return reply.type("text/event-stream").send(this.events);
     });
     // Parked after its body was read (an async preValidation hook of the server's own).
     app.post("/read_then_park", { preValidation: park, onSend: record }, increment);
@@ -211,5 +218,53 @@ describe("resources: a client that disconnects mid-call", () => {
     expect(server.entered).toBe(false);
     expect(server.counters.get(sessionId)).toBe(0);
     expect(kind.readiness().counts.inflight).toBe(0);
+  });
+});
+
+describe("resources: a streamed reply", () => {
+  // A failed test leaves its stream open, which app.close() would wait for.
+  afterEach(() => app?.server.closeAllConnections());
+
+  /** Starts a streamed call and resolves once its first event arrived (Fastify ran onSend). */
+  async function streaming(base: string, cookie: string, server: GatedServer) {
+    let received = "";
+    let client: ClientRequest | undefined;
+    const ended = new Promise<string>((resolve) => {
+      client = request(`${base}/ng-rollout/ab-1/streamed`, { method: "POST", headers: { "content-type": "application/json", cookie } }, (response) => {
+        response.on("data", (chunk) => (received += String(chunk)));
+        response.on("end", () => resolve(received));
+        response.on("error", () => resolve(received));
+      });
+      client.on("error", () => resolve(received));
+      client.end("{}");
+    });
+    server.events.push("data: 1\n\n");
+    await waitUntil(() => received.length > 0, "the first event");
+    return { ended, client: client! };
+  }
+
+  it("stays in flight until its stream ended, so a prepare or retire waits for it", async () => {
+    const { server, kind, base, cookie } = await start();
+    const { ended } = await streaming(base, cookie, server);
+    expect(kind.readiness()).toMatchObject({ blockers: ["ab-1"], counts: { inflight: 1 } }); // its handler still writes
+    let retired = false;
+    const retiring = kind.retire([{ rollout_id: "ab-1", attempt: 0 }]).then(() => (retired = true));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(retired).toBe(false);
+    server.events.push("data: 2\n\n");
+    server.events.push(null);
+    expect(await ended).toBe("data: 1\n\ndata: 2\n\n");
+    await retiring;
+    expect(kind.readiness()).toMatchObject({ blockers: [], counts: { inflight: 0, sessions: 0 } });
+  });
+
+  it("is released when its client leaves mid-stream", async () => {
+    const { server, kind, base, cookie } = await start();
+    const { ended, client } = await streaming(base, cookie, server);
+    expect(kind.readiness().counts.inflight).toBe(1);
+    client.destroy();
+    await ended;
+    await waitUntil(() => server.clientGone, "the server to see the client go");
+    await waitUntil(() => kind.readiness().counts.inflight === 0, "the streamed call to be released", 2000);
   });
 });

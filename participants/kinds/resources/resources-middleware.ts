@@ -48,6 +48,11 @@ function isThenable(value: unknown): value is PromiseLike<unknown> {
   return typeof value === "object" && value !== null && typeof (value as { then?: unknown }).then === "function";
 }
 
+/** A payload Fastify pipes out after onSend (a Node or web stream, a fetch Response), not one it writes at once. */
+function isStreamed(payload: unknown): boolean {
+  return typeof payload === "object" && payload !== null && !(payload instanceof Uint8Array);
+}
+
 /**
  * The route Fastify matched, without the rollout prefix (`/ng-rollout/:capture_key/seed_session`
  * → `/seed_session`): the raw path may be percent-encoded (`/%73eed_session` reaches the seed
@@ -227,7 +232,10 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
         if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
       }
     } finally {
-      kind.release(entry.ticket);
+      // A streamed reply (an MCP call's SSE) is still being produced after onSend: it stays in
+      // flight until its response is done, or a prepare would pass while its handler still writes.
+      if (isStreamed(payload) && !reply.raw.writableEnded && !reply.raw.destroyed) reply.raw.once("close", () => kind.release(entry.ticket));
+      else kind.release(entry.ticket);
     }
     return payload;
   });
