@@ -181,6 +181,17 @@ describe("gym-ckpt gym", () => {
     for (const [entry, args] of cases) expect({ args, ...(await runToExit(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("checkpointRoot: must be an absolute path") });
   });
 
+  it("refuses a resources-server --owner that would fail every commit: one line, exit 2", async () => {
+    const cases: [string[], string][] = [
+      // Written into every record, which refuses it: every commit with a live session failed internal_error.
+      [["--owner", ""], "resources-server: owner (the routing id written into records) must be 1-200 characters\n"],
+      [["--owner", "w".repeat(201)], "resources-server: owner (the routing id written into records) must be 1-200 characters\n"],
+    ];
+    for (const [args, stderr] of cases) {
+      expect({ args, ...(await runToExit("dist/participants/gym/resources-server/main.js", ["--token", "t0ken", ...args])) }).toEqual({ args, code: 2, stderr });
+    }
+  });
+
   it("refuses an OTEL_EXPORTER_PROMETHEUS_PORT that is not a port as it refuses such a --metrics-port: one line, exit 2, no stack", async () => {
     for (const port of ["abc", "99999", "-1", "0x10"]) {
       const result = await runToExit("dist/participants/gym/resources-server/main.js", ["--token", "t0ken"], { OTEL_EXPORTER_PROMETHEUS_PORT: port });

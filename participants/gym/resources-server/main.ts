@@ -28,13 +28,15 @@ function buildServer(): ResourcesServer {
 }
 
 let server: ResourcesServer;
+let built: Awaited<ReturnType<typeof createResourcesApp>>;
 try {
   server = buildServer();
+  built = await createResourcesApp(server, { owner: extra.owner ?? null, logger });
 } catch (error) {
   process.stderr.write(`resources-server: ${error instanceof Error ? error.message : String(error)}\n`);
   process.exit(2);
 }
-const { app, kind } = await createResourcesApp(server, { owner: extra.owner ?? null, logger });
+const { app, kind } = built;
 if (server instanceof CalculatorServer) server.controls.routes(app);
 if (server instanceof CounterServer) app.get("/admin/counters", async () => ({ counters: Object.fromEntries(server.counters), parked: server.parked }));
 app.get("/health", async () => ({ ok: true, mode: kind.mode, verify: kind.verify }));

@@ -11,7 +11,7 @@ import { AdmissionGate } from "./admission-gate.js";
 import type { JsonValue } from "./json-value.js";
 import type { CheckpointMode, CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
-import { ResourcesSessionRecordSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
+import { ResourcesSessionRecordSchema, SessionOwnerSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
 /** How a request relates to the session lifecycle. */
@@ -93,6 +93,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.verify = options.verify;
     this.hooks = options.hooks ?? {};
     this.owner = options.owner ?? null;
+    // Written into every record: one the record schema refuses would fail every commit with sessions.
+    if (this.owner !== null && !SessionOwnerSchema.safeParse(this.owner).success) throw new Error("owner (the routing id written into records) must be 1-200 characters");
     this.logger = options.logger;
     if (this.mode === "exported") {
       for (const hook of ["exportSessionStates", "restoreSessionStates", "retireSessionState"] as const) {

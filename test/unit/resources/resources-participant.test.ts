@@ -607,6 +607,16 @@ describe("retire, forget and the lifecycle", () => {
     }
     await expect(createResourcesApp(new Incomplete())).rejects.toThrow(/requires the exportSessionStates hook/);
   });
+
+  it("an owner no record may carry is refused when the app is built, not by every commit", async () => {
+    for (const owner of ["", "w".repeat(201)]) {
+      await expect(createResourcesApp(new CalculatorServer(), { owner }), owner).rejects.toThrow(/owner .* must be 1-200 characters/);
+    }
+    const a = await harness(new CalculatorServer());
+    await a.seed("r1");
+    await a.call("prepare", { checkpoint_id: "c1" });
+    expect((await a.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["r1"]);
+  });
 });
 
 export type { ResourcesKind };
