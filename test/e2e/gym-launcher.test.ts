@@ -181,11 +181,13 @@ describe("gym-ckpt gym", () => {
     for (const [entry, args] of cases) expect({ args, ...(await runToExit(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("checkpointRoot: must be an absolute path") });
   });
 
-  it("refuses a resources-server --owner that would fail every commit: one line, exit 2", async () => {
+  it("refuses resources-server flags it would ignore or that fail every commit: one line, exit 2", async () => {
     const cases: [string[], string][] = [
       // Written into every record, which refuses it: every commit with a live session failed internal_error.
       [["--owner", ""], "resources-server: owner (the routing id written into records) must be 1-200 characters\n"],
       [["--owner", "w".repeat(201)], "resources-server: owner (the routing id written into records) must be 1-200 characters\n"],
+      // The counter's verify is declared wait: --verify replay was silently ignored.
+      [["--server", "counter", "--verify", "replay"], "resources-server: the counter server's /verify is declared wait (it ends the counter it reads)\n"],
     ];
     for (const [args, stderr] of cases) {
       expect({ args, ...(await runToExit("dist/participants/gym/resources-server/main.js", ["--token", "t0ken", ...args])) }).toEqual({ args, code: 2, stderr });

@@ -17,6 +17,7 @@ function buildServer(): ResourcesServer {
   const which = extra.server ?? "calculator";
   if (which === "counter") {
     if (extra.mode !== undefined && extra.mode !== "exported") throw new Error("the counter server is declared exported");
+    if (extra.verify !== undefined && extra.verify !== "wait") throw new Error("the counter server's /verify is declared wait (it ends the counter it reads)");
     return new CounterServer();
   }
   if (which !== "calculator") throw new Error(`unknown --server ${which}`);
