@@ -348,6 +348,10 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   async afterCommit(scope: EpisodeId[] | null, options: { stop: boolean }): Promise<void> {
+    // This commit's exports, taken before the frees below: they may outlive the commit and the
+    // resume, and the next commit's export would replace them.
+    const exported = this.exported;
+    this.exported = [];
     if (scope !== null) {
       // Restored sessions whose replacement never started and that the controller no longer
       // continues are freed; no fence, since the rollout may still run as that attempt. All dropped
@@ -372,8 +376,6 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     // Only the exported sessions are parked (protocol §9 `park_exported`): the others (outside the
     // scope, retiring, dropped by the server) are not in the checkpoint, so their compute is not
     // kept for a restore.
-    const exported = this.exported;
-    this.exported = [];
     if (options.stop && this.mode === "exported" && this.hooks.parkSessionStates) {
       const ids = exported.filter((id) => this.sessions.has(id));
       if (ids.length) await this.hooks.parkSessionStates(ids);

@@ -72,4 +72,36 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     await until(() => !b.kind.hasLiveState());
     expect(server.counters.has("sessionBBBB")).toBe(false);
   }, 15_000);
+
+  it("a stop commit whose clean-up outlived it parks the sessions it exported, not a later commit's", async () => {
+    const r1 = counterRecord("r1", "sessionAAAA", 2);
+    const r2 = counterRecord("r2", "sessionBBBB", 5);
+    await world.writeCheckpoint("c1", [r1, r2]);
+    // The held free ends while the later commit exports (before that commit's own clean-up).
+    class ReleasedByExport extends HeldFree {
+      releaseOnExport = false;
+      override async exportSessionStates(sessionIds: string[]) {
+        if (this.releaseOnExport) this.release();
+        return super.exportSessionStates(sessionIds);
+      }
+    }
+    const server = new ReleasedByExport();
+    const b = await world.harness(server);
+    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r1.episode_id, r2.episode_id] });
+    await b.call("resume", { checkpoint_id: "c1" });
+    expect((await b.post("/ng-rollout/r1-a1/increment", {}, "ng_session=sessionAAAA")).json()).toEqual({ count: 3 });
+    // A stop commit continuing r1-a1 only: r2-a1's unclaimed session is freed past its deadline.
+    await b.call("prepare", { checkpoint_id: "c2" });
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [{ rollout_id: "r1", attempt: 1 }], stop: true }, 0.3);
+    await b.call("resume", { checkpoint_id: "c2" }); // the Gym did not exit: its lease, or the controller
+    const seeded = await b.post("/ng-rollout/r3/seed_session");
+    const r3Session = String(seeded.headers["set-cookie"]).split(";")[0]!.split("=")[1]!;
+    server.releaseOnExport = true;
+    await b.call("prepare", { checkpoint_id: "c3" });
+    await b.call("commit", { checkpoint_id: "c3" }); // no stop: nothing of it is parked
+    await until(() => !server.counters.has("sessionBBBB")); // c2's clean-up freed it; its park follows
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(server.parked).toEqual([["sessionAAAA"]]);
+    expect(server.counters.has(r3Session)).toBe(true);
+  }, 15_000);
 });
