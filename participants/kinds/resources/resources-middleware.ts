@@ -42,6 +42,8 @@ interface Admitted {
   abandoned: boolean;
   /** onSend ran (it releases the request). */
   sending: boolean;
+  /** `sessions.started` bound a session nobody held: a reply that is no 2xx unbinds it. */
+  startedFresh: boolean;
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {
@@ -143,7 +145,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
         kind.release(ticket);
         return reply.code(200).type("application/json").send({});
       }
-      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false };
+      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false, startedFresh: false };
       admitted.set(request, entry);
       // Before its body is read, a closed request never gets an onSend (Fastify waits forever on
       // the destroyed stream, or fails the read): release it now. Once read, onSend releases it.
@@ -230,6 +232,10 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       if (reply.statusCode >= 200 && reply.statusCode < 300) {
         kind.succeeded({ ...entry.ticket, sessionId: entry.sessionId });
         if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
+      } else if (entry.startedFresh && entry.sessionId !== undefined) {
+        // A refused reset starts nothing, like a refused seed: its cookie is never issued, so no
+        // request could ever end that session (live, exported and a restart for good).
+        kind.end(entry.sessionId, entry.ticket.episode);
       }
     } finally {
       // A streamed reply (an MCP call's SSE) is still being produced after onSend: it stays in
@@ -260,6 +266,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
         entry.sessionId = newSessionId();
         entry.issueCookie = true;
       }
+      if (kind.sessionEpisode(entry.sessionId) === undefined) entry.startedFresh = true;
       kind.bind(entry.sessionId, entry.ticket.episode);
       entry.seedReply = true;
       return entry.sessionId;

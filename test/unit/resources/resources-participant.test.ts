@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { PhaseOp, RecordBase, RequestInputOf } from "../../../protocol/index.js";
+import { CheckpointError, type PhaseOp, type RecordBase, type RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
 import {
   ResourcesServer,
@@ -540,6 +540,30 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.readiness().counts.sessions).toBe(1);
     await a.post("/ng-rollout/g1/step", { done: true }, cookie);
     expect(a.kind.readiness().counts.sessions).toBe(0);
+  });
+
+  it("a reset refused after sessions.started() starts no session (its cookie is never issued)", async () => {
+    class Gymnasium extends ResourcesServer {
+      static override readonly checkpointMode: CheckpointMode = "restart_only";
+      routes(app: FastifyInstance, sessions: SessionAccess): void {
+        app.post("/reset", async (request) => {
+          const session = sessions.started(request); // first, as docs/resources.md asks
+          if ((request.body as { seed?: unknown }).seed !== undefined) throw new CheckpointError("invalid_request", "seed is not supported");
+          return { session };
+        });
+      }
+    }
+    const a = await harness(new Gymnasium());
+    const refusedReset = await a.post("/ng-rollout/g1/reset", { seed: 7 });
+    expect(refusedReset.statusCode).toBe(400);
+    expect(refusedReset.headers["set-cookie"]).toBeUndefined();
+    expect(a.kind.readiness()).toMatchObject({ restarts: [], counts: { sessions: 0 } });
+    // A started session the same episode already held stays bound when a later reset is refused.
+    const reset = await a.post("/ng-rollout/g1/reset");
+    const cookie = String(reset.headers["set-cookie"]).split(";")[0]!;
+    expect((await a.post("/ng-rollout/g1/reset", { seed: 7 }, cookie)).statusCode).toBe(400);
+    expect(a.kind.readiness()).toMatchObject({ restarts: ["g1"], counts: { sessions: 1 } });
+    expect(a.kind.sessionEpisode(cookie.split("=")[1]!)).toEqual({ rollout_id: "g1", attempt: 0 });
   });
 
   it("export follows the commit scope; restored sessions outside it are freed; a stop commit parks the exported sessions only", async () => {
