@@ -93,9 +93,11 @@ const FRACTIONS: Arithmetic<Fraction> = {
   literal: (token) => {
     const [, whole = "", decimals = "", exponent = "0"] = /^(\d*)\.?(\d*)(?:[eE]([+-]?\d+))?$/.exec(token.text)!;
     const power = Number(exponent) - decimals.length;
+    const digits = BigInt(whole + decimals || "0");
+    // Zero whatever its exponent: 0e5000 is no value doubles lose (they would refuse it as too small).
+    if (digits === 0n) return { n: 0n, d: 1n };
     // Checked before 10n ** power is built: 1e999999 would take megabytes.
     if (Math.abs(power) > MAX_EXACT_BITS) throw new TooLarge();
-    const digits = BigInt(whole + decimals || "0");
     return power >= 0 ? fraction(digits * 10n ** BigInt(power), 1n) : fraction(digits, 10n ** BigInt(-power));
   },
   add: (a, b) => fraction(a.n * b.d + b.n * a.d, a.d * b.d),

@@ -35,6 +35,8 @@ describe("arithmetic expression", () => {
     // …and one below the smallest double, which would print as 0 (and verify the answer "0").
     for (const tooSmall of ["1e-400", "1 / 1e400", "-1e-330 / 7", "1e-5000", "1 / 1e999999", "1e-999999"]) expect(() => calculate(tooSmall), tooSmall).toThrow(/too small for a double/);
     expect(calculate("1e-400 * 1e400")).toBe("1");
+    // A zero literal is zero whatever its exponent, not a result too small for a double.
+    for (const zero of ["0e5000", "0.0e-9999", "1 + 0e999999", "0e5000 / 7"]) expect(calculate(zero), zero).toBe(zero.startsWith("1") ? "1" : "0");
   });
 
   it("refuses anything that is not arithmetic", () => {
