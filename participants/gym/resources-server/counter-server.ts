@@ -6,6 +6,8 @@ import { EmptyBodySchema, parseBody } from "./calculator-server.js";
 
 export const CounterStateSchema = z.object({ count: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER) }).strict();
 const CounterVerifyBodySchema = z.object({ expected: z.number().int() }).strict();
+/** The environment seeds with its task, opaque here. */
+const CounterSeedBodySchema = z.object({ task: z.json().optional() }).strict();
 
 /**
  * An `exported`-mode example: each session holds a counter. Its state survives a crash through
@@ -20,6 +22,7 @@ export class CounterServer extends ResourcesServer {
 
   routes(app: FastifyInstance, sessions: SessionAccess): void {
     app.post("/seed_session", async (request) => {
+      parseBody(CounterSeedBodySchema, request.body);
       const { sessionId } = sessions.require(request);
       this.counters.set(sessionId, 0);
       return {};
@@ -39,6 +42,7 @@ export class CounterServer extends ResourcesServer {
       return { reward: count === body.expected ? 1 : 0, count };
     });
     app.post("/close_session", async (request) => {
+      parseBody(EmptyBodySchema, request.body);
       const found = sessions.of(request);
       if (found?.sessionId) this.counters.delete(found.sessionId);
       return {};

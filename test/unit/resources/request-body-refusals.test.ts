@@ -33,6 +33,21 @@ describe("request bodies the SDK promises to refuse", () => {
     expect(seeded.statusCode).toBe(200);
   });
 
+  it("the counter's seed and close refuse unknown fields and non-objects like its other routes (nothing seeded or closed)", async () => {
+    const b = await world.harness(new CounterServer());
+    for (const payload of [{ bogus: 1 }, [1, 2], "seed"]) {
+      const reply = await b.app.inject({ method: "POST", url: "/ng-rollout/r1/seed_session", headers: { "content-type": "application/json" }, payload: JSON.stringify(payload) });
+      expect(reply.json().error?.code, JSON.stringify(payload)).toBe("invalid_request");
+    }
+    expect(b.kind.readiness().counts.sessions).toBe(0);
+    const seeded = await b.post("/ng-rollout/r1/seed_session", { task: { any: ["json"] } }); // what the environment sends
+    const cookie = String(seeded.headers["set-cookie"]).split(";")[0]!;
+    expect((await b.post("/ng-rollout/r1/close_session", { bogus: 1 }, cookie)).json().error?.code).toBe("invalid_request");
+    expect(b.kind.readiness().counts.sessions).toBe(1);
+    expect((await b.post("/ng-rollout/r1/close_session", {}, cookie)).statusCode).toBe(200);
+    expect(b.kind.readiness().counts.sessions).toBe(0);
+  });
+
   it("the doc names the code a body over 1 MiB really gets (413 payload_too_large)", async () => {
     const b = await world.harness(new CounterServer());
     const reply = await b.post("/ng-rollout/r1/seed_session", { pad: "x".repeat(1_100_000) });
