@@ -17,7 +17,7 @@ export interface SessionAccess {
    * checkpoint is open.
    */
   started(request: FastifyRequest): string;
-  /** For reset/step protocols: this request ends its session. */
+  /** For reset/step protocols: this request ends its session, once its reply is a 2xx. */
   ended(request: FastifyRequest): void;
   /**
    * Aborted when a retire covers the request's attempt or session (its reason is a `stale_attempt`
@@ -44,6 +44,8 @@ interface Admitted {
   sending: boolean;
   /** `sessions.started` bound a session nobody held: a reply that is no 2xx unbinds it. */
   startedFresh: boolean;
+  /** `sessions.ended` was called: a 2xx reply ends the session, as a 2xx `/verify` does. */
+  endOnSuccess: boolean;
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {
@@ -145,7 +147,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
         kind.release(ticket);
         return reply.code(200).type("application/json").send({});
       }
-      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false, startedFresh: false };
+      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false, startedFresh: false, endOnSuccess: false };
       admitted.set(request, entry);
       // Before its body is read, a closed request never gets an onSend (Fastify waits forever on
       // the destroyed stream, or fails the read): release it now. Once read, onSend releases it.
@@ -231,6 +233,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       }
       if (reply.statusCode >= 200 && reply.statusCode < 300) {
         kind.succeeded({ ...entry.ticket, sessionId: entry.sessionId });
+        if (entry.endOnSuccess && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
         if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
       } else if (entry.startedFresh && entry.sessionId !== undefined) {
         // A refused reset starts nothing, like a refused seed: its cookie is never issued, so no
@@ -272,8 +275,9 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       return entry.sessionId;
     },
     ended(request) {
+      // Ended once the reply is a 2xx: a refused terminal step is retried on the same session.
       const entry = admitted.get(request);
-      if (entry?.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
+      if (entry) entry.endOnSuccess = true;
     },
     signal(request) {
       return admitted.get(request)?.ticket.signal ?? NEVER_ABORTED;

@@ -566,6 +566,30 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.sessionEpisode(cookie.split("=")[1]!)).toEqual({ rollout_id: "g1", attempt: 0 });
   });
 
+  it("a terminal step refused after sessions.ended() ends nothing: the session stays bound for its retry", async () => {
+    class Gymnasium extends ResourcesServer {
+      static override readonly checkpointMode: CheckpointMode = "stateless";
+      routes(app: FastifyInstance, sessions: SessionAccess): void {
+        app.post("/reset", async (request) => ({ session: sessions.started(request) }));
+        app.post("/step", async (request) => {
+          sessions.ended(request);
+          if ((request.body as { action?: unknown }).action !== "stop") throw new CheckpointError("invalid_request", "unknown action");
+          return { done: true };
+        });
+      }
+    }
+    const a = await harness(new Gymnasium());
+    const reset = await a.post("/ng-rollout/g1/reset");
+    const cookie = String(reset.headers["set-cookie"]).split(";")[0]!;
+    expect((await a.post("/ng-rollout/g1/step", { action: "jump" }, cookie)).statusCode).toBe(400);
+    expect(a.kind.sessionEpisode(cookie.split("=")[1]!)).toEqual({ rollout_id: "g1", attempt: 0 });
+    await a.call("prepare", { checkpoint_id: "c1" });
+    expect((await a.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["g1"]); // still in the checkpoint
+    await a.call("resume", { checkpoint_id: "c1" });
+    expect((await a.post("/ng-rollout/g1/step", { action: "stop" }, cookie)).statusCode).toBe(200);
+    expect(a.kind.readiness().counts.sessions).toBe(0);
+  });
+
   it("export follows the commit scope; restored sessions outside it are freed; a stop commit parks the exported sessions only", async () => {
     const server = new CounterServer();
     const a = await harness(server);
