@@ -1,4 +1,5 @@
 import type { KV, KvEntry } from "@nats-io/kv";
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { z } from "zod";
@@ -98,6 +99,11 @@ export interface DecisionJournal {
   list(): Promise<JournalEntry[]>;
 }
 
+/** How long a removed entry's purge marker stays before compaction drops it. */
+const MARKER_KEEP_MS = 30 * 60_000;
+/** A long-lived leader compacts every this many removals (a recovery's listing also does). */
+const COMPACT_EVERY_REMOVALS = 128;
+
 /**
  * The journal in a JetStream KV bucket without TTL (history 1); entries survive coordinator crashes.
  *
@@ -110,14 +116,50 @@ export class KvDecisionJournal implements DecisionJournal {
   private readonly revisions = new Map<string, number>();
   /** Writes of one key go one after another: each compares against the revision the last one left. */
   private readonly queues = new Map<string, Promise<unknown>>();
+  private removals = 0;
+  private compacting: Promise<void> | undefined;
 
   private constructor(
+    private readonly nc: NatsConnection,
+    private readonly bucket: string,
     private readonly kv: KV,
-    private readonly logger?: Logger,
+    private readonly options: { logger?: Logger; markerKeepMs: number },
   ) {}
 
-  static async open(nc: NatsConnection, deployment: string, logger?: Logger): Promise<KvDecisionJournal> {
-    return new KvDecisionJournal(await openBucketAsserted(nc, journalBucket(deployment), { history: 1, ttl: 0 }), logger?.child({ module: "journal" }));
+  /** `markerKeepMs`: how long a removed entry's purge marker stays (default 30 min). */
+  static async open(nc: NatsConnection, deployment: string, logger?: Logger, markerKeepMs = MARKER_KEEP_MS): Promise<KvDecisionJournal> {
+    const bucket = journalBucket(deployment);
+    const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0 });
+    return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs });
+  }
+
+  private get logger(): Logger | undefined {
+    return this.options.logger;
+  }
+
+  /**
+   * Drops the purge markers removed entries left (one per closed checkpoint, for ever in a bucket
+   * without TTL, and walked by every recovery's listing) once older than `markerKeepMs`. Each is
+   * purged up to its own revision only, so a later write of the same key (a restore of that id)
+   * survives; a deposed leader's write naming an older revision is still refused, as the key's
+   * revision no longer matches. Runs once at a time, in the background; a failure is logged.
+   */
+  compactMarkers(): Promise<void> {
+    this.compacting ??= this.dropOldMarkers()
+      .catch((error: unknown) => this.logger?.warn({ err: error }, "journal_marker_compaction_failed"))
+      .finally(() => (this.compacting = undefined));
+    return this.compacting;
+  }
+
+  private async dropOldMarkers(): Promise<void> {
+    const before = Date.now() - this.options.markerKeepMs;
+    const old: { key: string; revision: number }[] = [];
+    const entries = await this.kv.history({ key: ">" });
+    for await (const e of entries) if (e.operation !== "PUT" && e.created.getTime() <= before) old.push({ key: e.key, revision: e.revision });
+    if (old.length === 0) return;
+    const jsm = await jetstreamManager(this.nc);
+    for (const { key, revision } of old) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
+    this.logger?.info({ markers: old.length }, "journal_markers_dropped");
   }
 
   async record(entry: JournalEntry): Promise<void> {
@@ -144,6 +186,7 @@ export class KvDecisionJournal implements DecisionJournal {
         if (known === undefined) return;
         await this.kv.purge(checkpointId, { previousSeq: known });
         this.revisions.delete(checkpointId);
+        if (++this.removals % COMPACT_EVERY_REMOVALS === 0) void this.compactMarkers();
       },
       (now) => {
         if (!now || now.operation !== "PUT") this.revisions.delete(checkpointId);
@@ -153,6 +196,8 @@ export class KvDecisionJournal implements DecisionJournal {
 
   async list(): Promise<JournalEntry[]> {
     this.revisions.clear();
+    // Each leadership term starts here: what its predecessors left is dropped beside recovery.
+    void this.compactMarkers();
     const keys: string[] = [];
     for await (const key of await this.kv.keys()) keys.push(key);
     const entries: JournalEntry[] = [];

@@ -1,4 +1,5 @@
 import { Writable } from "node:stream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -127,5 +128,41 @@ describe("KV decision journal: a write whose acknowledgement was lost", () => {
       await journal.remove("ck");
       expect(await (await KvDecisionJournal.open(nats.nc, `jack-${method}`)).list()).toEqual([]);
     }
+  });
+});
+
+describe("KV decision journal: purge markers", () => {
+  const messages = async (deployment: string) => (await (await jetstreamManager(nats.nc)).streams.info(`KV_${journalBucket(deployment)}`)).state.messages;
+  const e1 = { kind: "environment" as const, instance: "e1" };
+
+  it("drops the markers of removed entries once old enough, keeping live entries and a key written again after its removal", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jmark", undefined, 0);
+    for (const id of ["c1", "c2", "c3", "c4"]) await journal.record(journalEntry({ checkpoint_id: id, state: "open", participants: [e1] }));
+    await journal.remove("c1");
+    await journal.remove("c2");
+    await journal.remove("c4");
+    const again = journalEntry({ checkpoint_id: "c4", state: "restoring", participants: [e1] });
+    await journal.record(again); // a restore of that id, after its entry was removed
+    expect(await messages("jmark")).toBe(4); // two markers, c3, c4
+    await journal.compactMarkers();
+    expect(await messages("jmark")).toBe(2);
+    expect((await journal.list()).map((e) => [e.checkpoint_id, e.state])).toEqual([
+      ["c3", "open"],
+      ["c4", "restoring"],
+    ]);
+    // The dropped keys can be journaled again, and what is left keeps its fence.
+    await journal.record(journalEntry({ checkpoint_id: "c1", state: "open", participants: [e1] }));
+    await journal.remove("c1");
+    expect((await journal.list()).map((e) => e.checkpoint_id)).toEqual(["c3", "c4"]);
+  });
+
+  it("keeps markers younger than the keep period (by default 30 min): a compaction then drops nothing", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jyoung");
+    await journal.record(journalEntry({ checkpoint_id: "c1", state: "open", participants: [e1] }));
+    await journal.remove("c1");
+    await journal.compactMarkers();
+    expect(await messages("jyoung")).toBe(1);
+    // An empty bucket's compaction ends too.
+    await (await KvDecisionJournal.open(nats.nc, "jempty", undefined, 0)).compactMarkers();
   });
 });
