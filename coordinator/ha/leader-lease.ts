@@ -52,8 +52,28 @@ export class LeaderLease implements Leadership {
   }
 
   async start(): Promise<void> {
-    this.kv = this.options.kv ?? (await openBucketAsserted(this.options.nc, leaderBucket(this.options.deployment), { history: 1, ttl: this.options.leaseMs }));
+    this.kv =
+      this.options.kv ??
+      (await openBucketAsserted(this.options.nc, leaderBucket(this.options.deployment), {
+        history: 1,
+        ttl: this.options.leaseMs,
+        beforeShortening: (kv, foundTtl) => this.refuseShorteningUnderLeader(kv, foundTtl),
+      }));
     await this.tick();
+  }
+
+  /**
+   * A shorter lease_ms than the bucket's would expire the leader's key at once, while that leader
+   * renews every third of its longer lease and acts on it until its next renewal fails: a successor
+   * could win and serve meanwhile. So it is lowered only while nobody leads (raising is safe).
+   */
+  private async refuseShorteningUnderLeader(kv: KV, foundTtl: number): Promise<void> {
+    const held = await kv.get(LEADER_KEY);
+    if (held?.operation !== "PUT") return;
+    throw new CheckpointError(
+      "invalid_request",
+      `the leader lease of deployment ${this.options.deployment} is ${foundTtl} ms and a coordinator leads with it (${held.string()}); this coordinator's lease_ms ${this.options.leaseMs} would cut it short under that leader. Stop every coordinator of the deployment to lower lease_ms, or start this one with lease_ms ${foundTtl} (raising it needs no stop)`,
+    );
   }
 
   epoch(): number {

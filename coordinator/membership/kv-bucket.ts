@@ -7,6 +7,12 @@ export interface BucketOptions {
   history: number;
   /** Bucket-level TTL (stream max_age) in ms; 0 = keep forever. */
   ttl: number;
+  /**
+   * Called before a longer TTL found on the bucket is shortened in place (with the bucket and that
+   * TTL); throwing keeps it. Shortening expires live keys at once, under holders renewing on the
+   * longer schedule: the leader lease refuses it while a leader holds its key.
+   */
+  beforeShortening?: (kv: KV, foundTtl: number) => Promise<void>;
 }
 
 /**
@@ -38,6 +44,8 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
     );
   }
   if (!check.ok) {
+    const found = check.status.ttl;
+    if (options.beforeShortening && options.ttl > 0 && (found === 0 || found > options.ttl)) await options.beforeShortening(kv, found);
     const jsm = await jetstreamManager(nc);
     // The duplicate window may not exceed max_age (the KV client sets it the same way on create).
     const duplicateWindow = options.ttl > 0 ? Math.min(options.ttl, 120_000) : 120_000;

@@ -1,6 +1,7 @@
 import { StorageType } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { openBucketAsserted } from "../../coordinator/membership/kv-bucket.js";
 import { MEMBERS_BUCKET_OPTIONS, openMembersBucket } from "../../coordinator/membership/members-bucket.js";
 import { WatchedMemberRegistry } from "../../coordinator/membership/watched-member-registry.js";
@@ -41,6 +42,29 @@ describe("membership registry", () => {
     expect(refused.message).toMatch(/gym_ckpt_inmemory_journal.*memory/);
     await new Kvm(world.pnc).create(leaderBucket(world.deployment), { history: 1, ttl: 500, storage: StorageType.Memory });
     expect((await refusalOf(world.startCoordinator())).code).toBe("invalid_request");
+  });
+
+  it("the leader bucket's lease is not shortened in place while a coordinator leads with it (a shorter lease_ms is refused, naming both); raised in place, and lowered once nobody leads", async () => {
+    const deployment = "lease-lower";
+    const lease = (id: string, leaseMs: number) => new LeaderLease({ nc: world.pnc, deployment, id, leaseMs });
+    const ttl = async () => (await (await new Kvm(world.pnc).open(leaderBucket(deployment))).status()).ttl;
+    const leader = lease("a", 3_000);
+    await leader.start();
+    expect(leader.state().leader).toBe(true);
+    const shorter = await refusalOf(lease("b", 1_000).start());
+    expect(shorter.code).toBe("invalid_request");
+    expect(shorter.message).toMatch(/is 3000 ms and a coordinator leads with it.*lease_ms 1000/);
+    expect(await ttl()).toBe(3_000);
+    expect(leader.state().leader).toBe(true);
+    const longer = lease("c", 6_000);
+    await longer.start(); // raising is safe: the leader renews more often than it must
+    expect(await ttl()).toBe(6_000);
+    await longer.stop();
+    await leader.stop(); // releases the key
+    const lowered = lease("d", 1_000);
+    await lowered.start();
+    expect(await ttl()).toBe(1_000);
+    await lowered.stop();
   });
 
   it("sees participants join and leave through the KV watch", async () => {
