@@ -341,6 +341,17 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   async forget(rolloutIds: string[]): Promise<void> {
+    // A retire whose free failed left its sessions retiring (blockers): nothing may lift their
+    // fence while they hold state, and no later retire would list them again, so forget frees them
+    // first, and fails (the fence kept) while a free does.
+    const forgotten = new Set(rolloutIds);
+    for (const [sessionId, episode] of this.retiring) {
+      if (!forgotten.has(episode.rollout_id)) continue;
+      await this.hooks.retireSessionState?.(sessionId);
+      this.sessions.delete(sessionId);
+      this.retiring.delete(sessionId);
+      this.context?.notifyReadinessChanged();
+    }
     for (const rollout of rolloutIds) {
       for (const id of this.retiredSessions.get(rollout) ?? []) this.retiredSessionRollout.delete(id);
       this.retiredSessions.delete(rollout);

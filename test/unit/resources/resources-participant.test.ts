@@ -518,6 +518,33 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.sessionEpisode("s1")).toEqual({ rollout_id: "r1", attempt: 1 });
   });
 
+  it("a retire whose free failed leaves the session a blocker; forget finishes that free before lifting the fence (it blocked every prepare for good), and fails as long as the free does", async () => {
+    const Server = heldSeedServer("exported");
+    let failures = 2;
+    const server = new (class extends Server {
+      override async retireSessionState(sessionId: string): Promise<void> {
+        if (failures > 0) {
+          failures -= 1;
+          throw new Error("free failed");
+        }
+        await super.retireSessionState(sessionId);
+      }
+    })();
+    const a = await harness(server);
+    a.kind.bind("s1", { rollout_id: "r1", attempt: 0 });
+    server.states.add("s1");
+    await expect(a.kind.retire([{ rollout_id: "r1", attempt: 0 }])).rejects.toThrow("free failed");
+    expect(a.kind.readiness().blockers).toEqual(["r1"]);
+    await expect(a.kind.forget(["r1"])).rejects.toThrow("free failed");
+    // Nothing lifted by the failed forget: the fence holds, the session still a blocker.
+    expect(a.kind.statusExtras().retired_sessions).toBe(1);
+    expect(a.kind.readiness().blockers).toEqual(["r1"]);
+    await a.kind.forget(["r1"]);
+    expect(server.states.has("s1")).toBe(false);
+    expect(a.kind.readiness().blockers).toEqual([]);
+    expect(a.kind.statusExtras().retired_sessions).toBe(0);
+  });
+
   it("explicit started/ended hooks give reset/step protocols a lifecycle", async () => {
     class Gymnasium extends ResourcesServer {
       static override readonly checkpointMode: CheckpointMode = "stateless";
