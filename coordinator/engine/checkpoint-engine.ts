@@ -1357,7 +1357,7 @@ export class CheckpointEngine {
    */
   private async op<T>(name: string, requestedId: string | undefined, fn: (ctx: Context, identify: (id: string) => void) => Promise<T>): Promise<T> {
     return this.lock.run(async () => {
-      const started = this.options.clock.now();
+      const started = this.options.clock.monotonic(); // durations: a wall-clock step must not skew them
       const effectsBefore = this.effects;
       const termBefore = this.leaderTerm;
       let id = requestedId;
@@ -1373,7 +1373,7 @@ export class CheckpointEngine {
           error = new CheckpointError("outcome_unknown", `${name}${id === undefined ? "" : ` ${id}`}: leadership was lost after it began, so it may still take effect (${toCheckpointError(error).message}); retry with the same checkpoint id once a leader serves`, { cause: error });
         }
         const code = toCheckpointError(error).code; // what the APIs answer: storage_error for a full disk
-        coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: code });
+        coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: code });
         this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
         return error;
       };
@@ -1386,7 +1386,7 @@ export class CheckpointEngine {
         };
         try {
           const result = await fn(ctx, identify);
-          coordinatorTelemetry().opDuration.record((this.options.clock.now() - started) / 1000, { op: name, outcome: "ok" });
+          coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: "ok" });
           return result;
         } catch (thrown) {
           // Inside the op's span, so controller_op_failed carries its trace_id / span_id (even

@@ -69,7 +69,7 @@ export class ParticipantClient {
       parent ?? otelContext.active(),
     );
     const ctx = trace.setSpan(parent ?? otelContext.active(), span);
-    const started = clock.now();
+    const started = clock.monotonic(); // durations: a wall-clock step must not skew them
     let outcome: Outcome<O>;
     try {
       outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard);
@@ -78,7 +78,7 @@ export class ParticipantClient {
       outcome = { ok: false, participant, code: refusal.code, detail: refusal.message };
     }
     const result = outcome.ok ? "ok" : outcome.code;
-    coordinatorTelemetry().requestDuration.record((clock.now() - started) / 1000, { op, kind: participant.kind, outcome: result });
+    coordinatorTelemetry().requestDuration.record((clock.monotonic() - started) / 1000, { op, kind: participant.kind, outcome: result });
     if (!outcome.ok) {
       span.setAttribute(SPAN_ATTR.code, outcome.code);
       span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.detail });
