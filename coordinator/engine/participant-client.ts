@@ -42,7 +42,9 @@ export interface ParticipantClientOptions {
 
 /**
  * One directed request per participant, so every outcome is attributable:
- *   no responders → `unreachable` at once (never retried);
+ *   no responders → `unreachable` at once (never retried), unless an earlier try timed out: that
+ *     try may have acted (a reply lost in a NATS restart, the participant not resubscribed yet),
+ *     so the outcome stays unknown;
  *   timeout → outcome unknown, retried with the same body while the deadline allows;
  *   error reply → its catalog code; anything unparseable → `internal_error`.
  * The request timeout is the time left until the deadline plus slack.
@@ -107,6 +109,15 @@ export class ParticipantClient {
         text = await transport.request(subject, body, { timeoutMs, token, context: ctx });
       } catch (error) {
         if (error instanceof NoRespondersFailure) {
+          // Unreachable says nothing was done there; after a timed-out try that is not known.
+          if (tries > 1) {
+            return {
+              ok: false,
+              participant,
+              code: "outcome_unknown",
+              detail: `${participant.kind}/${participant.instance}: ${op} timed out, then ${error.message} (the timed-out try may have acted)`,
+            };
+          }
           return { ok: false, participant, code: "unreachable", detail: `${participant.kind}/${participant.instance}: ${error.message}` };
         }
         if (error instanceof RequestTimeoutFailure) {

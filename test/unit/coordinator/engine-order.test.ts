@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Kind } from "../../../protocol/index.js";
 import { pino } from "pino";
 import { FOUR_KINDS, journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
+import { NoRespondersFailure, RequestTimeoutFailure } from "../../../coordinator/engine/transport.js";
 import { refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -516,6 +517,31 @@ describe("all-or-nothing restore", () => {
     const error = await refusal(engine.restore({ checkpoint_id: "base", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(error.code).toBe("restore_failed");
     expect(fake.ops("retire").map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "environment/e1", "resources/r1"]);
+    expect(fake.ops("resume")).toHaveLength(5);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
+  it("a participant whose restore timed out and then had no responders may have installed attempt+1: it is retired there too", async () => {
+    // A NATS restart: the first try reached m1 (it installed) but its reply was lost; the retry
+    // finds m1 not yet resubscribed. The first try's outcome is still unknown, not a refusal.
+    const { engine, fake } = makeEngine(root, { attemptTimeoutMs: 1000 });
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    fake.calls.length = 0;
+    const request = fake.request.bind(fake);
+    let tries = 0;
+    fake.request = async (subject, body, options) => {
+      if (!subject.endsWith(".model.m1.restore")) return request(subject, body, options);
+      if (++tries === 1) {
+        await request(subject, body, options); // installed there
+        throw new RequestTimeoutFailure(subject, options.timeoutMs);
+      }
+      throw new NoRespondersFailure(subject);
+    };
+    const error = await refusal(engine.restore({ checkpoint_id: "base", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).toContain("model/m1: outcome_unknown");
+    expect(tries).toBe(2);
+    expect(fake.ops("retire").map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "environment/e1", "model/m1", "resources/r1"]);
     expect(fake.ops("resume")).toHaveLength(5);
     expect(engine.openCheckpoint).toBeNull();
   });
