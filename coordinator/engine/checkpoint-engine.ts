@@ -1309,7 +1309,14 @@ export class CheckpointEngine {
     // re-driving the restore: participants keep their restore reply past a retire, so a re-sent
     // restore would look restored where attempt+1 was retired already.
     open.retireAt = installedMaybe;
-    await this.journal(open, "restore_cleanup");
+    await this.journal(open, "restore_cleanup").catch((error: unknown) => {
+      // A deposed leader sends nothing more. Any other failed write (a KV timeout) must not leave
+      // attempt+1 installed and everyone parked in a restore a resume would take for an abort: the
+      // clean-up runs anyway. The entry still says `restoring`, so a successor re-drives the restore,
+      // and the members resumed here refuse it as already resumed, which cleans up again.
+      if (toCheckpointError(error).code === "not_leader") throw error;
+      this.checkpointLog(id).warn({ err: error }, "restore_cleanup_not_journaled");
+    });
     await this.restoreCleanup(open, deadlineMs, ctx);
     const cause = combinedFailure("restore", failures);
     const retired = installedMaybe.length

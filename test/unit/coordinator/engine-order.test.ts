@@ -546,6 +546,27 @@ describe("all-or-nothing restore", () => {
     expect(engine.openCheckpoint).toBeNull();
   });
 
+  it("a failed restore whose restore_cleanup entry cannot be written (a KV timeout) still retires attempt+1 and resumes everyone", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.calls.length = 0;
+    const record = journal.record.bind(journal);
+    journal.record = async (entry) => {
+      if (entry.state === "restore_cleanup") throw new Error("KV timeout (scripted)");
+      await record(entry);
+    };
+    fake.set("model", "m1", "restore", { error: "deadline_exceeded" });
+    const error = await refusal(engine.restore({ checkpoint_id: "base", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(fake.ops("retire")).toHaveLength(5);
+    expect(fake.ops("resume")).toHaveLength(5);
+    expect(engine.openCheckpoint).toBeNull();
+    // the controller's resume is not taken for a plain abort's success
+    expect((await refusal(engine.resume({ checkpoint_id: "base" }))).code).toBe("restore_failed");
+    await journalEmptied(journal);
+  });
+
   it("a successful restore leaves everyone restored until resume; retire must name it", async () => {
     const { engine, fake } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
