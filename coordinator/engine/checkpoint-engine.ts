@@ -1286,7 +1286,13 @@ export class CheckpointEngine {
         return undefined;
       }
       open.phase = "restored";
-      await this.journal(open, "restored");
+      await this.journal(open, "restored").catch((error: unknown) => {
+        // A deposed leader answers nothing. Any other failed write (a KV timeout) leaves the entry
+        // `restoring`, which a successor re-drives into the same reply (the participants keep it):
+        // failing here instead would leave everyone parked in a restore its controller abandons.
+        if (toCheckpointError(error).code === "not_leader") throw error;
+        this.checkpointLog(id).warn({ err: error }, "restored_not_journaled");
+      });
       // Partly resumed: there is no whole reply to give again; the controller's resume finishes it.
       if (resumed.length) return undefined;
       open.restore = {

@@ -567,6 +567,29 @@ describe("all-or-nothing restore", () => {
     await journalEmptied(journal);
   });
 
+  it("a restore that succeeded everywhere but whose restored entry cannot be written (a KV timeout) answers its reply, and is resumed as usual", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    const record = journal.record.bind(journal);
+    let failing = true;
+    journal.record = async (entry) => {
+      if (failing && entry.state === "restored") throw new Error("KV timeout (scripted)");
+      await record(entry);
+    };
+    const request = { checkpoint_id: "base", episode_ids: [{ rollout_id: "r1", attempt: 0 }] };
+    // The journal still says `restoring`: a successor re-sends it and gets it from the participants' reply caches.
+    const reply = await engine.restore(request);
+    expect(reply.participants.every((p) => p.restored?.[0] === "r1-a1")).toBe(true);
+    expect(journal.entries.get("base")?.state).toBe("restoring");
+    await expect(engine.restore(request)).resolves.toEqual(reply); // a retry gets it again
+    failing = false;
+    await engine.resume({ checkpoint_id: "base" });
+    expect(fake.ops("retire")).toHaveLength(0);
+    expect(engine.openCheckpoint).toBeNull();
+    await journalEmptied(journal);
+  });
+
   it("a successful restore leaves everyone restored until resume; retire must name it", async () => {
     const { engine, fake } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
