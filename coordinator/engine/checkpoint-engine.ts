@@ -933,8 +933,10 @@ export class CheckpointEngine {
       );
     const restarts = [...new Set(outcomes.flatMap((o) => (o.ok ? o.reply.report.restarts : [])))].sort();
     const prepared = stoppedAt === null;
+    // The latest prepare decides: one re-driven after it succeeded that stops at a stage (a member
+    // unreachable or restarted since) leaves the checkpoint not prepared, so commit is refused.
+    open.phase = prepared ? "prepared" : "preparing";
     if (prepared) {
-      open.phase = "prepared";
       open.restarts = restarts;
       open.scopeRequiredBy = outcomes.filter((o) => o.ok && o.reply.report.scope_required).map((o) => refName(o.participant));
     }

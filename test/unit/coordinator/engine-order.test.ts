@@ -468,6 +468,19 @@ describe("engine ordering", () => {
     expect(journal.entries.get("c8")?.state).toBe("open");
   });
 
+  it("a prepare re-driven after it succeeded that is not prepared any more (a participant became unreachable) refuses the commit before the decision", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    expect((await engine.prepare({ checkpoint_id: "c-again" })).prepared).toBe(true);
+    fake.set("model", "m1", "prepare", "unreachable");
+    const again = await engine.prepare({ checkpoint_id: "c-again" });
+    expect(again.prepared).toBe(false);
+    expect(again.blockers).toEqual([{ kind: "model", instance: "m1", blockers: [], blocker_count: 0, code: "unreachable" }]);
+    expect((await refusal(engine.commit({ checkpoint_id: "c-again", episode_ids: null, stop: false }))).code).toBe("invalid_phase");
+    expect(fake.ops("commit")).toHaveLength(0);
+    expect(journal.entries.get("c-again")?.state).toBe("open");
+    await engine.resume({ checkpoint_id: "c-again" });
+  });
+
   it("retire and forget go callers before callees: environment, agent, then model and resources", async () => {
     const { engine, fake } = makeEngine(root);
     const reply = await engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
