@@ -18,8 +18,24 @@ const CodeVerifyBodySchema = z
 
 /** The submitted code as the answer: the first fenced code block if there is one. */
 export function extractCode(answer: string): string {
-  const fenced = /```(?:javascript|js)?\s*\n([\s\S]*?)```/.exec(answer);
-  return fenced ? fenced[1]! : answer;
+  // Not /```(?:javascript|js)?\s*\n([\s\S]*?)```/: after an unclosed fence it backtracked over the
+  // whitespace run, scanning the rest of the answer once per newline (a second per 100,000
+  // characters, in this process's only thread). An opening is a fence, its tag, then whitespace
+  // holding a newline: the code starts after the run's last newline and ends at the next fence.
+  const opening = /```(?:javascript|js)?(\s*)/g;
+  for (let match = opening.exec(answer); match; match = opening.exec(answer)) {
+    const space = match[1]!;
+    const newline = space.lastIndexOf("\n");
+    if (newline === -1) {
+      opening.lastIndex = match.index + 1;
+      continue;
+    }
+    const start = match.index + match[0].length - space.length + newline + 1;
+    const end = answer.indexOf("```", start);
+    // No later opening can close either: none starts inside this one.
+    return end === -1 ? answer : answer.slice(start, end);
+  }
+  return answer;
 }
 
 /**

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
 import { CalculatorServer } from "../../../participants/gym/resources-server/calculator-server.js";
-import { MathVerifier, normalizeAnswer, normalizeOutput } from "../../../participants/verifiers/index.js";
+import { MathVerifier, extractCode, normalizeAnswer, normalizeOutput } from "../../../participants/verifiers/index.js";
 
 /**
  * A verifier judges in its only thread, which also answers the checkpoint control plane, so text a
@@ -19,6 +19,19 @@ describe("inputs that made the verifiers' patterns backtrack", () => {
 
   it("competitive: a long run of newlines before other output", { timeout: 10_000 }, () => {
     expect(normalizeOutput(`${"\n".repeat(300_000)}x\n\n`)).toBe(`${"\n".repeat(300_000)}x`);
+  });
+
+  it("code and competitive: an unclosed fence before a long whitespace run", { timeout: 10_000 }, () => {
+    // Synchronous, so the test's timeout cannot end it: the elapsed time is the check (quadratic took seconds).
+    const started = performance.now();
+    expect(extractCode(`\`\`\`js${"\n".repeat(200_000)}x`)).toBe(`\`\`\`js${"\n".repeat(200_000)}x`);
+    expect(extractCode(`\`\`\`${" \n".repeat(100_000)}`)).toBe(`\`\`\`${" \n".repeat(100_000)}`);
+    expect(performance.now() - started).toBeLessThan(2_000);
+    // The documented forms still hold: the first fenced block, its tag and leading blank lines dropped.
+    expect(extractCode("text\n```js\n\n  f();\n```\n```\ng();\n```")).toBe("  f();\n");
+    expect(extractCode("```javascript \r\nf();```")).toBe("f();");
+    expect(extractCode("```jsx\nf();```")).toBe("```jsx\nf();```");
+    expect(extractCode("f();")).toBe("f();");
   });
 
   it("resources middleware: an unrouted path of many slashes before other text is refused at once", { timeout: 10_000 }, async () => {
