@@ -26,6 +26,9 @@ export interface CohortSettings {
   maxActiveCohorts: number;
 }
 
+/** The longest delay setTimeout honours (~24.8 days). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 export const DEFAULT_COHORT_SETTINGS: Omit<CohortSettings, "size"> = {
   collectionTimeoutMs: 1_800_000,
   evaluationTimeoutMs: 1_800_000,
@@ -84,6 +87,10 @@ export class CohortTable {
       if (!Number.isFinite(value) || value <= 0) throw new Error(`cohort setting ${name} must be finite and positive`);
     }
     if (!Number.isInteger(settings.size)) throw new Error("cohort size must be an integer");
+    // setTimeout fires a longer delay at once (after 1 ms): every cohort would fail, or every judge call time out.
+    for (const name of ["collectionTimeoutMs", "evaluationTimeoutMs"] as const) {
+      if (settings[name] > MAX_TIMER_MS) throw new Error(`cohort setting ${name} must be at most ${MAX_TIMER_MS} ms`);
+    }
   }
 
   /** Cohorts collecting or being judged (for status and tests). */

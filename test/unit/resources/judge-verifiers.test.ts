@@ -330,6 +330,18 @@ describe("cohort comparison verifier", () => {
     await c.app.close();
   });
 
+  it("refuses collection and evaluation timeouts a timer cannot hold (past 2^31-1 ms they fired at once)", async () => {
+    for (const setting of ["collectionTimeoutMs", "evaluationTimeoutMs"]) {
+      expect(() => new CohortCompareVerifier({ size: 2, [setting]: 2 ** 31 }, scriptedJudge().judge)).toThrow(/at most 2147483647/);
+    }
+    // The longest one a timer holds is accepted.
+    const c = await cohortApp(2, { collectionTimeoutMs: 2 ** 31 - 1, evaluationTimeoutMs: 2 ** 31 - 1 });
+    const first = c.send(member("gt", 0, "a"));
+    expect((await c.send(member("gt", 1, "best"))).json()).toEqual({ reward: 1 });
+    expect((await first).json()).toEqual({ reward: 0 });
+    await c.app.close();
+  });
+
   it("refuses a new cohort beyond maxActiveCohorts with 503 cohort_capacity, changing nothing", async () => {
     const c = await cohortApp(2, { maxActiveCohorts: 2 });
     const waiting = [c.send(member("ca", 0, "best")), c.send(member("cb", 0, "best"))];
