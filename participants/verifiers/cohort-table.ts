@@ -63,6 +63,8 @@ interface Cohort {
   settled: Promise<void>;
   settle: () => void;
   timer: NodeJS.Timeout | undefined;
+  /** Aborts the judge call while the cohort is judged (a newer attempt superseding it stops the call). */
+  judging: AbortController | undefined;
   finishedAt: number | undefined;
 }
 
@@ -174,6 +176,7 @@ export class CohortTable {
       settled,
       settle,
       timer: undefined,
+      judging: undefined,
       finishedAt: undefined,
     };
     cohort.timer = setTimeout(() => {
@@ -197,6 +200,7 @@ export class CohortTable {
     // The judge has them now; a finished cohort is kept (up to resultTtlMs) only for its digests and results.
     for (const slot of cohort.slots.values()) slot.member = undefined;
     const abort = new AbortController();
+    cohort.judging = abort;
     const timer = setTimeout(() => abort.abort(new Error("evaluation timeout")), this.settings.evaluationTimeoutMs);
     timer.unref?.();
     this.judgeCalls += 1;
@@ -217,6 +221,7 @@ export class CohortTable {
       )
       .then((results) => {
         clearTimeout(timer);
+        cohort.judging = undefined;
         if (cohort.state !== "judging") return;
         cohort.results = results;
         this.finish(cohort, "done", undefined);
@@ -225,6 +230,9 @@ export class CohortTable {
 
   private supersede(cohort: Cohort): void {
     if (cohort.state === "collecting" || cohort.state === "judging") {
+      // Nobody reads its result any more: a judge call left running would keep every member's
+      // answer (and a judge request) for up to evaluationTimeoutMs, beyond maxActiveCohorts.
+      cohort.judging?.abort(new Error(`group attempt ${cohort.attempt} was superseded`));
       this.finish(cohort, "superseded", new VerifierError("cohort_superseded", `group attempt ${cohort.attempt} was superseded`));
     }
     this.cohorts.delete(cohort.groupId);

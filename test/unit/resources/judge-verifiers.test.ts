@@ -342,6 +342,24 @@ describe("cohort comparison verifier", () => {
     await c.app.close();
   });
 
+  it("a newer attempt superseding a cohort being judged aborts its judge call", async () => {
+    const signals: AbortSignal[] = [];
+    const judge: CohortJudge = (members, signal) => {
+      signals.push(signal);
+      // Answers only for the newer attempt; the older one's call hangs until it is aborted.
+      return signals.length > 1 ? Promise.resolve(members.map(() => 1)) : new Promise(() => undefined);
+    };
+    const c = await cohortApp(1, { evaluationTimeoutMs: 600_000 }, { judge, calls: [] });
+    const old = c.send(member("gs", 0, "a", 0));
+    await waitUntil(() => signals.length === 1, "the first attempt is being judged");
+    expect((await c.send(member("gs", 0, "a", 1))).json()).toEqual({ reward: 1 });
+    expect((await old).json().error.code).toBe("cohort_superseded");
+    // Nobody reads that result any more: the call (and the members it holds) is let go at once.
+    expect(signals[0]!.aborted).toBe(true);
+    expect(c.verifier.table.activeCohorts).toBe(0);
+    await c.app.close();
+  });
+
   it("refuses a new cohort beyond maxActiveCohorts with 503 cohort_capacity, changing nothing", async () => {
     const c = await cohortApp(2, { maxActiveCohorts: 2 });
     const waiting = [c.send(member("ca", 0, "best")), c.send(member("cb", 0, "best"))];
