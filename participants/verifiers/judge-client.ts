@@ -23,7 +23,10 @@ export class JudgeClient {
   /** Judge requests sent so far: a counter, since a long-running verifier asks millions of times. */
   callCount = 0;
   constructor(private readonly options: JudgeClientOptions) {
-    new URL(options.baseUrl);
+    // fetch speaks only http(s): any other URL (`localhost:8000` parses, as scheme `localhost:`)
+    // would fail every call, and every sample would be masked judge_failed without a word.
+    const { protocol } = new URL(options.baseUrl);
+    if (protocol !== "http:" && protocol !== "https:") throw new Error(`the judge URL must be http:// or https://, not ${protocol}`);
   }
 
   async ask(messages: ChatMessage[], signal?: AbortSignal): Promise<string> {

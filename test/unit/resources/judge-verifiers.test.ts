@@ -138,6 +138,14 @@ describe("deeply nested bodies", () => {
 });
 
 describe("equivalence judge", () => {
+  it("refuses a judge URL fetch cannot call, instead of masking every sample judge_failed", () => {
+    for (const baseUrl of ["localhost:8000", "judge.internal:8000", "ftp://judge/", "file:///tmp/"]) {
+      expect(() => new JudgeClient({ baseUrl }), baseUrl).toThrow(/must be http:\/\/ or https:\/\//);
+    }
+    expect(() => new JudgeClient({ baseUrl: "not a url" })).toThrow();
+    expect(() => new JudgeClient({ baseUrl: "https://judge.example/api/" })).not.toThrow();
+  });
+
   it("asks the judge endpoint and maps YES/NO to rewards; failures are masked", async () => {
     const judge = new JudgeClient({ baseUrl: stubUrl, requestTimeoutMs: 5000 });
     const verifier = new EquivalenceJudgeVerifier(judge);
