@@ -5,6 +5,8 @@ import { ResourcesServer, type CheckpointMode, type CheckpointVerify, type Sessi
 import { sendVerifierRefusal } from "./verifier-errors.js";
 
 export const VerifierSeedBodySchema = z.object({ task: z.json().optional() }).strict();
+/** `/close_session` carries nothing (callers send `{}` or no body). */
+export const VerifierCloseBodySchema = z.object({}).strict();
 
 export function parseVerifierBody<T>(schema: z.ZodType<T>, body: unknown): T {
   // The HTTP parser refuses such bodies already; this covers verify() called directly.
@@ -48,6 +50,9 @@ export abstract class VerifierServer extends ResourcesServer {
         throw error;
       }
     });
-    app.post("/close_session", async () => ({}));
+    app.post("/close_session", async (request) => {
+      parseVerifierBody(VerifierCloseBodySchema, request.body);
+      return {};
+    });
   }
 }

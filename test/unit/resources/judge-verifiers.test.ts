@@ -72,6 +72,21 @@ describe("declarations", () => {
     ];
     for (const server of servers) expect(declarationsOf(server)).toEqual({ mode: "stateless", verify: "replay" });
   });
+
+  it("/close_session takes {} (or no body) and refuses anything else with invalid_request, as /seed_session does", async () => {
+    const { app } = await createResourcesApp(new MathVerifier());
+    try {
+      const close = (payload: string) =>
+        app.inject({ method: "POST", url: "/ng-rollout/r1/close_session", payload, headers: { "content-type": "application/json" } });
+      for (const payload of ["{}", ""]) expect((await close(payload)).statusCode, payload).toBe(200);
+      for (const payload of ['{"session":"s1"}', "[1,2]", '"x"']) {
+        const reply = await close(payload);
+        expect({ status: reply.statusCode, code: reply.json().error?.code }, payload).toEqual({ status: 400, code: "invalid_request" });
+      }
+    } finally {
+      await app.close();
+    }
+  });
 });
 
 describe("math verifier", () => {
