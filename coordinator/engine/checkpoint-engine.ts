@@ -76,6 +76,11 @@ interface OpenCheckpoint {
   lostRestorers?: Map<string, string>;
   /** Where the restore's clean-up retires attempt+1 (journaled with `restore_cleanup`; default every member). */
   retireAt?: ParticipantRef[];
+  /**
+   * The members a prepare that stopped at a stage was sent (its stages up to that one): the later
+   * stages' members are idle, and a renew there would be refused. Unset once every stage prepared.
+   */
+  reached?: ParticipantRef[];
   log?: Logger;
 }
 
@@ -318,14 +323,18 @@ export class CheckpointEngine {
     return this.doResume(id, deadlineMs, ctx);
   }
 
-  /** Extends every participant's lease (all at once), e.g. while a long publication runs. */
+  /**
+   * Extends every participant's lease (all at once), e.g. while a long publication runs; of a
+   * prepare that stopped at a stage, the leases of the stages it reached.
+   */
   renew(request: CtlRequestOf<"renew">): Promise<CtlReplyOf<"renew">> {
     return this.op("renew", request.checkpoint_id, async (ctx) => {
       const open = this.requireOpen(request.checkpoint_id, "renew");
       const deadlineMs = this.deadline(request.deadline_ts);
       const epoch = open.epoch;
-      const outcomes = await inSpan("checkpoint.coordinate.renew.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, (c) =>
-        runAll(open.members, (m) => this.send(m, "renew", { checkpoint_id: open.id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c)),
+      const targets = open.reached ?? open.members;
+      const outcomes = await inSpan("checkpoint.coordinate.renew.all", { [SPAN_ATTR.participants]: targets.length }, ctx, (c) =>
+        runAll(targets, (m) => this.send(m, "renew", { checkpoint_id: open.id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c)),
       );
       const failures = failuresOf(outcomes);
       if (failures.length) throw combinedFailure("renew", failures);
@@ -936,6 +945,8 @@ export class CheckpointEngine {
     // The latest prepare decides: one re-driven after it succeeded that stops at a stage (a member
     // unreachable or restarted since) leaves the checkpoint not prepared, so commit is refused.
     open.phase = prepared ? "prepared" : "preparing";
+    const sent = new Set(outcomes.map((o) => o.participant));
+    open.reached = prepared ? undefined : members.filter((m) => sent.has(m));
     if (prepared) {
       open.restarts = restarts;
       open.scopeRequiredBy = outcomes.filter((o) => o.ok && o.reply.report.scope_required).map((o) => refName(o.participant));

@@ -795,6 +795,19 @@ describe("renew", () => {
     expect(reply.participants).toHaveLength(5);
     expect(fake.ops("renew")).toHaveLength(5);
   });
+
+  it("of a prepare that stopped at a stage goes to the stages it reached, not to the idle members after it (they would refuse it)", async () => {
+    const { engine, fake } = makeEngine(root);
+    fake.set("model", "m1", "prepare", { notReady: ["r7"] });
+    expect((await engine.prepare({ checkpoint_id: "r2" })).stopped_at).toEqual(["model"]);
+    const reply = await engine.renew({ checkpoint_id: "r2" });
+    expect(reply.participants.map((p) => `${p.kind}/${p.instance}`).sort()).toEqual(["environment/e1", "model/m1"]);
+    expect(fake.ops("renew").map((c) => c.kind).sort()).toEqual(["environment", "model"]);
+    // Prepared everywhere once the model is ready: every member again.
+    fake.set("model", "m1", "prepare", "ok");
+    expect((await engine.prepare({ checkpoint_id: "r2" })).prepared).toBe(true);
+    expect((await engine.renew({ checkpoint_id: "r2" })).participants).toHaveLength(5);
+  });
 });
 
 describe("stop", () => {
