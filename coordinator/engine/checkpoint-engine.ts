@@ -492,10 +492,16 @@ export class CheckpointEngine {
     const { checkpointId, members, epoch, deadlineMs } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
     if (checkpointId !== undefined) identify(checkpointId);
     const id = checkpointId ?? outsideCheckpointId(op);
+    // An expected participant the registry does not list (a lapsed heartbeat: it may still run and
+    // serve the retired attempt) fails its stage, as in prepare: the fence must reach it.
+    const missing = this.expectedMissingFrom(members);
     const { results, stoppedAt } = await runStages(
       RETIRE_STAGES,
-      members,
-      (m, c) => this.send(m, op, { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, ...body } as RequestOf<O>, deadlineMs, epoch, c),
+      [...members, ...missing],
+      (m, c) =>
+        missing.includes(m)
+          ? Promise.resolve(notRegistered<O>(m))
+          : this.send(m, op, { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, ...body } as RequestOf<O>, deadlineMs, epoch, c),
       { spanName: `checkpoint.coordinate.${op}.stage`, parent: ctx, proceed: (o) => failuresOf(o).length === 0 },
     );
     const all = results.flatMap((r) => r.outcomes);

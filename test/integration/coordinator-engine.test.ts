@@ -438,6 +438,20 @@ describe("expected_participants: a live participant missing from the membership 
     }
   });
 
+  it("fails a retire or forget when expected: the fence must reach it, so the op is not answered as done", async () => {
+    const w = await worldWith(["environment/env1", "model/policy", "resources/tools"]);
+    try {
+      const retired = await refusal(w.client.retire({ episode_ids: [episode] }));
+      expect(retired.message).toContain("resources/tools: unreachable");
+      // The callers before it were retired (callers first); a retry once it is back reaches it too.
+      expect(w.participant("env1").handle.controlPlane.status().retired_rollouts).toBe(1);
+      const forgotten = await refusal(w.client.forget({ rollout_ids: [episode.rollout_id] }));
+      expect(forgotten.message).toContain("resources/tools: unreachable");
+    } finally {
+      await w.close();
+    }
+  });
+
   it("is left out when nothing is expected (the registry alone decides)", async () => {
     const w = await worldWith(undefined);
     try {
