@@ -887,6 +887,11 @@ export class CheckpointEngine {
     if (open && open.phase !== "preparing" && open.phase !== "prepared") {
       throw new CheckpointError("invalid_phase", `checkpoint ${id} is ${open.phase}; prepare is not allowed`);
     }
+    // The convenience op on an id a fine-grained prepare opened would go on without publishing it
+    // (journaled so) or its controller state: that checkpoint is the controller's to finish.
+    if (open && autoPublish && !open.autoPublish) {
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was opened by a prepare of its own; finish it with commit, publish and resume (or resume it), or checkpoint under a fresh id`);
+    }
     if (!open) {
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);

@@ -786,6 +786,23 @@ describe("HA hooks and recovery", () => {
   });
 });
 
+describe("the checkpoint op on an id a prepare of its own opened", () => {
+  it("is refused checkpoint_conflict, nothing sent or journaled; that checkpoint still commits, publishes and resumes as its controller drives it", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "m1" });
+    const sent = fake.calls.length;
+    const journaled = journal.log.length;
+    const refused = await refusal(engine.checkpoint({ checkpoint_id: "m1", episode_ids: null, stop: false, controller_state: { inline: { step: 1 } } }));
+    expect(refused.code).toBe("checkpoint_conflict");
+    expect(fake.calls.length).toBe(sent);
+    expect(journal.log.length).toBe(journaled);
+    await engine.commit({ checkpoint_id: "m1", episode_ids: null, stop: false });
+    await engine.publish({ checkpoint_id: "m1", controller_state: null });
+    await engine.resume({ checkpoint_id: "m1" });
+    expect((await engine.list()).latest).toBe("m1");
+  });
+});
+
 describe("renew", () => {
   it("goes to every participant at once and needs an open checkpoint", async () => {
     const { engine, fake } = makeEngine(root);
