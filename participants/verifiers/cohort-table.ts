@@ -156,7 +156,12 @@ export class CohortTable {
     });
     try {
       const settled = await Promise.race([cohort.settled.then(() => true as const), aborted]);
-      if (!settled && --slot.waiters === 0 && cohort.state === "collecting" && cohort.slots.get(index) === slot) cohort.slots.delete(index);
+      if (!settled && --slot.waiters === 0 && cohort.state === "collecting" && cohort.slots.get(index) === slot) {
+        cohort.slots.delete(index);
+        // Every member left (retired): nobody waits, so it stops counting against maxActiveCohorts
+        // now rather than at its collection timeout; a member arriving later opens it afresh.
+        if (cohort.slots.size === 0) this.abandon(cohort);
+      }
       return settled;
     } finally {
       signal.removeEventListener("abort", onAbort);
@@ -226,6 +231,14 @@ export class CohortTable {
         cohort.results = results;
         this.finish(cohort, "done", undefined);
       });
+  }
+
+  private abandon(cohort: Cohort): void {
+    clearTimeout(cohort.timer);
+    this.active -= 1;
+    cohort.state = "superseded";
+    cohort.settle();
+    if (this.cohorts.get(cohort.groupId) === cohort) this.cohorts.delete(cohort.groupId);
   }
 
   private supersede(cohort: Cohort): void {

@@ -71,6 +71,22 @@ describe("CohortTable: a waiter whose request is stopped", () => {
     expect([zero, one]).toEqual([{ reward: 0 }, { reward: 1 }]);
   });
 
+  it("a cohort every member left stops counting against maxActiveCohorts at once (not at its collection timeout); a later member opens it afresh", async () => {
+    const table = new CohortTable({ ...DEFAULT_COHORT_SETTINGS, size: 2, maxActiveCohorts: 1 }, async (members) => members.map(() => 1));
+    const stop = new AbortController();
+    const leaving = table.arrive(coordinates(0), "d0", member(0, "a"), stop.signal);
+    expect(table.activeCohorts).toBe(1);
+    stop.abort(stopped());
+    await expect(leaving).rejects.toMatchObject({ code: "stale_attempt" });
+    expect(table.activeCohorts).toBe(0);
+    // Another group fits now; the abandoned one's members can still gather later.
+    const other = table.arrive({ groupId: "g2", attempt: 0, index: 0 }, "e0", member(0, "x"));
+    await expect(table.arrive(coordinates(0), "d0", member(0, "a"))).rejects.toMatchObject({ code: "cohort_capacity" });
+    await Promise.all([other, table.arrive({ groupId: "g2", attempt: 0, index: 1 }, "e1", member(1, "y"))]);
+    const [zero, one] = await Promise.all([table.arrive(coordinates(0), "d0", member(0, "a")), table.arrive(coordinates(1), "d1", member(1, "c"))]);
+    expect([zero, one]).toEqual([{ reward: 1 }, { reward: 1 }]);
+  });
+
   it("gives the slot up when it was its last waiter, and refuses at once when already stopped", async () => {
     const table = new CohortTable({ ...DEFAULT_COHORT_SETTINGS, size: 2 }, async (members) => members.map(() => 1));
     const stop = new AbortController();
