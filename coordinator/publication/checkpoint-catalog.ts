@@ -135,7 +135,9 @@ export class CheckpointCatalog {
       }
     }
     for (const name of this.entries.keys()) if (!names.includes(name)) this.entries.delete(name);
-    published.sort((a, b) => b.published_at - a.published_at || (a.checkpoint_id < b.checkpoint_id ? 1 : -1));
+    // Newest first, as repairLatest orders them: epochs only grow, and within one epoch one
+    // coordinator's clock orders its publications (a successor's clock may lag its predecessor's).
+    published.sort((a, b) => b.epoch - a.epoch || b.published_at - a.published_at || (a.checkpoint_id < b.checkpoint_id ? 1 : -1));
     return { published, partial: partial.sort() };
   }
 

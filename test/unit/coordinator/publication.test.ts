@@ -128,6 +128,25 @@ describe("publication and retention", () => {
     expect(catalog.scan()).toEqual({ published: [expect.objectContaining({ checkpoint_id: "c1" })], partial: [] });
   });
 
+  it("orders checkpoints by epoch before publication time: a successor whose clock lags keeps its own newest", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    const at = async (id: string, epoch: number, publishedAt: number) => {
+      const entries = [await writeParticipant(root, id, "agent", "a1", [])];
+      await writer.publish({ checkpointId: id, epoch, preparedAt: publishedAt - 1, publishedAt, stop: false, scope: null, restarts: [], participants: entries, controllerState: null });
+    };
+    await at("c1", 4, 1000);
+    await at("c2", 4, 1010);
+    // A failover to a coordinator whose wall clock is a few minutes behind: epoch 5, earlier timestamps.
+    await at("c3", 5, 900);
+    expect(writer.retain("c3")).toEqual(["c1"]);
+    await at("c4", 5, 910);
+    // c3 is the checkpoint before LATEST, the one to fall back to: c2 goes, not c3.
+    expect(writer.retain("c4")).toEqual(["c2"]);
+    expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["c4", "c3"]);
+    await writer.settled();
+  });
+
   it("removes a deleted checkpoint's files in the background and sweeps temp files crashed writers left", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 1);
