@@ -13,6 +13,7 @@ import {
   canonicalDigest,
   captureKey,
   describeZodError,
+  isUnreadableStorage,
   sha256Hex,
   type ParticipantManifest,
   type RecordBase,
@@ -67,6 +68,9 @@ export async function readCommittedManifest(
     text = await readRegularFile(manifestPath, { maxBytes: MAX_MANIFEST_BYTES, noFollow: true });
   } catch (error) {
     if (error instanceof CheckpointError) throw bad(`${label}: manifest ${error.message}`, error);
+    // There but unreadable (EACCES, EIO) is the storage's refusal (storage_error), as participants
+    // answer it: not a checkpoint missing its manifest, which would send the operator to an older one.
+    if (isUnreadableStorage(error)) throw error;
     throw bad(`${label}: manifest ${entry.manifest_path} is missing`, error);
   }
   if (sha256Hex(text) !== entry.manifest_sha256) throw bad(`${label}: manifest digest does not match ${source}`);
@@ -100,6 +104,7 @@ async function refuseLinkedParticipantDir(dir: string, participantDir: string, l
   try {
     [real, expected] = await Promise.all([realpath(participantDir), realpath(dir).then((d) => join(d, participantDir.slice(dir.length)))]);
   } catch (error) {
+    if (isUnreadableStorage(error)) throw error;
     throw bad(`${label}: its directory ${participantDir.slice(dir.length + 1)} is missing`, error);
   }
   if (real !== expected) throw bad(`${label}: its directory ${participantDir.slice(dir.length + 1)} is reached through a symbolic link`);
@@ -148,7 +153,7 @@ export async function scanRecords(
     const rest = carry.join("") + decoder.end();
     if (rest.length) check(rest);
   } catch (error) {
-    if (error instanceof CheckpointError) throw error;
+    if (error instanceof CheckpointError || isUnreadableStorage(error)) throw error;
     throw bad(`${label}: cannot read ${path}: ${(error as Error).message}`, error);
   }
   return { digest: hash.digest("hex"), count, bytes };

@@ -5,6 +5,7 @@ import { pathToFileURL } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../coordinator/publication/global-manifest-writer.js";
+import { writeParticipant } from "../unit/coordinator/fake-participants.js";
 import { asAccount, ensureBuilt } from "./coordinator-process.js";
 
 /**
@@ -78,5 +79,34 @@ describe.skipIf(!asRoot)("controller state file the coordinator cannot read", ()
     const refused = asOtherAccount(root, `verifyCheckpoint(catalog, "c2")`);
     expect(refused.code, refused.detail).toBe("storage_error");
     expect(refused.detail).toMatch(/^EACCES: .*state\.json/);
+  });
+
+  it("verify of a checkpoint whose participant files it cannot read is storage_error, not a corrupt or missing manifest", async () => {
+    const root = join(shared, "verify-participant-root");
+    await mkdir(root, { recursive: true, mode: 0o755 });
+    await chmod(root, 0o755);
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    const entry = await writeParticipant(root, "c3", "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    await writer.publish({ checkpointId: "c3", epoch: 1, preparedAt: 1, publishedAt: 2, stop: false, scope: null, restarts: [], participants: [entry], controllerState: null });
+    const dir = join(root, "c3", "gym", "agent", "a1");
+    for (const d of [join(root, "c3"), join(root, "c3", "gym"), join(root, "c3", "gym", "agent"), dir]) await chmod(d, 0o755);
+    await chmod(join(root, "c3", "checkpoint.json"), 0o644);
+    await chmod(join(root, "LATEST"), 0o644);
+    expect(asOtherAccount(root, `verifyCheckpoint(catalog, "c3")`)).toMatchObject({ code: "ok" });
+    // A participant that wrote with umask 0077: its records file, then its manifest, then its directory.
+    const records = join(dir, `records-${entry.records_sha256}.jsonl`);
+    await chmod(records, 0o600);
+    let refused = asOtherAccount(root, `verifyCheckpoint(catalog, "c3")`);
+    expect(refused.code, refused.detail).toBe("storage_error");
+    expect(refused.detail).toMatch(/^EACCES: .*records-/);
+    await chmod(join(dir, "manifest.json"), 0o600);
+    refused = asOtherAccount(root, `verifyCheckpoint(catalog, "c3")`);
+    expect(refused.code, refused.detail).toBe("storage_error");
+    expect(refused.detail).toMatch(/^EACCES: .*manifest\.json/);
+    await chmod(dir, 0o700);
+    refused = asOtherAccount(root, `verifyCheckpoint(catalog, "c3")`);
+    expect(refused.code, refused.detail).toBe("storage_error");
+    expect(refused.detail).toMatch(/^EACCES: /);
   });
 });
