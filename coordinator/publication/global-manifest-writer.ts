@@ -107,7 +107,9 @@ export class GlobalManifestWriter {
     let latest: StagedFile | undefined;
     try {
       latest = await staging; // also created the checkpoint directory
-      const controllerState = await this.resolveControllerState(dir, input.controllerState);
+      // The state file is fsynced here: a controller may have written it without, and LATEST must
+      // never name a checkpoint whose files a power loss can still take back.
+      const controllerState = await this.resolveControllerState(dir, input.controllerState, true);
       // Not re-parsed here: every field was validated where it entered (commit replies, the
       // controller's request, prepare replies), and every reader parses the file. A cold zod pass
       // over 64 entries costs 0.5–6 ms on the publication's critical path.
@@ -224,12 +226,12 @@ export class GlobalManifestWriter {
     await this.resolveControllerState(this.catalog.dirFor(checkpointId), input);
   }
 
-  private async resolveControllerState(dir: string, input: ControllerStateInput | null): Promise<ControllerState | null> {
+  private async resolveControllerState(dir: string, input: ControllerStateInput | null, sync = false): Promise<ControllerState | null> {
     if (input === null) return null;
     if ("inline" in input) return { inline: input.inline ?? null };
     let digest: string;
     try {
-      digest = await controllerStateDigest(dir, input.file);
+      digest = await controllerStateDigest(dir, input.file, sync);
     } catch (error) {
       // It is there but the storage refuses its read (EACCES, EIO): storage_error, not "put it there and retry".
       if (error instanceof CheckpointError || isUnreadableStorage(error)) throw error;
@@ -246,10 +248,10 @@ export class GlobalManifestWriter {
  * sha256 of the controller state file `file` in checkpoint directory `dir`: a regular file there,
  * not a symbolic link (which could point out of the checkpoint), within
  * MAX_CONTROLLER_STATE_FILE_BYTES; anything else is `invalid_checkpoint_state`, a missing file
- * the open's ENOENT.
+ * the open's ENOENT. `sync` fsyncs it as well (publication).
  */
-export function controllerStateDigest(dir: string, file: string): Promise<string> {
-  return sha256RegularFile(join(dir, file), { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true });
+export function controllerStateDigest(dir: string, file: string, sync = false): Promise<string> {
+  return sha256RegularFile(join(dir, file), { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true }, { sync });
 }
 
 /** sha256 of any file, following links (a library helper; checkpoint files use `controllerStateDigest`). */

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { closeSync, constants, fstatSync, openSync, readSync, type Stats } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, namePath } from "../../protocol/index.js";
 
 /*
  * Reading a file someone else put into the checkpoint root (a participant, the controller, an
@@ -113,16 +113,25 @@ export function readRegularFileSync(path: string, limits: RegularFileLimits): { 
   }
 }
 
-/** sha256 (hex) of a regular file within the limits, streamed. */
-export async function sha256RegularFile(path: string, limits: RegularFileLimits): Promise<string> {
+/**
+ * sha256 (hex) of a regular file within the limits, streamed; with `sync`, the file is fsynced
+ * too (through the same descriptor), for a file about to be referenced by what is published.
+ */
+export async function sha256RegularFile(path: string, limits: RegularFileLimits, options: { sync?: boolean } = {}): Promise<string> {
   const { handle } = await openRegularFile(path, limits);
-  const hash = createHash("sha256");
-  let total = 0;
-  // The stream closes the handle when it ends or fails.
-  for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
-    total += chunk.byteLength;
-    if (total > limits.maxBytes) throw tooLarge(path, total, limits);
-    hash.update(chunk);
+  try {
+    const hash = createHash("sha256");
+    let total = 0;
+    for await (const chunk of handle.createReadStream({ autoClose: false }) as AsyncIterable<Buffer>) {
+      total += chunk.byteLength;
+      if (total > limits.maxBytes) throw tooLarge(path, total, limits);
+      hash.update(chunk);
+    }
+    if (options.sync) await handle.sync();
+    return hash.digest("hex");
+  } catch (error) {
+    throw namePath(error, path); // a handle's errors (EIO on read or fsync) name no path
+  } finally {
+    await handle.close();
   }
-  return hash.digest("hex");
 }

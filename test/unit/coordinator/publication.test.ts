@@ -1,4 +1,5 @@
-import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { readlinkSync } from "node:fs";
+import { mkdir, mkdtemp, open, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -185,6 +186,30 @@ describe("publication and retention", () => {
     const ok = await publish(writer, "c1", 1, { file: "trainer.json" });
     expect(ok.manifest.controller_state).toEqual({ file: "trainer.json", sha256: sha256Hex('{"step":7}') });
     expect((await verifyCheckpoint(catalog, "c1")).records).toBe(2);
+  });
+
+  it("makes the controller state file durable before checkpoint.json references it", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await mkdir(join(root, "c1"), { recursive: true });
+    const state = join(root, "c1", "trainer.json");
+    await writeFile(state, '{"step":7}'); // written as a controller would, without an fsync
+    // Which files publication fsyncs through a file handle, by the path behind each descriptor.
+    const probe = await open(state, "r");
+    const proto = Object.getPrototypeOf(probe) as { sync: () => Promise<void> };
+    await probe.close();
+    const realSync = proto.sync;
+    const synced: string[] = [];
+    const spy = vi.spyOn(proto, "sync").mockImplementation(function (this: { fd: number }) {
+      synced.push(readlinkSync(`/proc/self/fd/${this.fd}`));
+      return realSync.call(this);
+    });
+    try {
+      await publish(writer, "c1", 1, { file: "trainer.json" });
+    } finally {
+      spy.mockRestore();
+    }
+    expect(synced).toContain(state);
   });
 });
 
