@@ -1,11 +1,12 @@
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { spawnSync } from "node:child_process";
+import { chmod, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../coordinator/publication/global-manifest-writer.js";
 import { writeParticipant } from "../unit/coordinator/fake-participants.js";
-import { cli, ensureBuilt } from "./coordinator-process.js";
+import { MAIN, asAccount, cli, ensureBuilt } from "./coordinator-process.js";
 
 /** `gym-ckpt ls` on odd checkpoint roots, against what docs/api.md §4 promises. */
 let root: string;
@@ -48,5 +49,32 @@ describe("gym-ckpt ls on odd inputs", () => {
     expect(ls.stderr).toMatch(/^warning invalid_checkpoint_state: /);
     expect(out.latest).toBeNull();
     expect(out.latest_error).toMatchObject({ code: "invalid_checkpoint_state" });
+  });
+
+  // Root reads through mode bits: the listing runs as another account (setpriv).
+  it.skipIf(process.getuid?.() !== 0)("a LATEST this account cannot read (EACCES) still lists every checkpoint, with a warning", async () => {
+    const shared = await mkdtemp("/tmp/gym-ckpt-ls-eacces-");
+    const own = root;
+    try {
+      root = shared; // reachable by the other account, unlike the test run's TMPDIR
+      await chmod(root, 0o755);
+      await publish(["c1", "c2"]);
+      for (const id of ["c1", "c2"]) {
+        await chmod(join(root, id), 0o755);
+        await chmod(join(root, id, "checkpoint.json"), 0o644);
+      }
+      await chmod(join(root, "LATEST"), 0o600);
+      const [command, ...args] = [...asAccount({ uid: 64_993, gid: 64_993, umask: 0o022 }), process.execPath, MAIN, "ls", "--root", root, "--json"];
+      const ls = spawnSync(command!, args, { encoding: "utf8", cwd: process.cwd() });
+      expect(ls.status, ls.stderr).toBe(0);
+      const out = JSON.parse(ls.stdout) as { latest: string | null; latest_error?: { code: string }; checkpoints: { checkpoint_id: string }[] };
+      expect(out.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c2", "c1"]);
+      expect(out.latest).toBeNull();
+      expect(out.latest_error).toMatchObject({ code: "storage_error" });
+      expect(ls.stderr).toMatch(/^warning storage_error: EACCES/);
+    } finally {
+      root = own;
+      await rm(shared, { recursive: true, force: true });
+    }
   });
 });

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { CheckpointError } from "../../../protocol/index.js";
+import { CheckpointError, isUnreadableStorage, toCheckpointError } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
 import { printJson, rootFrom, runCli } from "../shared.js";
 
@@ -25,9 +25,11 @@ export function register(program: Command): void {
             await catalog.get(named);
           }
         } catch (error) {
-          if (!(error instanceof CheckpointError)) throw error;
-          latestError = { code: error.code, detail: error.message };
-          process.stderr.write(`warning ${error.code}: ${error.message} (no checkpoint is marked LATEST)\n`);
+          // A LATEST (or its checkpoint.json) this account may not read is reported the same way.
+          if (!(error instanceof CheckpointError) && !isUnreadableStorage(error)) throw error;
+          const refusal = toCheckpointError(error);
+          latestError = { code: refusal.code, detail: refusal.message };
+          process.stderr.write(`warning ${refusal.code}: ${refusal.message} (no checkpoint is marked LATEST)\n`);
         }
         if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published });
         for (const c of published) {
