@@ -60,7 +60,7 @@ export class GlobalManifestWriter {
   constructor(
     private readonly catalog: CheckpointCatalog,
     private readonly retention: number,
-    /** Told when removing deleted checkpoints' files fails (retried after the next publication); a full disk should not be silent. */
+    /** Told when renaming a checkpoint away or removing deleted checkpoints' files fails (retried after the next publication); a full disk should not be silent. */
     private readonly onCleanupError?: (error: unknown) => void,
   ) {}
 
@@ -180,7 +180,7 @@ export class GlobalManifestWriter {
    * operations); their files are removed in the background (`settled` awaits that).
    */
   retain(latest: string): string[] {
-    const deleted = applyRetention(this.catalog, this.retention, new Set([latest]));
+    const deleted = applyRetention(this.catalog, this.retention, new Set([latest]), (_id, error) => this.onCleanupError?.(error));
     this.cleanup = this.cleanup
       .then(() => removeTrash(this.catalog.root, this.inUse))
       .catch((error: unknown) => this.onCleanupError?.(error)); // retried after the next publication

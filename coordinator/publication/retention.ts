@@ -19,12 +19,33 @@ export const TRASH_PREFIX = ".trash-";
  * metadata operation); `removeTrash` frees its files later, off the checkpoint's critical path.
  * Blocking on purpose: a readdir, a stat per checkpoint and a rename take microseconds each, less
  * than the thread-pool round trips of their async forms.
+ *
+ * A checkpoint that cannot be renamed away (EBUSY, EPERM) is handed to `onError` and the others are
+ * still deleted: one stuck directory must not keep retention from freeing the disk for ever. It is
+ * tried again at the next publication. Without `onError` the first such error is thrown once every
+ * other checkpoint was tried.
  */
-export function applyRetention(catalog: CheckpointCatalog, keep: number, protect: ReadonlySet<string>): string[] {
+export function applyRetention(
+  catalog: CheckpointCatalog,
+  keep: number,
+  protect: ReadonlySet<string>,
+  onError?: (checkpointId: string, error: unknown) => void,
+): string[] {
   const { published, partial } = catalog.scan();
   const doomed = [...published.slice(Math.max(keep, 1)).map((e) => e.checkpoint_id), ...partial].filter((id) => !protect.has(id));
-  for (const id of doomed) trashCheckpointDir(catalog.root, id);
-  return doomed.sort();
+  const deleted: string[] = [];
+  let failure: { error: unknown } | undefined;
+  for (const id of doomed) {
+    try {
+      trashCheckpointDir(catalog.root, id);
+      deleted.push(id);
+    } catch (error) {
+      if (onError) onError(id, error);
+      else failure ??= { error };
+    }
+  }
+  if (failure) throw failure.error;
+  return deleted.sort();
 }
 
 /**

@@ -19,9 +19,22 @@ vi.mock("node:fs/promises", async (importOriginal) => {
   };
 });
 
+// Renaming one checkpoint's directory away fails while `failRename` names it (a mount point there,
+// EBUSY; an immutable directory, EPERM): root renames anything, so `renameSync` is wrapped.
+let failRename: string | undefined;
+vi.mock("node:fs", async (importOriginal) => {
+  const actual = await importOriginal<typeof import("node:fs")>();
+  const renameSync = ((from: string, to: string) => {
+    if (failRename !== undefined && String(from).endsWith(`/${failRename}`)) throw Object.assign(new Error(`EBUSY: resource busy or locked, rename '${from}'`), { code: "EBUSY", syscall: "rename" });
+    actual.renameSync(from, to);
+  }) as typeof actual.renameSync;
+  return { ...actual, default: { ...actual, renameSync }, renameSync };
+});
+
 let root: string;
 beforeEach(async () => {
   failRemoval = false;
+  failRename = undefined;
   root = await mkdtemp(join(tmpdir(), "gym-ckpt-retention-"));
 });
 afterEach(async () => {
@@ -53,5 +66,20 @@ describe("retention clean-up failures", () => {
     await writer.settled();
     expect(errors).toHaveLength(1);
     expect((await readdir(root)).filter((n) => n.startsWith(".trash-"))).toEqual([]);
+  });
+
+  it("one checkpoint that cannot be renamed away is reported and does not keep the others from being deleted", async () => {
+    const errors: unknown[] = [];
+    const writer = new GlobalManifestWriter(new CheckpointCatalog(root), 1, (error) => errors.push(error));
+    for (const [id, at] of [["c1", 100], ["c2", 200], ["c3", 300], ["c4", 400]] as const) await publish(writer, id, at);
+    failRename = "c3";
+    expect(writer.retain("c4")).toEqual(["c1", "c2"]);
+    await writer.settled();
+    expect(errors.map((e) => (e as NodeJS.ErrnoException).code)).toEqual(["EBUSY"]);
+    expect((await readdir(root)).sort()).toEqual(["LATEST", "c3", "c4"]);
+
+    failRename = undefined;
+    await publish(writer, "c5", 500);
+    expect(writer.retain("c5")).toEqual(["c3", "c4"]);
   });
 });
