@@ -1,4 +1,6 @@
-import { CheckpointError, canonicalJson, isUnreadableStorage, toCheckpointError, type GlobalManifest } from "../../protocol/index.js";
+import { readdir } from "node:fs/promises";
+import { join } from "node:path";
+import { CheckpointError, PARTICIPANTS_DIR, canonicalJson, isUnreadableStorage, toCheckpointError, type GlobalManifest } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { bad, insideCheckpointDir, readCommittedRecords } from "./committed-records.js";
 import { controllerStateDigest } from "./global-manifest-writer.js";
@@ -41,6 +43,7 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
     }
     participants.push({ kind: entry.kind, instance: entry.instance, records: committed.count, bytes: committed.bytes });
   }
+  await refuseUnlisted(dir, seen);
   const state = manifest.controller_state;
   if (state && "file" in state) {
     let digest: string;
@@ -61,4 +64,29 @@ export async function verifyCheckpoint(catalog: CheckpointCatalog, checkpointId:
     records: participants.reduce((n, p) => n + p.records, 0),
     bytes: participants.reduce((n, p) => n + p.bytes, 0),
   };
+}
+
+/**
+ * Every participant that commits is listed in checkpoint.json (one failed commit publishes
+ * nothing), so a `gym/<kind>/<instance>` directory it does not list is an entry lost from it: a
+ * restore would leave that participant's state out. Dot-names (a crashed writer's temp files) and
+ * anything outside `gym/` (the controller's) are not checked.
+ */
+async function refuseUnlisted(dir: string, listed: ReadonlySet<string>): Promise<void> {
+  const entries = async (path: string) => {
+    try {
+      return (await readdir(path, { withFileTypes: true })).filter((e) => !e.name.startsWith("."));
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ENOENT" && listed.size === 0) return [];
+      if (isUnreadableStorage(error)) throw error;
+      throw bad(`${path.slice(dir.length + 1)} cannot be listed`, error);
+    }
+  };
+  for (const kind of await entries(join(dir, PARTICIPANTS_DIR))) {
+    const at = `${PARTICIPANTS_DIR}/${kind.name}`;
+    if (!kind.isDirectory()) throw bad(`${at} is not a participant kind's directory`);
+    for (const instance of await entries(join(dir, PARTICIPANTS_DIR, kind.name))) {
+      if (!listed.has(`${kind.name}/${instance.name}`)) throw bad(`${at}/${instance.name} holds a participant's files that checkpoint.json does not list`);
+    }
+  }
 }

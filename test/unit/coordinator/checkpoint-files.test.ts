@@ -234,6 +234,24 @@ describe("verify checks checkpoint.json against the records", () => {
     expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("listed twice") });
     await writer.settled();
   });
+
+  it("refuses participants' files checkpoint.json does not list (an entry lost from it), and ignores temp files", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const line = ['{"episode_id":{"rollout_id":"r1","attempt":0}}'];
+    const agent = await writeParticipant(root, "c1", "agent", "a1", line);
+    await writeParticipant(root, "c1", "model", "m1", line);
+    await writeParticipant(root, "c1", "agent", "a2", line);
+    await writer.publish(publishInput("c1", [agent], null));
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("gym/agent/a2") });
+    await rm(join(root, "c1", "gym", "agent", "a2"), { recursive: true });
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("gym/model") });
+    await rm(join(root, "c1", "gym", "model"), { recursive: true });
+    await writeFile(join(root, "c1", "gym", "agent", "a1", ".records.jsonl.123.abc"), "left by a crashed writer");
+    await writeFile(join(root, "c1", "notes.txt"), "the controller's own file");
+    expect((await verifyCheckpoint(catalog, "c1")).participants).toHaveLength(1);
+    await writer.settled();
+  });
 });
 
 describe("the dispatch log", () => {
