@@ -8,6 +8,7 @@ import {
   LATEST_FILE,
   MANIFEST_SCHEMA_VERSION,
   MAX_CONTROLLER_STATE_FILE_BYTES,
+  MAX_GLOBAL_MANIFEST_BYTES,
   isUnreadableStorage,
   makeDirectories,
   type ControllerState,
@@ -126,10 +127,17 @@ export class GlobalManifestWriter {
         controller_state: controllerState,
       };
       const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
+      const text = `${JSON.stringify(manifest, null, 2)}\n`;
+      // Each commit reply is bounded, not their sum: a checkpoint.json every reader refuses (restore,
+      // get, verify) must not become LATEST.
+      const size = Buffer.byteLength(text);
+      if (size > MAX_GLOBAL_MANIFEST_BYTES) {
+        throw new CheckpointError("payload_too_large", `${GLOBAL_MANIFEST_FILE} of checkpoint ${input.checkpointId} would be ${size} bytes, over the ${MAX_GLOBAL_MANIFEST_BYTES}-byte limit its readers enforce`);
+      }
       input.beforeWrite?.();
       // Checked again after the fsync's wait, before each rename: a successor that took over
       // meanwhile publishes (or repairs LATEST) itself.
-      await replaceSmallFileDurably(manifestPath, `${JSON.stringify(manifest, null, 2)}\n`, input.beforeWrite);
+      await replaceSmallFileDurably(manifestPath, text, input.beforeWrite);
       input.beforeWrite?.();
       renameSync(latest.temp, latest.target);
       // The root's fsync (LATEST's rename) leaves the critical path: until it is done the journal

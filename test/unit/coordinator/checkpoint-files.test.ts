@@ -3,7 +3,7 @@ import { cp, mkdir, mkdtemp, rename, rm, symlink, truncate, writeFile } from "no
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { MAX_CONTROLLER_STATE_FILE_BYTES, MAX_MANIFEST_BYTES, type ParticipantEntry } from "../../../protocol/index.js";
+import { MAX_CONTROLLER_STATE_FILE_BYTES, MAX_GLOBAL_MANIFEST_BYTES, MAX_MANIFEST_BYTES, type ParticipantEntry } from "../../../protocol/index.js";
 import { DispatchLog, MAX_DISPATCH_LOG_BYTES } from "../../../coordinator/collect/dispatch-log.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { scanRecords } from "../../../coordinator/publication/committed-records.js";
@@ -104,6 +104,21 @@ describe("publication", () => {
     await writeFile(join(root, "c1", "state.json"), "{}");
     await writer.publish(publishInput("c1", [entry], "state.json"));
     expect(await catalog.latest()).toBe("c1");
+    await writer.settled();
+  });
+});
+
+describe("publication of a checkpoint.json past its readers' limit", () => {
+  it("is refused (payload_too_large) before anything is written: LATEST never names a checkpoint nobody can read", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    await writer.publish(publishInput("c1", [await writeParticipant(root, "c1", "agent", "a1", [])], null));
+    // Commit replies are bounded one by one (1 MiB), not their sum over every participant.
+    const entry = await writeParticipant(root, "c2", "agent", "a1", []);
+    const refused = await refusalOf(writer.publish(publishInput("c2", [{ ...entry, extras: { blob: "x".repeat(MAX_GLOBAL_MANIFEST_BYTES) } }], null)));
+    expect(refused).toMatchObject({ code: "payload_too_large" });
+    expect(await catalog.latest()).toBe("c1");
+    expect(catalog.has("c2")).toBe(false);
     await writer.settled();
   });
 });
