@@ -165,7 +165,9 @@ export class GlobalManifestWriter {
    * entry outlived the close ("superseded").
    */
   async repairLatest(checkpointId: string): Promise<"current" | "repaired" | "superseded"> {
-    const latest = await this.catalog.latest().catch(() => null); // unreadable: repaired below
+    // Damaged: repaired below. Refused by the storage (EIO, a stale NFS handle during the failover):
+    // passed on, since it may name a newer checkpoint that LATEST must not be moved back from.
+    const latest = await this.catalog.latest().catch((error: unknown) => (isUnreadableStorage(error) ? Promise.reject(error) : null));
     if (latest === checkpointId) {
       // Read back from the page cache, perhaps before its rename was durable (the predecessor died
       // during the background fsync): make it so before the journal entry goes.
@@ -174,7 +176,7 @@ export class GlobalManifestWriter {
     }
     if (latest !== null) {
       const ours = await this.catalog.get(checkpointId);
-      const theirs = await this.catalog.get(latest).catch(() => undefined);
+      const theirs = await this.catalog.get(latest).catch((error: unknown) => (isUnreadableStorage(error) ? Promise.reject(error) : undefined));
       // Epochs only grow; within one epoch one coordinator's clock orders its publications.
       if (theirs && (theirs.epoch > ours.epoch || (theirs.epoch === ours.epoch && theirs.published_at > ours.published_at))) return "superseded";
     }

@@ -148,6 +148,29 @@ describe("publication and retention", () => {
     await writer.settled();
   });
 
+  it("recovery's LATEST repair never moves LATEST back past what the storage refuses to read (EIO), but repairs a damaged one", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    await publish(writer, "c1", 100);
+    await publish(writer, "c2", 200); // LATEST = c2; c1's journal entry outlived its close
+    const eio = (path: string) => Object.assign(new Error(`EIO: i/o error, open '${path}'`), { code: "EIO", syscall: "open", errno: -5 });
+    const get = catalog.get.bind(catalog);
+    const refuseC2 = vi.spyOn(catalog, "get").mockImplementation((id) => (id === "c2" ? Promise.reject(eio(join(root, "c2", "checkpoint.json"))) : get(id)));
+    await expect(writer.repairLatest("c1")).rejects.toMatchObject({ code: "EIO" });
+    expect(await catalog.latest()).toBe("c2");
+    refuseC2.mockRestore();
+    const refuseLatest = vi.spyOn(catalog, "latest").mockRejectedValue(eio(join(root, "LATEST")));
+    await expect(writer.repairLatest("c1")).rejects.toMatchObject({ code: "EIO" });
+    refuseLatest.mockRestore();
+    expect(await catalog.latest()).toBe("c2");
+    expect(await writer.repairLatest("c1")).toBe("superseded");
+    // Damage (not the storage's refusal) is still repaired: LATEST goes to the checkpoint that is whole.
+    await writeFile(join(root, "c2", "checkpoint.json"), "{");
+    expect(await writer.repairLatest("c1")).toBe("repaired");
+    expect(await catalog.latest()).toBe("c1");
+    await writer.settled();
+  });
+
   it("removes a deleted checkpoint's files in the background and sweeps temp files crashed writers left", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 1);
