@@ -67,10 +67,12 @@ const kind = new ModelKind({
   logger,
 });
 const server = createAttachProxy({ upstream, kind, controlToken: config.token, logger });
-await new Promise<void>((resolve, reject) => {
-  server.once("error", reject);
-  server.listen(listen.port, listen.host, () => resolve());
-});
+await runtime.listening(
+  new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(listen.port, listen.host, () => resolve());
+  }),
+);
 const address = server.address();
 const port = typeof address === "object" && address ? address.port : listen.port;
 const host = listen.host.includes(":") ? `[${listen.host}]` : listen.host;

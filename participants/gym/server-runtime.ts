@@ -62,6 +62,12 @@ export interface ServerRuntime {
    */
   serve<R extends RecordBase>(app: FastifyInstance, adapter: ParticipantKind<R>): Promise<string>;
   /**
+   * Awaits a server's listen. A failure (the port in use, an address not on this host) prints one
+   * line, `<name>: internal_error: listen EADDRINUSE: … <host>:<port>`, and exits 1 after closing
+   * NATS and telemetry, never a stack trace. The Gym launcher reads EADDRINUSE and the port there.
+   */
+  listening<T>(listen: Promise<T>): Promise<T>;
+  /**
    * Attaches `adapter` as this server's participant. A refusal (another live process serves this
    * kind/instance: `instance_conflict`) prints one line and exits 1, for the supervisor to report.
    * So does losing the name later (another process took it over while this one was cut off from
@@ -162,9 +168,14 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     });
   } catch (error) {
     // A bad OTEL_* variable is configuration, like a bad flag: one line, exit 2.
-    if (!(error instanceof CheckpointError && error.code === "invalid_request")) throw error;
-    process.stderr.write(`${name}: invalid configuration: ${error.message}\n`);
-    process.exit(2);
+    if (error instanceof CheckpointError && error.code === "invalid_request") {
+      process.stderr.write(`${name}: invalid configuration: ${error.message}\n`);
+      process.exit(2);
+    }
+    // Anything else (the metrics port in use) is one line too, exit 1: a restart may find it free.
+    const refusal = toCheckpointError(error);
+    process.stderr.write(`${name}: ${refusal.code}: metrics endpoint: ${refusal.message}\n`);
+    process.exit(1);
   }
   // Data-plane trace context only matters when spans are recorded somewhere.
   const stopHttpPropagation = telemetry.tracing ? propagateHttpTraceContext() : () => undefined;
@@ -233,8 +244,20 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     onShutdown(fn) {
       shutdown.push(fn);
     },
+    async listening(listen) {
+      try {
+        return await listen;
+      } catch (error) {
+        const refusal = toCheckpointError(error);
+        process.stderr.write(`${name}: ${refusal.code}: ${refusal.message}\n`);
+        await nc.close().catch(() => undefined);
+        stopHttpPropagation();
+        await telemetry.shutdown();
+        process.exit(1);
+      }
+    },
     async serve(app, adapter) {
-      const url = await app.listen({ host: "127.0.0.1", port: config.port });
+      const url = await runtime.listening(app.listen({ host: "127.0.0.1", port: config.port }));
       const participant = await runtime.participate(adapter);
       runtime.onShutdown(async () => {
         // No more control messages, so nothing will reopen admission or expire a lease: requests

@@ -21,7 +21,7 @@ if (!cutToken.success) {
   process.exit(2);
 }
 const { app } = await createPolicyBackend({ tokenDelayMs, cutToken: cutToken.data });
-const address = await app.listen({ host: "127.0.0.1", port: config.port });
+const address = await runtime.listening(app.listen({ host: "127.0.0.1", port: config.port }));
 runtime.onShutdown(async () => {
   await app.close();
 });
