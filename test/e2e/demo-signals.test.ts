@@ -65,6 +65,30 @@ describe("gym-ckpt demo", () => {
     expect({ code, signal }).toEqual({ code: 143, signal: null });
   });
 
+  it("a second Ctrl-C while it stops changes nothing: it still removes everything and exits 130", async () => {
+    const { demo, exited, started, ours } = await runningDemo();
+    let gone = false;
+    void exited.then(() => (gone = true));
+    // Repeats from the moment the demo says it is stopping until it exits: each lands during its clean-up.
+    const repeats = new Promise<void>((resolve) => {
+      createInterface({ input: demo.stdout! }).on("line", (line) => {
+        if (!line.includes("SIGINT: stopping")) return;
+        const again = () => {
+          if (gone) return resolve();
+          demo.kill("SIGINT");
+          setTimeout(again, 10);
+        };
+        again();
+      });
+    });
+    process.kill(-demo.pid!, "SIGINT"); // the terminal's Ctrl-C, to the demo's process group
+    const { code, signal } = await exited;
+    await repeats;
+    await waitUntil(() => started.every((p) => !alive(p.pid)), "every process the demo started to exit", 30_000);
+    expect({ code, signal }).toEqual({ code: 130, signal: null });
+    expect(await ours()).toEqual([]);
+  });
+
   it("does the same when its terminal hangs up (SIGHUP to its process group): the detached Gym and nats-server go too", async () => {
     const { demo, exited, started, ours } = await runningDemo();
     process.kill(-demo.pid!, "SIGHUP");

@@ -26,6 +26,9 @@ export function register(program: Command): void {
       const abort = new AbortController();
       let signalled: NodeJS.Signals | undefined;
       const onSignal = (signal: NodeJS.Signals) => {
+        // A second Ctrl-C while the clean-up runs must not end it halfway (the default action would,
+        // leaving the work and NATS store directories): the first signal's stop is already under way.
+        if (signalled) return;
         signalled = signal;
         // After a hangup, writing to the terminal fails (EIO): that must not end the clean-up.
         if (signal === "SIGHUP") for (const stream of [process.stdout, process.stderr]) stream.on("error", () => undefined);
@@ -33,7 +36,8 @@ export function register(program: Command): void {
         abort.abort();
       };
       const signals = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
-      for (const signal of signals) process.once(signal, onSignal);
+      // `on`, not `once`: after `once` fired, a repeat would get the default action.
+      for (const signal of signals) process.on(signal, onSignal);
       try {
         const outcome = await runDemo({ ...numbers, keep: flags.keep === true, say, signal: abort.signal });
         process.exitCode = outcome.ok ? 0 : 1;
