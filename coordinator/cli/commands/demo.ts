@@ -1,6 +1,8 @@
 import { constants } from "node:os";
 import type { Command } from "commander";
-import { runDemo } from "../../local/demo.js";
+import { CheckpointError, toCheckpointError } from "../../../protocol/index.js";
+import { runDemo, type DemoOptions } from "../../local/demo.js";
+import { integerFlag, secondsFlag } from "../shared.js";
 
 export function register(program: Command): void {
   program
@@ -14,9 +16,12 @@ export function register(program: Command): void {
     .option("--keep", "keep the work directory (checkpoints, results, logs)")
     .action(async (flags: { rows: string; concurrency: string; checkpointEvery: string; crashAfter: string; tokenDelayMs: string; keep?: boolean }) => {
       const say = (line: string) => process.stdout.write(`[demo] ${line}\n`);
-      const numbers = { rows: Number(flags.rows), concurrency: Number(flags.concurrency), checkpointEvery: Number(flags.checkpointEvery), crashAfter: Number(flags.crashAfter), tokenDelayMs: Number(flags.tokenDelayMs) };
-      if (!(numbers.rows >= 1 && numbers.concurrency >= 1 && numbers.checkpointEvery > 0 && numbers.crashAfter > 0 && numbers.crashAfter < 1 && numbers.tokenDelayMs >= 0)) {
-        process.stderr.write("error invalid_request: --rows and --concurrency ≥ 1, --checkpoint-every > 0, 0 < --crash-after < 1, --token-delay-ms ≥ 0\n");
+      let numbers: Pick<DemoOptions, "rows" | "concurrency" | "checkpointEvery" | "crashAfter" | "tokenDelayMs">;
+      try {
+        numbers = demoNumbers(flags);
+      } catch (error) {
+        const refusal = toCheckpointError(error);
+        process.stderr.write(`error ${refusal.code}: ${refusal.message}\n`);
         process.exitCode = 2;
         return;
       }
@@ -49,4 +54,28 @@ export function register(program: Command): void {
       if (signalled) process.exit(128 + constants.signals[signalled]);
       for (const signal of signals) process.off(signal, onSignal);
     });
+}
+
+/**
+ * The demo's numbers, checked as `collect` and the policy backend check theirs, before anything
+ * starts: a fractional --rows could never be matched by the rows finished (a sure "demo FAILED"),
+ * and a value a child refuses would fail the demo only after nats-server and the Gym started.
+ */
+function demoNumbers(flags: { rows: string; concurrency: string; checkpointEvery: string; crashAfter: string; tokenDelayMs: string }) {
+  const rows = integerFlag("rows", flags.rows, 1);
+  const crashAfter = Number(flags.crashAfter);
+  if (!/^\d*\.?\d+$/.test(flags.crashAfter.trim()) || !(crashAfter > 0 && crashAfter < 1)) {
+    throw new CheckpointError("invalid_request", `--crash-after must be a share between 0 and 1, got ${JSON.stringify(flags.crashAfter)}`);
+  }
+  // The crash must leave rows to continue: with all of them finished the collector is gone before it.
+  if (Math.ceil(rows * crashAfter) >= rows) {
+    throw new CheckpointError("invalid_request", `--crash-after ${flags.crashAfter} of ${rows} rows leaves no row unfinished at the crash`);
+  }
+  return {
+    rows,
+    concurrency: integerFlag("concurrency", flags.concurrency, 1),
+    checkpointEvery: secondsFlag("checkpoint-every", flags.checkpointEvery),
+    crashAfter,
+    tokenDelayMs: integerFlag("token-delay-ms", flags.tokenDelayMs, 0, 60_000),
+  };
 }
