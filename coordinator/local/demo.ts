@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -205,6 +205,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     ]);
 
     const results = [...(await readResults(out)).values()];
+    const rowCheck = await verifyRows(out, demoRowIds(options.rows));
     const finalCalls = await backendCalls(backendUrl);
     const verdict = verifyCalls(finalCalls);
     // Every call the backend saw, for whoever reads a kept work directory after a failed verdict.
@@ -218,7 +219,8 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
       `model calls: ${verdict.delivered} delivered, ${verdict.keptByContinuation} of them (${verdict.tokensKept} tokens) made before the crash and kept by continuation; ` +
         `${verdict.reissued} undelivered calls re-issued; delivered calls repeated: ${verdict.repeated}`,
     );
-    const ok = code === 0 && results.length === options.rows && verdict.repeated === 0;
+    if (rowCheck.repeated || rowCheck.unknown) say(`results.jsonl: ${rowCheck.repeated} rows finished more than once, ${rowCheck.unknown} rows no task names`);
+    const ok = code === 0 && rowCheck.missing === 0 && rowCheck.repeated === 0 && rowCheck.unknown === 0 && verdict.repeated === 0;
     say(ok ? "demo passed: every row finished and no delivered model call was repeated" : "demo FAILED");
     if (options.keep) say(`work directory kept: ${work}`);
     return { ok, finished: results.length, rows: options.rows, repeatedDeliveredCalls: verdict.repeated };
@@ -234,14 +236,40 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
   }
 }
 
+function demoRowIds(rows: number): string[] {
+  return Array.from({ length: rows }, (_, i) => `demo-${String(i).padStart(3, "0")}`);
+}
+
+/**
+ * Every line of results.jsonl against the tasks: each task's row once. readResults keeps one row
+ * per id, so a row written twice (a finished row collected again) or one no task names would not
+ * show in its count; the demo would call that run a success.
+ */
+export async function verifyRows(path: string, ids: string[]): Promise<{ finished: number; missing: number; repeated: number; unknown: number }> {
+  const wanted = new Set(ids);
+  const seen = new Set<string>();
+  let repeated = 0;
+  let unknown = 0;
+  const text = await readFile(path, "utf8").catch((error: NodeJS.ErrnoException) => (error.code === "ENOENT" ? "" : Promise.reject(error)));
+  for (const line of text.split("\n")) {
+    if (!line.trim()) continue;
+    const id = (JSON.parse(line) as { rollout_id?: unknown }).rollout_id;
+    if (typeof id !== "string" || !wanted.has(id)) unknown++;
+    else if (seen.has(id)) repeated++;
+    else seen.add(id);
+  }
+  return { finished: seen.size, missing: wanted.size - seen.size, repeated, unknown };
+}
+
 /** Arithmetic tasks that take two tool rounds each: three model calls per row. */
 function demoTasks(rows: number): string {
+  const ids = demoRowIds(rows);
   const lines: string[] = [];
   for (let i = 0; i < rows; i++) {
     const a = 3 + ((i * 7) % 41);
     const b = 2 + ((i * 13) % 29);
     const c = 1 + (i % 9);
-    lines.push(JSON.stringify({ id: `demo-${String(i).padStart(3, "0")}`, task: { expression: `${a} * ${b} + ${c}`, tool_rounds: 2 } }));
+    lines.push(JSON.stringify({ id: ids[i], task: { expression: `${a} * ${b} + ${c}`, tool_rounds: 2 } }));
   }
   return `${lines.join("\n")}\n`;
 }
