@@ -264,7 +264,14 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
         // parked for a checkpoint would hold app.close() forever. Stop accepting, give in-flight
         // requests a bounded drain, then close what is left.
         await participant.stop();
-        const forced = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);
+        const forced = setTimeout(() => {
+          // close() already ended the idle connections: what is left are requests still running,
+          // whose callers now see the connection close. Said in the log, not dropped silently.
+          app.server.getConnections((_error, connections) => {
+            if (connections > 0) logger.warn({ connections, drain_ms: SHUTDOWN_DRAIN_MS }, "shutdown: requests still running after the drain are cut");
+          });
+          app.server.closeAllConnections();
+        }, SHUTDOWN_DRAIN_MS);
         await app.close();
         clearTimeout(forced);
       });

@@ -82,4 +82,39 @@ describe("environment server SIGTERMed while a prepare waits for a blocker", () 
     expect((await prepare).phase).toBe("preparing");
     await run;
   }, 60_000);
+
+  it("a /run still running after the shutdown drain is cut, and the server says so in its log", async () => {
+    const child: ChildProcess = spawn(
+      process.execPath,
+      ["dist/participants/gym/environment-server/main.js", "--nats", nats.server.url, "--deployment", `${DEPLOYMENT}-drain`, "--token", TOKEN, "--agent-url", stubUrl, "--resources-url", stubUrl],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
+    seen.add(child.pid!);
+    const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+    const logs: string[] = [];
+    let stderr = "";
+    child.stderr!.on("data", (chunk) => (stderr += String(chunk)));
+    const url = await new Promise<string>((resolve, reject) => {
+      createInterface({ input: child.stdout! }).on("line", (line) => {
+        logs.push(line);
+        if (line.includes('"ready":true')) resolve((JSON.parse(line) as { url: string }).url);
+      });
+      void exited.then((code) => reject(new Error(`environment server exited early (${code}): ${stderr}`)));
+    });
+    const run = fetch(`${url}/run`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ rollout_id: "r2", attempt: 0, task: { expression: "1+1", tool_rounds: 1 } }),
+    }).then(
+      () => "answered",
+      () => "cut",
+    );
+    const target = { deployment: `${DEPLOYMENT}-drain`, kind: "environment" as const, instance: "environment-server", token: TOKEN };
+    await waitUntil(async () => (await controlRequest(nats.nc, target, "status", {})).report.blocker_count === 1, "the episode waiting in its verify step");
+    child.kill("SIGTERM");
+    expect(await exited).toBe(0);
+    expect(await run).toBe("cut");
+    const cut = logs.map((line) => JSON.parse(line) as { level?: number; msg?: string; connections?: number }).find((entry) => entry.msg?.includes("cut"));
+    expect(cut).toMatchObject({ level: 40, connections: 1 });
+  }, 60_000);
 });
