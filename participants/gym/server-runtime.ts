@@ -76,6 +76,24 @@ export interface ServerRuntime {
   participate<R extends RecordBase>(adapter: ParticipantKind<R>): Promise<ParticipantHandle<R>>;
 }
 
+/**
+ * Stops accepting, gives in-flight requests SHUTDOWN_DRAIN_MS to finish, then closes what is left:
+ * a request that never ends (parked for a checkpoint nobody resumes, a held response) would hold
+ * app.close() and the process for ever.
+ */
+export async function closeWithDrain(app: FastifyInstance, logger: Logger): Promise<void> {
+  const forced = setTimeout(() => {
+    // close() already ended the idle connections: what is left are requests still running, whose
+    // callers now see the connection close. Said in the log, not dropped silently.
+    app.server.getConnections((_error, connections) => {
+      if (connections > 0) logger.warn({ connections, drain_ms: SHUTDOWN_DRAIN_MS }, "shutdown: requests still running after the drain are cut");
+    });
+    app.server.closeAllConnections();
+  }, SHUTDOWN_DRAIN_MS);
+  await app.close();
+  clearTimeout(forced);
+}
+
 /** The `--help` text: the common flags with their defaults and env fallbacks, then the server's own. */
 function usage(name: string, extraFlags: string[]): string {
   const lines = [
@@ -264,16 +282,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
         // parked for a checkpoint would hold app.close() forever. Stop accepting, give in-flight
         // requests a bounded drain, then close what is left.
         await participant.stop();
-        const forced = setTimeout(() => {
-          // close() already ended the idle connections: what is left are requests still running,
-          // whose callers now see the connection close. Said in the log, not dropped silently.
-          app.server.getConnections((_error, connections) => {
-            if (connections > 0) logger.warn({ connections, drain_ms: SHUTDOWN_DRAIN_MS }, "shutdown: requests still running after the drain are cut");
-          });
-          app.server.closeAllConnections();
-        }, SHUTDOWN_DRAIN_MS);
-        await app.close();
-        clearTimeout(forced);
+        await closeWithDrain(app, logger);
       });
       runtime.announceReady(url);
       return url;

@@ -1,5 +1,5 @@
 import { BearerTokenSchema } from "../../../protocol/index.js";
-import { startServerRuntime } from "../server-runtime.js";
+import { closeWithDrain, startServerRuntime } from "../server-runtime.js";
 import { createPolicyBackend } from "./policy-backend.js";
 
 /**
@@ -22,8 +22,7 @@ if (!cutToken.success) {
 }
 const { app } = await createPolicyBackend({ tokenDelayMs, cutToken: cutToken.data });
 const address = await runtime.listening(app.listen({ host: "127.0.0.1", port: config.port }));
-runtime.onShutdown(async () => {
-  await app.close();
-});
+// Bounded: a response held by /admin/hold would otherwise keep the process past SIGTERM for ever.
+runtime.onShutdown(() => closeWithDrain(app, logger));
 logger.info({ url: address, tokenDelayMs }, "policy backend listening");
 runtime.announceReady(address);
