@@ -63,6 +63,22 @@ const flags = LaunchFlagsSchema.safeParse({
 });
 if (!flags.success) refuse(describeZodError(flags.error));
 const { nats, deployment, token, checkpointRoot, leaseGraceSeconds } = flags.data;
+// The Gym's own flags too: a server refusing one would fail the launch with exit 1 and its output,
+// after the servers before it started, for what is a configuration error (exit 2, not restarted).
+const RESOURCES_MODES = ["stateless", "restart_only"];
+const VERIFY_MODES = ["replay", "wait"];
+if (values["resources-mode"] !== undefined && !RESOURCES_MODES.includes(values["resources-mode"])) refuse(`--resources-mode must be one of ${RESOURCES_MODES.join(", ")}`);
+if (values.verify !== undefined && !VERIFY_MODES.includes(values.verify)) refuse(`--verify must be one of ${VERIFY_MODES.join(", ")}`);
+const tokenDelay = values["token-delay-ms"];
+if (tokenDelay !== undefined && !(/^\d+(\.\d+)?$/.test(tokenDelay.trim()) && Number(tokenDelay) <= 60_000)) refuse("--token-delay-ms must be a number from 0 to 60000");
+const httpUrl = (value: string): boolean => {
+  try {
+    return /^https?:$/.test(new URL(value).protocol);
+  } catch {
+    return false;
+  }
+};
+if (values["policy-url"] !== undefined && !httpUrl(values["policy-url"])) refuse("--policy-url must be an http or https URL");
 // Installed before the launch: a signal during start-up must stop the children started so far.
 const abort = new AbortController();
 let gym: Gym | undefined;

@@ -1,5 +1,6 @@
 import { spawnSync } from "node:child_process";
-import { describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startNats, type NatsFixture } from "../support/nats.js";
 import { ensureBuilt } from "./coordinator-process.js";
 
 /**
@@ -47,6 +48,18 @@ describe("configuration refused before anything starts", () => {
   });
 
   it.each([
+    ["--resources-mode", "bogus"],
+    ["--verify", "nope"],
+    ["--token-delay-ms", "soon"],
+    ["--policy-url", "not a url"],
+  ])("gym-ckpt gym: a bad %s is one line and exit 2 before any server starts (not a server's exit 1 and its output)", (flag, value) => {
+    ensureBuilt();
+    // No NATS behind the URL: a server started anyway would fail on it (exit 1) instead.
+    const bad = run(GYM, ["--nats", "nats://127.0.0.1:1", "--token", "t0ken", flag, value]);
+    expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(new RegExp(`^gym: invalid configuration: ${flag} [^\n]*$`)) });
+  });
+
+  it.each([
     ["a reference server", "dist/participants/gym/environment-server/main.js"],
     ["gym-ckpt gym", "dist/participants/gym/main.js"],
   ])("%s: empty GYM_CKPT_* variables count as unset, as for the coordinator (only the bad flag is refused)", (_what, program) => {
@@ -55,5 +68,24 @@ describe("configuration refused before anything starts", () => {
     const bad = run(program, ["--token", "t0ken", "--lease-grace-seconds", "soon"], env);
     expect(bad.status).toBe(2);
     expect(bad.stderr.trim()).toMatch(/^[a-z-]+: invalid configuration: leaseGraceSeconds: [^\n;]*$/);
+  });
+});
+
+describe("resources server given a bad --mode or --verify", () => {
+  let nats: NatsFixture;
+  beforeAll(async () => {
+    nats = await startNats();
+  });
+  afterAll(async () => {
+    await nats?.close();
+  });
+
+  it.each([
+    ["--mode", "bogus", "resources-server: --mode must be one of restart_only, stateless, exported"],
+    ["--verify", "nope", "resources-server: --verify must be one of wait, replay"],
+  ])("%s %s: one line naming the flag and exit 2, not a zod issue list", (flag, value, line) => {
+    ensureBuilt();
+    const bad = spawnSync(process.execPath, ["dist/participants/gym/resources-server/main.js", "--nats", nats.server.url, "--token", "t0ken", flag, value], { encoding: "utf8", timeout: 20_000 });
+    expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
 });

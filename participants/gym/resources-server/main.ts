@@ -21,10 +21,13 @@ function buildServer(): ResourcesServer {
     return new CounterServer();
   }
   if (which !== "calculator") throw new Error(`unknown --server ${which}`);
-  const mode = CheckpointModeSchema.parse(extra.mode ?? CalculatorServer.checkpointMode);
-  const verify = CheckpointVerifySchema.parse(extra.verify ?? CalculatorServer.checkpointVerify);
-  if (mode === "exported") throw new Error("the calculator server has no session state to export; use --mode stateless or restart_only");
-  const Server = calculatorServerClass(mode, verify);
+  // One line naming the flag, not a zod issue list printed as JSON.
+  const mode = CheckpointModeSchema.safeParse(extra.mode ?? CalculatorServer.checkpointMode);
+  if (!mode.success) throw new Error(`--mode must be one of ${CheckpointModeSchema.options.join(", ")}`);
+  const verify = CheckpointVerifySchema.safeParse(extra.verify ?? CalculatorServer.checkpointVerify);
+  if (!verify.success) throw new Error(`--verify must be one of ${CheckpointVerifySchema.options.join(", ")}`);
+  if (mode.data === "exported") throw new Error("the calculator server has no session state to export; use --mode stateless or restart_only");
+  const Server = calculatorServerClass(mode.data, verify.data);
   return new Server();
 }
 
