@@ -138,6 +138,8 @@ export class GlobalManifestWriter {
       // Checked again after the fsync's wait, before each rename: a successor that took over
       // meanwhile publishes (or repairs LATEST) itself.
       await replaceSmallFileDurably(manifestPath, text, input.beforeWrite);
+      // Read before LATEST's rename: once LATEST names it, the publication must not fail.
+      const written = statSync(manifestPath);
       input.beforeWrite?.();
       renameSync(latest.temp, latest.target);
       // The root's fsync (LATEST's rename) leaves the critical path: until it is done the journal
@@ -147,7 +149,7 @@ export class GlobalManifestWriter {
       durable.catch(() => undefined); // reported through durable()
       this.latestDurable = durable;
       // Retention scans the catalog right after this; it need not re-read what was just written.
-      this.catalog.remember(input.checkpointId, manifest, statSync(manifestPath));
+      this.catalog.remember(input.checkpointId, manifest, written);
       return { manifestPath, manifest };
     } catch (error) {
       latest ??= await staging.catch(() => undefined);

@@ -11,7 +11,8 @@ import { writeParticipant } from "./fake-participants.js";
 
 // A full disk for checkpoint.json's write: while `full`, the blocking writes publication uses fail
 // with a real ENOSPC (written to /dev/full), which names no path.
-const disk = vi.hoisted(() => ({ full: false }));
+// While `statFails`, a stat of a checkpoint.json fails as a storage that stops answering does (EIO).
+const disk = vi.hoisted(() => ({ full: false, statFails: false }));
 vi.mock("node:fs", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs")>();
   const writeSync = ((...args: Parameters<typeof real.writeSync>) => {
@@ -23,7 +24,11 @@ vi.mock("node:fs", async (importOriginal) => {
       real.closeSync(fd);
     }
   }) as typeof real.writeSync;
-  return { ...real, default: { ...real, writeSync }, writeSync };
+  const statSync = ((...args: Parameters<typeof real.statSync>) => {
+    if (disk.statFails && String(args[0]).endsWith("checkpoint.json")) throw Object.assign(new Error(`EIO: i/o error, stat '${String(args[0])}'`), { code: "EIO", syscall: "stat" });
+    return (real.statSync as (...a: unknown[]) => unknown)(...args);
+  }) as typeof real.statSync;
+  return { ...real, default: { ...real, writeSync, statSync }, writeSync, statSync };
 });
 
 let root: string;
@@ -32,6 +37,7 @@ beforeEach(async () => {
 });
 afterEach(async () => {
   disk.full = false;
+  disk.statFails = false;
   await rm(root, { recursive: true, force: true });
 });
 
@@ -55,6 +61,16 @@ async function publish(writer: GlobalManifestWriter, id: string, at: number, sta
 }
 
 describe("publication and retention", () => {
+  it("a publication that fails reading back its checkpoint.json fails before LATEST names it (never a failed publish that is LATEST)", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.statFails = true;
+    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    disk.statFails = false;
+    expect(await catalog.latest()).toBe("c1");
+  });
+
   it("writes checkpoint.json, then LATEST; keeps the newest N and deletes partial checkpoints", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
