@@ -14,6 +14,7 @@ import {
   PARTICIPANTS_DIR,
   canonicalJson,
   captureKey,
+  isUnreadableStorage,
   outsideCheckpointId,
   nextAttempt,
   toCheckpointError,
@@ -777,7 +778,10 @@ export class CheckpointEngine {
       const manifest = await this.options.catalog.get(latest);
       const after = manifest.epoch > entry.epoch || (manifest.epoch === entry.epoch && manifest.published_at * 1000 > entry.updated_at);
       return after ? latest : undefined;
-    } catch {
+    } catch (error) {
+      // A LATEST the storage refuses to read may name a newer checkpoint: completing this decision
+      // could move LATEST back from it. The entry stays for a later recovery. Damage is "none".
+      if (isUnreadableStorage(error)) throw error;
       return undefined;
     }
   }

@@ -436,6 +436,27 @@ describe("recovery of a decided checkpoint overtaken by a newer publication", ()
   });
 });
 
+describe("recovery of a decided checkpoint while LATEST cannot be read", () => {
+  it("completes nothing (a newer publication may be behind the storage's refusal): the entry stays journaled, failed, for a later recovery", async () => {
+    const first = makeEngine(root);
+    await first.engine.prepare({ checkpoint_id: "dec-eio" });
+    await first.engine.commit({ checkpoint_id: "dec-eio", episode_ids: null, stop: false });
+    const entry = structuredClone(first.journal.entries.get("dec-eio")!);
+    await first.engine.resume({ checkpoint_id: "dec-eio" });
+    first.clock.current += 1000;
+    await first.engine.checkpoint({ checkpoint_id: "new-pub2", episode_ids: null, stop: false, controller_state: null });
+    await first.writer.settled();
+    const second = await successor(entry);
+    second.catalog.latest = async () => {
+      throw Object.assign(new Error(`EIO: i/o error, open '${join(root, "LATEST")}'`), { code: "EIO", syscall: "open" });
+    };
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "dec-eio", action: "failed" }]);
+    expect(second.fake.ops("commit")).toHaveLength(0);
+    expect(second.journal.entries.get("dec-eio")?.state).toBe("decided");
+    expect(await new CheckpointCatalog(root).latest()).toBe("new-pub2");
+  });
+});
+
 /** Every entry `journal` records from now on, as written (the journal keeps only the latest). */
 function recordedEntries(journal: ReturnType<typeof makeEngine>["journal"]): JournalEntry[] {
   const recorded: JournalEntry[] = [];
