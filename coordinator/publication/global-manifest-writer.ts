@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { createReadStream, renameSync, statSync } from "node:fs";
-import { rmdir } from "node:fs/promises";
+import { rm, rmdir } from "node:fs/promises";
 import { join } from "node:path";
 import {
   CheckpointError,
@@ -106,6 +106,7 @@ export class GlobalManifestWriter {
     const staging = this.staged.get(input.checkpointId)!;
     this.staged.delete(input.checkpointId);
     let latest: StagedFile | undefined;
+    let manifestPath: string | undefined;
     try {
       latest = await staging; // also created the checkpoint directory
       // The state file is fsynced here: a controller may have written it without, and LATEST must
@@ -126,7 +127,6 @@ export class GlobalManifestWriter {
         participants: [...input.participants].sort((a, b) => (a.kind + "/" + a.instance < b.kind + "/" + b.instance ? -1 : 1)),
         controller_state: controllerState,
       };
-      const manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
       const text = `${JSON.stringify(manifest, null, 2)}\n`;
       // Each commit reply is bounded, not their sum: a checkpoint.json every reader refuses (restore,
       // get, verify) must not become LATEST.
@@ -137,6 +137,7 @@ export class GlobalManifestWriter {
       input.beforeWrite?.();
       // Checked again after the fsync's wait, before each rename: a successor that took over
       // meanwhile publishes (or repairs LATEST) itself.
+      manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
       await replaceSmallFileDurably(manifestPath, text, input.beforeWrite);
       // Read before LATEST's rename: once LATEST names it, the publication must not fail.
       const written = statSync(manifestPath);
@@ -154,6 +155,9 @@ export class GlobalManifestWriter {
     } catch (error) {
       latest ??= await staging.catch(() => undefined);
       if (latest) await discardStagedFile(latest);
+      // Renamed into place before the failure (its directory's fsync failed): a checkpoint.json
+      // marks a checkpoint published, which LATEST never named and the engine now aborts.
+      if (manifestPath !== undefined) await rm(manifestPath, { force: true }).catch(() => undefined);
       throw error;
     } finally {
       if (latest) this.inUse.delete(latest.temp);

@@ -12,7 +12,8 @@ import { writeParticipant } from "./fake-participants.js";
 // A full disk for checkpoint.json's write: while `full`, the blocking writes publication uses fail
 // with a real ENOSPC (written to /dev/full), which names no path.
 // While `statFails`, a stat of a checkpoint.json fails as a storage that stops answering does (EIO).
-const disk = vi.hoisted(() => ({ full: false, statFails: false }));
+// While `dirOpenFails` names a directory, opening it (for its fsync) fails with EIO.
+const disk = vi.hoisted(() => ({ full: false, statFails: false, dirOpenFails: undefined as string | undefined }));
 vi.mock("node:fs", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs")>();
   const writeSync = ((...args: Parameters<typeof real.writeSync>) => {
@@ -28,7 +29,11 @@ vi.mock("node:fs", async (importOriginal) => {
     if (disk.statFails && String(args[0]).endsWith("checkpoint.json")) throw Object.assign(new Error(`EIO: i/o error, stat '${String(args[0])}'`), { code: "EIO", syscall: "stat" });
     return (real.statSync as (...a: unknown[]) => unknown)(...args);
   }) as typeof real.statSync;
-  return { ...real, default: { ...real, writeSync, statSync }, writeSync, statSync };
+  const openSync = ((...args: Parameters<typeof real.openSync>) => {
+    if (disk.dirOpenFails !== undefined && String(args[0]) === disk.dirOpenFails) throw Object.assign(new Error(`EIO: i/o error, open '${String(args[0])}'`), { code: "EIO", syscall: "open" });
+    return (real.openSync as (...a: unknown[]) => number)(...args);
+  }) as typeof real.openSync;
+  return { ...real, default: { ...real, writeSync, statSync, openSync }, writeSync, statSync, openSync };
 });
 
 let root: string;
@@ -38,6 +43,7 @@ beforeEach(async () => {
 afterEach(async () => {
   disk.full = false;
   disk.statFails = false;
+  disk.dirOpenFails = undefined;
   await rm(root, { recursive: true, force: true });
 });
 
@@ -69,6 +75,20 @@ describe("publication and retention", () => {
     expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
     disk.statFails = false;
     expect(await catalog.latest()).toBe("c1");
+  });
+
+  it("a checkpoint.json whose directory's fsync fails after its rename is taken back: the failed publication is not listed as published", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.dirOpenFails = catalog.dirFor("c2");
+    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    disk.dirOpenFails = undefined;
+    expect(await readdir(catalog.dirFor("c2"))).not.toContain("checkpoint.json");
+    const fresh = new CheckpointCatalog(root);
+    expect(await fresh.latest()).toBe("c1");
+    expect(fresh.has("c2")).toBe(false);
+    expect(fresh.scan().partial).toContain("c2");
   });
 
   it("writes checkpoint.json, then LATEST; keeps the newest N and deletes partial checkpoints", async () => {
