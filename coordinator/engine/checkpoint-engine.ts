@@ -78,8 +78,9 @@ interface OpenCheckpoint {
   /** Where the restore's clean-up retires attempt+1 (journaled with `restore_cleanup`; default every member). */
   retireAt?: ParticipantRef[];
   /**
-   * The members a prepare that stopped at a stage was sent (its stages up to that one): the later
-   * stages' members are idle, and a renew there would be refused. Unset once every stage prepared.
+   * The members any prepare of this checkpoint was sent (a prepare that stopped at a stage: its
+   * stages up to that one): the later stages' members are idle, and a renew there would be
+   * refused. Every member once a prepare went through; unset for a recovered checkpoint (all).
    */
   reached?: ParticipantRef[];
   log?: Logger;
@@ -326,7 +327,7 @@ export class CheckpointEngine {
 
   /**
    * Extends every participant's lease (all at once), e.g. while a long publication runs; of a
-   * prepare that stopped at a stage, the leases of the stages it reached.
+   * prepare that stopped at a stage, the leases of the stages any prepare of it reached.
    */
   renew(request: CtlRequestOf<"renew">): Promise<CtlReplyOf<"renew">> {
     return this.op("renew", request.checkpoint_id, async (ctx) => {
@@ -960,8 +961,11 @@ export class CheckpointEngine {
     // The latest prepare decides: one re-driven after it succeeded that stops at a stage (a member
     // unreachable or restarted since) leaves the checkpoint not prepared, so commit is refused.
     open.phase = prepared ? "prepared" : "preparing";
+    // What an earlier prepare of this checkpoint reached stays reached (parked, its lease running)
+    // when a re-driven one stops at an earlier stage: renew must keep reaching it.
     const sent = new Set(outcomes.map((o) => o.participant));
-    open.reached = prepared ? undefined : members.filter((m) => sent.has(m));
+    const before = open.reached;
+    open.reached = members.filter((m) => sent.has(m) || (before?.includes(m) ?? false));
     if (prepared) {
       open.restarts = restarts;
       open.scopeRequiredBy = outcomes.filter((o) => o.ok && o.reply.report.scope_required).map((o) => refName(o.participant));

@@ -825,6 +825,15 @@ describe("renew", () => {
     expect((await engine.prepare({ checkpoint_id: "r2" })).prepared).toBe(true);
     expect((await engine.renew({ checkpoint_id: "r2" })).participants).toHaveLength(5);
   });
+
+  it("after a re-driven prepare stops at an earlier stage, still reaches the later stages an earlier prepare left parked (their leases must not lapse)", async () => {
+    const { engine, fake } = makeEngine(root);
+    expect((await engine.prepare({ checkpoint_id: "r3" })).prepared).toBe(true);
+    fake.set("environment", "e1", "prepare", { notReady: ["r8"] });
+    expect((await engine.prepare({ checkpoint_id: "r3" })).stopped_at).toEqual(["environment"]);
+    expect((await engine.renew({ checkpoint_id: "r3" })).participants).toHaveLength(5);
+    expect(fake.ops("renew")).toHaveLength(5);
+  });
 });
 
 describe("stop", () => {
