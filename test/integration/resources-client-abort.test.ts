@@ -24,6 +24,8 @@ class GatedServer extends CounterServer {
   inflightInHandler: number | undefined;
   readonly events = new Readable({ read: () => undefined });
   readonly replies: { status: number; body: string }[] = [];
+  /** Set by /streamed_terminal: calls `sessions.ended` for that request. */
+  endSession: (() => void) | undefined;
 
   open(): void {
     this.opened();
@@ -78,6 +80,11 @@ class GatedServer extends CounterServer {
     // A streamed reply (an MCP call's SSE): the test pushes its events and ends it.
     app.post("/streamed", async (_request, reply) => {
       reply.raw.once("close", () => (this.clientGone = true));
+      return reply.type("text/event-stream").send(this.events);
+    });
+    // A streamed terminal step: its handler learns the episode ended while it streams (after onSend).
+    app.post("/streamed_terminal", async (request, reply) => {
+      this.endSession = () => sessions.ended(request);
       return reply.type("text/event-stream").send(this.events);
     });
     // Parked after its body was read (an async preValidation hook of the server's own).
@@ -226,11 +233,11 @@ describe("resources: a streamed reply", () => {
   afterEach(() => app?.server.closeAllConnections());
 
   /** Starts a streamed call and resolves once its first event arrived (Fastify ran onSend). */
-  async function streaming(base: string, cookie: string, server: GatedServer) {
+  async function streaming(base: string, cookie: string, server: GatedServer, route = "streamed") {
     let received = "";
     let client: ClientRequest | undefined;
     const ended = new Promise<string>((resolve) => {
-      client = request(`${base}/ng-rollout/ab-1/streamed`, { method: "POST", headers: { "content-type": "application/json", cookie } }, (response) => {
+      client = request(`${base}/ng-rollout/ab-1/${route}`, { method: "POST", headers: { "content-type": "application/json", cookie } }, (response) => {
         response.on("data", (chunk) => (received += String(chunk)));
         response.on("end", () => resolve(received));
         response.on("error", () => resolve(received));
@@ -266,5 +273,16 @@ describe("resources: a streamed reply", () => {
     await ended;
     await waitUntil(() => server.clientGone, "the server to see the client go");
     await waitUntil(() => kind.readiness().counts.inflight === 0, "the streamed call to be released", 2000);
+  });
+
+  it("a 2xx streamed terminal step whose handler calls sessions.ended while it streams ends the session", async () => {
+    const { server, kind, base, cookie } = await start();
+    expect(kind.readiness().counts.sessions).toBe(1);
+    const { ended } = await streaming(base, cookie, server, "streamed_terminal");
+    server.endSession!(); // after onSend: the reply is a 200
+    server.events.push(null);
+    await ended;
+    await waitUntil(() => kind.readiness().counts.inflight === 0, "the streamed call to be released");
+    expect(kind.readiness().counts.sessions).toBe(0);
   });
 });

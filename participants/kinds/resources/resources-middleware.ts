@@ -46,6 +46,8 @@ interface Admitted {
   startedFresh: boolean;
   /** `sessions.ended` was called: a 2xx reply ends the session, as a 2xx `/verify` does. */
   endOnSuccess: boolean;
+  /** onSend ran with a 2xx: an `ended` called later (a streamed reply's handler still writing) ends at once. */
+  succeeded: boolean;
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {
@@ -147,7 +149,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
         kind.release(ticket);
         return reply.code(200).type("application/json").send({});
       }
-      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false, startedFresh: false, endOnSuccess: false };
+      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false, startedFresh: false, endOnSuccess: false, succeeded: false };
       admitted.set(request, entry);
       // Before its body is read, a closed request never gets an onSend (Fastify waits forever on
       // the destroyed stream, or fails the read): release it now. Once read, onSend releases it.
@@ -233,6 +235,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       }
       if (reply.statusCode >= 200 && reply.statusCode < 300) {
         kind.succeeded({ ...entry.ticket, sessionId: entry.sessionId });
+        entry.succeeded = true;
         if (entry.endOnSuccess && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
         if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
       } else if (entry.startedFresh && entry.sessionId !== undefined) {
@@ -277,7 +280,11 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     ended(request) {
       // Ended once the reply is a 2xx: a refused terminal step is retried on the same session.
       const entry = admitted.get(request);
-      if (entry) entry.endOnSuccess = true;
+      if (!entry) return;
+      entry.endOnSuccess = true;
+      // Called after a 2xx onSend (a streamed reply's handler learns the end while it writes): no
+      // later hook would end it.
+      if (entry.succeeded && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
     },
     signal(request) {
       return admitted.get(request)?.ticket.signal ?? NEVER_ABORTED;
