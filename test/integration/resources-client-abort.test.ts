@@ -272,7 +272,7 @@ describe("resources: a streamed reply", () => {
     client.destroy();
     await ended;
     await waitUntil(() => server.clientGone, "the server to see the client go");
-    await waitUntil(() => kind.readiness().counts.inflight === 0, "the streamed call to be released", 2000);
+    await waitUntil(() => kind.readiness().counts.inflight === 0, "the streamed call to be released");
   });
 
   it("a 2xx streamed terminal step whose handler calls sessions.ended while it streams ends the session", async () => {
