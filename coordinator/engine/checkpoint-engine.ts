@@ -491,12 +491,13 @@ export class CheckpointEngine {
     ctx: Context | undefined,
     identify: (id: string) => void,
   ): Promise<Outcome<O>[]> {
-    const { checkpointId, members, epoch, deadlineMs } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
+    const { checkpointId, members, epoch, deadlineMs, restored } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
     if (checkpointId !== undefined) identify(checkpointId);
     const id = checkpointId ?? outsideCheckpointId(op);
     // An expected participant the registry does not list (a lapsed heartbeat: it may still run and
-    // serve the retired attempt) fails its stage, as in prepare: the fence must reach it.
-    const missing = this.expectedMissingFrom(members);
+    // serve the retired attempt) fails its stage, as in prepare: the fence must reach it. In a
+    // restored checkpoint the members are its own, so one it lacks is looked up in the registry.
+    const missing = this.expectedMissingFrom(restored ? [...members, ...(await this.options.membership.list())] : members);
     const { results, stoppedAt } = await runStages(
       RETIRE_STAGES,
       [...members, ...missing],
@@ -1697,7 +1698,7 @@ export class CheckpointEngine {
     op: string,
     requestedId: string | undefined,
     deadlineTs: number | undefined,
-  ): Promise<{ checkpointId: string | undefined; members: ParticipantRef[]; epoch: number; deadlineMs: number }> {
+  ): Promise<{ checkpointId: string | undefined; members: ParticipantRef[]; epoch: number; deadlineMs: number; restored: boolean }> {
     const deadlineMs = this.deadline(deadlineTs);
     if (this.open) await this.closeIfNobodyHolds(this.open);
     const open = this.open;
@@ -1710,7 +1711,7 @@ export class CheckpointEngine {
     const epoch = this.options.leadership.epoch();
     const members = open ? open.members : await this.options.membership.list();
     if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
-    return { checkpointId: open ? open.id : requestedId, members, epoch, deadlineMs };
+    return { checkpointId: open ? open.id : requestedId, members, epoch, deadlineMs, restored: open !== undefined };
   }
 
   private deadline(deadlineTs: number | undefined): number {

@@ -616,6 +616,18 @@ describe("all-or-nothing restore", () => {
     await engine.resume({ checkpoint_id: "base" });
     expect(engine.openCheckpoint).toBeNull();
   });
+
+  it("retire and forget in a restored checkpoint taken before an expected participant joined: it is registered, so not reported missing", async () => {
+    await makeEngine(root).engine.checkpoint({ checkpoint_id: "before-r2", episode_ids: null, stop: false, controller_state: null });
+    const r2 = { kind: "resources" as const, instance: "r2" };
+    const { engine, fake } = makeEngine(root, { members: [...FOUR_KINDS, r2], expected: [...FOUR_KINDS, r2] });
+    await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(engine.openCheckpoint?.phase).toBe("restored");
+    await engine.retire({ episode_ids: [{ rollout_id: "r9", attempt: 0 }] });
+    await engine.forget({ rollout_ids: ["r9"] });
+    expect(fake.ops("retire")).toHaveLength(FOUR_KINDS.length); // the restored checkpoint's members, as before
+    await engine.resume({ checkpoint_id: "before-r2" });
+  });
 });
 
 describe("HA hooks and recovery", () => {

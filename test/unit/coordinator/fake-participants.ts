@@ -198,6 +198,8 @@ export function makeEngine(
     /** A successor coordinator: the same participants, journal and clock as its predecessor's. */
     successorOf?: { fake: FakeParticipants; journal: MemoryDecisionJournal; clock: TestClock };
     epoch?: number;
+    /** Config `expected_participants`. */
+    expected?: { kind: Kind; instance: string }[];
   } = {},
 ) {
   const members = options.members ?? FOUR_KINDS;
@@ -237,6 +239,7 @@ export function makeEngine(
     defaultTimeoutMs: 10_000,
     ...(options.requireRecovery && { requireRecovery: true }),
     ...(options.hooks && { hooks: options.hooks }),
+    ...(options.expected && { expected: options.expected }),
   });
   return { engine, fake, clock, journal, catalog, leadership, writer };
 }
