@@ -1,6 +1,6 @@
-import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
 import { headers as natsHeaders } from "@nats-io/transport-node";
 import { fakeSubscriptions } from "../../support/fake-subscriptions.js";
+import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
 import { useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
@@ -11,9 +11,7 @@ import { HEADER_AUTHORIZATION } from "../../../protocol/index.js";
  * its control subjects and on its data-plane HTTP routes". The control endpoint's own refusals (a
  * wrong bearer token, a malformed message) are answered on the control subjects too.
  */
-const metricExporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
-const reader = new PeriodicExportingMetricReader({ exporter: metricExporter, exportIntervalMillis: 60_000 });
-const meterProvider = new MeterProvider({ readers: [reader] });
+const { meterProvider, collect } = inMemoryMetrics();
 beforeAll(() => useTelemetryProviders({ meterProvider }));
 afterAll(async () => {
   useTelemetryProviders({});
@@ -39,9 +37,7 @@ describe("gym_ckpt.refusals on the control subjects", () => {
       await endpoint.stop();
       plane.dispose();
     }
-    await reader.forceFlush();
-    const latest = metricExporter.getMetrics().at(-1);
-    const refusals = latest?.scopeMetrics.flatMap((s) => s.metrics).find((m) => m.descriptor.name === "gym_ckpt.refusals");
+    const refusals = (await collect()).find((m) => m.descriptor.name === "gym_ckpt.refusals");
     const points = (refusals?.dataPoints ?? []).map((p) => ({ ...p.attributes, value: p.value }));
     expect(points).toEqual(
       expect.arrayContaining([

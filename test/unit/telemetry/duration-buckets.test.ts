@@ -1,14 +1,13 @@
 import { metrics } from "@opentelemetry/api";
-import { AggregationTemporality, DataPointType, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader, type HistogramMetricData } from "@opentelemetry/sdk-metrics";
+import { DataPointType, type HistogramMetricData } from "@opentelemetry/sdk-metrics";
 import { afterAll, describe, expect, it } from "vitest";
 import { coordinatorTelemetry } from "../../../coordinator/telemetry/coordinator-telemetry.js";
 import { participantInstruments, useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
 import { DURATION_BUCKETS_S } from "../../../protocol/index.js";
+import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 
 /** The coordinator's instruments come from the global meter provider, the participants' from the injected one. */
-const exporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
-const reader = new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 60_000 });
-const meterProvider = new MeterProvider({ readers: [reader] });
+const { meterProvider, collect } = inMemoryMetrics();
 metrics.setGlobalMeterProvider(meterProvider);
 useTelemetryProviders({ meterProvider });
 
@@ -19,9 +18,7 @@ afterAll(async () => {
 });
 
 async function histogram(name: string): Promise<HistogramMetricData> {
-  await reader.forceFlush();
-  const latest = exporter.getMetrics().at(-1)!;
-  const metric = latest.scopeMetrics.flatMap((s) => s.metrics).find((m) => m.descriptor.name === name);
+  const metric = (await collect()).find((m) => m.descriptor.name === name);
   expect(metric?.dataPointType, name).toBe(DataPointType.HISTOGRAM);
   return metric as HistogramMetricData;
 }

@@ -2,13 +2,12 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { metrics } from "@opentelemetry/api";
-import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader, type HistogramMetricData } from "@opentelemetry/sdk-metrics";
+import type { HistogramMetricData } from "@opentelemetry/sdk-metrics";
 import { afterAll, describe, expect, it } from "vitest";
+import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 import { makeEngine } from "../coordinator/fake-participants.js";
 
-const exporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
-const reader = new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 60_000 });
-const meterProvider = new MeterProvider({ readers: [reader] });
+const { meterProvider, collect } = inMemoryMetrics();
 metrics.setGlobalMeterProvider(meterProvider);
 
 afterAll(async () => {
@@ -17,13 +16,7 @@ afterAll(async () => {
 });
 
 async function histogram(name: string): Promise<HistogramMetricData> {
-  await reader.forceFlush();
-  const metric = exporter
-    .getMetrics()
-    .at(-1)!
-    .scopeMetrics.flatMap((s) => s.metrics)
-    .find((m) => m.descriptor.name === name);
-  return metric as HistogramMetricData;
+  return (await collect()).find((m) => m.descriptor.name === name) as HistogramMetricData;
 }
 
 describe("the coordinator's durations", () => {

@@ -1,12 +1,9 @@
 import { metrics } from "@opentelemetry/api";
-import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
 import { afterAll, describe, expect, it } from "vitest";
 import { observeLeadership, type ObservedLeadership } from "../../../coordinator/telemetry/telemetry-sdk.js";
+import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 
-/** Cumulative, as the Prometheus exporter reads it. */
-const exporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
-const reader = new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 60_000 });
-const meterProvider = new MeterProvider({ readers: [reader] });
+const { meterProvider, collect } = inMemoryMetrics();
 metrics.setGlobalMeterProvider(meterProvider);
 
 afterAll(async () => {
@@ -15,9 +12,7 @@ afterAll(async () => {
 });
 
 async function gauges(): Promise<Record<string, number[]>> {
-  await reader.forceFlush();
-  const latest = exporter.getMetrics().at(-1)!;
-  const all = latest.scopeMetrics.flatMap((s) => s.metrics);
+  const all = await collect();
   return Object.fromEntries(all.map((m) => [m.descriptor.name, m.dataPoints.map((p) => p.value as number)]));
 }
 

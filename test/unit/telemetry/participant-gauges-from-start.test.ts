@@ -1,19 +1,17 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
 import { useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
+import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 
 /**
  * docs/telemetry.md: `gym_ckpt.participant.state` and `gym_ckpt.participant.blockers` are the
  * kind's current readiness counts. A dashboard (held responses, blockers) needs them from the
  * moment a participant runs, not only once its first checkpoint op or refusal has happened.
  */
-const exporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
-const reader = new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 60_000 });
-const meterProvider = new MeterProvider({ readers: [reader] });
+const { meterProvider, collect } = inMemoryMetrics();
 let root: string;
 
 beforeAll(async () => {
@@ -32,9 +30,7 @@ describe("participant state gauges", () => {
     kind.addEpisode({ rollout_id: "r1", attempt: 0 });
     const plane = new ParticipantControlPlane({ adapter: kind, instance: "env-fresh", checkpointRoot: root });
     try {
-      await reader.forceFlush();
-      const exported = exporter.getMetrics();
-      const metrics = new Map(exported.at(-1)?.scopeMetrics.flatMap((s) => s.metrics).map((m) => [m.descriptor.name, m]) ?? []);
+      const metrics = new Map((await collect()).map((m) => [m.descriptor.name, m]));
       const blockers = metrics.get("gym_ckpt.participant.blockers")?.dataPoints.find((p) => p.attributes.participant === "env-fresh");
       expect(blockers?.attributes).toEqual({ kind: "environment", participant: "env-fresh" });
       const episodes = metrics.get("gym_ckpt.participant.state")?.dataPoints.find((p) => p.attributes.participant === "env-fresh" && p.attributes.name === "episodes");

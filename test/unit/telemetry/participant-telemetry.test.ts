@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { context, propagation, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
-import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader, type ResourceMetrics } from "@opentelemetry/sdk-metrics";
+import type { MetricData } from "@opentelemetry/sdk-metrics";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from "@opentelemetry/sdk-trace-base";
 import Fastify from "fastify";
 import type { AddressInfo } from "node:net";
@@ -23,13 +23,13 @@ import { CalculatorServer } from "../../../participants/gym/resources-server/cal
 import { traceLogFields } from "../../../participants/telemetry/log-correlation.js";
 import { extractTraceContext } from "../../../participants/telemetry/nats-propagation.js";
 import { HEADER_AUTHORIZATION, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 
 /** Providers injected (no global SDK in vitest); the context manager makes children find their parent. */
 const spans = new InMemorySpanExporter();
 const tracerProvider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(spans)] });
-const metricExporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
-const reader = new PeriodicExportingMetricReader({ exporter: metricExporter, exportIntervalMillis: 60_000 });
-const meterProvider = new MeterProvider({ readers: [reader] });
+const inMemory = inMemoryMetrics();
+const { meterProvider } = inMemory;
 
 let root: string;
 beforeAll(async () => {
@@ -74,11 +74,8 @@ const childrenOf = (span: ReadableSpan) =>
     .map((s) => s.name)
     .sort();
 
-async function collect(): Promise<Map<string, ResourceMetrics["scopeMetrics"][number]["metrics"][number]>> {
-  await reader.forceFlush();
-  const all = metricExporter.getMetrics();
-  const latest = all[all.length - 1]!;
-  return new Map(latest.scopeMetrics.flatMap((s) => s.metrics).map((m) => [m.descriptor.name, m]));
+async function collect(): Promise<Map<string, MetricData>> {
+  return new Map((await inMemory.collect()).map((m) => [m.descriptor.name, m]));
 }
 
 describe("participant spans", () => {
