@@ -72,7 +72,8 @@ export async function startChildProgram(script: string, args: string[], options:
   createInterface({ input: child.stderr! }).on("line", onLine("stderr"));
 
   const kill = async (signal: NodeJS.Signals = "SIGKILL") => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
+    // A group is signalled even after its leader exited: what it started may outlive it.
+    if (!options.group && (child.exitCode !== null || child.signalCode !== null)) return;
     try {
       if (options.group) process.kill(-child.pid!, signal);
       else child.kill(signal);
