@@ -112,11 +112,15 @@ export interface ReadOptions {
 }
 
 const CHUNK = 4 << 20;
-const { MAX_LENGTH } = constants;
+const { MAX_LENGTH, MAX_STRING_LENGTH } = constants;
 
-/** Upper bound on an index's size for a record file of `recordBytes`. */
+/**
+ * Upper bound on an index's size for a record file of `recordBytes`. Never past the longest string:
+ * the index is decoded as one, and a larger one (beside a record file over 128 MiB) would throw
+ * instead of being ignored.
+ */
 export function maxIndexBytes(recordBytes: number): number {
-  return (1 << 20) + 4 * recordBytes;
+  return Math.min((1 << 20) + 4 * recordBytes, MAX_STRING_LENGTH);
 }
 
 /**

@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { execFileSync } from "node:child_process";
 import { copyFile, mkdir, readFile, rm, symlink, truncate, writeFile } from "node:fs/promises";
 import fs from "node:fs/promises";
@@ -229,6 +230,21 @@ describe("stale, foreign and hostile indexes", () => {
     await writeFile(f.indexPath, (await readFile(f.indexPath, "utf8")) + "\n".repeat(maxIndexBytes(f.size)));
     const r = await read(f.recordPath, incorrect);
     expect([r.ids.length, r.stats.indexRejected, r.stats.indexBytesRead, r.stats.filesFullParsed]).toEqual([2, 1, 0, 1]);
+  });
+
+  it("ignores, unread, an index within 4 × a large record file but longer than any string", { timeout: 60_000 }, async () => {
+    // A record file past 128 MiB allows an index past the longest string V8 can make (512 MiB):
+    // decoding one threw ERR_STRING_TOO_LONG and refused every reload instead of parsing in full.
+    const f = await fixture();
+    const longest = constants.MAX_STRING_LENGTH;
+    const recordSize = Math.ceil((longest - (1 << 20)) / 4) + 1;
+    await truncate(f.recordPath, recordSize); // sparse zeros: a torn, newline-less last line
+    await rm(f.indexPath);
+    await writeFile(f.indexPath, "");
+    await truncate(f.indexPath, longest + 1); // sparse too
+    expect(longest + 1).toBeLessThanOrEqual((1 << 20) + 4 * recordSize); // within the size rule alone
+    const r = await read(f.recordPath, incorrect);
+    expect([r.ids.length, r.stats.indexRejected, r.stats.indexBytesRead, r.stats.filesFullParsed, r.stats.tornLines]).toEqual([2, 1, 0, 1, 1]);
   });
 
   it("ignores a FIFO index at once instead of blocking on it", { timeout: 5000 }, async () => {
