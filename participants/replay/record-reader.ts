@@ -312,6 +312,11 @@ async function* parseAll(
       const record = take(line.bytes, line.offset, false);
       if (record) yield record;
     }
+    // No longer line decodes to a string, so none is a record: refused now rather than buffered
+    // whole (a file with no newline would otherwise be held in memory entire).
+    if (splitter.pendingBytes > MAX_STRING_LENGTH) {
+      throw invalidState(`${file}:${ordinal + 1}: line is longer than any record can be (over ${MAX_STRING_LENGTH} bytes)`);
+    }
   }
   const last = splitter.end();
   if (last) {

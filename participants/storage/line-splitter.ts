@@ -15,6 +15,11 @@ export class LineSplitter {
   private lineOffset = 0;
   private position = 0;
 
+  /** Bytes of the line not yet ended, so a caller can refuse one that grows past what it can use. */
+  get pendingBytes(): number {
+    return this.position - this.lineOffset;
+  }
+
   /** The lines this chunk completes, in order. */
   push(chunk: Buffer): SplitLine[] {
     const lines: SplitLine[] = [];

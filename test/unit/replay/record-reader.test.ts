@@ -169,6 +169,23 @@ describe("long lines", () => {
   });
 });
 
+describe("lines longer than any record", () => {
+  it("refuse a line past the longest decodable string as soon as it gets there, without buffering the rest", { timeout: 60_000 }, async () => {
+    // A line longer than any string can never parse; buffering it whole held a file's worth of
+    // memory (a 5 GiB newline-less file ended in a RangeError, not a catalog refusal).
+    const hand = path.join(dir, "traces.jsonl");
+    const junk = 1 << 30;
+    await writeFile(hand, "");
+    await truncate(hand, junk); // sparse zeros, no newline
+    await fs.appendFile(hand, "\n" + JSON.stringify(linearTrace(traceId(1))) + "\n");
+    const stats = newReadStats();
+    const error = await collect(readRecords(hand, { filters: open, stats, logger: silent })).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(ReplayError);
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("traces.jsonl:1: line is longer than") });
+    expect(stats.bytesRead).toBeLessThan(junk);
+  });
+});
+
 describe("stale, foreign and hostile indexes", () => {
   async function fixture() {
     const traces = [linearTrace(traceId(1), 0), linearTrace(traceId(2), 1), linearTrace(traceId(3), 0)];
