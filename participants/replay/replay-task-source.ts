@@ -240,7 +240,12 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
         yield task;
         continue;
       }
-      await this.reload();
+      if (this.config.poll_interval_ms === null) await this.reload();
+      else {
+        // Following: a reload that fails (a corrupt file, the storage refusing) is tried again at
+        // the next poll, as reload() would be; ending the loop would stop the trainer's task feed.
+        await this.reload().catch((error: unknown) => this.logger.warn({ err: error }, "replay reload failed; trying again at the next poll"));
+      }
       if (i < this.list.length) continue;
       if (this.config.poll_interval_ms === null) return;
       try {

@@ -3,6 +3,7 @@ import { rmSync } from "node:fs";
 import { copyFile, mkdir, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { pino } from "pino";
+import { waitUntil } from "../../support/wait-until.js";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import {
   ReplayError,
@@ -460,6 +461,30 @@ describe("serving tasks to an environment server", () => {
     const pending = it.next(); // now waiting for new records
     polling.close();
     expect(await pending).toEqual({ done: true, value: undefined });
+  });
+
+  it("a polling iterator whose reload fails (a corrupt file) warns and tries again at the next poll, instead of ending", async () => {
+    await write(1, [linearTrace(traceId(1), 0)]);
+    const bad = path.join(rollouts(), "step_2", "train_rollouts_gsm8k.jsonl");
+    await mkdir(path.dirname(bad), { recursive: true });
+    await writeFile(bad, "{oops\n");
+    const lines: string[] = [];
+    const logger = pino({ level: "warn" }, { write: (line: string) => void lines.push(line) });
+    const polling = new ReplayTaskSource<MathTask, string, number>(
+      { records: "run/rollouts/step_*/train_rollouts_gsm8k.jsonl", source: { id: "gsm8k" }, mode: "recheck", poll_interval_ms: 20 },
+      mathSource(),
+      { cwd: dir, logger },
+    );
+    const it = polling[Symbol.asyncIterator]();
+    try {
+      const first = it.next();
+      await waitUntil(() => lines.some((l) => l.includes("replay reload failed")), "the failed reload's warning", 5_000);
+      await writeFile(bad, JSON.stringify(linearTrace(traceId(2), 0)) + "\n"); // repaired
+      expect((await first).value?.name).toBe("recheck:00000001");
+      expect((await it.next()).value?.name).toBe("recheck:00000002");
+    } finally {
+      polling.close();
+    }
   });
 
   it("serialises concurrent reloads", async () => {
