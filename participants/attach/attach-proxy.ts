@@ -63,7 +63,11 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   server.on("close", () => void pool.destroy().catch(() => undefined));
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const rawUrl = req.url ?? "/";
+    // A fragment is no part of a request target, yet Node's parser keeps one: it is dropped (an upstream
+    // such as uvicorn's httptools parser reads the path before it), so `…/completions#x` is not untracked.
+    const sent = req.url ?? "/";
+    const hash = sent.indexOf("#");
+    const rawUrl = hash === -1 ? sent : sent.slice(0, hash);
     const q = rawUrl.indexOf("?");
     const path = q === -1 ? rawUrl : rawUrl.slice(0, q);
     const query = q === -1 ? "" : rawUrl.slice(q);
