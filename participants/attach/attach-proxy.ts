@@ -10,7 +10,7 @@ import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
-import { json, refuse } from "./replies.js";
+import { json, refuse, refuseMalformedRequest } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
 
 /**
@@ -60,6 +60,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       else res.destroy();
     });
   });
+  server.on("clientError", refuseMalformedRequest);
   server.on("close", () => void pool.destroy().catch(() => undefined));
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
