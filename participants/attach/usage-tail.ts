@@ -7,9 +7,30 @@ import type { LedgerRow } from "../kinds/model/ledger-row.js";
 export class UsageTail {
   private chunks: Buffer[] = [];
   private size = 0;
+  /** Bytes pushed in all. */
+  private total = 0;
+  /**
+   * The first bytes of the newest events, each with the stream offset where it begins, however long
+   * the event: one longer than the tail (a `response.failed` event carries the whole output so far)
+   * is still known by its name and how its data begins.
+   */
+  private heads: { at: number; bytes: Buffer }[] = [];
+  /** The last bytes of the previous chunk: an event boundary may span two chunks. */
+  private carry = Buffer.alloc(0);
   constructor(private readonly limit = 16 * 1024) {}
 
   push(chunk: Buffer): void {
+    const newest = this.heads.at(-1);
+    if (newest && newest.bytes.length < HEAD_BYTES) newest.bytes = Buffer.concat([newest.bytes, chunk.subarray(0, HEAD_BYTES - newest.bytes.length)]);
+    const starts = eventStarts(this.carry, chunk);
+    if (this.total === 0 && starts[0] !== 0) starts.unshift(0); // the first event follows no blank line
+    for (const start of starts) {
+      // Copied: a head must not keep its whole chunk alive.
+      this.heads.push({ at: this.total + start, bytes: Buffer.from(chunk.subarray(start, start + HEAD_BYTES)) });
+      if (this.heads.length > MAX_HEADS) this.heads.shift();
+    }
+    this.carry = Buffer.from(chunk.subarray(-2));
+    this.total += chunk.length;
     this.chunks.push(chunk);
     this.size += chunk.length;
     while (this.size - this.chunks[0]!.length >= this.limit && this.chunks.length > 1) this.size -= this.chunks.shift()!.length;
@@ -37,17 +58,49 @@ export class UsageTail {
     const text = Buffer.concat(this.chunks).toString("utf8");
     for (let end = text.length; end > 0; ) {
       const start = Math.max(text.lastIndexOf("\n\n", end - 1), text.lastIndexOf("\n\r\n", end - 1));
-      const lines = text.slice(start + 1, end).split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
+      const whole = start !== -1 || this.total === this.size;
+      // An event that began before the tail: judged by its head (name, how its data begins).
+      const eventText = whole ? text.slice(start + 1, end) : this.headBefore(this.total - this.size);
+      const lines = eventText.split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
       end = start;
       const eventName = lines.find((line) => line.startsWith("event:"))?.slice(6).trim();
       const data = lines.filter((line) => line.startsWith("data:")).map((line) => line.slice(5).trim()).join("\n");
       if (!eventName && (!data || data === "[DONE]")) continue; // blank, a comment, or the end marker
       if (eventName === "error" || eventName === "response.failed") return true;
-      return isErrorData(data);
+      return whole ? isErrorData(data) : ERROR_DATA_START.test(data);
     }
     return false;
   }
+
+  /** The head of the event that holds stream offset `at` (the newest one beginning at or before it). */
+  private headBefore(at: number): string {
+    return this.heads.findLast((head) => head.at <= at)?.bytes.toString("utf8") ?? "";
+  }
 }
+
+/** How much of an event's beginning is kept, and of how many of the newest events. */
+const HEAD_BYTES = 512;
+const MAX_HEADS = 4;
+/** The data of an error event cut short: its first member says so (as isErrorData reads a whole one). */
+const ERROR_DATA_START = /^\{\s*("error"\s*:\s*\{|"(type|object)"\s*:\s*"(error|response\.failed)")/;
+
+/** Offsets in `chunk` where an event begins: just after a blank line (`\n\n` or `\n\r\n`), one spanning from `carry` included. */
+function eventStarts(carry: Buffer, chunk: Buffer): number[] {
+  const starts = new Set<number>();
+  // A separator ending in the chunk's first two bytes may begin in the previous chunk.
+  const edge = Buffer.concat([carry, chunk.subarray(0, 2)]);
+  for (const separator of SEPARATORS) {
+    for (let at = edge.indexOf(separator); at !== -1; at = edge.indexOf(separator, at + 1)) {
+      const end = at + separator.length - carry.length;
+      if (end > 0) starts.add(end);
+    }
+    for (let at = chunk.indexOf(separator); at !== -1; at = chunk.indexOf(separator, at + 1)) starts.add(at + separator.length);
+  }
+  // The newest few are enough; a boundary at the chunk's very end starts an event the next chunk fills.
+  return [...starts].sort((a, b) => a - b).slice(-MAX_HEADS);
+}
+
+const SEPARATORS = [Buffer.from("\n\n"), Buffer.from("\n\r\n")];
 
 function isErrorData(data: string): boolean {
   if (!data.startsWith("{")) return false;

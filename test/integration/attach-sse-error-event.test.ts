@@ -23,6 +23,11 @@ const STREAMS: Record<string, string[]> = {
     'event: response.created\ndata: {"type":"response.created","response":{"id":"r1","status":"in_progress"}}\n\n',
     'event: response.failed\ndata: {"type":"response.failed","response":{"id":"r1","status":"failed","error":{"code":"server_error","message":"x"}}}\n\n',
   ],
+  // The failed response carries its output so far: an event longer than the proxy's 16 KiB tail (and than one socket read).
+  "responses-longfailed": [
+    'event: response.created\ndata: {"type":"response.created","response":{"id":"r1","status":"in_progress"}}\n\n',
+    `event: response.failed\ndata: {"type":"response.failed","response":{"id":"r1","status":"failed","error":{"code":"server_error","message":"x"},"output":[{"type":"message","content":[{"type":"output_text","text":"${"lorem ".repeat(40_000)}"}]}]}}\n\n`,
+  ],
   "responses-error": [
     'event: response.created\ndata: {"type":"response.created","response":{"id":"r1","status":"in_progress"}}\n\n',
     'event: error\ndata: {"type":"error","code":"server_error","message":"x"}\n\n',

@@ -64,6 +64,15 @@ describe("usage tail, a stream that ends in an error event", () => {
     expect(endsInError('event: error\ndata: {"type":"error","code":"server_error","message":"x"}\n\n')).toBe(true);
     expect(endsInError('event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n', ": keep-alive\n\n")).toBe(true);
   });
+  it("is one whose error event is longer than the tail, split across chunks, a blank line spanning two (judged by its head)", () => {
+    const text = "x".repeat(8 * 1024);
+    const long = (first: string) => [first, ...Array.from({ length: 8 }, () => text), '"}]}}\r\n\r\n'];
+    expect(endsInError('data: {"choices":[]}\r\n\r', ...long('\nevent: response.failed\r\ndata: {"type":"response.failed","response":{"output":[{"text":"'))).toBe(true);
+    expect(endsInError('data: {"choices":[]}\n', ...long('\ndata: {"error":{"message":"'), "data: [DONE]\n\n")).toBe(true);
+    expect(endsInError(...long('data: {"type":"response.failed","response":{"output":[{"text":"'))).toBe(true);
+    expect(endsInError('data: {"error":{"message":"x"}}\n\n', ...long('event: response.completed\ndata: {"type":"response.completed","response":{"output":[{"text":"'))).toBe(false);
+    expect(endsInError(...long('data: {"choices":[{"delta":{"content":"'), "data: [DONE]\n\n")).toBe(false);
+  });
   it("is not a completed stream, a usage chunk with error null, or a JSON body naming an error", () => {
     expect(endsInError('data: {"choices":[],"error":null,"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]\n\n')).toBe(false);
     expect(endsInError('data: {"error":{"message":"early"}}\n\ndata: {"choices":[{"delta":{"content":"ok"}}]}\n\ndata: [DONE]\n\n')).toBe(false);
