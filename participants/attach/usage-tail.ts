@@ -142,6 +142,14 @@ function usageIn(text: string): LedgerRow["usage"] {
     total ??= counts.total;
     if (prompt !== undefined && completion !== undefined) break;
   }
+  // None whole: a long event (a `response.completed` carries the whole output) began before the
+  // tail; its usage block, near its end, is still read from the newest `"usage":{…}` in the tail.
+  if (prompt === undefined && completion === undefined) {
+    const counts = pickUsage({ usage: lastUsageBlock(text) });
+    prompt = counts?.prompt;
+    completion = counts?.completion;
+    total = counts?.total;
+  }
   if (prompt === undefined || completion === undefined) return null;
   // Checked here by hand (this runs once per call); the ledger row's schema validates it again.
   const usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: total ?? prompt + completion };
@@ -166,4 +174,38 @@ function pickUsage(value: unknown): UsageCounts | undefined {
   // OpenAI chat names; responses/messages APIs use input/output tokens.
   const counts = { prompt: num(u.prompt_tokens) ?? num(u.input_tokens), completion: num(u.completion_tokens) ?? num(u.output_tokens), total: num(u.total_tokens) };
   return counts.prompt === undefined && counts.completion === undefined ? undefined : counts;
+}
+
+/** The newest `"usage": {…}` object in `text` (not one quoted inside a JSON string), parsed; undefined if none is whole. */
+function lastUsageBlock(text: string): unknown {
+  for (let at = text.lastIndexOf('"usage"'); at > 0; at = text.lastIndexOf('"usage"', at - 1)) {
+    if (text[at - 1] === "\\") continue; // `\"usage\"` inside a string
+    const open = /^"usage"\s*:\s*\{/.exec(text.slice(at, at + 64));
+    if (!open) continue;
+    const start = at + open[0].length - 1;
+    const end = objectEnd(text, start);
+    if (end === -1) continue;
+    try {
+      return JSON.parse(text.slice(start, end + 1));
+    } catch {
+      continue;
+    }
+  }
+  return undefined;
+}
+
+/** The index of the `}` closing the object that opens at `start`, or -1. */
+function objectEnd(text: string, start: number): number {
+  let depth = 0;
+  let inString = false;
+  for (let i = start; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      if (c === "\\") i += 1;
+      else if (c === '"') inString = false;
+    } else if (c === '"') inString = true;
+    else if (c === "{") depth += 1;
+    else if (c === "}" && --depth === 0) return i;
+  }
+  return -1;
 }

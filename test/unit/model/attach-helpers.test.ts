@@ -34,6 +34,15 @@ describe("usage tail of streamed responses and messages", () => {
     expect(tail.usage()).toEqual({ prompt_tokens: 9, completion_tokens: 2, total_tokens: 11 });
   });
 
+  it("reads response.usage from a completed event longer than the tail (it carries the whole output), split across chunks", () => {
+    const tail = new UsageTail();
+    const text = `say \\"usage\\":{\\"input_tokens\\":1,\\"output_tokens\\":1} ${"lorem ".repeat(5000)}`;
+    const event = `event: response.completed\ndata: {"type":"response.completed","response":{"id":"r","output":[{"type":"message","content":[{"type":"output_text","text":"${text}"}]}],"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":2000,"total_tokens":2009}},"sequence_number":9}\n\n`;
+    const bytes = Buffer.from(event);
+    for (let at = 0; at < bytes.length; at += 4096) tail.push(bytes.subarray(at, at + 4096));
+    expect(tail.usage()).toEqual({ prompt_tokens: 9, completion_tokens: 2000, total_tokens: 2009 });
+  });
+
   it("takes output tokens from the last message_delta and input tokens from message_start", () => {
     const tail = new UsageTail();
     tail.push(Buffer.from('event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":12,"output_tokens":1}}}\n\n'));
