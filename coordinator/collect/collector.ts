@@ -408,6 +408,10 @@ export class Collector {
       this.ownOps.end();
       clearInterval(this.timer);
       clearTimeout(this.retireRetry);
+      // The rows already in --out are never run again: their buffered records are written now (or
+      // counted unwritten), once the appends still under way have ended.
+      await Promise.allSettled([...this.finishing]);
+      await this.records?.close().catch(() => undefined);
       throw error;
     }
     if (this.timer) clearInterval(this.timer);

@@ -225,7 +225,10 @@ export function register(program: Command): void {
         checkpointRequests.serve(() => {
           void running.checkpoint({ stop: false }).catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
         });
-        summary = await running.run();
+        summary = await running.run().catch((error: unknown) => {
+          reportUnwrittenRecords(); // a failed collection wrote what it could of its records
+          throw error;
+        });
         mean = await running.meanReward();
       } finally {
         await release();

@@ -873,6 +873,32 @@ describe("collector failures", () => {
   });
 });
 
+describe("collector failures: rollout records", () => {
+  const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+
+  it("a run that fails mid-collection still writes the records of the rows it appended to --out (the next start never runs them again)", { timeout: 10_000 }, async () => {
+    const log = join(dir, "dispatched.jsonl");
+    const url = await runServer(async (body) => {
+      // Once a's /run is served, the dispatch log can no longer be appended: b's dispatch fails the run.
+      if (body.rollout_id === "a") {
+        await rm(log);
+        await mkdir(log);
+      }
+      return { status: 200, body: { reward: 1, trajectory } };
+    });
+    const fake = fakeController();
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const records = join(dir, "records");
+    const collector = collectorFor(fake.controller, url, { rows, concurrency: 1, records: { dir: records, env: "gym", kind: "eval", everyRows: 1000, everySeconds: 600 } });
+    await collector.start();
+    await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
+    expect([...(await readResults(join(dir, "results.jsonl"))).keys()]).toEqual(["a"]);
+    const stats = collector.summary().records!;
+    expect(stats.records).toBe(1);
+    expect(await readFile(join(records, "rollouts", "step_1", "eval_rollouts_gym.jsonl"), "utf8")).toContain('"rollout_id":"a"');
+  });
+});
+
 describe("collector restores whose outcome is unknown", () => {
   const checkpointId = "ckpt-20240101T000000-aaaaaaaa";
   const a0 = { rollout_id: "a", attempt: 0 };
