@@ -1,5 +1,5 @@
 import { createReadStream } from "node:fs";
-import { appendFile, open, stat } from "node:fs/promises";
+import { appendFile, open, stat, truncate } from "node:fs/promises";
 import { createInterface } from "node:readline";
 import { z } from "zod";
 import { EpisodeIdSchema, namePath } from "../../protocol/index.js";
@@ -27,14 +27,30 @@ const appendTails = new Map<string, Promise<void>>();
  */
 export function appendResult(path: string, line: ResultLine): Promise<void> {
   const text = `${JSON.stringify(ResultLineSchema.parse(line))}\n`;
-  // A failed write names no path (a full disk's ENOSPC): the refusal should.
-  const appended = (appendTails.get(path) ?? Promise.resolve()).then(() => appendFile(path, text).catch((error: unknown) => Promise.reject(namePath(error, path))));
+  const appended = (appendTails.get(path) ?? Promise.resolve()).then(() => appendWhole(path, text));
   const tail = appended.catch(() => undefined);
   appendTails.set(path, tail);
   void tail.then(() => {
     if (appendTails.get(path) === tail) appendTails.delete(path);
   });
   return appended;
+}
+
+/**
+ * Appends `text`, or nothing: an append that failed part way (a full disk after its first chunks)
+ * is cut off again, since the next append (queued behind it) would land after the fragment and
+ * leave it mid-file, where no start-up can read past it.
+ */
+async function appendWhole(path: string, text: string): Promise<void> {
+  // Unknown (the file cannot be looked at): nothing is cut.
+  const before = await sizeIfExists(path).then((size) => size ?? 0, () => undefined);
+  try {
+    await appendFile(path, text);
+  } catch (error) {
+    if (before !== undefined) await truncate(path, before).catch(() => undefined);
+    // A failed write names no path (a full disk's ENOSPC): the refusal should.
+    throw namePath(error, path);
+  }
 }
 
 /** A finished row as readers need it: the `/run` reply itself stays in the file. */
