@@ -895,10 +895,13 @@ export class Collector {
     };
   }
 
-  /** Mean reward over every finished row of the output file (this run and earlier ones). */
+  /**
+   * Mean reward over this collection's finished rows (this run and earlier ones), the rows the
+   * summary counts: --out may also hold rows of other task files, which are left out.
+   */
   async meanReward(): Promise<number> {
     const results = await readResults(this.options.outPath);
-    const rewards = [...results.values()].map((r) => r.reward);
+    const rewards = [...results.values()].filter((r) => this.states.has(r.rollout_id)).map((r) => r.reward);
     return rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : NaN;
   }
 }

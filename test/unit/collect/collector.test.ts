@@ -262,6 +262,16 @@ describe("collector", () => {
     expect(Object.fromEntries([...results].map(([id, r]) => [id, r.reward]))).toEqual({ a: 1, b: 0.5 });
   });
 
+  it("the summary's mean reward is over this collection's rows, as its finished count is, not over other rows --out holds", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const out = join(dir, "results.jsonl");
+    await appendResult(out, { rollout_id: "other-task", attempt: 0, reward: 100, continued: false, finished_at: 1, response: {} });
+    const collector = collectorFor(fakeController().controller, url);
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ rows: 1, finished: 1 });
+    expect(await collector.meanReward()).toBe(1);
+  });
+
   it("keeps a last results record that is whole but lost its newline", async () => {
     const out = join(dir, "results.jsonl");
     await appendResult(out, { rollout_id: "a", attempt: 0, reward: 1, continued: false, finished_at: 1, response: {} });
