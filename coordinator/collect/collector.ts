@@ -387,7 +387,9 @@ export class Collector {
 
   async run(): Promise<CollectionSummary> {
     this.options.progress?.start(() => this.progressSnapshot());
-    const concurrency = this.options.concurrency ?? 8;
+    // No more workers than rows left to run: a worker per unit of a huge --concurrency (say 1e9,
+    // meaning "no limit") would exhaust memory or the array length before any row is sent.
+    const concurrency = Math.min(this.options.concurrency ?? 8, this.queue.counts.pending);
     if (this.options.checkpointEverySeconds) {
       this.timer = setInterval(() => {
         // A tick while a checkpoint runs or waits is skipped: queued ones would run back to back.

@@ -272,6 +272,13 @@ describe("collector", () => {
     expect(await collector.meanReward()).toBe(1);
   });
 
+  it("a --concurrency far above the row count runs as many rows at once as there are (no worker per unit of the flag)", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(fakeController().controller, url, { concurrency: 2 ** 32 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ rows: 1, finished: 1 });
+  });
+
   it("keeps a last results record that is whole but lost its newline", async () => {
     const out = join(dir, "results.jsonl");
     await appendResult(out, { rollout_id: "a", attempt: 0, reward: 1, continued: false, finished_at: 1, response: {} });
