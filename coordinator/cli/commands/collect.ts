@@ -106,7 +106,7 @@ export function register(program: Command): void {
       const token = clientToken(flags.token, env);
       if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
       const outPath = resolve(flags.out);
-      await assertAppendable(outPath);
+      await assertAppendable(outPath, flags.tasks);
       const rows = await readTaskRows(flags.tasks);
       const checkpointDir = resolve(flags.checkpointDir);
       await ensureCheckpointDir(checkpointDir);
@@ -272,8 +272,11 @@ async function ensureCheckpointDir(path: string): Promise<void> {
   });
 }
 
-/** `--out` is appended to: its directory must exist, and it must be a regular file if it does. */
-async function assertAppendable(path: string): Promise<void> {
+/**
+ * `--out` is appended to: its directory must exist, and it must be a regular file if it does, and
+ * not the `--tasks` file (its result lines would be read as tasks by the next start).
+ */
+async function assertAppendable(path: string, tasksPath: string): Promise<void> {
   const parent = await stat(dirname(path)).catch(() => undefined);
   if (!parent?.isDirectory()) throw new CheckpointError("invalid_request", `--out: directory ${dirname(path)} does not exist`);
   const out = await stat(path).catch((error: NodeJS.ErrnoException) => {
@@ -281,4 +284,7 @@ async function assertAppendable(path: string): Promise<void> {
     throw new CheckpointError("invalid_request", `--out ${path} is not accessible (${error.code ?? String(error)})`);
   });
   if (out && !out.isFile()) throw new CheckpointError("invalid_request", `--out ${path} is not a regular file`);
+  // Same file by device and inode, whatever the spelling (a link, a relative path). An unreadable --tasks is refused later.
+  const tasks = out && (await stat(tasksPath).catch(() => undefined));
+  if (tasks && tasks.dev === out.dev && tasks.ino === out.ino) throw new CheckpointError("invalid_request", `--out ${path} is the --tasks file`);
 }

@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { hostname } from "node:os";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
@@ -115,6 +115,18 @@ describe("gym-ckpt collect flags", () => {
   it("refuses --json, which collect cannot honour (invalid_request, exit 2)", async () => {
     expect(await collect("--run-url", "http://127.0.0.1:1/run", "--json")).toBe(2);
     expect(stderr).toContain("error invalid_request: --json");
+  });
+
+  it("refuses an --out that is the --tasks file (by its path or through a link): results appended there would become tasks of the next start", async () => {
+    const tasks = join(dir, "tasks.jsonl");
+    await symlink(tasks, join(dir, "link.jsonl"));
+    for (const out of [tasks, join(dir, "link.jsonl")]) {
+      stderr = "";
+      process.exitCode = undefined;
+      expect(await collect("--run-url", "http://127.0.0.1:1/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--out", out)).toBe(2);
+      expect(stderr).toContain("error invalid_request: --out");
+    }
+    expect((await readdir(dir)).sort()).toEqual(["link.jsonl", "tasks.jsonl"]);
   });
 
   it("talks to the coordinator over HTTP when --http-url is given", async () => {
