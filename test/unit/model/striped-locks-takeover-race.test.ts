@@ -1,10 +1,10 @@
-import { AsyncLocalStorage } from "node:async_hooks";
 import { spawnSync } from "node:child_process";
 import { existsSync, utimesSync } from "node:fs";
 import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it, vi } from "vitest";
+import { steer, interleaveTakeOver } from "../../support/takeover-interleaving.js";
 
 /**
  * Ledger stripe locks in three processes' stead (three StripedLocks in this process, each acquiring
@@ -14,45 +14,10 @@ import { describe, expect, it, vi } from "vitest";
  * system call, for every k until B has none left. Exactly one of them may hold the stripe: two
  * would append to the same ledger files.
  */
-const steer = vi.hoisted(() => ({
-  actor: undefined as unknown as import("node:async_hooks").AsyncLocalStorage<string>,
-  /** Awaited after each file system call settles, with the caller's name and the call. */
-  after: async (_who: string | undefined, _call: string, _args: unknown[], _result: unknown): Promise<void> => undefined,
-}));
+vi.mock("node:fs/promises", async (importOriginal) => (await import("../../support/takeover-interleaving.js")).steeredFsPromises(await importOriginal()));
 
-vi.mock("node:fs/promises", async (importOriginal) => {
-  const actual = await importOriginal<Record<string, unknown>>();
-  const steered: Record<string, unknown> = {};
-  for (const [name, value] of Object.entries(actual)) {
-    if (typeof value !== "function") {
-      steered[name] = value;
-      continue;
-    }
-    steered[name] = (...args: unknown[]) => {
-      const result: unknown = (value as (...a: unknown[]) => unknown)(...args);
-      if (!(result instanceof Promise)) return result;
-      const who = steer.actor?.getStore();
-      return result.then(
-        async (value: unknown) => (await steer.after(who, name, args, value), value),
-        async (error: unknown) => {
-          await steer.after(who, name, args, undefined);
-          throw error;
-        },
-      );
-    };
-  }
-  return { ...steered, default: steered };
-});
-
-steer.actor = new AsyncLocalStorage<string>();
 const { StripedLocks } = await import("../../../participants/kinds/model/striped-locks.js");
 type Locks = InstanceType<typeof StripedLocks>;
-
-function gate(): { promise: Promise<void>; open: () => void } {
-  let open!: () => void;
-  const promise = new Promise<void>((resolve) => (open = resolve));
-  return { promise, open };
-}
 
 /** How long a loser waits for the stripe before it is refused. */
 const WAIT_MS = 60;
@@ -105,52 +70,9 @@ async function race(k: number, cReadStaleFirst: boolean): Promise<Outcome> {
   const { dir, path, make } = await racers();
   await writeFile(path, STALE);
   const locks = { A: make(), B: make(), C: make() };
-  const stalled = { B: gate(), C: gate() };
-  const goOn = { B: gate(), C: gate() };
-  let bCalls = -1; // counting starts once B goes on
-  let c: Promise<unknown> | undefined;
-  const start = (name: "A" | "B" | "C") => steer.actor.run(name, () => locks[name].run("k", async () => name));
-  const runC = () => {
-    if (cReadStaleFirst) goOn.C.open();
-    else c = start("C");
-    return c!.then(
-      () => undefined,
-      () => undefined,
-    );
-  };
-  let cInsideB = false;
-  steer.after = async (who, call, args, result) => {
-    if ((who === "B" || who === "C") && call === "readFile" && args[0] === path && result === STALE && stalled[who]) {
-      // Its first read of the dead owner's file: it stalls there until told to go on.
-      const first = stalled[who];
-      stalled[who] = undefined as never;
-      first.open();
-      await goOn[who].promise;
-      return;
-    }
-    if (who === "B" && bCalls >= 0 && ++bCalls === k) {
-      cInsideB = true;
-      await runC();
-    }
-  };
-  const b = start("B");
-  const waits = [stalled.B.promise];
-  if (cReadStaleFirst) {
-    c = start("C");
-    waits.push(stalled.C.promise);
-  }
-  await Promise.all(waits);
-  const a = start("A");
-  expect(await a).toBe("A");
-  bCalls = 0;
-  if (k === 0) {
-    cInsideB = true;
-    await runC();
-  }
-  goOn.B.open();
-  await b.catch(() => undefined);
-  if (!cInsideB) await runC();
-  return { ...(await finish(dir, { A: { locks: locks.A, run: a }, B: { locks: locks.B, run: b }, C: { locks: locks.C, run: c! } })), cInsideB };
+  const { a, b, c, cInsideB } = await interleaveTakeOver({ path, stale: STALE, k, cReadStaleFirst, start: (name) => locks[name].run("k", async () => name) });
+  expect(a).toBe("A");
+  return { ...(await finish(dir, { A: { locks: locks.A, run: Promise.resolve(a) }, B: { locks: locks.B, run: b }, C: { locks: locks.C, run: c } })), cInsideB };
 }
 
 const REFUSED = "ledger lock stripe-0000.lock is held by another live process";
