@@ -1,5 +1,5 @@
 import { Option, type Command } from "commander";
-import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, isHttpUrl, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -106,13 +106,7 @@ export function secondsFlag(name: string, value: string): number {
 
 /** A URL flag: absolute http(s). */
 export function httpUrlFlag(name: string, value: string): string {
-  let url: URL;
-  try {
-    url = new URL(value);
-  } catch {
-    throw new CheckpointError("invalid_request", `--${name} must be an http or https URL, got ${JSON.stringify(value)}`);
-  }
-  if (url.protocol !== "http:" && url.protocol !== "https:") throw new CheckpointError("invalid_request", `--${name} must be an http or https URL, got ${JSON.stringify(value)}`);
+  if (!isHttpUrl(value)) throw new CheckpointError("invalid_request", `--${name} must be an http or https URL, got ${JSON.stringify(value)}`);
   return value;
 }
 

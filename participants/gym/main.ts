@@ -1,6 +1,6 @@
 import { parseArgs } from "node:util";
 import { GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
-import { DEFAULT_NATS_URL, describeZodError, envSetting } from "../../protocol/index.js";
+import { DEFAULT_NATS_URL, describeZodError, envSetting, isHttpUrl } from "../../protocol/index.js";
 import { LaunchFlagsSchema, argvRefusal } from "./server-runtime.js";
 
 /**
@@ -71,14 +71,7 @@ if (values["resources-mode"] !== undefined && !RESOURCES_MODES.includes(values["
 if (values.verify !== undefined && !VERIFY_MODES.includes(values.verify)) refuse(`--verify must be one of ${VERIFY_MODES.join(", ")}`);
 const tokenDelay = values["token-delay-ms"];
 if (tokenDelay !== undefined && !(/^\d+(\.\d+)?$/.test(tokenDelay.trim()) && Number(tokenDelay) <= 60_000)) refuse("--token-delay-ms must be a number from 0 to 60000");
-const httpUrl = (value: string): boolean => {
-  try {
-    return /^https?:$/.test(new URL(value).protocol);
-  } catch {
-    return false;
-  }
-};
-if (values["policy-url"] !== undefined && !httpUrl(values["policy-url"])) refuse("--policy-url must be an http or https URL");
+if (values["policy-url"] !== undefined && !isHttpUrl(values["policy-url"])) refuse("--policy-url must be an http or https URL");
 // Installed before the launch: a signal during start-up must stop the children started so far.
 const abort = new AbortController();
 let gym: Gym | undefined;

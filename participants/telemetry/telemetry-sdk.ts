@@ -1,6 +1,6 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, isHttpUrl } from "../../protocol/index.js";
 
 /**
  * The OTel SDK of a reference server process (library code only uses @opentelemetry/api).
@@ -49,7 +49,7 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
   if (/^true$/i.test(env.OTEL_SDK_DISABLED ?? "")) return off;
   // The exporters would drop every batch without a word (`127.0.0.1:4318` lacks its scheme). Not
   // echoed: a URL may carry a password.
-  if (options.otlpEndpoint !== undefined && !(URL.canParse(options.otlpEndpoint) && /^https?:$/.test(new URL(options.otlpEndpoint).protocol))) {
+  if (options.otlpEndpoint !== undefined && !isHttpUrl(options.otlpEndpoint)) {
     throw new CheckpointError("invalid_request", "--otlp-endpoint must be an http:// or https:// URL, e.g. http://127.0.0.1:4318");
   }
   if (options.otlpEndpoint) {
