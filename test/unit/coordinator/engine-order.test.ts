@@ -33,12 +33,12 @@ afterEach(async () => {
 
 describe("engine ordering", () => {
   it("commit answers once the checkpoint directory it names exists, though the participants wrote nothing and staging it was slow", async () => {
-    const { engine, writer } = makeEngine(root);
-    // Staging (the directory, LATEST's temp file) held back past the commit's replies.
+    const { engine, writer, fake } = makeEngine(root);
+    // Staging (the directory, LATEST's temp file) held back until every participant was sent its commit.
     const staging = writer as unknown as { stageLatest(id: string): Promise<unknown> };
     const stageLatest = staging.stageLatest.bind(writer);
     staging.stageLatest = async (id) => {
-      await new Promise((resolve) => setTimeout(resolve, 300));
+      await waitUntil(() => fake.ops("commit").length === 5, "every commit sent");
       return stageLatest(id);
     };
     await engine.prepare({ checkpoint_id: "c-slow" });
