@@ -1,6 +1,5 @@
 import { context, propagation } from "@opentelemetry/api";
-import { STATUS_CODES } from "node:http";
-import { isIPv6, type Socket } from "node:net";
+import { isIPv6 } from "node:net";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import {
@@ -8,6 +7,7 @@ import {
   CheckpointError,
   MAX_CHECKPOINT_ID_CHARS,
   MAX_CONTROL_MESSAGE_BYTES,
+  refuseMalformedHttpRequest,
   toCheckpointError,
   type ControllerOp,
 } from "../../protocol/index.js";
@@ -51,7 +51,8 @@ export class HttpControllerApi {
       // Router errors (bad percent-encoding, an over-long parameter) and requests Node's HTTP
       // parser rejects (`Content-Length: abc`) get a catalog refusal, not Fastify's own body.
       frameworkErrors: (error, _req, reply) => void this.refuse(reply, new CheckpointError("invalid_request", error.message)),
-      clientErrorHandler: refuseMalformedRequest,
+      // Node's parser refused it before any route saw it: the catalog refusal, not Fastify's own body.
+      clientErrorHandler: (error, socket) => refuseMalformedHttpRequest(error, socket),
     });
     this.app = app;
     // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes. Bytes,
@@ -122,21 +123,4 @@ export class HttpControllerApi {
 /** The base URL of a listening address: an IPv6 literal in brackets (`http://[::1]:8480`), or no client could parse it. */
 export function httpUrlOf(host: string, port: number): string {
   return `http://${isIPv6(host) ? `[${host}]` : host}:${port}`;
-}
-
-/**
- * Node's HTTP parser refused the request before any route saw it: answer `invalid_request` in the
- * catalog shape on the raw socket and close it (what Fastify's default handler does, with its own body).
- */
-function refuseMalformedRequest(error: Error & { code?: string }, socket: Socket): void {
-  // A reset connection has nobody to answer.
-  if (error.code === "ECONNRESET" || socket.destroyed) return;
-  const refusal = new CheckpointError("invalid_request", `malformed HTTP request (${error.code ?? error.message})`);
-  const body = JSON.stringify(refusal.toReply());
-  if (socket.writable) {
-    socket.write(
-      `HTTP/1.1 ${refusal.status} ${STATUS_CODES[refusal.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
-    );
-  }
-  socket.destroy(error);
 }

@@ -1,0 +1,25 @@
+import { STATUS_CODES } from "node:http";
+import type { Duplex } from "node:stream";
+import { CheckpointError } from "./errors.js";
+
+/**
+ * Node's HTTP parser refused a request before any route saw it (a bad header, headers past its
+ * limit): answers `invalid_request` in the catalog shape on the raw socket, then closes it, instead
+ * of a bare 400/431 with no body. Not into a response already under way on that connection (a
+ * passthrough answering while its request body streams in), as Node's own handler: that one is cut
+ * off instead. `counted` sees the refusal when it is answered (a participant's refusal metric).
+ */
+export function refuseMalformedHttpRequest(error: Error & { code?: string }, socket: Duplex, counted?: (refusal: CheckpointError) => void): void {
+  // A reset connection has nobody to answer.
+  if (error.code === "ECONNRESET" || socket.destroyed) return;
+  const refusal = new CheckpointError("invalid_request", `malformed HTTP request (${error.code ?? error.message})`);
+  counted?.(refusal);
+  const body = JSON.stringify(refusal.toReply());
+  const current = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } | null })._httpMessage;
+  if (socket.writable && !current?.headersSent) {
+    socket.write(
+      `HTTP/1.1 ${refusal.status} ${STATUS_CODES[refusal.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy();
+}
