@@ -17,6 +17,7 @@ import {
   journalBucket,
 } from "../../protocol/index.js";
 import { openBucketAsserted } from "../membership/kv-bucket.js";
+import { latestEntries } from "../membership/kv-latest-entries.js";
 
 /**
  * The durable record of one checkpoint the coordinator is driving, keyed by checkpoint id:
@@ -153,9 +154,7 @@ export class KvDecisionJournal implements DecisionJournal {
 
   private async dropOldMarkers(): Promise<void> {
     const before = Date.now() - this.options.markerKeepMs;
-    const old: { key: string; revision: number }[] = [];
-    const entries = await this.kv.history({ key: ">" });
-    for await (const e of entries) if (e.operation !== "PUT" && e.created.getTime() <= before) old.push({ key: e.key, revision: e.revision });
+    const old = (await latestEntries(this.nc, this.bucket, this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= before);
     if (old.length === 0) return;
     const jsm = await jetstreamManager(this.nc);
     for (const { key, revision } of old) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
@@ -196,16 +195,14 @@ export class KvDecisionJournal implements DecisionJournal {
 
   async list(): Promise<JournalEntry[]> {
     this.revisions.clear();
+    const latest = await latestEntries(this.nc, this.bucket, this.kv);
     // Each leadership term starts here: what its predecessors left is dropped beside recovery.
     void this.compactMarkers();
-    const keys: string[] = [];
-    for await (const key of await this.kv.keys()) keys.push(key);
     const entries: JournalEntry[] = [];
-    for (const key of keys) {
-      const e = await this.kv.get(key);
-      if (!e) continue;
-      this.revisions.set(key, e.revision);
+    for (const e of latest) {
+      const key = e.key;
       if (e.operation !== "PUT") continue;
+      this.revisions.set(key, e.revision);
       // A value nothing here wrote (not JSON, or not an entry) cannot be acted on: skipped, and
       // logged each time, rather than failing recovery (and so every controller op) for good.
       let value: unknown;
