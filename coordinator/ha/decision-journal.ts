@@ -154,7 +154,7 @@ export class KvDecisionJournal implements DecisionJournal {
 
   private async dropOldMarkers(): Promise<void> {
     const before = Date.now() - this.options.markerKeepMs;
-    const old = (await latestEntries(this.nc, this.bucket, this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= before);
+    const old = (await latestEntries(this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= before);
     if (old.length === 0) return;
     const jsm = await jetstreamManager(this.nc);
     for (const { key, revision } of old) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
@@ -195,7 +195,7 @@ export class KvDecisionJournal implements DecisionJournal {
 
   async list(): Promise<JournalEntry[]> {
     this.revisions.clear();
-    const latest = await latestEntries(this.nc, this.bucket, this.kv);
+    const latest = await latestEntries(this.kv);
     // Each leadership term starts here: what its predecessors left is dropped beside recovery.
     void this.compactMarkers();
     const entries: JournalEntry[] = [];

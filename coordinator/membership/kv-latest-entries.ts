@@ -1,6 +1,4 @@
-import { jetstreamManager } from "@nats-io/jetstream";
-import type { KV, KvEntry } from "@nats-io/kv";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
 
 /** Gets in flight at once while reading a bucket's keys. */
 const PARALLEL_GETS = 32;
@@ -9,15 +7,17 @@ const PARALLEL_GETS = 32;
  * The latest entry of every key in a KV bucket, delete and purge markers included: the bucket's
  * subjects read in one stream-info request (a server-side snapshot), then one get per key.
  *
- * Not `kv.keys()` or `kv.history()`: those run an ordered consumer, and a filtered purge landing
- * while it delivers (the journal's marker compaction, in this or a deposed coordinator) moves the
- * consumer past keys it had not yet delivered, so the listing stalled for 30 s or came back
- * without live entries. A key removed between the snapshot and its get is left out.
+ * Not `kv.keys()` or `kv.history()`: those run an ordered consumer, and messages leaving the
+ * stream while it delivers move it past keys it had not delivered yet. A filtered purge (the
+ * journal's marker compaction) stalled a listing for 30 s about one time in four, and once it came
+ * back without live entries; an expiry (the membership bucket's max_age) left out a key written
+ * moments before. A key removed between the snapshot and its get is left out here, as it should be.
  */
-export async function latestEntries(nc: NatsConnection, bucket: string, kv: KV): Promise<KvEntry[]> {
-  const prefix = `$KV.${bucket}.`;
-  const info = await (await jetstreamManager(nc)).streams.info(`KV_${bucket}`, { subjects_filter: `${prefix}>` });
-  const keys = Object.keys(info.state.subjects ?? {}).map((subject) => subject.slice(prefix.length));
+export async function latestEntries(kv: KV): Promise<KvEntry[]> {
+  // Kvm opens every bucket as a Bucket; its stream and subject prefix are what the snapshot needs.
+  if (!(kv instanceof Bucket)) throw new TypeError("latestEntries reads a bucket opened with Kvm");
+  const info = await kv.jsm.streams.info(kv.stream, { subjects_filter: `${kv.prefix}.>` });
+  const keys = Object.keys(info.state.subjects ?? {}).map((subject) => kv.decodeKey(subject.substring(kv.prefixLen)));
   const entries: KvEntry[] = [];
   let next = 0;
   const worker = async (): Promise<void> => {

@@ -2,6 +2,7 @@ import type { KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import { MemberSchema, type Member } from "../../protocol/index.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
+import { latestEntries } from "./kv-latest-entries.js";
 
 /** Where the engine learns the participants of a deployment. */
 export interface MembershipSource {
@@ -21,24 +22,19 @@ export class KvMemberRegistry implements MembershipSource {
   ) {}
 
   async members(): Promise<Member[]> {
-    const keys: string[] = [];
-    for await (const key of await this.kv.keys()) keys.push(key);
     const members: Member[] = [];
-    await Promise.all(
-      keys.map(async (key) => {
-        const entry = await this.kv.get(key);
-        if (!entry || entry.operation !== "PUT") return;
-        let value: unknown;
-        try {
-          value = entry.json();
-        } catch {
-          value = undefined;
-        }
-        const parsed = MemberSchema.safeParse(value);
-        if (parsed.success) members.push(parsed.data);
-        else this.logger?.warn({ key }, "membership_entry_invalid");
-      }),
-    );
+    for (const entry of await latestEntries(this.kv)) {
+      if (entry.operation !== "PUT") continue;
+      let value: unknown;
+      try {
+        value = entry.json();
+      } catch {
+        value = undefined;
+      }
+      const parsed = MemberSchema.safeParse(value);
+      if (parsed.success) members.push(parsed.data);
+      else this.logger?.warn({ key: entry.key }, "membership_entry_invalid");
+    }
     return members.sort((a, b) => (a.kind + "." + a.instance < b.kind + "." + b.instance ? -1 : 1));
   }
 
