@@ -1,4 +1,4 @@
-import type { KV } from "@nats-io/kv";
+import type { KV, KvEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
 import { MemberSchema, type Member } from "../../protocol/index.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
@@ -24,16 +24,8 @@ export class KvMemberRegistry implements MembershipSource {
   async members(): Promise<Member[]> {
     const members: Member[] = [];
     for (const entry of await latestEntries(this.kv)) {
-      if (entry.operation !== "PUT") continue;
-      let value: unknown;
-      try {
-        value = entry.json();
-      } catch {
-        value = undefined;
-      }
-      const parsed = MemberSchema.safeParse(value);
-      if (parsed.success) members.push(parsed.data);
-      else this.logger?.warn({ key: entry.key }, "membership_entry_invalid");
+      const member = memberOf(entry, this.logger);
+      if (member) members.push(member);
     }
     return members.sort((a, b) => (a.kind + "." + a.instance < b.kind + "." + b.instance ? -1 : 1));
   }
@@ -41,4 +33,18 @@ export class KvMemberRegistry implements MembershipSource {
   async list(): Promise<ParticipantRef[]> {
     return (await this.members()).map((m) => ({ kind: m.kind, instance: m.instance }));
   }
+}
+
+/** The member a registry entry holds; undefined for a delete marker or (logged) a malformed value. */
+export function memberOf(entry: KvEntry, logger: Logger | undefined): Member | undefined {
+  if (entry.operation !== "PUT") return undefined;
+  let value: unknown;
+  try {
+    value = entry.json();
+  } catch {
+    value = undefined;
+  }
+  const parsed = MemberSchema.safeParse(value);
+  if (!parsed.success) logger?.warn({ key: entry.key }, "membership_entry_invalid");
+  return parsed.success ? parsed.data : undefined;
 }

@@ -1,9 +1,9 @@
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
-import { MEMBER_TTL_MS, MemberSchema, memberKey, type Member } from "../../protocol/index.js";
+import { MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
-import { KvMemberRegistry, type MembershipSource } from "./member-registry.js";
+import { KvMemberRegistry, memberOf, type MembershipSource } from "./member-registry.js";
 
 interface Cached {
   member: Member;
@@ -51,18 +51,8 @@ export class WatchedMemberRegistry implements MembershipSource {
       this.cache.delete(entry.key);
       return;
     }
-    let value: unknown;
-    try {
-      value = entry.json();
-    } catch {
-      value = undefined;
-    }
-    const parsed = MemberSchema.safeParse(value);
-    if (!parsed.success) {
-      this.logger?.warn({ key: entry.key }, "membership_entry_invalid");
-      return;
-    }
-    this.cache.set(entry.key, { member: parsed.data, seenAt: now });
+    const member = memberOf(entry, this.logger);
+    if (member) this.cache.set(entry.key, { member, seenAt: now });
   }
 
   members(): Member[] {
