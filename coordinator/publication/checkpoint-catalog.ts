@@ -10,6 +10,7 @@ import {
   MAX_GLOBAL_MANIFEST_BYTES,
   PARTICIPANTS_DIR,
   describeZodError,
+  toCheckpointError,
   type GlobalManifest,
 } from "../../protocol/index.js";
 import { readRegularFile, readRegularFileSync } from "./regular-file.js";
@@ -23,6 +24,13 @@ export interface CatalogEntry {
   epoch: number;
   participants: number;
   stop: boolean;
+}
+
+/** A checkpoint directory whose checkpoint.json is there but cannot be read or parsed. */
+export interface DamagedCheckpoint {
+  checkpoint_id: string;
+  code: string;
+  detail: string;
 }
 
 /** Reads the published checkpoints under a root: `<root>/<id>/checkpoint.json` and `<root>/LATEST`. */
@@ -114,31 +122,38 @@ export class CheckpointCatalog {
    * place), so its parse is cached until its inode, size or mtime changes. Retention scans after
    * every publication and must not re-read every manifest each time.
    */
-  scan(): { published: CatalogEntry[]; partial: string[] } {
+  scan(): { published: CatalogEntry[]; partial: string[]; damaged: DamagedCheckpoint[] } {
     let names: string[];
     try {
       names = readdirSync(this.root, { withFileTypes: true })
         .filter((d) => d.isDirectory() && CheckpointIdSchema.safeParse(d.name).success)
         .map((d) => d.name);
     } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === "ENOENT") return { published: [], partial: [] };
+      if ((error as NodeJS.ErrnoException).code === "ENOENT") return { published: [], partial: [], damaged: [] };
       throw error;
     }
     const published: CatalogEntry[] = [];
     const partial: string[] = [];
+    const damaged: DamagedCheckpoint[] = [];
     for (const name of names) {
       try {
         published.push(this.entry(name));
       } catch (error) {
-        if (error instanceof CheckpointError && error.code === "not_found" && isCheckpointDir(join(this.root, name))) partial.push(name);
-        // A corrupt checkpoint.json is neither listed nor deleted: `verify` reports it.
+        if (error instanceof CheckpointError && error.code === "not_found") {
+          if (isCheckpointDir(join(this.root, name))) partial.push(name);
+          continue;
+        }
+        // A corrupt or unreadable checkpoint.json is neither listed nor deleted: `ls` names it and
+        // `verify` reports it in full.
+        const refusal = toCheckpointError(error);
+        damaged.push({ checkpoint_id: name, code: refusal.code, detail: refusal.message });
       }
     }
     for (const name of this.entries.keys()) if (!names.includes(name)) this.entries.delete(name);
     // Newest first, as repairLatest orders them: epochs only grow, and within one epoch one
     // coordinator's clock orders its publications (a successor's clock may lag its predecessor's).
     published.sort((a, b) => b.epoch - a.epoch || b.published_at - a.published_at || (a.checkpoint_id < b.checkpoint_id ? 1 : -1));
-    return { published, partial: partial.sort() };
+    return { published, partial: partial.sort(), damaged: damaged.sort((a, b) => (a.checkpoint_id < b.checkpoint_id ? -1 : 1)) };
   }
 
   /** Caches the catalog entry of a checkpoint.json whose content and stat the caller already has. */

@@ -51,6 +51,19 @@ describe("gym-ckpt ls on odd inputs", () => {
     expect(out.latest_error).toMatchObject({ code: "invalid_checkpoint_state" });
   });
 
+  it("a checkpoint whose checkpoint.json is damaged is named with a warning (and under `damaged` in --json), not silently left out", async () => {
+    await publish(["c1", "c2"]); // LATEST = c2, intact
+    await writeFile(join(root, "c1", "checkpoint.json"), '{"schema_version":');
+    const ls = await cli(["ls", "--root", root]);
+    expect(ls.code).toBe(0);
+    expect(ls.stdout).toMatch(/^\* c2 [^\n]*\n$/);
+    expect(ls.stderr).toMatch(/^warning invalid_checkpoint_state: checkpoint c1 is not listed: [^\n]+\n$/);
+    const json = JSON.parse((await cli(["ls", "--root", root, "--json"])).stdout) as { latest: string; checkpoints: { checkpoint_id: string }[]; damaged: { checkpoint_id: string; code: string }[] };
+    expect(json.latest).toBe("c2");
+    expect(json.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c2"]);
+    expect(json.damaged).toEqual([{ checkpoint_id: "c1", code: "invalid_checkpoint_state", detail: expect.any(String) }]);
+  });
+
   // Root reads through mode bits: the listing runs as another account (setpriv).
   it.skipIf(process.getuid?.() !== 0)("a LATEST this account cannot read (EACCES) still lists every checkpoint, with a warning", async () => {
     const shared = await mkdtemp("/tmp/gym-ckpt-ls-eacces-");

@@ -12,7 +12,8 @@ export function register(program: Command): void {
     .action(async (flags: { root?: string; json?: boolean }) => {
       await runCli(async () => {
         const catalog = new CheckpointCatalog(rootFrom(flags.root));
-        const { published } = catalog.scan();
+        const { published, damaged } = catalog.scan();
+        for (const d of damaged) process.stderr.write(`warning ${d.code}: checkpoint ${d.checkpoint_id} is not listed: ${d.detail}\n`);
         // A damaged LATEST still lists the checkpoints: ls is how an operator picks an older one to restore.
         let latest: string | null = null;
         let latestError: { code: string; detail: string } | undefined;
@@ -31,7 +32,7 @@ export function register(program: Command): void {
           latestError = { code: refusal.code, detail: refusal.message };
           process.stderr.write(`warning ${refusal.code}: ${refusal.message} (no checkpoint is marked LATEST)\n`);
         }
-        if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published });
+        if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published, damaged });
         for (const c of published) {
           process.stdout.write(
             `${c.checkpoint_id === latest ? "*" : " "} ${c.checkpoint_id}  ${new Date(c.published_at * 1000).toISOString()}  epoch ${c.epoch}  ${c.participants} participants${c.stop ? "  stop" : ""}\n`,

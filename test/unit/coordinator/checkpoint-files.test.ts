@@ -74,8 +74,8 @@ describe("the catalog", () => {
     await mkdir(join(root, "c1"));
     mkfifo(join(root, "c1", "checkpoint.json"));
     expect((await refusalOf(catalog.get("c1"))).code).toBe("invalid_checkpoint_state");
-    // The blocking scan (retention, list) neither lists it nor takes it for a partial checkpoint.
-    expect(catalog.scan()).toEqual({ published: [], partial: [] });
+    // The blocking scan (retention, list) neither lists it nor takes it for a partial checkpoint: damaged.
+    expect(catalog.scan()).toEqual({ published: [], partial: [], damaged: [{ checkpoint_id: "c1", code: "invalid_checkpoint_state", detail: expect.any(String) }] });
   });
 });
 

@@ -162,7 +162,7 @@ describe("publication and retention", () => {
     await writer.settled();
     expect((await readdir(root)).sort()).toEqual(["LATEST", "c1", ROLLOUTS_DIR]);
     expect(await readFile(join(root, ROLLOUTS_DIR, "x.jsonl"), "utf8")).toBe('{"row":1}\n');
-    expect(catalog.scan()).toEqual({ published: [expect.objectContaining({ checkpoint_id: "c1" })], partial: [] });
+    expect(catalog.scan()).toEqual({ published: [expect.objectContaining({ checkpoint_id: "c1" })], partial: [], damaged: [] });
   });
 
   it("orders checkpoints by epoch before publication time: a successor whose clock lags keeps its own newest", async () => {
