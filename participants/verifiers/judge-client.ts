@@ -1,4 +1,8 @@
 import { z } from "zod";
+import { readCappedText } from "../http/capped-body.js";
+
+/** A judge's verdict is a short text: a reply past this is refused (the sample is masked judge_failed). */
+const MAX_JUDGE_REPLY_BYTES = 8 * 1024 * 1024;
 
 /** Only the fields we read from an OpenAI-compatible chat completion (other fields pass through). */
 const ChatCompletionSchema = z.looseObject({
@@ -39,7 +43,14 @@ export class JudgeClient {
       signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
     });
     if (!response.ok) throw new Error(`judge answered HTTP ${response.status}`);
-    const parsed = ChatCompletionSchema.safeParse(await response.json());
+    let reply: unknown;
+    try {
+      reply = JSON.parse(await readCappedText(response, MAX_JUDGE_REPLY_BYTES, "judge"));
+    } catch (error) {
+      if (error instanceof SyntaxError) throw new Error("judge reply is not JSON");
+      throw error;
+    }
+    const parsed = ChatCompletionSchema.safeParse(reply);
     if (!parsed.success) throw new Error("judge reply is not a chat completion");
     return parsed.data.choices[0]!.message.content ?? "";
   }

@@ -1,4 +1,6 @@
 import { createServer, type ServerResponse } from "node:http";
+import { once } from "node:events";
+import type { AddressInfo } from "node:net";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import Fastify, { type FastifyInstance } from "fastify";
@@ -177,6 +179,35 @@ describe("equivalence judge", () => {
     // Counted, not logged: the client keeps nothing per call.
     expect(judge.callCount).toBe(4);
     expect(Object.values(judge).filter((field) => Array.isArray(field))).toEqual([]);
+  });
+});
+
+describe("equivalence judge: a reply without end", () => {
+  it("is refused once past its cap (masked judge_failed) and the judge's stream is cancelled, instead of growing the process", async () => {
+    let closed!: () => void;
+    const cancelled = new Promise<void>((resolve) => (closed = resolve));
+    const chunk = Buffer.alloc(64 * 1024, 0x20);
+    // Answers 200 and keeps writing whitespace (valid JSON padding) until the client goes away.
+    const endless = createServer((_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.on("close", closed);
+      const pump = (): void => {
+        while (!res.destroyed && res.write(chunk));
+        if (!res.destroyed) res.once("drain", pump);
+      };
+      pump();
+    }).listen(0, "127.0.0.1");
+    await once(endless, "listening");
+    try {
+      const port = (endless.address() as AddressInfo).port;
+      const verifier = new EquivalenceJudgeVerifier(new JudgeClient({ baseUrl: `http://127.0.0.1:${port}`, requestTimeoutMs: 60_000 }));
+      const reply = await post(verifier, "e1", { task: { expected_answer: "1" }, answer: "1" });
+      expect(reply.body).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed", detail: expect.stringMatching(/^judge: the reply passed \d+ bytes$/) });
+      await cancelled;
+    } finally {
+      endless.closeAllConnections();
+      endless.close();
+    }
   });
 });
 
