@@ -7,6 +7,7 @@ import {
   CheckpointError,
   GUARDED_OPS,
   IncarnationSchema,
+  MAX_ATTEMPT,
   MAX_BLOCKERS,
   MAX_DEADLINE_AHEAD_S,
   PROTOCOL_VERSION,
@@ -491,6 +492,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private async restore(request: RestoreRequest): Promise<RestoreReply> {
     this.checkDeadline(request.deadline_ts);
+    // Every episode in scope continues as its next attempt: past MAX_ATTEMPT that attempt has no
+    // capture key, and its restored state could neither be exported again nor retired by name.
+    const last = request.episode_ids.find((episode) => episode.attempt >= MAX_ATTEMPT);
+    if (last) throw new CheckpointError("invalid_request", `${captureKey(last)} is attempt ${MAX_ATTEMPT}, the last there is: it cannot continue as a later attempt`);
     const id = request.checkpoint_id;
     const dir = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));

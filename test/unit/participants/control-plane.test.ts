@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { CheckpointError, MAX_ATTEMPT, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import {
   FsCheckpointStorage,
   ManualClock,
@@ -885,6 +885,16 @@ describe("restore", () => {
     expect(kind.hooks()).toEqual(["retire"]);
     expect(plane.currentPhase).toBe("idle");
     expect(plane.status().lease_expires_at).toBeNull();
+  });
+
+  it("refuses a scope at the last attempt (MAX_ATTEMPT) with invalid_request, changing nothing: its next attempt has no capture key, so its state could neither be exported again nor retired", async () => {
+    const last = { rollout_id: "r1", attempt: MAX_ATTEMPT };
+    const dir = await checkpointWith([last]);
+    const before = plane.status();
+    expect(await refused(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r0", attempt: 0 }, last] }))).toBe("invalid_request");
+    expect({ status: plane.status(), hooks: kind.hooks(), restored: kind.restored.size, fenced: plane.isRetired(last) }).toEqual({ status: before, hooks: [], restored: 0, fenced: false });
+    // one below continues as MAX_ATTEMPT
+    await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: MAX_ATTEMPT - 1 }] });
   });
 
   it("refuses to restore into a process with live state", async () => {
