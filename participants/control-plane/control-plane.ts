@@ -137,6 +137,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private closedAt: number | undefined;
   /** Set once the process stops serving: a prepare waiting for readiness answers at once, not prepared. */
   private stopping = false;
+  private disposed = false;
   private readonly waiters = new Set<() => void>();
   private readonly unobserve: () => void;
 
@@ -525,13 +526,13 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       } catch (error) {
         // It may have closed part way (a kind stops admitting, then cuts what is in flight); the
         // phase stays idle, so no resume would reopen it: reopen here, as prepare does.
-        await this.adapter.openAdmission();
+        await this.reopenAfterFailedRestore(id);
         throw error;
       }
       // A call admitted while the records were read would be installed over: refuse, reopened. So
       // is a restore whose admission closed only past its deadline.
       if (this.adapter.hasLiveState() || request.deadline_ts * 1000 <= this.clock.now()) {
-        await this.adapter.openAdmission();
+        await this.reopenAfterFailedRestore(id);
         throw this.adapter.hasLiveState() ? this.notFresh() : new CheckpointError("deadline_exceeded", "restore reached its deadline before the install could start");
       }
       this.closedAt = this.clock.now();
@@ -555,7 +556,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         } else {
           this.abandonLateInstall(id, settled, request.episode_ids.map(nextAttempt));
         }
-        await this.adapter.openAdmission();
+        await this.reopenAfterFailedRestore(id);
         this.closedAt = undefined;
         throw error;
       }
@@ -579,6 +580,33 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       this.remember(id, "restore", reply, args);
       return reply;
     });
+  }
+
+  /**
+   * Reopens admission after a restore that failed. The phase stays idle, so neither a resume (idle:
+   * nothing to reopen) nor a lease would: a reopen that fails (the kind's openAdmission threw) is
+   * tried again shortly under the lock, as a lease expiry's is, for as long as no later op owns
+   * admission. Never throws: the restore answers its own refusal, whose code tells the coordinator
+   * whether anything was installed.
+   */
+  private async reopenAfterFailedRestore(id: string): Promise<void> {
+    try {
+      await this.adapter.openAdmission();
+    } catch (error) {
+      this.logger?.error({ checkpoint_id: id, err: error }, "restore_reopen_failed");
+      const retry = (): void =>
+        void this.lock.run(async () => {
+          // A later prepare or restore closed (and owns) admission since; dispose ends the retries.
+          if (this.phase !== "idle" || this.activeId !== null || this.disposed) return;
+          try {
+            await this.adapter.openAdmission();
+          } catch (err) {
+            this.logger?.error({ checkpoint_id: id, err }, "restore_reopen_failed");
+            this.clock.setTimer(retry, LEASE_RETRY_MS);
+          }
+        });
+      this.clock.setTimer(retry, LEASE_RETRY_MS);
+    }
   }
 
   /**
@@ -894,6 +922,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   /** Stops timers; used when the process shuts down. */
   dispose(): void {
+    this.disposed = true;
     this.beginStopping();
     this.unobserve();
     this.cancelLeaseTimer?.();

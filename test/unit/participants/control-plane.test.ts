@@ -928,6 +928,21 @@ describe("restore", () => {
     expect(kind.hooks()).toEqual(["closeAdmission", "install", "openAdmission"]);
   });
 
+  it("a failed restore whose reopen of admission fails once still reopens (no resume or lease would: the phase stays idle), and answers the restore's own refusal", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    kind.failNext("install", new CheckpointError("invalid_checkpoint_state", "scripted: a record does not validate"));
+    kind.failNext("openAdmission", new Error("transient reopen failure"));
+    expect(await refused(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).toBe("invalid_checkpoint_state");
+    expect(plane.currentPhase).toBe("idle");
+    // The coordinator's clean-up resumes the id here: idle, so that changes nothing.
+    await call("resume", { checkpoint_id: "src" });
+    for (let i = 0; i < 5 && !kind.admissionOpen; i++) {
+      clock.advance(1_000);
+      for (let j = 0; j < 5; j++) await flush();
+    }
+    expect({ phase: plane.currentPhase, admissionOpen: kind.admissionOpen }).toEqual({ phase: "idle", admissionOpen: true });
+  });
+
   it("refuses a directory of another checkpoint", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
     expect(await refused(call("restore", { checkpoint_id: "other", checkpoint_dir: dir, episode_ids: [] }))).toBe("invalid_checkpoint_state");
