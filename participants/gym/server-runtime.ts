@@ -24,26 +24,38 @@ import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
  * server-specific string flags; --help prints them and exits 0. Telemetry: see
  * participants/telemetry/telemetry-sdk.ts.
  */
-const CommonSchema = z
+/**
+ * A number on the command line: decimal only, like every gym-ckpt flag (docs/api.md §5). z.coerce
+ * took `--port ""` (an unset "$PORT") as 0, "any free port", which is the flag left out, and
+ * `0x1F90` or `1e3` as what Number() makes of them.
+ */
+const decimalFlag = (pattern: RegExp, what: string) =>
+  z
+    .string()
+    .refine((value) => pattern.test(value), `must be ${what}`)
+    .transform(Number);
+const portFlag = decimalFlag(/^\d+$/, "a decimal port number").pipe(z.number().int().min(0).max(65535));
+
+export const ServerFlagsSchema = z
   .object({
     nats: z.string().min(1),
     deployment: DeploymentSchema,
     instance: InstanceSchema,
     token: z.string().min(1, "a control token is required (--token or GYM_CKPT_TOKEN)").pipe(BearerTokenSchema),
-    port: z.coerce.number().int().min(0).max(65535),
+    port: portFlag,
     checkpointRoot: z.string().refine(isAbsolute, "must be an absolute path (as the coordinator's: checkpoint directories arrive absolute)").optional(),
-    leaseGraceSeconds: z.coerce.number().positive().optional(),
+    leaseGraceSeconds: decimalFlag(/^\d+(\.\d+)?$/, "a decimal number of seconds").pipe(z.number().positive()).optional(),
     otlpEndpoint: z.url().optional(),
-    metricsPort: z.coerce.number().int().min(0).max(65535).optional(),
+    metricsPort: portFlag.optional(),
   })
   .strict();
 
 /** How long a stopping server lets in-flight requests finish before it closes their connections. */
 const SHUTDOWN_DRAIN_MS = 2_000;
-export type CommonServerConfig = z.infer<typeof CommonSchema>;
+export type CommonServerConfig = z.infer<typeof ServerFlagsSchema>;
 
 /** The common flags `gym-ckpt gym` passes on to every server: checked once there, before any starts. */
-export const LaunchFlagsSchema = CommonSchema.pick({ nats: true, deployment: true, token: true, checkpointRoot: true, leaseGraceSeconds: true });
+export const LaunchFlagsSchema = ServerFlagsSchema.pick({ nats: true, deployment: true, token: true, checkpointRoot: true, leaseGraceSeconds: true });
 
 export interface ServerRuntime {
   config: CommonServerConfig;
@@ -159,7 +171,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     process.stdout.write(usage(name, extraFlags));
     process.exit(0);
   }
-  const parsed = CommonSchema.safeParse({
+  const parsed = ServerFlagsSchema.safeParse({
     nats: values.nats ?? envSetting("GYM_CKPT_NATS_URL") ?? DEFAULT_NATS_URL,
     deployment: values.deployment ?? envSetting("GYM_CKPT_DEPLOYMENT") ?? "default",
     instance: values.instance ?? name,

@@ -1,0 +1,36 @@
+import { describe, expect, it } from "vitest";
+import { LaunchFlagsSchema, ServerFlagsSchema } from "../../../participants/gym/server-runtime.js";
+
+/**
+ * docs/api.md §4-5: numbers on a command line are decimal, and a flag given an empty value is that
+ * value, never the flag left out. A reference server's or the attach proxy's `--port ""` (an unset
+ * "$PORT") was coerced to 0, "any free port", so the proxy served where nobody would reach it;
+ * `--port 0x1F90` was port 8080.
+ */
+const base = { nats: "nats://127.0.0.1:4222", deployment: "default", instance: "env1", token: "t0ken", port: "0" };
+
+describe("reference server flags", () => {
+  it.each([
+    ["port", ""],
+    ["port", " "],
+    ["port", "0x1F90"],
+    ["port", "1e3"],
+    ["port", "80.0"],
+    ["metricsPort", ""],
+    ["metricsPort", "0x10"],
+    ["leaseGraceSeconds", "1e3"],
+    ["leaseGraceSeconds", "0x10"],
+    ["leaseGraceSeconds", ""],
+  ])("%s %j is refused", (key, value) => {
+    expect(ServerFlagsSchema.safeParse({ ...base, [key]: value }).success).toBe(false);
+  });
+
+  it("decimal values are taken", () => {
+    const parsed = ServerFlagsSchema.parse({ ...base, port: "8080", metricsPort: "0", leaseGraceSeconds: "2.5" });
+    expect({ port: parsed.port, metricsPort: parsed.metricsPort, leaseGraceSeconds: parsed.leaseGraceSeconds }).toEqual({ port: 8080, metricsPort: 0, leaseGraceSeconds: 2.5 });
+  });
+
+  it("gym-ckpt gym refuses --lease-grace-seconds 1e3 as the servers do", () => {
+    expect(LaunchFlagsSchema.safeParse({ nats: base.nats, deployment: "default", token: "t0ken", leaseGraceSeconds: "1e3" }).success).toBe(false);
+  });
+});
