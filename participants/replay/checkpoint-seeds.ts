@@ -72,6 +72,10 @@ async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest
     text = (await readRegularFile(file, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES })).toString("utf8");
   } catch (error) {
     if (error instanceof CheckpointError) throw invalidState(error.message);
+    // Absent (or the path runs through a file): not a published checkpoint, a bad --checkpoint. Any
+    // other refusal (EIO, EACCES, a stale NFS handle) is the storage's, storage_error to the caller.
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code !== "ENOENT" && code !== "ENOTDIR") throw error;
     throw invalidRequest(`${checkpointDir} holds no ${GLOBAL_MANIFEST_FILE} (not a published checkpoint)`);
   }
   let raw: unknown;
