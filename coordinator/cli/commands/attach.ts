@@ -8,8 +8,13 @@ export function register(program: Command): void {
     .allowUnknownOption(true)
     .helpOption(false)
     .argument("<kind>", "model")
-    .argument("[args...]", "passed to the attach proxy (try --help)")
-    .action(async (kind: string, args: string[]) => {
+    .argument("[args...]", "passed to the attach proxy (`gym-ckpt attach model --help` lists its flags)")
+    .action(async (kind: string, args: string[], _options: unknown, command: Command) => {
+      // The help option is off so `attach model --help` reaches the proxy; `attach --help` is ours.
+      if (kind === "--help" || kind === "-h") {
+        command.outputHelp();
+        return;
+      }
       if (kind !== "model") {
         process.stderr.write(`error invalid_request: only \`attach model\` exists (got ${JSON.stringify(kind)})\n`);
         process.exitCode = 2;
