@@ -1,5 +1,19 @@
 import type { Command } from "commander";
+import type { CtlReplyOf } from "../../../protocol/index.js";
 import { controllerStateFrom, deadlineFrom, parseEpisodes, printJson, withClient, withClientOptions, type ClientFlags } from "../shared.js";
+
+/**
+ * The human summary: the published checkpoint on stdout and, on stderr, every participant that did
+ * not resume (the op succeeded, but that one stays parked until its lease expires), as `ls` warns.
+ */
+export function checkpointSummary(reply: CtlReplyOf<"checkpoint">): { stdout: string; stderr: string } {
+  return {
+    stdout: `published ${reply.checkpoint_id} (epoch ${reply.epoch}, ${reply.participants} participants) at ${reply.manifest_path}\n`,
+    stderr: reply.resume_failures
+      .map((f) => `warning ${f.code}: ${f.kind}/${f.instance} did not resume: ${f.detail} (it resumes when its lease expires)\n`)
+      .join(""),
+  };
+}
 
 export function register(program: Command): void {
   withClientOptions(
@@ -22,7 +36,11 @@ export function register(program: Command): void {
         controller_state: controllerStateFrom(flags),
       });
       if (flags.json) printJson(reply);
-      else process.stdout.write(`published ${reply.checkpoint_id} (epoch ${reply.epoch}, ${reply.participants} participants) at ${reply.manifest_path}\n`);
+      else {
+        const summary = checkpointSummary(reply);
+        process.stdout.write(summary.stdout);
+        process.stderr.write(summary.stderr);
+      }
     });
   });
 }
