@@ -1,7 +1,7 @@
 import { parseArgs } from "node:util";
 import { GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
 import { DEFAULT_NATS_URL, describeZodError, envSetting, isHttpUrl } from "../../protocol/index.js";
-import { LaunchFlagsSchema, argvRefusal } from "./server-runtime.js";
+import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal } from "./server-runtime.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
@@ -70,7 +70,8 @@ const VERIFY_MODES = ["replay", "wait"];
 if (values["resources-mode"] !== undefined && !RESOURCES_MODES.includes(values["resources-mode"])) refuse(`--resources-mode must be one of ${RESOURCES_MODES.join(", ")}`);
 if (values.verify !== undefined && !VERIFY_MODES.includes(values.verify)) refuse(`--verify must be one of ${VERIFY_MODES.join(", ")}`);
 const tokenDelay = values["token-delay-ms"];
-if (tokenDelay !== undefined && !(/^\d+(\.\d+)?$/.test(tokenDelay.trim()) && Number(tokenDelay) <= 60_000)) refuse("--token-delay-ms must be a number from 0 to 60000");
+// As the policy backend checks it (a value it would refuse must not start the other servers first).
+if (tokenDelay !== undefined && (millisecondFlagRefusal({ "token-delay-ms": tokenDelay }) || Number(tokenDelay) > 60_000)) refuse("--token-delay-ms must be a decimal number from 0 to 60000");
 if (values["policy-url"] !== undefined && !isHttpUrl(values["policy-url"])) refuse("--policy-url must be an http or https URL");
 // Installed before the launch: a signal during start-up must stop the children started so far.
 const abort = new AbortController();

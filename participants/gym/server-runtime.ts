@@ -158,6 +158,22 @@ export function argvRefusal(error: unknown): string {
   return "the command line cannot be parsed (see --help)";
 }
 
+/** The longest delay a Node timer holds; past it, setTimeout fires at once. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * Why a server's own `--*-ms` flag (`--episode-timeout-ms`, `--cut-timeout-ms`, `--token-delay-ms`)
+ * is refused, if it is: every one is a decimal count of milliseconds a timer can hold, checked with
+ * the common flags (before NATS), instead of `abc` becoming NaN (a timeout that fires at once).
+ */
+export function millisecondFlagRefusal(values: Record<string, unknown>): string | undefined {
+  for (const [flag, value] of Object.entries(values)) {
+    if (!flag.endsWith("-ms") || value === undefined) continue;
+    if (typeof value !== "string" || !/^\d+(\.\d+)?$/.test(value) || Number(value) > MAX_TIMER_MS) return `--${flag} must be a decimal number of milliseconds from 0 to ${MAX_TIMER_MS}`;
+  }
+  return undefined;
+}
+
 export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
   let args: ReturnType<typeof parseServerArgs>;
   try {
@@ -170,6 +186,11 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
   if (values.help) {
     process.stdout.write(usage(name, extraFlags));
     process.exit(0);
+  }
+  const badMilliseconds = millisecondFlagRefusal(values);
+  if (badMilliseconds) {
+    process.stderr.write(`${name}: invalid configuration: ${badMilliseconds}\n`);
+    process.exit(2);
   }
   const parsed = ServerFlagsSchema.safeParse({
     nats: values.nats ?? envSetting("GYM_CKPT_NATS_URL") ?? DEFAULT_NATS_URL,

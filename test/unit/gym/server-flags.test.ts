@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { LaunchFlagsSchema, ServerFlagsSchema } from "../../../participants/gym/server-runtime.js";
+import { LaunchFlagsSchema, ServerFlagsSchema, millisecondFlagRefusal } from "../../../participants/gym/server-runtime.js";
 
 /**
  * docs/api.md §4-5: numbers on a command line are decimal, and a flag given an empty value is that
@@ -32,5 +32,15 @@ describe("reference server flags", () => {
 
   it("gym-ckpt gym refuses --lease-grace-seconds 1e3 as the servers do", () => {
     expect(LaunchFlagsSchema.safeParse({ nats: base.nats, deployment: "default", token: "t0ken", leaseGraceSeconds: "1e3" }).success).toBe(false);
+  });
+});
+
+describe("a reference server's own --*-ms flags", () => {
+  it.each(["abc", "", " 5 ", "0x10", "1e3", "-1", ".5", String(2 ** 31)])("%j is refused, naming the flag", (value) => {
+    expect(millisecondFlagRefusal({ "episode-timeout-ms": value })).toBe("--episode-timeout-ms must be a decimal number of milliseconds from 0 to 2147483647");
+  });
+
+  it("decimal counts and flags left out are taken; other flags are not its business", () => {
+    expect(millisecondFlagRefusal({ "cut-timeout-ms": "10000", "token-delay-ms": "2.5", "episode-timeout-ms": undefined, port: "0x10", help: false })).toBeUndefined();
   });
 });
