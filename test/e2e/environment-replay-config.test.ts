@@ -1,12 +1,12 @@
 import { execFile } from "node:child_process";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { ensureBuilt } from "./coordinator-process.js";
+import { asAccount, ensureBuilt } from "./coordinator-process.js";
 
 /**
  * The environment server's --replay-config is a flag value. A bad one should be
@@ -27,10 +27,12 @@ beforeEach(async () => {
 });
 afterEach(() => rm(dir, { recursive: true, force: true }));
 
-async function start(config: string): Promise<{ code: number; stderr: string }> {
-  const args = [ENV_MAIN, "--nats", nats.server.url, "--token", "participant-token", "--agent-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9", "--replay-config", config];
+async function start(config: string, prefix: string[] = []): Promise<{ code: number; stderr: string }> {
+  const args = [...prefix.slice(1), ENV_MAIN, "--nats", nats.server.url, "--token", "participant-token", "--agent-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9", "--replay-config", config];
   try {
-    await run(process.execPath, args, { timeout: 30_000 });
+    // Behind `prefix` (another account): its command runs node with the arguments.
+    if (prefix.length) args.splice(prefix.length - 1, 0, process.execPath);
+    await run(prefix[0] ?? process.execPath, args, { timeout: 30_000 });
     return { code: 0, stderr: "" };
   } catch (error) {
     const e = error as { code?: number; stderr?: string };
@@ -52,5 +54,22 @@ describe("environment server --replay-config", () => {
     expect(missing.code).toBe(2);
     expect(missing.stderr).toMatch(/^environment-server: invalid_request: .*absent\.json/);
     expect(missing.stderr).not.toMatch(/\n\s+at /); // no stack trace
+  });
+
+  // Root reads through mode bits: the server runs as another account (setpriv).
+  it.skipIf(process.getuid?.() !== 0)("a record file the storage refuses to open (EACCES) is one storage_error line and exit 1, not a stack trace", async () => {
+    const shared = await mkdtemp("/tmp/gym-ckpt-replay-eacces-");
+    try {
+      await chmod(shared, 0o755);
+      await mkdir(join(shared, "r"), { mode: 0o755 });
+      await writeFile(join(shared, "r", "train_rollouts_gym.jsonl"), "", { mode: 0o000 });
+      const config = join(shared, "replay.json");
+      await writeFile(config, JSON.stringify({ records: "r/*.jsonl", source: { id: "reference-gym" }, mode: "recheck" }), { mode: 0o644 });
+      const refused = await start(config, asAccount({ uid: 65534, gid: 65534, umask: 0o022 }));
+      expect(refused.stderr).toMatch(/^environment-server: storage_error: EACCES[^\n]*train_rollouts_gym\.jsonl[^\n]*\n$/);
+      expect(refused.code).toBe(1);
+    } finally {
+      await rm(shared, { recursive: true, force: true });
+    }
   });
 });

@@ -1,3 +1,4 @@
+import { isUnreadableStorage, toCheckpointError } from "../../../protocol/index.js";
 import { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ReplayError } from "../../replay/errors.js";
 import { loadGymReplaySource } from "../../replay/gym-replay-source.js";
@@ -22,10 +23,12 @@ let replay: Awaited<ReturnType<typeof loadGymReplaySource>> | undefined;
 try {
   replay = extra["replay-config"] ? await loadGymReplaySource(extra["replay-config"], logger) : undefined;
 } catch (error) {
-  // A bad --replay-config is a bad flag: one line with its catalog code, exit 2 (corrupt records: 1).
-  if (!(error instanceof ReplayError)) throw error;
-  process.stderr.write(`environment-server: ${error.code}: ${error.message}\n`);
-  process.exit(error.code === "invalid_request" ? 2 : 1);
+  // A bad --replay-config is a bad flag: one line with its catalog code, exit 2 (corrupt records: 1,
+  // and a file call the storage refused, storage_error: 1). Anything else is a bug: its stack.
+  if (!(error instanceof ReplayError) && !isUnreadableStorage(error)) throw error;
+  const { code, message } = error instanceof ReplayError ? error : toCheckpointError(error);
+  process.stderr.write(`environment-server: ${code}: ${message}\n`);
+  process.exit(code === "invalid_request" ? 2 : 1);
 }
 const app = createEnvironmentApp({
   ...(replay && { replay }),
