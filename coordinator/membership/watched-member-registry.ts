@@ -1,9 +1,12 @@
-import type { KV, KvEntry } from "@nats-io/kv";
+import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
+import { errors, type QueuedIterator } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
 import { KvMemberRegistry, memberOf, type MembershipSource } from "./member-registry.js";
+
+type KvWatch = QueuedIterator<KvWatchEntry>;
 
 interface Cached {
   member: Member;
@@ -22,7 +25,10 @@ interface Cached {
  */
 export class WatchedMemberRegistry implements MembershipSource {
   private readonly cache = new Map<string, Cached>();
-  private stopWatch: (() => void) | undefined;
+  private watch: KvWatch | undefined;
+  /** The highest revision the watch delivered: a watch opened again resumes after it. */
+  private lastRevision = 0;
+  private stopped = false;
 
   constructor(
     private readonly kv: KV,
@@ -32,12 +38,13 @@ export class WatchedMemberRegistry implements MembershipSource {
   ) {}
 
   async start(): Promise<void> {
-    const watch = await this.kv.watch({ include: "updates" });
-    this.stopWatch = () => watch.stop();
-    void (async () => {
-      for await (const entry of watch) this.apply(entry, this.clock.monotonic());
-    })().catch((error: unknown) => this.logger?.error({ err: error }, "membership_watch_failed"));
+    this.stopped = false;
+    this.follow(await this.kv.watch({ include: "updates" }));
     // Seed after the watch is running so nothing written meanwhile is missed.
+    await this.seed();
+  }
+
+  private async seed(): Promise<void> {
     const seeded = await new KvMemberRegistry(this.kv, this.logger).members();
     const now = this.clock.monotonic();
     for (const member of seeded) {
@@ -46,7 +53,51 @@ export class WatchedMemberRegistry implements MembershipSource {
     }
   }
 
+  /**
+   * Applies what `watch` delivers until it ends. nats.js ends a watch on its own (its ordered
+   * consumer gives up after 30 failed re-creations, say while JetStream is unavailable, or its
+   * subscription closes), quietly: the cache would then age every member out and never learn of
+   * one again. A watch that ends while this registry runs is logged and opened again, from the
+   * revision after the last one applied (what was written meanwhile is delivered, removals too).
+   */
+  private follow(watch: KvWatch): void {
+    this.watch = watch;
+    void (async () => {
+      let failure: unknown;
+      try {
+        for await (const entry of watch) this.apply(entry, this.clock.monotonic());
+      } catch (error) {
+        failure = error;
+      }
+      if (this.stopped || this.watch !== watch) return;
+      this.logger?.warn({ err: failure, last_revision: this.lastRevision }, "membership_watch_ended");
+      await this.rewatch();
+    })().catch((error: unknown) => this.logger?.error({ err: error }, "membership_watch_failed"));
+  }
+
+  private async rewatch(): Promise<void> {
+    for (let attempt = 1; !this.stopped; attempt++) {
+      let watch: KvWatch;
+      try {
+        watch = await this.kv.watch(this.lastRevision > 0 ? { resumeFromRevision: this.lastRevision + 1 } : { include: "updates" });
+      } catch (error) {
+        // The connection closed for good: its owner stops (the daemon exits); nothing to follow.
+        if (error instanceof errors.ClosedConnectionError) return;
+        this.logger?.warn({ err: error, attempt }, "membership_watch_reopen_failed");
+        // Real time, not this.clock: a test clock's sleep returns at once.
+        await new Promise((resolve) => setTimeout(resolve, Math.min(5_000, 100 * 2 ** attempt)).unref());
+        continue;
+      }
+      if (this.stopped) return void watch.stop();
+      this.follow(watch);
+      // Nothing applied yet: no revision to resume from, so what the bucket holds is read afresh.
+      if (this.lastRevision === 0) await this.seed().catch((error: unknown) => this.logger?.warn({ err: error }, "membership_seed_failed"));
+      return;
+    }
+  }
+
   private apply(entry: KvEntry, now: number): void {
+    this.lastRevision = Math.max(this.lastRevision, entry.revision);
     if (entry.operation !== "PUT") {
       this.cache.delete(entry.key);
       return;
@@ -74,6 +125,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   stop(): void {
-    this.stopWatch?.();
+    this.stopped = true;
+    this.watch?.stop();
   }
 }

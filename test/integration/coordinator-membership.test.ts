@@ -83,6 +83,37 @@ describe("membership registry", () => {
     }
   });
 
+  it("keeps following the bucket when its KV watch ends under it (nats.js gives up re-creating the ordered consumer): an entry written after the end, and a removal, are still seen", async () => {
+    const kv = await openMembersBucket(world.pnc, world.deployment);
+    const watches: { stop(): void }[] = [];
+    // The bucket itself, but every watch it opens is kept here, so the test can end it as nats.js does.
+    const watched = Object.create(kv, {
+      watch: {
+        value: async (...args: Parameters<typeof kv.watch>) => {
+          const watch = await kv.watch(...args);
+          watches.push(watch);
+          return watch;
+        },
+      },
+    }) as typeof kv;
+    const registry = new WatchedMemberRegistry(watched);
+    await registry.start();
+    const member = (instance: string) => JSON.stringify({ kind: "model", instance, incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 });
+    try {
+      await kv.put("model.before", member("before"));
+      await waitUntil(async () => (await registry.list()).length === 1, "the member written before the end", 5000);
+      // What the ordered consumer does after 30 failed re-creations, or when its subscription closes.
+      watches[0]!.stop();
+      await waitUntil(() => watches.length === 2, "a new watch", 5000);
+      await kv.put("model.after", member("after"));
+      await kv.delete("model.before");
+      await waitUntil(async () => JSON.stringify(await registry.list()) === JSON.stringify([{ kind: "model", instance: "after" }]), "the entry written after the end, without the removed one", 5000);
+    } finally {
+      registry.stop();
+      await kv.delete("model.after");
+    }
+  });
+
   it("drops a member whose heartbeat stopped for longer than the bucket TTL", async () => {
     const kv = await openMembersBucket(world.pnc, world.deployment);
     let now = 1_000_000;
