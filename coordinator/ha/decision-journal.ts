@@ -1,5 +1,5 @@
 import type { KV, KvEntry } from "@nats-io/kv";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { z } from "zod";
@@ -115,6 +115,13 @@ const COMPACT_EVERY_REMOVALS = 128;
  */
 export class KvDecisionJournal implements DecisionJournal {
   private readonly revisions = new Map<string, number>();
+  /**
+   * Per key, the value of this coordinator's last write whose outcome stayed unknown (its
+   * acknowledgement lost, and not seen landed when the key was read back): the server may still
+   * apply it, and the compare-and-set refusal that follows is then no other coordinator's doing.
+   */
+  private readonly inDoubt = new Map<string, string>();
+  private jsm: JetStreamManager | undefined;
   /** Writes of one key go one after another: each compares against the revision the last one left. */
   private readonly queues = new Map<string, Promise<unknown>>();
   private removals = 0;
@@ -174,6 +181,7 @@ export class KvDecisionJournal implements DecisionJournal {
       (now) => {
         if (now?.operation === "PUT" && now.string() === value) this.revisions.set(key, now.revision);
       },
+      value,
     );
   }
 
@@ -224,17 +232,32 @@ export class KvDecisionJournal implements DecisionJournal {
    * known). A write whose outcome is unknown (its acknowledgement was lost) is reconciled with what
    * the key holds now (`landed`), so this coordinator's own write that did land never fences it out.
    */
-  private fenced(key: string, write: (known: number | undefined) => Promise<void>, landed: (now: KvEntry | null) => void): Promise<void> {
+  private fenced(key: string, write: (known: number | undefined) => Promise<void>, landed: (now: KvEntry | null) => void, value?: string): Promise<void> {
     const run = async (): Promise<void> => {
-      try {
-        await write(this.revisions.get(key));
-      } catch (error) {
-        if (!isWrongRevision(error)) {
-          await this.kv.get(key).then(landed, () => undefined); // unreadable: the next write finds out
-          throw error;
+      for (let adopted = false; ; adopted = true) {
+        try {
+          await write(this.revisions.get(key));
+          this.inDoubt.delete(key);
+          return;
+        } catch (error) {
+          if (!isWrongRevision(error)) {
+            // Its outcome is unknown until a later read shows it (the server may apply it after the read below).
+            if (value !== undefined) this.inDoubt.set(key, value);
+            await this.kv.get(key).then(
+              (now) => {
+                landed(now);
+                if (now?.operation === "PUT" && now.string() === this.inDoubt.get(key)) this.inDoubt.delete(key);
+              },
+              () => undefined,
+            ); // unreadable: the next write finds out
+            throw error;
+          }
+          // Refused: by this coordinator's own write in doubt, landed after it was read back? Then
+          // carry on from its revision (once); anything else is another coordinator's.
+          if (!adopted && (await this.adoptLateWrite(key))) continue;
+          // The stale revision stays: every later write of the key is refused the same way.
+          throw new CheckpointError("not_leader", `journal entry ${key} was changed by another coordinator since this one last wrote or read it`, { cause: error });
         }
-        // The stale revision stays: every later write of the key is refused the same way.
-        throw new CheckpointError("not_leader", `journal entry ${key} was changed by another coordinator since this one last wrote or read it`, { cause: error });
       }
     };
     const next = (this.queues.get(key) ?? Promise.resolve()).then(run, run);
@@ -244,6 +267,26 @@ export class KvDecisionJournal implements DecisionJournal {
       if (this.queues.get(key) === settled) this.queues.delete(key);
     });
     return next;
+  }
+
+  /**
+   * Whether the key holds, at the stream's leader (a replica's direct get may lag), exactly the
+   * value of this coordinator's write in doubt: entries carry their epoch and time, so no other
+   * coordinator's write is equal. Its revision is then this coordinator's to write against.
+   */
+  private async adoptLateWrite(key: string): Promise<boolean> {
+    const doubt = this.inDoubt.get(key);
+    if (doubt === undefined) return false;
+    try {
+      this.jsm ??= await jetstreamManager(this.nc);
+      const now = await this.jsm.streams.getMessage(`KV_${this.bucket}`, { last_by_subj: `$KV.${this.bucket}.${key}` });
+      if (!now || now.header?.get("KV-Operation") || now.string() !== doubt) return false;
+      this.revisions.set(key, now.seq);
+      this.inDoubt.delete(key);
+      return true;
+    } catch {
+      return false;
+    }
   }
 }
 

@@ -115,6 +115,48 @@ describe("KV decision journal: a write whose acknowledgement was lost", () => {
     };
   }
 
+  /**
+   * The next call of `method` fails as a timeout before the server applied it; the write lands when
+   * the returned function is called (the server applies it late, after the journal read the key back).
+   */
+  function landNextLate(journal: KvDecisionJournal, method: "create" | "update"): () => Promise<unknown> {
+    const kv = (journal as unknown as { kv: Record<string, (...args: unknown[]) => Promise<unknown>> }).kv;
+    const real = kv[method]!.bind(kv);
+    let held: unknown[] | undefined;
+    kv[method] = async (...args: unknown[]) => {
+      if (held) return real(...args);
+      held = args;
+      throw new Error("TIMEOUT");
+    };
+    return () => real(...held!);
+  }
+
+  it("does not fence out the coordinator whose write landed only after it read the key back: its next writes and the removal go through", async () => {
+    for (const method of ["create", "update"] as const) {
+      const journal = await KvDecisionJournal.open(nats.nc, `jlate-${method}`);
+      if (method === "update") await journal.record(entry("ck", "open"));
+      const land = landNextLate(journal, method);
+      await expect(journal.record(entry("ck", method === "create" ? "open" : "decided"))).rejects.toThrow(/TIMEOUT/);
+      await land();
+      await journal.record(entry("ck", "decided"));
+      await journal.remove("ck");
+      expect(await (await KvDecisionJournal.open(nats.nc, `jlate-${method}`)).list()).toEqual([]);
+    }
+  });
+
+  it("still refuses (not_leader) a write after one in doubt when another coordinator wrote the key since", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jlate-other");
+    await journal.record(entry("ck", "open"));
+    landNextLate(journal, "update");
+    await expect(journal.record(entry("ck", "decided"))).rejects.toThrow(/TIMEOUT/);
+    const successor = await KvDecisionJournal.open(nats.nc, "jlate-other");
+    await successor.list();
+    // Its own entry: its epoch (and time) differ from the write in doubt.
+    await successor.record({ ...entry("ck", "decided"), epoch: 4 });
+    await expect(journal.record(entry("ck", "open"))).rejects.toMatchObject({ code: "not_leader" });
+    await expect(journal.remove("ck")).rejects.toMatchObject({ code: "not_leader" });
+  });
+
   it("does not fence out the coordinator that wrote it: its next writes and the removal go through", async () => {
     for (const method of ["create", "update", "purge"] as const) {
       const journal = await KvDecisionJournal.open(nats.nc, `jack-${method}`);
