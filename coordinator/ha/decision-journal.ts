@@ -203,7 +203,8 @@ export class KvDecisionJournal implements DecisionJournal {
 
   async list(): Promise<JournalEntry[]> {
     this.revisions.clear();
-    const latest = await latestEntries(this.kv);
+    // A message nats.js cannot read (its key, its headers) is no entry this journal wrote: skipped like one that is not JSON.
+    const latest = await latestEntries(this.kv, (key, err) => this.logger?.error({ key, err }, "journal_entry_unreadable_skipped"));
     // Each leadership term starts here: what its predecessors left is dropped beside recovery.
     void this.compactMarkers();
     const entries: JournalEntry[] = [];

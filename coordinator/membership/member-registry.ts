@@ -23,7 +23,8 @@ export class KvMemberRegistry implements MembershipSource {
 
   async members(): Promise<Member[]> {
     const members: Member[] = [];
-    for (const entry of await latestEntries(this.kv)) {
+    const unreadable = (key: string, err: Error) => this.logger?.warn({ key, err }, "membership_entry_invalid");
+    for (const entry of await latestEntries(this.kv, unreadable)) {
       const member = memberOf(entry, this.logger);
       if (member) members.push(member);
     }
@@ -37,7 +38,7 @@ export class KvMemberRegistry implements MembershipSource {
 
 /** The member a registry entry holds; undefined for a delete marker or (logged) a malformed value. */
 export function memberOf(entry: KvEntry, logger: Logger | undefined): Member | undefined {
-  if (entry.operation !== "PUT") return undefined;
+  if (operationOf(entry, logger) !== "PUT") return undefined;
   let value: unknown;
   try {
     value = entry.json();
@@ -47,4 +48,17 @@ export function memberOf(entry: KvEntry, logger: Logger | undefined): Member | u
   const parsed = MemberSchema.safeParse(value);
   if (!parsed.success) logger?.warn({ key: entry.key }, "membership_entry_invalid");
   return parsed.success ? parsed.data : undefined;
+}
+
+/**
+ * The entry's operation; undefined (logged) when nats.js cannot decode the message's header block
+ * (any client allowed to publish on the bucket can store one): it decodes them lazily, and throws.
+ */
+export function operationOf(entry: KvEntry, logger: Logger | undefined): KvEntry["operation"] | undefined {
+  try {
+    return entry.operation;
+  } catch (error) {
+    logger?.warn({ key: entry.key, err: error }, "membership_entry_invalid");
+    return undefined;
+  }
 }

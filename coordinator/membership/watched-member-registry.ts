@@ -4,7 +4,7 @@ import type { Logger } from "pino";
 import { MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
-import { KvMemberRegistry, memberOf, type MembershipSource } from "./member-registry.js";
+import { KvMemberRegistry, memberOf, operationOf, type MembershipSource } from "./member-registry.js";
 
 type KvWatch = QueuedIterator<KvWatchEntry>;
 
@@ -98,7 +98,9 @@ export class WatchedMemberRegistry implements MembershipSource {
 
   private apply(entry: KvEntry, now: number): void {
     this.lastRevision = Math.max(this.lastRevision, entry.revision);
-    if (entry.operation !== "PUT") {
+    const operation = operationOf(entry, this.logger);
+    if (operation === undefined) return; // unreadable: what the key held before stands
+    if (operation !== "PUT") {
       this.cache.delete(entry.key);
       return;
     }

@@ -4,8 +4,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { openBucketAsserted } from "../../coordinator/membership/kv-bucket.js";
 import { MEMBERS_BUCKET_OPTIONS, openMembersBucket } from "../../coordinator/membership/members-bucket.js";
+import { KvMemberRegistry } from "../../coordinator/membership/member-registry.js";
 import { WatchedMemberRegistry } from "../../coordinator/membership/watched-member-registry.js";
 import { MEMBER_TTL_MS, leaderBucket, membersBucket } from "../../protocol/index.js";
+import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { refusalOf } from "../support/refusal.js";
 import { startWorld, type World } from "./coordinator-harness.js";
 import { waitUntil } from "../support/wait-until.js";
@@ -111,6 +113,29 @@ describe("membership registry", () => {
     } finally {
       registry.stop();
       await kv.delete("model.after");
+    }
+  });
+
+  it("lists and follows the valid members past an entry whose header block nats.js cannot decode, or whose key is no KV key (any client may publish them)", async () => {
+    const deployment = "badentries";
+    const kv = await openMembersBucket(world.pnc, deployment);
+    const bucket = membersBucket(deployment);
+    const member = (instance: string) => JSON.stringify({ kind: "model", instance, incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 });
+    await kv.put("model.m1", member("m1"));
+    await rawRequestWithHeaders(world.nats.server.url, `$KV.${bucket}.model.bad`, "NATS/1.0\r\nbad name: x\r\n\r\n", member("bad"));
+    await world.pnc.request(`$KV.${bucket}.model.b@d`, member("b@d"));
+    expect(await new KvMemberRegistry(kv).list()).toEqual([{ kind: "model", instance: "m1" }]);
+    const registry = new WatchedMemberRegistry(kv);
+    await registry.start();
+    try {
+      expect(await registry.list()).toEqual([{ kind: "model", instance: "m1" }]);
+      // The same arriving through the watch, then a valid entry after them.
+      await rawRequestWithHeaders(world.nats.server.url, `$KV.${bucket}.model.bad`, "NATS/1.0\r\nbad name: x\r\n\r\n", member("bad"));
+      await kv.put("model.m2", member("m2"));
+      await waitUntil(async () => (await registry.list()).length === 2, "the entry written after the unreadable one", 5000);
+      expect(await registry.list()).toEqual([{ kind: "model", instance: "m1" }, { kind: "model", instance: "m2" }]);
+    } finally {
+      registry.stop();
     }
   });
 

@@ -7,6 +7,7 @@ import { KvDecisionJournal, type JournalEntry } from "../../coordinator/ha/decis
 import { journalBucket } from "../../protocol/index.js";
 import { journalEntry } from "../unit/coordinator/fake-participants.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 
 let nats: NatsFixture;
 beforeAll(async () => {
@@ -49,6 +50,27 @@ describe("KV decision journal", () => {
     expect(skipped).toHaveLength(2);
     // Skipped, not removed: an operator can still inspect them.
     expect((await kv.get("c-garbage"))?.string()).toBe("not json {");
+  });
+});
+
+describe("KV decision journal: messages nats.js cannot read", () => {
+  it("skips and logs an entry whose header block nats.js cannot decode, or whose key is no KV key (any client may publish them), and still lists the valid ones", async () => {
+    const { logger, records } = capturingLogger();
+    const journal = await KvDecisionJournal.open(nats.nc, "jhdr", logger);
+    const valid = journalEntry({ checkpoint_id: "c-ok", state: "open", participants: [{ kind: "environment", instance: "e1" }] });
+    await journal.record(valid);
+    const bucket = journalBucket("jhdr");
+    expect(await rawRequestWithHeaders(nats.server.url, `$KV.${bucket}.c-badheader`, "NATS/1.0\r\nbad name: x\r\n\r\n", "{}")).toContain('"seq"');
+    await nats.nc.request(`$KV.${bucket}.c@odd`, "{}");
+
+    expect(await journal.list()).toEqual([valid]);
+    const skipped = records().filter((r) => r.msg === "journal_entry_unreadable_skipped");
+    expect(skipped.map((r) => r.key).sort()).toEqual(["c-badheader", "c@odd"]);
+    // The listing's compaction does not fail on them either, and the journal goes on.
+    await journal.compactMarkers();
+    expect(records().filter((r) => r.msg === "journal_marker_compaction_failed")).toEqual([]);
+    await journal.remove("c-ok");
+    expect(await journal.list()).toEqual([]);
   });
 });
 
