@@ -217,5 +217,5 @@ export type {
   EncodedRolloutRecords,
   RunTrajectory,
 } from "./rollout-records.js";
-export { DEFAULT_NATS_URL, isWrongRevision, kvReplicas, natsServers, natsSettings, redactNatsServers, type NatsServerInfo } from "./nats-connection.js";
+export { DEFAULT_NATS_URL, isWrongRevision, kvReplicas, NATS_PING_OPTIONS, natsServers, natsSettings, redactNatsServers, type NatsServerInfo } from "./nats-connection.js";
 export type { NatsConnectionSettings } from "./nats-connection.js";

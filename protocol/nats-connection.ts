@@ -23,6 +23,15 @@ export function natsServers(value: string): string[] {
 }
 
 /**
+ * How every long-running gym-ckpt process notices a connection that went silent (a server host
+ * powered off, a partition: no RST, so TCP keeps "sending" for many minutes): a ping every 10 s, and
+ * the connection given up after 3 unanswered, then reconnected (to another server of a cluster).
+ * nats.js's defaults (2 min, 2 unanswered) would leave a participant cut off for about 4 minutes,
+ * its membership entry expired after 15 s, and a collector's ops timing out all that while.
+ */
+export const NATS_PING_OPTIONS = { pingInterval: 10_000, maxPingOut: 3 } as const;
+
+/**
  * The servers (`servers`, else GYM_CKPT_NATS_URL, else the default) and the credentials in
  * GYM_CKPT_NATS_USER / GYM_CKPT_NATS_PASS / GYM_CKPT_NATS_TOKEN: the variables the coordinator's
  * config reads, so participants, the CLI and the collector authenticate the same way. They are

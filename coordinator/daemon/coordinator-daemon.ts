@@ -19,7 +19,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, isMisplacedDirectory, makeDirectories, natsServers } from "../../protocol/index.js";
+import { CheckpointError, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 
 export interface StartCoordinatorOptions {
@@ -65,8 +65,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       name: `gym-ckpt-coordinator-${id}`,
       maxReconnectAttempts: -1,
       reconnectTimeWait: 500,
-      pingInterval: 10_000,
-      maxPingOut: 3,
+      ...NATS_PING_OPTIONS,
       // One Error (with a captured stack) per request otherwise: measurable at hundreds of participants.
       noAsyncTraces: true,
       ...(config.nats.user !== undefined && { user: config.nats.user }),

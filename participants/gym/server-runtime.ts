@@ -1,10 +1,10 @@
 import { isAbsolute } from "node:path";
 import { parseArgs } from "node:util";
-import { connect, errors, type NatsConnection } from "@nats-io/transport-node";
+import { connect, errors, type ConnectionOptions, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, envSetting, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, envSetting, NATS_PING_OPTIONS, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -174,6 +174,16 @@ export function millisecondFlagRefusal(values: Record<string, unknown>): string 
   return undefined;
 }
 
+/**
+ * How a participant program connects to NATS: for as long as it runs, reconnecting after any
+ * outage, and giving up a connection gone silent within about 40 s (NATS_PING_OPTIONS), as the
+ * coordinator does: its membership entry expires after 15 s, so it is out of every checkpoint
+ * until it reconnects and announces itself again.
+ */
+export function participantConnectOptions(nats: string, connectionName: string): ConnectionOptions {
+  return { ...natsSettings(nats), ...NATS_PING_OPTIONS, name: connectionName, maxReconnectAttempts: -1, reconnectTimeWait: 250 };
+}
+
 export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
   let args: ReturnType<typeof parseServerArgs>;
   try {
@@ -239,7 +249,7 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
   });
   let nc: NatsConnection;
   try {
-    nc = await connect({ ...natsSettings(config.nats), name: `${name}:${config.instance}`, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
+    nc = await connect(participantConnectOptions(config.nats, `${name}:${config.instance}`));
   } catch (error) {
     // A supervisor restarts us; it needs one readable line, not a stack trace (credentials redacted).
     // Credentials NATS refuses are configuration, which a restart cannot fix: exit 2, as for a bad flag.

@@ -3,7 +3,7 @@ import { dirname, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, RecordKindSchema, assertRolloutEnv, envSetting, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, envSetting, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
@@ -181,7 +181,7 @@ export function register(program: Command): void {
         if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
         logger = createLogger(logLevel);
         if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
-        nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), maxReconnectAttempts: -1 });
+        nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1 });
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token, leaderWaitMs }) : new NatsControllerClient({
           nc,
           deployment,
