@@ -32,7 +32,7 @@ export function register(program: Command): void {
           latestError = { code: refusal.code, detail: refusal.message };
           process.stderr.write(`warning ${refusal.code}: ${refusal.message} (no checkpoint is marked LATEST)\n`);
         }
-        if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published, damaged });
+        if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published, ...(damaged.length > 0 && { damaged }) });
         for (const c of published) {
           process.stdout.write(
             `${c.checkpoint_id === latest ? "*" : " "} ${c.checkpoint_id}  ${new Date(c.published_at * 1000).toISOString()}  epoch ${c.epoch}  ${c.participants} participants${c.stop ? "  stop" : ""}\n`,
