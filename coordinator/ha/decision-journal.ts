@@ -100,6 +100,18 @@ export interface DecisionJournal {
   list(): Promise<JournalEntry[]>;
 }
 
+/** A write in doubt: the value it wrote, or REMOVAL for a purge. */
+const REMOVAL = Symbol("removal");
+type Doubt = string | typeof REMOVAL;
+
+/** Whether the key's latest message (null: none) is what `doubt` would have left. */
+function holds(doubt: Doubt | undefined, now: { removed: boolean; value: () => string } | null): boolean {
+  if (doubt === undefined) return false;
+  // A removal landed if the key holds no entry: its marker (or nothing, once compaction dropped it).
+  if (doubt === REMOVAL) return now === null || now.removed;
+  return now !== null && !now.removed && now.value() === doubt;
+}
+
 /** How long a removed entry's purge marker stays before compaction drops it. */
 const MARKER_KEEP_MS = 30 * 60_000;
 /** A long-lived leader compacts every this many removals (a recovery's listing also does). */
@@ -117,10 +129,11 @@ export class KvDecisionJournal implements DecisionJournal {
   private readonly revisions = new Map<string, number>();
   /**
    * Per key, the value of this coordinator's last write whose outcome stayed unknown (its
-   * acknowledgement lost, and not seen landed when the key was read back): the server may still
-   * apply it, and the compare-and-set refusal that follows is then no other coordinator's doing.
+   * acknowledgement lost, and not seen landed when the key was read back), or REMOVAL for such a
+   * purge: the server may still apply it, and the compare-and-set refusal that follows is then no
+   * other coordinator's doing.
    */
-  private readonly inDoubt = new Map<string, string>();
+  private readonly inDoubt = new Map<string, Doubt>();
   private jsm: JetStreamManager | undefined;
   /** Writes of one key go one after another: each compares against the revision the last one left. */
   private readonly queues = new Map<string, Promise<unknown>>();
@@ -198,6 +211,7 @@ export class KvDecisionJournal implements DecisionJournal {
       (now) => {
         if (!now || now.operation !== "PUT") this.revisions.delete(checkpointId);
       },
+      REMOVAL,
     );
   }
 
@@ -233,7 +247,7 @@ export class KvDecisionJournal implements DecisionJournal {
    * known). A write whose outcome is unknown (its acknowledgement was lost) is reconciled with what
    * the key holds now (`landed`), so this coordinator's own write that did land never fences it out.
    */
-  private fenced(key: string, write: (known: number | undefined) => Promise<void>, landed: (now: KvEntry | null) => void, value?: string): Promise<void> {
+  private fenced(key: string, write: (known: number | undefined) => Promise<void>, landed: (now: KvEntry | null) => void, doubt: Doubt): Promise<void> {
     const run = async (): Promise<void> => {
       for (let adopted = false; ; adopted = true) {
         try {
@@ -243,11 +257,11 @@ export class KvDecisionJournal implements DecisionJournal {
         } catch (error) {
           if (!isWrongRevision(error)) {
             // Its outcome is unknown until a later read shows it (the server may apply it after the read below).
-            if (value !== undefined) this.inDoubt.set(key, value);
+            this.inDoubt.set(key, doubt);
             await this.kv.get(key).then(
               (now) => {
                 landed(now);
-                if (now?.operation === "PUT" && now.string() === this.inDoubt.get(key)) this.inDoubt.delete(key);
+                if (holds(doubt, now && { removed: now.operation !== "PUT", value: () => now.string() })) this.inDoubt.delete(key);
               },
               () => undefined,
             ); // unreadable: the next write finds out
@@ -271,9 +285,10 @@ export class KvDecisionJournal implements DecisionJournal {
   }
 
   /**
-   * Whether the key holds, at the stream's leader (a replica's direct get may lag), exactly the
-   * value of this coordinator's write in doubt: entries carry their epoch and time, so no other
-   * coordinator's write is equal. Its revision is then this coordinator's to write against.
+   * Whether the key holds, at the stream's leader (a replica's direct get may lag), exactly what
+   * this coordinator's write in doubt left: its value (entries carry their epoch and time, so no
+   * other coordinator's write is equal), whose revision is then this coordinator's to write
+   * against; or, for a removal, no entry (what the removal wanted, whoever's marker it is).
    */
   private async adoptLateWrite(key: string): Promise<boolean> {
     const doubt = this.inDoubt.get(key);
@@ -281,8 +296,9 @@ export class KvDecisionJournal implements DecisionJournal {
     try {
       this.jsm ??= await jetstreamManager(this.nc);
       const now = await this.jsm.streams.getMessage(`KV_${this.bucket}`, { last_by_subj: `$KV.${this.bucket}.${key}` });
-      if (!now || now.header?.get("KV-Operation") || now.string() !== doubt) return false;
-      this.revisions.set(key, now.seq);
+      if (!holds(doubt, now && { removed: !!now.header?.get("KV-Operation"), value: () => now.string() })) return false;
+      if (doubt === REMOVAL) this.revisions.delete(key);
+      else this.revisions.set(key, now!.seq);
       this.inDoubt.delete(key);
       return true;
     } catch {

@@ -1,6 +1,7 @@
 import { Writable } from "node:stream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
+import { connect } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KvDecisionJournal, type JournalEntry } from "../../coordinator/ha/decision-journal.js";
@@ -8,6 +9,7 @@ import { journalBucket } from "../../protocol/index.js";
 import { journalEntry } from "../unit/coordinator/fake-participants.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
+import { startStallProxy } from "../support/stall-proxy.js";
 
 let nats: NatsFixture;
 beforeAll(async () => {
@@ -191,6 +193,32 @@ describe("KV decision journal: a write whose acknowledgement was lost", () => {
       await journal.record(entry("ck", "open"));
       await journal.remove("ck");
       expect(await (await KvDecisionJournal.open(nats.nc, `jack-${method}`)).list()).toEqual([]);
+    }
+  });
+});
+
+describe("KV decision journal: a removal whose acknowledgement was lost, landed only after the read-back", () => {
+  it("the removal's retry finds it landed (at the stream's leader) and succeeds, instead of refusing its own coordinator not_leader", async () => {
+    const proxy = await startStallProxy(nats.server.port);
+    const nc = await connect({ servers: proxy.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    try {
+      const journal = await KvDecisionJournal.open(nc, "jpurge-late");
+      await journal.record(journalEntry({ checkpoint_id: "ck", state: "resuming", participants: [{ kind: "environment", instance: "e1" }] }));
+      // The coordinator's connection stalls: its purge, then its read-back of the key, time out unanswered.
+      proxy.stall();
+      await expect(journal.remove("ck")).rejects.toThrow(/TIMEOUT/i);
+      // The stall ends: the held purge lands now, after the read-back gave up.
+      proxy.heal();
+      await nc.flush();
+      expect(await journal.remove("ck")).toBeUndefined();
+      expect(await (await KvDecisionJournal.open(nats.nc, "jpurge-late")).list()).toEqual([]);
+      // The key's fence still follows this coordinator: a restore of that id journals again.
+      await journal.record(journalEntry({ checkpoint_id: "ck", state: "restoring", participants: [{ kind: "environment", instance: "e1" }] }));
+      await journal.remove("ck");
+    } finally {
+      proxy.heal();
+      await nc.close().catch(() => undefined);
+      await proxy.close();
     }
   });
 });
