@@ -1,4 +1,4 @@
-import type { KV, KvEntry } from "@nats-io/kv";
+import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
@@ -151,6 +151,12 @@ export class KvDecisionJournal implements DecisionJournal {
   static async open(nc: NatsConnection, deployment: string, logger?: Logger, markerKeepMs = MARKER_KEEP_MS): Promise<KvDecisionJournal> {
     const bucket = journalBucket(deployment);
     const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0 });
+    // Every read asks the stream's leader: in an R3 bucket a direct get may be answered by a replica
+    // that lags, whose copy would have a recovery miss a decided entry (presumed abort), act on one
+    // removed, or write against a stale revision (refused not_leader), and a removal's read-back
+    // take an entry still there for removed. The journal is read at recovery and after a lost
+    // acknowledgement only, so the leader's load stays small.
+    if (kv instanceof Bucket) kv.direct = false;
     return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs });
   }
 

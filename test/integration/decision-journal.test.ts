@@ -223,6 +223,43 @@ describe("KV decision journal: a removal whose acknowledgement was lost, landed 
   });
 });
 
+describe("KV decision journal: a replica that lags (an R3 bucket's direct get may be answered by any replica)", () => {
+  const entry = (checkpoint_id: string, state: JournalEntry["state"]) => journalEntry({ checkpoint_id, state, participants: [{ kind: "environment", instance: "e1" }] });
+
+  /** Every direct get this journal's connection sends is answered by a replica that has not yet received the key. */
+  function lagReplica(journal: KvDecisionJournal): void {
+    const direct = (journal as unknown as { kv: { jsm: { direct: { getMessage: () => Promise<null> } } } }).kv.jsm.direct;
+    direct.getMessage = async () => null;
+  }
+
+  it("a successor's recovery listing reads each entry from the stream's leader: a decided checkpoint is not presumed aborted", async () => {
+    const deposed = await KvDecisionJournal.open(nats.nc, "jlag-list");
+    const decided = entry("ck", "decided");
+    await deposed.record(decided);
+    const successor = await KvDecisionJournal.open(nats.nc, "jlag-list");
+    lagReplica(successor);
+    expect(await successor.list()).toEqual([decided]);
+    // and its revision is the current one: the successor's own writes are not refused not_leader
+    await successor.record(entry("ck", "restoring"));
+    await successor.remove("ck");
+  });
+
+  it("a removal that timed out before it landed is not taken for done because a lagging replica does not show the key", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jlag-remove");
+    await journal.record(entry("ck", "resuming"));
+    lagReplica(journal);
+    const kv = (journal as unknown as { kv: Record<string, (...args: unknown[]) => Promise<unknown>> }).kv;
+    const purge = kv.purge!.bind(kv);
+    kv.purge = async () => {
+      kv.purge = purge;
+      throw new Error("TIMEOUT"); // never reached the server
+    };
+    await expect(journal.remove("ck")).rejects.toThrow(/TIMEOUT/);
+    await journal.remove("ck");
+    expect(await (await KvDecisionJournal.open(nats.nc, "jlag-remove")).list()).toEqual([]);
+  });
+});
+
 describe("KV decision journal: purge markers", () => {
   const messages = async (deployment: string) => (await (await jetstreamManager(nats.nc)).streams.info(`KV_${journalBucket(deployment)}`)).state.messages;
   const e1 = { kind: "environment" as const, instance: "e1" };
