@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { ErrorCodeSchema } from "./errors.js";
-import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, anyCase } from "./ids.js";
+import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema, anyCase } from "./ids.js";
 import { KindSchema } from "./kinds.js";
 import { GLOBAL_MANIFEST_FILE, GlobalManifestSchema, ParticipantEntrySchema } from "./manifest.js";
 import { PhaseSchema, PrepareReportSchema } from "./messages.js";
@@ -114,8 +114,8 @@ export const CtlRestoreRequestSchema = z
     /** The published checkpoint to restore; LATEST when omitted. */
     checkpoint_id: CheckpointIdSchema.optional(),
     deadline_ts: OptionalDeadline,
-    /** The checkpointed (source) attempts the controller will continue. */
-    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE),
+    /** The checkpointed (source) attempts the controller will continue, one attempt per rollout. */
+    episode_ids: restoreScopeSchema(MAX_SCOPE),
   })
   .strict();
 export const CtlRetireRequestSchema = z

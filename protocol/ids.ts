@@ -39,6 +39,36 @@ export const EpisodeIdSchema = z
 export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
 
 /**
+ * Why a restore scope cannot be continued, or undefined: it names one rollout at two attempts.
+ * Every entry continues as its next attempt and the source attempts are fenced up to the highest,
+ * so the lower one's replacement would be installed and refused at once (and each kind would
+ * install the pair differently). The same attempt named twice is one entry.
+ */
+export function restoreScopeIssue(scope: readonly EpisodeId[]): string | undefined {
+  const attempts = new Map<string, number>();
+  for (const episode of scope) {
+    const seen = attempts.get(episode.rollout_id);
+    if (seen !== undefined && seen !== episode.attempt) {
+      const [low, high] = [Math.min(seen, episode.attempt), Math.max(seen, episode.attempt)];
+      return `episode_ids names rollout ${episode.rollout_id} at attempts ${low} and ${high}: a restore continues one attempt per rollout (the checkpointed one)`;
+    }
+    attempts.set(episode.rollout_id, episode.attempt);
+  }
+  return undefined;
+}
+
+/** A restore scope (controller API and control message): at most one attempt per rollout. */
+export function restoreScopeSchema(maxScope: number) {
+  return z
+    .array(EpisodeIdSchema)
+    .max(maxScope)
+    .superRefine((scope, ctx) => {
+      const issue = restoreScopeIssue(scope);
+      if (issue) ctx.addIssue({ code: "custom", message: issue });
+    });
+}
+
+/**
  * Names a checkpoint directory may not take because the root holds a file of that name: a
  * checkpoint called LATEST would turn the pointer file's path into a directory. Compared
  * case-insensitively, for case-insensitive filesystems.

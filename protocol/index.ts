@@ -14,6 +14,8 @@ export {
   RolloutIdSchema,
   AttemptSchema,
   EpisodeIdSchema,
+  restoreScopeIssue,
+  restoreScopeSchema,
   CheckpointIdSchema,
   MAX_CHECKPOINT_ID_CHARS,
   InstanceSchema,

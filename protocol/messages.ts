@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema } from "./ids.js";
+import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema } from "./ids.js";
 import { KindSchema } from "./kinds.js";
 import { ParticipantManifestSchema } from "./manifest.js";
 
@@ -68,8 +68,8 @@ export const RestoreRequestSchema = z
   .object({
     ...common,
     checkpoint_dir: CheckpointDirSchema,
-    /** The checkpointed (source) attempts the controller will continue. */
-    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE),
+    /** The checkpointed (source) attempts the controller will continue, one attempt per rollout. */
+    episode_ids: restoreScopeSchema(MAX_SCOPE),
   })
   .strict();
 export const RetireRequestSchema = z

@@ -14,6 +14,7 @@ import {
   captureKey,
   namesCheckpoint,
   nextAttempt,
+  restoreScopeIssue,
   toCheckpointError,
   type CommitReply,
   type CommitRequest,
@@ -497,6 +498,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     // capture key, and its restored state could neither be exported again nor retired by name.
     const last = request.episode_ids.find((episode) => episode.attempt >= MAX_ATTEMPT);
     if (last) throw new CheckpointError("invalid_request", `${captureKey(last)} is attempt ${MAX_ATTEMPT}, the last there is: it cannot continue as a later attempt`);
+    // The codec refuses it on the wire; in-process callers hand requests straight to handle().
+    const twice = restoreScopeIssue(request.episode_ids);
+    if (twice) throw new CheckpointError("invalid_request", twice);
     const id = request.checkpoint_id;
     const dir = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));

@@ -897,6 +897,22 @@ describe("restore", () => {
     await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: MAX_ATTEMPT - 1 }] });
   });
 
+  it("refuses a scope naming one rollout at two attempts with invalid_request, changing nothing: each would continue, the lower one fenced at once by the higher", async () => {
+    const dir = await checkpointWith([
+      { rollout_id: "r1", attempt: 0 },
+      { rollout_id: "r1", attempt: 1 },
+    ]);
+    const before = plane.status();
+    const scope = [
+      { rollout_id: "r1", attempt: 0 },
+      { rollout_id: "r1", attempt: 1 },
+    ];
+    expect(await refused(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: scope }))).toBe("invalid_request");
+    expect({ status: plane.status(), hooks: kind.hooks(), restored: kind.restored.size, fenced: plane.isRetired(scope[0]!) }).toEqual({ status: before, hooks: [], restored: 0, fenced: false });
+    const reply = await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [scope[1]!] });
+    expect(reply.restored).toEqual(["r1-a2"]);
+  });
+
   it("refuses to restore into a process with live state", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
     kind.addEpisode({ rollout_id: "live", attempt: 0 });

@@ -8,6 +8,7 @@ import {
   MAX_CONTROL_MESSAGE_BYTES,
   GUARDED_OPS,
   CONTROL_MESSAGES,
+  CONTROLLER_OPS,
   PrepareRequestSchema,
   RestoreRequestSchema,
   RetireRequestSchema,
@@ -53,6 +54,26 @@ describe("control messages", () => {
     expect(RestoreRequestSchema.safeParse({ ...base, checkpoint_dir: "/data/c1", episode_ids: [], incarnation: "i" }).success).toBe(false);
     expect(RetireRequestSchema.safeParse({ ...base, episode_ids: [{ rollout_id: "r", attempt: 0 }], incarnation: "i" }).success).toBe(false);
     expect(ForgetRequestSchema.safeParse({ ...base, rollout_ids: ["r"], incarnation: "i" }).success).toBe(false);
+  });
+
+  it("refuses a restore scope naming one rollout at two attempts, on the wire and at the controller API", () => {
+    const twice = [
+      { rollout_id: "r", attempt: 0 },
+      { rollout_id: "s", attempt: 3 },
+      { rollout_id: "r", attempt: 1 },
+    ];
+    const bodies = [
+      { schema: RestoreRequestSchema, body: { ...base, checkpoint_dir: "/data/c1" } },
+      { schema: CONTROLLER_OPS.restore.request, body: { checkpoint_id: "c1" } },
+    ];
+    for (const { schema, body } of bodies) {
+      const result = schema.safeParse({ ...body, episode_ids: twice });
+      expect(result.success).toBe(false);
+      expect(result.error?.issues[0]?.message).toContain("rollout r at attempts 0 and 1");
+      // The same attempt twice is one entry; other rollouts are independent.
+      const fine = [twice[0], twice[1], { rollout_id: "r", attempt: 0 }];
+      expect(schema.safeParse({ ...body, episode_ids: fine }).success).toBe(true);
+    }
   });
 
   it("requires absolute, normalized checkpoint directories", () => {
