@@ -294,15 +294,47 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       try {
         await this.hooks.restoreSessionStates!(states);
       } catch (error) {
-        throw new CheckpointError("invalid_checkpoint_state", `restoring session states failed: ${error instanceof Error ? error.message : String(error)}`, {
-          cause: error,
-        });
+        const why = `restoring session states failed: ${error instanceof Error ? error.message : String(error)}`;
+        // The hook promises all or nothing, but one that failed part way may hold some states no
+        // session tracks, which neither this refusal nor a retire would free: free them all now.
+        const kept = await this.freeFailedRestore(records);
+        if (kept.length === 0) throw new CheckpointError("invalid_checkpoint_state", why, { cause: error });
+        // Not a refusal that changed nothing: the coordinator's clean-up retires attempt+1 here.
+        throw new CheckpointError(
+          "internal_error",
+          `${why}; freeing ${kept.length} of its session states failed too (${kept[0]}): they are held as their next attempt, refused and blocking, until a retire of it frees them`,
+          { cause: error },
+        );
       }
     }
     // Cookies keep working: the client holds the same session cookie under the next attempt.
     for (const record of records) {
       this.sessions.set(record.session_id, { sessionId: record.session_id, episode: nextAttempt(record.episode_id), restored: true, owner: record.owner });
     }
+  }
+
+  /**
+   * After a restoreSessionStates that threw: frees every state it was handed (retireSessionState
+   * tolerates one that is not there). A state whose free fails is held as a session of its next
+   * attempt that is retiring (a blocker, refused with `stale_attempt`), exactly as a retire cut
+   * short leaves one, so the clean-up's retire of attempt+1 (or forget) frees it again. Returns
+   * those frees' failures.
+   */
+  private async freeFailedRestore(records: ResourcesSessionRecord[]): Promise<string[]> {
+    const failures: string[] = [];
+    for (const record of records) {
+      try {
+        await this.hooks.retireSessionState?.(record.session_id);
+      } catch (error) {
+        const episode = nextAttempt(record.episode_id);
+        failures.push(`${captureKey(episode)}: ${error instanceof Error ? error.message : String(error)}`);
+        this.sessions.set(record.session_id, { sessionId: record.session_id, episode, restored: false, owner: record.owner });
+        this.retiring.set(record.session_id, episode);
+        this.markRetiredSession(record.session_id, episode.rollout_id);
+      }
+    }
+    if (failures.length) this.context?.notifyReadinessChanged();
+    return failures;
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {
@@ -316,10 +348,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       for (const s of fresh) {
         targets.set(s.sessionId, s);
         this.retiring.set(s.sessionId, s.episode);
-        let ids = this.retiredSessions.get(s.episode.rollout_id);
-        if (!ids) this.retiredSessions.set(s.episode.rollout_id, (ids = new Set()));
-        ids.add(s.sessionId);
-        this.retiredSessionRollout.set(s.sessionId, s.episode.rollout_id);
+        this.markRetiredSession(s.sessionId, s.episode.rollout_id);
       }
       this.context?.notifyReadinessChanged();
       // Stop: wait for every request of those sessions or attempts, replayable ones included. Each
@@ -436,6 +465,14 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     })();
     this.freeing.add(free);
     void free.finally(() => this.freeing.delete(free));
+  }
+
+  /** Refuses the session's requests (`stale_attempt`) until its rollout is forgotten. */
+  private markRetiredSession(sessionId: string, rolloutId: string): void {
+    let ids = this.retiredSessions.get(rolloutId);
+    if (!ids) this.retiredSessions.set(rolloutId, (ids = new Set()));
+    ids.add(sessionId);
+    this.retiredSessionRollout.set(sessionId, rolloutId);
   }
 
   private restoredCount(): number {
