@@ -5,7 +5,7 @@ import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../c
 import type { StepEpisode } from "../environment/episode-steps.js";
 import { RestorableEpisodes, type BeginOptions } from "../environment/restorable-episodes.js";
 import { AgentRecordSchema, LegacySessionSchema, type AgentRecord } from "./agent-record.js";
-import { noSessionHooks, type AgentSessionHooks } from "./agent-session-hooks.js";
+import { noSessionHooks, type AgentSessionHooks, type RestoredAgentSession } from "./agent-session-hooks.js";
 import { AgentSessions, type ActivateOptions, type Activation } from "./agent-sessions.js";
 
 /**
@@ -129,11 +129,43 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
       return { episode_id: r.episode_id, task_digest: parsed.data.task_digest, boundary: r.episode };
     });
     // The hooks validate their own state and install all or nothing; only then do sessions appear.
-    await this.hooks.restoreAgentSessions(
-      sessionRecords.map((r) => ({ session_key: r.session_key, episode_id: nextAttempt(r.episode_id), session: r.session })),
-    );
+    const restored = sessionRecords.map((r) => ({ session_key: r.session_key, episode_id: nextAttempt(r.episode_id), session: r.session }));
+    try {
+      await this.hooks.restoreAgentSessions(restored);
+    } catch (error) {
+      await this.freeFailedRestore(restored, error);
+      throw error;
+    }
     this.sessions.installRestored(sessionRecords.map((r) => ({ key: r.session_key, episode: nextAttempt(r.episode_id), boundary: r.boundary })));
     this.legacy.install(legacy);
+  }
+
+  /**
+   * After a restoreAgentSessions that threw: one that failed part way may hold sessions nothing
+   * here tracks, which no retire would free, so every key it was handed is freed now. A key whose
+   * free fails is held as a session of its next attempt that is retiring (a blocker), and the
+   * restore answers `internal_error`, so the coordinator's clean-up retires attempt+1 here, which
+   * frees it.
+   */
+  private async freeFailedRestore(restored: RestoredAgentSession[], cause: unknown): Promise<void> {
+    const kept: RestoredAgentSession[] = [];
+    const failures: string[] = [];
+    for (const session of restored) {
+      try {
+        await this.hooks.retireAgentSession(session.session_key);
+      } catch (error) {
+        kept.push(session);
+        failures.push(`${captureKey(session.episode_id)}: ${error instanceof Error ? error.message : String(error)}`);
+      }
+    }
+    if (kept.length === 0) return;
+    this.sessions.holdRetiring(kept.map((s) => ({ key: s.session_key, episode: s.episode_id })));
+    const why = cause instanceof Error ? cause.message : String(cause);
+    throw new CheckpointError(
+      "internal_error",
+      `restoring agent sessions failed: ${why}; freeing ${kept.length} of them failed too (${failures[0]}): they are held as their next attempt, blocking, until a retire of it frees them`,
+      { cause },
+    );
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {

@@ -16,7 +16,7 @@ export interface AgentSessionHooks {
   /** Must return a value for every key, or the commit fails. */
   exportAgentSessions(keys: string[]): Promise<Record<string, unknown>>;
   restoreAgentSessions(sessions: RestoredAgentSession[]): Promise<void>;
-  /** Frees one session's state (retire, close, or scope clean-up). */
+  /** Frees one session's state (retire, close, scope clean-up, or a failed restore: tolerate a key it never installed). */
   retireAgentSession(key: string): Promise<void>;
 }
 

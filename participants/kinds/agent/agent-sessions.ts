@@ -131,6 +131,7 @@ export class AgentSessions {
     if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(episode)));
     const existing = this.sessions.get(key);
     if (existing) {
+      if (existing.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(existing.episode)}) is being retired`);
       if (!sameEpisode(existing.episode, episode)) {
         throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(existing.episode)}, not ${captureKey(episode)}`);
       }
@@ -276,6 +277,28 @@ export class AgentSessions {
     this.onChange();
   }
 
+  /**
+   * Sessions a failed restore's hook may still hold and could not free: retiring (blockers, never
+   * exported or claimed) until a retire of their attempt drops them and frees them again.
+   */
+  holdRetiring(items: { key: string; episode: EpisodeId }[]): void {
+    for (const item of items) {
+      this.sessions.set(item.key, {
+        key: item.key,
+        episode: item.episode,
+        state: "idle",
+        snapshot: null,
+        restored: undefined,
+        freshBoundary: false,
+        delivered: false,
+        stale: false,
+        retiring: true,
+        activation: undefined,
+      });
+    }
+    this.onChange();
+  }
+
   /** Restored sessions not yet claimed whose episode is outside `scope` (commit clean-up). */
   unclaimedOutside(scope: EpisodeId[] | null): string[] {
     if (!scope) return [];
@@ -312,6 +335,8 @@ export class AgentSessions {
     if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(episode)));
     const s = this.sessions.get(key);
     if (!s) throw new CheckpointError("invalid_request", `no open session ${key}; call open_session first`);
+    // Held by a failed restore (or a retire cut short, whose attempt is fenced anyway): never served.
+    if (s.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(s.episode)}) is being retired`);
     if (!sameEpisode(s.episode, episode)) {
       throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);
     }
