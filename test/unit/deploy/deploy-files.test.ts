@@ -80,6 +80,33 @@ describe("deploy/ files", () => {
     expect(unit).not.toMatch(/^ReadWritePaths=/m);
   });
 
+  it("the systemd install copies what the image runs (package.json included) and the docs the unit names", () => {
+    // The image's runtime stage: `COPY --from=build /app/<what> …`.
+    const dockerfile = readFileSync(join(DEPLOY, "Dockerfile"), "utf8");
+    const runtime = [...dockerfile.matchAll(/^COPY --from=build \/app\/(\S+)/gm)].map((m) => m[1]!);
+    expect(runtime.sort()).toEqual(["dist", "node_modules", "package.json"]);
+    // Without package.json's `"type": "module"`, Node before 20.19 reads dist/ as CommonJS and the unit
+    // fails at its first `import` (exit 1, restarted every 2 s).
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    const operations = readFileSync(join(ROOT, "docs/operations.md"), "utf8");
+    const installed = (where: string, text: string, pattern: RegExp) => {
+      const list = pattern.exec(text)?.[1];
+      expect(list, `${where} lists what goes to /opt/gym-ckpt`).toBeDefined();
+      return list!.split(/,\s*/).map((item) => item.replace(/\/$/, ""));
+    };
+    const fromUnit = installed("the unit", unit, /the build to \/opt\/gym-ckpt \(([^);]*)/);
+    const fromDocs = installed("docs/operations.md", operations, /\/opt\/gym-ckpt: the build \(([^);]*)/);
+    for (const what of runtime) {
+      expect(fromUnit, `the unit's install: ${what}`).toContain(what);
+      expect(fromDocs, `docs/operations.md: ${what}`).toContain(what);
+    }
+    const documentation = /^Documentation=file:\/\/\/opt\/gym-ckpt\/([^/\s]+)\/(\S+)$/m.exec(unit);
+    expect(documentation).not.toBeNull();
+    expect(existsSync(join(ROOT, documentation![1]!, documentation![2]!))).toBe(true);
+    expect(fromUnit, "the unit's Documentation= is installed").toContain(documentation![1]);
+    expect(fromDocs, "the unit's Documentation= is installed").toContain(documentation![1]);
+  });
+
   it("the systemd unit leaves the checkpoint directories it creates writable by its group, as docs/operations.md tells participants on the host", () => {
     const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
     expect(unit).toMatch(/^Group=gym-ckpt$/m);
