@@ -1,16 +1,17 @@
 import { execFile } from "node:child_process";
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
 import { parseDocument } from "yaml";
 import { buildProgram } from "../../../coordinator/cli/program.js";
-import { loadConfig } from "../../../coordinator/config/config-loader.js";
 
 /**
  * deploy/ never runs in the suite (no Docker daemon or cluster): its YAML must parse, the
- * Kubernetes config must pass the coordinator's schema, and the rules docs/operations.md states hold.
+ * configuration of every coordinator it starts must load through the CLI, and the rules
+ * docs/operations.md states hold.
  */
 const DEPLOY = fileURLToPath(new URL("../../../deploy", import.meta.url));
 const ROOT = join(DEPLOY, "..");
@@ -38,17 +39,11 @@ describe("deploy/ files", () => {
     for (const path of yamls) expect(yamlFile(path), relative(DEPLOY, path)).toBeTypeOf("object");
   });
 
-  it("the Kubernetes config passes the coordinator's schema with the Secret's variables, and its checkpoint root is the mounted volume", () => {
+  it("the kustomization lists files that exist", () => {
     const base = join(DEPLOY, "kubernetes/base");
-    const config = loadConfig({
-      file: join(base, "config.json"),
-      env: { GYM_CKPT_TOKEN: "t", GYM_CKPT_CONTROLLER_TOKEN: "c", GYM_CKPT_NATS_USER: "coordinator", GYM_CKPT_NATS_PASS: "p", GYM_CKPT_COORDINATOR_ID: "pod-0" },
-    });
-    expect(config.http.host).toBe("0.0.0.0");
     const kustomization = yamlFile(join(base, "kustomization.yaml"));
     for (const resource of kustomization.resources) expect(files(base)).toContain(join(base, resource));
-    const container = yamlFile(join(base, "deployment.yaml")).spec.template.spec.containers[0];
-    expect(container.volumeMounts.map((m: Yaml) => m.mountPath)).toContain(config.checkpoint_root);
+    for (const generator of kustomization.configMapGenerator) for (const file of generator.files) expect(files(base)).toContain(join(base, file));
   });
 
   it("a coordinator rollout cannot wait for a standby to become ready", () => {
@@ -197,5 +192,114 @@ describe("the commands deploy/ runs", () => {
       .map(([name, service]) => `${service.network_mode?.replace(/^service:/, "") ?? name}:${valueOf(service.command, "--metrics-port")}`)
       .sort();
     expect(targets).toEqual(metrics);
+  });
+});
+
+/**
+ * What `gym-ckpt coordinator <args> --print-config` makes of a command line and an environment: the
+ * CLI's own flags, the config loader and its schema, run from source in an environment holding only
+ * `env` (none of this machine's GYM_CKPT_* or OTEL_*).
+ */
+async function effectiveConfig(where: string, args: readonly string[], env: Record<string, string>): Promise<Yaml> {
+  const run = await promisify(execFile)(process.execPath, ["--import", "tsx", join(ROOT, "coordinator/cli/main.ts"), ...args, "--print-config"], {
+    cwd: ROOT,
+    timeout: 30_000,
+    env: { PATH: process.env.PATH ?? "", TMPDIR: process.env.TMPDIR ?? tmpdir(), ...env },
+  }).catch((error: { stderr?: string; message: string }) => {
+    throw new Error(`${where}: gym-ckpt coordinator refuses its configuration: ${error.stderr || error.message}`);
+  });
+  return JSON.parse(run.stdout);
+}
+
+/** A compose value with its `${VAR}`, `${VAR:?message}` or `${VAR:-default}` replaced from `values` (each must be given). */
+function interpolate(value: string, values: Record<string, string>): string {
+  return value.replace(/\$\{(\w+)(?::?[-?][^}]*)?\}/g, (_all, name: string) => {
+    expect(values, `compose interpolates \${${name}}`).toHaveProperty(name);
+    return values[name]!;
+  });
+}
+
+describe("the configuration of every coordinator deploy/ starts", () => {
+  // What an operator provides outside the repository: tokens and NATS credentials.
+  const SECRETS = { GYM_CKPT_TOKEN: "participants-token", GYM_CKPT_CONTROLLER_TOKEN: "controller-token", GYM_CKPT_NATS_USER: "coordinator", GYM_CKPT_NATS_PASS: "nats-password" };
+
+  it("compose: each coordinator's environment and flags load, with the checkpoint volume as root and the HTTP API on the published port", { timeout: 60_000 }, async () => {
+    const compose = yamlFile(join(DEPLOY, "docker-compose.yml"));
+    const names = Object.keys(compose.services).filter((name) => name.startsWith("coordinator-"));
+    expect(names.sort()).toEqual(["coordinator-a", "coordinator-b"]);
+    const configs = await Promise.all(
+      names.map((name) => {
+        const service = compose.services[name];
+        const env = Object.fromEntries(Object.entries<string>(service.environment).map(([key, value]) => [key, interpolate(String(value), SECRETS)]));
+        return effectiveConfig(`compose ${name}`, service.command.slice(1), env);
+      }),
+    );
+    names.forEach((name, i) => {
+      const service = compose.services[name];
+      const config = configs[i];
+      expect(service.volumes.map((v: string) => v.split(":")[1]), name).toContain(config.checkpoint_root);
+      // Published from the container (and probed by its healthcheck): every interface, the port compose maps.
+      expect(config.http, name).toMatchObject({ enabled: true, host: "0.0.0.0" });
+      expect(service.ports.map((p: string) => p.split(":").at(-1)), name).toContain(String(config.http.port));
+      expect(service.healthcheck.test.join(" "), name).toContain(`:${config.http.port}/healthz`);
+      expect(compose.services).toHaveProperty(new URL(config.nats.servers).hostname);
+      expect(config.controller_token, name).toBe("[Redacted]");
+    });
+    // One deployment, two coordinators.
+    expect(configs[0].deployment).toBe(configs[1].deployment);
+    expect(configs[0].coordinator_id).not.toBe(configs[1].coordinator_id);
+  });
+
+  it("Kubernetes: the config map, the Secret's variables and the container's env and args load, with the mounted volume as root and the probed port", { timeout: 60_000 }, async () => {
+    const base = join(DEPLOY, "kubernetes/base");
+    const kustomization = yamlFile(join(base, "kustomization.yaml"));
+    const pod = yamlFile(join(base, "deployment.yaml")).spec.template.spec;
+    const container = pod.containers[0];
+    // --config names a file of the config map the pod mounts: the kustomization's generated one.
+    const configPath: string = valueOf(container.args, "--config")!;
+    const mount = container.volumeMounts.find((m: Yaml) => configPath.startsWith(`${m.mountPath}/`));
+    const configMap = pod.volumes.find((v: Yaml) => v.name === mount.name).configMap.name;
+    const generated: string[] = kustomization.configMapGenerator.find((g: Yaml) => g.name === configMap).files;
+    expect(generated).toContain(configPath.slice(mount.mountPath.length + 1));
+    const args = container.args.slice(1).map((arg: string) => (arg === configPath ? join(base, configPath.slice(mount.mountPath.length + 1)) : arg));
+    // The Secret the kustomization's comment creates, and the container's env (a field reference: the pod name).
+    const secret = Object.fromEntries([...readFileSync(join(base, "kustomization.yaml"), "utf8").matchAll(/--from-literal=(\w+)=/g)].map((m) => [m[1]!, SECRETS[m[1] as keyof typeof SECRETS] ?? "x"]));
+    expect(Object.keys(secret).sort()).toEqual(Object.keys(SECRETS).sort());
+    const env = Object.fromEntries(container.env.map((e: Yaml) => [e.name, e.value ?? "gym-ckpt-coordinator-0"]));
+    const config = await effectiveConfig("kubernetes", args, { ...secret, ...env });
+    const checkpoints = pod.volumes.find((v: Yaml) => v.persistentVolumeClaim).name;
+    expect(container.volumeMounts.find((m: Yaml) => m.name === checkpoints).mountPath).toBe(config.checkpoint_root);
+    expect(config.http).toMatchObject({ enabled: true, host: "0.0.0.0" });
+    expect(container.ports.find((p: Yaml) => p.name === container.readinessProbe.httpGet.port).containerPort).toBe(config.http.port);
+    expect(config.coordinator_id).toBe("gym-ckpt-coordinator-0");
+    expect(config.nats).toMatchObject({ user: "coordinator", pass: "[Redacted]" });
+  });
+
+  it("systemd: the config file and environment file the unit's install describes, with its flags, load, with the mount it requires as root", { timeout: 60_000 }, async () => {
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    const execStart = /^ExecStart=(.*)$/m.exec(unit)![1]!.split(/\s+/);
+    const args = execStart.slice(execStart.findIndex((arg) => arg.endsWith("dist/coordinator/cli/main.js")) + 1);
+    // `the config to <file> with "key": value, …` and `… to <env file> (NAME=..., …)`.
+    const described = /the config to (\S+) with ((?:"\w+": "[^"]*"(?:, )?)+)/.exec(unit);
+    expect(described, "the unit's install describes the config file").not.toBeNull();
+    expect(valueOf(args, "--config")).toBe(described![1]);
+    const environmentFile = /^EnvironmentFile=(\S+)$/m.exec(unit)![1]!;
+    const fileVariables = new RegExp(`${environmentFile.replace(/[./]/g, "\\$&")} \\(([^;]*);`).exec(unit);
+    expect(fileVariables, "the unit's install lists the environment file's variables").not.toBeNull();
+    const env = Object.fromEntries([
+      ...[...fileVariables![1]!.matchAll(/(\w+)=\.\.\./g)].map((m) => [m[1]!, SECRETS[m[1] as keyof typeof SECRETS] ?? "x"]),
+      ...[...unit.matchAll(/^Environment=(\w+)=(.*)$/gm)].map((m) => [m[1]!, m[2]!]),
+    ]);
+    expect(Object.keys(env)).toEqual(expect.arrayContaining(Object.keys(SECRETS)));
+    const dir = mkdtempSync(join(tmpdir(), "gym-ckpt-systemd-config-"));
+    try {
+      const file = join(dir, "config.json");
+      writeFileSync(file, `{${described![2]}}`);
+      const config = await effectiveConfig("systemd", args.map((arg) => (arg === described![1] ? file : arg)), env);
+      expect(config.checkpoint_root).toBe(/^RequiresMountsFor=(\S+)$/m.exec(unit)![1]);
+      expect(config.nats).toMatchObject({ user: "coordinator", pass: "[Redacted]" });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
