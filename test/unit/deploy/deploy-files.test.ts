@@ -126,11 +126,14 @@ async function cliFlags(command: string): Promise<string[]> {
   return found!.options.map((o) => o.long!).concat("--help");
 }
 
-/** The flags a participant program's `--help` lists (its source run through tsx, as no build is needed here). */
+/**
+ * The flags a participant program's `--help` lists, from the build `npm test` makes first (a tsx
+ * run per program compiles it all again: seconds of CPU that starve timing-sensitive tests beside).
+ */
 async function programFlags(distPath: string): Promise<string[]> {
   const source = join(ROOT, distPath.replace(/^dist\//, "").replace(/\.js$/, ".ts"));
   expect(existsSync(source), `${distPath} is built from ${relative(ROOT, source)}`).toBe(true);
-  const { stdout } = await promisify(execFile)(process.execPath, ["--import", "tsx", source, "--help"], { cwd: ROOT, timeout: 30_000 });
+  const { stdout } = await promisify(execFile)(process.execPath, [join(ROOT, distPath), "--help"], { cwd: ROOT, timeout: 30_000 });
   return [...new Set([...stdout.matchAll(/--[a-z][a-z0-9-]*/g)].map((m) => m[0]))].concat("--help");
 }
 
@@ -197,11 +200,11 @@ describe("the commands deploy/ runs", () => {
 
 /**
  * What `gym-ckpt coordinator <args> --print-config` makes of a command line and an environment: the
- * CLI's own flags, the config loader and its schema, run from source in an environment holding only
+ * CLI's own flags, the config loader and its schema, run from the build in an environment holding only
  * `env` (none of this machine's GYM_CKPT_* or OTEL_*).
  */
 async function effectiveConfig(where: string, args: readonly string[], env: Record<string, string>): Promise<Yaml> {
-  const run = await promisify(execFile)(process.execPath, ["--import", "tsx", join(ROOT, "coordinator/cli/main.ts"), ...args, "--print-config"], {
+  const run = await promisify(execFile)(process.execPath, [join(ROOT, "dist/coordinator/cli/main.js"), ...args, "--print-config"], {
     cwd: ROOT,
     timeout: 30_000,
     env: { PATH: process.env.PATH ?? "", TMPDIR: process.env.TMPDIR ?? tmpdir(), ...env },
