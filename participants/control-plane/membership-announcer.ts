@@ -4,6 +4,7 @@ import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  ErrorReplySchema,
   isWrongRevision,
   MEMBER_HEARTBEAT_MS,
   MEMBER_TTL_MS,
@@ -13,6 +14,7 @@ import {
   memberKey,
   membersBucket,
   participantSubject,
+  StatusReplySchema,
   type Kind,
   type Member,
 } from "../../protocol/index.js";
@@ -26,11 +28,11 @@ const PROBE_TIMEOUT_MS = 2_000;
  *
  * One process per kind/instance: two would share the subjects (each answering some requests) and
  * overwrite each other's entry, so every checkpoint would fail with a misleading stale_incarnation.
- * `claim()` (before the endpoint subscribes) refuses with `instance_conflict` when another process
- * answers on this participant's subjects; `start()` then writes the entry by revision
- * compare-and-set, so of two processes starting at once only one wins. An entry left by a
- * predecessor that is gone (SIGKILLed: nobody answers, though its heartbeat is younger than the
- * TTL) is taken over.
+ * `claim()` (before the endpoint subscribes) refuses with `instance_conflict` when another
+ * participant answers on this participant's subjects (a silent subscriber, such as a monitoring
+ * tap, is no participant); `start()` then writes the entry by revision compare-and-set, so of two
+ * processes starting at once only one wins. An entry left by a predecessor that is gone
+ * (SIGKILLed: nobody answers, though its heartbeat is younger than the TTL) is taken over.
  *
  * The other side of a takeover: a process cut off from NATS long enough to be replaced finds,
  * when its heartbeat's compare-and-set is refused, another incarnation in its entry. Only that
@@ -123,16 +125,33 @@ export class MembershipAnnouncer {
     });
   }
 
-  /** Whether anything answers on this participant's status subject (nobody subscribed: no responders). */
+  /**
+   * Whether a participant answers on this participant's status subject: a status reply naming this
+   * kind/instance, or a catalog refusal (the probe carries no token, so a live one answers
+   * `unauthorized`). Subscribers that stay silent (a monitoring tap, `nats sub '>'`) or answer
+   * something else (`nats reply`) are not participants: counting them refused every restart while
+   * they listened. A participant too stalled to answer within the probe is taken over like a gone
+   * one; when it wakes, its heartbeat finds this incarnation in the entry and it stops (`lost`).
+   */
   private async someoneAnswers(): Promise<boolean> {
     const subject = participantSubject(this.deployment, this.member.kind, this.member.instance, "status");
+    let otherReplies = false;
     try {
-      await this.nc.request(subject, "", { timeout: PROBE_TIMEOUT_MS });
-      return true; // any reply, even `unauthorized` (no token sent): a process is there
+      // Every reply within the probe, not the first: another subscriber's reply must not hide a participant's.
+      const replies = await this.nc.requestMany(subject, "", { strategy: "timer", maxWait: PROBE_TIMEOUT_MS });
+      for await (const reply of replies) {
+        otherReplies = true;
+        if (isParticipantReply(reply.data, this.member.kind, this.member.instance)) return true;
+      }
     } catch (error) {
-      if (isNoResponders(error)) return false;
-      return true; // subscribed but silent (a stalled process): still there
+      if (!isNoResponders(error)) throw error;
+      return false;
     }
+    this.logger?.warn(
+      { subject, non_participant_replies: otherReplies },
+      "something subscribed to this participant's status subject (no 'no responders') but no participant answered the probe: a monitoring tap, or a predecessor too stalled to answer, which stops when it wakes",
+    );
+    return false;
   }
 
   /** The registry entry now: its revision (0: none) and the member it announces, if it parses. */
@@ -256,6 +275,14 @@ function safeJson(read: () => unknown): unknown {
   } catch {
     return undefined;
   }
+}
+
+/** A reply only a participant's control endpoint sends to an unauthenticated status request. */
+function isParticipantReply(data: Uint8Array, kind: Kind, instance: string): boolean {
+  const body = safeJson(() => JSON.parse(Buffer.from(data).toString("utf8")));
+  if (ErrorReplySchema.safeParse(body).success) return true;
+  const status = StatusReplySchema.safeParse(body);
+  return status.success && status.data.kind === kind && status.data.instance === instance;
 }
 
 function isNoResponders(error: unknown): boolean {

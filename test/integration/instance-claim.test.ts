@@ -1,9 +1,11 @@
 import { Kvm } from "@nats-io/kv";
+import { connect } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { memberKey, membersBucket } from "../../protocol/index.js";
+import { memberKey, membersBucket, participantSubject } from "../../protocol/index.js";
 import { ScriptableKind, startParticipant } from "../../participants/index.js";
 import { controlRequest } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
+import { startStallProxy } from "../support/stall-proxy.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
 // One process per kind/instance: two would split the requests on the shared subjects and
@@ -65,5 +67,53 @@ describe("a second process for the same kind/instance", () => {
     expect((await entryOf("env3"))?.incarnation).toBe(winner.controlPlane.incarnation);
     await winner.stop();
     await Promise.all([x.nc.close(), y.nc.close()]);
+  });
+
+  // Monitoring taps (`nats sub '>'`) subscribe to every subject, the status subject included, and
+  // never answer: NATS then sends no "no responders", yet nobody serves the name.
+  it("a silent subscriber on the status subject (a monitoring tap) does not block a legitimate start", async () => {
+    const tap = await nats.connect();
+    tap.subscribe(`gym.ckpt.v1.${DEPLOYMENT}.>`);
+    tap.subscribe(participantSubject(DEPLOYMENT, "environment", "env4", "status"));
+    await tap.flush();
+    const only = await start("env4");
+    const a = await only.handle;
+    expect((await entryOf("env4"))?.incarnation).toBe(a.controlPlane.incarnation);
+    await a.stop();
+    await Promise.all([only.nc.close(), tap.close()]);
+  });
+
+  it("a subscriber answering what no participant would (`nats reply`) neither blocks a start nor hides a live participant", async () => {
+    const echo = await nats.connect();
+    const subject = participantSubject(DEPLOYMENT, "environment", "env5", "status");
+    echo.subscribe(subject, { callback: (_error, msg) => void msg.respond("pong") });
+    echo.subscribe(subject, { callback: (_error, msg) => void msg.respond(JSON.stringify({ kind: "model", instance: "env5" })) });
+    await echo.flush();
+    const first = await start("env5");
+    const a = await first.handle;
+    expect((await entryOf("env5"))?.incarnation).toBe(a.controlPlane.incarnation);
+    // The live participant still conflicts, whatever else answers or listens on its subjects.
+    const second = await start("env5");
+    expect((await refusalOf(second.handle)).code).toBe("instance_conflict");
+    expect((await entryOf("env5"))?.incarnation).toBe(a.controlPlane.incarnation);
+    await a.stop();
+    await Promise.all([first.nc.close(), second.nc.close(), echo.close()]);
+  });
+
+  it("a live participant too stalled to answer the probe is taken over, and stops serving the name once it wakes", async () => {
+    const proxy = await startStallProxy(nats.server.port);
+    const stalledNc = await connect({ servers: proxy.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    const stalled = await startParticipant({ nc: stalledNc, deployment: DEPLOYMENT, instance: "env6", token: TOKEN, adapter: new ScriptableKind("environment"), heartbeatMs: 200 });
+    // Still subscribed at the server, but nothing it sends (status reply, heartbeat) gets through.
+    proxy.stall();
+    const next = await start("env6");
+    const b = await next.handle;
+    expect((await entryOf("env6"))?.incarnation).toBe(b.controlPlane.incarnation);
+    proxy.heal();
+    expect(await stalled.lost).toMatchObject({ code: "instance_conflict" });
+    expect((await entryOf("env6"))?.incarnation).toBe(b.controlPlane.incarnation);
+    await Promise.all([stalled.stop(), b.stop()]);
+    await Promise.all([stalledNc.close(), next.nc.close()]);
+    await proxy.close();
   });
 });

@@ -49,7 +49,7 @@ const member = (incarnation: string) => ({ kind: "environment", instance: "env0"
 const { NoRespondersError } = await import("@nats-io/transport-node");
 // The claim probes the participant's status subject first: nobody else answers. No reconnects.
 const noResponders = {
-  request: async (subject: string) => Promise.reject(new NoRespondersError(subject)),
+  requestMany: async (subject: string) => Promise.reject(new NoRespondersError(subject)),
   status: () => ({ async *[Symbol.asyncIterator]() {} }),
 } as never;
 const { MembershipAnnouncer } = await import("../../../participants/control-plane/membership-announcer.js");
