@@ -34,6 +34,7 @@ export interface ParticipantHandle<R extends RecordBase> {
    * servers exit 1). Pending forever otherwise, and without announcing (`announce: false`).
    */
   lost: Promise<CheckpointError>;
+  /** Stops serving and removes its membership entry; calling it again returns the same promise. */
   stop(): Promise<void>;
 }
 
@@ -82,15 +83,20 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
     void endpoint.stop();
     return conflict;
   });
+  let stopped: Promise<void> | undefined;
   return {
     controlPlane,
     lost,
-    async stop() {
-      // First: the endpoint waits for answers being computed, and a prepare waiting for readiness would hold it until its deadline.
-      controlPlane.beginStopping();
-      await announcer?.stop();
-      await endpoint.stop();
-      controlPlane.dispose();
+    // Once: an owner may stop it from more than one shutdown path (a start-up's and a server's).
+    stop() {
+      stopped ??= (async () => {
+        // First: the endpoint waits for answers being computed, and a prepare waiting for readiness would hold it until its deadline.
+        controlPlane.beginStopping();
+        await announcer?.stop();
+        await endpoint.stop();
+        controlPlane.dispose();
+      })();
+      return stopped;
     },
   };
 }

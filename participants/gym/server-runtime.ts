@@ -83,7 +83,8 @@ export interface ServerRuntime {
    * Attaches `adapter` as this server's participant. A refusal (another live process serves this
    * kind/instance: `instance_conflict`) prints one line and exits 1, for the supervisor to report.
    * So does losing the name later (another process took it over while this one was cut off from
-   * NATS), after the same clean shutdown as SIGTERM.
+   * NATS), after the same clean shutdown as SIGTERM. A signal while it starts: the shutdown stops
+   * it once started and exits 0; the returned promise never settles then.
    */
   participate<R extends RecordBase>(adapter: ParticipantKind<R>): Promise<ParticipantHandle<R>>;
 }
@@ -156,6 +157,11 @@ export function argvRefusal(error: unknown): string {
   if (code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") return `unknown option${flag ? ` ${flag}` : ""} (see --help)`;
   if (code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE") return `option${flag ? ` ${flag}` : ""} needs a value`;
   return "the command line cannot be parsed (see --help)";
+}
+
+/** What a start-up step awaits once a signal's shutdown runs: it ends the process, nothing goes on. */
+function never(): Promise<never> {
+  return new Promise<never>(() => undefined);
 }
 
 /** The longest delay a Node timer holds; past it, setTimeout fires at once. */
@@ -331,25 +337,36 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
       return url;
     },
     async participate<R extends RecordBase>(adapter: ParticipantKind<R>) {
+      // Stopping already: the signal's shutdown exits; nothing to start, no ready line.
+      if (stopping) return never();
+      const starting = startParticipant({
+        nc,
+        deployment: config.deployment,
+        instance: config.instance,
+        token: config.token,
+        adapter,
+        logger,
+        ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
+        ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
+      });
+      // A SIGTERM while it starts waits for the start, then stops what it started (its membership
+      // entry removed), before NATS is drained: draining under a starting participant failed it
+      // (`internal_error: connection draining`, exit 1) or left its entry announced until the TTL.
+      runtime.onShutdown(async () => {
+        await (await starting.catch(() => undefined))?.stop();
+      });
       let participant: ParticipantHandle<R>;
       try {
-        participant = await startParticipant({
-          nc,
-          deployment: config.deployment,
-          instance: config.instance,
-          token: config.token,
-          adapter,
-          logger,
-          ...(config.checkpointRoot && { checkpointRoot: config.checkpointRoot }),
-          ...(config.leaseGraceSeconds !== undefined && { leaseGraceSeconds: config.leaseGraceSeconds }),
-        });
+        participant = await starting;
       } catch (error) {
+        if (stopping) return never();
         const refusal = toCheckpointError(error);
         process.stderr.write(`${name}: ${refusal.code}: ${refusal.message}\n`);
         await nc.close().catch(() => undefined);
         await telemetry.shutdown();
         process.exit(1);
       }
+      if (stopping) return never();
       // It no longer answers for its name; serving the HTTP side on would only split the work.
       void participant.lost.then((conflict) => {
         process.stderr.write(`${name}: ${conflict.code}: ${conflict.message}\n`);
