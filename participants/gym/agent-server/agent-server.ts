@@ -6,7 +6,8 @@ import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { Activation, AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
-import { expectOk, postJson, sessionCookieFrom, trimSlash } from "./gym-http.js";
+import { expectOk, postJson, trimSlash } from "./gym-http.js";
+import { seedSession } from "./seed-session.js";
 import { GymTaskSchema, RunRequestSchema, type GymTask, type RunReply } from "./gym-task.js";
 import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
 
@@ -146,17 +147,8 @@ async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task
   let boundary = restored ? legacyBoundaryOf(ep.key, restored) : undefined;
   const resources = trimSlash(endpoints.resourcesUrl);
   if (!boundary) {
-    const seeded = await ep.step("replay", async (signal) => {
-      const response = await postJson(`${resources}${rolloutPath(ep.key, "/seed_session")}`, { task }, { signal });
-      expectOk("seed_session", response);
-      return {
-        cookie: sessionCookieFrom(response.headers) ?? null,
-        verify: response.headers.get("x-ng-checkpoint-verify") === "replay" ? ("replay" as const) : ("wait" as const),
-        restart: response.headers.get("x-ng-checkpoint-restart") === "1",
-      };
-    });
-    if (seeded.restart) await ep.markRestart();
-    boundary = { next: "loop", cookie: seeded.cookie, verify_mode: seeded.verify, state: initialState(task) };
+    const seeded = await seedSession(ep, resources, task);
+    boundary = { next: "loop", cookie: seeded.cookie, verify_mode: seeded.verify_mode, state: initialState(task) };
   }
   if (boundary.next === "loop") {
     const { cookie, verify_mode } = boundary;

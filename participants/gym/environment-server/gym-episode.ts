@@ -1,7 +1,8 @@
 import { z } from "zod";
 import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
-import { expectOk, isRefusal, postJson, sessionCookieFrom, trimSlash } from "../agent-server/gym-http.js";
+import { expectOk, isRefusal, postJson, trimSlash } from "../agent-server/gym-http.js";
+import { seedSession } from "../agent-server/seed-session.js";
 import type { GymTask, RunReply } from "../agent-server/gym-task.js";
 import { MAX_LOOP_MESSAGES } from "../agent-server/tool-calling-agent.js";
 
@@ -82,17 +83,8 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
   let messages: Record<string, unknown>[] | undefined;
 
   if (!boundary) {
-    const seeded = await ep.step("replay", async (signal) => {
-      const response = await postJson(`${resources}${rolloutPath(ep.key, "/seed_session")}`, { task }, { signal });
-      expectOk("seed_session", response);
-      return {
-        cookie: sessionCookieFrom(response.headers) ?? null,
-        verify: response.headers.get("x-ng-checkpoint-verify") === "replay" ? ("replay" as const) : ("wait" as const),
-        restart: response.headers.get("x-ng-checkpoint-restart") === "1",
-      };
-    });
-    if (seeded.restart) await ep.markRestart();
-    boundary = { next: "invoke_agent", cookie: seeded.cookie, verify_mode: seeded.verify };
+    const seeded = await seedSession(ep, resources, task);
+    boundary = { next: "invoke_agent", cookie: seeded.cookie, verify_mode: seeded.verify_mode };
     await ep.boundary(boundary);
   }
 
