@@ -260,20 +260,7 @@ export class AgentSessions {
 
   /** Installs restored sessions bound to their NEXT attempt (the caller validated everything). */
   installRestored(items: { key: string; episode: EpisodeId; boundary: Boundary | null }[]): void {
-    for (const item of items) {
-      this.sessions.set(item.key, {
-        key: item.key,
-        episode: item.episode,
-        state: "idle",
-        snapshot: null,
-        restored: item.boundary,
-        freshBoundary: false,
-        delivered: false,
-        stale: false,
-        retiring: false,
-        activation: undefined,
-      });
-    }
+    for (const item of items) this.placeIdle(item.key, item.episode, { restored: item.boundary, retiring: false });
     this.onChange();
   }
 
@@ -282,21 +269,13 @@ export class AgentSessions {
    * exported or claimed) until a retire of their attempt drops them and frees them again.
    */
   holdRetiring(items: { key: string; episode: EpisodeId }[]): void {
-    for (const item of items) {
-      this.sessions.set(item.key, {
-        key: item.key,
-        episode: item.episode,
-        state: "idle",
-        snapshot: null,
-        restored: undefined,
-        freshBoundary: false,
-        delivered: false,
-        stale: false,
-        retiring: true,
-        activation: undefined,
-      });
-    }
+    for (const item of items) this.placeIdle(item.key, item.episode, { restored: undefined, retiring: true });
     this.onChange();
+  }
+
+  /** An idle session nobody has claimed, placed by a restore (restored, or held retiring). */
+  private placeIdle(key: string, episode: EpisodeId, fields: { restored: Boundary | null | undefined; retiring: boolean }): void {
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, freshBoundary: false, delivered: false, stale: false, activation: undefined, ...fields });
   }
 
   /** Restored sessions not yet claimed whose episode is outside `scope` (commit clean-up). */
