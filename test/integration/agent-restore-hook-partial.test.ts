@@ -1,13 +1,8 @@
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import type { Op } from "../../protocol/index.js";
-import { FsCheckpointStorage, WriteGate, startParticipant, type ParticipantHandle } from "../../participants/index.js";
+import { describe, expect, it } from "vitest";
 import { AgentKind, type RestoredAgentSession } from "../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../participants/gym/agent-server/agent-session-state.js";
-import { controlRequest, phase } from "../support/control-requests.js";
-import { startNats, type NatsFixture } from "../support/nats.js";
+import { phase } from "../support/control-requests.js";
+import { participantsOverNats } from "../support/participants-over-nats.js";
 
 // The agent's restoreAgentSessions hook promises all or nothing, as the resources hook does. One
 // that threw after installing some sessions left them in the agent's own state with no session
@@ -16,25 +11,7 @@ import { startNats, type NatsFixture } from "../support/nats.js";
 // Driven over a real nats-server through the failed restore, the coordinator's clean-up
 // (retire attempt+1, resume) and the next checkpoint.
 
-const DEPLOYMENT = "itest-agent-restore";
-const TOKEN = "agent-restore-secret";
-let nats: NatsFixture;
-let root: string;
-const started: ParticipantHandle<any>[] = [];
-
-beforeAll(async () => {
-  nats = await startNats();
-  root = await mkdtemp(join(tmpdir(), "gym-ckpt-agent-partial-"));
-});
-
-afterEach(async () => {
-  for (const p of started.splice(0)) await p.stop();
-});
-
-afterAll(async () => {
-  await nats?.close();
-  await rm(root, { recursive: true, force: true });
-});
+const world = participantsOverNats("itest-agent-restore", "agent-restore-secret");
 
 const sources = ["r1", "r2", "r3"].map((rollout_id) => ({ rollout_id, attempt: 0 }));
 const replacements = sources.map((e) => ({ ...e, attempt: 1 }));
@@ -48,11 +25,7 @@ async function writeCheckpoint(id: string) {
     boundary: { turn: i },
     episode: null,
   }));
-  await new FsCheckpointStorage().write({ checkpointDir: join(root, id), checkpointId: id, kind: "agent", instance: "agent0" }, records as never, {
-    gate: new WriteGate(),
-    createdAt: Date.now() / 1000,
-    extra: {},
-  });
+  await world.writeRecords(id, "agent", "agent0", records);
 }
 
 /** The reference agent's state, whose restore installs one by one and throws at the third. */
@@ -75,8 +48,7 @@ class PartialRestore extends AgentSessionState {
 
 async function serve(state: AgentSessionState) {
   const kind = new AgentKind(state);
-  started.push(await startParticipant({ nc: nats.nc, deployment: DEPLOYMENT, instance: "agent0", token: TOKEN, adapter: kind, checkpointRoot: root, announce: false }));
-  const send = (op: Op, body: unknown) => controlRequest(nats.nc, { deployment: DEPLOYMENT, kind: "agent", instance: "agent0", token: TOKEN }, op, body, 10_000);
+  const send = await world.serve("agent", "agent0", kind);
   return { kind, send };
 }
 
@@ -87,7 +59,7 @@ async function cleanUpThenCheckpoint({ kind, send }: Awaited<ReturnType<typeof s
   expect(kind.openSession({ rollout_id: "r1", attempt: 2 })).toEqual({ restored: false });
   const next = `${id}-next`;
   expect(await send("prepare", phase(next))).toMatchObject({ phase: "prepared", report: { ready: true, blocker_count: 0 } });
-  expect(await send("commit", phase(next, { checkpoint_dir: join(root, next), episode_ids: null }))).toMatchObject({ phase: "committed", episode_ids: ["r1-a2"] });
+  expect(await send("commit", phase(next, { checkpoint_dir: world.dir(next), episode_ids: null }))).toMatchObject({ phase: "committed", episode_ids: ["r1-a2"] });
   expect(await send("resume", phase(next))).toEqual({ phase: "idle", idempotent: false });
 }
 
@@ -97,7 +69,7 @@ describe("agent restore whose session hook fails part way", () => {
     const state = new PartialRestore();
     const served = await serve(state);
 
-    const refused = await served.send("restore", phase("c1", { checkpoint_dir: join(root, "c1"), episode_ids: sources }));
+    const refused = await served.send("restore", phase("c1", { checkpoint_dir: world.dir("c1"), episode_ids: sources }));
     expect(refused.error?.code).toBe("internal_error");
     expect(refused.error.detail).toContain("the third session's state did not load");
     expect([...state.sessions.keys()]).toEqual([]);
@@ -114,7 +86,7 @@ describe("agent restore whose session hook fails part way", () => {
     state.freeFailures = 1;
     const served = await serve(state);
 
-    const refused = await served.send("restore", phase("c2", { checkpoint_dir: join(root, "c2"), episode_ids: sources }));
+    const refused = await served.send("restore", phase("c2", { checkpoint_dir: world.dir("c2"), episode_ids: sources }));
     expect(refused.error?.code).toBe("internal_error");
     expect(refused.error.detail).toContain("the session's state did not free");
     expect([...state.sessions.keys()]).toEqual(["r1"]);

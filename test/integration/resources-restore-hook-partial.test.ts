@@ -1,13 +1,8 @@
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import type { Op } from "../../protocol/index.js";
-import { FsCheckpointStorage, WriteGate, startParticipant, type ParticipantHandle } from "../../participants/index.js";
+import { describe, expect, it } from "vitest";
 import { createResourcesApp, type JsonValue } from "../../participants/kinds/resources/index.js";
 import { CounterServer } from "../../participants/gym/resources-server/counter-server.js";
-import { controlRequest, phase } from "../support/control-requests.js";
-import { startNats, type NatsFixture } from "../support/nats.js";
+import { phase } from "../support/control-requests.js";
+import { participantsOverNats } from "../support/participants-over-nats.js";
 
 // A resources server's restoreSessionStates hook promises all or nothing, but one that fails part
 // way (some states installed, then it throws) left those states in the server with no session
@@ -17,27 +12,7 @@ import { startNats, type NatsFixture } from "../support/nats.js";
 // through the failed restore and the coordinator's clean-up (retire attempt+1, resume), then the
 // next checkpoint.
 
-const DEPLOYMENT = "itest-res-restore";
-const TOKEN = "res-restore-secret";
-let nats: NatsFixture;
-let root: string;
-const started: ParticipantHandle<any>[] = [];
-const closers: (() => Promise<unknown>)[] = [];
-
-beforeAll(async () => {
-  nats = await startNats();
-  root = await mkdtemp(join(tmpdir(), "gym-ckpt-res-partial-"));
-});
-
-afterEach(async () => {
-  for (const p of started.splice(0)) await p.stop();
-  for (const close of closers.splice(0)) await close();
-});
-
-afterAll(async () => {
-  await nats?.close();
-  await rm(root, { recursive: true, force: true });
-});
+const world = participantsOverNats("itest-res-restore", "res-restore-secret");
 
 const sources = ["r1", "r2", "r3"].map((rollout_id) => ({ rollout_id, attempt: 0 }));
 const replacements = sources.map((e) => ({ ...e, attempt: 1 }));
@@ -46,11 +21,7 @@ const sessionIds = ["sessionAAAA", "sessionBBBB", "sessionCCCC"];
 /** A checkpoint of three counter sessions, r1..r3 at attempt 0. */
 async function writeCheckpoint(id: string) {
   const records = sources.map((episode_id, i) => ({ episode_id, session_id: sessionIds[i], state: { count: i + 1 }, owner: null }));
-  await new FsCheckpointStorage().write({ checkpointDir: join(root, id), checkpointId: id, kind: "resources", instance: "res0" }, records as never, {
-    gate: new WriteGate(),
-    createdAt: Date.now() / 1000,
-    extra: {},
-  });
+  await world.writeRecords(id, "resources", "res0", records);
 }
 
 /** Installs the states one by one and throws at the third, as a hook whose third sandbox failed to start. */
@@ -73,10 +44,8 @@ class PartialRestore extends CounterServer {
 
 async function serve(server: CounterServer) {
   const { app, kind } = await createResourcesApp(server);
-  closers.push(() => app.close());
-  const handle = await startParticipant({ nc: nats.nc, deployment: DEPLOYMENT, instance: "res0", token: TOKEN, adapter: kind, checkpointRoot: root, announce: false });
-  started.push(handle);
-  const send = (op: Op, body: unknown) => controlRequest(nats.nc, { deployment: DEPLOYMENT, kind: "resources", instance: "res0", token: TOKEN }, op, body, 10_000);
+  world.onCleanup(() => app.close());
+  const send = await world.serve("resources", "res0", kind);
   const post = (url: string, cookie?: string) => app.inject({ method: "POST", url, payload: {}, ...(cookie ? { headers: { cookie: `ng_session=${cookie}` } } : {}) });
   return { kind, send, post };
 }
@@ -91,7 +60,7 @@ async function cleanUpThenCheckpoint(send: Awaited<ReturnType<typeof serve>>["se
   const next = `${id}-next`;
   const prepared = await send("prepare", phase(next));
   expect(prepared).toMatchObject({ phase: "prepared", report: { ready: true, blocker_count: 0 } });
-  const committed = await send("commit", phase(next, { checkpoint_dir: join(root, next), episode_ids: null }));
+  const committed = await send("commit", phase(next, { checkpoint_dir: world.dir(next), episode_ids: null }));
   expect(committed).toMatchObject({ phase: "committed", episode_ids: ["r1-a2"] });
   expect(await send("resume", phase(next))).toEqual({ phase: "idle", idempotent: false });
 }
@@ -102,7 +71,7 @@ describe("resources restore whose hook fails part way", () => {
     const server = new PartialRestore();
     const { kind, send, post } = await serve(server);
 
-    const refused = await send("restore", phase("c1", { checkpoint_dir: join(root, "c1"), episode_ids: sources }));
+    const refused = await send("restore", phase("c1", { checkpoint_dir: world.dir("c1"), episode_ids: sources }));
     expect(refused.error?.code).toBe("invalid_checkpoint_state");
     expect(refused.error.detail).toContain("sandbox for the third session did not start");
     // Nothing half-installed: the server holds no state, the kind no session.
@@ -121,7 +90,7 @@ describe("resources restore whose hook fails part way", () => {
     server.freeFailures = 1;
     const { kind, send, post } = await serve(server);
 
-    const refused = await send("restore", phase("c2", { checkpoint_dir: join(root, "c2"), episode_ids: sources }));
+    const refused = await send("restore", phase("c2", { checkpoint_dir: world.dir("c2"), episode_ids: sources }));
     // Not a refusal that changed nothing: the coordinator retires attempt+1 here.
     expect(refused.error?.code).toBe("internal_error");
     expect(refused.error.detail).toContain("sandbox did not stop");
