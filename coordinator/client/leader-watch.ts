@@ -21,6 +21,7 @@ export class LeaderLeaseReader {
 
   async leader(): Promise<string | null | undefined> {
     try {
+      // open() binds without direct gets, so reads ask the stream's leader, never a lagging replica.
       this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
       const entry = await this.kv.get(LEADER_KEY);
       if (!entry || entry.operation !== "PUT") return null;

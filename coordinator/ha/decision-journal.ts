@@ -1,4 +1,4 @@
-import { Bucket, type KV, type KvEntry } from "@nats-io/kv";
+import type { KV, KvEntry } from "@nats-io/kv";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
@@ -16,7 +16,7 @@ import {
   MAX_CONTROL_MESSAGE_BYTES,
   journalBucket,
 } from "../../protocol/index.js";
-import { openBucketAsserted } from "../membership/kv-bucket.js";
+import { openBucketAsserted, readsFromStreamLeader } from "../membership/kv-bucket.js";
 import { latestEntries } from "../membership/kv-latest-entries.js";
 
 /**
@@ -156,7 +156,7 @@ export class KvDecisionJournal implements DecisionJournal {
     // removed, or write against a stale revision (refused not_leader), and a removal's read-back
     // take an entry still there for removed. The journal is read at recovery and after a lost
     // acknowledgement only, so the leader's load stays small.
-    if (kv instanceof Bucket) kv.direct = false;
+    readsFromStreamLeader(kv);
     return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs });
   }
 

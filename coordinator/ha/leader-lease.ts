@@ -3,7 +3,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { CheckpointError, leaderBucket } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
-import { openBucketAsserted } from "../membership/kv-bucket.js";
+import { openBucketAsserted, readsFromStreamLeader } from "../membership/kv-bucket.js";
 import { coordinatorTelemetry } from "../telemetry/coordinator-telemetry.js";
 import type { Leadership, LeadershipState } from "./leadership.js";
 
@@ -68,7 +68,8 @@ export class LeaderLease implements Leadership {
    * could win and serve meanwhile. So it is lowered only while nobody leads (raising is safe).
    */
   private async refuseShorteningUnderLeader(kv: KV, foundTtl: number): Promise<void> {
-    const held = await kv.get(LEADER_KEY);
+    // From the stream's leader: a lagging replica's "nobody leads" would let it shorten under one.
+    const held = await readsFromStreamLeader(kv).get(LEADER_KEY);
     if (held?.operation !== "PUT") return;
     throw new CheckpointError(
       "invalid_request",

@@ -1,5 +1,5 @@
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
-import { Kvm, type KV } from "@nats-io/kv";
+import { Bucket, Kvm, type KV } from "@nats-io/kv";
 import { nanos, type NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError, kvReplicas } from "../../protocol/index.js";
 
@@ -63,5 +63,15 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
       `KV bucket ${name} has history ${check.status.history}, ttl ${check.status.ttl} ms and ${check.status.replicas} replica(s), and the server kept it so after an update; expected history ${options.history}, ttl ${options.ttl} ms and ${replicas} replica(s).`,
     );
   }
+  return kv;
+}
+
+/**
+ * Has `kv` read through the stream's leader (STREAM.MSG.GET) instead of a direct get, which any
+ * replica of an R3 bucket answers, one that lags included: for reads a decision rests on (the
+ * journal's entries, whether a leader holds the lease). Writes are unaffected.
+ */
+export function readsFromStreamLeader(kv: KV): KV {
+  if (kv instanceof Bucket) kv.direct = false;
   return kv;
 }

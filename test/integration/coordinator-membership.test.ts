@@ -1,6 +1,6 @@
 import { StorageType } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { openBucketAsserted } from "../../coordinator/membership/kv-bucket.js";
 import { MEMBERS_BUCKET_OPTIONS, openMembersBucket } from "../../coordinator/membership/members-bucket.js";
@@ -67,6 +67,25 @@ describe("membership registry", () => {
     await lowered.start();
     expect(await ttl()).toBe(1_000);
     await lowered.stop();
+  });
+
+  it("a shorter lease_ms is refused under a live leader although a lagging replica (an R3 bucket's direct get may be answered by one) shows no key", async () => {
+    const deployment = "lease-lag";
+    const leader = new LeaderLease({ nc: world.pnc, deployment, id: "a", leaseMs: 3_000 });
+    await leader.start();
+    // Every direct get of the next coordinator's bucket handle is answered as by a replica without the key.
+    const create = Kvm.prototype.create;
+    const spy = vi.spyOn(Kvm.prototype, "create").mockImplementation(async function (this: Kvm, ...args: Parameters<Kvm["create"]>) {
+      const kv = await create.apply(this, args);
+      (kv as unknown as { jsm: { direct: { getMessage: () => Promise<null> } } }).jsm.direct.getMessage = async () => null;
+      return kv;
+    });
+    try {
+      expect((await refusalOf(new LeaderLease({ nc: world.pnc, deployment, id: "b", leaseMs: 1_000 }).start())).code).toBe("invalid_request");
+    } finally {
+      spy.mockRestore();
+      await leader.stop();
+    }
   });
 
   it("sees participants join and leave through the KV watch", async () => {
