@@ -99,4 +99,25 @@ describe("agent restore whose session hook fails part way", () => {
     await cleanUpThenCheckpoint(served, "c2");
     expect(state.get("r1")).toBeUndefined();
   });
+
+  it("a clean-up retire whose free fails too keeps the session held, so a retried retire frees it", async () => {
+    await writeCheckpoint("c3");
+    const state = new PartialRestore();
+    state.freeFailures = 1;
+    const served = await serve(state);
+
+    const refused = await served.send("restore", phase("c3", { checkpoint_dir: join(root, "c3"), episode_ids: sources }));
+    expect(refused.error?.code).toBe("internal_error");
+    state.freeFailures = 1; // the clean-up's first retire fails to free it too
+    const failed = await served.send("retire", phase("c3", { episode_ids: replacements }));
+    expect(failed.error?.code).toBe("internal_error");
+    expect(failed.error.detail).toContain("the session's state did not free");
+    // Still held and still a blocker: the state it names was not freed.
+    expect([...state.sessions.keys()]).toEqual(["r1"]);
+    expect(served.kind.readiness()).toMatchObject({ blockers: ["r1-a1"], counts: { sessions: 1 } });
+
+    // The retried retire finds it again and frees it; the next checkpoint goes ahead.
+    await cleanUpThenCheckpoint(served, "c3");
+    expect(state.get("r1")).toBeUndefined();
+  });
 });

@@ -169,11 +169,14 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {
-    const dropped = await this.sessions.retire(episodes);
+    const stopped = await this.sessions.retire(episodes);
     await this.legacy.retire(episodes);
-    // A key reopened meanwhile (the next attempt's open_session during these awaits) holds that
-    // attempt's state now: freeing it would lose the new session's state.
-    for (const key of dropped) if (!this.sessions.has(key)) await this.hooks.retireAgentSession(key);
+    // Free, then drop: a free that throws leaves its session retiring (a blocker that no open_session
+    // can reopen), so a retried retire finds it and frees it again instead of losing its state.
+    for (const key of stopped) {
+      await this.hooks.retireAgentSession(key);
+      this.sessions.dropRetired(key);
+    }
   }
 
   async forget(): Promise<void> {

@@ -289,7 +289,16 @@ export class AgentSessions {
     if (this.sessions.delete(key)) this.onChange();
   }
 
-  /** Retire: every session of these rollouts with attempt ≤ N is cancelled, waited for and dropped. Returns the dropped keys. */
+  /** Drops a retired session once its state was freed; one closed meanwhile and reopened by a later attempt stays. */
+  dropRetired(key: string): void {
+    if (this.sessions.get(key)?.retiring) this.drop(key);
+  }
+
+  /**
+   * Retire: every session of these rollouts with attempt ≤ N is marked retiring, cancelled and
+   * waited for. Returns their keys; the caller frees each, then drops it, so one whose free fails
+   * stays retiring (a blocker, never reopened) for a retried retire.
+   */
   async retire(episodes: EpisodeId[]): Promise<string[]> {
     const targets = [...this.sessions.values()].filter((s) =>
       episodes.some((e) => e.rollout_id === s.episode.rollout_id && s.episode.attempt <= e.attempt),
@@ -298,8 +307,6 @@ export class AgentSessions {
     for (const s of targets) s.retiring = true;
     if (targets.length) this.onChange();
     await Promise.all(targets.map((s) => this.stop(s, "retired")));
-    for (const s of targets) if (this.sessions.get(s.key) === s) this.sessions.delete(s.key);
-    if (targets.length) this.onChange();
     return targets.map((s) => s.key);
   }
 

@@ -432,7 +432,8 @@ describe("agent participant", () => {
     await activation;
     await call("retire", { checkpoint_id: "retire", episode_ids: [ep("r1")] });
     expect(kind.hasLiveState()).toBe(false);
-    expect(hooks.retired).toEqual(["r1"]);
+    // The cut-short retire, finishing in the background, and the retried one may both free it (the hook tolerates that).
+    expect([...new Set(hooks.retired)]).toEqual(["r1"]);
     expect(plane.adapter.readiness().blockers).toEqual([]);
   });
 
@@ -572,23 +573,25 @@ describe("agent participant", () => {
     expect(second.hooks.state.get("k2")).toEqual({ cookie: "fresh" });
     await first.kind.retire([ep("k1"), ep("k2")]);
   });
-  it("a session reopened by the next attempt while a retire is still finishing keeps its state (the retire hook skips it)", async () => {
+  it("the next attempt cannot reopen a session key while its retire is still finishing; once freed and dropped, it opens a fresh one", async () => {
     const { kind, hooks, call } = fresh();
     kind.openSession(ep("r1"));
     hooks.state.set("r1", { cookie: "attempt0" });
-    // A legacy episode that finishes only when the test says so keeps the retire waiting after the session is dropped.
+    // A legacy episode that finishes only when the test says so keeps the retire waiting before the free.
     const stop = latch();
     const legacy = kind.runLegacy(ep("x"), { expression: "1" }, {}, async () => stop.promise);
     const retire = call("retire", { checkpoint_id: "retire", episode_ids: [ep("r1"), ep("x")] });
-    await waitFor(() => kind.sessions.stateOf("r1") === undefined);
-    kind.openSession(ep("r1", 1));
-    hooks.state.set("r1", { cookie: "attempt1" });
+    await waitFor(() => kind.readiness().blockers.includes("r1"));
+    // Still retiring (its state not freed yet): refused, changing nothing.
+    expect(await code(() => kind.openSession(ep("r1", 1)))).toBe("stale_attempt");
+    expect(hooks.state.get("r1")).toEqual({ cookie: "attempt0" });
     stop.open();
     await legacy;
     await retire;
-    expect(kind.sessions.stateOf("r1")).toBe("idle");
-    expect(hooks.state.get("r1")).toEqual({ cookie: "attempt1" });
-    expect(hooks.retired).toEqual([]);
+    expect(hooks.retired).toEqual(["r1"]);
+    expect(kind.sessions.stateOf("r1")).toBeUndefined();
+    expect(kind.openSession(ep("r1", 1))).toEqual({ restored: false });
+    expect(hooks.state.get("r1")).toBeUndefined();
   });
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
