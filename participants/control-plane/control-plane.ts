@@ -47,6 +47,7 @@ import { ATTR, countRefusal, observeParticipant, participantInstruments, withSpa
 import { AsyncLock } from "./async-lock.js";
 import { AttemptMarks } from "./attempt-marks.js";
 import { systemClock, type Clock } from "./clock.js";
+import { HeldInstallFailure } from "./held-install-failure.js";
 import { newIncarnation } from "./incarnation.js";
 import type { ParticipantKind } from "./participant-kind.js";
 import { ResumedFence } from "./resumed-fence.js";
@@ -135,6 +136,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private pendingInstall: Promise<unknown> | undefined;
   /** An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no restore runs beside it. */
   private lateInstall: Promise<void> | undefined;
+  /** A failed install that left state held: the same restore sent again is refused the same way. */
+  private readonly heldInstallFailure = new HeldInstallFailure();
   private closedAt: number | undefined;
   /** Set once the process stops serving: a prepare waiting for readiness answers at once, not prepared. */
   private stopping = false;
@@ -511,6 +514,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       this.admit(id, ALLOWED.restore, "restore");
       if (this.pendingInstall) await this.pendingInstall;
       if (this.lateInstall) throw this.notFresh("an earlier restore's install is still running past its deadline");
+      const again = this.heldInstallFailure.repeat(id, args, this.adapter.hasLiveState());
+      if (again) throw again;
       if (this.adapter.hasLiveState()) throw this.notFresh();
       const target = { checkpointDir: dir, checkpointId: id, kind: this.adapter.kind, instance: this.instance };
       const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
@@ -557,6 +562,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       } catch (error) {
         if (ended) {
           await settled;
+          // What it left installed (a free that failed) is retired by the clean-up this refusal asks for.
+          if (this.adapter.hasLiveState()) this.heldInstallFailure.remember(id, args, error, request.episode_ids.map(nextAttempt));
         } else {
           this.abandonLateInstall(id, settled, request.episode_ids.map(nextAttempt));
         }
@@ -678,6 +685,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       await withSpan("retire", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.episodes]: request.episode_ids.length }, undefined, () =>
         this.raceDeadline(this.adapter.retire(request.episode_ids), request.deadline_ts, "retire"),
       );
+      this.heldInstallFailure.retired(request.episode_ids);
       this.notify();
       return { retired: [...new Set(request.episode_ids.map(captureKey))].sort() };
     });
@@ -690,6 +698,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
       const rollouts = [...new Set(request.rollout_ids)].sort();
       await this.adapter.forget(rollouts);
+      this.heldInstallFailure.forgotten(rollouts);
       for (const rollout of rollouts) {
         this.retired.forget(rollout);
         this.restoredFrom.forget(rollout);

@@ -95,6 +95,11 @@ describe("agent restore whose session hook fails part way", () => {
     const r1a1 = { rollout_id: "r1", attempt: 1 };
     expect(() => served.kind.openSession(r1a1)).toThrow(expect.objectContaining({ code: "stale_attempt" }));
     expect(() => served.kind.activate(r1a1, async () => "ran")).toThrow(expect.objectContaining({ code: "stale_attempt" }));
+    // The same restore sent again (a successor re-driving it, its clean-up lost with the leader) is
+    // refused the same way, not as "not fresh", so the coordinator retires attempt+1 here all the same.
+    expect((await served.send("restore", phase("c2", { checkpoint_dir: join(root, "c2"), episode_ids: sources }))).error).toEqual(refused.error);
+    // Another restore is refused as ever: this process holds state.
+    expect((await served.send("restore", phase("c2", { checkpoint_dir: join(root, "c2"), episode_ids: sources.slice(1) }))).error?.code).toBe("invalid_checkpoint_state");
 
     await cleanUpThenCheckpoint(served, "c2");
     expect(state.get("r1")).toBeUndefined();
