@@ -125,4 +125,31 @@ describe("agent restore whose session hook fails part way", () => {
     await cleanUpThenCheckpoint(served, "c3");
     expect(state.get("r1")).toBeUndefined();
   });
+
+  it("forget frees a session a failed retire left held, and keeps the fence while that free fails", async () => {
+    await writeCheckpoint("c4");
+    const state = new PartialRestore();
+    state.freeFailures = 1;
+    const served = await serve(state);
+
+    expect((await served.send("restore", phase("c4", { checkpoint_dir: join(root, "c4"), episode_ids: sources }))).error?.code).toBe("internal_error");
+    state.freeFailures = 1;
+    expect((await served.send("retire", phase("c4", { episode_ids: replacements }))).error?.code).toBe("internal_error");
+    expect((await served.send("resume", phase("c4"))).phase).toBe("idle");
+    const r1a2 = { rollout_id: "r1", attempt: 2 };
+
+    // A forget whose free fails too keeps the fence and the held session.
+    state.freeFailures = 1;
+    expect((await served.send("forget", phase("forget", { rollout_ids: ["r1"] }))).error?.code).toBe("internal_error");
+    expect(served.kind.readiness().blockers).toEqual(["r1-a1"]);
+    expect(() => served.kind.openSession({ rollout_id: "r1", attempt: 1 })).toThrow(expect.objectContaining({ code: "stale_attempt" }));
+
+    expect(await served.send("forget", phase("forget", { rollout_ids: ["r1"] }))).toEqual({ forgotten: ["r1"] });
+    expect(state.get("r1")).toBeUndefined();
+    expect(served.kind.readiness().blockers).toEqual([]);
+    expect(served.kind.openSession(r1a2)).toEqual({ restored: false });
+    expect(state.get("r1")).toBeUndefined();
+    expect(await served.send("prepare", phase("c4-next"))).toMatchObject({ phase: "prepared", report: { ready: true, blocker_count: 0 } });
+    expect(await served.send("resume", phase("c4-next"))).toEqual({ phase: "idle", idempotent: false });
+  });
 });

@@ -179,8 +179,14 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     }
   }
 
-  async forget(): Promise<void> {
-    // Retired marks live in the control plane; nothing else is kept per finished rollout.
+  async forget(rolloutIds: string[]): Promise<void> {
+    // Retired marks live in the control plane. A session whose retire could not free it is still
+    // held (retiring, a blocker) and no later retire lists it once its fence is lifted: freed here
+    // first, and the forget fails (its fence kept) while a free does.
+    for (const key of this.sessions.retiringOf(rolloutIds)) {
+      await this.hooks.retireAgentSession(key);
+      this.sessions.dropRetired(key);
+    }
   }
 
   /** Restored state the controller no longer continues is freed (not fenced: it may start that attempt over). */

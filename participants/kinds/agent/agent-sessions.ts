@@ -289,6 +289,12 @@ export class AgentSessions {
     if (this.sessions.delete(key)) this.onChange();
   }
 
+  /** Keys of the retiring sessions of these rollouts (held by a retire or failed restore whose free failed). */
+  retiringOf(rolloutIds: string[]): string[] {
+    const forgotten = new Set(rolloutIds);
+    return [...this.sessions.values()].filter((s) => s.retiring && forgotten.has(s.episode.rollout_id)).map((s) => s.key);
+  }
+
   /** Drops a retired session once its state was freed; one closed meanwhile and reopened by a later attempt stays. */
   dropRetired(key: string): void {
     if (this.sessions.get(key)?.retiring) this.drop(key);
