@@ -97,9 +97,9 @@ describe("agent restore whose session hook fails part way", () => {
     expect(() => served.kind.activate(r1a1, async () => "ran")).toThrow(expect.objectContaining({ code: "stale_attempt" }));
     // The same restore sent again (a successor re-driving it, its clean-up lost with the leader) is
     // refused the same way, not as "not fresh", so the coordinator retires attempt+1 here all the same.
-    expect((await served.send("restore", phase("c2", { checkpoint_dir: join(root, "c2"), episode_ids: sources }))).error).toEqual(refused.error);
+    expect((await served.send("restore", phase("c2", { checkpoint_dir: world.dir("c2"), episode_ids: sources }))).error).toEqual(refused.error);
     // Another restore is refused as ever: this process holds state.
-    expect((await served.send("restore", phase("c2", { checkpoint_dir: join(root, "c2"), episode_ids: sources.slice(1) }))).error?.code).toBe("invalid_checkpoint_state");
+    expect((await served.send("restore", phase("c2", { checkpoint_dir: world.dir("c2"), episode_ids: sources.slice(1) }))).error?.code).toBe("invalid_checkpoint_state");
 
     await cleanUpThenCheckpoint(served, "c2");
     expect(state.get("r1")).toBeUndefined();
@@ -111,7 +111,7 @@ describe("agent restore whose session hook fails part way", () => {
     state.freeFailures = 1;
     const served = await serve(state);
 
-    const refused = await served.send("restore", phase("c3", { checkpoint_dir: join(root, "c3"), episode_ids: sources }));
+    const refused = await served.send("restore", phase("c3", { checkpoint_dir: world.dir("c3"), episode_ids: sources }));
     expect(refused.error?.code).toBe("internal_error");
     state.freeFailures = 1; // the clean-up's first retire fails to free it too
     const failed = await served.send("retire", phase("c3", { episode_ids: replacements }));
@@ -132,7 +132,7 @@ describe("agent restore whose session hook fails part way", () => {
     state.freeFailures = 1;
     const served = await serve(state);
 
-    expect((await served.send("restore", phase("c4", { checkpoint_dir: join(root, "c4"), episode_ids: sources }))).error?.code).toBe("internal_error");
+    expect((await served.send("restore", phase("c4", { checkpoint_dir: world.dir("c4"), episode_ids: sources }))).error?.code).toBe("internal_error");
     state.freeFailures = 1;
     expect((await served.send("retire", phase("c4", { episode_ids: replacements }))).error?.code).toBe("internal_error");
     expect((await served.send("resume", phase("c4"))).phase).toBe("idle");
