@@ -5,6 +5,7 @@ import { startServerRuntime } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
 import { createAttachProxy } from "./attach-proxy.js";
 import { ensurePrivateDir } from "./private-dir.js";
+import { AttachProxyShutdown } from "./proxy-shutdown.js";
 
 /**
  * `gym-ckpt attach model --upstream <openai-base-url> --listen <host:port>`: the model participant
@@ -67,6 +68,13 @@ const kind = new ModelKind({
   logger,
 });
 const server = createAttachProxy({ upstream, kind, controlToken: config.token, logger });
+const shutdown = new AttachProxyShutdown(server, kind, logger);
+// Both registered before the proxy listens and its participant starts, so a signal at any point of
+// start-up closes the proxy and its ledger too: no new call from the signal on, then (steps run
+// last registered first) after the participant's stop the drain and the ledger's close, before
+// NATS and telemetry close.
+runtime.onStopping(() => shutdown.stopAdmitting());
+runtime.onShutdown(() => shutdown.close());
 await runtime.listening(
   new Promise<void>((resolve, reject) => {
     server.once("error", reject);
@@ -79,11 +87,5 @@ const host = listen.host.includes(":") ? `[${listen.host}]` : listen.host;
 const url = `http://${host}:${port}`;
 const participant = await runtime.participate(kind);
 kind.bindCheckpointId(() => participant.controlPlane.activeCheckpointId);
-runtime.onShutdown(async () => {
-  await participant.stop();
-  server.closeAllConnections();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  await kind.close();
-});
 logger.info({ url, upstream: upstream.root, cuts, ledgerDir }, "attach proxy listening");
 runtime.announceReady(url);

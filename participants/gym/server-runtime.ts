@@ -51,7 +51,7 @@ export const ServerFlagsSchema = z
   .strict();
 
 /** How long a stopping server lets in-flight requests finish before it closes their connections. */
-const SHUTDOWN_DRAIN_MS = 2_000;
+export const SHUTDOWN_DRAIN_MS = 2_000;
 export type CommonServerConfig = z.infer<typeof ServerFlagsSchema>;
 
 /** The common flags `gym-ckpt gym` passes on to every server: checked once there, before any starts. */
@@ -66,8 +66,13 @@ export interface ServerRuntime {
   telemetry: TelemetryHandle;
   /** Print the line launchers wait for: {"ready":true,"name":…,"url":…}. */
   announceReady(url: string): void;
-  /** Register clean-up run on SIGTERM/SIGINT before exit. */
+  /** Register clean-up run on SIGTERM/SIGINT before exit (the last registered first). */
   onShutdown(fn: () => Promise<void> | void): void;
+  /**
+   * Register what runs the moment shutdown begins, before any clean-up step: the first of those
+   * may wait for a start-up still under way, and a server should not take new work meanwhile.
+   */
+  onStopping(fn: () => void): void;
   /**
    * The usual ending of a server's main: listen on 127.0.0.1 at the configured port, attach the
    * participant to NATS, stop both on shutdown, then print the ready line. Returns the URL.
@@ -271,12 +276,20 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     process.exit(rejected ? 2 : 1);
   }
   const shutdown: (() => Promise<void> | void)[] = [];
+  const atStop: (() => void)[] = [];
   let stopping = false;
   /** The same clean shutdown for a signal (exit 0) and for losing the participant's name (exit 1). */
   const stop = async (why: { signal: string } | { code: string }, exitCode: number) => {
     if (stopping) return;
     stopping = true;
     logger.info(why, "shutting down");
+    for (const fn of atStop) {
+      try {
+        fn();
+      } catch (err) {
+        logger.warn({ err }, "shutdown step failed");
+      }
+    }
     for (const fn of shutdown.reverse()) await Promise.resolve(fn()).catch((err: unknown) => logger.warn({ err }, "shutdown step failed"));
     await nc.drain().catch(() => undefined);
     stopHttpPropagation();
@@ -310,6 +323,9 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     },
     onShutdown(fn) {
       shutdown.push(fn);
+    },
+    onStopping(fn) {
+      atStop.push(fn);
     },
     async listening(listen) {
       try {

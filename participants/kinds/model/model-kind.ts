@@ -52,6 +52,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private context: ParticipantContext | undefined;
   private checkpointIdSource: () => string | null = () => null;
   private admitting = true;
+  /** Shutdown began: no new call is admitted any more. */
+  private closing = false;
   private reopened = latch();
   readonly tickets = new Map<string, AdmissionTicket>();
   /** The model call ids of open tickets (unique per call): their rows may still be taken back. */
@@ -261,6 +263,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private refuseIfNotAdmitting(episode: EpisodeId, key: string): void {
     if (this.context?.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(key));
     for (const which of this.stopping) if (which(episode, key)) throw new CheckpointError("stale_attempt", `${key} was retired`);
+    if (this.closing) throw new CheckpointError("admission_closed", "the model participant is shutting down; retry the call against its restart");
     if (!this.admitting) throw new CheckpointError("admission_closed", "a checkpoint is open; retry after it resumes");
   }
 
@@ -573,6 +576,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     } finally {
       for (const key of freed) this.freeing.delete(key);
     }
+  }
+
+  /**
+   * Shutdown's first step: new calls are refused with `admission_closed` (retried against the
+   * restarted proxy, as after a checkpoint). Calls already admitted go on; close() comes once they ended.
+   */
+  stopAdmitting(): void {
+    this.closing = true;
   }
 
   /**

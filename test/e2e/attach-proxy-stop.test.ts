@@ -1,0 +1,181 @@
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { createServer, request, type IncomingHttpHeaders, type Server, type ServerResponse } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { participantSubject } from "../../protocol/index.js";
+import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
+import { listenLocal } from "../support/attach-proxy-fixture.js";
+import { startNats, type NatsFixture } from "../support/nats.js";
+import { freePortRun } from "../support/ports.js";
+import { killAll, TrackedProcesses } from "../support/process-tree.js";
+import { waitUntil } from "../support/wait-until.js";
+import { PROXY_ENTRY } from "./model-processes.js";
+
+// The attach proxy's stop, with real processes: a stopping proxy takes no new call, answers what it
+// holds with a catalog code, lets started responses finish (their rows written), and closes its
+// ledger before it exits, so its directory holds rows of delivered calls only and no lock file,
+// owner file or take-over entry a next start would have to break.
+const TOKEN = "t0ken";
+const DEPLOYMENT = `attachstop${process.pid}`;
+let nats: NatsFixture;
+const seen = new TrackedProcesses();
+
+beforeAll(async () => {
+  nats = await startNats();
+});
+afterAll(async () => {
+  killAll(seen);
+  await nats?.close();
+});
+
+/** A fake OpenAI upstream: streams one event, then `[DONE]` at once, or when the test releases a held call. */
+interface Upstream {
+  url: string;
+  server: Server;
+  calls: IncomingHttpHeaders[];
+  held: ServerResponse[];
+}
+let upstream: Upstream;
+let dir: string;
+
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-attach-stop-"));
+  const calls: IncomingHttpHeaders[] = [];
+  const held: ServerResponse[] = [];
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      calls.push(req.headers);
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write('data: {"choices":[{"delta":{"content":"He"}}]}\n\n');
+      if (req.headers["x-test-hold"]) held.push(res);
+      else res.end("data: [DONE]\n\n");
+    });
+  });
+  upstream = { url: await listenLocal(server), server, calls, held };
+});
+afterEach(async () => {
+  upstream.server.closeAllConnections();
+  await new Promise((resolve) => upstream.server.close(resolve));
+  await rm(dir, { recursive: true, force: true });
+});
+
+interface Answer {
+  status: number;
+  body: string;
+  error?: string;
+}
+
+/** A streamed chat call for `key` on a connection of its own; `hold` keeps its upstream answer open after the first event. */
+function call(port: number, key: string, hold = false): Promise<Answer> {
+  return new Promise((resolve) => {
+    const req = request(
+      { host: "127.0.0.1", port, path: `/ng-rollout/${key}/v1/chat/completions`, method: "POST", agent: false, headers: { "content-type": "application/json", ...(hold && { "x-test-hold": "1" }) } },
+      (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (chunk: string) => (body += chunk));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+        res.on("error", (error) => resolve({ status: res.statusCode ?? 0, body, error: error.message }));
+      },
+    );
+    req.on("error", (error) => resolve({ status: 0, body: "", error: (error as NodeJS.ErrnoException).code ?? error.message }));
+    req.end(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: "hi" }] }));
+  });
+}
+
+/** Starts the proxy on `port` with the test's ledger directory; `waitReady` false returns at once. */
+async function startProxy(instance: string, port: number, waitReady: boolean): Promise<ChildProgram & { lines: string[] }> {
+  const lines: string[] = [];
+  const args = ["--upstream", `${upstream.url}/v1`, "--listen", `127.0.0.1:${port}`, "--ledger-dir", dir, "--cuts", "off"];
+  const program = await startChildProgram(PROXY_ENTRY, [...args, "--nats", nats.server.url, "--deployment", DEPLOYMENT, "--instance", instance, "--token", TOKEN], {
+    waitReady,
+    onLine: (line) => void lines.push(line),
+  });
+  seen.add(program.child.pid!);
+  return Object.assign(program, { lines });
+}
+
+/** Every entry under the ledger directory's `locks/`, hidden ones included. */
+async function lockEntries(): Promise<string[]> {
+  return readdir(join(dir, "locks")).catch(() => []);
+}
+
+async function rowsOf(key: string): Promise<{ model_call_id: string; parent_call_id: string | null }[]> {
+  const text = await readFile(join(dir, `${key}.lineage.jsonl`), "utf8");
+  return text
+    .split("\n")
+    .filter(Boolean)
+    .map((line) => JSON.parse(line) as { model_call_id: string; parent_call_id: string | null });
+}
+
+/** A refused call's catalog code, or its connection error; anything else as status and body. */
+function refusalOf(answer: Answer): string | undefined {
+  if (answer.status === 0) return answer.error;
+  try {
+    return (JSON.parse(answer.body) as { error: { code: string } }).error.code;
+  } catch {
+    return `${answer.status} ${answer.body}`;
+  }
+}
+
+function listenersUp(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = request({ host: "127.0.0.1", port, path: "/health", agent: false }, (res) => {
+      res.resume();
+      resolve(res.statusCode === 200);
+    });
+    req.on("error", () => resolve(false));
+    req.end();
+  });
+}
+
+describe("attach proxy: SIGTERM while its participant starts", () => {
+  it("takes no new call, finishes the started one with its row, closes the ledger, and the next start continues it", async () => {
+    const instance = "policy-startstop";
+    const port = await freePortRun(1);
+    // A silent subscriber on the status subject: the start's claim probe waits its full 2 s for an answer.
+    let probed = false;
+    const tap = nats.nc.subscribe(participantSubject(DEPLOYMENT, "model", instance, "status"), { callback: () => void (probed = true) });
+    await nats.nc.flush();
+    const proxy = await startProxy(instance, port, false);
+    try {
+      await waitUntil(() => probed, "the start's claim probe");
+      // Listening already while the participant starts: one call delivered, one streaming.
+      expect((await call(port, "rs1")).status).toBe(200);
+      const streaming = call(port, "rs1", true);
+      await waitUntil(() => upstream.held.length === 1, "the streaming call at the upstream");
+      proxy.child.kill("SIGTERM");
+      await waitUntil(() => proxy.lines.some((line) => line.includes('"signal":"SIGTERM"')), "the shutdown to begin");
+      // From the signal on, no call reaches the upstream: refused with a catalog code, or not connected at all.
+      const late = await call(port, "rs2");
+      expect(refusalOf(late)).toMatch(/^(ECONNREFUSED|admission_closed)$/);
+      expect(upstream.calls.length).toBe(2);
+      // The started response finishes during the stop, its row written before the ledger closes.
+      upstream.held[0]!.end("data: [DONE]\n\n");
+      expect(await streaming).toEqual({ status: 200, body: expect.stringContaining("data: [DONE]") });
+      expect(await proxy.exited).toEqual({ code: 0, signal: null });
+    } finally {
+      tap.unsubscribe();
+      await proxy.kill();
+    }
+    expect(proxy.lines.filter((line) => !line.startsWith("{"))).toEqual([]);
+    expect(await lockEntries()).toEqual([]);
+    const rows = await rowsOf("rs1");
+    expect(rows.map((row) => row.model_call_id)).toEqual(upstream.calls.map((headers) => headers["x-ng-model-call-id"]));
+
+    // A next start on the same directory has nothing to break and continues the lineage.
+    const next = await startProxy(instance, port, true);
+    try {
+      expect((await call(port, "rs1")).status).toBe(200);
+      expect(upstream.calls.at(-1)!["x-ng-parent-call-id"]).toBe(rows.at(-1)!.model_call_id);
+      next.child.kill("SIGTERM");
+      expect(await next.exited).toEqual({ code: 0, signal: null });
+    } finally {
+      await next.kill();
+    }
+    expect(await lockEntries()).toEqual([]);
+    expect(await listenersUp(port)).toBe(false);
+  }, 40_000);
+});
