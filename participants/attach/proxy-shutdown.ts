@@ -6,8 +6,8 @@ import { SHUTDOWN_DRAIN_MS } from "../gym/server-runtime.js";
 /**
  * How the attach proxy stops, in two steps around its participant's stop:
  *  - `stopAdmitting()`, the moment shutdown begins (even while the participant still starts): the
- *    listener closes, new generation calls are refused `admission_closed`, and every connection
- *    closes after its current response.
+ *    listener closes, new generation calls and responses held for an open checkpoint are refused
+ *    `admission_closed`, and every connection closes after its current response.
  *  - `close()`, once the participant stopped: responses already started get the same bounded drain
  *    as the Gym servers' requests, what is left is cut (a row written for a cut call is taken back),
  *    then the ledger closes (its stripe lock files and owner file removed), all before NATS and

@@ -2,8 +2,9 @@ import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { createServer, request, type IncomingHttpHeaders, type Server, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { headers } from "@nats-io/transport-node";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { participantSubject } from "../../protocol/index.js";
+import { HEADER_AUTHORIZATION, participantSubject } from "../../protocol/index.js";
 import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { listenLocal } from "../support/attach-proxy-fixture.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -29,12 +30,16 @@ afterAll(async () => {
   await nats?.close();
 });
 
-/** A fake OpenAI upstream: streams one event, then `[DONE]` at once, or when the test releases a held call. */
+/**
+ * A fake OpenAI upstream: streams one event, then `[DONE]` at once, or when the test releases a
+ * held call (`x-test-hold`); `x-test-wait` calls get no answer at all until the test writes one.
+ */
 interface Upstream {
   url: string;
   server: Server;
   calls: IncomingHttpHeaders[];
   held: ServerResponse[];
+  waiting: ServerResponse[];
 }
 let upstream: Upstream;
 let dir: string;
@@ -43,17 +48,19 @@ beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-attach-stop-"));
   const calls: IncomingHttpHeaders[] = [];
   const held: ServerResponse[] = [];
+  const waiting: ServerResponse[] = [];
   const server = createServer((req, res) => {
     req.resume();
     req.on("end", () => {
       calls.push(req.headers);
+      if (req.headers["x-test-wait"]) return void waiting.push(res);
       res.writeHead(200, { "content-type": "text/event-stream" });
       res.write('data: {"choices":[{"delta":{"content":"He"}}]}\n\n');
       if (req.headers["x-test-hold"]) held.push(res);
       else res.end("data: [DONE]\n\n");
     });
   });
-  upstream = { url: await listenLocal(server), server, calls, held };
+  upstream = { url: await listenLocal(server), server, calls, held, waiting };
 });
 afterEach(async () => {
   upstream.server.closeAllConnections();
@@ -67,11 +74,11 @@ interface Answer {
   error?: string;
 }
 
-/** A streamed chat call for `key` on a connection of its own; `hold` keeps its upstream answer open after the first event. */
-function call(port: number, key: string, hold = false): Promise<Answer> {
+/** A streamed chat call for `key` on a connection of its own; `hold`: see Upstream. */
+function call(port: number, key: string, hold: false | "hold" | "wait" = false): Promise<Answer> {
   return new Promise((resolve) => {
     const req = request(
-      { host: "127.0.0.1", port, path: `/ng-rollout/${key}/v1/chat/completions`, method: "POST", agent: false, headers: { "content-type": "application/json", ...(hold && { "x-test-hold": "1" }) } },
+      { host: "127.0.0.1", port, path: `/ng-rollout/${key}/v1/chat/completions`, method: "POST", agent: false, headers: { "content-type": "application/json", ...(hold && { [`x-test-${hold}`]: "1" }) } },
       (res) => {
         let body = "";
         res.setEncoding("utf8");
@@ -144,7 +151,7 @@ describe("attach proxy: SIGTERM while its participant starts", () => {
       await waitUntil(() => probed, "the start's claim probe");
       // Listening already while the participant starts: one call delivered, one streaming.
       expect((await call(port, "rs1")).status).toBe(200);
-      const streaming = call(port, "rs1", true);
+      const streaming = call(port, "rs1", "hold");
       await waitUntil(() => upstream.held.length === 1, "the streaming call at the upstream");
       proxy.child.kill("SIGTERM");
       await waitUntil(() => proxy.lines.some((line) => line.includes('"signal":"SIGTERM"')), "the shutdown to begin");
@@ -179,3 +186,50 @@ describe("attach proxy: SIGTERM while its participant starts", () => {
     expect(await listenersUp(port)).toBe(false);
   }, 40_000);
 });
+
+describe("attach proxy: SIGTERM while a checkpoint holds a response", () => {
+  it("answers the held call admission_closed, writes no row for it, and closes the ledger", async () => {
+    const instance = "policy-heldstop";
+    const port = await freePortRun(1);
+    const proxy = await startProxy(instance, port, true);
+    try {
+      expect((await call(port, "hs1")).status).toBe(200);
+      // A call the upstream has not answered yet, then a prepare: its response start is held until a
+      // resume that never comes.
+      const held = call(port, "hs1", "wait");
+      await waitUntil(() => upstream.waiting.length === 1, "the call at the upstream");
+      const auth = headers();
+      auth.set(HEADER_AUTHORIZATION, `Bearer ${TOKEN}`);
+      const prepare = { checkpoint_id: "ck-heldstop", deadline_ts: Date.now() / 1000 + 60, epoch: 1 };
+      const prepared = await nats.nc.request(participantSubject(DEPLOYMENT, "model", instance, "prepare"), JSON.stringify(prepare), { headers: auth, timeout: 10_000 });
+      expect(prepared.json<{ error?: unknown }>().error).toBeUndefined();
+      upstream.waiting[0]!.writeHead(200, { "content-type": "text/event-stream" });
+      upstream.waiting[0]!.write('data: {"choices":[{"delta":{"content":"He"}}]}\n\n');
+      await waitUntil(async () => (await status(port)).counts.held === 1, "its response to be held");
+      proxy.child.kill("SIGTERM");
+      const answer = await held;
+      expect({ status: answer.status, code: refusalOf(answer) }).toEqual({ status: 409, code: "admission_closed" });
+      expect(await proxy.exited).toEqual({ code: 0, signal: null });
+    } finally {
+      await proxy.kill();
+    }
+    expect(proxy.lines.filter((line) => !line.startsWith("{"))).toEqual([]);
+    expect(await lockEntries()).toEqual([]);
+    // Only the delivered call has a row: the held one was never answered.
+    expect((await rowsOf("hs1")).map((row) => row.model_call_id)).toEqual([upstream.calls[0]!["x-ng-model-call-id"]]);
+  }, 40_000);
+});
+
+/** The proxy's readiness counts (`/ng-capture/v1/status`). */
+function status(port: number): Promise<{ counts: Record<string, number> }> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host: "127.0.0.1", port, path: "/ng-capture/v1/status", agent: false, headers: { authorization: `Bearer ${TOKEN}` } }, (res) => {
+      let body = "";
+      res.setEncoding("utf8");
+      res.on("data", (chunk: string) => (body += chunk));
+      res.on("end", () => resolve(JSON.parse(body) as { counts: Record<string, number> }));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}

@@ -52,7 +52,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private context: ParticipantContext | undefined;
   private checkpointIdSource: () => string | null = () => null;
   private admitting = true;
-  /** Shutdown began: no new call is admitted any more. */
+  /** Shutdown began: no new call, and no held response, is admitted any more. */
   private closing = false;
   private reopened = latch();
   readonly tickets = new Map<string, AdmissionTicket>();
@@ -159,6 +159,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
    */
   async responseStart(ticket: AdmissionTicket): Promise<void> {
     while (!this.admitting && !ticket.abort.signal.aborted) {
+      if (this.closing) {
+        ticket.held = false;
+        this.notify();
+        throw new CheckpointError("admission_closed", "the model participant is shutting down while a checkpoint is open: this response is not released; retry the call against the restarted proxy");
+      }
       if (!ticket.held) {
         ticket.held = true;
         participantInstruments().heldResponses.add(1);
@@ -580,10 +585,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   /**
    * Shutdown's first step: new calls are refused with `admission_closed` (retried against the
-   * restarted proxy, as after a checkpoint). Calls already admitted go on; close() comes once they ended.
+   * restarted proxy, as after a checkpoint), and so are responses held for an open checkpoint (and
+   * any held later): no resume will release them once the participant stops, and cut at the end of
+   * the drain their callers got no answer at all. Responses already started go on; close() comes
+   * once they ended.
    */
   stopAdmitting(): void {
     this.closing = true;
+    this.reopened.resolve();
   }
 
   /**

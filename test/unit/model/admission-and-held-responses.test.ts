@@ -120,6 +120,26 @@ describe("held responses and readiness", () => {
     expect(f.kind.readiness().counts).toMatchObject({ inflight: 1, held: 0 });
   });
 
+  it("stopAdmitting (shutdown) refuses held responses, later held ones and new calls with admission_closed; started ones go on", async () => {
+    const streaming = await f.kind.admit("s1", CHAT, chat("hi", { stream: true }));
+    await f.kind.responseStart(streaming);
+    const held = await f.kind.admit("h1", CHAT, chat("hi", { stream: true }));
+    const later = await f.kind.admit("h2", CHAT, chat("hi", { stream: true }));
+    await f.kind.closeAdmission();
+    const start = f.kind.responseStart(held);
+    await settle();
+    expect(held.held).toBe(true);
+    f.kind.stopAdmitting();
+    expect(await codeOf(start)).toBe("admission_closed");
+    expect(await codeOf(f.kind.responseStart(later))).toBe("admission_closed");
+    expect(await codeOf(f.kind.admit("n1", CHAT, chat("hi")))).toBe("admission_closed");
+    // Not reopened by a resume either: the participant is stopping.
+    await f.kind.openAdmission();
+    expect(await codeOf(f.kind.admit("n1", CHAT, chat("hi")))).toBe("admission_closed");
+    expect([held.held, streaming.responseStarted]).toEqual([false, true]);
+    expect(f.kind.readiness().counts).toMatchObject({ held: 0 });
+  });
+
   it("only responses already streaming block prepare; held and undelivered calls never do", async () => {
     const streaming = await f.kind.admit("s1", CHAT, chat("a", { stream: true }));
     await f.kind.responseStart(streaming);
