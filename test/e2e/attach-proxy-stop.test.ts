@@ -1,16 +1,18 @@
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { createServer, request, type IncomingHttpHeaders, type Server, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { createInterface } from "node:readline";
 import { headers } from "@nats-io/transport-node";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { HEADER_AUTHORIZATION, participantSubject } from "../../protocol/index.js";
-import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { listenLocal } from "../support/attach-proxy-fixture.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { freePortRun } from "../support/ports.js";
 import { killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
+import { STOP_WITH_LAUNCHER_ENV } from "../../participants/gym/gym-launcher.js";
 import { PROXY_ENTRY } from "./model-processes.js";
 
 // The attach proxy's stop, with real processes: a stopping proxy takes no new call, answers what it
@@ -92,16 +94,32 @@ function call(port: number, key: string, hold: false | "hold" | "wait" = false):
   });
 }
 
-/** Starts the proxy on `port` with the test's ledger directory; `waitReady` false returns at once. */
-async function startProxy(instance: string, port: number, waitReady: boolean): Promise<ChildProgram & { lines: string[] }> {
-  const lines: string[] = [];
+interface Proxy {
+  child: ChildProcess;
+  lines: string[];
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+/**
+ * Starts the proxy on `port` with the test's ledger directory; `waitReady` waits for its ready line.
+ * `fromLauncher`: started as the Gym launcher starts it, its stdin a pipe from here whose EOF stops it.
+ */
+async function startProxy(instance: string, port: number, waitReady: boolean, fromLauncher = false): Promise<Proxy> {
   const args = ["--upstream", `${upstream.url}/v1`, "--listen", `127.0.0.1:${port}`, "--ledger-dir", dir, "--cuts", "off"];
-  const program = await startChildProgram(PROXY_ENTRY, [...args, "--nats", nats.server.url, "--deployment", DEPLOYMENT, "--instance", instance, "--token", TOKEN], {
-    waitReady,
-    onLine: (line) => void lines.push(line),
+  const child = spawn(process.execPath, [PROXY_ENTRY, ...args, "--nats", nats.server.url, "--deployment", DEPLOYMENT, "--instance", instance, "--token", TOKEN], {
+    stdio: [fromLauncher ? "pipe" : "ignore", "pipe", "pipe"],
+    env: { ...process.env, ...(fromLauncher && { [STOP_WITH_LAUNCHER_ENV]: "1" }) },
   });
-  seen.add(program.child.pid!);
-  return Object.assign(program, { lines });
+  seen.add(child.pid!);
+  const lines: string[] = [];
+  for (const stream of [child.stdout!, child.stderr!]) createInterface({ input: stream }).on("line", (line) => void lines.push(line));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+  if (waitReady) await waitUntil(() => lines.some((line) => line.includes('"ready":true')), `the proxy's ready line: ${lines.join("\n")}`);
+  return { child, lines, exited };
+}
+
+function kill(proxy: Proxy): void {
+  if (proxy.child.exitCode === null && proxy.child.signalCode === null) proxy.child.kill("SIGKILL");
 }
 
 /** Every entry under the ledger directory's `locks/`, hidden ones included. */
@@ -138,23 +156,29 @@ function listenersUp(port: number): Promise<boolean> {
   });
 }
 
-describe("attach proxy: SIGTERM while its participant starts", () => {
+/** How a stop reaches the proxy: SIGTERM (sent twice, as a group signal forwarded by a wrapper is), or its parent's pipe closing. */
+const stops = [
+  { name: "SIGTERM, twice", fromLauncher: false, stop: (proxy: Proxy) => void (proxy.child.kill("SIGTERM"), proxy.child.kill("SIGTERM")) },
+  { name: "its launcher's pipe closing", fromLauncher: true, stop: (proxy: Proxy) => void proxy.child.stdin!.end() },
+];
+
+describe.each(stops)("attach proxy: stopped by $name while its participant starts", ({ name, fromLauncher, stop }) => {
   it("takes no new call, finishes the started one with its row, closes the ledger, and the next start continues it", async () => {
-    const instance = "policy-startstop";
+    const instance = `policy-startstop-${fromLauncher ? "pipe" : "term"}`;
     const port = await freePortRun(1);
     // A silent subscriber on the status subject: the start's claim probe waits its full 2 s for an answer.
     let probed = false;
     const tap = nats.nc.subscribe(participantSubject(DEPLOYMENT, "model", instance, "status"), { callback: () => void (probed = true) });
     await nats.nc.flush();
-    const proxy = await startProxy(instance, port, false);
+    const proxy = await startProxy(instance, port, false, fromLauncher);
     try {
       await waitUntil(() => probed, "the start's claim probe");
       // Listening already while the participant starts: one call delivered, one streaming.
       expect((await call(port, "rs1")).status).toBe(200);
       const streaming = call(port, "rs1", "hold");
       await waitUntil(() => upstream.held.length === 1, "the streaming call at the upstream");
-      proxy.child.kill("SIGTERM");
-      await waitUntil(() => proxy.lines.some((line) => line.includes('"signal":"SIGTERM"')), "the shutdown to begin");
+      stop(proxy);
+      await waitUntil(() => proxy.lines.some((line) => line.includes('"msg":"shutting down"')), `the shutdown to begin (${name})`);
       // From the signal on, no call reaches the upstream: refused with a catalog code, or not connected at all.
       const late = await call(port, "rs2");
       expect(refusalOf(late)).toMatch(/^(ECONNREFUSED|admission_closed)$/);
@@ -165,7 +189,7 @@ describe("attach proxy: SIGTERM while its participant starts", () => {
       expect(await proxy.exited).toEqual({ code: 0, signal: null });
     } finally {
       tap.unsubscribe();
-      await proxy.kill();
+      kill(proxy);
     }
     expect(proxy.lines.filter((line) => !line.startsWith("{"))).toEqual([]);
     expect(await lockEntries()).toEqual([]);
@@ -180,7 +204,7 @@ describe("attach proxy: SIGTERM while its participant starts", () => {
       next.child.kill("SIGTERM");
       expect(await next.exited).toEqual({ code: 0, signal: null });
     } finally {
-      await next.kill();
+      kill(next);
     }
     expect(await lockEntries()).toEqual([]);
     expect(await listenersUp(port)).toBe(false);
@@ -211,7 +235,7 @@ describe("attach proxy: SIGTERM while a checkpoint holds a response", () => {
       expect({ status: answer.status, code: refusalOf(answer) }).toEqual({ status: 409, code: "admission_closed" });
       expect(await proxy.exited).toEqual({ code: 0, signal: null });
     } finally {
-      await proxy.kill();
+      kill(proxy);
     }
     expect(proxy.lines.filter((line) => !line.startsWith("{"))).toEqual([]);
     expect(await lockEntries()).toEqual([]);
