@@ -191,11 +191,14 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
 
   /** Restored state the controller no longer continues is freed (not fenced: it may start that attempt over). */
   async afterCommit(scope: EpisodeId[] | null): Promise<void> {
-    // All dropped before the first hook's await: none can be claimed (and then freed) meanwhile,
-    // and a key the next attempt reopened while the hooks run keeps that attempt's state.
-    const dropped = this.sessions.unclaimedOutside(scope);
-    for (const key of dropped) this.sessions.drop(key);
-    for (const key of dropped) if (!this.sessions.has(key)) await this.hooks.retireAgentSession(key);
+    // Free, then drop. All held before the first hook's await: none can be claimed meanwhile, and
+    // the key is refused (admission_closed, retryable) until its free ended, so a new attempt never
+    // opens over the old restored state (the reference agent would inherit its cookie).
+    this.sessions.leaveOut(this.sessions.unclaimedOutside(scope));
+    for (const key of this.sessions.leftOut()) {
+      await this.hooks.retireAgentSession(key);
+      this.sessions.dropFreed(key);
+    }
     this.legacy.dropPendingOutside(scope);
   }
 

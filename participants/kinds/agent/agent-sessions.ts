@@ -45,10 +45,23 @@ interface Session {
   stale: boolean;
   /** A retire started (it may have been cut short by its deadline): a blocker, never exported, until a retire drops it. */
   retiring: boolean;
+  /**
+   * Its state is being freed (or a free failed) outside a retire: a restored session the last
+   * commit left out. Held (never served, claimed or exported; its key refused) until a free ends,
+   * so no new session opens over state about to be freed.
+   */
+  freeing: "left_out" | undefined;
   activation: { abort: AbortController; done: Promise<void> } | undefined;
 }
 
 const PARK_RETRY_MS = 100;
+
+/** A session held while its state is freed is served to nobody; the rollout may start over once it is gone. */
+function refuseFreeing(s: Session): void {
+  if (s.freeing === "left_out") {
+    throw new CheckpointError("admission_closed", `session ${s.key}'s restored state is being freed (the last commit left it out); retry`);
+  }
+}
 
 export interface ActivateOptions {
   /**
@@ -108,7 +121,7 @@ export class AgentSessions {
 
   /** Idle sessions whose snapshot is stale: the controller restarts them from input. */
   restarts(): string[] {
-    return [...this.sessions.values()].filter((s) => s.stale && !s.retiring && s.state === "idle").map((s) => captureKey(s.episode));
+    return [...this.sessions.values()].filter((s) => s.stale && !s.retiring && !s.freeing && s.state === "idle").map((s) => captureKey(s.episode));
   }
 
   close(): void {
@@ -132,13 +145,14 @@ export class AgentSessions {
     const existing = this.sessions.get(key);
     if (existing) {
       if (existing.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(existing.episode)}) is being retired`);
+      refuseFreeing(existing);
       if (!sameEpisode(existing.episode, episode)) {
         throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(existing.episode)}, not ${captureKey(episode)}`);
       }
       return { restored: existing.restored !== undefined };
     }
     if (this.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; no new sessions until resume");
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, retiring: false, activation: undefined });
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, retiring: false, freeing: undefined, activation: undefined });
     this.onChange();
     return { restored: false };
   }
@@ -249,7 +263,7 @@ export class AgentSessions {
   exportable(scope: EpisodeId[] | null): ExportedSession[] {
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
     return [...this.sessions.values()]
-      .filter((s) => s.state !== "running" && !s.stale && !s.retiring && !this.isRetired(s.episode) && (!wanted || wanted.has(captureKey(s.episode))))
+      .filter((s) => s.state !== "running" && !s.stale && !s.retiring && !s.freeing && !this.isRetired(s.episode) && (!wanted || wanted.has(captureKey(s.episode))))
       .map((s) => ({
         key: s.key,
         episode: s.episode,
@@ -275,7 +289,7 @@ export class AgentSessions {
 
   /** An idle session nobody has claimed, placed by a restore (restored, or held retiring). */
   private placeIdle(key: string, episode: EpisodeId, fields: { restored: Boundary | null | undefined; retiring: boolean }): void {
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, freshBoundary: false, delivered: false, stale: false, activation: undefined, ...fields });
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, freshBoundary: false, delivered: false, stale: false, freeing: undefined, activation: undefined, ...fields });
   }
 
   /** Restored sessions not yet claimed whose episode is outside `scope` (commit clean-up). */
@@ -283,6 +297,28 @@ export class AgentSessions {
     if (!scope) return [];
     const wanted = new Set(scope.map(captureKey));
     return [...this.sessions.values()].filter((s) => s.restored !== undefined && s.state === "idle" && !wanted.has(captureKey(s.episode))).map((s) => s.key);
+  }
+
+  /** Holds these restored sessions while the commit's clean-up frees them: no longer restored, never claimed. */
+  leaveOut(keys: string[]): void {
+    for (const key of keys) {
+      const s = this.sessions.get(key);
+      if (!s) continue;
+      s.restored = undefined;
+      s.freeing = "left_out";
+    }
+    if (keys.length) this.onChange();
+  }
+
+  /** Keys held for the commit's clean-up to free, but those a retire took over (it frees and drops them). */
+  leftOut(): string[] {
+    return [...this.sessions.values()].filter((s) => s.freeing === "left_out" && !s.retiring).map((s) => s.key);
+  }
+
+  /** Drops a session held for freeing once its state was freed, unless a retire took it over (that retire drops it). */
+  dropFreed(key: string): void {
+    const s = this.sessions.get(key);
+    if (s?.freeing && !s.retiring) this.drop(key);
   }
 
   drop(key: string): void {
@@ -329,6 +365,7 @@ export class AgentSessions {
     if (!s) throw new CheckpointError("invalid_request", `no open session ${key}; call open_session first`);
     // Held by a failed restore (or a retire cut short, whose attempt is fenced anyway): never served.
     if (s.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(s.episode)}) is being retired`);
+    refuseFreeing(s);
     if (!sameEpisode(s.episode, episode)) {
       throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);
     }

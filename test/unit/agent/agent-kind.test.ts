@@ -550,7 +550,7 @@ describe("agent participant", () => {
     await first.call("resume", { checkpoint_id: "c1" });
     await first.kind.retire([ep("T")]);
   });
-  it("a commit's clean-up drops every unclaimed restored session before its first hook, so one reopened meanwhile keeps its state", async () => {
+  it("a commit's clean-up holds the restored sessions it frees until each is freed: the key is refused admission_closed meanwhile, then opens with none of the old state", async () => {
     const { first, second } = await restoredK1K2();
     const gate = latch();
     const retireHook = second.hooks.retireAgentSession.bind(second.hooks);
@@ -563,14 +563,18 @@ describe("agent participant", () => {
     // while the clean-up still runs.
     await second.call("commit", { checkpoint_id: "c2", episode_ids: [], deadline_ts: Date.now() / 1000 + 0.3 });
     await second.call("resume", { checkpoint_id: "c2" });
-    second.kind.openSession(ep("k2", 2)); // the controller starts k2 over meanwhile
-    second.hooks.state.set("k2", { cookie: "fresh" });
-    gate.open();
-    await waitFor(() => second.hooks.retired.includes("k1"));
-    await flush();
-    expect(second.hooks.retired).toEqual(["k1"]);
+    // The controller starts k2 over (the attempt the restore installed, not fenced) while k2's
+    // restored state is not freed yet: refused, retryable, changing nothing (it used to open over
+    // that state, whose free was then skipped, so the new session inherited the restored cookie).
+    expect(await code(() => second.kind.openSession(ep("k2", 1)))).toBe("admission_closed");
     expect(second.kind.sessions.stateOf("k2")).toBe("idle");
-    expect(second.hooks.state.get("k2")).toEqual({ cookie: "fresh" });
+    expect(second.kind.statusExtras()).toMatchObject({ sessions: 2, restored_pending: 0 });
+    expect(await second.kind.exportRecords(null)).toEqual([]);
+    gate.open();
+    await waitFor(() => second.kind.sessions.size === 0);
+    expect(second.hooks.retired.sort()).toEqual(["k1", "k2"]);
+    expect(second.kind.openSession(ep("k2", 1))).toEqual({ restored: false });
+    expect(second.hooks.state.get("k2")).toBeUndefined();
     await first.kind.retire([ep("k1"), ep("k2")]);
   });
   it("the next attempt cannot reopen a session key while its retire is still finishing; once freed and dropped, it opens a fresh one", async () => {
