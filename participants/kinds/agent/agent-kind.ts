@@ -182,10 +182,10 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   async forget(rolloutIds: string[]): Promise<void> {
     // Retired marks live in the control plane. A session whose retire could not free it is still
     // held (retiring, a blocker) and no later retire lists it once its fence is lifted: freed here
-    // first, and the forget fails (its fence kept) while a free does.
-    for (const key of this.sessions.retiringOf(rolloutIds)) {
+    // first, and the forget fails (its fence kept) while a free does. So is one a failed free left held otherwise.
+    for (const key of this.sessions.heldOf(rolloutIds)) {
       await this.hooks.retireAgentSession(key);
-      this.sessions.dropRetired(key);
+      this.sessions.dropHeld(key);
     }
   }
 
@@ -194,12 +194,22 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     // Free, then drop. All held before the first hook's await: none can be claimed meanwhile, and
     // the key is refused (admission_closed, retryable) until its free ended, so a new attempt never
     // opens over the old restored state (the reference agent would inherit its cookie).
+    // A free that throws leaves its session held and the loop carries on; held ones (this commit's,
+    // or an earlier clean-up's whose free failed) are freed again here at every commit.
     this.sessions.leaveOut(this.sessions.unclaimedOutside(scope));
+    const failures: string[] = [];
     for (const key of this.sessions.leftOut()) {
-      await this.hooks.retireAgentSession(key);
-      this.sessions.dropFreed(key);
+      try {
+        await this.hooks.retireAgentSession(key);
+        this.sessions.dropFreed(key);
+      } catch (error) {
+        failures.push(`${key}: ${error instanceof Error ? error.message : String(error)}`);
+      }
     }
     this.legacy.dropPendingOutside(scope);
+    if (failures.length) {
+      throw new CheckpointError("internal_error", `freeing ${failures.length} restored session(s) the commit left out failed (${failures[0]}): held until a later commit, retire or forget frees them`);
+    }
   }
 
   statusExtras(): Record<string, unknown> {

@@ -325,10 +325,16 @@ export class AgentSessions {
     if (this.sessions.delete(key)) this.onChange();
   }
 
-  /** Keys of the retiring sessions of these rollouts (held by a retire or failed restore whose free failed). */
-  retiringOf(rolloutIds: string[]): string[] {
+  /** Keys of the held sessions of these rollouts: retiring (a retire or failed restore whose free failed) or held for freeing. */
+  heldOf(rolloutIds: string[]): string[] {
     const forgotten = new Set(rolloutIds);
-    return [...this.sessions.values()].filter((s) => s.retiring && forgotten.has(s.episode.rollout_id)).map((s) => s.key);
+    return [...this.sessions.values()].filter((s) => (s.retiring || s.freeing) && forgotten.has(s.episode.rollout_id)).map((s) => s.key);
+  }
+
+  /** Drops a held session once its state was freed (forget's: no retire runs beside it). */
+  dropHeld(key: string): void {
+    const s = this.sessions.get(key);
+    if (s?.retiring || s?.freeing) this.drop(key);
   }
 
   /** Drops a retired session once its state was freed; one closed meanwhile and reopened by a later attempt stays. */

@@ -577,6 +577,39 @@ describe("agent participant", () => {
     expect(second.hooks.state.get("k2")).toBeUndefined();
     await first.kind.retire([ep("k1"), ep("k2")]);
   });
+  it("a commit's clean-up frees every left-out session past one whose free fails, and holds that one until a later clean-up frees it", async () => {
+    const { first, second } = await restoredK1K2();
+    let failures = 1;
+    const retireHook = second.hooks.retireAgentSession.bind(second.hooks);
+    second.hooks.retireAgentSession = async (key: string) => {
+      if (key === "k1" && failures > 0) {
+        failures -= 1;
+        throw new Error("k1's state did not free");
+      }
+      await retireHook(key);
+    };
+    await second.call("prepare", { checkpoint_id: "c2" });
+    // The clean-up is best effort: the commit answers committed all the same.
+    expect((await second.call("commit", { checkpoint_id: "c2", episode_ids: [] })).phase).toBe("committed");
+    await second.call("resume", { checkpoint_id: "c2" });
+    // k2 was freed although k1's free failed first (the loop used to stop there, k2 never freed).
+    expect(second.hooks.retired).toEqual(["k2"]);
+    expect(second.kind.sessions.stateOf("k2")).toBeUndefined();
+    // k1 is held, not leaked: refused (retryable), neither a blocker nor exported.
+    expect(await code(() => second.kind.openSession(ep("k1", 1)))).toBe("admission_closed");
+    expect(second.hooks.state.get("k1")).toEqual({ cookie: "k1" });
+    expect(second.kind.readiness().blockers).toEqual([]);
+    // The next commit's clean-up frees it again, whatever its scope.
+    await second.call("prepare", { checkpoint_id: "c3" });
+    expect(await second.kind.exportRecords(null)).toEqual([]);
+    await second.call("commit", { checkpoint_id: "c3" });
+    await second.call("resume", { checkpoint_id: "c3" });
+    expect(second.hooks.retired).toEqual(["k2", "k1"]);
+    expect(second.kind.hasLiveState()).toBe(false);
+    expect(second.kind.openSession(ep("k1", 1))).toEqual({ restored: false });
+    expect(second.hooks.state.get("k1")).toBeUndefined();
+    await first.kind.retire([ep("k1"), ep("k2")]);
+  });
   it("the next attempt cannot reopen a session key while its retire is still finishing; once freed and dropped, it opens a fresh one", async () => {
     const { kind, hooks, call } = fresh();
     kind.openSession(ep("r1"));
