@@ -46,7 +46,11 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   }
 
   async closeSession(episode: EpisodeId, key: string = episode.rollout_id): Promise<void> {
-    if (await this.sessions.closeSession(episode, key)) await this.hooks.retireAgentSession(key);
+    // Free, then drop: a free that throws leaves the session held (never reopened, not a blocker), so
+    // a retried close, a retire, a forget or the next commit's clean-up frees it instead of leaking it.
+    if (!(await this.sessions.closeSession(episode, key))) return;
+    await this.hooks.retireAgentSession(key);
+    this.sessions.dropFreed(key);
   }
 
   /** A legacy `/run` episode: the agent owns seed, turn loop and verify. */
@@ -195,10 +199,10 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     // the key is refused (admission_closed, retryable) until its free ended, so a new attempt never
     // opens over the old restored state (the reference agent would inherit its cookie).
     // A free that throws leaves its session held and the loop carries on; held ones (this commit's,
-    // or an earlier clean-up's whose free failed) are freed again here at every commit.
+    // or an earlier clean-up's or close's whose free failed) are freed again here at every commit.
     this.sessions.leaveOut(this.sessions.unclaimedOutside(scope));
     const failures: string[] = [];
-    for (const key of this.sessions.leftOut()) {
+    for (const key of this.sessions.heldForFreeing()) {
       try {
         await this.hooks.retireAgentSession(key);
         this.sessions.dropFreed(key);
@@ -208,7 +212,7 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     }
     this.legacy.dropPendingOutside(scope);
     if (failures.length) {
-      throw new CheckpointError("internal_error", `freeing ${failures.length} restored session(s) the commit left out failed (${failures[0]}): held until a later commit, retire or forget frees them`);
+      throw new CheckpointError("internal_error", `freeing ${failures.length} session(s) (restored ones the commit left out, or closed) failed (${failures[0]}): held until a later commit, retire or forget frees them`);
     }
   }
 

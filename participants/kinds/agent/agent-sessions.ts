@@ -47,10 +47,10 @@ interface Session {
   retiring: boolean;
   /**
    * Its state is being freed (or a free failed) outside a retire: a restored session the last
-   * commit left out. Held (never served, claimed or exported; its key refused) until a free ends,
-   * so no new session opens over state about to be freed.
+   * commit left out, or one the environment closed. Held (never served, claimed or exported; its
+   * key refused) until a free ends, so no new session opens over state about to be freed.
    */
-  freeing: "left_out" | undefined;
+  freeing: "left_out" | "closed" | undefined;
   activation: { abort: AbortController; done: Promise<void> } | undefined;
 }
 
@@ -61,6 +61,8 @@ function refuseFreeing(s: Session): void {
   if (s.freeing === "left_out") {
     throw new CheckpointError("admission_closed", `session ${s.key}'s restored state is being freed (the last commit left it out); retry`);
   }
+  // Its attempt ended; a later one starts once a retire of this one (which frees it) went through.
+  if (s.freeing === "closed") throw new CheckpointError("stale_attempt", `session ${s.key} (${captureKey(s.episode)}) was closed; its state is not freed yet`);
 }
 
 export interface ActivateOptions {
@@ -246,17 +248,24 @@ export class AgentSessions {
     });
   }
 
-  /** The environment ended the episode: cancel any activation still running, then drop the session. */
+  /**
+   * The environment ended the episode: hold the session (never reopened or served), then cancel
+   * any activation still running. True when the caller is to free it, then drop it (`dropFreed`);
+   * false for a session a retire holds, which that retire frees and drops.
+   */
   async closeSession(episode: EpisodeId, key: string): Promise<boolean> {
     const s = this.sessions.get(key);
     if (!s) return false;
     if (!sameEpisode(s.episode, episode)) {
       throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);
     }
+    if (!s.retiring && s.freeing !== "closed") {
+      s.freeing = "closed";
+      s.restored = undefined;
+      this.onChange();
+    }
     await this.stop(s, "closed");
-    this.sessions.delete(key);
-    this.onChange();
-    return true;
+    return !s.retiring;
   }
 
   /** Sessions exported by a checkpoint: parked ones at their latest snapshot, restored ones at their continuation. */
@@ -310,9 +319,9 @@ export class AgentSessions {
     if (keys.length) this.onChange();
   }
 
-  /** Keys held for the commit's clean-up to free, but those a retire took over (it frees and drops them). */
-  leftOut(): string[] {
-    return [...this.sessions.values()].filter((s) => s.freeing === "left_out" && !s.retiring).map((s) => s.key);
+  /** Keys held for freeing (left out by a commit, or closed), but those a retire took over (it frees and drops them) or a close still stops. */
+  heldForFreeing(): string[] {
+    return [...this.sessions.values()].filter((s) => s.freeing && !s.retiring && !s.activation).map((s) => s.key);
   }
 
   /** Drops a session held for freeing once its state was freed, unless a retire took it over (that retire drops it). */
@@ -337,7 +346,7 @@ export class AgentSessions {
     if (s?.retiring || s?.freeing) this.drop(key);
   }
 
-  /** Drops a retired session once its state was freed; one closed meanwhile and reopened by a later attempt stays. */
+  /** Drops a retired session once its state was freed (a close leaves a retiring session to its retire). */
   dropRetired(key: string): void {
     if (this.sessions.get(key)?.retiring) this.drop(key);
   }

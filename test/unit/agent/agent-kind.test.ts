@@ -630,6 +630,50 @@ describe("agent participant", () => {
     expect(kind.openSession(ep("r1", 1))).toEqual({ restored: false });
     expect(hooks.state.get("r1")).toBeUndefined();
   });
+  it("close_session frees a session's state before dropping it: one whose free fails stays held (not a blocker) until a retried close or a later commit frees it", async () => {
+    const { kind, hooks, call } = fresh();
+    kind.openSession(ep("c1"));
+    hooks.state.set("c1", { cookie: "c1" });
+    const gate = latch();
+    let failures = 1;
+    const retireHook = hooks.retireAgentSession.bind(hooks);
+    hooks.retireAgentSession = async (key: string) => {
+      await gate.promise;
+      if (failures > 0) {
+        failures -= 1;
+        throw new Error("c1's state did not free");
+      }
+      await retireHook(key);
+    };
+    const closing = kind.closeSession(ep("c1"));
+    await flush();
+    // While its free runs, no attempt opens the key over the state being freed.
+    expect(await code(() => kind.openSession(ep("c1")))).toBe("stale_attempt");
+    gate.open();
+    await expect(closing).rejects.toThrow("c1's state did not free");
+    // Held, not leaked (it used to be dropped first, its state then untracked for good).
+    expect(hooks.state.get("c1")).toEqual({ cookie: "c1" });
+    expect(kind.statusExtras()).toMatchObject({ sessions: 1 });
+    expect(kind.readiness().blockers).toEqual([]);
+    expect(await kind.exportRecords(null)).toEqual([]);
+    expect(await code(() => kind.openSession(ep("c1", 1)))).toBe("stale_attempt");
+    // A retried close frees it.
+    await kind.closeSession(ep("c1"));
+    expect(hooks.state.get("c1")).toBeUndefined();
+    expect(kind.hasLiveState()).toBe(false);
+
+    // Nobody retries a failed close (the environment ignores its failure): the next commit's clean-up frees it.
+    kind.openSession(ep("c2"));
+    hooks.state.set("c2", { cookie: "c2" });
+    failures = 1;
+    await expect(kind.closeSession(ep("c2"))).rejects.toThrow("did not free");
+    await call("prepare", { checkpoint_id: "c-close" });
+    await call("commit", { checkpoint_id: "c-close" });
+    await call("resume", { checkpoint_id: "c-close" });
+    expect(hooks.state.get("c2")).toBeUndefined();
+    expect(kind.hasLiveState()).toBe(false);
+    expect(kind.openSession(ep("c2", 1))).toEqual({ restored: false });
+  });
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
     const kind = new AgentKind(new CookieHooks(), clock);
