@@ -565,7 +565,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
           // What it left installed (a free that failed) is retired by the clean-up this refusal asks for.
           if (this.adapter.hasLiveState()) this.heldInstallFailure.remember(id, args, error, request.episode_ids.map(nextAttempt));
         } else {
-          this.abandonLateInstall(id, settled, request.episode_ids.map(nextAttempt));
+          this.abandonLateInstall(id, settled, { args, error, next: request.episode_ids.map(nextAttempt) });
         }
         await this.reopenAfterFailedRestore(id);
         this.closedAt = undefined;
@@ -627,18 +627,38 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
    * coordinator's clean-up retires it after a failed restore anyway, admission reopens for
    * everything else, and what the install leaves is freed once it ends.
    */
-  private abandonLateInstall(id: string, settled: Promise<void>, next: EpisodeId[]): void {
+  private abandonLateInstall(id: string, settled: Promise<void>, failure: { args: string; error: unknown; next: EpisodeId[] }): void {
+    const next = failure.next;
     for (const episode of next) this.retired.mark(episode);
     if (this.pendingInstall === settled) this.pendingInstall = undefined;
     this.logger?.warn({ checkpoint_id: id, episodes: next.length }, "restore_install_outlived_deadline");
+    // A free that fails leaves the kind holding attempt+1 (retiring, a blocker), and the
+    // coordinator's clean-up most likely ran before the install ended, so none would come back for
+    // it: held like a failed install's state (the same restore re-sent gets its failure again, so a
+    // successor's clean-up retires attempt+1 here), and freed again shortly, outside a checkpoint,
+    // until it is or a retire or forget of it freed it.
+    const free = (again: boolean): Promise<void> =>
+      this.lock.run(async () => {
+        if (again && (this.disposed || !this.heldInstallFailure.holds(id))) return;
+        if (again && this.phase !== "idle") return void this.clock.setTimer(retry, LEASE_RETRY_MS);
+        try {
+          await this.adapter.retire(next);
+          this.heldInstallFailure.retired(next);
+          this.logger?.info({ checkpoint_id: id }, "late_restore_install_freed");
+        } catch (err) {
+          this.logger?.error({ checkpoint_id: id, err }, "late_restore_install_not_freed");
+          if (!this.adapter.hasLiveState()) return;
+          this.heldInstallFailure.remember(id, failure.args, failure.error, next);
+          this.clock.setTimer(retry, LEASE_RETRY_MS);
+        } finally {
+          this.notify();
+        }
+      });
+    const retry = (): void => void free(true);
     // Freed under the lock once it ended (no op waits for it there, so this cannot deadlock); until
     // then a restore is refused: its install would run beside this one.
     const freed = settled
-      .then(() => this.lock.run(() => this.adapter.retire(next)))
-      .then(
-        () => void this.logger?.info({ checkpoint_id: id }, "late_restore_install_freed"),
-        (err: unknown) => void this.logger?.error({ checkpoint_id: id, err }, "late_restore_install_not_freed"),
-      )
+      .then(() => free(false))
       .finally(() => {
         if (this.lateInstall === freed) this.lateInstall = undefined;
         this.notify();

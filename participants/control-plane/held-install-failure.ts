@@ -22,6 +22,11 @@ export class HeldInstallFailure {
     return this.held && this.held.id === id && this.held.args === args ? this.held.error : undefined;
   }
 
+  /** Whether restore `id`'s failed install is still held here. */
+  holds(id: string): boolean {
+    return this.held?.id === id;
+  }
+
   /** A retire that covered every attempt it installed freed what it held. */
   retired(episodes: EpisodeId[]): void {
     const covered = (n: EpisodeId) => episodes.some((e) => e.rollout_id === n.rollout_id && n.attempt <= e.attempt);

@@ -674,6 +674,49 @@ describe("agent participant", () => {
     expect(kind.hasLiveState()).toBe(false);
     expect(kind.openSession(ep("c2", 1))).toEqual({ restored: false });
   });
+  it("a restore install that outlived its deadline and whose later free fails is held like a failed install's state and freed again, not left blocking for good", async () => {
+    const first = fresh();
+    first.kind.openSession(ep("k1"));
+    first.hooks.state.set("k1", { cookie: "k1" });
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    await first.call("resume", { checkpoint_id: "c1" });
+
+    const second = fresh();
+    const install = latch();
+    const restoreHook = second.hooks.restoreAgentSessions.bind(second.hooks);
+    second.hooks.restoreAgentSessions = async (sessions) => {
+      await install.promise;
+      await restoreHook(sessions);
+    };
+    let freeFails = true;
+    let frees = 0;
+    const retireHook = second.hooks.retireAgentSession.bind(second.hooks);
+    second.hooks.retireAgentSession = async (key: string) => {
+      frees += 1;
+      if (freeFails) throw new Error("k1's state did not free");
+      await retireHook(key);
+    };
+    const restore = { checkpoint_id: "c1", episode_ids: [ep("k1")] };
+    expect(await code(() => second.call("restore", { ...restore, deadline_ts: Date.now() / 1000 + 0.2 }))).toBe("deadline_exceeded");
+    // Its coordinator died before journaling the clean-up; the install ends meanwhile.
+    install.open();
+    // The install ends, and its background free fails: the session is held (a blocker).
+    await waitFor(() => frees >= 1 && second.kind.readiness().blockers.includes("k1-a1"));
+    expect(second.hooks.state.get("k1")).toEqual({ cookie: "k1" });
+    // A successor re-driving the same restore gets its failure again, not "not fresh" (a refusal
+    // that changed nothing), so its clean-up retires attempt+1 here.
+    expect(await code(() => second.call("restore", restore))).toBe("deadline_exceeded");
+    // And the free is tried again on its own: a clean-up that ran before the install ended (the
+    // usual order) would not come back for it.
+    freeFails = false;
+    await waitFor(() => second.kind.readiness().blockers.length === 0, 10_000);
+    expect(second.hooks.state.get("k1")).toBeUndefined();
+    await second.call("retire", { checkpoint_id: "c1", episode_ids: [ep("k1", 1)] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(second.kind.hasLiveState()).toBe(false);
+    expect(second.kind.openSession(ep("k1", 2))).toEqual({ restored: false });
+  }, 20_000);
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
     const kind = new AgentKind(new CookieHooks(), clock);
