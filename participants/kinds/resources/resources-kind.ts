@@ -84,6 +84,12 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    * (`admission_closed`) until its free ended, so none is served from state about to be freed.
    */
   private readonly freeingRestored = new Set<string>();
+  /**
+   * Of those, the ones whose free failed: still refused and live state, and freed again by the next
+   * commit's clean-up or a forget of their rollout (dropped untracked, their state would leak and
+   * a request naming them would be served from it).
+   */
+  private readonly heldAfterFailedFree = new Map<string, EpisodeId>();
   /** Session ids the current commit exported: a stop commit parks these and no others. */
   private exported: string[] = [];
   private context: ParticipantContext | undefined;
@@ -381,6 +387,18 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       this.retiring.delete(sessionId);
       this.context?.notifyReadinessChanged();
     }
+    for (const [sessionId, episode] of [...this.heldAfterFailedFree]) {
+      if (!forgotten.has(episode.rollout_id)) continue;
+      this.heldAfterFailedFree.delete(sessionId); // taken: a clean-up running meanwhile does not free it too
+      try {
+        await this.hooks.retireSessionState?.(sessionId);
+      } catch (error) {
+        this.heldAfterFailedFree.set(sessionId, episode);
+        throw error;
+      }
+      this.freeingRestored.delete(sessionId);
+      this.context?.notifyReadinessChanged();
+    }
     for (const rollout of rolloutIds) {
       for (const id of this.retiredSessions.get(rollout) ?? []) this.retiredSessionRollout.delete(id);
       this.retiredSessions.delete(rollout);
@@ -392,25 +410,30 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     // resume, and the next commit's export would replace them.
     const exported = this.exported;
     this.exported = [];
+    const freeing: { sessionId: string; episode: EpisodeId }[] = [];
     if (scope !== null) {
       // Restored sessions whose replacement never started and that the controller no longer
       // continues are freed; no fence, since the rollout may still run as that attempt. All dropped
       // before the first hook's await (this hook may outlive the commit and the resume): none can be
       // claimed and then freed meanwhile, and a request naming one is refused until its free ended.
       const wanted = new Set(scope.map(captureKey));
-      const dropped = [...this.sessions.values()].filter((s) => s.restored && !wanted.has(captureKey(s.episode)));
-      for (const s of dropped) {
+      for (const s of [...this.sessions.values()].filter((s) => s.restored && !wanted.has(captureKey(s.episode)))) {
         this.sessions.delete(s.sessionId);
         this.freeingRestored.add(s.sessionId);
+        freeing.push(s);
       }
-      for (const s of dropped) {
-        try {
-          await this.hooks.retireSessionState?.(s.sessionId);
-        } catch (error) {
-          this.logger?.warn({ episode: captureKey(s.episode), err: error }, "freeing a restored session the commit left out failed");
-        } finally {
-          this.freeingRestored.delete(s.sessionId);
-        }
+    }
+    // Those an earlier clean-up failed to free are tried again (taken, so no other free runs beside).
+    for (const [sessionId, episode] of this.heldAfterFailedFree) freeing.push({ sessionId, episode });
+    this.heldAfterFailedFree.clear();
+    for (const s of freeing) {
+      try {
+        await this.hooks.retireSessionState?.(s.sessionId);
+        this.freeingRestored.delete(s.sessionId);
+      } catch (error) {
+        // Kept refused and live state; the next commit's clean-up or a forget of the rollout frees it.
+        this.heldAfterFailedFree.set(s.sessionId, s.episode);
+        this.logger?.warn({ episode: captureKey(s.episode), err: error }, "freeing a restored session the commit left out failed; held until a later commit or a forget frees it");
       }
     }
     // Only the exported sessions are parked (protocol §9 `park_exported`): the others (outside the

@@ -73,6 +73,45 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     expect(server.counters.has("sessionBBBB")).toBe(false);
   }, 15_000);
 
+  it("a session whose free fails stays refused and held, and the next commit's clean-up (or a forget of its rollout) frees it", async () => {
+    class FailingFree extends CounterServer {
+      failures = 0;
+      override async retireSessionState(sessionId: string): Promise<void> {
+        if (this.failures > 0) {
+          this.failures -= 1;
+          throw new Error("sandbox did not stop");
+        }
+        await super.retireSessionState(sessionId);
+      }
+    }
+    const r1 = counterRecord("r1", "sessionAAAA", 2);
+    const r2 = counterRecord("r2", "sessionBBBB", 5);
+    await world.writeCheckpoint("c1", [r1, r2]);
+    const server = new FailingFree();
+    const b = await world.harness(server);
+    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r1.episode_id, r2.episode_id] });
+    await b.call("resume", { checkpoint_id: "c1" });
+    // c2 continues neither: both frees fail the first time.
+    server.failures = 2;
+    await b.call("prepare", { checkpoint_id: "c2" });
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] });
+    await b.call("resume", { checkpoint_id: "c2" });
+    await until(() => server.failures === 0);
+    // Not served from state nobody tracks any more: refused, and still live state here.
+    expect((await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB")).json().error?.code).toBe("admission_closed");
+    expect(b.kind.hasLiveState()).toBe(true);
+    // A forget of r1 frees its session at once; the next commit's clean-up frees r2's.
+    await b.call("forget", { checkpoint_id: "forget", rollout_ids: ["r1"] });
+    expect(server.counters.has("sessionAAAA")).toBe(false);
+    expect(server.counters.get("sessionBBBB")).toBe(5);
+    await b.call("prepare", { checkpoint_id: "c3" });
+    await b.call("commit", { checkpoint_id: "c3", episode_ids: [] });
+    await b.call("resume", { checkpoint_id: "c3" });
+    await until(() => !b.kind.hasLiveState());
+    expect(server.counters.has("sessionBBBB")).toBe(false);
+    expect((await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB")).json()).toEqual({ count: 1 });
+  }, 15_000);
+
   it("a stop commit whose clean-up outlived it parks the sessions it exported, not a later commit's", async () => {
     const r1 = counterRecord("r1", "sessionAAAA", 2);
     const r2 = counterRecord("r2", "sessionBBBB", 5);
