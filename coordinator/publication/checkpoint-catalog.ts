@@ -18,6 +18,13 @@ import { readRegularFile, readRegularFileSync } from "./regular-file.js";
 /** LATEST holds one checkpoint id (at most 128 characters) and a newline. */
 const MAX_LATEST_BYTES = 4096;
 
+/**
+ * checkpoint.json is renamed into place by publication, never a link: one (out of the checkpoint,
+ * or to another copy) would have restore and verify vouch for a file the checkpoint does not hold,
+ * as the participants' manifests and records and the controller state file may not be either.
+ */
+const GLOBAL_MANIFEST_LIMITS = { maxBytes: MAX_GLOBAL_MANIFEST_BYTES, noFollow: true };
+
 export interface CatalogEntry {
   checkpoint_id: string;
   published_at: number;
@@ -106,7 +113,7 @@ export class CheckpointCatalog {
       if ((await lstat(dirname(path))).isSymbolicLink()) {
         throw new CheckpointError("invalid_checkpoint_state", `checkpoint directory ${dirname(path)} is a symbolic link, not a checkpoint this root holds`);
       }
-      text = await readRegularFile(path, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES });
+      text = await readRegularFile(path, GLOBAL_MANIFEST_LIMITS);
     } catch (error) {
       throw readFailure(error, checkpointId, this.root);
     }
@@ -170,10 +177,10 @@ export class CheckpointCatalog {
     try {
       // The common case (retention after every publication): unchanged since it was read, one stat.
       if (cached) {
-        const info = statSync(path);
+        const info = lstatSync(path);
         if (info.isFile() && cached.version === fileVersion(info)) return cached.entry;
       }
-      read = readRegularFileSync(path, { maxBytes: MAX_GLOBAL_MANIFEST_BYTES });
+      read = readRegularFileSync(path, GLOBAL_MANIFEST_LIMITS);
     } catch (error) {
       throw readFailure(error, name, this.root);
     }
