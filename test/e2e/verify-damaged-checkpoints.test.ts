@@ -128,4 +128,18 @@ describe("gym-ckpt verify of a damaged checkpoint", () => {
     expect(ls).toEqual({ code: 0, stdout: "", stderr: expect.stringMatching(/^warning invalid_checkpoint_state: checkpoint v-1 is not listed: .*checkpoint.json is a symbolic link\n/) });
   });
 
+  it("verify LATEST when LATEST names a checkpoint that is missing or partial: not_found naming LATEST", { timeout: 30_000 }, async () => {
+    const missing = await verifyDamaged(async (root) => writeFile(join(root, "LATEST"), "gone\n"), "LATEST");
+    expect(missing).toMatchObject(refusal("not_found", /LATEST names checkpoint gone, which is not published under .*/));
+    const partial = await verifyDamaged(async (root) => {
+      await mkdir(join(root, "part", "gym"), { recursive: true });
+      await writeFile(join(root, "LATEST"), "part\n");
+    }, "LATEST");
+    expect(partial).toMatchObject(refusal("not_found", /LATEST names checkpoint part, which is not published under .*/));
+    const fifo = await verifyDamaged(async (root) => {
+      await unlink(join(root, "LATEST"));
+      execFileSync("mkfifo", [join(root, "LATEST")]);
+    }, "LATEST");
+    expect(fifo).toMatchObject(refusal("invalid_checkpoint_state", /.*\/LATEST is not a regular file/));
+  });
 });

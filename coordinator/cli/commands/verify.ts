@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { CheckpointError, LATEST_FILE } from "../../../protocol/index.js";
+import { CheckpointError, GLOBAL_MANIFEST_FILE, LATEST_FILE } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
 import { verifyCheckpoint } from "../../publication/verify-checkpoint.js";
 import { printJson, rootFrom, runCli } from "../shared.js";
@@ -15,7 +15,12 @@ export function register(program: Command): void {
         const catalog = new CheckpointCatalog(rootFrom(flags.root));
         const id = checkpoint === "LATEST" ? await catalog.latest() : checkpoint;
         if (id === null) throw new CheckpointError("not_found", `nothing is published under ${catalog.root}: it has no ${LATEST_FILE}`);
-        const report = await verifyCheckpoint(catalog, id);
+        const report = await verifyCheckpoint(catalog, id).catch((error: unknown) => {
+          // LATEST is renamed only after checkpoint.json is durable: one naming an unpublished
+          // checkpoint is a damaged root, which the refusal must say rather than name an id never asked for.
+          if (checkpoint !== "LATEST" || !(error instanceof CheckpointError && error.code === "not_found")) throw error;
+          throw new CheckpointError("not_found", `${LATEST_FILE} names checkpoint ${id}, which is not published under ${catalog.root} (no ${GLOBAL_MANIFEST_FILE})`, { cause: error });
+        });
         if (flags.json) printJson(report);
         else process.stdout.write(`ok ${report.checkpoint_id}: ${report.participants.length} participants, ${report.records} records, ${report.bytes} bytes\n`);
       });
