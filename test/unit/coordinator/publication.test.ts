@@ -1,5 +1,5 @@
 import { readlinkSync } from "node:fs";
-import { mkdir, mkdtemp, open, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, open, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -205,6 +205,32 @@ describe("publication and retention", () => {
     expect(await writer.repairLatest("c1")).toBe("repaired");
     expect(await catalog.latest()).toBe("c1");
     await writer.settled();
+  });
+
+  it("orders ids that sort otherwise by publication, and never follows a link out of the root", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    // Outside the root: a directory shaped like a checkpoint, reached by an id-named link and a
+    // trash-named link at the root, and by a link inside a checkpoint retention deletes.
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-pub-outside-"));
+    try {
+      await mkdir(join(outside, PARTICIPANTS_DIR, "model", "m1"), { recursive: true });
+      await writeFile(join(outside, PARTICIPANTS_DIR, "model", "m1", "manifest.json"), "{}");
+      await symlink(outside, join(root, "linked-partial"));
+      await symlink(outside, join(root, ".trash-planted"));
+      // Custom ids and a timestamp id, published in an order none of them sorts in.
+      await publish(writer, "zeta", 100);
+      await symlink(outside, join(root, "zeta", "elsewhere"));
+      await publish(writer, "2026-01-01T00-00-00", 200);
+      await publish(writer, "alpha", 300);
+      expect(writer.retain("alpha")).toEqual(["zeta"]);
+      await writer.settled();
+      expect((await readdir(root)).sort()).toEqual(["2026-01-01T00-00-00", "LATEST", "alpha", "linked-partial"]);
+      expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["alpha", "2026-01-01T00-00-00"]);
+      expect(await readFile(join(outside, PARTICIPANTS_DIR, "model", "m1", "manifest.json"), "utf8")).toBe("{}");
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
   });
 
   it("removes a deleted checkpoint's files in the background and sweeps temp files crashed writers left", async () => {
