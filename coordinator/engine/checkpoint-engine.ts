@@ -231,6 +231,8 @@ export class CheckpointEngine {
   private leaderTerm = 0;
   /** Phase messages sent and journal entries written, ever: tells whether a failed op had begun. */
   private effects = 0;
+  /** This coordinator's last publication: within its epoch, the next one is published after it (publicationTime). */
+  private lastPublication: { epoch: number; at: number } | undefined;
   /** The participants of the checkpoint LATEST named when last read (read again when LATEST moves). */
   private latestMembers: { id: string; members: ParticipantRef[] } | undefined;
 
@@ -1112,7 +1114,7 @@ export class CheckpointEngine {
     }
     this.options.leadership.assert(open.epoch);
     await this.options.hooks?.beforePublication?.(id);
-    const publishedAt = this.options.clock.now() / 1000;
+    const publishedAt = this.publicationTime(open.epoch);
     const result = await this.options.writer.publish({
       checkpointId: id,
       epoch: open.epoch,
@@ -1127,6 +1129,7 @@ export class CheckpointEngine {
       beforeWrite: () => this.options.leadership.assert(open.epoch),
     });
     open.phase = "published";
+    this.lastPublication = { epoch: open.epoch, at: publishedAt };
     // LATEST names it now: the missing-members warning needs no read of it (or of LATEST) later.
     this.latestMembers = { id, members: open.commit.participants.map((p) => ({ kind: p.kind, instance: p.instance })) };
     const deleted = retainNow ? this.retainAfter(id, open.epoch) : [];
@@ -1213,6 +1216,18 @@ export class CheckpointEngine {
       reply: { checkpoint_id: id, participants: outcomes.map((o) => ({ ...o.participant, idempotent: o.ok ? o.reply.idempotent : false })) },
       failures: failuresOf(outcomes),
     };
+  }
+
+  /**
+   * `published_at` for a publication in `epoch`: the wall clock, but after this coordinator's last
+   * publication in the same epoch. Within one epoch that time alone orders checkpoints (retention,
+   * LATEST's repair), so a clock stepped back (NTP, a resumed VM) must not rank the new LATEST
+   * below its predecessors, which would have retention delete the checkpoint before it.
+   */
+  private publicationTime(epoch: number): number {
+    const now = this.options.clock.now() / 1000;
+    const last = this.lastPublication;
+    return last && last.epoch === epoch && now <= last.at ? last.at + 0.001 : now;
   }
 
   /** Retention after a publication whose reply must not fail for it (the checkpoint is published). */
