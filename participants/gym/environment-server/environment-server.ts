@@ -93,9 +93,12 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
           throw new CheckpointError("invalid_request", `task differs from replay task ${body.replay_idx}'s`);
         }
       }
-      // A replayed run is a different episode input than its plain task: the restore digest says so,
-      // and names the replay task by content (every anchor of one record shares the task).
-      const digested = replayed ? { task: body.task, replay_idx: replayed.replay_idx, replay_id: replayed.replay_id } : body.task;
+      // The digest is of the task as the caller spelled it, not as parsed (defaults filled in), so a
+      // checkpoint seed finds it in the caller's task file. A replayed run is a different episode
+      // input than its plain task: the restore digest says so, and names the replay task by content
+      // (every anchor of one record shares the task).
+      const sent = (request.body as { task: unknown }).task;
+      const digested = replayed ? { task: sent, replay_idx: replayed.replay_idx, replay_id: replayed.replay_id } : sent;
       const begin = {
         checkBoundary: (boundary: unknown) => void environmentBoundaryOf(captureKey(episode), boundary),
         ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
