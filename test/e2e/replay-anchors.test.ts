@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { MAX_SEED_MESSAGES } from "../../participants/gym/agent-server/tool-calling-agent.js";
 import { exportCheckpointSeeds, writeRolloutRecords, type Message, type TraceRecord } from "../../participants/replay/index.js";
 import { startGymWorld, type GymWorld } from "../support/gym-processes.js";
 import { ep } from "../support/episode.js";
@@ -11,7 +12,7 @@ import { ep } from "../support/episode.js";
  * Replay continuation on the reference Gym, all real processes: checkpoint seeds at each boundary
  * an episode can be parked at, a replayed episode restored after a crash (attempt 1) and refusals
  * with their catalog codes that change nothing: a task of another digest, a rollout id already
- * running and an index past the last task.
+ * running, an index past the last task, and a seed longer than the agent takes.
  */
 let world: GymWorld;
 let recordsDir: string;
@@ -150,4 +151,21 @@ describe("replay anchors on the reference Gym", () => {
     ]);
     expect((await world.backend.calls()).map((c) => [c.capture_key, c.message_count])).toEqual([["rr-1-a1", 4], ["rr-1-a1", 6]]);
   }, 90_000);
+
+  it("a replay task whose seed is longer than the agent takes is refused before anything runs", async () => {
+    await writeRolloutRecords(join(recordsDir, "rollouts"), 2, { kind: "train", env: "gym", traces: [gymTrace("b".repeat(32), 31)] });
+    let last: any;
+    for (let i = 0; i < 100; i++) {
+      const next = (await post("/replay/next")).body;
+      if (next.done) break;
+      last = next;
+    }
+    expect(last.seed.length).toBeGreaterThan(MAX_SEED_MESSAGES);
+    const before = await resources("/admin/stats");
+    const refused = await post("/run", { rollout_id: "long-1", attempt: 0, task: last.task, replay_idx: last.replay_idx, replay_id: last.replay_id });
+    expect(refused).toMatchObject({ status: 400, body: { error: { code: "invalid_request", detail: expect.stringContaining(`${MAX_SEED_MESSAGES}`) } } });
+    // Nothing ran: no session was seeded at the resources server, no episode is tracked.
+    expect(await resources("/admin/stats")).toEqual(before);
+    expect(await world.state("environment")).toMatchObject({ episodes: 0 });
+  }, 60_000);
 });

@@ -8,6 +8,7 @@ import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-traject
 import { ReplayError } from "../../replay/errors.js";
 import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
 import { RunRequestSchema } from "../agent-server/gym-task.js";
+import { MAX_SEED_MESSAGES } from "../agent-server/tool-calling-agent.js";
 import { environmentBoundaryOf, runGymEpisode, type GymEndpoints } from "./gym-episode.js";
 
 /**
@@ -91,6 +92,10 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         }
         if (canonicalDigest(replayed.task) !== canonicalDigest(body.task)) {
           throw new CheckpointError("invalid_request", `task differs from replay task ${body.replay_idx}'s`);
+        }
+        // The agent refuses a longer seed only at activate, after the session was seeded: refuse it here, before anything runs.
+        if (replayed.seed.length > MAX_SEED_MESSAGES) {
+          throw new CheckpointError("invalid_request", `replay task ${body.replay_idx}'s seed has ${replayed.seed.length} messages; the agent takes at most ${MAX_SEED_MESSAGES}`);
         }
       }
       // The digest is of the task as the caller spelled it, not as parsed (defaults filled in), so a
