@@ -65,6 +65,36 @@ describe("episode steps", () => {
     expect(await run).toBe("42");
   });
 
+  it("a restored episode inside its first replay step is exported at the boundary it was restored from until the step records the next one", async () => {
+    const steps = new EpisodeSteps();
+    const verify = latch();
+    let started = 0;
+    const episode = (e: StepEpisode) => async () => {
+      const from = e.continuation();
+      expect(from).toEqual({ next: "verify", answer: "42" });
+      const reward = await e.step("replay", async () => {
+        started += 1;
+        await verify.promise;
+        return 1;
+      });
+      await e.boundary({ next: "return", reward });
+      return reward;
+    };
+    const run = steps.run(ep("v1", 1), { data: undefined, restoredBoundary: { next: "verify", answer: "42" } }, (e) => episode(e)());
+    await flush();
+    steps.close();
+    // In flight at prepare: not a blocker, exported where it was restored (the step runs again from there).
+    expect(steps.blockers()).toEqual([]);
+    expect(steps.exportable()).toEqual([{ id: ep("v1", 1), boundary: { next: "verify", answer: "42" }, data: undefined }]);
+    verify.open();
+    await flush();
+    // The step finished while the checkpoint is open: it parks at the boundary after it, never runs twice here.
+    expect(steps.exportable()).toEqual([{ id: ep("v1", 1), boundary: { next: "return", reward: 1 }, data: undefined }]);
+    steps.open();
+    expect(await run).toBe(1);
+    expect(started).toBe(1);
+  });
+
   it("an episode without a boundary inside its first replay step is exported with boundary null", async () => {
     const steps = new EpisodeSteps();
     const seed = latch();

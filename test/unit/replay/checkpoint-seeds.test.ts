@@ -113,6 +113,43 @@ describe("checkpoint seeds", () => {
     expect(exported.skipped).toMatchObject({ no_progress: 1 });
   });
 
+  it("one seed per boundary the agent waits for a model call at; every other boundary is skipped with its reason", async () => {
+    const between = parked("between");
+    const noBoundary = parked("no-boundary");
+    const notStarted = parked("not-started");
+    const atVerify = parked("at-verify");
+    const atReturn = parked("at-return");
+    const finished = parked("finished");
+    const finalMessages = [...(finished.agent.boundary.messages as object[]), { role: "assistant", content: "42" }];
+    // A restored record not yet re-dispatched is exported as its next attempt, the agent's session too.
+    const restored = parked("restored");
+    const next = { rollout_id: "restored", attempt: 1 };
+    await publish([
+      await writeParticipant("environment", [
+        between.environment,
+        { ...noBoundary.environment, boundary: null },
+        notStarted.environment,
+        { ...atVerify.environment, boundary: { next: "verify", answer: "42" } },
+        { ...atReturn.environment, boundary: { next: "return", answer: "42", reward: 1 } },
+        finished.environment,
+        { ...restored.environment, episode_id: next },
+      ]),
+      await writeParticipant("agent", [
+        between.agent,
+        atVerify.agent,
+        atReturn.agent,
+        { ...finished.agent, boundary: { messages: finalMessages, answer: "42" } },
+        { ...restored.agent, episode_id: next },
+      ]),
+    ]);
+    const exported = await exportCheckpointSeeds(checkpointDir());
+    expect(exported.seeds.map((s) => [s.name, s.lineage.attempt])).toEqual([
+      [`continue:${ID}:between`, 0],
+      [`continue:${ID}:restored-a1`, 1],
+    ]);
+    expect(exported.skipped).toEqual({ no_boundary: 1, not_started: 1, past_agent: 2, finished_loop: 1 });
+  });
+
   it("refuse a participant directory replaced after publication, even a self-consistent one", async () => {
     const [r1, r2] = [parked("r1"), parked("r2")];
     await publish([await writeParticipant("environment", [r1.environment]), await writeParticipant("agent", [r1.agent])]);
