@@ -168,4 +168,23 @@ describe("replay anchors on the reference Gym", () => {
     expect(await resources("/admin/stats")).toEqual(before);
     expect(await world.state("environment")).toMatchObject({ episodes: 0 });
   }, 60_000);
+
+  it("a replay task anchored at a sandbox snapshot the reference Gym cannot restore is refused before anything runs", async () => {
+    // The record carries a snapshot ref at its first tool result: only that anchor is offered, with the ref.
+    const snapshotted = { ...gymTrace("c".repeat(32), 2), info: { snapshots: { "3": "sandbox-snap-1" } } };
+    await writeRolloutRecords(join(recordsDir, "rollouts"), 3, { kind: "train", env: "gym", traces: [snapshotted] });
+    const served: any[] = [];
+    for (let i = 0; i < 100; i++) {
+      const next = (await post("/replay/next")).body;
+      if (next.done) break;
+      served.push(next);
+    }
+    expect(served.map((t) => [t.lineage.sourceTraceId, t.lineage.anchorNode])).toEqual([["c".repeat(32), 3]]);
+    const task = served[0];
+    const before = await resources("/admin/stats");
+    const refused = await post("/run", { rollout_id: "snap-1", attempt: 0, task: task.task, replay_idx: task.replay_idx, replay_id: task.replay_id });
+    expect(refused).toMatchObject({ status: 400, body: { error: { code: "invalid_request", detail: expect.stringContaining("sandbox-snap-1") } } });
+    expect(await resources("/admin/stats")).toEqual(before);
+    expect(await world.state("environment")).toMatchObject({ episodes: 0 });
+  }, 60_000);
 });

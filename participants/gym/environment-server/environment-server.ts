@@ -83,9 +83,10 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       if (body.replay_idx !== undefined) {
         if (!replay) throw new CheckpointError("invalid_request", "this environment serves no replay source (start it with --replay-config)");
         // An unknown index is the caller's invalid_request; a reload that found corrupt records is not.
-        replayed = gymReplayRun(await replay.taskAt(body.replay_idx).catch((error: unknown) => {
+        const replayTask = await replay.taskAt(body.replay_idx).catch((error: unknown) => {
           throw replayRefusal(error);
-        }));
+        });
+        replayed = gymReplayRun(replayTask);
         // The index alone could name another task on a worker whose list differs: the id must match too.
         if (replayed.replay_id !== body.replay_id) {
           throw new CheckpointError("invalid_request", `replay task ${body.replay_idx} has id ${replayed.replay_id}, not ${body.replay_id}`);
@@ -97,6 +98,11 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         if (replayed.seed.length > MAX_SEED_MESSAGES) {
           throw new CheckpointError("invalid_request", `replay task ${body.replay_idx}'s seed has ${replayed.seed.length} messages; the agent takes at most ${MAX_SEED_MESSAGES}`);
         }
+        // A seed anchored at a sandbox snapshot continues only from that snapshot: the source's setup
+        // restores it or refuses (the reference Gym has no setup and restores none, so this only refuses).
+        await replay.setup(replayTask).catch((error: unknown) => {
+          throw replayRefusal(error);
+        });
       }
       // The digest is of the task as the caller spelled it, not as parsed (defaults filled in), so a
       // checkpoint seed finds it in the caller's task file. A replayed run is a different episode
