@@ -88,6 +88,23 @@ describe("replay anchors on the reference Gym", () => {
     expect((await running).body).toMatchObject({ reward: 1, answer: "42" });
   }, 60_000);
 
+  it("so does a legacy agent /run episode's seed", async () => {
+    await world.backend.reset();
+    await world.backend.hold(1);
+    const task = { expression: "17 + 25" };
+    const running = world.run("legacy-digest-1", 0, task, "agent");
+    await world.waitFor(async () => (await world.backend.calls()).length >= 2, "the second model call to be held");
+    await world.checkpointNoResume("cp-legacy-digest", [ep("legacy-digest-1")]);
+    try {
+      const exported = await seedsOf("cp-legacy-digest", [task]);
+      expect(exported.seeds.map((s) => [s.lineage.boundary, s.task])).toEqual([["loop", task]]);
+    } finally {
+      await world.client.resume({ checkpoint_id: "cp-legacy-digest" });
+      await world.backend.release();
+    }
+    expect((await running).body).toMatchObject({ reward: 1, answer: "42" });
+  }, 60_000);
+
   it("an episode parked before its first model call or at verify is no seed", async () => {
     await world.backend.reset();
     await world.backend.hold(0);

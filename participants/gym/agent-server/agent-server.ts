@@ -131,7 +131,9 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
         checkBoundary: (boundary: unknown) => void legacyBoundaryOf(captureKey(episode), boundary),
         ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
       };
-      return await kind.runLegacy(episode, body.task, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task));
+      // Digested as the caller spelled it (defaults not filled in), so `seeds --tasks` finds it in the task file.
+      const sent = (request.body as { task: unknown }).task;
+      return await kind.runLegacy(episode, sent, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task));
     } catch (error) {
       return sendRefusal(reply, error, kind.kind);
     }
