@@ -104,6 +104,15 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     leaseMs: config.lease_ms,
     clock,
     logger,
+    // Unreadable root: no floor (0) rather than no leader; publication reports the root itself.
+    epochFloor: () => {
+      try {
+        return catalog.highestEpoch();
+      } catch (err) {
+        logger.warn({ err }, "epoch_floor_unreadable");
+        return 0;
+      }
+    },
     onReady: async (epoch) => {
       // Controller ops wait for recovery: retried (backing off to 5 s) while this term lasts.
       for (let attempt = 1; ; attempt++) {

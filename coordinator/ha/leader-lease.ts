@@ -1,3 +1,4 @@
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
@@ -23,6 +24,11 @@ export interface LeaderLeaseOptions {
   onLost?: (epoch: number) => void;
   /** An already opened leader bucket (tests); opened and asserted from `nc` otherwise. */
   kv?: KV;
+  /**
+   * The highest epoch a published checkpoint carries (the daemon reads its checkpoint root). A
+   * won revision not above it is moved past it: see `campaign`.
+   */
+  epochFloor?: () => number;
 }
 
 /**
@@ -118,14 +124,31 @@ export class LeaderLease implements Leadership {
     if (this.heldEpoch !== null || this.stopped || !this.kv) return this.heldEpoch !== null;
     try {
       const sentAt = this.clock.monotonic();
-      const revision = await this.kv.create(LEADER_KEY, this.keyValue());
-      this.won(revision, sentAt);
+      this.won(await this.campaign(this.keyValue()), sentAt);
       this.timer?.();
       this.schedule(this.options.leaseMs / 3);
       return true;
     } catch {
       return false;
     }
+  }
+
+  /**
+   * Creates the key: its revision is the epoch. One not above the highest epoch already published
+   * means the bucket's revisions started over (the bucket was recreated, or JetStream lost its
+   * store): retention would rank this leader's checkpoints below the older ones, and participants
+   * that saw those epochs would refuse it. The bucket's sequence is then moved past that epoch (a
+   * purge up to it, which takes this fresh key too) and the key created again; a coordinator that
+   * created it meanwhile wins instead.
+   */
+  private async campaign(value: string): Promise<number> {
+    const revision = await this.kv!.create(LEADER_KEY, value);
+    const floor = this.options.epochFloor?.() ?? 0;
+    if (revision > floor) return revision;
+    this.options.logger?.warn({ revision, highest_published_epoch: floor }, "lease_revisions_behind_published_epochs");
+    const jsm = await jetstreamManager(this.options.nc);
+    await jsm.streams.purge(`KV_${leaderBucket(this.options.deployment)}`, { seq: floor + 1 });
+    return this.kv!.create(LEADER_KEY, value);
   }
 
   /** The key's value: who leads and when it last wrote, in wall time (for humans; never compared). */
@@ -156,7 +179,7 @@ export class LeaderLease implements Leadership {
     const value = this.keyValue();
     if (this.heldEpoch === null) {
       try {
-        this.won(await this.kv!.create(LEADER_KEY, value), sentAt);
+        this.won(await this.campaign(value), sentAt);
       } catch {
         // Someone else leads (or the server is unreachable): campaign again later.
       }

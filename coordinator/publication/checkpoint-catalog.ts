@@ -163,6 +163,11 @@ export class CheckpointCatalog {
     return { published, partial: partial.sort(), damaged: damaged.sort((a, b) => (a.checkpoint_id < b.checkpoint_id ? -1 : 1)) };
   }
 
+  /** The highest epoch a published checkpoint here carries (0: none). Blocking, as scan(). */
+  highestEpoch(): number {
+    return this.scan().published[0]?.epoch ?? 0;
+  }
+
   /** Caches the catalog entry of a checkpoint.json whose content and stat the caller already has. */
   remember(name: string, manifest: GlobalManifest, info: Stats): CatalogEntry {
     const entry = { checkpoint_id: name, published_at: manifest.published_at, epoch: manifest.epoch, participants: manifest.participants.length, stop: manifest.stop };
