@@ -145,6 +145,11 @@ export class LeaderLease implements Leadership {
     const revision = await this.kv!.create(LEADER_KEY, value);
     const floor = this.options.epochFloor?.() ?? 0;
     if (revision > floor) return revision;
+    // One no sequence can pass (a hand-edited checkpoint.json's epoch past 2^53) must not keep every coordinator from leading.
+    if (!Number.isSafeInteger(floor + 1)) {
+      this.options.logger?.error({ revision, highest_published_epoch: floor }, "published_epoch_out_of_range_ignored");
+      return revision;
+    }
     this.options.logger?.warn({ revision, highest_published_epoch: floor }, "lease_revisions_behind_published_epochs");
     const jsm = await jetstreamManager(this.options.nc);
     await jsm.streams.purge(`KV_${leaderBucket(this.options.deployment)}`, { seq: floor + 1 });

@@ -99,6 +99,11 @@ describe("membership registry", () => {
     await second.start();
     expect(second.state()).toMatchObject({ leader: true, epoch: 43 }); // 42: the first one's delete
     await second.stop();
+    // A floor past 2^53 (a hand-edited checkpoint.json) cannot be honoured: ignored, not a leaderless deployment.
+    const third = new LeaderLease({ nc: world.pnc, deployment, id: "c", leaseMs: 1_000, epochFloor: () => 2 ** 60 });
+    await third.start();
+    expect(third.state()).toMatchObject({ leader: true, epoch: 45 });
+    await third.stop();
   });
 
   it("a coordinator started after the leader bucket was recreated leads above the epochs published: participants accept it, retention keeps the newest", async () => {
