@@ -1230,6 +1230,18 @@ export class CheckpointEngine {
     return last && last.epoch === epoch && now <= last.at ? last.at + 0.001 : now;
   }
 
+  /**
+   * `updated_at` for a journal entry in `epoch` (ms): the wall clock, but after this coordinator's
+   * last publication in that epoch, as `publicationTime`. A successor's recovery takes a decision
+   * LATEST's publication (same epoch) is later than for one overtaken, and resumes it instead of
+   * completing it: a clock stepped back must not make a fresh decision look older.
+   */
+  private journalTime(epoch: number): number {
+    const now = this.options.clock.now();
+    const last = this.lastPublication;
+    return last && last.epoch === epoch && now <= last.at * 1000 ? last.at * 1000 + 1 : now;
+  }
+
   /** Retention after a publication whose reply must not fail for it (the checkpoint is published). */
   private retainAfter(id: string, epoch: number): string[] {
     try {
@@ -1766,7 +1778,7 @@ export class CheckpointEngine {
       controller_state: open.controllerState,
       ...(state === "restore_cleanup" && { retire_at: (open.retireAt ?? open.members).map((m) => ({ kind: m.kind, instance: m.instance })) }),
       ...((state === "restored" || state === "resuming") && open.incarnations.size > 0 && { incarnations: Object.fromEntries(open.incarnations) }),
-      updated_at: this.options.clock.now(),
+      updated_at: this.journalTime(open.epoch),
     };
   }
 }

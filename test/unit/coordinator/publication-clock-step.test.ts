@@ -30,4 +30,23 @@ describe("publication order within one epoch", () => {
     expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["c4", "c3"]);
     expect(await catalog.latest()).toBe("c4");
   });
+
+  it("a decision journaled after a step back is not taken for one a publication of its epoch overtook: a successor completes it", async () => {
+    let crash = false;
+    const first = makeEngine(root, { hooks: { afterDecision: async () => {
+          if (crash) throw new Error("crash after decision");
+        }, } });
+    await first.engine.checkpoint({ checkpoint_id: "c1", episode_ids: null, stop: false, controller_state: null });
+    first.clock.current -= 120_000;
+    crash = true;
+    await first.engine.prepare({ checkpoint_id: "c2" });
+    await expect(first.engine.commit({ checkpoint_id: "c2", episode_ids: null, stop: false })).rejects.toThrow("crash after decision");
+    const entry = first.journal.entries.get("c2")!;
+    expect(entry.state).toBe("decided");
+    // A successor of the next epoch, over the same checkpoint root, recovers that decision.
+    const second = makeEngine(root, { epoch: 8 });
+    await second.journal.record({ ...entry, auto_publish: true });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "c2", action: "committed_published_resumed" }]);
+    expect(await second.catalog.latest()).toBe("c2");
+  });
 });
