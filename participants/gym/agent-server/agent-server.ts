@@ -8,7 +8,7 @@ import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { expectOk, postJson, trimSlash } from "./gym-http.js";
 import { seedSession } from "./seed-session.js";
-import { GymTaskSchema, RunRequestSchema, type GymTask, type RunReply } from "./gym-task.js";
+import { GymTaskSchema, RunRequestSchema, taskSpellings, type GymTask, type RunReply } from "./gym-task.js";
 import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
 
 /**
@@ -129,6 +129,8 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       const episode = { rollout_id: body.rollout_id, attempt: body.attempt };
       const begin = {
         checkBoundary: (boundary: unknown) => void legacyBoundaryOf(captureKey(episode), boundary),
+        // A record digested from another spelling (defaults filled in: checkpoints of older servers) is the same task.
+        sameTask: taskSpellings(body.task),
         ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
       };
       // Digested as the caller spelled it (defaults not filled in), so `seeds --tasks` finds it in the task file.

@@ -7,7 +7,7 @@ import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
 import { ReplayError } from "../../replay/errors.js";
 import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
-import { RunRequestSchema } from "../agent-server/gym-task.js";
+import { RunRequestSchema, taskSpellings } from "../agent-server/gym-task.js";
 import { MAX_SEED_MESSAGES } from "../agent-server/tool-calling-agent.js";
 import { environmentBoundaryOf, runGymEpisode, type GymEndpoints } from "./gym-episode.js";
 
@@ -109,9 +109,12 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       // input than its plain task: the restore digest says so, and names the replay task by content
       // (every anchor of one record shares the task).
       const sent = (request.body as { task: unknown }).task;
-      const digested = replayed ? { task: sent, replay_idx: replayed.replay_idx, replay_id: replayed.replay_id } : sent;
+      const digestOf = (task: unknown) => (replayed ? { task, replay_idx: replayed.replay_idx, replay_id: replayed.replay_id } : task);
+      const digested = digestOf(sent);
       const begin = {
         checkBoundary: (boundary: unknown) => void environmentBoundaryOf(captureKey(episode), boundary),
+        // A record digested from another spelling (defaults filled in: checkpoints of older servers) is the same task.
+        sameTask: taskSpellings(body.task).map(digestOf),
         ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
       };
       const result = await kind.begin(episode, digested, begin, (ep) => runGymEpisode(endpoints, ep, body.task, replayed ? { seed: replayed.seed } : {}));

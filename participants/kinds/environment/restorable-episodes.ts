@@ -19,6 +19,12 @@ export interface BeginOptions {
    * without losing the record.
    */
   checkBoundary?: (boundary: Boundary) => void;
+  /**
+   * Other spellings of the same task a restored record's digest may be of (e.g. with defaults filled
+   * in, as an older server digested it): a restored record matching any of them is taken too. The
+   * episode's own digest, exported by later checkpoints, stays the task's.
+   */
+  sameTask?: unknown[];
 }
 
 /**
@@ -54,7 +60,8 @@ export class RestorableEpisodes {
   /**
    * Starts (or continues) an episode. Checks, in order: the retired fence (`stale_attempt`), a
    * conflicting attempt of the same rollout (`stale_attempt`), admission (`admission_closed` when
-   * closed and nothing was restored for this attempt), the restored task digest (`invalid_request`),
+   * closed and nothing was restored for this attempt), the restored task digest (`invalid_request`;
+   * the task's or one of `options.sameTask`),
    * the restored boundary (`options.checkBoundary`). All checks run before anything changes, so a
    * refusal loses nothing.
    */
@@ -72,7 +79,7 @@ export class RestorableEpisodes {
     const restored = this.pending.get(key);
     if (!restored && this.steps.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; retry after resume");
     const taskDigest = canonicalDigest(task);
-    if (restored && restored.task_digest !== taskDigest) {
+    if (restored && restored.task_digest !== taskDigest && !options.sameTask?.some((t) => canonicalDigest(t) === restored.task_digest)) {
       throw new CheckpointError("invalid_request", `${key} continues a checkpoint recorded for a different task (digest mismatch)`);
     }
     if (restored?.boundary && options.checkBoundary) options.checkBoundary(restored.boundary);

@@ -27,6 +27,32 @@ describe("reference agent server", () => {
     }
   });
 
+  it("legacy /run takes a restored record digested with or without the task's defaults, and refuses another task with invalid_request", async () => {
+    // A bogus boundary is refused only after the digest matched: invalid_checkpoint_state says it did, invalid_request that it did not.
+    const asParsed = { expression: "1+1", tool_rounds: 1 }; // what servers before the as-spelled digest recorded
+    const asSpelled = { expression: "1+1" };
+    for (const [recorded, sent] of [[asParsed, asSpelled], [asSpelled, asParsed], [asSpelled, asSpelled], [asParsed, asParsed]]) {
+      const state = new AgentSessionState();
+      const kind = new AgentKind(state);
+      await kind.install([
+        { episode_id: { rollout_id: "r1", attempt: 1 }, mode: "legacy", session_key: "r1", session: { task_digest: canonicalDigest(recorded) }, boundary: null, episode: { next: "bogus" } },
+      ]);
+      const app = createAgentApp({ kind, state, endpoints: { policyUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9", stream: false } });
+      try {
+        for (const other of [{ expression: "1+2" }, { expression: "1+1", tool_rounds: 2 }, { expression: "1+1", tool_rounds: 0 }]) {
+          const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 2, task: other } });
+          expect([res.statusCode, res.json().error.code]).toEqual([400, "invalid_request"]);
+        }
+        const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 2, task: sent } });
+        expect([res.statusCode, res.json().error.code]).toEqual([422, "invalid_checkpoint_state"]);
+        expect(kind.legacy.pendingKeys()).toEqual(["r1-a2"]);
+        expect(kind.legacy.steps.size).toBe(0);
+      } finally {
+        await app.close();
+      }
+    }
+  });
+
   it("native activate refuses a restored boundary that is not a turn-loop state with invalid_checkpoint_state, keeping the restored session", async () => {
     const state = new AgentSessionState();
     const kind = new AgentKind(state);

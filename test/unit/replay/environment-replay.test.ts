@@ -1,8 +1,10 @@
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createEnvironmentApp } from "../../../participants/gym/environment-server/environment-server.js";
-import type { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
+import { canonicalDigest } from "../../../protocol/index.js";
+import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { ReplayTaskSource, gymSourceEnvironment, writeRolloutRecords, type GymReplaySource } from "../../../participants/replay/index.js";
+import { gymReplayRun } from "../../../participants/replay/gym-replay-source.js";
 import { TraceBuilder, call, result, say, silent, sys, tempDir, traceId, user } from "./fixtures.js";
 
 let dir: string;
@@ -13,10 +15,10 @@ afterEach(() => cleanup());
 const TASK = { expression: "3 * 4", tool_rounds: 2 };
 
 /** One Gym rollout with two complete tool runs: two continue anchors of the same task. */
-async function writeGymRecords(step: number, id: number): Promise<void> {
+async function writeGymRecords(step: number, id: number, task: object = TASK): Promise<void> {
   const b = new TraceBuilder();
   b.chain(null, [[sys()], [user("Compute: 3 * 4")], [call("c1"), true], [result("c1", "12")], [call("c2"), true], [result("c2", "12")], [say("12"), true]]);
-  const trace = { ...b.trace(traceId(id)), task: { ...TASK, idx: 0, name: null, prompt: "Compute: 3 * 4" } };
+  const trace = { ...b.trace(traceId(id)), task: { ...task, idx: 0, name: null, prompt: "Compute: 3 * 4" } };
   await writeRolloutRecords(path.join(dir, "rollouts"), step, { kind: "train", env: "gym", traces: [trace] });
 }
 
@@ -64,6 +66,34 @@ describe("the environment server's replay path", () => {
     expect((await run({ replay_idx: 1, replay_id: second.replay_id })).statusCode).toBe(200);
     expect(begun).toEqual([{ task: TASK, replay_idx: 1, replay_id: second.replay_id }]);
     await app.close();
+  });
+
+  it("a restored replayed record digested with or without the task's defaults continues under its replay task only", async () => {
+    await writeGymRecords(1, 7, { expression: "3 * 4", tool_rounds: 1 });
+    const replay = source();
+    await replay.load();
+    const asParsed = { expression: "3 * 4", tool_rounds: 1 }; // what servers before the as-spelled digest recorded
+    const asSpelled = { expression: "3 * 4" };
+    for (const [recorded, sent] of [[asParsed, asSpelled], [asSpelled, asParsed]]) {
+      const kind = new EnvironmentKind();
+      const app = createEnvironmentApp({ kind, endpoints: { agentUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9" }, replay });
+      try {
+        const anchor = (idx: number) => ({ replay_idx: idx, replay_id: gymReplayRun(replay.tasks[idx]!).replay_id });
+        const [first, second] = [anchor(0), anchor(1)];
+        // A bogus boundary is refused only after the digest matched: invalid_checkpoint_state says it did.
+        await kind.install([{ episode_id: { rollout_id: "r1", attempt: 1 }, task_digest: canonicalDigest({ task: recorded, ...first }), boundary: { next: "bogus" } }]);
+        const run = (body: object) => app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 2, task: sent, ...body } });
+        for (const other of [{}, second]) {
+          const refused = await run(other);
+          expect([refused.statusCode, refused.json().error.code]).toEqual([400, "invalid_request"]);
+        }
+        const res = await run(first);
+        expect([res.statusCode, res.json().error.code]).toEqual([422, "invalid_checkpoint_state"]);
+        expect(kind.episodes.pendingKeys()).toEqual(["r1-a2"]);
+      } finally {
+        await app.close();
+      }
+    }
   });
 
   it("GET /replay/info reloads before it answers, so it reports the tasks on disk now", async () => {
