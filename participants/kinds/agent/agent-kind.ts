@@ -48,10 +48,12 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   async closeSession(episode: EpisodeId, key: string = episode.rollout_id): Promise<void> {
     // Free, then drop: a free that throws leaves the session held (never reopened, not a blocker), so
     // a retried close, a retire, a forget or the next commit's clean-up frees it instead of leaking it.
-    if (!(await this.sessions.closeSession(episode, key))) return;
-    await this.hooks.retireAgentSession(key);
-    this.sessions.dropFreed(key);
+    const held = await this.sessions.closeSession(episode, key);
+    if (held) await this.sessions.freeHeld(held, "freeing", this.free);
   }
+
+  /** Frees one session's state (the hook); `AgentSessions.freeHeld` decides whether it still may. */
+  private readonly free = (key: string): Promise<void> => this.hooks.retireAgentSession(key);
 
   /** A legacy `/run` episode: the agent owns seed, turn loop and verify. */
   runLegacy<T>(episode: EpisodeId, task: unknown, options: BeginOptions, fn: (episode: StepEpisode) => Promise<T>): Promise<T> {
@@ -176,21 +178,16 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     const stopped = await this.sessions.retire(episodes);
     await this.legacy.retire(episodes);
     // Free, then drop: a free that throws leaves its session retiring (a blocker that no open_session
-    // can reopen), so a retried retire finds it and frees it again instead of losing its state.
-    for (const key of stopped) {
-      await this.hooks.retireAgentSession(key);
-      this.sessions.dropRetired(key);
-    }
+    // can reopen), so a retried retire finds it and frees it again instead of losing its state. This
+    // loop may outlive the retire's deadline: freeHeld skips a session another loop freed meanwhile.
+    for (const s of stopped) await this.sessions.freeHeld(s, "retiring", this.free);
   }
 
   async forget(rolloutIds: string[]): Promise<void> {
     // Retired marks live in the control plane. A session whose retire could not free it is still
     // held (retiring, a blocker) and no later retire lists it once its fence is lifted: freed here
     // first, and the forget fails (its fence kept) while a free does. So is one a failed free left held otherwise.
-    for (const key of this.sessions.heldOf(rolloutIds)) {
-      await this.hooks.retireAgentSession(key);
-      this.sessions.dropHeld(key);
-    }
+    for (const s of this.sessions.heldOf(rolloutIds)) await this.sessions.freeHeld(s, "held", this.free);
   }
 
   /** Restored state the controller no longer continues is freed (not fenced: it may start that attempt over). */
@@ -200,14 +197,14 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     // opens over the old restored state (the reference agent would inherit its cookie).
     // A free that throws leaves its session held and the loop carries on; held ones (this commit's,
     // or an earlier clean-up's or close's whose free failed) are freed again here at every commit.
-    this.sessions.leaveOut(this.sessions.unclaimedOutside(scope));
+    // The loop may outlive the commit: freeHeld skips a session another loop freed meanwhile.
+    this.sessions.leaveOutUnclaimed(scope);
     const failures: string[] = [];
-    for (const key of this.sessions.heldForFreeing()) {
+    for (const s of this.sessions.heldForFreeing()) {
       try {
-        await this.hooks.retireAgentSession(key);
-        this.sessions.dropFreed(key);
+        await this.sessions.freeHeld(s, "freeing", this.free);
       } catch (error) {
-        failures.push(`${key}: ${error instanceof Error ? error.message : String(error)}`);
+        failures.push(`${s.key}: ${error instanceof Error ? error.message : String(error)}`);
       }
     }
     this.legacy.dropPendingOutside(scope);

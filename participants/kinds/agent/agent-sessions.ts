@@ -51,6 +51,8 @@ interface Session {
    * key refused) until a free ends, so no new session opens over state about to be freed.
    */
   freeing: "left_out" | "closed" | undefined;
+  /** The free of its state now running (`freeHeld`): one at a time, and a loop waiting on it looks again after. */
+  inFree: Promise<void> | undefined;
   activation: { abort: AbortController; done: Promise<void> } | undefined;
 }
 
@@ -73,6 +75,12 @@ export interface ActivateOptions {
    */
   checkBoundary?: (boundary: Boundary) => void;
 }
+
+/** A session a free loop holds on to: the loop frees this very session, never one opened on its key since. */
+export type HeldSession = Readonly<Pick<Session, "key" | "episode">>;
+
+/** Which held sessions a loop frees: a commit's clean-up or a close (`freeing`), a retire (`retiring`), a forget (either). */
+export type HeldFor = "freeing" | "retiring" | "held";
 
 export interface ExportedSession {
   key: string;
@@ -154,7 +162,7 @@ export class AgentSessions {
       return { restored: existing.restored !== undefined };
     }
     if (this.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; no new sessions until resume");
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, retiring: false, freeing: undefined, activation: undefined });
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, retiring: false, freeing: undefined, inFree: undefined, activation: undefined });
     this.onChange();
     return { restored: false };
   }
@@ -250,12 +258,12 @@ export class AgentSessions {
 
   /**
    * The environment ended the episode: hold the session (never reopened or served), then cancel
-   * any activation still running. True when the caller is to free it, then drop it (`dropFreed`);
-   * false for a session a retire holds, which that retire frees and drops.
+   * any activation still running. Returns it for the caller to free (`freeHeld`, which skips it
+   * if a retire took it over).
    */
-  async closeSession(episode: EpisodeId, key: string): Promise<boolean> {
+  async closeSession(episode: EpisodeId, key: string): Promise<HeldSession | undefined> {
     const s = this.sessions.get(key);
-    if (!s) return false;
+    if (!s) return undefined;
     if (!sameEpisode(s.episode, episode)) {
       throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);
     }
@@ -265,7 +273,7 @@ export class AgentSessions {
       this.onChange();
     }
     await this.stop(s, "closed");
-    return !s.retiring;
+    return s;
   }
 
   /** Sessions exported by a checkpoint: parked ones at their latest snapshot, restored ones at their continuation. */
@@ -298,65 +306,79 @@ export class AgentSessions {
 
   /** An idle session nobody has claimed, placed by a restore (restored, or held retiring). */
   private placeIdle(key: string, episode: EpisodeId, fields: { restored: Boundary | null | undefined; retiring: boolean }): void {
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, freshBoundary: false, delivered: false, stale: false, freeing: undefined, activation: undefined, ...fields });
+    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, freshBoundary: false, delivered: false, stale: false, freeing: undefined, inFree: undefined, activation: undefined, ...fields });
   }
 
-  /** Restored sessions not yet claimed whose episode is outside `scope` (commit clean-up). */
-  unclaimedOutside(scope: EpisodeId[] | null): string[] {
-    if (!scope) return [];
+  /** Holds the restored sessions not yet claimed whose episode is outside `scope` while the commit's clean-up frees them: no longer restored, never claimed. */
+  leaveOutUnclaimed(scope: EpisodeId[] | null): void {
+    if (!scope) return;
     const wanted = new Set(scope.map(captureKey));
-    return [...this.sessions.values()].filter((s) => s.restored !== undefined && s.state === "idle" && !wanted.has(captureKey(s.episode))).map((s) => s.key);
-  }
-
-  /** Holds these restored sessions while the commit's clean-up frees them: no longer restored, never claimed. */
-  leaveOut(keys: string[]): void {
-    for (const key of keys) {
-      const s = this.sessions.get(key);
-      if (!s) continue;
+    const left = [...this.sessions.values()].filter((s) => s.restored !== undefined && s.state === "idle" && !wanted.has(captureKey(s.episode)));
+    for (const s of left) {
       s.restored = undefined;
       s.freeing = "left_out";
     }
-    if (keys.length) this.onChange();
+    if (left.length) this.onChange();
   }
 
-  /** Keys held for freeing (left out by a commit, or closed), but those a retire took over (it frees and drops them) or a close still stops. */
-  heldForFreeing(): string[] {
-    return [...this.sessions.values()].filter((s) => s.freeing && !s.retiring && !s.activation).map((s) => s.key);
+  /** Sessions held for freeing (left out by a commit, or closed), but those a retire took over or a close still stops. */
+  heldForFreeing(): HeldSession[] {
+    return [...this.sessions.values()].filter((s) => this.isHeld(s, "freeing"));
   }
 
-  /** Drops a session held for freeing once its state was freed, unless a retire took it over (that retire drops it). */
-  dropFreed(key: string): void {
-    const s = this.sessions.get(key);
-    if (s?.freeing && !s.retiring) this.drop(key);
-  }
-
-  drop(key: string): void {
-    if (this.sessions.delete(key)) this.onChange();
-  }
-
-  /** Keys of the held sessions of these rollouts: retiring (a retire or failed restore whose free failed) or held for freeing. */
-  heldOf(rolloutIds: string[]): string[] {
+  /**
+   * The held sessions of these rollouts (retiring, or held for freeing), but those whose activation
+   * still runs: a retire that overran its deadline is still waiting for it, and frees it after.
+   */
+  heldOf(rolloutIds: string[]): HeldSession[] {
     const forgotten = new Set(rolloutIds);
-    return [...this.sessions.values()].filter((s) => (s.retiring || s.freeing) && forgotten.has(s.episode.rollout_id)).map((s) => s.key);
+    return [...this.sessions.values()].filter((s) => this.isHeld(s, "held") && forgotten.has(s.episode.rollout_id));
   }
 
-  /** Drops a held session once its state was freed (forget's: no retire runs beside it). */
-  dropHeld(key: string): void {
-    const s = this.sessions.get(key);
-    if (s?.retiring || s?.freeing) this.drop(key);
+  /**
+   * Frees a held session's state with `free`, then drops it. A free loop may outlive the lock (a
+   * commit's clean-up, a retire past its deadline), so this looks again first: only while its key
+   * still names this very session and it is still held (not freed and dropped by another loop, the
+   * key then reopened by the next attempt). One free per session at a time: a loop that finds one
+   * running waits for it, then looks again. False when there was nothing left to free; a free that
+   * throws leaves the session held, for a later loop.
+   */
+  async freeHeld(held: HeldSession, heldFor: HeldFor, free: (key: string) => Promise<void>): Promise<boolean> {
+    const s = held as Session;
+    // Bounded: each turn waits for one free to end, and a session is freed at most until it is dropped.
+    while (s.inFree) await s.inFree;
+    if (this.sessions.get(s.key) !== s || !this.isHeld(s, heldFor)) return false;
+    const freeing = free(s.key);
+    s.inFree = freeing.then(
+      () => undefined,
+      () => undefined,
+    );
+    try {
+      await freeing;
+    } finally {
+      s.inFree = undefined;
+    }
+    if (this.sessions.get(s.key) === s) {
+      this.sessions.delete(s.key);
+      this.onChange();
+    }
+    return true;
   }
 
-  /** Drops a retired session once its state was freed (a close leaves a retiring session to its retire). */
-  dropRetired(key: string): void {
-    if (this.sessions.get(key)?.retiring) this.drop(key);
+  private isHeld(s: Session, heldFor: HeldFor): boolean {
+    // A running activation may still use the state: its close or retire frees it once it ended.
+    if (s.activation) return false;
+    if (heldFor === "retiring") return s.retiring;
+    if (heldFor === "freeing") return s.freeing !== undefined && !s.retiring;
+    return s.retiring || s.freeing !== undefined;
   }
 
   /**
    * Retire: every session of these rollouts with attempt ≤ N is marked retiring, cancelled and
-   * waited for. Returns their keys; the caller frees each, then drops it, so one whose free fails
-   * stays retiring (a blocker, never reopened) for a retried retire.
+   * waited for. Returns them; the caller frees each (`freeHeld`), so one whose free fails stays
+   * retiring (a blocker, never reopened) for a retried retire.
    */
-  async retire(episodes: EpisodeId[]): Promise<string[]> {
+  async retire(episodes: EpisodeId[]): Promise<HeldSession[]> {
     const targets = [...this.sessions.values()].filter((s) =>
       episodes.some((e) => e.rollout_id === s.episode.rollout_id && s.episode.attempt <= e.attempt),
     );
@@ -364,7 +386,7 @@ export class AgentSessions {
     for (const s of targets) s.retiring = true;
     if (targets.length) this.onChange();
     await Promise.all(targets.map((s) => this.stop(s, "retired")));
-    return targets.map((s) => s.key);
+    return targets;
   }
 
   private async stop(s: Session, why: "closed" | "retired"): Promise<void> {

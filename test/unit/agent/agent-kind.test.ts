@@ -717,6 +717,123 @@ describe("agent participant", () => {
     expect(second.kind.hasLiveState()).toBe(false);
     expect(second.kind.openSession(ep("k1", 2))).toEqual({ restored: false });
   }, 20_000);
+  it("a commit's clean-up that outlived its commit never frees a newer session opened on a key a forget freed and dropped meanwhile", async () => {
+    const { first, second } = await restoredK1K2();
+    const gate = latch();
+    let k1Frees = 0;
+    const retireHook = second.hooks.retireAgentSession.bind(second.hooks);
+    second.hooks.retireAgentSession = async (key: string) => {
+      if (key === "k1" && k1Frees++ === 0) await gate.promise;
+      await retireHook(key);
+    };
+    await second.call("prepare", { checkpoint_id: "c2" });
+    // The clean-up (k1, then k2) hangs on k1 past the commit's deadline; the lock is free again.
+    await second.call("commit", { checkpoint_id: "c2", episode_ids: [], deadline_ts: Date.now() / 1000 + 0.3 });
+    await second.call("resume", { checkpoint_id: "c2" });
+    // A forget frees and drops k2, and the rollout's next attempt opens k2 with state of its own.
+    await second.call("forget", { checkpoint_id: "forget", rollout_ids: ["k2"] });
+    expect(second.kind.sessions.stateOf("k2")).toBeUndefined();
+    expect(second.kind.openSession(ep("k2", 1))).toEqual({ restored: false });
+    second.hooks.state.set("k2", { cookie: "new" });
+    gate.open();
+    await waitFor(() => !second.kind.sessions.has("k1"));
+    await flush();
+    // The stale clean-up skips k2: another session has the key now (it used to free its cookie, then leave it).
+    expect(second.hooks.state.get("k2")).toEqual({ cookie: "new" });
+    expect(second.hooks.retired.filter((k) => k === "k2")).toEqual(["k2"]);
+    expect(second.kind.sessions.stateOf("k2")).toBe("idle");
+    await first.kind.retire([ep("k1"), ep("k2")]);
+  });
+  it("a retire that overran its deadline and keeps freeing never frees a newer session opened on a key a retried retire freed", async () => {
+    const { kind, hooks, call } = fresh();
+    for (const id of ["r1", "r2"]) {
+      kind.openSession(ep(id));
+      hooks.state.set(id, { cookie: id });
+    }
+    const gate = latch();
+    let r1Frees = 0;
+    const retireHook = hooks.retireAgentSession.bind(hooks);
+    hooks.retireAgentSession = async (key: string) => {
+      if (key === "r1" && r1Frees++ === 0) await gate.promise;
+      await retireHook(key);
+    };
+    const episodes = [ep("r1"), ep("r2")];
+    expect(await code(() => call("retire", { checkpoint_id: "retire", deadline_ts: Date.now() / 1000 + 0.2, episode_ids: episodes }))).toBe("deadline_exceeded");
+    // The retried retire waits for r1's free still running, then frees r2; the next attempt opens r2.
+    const retried = call("retire", { checkpoint_id: "retire", episode_ids: episodes });
+    await flush();
+    gate.open();
+    await retried;
+    expect(kind.hasLiveState()).toBe(false);
+    expect(kind.openSession(ep("r2", 1))).toEqual({ restored: false });
+    hooks.state.set("r2", { cookie: "new" });
+    await waitFor(() => hooks.retired.includes("r1"));
+    await flush();
+    await flush();
+    // The first retire's loop skips r2 (it used to free the new session's cookie).
+    expect(hooks.state.get("r2")).toEqual({ cookie: "new" });
+    expect(hooks.retired.sort()).toEqual(["r1", "r2"]);
+    expect(kind.sessions.stateOf("r2")).toBe("idle");
+  });
+  it("a forget after a retire that overran its deadline leaves the session whose activation still runs to that retire, freeing nothing under it", async () => {
+    const { kind, hooks, call } = fresh();
+    kind.openSession(ep("r1"));
+    hooks.state.set("r1", { cookie: "r1" });
+    // The activation ignores the abort signal: the retire waits for it past its deadline.
+    const answer = latch();
+    let stateSeenAtEnd: unknown = "unset";
+    const activation = kind
+      .activate(ep("r1"), async (a) => {
+        await a.boundary(() => ({ turn: 1 }));
+        await a.awaitingModel(answer.promise);
+        stateSeenAtEnd = hooks.state.get("r1");
+      })
+      .catch(() => undefined);
+    await waitFor(() => kind.sessions.stateOf("r1") === "at_boundary");
+    expect(await code(() => call("retire", { checkpoint_id: "retire", deadline_ts: Date.now() / 1000 + 0.2, episode_ids: [ep("r1")] }))).toBe("deadline_exceeded");
+    await call("forget", { checkpoint_id: "forget", rollout_ids: ["r1"] });
+    // Not freed under the running activation (it used to be, and dropped).
+    expect(hooks.retired).toEqual([]);
+    expect(kind.sessions.has("r1")).toBe(true);
+    answer.open();
+    await activation;
+    expect(stateSeenAtEnd).toEqual({ cookie: "r1" });
+    // The overrun retire frees it once the activation ended.
+    await waitFor(() => !kind.hasLiveState());
+    expect(hooks.retired).toEqual(["r1"]);
+  });
+  it("a commit's clean-up that outlived its commit never frees a newer session opened on a key a retried close freed meanwhile", async () => {
+    const { kind, hooks, call } = fresh();
+    for (const id of ["c1", "c2"]) {
+      kind.openSession(ep(id));
+      hooks.state.set(id, { cookie: id });
+    }
+    let failing = true;
+    const gate = latch();
+    let c1Frees = 0;
+    const retireHook = hooks.retireAgentSession.bind(hooks);
+    hooks.retireAgentSession = async (key: string) => {
+      if (failing) throw new Error(`${key}'s state did not free`);
+      if (key === "c1" && c1Frees++ === 0) await gate.promise;
+      await retireHook(key);
+    };
+    // Both closes' frees fail: both held for freeing.
+    await expect(kind.closeSession(ep("c1"))).rejects.toThrow("did not free");
+    await expect(kind.closeSession(ep("c2"))).rejects.toThrow("did not free");
+    failing = false;
+    await call("prepare", { checkpoint_id: "c3" });
+    await call("commit", { checkpoint_id: "c3", deadline_ts: Date.now() / 1000 + 0.3 });
+    await call("resume", { checkpoint_id: "c3" });
+    // The environment retries c2's close while the clean-up hangs on c1; a new attempt opens c2.
+    await kind.closeSession(ep("c2"));
+    expect(kind.openSession(ep("c2", 1))).toEqual({ restored: false });
+    hooks.state.set("c2", { cookie: "new" });
+    gate.open();
+    await waitFor(() => !kind.sessions.has("c1"));
+    await flush();
+    expect(hooks.state.get("c2")).toEqual({ cookie: "new" });
+    expect(kind.sessions.stateOf("c2")).toBe("idle");
+  });
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
     const kind = new AgentKind(new CookieHooks(), clock);
