@@ -64,7 +64,7 @@ export const ERROR_CATALOG = {
   },
   admission_closed: {
     status: 409,
-    meaning: "A checkpoint is open and this server does not admit new work until resume, or the request names a restored session a resources server is still freeing after a commit left it out, or the attach proxy is shutting down.",
+    meaning: "A checkpoint is open and this server does not admit new work until resume, or the request names a session a resources or agent server is still freeing, or the attach proxy is shutting down.",
     solve: "Retry after the checkpoint resumes (or the free ended, or against the restarted proxy).",
   },
   rollout_id_required: {

@@ -59,12 +59,15 @@ interface Session {
 const PARK_RETRY_MS = 100;
 
 /** A session held while its state is freed is served to nobody; the rollout may start over once it is gone. */
-function refuseFreeing(s: Session): void {
+function refuseFreeing(s: Session, episode: EpisodeId): void {
   if (s.freeing === "left_out") {
     throw new CheckpointError("admission_closed", `session ${s.key}'s restored state is being freed (the last commit left it out); retry`);
   }
-  // Its attempt ended; a later one starts once a retire of this one (which frees it) went through.
-  if (s.freeing === "closed") throw new CheckpointError("stale_attempt", `session ${s.key} (${captureKey(s.episode)}) was closed; its state is not freed yet`);
+  if (s.freeing !== "closed") return;
+  // The closed attempt itself is over for good; any other opens the key once the free ended (it
+  // was told stale_attempt means dispatch anew, so refusing it stale_attempt too would strand it).
+  if (sameEpisode(s.episode, episode)) throw new CheckpointError("stale_attempt", `session ${s.key} (${captureKey(s.episode)}) was closed`);
+  throw new CheckpointError("admission_closed", `session ${s.key} (${captureKey(s.episode)}) was closed and its state is still being freed; retry`);
 }
 
 export interface ActivateOptions {
@@ -155,7 +158,7 @@ export class AgentSessions {
     const existing = this.sessions.get(key);
     if (existing) {
       if (existing.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(existing.episode)}) is being retired`);
-      refuseFreeing(existing);
+      refuseFreeing(existing, episode);
       if (!sameEpisode(existing.episode, episode)) {
         throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(existing.episode)}, not ${captureKey(episode)}`);
       }
@@ -249,8 +252,8 @@ export class AgentSessions {
       if (s.delivered) s.stale = true;
       s.delivered = false;
       // A stale session becomes a restart, but not while a checkpoint is open (its restart set is
-      // fixed at prepare): until resume it blocks instead.
-      if (this.sessions.get(key) === s) this.setState(s, s.stale && this.gate.closed ? "running" : "idle");
+      // fixed at prepare): until resume it blocks instead. One held for freeing is neither: idle.
+      if (this.sessions.get(key) === s) this.setState(s, s.stale && this.gate.closed && !s.freeing ? "running" : "idle");
       finished();
       this.onChange();
     });
@@ -402,7 +405,7 @@ export class AgentSessions {
     if (!s) throw new CheckpointError("invalid_request", `no open session ${key}; call open_session first`);
     // Held by a failed restore (or a retire cut short, whose attempt is fenced anyway): never served.
     if (s.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(s.episode)}) is being retired`);
-    refuseFreeing(s);
+    refuseFreeing(s, episode);
     if (!sameEpisode(s.episode, episode)) {
       throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);
     }

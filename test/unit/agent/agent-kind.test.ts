@@ -656,7 +656,8 @@ describe("agent participant", () => {
     expect(kind.statusExtras()).toMatchObject({ sessions: 1 });
     expect(kind.readiness().blockers).toEqual([]);
     expect(await kind.exportRecords(null)).toEqual([]);
-    expect(await code(() => kind.openSession(ep("c1", 1)))).toBe("stale_attempt");
+    expect(await code(() => kind.openSession(ep("c1")))).toBe("stale_attempt");
+    expect(await code(() => kind.openSession(ep("c1", 1)))).toBe("admission_closed");
     // A retried close frees it.
     await kind.closeSession(ep("c1"));
     expect(hooks.state.get("c1")).toBeUndefined();
@@ -833,6 +834,59 @@ describe("agent participant", () => {
     await flush();
     expect(hooks.state.get("c2")).toEqual({ cookie: "new" });
     expect(kind.sessions.stateOf("c2")).toBe("idle");
+  });
+  it("a closed session held while its free runs refuses its own attempt stale_attempt and a newer one admission_closed (retryable)", async () => {
+    const { kind, hooks } = fresh();
+    kind.openSession(ep("c1"));
+    hooks.state.set("c1", { cookie: "c1" });
+    const gate = latch();
+    const retireHook = hooks.retireAgentSession.bind(hooks);
+    hooks.retireAgentSession = async (key: string) => {
+      await gate.promise;
+      await retireHook(key);
+    };
+    const closing = kind.closeSession(ep("c1"));
+    await flush();
+    expect(await code(() => kind.openSession(ep("c1")))).toBe("stale_attempt");
+    expect(await code(() => kind.activate(ep("c1"), async () => 1))).toBe("stale_attempt");
+    // The next attempt (dispatched as told by stale_attempt) waits for the free, rather than being refused for good.
+    expect(await code(() => kind.openSession(ep("c1", 1)))).toBe("admission_closed");
+    expect(await code(() => kind.activate(ep("c1", 1), async () => 1))).toBe("admission_closed");
+    expect(hooks.state.get("c1")).toEqual({ cookie: "c1" });
+    gate.open();
+    await closing;
+    expect(kind.openSession(ep("c1", 1))).toEqual({ restored: false });
+  });
+  it("a session closed while a checkpoint is open whose activation ends stale is held idle, not a blocker, while its free runs", async () => {
+    const { kind, hooks, call } = fresh();
+    kind.openSession(ep("s1"));
+    hooks.state.set("s1", { cookie: "s1" });
+    // A policy call made at the boundary is delivered; the loop then runs on (until aborted) with no boundary since.
+    const activation = kind
+      .activate(ep("s1"), async (a) => {
+        await a.boundary(() => ({ turn: 1 }));
+        await a.awaitingModel(Promise.resolve("tool"));
+        await new Promise((_, reject) => a.signal.addEventListener("abort", () => reject(a.signal.reason), { once: true }));
+      })
+      .catch(() => undefined);
+    await waitFor(() => kind.sessions.stateOf("s1") === "running");
+    const gate = latch();
+    const retireHook = hooks.retireAgentSession.bind(hooks);
+    hooks.retireAgentSession = async (key: string) => {
+      await gate.promise;
+      await retireHook(key);
+    };
+    expect((await call("prepare", { checkpoint_id: "c1", deadline_ts: Date.now() / 1000 + 0.3 })).report.blockers).toEqual(["s1"]);
+    const closing = kind.closeSession(ep("s1"));
+    await activation;
+    await flush();
+    // Held while its free runs: never exported or restarted, and no blocker either.
+    expect(kind.sessions.stateOf("s1")).toBe("idle");
+    expect(kind.readiness().blockers).toEqual([]);
+    gate.open();
+    await closing;
+    await call("resume", { checkpoint_id: "c1" });
+    expect(kind.hasLiveState()).toBe(false);
   });
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
