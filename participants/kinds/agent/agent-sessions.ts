@@ -165,7 +165,7 @@ export class AgentSessions {
       return { restored: existing.restored !== undefined };
     }
     if (this.gate.closed) throw new CheckpointError("admission_closed", "a checkpoint is open; no new sessions until resume");
-    this.sessions.set(key, { key, episode, state: "idle", snapshot: null, restored: undefined, freshBoundary: false, delivered: false, stale: false, retiring: false, freeing: undefined, inFree: undefined, activation: undefined });
+    this.placeIdle(key, episode, { restored: undefined, retiring: false });
     this.onChange();
     return { restored: false };
   }
@@ -307,7 +307,7 @@ export class AgentSessions {
     this.onChange();
   }
 
-  /** An idle session nobody has claimed, placed by a restore (restored, or held retiring). */
+  /** An idle session nobody has claimed: a new one, or placed by a restore (restored, or held retiring). */
   private placeIdle(key: string, episode: EpisodeId, fields: { restored: Boundary | null | undefined; retiring: boolean }): void {
     this.sessions.set(key, { key, episode, state: "idle", snapshot: null, freshBoundary: false, delivered: false, stale: false, freeing: undefined, inFree: undefined, activation: undefined, ...fields });
   }
