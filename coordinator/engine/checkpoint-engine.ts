@@ -231,7 +231,7 @@ export class CheckpointEngine {
   private leaderTerm = 0;
   /** Phase messages sent and journal entries written, ever: tells whether a failed op had begun. */
   private effects = 0;
-  /** This coordinator's last publication: within its epoch, the next one is published after it (publicationTime). */
+  /** This coordinator's last publication (`at` in s): within its epoch, later times come after it (epochTime). */
   private lastPublication: { epoch: number; at: number } | undefined;
   /** The participants of the checkpoint LATEST named when last read (read again when LATEST moves). */
   private latestMembers: { id: string; members: ParticipantRef[] } | undefined;
@@ -1114,7 +1114,7 @@ export class CheckpointEngine {
     }
     this.options.leadership.assert(open.epoch);
     await this.options.hooks?.beforePublication?.(id);
-    const publishedAt = this.publicationTime(open.epoch);
+    const publishedAt = this.epochTime(open.epoch) / 1000;
     const result = await this.options.writer.publish({
       checkpointId: id,
       epoch: open.epoch,
@@ -1219,24 +1219,14 @@ export class CheckpointEngine {
   }
 
   /**
-   * `published_at` for a publication in `epoch`: the wall clock, but after this coordinator's last
-   * publication in the same epoch. Within one epoch that time alone orders checkpoints (retention,
-   * LATEST's repair), so a clock stepped back (NTP, a resumed VM) must not rank the new LATEST
-   * below its predecessors, which would have retention delete the checkpoint before it.
+   * The wall clock (ms), but after this coordinator's last publication in `epoch`: within one epoch
+   * that time alone orders checkpoints (retention, LATEST's repair) and tells a successor's recovery
+   * whether LATEST's publication overtook a journaled decision, so a clock stepped back (NTP, a
+   * resumed VM) must neither rank a new LATEST below its predecessors (retention would delete the
+   * checkpoint before it) nor make a fresh decision look older than LATEST (presumed abort).
+   * `published_at` (s) and a journal entry's `updated_at` (ms) both come from here.
    */
-  private publicationTime(epoch: number): number {
-    const now = this.options.clock.now() / 1000;
-    const last = this.lastPublication;
-    return last && last.epoch === epoch && now <= last.at ? last.at + 0.001 : now;
-  }
-
-  /**
-   * `updated_at` for a journal entry in `epoch` (ms): the wall clock, but after this coordinator's
-   * last publication in that epoch, as `publicationTime`. A successor's recovery takes a decision
-   * LATEST's publication (same epoch) is later than for one overtaken, and resumes it instead of
-   * completing it: a clock stepped back must not make a fresh decision look older.
-   */
-  private journalTime(epoch: number): number {
+  private epochTime(epoch: number): number {
     const now = this.options.clock.now();
     const last = this.lastPublication;
     return last && last.epoch === epoch && now <= last.at * 1000 ? last.at * 1000 + 1 : now;
@@ -1778,7 +1768,7 @@ export class CheckpointEngine {
       controller_state: open.controllerState,
       ...(state === "restore_cleanup" && { retire_at: (open.retireAt ?? open.members).map((m) => ({ kind: m.kind, instance: m.instance })) }),
       ...((state === "restored" || state === "resuming") && open.incarnations.size > 0 && { incarnations: Object.fromEntries(open.incarnations) }),
-      updated_at: this.journalTime(open.epoch),
+      updated_at: this.epochTime(open.epoch),
     };
   }
 }
