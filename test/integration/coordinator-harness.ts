@@ -62,6 +62,9 @@ export const DEFAULT_MEMBERS: { kind: Kind; instance: string }[] = [
   { kind: "resources", instance: "tools" },
 ];
 
+/** Config overrides for a coordinator that serves no HTTP API (most tests drive it over NATS). */
+export const NO_HTTP = { http: { enabled: false, host: "127.0.0.1", port: 0 } };
+
 export interface World {
   nats: NatsFixture;
   deployment: string;

@@ -9,7 +9,7 @@ import { WatchedMemberRegistry } from "../../coordinator/membership/watched-memb
 import { MEMBER_TTL_MS, leaderBucket, membersBucket } from "../../protocol/index.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { refusalOf } from "../support/refusal.js";
-import { startWorld, type World } from "./coordinator-harness.js";
+import { NO_HTTP, startWorld, type World } from "./coordinator-harness.js";
 import { waitUntil } from "../support/wait-until.js";
 
 let world: World;
@@ -110,14 +110,14 @@ describe("membership registry", () => {
     const w = await startWorld({ nats: world.nats });
     try {
       await w.startParticipants();
-      const first = await w.startCoordinator({ http: { enabled: false, host: "127.0.0.1", port: 0 } });
+      const first = await w.startCoordinator(NO_HTTP);
       await first.whenReady();
       await w.client.checkpoint({ checkpoint_id: "floor-1" });
       const before = await w.client.checkpoint({ checkpoint_id: "floor-2" });
       await first.stop();
       // Deleted, as docs/api.md says to for a leader bucket in memory storage; the next start recreates it.
       await (await jetstreamManager(w.pnc)).streams.delete(`KV_${leaderBucket(w.deployment)}`);
-      const second = await w.startCoordinator({ http: { enabled: false, host: "127.0.0.1", port: 0 } });
+      const second = await w.startCoordinator(NO_HTTP);
       await second.whenReady();
       const after = await w.client.checkpoint({ checkpoint_id: "floor-3" });
       expect(after.epoch).toBeGreaterThan(before.epoch);

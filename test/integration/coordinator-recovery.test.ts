@@ -3,7 +3,7 @@ import type { EngineHooks } from "../../coordinator/engine/checkpoint-engine.js"
 import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { waitUntil } from "../support/wait-until.js";
-import { hookLog, startWorld, type World } from "./coordinator-harness.js";
+import { NO_HTTP, hookLog, startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
 beforeAll(async () => {
@@ -13,8 +13,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await world?.close();
 });
-
-const NO_HTTP = { http: { enabled: false, host: "127.0.0.1", port: 0 } };
 
 describe("a new leader recovering a published checkpoint nobody resumed", () => {
   it("coordinator, controller and Gym servers all restart: restoring LATEST into the fresh processes works", async () => {

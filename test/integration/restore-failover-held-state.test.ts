@@ -3,7 +3,7 @@ import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointError, type EpisodeId } from "../../protocol/index.js";
 import type { ScriptRecord } from "../../participants/index.js";
 import { waitUntil } from "../support/wait-until.js";
-import { startWorld, type World } from "./coordinator-harness.js";
+import { NO_HTTP, startWorld, type World } from "./coordinator-harness.js";
 
 // A kind's restore hook that fails part way and cannot free what it installed holds it as
 // attempt+1 and answers internal_error, so the all-or-nothing clean-up retires attempt+1 there.
@@ -20,8 +20,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await world?.close();
 });
-
-const NO_HTTP = { http: { enabled: false, host: "127.0.0.1", port: 0 } };
 
 describe("a restore that failed part way at one participant, its leader dead before the clean-up was journaled", () => {
   it("the successor's re-sent restore meets the same failure there and retires attempt+1 there too, freeing what it held", async () => {
