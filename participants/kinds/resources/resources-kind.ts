@@ -390,13 +390,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     for (const [sessionId, episode] of [...this.heldAfterFailedFree]) {
       if (!forgotten.has(episode.rollout_id)) continue;
       this.heldAfterFailedFree.delete(sessionId); // taken: a clean-up running meanwhile does not free it too
-      try {
-        await this.hooks.retireSessionState?.(sessionId);
-      } catch (error) {
-        this.heldAfterFailedFree.set(sessionId, episode);
-        throw error;
-      }
-      this.freeingRestored.delete(sessionId);
+      await this.freeLeftOut(sessionId, episode);
       this.context?.notifyReadinessChanged();
     }
     for (const rollout of rolloutIds) {
@@ -428,11 +422,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.heldAfterFailedFree.clear();
     for (const s of freeing) {
       try {
-        await this.hooks.retireSessionState?.(s.sessionId);
-        this.freeingRestored.delete(s.sessionId);
+        await this.freeLeftOut(s.sessionId, s.episode);
       } catch (error) {
-        // Kept refused and live state; the next commit's clean-up or a forget of the rollout frees it.
-        this.heldAfterFailedFree.set(s.sessionId, s.episode);
         this.logger?.warn({ episode: captureKey(s.episode), err: error }, "freeing a restored session the commit left out failed; held until a later commit or a forget frees it");
       }
     }
@@ -488,6 +479,21 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     })();
     this.freeing.add(free);
     void free.finally(() => this.freeing.delete(free));
+  }
+
+  /**
+   * Frees a restored session a commit left out (taken from the held ones by its caller). A free that
+   * fails holds it again, refused and live state, for the next commit's clean-up or a forget of its
+   * rollout, and throws.
+   */
+  private async freeLeftOut(sessionId: string, episode: EpisodeId): Promise<void> {
+    try {
+      await this.hooks.retireSessionState?.(sessionId);
+    } catch (error) {
+      this.heldAfterFailedFree.set(sessionId, episode);
+      throw error;
+    }
+    this.freeingRestored.delete(sessionId);
   }
 
   /** Refuses the session's requests (`stale_attempt`) until its rollout is forgotten. */
