@@ -71,35 +71,21 @@ const resources = async (path: string) => (await (await fetch(`${world.gym.urls.
 const seedsOf = (id: string, tasks: unknown[] = []) => exportCheckpointSeeds(new CheckpointCatalog(world.root).dirFor(id), { tasks });
 
 describe("replay anchors on the reference Gym", () => {
-  it("a checkpoint seed carries the task it was run with, as the task file spells it (a default left out)", async () => {
+  it.each([
+    { via: "environment" as const, name: "digest", boundary: "invoke_agent" },
+    { via: "agent" as const, name: "legacy-digest", boundary: "loop" }, // a legacy agent /run episode
+  ])("a checkpoint seed of an episode run through the $via carries the task it was run with, as the task file spells it (a default left out)", async ({ via, name, boundary }) => {
     await world.backend.reset();
     await world.backend.hold(1); // the second model call: parked after one complete tool run
     const task = { expression: "17 + 25" }; // tool_rounds left to its default
-    const running = world.run("digest-1", 0, task);
+    const running = world.run(`${name}-1`, 0, task, via);
     await world.waitFor(async () => (await world.backend.calls()).length >= 2, "the second model call to be held");
-    await world.checkpointNoResume("cp-digest", [ep("digest-1")]);
+    await world.checkpointNoResume(`cp-${name}`, [ep(`${name}-1`)]);
     try {
-      const exported = await seedsOf("cp-digest", [task]);
-      expect(exported.seeds.map((s) => [s.lineage.boundary, s.task])).toEqual([["invoke_agent", task]]);
+      const exported = await seedsOf(`cp-${name}`, [task]);
+      expect(exported.seeds.map((s) => [s.lineage.boundary, s.task])).toEqual([[boundary, task]]);
     } finally {
-      await world.client.resume({ checkpoint_id: "cp-digest" });
-      await world.backend.release();
-    }
-    expect((await running).body).toMatchObject({ reward: 1, answer: "42" });
-  }, 60_000);
-
-  it("so does a legacy agent /run episode's seed", async () => {
-    await world.backend.reset();
-    await world.backend.hold(1);
-    const task = { expression: "17 + 25" };
-    const running = world.run("legacy-digest-1", 0, task, "agent");
-    await world.waitFor(async () => (await world.backend.calls()).length >= 2, "the second model call to be held");
-    await world.checkpointNoResume("cp-legacy-digest", [ep("legacy-digest-1")]);
-    try {
-      const exported = await seedsOf("cp-legacy-digest", [task]);
-      expect(exported.seeds.map((s) => [s.lineage.boundary, s.task])).toEqual([["loop", task]]);
-    } finally {
-      await world.client.resume({ checkpoint_id: "cp-legacy-digest" });
+      await world.client.resume({ checkpoint_id: `cp-${name}` });
       await world.backend.release();
     }
     expect((await running).body).toMatchObject({ reward: 1, answer: "42" });
