@@ -2,6 +2,7 @@ import type { KV, KvEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
 import { MemberSchema, type Member } from "../../protocol/index.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
+import { readsFromStreamLeader } from "./kv-bucket.js";
 import { latestEntries } from "./kv-latest-entries.js";
 
 /** Where the engine learns the participants of a deployment. */
@@ -14,12 +15,20 @@ export interface MembershipSource {
 /**
  * The membership registry read from JetStream KV: one entry per live participant, refreshed by its
  * heartbeat and dropped by the bucket's max_age. Malformed entries are skipped and logged.
+ *
+ * Reads through the stream's leader, like the key snapshot they follow: a lagging replica of an R3
+ * bucket answering a direct get would leave out a member that just joined (until the watch shows
+ * its next heartbeat), and a checkpoint listed then would go ahead without it.
  */
 export class KvMemberRegistry implements MembershipSource {
+  private readonly kv: KV;
+
   constructor(
-    private readonly kv: KV,
+    kv: KV,
     private readonly logger?: Logger,
-  ) {}
+  ) {
+    this.kv = readsFromStreamLeader(kv);
+  }
 
   async members(): Promise<Member[]> {
     const members: Member[] = [];

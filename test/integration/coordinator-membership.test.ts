@@ -143,6 +143,21 @@ describe("membership registry", () => {
     }
   });
 
+  it("seeds its members from the stream's leader: a member a lagging replica (answering the direct gets) lacks is listed at once", async () => {
+    const kv = await openMembersBucket(world.pnc, world.deployment);
+    await kv.put("agent.seeded", JSON.stringify({ kind: "agent", instance: "seeded", incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 }));
+    const lagging = await openMembersBucket(world.pnc, world.deployment);
+    (lagging as unknown as { jsm: { direct: { getMessage: () => Promise<null> } } }).jsm.direct.getMessage = async () => null;
+    const registry = new WatchedMemberRegistry(lagging);
+    await registry.start();
+    try {
+      expect(await registry.list()).toEqual([{ kind: "agent", instance: "seeded" }]);
+    } finally {
+      registry.stop();
+      await kv.delete("agent.seeded");
+    }
+  });
+
   it("keeps following the bucket when its KV watch ends under it (nats.js gives up re-creating the ordered consumer): an entry written after the end, and a removal, are still seen", async () => {
     const kv = await openMembersBucket(world.pnc, world.deployment);
     const watches: { stop(): void }[] = [];
