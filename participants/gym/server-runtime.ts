@@ -1,16 +1,17 @@
 import { isAbsolute } from "node:path";
 import { parseArgs } from "node:util";
-import { connect, errors, type ConnectionOptions, type NatsConnection } from "@nats-io/transport-node";
+import { connect, type ConnectionOptions, type NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, envSetting, NATS_PING_OPTIONS, natsSettings, redactNatsServers, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, envSetting, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
+import { natsConnectFailure } from "../../protocol/nats-connect-failure.js";
 import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
 
 /**
@@ -259,21 +260,17 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     mixin: traceLogFields,
   });
   let nc: NatsConnection;
+  const connectOptions = participantConnectOptions(config.nats, `${name}:${config.instance}`);
   try {
-    nc = await connect(participantConnectOptions(config.nats, `${name}:${config.instance}`));
+    nc = await connect(connectOptions);
   } catch (error) {
-    // A supervisor restarts us; it needs one readable line, not a stack trace (credentials redacted).
-    // Credentials NATS refuses are configuration, which a restart cannot fix: exit 2, as for a bad flag.
-    const where = `NATS at ${redactNatsServers(config.nats)}`;
-    const message = error instanceof Error ? error.message : String(error);
-    const rejected = error instanceof errors.AuthorizationError || error instanceof errors.UserAuthenticationExpiredError;
-    process.stderr.write(
-      rejected
-        ? `${name}: unauthorized: ${where} refused the connection's credentials (${message}); set GYM_CKPT_NATS_USER and GYM_CKPT_NATS_PASS, or GYM_CKPT_NATS_TOKEN\n`
-        : `${name}: cannot connect to ${where}: ${message}\n`,
-    );
+    // A supervisor restarts us; it needs one readable line with its code, not a stack trace
+    // (credentials redacted). Refused credentials or servers nats.js cannot parse are
+    // configuration, which a restart cannot fix: exit 2, as for a bad flag.
+    const refusal = natsConnectFailure(error, connectOptions.servers, "unreachable", "this participant cannot start until NATS is reachable (a supervisor restarts it)");
+    process.stderr.write(`${name}: ${refusal.code}: ${refusal.message}\n`);
     await telemetry.shutdown();
-    process.exit(rejected ? 2 : 1);
+    process.exit(refusal.code === "unauthorized" || refusal.code === "invalid_request" ? 2 : 1);
   }
   const shutdown: (() => Promise<void> | void)[] = [];
   const atStop: (() => void)[] = [];
