@@ -338,14 +338,13 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     },
     async serve(app, adapter) {
       const url = await runtime.listening(app.listen({ host: "127.0.0.1", port: config.port }));
-      const participant = await runtime.participate(adapter);
-      runtime.onShutdown(async () => {
-        // No more control messages, so nothing will reopen admission or expire a lease: requests
-        // parked for a checkpoint would hold app.close() forever. Stop accepting, give in-flight
-        // requests a bounded drain, then close what is left.
-        await participant.stop();
-        await closeWithDrain(app, logger);
-      });
+      // Registered before the participant starts, so a start that fails (instance_conflict) drains
+      // the calls admitted meanwhile too. Shutdown steps run last-registered first: the participant
+      // (participate's own step) stops before this one, since with no more control messages
+      // nothing would reopen admission or expire a lease, and requests parked for a checkpoint
+      // would hold app.close() forever. Then: stop accepting, a bounded drain, close what is left.
+      runtime.onShutdown(() => closeWithDrain(app, logger));
+      await runtime.participate(adapter);
       runtime.announceReady(url);
       return url;
     },
@@ -375,9 +374,10 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
         if (stopping) return never();
         const refusal = toCheckpointError(error);
         process.stderr.write(`${name}: ${refusal.code}: ${refusal.message}\n`);
-        await nc.close().catch(() => undefined);
-        await telemetry.shutdown();
-        process.exit(1);
+        // The stop steps, as for a signal: calls the HTTP side admitted while the start ran get
+        // their drain, NATS is drained, telemetry flushed; then exit 1.
+        await stop({ code: refusal.code }, 1);
+        return never();
       }
       if (stopping) return never();
       // It no longer answers for its name; serving the HTTP side on would only split the work.

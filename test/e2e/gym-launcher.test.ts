@@ -151,10 +151,15 @@ describe("gym-ckpt gym", () => {
     const second = spawn(process.execPath, args, { stdio: ["ignore", "pipe", "pipe"] });
     seen.add(second.pid!);
     let stderr = "";
+    let stdout = "";
     second.stderr!.on("data", (chunk) => (stderr += String(chunk)));
+    second.stdout!.on("data", (chunk) => (stdout += String(chunk)));
     expect(await exitOf(second)).toBe(1);
     expect(stderr).toContain("instance_conflict");
     expect(stderr).not.toMatch(/^\s+at /m);
+    // It went through the stop steps (the proxy stopped admitting and drained), as on a signal.
+    const logged = stdout.split("\n").filter((line) => line.startsWith("{")).map((line) => JSON.parse(line) as { msg?: string; code?: string });
+    expect(logged).toContainEqual(expect.objectContaining({ msg: "shutting down", code: "instance_conflict" }));
     expect(first.exitCode).toBeNull();
     first.kill("SIGTERM");
     expect(await firstExited).toBe(0);
