@@ -292,14 +292,18 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     return this.source.validate ? this.source.validate(task.task, rollout) : true;
   }
 
+  /** Why `setup` would refuse `task` before running anything (a snapshot the source cannot restore). */
+  setupRefusal(task: ReplayTask<T>): string | undefined {
+    if (task.snapshot === null || this.source.restoreSnapshot) return undefined;
+    return `task ${task.name} needs snapshot ${task.snapshot} but ${this.source.id} cannot restore snapshots`;
+  }
+
   /** Runs the source's setup, then restores the anchor's sandbox snapshot when the task has one. */
   async setup(task: ReplayTask<T>): Promise<void> {
+    const refusal = this.setupRefusal(task);
+    if (refusal) throw invalidRequest(refusal);
     await this.source.setup?.(task.task);
-    if (task.snapshot === null) return;
-    if (!this.source.restoreSnapshot) {
-      throw invalidRequest(`task ${task.name} needs snapshot ${task.snapshot} but ${this.source.id} cannot restore snapshots`);
-    }
-    await this.source.restoreSnapshot(task.task, task.snapshot);
+    if (task.snapshot !== null) await this.source.restoreSnapshot!(task.task, task.snapshot);
   }
 
   private async loadNewFiles(): Promise<ReloadResult> {

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { MAX_SEED_MESSAGES } from "../../participants/gym/agent-server/tool-calling-agent.js";
-import { exportCheckpointSeeds, writeRolloutRecords, type Message, type TraceRecord } from "../../participants/replay/index.js";
+import { exportCheckpointSeeds, gymReplayRun, loadGymReplaySource, writeRolloutRecords, type Message, type TraceRecord } from "../../participants/replay/index.js";
 import { startGymWorld, type GymWorld } from "../support/gym-processes.js";
 import { ep } from "../support/episode.js";
 
@@ -155,15 +155,37 @@ describe("replay anchors on the reference Gym", () => {
     expect((await world.backend.calls()).map((c) => [c.capture_key, c.message_count])).toEqual([["rr-1-a1", 4], ["rr-1-a1", 6]]);
   }, 90_000);
 
-  it("a replay task whose seed is longer than the agent takes is refused before anything runs", async () => {
-    await writeRolloutRecords(join(recordsDir, "rollouts"), 2, { kind: "train", env: "gym", traces: [gymTrace("b".repeat(32), 31)] });
-    let last: any;
+  /** Serves /replay/next until it is done: the tasks it handed out, and its done reply. */
+  const drainNext = async () => {
+    const served: any[] = [];
     for (let i = 0; i < 100; i++) {
       const next = (await post("/replay/next")).body;
-      if (next.done) break;
-      last = next;
+      if (next.done) return { served, done: next };
+      served.push(next);
     }
-    expect(last.seed.length).toBeGreaterThan(MAX_SEED_MESSAGES);
+    throw new Error("/replay/next handed out 100 tasks");
+  };
+  /** The tasks of `traceId` as every worker of this config lists them (indices include the ones /replay/next passes over). */
+  const listedTasks = async (traceId: string) => {
+    const source = await loadGymReplaySource(join(recordsDir, "replay.json"));
+    const tasks = [];
+    for (let i = 0; i < source.size; i++) {
+      const task = await source.taskAt(i);
+      if (task.lineage.sourceTraceId === traceId) tasks.push(gymReplayRun(task));
+    }
+    return tasks;
+  };
+
+  it("a replay task whose seed is longer than the agent takes is passed over by /replay/next and refused by /run before anything runs", async () => {
+    await writeRolloutRecords(join(recordsDir, "rollouts"), 2, { kind: "train", env: "gym", traces: [gymTrace("b".repeat(32), 31)] });
+    const { served, done } = await drainNext();
+    const listed = await listedTasks("b".repeat(32));
+    const long = listed.filter((t) => t.seed.length > MAX_SEED_MESSAGES);
+    expect(long.length).toBeGreaterThan(0);
+    // /replay/next handed out every task of the record /run takes, and none it refuses.
+    expect(served.filter((t) => t.lineage.sourceTraceId === "b".repeat(32)).map((t) => t.replay_idx)).toEqual(listed.filter((t) => t.seed.length <= MAX_SEED_MESSAGES).map((t) => t.replay_idx));
+    expect(done.unrunnable).toBe(long.length);
+    const last = long.at(-1)!;
     const before = await resources("/admin/stats");
     const refused = await post("/run", { rollout_id: "long-1", attempt: 0, task: last.task, replay_idx: last.replay_idx, replay_id: last.replay_id });
     expect(refused).toMatchObject({ status: 400, body: { error: { code: "invalid_request", detail: expect.stringContaining(`${MAX_SEED_MESSAGES}`) } } });
@@ -172,18 +194,16 @@ describe("replay anchors on the reference Gym", () => {
     expect(await world.state("environment")).toMatchObject({ episodes: 0 });
   }, 60_000);
 
-  it("a replay task anchored at a sandbox snapshot the reference Gym cannot restore is refused before anything runs", async () => {
+  it("a replay task anchored at a sandbox snapshot the reference Gym cannot restore is passed over by /replay/next and refused by /run before anything runs", async () => {
     // The record carries a snapshot ref at its first tool result: only that anchor is offered, with the ref.
     const snapshotted = { ...gymTrace("c".repeat(32), 2), info: { snapshots: { "3": "sandbox-snap-1" } } };
     await writeRolloutRecords(join(recordsDir, "rollouts"), 3, { kind: "train", env: "gym", traces: [snapshotted] });
-    const served: any[] = [];
-    for (let i = 0; i < 100; i++) {
-      const next = (await post("/replay/next")).body;
-      if (next.done) break;
-      served.push(next);
-    }
-    expect(served.map((t) => [t.lineage.sourceTraceId, t.lineage.anchorNode])).toEqual([["c".repeat(32), 3]]);
-    const task = served[0];
+    const { served, done } = await drainNext();
+    expect(served.filter((t) => t.lineage.sourceTraceId === "c".repeat(32))).toEqual([]); // passed over: /run would refuse it
+    const listed = await listedTasks("c".repeat(32));
+    expect(listed.map((t) => t.lineage.anchorNode)).toEqual([3]);
+    expect(done.unrunnable).toBeGreaterThanOrEqual(1);
+    const task = listed[0]!;
     const before = await resources("/admin/stats");
     const refused = await post("/run", { rollout_id: "snap-1", attempt: 0, task: task.task, replay_idx: task.replay_idx, replay_id: task.replay_id });
     expect(refused).toMatchObject({ status: 400, body: { error: { code: "invalid_request", detail: expect.stringContaining("sandbox-snap-1") } } });

@@ -1,4 +1,5 @@
 import Fastify, { type FastifyInstance } from "fastify";
+import type { Logger } from "pino";
 import { z } from "zod";
 import { CheckpointError, TRAJECTORY_HEADER, canonicalDigest, captureKey, describeZodError } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
@@ -6,7 +7,8 @@ import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
 import { ReplayError } from "../../replay/errors.js";
-import { gymReplayRun, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
+import { gymReplayRun, type GymRecordTask, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
+import type { ReplayTask } from "../../replay/replay-task-source.js";
 import { RunRequestSchema, taskSpellings } from "../agent-server/gym-task.js";
 import { MAX_SEED_MESSAGES } from "../agent-server/tool-calling-agent.js";
 import { environmentBoundaryOf, runGymEpisode, type GymEndpoints } from "./gym-episode.js";
@@ -38,6 +40,17 @@ export interface EnvironmentAppOptions {
   episodeTimeoutMs?: number;
   /** A replay task source served at `/replay/*`; `/run` then accepts `replay_idx`. */
   replay?: GymReplaySource;
+  logger?: Logger;
+}
+
+/**
+ * Why `/run` would refuse replay task `task` before running anything, undefined when it runs: a
+ * seed longer than the agent takes (it would refuse only at activate, after the session was
+ * seeded), or a sandbox snapshot the source cannot restore (the reference Gym restores none).
+ */
+function unrunnable(replay: GymReplaySource, task: ReplayTask<GymRecordTask>, seed: readonly unknown[]): string | undefined {
+  if (seed.length > MAX_SEED_MESSAGES) return `replay task ${task.idx}'s seed has ${seed.length} messages; the agent takes at most ${MAX_SEED_MESSAGES}`;
+  return replay.setupRefusal(task);
 }
 
 /** A replay refusal keeps its catalog code on the wire (a corrupt record file is invalid_checkpoint_state, not internal_error). */
@@ -52,6 +65,9 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));
   const replay = options.replay;
+  const logger = options.logger;
+  /** Replay tasks /replay/next passed over because /run would refuse them. */
+  let unrunnableSkipped = 0;
   if (replay) {
     // Every info request reloads first (one reload at a time), so a poller sees the tasks on disk now.
     app.get("/replay/info", async (_request, reply) => {
@@ -60,17 +76,24 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       } catch (error) {
         return sendRefusal(reply, replayRefusal(error), kind.kind);
       }
-      return { tasks: replay.size, num_tasks: replay.size, config: replay.config, stats: replay.stats };
+      return { tasks: replay.size, num_tasks: replay.size, unrunnable: unrunnableSkipped, config: replay.config, stats: replay.stats };
     });
-    // The next unserved replay task (reloading first when the list ran dry): a ready /run body minus the ids.
+    // The next unserved replay task (reloading first when the list ran dry): a ready /run body minus
+    // the ids. Tasks /run would refuse are passed over (counted, logged), not removed: every worker
+    // keeps the same indices.
     app.post("/replay/next", async (_request, reply) => {
-      let task;
       try {
-        task = await replay.next();
+        for (let task = await replay.next(); task; task = await replay.next()) {
+          const run = gymReplayRun(task);
+          const refusal = unrunnable(replay, task, run.seed);
+          if (!refusal) return { done: false, ...run };
+          unrunnableSkipped += 1;
+          logger?.warn({ replay_idx: task.idx, replay_id: run.replay_id, reason: refusal }, "replay task passed over: /run would refuse it");
+        }
       } catch (error) {
         return sendRefusal(reply, replayRefusal(error), kind.kind);
       }
-      return task ? { done: false, ...gymReplayRun(task) } : { done: true, tasks: replay.size };
+      return { done: true, tasks: replay.size, unrunnable: unrunnableSkipped };
     });
   }
   app.post("/run", async (request, reply) => {
@@ -94,12 +117,9 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         if (canonicalDigest(replayed.task) !== canonicalDigest(body.task)) {
           throw new CheckpointError("invalid_request", `task differs from replay task ${body.replay_idx}'s`);
         }
-        // The agent refuses a longer seed only at activate, after the session was seeded: refuse it here, before anything runs.
-        if (replayed.seed.length > MAX_SEED_MESSAGES) {
-          throw new CheckpointError("invalid_request", `replay task ${body.replay_idx}'s seed has ${replayed.seed.length} messages; the agent takes at most ${MAX_SEED_MESSAGES}`);
-        }
-        // A seed anchored at a sandbox snapshot continues only from that snapshot: the source's setup
-        // restores it or refuses (the reference Gym has no setup and restores none, so this only refuses).
+        const refusal = unrunnable(replay, replayTask, replayed.seed);
+        if (refusal) throw new CheckpointError("invalid_request", refusal);
+        // A seed anchored at a sandbox snapshot continues only from that snapshot, which the source's setup restores.
         await replay.setup(replayTask).catch((error: unknown) => {
           throw replayRefusal(error);
         });

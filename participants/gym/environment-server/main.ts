@@ -32,6 +32,7 @@ try {
 }
 const app = createEnvironmentApp({
   ...(replay && { replay }),
+  logger,
   kind,
   endpoints: { agentUrl: extra["agent-url"], resourcesUrl: extra["resources-url"] },
   ...(extra["episode-timeout-ms"] && { episodeTimeoutMs: Number(extra["episode-timeout-ms"]) }),
