@@ -122,24 +122,18 @@ describe("gym-ckpt gym", () => {
     expect(stderr).toContain("control token is required");
   });
 
-  it("a server whose NATS cannot be reached exits 1 with one readable line carrying its code (credentials redacted), not a stack trace", async () => {
-    const proc = spawn(process.execPath, ["dist/participants/attach/main.js", "--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--nats", "nats://nobody:s3cret@127.0.0.1:1"], { stdio: ["ignore", "pipe", "pipe"] });
+  it.each([
+    { why: "cannot be reached", nats: "nats://nobody:s3cret@127.0.0.1:1", exit: 1, line: /^[\w-]+: unreachable: cannot reach NATS at nats:\/\/\[Redacted\]@127\.0\.0\.1:1 \(.*\): this participant cannot start until NATS is reachable/m },
+    { why: "is a URL nats.js cannot parse (configuration)", nats: "nats://nobody:s3cret@127.0.0.1:99999", exit: 2, line: /^[\w-]+: invalid_request: cannot connect to NATS at nats:\/\/\[Redacted\]@127\.0\.0\.1:99999: /m },
+  ])("a server whose NATS $why exits $exit with one readable line carrying its code (credentials redacted), not a stack trace", async ({ nats: url, exit, line }) => {
+    const proc = spawn(process.execPath, ["dist/participants/attach/main.js", "--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--nats", url], { stdio: ["ignore", "pipe", "pipe"] });
     seen.add(proc.pid!);
     let stderr = "";
     proc.stderr!.on("data", (chunk) => (stderr += String(chunk)));
-    expect(await exitOf(proc)).toBe(1);
-    expect(stderr).toMatch(/^[\w-]+: unreachable: cannot reach NATS at nats:\/\/\[Redacted\]@127\.0\.0\.1:1 \(.*\): this participant cannot start until NATS is reachable/m);
+    expect(await exitOf(proc)).toBe(exit);
+    expect(stderr).toMatch(line);
     expect(stderr).not.toContain("s3cret");
     expect(stderr).not.toMatch(/^\s+at /m);
-  });
-
-  it("a server given a NATS URL nats.js cannot parse exits 2 (configuration) with one invalid_request line", async () => {
-    const proc = spawn(process.execPath, ["dist/participants/attach/main.js", "--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1", "--nats", "nats://127.0.0.1:99999"], { stdio: ["ignore", "pipe", "pipe"] });
-    seen.add(proc.pid!);
-    let stderr = "";
-    proc.stderr!.on("data", (chunk) => (stderr += String(chunk)));
-    expect(await exitOf(proc)).toBe(2);
-    expect(stderr).toMatch(/^[\w-]+: invalid_request: cannot connect to NATS at nats:\/\/127\.0\.0\.1:99999: /m);
   });
 
   it("a second live process for one kind/instance exits 1 with instance_conflict in one line; the first serves on", async () => {
