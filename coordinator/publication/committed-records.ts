@@ -18,7 +18,7 @@ import {
   type ParticipantManifest,
   type RecordBase,
 } from "../../protocol/index.js";
-import { openRegularFile, readRegularFile } from "./regular-file.js";
+import { openRegularFile, readRegularFileBytes } from "./regular-file.js";
 
 /**
  * What one participant committed into a checkpoint directory, read back and checked against its
@@ -62,10 +62,10 @@ export async function readCommittedManifest(
     throw bad(`${label}: manifest_path ${entry.manifest_path} is not ${PARTICIPANTS_DIR}/${entry.kind}/${entry.instance}/${MANIFEST_FILE}`);
   }
   await refuseLinkedParticipantDir(dir, dirname(manifestPath), label);
-  let text: string;
+  let bytes: Buffer;
   try {
     // Neither the manifest nor the records file may be a symbolic link (out of the checkpoint).
-    text = await readRegularFile(manifestPath, { maxBytes: MAX_MANIFEST_BYTES, noFollow: true });
+    bytes = await readRegularFileBytes(manifestPath, { maxBytes: MAX_MANIFEST_BYTES, noFollow: true });
   } catch (error) {
     if (error instanceof CheckpointError) throw bad(`${label}: manifest ${error.message}`, error);
     // There but unreadable (EACCES, EIO) is the storage's refusal (storage_error), as participants
@@ -73,10 +73,12 @@ export async function readCommittedManifest(
     if (isUnreadableStorage(error)) throw error;
     throw bad(`${label}: manifest ${entry.manifest_path} is missing`, error);
   }
-  if (sha256Hex(text) !== entry.manifest_sha256) throw bad(`${label}: manifest digest does not match ${source}`);
+  // The bytes as stored, as the participant hashed what it wrote: a decoded string would map invalid
+  // UTF-8 to U+FFFD, so a damaged manifest could hash like the committed one.
+  if (sha256Hex(bytes) !== entry.manifest_sha256) throw bad(`${label}: manifest digest does not match ${source}`);
   let value: unknown;
   try {
-    value = JSON.parse(text);
+    value = JSON.parse(bytes.toString("utf8"));
   } catch (error) {
     throw bad(`${label}: manifest is not JSON`, error);
   }

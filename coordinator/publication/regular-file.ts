@@ -68,6 +68,14 @@ export async function openRegularFile(path: string, limits: RegularFileLimits): 
 
 /** The whole file as UTF-8, refused if it is not a regular file or exceeds `maxBytes`. */
 export async function readRegularFile(path: string, limits: RegularFileLimits): Promise<string> {
+  return (await readRegularFileBytes(path, limits)).toString("utf8");
+}
+
+/**
+ * The whole file's bytes, as `readRegularFile`: for a file whose digest is pinned, which must be
+ * hashed as stored (decoding first maps invalid UTF-8 to U+FFFD, so other bytes could hash alike).
+ */
+export async function readRegularFileBytes(path: string, limits: RegularFileLimits): Promise<Buffer> {
   const { handle, info } = await openRegularFile(path, limits);
   try {
     const chunks: Buffer[] = [];
@@ -80,7 +88,7 @@ export async function readRegularFile(path: string, limits: RegularFileLimits): 
       if (total > limits.maxBytes) throw tooLarge(path, total, limits);
       chunks.push(buffer.subarray(0, bytesRead));
     }
-    return Buffer.concat(chunks, total).toString("utf8");
+    return Buffer.concat(chunks, total);
   } finally {
     await handle.close();
   }

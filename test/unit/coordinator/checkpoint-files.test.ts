@@ -1,9 +1,9 @@
 import { execFileSync } from "node:child_process";
-import { cp, mkdir, mkdtemp, rename, rm, symlink, truncate, writeFile } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, readFile, rename, rm, symlink, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { MAX_CONTROLLER_STATE_FILE_BYTES, MAX_GLOBAL_MANIFEST_BYTES, MAX_MANIFEST_BYTES, type ParticipantEntry } from "../../../protocol/index.js";
+import { MAX_CONTROLLER_STATE_FILE_BYTES, MAX_GLOBAL_MANIFEST_BYTES, MAX_MANIFEST_BYTES, sha256Hex, type ParticipantEntry } from "../../../protocol/index.js";
 import { DispatchLog, MAX_DISPATCH_LOG_BYTES } from "../../../coordinator/collect/dispatch-log.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { scanRecords } from "../../../coordinator/publication/committed-records.js";
@@ -266,6 +266,31 @@ describe("verify checks checkpoint.json against the records", () => {
     await writeFile(join(root, "c1", "notes.txt"), "the controller's own file");
     expect((await verifyCheckpoint(catalog, "c1")).participants).toHaveLength(1);
     await writer.settled();
+  });
+});
+
+describe("verify hashes the manifest's bytes", () => {
+  it("refuses a manifest whose bytes differ from the committed ones even when they decode to the same text", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const entry = await writeParticipant(root, "c1", "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    // A manifest whose extra holds U+FFFD (a replacement character a session name carried, say).
+    const path = join(root, "c1", "gym", "agent", "a1", "manifest.json");
+    const manifest = JSON.parse(await readFile(path, "utf8")) as Record<string, unknown>;
+    const text = `${JSON.stringify({ ...manifest, extra: { note: "\uFFFD" } }, null, 2)}\n`;
+    await writeFile(path, text);
+    const committed = { ...entry, manifest_sha256: sha256Hex(text) };
+    await writer.publish(publishInput("c1", [committed], null));
+    await writer.settled();
+    expect((await verifyCheckpoint(catalog, "c1")).records).toBe(1);
+    // Damage: the character's three bytes replaced by one invalid byte, which UTF-8 decoding turns
+    // back into U+FFFD. The file is not what checkpoint.json pins (a restore pinning it refuses it).
+    const bytes = Buffer.from(text, "utf8");
+    const at = bytes.indexOf(Buffer.from("\uFFFD", "utf8"));
+    const damaged = Buffer.concat([bytes.subarray(0, at), Buffer.from([0xff]), bytes.subarray(at + 3)]);
+    await writeFile(path, damaged);
+    expect(sha256Hex(damaged)).not.toBe(committed.manifest_sha256);
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("manifest digest") });
   });
 });
 
