@@ -160,7 +160,9 @@ export class FsCheckpointStorage implements CheckpointStorage {
           if (cause instanceof CheckpointError) return undefined;
           throw cause;
         });
-        if (existing?.toString("utf8") !== text) {
+        // Compared as bytes: decoding maps invalid UTF-8 to U+FFFD, so other bytes could read as our text,
+        // and the reply would pin a manifest_sha256 the file does not have.
+        if (!existing?.equals(Buffer.from(text, "utf8"))) {
           throw new CheckpointError("checkpoint_conflict", `${manifestPath} already exists with different content`);
         }
       }

@@ -136,6 +136,19 @@ describe("filesystem checkpoint storage", () => {
     expect((await readdir(participantDir(target))).sort()).toEqual(["manifest.json", written.manifest.records_file]);
   });
 
+  it("refuses an existing manifest whose bytes differ from ours even when they decode to the same text", async () => {
+    const extra = { note: "\uFFFD" }; // a replacement character a session name carried, say
+    const first = await storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra });
+    const manifest = join(participantDir(target), "manifest.json");
+    const bytes = await readFile(manifest);
+    expect(sha256Hex(bytes)).toBe(first.manifestSha256);
+    // Damage: the character's three bytes replaced by one invalid byte, which decodes to U+FFFD again.
+    const at = bytes.indexOf(Buffer.from("\uFFFD", "utf8"));
+    await writeFile(manifest, Buffer.concat([bytes.subarray(0, at), Buffer.from([0xff]), bytes.subarray(at + 3)]));
+    // An idempotent re-commit would reply a manifest_sha256 the file on disk does not have.
+    expect(await code(storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra }))).toBe("checkpoint_conflict");
+  });
+
   it("refuses an existing manifest of another size without reading it (a huge one included)", async () => {
     await mkdir(participantDir(target), { recursive: true });
     const manifest = join(participantDir(target), "manifest.json");
