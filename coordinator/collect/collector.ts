@@ -21,7 +21,7 @@ import { newCheckpointId } from "../engine/checkpoint-id.js";
 import { AsyncLock } from "../engine/async-lock.js";
 import { committedEpisodeIds } from "../publication/committed-records.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
-import { readRegularFile } from "../publication/regular-file.js";
+import { readRegularFileBytes } from "../publication/regular-file.js";
 import { assertCheckpointVisible } from "./checkpoint-root.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
@@ -370,12 +370,13 @@ export class Collector {
     if (!ref || !("file" in ref)) return undefined;
     // As publication hashed it: a regular file in the checkpoint, no link out of it, bounded.
     const path = join(this.options.checkpointDir, latest, ref.file);
-    const text = await readRegularFile(path, { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true }).catch((error: unknown) => {
+    const bytes = await readRegularFileBytes(path, { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true }).catch((error: unknown) => {
       if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
       throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of LATEST checkpoint ${latest} is missing: ${path} does not exist`);
     });
-    if (sha256Hex(text) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
-    const state = parseStateValue(CollectionStateSchema, text, join(latest, ref.file));
+    // Hashed as stored: decoding first maps invalid UTF-8 to U+FFFD, so damaged bytes could hash alike.
+    if (sha256Hex(bytes) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
+    const state = parseStateValue(CollectionStateSchema, bytes.toString("utf8"), join(latest, ref.file));
     if (state.run_id !== runId && state.run_id !== history.continuesRun) {
       this.options.logger.info({ latest, latest_run: state.run_id, logged_run: runId }, "LATEST belongs to another run; restoring nothing");
       return undefined;

@@ -655,6 +655,22 @@ describe("collector", () => {
     expect(restores(calls)).toEqual([]);
   });
 
+  it("refuses LATEST's collection state whose bytes differ from the published digest even when they decode to the same text", async () => {
+    const runId = "run-\uFFFD"; // U+FFFD: what invalid UTF-8 decodes to
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), runId, [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", runId, [{ rollout_id: "a", attempt: 0 }]);
+    const file = join(dir, "ckpt-20240101T000000-aaaaaaaa", "collection.json");
+    const bytes = await readFile(file);
+    const at = bytes.indexOf(Buffer.from("\uFFFD"));
+    expect(at).toBeGreaterThan(0);
+    // The character's three bytes damaged to one invalid byte: the same text once decoded, another digest.
+    await writeFile(file, Buffer.concat([bytes.subarray(0, at), Buffer.from([0xff]), bytes.subarray(at + 3)]));
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("does not match its digest") });
+    expect(restores(calls)).toEqual([]);
+  });
+
   it("a crash after a failed restore does not send the attempt the coordinator fenced", async () => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const { controller, state } = fakeController();
