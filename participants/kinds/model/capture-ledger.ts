@@ -285,7 +285,10 @@ export class CaptureLedger {
 
   /**
    * Deletes the ledgers of these keys (memory and disk). `unless` is asked under each key's stripe
-   * lock, where no append can land between the answer and the unlink: true keeps that key.
+   * lock, where no append can land between the answer and the unlink: true keeps that key. A key is
+   * forgotten only once its file is gone: one whose unlink fails (an I/O error, a read-only mount)
+   * stays known with its rows, as its file still holds them, so a retried removal finds it and a
+   * later call neither starts an empty lineage nor appends to the old file behind it.
    */
   async remove(keys: Iterable<string>, unless?: (key: string) => boolean): Promise<void> {
     for (const key of keys) {
@@ -293,14 +296,14 @@ export class CaptureLedger {
         if (unless?.(key)) return;
         await this.ready;
         const path = this.fileOf(key);
-        this.cacheDrop(key);
-        this.repair.delete(key);
-        this.onDisk.delete(key);
-        this.unindex(key);
         this.dropHandle(key);
         await unlink(path).catch((error: NodeJS.ErrnoException) => {
           if (error.code !== "ENOENT") throw error;
         });
+        this.cacheDrop(key);
+        this.repair.delete(key);
+        this.onDisk.delete(key);
+        this.unindex(key);
       });
     }
   }
