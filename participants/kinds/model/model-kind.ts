@@ -576,11 +576,22 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       this.restoredCuts.delete(key);
       this.freeing.add(key);
     }
-    try {
-      await this.ledger.remove(freed, (key) => !this.freeing.has(key));
-    } finally {
-      for (const key of freed) this.freeing.delete(key);
+    // Each key on its own: one whose file cannot be removed (an I/O error, a read-only mount) stops
+    // no other free, and stays restored state (unless a call claimed it meanwhile), so the next
+    // commit's clean-up, a retire or a forget of its rollout deals with it; dropped untracked, its
+    // ledger file was left for good.
+    let failure: unknown;
+    for (const key of freed) {
+      try {
+        await this.ledger.remove([key], (k) => !this.freeing.has(k));
+      } catch (error) {
+        failure ??= error;
+        if (this.freeing.has(key)) this.restoredKeys.add(key);
+      } finally {
+        this.freeing.delete(key);
+      }
     }
+    if (failure !== undefined) throw failure;
   }
 
   /**

@@ -3,7 +3,7 @@ import * as fsPromises from "node:fs/promises";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { deliveredCall, modelFixture, type ModelFixture } from "./model-fixtures.js";
+import { deliveredCall, ledgerRow, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 
 // Removing a ledger file fails while `failUnlink` names its key (an I/O error, a read-only remount):
@@ -66,5 +66,29 @@ describe("a ledger whose file cannot be removed", () => {
     const manifest = (await f.kind.captureManifest("rm2")).records.map((r) => r.model_call_id);
     expect(manifest).toEqual(await fileCalls("rm2"));
     expect(manifest).toEqual([a.modelCallId, b.modelCallId]);
+  });
+});
+
+describe("a commit's clean-up whose free of a restored ledger fails", () => {
+  it("frees the other restored ledgers the scope left out, and the next commit's clean-up frees the one that failed", async () => {
+    await f.kind.install(
+      [
+        { episode_id: ep("fa"), rows: [ledgerRow("fa", "mc-fa")], generation_cuts: [] },
+        { episode_id: ep("fb"), rows: [ledgerRow("fb", "mc-fb")], generation_cuts: [] },
+      ],
+      {},
+    );
+    expect([existsSync(ledgerFile("fa-a1")), existsSync(ledgerFile("fb-a1"))]).toEqual([true, true]);
+    failUnlink = "fa-a1";
+    // Its failure is the hook's (the control plane logs it; the commit stays committed).
+    await expect(f.kind.afterCommit([ep("other")])).rejects.toMatchObject({ code: "EIO" });
+    failUnlink = undefined;
+    // The one that could be freed was.
+    expect(existsSync(ledgerFile("fb-a1"))).toBe(false);
+    // The one that could not is still restored state, freed by the next commit's clean-up.
+    expect(f.kind.hasLiveState()).toBe(true);
+    await f.kind.afterCommit([ep("other")]);
+    expect(existsSync(ledgerFile("fa-a1"))).toBe(false);
+    expect(f.kind.hasLiveState()).toBe(false);
   });
 });
