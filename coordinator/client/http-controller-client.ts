@@ -1,6 +1,7 @@
 import { context, propagation } from "@opentelemetry/api";
-import { Agent, fetch } from "undici";
+import { fetch } from "undici";
 import { CONTROLLER_OPS, CheckpointError, CtlGetRequestSchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
 import { pollUntil } from "./poll-until.js";
@@ -30,12 +31,6 @@ export interface HttpControllerClientOptions {
 /** Consecutive failed `/readyz` answers (not 200, or none in time) that end a wait: one slow answer is not a dead coordinator. */
 const READY_FAILURES = 2;
 
-/**
- * fetch's own dispatcher gives up on a reply after 300 s (undici's headersTimeout and bodyTimeout:
- * `outcome_unknown` for an op the coordinator is still running); the op's deadline, as the abort
- * signal below, is the only bound.
- */
-const UNTIMED = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 
 /** Connection errors that mean the request never left: nobody is serving at that address. */
 const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN", "UND_ERR_CONNECT_TIMEOUT"]);
@@ -134,7 +129,7 @@ export class HttpControllerClient extends ControllerClient {
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
     const check = async () => {
-      const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED })
+      const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED_DISPATCHER })
         .then(async (response) => (response.status === 200 ? ((await response.json()) as { epoch?: unknown }) : (await response.arrayBuffer(), undefined)))
         .catch(() => undefined);
       if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
@@ -161,7 +156,7 @@ export class HttpControllerClient extends ControllerClient {
         headers,
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),
         signal,
-        dispatcher: UNTIMED,
+        dispatcher: UNTIMED_DISPATCHER,
       });
     } catch (error) {
       if (error instanceof CheckpointError) throw error; // the readiness watch ended the wait

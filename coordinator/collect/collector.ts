@@ -17,6 +17,7 @@ import {
   type CtlRequestInputOf,
   type EpisodeId,
 } from "../../protocol/index.js";
+import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { newCheckpointId } from "../engine/checkpoint-id.js";
 import { AsyncLock } from "../engine/async-lock.js";
 import { committedEpisodeIds } from "../publication/committed-records.js";
@@ -468,6 +469,8 @@ export class Collector {
           headers: { "content-type": "application/json", ...(this.records && { [TRAJECTORY_HEADER]: "1" }) },
           body: JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt, task: state.row.task }),
           signal: timeout.signal,
+          // The run timeout stands still while a checkpoint parks the episode; fetch's own 300 s would not.
+          dispatcher: UNTIMED_FETCH_DISPATCHER,
         });
         body = (await response.json().catch(() => ({}))) as Record<string, unknown>;
       } catch (error) {

@@ -1,5 +1,5 @@
-import { Agent } from "undici";
 import { CheckpointError, ErrorReplySchema } from "../../../protocol/index.js";
+import { UNTIMED_FETCH_DISPATCHER } from "../../../protocol/untimed-dispatcher.js";
 
 /**
  * The small HTTP client the reference servers use for their data-plane calls. A refusal with the
@@ -13,23 +13,19 @@ export interface JsonResponse {
 }
 
 /**
- * fetch's own dispatcher gives up after 300 s without response headers, or between two body chunks
- * (undici's headersTimeout and bodyTimeout), checkpoint pauses included. An agent's `activate` spans
- * its whole turn loop and any call may wait through a checkpoint (a policy response the model holds,
- * a resources request waiting for resume), so that would fail an episode a checkpoint only paused.
- * The caller's signal is the only bound: the episode deadline (`--episode-timeout-ms`, pauses not
- * counted), a retire, or a call's own timeout such as close_session's.
+ * No 300 s limit of fetch's own (UNTIMED_FETCH_DISPATCHER): an agent's `activate` spans its whole
+ * turn loop and any call may wait through a checkpoint (a policy response the model holds, a
+ * resources request waiting for resume). The caller's signal is the only bound: the episode
+ * deadline (`--episode-timeout-ms`, pauses not counted), a retire, or a call's own timeout such as
+ * close_session's.
  */
-const UNTIMED = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
-
 export async function postJson(url: string, body: unknown, options: { signal?: AbortSignal; headers?: Record<string, string> } = {}): Promise<JsonResponse> {
   const response = await fetch(url, {
     method: "POST",
     headers: { "content-type": "application/json", ...options.headers },
     body: JSON.stringify(body),
     ...(options.signal && { signal: options.signal }),
-    // The global fetch (tests stub it) with undici's Agent: its types are the npm package's, not Node's copy.
-    dispatcher: UNTIMED as unknown as RequestInit["dispatcher"],
+    dispatcher: UNTIMED_FETCH_DISPATCHER, // with the global fetch, which tests stub
   });
   const text = await response.text();
   let parsed: unknown = undefined;

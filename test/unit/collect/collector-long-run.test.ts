@@ -1,0 +1,78 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer, type Server, type ServerResponse } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import pino from "pino";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { Collector, type CollectorController } from "../../../coordinator/collect/collector.js";
+
+/**
+ * A `/run` may last longer than 300 s of wall-clock time: the collector's run timeout stands still
+ * while a checkpoint parks the episode, and `--run-timeout-seconds` may be longer. Node's fetch
+ * gives up after 300 s without response headers (undici's headersTimeout), which would count such
+ * a row as failed.
+ */
+
+let server: Server | undefined;
+let dir: string;
+
+// One fake clock for the whole file: fetch's timers (module state in Node's undici, created at its
+// first call) run on it, so 300 s pass without waiting for them.
+beforeAll(async () => {
+  vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "setInterval", "clearInterval", "Date", "performance"] });
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-collector-long-"));
+});
+afterAll(async () => {
+  vi.useRealTimers();
+  server?.closeAllConnections();
+  await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+  await rm(dir, { recursive: true, force: true });
+});
+
+/** Lets `ms` of fake time pass a second at a time, with real I/O turns in between. */
+async function pass(ms: number): Promise<void> {
+  for (let t = 0; t < ms; t += 1000) {
+    await vi.advanceTimersByTimeAsync(1000);
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+}
+
+/** A coordinator with nothing published and nothing open; any other op fails the test. */
+const idleController = new Proxy({} as CollectorController, {
+  get: (_target, op) => {
+    if (op === "status") return async () => ({ checkpoint: null });
+    if (op === "list") return async () => ({ latest: null, checkpoints: [] });
+    return async () => {
+      throw new Error(`unexpected controller op ${String(op)}`);
+    };
+  },
+});
+
+describe("collector /run calls", () => {
+  it("a /run answered after more than 300 s (within the run timeout) finishes its row", async () => {
+    let arrived!: (response: ServerResponse) => void;
+    const response = new Promise<ServerResponse>((resolve) => (arrived = resolve));
+    server = createServer((request, res) => {
+      request.resume();
+      request.on("end", () => arrived(res));
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const { port } = server.address() as { port: number };
+    const collector = new Collector({
+      rows: [{ rolloutId: "a", task: {} }],
+      runUrl: `http://127.0.0.1:${port}/run`,
+      outPath: join(dir, "results.jsonl"),
+      checkpointDir: dir,
+      controller: idleController,
+      logger: pino({ level: "silent" }),
+      runTimeoutSeconds: 3600,
+      maxAttempts: 1,
+    });
+    await collector.start();
+    const run = collector.run();
+    const res = await response;
+    await pass(310_000);
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ rollout_id: "a", attempt: 0, reward: 1 }));
+    expect(await run).toMatchObject({ finished: 1, failed: 0 });
+  });
+});
