@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { createHash } from "node:crypto";
 import { StringDecoder } from "node:string_decoder";
 import { realpath } from "node:fs/promises";
@@ -19,6 +20,8 @@ import {
   type RecordBase,
 } from "../../protocol/index.js";
 import { openRegularFile, readRegularFileBytes } from "./regular-file.js";
+
+const { MAX_STRING_LENGTH } = constants;
 
 /**
  * What one participant committed into a checkpoint directory, read back and checked against its
@@ -117,11 +120,13 @@ export async function scanRecords(
   path: string,
   label: string,
   onRecord?: (record: RecordBase) => void,
+  maxLineChars = MAX_STRING_LENGTH,
 ): Promise<{ digest: string; count: number; bytes: number }> {
   const hash = createHash("sha256");
   let count = 0;
   let bytes = 0;
   let carry: string[] = [];
+  let carried = 0;
   const decoder = new StringDecoder("utf8");
   const check = (line: string) => {
     let value: unknown;
@@ -147,9 +152,15 @@ export async function scanRecords(
       for (let newline = text.indexOf("\n"); newline !== -1; newline = text.indexOf("\n", start)) {
         check(carry.join("") + text.slice(start, newline));
         carry = [];
+        carried = 0;
         start = newline + 1;
       }
-      if (start < text.length) carry.push(text.slice(start));
+      if (start < text.length) {
+        carry.push(text.slice(start));
+        carried += text.length - start;
+        // Damage that is one endless line is refused as soon as no record could be that long, not held whole first.
+        if (carried > maxLineChars) throw bad(`${label}: record ${count} is longer than any record can be (over ${maxLineChars} characters without a newline)`);
+      }
     }
     // Inside the try: a last line too long for a string is damage, like any other unreadable line.
     const rest = carry.join("") + decoder.end();

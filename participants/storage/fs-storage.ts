@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { createHash, randomBytes } from "node:crypto";
 import { link, open, rename, unlink, type FileHandle } from "node:fs/promises";
 import { join, relative } from "node:path";
@@ -22,6 +23,8 @@ import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
 import { LineSplitter, type SplitLine } from "./line-splitter.js";
 import { openRegularFile, readRegularFile } from "./regular-file.js";
 import type { WriteGate } from "./write-gate.js";
+
+const { MAX_STRING_LENGTH } = constants;
 
 const WRITE_CHUNK_BYTES = 1 << 20;
 
@@ -262,6 +265,7 @@ async function loadParticipantManifest(dir: string): Promise<{ manifest: Partici
 export async function scanRecordLines(
   path: string,
   onLine: (line: string, index: number) => void,
+  maxLineBytes = MAX_STRING_LENGTH,
 ): Promise<{ bytes: number; count: number; digest: string }> {
   const hash = createHash("sha256");
   let bytes = 0;
@@ -278,6 +282,9 @@ export async function scanRecordLines(
       hash.update(chunk);
       bytes += chunk.byteLength;
       for (const line of splitter.push(chunk)) onLine(text(line), count++);
+      // Damage that is one endless line (no newline for GBs) is refused as soon as no record could
+      // be that long, not held whole in memory first.
+      if (splitter.pendingBytes > maxLineBytes) throw corrupt(`${path}: record ${count} is longer than any record can be (over ${maxLineBytes} bytes without a newline)`);
     }
     const last = splitter.end();
     if (last) onLine(text(last), count++);

@@ -295,6 +295,15 @@ describe("scanRecordLines", () => {
     expect(scanned).toEqual({ bytes: Buffer.byteLength(text), count: 4, digest: sha256Hex(text) });
   });
 
+  it("refuses a line that grows past what any record can be before it ends (damage that is one endless line is not held whole)", async () => {
+    const file = join(root, "records.jsonl");
+    await writeFile(file, `{"a":1}\n${"x".repeat(1 << 20)}`); // 1 MiB without a newline, refused past 64 KiB
+    const lines: string[] = [];
+    const refused = await refusal(scanRecordLines(file, (line) => lines.push(line), 64 << 10));
+    expect(refused).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("record 1 is longer than any record can be") });
+    expect(lines).toEqual(['{"a":1}']);
+  });
+
   it("a final line that cannot be handled is invalid_checkpoint_state, like any other line", async () => {
     const file = join(root, "records.jsonl");
     await writeFile(file, '{"a":1}\n{"b":2}');
