@@ -92,8 +92,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     this.checkpointIdSource = source;
   }
 
+  /** Whether a new call would be admitted now: not while a checkpoint is open, nor once shutdown began. */
   get admissionOpen(): boolean {
-    return this.admitting;
+    return this.admitting && !this.closing;
   }
 
   // ---- data plane -------------------------------------------------------------------------

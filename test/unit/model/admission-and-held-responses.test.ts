@@ -133,9 +133,10 @@ describe("held responses and readiness", () => {
     expect(await codeOf(start)).toBe("admission_closed");
     expect(await codeOf(f.kind.responseStart(later))).toBe("admission_closed");
     expect(await codeOf(f.kind.admit("n1", CHAT, chat("hi")))).toBe("admission_closed");
-    // Not reopened by a resume either: the participant is stopping.
+    // Not reopened by a resume either: the participant is stopping (and /health says so).
     await f.kind.openAdmission();
     expect(await codeOf(f.kind.admit("n1", CHAT, chat("hi")))).toBe("admission_closed");
+    expect(f.kind.admissionOpen).toBe(false);
     expect([held.held, streaming.responseStarted]).toEqual([false, true]);
     expect(f.kind.readiness().counts).toMatchObject({ held: 0 });
   });
