@@ -111,11 +111,22 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
   }
 
   if (boundary.next === "verify") {
-    const { cookie, answer } = boundary;
-    const reward = await ep.step(boundary.verify_mode, async (signal) => {
-      const response = await postJson(`${resources}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, headers: cookieHeader(cookie) });
-      return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
-    });
+    const { cookie, answer, verify_mode } = boundary;
+    let reward: number | undefined;
+    while (reward === undefined) {
+      try {
+        reward = await ep.step(verify_mode, async (signal) => {
+          const response = await postJson(`${resources}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, headers: cookieHeader(cookie) });
+          return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
+        });
+      } catch (error) {
+        // Refused before it ran (the resources server closed admission): park at verify and retry
+        // after resume. Passed on, /run would answer admission_closed for an episode that already
+        // ran its agent, and the caller would send the same attempt again from its input.
+        if (!isRefusal(error, "admission_closed")) throw error;
+        await ep.park();
+      }
+    }
     boundary = { next: "return", answer, reward };
     // An episode finishing while Gym is prepared waits here without delivering its result.
     await ep.boundary(boundary);

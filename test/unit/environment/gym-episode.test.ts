@@ -37,4 +37,27 @@ describe("reference environment episode", () => {
     // Retire waits for the clean-up instead of interrupting it, so the episode still delivers its result.
     expect(await run).toMatchObject({ reward: 1, answer: "2" });
   });
+
+  it("a verify the resources server refused admission_closed (it never ran) parks at verify and is sent again; the agent is not run twice", async () => {
+    const calls: string[] = [];
+    vi.stubGlobal("fetch", async (url: string) => {
+      const u = String(url);
+      const op = u.slice(u.lastIndexOf("/") + 1);
+      calls.push(op);
+      const json = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status });
+      if (op === "seed_session") return json({});
+      if (op === "open_session") return json({ session_key: "r1", restored: false });
+      if (op === "activate") return json({ answer: "2", model_calls: 1, continued: false });
+      if (op === "verify" && calls.filter((c) => c === "verify").length === 1) return json({ error: { code: "admission_closed", detail: "a checkpoint is open" } }, 409);
+      if (op === "verify") return json({ reward: 1 });
+      return json({}); // close_session
+    });
+    const kind = new EnvironmentKind();
+    const episode = { rollout_id: "r1", attempt: 0 };
+    const task = { expression: "1+1", tool_rounds: 1 };
+    const result = await within(5000, kind.begin(episode, task, {}, (ep) => runGymEpisode({ agentUrl: "http://agent", resourcesUrl: "http://resources" }, ep, task)));
+    expect(result).toMatchObject({ reward: 1, answer: "2" });
+    expect(calls.filter((c) => c === "verify")).toHaveLength(2);
+    expect(calls.filter((c) => c === "activate")).toHaveLength(1);
+  });
 });
