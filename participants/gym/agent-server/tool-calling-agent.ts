@@ -111,8 +111,8 @@ export async function runTurnLoop(
     let reply: ChatMessage;
     for (;;) {
       try {
-        modelCalls += 1;
         reply = await driver.model(() => callPolicy(endpoints, captureKey, task, messages, driver.signal));
+        modelCalls += 1; // answered calls only: one refused admission_closed and sent again is one call
         break;
       } catch (error) {
         if (!isRefusal(error, "admission_closed")) throw error;

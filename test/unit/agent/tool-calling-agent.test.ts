@@ -56,6 +56,22 @@ describe("tool-calling agent turn loop", () => {
     expect(boundaries.map((b) => b.seeded)).toEqual(Array(10).fill(1 + MAX_SEED_MESSAGES));
   });
 
+  it("counts answered policy calls: a call refused admission_closed, parked and sent again is one", async () => {
+    let refused = false;
+    vi.stubGlobal("fetch", async (url: string) => {
+      if (!String(url).includes("/v1/chat/completions")) return new Response(JSON.stringify({ result: 2 }), { status: 200 });
+      if (!refused) {
+        refused = true;
+        return new Response(JSON.stringify({ error: { code: "admission_closed", detail: "a checkpoint is open" } }), { status: 409 });
+      }
+      return new Response(JSON.stringify({ choices: [{ message: { role: "assistant", content: "2" } }] }), { status: 200 });
+    });
+    let parks = 0;
+    const driver = { ...recordingDriver([]), park: async () => void parks++ };
+    const result = await runTurnLoop(endpoints, "r1.a1", { expression: "1+1", tool_rounds: 1 }, null, seededState([{ role: "user", content: "hi" }]), driver);
+    expect([result.answer, result.modelCalls, parks]).toEqual(["2", 1, 1]);
+  });
+
   it("a state that outgrows the restore limit fails when recorded, never as a boundary", async () => {
     // Ten parallel calls per round: 61 + 11 per round passes 128 after the seventh round.
     stubPolicy(16, 10);
