@@ -23,6 +23,17 @@ export function decodeMessage<S extends z.ZodType>(schema: S, data: Uint8Array |
 }
 
 /**
+ * A name given in code or configuration (a participant's deployment or instance) checked against
+ * its schema, refused `invalid_request` naming it as a message's field would be: such names become
+ * NATS subject tokens and directory names, so a `*` or `..` must never get that far.
+ */
+export function parseName<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) throw new CheckpointError("invalid_request", `${what}: ${describeZodError(parsed.error)}`);
+  return parsed.data;
+}
+
+/**
  * Serializes a reply to an operation that already ran: too large is `reply_too_large` (the
  * operation succeeded), not `payload_too_large` (which promises nothing changed).
  */

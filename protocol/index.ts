@@ -128,7 +128,7 @@ export {
 } from "./subjects.js";
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
-export { decodeMessage, encodeMessage, encodeReply } from "./codec.js";
+export { decodeMessage, encodeMessage, encodeReply, parseName } from "./codec.js";
 export { tokensEqual, bearerToken, BearerTokenSchema } from "./auth.js";
 export { ROLLOUT_PREFIX, parseRolloutPath, rolloutPath } from "./rollout-path.js";
 export type { RolloutPath } from "./rollout-path.js";

@@ -7,6 +7,7 @@ import {
   CheckpointError,
   GUARDED_OPS,
   IncarnationSchema,
+  InstanceSchema,
   MAX_ATTEMPT,
   MAX_BLOCKERS,
   MAX_DEADLINE_AHEAD_S,
@@ -14,6 +15,7 @@ import {
   captureKey,
   namesCheckpoint,
   nextAttempt,
+  parseName,
   restoreScopeIssue,
   toCheckpointError,
   type CommitReply,
@@ -147,7 +149,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   constructor(options: ControlPlaneOptions<R>) {
     this.adapter = options.adapter;
-    this.instance = options.instance;
+    // A subject token of its control subjects and a directory name (`gym/<kind>/<instance>`).
+    this.instance = parseName(InstanceSchema, options.instance, "a participant's instance");
     this.incarnation = IncarnationSchema.parse(options.incarnation ?? newIncarnation());
     this.storage = options.storage ?? new FsCheckpointStorage();
     this.clock = options.clock ?? systemClock;

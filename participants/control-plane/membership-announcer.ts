@@ -4,7 +4,9 @@ import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  DeploymentSchema,
   ErrorReplySchema,
+  InstanceSchema,
   isWrongRevision,
   MEMBER_HEARTBEAT_MS,
   MEMBER_TTL_MS,
@@ -13,6 +15,7 @@ import {
   PROTOCOL_VERSION,
   memberKey,
   membersBucket,
+  parseName,
   participantSubject,
   StatusReplySchema,
   type Kind,
@@ -69,6 +72,9 @@ export class MembershipAnnouncer {
     private readonly logger?: Logger,
     private readonly heartbeatMs = MEMBER_HEARTBEAT_MS,
   ) {
+    // Its bucket's name, its key and the subject it probes.
+    parseName(DeploymentSchema, deployment, "a participant's deployment");
+    parseName(InstanceSchema, instance, "a participant's instance");
     const now = Date.now() / 1000;
     this.member = { kind, instance, incarnation, started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION };
   }

@@ -5,6 +5,7 @@ import {
   BearerTokenSchema,
   CONTROL_MESSAGES,
   CheckpointError,
+  DeploymentSchema,
   HEADER_AUTHORIZATION,
   decodedHeaders,
   OPS,
@@ -12,6 +13,7 @@ import {
   decodeMessage,
   encodeMessage,
   encodeReply,
+  parseName,
   participantSubject,
   toCheckpointError,
   tokensEqual,
@@ -45,6 +47,8 @@ export class ControlEndpoint {
     // Refused here, not at the first request: a token bearerToken cannot read back never authenticates.
     const token = BearerTokenSchema.safeParse(options.token);
     if (!token.success) throw new CheckpointError("invalid_request", `a participant's control token: ${token.error.issues[0]!.message}`);
+    // One subject token: a `*` or `>` would subscribe (and answer) other deployments' participants.
+    parseName(DeploymentSchema, options.deployment, "a participant's deployment");
   }
 
   start(): void {

@@ -1,6 +1,6 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { DeploymentSchema, InstanceSchema, type CheckpointError, type RecordBase } from "../../protocol/index.js";
+import { DeploymentSchema, InstanceSchema, parseName, type CheckpointError, type RecordBase } from "../../protocol/index.js";
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import type { Clock } from "./clock.js";
 import { ParticipantControlPlane } from "./control-plane.js";
@@ -40,8 +40,8 @@ export interface ParticipantHandle<R extends RecordBase> {
 
 /** Wires a kind adapter to its control plane, serves it on NATS and announces it. */
 export async function startParticipant<R extends RecordBase>(options: StartParticipantOptions<R>): Promise<ParticipantHandle<R>> {
-  DeploymentSchema.parse(options.deployment);
-  InstanceSchema.parse(options.instance);
+  parseName(DeploymentSchema, options.deployment, "a participant's deployment");
+  parseName(InstanceSchema, options.instance, "a participant's instance");
   // One incarnation for both: the control plane refuses what is not addressed to the one announced.
   const incarnation = newIncarnation();
   const controlPlane = new ParticipantControlPlane<R>({
