@@ -1,0 +1,49 @@
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
+import { controlRequest } from "../support/control-requests.js";
+import { NatsServerProcess } from "../support/nats.js";
+
+/**
+ * A reply within the 1 MiB control-message limit can still exceed the server's max_payload when a
+ * deployment configures it lower. nats.js then throws from msg.respond: the participant sent no
+ * reply at all, so the coordinator waited for its timeout and took the op for an unknown outcome,
+ * retrying it to the same end. It answers `reply_too_large` (the op ran) instead.
+ */
+const DEPLOYMENT = "maxpayload";
+const TOKEN = "integration-secret";
+let dir: string;
+let server: NatsServerProcess;
+let nc: NatsConnection;
+let kind: ScriptableKind;
+let participant: ParticipantHandle<ScriptRecord>;
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-maxpayload-"));
+  const config = join(dir, "nats.conf");
+  await writeFile(config, "max_payload: 65536\n");
+  server = await NatsServerProcess.start({ args: ["-c", config] });
+  nc = await connect({ servers: server.url });
+  kind = new ScriptableKind("environment");
+  participant = await startParticipant({ nc, deployment: DEPLOYMENT, instance: "env0", token: TOKEN, adapter: kind });
+});
+
+afterAll(async () => {
+  await participant?.stop();
+  await nc?.close();
+  await server?.dispose();
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("a participant's reply over the server's max_payload", () => {
+  it("is answered reply_too_large, not left without an answer", async () => {
+    expect(nc.info?.max_payload).toBe(65536);
+    kind.statusExtras = () => ({ note: "x".repeat(100_000) });
+    const reply = await controlRequest(nc, { deployment: DEPLOYMENT, kind: "environment", instance: "env0", token: TOKEN }, "status", {}, 3000);
+    expect(reply).toMatchObject({ error: { code: "reply_too_large" } });
+    expect(reply.error.detail).toContain("max_payload");
+  });
+});
