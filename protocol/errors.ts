@@ -167,6 +167,28 @@ export type ErrorCode = keyof typeof ERROR_CATALOG;
 export const ERROR_CODES = Object.keys(ERROR_CATALOG) as ErrorCode[];
 export const ErrorCodeSchema = z.enum(ERROR_CODES as [ErrorCode, ...ErrorCode[]]);
 
+/**
+ * Restore refusals a participant gives before installing anything (a refusal changes no state): the
+ * coordinator's all-or-nothing clean-up does not retire attempt+1 where one of these was answered.
+ * Any other failure (a timeout, an install that outlived its deadline, an internal error) may have
+ * installed it. A participant whose failed install left state held therefore never answers one of
+ * these codes for it.
+ */
+export const RESTORE_REFUSALS: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
+  "unauthorized",
+  "invalid_request",
+  "payload_too_large",
+  "stale_checkpoint",
+  "stale_epoch",
+  "stale_incarnation",
+  "checkpoint_conflict",
+  "invalid_phase",
+  "invalid_checkpoint_state",
+  "stale_attempt",
+  "not_found",
+  "unreachable",
+]);
+
 /** The body of every refusal, on NATS and HTTP alike. */
 export const ErrorReplySchema = z
   .object({

@@ -35,6 +35,7 @@ export {
   ErrorCodeSchema,
   ErrorReplySchema,
   CheckpointError,
+  RESTORE_REFUSALS,
   toCheckpointError,
   describeZodError,
 } from "./errors.js";

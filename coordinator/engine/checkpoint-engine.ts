@@ -8,6 +8,7 @@ import {
   memberKey,
   MEMBER_TTL_MS,
   PREPARE_STAGES,
+  RESTORE_REFUSALS,
   RESUME_STAGES,
   RETIRE_STAGES,
   GLOBAL_MANIFEST_FILE,
@@ -22,7 +23,6 @@ import {
   type CtlReplyOf,
   type CtlRequestOf,
   type EpisodeId,
-  type ErrorCode,
   type Op,
   type ParticipantEntry,
   type ReplyOf,
@@ -135,26 +135,6 @@ const JOURNAL_REMOVE_RETRY_MS = 100;
 const JOURNAL_REMOVE_RETRY_MAX_MS = 5000;
 /** How long a restore's resume waits for its entry's removal at least, when its deadline is (nearly) spent. */
 const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
-
-/**
- * Restore refusals a participant gives before installing anything (a refusal changes no state).
- * Any other failure (a timeout, a deadline the install outlived, an internal error) may have
- * installed attempt+1, so the restore's clean-up retires it there.
- */
-const REFUSED_BEFORE_INSTALL: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
-  "unauthorized",
-  "invalid_request",
-  "payload_too_large",
-  "stale_checkpoint",
-  "stale_epoch",
-  "stale_incarnation",
-  "checkpoint_conflict",
-  "invalid_phase",
-  "invalid_checkpoint_state",
-  "stale_attempt",
-  "not_found",
-  "unreachable",
-]);
 
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
@@ -1360,7 +1340,7 @@ export class CheckpointEngine {
     const installedMaybe =
       journaled === "restored"
         ? open.members
-        : outcomes.filter((o) => o.ok || !REFUSED_BEFORE_INSTALL.has(o.code) || (journaled === "restoring" && o.code === "stale_checkpoint")).map((o) => o.participant);
+        : outcomes.filter((o) => o.ok || !RESTORE_REFUSALS.has(o.code) || (journaled === "restoring" && o.code === "stale_checkpoint")).map((o) => o.participant);
     // Journaled first, so a successor finishes this clean-up (at the same members) instead of
     // re-driving the restore: participants keep their restore reply past a retire, so a re-sent
     // restore would look restored where attempt+1 was retired already.

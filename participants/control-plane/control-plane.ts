@@ -49,7 +49,7 @@ import { ATTR, countRefusal, observeParticipant, participantInstruments, withSpa
 import { AsyncLock } from "./async-lock.js";
 import { AttemptMarks } from "./attempt-marks.js";
 import { systemClock, type Clock } from "./clock.js";
-import { HeldInstallFailure } from "./held-install-failure.js";
+import { HeldInstallFailure, heldStateFailure } from "./held-install-failure.js";
 import { newIncarnation } from "./incarnation.js";
 import type { ParticipantKind } from "./participant-kind.js";
 import { ResumedFence } from "./resumed-fence.js";
@@ -565,8 +565,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       } catch (error) {
         if (ended) {
           await settled;
-          // What it left installed (a free that failed) is retired by the clean-up this refusal asks for.
-          if (this.adapter.hasLiveState()) this.heldInstallFailure.remember(id, args, error, request.episode_ids.map(nextAttempt));
+          // What it left installed (a free that failed) is retired by the clean-up this failure asks for.
+          if (this.adapter.hasLiveState()) {
+            error = heldStateFailure(error);
+            this.heldInstallFailure.remember(id, args, error, request.episode_ids.map(nextAttempt));
+          }
         } else {
           this.abandonLateInstall(id, settled, { args, error, next: request.episode_ids.map(nextAttempt) });
         }

@@ -1,4 +1,4 @@
-import type { EpisodeId } from "../../protocol/index.js";
+import { CheckpointError, RESTORE_REFUSALS, toCheckpointError, type EpisodeId } from "../../protocol/index.js";
 
 /**
  * The refusal of a restore whose install failed yet left state held here: a kind that could not
@@ -37,4 +37,15 @@ export class HeldInstallFailure {
   forgotten(rollouts: string[]): void {
     if (this.held?.next.every((n) => rollouts.includes(n.rollout_id))) this.held = undefined;
   }
+}
+
+/**
+ * What a failed install that left state held answers: never a restore refusal code (a kind hook may
+ * throw one after installing part of its records), which the coordinator takes for "nothing
+ * installed" and so would not retire attempt+1 here. Other failures keep their code.
+ */
+export function heldStateFailure(error: unknown): unknown {
+  const failure = toCheckpointError(error);
+  if (!RESTORE_REFUSALS.has(failure.code)) return error;
+  return new CheckpointError("internal_error", `the install failed after installing part of the restore, which is held here as attempt+1 (${failure.code}: ${failure.message})`, { cause: error });
 }

@@ -944,6 +944,21 @@ describe("restore", () => {
     expect(kind.hooks()).toEqual(["closeAdmission", "install", "openAdmission"]);
   });
 
+  it("an install that fails with a refusal code after installing part of the restore answers internal_error (the coordinator's clean-up must retire attempt+1 here), and the same restore sent again gets it too", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const install = kind.install.bind(kind);
+    kind.install = async (records) => {
+      kind.install = install;
+      await install(records);
+      throw new CheckpointError("invalid_checkpoint_state", "scripted: a later record does not validate");
+    };
+    const restore = () => call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    const failure = await restore().catch((error: unknown) => error as CheckpointError);
+    expect(failure).toMatchObject({ code: "internal_error", message: expect.stringContaining("invalid_checkpoint_state") });
+    expect(kind.hasLiveState()).toBe(true);
+    expect(await refused(restore())).toBe("internal_error");
+  });
+
   it("a failed restore whose reopen of admission fails once still reopens (no resume or lease would: the phase stays idle), and answers the restore's own refusal", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
     kind.failNext("install", new CheckpointError("invalid_checkpoint_state", "scripted: a record does not validate"));
