@@ -13,6 +13,7 @@ import {
   MAX_DEADLINE_AHEAD_S,
   PROTOCOL_VERSION,
   captureKey,
+  isUnreadableStorage,
   namesCheckpoint,
   nextAttempt,
   parseName,
@@ -1004,7 +1005,7 @@ async function realpathOrUndefined(path: string): Promise<string | undefined> {
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "ENOENT" || code === "ENOTDIR") return undefined;
-    throw new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${code ?? String(error)}`, { cause: error });
+    throw unresolvable(error);
   }
 }
 
@@ -1015,8 +1016,18 @@ async function lstatOrUndefined(path: string): Promise<Stats | undefined> {
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "ENOENT") return undefined;
-    throw new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${code ?? String(error)}`, { cause: error });
+    throw unresolvable(error);
   }
+}
+
+/**
+ * A checkpoint_dir path the file system would not resolve: the storage refusing (EACCES, EIO, a
+ * stale handle) is `storage_error`, as for the directory's listing; anything else (a symlink loop,
+ * ELOOP) is the request's directory, `invalid_request`.
+ */
+function unresolvable(error: unknown): CheckpointError {
+  if (isUnreadableStorage(error)) return toCheckpointError(error);
+  return new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${(error as NodeJS.ErrnoException).code ?? String(error)}`, { cause: error });
 }
 
 function cacheKey(id: string, op: string): string {
