@@ -39,6 +39,7 @@ export interface ControlEndpointOptions {
 export class ControlEndpoint {
   private readonly subscriptions: Subscription[] = [];
   private readonly inFlight = new Set<Promise<void>>();
+  private stopped = false;
 
   constructor(
     private readonly plane: ParticipantControlPlane<RecordBase>,
@@ -58,6 +59,9 @@ export class ControlEndpoint {
       this.subscriptions.push(sub);
       void (async () => {
         for await (const msg of sub) {
+          // nats.js still yields messages queued before the unsubscribe: a stopped endpoint (or
+          // one that lost its name) answers nothing more.
+          if (this.stopped) break;
           const task = this.answer(op, msg);
           this.inFlight.add(task);
           // answer() settles every failure into a reply; a rejection here must still not end the process.
@@ -111,6 +115,7 @@ export class ControlEndpoint {
 
   /** Stops serving; waits for answers already being computed. */
   async stop(): Promise<void> {
+    this.stopped = true;
     for (const sub of this.subscriptions) sub.unsubscribe();
     this.subscriptions.length = 0;
     await Promise.allSettled([...this.inFlight]);
