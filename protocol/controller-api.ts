@@ -2,7 +2,7 @@ import { z } from "zod";
 import { ErrorCodeSchema } from "./errors.js";
 import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema, anyCase } from "./ids.js";
 import { KindSchema } from "./kinds.js";
-import { GLOBAL_MANIFEST_FILE, GlobalManifestSchema, ParticipantEntrySchema } from "./manifest.js";
+import { GLOBAL_MANIFEST_FILE, GlobalManifestSchema, ParticipantEntrySchema, Sha256Schema } from "./manifest.js";
 import { PhaseSchema, PrepareReportSchema } from "./messages.js";
 
 /**
@@ -12,7 +12,6 @@ import { PhaseSchema, PrepareReportSchema } from "./messages.js";
  */
 
 const MAX_SCOPE = 100_000;
-const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
 
 /** Absolute deadline, Unix epoch seconds; the coordinator's default timeout applies when omitted. */
 const OptionalDeadline = z.number().finite().positive().optional();

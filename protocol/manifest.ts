@@ -27,7 +27,7 @@ export const MAX_MANIFEST_BYTES = 1 << 20;
 export const MAX_GLOBAL_MANIFEST_BYTES = 64 << 20;
 export const MAX_CONTROLLER_STATE_FILE_BYTES = 256 << 20;
 
-const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
+export const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
 
 export const ParticipantManifestSchema = z
   .object({

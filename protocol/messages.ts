@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema } from "./ids.js";
 import { KindSchema } from "./kinds.js";
-import { ParticipantManifestSchema } from "./manifest.js";
+import { ParticipantManifestSchema, Sha256Schema } from "./manifest.js";
 
 /**
  * Control messages between the coordinator and a participant. Every phase message carries an
@@ -137,12 +137,21 @@ export const CommitReplySchema = z
     /** Path of manifest.json relative to checkpoint_dir. */
     manifest_path: z.string(),
     manifest_sha256: z.string().regex(/^[0-9a-f]{64}$/),
-    /** Capture keys actually exported, sorted. */
-    episode_ids: z.array(z.string()),
+    /**
+     * Capture keys actually exported, sorted; null when listing them would not fit one message
+     * (tens of thousands of episodes): `episode_count` and `episode_ids_sha256` (canonicalDigest of
+     * the sorted list) then describe them, and the coordinator reads them from the committed records.
+     */
+    episode_ids: z.array(z.string()).nullable(),
+    episode_count: z.number().int().min(0).optional(),
+    episode_ids_sha256: Sha256Schema.optional(),
     /** Kind-specific additions, e.g. the model's `staging_keys`. */
     extras: ExtrasSchema,
   })
-  .strict();
+  .strict()
+  .refine((reply) => reply.episode_ids !== null || (reply.episode_count !== undefined && reply.episode_ids_sha256 !== undefined), {
+    message: "a commit reply that leaves episode_ids out gives episode_count and episode_ids_sha256",
+  });
 export const RestoreReplySchema = z
   .object({
     phase: z.literal("restored"),

@@ -32,6 +32,7 @@ import { assertJournalEntryFits, type DecisionJournal, type JournalEntry } from 
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
+import { committedEpisodeIds } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { coordinatorTelemetry, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
@@ -1064,19 +1065,23 @@ export class CheckpointEngine {
     );
     const failures = failuresOf(outcomes);
     if (failures.length) throw combinedFailure("commit", failures);
-    const participants: ParticipantEntry[] = outcomes.map((o) => {
-      if (!o.ok) throw new Error("unreachable");
-      return {
-        kind: o.participant.kind,
-        instance: o.participant.instance,
-        manifest_path: o.reply.manifest_path,
-        manifest_sha256: o.reply.manifest_sha256,
-        records_sha256: o.reply.manifest.records_sha256,
-        record_count: o.reply.manifest.record_count,
-        episode_ids: o.reply.episode_ids,
-        extras: o.reply.extras,
-      };
-    });
+    const participants: ParticipantEntry[] = await Promise.all(
+      outcomes.map(async (o) => {
+        if (!o.ok) throw new Error("unreachable");
+        const entry = {
+          kind: o.participant.kind,
+          instance: o.participant.instance,
+          manifest_path: o.reply.manifest_path,
+          manifest_sha256: o.reply.manifest_sha256,
+          records_sha256: o.reply.manifest.records_sha256,
+          record_count: o.reply.manifest.record_count,
+          extras: o.reply.extras,
+        };
+        // A reply too long to list its episodes names their count and digest: read from the records it committed.
+        const episodeIds = o.reply.episode_ids ?? (await committedEpisodeIds(dir, id, { ...entry, episode_count: o.reply.episode_count, episode_ids_sha256: o.reply.episode_ids_sha256 }));
+        return { ...entry, episode_ids: episodeIds };
+      }),
+    );
     // The reply names checkpoint_dir for the controller to write its own state into: it exists by
     // then, whatever the participants wrote (staged during the prepare, so normally long done).
     await this.options.writer.stagedDirectory(id);

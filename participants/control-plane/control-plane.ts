@@ -12,6 +12,8 @@ import {
   MAX_BLOCKERS,
   MAX_DEADLINE_AHEAD_S,
   PROTOCOL_VERSION,
+  MAX_CONTROL_MESSAGE_BYTES,
+  canonicalDigest,
   captureKey,
   isUnreadableStorage,
   namesCheckpoint,
@@ -487,14 +489,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     instruments.bytes.add(written.bytes, { op: "commit", kind: this.adapter.kind });
     const restarts = this.report().restarts.length;
     if (restarts) instruments.episodes.add(restarts, { outcome: "restarted", kind: this.adapter.kind });
-    return {
+    return fitCommitReply({
       phase: "committed",
       manifest: written.manifest,
       manifest_path: written.manifestPath,
       manifest_sha256: written.manifestSha256,
       episode_ids: [...new Set(records.map((r) => captureKey(r.episode_id)))].sort(),
       extras: this.adapter.commitExtras?.(records) ?? {},
-    };
+    });
   }
 
   // ---- restore ---------------------------------------------------------------------------
@@ -979,7 +981,7 @@ function spanResult(span: Span, op: PhaseOp, result: unknown): void {
       return;
     }
     case "commit":
-      span.setAttribute(ATTR.episodes, (result as CommitReply).episode_ids.length);
+      span.setAttribute(ATTR.episodes, (result as CommitReply).episode_count ?? (result as CommitReply).episode_ids!.length);
       return;
     case "restore":
       span.setAttribute(ATTR.episodes, (result as RestoreReply).restored.length);
@@ -1028,6 +1030,19 @@ async function lstatOrUndefined(path: string): Promise<Stats | undefined> {
 function unresolvable(error: unknown): CheckpointError {
   if (isUnreadableStorage(error)) return toCheckpointError(error);
   return new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${(error as NodeJS.ErrnoException).code ?? String(error)}`, { cause: error });
+}
+
+/**
+ * The commit reply as it can travel: with its episode list when the whole reply fits one control
+ * message, else with the list left out (its count and canonical digest instead), for the
+ * coordinator to read from the records just committed. Tens of thousands of exported episodes
+ * would otherwise make the commit answer reply_too_large after its records were written, and the
+ * checkpoint could never be published.
+ */
+function fitCommitReply(reply: CommitReply): CommitReply {
+  if (Buffer.byteLength(JSON.stringify(reply)) <= MAX_CONTROL_MESSAGE_BYTES) return reply;
+  const ids = reply.episode_ids!;
+  return { ...reply, episode_ids: null, episode_count: ids.length, episode_ids_sha256: canonicalDigest(ids) };
 }
 
 function cacheKey(id: string, op: string): string {
