@@ -140,6 +140,9 @@ export function register(program: Command): void {
           // maxReconnectAttempts is unlimited, so this is fatal: exit and let the supervisor restart us.
           logger.fatal("nats_connection_closed");
           process.exitCode = 1;
+          // Stopped like on SIGTERM: its HTTP server (and lease timers) would keep the process
+          // alive, answering /healthz ok, and the supervisor would never restart it.
+          await handle.stop().catch((err: unknown) => logger.error({ err }, "coordinator_stop_failed"));
           await telemetry.shutdown();
           return;
         }
