@@ -1,5 +1,5 @@
 import { Option, type Command } from "commander";
-import { CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, isHttpUrl, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, isHttpUrl, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -37,12 +37,12 @@ export function withClientOptions(command: Command, options: { printsReply?: boo
 /** Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. */
 export async function withClient(flags: ClientFlags, fn: (client: ControllerClient) => Promise<unknown>): Promise<void> {
   const env = process.env;
-  const token = clientToken(flags.token, env);
   const httpUrl = flags.httpUrl ?? envSetting("GYM_CKPT_HTTP_URL", env);
   await runCli(async () => {
     const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
     if (flags.timeoutS !== undefined) secondsFlag("timeout-s", flags.timeoutS);
     const deployment = clientDeployment(flags.deployment, env);
+    const token = clientToken(flags.token, env);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
     if (httpUrl) {
       // --leader-wait-ms holds over HTTP too (nothing listening, or not_leader), as for collect.
@@ -65,9 +65,19 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
   });
 }
 
-/** The controller token: --token, else GYM_CKPT_CONTROLLER_TOKEN, else GYM_CKPT_TOKEN; empty variables are unset, as for the daemon. */
+/**
+ * The controller token: --token, else GYM_CKPT_CONTROLLER_TOKEN, else GYM_CKPT_TOKEN; empty variables are unset, as for the daemon.
+ * One the daemon could never hold (not visible ASCII, as `controller_token` must be: a `\r` left by
+ * a token file with CRLF endings, a space) is `invalid_request` before anything is sent, never echoed:
+ * nats.js refused it as an internal_error, fetch sent it trimmed, or failed it as outcome_unknown.
+ */
 export function clientToken(flag: string | undefined, env: NodeJS.ProcessEnv): string | undefined {
-  return flag ?? (env.GYM_CKPT_CONTROLLER_TOKEN || env.GYM_CKPT_TOKEN || undefined);
+  const token = flag ?? (env.GYM_CKPT_CONTROLLER_TOKEN || env.GYM_CKPT_TOKEN || undefined);
+  if (token && !BearerTokenSchema.safeParse(token).success) {
+    const source = flag !== undefined ? "--token" : env.GYM_CKPT_CONTROLLER_TOKEN ? "GYM_CKPT_CONTROLLER_TOKEN" : "GYM_CKPT_TOKEN";
+    throw new CheckpointError("invalid_request", `the controller token (${source}) must be visible ASCII: no whitespace, control or non-ASCII characters (a \\r from a file with CRLF line endings?)`);
+  }
+  return token;
 }
 
 /** The deployment (--deployment, else GYM_CKPT_DEPLOYMENT, else `default`), refused as the daemon refuses it: it is one subject token. */

@@ -86,3 +86,42 @@ describe("client commands: --leader-wait-ms over --http-url", () => {
     }
   });
 });
+
+describe("client commands: a controller token that is not visible ASCII", () => {
+  // The daemon refuses such a controller_token, so none could authenticate. nats.js refused it as
+  // internal_error; fetch sent a trailing \r trimmed (it worked over HTTP only) and failed a control
+  // character as outcome_unknown ("retry with the same arguments") although nothing was sent.
+  it.each([
+    ["a trailing \\r (a CRLF token file)", "ctl-token\r"],
+    ["a control character", "ctl\x01token"],
+    ["a space", "ctl token"],
+    ["a non-ASCII character", "ctl-tökén"],
+  ])("%s is invalid_request (exit 2) before anything is sent, over HTTP and NATS, the token never echoed", async (_what, token) => {
+    const { createServer } = await import("node:http");
+    let asked = 0;
+    const server = createServer((_req, res) => {
+      asked += 1;
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ deployment: "default", coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: [] }));
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    try {
+      const url = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+      const program = new Command().exitOverride();
+      register(program);
+      await program.parseAsync(["status", "--token", token, "--http-url", url, "--leader-wait-ms", "0"], { from: "user" });
+      expect(Number(process.exitCode ?? 0)).toBe(2);
+      expect(asked).toBe(0);
+    } finally {
+      await new Promise((resolve) => server.close(resolve));
+    }
+    process.exitCode = undefined;
+    process.env.GYM_CKPT_CONTROLLER_TOKEN = token;
+    expect(await status()).toBe(2);
+    expect(stderr.split("\n").filter(Boolean)).toEqual([
+      expect.stringMatching(/^error invalid_request: the controller token \(--token\) must be visible ASCII/),
+      expect.stringMatching(/^error invalid_request: the controller token \(GYM_CKPT_CONTROLLER_TOKEN\) must be visible ASCII/),
+    ]);
+    expect(stderr).not.toContain(token.slice(0, 5));
+  });
+});
