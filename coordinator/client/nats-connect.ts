@@ -1,16 +1,33 @@
+import { subscribe, unsubscribe } from "node:diagnostics_channel";
+import type { Socket } from "node:net";
 import { connect, type ConnectionOptions, type NatsConnection } from "@nats-io/transport-node";
 import { natsConnectFailure } from "../../protocol/nats-connect-failure.js";
+
+/** Node publishes every socket `net.connect` creates here. */
+const CLIENT_SOCKETS = "net.client.socket";
 
 /**
  * `connect`, with its failures as catalog codes (the CLI, the collector and the daemon connect
  * through it; `consequence` ends the unreachable detail). No server reachable is `not_leader`, as
  * the HTTP client reports a coordinator it cannot reach: nothing was sent, retry once NATS and a
  * coordinator run.
+ *
+ * A first connect that times out after its TCP connection was made (a port that accepts but never
+ * sends NATS' INFO: the coordinator's HTTP port, a stalled server, a proxy) leaves nats.js's socket
+ * open (its transport closes only connections it finished), which kept the process alive for ever
+ * after its refusal was printed: a CLI command never returned, a daemon was never restarted. The
+ * sockets opened while connecting are destroyed when the connect fails.
  */
 export async function connectNats(options: ConnectionOptions, consequence = "no coordinator can be asked; nothing was sent"): Promise<NatsConnection> {
+  const sockets: Socket[] = [];
+  const opened = (message: unknown) => sockets.push((message as { socket: Socket }).socket);
+  subscribe(CLIENT_SOCKETS, opened);
   try {
     return await connect(options);
   } catch (error) {
+    for (const socket of sockets) socket.destroy();
     throw natsConnectFailure(error, options.servers, "not_leader", consequence);
+  } finally {
+    unsubscribe(CLIENT_SOCKETS, opened);
   }
 }

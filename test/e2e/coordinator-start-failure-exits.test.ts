@@ -1,9 +1,10 @@
 import { chmod, mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
+import { createServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
-import { MAIN, asAccount, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
+import { MAIN, asAccount, cli, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 /**
  * A daemon whose start-up fails after it connected to NATS (checkpoint_root cannot be created,
@@ -98,4 +99,31 @@ describe("coordinator start-up failure", () => {
     expect(outcome).not.toBe("still running");
     expect((outcome as { code: number }).code).toBe(2);
   }, 20_000);
+
+  it("exits 1 when --nats-url names a port that accepts but never speaks NATS (the first connect times out), as does a client command", async () => {
+    // nats.js's connect gave up after 20 s and the refusal was printed, but the socket it opened
+    // stayed open and kept the process alive for ever: a supervisor never restarted the daemon.
+    const accepted: Socket[] = [];
+    const silent = createServer((socket) => {
+      accepted.push(socket);
+      socket.on("error", () => undefined);
+    });
+    await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+    const url = `nats://127.0.0.1:${(silent.address() as { port: number }).port}`;
+    try {
+      const daemon = spawnDaemon([MAIN, "coordinator", "--deployment", `startsilent${process.pid}`, "--nats-url", url, "--token", "t", "--checkpoint-root", join(dir, "silent"), "--no-http", "--log-level", "warn"]);
+      daemons.push(daemon);
+      const status = cli(["status", "--nats-url", url, "--token", "t"]);
+      const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 35_000).unref())]);
+      expect(daemon.stderr()).toMatch(/^error not_leader: cannot reach NATS at nats:\/\/127\.0\.0\.1:\d+ \(timeout\): this coordinator cannot start/m);
+      expect(outcome).toEqual({ code: 1, signal: null });
+      // cli() gives up after 30 s (exit code 1 with a signal): the command must have ended by itself.
+      const command = await status;
+      expect(command.stderr).toMatch(/^error not_leader: cannot reach NATS at \S+ \(timeout\)/);
+      expect(command.code).toBe(1);
+    } finally {
+      for (const socket of accepted) socket.destroy();
+      await new Promise((resolve) => silent.close(resolve));
+    }
+  }, 60_000);
 });
