@@ -112,7 +112,9 @@ export interface LoadConfigInput {
 /** Layers defaults < file < env < flags and validates; errors are readable (z.prettifyError). */
 export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
   const env = input.env ?? process.env;
-  const file = input.file ?? env.GYM_CKPT_CONFIG;
+  // An empty --config is a value (no file named), not "no flag": it would silently drop the file GYM_CKPT_CONFIG names.
+  if (input.file === "") throw new CheckpointError("invalid_request", "invalid configuration: --config names no file (an empty path)");
+  const file = input.file ?? envSetting("GYM_CKPT_CONFIG", env);
   let merged: Plain = {};
   if (file) merged = merge(merged, fileLayer(file));
   merged = merge(merged, envLayer(env));

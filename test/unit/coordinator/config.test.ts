@@ -28,6 +28,19 @@ describe("coordinator config", () => {
     }
   });
 
+  it("an empty --config is refused, not taken for no flag (which would drop GYM_CKPT_CONFIG's file); an empty GYM_CKPT_CONFIG is unset", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    try {
+      const file = join(dir, "c.json");
+      await writeFile(file, JSON.stringify({ token: "filetoken", checkpoint_root: "/data/ck", retention: 7 }));
+      expect(() => loadConfig({ file: "", env: { GYM_CKPT_CONFIG: file } })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("--config") }));
+      expect(loadConfig({ env: { GYM_CKPT_CONFIG: file } }).retention).toBe(7);
+      expect(loadConfig({ env: { GYM_CKPT_CONFIG: "", GYM_CKPT_TOKEN: "envtoken", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" } }).retention).toBe(2);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("reports every problem readably and refuses unknown keys", () => {
     let error: unknown;
     try {
