@@ -44,7 +44,9 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
     const deployment = clientDeployment(flags.deployment, env);
     const token = clientToken(flags.token, env);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
-    if (httpUrl) {
+    // An empty --http-url is refused, not taken for "use NATS" (an empty GYM_CKPT_HTTP_URL is unset).
+    if (httpUrl !== undefined) {
+      httpUrlFlag("http-url", httpUrl);
       // --leader-wait-ms holds over HTTP too (nothing listening, or not_leader), as for collect.
       await fn(new HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs }));
       return;

@@ -44,6 +44,18 @@ describe("coordinator start-up failure", () => {
     expect((outcome as { code: number }).code).toBe(2); // configuration: a supervisor should not restart it
   }, 20_000);
 
+  it("exits 2 for an empty --otlp-endpoint, refused like any other value that is no URL instead of dropped", async () => {
+    const daemon = spawnDaemon([
+      MAIN, "coordinator", "--deployment", `startotlp${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",
+      "--checkpoint-root", join(dir, "otlp-root"), "--no-http", "--log-level", "warn", "--otlp-endpoint", "",
+    ]);
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+    expect(outcome).not.toBe("still running");
+    expect(daemon.stderr()).toMatch(/^error invalid_request: --otlp-endpoint must be an http:\/\/ or https:\/\/ URL/m);
+    expect((outcome as { code: number }).code).toBe(2);
+  }, 20_000);
+
   it("exits 2 when mkdir answers ENOENT under an existing parent (/proc), instead of spinning in Node's recursive mkdir", async () => {
     const daemon = spawnDaemon([
       MAIN, "coordinator", "--deployment", `startproc${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",

@@ -175,7 +175,7 @@ export function register(program: Command): void {
       try {
         telemetry = await startTelemetry({
           serviceName: "gym-ckpt-collect",
-          ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
+          ...(flags.otlpEndpoint !== undefined && { otlpEndpoint: flags.otlpEndpoint }), // an empty one is refused, not dropped
           ...metricsPort,
         });
         if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);

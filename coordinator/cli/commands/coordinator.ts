@@ -115,7 +115,7 @@ export function register(program: Command): void {
         const telemetry = await startTelemetry({
           serviceName: "gym-ckpt-coordinator",
           serviceInstanceId: coordinatorId,
-          ...(flags.otlpEndpoint && { otlpEndpoint: flags.otlpEndpoint }),
+          ...(flags.otlpEndpoint !== undefined && { otlpEndpoint: flags.otlpEndpoint }), // an empty one is refused, not dropped
           ...metricsPort,
         });
         if (telemetry.metricsUrl) process.stdout.write(`metrics ${telemetry.metricsUrl}\n`);

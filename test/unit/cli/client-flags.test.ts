@@ -37,6 +37,13 @@ describe("client commands: --deployment", () => {
   });
 });
 
+describe("client commands: --http-url", () => {
+  it.each(["", "127.0.0.1:8480"])("refuses --http-url %j as invalid_request (exit 2) instead of falling back to NATS", async (url) => {
+    expect(await status("--token", "t", "--http-url", url)).toBe(2);
+    expect(stderr).toMatch(/^error invalid_request: --http-url must be an http or https URL/);
+  });
+});
+
 describe("client commands: empty variables are unset", () => {
   it("GYM_CKPT_CONTROLLER_TOKEN= falls back to GYM_CKPT_TOKEN, like the daemon's controller_token", async () => {
     process.env.GYM_CKPT_CONTROLLER_TOKEN = "";
