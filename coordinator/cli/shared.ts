@@ -43,7 +43,7 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
     if (flags.timeoutS !== undefined) secondsFlag("timeout-s", flags.timeoutS);
     const deployment = clientDeployment(flags.deployment, env);
     const token = clientToken(flags.token, env);
-    if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
+    if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN (or GYM_CKPT_TOKEN, the deployment's shared token)");
     // An empty --http-url is refused, not taken for "use NATS" (an empty GYM_CKPT_HTTP_URL is unset).
     if (httpUrl !== undefined) {
       httpUrlFlag("http-url", httpUrl);

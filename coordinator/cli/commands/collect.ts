@@ -104,7 +104,7 @@ export function register(program: Command): void {
       // After the flags (a bad one is invalid_request, exit 2, with or without a token), before any file.
       const deployment = clientDeployment(flags.deployment, env);
       const token = clientToken(flags.token, env);
-      if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN");
+      if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN (or GYM_CKPT_TOKEN, the deployment's shared token)");
       const outPath = resolve(flags.out);
       await assertAppendable(outPath, flags.tasks);
       const rows = await readTaskRows(flags.tasks);
