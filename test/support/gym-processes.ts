@@ -98,7 +98,10 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       token: GYM_TOKEN,
       controller_token: CONTROLLER_TOKEN,
       checkpoint_root: root,
-      lease_ms: 500,
+      // Long enough that an event-loop stall of this busy test process (the coordinator runs in it)
+      // does not cost the lone coordinator its lease mid-test: a re-won lease recovers the open
+      // checkpoint (presumed abort), which the tests would see as someone else's resume.
+      lease_ms: 1500,
       default_timeout_ms: 10_000,
       request_slack_ms: 2000,
       http: { enabled: false, host: "127.0.0.1", port: 0 },
