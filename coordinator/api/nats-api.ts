@@ -1,9 +1,11 @@
 import { context } from "@opentelemetry/api";
-import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { Match, errors, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import {
   CONTROLLER_OP_NAMES,
+  CheckpointError,
   HEADER_AUTHORIZATION,
+  MAX_CONTROL_MESSAGE_BYTES,
   decodedHeaders,
   controllerSubject,
   encodeMessage,
@@ -79,14 +81,31 @@ export class NatsControllerApi {
       const headers = decodedHeaders(msg);
       authorizeController(headers?.get(HEADER_AUTHORIZATION, Match.IgnoreCase), this.options.token);
       const parent = extractTraceContext(headers);
-      // Lists are left out past one message (reply-budget.ts); the HTTP API answers in full.
-      body = encodeControllerReply(op, await context.with(parent, () => dispatchController(this.options.engine, op, msg.data)));
+      const reply = await context.with(parent, () => dispatchController(this.options.engine, op, msg.data));
+      // Lists are left out past one message (reply-budget.ts), or past the server's max_payload when
+      // a deployment configures it lower: msg.respond would throw and the controller get no reply.
+      // The HTTP API answers in full.
+      body = encodeControllerReply(op, reply, this.replyBudget());
     } catch (error) {
       const refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");
       body = encodeMessage(refusal.toReply());
     }
-    if (msg.reply) msg.respond(body);
+    if (!msg.reply) return;
+    try {
+      msg.respond(body);
+    } catch (error) {
+      // The server's max_payload changed under us (a reconnect to another server): still an answer.
+      if (!(error instanceof errors.InvalidArgumentError && error.message.includes("max_payload"))) throw error;
+      const tooLarge = new CheckpointError("reply_too_large", `${op}'s ${Buffer.byteLength(body)}-byte reply exceeds the NATS server's max_payload (${this.options.nc.info?.max_payload ?? "unknown"} bytes)`);
+      msg.respond(encodeMessage(tooLarge.toReply()));
+    }
+  }
+
+  /** One message: the control-message limit, or the server's max_payload when that is lower. */
+  private replyBudget(): number {
+    const maxPayload = this.options.nc.info?.max_payload;
+    return typeof maxPayload === "number" && maxPayload > 0 ? Math.min(MAX_CONTROL_MESSAGE_BYTES, maxPayload) : MAX_CONTROL_MESSAGE_BYTES;
   }
 
   async stop(): Promise<void> {

@@ -1,4 +1,5 @@
 import {
+  CheckpointError,
   MAX_CONTROL_MESSAGE_BYTES,
   canonicalDigest,
   encodeReply,
@@ -131,11 +132,19 @@ export function fitControllerReply<O extends ControllerOp>(op: O, reply: CtlRepl
   return fit(op, reply, JSON.stringify(reply), budget);
 }
 
-/** The reply's JSON for the NATS API: fitted to one message, else `reply_too_large` (the op succeeded). */
-export function encodeControllerReply<O extends ControllerOp>(op: O, reply: CtlReplyOf<O>): string {
+/**
+ * The reply's JSON for the NATS API: fitted to one message, else `reply_too_large` (the op
+ * succeeded). `budget` is the server's max_payload when a deployment configures it below 1 MiB.
+ */
+export function encodeControllerReply<O extends ControllerOp>(op: O, reply: CtlReplyOf<O>, budget = MAX_CONTROL_MESSAGE_BYTES): string {
   const text = JSON.stringify(reply);
-  if (Buffer.byteLength(text) <= MAX_CONTROL_MESSAGE_BYTES) return text;
-  return encodeReply(fit(op, reply, text, MAX_CONTROL_MESSAGE_BYTES), op);
+  if (Buffer.byteLength(text) <= budget) return text;
+  const fitted = encodeReply(fit(op, reply, text, budget), op);
+  const size = Buffer.byteLength(fitted);
+  if (size > budget) {
+    throw new CheckpointError("reply_too_large", `${op} succeeded, but its ${size}-byte reply exceeds the NATS server's max_payload (${budget} bytes)`);
+  }
+  return fitted;
 }
 
 function fit<O extends ControllerOp>(op: O, reply: CtlReplyOf<O>, text: string, budget: number): CtlReplyOf<O> {
