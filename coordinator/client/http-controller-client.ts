@@ -1,6 +1,6 @@
 import { context, propagation } from "@opentelemetry/api";
 import { fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, CtlGetRequestSchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, CtlGetRequestSchema, ErrorReplySchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
@@ -175,6 +175,28 @@ export class HttpControllerClient extends ControllerClient {
       if (error instanceof CheckpointError) throw error;
       throw new CheckpointError("outcome_unknown", `the reply to ${op} was cut off: ${(error as Error).message}; retry with the same arguments`);
     }
+    if (GATEWAY_ERRORS.has(response.status) && !isRefusal(text)) {
+      throw new CheckpointError(
+        "outcome_unknown",
+        `${path} was answered HTTP ${response.status} by something in front of the coordinator (a proxy or load balancer), not by its API; the op may have run or still run: retry with the same arguments`,
+      );
+    }
     return decodeControllerReply(op, text);
+  }
+}
+
+/**
+ * Statuses a proxy or load balancer answers for the coordinator (upstream reset, read timeout, no
+ * upstream) in a body of its own: the request may have reached the coordinator. The API's own 502,
+ * 503 and 504 are catalog refusals (`reply_too_large`, `not_leader`/`unreachable`, `outcome_unknown`).
+ */
+const GATEWAY_ERRORS = new Set([502, 503, 504]);
+
+/** The body is the API's `{"error":{"code","detail"}}`. */
+function isRefusal(text: string): boolean {
+  try {
+    return ErrorReplySchema.safeParse(JSON.parse(text)).success;
+  } catch {
+    return false;
   }
 }

@@ -53,6 +53,29 @@ describe("HTTP controller client", () => {
     expect(received).toBe(1);
   });
 
+  it("a proxy's gateway error without a catalog body (nginx's HTML 504 after its read timeout) is outcome_unknown, not internal_error: the op may still run", async () => {
+    const ops: string[] = [];
+    const url = await listen((req, res) => {
+      ops.push(req.url!);
+      const status = ops.length === 1 ? 504 : ops.length === 2 ? 502 : 503;
+      res.writeHead(status, { "content-type": "text/html" });
+      res.end(`<html><body><h1>${status} Gateway error</h1></body></html>`);
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t" });
+    const deadline_ts = Date.now() / 1000 + 60;
+    for (let i = 0; i < 3; i++) {
+      await expect(client.call("commit", { checkpoint_id: "c1", episode_ids: null, deadline_ts })).rejects.toMatchObject({ code: "outcome_unknown" });
+    }
+    expect(ops).toEqual(["/v1/commit", "/v1/commit", "/v1/commit"]);
+    // Any other answer that is not the API's stays internal_error (a wrong URL, say).
+    server!.removeAllListeners("request");
+    server!.on("request", (_req, res) => {
+      res.writeHead(404, { "content-type": "text/html" });
+      res.end("<html>not here</html>");
+    });
+    await expect(client.call("commit", { checkpoint_id: "c1", episode_ids: null, deadline_ts })).rejects.toMatchObject({ code: "internal_error" });
+  });
+
   it("a base URL that cannot be used is invalid_request before anything is sent, never outcome_unknown", async () => {
     const refusal = async (baseUrl: string) => {
       try {
