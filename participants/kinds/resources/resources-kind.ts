@@ -90,6 +90,12 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    * a request naming them would be served from it).
    */
   private readonly heldAfterFailedFree = new Map<string, EpisodeId>();
+  /**
+   * Sessions a replayable `/verify` ended while a checkpoint was open: ended at reopen. Until then
+   * they stay in the checkpoint, which holds their episode at its boundary before that verify, so
+   * the verify a restored episode replays finds its session (and an exported server its state).
+   */
+  private readonly endAtReopen = new Map<string, EpisodeId>();
   /** Session ids the current commit exported: a stop commit parks these and no others. */
   private exported: string[] = [];
   private context: ParticipantContext | undefined;
@@ -181,7 +187,20 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   succeeded(ticket: RequestTicket): void {
     if (ticket.sessionId === undefined) return;
     if (ticket.role === "seed") this.bind(ticket.sessionId, ticket.episode);
-    else if (ticket.role === "verify" || ticket.role === "close") this.end(ticket.sessionId, ticket.episode);
+    else if (ticket.role === "verify" || ticket.role === "close") this.endServed(ticket, ticket.sessionId);
+  }
+
+  /**
+   * The request ended its session (a 2xx `/verify`, `/close_session` or `sessions.ended`). A
+   * replayable request served while admission is closed ends it only at reopen: the checkpoint
+   * being taken holds its episode before that request, which a restore sends again.
+   */
+  endServed(ticket: RequestTicket, sessionId: string): void {
+    if (this.isReplayable(ticket.role) && this.mode !== "restart_only" && !this.gate.isOpen) {
+      this.endAtReopen.set(sessionId, ticket.episode);
+      return;
+    }
+    this.end(sessionId, ticket.episode);
   }
 
   /**
@@ -244,6 +263,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   async openAdmission(): Promise<void> {
+    for (const [sessionId, episode] of this.endAtReopen) this.end(sessionId, episode);
+    this.endAtReopen.clear();
     this.gate.reopen();
   }
 

@@ -236,7 +236,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       if (reply.statusCode >= 200 && reply.statusCode < 300) {
         kind.succeeded({ ...entry.ticket, sessionId: entry.sessionId });
         entry.succeeded = true;
-        if (entry.endOnSuccess && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
+        if (entry.endOnSuccess && entry.sessionId !== undefined) kind.endServed(entry.ticket, entry.sessionId);
         if (entry.issueCookie && entry.sessionId !== undefined) reply.header("set-cookie", sessionCookieHeader(entry.sessionId));
       } else if (entry.startedFresh && entry.sessionId !== undefined) {
         // A refused reset starts nothing, like a refused seed: its cookie is never issued, so no
@@ -284,7 +284,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       entry.endOnSuccess = true;
       // Called after a 2xx onSend (a streamed reply's handler learns the end while it writes): no
       // later hook would end it.
-      if (entry.succeeded && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
+      if (entry.succeeded && entry.sessionId !== undefined) kind.endServed(entry.ticket, entry.sessionId);
     },
     signal(request) {
       return admitted.get(request)?.ticket.signal ?? NEVER_ABORTED;
