@@ -481,9 +481,13 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     }
   }
 
-  /** A restored session afterCommit is freeing is served to nobody (a seed gets a new session). */
+  /**
+   * A restored session afterCommit is freeing is served to nobody. A seed arriving now gets a new
+   * session (its cookie names no known session), but one that kept the cookie's session before it
+   * waited for resume would bind it and build state the running free then deletes: refused too.
+   */
   private refuseFreeing(request: { sessionId: string | undefined; role: RequestRole }): void {
-    if (request.role === "seed" || request.role === "close" || request.sessionId === undefined) return;
+    if (request.role === "close" || request.sessionId === undefined) return;
     if (this.freeingRestored.has(request.sessionId)) {
       throw new CheckpointError("admission_closed", "the restored session is being freed (the last commit left it out); retry, or seed a new session");
     }

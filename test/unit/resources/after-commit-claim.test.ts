@@ -56,6 +56,33 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     expect(server.counters.get("sessionAAAA")).toBe(2); // r1-a1's session lives on
   });
 
+  it("a seed that waited through the checkpoint with the cookie of a session the clean-up frees is not freed behind its back", async () => {
+    const server = new HeldFree();
+    const r2 = counterRecord("r2", "sessionBBBB", 5);
+    await world.writeCheckpoint("c1", [r2]);
+    const b = await world.harness(server);
+    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r2.episode_id] });
+    await b.call("resume", { checkpoint_id: "c1" });
+    await b.call("prepare", { checkpoint_id: "c2" });
+    // r2-a1 seeds again with its restored cookie while c2 is open: it waits for resume.
+    const seed = b.post("/ng-rollout/r2-a1/seed_session", {}, "ng_session=sessionBBBB");
+    await until(() => b.kind.readiness().counts.waiting === 1);
+    // c2 continues nothing: the unclaimed restored session is freed in the background (held).
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 0.3);
+    await b.call("resume", { checkpoint_id: "c2" });
+    const seeded = await seed;
+    server.release();
+    // The free ran (the restored count 5 is gone); it must not have taken what the seed built.
+    await until(() => server.counters.get("sessionBBBB") !== 5);
+    if (seeded.statusCode === 200) expect(server.counters.get("sessionBBBB")).toBe(0);
+    // Refused while the free ran; once it ended the retried seed gets a session of its own.
+    expect(seeded.json().error?.code).toBe("admission_closed");
+    const again = await b.post("/ng-rollout/r2-a1/seed_session", {}, "ng_session=sessionBBBB");
+    expect(again.statusCode).toBe(200);
+    const cookie = String(again.headers["set-cookie"]).split(";")[0]!;
+    expect(server.counters.get(cookie.split("=")[1]!)).toBe(0);
+  }, 15_000);
+
   it("a session still being freed is live state until its free ended (a restore must not install it under the free)", async () => {
     const r2 = counterRecord("r2", "sessionBBBB", 5);
     await world.writeCheckpoint("c1", [r2]);
