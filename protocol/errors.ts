@@ -24,7 +24,7 @@ export const ERROR_CATALOG = {
   },
   reply_too_large: {
     status: 502,
-    meaning: "The operation succeeded, but its reply is larger than the control-message limit (1 MiB), so it cannot travel over NATS.",
+    meaning: "The operation succeeded, but its reply is larger than the control-message limit (1 MiB, or the NATS server's lower `max_payload`), even with its long lists left out, so it cannot travel over NATS.",
     solve: "Read the result another way (`get`, `status`, `list`, or the HTTP API, which has no such limit); retrying the op with the same arguments answers the same way.",
   },
   stale_checkpoint: {
