@@ -1,13 +1,13 @@
 import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
 import { z } from "zod";
-import { CheckpointError, captureKey, describeZodError, parseCaptureKey, rolloutPath, type EpisodeId } from "../../../protocol/index.js";
+import { CheckpointError, captureKey, describeZodError, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { Activation, AgentKind } from "../../kinds/agent/index.js";
-import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
+import type { StepEpisode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
-import { expectOk, postJson, trimSlash } from "./gym-http.js";
-import { seedSession } from "./seed-session.js";
+import { isRefusal, trimSlash } from "./gym-http.js";
+import { closeResourcesSession, seedSession, verifyAnswer, type SeededSession } from "./resources-session.js";
 import { GymTaskSchema, RunRequestSchema, taskSpellings, type GymTask, type RunReply } from "./gym-task.js";
 import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
 
@@ -144,15 +144,36 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
   return app;
 }
 
-/** A legacy episode: seed (replay) → turn loop (model calls replay, tools wait) → verify → return. */
+/** How long the resources `close_session` of a failed legacy episode may take (its failure is ignored). */
+const CLOSE_SESSION_TIMEOUT_MS = 5000;
+
+/**
+ * A legacy episode: seed (replay) → turn loop (model calls replay, tools wait) → verify → return.
+ * One that fails before its verify ended its resources session closes it (best effort), unless a
+ * retire stopped it: the retire frees it there.
+ */
 async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
+  const open: { session?: SeededSession | undefined } = {};
+  try {
+    return await runLegacySteps(endpoints, ep, task, open);
+  } catch (error) {
+    if (open.session && (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt"))) {
+      await closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session, CLOSE_SESSION_TIMEOUT_MS);
+    }
+    throw error;
+  }
+}
+
+async function runLegacySteps(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask, open: { session?: SeededSession | undefined }): Promise<RunReply> {
   const restored = ep.continuation();
   const continuedFrom = restored ? String(restored.next) : null;
   let boundary = restored ? legacyBoundaryOf(ep.key, restored) : undefined;
   const resources = trimSlash(endpoints.resourcesUrl);
   if (!boundary) {
-    const seeded = await seedSession(ep, resources, task);
-    boundary = { next: "loop", cookie: seeded.cookie, verify_mode: seeded.verify_mode, state: initialState(task) };
+    open.session = await seedSession(ep, resources, task);
+    boundary = { next: "loop", ...open.session, state: initialState(task) };
+  } else if (boundary.next !== "return") {
+    open.session = { cookie: boundary.cookie, verify_mode: boundary.verify_mode };
   }
   if (boundary.next === "loop") {
     const { cookie, verify_mode } = boundary;
@@ -168,11 +189,9 @@ async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task
     await ep.boundary(boundary);
   }
   if (boundary.next === "verify") {
-    const { cookie, answer } = boundary;
-    const reward = await ep.step(boundary.verify_mode as StepMode, async (signal) => {
-      const response = await postJson(`${resources}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, ...(cookie && { headers: { cookie: `ng_session=${cookie}` } }) });
-      return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
-    });
+    const { cookie, verify_mode, answer } = boundary;
+    const reward = await verifyAnswer(ep, resources, task, { cookie, verify_mode }, answer);
+    open.session = undefined; // ended by its verify
     boundary = { next: "return", answer, reward };
     await ep.boundary(boundary);
   }

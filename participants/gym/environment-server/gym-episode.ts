@@ -2,7 +2,7 @@ import { z } from "zod";
 import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "../agent-server/gym-http.js";
-import { seedSession } from "../agent-server/seed-session.js";
+import { closeResourcesSession, seedSession, verifyAnswer, type SeededSession } from "../agent-server/resources-session.js";
 import type { GymTask, RunReply } from "../agent-server/gym-task.js";
 import { MAX_LOOP_MESSAGES } from "../agent-server/tool-calling-agent.js";
 
@@ -35,9 +35,9 @@ export interface GymEndpoints {
 }
 
 /**
- * How long the agent's `close_session` clean-up may take. Its failure is ignored anyway, and an
- * episode in final clean-up is not interrupted by retire, so a hung agent must not keep it (a
- * blocker) alive until the episode deadline.
+ * How long a `close_session` clean-up (agent, and resources after a failed episode) may take. Its
+ * failure is ignored anyway, and an episode in final clean-up is not interrupted by retire, so a
+ * hung callee must not keep it (a blocker) alive until the episode deadline.
  */
 export const CLOSE_SESSION_TIMEOUT_MS = 5000;
 
@@ -53,16 +53,25 @@ export interface GymEpisodeResult extends RunReply {
   messages?: Record<string, unknown>[];
 }
 
-function cookieHeader(cookie: string | null): Record<string, string> {
-  return cookie ? { cookie: `ng_session=${cookie}` } : {};
+/** The episode's resources session while it is open: seeded or restored, until its verify ended it. */
+interface OpenSession {
+  session?: SeededSession | undefined;
 }
 
 export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions = {}): Promise<GymEpisodeResult> {
+  const open: OpenSession = {};
   try {
-    return await runSteps(endpoints, ep, task, options);
+    return await runSteps(endpoints, ep, task, options, open);
   } catch (error) {
-    // A failed episode (deadline, callee error) must not leave an activation running at the agent.
-    if (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt")) await closeAgentSession(endpoints, ep, options);
+    // A failed episode (deadline, callee error) must not leave an activation running at the agent,
+    // nor its session at the resources server. A retired one is freed there by the retire itself.
+    if (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt")) {
+      const timeoutMs = options.closeSessionTimeoutMs ?? CLOSE_SESSION_TIMEOUT_MS;
+      await Promise.all([
+        closeAgentSession(endpoints, ep, options),
+        open.session && closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session, timeoutMs),
+      ]);
+    }
     throw error;
   }
 }
@@ -73,7 +82,7 @@ async function closeAgentSession(endpoints: GymEndpoints, ep: StepEpisode, optio
   await postJson(`${trimSlash(endpoints.agentUrl)}${rolloutPath(ep.key, "/close_session")}`, {}, { signal }).catch(() => undefined);
 }
 
-async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions): Promise<GymEpisodeResult> {
+async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions, open: OpenSession): Promise<GymEpisodeResult> {
   const agent = trimSlash(endpoints.agentUrl);
   const resources = trimSlash(endpoints.resourcesUrl);
   const restored = ep.continuation();
@@ -83,9 +92,11 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
   let messages: Record<string, unknown>[] | undefined;
 
   if (!boundary) {
-    const seeded = await seedSession(ep, resources, task);
-    boundary = { next: "invoke_agent", cookie: seeded.cookie, verify_mode: seeded.verify_mode };
+    open.session = await seedSession(ep, resources, task);
+    boundary = { next: "invoke_agent", ...open.session };
     await ep.boundary(boundary);
+  } else if (boundary.next !== "return") {
+    open.session = { cookie: boundary.cookie, verify_mode: boundary.verify_mode };
   }
 
   if (boundary.next === "invoke_agent") {
@@ -112,21 +123,8 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
 
   if (boundary.next === "verify") {
     const { cookie, answer, verify_mode } = boundary;
-    let reward: number | undefined;
-    while (reward === undefined) {
-      try {
-        reward = await ep.step(verify_mode, async (signal) => {
-          const response = await postJson(`${resources}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, headers: cookieHeader(cookie) });
-          return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
-        });
-      } catch (error) {
-        // Refused before it ran (the resources server closed admission): park at verify and retry
-        // after resume. Passed on, /run would answer admission_closed for an episode that already
-        // ran its agent, and the caller would send the same attempt again from its input.
-        if (!isRefusal(error, "admission_closed")) throw error;
-        await ep.park();
-      }
-    }
+    const reward = await verifyAnswer(ep, resources, task, { cookie, verify_mode }, answer);
+    open.session = undefined; // ended by its verify
     boundary = { next: "return", answer, reward };
     // An episode finishing while Gym is prepared waits here without delivering its result.
     await ep.boundary(boundary);

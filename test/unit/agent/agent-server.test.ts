@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { canonicalDigest } from "../../../protocol/index.js";
 import { AgentKind } from "../../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
@@ -77,4 +77,30 @@ describe("reference agent server", () => {
       await app.close();
     }
   });
+
+  it("a legacy /run that fails before its verify ended its resources session closes it there, with its cookie", async () => {
+    const closes: (string | null)[] = [];
+    vi.stubGlobal("fetch", async (url: string, init: { headers?: Record<string, string> }) => {
+      const path = new URL(String(url)).pathname;
+      if (path.endsWith("/seed_session")) return new Response("{}", { status: 200, headers: { "set-cookie": "ng_session=s-9; Path=/" } });
+      if (path.endsWith("/close_session")) {
+        closes.push(init.headers?.cookie ?? null);
+        return new Response("{}", { status: 200 });
+      }
+      // The policy refuses the task for good.
+      return new Response(JSON.stringify({ error: { code: "invalid_request", detail: "scripted" } }), { status: 400 });
+    });
+    const state = new AgentSessionState();
+    const kind = new AgentKind(state);
+    const app = createAgentApp({ kind, state, endpoints: { policyUrl: "http://policy", resourcesUrl: "http://resources", stream: false } });
+    try {
+      const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r7", attempt: 0, task: { expression: "1+1", tool_rounds: 1 } } });
+      expect(res.json()).toMatchObject({ error: { code: "invalid_request" } });
+      expect(closes).toEqual(["ng_session=s-9"]);
+    } finally {
+      await app.close();
+    }
+  });
 });
+
+afterEach(() => void vi.unstubAllGlobals());

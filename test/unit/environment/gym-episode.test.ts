@@ -60,4 +60,44 @@ describe("reference environment episode", () => {
     expect(calls.filter((c) => c === "verify")).toHaveLength(2);
     expect(calls.filter((c) => c === "activate")).toHaveLength(1);
   });
+
+  it.each([
+    ["the agent's activate fails", "activate"],
+    ["the verify fails (a bad task)", "verify"],
+  ])("an episode that fails before its verify ended its resources session closes it there (%s), with its cookie", async (_why, failing) => {
+    const calls: { op: string; cookie: string | null }[] = [];
+    vi.stubGlobal("fetch", async (url: string, init: { headers?: Record<string, string> }) => {
+      const op = String(url).slice(String(url).lastIndexOf("/") + 1);
+      const host = new URL(String(url)).host;
+      calls.push({ op: `${host}:${op}`, cookie: init.headers?.cookie ?? null });
+      if (op === failing) return new Response(JSON.stringify({ error: { code: "invalid_request", detail: "scripted" } }), { status: 400 });
+      if (op === "seed_session") return new Response("{}", { status: 200, headers: { "set-cookie": "ng_session=s-1; Path=/" } });
+      if (op === "open_session") return new Response(JSON.stringify({ session_key: "r1", restored: false }), { status: 200 });
+      if (op === "activate") return new Response(JSON.stringify({ answer: "2", model_calls: 1, continued: false }), { status: 200 });
+      return new Response("{}", { status: 200 });
+    });
+    const kind = new EnvironmentKind();
+    const episode = { rollout_id: "r1", attempt: 0 };
+    const task = { expression: "1+1", tool_rounds: 1 };
+    await expect(kind.begin(episode, task, {}, (ep) => runGymEpisode({ agentUrl: "http://agent", resourcesUrl: "http://resources" }, ep, task))).rejects.toMatchObject({ code: "invalid_request" });
+    expect(calls.filter((c) => c.op.endsWith("close_session"))).toEqual([
+      { op: "agent:close_session", cookie: null },
+      { op: "resources:close_session", cookie: "ng_session=s-1" },
+    ]);
+  });
+
+  it("a successful episode leaves its resources session to its verify (no close_session there)", async () => {
+    const ops: string[] = [];
+    vi.stubGlobal("fetch", async (url: string) => {
+      const u = new URL(String(url));
+      ops.push(`${u.host}:${u.pathname.slice(u.pathname.lastIndexOf("/") + 1)}`);
+      if (u.pathname.endsWith("/activate")) return new Response(JSON.stringify({ answer: "2", model_calls: 1, continued: false }), { status: 200 });
+      if (u.pathname.endsWith("/verify")) return new Response(JSON.stringify({ reward: 1 }), { status: 200 });
+      return new Response("{}", { status: 200 });
+    });
+    const kind = new EnvironmentKind();
+    const task = { expression: "1+1", tool_rounds: 1 };
+    await kind.begin({ rollout_id: "r2", attempt: 0 }, task, {}, (ep) => runGymEpisode({ agentUrl: "http://agent", resourcesUrl: "http://resources" }, ep, task));
+    expect(ops.filter((op) => op.endsWith("close_session"))).toEqual(["agent:close_session"]);
+  });
 });

@@ -1,0 +1,72 @@
+import { z } from "zod";
+import { rolloutPath } from "../../../protocol/index.js";
+import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
+import { expectOk, isRefusal, postJson, sessionCookieFrom } from "./gym-http.js";
+import type { GymTask } from "./gym-task.js";
+
+/**
+ * A reference episode's session at the resources server, the same for the Gym environment and the
+ * legacy agent loop: seeded first, ended by a successful verify, closed when the episode fails
+ * before that.
+ */
+
+/** What an episode keeps of its seeded session: the cookie the resources server set, and how its verify runs. */
+export interface SeededSession {
+  cookie: string | null;
+  verify_mode: "replay" | "wait";
+}
+
+function cookieHeader(cookie: string | null): Record<string, string> {
+  return cookie ? { cookie: `ng_session=${cookie}` } : {};
+}
+
+/**
+ * The `replay` step that starts every reference episode: the resources server seeds the rollout's
+ * session. It may say this rollout is a restart (its earlier attempt was lost), which the episode
+ * records before going on.
+ */
+export async function seedSession(ep: StepEpisode, resourcesUrl: string, task: GymTask): Promise<SeededSession> {
+  const seeded = await ep.step("replay", async (signal) => {
+    const response = await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/seed_session")}`, { task }, { signal });
+    expectOk("seed_session", response);
+    return {
+      cookie: sessionCookieFrom(response.headers) ?? null,
+      verify: response.headers.get("x-ng-checkpoint-verify") === "replay" ? ("replay" as const) : ("wait" as const),
+      restart: response.headers.get("x-ng-checkpoint-restart") === "1",
+    };
+  });
+  if (seeded.restart) await ep.markRestart();
+  return { cookie: seeded.cookie, verify_mode: seeded.verify };
+}
+
+/**
+ * The `verify` step (its mode from the seed): the reward, which ends the session. Refused
+ * `admission_closed` before it ran (the resources server closed admission for a checkpoint), it
+ * parks at the verify boundary and is sent again after resume: passed on, `/run` would answer
+ * admission_closed for an episode that already ran its agent, and its caller would send the same
+ * attempt again from the input.
+ */
+export async function verifyAnswer(ep: StepEpisode, resourcesUrl: string, task: GymTask, session: SeededSession, answer: string): Promise<number> {
+  for (;;) {
+    try {
+      return await ep.step(session.verify_mode as StepMode, async (signal) => {
+        const response = await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/verify")}`, { task, answer }, { signal, headers: cookieHeader(session.cookie) });
+        return z.object({ reward: z.number() }).passthrough().parse(expectOk("verify", response)).reward;
+      });
+    } catch (error) {
+      if (!isRefusal(error, "admission_closed")) throw error;
+      await ep.park();
+    }
+  }
+}
+
+/**
+ * Best-effort `close_session` of a session its failed episode leaves open (a verify that ran ended
+ * it): only a verify ends a resources session otherwise, so every failed episode's would be held
+ * for good, exported by every checkpoint, or reported as a restart by a restart-only server until
+ * its prepare reply no longer fit one message. Bounded by `timeoutMs`; failures are ignored.
+ */
+export async function closeResourcesSession(ep: StepEpisode, resourcesUrl: string, session: SeededSession, timeoutMs: number): Promise<void> {
+  const signal = AbortSignal.timeout(timeoutMs);
+  await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/close_session")}`, {}, { signal, headers: cookieHeader(session.cookie) }).catch(() => undefined);
+}
