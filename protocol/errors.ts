@@ -135,7 +135,7 @@ export const ERROR_CATALOG = {
   },
   cohort_failed: {
     status: 503,
-    meaning: "The cohort did not collect every member before its collection timeout, or its evaluation timed out.",
+    meaning: "The cohort did not collect every member before its collection timeout (an evaluation that times out is answered 200 with masked `judge_failed` results instead).",
     solve: "Retry the whole group from input as a new group attempt.",
   },
   cohort_capacity: {

@@ -42,7 +42,11 @@ export class JudgeClient {
       body: JSON.stringify({ model: this.options.model ?? "judge", messages, stream: false, temperature: 0 }),
       signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
     });
-    if (!response.ok) throw new Error(`judge answered HTTP ${response.status}`);
+    if (!response.ok) {
+      // Its body is not read: cancelled, so a judge answering errors does not hold connections until GC.
+      await response.body?.cancel().catch(() => undefined);
+      throw new Error(`judge answered HTTP ${response.status}`);
+    }
     let reply: unknown;
     try {
       reply = JSON.parse(await readCappedText(response, MAX_JUDGE_REPLY_BYTES, "judge"));
