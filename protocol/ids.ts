@@ -39,14 +39,18 @@ export const EpisodeIdSchema = z
 export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
 
 /**
- * Why a restore scope cannot be continued, or undefined: it names one rollout at two attempts.
- * Every entry continues as its next attempt and the source attempts are fenced up to the highest,
- * so the lower one's replacement would be installed and refused at once (and each kind would
- * install the pair differently). The same attempt named twice is one entry.
+ * Why a restore scope cannot be continued, or undefined: it names an attempt with no next attempt
+ * (MAX_ATTEMPT), or one rollout at two attempts. Every entry continues as its next attempt and the
+ * source attempts are fenced up to the highest, so the lower one's replacement would be installed
+ * and refused at once (and each kind would install the pair differently). The same attempt named
+ * twice is one entry.
  */
 export function restoreScopeIssue(scope: readonly EpisodeId[]): string | undefined {
   const attempts = new Map<string, number>();
   for (const episode of scope) {
+    if (episode.attempt >= MAX_ATTEMPT) {
+      return `episode_ids names rollout ${episode.rollout_id} at attempt ${MAX_ATTEMPT}, the last there is: it cannot continue as a later attempt`;
+    }
     const seen = attempts.get(episode.rollout_id);
     if (seen !== undefined && seen !== episode.attempt) {
       const [low, high] = [Math.min(seen, episode.attempt), Math.max(seen, episode.attempt)];

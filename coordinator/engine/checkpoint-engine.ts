@@ -18,6 +18,7 @@ import {
   isUnreadableStorage,
   outsideCheckpointId,
   nextAttempt,
+  restoreScopeIssue,
   toCheckpointError,
   type ControllerStateInput,
   type CtlReplyOf,
@@ -405,6 +406,11 @@ export class CheckpointEngine {
 
   restore(request: CtlRequestOf<"restore">): Promise<CtlReplyOf<"restore">> {
     return this.op("restore", request.checkpoint_id, async (ctx, identify) => {
+      // The controller APIs' schema refuses it; an in-process caller hands the request straight
+      // here. Refused before anything: the participants would refuse it, and the clean-up's
+      // resume would then fence the checkpoint's id at every one of them.
+      const scopeIssue = restoreScopeIssue(request.episode_ids);
+      if (scopeIssue) throw new CheckpointError("invalid_request", scopeIssue);
       const id = request.checkpoint_id ?? (await this.options.catalog.latest());
       if (id) identify(id);
       const retryOf = (open: OpenCheckpoint | undefined) =>

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { Kind } from "../../../protocol/index.js";
+import { MAX_ATTEMPT, type Kind } from "../../../protocol/index.js";
 import { pino } from "pino";
 import { FOUR_KINDS, journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
 import { NoRespondersFailure, RequestTimeoutFailure } from "../../../coordinator/engine/transport.js";
@@ -520,6 +520,25 @@ describe("all-or-nothing restore", () => {
     expect(Math.max(...restores.map((c) => c.seq))).toBeLessThan(Math.min(...retires.map((c) => c.seq)));
     expect(engine.openCheckpoint).toBeNull();
     await journalEmptied(journal);
+  });
+
+  it("a scope naming attempt MAX_ATTEMPT (it has no next attempt) is invalid_request with nothing journaled or sent: the clean-up's resume would fence the checkpoint at every participant", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.calls.length = 0;
+    fake.events.length = 0;
+    const last = { rollout_id: "r1", attempt: MAX_ATTEMPT };
+    const error = await refusal(engine.restore({ checkpoint_id: "base", episode_ids: [{ rollout_id: "r0", attempt: 0 }, last] }));
+    expect(error.code).toBe("invalid_request");
+    expect(error.message).toContain(`attempt ${MAX_ATTEMPT}`);
+    expect(fake.events).toEqual([]); // no journal write, no message
+    expect(journal.entries.size).toBe(0);
+    expect(engine.openCheckpoint).toBeNull();
+    // Nothing was fenced: the same checkpoint restores with a scope one below.
+    const reply = await engine.restore({ checkpoint_id: "base", episode_ids: [{ rollout_id: "r1", attempt: MAX_ATTEMPT - 1 }] });
+    expect(reply.participants.every((p) => p.restored?.[0] === `r1-a${MAX_ATTEMPT}`)).toBe(true);
+    await engine.resume({ checkpoint_id: "base" });
   });
 
   it("on a refusal, attempt+1 is retired everywhere except at the participant that refused (it installed nothing)", async () => {

@@ -6,6 +6,7 @@ import {
   ERROR_CATALOG,
   ERROR_CODES,
   MAX_CONTROL_MESSAGE_BYTES,
+  MAX_ATTEMPT,
   GUARDED_OPS,
   CONTROL_MESSAGES,
   CONTROLLER_OPS,
@@ -73,6 +74,19 @@ describe("control messages", () => {
       // The same attempt twice is one entry; other rollouts are independent.
       const fine = [twice[0], twice[1], { rollout_id: "r", attempt: 0 }];
       expect(schema.safeParse({ ...body, episode_ids: fine }).success).toBe(true);
+    }
+  });
+
+  it("refuses a restore scope naming attempt MAX_ATTEMPT (no next attempt), on the wire and at the controller API", () => {
+    const bodies = [
+      { schema: RestoreRequestSchema, body: { ...base, checkpoint_dir: "/data/c1" } },
+      { schema: CONTROLLER_OPS.restore.request, body: { checkpoint_id: "c1" } },
+    ];
+    for (const { schema, body } of bodies) {
+      const result = schema.safeParse({ ...body, episode_ids: [{ rollout_id: "r", attempt: MAX_ATTEMPT }] });
+      expect(result.success).toBe(false);
+      expect(result.error?.issues[0]?.message).toContain(`attempt ${MAX_ATTEMPT}`);
+      expect(schema.safeParse({ ...body, episode_ids: [{ rollout_id: "r", attempt: MAX_ATTEMPT - 1 }] }).success).toBe(true);
     }
   });
 
