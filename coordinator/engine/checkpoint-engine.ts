@@ -480,13 +480,16 @@ export class CheckpointEngine {
     ctx: Context | undefined,
     identify: (id: string) => void,
   ): Promise<Outcome<O>[]> {
-    const { checkpointId, members, epoch, deadlineMs, restored } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
+    const { checkpointId, members: own, epoch, deadlineMs, restored } = await this.outsideCheckpoint(op, requestedId, deadlineTs);
     if (checkpointId !== undefined) identify(checkpointId);
     const id = checkpointId ?? outsideCheckpointId(op);
+    // In a restored checkpoint the members are its own; a registered participant it lacks (one
+    // that joined after that checkpoint, idle here) may still serve the retired attempt, so the
+    // fence must reach it too, as a retire outside any checkpoint reaches every registered one.
+    const members = restored ? this.withRegistered(own, await this.options.membership.list()) : own;
     // An expected participant the registry does not list (a lapsed heartbeat: it may still run and
-    // serve the retired attempt) fails its stage, as in prepare: the fence must reach it. In a
-    // restored checkpoint the members are its own, so one it lacks is looked up in the registry.
-    const missing = this.expectedMissingFrom(restored ? [...members, ...(await this.options.membership.list())] : members);
+    // serve the retired attempt) fails its stage, as in prepare: the fence must reach it.
+    const missing = this.expectedMissingFrom(members);
     const { results, stoppedAt } = await runStages(
       RETIRE_STAGES,
       [...members, ...missing],
@@ -499,6 +502,12 @@ export class CheckpointEngine {
     const all = results.flatMap((r) => r.outcomes);
     if (stoppedAt) throw combinedFailure(op, failuresOf(all));
     return all;
+  }
+
+  /** `members`, then the registered participants not among them. */
+  private withRegistered(members: readonly ParticipantRef[], registered: readonly ParticipantRef[]): ParticipantRef[] {
+    const known = new Set(members.map((m) => memberKey(m.kind, m.instance)));
+    return [...members, ...registered.filter((m) => !known.has(memberKey(m.kind, m.instance)))];
   }
 
   /** Status of every registered participant (one directed status request each); no lock needed. */

@@ -644,8 +644,30 @@ describe("all-or-nothing restore", () => {
     expect(engine.openCheckpoint?.phase).toBe("restored");
     await engine.retire({ episode_ids: [{ rollout_id: "r9", attempt: 0 }] });
     await engine.forget({ rollout_ids: ["r9"] });
-    expect(fake.ops("retire")).toHaveLength(FOUR_KINDS.length); // the restored checkpoint's members, as before
+    // the restored checkpoint's members, and r2: registered, it may serve the retired attempt
+    expect(fake.ops("retire")).toHaveLength(FOUR_KINDS.length + 1);
     await engine.resume({ checkpoint_id: "before-r2" });
+  });
+
+  it("retire and forget in a restored checkpoint reach a registered participant the checkpoint lacks (it may still serve the retired attempt), callers before callees; its resume does not", async () => {
+    await makeEngine(root).engine.checkpoint({ checkpoint_id: "before-a3", episode_ids: null, stop: false, controller_state: null });
+    // a3 joined after that checkpoint and kept running: it was never restored, and is idle
+    const a3 = { kind: "agent" as const, instance: "a3" };
+    const { engine, fake } = makeEngine(root, { members: [...FOUR_KINDS, a3] });
+    await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(fake.ops("restore").map((c) => c.instance)).not.toContain("a3");
+    const retired = await engine.retire({ episode_ids: [{ rollout_id: "old", attempt: 0 }] });
+    expect(retired.participants.map((p) => `${p.kind}/${p.instance}`)).toContain("agent/a3");
+    const retires = fake.ops("retire");
+    expect(retires.map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "agent/a3", "environment/e1", "model/m1", "resources/r1"]);
+    expectStaged(retires, STAGE.retire!);
+    for (const c of retires) expect(c.body.checkpoint_id).toBe("before-a3");
+    const forgotten = await engine.forget({ rollout_ids: ["old"] });
+    expect(forgotten.participants.map((p) => `${p.kind}/${p.instance}`)).toContain("agent/a3");
+    expect(fake.ops("forget")).toHaveLength(6);
+    expectStaged(fake.ops("forget"), STAGE.retire!);
+    await engine.resume({ checkpoint_id: "before-a3" });
+    expect(fake.ops("resume").map((c) => c.instance)).not.toContain("a3"); // it never took part
   });
 });
 
