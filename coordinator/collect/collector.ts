@@ -153,6 +153,12 @@ export class Collector {
   private stopping = false;
   /** halt() was called: no /run is sent and no reply taken any more. */
   private halted = false;
+  /**
+   * The workers are done (run() closes, or failed): a checkpoint asked for from now on (a SIGUSR1 or
+   * SIGTERM during the summary) is skipped. It has nothing to save, and the process exits right
+   * after, closing NATS: a prepare it sent would leave the Gym parked until the participants' lease.
+   */
+  private ended = false;
   /** Finished rows being appended to --out (and buffered as records): halt() waits for them. */
   private readonly finishing = new Set<Promise<void>>();
   private restartedCount = 0;
@@ -405,6 +411,7 @@ export class Collector {
     try {
       await Promise.all(workers);
     } catch (error) {
+      this.ended = true;
       // A worker failed (results.jsonl cannot be appended): start no other row and drop the /runs
       // in flight, whose results could not be kept either (they are logged: the next start retires them).
       this.stopping = true;
@@ -418,6 +425,7 @@ export class Collector {
       await this.records?.close().catch(() => undefined);
       throw error;
     }
+    this.ended = true;
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
     if (!this.stopping) await this.close();
@@ -693,11 +701,11 @@ export class Collector {
     });
   }
 
-  /** Undefined: skipped (a timer checkpoint that waited while a stop was asked for, or anything after a stop). */
+  /** Undefined: skipped (a timer checkpoint that waited while a stop was asked for, anything after a stop, or after the collection ended). */
   private async checkpointInSpan(stop: boolean, span: Span, timer: boolean): Promise<{ published: boolean; checkpointId: string } | undefined> {
     return this.lock.run(async () => {
       // The stop goes first: a scheduler's grace period is short, and after it nothing may resume.
-      if ((timer && this.stopsPending > 0) || (!stop && this.stopping)) return undefined;
+      if ((timer && this.stopsPending > 0) || (!stop && this.stopping) || this.ended) return undefined;
       this.closeGate();
       await this.ownOps.resumeUnresumed();
       const checkpointId = newCheckpointId(Date.now());

@@ -227,6 +227,19 @@ describe("collector", () => {
     expect(calls.filter((c) => c.op === "resume")).toHaveLength(1); // the refused one never reached base
   });
 
+  it("a checkpoint asked for once the collection has ended (SIGUSR1 or SIGTERM during its summary) is skipped: nothing is prepared that the exiting process would leave parked", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const { controller, calls, state } = fakeController();
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    calls.length = 0;
+    expect(await collector.checkpoint({ stop: false })).toEqual({ published: false, checkpointId: "" });
+    expect(await collector.checkpoint({ stop: true })).toEqual({ published: false, checkpointId: "" });
+    expect(calls.map((c) => c.op)).toEqual([]);
+    expect(state.open).toBeNull();
+  });
+
   it("finishes when the last row fails for good while the retire of its attempt is still running", { timeout: 10_000 }, async () => {
     const url = await runServer(() => ({ status: 500, body: { oops: 1 } }));
     const retireHeld = deferred();
