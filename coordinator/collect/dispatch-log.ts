@@ -1,8 +1,8 @@
 import { open } from "node:fs/promises";
 import { z } from "zod";
-import { EpisodeIdSchema, namePath, type EpisodeId } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, namePath, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
-import { readRegularFile } from "../publication/regular-file.js";
+import { openRegularFile } from "../publication/regular-file.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /**
@@ -19,8 +19,17 @@ import { parseStateValue } from "./state-file-value.js";
 const HeaderSchema = z.object({ run_id: z.string().min(1).max(128), continues_run: z.string().min(1).max(128).optional() }).strict();
 const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
 
-/** About five million logged attempts; the log is read whole at start-up. */
-export const MAX_DISPATCH_LOG_BYTES = 256 << 20;
+/**
+ * No size limit: the log is streamed at start-up, keeping only the latest attempt per rollout, so
+ * its size (one line per dispatch of the run, finished rows included) is no limit on how many rows
+ * a collection that crashed can resume. 256 MiB, read whole, refused a run of ~1.1 million
+ * dispatches of 200-character rollout ids.
+ */
+const NO_SIZE_LIMIT = Number.MAX_SAFE_INTEGER;
+/** Bytes read from the log at a time. */
+const READ_CHUNK = 1 << 20;
+/** Far more than any line the log holds (a rollout id is at most 200 characters). */
+const MAX_LINE_BYTES = 64 << 10;
 
 /** A logged attempt; `restored` = installed by a restore and not sent since. */
 export type LoggedAttempt = EpisodeId & { restored?: true };
@@ -110,26 +119,32 @@ export class DispatchLog {
     this.writing = false;
   }
 
-  /** Reads a previous run's log; a torn (unparseable) last line is ignored, any other bad line is an error. */
+  /**
+   * Reads a previous run's log, streamed line by line; a torn (unparseable) last line is ignored,
+   * any other bad line is an error.
+   */
   static async read(path: string): Promise<DispatchHistory | undefined> {
-    let text: string;
+    let opened: Awaited<ReturnType<typeof openRegularFile>>;
     try {
-      text = await readRegularFile(path, { maxBytes: MAX_DISPATCH_LOG_BYTES });
+      opened = await openRegularFile(path, { maxBytes: NO_SIZE_LIMIT });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
       throw error;
     }
-    // The piece after the last newline is either empty or a torn append: drop it.
-    const complete = text.split("\n").slice(0, -1);
-    if (complete.length === 0) return undefined;
-    const header = parseStateValue(HeaderSchema, complete[0]!, `${path}:1`);
+    let header: z.output<typeof HeaderSchema> | undefined;
     const latest = new Map<string, number>();
     const restoredOnly = new Set<string>();
-    for (const [i, line] of complete.entries()) {
-      if (i === 0 || !line.trim()) continue;
-      const entry = parseStateValue(EntrySchema, line, `${path}:${i + 1}`);
+    let number = 0;
+    const take = (line: string) => {
+      number++;
+      if (number === 1) {
+        header = parseStateValue(HeaderSchema, line, `${path}:1`);
+        return;
+      }
+      if (!line.trim()) return;
+      const entry = parseStateValue(EntrySchema, line, `${path}:${number}`);
       const previous = latest.get(entry.rollout_id);
-      if (previous !== undefined && entry.attempt < previous) continue;
+      if (previous !== undefined && entry.attempt < previous) return;
       if (previous === undefined || entry.attempt > previous) {
         latest.set(entry.rollout_id, entry.attempt);
         if (entry.restored) restoredOnly.add(entry.rollout_id);
@@ -137,7 +152,32 @@ export class DispatchLog {
       } else if (!entry.restored) {
         restoredOnly.delete(entry.rollout_id); // the restored attempt was sent
       }
+    };
+    const { handle } = opened;
+    try {
+      // Bytes after the last newline so far; at the end, either nothing or a torn append: dropped.
+      let rest = Buffer.alloc(0);
+      // A piece longer than any valid line is not kept growing (that would be quadratic): it is
+      // refused once its newline comes, and dropped as the torn tail if none does.
+      let overlong = false;
+      const chunk = Buffer.allocUnsafe(READ_CHUNK);
+      for (;;) {
+        const { bytesRead } = await handle.read(chunk, 0, chunk.length, null);
+        if (bytesRead === 0) break;
+        const data = rest.length ? Buffer.concat([rest, chunk.subarray(0, bytesRead)]) : chunk.subarray(0, bytesRead);
+        let from = 0;
+        for (let at = data.indexOf(0x0a); at !== -1; at = data.indexOf(0x0a, from)) {
+          if (overlong) throw new CheckpointError("invalid_checkpoint_state", `${path}:${number + 1}: not a logged attempt (over ${MAX_LINE_BYTES} bytes)`);
+          take(data.toString("utf8", from, at));
+          from = at + 1;
+        }
+        overlong ||= data.length - from > MAX_LINE_BYTES;
+        rest = overlong ? Buffer.alloc(0) : Buffer.from(data.subarray(from)); // a copy: the chunk is read into again
+      }
+    } finally {
+      await handle.close();
     }
+    if (!header) return undefined;
     return { runId: header.run_id, ...(header.continues_run !== undefined && { continuesRun: header.continues_run }), latest, restoredOnly };
   }
 }
