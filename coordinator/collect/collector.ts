@@ -31,7 +31,7 @@ import { DispatchLog, type DispatchHistory } from "./dispatch-log.js";
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
-import { appendResult, readResults, readResultsForAppend } from "./results-file.js";
+import { appendResult, readResults, readResultsForAppend, syncResults } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import type { TaskRow } from "./task-rows.js";
@@ -183,7 +183,9 @@ export class Collector {
       deadline: () => this.deadline(),
       stopping: () => this.stopping,
     });
-    this.records = options.records ? new RolloutRecordsSink(options.records, options.logger) : undefined;
+    // A step's rows are in --out (appended before their records are buffered): on disk before the
+    // step is, or a power loss could keep the records and lose the rows, which would run again.
+    this.records = options.records ? new RolloutRecordsSink(options.records, options.logger, () => syncResults(options.outPath)) : undefined;
     options.rows.forEach((row, i) => this.rowIndex.set(row.rolloutId, i));
   }
 

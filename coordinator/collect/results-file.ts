@@ -53,6 +53,24 @@ async function appendWhole(path: string, text: string): Promise<void> {
   }
 }
 
+/**
+ * Puts the lines appended to `path` so far on disk (fdatasync): before anything durable that counts
+ * its rows is published (their rollout records), since a power loss that kept that but lost the
+ * lines would run those rows again, and record them twice.
+ */
+export async function syncResults(path: string): Promise<void> {
+  try {
+    const handle = await open(path, "r");
+    try {
+      await handle.datasync();
+    } finally {
+      await handle.close();
+    }
+  } catch (error) {
+    throw namePath(error, path);
+  }
+}
+
 /** A finished row as readers need it: the `/run` reply itself stays in the file. */
 export type FinishedRow = Omit<ResultLine, "response">;
 

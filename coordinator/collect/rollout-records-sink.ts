@@ -89,6 +89,8 @@ export class RolloutRecordsSink {
   constructor(
     private readonly options: RolloutRecordsOptions,
     private readonly logger: Logger,
+    /** Runs before a step's record file is published (the collector syncs `--out`, which holds its rows); failing, the step is not written. */
+    private readonly beforePublish?: () => Promise<void>,
   ) {
     assertRolloutEnv(options.env);
   }
@@ -208,6 +210,7 @@ export class RolloutRecordsSink {
       // record file is linked into place, never renamed over: another collection with this env and
       // kind writing into the same directory may hold this step already, and then the next is tried.
       let encoded: ReturnType<typeof encodeRolloutRecords>;
+      await this.beforePublish?.();
       for (;;) {
         encoded = encodeRolloutRecords({ kind, env, step, records });
         await makeDirectories(join(this.root, rolloutStepDir(step)));

@@ -1,0 +1,92 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
+import { tmpdir } from "node:os";
+import { basename, join } from "node:path";
+import pino from "pino";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { Collector, type CollectorController } from "../../../coordinator/collect/collector.js";
+
+/**
+ * A finished row is appended to `--out`, then its rollout record is buffered and published in a
+ * step file, durably. `--out` must be on disk before that step is: after a power loss that kept
+ * the step but lost the row's results line, the next start would run the row again and record it a
+ * second time (the records are training data: a row read twice).
+ */
+const events = vi.hoisted(() => [] as string[]);
+
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs/promises")>();
+  const open: typeof real.open = async (path, flags, mode) => {
+    const handle = await real.open(path, flags, mode);
+    const name = basename(String(path));
+    return new Proxy(handle, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop) as unknown;
+        if (typeof value !== "function") return value;
+        const bound = (value as (...args: unknown[]) => unknown).bind(target);
+        if (prop !== "sync" && prop !== "datasync") return bound;
+        return async () => {
+          await bound();
+          events.push(`sync ${name}`);
+        };
+      },
+    });
+  };
+  const link: typeof real.link = async (existing, target) => {
+    await real.link(existing, target);
+    events.push(`link ${basename(String(target))}`);
+  };
+  const appendFile: typeof real.appendFile = async (path, data, options) => {
+    await real.appendFile(path, data, options);
+    events.push(`append ${basename(String(path))}`);
+  };
+  return { ...real, default: { ...real, open, link, appendFile }, open, link, appendFile };
+});
+
+let dir: string;
+let server: Server | undefined;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-records-sync-"));
+  events.length = 0;
+});
+afterEach(async () => {
+  server?.closeAllConnections();
+  server?.close();
+  server = undefined;
+  await rm(dir, { recursive: true, force: true });
+});
+
+const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+
+const controller = {
+  list: async () => ({ latest: null, checkpoints: [] }),
+  status: async () => ({ checkpoint: null, participants: [] }),
+  retire: async () => ({ participants: [] }),
+  forget: async (req: { rollout_ids: string[] }) => ({ forgotten: req.rollout_ids }),
+} as unknown as CollectorController;
+
+describe("collector rollout records", () => {
+  it("a row's record is published only once its results line is on disk (synced), so a power loss cannot keep the record and lose the row", async () => {
+    server = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1, trajectory })));
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const collector = new Collector({
+      rows: [{ rolloutId: "a", task: {} }],
+      runUrl: `http://127.0.0.1:${(server.address() as { port: number }).port}/run`,
+      outPath: join(dir, "results.jsonl"),
+      checkpointDir: dir,
+      controller,
+      logger: pino({ level: "silent" }),
+      records: { dir: join(dir, "records"), env: "gym", kind: "eval", everyRows: 1, everySeconds: 600 },
+    });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, records: { records: 1, steps: 1 } });
+    const appended = events.indexOf("append results.jsonl");
+    const published = events.indexOf("link eval_rollouts_gym.jsonl");
+    expect(appended).toBeGreaterThanOrEqual(0);
+    expect(published).toBeGreaterThan(appended);
+    expect(events.slice(appended, published)).toContain("sync results.jsonl");
+  });
+});
