@@ -2,9 +2,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { createServer, type Server, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { Collector, type CollectorController } from "../../../coordinator/collect/collector.js";
+import { collectorIn, idleController } from "../../support/collector-fixture.js";
 
 /**
  * A `/run` may last longer than 300 s of wall-clock time: the collector's run timeout stands still
@@ -37,17 +36,6 @@ async function pass(ms: number): Promise<void> {
   }
 }
 
-/** A coordinator with nothing published and nothing open; any other op fails the test. */
-const idleController = new Proxy({} as CollectorController, {
-  get: (_target, op) => {
-    if (op === "status") return async () => ({ checkpoint: null });
-    if (op === "list") return async () => ({ latest: null, checkpoints: [] });
-    return async () => {
-      throw new Error(`unexpected controller op ${String(op)}`);
-    };
-  },
-});
-
 describe("collector /run calls", () => {
   it("a /run answered after more than 300 s (within the run timeout) finishes its row", async () => {
     let arrived!: (response: ServerResponse) => void;
@@ -58,16 +46,7 @@ describe("collector /run calls", () => {
     });
     await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
     const { port } = server.address() as { port: number };
-    const collector = new Collector({
-      rows: [{ rolloutId: "a", task: {} }],
-      runUrl: `http://127.0.0.1:${port}/run`,
-      outPath: join(dir, "results.jsonl"),
-      checkpointDir: dir,
-      controller: idleController,
-      logger: pino({ level: "silent" }),
-      runTimeoutSeconds: 3600,
-      maxAttempts: 1,
-    });
+    const collector = collectorIn(dir, `http://127.0.0.1:${port}/run`, idleController(), { runTimeoutSeconds: 3600, maxAttempts: 1 });
     await collector.start();
     const run = collector.run();
     const res = await response;

@@ -2,9 +2,8 @@ import { open, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { Collector, type CollectorController } from "../../../coordinator/collect/collector.js";
+import { collectorIn, idleController } from "../../support/collector-fixture.js";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import type { EpisodeId } from "../../../protocol/index.js";
 
@@ -60,21 +59,9 @@ describe("the dispatch log of a long collection", () => {
     });
     await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
     const retired: EpisodeId[][] = [];
-    const controller = {
-      list: async () => ({ latest: null, checkpoints: [] }),
-      status: async () => ({ checkpoint: null, participants: [] }),
-      retire: async (req: { episode_ids: EpisodeId[] }) => (retired.push(req.episode_ids), { participants: [] }),
-      forget: async (req: { rollout_ids: string[] }) => ({ forgotten: req.rollout_ids }),
-    } as unknown as CollectorController;
+    const controller = idleController({ retire: async (req: { episode_ids: EpisodeId[] }) => (retired.push(req.episode_ids), { participants: [] }) });
     await writeFile(join(dir, "results.jsonl"), "");
-    const collector = new Collector({
-      rows: [{ rolloutId: "a", task: {} }],
-      runUrl: `http://127.0.0.1:${(server.address() as { port: number }).port}/run`,
-      outPath: join(dir, "results.jsonl"),
-      checkpointDir: dir,
-      controller,
-      logger: pino({ level: "silent" }),
-    });
+    const collector = collectorIn(dir, `http://127.0.0.1:${(server.address() as { port: number }).port}/run`, controller);
     await collector.start();
     expect(retired).toEqual([[{ rollout_id: "a", attempt: 3 }]]);
     expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1 });

@@ -2,9 +2,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
-import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { Collector, type CollectorController } from "../../../coordinator/collect/collector.js";
+import { collectorIn, idleController } from "../../support/collector-fixture.js";
 
 /**
  * A finished row is appended to `--out`, then its rollout record is buffered and published in a
@@ -58,13 +57,6 @@ afterEach(async () => {
 
 const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
 
-const controller = {
-  list: async () => ({ latest: null, checkpoints: [] }),
-  status: async () => ({ checkpoint: null, participants: [] }),
-  retire: async () => ({ participants: [] }),
-  forget: async (req: { rollout_ids: string[] }) => ({ forgotten: req.rollout_ids }),
-} as unknown as CollectorController;
-
 describe("collector rollout records", () => {
   it("a row's record is published only once its results line is on disk (synced), so a power loss cannot keep the record and lose the row", async () => {
     server = createServer((req, res) => {
@@ -72,13 +64,7 @@ describe("collector rollout records", () => {
       req.on("end", () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1, trajectory })));
     });
     await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
-    const collector = new Collector({
-      rows: [{ rolloutId: "a", task: {} }],
-      runUrl: `http://127.0.0.1:${(server.address() as { port: number }).port}/run`,
-      outPath: join(dir, "results.jsonl"),
-      checkpointDir: dir,
-      controller,
-      logger: pino({ level: "silent" }),
+    const collector = collectorIn(dir, `http://127.0.0.1:${(server.address() as { port: number }).port}/run`, idleController(), {
       records: { dir: join(dir, "records"), env: "gym", kind: "eval", everyRows: 1, everySeconds: 600 },
     });
     await collector.start();
