@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { collectorIn, idleController } from "../../support/collector-fixture.js";
+import { passFakeTime as pass } from "../../support/fake-time.js";
 
 /**
  * A `/run` may last longer than 300 s of wall-clock time: the collector's run timeout stands still
@@ -27,14 +28,6 @@ afterAll(async () => {
   await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
   await rm(dir, { recursive: true, force: true });
 });
-
-/** Lets `ms` of fake time pass a second at a time, with real I/O turns in between. */
-async function pass(ms: number): Promise<void> {
-  for (let t = 0; t < ms; t += 1000) {
-    await vi.advanceTimersByTimeAsync(1000);
-    await new Promise((resolve) => setImmediate(resolve));
-  }
-}
 
 describe("collector /run calls", () => {
   it("a /run answered after more than 300 s (within the run timeout) finishes its row", async () => {

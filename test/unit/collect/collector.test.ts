@@ -13,6 +13,7 @@ import { dispatchController } from "../../../coordinator/api/controller-dispatch
 import { CheckpointError, canonicalDigest, sha256Hex, type ControllerOp, type CtlReplyOf, type EpisodeId } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { makeEngine, writeParticipant, writers } from "../coordinator/fake-participants.js";
+import { collectorIn } from "../../support/collector-fixture.js";
 
 /**
  * The collector against a scripted `/run` server and a fake controller that keeps the engine's
@@ -165,15 +166,7 @@ const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map(
 const logger = pino({ level: "silent" });
 
 function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
-  return new Collector({
-    rows: [{ rolloutId: "a", task: {} }],
-    runUrl,
-    outPath: join(dir, "results.jsonl"),
-    checkpointDir: dir,
-    controller,
-    logger,
-    ...options,
-  });
+  return collectorIn(dir, runUrl, controller, { logger, ...options });
 }
 
 /**

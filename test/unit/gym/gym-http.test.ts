@@ -1,6 +1,7 @@
 import { createServer, type Server, type ServerResponse } from "node:http";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { postJson } from "../../../participants/gym/agent-server/gym-http.js";
+import { passFakeTime as pass } from "../../support/fake-time.js";
 
 /**
  * The reference servers' data-plane calls wait for as long as their callee works: an agent's
@@ -40,14 +41,6 @@ async function callee(): Promise<{ url: string; responses: ServerResponse[]; arr
     responses,
     arrived: () => (responses.length ? Promise.resolve(responses[responses.length - 1]!) : new Promise((resolve) => waiting.push(resolve))),
   };
-}
-
-/** Lets `ms` of fake time pass a second at a time, with real I/O turns in between. */
-async function pass(ms: number): Promise<void> {
-  for (let t = 0; t < ms; t += 1000) {
-    await vi.advanceTimersByTimeAsync(1000);
-    await new Promise((resolve) => setImmediate(resolve));
-  }
 }
 
 describe("reference Gym data-plane calls", () => {
