@@ -3,6 +3,7 @@ import { canonicalDigest } from "../../../protocol/index.js";
 import { AgentKind } from "../../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
 import { createAgentApp } from "../../../participants/gym/agent-server/agent-server.js";
+import { RECORDED_AND_SENT_SPELLINGS, expectRestoredTaskChecks } from "../../support/task-spellings.js";
 
 describe("reference agent server", () => {
   it("legacy /run refuses a restored boundary that is not a legacy boundary with invalid_checkpoint_state, keeping the record", async () => {
@@ -28,10 +29,7 @@ describe("reference agent server", () => {
   });
 
   it("legacy /run takes a restored record digested with or without the task's defaults, and refuses another task with invalid_request", async () => {
-    // A bogus boundary is refused only after the digest matched: invalid_checkpoint_state says it did, invalid_request that it did not.
-    const asParsed = { expression: "1+1", tool_rounds: 1 }; // what servers before the as-spelled digest recorded
-    const asSpelled = { expression: "1+1" };
-    for (const [recorded, sent] of [[asParsed, asSpelled], [asSpelled, asParsed], [asSpelled, asSpelled], [asParsed, asParsed]]) {
+    for (const [recorded, sent] of RECORDED_AND_SENT_SPELLINGS) {
       const state = new AgentSessionState();
       const kind = new AgentKind(state);
       await kind.install([
@@ -39,12 +37,7 @@ describe("reference agent server", () => {
       ]);
       const app = createAgentApp({ kind, state, endpoints: { policyUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9", stream: false } });
       try {
-        for (const other of [{ expression: "1+2" }, { expression: "1+1", tool_rounds: 2 }, { expression: "1+1", tool_rounds: 0 }]) {
-          const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 2, task: other } });
-          expect([res.statusCode, res.json().error.code]).toEqual([400, "invalid_request"]);
-        }
-        const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 2, task: sent } });
-        expect([res.statusCode, res.json().error.code]).toEqual([422, "invalid_checkpoint_state"]);
+        await expectRestoredTaskChecks(app, sent);
         expect(kind.legacy.pendingKeys()).toEqual(["r1-a2"]);
         expect(kind.legacy.steps.size).toBe(0);
       } finally {

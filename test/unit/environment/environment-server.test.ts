@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { canonicalDigest } from "../../../protocol/index.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { createEnvironmentApp } from "../../../participants/gym/environment-server/environment-server.js";
+import { RECORDED_AND_SENT_SPELLINGS, expectRestoredTaskChecks } from "../../support/task-spellings.js";
 
 describe("reference environment server", () => {
   it("/run refuses a restored boundary that is not an environment boundary with invalid_checkpoint_state, keeping the record", async () => {
@@ -23,20 +24,12 @@ describe("reference environment server", () => {
   });
 
   it("/run takes a restored record digested with or without the task's defaults, and refuses another task with invalid_request", async () => {
-    // A bogus boundary is refused only after the digest matched: invalid_checkpoint_state says it did, invalid_request that it did not.
-    const asParsed = { expression: "1+1", tool_rounds: 1 }; // what servers before the as-spelled digest recorded
-    const asSpelled = { expression: "1+1" };
-    for (const [recorded, sent] of [[asParsed, asSpelled], [asSpelled, asParsed], [asSpelled, asSpelled], [asParsed, asParsed]]) {
+    for (const [recorded, sent] of RECORDED_AND_SENT_SPELLINGS) {
       const kind = new EnvironmentKind();
       await kind.install([{ episode_id: { rollout_id: "r1", attempt: 1 }, task_digest: canonicalDigest(recorded), boundary: { next: "bogus" } }]);
       const app = createEnvironmentApp({ kind, endpoints: { agentUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9" } });
       try {
-        for (const other of [{ expression: "1+2" }, { expression: "1+1", tool_rounds: 2 }, { expression: "1+1", tool_rounds: 0 }]) {
-          const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 2, task: other } });
-          expect([res.statusCode, res.json().error.code]).toEqual([400, "invalid_request"]);
-        }
-        const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 2, task: sent } });
-        expect([res.statusCode, res.json().error.code]).toEqual([422, "invalid_checkpoint_state"]);
+        await expectRestoredTaskChecks(app, sent);
         expect(kind.episodes.pendingKeys()).toEqual(["r1-a2"]);
         expect(kind.episodes.steps.size).toBe(0);
       } finally {
