@@ -8,7 +8,6 @@ import {
   GUARDED_OPS,
   IncarnationSchema,
   InstanceSchema,
-  MAX_ATTEMPT,
   MAX_BLOCKERS,
   MAX_DEADLINE_AHEAD_S,
   PROTOCOL_VERSION,
@@ -504,12 +503,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async restore(request: RestoreRequest): Promise<RestoreReply> {
     this.checkDeadline(request.deadline_ts);
     // Every episode in scope continues as its next attempt: past MAX_ATTEMPT that attempt has no
-    // capture key, and its restored state could neither be exported again nor retired by name.
-    const last = request.episode_ids.find((episode) => episode.attempt >= MAX_ATTEMPT);
-    if (last) throw new CheckpointError("invalid_request", `${captureKey(last)} is attempt ${MAX_ATTEMPT}, the last there is: it cannot continue as a later attempt`);
-    // The codec refuses it on the wire; in-process callers hand requests straight to handle().
-    const twice = restoreScopeIssue(request.episode_ids);
-    if (twice) throw new CheckpointError("invalid_request", twice);
+    // capture key, and one rollout at two attempts would be installed and refused at once. The
+    // codec refuses both on the wire; in-process callers hand requests straight to handle().
+    const issue = restoreScopeIssue(request.episode_ids);
+    if (issue) throw new CheckpointError("invalid_request", issue);
     const id = request.checkpoint_id;
     const dir = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));
