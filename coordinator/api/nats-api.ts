@@ -1,9 +1,9 @@
 import { context } from "@opentelemetry/api";
-import { Match, errors, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
+import { respondWithinMaxPayload } from "../../protocol/nats-reply.js";
 import {
   CONTROLLER_OP_NAMES,
-  CheckpointError,
   HEADER_AUTHORIZATION,
   MAX_CONTROL_MESSAGE_BYTES,
   decodedHeaders,
@@ -92,14 +92,8 @@ export class NatsControllerApi {
       body = encodeMessage(refusal.toReply());
     }
     if (!msg.reply) return;
-    try {
-      msg.respond(body);
-    } catch (error) {
-      // The server's max_payload changed under us (a reconnect to another server): still an answer.
-      if (!(error instanceof errors.InvalidArgumentError && error.message.includes("max_payload"))) throw error;
-      const tooLarge = new CheckpointError("reply_too_large", `${op}'s ${Buffer.byteLength(body)}-byte reply exceeds the NATS server's max_payload (${this.options.nc.info?.max_payload ?? "unknown"} bytes)`);
-      msg.respond(encodeMessage(tooLarge.toReply()));
-    }
+    // The server's max_payload may have changed under us (a reconnect to another server): still an answer.
+    respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
   }
 
   /** One message: the control-message limit, or the server's max_payload when that is lower. */

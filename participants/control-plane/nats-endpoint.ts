@@ -1,6 +1,7 @@
 import { context, type Context } from "@opentelemetry/api";
-import { Match, errors, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
+import { respondWithinMaxPayload } from "../../protocol/nats-reply.js";
 import {
   BearerTokenSchema,
   CONTROL_MESSAGES,
@@ -97,20 +98,8 @@ export class ControlEndpoint {
       body = encodeMessage(refusal.toReply());
     }
     if (!msg.reply) return;
-    try {
-      msg.respond(body);
-    } catch (error) {
-      // Within the 1 MiB limit but over this server's max_payload (configured below the default):
-      // nats.js refuses to send it, and without an answer the coordinator would wait for its
-      // timeout and take the op for an unknown outcome. The op ran: reply_too_large says so.
-      if (!(error instanceof errors.InvalidArgumentError && error.message.includes("max_payload"))) throw error;
-      const tooLarge = new CheckpointError(
-        "reply_too_large",
-        `${op} ran, but its ${Buffer.byteLength(body)}-byte reply exceeds the NATS server's max_payload (${this.options.nc.info?.max_payload ?? "unknown"} bytes)`,
-      );
-      countRefusal(tooLarge, this.plane.adapter.kind);
-      msg.respond(encodeMessage(tooLarge.toReply()));
-    }
+    const tooLarge = respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
+    if (tooLarge) countRefusal(tooLarge, this.plane.adapter.kind);
   }
 
   /** Stops serving; waits for answers already being computed. */
