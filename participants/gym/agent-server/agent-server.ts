@@ -6,8 +6,8 @@ import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { Activation, AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
-import { isRefusal, trimSlash } from "./gym-http.js";
-import { closeResourcesSession, seedSession, verifyAnswer, type SeededSession } from "./resources-session.js";
+import { trimSlash } from "./gym-http.js";
+import { closeResourcesSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "./resources-session.js";
 import { GymTaskSchema, RunRequestSchema, taskSpellings, type GymTask, type RunReply } from "./gym-task.js";
 import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
 
@@ -144,27 +144,24 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
   return app;
 }
 
-/** How long the resources `close_session` of a failed legacy episode may take (its failure is ignored). */
-const CLOSE_SESSION_TIMEOUT_MS = 5000;
-
 /**
  * A legacy episode: seed (replay) → turn loop (model calls replay, tools wait) → verify → return.
  * One that fails before its verify ended its resources session closes it (best effort), unless a
  * retire stopped it: the retire frees it there.
  */
 async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
-  const open: { session?: SeededSession | undefined } = {};
+  const open: OpenResourcesSession = {};
   try {
     return await runLegacySteps(endpoints, ep, task, open);
   } catch (error) {
-    if (open.session && (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt"))) {
-      await closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session, CLOSE_SESSION_TIMEOUT_MS);
+    if (open.session && !retiredEpisode(ep)) {
+      await closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session);
     }
     throw error;
   }
 }
 
-async function runLegacySteps(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask, open: { session?: SeededSession | undefined }): Promise<RunReply> {
+async function runLegacySteps(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask, open: OpenResourcesSession): Promise<RunReply> {
   const restored = ep.continuation();
   const continuedFrom = restored ? String(restored.next) : null;
   let boundary = restored ? legacyBoundaryOf(ep.key, restored) : undefined;

@@ -10,10 +10,27 @@ import type { GymTask } from "./gym-task.js";
  * before that.
  */
 
+/**
+ * How long a `close_session` clean-up (the agent's, and the resources session of a failed episode)
+ * may take. Its failure is ignored anyway, and an episode in final clean-up is not interrupted by
+ * retire, so a hung callee must not keep it (a blocker) alive until the episode deadline.
+ */
+export const CLOSE_SESSION_TIMEOUT_MS = 5000;
+
 /** What an episode keeps of its seeded session: the cookie the resources server set, and how its verify runs. */
 export interface SeededSession {
   cookie: string | null;
   verify_mode: "replay" | "wait";
+}
+
+/** The episode's resources session while it is open: seeded or restored, until its verify ended it. */
+export interface OpenResourcesSession {
+  session?: SeededSession | undefined;
+}
+
+/** Whether a retire stopped the episode: the retire frees its sessions at the callees itself, so no clean-up call goes there. */
+export function retiredEpisode(ep: StepEpisode): boolean {
+  return ep.signal.aborted && isRefusal(ep.signal.reason, "stale_attempt");
 }
 
 function cookieHeader(cookie: string | null): Record<string, string> {
@@ -66,7 +83,7 @@ export async function verifyAnswer(ep: StepEpisode, resourcesUrl: string, task: 
  * for good, exported by every checkpoint, or reported as a restart by a restart-only server until
  * its prepare reply no longer fit one message. Bounded by `timeoutMs`; failures are ignored.
  */
-export async function closeResourcesSession(ep: StepEpisode, resourcesUrl: string, session: SeededSession, timeoutMs: number): Promise<void> {
+export async function closeResourcesSession(ep: StepEpisode, resourcesUrl: string, session: SeededSession, timeoutMs = CLOSE_SESSION_TIMEOUT_MS): Promise<void> {
   const signal = AbortSignal.timeout(timeoutMs);
   await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/close_session")}`, {}, { signal, headers: cookieHeader(session.cookie) }).catch(() => undefined);
 }

@@ -2,7 +2,7 @@ import { z } from "zod";
 import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "../agent-server/gym-http.js";
-import { closeResourcesSession, seedSession, verifyAnswer, type SeededSession } from "../agent-server/resources-session.js";
+import { CLOSE_SESSION_TIMEOUT_MS, closeResourcesSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "../agent-server/resources-session.js";
 import type { GymTask, RunReply } from "../agent-server/gym-task.js";
 import { MAX_LOOP_MESSAGES } from "../agent-server/tool-calling-agent.js";
 
@@ -34,13 +34,6 @@ export interface GymEndpoints {
   resourcesUrl: string;
 }
 
-/**
- * How long a `close_session` clean-up (agent, and resources after a failed episode) may take. Its
- * failure is ignored anyway, and an episode in final clean-up is not interrupted by retire, so a
- * hung callee must not keep it (a blocker) alive until the episode deadline.
- */
-export const CLOSE_SESSION_TIMEOUT_MS = 5000;
-
 export interface GymEpisodeOptions {
   /** A replayed task: the context (chat messages, no system) the agent continues from. */
   seed?: Record<string, unknown>[];
@@ -53,19 +46,14 @@ export interface GymEpisodeResult extends RunReply {
   messages?: Record<string, unknown>[];
 }
 
-/** The episode's resources session while it is open: seeded or restored, until its verify ended it. */
-interface OpenSession {
-  session?: SeededSession | undefined;
-}
-
 export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions = {}): Promise<GymEpisodeResult> {
-  const open: OpenSession = {};
+  const open: OpenResourcesSession = {};
   try {
     return await runSteps(endpoints, ep, task, options, open);
   } catch (error) {
     // A failed episode (deadline, callee error) must not leave an activation running at the agent,
     // nor its session at the resources server. A retired one is freed there by the retire itself.
-    if (!ep.signal.aborted || !isRefusal(ep.signal.reason, "stale_attempt")) {
+    if (!retiredEpisode(ep)) {
       const timeoutMs = options.closeSessionTimeoutMs ?? CLOSE_SESSION_TIMEOUT_MS;
       await Promise.all([
         closeAgentSession(endpoints, ep, options),
@@ -82,7 +70,7 @@ async function closeAgentSession(endpoints: GymEndpoints, ep: StepEpisode, optio
   await postJson(`${trimSlash(endpoints.agentUrl)}${rolloutPath(ep.key, "/close_session")}`, {}, { signal }).catch(() => undefined);
 }
 
-async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions, open: OpenSession): Promise<GymEpisodeResult> {
+async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions, open: OpenResourcesSession): Promise<GymEpisodeResult> {
   const agent = trimSlash(endpoints.agentUrl);
   const resources = trimSlash(endpoints.resourcesUrl);
   const restored = ep.continuation();
