@@ -82,7 +82,21 @@ export class HttpControllerApi {
     for (const op of CONTROLLER_OP_NAMES) {
       const { method, url } = httpRoute(op);
       const fastifyUrl = url.replace("{checkpoint_id}", ":checkpoint_id");
-      app.route({ method, url: fastifyUrl, handler: (req, reply) => this.handle(op, req, reply) });
+      app.route({
+        method,
+        url: fastifyUrl,
+        // A HEAD would run the op (status probes every participant) only to drop its body.
+        exposeHeadRoute: false,
+        // Before the body is read: an unauthenticated client cannot make us buffer 1 MiB.
+        onRequest: async (req, reply) => {
+          try {
+            authorizeController(req.headers.authorization, this.options.token);
+          } catch (error) {
+            return this.refuse(reply, toCheckpointError(error));
+          }
+        },
+        handler: (req, reply) => this.handle(op, req, reply),
+      });
     }
     const host = this.options.host ?? "127.0.0.1";
     await app.listen({ host, port: this.options.port ?? 0 });
@@ -95,7 +109,6 @@ export class HttpControllerApi {
 
   private async handle(op: ControllerOp, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     try {
-      authorizeController(req.headers.authorization, this.options.token);
       let body: unknown;
       if (op === "get") body = { checkpoint_id: (req.params as { checkpoint_id?: string }).checkpoint_id };
       else if (req.method === "GET") body = {};

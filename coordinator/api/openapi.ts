@@ -23,7 +23,8 @@ function schemaOf(schema: z.ZodType, io: "input" | "output"): Record<string, unk
 
 /** The OpenAPI 3.1 document of the HTTP controller API, generated from the zod schemas. */
 export function buildOpenApiDocument(): Record<string, unknown> {
-  const errorCodes = Object.entries(ERROR_CATALOG);
+  // reply_too_large is the NATS API's: HTTP answers every reply in full.
+  const errorCodes = Object.entries(ERROR_CATALOG).filter(([code]) => code !== "reply_too_large");
   const errorResponses: Record<string, unknown> = {};
   for (const [code, entry] of errorCodes) {
     const key = String(entry.status);

@@ -166,6 +166,21 @@ describe("HTTP controller API (real HTTP client)", () => {
     expect((await fetch(`${base}/readyz`)).status).toBe(200);
   });
 
+  it("refuses an unauthenticated request before reading its body, answers HEAD on /v1 routes not_found, and documents no reply_too_large for HTTP", async () => {
+    // Headers promising 1 MB that never comes: only a refusal sent before the body is read arrives.
+    const head = await responseHead("POST /v1/prepare HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n");
+    expect(head.split("\r\n")[0]).toBe("HTTP/1.1 401 Unauthorized");
+    for (const path of ["/v1/status", "/v1/checkpoints"]) {
+      const response = await fetch(`${base}${path}`, { method: "HEAD", headers: auth });
+      expect([path, response.status]).toEqual([path, 404]);
+    }
+    expect((await fetch(`${base}/healthz`, { method: "HEAD" })).status).toBe(200);
+    const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { paths: Record<string, Record<string, { responses: Record<string, { description: string }> }>> };
+    const refusals = Object.values(doc.paths["/v1/checkpoint"]!.post!.responses).map((r) => r.description).join(", ");
+    expect(refusals).toContain("payload_too_large");
+    expect(refusals).not.toContain("reply_too_large");
+  });
+
   it("measures a body by its bytes, as the NATS API does: 600 KB that are not UTF-8 are malformed JSON (400), not too large (413)", async () => {
     const bytes = Buffer.alloc(600 * 1024, 0xff);
     const response = await fetch(`${base}/v1/prepare`, { method: "POST", headers: { ...auth, "content-type": "application/json" }, body: bytes });
@@ -246,5 +261,27 @@ function rawRequest(text: string): Promise<string> {
     socket.on("data", (chunk: Buffer) => (received += chunk.toString()));
     socket.on("error", reject);
     socket.on("close", () => resolve(received));
+  });
+}
+
+/** Sends bytes as they are and returns the response head (status line and headers) once it arrived; fails after 10 s without one. */
+function responseHead(text: string): Promise<string> {
+  const { hostname, port } = new URL(base);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => socket.write(text));
+    const timer = setTimeout(() => {
+      socket.destroy();
+      reject(new Error("no response within 10 s"));
+    }, 10_000);
+    let received = "";
+    socket.on("data", (chunk: Buffer) => {
+      received += chunk.toString();
+      const end = received.indexOf("\r\n\r\n");
+      if (end < 0) return;
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(received.slice(0, end));
+    });
+    socket.on("error", reject);
   });
 }
