@@ -70,6 +70,20 @@ function refuseFreeing(s: Session, episode: EpisodeId): void {
   throw new CheckpointError("admission_closed", `session ${s.key} (${captureKey(s.episode)}) was closed and its state is still being freed; retry`);
 }
 
+/**
+ * A retiring session (its retire still stops or frees it, or a retire cut short left it a blocker)
+ * is served to nobody. Its own attempt and older ones are over; a newer attempt of its rollout is
+ * what the controller dispatched after the retire, told so by stale_attempt: it opens the key once
+ * the retire dropped the session, so it is asked to retry, not to dispatch yet another attempt.
+ */
+function refuseRetiring(s: Session, episode: EpisodeId): void {
+  if (!s.retiring) return;
+  if (episode.rollout_id === s.episode.rollout_id && episode.attempt > s.episode.attempt) {
+    throw new CheckpointError("admission_closed", `session ${s.key} (${captureKey(s.episode)}) is still being retired; retry`);
+  }
+  throw new CheckpointError("stale_attempt", `session ${s.key} (${captureKey(s.episode)}) is being retired`);
+}
+
 export interface ActivateOptions {
   /**
    * Checks a restored continuation (throws a catalog refusal, e.g. `invalid_checkpoint_state`)
@@ -157,7 +171,7 @@ export class AgentSessions {
     if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(episode)));
     const existing = this.sessions.get(key);
     if (existing) {
-      if (existing.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(existing.episode)}) is being retired`);
+      refuseRetiring(existing, episode);
       refuseFreeing(existing, episode);
       if (!sameEpisode(existing.episode, episode)) {
         throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(existing.episode)}, not ${captureKey(episode)}`);
@@ -404,7 +418,7 @@ export class AgentSessions {
     const s = this.sessions.get(key);
     if (!s) throw new CheckpointError("invalid_request", `no open session ${key}; call open_session first`);
     // Held by a failed restore (or a retire cut short, whose attempt is fenced anyway): never served.
-    if (s.retiring) throw new CheckpointError("stale_attempt", `session ${key} (${captureKey(s.episode)}) is being retired`);
+    refuseRetiring(s, episode);
     refuseFreeing(s, episode);
     if (!sameEpisode(s.episode, episode)) {
       throw new CheckpointError("stale_attempt", `session ${key} belongs to ${captureKey(s.episode)}, not ${captureKey(episode)}`);

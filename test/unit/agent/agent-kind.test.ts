@@ -610,7 +610,7 @@ describe("agent participant", () => {
     expect(second.hooks.state.get("k1")).toBeUndefined();
     await first.kind.retire([ep("k1"), ep("k2")]);
   });
-  it("the next attempt cannot reopen a session key while its retire is still finishing; once freed and dropped, it opens a fresh one", async () => {
+  it("the next attempt cannot reopen a session key while its retire is still finishing (admission_closed: retry, not yet another attempt); once freed and dropped, it opens a fresh one", async () => {
     const { kind, hooks, call } = fresh();
     kind.openSession(ep("r1"));
     hooks.state.set("r1", { cookie: "attempt0" });
@@ -619,8 +619,13 @@ describe("agent participant", () => {
     const legacy = kind.runLegacy(ep("x"), { expression: "1" }, {}, async () => stop.promise);
     const retire = call("retire", { checkpoint_id: "retire", episode_ids: [ep("r1"), ep("x")] });
     await waitFor(() => kind.readiness().blockers.includes("r1"));
-    // Still retiring (its state not freed yet): refused, changing nothing.
-    expect(await code(() => kind.openSession(ep("r1", 1)))).toBe("stale_attempt");
+    // Still retiring (its state not freed yet): refused, changing nothing. The retired attempt is
+    // over; the next one (dispatched as stale_attempt told its controller) is asked to retry.
+    expect(await code(() => kind.openSession(ep("r1")))).toBe("stale_attempt");
+    expect(await code(() => kind.activate(ep("r1"), async () => 1))).toBe("stale_attempt");
+    expect(await code(() => kind.openSession(ep("r1", 1)))).toBe("admission_closed");
+    expect(await code(() => kind.activate(ep("r1", 1), async () => 1))).toBe("admission_closed");
+    expect(await code(() => kind.openSession(ep("r2", 1), "r1"))).toBe("stale_attempt");
     expect(hooks.state.get("r1")).toEqual({ cookie: "attempt0" });
     stop.open();
     await legacy;
