@@ -5,7 +5,8 @@ import { Agent } from "undici";
  * response headers arrive within 300 s, or 300 s pass between two body chunks, checkpoint pauses
  * included. Calls that may legitimately last longer (a controller op running to its deadline, a
  * Gym `/run` or an agent's `activate` parked through a checkpoint, a policy response held by the
- * model) pass it, with their own abort signal as the only bound. Not exported by index.ts.
+ * model, a judge call configured longer than 300 s) pass it, with their own abort signal as the
+ * only bound. Not exported by index.ts.
  */
 export const UNTIMED_DISPATCHER = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { readCappedText } from "../http/capped-body.js";
 
 /** A judge's verdict is a short text: a reply past this is refused (the sample is masked judge_failed). */
@@ -13,6 +14,7 @@ export interface JudgeClientOptions {
   /** Base URL of an OpenAI-compatible endpoint, e.g. the reference policy backend. */
   baseUrl: string;
   model?: string;
+  /** The only bound on a judge call (default 60 s), above 300 s too. */
   requestTimeoutMs?: number;
   apiKey?: string;
 }
@@ -41,6 +43,8 @@ export class JudgeClient {
       headers: { "content-type": "application/json", ...(this.options.apiKey && { authorization: `Bearer ${this.options.apiKey}` }) },
       body: JSON.stringify({ model: this.options.model ?? "judge", messages, stream: false, temperature: 0 }),
       signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
+      // Without it fetch's own 300 s header limit would silently cut a longer requestTimeoutMs.
+      dispatcher: UNTIMED_FETCH_DISPATCHER,
     });
     if (!response.ok) {
       // Its body is not read: cancelled, so a judge answering errors does not hold connections until GC.
