@@ -17,6 +17,7 @@ import { readRegularFile } from "../storage/regular-file.js";
 import { estimateTokens, isResumePoint, seededContextNodes } from "./anchors.js";
 import { ChatMessageLikeSchema, chatToMessage } from "./chat-trajectory.js";
 import { invalidRequest, invalidState } from "./errors.js";
+import { replayRunDigestInput } from "./replay-run-digest.js";
 import { PromptSchema, type Message } from "./trace-record.js";
 
 /**
@@ -29,7 +30,10 @@ export const CheckpointSeedSchema = z
   .object({
     name: z.string().min(1),
     prompt: PromptSchema,
-    /** The original task when it was given (matched by the records' task digest), else null. */
+    /**
+     * The original task when it was given (matched by the records' task digest), else null. A
+     * replayed episode's is the task its replay run carried, when that run was given.
+     */
     task: z.record(z.string(), z.unknown()).nullable(),
     seed_tokens: z.number().int().min(0),
     lineage: z
@@ -62,6 +66,9 @@ export interface CheckpointSeedExport {
 const LoopSnapshotSchema = z
   .object({ messages: z.array(ChatMessageLikeSchema).min(1), answer: z.string().optional(), seeded: z.number().int().nonnegative().optional() })
   .passthrough();
+/** A replayed run in a task file: a `/replay/next` reply or the `/run` body it became. */
+const ReplayRunRowSchema = z.looseObject({ task: z.record(z.string(), z.unknown()), replay_idx: z.number().int().min(0), replay_id: z.string() });
+
 const LegacyLoopSchema = z.object({ next: z.literal("loop"), state: LoopSnapshotSchema }).passthrough();
 
 async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest> {
@@ -103,7 +110,8 @@ async function readParticipant<T>(read: Promise<T>): Promise<T> {
  * Reads `checkpoint.json`, then every environment and agent participant's records (manifest
  * identity, digest and count verified by the storage, the manifest against the digests and count
  * checkpoint.json pins), and exports the resumable episodes.
- * `tasks` (e.g. the collection's task file) lets a seed carry its original task, matched by digest.
+ * `tasks` (e.g. the collection's task file) lets a seed carry its original task, matched by digest;
+ * a replayed episode's, by its replay run (a `/replay/next` reply or its `/run` body) among them.
  */
 export async function exportCheckpointSeeds(checkpointDir: string, options: { tasks?: readonly unknown[] } = {}): Promise<CheckpointSeedExport> {
   const manifest = await readGlobalManifest(checkpointDir);
@@ -124,6 +132,10 @@ export async function exportCheckpointSeeds(checkpointDir: string, options: { ta
   const byDigest = new Map<string, Record<string, unknown>>();
   for (const task of options.tasks ?? []) {
     if (task !== null && typeof task === "object" && !Array.isArray(task)) byDigest.set(canonicalDigest(task), task as Record<string, unknown>);
+    // A replayed episode's digest covers its replay task too: only its replay run names that, and
+    // the seed carries the task the run did (else a replay of the seed would have no task).
+    const run = ReplayRunRowSchema.safeParse(task);
+    if (run.success) byDigest.set(canonicalDigest(replayRunDigestInput(run.data.task, run.data)), run.data.task);
   }
   const restarts = new Set(manifest.restarts);
   const skipped: CheckpointSeedExport["skipped"] = {};

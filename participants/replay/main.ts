@@ -11,7 +11,8 @@ import { readTaskFile } from "./task-file.js";
  * Replay tools.
  *   seeds --checkpoint <dir> --out <tasks.jsonl> [--tasks <file>]
  *     Exports a published checkpoint's parked episodes as `continue` seeds, one JSON line each.
- *     --tasks: a task file (collect's `{id, task}` lines or bare tasks) to attach original tasks.
+ *     --tasks: a task file (collect's `{id, task}` lines or bare tasks; for replayed episodes, the
+ *     `/replay/next` replies or `/run` bodies they ran) to attach original tasks.
  * Prints a one-line JSON summary on stdout; --help prints the usage. Exit codes, like gym-ckpt's:
  * 2 on usage errors and `invalid_request` (a missing or malformed --tasks file, a directory that is
  * not a published checkpoint, an --out whose directory does not exist or that is not a regular

@@ -3,7 +3,7 @@ import { invalidRequest } from "./errors.js";
 
 /**
  * The tasks of a task file given on the command line (`seeds --tasks`): JSON lines, each collect's
- * `{id, task}` row or a bare task. Blank lines are skipped. A missing, unreadable or malformed file
+ * `{id, task}` row or a bare task (a replay run, such as a `/replay/next` reply, is one: kept whole). Blank lines are skipped. A missing, unreadable or malformed file
  * is `invalid_request`, like any bad flag value (a pipe such as `<(…)` is read as it comes).
  */
 export async function readTaskFile(file: string): Promise<unknown[]> {

@@ -8,6 +8,7 @@ import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
 import { ReplayError } from "../../replay/errors.js";
 import { gymReplayRun, type GymRecordTask, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
+import { replayRunDigestInput } from "../../replay/replay-run-digest.js";
 import type { ReplayTask } from "../../replay/replay-task-source.js";
 import { RunRequestSchema, taskSpellings } from "../agent-server/gym-task.js";
 import { MAX_SEED_MESSAGES } from "../agent-server/tool-calling-agent.js";
@@ -129,7 +130,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       // input than its plain task: the restore digest says so, and names the replay task by content
       // (every anchor of one record shares the task).
       const sent = (request.body as { task: unknown }).task;
-      const digestOf = (task: unknown) => (replayed ? { task, replay_idx: replayed.replay_idx, replay_id: replayed.replay_id } : task);
+      const digestOf = (task: unknown) => (replayed ? replayRunDigestInput(task, replayed) : task);
       const digested = digestOf(sent);
       const begin = {
         checkBoundary: (boundary: unknown) => void environmentBoundaryOf(captureKey(episode), boundary),

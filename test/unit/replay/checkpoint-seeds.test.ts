@@ -2,7 +2,7 @@ import { execFileSync } from "node:child_process";
 import { readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, captureKey, sha256Hex, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
+import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, canonicalDigest, captureKey, sha256Hex, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
 import { FsCheckpointStorage, WriteGate, participantDir } from "../../../participants/index.js";
 import { DEFAULT_RECHECK_PROMPT, exportCheckpointSeeds, ReplayError } from "../../../participants/replay/index.js";
 import { seededState } from "../../../participants/gym/agent-server/tool-calling-agent.js";
@@ -111,6 +111,28 @@ describe("checkpoint seeds", () => {
     // Its two assistant turns are the source rollout's: exported, it would be the replay task's own seed again.
     expect(exported.seeds.map((s) => s.lineage.turns)).toEqual([]);
     expect(exported.skipped).toMatchObject({ no_progress: 1 });
+  });
+
+  it("a replayed episode's seed carries the task it ran, matched by its replay run in the task file (a /replay/next reply)", async () => {
+    // The replay task as /replay/next served it: the environment digests {task, replay_idx, replay_id}.
+    const task = { expression: "6*7", tool_rounds: 2 };
+    const seed = [
+      { role: "user" as const, content: "Compute: 6*7" },
+      { role: "assistant" as const, content: null, tool_calls: [{ id: "c1", type: "function" as const, function: { name: "calculator", arguments: "{}" } }] },
+      { role: "tool" as const, tool_call_id: "c1", content: "42" },
+    ];
+    const served = { done: false, replay_idx: 3, replay_id: "b".repeat(64), name: "continue:aaaaaaaa:tool0", task, seed, lineage: { mode: "continue" } };
+    const r1 = parked("r1");
+    const start = seededState(seed);
+    // One model turn of its own past the seed: a seed again, for a second-generation replay.
+    const own = [{ role: "assistant", content: null, tool_calls: [{ id: "c2", type: "function", function: { name: "calculator", arguments: "{}" } }] }, { role: "tool", tool_call_id: "c2", content: "42" }];
+    const environment = { ...r1.environment, task_digest: canonicalDigest({ task, replay_idx: served.replay_idx, replay_id: served.replay_id }) };
+    const agent = { ...r1.agent, boundary: { ...start, messages: [...start.messages, ...own] } };
+    await publish([await writeParticipant("environment", [environment]), await writeParticipant("agent", [agent])]);
+    const file = path.join(root, "tasks.jsonl");
+    await writeFile(file, `${JSON.stringify({ expression: "1+1" })}\n${JSON.stringify(served)}\n`);
+    const exported = await exportCheckpointSeeds(checkpointDir(), { tasks: await readTaskFile(file) });
+    expect(exported.seeds.map((s) => [s.name, s.task, s.lineage.turns])).toEqual([[`continue:${ID}:r1`, task, 2]]);
   });
 
   it("one seed per boundary the agent waits for a model call at; every other boundary is skipped with its reason", async () => {
