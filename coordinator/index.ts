@@ -4,7 +4,7 @@ export type { CheckpointEngineOptions, EngineHooks, OpenPhase } from "./engine/c
 export { ParticipantClient, combinedFailure } from "./engine/participant-client.js";
 export type { ParticipantClientOptions, ParticipantRef, Outcome } from "./engine/participant-client.js";
 export { runStages, runAll, membersOf } from "./engine/phase-driver.js";
-export { NoRespondersFailure, RequestTimeoutFailure } from "./engine/transport.js";
+export { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "./engine/transport.js";
 export type { ParticipantTransport, TransportRequestOptions } from "./engine/transport.js";
 export { NatsParticipantTransport } from "./engine/nats-transport.js";
 export { systemClock } from "./engine/clock.js";

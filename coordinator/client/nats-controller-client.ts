@@ -2,7 +2,7 @@ import { context } from "@opentelemetry/api";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError, controllerSubject, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
-import { NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
+import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
 import { LEADER_CHECK_MS, LeaderLeaseReader } from "./leader-watch.js";
 import { decodeControllerReply, openEndedWait, replyTimeoutMs } from "./reply-decoder.js";
@@ -62,6 +62,7 @@ export class NatsControllerClient extends ControllerClient {
           continue;
         }
         if (noLeader && !(error instanceof CheckpointError)) throw new CheckpointError("not_leader", `no coordinator serves ${subject}`);
+        if (error instanceof ConnectionLostFailure) throw new CheckpointError("outcome_unknown", `${error.message} (the op may have run)`);
         if (error instanceof RequestTimeoutFailure) throw new CheckpointError("outcome_unknown", `no reply on ${subject} within ${Math.round(timeout)} ms`);
         throw error;
       } finally {

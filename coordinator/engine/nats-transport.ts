@@ -1,7 +1,7 @@
 import { createInbox, errors, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { CheckpointError, HEADER_AUTHORIZATION, decodedHeaders, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
 import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
-import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
+import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
 
 interface Pending {
   subject: string;
@@ -29,8 +29,9 @@ const NO_RESPONDERS = 503;
  * `nc.request`: the coordinator sends hundreds of requests per checkpoint, and the client's own
  * request path builds an Error (a stack trace) for every one it settles, which showed up as the
  * largest single cost in profiles. Semantics are the same: a reply resolves, the server's
- * no-responders status is `NoRespondersFailure`, anything else (timeout, a disconnect that lost
- * the reply) is `RequestTimeoutFailure` — an unknown outcome the caller retries idempotently.
+ * no-responders status is `NoRespondersFailure`, anything else is `RequestTimeoutFailure` — an
+ * unknown outcome the caller retries idempotently: a timeout, or a disconnect that may have lost
+ * the reply (`ConnectionLostFailure`, naming the connection).
  * A body over the control-message limit (or over the server's max_payload with its headers) is
  * `payload_too_large` and is never sent.
  */
@@ -75,7 +76,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     if (this.subscription && !this.subscription.isClosed()) return;
     this.subscription = this.nc.subscribe(`${this.inbox}.*`, { callback: (error, msg) => this.onReply(error, msg) });
     // A closed connection ends the subscription: nothing pending can be answered any more.
-    void this.subscription.closed.then(() => this.failPending());
+    void this.subscription.closed.then(() => this.failPending("closed"));
     this.watchDisconnects ??= this.failPendingOnDisconnect();
   }
 
@@ -86,13 +87,13 @@ export class NatsParticipantTransport implements ParticipantTransport {
    * as long as the coordinator may run it.
    */
   private async failPendingOnDisconnect(): Promise<void> {
-    for await (const status of this.nc.status()) if (status.type === "disconnect") this.failPending();
+    for await (const status of this.nc.status()) if (status.type === "disconnect") this.failPending("lost");
   }
 
-  private failPending(): void {
+  private failPending(how: "lost" | "closed"): void {
     for (const token of [...this.pending.keys()]) {
       const p = this.settle(token);
-      p?.reject(new RequestTimeoutFailure(p.subject, p.timeoutMs));
+      p?.reject(new ConnectionLostFailure(p.subject, how));
     }
   }
 

@@ -16,6 +16,18 @@ export class RequestTimeoutFailure extends Error {
   }
 }
 
+/**
+ * The connection went away while the request waited (lost, or closed for good): an unknown outcome
+ * like a timeout, failed at once; its message names the connection rather than a timeout that never ran.
+ */
+export class ConnectionLostFailure extends RequestTimeoutFailure {
+  constructor(subject: string, how: "lost" | "closed") {
+    super(subject, 0);
+    this.message = how === "closed" ? `the NATS connection closed before a reply on ${subject}` : `the client lost its NATS connection before a reply on ${subject}`;
+    this.name = "ConnectionLostFailure";
+  }
+}
+
 export interface TransportRequestOptions {
   timeoutMs: number;
   /** Bearer token sent in the Authorization header. */

@@ -243,3 +243,34 @@ describe("NATS controller client across a disconnect of its own", () => {
   });
 });
 
+describe("NATS controller client whose NATS goes away for good", () => {
+  it.each([
+    { how: "nats-server stops", lost: /lost its NATS connection/ },
+    { how: "the client's connection is closed", lost: /NATS connection closed/ },
+  ])("an op waiting for its reply when $how ends outcome_unknown at once, naming the connection, not a reply timeout", async ({ how, lost }) => {
+    const own = await startNats();
+    const clientNc = await connect({ servers: own.server.url, maxReconnectAttempts: 0 });
+    const held: Msg[] = [];
+    const sub = own.nc.subscribe(controllerSubject("gone", "checkpoint"), { callback: (_e, msg) => void held.push(msg) });
+    await own.nc.flush();
+    try {
+      const client = new NatsControllerClient({ nc: clientNc, deployment: "gone", token: "ctl-token", timeoutMs: 600_000 });
+      let settled: unknown = "pending";
+      void client.checkpoint({ checkpoint_id: "gone-1", episode_ids: [] }).then(
+        (reply) => (settled = reply),
+        (error: unknown) => (settled = error),
+      );
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      if (how === "nats-server stops") await own.server.stop();
+      else await clientNc.close();
+      await waitUntil(() => settled !== "pending", "the op to end once its connection went away", 10_000);
+      expect(settled).toBeInstanceOf(CheckpointError);
+      expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringMatching(lost) });
+      expect((settled as Error).message).not.toMatch(/within/);
+    } finally {
+      sub.unsubscribe();
+      await clientNc.close().catch(() => undefined);
+      await own.close();
+    }
+  });
+});
