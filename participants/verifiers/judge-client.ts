@@ -4,6 +4,8 @@ import { readCappedText } from "../http/capped-body.js";
 
 /** A judge's verdict is a short text: a reply past this is refused (the sample is masked judge_failed). */
 const MAX_JUDGE_REPLY_BYTES = 8 * 1024 * 1024;
+/** The longest delay a Node timer holds. */
+const MAX_JUDGE_TIMEOUT_MS = 2 ** 31 - 1;
 
 /** Only the fields we read from an OpenAI-compatible chat completion (other fields pass through). */
 const ChatCompletionSchema = z.looseObject({
@@ -33,6 +35,11 @@ export class JudgeClient {
     // would fail every call, and every sample would be masked judge_failed without a word.
     const { protocol } = new URL(options.baseUrl);
     if (protocol !== "http:" && protocol !== "https:") throw new Error(`the judge URL must be http:// or https://, not ${protocol}`);
+    // 0 would fail every call at once; past what a timer holds, AbortSignal.timeout fires at once too.
+    const timeout = options.requestTimeoutMs;
+    if (timeout !== undefined && !(timeout >= 1 && timeout <= MAX_JUDGE_TIMEOUT_MS)) {
+      throw new Error(`the judge timeout must be from 1 to ${MAX_JUDGE_TIMEOUT_MS} ms, not ${timeout}`);
+    }
   }
 
   async ask(messages: ChatMessage[], signal?: AbortSignal): Promise<string> {

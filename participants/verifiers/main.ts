@@ -13,7 +13,8 @@ import type { VerifierServer } from "./verifier-server.js";
 /**
  * A verifier process: `node dist/participants/verifiers/main.js --verifier <name> [...]`
  *   --verifier math | code | competitive | equivalence | cohort
- *   --judge-url <OpenAI-compatible base URL> (equivalence, cohort), --judge-model
+ *   --judge-url <OpenAI-compatible base URL> (equivalence, cohort), --judge-model, --judge-timeout-ms
+ *   (the judge's API key, if it needs one, from GYM_CKPT_JUDGE_API_KEY: never on a command line)
  *   --cohort-size <n>, --collection-timeout-ms, --evaluation-timeout-ms, --max-active-cohorts (cohort)
  *   --max-sandbox-queue <n> (code, competitive: runs that may wait for a sandbox slot)
  */
@@ -21,6 +22,7 @@ const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
   "verifier",
   "judge-url",
   "judge-model",
+  "judge-timeout-ms",
   "cohort-size",
   "collection-timeout-ms",
   "evaluation-timeout-ms",
@@ -31,7 +33,13 @@ const { extra, logger } = runtime;
 
 function judge(): JudgeClient {
   if (!extra["judge-url"]) throw new Error("--judge-url is required for judge-based verifiers");
-  return new JudgeClient({ baseUrl: extra["judge-url"], ...(extra["judge-model"] && { model: extra["judge-model"] }) });
+  const apiKey = process.env.GYM_CKPT_JUDGE_API_KEY;
+  return new JudgeClient({
+    baseUrl: extra["judge-url"],
+    ...(extra["judge-model"] && { model: extra["judge-model"] }),
+    ...(extra["judge-timeout-ms"] !== undefined && { requestTimeoutMs: Number(extra["judge-timeout-ms"]) }),
+    ...(apiKey && { apiKey }),
+  });
 }
 
 function build(): VerifierServer {
