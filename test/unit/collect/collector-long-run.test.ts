@@ -1,10 +1,10 @@
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer, type Server, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { collectorIn, idleController } from "../../support/collector-fixture.js";
 import { passFakeTime as pass } from "../../support/fake-time.js";
+import { startHeldCallee, type HeldCallee } from "../../support/held-callee.js";
 
 /**
  * A `/run` may last longer than 300 s of wall-clock time: the collector's run timeout stands still
@@ -13,7 +13,7 @@ import { passFakeTime as pass } from "../../support/fake-time.js";
  * a row as failed.
  */
 
-let server: Server | undefined;
+let server: HeldCallee | undefined;
 let dir: string;
 
 // One fake clock for the whole file: fetch's timers (module state in Node's undici, created at its
@@ -24,25 +24,17 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   vi.useRealTimers();
-  server?.closeAllConnections();
-  await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+  await server?.close();
   await rm(dir, { recursive: true, force: true });
 });
 
 describe("collector /run calls", () => {
   it("a /run answered after more than 300 s (within the run timeout) finishes its row", async () => {
-    let arrived!: (response: ServerResponse) => void;
-    const response = new Promise<ServerResponse>((resolve) => (arrived = resolve));
-    server = createServer((request, res) => {
-      request.resume();
-      request.on("end", () => arrived(res));
-    });
-    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
-    const { port } = server.address() as { port: number };
-    const collector = collectorIn(dir, `http://127.0.0.1:${port}/run`, idleController(), { runTimeoutSeconds: 3600, maxAttempts: 1 });
+    server = await startHeldCallee();
+    const collector = collectorIn(dir, `${server.url}/run`, idleController(), { runTimeoutSeconds: 3600, maxAttempts: 1 });
     await collector.start();
     const run = collector.run();
-    const res = await response;
+    const res = await server.arrived();
     await pass(310_000);
     res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ rollout_id: "a", attempt: 0, reward: 1 }));
     expect(await run).toMatchObject({ finished: 1, failed: 0 });

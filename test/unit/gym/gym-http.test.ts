@@ -1,7 +1,7 @@
-import { createServer, type Server, type ServerResponse } from "node:http";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { postJson } from "../../../participants/gym/agent-server/gym-http.js";
 import { passFakeTime as pass } from "../../support/fake-time.js";
+import { startHeldCallee, type HeldCallee } from "../../support/held-callee.js";
 
 /**
  * The reference servers' data-plane calls wait for as long as their callee works: an agent's
@@ -10,7 +10,12 @@ import { passFakeTime as pass } from "../../support/fake-time.js";
  * (undici's headersTimeout and bodyTimeout), which would fail such an episode with internal_error.
  */
 
-let server: Server | undefined;
+let server: HeldCallee | undefined;
+
+async function callee(): Promise<HeldCallee> {
+  server = await startHeldCallee();
+  return server;
+}
 
 // One fake clock for the whole file: fetch's timers (module state in Node's undici, created at its
 // first call) run on it, so each test lets 300 s pass without waiting for them.
@@ -18,30 +23,9 @@ beforeAll(() => void vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "
 afterAll(() => void vi.useRealTimers());
 
 afterEach(async () => {
-  server?.closeAllConnections();
-  await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+  await server?.close();
   server = undefined;
 });
-
-/** A callee on 127.0.0.1 that hands each request's response to the test. */
-async function callee(): Promise<{ url: string; responses: ServerResponse[]; arrived: () => Promise<ServerResponse> }> {
-  const responses: ServerResponse[] = [];
-  const waiting: ((res: ServerResponse) => void)[] = [];
-  server = createServer((request, response) => {
-    request.resume();
-    request.on("end", () => {
-      responses.push(response);
-      waiting.shift()?.(response);
-    });
-  });
-  await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as { port: number };
-  return {
-    url: `http://127.0.0.1:${port}`,
-    responses,
-    arrived: () => (responses.length ? Promise.resolve(responses[responses.length - 1]!) : new Promise((resolve) => waiting.push(resolve))),
-  };
-}
 
 describe("reference Gym data-plane calls", () => {
   it("a call answered after more than 300 s (an activation running long or parked through a checkpoint) gets its answer", async () => {
