@@ -88,6 +88,17 @@ interface OpenCheckpoint {
   log?: Logger;
 }
 
+/** A restore whose clean-up ran here: what its controller was answered, and the processes it was sent to. */
+interface FailedRestore {
+  scope: EpisodeId[] | null;
+  members: ParticipantRef[];
+  /** As `OpenCheckpoint.incarnations` and `viewed` when the clean-up ran: the processes that resumed the id. */
+  incarnations: Map<string, string>;
+  viewed: Map<string, string>;
+  message: string;
+  data: Record<string, unknown>;
+}
+
 /** The commit reply as the engine keeps it: every participant's entry in full, as checkpoint.json gets it. */
 type CommitResult = CtlReplyOf<"commit"> & { participants: ParticipantEntry[] };
 
@@ -194,6 +205,14 @@ export class CheckpointEngine {
    * success a closed id gets: the controller must not continue rollouts nobody restored.
    */
   private readonly restoreFailures = new Map<string, string>();
+  /**
+   * The `restore_failed` of the restores whose clean-up ran here (the last few): the same restore
+   * sent again (its reply was lost) into the same processes gets it again, nothing sent. Those
+   * processes fenced the id when the clean-up resumed them, so sending it again could only fail
+   * there, and its detail ("nothing was retired") would belie the attempt+1 the first one retired.
+   * Once the membership view shows a member restarted, the same request is a new restore.
+   */
+  private readonly failedRestores = new Map<string, FailedRestore>();
   /** The last journal write per checkpoint id (a number from journalSeq): a removal scheduled by close() yields to any write made since. */
   private readonly journalWrites = new Map<string, number>();
   private journalSeq = 0;
@@ -415,14 +434,17 @@ export class CheckpointEngine {
       if (id) identify(id);
       const retryOf = (open: OpenCheckpoint | undefined) =>
         open?.restore && open.phase === "restored" && open.id === id && sameScope(open.scope, request.episode_ids) ? open.restore : undefined;
+      const failedBefore = id ? this.failedRestoreRetried(id, request.episode_ids) : undefined;
       // A retry (its reply was lost, so its deadline_ts may be past) is not refused for its deadline.
-      if (!retryOf(this.open)) this.deadline(request.deadline_ts);
+      if (!retryOf(this.open) && !failedBefore) this.deadline(request.deadline_ts);
       // A restored checkpoint that no member holds any more (its controller abandoned it; its
       // processes restarted or resumed by their lease) is closed first: a retry's reply would be stale.
       if (this.open?.phase === "restored") await this.closeIfNobodyHolds(this.open);
       // A retry of the restore that is open gets that reply again.
       const again = retryOf(this.open);
       if (again) return again;
+      // A retry of a restore that failed and was cleaned up here gets that failure again.
+      if (failedBefore) throw failedBefore;
       // Not (or no longer) a retry: checked before anything is journaled or opened.
       const deadlineMs = this.deadline(request.deadline_ts);
       // A published checkpoint whose controller died before resuming it is exactly what the next
@@ -452,6 +474,7 @@ export class CheckpointEngine {
       this.options.leadership.assert(epoch);
       this.open = open;
       this.restoreFailures.delete(id);
+      this.failedRestores.delete(id);
       this.stopped.delete(id); // restored into fresh processes: its resume is the restore's
       return this.driveRestore(open, deadlineMs, ctx);
     });
@@ -1378,9 +1401,35 @@ export class CheckpointEngine {
     const retired = installedMaybe.length
       ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
       : "every participant refused before installing anything, so nothing was retired";
-    throw new CheckpointError("restore_failed", `${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`, {
-      data: cause.data ?? {},
+    const message = `${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`;
+    this.rememberFailedRestore(open, message, cause.data ?? {});
+    throw new CheckpointError("restore_failed", message, { data: cause.data ?? {} });
+  }
+
+  /** Keeps a cleaned-up restore's failure for its retries (see failedRestores), for the last few ids. */
+  private rememberFailedRestore(open: OpenCheckpoint, message: string, data: Record<string, unknown>): void {
+    this.failedRestores.delete(open.id);
+    this.failedRestores.set(open.id, { scope: open.scope, members: open.members, incarnations: new Map(open.incarnations), viewed: new Map(open.viewed), message, data });
+    for (const old of this.failedRestores.keys()) {
+      if (this.failedRestores.size <= REMEMBERED_CHECKPOINTS) break;
+      this.failedRestores.delete(old);
+    }
+  }
+
+  /**
+   * The failure to answer a restore of `id` with `scope` again: the one its clean-up ran for, as long
+   * as the membership view shows every member still the process that clean-up resumed. A member it
+   * does not show, or shows restarted, may be a fresh process a new restore could install into.
+   */
+  private failedRestoreRetried(id: string, scope: EpisodeId[]): CheckpointError | undefined {
+    const failed = this.failedRestores.get(id);
+    if (!failed || !sameScope(failed.scope, scope)) return undefined;
+    const sameProcesses = failed.members.every((m) => {
+      const key = memberKey(m.kind, m.instance);
+      const now = this.options.membership.incarnationOf?.(m);
+      return now !== undefined && (now === failed.incarnations.get(key) || now === failed.viewed.get(key));
     });
+    return sameProcesses ? new CheckpointError("restore_failed", failed.message, { data: failed.data }) : undefined;
   }
 
   /**

@@ -38,6 +38,16 @@ beforeEach(() => {
   hookLog.length = 0;
 });
 
+/** Until the coordinator's membership view shows every running participant's own incarnation. */
+async function viewShowsEveryone(): Promise<void> {
+  const coordinator = world.coordinators[0]!;
+  await waitUntil(
+    () => world.participants.every((p) => coordinator.members.incarnationOf({ kind: p.kind, instance: p.instance }) === p.handle.controlPlane.incarnation),
+    "the coordinator to see every participant's incarnation",
+    5000,
+  );
+}
+
 describe("coordinator over a real nats-server with participants of all four kinds", () => {
   it("runs a full checkpoint in protocol order and publishes a verifiable checkpoint", async () => {
     world.participant("policy").adapter.addEpisode({ rollout_id: "r1", attempt: 0 }, { tokens: [1, 2] });
@@ -319,6 +329,8 @@ describe("coordinator over a real nats-server with participants of all four kind
   it("restore success leaves everyone restored until resume", async () => {
     await world.stopParticipants();
     await world.startParticipants();
+    // base-2's restore of q1 failed above: until the view shows these processes, this one would be taken for its retry.
+    await viewShowsEveryone();
     const reply = await world.client.restore({ episode_ids: [{ rollout_id: "q1", attempt: 0 }] });
     expect(reply.checkpoint_id).toBe("base-2");
     expect(reply.participants.find((p) => p.instance === "policy")?.restored).toEqual(["q1-a1"]);
@@ -363,6 +375,40 @@ describe("coordinator over a real nats-server with participants of all four kind
       expect(p.handle.controlPlane.currentPhase).toBe("idle");
       expect(p.handle.controlPlane.isRetired({ rollout_id: "st1", attempt: 1 })).toBe(false);
     }
+  });
+
+  it("a restore retried after its restore_failed, into the same processes, answers that restore_failed again and sends nothing; once they restarted it is a new restore", async () => {
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "rt1", attempt: 0 }, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "base-retry" });
+    await world.stopParticipants();
+    await world.startParticipants();
+    await viewShowsEveryone();
+    const scope = [{ rollout_id: "rt1", attempt: 0 }];
+    world.participant("agent2").adapter.failNext("install");
+    const first = await refusal(world.client.restore({ checkpoint_id: "base-retry", episode_ids: scope }));
+    expect(first.code).toBe("restore_failed");
+    expect(first.message).toContain("agent/agent2");
+    // Its reply was lost, say: the controller sends the same restore again.
+    const installs = () => world.participants.map((p) => p.adapter.hooks().filter((h) => h === "install").length);
+    const installed = installs();
+    const monitor = monitorPhaseMessages(world.pnc, world.deployment);
+    await world.pnc.flush();
+    const retry = await refusal(world.client.restore({ checkpoint_id: "base-retry", episode_ids: scope, deadline_ts: Date.now() / 1000 + 5 }));
+    await world.pnc.flush();
+    monitor.stop();
+    expect(retry.code).toBe("restore_failed");
+    expect(retry.message).toBe(first.message);
+    expect(monitor.log).toEqual([]);
+    expect(installs()).toEqual(installed);
+    // Another scope is another restore (each process refuses it: the id was resumed there).
+    expect((await refusal(world.client.restore({ checkpoint_id: "base-retry", episode_ids: [] }))).message).toContain("nothing was retired");
+    // Fresh processes: the same restore again is a new one, and it restores.
+    await world.stopParticipants();
+    await world.startParticipants();
+    await viewShowsEveryone();
+    const reply = await world.client.restore({ checkpoint_id: "base-retry", episode_ids: scope });
+    expect(reply.participants.find((p) => p.instance === "policy")?.restored).toEqual(["rt1-a1"]);
+    await world.client.resume({ checkpoint_id: "base-retry" });
   });
 
   for (const announce of [true, false]) {
