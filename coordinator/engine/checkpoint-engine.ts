@@ -142,6 +142,9 @@ export interface CheckpointEngineOptions {
 }
 
 const RESTORE_CLEANUP_MS = 30_000;
+/** Pause before the clean-up's first retry of a failed retire, doubled per try up to the cap. */
+const CLEANUP_RETIRE_RETRY_MS = 100;
+const CLEANUP_RETIRE_RETRY_MAX_MS = 5000;
 
 /** Pause before the first retry of a failed journal-entry removal, doubled per try up to the cap. */
 const JOURNAL_REMOVE_RETRY_MS = 100;
@@ -180,6 +183,16 @@ function mayHold(members: readonly ParticipantRef[], statuses: Outcome<"status">
 
 function failuresOf<O extends Op>(outcomes: Outcome<O>[]): Failure[] {
   return outcomes.filter((o): o is Extract<Outcome<O>, { ok: false }> => !o.ok);
+}
+
+/**
+ * What a restore_failed detail says first (the reply's detail is cut at 4096 characters) when the
+ * clean-up could not retire attempt+1 somewhere: those participants are left parked, not resumed.
+ */
+function unretiredNote(id: string, unretired: readonly Failure[]): string {
+  if (unretired.length === 0) return "";
+  const where = unretired.map((f) => `${refName(f.participant)} (${f.code}: ${f.detail.slice(0, 200)})`).join(", ");
+  return `attempt+1 could not be retired at ${where} before the clean-up's deadline, so it is left parked in checkpoint ${id} (not resumed: its restored rollouts would run beside their restart from input) until its lease expires (a retire naming checkpoint ${id} frees attempt+1 there meanwhile); `;
 }
 
 /**
@@ -1203,34 +1216,37 @@ export class CheckpointEngine {
     const lost: Map<string, string> = open.lostRestorers;
     this.checkpointLog(open.id).warn({ lost: [...lost.keys()] }, "restored_participant_restarted");
     await this.journal(open, "restore_cleanup");
-    await this.restoreCleanup(open, deadlineMs, ctx);
+    const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
     throw new CheckpointError(
       "restore_failed",
-      `${[...lost.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost.values()].join("; ")}), so attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`,
+      `${unretiredNote(open.id, unretired)}${[...lost.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost.values()].join("; ")}), so attempt+1 was retired everywhere and everyone${unretired.length ? " else" : ""} resumed: restart those rollouts from input`,
     );
   }
 
-  /** Resume stage by stage in reverse, past failures, which it returns; the checkpoint is closed either way. */
-  private async resumeEveryone(id: string, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
+  /**
+   * Resume stage by stage in reverse, past failures, which it returns; the checkpoint is closed either
+   * way. Members named in `except` (`kind/instance`) are sent nothing: they stay parked.
+   */
+  private async resumeEveryone(id: string, deadlineMs: number, ctx: Context | undefined, except?: ReadonlySet<string>): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const open = this.open;
     if (!open || open.id !== id) {
       if (this.closed.has(id)) return { reply: { checkpoint_id: id, participants: [] }, failures: [] };
       if (open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open, not ${id}`);
       throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator`);
     }
-    const resumed = await this.resumeStages(open, deadlineMs, ctx);
+    const resumed = await this.resumeStages(open, deadlineMs, ctx, except);
     // Closed even when some failed: an unreachable participant resumes when its lease expires.
     this.close(id);
     return resumed;
   }
 
-  /** The resume requests of `open`, stage by stage in reverse, past failures; leaves it open. */
-  private async resumeStages(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
+  /** The resume requests of `open` (but to `except`), stage by stage in reverse, past failures; leaves it open. */
+  private async resumeStages(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, except?: ReadonlySet<string>): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const id = open.id;
     const epoch = this.options.leadership.epoch();
     const { results } = await runStages(
       RESUME_STAGES,
-      open.members,
+      except?.size ? open.members.filter((m) => !except.has(refName(m))) : open.members,
       (m, c) => this.send(m, "resume", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
       { spanName: "checkpoint.coordinate.resume.stage", parent: ctx },
     );
@@ -1396,12 +1412,12 @@ export class CheckpointEngine {
       if (toCheckpointError(error).code === "not_leader") throw error;
       this.checkpointLog(id).warn({ err: error }, "restore_cleanup_not_journaled");
     });
-    await this.restoreCleanup(open, deadlineMs, ctx);
+    const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
     const cause = combinedFailure("restore", failures);
     const retired = installedMaybe.length
       ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
       : "every participant refused before installing anything, so nothing was retired";
-    const message = `${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`;
+    const message = `${unretiredNote(id, unretired)}${cause.message}; ${retired}, and everyone${unretired.length ? " else" : ""} resumed: restart those rollouts from input`;
     this.rememberFailedRestore(open, message, cause.data ?? {});
     throw new CheckpointError("restore_failed", message, { data: cause.data ?? {} });
   }
@@ -1434,30 +1450,49 @@ export class CheckpointEngine {
 
   /**
    * All-or-nothing restore clean-up: retire attempt+1 at `open.retireAt` (where the restore may have
-   * installed it; default everyone, as journaled in `restore_cleanup`), then resume everyone.
+   * installed it; default everyone, as journaled in `restore_cleanup`), then resume everyone but
+   * where that retire failed until the clean-up's deadline: resumed, such a participant would run
+   * the restored rollouts beside their restart from input, so it stays parked until its lease
+   * expires (a retire naming the checkpoint frees attempt+1 there meanwhile). Returns those
+   * failures, for the reply to name.
    */
-  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<void> {
+  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<Failure[]> {
     const retireAt = open.retireAt ?? open.members;
     this.restoreFailures.set(open.id, `the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
     const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
     const replacements = (open.scope ?? []).map(nextAttempt);
+    let unretired: Failure[] = [];
     if (replacements.length && retireAt.length) {
-      const { results } = await runStages(
-        RETIRE_STAGES,
-        [...retireAt],
-        (m, c) =>
-          this.send(m, "retire", { checkpoint_id: open.id, deadline_ts: cleanupDeadline / 1000, epoch, episode_ids: replacements }, cleanupDeadline, epoch, c),
-        { spanName: "checkpoint.coordinate.restore.retire", parent: ctx },
-      );
-      const failures = failuresOf(results.flatMap((r) => r.outcomes));
-      if (failures.length) this.log.warn({ checkpoint_id: open.id, failures: failures.map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.code}`) }, "restore_retire_incomplete");
+      const retire = async (members: ParticipantRef[]): Promise<Failure[]> => {
+        const { results } = await runStages(
+          RETIRE_STAGES,
+          members,
+          (m, c) =>
+            this.send(m, "retire", { checkpoint_id: open.id, deadline_ts: cleanupDeadline / 1000, epoch, episode_ids: replacements }, cleanupDeadline, epoch, c),
+          { spanName: "checkpoint.coordinate.restore.retire", parent: ctx },
+        );
+        return failuresOf(results.flatMap((r) => r.outcomes));
+      };
+      unretired = await retire([...retireAt]);
+      // Tried again (a free that failed, a participant briefly unreachable) while the deadline allows.
+      for (let pause = CLEANUP_RETIRE_RETRY_MS; unretired.length && this.options.clock.now() + pause < cleanupDeadline; pause = Math.min(pause * 2, CLEANUP_RETIRE_RETRY_MAX_MS)) {
+        await this.options.clock.sleep(pause);
+        unretired = await retire(unretired.map((f) => f.participant));
+      }
+      if (unretired.length) this.log.warn({ checkpoint_id: open.id, failures: unretired.map((f) => `${refName(f.participant)}: ${f.code}`) }, "restore_retire_incomplete");
+    }
+    if (unretired.length) {
+      this.restoreFailures.set(open.id, `${unretiredNote(open.id, unretired)}the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone else resumed): restart those rollouts from input`);
     }
     try {
-      await this.doResume(open.id, cleanupDeadline, ctx);
+      const parked = new Set(unretired.map((f) => refName(f.participant)));
+      const { failures } = await this.resumeEveryone(open.id, cleanupDeadline, ctx, parked);
+      if (failures.length) throw combinedFailure("resume", failures);
     } catch (error) {
       this.log.warn({ checkpoint_id: open.id, err: error }, "restore_resume_incomplete");
     }
+    return unretired;
   }
 
   // ---- helpers --------------------------------------------------------------------------

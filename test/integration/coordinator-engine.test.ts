@@ -377,6 +377,36 @@ describe("coordinator over a real nats-server with participants of all four kind
     }
   });
 
+  it("a clean-up retire that fails at a participant is retried until it frees attempt+1 there, before that participant resumes", async () => {
+    for (const instance of ["env1", "policy", "agent1", "tools"]) world.participant(instance).adapter.addEpisode({ rollout_id: "rf1", attempt: 0 }, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "base-rf" });
+    await world.stopParticipants();
+    await world.startParticipants();
+    world.participant("agent2").adapter.failNext("install");
+    // The resources server's first two frees of the restored rf1-a1 fail (a transient error).
+    const tools = world.participant("tools").adapter;
+    const retire = tools.retire.bind(tools);
+    let failing = 2;
+    tools.retire = async (episodes) => {
+      if (failing-- > 0) {
+        hookLog.push("retire:resources/tools");
+        throw new Error("scripted transient free failure");
+      }
+      return retire(episodes);
+    };
+    hookLog.length = 0;
+    const error = await refusal(world.client.restore({ checkpoint_id: "base-rf", episode_ids: [{ rollout_id: "rf1", attempt: 0 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).toContain("agent/agent2");
+    expect(hookLog.filter((h) => h === "retire:resources/tools")).toHaveLength(3);
+    // Resumed only once attempt+1 was freed there: the restored rollout cannot continue beside its restart from input.
+    expect(hookLog.indexOf("open:resources/tools")).toBeGreaterThan(hookLog.lastIndexOf("retire:resources/tools"));
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.adapter.restored.size).toBe(0);
+    }
+  });
+
   it("a restore retried after its restore_failed, into the same processes, answers that restore_failed again and sends nothing; once they restarted it is a new restore", async () => {
     for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "rt1", attempt: 0 }, { n: 1 });
     await world.client.checkpoint({ checkpoint_id: "base-retry" });
