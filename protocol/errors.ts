@@ -115,8 +115,8 @@ export const ERROR_CATALOG = {
   },
   restore_failed: {
     status: 409,
-    meaning: "A participant failed to restore (or, answering a `resume`, restarted since it restored); the replacement attempts were retired wherever the restore may have installed them and everyone resumed, except a participant where that retire still failed at the clean-up's deadline: it stays parked, named first in the detail.",
-    solve: "Restart the listed rollouts from their input as a later attempt; a participant left parked holds them until a `retire` of the replacement attempts naming the checkpoint frees them, and resumes when its lease expires.",
+    meaning: "A participant failed to restore (or, answering a `resume`, restarted since it restored); the replacement attempts were retired wherever the restore may have installed them (a retire that failed is sent again until the clean-up's deadline; where it still failed, the detail names that participant first) and everyone resumed.",
+    solve: "Restart the listed rollouts from their input as a later attempt; where the detail says attempt+1 could not be retired, `retire` it again first to free what that participant restored.",
   },
   invalid_coordinates: {
     status: 422,

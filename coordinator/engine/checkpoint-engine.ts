@@ -187,12 +187,20 @@ function failuresOf<O extends Op>(outcomes: Outcome<O>[]): Failure[] {
 
 /**
  * What a restore_failed detail says first (the reply's detail is cut at 4096 characters) when the
- * clean-up could not retire attempt+1 somewhere: those participants are left parked, not resumed.
+ * clean-up could not retire attempt+1 somewhere: what those participants restored is still there.
  */
-function unretiredNote(id: string, unretired: readonly Failure[]): string {
+function unretiredNote(unretired: readonly Failure[]): string {
   if (unretired.length === 0) return "";
   const where = unretired.map((f) => `${refName(f.participant)} (${f.code}: ${f.detail.slice(0, 200)})`).join(", ");
-  return `attempt+1 could not be retired at ${where} before the clean-up's deadline, so it is left parked in checkpoint ${id} (not resumed: its restored rollouts would run beside their restart from input) until its lease expires (a retire naming checkpoint ${id} frees attempt+1 there meanwhile); `;
+  return `attempt+1 could not be retired at ${where} before the clean-up's deadline, so what it restored is still held there: retire attempt+1 there again before restarting those rollouts as attempt+2; `;
+}
+
+/**
+ * A clean-up retire that failed because the process that restored is gone (no responders, or
+ * another incarnation answers) is not sent again: what it restored went with it.
+ */
+function retireWorthRetrying(failure: Failure): boolean {
+  return failure.code !== "unreachable" && failure.code !== "stale_incarnation";
 }
 
 /**
@@ -1219,34 +1227,31 @@ export class CheckpointEngine {
     const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
     throw new CheckpointError(
       "restore_failed",
-      `${unretiredNote(open.id, unretired)}${[...lost.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost.values()].join("; ")}), so attempt+1 was retired everywhere and everyone${unretired.length ? " else" : ""} resumed: restart those rollouts from input`,
+      `${unretiredNote(unretired)}${[...lost.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost.values()].join("; ")}), so attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`,
     );
   }
 
-  /**
-   * Resume stage by stage in reverse, past failures, which it returns; the checkpoint is closed either
-   * way. Members named in `except` (`kind/instance`) are sent nothing: they stay parked.
-   */
-  private async resumeEveryone(id: string, deadlineMs: number, ctx: Context | undefined, except?: ReadonlySet<string>): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
+  /** Resume stage by stage in reverse, past failures, which it returns; the checkpoint is closed either way. */
+  private async resumeEveryone(id: string, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const open = this.open;
     if (!open || open.id !== id) {
       if (this.closed.has(id)) return { reply: { checkpoint_id: id, participants: [] }, failures: [] };
       if (open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open, not ${id}`);
       throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator`);
     }
-    const resumed = await this.resumeStages(open, deadlineMs, ctx, except);
+    const resumed = await this.resumeStages(open, deadlineMs, ctx);
     // Closed even when some failed: an unreachable participant resumes when its lease expires.
     this.close(id);
     return resumed;
   }
 
-  /** The resume requests of `open` (but to `except`), stage by stage in reverse, past failures; leaves it open. */
-  private async resumeStages(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, except?: ReadonlySet<string>): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
+  /** The resume requests of `open`, stage by stage in reverse, past failures; leaves it open. */
+  private async resumeStages(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const id = open.id;
     const epoch = this.options.leadership.epoch();
     const { results } = await runStages(
       RESUME_STAGES,
-      except?.size ? open.members.filter((m) => !except.has(refName(m))) : open.members,
+      open.members,
       (m, c) => this.send(m, "resume", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
       { spanName: "checkpoint.coordinate.resume.stage", parent: ctx },
     );
@@ -1417,7 +1422,7 @@ export class CheckpointEngine {
     const retired = installedMaybe.length
       ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
       : "every participant refused before installing anything, so nothing was retired";
-    const message = `${unretiredNote(id, unretired)}${cause.message}; ${retired}, and everyone${unretired.length ? " else" : ""} resumed: restart those rollouts from input`;
+    const message = `${unretiredNote(unretired)}${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`;
     this.rememberFailedRestore(open, message, cause.data ?? {});
     throw new CheckpointError("restore_failed", message, { data: cause.data ?? {} });
   }
@@ -1450,11 +1455,10 @@ export class CheckpointEngine {
 
   /**
    * All-or-nothing restore clean-up: retire attempt+1 at `open.retireAt` (where the restore may have
-   * installed it; default everyone, as journaled in `restore_cleanup`), then resume everyone but
-   * where that retire failed until the clean-up's deadline: resumed, such a participant would run
-   * the restored rollouts beside their restart from input, so it stays parked until its lease
-   * expires (a retire naming the checkpoint frees attempt+1 there meanwhile). Returns those
-   * failures, for the reply to name.
+   * installed it; default everyone, as journaled in `restore_cleanup`), sent again where it failed
+   * and the restoring process still runs until the clean-up's deadline, then resume everyone (the
+   * protocol's rule: a participant is never left parked by a failed restore). Returns the retires
+   * that still failed, for the reply to name: what those participants restored is still held there.
    */
   private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<Failure[]> {
     const retireAt = open.retireAt ?? open.members;
@@ -1475,24 +1479,27 @@ export class CheckpointEngine {
         return failuresOf(results.flatMap((r) => r.outcomes));
       };
       unretired = await retire([...retireAt]);
-      // Tried again (a free that failed, a participant briefly unreachable) while the deadline allows.
-      for (let pause = CLEANUP_RETIRE_RETRY_MS; unretired.length && this.options.clock.now() + pause < cleanupDeadline; pause = Math.min(pause * 2, CLEANUP_RETIRE_RETRY_MAX_MS)) {
+      // Sent again where the restoring process still runs (a free that failed, a timed-out try) while the deadline allows.
+      for (let pause = CLEANUP_RETIRE_RETRY_MS; ; pause = Math.min(pause * 2, CLEANUP_RETIRE_RETRY_MAX_MS)) {
+        const again = unretired.filter(retireWorthRetrying);
+        if (!again.length || this.options.clock.now() + pause >= cleanupDeadline) break;
         await this.options.clock.sleep(pause);
-        unretired = await retire(unretired.map((f) => f.participant));
+        unretired = [...unretired.filter((f) => !retireWorthRetrying(f)), ...(await retire(again.map((f) => f.participant)))];
       }
       if (unretired.length) this.log.warn({ checkpoint_id: open.id, failures: unretired.map((f) => `${refName(f.participant)}: ${f.code}`) }, "restore_retire_incomplete");
     }
-    if (unretired.length) {
-      this.restoreFailures.set(open.id, `${unretiredNote(open.id, unretired)}the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone else resumed): restart those rollouts from input`);
+    const held = unretired.filter(retireWorthRetrying);
+    if (held.length) {
+      this.restoreFailures.set(open.id, `${unretiredNote(held)}the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
     }
     try {
-      const parked = new Set(unretired.map((f) => refName(f.participant)));
-      const { failures } = await this.resumeEveryone(open.id, cleanupDeadline, ctx, parked);
-      if (failures.length) throw combinedFailure("resume", failures);
+      // Everyone, also where the retire failed: a participant left parked would refuse every
+      // prepare and a plain retire until its lease expired, and then resume all the same.
+      await this.doResume(open.id, cleanupDeadline, ctx);
     } catch (error) {
       this.log.warn({ checkpoint_id: open.id, err: error }, "restore_resume_incomplete");
     }
-    return unretired;
+    return held;
   }
 
   // ---- helpers --------------------------------------------------------------------------

@@ -522,7 +522,7 @@ describe("all-or-nothing restore", () => {
     await journalEmptied(journal);
   });
 
-  it("a clean-up retire that keeps failing is retried until max(deadline, now+30s); that participant stays parked (not resumed) and restore_failed names it", async () => {
+  it("a clean-up retire that keeps failing is retried until max(deadline, now+30s), then everyone resumes and restore_failed names that participant first", async () => {
     const { engine, fake, clock, journal } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
     fake.calls.length = 0;
@@ -531,21 +531,36 @@ describe("all-or-nothing restore", () => {
     const start = clock.now();
     const error = await refusal(engine.restore({ checkpoint_id: "base", deadline_ts: (start + 2000) / 1000, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(error.code).toBe("restore_failed");
-    expect(error.message).toContain("attempt+1 could not be retired at resources/r1 (internal_error: scripted)");
-    expect(error.message).toContain("left parked");
+    expect(error.message.startsWith("attempt+1 could not be retired at resources/r1 (internal_error: scripted)")).toBe(true);
+    expect(error.message).toContain("still held there");
     const retiresAtR1 = fake.ops("retire").filter((c) => c.instance === "r1");
     expect(retiresAtR1.length).toBeGreaterThan(1);
     for (const r of retiresAtR1) expect(r.body.deadline_ts).toBe((start + 30_000) / 1000);
     expect(clock.now()).toBeLessThanOrEqual(start + 30_000);
-    // Everyone else resumed once the retries ran out; r1 still holds attempt+1, so it is not.
+    // Only r1 was retried; then everyone resumed, r1 too (the protocol never leaves one parked).
+    expect(fake.ops("retire").filter((c) => c.instance !== "r1").length).toBe(4);
     const resumes = fake.ops("resume");
-    expect(resumes.map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "environment/e1", "model/m1"]);
+    expect(resumes.map((c) => `${c.kind}/${c.instance}`).sort()).toEqual(["agent/a1", "agent/a2", "environment/e1", "model/m1", "resources/r1"]);
     expect(Math.max(...retiresAtR1.map((c) => c.seq))).toBeLessThan(Math.min(...resumes.map((c) => c.seq)));
     expect(engine.openCheckpoint).toBeNull();
     const resumed = await refusal(engine.resume({ checkpoint_id: "base" }));
     expect(resumed.code).toBe("restore_failed");
     expect(resumed.message).toContain("resources/r1");
     await journalEmptied(journal);
+  });
+
+  it("a clean-up retire that failed because the restoring process is gone (unreachable) is not sent again", async () => {
+    const { engine, fake, clock } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    fake.calls.length = 0;
+    fake.set("model", "m1", "restore", { error: "deadline_exceeded" });
+    fake.set("resources", "r1", "retire", "unreachable");
+    const start = clock.now();
+    const error = await refusal(engine.restore({ checkpoint_id: "base", deadline_ts: (start + 2000) / 1000, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(error.code).toBe("restore_failed");
+    expect(error.message).not.toContain("could not be retired");
+    expect(fake.ops("retire").filter((c) => c.instance === "r1")).toHaveLength(1);
+    expect(fake.ops("resume")).toHaveLength(5);
   });
 
   it("a scope naming attempt MAX_ATTEMPT (it has no next attempt) is invalid_request with nothing journaled or sent: the clean-up's resume would fence the checkpoint at every participant", async () => {
