@@ -122,8 +122,16 @@ export function register(program: Command): void {
         await telemetry?.shutdown().catch(() => undefined);
       };
       let collector: Collector | undefined;
-      let started: Promise<void> | undefined;
       let logger: Logger | undefined;
+      // Settles with start-up (telemetry, NATS, the collector's start). A SIGTERM before then waits
+      // for it; if the start fails, nothing was checkpointed: its refusal is the exit, not 75.
+      let startedUp!: () => void;
+      let startFailed!: (error: unknown) => void;
+      const startup = new Promise<void>((resolve, reject) => {
+        startedUp = resolve;
+        startFailed = reject;
+      });
+      startup.catch(() => undefined); // surfaced by runCli
       // Installed as soon as the lock is held, so no signal's default action (exit without clean-up)
       // can leave collector.pid behind. SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
       // exit at once (130, 129): the next start retires what was in flight. A second SIGTERM during
@@ -156,12 +164,12 @@ export function register(program: Command): void {
         if (lost?.unwritten) process.stderr.write(`rollout records: ${lost.unwritten} finished rows not written (${lost.failedFlushes} failed flushes); they are in --out only\n`);
       };
       const stopAndRequeue = async () => {
-        const result = await (started ?? Promise.reject(new Error("not started yet")))
-          .then(() => collector!.checkpoint({ stop: true }))
-          .catch((err: unknown) => {
-            logger?.error({ err }, "SIGTERM checkpoint failed");
-            return { published: false, checkpointId: "" };
-          });
+        // A failed start exits with its own refusal (runCli), the lock released on its way out.
+        if (!(await startup.then(() => true, () => false))) return;
+        const result = await collector!.checkpoint({ stop: true }).catch((err: unknown) => {
+          logger?.error({ err }, "SIGTERM checkpoint failed");
+          return { published: false, checkpointId: "" };
+        });
         process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
         // As on SIGINT: a row finishing after the flush would be in --out without its record.
         await collector?.halt().catch(() => undefined);
@@ -218,9 +226,8 @@ export function register(program: Command): void {
 
         const running = collector;
         const log = logger;
-        started = running.start();
-        started.catch(() => undefined); // surfaced below
-        await started;
+        await running.start();
+        startedUp();
         // Only now: a checkpoint taken mid-restore would race it.
         checkpointRequests.serve(() => {
           void running.checkpoint({ stop: false }).catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
@@ -230,6 +237,9 @@ export function register(program: Command): void {
           throw error;
         });
         mean = await running.meanReward();
+      } catch (error) {
+        startFailed(error); // after start-up, settled already: nothing changes
+        throw error;
       } finally {
         await release();
       }
