@@ -425,6 +425,7 @@ export class Collector {
       // counted unwritten), once the appends still under way have ended.
       await Promise.allSettled([...this.finishing]);
       await this.records?.close().catch(() => undefined);
+      this.options.progress?.finish(); // the error is printed next
       throw error;
     }
     this.ended = true;

@@ -24,6 +24,8 @@ export class ProgressReporter {
   private lastLength = 0;
   private source: (() => ProgressSnapshot) | undefined;
   private timer: NodeJS.Timeout | undefined;
+  /** finish() ran: the process is on its way out, and a line drawn now would stay unended. */
+  private finished = false;
 
   constructor(
     private readonly out: NodeJS.WritableStream & { isTTY?: boolean },
@@ -42,12 +44,14 @@ export class ProgressReporter {
    * may run for minutes with nothing finishing, and the line must not stop meanwhile.
    */
   start(source: () => ProgressSnapshot): void {
+    if (this.finished) return;
     this.startedAt = this.now();
     this.source = source;
     this.arm();
   }
 
   update(snapshot: ProgressSnapshot, force = false): void {
+    if (this.finished) return;
     const line = this.format(snapshot);
     if (this.interactive) {
       const padded = line.padEnd(this.lastLength);
@@ -61,8 +65,12 @@ export class ProgressReporter {
     }
   }
 
-  /** Stops the timer and ends the live line so later output starts on a fresh one. */
+  /**
+   * Stops the timer and ends the live line so later output starts on a fresh one. Called on every
+   * way out (the summary, a failure, a signal), so once only counts: nothing is drawn after it.
+   */
   finish(): void {
+    this.finished = true;
     clearTimeout(this.timer);
     this.source = undefined;
     if (this.interactive && this.lastLength) this.out.write("\n");

@@ -123,6 +123,8 @@ export function register(program: Command): void {
       };
       let collector: Collector | undefined;
       let logger: Logger | undefined;
+      // Ended first on every way out, so what is printed next does not land on the live line.
+      const progress = new ProgressReporter(process.stderr, progressIntervalSeconds * 1000);
       // Settles with start-up (telemetry, NATS, the collector's start). A SIGTERM before then waits
       // for it; if the start fails, nothing was checkpointed: its refusal is the exit, not 75.
       let startedUp!: () => void;
@@ -139,6 +141,7 @@ export function register(program: Command): void {
       type EndingSignal = "SIGTERM" | keyof typeof EXIT_BY_SIGNAL;
       let leaving: EndingSignal | undefined;
       const leave = async (code: number) => {
+        progress.finish();
         await release();
         process.exit(code);
       };
@@ -151,6 +154,7 @@ export function register(program: Command): void {
         const code = EXIT_BY_SIGNAL[signal];
         if (!first) return void leave(code);
         void (async () => {
+          progress.finish();
           // No /run is sent and no row appended to --out from here on (the next start retires what
           // was in flight), so the flush after it writes the records of every row --out has.
           await collector?.halt().catch(() => undefined);
@@ -170,7 +174,8 @@ export function register(program: Command): void {
           logger?.error({ err }, "SIGTERM checkpoint failed");
           return { published: false, checkpointId: "" };
         });
-        process.stderr.write(`\nstopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
+        progress.finish();
+        process.stderr.write(`stopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
         // As on SIGINT: a row finishing after the flush would be in --out without its record.
         await collector?.halt().catch(() => undefined);
         await collector?.flushRecords().catch(() => undefined);
@@ -220,7 +225,7 @@ export function register(program: Command): void {
               everySeconds: recordsEverySeconds,
             },
           }),
-          progress: new ProgressReporter(process.stderr, progressIntervalSeconds * 1000),
+          progress,
           logger,
         });
 
@@ -233,6 +238,7 @@ export function register(program: Command): void {
           void running.checkpoint({ stop: false }).catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
         });
         summary = await running.run().catch((error: unknown) => {
+          progress.finish();
           reportUnwrittenRecords(); // a failed collection wrote what it could of its records
           throw error;
         });
@@ -241,6 +247,7 @@ export function register(program: Command): void {
         startFailed(error); // after start-up, settled already: nothing changes
         throw error;
       } finally {
+        progress.finish();
         await release();
       }
       const u = summary.usage;

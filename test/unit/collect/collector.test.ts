@@ -910,6 +910,22 @@ describe("collector failures", () => {
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(requests.sort()).toEqual(["a", "b"]); // no row was sent after the failure
   });
+
+  it("a run that fails ends the live progress line, so the error printed next starts on a line of its own", { timeout: 10_000 }, async () => {
+    const written: string[] = [];
+    const tty = { write: (s: string) => written.push(s), isTTY: true } as unknown as NodeJS.WritableStream;
+    // The reply (whose append fails) comes once the live line is drawn (its timer redraws it every second).
+    const url = await runServer(async () => {
+      await waitUntil(() => written.length > 0, "the live line drawn", 5000);
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { outPath: join(dir, "missing", "results.jsonl"), progress: new ProgressReporter(tty, 1000) });
+    await collector.start();
+    await expect(collector.run()).rejects.toMatchObject({ code: "ENOENT" });
+    expect(written.some((s) => s.startsWith("\r["))).toBe(true);
+    expect(written.at(-1)).toBe("\n");
+  });
 });
 
 describe("collector failures: rollout records", () => {

@@ -96,4 +96,16 @@ describe("progress reporter", () => {
     advance(3000);
     expect(written).toHaveLength(4);
   });
+
+  it("finish ends the live line once, and nothing draws it again after (a late update on the way out would leave it unended)", () => {
+    const { out, written } = sink(true);
+    const reporter = new ProgressReporter(out, 10_000, () => clock);
+    reporter.start(() => snapshot());
+    reporter.update(snapshot({ done: 901 }));
+    reporter.finish();
+    reporter.update(snapshot({ done: 902 }), true); // a worker's report after the exit began
+    reporter.finish(); // every exit path ends it: a second finish writes nothing
+    advance(3000);
+    expect(written).toEqual([expect.stringMatching(/^\r\[.*901\/1000 done/), "\n"]);
+  });
 });
