@@ -251,6 +251,19 @@ export class Collector {
       .map(([rollout_id, attempt]) => ({ rollout_id, attempt: restoredOnly.has(rollout_id) ? attempt - 1 : attempt }));
     // Retiring changes no log: the previous one still names these attempts if this start fails.
     if (stale.length && !restoreCloses) await this.retireNow(stale);
+    // Rows the logged run finished as a later attempt (after a retire, a fenced skip or a restore):
+    // the forget that lifts their fences was queued in memory and may have died with it. Sent again
+    // now (once more is harmless) while nothing is open; those not sent (our LATEST is open until the
+    // restore below closes it, or the forget failed) are carried into the new log, so a crash before
+    // they get out still finds them, and sent once started.
+    const unforgotten = [...(history?.latest.keys() ?? [])].filter((id) => {
+      const state = this.states.get(id);
+      return state?.status === "done" && state.attempt > 0;
+    });
+    for (const id of unforgotten) this.toForget.add(id);
+    if (!restoreCloses) {
+      await this.forgetQueued().catch((err: unknown) => this.options.logger.warn({ err, rollouts: this.toForget.size }, "forget of finished rollouts failed; carried in the log and tried again"));
+    }
     // Carried forward before anything is restored or sent, so a crash from now on still fences them.
     // A restore of another run's checkpoint names that run: killed before the restore landed, the
     // next start still finds the checkpoint open and restores it (see latestCollection).
@@ -258,7 +271,10 @@ export class Collector {
     this.log = await DispatchLog.create(
       this.logPath,
       this.runId,
-      [...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
+      [
+        ...[...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
+        ...[...this.toForget].map((rollout_id) => ({ rollout_id, attempt: this.states.get(rollout_id)!.attempt })),
+      ],
       restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined,
     );
     for (const episode of stale) {
@@ -268,6 +284,7 @@ export class Collector {
     }
     if (restoring) await this.restoreRows(restoring, [...continued.values()]);
     if (stale.length && restoreCloses) await this.retireNow(stale);
+    if (this.toForget.size) this.forgetSoon();
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
   }
 
@@ -557,7 +574,7 @@ export class Collector {
       // A later attempt replied: nothing of the retired ones, nor of the source attempts a restore
       // continued (which participants fence until forget), can still run, so lift the fences.
       this.toForget.add(state.row.rolloutId);
-      void this.lock.run(() => this.forgetQueued()).catch((err: unknown) => this.options.logger.warn({ err }, "forget failed; retried at close"));
+      this.forgetSoon();
     }
   }
 
@@ -818,6 +835,11 @@ export class Collector {
         this.retired.delete(id);
       }
     }
+  }
+
+  /** Sends the queued forgets between checkpoints; one that fails is tried again at close. */
+  private forgetSoon(): void {
+    void this.lock.run(() => this.forgetQueued()).catch((err: unknown) => this.options.logger.warn({ err }, "forget failed; retried at close"));
   }
 
   /** Forgets every retired rollout; called once all rows are done. */

@@ -10,7 +10,9 @@ import { parseStateValue } from "./state-file-value.js";
  * checkpoint this run restores at start), then one `{rollout_id, attempt}` line appended
  * just before each `/run` is sent, and one `{rollout_id, attempt, restored: true}` line per row a
  * restore continues as its next attempt (not sent yet). After a crash it names every attempt that
- * may still be running somewhere, so the next run can retire them before sending replacements.
+ * may still be running somewhere, so the next run can retire them before sending replacements,
+ * and every row it finished as a later attempt, whose fences the next run forgets (the forget was
+ * queued in memory); a new log carries the finished rows whose forget was not sent yet.
  * Each line is on disk (fdatasync) before its append returns, and only then does the `/run` go
  * out: a line lost on power loss would let the next run send that attempt again, unretired.
  * Appends made while a sync runs share the next one (group commit): concurrent dispatches cost one
@@ -60,7 +62,7 @@ export class DispatchLog {
     readonly runId: string,
   ) {}
 
-  /** Starts a fresh log for a new run, carrying forward attempts that must stay fenced. */
+  /** Starts a fresh log for a new run, carrying forward attempts that must stay fenced, and finished ones still to forget. */
   static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = [], continuesRun?: string): Promise<DispatchLog> {
     const header = { run_id: runId, ...(continuesRun !== undefined && { continues_run: continuesRun }) };
     const lines = [JSON.stringify(header), ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e)))];

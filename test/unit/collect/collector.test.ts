@@ -1073,6 +1073,46 @@ describe("collector restored-source fences", () => {
     expect(calls.filter((c) => c.op === "forget").map((c) => c.req.rollout_ids)).toEqual([["a"]]);
   });
 
+  const forgets = (calls: Call[]) => calls.filter((c) => c.op === "forget").map((c) => c.req.rollout_ids);
+  /** A forget that never gets out (the collector crashes first); `asked` records what it was given. */
+  const lostForget = (asked: unknown[]) => ({ forget: (req: never) => (asked.push((req as { rollout_ids: string[] }).rollout_ids), new Promise<never>(() => undefined)) });
+
+  it("a forget queued when the collector crashed is sent by the next start (participants would keep the finished rollout's fences for good)", async () => {
+    // a@0 fails and is retired, a@1 finishes; its forget never gets out before the crash.
+    const url = await runServer((body) => (body.rollout_id === "a" && body.attempt === 0 ? { status: 500, body: {} } : { status: 200, body: { reward: 1 } }));
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const lost: unknown[] = [];
+    const first = collectorFor(fakeController(lostForget(lost)).controller, url, { rows });
+    await first.start();
+    void first.run();
+    await waitUntil(() => lost.length === 1, "a's forget sent");
+    await waitUntil(async () => (await readResults(join(dir, "results.jsonl"))).size === 2, "both rows in --out");
+    // Crashed: the next start forgets a (finished at attempt 1), not b (finished at attempt 0, never fenced).
+    const next = fakeController();
+    const collector = collectorFor(next.controller, url, { rows });
+    await collector.start();
+    expect(forgets(next.calls)).toEqual([["a"]]);
+    expect(await collector.run()).toMatchObject({ rows: 2, finished: 2 });
+    expect(forgets(next.calls)).toEqual([["a"]]);
+  });
+
+  it("…and with its stop checkpoint still open, after the restore closed it, carried in the new log until then", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 1 }]);
+    await appendResult(join(dir, "results.jsonl"), { rollout_id: "a", attempt: 1, reward: 1, continued: false, finished_at: 1, response: { reward: 1 } });
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const lost: unknown[] = [];
+    const crashed = fakeController(lostForget(lost));
+    await publishCollection(crashed.state, checkpointId, "run-1", [], true);
+    await collectorFor(crashed.controller, url).start();
+    await waitUntil(() => lost.length === 1, "a's forget sent", 2000);
+    expect(lost).toEqual([["a"]]);
+    expect(crashed.state.open).toBeNull(); // sent once the restore was resumed: the coordinator refuses it while one is open
+    // Crashed before its forget got out: the start after that still sends it.
+    const next = fakeController();
+    await collectorFor(next.controller, url).start();
+    expect(forgets(next.calls)).toEqual([["a"]]);
+  });
+
   /** A restored row whose reply lands between commit and publish of the checkpoint taken while it runs. */
   async function continuedRowReplyingMidCheckpoint() {
     const release = deferred();
