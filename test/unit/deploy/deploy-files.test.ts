@@ -102,6 +102,30 @@ describe("deploy/ files", () => {
     expect(fromDocs, "the unit's Documentation= is installed").toContain(documentation![1]);
   });
 
+  it("the systemd install makes the state directory the unit's own before the checkpoint filesystem is mounted in it", () => {
+    // systemd chowns an existing StateDirectory= whose owner is not the unit's User= recursively at
+    // start, across mount points (and drops ACLs): a root-owned /var/lib/gym-ckpt, as `mkdir -p` for
+    // the mount point leaves it, would have each host's first start chown the whole shared checkpoint
+    // root, every participant's files included, or fail (238/STATE_DIRECTORY) on a root-squashed share.
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    const stateDir = `/var/lib/${/^StateDirectory=(\S+)$/m.exec(unit)![1]}`;
+    const user = /^User=(\S+)$/m.exec(unit)![1]!;
+    const group = /^Group=(\S+)$/m.exec(unit)![1]!;
+    const checkpointRoot = /^RequiresMountsFor=(\S+)$/m.exec(unit)![1]!;
+    expect(checkpointRoot.startsWith(`${stateDir}/`)).toBe(true);
+    const operations = readFileSync(join(ROOT, "docs/operations.md"), "utf8");
+    const create = new RegExp(`install -d -o ${user} -g ${group}(?: -m 0?755)? ${stateDir.replace(/[./]/g, "\\$&")}(?![\\w/])`);
+    for (const [where, text, mount] of [
+      ["the unit's install", unit, "mount the shared checkpoint filesystem"],
+      ["docs/operations.md", operations, "After mounting the shared checkpoint filesystem"],
+    ] as const) {
+      const created = create.exec(text);
+      expect(created, `${where} creates ${stateDir} owned by ${user}:${group}`).not.toBeNull();
+      expect(text.indexOf(mount), `${where} mounts the share`).toBeGreaterThan(-1);
+      expect(created!.index, `${where}: before the share is mounted`).toBeLessThan(text.indexOf(mount));
+    }
+  });
+
   it("the systemd unit leaves the checkpoint directories it creates writable by its group, as docs/operations.md tells participants on the host", () => {
     const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
     expect(unit).toMatch(/^Group=gym-ckpt$/m);
