@@ -54,6 +54,17 @@ describe("deploy/ files", () => {
     if (spec.strategy.type !== "Recreate") expect(spec.strategy.rollingUpdate.maxUnavailable).toBe("100%");
   });
 
+  it("metrics leave one way: containers whose metrics Prometheus scrapes export only traces over OTLP", () => {
+    const container = yamlFile(join(DEPLOY, "kubernetes/base/deployment.yaml")).spec.template.spec.containers[0];
+    const names = (container.env as { name: string }[]).map((e) => e.name);
+    expect(container.args).toContain("--metrics-port");
+    expect(names).toContain("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    expect(names).not.toContain("OTEL_EXPORTER_OTLP_ENDPOINT");
+    expect(names).not.toContain("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
+    const compose = yamlFile(join(DEPLOY, "docker-compose.yml"));
+    expect(JSON.stringify(compose)).not.toMatch(/OTEL_EXPORTER_OTLP_(METRICS_)?ENDPOINT/);
+  });
+
   it("compose publishes ports on loopback only, passes no token in a command, and keeps the attach ledger on a volume", () => {
     const path = join(DEPLOY, "docker-compose.yml");
     // Not even in the usage comment: a host shell expands it and the process arguments show it.
