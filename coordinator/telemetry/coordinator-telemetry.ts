@@ -1,5 +1,5 @@
 import { context, metrics, trace, SpanStatusCode, type Attributes, type Context, type Span, type Tracer } from "@opentelemetry/api";
-import { CheckpointError, DURATION_BUCKETS_S } from "../../protocol/index.js";
+import { DURATION_BUCKETS_S, toCheckpointError } from "../../protocol/index.js";
 
 /** Span attribute names; they never carry tokens. */
 export const SPAN_ATTR = {
@@ -38,7 +38,7 @@ export function coordinatorTelemetry() {
   return instance;
 }
 
-/** Runs `fn` in a child span of `parent` (or the active context); errors mark it with their code. */
+/** Runs `fn` in a child span of `parent` (or the active context); errors mark it with the catalog code the reply carries. */
 export async function inSpan<T>(name: string, attributes: Attributes, parent: Context | undefined, fn: (ctx: Context, span: Span) => Promise<T>): Promise<T> {
   const base = parent ?? context.active();
   const span = coordinatorTelemetry().tracer.startSpan(name, { attributes }, base);
@@ -47,7 +47,8 @@ export async function inSpan<T>(name: string, attributes: Attributes, parent: Co
     return await context.with(ctx, () => fn(ctx, span));
   } catch (error) {
     span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
-    if (error instanceof CheckpointError) span.setAttribute(SPAN_ATTR.code, error.code);
+    // The code the reply carries: a file-system error is answered storage_error, anything else internal_error.
+    span.setAttribute(SPAN_ATTR.code, toCheckpointError(error).code);
     throw error;
   } finally {
     span.end();

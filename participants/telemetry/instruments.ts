@@ -11,7 +11,7 @@ import {
   type Tracer,
   type TracerProvider,
 } from "@opentelemetry/api";
-import { CheckpointError, DURATION_BUCKETS_S, toCheckpointError } from "../../protocol/index.js";
+import { DURATION_BUCKETS_S, toCheckpointError } from "../../protocol/index.js";
 
 /**
  * Participant-side telemetry through @opentelemetry/api only; the daemons wire the SDK
@@ -142,7 +142,8 @@ export async function withSpan<T>(name: string, attributes: Attributes, parent: 
     return await context.with(ctx, () => fn(span));
   } catch (error) {
     span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
-    if (error instanceof CheckpointError) span.setAttribute(ATTR.code, error.code);
+    // The code the reply carries: a file-system error is answered storage_error, anything else internal_error.
+    span.setAttribute(ATTR.code, toCheckpointError(error).code);
     throw error;
   } finally {
     span.end();

@@ -1,7 +1,7 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { context, propagation, trace } from "@opentelemetry/api";
+import { context, propagation, trace, SpanStatusCode } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsParticipantTransport } from "../../../coordinator/engine/nats-transport.js";
 import { SPAN_ATTR } from "../../../coordinator/telemetry/coordinator-telemetry.js";
 import { createLogger } from "../../../coordinator/telemetry/logger.js";
+import { toCheckpointError } from "../../../protocol/index.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 const exporter = new InMemorySpanExporter();
@@ -62,6 +63,21 @@ describe("coordinator telemetry", () => {
     const op = exporter.getFinishedSpans().find((s) => s.name === "checkpoint.coordinate.commit")!;
     expect(op.parentSpanContext).toBeUndefined();
     expect(lines.find((l) => l.msg === "controller_op_failed")).toMatchObject({ code: "not_found", trace_id: op.spanContext().traceId, span_id: op.spanContext().spanId });
+  });
+
+  it("an op failing on storage marks its span with the code it answers (storage_error), not only status ERROR", async () => {
+    exporter.reset();
+    const dir = join(root, "blocked");
+    const { engine } = makeEngine(dir);
+    await engine.prepare({ checkpoint_id: "s1" });
+    await engine.commit({ checkpoint_id: "s1", episode_ids: null, stop: false });
+    // A file where the staged checkpoint directory was: publication's write fails with ENOTDIR.
+    await rm(join(dir, "s1"), { recursive: true, force: true });
+    await writeFile(join(dir, "s1"), "not a directory");
+    await expect(engine.publish({ checkpoint_id: "s1", controller_state: null })).rejects.toSatisfy((error: unknown) => toCheckpointError(error).code === "storage_error");
+    const op = exporter.getFinishedSpans().find((s) => s.name === "checkpoint.coordinate.publish")!;
+    expect(op.status.code).toBe(SpanStatusCode.ERROR);
+    expect(op.attributes[SPAN_ATTR.code]).toBe("storage_error");
   });
 
   it("op spans and failure logs carry the real checkpoint id, or none: never LATEST, retire or forget", async () => {

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { context, propagation, trace } from "@opentelemetry/api";
@@ -22,7 +22,7 @@ import { createResourcesApp } from "../../../participants/kinds/resources/index.
 import { CalculatorServer } from "../../../participants/gym/resources-server/calculator-server.js";
 import { traceLogFields } from "../../../participants/telemetry/log-correlation.js";
 import { extractTraceContext } from "../../../participants/telemetry/nats-propagation.js";
-import { HEADER_AUTHORIZATION, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { HEADER_AUTHORIZATION, toCheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 
 /** Providers injected (no global SDK in vitest); the context manager makes children find their parent. */
@@ -158,6 +158,24 @@ describe("participant spans", () => {
       trace_id: commit.spanContext().traceId,
       span_id: commit.spanContext().spanId,
     });
+  });
+
+  it("a commit failing on storage marks its span with the code it answers (storage_error), not only status ERROR", async () => {
+    const kind = new ScriptableKind("agent");
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "a0", checkpointRoot: root });
+    // The kind's export reads a file the disk lost: a real ENOENT of open(2).
+    kind.failNext("exportRecords", (await readFile(join(root, "lost-by-the-disk")).catch((error: unknown) => error)) as Error);
+    try {
+      await call(plane, "prepare", { checkpoint_id: "disk-1" });
+      await expect(call(plane, "commit", { checkpoint_id: "disk-1" })).rejects.toSatisfy(
+        (error: unknown) => toCheckpointError(error).code === "storage_error",
+      );
+    } finally {
+      plane.dispose();
+    }
+    const commit = one("checkpoint.commit");
+    expect(commit.status.code).toBe(2); // ERROR
+    expect(commit.attributes[ATTR.code]).toBe("storage_error");
   });
 
   it("the NATS endpoint answers in the coordinator's trace context: its own error lines carry the trace_id", async () => {
