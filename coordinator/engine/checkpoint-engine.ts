@@ -1531,13 +1531,14 @@ export class CheckpointEngine {
         this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
         return error;
       };
-      if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", this.notServingYet()));
       const attributes = id === undefined ? { [SPAN_ATTR.op]: name } : { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name };
       return inSpan(`checkpoint.coordinate.${name}`, attributes, undefined, async (ctx, span) => {
         const identify = (found: string) => {
           id = found;
           span.setAttribute(SPAN_ATTR.checkpointId, found);
         };
+        // Refused in the op's span too: the controller's trace shows the not_leader it got.
+        if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", this.notServingYet()));
         try {
           const result = await fn(ctx, identify);
           coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: "ok" });

@@ -80,6 +80,24 @@ describe("coordinator telemetry", () => {
     expect(op.attributes[SPAN_ATTR.code]).toBe("storage_error");
   });
 
+  it("an op refused not_leader before recovery still has its span, in the controller's trace, with the code", async () => {
+    exporter.reset();
+    const lines: Record<string, unknown>[] = [];
+    const { engine } = makeEngine(join(root, "unrecovered"), {
+      requireRecovery: true,
+      logger: createLogger("info", { write: (s: string) => lines.push(JSON.parse(s) as Record<string, unknown>) }),
+    });
+    const controller = trace.getTracer("controller").startSpan("controller.checkpoint");
+    await expect(context.with(trace.setSpan(context.active(), controller), () => engine.prepare({ checkpoint_id: "n1" }))).rejects.toMatchObject({ code: "not_leader" });
+    controller.end();
+    const op = exporter.getFinishedSpans().find((s) => s.name === "checkpoint.coordinate.prepare");
+    expect(op).toBeDefined();
+    expect(op!.parentSpanContext?.spanId).toBe(controller.spanContext().spanId);
+    expect(op!.status.code).toBe(SpanStatusCode.ERROR);
+    expect(op!.attributes[SPAN_ATTR.code]).toBe("not_leader");
+    expect(lines.find((l) => l.msg === "controller_op_failed")).toMatchObject({ code: "not_leader", trace_id: controller.spanContext().traceId, span_id: op!.spanContext().spanId });
+  });
+
   it("op spans and failure logs carry the real checkpoint id, or none: never LATEST, retire or forget", async () => {
     exporter.reset();
     const lines: Record<string, unknown>[] = [];
