@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { join } from "node:path";
-import { SpanStatusCode, trace, type Span } from "@opentelemetry/api";
+import { trace, type Span } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -24,7 +24,7 @@ import { committedEpisodeIds } from "../publication/committed-records.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { readRegularFileBytes } from "../publication/regular-file.js";
 import { assertCheckpointVisible } from "./checkpoint-root.js";
-import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
+import { collectionInstruments, markSpanFailed, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
 import { DispatchLog, type DispatchHistory } from "./dispatch-log.js";
@@ -348,7 +348,7 @@ export class Collector {
         // still be installed. The source attempts may still run on servers that survived. Retiring
         // attempt+1 everywhere fences both (a retire fences every attempt up to the one named); then
         // those rows start over as attempt+2.
-        span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
+        markSpanFailed(span, error);
         // Refused not_leader on every try (no leader that long; over HTTP, a coordinator still
         // becoming leader answers it at once): it never ran, so nothing is installed or to clean up.
         // The start fails like one refused before it; the log still names the source attempts and
@@ -709,7 +709,7 @@ export class Collector {
         this.instruments.checkpoints.add(1, { outcome: result.published ? "published" : "not_prepared" });
         return result;
       } catch (error) {
-        span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
+        markSpanFailed(span, error);
         this.instruments.checkpoints.add(1, { outcome: "failed" });
         throw error;
       } finally {

@@ -23,7 +23,7 @@ afterAll(async () => {
 });
 
 describe("collector spans", () => {
-  it("checkpoint.collection.checkpoint names its checkpoint id even when the checkpoint fails", async () => {
+  it("checkpoint.collection.checkpoint names its checkpoint id and the error code when the checkpoint fails", async () => {
     const prepared: string[] = [];
     const controller = {
       prepare: async (req: { checkpoint_id: string }) => {
@@ -36,6 +36,7 @@ describe("collector spans", () => {
     await expect(collector.checkpoint({ stop: false })).rejects.toMatchObject({ code: "not_leader" });
     const span = exporter.getFinishedSpans().find((s) => s.name === "checkpoint.collection.checkpoint")!;
     expect(span.status.code).toBe(2); // ERROR
+    expect(span.attributes["gym_ckpt.error.code"]).toBe("not_leader");
     expect(prepared).toHaveLength(1);
     expect(span.attributes["gym_ckpt.checkpoint.id"]).toBe(prepared[0]);
   });
