@@ -3,6 +3,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { dirname, join } from "node:path";
 import { Command, CommanderError } from "commander";
 import { PROTOCOL_VERSION } from "../../protocol/index.js";
+import { dropOutputOfGoneReaders } from "./closed-output.js";
 
 /** A CLI command module: `commands/<name>.ts` exports `register(program)`. */
 export interface CommandModule {
@@ -34,6 +35,7 @@ export async function buildProgram(): Promise<Command> {
 
 /** Runs the command `argv` names (process.argv's shape). */
 export async function runProgram(argv: string[]): Promise<void> {
+  dropOutputOfGoneReaders();
   const program = await buildProgram();
   try {
     await program.parseAsync(argv);

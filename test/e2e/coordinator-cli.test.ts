@@ -1,5 +1,6 @@
 import { appendFile, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
+import { spawn } from "node:child_process";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -11,7 +12,7 @@ import { GlobalManifestWriter } from "../../coordinator/publication/global-manif
 import { writeParticipant } from "../unit/coordinator/fake-participants.js";
 import { CONTROLLER_TOKEN, PARTICIPANT_TOKEN, startWorld, type World } from "../integration/coordinator-harness.js";
 import { waitUntil } from "../support/wait-until.js";
-import { cli, daemonArgs, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
+import { cli, daemonArgs, ensureBuilt, MAIN, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 let world: World;
 let daemon: DaemonProcess;
@@ -111,6 +112,15 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect([committed.code, committed.stderr]).toEqual([0, ""]);
     expect((JSON.parse(committed.stdout) as { participants: { episode_ids: string[] }[] }).participants.map((p) => p.episode_ids)).toEqual(Array(5).fill([]));
     expect((await cli(["resume", "cli-e2"], env)).code).toBe(0);
+  });
+
+  it("output to a reader that went away (`| head`) is dropped quietly: no EPIPE stack trace, the command's own exit code", async () => {
+    const child = spawn(process.execPath, [MAIN, "status", "--json"], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    child.stdout.destroy(); // the reader's end is closed before the command writes its reply
+    let stderr = "";
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    const code = await new Promise<number | null>((resolve) => child.once("close", resolve));
+    expect([code, stderr]).toEqual([0, ""]);
   });
 
   it("verify exits 1 naming invalid_checkpoint_state when a record changed", async () => {
