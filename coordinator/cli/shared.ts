@@ -37,16 +37,14 @@ export function withClientOptions(command: Command, options: { printsReply?: boo
 /** Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. */
 export async function withClient(flags: ClientFlags, fn: (client: ControllerClient) => Promise<unknown>): Promise<void> {
   const env = process.env;
-  const httpUrl = flags.httpUrl ?? envSetting("GYM_CKPT_HTTP_URL", env);
   await runCli(async () => {
     const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
     if (flags.timeoutS !== undefined) secondsFlag("timeout-s", flags.timeoutS);
     const deployment = clientDeployment(flags.deployment, env);
     const token = clientToken(flags.token, env);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN (or GYM_CKPT_TOKEN, the deployment's shared token)");
-    // An empty --http-url is refused, not taken for "use NATS" (an empty GYM_CKPT_HTTP_URL is unset).
+    const httpUrl = controllerHttpUrl(flags, env);
     if (httpUrl !== undefined) {
-      httpUrlFlag("http-url", httpUrl);
       // --leader-wait-ms holds over HTTP too (nothing listening, or not_leader), as for collect.
       await fn(new HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs }));
       return;
@@ -65,6 +63,17 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
       await nc.close();
     }
   });
+}
+
+/**
+ * The HTTP API to use instead of NATS: --http-url, else GYM_CKPT_HTTP_URL unless --nats-url is
+ * given (a flag beats the environment: an env file's HTTP URL must not send a command given
+ * another deployment's NATS elsewhere). An empty --http-url is refused, not taken for "use NATS"
+ * (an empty GYM_CKPT_HTTP_URL is unset).
+ */
+export function controllerHttpUrl(flags: Pick<ClientFlags, "httpUrl" | "natsUrl">, env: NodeJS.ProcessEnv): string | undefined {
+  const httpUrl = flags.httpUrl ?? (flags.natsUrl === undefined ? envSetting("GYM_CKPT_HTTP_URL", env) : undefined);
+  return httpUrl === undefined ? undefined : httpUrlFlag("http-url", httpUrl);
 }
 
 /**

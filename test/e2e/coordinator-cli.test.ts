@@ -123,6 +123,13 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect([code, stderr]).toEqual([0, ""]);
   });
 
+  it("an explicit --nats-url beats GYM_CKPT_HTTP_URL from the environment", async () => {
+    const viaEnv = { ...env, GYM_CKPT_HTTP_URL: "http://127.0.0.1:1" }; // an env file's HTTP URL, here one nobody serves
+    const status = await cli(["status", "--json", "--nats-url", world.nats.server.url], viaEnv);
+    expect([status.code, status.stderr]).toEqual([0, ""]);
+    expect(JSON.parse(status.stdout).participants).toHaveLength(5);
+  });
+
   it("verify exits 1 naming invalid_checkpoint_state when a record changed", async () => {
     const dir = join(world.root, "cli-1", "gym", "model", "policy");
     const records = (await readdir(dir)).find((n) => n.startsWith("records-"))!;

@@ -3,7 +3,7 @@ import { dirname, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, envSetting, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
@@ -14,7 +14,7 @@ import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
-import { clientDeployment, clientToken, httpUrlFlag, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
+import { clientDeployment, clientToken, controllerHttpUrl, httpUrlFlag, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
 
 /** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
 export const EXIT_REQUEUE = 75;
@@ -90,8 +90,7 @@ export function register(program: Command): void {
       if (!logLevel) throw new CheckpointError("invalid_request", `--log-level must be one of ${LOG_LEVELS.join(", ")}, got ${JSON.stringify(flags.logLevel)}`);
       const runUrl = httpUrlFlag("run-url", flags.runUrl);
       // The collector needs controller ops only, which the HTTP API serves as well.
-      const httpUrl = flags.httpUrl ?? envSetting("GYM_CKPT_HTTP_URL", env);
-      if (httpUrl !== undefined) httpUrlFlag("http-url", httpUrl);
+      const httpUrl = controllerHttpUrl(flags, env);
       // Checked with or without --records-dir: a typo must not wait until records are switched on.
       try {
         assertRolloutEnv(flags.recordsEnv);
