@@ -83,6 +83,8 @@ export function controllerHttpUrl(flags: Pick<ClientFlags, "httpUrl" | "natsUrl"
  * nats.js refused it as an internal_error, fetch sent it trimmed, or failed it as outcome_unknown.
  */
 export function clientToken(flag: string | undefined, env: NodeJS.ProcessEnv): string | undefined {
+  // A flag given empty is that value (docs/api.md), which no controller_token can be: bad usage, not "no token".
+  if (flag === "") throw new CheckpointError("invalid_request", "--token is empty (an unset variable?): pass the controller token, or leave the flag out to use GYM_CKPT_CONTROLLER_TOKEN");
   const token = flag ?? (env.GYM_CKPT_CONTROLLER_TOKEN || env.GYM_CKPT_TOKEN || undefined);
   if (token && !BearerTokenSchema.safeParse(token).success) {
     const source = flag !== undefined ? "--token" : env.GYM_CKPT_CONTROLLER_TOKEN ? "GYM_CKPT_CONTROLLER_TOKEN" : "GYM_CKPT_TOKEN";

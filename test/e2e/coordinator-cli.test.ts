@@ -130,6 +130,11 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect(JSON.parse(status.stdout).participants).toHaveLength(5);
   });
 
+  it("an empty --token (an unset \"$TOKEN\") is invalid_request (exit 2), not taken for no token", async () => {
+    const refused = await cli(["status", "--token", ""], env);
+    expect([refused.code, refused.stderr]).toEqual([2, "error invalid_request: --token is empty (an unset variable?): pass the controller token, or leave the flag out to use GYM_CKPT_CONTROLLER_TOKEN\n"]);
+  });
+
   it("verify exits 1 naming invalid_checkpoint_state when a record changed", async () => {
     const dir = join(world.root, "cli-1", "gym", "model", "policy");
     const records = (await readdir(dir)).find((n) => n.startsWith("records-"))!;
