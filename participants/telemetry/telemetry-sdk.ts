@@ -38,6 +38,8 @@ export interface TelemetryHandle {
 }
 
 const env = process.env;
+/** How long shutdown() waits for the SDK's last flush. */
+export const SHUTDOWN_WAIT_MS = 2000;
 const listed = (name: string) =>
   (env[name] ?? "")
     .split(",")
@@ -151,7 +153,9 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
     metricsUrl,
     tracing: traces !== "off",
     async shutdown() {
-      await sdk.shutdown().catch(() => undefined);
+      // Bounded: a final export to a collector that refuses or never answers retries for up to
+      // OTEL_EXPORTER_OTLP_TIMEOUT (10 s), past a supervisor's grace period; what it had is dropped.
+      await Promise.race([sdk.shutdown().catch(() => undefined), new Promise<void>((resolve) => setTimeout(resolve, SHUTDOWN_WAIT_MS).unref())]);
       await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
     },
   };

@@ -144,10 +144,13 @@ export function register(program: Command): void {
           // alive, answering /healthz ok, and the supervisor would never restart it.
           await handle.stop().catch((err: unknown) => logger.error({ err }, "coordinator_stop_failed"));
           await telemetry.shutdown();
-          return;
+          process.exit();
         }
         await handle.stop();
         await telemetry.shutdown();
+        // Now, not when the event loop empties: an OTLP exporter still retrying its last export
+        // (a collector that refuses or never answers) would keep the process up to 10 s more.
+        process.exit();
       }, ["unauthorized"]);
     });
 }
