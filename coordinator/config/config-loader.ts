@@ -115,15 +115,43 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
   // An empty --config is a value (no file named), not "no flag": it would silently drop the file GYM_CKPT_CONFIG names.
   if (input.file === "") throw new CheckpointError("invalid_request", "invalid configuration: --config names no file (an empty path)");
   const file = input.file ?? envSetting("GYM_CKPT_CONFIG", env);
-  let merged: Plain = {};
-  if (file) merged = merge(merged, fileLayer(file));
-  merged = merge(merged, envLayer(env));
+  const fromFile = file ? fileLayer(file) : {};
+  const fromEnv = envLayer(env);
   const flags: Plain = {};
   for (const [path, value] of Object.entries(input.flags ?? {})) if (value !== undefined) setPath(flags, path, value);
-  merged = merge(merged, flags);
+  const merged = merge(merge(merge({}, fromFile), fromEnv), flags);
   const parsed = CoordinatorConfigSchema.safeParse(merged);
-  if (!parsed.success) throw new CheckpointError("invalid_request", `invalid configuration:\n${z.prettifyError(parsed.error)}`);
+  if (!parsed.success) {
+    // Which layer set each refused value: "at retention" alone does not say to fix GYM_CKPT_RETENTION.
+    const layers: [Plain, string | ((path: string) => string)][] = [
+      [flags, "a command-line flag"],
+      [fromEnv, (path) => CONFIG_ENV.find((e) => path === e.path || path.startsWith(`${e.path}.`))?.env ?? "the environment"],
+      [fromFile, `config file ${file}`],
+    ];
+    const sources = new Map<string, string>();
+    for (const issue of parsed.error.issues) {
+      const keys = issue.path.map(String);
+      for (let n = keys.length; n > 0 && !sources.has(keys.slice(0, n).join(".")); n--) {
+        const path = keys.slice(0, n).join(".");
+        const layer = layers.find(([values]) => hasPath(values, keys.slice(0, n)));
+        if (!layer) continue;
+        sources.set(path, typeof layer[1] === "string" ? layer[1] : layer[1](path));
+        break;
+      }
+    }
+    const from = [...sources].map(([path, source]) => `  ${path}: ${source}`).join("\n");
+    throw new CheckpointError("invalid_request", `invalid configuration:\n${z.prettifyError(parsed.error)}${from ? `\nset by:\n${from}` : ""}`);
+  }
   return parsed.data;
+}
+
+function hasPath(values: Plain, keys: string[]): boolean {
+  let node: unknown = values;
+  for (const key of keys) {
+    if (node === null || typeof node !== "object" || !Object.hasOwn(node, key)) return false;
+    node = (node as Plain)[key];
+  }
+  return true;
 }
 
 /** The config with every secret replaced, for --print-config and logs. */

@@ -57,6 +57,32 @@ describe("coordinator config", () => {
     expect(message).toContain("bogus");
   });
 
+  it("names where each refused value was set: the variable, the config file, or a flag", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    try {
+      const file = join(dir, "c.json");
+      await writeFile(file, JSON.stringify({ token: "t", checkpoint_root: "/c", lease_ms: "long", http: { port: 70000 } }));
+      const message = (() => {
+        try {
+          loadConfig({ file, env: { GYM_CKPT_RETENTION: "abc", GYM_CKPT_EXPECTED_PARTICIPANTS: "model/m1,nope" }, flags: { default_timeout_ms: -1 } });
+        } catch (error) {
+          return (error as CheckpointError).message;
+        }
+        return "";
+      })();
+      const setBy = message.slice(message.indexOf("set by:"));
+      expect(setBy).toContain("retention: GYM_CKPT_RETENTION");
+      expect(setBy).toContain("expected_participants.1: GYM_CKPT_EXPECTED_PARTICIPANTS");
+      expect(setBy).toContain(`lease_ms: config file ${file}`);
+      expect(setBy).toContain(`http.port: config file ${file}`);
+      expect(setBy).toContain("default_timeout_ms: a command-line flag");
+      // A key nobody set (missing, required) names no source.
+      expect(() => loadConfig({ env: { GYM_CKPT_TOKEN: "t" } })).toThrow(expect.objectContaining({ message: expect.not.stringContaining("set by:") }));
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("refuses a config file key __proto__ as unknown, at any level, instead of dropping it", async () => {
     const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
     try {
