@@ -248,10 +248,13 @@ export function toCheckpointError(error: unknown): CheckpointError {
   return new CheckpointError("internal_error", detail, { cause: error });
 }
 
-/** Readable one-line description of a zod failure, for `invalid_request` details. */
-export function describeZodError(error: z.ZodError): string {
+/**
+ * Readable one-line description of a zod failure, for `invalid_request` details. `subject` names
+ * what was parsed when it is a bare value (a checkpoint id on a command line), not an object's field.
+ */
+export function describeZodError(error: z.ZodError, subject = "(root)"): string {
   return error.issues
     .slice(0, 5)
-    .map((issue) => `${issue.path.length ? issue.path.join(".") : "(root)"}: ${issue.message}`)
+    .map((issue) => `${issue.path.length ? issue.path.join(".") : subject}: ${issue.message}`)
     .join("; ");
 }

@@ -160,6 +160,7 @@ export function printJson(value: unknown): void {
 /** Episodes from `r1,r2-a1` (capture keys) or `@file.json` (a JSON array of EpisodeIds or capture keys). */
 export function parseEpisodes(value: string): EpisodeId[] {
   let items: unknown[];
+  if (value === "@") throw new CheckpointError("invalid_request", "--episodes @ names no file (write @<path to a JSON array>)");
   if (value.startsWith("@")) {
     let parsed: unknown;
     try {

@@ -194,7 +194,7 @@ export class CheckpointCatalog {
 
   private manifestPath(checkpointId: string): string {
     const parsedId = CheckpointIdSchema.safeParse(checkpointId);
-    if (!parsedId.success) throw new CheckpointError("invalid_request", describeZodError(parsedId.error));
+    if (!parsedId.success) throw new CheckpointError("invalid_request", describeZodError(parsedId.error, `checkpoint id ${JSON.stringify(checkpointId)}`));
     return join(this.root, checkpointId, GLOBAL_MANIFEST_FILE);
   }
 }

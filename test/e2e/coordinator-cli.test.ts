@@ -114,6 +114,14 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect((await cli(["resume", "cli-e2"], env)).code).toBe(0);
   });
 
+  it("a bad checkpoint id given to verify, and --episodes @ with no file, say so in words (exit 2)", async () => {
+    const verify = await cli(["verify", ""], env);
+    expect([verify.code, verify.stderr.split("\n")[0]]).toEqual([2, expect.stringMatching(/^error invalid_request: checkpoint id "": /)]);
+    expect(verify.stderr).not.toContain("(root)");
+    const episodes = await cli(["retire", "--episodes", "@"], env);
+    expect([episodes.code, episodes.stderr.split("\n")[0]]).toEqual([2, "error invalid_request: --episodes @ names no file (write @<path to a JSON array>)"]);
+  });
+
   it("output to a reader that went away (`| head`) is dropped quietly: no EPIPE stack trace, the command's own exit code", async () => {
     const child = spawn(process.execPath, [MAIN, "status", "--json"], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
     child.stdout.destroy(); // the reader's end is closed before the command writes its reply
