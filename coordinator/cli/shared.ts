@@ -204,6 +204,8 @@ export function controllerStateFrom(flags: { stateJson?: string; stateFile?: str
  * --root is not an empty listing.
  */
 export function rootFrom(root: string | undefined): string {
+  // An empty --root is its value (an unset "$ROOT"), refused as such: not a fall-back to the variable.
+  if (root === "") throw new CheckpointError("invalid_request", "--root names no directory (an empty path)");
   const value = root ?? envSetting("GYM_CKPT_CHECKPOINT_ROOT");
   if (!value) throw new CheckpointError("invalid_request", "no checkpoint root: pass --root or set GYM_CKPT_CHECKPOINT_ROOT");
   let isDirectory: boolean;

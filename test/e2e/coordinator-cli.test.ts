@@ -114,10 +114,12 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect((await cli(["resume", "cli-e2"], env)).code).toBe(0);
   });
 
-  it("a bad checkpoint id given to verify, and --episodes @ with no file, say so in words (exit 2)", async () => {
+  it("a bad checkpoint id given to verify, an empty --root and --episodes @ with no file say so in words (exit 2)", async () => {
     const verify = await cli(["verify", ""], env);
     expect([verify.code, verify.stderr.split("\n")[0]]).toEqual([2, expect.stringMatching(/^error invalid_request: checkpoint id "": /)]);
     expect(verify.stderr).not.toContain("(root)");
+    const emptyRoot = await cli(["ls", "--root", ""], { ...env, GYM_CKPT_CHECKPOINT_ROOT: "/tmp" });
+    expect([emptyRoot.code, emptyRoot.stderr]).toEqual([2, "error invalid_request: --root names no directory (an empty path)\n"]);
     const episodes = await cli(["retire", "--episodes", "@"], env);
     expect([episodes.code, episodes.stderr.split("\n")[0]]).toEqual([2, "error invalid_request: --episodes @ names no file (write @<path to a JSON array>)"]);
   });
