@@ -8,6 +8,7 @@ import { startChildProgram, type ChildProgram } from "../../coordinator/local/ch
 import { launchGym, type Gym } from "../../participants/gym/gym-launcher.js";
 import { CONTROLLER_TOKEN, GYM_SERVERS, GYM_TOKEN } from "../support/gym-processes.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { collectArgs } from "../support/collect-args.js";
 import { spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 /**
@@ -67,12 +68,10 @@ async function setUp(deployment: string): Promise<{ gym: Gym; startDaemon: () =>
 async function startCollect(deployment: string, output: string[]): Promise<ChildProgram> {
   const collector = await startChildProgram(
     CLI,
-    [
-      "collect", "--nats-url", nats!.server.url, "--deployment", deployment, "--token", CONTROLLER_TOKEN,
-      "--tasks", join(root!, "tasks.jsonl"), "--out", join(root!, "results.jsonl"), "--checkpoint-dir", root!,
-      "--run-url", `${gym!.urls.environment!}/run`, "--checkpoint-timeout-s", "5", "--checkpoint-every", "0.3",
+    collectArgs({ natsUrl: nats!.server.url, deployment, token: CONTROLLER_TOKEN, root: root!, runUrl: `${gym!.urls.environment!}/run` }, [
+      "--checkpoint-timeout-s", "5", "--checkpoint-every", "0.3",
       "--concurrency", "4", "--leader-wait-ms", "20000", "--log-level", process.env.COLLECT_E2E_VERBOSE ? "info" : "warn",
-    ],
+    ]),
     {
       onLine: (line: string) => {
         output.push(line);

@@ -5,6 +5,7 @@ import { fileURLToPath } from "node:url";
 import { afterEach, expect } from "vitest";
 import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { startControllerRelay, type RelayAction } from "../support/controller-relay.js";
+import { collectArgs } from "../support/collect-args.js";
 import { CONTROLLER_TOKEN, startGymWorld, type GymWorld } from "../support/gym-processes.js";
 
 /**
@@ -41,19 +42,11 @@ export function collectHarness() {
   async function startCollector(w: GymWorld, extra: string[] = [], output: string[] = [], env?: NodeJS.ProcessEnv): Promise<ChildProgram> {
     const collector = await startChildProgram(
       CLI,
-      [
-        "collect",
-        "--nats-url", w.nats.server.url,
-        "--deployment", w.deployment,
-        "--token", CONTROLLER_TOKEN,
-        "--tasks", join(w.root, "tasks.jsonl"),
-        "--out", join(w.root, "results.jsonl"),
-        "--checkpoint-dir", w.root,
-        "--run-url", `${w.gym.urls.environment!}/run`,
+      collectArgs({ natsUrl: w.nats.server.url, deployment: w.deployment, token: CONTROLLER_TOKEN, root: w.root, runUrl: `${w.gym.urls.environment!}/run` }, [
         "--checkpoint-timeout-s", "15",
         "--log-level", process.env.COLLECT_E2E_VERBOSE ? "info" : "warn",
         ...extra,
-      ],
+      ]),
       {
         onLine: (line: string) => {
           output.push(line);

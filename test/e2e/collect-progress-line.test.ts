@@ -7,6 +7,7 @@ import { fileURLToPath } from "node:url";
 import { afterEach, describe, expect, it } from "vitest";
 import { controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { collectArgs } from "../support/collect-args.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /**
@@ -52,16 +53,7 @@ describe("collect: the live progress line on a terminal", () => {
     const runUrl = `http://127.0.0.1:${(runServer.address() as { port: number }).port}/run`;
     root = await mkdtemp(join(tmpdir(), "gym-ckpt-e2e-progress-"));
     await writeFile(join(root, "tasks.jsonl"), `${JSON.stringify({ id: "r0", task: {} })}\n`);
-    const args = [
-      process.execPath, CLI, "collect",
-      "--nats-url", nats.server.url,
-      "--deployment", deployment,
-      "--token", "controller-token",
-      "--tasks", join(root, "tasks.jsonl"),
-      "--out", join(root, "results.jsonl"),
-      "--checkpoint-dir", root,
-      "--run-url", runUrl,
-    ];
+    const args = [process.execPath, CLI, ...collectArgs({ natsUrl: nats.server.url, deployment, token: "controller-token", root, runUrl })];
     const child = spawn("script", ["-qefc", args.map(quote).join(" "), "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
     let text = "";
     child.stdout.on("data", (chunk: Buffer) => (text += chunk.toString()));

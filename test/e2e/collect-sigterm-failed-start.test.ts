@@ -8,6 +8,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { collectArgs } from "../support/collect-args.js";
 
 /**
  * A SIGTERM while `gym-ckpt collect` starts, and the start then fails: nothing was checkpointed,
@@ -45,16 +46,7 @@ describe("collect: SIGTERM during a start that fails", () => {
     const out: string[] = [];
     collector = await startChildProgram(
       CLI,
-      [
-        "collect",
-        "--nats-url", nats.server.url,
-        "--deployment", deployment,
-        "--token", "controller-token",
-        "--tasks", join(root, "tasks.jsonl"),
-        "--out", join(root, "results.jsonl"),
-        "--checkpoint-dir", root,
-        "--run-url", "http://127.0.0.1:9/run",
-      ],
+      collectArgs({ natsUrl: nats.server.url, deployment, token: "controller-token", root, runUrl: "http://127.0.0.1:9/run" }),
       { onLine: (line) => out.push(line) },
     );
     await statusAsked;
