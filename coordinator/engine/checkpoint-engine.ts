@@ -948,7 +948,9 @@ export class CheckpointEngine {
       await this.warnLatestMembersMissing(members);
       open = this.opening(id, "preparing", members, { autoPublish, controllerState });
       this.assertJournalable({ ...open, dir: this.options.catalog.dirFor(id), scope: commitScope }, "open");
-      await this.clearLeftover(id, members);
+      await this.clearLeftover(id, members, open.epoch);
+      // Leadership lost during its probe dropped the open state: do not open it on a deposed leader.
+      this.options.leadership.assert(open.epoch);
       // Journaled while the first stage's prepares are in flight and acknowledged before the second
       // stage: a successor resumes whatever this one opened, from this entry or, if it crashed before
       // the entry was acknowledged, from the first stage's status (recover → resumeOrphans).
@@ -1026,7 +1028,7 @@ export class CheckpointEngine {
    * member still holding that attempt (an abort that never reached it; it would answer the new
    * prepare and commit from its reply cache, naming the files taken away): resume the id first.
    */
-  private async clearLeftover(id: string, members: readonly ParticipantRef[]): Promise<void> {
+  private async clearLeftover(id: string, members: readonly ParticipantRef[], epoch: number): Promise<void> {
     const leftover = this.options.catalog.leftover(id);
     if (leftover === "not_a_directory") {
       throw new CheckpointError("checkpoint_conflict", `${this.options.catalog.dirFor(id)} exists and is not a directory: use another checkpoint id`);
@@ -1036,6 +1038,8 @@ export class CheckpointEngine {
       if (holders.length) {
         throw new CheckpointError("checkpoint_conflict", `${holders.map(refName).join(", ")} still hold an earlier attempt at checkpoint ${id}; resume ${id} first (nothing was sent)`);
       }
+      // A deposed leader moves nothing away: its successor may be committing this id into it.
+      this.options.leadership.assert(epoch);
       trashCheckpointDir(this.options.catalog.root, id, PARTICIPANTS_DIR);
       this.checkpointLog(id).warn("earlier_attempt_participant_files_removed");
     }

@@ -225,6 +225,34 @@ describe("a reused id whose gym/ belongs to a participant still parked in it", (
 });
 
 /**
+ * A reused id's leftover is checked with a status probe (clearLeftover) after the checkpoint was
+ * opened at this leader's epoch: leadership lost during that probe must end the prepare there, as
+ * `not_leader` promises (nothing changed). Else the deposed coordinator moved the leftover away
+ * (a successor may be committing that id into it) and kept the checkpoint open into its next
+ * term, where it refused every new prepare `checkpoint_conflict` until someone resumed an id its
+ * controller had been told was never opened.
+ */
+describe("leadership lost while a reused id's leftover is probed", () => {
+  it("refuses the prepare not_leader with nothing changed: the leftover stays, nothing is opened, journaled or sent", async () => {
+    await writeParticipant(root, "reused", "environment", "e1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    const { engine, fake, journal, leadership } = makeEngine(root);
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".status")) {
+        leadership.demote();
+        engine.leadershipLost();
+      }
+      return request(subject, body, options);
+    };
+    expect((await refusalOf(engine.prepare({ checkpoint_id: "reused" }))).code).toBe("not_leader");
+    expect(existsSync(join(root, "reused", "gym", "environment", "e1"))).toBe(true);
+    expect(engine.openCheckpoint).toBeNull();
+    expect(journal.log).toEqual([]);
+    expect(fake.calls.filter((c) => c.op !== "status")).toEqual([]);
+  });
+});
+
+/**
  * Resume continues past failures and answers one combined error (reference §2.1). On the wire a
  * refusal is only {code, detail}, cut at 4096 characters: the detail names every participant that
  * failed, with its code, before any per-participant text (docs/api.md, resume).
