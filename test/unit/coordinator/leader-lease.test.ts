@@ -56,8 +56,11 @@ class FakeKv {
   readonly updateTimeouts: (number | undefined)[] = [];
   /** Every value sent with create or update. */
   readonly values: string[] = [];
+  /** Set: a create waits for it before it reaches the server (a campaign in flight). */
+  createGate: Promise<void> | undefined;
   async create(_key: string, value: string): Promise<number> {
     this.values.push(value);
+    if (this.createGate) await this.createGate;
     if (this.holder !== undefined) throw new Error("wrong last sequence");
     this.holder = ++this.revision;
     return this.holder;
@@ -119,6 +122,32 @@ describe("leader lease", () => {
     // the epoch stays the winning revision while renewals move the key's revision on
     await clock.advance(10_000);
     expect(l.epoch()).toBe(101);
+  });
+
+  it("campaignNow while the timer's next campaign comes due keeps one renewal loop (two would race their renewals on one revision and demote the new leader)", async () => {
+    const kv = new FakeKv();
+    kv.holder = 7; // another coordinator leads
+    const clock = new ManualClock();
+    const events: string[] = [];
+    const l = lease(kv, clock, events);
+    await l.start();
+    expect(l.state().leader).toBe(false);
+    let open!: () => void;
+    kv.createGate = new Promise<void>((resolve) => (open = resolve));
+    const campaigning = l.campaignNow();
+    // The timer's campaign (every lease/4) comes due while campaignNow's create is in flight.
+    await clock.advance(1000);
+    kv.holder = undefined; // the other leader released the key
+    kv.createGate = undefined;
+    open();
+    expect(await campaigning).toBe(true);
+    // One loop renews every lease/3: 20 renewals in 20 s (two loops would send 40, racing on one revision).
+    const sent = kv.values.length;
+    await clock.advance(20_000);
+    expect(kv.values.length - sent).toBeLessThanOrEqual(21);
+    expect(events).toEqual([expect.stringMatching(/^ready:/)]);
+    expect(l.state()).toMatchObject({ leader: true, ready: true });
+    await l.stop();
   });
 
   it("demotes at the first failed renewal and then campaigns as a follower", async () => {
