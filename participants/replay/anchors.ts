@@ -199,7 +199,8 @@ export function toolCallSeeds(trace: TraceRecord, options: ToolCallOptions): See
 
 /**
  * recheck: the final branch with truncation artifacts removed, plus a check-your-work turn.
- * Cut before the first turn whose tool calls are not answered exactly, then drop trailing
+ * Cut before the first turn whose tool calls are not answered exactly (or the first tool result
+ * with no issuer before its run), then drop trailing
  * unanswered user turns; with no sampled answer left there is nothing to check.
  */
 export function recheckSeed(trace: TraceRecord, recheckPrompt: string): Seed | null {
@@ -210,21 +211,9 @@ export function recheckSeed(trace: TraceRecord, recheckPrompt: string): Seed | n
   const refs = snapshotRefs(trace);
   if (refs.size > 0 && !refs.has(finalNode)) return null;
 
-  let kept = branch;
-  for (let i = 0; i < branch.length; i++) {
-    const calls = issuedCalls(messageOf(trace, branch[i]!));
-    if (!calls) continue;
-    const results: string[] = [];
-    for (let j = i + 1; j < branch.length; j++) {
-      const m = messageOf(trace, branch[j]!);
-      if (m.role !== "tool") break;
-      results.push(m.tool_call_id);
-    }
-    if (!answersExactly(calls, results)) {
-      kept = branch.slice(0, i);
-      break;
-    }
-  }
+  // The same cut as the tool-call anchors': an unanswered call, or a tool result no turn issued,
+  // would hand the model a context no provider accepts.
+  let kept = branch.slice(0, firstMalformed(branch.map((n) => messageOf(trace, n))));
   while (kept.length > 0 && messageOf(trace, kept[kept.length - 1]!).role === "user") kept = kept.slice(0, -1);
   const keptNodes = kept.map((n) => trace.nodes[n]!);
   if (!keptNodes.some((node) => node.sampled && node.message.role === "assistant")) return null;

@@ -228,6 +228,14 @@ describe("recheck", () => {
     expect(recheckSeed(b.trace(ID), "Check it.")).toBeNull();
   });
 
+  it("cuts before a tool result no turn issued, so the seed is always a resume point", () => {
+    const b = new TraceBuilder();
+    b.chain(null, [[sys()], [user(TASK_PROMPT)], [say("Let me think."), true], [result("orphan")], [say("42"), true]]);
+    const seed = recheckSeed(b.trace(ID), "Check it.")!;
+    expect(seed.prompt).toEqual([user(TASK_PROMPT), say("Let me think."), user("Check it.")]);
+    expect(isResumePoint(seed.prompt as Message[])).toBe(true);
+  });
+
   it("counts recorded tokens of the kept nodes plus the prompt estimate", () => {
     const trace = linearTrace(ID);
     const seed = recheckSeed(trace, "x".repeat(40))!;
