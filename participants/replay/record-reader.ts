@@ -141,7 +141,7 @@ export async function* readRecords(file: string, options: ReadOptions): AsyncGen
       yield* readSpans(file, handle, rows, options.filters, stats);
     } else {
       stats.filesFullParsed += 1;
-      yield* parseAll(file, handle, options.filters, stats, logger);
+      yield* parseAll(file, handle, size, options.filters, stats, logger);
     }
   } finally {
     await handle.close();
@@ -272,6 +272,7 @@ function mismatch(where: string, what: string) {
 async function* parseAll(
   file: string,
   handle: FileHandle,
+  size: number,
   filters: RecordFilters,
   stats: ReadStats,
   logger: Logger,
@@ -302,9 +303,11 @@ async function* parseAll(
   };
 
   const splitter = new LineSplitter();
-  for (let position = 0; ; ) {
-    const chunk = Buffer.allocUnsafe(CHUNK);
-    const { bytesRead } = await handle.read(chunk, 0, CHUNK, position);
+  // Up to the size fstat gave, as the index path: bytes an append-mode writer adds meanwhile are
+  // not this read's (a writer that never stops would otherwise keep it reading for ever).
+  for (let position = 0; position < size; ) {
+    const chunk = Buffer.allocUnsafe(Math.min(CHUNK, size - position));
+    const { bytesRead } = await handle.read(chunk, 0, chunk.length, position);
     if (bytesRead === 0) break;
     position += bytesRead;
     stats.bytesRead += bytesRead;

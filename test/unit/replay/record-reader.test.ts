@@ -152,6 +152,26 @@ describe("append-mode files", () => {
   });
 });
 
+describe("a record file appended to while it is read", () => {
+  it("reads what the file held when it was opened, on both paths alike, never what an appender adds meanwhile", async () => {
+    await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1)), linearTrace(traceId(2))] });
+    const file = path.join(dir, "step_1", "train_rollouts_gsm8k.jsonl");
+    const size = (await fs.stat(file)).size;
+    const appended = JSON.stringify(linearTrace(traceId(9))) + "\n";
+    for (const useIndex of [true, false]) {
+      await truncate(file, size);
+      const stats = newReadStats();
+      const ids: string[] = [];
+      for await (const record of readRecords(file, { filters: open, stats, logger: silent, useIndex })) {
+        ids.push(record.trace.id);
+        if (ids.length === 1) await fs.appendFile(file, appended); // an append-mode writer, mid-read
+      }
+      expect({ useIndex, ids }).toEqual({ useIndex, ids: [traceId(1), traceId(2)] });
+      expect(stats.bytesRead).toBeLessThanOrEqual(size);
+    }
+  });
+});
+
 describe("long lines", () => {
   it("join the pieces of a line spanning many read chunks once, not once per chunk", async () => {
     const hand = path.join(dir, "traces.jsonl");
