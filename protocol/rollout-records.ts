@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { createHash } from "node:crypto";
 import { z } from "zod";
 import { CheckpointError } from "./errors.js";
@@ -253,6 +254,9 @@ export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly Ro
   return Buffer.from([header, ...rows].map((line) => JSON.stringify(line) + "\n").join(""), "utf8");
 }
 
+/** The longest record line, newline included: the longest string Node decodes a buffer to. */
+const MAX_RECORD_LINE_BYTES = constants.MAX_STRING_LENGTH;
+
 /**
  * JSON lines with each line's byte span (newline included): spans are bytes, never string length.
  * A record JSON cannot encode (a BigInt or a cycle in a task's open-ended fields, a throwing
@@ -270,6 +274,12 @@ export function encodeRecordLines(records: readonly unknown[]): { bytes: Buffer;
       throw invalid(`record ${i} cannot be encoded as JSON: ${error instanceof Error ? error.message : String(error)}`);
     }
     if (text === undefined) throw invalid(`record ${i} cannot be encoded as JSON`);
+    // Readers decode a line as one string, whose limit Node applies to its UTF-8 bytes: a longer line
+    // (multibyte text JSON still encodes) would make its file fail every later load.
+    const bytes = Buffer.byteLength(text, "utf8") + 1;
+    if (bytes > MAX_RECORD_LINE_BYTES) {
+      throw invalid(`record ${i} is ${bytes} bytes as a JSON line, longer than any reader can decode (${MAX_RECORD_LINE_BYTES})`);
+    }
     const line = Buffer.from(text + "\n", "utf8");
     spans.push({ offset, len: line.length });
     chunks.push(line);

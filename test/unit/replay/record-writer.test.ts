@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
@@ -280,6 +281,18 @@ describe("record writer", () => {
     const replay = new ReplayTaskSource({ records: path.join(dir, "step_*/train_rollouts_gsm8k.jsonl"), source: { id: "gsm8k" } }, mathSource(), { logger: silent });
     await replay.load();
     expect(replay.size).toBe(1);
+  });
+
+  it("refuses a record whose line is longer than any reader can decode, though JSON encodes it", { timeout: 60_000 }, async () => {
+    // Two UTF-8 bytes per character: the string fits a JS string, its line's bytes do not, and no
+    // reader could ever load the file (every reload of the source would fail on it).
+    const huge = linearTrace(traceId(1));
+    huge.nodes[2]!.message.content = "é".repeat((constants.MAX_STRING_LENGTH >> 1) + 1024);
+    await expect(writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [huge] })).rejects.toMatchObject({
+      code: "invalid_request",
+      message: expect.stringMatching(/record 0 .*longer than any reader can decode/),
+    });
+    expect(await readdir(dir)).toEqual([]);
   });
 
   it("keeps writing off the caller's path and publishes steps in enqueue order", async () => {
