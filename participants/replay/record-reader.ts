@@ -112,7 +112,7 @@ export interface ReadOptions {
 }
 
 const CHUNK = 4 << 20;
-const { MAX_LENGTH, MAX_STRING_LENGTH } = constants;
+const { MAX_STRING_LENGTH } = constants;
 
 /**
  * Upper bound on an index's size for a record file of `recordBytes`. Never past the longest string:
@@ -226,8 +226,9 @@ async function* readSpans(
       continue;
     }
     const where = `${file}:${ordinal + 1}`;
-    // A span no Buffer can hold is no record line: the index's fault, so the loader parses in full.
-    if (row.len > MAX_LENGTH) throw mismatch(where, `span of ${row.len} bytes is longer than any record can be`);
+    // A span no string decodes from is no record line (nor one a Buffer could hold): the index's
+    // fault, refused before a byte of it is read, so the loader parses in full.
+    if (row.len > MAX_STRING_LENGTH) throw mismatch(where, `span of ${row.len} bytes is longer than any record can be`);
     const bytes = Buffer.allocUnsafe(row.len);
     let got = 0;
     while (got < row.len) {

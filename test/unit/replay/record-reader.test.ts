@@ -379,6 +379,20 @@ describe("stale, foreign and hostile indexes", () => {
     expect(error).toMatchObject({ code: "invalid_checkpoint_state", reason: "index_mismatch" });
   });
 
+  it("refuses with index_mismatch, unread, a span longer than any record line can be", { timeout: 60_000 }, async () => {
+    // 1 GiB (sparse): a Buffer holds it, but no string decodes from it, so no record is that long.
+    // Reading it would hold a hostile index's whole span in memory for nothing.
+    const { recordPath, indexPath } = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0)] });
+    const size = 2 ** 30;
+    await truncate(recordPath, size);
+    const [header, row] = (await readFile(indexPath, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>);
+    await writeFile(indexPath, encodeIndex({ ...(header as IndexHeader), size }, [{ ...(row as IndexRow), len: size }]));
+    const stats = newReadStats();
+    const error = await collect(readRecords(recordPath, { filters: open, stats, logger: silent })).then(() => null, (e: unknown) => e);
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", reason: "index_mismatch" });
+    expect([stats.bytesRead, stats.spansRead]).toEqual([0, 0]);
+  });
+
   it("ignores an index copied from another step, which would otherwise drop records unread", async () => {
     // Same env, same size, different rewards: the copied index tiles the file and passes every other check.
     const a = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 1)] });
