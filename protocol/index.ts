@@ -8,6 +8,7 @@ export { isHttpUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";
 export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
+export { LineSplitter, type SplitLine } from "./line-splitter.js";
 export {
   SAFE_NAME_PATTERN,
   MAX_ATTEMPT,

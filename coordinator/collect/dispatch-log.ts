@@ -1,6 +1,6 @@
 import { open } from "node:fs/promises";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, namePath, type EpisodeId } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, LineSplitter, namePath, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { openRegularFile } from "../publication/regular-file.js";
 import { parseStateValue } from "./state-file-value.js";
@@ -157,24 +157,23 @@ export class DispatchLog {
     };
     const { handle } = opened;
     try {
-      // Bytes after the last newline so far; at the end, either nothing or a torn append: dropped.
-      let rest = Buffer.alloc(0);
-      // A piece longer than any valid line is not kept growing (that would be quadratic): it is
-      // refused once its newline comes, and dropped as the torn tail if none does.
+      // What follows the last newline at the end is either nothing or a torn append: never taken.
+      const splitter = new LineSplitter();
+      // A line longer than any valid one is not held: it is refused once its newline comes, and
+      // dropped as the torn tail if none does.
       let overlong = false;
       const chunk = Buffer.allocUnsafe(READ_CHUNK);
       for (;;) {
         const { bytesRead } = await handle.read(chunk, 0, chunk.length, null);
         if (bytesRead === 0) break;
-        const data = rest.length ? Buffer.concat([rest, chunk.subarray(0, bytesRead)]) : chunk.subarray(0, bytesRead);
-        let from = 0;
-        for (let at = data.indexOf(0x0a); at !== -1; at = data.indexOf(0x0a, from)) {
+        for (const line of splitter.push(chunk.subarray(0, bytesRead))) {
           if (overlong) throw new CheckpointError("invalid_checkpoint_state", `${path}:${number + 1}: not a logged attempt (over ${MAX_LINE_BYTES} bytes)`);
-          take(data.toString("utf8", from, at));
-          from = at + 1;
+          take(line.bytes.toString("utf8", 0, line.bytes.length - 1));
         }
-        overlong ||= data.length - from > MAX_LINE_BYTES;
-        rest = overlong ? Buffer.alloc(0) : Buffer.from(data.subarray(from)); // a copy: the chunk is read into again
+        if (splitter.pendingBytes > MAX_LINE_BYTES) {
+          overlong = true;
+          splitter.discardPending();
+        }
       }
     } finally {
       await handle.close();

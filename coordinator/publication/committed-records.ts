@@ -1,10 +1,10 @@
 import { constants } from "node:buffer";
 import { createHash } from "node:crypto";
-import { StringDecoder } from "node:string_decoder";
 import { realpath } from "node:fs/promises";
 import { dirname, isAbsolute, join, normalize, sep } from "node:path";
 import {
   CheckpointError,
+  LineSplitter,
   MANIFEST_FILE,
   MAX_MANIFEST_BYTES,
   PARTICIPANTS_DIR,
@@ -120,14 +120,12 @@ export async function scanRecords(
   path: string,
   label: string,
   onRecord?: (record: RecordBase) => void,
-  maxLineChars = MAX_STRING_LENGTH,
+  maxLineBytes = MAX_STRING_LENGTH,
 ): Promise<{ digest: string; count: number; bytes: number }> {
   const hash = createHash("sha256");
   let count = 0;
   let bytes = 0;
-  let carry: string[] = [];
-  let carried = 0;
-  const decoder = new StringDecoder("utf8");
+  const splitter = new LineSplitter();
   const check = (line: string) => {
     let value: unknown;
     try {
@@ -146,25 +144,13 @@ export async function scanRecords(
     for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
       hash.update(chunk);
       bytes += chunk.byteLength;
-      // Newlines are searched in the new text only; a long line's pieces are joined once.
-      const text = decoder.write(chunk);
-      let start = 0;
-      for (let newline = text.indexOf("\n"); newline !== -1; newline = text.indexOf("\n", start)) {
-        check(carry.join("") + text.slice(start, newline));
-        carry = [];
-        carried = 0;
-        start = newline + 1;
-      }
-      if (start < text.length) {
-        carry.push(text.slice(start));
-        carried += text.length - start;
-        // Damage that is one endless line is refused as soon as no record could be that long, not held whole first.
-        if (carried > maxLineChars) throw bad(`${label}: record ${count} is longer than any record can be (over ${maxLineChars} characters without a newline)`);
-      }
+      for (const line of splitter.push(chunk)) check(line.bytes.toString("utf8", 0, line.bytes.length - 1));
+      // Damage that is one endless line is refused as soon as no record could be that long, not held whole first.
+      if (splitter.pendingBytes > maxLineBytes) throw bad(`${label}: record ${count} is longer than any record can be (over ${maxLineBytes} bytes without a newline)`);
     }
     // Inside the try: a last line too long for a string is damage, like any other unreadable line.
-    const rest = carry.join("") + decoder.end();
-    if (rest.length) check(rest);
+    const last = splitter.end();
+    if (last) check(last.bytes.toString("utf8"));
   } catch (error) {
     if (error instanceof CheckpointError || isUnreadableStorage(error)) throw error;
     throw bad(`${label}: cannot read ${path}: ${(error as Error).message}`, error);

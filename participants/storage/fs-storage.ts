@@ -5,6 +5,7 @@ import { join, relative } from "node:path";
 import type { z } from "zod";
 import {
   CheckpointError,
+  LineSplitter,
   MANIFEST_FILE,
   MANIFEST_SCHEMA_VERSION,
   MAX_MANIFEST_BYTES,
@@ -17,10 +18,10 @@ import {
   sha256Hex,
   type ParticipantManifest,
   type RecordBase,
+  type SplitLine,
 } from "../../protocol/index.js";
 import type { CheckpointStorage, ParticipantTarget, PinnedParticipant, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
 import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
-import { LineSplitter, type SplitLine } from "./line-splitter.js";
 import { openRegularFile, readRegularFile } from "./regular-file.js";
 import type { WriteGate } from "./write-gate.js";
 

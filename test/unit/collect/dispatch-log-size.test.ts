@@ -77,3 +77,18 @@ describe("the dispatch log of a long collection", () => {
     await expect(DispatchLog.read(logPath)).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("dispatched.jsonl:3") });
   });
 });
+
+describe("a dispatch log line longer than any logged attempt", () => {
+  const header = `${JSON.stringify({ run_id: "run-long" })}\n${JSON.stringify({ rollout_id: "r1", attempt: 2 })}\n`;
+  it("is refused once its newline comes (invalid_checkpoint_state, naming its line), never held whole", async () => {
+    const path = join(dir, "dispatched.jsonl");
+    await writeFile(path, `${header}${"x".repeat(3 << 20)}\n`);
+    await expect(DispatchLog.read(path)).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("dispatched.jsonl:3: not a logged attempt") });
+  });
+
+  it("is dropped as the torn tail when no newline ends it", async () => {
+    const path = join(dir, "dispatched.jsonl");
+    await writeFile(path, `${header}${"x".repeat(3 << 20)}`);
+    expect((await DispatchLog.read(path))?.latest).toEqual(new Map([["r1", 2]]));
+  });
+});

@@ -37,6 +37,14 @@ export class LineSplitter {
     return lines;
   }
 
+  /**
+   * Drops the bytes of the line not yet ended (`pendingBytes` still counts them): a caller that will
+   * refuse that line once it ends, or drop it as a torn tail, need not hold it meanwhile.
+   */
+  discardPending(): void {
+    this.pending = [];
+  }
+
   /** The final line without a newline, if any. */
   end(): SplitLine | undefined {
     if (!this.pending.length) return undefined;
