@@ -123,19 +123,21 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
   const parsed = CoordinatorConfigSchema.safeParse(merged);
   if (!parsed.success) {
     // Which layer set each refused value: "at retention" alone does not say to fix GYM_CKPT_RETENTION.
-    const layers: [Plain, string | ((path: string) => string)][] = [
-      [flags, "a command-line flag"],
-      [fromEnv, (path) => CONFIG_ENV.find((e) => path === e.path || path.startsWith(`${e.path}.`))?.env ?? "the environment"],
-      [fromFile, `config file ${file}`],
-    ];
+    const sourceOf = (keys: string[]): string | undefined => {
+      if (hasPath(flags, keys)) return "a command-line flag";
+      const path = keys.join(".");
+      if (hasPath(fromEnv, keys)) return CONFIG_ENV.find((e) => path === e.path || path.startsWith(`${e.path}.`))?.env ?? "the environment";
+      if (hasPath(fromFile, keys)) return `config file ${file}`;
+      return undefined;
+    };
     const sources = new Map<string, string>();
     for (const issue of parsed.error.issues) {
+      // The value itself, or the nearest enclosing one a layer set (an unknown key's object).
       const keys = issue.path.map(String);
-      for (let n = keys.length; n > 0 && !sources.has(keys.slice(0, n).join(".")); n--) {
-        const path = keys.slice(0, n).join(".");
-        const layer = layers.find(([values]) => hasPath(values, keys.slice(0, n)));
-        if (!layer) continue;
-        sources.set(path, typeof layer[1] === "string" ? layer[1] : layer[1](path));
+      for (let n = keys.length; n > 0; n--) {
+        const source = sourceOf(keys.slice(0, n));
+        if (source === undefined) continue;
+        sources.set(keys.slice(0, n).join("."), source);
         break;
       }
     }

@@ -39,7 +39,7 @@ export interface TelemetryHandle {
 
 const env = process.env;
 /** How long shutdown() waits for the SDK's last flush. */
-export const SHUTDOWN_WAIT_MS = 2000;
+const SHUTDOWN_WAIT_MS = 2000;
 const listed = (name: string) =>
   (env[name] ?? "")
     .split(",")
