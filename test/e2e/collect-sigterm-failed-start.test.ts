@@ -9,6 +9,7 @@ import { startChildProgram, type ChildProgram } from "../../coordinator/local/ch
 import { controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { collectArgs } from "../support/collect-args.js";
+import { waitUntil } from "../support/wait-until.js";
 
 /**
  * A SIGTERM while `gym-ckpt collect` starts, and the start then fails: nothing was checkpointed,
@@ -52,7 +53,8 @@ describe("collect: SIGTERM during a start that fails", () => {
     await statusAsked;
     collector.child.kill("SIGTERM");
     // The signal is handled (the process is still there) before the start's refusal arrives.
-    expect(await Promise.race([collector.exited, new Promise((r) => setTimeout(() => r("running"), 300))])).toBe("running");
+    await waitUntil(() => out.includes("SIGTERM: the stop checkpoint follows once the start has ended"), `the SIGTERM line, got ${out.join("\n")}`);
+    expect(collector.child.exitCode).toBeNull();
     held!.respond(JSON.stringify({ error: { code: "unauthorized", detail: "bad controller token" } }));
     expect(await collector.exited, out.join("\n")).toEqual({ code: 1, signal: null });
     expect(out.some((l) => l.startsWith("error unauthorized: bad controller token")), out.join("\n")).toBe(true);

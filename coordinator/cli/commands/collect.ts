@@ -128,10 +128,11 @@ export function register(program: Command): void {
       // for it; if the start fails, nothing was checkpointed: its refusal is the exit, not 75.
       let startedUp!: () => void;
       let startFailed!: (error: unknown) => void;
+      let startSettled = false;
       const startup = new Promise<void>((resolve, reject) => {
         startedUp = resolve;
         startFailed = reject;
-      });
+      }).finally(() => (startSettled = true));
       startup.catch(() => undefined); // surfaced by runCli
       // Installed as soon as the lock is held, so no signal's default action (exit without clean-up)
       // can leave collector.pid behind. SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
@@ -168,6 +169,8 @@ export function register(program: Command): void {
       };
       const stopAndRequeue = async () => {
         // A failed start exits with its own refusal (runCli), the lock released on its way out.
+        // Said, since a start may take long (a leader to wait for, a restore): the signal was heard.
+        if (!startSettled) process.stderr.write("SIGTERM: the stop checkpoint follows once the start has ended\n");
         if (!(await startup.then(() => true, () => false))) return;
         const result = await collector!.checkpoint({ stop: true }).catch((err: unknown) => {
           logger?.error({ err }, "SIGTERM checkpoint failed");
