@@ -13,7 +13,10 @@ export const MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024;
  */
 export const MAX_DEADLINE_AHEAD_S = 7 * 24 * 3600;
 
-/** A delay setTimeout honours: at least 1 ms, at most 2^31-1 ms (longer ones fire at once). */
+/** The longest delay a Node timer holds (2^31-1 ms, ~24.8 days): setTimeout fires a longer one at once. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** A delay setTimeout honours: at least 1 ms, at most MAX_TIMER_MS. */
 export function timerDelay(ms: number): number {
-  return Math.min(Math.max(1, Math.ceil(ms)), 2 ** 31 - 1);
+  return Math.min(Math.max(1, Math.ceil(ms)), MAX_TIMER_MS);
 }

@@ -4,7 +4,7 @@ import { connect, type ConnectionOptions, type NatsConnection } from "@nats-io/t
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, envSetting, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, envSetting, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -170,8 +170,6 @@ function never(): Promise<never> {
   return new Promise<never>(() => undefined);
 }
 
-/** The longest delay a Node timer holds; past it, setTimeout fires at once. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /**
  * Why a server's own `--*-ms` flag (`--episode-timeout-ms`, `--cut-timeout-ms`, `--token-delay-ms`)

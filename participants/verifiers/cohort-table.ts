@@ -1,3 +1,4 @@
+import { MAX_TIMER_MS } from "../../protocol/index.js";
 import { VerifierError } from "./verifier-errors.js";
 import type { VerifyResult } from "./verifier-server.js";
 
@@ -26,8 +27,6 @@ export interface CohortSettings {
   maxActiveCohorts: number;
 }
 
-/** The longest delay setTimeout honours (~24.8 days). */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export const DEFAULT_COHORT_SETTINGS: Omit<CohortSettings, "size"> = {
   collectionTimeoutMs: 1_800_000,

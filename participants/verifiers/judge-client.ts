@@ -1,11 +1,10 @@
 import { z } from "zod";
+import { MAX_TIMER_MS } from "../../protocol/index.js";
 import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { readCappedText } from "../http/capped-body.js";
 
 /** A judge's verdict is a short text: a reply past this is refused (the sample is masked judge_failed). */
 const MAX_JUDGE_REPLY_BYTES = 8 * 1024 * 1024;
-/** The longest delay a Node timer holds. */
-const MAX_JUDGE_TIMEOUT_MS = 2 ** 31 - 1;
 
 /** Only the fields we read from an OpenAI-compatible chat completion (other fields pass through). */
 const ChatCompletionSchema = z.looseObject({
@@ -37,8 +36,8 @@ export class JudgeClient {
     if (protocol !== "http:" && protocol !== "https:") throw new Error(`the judge URL must be http:// or https://, not ${protocol}`);
     // 0 would fail every call at once; past what a timer holds, AbortSignal.timeout fires at once too.
     const timeout = options.requestTimeoutMs;
-    if (timeout !== undefined && !(timeout >= 1 && timeout <= MAX_JUDGE_TIMEOUT_MS)) {
-      throw new Error(`the judge timeout must be from 1 to ${MAX_JUDGE_TIMEOUT_MS} ms, not ${timeout}`);
+    if (timeout !== undefined && !(timeout >= 1 && timeout <= MAX_TIMER_MS)) {
+      throw new Error(`the judge timeout must be from 1 to ${MAX_TIMER_MS} ms, not ${timeout}`);
     }
   }
 
