@@ -122,27 +122,12 @@ export class LeaderLease implements Leadership {
     // Never race the timer loop: let a tick in flight finish first, then own the single timer.
     while (this.inflight) await this.inflight;
     if (this.heldEpoch !== null || this.stopped || !this.kv) return this.heldEpoch !== null;
-    // The pending tick is cancelled before the create, not after: firing while it is in flight, it
-    // would start a second timer chain, whose renewals race this one's on the same revision.
+    // The pending tick now, in its place: fired while a campaign of its own was in flight, it would
+    // start a second timer chain, whose renewals race this one's on the same revision.
     this.timer?.();
     this.timer = undefined;
-    let won = false;
-    const run = (async () => {
-      try {
-        const sentAt = this.clock.monotonic();
-        this.won(await this.campaign(this.keyValue()), sentAt);
-        won = true;
-      } catch {
-        // Someone else leads (or the server is unreachable): the timer campaigns again later.
-      } finally {
-        this.schedule(won ? this.options.leaseMs / 3 : this.options.leaseMs / 4);
-      }
-    })().finally(() => {
-      if (this.inflight === run) this.inflight = undefined;
-    });
-    this.inflight = run;
-    await run;
-    return won;
+    await this.tick();
+    return this.heldEpoch !== null;
   }
 
   /**
