@@ -39,14 +39,12 @@ export class UsageTail {
   usage(): LedgerRow["usage"] {
     // The usage block is almost always in the last event (or at the end of a small body): try the
     // last KiB before decoding the whole tail.
-    let quick = 0;
-    let from = this.chunks.length;
-    while (from > 0 && quick < 1024) quick += this.chunks[--from]!.length;
-    if (from > 0) {
-      const found = usageIn(Buffer.concat(this.chunks.slice(from)).toString("utf8"));
+    const recent = this.recentText(QUICK_BYTES);
+    if (recent.partial) {
+      const found = usageIn(recent.text);
       if (found) return found;
     }
-    return usageIn(Buffer.concat(this.chunks).toString("utf8"));
+    return usageIn(this.text());
   }
 
   /**
@@ -55,9 +53,25 @@ export class UsageTail {
    * Messages API's `event: error`. Only SSE `event:`/`data:` lines count, so a JSON body never matches.
    */
   endsInError(): boolean {
-    const text = Buffer.concat(this.chunks).toString("utf8");
+    // Judged on the response's critical path (its end waits for the ledger row): from the last KiB
+    // when the event is in there, as it almost always is, before decoding the whole tail.
+    const recent = this.recentText(QUICK_BYTES);
+    if (recent.partial) {
+      const verdict = this.lastEventIsError(recent.text, false);
+      if (verdict !== undefined) return verdict;
+    }
+    return this.lastEventIsError(this.text(), true) ?? false;
+  }
+
+  /**
+   * Whether the newest event in `text` that is not blank, a comment or the end marker is an error.
+   * `text` is the whole tail, or (`wholeTail` false) its newest chunks: then undefined where that
+   * event, or the start of every event in it, lies before them.
+   */
+  private lastEventIsError(text: string, wholeTail: boolean): boolean | undefined {
     for (let end = text.length; end > 0; ) {
       const start = Math.max(text.lastIndexOf("\n\n", end - 1), text.lastIndexOf("\n\r\n", end - 1));
+      if (start === -1 && !wholeTail) return undefined;
       const whole = start !== -1 || this.total === this.size;
       // An event that began before the tail: judged by its head (name, how its data begins).
       const eventText = whole ? text.slice(start + 1, end) : this.headBefore(this.total - this.size);
@@ -69,7 +83,20 @@ export class UsageTail {
       if (eventName === "error" || eventName === "response.failed") return true;
       return whole ? isErrorData(data) : ERROR_DATA_START.test(data);
     }
-    return false;
+    return wholeTail ? false : undefined;
+  }
+
+  /** The whole tail, decoded. */
+  private text(): string {
+    return Buffer.concat(this.chunks).toString("utf8");
+  }
+
+  /** The newest chunks holding at least `bytes` bytes, decoded; `partial` when older chunks are left out. */
+  private recentText(bytes: number): { text: string; partial: boolean } {
+    let size = 0;
+    let from = this.chunks.length;
+    while (from > 0 && size < bytes) size += this.chunks[--from]!.length;
+    return { text: Buffer.concat(this.chunks.slice(from)).toString("utf8"), partial: from > 0 };
   }
 
   /** The head of the event that holds stream offset `at` (the newest one beginning at or before it). */
@@ -78,6 +105,8 @@ export class UsageTail {
   }
 }
 
+/** How many of the newest bytes the usage and the last event are looked for in first. */
+const QUICK_BYTES = 1024;
 /** How much of an event's beginning is kept, and of how many of the newest events. */
 const HEAD_BYTES = 512;
 const MAX_HEADS = 4;

@@ -169,31 +169,39 @@ export class CaptureLedger {
     const parsed = LedgerRowSchema.parse(row);
     const key = parsed.capture_key;
     const line = Buffer.from(`${JSON.stringify(parsed)}\n`);
+    // The key's file is open (so the ledger is ready) and its stripe ours and free: written now. The
+    // row ends a call's response, which waits for it: each turn of the locked path would add latency.
+    const open = this.handles.get(key);
+    if (open !== undefined && this.locks.runNowIfFree(key, () => this.writeRow(key, open, parsed, line))) return;
     // Taken by the locks at once (before any await), so a close() that follows still lets it finish.
     await this.locks.run(key, async () => {
       await this.ready;
-      const fd = this.handles.get(key) ?? (await this.openAppend(key));
-      this.touch(key, fd);
-      const cut = this.repair.get(key);
-      if (cut !== undefined) {
-        ftruncateSync(fd, cut);
-        this.repair.delete(key);
-      }
-      const before = fstatSync(fd).size;
-      try {
-        for (let written = 0; written < line.length; ) written += this.write(fd, line, written);
-      } catch (error) {
-        this.cutOff(key, fd, before);
-        throw error;
-      }
-      if (!this.onDisk.has(key)) this.addOnDisk(key);
-      const entry = this.cache.get(key);
-      if (entry) {
-        if (entry.rows.length > 0) this.cachedWeight += 1;
-        entry.rows.push(parsed);
-        this.trimCache();
-      }
+      this.writeRow(key, this.handles.get(key) ?? (await this.openAppend(key)), parsed, line);
     });
+  }
+
+  /** Under the key's stripe lock: the line to the file, then the row to memory. */
+  private writeRow(key: string, fd: number, row: LedgerRow, line: Buffer): void {
+    this.touch(key, fd);
+    const cut = this.repair.get(key);
+    if (cut !== undefined) {
+      ftruncateSync(fd, cut);
+      this.repair.delete(key);
+    }
+    const before = fstatSync(fd).size;
+    try {
+      for (let written = 0; written < line.length; ) written += this.write(fd, line, written);
+    } catch (error) {
+      this.cutOff(key, fd, before);
+      throw error;
+    }
+    if (!this.onDisk.has(key)) this.addOnDisk(key);
+    const entry = this.cache.get(key);
+    if (entry) {
+      if (entry.rows.length > 0) this.cachedWeight += 1;
+      entry.rows.push(row);
+      this.trimCache();
+    }
   }
 
   /** Under the key's stripe lock: removes what a failed write left after `size` bytes. */

@@ -82,6 +82,22 @@ describe("usage tail, a stream that ends in an error event", () => {
     expect(endsInError('data: {"error":{"message":"x"}}\n\n', ...long('event: response.completed\ndata: {"type":"response.completed","response":{"output":[{"text":"'))).toBe(false);
     expect(endsInError(...long('data: {"choices":[{"delta":{"content":"'), "data: [DONE]\n\n")).toBe(false);
   });
+  it("is judged from the newest KiB when the last event is in it, from the whole tail when it began before", () => {
+    const tokens = Array.from({ length: 80 }, (_, i) => `data: {"choices":[{"delta":{"content":"t${i}"}}]}\n\n`);
+    expect(endsInError(...tokens, 'data: {"error":{"message":"engine dead"}}\n\n', "data: [DONE]\n\n")).toBe(true);
+    expect(endsInError(...tokens, 'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":80}}\n\n', "data: [DONE]\n\n")).toBe(false);
+    // The error event (2 KiB, in 1-byte-short pieces) begins before the newest KiB: read from the whole tail.
+    const big = `data: {"error":{"message":"${"x".repeat(2048)}"}}\n\n`;
+    const pieces = Array.from({ length: Math.ceil(big.length / 100) }, (_, i) => big.slice(i * 100, (i + 1) * 100));
+    expect(endsInError(...tokens, ...pieces, "data: [DONE]\n\n")).toBe(true);
+    // A blank line split over two chunks at the window's edge still separates the events.
+    expect(endsInError(...tokens, 'data: {"error":{"message":"y"}}\n', "\n", ...Array.from({ length: 12 }, () => ": keep-alive\n\n"), "data: [DONE]\n\n")).toBe(true);
+    expect(endsInError(...tokens, ...Array.from({ length: 12 }, () => ": keep-alive\n\n"), "data: [DONE]\n\n")).toBe(false);
+    // An error event whose `event:` line lies before the newest KiB and one of its data lines in it.
+    expect(endsInError(...tokens, "event: error\n", `data: ${"a".repeat(1500)}\n`, "data: {}\n\n", "data: [DONE]\n\n")).toBe(true);
+    // The newest KiB begins with the blank line ending the error event: nothing in it decides.
+    expect(endsInError(...tokens, 'data: {"error":{"message":"z"}}', `\n\n${": keep-alive\n\n".repeat(80)}data: [DONE]\n\n`)).toBe(true);
+  });
   it("is not a completed stream, a usage chunk with error null, or a JSON body naming an error", () => {
     expect(endsInError('data: {"choices":[],"error":null,"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]\n\n')).toBe(false);
     expect(endsInError('data: {"error":{"message":"early"}}\n\ndata: {"choices":[{"delta":{"content":"ok"}}]}\n\ndata: [DONE]\n\n')).toBe(false);

@@ -260,6 +260,53 @@ process.exit(0);`;
     expect(l.ownedStripes()).toEqual([]);
   });
 
+  it("run a synchronous section at once only on an owned, free stripe with nothing else pending (the ledger row's hot path)", async () => {
+    const l = locks(8);
+    const { a, b, other } = keysOnOneStripe(l);
+    const ran: string[] = [];
+    // Not owned yet: taking the lock file is file I/O, which only run() does.
+    expect(l.runNowIfFree(a, () => void ran.push("first"))).toBe(false);
+    await l.run(a, async () => undefined);
+    expect(l.runNowIfFree(b, () => void ran.push("owned"))).toBe(true);
+    expect(ran).toEqual(["owned"]);
+    // Work run() accepted and not settled, on this stripe or another, goes first: nothing overtakes it.
+    const gate = deferred();
+    const started = deferred();
+    const holding = l.run(other, async () => {
+      started.resolve();
+      await gate.promise;
+    });
+    try {
+      expect(l.runNowIfFree(a, () => void ran.push("beside pending work"))).toBe(false);
+      await started.promise;
+      expect(l.runNowIfFree(a, () => void ran.push("beside running work"))).toBe(false);
+    } finally {
+      gate.resolve();
+      await holding;
+    }
+    expect(l.runNowIfFree(a, () => void ran.push("free again"))).toBe(true);
+    // A throwing section passes its error on; the stripe stays usable.
+    expect(() => l.runNowIfFree(a, () => { throw new Error("disk full"); })).toThrow("disk full");
+    expect(await l.run(a, async () => "still usable")).toBe("still usable");
+    await l.close();
+    expect(l.runNowIfFree(a, () => void ran.push("closed"))).toBe(false);
+    expect(ran).toEqual(["owned", "free again"]);
+  });
+
+  it("a ledger append never overtakes a replace asked for before it (same key, file open for appends)", async () => {
+    const ledger = new CaptureLedger(join(dir, "ledger"), 4);
+    open.push(ledger);
+    await ledger.append(ledgerRow("order", "mc-1"));
+    await ledger.append(ledgerRow("order", "mc-2"));
+    // Asked for in this order without waiting: the replace (locked, file I/O) first, then the append.
+    const replacing = ledger.replace("order", [ledgerRow("order", "mc-restored")]);
+    const appending = ledger.append(ledgerRow("order", "mc-3"));
+    await Promise.all([replacing, appending]);
+    const lines = (await readFile(join(dir, "ledger", "order.lineage.jsonl"), "utf8")).split("\n").filter(Boolean);
+    expect(lines.map((line) => JSON.parse(line).model_call_id)).toEqual(["mc-restored", "mc-3"]);
+    expect((await ledger.rows("order")).map((r) => r.model_call_id)).toEqual(["mc-restored", "mc-3"]);
+  });
+
   it("a ledger closed right after an append (shutdown) still writes the row", async () => {
     const ledger = new CaptureLedger(join(dir, "ledger"), 4);
     const row = (id: string) => ledgerRow("shut", id);
