@@ -9,31 +9,74 @@ export class UsageTail {
   private size = 0;
   /** Bytes pushed in all. */
   private total = 0;
+  /** Stream offsets where the newest events begin, oldest first (the first event follows no blank line). */
+  private starts: number[] = [0];
   /**
-   * The first bytes of the newest events, each with the stream offset where it begins, however long
-   * the event: one longer than the tail (a `response.failed` event carries the whole output so far)
-   * is still known by its name and how its data begins.
+   * The first bytes of those of them that began before the tail, copied as their bytes left it: an
+   * event longer than the tail (a `response.failed` event carries the whole output so far) is still
+   * known by its name and how its data begins.
    */
-  private heads: { at: number; bytes: Buffer }[] = [];
-  /** The last bytes of the previous chunk: an event boundary may span two chunks. */
-  private carry = Buffer.alloc(0);
+  private readonly heads = new Map<number, Buffer>();
+  /** The last two bytes pushed, newest first (-1: none yet): a blank line may span two chunks. */
+  private last1 = -1;
+  private last2 = -1;
   constructor(private readonly limit = 16 * 1024) {}
 
+  /** Runs for every chunk of every proxied answer: no copies, one native search per line end. */
   push(chunk: Buffer): void {
-    const newest = this.heads.at(-1);
-    if (newest && newest.bytes.length < HEAD_BYTES) newest.bytes = Buffer.concat([newest.bytes, chunk.subarray(0, HEAD_BYTES - newest.bytes.length)]);
-    const starts = eventStarts(this.carry, chunk);
-    if (this.total === 0 && starts[0] !== 0) starts.unshift(0); // the first event follows no blank line
-    for (const start of starts) {
-      // Copied: a head must not keep its whole chunk alive.
-      this.heads.push({ at: this.total + start, bytes: Buffer.from(chunk.subarray(start, start + HEAD_BYTES)) });
-      if (this.heads.length > MAX_HEADS) this.heads.shift();
+    // An event begins after a blank line: `\n\n`, or `\r\n\r\n` (matched by its `\n\r\n`).
+    for (let i = chunk.indexOf(LF); i !== -1; i = chunk.indexOf(LF, i + 1)) {
+      const before = this.byteAt(chunk, i - 1);
+      if (before === LF || (before === CR && this.byteAt(chunk, i - 2) === LF)) this.eventStartsAt(this.total + i + 1);
     }
-    this.carry = Buffer.from(chunk.subarray(-2));
+    if (chunk.length >= 2) {
+      this.last2 = chunk[chunk.length - 2]!;
+      this.last1 = chunk[chunk.length - 1]!;
+    } else if (chunk.length === 1) {
+      this.last2 = this.last1;
+      this.last1 = chunk[0]!;
+    }
     this.total += chunk.length;
     this.chunks.push(chunk);
     this.size += chunk.length;
-    while (this.size - this.chunks[0]!.length >= this.limit && this.chunks.length > 1) this.size -= this.chunks.shift()!.length;
+    while (this.size - this.chunks[0]!.length >= this.limit && this.chunks.length > 1) this.dropOldest();
+  }
+
+  /** The byte at `i` in `chunk`, or just before it (-1, -2) in what was pushed earlier. */
+  private byteAt(chunk: Buffer, i: number): number {
+    return i >= 0 ? chunk[i]! : i === -1 ? this.last1 : this.last2;
+  }
+
+  private eventStartsAt(at: number): void {
+    this.starts.push(at);
+    if (this.starts.length > MAX_HEADS) this.heads.delete(this.starts.shift()!);
+  }
+
+  /** The oldest chunk leaves the tail; the heads of the newest events beginning in it are copied first. */
+  private dropOldest(): void {
+    const from = this.total - this.size;
+    const dropped = this.chunks[0]!;
+    for (const at of this.starts) if (at >= from && at < from + dropped.length) this.heads.set(at, this.bytesFrom(at, HEAD_BYTES));
+    this.chunks.shift();
+    this.size -= dropped.length;
+  }
+
+  /** Up to `length` kept bytes from stream offset `at` (copied: a head must not keep its chunks alive). */
+  private bytesFrom(at: number, length: number): Buffer {
+    const parts: Buffer[] = [];
+    let offset = this.total - this.size;
+    let left = length;
+    for (const chunk of this.chunks) {
+      if (left === 0) break;
+      const skip = Math.max(at - offset, 0);
+      if (skip < chunk.length) {
+        const part = chunk.subarray(skip, skip + left);
+        parts.push(part);
+        left -= part.length;
+      }
+      offset += chunk.length;
+    }
+    return Buffer.from(Buffer.concat(parts));
   }
 
   usage(): LedgerRow["usage"] {
@@ -101,7 +144,9 @@ export class UsageTail {
 
   /** The head of the event that holds stream offset `at` (the newest one beginning at or before it). */
   private headBefore(at: number): string {
-    return this.heads.findLast((head) => head.at <= at)?.bytes.toString("utf8") ?? "";
+    const start = this.starts.findLast((s) => s <= at);
+    if (start === undefined) return "";
+    return (this.heads.get(start) ?? this.bytesFrom(start, HEAD_BYTES)).toString("utf8");
   }
 }
 
@@ -113,23 +158,6 @@ const MAX_HEADS = 4;
 /** The data of an error event cut short: its first member says so (as isErrorData reads a whole one). */
 const ERROR_DATA_START = /^\{\s*("error"\s*:\s*\{|"(type|object)"\s*:\s*"(error|response\.failed)")/;
 
-/** Offsets in `chunk` where an event begins: just after a blank line (`\n\n` or `\n\r\n`), one spanning from `carry` included. */
-function eventStarts(carry: Buffer, chunk: Buffer): number[] {
-  const starts = new Set<number>();
-  // A separator ending in the chunk's first two bytes may begin in the previous chunk.
-  const edge = Buffer.concat([carry, chunk.subarray(0, 2)]);
-  for (const separator of SEPARATORS) {
-    for (let at = edge.indexOf(separator); at !== -1; at = edge.indexOf(separator, at + 1)) {
-      const end = at + separator.length - carry.length;
-      if (end > 0) starts.add(end);
-    }
-    for (let at = chunk.indexOf(separator); at !== -1; at = chunk.indexOf(separator, at + 1)) starts.add(at + separator.length);
-  }
-  // The newest few are enough; a boundary at the chunk's very end starts an event the next chunk fills.
-  return [...starts].sort((a, b) => a - b).slice(-MAX_HEADS);
-}
-
-const SEPARATORS = [Buffer.from("\n\n"), Buffer.from("\n\r\n")];
 
 function isErrorData(data: string): boolean {
   if (!data.startsWith("{")) return false;
@@ -238,3 +266,6 @@ function objectEnd(text: string, start: number): number {
   }
   return -1;
 }
+
+const LF = 0x0a;
+const CR = 0x0d;

@@ -98,6 +98,18 @@ describe("usage tail, a stream that ends in an error event", () => {
     // The newest KiB begins with the blank line ending the error event: nothing in it decides.
     expect(endsInError(...tokens, 'data: {"error":{"message":"z"}}', `\n\n${": keep-alive\n\n".repeat(80)}data: [DONE]\n\n`)).toBe(true);
   });
+  it("is judged by its head when it is longer than the tail, whatever the chunking (one byte at a time, LF or CRLF)", () => {
+    const bytewise = (limit: number, text: string) => {
+      const tail = new UsageTail(limit);
+      for (const byte of Buffer.from(text)) tail.push(Buffer.from([byte]));
+      return tail.endsInError();
+    };
+    const long = "x".repeat(300);
+    expect(bytewise(64, `data: {"choices":[]}\n\nevent: error\ndata: {"type":"error","message":"${long}"}\n\n`)).toBe(true);
+    expect(bytewise(64, `data: {"choices":[]}\r\n\r\ndata: {"error":{"message":"${long}"}}\r\n\r\ndata: [DONE]\r\n\r\n`)).toBe(true);
+    expect(bytewise(64, `data: {"error":{"message":"x"}}\n\ndata: {"choices":[{"delta":{"content":"${long}"}}]}\n\ndata: [DONE]\n\n`)).toBe(false);
+    expect(bytewise(64, `data: {"type":"response.failed","response":{"output":"${long}"}}\n\n`)).toBe(true);
+  });
   it("is not a completed stream, a usage chunk with error null, or a JSON body naming an error", () => {
     expect(endsInError('data: {"choices":[],"error":null,"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]\n\n')).toBe(false);
     expect(endsInError('data: {"error":{"message":"early"}}\n\ndata: {"choices":[{"delta":{"content":"ok"}}]}\n\ndata: [DONE]\n\n')).toBe(false);
