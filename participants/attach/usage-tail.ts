@@ -112,21 +112,28 @@ export class UsageTail {
    * event, or the start of every event in it, lies before them.
    */
   private lastEventIsError(text: string, wholeTail: boolean): boolean | undefined {
+    const cutBlankLine = this.total !== this.size && this.beginsAfterBlankLine();
     for (let end = text.length; end > 0; ) {
       const start = Math.max(text.lastIndexOf("\n\n", end - 1), text.lastIndexOf("\n\r\n", end - 1));
       if (start === -1 && !wholeTail) return undefined;
-      const whole = start !== -1 || this.total === this.size;
+      const whole = start !== -1 || this.total === this.size || cutBlankLine;
       // An event that began before the tail: judged by its head (name, how its data begins).
-      const eventText = whole ? text.slice(start + 1, end) : this.headBefore(this.total - this.size);
-      const lines = eventText.split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
+      const verdict = eventIsError(whole ? text.slice(start + 1, end) : this.headBefore(this.total - this.size), whole);
+      if (verdict !== undefined) return verdict;
       end = start;
-      const eventName = lines.find((line) => line.startsWith("event:"))?.slice(6).trim();
-      const data = lines.filter((line) => line.startsWith("data:")).map((line) => line.slice(5).trim()).join("\n");
-      if (!eventName && (!data || data === "[DONE]")) continue; // blank, a comment, or the end marker
-      if (eventName === "error" || eventName === "response.failed") return true;
-      return whole ? isErrorData(data) : ERROR_DATA_START.test(data);
     }
+    // The tail began inside the blank line ending an event, and nothing after it decides: that event, by its head.
+    if (wholeTail && cutBlankLine) return eventIsError(this.headBefore(this.total - this.size), false) ?? false;
     return wholeTail ? false : undefined;
+  }
+
+  /**
+   * The tail's first bytes end a blank line whose first newline was dropped: the event after them
+   * lies whole in the tail, though no blank line in its text says so (its head would be the previous event's).
+   */
+  private beginsAfterBlankLine(): boolean {
+    const from = this.total - this.size;
+    return this.starts.some((at) => at > from && at <= from + 2);
   }
 
   /** The whole tail, decoded. */
@@ -158,6 +165,16 @@ const MAX_HEADS = 4;
 /** The data of an error event cut short: its first member says so (as isErrorData reads a whole one). */
 const ERROR_DATA_START = /^\{\s*("error"\s*:\s*\{|"(type|object)"\s*:\s*"(error|response\.failed)")/;
 
+
+/** Whether an event (whole, or its head) is an error; undefined for one that decides nothing: blank, a comment, the end marker. */
+function eventIsError(eventText: string, whole: boolean): boolean | undefined {
+  const lines = eventText.split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
+  const eventName = lines.find((line) => line.startsWith("event:"))?.slice(6).trim();
+  const data = lines.filter((line) => line.startsWith("data:")).map((line) => line.slice(5).trim()).join("\n");
+  if (!eventName && (!data || data === "[DONE]")) return undefined;
+  if (eventName === "error" || eventName === "response.failed") return true;
+  return whole ? isErrorData(data) : ERROR_DATA_START.test(data);
+}
 
 function isErrorData(data: string): boolean {
   if (!data.startsWith("{")) return false;

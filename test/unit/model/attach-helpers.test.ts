@@ -110,6 +110,71 @@ describe("usage tail, a stream that ends in an error event", () => {
     expect(bytewise(64, `data: {"error":{"message":"x"}}\n\ndata: {"choices":[{"delta":{"content":"${long}"}}]}\n\ndata: [DONE]\n\n`)).toBe(false);
     expect(bytewise(64, `data: {"type":"response.failed","response":{"output":"${long}"}}\n\n`)).toBe(true);
   });
+  it("is judged whole when the tail begins inside the blank line before it (its first newline dropped), LF or CRLF", () => {
+    // The event before is longer than the kept head: judged by that event's head, the error went unseen.
+    const before = (nl: string) => `data: {"choices":[{"delta":{"content":"${"a".repeat(1000)}"}}]}${nl}${nl}`;
+    const error = (nl: string) => `event: error${nl}data: {"type":"error","message":"${"x".repeat(100)}"}${nl}${nl}`;
+    for (const [nl, cut] of [["\n", 1], ["\r\n", 1], ["\r\n", 2]] as const) {
+      const text = before(nl) + error(nl);
+      const at = before(nl).length - cut;
+      const tail = new UsageTail(64); // the error event alone fills it: the first chunk leaves
+      tail.push(Buffer.from(text.slice(0, at)));
+      tail.push(Buffer.from(text.slice(at)));
+      expect({ nl, cut, error: tail.endsInError() }).toEqual({ nl, cut, error: true });
+      // The event whose blank line is cut is still judged (by its head) when nothing after it decides.
+      const after = `: ${"k".repeat(60)}${nl}${nl}data: [DONE]${nl}${nl}`; // one long comment: the tail keeps four event heads
+      for (const [last, failed] of [[error(nl), true], [before(nl), false]] as const) {
+        const cutTail = new UsageTail(64);
+        const at2 = last.length - cut;
+        cutTail.push(Buffer.from(last.slice(0, at2)));
+        cutTail.push(Buffer.from(last.slice(at2) + after));
+        expect({ nl, cut, last: last.slice(0, 12), error: cutTail.endsInError() }).toEqual({ nl, cut, last: last.slice(0, 12), error: failed });
+      }
+    }
+  });
+  it("gives the answer of the whole stream in one chunk, whatever the chunking (seeded random streams and chunkings)", () => {
+    let seed = 0x5eed;
+    const random = () => {
+      seed = (seed + 0x6d2b79f5) | 0;
+      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    };
+    const pick = <T,>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
+    const LIMIT = 256;
+    // Around the tail's and the kept head's sizes, and multi-byte characters a chunk may split.
+    const filler = () => pick(["", "é", "x".repeat(200), "€".repeat(90), "y".repeat(LIMIT - 40 + Math.floor(random() * 80)), "z".repeat(600)]);
+    const events = (nl: string) => [
+      () => `data: {"choices":[{"delta":{"content":"${filler()}"}}]}`,
+      () => `data: {"error":{"message":"${filler()}"}}`,
+      () => `data: {"object":"error","message":"${filler()}"}`,
+      () => `event: error${nl}data: {"type":"error","message":"${filler()}"}`,
+      () => `event: response.failed${nl}data: {"type":"response.failed","response":{"output":"${filler()}"}}`,
+      () => `event: response.completed${nl}data: {"type":"response.completed","response":{"output":"${filler()}"}}`,
+    ];
+    const verdict = (chunks: Buffer[]) => {
+      const tail = new UsageTail(LIMIT);
+      for (const chunk of chunks) tail.push(chunk);
+      return tail.endsInError();
+    };
+    for (let round = 0; round < 300; round++) {
+      const nl = pick(["\n", "\r\n"]);
+      const kinds = events(nl);
+      let text = "";
+      for (let i = Math.floor(random() * 4); i >= 0; i--) text += `${pick(kinds)()}${nl}${nl}`;
+      // At most two events that decide nothing after the last one (the tail keeps the heads of four).
+      text += pick(["", `data: [DONE]${nl}${nl}`, `: keep-alive${nl}${nl}data: [DONE]${nl}${nl}`]);
+      const bytes = Buffer.from(text);
+      const chunks: Buffer[] = [];
+      const most = pick([1, 3, 40, 400]);
+      for (let at = 0; at < bytes.length; ) {
+        const size = Math.floor(random() * (most + 1)); // empty chunks too
+        chunks.push(bytes.subarray(at, at + size));
+        at += size;
+      }
+      expect({ round, text, error: verdict(chunks) }).toEqual({ round, text, error: verdict([bytes]) });
+    }
+  });
   it("is not a completed stream, a usage chunk with error null, or a JSON body naming an error", () => {
     expect(endsInError('data: {"choices":[],"error":null,"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]\n\n')).toBe(false);
     expect(endsInError('data: {"error":{"message":"early"}}\n\ndata: {"choices":[{"delta":{"content":"ok"}}]}\n\ndata: [DONE]\n\n')).toBe(false);
