@@ -1,5 +1,5 @@
 import { spawnSync } from "node:child_process";
-import { existsSync, readFileSync, readdirSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, writeSync } from "node:fs";
 import { lstat, mkdir, mkdtemp, readFile, readdir, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -305,6 +305,71 @@ process.exit(0);`;
     const lines = (await readFile(join(dir, "ledger", "order.lineage.jsonl"), "utf8")).split("\n").filter(Boolean);
     expect(lines.map((line) => JSON.parse(line).model_call_id)).toEqual(["mc-restored", "mc-3"]);
     expect((await ledger.rows("order")).map((r) => r.model_call_id)).toEqual(["mc-restored", "mc-3"]);
+  });
+
+  it("ledger operations asked for without waiting apply in the order asked, per key, whichever take the immediate path (seeded interleavings)", async () => {
+    let seed = 0x1ed9e7;
+    const random = () => {
+      seed = (seed + 0x6d2b79f5) | 0;
+      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    };
+    const pick = <T,>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
+    const keys = ["ra-0", "rb-0", "rc-0", "rd-1"];
+    const failing = new Set<string>(); // rows whose write fails part way (a full disk)
+    const write = (fd: number, buffer: Buffer, offset: number) => {
+      const id = /"model_call_id":"([^"]+)"/.exec(buffer.toString("utf8"))?.[1];
+      if (id !== undefined && failing.delete(id)) {
+        writeSync(fd, buffer, offset, Math.min(5, buffer.length - offset));
+        throw Object.assign(new Error("no space left"), { code: "ENOSPC" });
+      }
+      return writeSync(fd, buffer, offset);
+    };
+    // Two stripes and three append handles for four keys: keys share stripes and evict each other's descriptors.
+    const ledger = new CaptureLedger(join(dir, "ledger"), 2, 3, { write });
+    open.push(ledger);
+    const expected = new Map<string, string[]>(keys.map((k) => [k, []]));
+    let immediate = 0;
+    const runNowIfFree = ledger.locks.runNowIfFree.bind(ledger.locks);
+    ledger.locks.runNowIfFree = (key, fn) => (runNowIfFree(key, fn) ? (immediate += 1, true) : false);
+    let next = 0;
+    for (let batch = 0; batch < 150; batch++) {
+      const asked: Promise<unknown>[] = [];
+      for (let n = 1 + Math.floor(random() * 6); n > 0; n--) {
+        const key = pick(keys);
+        const rows = expected.get(key)!;
+        const dice = random();
+        if (dice < 0.6) {
+          const id = `mc-${next++}`;
+          if (random() < 0.1) {
+            failing.add(id);
+            asked.push(expect(ledger.append(ledgerRow(key, id))).rejects.toThrow("no space left"));
+          } else {
+            rows.push(id);
+            asked.push(ledger.append(ledgerRow(key, id)));
+          }
+        } else if (dice < 0.75 && rows.length > 0) {
+          const id = pick(rows);
+          rows.splice(rows.lastIndexOf(id), 1);
+          asked.push(ledger.retract(key, id));
+        } else if (dice < 0.85) {
+          const id = `mc-${next++}`;
+          rows.splice(0, rows.length, id);
+          asked.push(ledger.replace(key, [ledgerRow(key, id)]));
+        } else if (dice < 0.95) {
+          rows.splice(0);
+          asked.push(ledger.remove([key]));
+        } else asked.push(ledger.rows(key));
+      }
+      await Promise.all(asked);
+    }
+    for (const key of keys) {
+      expect({ key, rows: (await ledger.rows(key)).map((r) => r.model_call_id) }).toEqual({ key, rows: expected.get(key) });
+      const text = await readFile(join(dir, "ledger", `${key}.lineage.jsonl`), "utf8").catch(() => "");
+      expect({ key, file: text.split("\n").filter(Boolean).map((line) => JSON.parse(line).model_call_id) }).toEqual({ key, file: expected.get(key) });
+    }
+    expect(immediate).toBeGreaterThan(10); // the immediate path was taken, not only the locked one
   });
 
   it("a ledger closed right after an append (shutdown) still writes the row", async () => {
