@@ -59,7 +59,7 @@ export function register(program: Command): void {
       .option("--progress-interval-s <s>", "seconds between progress lines when stderr is not a terminal", "10")
       .option("--log-level <level>", "pino log level", "warn")
       .option("--otlp-endpoint <url>", "OTLP/HTTP endpoint for traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)")
-      .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port")
+      .option("--metrics-port <port>", "serve Prometheus /metrics on this port, 0 = any free port (env OTEL_EXPORTER_PROMETHEUS_PORT)")
       .option("--records-dir <dir>", "also write finished rows as rollout records under DIR/rollouts/step_<N>/ (docs/replay.md)")
       .option("--records-env <name>", "env name in the record file names", "gym")
       .option("--records-kind <kind>", "train or eval", "eval")

@@ -10,4 +10,12 @@ describe("gym-ckpt collect --help", () => {
     const help = program.commands.find((c) => c.name() === "collect")!.helpInformation();
     expect(help).not.toMatch(/--json/);
   });
+
+  it("names the variable --metrics-port overrides, as the coordinator's help does", () => {
+    // collect reads OTEL_EXPORTER_PROMETHEUS_PORT when the flag is absent (docs/telemetry.md).
+    const program = new Command();
+    register(program);
+    const help = program.commands.find((c) => c.name() === "collect")!.helpInformation();
+    expect(help.replace(/\s+/g, " ")).toMatch(/--metrics-port <port> [^-]*\(env OTEL_EXPORTER_PROMETHEUS_PORT\)/);
+  });
 });
