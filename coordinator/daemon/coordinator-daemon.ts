@@ -78,7 +78,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
       // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
       if (!isMisplacedDirectory(error)) throw error;
-      throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.code}: ${error.message})`, { cause: error });
+      throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.message})`, { cause: error });
     });
     await assertWritableRoot(config.checkpoint_root);
     const membersKv = await openMembersBucket(nc, config.deployment);

@@ -64,7 +64,8 @@ describe("coordinator start-up failure", () => {
     daemons.push(daemon);
     const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
     expect(outcome).not.toBe("still running");
-    expect(daemon.stderr()).toMatch(/^error invalid_request: checkpoint_root .*ENOENT/m);
+    // The errno once, as Node's message says it ("ENOENT: no such file or directory, mkdir …").
+    expect(daemon.stderr()).toMatch(new RegExp(`^error invalid_request: checkpoint_root /proc/gym-ckpt-${process.pid}/root cannot be created \\(ENOENT: no such file or directory, mkdir '/proc/gym-ckpt-${process.pid}'\\)$`, "m"));
     expect((outcome as { code: number }).code).toBe(2);
   }, 20_000);
 
