@@ -100,14 +100,20 @@ export function clientDeployment(flag: string | undefined, env: NodeJS.ProcessEn
   return parsed.data;
 }
 
+/** A flag's value as a decimal integer (no hex, exponent, fraction or empty string), or undefined. */
+export function decimalInteger(value: string): number | undefined {
+  const n = Number(value);
+  return /^-?\d+$/.test(value.trim()) && Number.isSafeInteger(n) ? n : undefined;
+}
+
 /**
  * A decimal integer flag within [min, max]; anything else (a fraction, a word, an empty value, and
  * what `Number` would also take: `0x10`, `1e3`) is `invalid_request` naming the flag, before
  * anything is created or connected.
  */
 export function integerFlag(name: string, value: string, min: number, max?: number): number {
-  const n = Number(value);
-  if (!/^-?\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min || (max !== undefined && n > max)) {
+  const n = decimalInteger(value);
+  if (n === undefined || n < min || (max !== undefined && n > max)) {
     const range = max === undefined ? (min === 1 ? "a positive integer" : `an integer ≥ ${min}`) : `an integer from ${min} to ${max}`;
     throw new CheckpointError("invalid_request", `--${name} must be ${range}, got ${JSON.stringify(value)}`);
   }

@@ -221,7 +221,7 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect([spaced.code, spaced.stdout]).toEqual([2, ""]);
     expect(spaced.stderr).toMatch(/^error invalid_request: invalid configuration:[^]*whitespace[^]*controller_token/);
     const hexPort = await cli(daemonArgs(world, ["--http-port", "0x10", "--print-config"]).slice(1));
-    expect([hexPort.code, hexPort.stderr.trim()]).toEqual([2, 'error invalid_request: --http-port must be an integer ≥ 0, got "0x10"']);
+    expect([hexPort.code, hexPort.stderr.trim()]).toEqual([2, 'error invalid_request: --http-port must be a decimal integer, got "0x10"']);
     const badPort = await cli(daemonArgs(world, ["--metrics-port", "70000", "--print-config"]).slice(1));
     expect([badPort.code, badPort.stderr.trim()]).toEqual([2, 'error invalid_request: --metrics-port must be an integer from 0 to 65535, got "70000"']);
   });

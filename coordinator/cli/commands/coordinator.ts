@@ -1,11 +1,12 @@
 import type { Command } from "commander";
+import { CheckpointError } from "../../../protocol/index.js";
 import { loadConfig, redactConfig, splitList } from "../../config/config-loader.js";
 import { startCoordinator, type CoordinatorHandle } from "../../daemon/coordinator-daemon.js";
 import { newCoordinatorId } from "../../daemon/coordinator-id.js";
 import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
 import { observeLeadership, startTelemetry } from "../../telemetry/telemetry-sdk.js";
-import { integerFlag, metricsPortFlag, printJson, runCli } from "../shared.js";
+import { decimalInteger, metricsPortFlag, printJson, runCli } from "../shared.js";
 
 interface Flags {
   config?: string;
@@ -28,8 +29,16 @@ interface Flags {
   metricsPort?: string;
 }
 
-/** A numeric config flag: decimal only (`--http-port ""` was port 0, `--retention 0x10` 16); the config schema checks its range. */
-const num = (name: string, value: string | undefined) => (value === undefined ? undefined : integerFlag(name, value, 0));
+/**
+ * A numeric config flag: decimal only (`--http-port ""` was port 0, `--retention 0x10` 16). The
+ * config schema checks its range (and names where the value came from), so this message claims none.
+ */
+function num(name: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const n = decimalInteger(value);
+  if (n === undefined) throw new CheckpointError("invalid_request", `--${name} must be a decimal integer, got ${JSON.stringify(value)}`);
+  return n;
+}
 
 /**
  * TEST-ONLY fault injection: GYM_CKPT_TEST_CRASH_AT=before-decision|after-decision|during-publication

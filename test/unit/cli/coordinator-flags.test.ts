@@ -42,7 +42,7 @@ describe("gym-ckpt coordinator numeric flags", () => {
     ["--http-port", "soon"],
   ])("refuses %s %j with invalid_request (exit 2), printing no config", async (flag, value) => {
     expect(await printConfig(flag, value)).toBe(2);
-    expect(stderr).toBe(`error invalid_request: ${flag} must be an integer ≥ 0, got ${JSON.stringify(value)}\n`);
+    expect(stderr).toBe(`error invalid_request: ${flag} must be a decimal integer, got ${JSON.stringify(value)}\n`);
     expect(stdout).toBe("");
   });
 
