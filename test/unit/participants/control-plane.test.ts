@@ -116,6 +116,18 @@ describe("phase machine", () => {
     expect(plane.currentPhase).toBe("preparing");
   });
 
+  it("a prepare whose closeAdmission throws goes back to idle with admission open, holding no id (phase and admission never disagree)", async () => {
+    kind.failNext("closeAdmission", new Error("close failed"));
+    await expect(call("prepare", { checkpoint_id: "c1" })).rejects.toThrow("close failed");
+    expect(plane.currentPhase).toBe("idle");
+    expect(plane.activeCheckpointId).toBeNull();
+    expect(plane.status().lease_expires_at).toBeNull();
+    expect(kind.admissionOpen).toBe(true);
+    expect(kind.hooks()).toEqual(["closeAdmission", "openAdmission"]);
+    // Not fenced (no resume happened): the same id, or another, prepares as usual.
+    expect((await call("prepare", { checkpoint_id: "c1" })).phase).toBe("prepared");
+  });
+
   it("finishes a waiting prepare as soon as the kind reports readiness", async () => {
     kind.setBlockers(["r1"]);
     const pending = call("prepare", { checkpoint_id: "c1" });
@@ -536,6 +548,24 @@ describe("lease", () => {
     await call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 50 });
     expect(plane.status().lease_expires_at).toBe(T0 + 160);
     expect(await call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 200 })).toEqual({ lease_expires_at: T0 + 260 });
+  });
+
+  it("a prepare retried while still preparing extends the lease to its own deadline", async () => {
+    kind.setBlockers(["r1"]);
+    const first = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
+    await flush();
+    clock.advance(11_000);
+    expect((await first).phase).toBe("preparing");
+    expect(plane.status().lease_expires_at).toBe(T0 + 70);
+    const retried = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 100 });
+    await flush();
+    expect(plane.status().lease_expires_at).toBe(T0 + 160);
+    kind.setBlockers([]);
+    expect((await retried).phase).toBe("prepared");
+    // Past the first prepare's lease, the retry's keeps it open.
+    clock.advance(80_000);
+    await flush();
+    expect(plane.currentPhase).toBe("prepared");
   });
 
   it("still expires when its timer fires before the wall clock reached the lease (timers are monotonic)", async () => {
