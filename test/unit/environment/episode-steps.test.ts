@@ -316,4 +316,36 @@ describe("episode steps", () => {
     hold.open();
     await run;
   });
+
+  it("markRestart called while a checkpoint is open takes effect only after reopen: the restart set never changes during a checkpoint", async () => {
+    const steps = new EpisodeSteps();
+    const callee = latch();
+    let marked = false;
+    const hold = latch();
+    const run = steps.run(ep("rc"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "seed" });
+      const restart = await e.step("replay", async () => {
+        await callee.promise;
+        return true;
+      });
+      if (restart) await e.markRestart();
+      marked = true;
+      await hold.promise;
+    });
+    await flush();
+    steps.close();
+    expect(steps.exportable().map((x) => x.id)).toEqual([ep("rc")]);
+    // The callee answers "restart" while the checkpoint is open: the episode stays what prepare saw.
+    callee.open();
+    await flush();
+    expect(marked).toBe(false);
+    expect(steps.restarts()).toEqual([]);
+    expect(steps.exportable().map((x) => x.id)).toEqual([ep("rc")]);
+    steps.open();
+    await flush();
+    expect(marked).toBe(true);
+    expect(steps.restarts()).toEqual(["rc"]);
+    hold.open();
+    await run;
+  });
 });
