@@ -8,6 +8,7 @@ import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../.
 import {
   ResourcesServer,
   createResourcesApp,
+  declarationsOf,
   type CheckpointMode,
   type CheckpointVerify,
   type JsonValue,
@@ -347,6 +348,23 @@ describe("admission during a checkpoint", () => {
     await a.call("resume", { checkpoint_id: "c1" });
     expect((await seed).headers["x-ng-checkpoint-restart"]).toBe("1");
     expect(a.kind.readiness().restarts).toEqual(["r1", "r2-a1", "r3"]);
+  });
+
+  it("a server class that declares no mode is restart-only (fails closed): its sessions are restarts, never exported", async () => {
+    class Undeclared extends ResourcesServer {
+      routes(app: FastifyInstance, sessions: SessionAccess): void {
+        app.post("/seed_session", async (request) => (sessions.require(request), {}));
+      }
+    }
+    const server = new Undeclared();
+    expect(declarationsOf(server)).toEqual({ mode: "restart_only", verify: "wait" });
+    const a = await harness(server);
+    await a.seed("r1");
+    const prepared = await a.call("prepare", { checkpoint_id: "c1" });
+    expect(prepared.report).toMatchObject({ ready: true, restarts: ["r1"] });
+    expect(await refused(a.call("commit", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).toBe("restart_in_scope");
+    expect((await a.call("commit", { checkpoint_id: "c1", episode_ids: null })).episode_ids).toEqual([]);
+    await a.call("resume", { checkpoint_id: "c1" });
   });
 
   it("restart-only: a reset-style route starts no session while admission is closed", async () => {
