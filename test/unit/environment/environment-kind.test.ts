@@ -202,7 +202,16 @@ describe("environment participant", () => {
     const commit = await second.call("commit", { checkpoint_id: "c2", episode_ids: [ep("b", 1)] });
     expect(commit.episode_ids).toEqual(["b-a1"]);
     expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1 });
+    // Freed, not fenced (delete_restored): the controller may still start a-a1, from input.
+    expect(second.plane.isRetired(ep("a", 1))).toBe(false);
+    expect(second.plane.status().retired_rollouts).toBe(0);
+    await second.call("resume", { checkpoint_id: "c2" });
+    const log: string[] = [];
+    const restarted = second.kind.begin(ep("a", 1), TASK, {}, protocol(Promise.resolve(), log));
+    expect(await restarted).toBe(1);
+    expect(log[0]).toBe("start:a-a1:invoke_agent");
     await first.kind.retire([ep("a"), ep("b")]);
+    await second.kind.retire([ep("b", 1)]);
   });
 
   it("corrupt restored records install nothing and leave the participant idle", async () => {
