@@ -33,10 +33,18 @@ export function constrainedReason(body: Body): string | null {
   if (choice !== undefined && choice !== null && choice !== "auto" && choice !== "none") {
     return typeof choice === "string" ? `tool_choice:${choice}` : "tool_choice:constrained";
   }
-  const format = body.response_format;
-  if (format !== undefined && format !== null) {
+  // Structured output, as each generation route spells it: chat `response_format`, the Responses
+  // API's `text.format`, the Messages API's `output_format`. Plain text is free-form.
+  const text = body.text;
+  const formats = {
+    response_format: body.response_format,
+    "text.format": typeof text === "object" && text !== null ? (text as Body).format : undefined,
+    output_format: body.output_format,
+  };
+  for (const [field, format] of Object.entries(formats)) {
+    if (format === undefined || format === null) continue;
     const type = typeof format === "object" && "type" in format ? String((format as { type: unknown }).type) : "unknown";
-    if (type !== "text") return `response_format:${type}`;
+    if (type !== "text") return `${field}:${type}`;
   }
   for (const field of STRUCTURED_FIELDS) {
     if (body[field] !== undefined && body[field] !== null) return field;
@@ -50,7 +58,7 @@ export function constrainedReason(body: Body): string | null {
  * `response_format:<any type>`), which would make label values unbounded. `backend:unknown` is the
  * model kind's own reason (no cut endpoint); `other` is never expected.
  */
-export const SKIP_CATEGORIES = ["tool_choice", "response_format", ...STRUCTURED_FIELDS, "backend:unknown", "other"] as const;
+export const SKIP_CATEGORIES = ["tool_choice", "response_format", "text.format", "output_format", ...STRUCTURED_FIELDS, "backend:unknown", "other"] as const;
 export type SkipCategory = (typeof SKIP_CATEGORIES)[number];
 
 export function skipCategory(reason: string): SkipCategory {

@@ -63,6 +63,16 @@ describe("constrained-decoding skip reasons", () => {
     expect(constrainedReason({ response_format: "json" })).toBe("response_format:unknown");
   });
 
+  it("the Responses API's text.format and the Messages API's output_format are constrained unless plain text", () => {
+    expect(constrainedReason({ input: "x", text: { format: { type: "text" } } })).toBeNull();
+    expect(constrainedReason({ input: "x", text: { verbosity: "low" } })).toBeNull();
+    expect(constrainedReason({ input: "x", text: { format: { type: "json_schema", name: "a", schema: {} } } })).toBe("text.format:json_schema");
+    expect(constrainedReason({ input: "x", text: { format: { type: "json_object" } } })).toBe("text.format:json_object");
+    expect(constrainedReason({ messages: [], output_format: { type: "json_schema", schema: {} } })).toBe("output_format:json_schema");
+    expect(skipCategory("text.format:json_schema")).toBe("text.format");
+    expect(skipCategory("output_format:json_schema")).toBe("output_format");
+  });
+
   it.each(["guided_choice", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern", "structural_tag", "structured_outputs"])(
     "%s is constrained",
     (field) => {
@@ -82,7 +92,7 @@ describe("skip categories", () => {
     expect(skipCategory("backend:other")).toBe("other");
     expect(skipCategory("something_new")).toBe("other");
     expect([...SKIP_CATEGORIES].sort()).toEqual(
-      ["tool_choice", "response_format", "guided_choice", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern", "structural_tag", "structured_outputs", "backend:unknown", "other"].sort(),
+      ["tool_choice", "response_format", "text.format", "output_format", "guided_choice", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern", "structural_tag", "structured_outputs", "backend:unknown", "other"].sort(),
     );
   });
 });

@@ -56,6 +56,15 @@ describe("the cut round at close-admission", () => {
     expect(free.cutAck).toBeNull();
   });
 
+  it("structured output on the Responses and Messages routes is constrained too: never sent to the cut round", async () => {
+    const free = await f.kind.admit("r", "/v1/responses", { input: "x", text: { format: { type: "text" } } });
+    await f.kind.admit("s", "/v1/responses", { input: "x", text: { format: { type: "json_schema", name: "answer", schema: {} } } });
+    await f.kind.admit("m", "/v1/messages", { messages: [], output_format: { type: "json_schema", schema: {} } });
+    await f.kind.closeAdmission();
+    expect(f.rounds).toEqual([[free.ticketId]]);
+    expect(f.kind.readiness().counts).toMatchObject({ cut: 1, cut_skipped: 2, "cut_skipped.text.format": 1, "cut_skipped.output_format": 1 });
+  });
+
   it("without a known backend nothing is sent and every undelivered call is skipped as backend:unknown", async () => {
     const g = await modelFixture({ cuts: false });
     try {
