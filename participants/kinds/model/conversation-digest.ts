@@ -30,7 +30,7 @@ const STRUCTURED_FIELDS = ["guided_choice", "guided_grammar", "guided_json", "gu
  */
 export function constrainedReason(body: Body): string | null {
   const choice = body.tool_choice;
-  if (choice !== undefined && choice !== null && choice !== "auto" && choice !== "none") {
+  if (choice !== undefined && choice !== null && choice !== "auto" && choice !== "none" && !isFreeFormToolChoiceObject(choice)) {
     return typeof choice === "string" ? `tool_choice:${choice}` : "tool_choice:constrained";
   }
   // Structured output, as each generation route spells it: chat `response_format`, the Responses
@@ -50,6 +50,13 @@ export function constrainedReason(body: Body): string | null {
     if (body[field] !== undefined && body[field] !== null) return field;
   }
   return null;
+}
+
+/** The Messages API's `{type: "auto" | "none"}` (with at most its parallel-use flag): free-form like `"auto"`, `"none"`. */
+function isFreeFormToolChoiceObject(choice: unknown): boolean {
+  if (typeof choice !== "object" || choice === null || Array.isArray(choice)) return false;
+  const { type, ...rest } = choice as Body;
+  return (type === "auto" || type === "none") && Object.keys(rest).every((key) => key === "disable_parallel_tool_use");
 }
 
 /**

@@ -57,6 +57,14 @@ describe("constrained-decoding skip reasons", () => {
     expect(constrainedReason({ tool_choice: { type: "allowed_tools", allowed_tools: { mode: "auto", tools: [] } } })).toBe("tool_choice:constrained");
   });
 
+  it("the Messages API's object spelling of auto and none is free-form; any and tool are constrained", () => {
+    expect(constrainedReason({ messages: [], tool_choice: { type: "auto" } })).toBeNull();
+    expect(constrainedReason({ messages: [], tool_choice: { type: "auto", disable_parallel_tool_use: true } })).toBeNull();
+    expect(constrainedReason({ messages: [], tool_choice: { type: "none" } })).toBeNull();
+    expect(constrainedReason({ messages: [], tool_choice: { type: "any" } })).toBe("tool_choice:constrained");
+    expect(constrainedReason({ messages: [], tool_choice: { type: "tool", name: "calculator" } })).toBe("tool_choice:constrained");
+  });
+
   it("a non-text response_format is constrained, named by its type", () => {
     expect(constrainedReason({ response_format: { type: "json_object" } })).toBe("response_format:json_object");
     expect(constrainedReason({ response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } })).toBe("response_format:json_schema");
