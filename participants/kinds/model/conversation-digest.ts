@@ -12,12 +12,20 @@ type Body = Record<string, unknown>;
 
 /**
  * The conversation digest of a generation request: sha256 of the canonical JSON of its items
- * (chat `messages`, responses `instructions`+`input`, messages `system`+`messages`). A re-issued
+ * (chat `messages`, responses `instructions`+`input` and, when set, `previous_response_id` and
+ * `conversation`, messages `system`+`messages`). A re-issued
  * call with the same conversation has the same digest, whatever its sampling parameters.
  */
 export function conversationDigest(route: string, body: Body): string {
   const path = route.split("?")[0]!;
-  if (path.endsWith("/v1/responses")) return canonicalDigest({ instructions: body.instructions ?? null, input: body.input ?? null });
+  if (path.endsWith("/v1/responses")) {
+    // `input` may hold only the newest turn of a conversation the server keeps: its handle belongs to
+    // the conversation (named only when set, so a call without one digests as it always did).
+    const continued = Object.fromEntries(
+      (["previous_response_id", "conversation"] as const).filter((k) => body[k] !== undefined && body[k] !== null).map((k) => [k, body[k]]),
+    );
+    return canonicalDigest({ instructions: body.instructions ?? null, input: body.input ?? null, ...continued });
+  }
   if (path.endsWith("/v1/messages")) return canonicalDigest({ system: body.system ?? null, messages: body.messages ?? null });
   return canonicalDigest({ messages: body.messages ?? null });
 }

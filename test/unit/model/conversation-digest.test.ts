@@ -31,6 +31,16 @@ describe("conversation digest (canonical JSON, sha256)", () => {
     expect(c).not.toBe(a);
   });
 
+  it("on /v1/responses, a conversation continued on the server (previous_response_id, conversation) is part of it", () => {
+    const plain = conversationDigest("/v1/responses", { input: "continue" });
+    const after1 = conversationDigest("/v1/responses", { input: "continue", previous_response_id: "resp_1" });
+    const after2 = conversationDigest("/v1/responses", { input: "continue", previous_response_id: "resp_2" });
+    const inConv = conversationDigest("/v1/responses", { input: "continue", conversation: "conv_1" });
+    expect(new Set([plain, after1, after2, inConv]).size).toBe(4);
+    expect(conversationDigest("/v1/responses", { input: "continue", previous_response_id: "resp_1", temperature: 1 })).toBe(after1);
+    expect(conversationDigest("/v1/responses", { input: "continue", previous_response_id: null })).toBe(plain);
+  });
+
   it("uses instructions+input for /v1/responses and system+messages for /v1/messages", () => {
     expect(conversationDigest("/v1/responses", { input: "x", instructions: "be brief", model: "m" })).toBe(sha('{"input":"x","instructions":"be brief"}'));
     expect(conversationDigest("/v1/responses", { input: [{ role: "user", content: "x" }] })).toBe(sha('{"input":[{"content":"x","role":"user"}],"instructions":null}'));
