@@ -9,14 +9,14 @@ export class UsageTail {
   private size = 0;
   /** Bytes pushed in all. */
   private total = 0;
-  /** Stream offsets where the newest events begin, oldest first (the first event follows no blank line). */
-  private starts: number[] = [0];
+  /** Stream offsets where the events in the tail begin, oldest first (the first event follows no blank line). */
+  private readonly starts: number[] = [0];
   /**
-   * The first bytes of those of them that began before the tail, copied as their bytes left it: an
+   * The first bytes of the newest event that began before the tail, copied as its start left it: an
    * event longer than the tail (a `response.failed` event carries the whole output so far) is still
-   * known by its name and how its data begins.
+   * known by its name and how its data begins, however many events (comments, `[DONE]`) follow it.
    */
-  private readonly heads = new Map<number, Buffer>();
+  private headBeforeTail: Buffer | undefined;
   /** The last two bytes pushed, newest first (-1: none yet): a blank line may span two chunks. */
   private last1 = -1;
   private last2 = -1;
@@ -49,14 +49,15 @@ export class UsageTail {
 
   private eventStartsAt(at: number): void {
     this.starts.push(at);
-    if (this.starts.length > MAX_HEADS) this.heads.delete(this.starts.shift()!);
   }
 
-  /** The oldest chunk leaves the tail; the heads of the newest events beginning in it are copied first. */
+  /** The oldest chunk leaves the tail; the head of the newest event beginning in it is copied first. */
   private dropOldest(): void {
-    const from = this.total - this.size;
     const dropped = this.chunks[0]!;
-    for (const at of this.starts) if (at >= from && at < from + dropped.length) this.heads.set(at, this.bytesFrom(at, HEAD_BYTES));
+    const end = this.total - this.size + dropped.length;
+    let newest: number | undefined;
+    while (this.starts.length > 0 && this.starts[0]! < end) newest = this.starts.shift();
+    if (newest !== undefined) this.headBeforeTail = this.bytesFrom(newest, HEAD_BYTES);
     this.chunks.shift();
     this.size -= dropped.length;
   }
@@ -118,12 +119,12 @@ export class UsageTail {
       if (start === -1 && !wholeTail) return undefined;
       const whole = start !== -1 || this.total === this.size || cutBlankLine;
       // An event that began before the tail: judged by its head (name, how its data begins).
-      const verdict = eventIsError(whole ? text.slice(start + 1, end) : this.headBefore(this.total - this.size), whole);
+      const verdict = eventIsError(whole ? text.slice(start + 1, end) : this.headAtTailStart(), whole);
       if (verdict !== undefined) return verdict;
       end = start;
     }
     // The tail began inside the blank line ending an event, and nothing after it decides: that event, by its head.
-    if (wholeTail && cutBlankLine) return eventIsError(this.headBefore(this.total - this.size), false) ?? false;
+    if (wholeTail && cutBlankLine) return eventIsError(this.headAtTailStart(), false) ?? false;
     return wholeTail ? false : undefined;
   }
 
@@ -133,7 +134,11 @@ export class UsageTail {
    */
   private beginsAfterBlankLine(): boolean {
     const from = this.total - this.size;
-    return this.starts.some((at) => at > from && at <= from + 2);
+    for (const at of this.starts) {
+      if (at > from + 2) return false;
+      if (at > from) return true;
+    }
+    return false;
   }
 
   /** The whole tail, decoded. */
@@ -149,19 +154,18 @@ export class UsageTail {
     return { text: Buffer.concat(this.chunks.slice(from)).toString("utf8"), partial: from > 0 };
   }
 
-  /** The head of the event that holds stream offset `at` (the newest one beginning at or before it). */
-  private headBefore(at: number): string {
-    const start = this.starts.findLast((s) => s <= at);
-    if (start === undefined) return "";
-    return (this.heads.get(start) ?? this.bytesFrom(start, HEAD_BYTES)).toString("utf8");
+  /** The head of the event that holds the tail's first byte. */
+  private headAtTailStart(): string {
+    const from = this.total - this.size;
+    const head = this.starts[0] === from ? this.bytesFrom(from, HEAD_BYTES) : this.headBeforeTail;
+    return head?.toString("utf8") ?? "";
   }
 }
 
 /** How many of the newest bytes the usage and the last event are looked for in first. */
 const QUICK_BYTES = 1024;
-/** How much of an event's beginning is kept, and of how many of the newest events. */
+/** How much of an event's beginning is kept (of the newest one that began before the tail). */
 const HEAD_BYTES = 512;
-const MAX_HEADS = 4;
 /** The data of an error event cut short: its first member says so (as isErrorData reads a whole one). */
 const ERROR_DATA_START = /^\{\s*("error"\s*:\s*\{|"(type|object)"\s*:\s*"(error|response\.failed)")/;
 

@@ -175,6 +175,15 @@ describe("usage tail, a stream that ends in an error event", () => {
       expect({ round, text, error: verdict(chunks) }).toEqual({ round, text, error: verdict([bytes]) });
     }
   });
+  it("is judged by its head when it is longer than the tail, however many comments, blank lines and [DONE] follow", () => {
+    const failed = `event: response.failed\ndata: {"type":"response.failed","o":"${"w".repeat(20_000)}"}\n\n`;
+    const after = ": keep-alive\n\n\n\n: keep-alive\n\ndata: [DONE]\n\n\n\n";
+    const pieces = (text: string) => Array.from({ length: Math.ceil(text.length / 100) }, (_, i) => text.slice(i * 100, (i + 1) * 100));
+    expect(endsInError(...pieces(failed + after))).toBe(true);
+    expect(endsInError(failed + after)).toBe(true);
+    const completed = failed.replaceAll("response.failed", "response.completed");
+    expect(endsInError(...pieces(completed + after))).toBe(false);
+  });
   it("is not a completed stream, a usage chunk with error null, or a JSON body naming an error", () => {
     expect(endsInError('data: {"choices":[],"error":null,"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]\n\n')).toBe(false);
     expect(endsInError('data: {"error":{"message":"early"}}\n\ndata: {"choices":[{"delta":{"content":"ok"}}]}\n\ndata: [DONE]\n\n')).toBe(false);
