@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { captureKey, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
 import { GYM_SERVERS, TASK, startGymWorld, type GymWorld, type RunResult } from "../support/gym-processes.js";
+import { mulberry32 } from "../support/seeded-random.js";
 
 /**
  * Seeded random controller sequences against the real reference Gym: start, release, checkpoint,
@@ -18,17 +19,6 @@ const SEEDS: [number, boolean][] = [
 ];
 const STEPS = 14;
 const ROLLOUTS = 6;
-
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface Rollout {
   id: string;

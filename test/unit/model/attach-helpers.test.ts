@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
 import { isCompleteEvent, lastEventStart, mayEndStream } from "../../../participants/attach/sse-events.js";
 import { UsageTail } from "../../../participants/attach/usage-tail.js";
+import { mulberry32 } from "../../support/seeded-random.js";
 
 describe("usage tail", () => {
   it("reads usage from the final SSE chunk, split across network chunks, keeping only the tail", () => {
@@ -133,13 +134,7 @@ describe("usage tail, a stream that ends in an error event", () => {
     }
   });
   it("gives the answer of the whole stream in one chunk, whatever the chunking (seeded random streams and chunkings)", () => {
-    let seed = 0x5eed;
-    const random = () => {
-      seed = (seed + 0x6d2b79f5) | 0;
-      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    };
+    const random = mulberry32(0x5eed);
     const pick = <T,>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
     const LIMIT = 256;
     // Around the tail's and the kept head's sizes, and multi-byte characters a chunk may split.

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, StripedLocks } from "../../../participants/kinds/model/index.js";
+import { mulberry32 } from "../../support/seeded-random.js";
 import { isPending, ledgerRow, settle } from "./model-fixtures.js";
 
 let dir: string;
@@ -308,13 +309,7 @@ process.exit(0);`;
   });
 
   it("ledger operations asked for without waiting apply in the order asked, per key, whichever take the immediate path (seeded interleavings)", async () => {
-    let seed = 0x1ed9e7;
-    const random = () => {
-      seed = (seed + 0x6d2b79f5) | 0;
-      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    };
+    const random = mulberry32(0x1ed9e7);
     const pick = <T,>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
     const keys = ["ra-0", "rb-0", "rc-0", "rd-1"];
     const failing = new Set<string>(); // rows whose write fails part way (a full disk)
