@@ -161,7 +161,11 @@ export function argvRefusal(error: unknown): string {
   const flag = /'(--?[A-Za-z0-9-]+)/.exec(message ?? "")?.[1];
   if (code === "ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL") return "unexpected argument: every value follows its flag (quote a value that holds spaces)";
   if (code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") return `unknown option${flag ? ` ${flag}` : ""} (see --help)`;
-  if (code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE") return `option${flag ? ` ${flag}` : ""} needs a value`;
+  if (code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE") {
+    // `--token-delay-ms -1`: the parser takes a value beginning with "-" for the next flag.
+    const dashed = /ambiguous/.test(message ?? "") && flag ? `; one beginning with "-" is written ${flag}=<value>` : "";
+    return `option${flag ? ` ${flag}` : ""} needs a value${dashed}`;
+  }
   return "the command line cannot be parsed (see --help)";
 }
 

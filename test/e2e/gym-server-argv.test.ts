@@ -40,6 +40,18 @@ describe("configuration refused before anything starts", () => {
     expect({ status: stray.status, leaks: `${stray.stdout}${stray.stderr}`.includes("SECRETWORD") }).toEqual({ status: 2, leaks: false });
   });
 
+  it("gym-ckpt gym: a negative number after its flag says how to write a value beginning with a dash, instead of only 'needs a value'", () => {
+    ensureBuilt();
+    const dashed = run(GYM, ["--nats", "nats://127.0.0.1:1", "--token", "t0ken", "--token-delay-ms", "-1"]);
+    expect({ status: dashed.status, stderr: dashed.stderr.trim() }).toEqual({
+      status: 2,
+      stderr: 'gym: invalid configuration: option --token-delay-ms needs a value; one beginning with "-" is written --token-delay-ms=<value>',
+    });
+    // Written so, the value reaches the flag's own check.
+    const written = run(GYM, ["--nats", "nats://127.0.0.1:1", "--token", "t0ken", "--token-delay-ms=-1"]);
+    expect({ status: written.status, stderr: written.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(/^gym: invalid configuration: --token-delay-ms [^\n]*$/) });
+  });
+
   it("gym-ckpt gym: a bad --lease-grace-seconds is named before any server starts (no server exits over it)", () => {
     ensureBuilt();
     const bad = run(GYM, ["--nats", "nats://127.0.0.1:1", "--token", "t0ken", "--lease-grace-seconds", "soon"]);
