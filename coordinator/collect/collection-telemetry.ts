@@ -1,6 +1,4 @@
-import { metrics, SpanStatusCode, type Span } from "@opentelemetry/api";
-import { toCheckpointError } from "../../protocol/index.js";
-import { SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
+import { metrics } from "@opentelemetry/api";
 
 /** Collection rows by state, as a gauge read when metrics are collected. */
 export type RowCounts = Record<"pending" | "inflight" | "done" | "failed", number>;
@@ -18,10 +16,4 @@ export function collectionInstruments(counts: () => RowCounts) {
   const checkpoints = meter.createCounter("gym_ckpt.collection.checkpoints", { unit: "{checkpoint}", description: "Collector checkpoints by outcome (published, not_prepared, failed)" });
   const rows = meter.createCounter("gym_ckpt.collection.rows.resumed", { unit: "{row}", description: "Rows after a restart: continued from a checkpoint or restarted from input" });
   return { checkpoints, rows };
-}
-
-/** Marks a collector span failed the way the coordinator's are: status ERROR and the catalog code in `gym_ckpt.error.code`. */
-export function markSpanFailed(span: Span, error: unknown): void {
-  span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
-  span.setAttribute(SPAN_ATTR.code, toCheckpointError(error).code);
 }

@@ -38,7 +38,16 @@ export function coordinatorTelemetry() {
   return instance;
 }
 
-/** Runs `fn` in a child span of `parent` (or the active context); errors mark it with the catalog code the reply carries. */
+/**
+ * Marks a span failed: status ERROR, and in `gym_ckpt.error.code` the catalog code the reply
+ * carries (a file-system error is answered storage_error, anything else internal_error).
+ */
+export function markSpanFailed(span: Span, error: unknown): void {
+  span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
+  span.setAttribute(SPAN_ATTR.code, toCheckpointError(error).code);
+}
+
+/** Runs `fn` in a child span of `parent` (or the active context); errors mark it failed (markSpanFailed). */
 export async function inSpan<T>(name: string, attributes: Attributes, parent: Context | undefined, fn: (ctx: Context, span: Span) => Promise<T>): Promise<T> {
   const base = parent ?? context.active();
   const span = coordinatorTelemetry().tracer.startSpan(name, { attributes }, base);
@@ -46,9 +55,7 @@ export async function inSpan<T>(name: string, attributes: Attributes, parent: Co
   try {
     return await context.with(ctx, () => fn(ctx, span));
   } catch (error) {
-    span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
-    // The code the reply carries: a file-system error is answered storage_error, anything else internal_error.
-    span.setAttribute(SPAN_ATTR.code, toCheckpointError(error).code);
+    markSpanFailed(span, error);
     throw error;
   } finally {
     span.end();
