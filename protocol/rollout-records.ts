@@ -276,11 +276,10 @@ export function encodeRecordLines(records: readonly unknown[]): { bytes: Buffer;
     if (text === undefined) throw invalid(`record ${i} cannot be encoded as JSON`);
     // Readers decode a line as one string, whose limit Node applies to its UTF-8 bytes: a longer line
     // (multibyte text JSON still encodes) would make its file fail every later load.
-    const bytes = Buffer.byteLength(text, "utf8") + 1;
-    if (bytes > MAX_RECORD_LINE_BYTES) {
-      throw invalid(`record ${i} is ${bytes} bytes as a JSON line, longer than any reader can decode (${MAX_RECORD_LINE_BYTES})`);
-    }
     const line = Buffer.from(text + "\n", "utf8");
+    if (line.length > MAX_RECORD_LINE_BYTES) {
+      throw invalid(`record ${i} is ${line.length} bytes as a JSON line, longer than any reader can decode (${MAX_RECORD_LINE_BYTES})`);
+    }
     spans.push({ offset, len: line.length });
     chunks.push(line);
     offset += line.length;
