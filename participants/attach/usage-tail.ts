@@ -27,7 +27,7 @@ export class UsageTail {
     // An event begins after a blank line: `\n\n`, or `\r\n\r\n` (matched by its `\n\r\n`).
     for (let i = chunk.indexOf(LF); i !== -1; i = chunk.indexOf(LF, i + 1)) {
       const before = this.byteAt(chunk, i - 1);
-      if (before === LF || (before === CR && this.byteAt(chunk, i - 2) === LF)) this.eventStartsAt(this.total + i + 1);
+      if (before === LF || (before === CR && this.byteAt(chunk, i - 2) === LF)) this.starts.push(this.total + i + 1);
     }
     if (chunk.length >= 2) {
       this.last2 = chunk[chunk.length - 2]!;
@@ -42,19 +42,20 @@ export class UsageTail {
     while (this.size - this.chunks[0]!.length >= this.limit && this.chunks.length > 1) this.dropOldest();
   }
 
+  /** Stream offset of the tail's first byte. */
+  private get tailStart(): number {
+    return this.total - this.size;
+  }
+
   /** The byte at `i` in `chunk`, or just before it (-1, -2) in what was pushed earlier. */
   private byteAt(chunk: Buffer, i: number): number {
     return i >= 0 ? chunk[i]! : i === -1 ? this.last1 : this.last2;
   }
 
-  private eventStartsAt(at: number): void {
-    this.starts.push(at);
-  }
-
   /** The oldest chunk leaves the tail; the head of the newest event beginning in it is copied first. */
   private dropOldest(): void {
     const dropped = this.chunks[0]!;
-    const end = this.total - this.size + dropped.length;
+    const end = this.tailStart + dropped.length;
     let newest: number | undefined;
     while (this.starts.length > 0 && this.starts[0]! < end) newest = this.starts.shift();
     if (newest !== undefined) this.headBeforeTail = this.bytesFrom(newest, HEAD_BYTES);
@@ -65,7 +66,7 @@ export class UsageTail {
   /** Up to `length` kept bytes from stream offset `at` (copied: a head must not keep its chunks alive). */
   private bytesFrom(at: number, length: number): Buffer {
     const parts: Buffer[] = [];
-    let offset = this.total - this.size;
+    let offset = this.tailStart;
     let left = length;
     for (const chunk of this.chunks) {
       if (left === 0) break;
@@ -113,11 +114,11 @@ export class UsageTail {
    * event, or the start of every event in it, lies before them.
    */
   private lastEventIsError(text: string, wholeTail: boolean): boolean | undefined {
-    const cutBlankLine = this.total !== this.size && this.beginsAfterBlankLine();
+    const cutBlankLine = this.tailStart > 0 && this.beginsAfterBlankLine();
     for (let end = text.length; end > 0; ) {
       const start = Math.max(text.lastIndexOf("\n\n", end - 1), text.lastIndexOf("\n\r\n", end - 1));
       if (start === -1 && !wholeTail) return undefined;
-      const whole = start !== -1 || this.total === this.size || cutBlankLine;
+      const whole = start !== -1 || this.tailStart === 0 || cutBlankLine;
       // An event that began before the tail: judged by its head (name, how its data begins).
       const verdict = eventIsError(whole ? text.slice(start + 1, end) : this.headAtTailStart(), whole);
       if (verdict !== undefined) return verdict;
@@ -133,7 +134,7 @@ export class UsageTail {
    * lies whole in the tail, though no blank line in its text says so (its head would be the previous event's).
    */
   private beginsAfterBlankLine(): boolean {
-    const from = this.total - this.size;
+    const from = this.tailStart;
     for (const at of this.starts) {
       if (at > from + 2) return false;
       if (at > from) return true;
@@ -156,7 +157,7 @@ export class UsageTail {
 
   /** The head of the event that holds the tail's first byte. */
   private headAtTailStart(): string {
-    const from = this.total - this.size;
+    const from = this.tailStart;
     const head = this.starts[0] === from ? this.bytesFrom(from, HEAD_BYTES) : this.headBeforeTail;
     return head?.toString("utf8") ?? "";
   }
@@ -168,7 +169,6 @@ const QUICK_BYTES = 1024;
 const HEAD_BYTES = 512;
 /** The data of an error event cut short: its first member says so (as isErrorData reads a whole one). */
 const ERROR_DATA_START = /^\{\s*("error"\s*:\s*\{|"(type|object)"\s*:\s*"(error|response\.failed)")/;
-
 
 /** Whether an event (whole, or its head) is an error; undefined for one that decides nothing: blank, a comment, the end marker. */
 function eventIsError(eventText: string, whole: boolean): boolean | undefined {
