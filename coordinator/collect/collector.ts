@@ -760,10 +760,15 @@ export class Collector {
         const answered = (s: RowState) => Promise.race([s.reply, new Promise<void>((resolve) => s.refusalWaiters.push(resolve))]);
         await Promise.race([Promise.all(onTheWire.map(answered)), delay(this.options.checkpointTimeoutSeconds ?? 60)]);
         for (const s of onTheWire) s.refusalWaiters.length = 0;
+        // A reply still missing belongs to an episode nobody holds: a restore would install its next
+        // attempt beside an environment that starts it from input. It restarts from input instead.
+        const unanswered = new Set(onTheWire.filter((s) => s.status === "inflight" && !s.refused).map((s) => s.row.rolloutId));
         const continued = scope.filter((e) => {
           const s = this.states.get(e.rollout_id)!;
-          return s.status !== "done" && !s.refused;
+          return s.status !== "done" && !s.refused && !unanswered.has(e.rollout_id);
         });
+        restarted.push(...scope.filter((e) => unanswered.has(e.rollout_id)));
+        if (unanswered.size) log.warn({ rows: unanswered.size }, "a /run reply on the wire did not arrive within the checkpoint timeout; its row restarts from input after a restore");
 
         const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };
         const text = `${JSON.stringify(state, null, 2)}\n`;

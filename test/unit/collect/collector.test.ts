@@ -774,6 +774,30 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1, failed: 0, checkpoints: 1 });
   }, 20_000);
 
+  it("a /run reply on the wire that does not arrive within --checkpoint-timeout-s: its row, exported by no owner, is restarted, not continued", async () => {
+    const release = deferred();
+    let arrived = false;
+    const url = await runServer(async () => {
+      arrived = true;
+      await release.promise; // the episode ended at the environment; its reply is slow to come back
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller, state, base } = fakeController({
+      commit: async (req: never) => ({ ...(await base.commit(req)), participants: [{ kind: "environment", episode_ids: [] }] }),
+    });
+    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 0.2 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => arrived, "the /run of a");
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    // Continued, a restore would install attempt 1 beside an environment that holds nothing of it.
+    const published = JSON.parse(await readFile(join(dir, state.latest!, "collection.json"), "utf8")) as { continued: EpisodeId[]; restarted: EpisodeId[] };
+    expect(published.continued).toEqual([]);
+    expect(published.restarted).toEqual([{ rollout_id: "a", attempt: 0 }]);
+    release.resolve();
+    expect(await run).toMatchObject({ finished: 1 });
+  });
+
   it("a checkpoint does not wait for a row refused admission by that checkpoint, nor continues it", async () => {
     const prepared = deferred();
     const sent: number[] = [];
