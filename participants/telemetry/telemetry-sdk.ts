@@ -60,6 +60,16 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
     delete env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT;
     delete env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT;
   }
+  // Likewise an inherited endpoint variable, for every signal that speaks OTLP/HTTP (gRPC takes a bare host:port).
+  const grpcTraces = (env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL || env.OTEL_EXPORTER_OTLP_PROTOCOL) === "grpc";
+  const grpcMetrics = (env.OTEL_EXPORTER_OTLP_METRICS_PROTOCOL || env.OTEL_EXPORTER_OTLP_PROTOCOL) === "grpc";
+  const httpEndpoints = [
+    ...(grpcTraces && grpcMetrics ? [] : ["OTEL_EXPORTER_OTLP_ENDPOINT"]),
+    ...(grpcTraces ? [] : ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]),
+    ...(grpcMetrics ? [] : ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]),
+  ];
+  const malformed = httpEndpoints.find((name) => env[name]?.trim() && !isHttpUrl(env[name].trim()));
+  if (malformed) throw new CheckpointError("invalid_request", `${malformed} must be an http:// or https:// URL, e.g. http://127.0.0.1:4318`);
 
   const tracesExporters = listed("OTEL_TRACES_EXPORTER");
   const tracesEndpoint = Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT);

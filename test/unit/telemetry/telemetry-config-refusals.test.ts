@@ -51,6 +51,29 @@ describe.each([
       expect(process.env.OTEL_EXPORTER_OTLP_ENDPOINT).toBeUndefined();
     }
   });
+  it("refuses an inherited OTLP endpoint variable that is not an http(s) URL, without echoing it, unless its signals speak gRPC or the flag replaces it", async () => {
+    for (const name of ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]) {
+      for (const value of ["127.0.0.1:4318", "ftp://user:hunter2@collector:4318"]) {
+        for (const n of Object.keys(process.env)) if (n.startsWith("OTEL_")) delete process.env[n];
+        process.env[name] = value;
+        const refused = await outcome(start, { serviceName: "unit" });
+        expect(refused, `${name}=${value}`).toMatchObject({ code: "invalid_request", message: `${name} must be an http:// or https:// URL, e.g. http://127.0.0.1:4318` });
+        expect((refused as Error).message).not.toContain("hunter2");
+      }
+      // gRPC exporters take host:port as it is.
+      process.env[name] = "127.0.0.1:4317";
+      process.env.OTEL_EXPORTER_OTLP_PROTOCOL = "grpc";
+      expect(await outcome(start, { serviceName: "unit" }), name).toBe("started");
+      // The flag replaces the inherited endpoints.
+      delete process.env.OTEL_EXPORTER_OTLP_PROTOCOL;
+      expect(await outcome(start, { serviceName: "unit", otlpEndpoint: "http://127.0.0.1:9" }), name).toBe("started");
+    }
+    // Only the signal that speaks OTLP/HTTP is held to it: metrics over gRPC, traces over HTTP.
+    for (const n of Object.keys(process.env)) if (n.startsWith("OTEL_")) delete process.env[n];
+    Object.assign(process.env, { OTEL_EXPORTER_OTLP_ENDPOINT: "127.0.0.1:4317", OTEL_EXPORTER_OTLP_METRICS_PROTOCOL: "grpc" });
+    expect(await outcome(start, { serviceName: "unit" })).toMatchObject({ code: "invalid_request", message: expect.stringContaining("OTEL_EXPORTER_OTLP_ENDPOINT must be") });
+  });
+
   it("an empty OTEL_EXPORTER_PROMETHEUS_HOST is unset: /metrics stays on 127.0.0.1, not every interface", async () => {
     for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
     process.env.OTEL_EXPORTER_PROMETHEUS_HOST = "";
