@@ -74,7 +74,10 @@ export class CheckpointCatalog {
       statSync(this.manifestPath(checkpointId));
       return true;
     } catch (error) {
-      return (error as NodeJS.ErrnoException).code !== "ENOENT";
+      // ENOTDIR: the id names a stray file under the root, not a published checkpoint (as `get`
+      // says); `leftover` then refuses it as not a directory.
+      const code = (error as NodeJS.ErrnoException).code;
+      return code !== "ENOENT" && code !== "ENOTDIR";
     }
   }
 

@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -249,6 +249,25 @@ describe("leadership lost while a reused id's leftover is probed", () => {
     expect(engine.openCheckpoint).toBeNull();
     expect(journal.log).toEqual([]);
     expect(fake.calls.filter((c) => c.op !== "status")).toEqual([]);
+  });
+});
+
+/**
+ * docs/api.md, prepare: `<root>/<id>` that is not a directory refuses the id `checkpoint_conflict`
+ * ("use another checkpoint id"). A stray regular file there is not a published checkpoint: its
+ * `<id>/checkpoint.json` answers ENOTDIR, which the catalog took for "published" (stale_checkpoint,
+ * "is already published"), while verify and get call the same id not_found.
+ */
+describe("a fresh id naming a stray file under the root", () => {
+  it("is refused checkpoint_conflict, not stale_checkpoint: nothing opened, journaled or sent", async () => {
+    await writeFile(join(root, "stray"), "a controller's notes\n");
+    const { engine, fake, journal } = makeEngine(root);
+    const refused = await refusalOf(engine.prepare({ checkpoint_id: "stray" }));
+    expect(refused).toMatchObject({ code: "checkpoint_conflict", message: expect.stringContaining("is not a directory") });
+    expect(engine.openCheckpoint).toBeNull();
+    expect(journal.log).toEqual([]);
+    expect(fake.calls).toEqual([]);
+    expect(readFileSync(join(root, "stray"), "utf8")).toBe("a controller's notes\n");
   });
 });
 
