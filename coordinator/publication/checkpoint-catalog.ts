@@ -112,10 +112,8 @@ export class CheckpointCatalog {
     let text: string;
     try {
       // The coordinator makes real directories; a link (out of the root, or to another checkpoint)
-      // is not one of its checkpoints: `scan` does not list it and participants refuse to restore it.
-      if ((await lstat(dirname(path))).isSymbolicLink()) {
-        throw new CheckpointError("invalid_checkpoint_state", `checkpoint directory ${dirname(path)} is a symbolic link, not a checkpoint this root holds`);
-      }
+      // is not one of its checkpoints: `scan` names it damaged instead of listing it.
+      if ((await lstat(dirname(path))).isSymbolicLink()) throw linkedCheckpointDir(dirname(path));
       text = await readRegularFile(path, GLOBAL_MANIFEST_LIMITS);
     } catch (error) {
       throw readFailure(error, checkpointId, this.root);
@@ -127,17 +125,18 @@ export class CheckpointCatalog {
    * Directories under the root, split into published (valid checkpoint.json) and partial ones:
    * without checkpoint.json and recognisably a checkpoint's (empty, as opened, or holding the
    * participants' directory). Any other directory is not ours (a controller may share the root) and
-   * is in neither list.
+   * is in neither list; nor is a link, unless it leads to a checkpoint.json (then it is damaged).
    * Blocking: a readdir and a stat per checkpoint; checkpoint.json is written once (renamed into
    * place), so its parse is cached until its inode, size or mtime changes. Retention scans after
    * every publication and must not re-read every manifest each time.
    */
   scan(): { published: CatalogEntry[]; partial: string[]; damaged: DamagedCheckpoint[] } {
     let names: string[];
+    let links: string[];
     try {
-      names = readdirSync(this.root, { withFileTypes: true })
-        .filter((d) => d.isDirectory() && CheckpointIdSchema.safeParse(d.name).success)
-        .map((d) => d.name);
+      const idNamed = readdirSync(this.root, { withFileTypes: true }).filter((d) => CheckpointIdSchema.safeParse(d.name).success);
+      names = idNamed.filter((d) => d.isDirectory()).map((d) => d.name);
+      links = idNamed.filter((d) => d.isSymbolicLink()).map((d) => d.name);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return { published: [], partial: [], damaged: [] };
       throw error;
@@ -145,6 +144,12 @@ export class CheckpointCatalog {
     const published: CatalogEntry[] = [];
     const partial: string[] = [];
     const damaged: DamagedCheckpoint[] = [];
+    // A link to a checkpoint (its target holds a checkpoint.json) is not one this root holds (`get`
+    // refuses it): named as damaged, so it neither vanishes from `ls` unexplained nor is deleted.
+    // A link to anything else is not ours and is left out, as any other directory.
+    for (const name of links) {
+      if (this.has(name)) damaged.push({ checkpoint_id: name, code: "invalid_checkpoint_state", detail: linkedCheckpointDir(join(this.root, name)).message });
+    }
     for (const name of names) {
       try {
         published.push(this.entry(name));
@@ -200,6 +205,11 @@ export class CheckpointCatalog {
     if (!parsedId.success) throw new CheckpointError("invalid_request", describeZodError(parsedId.error, `checkpoint id ${JSON.stringify(checkpointId)}`));
     return join(this.root, checkpointId, GLOBAL_MANIFEST_FILE);
   }
+}
+
+/** The coordinator makes real directories: a link (out of the root, or to another checkpoint) is not one of its checkpoints. */
+function linkedCheckpointDir(dir: string): CheckpointError {
+  return new CheckpointError("invalid_checkpoint_state", `checkpoint directory ${dir} is a symbolic link, not a checkpoint this root holds`);
 }
 
 /** Empty (opened, nothing committed) or holding the participants' directory that commits write. */

@@ -1,5 +1,5 @@
 import { spawnSync } from "node:child_process";
-import { chmod, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdtemp, rename, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
@@ -62,6 +62,31 @@ describe("gym-ckpt ls on odd inputs", () => {
     expect(json.latest).toBe("c2");
     expect(json.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c2"]);
     expect(json.damaged).toEqual([{ checkpoint_id: "c1", code: "invalid_checkpoint_state", detail: expect.any(String) }]);
+  });
+
+  it("a checkpoint directory that is a symbolic link is named with a warning, as docs/api.md promises (verify refuses it), and retention leaves it", async () => {
+    await publish(["c1", "c2"]); // LATEST = c2
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-odd-root-outside-"));
+    try {
+      await rename(join(root, "c1"), join(outside, "c1"));
+      await symlink(join(outside, "c1"), join(root, "c1"));
+      // A link to a directory that holds no checkpoint.json is not a checkpoint: not named.
+      await symlink(tmpdir(), join(root, "elsewhere"));
+      const ls = await cli(["ls", "--root", root]);
+      expect(ls).toEqual({ code: 0, stdout: expect.stringMatching(/^\* c2 [^\n]*\n$/), stderr: `warning invalid_checkpoint_state: checkpoint c1 is not listed: checkpoint directory ${join(root, "c1")} is a symbolic link, not a checkpoint this root holds\n` });
+      const json = JSON.parse((await cli(["ls", "--root", root, "--json"])).stdout) as { damaged: { checkpoint_id: string; code: string }[] };
+      expect(json.damaged).toEqual([{ checkpoint_id: "c1", code: "invalid_checkpoint_state", detail: expect.stringContaining("is a symbolic link") }]);
+      // Neither listed nor deleted: retention after another publication keeps the link and its target.
+      const catalog = new CheckpointCatalog(root);
+      const writer = new GlobalManifestWriter(catalog, 1);
+      const entry = await writeParticipant(root, "c3", "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+      await writer.publish({ checkpointId: "c3", epoch: 1, preparedAt: 1, publishedAt: 9, stop: false, scope: null, restarts: [], participants: [entry], controllerState: null });
+      expect(writer.retain("c3")).toEqual(["c2"]);
+      await writer.settled();
+      expect(catalog.scan().damaged.map((d) => d.checkpoint_id)).toEqual(["c1"]);
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
   });
 
   // Root reads through mode bits: the listing runs as another account (setpriv).
