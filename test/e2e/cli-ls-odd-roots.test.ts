@@ -1,5 +1,5 @@
 import { spawnSync } from "node:child_process";
-import { chmod, mkdtemp, rename, rm, symlink, writeFile } from "node:fs/promises";
+import { chmod, mkdtemp, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
@@ -87,6 +87,14 @@ describe("gym-ckpt ls on odd inputs", () => {
     } finally {
       await rm(outside, { recursive: true, force: true });
     }
+  });
+
+  it("a checkpoint.json whose published_at no date can show still lists every checkpoint (the raw value), not internal_error", async () => {
+    await publish(["c1", "c2"]);
+    const path = join(root, "c1", "checkpoint.json");
+    await writeFile(path, JSON.stringify({ ...JSON.parse(await readFile(path, "utf8")), published_at: 1e13 }));
+    const ls = await cli(["ls", "--root", root]);
+    expect(ls).toEqual({ code: 0, stdout: expect.stringMatching(/^  c1  published_at 10000000000000  epoch 1[^\n]*\n\* c2  1970-01-01T00:00:03\.000Z  epoch 1[^\n]*\n$/), stderr: "" });
   });
 
   // Root reads through mode bits: the listing runs as another account (setpriv).

@@ -35,9 +35,18 @@ export function register(program: Command): void {
         if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published, ...(damaged.length > 0 && { damaged }) });
         for (const c of published) {
           process.stdout.write(
-            `${c.checkpoint_id === latest ? "*" : " "} ${c.checkpoint_id}  ${new Date(c.published_at * 1000).toISOString()}  epoch ${c.epoch}  ${c.participants} participants${c.stop ? "  stop" : ""}\n`,
+            `${c.checkpoint_id === latest ? "*" : " "} ${c.checkpoint_id}  ${publishedAt(c.published_at)}  epoch ${c.epoch}  ${c.participants} participants${c.stop ? "  stop" : ""}\n`,
           );
         }
       });
     });
+}
+
+/**
+ * The publication time as an ISO date; a (hand-edited or damaged) value past what a Date can hold
+ * is printed as it is, so one checkpoint cannot make the whole listing fail.
+ */
+function publishedAt(seconds: number): string {
+  const date = new Date(seconds * 1000);
+  return Number.isNaN(date.getTime()) ? `published_at ${seconds}` : date.toISOString();
 }
