@@ -1,6 +1,6 @@
 import { Option, type Command } from "commander";
 import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, isHttpUrl, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
-import { readFileSync, statSync } from "node:fs";
+import { accessSync, constants, readFileSync, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
 import { connectNats } from "../client/nats-connect.js";
@@ -207,9 +207,11 @@ export function controllerStateFrom(flags: { stateJson?: string; stateFile?: str
 
 /**
  * The checkpoint root `ls` and `verify` read: `not_found` when it does not exist, so a mistyped
- * --root is not an empty listing.
+ * --root is not an empty listing; `invalid_request` when this account cannot reach what is in it
+ * (search permission; `list`: also read, for `ls`), so that verify's exit 1 keeps meaning "this
+ * checkpoint is damaged or unreadable", not "wrong account".
  */
-export function rootFrom(root: string | undefined): string {
+export function rootFrom(root: string | undefined, needs: "enter" | "list" = "enter"): string {
   // An empty --root is its value (an unset "$ROOT"), refused as such: not a fall-back to the variable.
   if (root === "") throw new CheckpointError("invalid_request", "--root names no directory (an empty path)");
   const value = root ?? envSetting("GYM_CKPT_CHECKPOINT_ROOT");
@@ -225,5 +227,12 @@ export function rootFrom(root: string | undefined): string {
     throw error;
   }
   if (!isDirectory) throw new CheckpointError("invalid_request", `checkpoint root ${value} is not a directory`);
+  try {
+    accessSync(value, needs === "list" ? constants.R_OK | constants.X_OK : constants.X_OK);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "EACCES" || code === "EPERM") throw new CheckpointError("invalid_request", `checkpoint root ${value} is not accessible to this account (${code})`);
+    throw error;
+  }
   return value;
 }

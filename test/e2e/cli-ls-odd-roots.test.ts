@@ -123,4 +123,28 @@ describe("gym-ckpt ls on odd inputs", () => {
       await rm(shared, { recursive: true, force: true });
     }
   });
+
+  // docs/api.md: a root this account cannot reach is invalid_request (exit 2), for ls and verify
+  // alike; exit 1 from verify tells an operator to restore an older checkpoint.
+  it.skipIf(process.getuid?.() !== 0)("a root whose own mode shuts this account out is invalid_request (exit 2) for ls and verify, not storage_error", async () => {
+    const shared = await mkdtemp("/tmp/gym-ckpt-ls-eacces-");
+    const own = root;
+    try {
+      root = shared;
+      await publish(["c1"]);
+      await chmod(root, 0o700); // owned by root: the other account cannot list or enter it
+      const as = (...cliArgs: string[]) => {
+        const [command, ...args] = [...asAccount({ uid: 64_993, gid: 64_993, umask: 0o022 }), process.execPath, MAIN, ...cliArgs];
+        const r = spawnSync(command!, args, { encoding: "utf8", cwd: process.cwd() });
+        return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+      };
+      const refused = { code: 2, stdout: "", stderr: `error invalid_request: checkpoint root ${root} is not accessible to this account (EACCES)\n` };
+      expect(as("ls", "--root", root)).toEqual(refused);
+      expect(as("verify", "LATEST", "--root", root)).toEqual(refused);
+      expect(as("verify", "c1", "--root", root)).toEqual(refused);
+    } finally {
+      root = own;
+      await rm(shared, { recursive: true, force: true });
+    }
+  });
 });

@@ -11,7 +11,7 @@ export function register(program: Command): void {
     .option("--json", "print JSON")
     .action(async (flags: { root?: string; json?: boolean }) => {
       await runCli(async () => {
-        const catalog = new CheckpointCatalog(rootFrom(flags.root));
+        const catalog = new CheckpointCatalog(rootFrom(flags.root, "list"));
         const { published, damaged } = catalog.scan();
         for (const d of damaged) process.stderr.write(`warning ${d.code}: checkpoint ${d.checkpoint_id} is not listed: ${d.detail}\n`);
         // A damaged LATEST still lists the checkpoints: ls is how an operator picks an older one to restore.
