@@ -107,6 +107,8 @@ export class GlobalManifestWriter {
     this.staged.delete(input.checkpointId);
     let latest: StagedFile | undefined;
     let manifestPath: string | undefined;
+    /** checkpoint.json may be in place (its rename was allowed). */
+    let renamed = false;
     try {
       latest = await staging; // also created the checkpoint directory
       // The state file is fsynced here: a controller may have written it without, and LATEST must
@@ -138,7 +140,10 @@ export class GlobalManifestWriter {
       // Checked again after the fsync's wait, before each rename: a successor that took over
       // meanwhile publishes (or repairs LATEST) itself.
       manifestPath = join(dir, GLOBAL_MANIFEST_FILE);
-      await replaceSmallFileDurably(manifestPath, text, input.beforeWrite);
+      await replaceSmallFileDurably(manifestPath, text, () => {
+        input.beforeWrite?.();
+        renamed = true;
+      });
       // Read before LATEST's rename: once LATEST names it, the publication must not fail.
       const written = statSync(manifestPath);
       input.beforeWrite?.();
@@ -156,8 +161,10 @@ export class GlobalManifestWriter {
       latest ??= await staging.catch(() => undefined);
       if (latest) await discardStagedFile(latest);
       // Renamed into place before the failure (its directory's fsync failed): a checkpoint.json
-      // marks a checkpoint published, which LATEST never named and the engine now aborts.
-      if (manifestPath !== undefined) await rm(manifestPath, { force: true }).catch(() => undefined);
+      // marks a checkpoint published, which LATEST never named and the engine now aborts. Not by a
+      // writer deposed meanwhile (the wait for that fsync can outlast the lease): its successor
+      // recovers the journaled decision, and may already have found this file and made it LATEST.
+      if (manifestPath !== undefined && renamed && stillAllowed(input.beforeWrite)) await rm(manifestPath, { force: true }).catch(() => undefined);
       throw error;
     } finally {
       if (latest) this.inUse.delete(latest.temp);
@@ -257,6 +264,16 @@ export class GlobalManifestWriter {
       throw new CheckpointError("invalid_checkpoint_state", `controller state file ${input.file} has sha256 ${digest}, not ${input.sha256}`);
     }
     return { file: input.file, sha256: digest };
+  }
+}
+
+/** Whether `beforeWrite` (the leadership check) still passes. */
+function stillAllowed(beforeWrite: (() => void) | undefined): boolean {
+  try {
+    beforeWrite?.();
+    return true;
+  } catch {
+    return false;
   }
 }
 

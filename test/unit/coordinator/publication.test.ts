@@ -1,4 +1,4 @@
-import { readlinkSync } from "node:fs";
+import { readlinkSync, writeFileSync } from "node:fs";
 import { mkdir, mkdtemp, open, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -127,6 +127,29 @@ describe("publication and retention", () => {
     expect((await readFile(join(root, "LATEST"), "utf8")).trim()).toBe("c1");
     await writer.settled();
     expect((await readdir(root)).filter((n) => n.startsWith("."))).toEqual([]);
+  });
+
+  it("leadership lost while checkpoint.json's directory fsync waits (after its rename): the deposed writer leaves checkpoint.json, which a successor may already have made LATEST", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 100);
+    let checks = 0;
+    const deposed = () => {
+      if (++checks < 3) return; // before the write and before checkpoint.json's rename: still the leader
+      // The check before LATEST's rename, after the directory fsync stalled past the lease: a
+      // successor has since recovered the journaled decision, found checkpoint.json and pointed
+      // LATEST at it (repairLatest).
+      if (checks === 3) writeFileSync(join(root, "LATEST"), "c2\n");
+      throw new Error("not the leader any more");
+    };
+    await expect(publish(writer, "c2", 200, null, deposed)).rejects.toThrow("not the leader any more");
+    await writer.settled();
+    // LATEST names a whole checkpoint: the deposed writer did not take back the file it names.
+    const fresh = new CheckpointCatalog(root);
+    expect(await fresh.latest()).toBe("c2");
+    expect((await fresh.get("c2")).checkpoint_id).toBe("c2");
+    expect((await verifyCheckpoint(fresh, "c2")).records).toBe(2);
+    expect((await readdir(root)).filter((n) => n.startsWith("."))).toEqual([]); // its LATEST temp file is gone
   });
 
   it("a checkpoint.json the disk refuses (ENOSPC) is storage_error naming its file; LATEST stays", async () => {
