@@ -118,6 +118,13 @@ export class FsCheckpointStorage implements CheckpointStorage {
     };
     const manifestText = `${JSON.stringify(manifest, null, 2)}\n`;
     const manifestPath = join(dir, MANIFEST_FILE);
+    // Every reader (restore, verify, seeds) refuses a larger manifest: published, it would make a
+    // checkpoint (LATEST, even) that no restore can read. Only an adapter's `extra` can grow it.
+    const manifestBytes = Buffer.byteLength(manifestText);
+    if (manifestBytes > MAX_MANIFEST_BYTES) {
+      await unlink(tempRecords).catch(() => undefined);
+      throw new CheckpointError("payload_too_large", `${manifestPath} would be ${manifestBytes} bytes, over the ${MAX_MANIFEST_BYTES}-byte limit its readers enforce (the adapter's manifest extra is too large)`);
+    }
 
     try {
       await options.gate.publish(async () => {

@@ -4,7 +4,7 @@ import { mkdir, mkdtemp, readdir, readFile, rm, symlink, truncate, writeFile, un
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { sha256Hex, toCheckpointError } from "../../../protocol/index.js";
+import { MAX_MANIFEST_BYTES, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
 import { fsyncDir, parentsOfCreated } from "../../../participants/storage/fs-durable.js";
 import { readParticipantManifest, scanRecordLines } from "../../../participants/storage/fs-storage.js";
@@ -111,6 +111,16 @@ describe("filesystem checkpoint storage", () => {
     expect(await code(storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra: { other: true } }))).toBe("checkpoint_conflict");
     const read = await storage.read(target, ScriptRecordSchema);
     expect(read.records).toHaveLength(2);
+  });
+
+  it("refuses a manifest larger than every reader accepts (an adapter's manifestExtra past 1 MiB) before publishing anything: payload_too_large, not a commit no restore can read", async () => {
+    const huge = { owners: "x".repeat(MAX_MANIFEST_BYTES) };
+    const refused = await refusal(storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra: huge }));
+    expect(refused).toMatchObject({ code: "payload_too_large", message: expect.stringContaining(`over the ${MAX_MANIFEST_BYTES}-byte limit`) });
+    expect(await readdir(participantDir(target))).toEqual([]); // no manifest, no records file, no temp file
+    // What fits is committed and read back as before.
+    const written = await storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra: { owners: "x".repeat(1000) } });
+    expect((await storage.read(target, ScriptRecordSchema)).manifest).toEqual(written.manifest);
   });
 
   it("a manifest write that fails (a full disk, ENOSPC) is storage_error naming the file, leaves no temp manifest behind; the retry publishes a clean directory", async () => {
