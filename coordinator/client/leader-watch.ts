@@ -7,9 +7,16 @@ import { pollUntil } from "./poll-until.js";
 /** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
 export const LEADER_CHECK_MS = 5_000;
 
+/** Who holds the lease: the coordinator's id and its term (absent in the value a coordinator before terms writes). */
+export interface LeaseHolder {
+  id: string;
+  term: string | undefined;
+}
+
 /**
- * The coordinator leading `deployment`, as its lease in the leader bucket names it: its id, null
- * when nobody leads, undefined when the lease cannot be read (no JetStream permissions, a timeout).
+ * The coordinator leading `deployment`, as its lease in the leader bucket names it: its id and
+ * term, null when nobody leads, undefined when the lease cannot be read (no JetStream permissions,
+ * a timeout).
  */
 export class LeaderLeaseReader {
   private kv: KV | undefined;
@@ -19,32 +26,41 @@ export class LeaderLeaseReader {
     private readonly deployment: string,
   ) {}
 
-  async leader(): Promise<string | null | undefined> {
+  async leader(): Promise<LeaseHolder | null | undefined> {
     try {
       // open() binds without direct gets, so reads ask the stream's leader, never a lagging replica.
       this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
       const entry = await this.kv.get(LEADER_KEY);
       if (!entry || entry.operation !== "PUT") return null;
-      const id = (JSON.parse(entry.string()) as { id?: unknown }).id;
-      return typeof id === "string" ? id : undefined;
+      const { id, term } = JSON.parse(entry.string()) as { id?: unknown; term?: unknown };
+      return typeof id === "string" ? { id, term: typeof term === "string" ? term : undefined } : undefined;
     } catch {
       return undefined;
     }
   }
 
   /**
-   * Resolves with `outcome_unknown` once the lease no longer names `leader` (it stopped leading:
-   * killed, partitioned, demoted), re-read every `everyMs` until `stop` aborts. An op without a
-   * deadline may legitimately run as long as the coordinator's default timeout, which a client does
-   * not know; without this, a client whose coordinator died would wait for the 7-day cap.
+   * Resolves with `outcome_unknown` once the lease no longer names `leader`'s term (it stopped
+   * leading: killed, partitioned, demoted; also when the same id leads again in a new term, which
+   * never saw the request), re-read every `everyMs` until `stop` aborts. `leader` null (nobody led
+   * as the request was sent, so whoever took it was a frozen leader whose lease had expired, and it
+   * stays silent): once anybody leads. An op without a deadline may legitimately run as long as
+   * the coordinator's default timeout, which a client does not know; without this, a client whose
+   * coordinator died would wait for the 7-day cap.
    */
-  lost(leader: string, everyMs: number, stop: AbortSignal): Promise<CheckpointError> {
+  lost(leader: LeaseHolder | null, everyMs: number, stop: AbortSignal): Promise<CheckpointError> {
     return pollUntil(
       async () => {
         const now = await this.leader();
         // Unreadable (undefined): checked again next time, never taken for a loss.
-        if (now === undefined || now === leader) return undefined;
-        return new CheckpointError("outcome_unknown", `coordinator ${leader} stopped leading before it answered (${now === null ? "nobody leads now" : `${now} leads now`}); retry the op to learn its outcome`);
+        if (now === undefined) return undefined;
+        if (leader === null) {
+          if (now === null) return undefined;
+          return new CheckpointError("outcome_unknown", `no coordinator led when the op was sent, and ${now.id} leads now without having answered it; retry the op to learn its outcome`);
+        }
+        if (now !== null && now.id === leader.id && now.term === leader.term) return undefined;
+        const why = now === null ? "nobody leads now" : now.id === leader.id ? "it leads again in a new term, which never saw the op" : `${now.id} leads now`;
+        return new CheckpointError("outcome_unknown", `coordinator ${leader.id} stopped leading before it answered (${why}); retry the op to learn its outcome`);
       },
       everyMs,
       stop,

@@ -50,8 +50,8 @@ export class NatsControllerClient extends ControllerClient {
         // The lease is read beside the request, not before it: one KV round trip off the op's path.
         const leader = watch && this.leases.leader();
         const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch?.signal });
-        void leader?.then((id) => {
-          if (typeof id === "string") void this.leases.lost(id, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch!.signal).then((lost) => watch!.abort(lost));
+        void leader?.then((holder) => {
+          if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch!.signal).then((lost) => watch!.abort(lost));
         });
         // The controller's own span (if any) becomes the parent of the coordinator's.
         return decodeControllerReply(op, await reply);

@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -49,6 +50,12 @@ export class LeaderLease implements Leadership {
   private readyFired = false;
   /** When the last successful create/update was sent (monotonic clock): the key lives at most leaseMs past it. */
   private renewedAt = -Infinity;
+  /**
+   * Names the term in the key's value (drawn per campaign, kept by its renewals): a controller
+   * waiting for a reply tells a new term of the same coordinator id (it lost the lease and won it
+   * back, or restarted under a configured coordinator_id) from the term that took its request.
+   */
+  private term = "";
   private timer: (() => void) | undefined;
   private stopped = false;
   private readonly clock: Clock;
@@ -153,9 +160,9 @@ export class LeaderLease implements Leadership {
     return this.kv!.create(LEADER_KEY, value);
   }
 
-  /** The key's value: who leads and when it last wrote, in wall time (for humans; never compared). */
+  /** The key's value: who leads, in which term (see `term`), and when it last wrote, in wall time (for humans; never compared). */
   private keyValue(): string {
-    return JSON.stringify({ id: this.options.id, at: this.clock.now() });
+    return JSON.stringify({ id: this.options.id, term: this.term, at: this.clock.now() });
   }
 
   private schedule(ms: number): void {
@@ -178,6 +185,7 @@ export class LeaderLease implements Leadership {
   private async tickOnce(): Promise<void> {
     if (this.stopped) return;
     const sentAt = this.clock.monotonic();
+    if (this.heldEpoch === null) this.term = randomBytes(8).toString("hex");
     const value = this.keyValue();
     if (this.heldEpoch === null) {
       try {

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
-import { LEADER_KEY } from "../../coordinator/ha/leader-lease.js";
+import { LEADER_KEY, LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, leaderBucket } from "../../protocol/index.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -210,6 +210,67 @@ describe("NATS controller client", () => {
     } finally {
       sub.unsubscribe();
       await kv.destroy();
+    }
+  });
+});
+
+describe("NATS controller client: the leader lease after a frozen or restarted coordinator", () => {
+  /** A coordinator's lease as the daemon holds it; `stop()` without release is a crash (its key stays until it expires). */
+  const leading = async (deployment: string, id: string) => {
+    const lease = new LeaderLease({ nc: nats.nc, deployment, id, leaseMs: 60_000 });
+    await lease.start();
+    expect(lease.state().leader).toBe(true);
+    return lease;
+  };
+  /** A silent responder: the coordinator that took the request never answers it (frozen, then woken with its lease expired). */
+  const silent = async (deployment: string) => {
+    const held: Msg[] = [];
+    const sub = nats.nc.subscribe(controllerSubject(deployment, "checkpoint"), { callback: (_e, msg) => void held.push(msg) });
+    await nats.nc.flush();
+    return { held, sub };
+  };
+  const settledWithin = (outcome: Promise<unknown>, ms: number) => Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), ms))]);
+
+  it("ends outcome_unknown when the coordinator that led leads again in a new term (lost its lease and won it back, or restarted under the same coordinator_id)", async () => {
+    const first = await leading("again", "coord-a");
+    const { held, sub } = await silent("again");
+    try {
+      const client = new NatsControllerClient({ nc: nats.nc, deployment: "again", token: "ctl-token", leaderCheckMs: 1_000 });
+      const outcome = client.checkpoint({ checkpoint_id: "again-1", episode_ids: [] }).catch((error: unknown) => error);
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      // The term that took the request ends (its key is gone); the same coordinator id wins the next one.
+      await first.stop();
+      const second = await leading("again", "coord-a");
+      try {
+        expect(await settledWithin(outcome, 10_000)).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-a") });
+      } finally {
+        await second.stop();
+      }
+    } finally {
+      sub.unsubscribe();
+      await (await new Kvm(nats.nc).open(leaderBucket("again"))).destroy();
+    }
+  });
+
+  it("ends outcome_unknown when nobody led as the op was sent (the one that took it stays silent) and a coordinator leads later", async () => {
+    const gone = await leading("nobody-led", "coord-a");
+    await gone.stop(); // nobody leads now; a frozen coordinator is still subscribed
+    const { held, sub } = await silent("nobody-led");
+    try {
+      const client = new NatsControllerClient({ nc: nats.nc, deployment: "nobody-led", token: "ctl-token", leaderCheckMs: 50 });
+      const outcome = client.checkpoint({ checkpoint_id: "nobody-1", episode_ids: [] }).catch((error: unknown) => error);
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      // Nobody leading yet: still waiting (the op cannot be known lost before anyone leads).
+      expect(await settledWithin(outcome, 300)).toBe("still waiting");
+      const next = await leading("nobody-led", "coord-a");
+      try {
+        expect(await settledWithin(outcome, 10_000)).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("no coordinator led") });
+      } finally {
+        await next.stop();
+      }
+    } finally {
+      sub.unsubscribe();
+      await (await new Kvm(nats.nc).open(leaderBucket("nobody-led"))).destroy();
     }
   });
 });

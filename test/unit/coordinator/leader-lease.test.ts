@@ -241,7 +241,7 @@ describe("leader lease", () => {
     expect(l.epoch()).toBe(101);
     expect(events).toEqual(["ready:101"]);
     // what the key says is for humans reading the bucket: the wall clock, step included
-    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", at: clock.now() });
+    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", term: expect.stringMatching(/^[0-9a-f]{16}$/), at: clock.now() });
     await l.stop();
   });
 });
