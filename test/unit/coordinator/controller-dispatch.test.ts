@@ -22,3 +22,35 @@ describe("dispatchController: a blank body", () => {
     }
   });
 });
+
+describe("dispatchController: a key named twice in one object", () => {
+  const calls: unknown[] = [];
+  const recording = {
+    prepare: async (request: unknown) => void calls.push(request),
+    publish: async (request: unknown) => void calls.push(request),
+  } as unknown as CheckpointEngine;
+
+  it("is refused invalid_request over both APIs, before the op runs (JSON.parse would keep the last one silently)", async () => {
+    const bodies = [
+      '{"checkpoint_id":"a","checkpoint_id":"b"}',
+      // the same key spelled with an escape
+      '{"checkpoint_id":"a","\\u0063heckpoint_id":"b"}',
+      // inside the controller's own state: one of its values would be dropped unseen
+      '{"checkpoint_id":"a","controller_state":{"inline":{"step":1,"x":[{"k":1,"k":2}]}}}',
+    ];
+    for (const body of bodies) {
+      const op = body.includes("controller_state") ? "publish" : "prepare";
+      for (const sent of [body, new TextEncoder().encode(body)]) {
+        await expect(dispatchController(recording, op, sent)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("twice") });
+      }
+    }
+    expect(calls).toEqual([]);
+  });
+
+  it("keeps accepting the same key in different objects, and key-like strings as values", async () => {
+    const body = '{"checkpoint_id":"a","controller_state":{"inline":{"checkpoint_id":"checkpoint_id","a":{"a":"a:"},"b":[{"a":1},{"a":2}],"s":"\\"a\\":1"}}}';
+    calls.length = 0;
+    await dispatchController(recording, "publish", body);
+    expect(calls).toHaveLength(1);
+  });
+});
