@@ -7,10 +7,14 @@ import { pollUntil } from "./poll-until.js";
 /** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
 export const LEADER_CHECK_MS = 5_000;
 
-/** Who holds the lease: the coordinator's id and its term (absent in the value a coordinator before terms writes). */
+/**
+ * Who holds the lease: the coordinator's id, its term and whether that term serves the controller
+ * API yet (term and serving are absent in the value a coordinator before them writes).
+ */
 export interface LeaseHolder {
   id: string;
   term: string | undefined;
+  serving: boolean | undefined;
 }
 
 /**
@@ -32,8 +36,9 @@ export class LeaderLeaseReader {
       this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
       const entry = await this.kv.get(LEADER_KEY);
       if (!entry || entry.operation !== "PUT") return null;
-      const { id, term } = JSON.parse(entry.string()) as { id?: unknown; term?: unknown };
-      return typeof id === "string" ? { id, term: typeof term === "string" ? term : undefined } : undefined;
+      const { id, term, serving } = JSON.parse(entry.string()) as { id?: unknown; term?: unknown; serving?: unknown };
+      if (typeof id !== "string") return undefined;
+      return { id, term: typeof term === "string" ? term : undefined, serving: typeof serving === "boolean" ? serving : undefined };
     } catch {
       return undefined;
     }
@@ -44,7 +49,9 @@ export class LeaderLeaseReader {
    * leading: killed, partitioned, demoted; also when the same id leads again in a new term, which
    * never saw the request), re-read every `everyMs` until `stop` aborts. `leader` null (nobody led
    * as the request was sent, so whoever took it was a frozen leader whose lease had expired, and it
-   * stays silent): once anybody leads. An op without a deadline may legitimately run as long as
+   * stays silent): once anybody leads. `leader` not serving yet (a successor waiting out its first
+   * lease period, or recovering; again only a frozen predecessor can have taken the request): once
+   * that changes, since a term that serves now subscribed after the request was delivered. An op without a deadline may legitimately run as long as
    * the coordinator's default timeout, which a client does not know; without this, a client whose
    * coordinator died would wait for the 7-day cap.
    */
@@ -58,7 +65,15 @@ export class LeaderLeaseReader {
           if (now === null) return undefined;
           return new CheckpointError("outcome_unknown", `no coordinator led when the op was sent, and ${now.id} leads now without having answered it; retry the op to learn its outcome`);
         }
-        if (now !== null && now.id === leader.id && now.term === leader.term) return undefined;
+        const sameTerm = now !== null && now.id === leader.id && now.term === leader.term;
+        if (leader.serving === false) {
+          if (sameTerm && now.serving === false) return undefined;
+          return new CheckpointError(
+            "outcome_unknown",
+            `coordinator ${leader.id} did not serve the controller API yet when the op was sent (a new leader waits one lease period, then recovers), so no coordinator that answers took it; retry the op to learn its outcome`,
+          );
+        }
+        if (sameTerm) return undefined;
         const why = now === null ? "nobody leads now" : now.id === leader.id ? "it leads again in a new term, which never saw the op" : `${now.id} leads now`;
         return new CheckpointError("outcome_unknown", `coordinator ${leader.id} stopped leading before it answered (${why}); retry the op to learn its outcome`);
       },

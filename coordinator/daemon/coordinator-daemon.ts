@@ -128,6 +128,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
         }
       }
       await natsApi.start();
+      // Only now does the lease say this term serves (controllers waiting on a request read it).
+      await lease.markServing(epoch).catch((error: unknown) => logger.error({ err: error }, "lease_mark_serving_failed"));
       readyResolve();
     },
     onLost: () => {

@@ -56,6 +56,8 @@ export class LeaderLease implements Leadership {
    * back, or restarted under a configured coordinator_id) from the term that took its request.
    */
   private term = "";
+  /** Whether this term serves the controller API yet (written into the key: see `markServing`). */
+  private serving = false;
   private timer: (() => void) | undefined;
   private stopped = false;
   private readonly clock: Clock;
@@ -138,6 +140,22 @@ export class LeaderLease implements Leadership {
   }
 
   /**
+   * The daemon subscribed the controller API in term `epoch` (after its first lease period and its
+   * recovery): written into the key at once. A controller whose request the lease shows reached no
+   * serving coordinator (a successor not serving yet, while a frozen predecessor still subscribed
+   * took it and stays silent) stops waiting for it instead of waiting for this term to end.
+   */
+  async markServing(epoch: number): Promise<void> {
+    // As campaignNow: never race the timer loop; the renewal below takes the pending tick's place.
+    while (this.inflight) await this.inflight;
+    if (this.stopped || this.heldEpoch !== epoch) return;
+    this.serving = true;
+    this.timer?.();
+    this.timer = undefined;
+    await this.tick();
+  }
+
+  /**
    * Creates the key: its revision is the epoch. One not above the highest epoch already published
    * means the bucket's revisions started over (the bucket was recreated, or JetStream lost its
    * store): retention would rank this leader's checkpoints below the older ones, and participants
@@ -162,7 +180,7 @@ export class LeaderLease implements Leadership {
 
   /** The key's value: who leads, in which term (see `term`), and when it last wrote, in wall time (for humans; never compared). */
   private keyValue(): string {
-    return JSON.stringify({ id: this.options.id, term: this.term, at: this.clock.now() });
+    return JSON.stringify({ id: this.options.id, term: this.term, serving: this.serving, at: this.clock.now() });
   }
 
   private schedule(ms: number): void {
@@ -185,7 +203,11 @@ export class LeaderLease implements Leadership {
   private async tickOnce(): Promise<void> {
     if (this.stopped) return;
     const sentAt = this.clock.monotonic();
-    if (this.heldEpoch === null) this.term = randomBytes(8).toString("hex");
+    if (this.heldEpoch === null) {
+      // A campaign: a new term, which serves nothing yet.
+      this.term = randomBytes(8).toString("hex");
+      this.serving = false;
+    }
     const value = this.keyValue();
     if (this.heldEpoch === null) {
       try {

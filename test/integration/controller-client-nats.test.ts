@@ -10,6 +10,7 @@ import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { startStallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
+import { startWorld } from "./coordinator-harness.js";
 
 // The controller client's own failure mapping over a real nats-server, without a coordinator:
 // nobody subscribed → not_leader once the leader wait runs out; a silent responder → outcome_unknown.
@@ -271,6 +272,45 @@ describe("NATS controller client: the leader lease after a frozen or restarted c
     } finally {
       sub.unsubscribe();
       await (await new Kvm(nats.nc).open(leaderBucket("nobody-led"))).destroy();
+    }
+  });
+});
+
+describe("NATS controller client: a successor that does not serve yet", () => {
+  it("ends outcome_unknown when the lease named a coordinator not serving yet (a frozen predecessor took the op) once it serves", async () => {
+    // The successor won the lease and waits out its first lease period; the predecessor, frozen,
+    // is still subscribed and takes the request (it stays silent when it wakes).
+    const held: Msg[] = [];
+    const sub = nats.nc.subscribe(controllerSubject("successor", "checkpoint"), { callback: (_e, msg) => void held.push(msg) });
+    await nats.nc.flush();
+    let ready!: (epoch: number) => void;
+    const readyEpoch = new Promise<number>((resolve) => (ready = resolve));
+    const successor = new LeaderLease({ nc: nats.nc, deployment: "successor", id: "coord-b", leaseMs: 1_000, onReady: (epoch) => ready(epoch) });
+    await successor.start();
+    try {
+      const client = new NatsControllerClient({ nc: nats.nc, deployment: "successor", token: "ctl-token", leaderCheckMs: 50 });
+      const outcome = client.checkpoint({ checkpoint_id: "successor-1", episode_ids: [] }).catch((error: unknown) => error);
+      await waitUntil(() => held.length === 1, "the request to reach the frozen predecessor");
+      // The successor serves now (as the daemon marks it once its controller API is subscribed); it never saw the op.
+      await successor.markServing(await readyEpoch);
+      const settled = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 10_000))]);
+      expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-b") });
+    } finally {
+      sub.unsubscribe();
+      await successor.stop();
+      await (await new Kvm(nats.nc).open(leaderBucket("successor"))).destroy();
+    }
+  });
+
+  it("a coordinator's lease says it serves once its controller API is subscribed", async () => {
+    const world = await startWorld({ nats });
+    try {
+      const coordinator = await world.startCoordinator({ coordinator_id: "serving-1", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+      await coordinator.whenReady();
+      const entry = await (await new Kvm(nats.nc).open(leaderBucket(world.deployment))).get(LEADER_KEY);
+      expect(JSON.parse(entry!.string())).toMatchObject({ id: "serving-1", serving: true });
+    } finally {
+      await world.close();
     }
   });
 });

@@ -150,6 +150,35 @@ describe("leader lease", () => {
     await l.stop();
   });
 
+  it("the key names the term (kept by its renewals, new for the next one) and says once the term serves (markServing writes it at once)", async () => {
+    const { kv, clock, l } = await started();
+    const written = () => JSON.parse(kv.values.at(-1)!) as { term: string; serving: boolean };
+    const first = written();
+    expect(first.serving).toBe(false);
+    await clock.advance(3000);
+    expect(written()).toMatchObject({ term: first.term, serving: false });
+    const sent = kv.values.length;
+    await l.markServing(101);
+    expect(kv.values.length).toBe(sent + 1); // not at the next renewal, a lease/3 later
+    expect(written()).toMatchObject({ term: first.term, serving: true });
+    await clock.advance(1000);
+    expect(written()).toMatchObject({ term: first.term, serving: true });
+    // lost, then won again: a new term that serves nothing yet
+    kv.failUpdates = true;
+    await clock.advance(1000);
+    kv.failUpdates = false;
+    kv.holder = undefined;
+    await clock.advance(1000);
+    expect(l.state().leader).toBe(true);
+    expect(written().serving).toBe(false);
+    expect(written().term).not.toBe(first.term);
+    // A mark for a term that is over writes nothing.
+    const now = kv.values.length;
+    await l.markServing(101);
+    expect(kv.values.length).toBe(now);
+    await l.stop();
+  });
+
   it("demotes at the first failed renewal and then campaigns as a follower", async () => {
     const { kv, clock, events, l } = await started();
     await clock.advance(3000);
@@ -241,7 +270,7 @@ describe("leader lease", () => {
     expect(l.epoch()).toBe(101);
     expect(events).toEqual(["ready:101"]);
     // what the key says is for humans reading the bucket: the wall clock, step included
-    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", term: expect.stringMatching(/^[0-9a-f]{16}$/), at: clock.now() });
+    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", term: expect.stringMatching(/^[0-9a-f]{16}$/), serving: false, at: clock.now() });
     await l.stop();
   });
 });
