@@ -66,7 +66,12 @@ export class NatsControllerApi {
           // answer() settles every failure into a reply; a rejection here must still not end the process.
           void task.catch((err: unknown) => this.options.logger?.error({ op, err }, "controller answer failed")).finally(() => this.inFlight.delete(task));
         }
-      })();
+      })().catch((err: unknown) => {
+        // The server refused the subscription (a NATS permission list without this subject): nats.js
+        // ends the iterator with that error. Unhandled, it would end the daemon; its other subjects
+        // and the HTTP API still serve, and controllers of this op get no responders (not_leader).
+        this.options.logger?.error({ op, err }, "controller_api_subscription_failed");
+      });
     }
     // A request published before the server processed the SUBs would reach only whoever else still
     // subscribes (a frozen predecessor) and time out; the flush's round trip orders them first.
