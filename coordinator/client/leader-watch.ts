@@ -47,13 +47,13 @@ export class LeaderLeaseReader {
   /**
    * Resolves with `outcome_unknown` once the lease no longer names `leader`'s term (it stopped
    * leading: killed, partitioned, demoted; also when the same id leads again in a new term, which
-   * never saw the request), re-read every `everyMs` until `stop` aborts. `leader` null (nobody led
-   * as the request was sent, so whoever took it was a frozen leader whose lease had expired, and it
-   * stays silent): once anybody leads. `leader` not serving yet (a successor waiting out its first
-   * lease period, or recovering; again only a frozen predecessor can have taken the request): once
-   * that changes, since a term that serves now subscribed after the request was delivered. An op without a deadline may legitimately run as long as
-   * the coordinator's default timeout, which a client does not know; without this, a client whose
-   * coordinator died would wait for the 7-day cap.
+   * never saw the request), re-read every `everyMs` until `stop` aborts. When nobody led as the
+   * request was sent (`leader` null), or the term that led did not serve yet (a new leader waits one
+   * lease period and recovers before it subscribes), no coordinator that answers took it: only a
+   * frozen predecessor still subscribed can have, and it stays silent once it wakes. That is
+   * `outcome_unknown` at the first check that reads the lease. An op without a deadline may
+   * legitimately run as long as the coordinator's default timeout, which a client does not know;
+   * without this, a client whose coordinator died would wait for the 7-day cap.
    */
   lost(leader: LeaseHolder | null, everyMs: number, stop: AbortSignal): Promise<CheckpointError> {
     return pollUntil(
@@ -61,18 +61,11 @@ export class LeaderLeaseReader {
         const now = await this.leader();
         // Unreadable (undefined): checked again next time, never taken for a loss.
         if (now === undefined) return undefined;
-        if (leader === null) {
-          if (now === null) return undefined;
-          return new CheckpointError("outcome_unknown", `no coordinator led when the op was sent, and ${now.id} leads now without having answered it; retry the op to learn its outcome`);
+        if (leader === null || leader.serving === false) {
+          const then = leader === null ? "no coordinator led" : `coordinator ${leader.id} did not serve the controller API yet (a new leader waits one lease period and recovers first)`;
+          return new CheckpointError("outcome_unknown", `${then} when the op was sent, so no coordinator that answers took it; retry the op to learn its outcome`);
         }
         const sameTerm = now !== null && now.id === leader.id && now.term === leader.term;
-        if (leader.serving === false) {
-          if (sameTerm && now.serving === false) return undefined;
-          return new CheckpointError(
-            "outcome_unknown",
-            `coordinator ${leader.id} did not serve the controller API yet when the op was sent (a new leader waits one lease period, then recovers), so no coordinator that answers took it; retry the op to learn its outcome`,
-          );
-        }
         if (sameTerm) return undefined;
         const why = now === null ? "nobody leads now" : now.id === leader.id ? "it leads again in a new term, which never saw the op" : `${now.id} leads now`;
         return new CheckpointError("outcome_unknown", `coordinator ${leader.id} stopped leading before it answered (${why}); retry the op to learn its outcome`);
