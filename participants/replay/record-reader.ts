@@ -287,8 +287,9 @@ async function* parseAll(
     try {
       trace = parseLine(line, where, stats);
     } catch (error) {
-      if (!torn) throw error;
-      // An append-mode writer may be mid-line: tolerate a torn, newline-less final line.
+      // An append-mode writer may be mid-line: tolerate a torn, newline-less final line. No prefix
+      // of a record's object parses, so a last line that is JSON is whole, and no record is corrupt.
+      if (!torn || isJson(line)) throw error;
       stats.tornLines += 1;
       logger.warn({ file, line: current + 1 }, "skipping torn last line");
       return null;
@@ -331,6 +332,15 @@ async function* parseAll(
 function isBlank(line: Buffer): boolean {
   for (const byte of line) if (byte !== 0x20 && byte !== 0x0a && byte !== 0x0d && byte !== 0x09) return false;
   return true;
+}
+
+function isJson(bytes: Buffer): boolean {
+  try {
+    JSON.parse(bytes.toString("utf8"));
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** JSON-parses one line and validates it as a rollout record; counts the bytes parsed. */

@@ -150,6 +150,19 @@ describe("append-mode files", () => {
     await writeFile(hand, full.slice(0, 100) + "\n" + full + "\n");
     await expect(read(hand, open)).rejects.toThrow(/traces\.jsonl:1: not a JSON rollout record/);
   });
+
+  it("refuse a newline-less last line that is whole JSON but no record: no tear leaves parseable JSON", async () => {
+    // A prefix of a record's object never parses, so JSON that does is a complete line gone wrong.
+    const hand = path.join(dir, "traces.jsonl");
+    const bad = { ...linearTrace(traceId(2)), reward: 1 };
+    await writeFile(hand, JSON.stringify(linearTrace(traceId(1))) + "\n" + JSON.stringify(bad));
+    const stats = newReadStats();
+    await expect(collect(readRecords(hand, { filters: open, stats, logger: silent }))).rejects.toMatchObject({
+      code: "invalid_checkpoint_state",
+      message: expect.stringMatching(/traces\.jsonl:2: not a rollout record/),
+    });
+    expect(stats.tornLines).toBe(0);
+  });
 });
 
 describe("a record file appended to while it is read", () => {
