@@ -26,10 +26,16 @@ export async function expandGlobFiles(patterns: readonly string[], cwd: string):
   }
   const found = new Set<string>();
   for (const pattern of patterns) {
-    const absolute = path.resolve(cwd, pattern);
-    const { root, dir, base } = path.parse(absolute);
-    const segments = [...dir.slice(root.length).split(path.sep), base].filter((s) => s !== "");
-    await walk(root, segments, found);
+    // Only the pattern is a pattern: the directory a relative one resolves against is a path, and
+    // a `[`, `?` or `*` in its name (`exp[1]/`) must not make it match another directory (`exp1/`).
+    const normal = path.normalize(pattern);
+    let base = path.isAbsolute(normal) ? path.parse(normal).root : path.resolve(cwd);
+    const segments = normal.slice(path.isAbsolute(normal) ? base.length : 0).split(path.sep).filter((s) => s !== "" && s !== ".");
+    while (segments[0] === "..") {
+      base = path.dirname(base);
+      segments.shift();
+    }
+    await walk(base, segments, found);
   }
   const seen = new Set<string>();
   const out: { path: string; real: string }[] = [];

@@ -78,3 +78,16 @@ describe("record globs", () => {
     expect(rel(await expandGlobs(["rollouts/step_*/*_rollouts_*.jsonl"], dir))).toEqual(steps);
   });
 });
+
+describe("the directory relative globs resolve against", () => {
+  it("is a path, not a pattern: brackets, ? and * in its name match only themselves", async () => {
+    for (const base of ["exp[1]", "exp?", "run*", "odd[z-a]"]) {
+      await touch(`${base}/rollouts/step_1/train_rollouts_a.jsonl`);
+      await touch(`${base.replace(/[[\]?*-]/g, "")}/rollouts/step_1/train_rollouts_a.jsonl`); // what a pattern reading of the name could match
+      const cwd = path.join(dir, base);
+      expect(await expandGlobs(["rollouts/step_*/train_rollouts_*.jsonl"], cwd)).toEqual([path.join(cwd, "rollouts/step_1/train_rollouts_a.jsonl")]);
+      // A leading .. climbs from it as a path too.
+      expect(await expandGlobs(["../step_*/train_rollouts_a.jsonl"], path.join(cwd, "rollouts/step_1"))).toEqual([path.join(cwd, "rollouts/step_1/train_rollouts_a.jsonl")]);
+    }
+  });
+});
