@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { MAX_TIMER_MS } from "../../protocol/index.js";
 import { describeIssues, invalidRequest } from "./errors.js";
 import { globProblem } from "./record-glob.js";
 import type { RecordFilters } from "./record-reader.js";
@@ -33,8 +34,11 @@ export const ReplayConfigSchema = z
     seed: z.number().int().default(0),
     /** Follow mode: consume a step's files only once its step-complete marker lists them. */
     wait_for_step_marker: z.boolean().default(false),
-    /** Follow mode: how often the async iterator reloads when it runs dry; null = never (call reload()). */
-    poll_interval_ms: z.number().int().min(1).nullable().default(null),
+    /**
+     * Follow mode: how often the async iterator reloads when it runs dry; null = never (call reload()).
+     * At most what a timer waits: a longer delay fires after 1 ms, reloading every millisecond.
+     */
+    poll_interval_ms: z.number().int().min(1).max(MAX_TIMER_MS).nullable().default(null),
     /** Hash the whole record file against the index header before trusting it (reads every byte). */
     verify_index_sha256: z.boolean().default(false),
   })

@@ -99,3 +99,12 @@ describe("replay config (16)", () => {
     expect(() => new ReplayTaskSource({ ...base, source: { id: "mbpp" } }, mathSource())).toThrow(/mbpp/);
   });
 });
+
+describe("poll_interval_ms", () => {
+  it("refuses a poll interval no timer can wait (over 2^31 - 1 ms fires after 1 ms: a reload every millisecond)", () => {
+    expect(parseReplayConfig({ ...base, poll_interval_ms: 2 ** 31 - 1 }).poll_interval_ms).toBe(2 ** 31 - 1);
+    const error = refusal({ ...base, poll_interval_ms: 2 ** 31 });
+    expect(error.code).toBe("invalid_request");
+    expect(error.message).toMatch(/poll_interval_ms/);
+  });
+});
