@@ -1,5 +1,6 @@
 import { execFileSync } from "node:child_process";
-import { readFile, rm, writeFile } from "node:fs/promises";
+import { constants } from "node:buffer";
+import { open, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { GLOBAL_MANIFEST_FILE, MANIFEST_SCHEMA_VERSION, canonicalDigest, captureKey, sha256Hex, type EpisodeId, type GlobalManifest, type ParticipantEntry } from "../../../protocol/index.js";
@@ -219,5 +220,18 @@ describe("the --tasks file", () => {
     await writeFile(file, '{"q":1}\nnot json\n');
     expect(await refusal(readTaskFile(file))).toMatchObject({ code: "invalid_request", message: expect.stringContaining("tasks.jsonl:2: not JSON") });
     expect((await refusal(readTaskFile(root))).code).toBe("invalid_request"); // a directory
+  });
+
+  it("reads a task file longer than any string, as collect does (it takes collect's task file)", { timeout: 60_000 }, async () => {
+    const file = path.join(root, "tasks.jsonl");
+    const blank = Buffer.from(" ".repeat(1 << 20) + "\n"); // blank lines, skipped
+    const handle = await open(file, "w");
+    try {
+      for (let written = 0; written <= constants.MAX_STRING_LENGTH; written += blank.length) await handle.write(blank);
+      await handle.write('{"id":"r1","task":{"q":1}}\n');
+    } finally {
+      await handle.close();
+    }
+    expect(await readTaskFile(file)).toEqual([{ q: 1 }]);
   });
 });
