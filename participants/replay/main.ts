@@ -1,10 +1,9 @@
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { toCheckpointError } from "../../protocol/index.js";
-import { writeFileAtomic } from "../storage/fs-durable.js";
 import { exportCheckpointSeeds } from "./checkpoint-seeds.js";
 import { ReplayError } from "./errors.js";
-import { assertWritableOut } from "./out-file.js";
+import { assertWritableOut, writeJsonLines } from "./out-file.js";
 import { readTaskFile } from "./task-file.js";
 
 /**
@@ -46,7 +45,7 @@ async function main(argv: string[]): Promise<number> {
   const tasks = values.tasks ? await readTaskFile(values.tasks) : undefined;
   const exported = await exportCheckpointSeeds(path.resolve(values.checkpoint), tasks ? { tasks } : {});
   // Checked above, and never created here: a directory removed meanwhile fails the write.
-  await writeFileAtomic(out, exported.seeds.map((s) => `${JSON.stringify(s)}\n`).join(""), { createParents: false });
+  await writeJsonLines(out, exported.seeds);
   process.stdout.write(`${JSON.stringify({ checkpoint_id: exported.checkpointId, seeds: exported.seeds.length, skipped: exported.skipped, out })}\n`);
   return 0;
 }

@@ -1,5 +1,6 @@
 import { stat } from "node:fs/promises";
 import { dirname } from "node:path";
+import { writeFileAtomic } from "../storage/fs-durable.js";
 import { invalidRequest } from "./errors.js";
 
 /**
@@ -15,4 +16,12 @@ export async function assertWritableOut(path: string): Promise<void> {
     throw invalidRequest(`--out ${path} is not accessible (${error.code ?? String(error)})`);
   });
   if (out && !out.isFile()) throw invalidRequest(`--out ${path} is not a regular file`);
+}
+
+/**
+ * Writes one JSON line per value atomically, never creating the directory (checked above). The
+ * lines are joined as bytes: together they may be longer than the longest string, each is not.
+ */
+export async function writeJsonLines(path: string, values: readonly unknown[]): Promise<void> {
+  await writeFileAtomic(path, Buffer.concat(values.map((value) => Buffer.from(`${JSON.stringify(value)}\n`))), { createParents: false });
 }

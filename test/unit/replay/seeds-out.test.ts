@@ -1,9 +1,10 @@
+import { constants } from "node:buffer";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, open, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { assertWritableOut } from "../../../participants/replay/out-file.js";
+import { assertWritableOut, writeJsonLines } from "../../../participants/replay/out-file.js";
 import { writeFileAtomic } from "../../../participants/storage/fs-durable.js";
 
 let dir: string;
@@ -37,5 +38,23 @@ describe("seeds --out", () => {
     expect(existsSync(join(dir, "missing"))).toBe(false);
     await writeFileAtomic(join(dir, "made", "s.jsonl"), "x\n");
     expect(existsSync(join(dir, "made", "s.jsonl"))).toBe(true);
+  });
+});
+
+describe("seeds --out contents", () => {
+  it("writes seeds that together are longer than any string, one JSON line each", { timeout: 60_000 }, async () => {
+    const big = "x".repeat(Math.ceil(constants.MAX_STRING_LENGTH / 2.5)); // one string shared by three seeds
+    const out = join(dir, "seeds.jsonl");
+    await writeJsonLines(out, [{ n: 1, big }, { n: 2, big }, { n: 3, big }]);
+    const handle = await open(out, "r");
+    try {
+      const { size } = await handle.stat();
+      expect(size).toBe(3 * (JSON.stringify({ n: 1, big }).length + 1));
+      const head = Buffer.alloc(16);
+      await handle.read(head, 0, 16, 0);
+      expect(head.toString()).toBe('{"n":1,"big":"xx');
+    } finally {
+      await handle.close();
+    }
   });
 });
