@@ -40,7 +40,10 @@ export async function expandGlobFiles(patterns: readonly string[], cwd: string):
   const seen = new Set<string>();
   const out: { path: string; real: string }[] = [];
   for (const file of [...found].sort(naturalCompare)) {
-    const real = await fs.realpath(file).catch(() => file);
+    const real = await fs.realpath(file).catch((error: unknown) => {
+      if (absent(error)) return file; // gone since it was listed: its open will say so
+      throw error;
+    });
     if (seen.has(real)) continue;
     seen.add(real);
     out.push({ path: file, real });
@@ -112,11 +115,21 @@ function segmentRegex(segment: string): RegExp {
   return new RegExp(`^${source}$`);
 }
 
+/**
+ * Only a path that is not there matches nothing (yet). Any other refusal (EMFILE, EIO, EACCES) is
+ * thrown: read as "nothing here", it would let a follower consume later steps before this one.
+ */
+function absent(error: unknown): boolean {
+  const code = (error as NodeJS.ErrnoException).code;
+  return code === "ENOENT" || code === "ENOTDIR" || code === "ELOOP";
+}
+
 async function listDir(dir: string): Promise<Dirent[]> {
   try {
     return await fs.readdir(dir, { withFileTypes: true });
-  } catch {
-    return []; // a missing directory simply matches nothing (yet)
+  } catch (error) {
+    if (absent(error)) return [];
+    throw error;
   }
 }
 
@@ -126,7 +139,13 @@ function isDir(entry: Dirent): boolean {
 }
 
 async function isFilePath(target: string): Promise<boolean> {
-  return fs.stat(target).then((s) => s.isFile(), () => false);
+  return fs.stat(target).then(
+    (s) => s.isFile(),
+    (error: unknown) => {
+      if (absent(error)) return false;
+      throw error;
+    },
+  );
 }
 
 /** Compares digit runs as numbers and everything else as text. */

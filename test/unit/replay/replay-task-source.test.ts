@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { rmSync } from "node:fs";
+import { promises as fsPromises, rmSync } from "node:fs";
 import { copyFile, mkdir, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { pino } from "pino";
@@ -240,6 +240,29 @@ describe("follow and append (18)", () => {
     await rm(marker);
     await writeStepRecords(rollouts(), 1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0)] }]);
     expect((await follower.next())?.name).toBe("recheck:00000001");
+  });
+
+  it("refuses a reload whose step directory the storage would not list (EMFILE), instead of consuming a later step before it", async () => {
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
+    for (const step of [1, 2]) await writeStepRecords(rollouts(), step, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(step), 0)] }]);
+    const follower = source(config);
+    const step1 = path.join(rollouts(), "step_1");
+    const real = fsPromises.readdir.bind(fsPromises);
+    const readdir = vi.spyOn(fsPromises, "readdir").mockImplementation((async (dir: string, options: never) => {
+      if (dir === step1) throw Object.assign(new Error(`EMFILE: too many open files, scandir '${dir}'`), { code: "EMFILE" });
+      return real(dir, options);
+    }) as never);
+    try {
+      await expect(follower.reload()).rejects.toMatchObject({ code: "EMFILE" });
+      expect(follower.size).toBe(0);
+    } finally {
+      readdir.mockRestore();
+    }
+    await follower.reload();
+    const cold = source(config);
+    await cold.load();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001", "recheck:00000002"]);
+    expect(follower.tasks).toEqual(cold.tasks);
   });
 
   it("with wait_for_step_marker, follows past a step whose write was interrupted once it is retried", async () => {
