@@ -307,6 +307,9 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
   }
 
   private async loadNewFiles(): Promise<ReloadResult> {
+    const markers = this.config.wait_for_step_marker ? await this.stepMarkers() : null;
+    // Listed after the markers were read: a marker names only files already published, so this
+    // listing holds every one it names (see completedPrefix).
     const matched = await expandGlobFiles(recordPatterns(this.config), this.cwd);
     // Known by real path: a link that appears later to a file already loaded is not a new file.
     const realOf = new Map(matched.map((f) => [f.path, f.real]));
@@ -320,7 +323,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
       this.warnedEmpty = true;
       this.logger.warn({ records: this.config.records }, "replay records matched no files yet");
     }
-    const files = this.config.wait_for_step_marker ? await this.completedPrefix(fresh) : fresh;
+    const files = markers ? this.completedPrefix(fresh, markers) : fresh;
 
     // Build everything first and commit at the end: a refusal leaves the task list untouched.
     const added: ReplayTask<T>[] = [];
@@ -344,16 +347,26 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     return { added: added.length, total: this.list.length, files };
   }
 
-  /** Files in sorted order up to the first one whose step has not been marked complete. */
-  private async completedPrefix(files: readonly string[]): Promise<string[]> {
-    const listed = new Map<string, Set<string>>();
+  /** What the step markers list, for each step directory holding a file not loaded yet. */
+  private async stepMarkers(): Promise<Map<string, Set<string>>> {
+    const markers = new Map<string, Set<string>>();
+    for (const file of await expandGlobFiles(recordPatterns(this.config), this.cwd)) {
+      const dir = path.dirname(file.path);
+      if (stepOfPath(file.path) !== null && !this.done.has(file.real) && !markers.has(dir)) markers.set(dir, await completedFiles(dir));
+    }
+    return markers;
+  }
+
+  /**
+   * Files in sorted order up to the first one whose step has not been marked complete. The markers
+   * were read before `files` was listed: a listing older than its marker could miss a file the
+   * marker names (an env published meanwhile) and take the step's later files before it. A step
+   * directory that appeared in between has no marker read yet and waits for the next reload.
+   */
+  private completedPrefix(files: readonly string[], markers: ReadonlyMap<string, ReadonlySet<string>>): string[] {
     const out: string[] = [];
     for (const file of files) {
-      if (stepOfPath(file) !== null) {
-        const dir = path.dirname(file);
-        if (!listed.has(dir)) listed.set(dir, await completedFiles(dir));
-        if (!listed.get(dir)!.has(path.basename(file))) break; // later files wait too, so order is kept
-      }
+      if (stepOfPath(file) !== null && !markers.get(path.dirname(file))?.has(path.basename(file))) break; // later files wait too, so order is kept
       out.push(file);
     }
     return out;

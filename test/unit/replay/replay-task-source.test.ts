@@ -265,6 +265,37 @@ describe("follow and append (18)", () => {
     expect(follower.tasks).toEqual(cold.tasks);
   });
 
+  it("with wait_for_step_marker, never consumes a marked step from a listing older than its marker", async () => {
+    // The writer publishes a step's envs concurrently, then the marker: a follower that listed the
+    // step while one env was still in flight, then read the marker listing it, must not take the rest.
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
+    const env = (name: string) => ({ kind: "train" as const, env: name, traces: [linearTrace(traceId(name === "a" ? 0xa : name === "aa" ? 0xaa : 0xb), 0)] });
+    await write(1, env("a").traces, "a");
+    await write(1, env("b").traces, "b");
+    const follower = source(config);
+    const step1 = path.join(rollouts(), "step_1");
+    const real = fsPromises.readdir.bind(fsPromises);
+    let raced = false;
+    const readdir = vi.spyOn(fsPromises, "readdir").mockImplementation((async (dir: string, options: never) => {
+      const listed = await real(dir, options);
+      if (dir === step1 && !raced) {
+        raced = true; // the listing is taken; now the last env lands and the marker follows
+        await writeStepRecords(rollouts(), 1, [env("a"), env("aa"), env("b")]);
+      }
+      return listed;
+    }) as never);
+    try {
+      await follower.reload();
+    } finally {
+      readdir.mockRestore();
+    }
+    await follower.reload();
+    const cold = source(config);
+    await cold.load();
+    expect(names(cold.tasks)).toEqual(["recheck:0000000a", "recheck:000000aa", "recheck:0000000b"]);
+    expect(names(follower.tasks)).toEqual(names(cold.tasks));
+  });
+
   it("with wait_for_step_marker, follows past a step whose write was interrupted once it is retried", async () => {
     const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
     const follower = source(config);
