@@ -19,6 +19,12 @@ import type { RandomFactory } from "./seeded-random.js";
 import { completedFiles, isStepMarkerName } from "./step-marker.js";
 import type { Prompt, TraceRecord } from "./trace-record.js";
 
+/** Index files and step markers are never records, even when a broad glob matches them. */
+function isRecordCandidate(file: string): boolean {
+  const name = path.basename(file);
+  return !isIndexFileName(name) && !isStepMarkerName(name);
+}
+
 /** The fields every task has; a source environment's typed task adds its own. */
 export interface TaskShape {
   idx: number;
@@ -314,10 +320,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     // Known by real path: a link that appears later to a file already loaded is not a new file.
     const realOf = new Map(matched.map((f) => [f.path, f.real]));
     const fresh = matched
-      .filter((f) => {
-        const name = path.basename(f.path);
-        return !isIndexFileName(name) && !isStepMarkerName(name) && !this.done.has(f.real);
-      })
+      .filter((f) => isRecordCandidate(f.path) && !this.done.has(f.real))
       .map((f) => f.path);
     if (matched.length === 0 && this.list.length === 0 && !this.warnedEmpty) {
       this.warnedEmpty = true;
@@ -347,12 +350,17 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     return { added: added.length, total: this.list.length, files };
   }
 
-  /** What the step markers list, for each step directory holding a file not loaded yet. */
+  /**
+   * What the step markers list, for each step directory holding a file not loaded yet, in sorted
+   * order up to the first such file its marker does not list (nothing after it is consumed).
+   */
   private async stepMarkers(): Promise<Map<string, Set<string>>> {
     const markers = new Map<string, Set<string>>();
     for (const file of await expandGlobFiles(recordPatterns(this.config), this.cwd)) {
+      if (stepOfPath(file.path) === null || this.done.has(file.real) || !isRecordCandidate(file.path)) continue;
       const dir = path.dirname(file.path);
-      if (stepOfPath(file.path) !== null && !this.done.has(file.real) && !markers.has(dir)) markers.set(dir, await completedFiles(dir));
+      if (!markers.has(dir)) markers.set(dir, await completedFiles(dir));
+      if (!markers.get(dir)!.has(path.basename(file.path))) break;
     }
     return markers;
   }

@@ -197,6 +197,11 @@ describe("follow and append (18)", () => {
     await broad.load();
     expect(names(broad.tasks)).toEqual(["recheck:00000001"]);
     expect(broad.stats.read.files).toBe(1);
+    // Nor does a follower waiting for markers wait on them (they sort before the record file).
+    await writeStepRecords(rollouts(), 2, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(2), 0)] }]);
+    const waiting = source({ records: "run/rollouts/**/*", wait_for_step_marker: true });
+    await waiting.load();
+    expect(names(waiting.tasks)).toEqual(["recheck:00000001", "recheck:00000002"]);
   });
 
   it("appends files in the order they appear: a step's envs written out of order misalign a follower", async () => {
