@@ -199,6 +199,9 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     // or an earlier clean-up's or close's whose free failed) are freed again here at every commit.
     // The loop may outlive the commit: freeHeld skips a session another loop freed meanwhile.
     this.sessions.leaveOutUnclaimed(scope);
+    // Before the first await too: a free may outlive the commit, and the controller may then start a
+    // left-out rollout over as this very attempt, whose /run must not take the old record.
+    this.legacy.dropPendingOutside(scope);
     const failures: string[] = [];
     for (const s of this.sessions.heldForFreeing()) {
       try {
@@ -207,7 +210,6 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
         failures.push(`${s.key}: ${error instanceof Error ? error.message : String(error)}`);
       }
     }
-    this.legacy.dropPendingOutside(scope);
     if (failures.length) {
       throw new CheckpointError("internal_error", `freeing ${failures.length} session(s) (restored ones the commit left out, or closed) failed (${failures[0]}): held until a later commit, retire or forget frees them`);
     }

@@ -577,6 +577,41 @@ describe("agent participant", () => {
     expect(second.hooks.state.get("k2")).toBeUndefined();
     await first.kind.retire([ep("k1"), ep("k2")]);
   });
+  it("a commit's clean-up drops left-out legacy records at once, not after the session frees: a slow free never lets the restarted attempt take the old record", async () => {
+    const first = fresh();
+    const task = { expression: "2 + 2" };
+    first.kind.openSession(ep("k1"));
+    first.hooks.state.set("k1", { cookie: "k1" });
+    void first.kind.activate(ep("k1"), turnLoop(new ScriptedPolicy(), { count: 0 })).catch(() => undefined);
+    const legacy = first.kind.runLegacy(ep("L"), task, {}, async (e) => {
+      await e.boundary({ next: "loop", messages: 2 });
+      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
+    });
+    void legacy.catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("k1"), ep("L")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    const gate = latch();
+    const retireHook = second.hooks.retireAgentSession.bind(second.hooks);
+    second.hooks.retireAgentSession = async (key: string) => {
+      await gate.promise;
+      await retireHook(key);
+    };
+    await second.call("prepare", { checkpoint_id: "c2" });
+    // k1's free outlives the commit's deadline; the commit answers and the checkpoint resumes.
+    await second.call("commit", { checkpoint_id: "c2", episode_ids: [], deadline_ts: Date.now() / 1000 + 0.3 });
+    await second.call("resume", { checkpoint_id: "c2" });
+    // The controller starts L over from its input as the attempt the restore installed (not fenced).
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 0 });
+    expect(await second.kind.runLegacy(ep("L", 1), task, {}, async (e) => e.continuation())).toBeNull();
+    gate.open();
+    await waitFor(() => second.kind.sessions.size === 0);
+    await first.call("resume", { checkpoint_id: "c1" });
+    await first.kind.retire([ep("k1"), ep("L")]);
+  });
   it("a commit's clean-up frees every left-out session past one whose free fails, and holds that one until a later clean-up frees it", async () => {
     const { first, second } = await restoredK1K2();
     let failures = 1;
