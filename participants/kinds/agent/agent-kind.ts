@@ -125,7 +125,9 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
       const key = `${record.mode}:${record.session_key}`;
       if (keys.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two ${record.mode} records for ${record.session_key}`);
       keys.add(key);
-      if (record.session_key !== record.episode_id.rollout_id) {
+      // A legacy episode is keyed by its rollout; a native session by whatever key it was opened
+      // under (openSession's `key`), which its replacement opens again.
+      if (record.mode === "legacy" && record.session_key !== record.episode_id.rollout_id) {
         throw new CheckpointError("invalid_checkpoint_state", `session key ${record.session_key} does not name rollout ${record.episode_id.rollout_id}`);
       }
     }

@@ -355,6 +355,26 @@ describe("agent participant", () => {
     await first.kind.retire([ep("r")]);
   });
 
+  it("a session opened under its own key (not the rollout id) is restored under that key and re-bound by the next attempt", async () => {
+    const first = fresh();
+    first.kind.openSession(ep("r"), "sess.r");
+    first.hooks.state.set("sess.r", { cookie: "c-r" });
+    void first.kind.activate(ep("r"), turnLoop(new ScriptedPolicy(), { count: 0 }), "sess.r").catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    expect((await first.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["r"]);
+    await first.call("resume", { checkpoint_id: "c1" });
+
+    // The checkpoint took it, so its restore must install it (it used to refuse the whole restore).
+    const second = fresh();
+    expect(await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r")] })).toMatchObject({ restored: ["r-a1"] });
+    expect(second.hooks.state.get("sess.r")).toEqual({ cookie: "c-r" });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(second.kind.openSession(ep("r", 1), "sess.r")).toEqual({ restored: true });
+    expect(await second.kind.activate(ep("r", 1), async (a) => a.continuation(), "sess.r")).toEqual({ messages: ["system", "user"] });
+    await first.kind.retire([ep("r")]);
+  });
+
   it("a restore fences its source attempts: legacy /run and open_session of them are refused, with or without a record here", async () => {
     const first = fresh();
     first.kind.openSession(ep("s"));
