@@ -3,6 +3,7 @@ import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "../environment/admission-gate.js";
 import type { Boundary } from "../environment/episode-steps.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
+import { AgentRecordSchema } from "./agent-record.js";
 
 /**
  * Agent sessions parked at boundaries (protocol §7). A session is `idle` between activations,
@@ -168,6 +169,10 @@ export class AgentSessions {
    * (next-attempt) id re-binds a restored session. New sessions are refused while admission is closed.
    */
   openSession(episode: EpisodeId, key: string): { restored: boolean } {
+    // A key its record cannot hold would fail every commit while the session lives.
+    if (!AgentRecordSchema.shape.session_key.safeParse(key).success) {
+      throw new CheckpointError("invalid_request", `session key ${JSON.stringify(key.slice(0, 64))} is not 1-200 characters of [A-Za-z0-9._-] starting with a letter or digit`);
+    }
     if (this.isRetired(episode)) throw new CheckpointError("stale_attempt", fencedAttempt(captureKey(episode)));
     const existing = this.sessions.get(key);
     if (existing) {

@@ -375,6 +375,17 @@ describe("agent participant", () => {
     await first.kind.retire([ep("r")]);
   });
 
+  it("a session key no record can hold is refused at open_session (invalid_request), not by every later commit", async () => {
+    const { kind, call } = fresh();
+    for (const key of ["has space", "a/b", ".dot", "k".repeat(201)]) {
+      expect(await code(() => kind.openSession(ep("r"), key))).toBe("invalid_request");
+    }
+    expect(kind.sessions.size).toBe(0);
+    await call("prepare", { checkpoint_id: "c1" });
+    expect((await call("commit", { checkpoint_id: "c1" })).phase).toBe("committed");
+    await call("resume", { checkpoint_id: "c1" });
+  });
+
   it("a restore fences its source attempts: legacy /run and open_session of them are refused, with or without a record here", async () => {
     const first = fresh();
     first.kind.openSession(ep("s"));
