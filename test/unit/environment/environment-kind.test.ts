@@ -155,6 +155,34 @@ describe("environment participant", () => {
     await first.kind.retire([ep("r1")]);
   });
 
+  it("restore refuses a record whose next attempt was retired here (stale_attempt, nothing installed); an attempt older than a restored one stays refused after forget lifts its fence", async () => {
+    const first = fresh();
+    const hold = new Promise<void>(() => undefined);
+    void first.kind.begin(ep("r1"), TASK, {}, protocol(hold, [])).catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+
+    // A fresh process whose controller retired r1-a1 (dispatched after c1, lost) before restoring c1.
+    const retiredFirst = fresh();
+    await retiredFirst.call("retire", { checkpoint_id: "retire", episode_ids: [ep("r1", 1)] });
+    expect(await code(() => retiredFirst.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] }))).toBe("stale_attempt");
+    expect(retiredFirst.plane.currentPhase).toBe("idle");
+    expect(retiredFirst.kind.hasLiveState()).toBe(false);
+    expect(await code(() => retiredFirst.kind.begin(ep("r1", 1), TASK, {}, async () => "ran"))).toBe("stale_attempt");
+
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    await second.call("forget", { checkpoint_id: "forget", rollout_ids: ["r1"] });
+    expect(second.plane.isRetired(ep("r1"))).toBe(false);
+    expect(await code(() => second.kind.begin(ep("r1"), TASK, {}, async () => "from input"))).toBe("stale_attempt");
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1, episodes: 0 });
+    expect(await second.kind.begin(ep("r1", 1), TASK, {}, async (e) => e.continuation())).toEqual({ next: "invoke_agent" });
+    await first.call("resume", { checkpoint_id: "c1" });
+    await first.kind.retire([ep("r1")]);
+  });
+
   it("an episode finishing while prepared waits at {next:'return'} and delivers only after resume", async () => {
     const { kind, call } = fresh();
     let release!: () => void;
