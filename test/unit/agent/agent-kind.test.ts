@@ -386,6 +386,32 @@ describe("agent participant", () => {
     await call("resume", { checkpoint_id: "c1" });
   });
 
+  it("restore refuses a session or legacy record whose next attempt was retired here: stale_attempt, no hook called, nothing installed", async () => {
+    const first = fresh();
+    first.kind.openSession(ep("s"));
+    first.hooks.state.set("s", { cookie: "c-s" });
+    void first.kind.activate(ep("s"), turnLoop(new ScriptedPolicy(), { count: 0 })).catch(() => undefined);
+    void first.kind.runLegacy(ep("L"), { expression: "1" }, {}, async (e) => {
+      await e.boundary({ next: "loop" });
+      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
+    }).catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    await first.call("resume", { checkpoint_id: "c1" });
+    for (const retired of ["s", "L"]) {
+      const second = fresh();
+      let restoreHookCalled = false;
+      second.hooks.restoreAgentSessions = async () => void (restoreHookCalled = true);
+      await second.call("retire", { checkpoint_id: "retire", episode_ids: [ep(retired, 1)] });
+      expect(await code(() => second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("s"), ep("L")] }))).toBe("stale_attempt");
+      expect(restoreHookCalled).toBe(false);
+      expect(second.kind.hasLiveState()).toBe(false);
+      expect(second.plane.currentPhase).toBe("idle");
+    }
+    await first.kind.retire([ep("s"), ep("L")]);
+  });
+
   it("a restore fences its source attempts: legacy /run and open_session of them are refused, with or without a record here", async () => {
     const first = fresh();
     first.kind.openSession(ep("s"));
