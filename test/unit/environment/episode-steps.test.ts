@@ -254,7 +254,8 @@ describe("episode steps", () => {
     const finishing = steps.run(ep("y", 1), { data: undefined }, async (e) => {
       await e.finishing(async () => {
         await cleanup.promise;
-        cleaned.push("y");
+        // Not interrupted: clean-up that observes the episode's signal still sees it unaborted.
+        cleaned.push(`y:${e.signal.aborted ? "aborted" : "running"}`);
       });
       return "finished";
     });
@@ -269,8 +270,45 @@ describe("episode steps", () => {
     cleanup.open();
     await retired;
     expect(await finishing).toBe("finished");
-    expect(cleaned).toEqual(["y"]);
+    expect(cleaned).toEqual(["y:running"]);
     expect(steps.size).toBe(0);
+  });
+
+  it("a park after a finished wait step (no boundary since) waits as a blocker, never exported at the stale boundary", async () => {
+    const steps = new EpisodeSteps();
+    const tool = latch();
+    const run = steps.run(ep("pw"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "tool" });
+      await e.step("wait", () => tool.promise);
+      await e.park(); // the next call was refused admission_closed by its callee
+      await e.boundary({ next: "after" });
+      return "done";
+    });
+    await flush();
+    steps.close();
+    tool.open();
+    for (let i = 0; i < 10 && steps.states().wait_step > 0; i++) await flush();
+    await flush();
+    expect(steps.blockers()).toEqual(["pw"]);
+    expect(steps.exportable()).toEqual([]);
+    steps.open();
+    expect(await run).toBe("done");
+  });
+
+  it("the episode deadline does not interrupt final clean-up either", async () => {
+    const clock = new ManualClock(1_000_000);
+    const steps = new EpisodeSteps(undefined, clock);
+    const cleanup = latch();
+    const run = steps.run(ep("z"), { data: undefined, timeoutMs: 100 }, async (e) =>
+      e.finishing(async () => {
+        await cleanup.promise;
+        return e.signal.aborted ? "aborted" : "finished";
+      }),
+    );
+    await flush();
+    clock.advance(1000);
+    cleanup.open();
+    expect(await run).toBe("finished");
   });
 
   it("a duplicate start of a tracked attempt is refused", async () => {
