@@ -412,6 +412,22 @@ describe("agent participant", () => {
     await first.kind.retire([ep("s"), ep("L")]);
   });
 
+  it("a second activate of a session whose activation still runs is refused (invalid_request) and changes nothing: retire still stops the first", async () => {
+    const { kind, call } = fresh();
+    kind.openSession(ep("a"));
+    const policy = new ScriptedPolicy();
+    const first = kind.activate(ep("a"), turnLoop(policy, { count: 0 }));
+    const outcome = first.catch((error: unknown) => error);
+    await flush();
+    let ran = false;
+    expect(await code(() => kind.activate(ep("a"), async () => (ran = true)))).toBe("invalid_request");
+    expect(ran).toBe(false);
+    expect(kind.sessions.stateOf("a")).toBe("at_boundary");
+    await call("retire", { checkpoint_id: "retire", episode_ids: [ep("a")] });
+    expect(await outcome).toMatchObject({ code: "stale_attempt" });
+    expect(kind.hasLiveState()).toBe(false);
+  });
+
   it("a restore fences its source attempts: legacy /run and open_session of them are refused, with or without a record here", async () => {
     const first = fresh();
     first.kind.openSession(ep("s"));
