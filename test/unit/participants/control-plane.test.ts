@@ -798,6 +798,9 @@ describe("retire and forget", () => {
     expect(plane.isRetired({ rollout_id: "r1", attempt: 2 })).toBe(false);
     expect(() => plane.assertNotRetired({ rollout_id: "r1", attempt: 1 })).toThrow(/retired/);
     expect(plane.status().retired_rollouts).toBe(1);
+    // A later retire of a lower attempt (a retried or delayed one) never lowers the mark.
+    await call("retire", { checkpoint_id: "retire", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(true);
     expect(await call("forget", { checkpoint_id: "forget", rollout_ids: ["r1", "r1"] })).toEqual({ forgotten: ["r1"] });
     expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(false);
     expect(plane.status().retired_rollouts).toBe(0);
