@@ -42,7 +42,10 @@ export interface StepEpisode {
   park(): Promise<void>;
   /** The episode cannot be captured (e.g. a restart-only resources server); takes effect only while no checkpoint is open. */
   markRestart(): Promise<void>;
-  /** Final clean-up: retire waits for it instead of interrupting it. */
+  /**
+   * Final clean-up: retire waits for it instead of interrupting it. It waits at the latest boundary
+   * while a checkpoint is open, except right after a finished wait or model step (as `step`).
+   */
   finishing<T>(fn: () => Promise<T>): Promise<T>;
 }
 
@@ -292,7 +295,9 @@ export class EpisodeSteps<D = undefined> {
       },
       finishing: async (fn) => {
         t.abort.signal.throwIfAborted();
-        if (this.gate.closed) await park();
+        // As a step: right after a finished wait or model step it blocks anyway (parking would wait
+        // for resume as a blocker, holding the prepare to its deadline), so it runs on and ends.
+        if (this.gate.closed && !t.dirty) await park();
         t.finishing = true;
         setState("running");
         try {

@@ -295,6 +295,33 @@ describe("episode steps", () => {
     expect(await run).toBe("done");
   });
 
+  it("final clean-up right after a finished wait step (no boundary since) runs on while a checkpoint is open instead of blocking it until resume", async () => {
+    const steps = new EpisodeSteps();
+    const verify = latch();
+    let outcome: string | undefined;
+    const run = steps
+      .run(ep("fw"), { data: undefined }, async (e) => {
+        await e.boundary({ next: "verify" });
+        const reward = await e.step("wait", async () => {
+          await verify.promise;
+          return 1;
+        });
+        await e.finishing(async () => undefined); // e.g. close the agent session; no {next:"return"} boundary
+        return `reward ${reward}`;
+      })
+      .then((r) => (outcome = r));
+    await flush();
+    steps.close();
+    expect(steps.blockers()).toEqual(["fw"]);
+    verify.open();
+    // It could not park at {next:"verify"} (that would run verify again): it ends, so the checkpoint can prepare.
+    for (let i = 0; i < 20 && outcome === undefined; i++) await flush();
+    expect(outcome).toBe("reward 1");
+    expect(steps.blockers()).toEqual([]);
+    steps.open();
+    await run;
+  });
+
   it("the episode deadline does not interrupt final clean-up either", async () => {
     const clock = new ManualClock(1_000_000);
     const steps = new EpisodeSteps(undefined, clock);
