@@ -807,6 +807,23 @@ describe("retire and forget", () => {
   });
 });
 
+describe("retire marks before it stops", () => {
+  it("refuses the attempt while its work is still being stopped, and keeps the mark when the retire overruns its deadline", async () => {
+    kind.addEpisode({ rollout_id: "r3", attempt: 1 });
+    const gate = deferred();
+    kind.delay("retire", gate.promise); // stopping the work takes long
+    const retire = call("retire", { checkpoint_id: "retire", deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r3", attempt: 1 }] });
+    for (let i = 0; i < 10 && !kind.hooks().includes("retire"); i++) await flush();
+    // A request the caller sent just before its own retire, arriving now, is already refused.
+    expect(() => plane.assertNotRetired({ rollout_id: "r3", attempt: 1 })).toThrow(/retired/);
+    clock.advance(20_000);
+    expect(await refused(retire)).toBe("deadline_exceeded");
+    expect(plane.isRetired({ rollout_id: "r3", attempt: 1 })).toBe(true);
+    expect(plane.status().retired_rollouts).toBe(1);
+    gate.resolve();
+  });
+});
+
 describe("a deadline that passes while the op waits for the lock", () => {
   it("refuses a queued retire with deadline_exceeded before marking anything", async () => {
     kind.addEpisode({ rollout_id: "r2", attempt: 0 });
