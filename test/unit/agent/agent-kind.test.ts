@@ -538,6 +538,29 @@ describe("agent participant", () => {
     expect(await run).toBe(1);
   });
 
+  it("restore needs a fresh process: a pending legacy record counts as live state", async () => {
+    const first = fresh();
+    const run = first.kind.runLegacy(ep("P"), { expression: "1" }, {}, async (e) => {
+      await e.boundary({ next: "loop" });
+      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
+    });
+    void run.catch(() => undefined);
+    await flush();
+    for (const c of ["c1", "c2"]) {
+      await first.call("prepare", { checkpoint_id: c });
+      await first.call("commit", { checkpoint_id: c });
+      await first.call("resume", { checkpoint_id: c });
+    }
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("P")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(second.kind.hasLiveState()).toBe(true); // checked before any hook runs
+    expect(await code(() => second.call("restore", { checkpoint_id: "c2", episode_ids: [ep("P")] }))).toBe("invalid_checkpoint_state");
+    expect(second.plane.currentPhase).toBe("idle");
+    expect(second.kind.legacy.pendingKeys()).toEqual(["P-a1"]);
+    await first.kind.retire([ep("P")]);
+  });
+
   it("legacy: a model step whose response arrives while admission is closed is not exported at the boundary before it", async () => {
     const first = fresh();
     const task = { expression: "2 + 2" };

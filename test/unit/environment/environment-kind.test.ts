@@ -183,6 +183,25 @@ describe("environment participant", () => {
     await first.kind.retire([ep("r1")]);
   });
 
+  it("restore needs a fresh process: pending restored records count as live state (invalid_checkpoint_state, nothing installed over them)", async () => {
+    const first = fresh();
+    const hold = new Promise<void>(() => undefined);
+    for (const id of ["a", "b"]) void first.kind.begin(ep(id), TASK, {}, protocol(hold, [])).catch(() => undefined);
+    await flush();
+    for (const c of ["c1", "c2"]) {
+      await first.call("prepare", { checkpoint_id: c });
+      await first.call("commit", { checkpoint_id: c, episode_ids: [ep(c === "c1" ? "a" : "b")] });
+      await first.call("resume", { checkpoint_id: c });
+    }
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("a")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    expect(await code(() => second.call("restore", { checkpoint_id: "c2", episode_ids: [ep("b")] }))).toBe("invalid_checkpoint_state");
+    expect(second.plane.currentPhase).toBe("idle");
+    expect(second.kind.episodes.pendingKeys()).toEqual(["a-a1"]);
+    await first.kind.retire([ep("a"), ep("b")]);
+  });
+
   it("an episode finishing while prepared waits at {next:'return'} and delivers only after resume", async () => {
     const { kind, call } = fresh();
     let release!: () => void;
