@@ -68,7 +68,12 @@ export class ControlEndpoint {
           // answer() settles every failure into a reply; a rejection here must still not end the process.
           void task.catch((err: unknown) => this.options.logger?.error({ op, err }, "control answer failed")).finally(() => this.inFlight.delete(task));
         }
-      })();
+      })().catch((err: unknown) => {
+        // The server refused the subscription (a NATS permission list without this subject): nats.js
+        // ends the iterator with that error. Unhandled, it would end the Gym server; the coordinator
+        // finds this op unreachable (no responders) and names this participant.
+        this.options.logger?.error({ op, err }, "control_subscription_failed");
+      });
     }
   }
 
