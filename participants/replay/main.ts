@@ -41,7 +41,7 @@ async function main(argv: string[]): Promise<number> {
     return 2;
   }
   const out = path.resolve(values.out);
-  await assertWritableOut(out);
+  await assertWritableOut(out, { checkpoint: path.resolve(values.checkpoint), ...(values.tasks !== undefined && { tasks: values.tasks }) });
   const tasks = values.tasks ? await readTaskFile(values.tasks) : undefined;
   const exported = await exportCheckpointSeeds(path.resolve(values.checkpoint), tasks ? { tasks } : {});
   // Checked above, and never created here: a directory removed meanwhile fails the write.

@@ -1,6 +1,6 @@
 import { execFile, execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -19,14 +19,20 @@ const run = promisify(execFile);
 
 beforeAll(() => ensureBuilt());
 let dir: string;
+/** Where --out goes by default: beside the checkpoint, never inside it (refused). */
+let outDir: string;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "replay-seeds-cli-"));
+  outDir = await mkdtemp(join(tmpdir(), "replay-seeds-out-"));
 });
-afterEach(() => rm(dir, { recursive: true, force: true }));
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+  await rm(outDir, { recursive: true, force: true });
+});
 
 async function seeds(args: string[]): Promise<{ code: number; stderr: string }> {
   try {
-    const { stderr } = await run(process.execPath, [REPLAY_MAIN, "seeds", "--out", join(dir, "out.jsonl"), ...args], { timeout: 30_000 });
+    const { stderr } = await run(process.execPath, [REPLAY_MAIN, "seeds", "--out", join(outDir, "out.jsonl"), ...args], { timeout: 30_000 });
     return { code: 0, stderr };
   } catch (error) {
     const e = error as { code?: number; stderr?: string };
@@ -43,6 +49,17 @@ describe("replay seeds (built binary)", () => {
     expect(malformed).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: .*tasks\.jsonl:1: not JSON\n$/) });
     const notCheckpoint = await seeds(["--checkpoint", dir]);
     expect(notCheckpoint).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: .*not a published checkpoint/) });
+  });
+
+  it("refuses an --out that is the --tasks file or inside the checkpoint with invalid_request, exit 2, leaving both as they were", async () => {
+    await writeFile(join(outDir, "tasks.jsonl"), "{}\n");
+    const tasks = await seeds(["--checkpoint", dir, "--tasks", join(outDir, "tasks.jsonl"), "--out", join(outDir, "tasks.jsonl")]);
+    expect(tasks).toEqual({ code: 2, stderr: `replay: invalid_request: --out ${join(outDir, "tasks.jsonl")} is the --tasks file\n` });
+    expect(await readFile(join(outDir, "tasks.jsonl"), "utf8")).toBe("{}\n");
+    await writeFile(join(dir, "checkpoint.json"), "{}");
+    const inside = await seeds(["--checkpoint", dir, "--out", join(dir, "checkpoint.json")]);
+    expect(inside).toEqual({ code: 2, stderr: `replay: invalid_request: --out ${join(dir, "checkpoint.json")} is inside the checkpoint ${dir}, which the export reads\n` });
+    expect(await readFile(join(dir, "checkpoint.json"), "utf8")).toBe("{}");
   });
 
   it("refuses an --out in a directory that does not exist with invalid_request, exit 2, and creates no directory", async () => {

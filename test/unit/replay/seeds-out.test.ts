@@ -1,6 +1,6 @@
 import { constants } from "node:buffer";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, open, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, open, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -31,6 +31,25 @@ describe("seeds --out", () => {
   it("refuses an --out that is a directory", async () => {
     await mkdir(join(dir, "sub"));
     await expect(assertWritableOut(join(dir, "sub"))).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("is not a regular file") });
+  });
+
+  it("refuses an --out that would replace what the export reads: the --tasks file, or anything in the checkpoint", async () => {
+    const tasks = join(dir, "tasks.jsonl");
+    await writeFile(tasks, "{}\n");
+    await symlink(tasks, join(dir, "tasks-link.jsonl"));
+    for (const out of [tasks, join(dir, "tasks-link.jsonl")]) {
+      await expect(assertWritableOut(out, { tasks }), out).rejects.toMatchObject({ code: "invalid_request", message: `--out ${out} is the --tasks file` });
+    }
+    const checkpoint = join(dir, "ckpt-1");
+    await mkdir(join(checkpoint, "participants"), { recursive: true });
+    await writeFile(join(checkpoint, "checkpoint.json"), "{}\n");
+    await symlink(checkpoint, join(dir, "ckpt-link"));
+    for (const out of [join(checkpoint, "checkpoint.json"), join(checkpoint, "participants", "seeds.jsonl"), join(dir, "ckpt-link", "seeds.jsonl"), `${checkpoint}/..notes`]) {
+      await expect(assertWritableOut(out, { checkpoint }), out).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("is inside the checkpoint") });
+    }
+    // Beside the checkpoint, even under a name it begins: allowed.
+    await expect(assertWritableOut(join(dir, "seeds.jsonl"), { tasks, checkpoint })).resolves.toBeUndefined();
+    await expect(assertWritableOut(join(dir, "ckpt-10.jsonl"), { tasks, checkpoint })).resolves.toBeUndefined();
   });
 
   it("the atomic writer leaves a missing directory missing when told not to create parents", async () => {
