@@ -154,6 +154,12 @@ const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
 
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
+/**
+ * How many closed checkpoint ids a leader keeps (resume idempotent, prepare `stale_checkpoint`):
+ * the most recent ones. One per checkpoint for the life of the process would grow without bound
+ * under frequent checkpoints; a successor keeps none, and participants fence their last 64.
+ */
+export const REMEMBERED_CLOSED = 4096;
 
 /** Ops addressed to the incarnation recorded when the checkpoint opened (see protocol GUARDED_OPS). */
 const GUARDED: ReadonlySet<Op> = new Set<Op>(GUARDED_OPS);
@@ -1713,7 +1719,13 @@ export class CheckpointEngine {
    */
   private close(id: string, afterLatest = true): Promise<boolean> {
     if (this.open?.id === id) this.open = undefined;
+    this.closed.delete(id); // re-added: the most recent last
     this.closed.add(id);
+    for (const old of this.closed) {
+      if (this.closed.size <= REMEMBERED_CLOSED) break;
+      this.closed.delete(old);
+      this.stopped.delete(old);
+    }
     void this.options.writer.discard(id);
     // Off the critical path, and only once LATEST's rename is durable: an entry that outlives a
     // crash only makes a successor resume again (idempotent) or repair LATEST. A write for the same
