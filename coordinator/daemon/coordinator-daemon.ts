@@ -127,6 +127,11 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
           if (stopped || !state.leader || state.epoch !== epoch) return;
         }
       }
+      // Lost during a recovery that completed (onLost found nothing to stop yet): subscribed now, it
+      // would take every controller request and answer none (not answering), so a controller no
+      // longer sees no-responders while no coordinator serves. The next term starts it.
+      const state = lease.state();
+      if (stopped || !state.leader || state.epoch !== epoch) return;
       await natsApi.start();
       // Only now does the lease say this term serves (controllers waiting on a request read it).
       await lease.markServing(epoch).catch((error: unknown) => logger.error({ err: error }, "lease_mark_serving_failed"));
