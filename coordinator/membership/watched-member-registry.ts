@@ -29,6 +29,11 @@ export class WatchedMemberRegistry implements MembershipSource {
   /** The highest revision the watch delivered: a watch opened again resumes after it. */
   private lastRevision = 0;
   private stopped = false;
+  /**
+   * The keys the watch removed while a seed read the bucket: the seed may hold the entry it read
+   * just before that removal, which would list a member that left for another TTL.
+   */
+  private removedWhileSeeding: Set<string> | undefined;
 
   constructor(
     private readonly kv: KV,
@@ -45,11 +50,16 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   private async seed(): Promise<void> {
-    const seeded = await new KvMemberRegistry(this.kv, this.logger).members();
-    const now = this.clock.monotonic();
-    for (const member of seeded) {
-      const key = memberKey(member.kind, member.instance);
-      if (!this.cache.has(key)) this.cache.set(key, { member, seenAt: now });
+    const removed = (this.removedWhileSeeding = new Set());
+    try {
+      const seeded = await new KvMemberRegistry(this.kv, this.logger).members();
+      const now = this.clock.monotonic();
+      for (const member of seeded) {
+        const key = memberKey(member.kind, member.instance);
+        if (!this.cache.has(key) && !removed.has(key)) this.cache.set(key, { member, seenAt: now });
+      }
+    } finally {
+      if (this.removedWhileSeeding === removed) this.removedWhileSeeding = undefined;
     }
   }
 
@@ -102,6 +112,7 @@ export class WatchedMemberRegistry implements MembershipSource {
     if (operation === undefined) return; // unreadable: what the key held before stands
     if (operation !== "PUT") {
       this.cache.delete(entry.key);
+      this.removedWhileSeeding?.add(entry.key);
       return;
     }
     const member = memberOf(entry, this.logger);

@@ -158,6 +158,33 @@ describe("membership registry", () => {
     }
   });
 
+  it("a member removed while the seed reads the bucket stays removed: the seed's older copy does not list it again for a TTL", async () => {
+    const kv = await openMembersBucket(world.pnc, world.deployment);
+    await kv.put("agent.leaving", JSON.stringify({ kind: "agent", instance: "leaving", incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 }));
+    const registry = new WatchedMemberRegistry(kv);
+    const applied = () => (registry as unknown as { lastRevision: number }).lastRevision;
+    const get = kv.get.bind(kv);
+    let removed = false;
+    // The participant stops (deletes its entry) right after the seed read it, and the watch delivers that removal first.
+    kv.get = async (key, options) => {
+      const entry = await get(key, options);
+      if (key === "agent.leaving" && !removed) {
+        removed = true;
+        await kv.delete(key);
+        const marker = (await get(key))!.revision;
+        await waitUntil(() => applied() >= marker, "the watch to deliver the removal", 5000);
+      }
+      return entry;
+    };
+    await registry.start();
+    try {
+      expect(removed).toBe(true);
+      expect((await registry.list()).filter((m) => m.instance === "leaving")).toEqual([]);
+    } finally {
+      registry.stop();
+    }
+  });
+
   it("keeps following the bucket when its KV watch ends under it (nats.js gives up re-creating the ordered consumer): an entry written after the end, and a removal, are still seen", async () => {
     const kv = await openMembersBucket(world.pnc, world.deployment);
     const watches: { stop(): void }[] = [];
