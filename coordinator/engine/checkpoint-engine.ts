@@ -709,9 +709,13 @@ export class CheckpointEngine {
   private async recoverOne(entry: JournalEntry, statuses: Outcome<"status">[]): Promise<string> {
     const log = this.log.child({ checkpoint_id: entry.checkpoint_id, previous_epoch: entry.epoch });
     const deadlineMs = this.options.clock.now() + this.options.defaultTimeoutMs;
+    const journaledRestorers = entry.incarnations && new Map(Object.entries(entry.incarnations));
     const open = this.opening(entry.checkpoint_id, "prepared", entry.participants, {
       // The restorers of a restored checkpoint are journaled; a predecessor's view otherwise is not.
-      incarnations: new Map(Object.entries(entry.incarnations ?? {})),
+      incarnations: new Map(journaledRestorers ?? []),
+      // What counts as "the view at open" for them: the restorers, not this leader's view now, which
+      // already shows any process that replaced one (a restart that must not pass for a lagging view).
+      ...(journaledRestorers && { viewed: journaledRestorers }),
       preparedAt: entry.prepared_at,
       restarts: entry.restarts,
       dir: entry.checkpoint_dir,

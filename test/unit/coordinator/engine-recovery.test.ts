@@ -518,6 +518,29 @@ describe("recovery of a restore whose resume was under way, a restorer restarted
   });
 });
 
+describe("recovery of a restore whose resume was under way, a restorer's restart shown in the successor's view", () => {
+  it("is taken for a restart although the new process does not answer: the clean-up runs and the retried resume answers restore_failed", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "rv", episode_ids: null, stop: false, controller_state: null });
+    for (const m of first.fake.members) first.fake.restorers.set(`${m.kind}.${m.instance}`, `restorer-${m.instance}`);
+    await first.engine.restore({ checkpoint_id: "rv", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    const recorded = recordedEntries(first.journal);
+    await first.engine.resume({ checkpoint_id: "rv" });
+    await first.writer.settled();
+    const entry = recorded.find((e) => e.state === "resuming")!;
+    // e1's restorer died; the process that replaced it announced itself (the successor's view shows
+    // it) but takes no requests yet (it crashed again, or has not subscribed): no responders.
+    const second = makeEngine(root, { incarnations: new Map([["environment.e1", "fresh-e1"]]) });
+    await second.journal.record(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "restored", checkpoint_id: "rv" });
+    second.fake.set("environment", "e1", "resume", "unreachable");
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rv", action: "retired_resumed" }]);
+    expect(second.fake.ops("retire").length).toBeGreaterThan(0);
+    const retried = await refusalOf(second.engine.resume({ checkpoint_id: "rv" }));
+    expect(retried.code).toBe("restore_failed");
+  });
+});
+
 describe("recovery of a decided checkpoint: publications of other coordinators are ordered by epoch, not their clocks", () => {
   it("a newer leader's decision is completed although LATEST's older checkpoint came from a clock running ahead", async () => {
     const fast = makeEngine(root);
