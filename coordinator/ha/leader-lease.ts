@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { JetStreamApiCodes, jetstreamManager } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
@@ -212,8 +212,10 @@ export class LeaderLease implements Leadership {
     if (this.heldEpoch === null) {
       try {
         this.won(await this.campaign(value), sentAt);
-      } catch {
-        // Someone else leads (or the server is unreachable): campaign again later.
+        this.campaignFailure = undefined;
+      } catch (error) {
+        // Someone else leads, or the server is unreachable or refuses: campaign again later.
+        this.campaignFailed(error);
       }
     } else {
       try {
@@ -240,6 +242,26 @@ export class LeaderLease implements Leadership {
       }
     }
     this.schedule(this.heldEpoch === null ? this.options.leaseMs / 4 : this.options.leaseMs / 3);
+  }
+
+  /** The last campaign failure logged (its message), until a campaign wins or finds the key held. */
+  private campaignFailure: string | undefined;
+
+  /**
+   * Another coordinator holding the key is the normal case; anything else (no permission to
+   * create the key or to purge past a published epoch, a timeout) would keep every coordinator
+   * from leading without a word: logged once per cause, not once per tick.
+   */
+  private campaignFailed(error: unknown): void {
+    const code = (error as { code?: unknown }).code;
+    const message = error instanceof Error ? error.message : String(error);
+    if (code === JetStreamApiCodes.StreamWrongLastSequence || code === JetStreamApiCodes.StreamWrongLastSequenceUnknown || message.startsWith("wrong last sequence")) {
+      this.campaignFailure = undefined;
+      return;
+    }
+    if (message === this.campaignFailure) return;
+    this.campaignFailure = message;
+    this.options.logger?.warn({ err: error }, "lease_campaign_failed");
   }
 
   private demote(cause: unknown): void {

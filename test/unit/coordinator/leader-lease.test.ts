@@ -1,5 +1,6 @@
 import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
+import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 import { LeaderLease } from "../../../coordinator/ha/leader-lease.js";
 import type { Clock } from "../../../coordinator/engine/clock.js";
@@ -108,6 +109,34 @@ async function started() {
 }
 
 describe("leader lease", () => {
+  it("a campaign the server refuses (not a key another coordinator holds) is logged, once per cause, so a deployment left without a leader says why", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const logged: { msg: string; err?: { message?: string } }[] = [];
+    const logger = pino({ level: "debug" }, { write: (line: string) => void logged.push(JSON.parse(line) as { msg: string }) });
+    const l = new LeaderLease({ nc: {} as NatsConnection, deployment: "d", id: "me", leaseMs: 3000, clock, kv: kv as unknown as KV, logger });
+    kv.create = async () => {
+      throw new Error("Permissions Violation for Publish to \"$KV.gym_ckpt_d_leader.leader\"");
+    };
+    await l.start();
+    await clock.advance(10_000);
+    const failures = () => logged.filter((l) => l.msg === "lease_campaign_failed");
+    expect(failures()).toHaveLength(1);
+    expect(failures()[0]!.err?.message).toContain("Permissions Violation");
+    // Another coordinator holding the key is the normal case: not logged as a failure.
+    kv.create = FakeKv.prototype.create.bind(kv);
+    kv.holder = 7;
+    await clock.advance(10_000);
+    expect(failures()).toHaveLength(1);
+    // The same refusal coming back after that is a new episode: logged again.
+    kv.create = async () => {
+      throw new Error("Permissions Violation for Publish to \"$KV.gym_ckpt_d_leader.leader\"");
+    };
+    await clock.advance(10_000);
+    expect(failures()).toHaveLength(2);
+    await l.stop(false);
+  });
+
   it("wins with create (revision = epoch), waits one lease period before it is ready, renews with update", async () => {
     const { kv, clock, events, l } = await started();
     expect(l.state()).toMatchObject({ leader: true, ready: false, epoch: 101 });
