@@ -2,6 +2,7 @@ import { readdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import {
+  CheckpointError,
   ROLLOUTS_DIR,
   RolloutStepMarkerSchema,
   assertRolloutEnv,
@@ -31,7 +32,7 @@ export interface RolloutRecordsOptions {
 export interface RolloutRecordsStats {
   steps: number;
   records: number;
-  /** Finished rows whose `/run` reply carried no usable trajectory. */
+  /** Finished rows whose `/run` reply carried no usable trajectory, or whose record cannot be encoded. */
   skipped: number;
   failedFlushes: number;
   /** Records still buffered after close (every flush of them failed) or added after it: the rows are in results.jsonl only. */
@@ -198,10 +199,10 @@ export class RolloutRecordsSink {
     this.closed = true;
   }
 
-  private async write(records: TraceRecord[]): Promise<void> {
+  private async write(batch: TraceRecord[]): Promise<void> {
+    let records = batch;
     // A step number is never reused, even after a failed (possibly half-visible) attempt.
     let step = this.nextStep++;
-    const { kind, env } = this.options;
     await this.markUnmarked();
     let published = false;
     let recordFile: string | undefined;
@@ -212,7 +213,10 @@ export class RolloutRecordsSink {
       let encoded: ReturnType<typeof encodeRolloutRecords>;
       await this.beforePublish?.();
       for (;;) {
-        encoded = encodeRolloutRecords({ kind, env, step, records });
+        const next = this.encode(step, records);
+        records = next.records;
+        if (!next.encoded) return; // every record was left out
+        encoded = next.encoded;
         await makeDirectories(join(this.root, rolloutStepDir(step)));
         await fsyncDirectory(this.root);
         if (await linkStagedFile(await stageFile(join(this.root, encoded.recordFile), encoded.recordBytes))) break;
@@ -242,6 +246,34 @@ export class RolloutRecordsSink {
       // No row may come to start the timer again (the last rows finished): start it now.
       this.arm();
       this.logger.warn({ err: error, step, records: records.length }, "writing rollout records failed; kept for the next flush");
+    }
+  }
+
+  /**
+   * Encodes the step, dropping the records that cannot be encoded (a line longer than any reader can
+   * decode, a value JSON cannot encode): refused so now, they are refused so by every later flush, and
+   * kept back they would hold back every record after them. Counted as skipped, as a reply without a
+   * usable trajectory is.
+   */
+  private encode(step: number, records: TraceRecord[]): { encoded?: ReturnType<typeof encodeRolloutRecords>; records: TraceRecord[] } {
+    const { kind, env } = this.options;
+    try {
+      return { encoded: encodeRolloutRecords({ kind, env, step, records }), records };
+    } catch (error) {
+      if (!(error instanceof CheckpointError && error.code === "invalid_request")) throw error;
+      const usable = records.filter((record) => {
+        try {
+          encodeRolloutRecords({ kind, env, step, records: [record] });
+          return true;
+        } catch (refusal) {
+          this.stats.skipped++;
+          this.logger.warn({ err: refusal, id: record.id }, "a rollout record cannot be encoded; it is left out");
+          return false;
+        }
+      });
+      // Nothing left out: the batch as a whole is refused (not one record); thrown as a failed flush.
+      if (usable.length === records.length) throw error;
+      return usable.length ? { encoded: encodeRolloutRecords({ kind, env, step, records: usable }), records: usable } : { records: usable };
     }
   }
 

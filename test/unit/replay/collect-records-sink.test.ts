@@ -88,6 +88,24 @@ describe("the collector's rollout-records sink", () => {
     expect(sink.stats).toMatchObject({ steps: 0, records: 0, failedFlushes: 3, unwritten: 2 });
   });
 
+  it("a record that can never be encoded is dropped (counted as skipped), not kept back with every later record", async () => {
+    const root = path.join(dir, "rollouts");
+    const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 30 }, silent);
+    await sink.start();
+    sink.add(linearTrace(traceId(1)));
+    const bad = linearTrace(traceId(2));
+    (bad.task as Record<string, unknown>).seed = 1n; // JSON cannot encode it: no later flush could either
+    sink.add(bad);
+    sink.add(linearTrace(traceId(3)));
+    await sink.flush();
+    expect(sink.stats).toMatchObject({ steps: 1, records: 2, skipped: 1 });
+    expect(await idsOf(path.join(root, "step_1", "eval_rollouts_gym.jsonl"))).toEqual([traceId(1), traceId(3)]);
+    sink.add(linearTrace(traceId(4)));
+    await sink.close();
+    expect(sink.stats).toEqual({ steps: 2, records: 3, skipped: 1, failedFlushes: 0, unwritten: 0 });
+    expect(await idsOf(path.join(root, "step_2", "eval_rollouts_gym.jsonl"))).toEqual([traceId(4)]);
+  });
+
   it("a record added after close is counted as not written (no later flush takes it), also across a second close", async () => {
     const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 30 }, silent);
     await sink.start();
