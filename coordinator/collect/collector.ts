@@ -762,12 +762,18 @@ export class Collector {
         for (const s of onTheWire) s.refusalWaiters.length = 0;
         // A reply still missing belongs to an episode nobody holds: a restore would install its next
         // attempt beside an environment that starts it from input. It restarts from input instead.
+        // Likewise a row whose /run failed since the scope was taken (its attempt moved on, or it failed
+        // for good), unless an owner exported that attempt: its episode ended where nobody holds it.
+        const failedUnheld = (e: EpisodeId) => {
+          const s = this.states.get(e.rollout_id)!;
+          return s.status !== "done" && (s.status === "failed" || s.attempt !== e.attempt) && !exported.has(captureKey(e));
+        };
         const unanswered = new Set(onTheWire.filter((s) => s.status === "inflight" && !s.refused).map((s) => s.row.rolloutId));
         const continued = scope.filter((e) => {
           const s = this.states.get(e.rollout_id)!;
-          return s.status !== "done" && !s.refused && !unanswered.has(e.rollout_id);
+          return s.status !== "done" && !s.refused && !unanswered.has(e.rollout_id) && !failedUnheld(e);
         });
-        restarted.push(...scope.filter((e) => unanswered.has(e.rollout_id)));
+        restarted.push(...scope.filter((e) => unanswered.has(e.rollout_id) || failedUnheld(e)));
         if (unanswered.size) log.warn({ rows: unanswered.size }, "a /run reply on the wire did not arrive within the checkpoint timeout; its row restarts from input after a restore");
 
         const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };

@@ -798,6 +798,35 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1 });
   });
 
+  it("a /run on the wire that fails during the checkpoint (its episode ended at the environment with an error): its row, exported by no owner, is restarted, not continued", async () => {
+    const committed = deferred();
+    const sent: number[] = [];
+    const url = await runServer(async (body) => {
+      sent.push(body.attempt);
+      if (sent.length > 1) return { status: 200, body: { reward: 1 } };
+      await committed.promise; // the episode ended in an error at the environment; its reply comes back after the commit
+      return { status: 500, body: { error: { code: "internal_error", detail: "the episode failed" } } };
+    });
+    const { controller, state, base } = fakeController({
+      commit: async (req: never) => {
+        const reply = { ...(await base.commit(req)), participants: [{ kind: "environment", episode_ids: [] }] };
+        committed.resolve();
+        return reply;
+      },
+    });
+    const collector = collectorFor(controller, url, { checkpointTimeoutSeconds: 5 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => sent.length === 1, "the /run of a");
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    // Continued, a crash now would restore attempt 1 beside an environment that holds nothing of it.
+    const published = JSON.parse(await readFile(join(dir, state.latest!, "collection.json"), "utf8")) as { continued: EpisodeId[]; restarted: EpisodeId[] };
+    expect(published.continued).toEqual([]);
+    expect(published.restarted).toEqual([{ rollout_id: "a", attempt: 0 }]);
+    expect(await run).toMatchObject({ finished: 1 });
+    expect(sent).toEqual([0, 1]);
+  });
+
   it("a checkpoint does not wait for a row refused admission by that checkpoint, nor continues it", async () => {
     const prepared = deferred();
     const sent: number[] = [];
