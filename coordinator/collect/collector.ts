@@ -239,9 +239,11 @@ export class Collector {
     // same scope while its rows are still logged at their source attempts (it died before the
     // reply, and the retry gets it); resumed when the restored attempts were logged, which are sent.
     const restoreCloses = ours && !heldParked && (open.phase !== "restored" || continued.size > 0);
+    /** The restore left open had failed: its clean-up fenced the attempts it had installed. */
+    let restoreFailed = false;
     if (open && !restoreCloses) {
       this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase, held_parked: heldParked }, "closing the checkpoint a previous run left open");
-      await this.resumeLeftOpen(open.checkpoint_id);
+      restoreFailed = await this.resumeLeftOpen(open.checkpoint_id);
     }
 
     // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.
@@ -278,31 +280,44 @@ export class Collector {
       ],
       restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined,
     );
+    // An attempt only restored is still held by the processes the restore installed it at (no
+    // restore of ours replaces them, nor did its clean-up fence it): it continues, so it stays in the
+    // scope of a checkpoint taken before it is sent, which would otherwise drop the record.
+    let continuedRestored = 0;
     for (const episode of stale) {
       const state = this.states.get(episode.rollout_id)!;
       state.attempt = episode.attempt + 1;
-      this.restartedCount++;
+      if (restoredOnly.has(episode.rollout_id) && !restoreCloses && !restoreFailed) {
+        Object.assign(state, { restored: true, continued: true });
+        continuedRestored++;
+      } else {
+        this.restartedCount++;
+      }
     }
     if (restoring) await this.restoreRows(restoring, [...continued.values()]);
     if (stale.length && restoreCloses) await this.retireNow(stale);
     if (this.toForget.size) this.forgetSoon();
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
+    this.instruments.rows.add(continuedRestored, { outcome: "continued" });
   }
 
   /**
    * Resumes the checkpoint a crashed predecessor left open. Its op may still run at the coordinator
    * (a prepare waiting on a participant that died with it, until that op's deadline plus slack), and
    * ops run there one at a time: a resume whose deadline passed while it waited is sent again.
+   * True when it was a restore that had failed (its clean-up fenced what it installed).
    */
-  private async resumeLeftOpen(checkpointId: string): Promise<void> {
+  private async resumeLeftOpen(checkpointId: string): Promise<boolean> {
     try {
       await this.ownOps.resumeSent("resume of the previous run's checkpoint", checkpointId);
+      return false;
     } catch (error) {
       // A restore our predecessor left open whose processes restarted since: the coordinator ran
       // its clean-up (retired attempt+1 where it may be installed, resumed everyone). Closed, then;
       // the rows restart from input, and an attempt that clean-up fenced is skipped when sent.
       if (!(error instanceof CheckpointError && error.code === "restore_failed")) throw error;
       this.options.logger.info({ checkpoint_id: checkpointId, err: error }, "the restore the previous run left open had failed; its clean-up closed it");
+      return true;
     }
   }
 

@@ -493,6 +493,44 @@ describe("collector", () => {
     expect(sent).toEqual([1]);
   });
 
+  it("a start killed between its restore's reply and the resume: the restored attempt the next start sends is still a continuation, kept in the scope of a checkpoint taken before it is sent", async () => {
+    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
+    await log.recordRestored([{ rollout_id: "a", attempt: 1 }]);
+    const { controller, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    // Left out of the scope, the environment would drop the restored record it still holds (restored
+    // state outside the scope is deleted at commit), and a crash after would restart a from input.
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(await latestContinued(state)).toEqual([{ rollout_id: "a", attempt: 1 }]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, continued: 1, restarted: 0 });
+    expect(sent).toEqual([1]);
+    expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 1, continued: true });
+  });
+
+  it("a restored attempt whose restore left open had failed (its clean-up fenced it) is not counted as a continuation nor kept in a checkpoint's scope", async () => {
+    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
+    await log.recordRestored([{ rollout_id: "a", attempt: 1 }]);
+    const { controller, state } = fakeController({
+      resume: async () => {
+        state.open = null;
+        throw new CheckpointError("restore_failed", "environment/e1 restarted since the restore and lost what it restored");
+      },
+    });
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), body.attempt === 1 ? { status: 409, body: { error: { code: "stale_attempt", detail: "fenced" } } } : { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, continued: 0, restarted: 1 });
+    expect(sent).toEqual([1, 2]);
+  });
+
   it("sends a timed-out row again only once the retire of the old attempt has stopped it", async () => {
     // The environment keeps running a /run the collector gave up on, and refuses any other attempt
     // of that rollout (stale_attempt) until a retire has stopped it.
