@@ -235,6 +235,17 @@ export class Collector {
     const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);
     const restorable = heldParked ? [] : (collection?.continued ?? []);
     const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
+    // Our restore left open with some of its attempts logged as restored: it landed, and the start
+    // that sent it was killed while logging them (a large batch is appended in several writes). The
+    // rest were installed too: logged as restored now, all resumed and sent, not restored again
+    // with a smaller scope (refused while that restore is open, which would then stay open).
+    if (ours && open.phase === "restored" && restorable.some((e) => restoredOnly.has(e.rollout_id) && unfinished.get(e.rollout_id) === e.attempt + 1)) {
+      for (const e of continued.values()) {
+        unfinished.set(e.rollout_id, e.attempt + 1);
+        restoredOnly.add(e.rollout_id);
+      }
+      continued.clear();
+    }
     // Our restore of it left open (the previous start died before resuming it): sent again with the
     // same scope while its rows are still logged at their source attempts (it died before the
     // reply, and the retry gets it); resumed when the restored attempts were logged, which are sent.

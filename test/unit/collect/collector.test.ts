@@ -512,6 +512,22 @@ describe("collector", () => {
     expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 1, continued: true });
   });
 
+  it("a start killed while logging its restored attempts (only some written): the next start resumes that restore and sends them all as continuations, not a smaller restore the open one refuses", async () => {
+    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }], "run-1");
+    await log.recordRestored([{ rollout_id: "a", attempt: 1 }]); // b's line was in a later write the kill cut off
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }]);
+    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
+    const sent: string[] = [];
+    const url = await runServer((body) => (sent.push(`${body.rollout_id}@${body.attempt}`), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url, { rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }] });
+    await collector.start();
+    expect(restores(calls)).toEqual([]);
+    expect(state.open).toBeNull(); // resumed: not left parked until the participants' lease
+    expect(await collector.run()).toMatchObject({ finished: 2, failed: 0, continued: 2, restarted: 0 });
+    expect(sent.sort()).toEqual(["a@1", "b@1"]);
+  });
+
   it("a restored attempt whose restore left open had failed (its clean-up fenced it) is not counted as a continuation nor kept in a checkpoint's scope", async () => {
     const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
     await log.recordRestored([{ rollout_id: "a", attempt: 1 }]);
