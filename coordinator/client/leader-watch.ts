@@ -51,7 +51,9 @@ export class LeaderLeaseReader {
    * request was sent (`leader` null), or the term that led did not serve yet (a new leader waits one
    * lease period and recovers before it subscribes), no coordinator that answers took it: only a
    * frozen predecessor still subscribed can have, and it stays silent once it wakes. That is
-   * `outcome_unknown` at the first check that reads the lease. An op without a deadline may
+   * `outcome_unknown` at the first check that reads the lease. (A new leader marks the lease
+   * serving just after it subscribes: a request it took in between ends so too, safely, since a
+   * retry gets its answer.) An op without a deadline may
    * legitimately run as long as the coordinator's default timeout, which a client does not know;
    * without this, a client whose coordinator died would wait for the 7-day cap.
    */
