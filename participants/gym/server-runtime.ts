@@ -198,7 +198,17 @@ export function participantConnectOptions(nats: string, connectionName: string):
   return { ...natsSettings(nats), ...NATS_PING_OPTIONS, name: connectionName, maxReconnectAttempts: -1, reconnectTimeWait: 250 };
 }
 
-export async function startServerRuntime(name: string, argv: string[], extraFlags: string[] = []): Promise<ServerRuntime> {
+/**
+ * `checkExtra` checks the server's own flags with the common ones, before NATS: a refusal (one
+ * line, printed after `<name>: `) is exit 2. Checked after connecting, a bad flag was answered
+ * `unreachable`, exit 1, whenever NATS was down, which a supervisor restarts for ever.
+ */
+export async function startServerRuntime(
+  name: string,
+  argv: string[],
+  extraFlags: string[] = [],
+  checkExtra?: (extra: Record<string, string | undefined>) => string | undefined,
+): Promise<ServerRuntime> {
   let args: ReturnType<typeof parseServerArgs>;
   try {
     args = parseServerArgs(argv, extraFlags);
@@ -232,6 +242,12 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     process.exit(2);
   }
   const config = parsed.data;
+  const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
+  const badExtra = checkExtra?.(extra);
+  if (badExtra !== undefined) {
+    process.stderr.write(`${name}: ${badExtra}\n`);
+    process.exit(2);
+  }
   // Before anything creates a tracer, meter or fastify app.
   let telemetry: TelemetryHandle;
   try {
@@ -309,7 +325,6 @@ export async function startServerRuntime(name: string, argv: string[], extraFlag
     process.stdin.resume();
     process.stdin.unref(); // watching is no reason to stay alive
   }
-  const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
   const runtime: ServerRuntime = {
     config,
     extra,

@@ -101,3 +101,21 @@ describe("resources server given a bad --mode or --verify", () => {
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
 });
+
+describe("a reference server's own flags are checked before NATS", () => {
+  // No NATS behind the URL: a flag checked only after connecting was answered `unreachable`, exit 1,
+  // which a supervisor restarts for ever, instead of the configuration error (exit 2) it is.
+  const DOWN = ["--nats", "nats://127.0.0.1:1", "--token", "t0ken"];
+  it.each([
+    ["resources-server", ["--mode", "bogus"], "resources-server: --mode must be one of restart_only, stateless, exported"],
+    ["resources-server", ["--server", "counter", "--verify", "replay"], "resources-server: the counter server's /verify is declared wait (it ends the counter it reads)"],
+    ["resources-server", ["--owner", ""], "resources-server: owner (the routing id written into records) must be 1-200 characters"],
+    ["agent-server", ["--resources-url", "http://127.0.0.1:9"], "agent-server: --policy-url and --resources-url are required"],
+    ["environment-server", ["--agent-url", "http://127.0.0.1:9"], "environment-server: --agent-url and --resources-url are required"],
+    ["policy-backend", ["--token-delay-ms", "70000"], "policy-backend: --token-delay-ms must be a number between 0 and 60000"],
+  ])("%s %j: one line, exit 2", (server, args, line) => {
+    ensureBuilt();
+    const bad = spawnSync(process.execPath, [`dist/participants/gym/${server}/main.js`, ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
+    expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
+  });
+});

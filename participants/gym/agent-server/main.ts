@@ -10,18 +10,16 @@ import { createAgentApp } from "./agent-server.js";
  *   --stream true|false    stream policy responses (default true)
  *   --episode-timeout-ms   legacy /run deadline (checkpoint pauses do not count)
  */
-const runtime = await startServerRuntime("agent-server", process.argv.slice(2), ["policy-url", "resources-url", "stream", "episode-timeout-ms"]);
+const runtime = await startServerRuntime("agent-server", process.argv.slice(2), ["policy-url", "resources-url", "stream", "episode-timeout-ms"], (flags) =>
+  !flags["policy-url"] || !flags["resources-url"] ? "--policy-url and --resources-url are required" : undefined,
+);
 const { extra } = runtime;
-if (!extra["policy-url"] || !extra["resources-url"]) {
-  process.stderr.write("agent-server: --policy-url and --resources-url are required\n");
-  process.exit(2);
-}
 const state = new AgentSessionState();
 const kind = new AgentKind(state);
 const app = createAgentApp({
   kind,
   state,
-  endpoints: { policyUrl: extra["policy-url"], resourcesUrl: extra["resources-url"], stream: extra.stream !== "false" },
+  endpoints: { policyUrl: extra["policy-url"]!, resourcesUrl: extra["resources-url"]!, stream: extra.stream !== "false" },
   ...(extra["episode-timeout-ms"] && { episodeTimeoutMs: Number(extra["episode-timeout-ms"]) }),
 });
 await runtime.serve(app, kind);

@@ -12,12 +12,10 @@ import { createEnvironmentApp } from "./environment-server.js";
  *   --episode-timeout-ms    per-episode deadline (checkpoint pauses do not count)
  *   --replay-config <file>  serve a replay task source (docs/replay.md) at /replay/next
  */
-const runtime = await startServerRuntime("environment-server", process.argv.slice(2), ["agent-url", "resources-url", "episode-timeout-ms", "replay-config"]);
+const runtime = await startServerRuntime("environment-server", process.argv.slice(2), ["agent-url", "resources-url", "episode-timeout-ms", "replay-config"], (flags) =>
+  !flags["agent-url"] || !flags["resources-url"] ? "--agent-url and --resources-url are required" : undefined,
+);
 const { extra, logger } = runtime;
-if (!extra["agent-url"] || !extra["resources-url"]) {
-  process.stderr.write("environment-server: --agent-url and --resources-url are required\n");
-  process.exit(2);
-}
 const kind = new EnvironmentKind();
 let replay: Awaited<ReturnType<typeof loadGymReplaySource>> | undefined;
 try {
@@ -34,7 +32,7 @@ const app = createEnvironmentApp({
   ...(replay && { replay }),
   logger,
   kind,
-  endpoints: { agentUrl: extra["agent-url"], resourcesUrl: extra["resources-url"] },
+  endpoints: { agentUrl: extra["agent-url"]!, resourcesUrl: extra["resources-url"]! },
   ...(extra["episode-timeout-ms"] && { episodeTimeoutMs: Number(extra["episode-timeout-ms"]) }),
 });
 await runtime.serve(app, kind);

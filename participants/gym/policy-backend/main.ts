@@ -8,13 +8,15 @@ import { createPolicyBackend } from "./policy-backend.js";
  *   --token-delay-ms N   pause between streamed chunks (keeps streams in flight)
  *   --cut-token T        bearer token of /ng-control/v1/generation-cut (default: --token)
  */
-const runtime = await startServerRuntime("policy-backend", process.argv.slice(2), ["token-delay-ms", "cut-token"]);
+// Checked before NATS, with the common flags (the --token fallback of --cut-token is checked there).
+const runtime = await startServerRuntime("policy-backend", process.argv.slice(2), ["token-delay-ms", "cut-token"], (flags) => {
+  const delay = Number(flags["token-delay-ms"] ?? "0");
+  if (!Number.isFinite(delay) || delay < 0 || delay > 60_000) return "--token-delay-ms must be a number between 0 and 60000";
+  const cut = flags["cut-token"] === undefined ? undefined : BearerTokenSchema.safeParse(flags["cut-token"]);
+  return cut && !cut.success ? `--cut-token: ${cut.error.issues[0]!.message}` : undefined;
+});
 const { config, extra, logger } = runtime;
 const tokenDelayMs = Number(extra["token-delay-ms"] ?? "0");
-if (!Number.isFinite(tokenDelayMs) || tokenDelayMs < 0 || tokenDelayMs > 60_000) {
-  process.stderr.write("policy-backend: --token-delay-ms must be a number between 0 and 60000\n");
-  process.exit(2);
-}
 const cutToken = BearerTokenSchema.safeParse(extra["cut-token"] ?? config.token);
 if (!cutToken.success) {
   process.stderr.write(`policy-backend: --cut-token: ${cutToken.error.issues[0]!.message}\n`);

@@ -1,4 +1,4 @@
-import { CheckpointModeSchema, CheckpointVerifySchema, createResourcesApp, type ResourcesServer } from "../../kinds/resources/index.js";
+import { CheckpointModeSchema, CheckpointVerifySchema, createResourcesApp, ownerRefusal, type ResourcesServer } from "../../kinds/resources/index.js";
 import { startServerRuntime } from "../server-runtime.js";
 import { CalculatorServer, calculatorServerClass } from "./calculator-server.js";
 import { CounterServer } from "./counter-server.js";
@@ -10,10 +10,7 @@ import { CounterServer } from "./counter-server.js";
  *   --verify replay (calculator default) | wait
  *   --owner <routing id written into records>
  */
-const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner"]);
-const { extra, logger } = runtime;
-
-function buildServer(): ResourcesServer {
+function buildServer(extra: Record<string, string | undefined>): ResourcesServer {
   const which = extra.server ?? "calculator";
   if (which === "counter") {
     if (extra.mode !== undefined && extra.mode !== "exported") throw new Error("the counter server is declared exported");
@@ -31,10 +28,21 @@ function buildServer(): ResourcesServer {
   return new Server();
 }
 
+// The flags are checked before NATS (a configuration error is exit 2 also while NATS is down).
+const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner"], (extra) => {
+  try {
+    buildServer(extra);
+  } catch (error) {
+    return error instanceof Error ? error.message : String(error);
+  }
+  return ownerRefusal(extra.owner ?? null);
+});
+const { extra, logger } = runtime;
+
 let server: ResourcesServer;
 let built: Awaited<ReturnType<typeof createResourcesApp>>;
 try {
-  server = buildServer();
+  server = buildServer(extra);
   built = await createResourcesApp(server, { owner: extra.owner ?? null, logger });
 } catch (error) {
   process.stderr.write(`resources-server: ${error instanceof Error ? error.message : String(error)}\n`);

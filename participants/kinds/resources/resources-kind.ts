@@ -14,6 +14,12 @@ import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 import { ResourcesSessionRecordSchema, SessionOwnerSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
+/** Why `owner` cannot be written into records (the record schema would refuse every one), if it cannot. */
+export function ownerRefusal(owner: string | null): string | undefined {
+  if (owner !== null && !SessionOwnerSchema.safeParse(owner).success) return "owner (the routing id written into records) must be 1-200 characters";
+  return undefined;
+}
+
 /** How a request relates to the session lifecycle. */
 export type RequestRole = "seed" | "verify" | "close" | "other";
 
@@ -106,7 +112,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.hooks = options.hooks ?? {};
     this.owner = options.owner ?? null;
     // Written into every record: one the record schema refuses would fail every commit with sessions.
-    if (this.owner !== null && !SessionOwnerSchema.safeParse(this.owner).success) throw new Error("owner (the routing id written into records) must be 1-200 characters");
+    const badOwner = ownerRefusal(this.owner);
+    if (badOwner) throw new Error(badOwner);
     this.logger = options.logger;
     if (this.mode === "exported") {
       for (const hook of ["exportSessionStates", "restoreSessionStates", "retireSessionState"] as const) {
