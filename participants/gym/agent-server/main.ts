@@ -10,9 +10,11 @@ import { createAgentApp } from "./agent-server.js";
  *   --stream true|false    stream policy responses (default true)
  *   --episode-timeout-ms   legacy /run deadline (checkpoint pauses do not count)
  */
-const runtime = await startServerRuntime("agent-server", process.argv.slice(2), ["policy-url", "resources-url", "stream", "episode-timeout-ms"], (flags) =>
-  !flags["policy-url"] || !flags["resources-url"] ? "--policy-url and --resources-url are required" : undefined,
-);
+const runtime = await startServerRuntime("agent-server", process.argv.slice(2), ["policy-url", "resources-url", "stream", "episode-timeout-ms"], (flags) => {
+  if (!flags["policy-url"] || !flags["resources-url"]) return "--policy-url and --resources-url are required";
+  if (flags.stream !== undefined && flags.stream !== "true" && flags.stream !== "false") return "--stream must be true or false";
+  return undefined;
+});
 const { extra } = runtime;
 const state = new AgentSessionState();
 const kind = new AgentKind(state);
