@@ -112,6 +112,11 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   const processes = new Map<GymProcessName, GymProcess>();
   const ports: Partial<Record<GymProcessName, number>> = {};
   const starting = new Set<ChildProcess>();
+  /**
+   * Counts the stop() calls: a start that began before one starts nothing after it (its retries on a
+   * taken port and the restarts of the callers of a process that moved would otherwise go on).
+   */
+  let stops = 0;
   const { signal } = options;
   Object.assign(urls, options.external);
 
@@ -164,8 +169,10 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   };
   const aborted = () => new Error(`gym start-up aborted${signal?.reason instanceof Error ? `: ${signal.reason.message}` : ""}`);
 
-  const startOne = async (name: GymProcessName, port: number): Promise<void> => {
+  const stopped = (name: GymProcessName) => new Error(`gym stopped while ${name} was starting`);
+  const startOne = async (name: GymProcessName, port: number, generation: number): Promise<void> => {
     if (signal?.aborted) throw aborted();
+    if (stops !== generation) throw stopped(name);
     const entry = join(dir, ENTRIES[name]);
     if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npm run build\` first`);
     // stdin: a pipe never written to, whose EOF stops the server once this process is gone (STOP_WITH_LAUNCHER_ENV).
@@ -225,6 +232,12 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       starting.delete(child);
       if (onAbort) signal?.removeEventListener("abort", onAbort);
     }
+    // Ready just as a stop came: that stop did not see it, so it is ended here.
+    if (stops !== generation) {
+      child.kill("SIGKILL");
+      await exited;
+      throw stopped(name);
+    }
     const { url } = announced;
     urls[name] = url;
     ports[name] = Number(new URL(url).port);
@@ -243,26 +256,27 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   };
 
   // A process that ran before comes back on its port: its running callers still hold that URL.
-  const startAgain = async (name: GymProcessName): Promise<void> => {
+  const startAgain = async (name: GymProcessName, generation: number): Promise<void> => {
     const previous = ports[name];
     if (previous !== undefined) {
       for (let attempt = 0; attempt < SAME_PORT_TRIES; attempt++) {
         try {
-          return await startOne(name, previous);
+          return await startOne(name, previous, generation);
         } catch (error) {
           if (!(error instanceof PortInUse)) throw error;
           if (attempt < SAME_PORT_TRIES - 1) await new Promise((resolve) => setTimeout(resolve, 100 * 2 ** attempt));
         }
       }
     }
-    await startOne(name, 0);
+    await startOne(name, 0, generation);
     if (previous === undefined) return;
     // It moved: restart the running callers so they get its new URL.
     for (const caller of GYM_PROCESSES) {
       const running = processes.get(caller);
       if (!CALLERS[name].includes(caller) || !running) continue;
+      if (stops !== generation) throw stopped(caller);
       await terminate(running);
-      await startAgain(caller);
+      await startAgain(caller, generation);
     }
   };
 
@@ -271,10 +285,11 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     processes,
     instances,
     async start(names = GYM_PROCESSES) {
+      const generation = stops;
       for (const name of GYM_PROCESSES) {
         if (!names.includes(name) || processes.has(name)) continue;
         if (options.external?.[name]) continue;
-        await startAgain(name);
+        await startAgain(name, generation);
       }
     },
     async kill(names, signal = "SIGKILL") {
@@ -284,6 +299,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       for (const p of targets) if (processes.get(p.name) === p) processes.delete(p.name);
     },
     async stop() {
+      stops += 1;
       // One still starting fails its start-up once killed.
       for (const child of starting) child.kill("SIGKILL");
       await Promise.all([...processes.values()].reverse().map(terminate));

@@ -73,4 +73,35 @@ describe("restarting part of the Gym", () => {
     expect(gym.processes.get("environment")!.pid).not.toBe(environmentPid);
     expect((await run()).status).toBe(200);
   });
+
+  it("a stop while a restart waits for its taken port ends it: nothing is started after the stop", async () => {
+    let portTaken!: () => void;
+    const sawTaken = new Promise<void>((resolve) => (portTaken = resolve));
+    gym = await launchGym({
+      nats: nats.server.url,
+      deployment: "restart-stopped",
+      token: "t0ken",
+      initial: ["policy", "model", "resources", "agent"],
+      onOutput: (name, line) => {
+        if (name === "agent" && line.includes("EADDRINUSE")) portTaken();
+      },
+    });
+    const agentPort = Number(new URL(gym.urls.agent!).port);
+    await gym.kill(["agent"]);
+    const b = createServer();
+    blocker = b;
+    await new Promise<void>((resolve, reject) => {
+      b.once("error", reject);
+      b.listen(agentPort, "127.0.0.1", () => resolve());
+    });
+    const starting = gym.start(["agent"]);
+    await sawTaken; // the first try failed: the launcher backs off before the next one
+    await gym.stop();
+    const outcome = await starting.then(
+      () => "started",
+      (error: unknown) => (error instanceof Error ? error.message : String(error)),
+    );
+    // Before: the tries went on after the stop and the agent ended up running on a free port.
+    expect({ outcome, running: [...gym.processes.keys()] }).toEqual({ outcome: expect.stringContaining("stopped"), running: [] });
+  });
 });
