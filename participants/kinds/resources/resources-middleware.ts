@@ -218,6 +218,9 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       sends = outcome.payload !== undefined || (!reply.raw.headersSent && !clientGone);
     }
     if (sends) return;
+    // No onSend, so no cookie was issued and nothing could ever name a session `started` bound for
+    // this request: unbound, as for a refused reset (a hijacked reply neither binds nor ends one).
+    if (entry.startedFresh && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
     // A hijacked reply may still be written by its handler: released once its response is done.
     if (reply.raw.writableEnded || reply.raw.destroyed) kind.release(entry.ticket);
     else reply.raw.once("close", () => kind.release(entry.ticket));

@@ -611,6 +611,26 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.sessionEpisode(cookie.split("=")[1]!)).toEqual({ rollout_id: "g1", attempt: 0 });
   });
 
+  it("a reset whose reply is hijacked after sessions.started() starts no session (the SDK issued no cookie)", async () => {
+    class Gymnasium extends ResourcesServer {
+      static override readonly checkpointMode: CheckpointMode = "restart_only";
+      routes(app: FastifyInstance, sessions: SessionAccess): void {
+        app.post("/reset", async (request, reply) => {
+          sessions.started(request);
+          reply.hijack();
+          reply.raw.writeHead(200, { "content-type": "application/json" });
+          reply.raw.end("{}");
+        });
+      }
+    }
+    const a = await harness(new Gymnasium());
+    const reset = await a.post("/ng-rollout/g1/reset");
+    expect({ status: reset.statusCode, cookie: reset.headers["set-cookie"] }).toEqual({ status: 200, cookie: undefined });
+    // Before: bound for good with no cookie naming it (a restart in every checkpoint).
+    await until(() => a.kind.readiness().counts.inflight === 0, "the hijacked reply to be released");
+    expect(a.kind.readiness()).toMatchObject({ restarts: [], counts: { sessions: 0, inflight: 0 } });
+  });
+
   it("a terminal step refused after sessions.ended() ends nothing: the session stays bound for its retry", async () => {
     class Gymnasium extends ResourcesServer {
       static override readonly checkpointMode: CheckpointMode = "stateless";
