@@ -212,12 +212,23 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     let sends: boolean;
     if (reply.sent) sends = false;
     else if (outcome.failed) sends = true;
-    else if (outcome.sync) return; // it may still call reply.send
-    else {
+    else if (outcome.sync) {
+      // It may still call reply.send (onSend releases it), or hijack or end the reply itself later:
+      // then nothing else would, so that reply's end does. A client gone before either leaves the
+      // reply unsent: the handler still runs and is waited for, as for any request.
+      reply.raw.once("close", () => {
+        if (!entry.sending && reply.sent) unanswered(entry, reply);
+      });
+      return;
+    } else {
       const clientGone = request.raw.aborted || !request.socket || request.socket.destroyed;
       sends = outcome.payload !== undefined || (!reply.raw.headersSent && !clientGone);
     }
-    if (sends) return;
+    if (!sends) unanswered(entry, reply);
+  };
+
+  /** A request Fastify sends no reply for (so no onSend runs). */
+  const unanswered = (entry: Admitted, reply: FastifyReply) => {
     // No onSend, so no cookie was issued and nothing could ever name a session `started` bound for
     // this request: unbound, as for a refused reset (a hijacked reply neither binds nor ends one).
     if (entry.startedFresh && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);

@@ -631,6 +631,28 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.readiness()).toMatchObject({ restarts: [], counts: { sessions: 0, inflight: 0 } });
   });
 
+  it("a callback-style handler that hijacks its reply later is released once that reply is done (prepare is not held for ever)", async () => {
+    class Streaming extends ResourcesServer {
+      static override readonly checkpointMode: CheckpointMode = "stateless";
+      routes(app: FastifyInstance): void {
+        // Not async, returns nothing: Fastify waits for reply.send, but the reply is written raw later.
+        app.post("/later", (_request, reply) => {
+          setImmediate(() => {
+            reply.hijack();
+            reply.raw.writeHead(200, { "content-type": "application/json" });
+            reply.raw.end("{}");
+          });
+        });
+      }
+    }
+    const a = await harness(new Streaming());
+    expect((await a.post("/ng-rollout/r1/later")).statusCode).toBe(200);
+    // Before: counted in flight for good, r1 a blocker of every prepare.
+    await until(() => a.kind.readiness().counts.inflight === 0, "the hijacked reply to be released", 2000);
+    expect((await a.call("prepare", { checkpoint_id: "c1" }, 5)).report).toMatchObject({ ready: true, blockers: [] });
+    await a.call("resume", { checkpoint_id: "c1" });
+  });
+
   it("a terminal step refused after sessions.ended() ends nothing: the session stays bound for its retry", async () => {
     class Gymnasium extends ResourcesServer {
       static override readonly checkpointMode: CheckpointMode = "stateless";
