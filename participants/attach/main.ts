@@ -20,13 +20,33 @@ import { AttachProxyShutdown } from "./proxy-shutdown.js";
  *                         created 0700 and refused unless every level under <tmp> is this user's own)
  * plus the common runtime flags (--nats, --deployment, --instance, --token, --port, ...).
  */
-const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "ledger-dir"]);
-const { config, extra, logger } = runtime;
-
 function fail(message: string): never {
   process.stderr.write(`attach model: ${message}\n`);
   process.exit(2);
 }
+
+/**
+ * The proxy's own flags, checked with the common ones before NATS (they are read again below): a
+ * bad one is exit 2 also while NATS is down, not `unreachable`, exit 1, which a supervisor restarts.
+ */
+function checkFlags(flags: Record<string, string | undefined>): undefined {
+  if (!flags.upstream) fail("--upstream <openai-base-url> is required");
+  try {
+    parseUpstream(flags.upstream);
+    if (flags.listen) parseListen(flags.listen);
+  } catch (error) {
+    fail(error instanceof Error ? error.message : String(error));
+  }
+  if (flags.cuts !== undefined && flags.cuts !== "on" && flags.cuts !== "off") fail("--cuts must be on or off");
+  const cutToken = flags["cut-token"] === undefined ? undefined : BearerTokenSchema.safeParse(flags["cut-token"]);
+  if (cutToken && !cutToken.success) fail(`--cut-token: ${cutToken.error.issues[0]!.message}`);
+  const cutTimeoutMs = Number(flags["cut-timeout-ms"] ?? "10000");
+  if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
+  return undefined;
+}
+
+const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "ledger-dir"], checkFlags);
+const { config, extra, logger } = runtime;
 
 if (!extra.upstream) fail("--upstream <openai-base-url> is required");
 let upstream: ReturnType<typeof parseUpstream>;

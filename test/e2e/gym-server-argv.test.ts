@@ -120,4 +120,14 @@ describe("a reference server's own flags are checked before NATS", () => {
     const bad = spawnSync(process.execPath, [`dist/participants/gym/${server}/main.js`, ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
+
+  it.each([
+    [[], "attach model: --upstream <openai-base-url> is required"],
+    [["--upstream", "http://127.0.0.1:9/v1", "--cuts", "maybe"], "attach model: --cuts must be on or off"],
+    [["--upstream", "http://127.0.0.1:9/v1", "--cut-timeout-ms", "0"], "attach model: --cut-timeout-ms must be an integer in 1..600000"],
+  ])("the attach proxy (the Gym's model process) %j: one line, exit 2", (args, line) => {
+    ensureBuilt();
+    const bad = spawnSync(process.execPath, ["dist/participants/attach/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
+    expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
+  });
 });
