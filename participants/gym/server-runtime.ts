@@ -4,7 +4,7 @@ import { connect, type ConnectionOptions, type NatsConnection } from "@nats-io/t
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, envSetting, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, envSetting, isHttpUrl, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -186,6 +186,16 @@ export function millisecondFlagRefusal(values: Record<string, unknown>): string 
     if (typeof value !== "string" || !/^\d+(\.\d+)?$/.test(value) || Number(value) > MAX_TIMER_MS) return `--${flag} must be a decimal number of milliseconds from 0 to ${MAX_TIMER_MS}`;
   }
   return undefined;
+}
+
+/**
+ * Why a server's required URL flags are refused, if they are: missing, or not http(s) (a URL fetch
+ * cannot take, such as `127.0.0.1:8080` without its scheme, failed every call at run time).
+ */
+export function urlFlagsRefusal(flags: Record<string, string | undefined>, names: string[]): string | undefined {
+  if (names.some((flag) => !flags[flag])) return `${names.map((flag) => `--${flag}`).join(" and ")} are required`;
+  const bad = names.find((flag) => !isHttpUrl(flags[flag]!));
+  return bad === undefined ? undefined : `--${bad} must be an http or https URL`;
 }
 
 /**

@@ -112,6 +112,9 @@ describe("a reference server's own flags are checked before NATS", () => {
     ["resources-server", ["--owner", ""], "resources-server: owner (the routing id written into records) must be 1-200 characters"],
     ["agent-server", ["--resources-url", "http://127.0.0.1:9"], "agent-server: --policy-url and --resources-url are required"],
     ["environment-server", ["--agent-url", "http://127.0.0.1:9"], "environment-server: --agent-url and --resources-url are required"],
+    // Without a scheme every call failed at run time (fetch cannot parse it), never at start-up.
+    ["environment-server", ["--agent-url", "127.0.0.1:9", "--resources-url", "http://127.0.0.1:9"], "environment-server: --agent-url must be an http or https URL"],
+    ["agent-server", ["--policy-url", "http://127.0.0.1:9", "--resources-url", "localhost:9"], "agent-server: --resources-url must be an http or https URL"],
     // Anything but "false" streamed: `--stream no` or `--stream 0` silently did the opposite.
     ["agent-server", ["--policy-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9", "--stream", "no"], "agent-server: --stream must be true or false"],
     ["policy-backend", ["--token-delay-ms", "70000"], "policy-backend: --token-delay-ms must be a number between 0 and 60000"],

@@ -1,5 +1,5 @@
 import { AgentKind } from "../../kinds/agent/index.js";
-import { startServerRuntime } from "../server-runtime.js";
+import { startServerRuntime, urlFlagsRefusal } from "../server-runtime.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { createAgentApp } from "./agent-server.js";
 
@@ -11,7 +11,8 @@ import { createAgentApp } from "./agent-server.js";
  *   --episode-timeout-ms   legacy /run deadline (checkpoint pauses do not count)
  */
 const runtime = await startServerRuntime("agent-server", process.argv.slice(2), ["policy-url", "resources-url", "stream", "episode-timeout-ms"], (flags) => {
-  if (!flags["policy-url"] || !flags["resources-url"]) return "--policy-url and --resources-url are required";
+  const urls = urlFlagsRefusal(flags, ["policy-url", "resources-url"]);
+  if (urls) return urls;
   if (flags.stream !== undefined && flags.stream !== "true" && flags.stream !== "false") return "--stream must be true or false";
   return undefined;
 });

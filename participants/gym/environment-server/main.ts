@@ -2,7 +2,7 @@ import { isUnreadableStorage, toCheckpointError } from "../../../protocol/index.
 import { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ReplayError } from "../../replay/errors.js";
 import { loadGymReplaySource } from "../../replay/gym-replay-source.js";
-import { startServerRuntime } from "../server-runtime.js";
+import { startServerRuntime, urlFlagsRefusal } from "../server-runtime.js";
 import { createEnvironmentApp } from "./environment-server.js";
 
 /**
@@ -13,7 +13,7 @@ import { createEnvironmentApp } from "./environment-server.js";
  *   --replay-config <file>  serve a replay task source (docs/replay.md) at /replay/next
  */
 const runtime = await startServerRuntime("environment-server", process.argv.slice(2), ["agent-url", "resources-url", "episode-timeout-ms", "replay-config"], (flags) =>
-  !flags["agent-url"] || !flags["resources-url"] ? "--agent-url and --resources-url are required" : undefined,
+  urlFlagsRefusal(flags, ["agent-url", "resources-url"]),
 );
 const { extra, logger } = runtime;
 const kind = new EnvironmentKind();
