@@ -105,6 +105,12 @@ function defaultParticipantsDir(): string {
 /** The child exited before its ready line because its port was taken. */
 class PortInUse extends Error {}
 
+/** Whether a process's last lines say `port` itself was taken (`:4000`, not the `:40001` of its metrics port). */
+export function namesTakenPort(lines: readonly string[], port: number): boolean {
+  const named = new RegExp(`:${port}(?!\\d)`);
+  return lines.some((line) => line.includes("EADDRINUSE") && named.test(line));
+}
+
 export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   const dir = options.participantsDir ?? defaultParticipantsDir();
   const instances = { ...DEFAULT_INSTANCES, ...options.instances };
@@ -217,7 +223,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
         clearTimeout(timer);
         const { exitCode: code, signalCode } = child;
         const message = `${name} exited (code ${code}, signal ${signalCode}) before it was ready:\n${tail.join("\n")}`;
-        const portTaken = port !== 0 && tail.some((line) => line.includes("EADDRINUSE") && line.includes(`:${port}`));
+        const portTaken = port !== 0 && namesTakenPort(tail, port);
         reject(portTaken ? new PortInUse(message) : new Error(message));
       });
     });
