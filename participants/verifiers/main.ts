@@ -1,4 +1,5 @@
 import { createResourcesApp } from "../kinds/resources/index.js";
+import { isHttpUrl } from "../../protocol/index.js";
 import { startServerRuntime } from "../gym/server-runtime.js";
 import { CodeVerifier } from "./code-verifier.js";
 import { CohortCompareVerifier, modelCohortJudge } from "./cohort-compare-verifier.js";
@@ -18,24 +19,33 @@ import type { VerifierServer } from "./verifier-server.js";
  *   --cohort-size <n>, --collection-timeout-ms, --evaluation-timeout-ms, --max-active-cohorts (cohort)
  *   --max-sandbox-queue <n> (code, competitive: runs that may wait for a sandbox slot)
  */
-const runtime = await startServerRuntime("verifier", process.argv.slice(2), [
+const VERIFIERS = ["math", "code", "competitive", "equivalence", "cohort"];
+
+/** Checked before NATS, with the common flags: with NATS down a bad flag must still exit 2, not be restarted as unreachable. */
+function flagRefusal(flags: Record<string, string | undefined>): string | undefined {
+  const verifier = flags.verifier ?? "math";
+  if (!VERIFIERS.includes(verifier)) return `unknown --verifier ${verifier} (${VERIFIERS.join(", ")})`;
+  if ((verifier === "equivalence" || verifier === "cohort") && !flags["judge-url"]) return "--judge-url is required for judge-based verifiers";
+  if (flags["judge-url"] !== undefined && !isHttpUrl(flags["judge-url"])) return "--judge-url must be an http or https URL";
+  for (const [flag, least] of [["cohort-size", 1], ["max-active-cohorts", 1], ["max-sandbox-queue", 0]] as const) {
+    const value = flags[flag];
+    if (value !== undefined && !(/^\d+$/.test(value) && Number(value) >= least)) return `--${flag} must be an integer ≥ ${least}`;
+  }
+  return undefined;
+}
+
+const runtime = await startServerRuntime(
   "verifier",
-  "judge-url",
-  "judge-model",
-  "judge-timeout-ms",
-  "cohort-size",
-  "collection-timeout-ms",
-  "evaluation-timeout-ms",
-  "max-active-cohorts",
-  "max-sandbox-queue",
-]);
+  process.argv.slice(2),
+  ["verifier", "judge-url", "judge-model", "judge-timeout-ms", "cohort-size", "collection-timeout-ms", "evaluation-timeout-ms", "max-active-cohorts", "max-sandbox-queue"],
+  flagRefusal,
+);
 const { extra, logger } = runtime;
 
 function judge(): JudgeClient {
-  if (!extra["judge-url"]) throw new Error("--judge-url is required for judge-based verifiers");
   const apiKey = process.env.GYM_CKPT_JUDGE_API_KEY;
   return new JudgeClient({
-    baseUrl: extra["judge-url"],
+    baseUrl: extra["judge-url"]!, // required for these verifiers, before NATS
     ...(extra["judge-model"] && { model: extra["judge-model"] }),
     ...(extra["judge-timeout-ms"] !== undefined && { requestTimeoutMs: Number(extra["judge-timeout-ms"]) }),
     ...(apiKey && { apiKey }),
@@ -69,11 +79,7 @@ function build(): VerifierServer {
 
 let server: VerifierServer;
 try {
-  if (extra["max-sandbox-queue"] !== undefined) {
-    const queue = Number(extra["max-sandbox-queue"]);
-    if (!Number.isInteger(queue) || queue < 0) throw new Error("--max-sandbox-queue must be an integer ≥ 0");
-    SANDBOX_SLOTS.maxQueued = queue;
-  }
+  if (extra["max-sandbox-queue"] !== undefined) SANDBOX_SLOTS.maxQueued = Number(extra["max-sandbox-queue"]);
   server = build();
 } catch (error) {
   process.stderr.write(`verifier: ${error instanceof Error ? error.message : String(error)}\n`);

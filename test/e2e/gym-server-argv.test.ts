@@ -133,4 +133,16 @@ describe("a reference server's own flags are checked before NATS", () => {
     const bad = spawnSync(process.execPath, ["dist/participants/attach/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
+
+  it.each([
+    [["--verifier", "bogus"], "verifier: unknown --verifier bogus (math, code, competitive, equivalence, cohort)"],
+    [["--verifier", "equivalence"], "verifier: --judge-url is required for judge-based verifiers"],
+    [["--verifier", "cohort", "--judge-url", "127.0.0.1:9"], "verifier: --judge-url must be an http or https URL"],
+    [["--verifier", "cohort", "--judge-url", "http://127.0.0.1:9", "--cohort-size", "0"], "verifier: --cohort-size must be an integer ≥ 1"],
+    [["--verifier", "code", "--max-sandbox-queue=-1"], "verifier: --max-sandbox-queue must be an integer ≥ 0"],
+  ])("a verifier %j: one line, exit 2", (args, line) => {
+    ensureBuilt();
+    const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
+    expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
+  });
 });
