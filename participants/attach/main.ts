@@ -1,7 +1,7 @@
 import { tmpdir } from "node:os";
 import { BearerTokenSchema, isMisplacedDirectory, makeDirectories, toCheckpointError } from "../../protocol/index.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
-import { startServerRuntime } from "../gym/server-runtime.js";
+import { startServerRuntime, tokenFlagRefusal } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
 import { createAttachProxy } from "./attach-proxy.js";
 import { ensurePrivateDir } from "./private-dir.js";
@@ -26,7 +26,7 @@ function fail(message: string): never {
 }
 
 /**
- * The proxy's own flags, checked with the common ones before NATS (they are read again below): a
+ * The proxy's own flags, checked with the common ones before NATS (read, not checked, below): a
  * bad one is exit 2 also while NATS is down, not `unreachable`, exit 1, which a supervisor restarts.
  */
 function checkFlags(flags: Record<string, string | undefined>): undefined {
@@ -38,8 +38,8 @@ function checkFlags(flags: Record<string, string | undefined>): undefined {
     fail(error instanceof Error ? error.message : String(error));
   }
   if (flags.cuts !== undefined && flags.cuts !== "on" && flags.cuts !== "off") fail("--cuts must be on or off");
-  const cutToken = flags["cut-token"] === undefined ? undefined : BearerTokenSchema.safeParse(flags["cut-token"]);
-  if (cutToken && !cutToken.success) fail(`--cut-token: ${cutToken.error.issues[0]!.message}`);
+  const badToken = tokenFlagRefusal("cut-token", flags["cut-token"]);
+  if (badToken) fail(badToken);
   const cutTimeoutMs = Number(flags["cut-timeout-ms"] ?? "10000");
   if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
   return undefined;
@@ -48,21 +48,12 @@ function checkFlags(flags: Record<string, string | undefined>): undefined {
 const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "ledger-dir"], checkFlags);
 const { config, extra, logger } = runtime;
 
-if (!extra.upstream) fail("--upstream <openai-base-url> is required");
-let upstream: ReturnType<typeof parseUpstream>;
-let listen: { host: string; port: number };
-try {
-  upstream = parseUpstream(extra.upstream);
-  listen = extra.listen ? parseListen(extra.listen) : { host: "127.0.0.1", port: config.port };
-} catch (error) {
-  fail(error instanceof Error ? error.message : String(error));
-}
+// Checked with the common flags (checkFlags; the token was, as --cut-token's fallback): read, not refused, here.
+const upstream = parseUpstream(extra.upstream!);
+const listen = extra.listen ? parseListen(extra.listen) : { host: "127.0.0.1", port: config.port };
 const cuts = extra.cuts ?? "on";
-if (cuts !== "on" && cuts !== "off") fail("--cuts must be on or off");
-const cutToken = BearerTokenSchema.safeParse(extra["cut-token"] ?? config.token);
-if (!cutToken.success) fail(`--cut-token: ${cutToken.error.issues[0]!.message}`);
+const cutToken = BearerTokenSchema.parse(extra["cut-token"] ?? config.token);
 const cutTimeoutMs = Number(extra["cut-timeout-ms"] ?? "10000");
-if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
 let ledgerDir: string;
 try {
   // The default lives in the shared temp dir: another local user must not have planted any level of it.
@@ -84,7 +75,7 @@ if (extra["ledger-dir"] !== undefined) {
 
 const kind = new ModelKind({
   ledgerDir,
-  cutBackend: cuts === "on" ? { root: upstream.root, token: cutToken.data, timeoutMs: cutTimeoutMs, serverName: config.instance } : null,
+  cutBackend: cuts === "on" ? { root: upstream.root, token: cutToken, timeoutMs: cutTimeoutMs, serverName: config.instance } : null,
   logger,
 });
 const server = createAttachProxy({ upstream, kind, controlToken: config.token, logger });

@@ -198,6 +198,12 @@ export function urlFlagsRefusal(flags: Record<string, string | undefined>, names
   return bad === undefined ? undefined : `--${bad} must be an http or https URL`;
 }
 
+/** Why a bearer-token flag (`--cut-token`) is refused, if it is: what `Authorization: Bearer` cannot carry. */
+export function tokenFlagRefusal(flag: string, value: string | undefined): string | undefined {
+  const parsed = value === undefined ? undefined : BearerTokenSchema.safeParse(value);
+  return parsed && !parsed.success ? `--${flag}: ${parsed.error.issues[0]!.message}` : undefined;
+}
+
 /**
  * How a participant program connects to NATS: for as long as it runs, reconnecting after any
  * outage, and giving up a connection gone silent within about 40 s (NATS_PING_OPTIONS), as the

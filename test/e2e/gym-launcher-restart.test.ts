@@ -34,6 +34,16 @@ async function run(): Promise<{ status: number; body: unknown }> {
 
 const launch = (deployment: string) => launchGym({ nats: nats.server.url, deployment, token: "t0ken", args: { policy: ["--token-delay-ms", "0"] } });
 
+/** Takes `port` on 127.0.0.1 (closed in teardown), as another program would while a process is down. */
+async function blockPort(port: number): Promise<void> {
+  const b = createServer();
+  blocker = b;
+  await new Promise<void>((resolve, reject) => {
+    b.once("error", reject);
+    b.listen(port, "127.0.0.1", () => resolve());
+  });
+}
+
 describe("restarting part of the Gym", () => {
   it("restarts the agent alone and the environment still reaches it", async () => {
     gym = await launch("restart-agent");
@@ -62,12 +72,7 @@ describe("restarting part of the Gym", () => {
     const agentPort = Number(new URL(gym.urls.agent!).port);
     const environmentPid = gym.processes.get("environment")!.pid;
     await gym.kill(["agent"]);
-    const b = createServer();
-    blocker = b;
-    await new Promise<void>((resolve, reject) => {
-      b.once("error", reject);
-      b.listen(agentPort, "127.0.0.1", () => resolve());
-    });
+    await blockPort(agentPort);
     await gym.start(["agent"]);
     expect(Number(new URL(gym.urls.agent!).port)).not.toBe(agentPort);
     expect(gym.processes.get("environment")!.pid).not.toBe(environmentPid);
@@ -88,12 +93,7 @@ describe("restarting part of the Gym", () => {
     });
     const agentPort = Number(new URL(gym.urls.agent!).port);
     await gym.kill(["agent"]);
-    const b = createServer();
-    blocker = b;
-    await new Promise<void>((resolve, reject) => {
-      b.once("error", reject);
-      b.listen(agentPort, "127.0.0.1", () => resolve());
-    });
+    await blockPort(agentPort);
     const starting = gym.start(["agent"]);
     await sawTaken; // the first try failed: the launcher backs off before the next one
     await gym.stop();

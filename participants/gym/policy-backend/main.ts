@@ -1,5 +1,5 @@
 import { BearerTokenSchema } from "../../../protocol/index.js";
-import { closeWithDrain, startServerRuntime } from "../server-runtime.js";
+import { closeWithDrain, startServerRuntime, tokenFlagRefusal } from "../server-runtime.js";
 import { createPolicyBackend } from "./policy-backend.js";
 
 /**
@@ -12,17 +12,11 @@ import { createPolicyBackend } from "./policy-backend.js";
 const runtime = await startServerRuntime("policy-backend", process.argv.slice(2), ["token-delay-ms", "cut-token"], (flags) => {
   const delay = Number(flags["token-delay-ms"] ?? "0");
   if (!Number.isFinite(delay) || delay < 0 || delay > 60_000) return "--token-delay-ms must be a number between 0 and 60000";
-  const cut = flags["cut-token"] === undefined ? undefined : BearerTokenSchema.safeParse(flags["cut-token"]);
-  return cut && !cut.success ? `--cut-token: ${cut.error.issues[0]!.message}` : undefined;
+  return tokenFlagRefusal("cut-token", flags["cut-token"]);
 });
 const { config, extra, logger } = runtime;
 const tokenDelayMs = Number(extra["token-delay-ms"] ?? "0");
-const cutToken = BearerTokenSchema.safeParse(extra["cut-token"] ?? config.token);
-if (!cutToken.success) {
-  process.stderr.write(`policy-backend: --cut-token: ${cutToken.error.issues[0]!.message}\n`);
-  process.exit(2);
-}
-const { app } = await createPolicyBackend({ tokenDelayMs, cutToken: cutToken.data });
+const { app } = await createPolicyBackend({ tokenDelayMs, cutToken: BearerTokenSchema.parse(extra["cut-token"] ?? config.token) });
 const address = await runtime.listening(app.listen({ host: "127.0.0.1", port: config.port }));
 // Bounded: a response held by /admin/hold would otherwise keep the process past SIGTERM for ever.
 runtime.onShutdown(() => closeWithDrain(app, logger));

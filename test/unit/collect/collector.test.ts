@@ -161,6 +161,24 @@ async function committedOwner(checkpointDir: string, checkpointId: string, rollo
   return { ...entry, episode_ids: null, episode_count: keys.length, episode_ids_sha256: canonicalDigest(keys) };
 }
 
+/**
+ * A start after run-2 was killed between its restore's reply and the resume: it had logged a@1 as
+ * restored, and its restore of run-1's checkpoint is still open at the coordinator. `sent` collects
+ * the attempts /run receives.
+ */
+async function startedAfterRestoreLogged() {
+  const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
+  await log.recordRestored([{ rollout_id: "a", attempt: 1 }]);
+  const fake = fakeController();
+  await publishCollection(fake.state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+  fake.state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
+  const sent: number[] = [];
+  const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+  const collector = collectorFor(fake.controller, url);
+  await collector.start();
+  return { ...fake, sent, collector };
+}
+
 const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map((c) => c.req.episode_ids);
 
 const logger = pino({ level: "silent" });
@@ -475,16 +493,7 @@ describe("collector", () => {
   });
 
   it("a start killed between its restore's reply and the resume: the next start resumes that restore and sends the restored attempt", async () => {
-    // run-2 logged a@1 as restored before resuming; the restore is still open at the coordinator.
-    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
-    await log.recordRestored([{ rollout_id: "a", attempt: 1 }]);
-    const { controller, calls, state } = fakeController();
-    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
-    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
-    const sent: number[] = [];
-    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
-    const collector = collectorFor(controller, url);
-    await collector.start();
+    const { calls, sent, collector } = await startedAfterRestoreLogged();
     expect(calls.filter((c) => ["restore", "resume", "retire"].includes(c.op)).map((c) => [c.op, c.req.episode_ids ?? c.req.checkpoint_id])).toEqual([
       ["resume", "ckpt-20240101T000000-aaaaaaaa"],
       ["retire", [{ rollout_id: "a", attempt: 0 }]],
@@ -494,15 +503,7 @@ describe("collector", () => {
   });
 
   it("a start killed between its restore's reply and the resume: the restored attempt the next start sends is still a continuation, kept in the scope of a checkpoint taken before it is sent", async () => {
-    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
-    await log.recordRestored([{ rollout_id: "a", attempt: 1 }]);
-    const { controller, state } = fakeController();
-    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
-    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
-    const sent: number[] = [];
-    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
-    const collector = collectorFor(controller, url);
-    await collector.start();
+    const { state, sent, collector } = await startedAfterRestoreLogged();
     // Left out of the scope, the environment would drop the restored record it still holds (restored
     // state outside the scope is deleted at commit), and a crash after would restart a from input.
     expect((await collector.checkpoint({ stop: false })).published).toBe(true);
