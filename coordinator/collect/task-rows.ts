@@ -1,7 +1,7 @@
 import { createReadStream } from "node:fs";
 import { createInterface } from "node:readline";
 import { z } from "zod";
-import { CheckpointError, RolloutIdSchema, describeZodError } from "../../protocol/index.js";
+import { CheckpointError, RolloutIdSchema, describeZodError, isUnreadableStorage, namePath } from "../../protocol/index.js";
 
 /**
  * One line of `tasks.jsonl`: either `{"id": "...", "task": {...}}` or a bare task object, which
@@ -39,6 +39,9 @@ export async function readTaskRows(path: string): Promise<TaskRow[]> {
     }
   } catch (error) {
     if (error instanceof CheckpointError) throw error;
+    // The storage refusing the read (EIO, EACCES, a stale handle) is no fault of the flag: thrown as
+    // it is, storage_error (exit 1). Only a file that is not there or not readable as one is.
+    if (isUnreadableStorage(error)) throw namePath(error, path);
     const code = (error as NodeJS.ErrnoException).code;
     throw new CheckpointError("invalid_request", `tasks file ${path} ${code === "ENOENT" ? "does not exist" : `is not readable (${code ?? String(error)})`}`);
   } finally {

@@ -3,7 +3,7 @@ import { dirname, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
@@ -293,13 +293,19 @@ async function ensureCheckpointDir(path: string): Promise<void> {
 
 /**
  * `--out` is appended to: its directory must exist, and it must be a regular file if it does, and
- * not the `--tasks` file (its result lines would be read as tasks by the next start).
+ * not the `--tasks` file (its result lines would be read as tasks by the next start). A look the
+ * storage refuses (EIO, EACCES, a stale handle) says nothing about the flag: thrown as it is,
+ * storage_error (exit 1), so the operator fixes the mount, not the path.
  */
 async function assertAppendable(path: string, tasksPath: string): Promise<void> {
-  const parent = await stat(dirname(path)).catch(() => undefined);
+  const parent = await stat(dirname(path)).catch((error: unknown) => {
+    if (isUnreadableStorage(error)) throw error;
+    return undefined;
+  });
   if (!parent?.isDirectory()) throw new CheckpointError("invalid_request", `--out: directory ${dirname(path)} does not exist`);
   const out = await stat(path).catch((error: NodeJS.ErrnoException) => {
     if (error.code === "ENOENT") return undefined;
+    if (isUnreadableStorage(error)) throw error;
     throw new CheckpointError("invalid_request", `--out ${path} is not accessible (${error.code ?? String(error)})`);
   });
   if (out && !out.isFile()) throw new CheckpointError("invalid_request", `--out ${path} is not a regular file`);

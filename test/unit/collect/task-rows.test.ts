@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { toCheckpointError } from "../../../protocol/index.js";
 
 /**
  * A tasks file past V8's longest string (about 512 MiB) cannot be read whole: Node refuses with
@@ -47,5 +48,15 @@ describe("task rows", () => {
     await writeFile(path, '{"a":1}\n{not json\n');
     await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: `${path}:2: not JSON` });
     await expect(readTaskRows(join(dir, "missing.jsonl"))).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("does not exist") });
+    await expect(readTaskRows(dir)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("EISDIR") });
+  });
+
+  it("a read the storage refuses (EIO) is storage_error naming the file, not invalid_request: the flag is fine", async () => {
+    // Reading /proc/self/mem from offset 0 fails with EIO, as a failing disk's read would.
+    const error = await readTaskRows("/proc/self/mem").then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(toCheckpointError(error)).toMatchObject({ code: "storage_error", message: expect.stringMatching(/^EIO: .*'\/proc\/self\/mem'$/) });
   });
 });
