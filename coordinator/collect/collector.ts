@@ -215,6 +215,12 @@ export class Collector {
     const history = await DispatchLog.read(this.logPath);
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
     const restoredOnly = history?.restoredOnly ?? new Set<string>();
+    // Logged attempts of rollouts --tasks no longer names (edited since the crash) and --out does
+    // not hold: no row sends them again, but one may still run at a surviving server, or be held
+    // there as a restored attempt. Never restored; retired with the others below (at the attempt
+    // logged, which a restored one is) and forgotten at the end, so nothing keeps them for good.
+    const gone = new Map([...(history?.latest ?? [])].filter(([id]) => !this.states.has(id) && !finished.has(id)));
+    if (gone.size) this.options.logger.warn({ rollouts: gone.size, first: [...gone.keys()].slice(0, 10) }, "dispatched.jsonl names rollouts --tasks no longer has; retiring their logged attempts");
 
     // Read-only until every op that can refuse (not leader yet, a busy coordinator) has answered:
     // a start-up that fails here leaves the log naming the previous run, so the retry still
@@ -238,13 +244,16 @@ export class Collector {
     // Our restore left open with some of its attempts logged as restored: it landed, and the start
     // that sent it was killed while logging them (a large batch is appended in several writes). The
     // rest were installed too: logged as restored now, all resumed and sent, not restored again
-    // with a smaller scope (refused while that restore is open, which would then stay open).
-    if (ours && open.phase === "restored" && restorable.some((e) => restoredOnly.has(e.rollout_id) && unfinished.get(e.rollout_id) === e.attempt + 1)) {
+    // with a smaller scope (refused while that restore is open, which would then stay open). So too
+    // when its scope named a rollout gone from --tasks: its attempt+1, installed, is retired.
+    const loggedRestored = (e: EpisodeId) => restoredOnly.has(e.rollout_id) && (unfinished.get(e.rollout_id) ?? gone.get(e.rollout_id)) === e.attempt + 1;
+    if (ours && open.phase === "restored" && restorable.some((e) => loggedRestored(e) || gone.get(e.rollout_id) === e.attempt)) {
       for (const e of continued.values()) {
         unfinished.set(e.rollout_id, e.attempt + 1);
         restoredOnly.add(e.rollout_id);
       }
       continued.clear();
+      for (const e of restorable) if (gone.get(e.rollout_id) === e.attempt) gone.set(e.rollout_id, e.attempt + 1);
     }
     // Our restore of it left open (the previous start died before resuming it): sent again with the
     // same scope while its rows are still logged at their source attempts (it died before the
@@ -263,8 +272,9 @@ export class Collector {
     const stale = [...unfinished]
       .filter(([id]) => !continued.has(id))
       .map(([rollout_id, attempt]) => ({ rollout_id, attempt: restoredOnly.has(rollout_id) ? attempt - 1 : attempt }));
+    const retiring = [...stale, ...[...gone].map(([rollout_id, attempt]) => ({ rollout_id, attempt }))];
     // Retiring changes no log: the previous one still names these attempts if this start fails.
-    if (stale.length && !restoreCloses) await this.retireNow(stale);
+    if (retiring.length && !restoreCloses) await this.retireNow(retiring);
     // Rows the logged run finished as a later attempt (after a retire, a fenced skip or a restore):
     // the forget that lifts their fences was queued in memory and may have died with it. Sent again
     // now (once more is harmless) while nothing is open; those not sent (our LATEST is open until the
@@ -288,6 +298,8 @@ export class Collector {
       [
         ...[...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
         ...[...this.toForget].map((rollout_id) => ({ rollout_id, attempt: this.states.get(rollout_id)!.attempt })),
+        // Gone rollouts still to retire (after the restore below): a crash before then still finds them.
+        ...(restoreCloses ? [...gone].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })) : []),
       ],
       restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined,
     );
@@ -306,7 +318,7 @@ export class Collector {
       }
     }
     if (restoring) await this.restoreRows(restoring, [...continued.values()]);
-    if (stale.length && restoreCloses) await this.retireNow(stale);
+    if (retiring.length && restoreCloses) await this.retireNow(retiring);
     if (this.toForget.size) this.forgetSoon();
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
     this.instruments.rows.add(continuedRestored, { outcome: "continued" });

@@ -548,6 +548,69 @@ describe("collector", () => {
     expect(sent).toEqual([1, 2]);
   });
 
+  it("attempts logged for rollouts --tasks no longer names are retired (a restored one at its restored attempt) with a warning, never restored, and forgotten at the end", async () => {
+    // run-2 restored a and b from run-1's checkpoint and resumed it, c was in flight; then it died
+    // and the operator removed b and c from the tasks file. The Gym survived: it still holds b@1.
+    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }, { rollout_id: "c", attempt: 0 }], "run-1");
+    await log.recordRestored([{ rollout_id: "a", attempt: 1 }, { rollout_id: "b", attempt: 1 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }]);
+    const sent: string[] = [];
+    const url = await runServer((body) => (sent.push(`${body.rollout_id}@${body.attempt}`), { status: 200, body: { reward: 1 } }));
+    const warnings: string[] = [];
+    const collector = collectorFor(controller, url, { logger: pino({ level: "warn" }, { write: (line: string) => warnings.push(line) }) });
+    await collector.start();
+    expect(restores(calls)).toEqual([]);
+    expect(calls.filter((c) => c.op === "retire").map((c) => c.req.episode_ids)).toEqual([
+      [
+        { rollout_id: "a", attempt: 0 },
+        { rollout_id: "b", attempt: 1 },
+        { rollout_id: "c", attempt: 0 },
+      ],
+    ]);
+    expect(warnings.join("")).toContain("--tasks no longer has");
+    expect(await collector.run()).toMatchObject({ rows: 1, finished: 1, failed: 0, continued: 1 });
+    expect(sent).toEqual(["a@1"]);
+    expect(calls.filter((c) => c.op === "forget").flatMap((c) => c.req.rollout_ids as string[]).sort()).toEqual(["a", "b", "c"]);
+  });
+
+  it("a restore left open whose scope names a rollout --tasks no longer has is resumed, not sent again with a smaller scope (which the open one refuses), and that rollout's restored attempt is retired", async () => {
+    // run-2 died before its restore's reply (nothing logged as restored); b was removed since.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }], "run-1");
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }]);
+    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
+    const sent: string[] = [];
+    const url = await runServer((body) => (sent.push(`${body.rollout_id}@${body.attempt}`), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(restores(calls)).toEqual([]);
+    expect(state.open).toBeNull(); // resumed: not left parked until the participants' lease
+    expect(calls.filter((c) => c.op === "retire").map((c) => c.req.episode_ids)).toEqual([
+      [
+        { rollout_id: "a", attempt: 0 },
+        { rollout_id: "b", attempt: 1 },
+      ],
+    ]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, continued: 1, restarted: 0 });
+    expect(sent).toEqual(["a@1"]);
+  });
+
+  it("its open stop checkpoint is restored without a rollout --tasks no longer has, which is retired after the restore and carried in the log until then", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }], true);
+    let logged: Map<string, number> | undefined;
+    const collector = collectorFor({ ...controller, restore: async (req: never) => ((logged = (await DispatchLog.read(join(dir, "dispatched.jsonl")))!.latest), controller.restore(req)) } as CollectorController, await runServer(() => ({ status: 200, body: { reward: 1 } })));
+    await collector.start();
+    expect(Object.fromEntries(logged!)).toEqual({ a: 0, b: 0 });
+    expect(calls.filter((c) => c.op === "restore" || c.op === "retire").map((c) => [c.op, c.req.episode_ids])).toEqual([
+      ["restore", [{ rollout_id: "a", attempt: 0 }]],
+      ["retire", [{ rollout_id: "b", attempt: 0 }]],
+    ]);
+    expect(await collector.run()).toMatchObject({ finished: 1, continued: 1 });
+  });
+
   it("sends a timed-out row again only once the retire of the old attempt has stopped it", async () => {
     // The environment keeps running a /run the collector gave up on, and refuses any other attempt
     // of that rollout (stale_attempt) until a retire has stopped it.
