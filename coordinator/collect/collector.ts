@@ -28,7 +28,7 @@ import { markSpanFailed } from "../telemetry/coordinator-telemetry.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
-import { DispatchLog, type DispatchHistory } from "./dispatch-log.js";
+import { DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
@@ -292,17 +292,13 @@ export class Collector {
     // A restore of another run's checkpoint names that run: killed before the restore landed, the
     // next start still finds the checkpoint open and restores it (see latestCollection).
     const restoring = collection && (continued.size || restoreCloses) ? collection : undefined;
-    this.log = await DispatchLog.create(
-      this.logPath,
-      this.runId,
-      [
-        ...[...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
-        ...[...this.toForget].map((rollout_id) => ({ rollout_id, attempt: this.states.get(rollout_id)!.attempt })),
-        // Gone rollouts still to retire (after the restore below): a crash before then still finds them.
-        ...(restoreCloses ? [...gone].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })) : []),
-      ],
-      restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined,
-    );
+    const carried: LoggedAttempt[] = [
+      ...[...unfinished].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })),
+      ...[...this.toForget].map((rollout_id) => ({ rollout_id, attempt: this.states.get(rollout_id)!.attempt })),
+      // Gone rollouts still to retire (after the restore below): a crash before then still finds them.
+      ...(restoreCloses ? [...gone].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })) : []),
+    ];
+    this.log = await DispatchLog.create(this.logPath, this.runId, carried, restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined);
     // An attempt only restored is still held by the processes the restore installed it at (no
     // restore of ours replaces them, nor did its clean-up fence it): it continues, so it stays in the
     // scope of a checkpoint taken before it is sent, which would otherwise drop the record.
@@ -317,7 +313,7 @@ export class Collector {
         this.restartedCount++;
       }
     }
-    if (restoring) await this.restoreRows(restoring, [...continued.values()]);
+    if (restoring) await this.restoreRows(restoring, [...continued.values()], carried);
     if (retiring.length && restoreCloses) await this.retireNow(retiring);
     if (this.toForget.size) this.forgetSoon();
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
@@ -349,9 +345,10 @@ export class Collector {
    * An unknown outcome is not a failure: the coordinator's successor re-drives a journaled restore
    * and answers its retry (same id and scope) with the original reply, and a resume of a closed id
    * is idempotent. Abandoning it would leave the restore open (admission closed, participants
-   * parked until their lease expires) and throw the continuation away.
+   * parked until their lease expires) and throw the continuation away. `carried` is what the log
+   * was started with.
    */
-  private async restoreRows(collection: CollectionState, sources: EpisodeId[]): Promise<void> {
+  private async restoreRows(collection: CollectionState, sources: EpisodeId[], carried: LoggedAttempt[]): Promise<void> {
     const checkpointId = collection.checkpoint_id;
     const attributes = { "gym_ckpt.checkpoint.id": checkpointId, "gym_ckpt.rows": sources.length };
     await tracer().startActiveSpan("checkpoint.collection.restore", { attributes }, async (span) => {
@@ -401,9 +398,13 @@ export class Collector {
           this.ownOps.rememberUnresumed(checkpointId);
         }
         // Logged first: after a crash from here on, the next start must send attempt+2, not the
-        // fenced attempt+1 that every participant refuses.
+        // fenced attempt+1 that every participant refuses. Every row at once (the log rewritten, not
+        // appended to: a large append is written in pieces): a crash part way would leave the rest at
+        // their source attempts, which the next start would restore again with a smaller scope, one
+        // a restore left open (outcome unknown) refuses, so it would stay open, everyone parked.
         const replacements = sources.map(nextAttempt);
-        await this.log.recordAll(replacements);
+        const replaced = new Set(sources.map((s) => s.rollout_id));
+        await this.log.replace([...carried.filter((e) => !replaced.has(e.rollout_id)), ...replacements]);
         await this.retireNow(replacements);
         for (const source of sources) {
           this.states.get(source.rollout_id)!.attempt = source.attempt + 2;

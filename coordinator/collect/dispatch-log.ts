@@ -60,27 +60,32 @@ export class DispatchLog {
   private constructor(
     readonly path: string,
     readonly runId: string,
+    private readonly continuesRun: string | undefined,
   ) {}
 
   /** Starts a fresh log for a new run, carrying forward attempts that must stay fenced, and finished ones still to forget. */
   static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = [], continuesRun?: string): Promise<DispatchLog> {
-    const header = { run_id: runId, ...(continuesRun !== undefined && { continues_run: continuesRun }) };
+    const log = new DispatchLog(path, runId, continuesRun);
+    await log.replace(carried);
+    return log;
+  }
+
+  /**
+   * Rewrites this run's log as its header and `carried`, in one step: the old log stays until the
+   * new one is whole, so a crash meanwhile leaves one or the other, never a part (a crash mid-append
+   * of many lines keeps some). Only while nothing is appended: start-up, before any `/run`.
+   */
+  async replace(carried: Iterable<LoggedAttempt>): Promise<void> {
+    const header = { run_id: this.runId, ...(this.continuesRun !== undefined && { continues_run: this.continuesRun }) };
     const lines = [JSON.stringify(header), ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e)))];
     // Atomic: a crash mid-rewrite must not lose the carried attempts (they would be re-sent as
     // attempt 0, reusing capture keys); the old log stays until the new one is whole.
-    await replaceFileDurably(path, `${lines.join("\n")}\n`);
-    return new DispatchLog(path, runId);
+    await replaceFileDurably(this.path, `${lines.join("\n")}\n`);
   }
 
   /** The attempt about to be sent; on disk when this returns. */
   async record(episode: EpisodeId): Promise<void> {
     await this.append(`${JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt })}\n`);
-  }
-
-  /** Attempts that may exist somewhere (sent, or fenced by the coordinator): the next start retires them and sends the one after. */
-  async recordAll(episodes: EpisodeId[]): Promise<void> {
-    if (!episodes.length) return;
-    await this.append(episodes.map((e) => `${JSON.stringify({ rollout_id: e.rollout_id, attempt: e.attempt })}\n`).join(""));
   }
 
   /** The next attempts a restore installed: a later checkpoint continues them before they are sent. */
