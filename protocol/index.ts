@@ -199,6 +199,7 @@ export {
   encodeRecordLines,
   RolloutStepMarkerSchema,
   rolloutStepMarkerName,
+  rolloutStepMarkerFiles,
   encodeRolloutRecords,
   RunTrajectorySchema,
   TRAJECTORY_HEADER,

@@ -305,6 +305,17 @@ export function rolloutStepMarkerName(kind: RecordKind): string {
   return `_complete_${kind}.json`;
 }
 
+/**
+ * The record files a step marker completes, or null when `raw` is no marker of this step and kind:
+ * one copied from another step names the same files, and one of the other kind says nothing of
+ * these. Of what it lists, only its own kind's record files: it describes no others.
+ */
+export function rolloutStepMarkerFiles(raw: unknown, step: number, kind: RecordKind): string[] | null {
+  const marker = RolloutStepMarkerSchema.safeParse(raw);
+  if (!marker.success || marker.data.step !== step || marker.data.kind !== kind) return null;
+  return marker.data.files.filter((name) => parseRolloutRecordFileName(name)?.kind === kind);
+}
+
 // ---- one env's file for one step ----------------------------------------------------------
 
 export interface RolloutRecordBatch {

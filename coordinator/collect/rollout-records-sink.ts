@@ -10,6 +10,7 @@ import {
   makeDirectories,
   parseRolloutRecordFileName,
   rolloutStepDir,
+  rolloutStepMarkerFiles,
   rolloutStepMarkerName,
   timerDelay,
   type RecordKind,
@@ -46,8 +47,11 @@ const MARKER_ROUNDS = 5;
 /** A marker lists one step's file names; larger is not a marker this sink wrote. */
 const MAX_MARKER_BYTES = 1 << 20;
 
-/** The files an existing marker lists; null when there is none, or it is not a valid marker. */
-async function markerFiles(path: string): Promise<string[] | null> {
+/**
+ * The files an existing marker lists; null when there is none, or it is not a valid marker of this
+ * step and kind: rewritten then, since followers ignore it.
+ */
+async function markerFiles(path: string, step: number, kind: RecordKind): Promise<string[] | null> {
   let text: string;
   try {
     text = await readRegularFile(path, { maxBytes: MAX_MARKER_BYTES });
@@ -55,8 +59,7 @@ async function markerFiles(path: string): Promise<string[] | null> {
     return null;
   }
   try {
-    const parsed = RolloutStepMarkerSchema.safeParse(JSON.parse(text));
-    return parsed.success ? parsed.data.files : null;
+    return rolloutStepMarkerFiles(JSON.parse(text), step, kind);
   } catch {
     return null;
   }
@@ -132,7 +135,7 @@ export class RolloutRecordsSink {
     const stepDir = join(this.root, rolloutStepDir(step));
     const markerPath = join(stepDir, rolloutStepMarkerName(kind));
     for (let round = 0; round < MARKER_ROUNDS; round++) {
-      const listed = await markerFiles(markerPath);
+      const listed = await markerFiles(markerPath, step, kind);
       const onDisk = (await readdir(stepDir)).filter((name) => parseRolloutRecordFileName(name)?.kind === kind);
       const files = [...new Set([...(listed ?? []), ...onDisk])].sort();
       if (!files.length || (listed !== null && files.length === listed.length)) return;

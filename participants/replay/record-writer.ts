@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import path from "node:path";
-import { CheckpointError, encodeRecordLines, encodeRolloutRecords, type EncodedRolloutRecords } from "../../protocol/index.js";
+import { CheckpointError, encodeRecordLines, encodeRolloutRecords, rolloutStepMarkerFiles, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
 import { invalidRequest } from "./errors.js";
@@ -145,7 +145,7 @@ const MAX_MARKER_BYTES = 1 << 20;
 async function completeMarker(stepDir: string, step: number, kind: RecordKind): Promise<void> {
   const markerPath = path.join(stepDir, stepMarkerName(kind));
   for (let round = 0; round < MARKER_ROUNDS; round++) {
-    const listed = await markerFiles(markerPath);
+    const listed = await markerFiles(markerPath, step, kind);
     const onDisk = (await recordFilesIn(stepDir)).filter((f) => f.kind === kind).map((f) => f.name);
     const files = [...new Set([...(listed ?? []), ...onDisk])].sort();
     if (listed !== null && files.length === listed.length) return;
@@ -234,11 +234,13 @@ async function recordFilesIn(stepDir: string): Promise<Array<{ name: string; kin
   });
 }
 
-/** The files an existing marker lists; null when there is none, or it is not a valid marker (a regular file within the limit). */
-async function markerFiles(file: string): Promise<string[] | null> {
+/**
+ * The files an existing marker lists; null when there is none, or it is not a valid marker (a regular
+ * file within the limit) of this step and kind: rewritten then, since followers ignore it.
+ */
+async function markerFiles(file: string, step: number, kind: RecordKind): Promise<string[] | null> {
   try {
-    const parsed = StepMarkerSchema.safeParse(JSON.parse((await readRegularFile(file, { maxBytes: MAX_MARKER_BYTES })).toString("utf8")));
-    return parsed.success ? parsed.data.files : null;
+    return rolloutStepMarkerFiles(JSON.parse((await readRegularFile(file, { maxBytes: MAX_MARKER_BYTES })).toString("utf8")), step, kind);
   } catch {
     return null;
   }

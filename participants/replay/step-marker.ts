@@ -1,6 +1,7 @@
 import path from "node:path";
-import { RECORD_KINDS, RolloutStepMarkerSchema as StepMarkerSchema, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
+import { RECORD_KINDS, rolloutStepMarkerFiles, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
 import { readRegularFile } from "../storage/regular-file.js";
+import { stepOfPath } from "./record-paths.js";
 
 /**
  * A step-complete marker, written after every env file of one (step, kind) is published.
@@ -22,24 +23,22 @@ export const MAX_STEP_MARKER_BYTES = 1 << 20;
 /**
  * Record file names listed by the markers present in `dir`. Unreadable or invalid markers count as
  * absent, and so does a FIFO, device or oversized file there: it is refused unread, never waited on.
+ * So does a marker written for another step (copied in: it names the same files) or another kind,
+ * and a marker completes only the files of its own kind it lists.
  */
 export async function completedFiles(dir: string): Promise<Set<string>> {
   const files = new Set<string>();
   for (const kind of RECORD_KINDS) {
-    let text: string;
-    try {
-      text = (await readRegularFile(path.join(dir, stepMarkerName(kind)), { maxBytes: MAX_STEP_MARKER_BYTES })).toString("utf8");
-    } catch {
-      continue;
-    }
+    const markerPath = path.join(dir, stepMarkerName(kind));
+    const step = stepOfPath(markerPath);
+    if (step === null) continue; // only a step_<N> directory has markers
     let raw: unknown;
     try {
-      raw = JSON.parse(text);
+      raw = JSON.parse((await readRegularFile(markerPath, { maxBytes: MAX_STEP_MARKER_BYTES })).toString("utf8"));
     } catch {
       continue;
     }
-    const marker = StepMarkerSchema.safeParse(raw);
-    if (marker.success) for (const name of marker.data.files) files.add(name);
+    for (const name of rolloutStepMarkerFiles(raw, step, kind) ?? []) files.add(name);
   }
   return files;
 }

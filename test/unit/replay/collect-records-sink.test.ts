@@ -207,6 +207,18 @@ describe("the collector's rollout-records sink", () => {
     expect(marker.files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
   });
 
+  it("a start rewrites a marker of another step found in a step (copied in), which no follower takes for that step's", async () => {
+    const root = path.join(dir, "rollouts");
+    await writeRolloutRecords(root, 1, { kind: "train", env: "a", traces: [linearTrace(traceId(0xa), 0)] });
+    const copied = { format: "gym-ckpt/rollout-step", version: 1, step: 7, kind: "train", files: ["train_rollouts_a.jsonl"] };
+    await writeFile(path.join(root, "step_1", "_complete_train.json"), `${JSON.stringify(copied)}\n`);
+    const sink = new RolloutRecordsSink({ dir, env: "a", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await sink.start();
+    await sink.close();
+    const marker = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_train.json"), "utf8")));
+    expect(marker).toMatchObject({ step: 1, files: ["train_rollouts_a.jsonl"] });
+  });
+
   it("refuses an env name that is not a safe file-name component", () => {
     expect(() => new RolloutRecordsSink({ dir, env: "a/b", kind: "train", everyRows: 1, everySeconds: 1 }, silent)).toThrow(/env name/);
   });

@@ -2,7 +2,7 @@ import { constants } from "node:buffer";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
-import { mkdir, readdir, readFile, rm, stat } from "node:fs/promises";
+import { mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import {
@@ -107,6 +107,18 @@ describe("record writer", () => {
     expect(written.map((w) => path.basename(w.recordPath))).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl", "train_rollouts_c.jsonl"]);
     const marker = StepMarkerSchema.parse(JSON.parse(await readFile(path.join(dir, "step_12", "_complete_train.json"), "utf8")));
     expect(marker).toEqual({ format: "gym-ckpt/rollout-step", version: 1, step: 12, kind: "train", files: ["train_rollouts_a.jsonl", "train_rollouts_b.jsonl", "train_rollouts_c.jsonl"] });
+  });
+
+  it("rewrites a marker of another step or kind found in the step, which no follower takes for this step's", async () => {
+    await mkdir(path.join(dir, "step_4"), { recursive: true });
+    const markerPath = path.join(dir, "step_4", "_complete_train.json");
+    // Step 3's marker copied into step 4 lists the very file step 4 is about to hold.
+    await writeFile(markerPath, JSON.stringify({ format: "gym-ckpt/rollout-step", version: 1, step: 3, kind: "train", files: ["train_rollouts_a.jsonl"] }));
+    await writeStepRecords(dir, 4, [{ kind: "train", env: "a", traces: [linearTrace(traceId(1))] }]);
+    expect(StepMarkerSchema.parse(JSON.parse(await readFile(markerPath, "utf8")))).toMatchObject({ step: 4, kind: "train", files: ["train_rollouts_a.jsonl"] });
+    await writeFile(markerPath, JSON.stringify({ format: "gym-ckpt/rollout-step", version: 1, step: 4, kind: "eval", files: ["train_rollouts_a.jsonl"] }));
+    await writeStepRecords(dir, 4, [{ kind: "train", env: "a", traces: [linearTrace(traceId(1))] }]); // a retry
+    expect(StepMarkerSchema.parse(JSON.parse(await readFile(markerPath, "utf8")))).toMatchObject({ step: 4, kind: "train", files: ["train_rollouts_a.jsonl"] });
   });
 
   it("keeps every file of a step written in several calls in its marker, and never replaces a published file", async () => {

@@ -234,6 +234,27 @@ describe("follow and append (18)", () => {
     expect(follower.tasks).toEqual(cold.tasks);
   });
 
+  it("with wait_for_step_marker, a marker completes only its own step's files of its own kind", async () => {
+    const config = { records: "run/rollouts/step_*/*_rollouts_*.jsonl", wait_for_step_marker: true };
+    const marker = (file: string, body: object) => writeFileAtomic(path.join(rollouts(), "step_2", file), Buffer.from(JSON.stringify({ format: "gym-ckpt/rollout-step", version: 1, ...body })));
+    await writeStepRecords(rollouts(), 1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0)] }]);
+    await write(2, [linearTrace(traceId(2), 0)]);
+    await writeRolloutRecords(rollouts(), 2, { kind: "eval", env: "gsm8k", traces: [linearTrace(traceId(0xe), 0)] });
+    // Step 1's marker copied into step 2 names the same file, written by a writer of another step.
+    await marker("_complete_train.json", { step: 1, kind: "train", files: ["train_rollouts_gsm8k.jsonl"] });
+    // A marker under train's name written for eval, and a train marker that lists an eval file.
+    await marker("_complete_eval.json", { step: 2, kind: "train", files: ["train_rollouts_gsm8k.jsonl", "eval_rollouts_gsm8k.jsonl"] });
+    const follower = source(config);
+    await follower.load();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001"]);
+    await marker("_complete_train.json", { step: 2, kind: "train", files: ["train_rollouts_gsm8k.jsonl", "eval_rollouts_gsm8k.jsonl"] });
+    await follower.reload();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001"]); // the eval file sorts first and still waits
+    await marker("_complete_eval.json", { step: 2, kind: "eval", files: ["eval_rollouts_gsm8k.jsonl"] });
+    await follower.reload();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001", "recheck:0000000e", "recheck:00000002"]);
+  });
+
   it("with wait_for_step_marker, takes a FIFO marker for an absent one instead of blocking every later call", { timeout: 5000 }, async () => {
     const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl", wait_for_step_marker: true };
     const follower = source(config);
