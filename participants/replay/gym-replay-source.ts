@@ -1,12 +1,12 @@
-import { readFile } from "node:fs/promises";
+import { readFileSync } from "node:fs";
 import path from "node:path";
 import type { Logger } from "pino";
 import { z } from "zod";
 import { GymTaskSchema, type GymTask } from "../gym/agent-server/gym-task.js";
 import { promptToChat, type ChatMessageLike } from "./chat-trajectory.js";
 import { invalidRequest } from "./errors.js";
-import { parseReplayConfig } from "./replay-config.js";
-import { ReplayTaskSource, type ReplayTask, type SourceEnvironment } from "./replay-task-source.js";
+import { parseReplayConfig, type ReplayConfig } from "./replay-config.js";
+import { ReplayTaskSource, sourceConfigFor, type ReplayTask, type SourceEnvironment } from "./replay-task-source.js";
 import { replayTaskId } from "./replay-task-id.js";
 import { PromptSchema } from "./trace-record.js";
 
@@ -35,18 +35,33 @@ export const gymSourceEnvironment: SourceEnvironment<GymRecordTask, { reward: nu
 
 export type GymReplaySource = ReplayTaskSource<GymRecordTask, { reward: number }, number>;
 
-/** Reads and validates a replay config file; relative record globs resolve against its directory. */
-export async function loadGymReplaySource(configPath: string, logger?: Logger): Promise<GymReplaySource> {
+/** A replay config file read and checked; relative record globs resolve against `cwd`, its directory. */
+export interface GymReplayConfig {
+  config: ReplayConfig;
+  cwd: string;
+}
+
+/**
+ * Reads and checks a replay config file for the reference Gym, reading no record: synchronous, so
+ * the environment server checks `--replay-config` with its other flags, before NATS. A config it
+ * cannot use (unreadable, not JSON, invalid, for another source) is invalid_request.
+ */
+export function readGymReplayConfig(configPath: string): GymReplayConfig {
   let raw: unknown;
   try {
-    raw = JSON.parse(await readFile(configPath, "utf8"));
+    raw = JSON.parse(readFileSync(configPath, "utf8"));
   } catch (error) {
     throw invalidRequest(`replay config ${configPath} is not readable JSON: ${error instanceof Error ? error.message : String(error)}`);
   }
-  const source = new ReplayTaskSource(parseReplayConfig(raw), gymSourceEnvironment, {
-    cwd: path.dirname(path.resolve(configPath)),
-    ...(logger && { logger }),
-  });
+  const config = parseReplayConfig(raw);
+  sourceConfigFor(config, gymSourceEnvironment);
+  return { config, cwd: path.dirname(path.resolve(configPath)) };
+}
+
+/** Builds and loads the source of a replay config file (a path, or what readGymReplayConfig read). */
+export async function loadGymReplaySource(configFile: string | GymReplayConfig, logger?: Logger): Promise<GymReplaySource> {
+  const { config, cwd } = typeof configFile === "string" ? readGymReplayConfig(configFile) : configFile;
+  const source = new ReplayTaskSource(config, gymSourceEnvironment, { cwd, ...(logger && { logger }) });
   await source.load();
   return source;
 }

@@ -113,6 +113,18 @@ export interface ReplayTaskSourceOptions {
 }
 
 /**
+ * The source environment's own config, narrowed by its `configSchema`: invalid_request when the
+ * config names another source or the schema refuses it. No file is read.
+ */
+export function sourceConfigFor(config: ReplayConfig, source: Pick<SourceEnvironment, "id" | "configSchema">): unknown {
+  if (config.source.id !== source.id) throw invalidRequest(`config names source ${config.source.id} but environment ${source.id} was given`);
+  if (!source.configSchema) return config.source;
+  const narrowed = source.configSchema.safeParse(config.source);
+  if (!narrowed.success) throw invalidRequest(`invalid source config: ${describeIssues(narrowed.error.issues)}`);
+  return narrowed.data;
+}
+
+/**
  * Turns saved rollout records into fresh tasks. Loading is append-only and a pure function of the
  * files (numeric file order, per-record seeded draws), so independent workers agree on every index.
  * Follow mode: each reload re-expands the globs and appends tasks from files not seen before.
@@ -141,16 +153,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     options: ReplayTaskSourceOptions = {},
   ) {
     this.config = parseReplayConfig(config);
-    if (this.config.source.id !== source.id) {
-      throw invalidRequest(`config names source ${this.config.source.id} but environment ${source.id} was given`);
-    }
-    if (source.configSchema) {
-      const narrowed = source.configSchema.safeParse(this.config.source);
-      if (!narrowed.success) throw invalidRequest(`invalid source config: ${describeIssues(narrowed.error.issues)}`);
-      this.sourceConfig = narrowed.data;
-    } else {
-      this.sourceConfig = this.config.source;
-    }
+    this.sourceConfig = sourceConfigFor(this.config, source);
     this.cwd = options.cwd ?? process.cwd();
     this.logger = options.logger ?? defaultLogger();
     this.random = options.random;

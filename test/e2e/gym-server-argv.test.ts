@@ -1,4 +1,7 @@
 import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { ensureBuilt } from "./coordinator-process.js";
@@ -122,6 +125,26 @@ describe("a reference server's own flags are checked before NATS", () => {
     ensureBuilt();
     const bad = spawnSync(process.execPath, [`dist/participants/gym/${server}/main.js`, ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
+  });
+
+  it("the environment server's --replay-config (missing, invalid, another source's): one invalid_request line, exit 2", () => {
+    ensureBuilt();
+    const dir = mkdtempSync(join(tmpdir(), "gym-ckpt-replay-flag-"));
+    try {
+      const urls = ["--agent-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9"];
+      const configs = [
+        [join(dir, "absent.json"), null, /^environment-server: invalid_request: replay config \S*absent\.json is not readable JSON: ENOENT[^\n]*$/],
+        [join(dir, "recheck.json"), { records: "r/*.jsonl", source: { id: "reference-gym" }, mode: "recheck", anchor: "tool-call" }, /^environment-server: invalid_request: invalid replay config: anchor: anchor applies to mode=continue only$/],
+        [join(dir, "other.json"), { records: "r/*.jsonl", source: { id: "gsm8k" } }, /^environment-server: invalid_request: config names source gsm8k but environment reference-gym was given$/],
+      ] as const;
+      for (const [file, config, line] of configs) {
+        if (config) writeFileSync(file, JSON.stringify(config));
+        const bad = spawnSync(process.execPath, ["dist/participants/gym/environment-server/main.js", ...DOWN, ...urls, "--replay-config", file], { encoding: "utf8", timeout: 20_000 });
+        expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(line) });
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it.each([

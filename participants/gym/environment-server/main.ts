@@ -1,7 +1,7 @@
 import { isUnreadableStorage, toCheckpointError } from "../../../protocol/index.js";
 import { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ReplayError } from "../../replay/errors.js";
-import { loadGymReplaySource } from "../../replay/gym-replay-source.js";
+import { loadGymReplaySource, readGymReplayConfig, type GymReplayConfig } from "../../replay/gym-replay-source.js";
 import { startServerRuntime, urlFlagsRefusal } from "../server-runtime.js";
 import { createEnvironmentApp } from "./environment-server.js";
 
@@ -12,17 +12,36 @@ import { createEnvironmentApp } from "./environment-server.js";
  *   --episode-timeout-ms    per-episode deadline (checkpoint pauses do not count)
  *   --replay-config <file>  serve a replay task source (docs/replay.md) at /replay/next
  */
+let replayConfig: GymReplayConfig | undefined;
+
+/**
+ * --replay-config is read and checked with the other flags, before NATS: with NATS down a bad one
+ * is still invalid_request, exit 2, not `unreachable`, exit 1, which a supervisor restarts for ever.
+ * What it read is kept for the load below (its records are read after connecting).
+ */
+function replayConfigRefusal(file: string | undefined): string | undefined {
+  if (!file) return undefined;
+  try {
+    replayConfig = readGymReplayConfig(file);
+    return undefined;
+  } catch (error) {
+    if (!(error instanceof ReplayError)) throw error;
+    return `${error.code}: ${error.message}`;
+  }
+}
+
 const runtime = await startServerRuntime("environment-server", process.argv.slice(2), ["agent-url", "resources-url", "episode-timeout-ms", "replay-config"], (flags) =>
-  urlFlagsRefusal(flags, ["agent-url", "resources-url"]),
+  urlFlagsRefusal(flags, ["agent-url", "resources-url"]) ?? replayConfigRefusal(flags["replay-config"]),
 );
 const { extra, logger } = runtime;
 const kind = new EnvironmentKind();
 let replay: Awaited<ReturnType<typeof loadGymReplaySource>> | undefined;
 try {
-  replay = extra["replay-config"] ? await loadGymReplaySource(extra["replay-config"], logger) : undefined;
+  replay = replayConfig ? await loadGymReplaySource(replayConfig, logger) : undefined;
 } catch (error) {
-  // A bad --replay-config is a bad flag: one line with its catalog code, exit 2 (corrupt records: 1,
-  // and a file call the storage refused, storage_error: 1). Anything else is a bug: its stack.
+  // Records the source cannot use: one line with its catalog code, exit 1 (corrupt records:
+  // invalid_checkpoint_state; a file call the storage refused: storage_error), exit 2 for an
+  // invalid_request as before NATS. Anything else is a bug: its stack.
   if (!(error instanceof ReplayError) && !isUnreadableStorage(error)) throw error;
   const { code, message } = error instanceof ReplayError ? error : toCheckpointError(error);
   process.stderr.write(`environment-server: ${code}: ${message}\n`);
