@@ -250,8 +250,17 @@ export const RolloutIndexRowSchema = z
 export type RolloutIndexHeader = z.infer<typeof RolloutIndexHeaderSchema>;
 export type RolloutIndexRow = z.infer<typeof RolloutIndexRowSchema>;
 
+/**
+ * The index's JSON lines, encoded line by line: joined into one string first, the index of a few
+ * million records passed the longest string V8 makes (512 MiB) and threw a RangeError. Readers
+ * ignore an index that long (they decode it as one string) and parse the record file in full.
+ */
 export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly RolloutIndexRow[]): Buffer {
-  return Buffer.from([header, ...rows].map((line) => JSON.stringify(line) + "\n").join(""), "utf8");
+  const lines = [header, ...rows].map((line) => JSON.stringify(line) + "\n");
+  const bytes = Buffer.allocUnsafe(lines.reduce((total, line) => total + Buffer.byteLength(line, "utf8"), 0));
+  let offset = 0;
+  for (const line of lines) offset += bytes.write(line, offset, "utf8");
+  return bytes;
 }
 
 /** The longest record line, newline included: the longest string Node decodes a buffer to. */

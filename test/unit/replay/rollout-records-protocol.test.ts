@@ -1,9 +1,10 @@
 import { readFile, readdir } from "node:fs/promises";
 import path from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import {
   CheckpointError,
   RunTrajectorySchema,
+  encodeRolloutIndex,
   encodeRolloutRecords,
   rolloutRecordPaths,
   traceRecordFromTrajectory,
@@ -40,6 +41,28 @@ describe("protocol rollout-record encoding", () => {
       [Buffer.byteLength(JSON.stringify(traces[0]) + "\n"), Buffer.byteLength(JSON.stringify(traces[1]) + "\n"), 3, 2],
     ]);
     expect(encoded.header.size).toBe(encoded.recordBytes.length);
+  });
+
+  it("encodes an index longer than the longest string: never built as one string, it cannot throw V8's RangeError", () => {
+    const traces = Array.from({ length: 64 }, (_, i) => linearTrace(traceId(i + 1), i % 2));
+    const { header, rows, indexBytes } = encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records: traces });
+    expect(indexBytes.length).toBeGreaterThan(4096);
+    // V8 throws `RangeError: Invalid string length` past MAX_STRING_LENGTH (512 MiB), which the index
+    // of a few million records reaches. Not allocated here: a join past 4 KiB throws as V8's past it.
+    const join = Array.prototype.join;
+    const spy = vi.spyOn(Array.prototype, "join").mockImplementation(function (this: unknown[], separator?: string) {
+      const joined = join.call(this, separator);
+      if (joined.length > 4096) throw new RangeError("Invalid string length");
+      return joined;
+    });
+    try {
+      expect(encodeRolloutIndex(header, rows)).toEqual(indexBytes);
+    } finally {
+      spy.mockRestore();
+    }
+    const lines = indexBytes.toString("utf8").split("\n");
+    expect(lines.slice(0, -1).map((line) => JSON.parse(line) as unknown)).toEqual([header, ...rows]);
+    expect(lines.at(-1)).toBe("");
   });
 
   it("refuses bad input with invalid_request and names the paths it would use", () => {
