@@ -33,7 +33,7 @@ import { assertJournalEntryFits, type DecisionJournal, type JournalEntry } from 
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
-import { committedEpisodeIds } from "../publication/committed-records.js";
+import { committedEpisodeIds, readCommittedManifest } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { coordinatorTelemetry, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
@@ -480,6 +480,12 @@ export class CheckpointEngine {
       const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
       if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
+      const manifest = await this.options.catalog.get(id);
+      const dir = this.options.catalog.dirFor(id);
+      // Participants read their manifest.json as they find it (the restore message pins no digest):
+      // one replaced since publication (tampering, a bad copy) is refused here, as verify refuses
+      // it, before anything is sent.
+      await Promise.all(manifest.participants.map((p) => readCommittedManifest(dir, id, p)));
       if (unresumed) {
         // Only fresh processes restore it: one still parked in it would refuse, and the clean-up
         // would resume it, leaving the controller nothing to resume.
@@ -488,9 +494,7 @@ export class CheckpointEngine {
           throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map(refName).join(", ")} still hold it parked; resume it before a restore`);
         }
       }
-      const manifest = await this.options.catalog.get(id);
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
-      const dir = this.options.catalog.dirFor(id);
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
       // Its clean-up's entry is the largest this restore may journal (it adds where to retire).
       this.assertJournalable({ ...open, retireAt: members }, "restore_cleanup");

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { mkdir, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { waitUntil } from "../../support/wait-until.js";
 import { pino, type Logger } from "pino";
 import {
@@ -104,22 +104,13 @@ export class FakeParticipants implements ParticipantTransport {
         if (typeof behaviour === "object" && "notReady" in behaviour) return JSON.stringify({ phase: "preparing", report: report(behaviour.notReady) });
         return JSON.stringify({ phase: "prepared", report: report([]) });
       case "commit": {
-        const digest = sha256Hex("");
+        // Written as a participant writes them (no records): a restore reads the manifest back.
+        const entry = await writeParticipantFiles(parsed.checkpoint_dir as string, kind, instance, []);
         return JSON.stringify({
           phase: "committed",
-          manifest: {
-            schema_version: MANIFEST_SCHEMA_VERSION,
-            kind,
-            instance,
-            checkpoint_id: parsed.checkpoint_id,
-            records_file: `records-${digest}.jsonl`,
-            records_sha256: digest,
-            record_count: 0,
-            created_at: 1,
-            extra: {},
-          },
-          manifest_path: `gym/${kind}/${instance}/manifest.json`,
-          manifest_sha256: sha256Hex(`${kind}/${instance}`),
+          manifest: entry.manifest,
+          manifest_path: entry.manifest_path,
+          manifest_sha256: entry.manifest_sha256,
           episode_ids: this.exported.get(`${kind}.${instance}`) ?? [],
           extras: {},
         });
@@ -256,7 +247,14 @@ export function journalEntry(fields: Pick<JournalEntry, "checkpoint_id" | "state
 
 /** Writes one participant's files under `root/id` the way a participant does and returns its global entry. */
 export async function writeParticipant(root: string, id: string, kind: Kind, instance: string, lines: string[]): Promise<ParticipantEntry> {
-  const dir = join(root, id, "gym", kind, instance);
+  const { manifest_path, manifest_sha256, records_sha256, record_count } = await writeParticipantFiles(join(root, id), kind, instance, lines);
+  return { kind, instance, manifest_path, manifest_sha256, records_sha256, record_count, episode_ids: exportedKeys(lines), extras: {} };
+}
+
+/** Writes one participant's records and manifest.json into checkpoint directory `checkpointDir`. */
+async function writeParticipantFiles(checkpointDir: string, kind: Kind, instance: string, lines: string[]) {
+  const id = basename(checkpointDir);
+  const dir = join(checkpointDir, "gym", kind, instance);
   await mkdir(dir, { recursive: true });
   const text = lines.map((l) => `${l}\n`).join("");
   const digest = sha256Hex(text);
@@ -277,12 +275,11 @@ export async function writeParticipant(root: string, id: string, kind: Kind, ins
   return {
     kind,
     instance,
+    manifest,
     manifest_path: `gym/${kind}/${instance}/manifest.json`,
     manifest_sha256: sha256Hex(manifestText),
     records_sha256: digest,
     record_count: lines.length,
-    episode_ids: exportedKeys(lines),
-    extras: {},
   };
 }
 

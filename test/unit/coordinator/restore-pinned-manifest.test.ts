@@ -1,0 +1,48 @@
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
+import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { refusalOf } from "../../support/refusal.js";
+
+// Participants read their manifest.json as they find it: the restore message pins no digest. A
+// manifest replaced after publication, even a self-consistent one naming the same records, was
+// never committed; the coordinator checks it against checkpoint.json, as verify does.
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-pinned-"));
+});
+afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+describe("a restore of a checkpoint whose participant manifest was replaced after publication", () => {
+  it("is refused invalid_checkpoint_state, as verify refuses it: nothing sent, journaled or opened; the original restores", async () => {
+    const { engine, fake, journal, catalog } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    const path = join(catalog.dirFor("base"), "gym", "agent", "a1", "manifest.json");
+    const committed = await readFile(path);
+    // Valid on its own (same records, digest and count): only checkpoint.json's digest tells.
+    const replaced = JSON.parse(committed.toString("utf8")) as { created_at: number };
+    replaced.created_at += 1;
+    await writeFile(path, `${JSON.stringify(replaced, null, 2)}\n`);
+    const verified = await refusalOf(verifyCheckpoint(catalog, "base"));
+    expect(verified.code).toBe("invalid_checkpoint_state");
+
+    const sent = fake.calls.length;
+    const refused = await refusalOf(engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect({ code: refused.code, detail: refused.message }).toEqual({ code: verified.code, detail: verified.message });
+    expect(fake.calls.length).toBe(sent);
+    expect(journal.entries.size).toBe(0);
+    expect(engine.openCheckpoint).toBeNull();
+
+    await writeFile(path, committed);
+    const reply = await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(reply.participants.every((p) => p.restored?.[0] === "r1-a1")).toBe(true);
+    await engine.resume({ checkpoint_id: "base" });
+  });
+});
