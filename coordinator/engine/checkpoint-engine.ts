@@ -825,23 +825,26 @@ export class CheckpointEngine {
   }
 
   /**
-   * The checkpoint LATEST names, if it was published after `entry`'s decision (unreadable: none).
+   * The checkpoint LATEST names (naming nothing readable: the newest that reads back), if it was
+   * published after `entry`'s decision.
    * Ordered as repairLatest orders publications: by epoch, and only within one epoch (one leader's
    * clock) by time, never across coordinators' clocks.
    */
   private async publishedSince(entry: JournalEntry): Promise<string | undefined> {
+    const after = (m: { epoch: number; published_at: number }) => m.epoch > entry.epoch || (m.epoch === entry.epoch && m.published_at * 1000 > entry.updated_at);
     try {
       const latest = await this.options.catalog.latest();
-      if (latest === null || latest === entry.checkpoint_id) return undefined;
-      const manifest = await this.options.catalog.get(latest);
-      const after = manifest.epoch > entry.epoch || (manifest.epoch === entry.epoch && manifest.published_at * 1000 > entry.updated_at);
-      return after ? latest : undefined;
+      if (latest === entry.checkpoint_id) return undefined;
+      if (latest !== null) return after(await this.options.catalog.get(latest)) ? latest : undefined;
     } catch (error) {
       // A LATEST the storage refuses to read may name a newer checkpoint: completing this decision
-      // could move LATEST back from it. The entry stays for a later recovery. Damage is "none".
+      // could move LATEST back from it. The entry stays for a later recovery.
       if (isUnreadableStorage(error)) throw error;
-      return undefined;
     }
+    // LATEST names nothing readable (missing, damaged, or naming a damaged checkpoint.json): the
+    // newest checkpoint that reads back stands in for it, as in repairLatest.
+    const newest = this.options.catalog.newest();
+    return newest && newest.checkpoint_id !== entry.checkpoint_id && after(newest) ? newest.checkpoint_id : undefined;
   }
 
   /**

@@ -173,7 +173,12 @@ export class CheckpointCatalog {
 
   /** The highest epoch a published checkpoint here carries (0: none). Blocking, as scan(). */
   highestEpoch(): number {
-    return this.scan().published[0]?.epoch ?? 0;
+    return this.newest()?.epoch ?? 0;
+  }
+
+  /** The newest published checkpoint whose checkpoint.json reads back, whatever LATEST names. Blocking, as scan(). */
+  newest(): CatalogEntry | undefined {
+    return this.scan().published[0];
   }
 
   /** Caches the catalog entry of a checkpoint.json whose content and stat the caller already has. */

@@ -175,7 +175,9 @@ export class GlobalManifestWriter {
    * Recovery of a checkpoint whose checkpoint.json is durable: a crash between that write and
    * LATEST's rename left LATEST naming an older checkpoint (or none); point it here, durably. A
    * LATEST naming a newer checkpoint stays: then this checkpoint was closed since and its journal
-   * entry outlived the close ("superseded").
+   * entry outlived the close ("superseded"). So does a LATEST that names nothing readable (missing,
+   * damaged, or naming a damaged checkpoint.json) while a newer checkpoint reads back: that entry's
+   * older checkpoint must not replace it.
    */
   async repairLatest(checkpointId: string): Promise<"current" | "repaired" | "superseded"> {
     // Damaged: repaired below. Refused by the storage (EIO, a stale NFS handle during the failover):
@@ -187,12 +189,12 @@ export class GlobalManifestWriter {
       await fsyncDirectory(this.catalog.root);
       return "current";
     }
-    if (latest !== null) {
-      const ours = await this.catalog.get(checkpointId);
-      const theirs = await this.catalog.get(latest).catch((error: unknown) => (isUnreadableStorage(error) ? Promise.reject(error) : undefined));
-      // Epochs only grow; within one epoch one coordinator's clock orders its publications.
-      if (theirs && (theirs.epoch > ours.epoch || (theirs.epoch === ours.epoch && theirs.published_at > ours.published_at))) return "superseded";
-    }
+    const ours = await this.catalog.get(checkpointId);
+    const theirs =
+      latest === null ? undefined : await this.catalog.get(latest).catch((error: unknown) => (isUnreadableStorage(error) ? Promise.reject(error) : undefined));
+    // What LATEST named is unknown: the newest checkpoint that reads back stands in for it.
+    const newest = theirs ?? this.catalog.newest();
+    if (newest && publishedAfter(newest, ours)) return "superseded";
     await replaceFileDurably(join(this.catalog.root, LATEST_FILE), `${checkpointId}\n`);
     return "repaired";
   }
@@ -265,6 +267,11 @@ export class GlobalManifestWriter {
     }
     return { file: input.file, sha256: digest };
   }
+}
+
+/** Whether `a` was published after `b`: epochs only grow; within one epoch one coordinator's clock orders its publications. */
+function publishedAfter(a: { epoch: number; published_at: number }, b: { epoch: number; published_at: number }): boolean {
+  return a.epoch > b.epoch || (a.epoch === b.epoch && a.published_at > b.published_at);
 }
 
 /** Whether `beforeWrite` (the leadership check) still passes. */

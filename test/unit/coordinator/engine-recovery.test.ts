@@ -227,6 +227,52 @@ describe("recovery repairs LATEST after a crash between checkpoint.json and LATE
   });
 });
 
+describe("recovery of an entry older than LATEST while LATEST is damaged", () => {
+  // A leftover entry (its removal lost) of a checkpoint published before the newest one, and a
+  // LATEST that names nothing readable: the newest checkpoint.json that reads back stands in for
+  // it, so LATEST is never moved back to the leftover's checkpoint.
+  for (const damage of ["garbage", "missing", "names a damaged checkpoint.json"] as const) {
+    it(`published (LATEST ${damage}): closed without a message, LATEST not moved to it`, async () => {
+      const first = makeEngine(root, { retention: 3 });
+      await first.engine.prepare({ checkpoint_id: "stale" });
+      await first.engine.commit({ checkpoint_id: "stale", episode_ids: null, stop: false });
+      const entry = structuredClone(first.journal.entries.get("stale")!);
+      await first.engine.publish({ checkpoint_id: "stale", controller_state: null });
+      await first.engine.resume({ checkpoint_id: "stale" });
+      first.clock.current += 60_000;
+      await first.engine.checkpoint({ checkpoint_id: "fresh", episode_ids: null, stop: false, controller_state: null });
+      first.clock.current += 60_000;
+      await first.engine.checkpoint({ checkpoint_id: "broken", episode_ids: null, stop: false, controller_state: null });
+      await first.writer.settled();
+      await writeFile(join(root, "broken", "checkpoint.json"), "{");
+      if (damage === "garbage") await writeFile(join(root, "LATEST"), "\u0000\u0000\n");
+      if (damage === "missing") await rm(join(root, "LATEST"));
+      const before = await readFile(join(root, "LATEST")).catch(() => null);
+      const second = await successor(entry);
+      expect(await second.engine.recover()).toEqual([{ checkpoint_id: "stale", action: "superseded_closed" }]);
+      expect(await readFile(join(root, "LATEST")).catch(() => null)).toEqual(before);
+      expect(second.fake.ops("resume")).toHaveLength(0);
+    });
+  }
+
+  it("decided: resumed (presumed abort), never completed", async () => {
+    const first = makeEngine(root);
+    await first.engine.prepare({ checkpoint_id: "old-dec" });
+    await first.engine.commit({ checkpoint_id: "old-dec", episode_ids: null, stop: false });
+    const entry = structuredClone(first.journal.entries.get("old-dec")!);
+    await first.engine.resume({ checkpoint_id: "old-dec" });
+    first.clock.current += 1000;
+    await first.engine.checkpoint({ checkpoint_id: "new-pub", episode_ids: null, stop: false, controller_state: null });
+    await first.writer.settled();
+    await writeFile(join(root, "LATEST"), "not a checkpoint id!\n");
+    const second = await successor(entry);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "old-dec", action: "decision_overtaken_resumed" }]);
+    expect(second.fake.ops("commit")).toHaveLength(0);
+    expect(await readFile(join(root, "LATEST"), "utf8")).toBe("not a checkpoint id!\n");
+    await expect(new CheckpointCatalog(root).get("old-dec")).rejects.toMatchObject({ code: "not_found" });
+  });
+});
+
 describe("a deposed leader writes nothing at publication", () => {
   it("leadership is asserted again right before checkpoint.json and LATEST are written", async () => {
     const { engine, leadership, catalog } = makeEngine(root, { retention: 1 });
