@@ -68,6 +68,7 @@ export {
   CONTROL_MESSAGES,
   GUARDED_OPS,
   IncarnationSchema,
+  MAX_INCARNATION_CHARS,
   MemberSchema,
   outsideCheckpointId,
   namesCheckpoint,

@@ -30,8 +30,10 @@ const common = {
   epoch: EpochSchema,
 };
 
+/** The longest process incarnation (the coordinator sizes journal entries that carry them by it). */
+export const MAX_INCARNATION_CHARS = 64;
 /** A participant's process incarnation: random per process, so a restarted participant is a new one. */
-export const IncarnationSchema = z.string().min(1).max(64);
+export const IncarnationSchema = z.string().min(1).max(MAX_INCARNATION_CHARS);
 
 /**
  * Ops about one checkpoint's state inside one process, which a process started after the

@@ -5,6 +5,7 @@ import {
   CheckpointError,
   GUARDED_OPS,
   MAX_DEADLINE_AHEAD_S,
+  MAX_INCARNATION_CHARS,
   memberKey,
   MEMBER_TTL_MS,
   PREPARE_STAGES,
@@ -496,8 +497,13 @@ export class CheckpointEngine {
       }
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
       const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
-      // Its clean-up's entry is the largest this restore may journal (it adds where to retire).
+      // The largest entries this restore may journal: its clean-up's (where to retire), and the
+      // restored and resuming ones (the restorers' incarnations, which only the replies name:
+      // counted at their longest). A restored entry refused at write time would leave the restore
+      // unjournaled and its resume refused, everyone parked until their lease.
       this.assertJournalable({ ...open, retireAt: members }, "restore_cleanup");
+      const longest = "x".repeat(MAX_INCARNATION_CHARS);
+      this.assertJournalable({ ...open, incarnations: new Map(members.map((m) => [memberKey(m.kind, m.instance), longest])) }, "resuming");
       if (unresumed && this.open === unresumed) this.close(id);
       const epoch = open.epoch;
       await this.journal(open, "restoring");

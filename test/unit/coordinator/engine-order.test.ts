@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { MAX_ATTEMPT, type Kind } from "../../../protocol/index.js";
 import { pino } from "pino";
 import { FOUR_KINDS, journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
+import { MAX_JOURNAL_ENTRY_BYTES, type JournalEntry } from "../../../coordinator/ha/decision-journal.js";
 import { NoRespondersFailure, RequestTimeoutFailure } from "../../../coordinator/engine/transport.js";
 import { refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
@@ -164,6 +165,35 @@ describe("engine ordering", () => {
     const restore = await refusal(engine.restore({ episode_ids: huge }));
     expect(restore.code).toBe("payload_too_large");
     expect(fake.calls.length).toBe(sent);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
+  it("a restore scope whose restored entry (the restorers' incarnations) would not fit the journal is refused (payload_too_large) before anything is sent, though its clean-up's entry would", async () => {
+    const { engine, fake, journal, catalog } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    const participants = FOUR_KINDS.map((m) => ({ kind: m.kind, instance: m.instance }));
+    const sizeOf = (scope: { rollout_id: string; attempt: number }[], fields: Partial<JournalEntry>) =>
+      Buffer.byteLength(JSON.stringify(journalEntry({ checkpoint_id: "base", state: "restore_cleanup", participants, checkpoint_dir: catalog.dirFor("base"), scope, ...fields })));
+    // A scope whose clean-up entry (with where to retire) is 60 bytes under the limit: the restored
+    // entry, naming five 64-character incarnations instead, is over it.
+    const cleanupSize = (s: { rollout_id: string; attempt: number }[]) => sizeOf(s, { retire_at: participants });
+    const target = MAX_JOURNAL_ENTRY_BYTES - 60;
+    const episode = (i: number) => ({ rollout_id: `rollout-${String(i).padStart(8, "0")}`, attempt: 0 });
+    const perEpisode = cleanupSize([episode(0), episode(1)]) - cleanupSize([episode(0)]);
+    const scope = Array.from({ length: Math.floor((target - cleanupSize([])) / perEpisode) - 1 }, (_, i) => episode(i));
+    const last = { rollout_id: "p", attempt: 0 };
+    scope.push(last);
+    last.rollout_id = "p".repeat(1 + target - cleanupSize(scope));
+    const incarnations = Object.fromEntries(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, "i".repeat(64)]));
+    expect(cleanupSize(scope)).toBe(target);
+    expect(sizeOf(scope, { state: "restored", incarnations })).toBeGreaterThan(MAX_JOURNAL_ENTRY_BYTES + 40);
+    for (const m of FOUR_KINDS) fake.restorers.set(`${m.kind}.${m.instance}`, "i".repeat(64));
+    const sent = fake.calls.length;
+    const refused = await refusal(engine.restore({ episode_ids: scope }));
+    expect(refused.code).toBe("payload_too_large");
+    expect(fake.calls.length).toBe(sent);
+    expect(journal.entries.size).toBe(0);
     expect(engine.openCheckpoint).toBeNull();
   });
 
