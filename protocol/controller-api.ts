@@ -4,6 +4,7 @@ import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, r
 import { KindSchema } from "./kinds.js";
 import { GLOBAL_MANIFEST_FILE, GlobalManifestSchema, ParticipantEntrySchema, Sha256Schema } from "./manifest.js";
 import { PhaseSchema, PrepareReportSchema } from "./messages.js";
+import { MAX_DEADLINE_AHEAD_S } from "./version.js";
 
 /**
  * The controller API of the active coordinator: one request and one reply schema per op, shared by
@@ -14,7 +15,15 @@ import { PhaseSchema, PrepareReportSchema } from "./messages.js";
 const MAX_SCOPE = 100_000;
 
 /** Absolute deadline, Unix epoch seconds; the coordinator's default timeout applies when omitted. */
-const OptionalDeadline = z.number().finite().positive().optional();
+const OptionalDeadline = z
+  .number()
+  .finite()
+  .positive()
+  // The cap is relative to the coordinator's clock, so no `maximum` can state it: described instead.
+  .meta({
+    description: `Absolute deadline in Unix seconds (not milliseconds), at most ${MAX_DEADLINE_AHEAD_S} s (7 days) ahead of the coordinator's clock, else invalid_request; one already past is deadline_exceeded. Omitted: the coordinator's default timeout.`,
+  })
+  .optional();
 
 /** The controller's own state: inline JSON, or a file it already wrote into the checkpoint directory. */
 export const ControllerStateInputSchema = z.union([

@@ -63,13 +63,21 @@ export function restoreScopeIssue(scope: readonly EpisodeId[]): string | undefin
 
 /** A restore scope (controller API and control message): at most one attempt per rollout. */
 export function restoreScopeSchema(maxScope: number) {
-  return z
-    .array(EpisodeIdSchema)
-    .max(maxScope)
-    .superRefine((scope, ctx) => {
-      const issue = restoreScopeIssue(scope);
-      if (issue) ctx.addIssue({ code: "custom", message: issue });
-    });
+  return (
+    z
+      .array(EpisodeIdSchema)
+      .max(maxScope)
+      .superRefine((scope, ctx) => {
+        const issue = restoreScopeIssue(scope);
+        if (issue) ctx.addIssue({ code: "custom", message: issue });
+      })
+      // z.toJSONSchema drops refinements: the OpenAPI document states what JSON Schema can (no
+      // attempt MAX_ATTEMPT) and describes the rest (one attempt per rollout).
+      .meta({
+        description: `The source attempts to continue, each as its next attempt: at most one attempt per rollout (a rollout named at two attempts is invalid_request), and no attempt ${MAX_ATTEMPT}, which has no next attempt.`,
+        not: { contains: { type: "object", properties: { attempt: { const: MAX_ATTEMPT } }, required: ["attempt"] } },
+      })
+  );
 }
 
 /**

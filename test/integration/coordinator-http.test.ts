@@ -6,7 +6,15 @@ import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpUrlOf } from "../../coordinator/api/http-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
-import { CheckpointError, CtlStatusReplySchema, ErrorReplySchema, MAX_CHECKPOINT_ID_CHARS, controllerSubject } from "../../protocol/index.js";
+import {
+  CheckpointError,
+  CtlStatusReplySchema,
+  ErrorReplySchema,
+  MAX_ATTEMPT,
+  MAX_CHECKPOINT_ID_CHARS,
+  MAX_DEADLINE_AHEAD_S,
+  controllerSubject,
+} from "../../protocol/index.js";
 import { refusalOf } from "../support/refusal.js";
 import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
 
@@ -85,6 +93,30 @@ describe("HTTP controller API (real HTTP client)", () => {
     expect(idParameter("step-latest")).toBe(true);
     expect(bodyOf("forget")({ rollout_ids: ["r1-a", "r-a1x", "a1"] })).toBe(true);
     expect(bodyOf("restore")({ episode_ids: [{ rollout_id: "r1", attempt: 2 }] })).toBe(true);
+  });
+
+  it("the served OpenAPI document states the restore scope's rules and the deadline cap the server enforces", async () => {
+    const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { paths: Record<string, Record<string, any>> };
+    const ajv = new Ajv2020({ strict: true, allErrors: true });
+    const bodySchema = (op: string) => doc.paths[`/v1/${op}`]!.post.requestBody.content["application/json"].schema;
+    // An attempt with no next attempt: refused by the document (a `not contains`) as by the server.
+    const lastAttempt = { episode_ids: [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r2", attempt: MAX_ATTEMPT }] };
+    expect(ajv.compile(bodySchema("restore"))(lastAttempt)).toBe(false);
+    expect(await post("/v1/restore", JSON.stringify(lastAttempt))).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
+    expect(ajv.compile(bodySchema("restore"))({ episode_ids: [{ rollout_id: "r2", attempt: MAX_ATTEMPT - 1 }] })).toBe(true);
+    // One attempt per rollout, which JSON Schema cannot state: described, and refused by the server.
+    const restoreScope = bodySchema("restore").properties.episode_ids;
+    expect(restoreScope.description).toContain("at most one attempt per rollout");
+    expect(restoreScope.description).toContain(String(MAX_ATTEMPT));
+    const twoAttempts = { episode_ids: [{ rollout_id: "r1", attempt: 0 }, { rollout_id: "r1", attempt: 1 }] };
+    expect(await post("/v1/restore", JSON.stringify(twoAttempts))).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
+    // The deadline cap is relative to the coordinator's clock: described on every op that takes one.
+    for (const op of ["checkpoint", "prepare", "commit", "resume", "renew", "restore", "retire", "forget"]) {
+      const deadline = bodySchema(op).properties.deadline_ts;
+      expect([op, deadline?.description]).toEqual([op, expect.stringContaining(`at most ${MAX_DEADLINE_AHEAD_S} s`)]);
+    }
+    const tooFar = { checkpoint_id: "h-far", deadline_ts: Date.now() / 1000 + MAX_DEADLINE_AHEAD_S + 3600 };
+    expect(await post("/v1/prepare", JSON.stringify(tooFar))).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
   });
 
   it("reports a URL clients can use for any host it listens on: an IPv6 literal in brackets (http.host ::1)", async () => {
