@@ -155,6 +155,8 @@ const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
 
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
+/** Participant manifests a restore reads (and checks) at once before sending anything. */
+const MANIFEST_READS_AT_ONCE = 64;
 /**
  * How many closed checkpoint ids a leader keeps (resume idempotent, prepare `stale_checkpoint`):
  * the most recent ones. One per checkpoint for the life of the process would grow without bound
@@ -485,8 +487,11 @@ export class CheckpointEngine {
       const dir = this.options.catalog.dirFor(id);
       // Participants read their manifest.json as they find it (the restore message pins no digest):
       // one replaced since publication (tampering, a bad copy) is refused here, as verify refuses
-      // it, before anything is sent.
-      await Promise.all(manifest.participants.map((p) => readCommittedManifest(dir, id, p)));
+      // it, before anything is sent. A bounded number at a time: thousands of participants must not
+      // hold thousands of files open at once (EMFILE).
+      for (let i = 0; i < manifest.participants.length; i += MANIFEST_READS_AT_ONCE) {
+        await Promise.all(manifest.participants.slice(i, i + MANIFEST_READS_AT_ONCE).map((p) => readCommittedManifest(dir, id, p)));
+      }
       if (unresumed) {
         // Only fresh processes restore it: one still parked in it would refuse, and the clean-up
         // would resume it, leaving the controller nothing to resume.
