@@ -50,6 +50,8 @@ export class MembershipAnnouncer {
   private readonly member: Member;
   /** Revision of our entry as last written (or of the entry seen at claim: 0 when there was none). */
   private revision: number | undefined;
+  /** The gone predecessor `claim()` found in the entry (its incarnation), if any. */
+  private predecessor: string | undefined;
   private isLost = false;
   private stopped = false;
   private beatsInFlight = 0;
@@ -94,6 +96,7 @@ export class MembershipAnnouncer {
   async claim(): Promise<void> {
     const { revision, held } = await this.readEntry();
     this.revision = revision;
+    this.predecessor = held?.incarnation;
     const other = held ? ` (membership entry: incarnation ${held.incarnation}, heartbeat ${new Date(held.heartbeat_at * 1000).toISOString()})` : "";
     if (await this.someoneAnswers()) {
       throw new CheckpointError("instance_conflict", `another process already serves ${this.name} in deployment ${this.deployment}${other}; run one process per kind/instance`);
@@ -103,12 +106,24 @@ export class MembershipAnnouncer {
 
   async start(): Promise<void> {
     if (this.revision === undefined) await this.claim();
+    const conflict = () => new CheckpointError("instance_conflict", `another process claimed ${this.name} in deployment ${this.deployment} while this one started; run one process per kind/instance`);
     try {
       await this.write();
     } catch (error) {
-      // Somebody wrote the entry since claim(): a process starting at the same time. It wins.
-      if (isWrongRevision(error)) throw new CheckpointError("instance_conflict", `another process claimed ${this.name} in deployment ${this.deployment} while this one started; run one process per kind/instance`);
-      throw error;
+      if (!isWrongRevision(error)) throw error;
+      // The entry changed since claim(). The gone predecessor's entry may have expired (its TTL ran
+      // out in between: a restart right after a crash) or been deleted, or that stalled predecessor
+      // beat once more: taken over all the same. Any other incarnation there is a process starting
+      // at the same time, which wins.
+      const { revision, held } = await this.readEntryAtLeader();
+      if (held && held.incarnation !== this.predecessor) throw conflict();
+      this.revision = revision;
+      try {
+        await this.write();
+      } catch (again) {
+        if (isWrongRevision(again)) throw conflict();
+        throw again;
+      }
     }
     this.timer = setInterval(() => this.tick(false), this.heartbeatMs);
     this.timer.unref();
