@@ -95,12 +95,15 @@ describe("restarting part of the Gym", () => {
     await gym.kill(["agent"]);
     await blockPort(agentPort);
     const starting = gym.start(["agent"]);
-    await sawTaken; // the first try failed: the launcher backs off before the next one
-    await gym.stop();
-    const outcome = await starting.then(
+    // Handled from now on: the start may fail while stop() is still ending the other processes,
+    // which would otherwise be an unhandled rejection (vitest fails the run on one).
+    const ended = starting.then(
       () => "started",
       (error: unknown) => (error instanceof Error ? error.message : String(error)),
     );
+    await sawTaken; // the first try failed: the launcher backs off before the next one
+    await gym.stop();
+    const outcome = await ended;
     // Before: the tries went on after the stop and the agent ended up running on a free port.
     expect({ outcome, running: [...gym.processes.keys()] }).toEqual({ outcome: expect.stringContaining("stopped"), running: [] });
   });
