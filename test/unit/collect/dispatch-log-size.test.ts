@@ -24,7 +24,7 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-/** A log of `bytes` and more: `finished` rows' lines (200-character ids), then `last`. */
+/** A log of `bytes` and more: filler lines (4096 rollouts with 200-character ids, repeated; --tasks names none), then `last`. */
 async function bigLog(path: string, bytes: number, last: EpisodeId[]): Promise<void> {
   const id = (i: number) => `row-${String(i).padStart(8, "0")}-${"x".repeat(187)}`;
   const block = Array.from({ length: 4096 }, (_, i) => `${JSON.stringify({ rollout_id: id(i), attempt: 0 })}\n`).join("");
@@ -63,7 +63,13 @@ describe("the dispatch log of a long collection", () => {
     await writeFile(join(dir, "results.jsonl"), "");
     const collector = collectorIn(dir, `http://127.0.0.1:${(server.address() as { port: number }).port}/run`, controller);
     await collector.start();
-    expect(retired).toEqual([[{ rollout_id: "a", attempt: 3 }]]);
+    // Its unfinished attempt, and the 4096 filler rollouts --tasks does not name (attempt 0 each),
+    // retired as gone from the tasks file, in requests of at most 1024.
+    const retiredIds = retired.flat();
+    expect(retiredIds[0]).toEqual({ rollout_id: "a", attempt: 3 });
+    expect(new Set(retiredIds.slice(1).map((e) => `${e.rollout_id}@${e.attempt}`)).size).toBe(4096);
+    expect(retiredIds.slice(1).every((e) => e.rollout_id.startsWith("row-") && e.attempt === 0)).toBe(true);
+    expect(retired.every((batch) => batch.length <= 1024)).toBe(true);
     expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1 });
     expect(sent).toEqual([{ rollout_id: "a", attempt: 4 }]);
   });
