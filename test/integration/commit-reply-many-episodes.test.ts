@@ -28,7 +28,9 @@ describe("commit of more episodes than one reply can list", () => {
     // UUID-length ids, never ending -a<digits> (an attempt suffix, which rollout ids may not)
     const episodes = Array.from({ length: 30_000 }, () => ({ rollout_id: `${randomUUID()}-r`, attempt: 0 }));
     for (const episode of episodes) env!.adapter.addEpisode(episode, null);
-    const coordinator = await world.startCoordinator({ ...NO_HTTP, default_timeout_ms: 30_000 });
+    // Reading 30,000 ids back and publishing them keeps the event loop busy for a while: on a loaded
+    // machine the harness's 500 ms lease lapsed meanwhile (leadership lost mid-checkpoint).
+    const coordinator = await world.startCoordinator({ ...NO_HTTP, default_timeout_ms: 30_000, lease_ms: 3000 });
     await coordinator.whenReady();
     const reply = await world.client.checkpoint({ checkpoint_id: "many" });
     expect(reply).toMatchObject({ checkpoint_id: "many", participants: 2, resume_failures: [] });
