@@ -5,11 +5,12 @@ import { fileURLToPath } from "node:url";
 import { join } from "node:path";
 
 /**
- * Starts the reference Gym as child processes, in dependency order, each on loopback with a free
- * port: policy backend → model attach proxy → resources → agent → environment. Each process prints
- * a JSON ready line (`{"ready":true,...,"url"}`) that the launcher waits for. Any subset can be
- * killed (SIGKILL for crash tests) and started again; restarted processes get the current URLs of
- * the ones they call. `stop()` ends every process it started.
+ * Starts the reference Gym as child processes, each on loopback with a free port and as soon as the
+ * ones it calls are ready: policy backend → model attach proxy, with resources beside them, then
+ * agent → environment. Each process prints a JSON ready line (`{"ready":true,...,"url"}`) that the
+ * launcher waits for. Any subset can be killed (SIGKILL for crash tests) and started again;
+ * restarted processes get the current URLs of the ones they call. `stop()` ends every process it
+ * started.
  *
  * A restarted process gets its previous port back, so the running processes that call it keep a
  * valid URL. If that port stays taken, it moves to a free one and its running callers restart.
@@ -38,7 +39,7 @@ export interface GymLaunchOptions {
   /** Every output line of every child (logs are JSON lines from pino). */
   onOutput?: (name: GymProcessName, line: string) => void;
   env?: NodeJS.ProcessEnv;
-  /** Aborting stops the start-up: the process being started and every one started so far are ended. */
+  /** Aborting stops the start-up: the processes being started and every one started so far are ended. */
   signal?: AbortSignal;
 }
 
@@ -57,7 +58,7 @@ export interface Gym {
   readonly urls: Partial<Record<GymProcessName, string>>;
   readonly processes: Map<GymProcessName, GymProcess>;
   readonly instances: Record<GymProcessName, string>;
-  /** (Re)starts the named processes that are not running, in dependency order. */
+  /** (Re)starts the named processes that are not running, each once the ones it calls are ready (those not calling each other side by side). */
   start(names?: readonly GymProcessName[]): Promise<void>;
   /** Sends `signal` (default SIGKILL) and waits until each process exited. */
   kill(names: readonly GymProcessName[], signal?: NodeJS.Signals): Promise<void>;
@@ -81,6 +82,11 @@ const CALLERS: Record<GymProcessName, GymProcessName[]> = {
   agent: ["environment"],
   environment: [],
 };
+
+/** Whether `from`'s callers include `to`, directly or through another process. */
+function reaches(from: GymProcessName, to: GymProcessName): boolean {
+  return CALLERS[from].some((caller) => caller === to || reaches(caller, to));
+}
 
 /** Tries on the previous port before moving to a new one (the old socket may linger briefly). */
 const SAME_PORT_TRIES = 5;
@@ -261,8 +267,14 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     if (processes.get(p.name) === p) processes.delete(p.name);
   };
 
+  /**
+   * Two processes started side by side may both move and share callers (agent, environment): the
+   * callers' restarts run one moved process at a time, each reading the URLs the previous one left.
+   */
+  let restarts: Promise<unknown> = Promise.resolve();
+
   // A process that ran before comes back on its port: its running callers still hold that URL.
-  const startAgain = async (name: GymProcessName, generation: number): Promise<void> => {
+  const startAgain = async (name: GymProcessName, generation: number, restarting = false): Promise<void> => {
     const previous = ports[name];
     if (previous !== undefined) {
       for (let attempt = 0; attempt < SAME_PORT_TRIES; attempt++) {
@@ -276,13 +288,19 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     }
     await startOne(name, 0, generation);
     if (previous === undefined) return;
-    // It moved: restart the running callers so they get its new URL.
+    if (restarting) return restartCallers(name, generation);
+    const turn = restarts.then(() => restartCallers(name, generation));
+    restarts = turn.catch(() => undefined);
+    await turn;
+  };
+  // It moved: restart the running callers so they get its new URL.
+  const restartCallers = async (name: GymProcessName, generation: number): Promise<void> => {
     for (const caller of GYM_PROCESSES) {
       const running = processes.get(caller);
       if (!CALLERS[name].includes(caller) || !running) continue;
       if (stops !== generation) throw stopped(caller);
       await terminate(running);
-      await startAgain(caller, generation);
+      await startAgain(caller, generation, true);
     }
   };
 
@@ -292,11 +310,29 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     instances,
     async start(names = GYM_PROCESSES) {
       const generation = stops;
+      let failure: { error: unknown } | undefined;
+      const starts = new Map<GymProcessName, Promise<void>>();
       for (const name of GYM_PROCESSES) {
-        if (!names.includes(name) || processes.has(name)) continue;
-        if (options.external?.[name]) continue;
-        await startAgain(name, generation);
+        if (!names.includes(name) || options.external?.[name]) continue;
+        // It waits for every one started here that it calls, even through a process not started
+        // here: that one's start may move it and restart the process in between.
+        const first = [...starts].filter(([other]) => reaches(other, name)).map(([, task]) => task);
+        const started = (async () => {
+          await Promise.allSettled(first);
+          // After a failure nothing more starts, as when they started one by one.
+          if (failure || processes.has(name)) return;
+          try {
+            await startAgain(name, generation);
+          } catch (error) {
+            failure ??= { error };
+          }
+        })();
+        starts.set(name, started);
       }
+      // The starts under way finish before the first failure is thrown: the caller's clean-up (a
+      // stop) then sees every process this call started.
+      await Promise.allSettled(starts.values());
+      if (failure) throw failure.error;
     },
     async kill(names, signal = "SIGKILL") {
       const targets = names.map((n) => processes.get(n)).filter((p): p is GymProcess => p !== undefined);
