@@ -40,7 +40,12 @@ export interface StepEpisode {
   step<T>(mode: StepMode, fn: (signal: AbortSignal) => Promise<T>): Promise<T>;
   /** Parks at the latest boundary until admission reopens (used when a callee refused with `admission_closed`). */
   park(): Promise<void>;
-  /** The episode cannot be captured (e.g. a restart-only resources server); takes effect only while no checkpoint is open. */
+  /**
+   * The episode cannot be captured (e.g. a restart-only resources server); takes effect only while
+   * no checkpoint is open. While one is open it waits for resume where the episode does not block
+   * (right after a replay step, before its boundary); anywhere else it throws `invalid_phase`,
+   * changing nothing.
+   */
   markRestart(): Promise<void>;
   /**
    * Final clean-up: retire waits for it instead of interrupting it. It waits at the latest boundary
@@ -131,9 +136,7 @@ export class EpisodeSteps<D = undefined> {
 
   /** Blocking = (running or in a wait step) and not a restart, or retired but not yet stopped. */
   blockers(): string[] {
-    return [...this.tracked.values()]
-      .filter((t) => t.retiring || (!t.restart && (t.state === "running" || t.state === "wait_step")))
-      .map((t) => t.key);
+    return [...this.tracked.values()].filter((t) => this.isBlocker(t)).map((t) => t.key);
   }
 
   restarts(): string[] {
@@ -288,7 +291,12 @@ export class EpisodeSteps<D = undefined> {
       },
       park,
       markRestart: async () => {
-        // The exported set and the restart set never change during a checkpoint.
+        t.abort.signal.throwIfAborted();
+        // The exported set and the restart set never change during a checkpoint, so it waits for
+        // resume; but waiting where the episode blocks would hold the prepare to its deadline.
+        if (this.gate.closed && this.isBlocker(t)) {
+          throw new CheckpointError("invalid_phase", `${t.key}: markRestart while a checkpoint is open only where the episode does not block it (right after a replay step, before its boundary)`);
+        }
         await this.gate.waitOpen(t.abort.signal);
         t.restart = true;
         this.onChange();
@@ -307,6 +315,10 @@ export class EpisodeSteps<D = undefined> {
         }
       },
     };
+  }
+
+  private isBlocker(t: Tracked<D>): boolean {
+    return t.retiring || (!t.restart && (t.state === "running" || t.state === "wait_step"));
   }
 
   private isExportable(t: Tracked<D>): boolean {

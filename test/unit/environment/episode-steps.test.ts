@@ -413,4 +413,50 @@ describe("episode steps", () => {
     hold.open();
     await run;
   });
+
+  it.each([
+    ["running past its boundary", "running"],
+    ["inside a wait step", "wait"],
+    ["right after a finished wait step", "after-wait"],
+  ])("markRestart while a checkpoint is open from a point that blocks it (%s) is refused invalid_phase, changing nothing, instead of holding the prepare to its deadline", async (_why, where) => {
+    const steps = new EpisodeSteps();
+    const reached = latch();
+    const go = latch();
+    let outcome: unknown = "pending";
+    const mark = (e: StepEpisode) =>
+      e.markRestart().then(
+        () => (outcome = "marked"),
+        (error: unknown) => (outcome = error),
+      );
+    const run = steps.run(ep("rb"), { data: undefined }, async (e) => {
+      await e.boundary({ next: "call" });
+      if (where === "wait") {
+        await e.step("wait", async () => {
+          reached.open();
+          await go.promise;
+          await mark(e);
+        });
+      } else {
+        if (where === "after-wait") await e.step("wait", async () => undefined);
+        reached.open();
+        await go.promise;
+        await mark(e);
+      }
+      await e.boundary({ next: "after" });
+    });
+    await reached.promise;
+    steps.close();
+    expect(steps.blockers()).toEqual(["rb"]);
+    go.open();
+    for (let i = 0; i < 10 && outcome === "pending"; i++) await flush();
+    expect(outcome).toBeInstanceOf(CheckpointError);
+    expect((outcome as CheckpointError).code).toBe("invalid_phase");
+    // Nothing changed: still the blocker prepare saw, no restart; it runs on to its next boundary and parks there.
+    expect(steps.restarts()).toEqual([]);
+    for (let i = 0; i < 10 && steps.states().parked === 0; i++) await flush();
+    expect(steps.blockers()).toEqual([]);
+    expect(steps.exportable().map((x) => x.boundary)).toEqual([{ next: "after" }]);
+    steps.open();
+    await run;
+  });
 });
