@@ -1,4 +1,5 @@
 import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
+import type { Logger } from "pino";
 import { z } from "zod";
 import { CheckpointError, captureKey, describeZodError, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
@@ -51,6 +52,8 @@ export interface AgentAppOptions {
   state: AgentSessionState;
   endpoints: AgentEndpoints;
   episodeTimeoutMs?: number;
+  /** Where a legacy episode's failed clean-up of its resources session is reported. */
+  logger?: Logger;
 }
 
 function parse<T>(schema: z.ZodType<T>, body: unknown): T {
@@ -135,7 +138,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       };
       // Digested as the caller spelled it (defaults not filled in), so `seeds --tasks` finds it in the task file.
       const sent = (request.body as { task: unknown }).task;
-      return await kind.runLegacy(episode, sent, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task));
+      return await kind.runLegacy(episode, sent, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task, options.logger));
     } catch (error) {
       return sendRefusal(reply, error, kind.kind);
     }
@@ -149,13 +152,13 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
  * One that fails before its verify ended its resources session closes it (best effort), unless a
  * retire stopped it: the retire frees it there.
  */
-async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask): Promise<RunReply> {
+async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask, logger: Logger | undefined): Promise<RunReply> {
   const open: OpenResourcesSession = {};
   try {
     return await runLegacySteps(endpoints, ep, task, open);
   } catch (error) {
     if (open.session && !retiredEpisode(ep)) {
-      await closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session);
+      await closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session, { logger });
     }
     throw error;
   }

@@ -16,10 +16,11 @@ const runtime = await startServerRuntime("agent-server", process.argv.slice(2), 
   if (flags.stream !== undefined && flags.stream !== "true" && flags.stream !== "false") return "--stream must be true or false";
   return undefined;
 });
-const { extra } = runtime;
+const { extra, logger } = runtime;
 const state = new AgentSessionState();
 const kind = new AgentKind(state);
 const app = createAgentApp({
+  logger,
   kind,
   state,
   endpoints: { policyUrl: extra["policy-url"]!, resourcesUrl: extra["resources-url"]!, stream: extra.stream !== "false" },

@@ -1,3 +1,4 @@
+import type { Logger } from "pino";
 import { z } from "zod";
 import { rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode, StepMode } from "../../kinds/environment/index.js";
@@ -13,7 +14,8 @@ import type { GymTask } from "./gym-task.js";
 /**
  * How long a `close_session` clean-up (the agent's, and the resources session of a failed episode)
  * may take. Its failure is ignored anyway, and an episode in final clean-up is not interrupted by
- * retire, so a hung callee must not keep it (a blocker) alive until the episode deadline.
+ * retire, so a hung callee must not keep it (a blocker) alive until the episode deadline. For the
+ * resources session it counts only outside checkpoints (the server parks the close until resume).
  */
 export const CLOSE_SESSION_TIMEOUT_MS = 5000;
 
@@ -81,9 +83,22 @@ export async function verifyAnswer(ep: StepEpisode, resourcesUrl: string, task: 
  * Best-effort `close_session` of a session its failed episode leaves open (a verify that ran ended
  * it): only a verify ends a resources session otherwise, so every failed episode's would be held
  * for good, exported by every checkpoint, or reported as a restart by a restart-only server until
- * its prepare reply no longer fit one message. Bounded by `timeoutMs`; failures are ignored.
+ * its prepare reply no longer fit one message. The server parks the close while a checkpoint is
+ * open, for as long as that checkpoint lasts, so `timeoutMs` counts only outside checkpoints
+ * (`ep.timed`): given up earlier, the close would leave the session open there. A close that fails
+ * all the same is logged, not thrown: the session then stays until a retire of its rollout.
  */
-export async function closeResourcesSession(ep: StepEpisode, resourcesUrl: string, session: SeededSession, timeoutMs = CLOSE_SESSION_TIMEOUT_MS): Promise<void> {
-  const signal = AbortSignal.timeout(timeoutMs);
-  await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/close_session")}`, {}, { signal, headers: cookieHeader(session.cookie) }).catch(() => undefined);
+export async function closeResourcesSession(
+  ep: StepEpisode,
+  resourcesUrl: string,
+  session: SeededSession,
+  options: { timeoutMs?: number | undefined; logger?: Logger | undefined } = {},
+): Promise<void> {
+  try {
+    await ep.timed(options.timeoutMs ?? CLOSE_SESSION_TIMEOUT_MS, async (signal) =>
+      expectOk("close_session", await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/close_session")}`, {}, { signal, headers: cookieHeader(session.cookie) })),
+    );
+  } catch (error) {
+    options.logger?.warn({ episode: ep.key, err: error }, "closing the failed episode's resources session failed; it stays open at the resources server until a retire of its rollout frees it");
+  }
 }

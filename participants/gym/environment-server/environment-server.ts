@@ -138,7 +138,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         sameTask: taskSpellings(body.task).map(digestOf),
         ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
       };
-      const result = await kind.begin(episode, digested, begin, (ep) => runGymEpisode(endpoints, ep, body.task, replayed ? { seed: replayed.seed } : {}));
+      const result = await kind.begin(episode, digested, begin, (ep) => runGymEpisode(endpoints, ep, body.task, { logger, ...(replayed && { seed: replayed.seed }) }));
       const { messages, ...runReply } = result;
       if (request.headers[TRAJECTORY_HEADER] !== "1") return runReply;
       // Opt-in: the episode as a rollout record's message graph (collectors write it as records).

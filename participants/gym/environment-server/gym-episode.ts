@@ -1,3 +1,4 @@
+import type { Logger } from "pino";
 import { z } from "zod";
 import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
@@ -39,6 +40,8 @@ export interface GymEpisodeOptions {
   seed?: Record<string, unknown>[];
   /** Overrides CLOSE_SESSION_TIMEOUT_MS (tests). */
   closeSessionTimeoutMs?: number;
+  /** Where a failed clean-up of the resources session is reported. */
+  logger?: Logger | undefined;
 }
 
 /** The `/run` reply plus the agent's conversation (absent when the agent did not report one). */
@@ -54,10 +57,9 @@ export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, ta
     // A failed episode (deadline, callee error) must not leave an activation running at the agent,
     // nor its session at the resources server. A retired one is freed there by the retire itself.
     if (!retiredEpisode(ep)) {
-      const timeoutMs = options.closeSessionTimeoutMs ?? CLOSE_SESSION_TIMEOUT_MS;
       await Promise.all([
         closeAgentSession(endpoints, ep, options),
-        open.session && closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session, timeoutMs),
+        open.session && closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session, { timeoutMs: options.closeSessionTimeoutMs, logger: options.logger }),
       ]);
     }
     throw error;

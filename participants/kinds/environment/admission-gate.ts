@@ -56,6 +56,34 @@ export class AdmissionGate {
     });
   }
 
+  /**
+   * Runs `fn` with a signal that aborts (with `reason()`) once `ms` passed while admission was open:
+   * time closed for a checkpoint does not count, as for the episode deadline. For a call a callee
+   * may park until resume, which comes there before it comes here (resume runs callees first).
+   */
+  async withOpenTimeout<T>(ms: number, reason: () => unknown, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    const timeout = new AbortController();
+    const done = new AbortController();
+    const countdown = async () => {
+      for (let left = ms; left > 0; ) {
+        if (this.closedNow) {
+          await this.nextChange(done.signal);
+          continue;
+        }
+        const since = this.clock.now();
+        await this.nextChange(done.signal, left);
+        left -= this.clock.now() - since;
+      }
+      timeout.abort(reason());
+    };
+    countdown().catch(() => undefined); // stopped by `done` once fn settled
+    try {
+      return await fn(timeout.signal);
+    } finally {
+      done.abort();
+    }
+  }
+
   private wakeAll(): void {
     for (const wake of [...this.waiters]) wake();
   }

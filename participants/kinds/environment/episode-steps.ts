@@ -48,6 +48,12 @@ export interface StepEpisode {
    */
   markRestart(): Promise<void>;
   /**
+   * Runs a call bounded by `ms` of time outside checkpoints (its signal aborts with
+   * `deadline_exceeded`), not by the episode's signal: clean-up of a failed episode that a callee
+   * may park until resume, such as a resources server's `close_session`.
+   */
+  timed<T>(ms: number, fn: (signal: AbortSignal) => Promise<T>): Promise<T>;
+  /**
    * Final clean-up: retire waits for it instead of interrupting it. It waits at the latest boundary
    * while a checkpoint is open, except right after a finished wait or model step (as `step`).
    */
@@ -301,6 +307,7 @@ export class EpisodeSteps<D = undefined> {
         t.restart = true;
         this.onChange();
       },
+      timed: (ms, fn) => this.gate.withOpenTimeout(ms, () => new CheckpointError("deadline_exceeded", `${t.key}: a clean-up call took longer than ${ms} ms`), fn),
       finishing: async (fn) => {
         t.abort.signal.throwIfAborted();
         // As a step: right after a finished wait or model step it blocks anyway (parking would wait

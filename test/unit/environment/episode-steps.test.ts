@@ -459,4 +459,37 @@ describe("episode steps", () => {
     steps.open();
     await run;
   });
+
+  it("timed bounds a clean-up call by time outside checkpoints only, whatever the episode's own signal", async () => {
+    const clock = new ManualClock();
+    const steps = new EpisodeSteps(undefined, clock);
+    let signal!: AbortSignal;
+    const started = latch();
+    const run = steps.run(ep("tc"), { data: undefined, timeoutMs: 10 }, async (e) => {
+      await e.boundary({ next: "call" });
+      return e.timed(50, (s) => {
+        signal = s;
+        started.open();
+        return new Promise((_, reject) => s.addEventListener("abort", () => reject(s.reason)));
+      });
+    });
+    const outcome = run.catch((error: unknown) => error);
+    await Promise.race([started.promise, outcome]);
+    clock.advance(30); // the episode's own deadline (10 ms) passes: the clean-up call goes on
+    expect(signal.aborted).toBe(false);
+    steps.close();
+    await flush();
+    clock.advance(10_000); // a long checkpoint does not count
+    expect(signal.aborted).toBe(false);
+    steps.open();
+    await flush();
+    clock.advance(19);
+    await flush();
+    expect(signal.aborted).toBe(false);
+    clock.advance(1);
+    await flush();
+    expect(signal.aborted).toBe(true);
+    expect(await outcome).toMatchObject({ code: "deadline_exceeded" });
+  });
 });
+

@@ -1,6 +1,9 @@
+import pino from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { runGymEpisode } from "../../../participants/gym/environment-server/gym-episode.js";
+import { CalculatorServer } from "../../../participants/gym/resources-server/calculator-server.js";
+import { resourcesWorld } from "../resources/resources-world.js";
 
 afterEach(() => vi.unstubAllGlobals());
 
@@ -99,5 +102,75 @@ describe("reference environment episode", () => {
     const task = { expression: "1+1", tool_rounds: 1 };
     await kind.begin({ rollout_id: "r2", attempt: 0 }, task, {}, (ep) => runGymEpisode({ agentUrl: "http://agent", resourcesUrl: "http://resources" }, ep, task));
     expect(ops.filter((op) => op.endsWith("close_session"))).toEqual(["agent:close_session"]);
+  });
+
+  it("a failed episode's resources close_session the resources server parks through a long checkpoint waits for its resume (the bound counts outside checkpoints) and ends the session", async () => {
+    const world = await resourcesWorld();
+    try {
+      const resources = await world.harness(new CalculatorServer());
+      const resourcesUrl = await resources.app.listen({ host: "127.0.0.1", port: 0 });
+      let failActivate!: () => void;
+      const activateFails = new Promise<void>((resolve) => (failActivate = resolve));
+      let activating!: () => void;
+      const activated = new Promise<void>((resolve) => (activating = resolve));
+      const realFetch = globalThis.fetch;
+      // The agent is a stub whose activate fails on cue; the resources server is the real one.
+      vi.stubGlobal("fetch", async (url: string, init: RequestInit) => {
+        const u = String(url);
+        if (u.startsWith(resourcesUrl)) return realFetch(url, init);
+        if (u.endsWith("/activate")) {
+          activating();
+          await activateFails;
+          return new Response(JSON.stringify({ error: { code: "internal_error", detail: "scripted" } }), { status: 500 });
+        }
+        return new Response(JSON.stringify({ session_key: "r1", restored: false }), { status: 200 });
+      });
+      const env = new EnvironmentKind();
+      const task = { expression: "1+1", tool_rounds: 1 };
+      const run = env.begin({ rollout_id: "r1", attempt: 0 }, task, {}, (ep) =>
+        runGymEpisode({ agentUrl: "http://agent", resourcesUrl }, ep, task, { closeSessionTimeoutMs: 50 }),
+      );
+      const outcome = run.then(
+        () => "ok",
+        (error: unknown) => error,
+      );
+      await activated;
+      expect(resources.kind.readiness().counts).toMatchObject({ sessions: 1 });
+      // A checkpoint: the environment parks first, the resources server closes admission last.
+      await env.closeAdmission();
+      expect(await resources.call("prepare", { checkpoint_id: "c1" })).toMatchObject({ phase: "prepared" });
+      failActivate();
+      // The close is parked until resume, longer than its bound (50 ms here, 5 s in production).
+      for (let i = 0; i < 100 && resources.kind.readiness().counts.waiting === 0; i++) await new Promise((resolve) => setTimeout(resolve, 5));
+      expect(resources.kind.readiness().counts).toMatchObject({ waiting: 1 });
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      // Resume: resources first, the environment last.
+      await resources.call("resume", { checkpoint_id: "c1" });
+      await env.openAdmission();
+      expect(await within(2000, outcome)).toMatchObject({ code: "internal_error" });
+      expect(resources.kind.readiness().counts).toMatchObject({ sessions: 0, waiting: 0 });
+    } finally {
+      await world.close();
+    }
+  });
+
+  it("a failed episode's resources close_session that never answers gives up after its bound outside checkpoints, and says so in the log", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const logger = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+    vi.stubGlobal("fetch", async (url: string, init: { signal?: AbortSignal }) => {
+      const op = String(url).slice(String(url).lastIndexOf("/") + 1);
+      if (op === "activate") return new Response(JSON.stringify({ error: { code: "internal_error", detail: "scripted" } }), { status: 500 });
+      if (op === "seed_session") return new Response("{}", { status: 200, headers: { "set-cookie": "ng_session=s-1; Path=/" } });
+      if (op === "open_session" || String(url).startsWith("http://agent")) return new Response(JSON.stringify({ session_key: "r1", restored: false }), { status: 200 });
+      // The resources server's close_session: never answered.
+      return new Promise<Response>((_, reject) => init.signal?.addEventListener("abort", () => reject(init.signal!.reason)));
+    });
+    const env = new EnvironmentKind();
+    const task = { expression: "1+1", tool_rounds: 1 };
+    const run = env.begin({ rollout_id: "r1", attempt: 0 }, task, {}, (ep) =>
+      runGymEpisode({ agentUrl: "http://agent", resourcesUrl: "http://resources" }, ep, task, { closeSessionTimeoutMs: 50, logger }),
+    );
+    await expect(within(2000, run)).rejects.toMatchObject({ code: "internal_error" });
+    expect(lines).toEqual([expect.objectContaining({ level: 40, episode: "r1", msg: expect.stringContaining("resources session") })]);
   });
 });
