@@ -277,16 +277,22 @@ export function register(program: Command): void {
   });
 }
 
-/** `--checkpoint-dir` is an existing directory or one that can be created; anything else is a bad flag. */
+/**
+ * `--checkpoint-dir` is an existing directory or one that can be created; anything else is a bad
+ * flag. A stat or mkdir the storage refuses (EIO, EACCES, a stale handle) is thrown as it is,
+ * storage_error (exit 1), as for `--out`: the mount needs fixing, not the path.
+ */
 async function ensureCheckpointDir(path: string): Promise<void> {
   const info = await stat(path).catch((error: NodeJS.ErrnoException) => {
     // Absent, or under a file (ENOTDIR): creating it says which.
     if (error.code === "ENOENT" || error.code === "ENOTDIR") return undefined;
+    if (isUnreadableStorage(error)) throw error;
     throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} is not accessible (${error.code ?? String(error)})`);
   });
   if (info && !info.isDirectory()) throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} is not a directory`);
   if (info) return;
   await makeDirectories(path).catch((error: NodeJS.ErrnoException) => {
+    if (isUnreadableStorage(error)) throw error;
     throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} cannot be created (${error.code ?? String(error)})`);
   });
 }
