@@ -25,6 +25,7 @@ import {
   type CtlReplyOf,
   type CtlRequestOf,
   type EpisodeId,
+  type GlobalManifest,
   type Op,
   type ParticipantEntry,
   type ReplyOf,
@@ -483,15 +484,8 @@ export class CheckpointEngine {
       const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
       if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
-      const manifest = await this.options.catalog.get(id);
+      const manifest = await this.committedManifests(id);
       const dir = this.options.catalog.dirFor(id);
-      // Participants read their manifest.json as they find it (the restore message pins no digest):
-      // one replaced since publication (tampering, a bad copy) is refused here, as verify refuses
-      // it, before anything is sent. A bounded number at a time: thousands of participants must not
-      // hold thousands of files open at once (EMFILE).
-      for (let i = 0; i < manifest.participants.length; i += MANIFEST_READS_AT_ONCE) {
-        await Promise.all(manifest.participants.slice(i, i + MANIFEST_READS_AT_ONCE).map((p) => readCommittedManifest(dir, id, p)));
-      }
       if (unresumed) {
         // Only fresh processes restore it: one still parked in it would refuse, and the clean-up
         // would resume it, leaving the controller nothing to resume.
@@ -790,6 +784,20 @@ export class CheckpointEngine {
         // same id and scope gets the reply (a clean-up here would fence the id everywhere instead).
         log.info({ state: entry.state }, "recovery_redrive_restore");
         try {
+          // Checked as a restore checks them before its first send (no checkpoint.json: nothing to
+          // check against, the participants' answers decide as before). A storage refusal (EIO)
+          // leaves the entry for a later recovery; a manifest that no longer matches (replaced since
+          // the predecessor's send, which may have installed it anywhere) is the restore's failure:
+          // cleaned up at every member.
+          const checked = this.options.catalog.has(open.id) ? this.committedManifests(open.id) : Promise.resolve();
+          const unrestorable = await checked.then(
+            () => undefined,
+            (error: unknown) => {
+              if (isUnreadableStorage(error)) throw error;
+              return toCheckpointError(error);
+            },
+          );
+          if (unrestorable) await this.failRestore(open, open.members, unrestorable, deadlineMs, undefined);
           if (await this.driveRestore(open, deadlineMs, undefined, entry.state)) return "restored";
         } catch (error) {
           if (!(error instanceof CheckpointError && error.code === "restore_failed")) throw error;
@@ -1387,6 +1395,22 @@ export class CheckpointEngine {
   }
 
   /**
+   * checkpoint.json of `id`, once every participant's manifest.json matches the digest it records.
+   * Participants read their manifest.json as they find it (the restore message pins no digest): one
+   * replaced since publication (tampering, a bad copy) is refused here, as verify refuses it, before
+   * anything is sent. A bounded number at a time: thousands of participants must not hold thousands
+   * of files open at once (EMFILE).
+   */
+  private async committedManifests(id: string): Promise<GlobalManifest> {
+    const manifest = await this.options.catalog.get(id);
+    const dir = this.options.catalog.dirFor(id);
+    for (let i = 0; i < manifest.participants.length; i += MANIFEST_READS_AT_ONCE) {
+      await Promise.all(manifest.participants.slice(i, i + MANIFEST_READS_AT_ONCE).map((p) => readCommittedManifest(dir, id, p)));
+    }
+    return manifest;
+  }
+
+  /**
    * Sends `open`'s restore (its id, directory and scope; this leader's epoch) to every member and
    * settles it all or nothing: every member restored → journaled `restored`, and the reply kept in
    * `open.restore` for a retry; otherwise (journaled `restore_cleanup`) attempt+1 is retired where
@@ -1437,6 +1461,15 @@ export class CheckpointEngine {
       journaled === "restored"
         ? open.members
         : outcomes.filter((o) => o.ok || !RESTORE_REFUSALS.has(o.code) || (journaled === "restoring" && o.code === "stale_checkpoint")).map((o) => o.participant);
+    return this.failRestore(open, installedMaybe, combinedFailure("restore", failures), deadlineMs, ctx);
+  }
+
+  /**
+   * A failed restore's all-or-nothing clean-up: attempt+1 retired at `installedMaybe`, everyone
+   * resumed; throws restore_failed for `cause`, remembered for the restore's retries.
+   */
+  private async failRestore(open: OpenCheckpoint, installedMaybe: ParticipantRef[], cause: CheckpointError, deadlineMs: number, ctx: Context | undefined): Promise<never> {
+    const { id } = open;
     // Journaled first, so a successor finishes this clean-up (at the same members) instead of
     // re-driving the restore: participants keep their restore reply past a retire, so a re-sent
     // restore would look restored where attempt+1 was retired already.
@@ -1450,7 +1483,6 @@ export class CheckpointEngine {
       this.checkpointLog(id).warn({ err: error }, "restore_cleanup_not_journaled");
     });
     const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
-    const cause = combinedFailure("restore", failures);
     const retired = installedMaybe.length
       ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
       : "every participant refused before installing anything, so nothing was retired";

@@ -666,6 +666,27 @@ describe("recovery of a restore a predecessor journaled", () => {
     await journalEmptied(second.journal);
   });
 
+  it.each(["restoring", "restored"] as const)("%s, a participant manifest replaced since publication: nothing re-sent; cleaned up at every member (invalid_checkpoint_state), as a restore refuses it", async (state) => {
+    const { second } = await restoredThenCrashed(`rs-m-${state}`, state);
+    const path = join(second.catalog.dirFor(`rs-m-${state}`), "gym", "agent", "a1", "manifest.json");
+    const replaced = JSON.parse(await readFile(path, "utf8")) as { created_at: number };
+    replaced.created_at += 1; // valid on its own: only checkpoint.json's digest tells
+    await writeFile(path, `${JSON.stringify(replaced, null, 2)}\n`);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: `rs-m-${state}`, action: "retired_resumed" }]);
+    expect(second.fake.ops("restore")).toHaveLength(0);
+    // The predecessor's restore may have installed it anywhere: attempt+1 retired at every member.
+    const events = second.fake.events;
+    expect(events.indexOf("journal:restore_cleanup")).toBeLessThan(events.findIndex((e) => e.startsWith("retire:")));
+    expect(second.fake.ops("retire")).toHaveLength(5);
+    expect(second.fake.ops("resume")).toHaveLength(5);
+    expect(second.engine.openCheckpoint).toBeNull();
+    await journalEmptied(second.journal);
+    // The controller's retry (a new restore to these processes) is refused before anything is sent.
+    const sent = second.fake.calls.length;
+    expect((await refusalOf(second.engine.restore({ checkpoint_id: `rs-m-${state}`, episode_ids: scope }))).code).toBe("invalid_checkpoint_state");
+    expect(second.fake.calls.length).toBe(sent);
+  });
+
   it("restored: re-sent to rebuild the reply, which the retry gets; the resume works", async () => {
     const { second, reply } = await restoredThenCrashed("rs3", "restored");
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs3", action: "restored" }]);
