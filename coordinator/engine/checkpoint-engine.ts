@@ -1849,6 +1849,8 @@ export class CheckpointEngine {
     if (this.open) this.log.warn({ checkpoint_id: this.open.id, phase: this.open.phase }, "leadership_lost_open_checkpoint_left_to_journal");
     this.open = undefined;
     this.latestMembers = undefined; // another leader may publish meanwhile
+    // Its staged LATEST temp file would stay on disk: this process's sweeps skip what it staged.
+    void this.options.writer.discardStagedLatest();
     // The entries are the next leader's (or this one's next recovery's) to finish, and how is theirs:
     // a successor may run a restore's clean-up. Such an id is no longer known closed here, so a retried
     // resume asks the participants (releaseHolders) instead of answering success from this term.

@@ -93,6 +93,25 @@ export class GlobalManifestWriter {
   }
 
   /**
+   * Drops every staged LATEST temp file, leadership being lost: the successor publishes with its
+   * own, and no sweep removes these (this process's are in `inUse`, which its own sweeps skip). The
+   * checkpoint directories stay: the successor may re-drive a commit into them.
+   */
+  discardStagedLatest(): Promise<void> {
+    const stagings = [...this.staged.values()];
+    this.staged.clear();
+    this.cleanup = this.cleanup.then(async () => {
+      for (const staging of stagings) {
+        const staged = await staging.catch(() => undefined);
+        if (!staged) continue;
+        await discardStagedFile(staged);
+        this.inUse.delete(staged.temp);
+      }
+    });
+    return this.cleanup;
+  }
+
+  /**
    * Settles once `stage` has created the checkpoint directory and LATEST's temp file (at once when
    * nothing is staged); a staging failure is left for `publish` to report.
    */

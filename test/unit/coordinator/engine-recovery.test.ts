@@ -292,6 +292,26 @@ describe("a deposed leader writes nothing at publication", () => {
   });
 });
 
+describe("a leader deposed with a checkpoint open leaves no staged LATEST temp file", () => {
+  it("the temp file staged at prepare is removed once leadership is lost; the checkpoint directory stays for the successor, and a later publication by this process sweeps nothing of it", async () => {
+    const { engine, writer, catalog } = makeEngine(root, { retention: 1 });
+    const temps = async () => (await readdir(root)).filter((name) => name.startsWith(".LATEST.") && name.endsWith(".tmp"));
+    await engine.prepare({ checkpoint_id: "deposed" });
+    await writer.stagedDirectory("deposed");
+    expect(await temps()).toHaveLength(1);
+    engine.leadershipLost();
+    await writer.settled();
+    expect(await temps()).toEqual([]);
+    expect((await readdir(root)).includes("deposed")).toBe(true);
+    // This process leads again: its own publications' sweeps would have skipped the file for good.
+    await engine.recover();
+    await engine.checkpoint({ checkpoint_id: "next", episode_ids: null, stop: false, controller_state: null });
+    await writer.settled();
+    expect(await temps()).toEqual([]);
+    expect(await catalog.latest()).toBe("next");
+  });
+});
+
 describe("recovery with a journaled checkpoint left open and an unjournaled orphan", () => {
   it("of two entries a recovery would leave open, the newer wins and the leftover older one is closed", async () => {
     const newer = await publishedNotResumed("ckpt-b-newer");
