@@ -31,13 +31,25 @@ export class KvMemberRegistry implements MembershipSource {
   }
 
   async members(): Promise<Member[]> {
-    const members: Member[] = [];
+    return (await this.aged()).map((m) => m.member);
+  }
+
+  /**
+   * Every member with its entry's age in ms, measured on the NATS server's clock alone (the entries'
+   * stored timestamps): up to the newest entry the bucket holds (a live member's heartbeat is at
+   * most MEMBER_HEARTBEAT_MS old), or `nowMs` if that is earlier. Never more than the entry's true
+   * age, whatever this host's clock says: a live member is never taken for an expired one.
+   */
+  async aged(nowMs = Date.now()): Promise<{ member: Member; ageMs: number }[]> {
     const unreadable = (key: string, err: Error) => this.logger?.warn({ key, err }, "membership_entry_invalid");
-    for (const entry of await latestEntries(this.kv, unreadable)) {
+    const entries = await latestEntries(this.kv, unreadable);
+    const newest = Math.min(nowMs, entries.reduce((max, e) => Math.max(max, e.created.getTime()), 0));
+    const members: { member: Member; ageMs: number }[] = [];
+    for (const entry of entries) {
       const member = memberOf(entry, this.logger);
-      if (member) members.push(member);
+      if (member) members.push({ member, ageMs: Math.max(0, newest - entry.created.getTime()) });
     }
-    return members.sort((a, b) => (a.kind + "." + a.instance < b.kind + "." + b.instance ? -1 : 1));
+    return members.sort((a, b) => (a.member.kind + "." + a.member.instance < b.member.kind + "." + b.member.instance ? -1 : 1));
   }
 
   async list(): Promise<ParticipantRef[]> {

@@ -11,8 +11,8 @@ type KvWatch = QueuedIterator<KvWatchEntry>;
 interface Cached {
   member: Member;
   /**
-   * When this entry was last written as this process saw it (its receipt, or the seed's read), on
-   * the monotonic clock: a wall-clock step (NTP, a VM resume) must neither drop live members from
+   * When this entry was last written as this process saw it (its receipt, or the seed's read less
+   * the entry's age by the server's timestamps), on the monotonic clock: a wall-clock step (NTP, a VM resume) must neither drop live members from
    * the next checkpoint nor keep a silent one in it.
    */
   seenAt: number;
@@ -52,11 +52,13 @@ export class WatchedMemberRegistry implements MembershipSource {
   private async seed(): Promise<void> {
     const removed = (this.removedWhileSeeding = new Set());
     try {
-      const seeded = await new KvMemberRegistry(this.kv, this.logger).members();
+      const seeded = await new KvMemberRegistry(this.kv, this.logger).aged(this.clock.now());
       const now = this.clock.monotonic();
-      for (const member of seeded) {
+      for (const { member, ageMs } of seeded) {
         const key = memberKey(member.kind, member.instance);
-        if (!this.cache.has(key) && !removed.has(key)) this.cache.set(key, { member, seenAt: now });
+        // Seen when it was written, not now: a member that died just before this start would
+        // otherwise count as alive for another TTL (checkpoints waiting on it).
+        if (!this.cache.has(key) && !removed.has(key)) this.cache.set(key, { member, seenAt: now - Math.min(ageMs, this.ttlMs) });
       }
     } finally {
       if (this.removedWhileSeeding === removed) this.removedWhileSeeding = undefined;

@@ -1,6 +1,8 @@
 import { Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { systemClock } from "../../coordinator/engine/clock.js";
 import { KvMemberRegistry } from "../../coordinator/membership/member-registry.js";
+import { WatchedMemberRegistry } from "../../coordinator/membership/watched-member-registry.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 
 let nats: NatsFixture;
@@ -32,5 +34,27 @@ describe("KV membership registry", () => {
       }
     }
     expect(listings).toBeGreaterThan(0);
+  });
+});
+
+describe("watched membership registry seeded at start-up", () => {
+  it("ages each seeded entry from its server timestamp: a member silent since before the start expires on its own schedule, not a TTL after the seed; a clock running ahead drops no live member", { timeout: 30_000 }, async () => {
+    // The bucket keeps entries (max_age 60 s): only the registry's own TTL (3 s) is under test.
+    const kv = await new Kvm(nats.nc).create("members-seeded-age", { history: 1, ttl: 60_000 });
+    await kv.put("model.gone", member("gone"));
+    const wroteGone = Date.now();
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    await kv.put("model.live", member("live")); // a live member's heartbeat
+    const ahead = { ...systemClock, now: () => Date.now() + 60_000 };
+    const registries = [new WatchedMemberRegistry(kv, undefined, systemClock, 3000), new WatchedMemberRegistry(kv, undefined, ahead, 3000)];
+    try {
+      for (const registry of registries) await registry.start();
+      for (const registry of registries) expect((await registry.list()).map((m) => m.instance)).toEqual(["gone", "live"]);
+      // 3.3 s after gone's last write, 1.3 s after the seed: gone has expired, live has not.
+      await new Promise((resolve) => setTimeout(resolve, wroteGone + 3300 - Date.now()));
+      for (const registry of registries) expect((await registry.list()).map((m) => m.instance)).toEqual(["live"]);
+    } finally {
+      for (const registry of registries) registry.stop();
+    }
   });
 });
