@@ -789,14 +789,15 @@ export class CheckpointEngine {
           // leaves the entry for a later recovery; a manifest that no longer matches (replaced since
           // the predecessor's send, which may have installed it anywhere) is the restore's failure:
           // cleaned up at every member.
-          const checked = this.options.catalog.has(open.id) ? this.committedManifests(open.id) : Promise.resolve();
-          const unrestorable = await checked.then(
-            () => undefined,
-            (error: unknown) => {
+          let unrestorable: CheckpointError | undefined;
+          if (this.options.catalog.has(open.id)) {
+            try {
+              await this.committedManifests(open.id);
+            } catch (error) {
               if (isUnreadableStorage(error)) throw error;
-              return toCheckpointError(error);
-            },
-          );
+              unrestorable = toCheckpointError(error);
+            }
+          }
           if (unrestorable) await this.failRestore(open, open.members, unrestorable, deadlineMs, undefined);
           if (await this.driveRestore(open, deadlineMs, undefined, entry.state)) return "restored";
         } catch (error) {

@@ -82,11 +82,7 @@ export class GlobalManifestWriter {
     if (!staging) return this.cleanup;
     this.staged.delete(checkpointId);
     this.cleanup = this.cleanup.then(async () => {
-      const staged = await staging.catch(() => undefined);
-      if (staged) {
-        await discardStagedFile(staged);
-        this.inUse.delete(staged.temp);
-      }
+      await this.removeStagedTemp(staging);
       await rmdir(this.catalog.dirFor(checkpointId)).catch(() => undefined); // not empty: something was committed, retention deletes it as partial
     });
     return this.cleanup;
@@ -101,14 +97,17 @@ export class GlobalManifestWriter {
     const stagings = [...this.staged.values()];
     this.staged.clear();
     this.cleanup = this.cleanup.then(async () => {
-      for (const staging of stagings) {
-        const staged = await staging.catch(() => undefined);
-        if (!staged) continue;
-        await discardStagedFile(staged);
-        this.inUse.delete(staged.temp);
-      }
+      for (const staging of stagings) await this.removeStagedTemp(staging);
     });
     return this.cleanup;
+  }
+
+  /** Removes LATEST's temp file a staging wrote (none when the staging failed). */
+  private async removeStagedTemp(staging: Promise<StagedFile>): Promise<void> {
+    const staged = await staging.catch(() => undefined);
+    if (!staged) return;
+    await discardStagedFile(staged);
+    this.inUse.delete(staged.temp);
   }
 
   /**

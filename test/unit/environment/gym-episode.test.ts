@@ -4,6 +4,7 @@ import { EnvironmentKind } from "../../../participants/kinds/environment/index.j
 import { runGymEpisode } from "../../../participants/gym/environment-server/gym-episode.js";
 import { CalculatorServer } from "../../../participants/gym/resources-server/calculator-server.js";
 import { resourcesWorld } from "../resources/resources-world.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 afterEach(() => vi.unstubAllGlobals());
 
@@ -141,8 +142,9 @@ describe("reference environment episode", () => {
       expect(await resources.call("prepare", { checkpoint_id: "c1" })).toMatchObject({ phase: "prepared" });
       failActivate();
       // The close is parked until resume, longer than its bound (50 ms here, 5 s in production).
-      for (let i = 0; i < 100 && resources.kind.readiness().counts.waiting === 0; i++) await new Promise((resolve) => setTimeout(resolve, 5));
+      await waitUntil(() => (resources.kind.readiness().counts.waiting ?? 0) > 0, "the close parked at the resources server", 2000);
       expect(resources.kind.readiness().counts).toMatchObject({ waiting: 1 });
+      // Time passing is what is tested: 300 ms closed, six times the bound, must not count.
       await new Promise((resolve) => setTimeout(resolve, 300));
       // Resume: resources first, the environment last.
       await resources.call("resume", { checkpoint_id: "c1" });
