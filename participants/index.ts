@@ -9,7 +9,7 @@ export { MembershipAnnouncer } from "./control-plane/membership-announcer.js";
 export { systemClock, ManualClock } from "./control-plane/clock.js";
 export type { Clock } from "./control-plane/clock.js";
 export { FsCheckpointStorage, participantDir, readParticipantManifest, scanRecordLines } from "./storage/fs-storage.js";
-export type { CheckpointStorage, ParticipantTarget, PinnedParticipant, WrittenParticipant, ReadParticipant } from "./storage/checkpoint-storage.js";
+export type { CheckpointStorage, ParticipantTarget, PinnedManifest, PinnedParticipant, WrittenParticipant, ReadParticipant } from "./storage/checkpoint-storage.js";
 export { WriteGate } from "./storage/write-gate.js";
 export { writeFileAtomic, fsyncDir } from "./storage/fs-durable.js";
 export { ScriptableKind, ScriptRecordSchema } from "./testing/scriptable-kind.js";

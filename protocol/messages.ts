@@ -72,6 +72,12 @@ export const RestoreRequestSchema = z
     checkpoint_dir: CheckpointDirSchema,
     /** The checkpointed (source) attempts the controller will continue, one attempt per rollout. */
     episode_ids: restoreScopeSchema(MAX_SCOPE),
+    /**
+     * The sha256 of this participant's manifest.json that checkpoint.json records: the participant
+     * installs only a manifest of exactly these bytes, so one replaced after the coordinator checked
+     * it is refused. Absent (coordinators before this field) = the manifest as found.
+     */
+    manifest_sha256: Sha256Schema.optional(),
   })
   .strict();
 export const RetireRequestSchema = z

@@ -82,6 +82,11 @@ interface OpenCheckpoint {
   /** Where the restore's clean-up retires attempt+1 (journaled with `restore_cleanup`; default every member). */
   retireAt?: ParticipantRef[];
   /**
+   * A restore's: each member's manifest_sha256 as checkpoint.json records it (read again by a
+   * successor, never journaled), sent in its restore so it installs only that manifest.
+   */
+  manifestDigests?: Map<string, string>;
+  /**
    * The members any prepare of this checkpoint was sent (a prepare that stopped at a stage: its
    * stages up to that one): the later stages' members are idle, and a renew there would be
    * refused. Every member once a prepare went through; unset for a recovered checkpoint (all).
@@ -495,7 +500,7 @@ export class CheckpointEngine {
         }
       }
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
-      const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids });
+      const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids, manifestDigests: manifestDigestsOf(manifest) });
       // The largest entries this restore may journal: its clean-up's (where to retire), and the
       // restored and resuming ones (the restorers' incarnations, which only the replies name:
       // counted at their longest). A restored entry refused at write time would leave the restore
@@ -784,15 +789,15 @@ export class CheckpointEngine {
         // same id and scope gets the reply (a clean-up here would fence the id everywhere instead).
         log.info({ state: entry.state }, "recovery_redrive_restore");
         try {
-          // Checked as a restore checks them before its first send (no checkpoint.json: nothing to
-          // check against, the participants' answers decide as before). A storage refusal (EIO)
+          // Checked, and pinned in the messages, as a restore does before its first send (no
+          // checkpoint.json: nothing to check against or pin, the participants' answers decide as before). A storage refusal (EIO)
           // leaves the entry for a later recovery; a manifest that no longer matches (replaced since
           // the predecessor's send, which may have installed it anywhere) is the restore's failure:
           // cleaned up at every member.
           let unrestorable: CheckpointError | undefined;
           if (this.options.catalog.has(open.id)) {
             try {
-              await this.committedManifests(open.id);
+              open.manifestDigests = manifestDigestsOf(await this.committedManifests(open.id));
             } catch (error) {
               if (isUnreadableStorage(error)) throw error;
               unrestorable = toCheckpointError(error);
@@ -1396,11 +1401,11 @@ export class CheckpointEngine {
   }
 
   /**
-   * checkpoint.json of `id`, once every participant's manifest.json matches the digest it records.
-   * Participants read their manifest.json as they find it (the restore message pins no digest): one
-   * replaced since publication (tampering, a bad copy) is refused here, as verify refuses it, before
-   * anything is sent. A bounded number at a time: thousands of participants must not hold thousands
-   * of files open at once (EMFILE).
+   * checkpoint.json of `id`, once every participant's manifest.json matches the digest it records:
+   * one replaced since publication (tampering, a bad copy) is refused here, as verify refuses it,
+   * before anything is sent. The restore message pins that digest too, so a manifest replaced after
+   * this check is refused by its participant. A bounded number at a time: thousands of participants
+   * must not hold thousands of files open at once (EMFILE).
    */
   private async committedManifests(id: string): Promise<GlobalManifest> {
     const manifest = await this.options.catalog.get(id);
@@ -1412,7 +1417,8 @@ export class CheckpointEngine {
   }
 
   /**
-   * Sends `open`'s restore (its id, directory and scope; this leader's epoch) to every member and
+   * Sends `open`'s restore (its id, directory and scope, each member's manifest digest when known;
+   * this leader's epoch) to every member and
    * settles it all or nothing: every member restored → journaled `restored`, and the reply kept in
    * `open.restore` for a retry; otherwise (journaled `restore_cleanup`) attempt+1 is retired where
    * it may have been installed, everyone resumes, and it throws `restore_failed`. Recovery
@@ -1425,7 +1431,10 @@ export class CheckpointEngine {
   private async driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled?: "restoring" | "restored"): Promise<CtlReplyOf<"restore"> | undefined> {
     const { id, epoch } = open;
     const request = { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: open.dir ?? this.options.catalog.dirFor(id), episode_ids: open.scope ?? [] };
-    const outcomes = await runAll(open.members, (m) => this.send(m, "restore", request, deadlineMs, epoch, ctx));
+    const outcomes = await runAll(open.members, (m) => {
+      const digest = open.manifestDigests?.get(memberKey(m.kind, m.instance));
+      return this.send(m, "restore", digest === undefined ? request : { ...request, manifest_sha256: digest }, deadlineMs, epoch, ctx);
+    });
     // Journaled `restored`, every member had restored it: one refusing it as already resumed took
     // part and was resumed since (its controller's resume, cut short by the crash, or its lease).
     const resumed = journaled === "restored" ? outcomes.filter((o) => !o.ok && o.code === "stale_checkpoint") : [];
@@ -1950,6 +1959,11 @@ function notRegistered<O extends Op>(member: ParticipantRef): Outcome<O> {
 
 function byMemberKey(a: ParticipantRef, b: ParticipantRef): number {
   return memberKey(a.kind, a.instance) < memberKey(b.kind, b.instance) ? -1 : 1;
+}
+
+/** Each participant's manifest_sha256 in checkpoint.json, by member key. */
+function manifestDigestsOf(manifest: GlobalManifest): Map<string, string> {
+  return new Map(manifest.participants.map((p) => [memberKey(p.kind, p.instance), p.manifest_sha256]));
 }
 
 /** A duration rounded to 10 µs. */

@@ -510,6 +510,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const id = request.checkpoint_id;
     const dir = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));
+    // Not its manifest_sha256: a coordinator pins what the directory's checkpoint.json records, and
+    // a retry is answered from what the first read installed (checked against that pin).
     const args = `${dir}\u0000${[...scope].sort().join(",")}`;
     return this.underLock(request, async () => {
       const cached = this.cached<RestoreReply>(id, "restore", args);
@@ -521,8 +523,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (again) throw again;
       if (this.adapter.hasLiveState()) throw this.notFresh();
       const target = { checkpointDir: dir, checkpointId: id, kind: this.adapter.kind, instance: this.instance };
+      // The digest the coordinator checked the manifest against: a manifest replaced since (or
+      // between its check and this read) is refused here, before anything is installed.
+      const pinned = request.manifest_sha256 === undefined ? undefined : { manifest_sha256: request.manifest_sha256 };
       const read = await withSpan("read", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
-        const result = await this.storage.read(target, this.adapter.recordSchema, (record) => scope.has(captureKey(record.episode_id)));
+        const result = await this.storage.read(target, this.adapter.recordSchema, (record) => scope.has(captureKey(record.episode_id)), pinned);
         span.setAttributes({ [ATTR.records]: result.records.length, [ATTR.bytes]: result.bytes });
         return result;
       });

@@ -25,11 +25,19 @@ export interface ReadParticipant<R> {
 }
 
 /**
+ * What a restore message pins of one participant: the sha256 of its manifest.json's exact bytes,
+ * as checkpoint.json records it. The manifest names its records' digest and count, so these
+ * bytes pin the records too.
+ */
+export interface PinnedManifest {
+  manifest_sha256: string;
+}
+
+/**
  * What a published checkpoint.json pins of one participant (its entry's fields): a manifest or
  * records file that differs, even a self-consistent one put there later, was never committed.
  */
-export interface PinnedParticipant {
-  manifest_sha256: string;
+export interface PinnedParticipant extends PinnedManifest {
   records_sha256: string;
   record_count: number;
 }
@@ -52,6 +60,6 @@ export interface CheckpointStorage {
     target: ParticipantTarget,
     schema: z.ZodType<R>,
     keep?: (record: R) => boolean,
-    pinned?: PinnedParticipant,
+    pinned?: PinnedManifest | PinnedParticipant,
   ): Promise<ReadParticipant<R>>;
 }

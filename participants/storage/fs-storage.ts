@@ -20,7 +20,7 @@ import {
   type RecordBase,
   type SplitLine,
 } from "../../protocol/index.js";
-import type { CheckpointStorage, ParticipantTarget, PinnedParticipant, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
+import type { CheckpointStorage, ParticipantTarget, PinnedManifest, PinnedParticipant, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
 import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
 import { openRegularFile, readRegularFile } from "./regular-file.js";
 import type { WriteGate } from "./write-gate.js";
@@ -188,14 +188,14 @@ export class FsCheckpointStorage implements CheckpointStorage {
     target: ParticipantTarget,
     schema: z.ZodType<R>,
     keep: (record: R) => boolean = () => true,
-    pinned?: PinnedParticipant,
+    pinned?: PinnedManifest | PinnedParticipant,
   ): Promise<ReadParticipant<R>> {
     const dir = participantDir(target);
     const { manifest, sha256 } = await loadParticipantManifest(dir);
     if (pinned) {
       const label = `${target.kind}/${target.instance}`;
       if (sha256 !== pinned.manifest_sha256) throw corrupt(`${label}: manifest digest does not match checkpoint.json`);
-      if (manifest.records_sha256 !== pinned.records_sha256 || manifest.record_count !== pinned.record_count) {
+      if ("records_sha256" in pinned && (manifest.records_sha256 !== pinned.records_sha256 || manifest.record_count !== pinned.record_count)) {
         throw corrupt(`${label}: manifest records digest or count disagrees with checkpoint.json`);
       }
     }

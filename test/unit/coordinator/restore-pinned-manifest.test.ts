@@ -3,12 +3,15 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
+import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
+import { RestoreRequestSchema } from "../../../protocol/index.js";
 import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
-// Participants read their manifest.json as they find it: the restore message pins no digest. A
-// manifest replaced after publication, even a self-consistent one naming the same records, was
-// never committed; the coordinator checks it against checkpoint.json, as verify does.
+// A manifest replaced after publication, even a self-consistent one naming the same records, was
+// never committed: the coordinator checks it against checkpoint.json, as verify does, and pins the
+// digest checkpoint.json records in each participant's restore message (a manifest replaced after
+// the check is refused by its participant: test/integration/restore-manifest-pin.test.ts).
 
 let root: string;
 beforeEach(async () => {
@@ -44,5 +47,35 @@ describe("a restore of a checkpoint whose participant manifest was replaced afte
     const reply = await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(reply.participants.every((p) => p.restored?.[0] === "r1-a1")).toBe(true);
     await engine.resume({ checkpoint_id: "base" });
+  });
+});
+
+describe("the restore message pins each participant's manifest", () => {
+  /** checkpoint.json's manifest_sha256 per `kind/instance`. */
+  async function recordedDigests(id: string): Promise<Record<string, string>> {
+    const manifest = await new CheckpointCatalog(root).get(id);
+    return Object.fromEntries(manifest.participants.map((p) => [`${p.kind}/${p.instance}`, p.manifest_sha256]));
+  }
+
+  function sentDigests(calls: { kind: string; instance: string; body: Record<string, unknown> }[]): Record<string, unknown> {
+    for (const c of calls) expect(RestoreRequestSchema.safeParse(c.body).success).toBe(true);
+    return Object.fromEntries(calls.map((c) => [`${c.kind}/${c.instance}`, c.body.manifest_sha256]));
+  }
+
+  it("with the digest checkpoint.json records for that participant, also when a successor re-drives it", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "pin", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    const expected = await recordedDigests("pin");
+    expect(new Set(Object.values(expected)).size).toBe(5);
+    await first.engine.restore({ checkpoint_id: "pin", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(sentDigests(first.fake.ops("restore"))).toEqual(expected);
+
+    // Its leader died before the controller got the reply: the successor sends it again, pinned alike.
+    const entry = structuredClone(first.journal.entries.get("pin")!);
+    const second = makeEngine(root);
+    await second.journal.record({ ...entry, state: "restoring" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "pin", action: "restored" }]);
+    expect(sentDigests(second.fake.ops("restore"))).toEqual(expected);
   });
 });

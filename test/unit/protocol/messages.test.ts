@@ -90,6 +90,20 @@ describe("control messages", () => {
     }
   });
 
+  it("lets a restore pin the participant's manifest by an optional sha256 of 64 lowercase hex digits", () => {
+    const restore = { ...base, checkpoint_dir: "/data/c1", episode_ids: [{ rollout_id: "r", attempt: 0 }] };
+    const digest = "0123456789abcdef".repeat(4);
+    expect(RestoreRequestSchema.parse({ ...restore, manifest_sha256: digest }).manifest_sha256).toBe(digest);
+    // Absent: what coordinators before the field send, still accepted.
+    expect(RestoreRequestSchema.parse(restore).manifest_sha256).toBeUndefined();
+    for (const bad of [digest.toUpperCase(), digest.slice(1), `${digest}0`, `${digest.slice(1)}g`, "", null, 7]) {
+      expect(RestoreRequestSchema.safeParse({ ...restore, manifest_sha256: bad }).success).toBe(false);
+    }
+    const refused = refusal(() => decodeMessage(RestoreRequestSchema, JSON.stringify({ ...restore, manifest_sha256: "XYZ" })));
+    expect(refused.code).toBe("invalid_request");
+    expect(refused.message).toContain("manifest_sha256");
+  });
+
   it("requires absolute, normalized checkpoint directories", () => {
     const commit = { ...base, episode_ids: null };
     expect(CommitRequestSchema.parse({ ...commit, checkpoint_dir: "/data/ckpt/c1" }).stop).toBe(false);
