@@ -210,6 +210,14 @@ function unretiredNote(unretired: readonly Failure[]): string {
   return `attempt+1 could not be retired at ${where} before the clean-up's deadline, so what it restored is still held there: retire attempt+1 there again before restarting those rollouts as attempt+2; `;
 }
 
+/** A cleaned-up restore's `restore_failed` detail: what failed, where attempt+1 was retired, what to do. */
+function cleanedUpDetail(unretired: readonly Failure[], cause: string, installedMaybe: readonly ParticipantRef[]): string {
+  const retired = installedMaybe.length
+    ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
+    : "every participant refused before installing anything, so nothing was retired";
+  return `${unretiredNote(unretired)}${cause}; ${retired}, and everyone resumed: restart those rollouts from input`;
+}
+
 /**
  * A clean-up retire that failed because the process that restored is gone (no responders, or
  * another incarnation answers) is not sent again: what it restored went with it.
@@ -829,13 +837,18 @@ export class CheckpointEngine {
           log.warn({ err: error }, "recovery_resume_failed"); // closed; the failed ones resume by their lease
           return "resumed";
         }
-      case "restore_cleanup":
+      case "restore_cleanup": {
         // Finished, never re-driven: participants keep their restore reply past a retire, so a
         // re-sent restore would answer restored where attempt+1 was already retired.
         log.info({ state: entry.state }, "recovery_restore_cleanup");
         if (entry.retire_at) open.retireAt = entry.retire_at;
-        await this.restoreCleanup(open, deadlineMs, undefined);
+        const unretired = await this.restoreCleanup(open, deadlineMs, undefined);
+        // Its controller (told outcome_unknown) retries the restore: while these processes serve
+        // (the clean-up fenced the id there) it gets this failure, as from the leader that failed it.
+        const cause = `the restore of checkpoint ${open.id} failed under a previous leader (its cause went with it)`;
+        this.rememberFailedRestore(open, cleanedUpDetail(unretired, cause, open.retireAt ?? open.members), {});
         return "retired_resumed";
+      }
       case "open":
       case "published":
         if (entry.state === "published" && this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
@@ -1493,10 +1506,7 @@ export class CheckpointEngine {
       this.checkpointLog(id).warn({ err: error }, "restore_cleanup_not_journaled");
     });
     const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
-    const retired = installedMaybe.length
-      ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
-      : "every participant refused before installing anything, so nothing was retired";
-    const message = `${unretiredNote(unretired)}${cause.message}; ${retired}, and everyone resumed: restart those rollouts from input`;
+    const message = cleanedUpDetail(unretired, cause.message, installedMaybe);
     this.rememberFailedRestore(open, message, cause.data ?? {});
     throw new CheckpointError("restore_failed", message, { data: cause.data ?? {} });
   }

@@ -701,7 +701,9 @@ describe("recovery of a restore a predecessor journaled", () => {
     expect(second.fake.ops("resume")).toHaveLength(5);
     expect(second.engine.openCheckpoint).toBeNull();
     await journalEmptied(second.journal);
-    // The controller's retry (a new restore to these processes) is refused before anything is sent.
+    // The controller's retry is refused before anything is sent. This view shows none of the
+    // processes, so it is a new restore (docs/api.md): checkpoint.json's check refuses it. A view
+    // showing the processes the clean-up resumed answers the clean-up's restore_failed instead.
     const sent = second.fake.calls.length;
     expect((await refusalOf(second.engine.restore({ checkpoint_id: `rs-m-${state}`, episode_ids: scope }))).code).toBe("invalid_checkpoint_state");
     expect(second.fake.calls.length).toBe(sent);
@@ -878,4 +880,52 @@ describe("recovery of a restore a predecessor journaled", () => {
     expect(second.engine.openCheckpoint).toBeNull();
     await journalEmptied(second.journal);
   });
+
+  it.each(["manifest", "participant"] as const)(
+    "a re-driven restore that failed (%s), its clean-up cut short by a crash: the successor that finishes it answers the controller's retried restore restore_failed, nothing sent, while the same processes serve",
+    async (cause) => {
+      const id = `rf-${cause}`;
+      const incarnations = new Map(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, "old"]));
+      /** A coordinator over the same root and processes, taking over `entry`. */
+      const takeOver = async (entry: JournalEntry, from: ReturnType<typeof makeEngine>) => {
+        const next = makeEngine(root, { incarnations });
+        await next.journal.record(entry);
+        for (const [key, held] of from.fake.state) next.fake.state.set(key, held);
+        for (const [key, cached] of from.fake.restoredHere) next.fake.restoredHere.set(key, cached);
+        return next;
+      };
+      // The restore's leader died before its reply (the controller got outcome_unknown): journaled restoring.
+      const first = makeEngine(root, { incarnations });
+      await first.engine.checkpoint({ checkpoint_id: id, episode_ids: null, stop: false, controller_state: null });
+      await first.engine.restore({ checkpoint_id: id, episode_ids: scope });
+      await first.writer.settled();
+      // Its successor's re-drive fails; the successor dies after the clean-up's first retire.
+      const second = await takeOver({ ...structuredClone(first.journal.entries.get(id)!), state: "restoring" }, first);
+      if (cause === "manifest") {
+        const path = join(second.catalog.dirFor(id), "gym", "agent", "a1", "manifest.json");
+        const replaced = JSON.parse(await readFile(path, "utf8")) as { created_at: number };
+        replaced.created_at += 1;
+        await writeFile(path, `${JSON.stringify(replaced, null, 2)}\n`);
+      } else {
+        second.fake.set("model", "m1", "restore", { error: "internal_error" });
+      }
+      dieAfterFirstRetire(second);
+      await second.engine.recover().catch(() => undefined);
+      const cleanup = structuredClone(second.journal.entries.get(id)!);
+      expect(cleanup.state).toBe("restore_cleanup");
+
+      // The next leader finishes the clean-up (attempt+1 retired, everyone resumed).
+      const third = await takeOver(cleanup, second);
+      expect(await third.engine.recover()).toEqual([{ checkpoint_id: id, action: "retired_resumed" }]);
+      expect(third.fake.ops("resume")).toHaveLength(5);
+      // The controller retries its restore: the same processes fenced the id, so it gets the
+      // clean-up's restore_failed (restart from input), not a new restore's refusal or failure.
+      const sent = third.fake.calls.length;
+      const retried = await refusalOf(third.engine.restore({ checkpoint_id: id, episode_ids: scope }));
+      expect(retried.code).toBe("restore_failed");
+      expect(retried.message).toContain("attempt+1 was retired where the restore may have installed it");
+      expect(third.fake.calls.length).toBe(sent);
+      await journalEmptied(third.journal);
+    },
+  );
 });
