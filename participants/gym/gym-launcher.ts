@@ -58,7 +58,10 @@ export interface Gym {
   readonly urls: Partial<Record<GymProcessName, string>>;
   readonly processes: Map<GymProcessName, GymProcess>;
   readonly instances: Record<GymProcessName, string>;
-  /** (Re)starts the named processes that are not running, each once the ones it calls are ready (those not calling each other side by side). */
+  /**
+   * (Re)starts the named processes that are not running, each once the ones it calls are ready (those
+   * not calling each other side by side). A call made while another is under way waits for it first.
+   */
   start(names?: readonly GymProcessName[]): Promise<void>;
   /** Sends `signal` (default SIGKILL) and waits until each process exited. */
   kill(names: readonly GymProcessName[], signal?: NodeJS.Signals): Promise<void>;
@@ -304,35 +307,49 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     }
   };
 
+  const startNow = async (names: readonly GymProcessName[], generation: number): Promise<void> => {
+    let failure: { error: unknown } | undefined;
+    const starts = new Map<GymProcessName, Promise<void>>();
+    for (const name of GYM_PROCESSES) {
+      if (!names.includes(name) || options.external?.[name]) continue;
+      // It waits for every one started here that it calls, even through a process not started
+      // here: that one's start may move it and restart the process in between.
+      const first = [...starts].filter(([other]) => reaches(other, name)).map(([, task]) => task);
+      const started = (async () => {
+        await Promise.allSettled(first);
+        // After a failure nothing more starts, as when they started one by one.
+        if (failure || processes.has(name)) return;
+        try {
+          await startAgain(name, generation);
+        } catch (error) {
+          failure ??= { error };
+        }
+      })();
+      starts.set(name, started);
+    }
+    // The starts under way finish before the first failure is thrown: the caller's clean-up (a
+    // stop) then sees every process this call started.
+    await Promise.allSettled(starts.values());
+    if (failure) throw failure.error;
+  };
+
+  /**
+   * The start() calls run one at a time: two side by side would both spawn a process not running
+   * yet (one left running that the map no longer holds) and move each other's ports. A later one
+   * waits for the one under way, then starts those of its names still not running; a stop() while
+   * it waits ends it too (its generation is taken when it is called).
+   */
+  let lastStart: Promise<unknown> = Promise.resolve();
+
   const gym: Gym = {
     urls,
     processes,
     instances,
-    async start(names = GYM_PROCESSES) {
+    start(names = GYM_PROCESSES) {
       const generation = stops;
-      let failure: { error: unknown } | undefined;
-      const starts = new Map<GymProcessName, Promise<void>>();
-      for (const name of GYM_PROCESSES) {
-        if (!names.includes(name) || options.external?.[name]) continue;
-        // It waits for every one started here that it calls, even through a process not started
-        // here: that one's start may move it and restart the process in between.
-        const first = [...starts].filter(([other]) => reaches(other, name)).map(([, task]) => task);
-        const started = (async () => {
-          await Promise.allSettled(first);
-          // After a failure nothing more starts, as when they started one by one.
-          if (failure || processes.has(name)) return;
-          try {
-            await startAgain(name, generation);
-          } catch (error) {
-            failure ??= { error };
-          }
-        })();
-        starts.set(name, started);
-      }
-      // The starts under way finish before the first failure is thrown: the caller's clean-up (a
-      // stop) then sees every process this call started.
-      await Promise.allSettled(starts.values());
-      if (failure) throw failure.error;
+      const run = lastStart.then(() => startNow(names, generation));
+      lastStart = run.catch(() => undefined);
+      return run;
     },
     async kill(names, signal = "SIGKILL") {
       const targets = names.map((n) => processes.get(n)).filter((p): p is GymProcess => p !== undefined);

@@ -188,3 +188,37 @@ describe("gym launcher: each process starts once the ones it calls are ready", (
     expect(pids.filter(alive).sort()).toEqual(running.sort());
   });
 });
+
+describe("gym launcher: a start() while another is under way", () => {
+  it("waits for it, then starts only what still is not running: one process per name, none left running after stop", async () => {
+    gym = await launch({ initial: ["policy"] });
+    hold("model");
+    const first = gym.start(["model"]);
+    const second = gym.start(["model"]);
+    await waitUntil(() => wasStarted("model"), "the first start of the model", 5_000);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    // Before: the second call started a model of its own beside the held one.
+    expect(events.filter((e) => e.name === "model" && e.started)).toHaveLength(1);
+    release("model");
+    await Promise.all([first, second]);
+    const pids = events.flatMap((e) => (e.started ? [e.started.pid] : []));
+    expect(pids.filter(alive).sort()).toEqual([...gym.processes.values()].map((p) => p.pid).sort());
+    expect(events.filter((e) => e.name === "model" && e.started)).toHaveLength(1);
+    await gym.stop();
+    expect(pids.filter(alive)).toEqual([]);
+  });
+
+  it("one waiting behind another when stop() comes starts nothing and rejects", async () => {
+    gym = await launch({ initial: ["policy"] });
+    hold("model");
+    const first = gym.start(["model"]).catch((error: unknown) => error);
+    const second = gym.start(["resources"]).catch((error: unknown) => error);
+    await waitUntil(() => wasStarted("model"), "the first start of the model", 5_000);
+    await gym.stop();
+    expect(await first).toBeInstanceOf(Error); // its model was killed while starting
+    expect(String(await second)).toContain("gym stopped while resources was starting");
+    expect(wasStarted("resources")).toBe(false);
+    const pids = events.flatMap((e) => (e.started ? [e.started.pid] : []));
+    expect(pids.filter(alive)).toEqual([]);
+  });
+});
