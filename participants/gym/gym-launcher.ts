@@ -111,6 +111,13 @@ function defaultParticipantsDir(): string {
   return import.meta.url.endsWith(".ts") ? join(here, "..", "dist", "participants") : here;
 }
 
+/** One start() call: the stop() generation it began in, its first failure and the processes it started. */
+interface StartCall {
+  generation: number;
+  failure?: { error: unknown };
+  started: GymProcess[];
+}
+
 /** The child exited before its ready line because its port was taken. */
 class PortInUse extends Error {}
 
@@ -185,9 +192,12 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   const aborted = () => new Error(`gym start-up aborted${signal?.reason instanceof Error ? `: ${signal.reason.message}` : ""}`);
 
   const stopped = (name: GymProcessName) => new Error(`gym stopped while ${name} was starting`);
-  const startOne = async (name: GymProcessName, port: number, generation: number): Promise<void> => {
+  const startOne = async (name: GymProcessName, port: number, call: StartCall): Promise<void> => {
+    const { generation } = call;
     if (signal?.aborted) throw aborted();
     if (stops !== generation) throw stopped(name);
+    // Another start of this call failed: it is about to throw, so nothing more starts.
+    if (call.failure) throw new Error(`${name} not started: another start failed`);
     const entry = join(dir, ENTRIES[name]);
     if (!existsSync(entry)) throw new Error(`${entry} is missing; run \`npm run build\` first`);
     // stdin: a pipe never written to, whose EOF stops the server once this process is gone (STOP_WITH_LAUNCHER_ENV).
@@ -256,7 +266,9 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     const { url } = announced;
     urls[name] = url;
     ports[name] = Number(new URL(url).port);
-    processes.set(name, { name, instance: instances[name], pid: child.pid!, ...announced, child, exited });
+    const started: GymProcess = { name, instance: instances[name], pid: child.pid!, ...announced, child, exited };
+    processes.set(name, started);
+    call.started.push(started);
     void exited.then(() => {
       if (processes.get(name)?.child === child) processes.delete(name);
     });
@@ -277,38 +289,40 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   let restarts: Promise<unknown> = Promise.resolve();
 
   // A process that ran before comes back on its port: its running callers still hold that URL.
-  const startAgain = async (name: GymProcessName, generation: number, restarting = false): Promise<void> => {
+  const startAgain = async (name: GymProcessName, call: StartCall, restarting = false): Promise<void> => {
     const previous = ports[name];
     if (previous !== undefined) {
       for (let attempt = 0; attempt < SAME_PORT_TRIES; attempt++) {
         try {
-          return await startOne(name, previous, generation);
+          return await startOne(name, previous, call);
         } catch (error) {
           if (!(error instanceof PortInUse)) throw error;
           if (attempt < SAME_PORT_TRIES - 1) await new Promise((resolve) => setTimeout(resolve, 100 * 2 ** attempt));
         }
       }
     }
-    await startOne(name, 0, generation);
+    await startOne(name, 0, call);
     if (previous === undefined) return;
-    if (restarting) return restartCallers(name, generation);
-    const turn = restarts.then(() => restartCallers(name, generation));
+    if (restarting) return restartCallers(name, call);
+    const turn = restarts.then(() => restartCallers(name, call));
     restarts = turn.catch(() => undefined);
     await turn;
   };
   // It moved: restart the running callers so they get its new URL.
-  const restartCallers = async (name: GymProcessName, generation: number): Promise<void> => {
+  const restartCallers = async (name: GymProcessName, call: StartCall): Promise<void> => {
     for (const caller of GYM_PROCESSES) {
       const running = processes.get(caller);
       if (!CALLERS[name].includes(caller) || !running) continue;
-      if (stops !== generation) throw stopped(caller);
+      if (stops !== call.generation) throw stopped(caller);
+      // After a failure in this call no caller is ended for a restart that would not begin.
+      if (call.failure) return;
       await terminate(running);
-      await startAgain(caller, generation, true);
+      await startAgain(caller, call, true);
     }
   };
 
   const startNow = async (names: readonly GymProcessName[], generation: number): Promise<void> => {
-    let failure: { error: unknown } | undefined;
+    const call: StartCall = { generation, started: [] };
     const starts = new Map<GymProcessName, Promise<void>>();
     for (const name of GYM_PROCESSES) {
       if (!names.includes(name) || options.external?.[name]) continue;
@@ -318,19 +332,22 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       const started = (async () => {
         await Promise.allSettled(first);
         // After a failure nothing more starts, as when they started one by one.
-        if (failure || processes.has(name)) return;
+        if (call.failure || processes.has(name)) return;
         try {
-          await startAgain(name, generation);
+          await startAgain(name, call);
         } catch (error) {
-          failure ??= { error };
+          call.failure ??= { error };
         }
       })();
       starts.set(name, started);
     }
-    // The starts under way finish before the first failure is thrown: the caller's clean-up (a
-    // stop) then sees every process this call started.
+    // The starts under way finish (none begins after the failure), then every process this call
+    // started is ended before the first failure is thrown: nothing it began runs on unknown to its
+    // caller (a moved process, a caller restarted with its URL).
     await Promise.allSettled(starts.values());
-    if (failure) throw failure.error;
+    if (!call.failure) return;
+    await Promise.all(call.started.reverse().map(terminate));
+    throw call.failure.error;
   };
 
   /**

@@ -222,3 +222,37 @@ describe("gym launcher: a start() while another is under way", () => {
     expect(pids.filter(alive)).toEqual([]);
   });
 });
+
+describe("gym launcher: a start() that fails while two moved processes restart their callers", () => {
+  it("restarts nothing more after the failure and stops every process it started before it rejects", async () => {
+    gym = await launch();
+    const before = Object.fromEntries([...gym.processes.values()].map((p) => [p.name, p.pid]));
+    const taken = [Number(new URL(gym.urls.model!).port), Number(new URL(gym.urls.resources!).port)];
+    await gym.kill(["model", "resources"]);
+    for (const port of taken) {
+      const b = createServer();
+      blockers.push(b);
+      await new Promise<void>((resolve, reject) => b.once("error", reject).listen(port, "127.0.0.1", () => resolve()));
+    }
+    // The model moves first and its caller, the agent, fails its restart; resources is held until then.
+    hold("resources");
+    fail("agent");
+    const outcome = gym.start(["model", "resources"]).then(
+      () => "started",
+      (error: unknown) => (error instanceof Error ? error.message : String(error)),
+    );
+    await waitUntil(() => events.some((e) => e.name === "agent" && e.line.includes("fails on purpose")), "the agent's restart to fail", 10_000);
+    release("resources");
+    expect(await outcome).toContain("agent exited (code 1");
+    await new Promise((resolve) => setImmediate(resolve));
+    const pids = events.flatMap((e) => (e.started ? [e.started.pid] : []));
+    // Before: resources moved after the failure and restarted the environment; the moved model,
+    // resources and that environment were left running.
+    expect({ environmentStarts: events.filter((e) => e.name === "environment" && e.started).length, alive: pids.filter(alive).sort() }).toEqual({
+      environmentStarts: 1,
+      alive: [before.policy, before.environment].sort(),
+    });
+    expect([...gym.processes.keys()].sort()).toEqual(["environment", "policy"]);
+    expect(unhandled).toEqual([]);
+  });
+});
