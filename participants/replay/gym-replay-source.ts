@@ -1,11 +1,12 @@
-import { readFileSync } from "node:fs";
 import path from "node:path";
 import type { Logger } from "pino";
 import { z } from "zod";
+import { CheckpointError } from "../../protocol/index.js";
 import { GymTaskSchema, type GymTask } from "../gym/agent-server/gym-task.js";
+import { readRegularFileSync } from "../storage/regular-file.js";
 import { promptToChat, type ChatMessageLike } from "./chat-trajectory.js";
 import { invalidRequest } from "./errors.js";
-import { parseReplayConfig, type ReplayConfig } from "./replay-config.js";
+import { MAX_REPLAY_CONFIG_BYTES, parseReplayConfig, type ReplayConfig } from "./replay-config.js";
 import { ReplayTaskSource, sourceConfigFor, type ReplayTask, type SourceEnvironment } from "./replay-task-source.js";
 import { replayTaskId } from "./replay-task-id.js";
 import { PromptSchema } from "./trace-record.js";
@@ -44,13 +45,17 @@ export interface GymReplayConfig {
 /**
  * Reads and checks a replay config file for the reference Gym, reading no record: synchronous, so
  * the environment server checks `--replay-config` with its other flags, before NATS. A config it
- * cannot use (unreadable, not JSON, invalid, for another source) is invalid_request.
+ * cannot use (unreadable, not a regular file, over MAX_REPLAY_CONFIG_BYTES, not JSON, invalid, for
+ * another source) is invalid_request.
  */
 export function readGymReplayConfig(configPath: string): GymReplayConfig {
   let raw: unknown;
   try {
-    raw = JSON.parse(readFileSync(configPath, "utf8"));
+    // Only a regular file within the limit is read: a FIFO or a device would block or exhaust the
+    // start-up (opened non-blocking, so a FIFO answers at once).
+    raw = JSON.parse(readRegularFileSync(configPath, { maxBytes: MAX_REPLAY_CONFIG_BYTES }).toString("utf8"));
   } catch (error) {
+    if (error instanceof CheckpointError) throw invalidRequest(`replay config ${error.message}`);
     throw invalidRequest(`replay config ${configPath} is not readable JSON: ${error instanceof Error ? error.message : String(error)}`);
   }
   const config = parseReplayConfig(raw);

@@ -8,6 +8,9 @@ export const DEFAULT_RECHECK_PROMPT =
   "Carefully check your work above. Re-verify the reasoning and the final answer against the task; " +
   "if you find any mistakes, fix them. Then state your final answer.";
 
+/** A replay config file larger than this is refused unread: a config is a few lines of JSON. */
+export const MAX_REPLAY_CONFIG_BYTES = 1 << 20;
+
 const DEFAULT_ANCHOR = "compaction";
 const DEFAULT_MAX_ANCHORS = 1;
 

@@ -1,4 +1,4 @@
-import { constants, type Stats } from "node:fs";
+import { closeSync, constants, fstatSync, openSync, readSync, type Stats } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { CheckpointError } from "../../protocol/index.js";
 
@@ -27,7 +27,7 @@ function refused(detail: string): CheckpointError {
 
 const READ_CHUNK = 1 << 20;
 
-function tooLarge(path: string, size: number, limits: RegularFileLimits): CheckpointError {
+function tooLarge(path: string, size: number, limits: { maxBytes: number }): CheckpointError {
   return refused(`${path} is ${size} bytes, over the ${limits.maxBytes}-byte limit`);
 }
 
@@ -71,5 +71,31 @@ export async function readRegularFile(path: string, limits: RegularFileLimits): 
     return Buffer.concat(chunks, total);
   } finally {
     await handle.close();
+  }
+}
+
+/**
+ * `readRegularFile`, blocking, for a file read before anything else runs (a program's config file
+ * checked with its flags); symbolic links are followed, as a mounted config is often one.
+ */
+export function readRegularFileSync(path: string, limits: { maxBytes: number }): Buffer {
+  const fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
+  try {
+    const info = fstatSync(fd);
+    if (!info.isFile()) throw refused(`${path} is not a regular file`);
+    if (info.size > limits.maxBytes) throw tooLarge(path, info.size, limits);
+    const chunks: Buffer[] = [];
+    let total = 0;
+    for (;;) {
+      const buffer = Buffer.allocUnsafe(Math.max(Math.min(READ_CHUNK, info.size + 1, limits.maxBytes + 1 - total), 1));
+      const bytesRead = readSync(fd, buffer, 0, buffer.length, null);
+      if (bytesRead === 0) break;
+      total += bytesRead;
+      if (total > limits.maxBytes) throw tooLarge(path, total, limits);
+      chunks.push(buffer.subarray(0, bytesRead));
+    }
+    return Buffer.concat(chunks, total);
+  } finally {
+    closeSync(fd);
   }
 }

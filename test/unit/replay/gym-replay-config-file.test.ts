@@ -1,0 +1,68 @@
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { ReplayError } from "../../../participants/replay/errors.js";
+import { readGymReplayConfig } from "../../../participants/replay/gym-replay-source.js";
+import { MAX_REPLAY_CONFIG_BYTES } from "../../../participants/replay/replay-config.js";
+
+/** `--replay-config` is read before the environment server starts: only a small regular file is read. */
+let dir: string;
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), "replay-config-file-"));
+});
+afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+function refusal(path: string): { code: string; message: string } | "read" {
+  try {
+    readGymReplayConfig(path);
+    return "read";
+  } catch (error) {
+    if (!(error instanceof ReplayError)) throw error;
+    return { code: error.code, message: error.message };
+  }
+}
+
+describe("readGymReplayConfig: what the config path is", () => {
+  it("a FIFO is refused at once, invalid_request naming it; no reader waits for a writer", () => {
+    const fifo = join(dir, "config.fifo");
+    expect(spawnSync("mkfifo", [fifo]).status).toBe(0);
+    // The guard: a blocking read (the old readFileSync) waits in open() for a writer, which comes
+    // after 2 s and closes at once, so the test ends either way. The read is synchronous, so no
+    // timer of this process could end it.
+    const writer = spawn("timeout", ["5", "sh", "-c", 'sleep 2; : > "$0"', fifo], { stdio: "ignore" });
+    try {
+      const began = Date.now();
+      const outcome = refusal(fifo);
+      expect({ outcome, quick: Date.now() - began < 1_000 }).toEqual({
+        outcome: { code: "invalid_request", message: `replay config ${fifo} is not a regular file` },
+        quick: true,
+      });
+    } finally {
+      writer.kill("SIGKILL");
+    }
+  });
+
+  it("a device is refused, invalid_request naming it", () => {
+    expect(refusal("/dev/null")).toEqual({ code: "invalid_request", message: "replay config /dev/null is not a regular file" });
+  });
+
+  it(`a file over ${MAX_REPLAY_CONFIG_BYTES} bytes is refused unread, invalid_request naming it; one at the limit is read`, () => {
+    const big = join(dir, "big.json");
+    writeFileSync(big, "");
+    truncateSync(big, MAX_REPLAY_CONFIG_BYTES + 1); // sparse: no megabytes written
+    expect(refusal(big)).toEqual({ code: "invalid_request", message: `replay config ${big} is ${MAX_REPLAY_CONFIG_BYTES + 1} bytes, over the ${MAX_REPLAY_CONFIG_BYTES}-byte limit` });
+    const text = JSON.stringify({ records: join(dir, "*.jsonl"), source: { id: "reference-gym" } });
+    const fits = join(dir, "fits.json");
+    writeFileSync(fits, text + " ".repeat(MAX_REPLAY_CONFIG_BYTES - text.length));
+    expect(readGymReplayConfig(fits).cwd).toBe(dir);
+  });
+
+  it("a missing file is still invalid_request naming it", () => {
+    const missing = join(dir, "missing.json");
+    const outcome = refusal(missing);
+    expect(outcome).toMatchObject({ code: "invalid_request" });
+    expect((outcome as { message: string }).message).toContain(`replay config ${missing} is not readable`);
+  });
+});
