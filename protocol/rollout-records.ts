@@ -256,11 +256,34 @@ export type RolloutIndexRow = z.infer<typeof RolloutIndexRowSchema>;
  * ignore an index that long (they decode it as one string) and parse the record file in full.
  */
 export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly RolloutIndexRow[]): Buffer {
-  const lines = [header, ...rows].map((line) => JSON.stringify(line) + "\n");
+  const lines = [header, ...rows].map((line, position) => rolloutIndexLine(line, position));
   const bytes = Buffer.allocUnsafe(lines.reduce((total, line) => total + Buffer.byteLength(line, "utf8"), 0));
   let offset = 0;
   for (const line of lines) offset += bytes.write(line, offset, "utf8");
   return bytes;
+}
+
+/**
+ * Index line `position` (0: the header, n: record n-1's row) with its newline. A row repeats its
+ * record's id, task name and stop condition inside ~100 characters of keys and numbers of its own,
+ * more than its record needs around them, so a record whose line fits MAX_RECORD_LINE_BYTES can
+ * have a row longer than any string V8 makes (an id of MAX_STRING_LENGTH - 100 characters did):
+ * refused as `invalid_request`, as a record whose own line is too long, instead of V8's RangeError
+ * (which a collector would take for a failed flush and retry for ever).
+ */
+export function rolloutIndexLine(line: RolloutIndexHeader | RolloutIndexRow, position: number, maxLength: number = constants.MAX_STRING_LENGTH): string {
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(line);
+  } catch (error) {
+    if (!(error instanceof RangeError)) throw error;
+  }
+  if (json === undefined || json.length + 1 > maxLength) {
+    const longest = `longer than the longest string (${maxLength} characters)`;
+    if (position === 0) throw invalid(`the index header is ${longest}`);
+    throw invalid(`record ${position - 1}'s index row is ${longest}: its id, task name or stop condition is too long`);
+  }
+  return json + "\n";
 }
 
 /** The longest record line, newline included: the longest string Node decodes a buffer to. */

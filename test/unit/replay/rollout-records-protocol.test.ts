@@ -9,6 +9,7 @@ import {
   rolloutRecordPaths,
   traceRecordFromTrajectory,
 } from "../../../protocol/index.js";
+import { rolloutIndexLine } from "../../../protocol/rollout-records.js";
 import {
   ReplayTaskSource,
   chatTrajectory,
@@ -63,6 +64,37 @@ describe("protocol rollout-record encoding", () => {
     const lines = indexBytes.toString("utf8").split("\n");
     expect(lines.slice(0, -1).map((line) => JSON.parse(line) as unknown)).toEqual([header, ...rows]);
     expect(lines.at(-1)).toBe("");
+  });
+
+  it("refuses a record whose index row V8 cannot make a string of (its line fits, the row is longer): invalid_request, no RangeError", () => {
+    // A row repeats its record's id, task name and stop condition with ~100 characters of its own:
+    // a record whose line is just under MAX_STRING_LENGTH has a row over it (an id of
+    // MAX_STRING_LENGTH - 100 characters did so). Not allocated here: JSON.stringify of a row throws
+    // as V8's does past the longest string.
+    const stringify = JSON.stringify;
+    const spy = vi.spyOn(JSON, "stringify").mockImplementation(function (value: unknown, ...rest: unknown[]) {
+      if (value !== null && typeof value === "object" && "trace" in value && "offset" in value) throw new RangeError("Invalid string length");
+      return (stringify as (...args: unknown[]) => string)(value, ...rest);
+    });
+    let error: unknown;
+    try {
+      encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records: [linearTrace(traceId(1))] });
+    } catch (caught) {
+      error = caught;
+    } finally {
+      spy.mockRestore();
+    }
+    expect(error).toBeInstanceOf(CheckpointError);
+    expect(error).toMatchObject({ code: "invalid_request", message: expect.stringMatching(/^record 0's index row is longer than the longest string/) });
+  });
+
+  it("an index line is refused where it, with its newline, would pass the longest string", () => {
+    const { header, rows } = encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records: [linearTrace(traceId(1)), linearTrace(traceId(2))] });
+    const row = rows[1]!;
+    const length = JSON.stringify(row).length;
+    expect(rolloutIndexLine(row, 2, length + 1)).toBe(JSON.stringify(row) + "\n");
+    expect(() => rolloutIndexLine(row, 2, length)).toThrow(/^record 1's index row is longer than the longest string \(\d+ characters\)/);
+    expect(() => rolloutIndexLine(header, 0, 10)).toThrow(CheckpointError);
   });
 
   it("refuses bad input with invalid_request and names the paths it would use", () => {
