@@ -31,6 +31,41 @@ function tooLarge(path: string, size: number, limits: { maxBytes: number }): Che
   return refused(`${path} is ${size} bytes, over the ${limits.maxBytes}-byte limit`);
 }
 
+/** Refuses what fstat of the opened file shows: not a regular file, or over the limit. */
+function check(path: string, info: Stats, limits: { maxBytes: number }): void {
+  if (!info.isFile()) throw refused(`${path} is not a regular file`);
+  if (info.size > limits.maxBytes) throw tooLarge(path, info.size, limits);
+}
+
+/**
+ * The chunks of one file read to its end, never more than one byte past the limit (that byte alone
+ * shows the file grew after the fstat): `next()` is the buffer for the next read, `add` what it got.
+ */
+class LimitedChunks {
+  private readonly chunks: Buffer[] = [];
+  private total = 0;
+
+  constructor(
+    private readonly path: string,
+    private readonly info: Stats,
+    private readonly limits: { maxBytes: number },
+  ) {}
+
+  next(): Buffer {
+    return Buffer.allocUnsafe(Math.max(Math.min(READ_CHUNK, this.info.size + 1, this.limits.maxBytes + 1 - this.total), 1));
+  }
+
+  add(buffer: Buffer, bytesRead: number): void {
+    this.total += bytesRead;
+    if (this.total > this.limits.maxBytes) throw tooLarge(this.path, this.total, this.limits);
+    this.chunks.push(buffer.subarray(0, bytesRead));
+  }
+
+  bytes(): Buffer {
+    return Buffer.concat(this.chunks, this.total);
+  }
+}
+
 /** Opens `path` for reading once fstat of the handle shows a regular file within the limit. */
 export async function openRegularFile(path: string, limits: RegularFileLimits): Promise<{ handle: FileHandle; info: Stats }> {
   let handle: FileHandle;
@@ -43,8 +78,7 @@ export async function openRegularFile(path: string, limits: RegularFileLimits): 
   }
   try {
     const info = await handle.stat();
-    if (!info.isFile()) throw refused(`${path} is not a regular file`);
-    if (info.size > limits.maxBytes) throw tooLarge(path, info.size, limits);
+    check(path, info, limits);
     return { handle, info };
   } catch (error) {
     await handle.close();
@@ -56,19 +90,13 @@ export async function openRegularFile(path: string, limits: RegularFileLimits): 
 export async function readRegularFile(path: string, limits: RegularFileLimits): Promise<Buffer> {
   const { handle, info } = await openRegularFile(path, limits);
   try {
-    const chunks: Buffer[] = [];
-    let total = 0;
+    const chunks = new LimitedChunks(path, info, limits);
     for (;;) {
-      // Never ask for more than one byte past the limit: that byte alone shows the file grew.
-      const want = Math.min(READ_CHUNK, info.size + 1, limits.maxBytes + 1 - total);
-      const buffer = Buffer.allocUnsafe(Math.max(want, 1));
+      const buffer = chunks.next();
       const { bytesRead } = await handle.read(buffer, 0, buffer.length, null);
-      if (bytesRead === 0) break;
-      total += bytesRead;
-      if (total > limits.maxBytes) throw tooLarge(path, total, limits);
-      chunks.push(buffer.subarray(0, bytesRead));
+      if (bytesRead === 0) return chunks.bytes();
+      chunks.add(buffer, bytesRead);
     }
-    return Buffer.concat(chunks, total);
   } finally {
     await handle.close();
   }
@@ -82,19 +110,14 @@ export function readRegularFileSync(path: string, limits: { maxBytes: number }):
   const fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
   try {
     const info = fstatSync(fd);
-    if (!info.isFile()) throw refused(`${path} is not a regular file`);
-    if (info.size > limits.maxBytes) throw tooLarge(path, info.size, limits);
-    const chunks: Buffer[] = [];
-    let total = 0;
+    check(path, info, limits);
+    const chunks = new LimitedChunks(path, info, limits);
     for (;;) {
-      const buffer = Buffer.allocUnsafe(Math.max(Math.min(READ_CHUNK, info.size + 1, limits.maxBytes + 1 - total), 1));
+      const buffer = chunks.next();
       const bytesRead = readSync(fd, buffer, 0, buffer.length, null);
-      if (bytesRead === 0) break;
-      total += bytesRead;
-      if (total > limits.maxBytes) throw tooLarge(path, total, limits);
-      chunks.push(buffer.subarray(0, bytesRead));
+      if (bytesRead === 0) return chunks.bytes();
+      chunks.add(buffer, bytesRead);
     }
-    return Buffer.concat(chunks, total);
   } finally {
     closeSync(fd);
   }
