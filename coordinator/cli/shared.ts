@@ -1,10 +1,11 @@
 import { Option, type Command } from "commander";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, isHttpUrl, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
-import { accessSync, constants, readFileSync, statSync } from "node:fs";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { accessSync, constants, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
 import { connectNats } from "../client/nats-connect.js";
 import type { ControllerClient } from "../client/controller-client.js";
+import { readRegularFileSync } from "../publication/regular-file.js";
 
 export interface ClientFlags {
   natsUrl?: string;
@@ -163,6 +164,13 @@ export function printJson(value: unknown): void {
   process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
 }
 
+/**
+ * An `--episodes @file` larger than this is refused unread. Its list goes into one control message
+ * (at most MAX_CONTROL_MESSAGE_BYTES, compact JSON): four times that leaves room for a pretty-printed
+ * file whose list would still fit.
+ */
+export const MAX_EPISODES_FILE_BYTES = 4 * MAX_CONTROL_MESSAGE_BYTES;
+
 /** Episodes from `r1,r2-a1` (capture keys) or `@file.json` (a JSON array of EpisodeIds or capture keys). */
 export function parseEpisodes(value: string): EpisodeId[] {
   let items: unknown[];
@@ -170,8 +178,12 @@ export function parseEpisodes(value: string): EpisodeId[] {
   if (value.startsWith("@")) {
     let parsed: unknown;
     try {
-      parsed = JSON.parse(readFileSync(value.slice(1), "utf8"));
+      // Only a regular file within the limit: a FIFO would block the command until a writer came
+      // (opened non-blocking, it answers at once), a device such as /dev/zero would be read until
+      // memory ran out. Symbolic links are followed.
+      parsed = JSON.parse(readRegularFileSync(value.slice(1), { maxBytes: MAX_EPISODES_FILE_BYTES }).text);
     } catch (error) {
+      if (error instanceof CheckpointError) throw new CheckpointError("invalid_request", `episodes file ${error.message}`);
       const why = (error as NodeJS.ErrnoException).code === "ENOENT" ? "does not exist" : "is not readable JSON";
       throw new CheckpointError("invalid_request", `episodes file ${value.slice(1)} ${why}`);
     }

@@ -1,6 +1,6 @@
-import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { CheckpointError, envSetting, redactNatsServers } from "../../protocol/index.js";
+import { readRegularFileSync } from "../publication/regular-file.js";
 import { CoordinatorConfigSchema, SECRET_CONFIG_PATHS, type CoordinatorConfig } from "./coordinator-config.js";
 
 type Plain = Record<string, unknown>;
@@ -83,11 +83,19 @@ export function envLayer(env: NodeJS.ProcessEnv): Plain {
   return layer;
 }
 
+/** A config file larger than this is refused unread: a config is a few lines of JSON. */
+export const MAX_CONFIG_FILE_BYTES = 1 << 20;
+
 export function fileLayer(path: string): Plain {
   let text: string;
   try {
-    text = readFileSync(path, "utf8");
+    // Only a regular file within the limit: a FIFO would block start-up until a writer came (it is
+    // opened non-blocking, so it answers at once), a device such as /dev/zero would be read until
+    // memory ran out. Symbolic links are followed: mounted configs often are links.
+    text = readRegularFileSync(path, { maxBytes: MAX_CONFIG_FILE_BYTES }).text;
   } catch (error) {
+    // Its refusals (not a regular file, too large) name the path; a failed open (ENOENT) is told as before.
+    if (error instanceof CheckpointError) throw new CheckpointError("invalid_request", `config file ${error.message}`);
     throw new CheckpointError("invalid_request", `cannot read config file ${path}: ${(error as Error).message}`);
   }
   let value: unknown;
