@@ -292,9 +292,12 @@ const MAX_RECORD_LINE_BYTES = constants.MAX_STRING_LENGTH;
 /**
  * JSON lines with each line's byte span (newline included): spans are bytes, never string length.
  * A record JSON cannot encode (a BigInt or a cycle in a task's open-ended fields, a throwing
- * toJSON) is `invalid_request`.
+ * toJSON), or whose line would be longer than `maxLineBytes`, is `invalid_request`.
  */
-export function encodeRecordLines(records: readonly unknown[]): { bytes: Buffer; spans: Array<{ offset: number; len: number }> } {
+export function encodeRecordLines(
+  records: readonly unknown[],
+  maxLineBytes: number = MAX_RECORD_LINE_BYTES,
+): { bytes: Buffer; spans: Array<{ offset: number; len: number }> } {
   const chunks: Buffer[] = [];
   const spans: Array<{ offset: number; len: number }> = [];
   let offset = 0;
@@ -307,11 +310,16 @@ export function encodeRecordLines(records: readonly unknown[]): { bytes: Buffer;
     }
     if (text === undefined) throw invalid(`record ${i} cannot be encoded as JSON`);
     // Readers decode a line as one string, whose limit Node applies to its UTF-8 bytes: a longer line
-    // (multibyte text JSON still encodes) would make its file fail every later load.
-    const line = Buffer.from(text + "\n", "utf8");
-    if (line.length > MAX_RECORD_LINE_BYTES) {
-      throw invalid(`record ${i} is ${line.length} bytes as a JSON line, longer than any reader can decode (${MAX_RECORD_LINE_BYTES})`);
+    // (multibyte text JSON still encodes) would make its file fail every later load. Checked with
+    // the newline before the line is made: `text + "\n"` of a JSON exactly MAX_STRING_LENGTH long
+    // would throw V8's RangeError instead.
+    const length = Buffer.byteLength(text, "utf8") + 1;
+    if (length > maxLineBytes) {
+      throw invalid(`record ${i} is ${length} bytes as a JSON line, longer than any reader can decode (${maxLineBytes})`);
     }
+    const line = Buffer.allocUnsafe(length);
+    line.write(text, 0, "utf8");
+    line[length - 1] = 0x0a; // "\n"
     spans.push({ offset, len: line.length });
     chunks.push(line);
     offset += line.length;

@@ -9,7 +9,7 @@ import {
   rolloutRecordPaths,
   traceRecordFromTrajectory,
 } from "../../../protocol/index.js";
-import { rolloutIndexLine } from "../../../protocol/rollout-records.js";
+import { encodeRecordLines, rolloutIndexLine } from "../../../protocol/rollout-records.js";
 import {
   ReplayTaskSource,
   chatTrajectory,
@@ -95,6 +95,27 @@ describe("protocol rollout-record encoding", () => {
     expect(rolloutIndexLine(row, 2, length + 1)).toBe(JSON.stringify(row) + "\n");
     expect(() => rolloutIndexLine(row, 2, length)).toThrow(/^record 1's index row is longer than the longest string \(\d+ characters\)/);
     expect(() => rolloutIndexLine(header, 0, 10)).toThrow(CheckpointError);
+  });
+
+  it("a record line is refused where the record's JSON, with its newline, would pass the limit: invalid_request, not V8's RangeError", () => {
+    // At the real limit (MAX_STRING_LENGTH), a record whose JSON is exactly that long threw
+    // `RangeError: Invalid string length` when its newline was added; the limit is injected here so
+    // nothing is allocated. Multibyte text counts in bytes.
+    const record = { id: "r1", text: "6×7 🙂" };
+    const json = JSON.stringify(record);
+    const bytes = Buffer.byteLength(json, "utf8");
+    expect(bytes).toBeGreaterThan(json.length);
+    expect(encodeRecordLines([record], bytes + 1)).toEqual({ bytes: Buffer.from(json + "\n", "utf8"), spans: [{ offset: 0, len: bytes + 1 }] });
+    for (const limit of [bytes, json.length]) {
+      let error: unknown;
+      try {
+        encodeRecordLines([{ fits: 1 }, record], limit);
+      } catch (caught) {
+        error = caught;
+      }
+      expect(error).toBeInstanceOf(CheckpointError);
+      expect(error).toMatchObject({ code: "invalid_request", message: `record 1 is ${bytes + 1} bytes as a JSON line, longer than any reader can decode (${limit})` });
+    }
   });
 
   it("refuses bad input with invalid_request and names the paths it would use", () => {
