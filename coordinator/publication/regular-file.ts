@@ -94,7 +94,10 @@ export async function readRegularFileBytes(path: string, limits: RegularFileLimi
   }
 }
 
-/** `readRegularFile`, blocking, for the few callers that are (the catalog's scan); also returns the fstat of what it read. */
+/**
+ * `readRegularFile`, blocking, for the few callers that are (the catalog's scan, the coordinator's
+ * config file and the CLI's `@file` flags, read with the other flags); also returns the fstat of what it read.
+ */
 export function readRegularFileSync(path: string, limits: RegularFileLimits): { text: string; info: Stats } {
   let fd: number;
   try {
