@@ -60,7 +60,8 @@ export interface Gym {
   readonly instances: Record<GymProcessName, string>;
   /**
    * (Re)starts the named processes that are not running, each once the ones it calls are ready (those
-   * not calling each other side by side). A call made while another is under way waits for it first.
+   * not calling each other side by side). A call made while another start or a stop() is under way
+   * waits for it first.
    */
   start(names?: readonly GymProcessName[]): Promise<void>;
   /** Sends `signal` (default SIGKILL) and waits until each process exited. */
@@ -357,6 +358,12 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
    * it waits ends it too (its generation is taken when it is called).
    */
   let lastStart: Promise<unknown> = Promise.resolve();
+  /**
+   * The stop() calls under way. A start waits for them: begun beside one, it would skip the
+   * processes that stop is still ending (they are in the map until it clears it), and that clear
+   * would drop a process it started, left running unknown to every later stop().
+   */
+  let stopping: Promise<unknown> = Promise.resolve();
 
   const gym: Gym = {
     urls,
@@ -364,7 +371,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     instances,
     start(names = GYM_PROCESSES) {
       const generation = stops;
-      const run = lastStart.then(() => startNow(names, generation));
+      const run = lastStart.then(() => stopping).then(() => startNow(names, generation));
       lastStart = run.catch(() => undefined);
       return run;
     },
@@ -378,8 +385,9 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       stops += 1;
       // One still starting fails its start-up once killed.
       for (const child of starting) child.kill("SIGKILL");
-      await Promise.all([...processes.values()].reverse().map(terminate));
-      processes.clear();
+      const ending = Promise.all([...processes.values()].reverse().map(terminate)).then(() => processes.clear());
+      stopping = Promise.all([stopping, ending]);
+      await ending;
     },
   };
   try {

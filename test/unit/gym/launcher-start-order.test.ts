@@ -21,6 +21,8 @@ const control = process.env.FAKE_GYM_CONTROL;
 const say = (fd, value) => fs.writeSync(fd, (typeof value === "string" ? value : JSON.stringify(value)) + "\\n");
 say(2, { started: name, pid: process.pid, argv: process.argv.slice(2) });
 process.stdin.on("end", () => process.exit(0)).resume();
+// A linger-<name> file makes it take 500 ms to exit on SIGTERM (a server draining its calls).
+process.on("SIGTERM", () => setTimeout(() => process.exit(0), fs.existsSync(control + "/linger-" + name) ? 500 : 0));
 const go = () => {
   if (fs.existsSync(control + "/fail-" + name)) {
     say(2, name + " fails on purpose");
@@ -73,6 +75,7 @@ afterEach(async () => {
 const hold = (name: GymProcessName) => writeFileSync(join(dir, "control", `hold-${name}`), "");
 const release = (name: GymProcessName) => rmSync(join(dir, "control", `hold-${name}`));
 const fail = (name: GymProcessName) => writeFileSync(join(dir, "control", `fail-${name}`), "");
+const linger = (name: GymProcessName) => writeFileSync(join(dir, "control", `linger-${name}`), "");
 const instances = Object.fromEntries(GYM_PROCESSES.map((name) => [name, name]));
 
 function launch(extra: Partial<GymLaunchOptions> = {}): Promise<Gym> {
@@ -219,6 +222,25 @@ describe("gym launcher: a start() while another is under way", () => {
     expect(String(await second)).toContain("gym stopped while resources was starting");
     expect(wasStarted("resources")).toBe(false);
     const pids = events.flatMap((e) => (e.started ? [e.started.pid] : []));
+    expect(pids.filter(alive)).toEqual([]);
+  });
+});
+
+describe("gym launcher: a start() while a stop() is under way", () => {
+  it("waits for the stop, then starts its names: neither skipped as running nor started unknown to the map", async () => {
+    gym = await launch({ initial: ["policy"] });
+    linger("policy"); // the stop takes 500 ms, longer than a start
+    const stopping = gym.stop();
+    await gym.start(["policy", "resources"]);
+    await stopping;
+    // Before: the policy, still in the map while it was being stopped, was not started again, and
+    // resources started at once, was cleared from the map by the stop and ran on, unknown to it.
+    const pids = events.flatMap((e) => (e.started ? [e.started.pid] : []));
+    expect({ running: [...gym.processes.keys()].sort(), alive: pids.filter(alive).sort() }).toEqual({
+      running: ["policy", "resources"],
+      alive: [...gym.processes.values()].map((p) => p.pid).sort(),
+    });
+    await gym.stop();
     expect(pids.filter(alive)).toEqual([]);
   });
 });
