@@ -386,7 +386,8 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
       // One still starting fails its start-up once killed.
       for (const child of starting) child.kill("SIGKILL");
       const ending = Promise.all([...processes.values()].reverse().map(terminate)).then(() => processes.clear());
-      stopping = Promise.all([stopping, ending]);
+      // A stop that failed must not fail every later start: that stop's caller sees its failure.
+      stopping = Promise.all([stopping, ending.catch(() => undefined)]);
       await ending;
     },
   };
