@@ -750,6 +750,14 @@ export class CheckpointEngine {
     switch (entry.state) {
       case "decided": {
         if (this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
+        // Its leader made a real directory; a link there now is not this checkpoint's: completing it
+        // would commit and publish through the link. Presumed abort instead.
+        if (this.options.catalog.linked(open.id)) {
+          log.warn({ state: entry.state }, "recovery_checkpoint_dir_linked_resumed");
+          const linked = new CheckpointError("invalid_checkpoint_state", `checkpoint directory ${this.options.catalog.dirFor(open.id)} is a symbolic link, not a checkpoint this root holds`);
+          await this.abortDecided(open.id, deadlineMs, undefined, linked);
+          return "commit_failed_resumed";
+        }
         const newer = await this.publishedSince(entry);
         if (newer) {
           // A decision whose withdrawal failed while its controller moved on: completing it now
@@ -803,7 +811,9 @@ export class CheckpointEngine {
           // the predecessor's send, which may have installed it anywhere) is the restore's failure:
           // cleaned up at every member.
           let unrestorable: CheckpointError | undefined;
-          if (this.options.catalog.has(open.id)) {
+          // A checkpoint directory replaced by a link since: `get` refuses it, so the restore fails
+          // here rather than install whatever the link leads to.
+          if (this.options.catalog.has(open.id) || this.options.catalog.linked(open.id)) {
             try {
               open.manifestDigests = manifestDigestsOf(await this.committedManifests(open.id));
             } catch (error) {

@@ -67,17 +67,20 @@ export class CheckpointCatalog {
 
   /**
    * Whether the checkpoint has a checkpoint.json (valid or not: a corrupt one is still not a fresh
-   * id). Blocking: one stat, on the path of every prepare.
+   * id). A checkpoint directory that is a symbolic link is not one this root holds (`get` refuses
+   * it): `leftover` then refuses the id as not a directory, and recovery does not take it for a
+   * published checkpoint. Blocking: an lstat and a stat, on the path of every prepare.
    */
   has(checkpointId: string): boolean {
+    return !this.linked(checkpointId) && hasManifest(this.manifestPath(checkpointId));
+  }
+
+  /** Whether `<root>/<id>` is a symbolic link (nothing there, or not to be seen: not one). Blocking: one lstat. */
+  linked(checkpointId: string): boolean {
     try {
-      statSync(this.manifestPath(checkpointId));
-      return true;
-    } catch (error) {
-      // ENOTDIR: the id names a stray file under the root, not a published checkpoint (as `get`
-      // says); `leftover` then refuses it as not a directory.
-      const code = (error as NodeJS.ErrnoException).code;
-      return code !== "ENOENT" && code !== "ENOTDIR";
+      return lstatSync(dirname(this.manifestPath(checkpointId))).isSymbolicLink();
+    } catch {
+      return false; // ENOENT, EACCES: the stat of checkpoint.json answers for it
     }
   }
 
@@ -148,7 +151,7 @@ export class CheckpointCatalog {
     // refuses it): named as damaged, so it neither vanishes from `ls` unexplained nor is deleted.
     // A link to anything else is not ours and is left out, as any other directory.
     for (const name of links) {
-      if (this.has(name)) damaged.push({ checkpoint_id: name, code: "invalid_checkpoint_state", detail: linkedCheckpointDir(join(this.root, name)).message });
+      if (hasManifest(this.manifestPath(name))) damaged.push({ checkpoint_id: name, code: "invalid_checkpoint_state", detail: linkedCheckpointDir(join(this.root, name)).message });
     }
     for (const name of names) {
       try {
@@ -209,6 +212,19 @@ export class CheckpointCatalog {
     const parsedId = CheckpointIdSchema.safeParse(checkpointId);
     if (!parsedId.success) throw new CheckpointError("invalid_request", describeZodError(parsedId.error, `checkpoint id ${JSON.stringify(checkpointId)}`));
     return join(this.root, checkpointId, GLOBAL_MANIFEST_FILE);
+  }
+}
+
+/** Whether a checkpoint.json is at `path`, valid or not (a link on the way followed). */
+function hasManifest(path: string): boolean {
+  try {
+    statSync(path);
+    return true;
+  } catch (error) {
+    // ENOTDIR: the id names a stray file under the root, not a published checkpoint (as `get`
+    // says); `leftover` then refuses it as not a directory.
+    const code = (error as NodeJS.ErrnoException).code;
+    return code !== "ENOENT" && code !== "ENOTDIR";
   }
 }
 

@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -270,6 +270,26 @@ describe("recovery of an entry older than LATEST while LATEST is damaged", () =>
     expect(second.fake.ops("commit")).toHaveLength(0);
     expect(await readFile(join(root, "LATEST"), "utf8")).toBe("not a checkpoint id!\n");
     await expect(new CheckpointCatalog(root).get("old-dec")).rejects.toMatchObject({ code: "not_found" });
+  });
+});
+
+describe("a decided checkpoint whose directory a successor finds replaced by a symbolic link", () => {
+  it("is resumed (presumed abort): no commit is sent through the link and nothing is published there", async () => {
+    const first = makeEngine(root);
+    await first.engine.prepare({ checkpoint_id: "dec-link" });
+    await first.engine.commit({ checkpoint_id: "dec-link", episode_ids: null, stop: false });
+    const entry = structuredClone(first.journal.entries.get("dec-link")!);
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-recovery-outside-"));
+    try {
+      await rename(join(root, "dec-link"), join(outside, "dec-link"));
+      await symlink(join(outside, "dec-link"), join(root, "dec-link"));
+      const second = await successor({ ...entry, state: "decided" });
+      expect(await second.engine.recover()).toEqual([{ checkpoint_id: "dec-link", action: "commit_failed_resumed" }]);
+      expect(second.fake.ops("commit")).toHaveLength(0);
+      expect(await readdir(join(outside, "dec-link"))).not.toContain("checkpoint.json");
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
   });
 });
 

@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from "node:fs";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -268,6 +268,34 @@ describe("a fresh id naming a stray file under the root", () => {
     expect(journal.log).toEqual([]);
     expect(fake.calls).toEqual([]);
     expect(readFileSync(join(root, "stray"), "utf8")).toBe("a controller's notes\n");
+  });
+});
+
+/**
+ * docs/api.md, prepare: a `<root>/<id>` that is a link is refused `checkpoint_conflict`. A link to
+ * a directory holding a checkpoint.json is not a checkpoint this root holds either (`get`, `verify`
+ * and `restore` refuse it, `ls` names it damaged): `has()` followed the link and called the id
+ * published (stale_checkpoint, "is already published"), and recovery took it for a published one.
+ */
+describe("a fresh id whose directory is a symbolic link to a published checkpoint", () => {
+  it("is not published (has() is false, scan still names it damaged); prepare is refused checkpoint_conflict with nothing opened, journaled or sent", async () => {
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-engine-retries-outside-"));
+    try {
+      await mkdir(join(outside, "elsewhere"));
+      await writeFile(join(outside, "elsewhere", "checkpoint.json"), "{}\n");
+      await symlink(join(outside, "elsewhere"), join(root, "linked"));
+      const { engine, fake, journal, catalog } = makeEngine(root);
+      expect(catalog.has("linked")).toBe(false);
+      expect(catalog.scan().damaged).toEqual([expect.objectContaining({ checkpoint_id: "linked", code: "invalid_checkpoint_state" })]);
+      const refused = await refusalOf(engine.prepare({ checkpoint_id: "linked" }));
+      expect(refused).toMatchObject({ code: "checkpoint_conflict", message: expect.stringContaining("is not a directory") });
+      expect(engine.openCheckpoint).toBeNull();
+      expect(journal.log).toEqual([]);
+      expect(fake.calls).toEqual([]);
+      expect(readFileSync(join(outside, "elsewhere", "checkpoint.json"), "utf8")).toBe("{}\n");
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
   });
 });
 

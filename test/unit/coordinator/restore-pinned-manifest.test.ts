@@ -1,4 +1,4 @@
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rename, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -77,5 +77,24 @@ describe("the restore message pins each participant's manifest", () => {
     await second.journal.record({ ...entry, state: "restoring" });
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "pin", action: "restored" }]);
     expect(sentDigests(second.fake.ops("restore"))).toEqual(expected);
+  });
+
+  it("a successor finding the checkpoint directory replaced by a symbolic link re-sends nothing: the restore fails (get refuses the link) and is cleaned up", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "pin", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    await first.engine.restore({ checkpoint_id: "pin", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    const entry = structuredClone(first.journal.entries.get("pin")!);
+    const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-pinned-outside-"));
+    try {
+      await rename(join(root, "pin"), join(outside, "pin"));
+      await symlink(join(outside, "pin"), join(root, "pin"));
+      const second = makeEngine(root);
+      await second.journal.record({ ...entry, state: "restoring" });
+      expect(await second.engine.recover()).toEqual([{ checkpoint_id: "pin", action: "retired_resumed" }]);
+      expect(second.fake.ops("restore")).toEqual([]);
+    } finally {
+      await rm(outside, { recursive: true, force: true });
+    }
   });
 });
