@@ -200,6 +200,8 @@ export {
   encodeRecordLines,
   RolloutStepMarkerSchema,
   rolloutStepMarkerName,
+  encodeRolloutStepMarker,
+  MAX_ROLLOUT_STEP_MARKER_BYTES,
   rolloutStepMarkerFiles,
   encodeRolloutRecords,
   RunTrajectorySchema,

@@ -341,6 +341,24 @@ export const RolloutStepMarkerSchema = z
   .strict();
 export type RolloutStepMarker = z.infer<typeof RolloutStepMarkerSchema>;
 
+/** Every reader's limit on a step marker: it lists one step's file names, so thousands of envs fit. */
+export const MAX_ROLLOUT_STEP_MARKER_BYTES = 1 << 20;
+
+/**
+ * The text of the step marker listing `files`. A marker larger than readers accept would be ignored
+ * by every one of them (the step never completing for a follower that waits for it), so it is
+ * refused here, `invalid_request`, before anything is written. `maxBytes` is for tests.
+ */
+export function encodeRolloutStepMarker(step: number, kind: RecordKind, files: readonly string[], maxBytes = MAX_ROLLOUT_STEP_MARKER_BYTES): string {
+  const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files });
+  const text = `${JSON.stringify(marker)}\n`;
+  const bytes = Buffer.byteLength(text, "utf8");
+  if (bytes > maxBytes) {
+    throw invalid(`the ${rolloutStepMarkerName(kind)} of step ${step} would list ${files.length} files in ${bytes} bytes, over the ${maxBytes} every reader accepts: write fewer envs into one step`);
+  }
+  return text;
+}
+
 export function rolloutStepMarkerName(kind: RecordKind): string {
   return `_complete_${kind}.json`;
 }

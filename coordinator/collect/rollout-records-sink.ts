@@ -1,12 +1,13 @@
 import { readdir } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  MAX_ROLLOUT_STEP_MARKER_BYTES,
   ROLLOUTS_DIR,
-  RolloutStepMarkerSchema,
   assertRolloutEnv,
   encodeRolloutRecords,
+  encodeRolloutStepMarker,
   makeDirectories,
   parseRolloutRecordFileName,
   rolloutStepDir,
@@ -28,6 +29,8 @@ export interface RolloutRecordsOptions {
   everyRows: number;
   /** …or this many seconds after the first buffered row, whichever comes first. */
   everySeconds: number;
+  /** Every reader's step-marker limit; smaller only in tests. */
+  maxMarkerBytes?: number;
 }
 
 export interface RolloutRecordsStats {
@@ -44,8 +47,6 @@ const STEP_DIR = /^step_(0|[1-9][0-9]*)$/;
 
 /** Read-merge-write rounds of a step marker before giving up (the step is tried again later). */
 const MARKER_ROUNDS = 5;
-/** A marker lists one step's file names; larger is not a marker this sink wrote. */
-const MAX_MARKER_BYTES = 1 << 20;
 
 /**
  * The files an existing marker lists; null when there is none, or it is not a valid marker of this
@@ -54,7 +55,7 @@ const MAX_MARKER_BYTES = 1 << 20;
 async function markerFiles(path: string, step: number, kind: RecordKind): Promise<string[] | null> {
   let text: string;
   try {
-    text = await readRegularFile(path, { maxBytes: MAX_MARKER_BYTES });
+    text = await readRegularFile(path, { maxBytes: MAX_ROLLOUT_STEP_MARKER_BYTES });
   } catch {
     return null;
   }
@@ -135,15 +136,45 @@ export class RolloutRecordsSink {
     const stepDir = join(this.root, rolloutStepDir(step));
     const markerPath = join(stepDir, rolloutStepMarkerName(kind));
     for (let round = 0; round < MARKER_ROUNDS; round++) {
-      const listed = await markerFiles(markerPath, step, kind);
-      const onDisk = (await readdir(stepDir)).filter((name) => parseRolloutRecordFileName(name)?.kind === kind);
-      const files = [...new Set([...(listed ?? []), ...onDisk])].sort();
+      const { listed, files } = await this.markerListing(step);
       if (!files.length || (listed !== null && files.length === listed.length)) return;
-      const marker = RolloutStepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files });
-      await replaceFileDurably(markerPath, `${JSON.stringify(marker)}\n`);
+      await replaceFileDurably(markerPath, encodeRolloutStepMarker(step, kind, files, this.maxMarkerBytes));
       if (why !== "flush") this.logger.info({ step, files }, "completed a rollout step marker that did not list every record file");
     }
     throw new Error(`the ${rolloutStepMarkerName(kind)} of step ${step} kept losing files to concurrent writers`);
+  }
+
+  private get maxMarkerBytes(): number {
+    return this.options.maxMarkerBytes ?? MAX_ROLLOUT_STEP_MARKER_BYTES;
+  }
+
+  /** What the step's marker of this kind would list with `extra` added: what it lists and the record files there. */
+  private async markerListing(step: number, extra?: string): Promise<{ listed: string[] | null; files: string[] }> {
+    const { kind } = this.options;
+    const stepDir = join(this.root, rolloutStepDir(step));
+    const listed = await markerFiles(join(stepDir, rolloutStepMarkerName(kind)), step, kind);
+    let onDisk: string[] = [];
+    try {
+      onDisk = (await readdir(stepDir)).filter((name) => parseRolloutRecordFileName(name)?.kind === kind);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+    }
+    return { listed, files: [...new Set([...(listed ?? []), ...onDisk, ...(extra ? [extra] : [])])].sort() };
+  }
+
+  /**
+   * Whether the step's marker can list this file too: one no reader accepts would leave the step
+   * incomplete for followers. Alone in its marker it always fits (one name); refused otherwise.
+   */
+  private async markerFits(step: number, file: string): Promise<boolean> {
+    const { files } = await this.markerListing(step, file);
+    try {
+      encodeRolloutStepMarker(step, this.options.kind, files, this.maxMarkerBytes);
+      return true;
+    } catch (error) {
+      if (files.length === 1) throw error;
+      return false;
+    }
   }
 
   add(record: TraceRecord): void {
@@ -220,6 +251,12 @@ export class RolloutRecordsSink {
         records = next.records;
         if (!next.encoded) return; // every record was left out
         encoded = next.encoded;
+        // Other collections filled this step's marker: the next step takes the file instead.
+        if (!(await this.markerFits(step, basename(encoded.recordFile)))) {
+          this.logger.info({ step, file: encoded.recordFile }, "this step's marker cannot list another file; trying the next step");
+          step = this.nextStep++;
+          continue;
+        }
         await makeDirectories(join(this.root, rolloutStepDir(step)));
         await fsyncDirectory(this.root);
         if (await linkStagedFile(await stageFile(join(this.root, encoded.recordFile), encoded.recordBytes))) break;

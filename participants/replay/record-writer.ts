@@ -1,12 +1,12 @@
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import path from "node:path";
-import { CheckpointError, encodeRecordLines, encodeRolloutRecords, rolloutStepMarkerFiles, type EncodedRolloutRecords } from "../../protocol/index.js";
+import { CheckpointError, MAX_ROLLOUT_STEP_MARKER_BYTES, encodeRecordLines, encodeRolloutRecords, encodeRolloutStepMarker, rolloutStepMarkerFiles, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
 import { invalidRequest } from "./errors.js";
 import { indexPathFor, parseRecordFileName, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
-import { StepMarkerSchema, stepMarkerName } from "./step-marker.js";
+import { stepMarkerName } from "./step-marker.js";
 import type { TraceRecord } from "./trace-record.js";
 
 /** Records of one env for one step. */
@@ -111,28 +111,41 @@ export async function writeStepRecords(
   rootDir: string,
   step: number,
   batches: readonly EnvRecords[],
+  /** Every reader's marker limit; smaller only in tests. */
+  maxMarkerBytes = MAX_ROLLOUT_STEP_MARKER_BYTES,
 ): Promise<WrittenRecords[]> {
   const names = batches.map((b) => `${b.kind}:${b.env}`);
   if (new Set(names).size !== names.length) throw invalidRequest("each (kind, env) may appear once per step");
   // Validate and encode every env before publishing any, so a refusal leaves the step untouched.
   const prepared: Prepared[] = [];
   for (const batch of batches) prepared.push(await prepare(rootDir, step, batch));
+  const stepDir = path.join(rootDir, stepDirName(step));
+  // A marker no reader accepts would leave the step incomplete for followers for good: refused
+  // before any file is published (a concurrent writer may still push it over: completeMarker refuses then).
+  for (const kind of new Set(batches.map((b) => b.kind))) {
+    const ours = prepared.filter((_, i) => batches[i]!.kind === kind).map((p) => path.basename(p.recordPath));
+    encodeRolloutStepMarker(step, kind, (await markerListing(stepDir, step, kind, ours)).files, maxMarkerBytes);
+  }
   // Settle every publish before failing, so a retry never races a write of this call still under way.
   const settled = await Promise.allSettled(prepared.map(publish));
   const failed = settled.find((r) => r.status === "rejected");
   if (failed) throw failed.reason;
   const written = settled.map((r) => (r as PromiseFulfilledResult<WrittenRecords>).value);
-  const stepDir = path.join(rootDir, stepDirName(step));
   // Read after this call's files are published; includes files of an earlier, interrupted call.
   const present = await recordFilesIn(stepDir);
-  for (const kind of new Set([...batches.map((b) => b.kind), ...present.map((f) => f.kind)])) await completeMarker(stepDir, step, kind);
+  for (const kind of new Set([...batches.map((b) => b.kind), ...present.map((f) => f.kind)])) await completeMarker(stepDir, step, kind, maxMarkerBytes);
   return written;
+}
+
+/** What the marker of `kind` would list with `extra` added: what it lists and the record files there. */
+async function markerListing(stepDir: string, step: number, kind: RecordKind, extra: readonly string[] = []): Promise<{ listed: string[] | null; files: string[] }> {
+  const listed = await markerFiles(path.join(stepDir, stepMarkerName(kind)), step, kind);
+  const onDisk = (await recordFilesIn(stepDir)).filter((f) => f.kind === kind).map((f) => f.name);
+  return { listed, files: [...new Set([...(listed ?? []), ...onDisk, ...extra])].sort() };
 }
 
 /** Read-merge-write rounds of a step marker before giving up (as the collector's records sink does). */
 const MARKER_ROUNDS = 5;
-/** A marker lists one step's file names; a larger file is not a marker. */
-const MAX_MARKER_BYTES = 1 << 20;
 
 /**
  * Makes the step's marker of `kind` list every record file of that kind in the step directory,
@@ -142,15 +155,12 @@ const MAX_MARKER_BYTES = 1 << 20;
  * after each write until it lists everything (whoever writes last checks last); a file left
  * unlisted would stop a follower waiting for markers for good.
  */
-async function completeMarker(stepDir: string, step: number, kind: RecordKind): Promise<void> {
+async function completeMarker(stepDir: string, step: number, kind: RecordKind, maxMarkerBytes: number): Promise<void> {
   const markerPath = path.join(stepDir, stepMarkerName(kind));
   for (let round = 0; round < MARKER_ROUNDS; round++) {
-    const listed = await markerFiles(markerPath, step, kind);
-    const onDisk = (await recordFilesIn(stepDir)).filter((f) => f.kind === kind).map((f) => f.name);
-    const files = [...new Set([...(listed ?? []), ...onDisk])].sort();
+    const { listed, files } = await markerListing(stepDir, step, kind);
     if (listed !== null && files.length === listed.length) return;
-    const marker = StepMarkerSchema.parse({ format: "gym-ckpt/rollout-step", version: 1, step, kind, files });
-    await writeFileAtomic(markerPath, Buffer.from(JSON.stringify(marker) + "\n"));
+    await writeFileAtomic(markerPath, Buffer.from(encodeRolloutStepMarker(step, kind, files, maxMarkerBytes)));
   }
   throw new Error(`the ${stepMarkerName(kind)} of step ${step} kept losing files to concurrent writers`);
 }
@@ -240,7 +250,7 @@ async function recordFilesIn(stepDir: string): Promise<Array<{ name: string; kin
  */
 async function markerFiles(file: string, step: number, kind: RecordKind): Promise<string[] | null> {
   try {
-    return rolloutStepMarkerFiles(JSON.parse((await readRegularFile(file, { maxBytes: MAX_MARKER_BYTES })).toString("utf8")), step, kind);
+    return rolloutStepMarkerFiles(JSON.parse((await readRegularFile(file, { maxBytes: MAX_ROLLOUT_STEP_MARKER_BYTES })).toString("utf8")), step, kind);
   } catch {
     return null;
   }

@@ -1,5 +1,5 @@
 import path from "node:path";
-import { RECORD_KINDS, rolloutStepMarkerFiles, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
+import { MAX_ROLLOUT_STEP_MARKER_BYTES, RECORD_KINDS, rolloutStepMarkerFiles, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
 import { readRegularFile } from "../storage/regular-file.js";
 import { stepOfPath } from "./record-paths.js";
 
@@ -17,8 +17,8 @@ export function isStepMarkerName(fileName: string): boolean {
   return /^_complete_(train|eval)\.json$/.test(fileName);
 }
 
-/** A marker lists one step's file names (env names are at most 200 characters): thousands of envs fit. */
-export const MAX_STEP_MARKER_BYTES = 1 << 20;
+/** A marker lists one step's file names: thousands of envs fit. Writers refuse a larger one. */
+export const MAX_STEP_MARKER_BYTES = MAX_ROLLOUT_STEP_MARKER_BYTES;
 
 /**
  * Record file names listed by the markers present in `dir`. Unreadable or invalid markers count as

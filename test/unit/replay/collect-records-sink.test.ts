@@ -2,8 +2,8 @@ import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { RolloutRecordsSink } from "../../../coordinator/collect/rollout-records-sink.js";
-import { RolloutStepMarkerSchema } from "../../../protocol/index.js";
-import { ReplayTaskSource, readRecords, newReadStats, writeRolloutRecords } from "../../../participants/replay/index.js";
+import { RolloutStepMarkerSchema, encodeRolloutStepMarker } from "../../../protocol/index.js";
+import { ReplayTaskSource, completedFiles, readRecords, newReadStats, writeRolloutRecords } from "../../../participants/replay/index.js";
 import { linearTrace, mathSource, silent, tempDir, traceId, type MathTask } from "./fixtures.js";
 
 let dir: string;
@@ -28,6 +28,25 @@ async function idsOf(file: string): Promise<string[]> {
 }
 
 describe("the collector's rollout-records sink", () => {
+  // Every reader ignores a marker over MAX_ROLLOUT_STEP_MARKER_BYTES (1 MiB): a step whose marker
+  // other collections filled takes no more files, the next step does. The limit is injected small.
+  it("publishes into the next step when this step's marker could not list its file, so every marker stays one readers accept", async () => {
+    const limit = Buffer.byteLength(encodeRolloutStepMarker(1, "eval", ["eval_rollouts_a.jsonl"])) + 10; // one name, not two
+    const a = new RolloutRecordsSink({ dir, env: "a", kind: "eval", everyRows: 100, everySeconds: 600, maxMarkerBytes: limit }, silent);
+    const b = new RolloutRecordsSink({ dir, env: "b", kind: "eval", everyRows: 100, everySeconds: 600, maxMarkerBytes: limit }, silent);
+    await a.start();
+    await b.start(); // both would write step_1 next
+    a.add(linearTrace(traceId(1)));
+    await a.close();
+    b.add(linearTrace(traceId(2)));
+    await b.close();
+    const root = path.join(dir, "rollouts");
+    expect(await completedFiles(path.join(root, "step_1"))).toEqual(new Set(["eval_rollouts_a.jsonl"]));
+    expect(await completedFiles(path.join(root, "step_2"))).toEqual(new Set(["eval_rollouts_b.jsonl"]));
+    expect((await readdir(path.join(root, "step_1"))).sort()).toEqual(["_complete_eval.json", "eval_rollouts_a.jsonl", "index_eval_a.jsonl"]);
+    expect(b.stats).toMatchObject({ steps: 1, records: 1, failedFlushes: 0, unwritten: 0 });
+  });
+
   it("writes a step every K rows, on the timer, and at close; a restart continues after the highest step", async () => {
     const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 2, everySeconds: 0.05 }, silent);
     await sink.start();

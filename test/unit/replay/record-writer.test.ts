@@ -121,6 +121,22 @@ describe("record writer", () => {
     expect(StepMarkerSchema.parse(JSON.parse(await readFile(markerPath, "utf8")))).toMatchObject({ step: 4, kind: "train", files: ["train_rollouts_a.jsonl"] });
   });
 
+  // Every reader ignores a marker over MAX_ROLLOUT_STEP_MARKER_BYTES (1 MiB, a few thousand envs):
+  // one written anyway leaves the step incomplete for followers for good. The limit is injected small.
+  it("refuses a step whose marker would be larger than readers accept, invalid_request, before publishing any file", async () => {
+    await writeStepRecords(dir, 5, [{ kind: "train", env: "a", traces: [linearTrace(traceId(1))] }]);
+    const markerPath = path.join(dir, "step_5", "_complete_train.json");
+    const before = await readFile(markerPath, "utf8");
+    const limit = Buffer.byteLength(before) + 10; // room for no second file name
+    const envs = ["b", "c"].map((env, i) => ({ kind: "train" as const, env, traces: [linearTrace(traceId(i + 2))] }));
+    await expect(writeStepRecords(dir, 5, envs, limit)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("every reader accepts") });
+    expect((await readdir(path.join(dir, "step_5"))).sort()).toEqual(["_complete_train.json", "index_train_a.jsonl", "train_rollouts_a.jsonl"]);
+    expect(await readFile(markerPath, "utf8")).toBe(before);
+    // Within the limit (here, the writer's default) the same call goes ahead.
+    await writeStepRecords(dir, 5, envs);
+    expect(StepMarkerSchema.parse(JSON.parse(await readFile(markerPath, "utf8"))).files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl", "train_rollouts_c.jsonl"]);
+  });
+
   it("keeps every file of a step written in several calls in its marker, and never replaces a published file", async () => {
     await writeStepRecords(dir, 3, [{ kind: "train", env: "a", traces: [linearTrace(traceId(1))] }]);
     await writeStepRecords(dir, 3, [{ kind: "train", env: "b", traces: [linearTrace(traceId(2))] }]);
