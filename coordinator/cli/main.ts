@@ -8,13 +8,18 @@
  * program loads after it.
  */
 import { listenForCheckpointSignals } from "../collect/checkpoint-requests.js";
+import { listenForEndingSignals } from "../collect/ending-signals.js";
 
 // `collect` checkpoints on SIGUSR1, and keeps one arriving while it loads for when it has started.
 // Every other command ignores it: a SIGUSR1 meant for a collector often reaches a whole process
 // group or job, coordinator daemon included, and must not open an inspector there either
 // (debugging: start node with --inspect).
-if (process.argv[2] === "collect") listenForCheckpointSignals();
-else process.on("SIGUSR1", () => undefined);
+// A SIGTERM too: one arriving while it loads is kept for its handler (the stop checkpoint and exit
+// 75), not a death by signal a scheduler would not requeue (collect/ending-signals.ts).
+if (process.argv[2] === "collect") {
+  listenForCheckpointSignals();
+  listenForEndingSignals();
+} else process.on("SIGUSR1", () => undefined);
 
 const { runProgram } = await import("./program.js");
 await runProgram(process.argv);

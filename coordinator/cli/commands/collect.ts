@@ -9,6 +9,7 @@ import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
+import { handleEndingSignals, listenForEndingSignals, type EndingSignal } from "../../collect/ending-signals.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
@@ -70,6 +71,8 @@ export function register(program: Command): void {
     // The CLI's entry listens before the program loads (cli/main.ts); here for a program built
     // otherwise. One arriving during start-up runs once started.
     const checkpointRequests = listenForCheckpointSignals();
+    // Likewise a SIGTERM: kept until the handler below takes over (collect/ending-signals.ts).
+    listenForEndingSignals();
     await runCli(async () => {
       const env = process.env;
       // Without a reply to print, --json would be silently ignored.
@@ -134,11 +137,10 @@ export function register(program: Command): void {
         startFailed = reject;
       }).finally(() => (startSettled = true));
       startup.catch(() => undefined); // surfaced by runCli
-      // Installed as soon as the lock is held, so no signal's default action (exit without clean-up)
-      // can leave collector.pid behind. SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
+      // Handed over as soon as the lock is held (before it, a SIGTERM is kept, a SIGINT or SIGHUP
+      // ends the process as by default: nothing is held yet). SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
       // exit at once (130, 129): the next start retires what was in flight. A second SIGTERM during
       // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the lock still released.
-      type EndingSignal = "SIGTERM" | keyof typeof EXIT_BY_SIGNAL;
       let leaving: EndingSignal | undefined;
       const leave = async (code: number) => {
         progress.finish();
@@ -184,7 +186,7 @@ export function register(program: Command): void {
         reportUnwrittenRecords();
         await leave(EXIT_REQUEUE);
       };
-      for (const signal of ["SIGTERM", "SIGINT", "SIGHUP"] as const) process.on(signal, () => onSignal(signal));
+      handleEndingSignals(onSignal);
       let summary: CollectionSummary;
       let mean: number;
       try {
