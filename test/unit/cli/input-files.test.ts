@@ -1,4 +1,3 @@
-import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync, symlinkSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -6,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { fileLayer, MAX_CONFIG_FILE_BYTES } from "../../../coordinator/config/config-loader.js";
 import { MAX_EPISODES_FILE_BYTES, parseEpisodes } from "../../../coordinator/cli/shared.js";
 import { CheckpointError } from "../../../protocol/index.js";
+import { readGuardedFifo } from "../../support/guarded-fifo.js";
 
 /** The coordinator's `--config` and a command's `--episodes @file` are read only if they are small regular files. */
 let dir: string;
@@ -36,21 +36,11 @@ const readers = [
 describe.each(readers)("$what: what the path is", ({ read, name, limit }) => {
   it("a FIFO is refused at once, invalid_request naming it; no reader waits for a writer", () => {
     const fifo = join(dir, "input.fifo");
-    expect(spawnSync("mkfifo", [fifo]).status).toBe(0);
-    // The guard: a blocking read (the old readFileSync) waits in open() for a writer, which comes
-    // after 2 s and closes at once, so the test ends either way. The read is synchronous, so no
-    // timer of this process could end it.
-    const writer = spawn("timeout", ["5", "sh", "-c", 'sleep 2; : > "$0"', fifo], { stdio: "ignore" });
-    try {
-      const began = Date.now();
-      const outcome = refusal(read(fifo));
-      expect({ outcome, quick: Date.now() - began < 1_000 }).toEqual({
-        outcome: { code: "invalid_request", message: `${name} ${fifo} is not a regular file` },
-        quick: true,
-      });
-    } finally {
-      writer.kill("SIGKILL");
-    }
+    const { outcome, ms } = readGuardedFifo(fifo, (path) => refusal(read(path)));
+    expect({ outcome, quick: ms < 1_000 }).toEqual({
+      outcome: { code: "invalid_request", message: `${name} ${fifo} is not a regular file` },
+      quick: true,
+    });
   });
 
   it("a device is refused, invalid_request naming it", () => {

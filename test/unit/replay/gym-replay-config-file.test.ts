@@ -1,4 +1,3 @@
-import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -6,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { ReplayError } from "../../../participants/replay/errors.js";
 import { readGymReplayConfig } from "../../../participants/replay/gym-replay-source.js";
 import { MAX_REPLAY_CONFIG_BYTES } from "../../../participants/replay/replay-config.js";
+import { readGuardedFifo } from "../../support/guarded-fifo.js";
 
 /** `--replay-config` is read before the environment server starts: only a small regular file is read. */
 let dir: string;
@@ -27,21 +27,11 @@ function refusal(path: string): { code: string; message: string } | "read" {
 describe("readGymReplayConfig: what the config path is", () => {
   it("a FIFO is refused at once, invalid_request naming it; no reader waits for a writer", () => {
     const fifo = join(dir, "config.fifo");
-    expect(spawnSync("mkfifo", [fifo]).status).toBe(0);
-    // The guard: a blocking read (the old readFileSync) waits in open() for a writer, which comes
-    // after 2 s and closes at once, so the test ends either way. The read is synchronous, so no
-    // timer of this process could end it.
-    const writer = spawn("timeout", ["5", "sh", "-c", 'sleep 2; : > "$0"', fifo], { stdio: "ignore" });
-    try {
-      const began = Date.now();
-      const outcome = refusal(fifo);
-      expect({ outcome, quick: Date.now() - began < 1_000 }).toEqual({
-        outcome: { code: "invalid_request", message: `replay config ${fifo} is not a regular file` },
-        quick: true,
-      });
-    } finally {
-      writer.kill("SIGKILL");
-    }
+    const { outcome, ms } = readGuardedFifo(fifo, (path) => refusal(path));
+    expect({ outcome, quick: ms < 1_000 }).toEqual({
+      outcome: { code: "invalid_request", message: `replay config ${fifo} is not a regular file` },
+      quick: true,
+    });
   });
 
   it("a device is refused, invalid_request naming it", () => {
