@@ -108,7 +108,9 @@ describe("HTTP controller client", () => {
       if (req.url === "/readyz") return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end("{}", () => (checks += 1));
       received += 1; // the op itself: never answered (a coordinator that froze or lost its lease mid-op)
     });
-    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 20 });
+    // The check's period is also each /readyz fetch's timeout: 20 ms made two slow fetches on a
+    // loaded machine count as "not ready" and end the op early (seen once in a full run).
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
     let settled: unknown = "pending";
     void client.checkpoint({ checkpoint_id: "h1", episode_ids: [] }).then(
       (reply) => (settled = reply),
@@ -127,7 +129,9 @@ describe("HTTP controller client", () => {
     const url = await listen((req, res) => {
       if (req.url === "/readyz") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch }), () => (checks += 1));
     });
-    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 20 });
+    // The check's period is also each /readyz fetch's timeout: 20 ms made two slow fetches on a
+    // loaded machine count as "not ready" and end the op early (seen once in a full run).
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
     let settled: unknown = "pending";
     void client.checkpoint({ checkpoint_id: "h2", episode_ids: [] }).then(
       (reply) => (settled = reply),
