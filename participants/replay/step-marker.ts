@@ -17,9 +17,6 @@ export function isStepMarkerName(fileName: string): boolean {
   return /^_complete_(train|eval)\.json$/.test(fileName);
 }
 
-/** A marker lists one step's file names: thousands of envs fit. Writers refuse a larger one. */
-export const MAX_STEP_MARKER_BYTES = MAX_ROLLOUT_STEP_MARKER_BYTES;
-
 /**
  * Record file names listed by the markers present in `dir`. Unreadable or invalid markers count as
  * absent, and so does a FIFO, device or oversized file there: it is refused unread, never waited on.
@@ -34,7 +31,7 @@ export async function completedFiles(dir: string): Promise<Set<string>> {
     if (step === null) continue; // only a step_<N> directory has markers
     let raw: unknown;
     try {
-      raw = JSON.parse((await readRegularFile(markerPath, { maxBytes: MAX_STEP_MARKER_BYTES })).toString("utf8"));
+      raw = JSON.parse((await readRegularFile(markerPath, { maxBytes: MAX_ROLLOUT_STEP_MARKER_BYTES })).toString("utf8"));
     } catch {
       continue;
     }
