@@ -35,8 +35,18 @@ export function withClientOptions(command: Command, options: { printsReply?: boo
     .addOption(json);
 }
 
-/** Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. */
-export async function withClient(flags: ClientFlags, fn: (client: ControllerClient) => Promise<unknown>): Promise<void> {
+/**
+ * Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. `input`
+ * reads what the command takes from the command line (an `--episodes @file`, `--state-json`) before
+ * anything is connected, so a bad one is reported as itself, not after a connection error.
+ */
+export async function withClient(flags: ClientFlags, fn: (client: ControllerClient) => Promise<unknown>): Promise<void>;
+export async function withClient<I>(flags: ClientFlags, input: () => I, fn: (client: ControllerClient, input: I) => Promise<unknown>): Promise<void>;
+export async function withClient<I>(
+  flags: ClientFlags,
+  inputOrFn: (() => I) | ((client: ControllerClient) => Promise<unknown>),
+  withInput?: (client: ControllerClient, input: I) => Promise<unknown>,
+): Promise<void> {
   const env = process.env;
   await runCli(async () => {
     const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
@@ -45,6 +55,11 @@ export async function withClient(flags: ClientFlags, fn: (client: ControllerClie
     const token = clientToken(flags.token, env);
     if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN (or GYM_CKPT_TOKEN, the deployment's shared token)");
     const httpUrl = controllerHttpUrl(flags, env);
+    let fn = inputOrFn as (client: ControllerClient) => Promise<unknown>;
+    if (withInput) {
+      const input = (inputOrFn as () => I)();
+      fn = (client) => withInput(client, input);
+    }
     if (httpUrl !== undefined) {
       // --leader-wait-ms holds over HTTP too (nothing listening, or not_leader), as for collect.
       await fn(new HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs }));

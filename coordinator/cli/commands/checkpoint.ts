@@ -27,13 +27,14 @@ export function register(program: Command): void {
       .option("--state-json <json>", "controller state, inline JSON")
       .option("--state-file <name>", "controller state file already in the checkpoint directory"),
   ).action(async (flags: ClientFlags & { id?: string; timeoutS?: string; episodes?: string; stop?: boolean; stateJson?: string; stateFile?: string }) => {
-    await withClient(flags, async (client) => {
+    const inputs = () => ({ episodes: flags.episodes !== undefined ? parseEpisodes(flags.episodes) : null, state: controllerStateFrom(flags) });
+    await withClient(flags, inputs, async (client, { episodes, state }) => {
       const reply = await client.checkpoint({
         ...(flags.id !== undefined && { checkpoint_id: flags.id }),
         deadline_ts: deadlineFrom(flags.timeoutS),
-        episode_ids: flags.episodes !== undefined ? parseEpisodes(flags.episodes) : null,
+        episode_ids: episodes,
         stop: flags.stop ?? false,
-        controller_state: controllerStateFrom(flags),
+        controller_state: state,
       });
       if (flags.json) printJson(reply);
       else {

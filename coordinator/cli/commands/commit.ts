@@ -10,15 +10,11 @@ export function register(program: Command): void {
       .option("--episodes <keys|@file>", "commit scope: capture keys or @file.json (default: everything, which a model participant refuses)")
       .option("--stop", "the controller stops after this checkpoint"),
   ).action(async (id: string, flags: ClientFlags & { timeoutS?: string; episodes?: string; stop?: boolean }) => {
-    await withClient(flags, async (client) =>
-      printJson(
-        await client.commit({
-          checkpoint_id: id,
-          deadline_ts: deadlineFrom(flags.timeoutS),
-          episode_ids: flags.episodes !== undefined ? parseEpisodes(flags.episodes) : null,
-          stop: flags.stop ?? false,
-        }),
-      ),
+    await withClient(
+      flags,
+      () => (flags.episodes !== undefined ? parseEpisodes(flags.episodes) : null),
+      async (client, episodes) =>
+        printJson(await client.commit({ checkpoint_id: id, deadline_ts: deadlineFrom(flags.timeoutS), episode_ids: episodes, stop: flags.stop ?? false })),
     );
   });
 }

@@ -9,6 +9,10 @@ export function register(program: Command): void {
       .option("--state-json <json>", "controller state, inline JSON")
       .option("--state-file <name>", "controller state file already in the checkpoint directory"),
   ).action(async (id: string, flags: ClientFlags & { stateJson?: string; stateFile?: string }) => {
-    await withClient(flags, async (client) => printJson(await client.publish({ checkpoint_id: id, controller_state: controllerStateFrom(flags) })));
+    await withClient(
+      flags,
+      () => controllerStateFrom(flags),
+      async (client, state) => printJson(await client.publish({ checkpoint_id: id, controller_state: state })),
+    );
   });
 }

@@ -9,8 +9,10 @@ export function register(program: Command): void {
       .requiredOption("--episodes <keys|@file>", "the checkpointed (source) attempts to continue")
       .option("--timeout-s <s>", "deadline, seconds from now"),
   ).action(async (id: string | undefined, flags: ClientFlags & { episodes: string; timeoutS?: string }) => {
-    await withClient(flags, async (client) =>
-      printJson(await client.restore({ ...(id !== undefined && { checkpoint_id: id }), episode_ids: parseEpisodes(flags.episodes), deadline_ts: deadlineFrom(flags.timeoutS) })),
+    await withClient(
+      flags,
+      () => parseEpisodes(flags.episodes),
+      async (client, episodes) => printJson(await client.restore({ ...(id !== undefined && { checkpoint_id: id }), episode_ids: episodes, deadline_ts: deadlineFrom(flags.timeoutS) })),
     );
   });
 }

@@ -10,8 +10,10 @@ export function register(program: Command): void {
       .option("--id <checkpoint_id>", "checkpoint id carried by the message")
       .option("--timeout-s <s>", "deadline, seconds from now"),
   ).action(async (flags: ClientFlags & { episodes: string; id?: string; timeoutS?: string }) => {
-    await withClient(flags, async (client) =>
-      printJson(await client.retire({ ...(flags.id !== undefined && { checkpoint_id: flags.id }), episode_ids: parseEpisodes(flags.episodes), deadline_ts: deadlineFrom(flags.timeoutS) })),
+    await withClient(
+      flags,
+      () => parseEpisodes(flags.episodes),
+      async (client, episodes) => printJson(await client.retire({ ...(flags.id !== undefined && { checkpoint_id: flags.id }), episode_ids: episodes, deadline_ts: deadlineFrom(flags.timeoutS) })),
     );
   });
 }

@@ -1,6 +1,11 @@
 import { Command } from "commander";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { register } from "../../../coordinator/cli/commands/status.js";
+import { register as registerCheckpointCommand } from "../../../coordinator/cli/commands/checkpoint.js";
+import { register as registerCommit } from "../../../coordinator/cli/commands/commit.js";
+import { register as registerPublish } from "../../../coordinator/cli/commands/publish.js";
+import { register as registerRestore } from "../../../coordinator/cli/commands/restore.js";
+import { register as registerRetire } from "../../../coordinator/cli/commands/retire.js";
 
 /**
  * The client commands' connection flags and variables: a deployment the daemon would refuse is bad
@@ -130,5 +135,31 @@ describe("client commands: a controller token that is not visible ASCII", () => 
       expect.stringMatching(/^error invalid_request: the controller token \(GYM_CKPT_CONTROLLER_TOKEN\) must be visible ASCII/),
     ]);
     expect(stderr).not.toContain(token.slice(0, 5));
+  });
+});
+
+describe("client commands: what they read from the command line is read before connecting", () => {
+  // Nobody listens on port 1: a command that connected first reported "cannot reach NATS"
+  // (not_leader, exit 1) and never named the bad file or JSON the operator has to fix.
+  const missing = "/nonexistent-gym-ckpt-dir/episodes.json";
+  const commands = { retire: registerRetire, restore: registerRestore, commit: registerCommit, checkpoint: registerCheckpointCommand, publish: registerPublish };
+  const run = async (name: keyof typeof commands, args: string[]) => {
+    const program = new Command().exitOverride();
+    commands[name](program);
+    await program.parseAsync([name, ...args, "--token", "t", "--nats-url", "nats://127.0.0.1:1", "--leader-wait-ms", "0"], { from: "user" });
+  };
+  it.each([
+    ["retire", ["--episodes", `@${missing}`]],
+    ["restore", ["--episodes", `@${missing}`]],
+    ["commit", ["c1", "--episodes", `@${missing}`]],
+    ["checkpoint", ["--episodes", `@${missing}`]],
+  ] as const)("%s --episodes @file: a missing file is invalid_request naming it (exit 2)", async (name, args) => {
+    await run(name, [...args]);
+    expect([Number(process.exitCode), stderr]).toEqual([2, `error invalid_request: episodes file ${missing} does not exist\n`]);
+  });
+
+  it.each([["publish", ["c1"]], ["checkpoint", []]] as const)("%s --state-json: JSON that does not parse is invalid_request (exit 2)", async (name, args) => {
+    await run(name, [...args, "--state-json", "{"]);
+    expect([Number(process.exitCode), stderr]).toEqual([2, "error invalid_request: --state-json is not valid JSON\n"]);
   });
 });
