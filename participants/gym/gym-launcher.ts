@@ -323,6 +323,9 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   };
 
   const startNow = async (names: readonly GymProcessName[], generation: number): Promise<void> => {
+    // Overtaken by a stop() while it waited: rejected as its starts would be, even when none is
+    // needed (its names external), so a caller never takes a stopped gym for a started one.
+    if (stops !== generation) throw new Error(`gym stopped before this start began (${names.join(", ")})`);
     const call: StartCall = { generation, started: [] };
     const starts = new Map<GymProcessName, Promise<void>>();
     for (const name of GYM_PROCESSES) {

@@ -219,10 +219,27 @@ describe("gym launcher: a start() while another is under way", () => {
     await waitUntil(() => wasStarted("model"), "the first start of the model", 5_000);
     await gym.stop();
     expect(await first).toBeInstanceOf(Error); // its model was killed while starting
-    expect(String(await second)).toContain("gym stopped while resources was starting");
+    expect(String(await second)).toContain("gym stopped before this start began (resources)");
     expect(wasStarted("resources")).toBe(false);
     const pids = events.flatMap((e) => (e.started ? [e.started.pid] : []));
     expect(pids.filter(alive)).toEqual([]);
+  });
+});
+
+describe("gym launcher: a start() overtaken by stop() whose names need no process", () => {
+  it("rejects as any start overtaken by a stop does, rather than resolving after the stop", async () => {
+    gym = await launch({ initial: ["model"], external: { policy: "http://127.0.0.1:9" } });
+    hold("resources");
+    const first = gym.start(["resources"]).catch((error: unknown) => error);
+    const second = gym.start(["policy"]).then(
+      () => "resolved",
+      (error: unknown) => String(error),
+    );
+    await waitUntil(() => wasStarted("resources"), "the first start of resources", 5_000);
+    await gym.stop();
+    expect(await first).toBeInstanceOf(Error);
+    // Before: the external policy needs no start, so the call resolved although stop() came first.
+    expect(await second).toContain("gym stopped before this start began");
   });
 });
 
