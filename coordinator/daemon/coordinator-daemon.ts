@@ -22,6 +22,9 @@ import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 
+/** The longest a winning campaign waits for participants' statuses (see `epochFloor`). */
+const STATUS_PROBE_MS = 2_000;
+
 export interface StartCoordinatorOptions {
   config: CoordinatorConfig;
   logger?: Logger;
@@ -105,13 +108,22 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     clock,
     logger,
     // Unreadable root: no floor (0) rather than no leader; publication reports the root itself.
-    epochFloor: () => {
+    // Participants may have seen a later epoch than any published (a term that published nothing):
+    // they would refuse this leader (stale_epoch) until restarted. Asked within a quarter lease, so
+    // the campaign ends well before the key it just created needs renewing.
+    epochFloor: async (): Promise<number> => {
+      let published = 0;
       try {
-        return catalog.highestEpoch();
+        published = catalog.highestEpoch();
       } catch (err) {
         logger.warn({ err }, "epoch_floor_unreadable");
-        return 0;
       }
+      const seen: number = await engine.highestEpochSeen(Math.min(STATUS_PROBE_MS, config.lease_ms / 4)).catch((err: unknown) => {
+        logger.warn({ err }, "participant_epochs_unread");
+        return 0;
+      });
+      if (seen > published) logger.info({ highest_published_epoch: published, highest_participant_epoch: seen }, "participants_saw_unpublished_epoch");
+      return Math.max(published, seen);
     },
     onReady: async (epoch) => {
       // Controller ops wait for recovery: retried (backing off to 5 s) while this term lasts.

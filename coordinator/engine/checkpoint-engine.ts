@@ -688,6 +688,25 @@ export class CheckpointEngine {
    * One directed status request to each member (default: every registered participant). With
    * `epoch` (a leader's), each participant that answers raises its epoch fence to it.
    */
+  /**
+   * The highest coordinator epoch a registered participant reports having seen, from the statuses
+   * that answer within `withinMs` (0 when none does). A status without an epoch raises nothing there.
+   * Bounded by `withinMs` whatever the request timeouts: a new leader asks it while its lease runs.
+   */
+  async highestEpochSeen(withinMs: number): Promise<number> {
+    const members = await this.options.membership.list();
+    let highest = 0;
+    const deadlineMs = this.options.clock.now() + withinMs;
+    const probes = runAll(members, async (m) => {
+      const outcome = await this.options.client.call(m, "status", {}, deadlineMs);
+      if (outcome.ok) highest = Math.max(highest, outcome.reply.epoch);
+    });
+    let cancel: (() => void) | undefined;
+    await Promise.race([probes, new Promise<void>((resolve) => (cancel = this.options.clock.setTimer(resolve, withinMs)))]);
+    cancel?.();
+    return highest;
+  }
+
   private async probeStatuses(members?: readonly ParticipantRef[], epoch?: number): Promise<Outcome<"status">[]> {
     const targets = members ?? (await this.options.membership.list());
     const deadlineMs = this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000);

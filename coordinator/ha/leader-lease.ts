@@ -26,10 +26,11 @@ export interface LeaderLeaseOptions {
   /** An already opened leader bucket (tests); opened and asserted from `nc` otherwise. */
   kv?: KV;
   /**
-   * The highest epoch a published checkpoint carries (the daemon reads its checkpoint root). A
-   * won revision not above it is moved past it: see `campaign`.
+   * The highest epoch already in use: the daemon's is the highest a published checkpoint carries
+   * (its checkpoint root) or a registered participant reports having seen (a status probe bounded
+   * well inside the lease). A won revision not above it is moved past it: see `campaign`.
    */
-  epochFloor?: () => number;
+  epochFloor?: () => number | Promise<number>;
 }
 
 /**
@@ -156,23 +157,23 @@ export class LeaderLease implements Leadership {
   }
 
   /**
-   * Creates the key: its revision is the epoch. One not above the highest epoch already published
-   * means the bucket's revisions started over (the bucket was recreated, or JetStream lost its
-   * store): retention would rank this leader's checkpoints below the older ones, and participants
-   * that saw those epochs would refuse it. The bucket's sequence is then moved past that epoch (a
-   * purge up to it, which takes this fresh key too) and the key created again; a coordinator that
-   * created it meanwhile wins instead.
+   * Creates the key: its revision is the epoch. One not above the highest epoch already in use
+   * (`epochFloor`) means the bucket's revisions started over (the bucket was recreated, or JetStream
+   * lost its store): retention would rank this leader's checkpoints below the older ones, and
+   * participants that saw those epochs would refuse it. The bucket's sequence is then moved past
+   * that epoch (a purge up to it, which takes this fresh key too) and the key created again; a
+   * coordinator that created it meanwhile wins instead.
    */
   private async campaign(value: string): Promise<number> {
     const revision = await this.kv!.create(LEADER_KEY, value);
-    const floor = this.options.epochFloor?.() ?? 0;
+    const floor = (await this.options.epochFloor?.()) ?? 0;
     if (revision > floor) return revision;
     // One no sequence can pass (a hand-edited checkpoint.json's epoch past 2^53) must not keep every coordinator from leading.
     if (!Number.isSafeInteger(floor + 1)) {
-      this.options.logger?.error({ revision, highest_published_epoch: floor }, "published_epoch_out_of_range_ignored");
+      this.options.logger?.error({ revision, epoch_floor: floor }, "epoch_floor_out_of_range_ignored");
       return revision;
     }
-    this.options.logger?.warn({ revision, highest_published_epoch: floor }, "lease_revisions_behind_published_epochs");
+    this.options.logger?.warn({ revision, epoch_floor: floor }, "lease_revisions_behind_epochs_in_use");
     const jsm = await jetstreamManager(this.options.nc);
     await jsm.streams.purge(`KV_${leaderBucket(this.options.deployment)}`, { seq: floor + 1 });
     return this.kv!.create(LEADER_KEY, value);

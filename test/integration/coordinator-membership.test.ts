@@ -127,6 +127,35 @@ describe("membership registry", () => {
     }
   });
 
+  it("after the leader bucket was recreated, a coordinator leads above an epoch participants saw but no checkpoint published", async () => {
+    const w = await startWorld({ nats: world.nats });
+    try {
+      await w.startParticipants();
+      const first = await w.startCoordinator(NO_HTTP);
+      await first.whenReady();
+      const published = await w.client.checkpoint({ checkpoint_id: "seen-1" });
+      await first.stop();
+      // A later term that publishes nothing: every participant sees its epoch (prepare, then resume).
+      const second = await w.startCoordinator(NO_HTTP);
+      await second.whenReady();
+      const unpublished = second.lease.state().epoch!;
+      expect(unpublished).toBeGreaterThan(published.epoch + 1);
+      expect((await w.client.prepare({ checkpoint_id: "seen-2" })).prepared).toBe(true);
+      await w.client.resume({ checkpoint_id: "seen-2" });
+      await second.stop();
+      await (await jetstreamManager(w.pnc)).streams.delete(`KV_${leaderBucket(w.deployment)}`);
+      const third = await w.startCoordinator(NO_HTTP);
+      await third.whenReady();
+      // Before: the published floor alone put this term at published.epoch + 1, below what the
+      // participants had seen, and every one of them refused it (stale_epoch) until restarted.
+      expect(third.lease.state().epoch).toBeGreaterThan(unpublished);
+      const after = await w.client.checkpoint({ checkpoint_id: "seen-3" });
+      expect(after.epoch).toBe(third.lease.state().epoch);
+    } finally {
+      await w.close();
+    }
+  });
+
   it("sees participants join and leave through the KV watch", async () => {
     const registry = new WatchedMemberRegistry(await openMembersBucket(world.pnc, world.deployment));
     await registry.start();

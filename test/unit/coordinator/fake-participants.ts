@@ -31,7 +31,7 @@ export interface Call {
   timeoutMs: number;
 }
 
-type Behaviour = "ok" | "unreachable" | "timeout" | { error: string } | { notReady: string[] } | { restarts: string[] } | { scopeRequired: true };
+type Behaviour = "ok" | "unreachable" | "timeout" | "hang" | { epoch: number } | { error: string } | { notReady: string[] } | { restarts: string[] } | { scopeRequired: true };
 
 /** In-memory participants behind a fake transport; every request is recorded in order. */
 export class FakeParticipants implements ParticipantTransport {
@@ -76,6 +76,8 @@ export class FakeParticipants implements ParticipantTransport {
     await Promise.resolve();
     const behaviour = this.script.get(`${kind}.${instance}.${op}`) ?? "ok";
     if (behaviour === "unreachable") throw new NoRespondersFailure(subject);
+    // A participant too stalled to answer: the request stays in flight (the caller's bound ends the wait).
+    if (behaviour === "hang") return new Promise<string>(() => undefined);
     if (behaviour === "timeout") {
       if (this.clock) this.clock.current += options.timeoutMs;
       throw new RequestTimeoutFailure(subject, options.timeoutMs);
@@ -139,7 +141,7 @@ export class FakeParticipants implements ParticipantTransport {
           instance,
           ...(this.state.get(`${kind}.${instance}`) ?? { phase: "idle", checkpoint_id: null }),
           lease_expires_at: null,
-          epoch: 0,
+          epoch: typeof behaviour === "object" && "epoch" in behaviour ? behaviour.epoch : 0,
           retired_rollouts: 0,
           report: report(typeof behaviour === "object" && "notReady" in behaviour ? behaviour.notReady : []),
           protocol_version: 1,
@@ -157,7 +159,8 @@ export class TestClock implements Clock {
   monotonic(): number {
     return this.current;
   }
-  setTimer(): () => void {
+  /** Never fires: time moves only as the tests move it. */
+  setTimer(_fn: () => void, _ms: number): () => void {
     return () => undefined;
   }
   async sleep(ms: number): Promise<void> {
