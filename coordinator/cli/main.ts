@@ -14,8 +14,8 @@ import { listenForEndingSignals } from "../collect/ending-signals.js";
 // Every other command ignores it: a SIGUSR1 meant for a collector often reaches a whole process
 // group or job, coordinator daemon included, and must not open an inspector there either
 // (debugging: start node with --inspect).
-// A SIGTERM too: one arriving while it loads is kept for its handler (the stop checkpoint and exit
-// 75), not a death by signal a scheduler would not requeue (collect/ending-signals.ts).
+// A SIGTERM too: one arriving while it loads ends its start-up with exit 75 once the command runs,
+// not a death by signal a scheduler would not requeue (collect/ending-signals.ts).
 if (process.argv[2] === "collect") {
   listenForCheckpointSignals();
   listenForEndingSignals();

@@ -1,5 +1,9 @@
-import { createReadStream } from "node:fs";
+import { constants, createReadStream, open } from "node:fs";
+import { stat } from "node:fs/promises";
+import { Socket } from "node:net";
 import { createInterface } from "node:readline";
+import type { Readable } from "node:stream";
+import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
 import { CheckpointError, RolloutIdSchema, describeZodError, isUnreadableStorage, namePath } from "../../protocol/index.js";
 
@@ -14,13 +18,21 @@ export interface TaskRow {
   task: Record<string, unknown>;
 }
 
-/** Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be. */
-export async function readTaskRows(path: string): Promise<TaskRow[]> {
+/**
+ * Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be.
+ * `signal` gives the read up (rejecting with its reason), even one that never delivers.
+ */
+export async function readTaskRows(path: string, { signal }: { signal?: AbortSignal } = {}): Promise<TaskRow[]> {
   const rows: TaskRow[] = [];
   const seen = new Set<string>();
-  const input = createReadStream(path, { encoding: "utf8" });
+  let input: Readable | undefined;
+  const giveUp = () => input?.destroy(signal!.reason as Error);
+  signal?.addEventListener("abort", giveUp, { once: true });
   let number = 0;
   try {
+    signal?.throwIfAborted();
+    input = await openTasks(path);
+    if (signal?.aborted) giveUp(); // aborted while opening
     for await (const line of createInterface({ input, crlfDelay: Infinity })) {
       number++;
       if (!line.trim()) continue;
@@ -37,15 +49,34 @@ export async function readTaskRows(path: string): Promise<TaskRow[]> {
       seen.add(parsed.data.id);
       rows.push({ rolloutId: parsed.data.id, task: parsed.data.task });
     }
+    signal?.throwIfAborted(); // never a part of the rows for all of them
   } catch (error) {
     if (error instanceof CheckpointError) throw error;
+    if (signal?.aborted) throw signal.reason;
     // The storage refusing the read (EIO, EACCES, a stale handle) is no fault of the flag: thrown as
     // it is, storage_error (exit 1). Only a file that is not there or not readable as one is.
     if (isUnreadableStorage(error)) throw namePath(error, path);
     const code = (error as NodeJS.ErrnoException).code;
     throw new CheckpointError("invalid_request", `tasks file ${path} ${code === "ENOENT" ? "does not exist" : `is not readable (${code ?? String(error)})`}`);
   } finally {
-    input.destroy(); // a refused line leaves the rest unread
+    signal?.removeEventListener("abort", giveUp);
+    input?.destroy(); // a refused line leaves the rest unread
   }
   return rows;
+}
+
+/**
+ * A FIFO or pipe (`/dev/stdin` after `|`, `<(…)`) is read through the event loop: opened
+ * non-blocking, its open waits for no writer, and its read for no data on a libuv thread, where a
+ * writer that stays silent would block it for good, and with it the process's exit. A terminal
+ * likewise. Anything else (a regular file) is read as a file.
+ */
+async function openTasks(path: string): Promise<Readable> {
+  const fifo = (await stat(path)).isFIFO();
+  const fd = await new Promise<number>((resolve, reject) =>
+    open(path, fifo ? constants.O_RDONLY | constants.O_NONBLOCK : constants.O_RDONLY, (error, fd) => (error ? reject(error) : resolve(fd))),
+  );
+  if (fifo) return new Socket({ fd, readable: true, writable: false });
+  if (isatty(fd)) return new TtyReadStream(fd);
+  return createReadStream("", { fd });
 }

@@ -9,7 +9,7 @@ import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
-import { handleEndingSignals, listenForEndingSignals, type EndingSignal } from "../../collect/ending-signals.js";
+import { handleEndingSignals, listenForEndingSignals, sigtermBeforeHandler, type EndingSignal } from "../../collect/ending-signals.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
@@ -73,6 +73,15 @@ export function register(program: Command): void {
     const checkpointRequests = listenForCheckpointSignals();
     // Likewise a SIGTERM: kept until the handler below takes over (collect/ending-signals.ts).
     listenForEndingSignals();
+    // Until the lock is held nothing is started, held or written: a SIGTERM by then ends the start-up
+    // at once, "requeue me", rather than after a start (a restore, a leader to wait for) that would
+    // only checkpoint what it restored, or never once a --tasks does not deliver.
+    const sigterm = sigtermBeforeHandler();
+    const requeueIfSigterm = () => {
+      if (!sigterm.aborted) return;
+      process.stderr.write(`SIGTERM before the start: nothing was started; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
+      process.exit(EXIT_REQUEUE);
+    };
     await runCli(async () => {
       const env = process.env;
       // Without a reply to print, --json would be silently ignored.
@@ -107,13 +116,24 @@ export function register(program: Command): void {
       const deployment = clientDeployment(flags.deployment, env);
       const token = clientToken(flags.token, env);
       if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN (or GYM_CKPT_TOKEN, the deployment's shared token)");
+      // The flags are checked first: a bad one is reported (exit 2) whatever the signal.
+      requeueIfSigterm();
       const outPath = resolve(flags.out);
       await assertAppendable(outPath, flags.tasks);
-      const rows = await readTaskRows(flags.tasks);
+      requeueIfSigterm();
+      const rows = await readTaskRows(flags.tasks, { signal: sigterm }).catch((error: unknown) => {
+        requeueIfSigterm(); // the read given up
+        throw error;
+      });
       const checkpointDir = resolve(flags.checkpointDir);
+      requeueIfSigterm();
       await ensureCheckpointDir(checkpointDir);
+      requeueIfSigterm();
       // One collector per checkpoint root, before anything in it is read or written.
       const lock = await acquireCollectorLock(checkpointDir);
+      // One arriving while the lock was taken: let go of it, then as before it.
+      if (sigterm.aborted) await lock.release();
+      requeueIfSigterm();
       let telemetry: TelemetryHandle | undefined;
       let nc: NatsConnection | undefined;
       // Every way out (a refusal at start-up, a failed run, the summary) lets go of the lock, the
@@ -137,8 +157,8 @@ export function register(program: Command): void {
         startFailed = reject;
       }).finally(() => (startSettled = true));
       startup.catch(() => undefined); // surfaced by runCli
-      // Handed over as soon as the lock is held (before it, a SIGTERM is kept, a SIGINT or SIGHUP
-      // ends the process as by default: nothing is held yet). SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
+      // Handed over as soon as the lock is held (before it, a SIGTERM exits 75 as above, a SIGINT or
+      // SIGHUP ends the process as by default: nothing is held yet). SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
       // exit at once (130, 129): the next start retires what was in flight. A second SIGTERM during
       // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the lock still released.
       let leaving: EndingSignal | undefined;
