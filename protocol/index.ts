@@ -198,6 +198,8 @@ export {
   RolloutIndexRowSchema,
   encodeRolloutIndex,
   encodeRecordLines,
+  MAX_ROLLOUT_BATCH_BYTES,
+  rolloutBatchFit,
   RolloutStepMarkerSchema,
   rolloutStepMarkerName,
   encodeRolloutStepMarker,

@@ -251,13 +251,50 @@ export type RolloutIndexHeader = z.infer<typeof RolloutIndexHeaderSchema>;
 export type RolloutIndexRow = z.infer<typeof RolloutIndexRowSchema>;
 
 /**
+ * The most bytes one batch's record file or its index may take: each is encoded into one Buffer, and
+ * a longer one throws Node's bare RangeError (4 GiB on Node 20). Refused `invalid_request` before then.
+ */
+export const MAX_ROLLOUT_BATCH_BYTES = constants.MAX_LENGTH;
+
+/** The `data` key of a batch refused for its size: how many of its leading records fit. */
+const FITTING_RECORDS = "fitting_records";
+
+function batchTooLarge(what: string, records: number, bytes: number, maxBytes: number, fitting: number): CheckpointError {
+  return new CheckpointError(
+    "invalid_request",
+    `${what} of a batch of ${records} records would be ${bytes} bytes, over the ${maxBytes} one buffer can hold: split the batch (its first ${fitting} records fit)`,
+    { data: { [FITTING_RECORDS]: fitting } },
+  );
+}
+
+/**
+ * How many leading records of a batch refused for its size (its record file or its index past
+ * `MAX_ROLLOUT_BATCH_BYTES`) fit, for a caller that splits it there; undefined for any other error.
+ */
+export function rolloutBatchFit(error: unknown): number | undefined {
+  if (!(error instanceof CheckpointError) || error.code !== "invalid_request") return undefined;
+  const fitting = error.data?.[FITTING_RECORDS];
+  return typeof fitting === "number" ? fitting : undefined;
+}
+
+/**
  * The index's JSON lines, encoded line by line: joined into one string first, the index of a few
  * million records passed the longest string V8 makes (512 MiB) and threw a RangeError. Readers
- * ignore an index that long (they decode it as one string) and parse the record file in full.
+ * ignore an index that long (they decode it as one string) and parse the record file in full. An
+ * index longer than `maxBytes` (one Buffer's limit; smaller only in tests) is refused: rows are
+ * longer than small records, so tens of millions of them can pass it before their record file does.
  */
-export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly RolloutIndexRow[]): Buffer {
+export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly RolloutIndexRow[], maxBytes: number = MAX_ROLLOUT_BATCH_BYTES): Buffer {
   const lines = [header, ...rows].map((line, position) => rolloutIndexLine(line, position));
-  const bytes = Buffer.allocUnsafe(lines.reduce((total, line) => total + Buffer.byteLength(line, "utf8"), 0));
+  const lengths = lines.map((line) => Buffer.byteLength(line, "utf8"));
+  const total = lengths.reduce((sum, length) => sum + length, 0);
+  if (total > maxBytes) {
+    // The header of fewer records is never longer (smaller size and count), so these rows fit with theirs.
+    let fitting = 0;
+    for (let used = lengths[0]!; fitting < rows.length && used + lengths[fitting + 1]! <= maxBytes; fitting++) used += lengths[fitting + 1]!;
+    throw batchTooLarge("the index", rows.length, total, maxBytes, fitting);
+  }
+  const bytes = Buffer.allocUnsafe(total);
   let offset = 0;
   for (const line of lines) offset += bytes.write(line, offset, "utf8");
   return bytes;
@@ -292,15 +329,20 @@ const MAX_RECORD_LINE_BYTES = constants.MAX_STRING_LENGTH;
 /**
  * JSON lines with each line's byte span (newline included): spans are bytes, never string length.
  * A record JSON cannot encode (a BigInt or a cycle in a task's open-ended fields, a throwing
- * toJSON), or whose line would be longer than `maxLineBytes`, is `invalid_request`.
+ * toJSON), or whose line would be longer than `maxLineBytes`, is `invalid_request`; so is a batch
+ * whose lines together would be longer than `maxBatchBytes` (one Buffer's limit), naming the size
+ * it would have and how many leading records fit. Both limits are smaller only in tests.
  */
 export function encodeRecordLines(
   records: readonly unknown[],
   maxLineBytes: number = MAX_RECORD_LINE_BYTES,
+  maxBatchBytes: number = MAX_ROLLOUT_BATCH_BYTES,
 ): { bytes: Buffer; spans: Array<{ offset: number; len: number }> } {
   const chunks: Buffer[] = [];
   const spans: Array<{ offset: number; len: number }> = [];
   let offset = 0;
+  /** Records whose lines fit the batch, once one did not: the rest are only measured, for the refusal. */
+  let fitting: number | undefined;
   for (const [i, record] of records.entries()) {
     let text: string | undefined;
     try {
@@ -317,13 +359,21 @@ export function encodeRecordLines(
     if (length > maxLineBytes) {
       throw invalid(`record ${i} is ${length} bytes as a JSON line, longer than any reader can decode (${maxLineBytes})`);
     }
+    // Past one Buffer, Buffer.concat throws Node's bare RangeError (a collector would retry it at every
+    // flush): the lines made so far are dropped and the rest measured, so the refusal names the size.
+    if (fitting === undefined && offset + length > maxBatchBytes) {
+      fitting = i;
+      chunks.length = 0;
+    }
+    offset += length;
+    if (fitting !== undefined) continue;
     const line = Buffer.allocUnsafe(length);
     line.write(text, 0, "utf8");
     line[length - 1] = 0x0a; // "\n"
-    spans.push({ offset, len: line.length });
+    spans.push({ offset: offset - length, len: length });
     chunks.push(line);
-    offset += line.length;
   }
+  if (fitting !== undefined) throw batchTooLarge("the record file", records.length, offset, maxBatchBytes, fitting);
   return { bytes: Buffer.concat(chunks, offset), spans };
 }
 
@@ -398,9 +448,10 @@ export interface EncodedRolloutRecords {
 /**
  * Validates and encodes one env's records and their index. Pure: write `recordBytes` first and
  * `indexBytes` second (each atomically) so an index never points at bytes that are not there yet.
- * Refusals are `invalid_request` and name the first problem.
+ * Refusals are `invalid_request` and name the first problem; a batch whose record file or index would
+ * pass `maxBatchBytes` (one Buffer's limit; smaller only in tests) is one (see `rolloutBatchFit`).
  */
-export function encodeRolloutRecords(batch: RolloutRecordBatch): EncodedRolloutRecords {
+export function encodeRolloutRecords(batch: RolloutRecordBatch, maxBatchBytes: number = MAX_ROLLOUT_BATCH_BYTES): EncodedRolloutRecords {
   if (!RecordKindSchema.safeParse(batch.kind).success) throw invalid(`kind must be train or eval, got ${JSON.stringify(batch.kind)}`);
   const paths = rolloutRecordPaths(batch.step, batch.kind, batch.env);
   const pv = batch.policyVersion;
@@ -419,7 +470,7 @@ export function encodeRolloutRecords(batch: RolloutRecordBatch): EncodedRolloutR
     return parsed.data;
   });
   // The validated copy drops nothing (strict schemas), so the caller's objects are what gets written.
-  const { bytes, spans } = encodeRecordLines(batch.records);
+  const { bytes, spans } = encodeRecordLines(batch.records, MAX_RECORD_LINE_BYTES, maxBatchBytes);
   const rows: RolloutIndexRow[] = traces.map((trace, i) => ({
     trace: trace.id,
     task_idx: trace.task.idx,
@@ -444,7 +495,7 @@ export function encodeRolloutRecords(batch: RolloutRecordBatch): EncodedRolloutR
     sha256: createHash("sha256").update(bytes).digest("hex"),
     records: rows.length,
   };
-  return { recordFile: paths.recordFile, indexFile: paths.indexFile, recordBytes: bytes, indexBytes: encodeRolloutIndex(header, rows), header, rows };
+  return { recordFile: paths.recordFile, indexFile: paths.indexFile, recordBytes: bytes, indexBytes: encodeRolloutIndex(header, rows, maxBatchBytes), header, rows };
 }
 
 // ---- a finished /run's trajectory -----------------------------------------------------------

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import path from "node:path";
-import { CheckpointError, MAX_ROLLOUT_STEP_MARKER_BYTES, encodeRecordLines, encodeRolloutRecords, encodeRolloutStepMarker, rolloutStepMarkerFiles, type EncodedRolloutRecords } from "../../protocol/index.js";
+import { CheckpointError, MAX_ROLLOUT_BATCH_BYTES, MAX_ROLLOUT_STEP_MARKER_BYTES, encodeRecordLines, encodeRolloutRecords, encodeRolloutStepMarker, rolloutStepMarkerFiles, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
 import { invalidRequest } from "./errors.js";
@@ -42,10 +42,11 @@ export async function encodeRecords(
  * Writes <stepDir>/<kind>_rollouts_<env>.jsonl, then its index. Records are published first so an
  * index never points at bytes that do not exist yet. Invalid input is refused before anything is written.
  * A record file already published with exactly these bytes is kept (a retry), and its index is
- * written if it is missing or differs.
+ * written if it is missing or differs. A batch whose record file or index would be longer than one
+ * Buffer (`maxBatchBytes`, smaller only in tests) is refused: write its records in more steps.
  */
-export async function writeRolloutRecords(rootDir: string, step: number, batch: EnvRecords): Promise<WrittenRecords> {
-  return publish(await prepare(rootDir, step, batch));
+export async function writeRolloutRecords(rootDir: string, step: number, batch: EnvRecords, maxBatchBytes = MAX_ROLLOUT_BATCH_BYTES): Promise<WrittenRecords> {
+  return publish(await prepare(rootDir, step, batch, maxBatchBytes));
 }
 
 interface Prepared {
@@ -60,7 +61,7 @@ interface Prepared {
 }
 
 /** Validates and encodes one env's records (the protocol's pure encoding); touches no file. */
-async function prepare(rootDir: string, step: number, batch: EnvRecords): Promise<Prepared> {
+async function prepare(rootDir: string, step: number, batch: EnvRecords, maxBatchBytes: number): Promise<Prepared> {
   const stepDir = path.join(rootDir, stepDirName(step));
   const recordPath = path.join(stepDir, recordFileName(batch.kind, batch.env));
   const indexPath = indexPathFor(recordPath)!;
@@ -68,7 +69,7 @@ async function prepare(rootDir: string, step: number, batch: EnvRecords): Promis
   const policyVersion = typeof pv === "function" ? batch.traces.map((trace, i) => pv(trace, i)) : (pv ?? null);
   let encoded: EncodedRolloutRecords;
   try {
-    encoded = encodeRolloutRecords({ kind: batch.kind, env: batch.env, step, records: batch.traces, policyVersion });
+    encoded = encodeRolloutRecords({ kind: batch.kind, env: batch.env, step, records: batch.traces, policyVersion }, maxBatchBytes);
   } catch (error) {
     if (error instanceof CheckpointError) throw invalidRequest(error.message, { cause: error });
     throw error;
@@ -113,12 +114,14 @@ export async function writeStepRecords(
   batches: readonly EnvRecords[],
   /** Every reader's marker limit; smaller only in tests. */
   maxMarkerBytes = MAX_ROLLOUT_STEP_MARKER_BYTES,
+  /** One env's record file or index at most (one Buffer); smaller only in tests. */
+  maxBatchBytes = MAX_ROLLOUT_BATCH_BYTES,
 ): Promise<WrittenRecords[]> {
   const names = batches.map((b) => `${b.kind}:${b.env}`);
   if (new Set(names).size !== names.length) throw invalidRequest("each (kind, env) may appear once per step");
   // Validate and encode every env before publishing any, so a refusal leaves the step untouched.
   const prepared: Prepared[] = [];
-  for (const batch of batches) prepared.push(await prepare(rootDir, step, batch));
+  for (const batch of batches) prepared.push(await prepare(rootDir, step, batch, maxBatchBytes));
   const stepDir = path.join(rootDir, stepDirName(step));
   // A marker no reader accepts would leave the step incomplete for followers for good: refused
   // before any file is published (a concurrent writer may still push it over: completeMarker refuses then).

@@ -18,6 +18,7 @@ import {
   writeStepRecords,
   type TraceRecord,
 } from "../../../participants/replay/index.js";
+import { encodeRolloutRecords } from "../../../protocol/index.js";
 import { compactedTrace, linearTrace, mathSource, silent, tempDir, traceId } from "./fixtures.js";
 
 let dir: string;
@@ -321,6 +322,29 @@ describe("record writer", () => {
       message: expect.stringMatching(/record 0 .*longer than any reader can decode/),
     });
     expect(await readdir(dir)).toEqual([]);
+  });
+
+  // At the real limit (one Buffer, 4 GiB on Node 20) a batch's record file or index threw a bare
+  // RangeError from Buffer.concat / Buffer.allocUnsafe, with no catalog code. Injected small here.
+  it("refuses a batch whose record file or index would pass one buffer's limit, invalid_request, before publishing any file", async () => {
+    // Records smaller than their index rows, so the index can pass the limit while the records fit.
+    const bare = (n: number): TraceRecord => ({ id: traceId(n), task: { idx: n, name: null, prompt: null }, nodes: [], rewards: {} });
+    const traces = [1, 2, 3].map(bare);
+    const { recordBytes, indexBytes } = encodeRolloutRecords({ kind: "train", env: "big", step: 1, records: traces });
+    const small = { kind: "train" as const, env: "small", traces: [bare(9)] };
+    const big = { kind: "train" as const, env: "big", traces };
+    for (const [limit, what] of [[recordBytes.length - 1, "record file"], [indexBytes.length - 1, "index"]] as const) {
+      if (what === "index") expect(recordBytes.length).toBeLessThanOrEqual(limit);
+      const refused = { code: "invalid_request", message: expect.stringMatching(new RegExp(`^the ${what} of a batch of 3 records would be \\d+ bytes, over the ${limit} one buffer can hold: split the batch`)) };
+      await expect(writeStepRecords(dir, 1, [big, small], undefined, limit)).rejects.toMatchObject(refused);
+      await expect(writeRolloutRecords(dir, 1, big, limit)).rejects.toMatchObject(refused);
+      // No record file, no index, no marker: not even the env that fits.
+      expect(await readdir(dir)).toEqual([]);
+    }
+    // Within the limit (here, the writer's default) the same call goes ahead.
+    await writeStepRecords(dir, 1, [small, big]);
+    expect((await readdir(path.join(dir, "step_1"))).sort()).toEqual(["_complete_train.json", "index_train_big.jsonl", "index_train_small.jsonl", "train_rollouts_big.jsonl", "train_rollouts_small.jsonl"]);
+    expect(await readFile(path.join(dir, "step_1", "train_rollouts_big.jsonl"))).toEqual(recordBytes);
   });
 
   it("keeps writing off the caller's path and publishes steps in enqueue order", async () => {

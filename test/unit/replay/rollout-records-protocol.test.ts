@@ -6,6 +6,7 @@ import {
   RunTrajectorySchema,
   encodeRolloutIndex,
   encodeRolloutRecords,
+  rolloutBatchFit,
   rolloutRecordPaths,
   traceRecordFromTrajectory,
 } from "../../../protocol/index.js";
@@ -116,6 +117,62 @@ describe("protocol rollout-record encoding", () => {
       expect(error).toBeInstanceOf(CheckpointError);
       expect(error).toMatchObject({ code: "invalid_request", message: `record 1 is ${bytes + 1} bytes as a JSON line, longer than any reader can decode (${limit})` });
     }
+  });
+
+  it("a batch whose record lines together pass one buffer's limit is refused invalid_request, naming its size, the limit and how many records fit", () => {
+    // At the real limit (buffer.constants.MAX_LENGTH, 4 GiB on Node 20), Buffer.concat threw a bare
+    // RangeError, which the collector retried at every flush; injected here so nothing is allocated.
+    const records = [{ id: "a" }, { id: "b", text: "6×7 🙂" }, { id: "c" }];
+    const lines = records.map((record) => Buffer.from(`${JSON.stringify(record)}\n`, "utf8"));
+    const total = lines.reduce((sum, line) => sum + line.length, 0);
+    expect(encodeRecordLines(records, 1 << 20, total).bytes).toEqual(Buffer.concat(lines));
+    const refusal = (maxLineBytes: number, maxBatchBytes: number) => {
+      try {
+        encodeRecordLines(records, maxLineBytes, maxBatchBytes);
+      } catch (error) {
+        return error;
+      }
+      return undefined;
+    };
+    for (const [limit, fitting] of [[total - 1, 2], [lines[0]!.length + lines[1]!.length, 2], [lines[0]!.length + lines[1]!.length - 1, 1], [lines[0]!.length - 1, 0]] as const) {
+      const error = refusal(1 << 20, limit);
+      expect(error).toBeInstanceOf(CheckpointError);
+      expect(error).toMatchObject({
+        code: "invalid_request",
+        message: `the record file of a batch of 3 records would be ${total} bytes, over the ${limit} one buffer can hold: split the batch (its first ${fitting} records fit)`,
+      });
+      expect(rolloutBatchFit(error)).toBe(fitting);
+      // What fits does encode at that limit.
+      expect(encodeRecordLines(records.slice(0, fitting), 1 << 20, limit).bytes).toEqual(Buffer.concat(lines.slice(0, fitting)));
+    }
+    // A record's own refusal is no batch refusal: nothing to split.
+    const lineRefusal = refusal(5, total);
+    expect(lineRefusal).toMatchObject({ code: "invalid_request", message: expect.stringMatching(/^record 0 is \d+ bytes as a JSON line/) });
+    expect(rolloutBatchFit(lineRefusal)).toBeUndefined();
+  });
+
+  it("a batch whose index passes one buffer's limit (its records fit) is refused invalid_request, naming its size, the limit and how many records fit", () => {
+    // Rows are longer than small records: tens of millions of them pass 4 GiB before their file does.
+    const records = [1, 2, 3, 4].map((n) => ({ id: `r${n}`, task: { idx: n, name: null, prompt: null }, nodes: [], rewards: {} }));
+    const { recordBytes, indexBytes } = encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records });
+    const limit = indexBytes.length - 1;
+    expect(recordBytes.length).toBeLessThanOrEqual(limit);
+    let error: unknown;
+    try {
+      encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records }, limit);
+    } catch (caught) {
+      error = caught;
+    }
+    expect(error).toBeInstanceOf(CheckpointError);
+    expect(error).toMatchObject({
+      code: "invalid_request",
+      message: `the index of a batch of 4 records would be ${indexBytes.length} bytes, over the ${limit} one buffer can hold: split the batch (its first 3 records fit)`,
+    });
+    expect(rolloutBatchFit(error)).toBe(3);
+    expect(encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records: records.slice(0, 3) }, limit).header.records).toBe(3);
+    expect(encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records }, indexBytes.length).indexBytes).toEqual(indexBytes);
+    // A row's own refusal is no batch refusal.
+    expect(rolloutBatchFit(new CheckpointError("invalid_request", "record 0 is too long"))).toBeUndefined();
   });
 
   it("refuses bad input with invalid_request and names the paths it would use", () => {
