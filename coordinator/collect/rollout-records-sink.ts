@@ -3,6 +3,7 @@ import { basename, join } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  MAX_ROLLOUT_BATCH_BYTES,
   MAX_ROLLOUT_STEP_MARKER_BYTES,
   ROLLOUTS_DIR,
   assertRolloutEnv,
@@ -10,6 +11,7 @@ import {
   encodeRolloutStepMarker,
   makeDirectories,
   parseRolloutRecordFileName,
+  rolloutBatchFit,
   rolloutStepDir,
   rolloutStepMarkerFiles,
   rolloutStepMarkerName,
@@ -31,6 +33,8 @@ export interface RolloutRecordsOptions {
   everySeconds: number;
   /** Every reader's step-marker limit; smaller only in tests. */
   maxMarkerBytes?: number;
+  /** One step file's or its index's limit (one Buffer); smaller only in tests. */
+  maxBatchBytes?: number;
 }
 
 export interface RolloutRecordsStats {
@@ -148,6 +152,10 @@ export class RolloutRecordsSink {
     return this.options.maxMarkerBytes ?? MAX_ROLLOUT_STEP_MARKER_BYTES;
   }
 
+  private get maxBatchBytes(): number {
+    return this.options.maxBatchBytes ?? MAX_ROLLOUT_BATCH_BYTES;
+  }
+
   /** What the step's marker of this kind would list with `extra` added: what it lists and the record files there. */
   private async markerListing(step: number, extra?: string): Promise<{ listed: string[] | null; files: string[] }> {
     const { kind } = this.options;
@@ -233,8 +241,23 @@ export class RolloutRecordsSink {
     this.closed = true;
   }
 
+  /**
+   * Writes a flushed batch as one step, or as several in a row when one step file cannot hold it all
+   * (its record file or index past one Buffer): refused so now, it would be refused so by every later
+   * flush, all its rows kept back for ever.
+   */
   private async write(batch: TraceRecord[]): Promise<void> {
+    let rest = batch;
+    while (rest.length > 0) rest = await this.writeStep(rest);
+  }
+
+  /**
+   * Writes as many leading records of `batch` as one step file holds, and returns the others for the
+   * next step; none when the flush failed before publishing (they are all back in the buffer then).
+   */
+  private async writeStep(batch: TraceRecord[]): Promise<TraceRecord[]> {
     let records = batch;
+    let rest: TraceRecord[] = [];
     // A step number is never reused, even after a failed (possibly half-visible) attempt.
     let step = this.nextStep++;
     await this.markUnmarked();
@@ -248,8 +271,14 @@ export class RolloutRecordsSink {
       await this.beforePublish?.();
       for (;;) {
         const next = this.encode(step, records);
+        rest = [...next.rest, ...rest];
+        if (!next.encoded) {
+          // Every record of this step was left out: the rest of the batch, if any, takes the step.
+          if (!rest.length) return [];
+          [records, rest] = [rest, []];
+          continue;
+        }
         records = next.records;
-        if (!next.encoded) return; // every record was left out
         encoded = next.encoded;
         // Other collections filled this step's marker: the next step takes the file instead.
         if (!(await this.markerFits(step, basename(encoded.recordFile)))) {
@@ -269,6 +298,7 @@ export class RolloutRecordsSink {
       await replaceFileDurably(join(this.root, encoded.indexFile), encoded.indexBytes);
       await this.completeMarker(step, "flush");
       this.written(step, records.length, encoded.recordFile);
+      return rest;
     } catch (error) {
       this.stats.failedFlushes++;
       if (published) {
@@ -279,13 +309,14 @@ export class RolloutRecordsSink {
         this.unmarked.add(step);
         this.written(step, records.length, recordFile!);
         this.logger.warn({ err: error, step }, "rollout records written, but their index or marker failed; the marker is tried again");
-        return;
+        return rest;
       }
-      // Nothing of it was published: its rows go into a later step.
-      this.buffer = [...records, ...this.buffer];
+      // Nothing of it was published: its rows, and the rest of the batch, go into a later step.
+      this.buffer = [...records, ...rest, ...this.buffer];
       // No row may come to start the timer again (the last rows finished): start it now.
       this.arm();
-      this.logger.warn({ err: error, step, records: records.length }, "writing rollout records failed; kept for the next flush");
+      this.logger.warn({ err: error, step, records: records.length + rest.length }, "writing rollout records failed; kept for the next flush");
+      return [];
     }
   }
 
@@ -293,27 +324,42 @@ export class RolloutRecordsSink {
    * Encodes the step, dropping the records that cannot be encoded (a line longer than any reader can
    * decode, a value JSON cannot encode): refused so now, they are refused so by every later flush, and
    * kept back they would hold back every record after them. Counted as skipped, as a reply without a
-   * usable trajectory is.
+   * usable trajectory is. A batch whose record file or index would pass one Buffer is split where the
+   * protocol says it fits: `rest`, the records after that, go into the next step.
    */
-  private encode(step: number, records: TraceRecord[]): { encoded?: ReturnType<typeof encodeRolloutRecords>; records: TraceRecord[] } {
+  private encode(step: number, batch: TraceRecord[]): { encoded?: ReturnType<typeof encodeRolloutRecords>; records: TraceRecord[]; rest: TraceRecord[] } {
     const { kind, env } = this.options;
-    try {
-      return { encoded: encodeRolloutRecords({ kind, env, step, records }), records };
-    } catch (error) {
-      if (!(error instanceof CheckpointError && error.code === "invalid_request")) throw error;
-      const usable = records.filter((record) => {
-        try {
-          encodeRolloutRecords({ kind, env, step, records: [record] });
-          return true;
-        } catch (refusal) {
-          this.stats.skipped++;
-          this.logger.warn({ err: refusal, id: record.id }, "a rollout record cannot be encoded; it is left out");
-          return false;
+    let records = batch;
+    let rest: TraceRecord[] = [];
+    for (;;) {
+      try {
+        return { encoded: encodeRolloutRecords({ kind, env, step, records }, this.maxBatchBytes), records, rest };
+      } catch (error) {
+        if (!(error instanceof CheckpointError && error.code === "invalid_request")) throw error;
+        const fitting = rolloutBatchFit(error);
+        if (fitting !== undefined && records.length > 1) {
+          // At least one record: one that does not fit alone is left out below, at the next try.
+          const cut = Math.max(fitting, 1);
+          this.logger.info({ step, records: cut, rest: records.length - cut + rest.length }, "a step file cannot hold every buffered record; the rest go into the next step");
+          rest = [...records.slice(cut), ...rest];
+          records = records.slice(0, cut);
+          continue;
         }
-      });
-      // Nothing left out: the batch as a whole is refused (not one record); thrown as a failed flush.
-      if (usable.length === records.length) throw error;
-      return usable.length ? { encoded: encodeRolloutRecords({ kind, env, step, records: usable }), records: usable } : { records: usable };
+        const usable = records.filter((record) => {
+          try {
+            encodeRolloutRecords({ kind, env, step, records: [record] }, this.maxBatchBytes);
+            return true;
+          } catch (refusal) {
+            this.stats.skipped++;
+            this.logger.warn({ err: refusal, id: record.id }, "a rollout record cannot be encoded; it is left out");
+            return false;
+          }
+        });
+        // Nothing left out: the batch as a whole is refused (not one record); thrown as a failed flush.
+        if (usable.length === records.length) throw error;
+        if (!usable.length) return { records: usable, rest };
+        records = usable;
+      }
     }
   }
 

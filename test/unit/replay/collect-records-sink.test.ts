@@ -1,9 +1,10 @@
+import { createHash } from "node:crypto";
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { RolloutRecordsSink } from "../../../coordinator/collect/rollout-records-sink.js";
-import { RolloutStepMarkerSchema, encodeRolloutStepMarker } from "../../../protocol/index.js";
-import { ReplayTaskSource, completedFiles, readRecords, newReadStats, writeRolloutRecords } from "../../../participants/replay/index.js";
+import { RolloutStepMarkerSchema, encodeRolloutRecords, encodeRolloutStepMarker, type TraceRecord } from "../../../protocol/index.js";
+import { ReplayTaskSource, checkIndex, completedFiles, readRecords, newReadStats, writeRolloutRecords } from "../../../participants/replay/index.js";
 import { linearTrace, mathSource, silent, tempDir, traceId, type MathTask } from "./fixtures.js";
 
 let dir: string;
@@ -25,6 +26,18 @@ async function idsOf(file: string): Promise<string[]> {
   for await (const r of readRecords(file, { filters: { minReward: null, maxReward: null, minBranches: 1 }, stats, useIndex: true, verifySha256: true, logger: silent })) out.push(r.trace.id);
   expect(stats.filesIndexed).toBe(1); // the index was accepted, sha256 included
   return out;
+}
+
+/** The ids in step N's eval file of env gym, in file order, once its index checks out against it (spans, size, sha256); records without nodes included. */
+async function indexedIds(root: string, step: number): Promise<string[]> {
+  const file = path.join(root, `step_${step}`, "eval_rollouts_gym.jsonl");
+  const bytes = await readFile(file);
+  const check = checkIndex(await readFile(path.join(root, `step_${step}`, "index_eval_gym.jsonl"), "utf8"), { recordFile: path.basename(file), kind: "eval", env: "gym", step, size: bytes.length });
+  if (!check.ok) throw new Error(`step ${step}'s index: ${check.reason}`);
+  expect(check.header.sha256).toBe(createHash("sha256").update(bytes).digest("hex"));
+  const ids = bytes.toString("utf8").split("\n").filter(Boolean).map((line) => (JSON.parse(line) as { id: string }).id);
+  expect(check.rows.map((row) => row.trace)).toEqual(ids);
+  return ids;
 }
 
 describe("the collector's rollout-records sink", () => {
@@ -123,6 +136,55 @@ describe("the collector's rollout-records sink", () => {
     await sink.close();
     expect(sink.stats).toEqual({ steps: 2, records: 3, skipped: 1, failedFlushes: 0, unwritten: 0 });
     expect(await idsOf(path.join(root, "step_2", "eval_rollouts_gym.jsonl"))).toEqual([traceId(4)]);
+  });
+
+  // A batch whose record file or index passes one Buffer (4 GiB on Node 20) is refused by the
+  // encoder, and was refused by every later flush too, which kept all its rows and every row after
+  // them. The limit is injected small: a step file holds two of these records, or two index rows.
+  describe("a batch too large for one step file is split into steps in a row, not refused by every flush", () => {
+    const bare = (n: number): TraceRecord => ({ id: traceId(n), task: { idx: n, name: null, prompt: null }, nodes: [], rewards: {} });
+    const cases = [
+      ["its record file", (n: number) => linearTrace(traceId(n)), (two: ReturnType<typeof encodeRolloutRecords>) => two.recordBytes.length],
+      ["its index (rows longer than the records)", bare, (two: ReturnType<typeof encodeRolloutRecords>) => two.indexBytes.length],
+    ] as const;
+    for (const [what, make, limitOf] of cases) {
+      it(what, async () => {
+        const two = encodeRolloutRecords({ kind: "eval", env: "gym", step: 1, records: [make(1), make(2)] });
+        const limit = limitOf(two);
+        expect(Math.max(two.recordBytes.length, two.indexBytes.length)).toBe(limit); // the other one fits
+        const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 600, maxBatchBytes: limit }, silent);
+        await sink.start();
+        for (const n of [1, 2, 3, 4, 5]) sink.add(make(n));
+        await sink.flush();
+        expect(sink.stats).toEqual({ steps: 3, records: 5, skipped: 0, failedFlushes: 0, unwritten: 0 });
+        const root = path.join(dir, "rollouts");
+        const steps = [[1, 2], [3, 4], [5]];
+        for (const [i, ids] of steps.entries()) {
+          expect(await indexedIds(root, i + 1)).toEqual(ids.map(traceId));
+          expect(await completedFiles(path.join(root, `step_${i + 1}`))).toEqual(new Set(["eval_rollouts_gym.jsonl"]));
+        }
+        // Later flushes go on as usual.
+        sink.add(make(6));
+        await sink.close();
+        expect(sink.stats).toEqual({ steps: 4, records: 6, skipped: 0, failedFlushes: 0, unwritten: 0 });
+        expect(await indexedIds(root, 4)).toEqual([traceId(6)]);
+      });
+    }
+
+    it("a record no step file can hold alone is left out (counted as skipped), and the records around it are written", async () => {
+      const limit = encodeRolloutRecords({ kind: "eval", env: "gym", step: 1, records: [linearTrace(traceId(1)), linearTrace(traceId(2))] }).recordBytes.length;
+      const huge = linearTrace(traceId(2));
+      huge.task = { ...huge.task, padding: "x".repeat(limit) };
+      const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 600, maxBatchBytes: limit }, silent);
+      await sink.start();
+      for (const trace of [linearTrace(traceId(1)), huge, linearTrace(traceId(3)), linearTrace(traceId(4))]) sink.add(trace);
+      await sink.close();
+      expect(sink.stats).toEqual({ steps: 2, records: 3, skipped: 1, failedFlushes: 0, unwritten: 0 });
+      const root = path.join(dir, "rollouts");
+      expect((await readdir(root)).sort()).toEqual(["step_1", "step_2"]); // the step the left-out record would have taken goes to the records after it
+      expect(await idsOf(path.join(root, "step_1", "eval_rollouts_gym.jsonl"))).toEqual([traceId(1)]);
+      expect(await idsOf(path.join(root, "step_2", "eval_rollouts_gym.jsonl"))).toEqual([traceId(3), traceId(4)]);
+    });
   });
 
   it("a record added after close is counted as not written (no later flush takes it), also across a second close", async () => {
