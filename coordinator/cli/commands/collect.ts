@@ -116,7 +116,8 @@ export function register(program: Command): void {
       const deployment = clientDeployment(flags.deployment, env);
       const token = clientToken(flags.token, env);
       if (!token) throw new CheckpointError("unauthorized", "no controller token: pass --token or set GYM_CKPT_CONTROLLER_TOKEN (or GYM_CKPT_TOKEN, the deployment's shared token)");
-      // The flags are checked first: a bad one is reported (exit 2) whatever the signal.
+      // The flags' values are checked first: a bad one is reported (exit 2) whatever the signal. The
+      // files they name are looked at only while no SIGTERM has come (--tasks may never deliver).
       requeueIfSigterm();
       const outPath = resolve(flags.out);
       await assertAppendable(outPath, flags.tasks);
