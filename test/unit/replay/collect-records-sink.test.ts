@@ -185,6 +185,50 @@ describe("the collector's rollout-records sink", () => {
       expect(await idsOf(path.join(root, "step_1", "eval_rollouts_gym.jsonl"))).toEqual([traceId(1)]);
       expect(await idsOf(path.join(root, "step_2", "eval_rollouts_gym.jsonl"))).toEqual([traceId(3), traceId(4)]);
     });
+
+    it("a later part failing before it is published keeps its rows and the rest, in order, for the next flush; its step is not reused", async () => {
+      const limit = encodeRolloutRecords({ kind: "eval", env: "gym", step: 1, records: [linearTrace(traceId(1)), linearTrace(traceId(2))] }).recordBytes.length;
+      const sink = new RolloutRecordsSink({ dir, env: "gym", kind: "eval", everyRows: 64, everySeconds: 600, maxBatchBytes: limit }, silent);
+      await sink.start();
+      const root = path.join(dir, "rollouts");
+      // The second part ([3, 4], with [5] after it) cannot make its step directory.
+      await writeFile(path.join(root, "step_2"), "a file where the step directory should go");
+      for (const n of [1, 2, 3, 4, 5]) sink.add(linearTrace(traceId(n)));
+      await sink.flush();
+      expect(sink.stats).toEqual({ steps: 1, records: 2, skipped: 0, failedFlushes: 1, unwritten: 0 });
+      sink.add(linearTrace(traceId(6)));
+      await sink.close();
+      // [3, 4, 5] and 6 after them: [3, 4] and [5, 6].
+      expect(sink.stats).toEqual({ steps: 3, records: 6, skipped: 0, failedFlushes: 1, unwritten: 0 });
+      expect((await readdir(root)).sort()).toEqual(["step_1", "step_2", "step_3", "step_4"]);
+      const written: string[] = [];
+      for (const step of [1, 3, 4]) {
+        written.push(...(await indexedIds(root, step)));
+        expect(await completedFiles(path.join(root, `step_${step}`))).toEqual(new Set(["eval_rollouts_gym.jsonl"]));
+      }
+      expect(written).toEqual([1, 2, 3, 4, 5, 6].map(traceId)); // each once, in the order they finished
+    });
+
+    it("a part whose step's marker is full (other collections) takes the next step, and the parts after it follow in order", async () => {
+      const markerLimit = Buffer.byteLength(encodeRolloutStepMarker(1, "eval", ["eval_rollouts_a.jsonl"])) + 10; // one name, not two
+      const limit = encodeRolloutRecords({ kind: "eval", env: "a", step: 1, records: [linearTrace(traceId(1)), linearTrace(traceId(2))] }).recordBytes.length;
+      const a = new RolloutRecordsSink({ dir, env: "a", kind: "eval", everyRows: 64, everySeconds: 600, maxMarkerBytes: markerLimit, maxBatchBytes: limit }, silent);
+      const b = new RolloutRecordsSink({ dir, env: "b", kind: "eval", everyRows: 64, everySeconds: 600, maxMarkerBytes: markerLimit }, silent);
+      await a.start();
+      await b.start();
+      b.add(linearTrace(traceId(9)));
+      await b.flush(); // b takes step_1
+      for (const n of [1, 2, 3, 4, 5]) a.add(linearTrace(traceId(n)));
+      await a.close();
+      await b.close();
+      const root = path.join(dir, "rollouts");
+      expect(await completedFiles(path.join(root, "step_1"))).toEqual(new Set(["eval_rollouts_b.jsonl"]));
+      for (const [step, ids] of [[2, [1, 2]], [3, [3, 4]], [4, [5]]] as const) {
+        expect(await completedFiles(path.join(root, `step_${step}`))).toEqual(new Set(["eval_rollouts_a.jsonl"]));
+        expect(await idsOf(path.join(root, `step_${step}`, "eval_rollouts_a.jsonl"))).toEqual(ids.map(traceId));
+      }
+      expect(a.stats).toEqual({ steps: 3, records: 5, skipped: 0, failedFlushes: 0, unwritten: 0 });
+    });
   });
 
   it("a record added after close is counted as not written (no later flush takes it), also across a second close", async () => {
