@@ -269,7 +269,8 @@ function batchTooLarge(what: string, records: number, bytes: number, maxBytes: n
 
 /**
  * How many leading records of a batch refused for its size (its record file or its index past
- * `MAX_ROLLOUT_BATCH_BYTES`) fit, for a caller that splits it there; undefined for any other error.
+ * `MAX_ROLLOUT_BATCH_BYTES`) fit in the file it was refused for, for a caller that splits it there
+ * (and again if that part's other file is refused); undefined for any other error.
  */
 export function rolloutBatchFit(error: unknown): number | undefined {
   if (!(error instanceof CheckpointError) || error.code !== "invalid_request") return undefined;
