@@ -162,10 +162,23 @@ export class LeaderLease implements Leadership {
    * lost its store): retention would rank this leader's checkpoints below the older ones, and
    * participants that saw those epochs would refuse it. The bucket's sequence is then moved past
    * that epoch (a purge up to it, which takes this fresh key too) and the key created again; a
-   * coordinator that created it meanwhile wins instead.
+   * coordinator that created it meanwhile wins instead. A campaign that fails after creating the key
+   * (the floor or the purge failed) deletes it: left in place, held by nobody who leads, it would
+   * refuse every coordinator's create (this one's too) until it expired a lease later.
    */
   private async campaign(value: string): Promise<number> {
     const revision = await this.kv!.create(LEADER_KEY, value);
+    try {
+      return await this.leadAbove(revision, value);
+    } catch (error) {
+      // Only that key: after a purge it is gone, and a successor's differs, so the delete is refused.
+      await this.kv!.delete(LEADER_KEY, { previousSeq: revision }).catch(() => undefined);
+      throw error;
+    }
+  }
+
+  /** The epoch of a key created at `revision`: that revision, or one past the epoch floor (see `campaign`). */
+  private async leadAbove(revision: number, value: string): Promise<number> {
     const floor = (await this.options.epochFloor?.()) ?? 0;
     if (revision > floor) return revision;
     // One no sequence can pass (a hand-edited checkpoint.json's epoch past 2^53) must not keep every coordinator from leading.

@@ -242,6 +242,30 @@ describe("leader lease", () => {
     expect(l.state()).toMatchObject({ leader: false, epoch: null });
   });
 
+  it("a campaign that cannot lead with the key it created (its epoch floor failed, or the purge past it) releases it: no coordinator is kept from leading until the key expires", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    let floor: () => Promise<number> = async () => {
+      throw new Error("checkpoint root unreadable");
+    };
+    const l = new LeaderLease({ nc: {} as NatsConnection, deployment: "d", id: "me", leaseMs: 3000, clock, kv: kv as unknown as KV, epochFloor: () => floor() });
+    await l.start();
+    expect(l.state().leader).toBe(false);
+    // Before: the key created at 101 stayed held by nobody who leads, refusing every create for a lease.
+    expect(kv.holder).toBeUndefined();
+    // A floor above the revision needs a purge, which fails here (no JetStream behind this connection).
+    floor = async () => 1_000;
+    await clock.advance(750);
+    expect(l.state().leader).toBe(false);
+    expect(kv.holder).toBeUndefined();
+    // The next campaign (a lease/4 later), its floor now met, wins at once rather than a lease later.
+    floor = async () => 0;
+    await clock.advance(750);
+    expect(l.state()).toMatchObject({ leader: true });
+    expect(kv.holder).toBe(l.state().epoch);
+    await l.stop();
+  });
+
   it("a follower never becomes leader while the key is held", async () => {
     const kv = new FakeKv();
     kv.holder = 50;
