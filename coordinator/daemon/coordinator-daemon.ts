@@ -21,6 +21,7 @@ import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
+import { highestEpochInUse } from "./epoch-floor.js";
 
 /** The longest a winning campaign waits for participants' statuses (see `epochFloor`). */
 const STATUS_PROBE_MS = 2_000;
@@ -107,24 +108,11 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     leaseMs: config.lease_ms,
     clock,
     logger,
-    // Unreadable root: no floor (0) rather than no leader; publication reports the root itself.
-    // Participants may have seen a later epoch than any published (a term that published nothing):
-    // they would refuse this leader (stale_epoch) until restarted. Asked within a quarter lease, so
-    // the campaign ends well before the key it just created needs renewing.
-    epochFloor: async (): Promise<number> => {
-      let published = 0;
-      try {
-        published = catalog.highestEpoch();
-      } catch (err) {
-        logger.warn({ err }, "epoch_floor_unreadable");
-      }
-      const seen: number = await engine.highestEpochSeen(Math.min(STATUS_PROBE_MS, config.lease_ms / 4)).catch((err: unknown) => {
-        logger.warn({ err }, "participant_epochs_unread");
-        return 0;
-      });
-      if (seen > published) logger.info({ highest_published_epoch: published, highest_participant_epoch: seen }, "participants_saw_unpublished_epoch");
-      return Math.max(published, seen);
-    },
+    // Participants' epochs asked within a quarter lease, so the campaign ends well before the key
+    // it just created needs renewing.
+    // (Typed: the engine, built below, refers to this lease.)
+    epochFloor: (): Promise<number> =>
+      highestEpochInUse({ published: () => catalog.highestEpoch(), seen: (): Promise<number> => engine.highestEpochSeen(Math.min(STATUS_PROBE_MS, config.lease_ms / 4)) }, logger),
     onReady: async (epoch) => {
       // Controller ops wait for recovery: retried (backing off to 5 s) while this term lasts.
       for (let attempt = 1; ; attempt++) {

@@ -685,13 +685,11 @@ export class CheckpointEngine {
   }
 
   /**
-   * One directed status request to each member (default: every registered participant). With
-   * `epoch` (a leader's), each participant that answers raises its epoch fence to it.
-   */
-  /**
    * The highest coordinator epoch a registered participant reports having seen, from the statuses
    * that answer within `withinMs` (0 when none does). A status without an epoch raises nothing there.
    * Bounded by `withinMs` whatever the request timeouts: a new leader asks it while its lease runs.
+   * An epoch no later one can pass (2^53 - 1) is left out, logged: as the floor, the lease would
+   * ignore it whole, the other participants' epochs and the published ones with it.
    */
   async highestEpochSeen(withinMs: number): Promise<number> {
     const members = await this.options.membership.list();
@@ -699,7 +697,9 @@ export class CheckpointEngine {
     const deadlineMs = this.options.clock.now() + withinMs;
     const probes = runAll(members, async (m) => {
       const outcome = await this.options.client.call(m, "status", {}, deadlineMs);
-      if (outcome.ok) highest = Math.max(highest, outcome.reply.epoch);
+      if (!outcome.ok) return;
+      if (Number.isSafeInteger(outcome.reply.epoch + 1)) highest = Math.max(highest, outcome.reply.epoch);
+      else this.log.error({ kind: m.kind, instance: m.instance, epoch: outcome.reply.epoch }, "participant_epoch_out_of_range_ignored");
     });
     let cancel: (() => void) | undefined;
     await Promise.race([probes, new Promise<void>((resolve) => (cancel = this.options.clock.setTimer(resolve, withinMs)))]);
@@ -707,6 +707,10 @@ export class CheckpointEngine {
     return highest;
   }
 
+  /**
+   * One directed status request to each member (default: every registered participant). With
+   * `epoch` (a leader's), each participant that answers raises its epoch fence to it.
+   */
   private async probeStatuses(members?: readonly ParticipantRef[], epoch?: number): Promise<Outcome<"status">[]> {
     const targets = members ?? (await this.options.membership.list());
     const deadlineMs = this.options.clock.now() + (this.options.statusTimeoutMs ?? 2000);

@@ -47,6 +47,16 @@ describe("the highest epoch participants have seen", () => {
     expect(fake.ops("status").map((c) => c.body)).toEqual([{}, {}, {}, {}]);
   });
 
+  it("leaves out an epoch no lease revision can pass (2^53 - 1, the most a status may carry): it would make the lease ignore the whole floor, the others' epochs and the published one too", async () => {
+    const fake = new FakeParticipants(MEMBERS);
+    fake.set("environment", "e1", "status", { epoch: Number.MAX_SAFE_INTEGER });
+    fake.set("model", "m1", "status", { epoch: 40 });
+    const { engine } = makeEngine(root, { members: MEMBERS, successorOf: { fake, journal: new MemoryDecisionJournal(), clock: new FiringClock() } });
+    // Before: 2^53 - 1, a floor the lease ignores (epoch_floor_out_of_range_ignored), so the new
+    // leader took a revision below 40 and the model refused it (stale_epoch).
+    expect(await engine.highestEpochSeen(100)).toBe(40);
+  });
+
   it("is 0 when nobody answers (no participant registered, or all stalled)", async () => {
     const fake = new FakeParticipants(MEMBERS);
     for (const m of MEMBERS) fake.set(m.kind, m.instance, "status", "hang");
