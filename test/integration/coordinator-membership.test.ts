@@ -117,6 +117,9 @@ describe("membership registry", () => {
       await first.stop();
       // Deleted, as docs/api.md says to for a leader bucket in memory storage; the next start recreates it.
       await (await jetstreamManager(w.pnc)).streams.delete(`KV_${leaderBucket(w.deployment)}`);
+      // Restarted participants have seen no epoch: only the published ones can lift the new term.
+      await w.stopParticipants();
+      await w.startParticipants();
       const second = await w.startCoordinator(NO_HTTP);
       await second.whenReady();
       const after = await w.client.checkpoint({ checkpoint_id: "floor-3" });
