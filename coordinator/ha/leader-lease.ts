@@ -165,11 +165,13 @@ export class LeaderLease implements Leadership {
    * coordinator that created it meanwhile wins instead. A campaign that fails after creating the key
    * (the floor or the purge failed) deletes it: left in place, held by nobody who leads, it would
    * refuse every coordinator's create (this one's too) until it expired a lease later.
+   * Returns the epoch and when the create that made the key held now was sent (`sentAt`, or the
+   * second create's: the lease runs from there, however long the floor and the purge took).
    */
-  private async campaign(value: string): Promise<number> {
+  private async campaign(value: string, sentAt: number): Promise<{ epoch: number; sentAt: number }> {
     const revision = await this.kv!.create(LEADER_KEY, value);
     try {
-      return await this.leadAbove(revision, value);
+      return await this.leadAbove(revision, value, sentAt);
     } catch (error) {
       // Only that key: after a purge it is gone, and a successor's differs, so the delete is refused.
       await this.kv!.delete(LEADER_KEY, { previousSeq: revision }).catch(() => undefined);
@@ -177,19 +179,20 @@ export class LeaderLease implements Leadership {
     }
   }
 
-  /** The epoch of a key created at `revision`: that revision, or one past the epoch floor (see `campaign`). */
-  private async leadAbove(revision: number, value: string): Promise<number> {
+  /** The key created at `revision` (sent at `sentAt`), or the one created past the epoch floor: see `campaign`. */
+  private async leadAbove(revision: number, value: string, sentAt: number): Promise<{ epoch: number; sentAt: number }> {
     const floor = (await this.options.epochFloor?.()) ?? 0;
-    if (revision > floor) return revision;
+    if (revision > floor) return { epoch: revision, sentAt };
     // One no sequence can pass (a hand-edited checkpoint.json's epoch past 2^53) must not keep every coordinator from leading.
     if (!Number.isSafeInteger(floor + 1)) {
       this.options.logger?.error({ revision, epoch_floor: floor }, "epoch_floor_out_of_range_ignored");
-      return revision;
+      return { epoch: revision, sentAt };
     }
     this.options.logger?.warn({ revision, epoch_floor: floor }, "lease_revisions_behind_epochs_in_use");
     const jsm = await jetstreamManager(this.options.nc);
     await jsm.streams.purge(`KV_${leaderBucket(this.options.deployment)}`, { seq: floor + 1 });
-    return this.kv!.create(LEADER_KEY, value);
+    const recreatedAt = this.clock.monotonic();
+    return { epoch: await this.kv!.create(LEADER_KEY, value), sentAt: recreatedAt };
   }
 
   /** The key's value: who leads, in which term (see `term`), and when it last wrote, in wall time (for humans; never compared). */
@@ -225,7 +228,8 @@ export class LeaderLease implements Leadership {
     const value = this.keyValue();
     if (this.heldEpoch === null) {
       try {
-        this.won(await this.campaign(value), sentAt);
+        const won = await this.campaign(value, sentAt);
+        this.won(won.epoch, won.sentAt);
         this.campaignFailure = undefined;
       } catch (error) {
         // Someone else leads, or the server is unreachable or refuses: campaign again later.

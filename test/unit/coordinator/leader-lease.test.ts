@@ -266,6 +266,58 @@ describe("leader lease", () => {
     await l.stop();
   });
 
+  it("after a purge past the epoch floor, the key's lease runs from the create that made it, not from the campaign's first create: a slow floor and purge do not cost the new leader its first renewal", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const events: string[] = [];
+    // A renewal answers in 5 ms: one given less than that times out (the lease gives it what is left of the lease).
+    kv.update = async function (this: FakeKv, key: string, value: string, last: number, timeout?: number) {
+      if (timeout !== undefined && timeout < 5) {
+        this.updateTimeouts.push(timeout);
+        throw new Error("TimeoutError: timeout");
+      }
+      return FakeKv.prototype.update.call(this, key, value, last, timeout);
+    };
+    // Just enough of JetStream for the purge: it empties the key and moves the sequence, and is slow.
+    const nc = {
+      options: { inboxPrefix: "_INBOX" },
+      request: async (subject: string, data: Uint8Array) => {
+        let reply: unknown = {};
+        if (subject.startsWith("$JS.API.STREAM.PURGE.")) {
+          const { seq } = JSON.parse(new TextDecoder().decode(data)) as { seq: number };
+          await clock.advance(1_300);
+          kv.holder = undefined;
+          kv.revision = seq - 1;
+          reply = { success: true, purged: 1 };
+        }
+        return { data: new TextEncoder().encode(JSON.stringify(reply)) };
+      },
+    } as unknown as NatsConnection;
+    const l = new LeaderLease({
+      nc,
+      deployment: "d",
+      id: "me",
+      leaseMs: 3000,
+      clock,
+      kv: kv as unknown as KV,
+      onReady: (epoch) => void events.push(`ready:${epoch}`),
+      onLost: (epoch) => void events.push(`lost:${epoch}`),
+      // The daemon's probe takes up to a quarter lease.
+      epochFloor: async () => {
+        await clock.advance(750);
+        return 1_000;
+      },
+    });
+    await l.start();
+    expect(l.state()).toMatchObject({ leader: true, epoch: 1_001 });
+    // Created at 2050 (monotonic), first renewed at 3050: before, the lease counted from the first
+    // create (0), gave that renewal 1 ms, and the new leader was lost (lost:1001) under a live key.
+    await clock.advance(6_000);
+    expect(events).toEqual(["ready:1001"]);
+    expect(Math.min(...kv.updateTimeouts.map((t) => t ?? Infinity))).toBeGreaterThan(1_000);
+    await l.stop();
+  });
+
   it("a follower never becomes leader while the key is held", async () => {
     const kv = new FakeKv();
     kv.holder = 50;
