@@ -2,7 +2,7 @@ import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { describe, expect, it } from "vitest";
-import { LeaderLease } from "../../../coordinator/ha/leader-lease.js";
+import { LeaderLease, type LeaderLeaseOptions } from "../../../coordinator/ha/leader-lease.js";
 import type { Clock } from "../../../coordinator/engine/clock.js";
 
 /**
@@ -85,7 +85,7 @@ class FakeKv {
   }
 }
 
-function lease(kv: FakeKv, clock: ManualClock, events: string[]) {
+function lease(kv: FakeKv, clock: ManualClock, events: string[], extra: Partial<LeaderLeaseOptions> = {}) {
   return new LeaderLease({
     nc: {} as NatsConnection,
     deployment: "d",
@@ -95,6 +95,7 @@ function lease(kv: FakeKv, clock: ManualClock, events: string[]) {
     kv: kv as unknown as KV,
     onReady: (epoch) => void events.push(`ready:${epoch}`),
     onLost: (epoch) => void events.push(`lost:${epoch}`),
+    ...extra,
   });
 }
 
@@ -293,15 +294,8 @@ describe("leader lease", () => {
         return { data: new TextEncoder().encode(JSON.stringify(reply)) };
       },
     } as unknown as NatsConnection;
-    const l = new LeaderLease({
+    const l = lease(kv, clock, events, {
       nc,
-      deployment: "d",
-      id: "me",
-      leaseMs: 3000,
-      clock,
-      kv: kv as unknown as KV,
-      onReady: (epoch) => void events.push(`ready:${epoch}`),
-      onLost: (epoch) => void events.push(`lost:${epoch}`),
       // The daemon's probe takes up to a quarter lease.
       epochFloor: async () => {
         await clock.advance(750);
