@@ -5,7 +5,7 @@ import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
 import { pollUntil } from "./poll-until.js";
-import { decodeControllerReply, openEndedWait, replyTimeoutMs } from "./reply-decoder.js";
+import { decodeControllerReply, DEFAULT_REPLY_TIMEOUT_MS, defaultWait, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface HttpControllerClientOptions {
   /** e.g. http://127.0.0.1:8480 */
@@ -107,7 +107,9 @@ export class HttpControllerClient extends ControllerClient {
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) };
     // W3C traceparent of the caller's span, as the NATS client sends it: the op joins the caller's trace.
     propagation.inject(context.active(), headers);
-    const watch = openEndedWait(request, this.options, timeout) ? new AbortController() : undefined;
+    // Only past the 90 s of an op that takes no deadline: a coordinator killed mid-op resets the
+    // connection at once over HTTP, and a /readyz beside every short read would double them.
+    const watch = defaultWait(request, this.options) && timeout > DEFAULT_REPLY_TIMEOUT_MS ? new AbortController() : undefined;
     const signal = watch ? AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), watch.signal]) : AbortSignal.timeout(timerDelay(timeout));
     if (watch) this.watchReadiness(watch);
     try {

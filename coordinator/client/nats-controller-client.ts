@@ -5,7 +5,7 @@ import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
 import { LEADER_CHECK_MS, LeaderLeaseReader } from "./leader-watch.js";
-import { decodeControllerReply, openEndedWait, replyTimeoutMs } from "./reply-decoder.js";
+import { decodeControllerReply, defaultWait, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface NatsControllerClientOptions {
   nc: NatsConnection;
@@ -45,7 +45,7 @@ export class NatsControllerClient extends ControllerClient {
     const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 10_000);
     for (;;) {
       const timeout = replyTimeoutMs(op, request, this.options);
-      const watch = openEndedWait(request, this.options, timeout) ? new AbortController() : undefined;
+      const watch = defaultWait(request, this.options) ? new AbortController() : undefined;
       try {
         // The lease is read beside the request, not before it: one KV round trip off the op's path.
         const leader = watch && this.leases.leader();

@@ -48,10 +48,12 @@ export function hasDeadline(request: unknown): request is { deadline_ts: number 
 }
 
 /**
- * The wait `replyTimeoutMs` gave is the coordinator's default timeout's cap, not a deadline the
- * caller chose: the clients then bound it by the coordinator's leadership instead (NATS: its lease,
- * HTTP: its /readyz), so a coordinator that died does not leave them waiting for days.
+ * The wait `replyTimeoutMs` gave is a default, not a bound the caller chose (no `deadline_ts`, no
+ * `timeoutMs`): the coordinator's default timeout's cap, or 90 s for an op that takes no deadline.
+ * The clients then also bound it by the coordinator's leadership (NATS: its lease; HTTP, past 90 s
+ * only: its /readyz), so a coordinator that died mid-op does not leave them waiting for days, nor a
+ * NATS `publish` for its full 90 s.
  */
-export function openEndedWait(request: unknown, options: { timeoutMs?: number | undefined }, timeoutMs: number): boolean {
-  return timeoutMs > DEFAULT_REPLY_TIMEOUT_MS && options.timeoutMs === undefined && !hasDeadline(request);
+export function defaultWait(request: unknown, options: { timeoutMs?: number | undefined }): boolean {
+  return options.timeoutMs === undefined && !hasDeadline(request);
 }

@@ -215,6 +215,29 @@ describe("NATS controller client", () => {
   });
 });
 
+describe("NATS controller client: an op that takes no deadline and a coordinator killed mid-op", () => {
+  it("publish stops waiting (outcome_unknown) once the coordinator that took it no longer holds the lease, not after its 90 s", async () => {
+    const kv = await new Kvm(nats.nc).create(leaderBucket("lost-publish"), { history: 1, ttl: 60_000 });
+    await kv.create(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
+    const held: Msg[] = [];
+    const sub = nats.nc.subscribe(controllerSubject("lost-publish", "publish"), { callback: (_e, msg) => void held.push(msg) });
+    await nats.nc.flush();
+    try {
+      const client = new NatsControllerClient({ nc: nats.nc, deployment: "lost-publish", token: "ctl-token", leaderCheckMs: 20 });
+      const outcome = client.publish({ checkpoint_id: "lost-p1" }).catch((error: unknown) => error);
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      // Killed with the publish in hand: its lease goes (deleted here) and no reply ever comes.
+      await kv.delete(LEADER_KEY);
+      // Before: nothing watched the lease for an op that takes no deadline; it waited its 90 s.
+      const lost = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 10_000))]);
+      expect(lost).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-a stopped leading") });
+    } finally {
+      sub.unsubscribe();
+      await kv.destroy();
+    }
+  });
+});
+
 describe("NATS controller client: the leader lease after a frozen or restarted coordinator", () => {
   /** A coordinator's lease as the daemon holds it; `stop()` without release is a crash (its key stays until it expires). */
   const leading = async (deployment: string, id: string) => {
