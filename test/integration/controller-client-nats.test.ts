@@ -189,16 +189,23 @@ describe("NATS controller client", () => {
     }
   });
 
-  it("an op sent without a deadline stops waiting (outcome_unknown) once the coordinator that took it no longer holds the leader lease", async () => {
+  // publish takes no deadline: only waits past 90 s were watched, and a publish whose coordinator
+  // was killed with it in hand waited its full 90 s.
+  it.each([
+    ["checkpoint (takes a deadline; up to 7 days without one)", "checkpoint"],
+    ["publish (takes none; 90 s)", "publish"],
+  ] as const)("%s sent without a deadline stops waiting (outcome_unknown) once the coordinator that took it no longer holds the leader lease", async (_what, op) => {
     // The lease as a coordinator writes it; the coordinator itself is a silent responder (killed mid-op).
-    const kv = await new Kvm(nats.nc).create(leaderBucket("lost"), { history: 1, ttl: 60_000 });
+    const deployment = `lost-${op}`;
+    const kv = await new Kvm(nats.nc).create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
     await kv.create(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
     const held: Msg[] = [];
-    const sub = nats.nc.subscribe(controllerSubject("lost", "checkpoint"), { callback: (_e, msg) => void held.push(msg) });
+    const sub = nats.nc.subscribe(controllerSubject(deployment, op), { callback: (_e, msg) => void held.push(msg) });
     await nats.nc.flush();
     try {
-      const watched = new NatsControllerClient({ nc: nats.nc, deployment: "lost", token: "ctl-token", leaderCheckMs: 20 });
-      const outcome = watched.checkpoint({ checkpoint_id: "lost-1", episode_ids: [] }).catch((error: unknown) => error);
+      const watched = new NatsControllerClient({ nc: nats.nc, deployment, token: "ctl-token", leaderCheckMs: 20 });
+      const sent = op === "checkpoint" ? watched.checkpoint({ checkpoint_id: "lost-1", episode_ids: [] }) : watched.publish({ checkpoint_id: "lost-1" });
+      const outcome = sent.catch((error: unknown) => error);
       await waitUntil(() => held.length === 1, "the request to reach the coordinator");
       // Still leading (renewed): the client keeps waiting.
       await kv.put(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
@@ -206,29 +213,6 @@ describe("NATS controller client", () => {
       expect(early).toBe("waiting");
       // Its lease expired (deleted here) with no reply sent.
       await kv.delete(LEADER_KEY);
-      const lost = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 10_000))]);
-      expect(lost).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-a stopped leading") });
-    } finally {
-      sub.unsubscribe();
-      await kv.destroy();
-    }
-  });
-});
-
-describe("NATS controller client: an op that takes no deadline and a coordinator killed mid-op", () => {
-  it("publish stops waiting (outcome_unknown) once the coordinator that took it no longer holds the lease, not after its 90 s", async () => {
-    const kv = await new Kvm(nats.nc).create(leaderBucket("lost-publish"), { history: 1, ttl: 60_000 });
-    await kv.create(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
-    const held: Msg[] = [];
-    const sub = nats.nc.subscribe(controllerSubject("lost-publish", "publish"), { callback: (_e, msg) => void held.push(msg) });
-    await nats.nc.flush();
-    try {
-      const client = new NatsControllerClient({ nc: nats.nc, deployment: "lost-publish", token: "ctl-token", leaderCheckMs: 20 });
-      const outcome = client.publish({ checkpoint_id: "lost-p1" }).catch((error: unknown) => error);
-      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
-      // Killed with the publish in hand: its lease goes (deleted here) and no reply ever comes.
-      await kv.delete(LEADER_KEY);
-      // Before: nothing watched the lease for an op that takes no deadline; it waited its 90 s.
       const lost = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 10_000))]);
       expect(lost).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-a stopped leading") });
     } finally {
