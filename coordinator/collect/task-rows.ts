@@ -1,5 +1,4 @@
-import { constants, createReadStream, open } from "node:fs";
-import { stat } from "node:fs/promises";
+import { closeSync, constants, createReadStream, fstatSync, open } from "node:fs";
 import { Socket } from "node:net";
 import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
@@ -69,14 +68,19 @@ export async function readTaskRows(path: string, { signal }: { signal?: AbortSig
  * A FIFO or pipe (`/dev/stdin` after `|`, `<(…)`) is read through the event loop: opened
  * non-blocking, its open waits for no writer, and its read for no data on a libuv thread, where a
  * writer that stays silent would block it for good, and with it the process's exit. A terminal
- * likewise. Anything else (a regular file) is read as a file.
+ * likewise. Anything else (a regular file, which ignores the flag) is read as a file. What it is
+ * comes from the descriptor opened, not from the path asked again (which may have changed).
  */
 async function openTasks(path: string): Promise<Readable> {
-  const fifo = (await stat(path)).isFIFO();
   const fd = await new Promise<number>((resolve, reject) =>
-    open(path, fifo ? constants.O_RDONLY | constants.O_NONBLOCK : constants.O_RDONLY, (error, fd) => (error ? reject(error) : resolve(fd))),
+    open(path, constants.O_RDONLY | constants.O_NONBLOCK, (error, fd) => (error ? reject(error) : resolve(fd))),
   );
-  if (fifo) return new Socket({ fd, readable: true, writable: false });
-  if (isatty(fd)) return new TtyReadStream(fd);
-  return createReadStream("", { fd });
+  try {
+    if (fstatSync(fd).isFIFO()) return new Socket({ fd, readable: true, writable: false });
+    if (isatty(fd)) return new TtyReadStream(fd);
+    return createReadStream("", { fd });
+  } catch (error) {
+    closeSync(fd);
+    throw error;
+  }
 }
