@@ -25,6 +25,20 @@ async function writerOnceRead(fifo: string): Promise<FileHandle | undefined> {
   });
 }
 
+/** An empty FIFO in the world's root, for --tasks. */
+function tasksFifo(w: GymWorld): string {
+  const fifo = join(w.root, "tasks.fifo");
+  execFileSync("mkfifo", [fifo]);
+  return fifo;
+}
+
+/** The writer's end of `fifo`, once the collector has opened it for reading. */
+async function writerOnceReading(w: GymWorld, fifo: string): Promise<FileHandle> {
+  let writer: FileHandle | undefined;
+  await w.waitFor(async () => (writer = await writerOnceRead(fifo)) !== undefined, "the collector reading --tasks");
+  return writer!;
+}
+
 const leftovers = (root: string) => readdirSync(root).filter((f) => f.includes("collector.pid"));
 
 describe("collect: a signal before its handlers", () => {
@@ -56,49 +70,43 @@ describe("collect: a signal before its handlers", () => {
 
   it("SIGTERM while it reads a --tasks FIFO whose writer stays silent: exit 75 at once, nothing left behind", { timeout: 60_000 }, async () => {
     const w = await setUp(1);
-    const fifo = join(w.root, "tasks.fifo");
-    execFileSync("mkfifo", [fifo]);
+    const fifo = tasksFifo(w);
     const out: string[] = [];
     const collector = await startCollector(w, ["--tasks", fifo], out);
-    let writer: FileHandle | undefined;
-    await w.waitFor(async () => (writer = await writerOnceRead(fifo)) !== undefined, "the collector reading --tasks");
+    const writer = await writerOnceReading(w, fifo);
     try {
       collector.child.kill("SIGTERM");
       await expectRequeuedUnstarted(w, collector, out);
     } finally {
-      await writer!.close();
+      await writer.close();
     }
   });
 
   it("a --tasks FIFO that delivers is read to its end: every row finishes, exit 0", { timeout: 60_000 }, async () => {
     const w = await setUp(0);
-    const fifo = join(w.root, "tasks.fifo");
-    execFileSync("mkfifo", [fifo]);
+    const fifo = tasksFifo(w);
     const finished = finishCleanly(w, 2, ["--tasks", fifo]);
-    let writer: FileHandle | undefined;
-    await w.waitFor(async () => (writer = await writerOnceRead(fifo)) !== undefined, "the collector reading --tasks");
+    const writer = await writerOnceReading(w, fifo);
     // In two writes: the rows are all read once the writer closes, whatever arrives when.
-    await writer!.write('{"id":"r0","task":{"expression":"0 + 1","tool_rounds":1}}\n');
-    await writer!.write('{"id":"r1","task":{"expression":"1 + 1","tool_rounds":1}}\n');
-    await writer!.close();
+    await writer.write('{"id":"r0","task":{"expression":"0 + 1","tool_rounds":1}}\n');
+    await writer.write('{"id":"r1","task":{"expression":"1 + 1","tool_rounds":1}}\n');
+    await writer.close();
     await finished;
   });
 
   it("SIGINT while it reads a --tasks that never ends: killed by it at once (the shell reports 130), no lock file left", { timeout: 60_000 }, async () => {
     const w = await setUp(1);
-    const fifo = join(w.root, "tasks.fifo");
-    execFileSync("mkfifo", [fifo]);
+    const fifo = tasksFifo(w);
     const out: string[] = [];
     const collector = await startCollector(w, ["--tasks", fifo], out);
-    let writer: FileHandle | undefined;
-    await w.waitFor(async () => (writer = await writerOnceRead(fifo)) !== undefined, "the collector reading --tasks");
+    const writer = await writerOnceReading(w, fifo);
     try {
       collector.child.kill("SIGINT");
       const exited = await Promise.race([collector.exited, new Promise((r) => setTimeout(() => r("hung"), 10_000))]);
       expect(exited, out.join("\n")).toEqual({ code: null, signal: "SIGINT" });
       expect(leftovers(w.root)).toEqual([]);
     } finally {
-      await writer!.close();
+      await writer.close();
     }
   });
 });
