@@ -255,11 +255,20 @@ export class LeaderLease implements Leadership {
         this.options.logger?.info({ epoch }, "lease_ready");
         void Promise.resolve(this.options.onReady?.(epoch)).catch((error: unknown) => this.options.logger?.error({ err: error }, "on_ready_failed"));
       } else {
-        this.schedule(Math.min(wait, this.options.leaseMs / 3));
+        this.schedule(Math.min(wait, this.untilRenewal()));
         return;
       }
     }
-    this.schedule(this.heldEpoch === null ? this.options.leaseMs / 4 : this.options.leaseMs / 3);
+    this.schedule(this.heldEpoch === null ? this.options.leaseMs / 4 : this.untilRenewal());
+  }
+
+  /**
+   * A third of a lease after the last create or renewal was sent, not after it was answered: a
+   * campaign that waited for its epoch floor (up to a quarter lease) or a slow renewal must not
+   * push the next renewal toward the key's expiry.
+   */
+  private untilRenewal(): number {
+    return Math.max(0, this.renewedAt + this.options.leaseMs / 3 - this.clock.monotonic());
   }
 
   /** The last campaign failure logged (its message), until a campaign wins or finds the key held. */

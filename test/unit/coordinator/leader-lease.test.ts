@@ -312,6 +312,28 @@ describe("leader lease", () => {
     await l.stop();
   });
 
+  it("the first renewal goes a third of a lease after the create, however long the campaign's epoch floor took", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const events: string[] = [];
+    // The daemon's status probe at its bound (a quarter lease); the revision is above the floor, no purge.
+    const l = lease(kv, clock, events, {
+      epochFloor: async () => {
+        await clock.advance(750);
+        return 0;
+      },
+    });
+    await l.start();
+    expect(l.state()).toMatchObject({ leader: true, epoch: 101 });
+    await clock.advance(250); // 1000 ms after the create was sent
+    // Before: a third of a lease after the campaign ended (1750), leaving that renewal 1250 ms of the lease.
+    expect(kv.updateTimeouts).toEqual([2000]);
+    await clock.advance(6_000);
+    expect(events).toEqual(["ready:101"]);
+    expect(Math.min(...kv.updateTimeouts.map((t) => t ?? Infinity))).toBe(2000);
+    await l.stop();
+  });
+
   it("a follower never becomes leader while the key is held", async () => {
     const kv = new FakeKv();
     kv.holder = 50;
