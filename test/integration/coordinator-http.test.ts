@@ -23,7 +23,9 @@ let base: string;
 beforeAll(async () => {
   world = await startWorld();
   await world.startParticipants();
-  const coordinator = await world.startCoordinator();
+  // No failover here, and a few tests do synchronous work in this process (Ajv compiles the OpenAPI
+  // document): with the harness's 500 ms lease, a CI-loaded stall of a third of it lost the lease.
+  const coordinator = await world.startCoordinator({ lease_ms: 3000 });
   await coordinator.whenReady();
   base = coordinator.httpUrl!;
 });
