@@ -1,6 +1,7 @@
 import {
   CONTROLLER_OPS,
   CheckpointError,
+  MAX_CONTROL_MESSAGE_BYTES,
   decodeMessage,
   describeZodError,
   duplicateJsonKey,
@@ -28,8 +29,11 @@ export async function dispatchController<O extends ControllerOp>(engine: Checkpo
 /**
  * Empty or JSON whitespace only (space, tab, LF, CR): `{}`, the same over HTTP (a string) and NATS
  * (bytes). Anything else, a BOM or a no-break space too, goes to the JSON parser, which refuses it.
+ * Never past the size limit: the decoder refuses that `payload_too_large`, where `{}` would run an
+ * op whose fields are all optional (`checkpoint`).
  */
 function isBlank(body: string | Uint8Array): boolean {
+  if (body.length > MAX_CONTROL_MESSAGE_BYTES) return false;
   for (let i = 0; i < body.length; i++) {
     const c = typeof body === "string" ? body.charCodeAt(i) : body[i]!;
     if (c !== 0x20 && c !== 0x09 && c !== 0x0a && c !== 0x0d) return false;

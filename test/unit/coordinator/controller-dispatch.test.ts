@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { MAX_CONTROL_MESSAGE_BYTES } from "../../../protocol/index.js";
 import { dispatchController } from "../../../coordinator/api/controller-dispatch.js";
 import type { CheckpointEngine } from "../../../coordinator/engine/checkpoint-engine.js";
 
@@ -52,5 +53,18 @@ describe("dispatchController: a key named twice in one object", () => {
     calls.length = 0;
     await dispatchController(recording, "publish", body);
     expect(calls).toHaveLength(1);
+  });
+});
+
+describe("dispatchController: a blank body over the size limit", () => {
+  it("is payload_too_large over both APIs, not {} (a checkpoint op with every field optional would run)", async () => {
+    const calls: unknown[] = [];
+    const recording = { checkpoint: async (request: unknown) => void calls.push(request) } as unknown as CheckpointEngine;
+    // The HTTP API reads up to 1 KiB past the limit (its body limit), a NATS server's max_payload may be larger.
+    const blank = " ".repeat(MAX_CONTROL_MESSAGE_BYTES + 100);
+    for (const sent of [blank, new TextEncoder().encode(blank)]) {
+      await expect(dispatchController(recording, "checkpoint", sent)).rejects.toMatchObject({ code: "payload_too_large" });
+    }
+    expect(calls).toEqual([]);
   });
 });
