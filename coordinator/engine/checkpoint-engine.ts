@@ -1855,11 +1855,15 @@ export class CheckpointEngine {
    * succeeded (retiring the attempt+1 its controller runs) once any Gym server restarted.
    */
   private async removeEntry(id: string, writes: number | undefined, term: number): Promise<boolean> {
+    // A write since, or another term (whose recovery may have journaled this id anew), keeps it.
+    const ours = () => this.journalWrites.get(id) === writes && this.leaderTerm === term && this.options.leadership.state().leader;
     for (let attempt = 1; ; attempt++) {
-      // A write since, or another term (whose recovery may have journaled this id anew), keeps it.
-      if (this.journalWrites.get(id) !== writes || this.leaderTerm !== term || !this.options.leadership.state().leader) return false;
+      if (!ours()) return false;
       try {
         await this.options.hooks?.beforeJournalRemove?.(id);
+        // Checked again with no await before the removal is queued: a restore of this id may have
+        // journaled in the await above, and the journal runs a key's writes in call order.
+        if (!ours()) return false;
         await this.options.journal.remove(id);
         if (this.journalWrites.get(id) === writes) this.journalWrites.delete(id);
         return true;

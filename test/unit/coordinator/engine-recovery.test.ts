@@ -451,6 +451,31 @@ describe("the journal entry outlives the checkpoint until LATEST's rename is dur
   });
 });
 
+describe("a restore of a closed checkpoint journaled while its old entry's removal is under way", () => {
+  it("keeps the restore's entry: the removal checks for a newer write right before it removes", async () => {
+    let restoring: Promise<unknown> | undefined;
+    const world = makeEngine(root, {
+      hooks: {
+        // The removal's last await before it removes: a restore of z5 journals there.
+        beforeJournalRemove: async (id) => {
+          if (id !== "z5" || restoring) return;
+          restoring = world.engine.restore({ checkpoint_id: "z5", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+          await restoring;
+        },
+      },
+    });
+    await world.engine.checkpoint({ checkpoint_id: "z5", episode_ids: null, stop: true, controller_state: null });
+    await waitUntil(() => restoring !== undefined, "the removal of z5's entry to start", 5000);
+    await restoring;
+    await waitUntil(() => world.journal.log.some((l) => l.op === "record" && l.checkpoint_id === "z5" && l.state === "restored"), "the restore to journal z5", 5000);
+    // The removal goes on in microtasks once the hook settles (the memory journal does no I/O):
+    // they have all run by the next macrotask. It must see the restore's writes and keep the entry.
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(world.journal.entries.get("z5")?.state).toBe("restored");
+    expect(world.journal.log.filter((l) => l.checkpoint_id === "z5").map((l) => l.op).slice(-1)).toEqual(["record"]);
+  });
+});
+
 describe("a failed removal of a closed checkpoint's journal entry (a KV timeout)", () => {
   /** Makes the next `n` removals fail; `onFailure` runs at each. Returns the removals tried. */
   function failRemovals(journal: ReturnType<typeof makeEngine>["journal"], n: number, onFailure?: (tries: number) => void): { tries: number } {
