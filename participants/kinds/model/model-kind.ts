@@ -27,7 +27,7 @@ export interface ModelKindOptions {
   logger?: Logger;
 }
 
-/** The largest staging-key list a commit reply carries inline (JSON bytes, about). */
+/** The largest staging-key list a commit reply carries inline (JSON bytes, as encoded). */
 export const STAGING_KEYS_REPLY_BUDGET = 256 * 1024;
 
 /** Selects calls by their episode and capture key. */
@@ -473,7 +473,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     const list = [...keys].sort();
     // One key per delivered call: a long run outgrows a NATS message (1 MiB). Past the budget the
     // reply carries the list's size and digest; the keys themselves are in the committed records.
-    const bytes = list.reduce((sum, key) => sum + Buffer.byteLength(key) + 3, 0);
+    // Measured as encoded: a cut backend's key may hold characters JSON escapes (a control
+    // character takes 6 bytes), so its raw length could let a list 6 times the budget through.
+    const bytes = Buffer.byteLength(JSON.stringify(list));
     if (bytes <= STAGING_KEYS_REPLY_BUDGET) return { staging_keys: list };
     return { staging_keys: null, staging_key_count: list.length, staging_keys_sha256: canonicalDigest(list) };
   }

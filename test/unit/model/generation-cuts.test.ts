@@ -183,6 +183,19 @@ describe("the cut round at close-admission", () => {
     expect(extras).toEqual({ staging_keys: null, staging_key_count: 20_000, staging_keys_sha256: canonicalDigest(keys) });
     expect(encodeMessage(extras).length).toBeLessThan(1024);
   });
+
+  it("measures the staging keys as encoded: keys JSON escapes (a cut backend's control characters) cannot carry a list past one NATS message", () => {
+    // 400 keys of ~500 raw bytes (~200 KiB, under the budget) that encode to 6 bytes a character (~1.2 MiB).
+    const records = Array.from({ length: 400 }, (_, r) => ({
+      episode_id: { rollout_id: `r${r}`, attempt: 0 },
+      rows: [{ staging_key: `${"\u0001".repeat(500)}${r}`, model_call_id: `mc-${r}` }],
+      generation_cuts: [],
+    })) as unknown as ModelRecord[];
+    const keys = records.map((rec) => rec.rows[0]!.staging_key!).sort();
+    const extras = f.kind.commitExtras(records);
+    expect(extras).toEqual({ staging_keys: null, staging_key_count: 400, staging_keys_sha256: canonicalDigest(keys) });
+    expect(() => encodeMessage(extras)).not.toThrow();
+  });
 });
 
 describe("restored cuts", () => {
