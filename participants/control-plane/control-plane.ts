@@ -375,7 +375,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async commit(request: CommitRequest): Promise<CommitReply> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
-    const dir = await this.checkpointDir(request.checkpoint_dir);
+    const dir = await this.checkpointDir(request.checkpoint_dir, { write: true });
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
     const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
     const pending = await this.underLock(request, () => {
@@ -829,12 +829,12 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
   }
 
-  private async checkpointDir(dir: string): Promise<string> {
+  private async checkpointDir(dir: string, options: { write?: boolean } = {}): Promise<string> {
     const normalized = normalize(dir).replace(/\/+$/, "") || "/";
     if (this.checkpointRoot && !normalized.startsWith(`${this.checkpointRoot}/`)) {
       throw new CheckpointError("invalid_request", `checkpoint_dir must lie inside ${this.checkpointRoot}`);
     }
-    if (this.checkpointRoot) await this.refuseRootEscape(normalized, this.checkpointRoot);
+    if (this.checkpointRoot) await this.refuseRootEscape(normalized, this.checkpointRoot, options.write === true);
     return normalized;
   }
 
@@ -846,9 +846,16 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
    * would fail on it), and no file in the participant directory may be a symlink. Checked before
    * anything is created; the storage opens manifest and records with O_NOFOLLOW besides.
    */
-  private async refuseRootEscape(dir: string, root: string): Promise<void> {
+  private async refuseRootEscape(dir: string, root: string, write: boolean): Promise<void> {
     const realRoot = await realpathOrUndefined(root);
-    if (realRoot === undefined) return; // nothing under a missing root exists, so no symlink either
+    if (realRoot === undefined) {
+      // The coordinator creates the root at start-up and every checkpoint directory in it: one
+      // missing here is a shared filesystem not mounted on this host (or a path another process
+      // does not see). mkdir -p would make it on the local disk and commit there, and the checkpoint
+      // would be published with files nothing else can read (its restore finds no manifest).
+      if (write) throw new CheckpointError("storage_error", `ENOENT: checkpoint root ${root} does not exist on this host (is the shared filesystem mounted here?); a commit does not create it`);
+      return; // nothing under a missing root exists, so no symlink either
+    }
     const target = participantDir({ checkpointDir: dir, checkpointId: "", kind: this.adapter.kind, instance: this.instance });
     const escape = (detail: string) => new CheckpointError("invalid_request", `checkpoint_dir: ${detail} (checkpoint root ${root})`);
     let path = root;

@@ -55,8 +55,9 @@ describe("participant directories that cannot exist (under /proc)", () => {
     }
   }, 20_000);
 
-  it("an environment server whose checkpoint root lies under /proc refuses the commit at once and resumes", async () => {
-    const root = `${underProc}/root`;
+  it("an environment server whose checkpoint directory lies under /proc refuses the commit at once and resumes", async () => {
+    // The root exists (a missing root is refused before any mkdir); the directory below it cannot.
+    const root = "/proc";
     const nowhere = "http://127.0.0.1:9"; // only the environment server runs; nothing calls these
     gym = await launchGym({
       nats: nats.server.url,
@@ -69,7 +70,7 @@ describe("participant directories that cannot exist (under /proc)", () => {
     const target = { deployment, kind: "environment" as const, instance: gym.instances.environment, token: TOKEN };
     expect((await controlRequest(nats.nc, target, "prepare", phase("c1"))).phase).toBe("prepared");
     // The commit's deadline is 30 s away: a write spinning in mkdir would leave this request unanswered (5 s timeout).
-    const commit = await controlRequest(nats.nc, target, "commit", phase("c1", { checkpoint_dir: `${root}/c1`, episode_ids: null, stop: false }), 5_000);
+    const commit = await controlRequest(nats.nc, target, "commit", phase("c1", { checkpoint_dir: `${underProc}/c1`, episode_ids: null, stop: false }), 5_000);
     expect(commit.error?.code).toBe("storage_error");
     expect(commit.error?.detail).toMatch(new RegExp(`^ENOENT: .*mkdir '${underProc}`));
     expect((await controlRequest(nats.nc, target, "resume", phase("c1"), 5_000)).phase).toBe("idle");

@@ -13,7 +13,7 @@ import {
   type CheckpointStorage,
   type ParticipantKind,
 } from "../../../participants/index.js";
-import { refusalCode } from "../../support/refusal.js";
+import { refusalCode, refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 
 const T0 = 1_700_000_000; // seconds; ManualClock starts here
@@ -398,6 +398,28 @@ describe("fences and refusals change no state", () => {
   it("refuses a checkpoint_dir outside the configured root", async () => {
     await call("prepare", { checkpoint_id: "c1" });
     expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: "/etc/c1" }))).toBe("invalid_request");
+  });
+
+  it("refuses a commit while the configured root does not exist here (a shared filesystem not mounted) with storage_error, creating nothing: its records would land where no other process reads them", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    const mountPoint = join(root, "mnt");
+    await mkdir(mountPoint);
+    const unmounted = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, leaseGraceSeconds: 60, checkpointRoot: join(mountPoint, "ckpt") });
+    try {
+      const base = { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1 };
+      await unmounted.handle("prepare", base as never);
+      const lease = unmounted.status().lease_expires_at;
+      const commit = { ...base, checkpoint_dir: join(mountPoint, "ckpt", "c1"), episode_ids: null, stop: false };
+      const refusal = await refusalOf(unmounted.handle("commit", commit as never));
+      expect(refusal.code).toBe("storage_error");
+      expect(refusal.message).toContain(join(mountPoint, "ckpt"));
+      expect({ created: await readdir(mountPoint), phase: unmounted.currentPhase, lease: unmounted.status().lease_expires_at }).toEqual({ created: [], phase: "prepared", lease });
+      // Mounted (the coordinator created it on the shared filesystem): the same commit goes ahead.
+      await mkdir(join(mountPoint, "ckpt"));
+      expect(await unmounted.handle("commit", commit as never)).toMatchObject({ phase: "committed" });
+    } finally {
+      unmounted.dispose();
+    }
   });
 
   it("refuses a checkpoint_dir that leaves the root through a symlink, before creating anything", async () => {
