@@ -393,6 +393,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (!report.ready) {
         throw new CheckpointError("invalid_phase", `readiness regressed since prepare; blockers: ${report.blockers.join(", ")}`);
       }
+      // Refused here, not by the kind's export: a refusal must change nothing (the lease below).
+      if (request.episode_ids === null && this.adapter.scopeRequired) {
+        throw new CheckpointError("invalid_request", `the ${this.adapter.kind} participant exports only the commit's episode_ids; a null scope is refused`);
+      }
       if (request.episode_ids) {
         const restarts = new Set(report.restarts);
         const inScope = request.episode_ids.map(captureKey).filter((key) => restarts.has(key));

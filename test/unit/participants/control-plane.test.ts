@@ -395,6 +395,18 @@ describe("fences and refusals change no state", () => {
     expect(plane.status().lease_expires_at).toBe(lease);
   });
 
+  it("refuses a null-scope commit at a participant that exports only a scope (scope_required) before anything changes: no export, no lease extension, no pending write", async () => {
+    kind.scopeRequired = true;
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const lease = plane.status().lease_expires_at;
+    expect(await refused(call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 1000, episode_ids: null }))).toBe("invalid_request");
+    expect({ lease: plane.status().lease_expires_at, hooks: kind.hooks(), phase: plane.currentPhase }).toEqual({ lease, hooks: ["closeAdmission"], phase: "prepared" });
+    // The scoped commit that follows goes ahead (in another directory: nothing pinned the first).
+    const reply = await call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "b"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(reply.episode_ids).toEqual(["r1"]);
+  });
+
   it("refuses a checkpoint_dir outside the configured root", async () => {
     await call("prepare", { checkpoint_id: "c1" });
     expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: "/etc/c1" }))).toBe("invalid_request");
