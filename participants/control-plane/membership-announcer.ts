@@ -77,6 +77,12 @@ export class MembershipAnnouncer {
     // Its bucket's name, its key and the subject it probes.
     parseName(DeploymentSchema, deployment, "a participant's deployment");
     parseName(InstanceSchema, instance, "a participant's instance");
+    // The bucket drops an entry MEMBER_TTL_MS after its last write: a period at or past a third of
+    // that lets it expire between beats (one slow or failed beat is enough), and the coordinator
+    // leaves the participant out of checkpoints; 0 or NaN would beat every millisecond.
+    if (!(Number.isFinite(heartbeatMs) && heartbeatMs > 0 && heartbeatMs <= MEMBER_TTL_MS / 3)) {
+      throw new CheckpointError("invalid_request", `heartbeatMs ${heartbeatMs} must be a number of milliseconds > 0 and at most a third of the membership TTL (${MEMBER_TTL_MS / 3})`);
+    }
     const now = Date.now() / 1000;
     this.member = { kind, instance, incarnation, started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION };
   }

@@ -22,6 +22,7 @@ export interface StartParticipantOptions<R extends RecordBase> {
   logger?: Logger;
   /** Announce in the membership registry (default true). */
   announce?: boolean;
+  /** Period of the membership heartbeat (default MEMBER_HEARTBEAT_MS); > 0 and at most a third of MEMBER_TTL_MS, else invalid_request. */
   heartbeatMs?: number;
 }
 

@@ -53,6 +53,7 @@ const noResponders = {
   status: () => ({ async *[Symbol.asyncIterator]() {} }),
 } as never;
 const { MembershipAnnouncer } = await import("../../../participants/control-plane/membership-announcer.js");
+const { MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS } = await import("../../../protocol/index.js");
 /** Whether `promise` settled by the time it is read (advanceTimersByTimeAsync flushes microtasks). */
 const watch = (promise: Promise<unknown>) => {
   const state = { settled: false };
@@ -109,5 +110,17 @@ describe("membership heartbeat", () => {
     expect(kvm.puts).toHaveLength(5);
     expect(lost.settled).toBe(false);
     await announcer.stop();
+  });
+});
+
+describe("heartbeat period", () => {
+  it("refuses a period the entry would not survive (the bucket drops it MEMBER_TTL_MS after the last beat) or a timer cannot run, with invalid_request", () => {
+    const announcer = (ms: number) => () => new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", undefined, ms);
+    // 20 s: the entry expired 5 s of every 20 and the coordinator left the participant out of checkpoints;
+    // 0 or NaN: a beat every millisecond.
+    for (const ms of [MEMBER_TTL_MS, 20_000, 0, -1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      expect(announcer(ms), String(ms)).toThrowError(expect.objectContaining({ code: "invalid_request" }));
+    }
+    for (const ms of [100, MEMBER_HEARTBEAT_MS]) expect(announcer(ms)).not.toThrow();
   });
 });
