@@ -1,15 +1,18 @@
 import { trace, type Context, type Span } from "@opentelemetry/api";
 import type { Stats } from "node:fs";
 import { lstat, readdir, realpath, stat } from "node:fs/promises";
-import { isAbsolute, normalize } from "node:path";
+import { isAbsolute, join, normalize } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
   GUARDED_OPS,
   IncarnationSchema,
   InstanceSchema,
+  MANIFEST_FILE,
+  MANIFEST_SCHEMA_VERSION,
   MAX_BLOCKERS,
   MAX_DEADLINE_AHEAD_S,
+  PARTICIPANTS_DIR,
   PROTOCOL_VERSION,
   MAX_CONTROL_MESSAGE_BYTES,
   canonicalDigest,
@@ -44,7 +47,7 @@ import {
   type StatusReply,
   type StatusRequest,
 } from "../../protocol/index.js";
-import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
+import type { CheckpointStorage, ParticipantTarget } from "../storage/checkpoint-storage.js";
 import { FsCheckpointStorage, participantDir } from "../storage/fs-storage.js";
 import { WriteGate } from "../storage/write-gate.js";
 import { ATTR, countRefusal, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
@@ -477,11 +480,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       });
     }
     const records = pending.records;
+    const extra = this.adapter.manifestExtra?.() ?? {};
+    const extras = this.adapter.commitExtras?.(records) ?? {};
+    refuseUnsendableReply(target, records.length, pending.createdAt, extra, extras);
     const written = await withSpan("write", parentAttrs, undefined, async (span) => {
       const result = await this.storage.write(target, records, {
         gate: pending.gate,
         createdAt: pending.createdAt,
-        extra: this.adapter.manifestExtra?.() ?? {},
+        extra,
       });
       span.setAttributes({ [ATTR.records]: records.length, [ATTR.bytes]: result.bytes });
       return result;
@@ -498,7 +504,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       manifest_path: written.manifestPath,
       manifest_sha256: written.manifestSha256,
       episode_ids: [...new Set(records.map((r) => captureKey(r.episode_id)))].sort(),
-      extras: this.adapter.commitExtras?.(records) ?? {},
+      extras,
     });
   }
 
@@ -1056,6 +1062,44 @@ function fitCommitReply(reply: CommitReply): CommitReply {
   if (Buffer.byteLength(JSON.stringify(reply)) <= MAX_CONTROL_MESSAGE_BYTES) return reply;
   const ids = reply.episode_ids!;
   return { ...reply, episode_ids: null, episode_count: ids.length, episode_ids_sha256: canonicalDigest(ids) };
+}
+
+/**
+ * Refuses, before anything is written, a commit whose reply could not travel even without its
+ * episode list (fitCommitReply leaves only that out): an adapter's manifest extra (within the
+ * manifest's own limit) and commit extras can add up past one control message. Published, its
+ * records would be answered reply_too_large at every try and the checkpoint never completed.
+ * Measured on the reply as it will be, digests and counts at their real lengths.
+ */
+function refuseUnsendableReply(target: ParticipantTarget, count: number, createdAt: number, extra: Record<string, unknown>, extras: Record<string, unknown>): void {
+  const digest = "0".repeat(64);
+  const smallest: CommitReply = {
+    phase: "committed",
+    manifest: {
+      schema_version: MANIFEST_SCHEMA_VERSION,
+      kind: target.kind,
+      instance: target.instance,
+      checkpoint_id: target.checkpointId,
+      records_file: `records-${digest}.jsonl`,
+      records_sha256: digest,
+      record_count: count,
+      created_at: createdAt,
+      extra,
+    },
+    manifest_path: join(PARTICIPANTS_DIR, target.kind, target.instance, MANIFEST_FILE),
+    manifest_sha256: digest,
+    episode_ids: null,
+    episode_count: count,
+    episode_ids_sha256: digest,
+    extras,
+  };
+  const bytes = Buffer.byteLength(JSON.stringify(smallest));
+  if (bytes > MAX_CONTROL_MESSAGE_BYTES) {
+    throw new CheckpointError(
+      "payload_too_large",
+      `the commit reply of ${target.kind}/${target.instance} would be at least ${bytes} bytes, over the ${MAX_CONTROL_MESSAGE_BYTES}-byte control-message limit (the adapter's manifest extra and commit extras are too large); nothing was written`,
+    );
+  }
 }
 
 function cacheKey(id: string, op: string): string {

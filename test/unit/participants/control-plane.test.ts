@@ -407,6 +407,18 @@ describe("fences and refusals change no state", () => {
     expect(reply.episode_ids).toEqual(["r1"]);
   });
 
+  it("refuses a commit whose reply could not be sent (an adapter's manifest extra and commit extras past one message) before publishing anything", async () => {
+    // A manifest of ~800 KiB is within its readers' 1 MiB limit; with ~300 KiB of commit extras the
+    // reply is past one NATS message: published, the endpoint would answer reply_too_large to every
+    // try, and no checkpoint of this participant could ever complete.
+    Object.assign(kind, { manifestExtra: () => ({ blob: "m".repeat(800 * 1024) }), commitExtras: () => ({ blob: "c".repeat(300 * 1024) }) });
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("payload_too_large");
+    expect(existsSync(join(root, "c1", "gym/environment/env0/manifest.json"))).toBe(false);
+    expect(plane.currentPhase).toBe("prepared");
+  });
+
   it("refuses a checkpoint_dir outside the configured root", async () => {
     await call("prepare", { checkpoint_id: "c1" });
     expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: "/etc/c1" }))).toBe("invalid_request");
