@@ -738,7 +738,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
       const rollouts = [...new Set(request.rollout_ids)].sort();
-      await this.adapter.forget(rollouts);
+      // Bounded like retire's: a kind freeing held state through a hook that never answers (a
+      // sandbox provider) must not hold the lock, or every later op, resume and lease expiry
+      // included, would queue behind it for good. Past the deadline the marks stay.
+      await this.raceDeadline(this.adapter.forget(rollouts), request.deadline_ts, "forget");
       this.heldInstallFailure.forgotten(rollouts);
       for (const rollout of rollouts) {
         this.retired.forget(rollout);

@@ -870,6 +870,20 @@ describe("retire marks before it stops", () => {
   });
 });
 
+describe("forget whose kind hook hangs", () => {
+  it("answers deadline_exceeded at its deadline and keeps the marks, without holding the lock: a prepare after it goes ahead", async () => {
+    await call("retire", { checkpoint_id: "retire", episode_ids: [{ rollout_id: "r4", attempt: 0 }] });
+    kind.delay("forget", new Promise<void>(() => undefined)); // freeing held state from a provider that never answers
+    const forget = call("forget", { checkpoint_id: "forget", deadline_ts: T0 + 10, rollout_ids: ["r4"] });
+    for (let i = 0; i < 10 && !kind.hooks().includes("forget"); i++) await flush();
+    clock.advance(20_000);
+    expect(await refused(forget)).toBe("deadline_exceeded");
+    expect(plane.isRetired({ rollout_id: "r4", attempt: 0 })).toBe(true);
+    // The lock is free: the next checkpoint (and a resume, a lease expiry) is not queued behind the hook.
+    expect((await call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 60 })).phase).toBe("prepared");
+  });
+});
+
 describe("a deadline that passes while the op waits for the lock", () => {
   it("refuses a queued retire with deadline_exceeded before marking anything", async () => {
     kind.addEpisode({ rollout_id: "r2", attempt: 0 });
