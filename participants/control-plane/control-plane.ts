@@ -15,7 +15,6 @@ import {
   PARTICIPANTS_DIR,
   PROTOCOL_VERSION,
   MAX_CONTROL_MESSAGE_BYTES,
-  canonicalDigest,
   captureKey,
   isUnreadableStorage,
   namesCheckpoint,
@@ -52,6 +51,7 @@ import { FsCheckpointStorage, participantDir } from "../storage/fs-storage.js";
 import { WriteGate } from "../storage/write-gate.js";
 import { ATTR, countRefusal, observeParticipant, participantInstruments, withSpan } from "../telemetry/instruments.js";
 import { AsyncLock } from "./async-lock.js";
+import { fitCommitReply } from "./commit-reply.js";
 import { AttemptMarks } from "./attempt-marks.js";
 import { systemClock, type Clock } from "./clock.js";
 import { HeldInstallFailure, heldStateFailure } from "./held-install-failure.js";
@@ -1052,19 +1052,6 @@ async function lstatOrUndefined(path: string): Promise<Stats | undefined> {
 function unresolvable(error: unknown): CheckpointError {
   if (isUnreadableStorage(error)) return toCheckpointError(error);
   return new CheckpointError("invalid_request", `checkpoint_dir cannot be resolved: ${(error as NodeJS.ErrnoException).code ?? String(error)}`, { cause: error });
-}
-
-/**
- * The commit reply as it can travel: with its episode list when the whole reply fits one control
- * message, else with the list left out (its count and canonical digest instead), for the
- * coordinator to read from the records just committed. Tens of thousands of exported episodes
- * would otherwise make the commit answer reply_too_large after its records were written, and the
- * checkpoint could never be published.
- */
-function fitCommitReply(reply: CommitReply): CommitReply {
-  if (Buffer.byteLength(JSON.stringify(reply)) <= MAX_CONTROL_MESSAGE_BYTES) return reply;
-  const ids = reply.episode_ids!;
-  return { ...reply, episode_ids: null, episode_count: ids.length, episode_ids_sha256: canonicalDigest(ids) };
 }
 
 /**

@@ -8,6 +8,7 @@ import {
   CheckpointError,
   DeploymentSchema,
   HEADER_AUTHORIZATION,
+  MAX_CONTROL_MESSAGE_BYTES,
   decodedHeaders,
   OPS,
   bearerToken,
@@ -18,9 +19,11 @@ import {
   participantSubject,
   toCheckpointError,
   tokensEqual,
+  type CommitReply,
   type Op,
   type RecordBase,
 } from "../../protocol/index.js";
+import { fitCommitReply } from "./commit-reply.js";
 import { countRefusal } from "../telemetry/instruments.js";
 import { extractTraceContext } from "../telemetry/nats-propagation.js";
 import type { ParticipantControlPlane } from "./control-plane.js";
@@ -93,7 +96,9 @@ export class ControlEndpoint {
       }
       const request = decodeMessage(CONTROL_MESSAGES[op].request, msg.data);
       const reply = await this.plane.handle(op, request as never, parent);
-      body = encodeReply(reply, op);
+      // A commit's episode list is left out past the server's max_payload too, when a deployment
+      // configures it below 1 MiB (the coordinator reads it from the committed records).
+      body = encodeReply(op === "commit" ? fitCommitReply(reply as CommitReply, this.replyBudget()) : reply, op);
     } catch (error) {
       const refusal = toCheckpointError(error);
       // The endpoint's own refusals (token, decoding) are answered on the control subjects too;
@@ -105,6 +110,12 @@ export class ControlEndpoint {
     if (!msg.reply) return;
     const tooLarge = respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
     if (tooLarge) countRefusal(tooLarge, this.plane.adapter.kind);
+  }
+
+  /** One message: the control-message limit, or the server's max_payload when that is lower. */
+  private replyBudget(): number {
+    const maxPayload = this.options.nc.info?.max_payload;
+    return typeof maxPayload === "number" && maxPayload > 0 ? Math.min(MAX_CONTROL_MESSAGE_BYTES, maxPayload) : MAX_CONTROL_MESSAGE_BYTES;
   }
 
   /** Stops serving; waits for answers already being computed. */

@@ -4,7 +4,8 @@ import { join } from "node:path";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
-import { controlRequest } from "../support/control-requests.js";
+import { canonicalDigest } from "../../protocol/index.js";
+import { controlRequest, phase } from "../support/control-requests.js";
 import { NatsServerProcess } from "../support/nats.js";
 
 /**
@@ -45,5 +46,18 @@ describe("a participant's reply over the server's max_payload", () => {
     const reply = await controlRequest(nc, { deployment: DEPLOYMENT, kind: "environment", instance: "env0", token: TOKEN }, "status", {}, 3000);
     expect(reply).toMatchObject({ error: { code: "reply_too_large" } });
     expect(reply.error.detail).toContain("max_payload");
+  });
+
+  it("a commit whose episode list would pass it answers with the list left out (count and digest), as over 1 MiB: a committed checkpoint is never answered reply_too_large for its list", async () => {
+    const target = { deployment: DEPLOYMENT, kind: "environment" as const, instance: "env0", token: TOKEN };
+    kind.statusExtras = () => ({});
+    // ~4,000 capture keys: ~70 KiB of list, past the server's 64 KiB, far under 1 MiB.
+    const keys = Array.from({ length: 4000 }, (_, i) => `rollout-${String(i).padStart(6, "0")}`);
+    for (const key of keys) kind.addEpisode({ rollout_id: key, attempt: 0 });
+    expect((await controlRequest(nc, target, "prepare", phase("c1"), 3000)).phase).toBe("prepared");
+    const reply = await controlRequest(nc, target, "commit", phase("c1", { checkpoint_dir: join(dir, "c1"), episode_ids: null, stop: false }), 3000);
+    expect(reply.error).toBeUndefined();
+    expect(reply).toMatchObject({ phase: "committed", episode_ids: null, episode_count: 4000, episode_ids_sha256: canonicalDigest(keys) });
+    expect((await controlRequest(nc, target, "resume", phase("c1"), 3000)).phase).toBe("idle");
   });
 });
