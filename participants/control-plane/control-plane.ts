@@ -108,6 +108,8 @@ const ALLOWED: Record<"prepare" | "commit" | "restore" | "renew", readonly Phase
  */
 /** How soon a lease expiry whose reopen failed is tried again. */
 const LEASE_RETRY_MS = 1000;
+/** How long freeing a late restore install (the kind's retire, under the lock) may take before it is tried again later. */
+const LATE_FREE_MS = 30_000;
 
 export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   readonly adapter: ParticipantKind<R>;
@@ -658,12 +660,25 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     // it: held like a failed install's state (the same restore re-sent gets its failure again, so a
     // successor's clean-up retires attempt+1 here), and freed again shortly, outside a checkpoint,
     // until it is or a retire or forget of it freed it.
+    // That retire is a kind hook too, which may hang as the install did (the same provider): bounded,
+    // so it never holds the lock for good (every later op, resume and lease expiry included, would
+    // queue behind it), and never started again while an earlier one still runs.
+    let running: Promise<void> | undefined;
     const free = (again: boolean): Promise<void> =>
       this.lock.run(async () => {
         if (again && (this.disposed || !this.heldInstallFailure.holds(id))) return;
-        if (again && this.phase !== "idle") return void this.clock.setTimer(retry, LEASE_RETRY_MS);
+        if (again && (this.phase !== "idle" || running)) return void this.clock.setTimer(retry, LEASE_RETRY_MS);
         try {
-          await this.adapter.retire(next);
+          const retiring = this.adapter.retire(next);
+          const ended = retiring.then(
+            () => undefined,
+            () => undefined,
+          );
+          running = ended;
+          void ended.then(() => {
+            if (running === ended) running = undefined;
+          });
+          await this.raceDeadline(retiring, (this.clock.now() + LATE_FREE_MS) / 1000, "freeing a late restore install");
           this.heldInstallFailure.retired(next);
           this.logger?.info({ checkpoint_id: id }, "late_restore_install_freed");
         } catch (err) {

@@ -1262,6 +1262,32 @@ describe("restore clean-up queued behind a restore whose read outlives both dead
   });
 });
 
+describe("the free of a restore install that outlived its deadline, whose retire hook hangs", () => {
+  it("does not hold the lock for good: a prepare after it goes ahead, and the free is tried again (not beside the hung one)", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const install = deferred();
+    kind.delay("install", install.promise); // a provider that answers late
+    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await waitUntil(() => kind.hooks().includes("install"), "the install to start");
+    clock.advance(11_000);
+    expect(await refused(restore)).toBe("deadline_exceeded");
+    kind.delay("retire", new Promise<void>(() => undefined)); // the same provider, now not answering at all
+    install.resolve(); // the late install ends: its free (a retire of r1-a1) runs under the lock and hangs
+    await waitUntil(() => kind.hooks().includes("retire"), "the free to start");
+    expect(kind.hooks().filter((h) => h === "retire")).toHaveLength(1);
+    const prepare = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 300 });
+    clock.advance(31_000); // the free's bound
+    expect((await prepare).phase).toBe("prepared");
+    // Not freed: tried again outside a checkpoint, never while the hung retire still runs.
+    await call("resume", { checkpoint_id: "c1", deadline_ts: T0 + 300 });
+    for (let i = 0; i < 5; i++) {
+      clock.advance(1_000);
+      await flush();
+    }
+    expect(kind.hooks().filter((h) => h === "retire")).toHaveLength(1);
+  });
+});
+
 // ---- phase-machine scenarios: the restored phase, leases, retries sharing work, crash leftovers ----
 
 const snapshot = () => ({ status: plane.status(), admission: kind.admissionOpen, restored: [...kind.restored.keys()], live: [...kind.episodes.keys()] });
