@@ -1,6 +1,17 @@
-import { errors, type Msg } from "@nats-io/transport-node";
+import { errors, type Msg, type NatsConnection } from "@nats-io/transport-node";
 import { encodeMessage } from "./codec.js";
 import { CheckpointError } from "./errors.js";
+import { MAX_CONTROL_MESSAGE_BYTES } from "./version.js";
+
+/**
+ * What one reply may hold: the control-message limit, or the server's `max_payload` when a
+ * deployment configures it lower (read at each reply: a reconnect may reach another server).
+ * Shared by the participants' control endpoint and the coordinator's NATS controller API.
+ */
+export function replyBudget(nc: Pick<NatsConnection, "info">): number {
+  const maxPayload = nc.info?.max_payload;
+  return typeof maxPayload === "number" && maxPayload > 0 ? Math.min(MAX_CONTROL_MESSAGE_BYTES, maxPayload) : MAX_CONTROL_MESSAGE_BYTES;
+}
 
 /**
  * Sends the reply to a request whose op already ran. A body within the 1 MiB control-message limit

@@ -1,11 +1,10 @@
 import { context } from "@opentelemetry/api";
 import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { respondWithinMaxPayload } from "../../protocol/nats-reply.js";
+import { replyBudget, respondWithinMaxPayload } from "../../protocol/nats-reply.js";
 import {
   CONTROLLER_OP_NAMES,
   HEADER_AUTHORIZATION,
-  MAX_CONTROL_MESSAGE_BYTES,
   decodedHeaders,
   controllerSubject,
   encodeMessage,
@@ -90,7 +89,7 @@ export class NatsControllerApi {
       // Lists are left out past one message (reply-budget.ts), or past the server's max_payload when
       // a deployment configures it lower: msg.respond would throw and the controller get no reply.
       // The HTTP API answers in full.
-      body = encodeControllerReply(op, reply, this.replyBudget());
+      body = encodeControllerReply(op, reply, replyBudget(this.options.nc));
     } catch (error) {
       const refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");
@@ -99,12 +98,6 @@ export class NatsControllerApi {
     if (!msg.reply) return;
     // The server's max_payload may have changed under us (a reconnect to another server): still an answer.
     respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
-  }
-
-  /** One message: the control-message limit, or the server's max_payload when that is lower. */
-  private replyBudget(): number {
-    const maxPayload = this.options.nc.info?.max_payload;
-    return typeof maxPayload === "number" && maxPayload > 0 ? Math.min(MAX_CONTROL_MESSAGE_BYTES, maxPayload) : MAX_CONTROL_MESSAGE_BYTES;
   }
 
   async stop(): Promise<void> {

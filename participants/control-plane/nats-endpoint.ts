@@ -1,14 +1,13 @@
 import { context, type Context } from "@opentelemetry/api";
 import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { respondWithinMaxPayload } from "../../protocol/nats-reply.js";
+import { replyBudget, respondWithinMaxPayload } from "../../protocol/nats-reply.js";
 import {
   BearerTokenSchema,
   CONTROL_MESSAGES,
   CheckpointError,
   DeploymentSchema,
   HEADER_AUTHORIZATION,
-  MAX_CONTROL_MESSAGE_BYTES,
   decodedHeaders,
   OPS,
   bearerToken,
@@ -98,7 +97,7 @@ export class ControlEndpoint {
       const reply = await this.plane.handle(op, request as never, parent);
       // A commit's episode list is left out past the server's max_payload too, when a deployment
       // configures it below 1 MiB (the coordinator reads it from the committed records).
-      body = encodeReply(op === "commit" ? fitCommitReply(reply as CommitReply, this.replyBudget()) : reply, op);
+      body = encodeReply(op === "commit" ? fitCommitReply(reply as CommitReply, replyBudget(this.options.nc)) : reply, op);
     } catch (error) {
       const refusal = toCheckpointError(error);
       // The endpoint's own refusals (token, decoding) are answered on the control subjects too;
@@ -110,12 +109,6 @@ export class ControlEndpoint {
     if (!msg.reply) return;
     const tooLarge = respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
     if (tooLarge) countRefusal(tooLarge, this.plane.adapter.kind);
-  }
-
-  /** One message: the control-message limit, or the server's max_payload when that is lower. */
-  private replyBudget(): number {
-    const maxPayload = this.options.nc.info?.max_payload;
-    return typeof maxPayload === "number" && maxPayload > 0 ? Math.min(MAX_CONTROL_MESSAGE_BYTES, maxPayload) : MAX_CONTROL_MESSAGE_BYTES;
   }
 
   /** Stops serving; waits for answers already being computed. */
