@@ -22,10 +22,12 @@ const KEY = memberKey("agent", "agent");
 
 /** A predecessor that announced and then died without removing its entry (its beats stopped). */
 async function crashedPredecessor(deployment: string, incarnation: string): Promise<MembershipAnnouncer> {
-  const announcer = new MembershipAnnouncer(await nats.connect(), deployment, "agent", "agent", incarnation, undefined, 60_000);
+  const announcer = new MembershipAnnouncer(await nats.connect(), deployment, "agent", "agent", incarnation);
   await announcer.claim();
   await announcer.start();
   (announcer as unknown as { stopWatching(): void }).stopWatching();
+  // Crashed: it beats no more (its entry lives until the bucket's TTL, or the test changes it).
+  clearInterval((announcer as unknown as { timer: NodeJS.Timeout }).timer);
   return announcer;
 }
 
@@ -37,7 +39,7 @@ async function holder(deployment: string): Promise<string | undefined> {
 describe("membership claim racing a change of the predecessor's entry", () => {
   it("the predecessor's entry expiring between claim and start (no message left): taken over", async () => {
     await crashedPredecessor("claimrace1", "inc-old");
-    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace1", "agent", "agent", "inc-new", undefined, 60_000);
+    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace1", "agent", "agent", "inc-new");
     await restart.claim();
     // What the bucket's TTL does: the message goes, no delete marker stays.
     const bucket = membersBucket("claimrace1");
@@ -49,7 +51,7 @@ describe("membership claim racing a change of the predecessor's entry", () => {
 
   it("the predecessor's entry deleted between claim and start: taken over", async () => {
     await crashedPredecessor("claimrace2", "inc-old");
-    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace2", "agent", "agent", "inc-new", undefined, 60_000);
+    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace2", "agent", "agent", "inc-new");
     await restart.claim();
     await (await new Kvm(nats.nc).open(membersBucket("claimrace2"))).delete(KEY);
     await restart.start();
@@ -59,7 +61,7 @@ describe("membership claim racing a change of the predecessor's entry", () => {
 
   it("the stalled predecessor beating once more between claim and start: taken over", async () => {
     const old = await crashedPredecessor("claimrace3", "inc-old");
-    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace3", "agent", "agent", "inc-new", undefined, 60_000);
+    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace3", "agent", "agent", "inc-new");
     await restart.claim();
     await (old as unknown as { write(): Promise<void> }).write();
     await restart.start();
@@ -69,9 +71,9 @@ describe("membership claim racing a change of the predecessor's entry", () => {
 
   it("control: another process claiming the name between claim and start wins (instance_conflict)", async () => {
     await crashedPredecessor("claimrace4", "inc-old");
-    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace4", "agent", "agent", "inc-new", undefined, 60_000);
+    const restart = new MembershipAnnouncer(await nats.connect(), "claimrace4", "agent", "agent", "inc-new");
     await restart.claim();
-    const other = new MembershipAnnouncer(await nats.connect(), "claimrace4", "agent", "agent", "inc-other", undefined, 60_000);
+    const other = new MembershipAnnouncer(await nats.connect(), "claimrace4", "agent", "agent", "inc-other");
     await other.claim();
     await other.start();
     const refused = await restart.start().then(() => undefined, (error: unknown) => error);

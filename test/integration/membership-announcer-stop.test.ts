@@ -20,7 +20,7 @@ afterAll(async () => {
 describe("membership announcer stop() racing a heartbeat in flight", () => {
   it("control: with no beat in flight, stop() removes the entry", async () => {
     const nc = await nats.connect();
-    const announcer = new MembershipAnnouncer(nc, "annstop0", "environment", "env0", "inc-stop-0", undefined, 60_000);
+    const announcer = new MembershipAnnouncer(nc, "annstop0", "environment", "env0", "inc-stop-0");
     await announcer.claim();
     await announcer.start();
     await announcer.stop();
@@ -31,7 +31,7 @@ describe("membership announcer stop() racing a heartbeat in flight", () => {
 
   it("removes the entry of a stopped process even when a beat was being written", async () => {
     const nc = await nats.connect();
-    const announcer = new MembershipAnnouncer(nc, "annstop", "environment", "env0", "inc-stop-1", undefined, 60_000);
+    const announcer = new MembershipAnnouncer(nc, "annstop", "environment", "env0", "inc-stop-1");
     await announcer.claim();
     await announcer.start();
     // A heartbeat fires (the interval's tick), and the owner stops the process in the same moment.
