@@ -3,7 +3,7 @@ import { JetStreamApiCodes, jetstreamManager } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { CheckpointError, leaderBucket } from "../../protocol/index.js";
+import { CheckpointError, isWrongRevision, leaderBucket } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import { openBucketAsserted, readsFromStreamLeader } from "../membership/kv-bucket.js";
 import { coordinatorTelemetry } from "../telemetry/coordinator-telemetry.js";
@@ -244,7 +244,7 @@ export class LeaderLease implements Leadership {
         this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, Math.max(1, remaining));
         this.renewedAt = sentAt;
       } catch (error) {
-        this.demote(error);
+        if (!(await this.renewalLanded(value, sentAt, error))) this.demote(error);
       }
     }
     if (this.heldEpoch !== null && !this.readyFired) {
@@ -269,6 +269,28 @@ export class LeaderLease implements Leadership {
    */
   private untilRenewal(): number {
     return Math.max(0, this.renewedAt + this.options.leaseMs / 3 - this.clock.monotonic());
+  }
+
+  /**
+   * Whether a renewal that failed without a refusal (it timed out, the connection dropped) landed
+   * all the same: the key then holds its value at a later revision. Demoted, this coordinator would
+   * leave that key held by nobody who leads, refusing every create (its own too) until it expired a
+   * lease later. Read back within what that renewal's lease leaves (from the stream's leader: a
+   * lagging replica would show the key as it was); found, it counts as the renewal, sent at `sentAt`.
+   */
+  private async renewalLanded(value: string, sentAt: number, error: unknown): Promise<boolean> {
+    const left = sentAt + this.options.leaseMs - this.clock.monotonic();
+    if (isWrongRevision(error) || left <= 0) return false;
+    let cancel: (() => void) | undefined;
+    const timedOut = new Promise<null>((resolve) => (cancel = this.clock.setTimer(() => resolve(null), left)));
+    const now = await Promise.race([readsFromStreamLeader(this.kv!).get(LEADER_KEY), timedOut]).catch(() => null);
+    cancel?.();
+    // A later revision than the one it named (an earlier renewal in the same millisecond wrote the same value).
+    if (now?.operation !== "PUT" || now.string() !== value || now.revision <= this.lastRevision) return false;
+    this.options.logger?.warn({ epoch: this.heldEpoch, revision: now.revision, err: error }, "lease_renewal_landed_unanswered");
+    this.lastRevision = now.revision;
+    this.renewedAt = sentAt;
+    return true;
   }
 
   /** The last campaign failure logged (its message), until a campaign wins or finds the key held. */

@@ -79,6 +79,12 @@ class FakeKv {
   }
   /** Set: an update's answer waits for it (a renewal in flight, already applied by the server). */
   updateGate: Promise<void> | undefined;
+  /** What the key holds now: the last value written, at its revision. */
+  async get(): Promise<{ operation: "PUT"; revision: number; string: () => string } | null> {
+    if (this.holder === undefined) return null;
+    const value = this.values.at(-1)!;
+    return { operation: "PUT", revision: this.holder, string: () => value };
+  }
   async delete(_key: string, opts?: { previousSeq?: number }): Promise<void> {
     if (opts?.previousSeq !== undefined && opts.previousSeq !== this.holder) throw new Error("wrong last sequence");
     this.holder = undefined;
@@ -226,6 +232,35 @@ describe("leader lease", () => {
     await clock.advance(1000);
     expect(l.state()).toMatchObject({ leader: true, ready: false });
     expect(l.state().epoch).toBeGreaterThan(101);
+    await l.stop();
+  });
+
+  it("a renewal that timed out but landed keeps the lease (demoted, the key it wrote would refuse every create, its own too, until it expired); one that did not land still demotes", async () => {
+    const { kv, clock, events, l } = await started();
+    kv.get = FakeKv.prototype.get;
+    await clock.advance(3000);
+    // The server applies the next renewal; its answer is lost (the request times out).
+    let lose = true;
+    kv.update = async function (this: FakeKv, key: string, value: string, last: number, timeout?: number) {
+      const landed = await FakeKv.prototype.update.call(this, key, value, last, timeout);
+      if (!lose) return landed;
+      lose = false;
+      throw new Error("TimeoutError: timeout");
+    };
+    await clock.advance(1000);
+    // Before: lost:101, the key held at the landed revision by nobody, every campaign refused.
+    expect(events).toEqual(["ready:101"]);
+    expect(l.state()).toMatchObject({ leader: true, ready: true, epoch: 101 });
+    const held = kv.holder;
+    await clock.advance(1000); // the next renewal names the landed revision
+    expect(kv.holder).toBeGreaterThan(held!);
+    expect(l.epoch()).toBe(101);
+    // A renewal that times out without landing demotes as before.
+    kv.update = async () => {
+      throw new Error("TimeoutError: timeout");
+    };
+    await clock.advance(1000);
+    expect(events).toEqual(["ready:101", "lost:101"]);
     await l.stop();
   });
 
