@@ -169,7 +169,18 @@ export class LeaderLease implements Leadership {
    * second create's: the lease runs from there, however long the floor and the purge took).
    */
   private async campaign(value: string, sentAt: number): Promise<{ epoch: number; sentAt: number }> {
-    const revision = await this.kv!.create(LEADER_KEY, value);
+    let revision: number;
+    try {
+      revision = await this.kv!.create(LEADER_KEY, value);
+    } catch (error) {
+      // Unanswered (a timeout, the connection dropped), it may have landed all the same: that key
+      // too would refuse every create, this one's next included, until it expired a lease later.
+      if (!isWrongRevision(error)) {
+        const landed = await this.revisionHolding(value, this.options.leaseMs / 4);
+        if (landed !== undefined) await this.kv!.delete(LEADER_KEY, { previousSeq: landed }).catch(() => undefined);
+      }
+      throw error;
+    }
     try {
       return await this.leadAbove(revision, value, sentAt);
     } catch (error) {
@@ -281,16 +292,26 @@ export class LeaderLease implements Leadership {
   private async renewalLanded(value: string, sentAt: number, error: unknown): Promise<boolean> {
     const left = sentAt + this.options.leaseMs - this.clock.monotonic();
     if (isWrongRevision(error) || left <= 0) return false;
-    let cancel: (() => void) | undefined;
-    const timedOut = new Promise<null>((resolve) => (cancel = this.clock.setTimer(() => resolve(null), left)));
-    const now = await Promise.race([readsFromStreamLeader(this.kv!).get(LEADER_KEY), timedOut]).catch(() => null);
-    cancel?.();
+    const revision = await this.revisionHolding(value, left);
     // A later revision than the one it named (an earlier renewal in the same millisecond wrote the same value).
-    if (now?.operation !== "PUT" || now.string() !== value || now.revision <= this.lastRevision) return false;
-    this.options.logger?.warn({ epoch: this.heldEpoch, revision: now.revision, err: error }, "lease_renewal_landed_unanswered");
-    this.lastRevision = now.revision;
+    if (revision === undefined || revision <= this.lastRevision) return false;
+    this.options.logger?.warn({ epoch: this.heldEpoch, revision, err: error }, "lease_renewal_landed_unanswered");
+    this.lastRevision = revision;
     this.renewedAt = sentAt;
     return true;
+  }
+
+  /**
+   * The key's revision if it holds exactly `value` (keys name their term and time, so no other
+   * write is equal), read within `withinMs` from the stream's leader (a lagging replica would show
+   * the key as it was); undefined otherwise, or unread.
+   */
+  private async revisionHolding(value: string, withinMs: number): Promise<number | undefined> {
+    let cancel: (() => void) | undefined;
+    const timedOut = new Promise<null>((resolve) => (cancel = this.clock.setTimer(() => resolve(null), withinMs)));
+    const now = await Promise.race([readsFromStreamLeader(this.kv!).get(LEADER_KEY), timedOut]).catch(() => null);
+    cancel?.();
+    return now?.operation === "PUT" && now.string() === value ? now.revision : undefined;
   }
 
   /** The last campaign failure logged (its message), until a campaign wins or finds the key held. */

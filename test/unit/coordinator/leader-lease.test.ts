@@ -64,6 +64,7 @@ class FakeKv {
     if (this.createGate) await this.createGate;
     if (this.holder !== undefined) throw new Error("wrong last sequence");
     this.holder = ++this.revision;
+    this.heldValue = value;
     return this.holder;
   }
   async update(_key: string, value: string, last: number, timeout?: number): Promise<number> {
@@ -72,6 +73,7 @@ class FakeKv {
     if (this.hangUpdates) return new Promise<number>(() => undefined);
     if (this.failUpdates || this.holder !== last) throw new Error("wrong last sequence");
     this.holder = ++this.revision;
+    this.heldValue = value;
     const landed = this.holder;
     // The server applied it; its answer is on the way back.
     if (this.updateGate) await this.updateGate;
@@ -79,10 +81,12 @@ class FakeKv {
   }
   /** Set: an update's answer waits for it (a renewal in flight, already applied by the server). */
   updateGate: Promise<void> | undefined;
-  /** What the key holds now: the last value written, at its revision. */
+  /** The value the key holds (written by the create or update that made `holder`). */
+  heldValue = "";
+  /** What the key holds now. */
   async get(): Promise<{ operation: "PUT"; revision: number; string: () => string } | null> {
     if (this.holder === undefined) return null;
-    const value = this.values.at(-1)!;
+    const value = this.heldValue;
     return { operation: "PUT", revision: this.holder, string: () => value };
   }
   async delete(_key: string, opts?: { previousSeq?: number }): Promise<void> {
@@ -237,7 +241,6 @@ describe("leader lease", () => {
 
   it("a renewal that timed out but landed keeps the lease (demoted, the key it wrote would refuse every create, its own too, until it expired); one that did not land still demotes", async () => {
     const { kv, clock, events, l } = await started();
-    kv.get = FakeKv.prototype.get;
     await clock.advance(3000);
     // The server applies the next renewal; its answer is lost (the request times out).
     let lose = true;
@@ -261,6 +264,27 @@ describe("leader lease", () => {
     };
     await clock.advance(1000);
     expect(events).toEqual(["ready:101", "lost:101"]);
+    await l.stop();
+  });
+
+  it("a campaign whose create timed out but landed releases that key: held by nobody who leads, it would refuse every create (its own too) until it expired", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const events: string[] = [];
+    let lose = true;
+    kv.create = async function (this: FakeKv, key: string, value: string) {
+      const created = await FakeKv.prototype.create.call(this, key, value);
+      if (!lose) return created;
+      lose = false;
+      throw new Error("TimeoutError: timeout");
+    };
+    const l = lease(kv, clock, events);
+    await l.start();
+    expect(l.state().leader).toBe(false);
+    // Before: the key stayed at 101 (the fake never expires it), and every later campaign was refused.
+    expect(kv.holder).toBeUndefined();
+    await clock.advance(750); // the next campaign, a quarter lease later
+    expect(l.state()).toMatchObject({ leader: true, epoch: 102 });
     await l.stop();
   });
 
