@@ -88,6 +88,27 @@ describe("membership registry", () => {
     }
   });
 
+  it("a renewal whose answer is lost but which landed is read back from the server and kept: the leader neither demotes nor leaves its key behind", async () => {
+    const deployment = "lease-landed";
+    const kv = await openBucketAsserted(world.pnc, leaderBucket(deployment), { history: 1, ttl: 1_500 });
+    const update = kv.update.bind(kv);
+    let lost = 0;
+    kv.update = async (...args: Parameters<typeof kv.update>) => {
+      const landed = await update(...args);
+      if (lost++ === 0) throw new Error("TimeoutError: timeout");
+      return landed;
+    };
+    const events: string[] = [];
+    const lease = new LeaderLease({ nc: world.pnc, deployment, id: "a", leaseMs: 1_500, kv, onLost: (epoch) => void events.push(`lost:${epoch}`) });
+    await lease.start();
+    const epoch = lease.state().epoch;
+    await waitUntil(() => lost >= 3, "two renewals after the lost answer", 5_000);
+    expect(events).toEqual([]);
+    expect(lease.state()).toMatchObject({ leader: true, epoch });
+    await lease.stop();
+    expect(await kv.get("coordinator")).toMatchObject({ operation: "DEL" });
+  });
+
   it("a won revision not above the highest published epoch (the leader bucket recreated) is moved past it", async () => {
     const deployment = "lease-floor";
     const first = new LeaderLease({ nc: world.pnc, deployment, id: "a", leaseMs: 1_000, epochFloor: () => 40 });
