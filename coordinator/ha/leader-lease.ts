@@ -169,23 +169,29 @@ export class LeaderLease implements Leadership {
    * second create's: the lease runs from there, however long the floor and the purge took).
    */
   private async campaign(value: string, sentAt: number): Promise<{ epoch: number; sentAt: number }> {
-    let revision: number;
-    try {
-      revision = await this.kv!.create(LEADER_KEY, value);
-    } catch (error) {
-      // Unanswered (a timeout, the connection dropped), it may have landed all the same: that key
-      // too would refuse every create, this one's next included, until it expired a lease later.
-      if (!isWrongRevision(error)) {
-        const landed = await this.revisionHolding(value, this.options.leaseMs / 4);
-        if (landed !== undefined) await this.kv!.delete(LEADER_KEY, { previousSeq: landed }).catch(() => undefined);
-      }
-      throw error;
-    }
+    const revision = await this.createKey(value);
     try {
       return await this.leadAbove(revision, value, sentAt);
     } catch (error) {
       // Only that key: after a purge it is gone, and a successor's differs, so the delete is refused.
       await this.kv!.delete(LEADER_KEY, { previousSeq: revision }).catch(() => undefined);
+      throw error;
+    }
+  }
+
+  /**
+   * Creates the key with `value`. A create left unanswered (a timeout, the connection dropped) may
+   * have landed all the same: that key would refuse every create, this coordinator's next included,
+   * until it expired a lease later, so it is read back and, found, deleted.
+   */
+  private async createKey(value: string): Promise<number> {
+    try {
+      return await this.kv!.create(LEADER_KEY, value);
+    } catch (error) {
+      if (!isWrongRevision(error)) {
+        const landed = await this.revisionHolding(value, this.options.leaseMs / 4);
+        if (landed !== undefined) await this.kv!.delete(LEADER_KEY, { previousSeq: landed }).catch(() => undefined);
+      }
       throw error;
     }
   }
@@ -203,7 +209,7 @@ export class LeaderLease implements Leadership {
     const jsm = await jetstreamManager(this.options.nc);
     await jsm.streams.purge(`KV_${leaderBucket(this.options.deployment)}`, { seq: floor + 1 });
     const recreatedAt = this.clock.monotonic();
-    return { epoch: await this.kv!.create(LEADER_KEY, value), sentAt: recreatedAt };
+    return { epoch: await this.createKey(value), sentAt: recreatedAt };
   }
 
   /** The key's value: who leads, in which term (see `term`), and when it last wrote, in wall time (for humans; never compared). */

@@ -371,6 +371,41 @@ describe("leader lease", () => {
     await l.stop();
   });
 
+  it("the create past the epoch floor, timed out but landed, is released too: the next campaign wins instead of every create being refused until it expired", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const events: string[] = [];
+    // Just enough of JetStream for the purge: it empties the key and moves the sequence.
+    const nc = {
+      options: { inboxPrefix: "_INBOX" },
+      request: async (subject: string, data: Uint8Array) => {
+        let reply: unknown = {};
+        if (subject.startsWith("$JS.API.STREAM.PURGE.")) {
+          const { seq } = JSON.parse(new TextDecoder().decode(data)) as { seq: number };
+          kv.holder = undefined;
+          kv.revision = seq - 1;
+          reply = { success: true, purged: 1 };
+        }
+        return { data: new TextEncoder().encode(JSON.stringify(reply)) };
+      },
+    } as unknown as NatsConnection;
+    // The create after the purge lands; its answer is lost.
+    let creates = 0;
+    kv.create = async function (this: FakeKv, key: string, value: string) {
+      const created = await FakeKv.prototype.create.call(this, key, value);
+      if (++creates === 2) throw new Error("TimeoutError: timeout");
+      return created;
+    };
+    const l = lease(kv, clock, events, { nc, epochFloor: () => 1_000 });
+    await l.start();
+    expect(l.state().leader).toBe(false);
+    // Before: the key stayed at 1001, held by nobody who leads (the fake never expires it).
+    expect(kv.holder).toBeUndefined();
+    await clock.advance(750); // the next campaign, a quarter lease later: above the floor now
+    expect(l.state()).toMatchObject({ leader: true, epoch: 1_002 });
+    await l.stop();
+  });
+
   it("the first renewal goes a third of a lease after the create, however long the campaign's epoch floor took", async () => {
     const kv = new FakeKv();
     const clock = new ManualClock();
