@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { JetStreamApiCodes, jetstreamManager } from "@nats-io/jetstream";
-import type { KV } from "@nats-io/kv";
+import type { KV, KvEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { CheckpointError, isWrongRevision, leaderBucket } from "../../protocol/index.js";
@@ -118,6 +118,8 @@ export class LeaderLease implements Leadership {
 
   /** The key was created at `revision` by a request sent at `sentAt`: this coordinator leads. */
   private won(revision: number, sentAt: number): void {
+    // Holding the key, no earlier write of this coordinator's can land any more.
+    this.unanswered = undefined;
     this.renewedAt = sentAt;
     this.heldEpoch = revision;
     this.lastRevision = revision;
@@ -191,7 +193,8 @@ export class LeaderLease implements Leadership {
       if (!isWrongRevision(error)) {
         const landed = await this.revisionHolding(value, this.options.leaseMs / 4);
         if (landed !== undefined) await this.kv!.delete(LEADER_KEY, { previousSeq: landed }).catch(() => undefined);
-      }
+        else this.unanswered = value;
+      } else await this.releaseUnanswered();
       throw error;
     }
   }
@@ -261,7 +264,10 @@ export class LeaderLease implements Leadership {
         this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, Math.max(1, remaining));
         this.renewedAt = sentAt;
       } catch (error) {
-        if (!(await this.renewalLanded(value, sentAt, error))) this.demote(error);
+        if (!(await this.renewalLanded(value, sentAt, error))) {
+          if (!isWrongRevision(error)) this.unanswered = value;
+          this.demote(error);
+        }
       }
     }
     if (this.heldEpoch !== null && !this.readyFired) {
@@ -313,11 +319,41 @@ export class LeaderLease implements Leadership {
    * the key as it was); undefined otherwise, or unread.
    */
   private async revisionHolding(value: string, withinMs: number): Promise<number | undefined> {
-    let cancel: (() => void) | undefined;
-    const timedOut = new Promise<null>((resolve) => (cancel = this.clock.setTimer(() => resolve(null), withinMs)));
-    const now = await Promise.race([readsFromStreamLeader(this.kv!).get(LEADER_KEY), timedOut]).catch(() => null);
-    cancel?.();
+    const now = await this.readKey(withinMs);
     return now?.operation === "PUT" && now.string() === value ? now.revision : undefined;
+  }
+
+  /** The key as the stream's leader has it (null: none), or undefined when unread within `withinMs`. */
+  private async readKey(withinMs: number): Promise<KvEntry | null | undefined> {
+    let cancel: (() => void) | undefined;
+    const timedOut = new Promise<undefined>((resolve) => (cancel = this.clock.setTimer(() => resolve(undefined), withinMs)));
+    const now = await Promise.race([readsFromStreamLeader(this.kv!).get(LEADER_KEY), timedOut]).catch(() => undefined);
+    cancel?.();
+    return now;
+  }
+
+  /**
+   * The value of this coordinator's last write to the key that went unanswered and was not found
+   * landed when read back: the server may still apply it (a late request), and the key would then
+   * be held by nobody who leads, refusing every create until it expired a lease later.
+   */
+  private unanswered: string | undefined;
+
+  /**
+   * Deletes the key if it holds the unanswered write (a campaign refused because the key is held,
+   * or a stop), so the next campaign, this coordinator's or another's, need not wait for its expiry.
+   * Forgotten once the key holds another coordinator's write: that one can no longer land.
+   */
+  private async releaseUnanswered(): Promise<void> {
+    const value = this.unanswered;
+    if (value === undefined) return;
+    const now = await this.readKey(this.options.leaseMs / 4);
+    if (now?.operation !== "PUT") return;
+    if (now.string() === value) {
+      this.options.logger?.warn({ revision: now.revision }, "lease_unanswered_write_released");
+      await this.kv!.delete(LEADER_KEY, { previousSeq: now.revision }).catch(() => undefined);
+    }
+    this.unanswered = undefined;
   }
 
   /** The last campaign failure logged (its message), until a campaign wins or finds the key held. */
@@ -363,6 +399,6 @@ export class LeaderLease implements Leadership {
       this.heldEpoch = null;
       await this.kv.delete(LEADER_KEY, { previousSeq: this.lastRevision }).catch(() => undefined);
       this.options.onLost?.(epoch);
-    }
+    } else if (release && this.kv) await this.releaseUnanswered();
   }
 }

@@ -288,6 +288,39 @@ describe("leader lease", () => {
     await l.stop();
   });
 
+  it("a renewal that went unanswered and landed only after it was read back is released by the next campaign, or by stop: no key left held by nobody who leads", async () => {
+    for (const end of ["campaign", "stop"] as const) {
+      const { kv, clock, events, l } = await started();
+      await clock.advance(3000);
+      // The next renewal's answer is lost and the read-back finds the key as it was; the server applies it later.
+      let late: (() => void) | undefined;
+      kv.update = async function (this: FakeKv, _key: string, value: string, last: number) {
+        late = () => {
+          if (this.holder !== last) return;
+          this.holder = ++this.revision;
+          this.heldValue = value;
+        };
+        throw new Error("TimeoutError: timeout");
+      };
+      await clock.advance(1000);
+      expect(events).toEqual(["ready:101", "lost:101"]);
+      late!();
+      const held = kv.holder;
+      if (end === "stop") {
+        await l.stop();
+        // Before: stop released nothing (it did not lead), and the key stayed at the late revision.
+        expect(kv.holder).toBeUndefined();
+        continue;
+      }
+      await clock.advance(750); // a campaign, refused: the key holds the late renewal, which it deletes
+      expect(kv.holder).toBeUndefined();
+      await clock.advance(750); // the next one wins. Before: refused for as long as the key lived.
+      expect(l.state()).toMatchObject({ leader: true });
+      expect(l.state().epoch).toBeGreaterThan(held!);
+      await l.stop();
+    }
+  });
+
   it("stopping while a renewal is in flight still releases the key, so a successor need not wait for its expiry", async () => {
     const { kv, clock, events, l } = await started();
     await clock.advance(3000);
