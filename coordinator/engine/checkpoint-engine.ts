@@ -16,6 +16,7 @@ import {
   PARTICIPANTS_DIR,
   canonicalJson,
   captureKey,
+  isStorageFailure,
   isUnreadableStorage,
   outsideCheckpointId,
   nextAttempt,
@@ -924,11 +925,16 @@ export class CheckpointEngine {
    * since and fence the id there, so restoring LATEST would be refused).
    */
   private async recoverPublished(open: OpenCheckpoint, statuses: Outcome<"status">[], log: Logger): Promise<string> {
-    open.phase = "published";
     const latest = await this.options.writer.repairLatest(open.id).catch((error: unknown) => {
       log.error({ err: error }, "recovery_latest_repair_failed"); // LATEST left as it is
+      // Refused by the storage (EIO, ENOSPC): so is the entry, for a later recovery to repair LATEST
+      // (as a decision whose LATEST cannot be read). Closed now, nothing would, and its controller's
+      // retry would be told it published while LATEST may name an older checkpoint. (A damaged
+      // checkpoint.json of its own is no storage failure: no recovery could point LATEST at it.)
+      if (isStorageFailure(error)) throw error;
       return "failed" as const;
     });
+    open.phase = "published";
     if (latest === "superseded") {
       // A newer checkpoint was published since, so this one was closed: its entry outlived the close.
       log.info({ state: "published" }, "recovery_published_superseded");

@@ -200,6 +200,41 @@ describe("recovery repairs LATEST after a crash between checkpoint.json and LATE
     expect((await second.engine.restore({ episode_ids: [] })).checkpoint_id).toBe("newer");
   });
 
+  it("a repair the storage refuses (EIO) leaves the entry journaled for a later recovery, instead of closing it with LATEST naming the older checkpoint", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "older", episode_ids: null, stop: false, controller_state: null });
+    first.clock.current += 60_000;
+    await first.engine.prepare({ checkpoint_id: "newer" });
+    await first.engine.commit({ checkpoint_id: "newer", episode_ids: null, stop: false });
+    await first.engine.publish({ checkpoint_id: "newer", controller_state: null });
+    const entry = structuredClone(first.journal.entries.get("newer")!);
+    await first.writer.settled();
+    await writeFile(join(root, "LATEST"), "older\n"); // the crash before LATEST's rename
+    const second = await successor(entry);
+    second.writer.repairLatest = async () => {
+      throw Object.assign(new Error(`EIO: i/o error, open '${join(root, "LATEST")}'`), { code: "EIO", syscall: "open" });
+    };
+    // Before: published_closed, its entry removed, and nothing would ever point LATEST at it.
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "newer", action: "failed" }]);
+    expect(second.journal.entries.get("newer")?.state).toBe("decided");
+    expect(await readFile(join(root, "LATEST"), "utf8")).toBe("older\n");
+    // No success kept for a retried publish while LATEST names the older checkpoint.
+    expect((await refusalOf(second.engine.publish({ checkpoint_id: "newer", controller_state: null }))).code).toBe("invalid_phase");
+    // The next recovery, the storage answering again, repairs it.
+    const third = await successor(second.journal.entries.get("newer")!);
+    expect(await third.engine.recover()).toEqual([{ checkpoint_id: "newer", action: "published_closed" }]);
+    expect(await readFile(join(root, "LATEST"), "utf8")).toBe("newer\n");
+  });
+
+  it("a checkpoint.json of its own that is damaged (no storage failure: no recovery could point LATEST at it) is closed as before, not kept for a later recovery", async () => {
+    const entry = await publishedNotResumed("dmg");
+    await writeFile(join(root, "dmg", "checkpoint.json"), "not json");
+    await rm(join(root, "LATEST")); // the crash before LATEST's rename
+    const second = await successor(entry);
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "dmg", action: "published_closed" }]);
+    await journalEmptied(second.journal);
+  });
+
   it("stop: LATEST is repaired as well", async () => {
     const entry = await publishedNotResumed("last", { stop: true });
     await rm(join(root, "LATEST"));
