@@ -173,12 +173,32 @@ export class LeaderLease implements Leadership {
   private async campaign(value: string, sentAt: number): Promise<{ epoch: number; sentAt: number }> {
     const revision = await this.createKey(value);
     try {
+      await this.assertBucketLease();
       return await this.leadAbove(revision, value, sentAt);
     } catch (error) {
       // Only that key: after a purge it is gone, and a successor's differs, so the delete is refused.
       await this.kv!.delete(LEADER_KEY, { previousSeq: revision }).catch(() => undefined);
       throw error;
     }
+  }
+
+  /**
+   * The bucket's max_age is the key's real lifetime. A coordinator started since with a shorter
+   * lease_ms lowers it while nobody leads, also under this one following with a longer lease_ms:
+   * leading, this one would act for its lease_ms after each renewal while its key expired sooner,
+   * and a successor could be ready meanwhile. So it leads only under a lease at least its own.
+   */
+  private async assertBucketLease(): Promise<void> {
+    // Unread (a JetStream hiccup): not a reason to stay leaderless; taken as start-up asserted it.
+    const ttl = await this.kv!.status().then(
+      (status) => status.ttl,
+      (error: unknown) => void this.options.logger?.warn({ err: error }, "lease_bucket_status_unread"),
+    );
+    if (ttl === undefined || ttl === 0 || ttl >= this.options.leaseMs) return;
+    throw new CheckpointError(
+      "invalid_request",
+      `the leader lease of deployment ${this.options.deployment} is ${ttl} ms (a coordinator with that lease_ms started since this one), shorter than this coordinator's lease_ms ${this.options.leaseMs}: it does not lead under it; restart it with lease_ms ${ttl}`,
+    );
   }
 
   /**

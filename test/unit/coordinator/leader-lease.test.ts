@@ -50,6 +50,11 @@ class ManualClock implements Clock {
 /** A KV with create/update CAS semantics on one key. */
 class FakeKv {
   revision = 100;
+  /** The bucket's max_age (ms), as kv.status() reports it. */
+  ttl = 3000;
+  async status(): Promise<{ ttl: number }> {
+    return { ttl: this.ttl };
+  }
   holder: number | undefined;
   failUpdates = false;
   /** Updates never answer (a partitioned server): the caller's timeout is all that ends them. */
@@ -146,6 +151,25 @@ describe("leader lease", () => {
     await clock.advance(10_000);
     expect(failures()).toHaveLength(2);
     await l.stop(false);
+  });
+
+  it("does not lead while the bucket's lease is shorter than its own (another coordinator lowered lease_ms since it started): the key would expire while it still acted", async () => {
+    const kv = new FakeKv();
+    kv.ttl = 1000;
+    const clock = new ManualClock();
+    const logged: { msg: string; err?: { message?: string } }[] = [];
+    const logger = pino({ level: "debug" }, { write: (line: string) => void logged.push(JSON.parse(line) as { msg: string }) });
+    const l = lease(kv, clock, [], { logger });
+    await l.start();
+    // Before: it led, acting for 3 s after each renewal while its key expired after 1 s, so a
+    // successor could be ready (2 s) while it still acted.
+    expect(l.state().leader).toBe(false);
+    expect(kv.holder).toBeUndefined();
+    expect(logged.find((e) => e.msg === "lease_campaign_failed")?.err?.message).toMatch(/1000 ms.*lease_ms 3000/);
+    kv.ttl = 3000;
+    await clock.advance(750);
+    expect(l.state().leader).toBe(true);
+    await l.stop();
   });
 
   it("wins with create (revision = epoch), waits one lease period before it is ready, renews with update", async () => {
