@@ -1,4 +1,5 @@
 import { StorageType, jetstreamManager } from "@nats-io/jetstream";
+import { nanos } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
@@ -107,6 +108,26 @@ describe("membership registry", () => {
     expect(lease.state()).toMatchObject({ leader: true, epoch });
     await lease.stop();
     expect(await kv.get("coordinator")).toMatchObject({ operation: "DEL" });
+  });
+
+  it("a coordinator following with a longer lease_ms than the bucket's (lowered while nobody led) does not lead under it", async () => {
+    const deployment = "lease-longer";
+    const leader = new LeaderLease({ nc: world.pnc, deployment, id: "x", leaseMs: 3_000 });
+    await leader.start();
+    const follower = new LeaderLease({ nc: world.pnc, deployment, id: "c", leaseMs: 3_000 });
+    await follower.start();
+    expect(follower.state().leader).toBe(false);
+    // What a coordinator started with lease_ms 1000 does to the bucket when nobody leads.
+    const jsm = await jetstreamManager(world.pnc);
+    await jsm.streams.update(`KV_${leaderBucket(deployment)}`, { max_age: nanos(1_000), duplicate_window: nanos(1_000) });
+    await leader.stop();
+    try {
+      // Before: it led, acting for 3 s after each renewal while its key expired after 1 s.
+      expect(await follower.campaignNow()).toBe(false);
+      expect(await (await new Kvm(world.pnc).open(leaderBucket(deployment))).get("coordinator")).not.toMatchObject({ operation: "PUT" });
+    } finally {
+      await follower.stop();
+    }
   });
 
   it("a won revision not above the highest published epoch (the leader bucket recreated) is moved past it", async () => {
