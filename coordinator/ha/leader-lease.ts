@@ -46,6 +46,8 @@ export class LeaderLease implements Leadership {
   private kv: KV | undefined;
   private heldEpoch: number | null = null;
   private lastRevision = 0;
+  /** The value the write that made `lastRevision` carried. */
+  private heldValue = "";
   /** When leadership becomes usable (monotonic clock, like renewedAt). */
   private readyAt = Infinity;
   private readyFired = false;
@@ -119,7 +121,7 @@ export class LeaderLease implements Leadership {
   /** The key was created at `revision` by a request sent at `sentAt`: this coordinator leads. */
   private won(revision: number, sentAt: number): void {
     // Holding the key, no earlier write of this coordinator's can land any more.
-    this.unanswered = undefined;
+    this.leftBehind = [];
     this.renewedAt = sentAt;
     this.heldEpoch = revision;
     this.lastRevision = revision;
@@ -213,8 +215,8 @@ export class LeaderLease implements Leadership {
       if (!isWrongRevision(error)) {
         const landed = await this.revisionHolding(value, this.options.leaseMs / 4);
         if (landed !== undefined) await this.kv!.delete(LEADER_KEY, { previousSeq: landed }).catch(() => undefined);
-        else this.unanswered = value;
-      } else await this.releaseUnanswered();
+        else this.leftBehind = [value];
+      } else await this.releaseLeftBehind();
       throw error;
     }
   }
@@ -270,6 +272,7 @@ export class LeaderLease implements Leadership {
       try {
         const won = await this.campaign(value, sentAt);
         this.won(won.epoch, won.sentAt);
+        this.heldValue = value;
         this.campaignFailure = undefined;
       } catch (error) {
         // Someone else leads, or the server is unreachable or refuses: campaign again later.
@@ -282,10 +285,13 @@ export class LeaderLease implements Leadership {
         // Acting is fenced by renewedRecently meanwhile, so waiting longer never extends authority.
         const remaining = Math.floor(this.renewedAt + this.options.leaseMs - sentAt);
         this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, Math.max(1, remaining));
+        this.heldValue = value;
         this.renewedAt = sentAt;
       } catch (error) {
         if (!(await this.renewalLanded(value, sentAt, error))) {
-          if (!isWrongRevision(error)) this.unanswered = value;
+          // Not refused: the key may still hold its last renewal (a 503 from a JetStream electing its
+          // stream leader fails at once, a lease before the key expires), or this one, landing late.
+          if (!isWrongRevision(error)) this.leftBehind = [value, this.heldValue];
           this.demote(error);
         }
       }
@@ -329,6 +335,7 @@ export class LeaderLease implements Leadership {
     if (revision === undefined || revision <= this.lastRevision) return false;
     this.options.logger?.warn({ epoch: this.heldEpoch, revision, err: error }, "lease_renewal_landed_unanswered");
     this.lastRevision = revision;
+    this.heldValue = value;
     this.renewedAt = sentAt;
     return true;
   }
@@ -353,27 +360,27 @@ export class LeaderLease implements Leadership {
   }
 
   /**
-   * The value of this coordinator's last write to the key that went unanswered and was not found
-   * landed when read back: the server may still apply it (a late request), and the key would then
-   * be held by nobody who leads, refusing every create until it expired a lease later.
+   * Values of this coordinator's writes the key may hold while it does not lead: one that went
+   * unanswered and was not found landed when read back (the server may still apply it, a late
+   * request), and, after a renewal failed so, the last one that landed (the key lives a lease past
+   * it). Held by nobody who leads, such a key refuses every create until it expires.
    */
-  private unanswered: string | undefined;
+  private leftBehind: string[] = [];
 
   /**
-   * Deletes the key if it holds the unanswered write (a campaign refused because the key is held,
-   * or a stop), so the next campaign, this coordinator's or another's, need not wait for its expiry.
-   * Forgotten once the key holds another coordinator's write: that one can no longer land.
+   * Deletes the key if it holds one of `leftBehind` (a campaign refused because the key is held, or
+   * a stop), so the next campaign, this coordinator's or another's, need not wait for its expiry.
+   * Forgotten once the key holds another coordinator's write: these can no longer land.
    */
-  private async releaseUnanswered(): Promise<void> {
-    const value = this.unanswered;
-    if (value === undefined) return;
+  private async releaseLeftBehind(): Promise<void> {
+    if (this.leftBehind.length === 0) return;
     const now = await this.readKey(this.options.leaseMs / 4);
     if (now?.operation !== "PUT") return;
-    if (now.string() === value) {
-      this.options.logger?.warn({ revision: now.revision }, "lease_unanswered_write_released");
+    if (this.leftBehind.includes(now.string())) {
+      this.options.logger?.warn({ revision: now.revision }, "lease_key_left_behind_released");
       await this.kv!.delete(LEADER_KEY, { previousSeq: now.revision }).catch(() => undefined);
     }
-    this.unanswered = undefined;
+    this.leftBehind = [];
   }
 
   /** The last campaign failure logged (its message), until a campaign wins or finds the key held. */
@@ -419,6 +426,6 @@ export class LeaderLease implements Leadership {
       this.heldEpoch = null;
       await this.kv.delete(LEADER_KEY, { previousSeq: this.lastRevision }).catch(() => undefined);
       this.options.onLost?.(epoch);
-    } else if (release && this.kv) await this.releaseUnanswered();
+    } else if (release && this.kv) await this.releaseLeftBehind();
   }
 }

@@ -345,6 +345,25 @@ describe("leader lease", () => {
     }
   });
 
+  it("a renewal that fails at once without a refusal (a 503 while JetStream elects its stream leader) leaves the key held by nobody who leads: the next campaign that finds it releases it", async () => {
+    const { kv, clock, events, l } = await started();
+    await clock.advance(3000);
+    kv.update = async () => {
+      throw new Error("503 no responders");
+    };
+    await clock.advance(1000);
+    expect(events).toEqual(["ready:101", "lost:101"]);
+    // The key still holds the last renewal that landed, for most of a lease (the fake never expires it).
+    const held = kv.holder;
+    expect(held).toBeGreaterThan(101);
+    await clock.advance(750); // a campaign, refused: the key is its own left-behind, which it deletes
+    expect(kv.holder).toBeUndefined();
+    await clock.advance(750); // before: refused for as long as the key lived
+    expect(l.state()).toMatchObject({ leader: true });
+    expect(l.state().epoch).toBeGreaterThan(held!);
+    await l.stop();
+  });
+
   it("stopping while a renewal is in flight still releases the key, so a successor need not wait for its expiry", async () => {
     const { kv, clock, events, l } = await started();
     await clock.advance(3000);
