@@ -925,13 +925,16 @@ export class CheckpointEngine {
    * since and fence the id there, so restoring LATEST would be refused).
    */
   private async recoverPublished(open: OpenCheckpoint, statuses: Outcome<"status">[], log: Logger): Promise<string> {
-    const latest = await this.options.writer.repairLatest(open.id).catch((error: unknown) => {
+    const epoch = this.options.leadership.epoch();
+    const latest = await this.options.writer.repairLatest(open.id, () => this.options.leadership.assert(epoch)).catch((error: unknown) => {
       log.error({ err: error }, "recovery_latest_repair_failed"); // LATEST left as it is
       // Refused by the storage (EIO, ENOSPC): so is the entry, for a later recovery to repair LATEST
       // (as a decision whose LATEST cannot be read). Closed now, nothing would, and its controller's
       // retry would be told it published while LATEST may name an older checkpoint. (A damaged
       // checkpoint.json of its own is no storage failure: no recovery could point LATEST at it.)
       if (isStorageFailure(error)) throw error;
+      // Deposed meanwhile: LATEST is the successor's to keep, and so is this entry.
+      if (error instanceof CheckpointError && error.code === "not_leader") throw error;
       return "failed" as const;
     });
     open.phase = "published";

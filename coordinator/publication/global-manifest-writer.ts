@@ -18,7 +18,7 @@ import {
   type ParticipantEntry,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { discardStagedFile, fsyncDirectory, replaceFileDurably, replaceSmallFileDurably, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
+import { discardStagedFile, fsyncDirectory, replaceSmallFileDurably, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
 import { sha256RegularFile } from "./regular-file.js";
 import { applyRetention, removeTrash } from "./retention.js";
 
@@ -197,7 +197,13 @@ export class GlobalManifestWriter {
    * damaged, or naming a damaged checkpoint.json) while a newer checkpoint reads back: that entry's
    * older checkpoint must not replace it.
    */
-  async repairLatest(checkpointId: string): Promise<"current" | "repaired" | "superseded"> {
+  /**
+   * `beforeWrite` (the leadership check) runs before LATEST is read and again right before its
+   * rename, with nothing awaited in between: a recovery that outlived its term must not move LATEST
+   * back past what its successor published meanwhile.
+   */
+  async repairLatest(checkpointId: string, beforeWrite?: () => void): Promise<"current" | "repaired" | "superseded"> {
+    beforeWrite?.();
     // Damaged: repaired below. Refused by the storage (EIO, a stale NFS handle during the failover):
     // passed on, since it may name a newer checkpoint that LATEST must not be moved back from.
     const latest = await this.catalog.latest().catch((error: unknown) => (isUnreadableStorage(error) ? Promise.reject(error) : null));
@@ -213,7 +219,7 @@ export class GlobalManifestWriter {
     // What LATEST named is unknown: the newest checkpoint that reads back stands in for it.
     const newest = theirs ?? this.catalog.newest();
     if (newest && publishedAfter(newest, ours)) return "superseded";
-    await replaceFileDurably(join(this.catalog.root, LATEST_FILE), `${checkpointId}\n`);
+    await replaceSmallFileDurably(join(this.catalog.root, LATEST_FILE), `${checkpointId}\n`, beforeWrite);
     return "repaired";
   }
 

@@ -226,6 +226,29 @@ describe("recovery repairs LATEST after a crash between checkpoint.json and LATE
     expect(await readFile(join(root, "LATEST"), "utf8")).toBe("newer\n");
   });
 
+  it("a recovering leader deposed during the repair leaves LATEST as it is (the successor's to keep) and closes nothing", async () => {
+    const first = makeEngine(root);
+    await first.engine.checkpoint({ checkpoint_id: "older", episode_ids: null, stop: false, controller_state: null });
+    first.clock.current += 60_000;
+    await first.engine.prepare({ checkpoint_id: "newer" });
+    await first.engine.commit({ checkpoint_id: "newer", episode_ids: null, stop: false });
+    await first.engine.publish({ checkpoint_id: "newer", controller_state: null });
+    const entry = structuredClone(first.journal.entries.get("newer")!);
+    await first.writer.settled();
+    await writeFile(join(root, "LATEST"), "older\n"); // the crash before LATEST's rename
+    const second = await successor(entry);
+    // Its lease lost while the repair reads the checkpoints (a stall): a successor leads from here.
+    const get = second.catalog.get.bind(second.catalog);
+    second.catalog.get = async (id) => {
+      const manifest = await get(id);
+      if (id === "newer") second.leadership.demote();
+      return manifest;
+    };
+    await second.engine.recover().catch(() => undefined);
+    expect(await readFile(join(root, "LATEST"), "utf8")).toBe("older\n");
+    expect(second.journal.entries.get("newer")?.state).toBe("decided");
+  });
+
   it("a checkpoint.json of its own that is damaged (no storage failure: no recovery could point LATEST at it) is closed as before, not kept for a later recovery", async () => {
     const entry = await publishedNotResumed("dmg");
     await writeFile(join(root, "dmg", "checkpoint.json"), "not json");

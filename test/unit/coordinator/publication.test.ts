@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, open, readFile, readdir, rm, symlink, writeFile } from 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
+import { CheckpointError, GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
@@ -226,6 +226,25 @@ describe("publication and retention", () => {
     // Damage (not the storage's refusal) is still repaired: LATEST goes to the checkpoint that is whole.
     await writeFile(join(root, "c2", "checkpoint.json"), "{");
     expect(await writer.repairLatest("c1")).toBe("repaired");
+    expect(await catalog.latest()).toBe("c1");
+    await writer.settled();
+  });
+
+  it("recovery's LATEST repair checks leadership right before its rename: deposed meanwhile, LATEST is left as it is", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    await publish(writer, "c1", 100);
+    await publish(writer, "c2", 200);
+    await writeFile(join(root, "c2", "checkpoint.json"), "{"); // damaged: a repair would point LATEST at c1
+    let checks = 0;
+    const deposedAfterFirstCheck = () => {
+      if (++checks > 1) throw new CheckpointError("not_leader", "deposed (scripted)");
+    };
+    await expect(writer.repairLatest("c1", deposedAfterFirstCheck)).rejects.toMatchObject({ code: "not_leader" });
+    expect(checks).toBe(2);
+    expect(await catalog.latest()).toBe("c2");
+    expect((await readdir(root)).filter((n) => n.endsWith(".tmp"))).toEqual([]);
+    expect(await writer.repairLatest("c1", () => undefined)).toBe("repaired");
     expect(await catalog.latest()).toBe("c1");
     await writer.settled();
   });
