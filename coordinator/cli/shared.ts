@@ -4,6 +4,8 @@ import { accessSync, constants, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
 import { connectNats } from "../client/nats-connect.js";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { CheckedClient } from "./checked-client.js";
 import type { ControllerClient } from "../client/controller-client.js";
 import { readRegularFileSync } from "../publication/regular-file.js";
 
@@ -36,7 +38,7 @@ export function withClientOptions(command: Command, options: { printsReply?: boo
 }
 
 /**
- * Runs `fn` with a connected client; refusals print `error <code>: <detail>` and exit 1. `input`
+ * Runs `fn` with a client (connected at its first request that passes its schema, `checked-client.ts`); refusals print `error <code>: <detail>` and exit 1. `input`
  * reads what the command takes from the command line (an `--episodes @file`, `--state-json`) before
  * anything is connected, so a bad one is reported as itself, not after a connection error.
  */
@@ -62,21 +64,18 @@ export async function withClient<I>(
     }
     if (httpUrl !== undefined) {
       // --leader-wait-ms holds over HTTP too (nothing listening, or not_leader), as for collect.
-      await fn(new HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs }));
+      await fn(new CheckedClient(async () => new HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs })));
       return;
     }
-    const nc = await connectNats(natsSettings(flags.natsUrl));
+    let nc: NatsConnection | undefined;
+    const client = new CheckedClient(async () => {
+      nc = await connectNats(natsSettings(flags.natsUrl));
+      return new NatsControllerClient({ nc, deployment, token, leaderWaitMs });
+    });
     try {
-      await fn(
-        new NatsControllerClient({
-          nc,
-          deployment,
-          token,
-          leaderWaitMs,
-        }),
-      );
+      await fn(client);
     } finally {
-      await nc.close();
+      await nc?.close();
     }
   });
 }

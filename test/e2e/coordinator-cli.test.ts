@@ -199,6 +199,12 @@ describe("gym-ckpt CLI (built binary)", () => {
     const status = await cli(["status", "--nats-url", "nats://ops:hunter2@127.0.0.1:1"], env);
     expect([status.code, status.stderr]).toEqual([1, expect.stringMatching(/^error not_leader: cannot reach NATS at nats:\/\/\[Redacted\]@127\.0\.0\.1:1 \(connection refused\): no coordinator can be asked/)]);
     expect(status.stderr).not.toContain("hunter2");
+    // A request its schema refuses is refused before anything is connected: the same exit 2 whether
+    // or not NATS (or the HTTP API) answers, not not_leader while it is down.
+    for (const where of [["--nats-url", "nats://127.0.0.1:1"], ["--http-url", "http://127.0.0.1:1"]]) {
+      const badId = await cli(["commit", "../x", ...where, "--leader-wait-ms", "0"], env);
+      expect([where, badId.code, badId.stderr.split("\n")[0]]).toEqual([where, 2, expect.stringMatching(/^error invalid_request: checkpoint_id: /)]);
+    }
     const started = await cli(["coordinator", "--nats-url", "nats://127.0.0.1:1", "--token", "t", "--checkpoint-root", world.root, "--no-http", "--log-level", "silent"]);
     expect([started.code, started.stderr]).toEqual([1, expect.stringMatching(/^error not_leader: cannot reach NATS at nats:\/\/127\.0\.0\.1:1 .*this coordinator cannot start/)]);
   });
