@@ -15,7 +15,8 @@ function sortKeys(value: unknown, depth: number): unknown {
   if (value === null || typeof value !== "object") return value;
   if (depth > MAX_JSON_DEPTH) throw new CheckpointError("invalid_request", `JSON value nested more than ${MAX_JSON_DEPTH} levels deep`);
   if (Array.isArray(value)) return value.map((item) => sortKeys(item, depth + 1));
-  const out: Record<string, unknown> = {};
+  // Null prototype: on a `{}`, assigning a parsed `__proto__` key would set the prototype and drop the key from the JSON.
+  const out: Record<string, unknown> = Object.create(null);
   for (const key of Object.keys(value).sort()) {
     const v = (value as Record<string, unknown>)[key];
     if (v !== undefined) out[key] = sortKeys(v, depth + 1);

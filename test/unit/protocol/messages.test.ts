@@ -148,6 +148,13 @@ describe("canonical JSON and tokens", () => {
     expect(canonicalDigest({ a: 1 })).not.toBe(canonicalDigest({ a: 2 }));
   });
 
+  it("keeps a `__proto__` key as data, at every depth, so it counts in the digest", () => {
+    const text = '{"__proto__":{"x":1},"b":[{"__proto__":2}]}';
+    expect(canonicalJson(JSON.parse(text))).toBe(text);
+    expect(canonicalDigest(JSON.parse('{"__proto__":{"x":1},"b":2}'))).not.toBe(canonicalDigest({ b: 2 }));
+    expect(canonicalDigest(JSON.parse('{"__proto__":{"x":1}}'))).not.toBe(canonicalDigest(JSON.parse('{"__proto__":{"x":2}}')));
+  });
+
   it("refuses a value nested deeper than MAX_JSON_DEPTH with invalid_request instead of overflowing the stack", () => {
     const nested = (depth: number, leaf: unknown = 1): unknown => {
       let v = leaf;
