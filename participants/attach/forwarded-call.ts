@@ -231,8 +231,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     const { status, headers } = this.head!;
     // A 200 stream ending in an error event failed as a non-2xx answer does: the client raises and re-issues it.
     if (this.settled || status < 200 || status >= 300 || this.tail.endsInError()) {
-      // A non-2xx (or failed) answer was not delivered (and used no restored cut); settled already: nothing more to do.
-      this.failOnce({ upstreamRefused: true });
+      // A non-2xx (or failed) answer was not delivered: no row, a restored cut given back; settled already: nothing more to do.
+      this.failOnce();
       return void this.endResponse();
     }
     this.settled = true;
@@ -274,9 +274,9 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     this.controller?.abort(new Error("call dropped"));
   }
 
-  private failOnce(options: { upstreamRefused?: boolean } = {}): void {
+  private failOnce(): void {
     if (this.settled) return;
     this.settled = true;
-    this.kind.fail(this.ticket, options);
+    this.kind.fail(this.ticket);
   }
 }

@@ -239,13 +239,13 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   /**
-   * The call failed or its caller left: no row; an unused restored cut is given back. It is unused
-   * when the response never started, or when the upstream refused the call (`upstreamRefused`: a
-   * non-2xx answer generated nothing from it).
+   * The call failed or its caller left: no row, and a restored cut it consumed is given back, also
+   * once its response had started: a call without a row continued nothing (as a row taken back), so
+   * the re-issued call continues from the same saved prefix.
    */
-  fail(ticket: AdmissionTicket, options: { upstreamRefused?: boolean } = {}): void {
+  fail(ticket: AdmissionTicket): void {
     if (ticket.finished) return;
-    if (!ticket.responseStarted || options.upstreamRefused === true) this.giveBackCut(ticket);
+    this.giveBackCut(ticket);
     this.closeTicket(ticket);
   }
 

@@ -239,10 +239,18 @@ describe("restored cuts", () => {
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
     const retry = await f.kind.admit("rc-a1", CHAT, chat("q"));
     expect(retry.claimedCut?.model_call_id).toBe("mc-cut");
-    // Once the response started the cut is spent, even if the call then fails.
-    await f.kind.responseStart(retry);
-    f.kind.fail(retry);
-    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+  });
+
+  it("a claiming call that fails after its response started (a stream cut mid-way) gives the cut back", async () => {
+    await f.kind.install([record(cutRecord("rc", chat("q")))], {});
+    const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    await f.kind.responseStart(claimed);
+    f.kind.fail(claimed);
+    // No row was written: the saved prefix is not spent, exported again and continued by the re-issued call.
+    expect(await f.kind.ledger.rows("rc-a1")).toEqual([]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    expect((await f.kind.exportRecords([ep("rc", 1)])).map((r) => r.generation_cuts.map((c) => c.model_call_id))).toEqual([["mc-cut"]]);
+    expect((await f.kind.admit("rc-a1", CHAT, chat("q"))).claimedCut?.model_call_id).toBe("mc-cut");
   });
 
   it("a claiming call whose row is taken back (its caller left before the answer had left) gives the cut back", async () => {
@@ -301,7 +309,7 @@ describe("restored cuts", () => {
     await f.kind.install([record(cutRecord("rc", chat("q")))], {});
     const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
     await f.kind.responseStart(claimed); // the refusal's head passes through to the caller
-    f.kind.fail(claimed, { upstreamRefused: true });
+    f.kind.fail(claimed);
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
     expect((await f.kind.admit("rc-a1", CHAT, chat("q"))).claimedCut?.model_call_id).toBe("mc-cut");
   });
