@@ -185,6 +185,7 @@ export {
   RECORD_KINDS,
   RecordKindSchema,
   ROLLOUT_ENV_PATTERN,
+  MAX_ROLLOUT_ENV_LENGTH,
   assertRolloutEnv,
   assertRolloutStep,
   rolloutStepDir,

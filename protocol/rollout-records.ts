@@ -172,8 +172,13 @@ function invalid(detail: string): CheckpointError {
   return new CheckpointError("invalid_request", detail);
 }
 
+/** The longest env name a record file (and so its index) is written under. */
+export const MAX_ROLLOUT_ENV_LENGTH = 200;
+
 export function assertRolloutEnv(env: string): void {
-  if (!ROLLOUT_ENV_PATTERN.test(env) || env.length > 200) throw invalid(`env name ${JSON.stringify(env)} must match ${ROLLOUT_ENV_PATTERN} and be at most 200 characters`);
+  if (!ROLLOUT_ENV_PATTERN.test(env) || env.length > MAX_ROLLOUT_ENV_LENGTH) {
+    throw invalid(`env name ${JSON.stringify(env)} must match ${ROLLOUT_ENV_PATTERN} and be at most ${MAX_ROLLOUT_ENV_LENGTH} characters`);
+  }
 }
 
 export function assertRolloutStep(step: number): void {

@@ -4,6 +4,7 @@ import {
   RECORD_KINDS,
   assertRolloutEnv,
   ROLLOUT_ENV_PATTERN,
+  MAX_ROLLOUT_ENV_LENGTH,
   parseRolloutRecordFileName,
   rolloutIndexFileName,
   rolloutRecordFileName,
@@ -47,10 +48,14 @@ export function parseRecordFileName(fileName: string): { kind: RecordKind; env: 
   return parseRolloutRecordFileName(fileName);
 }
 
-/** The index that may sit beside a record file; null when the name is not conventional (always fully parsed). */
+/**
+ * The index that may sit beside a record file; null when the name is not conventional, or its env is
+ * longer than any writer names an index after (always fully parsed, not refused: the file is still records).
+ */
 export function indexPathFor(recordPath: string): string | null {
   const parsed = parseRecordFileName(path.basename(recordPath));
-  return parsed ? path.join(path.dirname(recordPath), rolloutIndexFileName(parsed.kind, parsed.env)) : null;
+  if (!parsed || parsed.env.length > MAX_ROLLOUT_ENV_LENGTH) return null;
+  return path.join(path.dirname(recordPath), rolloutIndexFileName(parsed.kind, parsed.env));
 }
 
 /** Index files are never records, even when a broad glob happens to match them. */

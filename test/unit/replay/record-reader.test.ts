@@ -437,6 +437,15 @@ describe("stale, foreign and hostile indexes", () => {
     const hazard = await read(evalFile, incorrect);
     expect([hazard.ids, hazard.stats.indexRejected, hazard.stats.filesFullParsed]).toEqual([[traceId(3)], 1, 1]);
   });
+
+  it("parses in full, not refuses, a record file whose env is longer than any index is named after (over 200 characters)", async () => {
+    const { recordPath } = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0), linearTrace(traceId(2), 1)] });
+    const long = path.join(dir, "step_1", `train_rollouts_${"e".repeat(201)}.jsonl`);
+    await copyFile(recordPath, long);
+    expect(indexPathFor(long)).toBeNull();
+    const r = await read(long, open);
+    expect([r.ids, r.stats.filesFullParsed, r.stats.filesIndexed]).toEqual([[traceId(1), traceId(2)], 1, 0]);
+  });
 });
 
 describe("read stats", () => {
