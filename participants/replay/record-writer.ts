@@ -175,14 +175,20 @@ async function completeMarker(stepDir: string, step: number, kind: RecordKind, m
 export class RecordWriter {
   private tail: Promise<void> = Promise.resolve();
   private failure: unknown = undefined;
+  /** The last step enqueued; null before the first. */
+  private lastStep: number | null = null;
 
   constructor(private readonly rootDir: string) {}
 
   /**
    * The lists are copied now, so a caller may clear or reuse its buffers at once; the records
-   * themselves are encoded later and must not change until `flush`.
+   * themselves are encoded later and must not change until `flush`. A step not after the last one
+   * enqueued is refused (`invalid_request`, nothing queued): it would appear on disk after a later
+   * step, which followers may already have consumed.
    */
   enqueue(step: number, given: readonly EnvRecords[]): void {
+    if (this.lastStep !== null && !(step > this.lastStep)) throw invalidRequest(`step ${step} does not follow step ${this.lastStep}, the last one enqueued`);
+    this.lastStep = step;
     const batches = given.map((batch) => ({ ...batch, traces: [...batch.traces] }));
     this.tail = this.tail.then(async () => {
       if (this.failure !== undefined) return; // a failed step stops later ones so steps never appear out of order

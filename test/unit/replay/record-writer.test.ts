@@ -363,4 +363,18 @@ describe("record writer", () => {
     await expect(writer.flush()).rejects.toMatchObject({ code: "invalid_request" });
     expect((await readdir(dir)).sort()).toEqual(["step_1", "step_2"]); // step 4 never overtakes failed step 3
   });
+
+  it("refuses a step that does not follow the last one enqueued, writing nothing for it", async () => {
+    const writer = new RecordWriter(dir);
+    writer.enqueue(2, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(2))] }]);
+    for (const step of [2, 1]) {
+      expect(() => writer.enqueue(step, [{ kind: "train", env: "late", traces: [linearTrace(traceId(9))] }])).toThrow(
+        expect.objectContaining({ code: "invalid_request" }),
+      );
+    }
+    writer.enqueue(3, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(3))] }]);
+    await writer.flush(); // the refusals failed nothing queued
+    expect((await readdir(dir)).sort()).toEqual(["step_2", "step_3"]);
+    expect((await readdir(path.join(dir, "step_2"))).filter((name) => name.includes("late"))).toEqual([]);
+  });
 });
