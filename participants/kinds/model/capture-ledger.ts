@@ -22,6 +22,8 @@ export interface CaptureLedgerOptions {
   maxCachedRows?: number;
   /** Told once per load of a ledger file with unreadable lines (1-based line numbers). */
   onCorrupt?: (path: string, lines: number[]) => void;
+  /** Told when a stripe's lock file could not be removed (it stays held and is released again later). */
+  onLockReleaseFailed?: (lockFile: string, error: unknown) => void;
 }
 
 /**
@@ -72,7 +74,7 @@ export class CaptureLedger {
   ) {
     this.write = options.write ?? ((fd, buffer, offset) => writeSync(fd, buffer, offset));
     this.maxCachedRows = options.maxCachedRows ?? 50_000;
-    this.locks = new StripedLocks(join(dir, "locks"), stripes);
+    this.locks = new StripedLocks(join(dir, "locks"), stripes, undefined, undefined, options.onLockReleaseFailed);
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(async () => {
       for (const key of await this.listKeys()) this.addOnDisk(key);
     });

@@ -80,6 +80,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       ...(options.ledgerWrite && { write: options.ledgerWrite }),
       ...(options.ledgerCacheRows !== undefined && { maxCachedRows: options.ledgerCacheRows }),
       onCorrupt: (path, lines) => options.logger?.warn({ path, lines }, "capture ledger has unreadable lines; new calls continue, a checkpoint of its episode is refused"),
+      onLockReleaseFailed: (path, error) => options.logger?.warn({ path, err: error }, "capture ledger lock file not removed; the stripe stays held here and its release is tried again"),
     });
   }
 

@@ -44,6 +44,8 @@ export class StripedLocks {
     readonly stripes = 16,
     private readonly waitMs = 10_000,
     private readonly idleMs = 1_000,
+    /** Told when a lock file could not be removed (the stripe stays owned and is released again later). */
+    private readonly onReleaseFailed?: (lockFile: string, error: unknown) => void,
   ) {
     if (!Number.isInteger(stripes) || stripes < 1 || stripes > 1024) throw new Error("stripes must be an integer in 1..1024");
     this.local = Array.from({ length: stripes }, () => new AsyncLock());
@@ -127,7 +129,8 @@ export class StripedLocks {
     await this.ready.catch(() => undefined);
     while (this.accepted.size) await Promise.allSettled([...this.accepted]);
     await Promise.all([...this.owned.keys()].map((stripe) => this.local[stripe]!.run(() => this.release(stripe))));
-    OWNERS.delete(this);
+    // A lock file that could not be removed is still ours: the exit hook tries it again.
+    if (this.owned.size === 0) OWNERS.delete(this);
     if (this.ownerWritten) {
       await this.ownerWritten.catch(() => undefined);
       await rm(this.ownerFile, { force: true });
@@ -157,9 +160,24 @@ export class StripedLocks {
     this.sweeper.unref();
   }
 
+  /**
+   * Removes the stripe's lock file; the stripe is no longer owned only once the file is gone. One that
+   * cannot be removed (an I/O error) still holds this process's identity, which this process would then
+   * wait on as another live owner's: the stripe stays owned (usable at once) and the next sweep, close
+   * or the exit hook tries again. Never throws: a release is housekeeping, not the work it followed.
+   */
   private async release(stripe: number): Promise<void> {
-    if (!this.owned.delete(stripe)) return;
-    await unlink(this.lockFile(stripe)).catch(() => undefined);
+    if (!this.owned.has(stripe)) return;
+    const file = this.lockFile(stripe);
+    try {
+      await unlink(file);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") {
+        this.onReleaseFailed?.(file, error);
+        return;
+      }
+    }
+    this.owned.delete(stripe);
   }
 
   /** Exit hook: drop this process's lock files synchronously. */
