@@ -67,6 +67,10 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private readonly restoredKeys = new Set<string>();
   /** Restored keys afterCommit is freeing; a call claiming one meanwhile takes it out (its ledger stays). */
   private readonly freeing = new Set<string>();
+  /** afterCommit's removal of each key it is freeing, from its start until it settled (never rejects). */
+  private readonly removals = new Map<string, Promise<void>>();
+  /** Keys with an admit() in progress, by how many: afterCommit does not free a ledger a call is reading. */
+  private readonly admitsInFlight = new Map<string, number>();
   /** This checkpoint's cuts: one per episode, the latest admitted. */
   private readonly latestCuts = new Map<string, { admittedAt: number; record: GenerationCutRecord }>();
   /** Episodes whose calls are being stopped (retire, ledger retire/delete): admission answers stale_attempt meanwhile. */
@@ -108,7 +112,18 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     const episode = parsed ?? parseCaptureKey(key);
     if (!episode) throw new CheckpointError("rollout_id_required", `not a capture key: ${key}`);
     this.refuseIfNotAdmitting(episode, key);
-    const rows = await this.ledger.rows(key);
+    // While this call reads its key's rows, afterCommit does not free that ledger (it is kept restored
+    // instead); a removal already under way ends first, so no call continues rows being deleted.
+    this.admitsInFlight.set(key, (this.admitsInFlight.get(key) ?? 0) + 1);
+    let rows: readonly LedgerRow[];
+    try {
+      await this.removals.get(key);
+      rows = await this.ledger.rows(key);
+    } finally {
+      const left = this.admitsInFlight.get(key)! - 1;
+      if (left === 0) this.admitsInFlight.delete(key);
+      else this.admitsInFlight.set(key, left);
+    }
     this.refuseIfNotAdmitting(episode, key);
     // The conversation digest (canonical JSON + sha256 of the whole conversation) is only needed by a
     // cut round or a restored cut, so it is computed on first use, not on every call.
@@ -586,16 +601,37 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     // ledger file was left for good.
     let failure: unknown;
     for (const key of freed) {
+      const removal = this.ledger.remove([key], (k) => this.keepsFreedLedger(k));
+      this.removals.set(
+        key,
+        removal.then(
+          () => undefined,
+          () => undefined,
+        ),
+      );
       try {
-        await this.ledger.remove([key], (k) => !this.freeing.has(k));
+        await removal;
       } catch (error) {
         failure ??= error;
         if (this.freeing.has(key)) this.restoredKeys.add(key);
       } finally {
         this.freeing.delete(key);
+        this.removals.delete(key);
       }
     }
     if (failure !== undefined) throw failure;
+  }
+
+  /**
+   * Asked under the key's stripe lock, right before afterCommit removes a ledger it frees: true keeps
+   * it. A call admitted meanwhile claimed it; one being admitted is reading its rows, so it stays
+   * restored state (that call, admitted, claims it; refused, the next clean-up frees it).
+   */
+  private keepsFreedLedger(key: string): boolean {
+    if (!this.freeing.has(key)) return true;
+    if (!this.admitsInFlight.has(key)) return false;
+    this.restoredKeys.add(key);
+    return true;
   }
 
   /**
