@@ -114,6 +114,9 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   }
 
   function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket): void {
+    // The caller left while its call waited to be admitted (its ledger read, a checkpoint): nobody
+    // reads the answer, so nothing is generated for it and no row is written.
+    if (res.destroyed) return kind.fail(ticket);
     // Uncompressed: the usage is read from the answer's last bytes (the proxy sits next to the caller).
     const headers = upstreamHeaders(req.rawHeaders, upstream.url.host, { identity: true });
     headers.push("x-ng-capture-key", ticket.captureKey, "x-ng-model-call-id", ticket.modelCallId);
