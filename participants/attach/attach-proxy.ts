@@ -117,6 +117,13 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     // The caller left while its call waited to be admitted (its ledger read, a checkpoint): nobody
     // reads the answer, so nothing is generated for it and no row is written.
     if (res.destroyed) return kind.fail(ticket);
+    // Retired in the turns since its admission: refused like a call of a retired attempt, and never
+    // sent upstream (its ForwardedCall would not hear an abort that already happened, so the call would
+    // run to the upstream's answer, and the retire wait for it).
+    if (ticket.abort.signal.aborted) {
+      kind.fail(ticket);
+      throw new CheckpointError("stale_attempt", `${ticket.captureKey} was retired`);
+    }
     // Uncompressed: the usage is read from the answer's last bytes (the proxy sits next to the caller).
     const headers = upstreamHeaders(req.rawHeaders, upstream.url.host, { identity: true });
     headers.push("x-ng-capture-key", ticket.captureKey, "x-ng-model-call-id", ticket.modelCallId);

@@ -20,6 +20,8 @@ let kind: ModelKind;
 let upstreamCalls: string[];
 /** Every admit() the proxy made, so a test can wait for the proxy's next step after it. */
 let admissions: Promise<unknown>[];
+/** Runs right after an admit() resolved, before the proxy takes its next step. */
+let afterAdmit: (() => void) | undefined;
 
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-attach-window-"));
@@ -32,9 +34,13 @@ beforeEach(async () => {
   const upstreamUrl = await listenLocal(upstream);
   kind = new ModelKind({ ledgerDir: join(dir, "ledger"), cutBackend: null });
   admissions = [];
+  afterAdmit = undefined;
   const admit = kind.admit.bind(kind);
   kind.admit = (...args) => {
-    const admitted = admit(...args);
+    const admitted = admit(...args).then((ticket) => {
+      afterAdmit?.();
+      return ticket;
+    });
     admissions.push(admitted);
     return admitted;
   };
@@ -80,5 +86,25 @@ describe("attach proxy, a caller gone while its call waits to be admitted", () =
     await waitUntil(() => kind.tickets.size === 0, "the ticket to close");
     expect(upstreamCalls).toEqual([]);
     expect(await kind.ledger.rows("w")).toEqual([]);
+  });
+});
+
+describe("attach proxy, an attempt retired after its call was admitted but before it was dispatched", () => {
+  it("refuses the call with stale_attempt and sends nothing upstream; the retire does not wait for an upstream answer", async () => {
+    let retiring: Promise<void> | undefined;
+    afterAdmit = () => {
+      retiring = kind.retire([{ rollout_id: "r", attempt: 0 }]); // stops the call's ticket at once
+    };
+    const response = await fetch(`${proxyUrl}/ng-rollout/r/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+    });
+    expect(response.status).toBe(409);
+    expect(await response.json()).toMatchObject({ error: { code: "stale_attempt" } });
+    await retiring;
+    // Before, the call was forwarded and refused only at the upstream's response start.
+    expect(upstreamCalls).toEqual([]);
+    expect(kind.tickets.size).toBe(0);
   });
 });
