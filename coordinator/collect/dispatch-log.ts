@@ -56,6 +56,8 @@ export class DispatchLog {
   /** Appends waiting for the next group write and sync. */
   private queued: QueuedAppend[] = [];
   private writing = false;
+  /** A failed append whose cut failed too: the log is cut back to this length before the next append. */
+  private cutTo: number | undefined;
 
   private constructor(
     readonly path: string,
@@ -81,6 +83,7 @@ export class DispatchLog {
     // Atomic: a crash mid-rewrite must not lose the carried attempts (they would be re-sent as
     // attempt 0, reusing capture keys); the old log stays until the new one is whole.
     await replaceFileDurably(this.path, `${lines.join("\n")}\n`);
+    this.cutTo = undefined; // a new file: nothing of the old one to cut
   }
 
   /** The attempt about to be sent; on disk when this returns. */
@@ -112,8 +115,21 @@ export class DispatchLog {
       try {
         const handle = await open(this.path, "a");
         try {
-          await handle.appendFile(group.map((a) => a.text).join(""));
-          await handle.datasync();
+          if (this.cutTo !== undefined) {
+            await handle.truncate(this.cutTo);
+            this.cutTo = undefined;
+          }
+          // A failed append (a full disk after its first chunk, a failed sync) is cut back to the
+          // last good length: the next append would land after its fragment, mid-file, where the
+          // next start's read refuses it (only a torn last line is ignored).
+          const goodLength = (await handle.stat()).size;
+          try {
+            await handle.appendFile(group.map((a) => a.text).join(""));
+            await handle.datasync();
+          } catch (error) {
+            await handle.truncate(goodLength).catch(() => (this.cutTo = goodLength));
+            throw error;
+          }
         } finally {
           await handle.close();
         }
