@@ -1,5 +1,6 @@
-import { stat } from "node:fs/promises";
-import { dirname, resolve } from "node:path";
+import { constants } from "node:fs";
+import { open, stat, unlink } from "node:fs/promises";
+import { basename, dirname, join, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
@@ -341,4 +342,24 @@ async function assertAppendable(path: string, tasksPath: string): Promise<void> 
   // Same file by device and inode, whatever the spelling (a link, a relative path). An unreadable --tasks is refused later.
   const tasks = out && (await stat(tasksPath).catch(() => undefined));
   if (tasks && tasks.dev === out.dev && tasks.ino === out.ino) throw new CheckpointError("invalid_request", `--out ${path} is the --tasks file`);
+  await assertWritable(path, out !== undefined);
+}
+
+/**
+ * Writing is tried, not judged from mode bits (root ignores them, a read-only mount or sysfs does
+ * not): the file opened for appending, or, while absent, a file created and removed beside it, so
+ * `--out` itself is not created before the start. Otherwise the first finished row found out, after
+ * the lock, the dispatch log and that row's work.
+ */
+async function assertWritable(path: string, exists: boolean): Promise<void> {
+  const probe = exists ? path : join(dirname(path), `.${basename(path)}.probe-${process.pid}`);
+  try {
+    await (await open(probe, exists ? constants.O_WRONLY | constants.O_APPEND : constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL)).close();
+    if (!exists) await unlink(probe);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code ?? String(error);
+    // A refusal of the storage (EACCES, EROFS) is storage_error, as a stat's is; anything else (ENOENT
+    // under /proc) is the flag's.
+    throw new CheckpointError(isUnreadableStorage(error) ? "storage_error" : "invalid_request", `--out ${path} cannot be written (${code})`, { cause: error });
+  }
 }

@@ -184,6 +184,17 @@ describe("gym-ckpt collect flags", () => {
     expect(stderr).toContain(`error invalid_request: --checkpoint-dir ${path} cannot be created (ENOENT)`);
   });
 
+  it("refuses an --out it cannot write (sysfs: not even root creates files there) up front: storage_error, exit 1, before any /run or lock", async () => {
+    let runs = 0;
+    const base = await serve(() => (runs++, { reward: 1 }));
+    const out = `/sys/gym-ckpt-${process.pid}.jsonl`;
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--out", out)).toBe(1);
+    expect(stderr).toMatch(new RegExp(`^error storage_error: --out ${out} cannot be written \\((EACCES|EROFS|EPERM)\\)\n$`));
+    expect(runs).toBe(0);
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+    expect(await readdir("/sys")).not.toContain(`.gym-ckpt-${process.pid}.jsonl.probe-${process.pid}`);
+  });
+
   it("a start-up refusal exits 1 and leaves no collector.pid behind", async () => {
     const base = await serve();
     await writeFile(join(dir, "results.jsonl"), "not json\n{}\n");
