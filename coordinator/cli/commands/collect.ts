@@ -113,6 +113,8 @@ export function register(program: Command): void {
       if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
       // resolve("") is the working directory: never a checkpoint root anyone meant.
       if (!flags.checkpointDir) throw new CheckpointError("invalid_request", "--checkpoint-dir must not be empty");
+      // Likewise: records written into the working directory were never meant.
+      if (flags.recordsDir === "") throw new CheckpointError("invalid_request", "--records-dir must not be empty");
       // After the flags (a bad one is invalid_request, exit 2, with or without a token), before any file.
       const deployment = clientDeployment(flags.deployment, env);
       const token = clientToken(flags.token, env);
@@ -122,6 +124,7 @@ export function register(program: Command): void {
       requeueIfSigterm();
       const outPath = resolve(flags.out);
       await assertAppendable(outPath, flags.tasks);
+      if (flags.recordsDir !== undefined) await assertRecordsDir(resolve(flags.recordsDir));
       requeueIfSigterm();
       const rows = await readTaskRows(flags.tasks, { signal: sigterm }).catch((error: unknown) => {
         requeueIfSigterm(); // the read given up
@@ -319,6 +322,20 @@ async function ensureCheckpointDir(path: string): Promise<void> {
     if (isUnreadableStorage(error)) throw error;
     throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} cannot be created (${error.code ?? String(error)})`);
   });
+}
+
+/**
+ * `--records-dir` is an existing directory or one the records' start creates; a regular file (or a
+ * path under one) is a bad flag, refused before the start rather than by its first mkdir, after the
+ * lock. A look the storage refuses is thrown as it is, storage_error, as for `--checkpoint-dir`.
+ */
+async function assertRecordsDir(path: string): Promise<void> {
+  const info = await stat(path).catch((error: NodeJS.ErrnoException) => {
+    if (error.code === "ENOENT") return undefined;
+    if (isUnreadableStorage(error)) throw error;
+    throw new CheckpointError("invalid_request", `--records-dir ${path} is not accessible (${error.code ?? String(error)})`);
+  });
+  if (info && !info.isDirectory()) throw new CheckpointError("invalid_request", `--records-dir ${path} is not a directory`);
 }
 
 /**

@@ -178,6 +178,17 @@ describe("gym-ckpt collect flags", () => {
     expect((await readdir(dir)).sort()).toEqual(["a-file", "tasks.jsonl"]);
   });
 
+  it.each([
+    { what: "an empty path (not the working directory)", path: "", detail: () => "--records-dir must not be empty" },
+    { what: "a regular file", path: "a-file", detail: () => `--records-dir ${join(dir, "a-file")} is not a directory` },
+    { what: "a path under a regular file", path: "a-file/sub", detail: () => `--records-dir ${join(dir, "a-file", "sub")} is not accessible (ENOTDIR)` },
+  ])("refuses --records-dir as $what (invalid_request, exit 2) before creating anything", async ({ path, detail }) => {
+    await writeFile(join(dir, "a-file"), "x");
+    expect(await collect("--run-url", "http://127.0.0.1:1/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--records-dir", path && join(dir, path))).toBe(2);
+    expect(stderr).toContain(`error invalid_request: ${detail()}`);
+    expect((await readdir(dir)).sort()).toEqual(["a-file", "tasks.jsonl"]);
+  });
+
   it("refuses a --checkpoint-dir that mkdir answers ENOENT for under an existing parent (/proc) at once, where Node's recursive mkdir spins", { timeout: 10_000 }, async () => {
     const path = `/proc/gym-ckpt-${process.pid}/ckpt`;
     expect(await collect("--run-url", "http://127.0.0.1:1/run", "--checkpoint-dir", path)).toBe(2);
