@@ -28,7 +28,7 @@ export class ProgressReporter {
   private finished = false;
 
   constructor(
-    private readonly out: NodeJS.WritableStream & { isTTY?: boolean },
+    private readonly out: NodeJS.WritableStream & { isTTY?: boolean; columns?: number },
     private readonly plainIntervalMs = 10_000,
     private readonly now: () => number = Date.now,
   ) {
@@ -54,8 +54,8 @@ export class ProgressReporter {
     if (this.finished) return;
     const line = this.format(snapshot);
     if (this.interactive) {
-      const padded = line.padEnd(this.lastLength);
-      this.lastLength = line.length;
+      const padded = this.fitted(line.padEnd(this.lastLength));
+      this.lastLength = this.fitted(line).length;
       this.out.write(`\r${padded}`);
       this.arm();
     } else if (force || this.now() - this.lastPlainAt >= this.plainIntervalMs) {
@@ -75,6 +75,16 @@ export class ProgressReporter {
     this.source = undefined;
     if (this.interactive && this.lastLength) this.out.write("\n");
     this.lastLength = 0;
+  }
+
+  /**
+   * The live line cut to the terminal's width (read at each redraw: it may be resized), less one
+   * column: a line reaching the last one wraps on some terminals, and `\r` returns only to the start
+   * of its last row, so each redraw would leave a row behind. The line is ASCII: a character a column.
+   */
+  private fitted(line: string): string {
+    const columns = this.out.columns;
+    return columns !== undefined && columns > 1 ? line.slice(0, columns - 1) : line;
   }
 
   format(s: ProgressSnapshot): string {

@@ -36,6 +36,17 @@ const snapshot = (over: Partial<ProgressSnapshot> = {}): ProgressSnapshot => ({
 });
 
 describe("progress reporter", () => {
+  it("cuts the live line to the terminal's width, read at each redraw, so a narrow terminal does not wrap it on every redraw", () => {
+    const written: string[] = [];
+    const out = { write: (s: string) => written.push(s), isTTY: true, columns: 40 } as unknown as NodeJS.WritableStream & { columns: number };
+    const reporter = new ProgressReporter(out, 2000, () => clock);
+    reporter.update(snapshot());
+    out.columns = 30; // resized
+    reporter.update(snapshot());
+    expect(written).toEqual([`\r${reporter.format(snapshot()).slice(0, 39)}`, `\r${reporter.format(snapshot()).slice(0, 29)}`]);
+    reporter.finish();
+  });
+
   it("rates only the rows this run finished: 900 of 1000 done before, 1 row/s now", () => {
     const { out } = sink(false);
     const reporter = new ProgressReporter(out, 2000, () => clock);
