@@ -45,7 +45,7 @@ describe("collect with an unreadable leader bucket", () => {
       await nc.close();
     }
     const began = Date.now();
-    const run = await cli(collectArgs({ natsUrl: server.url, deployment: "nojs", token: "controller-token", root: dir, runUrl: "http://127.0.0.1:9/run" }, ["--leader-wait-ms", "1000"]), APP);
+    const run = await cli(collectArgs({ natsUrl: server.url, deployment: "nojs", token: "controller-token", root: dir, runUrl: "http://127.0.0.1:2/run" }, ["--leader-wait-ms", "1000"]), APP);
     expect({ code: run.code, error: run.stderr.trim().split("\n").at(-1) }).toEqual({ code: 1, error: "error not_leader: no coordinator serves gym.ckpt.v1.nojs.ctl.status" });
     expect(Date.now() - began).toBeLessThan(10_000);
   });
@@ -61,7 +61,7 @@ describe("collect with an unreadable leader bucket", () => {
         await nc.close();
       }
       const began = Date.now();
-      const run = await cli(collectArgs({ natsUrl: noAuthServer.url, deployment: "nobucket", token: "controller-token", root: dir, runUrl: "http://127.0.0.1:9/run" }, ["--leader-wait-ms", "1000"]));
+      const run = await cli(collectArgs({ natsUrl: noAuthServer.url, deployment: "nobucket", token: "controller-token", root: dir, runUrl: "http://127.0.0.1:2/run" }, ["--leader-wait-ms", "1000"]));
       expect({ code: run.code, error: run.stderr.trim().split("\n").at(-1) }).toEqual({ code: 1, error: "error not_leader: no coordinator serves gym.ckpt.v1.nobucket.ctl.status" });
       expect(Date.now() - began).toBeLessThan(10_000);
     } finally {

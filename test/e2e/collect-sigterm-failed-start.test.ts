@@ -47,7 +47,7 @@ describe("collect: SIGTERM during a start that fails", () => {
     const out: string[] = [];
     collector = await startChildProgram(
       CLI,
-      collectArgs({ natsUrl: nats.server.url, deployment, token: "controller-token", root, runUrl: "http://127.0.0.1:9/run" }),
+      collectArgs({ natsUrl: nats.server.url, deployment, token: "controller-token", root, runUrl: "http://127.0.0.1:2/run" }),
       { onLine: (line) => out.push(line) },
     );
     await statusAsked;

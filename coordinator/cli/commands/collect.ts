@@ -16,7 +16,8 @@ import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
-import { clientDeployment, clientToken, controllerHttpUrl, httpUrlFlag, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
+import { fetchableUrlFlag } from "../fetchable-url.js";
+import { clientDeployment, clientToken, controllerHttpUrl, integerFlag, metricsPortFlag, runCli, secondsFlag, withClientOptions, type ClientFlags } from "../shared.js";
 
 /** Exit code after a SIGTERM checkpoint: "temporary failure, requeue me" for schedulers such as Slurm. */
 export const EXIT_REQUEUE = 75;
@@ -101,7 +102,7 @@ export function register(program: Command): void {
       const progressIntervalSeconds = secondsFlag("progress-interval-s", flags.progressIntervalS);
       const logLevel = LOG_LEVELS.find((level) => level === flags.logLevel);
       if (!logLevel) throw new CheckpointError("invalid_request", `--log-level must be one of ${LOG_LEVELS.join(", ")}, got ${JSON.stringify(flags.logLevel)}`);
-      const runUrl = httpUrlFlag("run-url", flags.runUrl);
+      const runUrl = fetchableUrlFlag("run-url", flags.runUrl);
       // The collector needs controller ops only, which the HTTP API serves as well.
       const httpUrl = controllerHttpUrl(flags, env);
       // Checked with or without --records-dir: a typo must not wait until records are switched on.

@@ -71,7 +71,7 @@ describe("gym-ckpt collect flags", () => {
     ["--max-attempts", "1.5"],
     ["--records-every-rows", "2.5"],
   ])("refuses a fractional %s (invalid_request, exit 2) before creating anything", async (flag, value) => {
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", flag, value)).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", flag, value)).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${flag} must be a positive integer`);
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
@@ -82,7 +82,7 @@ describe("gym-ckpt collect flags", () => {
     ["--leader-wait-ms", "1.5", "an integer ≥ 0"],
     ["--leader-wait-ms", "", "an integer ≥ 0"],
   ])("refuses %s %j (invalid_request, exit 2) before creating anything", async (flag, value, range) => {
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", flag, value)).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", flag, value)).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${flag} must be ${range}, got ${JSON.stringify(value)}`);
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
@@ -94,7 +94,7 @@ describe("gym-ckpt collect flags", () => {
     try {
       const program = new Command().exitOverride();
       register(program);
-      const base = ["collect", "--tasks", join(dir, "tasks.jsonl"), "--out", join(dir, "results.jsonl"), "--checkpoint-dir", join(dir, "ckpt"), "--run-url", "http://127.0.0.1:1/run"];
+      const base = ["collect", "--tasks", join(dir, "tasks.jsonl"), "--out", join(dir, "results.jsonl"), "--checkpoint-dir", join(dir, "ckpt"), "--run-url", "http://127.0.0.1:2/run"];
       await program.parseAsync([...base, "--concurrency", "0"], { from: "user" });
       expect(Number(process.exitCode)).toBe(2);
       expect(stderr).toContain("error invalid_request: --concurrency");
@@ -113,7 +113,7 @@ describe("gym-ckpt collect flags", () => {
   });
 
   it("refuses --json, which collect cannot honour (invalid_request, exit 2)", async () => {
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", "--json")).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--json")).toBe(2);
     expect(stderr).toContain("error invalid_request: --json");
   });
 
@@ -123,7 +123,7 @@ describe("gym-ckpt collect flags", () => {
     for (const out of [tasks, join(dir, "link.jsonl")]) {
       stderr = "";
       process.exitCode = undefined;
-      expect(await collect("--run-url", "http://127.0.0.1:1/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--out", out)).toBe(2);
+      expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--out", out)).toBe(2);
       expect(stderr).toContain("error invalid_request: --out");
     }
     expect((await readdir(dir)).sort()).toEqual(["link.jsonl", "tasks.jsonl"]);
@@ -146,7 +146,7 @@ describe("gym-ckpt collect flags", () => {
     ["--run-timeout-s", "0x10"],
     ["--checkpoint-timeout-s", "1e3"],
   ])("refuses %s %j: a duration must be positive and at most the 7-day cap (invalid_request, exit 2)", async (flag, value) => {
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", flag, value)).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", flag, value)).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${flag} must be a positive number of seconds up to 604800 (7 days), got ${JSON.stringify(value)}`);
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
@@ -162,8 +162,19 @@ describe("gym-ckpt collect flags", () => {
     [["--records-kind", "training"], "--records-kind must be train or eval"],
     [["--records-env", "../gym"], "--records-env"],
   ])("refuses %j before creating anything (invalid_request, exit 2)", async (args, detail) => {
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", ...args)).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", ...args)).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${detail}`);
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
+  it.each([
+    ["http://user:s3cret@127.0.0.1:8000/run", "--run-url may not carry credentials (user:password@)"],
+    ["http://token@127.0.0.1:8000/run", "--run-url may not carry credentials (user:password@)"],
+    ["http://127.0.0.1:6000/run", '--run-url names port 6000, which fetch blocks (a WHATWG "bad port"): use another port'],
+    ["http://127.0.0.1:10080/run", '--run-url names port 10080, which fetch blocks (a WHATWG "bad port"): use another port'],
+  ])("refuses --run-url %s, which fetch would refuse at every /run (invalid_request, exit 2, not echoed), before anything is created", async (runUrl, detail) => {
+    expect(await collect("--run-url", runUrl, "--http-url", "http://127.0.0.1:2", "--leader-wait-ms", "0")).toBe(2);
+    expect(stderr).toBe(`error invalid_request: ${detail}\n`);
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
 
@@ -173,7 +184,7 @@ describe("gym-ckpt collect flags", () => {
     { what: "a path under a regular file", path: "a-file/sub", detail: () => `--checkpoint-dir ${join(dir, "a-file", "sub")} cannot be created (ENOTDIR)` },
   ])("refuses --checkpoint-dir as $what (invalid_request, exit 2), not internal_error", async ({ path, detail }) => {
     await writeFile(join(dir, "a-file"), "x");
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", "--checkpoint-dir", path && join(dir, path))).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--checkpoint-dir", path && join(dir, path))).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${detail()}`);
     expect((await readdir(dir)).sort()).toEqual(["a-file", "tasks.jsonl"]);
   });
@@ -184,14 +195,14 @@ describe("gym-ckpt collect flags", () => {
     { what: "a path under a regular file", path: "a-file/sub", detail: () => `--records-dir ${join(dir, "a-file", "sub")} is not accessible (ENOTDIR)` },
   ])("refuses --records-dir as $what (invalid_request, exit 2) before creating anything", async ({ path, detail }) => {
     await writeFile(join(dir, "a-file"), "x");
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--records-dir", path && join(dir, path))).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--records-dir", path && join(dir, path))).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${detail()}`);
     expect((await readdir(dir)).sort()).toEqual(["a-file", "tasks.jsonl"]);
   });
 
   it("refuses a --checkpoint-dir that mkdir answers ENOENT for under an existing parent (/proc) at once, where Node's recursive mkdir spins", { timeout: 10_000 }, async () => {
     const path = `/proc/gym-ckpt-${process.pid}/ckpt`;
-    expect(await collect("--run-url", "http://127.0.0.1:1/run", "--checkpoint-dir", path)).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--checkpoint-dir", path)).toBe(2);
     expect(stderr).toContain(`error invalid_request: --checkpoint-dir ${path} cannot be created (ENOENT)`);
   });
 

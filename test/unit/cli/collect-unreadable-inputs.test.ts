@@ -46,7 +46,7 @@ afterEach(async () => {
 async function collect(tasks: string, out: string): Promise<number> {
   const program = new Command().exitOverride();
   register(program);
-  await program.parseAsync(["collect", "--tasks", tasks, "--out", out, "--checkpoint-dir", join(dir, "ckpt"), "--run-url", "http://127.0.0.1:1/run", "--token", "t"], { from: "user" });
+  await program.parseAsync(["collect", "--tasks", tasks, "--out", out, "--checkpoint-dir", join(dir, "ckpt"), "--run-url", "http://127.0.0.1:2/run", "--token", "t"], { from: "user" });
   return Number(process.exitCode ?? 0);
 }
 
@@ -85,7 +85,7 @@ describe("gym-ckpt collect: input files the storage refuses", () => {
 
   it("a --checkpoint-dir that is a file, or under one, stays invalid_request, exit 2", async () => {
     const file = join(dir, "tasks.jsonl");
-    const ckptArgs = (ckpt: string) => ["collect", "--tasks", file, "--out", join(dir, "results.jsonl"), "--checkpoint-dir", ckpt, "--run-url", "http://127.0.0.1:1/run", "--token", "t"];
+    const ckptArgs = (ckpt: string) => ["collect", "--tasks", file, "--out", join(dir, "results.jsonl"), "--checkpoint-dir", ckpt, "--run-url", "http://127.0.0.1:2/run", "--token", "t"];
     for (const [ckpt, message] of [
       [file, "is not a directory"],
       [join(file, "ckpt"), "cannot be created (ENOTDIR)"],
