@@ -105,6 +105,8 @@ export function register(program: Command): void {
       const runUrl = fetchableUrlFlag("run-url", flags.runUrl);
       // The collector needs controller ops only, which the HTTP API serves as well.
       const httpUrl = controllerHttpUrl(flags, env);
+      // As --run-url: the client's own checks come at its first call, after the lock.
+      if (httpUrl !== undefined) fetchableUrlFlag("http-url", httpUrl);
       // Checked with or without --records-dir: a typo must not wait until records are switched on.
       try {
         assertRolloutEnv(flags.recordsEnv);

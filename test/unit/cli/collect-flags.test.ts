@@ -123,7 +123,7 @@ describe("gym-ckpt collect flags", () => {
     for (const out of [tasks, join(dir, "link.jsonl")]) {
       stderr = "";
       process.exitCode = undefined;
-      expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--out", out)).toBe(2);
+      expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:2", "--leader-wait-ms", "0", "--out", out)).toBe(2);
       expect(stderr).toContain("error invalid_request: --out");
     }
     expect((await readdir(dir)).sort()).toEqual(["link.jsonl", "tasks.jsonl"]);
@@ -179,6 +179,15 @@ describe("gym-ckpt collect flags", () => {
   });
 
   it.each([
+    ["http://user:s3cret@127.0.0.1:8480", "--http-url may not carry credentials (user:password@)"],
+    ["http://127.0.0.1:6000", '--http-url names port 6000, which fetch blocks (a WHATWG "bad port"): use another port'],
+  ])("refuses --http-url %s with the other flags (invalid_request, exit 2, not echoed), not at its first call after the lock", async (httpUrl, detail) => {
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", httpUrl, "--leader-wait-ms", "0")).toBe(2);
+    expect(stderr).toBe(`error invalid_request: ${detail}\n`);
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
+  it.each([
     { what: "an empty path (not the working directory)", path: "", detail: () => "--checkpoint-dir must not be empty" },
     { what: "a regular file", path: "a-file", detail: () => `--checkpoint-dir ${join(dir, "a-file")} is not a directory` },
     { what: "a path under a regular file", path: "a-file/sub", detail: () => `--checkpoint-dir ${join(dir, "a-file", "sub")} cannot be created (ENOTDIR)` },
@@ -195,7 +204,7 @@ describe("gym-ckpt collect flags", () => {
     { what: "a path under a regular file", path: "a-file/sub", detail: () => `--records-dir ${join(dir, "a-file", "sub")} is not accessible (ENOTDIR)` },
   ])("refuses --records-dir as $what (invalid_request, exit 2) before creating anything", async ({ path, detail }) => {
     await writeFile(join(dir, "a-file"), "x");
-    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:1", "--leader-wait-ms", "0", "--records-dir", path && join(dir, path))).toBe(2);
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:2", "--leader-wait-ms", "0", "--records-dir", path && join(dir, path))).toBe(2);
     expect(stderr).toContain(`error invalid_request: ${detail()}`);
     expect((await readdir(dir)).sort()).toEqual(["a-file", "tasks.jsonl"]);
   });
