@@ -133,6 +133,8 @@ export function register(program: Command): void {
         requeueIfSigterm(); // the read given up
         throw error;
       });
+      // Nothing to run "finished" with exit 0: a tasks file left empty by a failed export, or the wrong one.
+      if (!rows.length) throw new CheckpointError("invalid_request", `--tasks ${flags.tasks} has no rows`);
       const checkpointDir = resolve(flags.checkpointDir);
       requeueIfSigterm();
       await ensureCheckpointDir(checkpointDir);

@@ -226,6 +226,18 @@ describe("gym-ckpt collect flags", () => {
     expect(await readdir("/sys")).not.toContain(`.gym-ckpt-${process.pid}.jsonl.probe-${process.pid}`);
   });
 
+  it.each([
+    ["empty", ""],
+    ["blank lines only", "\n  \n\n"],
+  ])("refuses a --tasks with no rows (%s) before creating anything (invalid_request, exit 2), rather than 'finishing' with nothing done", async (_what, text) => {
+    const base = await serve();
+    await writeFile(join(dir, "tasks.jsonl"), text);
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(2);
+    expect(stderr).toBe(`error invalid_request: --tasks ${join(dir, "tasks.jsonl")} has no rows\n`);
+    expect(stdout).toBe("");
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
   it("a start-up refusal exits 1 and leaves no collector.pid behind", async () => {
     const base = await serve();
     await writeFile(join(dir, "results.jsonl"), "not json\n{}\n");
