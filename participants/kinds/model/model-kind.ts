@@ -511,6 +511,15 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       if (this.context?.isRetired(target)) throw new CheckpointError("stale_attempt", `${captureKey(target)} is retired; it cannot be restored`);
       if (seen.has(key)) throw new CheckpointError("invalid_checkpoint_state", `two model records for ${key}`);
       seen.add(key);
+      // Rows keep the capture key they were written under: this attempt's, or an earlier attempt's
+      // of the same rollout (a restored ledger exported again). Another key's rows would give the
+      // replacement a lineage, and a parent, of a rollout it never continued.
+      for (const row of record.rows) {
+        const owner = parseCaptureKey(row.capture_key);
+        if (!owner || owner.rollout_id !== record.episode_id.rollout_id || owner.attempt > record.episode_id.attempt) {
+          throw new CheckpointError("invalid_checkpoint_state", `the model record of ${key} holds a row of ${row.capture_key}`);
+        }
+      }
       for (const cut of record.generation_cuts) {
         // A restored cut not yet consumed is exported again under the next attempt but still names
         // the attempt whose call was cut: same rollout, that attempt or an earlier one.

@@ -40,7 +40,7 @@ afterEach(async () => {
 
 describe("afterCommit freeing a restored ledger while a call of its key is admitted", () => {
   it("a call arriving while the removal is under way starts after it, from no rows: never the parent of a row being deleted", async () => {
-    await f.kind.install([{ episode_id: ep("a"), rows: [ledgerRow("a-a1", "mc-restored")], generation_cuts: [] }], {});
+    await f.kind.install([{ episode_id: ep("a"), rows: [ledgerRow("a", "mc-restored")], generation_cuts: [] }], {});
     const unlink = gateUnlinkOf("a-a1");
     const hook = f.kind.afterCommit([ep("other")]); // a-a1 is left out: freed
     for (let i = 0; i < 100 && !unlink.reached; i++) await settle(1);
@@ -58,7 +58,7 @@ describe("afterCommit freeing a restored ledger while a call of its key is admit
   });
 
   it("a call being admitted when the removal would start keeps the ledger, and continues its last row", async () => {
-    await f.kind.install([{ episode_id: ep("a"), rows: [ledgerRow("a-a1", "mc-restored")], generation_cuts: [] }], {});
+    await f.kind.install([{ episode_id: ep("a"), rows: [ledgerRow("a", "mc-restored")], generation_cuts: [] }], {});
     f.kind.ledger.evict("a"); // its rows are read from the file, under the stripe lock
     let release!: () => void;
     const held = f.kind.ledger.locks.run("a-a1", () => new Promise<void>((resolve) => (release = resolve)));

@@ -172,6 +172,23 @@ describe("restore: import as the next attempt, then retire the sources", () => {
     expect(existsSync(ledgerFile("v1-a1"))).toBe(false);
     expect(f.kind.hasLiveState()).toBe(false);
   });
+
+  it("refuses a record holding rows of another rollout or a later attempt (invalid_checkpoint_state), installing nothing", async () => {
+    await deliveredCall(f.kind, "own-a1"); // what a dead replacement left: a refused restore keeps it
+    const before = await fileRows("own-a1");
+    const ok: ModelRecord = { episode_id: ep("v1"), rows: [row("v1", "mc-a")], generation_cuts: [] };
+    // A restored ledger exported again keeps its source's rows: attempt 0's rows in attempt 1's record are fine.
+    const reexported: ModelRecord = { episode_id: ep("own", 1), rows: [row("own", "mc-0"), row("own-a1", "mc-1", "mc-0")], generation_cuts: [] };
+    for (const foreign of [row("stranger", "mc-x"), row("own-a2", "mc-later")]) {
+      const bad: ModelRecord = { ...reexported, rows: [...reexported.rows, foreign] };
+      await expect(f.kind.install([ok, bad], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining(foreign.capture_key) });
+    }
+    expect(existsSync(ledgerFile("v1-a1"))).toBe(false);
+    expect(existsSync(ledgerFile("own-a2"))).toBe(false);
+    expect(await fileRows("own-a1")).toEqual(before);
+    await f.kind.install([reexported], {});
+    expect(await fileRows("own-a2")).toEqual(["mc-0", "mc-1"]);
+  });
 });
 
 describe("ledger retire and delete", () => {
