@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { callerHeaders, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
 import { isCompleteEvent, lastEventStart, mayEndStream } from "../../../participants/attach/sse-events.js";
 import { UsageTail } from "../../../participants/attach/usage-tail.js";
@@ -235,5 +236,25 @@ describe("upstream and listen flags", () => {
     expect(parseListen("[::1]:9000")).toEqual({ host: "::1", port: 9000 });
     expect(() => parseListen("9000")).toThrow(/host:port/);
     expect(() => parseListen("h:70000")).toThrow(/0..65535/);
+  });
+});
+
+describe("hop-by-hop headers", () => {
+  it("drops the headers a caller's Connection names, and Proxy-Authorization, from the upstream request", () => {
+    const raw = ["Host", "proxy:1", "Connection", "keep-alive, X-Session-Secret", "connection", " Upgrade-Insecure ", "X-Session-Secret", "s3cret",
+      "Upgrade-Insecure", "1", "Proxy-Authorization", "Basic cHJveHk6cGFzcw==", "Authorization", "Bearer k", "Content-Type", "application/json"];
+    expect(upstreamHeaders(raw, "upstream:2")).toEqual(["host", "upstream:2", "authorization", "Bearer k", "content-type", "application/json"]);
+  });
+
+  it("drops the headers the upstream's Connection names, and Proxy-Authenticate, from the caller's response (content-length kept)", () => {
+    const headers = {
+      connection: "close, x-backend-hop",
+      "x-backend-hop": "internal",
+      "proxy-authenticate": 'Basic realm="upstream"',
+      "content-type": "application/json",
+      "content-length": "12",
+      "x-request-id": "r1",
+    };
+    expect(callerHeaders(headers)).toEqual({ "content-type": "application/json", "content-length": "12", "x-request-id": "r1" });
   });
 });
