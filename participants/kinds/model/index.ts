@@ -7,7 +7,7 @@ export { CaptureLedger } from "./capture-ledger.js";
 export { StripedLocks } from "./striped-locks.js";
 export { LedgerRowSchema, UsageSchema } from "./ledger-row.js";
 export type { LedgerRow } from "./ledger-row.js";
-export { ModelRecordSchema } from "./model-record.js";
+export { MAX_MODEL_RECORD_ROWS, ModelRecordSchema } from "./model-record.js";
 export type { ModelRecord } from "./model-record.js";
 export { GENERATION_ROUTES, SKIP_CATEGORIES, isGenerationRoute, conversationDigest, constrainedReason, skipCategory } from "./conversation-digest.js";
 export type { SkipCategory } from "./conversation-digest.js";

@@ -9,7 +9,7 @@ import { constrainedReason, conversationDigest, skipCategory } from "./conversat
 import type { GenerationCutRecord } from "./generation-cut-contract.js";
 import { cutRecordOf, runCutRound, type CutBackend } from "./generation-cut-round.js";
 import type { LedgerRow } from "./ledger-row.js";
-import { ModelRecordSchema, type ModelRecord } from "./model-record.js";
+import { MAX_MODEL_RECORD_ROWS, ModelRecordSchema, type ModelRecord } from "./model-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
 export interface ModelKindOptions {
@@ -471,6 +471,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       if (seen.has(key)) continue;
       seen.add(key);
       const rows = (await this.readableRows(key)).filter((row) => !undelivered.has(row.model_call_id));
+      // Past the record's cap its schema would fail the commit as an internal error: refused instead,
+      // before anything is written, naming the episode to leave out of the scope (or retire).
+      if (rows.length > MAX_MODEL_RECORD_ROWS) {
+        throw new CheckpointError("payload_too_large", `${key} has ${rows.length} delivered model calls, over the ${MAX_MODEL_RECORD_ROWS} rows a model record holds: leave it out of the scope (or retire it)`);
+      }
       // This round's cut is the newest; else an unconsumed restored cut; else one a call consumed but has not delivered.
       const cut = this.latestCuts.get(key)?.record ?? this.restoredCuts.get(key) ?? claimed.get(key) ?? null;
       // An episode with neither still gets a record (empty): a restore must see it to replace what
