@@ -165,7 +165,8 @@ async function completeMarker(stepDir: string, step: number, kind: RecordKind, m
     if (listed !== null && files.length === listed.length) return;
     await writeFileAtomic(markerPath, Buffer.from(encodeRolloutStepMarker(step, kind, files, maxMarkerBytes)));
   }
-  throw new Error(`the ${stepMarkerName(kind)} of step ${step} kept losing files to concurrent writers`);
+  // The step's files are all published: a retry of the call completes its marker.
+  throw invalidRequest(`the ${stepMarkerName(kind)} of step ${step} kept losing files to concurrent writers (${MARKER_ROUNDS} rounds): retry the call to complete it`);
 }
 
 /**

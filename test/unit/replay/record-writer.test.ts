@@ -301,6 +301,32 @@ describe("record writer", () => {
     expect(listed).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
   });
 
+  it("a step marker that keeps losing files to concurrent writers is refused invalid_request (a ReplayError), and a retry completes it", async () => {
+    // Every listing of the step directory finds one more file another writer just published, so no
+    // marker this call writes ever lists them all.
+    const stepDir = path.join(dir, "step_1");
+    const realReaddir = fs.promises.readdir.bind(fs.promises);
+    let ghosts = 0;
+    vi.spyOn(fs.promises, "readdir").mockImplementation((async (target: fs.PathLike, options?: unknown) => {
+      const result = (await realReaddir(target as string, options as never)) as unknown as string[];
+      return String(target) === stepDir ? [...result, `train_rollouts_ghost${ghosts++}.jsonl`] : result;
+    }) as never);
+    const batch = [{ kind: "train" as const, env: "a", traces: [linearTrace(traceId(1))] }];
+    let refusal: unknown;
+    try {
+      await writeStepRecords(dir, 1, batch);
+    } catch (error) {
+      refusal = error;
+    } finally {
+      vi.restoreAllMocks();
+    }
+    expect(refusal).toBeInstanceOf(ReplayError);
+    expect(refusal).toMatchObject({ code: "invalid_request", message: expect.stringMatching(/kept losing files to concurrent writers/) });
+    await writeStepRecords(dir, 1, batch);
+    const listed = (JSON.parse(await readFile(path.join(stepDir, "_complete_train.json"), "utf8")) as { files: string[] }).files;
+    expect(listed).toContain("train_rollouts_a.jsonl"); // with the ghosts it merged: they stand for other writers' files
+  });
+
   it("refuses a record whose info.snapshots readers refuse, instead of writing a file that fails every later reload", async () => {
     const poisoned = compactedTrace(traceId(1), 0);
     poisoned.info = { snapshots: { "99": "snap-1" } }; // node 99 does not exist
