@@ -4,6 +4,7 @@ import { Pool } from "undici";
 import { z } from "zod";
 import { AttemptSchema, CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, describeZodError, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
+import { continuationHeader } from "../kinds/model/generation-cut-contract.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
 import { canonicalRoute } from "./canonical-route.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
@@ -130,7 +131,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (ticket.parentCallId) headers.push("x-ng-parent-call-id", ticket.parentCallId);
     if (ticket.claimedCut) {
       headers.push("x-ng-continued-from", ticket.claimedCut.model_call_id);
-      headers.push("x-ng-continuation", Buffer.from(JSON.stringify(ticket.claimedCut.continuation)).toString("base64url"));
+      headers.push("x-ng-continuation", continuationHeader(ticket.claimedCut.continuation));
     }
     pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger, finishWaitMs));
   }

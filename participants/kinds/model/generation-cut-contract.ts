@@ -82,6 +82,19 @@ export const GenerationCutReceiptSchema = z
   .strict();
 export type GenerationCutReceipt = z.infer<typeof GenerationCutReceiptSchema>;
 
+/**
+ * The longest `x-ng-continuation` header value (base64url of the continuation's JSON) a continuing
+ * call carries: with the call's other headers it stays within the 16 KiB of headers common HTTP
+ * servers accept (Node's, h11's). A longer one would be refused by the backend on every re-issue of
+ * the call, so the episode could never continue: such a cut is not kept (the call is regenerated).
+ */
+export const MAX_CONTINUATION_HEADER_BYTES = 8 * 1024;
+
+/** The `x-ng-continuation` header value of a continuation: base64url of its JSON. */
+export function continuationHeader(continuation: object): string {
+  return Buffer.from(JSON.stringify(continuation)).toString("base64url");
+}
+
 /** What a continuing call hands the backend so it resumes after the staged prefix. */
 export const GenerationCutContinuationSchema = z
   .object({
@@ -94,7 +107,10 @@ export const GenerationCutContinuationSchema = z
     terminal_finish_reason: FinishReasonSchema.nullable(),
     terminal_stop_reason: z.string().max(1000).nullable(),
   })
-  .strict();
+  .strict()
+  .refine((continuation) => continuationHeader(continuation).length <= MAX_CONTINUATION_HEADER_BYTES, {
+    message: `encodes into an x-ng-continuation header longer than ${MAX_CONTINUATION_HEADER_BYTES} bytes`,
+  });
 export type GenerationCutContinuation = z.infer<typeof GenerationCutContinuationSchema>;
 
 /** One cut kept per episode: the call it cut, the conversation it answered, and the continuation. */

@@ -5,9 +5,12 @@ import { captureKey } from "../../../protocol/index.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
 import {
   GENERATION_CUT_PATH,
+  MAX_CONTINUATION_HEADER_BYTES,
   buildInventory,
+  continuationHeader,
   validateReceipt,
   type DurablePrefixAck,
+  type GenerationCutContinuation,
   type GenerationCutRecord,
 } from "./generation-cut-contract.js";
 
@@ -59,20 +62,20 @@ export async function runCutRound(backend: CutBackend, checkpointId: string, tic
 
 /** The record of a durable-prefix ack: the cut call, its conversation digest, and the continuation. */
 export function cutRecordOf(ticket: AdmissionTicket, ack: DurablePrefixAck): GenerationCutRecord {
-  return {
-    model_call_id: ticket.modelCallId,
-    request_digest: ticket.requestDigest,
-    continuation: {
-      source_capture_key: captureKey(ticket.episode),
-      source_model_call_id: ticket.modelCallId,
-      staging_keys: ack.staging_keys,
-      prefix_token_count: ack.prefix_token_count,
-      prefix_digest: ack.prefix_digest,
-      effective_output_limit: ack.effective_output_limit,
-      terminal_finish_reason: ack.terminal_finish_reason ?? null,
-      terminal_stop_reason: ack.terminal_stop_reason ?? null,
-    },
+  const continuation: GenerationCutContinuation = {
+    source_capture_key: captureKey(ticket.episode),
+    source_model_call_id: ticket.modelCallId,
+    staging_keys: ack.staging_keys,
+    prefix_token_count: ack.prefix_token_count,
+    prefix_digest: ack.prefix_digest,
+    effective_output_limit: ack.effective_output_limit,
+    terminal_finish_reason: ack.terminal_finish_reason ?? null,
+    terminal_stop_reason: ack.terminal_stop_reason ?? null,
   };
+  // Its header must reach the backend: one past the limit would fail every re-issue of the call.
+  const header = continuationHeader(continuation).length;
+  if (header > MAX_CONTINUATION_HEADER_BYTES) throw new Error(`its x-ng-continuation header would be ${header} bytes, over ${MAX_CONTINUATION_HEADER_BYTES} (${ack.staging_keys.length} staging keys)`);
+  return { model_call_id: ticket.modelCallId, request_digest: ticket.requestDigest, continuation };
 }
 
 /** POST with a hard deadline on a fresh connection (control traffic never queues behind data). */

@@ -2,7 +2,7 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { ModelKind, conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
+import { MAX_CONTINUATION_HEADER_BYTES, ModelKind, conversationDigest, continuationOf, type GenerationCutRecord, type ModelRecord } from "../../../participants/kinds/model/index.js";
 import { BACKEND, CHAT, ackFor, chat, cutRecord, deliveredCall, emptyRecords, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 import { MAX_JSON_DEPTH, canonicalDigest, encodeMessage } from "../../../protocol/index.js";
@@ -98,6 +98,21 @@ describe("the cut round at close-admission", () => {
     expect(records.map((r) => [r.episode_id.rollout_id, r.generation_cuts.map((c) => c.model_call_id)])).toEqual([
       ["fine", [ok.modelCallId]],
       ["deep", []],
+    ]);
+  });
+
+  it("an ack whose continuation would not fit the x-ng-continuation header limit counts as cut_failed: no cut kept (the call is regenerated)", async () => {
+    const ok = await f.kind.admit("fits", CHAT, chat("a"));
+    const big = await f.kind.admit("big", CHAT, chat("b"));
+    // 30 staging keys of 500 characters: a header of about 20 KiB, past the 16 KiB of headers a Node (or h11) backend accepts.
+    const keys = Array.from({ length: 30 }, (_, i) => `${i}-${"k".repeat(496)}`);
+    f.answer = (tickets) => ({ acks: new Map(tickets.map((t) => [t.ticketId, ackFor(t, t === big ? { staging_keys: keys } : {})])), failed: 0, error: null });
+    await f.kind.closeAdmission();
+    expect(f.kind.readiness().counts).toMatchObject({ cut: 1, cut_failed: 1 });
+    const records = await f.kind.exportRecords([ep("fits"), ep("big")]);
+    expect(records.map((r) => [r.episode_id.rollout_id, r.generation_cuts.map((c) => c.model_call_id)])).toEqual([
+      ["fits", [ok.modelCallId]],
+      ["big", []],
     ]);
   });
 
@@ -342,6 +357,13 @@ describe("restored cuts", () => {
 
   it("restore refuses a cut that names another source and changes nothing", async () => {
     await expect(f.kind.install([record(cutRecord("rc-a3", chat("q")))], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+    expect(f.kind.hasLiveState()).toBe(false);
+  });
+
+  it(`restore refuses a cut whose x-ng-continuation header would pass ${MAX_CONTINUATION_HEADER_BYTES} bytes and changes nothing`, async () => {
+    const keys = Array.from({ length: 30 }, (_, i) => `${i}-${"k".repeat(496)}`);
+    await expect(f.kind.install([record(cutRecord("rc", chat("q"), { staging_keys: keys }))], {})).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
     expect(f.kind.hasLiveState()).toBe(false);
   });
