@@ -19,8 +19,8 @@ export const ERROR_CATALOG = {
   },
   payload_too_large: {
     status: 413,
-    meaning: "The message is larger than the control-message limit (1 MiB).",
-    solve: "Keep control messages small: records travel through checkpoint storage, never on the bus.",
+    meaning: "The message, body or record is larger than its limit (a control message: 1 MiB); the detail names the limit.",
+    solve: "Keep control messages small: records travel through checkpoint storage, never on the bus. For a record or body, the detail says what to leave out.",
   },
   reply_too_large: {
     status: 502,
