@@ -50,7 +50,8 @@ export class CounterServer extends ResourcesServer {
   }
 
   override async exportSessionStates(sessionIds: string[]): Promise<Record<string, JsonValue>> {
-    const states: Record<string, JsonValue> = {};
+    // Null prototype: on a `{}`, `states["__proto__"] = …` would set the prototype, and that session would not be exported.
+    const states: Record<string, JsonValue> = Object.create(null);
     for (const id of sessionIds) {
       const count = this.counters.get(id);
       if (count !== undefined) states[id] = { count };
