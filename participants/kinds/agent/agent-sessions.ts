@@ -1,7 +1,7 @@
 import { CheckpointError, captureKey, sameEpisode, type EpisodeId } from "../../../protocol/index.js";
 import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "../environment/admission-gate.js";
-import type { Boundary } from "../environment/episode-steps.js";
+import { copyBoundary, type Boundary } from "../environment/episode-steps.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 import { AgentRecordSchema } from "./agent-record.js";
 
@@ -22,7 +22,7 @@ export interface Activation {
   readonly sessionKey: string;
   /** Aborted by retire or close_session. */
   readonly signal: AbortSignal;
-  /** The restored turn-loop snapshot, handed over once; null for a fresh session and afterwards. */
+  /** A copy of the restored turn-loop snapshot, handed over once; null for a fresh session and afterwards. */
   continuation(): Boundary | null;
   /** Reports a boundary; `snapshot` runs only if a checkpoint exports the session, and must return the state as of this call. */
   boundary(snapshot: () => Boundary): Promise<void>;
@@ -221,7 +221,8 @@ export class AgentSessions {
       continuation: () => {
         const c = continuation;
         continuation = null;
-        return c;
+        // A copy: the restored snapshot is still what a checkpoint exports until the next boundary.
+        return c && copyBoundary(c);
       },
       boundary: async (snapshot) => {
         abort.signal.throwIfAborted();

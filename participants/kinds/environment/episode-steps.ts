@@ -22,13 +22,21 @@ export type StepMode = "wait" | "replay" | "model";
 export type EpisodeState = "running" | "wait_step" | "replay_step" | "parked";
 export type Boundary = Record<string, unknown>;
 
+/**
+ * A deep copy of a boundary (JSON values; a `__proto__` key stays a key). Episode code gets and
+ * gives copies, so nothing it mutates later changes the boundary a checkpoint exports.
+ */
+export function copyBoundary(boundary: Boundary): Boundary {
+  return JSON.parse(JSON.stringify(boundary)) as Boundary;
+}
+
 /** What episode code sees: its identity, its continuation and the step/boundary calls. */
 export interface StepEpisode {
   readonly id: EpisodeId;
   readonly key: string;
   /** Aborted by retire (reason: `stale_attempt`) or by the episode deadline (`deadline_exceeded`). */
   readonly signal: AbortSignal;
-  /** The restored boundary, handed over exactly once; null for a fresh episode and afterwards. */
+  /** A copy of the restored boundary, handed over exactly once; null for a fresh episode and afterwards. */
   continuation(): Boundary | null;
   /** Records a completed step; parks here while a checkpoint is open. */
   boundary(boundary: Boundary): Promise<void>;
@@ -264,11 +272,12 @@ export class EpisodeSteps<D = undefined> {
       continuation: () => {
         const c = t.continuation;
         t.continuation = null;
-        return c;
+        // A copy: the restored boundary is still what a checkpoint exports until the next one.
+        return c && copyBoundary(c);
       },
       boundary: async (boundary) => {
         t.abort.signal.throwIfAborted();
-        t.boundary = JSON.parse(JSON.stringify(boundary)) as Boundary;
+        t.boundary = copyBoundary(boundary);
         t.continuation = null;
         t.dirty = false;
         if (this.gate.closed) await park();
