@@ -8,6 +8,7 @@ import type { Activation, AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { trimSlash } from "./gym-http.js";
+import { SessionCookieValueSchema } from "./session-cookie-value.js";
 import { closeResourcesSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "./resources-session.js";
 import { GymTaskSchema, RunRequestSchema, taskSpellings, type GymTask, type RunReply } from "./gym-task.js";
 import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
@@ -20,7 +21,7 @@ import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, ru
  *   POST close_session {}        → {}
  * Legacy: POST /run {rollout_id, attempt, task} → the agent owns seed, turn loop and verify.
  */
-const OpenBodySchema = z.object({ cookie: z.string().max(200).nullable().optional() }).strict();
+const OpenBodySchema = z.object({ cookie: SessionCookieValueSchema.nullable().optional() }).strict();
 /** `seed`: a replayed task's context (no system message); the turn loop continues from it. */
 const ActivateBodySchema = z.object({ task: GymTaskSchema, seed: z.array(ChatMessageSchema).min(1).max(MAX_SEED_MESSAGES).optional() }).strict();
 const EmptyBodySchema = z.object({}).strict();

@@ -1,9 +1,10 @@
 import { z } from "zod";
 import { CheckpointError } from "../../../protocol/index.js";
+import { SessionCookieValueSchema } from "./session-cookie-value.js";
 import type { AgentSessionHooks, RestoredAgentSession } from "../../kinds/agent/index.js";
 
 /** What the reference agent keeps per session: the resources cookie its tool calls carry. */
-export const SessionStateSchema = z.object({ cookie: z.string().max(200).nullable() }).strict();
+export const SessionStateSchema = z.object({ cookie: SessionCookieValueSchema.nullable() }).strict();
 export type SessionState = z.infer<typeof SessionStateSchema>;
 
 /** The reference agent's session hooks: export the cookie, restore all or nothing, free on retire/close. */
