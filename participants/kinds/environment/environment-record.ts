@@ -1,8 +1,16 @@
 import { z } from "zod";
-import { EpisodeIdSchema } from "../../../protocol/index.js";
+import { EpisodeIdSchema, isPlainObject, setOwnProperty } from "../../../protocol/index.js";
 
-/** A boundary is an opaque JSON object owned by the episode protocol (e.g. `{"next":"verify",...}`). */
-export const BoundarySchema = z.record(z.string(), z.unknown());
+/**
+ * A boundary is an opaque JSON object owned by the episode protocol (e.g. `{"next":"verify",...}`),
+ * copied with every key kept as data: `z.record` assigned each key, so a `__proto__` one set the
+ * copy's prototype and vanished from the record. Its values are the episode code's, unchecked.
+ */
+export const BoundarySchema = z.custom<Record<string, unknown>>(isPlainObject, "expected an object").transform((boundary) => {
+  const copy: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(boundary)) setOwnProperty(copy, key, value);
+  return copy;
+});
 
 /**
  * One environment record line: the SOURCE attempt, the sha256 of the task's canonical JSON, and

@@ -1,2 +1,2 @@
-/** A JSON value, as records carry it. */
-export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+/** A JSON value, as records carry it (the protocol's type). */
+export type { JsonValue } from "../../../protocol/json-value.js";

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { EpisodeIdSchema } from "../../../protocol/index.js";
+import { EpisodeIdSchema, JsonValueSchema } from "../../../protocol/index.js";
 
 export const SessionIdSchema = z.string().regex(/^[A-Za-z0-9_-]{8,128}$/, "session id must be 8-128 characters of [A-Za-z0-9_-]");
 
@@ -14,7 +14,7 @@ export const ResourcesSessionRecordSchema = z
   .object({
     episode_id: EpisodeIdSchema,
     session_id: SessionIdSchema,
-    state: z.json().nullable(),
+    state: JsonValueSchema.nullable(),
     owner: SessionOwnerSchema.nullable(),
   })
   .strict();

@@ -1,0 +1,55 @@
+import { z } from "zod";
+import { MAX_JSON_DEPTH } from "./json-depth.js";
+
+/** A JSON value, as records and request bodies carry it. */
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+
+/** An object literal or JSON.parse's result (or a null-prototype object): not an array, a Date or a class instance. */
+export function isPlainObject(value: unknown): value is Record<string, unknown> {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return false;
+  const prototype: unknown = Object.getPrototypeOf(value);
+  return prototype === Object.prototype || prototype === null;
+}
+
+/** Sets `key` as an own data property: assigning `__proto__` on an ordinary object would set its prototype and drop the key. */
+export function setOwnProperty(target: Record<string, unknown>, key: string, value: unknown): void {
+  Object.defineProperty(target, key, { value, enumerable: true, writable: true, configurable: true });
+}
+
+const NOT_JSON = Symbol("not JSON");
+
+function copyJson(value: unknown, depth: number): JsonValue | typeof NOT_JSON {
+  if (value === null || typeof value === "string" || typeof value === "boolean") return value;
+  if (typeof value === "number") return Number.isFinite(value) ? value : NOT_JSON;
+  if (typeof value !== "object" || depth > MAX_JSON_DEPTH) return NOT_JSON;
+  if (Array.isArray(value)) {
+    const items: JsonValue[] = [];
+    for (const item of value) {
+      const copy = copyJson(item, depth + 1);
+      if (copy === NOT_JSON) return NOT_JSON;
+      items.push(copy);
+    }
+    return items;
+  }
+  if (!isPlainObject(value)) return NOT_JSON;
+  const entries: Record<string, JsonValue> = {};
+  for (const [key, item] of Object.entries(value)) {
+    const copy = copyJson(item, depth + 1);
+    if (copy === NOT_JSON) return NOT_JSON;
+    setOwnProperty(entries, key, copy);
+  }
+  return entries;
+}
+
+/**
+ * A JSON value (as zod's `z.json()`: no undefined, NaN, Infinity, function or class instance),
+ * nested at most MAX_JSON_DEPTH levels, parsed into a deep copy that keeps every key as data.
+ * `z.json()` and `z.record()` build their output by assignment, so a `__proto__` key (JSON.parse
+ * makes it an own property) set the copy's prototype instead and vanished from the value.
+ */
+export const JsonValueSchema = z.unknown().transform((value, ctx): JsonValue => {
+  const copy = copyJson(value, 1);
+  if (copy !== NOT_JSON) return copy;
+  ctx.addIssue({ code: "custom", message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
+  return z.NEVER;
+});
