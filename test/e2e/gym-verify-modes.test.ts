@@ -75,7 +75,7 @@ describe("verify in flight", () => {
     expect(delivered).toBeUndefined();
     await world.client.commit({ checkpoint_id: "cp-wait", episode_ids: [ep("verify-1")] });
     await world.client.publish({ checkpoint_id: "cp-wait" });
-    expect((await environmentRecords("cp-wait")).map((r) => r.boundary)).toEqual([{ next: "return", answer: "42", reward: 1 }]);
+    expect((await environmentRecords("cp-wait")).map((r) => r.boundary)).toEqual([{ next: "return", cookie: expect.any(String), answer: "42", reward: 1 }]);
     await world.verify("cp-wait");
 
     // Crash: the replacement returns the recorded result without verifying or calling the model again.

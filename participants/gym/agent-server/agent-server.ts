@@ -9,7 +9,7 @@ import type { StepEpisode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { trimSlash } from "./gym-http.js";
 import { SessionCookieValueSchema } from "./session-cookie-value.js";
-import { closeResourcesSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "./resources-session.js";
+import { closeResourcesSession, closeRestoredSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "./resources-session.js";
 import { GymTaskSchema, RunRequestSchema, taskSpellings, type GymTask, type RunReply } from "./gym-task.js";
 import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
 
@@ -30,7 +30,8 @@ const EmptyBodySchema = z.object({}).strict();
 const LegacyBoundarySchema = z.discriminatedUnion("next", [
   z.object({ next: z.literal("loop"), cookie: z.string().nullable(), verify_mode: z.enum(["wait", "replay"]), state: LoopStateSchema }).strict(),
   z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: z.enum(["wait", "replay"]), answer: z.string() }).strict(),
-  z.object({ next: z.literal("return"), answer: z.string(), reward: z.number() }).strict(),
+  // `cookie`: the verified session's, closed by an episode restored here (absent in older records).
+  z.object({ next: z.literal("return"), cookie: z.string().nullable().optional(), answer: z.string(), reward: z.number() }).strict(),
 ]);
 type LegacyBoundary = z.infer<typeof LegacyBoundarySchema>;
 
@@ -156,7 +157,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
 async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask, logger: Logger | undefined): Promise<RunReply> {
   const open: OpenResourcesSession = {};
   try {
-    return await runLegacySteps(endpoints, ep, task, open);
+    return await runLegacySteps(endpoints, ep, task, open, logger);
   } catch (error) {
     if (open.session && !retiredEpisode(ep)) {
       await closeResourcesSession(ep, trimSlash(endpoints.resourcesUrl), open.session, { logger });
@@ -165,7 +166,7 @@ async function runLegacyEpisode(endpoints: AgentEndpoints, ep: StepEpisode, task
   }
 }
 
-async function runLegacySteps(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask, open: OpenResourcesSession): Promise<RunReply> {
+async function runLegacySteps(endpoints: AgentEndpoints, ep: StepEpisode, task: GymTask, open: OpenResourcesSession, logger: Logger | undefined): Promise<RunReply> {
   const restored = ep.continuation();
   const continuedFrom = restored ? String(restored.next) : null;
   let boundary = restored ? legacyBoundaryOf(ep.key, restored) : undefined;
@@ -193,8 +194,11 @@ async function runLegacySteps(endpoints: AgentEndpoints, ep: StepEpisode, task: 
     const { cookie, verify_mode, answer } = boundary;
     const reward = await verifyAnswer(ep, resources, task, { cookie, verify_mode }, answer);
     open.session = undefined; // ended by its verify
-    boundary = { next: "return", answer, reward };
+    boundary = { next: "return", cookie, answer, reward };
     await ep.boundary(boundary);
+  } else if (boundary.cookie) {
+    // Restored past its verify: the checkpoint may hold the verified session too, restored with it.
+    await closeRestoredSession(ep, resources, boundary.cookie, logger);
   }
   const done = boundary;
   return { rollout_id: ep.id.rollout_id, attempt: ep.id.attempt, reward: done.reward, answer: done.answer, continued_from: continuedFrom };

@@ -91,7 +91,7 @@ export async function verifyAnswer(ep: StepEpisode, resourcesUrl: string, task: 
 export async function closeResourcesSession(
   ep: StepEpisode,
   resourcesUrl: string,
-  session: SeededSession,
+  session: Pick<SeededSession, "cookie">,
   options: { timeoutMs?: number | undefined; logger?: Logger | undefined } = {},
 ): Promise<void> {
   try {
@@ -100,5 +100,25 @@ export async function closeResourcesSession(
     );
   } catch (error) {
     options.logger?.warn({ episode: ep.key, err: error }, "closing the failed episode's resources session failed; it stays open at the resources server until a retire of its rollout frees it");
+  }
+}
+
+/**
+ * The `close_session` (a replay step: after a crash it runs again) of the session an episode
+ * restored past its verify still holds at the resources server. A replayable verify that ends
+ * while a checkpoint is open ends its session only when that checkpoint closes, so the checkpoint
+ * may hold the session beside the episode's `return` boundary, and a restore brings it back as the
+ * next attempt's, which no verify ends any more. A failed close is logged, not thrown: the
+ * recorded result stands (the session then stays until a retire of its rollout frees it).
+ */
+export async function closeRestoredSession(ep: StepEpisode, resourcesUrl: string, cookie: string, logger?: Logger): Promise<void> {
+  try {
+    await ep.step("replay", async (signal) =>
+      expectOk("close_session", await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/close_session")}`, {}, { signal, headers: cookieHeader(cookie) })),
+    );
+  } catch (error) {
+    // Retired or out of time: the episode ends as any other would.
+    if (ep.signal.aborted) throw error;
+    logger?.warn({ episode: ep.key, err: error }, "closing the resources session of an episode restored past its verify failed; it stays open at the resources server until a retire of its rollout frees it");
   }
 }

@@ -3,7 +3,15 @@ import { z } from "zod";
 import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "../agent-server/gym-http.js";
-import { CLOSE_SESSION_TIMEOUT_MS, closeResourcesSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "../agent-server/resources-session.js";
+import {
+  CLOSE_SESSION_TIMEOUT_MS,
+  closeResourcesSession,
+  closeRestoredSession,
+  retiredEpisode,
+  seedSession,
+  verifyAnswer,
+  type OpenResourcesSession,
+} from "../agent-server/resources-session.js";
 import type { GymTask, RunReply } from "../agent-server/gym-task.js";
 import { MAX_LOOP_MESSAGES } from "../agent-server/tool-calling-agent.js";
 
@@ -19,7 +27,8 @@ const MessagesSchema = z.array(z.record(z.string(), z.unknown())).max(MAX_LOOP_M
 export const EnvironmentBoundarySchema = z.discriminatedUnion("next", [
   z.object({ next: z.literal("invoke_agent"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema }).strict(),
   z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema, answer: z.string() }).strict(),
-  z.object({ next: z.literal("return"), answer: z.string(), reward: z.number() }).strict(),
+  // `cookie`: the verified session's, closed by an episode restored here (absent in older records).
+  z.object({ next: z.literal("return"), cookie: z.string().nullable().optional(), answer: z.string(), reward: z.number() }).strict(),
 ]);
 export type EnvironmentBoundary = z.infer<typeof EnvironmentBoundarySchema>;
 
@@ -115,9 +124,12 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
     const { cookie, answer, verify_mode } = boundary;
     const reward = await verifyAnswer(ep, resources, task, { cookie, verify_mode }, answer);
     open.session = undefined; // ended by its verify
-    boundary = { next: "return", answer, reward };
+    boundary = { next: "return", cookie, answer, reward };
     // An episode finishing while Gym is prepared waits here without delivering its result.
     await ep.boundary(boundary);
+  } else if (boundary.cookie) {
+    // Restored past its verify: the checkpoint may hold the verified session too, restored with it.
+    await closeRestoredSession(ep, resources, boundary.cookie, options.logger);
   }
 
   const done = boundary;
