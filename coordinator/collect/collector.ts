@@ -167,7 +167,7 @@ export class Collector {
   private timer: NodeJS.Timeout | undefined;
   /** Checkpoints asked for and not finished: timer ticks skip while there is one. */
   private checkpointsPending = 0;
-  /** Stop checkpoints asked for and not finished: a timer checkpoint still waiting for the lock gives way. */
+  /** Stop checkpoints asked for and not finished: any other checkpoint still waiting for the lock (timer, SIGUSR1) gives way. */
   private stopsPending = 0;
   private retireRetry: NodeJS.Timeout | undefined;
   /** Rows waiting for a retire whose last try failed (for the progress line). */
@@ -461,7 +461,7 @@ export class Collector {
       this.timer = setInterval(() => {
         // A tick while a checkpoint runs or waits is skipped: queued ones would run back to back.
         if (this.inFlight() > 0 && !this.stopping && this.checkpointsPending === 0) {
-          void this.checkpoint({ stop: false }, { timer: true }).catch((err: unknown) => this.options.logger.warn({ err }, "timer checkpoint failed"));
+          void this.checkpoint({ stop: false }).catch((err: unknown) => this.options.logger.warn({ err }, "timer checkpoint failed"));
         }
       }, timerDelay(this.options.checkpointEverySeconds * 1000));
       this.timer.unref();
@@ -735,12 +735,12 @@ export class Collector {
   // ---- checkpoints -----------------------------------------------------------------------
 
   /** prepare → commit(scope) → collection.json → publish → resume (or stop). */
-  async checkpoint({ stop }: { stop: boolean }, { timer = false } = {}): Promise<{ published: boolean; checkpointId: string }> {
+  async checkpoint({ stop }: { stop: boolean }): Promise<{ published: boolean; checkpointId: string }> {
     this.checkpointsPending++;
     if (stop) this.stopsPending++;
     return tracer().startActiveSpan("checkpoint.collection.checkpoint", { attributes: { "gym_ckpt.stop": stop } }, async (span) => {
       try {
-        const result = await this.checkpointInSpan(stop, span, timer);
+        const result = await this.checkpointInSpan(stop, span);
         if (!result) {
           span.setAttribute("gym_ckpt.skipped", true);
           return { published: false, checkpointId: "" };
@@ -761,11 +761,12 @@ export class Collector {
     });
   }
 
-  /** Undefined: skipped (a timer checkpoint that waited while a stop was asked for, anything after a stop, or after the collection ended). */
-  private async checkpointInSpan(stop: boolean, span: Span, timer: boolean): Promise<{ published: boolean; checkpointId: string } | undefined> {
+  /** Undefined: skipped (a checkpoint that waited while a stop was asked for, anything after a stop, or after the collection ended). */
+  private async checkpointInSpan(stop: boolean, span: Span): Promise<{ published: boolean; checkpointId: string } | undefined> {
     return this.lock.run(async () => {
-      // The stop goes first: a scheduler's grace period is short, and after it nothing may resume.
-      if ((timer && this.stopsPending > 0) || (!stop && this.stopping) || this.ended) return undefined;
+      // The stop goes first, ahead of a timer or SIGUSR1 checkpoint queued before it: a scheduler's
+      // grace period is short, and after it nothing may resume.
+      if ((!stop && this.stopsPending > 0) || (!stop && this.stopping) || this.ended) return undefined;
       this.closeGate();
       await this.ownOps.resumeUnresumed();
       const checkpointId = newCheckpointId(Date.now());

@@ -1050,6 +1050,39 @@ describe("collector timer checkpoints", () => {
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1); // nothing after the stop either
   });
+
+  it("a stop checkpoint goes ahead of a SIGUSR1 checkpoint still waiting for its turn, which is not run after it", { timeout: 30_000 }, async () => {
+    const release = deferred();
+    const url = await runServer(async (body) => {
+      if (body.rollout_id === "a" && body.attempt === 0) return { status: 500, body: { oops: 1 } };
+      await release.promise;
+      return { status: 200, body: { reward: 1 } };
+    });
+    // The failed attempt's retire holds the collector's lock: the requested checkpoint waits behind it.
+    let retireStarted = false;
+    const retireHeld = deferred();
+    const fake = slowPrepare(0, {
+      retire: async (req: never) => {
+        retireStarted = true;
+        await retireHeld.promise;
+        return fake.base.retire(req);
+      },
+    });
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(fake.controller, url, { rows, checkpointTimeoutSeconds: 3 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => retireStarted, "the retire of a's failed attempt");
+    const requested = collector.checkpoint({ stop: false }); // a SIGUSR1, queued first
+    const stop = collector.checkpoint({ stop: true });
+    retireHeld.resolve();
+    expect((await stop).published).toBe(true);
+    expect(await requested).toEqual({ published: false, checkpointId: "" }); // skipped
+    expect(fake.calls.filter((c) => c.op === "commit").map((c) => c.req.stop)).toEqual([true]);
+    release.resolve();
+    await run;
+    expect(fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1);
+  });
 });
 
 describe("collector failures", () => {
