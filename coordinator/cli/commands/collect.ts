@@ -267,8 +267,10 @@ export function register(program: Command): void {
         const log = logger;
         await running.start();
         startedUp();
-        // Only now: a checkpoint taken mid-restore would race it.
+        // Only now: a checkpoint taken mid-restore would race it. Not once a signal to leave came
+        // (one remembered from start-up included): the stop checkpoint goes instead, or none.
         checkpointRequests.serve(() => {
+          if (leaving) return;
           void running.checkpoint({ stop: false }).catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
         });
         summary = await running.run().catch((error: unknown) => {

@@ -1,0 +1,61 @@
+import type { Msg } from "@nats-io/transport-node";
+import { describe, expect, it } from "vitest";
+import type { GymWorld } from "../support/gym-processes.js";
+import { collectHarness } from "./collect-processes.js";
+
+/**
+ * `gym-ckpt collect` given signals at awkward moments: which one wins, and which exit code it ends
+ * with. The collector reaches the coordinator through a relay that forwards every op but can keep
+ * one back (the first of its name) until the test lets it go, holding the collector there.
+ */
+const { setUp, startCollector } = collectHarness();
+
+async function delayingRelay(w: GymWorld, delayed: string) {
+  const nc = await w.nats.connect();
+  const ops: string[] = [];
+  let held: Msg | undefined;
+  let heldOnce = false;
+  let onHeld: (() => void) | undefined;
+  const isHeld = new Promise<void>((resolve) => (onHeld = resolve));
+  const forward = (msg: Msg, op: string) =>
+    void nc.request(`gym.ckpt.v1.${w.deployment}.ctl.${op}`, msg.data, { timeout: 120_000, ...(msg.headers && { headers: msg.headers }) }).then(
+      (reply) => msg.respond(reply.data, reply.headers ? { headers: reply.headers } : undefined),
+      () => undefined,
+    );
+  nc.subscribe(`gym.ckpt.v1.${w.deployment}-relay.ctl.*`, {
+    callback: (_err, msg) => {
+      const op = msg.subject.split(".").pop()!;
+      ops.push(op);
+      if (op !== delayed || heldOnce) return forward(msg, op);
+      heldOnce = true;
+      held = msg;
+      onHeld!();
+    },
+  });
+  return {
+    deployment: `${w.deployment}-relay`,
+    ops,
+    /** Resolves once the delayed op arrived (and is kept). */
+    isHeld,
+    release: () => held && forward(held, delayed),
+  };
+}
+
+describe("collect: signal order", () => {
+  it("a SIGUSR1 and a SIGTERM both during start-up: only the stop checkpoint runs, exit 75", { timeout: 60_000 }, async () => {
+    const w = await setUp(1);
+    await w.backend.hold(0);
+    const relay = await delayingRelay(w, "status"); // start-up's first op: the lock is held by then
+    const out: string[] = [];
+    const collector = await startCollector(w, ["--deployment", relay.deployment], out);
+    await relay.isHeld;
+    collector.child.kill("SIGUSR1");
+    collector.child.kill("SIGTERM");
+    await w.waitFor(() => out.includes("SIGTERM: the stop checkpoint follows once the start has ended"), "the SIGTERM heard");
+    relay.release();
+    expect(await collector.exited, out.join("\n")).toEqual({ code: 75, signal: null });
+    expect(relay.ops.filter((op) => op === "prepare")).toHaveLength(1);
+    expect(relay.ops.filter((op) => op === "resume")).toHaveLength(0); // the stop's checkpoint stays open for the restore
+    await w.backend.release();
+  });
+});
