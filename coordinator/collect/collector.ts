@@ -660,6 +660,11 @@ export class Collector {
     await Promise.allSettled([...this.finishing]);
   }
 
+  /** The workers are done (the collection closes, summarises, or failed): a checkpoint asked for now is skipped. */
+  get hasEnded(): boolean {
+    return this.ended;
+  }
+
   /** Publishes buffered rollout records now (before exiting). */
   async flushRecords(): Promise<void> {
     await this.records?.close();

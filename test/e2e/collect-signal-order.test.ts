@@ -58,4 +58,19 @@ describe("collect: signal order", () => {
     expect(relay.ops.filter((op) => op === "resume")).toHaveLength(0); // the stop's checkpoint stays open for the restore
     await w.backend.release();
   });
+
+  it("a SIGTERM once the collection has ended (its closing forget held): exits with the collection's own code, not 75", { timeout: 60_000 }, async () => {
+    const w = await setUp(1);
+    const relay = await delayingRelay(w, "forget"); // sent at close for the failed row's retired attempt
+    const out: string[] = [];
+    // A /run path the environment does not serve: the row fails for good, so the collection exits 1.
+    const collector = await startCollector(w, ["--deployment", relay.deployment, "--run-url", `${w.gym.urls.environment!}/nope`, "--max-attempts", "1"], out);
+    await relay.isHeld;
+    // Sent until one is answered "SIGTERM again": the first was heard (signals sent at once may merge).
+    await w.waitFor(() => out.some((l) => l.includes("SIGTERM again")) || !collector.child.kill("SIGTERM"), "the SIGTERM heard");
+    relay.release();
+    expect(await collector.exited, out.join("\n")).toEqual({ code: 1, signal: null });
+    expect(out.some((l) => l.startsWith("rows: 1 (finished 0, failed 1)")), out.join("\n")).toBe(true);
+    expect(out.some((l) => l.includes("exiting 75")), out.join("\n")).toBe(false);
+  });
 });

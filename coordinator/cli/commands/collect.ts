@@ -204,10 +204,15 @@ export function register(program: Command): void {
         // Said, since a start may take long (a leader to wait for, a restore): the signal was heard.
         if (!startSettled) process.stderr.write("SIGTERM: the stop checkpoint follows once the start has ended\n");
         if (!(await startup.then(() => true, () => false))) return;
+        let failed = false;
         const result = await collector!.checkpoint({ stop: true }).catch((err: unknown) => {
+          failed = true;
           logger?.error({ err }, "SIGTERM checkpoint failed");
           return { published: false, checkpointId: "" };
         });
+        // Skipped: the collection had ended (its summary being written, or its failure). Nothing
+        // was checkpointed, so the process exits as the collection does, with its own code, not 75.
+        if (!failed && !result.checkpointId && collector!.hasEnded) return void logger?.warn("SIGTERM after the collection ended: exiting with its own code");
         progress.finish();
         process.stderr.write(`stopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
         // As on SIGINT: a row finishing after the flush would be in --out without its record.
