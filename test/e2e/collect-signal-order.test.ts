@@ -1,3 +1,5 @@
+import { readFile, readdir } from "node:fs/promises";
+import { join } from "node:path";
 import type { Msg } from "@nats-io/transport-node";
 import { describe, expect, it } from "vitest";
 import type { GymWorld } from "../support/gym-processes.js";
@@ -8,7 +10,7 @@ import { collectHarness } from "./collect-processes.js";
  * with. The collector reaches the coordinator through a relay that forwards every op but can keep
  * one back (the first of its name) until the test lets it go, holding the collector there.
  */
-const { setUp, startCollector } = collectHarness();
+const { setUp, startCollector, resultLines } = collectHarness();
 
 async function delayingRelay(w: GymWorld, delayed: string) {
   const nc = await w.nats.connect();
@@ -72,5 +74,25 @@ describe("collect: signal order", () => {
     expect(await collector.exited, out.join("\n")).toEqual({ code: 1, signal: null });
     expect(out.some((l) => l.startsWith("rows: 1 (finished 0, failed 1)")), out.join("\n")).toBe(true);
     expect(out.some((l) => l.includes("exiting 75")), out.join("\n")).toBe(false);
+  });
+
+  it("Ctrl-C during the stop checkpoint (its commit held) still writes the records of the rows --out has, exit 130", { timeout: 60_000 }, async () => {
+    const w = await setUp(2);
+    await w.backend.hold(2); // r0's two policy calls pass, r1's first is held: r1 stays in flight
+    const relay = await delayingRelay(w, "commit");
+    const records = join(w.root, "records");
+    const out: string[] = [];
+    const flags = ["--deployment", relay.deployment, "--concurrency", "1", "--records-dir", records, "--records-every-s", "600"];
+    const collector = await startCollector(w, flags, out);
+    await w.waitFor(async () => (await resultLines(w)).length === 1, "r0 in --out");
+    collector.child.kill("SIGTERM");
+    await relay.isHeld;
+    collector.child.kill("SIGINT");
+    expect(await collector.exited, out.join("\n")).toEqual({ code: 130, signal: null });
+    const steps = await readdir(join(records, "rollouts")).catch(() => []);
+    const files = await Promise.all(steps.map(async (step) => (await readdir(join(records, "rollouts", step))).map((f) => join(records, "rollouts", step, f))));
+    const texts = await Promise.all(files.flat().filter((f) => f.endsWith(".jsonl")).map((f) => readFile(f, "utf8")));
+    expect(texts.join("").includes('"r0"'), `records: ${files.flat().join(", ")}`).toBe(true);
+    await w.backend.release();
   });
 });

@@ -170,7 +170,7 @@ export function register(program: Command): void {
       // Handed over as soon as the lock is held (before it, a SIGTERM exits 75 as above, a SIGINT or
       // SIGHUP ends the process as by default: nothing is held yet). SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
       // exit at once (130, 129): the next start retires what was in flight. A second SIGTERM during
-      // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the lock still released.
+      // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the records flushed and the lock released.
       let leaving: EndingSignal | undefined;
       const leave = async (code: number) => {
         progress.finish();
@@ -180,11 +180,13 @@ export function register(program: Command): void {
       const onSignal = (signal: EndingSignal) => {
         if (leaving === "SIGTERM" && signal === "SIGTERM") return void logger?.warn("SIGTERM again: the stop checkpoint is still running");
         if (leaving && signal === "SIGTERM") return; // already leaving at once
-        const first = leaving === undefined;
+        const before = leaving;
         leaving = signal;
         if (signal === "SIGTERM") return void stopAndRequeue();
         const code = EXIT_BY_SIGNAL[signal];
-        if (!first) return void leave(code);
+        // A second SIGINT or SIGHUP cuts the first one's flush short. One during the stop checkpoint
+        // cuts that short, but still writes the records of the rows --out has, as below.
+        if (before !== undefined && before !== "SIGTERM") return void leave(code);
         void (async () => {
           progress.finish();
           // No /run is sent and no row appended to --out from here on (the next start retires what
