@@ -21,9 +21,20 @@ for (const signal of ["SIGTERM", "SIGINT", "SIGHUP"] as const) {
       keptSigterm = true;
       return sigtermKept.abort();
     }
-    process.off(signal, listeners.get(signal)!);
-    process.kill(process.pid, signal);
+    endBySignal(signal);
   });
+}
+
+/**
+ * Ends the process by `signal` itself, as its default action would, so a parent sees a death by
+ * that signal (a hangup), not an exit code. False when some other listener keeps the signal from
+ * its default action: the caller exits otherwise.
+ */
+export function endBySignal(signal: EndingSignal): boolean {
+  process.off(signal, listeners.get(signal)!);
+  if (process.listenerCount(signal) > 0) return false;
+  process.kill(process.pid, signal);
+  return true;
 }
 
 /** Listens (once, however often called); until `handleEndingSignals`, as described above. */

@@ -10,7 +10,7 @@ import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
-import { handleEndingSignals, listenForEndingSignals, sigtermBeforeHandler, type EndingSignal } from "../../collect/ending-signals.js";
+import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBeforeHandler, type EndingSignal } from "../../collect/ending-signals.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { readTaskRows } from "../../collect/task-rows.js";
@@ -169,12 +169,15 @@ export function register(program: Command): void {
       startup.catch(() => undefined); // surfaced by runCli
       // Handed over as soon as the lock is held (before it, a SIGTERM exits 75 as above, a SIGINT or
       // SIGHUP ends the process as by default: nothing is held yet). SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
-      // exit at once (130, 129): the next start retires what was in flight. A second SIGTERM during
+      // stop at once and exit 130, or die by SIGHUP: the next start retires what was in flight. A second SIGTERM during
       // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the records flushed and the lock released.
       let leaving: EndingSignal | undefined;
       const leave = async (code: number) => {
         progress.finish();
         await release();
+        // A hangup ends the process by SIGHUP itself, as its default action would, once the stop is
+        // done: whoever started it (a shell, a session manager) sees a hangup, not an exit code.
+        if (leaving === "SIGHUP" && endBySignal("SIGHUP")) return;
         process.exit(code);
       };
       const onSignal = (signal: EndingSignal) => {
