@@ -21,6 +21,24 @@ export function createLogger(level: LevelWithSilent = "info", destination?: Dest
         return context && trace.isSpanContextValid(context) ? { trace_id: context.traceId, span_id: context.spanId } : {};
       },
     },
-    destination,
+    destination ?? stdoutDestination(),
   );
+}
+
+/**
+ * stdout as pino's own default writes it, except that a terminal gone (EIO: its window closed, an
+ * ssh session dropped) ends the logs as a reader gone (EPIPE) does, silently. pino's stream lets only
+ * EPIPE pass and re-raises anything else as an unhandled 'error': a line logged during `collect`'s
+ * hangup stop crashed it before its records were written and collector.pid removed.
+ */
+function stdoutDestination(): DestinationStream {
+  const stream = pino.destination({ dest: process.stdout.fd || 1 });
+  const dropRest = (error: NodeJS.ErrnoException): void => {
+    if (error.code !== "EPIPE" && error.code !== "EIO") throw error;
+    // What pino does for EPIPE: the stream's user (pino) has no way to be told to stop.
+    const ignore = (): boolean => true;
+    Object.assign(stream, { write: ignore, end: ignore, flushSync: ignore, destroy: ignore });
+  };
+  stream.on("error", dropRest);
+  return stream;
 }

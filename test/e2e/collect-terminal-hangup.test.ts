@@ -35,7 +35,7 @@ afterEach(() => {
 });
 
 describe("collect: terminal hangup", () => {
-  it("stops where it is, writes its records, removes collector.pid and dies by SIGHUP (no EIO crash)", { timeout: 60_000 }, async () => {
+  it("stops where it is, writes its records, removes collector.pid and dies by SIGHUP (no EIO crash, its logs included)", { timeout: 60_000 }, async () => {
     const w = await setUp(2);
     await w.backend.hold(2); // r0 finishes (two policy calls), r1 stays in flight
     const leader = join(w.root, "session-leader.cjs");
@@ -43,7 +43,8 @@ describe("collect: terminal hangup", () => {
     const records = join(w.root, "records");
     await writeFile(leader, SESSION_LEADER);
     const args = collectArgs({ natsUrl: w.nats.server.url, deployment: w.deployment, token: CONTROLLER_TOKEN, root: w.root, runUrl: `${w.gym.urls.environment!}/run` }, [
-      "--concurrency", "1", "--records-dir", records, "--records-every-s", "600",
+      // info: the stop logs on the gone terminal too (its records written, among others).
+      "--concurrency", "1", "--records-dir", records, "--records-every-s", "600", "--log-level", "info",
     ]);
     const command = `exec ${[process.execPath, leader, status, CLI, ...args].map(quote).join(" ")}`;
     terminal = spawn("script", ["-qfec", command, "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
