@@ -4,8 +4,9 @@ import { CheckpointError } from "../../../protocol/index.js";
  * A small arithmetic evaluator for the calculator tool (never `eval`): numbers, + - * /,
  * parentheses and unary minus/plus. Recursive descent with bounded length and depth.
  * `calculate` computes exactly (BigInt fractions) so integer results print digit for digit
- * (doubles would round 2^53 + 1 and print 10^21 as 1e+21); it falls back to doubles only when
- * an exact value would grow past MAX_EXACT_BITS (a literal like 1e999999, or products of many).
+ * (doubles would round 2^53 + 1 and print 10^21 as 1e+21), powers of ten apart (1e-5000 * 0 is 0);
+ * it falls back to doubles only when an exact value would grow past MAX_EXACT_BITS (a sum of
+ * terms thousands of powers of ten apart, like 1 + 1e-5000, or products of many long numbers).
  */
 export const MAX_EXPRESSION_LENGTH = 1000;
 const MAX_DEPTH = 64;
@@ -62,10 +63,15 @@ const DOUBLES: Arithmetic<number> = {
   isZero: (a) => a === 0,
 };
 
-/** n / d in lowest terms, d > 0. */
+/**
+ * n / d × 10^e, n / d in lowest terms, d > 0 (zero is 0 / 1 × 10^0). The power of ten is kept
+ * apart so a literal such as 1e-5000 stays exact without building 10^5000: products, quotients and
+ * differences of such literals (1e-5000 * 0, 1e5000 - 1e5000) are computed, not given up on.
+ */
 interface Fraction {
   n: bigint;
   d: bigint;
+  e: bigint;
 }
 
 /** Thrown when an exact value grows past MAX_EXACT_BITS: the evaluation is redone in doubles. */
@@ -81,32 +87,47 @@ function bits(value: bigint): number {
   return (value < 0n ? -value : value).toString(2).length;
 }
 
-function fraction(n: bigint, d: bigint): Fraction {
+const ZERO: Fraction = { n: 0n, d: 1n, e: 0n };
+
+function fraction(n: bigint, d: bigint, e: bigint): Fraction {
+  if (n === 0n) return ZERO;
   if (d < 0n) [n, d] = [-n, -d];
   const g = gcd(n, d);
-  const reduced = g > 1n ? { n: n / g, d: d / g } : { n, d };
+  const reduced = g > 1n ? { n: n / g, d: d / g, e } : { n, d, e };
   if (bits(reduced.n) > MAX_EXACT_BITS || bits(reduced.d) > MAX_EXACT_BITS) throw new TooLarge();
   return reduced;
+}
+
+/** a + b with both scaled to the smaller power of ten; a gap that would grow past MAX_EXACT_BITS is TooLarge. */
+function sum(a: Fraction, b: Fraction): Fraction {
+  if (a.n === 0n) return b;
+  if (b.n === 0n) return a;
+  const [low, high] = a.e <= b.e ? [a, b] : [b, a];
+  const gap = high.e - low.e;
+  // Checked before 10n ** gap is built: 1 + 1e-999999 would take megabytes.
+  if (gap > BigInt(MAX_EXACT_BITS)) throw new TooLarge();
+  const highN = high.n * 10n ** gap;
+  return fraction(low.n * high.d + highN * low.d, low.d * high.d, low.e);
 }
 
 const FRACTIONS: Arithmetic<Fraction> = {
   literal: (token) => {
     const [, whole = "", decimals = "", exponent = "0"] = /^(\d*)\.?(\d*)(?:[eE]([+-]?\d+))?$/.exec(token.text)!;
-    const power = Number(exponent) - decimals.length;
-    const digits = BigInt(whole + decimals || "0");
-    // Zero whatever its exponent: 0e5000 is no value doubles lose (they would refuse it as too small).
-    if (digits === 0n) return { n: 0n, d: 1n };
-    // Checked before 10n ** power is built: 1e999999 would take megabytes.
-    if (Math.abs(power) > MAX_EXACT_BITS) throw new TooLarge();
-    return power >= 0 ? fraction(digits * 10n ** BigInt(power), 1n) : fraction(digits, 10n ** BigInt(-power));
+    return fraction(BigInt(whole + decimals || "0"), 1n, BigInt(exponent) - BigInt(decimals.length));
   },
-  add: (a, b) => fraction(a.n * b.d + b.n * a.d, a.d * b.d),
-  subtract: (a, b) => fraction(a.n * b.d - b.n * a.d, a.d * b.d),
-  multiply: (a, b) => fraction(a.n * b.n, a.d * b.d),
-  divide: (a, b) => fraction(a.n * b.d, a.d * b.n),
-  negate: (a) => ({ n: -a.n, d: a.d }),
+  add: sum,
+  subtract: (a, b) => sum(a, FRACTIONS.negate(b)),
+  multiply: (a, b) => fraction(a.n * b.n, a.d * b.d, a.e + b.e),
+  divide: (a, b) => fraction(a.n * b.d, a.d * b.n, a.e - b.e),
+  negate: (a) => ({ n: -a.n, d: a.d, e: a.e }),
   isZero: (a) => a.n === 0n,
 };
+
+/**
+ * Past this power of ten an exact result is out of every double's range whatever n / d is (both
+ * hold at most MAX_EXACT_BITS, ~1205 digits, and doubles end near 1e308 and 5e-324).
+ */
+const MAX_RESULT_EXPONENT = 2000n;
 
 export function evaluateExpression(text: string): number {
   return evaluate(text, DOUBLES);
@@ -183,13 +204,20 @@ export function calculate(text: string): string {
     exact = evaluate(text, FRACTIONS);
   } catch (error) {
     if (!(error instanceof TooLarge)) throw error;
-    // Past exact arithmetic's size, doubles: a 0 there may be an underflow (1e-5000) as well as a
-    // true zero, and printing it would verify the answer "0"; refused like the exact path's.
+    // Past exact arithmetic's size, doubles: a 0 there may be an underflow (1e-5000 + 1 - 1) as
+    // well as a true zero, and printing it would verify the answer "0"; refused like the exact path's.
     const value = evaluateExpression(text);
     if (value === 0) throw invalid("result is too small for a double");
     return formatResult(value);
   }
-  // Results a double cannot hold stay refused, as before.
+  if (exact.e > MAX_RESULT_EXPONENT) throw invalid("result is not finite");
+  if (exact.e < -MAX_RESULT_EXPONENT) throw invalid("result is too small for a double");
+  return formatExact(exact.e >= 0n ? { n: exact.n * 10n ** exact.e, d: exact.d } : { n: exact.n, d: exact.d * 10n ** -exact.e });
+}
+
+/** An exact n / d printed (results a double cannot hold stay refused, as before). */
+function formatExact(exact: { n: bigint; d: bigint }): string {
+  if (exact.n === 0n) return "0";
   if (exact.d === 1n) {
     if (!Number.isFinite(Number(exact.n))) throw invalid("result is not finite");
     return String(exact.n);
@@ -206,7 +234,7 @@ export function calculate(text: string): string {
  * bits, then scaled by the power of two that was shifted in. Converting n and d separately fails
  * when either has more than 1023 bits, and scaling both alike can leave the smaller one no bits.
  */
-function fractionToDouble({ n, d }: Fraction): number {
+function fractionToDouble({ n, d }: { n: bigint; d: bigint }): number {
   const shift = 64 - (bits(n) - bits(d));
   const quotient = shift >= 0 ? (n << BigInt(shift)) / d : n / (d << BigInt(-shift));
   // In steps, so an intermediate power of two neither overflows nor underflows on its own.

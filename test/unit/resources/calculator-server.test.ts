@@ -39,6 +39,20 @@ describe("arithmetic expression", () => {
     for (const zero of ["0e5000", "0.0e-9999", "1 + 0e999999", "0e5000 / 7"]) expect(calculate(zero), zero).toBe(zero.startsWith("1") ? "1" : "0");
   });
 
+  it("computes with literals past a double's range: a result a double holds is printed, zero included", () => {
+    // Literals that underflow to 0 or overflow to Infinity as doubles are still exact values.
+    for (const zero of ["1e-5000*0", "0 * 1e-5000", "1e5000 * 0", "1e999999 * 0", "1e5000 - 1e5000", "1e-5000 - 1e-5000", "0 / 1e5000"]) {
+      expect(calculate(zero), zero).toBe("0");
+    }
+    expect(calculate("1e-5000 * 1e5000")).toBe("1");
+    expect(calculate("3e-5000 / 1e-5000")).toBe("3");
+    expect(calculate("2.5e-4000 * 4e4001")).toBe("100");
+    expect(calculate("1e5000 / 1e4999 + 1")).toBe("11");
+    // A sum of terms thousands of powers of ten apart is computed in doubles, as before.
+    expect(calculate("1 + 1e-5000")).toBe("1");
+    expect(() => calculate("1e-5000 + 1 - 1")).toThrow(/too small for a double/);
+  });
+
   it("refuses anything that is not arithmetic", () => {
     for (const bad of ["process.exit()", "1 +", "(1", "1 / 0", "2 2", "", "a", "1;2"]) {
       expect(() => calculate(bad), bad).toThrow(/invalid expression/);
