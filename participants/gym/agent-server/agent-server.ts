@@ -172,7 +172,7 @@ async function runLegacySteps(endpoints: AgentEndpoints, ep: StepEpisode, task: 
   let boundary = restored ? legacyBoundaryOf(ep.key, restored) : undefined;
   const resources = trimSlash(endpoints.resourcesUrl);
   if (!boundary) {
-    open.session = await seedSession(ep, resources, task);
+    open.session = await seedSession(ep, resources, task, open);
     boundary = { next: "loop", ...open.session, state: initialState(task) };
   } else if (boundary.next !== "return") {
     open.session = { cookie: boundary.cookie, verify_mode: boundary.verify_mode };

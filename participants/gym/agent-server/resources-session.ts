@@ -42,20 +42,22 @@ function cookieHeader(cookie: string | null): Record<string, string> {
 /**
  * The `replay` step that starts every reference episode: the resources server seeds the rollout's
  * session. It may say this rollout is a restart (its earlier attempt was lost), which the episode
- * records before going on.
+ * records before going on. The session goes into `open` as soon as its seed reply arrived, so an
+ * episode failing anywhere after that (its deadline, a refused `markRestart`) closes it.
  */
-export async function seedSession(ep: StepEpisode, resourcesUrl: string, task: GymTask): Promise<SeededSession> {
-  const seeded = await ep.step("replay", async (signal) => {
+export async function seedSession(ep: StepEpisode, resourcesUrl: string, task: GymTask, open: OpenResourcesSession): Promise<SeededSession> {
+  const restart = await ep.step("replay", async (signal) => {
     const response = await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/seed_session")}`, { task }, { signal });
     expectOk("seed_session", response);
-    return {
+    open.session = {
       cookie: sessionCookieFrom(response.headers) ?? null,
-      verify: response.headers.get("x-ng-checkpoint-verify") === "replay" ? ("replay" as const) : ("wait" as const),
-      restart: response.headers.get("x-ng-checkpoint-restart") === "1",
+      verify_mode: response.headers.get("x-ng-checkpoint-verify") === "replay" ? "replay" : "wait",
     };
+    return response.headers.get("x-ng-checkpoint-restart") === "1";
   });
-  if (seeded.restart) await ep.markRestart();
-  return { cookie: seeded.cookie, verify_mode: seeded.verify };
+  const seeded = open.session!;
+  if (restart) await ep.markRestart();
+  return seeded;
 }
 
 /**

@@ -91,7 +91,7 @@ async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask,
   let messages: Record<string, unknown>[] | undefined;
 
   if (!boundary) {
-    open.session = await seedSession(ep, resources, task);
+    open.session = await seedSession(ep, resources, task, open);
     boundary = { next: "invoke_agent", ...open.session };
     await ep.boundary(boundary);
   } else if (boundary.next !== "return") {

@@ -175,4 +175,30 @@ describe("reference environment episode", () => {
     await expect(within(2000, run)).rejects.toMatchObject({ code: "internal_error" });
     expect(lines).toEqual([expect.objectContaining({ level: 40, episode: "r1", msg: expect.stringContaining("resources session") })]);
   });
+
+  it("a session seeded by a step the episode then fails in (its deadline ran out as the restart_only seed replied) is closed with its cookie", async () => {
+    const resourcesCalls: { op: string; cookie: string | null }[] = [];
+    vi.stubGlobal("fetch", async (url: string, init: { signal?: AbortSignal; headers?: Record<string, string> }) => {
+      const u = String(url);
+      const op = u.slice(u.lastIndexOf("/") + 1);
+      if (u.startsWith("http://agent")) return new Response("{}", { status: 200 });
+      resourcesCalls.push({ op, cookie: init.headers?.cookie ?? null });
+      if (op === "seed_session") {
+        // The resources server opened the session; its reply arrives just as the deadline fires.
+        await new Promise((resolve) => init.signal?.addEventListener("abort", resolve, { once: true }));
+        return new Response("{}", { status: 200, headers: { "set-cookie": "ng_session=s-7; Path=/", "x-ng-checkpoint-restart": "1" } });
+      }
+      return new Response("{}", { status: 200 }); // close_session
+    });
+    const env = new EnvironmentKind();
+    const task = { expression: "1+1", tool_rounds: 1 };
+    const run = env.begin({ rollout_id: "r1", attempt: 0 }, task, { timeoutMs: 20 }, (ep) =>
+      runGymEpisode({ agentUrl: "http://agent", resourcesUrl: "http://resources" }, ep, task, { closeSessionTimeoutMs: 1000 }),
+    );
+    await expect(within(2000, run)).rejects.toMatchObject({ code: "deadline_exceeded" });
+    expect(resourcesCalls).toEqual([
+      { op: "seed_session", cookie: null },
+      { op: "close_session", cookie: "ng_session=s-7" },
+    ]);
+  });
 });
