@@ -131,7 +131,7 @@ export {
 } from "./subjects.js";
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
-export { JsonValueSchema, isPlainObject, setOwnProperty, type JsonValue } from "./json-value.js";
+export { JsonValueSchema, isPlainObject, keepingProtoKey, setOwnProperty, type JsonValue } from "./json-value.js";
 export { duplicateJsonKey } from "./json-duplicate-keys.js";
 export { decodeMessage, encodeMessage, encodeReply, parseName } from "./codec.js";
 export { tokensEqual, bearerToken, BearerTokenSchema } from "./auth.js";

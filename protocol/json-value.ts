@@ -53,3 +53,33 @@ export const JsonValueSchema = z.unknown().transform((value, ctx): JsonValue => 
   ctx.addIssue({ code: "custom", message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
   return z.NEVER;
 });
+
+/**
+ * `schema` (an object schema that passes unknown keys through) with a `__proto__` key of its input
+ * kept as data, its value a JSON value (deep-copied). zod builds the object by assignment, so such a
+ * key set the output's prototype instead of appearing in it; every other key is `schema`'s output.
+ */
+export function keepingProtoKey<T extends Record<string, unknown>>(schema: z.ZodType<T>): z.ZodType<T> {
+  return z.unknown().transform((value, ctx): T => {
+    const parsed = schema.safeParse(value);
+    if (!parsed.success) {
+      for (const issue of parsed.error.issues) ctx.addIssue({ ...issue, input: value } as Parameters<typeof ctx.addIssue>[0]);
+      return z.NEVER;
+    }
+    if (!isPlainObject(value) || !Object.hasOwn(value, "__proto__")) return parsed.data;
+    const kept = copyJson(value["__proto__"], 2);
+    if (kept === NOT_JSON) {
+      ctx.addIssue({ code: "custom", path: ["__proto__"], message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
+      return z.NEVER;
+    }
+    // A fresh object (the parsed one may have taken the key's value as its prototype), in the
+    // input's key order, then any key the schema added.
+    const copy: Record<string, unknown> = {};
+    for (const key of Object.keys(value)) {
+      if (key === "__proto__") setOwnProperty(copy, key, kept);
+      else if (Object.hasOwn(parsed.data, key)) setOwnProperty(copy, key, parsed.data[key]);
+    }
+    for (const [key, item] of Object.entries(parsed.data)) if (!Object.hasOwn(copy, key)) setOwnProperty(copy, key, item);
+    return copy as T;
+  }) as unknown as z.ZodType<T>;
+}

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
+import { CheckpointError, keepingProtoKey, rolloutPath } from "../../../protocol/index.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "./gym-http.js";
 import type { GymTask } from "./gym-task.js";
 
@@ -9,7 +9,7 @@ import type { GymTask } from "./gym-task.js";
  * step tracker). A boundary is reported before each model call; the tool round's results are part
  * of the next one. A refused model call (`admission_closed`) parks and retries from the boundary.
  */
-export const ChatMessageSchema = z
+const ChatMessageFieldsSchema = z
   .object({
     role: z.enum(["system", "user", "assistant", "tool"]),
     content: z.string().nullable(),
@@ -19,7 +19,9 @@ export const ChatMessageSchema = z
     tool_call_id: z.string().optional(),
   })
   .passthrough();
-export type ChatMessage = z.infer<typeof ChatMessageSchema>;
+export type ChatMessage = z.infer<typeof ChatMessageFieldsSchema>;
+/** A chat message: its other keys pass through, a `__proto__` one too, so it survives a checkpoint's restore. */
+export const ChatMessageSchema = keepingProtoKey(ChatMessageFieldsSchema);
 
 /** Longest replayed context an activation accepts (chat messages, no system message). */
 export const MAX_SEED_MESSAGES = 60;

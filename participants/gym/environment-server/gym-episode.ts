@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import { z } from "zod";
-import { CheckpointError, rolloutPath } from "../../../protocol/index.js";
+import { CheckpointError, keepingProtoKey, rolloutPath } from "../../../protocol/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "../agent-server/gym-http.js";
 import {
@@ -23,7 +23,7 @@ import { MAX_LOOP_MESSAGES } from "../agent-server/tool-calling-agent.js";
  */
 const VerifyModeSchema = z.enum(["wait", "replay"]);
 /** The agent's conversation as its activation reports it (the episode's trajectory; kept in memory only). */
-const MessagesSchema = z.array(z.record(z.string(), z.unknown())).max(MAX_LOOP_MESSAGES).optional();
+const MessagesSchema = z.array(keepingProtoKey(z.record(z.string(), z.unknown()))).max(MAX_LOOP_MESSAGES).optional();
 export const EnvironmentBoundarySchema = z.discriminatedUnion("next", [
   z.object({ next: z.literal("invoke_agent"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema }).strict(),
   z.object({ next: z.literal("verify"), cookie: z.string().nullable(), verify_mode: VerifyModeSchema, answer: z.string() }).strict(),
