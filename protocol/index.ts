@@ -230,5 +230,6 @@ export type {
   EncodedRolloutRecords,
   RunTrajectory,
 } from "./rollout-records.js";
+import "./nats-write-after-end.js";
 export { DEFAULT_NATS_URL, isWrongRevision, kvReplicas, NATS_PING_OPTIONS, natsServers, natsSettings, redactNatsServers, type NatsServerInfo } from "./nats-connection.js";
 export type { NatsConnectionSettings } from "./nats-connection.js";
