@@ -10,7 +10,9 @@ export interface BucketOptions {
   /**
    * Called before a longer TTL found on the bucket is shortened in place (with the bucket and that
    * TTL); throwing keeps it. Shortening expires live keys at once, under holders renewing on the
-   * longer schedule: the leader lease refuses it while a leader holds its key.
+   * longer schedule: the leader lease refuses it while a leader holds its key. Called again after
+   * the update: a holder may have come between the check and the update (a coordinator winning the
+   * lease under the longer TTL), so a refusal then restores the longer TTL before it is thrown.
    */
   beforeShortening?: (kv: KV, foundTtl: number) => Promise<void>;
 }
@@ -45,16 +47,25 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
   }
   if (!check.ok) {
     const found = check.status.ttl;
-    if (options.beforeShortening && options.ttl > 0 && (found === 0 || found > options.ttl)) await options.beforeShortening(kv, found);
+    const guardShortening = options.ttl > 0 && (found === 0 || found > options.ttl) ? options.beforeShortening : undefined;
+    await guardShortening?.(kv, found);
     const jsm = await jetstreamManager(nc);
-    // The duplicate window may not exceed max_age (the KV client sets it the same way on create).
-    const duplicateWindow = options.ttl > 0 ? Math.min(options.ttl, 120_000) : 120_000;
-    await jsm.streams.update(`KV_${name}`, {
-      max_msgs_per_subject: options.history,
-      max_age: nanos(options.ttl),
-      duplicate_window: nanos(duplicateWindow),
-      num_replicas: Math.max(replicas, check.status.replicas),
-    });
+    const updateLifetime = (ttl: number) =>
+      jsm.streams.update(`KV_${name}`, {
+        max_msgs_per_subject: options.history,
+        max_age: nanos(ttl),
+        // The duplicate window may not exceed max_age (the KV client sets it the same way on create).
+        duplicate_window: nanos(ttl > 0 ? Math.min(ttl, 120_000) : 120_000),
+        num_replicas: Math.max(replicas, check.status.replicas),
+      });
+    await updateLifetime(options.ttl);
+    if (guardShortening) {
+      // Within milliseconds of the update, before a key written under the longer TTL ages past the shorter.
+      await guardShortening(kv, found).catch(async (refusal: unknown) => {
+        await updateLifetime(found);
+        throw refusal;
+      });
+    }
     check = await matches();
   }
   if (!check.ok) {

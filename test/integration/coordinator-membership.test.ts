@@ -89,6 +89,32 @@ describe("membership registry", () => {
     }
   });
 
+  it("a coordinator winning the lease between a shorter lease_ms's 'nobody leads' check and its update keeps the longer lease: the shortening is refused and undone", async () => {
+    const deployment = "lease-lower-race";
+    const ttl = async () => (await (await new Kvm(world.pnc).open(leaderBucket(deployment))).status()).ttl;
+    await new Kvm(world.pnc).create(leaderBucket(deployment), { history: 1, ttl: 3_000 });
+    const winner = new LeaderLease({ nc: world.pnc, deployment, id: "a", leaseMs: 3_000 });
+    // The winner campaigns right after b found nobody leading, before b's update: it passes its own
+    // check of the bucket's lease (still 3000 ms), and would then run under b's 1000 ms.
+    type Guard = { refuseShorteningUnderLeader(kv: unknown, foundTtl: number): Promise<void> };
+    const guard = (LeaderLease.prototype as unknown as Guard).refuseShorteningUnderLeader;
+    let checks = 0;
+    const spy = vi.spyOn(LeaderLease.prototype as unknown as Guard, "refuseShorteningUnderLeader").mockImplementation(async function (this: Guard, kv, foundTtl) {
+      await guard.call(this, kv, foundTtl);
+      if (checks++ === 0) await winner.start();
+    });
+    try {
+      const shorter = await refusalOf(new LeaderLease({ nc: world.pnc, deployment, id: "b", leaseMs: 1_000 }).start());
+      expect(shorter.message).toMatch(/is 3000 ms and a coordinator leads with it.*lease_ms 1000/);
+      expect(winner.state().leader).toBe(true);
+      // Before: b started, and the winner's key expired 1000 ms after each renewal, sent every 1000 ms.
+      expect(await ttl()).toBe(3_000);
+    } finally {
+      spy.mockRestore();
+      await winner.stop();
+    }
+  });
+
   it("a renewal whose answer is lost but which landed is read back from the server and kept: the leader neither demotes nor leaves its key behind", async () => {
     const deployment = "lease-landed";
     const kv = await openBucketAsserted(world.pnc, leaderBucket(deployment), { history: 1, ttl: 1_500 });
