@@ -34,6 +34,8 @@ export interface StartCoordinatorOptions {
   nc?: NatsConnection;
   /** Test-only fault injection. */
   hooks?: EngineHooks;
+  /** Called just before the leader lease starts campaigning: from then on this process may hold the leader key, which only `stop()` releases before it expires. */
+  beforeCampaign?: () => void;
 }
 
 export interface CoordinatorHandle {
@@ -173,6 +175,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       http = new HttpControllerApi({ engine, leadership: lease, token: controllerToken, host: config.http.host, port: config.http.port, logger });
       await http.start();
     }
+    options.beforeCampaign?.();
     await lease.start();
   } catch (error) {
     await http?.stop().catch(() => undefined);

@@ -7,6 +7,10 @@ import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
 import { observeLeadership, startTelemetry } from "../../telemetry/telemetry-sdk.js";
 import { decimalInteger, metricsPortFlag, printJson, runCli } from "../shared.js";
+import { listenForStop, type StartupPhase } from "../stop-signals.js";
+
+/** The longest a stop signal during the lease campaign waits for start-up and the stop (a stalled NATS). */
+const STOP_DURING_CAMPAIGN_MAX_MS = 10_000;
 
 interface Flags {
   config?: string;
@@ -117,6 +121,8 @@ export function register(program: Command): void {
           printJson(redactConfig(config));
           return;
         }
+        let phase: StartupPhase = "preparing";
+        const stopRequested = listenForStop(() => phase, Math.min(config.lease_ms, STOP_DURING_CAMPAIGN_MAX_MS));
         // One id for the lease, the logs and the telemetry resource (service.instance.id): chosen
         // here when unset, since telemetry starts before the daemon.
         const coordinatorId = config.coordinator_id ?? newCoordinatorId();
@@ -132,19 +138,22 @@ export function register(program: Command): void {
         const hooks = testHooks();
         let handle: CoordinatorHandle;
         try {
-          handle = await startCoordinator({ config: { ...config, coordinator_id: coordinatorId }, logger, ...(hooks && { hooks }) });
+          handle = await startCoordinator({
+            config: { ...config, coordinator_id: coordinatorId },
+            logger,
+            ...(hooks && { hooks }),
+            beforeCampaign: () => (phase = "campaigning"),
+          });
         } catch (error) {
           // Its metrics server would keep the process alive after the refusal is printed.
           await telemetry.shutdown().catch(() => undefined);
           throw error;
         }
+        phase = "running";
         observeLeadership(() => handle.lease.state());
         if (handle.httpUrl) process.stdout.write(`http ${handle.httpUrl}\n`);
-        const lostConnection = await new Promise<boolean>((resolve) => {
-          process.once("SIGTERM", () => resolve(false));
-          process.once("SIGINT", () => resolve(false));
-          void handle.closed.then(() => resolve(true));
-        });
+        // A stop signal that came during start-up stops it now.
+        const lostConnection = await Promise.race([stopRequested.then(() => false), handle.closed.then(() => true)]);
         if (lostConnection) {
           // maxReconnectAttempts is unlimited, so this is fatal: exit and let the supervisor restart us.
           logger.fatal("nats_connection_closed");

@@ -1,0 +1,26 @@
+/** Where the daemon's start-up is, for a stop signal: see `listenForStop`. */
+export type StartupPhase = "preparing" | "campaigning" | "running";
+
+/**
+ * SIGTERM and SIGINT for `gym-ckpt coordinator`, listened for from before its start-up: Node's
+ * default action would kill a process whose lease campaign already created the leader key, leaving
+ * the key held for a whole lease while successors wait. The returned promise resolves at the first
+ * one; the caller then stops the daemon (releasing the key) once start-up settled. Before the
+ * campaign nothing needs releasing and a start-up stalled on NATS must not outlive the signal, so
+ * the process exits at once then; during the campaign it waits at most `campaignBoundMs` for start-up
+ * and the stop (by then a key it created is about to expire anyway). A second signal exits at once.
+ */
+export function listenForStop(phase: () => StartupPhase, campaignBoundMs: number): Promise<void> {
+  return new Promise((resolve) => {
+    let requested = false;
+    const onSignal = () => {
+      const now = phase();
+      if (requested || now === "preparing") process.exit();
+      requested = true;
+      if (now === "campaigning") setTimeout(() => process.exit(), campaignBoundMs).unref();
+      resolve();
+    };
+    process.on("SIGTERM", onSignal);
+    process.on("SIGINT", onSignal);
+  });
+}
