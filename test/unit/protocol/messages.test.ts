@@ -148,6 +148,11 @@ describe("canonical JSON and tokens", () => {
     expect(canonicalDigest({ a: 1 })).not.toBe(canonicalDigest({ a: 2 }));
   });
 
+  it("sorts keys by UTF-16 code units (docs/api.md), non-ASCII unescaped, no whitespace", () => {
+    // U+1F600 is a surrogate pair (D83D DE00), below U+FF01 in UTF-16, above it by code point (Python's order).
+    expect(canonicalJson({ "\uFF01": 1, "\u{1F600}": [2, { b: 1, a: "é" }], a: 3 })).toBe('{"a":3,"\u{1F600}":[2,{"a":"é","b":1}],"\uFF01":1}');
+  });
+
   it("keeps a `__proto__` key as data, at every depth, so it counts in the digest", () => {
     const text = '{"__proto__":{"x":1},"b":[{"__proto__":2}]}';
     expect(canonicalJson(JSON.parse(text))).toBe(text);
