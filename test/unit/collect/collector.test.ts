@@ -1017,14 +1017,17 @@ describe("collector timer checkpoints", () => {
     expect(calls.filter((c) => c.op === "prepare")).toHaveLength(0);
   });
 
-  it("a stop checkpoint goes ahead of a timer checkpoint still waiting for its turn", { timeout: 30_000 }, async () => {
+  /**
+   * A collection whose first row's failed attempt holds the collector's lock in its retire: a
+   * checkpoint asked for meanwhile waits behind it, as does the stop that follows.
+   */
+  async function heldByARetire(options: { checkpointEverySeconds?: number }) {
     const release = deferred();
     const url = await runServer(async (body) => {
       if (body.rollout_id === "a" && body.attempt === 0) return { status: 500, body: { oops: 1 } };
       await release.promise;
       return { status: 200, body: { reward: 1 } };
     });
-    // The failed attempt's retire holds the collector's lock: the timer checkpoint waits behind it.
     let retireStarted = false;
     const retireHeld = deferred();
     const fake = slowPrepare(0, {
@@ -1035,53 +1038,38 @@ describe("collector timer checkpoints", () => {
       },
     });
     const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const collector = collectorFor(fake.controller, url, { rows, checkpointEverySeconds: 0.05, checkpointTimeoutSeconds: 3 });
+    const collector = collectorFor(fake.controller, url, { rows, checkpointTimeoutSeconds: 3, ...options });
     await collector.start();
     const run = collector.run();
     await waitUntil(() => retireStarted, "the retire of a's failed attempt");
+    return { collector, run, fake, releaseRetire: () => retireHeld.resolve(), releaseRuns: () => release.resolve() };
+  }
+
+  it("a stop checkpoint goes ahead of a timer checkpoint still waiting for its turn", { timeout: 30_000 }, async () => {
+    const held = await heldByARetire({ checkpointEverySeconds: 0.05 });
     await new Promise((resolve) => setTimeout(resolve, 300)); // a few ticks while b runs
-    const stop = collector.checkpoint({ stop: true });
-    retireHeld.resolve();
+    const stop = held.collector.checkpoint({ stop: true });
+    held.releaseRetire();
     expect((await stop).published).toBe(true);
     // The only checkpoint taken is the stop: the timer one that waited gave way, none queued after it.
-    expect(fake.calls.filter((c) => c.op === "commit").map((c) => c.req.stop)).toEqual([true]);
-    release.resolve();
-    await run;
+    expect(held.fake.calls.filter((c) => c.op === "commit").map((c) => c.req.stop)).toEqual([true]);
+    held.releaseRuns();
+    await held.run;
     await new Promise((resolve) => setTimeout(resolve, 200));
-    expect(fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1); // nothing after the stop either
+    expect(held.fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1); // nothing after the stop either
   });
 
   it("a stop checkpoint goes ahead of a SIGUSR1 checkpoint still waiting for its turn, which is not run after it", { timeout: 30_000 }, async () => {
-    const release = deferred();
-    const url = await runServer(async (body) => {
-      if (body.rollout_id === "a" && body.attempt === 0) return { status: 500, body: { oops: 1 } };
-      await release.promise;
-      return { status: 200, body: { reward: 1 } };
-    });
-    // The failed attempt's retire holds the collector's lock: the requested checkpoint waits behind it.
-    let retireStarted = false;
-    const retireHeld = deferred();
-    const fake = slowPrepare(0, {
-      retire: async (req: never) => {
-        retireStarted = true;
-        await retireHeld.promise;
-        return fake.base.retire(req);
-      },
-    });
-    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const collector = collectorFor(fake.controller, url, { rows, checkpointTimeoutSeconds: 3 });
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => retireStarted, "the retire of a's failed attempt");
-    const requested = collector.checkpoint({ stop: false }); // a SIGUSR1, queued first
-    const stop = collector.checkpoint({ stop: true });
-    retireHeld.resolve();
+    const held = await heldByARetire({});
+    const requested = held.collector.checkpoint({ stop: false }); // a SIGUSR1, queued first
+    const stop = held.collector.checkpoint({ stop: true });
+    held.releaseRetire();
     expect((await stop).published).toBe(true);
     expect(await requested).toEqual({ published: false, checkpointId: "" }); // skipped
-    expect(fake.calls.filter((c) => c.op === "commit").map((c) => c.req.stop)).toEqual([true]);
-    release.resolve();
-    await run;
-    expect(fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1);
+    expect(held.fake.calls.filter((c) => c.op === "commit").map((c) => c.req.stop)).toEqual([true]);
+    held.releaseRuns();
+    await held.run;
+    expect(held.fake.calls.filter((c) => c.op === "prepare")).toHaveLength(1);
   });
 });
 
