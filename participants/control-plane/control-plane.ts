@@ -85,6 +85,12 @@ interface PendingWrite<R> {
   records: R[] | undefined;
   gate: WriteGate;
   running: Promise<CommitReply> | undefined;
+  /**
+   * The lease without the renewals of the commits awaiting this write (other renewals meanwhile
+   * raise it): put back if the write fails, since a failed commit extends nothing. Undefined while
+   * no such renewal stands.
+   */
+  leaseBefore: number | null | undefined;
 }
 
 const GUARDED: ReadonlySet<PhaseOp> = new Set<PhaseOp>(GUARDED_OPS);
@@ -407,26 +413,37 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         const inScope = request.episode_ids.map(captureKey).filter((key) => restarts.has(key));
         if (inScope.length) throw new CheckpointError("restart_in_scope", `the scope names restarts: ${inScope.slice(0, 10).join(", ")}`);
       }
-      this.renewLease(request.deadline_ts); // only once nothing above refused
-      if (existing && existing.checkpointId === id) return existing;
-      const fresh: PendingWrite<R> = {
-        checkpointId: id,
-        dir,
-        scopeKey,
-        stop: request.stop,
-        createdAt: this.clock.now() / 1000,
-        records: undefined,
-        gate: new WriteGate(),
-        running: undefined,
-      };
-      this.pendingWrite = fresh;
-      return fresh;
+      const write: PendingWrite<R> =
+        existing && existing.checkpointId === id
+          ? existing
+          : {
+              checkpointId: id,
+              dir,
+              scopeKey,
+              stop: request.stop,
+              createdAt: this.clock.now() / 1000,
+              records: undefined,
+              gate: new WriteGate(),
+              running: undefined,
+              leaseBefore: undefined,
+            };
+      this.pendingWrite = write;
+      // Only once nothing above refused; it covers the write up to this commit's deadline, and the
+      // write's failure puts back the lease before it.
+      this.renewLease(request.deadline_ts, write);
+      return write;
     });
     if (!isPendingWrite(pending)) return pending;
 
     // The write cannot be cancelled by a deadline; a retry awaits the same write.
     pending.running ??= this.runWrite(pending, request).catch((error: unknown) => {
       pending.running = undefined;
+      // Still this checkpoint's write (no resume or lease expiry since): its commits extended nothing.
+      if (this.pendingWrite === pending && pending.leaseBefore !== undefined) {
+        this.leaseExpiresAt = pending.leaseBefore;
+        pending.leaseBefore = undefined;
+        this.armLeaseTimer();
+      }
       // Nothing was exported: the refusal leaves no write behind to pin this directory and scope.
       if (pending.records === undefined && this.pendingWrite === pending) this.pendingWrite = undefined;
       throw error;
@@ -440,6 +457,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       if (cached) return { reply: cached, hook: undefined };
       // Committed once the records are durable; the hook starts here, once, but runs outside the lock.
       this.phase = "committed";
+      pending.leaseBefore = undefined; // its commits' renewals stand
       this.remember(id, "commit", reply, args);
       return { reply, hook: this.runAfterCommit(id, request) };
     });
@@ -930,8 +948,12 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     };
   }
 
-  private renewLease(deadlineTs: number): void {
+  /** `byCommit`: the write whose commit renews, whose failure puts back the lease before it. */
+  private renewLease(deadlineTs: number, byCommit?: PendingWrite<R>): void {
     const candidate = deadlineTs + this.graceSeconds;
+    const write = this.pendingWrite;
+    if (write && write === byCommit) write.leaseBefore ??= this.leaseExpiresAt;
+    else if (write?.leaseBefore !== undefined) write.leaseBefore = Math.max(write.leaseBefore ?? 0, candidate);
     this.leaseExpiresAt = Math.max(this.leaseExpiresAt ?? 0, candidate);
     this.armLeaseTimer();
   }

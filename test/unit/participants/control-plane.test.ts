@@ -655,15 +655,20 @@ describe("export once per checkpoint, across failures", () => {
   /** Storage whose writes the test fails or holds, counting them. */
   function scriptedStorage() {
     const fs = new FsCheckpointStorage();
-    const script = { writes: 0, failNext: false, hold: undefined as Promise<void> | undefined };
+    const script = { writes: 0, failNext: false, failAfterHold: false, hold: undefined as Promise<void> | undefined };
+    const noSpace = () => Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", syscall: "write" });
     const storage: CheckpointStorage = {
       async write(target, records, options) {
         script.writes += 1;
         if (script.failNext) {
           script.failNext = false;
-          throw new Error("ENOSPC");
+          throw noSpace();
         }
         if (script.hold) await script.hold;
+        if (script.failAfterHold) {
+          script.failAfterHold = false;
+          throw noSpace();
+        }
         return fs.write(target, records, options);
       },
       read: (...args) => fs.read(...args),
@@ -706,6 +711,36 @@ describe("export once per checkpoint, across failures", () => {
     expect((await retry).episode_ids).toEqual(["r1"]);
     expect(exports()).toBe(1);
     expect(script.writes).toBe(1);
+  });
+
+  it("a commit whose write fails puts back the lease it had (a failed commit extends nothing); a renew meanwhile still counts", async () => {
+    const script = scriptedStorage();
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" }); // lease DEADLINE + 60
+    const lease = plane.status().lease_expires_at;
+    expect(lease).toBe(DEADLINE + 60);
+    script.failNext = true;
+    await expect(call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 1000 })).rejects.toThrow(/ENOSPC/);
+    expect(plane.status().lease_expires_at).toBe(lease);
+    // A renew while a later write runs is the coordinator's own extension: the failure keeps it.
+    const hold = deferred();
+    script.hold = hold.promise;
+    script.failAfterHold = true;
+    const second = call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 1000 }).then(
+      () => "committed",
+      (error: Error) => error.message,
+    );
+    await waitUntil(() => script.writes === 2, "the second write to start");
+    expect(plane.status().lease_expires_at).toBe(T0 + 1060); // the running write is covered to its deadline
+    await call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 500 });
+    hold.resolve();
+    expect(await second).toMatch(/ENOSPC/);
+    expect(plane.status().lease_expires_at).toBe(T0 + 560);
+    // And it expires then, as a lease does: the participant no longer stays parked under the commit's.
+    clock.advance(561_000);
+    for (let i = 0; i < 5 && plane.currentPhase !== "idle"; i++) await flush();
+    expect(plane.currentPhase).toBe("idle");
+    expect(kind.admissionOpen).toBe(true);
   });
 });
 
