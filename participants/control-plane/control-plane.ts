@@ -151,6 +151,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private pendingInstall: Promise<unknown> | undefined;
   /** An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no restore runs beside it. */
   private lateInstall: Promise<void> | undefined;
+  /** A closeAdmission that outlived its op's deadline and has not ended (see abandonLateClose): no close or open runs beside it. */
+  private lateClose: Promise<void> | undefined;
   /** A failed install that left state held: the same restore sent again is refused the same way. */
   private readonly heldInstallFailure = new HeldInstallFailure();
   private closedAt: number | undefined;
@@ -315,12 +317,24 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         this.phase = "preparing";
         this.renewLease(request.deadline_ts);
         this.closedAt = this.clock.now();
+        let closed: boolean;
         try {
-          await this.adapter.closeAdmission({ timeLeftMs: request.deadline_ts * 1000 - this.clock.now() });
+          closed = await this.closeWithinDeadline(id, request.deadline_ts, "prepare");
         } catch (error) {
           // Phase and admission must never disagree: reopen everything.
           await this.reopen(undefined);
           throw error;
+        }
+        if (!closed) {
+          // A refusal changes nothing: idle again, holding no id or lease. Admission reopens once the
+          // kind's close ends (abandonLateClose), not beside it.
+          this.phase = "idle";
+          this.activeId = null;
+          this.leaseExpiresAt = null;
+          this.cancelLeaseTimer?.();
+          this.cancelLeaseTimer = undefined;
+          this.closedAt = undefined;
+          throw lateCloseRefusal("prepare");
         }
       } else {
         this.renewLease(request.deadline_ts);
@@ -568,18 +582,21 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       // restore, and its clean-up (queued behind this lock) may itself run out of time.
       this.checkDeadline(request.deadline_ts);
 
+      let closed: boolean;
       try {
-        await this.adapter.closeAdmission({ timeLeftMs: request.deadline_ts * 1000 - this.clock.now() });
+        closed = await this.closeWithinDeadline(id, request.deadline_ts, "restore");
       } catch (error) {
         // It may have closed part way (a kind stops admitting, then cuts what is in flight); the
         // phase stays idle, so no resume would reopen it: reopen here, as prepare does.
-        await this.reopenAfterFailedRestore(id);
+        await this.reopenWhileIdle(id, "restore_reopen_failed");
         throw error;
       }
+      // Still running at the deadline: admission reopens once it ends (abandonLateClose).
+      if (!closed) throw lateCloseRefusal("restore");
       // A call admitted while the records were read would be installed over: refuse, reopened. So
       // is a restore whose admission closed only past its deadline.
       if (this.adapter.hasLiveState() || request.deadline_ts * 1000 <= this.clock.now()) {
-        await this.reopenAfterFailedRestore(id);
+        await this.reopenWhileIdle(id, "restore_reopen_failed");
         throw this.adapter.hasLiveState() ? this.notFresh() : new CheckpointError("deadline_exceeded", "restore reached its deadline before the install could start");
       }
       this.closedAt = this.clock.now();
@@ -608,7 +625,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         } else {
           this.abandonLateInstall(id, settled, { args, error, next: request.episode_ids.map(nextAttempt) });
         }
-        await this.reopenAfterFailedRestore(id);
+        await this.reopenWhileIdle(id, "restore_reopen_failed");
         this.closedAt = undefined;
         throw error;
       }
@@ -635,30 +652,81 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   }
 
   /**
-   * Reopens admission after a restore that failed. The phase stays idle, so neither a resume (idle:
-   * nothing to reopen) nor a lease would: a reopen that fails (the kind's openAdmission threw) is
-   * tried again shortly under the lock, as a lease expiry's is, for as long as no later op owns
-   * admission. Never throws: the restore answers its own refusal, whose code tells the coordinator
-   * whether anything was installed.
+   * Reopens admission closed by an op that failed, leaving the phase idle (a restore, or a close
+   * that outlived its deadline), so neither a resume (idle: nothing to reopen) nor a lease would: a
+   * reopen that fails (the kind's openAdmission threw) is tried again shortly under the lock, as a
+   * lease expiry's is, for as long as no later op owns admission. Never throws: the op answers its
+   * own refusal, whose code tells the coordinator whether anything was installed.
    */
-  private async reopenAfterFailedRestore(id: string): Promise<void> {
+  private async reopenWhileIdle(id: string, event: string): Promise<void> {
     try {
       await this.adapter.openAdmission();
     } catch (error) {
-      this.logger?.error({ checkpoint_id: id, err: error }, "restore_reopen_failed");
+      this.logger?.error({ checkpoint_id: id, err: error }, event);
       const retry = (): void =>
         void this.lock.run(async () => {
-          // A later prepare or restore closed (and owns) admission since; dispose ends the retries.
-          if (this.phase !== "idle" || this.activeId !== null || this.disposed) return;
+          // A later prepare or restore closed (and owns) admission since, or a later close still runs
+          // (its end reopens); dispose ends the retries.
+          if (this.phase !== "idle" || this.activeId !== null || this.lateClose || this.disposed) return;
           try {
             await this.adapter.openAdmission();
           } catch (err) {
-            this.logger?.error({ checkpoint_id: id, err }, "restore_reopen_failed");
+            this.logger?.error({ checkpoint_id: id, err }, event);
             this.clock.setTimer(retry, LEASE_RETRY_MS);
           }
         });
       this.clock.setTimer(retry, LEASE_RETRY_MS);
     }
+  }
+
+  /**
+   * The kind's closeAdmission, under the lock, bounded by the closing op's deadline: one that never
+   * settles (a custom kind's hook that hangs) would otherwise hold every later op, resume and lease
+   * expiry included, for good. False when it is still running then (it is left to end on its own,
+   * abandonLateClose), or when the deadline passed before it could start. A close still running from
+   * an earlier op is waited for first (the kind never runs two closes at once), within this op's
+   * deadline too.
+   */
+  private async closeWithinDeadline(id: string, deadlineTs: number, op: string): Promise<boolean> {
+    const earlier = this.lateClose;
+    const closing = (async () => {
+      if (earlier) {
+        await earlier;
+        // Past this op's deadline already: closing now would only need reopening (the earlier close's end reopens).
+        if (deadlineTs * 1000 <= this.clock.now()) return false;
+      }
+      await this.adapter.closeAdmission({ timeLeftMs: deadlineTs * 1000 - this.clock.now() });
+      return true;
+    })();
+    let ended = false;
+    const settled = closing.then(
+      () => void (ended = true),
+      () => void (ended = true),
+    );
+    try {
+      return await this.raceDeadline(closing, deadlineTs, `${op}'s closeAdmission`);
+    } catch (error) {
+      if (ended) throw error; // the kind's own failure
+      this.abandonLateClose(id, op, settled);
+      return false;
+    }
+  }
+
+  /**
+   * A close that outlived its op's deadline: the op answers deadline_exceeded with the phase idle,
+   * and admission reopens once the close ends, never beside it (a kind may close again as its hook
+   * ends), unless a later prepare or restore owns admission by then, or a later late close will.
+   */
+  private abandonLateClose(id: string, op: string, settled: Promise<void>): void {
+    this.lateClose = settled;
+    this.logger?.warn({ checkpoint_id: id, op }, "close_admission_outlived_deadline");
+    void settled.then(() => {
+      if (this.lateClose === settled) this.lateClose = undefined;
+      return this.lock.run(async () => {
+        if (this.phase !== "idle" || this.activeId !== null || this.lateClose || this.disposed) return;
+        await this.reopenWhileIdle(id, "late_close_reopen_failed");
+      });
+    });
   }
 
   /**
@@ -1127,6 +1195,10 @@ function refuseUnsendableReply(target: ParticipantTarget, count: number, created
       `the commit reply of ${target.kind}/${target.instance} would be at least ${bytes} bytes, over the ${MAX_CONTROL_MESSAGE_BYTES}-byte control-message limit (the adapter's manifest extra and commit extras are too large); nothing was written`,
     );
   }
+}
+
+function lateCloseRefusal(op: string): CheckpointError {
+  return new CheckpointError("deadline_exceeded", `${op} reached its deadline while the kind was still closing admission; it reopens once that close ends`);
 }
 
 function cacheKey(id: string, op: string): string {

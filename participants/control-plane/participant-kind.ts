@@ -43,6 +43,8 @@ export interface ParticipantKind<R extends RecordBase = RecordBase> {
   /**
    * Stop admitting new work; work in flight parks at its next boundary. `timeLeftMs` is how long the
    * op that closes (prepare, restore) has until its deadline: any work done here should fit in it.
+   * One still running at that deadline is left running (the op answers `deadline_exceeded`), and
+   * `openAdmission` is called only once it has ended: close and open never overlap, nor two closes.
    */
   closeAdmission(options?: CloseAdmissionOptions): Promise<void>;
   /** Reopen: parked work continues, held responses are delivered. */

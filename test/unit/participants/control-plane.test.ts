@@ -1465,3 +1465,89 @@ describe("storage crash points", () => {
     expect((await readdir(pdir)).filter((f) => !f.startsWith("."))).toEqual(["manifest.json", reply.manifest.records_file].sort());
   });
 });
+
+describe("closeAdmission that outlives its op's deadline", () => {
+  /** The refusal code `op` settled with after a few turns of the event loop, or "pending" (it holds the lock). */
+  async function outcomeSoon(op: Promise<unknown>): Promise<string> {
+    let outcome = "pending";
+    op.then(
+      () => (outcome = "ok"),
+      (error: unknown) => (outcome = error instanceof CheckpointError ? error.code : String(error)),
+    );
+    for (let i = 0; i < 10 && outcome === "pending"; i++) await flush();
+    return outcome;
+  }
+
+  it("a prepare answers deadline_exceeded at its deadline, back to idle holding no id and no lease, and frees the lock; admission reopens once the close ends, never beside it", async () => {
+    const gate = deferred();
+    kind.delay("closeAdmission", gate.promise);
+    const prepare = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
+    clock.advance(10_000);
+    expect(await outcomeSoon(prepare)).toBe("deadline_exceeded");
+    expect(plane.status()).toMatchObject({ phase: "idle", checkpoint_id: null, lease_expires_at: null });
+    // The lock is free: a forget goes ahead, and a resume of the id fences it as never prepared here.
+    expect(await outcomeSoon(call("forget", { checkpoint_id: "forget", deadline_ts: T0 + 100, rollout_ids: ["r1"] }))).toBe("ok");
+    expect(await outcomeSoon(call("resume", { checkpoint_id: "c1" }))).toBe("ok");
+    expect(kind.hooks()).toEqual(["closeAdmission", "forget"]); // no openAdmission while the close still runs
+    gate.resolve();
+    await waitUntil(() => kind.hooks().includes("openAdmission"), "admission to reopen after the late close");
+    expect(kind.admissionOpen).toBe(true);
+    expect(plane.currentPhase).toBe("idle");
+  });
+
+  it("a prepare arriving while a late close still runs closes after it (not beside it) and owns admission: the late close's reopen is skipped", async () => {
+    const gate = deferred();
+    kind.delay("closeAdmission", gate.promise);
+    const first = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
+    clock.advance(10_000);
+    expect(await outcomeSoon(first)).toBe("deadline_exceeded");
+    const second = call("prepare", { checkpoint_id: "c2", deadline_ts: T0 + 100 });
+    for (let i = 0; i < 5; i++) await flush();
+    expect(kind.hooks()).toEqual(["closeAdmission"]);
+    gate.resolve();
+    expect((await second).phase).toBe("prepared");
+    for (let i = 0; i < 5; i++) await flush();
+    expect(kind.hooks()).toEqual(["closeAdmission", "closeAdmission"]);
+    expect(kind.admissionOpen).toBe(false);
+    expect(plane.status()).toMatchObject({ phase: "prepared", checkpoint_id: "c2" });
+  });
+
+  it("a prepare whose deadline passes while it waits for a late close never closes: refused, and admission reopens once, when the late close ends", async () => {
+    const gate = deferred();
+    kind.delay("closeAdmission", gate.promise);
+    const first = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
+    clock.advance(10_000);
+    expect(await outcomeSoon(first)).toBe("deadline_exceeded");
+    const second = call("prepare", { checkpoint_id: "c2", deadline_ts: T0 + 20 });
+    for (let i = 0; i < 5; i++) await flush();
+    clock.advance(10_000);
+    expect(await outcomeSoon(second)).toBe("deadline_exceeded");
+    expect(plane.status()).toMatchObject({ phase: "idle", checkpoint_id: null, lease_expires_at: null });
+    gate.resolve();
+    await waitUntil(() => kind.hooks().includes("openAdmission"), "admission to reopen after the late close");
+    for (let i = 0; i < 5; i++) await flush();
+    expect(kind.hooks()).toEqual(["closeAdmission", "openAdmission"]);
+    expect(kind.admissionOpen).toBe(true);
+  });
+
+  it("a restore answers deadline_exceeded at its deadline, installs nothing and frees the lock; admission reopens once the close ends", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const gate = deferred();
+    kind.delay("closeAdmission", gate.promise);
+    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }], deadline_ts: T0 + 10 });
+    await waitUntil(() => kind.hooks().includes("closeAdmission"), "restore to close admission");
+    clock.advance(10_000);
+    expect(await outcomeSoon(restore)).toBe("deadline_exceeded");
+    expect(plane.status()).toMatchObject({ phase: "idle", checkpoint_id: null });
+    expect(await outcomeSoon(call("forget", { checkpoint_id: "forget", deadline_ts: T0 + 100, rollout_ids: ["r1"] }))).toBe("ok");
+    expect(kind.hooks()).toEqual(["closeAdmission", "forget"]);
+    gate.resolve();
+    await waitUntil(() => kind.hooks().includes("openAdmission"), "admission to reopen after the late close");
+    expect(kind.admissionOpen).toBe(true);
+    expect(kind.restored.size).toBe(0);
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 0 })).toBe(false);
+  });
+});
