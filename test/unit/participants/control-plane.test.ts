@@ -1478,13 +1478,19 @@ describe("closeAdmission that outlives its op's deadline", () => {
     return outcome;
   }
 
-  it("a prepare answers deadline_exceeded at its deadline, back to idle holding no id and no lease, and frees the lock; admission reopens once the close ends, never beside it", async () => {
+  /** A prepare "c1" whose closeAdmission outlived its deadline (answered deadline_exceeded); resolving the gate ends that close. */
+  async function prepareOutlivedByItsClose() {
     const gate = deferred();
     kind.delay("closeAdmission", gate.promise);
     const prepare = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
     await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
     clock.advance(10_000);
     expect(await outcomeSoon(prepare)).toBe("deadline_exceeded");
+    return gate;
+  }
+
+  it("a prepare answers deadline_exceeded at its deadline, back to idle holding no id and no lease, and frees the lock; admission reopens once the close ends, never beside it", async () => {
+    const gate = await prepareOutlivedByItsClose();
     expect(plane.status()).toMatchObject({ phase: "idle", checkpoint_id: null, lease_expires_at: null });
     // The lock is free: a forget goes ahead, and a resume of the id fences it as never prepared here.
     expect(await outcomeSoon(call("forget", { checkpoint_id: "forget", deadline_ts: T0 + 100, rollout_ids: ["r1"] }))).toBe("ok");
@@ -1497,12 +1503,7 @@ describe("closeAdmission that outlives its op's deadline", () => {
   });
 
   it("a prepare arriving while a late close still runs closes after it (not beside it) and owns admission: the late close's reopen is skipped", async () => {
-    const gate = deferred();
-    kind.delay("closeAdmission", gate.promise);
-    const first = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
-    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
-    clock.advance(10_000);
-    expect(await outcomeSoon(first)).toBe("deadline_exceeded");
+    const gate = await prepareOutlivedByItsClose();
     const second = call("prepare", { checkpoint_id: "c2", deadline_ts: T0 + 100 });
     for (let i = 0; i < 5; i++) await flush();
     expect(kind.hooks()).toEqual(["closeAdmission"]);
@@ -1515,12 +1516,7 @@ describe("closeAdmission that outlives its op's deadline", () => {
   });
 
   it("a prepare whose deadline passes while it waits for a late close never closes: refused, and admission reopens once, when the late close ends", async () => {
-    const gate = deferred();
-    kind.delay("closeAdmission", gate.promise);
-    const first = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 + 10 });
-    await waitUntil(() => kind.hooks().includes("closeAdmission"), "prepare to close admission");
-    clock.advance(10_000);
-    expect(await outcomeSoon(first)).toBe("deadline_exceeded");
+    const gate = await prepareOutlivedByItsClose();
     const second = call("prepare", { checkpoint_id: "c2", deadline_ts: T0 + 20 });
     for (let i = 0; i < 5; i++) await flush();
     clock.advance(10_000);
