@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
+import { ProcessGroup } from "./process-group.js";
 
 export interface ChildProgram {
   child: ChildProcess;
@@ -45,6 +46,8 @@ export async function startChildProgram(script: string, args: string[], options:
     detached: options.group === true,
     env: { ...process.env, ...options.env },
   });
+  // Read now, while the leader surely lives: what tells its group from a later one with its number.
+  const group = options.group === true && child.pid !== undefined ? new ProcessGroup(child.pid) : undefined;
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
     child.once("exit", (code, signal) => resolve({ code, signal })),
   );
@@ -73,13 +76,8 @@ export async function startChildProgram(script: string, args: string[], options:
 
   const kill = async (signal: NodeJS.Signals = "SIGKILL") => {
     // A group is signalled even after its leader exited: what it started may outlive it.
-    if (!options.group && (child.exitCode !== null || child.signalCode !== null)) return;
-    try {
-      if (options.group) process.kill(-child.pid!, signal);
-      else child.kill(signal);
-    } catch {
-      // already gone
-    }
+    if (group) group.signal(signal);
+    else if (child.exitCode === null && child.signalCode === null) child.kill(signal);
     await exited;
   };
 

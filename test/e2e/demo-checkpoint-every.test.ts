@@ -3,6 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { ProcessGroup } from "../../coordinator/local/process-group.js";
 
 /**
  * `gym-ckpt demo --checkpoint-every S` with S longer than the run: no timer checkpoint is published
@@ -10,16 +11,10 @@ import { afterAll, describe, expect, it } from "vitest";
  * (docs/collect.md, "The demo"). It used to wait for a timer checkpoint first, so the collection
  * finished every row and the demo failed.
  */
-const groups: number[] = [];
+const groups: ProcessGroup[] = [];
 const scratches: string[] = [];
 afterAll(async () => {
-  for (const group of groups) {
-    try {
-      process.kill(-group, "SIGKILL");
-    } catch {
-      // the group is gone already
-    }
-  }
+  for (const group of groups) group.signal("SIGKILL");
   for (const scratch of scratches) await rm(scratch, { recursive: true, force: true });
 });
 
@@ -32,7 +27,7 @@ describe("gym-ckpt demo --checkpoint-every", () => {
       env: { ...process.env, TMPDIR: scratch },
       detached: true,
     });
-    groups.push(demo.pid!);
+    groups.push(new ProcessGroup(demo.pid!));
     let output = "";
     demo.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()));
     demo.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()));

@@ -4,23 +4,18 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, describe, expect, it } from "vitest";
+import { ProcessGroup } from "../../coordinator/local/process-group.js";
 import { alive, descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /** `gym-ckpt demo` stopped by a signal mid-run: no process and no temp directory is left behind. */
 const seen = new TrackedProcesses();
 /** Each demo runs in its own process group: teardown reaches whatever it started, even before the test saw it. */
-const groups: number[] = [];
+const groups: ProcessGroup[] = [];
 const scratches: string[] = [];
 afterAll(async () => {
   killAll(seen);
-  for (const group of groups) {
-    try {
-      process.kill(-group, "SIGKILL");
-    } catch {
-      // the group is gone already
-    }
-  }
+  for (const group of groups) group.signal("SIGKILL");
   for (const scratch of scratches) await rm(scratch, { recursive: true, force: true });
 });
 
@@ -34,7 +29,7 @@ async function runningDemo() {
     env: { ...process.env, TMPDIR: scratch },
     detached: true,
   });
-  groups.push(demo.pid!);
+  groups.push(new ProcessGroup(demo.pid!));
   seen.add(demo.pid!);
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => demo.once("exit", (code, signal) => resolve({ code, signal })));
   await new Promise<void>((resolve, reject) => {

@@ -1,4 +1,5 @@
 import { readFileSync, readdirSync } from "node:fs";
+import { processStartTime } from "../../protocol/process-identity.js";
 
 /** Linux /proc helpers for tests that check no process is left behind. */
 
@@ -45,16 +46,6 @@ export function descendants(root: number): { pid: number; cmdline: string }[] {
   return found;
 }
 
-/** When the process started (clock ticks since boot), which tells it from a later one given the same pid. */
-function startTime(pid: number): string | undefined {
-  try {
-    const text = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return text.slice(text.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
-}
-
 /**
  * Pids a test started, each with its start time. pid_max is often 32768 and the suite starts
  * thousands of processes, so by teardown a pid may name another process (a vitest worker, the CI
@@ -64,7 +55,7 @@ export class TrackedProcesses extends Set<number> {
   private started: Map<number, string> | undefined;
 
   override add(pid: number): this {
-    const started = startTime(pid);
+    const started = processStartTime(pid);
     if (started !== undefined) (this.started ??= new Map()).set(pid, started);
     return super.add(pid);
   }
@@ -72,7 +63,7 @@ export class TrackedProcesses extends Set<number> {
   /** Still the process that was added (not exited, its pid not reused). */
   isSame(pid: number): boolean {
     const started = this.started?.get(pid);
-    return started !== undefined && startTime(pid) === started;
+    return started !== undefined && processStartTime(pid) === started;
   }
 }
 
