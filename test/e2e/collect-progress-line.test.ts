@@ -8,6 +8,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { collectArgs } from "../support/collect-args.js";
+import { killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /**
@@ -20,20 +21,16 @@ const CLI = fileURLToPath(new URL("../../dist/coordinator/cli/main.js", import.m
 let nats: NatsFixture | undefined;
 let root: string | undefined;
 let runServer: Server | undefined;
-let pid: number | undefined;
+/** The collector, killed in teardown only while its pid still names it. */
+const collectors = new TrackedProcesses();
 afterEach(async () => {
-  if (pid) {
-    try {
-      process.kill(pid, "SIGKILL");
-    } catch {
-      // gone
-    }
-  }
+  killAll(collectors);
+  collectors.clear();
   runServer?.closeAllConnections();
   runServer?.close();
   await nats?.close();
   if (root) await rm(root, { recursive: true, force: true });
-  nats = root = runServer = pid = undefined;
+  nats = root = runServer = undefined;
 });
 
 const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
@@ -59,7 +56,8 @@ describe("collect: the live progress line on a terminal", () => {
     child.stdout.on("data", (chunk: Buffer) => (text += chunk.toString()));
     const exited = new Promise<number | null>((resolve) => child.once("exit", (c) => resolve(c)));
     await waitUntil(() => text.includes("1 in flight"), `the live progress line, got ${JSON.stringify(text)}`);
-    pid = Number((await readFile(join(root, "collector.pid"), "utf8")).split(" ")[0]);
+    const pid = Number((await readFile(join(root, "collector.pid"), "utf8")).split(" ")[0]);
+    collectors.add(pid);
     process.kill(pid, signal);
     expect(await exited, JSON.stringify(text)).toBe(code);
     // After the last redraw of the line, a newline ends it (the terminal shows "\n" as "\r\n").
