@@ -296,6 +296,9 @@ export class LeaderLease implements Leadership {
         }
       }
     }
+    // Stopped while that request was in flight: it only records the revision stop's release names;
+    // a stopped lease never announces leadership (the daemon's onReady would start a recovery).
+    if (this.stopped) return;
     if (this.heldEpoch !== null && !this.readyFired) {
       const wait = this.readyAt - this.clock.monotonic();
       if (wait <= 0) {

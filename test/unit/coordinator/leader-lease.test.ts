@@ -378,6 +378,20 @@ describe("leader lease", () => {
     expect(l.state()).toMatchObject({ leader: false, epoch: null });
   });
 
+  it("stopped while the renewal that makes it ready is in flight, it never announces leadership (onReady): only the release's lost", async () => {
+    const { kv, clock, events, l } = await started();
+    await clock.advance(2999);
+    let land!: () => void;
+    kv.updateGate = new Promise<void>((resolve) => (land = resolve));
+    await clock.advance(1); // the first lease period is out: its renewal is sent, ready fires once it lands
+    const stopping = l.stop();
+    land();
+    await stopping;
+    // Before: ["ready:101", "lost:101"], the daemon's recovery started by a stopped coordinator.
+    expect(events).toEqual(["lost:101"]);
+    expect(kv.holder).toBeUndefined();
+  });
+
   it("a campaign that cannot lead with the key it created (its epoch floor failed, or the purge past it) releases it: no coordinator is kept from leading until the key expires", async () => {
     const kv = new FakeKv();
     const clock = new ManualClock();
