@@ -110,11 +110,16 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     leaseMs: config.lease_ms,
     clock,
     logger,
-    // Participants' epochs asked within a quarter lease, so the campaign ends well before the key
-    // it just created needs renewing.
+    // Participants' epochs and the journal's asked within a quarter lease, so the campaign ends well
+    // before the key it just created needs renewing.
     // (Typed: the engine, built below, refers to this lease.)
-    epochFloor: (): Promise<number> =>
-      highestEpochInUse({ published: () => catalog.highestEpoch(), seen: (): Promise<number> => engine.highestEpochSeen(Math.min(STATUS_PROBE_MS, config.lease_ms / 4)) }, logger),
+    epochFloor: (): Promise<number> => {
+      const withinMs = Math.min(STATUS_PROBE_MS, config.lease_ms / 4);
+      return highestEpochInUse(
+        { published: () => catalog.highestEpoch(), seen: (): Promise<number> => engine.highestEpochSeen(withinMs), journaled: () => within(journal.highestEpoch(), withinMs, clock) },
+        logger,
+      );
+    },
     onReady: async (epoch) => {
       // Controller ops wait for recovery: retried (backing off to 5 s) while this term lasts.
       for (let attempt = 1; ; attempt++) {
@@ -206,6 +211,13 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       logger.info("coordinator_stopped");
     },
   };
+}
+
+/** `read`, or a failure once `ms` passed without its answer. */
+function within<T>(read: Promise<T>, ms: number, clock: Clock): Promise<T> {
+  let cancel: (() => void) | undefined;
+  const timedOut = new Promise<never>((_, reject) => (cancel = clock.setTimer(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  return Promise.race([read, timedOut]).finally(() => cancel?.());
 }
 
 /**

@@ -223,15 +223,30 @@ export class KvDecisionJournal implements DecisionJournal {
 
   async list(): Promise<JournalEntry[]> {
     this.revisions.clear();
-    // A message nats.js cannot read (its key, its headers) is no entry this journal wrote: skipped like one that is not JSON.
-    const latest = await latestEntries(this.kv, (key, err) => this.logger?.error({ key, err }, "journal_entry_unreadable_skipped"));
+    const latest = await this.readEntries();
     // Each leadership term starts here: what its predecessors left is dropped beside recovery.
     void this.compactMarkers();
-    const entries: JournalEntry[] = [];
-    for (const e of latest) {
+    for (const { key, revision } of latest) this.revisions.set(key, revision);
+    return latest.flatMap((e) => (e.entry ? [e.entry] : [])).sort((a, b) => a.updated_at - b.updated_at);
+  }
+
+  /**
+   * The highest epoch an entry carries (0: none), for the lease's epoch floor: a term that journaled
+   * a decision may have published nothing, and the participants that saw its epoch may not answer
+   * the new leader's probe in time, yet recovery re-drives that decision to them. Read only: the
+   * revisions this coordinator writes against are left as they are.
+   */
+  async highestEpoch(): Promise<number> {
+    return Math.max(0, ...(await this.readEntries()).map((e) => e.entry?.epoch ?? 0));
+  }
+
+  /** Every key's latest value (removed ones left out), parsed; `entry` undefined where it is no entry. */
+  private async readEntries(): Promise<{ key: string; revision: number; entry: JournalEntry | undefined }[]> {
+    // A message nats.js cannot read (its key, its headers) is no entry this journal wrote: skipped like one that is not JSON.
+    const latest = await latestEntries(this.kv, (key, err) => this.logger?.error({ key, err }, "journal_entry_unreadable_skipped"));
+    return latest.flatMap((e) => {
       const key = e.key;
-      if (e.operation !== "PUT") continue;
-      this.revisions.set(key, e.revision);
+      if (e.operation !== "PUT") return [];
       // A value nothing here wrote (not JSON, or not an entry) cannot be acted on: skipped, and
       // logged each time, rather than failing recovery (and so every controller op) for good.
       let value: unknown;
@@ -239,13 +254,12 @@ export class KvDecisionJournal implements DecisionJournal {
         value = e.json();
       } catch {
         this.logger?.error({ key, revision: e.revision, bytes: e.length }, "journal_entry_not_json_skipped");
-        continue;
+        return [{ key, revision: e.revision, entry: undefined }];
       }
       const parsed = JournalEntrySchema.safeParse(value);
-      if (parsed.success) entries.push(parsed.data);
-      else this.logger?.error({ key, revision: e.revision, detail: describeZodError(parsed.error) }, "journal_entry_invalid_skipped");
-    }
-    return entries.sort((a, b) => a.updated_at - b.updated_at);
+      if (!parsed.success) this.logger?.error({ key, revision: e.revision, detail: describeZodError(parsed.error) }, "journal_entry_invalid_skipped");
+      return [{ key, revision: e.revision, entry: parsed.success ? parsed.data : undefined }];
+    });
   }
 
   /**

@@ -27,8 +27,9 @@ export interface LeaderLeaseOptions {
   kv?: KV;
   /**
    * The highest epoch already in use: the daemon's is the highest a published checkpoint carries
-   * (its checkpoint root) or a registered participant reports having seen (a status probe bounded
-   * well inside the lease). A won revision not above it is moved past it: see `campaign`.
+   * (its checkpoint root), a registered participant reports having seen or a decision journal entry
+   * carries (read within a bound well inside the lease). A won revision not above it is moved past
+   * it: see `campaign`.
    */
   epochFloor?: () => number | Promise<number>;
 }

@@ -2,6 +2,7 @@ import { StorageType, jetstreamManager } from "@nats-io/jetstream";
 import { nanos } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { openBucketAsserted } from "../../coordinator/membership/kv-bucket.js";
 import { MEMBERS_BUCKET_OPTIONS, openMembersBucket } from "../../coordinator/membership/members-bucket.js";
@@ -12,6 +13,7 @@ import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { refusalOf } from "../support/refusal.js";
 import { NO_HTTP, startWorld, type World } from "./coordinator-harness.js";
 import { waitUntil } from "../support/wait-until.js";
+import { journalEntry } from "../unit/coordinator/fake-participants.js";
 
 let world: World;
 beforeAll(async () => {
@@ -222,6 +224,22 @@ describe("membership registry", () => {
       expect(third.lease.state().epoch).toBeGreaterThan(unpublished);
       const after = await w.client.checkpoint({ checkpoint_id: "seen-3" });
       expect(after.epoch).toBe(third.lease.state().epoch);
+    } finally {
+      await w.close();
+    }
+  });
+
+  it("after the leader bucket was recreated, a coordinator leads above an epoch only its decision journal holds (no checkpoint published it, no participant that answers reports it)", async () => {
+    const w = await startWorld({ nats: world.nats });
+    try {
+      // A predecessor's decision at epoch 500, left in the journal; the leader bucket is new (revisions from 1).
+      const journal = await KvDecisionJournal.open(w.pnc, w.deployment);
+      await journal.record(journalEntry({ checkpoint_id: "journaled-500", epoch: 500, state: "open", participants: [] }));
+      const coordinator = await w.startCoordinator(NO_HTTP);
+      await coordinator.whenReady();
+      // Before: epoch 1, and recovery re-drove the entry to its participants under an epoch below the one they saw.
+      expect(coordinator.lease.state().epoch).toBeGreaterThan(500);
+      expect(await journal.list()).toEqual([]); // recovered (resumed) as before
     } finally {
       await w.close();
     }

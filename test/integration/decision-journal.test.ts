@@ -55,6 +55,22 @@ describe("KV decision journal", () => {
   });
 });
 
+describe("KV decision journal: highest epoch (the lease's epoch floor)", () => {
+  it("is the highest epoch a live entry carries, removed and foreign values left out, and reads nothing this coordinator writes against", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jfloor");
+    expect(await journal.highestEpoch()).toBe(0);
+    const kept = journalEntry({ checkpoint_id: "c-kept", epoch: 7, state: "decided", participants: [] });
+    await journal.record(kept);
+    await journal.record(journalEntry({ checkpoint_id: "c-gone", epoch: 30, state: "open", participants: [] }));
+    await journal.remove("c-gone");
+    await (await new Kvm(nats.nc).open(journalBucket("jfloor"))).put("c-foreign", JSON.stringify({ epoch: 99 }));
+    expect(await journal.highestEpoch()).toBe(7);
+    // Its revision still known: the next write of the entry goes through.
+    await journal.record({ ...kept, state: "published", updated_at: 2 });
+    expect((await journal.list()).map((e) => e.state)).toEqual(["published"]);
+  });
+});
+
 describe("KV decision journal: messages nats.js cannot read", () => {
   it("skips and logs an entry whose header block nats.js cannot decode, or whose key is no KV key (any client may publish them), and still lists the valid ones", async () => {
     const { logger, records } = capturingLogger();
