@@ -1,21 +1,12 @@
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { CheckpointError, leaderBucket } from "../../protocol/index.js";
-import { LEADER_KEY } from "../ha/leader-lease.js";
+import { CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, type LeaseHolder } from "../../protocol/index.js";
 import { pollUntil } from "./poll-until.js";
 
 /** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
 export const LEADER_CHECK_MS = 5_000;
 
-/**
- * Who holds the lease: the coordinator's id, its term and whether that term serves the controller
- * API yet (term and serving are absent in the value a coordinator before them writes).
- */
-export interface LeaseHolder {
-  id: string;
-  term: string | undefined;
-  serving: boolean | undefined;
-}
+export type { LeaseHolder };
 
 /**
  * The coordinator leading `deployment`, as its lease in the leader bucket names it: its id and
@@ -36,9 +27,7 @@ export class LeaderLeaseReader {
       this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
       const entry = await this.kv.get(LEADER_KEY);
       if (!entry || entry.operation !== "PUT") return null;
-      const { id, term, serving } = JSON.parse(entry.string()) as { id?: unknown; term?: unknown; serving?: unknown };
-      if (typeof id !== "string") return undefined;
-      return { id, term: typeof term === "string" ? term : undefined, serving: typeof serving === "boolean" ? serving : undefined };
+      return decodeLeaseValue(entry.string());
     } catch {
       return undefined;
     }

@@ -3,13 +3,13 @@ import { JetStreamApiCodes, jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { CheckpointError, isWrongRevision, leaderBucket } from "../../protocol/index.js";
+import { CheckpointError, encodeLeaseValue, isWrongRevision, LEADER_KEY, leaderBucket } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import { openBucketAsserted, readsFromStreamLeader } from "../membership/kv-bucket.js";
 import { coordinatorTelemetry } from "../telemetry/coordinator-telemetry.js";
 import type { Leadership, LeadershipState } from "./leadership.js";
 
-export const LEADER_KEY = "coordinator";
+export { LEADER_KEY };
 
 export interface LeaderLeaseOptions {
   nc: NatsConnection;
@@ -238,9 +238,13 @@ export class LeaderLease implements Leadership {
     return { epoch: await this.createKey(value), sentAt: recreatedAt };
   }
 
-  /** The key's value: who leads, in which term (see `term`), and when it last wrote, in wall time (for humans; never compared). */
+  /**
+   * The key's value: who leads, in which term (see `term`), its epoch once won (null in the create:
+   * a restarted participant takes the revision then; see leaseEpochFloor), and when it last wrote,
+   * in wall time (for humans; never compared).
+   */
   private keyValue(): string {
-    return JSON.stringify({ id: this.options.id, term: this.term, serving: this.serving, at: this.clock.now() });
+    return encodeLeaseValue({ id: this.options.id, term: this.term, serving: this.serving, epoch: this.heldEpoch, at: this.clock.now() });
   }
 
   private schedule(ms: number): void {

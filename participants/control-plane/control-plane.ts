@@ -73,6 +73,11 @@ export interface ControlPlaneOptions<R extends RecordBase> {
   logger?: Logger;
   /** Upper bound between readiness re-checks while a prepare waits (notifications usually come first). */
   readinessPollMs?: number;
+  /**
+   * The epoch fence to start from (default 0): startParticipant reads it from the leader lease, so
+   * a restarted process refuses a deposed leader's delayed op as its predecessor would have.
+   */
+  epochFloor?: number;
 }
 
 /** One export per checkpoint: a retry with the same directory and scope reuses it. */
@@ -183,6 +188,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const bound = options.logger?.bindings() ?? {};
     this.logger = options.logger?.child({ kind: this.adapter.kind, ...(bound["instance"] === this.instance ? {} : { instance: this.instance }) });
     this.pollMs = options.readinessPollMs ?? 1000;
+    this.highestEpoch = options.epochFloor ?? 0;
     this.adapter.attach?.({
       notifyReadinessChanged: () => this.notify(),
       isRetired: (episode) => this.isRetired(episode),

@@ -4,6 +4,7 @@ import { DeploymentSchema, InstanceSchema, parseName, type CheckpointError, type
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import type { Clock } from "./clock.js";
 import { ParticipantControlPlane } from "./control-plane.js";
+import { readEpochFloor } from "./epoch-floor.js";
 import { newIncarnation } from "./incarnation.js";
 import { MembershipAnnouncer } from "./membership-announcer.js";
 import { ControlEndpoint } from "./nats-endpoint.js";
@@ -45,6 +46,8 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
   parseName(InstanceSchema, options.instance, "a participant's instance");
   // One incarnation for both: the control plane refuses what is not addressed to the one announced.
   const incarnation = newIncarnation();
+  // Before it subscribes: no op is admitted below the epoch a leader already holds.
+  const epochFloor = await readEpochFloor(options.nc, options.deployment, options.logger);
   const controlPlane = new ParticipantControlPlane<R>({
     adapter: options.adapter,
     instance: options.instance,
@@ -54,6 +57,7 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
     ...(options.leaseGraceSeconds !== undefined && { leaseGraceSeconds: options.leaseGraceSeconds }),
     ...(options.checkpointRoot && { checkpointRoot: options.checkpointRoot }),
     ...(options.logger && { logger: options.logger }),
+    epochFloor,
   });
   const endpoint = new ControlEndpoint(controlPlane as unknown as ParticipantControlPlane<RecordBase>, {
     nc: options.nc,

@@ -216,11 +216,12 @@ describe("leader lease", () => {
 
   it("the key names the term (kept by its renewals, new for the next one) and says once the term serves (markServing writes it at once)", async () => {
     const { kv, clock, l } = await started();
-    const written = () => JSON.parse(kv.values.at(-1)!) as { term: string; serving: boolean };
+    const written = () => JSON.parse(kv.values.at(-1)!) as { term: string; serving: boolean; epoch: number | null };
     const first = written();
     expect(first.serving).toBe(false);
+    expect(first.epoch).toBeNull(); // the create: its revision is the epoch (a restarted participant's floor)
     await clock.advance(3000);
-    expect(written()).toMatchObject({ term: first.term, serving: false });
+    expect(written()).toMatchObject({ term: first.term, serving: false, epoch: 101 });
     const sent = kv.values.length;
     await l.markServing(101);
     expect(kv.values.length).toBe(sent + 1); // not at the next renewal, a lease/3 later
@@ -575,7 +576,7 @@ describe("leader lease", () => {
     expect(l.epoch()).toBe(101);
     expect(events).toEqual(["ready:101"]);
     // what the key says is for humans reading the bucket: the wall clock, step included
-    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", term: expect.stringMatching(/^[0-9a-f]{16}$/), serving: false, at: clock.now() });
+    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", term: expect.stringMatching(/^[0-9a-f]{16}$/), serving: false, epoch: 101, at: clock.now() });
     await l.stop();
   });
 });

@@ -1,0 +1,70 @@
+/**
+ * The leader lease's key in the leader bucket (`leaderBucket`) and the value the coordinator
+ * writes there: read by controller clients (who leads, in which term) and by participants (the
+ * epoch floor a restarted process starts from). The coordinator's `LeaderLease` writes it.
+ */
+export const LEADER_KEY = "coordinator";
+
+/**
+ * The key's value. `epoch` is the term's epoch, the revision its create returned: null in the create
+ * itself (the revision is not known before it), named by every renewal after it. `at` is wall time
+ * for humans, never compared. Values written before `term`, `serving` and `epoch` lack them.
+ */
+export interface LeaseValue {
+  id: string;
+  term: string;
+  serving: boolean;
+  epoch: number | null;
+  at: number;
+}
+
+export function encodeLeaseValue(value: LeaseValue): string {
+  return JSON.stringify({ id: value.id, term: value.term, serving: value.serving, epoch: value.epoch, at: value.at });
+}
+
+/** What a reader can rely on in a value (an older coordinator's lacks term, serving and epoch: undefined). */
+export interface LeaseHolder {
+  id: string;
+  term: string | undefined;
+  serving: boolean | undefined;
+  /** The term's epoch; null in its create (the entry's revision is the epoch); undefined when not named. */
+  epoch: number | null | undefined;
+}
+
+/** The holder a value names, undefined for a value that does not parse or names no id. */
+export function decodeLeaseValue(text: string): LeaseHolder | undefined {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+  if (typeof parsed !== "object" || parsed === null) return undefined;
+  const { id, term, serving, epoch } = parsed as { id?: unknown; term?: unknown; serving?: unknown; epoch?: unknown };
+  if (typeof id !== "string") return undefined;
+  return {
+    id,
+    term: typeof term === "string" ? term : undefined,
+    serving: typeof serving === "boolean" ? serving : undefined,
+    epoch: epoch === null ? null : Number.isSafeInteger(epoch) && (epoch as number) > 0 ? (epoch as number) : undefined,
+  };
+}
+
+/**
+ * The lowest epoch a leader that may still act can hold, from the bucket's state read first
+ * (`lastSeq`, the stream's last sequence) and the key read after it (`held`: its revision and value,
+ * or null when nobody leads). Every deposed leader's epoch is below it, so a participant starting
+ * up fences them without having seen the epoch that deposed them:
+ * - the key names its term's epoch: that one (every earlier term's is lower);
+ * - the key is its term's create (epoch null): its revision, which is that epoch;
+ * - nobody leads: the last sequence, which every past term's epoch lies below once it served (a
+ *   term renews, so moves the sequence past its epoch, before its first lease period ends and it
+ *   acts), and the next term's create lies past;
+ * - a value naming no epoch (an older coordinator's) or that does not parse: 0, no floor.
+ */
+export function leaseEpochFloor(lastSeq: number, held: { revision: number; value: string } | null): number {
+  if (held === null) return Number.isSafeInteger(lastSeq) && lastSeq > 0 ? lastSeq : 0;
+  const epoch = decodeLeaseValue(held.value)?.epoch;
+  if (epoch === null) return held.revision;
+  return epoch ?? 0;
+}
