@@ -1,5 +1,5 @@
 import { z } from "zod";
-import type { RunTrajectory } from "../../protocol/index.js";
+import { keepingProtoKey, type RunTrajectory } from "../../protocol/index.js";
 import type { Message, MessageNode, Prompt } from "./trace-record.js";
 
 /**
@@ -7,10 +7,16 @@ import type { Message, MessageNode, Prompt } from "./trace-record.js";
  * conversation as a record's linear message graph. Used by the reference environment server to
  * put an episode's trajectory in its `/run` reply and to seed a replayed task's context.
  */
-export const ChatToolCallSchema = z
-  .object({ id: z.string(), type: z.literal("function"), function: z.object({ name: z.string(), arguments: z.string() }).passthrough() })
+const ChatToolCallFieldsSchema = z
+  .object({
+    id: z.string(),
+    type: z.literal("function"),
+    function: keepingProtoKey(z.object({ name: z.string(), arguments: z.string() }).passthrough()),
+  })
   .passthrough();
-export const ChatMessageLikeSchema = z
+/** Unknown keys pass through, a `__proto__` one too (as the agent's and environment's chat messages). */
+export const ChatToolCallSchema = keepingProtoKey(ChatToolCallFieldsSchema);
+const ChatMessageLikeFieldsSchema = z
   .object({
     role: z.enum(["system", "user", "assistant", "tool"]),
     content: z.string().nullable().optional(),
@@ -19,7 +25,8 @@ export const ChatMessageLikeSchema = z
     name: z.string().nullable().optional(),
   })
   .passthrough();
-export type ChatMessageLike = z.infer<typeof ChatMessageLikeSchema>;
+export const ChatMessageLikeSchema = keepingProtoKey(ChatMessageLikeFieldsSchema);
+export type ChatMessageLike = z.infer<typeof ChatMessageLikeFieldsSchema>;
 
 export function chatToMessage(m: ChatMessageLike): Message {
   const content = m.content ?? "";

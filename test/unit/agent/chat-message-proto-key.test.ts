@@ -3,6 +3,7 @@ import { ChatMessageSchema, LoopStateSchema } from "../../../participants/gym/ag
 import { runGymEpisode } from "../../../participants/gym/environment-server/gym-episode.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { describeZodError } from "../../../protocol/index.js";
+import { ChatMessageLikeSchema } from "../../../participants/replay/chat-trajectory.js";
 
 /**
  * Chat messages pass unknown keys through (a policy's or a seed's extras); one named `__proto__`
@@ -36,6 +37,21 @@ describe("chat messages keep a __proto__ key as data", () => {
     expect(refused.error!.issues[0]!.path).toEqual(["messages", 1, "role"]);
     expect(describeZodError(refused.error!)).toMatch(/messages\.1\.role|messages\[1\]\.role|role/);
     expect(ChatMessageSchema.safeParse(JSON.parse('{"role":"user","content":"x","__proto__":[1]}')).success).toBe(true);
+  });
+
+  it("the replay's chat message schema (a library export) keeps it, in the message and its tool calls", () => {
+    const text =
+      '{"role":"assistant","content":null,"__proto__":{"reasoning":"6*7"},"tool_calls":[{"id":"c1","type":"function","function":{"name":"calc","arguments":"{}","__proto__":2},"__proto__":[1]}]}';
+    const parsed = ChatMessageLikeSchema.parse(JSON.parse(text));
+    expect(Object.hasOwn(parsed, "__proto__")).toBe(true);
+    expect(Object.getPrototypeOf(parsed)).toBe(Object.prototype);
+    expect(JSON.stringify(parsed)).toBe(text);
+    expect(ChatMessageLikeSchema.safeParse({ role: "user", tool_calls: [{ id: "c", type: "function", function: { name: 1 } }] }).error!.issues[0]!.path).toEqual([
+      "tool_calls",
+      0,
+      "function",
+      "name",
+    ]);
   });
 
   it("the environment keeps it in the conversation an activation reports", async () => {
