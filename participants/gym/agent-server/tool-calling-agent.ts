@@ -7,7 +7,8 @@ import type { GymTask } from "./gym-task.js";
  * The reference tool-calling agent's turn loop, written once and driven either by a native
  * activation (boundaries are lazy snapshots) or by a legacy `/run` episode (boundaries go to the
  * step tracker). A boundary is reported before each model call; the tool round's results are part
- * of the next one. A refused model call (`admission_closed`) parks and retries from the boundary.
+ * of the next one. A refused model call (`admission_closed`) parks and retries from the boundary; a
+ * refused tool call parks and is sent again.
  */
 const ChatMessageFieldsSchema = z
   .object({
@@ -132,7 +133,19 @@ export async function runTurnLoop(
     }
     messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });
     for (const call of calls) {
-      const result = await driver.tool(() => callCalculator(endpoints, captureKey, cookie, call.function.arguments, driver.signal));
+      let result: unknown;
+      for (;;) {
+        try {
+          result = await driver.tool(() => callCalculator(endpoints, captureKey, cookie, call.function.arguments, driver.signal));
+          break;
+        } catch (error) {
+          // Refused before it ran (the resources server closed admission, or frees the session): sent
+          // again after parking, as a refused policy call. Passed on, the caller would take the
+          // activation for one that never ran and start its turn loop over, repeating its policy calls.
+          if (!isRefusal(error, "admission_closed")) throw error;
+          await driver.park();
+        }
+      }
       messages.push({ role: "tool", tool_call_id: call.id, content: JSON.stringify(result) });
     }
   }
