@@ -593,6 +593,27 @@ describe("agent participant", () => {
     expect(await run).toBe(1);
   });
 
+  it("a restored session whose activation fails before its first boundary is claimed, not held: idle, no blocker, exported at its restored boundary, freed by its close", async () => {
+    const { first, second } = await restoredK1K2();
+    second.kind.openSession(ep("k1", 1));
+    const crash = new Error("seeding the turn loop failed");
+    await expect(
+      second.kind.activate(ep("k1", 1), async (a) => {
+        a.continuation();
+        throw crash;
+      }),
+    ).rejects.toBe(crash);
+    // Only k2 is still waiting for its replacement; k1 blocks nothing and still continues from where it was restored.
+    expect(second.kind.readiness()).toMatchObject({ blockers: [], restarts: [], counts: { restored_pending: 1, idle: 2 } });
+    await second.call("prepare", { checkpoint_id: "c2" });
+    expect((await second.call("commit", { checkpoint_id: "c2" })).episode_ids).toEqual(["k1-a1", "k2-a1"]);
+    await second.call("resume", { checkpoint_id: "c2" });
+    // The environment's clean-up of its failed episode frees it.
+    await second.kind.closeSession(ep("k1", 1));
+    expect({ retired: second.hooks.retired, sessions: second.kind.statusExtras() }).toMatchObject({ retired: ["k1"], sessions: { sessions: 1, restored_pending: 1 } });
+    await first.kind.retire([ep("k1"), ep("k2")]);
+  });
+
   it("a commit fails when the hooks do not export every session; scope clean-up frees unclaimed restored sessions", async () => {
     const { first, second } = await restoredK1K2();
     await second.call("prepare", { checkpoint_id: "c2" });
