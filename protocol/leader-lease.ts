@@ -56,7 +56,13 @@ export function decodeLeaseValue(text: string): LeaseHolder | undefined {
  * or null when nobody leads). Every deposed leader's epoch is below it, so a participant starting
  * up fences them without having seen the epoch that deposed them:
  * - the key names its term's epoch: that one (every earlier term's is lower);
- * - the key is its term's create (epoch null): its revision, which is that epoch;
+ * - the key is its term's create (epoch null): the sequence before it (its revision - 1), as if read
+ *   just before the create. Not the revision: that campaign's epoch floor probes the participants
+ *   after its create, and one started since would report that very revision, so the campaign would
+ *   take it for an epoch in use and purge and create its key again. Within one bucket nothing that
+ *   acted is let in: a term whose create was the sequence before never renewed. After a campaign
+ *   moved past a recreated bucket's floor, the sequence before is that floor (as the last sequence
+ *   reads between its purge and its create): the new leader's recovery probe raises the fence;
  * - nobody leads: the last sequence, which every past term's epoch lies below once it served (a
  *   term renews, so moves the sequence past its epoch, before its first lease period ends and it
  *   acts), and the next term's create lies past;
@@ -65,6 +71,6 @@ export function decodeLeaseValue(text: string): LeaseHolder | undefined {
 export function leaseEpochFloor(lastSeq: number, held: { revision: number; value: string } | null): number {
   if (held === null) return Number.isSafeInteger(lastSeq) && lastSeq > 0 ? lastSeq : 0;
   const epoch = decodeLeaseValue(held.value)?.epoch;
-  if (epoch === null) return held.revision;
+  if (epoch === null) return Math.max(0, held.revision - 1);
   return epoch ?? 0;
 }

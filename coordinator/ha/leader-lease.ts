@@ -240,7 +240,7 @@ export class LeaderLease implements Leadership {
 
   /**
    * The key's value: who leads, in which term (see `term`), its epoch once won (null in the create:
-   * a restarted participant takes the revision then; see leaseEpochFloor), and when it last wrote,
+   * a restarted participant fences below the revision then; see leaseEpochFloor), and when it last wrote,
    * in wall time (for humans; never compared).
    */
   private keyValue(): string {

@@ -1,11 +1,12 @@
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { Kvm } from "@nats-io/kv";
 import { connect } from "@nats-io/transport-node";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
-import type { Op } from "../../protocol/index.js";
+import { leaderBucket, type Op } from "../../protocol/index.js";
 import { controlRequest, phase } from "../support/control-requests.js";
 import { NatsServerProcess, startNats, type NatsFixture } from "../support/nats.js";
 
@@ -74,15 +75,16 @@ describe("a restarted participant's epoch fence starts from the leader lease", (
     expect(await send("forget", forgetAt(leader.epoch))).toEqual({ forgotten: ["r1"] });
   });
 
-  it("takes a fresh term's create (no epoch named yet) at its revision", async () => {
+  it("takes a fresh term's create (no epoch named yet) as the sequence just before its revision", async () => {
     const deployment = "floor_created";
     const send = sender(deployment);
     const deposed = await leaderOf(deployment, "coord-a");
     await deposed.lease.stop();
     const leader = await leaderOf(deployment, "coord-b", false);
     await participantOf(deployment);
-    expect((await send("status", {})).epoch).toBe(leader.epoch);
+    expect((await send("status", {})).epoch).toBe(leader.epoch - 1);
     expect((await send("forget", forgetAt(deposed.epoch))).error?.code).toBe("stale_epoch");
+    expect(await send("forget", forgetAt(leader.epoch))).toEqual({ forgotten: ["r1"] });
   });
 
   it("while nobody leads, fences every past term and admits the next leader", async () => {
@@ -94,6 +96,35 @@ describe("a restarted participant's epoch fence starts from the leader lease", (
     expect((await send("forget", forgetAt(last.epoch))).error?.code).toBe("stale_epoch");
     const next = await leaderOf(deployment, "coord-b");
     expect(await send("forget", forgetAt(next.epoch))).toEqual({ forgotten: ["r1"] });
+  });
+
+  it("started while a campaign probes for the epoch floor, its floor does not push that campaign's epoch past its create", async () => {
+    const deployment = "floor_campaign";
+    const send = sender(deployment);
+    const last = await leaderOf(deployment, "coord-a");
+    await last.lease.stop(); // released: nobody leads
+    const lastSeq = async () => (await (await new Kvm(nats.nc).open(leaderBucket(deployment))).status()).streamInfo.state.last_seq;
+    const created = (await lastSeq()) + 1;
+    const warned: string[] = [];
+    const logger = { info() {}, warn: (_: unknown, msg: string) => void warned.push(msg), error() {}, child() { return logger; } };
+    // The daemon's floor: what the registered participants report, here one (re)started after the create.
+    const lease = new LeaderLease({
+      nc: nats.nc,
+      deployment,
+      id: "coord-b",
+      leaseMs: 60_000,
+      logger: logger as never,
+      epochFloor: async () => {
+        await participantOf(deployment);
+        return (await send("status", {})).epoch as number;
+      },
+    });
+    open.push(lease);
+    await lease.start();
+    expect(warned).not.toContain("lease_revisions_behind_epochs_in_use");
+    expect(lease.state().epoch).toBe(created);
+    expect((await send("forget", forgetAt(last.epoch))).error?.code).toBe("stale_epoch");
+    expect(await send("forget", forgetAt(created))).toEqual({ forgotten: ["r1"] });
   });
 
   it("starts unfenced where no coordinator ever ran (no leader bucket)", async () => {

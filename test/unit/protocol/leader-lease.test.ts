@@ -13,9 +13,11 @@ describe("the leader lease's value and the epoch floor a starting participant ta
     expect(decodeLeaseValue(JSON.stringify({ term: "t" }))).toBeUndefined();
   });
 
-  it("is the epoch the key names, the create's revision, the last sequence when nobody leads, else 0", () => {
+  it("is the epoch the key names, the sequence before the create, the last sequence when nobody leads, else 0", () => {
     expect(leaseEpochFloor(12, { revision: 12, value: value(9) })).toBe(9); // renewed since: its revision is past the epoch
-    expect(leaseEpochFloor(9, { revision: 9, value: value(null) })).toBe(9);
+    // Below the create: the campaign's own probe must not find its revision in use.
+    expect(leaseEpochFloor(9, { revision: 9, value: value(null) })).toBe(8);
+    expect(leaseEpochFloor(1, { revision: 1, value: value(null) })).toBe(0);
     expect(leaseEpochFloor(15, null)).toBe(15);
     expect(leaseEpochFloor(0, null)).toBe(0);
     expect(leaseEpochFloor(12, { revision: 12, value: JSON.stringify({ id: "old", at: 1 }) })).toBe(0);
