@@ -69,8 +69,10 @@ const proxyConnections = () => new Promise<number>((resolve) => proxy.getConnect
 describe("attach proxy, a caller gone while its call waits to be admitted", () => {
   it("is not forwarded upstream once admission opens, and leaves no ticket and no row", async () => {
     // The key's ledger read waits (its stripe busy) while a checkpoint closes and reopens admission.
-    let releaseStripe!: () => void;
+    let releaseStripe: (() => void) | undefined;
     const stripe = kind.ledger.locks.run("w", () => new Promise<void>((resolve) => (releaseStripe = resolve)));
+    // Taking the stripe is file work of its own: under load it may not be held yet.
+    await waitUntil(() => releaseStripe !== undefined, "the stripe to be held");
     const caller = send("w");
     await waitUntil(async () => (await proxyConnections()) === 1, "the call to reach the proxy");
     await kind.closeAdmission();
@@ -78,7 +80,7 @@ describe("attach proxy, a caller gone while its call waits to be admitted", () =
     await caller.done;
     await waitUntil(async () => (await proxyConnections()) === 0, "the proxy to see the caller leave");
     await kind.openAdmission();
-    releaseStripe();
+    releaseStripe!();
     await stripe;
     expect(admissions).toHaveLength(1);
     await admissions[0]; // admitted: admission is open again
