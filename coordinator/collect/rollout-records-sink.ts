@@ -9,6 +9,7 @@ import {
   assertRolloutEnv,
   encodeRolloutRecords,
   encodeRolloutStepMarker,
+  isStorageFailure,
   makeDirectories,
   parseRolloutRecordFileName,
   rolloutBatchFit,
@@ -70,6 +71,9 @@ async function markerFiles(path: string, step: number, kind: RecordKind): Promis
   }
 }
 
+/** A step marker that kept losing entries to concurrent writers (see completeMarker): tried again later. */
+class MarkerContention extends Error {}
+
 /** Flushes close tries (a failed step is never reused, so a retry writes the next step) and the pause between them. */
 const CLOSE_TRIES = 3;
 const CLOSE_RETRY_MS = 500;
@@ -114,15 +118,42 @@ export class RolloutRecordsSink {
    * update) left listing fewer record files of this kind than the step holds.
    */
   async start(): Promise<void> {
-    await makeDirectories(this.root);
-    let highest = 0;
-    for (const entry of await readdir(this.root, { withFileTypes: true })) {
-      const m = STEP_DIR.exec(entry.name);
-      if (!m) continue;
-      highest = Math.max(highest, Number(m[1]));
-      if (entry.isDirectory()) await this.completeMarker(Number(m[1]), "start");
+    try {
+      await makeDirectories(this.root);
+      let highest = 0;
+      for (const entry of await readdir(this.root, { withFileTypes: true })) {
+        const m = STEP_DIR.exec(entry.name);
+        if (!m) continue;
+        highest = Math.max(highest, Number(m[1]));
+        if (entry.isDirectory()) await this.completeMarkerAtStart(Number(m[1]));
+      }
+      this.nextStep = highest + 1;
+    } catch (error) {
+      throw this.startRefusal(error);
     }
-    this.nextStep = highest + 1;
+  }
+
+  /** A marker still losing to concurrent writers is no reason to refuse the start: tried again at the next flush, as after a failed one. */
+  private async completeMarkerAtStart(step: number): Promise<void> {
+    try {
+      await this.completeMarker(step, "start");
+    } catch (error) {
+      if (!(error instanceof MarkerContention)) throw error;
+      this.unmarked.add(step);
+      this.logger.warn({ err: error, step }, "completing a rollout step's marker failed; tried again at the next flush");
+    }
+  }
+
+  /**
+   * A start's failure as a catalog refusal: the storage refusing (EIO, EACCES, ENOSPC) stays what it
+   * is (storage_error); any other file-system error (a regular file named `rollouts`, a directory
+   * where a step's marker goes) is the records dir's content, `invalid_request`, not a bug.
+   */
+  private startRefusal(error: unknown): unknown {
+    if (error instanceof CheckpointError || isStorageFailure(error)) return error;
+    const { code, syscall } = (error ?? {}) as NodeJS.ErrnoException;
+    if (typeof code !== "string" || typeof syscall !== "string") return error;
+    return new CheckpointError("invalid_request", `--records-dir ${this.options.dir}: ${(error as Error).message}`, { cause: error });
   }
 
   /**
@@ -145,7 +176,7 @@ export class RolloutRecordsSink {
       await replaceFileDurably(markerPath, encodeRolloutStepMarker(step, kind, files, this.maxMarkerBytes));
       if (why !== "flush") this.logger.info({ step, files }, "completed a rollout step marker that did not list every record file");
     }
-    throw new Error(`the ${rolloutStepMarkerName(kind)} of step ${step} kept losing files to concurrent writers`);
+    throw new MarkerContention(`the ${rolloutStepMarkerName(kind)} of step ${step} kept losing files to concurrent writers`);
   }
 
   private get maxMarkerBytes(): number {
