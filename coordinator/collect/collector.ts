@@ -238,6 +238,16 @@ export class Collector {
     // would continue restart from input (their /runs died with our predecessor: nobody can read
     // their replies, and the live servers refuse the same attempt while it runs).
     const ours = open !== null && open.checkpoint_id === collection?.checkpoint_id;
+    // Only a checkpoint of ours is closed here: one the logged run started (logged before its
+    // prepare), or our LATEST. Any other is another controller's, maybe mid-flight: a resume would
+    // abort it under that controller, and retires are refused while it is open. Refused before
+    // anything is sent.
+    if (open && !ours && !history?.checkpoints.has(open.checkpoint_id)) {
+      throw new CheckpointError(
+        "checkpoint_conflict",
+        `checkpoint ${open.checkpoint_id} is open (${open.phase}) and this collector's log does not name it: another controller's, or left by a collector older than this one; let it finish, or resume it (gym-ckpt resume ${open.checkpoint_id}), then start again`,
+      );
+    }
     const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);
     const restorable = heldParked ? [] : (collection?.continued ?? []);
     const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
@@ -781,6 +791,8 @@ export class Collector {
       let published = false;
       try {
         await this.retireQueued();
+        // Logged first: a start after a crash mid-checkpoint closes it as ours, and no other open one.
+        await this.log.recordCheckpoint(checkpointId);
         const prepared = await this.options.controller.prepare({ checkpoint_id: checkpointId, deadline_ts: this.deadline() });
         if (!prepared.prepared) {
           log.warn({ blockers: prepared.blockers, stopped_at: prepared.stopped_at }, "prepare did not finish; checkpoint not published");

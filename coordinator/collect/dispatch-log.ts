@@ -1,6 +1,6 @@
 import { open } from "node:fs/promises";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, LineSplitter, namePath, type EpisodeId } from "../../protocol/index.js";
+import { CheckpointError, CheckpointIdSchema, EpisodeIdSchema, LineSplitter, namePath, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { openRegularFile } from "../publication/regular-file.js";
 import { parseStateValue } from "./state-file-value.js";
@@ -9,10 +9,13 @@ import { parseStateValue } from "./state-file-value.js";
  * `dispatched.jsonl`: the run id on the first line (with `continues_run`, the earlier run whose
  * checkpoint this run restores at start), then one `{rollout_id, attempt}` line appended
  * just before each `/run` is sent, and one `{rollout_id, attempt, restored: true}` line per row a
- * restore continues as its next attempt (not sent yet). After a crash it names every attempt that
+ * restore continues as its next attempt (not sent yet), and one `{checkpoint_id}` line before each
+ * checkpoint's prepare. After a crash it names every attempt that
  * may still be running somewhere, so the next run can retire them before sending replacements,
  * and every row it finished as a later attempt, whose fences the next run forgets (the forget was
- * queued in memory); a new log carries the finished rows whose forget was not sent yet.
+ * queued in memory), and the checkpoints it started, which the next run may close (one it finds
+ * open that no run of its own started is another controller's); a new log carries the finished
+ * rows whose forget was not sent yet.
  * Each line is on disk (fdatasync) before its append returns, and only then does the `/run` go
  * out: a line lost on power loss would let the next run send that attempt again, unretired.
  * Appends made while a sync runs share the next one (group commit): concurrent dispatches cost one
@@ -20,6 +23,9 @@ import { parseStateValue } from "./state-file-value.js";
  */
 const HeaderSchema = z.object({ run_id: z.string().min(1).max(128), continues_run: z.string().min(1).max(128).optional() }).strict();
 const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
+const CheckpointLineSchema = z.object({ checkpoint_id: CheckpointIdSchema }).strict();
+/** How recordCheckpoint's lines begin (JSON.stringify's spelling): the other lines are attempts. */
+const CHECKPOINT_LINE = /^\{"checkpoint_id":/;
 
 /**
  * No size limit: the log is streamed at start-up, keeping only the latest attempt per rollout, so
@@ -44,6 +50,8 @@ export interface DispatchHistory {
   latest: Map<string, number>;
   /** Rollouts whose latest attempt was only restored, never sent. */
   restoredOnly: Set<string>;
+  /** The checkpoints the run started (logged before their prepare). */
+  checkpoints: Set<string>;
 }
 
 interface QueuedAppend {
@@ -89,6 +97,11 @@ export class DispatchLog {
   /** The attempt about to be sent; on disk when this returns. */
   async record(episode: EpisodeId): Promise<void> {
     await this.append(`${JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt })}\n`);
+  }
+
+  /** A checkpoint this run is about to prepare; on disk when this returns, so the next run knows it for its own. */
+  async recordCheckpoint(checkpointId: string): Promise<void> {
+    await this.append(`${JSON.stringify(CheckpointLineSchema.parse({ checkpoint_id: checkpointId }))}\n`);
   }
 
   /** The next attempts a restore installed: a later checkpoint continues them before they are sent. */
@@ -157,6 +170,7 @@ export class DispatchLog {
     let header: z.output<typeof HeaderSchema> | undefined;
     const latest = new Map<string, number>();
     const restoredOnly = new Set<string>();
+    const checkpoints = new Set<string>();
     let number = 0;
     const take = (line: string) => {
       number++;
@@ -165,6 +179,10 @@ export class DispatchLog {
         return;
       }
       if (!line.trim()) return;
+      if (CHECKPOINT_LINE.test(line)) {
+        checkpoints.add(parseStateValue(CheckpointLineSchema, line, `${path}:${number}`).checkpoint_id);
+        return;
+      }
       const entry = parseStateValue(EntrySchema, line, `${path}:${number}`);
       const previous = latest.get(entry.rollout_id);
       if (previous !== undefined && entry.attempt < previous) return;
@@ -200,6 +218,6 @@ export class DispatchLog {
       await handle.close();
     }
     if (!header) return undefined;
-    return { runId: header.run_id, ...(header.continues_run !== undefined && { continuesRun: header.continues_run }), latest, restoredOnly };
+    return { runId: header.run_id, ...(header.continues_run !== undefined && { continuesRun: header.continues_run }), latest, restoredOnly, checkpoints };
   }
 }

@@ -31,8 +31,11 @@ describe("collector spans", () => {
         throw new CheckpointError("not_leader", "no coordinator serves");
       },
       resume: async () => ({}),
+      list: async () => ({ latest: null, checkpoints: [] }),
+      status: async () => ({ checkpoint: null, participants: [] }),
     } as unknown as CollectorController;
     const collector = new Collector({ rows: [], runUrl: "http://127.0.0.1:1/run", outPath: join(dir, "results.jsonl"), checkpointDir: dir, controller, logger: pino({ level: "silent" }) });
+    await collector.start(); // its log records the checkpoint before the prepare
     await expect(collector.checkpoint({ stop: false })).rejects.toMatchObject({ code: "not_leader" });
     const span = exporter.getFinishedSpans().find((s) => s.name === "checkpoint.collection.checkpoint")!;
     expect(span.status.code).toBe(2); // ERROR

@@ -229,6 +229,8 @@ describe("collector", () => {
         return base.resume(req);
       },
     });
+    // The predecessor logged its checkpoint before the prepare, then died in it.
+    await (await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1")).recordCheckpoint("left-by-predecessor");
     state.open = { checkpoint_id: "left-by-predecessor", phase: "prepared" };
     const collector = collectorFor(controller, url);
     await collector.start();
@@ -236,6 +238,41 @@ describe("collector", () => {
     expect(state.open).toBeNull();
     expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
     expect(calls.filter((c) => c.op === "resume")).toHaveLength(1); // the refused one never reached base
+  });
+
+  it.each([
+    ["no log at all (a first start)", undefined],
+    ["a log naming only other checkpoints", "ckpt-20240101T000000-bbbbbbbb"],
+  ])("refuses to start while another controller's checkpoint is open (%s): nothing is resumed, retired or rewritten", async (_what, logged) => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const { controller, calls, state } = fakeController();
+    const logPath = join(dir, "dispatched.jsonl");
+    if (logged) await (await DispatchLog.create(logPath, "run-1", [{ rollout_id: "a", attempt: 0 }])).recordCheckpoint(logged);
+    const before = logged ? await readFile(logPath, "utf8") : undefined;
+    // Another controller's checkpoint, mid-flight: a resume would abort it under that controller.
+    state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "prepared" };
+    const collector = collectorFor(controller, url);
+    await expect(collector.start()).rejects.toMatchObject({ code: "checkpoint_conflict", message: expect.stringContaining("gym-ckpt resume ckpt-20240101T000000-aaaaaaaa") });
+    expect(calls.map((c) => c.op)).toEqual([]);
+    expect(state.open).toEqual({ checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "prepared" });
+    expect(logged ? await readFile(logPath, "utf8") : undefined).toBe(before);
+  });
+
+  it("logs each checkpoint's id before its prepare, so a start after a crash mid-checkpoint knows it for its own", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const logged: boolean[] = [];
+    const { controller, base } = fakeController({
+      prepare: async (req: never) => {
+        const id = (req as { checkpoint_id: string }).checkpoint_id;
+        logged.push((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.checkpoints.has(id));
+        return base.prepare(req);
+      },
+    });
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    expect(logged).toEqual([true]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
   });
 
   it("a checkpoint asked for once the collection has ended (SIGUSR1 or SIGTERM during its summary) is skipped: nothing is prepared that the exiting process would leave parked", async () => {
@@ -435,7 +472,8 @@ describe("collector", () => {
   });
 
   it("a restore left open whose processes restarted since is closed by its resume's clean-up (restore_failed) and the start goes on", async () => {
-    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }]);
+    // run-2 restored run-1's stop checkpoint (continuing nothing) and died before its resume.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
     const { controller, calls, state } = fakeController({
       resume: async () => {
         // The coordinator retires attempt+1 where the restore may be installed, resumes everyone and closes it.
@@ -443,6 +481,7 @@ describe("collector", () => {
         throw new CheckpointError("restore_failed", "environment/e1 restarted since the restore and lost what it restored");
       },
     });
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", []);
     state.open = { checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", phase: "restored" };
     const sent: number[] = [];
     const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
@@ -1594,6 +1633,7 @@ describe("collector across a coordinator failover (the engine, then its successo
   it("a checkpoint left open whose resume landed just before its coordinator died (reply lost): the successor's not_found means nothing is left open, and the start goes on", async () => {
     const w = await failoverWorld((op, n) => (op === "resume" && n === 1 ? "died-after" : "pass"));
     // A predecessor collector died in its checkpoint's prepare: the checkpoint is open, the Gym parked.
+    await (await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1")).recordCheckpoint("ckpt-20240101T000000-aaaaaaaa");
     await w.controller.prepare({ checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", deadline_ts: Date.now() / 1000 + 60 });
     const collector = collectorIn(w);
     await collector.start();
