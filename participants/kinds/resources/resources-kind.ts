@@ -86,6 +86,11 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   /** Frees of sessions a retired attempt's handler built but may not bind; retire waits for them. */
   private readonly freeing = new Set<Promise<void>>();
   /**
+   * Frees of finished sessions' states (exported mode): live state until done, so a restore naming
+   * one of those ids does not install a state the free then deletes.
+   */
+  private readonly freeingFinished = new Set<Promise<void>>();
+  /**
    * Restored sessions afterCommit dropped and is freeing: a request naming one is refused
    * (`admission_closed`) until its free ended, so none is served from state about to be freed.
    */
@@ -207,7 +212,27 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       this.endAtReopen.set(sessionId, ticket.episode);
       return;
     }
-    this.end(sessionId, ticket.episode);
+    this.endFinished(sessionId, ticket.episode);
+  }
+
+  /**
+   * Ends a finished session and, in `exported` mode, frees its state: a handler whose request is
+   * replayable must not free it (the checkpoint being taken may still export it), so nothing else
+   * would, and it would be held for good.
+   */
+  private endFinished(sessionId: string, episode: EpisodeId): void {
+    const held = this.sessions.has(sessionId);
+    this.end(sessionId, episode);
+    if (!(this.mode === "exported" && held && !this.sessions.has(sessionId))) return;
+    const free = (async () => {
+      try {
+        await this.hooks.retireSessionState!(sessionId);
+      } catch (error) {
+        this.logger?.warn({ episode: captureKey(episode), err: error }, "freeing the state of a finished session failed");
+      }
+    })();
+    this.freeingFinished.add(free);
+    void free.finally(() => this.freeingFinished.delete(free));
   }
 
   /**
@@ -270,7 +295,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   async openAdmission(): Promise<void> {
-    for (const [sessionId, episode] of this.endAtReopen) this.end(sessionId, episode);
+    for (const [sessionId, episode] of this.endAtReopen) this.endFinished(sessionId, episode);
     this.endAtReopen.clear();
     this.gate.reopen();
   }
@@ -303,7 +328,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   hasLiveState(): boolean {
-    return this.sessions.size > 0 || this.active.size > 0 || this.freeingRestored.size > 0;
+    return this.sessions.size > 0 || this.active.size > 0 || this.freeingRestored.size > 0 || this.freeingFinished.size > 0;
   }
 
   async install(records: ResourcesSessionRecord[]): Promise<void> {

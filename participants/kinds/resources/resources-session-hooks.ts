@@ -12,7 +12,10 @@ export interface ResourcesSessionHooks {
   exportSessionStates(sessionIds: string[]): Promise<Record<string, JsonValue>>;
   /** Validate every state first, then install all of them, or throw and install nothing. */
   restoreSessionStates(states: Record<string, JsonValue>): Promise<void>;
-  /** Free one session's state; must tolerate a session that is already gone. */
+  /**
+   * Free one session's state; must tolerate a session that is already gone. Also called once a
+   * request ended the session (a 2xx `/verify`, `/close_session` or `sessions.ended`).
+   */
   retireSessionState(sessionId: string): Promise<void>;
   /** Optional, best effort: after a `stop` commit, free the compute of the sessions it exported (no others). */
   parkSessionStates?(sessionIds: string[]): Promise<void>;
