@@ -54,7 +54,11 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   const pool = new Pool(upstream.url.origin, { connections: null, headersTimeout: 0, bodyTimeout: 0 });
   const basePath = upstream.url.pathname.replace(/\/+$/, "");
 
-  const server = createServer({ noDelay: true, keepAlive: true }, (req, res) => {
+  // No requestTimeout (Node's is 300 s, fastify's servers run without one too): a caller's pipelined
+  // request behind a held response stops being read once the answers queued behind it reach 16 KiB,
+  // and one whose body was not all read would cut the connection, the held call with it, however
+  // long the checkpoint lasts. headersTimeout (60 s) still guards a request's headers.
+  const server = createServer({ noDelay: true, keepAlive: true, requestTimeout: 0 }, (req, res) => {
     handle(req, res).catch((error: unknown) => {
       logger?.warn({ err: error }, "attach proxy request failed");
       if (!res.headersSent) refuse(res, error);
