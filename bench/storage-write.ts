@@ -1,4 +1,4 @@
-import { mkdtemp, open, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, open, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -61,6 +61,7 @@ export async function run(): Promise<void> {
       const plane = new ParticipantControlPlane({ adapter: kind, instance: "a0" });
       const id = `p${round}`;
       const deadline = Date.now() / 1000 + 120;
+      await mkdir(join(dir, id)); // the coordinator's, made before its commit (during the prepare), off the participant's path
       const pauseStart = performance.now();
       await plane.handle("prepare", { checkpoint_id: id, deadline_ts: deadline, epoch: 1 });
       const writeStart = performance.now();

@@ -1208,6 +1208,11 @@ export class CheckpointEngine {
     const dir = this.options.catalog.dirFor(id);
     const epoch = open.epoch;
     if (open.phase === "prepared") this.assertJournalable({ ...open, dir, scope, stop }, "decided");
+    // The directory exists before any commit leaves (made during the prepare; a successor's re-drive
+    // makes it here): a participant that does not see it (its checkpoint storage not mounted there)
+    // refuses the commit rather than write to its local disk. Failing before a first decision, it
+    // leaves the checkpoint prepared.
+    await this.options.writer.checkpointDirectory(id);
     await this.options.hooks?.beforeDecision?.(id);
     if (open.phase === "prepared") {
       open.dir = dir;
@@ -1242,9 +1247,6 @@ export class CheckpointEngine {
         return { ...entry, episode_ids: episodeIds };
       }),
     );
-    // The reply names checkpoint_dir for the controller to write its own state into: it exists by
-    // then, whatever the participants wrote (staged during the prepare, so normally long done).
-    await this.options.writer.stagedDirectory(id);
     open.phase = "committed";
     open.commit = { checkpoint_id: id, epoch, checkpoint_dir: dir, participants };
     return open.commit;

@@ -48,12 +48,15 @@ export interface PublishResult {
  *
  * LATEST's new content (the id) is known when the checkpoint opens, so `stage` creates the
  * checkpoint directory (root fsynced) and writes and fsyncs LATEST's temp file while the prepare
- * and commit requests are in flight; publication then pays one fsynced file (checkpoint.json) and
- * one directory fsync before LATEST's rename, whose root fsync runs in the background (`durable`).
+ * and commit requests are in flight (the commits wait for the mkdir alone: `checkpointDirectory`);
+ * publication then pays one fsynced file (checkpoint.json) and one directory fsync before LATEST's
+ * rename, whose root fsync runs in the background (`durable`).
  * The order on disk is unchanged: LATEST is renamed only after checkpoint.json is durable.
  */
 export class GlobalManifestWriter {
   private readonly staged = new Map<string, Promise<StagedFile>>();
+  /** Each staged checkpoint's mkdir, the part of its staging a commit waits for (`checkpointDirectory`). */
+  private readonly directories = new Map<string, Promise<unknown>>();
   private readonly inUse = new Set<string>();
   private cleanup: Promise<void> = Promise.resolve();
   private latestDurable: Promise<void> = Promise.resolve();
@@ -68,9 +71,37 @@ export class GlobalManifestWriter {
   /** Starts writing (and fsyncing) the checkpoint directory and LATEST's temp file for `checkpointId`. */
   stage(checkpointId: string): void {
     if (this.staged.has(checkpointId)) return;
-    const staging = this.stageLatest(checkpointId);
+    const directory = makeDirectories(this.catalog.dirFor(checkpointId));
+    directory.catch(() => undefined); // surfaced by checkpointDirectory and publish
+    const staging = this.stageLatest(checkpointId, directory);
     staging.catch(() => undefined); // surfaced by publish; a discarded stage needs no handler
     this.staged.set(checkpointId, staging);
+    this.directories.set(checkpointId, directory);
+  }
+
+  /**
+   * Settles once the checkpoint directory exists (staging it now if nothing is: a successor's
+   * re-driven commit), before any commit is sent: a participant that does not see it (its checkpoint
+   * storage not mounted on its host) refuses the commit instead of writing to its local disk. Only
+   * the mkdir is awaited, normally done during the prepare; the fsyncs are publication's. A failed
+   * mkdir is staged again once, so a passing failure does not refuse every retried commit; a second
+   * failure is thrown.
+   */
+  async checkpointDirectory(checkpointId: string): Promise<void> {
+    this.stage(checkpointId);
+    try {
+      await this.directories.get(checkpointId);
+    } catch {
+      // Nothing of that staging is on disk (LATEST's temp file is written only after the mkdir).
+      this.staged.delete(checkpointId);
+      this.directories.delete(checkpointId);
+      this.stage(checkpointId);
+      await this.directories.get(checkpointId)!.catch((error: unknown) => {
+        // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
+        if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+        throw new CheckpointError("checkpoint_conflict", `${this.catalog.dirFor(checkpointId)} exists and is not a directory: nothing was committed`, { cause: error });
+      });
+    }
   }
 
   /**
@@ -81,6 +112,7 @@ export class GlobalManifestWriter {
     const staging = this.staged.get(checkpointId);
     if (!staging) return this.cleanup;
     this.staged.delete(checkpointId);
+    this.directories.delete(checkpointId);
     this.cleanup = this.cleanup.then(async () => {
       await this.removeStagedTemp(staging);
       await rmdir(this.catalog.dirFor(checkpointId)).catch(() => undefined); // not empty: something was committed, retention deletes it as partial
@@ -96,6 +128,7 @@ export class GlobalManifestWriter {
   discardStagedLatest(): Promise<void> {
     const stagings = [...this.staged.values()];
     this.staged.clear();
+    this.directories.clear();
     this.cleanup = this.cleanup.then(async () => {
       for (const staging of stagings) await this.removeStagedTemp(staging);
     });
@@ -110,19 +143,12 @@ export class GlobalManifestWriter {
     this.inUse.delete(staged.temp);
   }
 
-  /**
-   * Settles once `stage` has created the checkpoint directory and LATEST's temp file (at once when
-   * nothing is staged); a staging failure is left for `publish` to report.
-   */
-  async stagedDirectory(checkpointId: string): Promise<void> {
-    await this.staged.get(checkpointId)?.catch(() => undefined);
-  }
-
   async publish(input: PublishInput): Promise<PublishResult> {
     const dir = this.catalog.dirFor(input.checkpointId);
     this.stage(input.checkpointId);
     const staging = this.staged.get(input.checkpointId)!;
     this.staged.delete(input.checkpointId);
+    this.directories.delete(input.checkpointId);
     let latest: StagedFile | undefined;
     let manifestPath: string | undefined;
     /** checkpoint.json may be in place (its rename was allowed). */
@@ -250,13 +276,14 @@ export class GlobalManifestWriter {
     await Promise.all([this.cleanup, this.latestDurable.catch(() => undefined)]);
   }
 
-  private async stageLatest(checkpointId: string): Promise<StagedFile> {
+  /** `directory`: the checkpoint directory's mkdir, started by `stage`. */
+  private async stageLatest(checkpointId: string, directory: Promise<unknown>): Promise<StagedFile> {
     const target = join(this.catalog.root, LATEST_FILE);
     const temp = tempPathFor(target);
     // Reserved before it exists, so background removal of leftovers never takes it.
     this.inUse.add(temp);
     try {
-      await makeDirectories(this.catalog.dirFor(checkpointId));
+      await directory;
       // The root's fsync makes the new checkpoint directory durable before anything is committed
       // into it (publication no longer fsyncs the root before the resume).
       const [staged] = await Promise.all([stageFile(target, `${checkpointId}\n`, temp), fsyncDirectory(this.catalog.root)]);

@@ -407,6 +407,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
     const dir = await this.checkpointDir(request.checkpoint_dir, { write: true });
+    const invisible = await invisibleCheckpointDir(dir);
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
     const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
     const pending = await this.underLock(request, () => {
@@ -433,6 +434,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         const inScope = request.episode_ids.map(captureKey).filter((key) => restarts.has(key));
         if (inScope.length) throw new CheckpointError("restart_in_scope", `the scope names restarts: ${inScope.slice(0, 10).join(", ")}`);
       }
+      // After the checks above (a retry's reply, phase, conflict), before the lease below.
+      if (invisible) throw invisible;
       const write: PendingWrite<R> =
         existing && existing.checkpointId === id
           ? existing
@@ -1153,6 +1156,28 @@ async function lstatOrUndefined(path: string): Promise<Stats | undefined> {
     if (code === "ENOENT") return undefined;
     throw unresolvable(error);
   }
+}
+
+/**
+ * A commit writes only into a checkpoint directory that exists: the coordinator makes it before it
+ * sends any commit, so one missing here lies on storage this host does not see (a checkpoint
+ * storage not mounted here leaves its mount point's empty local directory: mkdir -p would commit to
+ * the local disk, and the published checkpoint's restore would find nothing). The refusal, if any
+ * (thrown before anything changes: the participant stays prepared, its lease as it was).
+ */
+async function invisibleCheckpointDir(dir: string): Promise<CheckpointError | undefined> {
+  let info: Stats | undefined;
+  try {
+    info = await stat(dir);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code !== "ENOENT" && code !== "ENOTDIR") throw unresolvable(error);
+  }
+  if (info?.isDirectory()) return undefined;
+  return new CheckpointError(
+    "storage_error",
+    `${info ? "ENOTDIR" : "ENOENT"}: checkpoint directory ${dir}, which the coordinator created before this commit, is not ${info ? "a directory" : "visible"} on this host (is the checkpoint storage mounted here?); a commit does not create it, nothing was written`,
+  );
 }
 
 /**

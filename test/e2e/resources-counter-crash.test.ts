@@ -1,4 +1,5 @@
 import type { ChildProcess } from "node:child_process";
+import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { phase, postRollout, startResourcesWorld, type ResourcesWorld } from "../support/resources-server.js";
@@ -34,6 +35,7 @@ async function countToTwoAndCrash(checkpointId: string): Promise<string> {
   expect((await post(first.url, "r1", "/increment", cookie)).body).toEqual({ count: 1 });
   expect((await post(first.url, "r1", "/increment", cookie)).body).toEqual({ count: 2 });
   expect((await control("prepare", phase(checkpointId))).phase).toBe("prepared");
+  await mkdir(join(world.root, checkpointId)); // as the coordinator does before its commit
   const commit = await control("commit", phase(checkpointId, { checkpoint_dir: join(world.root, checkpointId), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
   expect(commit).toMatchObject({ phase: "committed", episode_ids: ["r1"] });
   await kill(first.child);

@@ -1,4 +1,5 @@
 import type { ChildProcess } from "node:child_process";
+import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { phase, postRollout, startResourcesWorld, type ResourcesWorld } from "../support/resources-server.js";
@@ -49,6 +50,7 @@ describe("verify in flight at a checkpoint (real processes)", () => {
     await untilStat(first.url, "verify_started", 1);
     const prepared = await control("prepare", { ...phase("v-replay"), deadline_ts: Date.now() / 1000 + 1 });
     expect(prepared).toMatchObject({ phase: "prepared", report: { ready: true, blockers: [], counts: { inflight: 0, sessions: 1 } } });
+    await mkdir(join(world.root, "v-replay")); // as the coordinator does before its commit
     const commit = await control("commit", phase("v-replay", { checkpoint_dir: join(world.root, "v-replay"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(commit.episode_ids).toEqual(["r1"]);
     await kill(first.child);
@@ -76,6 +78,7 @@ describe("verify in flight at a checkpoint (real processes)", () => {
     await fetch(`${server.url}/admin/verify/release`);
     expect((await verify).body).toEqual({ reward: 1 });
     expect((await control("prepare", phase("v-wait"))).phase).toBe("prepared");
+    await mkdir(join(world.root, "v-wait"));
     const commit = await control("commit", phase("v-wait", { checkpoint_dir: join(world.root, "v-wait"), episode_ids: null }));
     expect(commit.episode_ids).toEqual([]);
     await control("resume", phase("v-wait"));

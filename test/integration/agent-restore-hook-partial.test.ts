@@ -1,3 +1,4 @@
+import { mkdir } from "node:fs/promises";
 import { describe, expect, it } from "vitest";
 import { AgentKind, type RestoredAgentSession } from "../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../participants/gym/agent-server/agent-session-state.js";
@@ -59,6 +60,7 @@ async function cleanUpThenCheckpoint({ kind, send }: Awaited<ReturnType<typeof s
   expect(kind.openSession({ rollout_id: "r1", attempt: 2 })).toEqual({ restored: false });
   const next = `${id}-next`;
   expect(await send("prepare", phase(next))).toMatchObject({ phase: "prepared", report: { ready: true, blocker_count: 0 } });
+  await mkdir(world.dir(next)); // as the coordinator does before its commit
   expect(await send("commit", phase(next, { checkpoint_dir: world.dir(next), episode_ids: null }))).toMatchObject({ phase: "committed", episode_ids: ["r1-a2"] });
   expect(await send("resume", phase(next))).toEqual({ phase: "idle", idempotent: false });
 }

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Kvm } from "@nats-io/kv";
@@ -47,6 +47,7 @@ describe("participant control plane over a real nats-server", () => {
     expect((await send("status", {})).phase).toBe("idle");
     expect((await send("prepare", phase("c1"))).phase).toBe("prepared");
     expect((await send("renew", phase("c1"))).lease_expires_at).toBeGreaterThan(Date.now() / 1000);
+    await mkdir(join(root, "c1")); // as the coordinator does before its commit
     const commit = await send("commit", phase("c1", { checkpoint_dir: join(root, "c1"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(commit.phase).toBe("committed");
     expect(commit.episode_ids).toEqual(["r1"]);

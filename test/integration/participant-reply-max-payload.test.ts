@@ -1,4 +1,4 @@
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
@@ -55,6 +55,7 @@ describe("a participant's reply over the server's max_payload", () => {
     const keys = Array.from({ length: 4000 }, (_, i) => `rollout-${String(i).padStart(6, "0")}`);
     for (const key of keys) kind.addEpisode({ rollout_id: key, attempt: 0 });
     expect((await controlRequest(nc, target, "prepare", phase("c1"), 3000)).phase).toBe("prepared");
+    await mkdir(join(dir, "c1")); // as the coordinator does before its commit
     const reply = await controlRequest(nc, target, "commit", phase("c1", { checkpoint_dir: join(dir, "c1"), episode_ids: null, stop: false }), 3000);
     expect(reply.error).toBeUndefined();
     expect(reply).toMatchObject({ phase: "committed", episode_ids: null, episode_count: 4000, episode_ids_sha256: canonicalDigest(keys) });

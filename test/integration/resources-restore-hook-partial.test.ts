@@ -1,3 +1,4 @@
+import { mkdir } from "node:fs/promises";
 import { describe, expect, it } from "vitest";
 import { createResourcesApp, type JsonValue } from "../../participants/kinds/resources/index.js";
 import { CounterServer } from "../../participants/gym/resources-server/counter-server.js";
@@ -60,6 +61,7 @@ async function cleanUpThenCheckpoint(send: Awaited<ReturnType<typeof serve>>["se
   const next = `${id}-next`;
   const prepared = await send("prepare", phase(next));
   expect(prepared).toMatchObject({ phase: "prepared", report: { ready: true, blocker_count: 0 } });
+  await mkdir(world.dir(next)); // as the coordinator does before its commit
   const committed = await send("commit", phase(next, { checkpoint_dir: world.dir(next), episode_ids: null }));
   expect(committed).toMatchObject({ phase: "committed", episode_ids: ["r1-a2"] });
   expect(await send("resume", phase(next))).toEqual({ phase: "idle", idempotent: false });

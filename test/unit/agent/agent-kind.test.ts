@@ -8,6 +8,7 @@ import { AgentKind, type Activation, type AgentSessionHooks, type RestoredAgentS
 import { refusalCode } from "../../support/refusal.js";
 import { ep } from "../../support/episode.js";
 import { expectRetryAfter } from "../../support/park-retry.js";
+import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
@@ -65,6 +66,7 @@ function fresh() {
   const call = <O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }) => {
     const request: Record<string, unknown> = { deadline_ts: Date.now() / 1000 + 30, epoch: 1, ...body };
     if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+    if (op === "commit" && !("checkpoint_dir" in body)) createCheckpointDir(root, body.checkpoint_id);
     if (op === "restore") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), ...body });
     return plane.handle(op, request as never);
   };

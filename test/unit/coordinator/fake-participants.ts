@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import { statSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { waitUntil } from "../../support/wait-until.js";
@@ -56,6 +57,8 @@ export class FakeParticipants implements ParticipantTransport {
   readonly restoredHere = new Map<string, { args: string; reply: string }>();
   /** The restores that installed (not answered from that cache), as `kind/instance`. */
   readonly installs: string[] = [];
+  /** Per commit received, whether its checkpoint_dir was a directory when it arrived (the coordinator makes it first). */
+  readonly commitSawDir: boolean[] = [];
 
   constructor(readonly members: { kind: Kind; instance: string }[]) {}
 
@@ -106,6 +109,7 @@ export class FakeParticipants implements ParticipantTransport {
         if (typeof behaviour === "object" && "notReady" in behaviour) return JSON.stringify({ phase: "preparing", report: report(behaviour.notReady) });
         return JSON.stringify({ phase: "prepared", report: report([]) });
       case "commit": {
+        this.commitSawDir.push(isDirectory(parsed.checkpoint_dir as string));
         // Written as a participant writes them (no records): a restore reads the manifest back.
         const entry = await writeParticipantFiles(parsed.checkpoint_dir as string, kind, instance, []);
         return JSON.stringify({
@@ -315,4 +319,8 @@ export function uuidScope(n: number): EpisodeId[] {
     return /-a\d+$/.test(uuid) ? id() : uuid;
   };
   return Array.from({ length: n }, () => ({ rollout_id: id(), attempt: 0 }));
+}
+
+function isDirectory(path: string): boolean {
+  return statSync(path, { throwIfNoEntry: false })?.isDirectory() ?? false;
 }

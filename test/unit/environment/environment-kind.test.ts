@@ -7,6 +7,7 @@ import { FsCheckpointStorage, ParticipantControlPlane } from "../../../participa
 import { EnvironmentKind, EnvironmentRecordSchema, type StepEpisode } from "../../../participants/kinds/environment/index.js";
 import { refusalCode } from "../../support/refusal.js";
 import { ep } from "../../support/episode.js";
+import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 const TASK = { expression: "17 + 25", tool_rounds: 1 };
 const flush = () => new Promise((resolve) => setImmediate(resolve));
@@ -29,6 +30,7 @@ function fresh() {
   const call = <O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }) => {
     const request: Record<string, unknown> = { deadline_ts: Date.now() / 1000 + 30, epoch: 1, ...body };
     if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+    if (op === "commit" && !("checkpoint_dir" in body)) createCheckpointDir(root, body.checkpoint_id);
     if (op === "restore") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), ...body });
     return plane.handle(op, request as never);
   };

@@ -31,6 +31,7 @@ it("a commit whose episode has more delivered calls than a model record holds is
     const request = { checkpoint_id: "c1", deadline_ts: Date.now() / 1000 + 60, epoch: 1 };
     await plane.handle("prepare", request);
     const commit = { ...request, checkpoint_dir: join(root, "c1"), stop: false };
+    await mkdir(commit.checkpoint_dir); // as the coordinator does before it commits
     await expect(plane.handle("commit", { ...commit, episode_ids: [ep("short"), ep("long")] })).rejects.toMatchObject({
       code: "payload_too_large",
       message: expect.stringContaining(`long has ${MAX_MODEL_RECORD_ROWS + 1} delivered model calls`),

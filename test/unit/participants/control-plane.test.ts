@@ -15,6 +15,7 @@ import {
 } from "../../../participants/index.js";
 import { refusalCode, refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
+import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 const T0 = 1_700_000_000; // seconds; ManualClock starts here
 const DEADLINE = T0 + 30;
@@ -39,6 +40,7 @@ afterEach(async () => {
 function call<O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }) {
   const request = { deadline_ts: DEADLINE, epoch: 1, ...body };
   if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+  if (op === "commit" && !("checkpoint_dir" in body)) createCheckpointDir(root, body.checkpoint_id);
   return plane.handle(op, request as never);
 }
 
@@ -342,7 +344,7 @@ describe("fences and refusals change no state", () => {
     kind.setBlockers(["r9"]);
     expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("invalid_phase");
     expect(plane.currentPhase).toBe("prepared");
-    expect(existsSync(join(root, "c1"))).toBe(false);
+    expect(existsSync(join(root, "c1", "gym"))).toBe(false);
   });
 
   it("refuses a scope that names a restart", async () => {
@@ -381,6 +383,8 @@ describe("fences and refusals change no state", () => {
     kind.addEpisode({ rollout_id: "r1", attempt: 0 });
     await call("prepare", { checkpoint_id: "c1" });
     kind.failNext("exportRecords", new CheckpointError("invalid_request", "a null scope is refused")); // as the model kind does
+    await mkdir(join(root, "a"));
+    await mkdir(join(root, "b"));
     expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "a") }))).toBe("invalid_request");
     const reply = await call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "b"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(reply.episode_ids).toEqual(["r1"]);
@@ -403,6 +407,7 @@ describe("fences and refusals change no state", () => {
     expect(await refused(call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 1000, episode_ids: null }))).toBe("invalid_request");
     expect({ lease: plane.status().lease_expires_at, hooks: kind.hooks(), phase: plane.currentPhase }).toEqual({ lease, hooks: ["closeAdmission"], phase: "prepared" });
     // The scoped commit that follows goes ahead (in another directory: nothing pinned the first).
+    await mkdir(join(root, "b"));
     const reply = await call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "b"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect(reply.episode_ids).toEqual(["r1"]);
   });
@@ -438,11 +443,48 @@ describe("fences and refusals change no state", () => {
       expect(refusal.code).toBe("storage_error");
       expect(refusal.message).toContain(join(mountPoint, "ckpt"));
       expect({ created: await readdir(mountPoint), phase: unmounted.currentPhase, lease: unmounted.status().lease_expires_at }).toEqual({ created: [], phase: "prepared", lease });
-      // Mounted (the coordinator created it on the shared filesystem): the same commit goes ahead.
-      await mkdir(join(mountPoint, "ckpt"));
+      // Mounted (the coordinator created the checkpoint directory on the shared filesystem): the same commit goes ahead.
+      await mkdir(join(mountPoint, "ckpt", "c1"), { recursive: true });
       expect(await unmounted.handle("commit", commit as never)).toMatchObject({ phase: "committed" });
     } finally {
       unmounted.dispose();
+    }
+  });
+
+  it("refuses a commit into a checkpoint directory it does not see (made by the coordinator on storage not mounted here) with storage_error, changing nothing; once it is there the same commit goes ahead", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const before = plane.status(); // phase, active id, lease, epoch
+    const dir = join(root, "c1");
+    const refusal = await refusalOf(call("commit", { checkpoint_id: "c1", checkpoint_dir: dir, deadline_ts: DEADLINE + 1000 }));
+    expect(refusal.code).toBe("storage_error");
+    expect(refusal.message).toContain(dir);
+    expect(refusal.message).toContain("mounted");
+    // A file there is no checkpoint directory either (below the root, the path's check names it first).
+    await writeFile(dir, "");
+    expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: dir, deadline_ts: DEADLINE + 1000 }))).toBe("invalid_request");
+    expect({ status: plane.status(), phase: plane.currentPhase, hooks: kind.hooks(), files: await readdir(root) }).toEqual({
+      status: before,
+      phase: "prepared",
+      hooks: ["closeAdmission"],
+      files: ["c1"],
+    });
+    // Nothing cached or pinned: the same commit, once the directory is there.
+    await unlink(dir);
+    await mkdir(dir);
+    expect((await call("commit", { checkpoint_id: "c1", checkpoint_dir: dir, deadline_ts: DEADLINE + 1000 })).phase).toBe("committed");
+    expect(existsSync(join(dir, "gym/environment/env0/manifest.json"))).toBe(true);
+  });
+
+  it("refuses a commit into a missing checkpoint directory without a configured root as well", async () => {
+    const rootless = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, leaseGraceSeconds: 60 });
+    try {
+      await rootless.handle("prepare", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1 });
+      const commit = { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: join(root, "c1"), episode_ids: null, stop: false };
+      expect(await refused(rootless.handle("commit", commit))).toBe("storage_error");
+      expect({ phase: rootless.currentPhase, files: await readdir(root) }).toEqual({ phase: "prepared", files: [] });
+    } finally {
+      rootless.dispose();
     }
   });
 
@@ -450,7 +492,7 @@ describe("fences and refusals change no state", () => {
     const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
     try {
       await symlink(outside, join(root, "escape"));
-      await mkdir(join(root, "inside"));
+      await mkdir(join(root, "inside", "c1"), { recursive: true });
       await symlink(join(root, "inside"), join(root, "alias"));
       await call("prepare", { checkpoint_id: "c1" });
       expect(await refused(call("commit", { checkpoint_id: "c1", checkpoint_dir: join(root, "escape", "c1") }))).toBe("invalid_request");
@@ -495,6 +537,7 @@ describe("fences and refusals change no state", () => {
       expect(await refused(unnormalized.handle("commit", { ...commit, checkpoint_dir: `${unnormalizedRoot}/c1` } as never))).toBe("invalid_request");
       expect(await readdir(outside)).toEqual([]);
       // A directory inside it, however the coordinator spells the root, is accepted.
+      await mkdir(join(root, "c2"));
       expect(await unnormalized.handle("commit", { ...commit, checkpoint_dir: join(root, "c2") } as never)).toMatchObject({ phase: "committed" });
     } finally {
       unnormalized.dispose();
@@ -521,6 +564,7 @@ describe("fences and refusals change no state", () => {
       writerKind.addEpisode({ rollout_id: "r1", attempt: 0 }, { planted: true });
       const writer = new ParticipantControlPlane({ adapter: writerKind, instance: "env0", clock });
       await writer.handle("prepare", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1 });
+      await mkdir(join(outside, "c1"));
       await writer.handle("commit", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: join(outside, "c1"), episode_ids: null, stop: false });
       writer.dispose();
       await mkdir(join(root, "c1"));
@@ -557,7 +601,7 @@ describe("incarnation fence", () => {
     expect(await refused(call("resume", { checkpoint_id: "c1", incarnation: FOREIGN, epoch: 9 }))).toBe("stale_incarnation");
     expect(await refused(call("prepare", { checkpoint_id: "c1", incarnation: FOREIGN }))).toBe("stale_incarnation");
     expect(plane.status()).toEqual(before); // phase, active id, lease, epoch
-    expect(existsSync(join(root, "c1"))).toBe(false);
+    expect(existsSync(join(root, "c1", "gym"))).toBe(false);
     expect(kind.hooks()).toEqual(["closeAdmission"]);
 
     // the refused commit cached nothing: the real one exports, and the resume is not idempotent
@@ -578,6 +622,7 @@ describe("incarnation fence", () => {
       const ask = <O extends PhaseOp>(op: O, body: object) => other.handle(op, { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, ...body } as never);
       expect((await ask("prepare", { incarnation: "given-1" })).phase).toBe("prepared");
       expect((await ask("renew", {})).lease_expires_at).toBe(DEADLINE + 600);
+      await mkdir(join(root, "c1"));
       expect((await ask("commit", { incarnation: "given-1", checkpoint_dir: join(root, "c1"), episode_ids: null, stop: false })).phase).toBe("committed");
       expect(await ask("resume", { incarnation: "given-1" })).toEqual({ phase: "idle", idempotent: false });
     } finally {
@@ -953,6 +998,7 @@ async function checkpointWith(episodes: { rollout_id: string; attempt: number }[
   const writer = new ParticipantControlPlane({ adapter: source, instance: "env0", clock, checkpointRoot: root });
   for (const e of episodes) source.addEpisode(e, { at: e.rollout_id });
   await writer.handle("prepare", { checkpoint_id: id, deadline_ts: DEADLINE, epoch: 1 });
+  createCheckpointDir(root, id);
   await writer.handle("commit", { checkpoint_id: id, deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: join(root, id), episode_ids: null, stop: false });
   writer.dispose();
   return join(root, id);

@@ -18,6 +18,7 @@ import {
 import { CalculatorServer, calculatorServerClass } from "../../../participants/gym/resources-server/calculator-server.js";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
 import { refusalCode } from "../../support/refusal.js";
+import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 let root: string;
 const opened: { app: FastifyInstance; plane: ParticipantControlPlane<any> }[] = [];
@@ -42,6 +43,7 @@ async function harness(server: ResourcesServer) {
     const request: Record<string, unknown> = { deadline_ts: Date.now() / 1000 + deadlineS, epoch: 1, ...body };
     if (op === "commit" || op === "restore") {
       Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, ...(op === "commit" ? { stop: false } : {}), ...body });
+      if (op === "commit" && !("checkpoint_dir" in body)) createCheckpointDir(root, body.checkpoint_id);
     }
     return plane.handle(op, request as never);
   };

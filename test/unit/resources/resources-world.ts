@@ -5,6 +5,7 @@ import type { FastifyInstance } from "fastify";
 import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
 import { createResourcesApp, type ResourcesServer } from "../../../participants/kinds/resources/index.js";
+import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 /** A resources app plus its control plane, in process (the shape of resources-participant.test.ts). */
 export async function resourcesWorld() {
@@ -18,6 +19,7 @@ export async function resourcesWorld() {
       const request: Record<string, unknown> = { deadline_ts: Date.now() / 1000 + deadlineS, epoch: 1, ...body };
       if (op === "commit" || op === "restore") {
         Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, ...(op === "commit" ? { stop: false } : {}), ...body });
+        if (op === "commit" && !("checkpoint_dir" in body)) createCheckpointDir(root, body.checkpoint_id);
       }
       return plane.handle(op, request as never);
     };

@@ -24,6 +24,7 @@ import { traceLogFields } from "../../../participants/telemetry/log-correlation.
 import { extractTraceContext } from "../../../participants/telemetry/nats-propagation.js";
 import { HEADER_AUTHORIZATION, toCheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
+import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 /** Providers injected (no global SDK in vitest); the context manager makes children find their parent. */
 const spans = new InMemorySpanExporter();
@@ -58,6 +59,7 @@ function capturingLogger() {
 function call(plane: ParticipantControlPlane, op: PhaseOp, body: Record<string, unknown> & { checkpoint_id: string }, parent?: ReturnType<typeof context.active>) {
   const request = { deadline_ts: DEADLINE(), epoch: 3, ...body };
   if (op === "commit") Object.assign(request, { checkpoint_dir: join(root, body.checkpoint_id), episode_ids: null, stop: false, ...body });
+  if (op === "commit" && !("checkpoint_dir" in body)) createCheckpointDir(root, body.checkpoint_id);
   return plane.handle(op, request as never as RequestInputOf<PhaseOp> as never, parent);
 }
 
