@@ -9,6 +9,7 @@ import { startNats, type NatsFixture } from "../support/nats.js";
 import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
 import { waitUntil } from "../support/wait-until.js";
 import { backendAdmin } from "../support/policy-backend-admin.js";
+import { createCheckpointDir } from "../support/checkpoint-dir.js";
 
 const TOKEN = "model-it-secret";
 const DEPLOYMENT = "modelit";
@@ -95,6 +96,7 @@ describe("attach proxy with the real openai client", () => {
     for (;;) if ((await iterator.next()).done) break;
     const prepared = await control("prepare", phase("c-stream"));
     expect(prepared.phase).toBe("prepared");
+    createCheckpointDir(root, "c-stream"); // as the coordinator does before any commit
     const commit = await control("commit", phase("c-stream", { checkpoint_dir: join(root, "c-stream"), episode_ids: [{ rollout_id: "streamer", attempt: 0 }, { rollout_id: "nobody", attempt: 0 }] }));
     expect(commit.phase).toBe("committed");
     expect(commit.episode_ids).toEqual(["nobody", "streamer"]); // an episode with no call gets an empty record
@@ -122,6 +124,7 @@ describe("attach proxy with the real openai client", () => {
     await waitUntil(async () => (await capture("status")).counts.held === 1, "the held response");
     const { cuts, calls } = await admin("/admin/calls").then(async (c) => ({ ...c, cuts: (await admin("/admin/cuts")).cuts }));
     expect(cuts.map((c: any) => [c.checkpoint_id, c.model_call_ids])).toEqual([["c-held", [calls[1].model_call_id]]]);
+    createCheckpointDir(root, "c-held"); // as the coordinator does before any commit
     const commit = await control("commit", phase("c-held", { checkpoint_dir: join(root, "c-held"), episode_ids: [{ rollout_id: "holder", attempt: 0 }] }));
     const recordsFile = (await readdir(join(root, "c-held/gym/model/policy_model"))).find((f) => f.startsWith("records-"))!;
     const record = JSON.parse((await readFile(join(root, "c-held/gym/model/policy_model", recordsFile), "utf8")).trim());
@@ -151,6 +154,7 @@ describe("attach proxy with the real openai client", () => {
     const prepared = await control("prepare", phase("c-fail"));
     expect(prepared.phase).toBe("prepared");
     expect(prepared.report.counts).toMatchObject({ cut: 0, cut_failed: 1 });
+    createCheckpointDir(root, "c-fail"); // as the coordinator does before any commit
     const commit = await control("commit", phase("c-fail", { checkpoint_dir: join(root, "c-fail"), episode_ids: [{ rollout_id: "failing", attempt: 0 }] }));
     expect(commit.episode_ids).toEqual(["failing"]); // its record is empty: no delivered call, no cut
     await control("resume", phase("c-fail"));

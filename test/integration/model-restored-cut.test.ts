@@ -9,6 +9,7 @@ import { startNats, type NatsFixture } from "../support/nats.js";
 import { BACKEND_ENTRY, PROXY_ENTRY, commonArgs, spawnServer, type SpawnedServer } from "../e2e/model-processes.js";
 import { waitUntil } from "../support/wait-until.js";
 import { backendAdmin } from "../support/policy-backend-admin.js";
+import { createCheckpointDir } from "../support/checkpoint-dir.js";
 
 /**
  * A restored generation cut is consumed only by a re-issued call whose conversation matches: the
@@ -62,6 +63,7 @@ describe("restored generation cut", () => {
 
     const prepared = await control("prepare", phase("c-rc"));
     expect(prepared.report.counts).toMatchObject({ inflight: 1, cut: 1, cut_failed: 0 });
+    createCheckpointDir(root, "c-rc"); // as the coordinator does before any commit
     const commit = await control("commit", phase("c-rc", { checkpoint_dir: join(root, "c-rc"), episode_ids: [{ rollout_id: "rc", attempt: 0 }] }));
     expect(commit.episode_ids).toEqual(["rc"]);
     await control("resume", phase("c-rc"));
@@ -99,6 +101,7 @@ describe("restored generation cut", () => {
 describe("restoring the same checkpoint twice, for an episode that had made no model call", () => {
   it("does not root the new replacement's lineage at the dead replacement's calls", async () => {
     const scope = { checkpoint_dir: join(root, "c-tw"), episode_ids: [{ rollout_id: "tw", attempt: 0 }] };
+    createCheckpointDir(root, "c-tw"); // as the coordinator does before any commit
     const chat = async () => (await client("tw-a1").chat.completions.create({ model: "policy", messages: FIRST, tools: TOOLS })).id;
     const callsOfReplacement = async () => ((await admin("/admin/calls")).calls as any[]).filter((c) => c.capture_key === "tw-a1");
     const restartAndRestore = async (name: string) => {
