@@ -1,8 +1,6 @@
-import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
-import type { CheckpointVerify, SessionAccess } from "../../../participants/kinds/resources/index.js";
-import { counterRecord, resourcesWorld } from "./resources-world.js";
+import { counterRecord, ReplayCounter, resourcesWorld } from "./resources-world.js";
 
 /**
  * An `exported` server whose `/verify` is replayable must not free its session's state in that
@@ -13,25 +11,10 @@ let world: Awaited<ReturnType<typeof resourcesWorld>>;
 beforeEach(async () => (world = await resourcesWorld()));
 afterEach(() => world.close());
 
-/** An exported counter whose verify only reads the count (it may run again), and frees nothing itself. */
-class ReplayCounter extends CounterServer {
-  static override readonly checkpointVerify: CheckpointVerify = "replay";
+/** The replayable counter, whose free of a session's state can be held (`hold`). */
+class HeldFreeCounter extends ReplayCounter {
   /** A free that has not ended yet, when set. */
   hold: Promise<void> | undefined;
-  override routes(app: FastifyInstance, sessions: SessionAccess): void {
-    app.post("/seed_session", async (request) => (this.counters.set(sessions.require(request).sessionId, 0), {}));
-    app.post("/increment", async (request) => {
-      const { sessionId } = sessions.require(request);
-      const count = (this.counters.get(sessionId) ?? 0) + 1;
-      this.counters.set(sessionId, count);
-      return { count };
-    });
-    app.post("/verify", async (request) => {
-      const { expected } = request.body as { expected: number };
-      const count = this.counters.get(sessions.require(request).sessionId) ?? 0;
-      return { reward: count === expected ? 1 : 0, count };
-    });
-  }
   override async retireSessionState(sessionId: string): Promise<void> {
     await this.hold;
     this.counters.delete(sessionId);
@@ -45,7 +28,7 @@ async function seeded(a: Awaited<ReturnType<typeof world.harness>>, rollout = "r
 
 describe("an exported server's finished session", () => {
   it("a replayable verify served outside a checkpoint frees its state", async () => {
-    const server = new ReplayCounter();
+    const server = new HeldFreeCounter();
     const a = await world.harness(server);
     const cookie = await seeded(a);
     await a.post("/ng-rollout/r1/increment", {}, cookie);
@@ -56,7 +39,7 @@ describe("an exported server's finished session", () => {
   });
 
   it("one served during a checkpoint keeps its state for that checkpoint's export, and frees it at resume", async () => {
-    const server = new ReplayCounter();
+    const server = new HeldFreeCounter();
     const a = await world.harness(server);
     const cookie = await seeded(a);
     await a.post("/ng-rollout/r1/increment", {}, cookie);
@@ -72,7 +55,7 @@ describe("an exported server's finished session", () => {
 
   it("a restored session's replayed verify frees it too", async () => {
     await world.writeCheckpoint("c1", [counterRecord("r1", "session-1", 2)]);
-    const server = new ReplayCounter();
+    const server = new HeldFreeCounter();
     const b = await world.harness(server);
     await b.call("restore", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     await b.call("resume", { checkpoint_id: "c1" });
@@ -82,7 +65,7 @@ describe("an exported server's finished session", () => {
   });
 
   it("a free still running is live state until it ended (a restore must not install that id under the free)", async () => {
-    const server = new ReplayCounter();
+    const server = new HeldFreeCounter();
     let release!: () => void;
     server.hold = new Promise<void>((resolve) => (release = resolve));
     const a = await world.harness(server);

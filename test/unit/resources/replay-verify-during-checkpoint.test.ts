@@ -1,8 +1,5 @@
-import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
-import type { CheckpointVerify, SessionAccess } from "../../../participants/kinds/resources/index.js";
-import { resourcesWorld } from "./resources-world.js";
+import { ReplayCounter, resourcesWorld } from "./resources-world.js";
 
 /**
  * A replayable `/verify` is served while a checkpoint is open. The environment's checkpoint then
@@ -14,24 +11,6 @@ let world: Awaited<ReturnType<typeof resourcesWorld>>;
 beforeEach(async () => (world = await resourcesWorld()));
 afterEach(() => world.close());
 
-/** An exported counter whose verify only reads the count, so it may run again. */
-class ReplayCounter extends CounterServer {
-  static override readonly checkpointVerify: CheckpointVerify = "replay";
-  override routes(app: FastifyInstance, sessions: SessionAccess): void {
-    app.post("/seed_session", async (request) => (this.counters.set(sessions.require(request).sessionId, 0), {}));
-    app.post("/increment", async (request) => {
-      const { sessionId } = sessions.require(request);
-      const count = (this.counters.get(sessionId) ?? 0) + 1;
-      this.counters.set(sessionId, count);
-      return { count };
-    });
-    app.post("/verify", async (request) => {
-      const { expected } = request.body as { expected: number };
-      const count = this.counters.get(sessions.require(request).sessionId) ?? 0;
-      return { reward: count === expected ? 1 : 0, count };
-    });
-  }
-}
 
 describe("a replayable verify that succeeds while a checkpoint is open", () => {
   it("keeps its session in that checkpoint, so the verify replayed after a crash sees the restored state", async () => {

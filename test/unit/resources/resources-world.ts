@@ -4,7 +4,8 @@ import { join } from "node:path";
 import type { FastifyInstance } from "fastify";
 import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
-import { createResourcesApp, type ResourcesServer } from "../../../participants/kinds/resources/index.js";
+import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
+import { createResourcesApp, type CheckpointVerify, type ResourcesServer, type SessionAccess } from "../../../participants/kinds/resources/index.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 /** A resources app plus its control plane, in process (the shape of resources-participant.test.ts). */
@@ -48,3 +49,22 @@ export const counterRecord = (rollout: string, session: string, count: number) =
   state: { count },
   owner: null,
 });
+
+/** An exported counter whose verify only reads the count, so it may run again (replayable). */
+export class ReplayCounter extends CounterServer {
+  static override readonly checkpointVerify: CheckpointVerify = "replay";
+  override routes(app: FastifyInstance, sessions: SessionAccess): void {
+    app.post("/seed_session", async (request) => (this.counters.set(sessions.require(request).sessionId, 0), {}));
+    app.post("/increment", async (request) => {
+      const { sessionId } = sessions.require(request);
+      const count = (this.counters.get(sessionId) ?? 0) + 1;
+      this.counters.set(sessionId, count);
+      return { count };
+    });
+    app.post("/verify", async (request) => {
+      const { expected } = request.body as { expected: number };
+      const count = this.counters.get(sessions.require(request).sessionId) ?? 0;
+      return { reward: count === expected ? 1 : 0, count };
+    });
+  }
+}
