@@ -23,6 +23,20 @@ export interface NatsServerOptions {
    * the server outlives a SIGKILLed parent.
    */
   exitWithParent?: boolean;
+  /**
+   * Called when the server exits without being asked to (not through stop, kill, restart or
+   * dispose), with its exit and the end of its log: a test that loses its server says why.
+   */
+  onUnexpectedExit?: (exit: NatsServerExit) => void;
+}
+
+export interface NatsServerExit {
+  pid: number | undefined;
+  port: number;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  /** The last 4000 characters the server wrote to stderr. */
+  log: string;
 }
 
 /**
@@ -32,6 +46,8 @@ export interface NatsServerOptions {
 export class NatsServerProcess {
   private child: ChildProcess | undefined;
   private stderrTail = "";
+  /** Set while a stop, kill or restart of ours is under way: the exit is expected then. */
+  private signalling = false;
 
   private constructor(
     readonly storeDir: string,
@@ -40,13 +56,14 @@ export class NatsServerProcess {
     private readonly extraArgs: string[],
     private readonly startTimeoutMs: number,
     private readonly exitWithParent: boolean,
+    private readonly onUnexpectedExit: ((exit: NatsServerExit) => void) | undefined,
   ) {}
 
   static async start(options: NatsServerOptions = {}): Promise<NatsServerProcess> {
     const ownsStore = options.storeDir === undefined;
     const storeDir = options.storeDir ?? (await mkdtemp(join(tmpdir(), "gym-ckpt-nats-")));
     for (let tries = 1; ; tries++) {
-      const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? (await portBelowEphemeralRange()), options.args ?? [], options.startTimeoutMs ?? 10_000, options.exitWithParent === true);
+      const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? (await portBelowEphemeralRange()), options.args ?? [], options.startTimeoutMs ?? 10_000, options.exitWithParent === true, options.onUnexpectedExit);
       try {
         await server.launch();
         return server;
@@ -65,6 +82,16 @@ export class NatsServerProcess {
 
   get pid(): number | undefined {
     return this.child?.pid;
+  }
+
+  /** The server process is up (started and not exited). */
+  get running(): boolean {
+    return this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  /** The end of the server's stderr (its log), for diagnostics. */
+  get log(): string {
+    return this.stderrTail;
   }
 
   private async launch(): Promise<void> {
@@ -91,6 +118,9 @@ export class NatsServerProcess {
     const listening = this.waitForPortsFile(portsDir, child.pid!);
     try {
       this.port = await Promise.race([listening, exited]);
+      child.once("exit", (code, signal) => {
+        if (!this.signalling) this.onUnexpectedExit?.({ pid: child.pid, port: this.port, code, signal, log: this.stderrTail });
+      });
     } catch (error) {
       // Nobody gets a handle to dispose of a server that never listened: do not leave it running.
       if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
@@ -141,8 +171,13 @@ export class NatsServerProcess {
     const child = this.child;
     if (!child || child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
-    child.kill(signal);
-    await exited;
+    this.signalling = true;
+    try {
+      child.kill(signal);
+      await exited;
+    } finally {
+      this.signalling = false;
+    }
   }
 }
 

@@ -6,6 +6,7 @@ import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { NatsServerProcess } from "../support/nats.js";
+import type { NatsServerExit } from "../../coordinator/local/nats-server-process.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /** Pids of live processes whose command line mentions `text`. */
@@ -38,6 +39,21 @@ describe("NatsServerProcess", () => {
     const info = await jsm.getAccountInfo();
     expect(info.limits).toBeDefined();
     await nc.close();
+  });
+
+  it("reports an exit nobody asked for, with its signal and log, and stays silent for its own stop, kill and restart", async () => {
+    const exits: NatsServerExit[] = [];
+    server = await NatsServerProcess.start({ onUnexpectedExit: (exit) => exits.push(exit) });
+    await server.kill();
+    await server.restart();
+    await server.stop();
+    await server.restart();
+    expect(exits).toEqual([]);
+    const pid = server.pid!;
+    process.kill(pid, "SIGKILL"); // from outside, as a stray kill would
+    await waitUntil(() => exits.length > 0, "the unasked exit to be reported");
+    expect(exits).toEqual([{ pid, port: server.port, code: null, signal: "SIGKILL", log: expect.stringContaining("Server is ready") }]);
+    expect(server.running).toBe(false);
   });
 
   it("keeps KV data across kill -9 and restart on the same store and port", async () => {

@@ -1,5 +1,5 @@
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { NatsServerProcess } from "../../coordinator/local/nats-server-process.js";
+import { NatsServerProcess, type NatsServerExit } from "../../coordinator/local/nats-server-process.js";
 
 export { NatsServerProcess };
 
@@ -11,12 +11,25 @@ export interface NatsFixture {
   close(): Promise<void>;
 }
 
+/**
+ * A server that goes away on its own, or a connection that drops while its server still runs, is
+ * written to stderr with the server's log: a test failing for it says why (slow consumer, crash, kill).
+ */
+const report = (what: string, detail: string) => process.stderr.write(`[nats fixture] ${what}\n${detail}\n`);
+const reportExit = (exit: NatsServerExit) => report(`nats-server pid ${exit.pid} on port ${exit.port} exited unasked (code ${exit.code}, signal ${exit.signal})`, exit.log);
+
 export async function startNats(): Promise<NatsFixture> {
-  const server = await NatsServerProcess.start();
+  const server = await NatsServerProcess.start({ onUnexpectedExit: reportExit });
   const connections: NatsConnection[] = [];
+  let closing = false;
   const open = async () => {
     const nc = await connect({ servers: server.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
     connections.push(nc);
+    void (async () => {
+      for await (const status of nc.status()) {
+        if (status.type === "disconnect" && !closing && server.running) report(`a test connection to ${server.url} dropped while its nats-server (pid ${server.pid}) runs`, server.log);
+      }
+    })();
     return nc;
   };
   const nc = await open();
@@ -25,6 +38,7 @@ export async function startNats(): Promise<NatsFixture> {
     nc,
     connect: open,
     async close() {
+      closing = true;
       await Promise.allSettled(connections.map((c) => c.close()));
       await server.dispose();
     },
