@@ -53,10 +53,14 @@ export interface PublishResult {
  * rename, whose root fsync runs in the background (`durable`).
  * The order on disk is unchanged: LATEST is renamed only after checkpoint.json is durable.
  */
+/** One checkpoint's staging: its directory's mkdir (what a commit waits for) and LATEST's temp file. */
+interface Staging {
+  directory: Promise<unknown>;
+  latest: Promise<StagedFile>;
+}
+
 export class GlobalManifestWriter {
-  private readonly staged = new Map<string, Promise<StagedFile>>();
-  /** Each staged checkpoint's mkdir, the part of its staging a commit waits for (`checkpointDirectory`). */
-  private readonly directories = new Map<string, Promise<unknown>>();
+  private readonly staged = new Map<string, Staging>();
   private readonly inUse = new Set<string>();
   private cleanup: Promise<void> = Promise.resolve();
   private latestDurable: Promise<void> = Promise.resolve();
@@ -73,10 +77,9 @@ export class GlobalManifestWriter {
     if (this.staged.has(checkpointId)) return;
     const directory = makeDirectories(this.catalog.dirFor(checkpointId));
     directory.catch(() => undefined); // surfaced by checkpointDirectory and publish
-    const staging = this.stageLatest(checkpointId, directory);
-    staging.catch(() => undefined); // surfaced by publish; a discarded stage needs no handler
-    this.staged.set(checkpointId, staging);
-    this.directories.set(checkpointId, directory);
+    const latest = this.stageLatest(checkpointId, directory);
+    latest.catch(() => undefined); // surfaced by publish; a discarded stage needs no handler
+    this.staged.set(checkpointId, { directory, latest });
   }
 
   /**
@@ -90,13 +93,12 @@ export class GlobalManifestWriter {
   async checkpointDirectory(checkpointId: string): Promise<void> {
     this.stage(checkpointId);
     try {
-      await this.directories.get(checkpointId);
+      await this.staged.get(checkpointId)!.directory;
     } catch {
       // Nothing of that staging is on disk (LATEST's temp file is written only after the mkdir).
       this.staged.delete(checkpointId);
-      this.directories.delete(checkpointId);
       this.stage(checkpointId);
-      await this.directories.get(checkpointId)!.catch((error: unknown) => {
+      await this.staged.get(checkpointId)!.directory.catch((error: unknown) => {
         // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
         if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
         throw new CheckpointError("checkpoint_conflict", `${this.catalog.dirFor(checkpointId)} exists and is not a directory: nothing was committed`, { cause: error });
@@ -112,9 +114,8 @@ export class GlobalManifestWriter {
     const staging = this.staged.get(checkpointId);
     if (!staging) return this.cleanup;
     this.staged.delete(checkpointId);
-    this.directories.delete(checkpointId);
     this.cleanup = this.cleanup.then(async () => {
-      await this.removeStagedTemp(staging);
+      await this.removeStagedTemp(staging.latest);
       await rmdir(this.catalog.dirFor(checkpointId)).catch(() => undefined); // not empty: something was committed, retention deletes it as partial
     });
     return this.cleanup;
@@ -126,9 +127,8 @@ export class GlobalManifestWriter {
    * checkpoint directories stay: the successor may re-drive a commit into them.
    */
   discardStagedLatest(): Promise<void> {
-    const stagings = [...this.staged.values()];
+    const stagings = [...this.staged.values()].map((staging) => staging.latest);
     this.staged.clear();
-    this.directories.clear();
     this.cleanup = this.cleanup.then(async () => {
       for (const staging of stagings) await this.removeStagedTemp(staging);
     });
@@ -146,9 +146,8 @@ export class GlobalManifestWriter {
   async publish(input: PublishInput): Promise<PublishResult> {
     const dir = this.catalog.dirFor(input.checkpointId);
     this.stage(input.checkpointId);
-    const staging = this.staged.get(input.checkpointId)!;
+    const staging = this.staged.get(input.checkpointId)!.latest;
     this.staged.delete(input.checkpointId);
-    this.directories.delete(input.checkpointId);
     let latest: StagedFile | undefined;
     let manifestPath: string | undefined;
     /** checkpoint.json may be in place (its rename was allowed). */
@@ -272,7 +271,7 @@ export class GlobalManifestWriter {
 
   /** Resolves once background work (staging, discarding stages, removing deleted checkpoints) has finished. */
   async settled(): Promise<void> {
-    await Promise.all([...this.staged.values()].map((staging) => staging.catch(() => undefined)));
+    await Promise.all([...this.staged.values()].map((staging) => staging.latest.catch(() => undefined)));
     await Promise.all([this.cleanup, this.latestDurable.catch(() => undefined)]);
   }
 
