@@ -19,7 +19,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers } from "../../protocol/index.js";
+import { CheckpointError, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -116,7 +116,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     epochFloor: (): Promise<number> => {
       const withinMs = Math.min(STATUS_PROBE_MS, config.lease_ms / 4);
       return highestEpochInUse(
-        { published: () => catalog.highestEpoch(), seen: (): Promise<number> => engine.highestEpochSeen(withinMs), journaled: () => within(journal.highestEpoch(), withinMs, clock) },
+        { published: () => catalog.highestEpoch(), seen: (): Promise<number> => engine.highestEpochSeen(withinMs), journaled: () => within(journal.highestEpoch(), withinMs, (fn, ms) => clock.setTimer(fn, ms)) },
         logger,
       );
     },
@@ -211,13 +211,6 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       logger.info("coordinator_stopped");
     },
   };
-}
-
-/** `read`, or a failure once `ms` passed without its answer. */
-function within<T>(read: Promise<T>, ms: number, clock: Clock): Promise<T> {
-  let cancel: (() => void) | undefined;
-  const timedOut = new Promise<never>((_, reject) => (cancel = clock.setTimer(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
-  return Promise.race([read, timedOut]).finally(() => cancel?.());
 }
 
 /**

@@ -2,7 +2,7 @@ import { JetStreamApiCodes } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { LEADER_KEY, leaderBucket, leaseEpochFloor } from "../../protocol/index.js";
+import { LEADER_KEY, leaderBucket, leaseEpochFloor, within } from "../../protocol/index.js";
 
 /** How long start-up waits for the leader bucket before it starts unfenced. */
 export const EPOCH_FLOOR_READ_MS = 2_000;
@@ -15,30 +15,22 @@ export const EPOCH_FLOOR_READ_MS = 2_000;
  * unfenced, as before, until a leader's status probe or first op raises the fence. Never throws.
  */
 export async function readEpochFloor(nc: NatsConnection, deployment: string, logger?: Logger, withinMs = EPOCH_FLOOR_READ_MS): Promise<number> {
-  let cancel: (() => void) | undefined;
-  const timedOut = new Promise<never>((_, reject) => {
-    const timer = setTimeout(() => reject(new Error(`no answer within ${withinMs} ms`)), withinMs);
-    timer.unref();
-    cancel = () => clearTimeout(timer);
-  });
   try {
     const read = (async () => {
-      // open() binds without direct gets: the stream's leader answers, never a lagging replica.
+      // open() binds without direct gets (the stream's leader answers, never a lagging replica) and
+      // without reading the stream: status() below is the first request to it.
       const kv = await new Kvm(nc).open(leaderBucket(deployment));
       // The last sequence first: a key created after it lies past it (see leaseEpochFloor).
       const lastSeq = (await kv.status()).streamInfo.state.last_seq;
       const entry = await kv.get(LEADER_KEY);
       return leaseEpochFloor(lastSeq, entry?.operation === "PUT" ? { revision: entry.revision, value: entry.string() } : null);
     })();
-    read.catch(() => undefined); // settles after a timeout too
-    const floor = await Promise.race([read, timedOut]);
+    const floor = await within(read, withinMs);
     if (floor > 0) logger?.info({ epoch_floor: floor }, "epoch fence raised from the leader lease");
     return floor;
   } catch (error) {
     if ((error as { code?: unknown }).code === JetStreamApiCodes.StreamNotFound) return 0; // no coordinator ever ran here
     logger?.warn({ err: error }, "leader lease unread: starting without an epoch fence, a deposed leader's delayed op is admitted until a leader's first message");
     return 0;
-  } finally {
-    cancel?.();
   }
 }
