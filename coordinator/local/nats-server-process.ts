@@ -84,9 +84,9 @@ export class NatsServerProcess {
     return this.child?.pid;
   }
 
-  /** The server process is up (started and not exited). */
+  /** The server process is up and not being stopped (started, not exited, no stop or kill of ours under way). */
   get running(): boolean {
-    return this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+    return !this.signalling && this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
   }
 
   /** The end of the server's stderr (its log), for diagnostics. */
