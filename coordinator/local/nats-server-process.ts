@@ -48,6 +48,8 @@ export class NatsServerProcess {
   private stderrTail = "";
   /** Set while a stop, kill or restart of ours is under way: the exit is expected then. */
   private signalling = false;
+  /** How many times a server was started (restarts included): a connection made to an earlier one was dropped on purpose. */
+  launches = 0;
 
   private constructor(
     readonly storeDir: string,
@@ -105,6 +107,7 @@ export class NatsServerProcess {
       ? spawn(setpriv, ["--pdeathsig", "KILL", "--", findBinary(), ...args], { stdio: ["ignore", "ignore", "pipe"] })
       : spawn(findBinary(), args, { stdio: ["ignore", "ignore", "pipe"] });
     this.child = child;
+    this.launches++;
     this.stderrTail = "";
     child.stderr?.setEncoding("utf8");
     child.stderr?.on("data", (chunk: string) => {
