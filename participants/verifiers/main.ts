@@ -18,6 +18,8 @@ import type { VerifierServer } from "./verifier-server.js";
  *   (the judge's API key, if it needs one, from GYM_CKPT_JUDGE_API_KEY: never on a command line)
  *   --cohort-size <n>, --collection-timeout-ms, --evaluation-timeout-ms, --max-active-cohorts (cohort)
  *   --max-sandbox-queue <n> (code, competitive: runs that may wait for a sandbox slot)
+ *   --replayable-end-hold-ms <ms> how long a session a (replayable) /verify ended stays held for a
+ *     checkpoint that may be under way (default 60000, the coordinator's default op deadline)
  */
 const VERIFIERS = ["math", "code", "competitive", "equivalence", "cohort"];
 
@@ -37,7 +39,7 @@ function flagRefusal(flags: Record<string, string | undefined>): string | undefi
 const runtime = await startServerRuntime(
   "verifier",
   process.argv.slice(2),
-  ["verifier", "judge-url", "judge-model", "judge-timeout-ms", "cohort-size", "collection-timeout-ms", "evaluation-timeout-ms", "max-active-cohorts", "max-sandbox-queue"],
+  ["verifier", "judge-url", "judge-model", "judge-timeout-ms", "cohort-size", "collection-timeout-ms", "evaluation-timeout-ms", "max-active-cohorts", "max-sandbox-queue", "replayable-end-hold-ms"],
   flagRefusal,
 );
 const { extra, logger } = runtime;
@@ -88,7 +90,8 @@ try {
 // Registered before serve(), so it runs after the HTTP drain: sandbox children of verifies still
 // running then are killed instead of outliving this process.
 runtime.onShutdown(stopSandboxes);
-const { app, kind } = await createResourcesApp(server, { logger });
+const hold = extra["replayable-end-hold-ms"];
+const { app, kind } = await createResourcesApp(server, { logger, ...(hold !== undefined && { replayableEndHoldMs: Number(hold) }) });
 app.get("/health", async () => ({
   ok: true,
   verifier: extra.verifier ?? "math",

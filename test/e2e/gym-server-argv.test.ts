@@ -113,6 +113,7 @@ describe("a reference server's own flags are checked before NATS", () => {
     ["resources-server", ["--mode", "bogus"], "resources-server: --mode must be one of restart_only, stateless, exported"],
     ["resources-server", ["--server", "counter", "--verify", "replay"], "resources-server: the counter server's /verify is declared wait (it ends the counter it reads)"],
     ["resources-server", ["--owner", ""], "resources-server: owner (the routing id written into records) must be 1-200 characters"],
+    ["resources-server", ["--replayable-end-hold-ms", "1e3"], "resources-server: invalid configuration: --replayable-end-hold-ms must be a decimal number of milliseconds from 0 to 2147483647"],
     ["agent-server", ["--resources-url", "http://127.0.0.1:9"], "agent-server: --policy-url and --resources-url are required"],
     ["environment-server", ["--agent-url", "http://127.0.0.1:9"], "environment-server: --agent-url and --resources-url are required"],
     // Without a scheme every call failed at run time (fetch cannot parse it), never at start-up.

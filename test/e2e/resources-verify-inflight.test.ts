@@ -3,6 +3,7 @@ import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { phase, postRollout, startResourcesWorld, type ResourcesWorld } from "../support/resources-server.js";
+import { waitUntil } from "../support/wait-until.js";
 
 /**
  * Verification in flight at a checkpoint, with real processes: the calculator resources server
@@ -22,7 +23,7 @@ afterEach(() => world.killAll());
 afterAll(() => world?.close());
 
 /** Spawns the calculator server and resolves with its URL once it printed the ready line. */
-const spawnCalculator = (verify: "replay" | "wait"): Promise<{ child: ChildProcess; url: string }> => world.spawn(["--server", "calculator", "--verify", verify]);
+const spawnCalculator = (verify: "replay" | "wait", extra: string[] = []): Promise<{ child: ChildProcess; url: string }> => world.spawn(["--server", "calculator", "--verify", verify, ...extra]);
 const kill = (child: ChildProcess) => world.kill(child);
 const control = (op: Parameters<ResourcesWorld["control"]>[0], body: object) => world.control(op, body);
 const post = postRollout;
@@ -55,13 +56,15 @@ describe("verify in flight at a checkpoint (real processes)", () => {
     expect(commit.episode_ids).toEqual(["r1"]);
     await kill(first.child);
 
-    const fresh = await spawnCalculator("replay");
+    // A short hold of the session its replayable verify ends (a checkpoint may be under way): ended soon after.
+    const fresh = await spawnCalculator("replay", ["--replayable-end-hold-ms", "200"]);
     const restore = await control("restore", phase("v-replay", { checkpoint_dir: join(world.root, "v-replay"), episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(restore.restored).toEqual(["r1-a1"]);
     await control("resume", phase("v-replay"));
     const again = await post(fresh.url, "r1-a1", "/verify", cookie, { task, answer: "42" });
     expect(again).toMatchObject({ status: 200, body: { reward: 1 } });
     expect(await stats(fresh.url)).toMatchObject({ verify_started: 1, verify_finished: 1 });
+    await waitUntil(async () => (await control("status", {})).report.counts.sessions === 0, "the held session to end");
     expect((await control("status", {})).report.counts).toMatchObject({ sessions: 0, inflight: 0 });
   });
 

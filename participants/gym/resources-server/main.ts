@@ -9,6 +9,8 @@ import { CounterServer } from "./counter-server.js";
  *   --mode stateless (calculator default) | restart_only | exported (counter only)
  *   --verify replay (calculator default) | wait
  *   --owner <routing id written into records>
+ *   --replayable-end-hold-ms <ms> how long a session a replayable /verify ended stays held for a
+ *     checkpoint that may be under way (default 60000, the coordinator's default op deadline)
  */
 function buildServer(extra: Record<string, string | undefined>): ResourcesServer {
   const which = extra.server ?? "calculator";
@@ -29,7 +31,7 @@ function buildServer(extra: Record<string, string | undefined>): ResourcesServer
 }
 
 // The flags are checked before NATS (a configuration error is exit 2 also while NATS is down).
-const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner"], (extra) => {
+const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner", "replayable-end-hold-ms"], (extra) => {
   try {
     buildServer(extra);
   } catch (error) {
@@ -43,7 +45,8 @@ let server: ResourcesServer;
 let built: Awaited<ReturnType<typeof createResourcesApp>>;
 try {
   server = buildServer(extra);
-  built = await createResourcesApp(server, { owner: extra.owner ?? null, logger });
+  const hold = extra["replayable-end-hold-ms"];
+  built = await createResourcesApp(server, { owner: extra.owner ?? null, logger, ...(hold !== undefined && { replayableEndHoldMs: Number(hold) }) });
 } catch (error) {
   process.stderr.write(`resources-server: ${error instanceof Error ? error.message : String(error)}\n`);
   process.exit(2);

@@ -1,6 +1,7 @@
 import type { Logger } from "pino";
 import {
   CheckpointError,
+  MAX_TIMER_MS,
   captureKey,
   nextAttempt,
   sameEpisode,
@@ -13,6 +14,14 @@ import type { CheckpointMode, CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 import { ResourcesSessionRecordSchema, SessionOwnerSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
+import { systemClock, type Clock } from "../../control-plane/clock.js";
+
+/**
+ * How long a session a replayable `/verify` ended outside a checkpoint is kept by default: the
+ * coordinator's default op deadline, the longest a checkpoint's prepare normally spends between
+ * the environment's stage and this one.
+ */
+export const REPLAYABLE_END_HOLD_MS = 60_000;
 
 /** Why `owner` cannot be written into records (the record schema would refuse every one), if it cannot. */
 export function ownerRefusal(owner: string | null): string | undefined {
@@ -31,6 +40,15 @@ export interface ResourcesKindOptions {
   /** Routing owner written into records (the worker id); null for a single-worker server. */
   owner?: string | null;
   logger?: Logger;
+  /**
+   * How long a session a replayable `/verify` ended while no checkpoint was open here stays held
+   * (default REPLAYABLE_END_HOLD_MS; 0 ends it at once). A checkpoint whose prepare reaches this
+   * server meanwhile exports it and ends it at its resume: the environment, prepared first, may
+   * hold that episode before its verify (the step was still running there), and the verify it
+   * replays after a restore needs the session.
+   */
+  replayableEndHoldMs?: number;
+  clock?: Clock;
 }
 
 interface Session {
@@ -107,6 +125,13 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    * the verify a restored episode replays finds its session (and an exported server its state).
    */
   private readonly endAtReopen = new Map<string, EpisodeId>();
+  /**
+   * Sessions a replayable `/verify` ended while admission was open, held for `replayableEndHoldMs`:
+   * a prepare meanwhile moves them to `endAtReopen`, otherwise their timer ends them.
+   */
+  private readonly heldAfterEnd = new Map<string, { episode: EpisodeId; cancel: () => void }>();
+  private readonly replayableEndHoldMs: number;
+  private readonly clock: Clock;
   /** Session ids the current commit exported: a stop commit parks these and no others. */
   private exported: string[] = [];
   private context: ParticipantContext | undefined;
@@ -120,6 +145,9 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     const badOwner = ownerRefusal(this.owner);
     if (badOwner) throw new Error(badOwner);
     this.logger = options.logger;
+    this.replayableEndHoldMs = options.replayableEndHoldMs ?? REPLAYABLE_END_HOLD_MS;
+    if (!(this.replayableEndHoldMs >= 0 && this.replayableEndHoldMs <= MAX_TIMER_MS)) throw new Error(`replayableEndHoldMs must be a number of milliseconds from 0 to ${MAX_TIMER_MS}`);
+    this.clock = options.clock ?? systemClock;
     if (this.mode === "exported") {
       for (const hook of ["exportSessionStates", "restoreSessionStates", "retireSessionState"] as const) {
         if (typeof this.hooks[hook] !== "function") throw new Error(`checkpointMode "exported" requires the ${hook} hook`);
@@ -205,14 +233,25 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   /**
    * The request ended its session (a 2xx `/verify`, `/close_session` or `sessions.ended`). A
    * replayable request served while admission is closed ends it only at reopen: the checkpoint
-   * being taken holds its episode before that request, which a restore sends again.
+   * being taken holds its episode before that request, which a restore sends again. Served while
+   * admission is open, it is held a while (`replayableEndHoldMs`) for the same reason: a checkpoint
+   * may have prepared the environment already, before the verify's reply reached it.
    */
   endServed(ticket: RequestTicket, sessionId: string): void {
-    if (this.isReplayable(ticket.role) && this.mode !== "restart_only" && !this.gate.isOpen) {
-      this.endAtReopen.set(sessionId, ticket.episode);
-      return;
+    if (this.isReplayable(ticket.role) && this.mode !== "restart_only" && this.sessions.has(sessionId)) {
+      if (!this.gate.isOpen) return void this.endAtReopen.set(sessionId, ticket.episode);
+      if (this.replayableEndHoldMs > 0) return this.holdAfterEnd(sessionId, ticket.episode);
     }
     this.endFinished(sessionId, ticket.episode);
+  }
+
+  private holdAfterEnd(sessionId: string, episode: EpisodeId): void {
+    this.heldAfterEnd.get(sessionId)?.cancel();
+    const cancel = this.clock.setTimer(() => {
+      this.heldAfterEnd.delete(sessionId);
+      this.endFinished(sessionId, episode);
+    }, this.replayableEndHoldMs);
+    this.heldAfterEnd.set(sessionId, { episode, cancel });
   }
 
   /**
@@ -221,6 +260,9 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    * would, and it would be held for good.
    */
   private endFinished(sessionId: string, episode: EpisodeId): void {
+    // Ended for good now (a close after a replayable verify, or its hold's timer): no later end.
+    this.heldAfterEnd.get(sessionId)?.cancel();
+    this.heldAfterEnd.delete(sessionId);
     const held = this.sessions.has(sessionId);
     this.end(sessionId, episode);
     if (!(this.mode === "exported" && held && !this.sessions.has(sessionId))) return;
@@ -292,6 +334,12 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
 
   async closeAdmission(): Promise<void> {
     this.gate.close();
+    // The sessions recent replayable verifies ended go into this checkpoint and end at its reopen.
+    for (const [sessionId, { episode, cancel }] of this.heldAfterEnd) {
+      cancel();
+      this.endAtReopen.set(sessionId, episode);
+    }
+    this.heldAfterEnd.clear();
   }
 
   async openAdmission(): Promise<void> {

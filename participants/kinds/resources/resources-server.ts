@@ -5,6 +5,7 @@ import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind } from "./resources-kind.js";
+import type { Clock } from "../../control-plane/clock.js";
 import { installResourcesCheckpointing, type SessionAccess } from "./resources-middleware.js";
 import { CheckpointModeSchema, CheckpointVerifySchema, type CheckpointMode, type CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
@@ -39,6 +40,9 @@ export interface ResourcesAppOptions {
   owner?: string | null;
   logger?: Logger;
   bodyLimit?: number;
+  /** How long a session a replayable `/verify` ended outside a checkpoint stays held for the next one (ResourcesKindOptions.replayableEndHoldMs). */
+  replayableEndHoldMs?: number;
+  clock?: Clock;
 }
 
 export interface ResourcesApp {
@@ -61,7 +65,15 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
   if (server.restoreSessionStates) hooks.restoreSessionStates = server.restoreSessionStates.bind(server);
   if (server.retireSessionState) hooks.retireSessionState = server.retireSessionState.bind(server);
   if (server.parkSessionStates) hooks.parkSessionStates = server.parkSessionStates.bind(server);
-  const kind = new ResourcesKind({ mode, verify, hooks, owner: options.owner ?? null, ...(options.logger && { logger: options.logger }) });
+  const kind = new ResourcesKind({
+    mode,
+    verify,
+    hooks,
+    owner: options.owner ?? null,
+    ...(options.logger && { logger: options.logger }),
+    ...(options.replayableEndHoldMs !== undefined && { replayableEndHoldMs: options.replayableEndHoldMs }),
+    ...(options.clock && { clock: options.clock }),
+  });
   const app = Fastify({
     logger: false,
     bodyLimit: options.bodyLimit ?? 1024 * 1024,

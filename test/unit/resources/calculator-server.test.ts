@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
+import { createResourcesApp, REPLAYABLE_END_HOLD_MS } from "../../../participants/kinds/resources/index.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
 import { calculate } from "../../../participants/gym/resources-server/arithmetic-expression.js";
 import { CalculatorServer, calculatorServerClass } from "../../../participants/gym/resources-server/calculator-server.js";
 
@@ -63,7 +64,8 @@ describe("arithmetic expression", () => {
 
 describe("calculator resources server", () => {
   it("serves seed, tool, verify and close under the rollout prefix", async () => {
-    const { app, kind } = await createResourcesApp(new CalculatorServer());
+    const clock = new ManualClock();
+    const { app, kind } = await createResourcesApp(new CalculatorServer(), { clock });
     const seed = await app.inject({ method: "POST", url: "/ng-rollout/r1/seed_session", payload: { task: { expression: "17 + 25", tool_rounds: 1 } } });
     expect(seed.statusCode).toBe(200);
     expect(seed.json()).toEqual({});
@@ -77,6 +79,9 @@ describe("calculator resources server", () => {
     expect(tool.json()).toEqual({ result: "42" });
     const right = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", headers: { cookie }, payload: { task: { expression: "17 + 25" }, answer: " 42\n" } });
     expect(right.json()).toEqual({ reward: 1 });
+    // Its verify is replayable: the session is held a while for a checkpoint that may be under way.
+    expect(kind.readiness().counts.sessions).toBe(1);
+    clock.advance(REPLAYABLE_END_HOLD_MS);
     expect(kind.readiness().counts.sessions).toBe(0);
     const wrong = await app.inject({ method: "POST", url: "/ng-rollout/r2/verify", payload: { task: { expression: "17 + 25" }, answer: "41" } });
     expect(wrong.json()).toEqual({ reward: 0 });

@@ -1,5 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
+import { REPLAYABLE_END_HOLD_MS } from "../../../participants/kinds/resources/index.js";
 import { counterRecord, ReplayCounter, resourcesWorld } from "./resources-world.js";
 
 /**
@@ -27,12 +28,15 @@ async function seeded(a: Awaited<ReturnType<typeof world.harness>>, rollout = "r
 }
 
 describe("an exported server's finished session", () => {
-  it("a replayable verify served outside a checkpoint frees its state", async () => {
+  it("a replayable verify served outside a checkpoint frees its state once its hold passed", async () => {
     const server = new HeldFreeCounter();
     const a = await world.harness(server);
     const cookie = await seeded(a);
     await a.post("/ng-rollout/r1/increment", {}, cookie);
     expect((await a.post("/ng-rollout/r1/verify", { expected: 1 }, cookie)).json()).toEqual({ reward: 1, count: 1 });
+    a.clock.advance(REPLAYABLE_END_HOLD_MS - 1);
+    expect(server.counters.size).toBe(1);
+    a.clock.advance(1);
     await new Promise<void>((resolve) => setImmediate(resolve));
     expect(server.counters.size).toBe(0);
     expect(a.kind.readiness().counts).toMatchObject({ sessions: 0 });
@@ -60,6 +64,7 @@ describe("an exported server's finished session", () => {
     await b.call("restore", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     await b.call("resume", { checkpoint_id: "c1" });
     expect((await b.post("/ng-rollout/r1-a1/verify", { expected: 2 }, "ng_session=session-1")).json()).toEqual({ reward: 1, count: 2 });
+    b.clock.advance(REPLAYABLE_END_HOLD_MS);
     await new Promise<void>((resolve) => setImmediate(resolve));
     expect(server.counters.size).toBe(0);
   });
@@ -71,6 +76,7 @@ describe("an exported server's finished session", () => {
     const a = await world.harness(server);
     const cookie = await seeded(a);
     await a.post("/ng-rollout/r1/verify", { expected: 0 }, cookie);
+    a.clock.advance(REPLAYABLE_END_HOLD_MS);
     expect(a.kind.hasLiveState()).toBe(true);
     release();
     await server.hold;

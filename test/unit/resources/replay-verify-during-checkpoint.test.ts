@@ -1,4 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { REPLAYABLE_END_HOLD_MS } from "../../../participants/kinds/resources/index.js";
 import { ReplayCounter, resourcesWorld } from "./resources-world.js";
 
 /**
@@ -30,6 +31,7 @@ describe("a replayable verify that succeeds while a checkpoint is open", () => {
     await b.call("restore", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     await b.call("resume", { checkpoint_id: "c1" });
     expect((await b.post("/ng-rollout/r1-a1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
+    b.clock.advance(REPLAYABLE_END_HOLD_MS); // past the hold after a replayable verify
     expect(b.kind.readiness().counts).toMatchObject({ sessions: 0 });
   });
 

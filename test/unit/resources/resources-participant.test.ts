@@ -6,6 +6,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RecordBase, type RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
 import {
+  REPLAYABLE_END_HOLD_MS,
   ResourcesServer,
   createResourcesApp,
   declarationsOf,
@@ -19,6 +20,7 @@ import { CalculatorServer, calculatorServerClass } from "../../../participants/g
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
 import { refusalCode } from "../../support/refusal.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
 
 let root: string;
 const opened: { app: FastifyInstance; plane: ParticipantControlPlane<any> }[] = [];
@@ -36,7 +38,8 @@ afterEach(async () => {
 });
 
 async function harness(server: ResourcesServer) {
-  const { app, kind, sessions } = await createResourcesApp(server, { owner: "worker-0" });
+  const clock = new ManualClock();
+  const { app, kind, sessions } = await createResourcesApp(server, { owner: "worker-0", clock });
   const plane = new ParticipantControlPlane({ adapter: kind, instance: "res0", checkpointRoot: root, readinessPollMs: 50 });
   opened.push({ app, plane });
   const call = <O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }, deadlineS = 30) => {
@@ -54,7 +57,7 @@ async function harness(server: ResourcesServer) {
     expect(reply.statusCode).toBe(200);
     return String(reply.headers["set-cookie"]).split(";")[0]!;
   };
-  return { app, kind, sessions, plane, call, post, seed };
+  return { app, kind, sessions, plane, call, post, seed, clock };
 }
 
 const refused = refusalCode;
@@ -112,6 +115,9 @@ describe("verify in flight: replay vs wait", () => {
     expect((await b.call("resume", { checkpoint_id: "c1" })).phase).toBe("idle");
     expect((await replay).json()).toEqual({ reward: 1 });
     expect(freshServer.controls.stats.verify_finished).toBe(1);
+    // Held a while after its replayable verify (a checkpoint may be under way), then ended.
+    expect(b.kind.readiness().counts).toMatchObject({ sessions: 1, restored: 0 });
+    b.clock.advance(REPLAYABLE_END_HOLD_MS);
     expect(b.kind.readiness().counts).toMatchObject({ sessions: 0, restored: 0 });
 
     server.controls.release();

@@ -5,15 +5,17 @@ import type { FastifyInstance } from "fastify";
 import type { PhaseOp, RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
-import { createResourcesApp, type CheckpointVerify, type ResourcesServer, type SessionAccess } from "../../../participants/kinds/resources/index.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
+import { createResourcesApp, type CheckpointVerify, type ResourcesAppOptions, type ResourcesServer, type SessionAccess } from "../../../participants/kinds/resources/index.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
 /** A resources app plus its control plane, in process (the shape of resources-participant.test.ts). */
 export async function resourcesWorld() {
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-res-"));
   const opened: { app: FastifyInstance; plane: ParticipantControlPlane<any> }[] = [];
-  const harness = async (server: ResourcesServer, owner = "worker-0") => {
-    const { app, kind } = await createResourcesApp(server, { owner });
+  const harness = async (server: ResourcesServer, owner = "worker-0", options: ResourcesAppOptions = {}) => {
+    const clock = new ManualClock();
+    const { app, kind } = await createResourcesApp(server, { owner, clock, ...options });
     const plane = new ParticipantControlPlane({ adapter: kind, instance: "res0", checkpointRoot: root, readinessPollMs: 50 });
     opened.push({ app, plane });
     const call = <O extends PhaseOp>(op: O, body: Partial<RequestInputOf<O>> & { checkpoint_id: string }, deadlineS = 30) => {
@@ -25,7 +27,7 @@ export async function resourcesWorld() {
       return plane.handle(op, request as never);
     };
     const post = (url: string, payload: object = {}, cookie?: string) => app.inject({ method: "POST", url, payload, ...(cookie ? { headers: { cookie } } : {}) });
-    return { app, kind, plane, call, post };
+    return { app, kind, plane, call, post, clock };
   };
   const writeCheckpoint = (id: string, records: object[]) =>
     new FsCheckpointStorage().write({ checkpointDir: join(root, id), checkpointId: id, kind: "resources", instance: "res0" }, records as never, {
@@ -66,5 +68,6 @@ export class ReplayCounter extends CounterServer {
       const count = this.counters.get(sessions.require(request).sessionId) ?? 0;
       return { reward: count === expected ? 1 : 0, count };
     });
+    app.post("/close_session", async () => ({})); // the SDK frees the state as the session ends
   }
 }
