@@ -472,6 +472,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       await this.hooks.retireSessionState?.(s.sessionId);
       this.sessions.delete(s.sessionId);
       this.retiring.delete(s.sessionId);
+      this.dropPendingEnd(s.sessionId);
     }
     this.context?.notifyReadinessChanged();
   }
@@ -486,6 +487,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       await this.hooks.retireSessionState?.(sessionId);
       this.sessions.delete(sessionId);
       this.retiring.delete(sessionId);
+      this.dropPendingEnd(sessionId);
       this.context?.notifyReadinessChanged();
     }
     for (const [sessionId, episode] of [...this.heldAfterFailedFree]) {
@@ -599,6 +601,17 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       throw error;
     }
     this.freeingRestored.delete(sessionId);
+  }
+
+  /**
+   * A session dropped without ending (retired) takes its pending end along: a hold's timer, or the
+   * end at reopen a prepare (or a restore's close) moved it to, would otherwise end whatever session
+   * later carries that id as that episode (the same session restored again after a forget).
+   */
+  private dropPendingEnd(sessionId: string): void {
+    this.heldAfterEnd.get(sessionId)?.cancel();
+    this.heldAfterEnd.delete(sessionId);
+    this.endAtReopen.delete(sessionId);
   }
 
   /** Refuses the session's requests (`stale_attempt`) until its rollout is forgotten. */
