@@ -132,6 +132,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   private readonly heldAfterEnd = new Map<string, { episode: EpisodeId; cancel: () => void }>();
   private readonly replayableEndHoldMs: number;
   private readonly clock: Clock;
+  /** The app closed (dispose): no hold's timer fires into the server any more. */
+  private disposed = false;
   /** Session ids the current commit exported: a stop commit parks these and no others. */
   private exported: string[] = [];
   private context: ParticipantContext | undefined;
@@ -240,7 +242,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   endServed(ticket: RequestTicket, sessionId: string): void {
     if (this.isReplayable(ticket.role) && this.mode !== "restart_only" && this.sessions.has(sessionId)) {
       if (!this.gate.isOpen) return void this.endAtReopen.set(sessionId, ticket.episode);
-      if (this.replayableEndHoldMs > 0) return this.holdAfterEnd(sessionId, ticket.episode);
+      if (this.replayableEndHoldMs > 0 && !this.disposed) return this.holdAfterEnd(sessionId, ticket.episode);
     }
     this.endFinished(sessionId, ticket.episode);
   }
@@ -311,6 +313,18 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.active.delete(active);
     if (active.counted) this.context?.notifyReadinessChanged();
     for (const wake of [...this.releaseWaiters]) wake();
+  }
+
+  /**
+   * The server shut down (its app closed): the holds' timers are cancelled, so none fires into it
+   * later (its `retireSessionState` on a server that released what it frees with, or a timer
+   * keeping the kind and the server reachable for up to the hold); a verify still finishing ends
+   * its session at once. The held sessions go with the process, as live ones do.
+   */
+  dispose(): void {
+    this.disposed = true;
+    for (const { cancel } of this.heldAfterEnd.values()) cancel();
+    this.heldAfterEnd.clear();
   }
 
   // ---- ParticipantKind -------------------------------------------------------------------

@@ -96,6 +96,8 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     if (jsonNestsDeeperThan(parsed)) return done(new CheckpointError("invalid_request", `the body nests more than ${MAX_JSON_DEPTH} levels deep`), undefined);
     done(null, parsed);
   });
+  // Once closed, the holds of verified sessions fire no timer into the server (ResourcesKind.dispose).
+  app.addHook("onClose", async () => kind.dispose());
   installRefusalHandlers(app, "resources server", kind.kind, options.logger);
   const sessions = installResourcesCheckpointing(app, kind);
   await app.register(async (scope) => server.routes(scope, sessions), { prefix: "/ng-rollout/:capture_key" });
