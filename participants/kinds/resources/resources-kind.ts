@@ -294,6 +294,9 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     const existing = this.sessions.get(sessionId);
     if (existing && sameEpisode(existing.episode, episode)) {
       existing.restored = false;
+      // Started again (a seed or `sessions.started` carrying the cookie of a session its verify
+      // ended): live now, so the end still pending for the old run (its hold) must not end it.
+      this.dropPendingEnd(sessionId);
       return;
     }
     if (existing) throw new CheckpointError("stale_attempt", `the session is bound to ${captureKey(existing.episode)}`);
@@ -618,9 +621,10 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   /**
-   * A session dropped without ending (retired) takes its pending end along: a hold's timer, or the
-   * end at reopen a prepare (or a restore's close) moved it to, would otherwise end whatever session
-   * later carries that id as that episode (the same session restored again after a forget).
+   * A session dropped without ending (retired), or started again, takes its pending end along: a
+   * hold's timer, or the end at reopen a prepare (or a restore's close) moved it to, would otherwise
+   * end whatever session later carries that id as that episode (the same session restored again
+   * after a forget, or seeded again).
    */
   private dropPendingEnd(sessionId: string): void {
     this.heldAfterEnd.get(sessionId)?.cancel();
