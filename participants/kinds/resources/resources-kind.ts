@@ -248,7 +248,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   private holdAfterEnd(sessionId: string, episode: EpisodeId): void {
-    this.heldAfterEnd.get(sessionId)?.cancel();
+    this.dropPendingEnd(sessionId); // a second verify holds it anew
     const cancel = this.clock.setTimer(() => {
       this.heldAfterEnd.delete(sessionId);
       this.endFinished(sessionId, episode);
@@ -262,9 +262,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    * would, and it would be held for good.
    */
   private endFinished(sessionId: string, episode: EpisodeId): void {
-    // Ended for good now (a close after a replayable verify, or its hold's timer): no later end.
-    this.heldAfterEnd.get(sessionId)?.cancel();
-    this.heldAfterEnd.delete(sessionId);
+    // Ended for good now (a close after a replayable verify, its hold's timer, a reopen): no later end.
+    this.dropPendingEnd(sessionId);
     const held = this.sessions.has(sessionId);
     this.end(sessionId, episode);
     if (!(this.mode === "exported" && held && !this.sessions.has(sessionId))) return;
