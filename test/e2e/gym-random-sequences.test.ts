@@ -2,6 +2,9 @@ import { afterEach, describe, expect, it } from "vitest";
 import { captureKey, parseCaptureKey, type EpisodeId } from "../../protocol/index.js";
 import { GYM_SERVERS, TASK, startGymWorld, type GymWorld, type RunResult } from "../support/gym-processes.js";
 import { mulberry32 } from "../support/seeded-random.js";
+import { waitUntil } from "../support/wait-until.js";
+
+const HOLD_MS = 3000;
 
 /**
  * Seeded random controller sequences against the real reference Gym: start, release, checkpoint,
@@ -42,7 +45,9 @@ afterEach(async () => {
 async function sequence(seed: number, waitVerify: boolean): Promise<void> {
   const random = mulberry32(seed);
   const pick = <T>(items: T[]): T | undefined => (items.length ? items[Math.floor(random() * items.length)] : undefined);
-  world = await startGymWorld({ args: { ...(waitVerify && { resources: ["--verify", "wait"] }) } });
+  // A replayable verify's session is held a while after it (a checkpoint may be under way): a hold
+  // well over this test's prepare gaps, short enough to see every session end before the last check.
+  world = await startGymWorld({ args: { resources: [...(waitVerify ? ["--verify", "wait"] : []), "--replayable-end-hold-ms", String(HOLD_MS)] } });
   const w = world;
   const rollouts: Rollout[] = Array.from({ length: ROLLOUTS }, (_, i) => ({
     id: `s${seed}-r${i}`,
@@ -202,6 +207,7 @@ async function sequence(seed: number, waitVerify: boolean): Promise<void> {
   if (retired.size) await w.client.forget({ rollout_ids: [...retired] });
 
   const context = `seed ${seed}:\n${log.join("\n")}`;
+  await waitUntil(async () => (await w.status("resources")).report.counts.sessions === 0, `${context}\nthe resources sessions the last verifies hold to end`, HOLD_MS + 15_000);
   if (process.env.GYM_E2E_SEQ_LOG) process.stderr.write(`${context}\n`);
   expect(rollouts.map((r) => [r.id, r.state, r.reward]), context).toEqual(rollouts.map((r) => [r.id, "done", 1]));
   const calls = await w.backend.calls();
