@@ -531,6 +531,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         gate: pending.gate,
         createdAt: pending.createdAt,
         extra,
+        // Seen on arrival (invisibleCheckpointDir); never made again if it went since.
+        existingCheckpointDir: true,
       });
       span.setAttributes({ [ATTR.records]: records.length, [ATTR.bytes]: result.bytes });
       return result;

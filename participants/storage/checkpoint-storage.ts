@@ -50,7 +50,13 @@ export interface CheckpointStorage {
   write(
     target: ParticipantTarget,
     records: readonly RecordBase[],
-    options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown> },
+    /**
+     * `existingCheckpointDir`: `target.checkpointDir` must already exist (the control plane's
+     * commit: the coordinator made it); only `gym/<kind>/<instance>` is created in it, and a
+     * checkpoint directory gone by then is `storage_error`, never made again (mkdir -p would make
+     * it on the local disk under a checkpoint storage unmounted meanwhile).
+     */
+    options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown>; existingCheckpointDir?: boolean },
   ): Promise<WrittenParticipant>;
   /**
    * Verifies manifest identity, digest and count, and the manifest against `pinned` (before any

@@ -1,6 +1,6 @@
 import { constants } from "node:buffer";
 import { createHash, randomBytes } from "node:crypto";
-import { link, open, rename, unlink, type FileHandle } from "node:fs/promises";
+import { link, mkdir, open, rename, stat, unlink, type FileHandle } from "node:fs/promises";
 import { join, relative } from "node:path";
 import type { z } from "zod";
 import {
@@ -51,17 +51,48 @@ function corrupt(detail: string, cause?: unknown): CheckpointError {
   return new CheckpointError("invalid_checkpoint_state", detail, { cause });
 }
 
+/**
+ * Makes `<checkpoint_dir>/gym/<kind>/<instance>` one component at a time, never `checkpoint_dir`
+ * itself (mkdir -p would): the coordinator made it before the commit and the control plane saw it
+ * on arrival, so one gone by the write (the checkpoint storage unmounted meanwhile, its mount
+ * point's empty local directory left) is refused here, atomically, rather than made on the local
+ * disk. Returns the first directory it created (as makeDirectories does), or undefined.
+ */
+async function makeParticipantDir(target: ParticipantTarget): Promise<string | undefined> {
+  let path = target.checkpointDir;
+  let first: string | undefined;
+  for (const name of [PARTICIPANTS_DIR, target.kind, target.instance]) {
+    path = join(path, name);
+    try {
+      await mkdir(path);
+      first ??= path;
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      if (code === "EEXIST" && (await stat(path)).isDirectory()) continue;
+      if (code === "ENOENT" && first === undefined && name === PARTICIPANTS_DIR) {
+        throw new CheckpointError(
+          "storage_error",
+          `ENOENT: checkpoint directory ${target.checkpointDir} is no longer visible on this host (is the checkpoint storage mounted here?); a commit does not create it, nothing was written`,
+          { cause: error },
+        );
+      }
+      throw error;
+    }
+  }
+  return first;
+}
+
 /** The filesystem backend: one records file plus a create-only manifest per participant. */
 export class FsCheckpointStorage implements CheckpointStorage {
   async write(
     target: ParticipantTarget,
     records: readonly RecordBase[],
-    options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown> },
+    options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown>; existingCheckpointDir?: boolean },
   ): Promise<WrittenParticipant> {
     const dir = participantDir(target);
     // A new directory's entry lives in its parent: fsync those now (a retry creates nothing), or
     // LATEST can survive a power loss that drops `gym/<kind>/<instance>`.
-    for (const parent of parentsOfCreated(dir, await makeDirectories(dir))) await fsyncDir(parent);
+    for (const parent of parentsOfCreated(dir, options.existingCheckpointDir ? await makeParticipantDir(target) : await makeDirectories(dir))) await fsyncDir(parent);
     const suffix = `${process.pid}.${randomBytes(6).toString("hex")}`;
     const tempRecords = join(dir, `.records.jsonl.${suffix}`);
     const hash = createHash("sha256");

@@ -488,6 +488,26 @@ describe("fences and refusals change no state", () => {
     }
   });
 
+  it("never creates the checkpoint directory itself: one gone between the check and the write (storage unmounted meanwhile) refuses the commit with storage_error, nothing made on the local disk", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    const dir = join(root, "c1");
+    await mkdir(dir);
+    const gate = deferred();
+    kind.delay("exportRecords", gate.promise);
+    const committing = refusalOf(call("commit", { checkpoint_id: "c1", checkpoint_dir: dir, deadline_ts: DEADLINE + 1000 }));
+    await waitUntil(() => kind.hooks().includes("exportRecords"), "the export");
+    // The directory was visible when the commit arrived; the checkpoint storage goes away before the write.
+    await rm(dir, { recursive: true });
+    gate.resolve();
+    const refusal = await committing;
+    expect({ code: refusal.code, files: await readdir(root), phase: plane.currentPhase }).toEqual({ code: "storage_error", files: [], phase: "prepared" });
+    // Once it is there again the same commit goes ahead.
+    await mkdir(dir);
+    expect((await call("commit", { checkpoint_id: "c1", checkpoint_dir: dir, deadline_ts: DEADLINE + 1000 })).phase).toBe("committed");
+    expect(existsSync(join(dir, "gym/environment/env0/manifest.json"))).toBe(true);
+  });
+
   it("refuses a checkpoint_dir that leaves the root through a symlink, before creating anything", async () => {
     const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
     try {
