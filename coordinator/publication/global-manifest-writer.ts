@@ -92,18 +92,33 @@ export class GlobalManifestWriter {
    */
   async checkpointDirectory(checkpointId: string): Promise<void> {
     this.stage(checkpointId);
+    const staging = this.staged.get(checkpointId)!;
     try {
-      await this.staged.get(checkpointId)!.directory;
+      await staging.directory;
+      return;
     } catch {
+      // made again below
+    }
+    const current = this.staged.get(checkpointId);
+    let again: Promise<unknown>;
+    if (current === staging) {
       // Nothing of that staging is on disk (LATEST's temp file is written only after the mkdir).
       this.staged.delete(checkpointId);
       this.stage(checkpointId);
-      await this.staged.get(checkpointId)!.directory.catch((error: unknown) => {
-        // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
-        if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-        throw new CheckpointError("checkpoint_conflict", `${this.catalog.dirFor(checkpointId)} exists and is not a directory: nothing was committed`, { cause: error });
-      });
+      again = this.staged.get(checkpointId)!.directory;
+    } else if (current) {
+      again = current.directory; // staged again meanwhile
+    } else {
+      // Dropped while the mkdir ran (leadership lost, the checkpoint closed): staging it again would
+      // leave a LATEST temp file nobody removes (this process's sweeps skip what it staged), so
+      // only the directory is made; a publication, if any, stages afresh.
+      again = makeDirectories(this.catalog.dirFor(checkpointId));
     }
+    await again.catch((error: unknown) => {
+      // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
+      if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+      throw new CheckpointError("checkpoint_conflict", `${this.catalog.dirFor(checkpointId)} exists and is not a directory: nothing was committed`, { cause: error });
+    });
   }
 
   /**
