@@ -237,15 +237,20 @@ export class Collector {
     // parked: only fresh processes accept a restore, so it is resumed instead, and the rows it
     // would continue restart from input (their /runs died with our predecessor: nobody can read
     // their replies, and the live servers refuse the same attempt while it runs).
-    const ours = open !== null && open.checkpoint_id === collection?.checkpoint_id;
+    // A restore (phase restored) is ours only when a start of ours sent it: a start restores only
+    // the LATEST of the run it continues, and logs that run as continues_run before the restore. A
+    // restore of any other checkpoint, the LATEST the logged run published itself or an older one
+    // its log names, is another controller's (`gym-ckpt restore`), not a checkpoint we left open.
+    const restore = open?.phase === "restored";
+    const ours = open !== null && open.checkpoint_id === collection?.checkpoint_id && (!restore || collection.run_id === history?.continuesRun);
     // Only a checkpoint of ours is closed here: one the logged run started (logged before its
-    // prepare), or our LATEST. Any other is another controller's, maybe mid-flight: a resume would
-    // abort it under that controller, and retires are refused while it is open. Refused before
-    // anything is sent.
-    if (open && !ours && !history?.checkpoints.has(open.checkpoint_id)) {
+    // prepare; never restored by us unless it is that LATEST), or our LATEST. Any other is another
+    // controller's, maybe mid-flight: a resume would abort it under that controller, and retires
+    // are refused while it is open. Refused before anything is sent.
+    if (open && !ours && (restore || !history?.checkpoints.has(open.checkpoint_id))) {
       throw new CheckpointError(
         "checkpoint_conflict",
-        `checkpoint ${open.checkpoint_id} is open (${open.phase}) and this collector's log does not name it: another controller's, or left by a collector older than this one; let it finish, or resume it (gym-ckpt resume ${open.checkpoint_id}), then start again`,
+        `checkpoint ${open.checkpoint_id} is open (${open.phase}) and this collector did not leave it open: another controller's, or left by a collector older than this one; let it finish, or resume it (gym-ckpt resume ${open.checkpoint_id}), then start again`,
       );
     }
     const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);

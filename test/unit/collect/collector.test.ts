@@ -258,6 +258,31 @@ describe("collector", () => {
     expect(logged ? await readFile(logPath, "utf8") : undefined).toBe(before);
   });
 
+  it.each([
+    // An operator's `gym-ckpt restore <id>` of an older checkpoint of ours (retained, logged when we took it).
+    ["an older checkpoint of ours its log names", "ckpt-20240101T000000-bbbbbbbb"],
+    // An operator's `gym-ckpt restore` (LATEST by default) of the LATEST our logged run published itself:
+    // a start of ours restores only the LATEST of the run its log continues (continues_run).
+    ["the LATEST the logged run published itself", "ckpt-20240101T000000-cccccccc"],
+  ])("refuses to start while another controller's restore of %s is open (restored): nothing is resumed, restored, retired or rewritten", async (_what, restoredId) => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const { controller, calls, state } = fakeController();
+    const logPath = join(dir, "dispatched.jsonl");
+    const log = await DispatchLog.create(logPath, "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    await log.recordCheckpoint("ckpt-20240101T000000-bbbbbbbb");
+    await log.recordCheckpoint("ckpt-20240101T000000-cccccccc");
+    await publishCollection(state, "ckpt-20240101T000000-bbbbbbbb", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    await publishCollection(state, "ckpt-20240101T000000-cccccccc", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const before = await readFile(logPath, "utf8");
+    // Restored by another controller, waiting for that controller's resume.
+    state.open = { checkpoint_id: restoredId, phase: "restored" };
+    const collector = collectorFor(controller, url);
+    await expect(collector.start()).rejects.toMatchObject({ code: "checkpoint_conflict", message: expect.stringContaining(`gym-ckpt resume ${restoredId}`) });
+    expect(calls.map((c) => c.op)).toEqual([]);
+    expect(state.open).toEqual({ checkpoint_id: restoredId, phase: "restored" });
+    expect(await readFile(logPath, "utf8")).toBe(before);
+  });
+
   it("logs each checkpoint's id before its prepare, so a start after a crash mid-checkpoint knows it for its own", async () => {
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
     const logged: boolean[] = [];
