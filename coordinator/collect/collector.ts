@@ -313,7 +313,10 @@ export class Collector {
       // Gone rollouts still to retire (after the restore below): a crash before then still finds them.
       ...(restoreCloses ? [...gone].map(([rollout_id, attempt]) => ({ rollout_id, attempt, ...(restoredOnly.has(rollout_id) && { restored: true as const }) })) : []),
     ];
-    this.log = await DispatchLog.create(this.logPath, this.runId, carried, restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined);
+    // The checkpoint ids the old log names are carried too: the status read above may have missed
+    // one whose prepare still waited at the coordinator (behind another op), and it may open once
+    // the old log is gone. Without them the next start would refuse its own predecessor's checkpoint.
+    this.log = await DispatchLog.create(this.logPath, this.runId, carried, restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined, history?.checkpoints);
     // An attempt only restored is still held by the processes the restore installed it at (no
     // restore of ours replaces them, nor did its clean-up fence it): it continues, so it stays in the
     // scope of a checkpoint taken before it is sent, which would otherwise drop the record.

@@ -15,7 +15,9 @@ import { parseStateValue } from "./state-file-value.js";
  * and every row it finished as a later attempt, whose fences the next run forgets (the forget was
  * queued in memory), and the checkpoints it started, which the next run may close (one it finds
  * open that no run of its own started is another controller's); a new log carries the finished
- * rows whose forget was not sent yet.
+ * rows whose forget was not sent yet, and the checkpoint ids the log it replaces named: a
+ * predecessor's prepare may still wait at the coordinator (behind another op) when a start reads
+ * its status, and open only after this run replaced the log.
  * Each line is on disk (fdatasync) before its append returns, and only then does the `/run` go
  * out: a line lost on power loss would let the next run send that attempt again, unretired.
  * Appends made while a sync runs share the next one (group commit): concurrent dispatches cost one
@@ -71,23 +73,32 @@ export class DispatchLog {
     readonly path: string,
     readonly runId: string,
     private readonly continuesRun: string | undefined,
+    /** Checkpoint ids of earlier runs, written again by every replace: one may still open. */
+    private readonly carriedCheckpoints: readonly string[],
   ) {}
 
-  /** Starts a fresh log for a new run, carrying forward attempts that must stay fenced, and finished ones still to forget. */
-  static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = [], continuesRun?: string): Promise<DispatchLog> {
-    const log = new DispatchLog(path, runId, continuesRun);
+  /**
+   * Starts a fresh log for a new run, carrying forward attempts that must stay fenced, finished
+   * ones still to forget, and the checkpoint ids earlier runs logged (`checkpoints`).
+   */
+  static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = [], continuesRun?: string, checkpoints: Iterable<string> = []): Promise<DispatchLog> {
+    const log = new DispatchLog(path, runId, continuesRun, [...checkpoints]);
     await log.replace(carried);
     return log;
   }
 
   /**
-   * Rewrites this run's log as its header and `carried`, in one step: the old log stays until the
+   * Rewrites this run's log as its header, the carried checkpoint ids and `carried`, in one step: the old log stays until the
    * new one is whole, so a crash meanwhile leaves one or the other, never a part (a crash mid-append
    * of many lines keeps some). Only while nothing is appended: start-up, before any `/run`.
    */
   async replace(carried: Iterable<LoggedAttempt>): Promise<void> {
     const header = { run_id: this.runId, ...(this.continuesRun !== undefined && { continues_run: this.continuesRun }) };
-    const lines = [JSON.stringify(header), ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e)))];
+    const lines = [
+      JSON.stringify(header),
+      ...this.carriedCheckpoints.map((id) => JSON.stringify(CheckpointLineSchema.parse({ checkpoint_id: id }))),
+      ...[...carried].map((e) => JSON.stringify(EntrySchema.parse(e))),
+    ];
     // Atomic: a crash mid-rewrite must not lose the carried attempts (they would be re-sent as
     // attempt 0, reusing capture keys); the old log stays until the new one is whole.
     await replaceFileDurably(this.path, `${lines.join("\n")}\n`);

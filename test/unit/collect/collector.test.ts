@@ -283,6 +283,46 @@ describe("collector", () => {
     expect(await readFile(logPath, "utf8")).toBe(before);
   });
 
+  describe("a predecessor's checkpoint whose prepare opens only after the next start read the status (it waited at the coordinator behind another op; status does not wait)", () => {
+    const left = "ckpt-20240101T000000-dddddddd";
+
+    it("the start carries its id into its new log, so a start after it closes it instead of refusing itself", async () => {
+      const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+      // run-1 logged its checkpoint, sent the prepare and was killed.
+      await (await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1")).recordCheckpoint(left);
+      const { controller, state } = fakeController();
+      await collectorFor(controller, url).start(); // nothing open yet: its log is replaced
+      // The prepare opens it now; that start is killed before a checkpoint of its own.
+      state.open = { checkpoint_id: left, phase: "prepared" };
+      const collector = collectorFor(controller, url);
+      await collector.start();
+      expect(state.open).toBeNull();
+      expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    });
+
+    it("…also when that start's restore is refused by it and its log is rewritten with the replacements", async () => {
+      const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+      // run-1 had a@0 continued by its LATEST, logged a second checkpoint, sent its prepare and was killed.
+      const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+      await log.recordCheckpoint(left);
+      let opened = false;
+      const { controller, state, base } = fakeController({
+        restore: async (req: never) => {
+          // The prepare opened it meanwhile: the restore is refused, and so is the retire after it.
+          if (!opened) state.open = { checkpoint_id: left, phase: "prepared" };
+          opened = true;
+          return base.restore(req);
+        },
+      });
+      await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+      await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_phase" });
+      const collector = collectorFor(controller, url);
+      await collector.start();
+      expect(state.open).toBeNull();
+      expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    });
+  });
+
   it("logs each checkpoint's id before its prepare, so a start after a crash mid-checkpoint knows it for its own", async () => {
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
     const logged: boolean[] = [];
