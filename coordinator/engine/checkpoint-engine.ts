@@ -668,12 +668,23 @@ export class CheckpointEngine {
     // delayed ops from now on (before any controller op is served), and one that admitted such a
     // prepare already shows it here, so resumeOrphans releases it.
     const statuses = await this.probeStatuses(undefined, this.options.leadership.epoch());
-    for (const entry of entries) {
+    for (const [index, entry] of entries.entries()) {
       const previous = this.open;
       if (previous) {
         this.log.info({ checkpoint_id: previous.id, newer: entry.checkpoint_id }, "recovery_superseded_entry_closed");
         this.close(previous.id);
         done.push({ checkpoint_id: previous.id, action: "superseded_closed" });
+      }
+      const newer = entries[index + 1];
+      if (newer && entry.state === "decided" && !this.options.catalog.has(entry.checkpoint_id)) {
+        // Closed by its leader unpublished (a publication failed and the decision's withdrawal too),
+        // since the newer one opened after it: completing it would publish a checkpoint its
+        // controller was told had failed, and its retention would delete the newer decision's files.
+        // Closed without a message: its participants have moved on to the newer one.
+        this.log.warn({ checkpoint_id: entry.checkpoint_id, newer: newer.checkpoint_id }, "recovery_superseded_decision_closed");
+        this.close(entry.checkpoint_id);
+        done.push({ checkpoint_id: entry.checkpoint_id, action: "superseded_closed" });
+        continue;
       }
       const action = await this.recoverOne(entry, statuses).catch((error: unknown) => {
         this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
