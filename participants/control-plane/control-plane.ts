@@ -1165,7 +1165,8 @@ async function lstatOrUndefined(path: string): Promise<Stats | undefined> {
  * sends any commit, so one missing here lies on storage this host does not see (a checkpoint
  * storage not mounted here leaves its mount point's empty local directory: mkdir -p would commit to
  * the local disk, and the published checkpoint's restore would find nothing). The refusal, if any
- * (thrown before anything changes: the participant stays prepared, its lease as it was).
+ * (thrown after the kept-reply check and before anything changes: the participant stays prepared,
+ * its lease as it was); a path that does not resolve (EIO, ESTALE, ELOOP) is refused likewise.
  */
 async function invisibleCheckpointDir(dir: string): Promise<CheckpointError | undefined> {
   let info: Stats | undefined;
@@ -1173,7 +1174,8 @@ async function invisibleCheckpointDir(dir: string): Promise<CheckpointError | un
     info = await stat(dir);
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
-    if (code !== "ENOENT" && code !== "ENOTDIR") throw unresolvable(error);
+    // Returned, not thrown: a retried commit this participant already answered gets its kept reply.
+    if (code !== "ENOENT" && code !== "ENOTDIR") return unresolvable(error);
   }
   if (info?.isDirectory()) return undefined;
   return new CheckpointError(

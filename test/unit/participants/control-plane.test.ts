@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, readdir, readFile, rm, symlink, unlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rename, rm, symlink, unlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
@@ -483,6 +483,25 @@ describe("fences and refusals change no state", () => {
       const commit = { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: join(root, "c1"), episode_ids: null, stop: false };
       expect(await refused(rootless.handle("commit", commit))).toBe("storage_error");
       expect({ phase: rootless.currentPhase, files: await readdir(root) }).toEqual({ phase: "prepared", files: [] });
+    } finally {
+      rootless.dispose();
+    }
+  });
+
+  it("a retried commit gets its kept reply even when the checkpoint directory no longer resolves (a storage hiccup at a successor's re-drive): the check refuses only what was not committed", async () => {
+    const rootless = new ParticipantControlPlane({ adapter: kind, instance: "env0", clock, leaseGraceSeconds: 60 });
+    try {
+      kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+      await rootless.handle("prepare", { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1 });
+      const dir = join(root, "c1");
+      await mkdir(dir);
+      const commit = { checkpoint_id: "c1", deadline_ts: DEADLINE, epoch: 1, checkpoint_dir: dir, episode_ids: null, stop: false };
+      const first = await rootless.handle("commit", commit);
+      expect(first.phase).toBe("committed");
+      // The path now fails to resolve (ELOOP here; EIO or ESTALE on a network file system).
+      await rename(dir, join(root, "c1-moved"));
+      await symlink(dir, dir);
+      expect(await rootless.handle("commit", commit)).toEqual(first);
     } finally {
       rootless.dispose();
     }
