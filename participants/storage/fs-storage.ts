@@ -1,6 +1,6 @@
 import { constants } from "node:buffer";
 import { createHash, randomBytes } from "node:crypto";
-import { link, mkdir, open, rename, stat, unlink, type FileHandle } from "node:fs/promises";
+import { link, mkdir, open, rename, unlink, type FileHandle } from "node:fs/promises";
 import { join, relative } from "node:path";
 import type { z } from "zod";
 import {
@@ -68,7 +68,8 @@ async function makeParticipantDir(target: ParticipantTarget): Promise<string | u
       first ??= path;
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
-      if (code === "EEXIST" && (await stat(path)).isDirectory()) continue;
+      // Something not a directory there fails the next mkdir (or the write) with ENOTDIR, a storage failure.
+      if (code === "EEXIST") continue;
       if (code === "ENOENT" && first === undefined && name === PARTICIPANTS_DIR) {
         throw new CheckpointError(
           "storage_error",
