@@ -234,10 +234,18 @@ export class KvDecisionJournal implements DecisionJournal {
    * The highest epoch an entry carries (0: none), for the lease's epoch floor: a term that journaled
    * a decision may have published nothing, and the participants that saw its epoch may not answer
    * the new leader's probe in time, yet recovery re-drives that decision to them. Read only: the
-   * revisions this coordinator writes against are left as they are.
+   * revisions this coordinator writes against are left as they are. An entry whose epoch no later
+   * one can pass (2^53 - 1, hand-edited) is left out, logged, as highestEpochSeen leaves out such a
+   * participant: as the result, the floor would ignore it whole, the other entries' epochs with it.
    */
   async highestEpoch(): Promise<number> {
-    return Math.max(0, ...(await this.readEntries()).map((e) => e.entry?.epoch ?? 0));
+    let highest = 0;
+    for (const { key, revision, entry } of await this.readEntries()) {
+      if (!entry) continue;
+      if (Number.isSafeInteger(entry.epoch + 1)) highest = Math.max(highest, entry.epoch);
+      else this.logger?.error({ key, revision, epoch: entry.epoch }, "journaled_epoch_out_of_range_ignored");
+    }
+    return highest;
   }
 
   /** Every key's latest value (removed ones left out), parsed; `entry` undefined where it is no entry. */

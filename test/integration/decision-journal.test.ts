@@ -71,6 +71,21 @@ describe("KV decision journal: highest epoch (the lease's epoch floor)", () => {
   });
 });
 
+describe("KV decision journal: highest epoch, one entry no revision can pass", () => {
+  it("an entry whose epoch no revision can pass (a hand-edited 2^53 - 1) is left out, logged, and does not hide the other entries' epochs", async () => {
+    const { logger, records } = capturingLogger();
+    const journal = await KvDecisionJournal.open(nats.nc, "jfloorrange", logger);
+    await journal.record(journalEntry({ checkpoint_id: "c-real", epoch: 90, state: "decided", participants: [] }));
+    const kv = await new Kvm(nats.nc).open(journalBucket("jfloorrange"));
+    // A complete entry (it parses), its epoch edited by hand to the last safe integer.
+    await kv.put("c-edited", JSON.stringify(journalEntry({ checkpoint_id: "c-edited", epoch: Number.MAX_SAFE_INTEGER, state: "decided", participants: [] })));
+    // Before: 2^53 - 1, which highestEpochInUse counts as 0 whole: the new leader took a revision
+    // below 90 and recovery re-drove c-real under an epoch its participants refuse (stale_epoch).
+    expect(await journal.highestEpoch()).toBe(90);
+    expect(records().filter((r) => r.msg === "journaled_epoch_out_of_range_ignored").map((r) => r.key)).toEqual(["c-edited"]);
+  });
+});
+
 describe("KV decision journal: messages nats.js cannot read", () => {
   it("skips and logs an entry whose header block nats.js cannot decode, or whose key is no KV key (any client may publish them), and still lists the valid ones", async () => {
     const { logger, records } = capturingLogger();
