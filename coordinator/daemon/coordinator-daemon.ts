@@ -116,7 +116,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     epochFloor: (): Promise<number> => {
       const withinMs = Math.min(STATUS_PROBE_MS, config.lease_ms / 4);
       return highestEpochInUse(
-        { published: () => catalog.highestEpoch(), seen: (): Promise<number> => engine.highestEpochSeen(withinMs), journaled: () => within(journal.highestEpoch(), withinMs, (fn, ms) => clock.setTimer(fn, ms)) },
+        { published: () => catalog.highestEpoch((checkpoint_id, epoch) => logger.error({ checkpoint_id, highest_published_epoch: epoch }, "published_epoch_out_of_range_ignored")), seen: (): Promise<number> => engine.highestEpochSeen(withinMs), journaled: () => within(journal.highestEpoch(), withinMs, (fn, ms) => clock.setTimer(fn, ms)) },
         logger,
       );
     },

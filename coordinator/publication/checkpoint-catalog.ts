@@ -174,9 +174,18 @@ export class CheckpointCatalog {
     return { published, partial: partial.sort(), damaged: damaged.sort((a, b) => (a.checkpoint_id < b.checkpoint_id ? -1 : 1)) };
   }
 
-  /** The highest epoch a published checkpoint here carries (0: none). Blocking, as scan(). */
-  highestEpoch(): number {
-    return this.newest()?.epoch ?? 0;
+  /**
+   * The highest epoch a published checkpoint here carries (0: none), for the lease's epoch floor.
+   * Blocking, as scan(). One no later epoch can pass (2^53 - 1, a hand-edited checkpoint.json) is
+   * left out, told to `outOfRange`: as the result, the floor would ignore it whole, the other
+   * published epochs with it.
+   */
+  highestEpoch(outOfRange?: (checkpointId: string, epoch: number) => void): number {
+    for (const entry of this.scan().published) {
+      if (Number.isSafeInteger(entry.epoch + 1)) return entry.epoch;
+      outOfRange?.(entry.checkpoint_id, entry.epoch);
+    }
+    return 0;
   }
 
   /** The newest published checkpoint whose checkpoint.json reads back, whatever LATEST names. Blocking, as scan(). */

@@ -207,6 +207,21 @@ describe("publication and retention", () => {
     await writer.settled();
   });
 
+  it("highestEpoch (the lease's epoch floor) leaves out a checkpoint.json whose epoch no revision can pass (hand-edited 2^53 - 1): the other published epochs still count", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    const at = async (id: string, epoch: number, publishedAt: number) => {
+      const entries = [await writeParticipant(root, id, "agent", "a1", [])];
+      await writer.publish({ checkpointId: id, epoch, preparedAt: publishedAt - 1, publishedAt, stop: false, scope: null, restarts: [], participants: entries, controllerState: null });
+    };
+    await at("c1", 50, 1000);
+    await at("c2", Number.MAX_SAFE_INTEGER, 1010);
+    // Before: 2^53 - 1, which highestEpochInUse counts as 0 whole: a new leader after the leader
+    // bucket was recreated took a revision below 50 and ranked its checkpoints below c1.
+    expect(catalog.highestEpoch()).toBe(50);
+    await writer.settled();
+  });
+
   it("recovery's LATEST repair never moves LATEST back past what the storage refuses to read (EIO), but repairs a damaged one", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 5);
