@@ -121,6 +121,10 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       );
     },
     onReady: async (epoch) => {
+      // A stop sets `stopped` and closes the controller APIs (waiting for the answers in flight)
+      // before it stops the lease: a lease ready meanwhile must not start a recovery (status probes
+      // carrying its epoch, re-driven decisions) in a coordinator already stopping.
+      if (stopped) return;
       // Controller ops wait for recovery: retried (backing off to 5 s) while this term lasts.
       for (let attempt = 1; ; attempt++) {
         try {
@@ -140,6 +144,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       const state = lease.state();
       if (stopped || !state.leader || state.epoch !== epoch) return;
       await natsApi.start();
+      // Stopped while subscribing: the stop unsubscribed them; the key must not say this term serves.
+      if (stopped) return;
       // Only now does the lease say this term serves (controllers waiting on a request read it).
       await lease.markServing(epoch).catch((error: unknown) => logger.error({ err: error }, "lease_mark_serving_failed"));
       readyResolve();
