@@ -28,7 +28,11 @@ export interface Activation {
   boundary(snapshot: () => Boundary): Promise<void>;
   /** Awaits a policy call; counts as at the boundary when made right after one, until its response arrives. */
   awaitingModel<T>(call: Promise<T>): Promise<T>;
-  /** The policy refused (`admission_closed`): park at the latest boundary until resume, then retry from it. */
+  /**
+   * A callee refused (`admission_closed`): park at the latest boundary until resume, then retry from
+   * it. After a delivered call with no boundary since, wait a short while as a blocker instead (also
+   * while admission is closed: the checkpoint waits for the session's next boundary), then retry.
+   */
   park(): Promise<void>;
 }
 
@@ -253,8 +257,17 @@ export class AgentSessions {
       park: async () => {
         abort.signal.throwIfAborted();
         // Not at a boundary after a delivered call: wait as a blocker rather than export the stale one.
-        setState(s.delivered || s.stale ? "running" : "at_boundary");
+        const blocking = s.delivered || s.stale;
+        setState(blocking ? "running" : "at_boundary");
         try {
+          if (blocking) {
+            // A checkpoint's prepare waits for this session to reach its next boundary, so it never
+            // waits for our own admission to reopen (that waits for the prepare, which waits for it):
+            // the refused call (a tool call after the delivered policy call) is retried after a short
+            // wait, as while our admission is open, and the session runs on to its next boundary.
+            await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
+            return;
+          }
           if (!this.gate.closed) await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
           await this.gate.waitOpen(abort.signal);
           // The retried call is made from the same boundary, so it again counts as at the boundary.

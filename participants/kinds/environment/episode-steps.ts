@@ -46,7 +46,11 @@ export interface StepEpisode {
    * episode still blocks the checkpoint and goes on to its next boundary.
    */
   step<T>(mode: StepMode, fn: (signal: AbortSignal) => Promise<T>): Promise<T>;
-  /** Parks at the latest boundary until admission reopens (used when a callee refused with `admission_closed`). */
+  /**
+   * Parks at the latest boundary until admission reopens (used when a callee refused with
+   * `admission_closed`). Right after a finished wait or model step (no boundary since) it cannot park
+   * there: it waits a short while as a blocker, also while admission is closed, and the call is retried.
+   */
   park(): Promise<void>;
   /**
    * The episode cannot be captured (e.g. a restart-only resources server); takes effect only while
@@ -255,6 +259,13 @@ export class EpisodeSteps<D = undefined> {
       // replay the step, so the episode waits as a blocker instead.
       setState(t.dirty ? "running" : "parked");
       try {
+        if (t.dirty) {
+          // A blocker: the checkpoint's prepare waits for it to reach its next boundary, so it never
+          // waits for our own admission to reopen (that waits for the prepare, which waits for it).
+          // The refused call is retried after a short wait, as while our admission is open.
+          await this.gate.nextChange(t.abort.signal, PARK_RETRY_MS);
+          return;
+        }
         if (!this.gate.closed) {
           // Our own admission is open but a callee refused: wait briefly (or for the checkpoint to reach us).
           await this.gate.nextChange(t.abort.signal, PARK_RETRY_MS);
