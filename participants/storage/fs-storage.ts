@@ -70,7 +70,7 @@ async function makeParticipantDir(target: ParticipantTarget): Promise<string | u
       const code = (error as NodeJS.ErrnoException).code;
       // Something not a directory there fails the next mkdir (or the write) with ENOTDIR, a storage failure.
       if (code === "EEXIST") continue;
-      if (code === "ENOENT" && first === undefined && name === PARTICIPANTS_DIR) {
+      if (code === "ENOENT" && name === PARTICIPANTS_DIR) {
         throw new CheckpointError(
           "storage_error",
           `ENOENT: checkpoint directory ${target.checkpointDir} is no longer visible on this host (is the checkpoint storage mounted here?); a commit does not create it, nothing was written`,

@@ -249,10 +249,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
 
   private holdAfterEnd(sessionId: string, episode: EpisodeId): void {
     this.dropPendingEnd(sessionId); // a second verify holds it anew
-    const cancel = this.clock.setTimer(() => {
-      this.heldAfterEnd.delete(sessionId);
-      this.endFinished(sessionId, episode);
-    }, this.replayableEndHoldMs);
+    const cancel = this.clock.setTimer(() => this.endFinished(sessionId, episode), this.replayableEndHoldMs);
     this.heldAfterEnd.set(sessionId, { episode, cancel });
   }
 
