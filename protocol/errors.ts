@@ -44,8 +44,9 @@ export const ERROR_CATALOG = {
   },
   checkpoint_conflict: {
     status: 409,
-    meaning: "A different checkpoint is active, or a retried commit names another directory or scope.",
-    solve: "Resume (abort) the active checkpoint first, or retry with the same arguments.",
+    meaning:
+      "A different checkpoint is active, or a retried commit names another directory or scope; or the checkpoint's path under the root is taken by something not a directory (the coordinator's prepare or commit: nothing was committed).",
+    solve: "Resume (abort) the active checkpoint first, or retry with the same arguments; move what holds the path, or use another checkpoint id.",
   },
   invalid_phase: {
     status: 409,
