@@ -4,6 +4,7 @@ import { EnvironmentKind } from "../../../participants/kinds/environment/index.j
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
 import { createAgentApp } from "../../../participants/gym/agent-server/agent-server.js";
 import { runGymEpisode } from "../../../participants/gym/environment-server/gym-episode.js";
+import { calculatorPolicyMessage } from "./calculator-policy.js";
 
 afterEach(() => vi.unstubAllGlobals());
 
@@ -30,13 +31,7 @@ describe("a tool call refused admission_closed", () => {
       }
       if (host === "policy") {
         calls.policy += 1;
-        // As a policy would: the same conversation gets the same reply.
-        const messages = (JSON.parse(init.body!) as { messages: { role: string }[] }).messages;
-        const message =
-          messages.at(-1)!.role === "user"
-            ? { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "calculator", arguments: '{"expression":"6*7"}' } }] }
-            : { role: "assistant", content: "42" };
-        return json({ choices: [{ message }] });
+        return json({ choices: [{ message: calculatorPolicyMessage(init.body!) }] });
       }
       if (pathname.endsWith("/seed_session")) return json({}, 200, { "set-cookie": "ng_session=s1; Path=/" });
       if (pathname.endsWith("/tools/calculator")) {

@@ -2,6 +2,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { AgentKind } from "../../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
 import { createAgentApp } from "../../../participants/gym/agent-server/agent-server.js";
+import { calculatorPolicyMessage } from "./calculator-policy.js";
 
 afterEach(() => vi.unstubAllGlobals());
 
@@ -27,12 +28,7 @@ function stubGym(agent: AgentKind) {
     const { host, pathname } = new URL(String(url));
     if (host === "policy") {
       calls.policy += 1;
-      const messages = (JSON.parse(init.body!) as { messages: { role: string }[] }).messages;
-      const message =
-        messages.at(-1)!.role === "user"
-          ? { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "calculator", arguments: '{"expression":"6*7"}' } }] }
-          : { role: "assistant", content: "42" };
-      return json({ choices: [{ message }] });
+      return json({ choices: [{ message: calculatorPolicyMessage(init.body!) }] });
     }
     if (pathname.endsWith("/seed_session")) return json({}, 200, { "set-cookie": "ng_session=s1; Path=/", "x-ng-checkpoint-verify": "replay" });
     if (pathname.endsWith("/tools/calculator")) {
