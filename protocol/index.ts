@@ -130,7 +130,7 @@ export {
   HEADER_TRACEPARENT,
   HEADER_TRACESTATE,
 } from "./subjects.js";
-export { LEADER_KEY, decodeLeaseValue, encodeLeaseValue, leaseEpochFloor, type LeaseHolder, type LeaseValue } from "./leader-lease.js";
+export { LEADER_KEY, decodeLeaseValue, encodeLeaseValue, isPassableEpoch, leaseEpochFloor, type LeaseHolder, type LeaseValue } from "./leader-lease.js";
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
 export { JsonValueSchema, isPlainObject, keepingProtoKey, setOwnProperty, type JsonValue } from "./json-value.js";

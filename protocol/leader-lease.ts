@@ -74,3 +74,11 @@ export function leaseEpochFloor(lastSeq: number, held: { revision: number; value
   if (epoch === null) return Math.max(0, held.revision - 1);
   return epoch ?? 0;
 }
+
+/**
+ * An epoch a later lease revision can still pass: below 2^53 - 1 (a hand-edited checkpoint.json or
+ * journal entry may carry more). One that is not would, as an epoch floor, keep every leader below it.
+ */
+export function isPassableEpoch(epoch: number): boolean {
+  return Number.isSafeInteger(epoch + 1);
+}

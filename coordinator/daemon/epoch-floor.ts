@@ -1,4 +1,5 @@
 import type { Logger } from "pino";
+import { isPassableEpoch } from "../../protocol/index.js";
 
 export interface EpochsInUse {
   /** The highest epoch a published checkpoint carries (its checkpoint root); may throw (unreadable root). */
@@ -27,7 +28,7 @@ export async function highestEpochInUse(sources: EpochsInUse, logger: Logger): P
     // Publication reports the root itself.
     logger.warn({ err }, "epoch_floor_unreadable");
   }
-  if (!Number.isSafeInteger(published + 1)) {
+  if (!isPassableEpoch(published)) {
     logger.error({ highest_published_epoch: published }, "published_epoch_out_of_range_ignored");
     published = 0;
   }
@@ -38,7 +39,7 @@ export async function highestEpochInUse(sources: EpochsInUse, logger: Logger): P
     }),
     sources.journaled().then(
       (epoch) => {
-        if (Number.isSafeInteger(epoch + 1)) return epoch;
+        if (isPassableEpoch(epoch)) return epoch;
         logger.error({ highest_journaled_epoch: epoch }, "journaled_epoch_out_of_range_ignored");
         return 0;
       },

@@ -2,6 +2,7 @@ import { join } from "node:path";
 import type { Context } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
+  isPassableEpoch,
   CheckpointError,
   GUARDED_OPS,
   MAX_DEADLINE_AHEAD_S,
@@ -710,7 +711,7 @@ export class CheckpointEngine {
     const probes = runAll(members, async (m) => {
       const outcome = await this.options.client.call(m, "status", {}, deadlineMs);
       if (!outcome.ok) return;
-      if (Number.isSafeInteger(outcome.reply.epoch + 1)) highest = Math.max(highest, outcome.reply.epoch);
+      if (isPassableEpoch(outcome.reply.epoch)) highest = Math.max(highest, outcome.reply.epoch);
       else this.log.error({ kind: m.kind, instance: m.instance, epoch: outcome.reply.epoch }, "participant_epoch_out_of_range_ignored");
     });
     let cancel: (() => void) | undefined;

@@ -4,6 +4,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { z } from "zod";
 import {
+  isPassableEpoch,
   CheckpointError,
   CheckpointIdSchema,
   ControllerStateInputSchema,
@@ -242,7 +243,7 @@ export class KvDecisionJournal implements DecisionJournal {
     let highest = 0;
     for (const { key, revision, entry } of await this.readEntries()) {
       if (!entry) continue;
-      if (Number.isSafeInteger(entry.epoch + 1)) highest = Math.max(highest, entry.epoch);
+      if (isPassableEpoch(entry.epoch)) highest = Math.max(highest, entry.epoch);
       else this.logger?.error({ key, revision, epoch: entry.epoch }, "journaled_epoch_out_of_range_ignored");
     }
     return highest;

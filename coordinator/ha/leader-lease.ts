@@ -3,7 +3,7 @@ import { JetStreamApiCodes, jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { CheckpointError, encodeLeaseValue, isWrongRevision, LEADER_KEY, leaderBucket } from "../../protocol/index.js";
+import { CheckpointError, encodeLeaseValue, isPassableEpoch, isWrongRevision, LEADER_KEY, leaderBucket } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import { openBucketAsserted, readsFromStreamLeader } from "../membership/kv-bucket.js";
 import { coordinatorTelemetry } from "../telemetry/coordinator-telemetry.js";
@@ -227,7 +227,7 @@ export class LeaderLease implements Leadership {
     const floor = (await this.options.epochFloor?.()) ?? 0;
     if (revision > floor) return { epoch: revision, sentAt };
     // One no sequence can pass (a hand-edited checkpoint.json's epoch past 2^53) must not keep every coordinator from leading.
-    if (!Number.isSafeInteger(floor + 1)) {
+    if (!isPassableEpoch(floor)) {
       this.options.logger?.error({ revision, epoch_floor: floor }, "epoch_floor_out_of_range_ignored");
       return { epoch: revision, sentAt };
     }

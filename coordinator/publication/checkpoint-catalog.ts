@@ -2,6 +2,7 @@ import { lstatSync, readdirSync, statSync, type Stats } from "node:fs";
 import { lstat } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import {
+  isPassableEpoch,
   CheckpointError,
   CheckpointIdSchema,
   GLOBAL_MANIFEST_FILE,
@@ -182,7 +183,7 @@ export class CheckpointCatalog {
    */
   highestEpoch(outOfRange?: (checkpointId: string, epoch: number) => void): number {
     for (const entry of this.scan().published) {
-      if (Number.isSafeInteger(entry.epoch + 1)) return entry.epoch;
+      if (isPassableEpoch(entry.epoch)) return entry.epoch;
       outOfRange?.(entry.checkpoint_id, entry.epoch);
     }
     return 0;
