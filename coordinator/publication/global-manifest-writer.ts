@@ -41,6 +41,12 @@ export interface PublishResult {
   manifest: GlobalManifest;
 }
 
+/** One checkpoint's staging: its directory's mkdir (what a commit waits for) and LATEST's temp file. */
+interface Staging {
+  directory: Promise<unknown>;
+  latest: Promise<StagedFile>;
+}
+
 /**
  * Publication, only after every commit succeeded: the global checkpoint.json last in the checkpoint
  * directory, then LATEST atomically replaced at the root; the caller runs retention (`retain`)
@@ -53,12 +59,6 @@ export interface PublishResult {
  * rename, whose root fsync runs in the background (`durable`).
  * The order on disk is unchanged: LATEST is renamed only after checkpoint.json is durable.
  */
-/** One checkpoint's staging: its directory's mkdir (what a commit waits for) and LATEST's temp file. */
-interface Staging {
-  directory: Promise<unknown>;
-  latest: Promise<StagedFile>;
-}
-
 export class GlobalManifestWriter {
   private readonly staged = new Map<string, Staging>();
   private readonly inUse = new Set<string>();
@@ -99,21 +99,15 @@ export class GlobalManifestWriter {
     } catch {
       // made again below
     }
-    const current = this.staged.get(checkpointId);
-    let again: Promise<unknown>;
-    if (current === staging) {
+    if (this.staged.get(checkpointId) === staging) {
       // Nothing of that staging is on disk (LATEST's temp file is written only after the mkdir).
       this.staged.delete(checkpointId);
       this.stage(checkpointId);
-      again = this.staged.get(checkpointId)!.directory;
-    } else if (current) {
-      again = current.directory; // staged again meanwhile
-    } else {
-      // Dropped while the mkdir ran (leadership lost, the checkpoint closed): staging it again would
-      // leave a LATEST temp file nobody removes (this process's sweeps skip what it staged), so
-      // only the directory is made; a publication, if any, stages afresh.
-      again = makeDirectories(this.catalog.dirFor(checkpointId));
     }
+    // Staged again (here or meanwhile), or dropped while the mkdir ran (leadership lost, the
+    // checkpoint closed): staging that one again would leave a LATEST temp file nobody removes (this
+    // process's sweeps skip what it staged), so only its directory is made; a publication stages afresh.
+    const again = this.staged.get(checkpointId)?.directory ?? makeDirectories(this.catalog.dirFor(checkpointId));
     await again.catch((error: unknown) => {
       // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
