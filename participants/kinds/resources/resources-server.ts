@@ -1,11 +1,9 @@
 import Fastify, { type FastifyInstance } from "fastify";
-import type { Logger } from "pino";
 import { CheckpointError, MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
-import { ResourcesKind } from "./resources-kind.js";
-import type { Clock } from "../../control-plane/clock.js";
+import { ResourcesKind, type ResourcesKindOptions } from "./resources-kind.js";
 import { installResourcesCheckpointing, type SessionAccess } from "./resources-middleware.js";
 import { CheckpointModeSchema, CheckpointVerifySchema, type CheckpointMode, type CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
@@ -35,14 +33,9 @@ export abstract class ResourcesServer implements Partial<ResourcesSessionHooks> 
   parkSessionStates?(sessionIds: string[]): Promise<void>;
 }
 
-export interface ResourcesAppOptions {
-  /** Routing owner written into records; null for a single-worker server. */
-  owner?: string | null;
-  logger?: Logger;
+/** The kind's `owner`, `logger`, `replayableEndHoldMs` and `clock` (see ResourcesKindOptions), and the app's body limit. */
+export interface ResourcesAppOptions extends Pick<ResourcesKindOptions, "owner" | "logger" | "replayableEndHoldMs" | "clock"> {
   bodyLimit?: number;
-  /** How long a session a replayable `/verify` ended outside a checkpoint stays held for the next one (ResourcesKindOptions.replayableEndHoldMs). */
-  replayableEndHoldMs?: number;
-  clock?: Clock;
 }
 
 export interface ResourcesApp {
