@@ -406,13 +406,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async commit(request: CommitRequest): Promise<CommitReply> {
     this.checkDeadline(request.deadline_ts);
     const id = request.checkpoint_id;
-    const dir = await this.checkpointDir(request.checkpoint_dir, { write: true });
+    const { dir, refusal } = await this.checkpointDir(request.checkpoint_dir, { write: true });
     const invisible = await invisibleCheckpointDir(dir);
     const scopeKey = request.episode_ids === null ? "*" : [...new Set(request.episode_ids.map(captureKey))].sort().join(",");
     const args = `${dir}\u0000${scopeKey}\u0000${request.stop}`;
     const pending = await this.underLock(request, () => {
       const cached = this.cached<CommitReply>(id, "commit", args);
       if (cached) return cached;
+      if (refusal) throw refusal;
       this.admit(id, ALLOWED.commit, "commit");
       const existing = this.pendingWrite;
       if (existing && existing.checkpointId === id) {
@@ -563,7 +564,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const issue = restoreScopeIssue(request.episode_ids);
     if (issue) throw new CheckpointError("invalid_request", issue);
     const id = request.checkpoint_id;
-    const dir = await this.checkpointDir(request.checkpoint_dir);
+    const { dir, refusal } = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));
     // Not its manifest_sha256: a coordinator pins what the directory's checkpoint.json records, and
     // a retry is answered from what the first read installed (checked against that pin).
@@ -571,6 +572,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     return this.underLock(request, async () => {
       const cached = this.cached<RestoreReply>(id, "restore", args);
       if (cached) return cached;
+      if (refusal) throw refusal;
       this.admit(id, ALLOWED.restore, "restore");
       if (this.pendingInstall) await this.pendingInstall;
       if (this.lateInstall) throw this.notFresh("an earlier restore's install is still running past its deadline");
@@ -954,13 +956,26 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
   }
 
-  private async checkpointDir(dir: string, options: { write?: boolean } = {}): Promise<string> {
+  /**
+   * The normalized checkpoint_dir, and the root check's refusal if any. That refusal is returned,
+   * not thrown: the op throws it after its kept-reply check and before it changes anything, so a
+   * storage hiccup (EIO, ESTALE, EACCES) at a re-drive does not refuse a commit or restore this
+   * participant already answered, while one not answered yet is still refused before anything is
+   * written. The textual check throws: it depends on the request alone, which a kept reply passed.
+   */
+  private async checkpointDir(dir: string, options: { write?: boolean } = {}): Promise<{ dir: string; refusal: CheckpointError | undefined }> {
     const normalized = normalize(dir).replace(/\/+$/, "") || "/";
     if (this.checkpointRoot && !normalized.startsWith(`${this.checkpointRoot}/`)) {
       throw new CheckpointError("invalid_request", `checkpoint_dir must lie inside ${this.checkpointRoot}`);
     }
-    if (this.checkpointRoot) await this.refuseRootEscape(normalized, this.checkpointRoot, options.write === true);
-    return normalized;
+    if (!this.checkpointRoot) return { dir: normalized, refusal: undefined };
+    try {
+      await this.refuseRootEscape(normalized, this.checkpointRoot, options.write === true);
+      return { dir: normalized, refusal: undefined };
+    } catch (error) {
+      // As the endpoint would answer it: a raw stat or readdir failure is storage_error.
+      return { dir: normalized, refusal: toCheckpointError(error) };
+    }
   }
 
   /**
