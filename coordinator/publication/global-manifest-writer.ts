@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
-import { createReadStream, renameSync, statSync } from "node:fs";
-import { rm, rmdir } from "node:fs/promises";
+import { createReadStream, lstatSync, renameSync, statSync } from "node:fs";
+import { mkdir, rm, rmdir } from "node:fs/promises";
 import { join } from "node:path";
 import {
   CheckpointError,
@@ -88,17 +88,17 @@ export class GlobalManifestWriter {
    * storage not mounted on its host) refuses the commit instead of writing to its local disk. Only
    * the mkdir is awaited, normally done during the prepare; the fsyncs are publication's. A failed
    * mkdir is staged again once, so a passing failure does not refuse every retried commit; a second
-   * failure is thrown.
+   * failure is thrown. A mkdir that succeeded is checked again (`stillStaged`): the directory may
+   * have been removed since.
    */
   async checkpointDirectory(checkpointId: string): Promise<void> {
     this.stage(checkpointId);
     const staging = this.staged.get(checkpointId)!;
-    try {
-      await staging.directory;
-      return;
-    } catch {
-      // made again below
-    }
+    let made = true;
+    await staging.directory.catch(() => {
+      made = false; // made again below
+    });
+    if (made) return this.stillStaged(checkpointId);
     if (this.staged.get(checkpointId) === staging) {
       // Nothing of that staging is on disk (LATEST's temp file is written only after the mkdir).
       this.staged.delete(checkpointId);
@@ -111,8 +111,39 @@ export class GlobalManifestWriter {
     await again.catch((error: unknown) => {
       // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-      throw new CheckpointError("checkpoint_conflict", `${this.catalog.dirFor(checkpointId)} exists and is not a directory: nothing was committed`, { cause: error });
+      throw this.notADirectory(checkpointId, error);
     });
+  }
+
+  /**
+   * The staged directory, made during the prepare, may be gone by the commit (an operator's cleanup,
+   * another tool's retention, the storage remounted): every participant would refuse the commit
+   * (storage_error, the directory not visible) though nothing is lost. Nothing is in it before the
+   * first commit, so it is made again, and the root fsynced before any commit is sent into it, as
+   * staging does. Only the directory: a missing root is the storage gone, which the mkdir's ENOENT
+   * refuses (storage_error), rather than a root made again on this host's local disk. Something not
+   * a directory in its place (a file, a link, as the prepare's check refuses) is refused, and left
+   * as it is.
+   * One lstat when the directory is there: blocking, as the prepare's check of the same path is, so
+   * the commit does not queue in the thread pool behind the staging's fsyncs still in flight.
+   */
+  private async stillStaged(checkpointId: string): Promise<void> {
+    const dir = this.catalog.dirFor(checkpointId);
+    const info = lstatSync(dir, { throwIfNoEntry: false });
+    if (info?.isDirectory()) return;
+    if (info) throw this.notADirectory(checkpointId);
+    try {
+      await mkdir(dir);
+    } catch (error) {
+      // Made meanwhile (a concurrent re-drive): fine if it is a directory.
+      if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+      if (!lstatSync(dir).isDirectory()) throw this.notADirectory(checkpointId, error);
+    }
+    await fsyncDirectory(this.catalog.root);
+  }
+
+  private notADirectory(checkpointId: string, cause?: unknown): CheckpointError {
+    return new CheckpointError("checkpoint_conflict", `${this.catalog.dirFor(checkpointId)} exists and is not a directory: nothing was committed`, { cause });
   }
 
   /**
