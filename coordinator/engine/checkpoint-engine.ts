@@ -1224,7 +1224,7 @@ export class CheckpointEngine {
     // makes it here): a participant that does not see it (its checkpoint storage not mounted there)
     // refuses the commit rather than write to its local disk. Failing before a first decision, it
     // leaves the checkpoint prepared.
-    await this.options.writer.checkpointDirectory(id);
+    await this.options.writer.checkpointDirectory(id, { decided: open.phase !== "prepared" });
     await this.options.hooks?.beforeDecision?.(id);
     if (open.phase === "prepared") {
       open.dir = dir;

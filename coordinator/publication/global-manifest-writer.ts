@@ -89,16 +89,16 @@ export class GlobalManifestWriter {
    * the mkdir is awaited, normally done during the prepare; the fsyncs are publication's. A failed
    * mkdir is staged again once, so a passing failure does not refuse every retried commit; a second
    * failure is thrown. A mkdir that succeeded is checked again (`stillStaged`): the directory may
-   * have been removed since.
+   * have been removed since. `decided`: commits may have been sent into it already.
    */
-  async checkpointDirectory(checkpointId: string): Promise<void> {
+  async checkpointDirectory(checkpointId: string, options: { decided?: boolean } = {}): Promise<void> {
     this.stage(checkpointId);
     const staging = this.staged.get(checkpointId)!;
     let made = true;
     await staging.directory.catch(() => {
       made = false; // made again below
     });
-    if (made) return this.stillStaged(checkpointId);
+    if (made) return this.stillStaged(checkpointId, options.decided === true);
     if (this.staged.get(checkpointId) === staging) {
       // Nothing of that staging is on disk (LATEST's temp file is written only after the mkdir).
       this.staged.delete(checkpointId);
@@ -120,18 +120,26 @@ export class GlobalManifestWriter {
    * another tool's retention, the storage remounted): every participant would refuse the commit
    * (storage_error, the directory not visible) though nothing is lost. Nothing is in it before the
    * first commit, so it is made again, and the root fsynced before any commit is sent into it, as
-   * staging does. Only the directory: a missing root is the storage gone, which the mkdir's ENOENT
+   * staging does. Not once the commit is decided: commits may have written into the directory
+   * removed, and the rest committing into a new one would publish a checkpoint naming files that
+   * are gone; that commit is refused (storage_error), and the checkpoint can only be abandoned. Only the directory: a missing root is the storage gone, which the mkdir's ENOENT
    * refuses (storage_error), rather than a root made again on this host's local disk. Something not
    * a directory in its place (a file, a link, as the prepare's check refuses) is refused, and left
    * as it is.
    * One lstat when the directory is there: blocking, as the prepare's check of the same path is, so
    * the commit does not queue in the thread pool behind the staging's fsyncs still in flight.
    */
-  private async stillStaged(checkpointId: string): Promise<void> {
+  private async stillStaged(checkpointId: string, decided: boolean): Promise<void> {
     const dir = this.catalog.dirFor(checkpointId);
     const info = lstatSync(dir, { throwIfNoEntry: false });
     if (info?.isDirectory()) return;
     if (info) throw this.notADirectory(checkpointId);
+    if (decided) {
+      throw new CheckpointError(
+        "storage_error",
+        `ENOENT: ${dir} was removed after its commit was decided: what the participants committed into it may be gone, so the checkpoint cannot be completed; resume it (abandoning it) and take another`,
+      );
+    }
     try {
       await mkdir(dir);
     } catch (error) {

@@ -88,6 +88,27 @@ describe("the checkpoint directory removed between prepare and commit", () => {
     if (existsSync(join(root, "elsewhere"))) expect(existsSync(join(root, "elsewhere", "gym"))).toBe(false);
   });
 
+  it("removed after the decision (a commit retried after one failed): refused, not made again, no commit sent", async () => {
+    const made = makeEngine(root);
+    const [first] = made.fake.members;
+    made.fake.set(first!.kind, first!.instance, "commit", { error: "storage_error" });
+    await made.engine.prepare({ checkpoint_id: "c5" });
+    await made.writer.settled();
+    // The others wrote into the directory; its removal takes their files with it.
+    expect((await refusalOf(made.engine.commit({ checkpoint_id: "c5", episode_ids: null, stop: false }))).code).toBe("storage_error");
+    const sent = made.fake.ops("commit").length;
+    await rm(join(root, "c5"), { recursive: true });
+    made.fake.set(first!.kind, first!.instance, "commit", "ok");
+    const error = await made.engine.commit({ checkpoint_id: "c5", episode_ids: null, stop: false }).then(() => undefined, (e: unknown) => e);
+    expect(toCheckpointError(error).code).toBe("storage_error");
+    expect(toCheckpointError(error).message).toMatch(/removed after its commit was decided/);
+    expect({ dir: existsSync(join(root, "c5")), commits: made.fake.ops("commit").length, entry: made.journal.entries.get("c5")?.state }).toEqual({
+      dir: false,
+      commits: sent,
+      entry: "decided",
+    });
+  });
+
   it("the whole root gone (the storage unmounted): storage_error, the root not made again on this host", async () => {
     const made = makeEngine(root);
     await preparedThen(made, "c4", () => rm(root, { recursive: true }));
