@@ -104,7 +104,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
           signal: activation.signal,
           boundary: (snapshot) => activation.boundary(() => snapshot),
           model: (call) => activation.awaitingModel(call()),
-          tool: (call) => call(),
+          tool: (call) => activation.awaitingTool(call()),
           park: () => activation.park(),
         };
         const loop = await runTurnLoop(endpoints, key, body.task, state.get(episode.rollout_id)?.cookie ?? null, start, driver);

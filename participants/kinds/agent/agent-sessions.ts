@@ -2,6 +2,7 @@ import { CheckpointError, captureKey, sameEpisode, type EpisodeId } from "../../
 import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "../environment/admission-gate.js";
 import { copyBoundary, type Boundary } from "../environment/episode-steps.js";
+import { ParkBackoff } from "../environment/park-backoff.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 import { AgentRecordSchema } from "./agent-record.js";
 
@@ -28,10 +29,14 @@ export interface Activation {
   boundary(snapshot: () => Boundary): Promise<void>;
   /** Awaits a policy call; counts as at the boundary when made right after one, until its response arrives. */
   awaitingModel<T>(call: Promise<T>): Promise<T>;
+  /** Awaits a call to another callee (a tool call): one that answers makes `park`'s next wait the shortest again. */
+  awaitingTool<T>(call: Promise<T>): Promise<T>;
   /**
    * A callee refused (`admission_closed`): park at the latest boundary until resume, then retry from
    * it. After a delivered call with no boundary since, wait a short while as a blocker instead (also
    * while admission is closed: the checkpoint waits for the session's next boundary), then retry.
+   * The short wait is 100 ms, doubled per refusal in a row up to 2 s (`ParkBackoff`); an answered
+   * call (`awaitingModel`, `awaitingTool`) or a boundary starts it over.
    */
   park(): Promise<void>;
 }
@@ -60,8 +65,6 @@ interface Session {
   inFree: Promise<void> | undefined;
   activation: { abort: AbortController; done: Promise<void> } | undefined;
 }
-
-const PARK_RETRY_MS = 100;
 
 /** A session held while its state is freed is served to nobody; the rollout may start over once it is gone. */
 function refuseFreeing(s: Session, episode: EpisodeId): void {
@@ -210,6 +213,8 @@ export class AgentSessions {
     }
     this.setState(s, "running");
     const setState = (state: SessionState) => this.setState(s, state);
+    // Per activation: a new one's first refused call waits the shortest time again.
+    const backoff = new ParkBackoff();
     const waitParked = async () => {
       setState("at_boundary");
       try {
@@ -217,6 +222,12 @@ export class AgentSessions {
       } finally {
         if (!abort.signal.aborted) setState("running");
       }
+    };
+    // A call its callee answered: a later refusal is retried after the shortest wait again.
+    const answered = async <T>(call: Promise<T>): Promise<T> => {
+      const result = await call;
+      backoff.reset();
+      return result;
     };
     const activation: Activation = {
       episode: s.episode,
@@ -234,13 +245,14 @@ export class AgentSessions {
         s.freshBoundary = true;
         s.delivered = false;
         s.stale = false;
+        backoff.reset();
         if (this.gate.closed) await waitParked();
       },
       awaitingModel: async (call) => {
-        if (!s.freshBoundary) return call;
+        if (!s.freshBoundary) return answered(call);
         setState("at_boundary");
         try {
-          const result = await call;
+          const result = await answered(call);
           // The model counts this call as delivered and exports it, so the boundary before it is
           // stale. A response arriving while admission is closed had started before the model closed
           // (held ones arrive only after resume). As after an environment's finished wait step, the
@@ -254,6 +266,7 @@ export class AgentSessions {
           if (!abort.signal.aborted) setState("running");
         }
       },
+      awaitingTool: answered,
       park: async () => {
         abort.signal.throwIfAborted();
         // Not at a boundary after a delivered call: wait as a blocker rather than export the stale one.
@@ -265,10 +278,10 @@ export class AgentSessions {
             // waits for our own admission to reopen (that waits for the prepare, which waits for it):
             // the refused call (a tool call after the delivered policy call) is retried after a short
             // wait, as while our admission is open, and the session runs on to its next boundary.
-            await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
+            await this.gate.nextChange(abort.signal, backoff.next());
             return;
           }
-          if (!this.gate.closed) await this.gate.nextChange(abort.signal, PARK_RETRY_MS);
+          if (!this.gate.closed) await this.gate.nextChange(abort.signal, backoff.next());
           await this.gate.waitOpen(abort.signal);
           // The retried call is made from the same boundary, so it again counts as at the boundary.
           s.freshBoundary = !s.delivered;

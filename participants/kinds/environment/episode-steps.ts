@@ -1,6 +1,7 @@
 import { CheckpointError, captureKey, type EpisodeId } from "../../../protocol/index.js";
 import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "./admission-gate.js";
+import { ParkBackoff } from "./park-backoff.js";
 
 /**
  * The episode step tracker (protocol §5.1), shared by the environment participant and the agent's
@@ -50,6 +51,8 @@ export interface StepEpisode {
    * Parks at the latest boundary until admission reopens (used when a callee refused with
    * `admission_closed`). Right after a finished wait or model step (no boundary since) it cannot park
    * there: it waits a short while as a blocker, also while admission is closed, and the call is retried.
+   * The short wait is 100 ms, doubled per refusal in a row up to 2 s (`ParkBackoff`); a step that
+   * ran or a boundary starts it over.
    */
   park(): Promise<void>;
   /**
@@ -98,6 +101,8 @@ interface Tracked<D> {
   finishing: boolean;
   /** A wait or model step finished since the last boundary: that boundary is stale, so the episode may not park on it. */
   dirty: boolean;
+  /** The wait before a refused call is retried, growing while its callee keeps refusing. */
+  backoff: ParkBackoff;
   abort: AbortController;
   done: Promise<void>;
   /** Remaining episode time and when the current countdown started (undefined while suspended). */
@@ -105,9 +110,6 @@ interface Tracked<D> {
   countdownSince: number | undefined;
   cancelTimer: (() => void) | undefined;
 }
-
-/** Park poll while the callee refused but our own admission is still open (bounded backoff). */
-const PARK_RETRY_MS = 100;
 
 export class EpisodeSteps<D = undefined> {
   private readonly tracked = new Map<string, Tracked<D>>();
@@ -200,6 +202,7 @@ export class EpisodeSteps<D = undefined> {
       retiring: false,
       finishing: false,
       dirty: false,
+      backoff: new ParkBackoff(),
       abort: new AbortController(),
       done: new Promise<void>((resolve) => (finished = resolve)),
       remainingMs: options.timeoutMs,
@@ -263,12 +266,12 @@ export class EpisodeSteps<D = undefined> {
           // A blocker: the checkpoint's prepare waits for it to reach its next boundary, so it never
           // waits for our own admission to reopen (that waits for the prepare, which waits for it).
           // The refused call is retried after a short wait, as while our admission is open.
-          await this.gate.nextChange(t.abort.signal, PARK_RETRY_MS);
+          await this.gate.nextChange(t.abort.signal, t.backoff.next());
           return;
         }
         if (!this.gate.closed) {
           // Our own admission is open but a callee refused: wait briefly (or for the checkpoint to reach us).
-          await this.gate.nextChange(t.abort.signal, PARK_RETRY_MS);
+          await this.gate.nextChange(t.abort.signal, t.backoff.next());
         }
         await this.gate.waitOpen(t.abort.signal);
       } finally {
@@ -291,6 +294,7 @@ export class EpisodeSteps<D = undefined> {
         t.boundary = copyBoundary(boundary);
         t.continuation = null;
         t.dirty = false;
+        t.backoff.reset();
         if (this.gate.closed) await park();
         else setState("running");
       },
@@ -305,6 +309,8 @@ export class EpisodeSteps<D = undefined> {
         try {
           const result = await fn(t.abort.signal);
           ok = true;
+          // Its callee took the call: a later refusal is retried after the shortest wait again.
+          t.backoff.reset();
           // A model response that got here was delivered, even one arriving while admission is closed
           // (the model closes first and lets a started response finish), so it must not be replayed.
           if (mode !== "replay") t.dirty = true;
