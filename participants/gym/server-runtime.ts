@@ -12,6 +12,7 @@ import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
 import { natsConnectFailure } from "../../protocol/nats-connect-failure.js";
+import { isListenRefusal } from "../../protocol/listen-refusal.js";
 import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
 
 /**
@@ -274,12 +275,18 @@ export async function startServerRuntime(
       ...(config.metricsPort !== undefined && { metricsPort: config.metricsPort }),
     });
   } catch (error) {
+    // A metrics port listen() refused (in use, EACCES) is configuration too, exit 2, its code on the
+    // line as the coordinator prints it; EADDRINUSE and the port stay there for the Gym launcher.
+    if (isListenRefusal(error)) {
+      process.stderr.write(`${name}: ${error.code}: ${error.message}\n`);
+      process.exit(2);
+    }
     // A bad OTEL_* variable is configuration, like a bad flag: one line, exit 2.
     if (error instanceof CheckpointError && error.code === "invalid_request") {
       process.stderr.write(`${name}: invalid configuration: ${error.message}\n`);
       process.exit(2);
     }
-    // Anything else (the metrics port in use) is one line too, exit 1: a restart may find it free.
+    // Anything else is one line too, exit 1.
     const refusal = toCheckpointError(error);
     process.stderr.write(`${name}: ${refusal.code}: metrics endpoint: ${refusal.message}\n`);
     process.exit(1);

@@ -1,6 +1,7 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { CheckpointError, isHttpUrl } from "../../protocol/index.js";
+import { listenRefusal } from "../../protocol/listen-refusal.js";
 
 /**
  * The OTel SDK of a reference server process (library code only uses @opentelemetry/api).
@@ -15,7 +16,8 @@ import { CheckpointError, isHttpUrl } from "../../protocol/index.js";
  *   ms (default 60000; anything but a whole number from 1 to 2^31-1 rejects with `invalid_request`);
  * - a Prometheus `/metrics` endpoint is served when `metricsPort` (or OTEL_EXPORTER_PROMETHEUS_PORT)
  *   is given; 0 picks a free port; host OTEL_EXPORTER_PROMETHEUS_HOST, default 127.0.0.1. A variable
- *   that is not a port rejects with `invalid_request`.
+ *   that is not a port rejects with `invalid_request`, and so does a port listen() refuses (in use,
+ *   EACCES below 1024), naming the flag or variable, the address and the errno.
  *
  * With none of these (or OTEL_SDK_DISABLED=true) the SDK is not even loaded.
  */
@@ -129,8 +131,10 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
       else res.writeHead(404).end();
     });
     const s = server;
+    // Named by what chose the port: the flag, else the variable (else the exporter's default).
+    const setting = options.metricsPort !== undefined ? "--metrics-port" : envPort !== undefined ? "OTEL_EXPORTER_PROMETHEUS_PORT" : "OTEL_METRICS_EXPORTER=prometheus";
     await new Promise<void>((resolve, reject) => {
-      s.once("error", reject);
+      s.once("error", (error) => reject(listenRefusal(error, setting, host, promPort)));
       s.listen(promPort, host, () => resolve());
     });
     const { port } = s.address() as AddressInfo;

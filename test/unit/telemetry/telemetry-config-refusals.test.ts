@@ -1,3 +1,4 @@
+import { createServer, type AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { startTelemetry as coordinatorTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
 import { startTelemetry as participantTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
@@ -85,4 +86,23 @@ describe.each([
     }
   });
 
+  it("refuses a metrics port another process listens on as invalid_request naming the flag or variable, address and errno", async () => {
+    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    const taken = createServer();
+    await new Promise<void>((resolve) => taken.listen(0, "127.0.0.1", () => resolve()));
+    const { port } = taken.address() as AddressInfo;
+    try {
+      expect(await outcome(start, { serviceName: "unit", metricsPort: port })).toMatchObject({
+        code: "invalid_request",
+        message: `--metrics-port ${port}: cannot listen on 127.0.0.1:${port} (EADDRINUSE: address already in use)`,
+      });
+      process.env.OTEL_EXPORTER_PROMETHEUS_PORT = String(port);
+      expect(await outcome(start, { serviceName: "unit" })).toMatchObject({
+        code: "invalid_request",
+        message: `OTEL_EXPORTER_PROMETHEUS_PORT ${port}: cannot listen on 127.0.0.1:${port} (EADDRINUSE: address already in use)`,
+      });
+    } finally {
+      await new Promise((resolve) => taken.close(resolve));
+    }
+  });
 });
