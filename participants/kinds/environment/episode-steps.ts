@@ -69,7 +69,8 @@ export interface StepEpisode {
    */
   timed<T>(ms: number, fn: (signal: AbortSignal) => Promise<T>): Promise<T>;
   /**
-   * Final clean-up: retire waits for it instead of interrupting it. It waits at the latest boundary
+   * Final clean-up: retire (and the episode deadline) waits for it instead of interrupting it, and
+   * stops the episode once it ends. It waits at the latest boundary
    * while a checkpoint is open, except right after a finished wait or model step (as `step`).
    */
   finishing<T>(fn: () => Promise<T>): Promise<T>;
@@ -345,6 +346,10 @@ export class EpisodeSteps<D = undefined> {
           return await fn();
         } finally {
           t.finishing = false;
+          // A retire or deadline that came during clean-up was only deferred, not dropped: the
+          // retire waits for the episode to end, so nothing it does after this may run on.
+          if (t.retiring) t.abort.abort(new CheckpointError("stale_attempt", `${t.key} was retired`));
+          else if (this.remainingMs(t.id) === 0) t.abort.abort(new CheckpointError("deadline_exceeded", `episode ${t.key} ran out of time`));
         }
       },
     };

@@ -338,6 +338,43 @@ describe("episode steps", () => {
     expect(await run).toBe("finished");
   });
 
+  it("a retire during final clean-up stops the episode once the clean-up ends: no later step runs for the retired attempt", async () => {
+    const steps = new EpisodeSteps();
+    const cleanup = latch();
+    const ran: string[] = [];
+    const run = steps.run(ep("fr"), { data: undefined }, async (e) => {
+      await e.finishing(() => cleanup.promise);
+      // Code going on after its clean-up: a retired attempt must not run another step.
+      await e.step("wait", async () => void ran.push("step after clean-up"));
+      return "went on";
+    });
+    const outcome = run.catch((error: unknown) => error);
+    await flush();
+    const retired = steps.retire([ep("fr")]);
+    cleanup.open();
+    await retired;
+    expect(ran).toEqual([]);
+    expect(await outcome).toMatchObject({ code: "stale_attempt" });
+  });
+
+  it("an episode deadline that passes during final clean-up stops the episode once the clean-up ends", async () => {
+    const clock = new ManualClock(1_000_000);
+    const steps = new EpisodeSteps(undefined, clock);
+    const cleanup = latch();
+    const ran: string[] = [];
+    const run = steps.run(ep("fd"), { data: undefined, timeoutMs: 100 }, async (e) => {
+      await e.finishing(() => cleanup.promise);
+      await e.step("wait", async () => void ran.push("step after clean-up"));
+      return "went on";
+    });
+    const outcome = run.catch((error: unknown) => error);
+    await flush();
+    clock.advance(1000);
+    cleanup.open();
+    expect(await outcome).toMatchObject({ code: "deadline_exceeded" });
+    expect(ran).toEqual([]);
+  });
+
   it("a duplicate start of a tracked attempt is refused", async () => {
     const steps = new EpisodeSteps();
     const hold = latch();
