@@ -237,11 +237,11 @@ export class Collector {
     // parked: only fresh processes accept a restore, so it is resumed instead, and the rows it
     // would continue restart from input (their /runs died with our predecessor: nobody can read
     // their replies, and the live servers refuse the same attempt while it runs).
-    // A restore (phase restored) is ours only when a start of ours sent it: a start restores only
+    // A restore (phase restored, or restoring while it is sent) is ours only when a start of ours sent it: a start restores only
     // the LATEST of the run it continues, and logs that run as continues_run before the restore. A
     // restore of any other checkpoint, the LATEST the logged run published itself or an older one
     // its log names, is another controller's (`gym-ckpt restore`), not a checkpoint we left open.
-    const restore = open?.phase === "restored";
+    const restore = open?.phase === "restored" || open?.phase === "restoring";
     const ours = open !== null && open.checkpoint_id === collection?.checkpoint_id && (!restore || collection.run_id === history?.continuesRun);
     // Only a checkpoint of ours is closed here: one the logged run started (logged before its
     // prepare; never restored by us unless it is that LATEST), or our LATEST. Any other is another

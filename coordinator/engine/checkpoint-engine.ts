@@ -48,7 +48,8 @@ import { combinedFailure, failureRefs, type Outcome, type ParticipantClient, typ
 import { runAll, runStages, type StagedRun } from "./phase-driver.js";
 
 /** The coordinator-side phase of the one checkpoint (or restore) it has open. */
-export type OpenPhase = "preparing" | "prepared" | "committing" | "committed" | "published" | "restored";
+/** `restoring`: a restore sent and not yet settled (a controller's status tells it from a prepare). */
+export type OpenPhase = "preparing" | "prepared" | "committing" | "committed" | "published" | "restoring" | "restored";
 
 interface OpenCheckpoint {
   id: string;
@@ -510,7 +511,7 @@ export class CheckpointEngine {
         }
       }
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
-      const open = this.opening(id, "preparing", members, { dir, scope: request.episode_ids, manifestDigests: manifestDigestsOf(manifest) });
+      const open = this.opening(id, "restoring", members, { dir, scope: request.episode_ids, manifestDigests: manifestDigestsOf(manifest) });
       // The largest entries this restore may journal: its clean-up's (where to retire), and the
       // restored and resuming ones (the restorers' incarnations, which only the replies name:
       // counted at their longest). A restored entry refused at write time would leave the restore

@@ -260,11 +260,14 @@ describe("collector", () => {
 
   it.each([
     // An operator's `gym-ckpt restore <id>` of an older checkpoint of ours (retained, logged when we took it).
-    ["an older checkpoint of ours its log names", "ckpt-20240101T000000-bbbbbbbb"],
+    ["an older checkpoint of ours its log names", "ckpt-20240101T000000-bbbbbbbb", "restored"],
     // An operator's `gym-ckpt restore` (LATEST by default) of the LATEST our logged run published itself:
     // a start of ours restores only the LATEST of the run its log continues (continues_run).
-    ["the LATEST the logged run published itself", "ckpt-20240101T000000-cccccccc"],
-  ])("refuses to start while another controller's restore of %s is open (restored): nothing is resumed, restored, retired or rewritten", async (_what, restoredId) => {
+    ["the LATEST the logged run published itself", "ckpt-20240101T000000-cccccccc", "restored"],
+    // The same restores caught while they are still being sent (the status answers while the op runs).
+    ["an older checkpoint of ours its log names", "ckpt-20240101T000000-bbbbbbbb", "restoring"],
+    ["the LATEST the logged run published itself", "ckpt-20240101T000000-cccccccc", "restoring"],
+  ])("refuses to start while another controller's restore of %s (%s) is open (%s): nothing is resumed, restored, retired or rewritten", async (_what, restoredId, phase) => {
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
     const { controller, calls, state } = fakeController();
     const logPath = join(dir, "dispatched.jsonl");
@@ -275,11 +278,11 @@ describe("collector", () => {
     await publishCollection(state, "ckpt-20240101T000000-cccccccc", "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const before = await readFile(logPath, "utf8");
     // Restored by another controller, waiting for that controller's resume.
-    state.open = { checkpoint_id: restoredId, phase: "restored" };
+    state.open = { checkpoint_id: restoredId, phase };
     const collector = collectorFor(controller, url);
     await expect(collector.start()).rejects.toMatchObject({ code: "checkpoint_conflict", message: expect.stringContaining(`gym-ckpt resume ${restoredId}`) });
     expect(calls.map((c) => c.op)).toEqual([]);
-    expect(state.open).toEqual({ checkpoint_id: restoredId, phase: "restored" });
+    expect(state.open).toEqual({ checkpoint_id: restoredId, phase });
     expect(await readFile(logPath, "utf8")).toBe(before);
   });
 

@@ -395,6 +395,20 @@ describe("engine ordering", () => {
     for (const call of [...fake.ops("retire"), ...fake.ops("forget")]) expect("incarnation" in call.body).toBe(false);
   });
 
+  it("a restore in flight shows as restoring in the open checkpoint, not as a prepare (a controller's status tells them apart)", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    const request = fake.request.bind(fake);
+    const seen: unknown[] = [];
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".restore") && seen.length === 0) seen.push(engine.openCheckpoint);
+      return request(subject, body, options);
+    };
+    await engine.restore({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(seen).toEqual([{ checkpoint_id: "base", phase: "restoring", epoch: 7 }]);
+    expect(engine.openCheckpoint?.phase).toBe("restored");
+  });
+
   it("a restore's resume is addressed to the process that restored, while the view still lags; a later restart is still skipped", async () => {
     const incarnations = new Map(["agent.a1", "agent.a2", "environment.e1", "model.m1", "resources.r1"].map((k) => [k, "old"]));
     const { engine, fake } = makeEngine(root, { incarnations });
