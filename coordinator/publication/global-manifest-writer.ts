@@ -193,6 +193,15 @@ export class GlobalManifestWriter {
 
   async publish(input: PublishInput): Promise<PublishResult> {
     const dir = this.catalog.dirFor(input.checkpointId);
+    // Not staged any more (a publication that failed dropped it): every commit went into the
+    // directory, so it must still be there. Staging makes a missing one again, and checkpoint.json
+    // would name the participants' files that went with it (as stillStaged refuses after a decision).
+    if (!this.staged.has(input.checkpointId) && !lstatSync(dir, { throwIfNoEntry: false })?.isDirectory()) {
+      throw new CheckpointError(
+        "storage_error",
+        `ENOENT: ${dir} was removed after its commits: what the participants committed into it may be gone, so the checkpoint cannot be published; resume it (abandoning it) and take another`,
+      );
+    }
     this.stage(input.checkpointId);
     const staging = this.staged.get(input.checkpointId)!.latest;
     this.staged.delete(input.checkpointId);

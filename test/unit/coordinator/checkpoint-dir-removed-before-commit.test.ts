@@ -109,6 +109,19 @@ describe("the checkpoint directory removed between prepare and commit", () => {
     });
   });
 
+  it("removed after every commit answered: a retried publish does not make it again, nor names the files that are gone", async () => {
+    const made = makeEngine(root);
+    await made.engine.prepare({ checkpoint_id: "c6" });
+    await made.engine.commit({ checkpoint_id: "c6", episode_ids: null, stop: false });
+    await made.writer.settled();
+    await rm(join(root, "c6"), { recursive: true }); // the participants' committed files with it
+    // The first publication fails writing checkpoint.json (ENOENT); its retry staged afresh made the directory again.
+    await made.engine.publish({ checkpoint_id: "c6", controller_state: null }).catch(() => undefined);
+    const error = await made.engine.publish({ checkpoint_id: "c6", controller_state: null }).then(() => undefined, (e: unknown) => e);
+    expect(toCheckpointError(error).code).toBe("storage_error");
+    expect({ dir: existsSync(join(root, "c6")), latest: await made.catalog.latest() }).toEqual({ dir: false, latest: null });
+  });
+
   it("the whole root gone (the storage unmounted): storage_error, the root not made again on this host", async () => {
     const made = makeEngine(root);
     await preparedThen(made, "c4", () => rm(root, { recursive: true }));
