@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CheckpointError, keepingProtoKey, rolloutPath } from "../../../protocol/index.js";
+import { CheckpointError, describeZodError, keepingProtoKey, rolloutPath } from "../../../protocol/index.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "./gym-http.js";
 import type { GymTask } from "./gym-task.js";
 
@@ -178,6 +178,54 @@ function firstMessage(body: unknown): ChatMessage {
   return parsed.data.choices[0]!.message;
 }
 
+/**
+ * One OpenAI-style stream chunk: only the fields the agent assembles are checked. Passthrough on
+ * purpose: servers add keys of their own (id, model, created, usage, finish_reason, logprobs…).
+ */
+const StreamChunkSchema = z
+  .object({
+    choices: z
+      .array(
+        z
+          .object({
+            delta: z
+              .object({
+                content: z.string().nullable().optional(),
+                tool_calls: z
+                  .array(
+                    z
+                      .object({
+                        index: z.number().int().min(0).nullish(),
+                        id: z.string().nullish(),
+                        function: z.object({ name: z.string().nullish(), arguments: z.string().nullish() }).passthrough().nullish(),
+                      })
+                      .passthrough(),
+                  )
+                  .nullable()
+                  .optional(),
+              })
+              .passthrough()
+              .nullish(),
+          })
+          .passthrough(),
+      )
+      .optional(),
+  })
+  .passthrough();
+
+/** A stream chunk, validated: one that is not JSON or holds mistyped fields is the policy's error (internal_error). */
+function parseStreamChunk(data: string): z.infer<typeof StreamChunkSchema> {
+  let value: unknown;
+  try {
+    value = JSON.parse(data);
+  } catch {
+    throw new CheckpointError("internal_error", "the policy streamed a chunk that is not JSON");
+  }
+  const parsed = StreamChunkSchema.safeParse(value);
+  if (!parsed.success) throw new CheckpointError("internal_error", `the policy streamed an invalid chunk: ${describeZodError(parsed.error)}`);
+  return parsed.data;
+}
+
 /** Rebuilds one assistant message from OpenAI-style SSE chunks. */
 export function assembleStream(text: string): ChatMessage {
   let content = "";
@@ -187,7 +235,7 @@ export function assembleStream(text: string): ChatMessage {
     if (!trimmed.startsWith("data:")) continue;
     const data = trimmed.slice(5).trim();
     if (data === "[DONE]") break;
-    const chunk = JSON.parse(data) as { choices?: { delta?: { content?: string | null; tool_calls?: { index?: number; id?: string; function?: { name?: string; arguments?: string } }[] } }[] };
+    const chunk = parseStreamChunk(data);
     const delta = chunk.choices?.[0]?.delta;
     if (!delta) continue;
     if (typeof delta.content === "string") content += delta.content;

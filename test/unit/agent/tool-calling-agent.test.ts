@@ -85,3 +85,41 @@ describe("tool-calling agent turn loop", () => {
     }
   });
 });
+
+describe("tool-calling agent streamed policy replies", () => {
+  const streaming = { ...endpoints, stream: true };
+  const sse = (...chunks: unknown[]) => [...chunks.map((c) => `data: ${typeof c === "string" ? c : JSON.stringify(c)}\n\n`), "data: [DONE]\n\n"].join("");
+
+  /** A policy answering every call with `body` as an SSE stream; counts the calculator calls. */
+  function streamPolicy(body: string): { toolCalls: number } {
+    const seen = { toolCalls: 0 };
+    vi.stubGlobal("fetch", async (url: string) => {
+      if (String(url).includes("/v1/chat/completions")) return new Response(body, { status: 200, headers: { "content-type": "text/event-stream" } });
+      seen.toolCalls += 1;
+      return new Response(JSON.stringify({ result: 2 }), { status: 200 });
+    });
+    return seen;
+  }
+  const run = () => runTurnLoop(streaming, "r1.a1", { expression: "1+1", tool_rounds: 1 }, null, seededState([{ role: "user", content: "hi" }]), recordingDriver([]));
+
+  it("assembles a well-formed streamed answer", async () => {
+    streamPolicy(sse({ choices: [{ delta: { role: "assistant", content: "" } }] }, { choices: [{ delta: { content: "2" } }] }, { choices: [{ delta: {}, finish_reason: "stop" }], usage: { total_tokens: 3 } }));
+    expect((await run()).answer).toBe("2");
+  });
+
+  it("refuses a chunk whose content is not a string (internal_error), as a non-streamed reply is, instead of answering ''", async () => {
+    streamPolicy(sse({ choices: [{ delta: { content: 42 } }] }));
+    expect(await refusalCode(run())).toBe("internal_error");
+  });
+
+  it("refuses a tool call whose name is not a string instead of calling a tool named '[object Object]'", async () => {
+    const seen = streamPolicy(sse({ choices: [{ delta: { tool_calls: [{ index: 0, id: "c1", function: { name: { n: 1 }, arguments: '{"expression":"1+1"}' } }] } }] }));
+    expect(await refusalCode(run())).toBe("internal_error");
+    expect(seen.toolCalls).toBe(0);
+  });
+
+  it("refuses a chunk that is not JSON with a catalog code (internal_error), not a bare SyntaxError", async () => {
+    streamPolicy(sse("{not json"));
+    expect(await refusalCode(run())).toBe("internal_error");
+  });
+});
