@@ -1,19 +1,11 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { waitUntil } from "../../support/wait-until.js";
 import { ManualClock } from "../../../participants/index.js";
 import { AgentKind } from "../../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
 import { createAgentApp } from "../../../participants/gym/agent-server/agent-server.js";
 
 afterEach(() => vi.unstubAllGlobals());
-
-/** Bounded polling for a condition (no fixed sleeps). */
-async function waitFor(condition: () => boolean, what: string, timeoutMs = 3000): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > until) throw new Error(`${what}: not reached within ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
 
 /** A manual clock that tells when its next timer is due, so the test runs each park retry without sleeping. */
 class SteppingClock extends ManualClock {
@@ -82,10 +74,10 @@ function stubGym(agent: AgentKind, clock: ManualClock) {
 async function runRetries(clock: SteppingClock, calculator: { at: number; refused: boolean }[]): Promise<number[]> {
   const refusals = FIRST_CALL_REFUSALS + 1;
   for (let i = 1; i <= refusals; i++) {
-    await waitFor(() => calculator.filter((c) => c.refused).length === i && clock.nextDue() !== undefined, `refusal ${i} parked`);
+    await waitUntil(() => calculator.filter((c) => c.refused).length === i && clock.nextDue() !== undefined, `refusal ${i} parked`);
     clock.advance(clock.nextDue()! - clock.now());
   }
-  await waitFor(() => calculator.length === refusals + 2, "both tool calls accepted");
+  await waitUntil(() => calculator.length === refusals + 2, "both tool calls accepted");
   return calculator.flatMap((c, i) => (c.refused ? [calculator[i + 1]!.at - c.at] : []));
 }
 
@@ -109,7 +101,7 @@ describe("a tool call refused admission_closed again and again", () => {
       expect(opened.statusCode).toBe(200);
       const activated = app.inject({ method: "POST", url: "/ng-rollout/r1/activate", payload: { task: { expression: "6*7", tool_rounds: 1 } } });
       expect(await runRetries(clock, calculator)).toEqual(EXPECTED_DELAYS);
-      await waitFor(() => agent.readiness().blockers.length === 0, "the session parked at its next boundary");
+      await waitUntil(() => agent.readiness().blockers.length === 0, "the session parked at its next boundary");
       expect(agent.sessions.stateOf("r1")).toBe("at_boundary");
       await agent.openAdmission();
       const reply = await activated;
@@ -131,7 +123,7 @@ describe("a tool call refused admission_closed again and again", () => {
     try {
       const run = app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 0, task: { expression: "6*7", tool_rounds: 1 } } });
       expect(await runRetries(clock, calculator)).toEqual(EXPECTED_DELAYS);
-      await waitFor(() => agent.readiness().blockers.length === 0, "the episode parked at its next boundary");
+      await waitUntil(() => agent.readiness().blockers.length === 0, "the episode parked at its next boundary");
       expect(agent.legacy.steps.states().parked).toBe(1);
       await agent.openAdmission();
       const reply = await run;

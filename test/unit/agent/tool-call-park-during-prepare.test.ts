@@ -1,19 +1,11 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { waitUntil } from "../../support/wait-until.js";
 import { AgentKind } from "../../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
 import { createAgentApp } from "../../../participants/gym/agent-server/agent-server.js";
 import { calculatorPolicyMessage } from "./calculator-policy.js";
 
 afterEach(() => vi.unstubAllGlobals());
-
-/** Bounded polling for a condition (no fixed sleeps). */
-async function waitFor(condition: () => boolean, what: string, timeoutMs = 3000): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > until) throw new Error(`${what}: not reached within ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
 
 const json = (body: unknown, status = 200, headers: Record<string, string> = {}) => new Response(JSON.stringify(body), { status, headers });
 
@@ -63,8 +55,8 @@ describe("a tool call refused admission_closed while the agent prepares", () => 
       const opened = await app.inject({ method: "POST", url: "/ng-rollout/r1/open_session", payload: { cookie: "s1" } });
       expect(opened.statusCode).toBe(200);
       const activated = app.inject({ method: "POST", url: "/ng-rollout/r1/activate", payload: { task: { expression: "6*7", tool_rounds: 1 } } });
-      await waitFor(() => calls.calculator >= 1 && agent.sessions.gate.closed, "the first tool call refused");
-      await waitFor(() => calls.calculator === 2 && agent.readiness().blockers.length === 0, "the refused tool call sent again and the session parked at its next boundary");
+      await waitUntil(() => calls.calculator >= 1 && agent.sessions.gate.closed, "the first tool call refused");
+      await waitUntil(() => calls.calculator === 2 && agent.readiness().blockers.length === 0, "the refused tool call sent again and the session parked at its next boundary");
       expect(agent.sessions.stateOf("r1")).toBe("at_boundary");
       // Exported at the boundary after the tool round: the delivered policy call is never repeated.
       const [exported] = agent.sessions.exportable(null);
@@ -88,8 +80,8 @@ describe("a tool call refused admission_closed while the agent prepares", () => 
     const calls = stubGym(agent);
     try {
       const run = app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 0, task: { expression: "6*7", tool_rounds: 1 } } });
-      await waitFor(() => calls.calculator >= 1 && agent.legacy.steps.gate.closed, "the first tool call refused");
-      await waitFor(() => calls.calculator === 2 && agent.readiness().blockers.length === 0, "the refused tool call sent again and the episode parked at its next boundary");
+      await waitUntil(() => calls.calculator >= 1 && agent.legacy.steps.gate.closed, "the first tool call refused");
+      await waitUntil(() => calls.calculator === 2 && agent.readiness().blockers.length === 0, "the refused tool call sent again and the episode parked at its next boundary");
       expect(agent.legacy.steps.states().parked).toBe(1);
       expect(calls.policy).toBe(1);
       await agent.openAdmission();
