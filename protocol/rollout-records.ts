@@ -452,6 +452,16 @@ export interface EncodedRolloutRecords {
 }
 
 /**
+ * The reward of record `i`: finite rewards can sum past the largest number, and JSON writes the
+ * Infinity as null, an index row every reader rejects (so the whole file's index was ignored).
+ */
+function finiteReward(trace: TraceRecord, i: number, env: string): number {
+  const reward = traceReward(trace);
+  if (!Number.isFinite(reward)) throw invalid(`record ${i} of ${env}: its rewards sum to ${reward}, which no index row can carry`);
+  return reward;
+}
+
+/**
  * Validates and encodes one env's records and their index. Pure: write `recordBytes` first and
  * `indexBytes` second (each atomically) so an index never points at bytes that are not there yet.
  * Refusals are `invalid_request` and name the first problem; a batch whose record file or index would
@@ -481,7 +491,7 @@ export function encodeRolloutRecords(batch: RolloutRecordBatch, maxBatchBytes: n
     trace: trace.id,
     task_idx: trace.task.idx,
     task_name: trace.task.name,
-    reward: traceReward(trace),
+    reward: finiteReward(trace, i, batch.env),
     policy_version: versions[i]!,
     step: batch.step,
     branches: traceBranchCount(trace),

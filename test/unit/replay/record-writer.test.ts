@@ -262,6 +262,21 @@ describe("record writer", () => {
     expect(await readdir(dir)).toEqual([]);
   });
 
+  // Each reward is a finite number, but their sum can overflow: JSON writes Infinity as null, and
+  // every reader then ignored the file's index (its row schema wants a number) on every load.
+  it("refuses a record whose rewards sum past the largest number, invalid_request, instead of writing an index no reader accepts", async () => {
+    const overflowing = linearTrace(traceId(2));
+    overflowing.rewards = { a: 1.7e308, b: 1.7e308 };
+    const error = await writeStepRecords(dir, 1, [{ kind: "train", env: "g", traces: [linearTrace(traceId(1)), overflowing] }]).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    expect(error).toBeInstanceOf(ReplayError);
+    expect((error as ReplayError).code).toBe("invalid_request");
+    expect((error as ReplayError).message).toMatch(/record 1 of g: its rewards sum to Infinity/);
+    expect(await readdir(dir)).toEqual([]);
+  });
+
   it("of two concurrent writes of one step file with different content, exactly one lands and the other is refused", async () => {
     const ids = async (file: string) =>
       (await readFile(file, "utf8")).split("\n").filter(Boolean).map((line) => (JSON.parse(line) as { id: string }).id);
