@@ -162,7 +162,8 @@ async function completeMarker(stepDir: string, step: number, kind: RecordKind, m
   const markerPath = path.join(stepDir, stepMarkerName(kind));
   for (let round = 0; round < MARKER_ROUNDS; round++) {
     const { listed, files } = await markerListing(stepDir, step, kind);
-    if (listed !== null && files.length === listed.length) return;
+    // files holds what it lists: equal once it lists every file. Distinct names, since a marker may list one twice.
+    if (listed !== null && new Set(listed).size === files.length) return;
     await writeFileAtomic(markerPath, Buffer.from(encodeRolloutStepMarker(step, kind, files, maxMarkerBytes)));
   }
   // The step's files are all published: a retry of the call completes its marker.

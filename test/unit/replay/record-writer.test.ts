@@ -122,6 +122,15 @@ describe("record writer", () => {
     expect(StepMarkerSchema.parse(JSON.parse(await readFile(markerPath, "utf8")))).toMatchObject({ step: 4, kind: "train", files: ["train_rollouts_a.jsonl"] });
   });
 
+  // The marker schema allows a name listed twice; counting names then took [a, a] for a list of a and b.
+  it("completes a marker that lists one file twice, so the step's other file is not left unlisted for good", async () => {
+    await writeRolloutRecords(dir, 6, { kind: "train", env: "a", traces: [linearTrace(traceId(1))] });
+    const markerPath = path.join(dir, "step_6", "_complete_train.json");
+    await writeFile(markerPath, JSON.stringify({ format: "gym-ckpt/rollout-step", version: 1, step: 6, kind: "train", files: ["train_rollouts_a.jsonl", "train_rollouts_a.jsonl"] }));
+    await writeStepRecords(dir, 6, [{ kind: "train", env: "b", traces: [linearTrace(traceId(2))] }]);
+    expect(StepMarkerSchema.parse(JSON.parse(await readFile(markerPath, "utf8"))).files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+  });
+
   // Every reader ignores a marker over MAX_ROLLOUT_STEP_MARKER_BYTES (1 MiB, a few thousand envs):
   // one written anyway leaves the step incomplete for followers for good. The limit is injected small.
   it("refuses a step whose marker would be larger than readers accept, invalid_request, before publishing any file", async () => {
