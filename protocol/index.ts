@@ -209,6 +209,7 @@ export {
   encodeRolloutStepMarker,
   MAX_ROLLOUT_STEP_MARKER_BYTES,
   rolloutStepMarkerFiles,
+  stepMarkerComplete,
   encodeRolloutRecords,
   RunTrajectorySchema,
   TRAJECTORY_HEADER,

@@ -401,6 +401,15 @@ export type RolloutStepMarker = z.infer<typeof RolloutStepMarkerSchema>;
 export const MAX_ROLLOUT_STEP_MARKER_BYTES = 1 << 20;
 
 /**
+ * Whether a step marker that lists `listed` (null: no marker) names every file of `files`, the
+ * union of what it lists and the step's record files of its kind: by distinct names, since a
+ * marker may list one twice (hand-edited, a foreign writer) and a count would miss a file.
+ */
+export function stepMarkerComplete(listed: readonly string[] | null, files: readonly string[]): boolean {
+  return listed !== null && new Set(listed).size === files.length;
+}
+
+/**
  * The text of the step marker listing `files`. A marker larger than readers accept would be ignored
  * by every one of them (the step never completing for a follower that waits for it), so it is
  * refused here, `invalid_request`, before anything is written. `maxBytes` is for tests.

@@ -16,6 +16,7 @@ import {
   rolloutStepDir,
   rolloutStepMarkerFiles,
   rolloutStepMarkerName,
+  stepMarkerComplete,
   timerDelay,
   type RecordKind,
   type TraceRecord,
@@ -172,7 +173,7 @@ export class RolloutRecordsSink {
     const markerPath = join(stepDir, rolloutStepMarkerName(kind));
     for (let round = 0; round < MARKER_ROUNDS; round++) {
       const { listed, files } = await this.markerListing(step);
-      if (!files.length || (listed !== null && files.length === listed.length)) return;
+      if (!files.length || stepMarkerComplete(listed, files)) return;
       await replaceFileDurably(markerPath, encodeRolloutStepMarker(step, kind, files, this.maxMarkerBytes));
       if (why !== "flush") this.logger.info({ step, files }, "completed a rollout step marker that did not list every record file");
     }

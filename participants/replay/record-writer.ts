@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import path from "node:path";
-import { CheckpointError, MAX_ROLLOUT_BATCH_BYTES, MAX_ROLLOUT_STEP_MARKER_BYTES, encodeRecordLines, encodeRolloutRecords, encodeRolloutStepMarker, rolloutStepMarkerFiles, type EncodedRolloutRecords } from "../../protocol/index.js";
+import { CheckpointError, MAX_ROLLOUT_BATCH_BYTES, MAX_ROLLOUT_STEP_MARKER_BYTES, encodeRecordLines, encodeRolloutRecords, encodeRolloutStepMarker, rolloutStepMarkerFiles, stepMarkerComplete, type EncodedRolloutRecords } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
 import { invalidRequest } from "./errors.js";
@@ -162,8 +162,7 @@ async function completeMarker(stepDir: string, step: number, kind: RecordKind, m
   const markerPath = path.join(stepDir, stepMarkerName(kind));
   for (let round = 0; round < MARKER_ROUNDS; round++) {
     const { listed, files } = await markerListing(stepDir, step, kind);
-    // files holds what it lists: equal once it lists every file. Distinct names, since a marker may list one twice.
-    if (listed !== null && new Set(listed).size === files.length) return;
+    if (stepMarkerComplete(listed, files)) return;
     await writeFileAtomic(markerPath, Buffer.from(encodeRolloutStepMarker(step, kind, files, maxMarkerBytes)));
   }
   // The step's files are all published: a retry of the call completes its marker.

@@ -332,6 +332,19 @@ describe("the collector's rollout-records sink", () => {
     expect(marker.files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
   });
 
+  it("a start completes a marker that lists one record file twice and leaves another out (a count would take it as complete)", async () => {
+    const root = path.join(dir, "rollouts");
+    await writeRolloutRecords(root, 1, { kind: "train", env: "a", traces: [linearTrace(traceId(0xa), 0)] });
+    await writeRolloutRecords(root, 1, { kind: "train", env: "b", traces: [linearTrace(traceId(0xb), 0)] });
+    const twice = { format: "gym-ckpt/rollout-step", version: 1, step: 1, kind: "train", files: ["train_rollouts_b.jsonl", "train_rollouts_b.jsonl"] };
+    await writeFile(path.join(root, "step_1", "_complete_train.json"), `${JSON.stringify(twice)}\n`);
+    const sink = new RolloutRecordsSink({ dir, env: "a", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await sink.start();
+    await sink.close();
+    const marker = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_train.json"), "utf8")));
+    expect(marker.files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
+  });
+
   it("a start rewrites a marker of another step found in a step (copied in), which no follower takes for that step's", async () => {
     const root = path.join(dir, "rollouts");
     await writeRolloutRecords(root, 1, { kind: "train", env: "a", traces: [linearTrace(traceId(0xa), 0)] });
