@@ -354,6 +354,10 @@ export class CaptureLedger {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return { rows: [], corrupt: [] };
       throw error;
     }
+    // A failed write whose cut-off also failed: its fragment is no row, even one that lost only its
+    // newline (its call failed); the next append truncates it (as retract leaves it out).
+    const cut = this.repair.get(key);
+    if (cut !== undefined) data = data.subarray(0, cut);
     // Split in bytes, not decoded text: a damaged line that is not UTF-8 decodes to a different length,
     // and the torn tail must be cut at its byte offset.
     const end = data.lastIndexOf(0x0a) + 1;
