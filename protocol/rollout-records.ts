@@ -3,6 +3,7 @@ import { createHash } from "node:crypto";
 import { z } from "zod";
 import { CheckpointError } from "./errors.js";
 import { jsonNestsDeeperThan } from "./json-depth.js";
+import { keepingProtoKey } from "./json-value.js";
 
 /**
  * Rollout records: the pure encoding shared by every writer (the replay record writer, the
@@ -63,9 +64,19 @@ export const TraceNodeSchema = z
 export const TracePromptSchema = z.union([z.string(), z.array(TraceMessageSchema)]);
 
 /** `task` is open-ended: the source environment's own task schema validates its extra fields. */
-export const TraceTaskSchema = z
-  .object({ idx: z.number().int(), name: z.string().nullable(), prompt: TracePromptSchema.nullable() })
-  .catchall(z.unknown());
+export const TraceTaskSchema = keepingProtoKey(
+  z.object({ idx: z.number().int(), name: z.string().nullable(), prompt: TracePromptSchema.nullable() }).catchall(z.unknown()),
+);
+
+/**
+ * A record's named numbers (rewards, metrics) and its info, keys as written: zod builds a record by
+ * assignment, so a key named `__proto__` vanished, and a reward so named read back as 0.
+ */
+const NumberMapSchema = keepingProtoKey(z.record(z.string(), z.number())).superRefine((map, ctx) => {
+  // keepingProtoKey keeps that key's value as any JSON value; here it is a number like the rest.
+  if (Object.hasOwn(map, "__proto__") && typeof map["__proto__"] !== "number") ctx.addIssue({ code: "custom", path: ["__proto__"], message: "expected a number" });
+});
+const InfoSchema = keepingProtoKey(z.record(z.string(), z.unknown()));
 
 /** Deepest nesting of a record's opaque fields: far past any real task or provider state, far short of a stack overflow. */
 export const MAX_RECORD_NESTING = 1024;
@@ -75,9 +86,9 @@ export const TraceRecordSchema = z
     id: z.string().min(1),
     task: TraceTaskSchema,
     nodes: z.array(TraceNodeSchema),
-    rewards: z.record(z.string(), z.number()),
-    metrics: z.record(z.string(), z.number()).optional(),
-    info: z.record(z.string(), z.unknown()).optional(),
+    rewards: NumberMapSchema,
+    metrics: NumberMapSchema.optional(),
+    info: InfoSchema.optional(),
     extra_usage: z.array(z.unknown()).optional(),
     is_completed: z.boolean().optional(),
     stop_condition: z.string().nullable().optional(),

@@ -8,7 +8,9 @@ import {
   encodeRolloutRecords,
   rolloutBatchFit,
   rolloutRecordPaths,
+  TraceRecordSchema,
   traceRecordFromTrajectory,
+  traceReward,
 } from "../../../protocol/index.js";
 import { encodeRecordLines, rolloutIndexLine } from "../../../protocol/rollout-records.js";
 import {
@@ -173,6 +175,24 @@ describe("protocol rollout-record encoding", () => {
     expect(encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records }, indexBytes.length).indexBytes).toEqual(indexBytes);
     // A row's own refusal is no batch refusal.
     expect(rolloutBatchFit(new CheckpointError("invalid_request", "record 0 is too long"))).toBeUndefined();
+  });
+
+  // zod builds a record by assignment: a reward named __proto__ vanished, and the record read back
+  // with reward 0 (a correct attempt selected as an incorrect one by max_source_reward).
+  it("keeps a reward, metric, info or task field named __proto__ as data, through the index and a read of the record", () => {
+    const trace = TraceRecordSchema.parse(
+      JSON.parse(
+        `{"id":"${traceId(1)}","task":{"idx":0,"name":"t","prompt":"p","__proto__":{"hint":1}},"nodes":[],"rewards":{"__proto__":1},"metrics":{"__proto__":2},"info":{"__proto__":"x"}}`,
+      ),
+    );
+    expect(traceReward(trace)).toBe(1);
+    const { recordBytes, rows } = encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 4, records: [trace] });
+    expect(rows[0]!.reward).toBe(1);
+    const read = TraceRecordSchema.parse(JSON.parse(Buffer.from(recordBytes).toString("utf8").trim()));
+    for (const field of [read.task, read.rewards, read.metrics!, read.info!]) expect(Object.keys(field)).toContain("__proto__");
+    expect(traceReward(read)).toBe(1);
+    // Still a number map: a __proto__ reward that is not a number is refused like any other.
+    expect(TraceRecordSchema.safeParse(JSON.parse(`{"id":"${traceId(2)}","task":{"idx":0,"name":null,"prompt":null},"nodes":[],"rewards":{"__proto__":"1"}}`)).success).toBe(false);
   });
 
   it("refuses bad input with invalid_request and names the paths it would use", () => {
