@@ -1,5 +1,5 @@
 import { Option, type Command } from "commander";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { accessSync, constants, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -195,7 +195,11 @@ export function parseEpisodes(value: string): EpisodeId[] {
       // Only a regular file within the limit: a FIFO would block the command until a writer came
       // (opened non-blocking, it answers at once), a device such as /dev/zero would be read until
       // memory ran out. Symbolic links are followed.
-      parsed = JSON.parse(readRegularFileSync(value.slice(1), { maxBytes: MAX_EPISODES_FILE_BYTES }).text);
+      const text = readRegularFileSync(value.slice(1), { maxBytes: MAX_EPISODES_FILE_BYTES }).text;
+      parsed = JSON.parse(text);
+      // JSON.parse keeps the last of a key named twice; the coordinator refuses such a body (docs/api.md).
+      const twice = duplicateJsonKey(text);
+      if (twice !== undefined) throw new CheckpointError("invalid_request", `${value.slice(1)} names key ${JSON.stringify(twice)} twice in one object`);
     } catch (error) {
       if (error instanceof CheckpointError) throw new CheckpointError("invalid_request", `episodes file ${error.message}`);
       const why = (error as NodeJS.ErrnoException).code === "ENOENT" ? "does not exist" : "is not readable JSON";
@@ -221,11 +225,16 @@ export function deadlineFrom(timeoutS: string | undefined): number | undefined {
 export function controllerStateFrom(flags: { stateJson?: string; stateFile?: string }) {
   if (flags.stateJson !== undefined && flags.stateFile !== undefined) throw new CheckpointError("invalid_request", "use --state-json or --state-file, not both");
   if (flags.stateJson !== undefined) {
+    let inline: unknown;
     try {
-      return { inline: JSON.parse(flags.stateJson) as unknown };
+      inline = JSON.parse(flags.stateJson);
     } catch {
       throw new CheckpointError("invalid_request", "--state-json is not valid JSON");
     }
+    // JSON.parse keeps the last of a key named twice: refused, as the coordinator refuses such a body (docs/api.md).
+    const twice = duplicateJsonKey(flags.stateJson);
+    if (twice !== undefined) throw new CheckpointError("invalid_request", `--state-json names key ${JSON.stringify(twice)} twice in one object`);
+    return { inline };
   }
   if (flags.stateFile !== undefined) return { file: flags.stateFile };
   return null;
