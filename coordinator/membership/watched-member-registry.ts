@@ -1,7 +1,7 @@
-import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
+import { Bucket, type KV, type KvEntry, type KvWatchEntry } from "@nats-io/kv";
 import { errors, type QueuedIterator } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
+import { MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
 import { KvMemberRegistry, memberOf, operationOf, type MembershipSource } from "./member-registry.js";
@@ -34,12 +34,26 @@ export class WatchedMemberRegistry implements MembershipSource {
    * just before that removal, which would list a member that left for another TTL.
    */
   private removedWhileSeeding: Set<string> | undefined;
+  /**
+   * The bucket's stream as last checked (its creation time): a stream deleted and created again
+   * under this registry restarts its sequence below `lastRevision`, where the watch's ordered
+   * consumer resumes, so the watch delivers nothing until the new stream passes it.
+   */
+  private streamCreated: string | undefined;
+  private streamCheck: NodeJS.Timeout | undefined;
+  private checking = false;
+  /** Bumped when the bucket is found re-created: a watch opened from the old stream's revision is dropped. */
+  private generation = 0;
+  /** Keys cached from a bucket since re-created: anything read from the new bucket replaces them. */
+  private readonly fromOldBucket = new Set<string>();
 
   constructor(
     private readonly kv: KV,
     private readonly logger?: Logger,
     private readonly clock: Clock = systemClock,
     private readonly ttlMs = MEMBER_TTL_MS,
+    /** How often the bucket's stream is checked for a re-creation (real time). */
+    private readonly streamCheckMs = MEMBER_HEARTBEAT_MS,
   ) {}
 
   async start(): Promise<void> {
@@ -47,6 +61,46 @@ export class WatchedMemberRegistry implements MembershipSource {
     this.follow(await this.kv.watch({ include: "updates" }));
     // Seed after the watch is running so nothing written meanwhile is missed.
     await this.seed();
+    this.streamCreated = (await this.streamInfo().catch(() => undefined))?.created;
+    this.streamCheck = setInterval(() => void this.checkStream(), this.streamCheckMs);
+    this.streamCheck.unref();
+  }
+
+  private async streamInfo(): Promise<{ created: string; lastSeq: number } | undefined> {
+    // Kvm opens every bucket as a Bucket; anything else (a test's stand-in) is not checked.
+    if (!(this.kv instanceof Bucket)) return undefined;
+    const info = await this.kv.jsm.streams.info(this.kv.stream);
+    return { created: info.created, lastSeq: info.state.last_seq };
+  }
+
+  /**
+   * A bucket deleted and created again (NATS back without its store, `nats kv rm`) while the watch
+   * runs: nats.js re-creates the watch's consumer after the last sequence it delivered, past
+   * everything the new stream holds, and stays silent, so every member would age out and stay out
+   * however often it announces again. Found so, the watch is ended and opened afresh (updates from
+   * now on, and the bucket's entries read again).
+   */
+  private async checkStream(): Promise<void> {
+    if (this.stopped || this.checking) return;
+    this.checking = true;
+    try {
+      const info = await this.streamInfo();
+      if (!info || this.stopped) return;
+      const recreated = (this.streamCreated !== undefined && info.created !== this.streamCreated) || info.lastSeq < this.lastRevision;
+      this.streamCreated = info.created;
+      if (!recreated) return;
+      this.logger?.warn({ last_revision: this.lastRevision, stream_last_seq: info.lastSeq }, "membership_bucket_recreated");
+      this.generation += 1;
+      this.lastRevision = 0;
+      for (const key of this.cache.keys()) this.fromOldBucket.add(key);
+      // Its loop ends, and rewatch() opens a watch of updates and seeds (no revision to resume from).
+      this.watch?.stop();
+    } catch (error) {
+      // The stream may be gone for now (deleted, not yet created again): checked again later.
+      this.logger?.debug({ err: error }, "membership_bucket_check_failed");
+    } finally {
+      this.checking = false;
+    }
   }
 
   private async seed(): Promise<void> {
@@ -58,8 +112,10 @@ export class WatchedMemberRegistry implements MembershipSource {
         const key = memberKey(member.kind, member.instance);
         // Seen when it was written, not now: a member that died just before this start would
         // otherwise count as alive for another TTL (checkpoints waiting on it).
-        if (!this.cache.has(key) && !removed.has(key)) this.cache.set(key, { member, seenAt: now - Math.min(ageMs, this.ttlMs) });
+        const replace = !this.cache.has(key) || this.fromOldBucket.has(key);
+        if (replace && !removed.has(key)) this.cache.set(key, { member, seenAt: now - Math.min(ageMs, this.ttlMs) });
       }
+      this.fromOldBucket.clear();
     } finally {
       if (this.removedWhileSeeding === removed) this.removedWhileSeeding = undefined;
     }
@@ -77,7 +133,10 @@ export class WatchedMemberRegistry implements MembershipSource {
     void (async () => {
       let failure: unknown;
       try {
-        for await (const entry of watch) this.apply(entry, this.clock.monotonic());
+        for await (const entry of watch) {
+          if (this.watch !== watch) break;
+          this.apply(entry, this.clock.monotonic());
+        }
       } catch (error) {
         failure = error;
       }
@@ -90,6 +149,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   private async rewatch(): Promise<void> {
     for (let attempt = 1; !this.stopped; attempt++) {
       let watch: KvWatch;
+      const generation = this.generation;
       try {
         watch = await this.kv.watch(this.lastRevision > 0 ? { resumeFromRevision: this.lastRevision + 1 } : { include: "updates" });
       } catch (error) {
@@ -101,6 +161,11 @@ export class WatchedMemberRegistry implements MembershipSource {
         continue;
       }
       if (this.stopped) return void watch.stop();
+      // The bucket was found re-created while this watch opened from the old stream's revision.
+      if (generation !== this.generation) {
+        watch.stop();
+        continue;
+      }
       this.follow(watch);
       // Nothing applied yet: no revision to resume from, so what the bucket holds is read afresh.
       if (this.lastRevision === 0) await this.seed().catch((error: unknown) => this.logger?.warn({ err: error }, "membership_seed_failed"));
@@ -112,6 +177,7 @@ export class WatchedMemberRegistry implements MembershipSource {
     this.lastRevision = Math.max(this.lastRevision, entry.revision);
     const operation = operationOf(entry, this.logger);
     if (operation === undefined) return; // unreadable: what the key held before stands
+    this.fromOldBucket.delete(entry.key);
     if (operation !== "PUT") {
       this.cache.delete(entry.key);
       this.removedWhileSeeding?.add(entry.key);
@@ -141,6 +207,8 @@ export class WatchedMemberRegistry implements MembershipSource {
 
   stop(): void {
     this.stopped = true;
+    if (this.streamCheck) clearInterval(this.streamCheck);
+    this.streamCheck = undefined;
     this.watch?.stop();
   }
 }

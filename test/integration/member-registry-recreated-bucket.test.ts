@@ -1,0 +1,51 @@
+import { jetstreamManager } from "@nats-io/jetstream";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { systemClock } from "../../coordinator/engine/clock.js";
+import { openMembersBucket } from "../../coordinator/membership/members-bucket.js";
+import { WatchedMemberRegistry } from "../../coordinator/membership/watched-member-registry.js";
+import { MembershipAnnouncer } from "../../participants/control-plane/membership-announcer.js";
+import { membersBucket } from "../../protocol/index.js";
+import { startNats, type NatsFixture } from "../support/nats.js";
+import { waitUntil } from "../support/wait-until.js";
+
+// The membership bucket deleted and created again under a running coordinator (NATS back without
+// its JetStream store, an operator's `nats kv rm`): the participants write their entries again
+// (the announcer re-creates the bucket), and the coordinator's view must show them. The KV watch's
+// ordered consumer resumes after the last stream sequence it delivered, which the new stream only
+// reaches after as many writes: until then the watch delivers nothing and every member ages out.
+let nats: NatsFixture;
+beforeAll(async () => {
+  nats = await startNats();
+});
+afterAll(async () => {
+  await nats?.close();
+});
+
+describe("watched membership registry, bucket re-created", () => {
+  it("lists a member that announces again in a re-created bucket, after the old bucket's entries aged out", { timeout: 30_000 }, async () => {
+    const deployment = "recreated";
+    const kv = await openMembersBucket(nats.nc, deployment);
+    // A bucket that has been in use: its sequence is well past what the new one reaches in the test.
+    for (let i = 0; i < 300; i++) await kv.put("model.filler", "x");
+    await kv.delete("model.filler");
+    // The registry's own TTL 2 s (the bucket's stays 15 s), so its view ages out quickly.
+    const registry = new WatchedMemberRegistry(kv, undefined, systemClock, 2_000, 300);
+    await registry.start();
+    const announcer = new MembershipAnnouncer(await nats.connect(), deployment, "agent", "a1", "inc-1", undefined, 200);
+    await announcer.claim();
+    await announcer.start();
+    try {
+      await waitUntil(async () => (await registry.list()).length === 1, "the member listed", 5_000);
+      await (await jetstreamManager(nats.nc)).streams.delete(`KV_${membersBucket(deployment)}`);
+      // The announcer creates the bucket again and re-announces within a few beats.
+      await waitUntil(async () => (await (await openMembersBucket(nats.nc, deployment)).get("agent.a1"))?.operation === "PUT", "the entry written again", 5_000);
+      // Past the registry's TTL: only what it learnt from the new bucket can list the member now.
+      await new Promise((resolve) => setTimeout(resolve, 2_500));
+      expect(await registry.list()).toEqual([{ kind: "agent", instance: "a1" }]);
+      expect(registry.incarnationOf({ kind: "agent", instance: "a1" })).toBe("inc-1");
+    } finally {
+      registry.stop();
+      await announcer.stop();
+    }
+  });
+});
