@@ -181,13 +181,15 @@ export class MembershipAnnouncer {
     return false;
   }
 
-  /** The registry entry now: its revision (0: none) and the member it announces, if it parses. */
+  /**
+   * The registry entry now, as the stream's leader holds it (the bucket created first if missing):
+   * its revision (0: none) and the member it announces, if it parses. Not the KV's direct get, which
+   * any replica answers: one lagging behind the predecessor's entry would make that predecessor
+   * nobody, and `start()` would take its entry at the leader for another process starting.
+   */
   private async readEntry(): Promise<{ revision: number; held: Member | undefined }> {
     this.kv ??= await this.openBucket();
-    const entry = await this.kv.get(this.key);
-    if (!entry || entry.operation !== "PUT") return { revision: 0, held: undefined };
-    const parsed = MemberSchema.safeParse(safeJson(() => entry.json()));
-    return { revision: entry.revision, held: parsed.success ? parsed.data : undefined };
+    return this.readEntryAtLeader();
   }
 
   private openBucket(): Promise<KV> {
