@@ -281,8 +281,11 @@ export class MembershipAnnouncer {
     this.stopWatching();
     // Only our own entry: a process that took over keeps its announcement. Best effort: a stale
     // entry only expires with the bucket's TTL.
-    const kv = this.kv;
-    if (this.isLost || !this.revision || !kv) return;
+    if (this.isLost || !this.revision) return;
+    // A failed beat dropped the handle (for the next beat to create the bucket again): re-open it,
+    // never create it, to remove the entry that beat may have left.
+    const kv = this.kv ?? (await new Kvm(this.nc).open(membersBucket(this.deployment)).catch(() => undefined));
+    if (!kv) return;
     for (let tries = 0; tries < 3; tries++) {
       try {
         await kv.delete(this.key, { previousSeq: this.revision });

@@ -44,3 +44,21 @@ describe("membership announcer stop() racing a heartbeat in flight", () => {
     expect(entry?.operation === "PUT" ? entry.json() : undefined).toBeUndefined();
   }, 20_000);
 });
+
+describe("membership announcer stop() after a failed heartbeat", () => {
+  it("removes the entry although the last beat failed (it dropped the bucket handle to re-open it)", async () => {
+    const nc = await nats.connect();
+    const announcer = new MembershipAnnouncer(nc, "annstop2", "environment", "env0", "inc-stop-2");
+    await announcer.claim();
+    await announcer.start();
+    // One beat fails (a request timed out during a reconnect, say): the next beat re-opens the bucket.
+    const internals = announcer as unknown as { kv: { update: () => Promise<number> } | undefined; tick(reconnected: boolean): void; beatsInFlight: number };
+    internals.kv!.update = async () => Promise.reject(new Error("TIMEOUT"));
+    internals.tick(false);
+    await waitUntil(() => internals.beatsInFlight === 0 && internals.kv === undefined, "the failed beat");
+    await announcer.stop();
+    const kv = await new Kvm(nats.nc).open(membersBucket("annstop2"));
+    const entry = await kv.get(memberKey("environment", "env0"));
+    expect(entry?.operation === "PUT" ? entry.json() : undefined).toBeUndefined();
+  }, 20_000);
+});
