@@ -216,7 +216,8 @@ export class LeaderLease implements Leadership {
       if (!isWrongRevision(error)) {
         const landed = await this.revisionHolding(value, this.options.leaseMs / 4);
         if (landed !== undefined) await this.kv!.delete(LEADER_KEY, { previousSeq: landed }).catch(() => undefined);
-        else this.leftBehind = [value];
+        // Added, not in place of the others: a failed renewal's values may still be the key's (or land late).
+        else this.leftBehind.push(value);
       } else await this.releaseLeftBehind();
       throw error;
     }

@@ -365,6 +365,39 @@ describe("leader lease", () => {
     await l.stop();
   });
 
+  it("a renewal's left-behind key is still released after a campaign in between failed without a refusal too (JetStream or the connection still down): the next campaign that finds it held deletes it", async () => {
+    const { kv, clock, events, l } = await started();
+    await clock.advance(3000);
+    const create = kv.create.bind(kv);
+    const get = kv.get.bind(kv);
+    kv.update = async () => {
+      throw new Error("503 no responders");
+    };
+    await clock.advance(1000);
+    expect(events).toEqual(["ready:101", "lost:101"]);
+    // The key still holds the last renewal that landed (the fake never expires it).
+    const held = kv.holder;
+    expect(held).toBeGreaterThan(101);
+    // The next campaign gets no answer either, nor does its read-back: its create did not land.
+    kv.create = async () => {
+      throw new Error("503 no responders");
+    };
+    kv.get = async () => {
+      throw new Error("503 no responders");
+    };
+    await clock.advance(750);
+    expect(kv.holder).toBe(held);
+    // JetStream answers again: the next campaign is refused by the key its last renewal left behind, which it deletes.
+    kv.create = create;
+    kv.get = get;
+    await clock.advance(750);
+    expect(kv.holder).toBeUndefined(); // before the fix: still held by that renewal until it expired
+    await clock.advance(750);
+    expect(l.state()).toMatchObject({ leader: true });
+    expect(l.state().epoch).toBeGreaterThan(held!);
+    await l.stop();
+  });
+
   it("stopping while a renewal is in flight still releases the key, so a successor need not wait for its expiry", async () => {
     const { kv, clock, events, l } = await started();
     await clock.advance(3000);
