@@ -284,6 +284,13 @@ export class LeaderLease implements Leadership {
         // Someone else leads, or the server is unreachable or refuses: campaign again later.
         this.campaignFailed(error);
       }
+    } else if (!this.renewedRecently(sentAt)) {
+      // Expired here already (this process was frozen, or starved, past a lease): a successor may
+      // hold the key, and in a bucket deleted and created again meanwhile its key can have reached
+      // the very revision this renewal names, which the update would then take over. Not renewed:
+      // demoted, and the key released at the next campaign if it still holds our last value.
+      this.leftBehind = [this.heldValue];
+      this.demote(new CheckpointError("not_leader", `coordinator ${this.options.id}'s lease expired locally before its renewal was sent (${sentAt - this.renewedAt} ms since the last)`));
     } else {
       try {
         // Until the lease would expire locally, not JetStream's 5 s default: a renewal that cannot
