@@ -119,8 +119,18 @@ interface StartCall {
   started: GymProcess[];
 }
 
+/** The child exited before its ready line; `exitCode` 2 is a configuration it refused (docs/operations.md: not restarted). */
+export class ExitedBeforeReady extends Error {
+  constructor(
+    message: string,
+    readonly exitCode: number | null,
+  ) {
+    super(message);
+  }
+}
+
 /** The child exited before its ready line because its port was taken. */
-class PortInUse extends Error {}
+class PortInUse extends ExitedBeforeReady {}
 
 /** Whether a process's last lines say `port` itself was taken (`:4000`, not the `:40001` of its metrics port). */
 export function namesTakenPort(lines: readonly string[], port: number): boolean {
@@ -244,7 +254,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
         const { exitCode: code, signalCode } = child;
         const message = `${name} exited (code ${code}, signal ${signalCode}) before it was ready:\n${tail.join("\n")}`;
         const portTaken = port !== 0 && namesTakenPort(tail, port);
-        reject(portTaken ? new PortInUse(message) : new Error(message));
+        reject(portTaken ? new PortInUse(message, code) : new ExitedBeforeReady(message, code));
       });
     });
     let announced: { url: string; metricsUrl?: string };

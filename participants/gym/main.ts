@@ -1,5 +1,5 @@
 import { parseArgs } from "node:util";
-import { GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
+import { ExitedBeforeReady, GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
 import { DEFAULT_NATS_URL, describeZodError, envSetting, isHttpUrl } from "../../protocol/index.js";
 import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal } from "./server-runtime.js";
 
@@ -107,7 +107,9 @@ gym = await launchGym({
 }).catch((error: unknown) => {
   if (stopping) process.exit(0);
   process.stderr.write(`gym: ${error instanceof Error ? error.message : String(error)}\n`);
-  process.exit(1);
+  // A server that refused its configuration (exit 2: a metrics port it cannot listen on, NATS
+  // credentials refused) is configuration here too: exit 1 would have a supervisor restart for ever.
+  process.exit(error instanceof ExitedBeforeReady && error.exitCode === 2 ? 2 : 1);
 });
 // A signal that came as the last child got ready found no gym to stop.
 if (stopping) {
