@@ -85,6 +85,9 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
   const abortion = new Promise<never>((_, reject) => signal?.addEventListener("abort", () => reject(aborted()), { once: true }));
   const run = async (): Promise<DemoOutcome> => {
     await mkdir(root);
+    // An abort during the mkdir already ran the clean-up (it found no nats-server to dispose of):
+    // one started now would run on and leave its store directory behind.
+    if (signal?.aborted) throw aborted();
     natsStart = NatsServerProcess.start({ exitWithParent: true });
     nats = await natsStart;
     say(`nats-server (JetStream) on ${nats.url}`);
