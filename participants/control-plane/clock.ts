@@ -4,12 +4,18 @@ import { timerDelay } from "../../protocol/index.js";
 export interface Clock {
   /** Milliseconds since the Unix epoch. */
   now(): number;
+  /**
+   * Milliseconds from an arbitrary origin that never steps: for durations (metrics), which a
+   * wall-clock step (NTP, VM resume) would stretch or make negative. Optional: without it, now().
+   */
+  monotonic?(): number;
   /** Runs `fn` after `ms`; returns a cancel function. */
   setTimer(fn: () => void, ms: number): () => void;
 }
 
 export const systemClock: Clock = {
   now: () => Date.now(),
+  monotonic: () => performance.now(),
   setTimer(fn, ms) {
     // Deadlines and leases are wall-clock instants, timers run on the monotonic clock: a timer can
     // fire a moment before Date.now() reaches the instant (or long before it, after a clock step).

@@ -203,6 +203,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     });
   }
 
+  /** The clock durations are measured on: monotonic when the clock has one, so a wall-clock step skews no metric. */
+  private elapsedNow(): number {
+    return this.clock.monotonic ? this.clock.monotonic() : this.clock.now();
+  }
+
   get currentPhase(): Phase {
     return this.phase;
   }
@@ -238,7 +243,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       [ATTR.kind]: this.adapter.kind,
       [ATTR.instance]: this.instance,
     };
-    const started = this.clock.now();
+    const started = this.elapsedNow(); // durations: a wall-clock step must not skew them
     const instruments = participantInstruments();
     const reply = await withSpan(`checkpoint.${op}`, attributes, parent, async (span) => {
       try {
@@ -246,11 +251,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         this.checkEpoch(phaseRequest.epoch); // early refusal; each op checks again, and raises it, under the lock
         const result = await this.dispatch(op as PhaseOp, phaseRequest);
         spanResult(span, op, result);
-        instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
+        instruments.opDuration.record((this.elapsedNow() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
         return result;
       } catch (error) {
         const code = toCheckpointError(error).code; // what the endpoint answers: storage_error for a full disk
-        instruments.opDuration.record((this.clock.now() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
+        instruments.opDuration.record((this.elapsedNow() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
         countRefusal(error, this.adapter.kind);
         // Inside the op's span, so the line carries its trace_id / span_id.
         this.logger?.warn({ op, ...(checkpointId !== undefined && { checkpoint_id: checkpointId }), code, err: error }, "control operation refused");
@@ -322,7 +327,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         this.activeId = id;
         this.phase = "preparing";
         this.renewLease(request.deadline_ts);
-        this.closedAt = this.clock.now();
+        this.closedAt = this.elapsedNow();
         let closed: boolean;
         try {
           closed = await this.closeWithinDeadline(id, request.deadline_ts, "prepare");
@@ -612,7 +617,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         await this.reopenWhileIdle(id, "restore_reopen_failed");
         throw this.adapter.hasLiveState() ? this.notFresh() : new CheckpointError("deadline_exceeded", "restore reached its deadline before the install could start");
       }
-      this.closedAt = this.clock.now();
+      this.closedAt = this.elapsedNow();
       const install = withSpan("install", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.records]: read.records.length }, undefined, () =>
         this.adapter.install(read.records, read.manifest.extra),
       );
@@ -1085,7 +1090,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     if (this.pendingInstall) await this.pendingInstall;
     await this.adapter.openAdmission();
     if (this.closedAt !== undefined) {
-      participantInstruments().pause.record((this.clock.now() - this.closedAt) / 1000, { kind: this.adapter.kind, participant: this.instance });
+      participantInstruments().pause.record((this.elapsedNow() - this.closedAt) / 1000, { kind: this.adapter.kind, participant: this.instance });
       this.closedAt = undefined;
     }
     if (resumedId !== undefined) {
