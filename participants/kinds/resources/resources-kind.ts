@@ -109,6 +109,12 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    */
   private readonly freeingFinished = new Set<Promise<void>>();
   /**
+   * The session ids those frees (and a retired handler's, `freeing`) are freeing, with how many run
+   * for each: a reset (`sessions.started`) carrying one of them takes a fresh id, or the running free
+   * would delete the state it builds.
+   */
+  private readonly freeingIds = new Map<string, number>();
+  /**
    * Restored sessions afterCommit dropped and is freeing: a request naming one is refused
    * (`admission_closed`) until its free ended, so none is served from state about to be freed.
    */
@@ -166,6 +172,11 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   /** True when this request may be replayed after a crash, so it neither waits nor counts. */
   isReplayable(role: RequestRole): boolean {
     return role === "verify" && this.verify === "replay";
+  }
+
+  /** True while a free of this session id's state runs (its session ended or was never bound). */
+  isFreeing(sessionId: string): boolean {
+    return this.freeingIds.has(sessionId);
   }
 
   /** The episode a session is bound to (live or restored), if it is known here. */
@@ -272,6 +283,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       }
     })();
     this.freeingFinished.add(free);
+    this.trackFreeing(sessionId, free);
     void free.finally(() => this.freeingFinished.delete(free));
   }
 
@@ -588,6 +600,15 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     }
   }
 
+  private trackFreeing(sessionId: string, free: Promise<void>): void {
+    this.freeingIds.set(sessionId, (this.freeingIds.get(sessionId) ?? 0) + 1);
+    void free.finally(() => {
+      const left = (this.freeingIds.get(sessionId) ?? 1) - 1;
+      if (left > 0) this.freeingIds.set(sessionId, left);
+      else this.freeingIds.delete(sessionId);
+    });
+  }
+
   /** Frees a session a retired attempt's handler may have built; tolerated like any retire free. */
   private freeUnbound(sessionId: string): void {
     const free = (async () => {
@@ -598,6 +619,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       }
     })();
     this.freeing.add(free);
+    this.trackFreeing(sessionId, free);
     void free.finally(() => this.freeing.delete(free));
   }
 

@@ -282,7 +282,9 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       if (!entry) throw new CheckpointError("invalid_request", "this request did not pass the checkpoint middleware");
       kind.checkStart(entry.ticket);
       const bound = entry.sessionId === undefined ? undefined : kind.sessionEpisode(entry.sessionId);
-      if (entry.sessionId === undefined || (bound && !sameEpisode(bound, entry.ticket.episode))) {
+      // A cookie whose session's state is being freed (it ended) names no session to take up: the
+      // running free would delete the state this request builds under it.
+      if (entry.sessionId === undefined || (bound && !sameEpisode(bound, entry.ticket.episode)) || (!bound && kind.isFreeing(entry.sessionId))) {
         entry.sessionId = newSessionId();
         entry.issueCookie = true;
       }

@@ -1,0 +1,50 @@
+import type { FastifyInstance } from "fastify";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import type { SessionAccess } from "../../../participants/kinds/resources/index.js";
+import { ReplayCounter, resourcesWorld } from "./resources-world.js";
+
+/**
+ * An `exported` server frees a finished session's state through its retire hook, which may take a
+ * while. A reset (`sessions.started`) whose request still carries that session's cookie must not
+ * start its new session under the id being freed: the running free would delete the new state.
+ */
+let world: Awaited<ReturnType<typeof resourcesWorld>>;
+beforeEach(async () => (world = await resourcesWorld()));
+afterEach(() => world.close());
+
+class SlowFreeResetCounter extends ReplayCounter {
+  hold: Promise<void> | undefined;
+  override routes(app: FastifyInstance, sessions: SessionAccess): void {
+    super.routes(app, sessions);
+    app.post("/reset", async (request) => (this.counters.set(sessions.started(request), 0), {}));
+  }
+  override async retireSessionState(sessionId: string): Promise<void> {
+    await this.hold;
+    this.counters.delete(sessionId);
+  }
+}
+
+describe("a reset carrying the cookie of a finished session whose free still runs", () => {
+  it("starts a new session under a fresh id; the running free does not delete its state", async () => {
+    const server = new SlowFreeResetCounter();
+    const a = await world.harness(server, "worker-0", { replayableEndHoldMs: 0 });
+    const first = String((await a.post("/ng-rollout/r1/reset", {})).headers["set-cookie"]).split(";")[0]!;
+    await a.post("/ng-rollout/r1/increment", {}, first);
+    let release!: () => void;
+    server.hold = new Promise<void>((resolve) => (release = resolve));
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 1 }, first)).json()).toEqual({ reward: 1, count: 1 });
+
+    // The client's cookie jar still sends the finished session's cookie with the next reset.
+    const again = await a.post("/ng-rollout/r1/reset", {}, first);
+    expect(again.statusCode).toBe(200);
+    const set = again.headers["set-cookie"];
+    const cookie = set === undefined ? first : String(set).split(";")[0]!;
+    await a.post("/ng-rollout/r1/increment", {}, cookie);
+    await a.post("/ng-rollout/r1/increment", {}, cookie);
+
+    release();
+    await server.hold;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
+  });
+});
