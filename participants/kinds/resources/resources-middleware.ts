@@ -142,6 +142,13 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       }
       const ticket = await kind.admit({ episode, sessionId, role }, abort.signal);
       reply.raw.off("close", onClose);
+      if (role === "seed" && sessionId !== undefined && sessionId === cookie) {
+        // Decided before the wait for resume: the session may have ended meanwhile (a replayable
+        // verify served during the checkpoint ends it at reopen, and its state is being freed), so
+        // the seed keeps the cookie only if it still names this episode's session.
+        const still = kind.sessionEpisode(sessionId);
+        if (!(still && sameEpisode(still, episode))) sessionId = newSessionId();
+      }
       // A late close of another attempt: its session lives on under the attempt that owns it now,
       // so the handler must not free it. Closing is never refused, so it is answered as done.
       const bound = role === "close" && sessionId !== undefined ? kind.sessionEpisode(sessionId) : undefined;

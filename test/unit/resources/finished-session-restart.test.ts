@@ -48,3 +48,33 @@ describe("a reset carrying the cookie of a finished session whose free still run
     expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
   });
 });
+
+describe("a seed carrying the cookie of a session a replayable verify ended during a checkpoint", () => {
+  it("waits for resume and then seeds under a fresh id; the free at reopen does not delete its state", async () => {
+    const server = new SlowFreeResetCounter();
+    const a = await world.harness(server);
+    const first = String((await a.post("/ng-rollout/r1/seed_session", {})).headers["set-cookie"]).split(";")[0]!;
+    await a.post("/ng-rollout/r1/increment", {}, first);
+    await a.call("prepare", { checkpoint_id: "c1" });
+    // Served during the checkpoint: the session ends at reopen, and its state is freed then.
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 1 }, first)).json()).toEqual({ reward: 1, count: 1 });
+    // The next episode's seed still carries the cookie; it waits for resume.
+    const seeding = a.post("/ng-rollout/r1/seed_session", {}, first);
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    await a.call("commit", { checkpoint_id: "c1" });
+    let release!: () => void;
+    server.hold = new Promise<void>((resolve) => (release = resolve));
+    await a.call("resume", { checkpoint_id: "c1" });
+    const again = await seeding;
+    expect(again.statusCode).toBe(200);
+    const set = again.headers["set-cookie"];
+    const cookie = set === undefined ? first : String(set).split(";")[0]!;
+    await a.post("/ng-rollout/r1/increment", {}, cookie);
+    await a.post("/ng-rollout/r1/increment", {}, cookie);
+
+    release();
+    await server.hold;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
+  });
+});
