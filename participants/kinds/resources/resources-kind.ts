@@ -260,7 +260,13 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
 
   private holdAfterEnd(sessionId: string, episode: EpisodeId): void {
     this.dropPendingEnd(sessionId); // a second verify holds it anew
-    const cancel = this.clock.setTimer(() => this.endFinished(sessionId, episode), this.replayableEndHoldMs);
+    const cancel = this.clock.setTimer(() => {
+      // A seed that took the session up again is still running: its success starts it again (and
+      // drops this end), so ending it now would free the state that seed is building. Held anew;
+      // a seed that fails leaves it to end then.
+      if (!this.disposed && [...this.active].some((r) => r.role === "seed" && r.sessionId === sessionId)) return this.holdAfterEnd(sessionId, episode);
+      this.endFinished(sessionId, episode);
+    }, this.replayableEndHoldMs);
     this.heldAfterEnd.set(sessionId, { episode, cancel });
   }
 

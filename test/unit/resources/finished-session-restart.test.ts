@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { SessionAccess } from "../../../participants/kinds/resources/index.js";
+import { REPLAYABLE_END_HOLD_MS, type SessionAccess } from "../../../participants/kinds/resources/index.js";
 import { ReplayCounter, resourcesWorld } from "./resources-world.js";
 
 /**
@@ -75,6 +75,63 @@ describe("a seed carrying the cookie of a session a replayable verify ended duri
     release();
     await server.hold;
     await new Promise<void>((resolve) => setImmediate(resolve));
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
+  });
+});
+
+/** Its seed waits (`gate`) inside the handler, after it set the session's state. */
+class GatedSeedCounter extends SlowFreeResetCounter {
+  gate: Promise<void> | undefined;
+  entered: (() => void) | undefined;
+  override routes(app: FastifyInstance, sessions: SessionAccess): void {
+    app.post("/seed_session", async (request) => {
+      this.counters.set(sessions.require(request).sessionId, 0);
+      this.entered?.();
+      await this.gate;
+      return {};
+    });
+    app.post("/increment", async (request) => {
+      const { sessionId } = sessions.require(request);
+      const count = (this.counters.get(sessionId) ?? 0) + 1;
+      this.counters.set(sessionId, count);
+      return { count };
+    });
+    app.post("/verify", async (request) => {
+      const { expected } = request.body as { expected: number };
+      const count = this.counters.get(sessions.require(request).sessionId) ?? 0;
+      return { reward: count === expected ? 1 : 0, count };
+    });
+  }
+}
+
+describe("a seed carrying the cookie of a held session whose hold passes while the seed runs", () => {
+  it("keeps the session it took up: the hold's end neither ends it nor frees its state", async () => {
+    const server = new GatedSeedCounter();
+    const a = await world.harness(server);
+    const first = String((await a.post("/ng-rollout/r1/seed_session", {})).headers["set-cookie"]).split(";")[0]!;
+    await a.post("/ng-rollout/r1/increment", {}, first);
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 1 }, first)).json()).toEqual({ reward: 1, count: 1 });
+
+    let open!: () => void;
+    server.gate = new Promise<void>((resolve) => (open = resolve));
+    const entered = new Promise<void>((resolve) => (server.entered = resolve));
+    const seeding = a.post("/ng-rollout/r1/seed_session", {}, first);
+    await entered;
+    let release!: () => void;
+    server.hold = new Promise<void>((resolve) => (release = resolve));
+    a.clock.advance(REPLAYABLE_END_HOLD_MS);
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    open();
+    const again = await seeding;
+    expect(again.statusCode).toBe(200);
+    const set = again.headers["set-cookie"];
+    const cookie = set === undefined ? first : String(set).split(";")[0]!;
+    await a.post("/ng-rollout/r1/increment", {}, cookie);
+    await a.post("/ng-rollout/r1/increment", {}, cookie);
+    release();
+    await server.hold;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 1 });
     expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
   });
 });
