@@ -586,6 +586,12 @@ export class Collector {
         // our predecessor never learnt it): not a failure of the row. The next attempt goes, logged
         // first like any other; bounded, since a server that fences every attempt would loop.
         state.fencedSkips++;
+        if (state.restored) {
+          // The fenced attempt was the restored continuation: it never started, so the row runs
+          // from input after all (restarted, not continued; results.jsonl and records say so too).
+          state.continued = false;
+          this.restartedCount++;
+        }
         state.restored = false;
         this.retired.add(state.row.rolloutId); // its fences are lifted (forget) once a later attempt replies
         this.options.logger.info({ rollout_id: episode.rollout_id, attempt: episode.attempt }, "/run refused the attempt as fenced; sending the next one");
