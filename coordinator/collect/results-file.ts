@@ -18,6 +18,9 @@ export const ResultLineSchema = z
   .strict();
 export type ResultLine = z.infer<typeof ResultLineSchema>;
 
+/** Lengths failed appends could not be cut back to: the next append to the path cuts first. */
+const pendingCuts = new Map<string, number>();
+
 /** Appends in progress per file: the next append to a path waits for the previous one. */
 const appendTails = new Map<string, Promise<void>>();
 
@@ -42,12 +45,21 @@ export function appendResult(path: string, line: ResultLine): Promise<void> {
  * leave it mid-file, where no start-up can read past it.
  */
 async function appendWhole(path: string, text: string): Promise<void> {
+  // A fragment whose cut failed (below) is cut first: this append must not land after it. Failing
+  // again, this append is refused too, rather than leaving the fragment mid-file.
+  const cut = pendingCuts.get(path);
+  if (cut !== undefined) {
+    await truncate(path, cut).catch((error: unknown) => {
+      throw namePath(error, path);
+    });
+    pendingCuts.delete(path);
+  }
   // Unknown (the file cannot be looked at): nothing is cut.
   const before = await sizeIfExists(path).then((size) => size ?? 0, () => undefined);
   try {
     await appendFile(path, text);
   } catch (error) {
-    if (before !== undefined) await truncate(path, before).catch(() => undefined);
+    if (before !== undefined) await truncate(path, before).catch(() => void pendingCuts.set(path, before));
     // A failed write names no path (a full disk's ENOSPC): the refusal should.
     throw namePath(error, path);
   }
