@@ -11,6 +11,13 @@ import { z } from "zod";
 
 /** Shared by every id that may become a path component or a subject token. */
 export const SAFE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+/**
+ * SAFE_NAME_PATTERN without an empty dot-separated token (no `..`, no trailing `.`), for the ids that
+ * become NATS subject tokens or KV keys: an instance (subjects, the membership key) and a checkpoint
+ * id (the decision journal's key). The KV client refuses a key ending in `.`, and the server routes a
+ * subject with an empty token to nobody.
+ */
+export const SUBJECT_SAFE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$/;
 const RESERVED_ATTEMPT_SUFFIX = /-a\d+$/;
 const CAPTURE_KEY_SUFFIX = /^(.+)-a([1-9]\d*)$/;
 
@@ -99,14 +106,18 @@ export const CheckpointIdSchema = z
   .string()
   .min(1)
   .max(MAX_CHECKPOINT_ID_CHARS)
-  .regex(SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$")
+  .regex(SUBJECT_SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9_-]*(\\.[A-Za-z0-9_-]+)*$ (no .. and no trailing .: it is a NATS KV key)")
   .refine((id) => !RESERVED_CHECKPOINT_IDS.includes(id.toLowerCase()), "checkpoint id may not be LATEST (the root's pointer file)")
   // As RolloutIdSchema's rule: the reserved names in any case, as a pattern the OpenAPI document can carry.
   .meta({ not: { pattern: `^(${RESERVED_CHECKPOINT_IDS.map(anyCase).join("|")})$` } });
 export type CheckpointId = z.infer<typeof CheckpointIdSchema>;
 
 /** A server's name in the deployment; becomes a directory name and subject tokens. */
-export const InstanceSchema = z.string().min(1).max(128).regex(SAFE_NAME_PATTERN, "instance must match ^[A-Za-z0-9][A-Za-z0-9._-]*$");
+export const InstanceSchema = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(SUBJECT_SAFE_NAME_PATTERN, "instance must match ^[A-Za-z0-9][A-Za-z0-9_-]*(\\.[A-Za-z0-9_-]+)*$ (no .. and no trailing .: it becomes NATS subject tokens and a KV key)");
 export type Instance = z.infer<typeof InstanceSchema>;
 
 /** A deployment name scopes subjects and KV buckets; no dots, since it is one subject token. */

@@ -12,6 +12,7 @@ export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failu
 export { LineSplitter, type SplitLine } from "./line-splitter.js";
 export {
   SAFE_NAME_PATTERN,
+  SUBJECT_SAFE_NAME_PATTERN,
   MAX_ATTEMPT,
   RolloutIdSchema,
   AttemptSchema,

@@ -63,7 +63,7 @@ describe("HTTP controller API (real HTTP client)", () => {
       type: "string",
       minLength: 1,
       maxLength: MAX_CHECKPOINT_ID_CHARS,
-      pattern: "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+      pattern: "^[A-Za-z0-9][A-Za-z0-9_-]*(\\.[A-Za-z0-9_-]+)*$",
       not: { pattern: "^([Ll][Aa][Tt][Ee][Ss][Tt])$" },
     });
   });

@@ -1,7 +1,9 @@
 import { describe, expect, it } from "vitest";
+import { validateKey } from "@nats-io/kv/internal";
 import {
   CheckpointIdSchema,
   EpisodeIdSchema,
+  InstanceSchema,
   RolloutIdSchema,
   captureKey,
   nextAttempt,
@@ -67,5 +69,21 @@ describe("ids and capture keys", () => {
     expect(CheckpointIdSchema.safeParse("LATEST-1").success).toBe(true);
     expect(CheckpointIdSchema.safeParse(".hidden").success).toBe(false);
     expect(CheckpointIdSchema.safeParse("a/b").success).toBe(false);
+  });
+
+  it("refuses checkpoint ids and instances that would put an empty token into a NATS subject or KV key", () => {
+    // A checkpoint id is the decision journal's KV key; an instance is a subject token and part of the
+    // membership key. "ckpt." is refused by the KV client ("invalid key"); "a..b" makes an empty
+    // subject token that the server routes to nobody (no responders).
+    for (const id of ["ckpt.", "a..b", "a...", "x.y..z"]) {
+      expect([id, CheckpointIdSchema.safeParse(id).success]).toEqual([id, false]);
+      expect([id, InstanceSchema.safeParse(id).success]).toEqual([id, false]);
+    }
+    for (const id of ["a.b", "env-1.zone_2", "ckpt-20261129T072100-0a1b2c3d"]) {
+      expect(CheckpointIdSchema.safeParse(id).success).toBe(true);
+      expect(InstanceSchema.safeParse(id).success).toBe(true);
+      expect(() => validateKey(id)).not.toThrow();
+      expect(() => validateKey(`model.${id}`)).not.toThrow();
+    }
   });
 });
