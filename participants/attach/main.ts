@@ -1,7 +1,7 @@
 import { tmpdir } from "node:os";
 import { BearerTokenSchema, isMisplacedDirectory, makeDirectories, toCheckpointError } from "../../protocol/index.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
-import { startServerRuntime, tokenFlagRefusal } from "../gym/server-runtime.js";
+import { startServerRuntime, tokenFlagRefusal, type CommonServerConfig } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
 import { createAttachProxy } from "./attach-proxy.js";
 import { ensurePrivateDir } from "./private-dir.js";
@@ -29,7 +29,7 @@ function fail(message: string): never {
  * The proxy's own flags, checked with the common ones before NATS (read, not checked, below): a
  * bad one is exit 2 also while NATS is down, not `unreachable`, exit 1, which a supervisor restarts.
  */
-function checkFlags(flags: Record<string, string | undefined>): undefined {
+async function checkFlags(flags: Record<string, string | undefined>, config: CommonServerConfig): Promise<undefined> {
   if (!flags.upstream) fail("--upstream <openai-base-url> is required");
   try {
     parseUpstream(flags.upstream);
@@ -42,8 +42,38 @@ function checkFlags(flags: Record<string, string | undefined>): undefined {
   if (badToken) fail(badToken);
   const cutTimeoutMs = Number(flags["cut-timeout-ms"] ?? "10000");
   if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
+  ledgerDir = await prepareLedgerDir(flags["ledger-dir"], config);
   return undefined;
 }
+
+/**
+ * The ledger directory, created and checked before NATS too: one that can never serve (a planted
+ * default level, an explicit one that cannot be created) is exit 2 also while NATS is down.
+ */
+async function prepareLedgerDir(explicit: string | undefined, config: CommonServerConfig): Promise<string> {
+  let dir: string;
+  try {
+    // The default lives in the shared temp dir: another local user must not have planted any level of it.
+    // Per user: a first user's private directory would otherwise refuse every other user's proxy.
+    dir = explicit ?? ensurePrivateDir(tmpdir(), [`gym-ckpt-ledger-${process.getuid?.() ?? "user"}`, config.deployment, config.instance]);
+  } catch (error) {
+    fail(error instanceof Error ? error.message : String(error));
+  }
+  if (explicit !== undefined) {
+    // Created (0700) here rather than first by the ledger, so one that cannot exist is refused before serving.
+    await makeDirectories(dir, { mode: 0o700 }).catch((error: NodeJS.ErrnoException) => {
+      if (isMisplacedDirectory(error)) fail(`invalid_request: --ledger-dir ${dir} cannot be created (${error.message})`);
+      // Anything else (EIO, a full disk) is still a coded refusal, never a stack trace; exit 1: a restart may help.
+      const refusal = toCheckpointError(error);
+      process.stderr.write(`attach model: ${refusal.code}: --ledger-dir ${dir}: ${refusal.message}\n`);
+      process.exit(1);
+    });
+  }
+  return dir;
+}
+
+/** Set by checkFlags, before NATS. */
+let ledgerDir!: string;
 
 const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "ledger-dir"], checkFlags);
 const { config, extra, logger } = runtime;
@@ -54,25 +84,6 @@ const listen = extra.listen ? parseListen(extra.listen) : { host: "127.0.0.1", p
 const cuts = extra.cuts ?? "on";
 const cutToken = BearerTokenSchema.parse(extra["cut-token"] ?? config.token);
 const cutTimeoutMs = Number(extra["cut-timeout-ms"] ?? "10000");
-let ledgerDir: string;
-try {
-  // The default lives in the shared temp dir: another local user must not have planted any level of it.
-  // Per user: a first user's private directory would otherwise refuse every other user's proxy.
-  ledgerDir = extra["ledger-dir"] ?? ensurePrivateDir(tmpdir(), [`gym-ckpt-ledger-${process.getuid?.() ?? "user"}`, config.deployment, config.instance]);
-} catch (error) {
-  fail(error instanceof Error ? error.message : String(error));
-}
-if (extra["ledger-dir"] !== undefined) {
-  // Created (0700) here rather than first by the ledger, so one that cannot exist is refused before serving.
-  await makeDirectories(ledgerDir, { mode: 0o700 }).catch((error: NodeJS.ErrnoException) => {
-    if (isMisplacedDirectory(error)) fail(`invalid_request: --ledger-dir ${ledgerDir} cannot be created (${error.message})`);
-    // Anything else (EIO, a full disk) is still a coded refusal, never a stack trace; exit 1: a restart may help.
-    const refusal = toCheckpointError(error);
-    process.stderr.write(`attach model: ${refusal.code}: --ledger-dir ${ledgerDir}: ${refusal.message}\n`);
-    process.exit(1);
-  });
-}
-
 const kind = new ModelKind({
   ledgerDir,
   cutBackend: cuts === "on" ? { root: upstream.root, token: cutToken, timeoutMs: cutTimeoutMs, serverName: config.instance } : null,

@@ -224,7 +224,7 @@ export async function startServerRuntime(
   name: string,
   argv: string[],
   extraFlags: string[] = [],
-  checkExtra?: (extra: Record<string, string | undefined>) => string | undefined,
+  checkExtra?: (extra: Record<string, string | undefined>, config: CommonServerConfig) => string | undefined | Promise<string | undefined>,
 ): Promise<ServerRuntime> {
   let args: ReturnType<typeof parseServerArgs>;
   try {
@@ -260,7 +260,7 @@ export async function startServerRuntime(
   }
   const config = parsed.data;
   const extra = Object.fromEntries(extraFlags.map((flag) => [flag, (values as Record<string, string | undefined>)[flag]]));
-  const badExtra = checkExtra?.(extra);
+  const badExtra = await checkExtra?.(extra, config);
   if (badExtra !== undefined) {
     process.stderr.write(`${name}: ${badExtra}\n`);
     process.exit(2);
