@@ -33,6 +33,9 @@ export class AttachProxyShutdown {
       if (this.stopping) res.shouldKeepAlive = false;
       res.once("close", () => {
         this.active -= 1;
+        // A connection whose answer was under way when the stop began was kept alive (its head had
+        // gone out): now idle, it is closed rather than left to carry more calls through the drain.
+        if (this.stopping) this.server.closeIdleConnections();
         if (this.active === 0) this.idle?.();
       });
     });
