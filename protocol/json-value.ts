@@ -54,32 +54,48 @@ export const JsonValueSchema = z.unknown().transform((value, ctx): JsonValue => 
   return z.NEVER;
 });
 
+/** The name a `__proto__` key is parsed under, so the schema checks its value as it checks any other key's. */
+const PROTO_STAND_IN = "\u0000__proto__";
+
 /**
- * `schema` (an object schema that passes unknown keys through) with a `__proto__` key of its input
- * kept as data, its value a JSON value (deep-copied). zod builds the object by assignment, so such a
- * key set the output's prototype instead of appearing in it; every other key is `schema`'s output.
+ * `schema` (an object schema that passes unknown keys through, or a record) with a `__proto__` key
+ * of its input kept as data, its value a JSON value (deep-copied) that `schema` accepts as it would
+ * under any other name (a record of numbers keeps only a number). zod builds the object by
+ * assignment, so such a key set the output's prototype instead of appearing in it; every other key
+ * is `schema`'s output.
  */
 export function keepingProtoKey<T extends Record<string, unknown>>(schema: z.ZodType<T>): z.ZodType<T> {
   return z.unknown().transform((value, ctx): T => {
-    const parsed = schema.safeParse(value);
+    const hasProtoKey = isPlainObject(value) && Object.hasOwn(value, "__proto__");
+    const input = hasProtoKey ? renamedKey(value, "__proto__", PROTO_STAND_IN) : value;
+    const parsed = schema.safeParse(input);
     if (!parsed.success) {
-      for (const issue of parsed.error.issues) ctx.addIssue({ ...issue, input: value } as Parameters<typeof ctx.addIssue>[0]);
+      for (const issue of parsed.error.issues) {
+        const path = issue.path.map((part, i) => (i === 0 && part === PROTO_STAND_IN ? "__proto__" : part));
+        ctx.addIssue({ ...issue, path, input: value } as Parameters<typeof ctx.addIssue>[0]);
+      }
       return z.NEVER;
     }
-    if (!isPlainObject(value) || !Object.hasOwn(value, "__proto__")) return parsed.data;
+    if (!hasProtoKey) return parsed.data;
     const kept = copyJson(value["__proto__"], 2);
     if (kept === NOT_JSON) {
       ctx.addIssue({ code: "custom", path: ["__proto__"], message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
       return z.NEVER;
     }
-    // A fresh object (the parsed one may have taken the key's value as its prototype), in the
-    // input's key order, then any key the schema added.
+    // Back under its own name, in the input's key order, then any key the schema added.
     const copy: Record<string, unknown> = {};
     for (const key of Object.keys(value)) {
       if (key === "__proto__") setOwnProperty(copy, key, kept);
       else if (Object.hasOwn(parsed.data, key)) setOwnProperty(copy, key, parsed.data[key]);
     }
-    for (const [key, item] of Object.entries(parsed.data)) if (!Object.hasOwn(copy, key)) setOwnProperty(copy, key, item);
+    for (const [key, item] of Object.entries(parsed.data)) if (key !== PROTO_STAND_IN && !Object.hasOwn(copy, key)) setOwnProperty(copy, key, item);
     return copy as T;
   }) as unknown as z.ZodType<T>;
+}
+
+/** A shallow copy of `value` with `from` named `to`, in the same key order. */
+function renamedKey(value: Record<string, unknown>, from: string, to: string): Record<string, unknown> {
+  const copy: Record<string, unknown> = {};
+  for (const key of Object.keys(value)) setOwnProperty(copy, key === from ? to : key, value[key]);
+  return copy;
 }

@@ -72,10 +72,7 @@ export const TraceTaskSchema = keepingProtoKey(
  * A record's named numbers (rewards, metrics) and its info, keys as written: zod builds a record by
  * assignment, so a key named `__proto__` vanished, and a reward so named read back as 0.
  */
-const NumberMapSchema = keepingProtoKey(z.record(z.string(), z.number())).superRefine((map, ctx) => {
-  // keepingProtoKey keeps that key's value as any JSON value; here it is a number like the rest.
-  if (Object.hasOwn(map, "__proto__") && typeof map["__proto__"] !== "number") ctx.addIssue({ code: "custom", path: ["__proto__"], message: "expected a number" });
-});
+const NumberMapSchema = keepingProtoKey(z.record(z.string(), z.number()));
 const InfoSchema = keepingProtoKey(z.record(z.string(), z.unknown()));
 
 /** Deepest nesting of a record's opaque fields: far past any real task or provider state, far short of a stack overflow. */
