@@ -9,19 +9,40 @@ import { ReplayCounter, resourcesWorld } from "./resources-world.js";
  * start its new session under the id being freed: the running free would delete the new state.
  */
 let world: Awaited<ReturnType<typeof resourcesWorld>>;
+type Harness = Awaited<ReturnType<typeof world.harness>>;
 beforeEach(async () => (world = await resourcesWorld()));
 afterEach(() => world.close());
 
 class SlowFreeResetCounter extends ReplayCounter {
   hold: Promise<void> | undefined;
+  /** The last free of a session's state, settled once it deleted it. */
+  freed: Promise<void> | undefined;
   override routes(app: FastifyInstance, sessions: SessionAccess): void {
     super.routes(app, sessions);
     app.post("/reset", async (request) => (this.counters.set(sessions.started(request), 0), {}));
   }
-  override async retireSessionState(sessionId: string): Promise<void> {
-    await this.hold;
-    this.counters.delete(sessionId);
+  override retireSessionState(sessionId: string): Promise<void> {
+    this.freed = (async () => {
+      await this.hold;
+      this.counters.delete(sessionId);
+    })();
+    return this.freed;
   }
+}
+
+/** The cookie a reply set, or `previous` when it set none. */
+function cookieAfter(reply: { headers: Record<string, unknown> }, previous: string): string {
+  const set = reply.headers["set-cookie"];
+  return set === undefined ? previous : String(set).split(";")[0]!;
+}
+
+/** Counts twice in the session `cookie` names, lets the held free finish, and verifies the count. */
+async function countTwiceThenFree(a: Harness, server: SlowFreeResetCounter, release: () => void, cookie: string): Promise<unknown> {
+  await a.post("/ng-rollout/r1/increment", {}, cookie);
+  await a.post("/ng-rollout/r1/increment", {}, cookie);
+  release();
+  await server.freed;
+  return (await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json();
 }
 
 describe("a reset carrying the cookie of a finished session whose free still runs", () => {
@@ -37,15 +58,7 @@ describe("a reset carrying the cookie of a finished session whose free still run
     // The client's cookie jar still sends the finished session's cookie with the next reset.
     const again = await a.post("/ng-rollout/r1/reset", {}, first);
     expect(again.statusCode).toBe(200);
-    const set = again.headers["set-cookie"];
-    const cookie = set === undefined ? first : String(set).split(";")[0]!;
-    await a.post("/ng-rollout/r1/increment", {}, cookie);
-    await a.post("/ng-rollout/r1/increment", {}, cookie);
-
-    release();
-    await server.hold;
-    await new Promise<void>((resolve) => setImmediate(resolve));
-    expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
+    expect(await countTwiceThenFree(a, server, release, cookieAfter(again, first))).toEqual({ reward: 1, count: 2 });
   });
 });
 
@@ -67,15 +80,7 @@ describe("a seed carrying the cookie of a session a replayable verify ended duri
     await a.call("resume", { checkpoint_id: "c1" });
     const again = await seeding;
     expect(again.statusCode).toBe(200);
-    const set = again.headers["set-cookie"];
-    const cookie = set === undefined ? first : String(set).split(";")[0]!;
-    await a.post("/ng-rollout/r1/increment", {}, cookie);
-    await a.post("/ng-rollout/r1/increment", {}, cookie);
-
-    release();
-    await server.hold;
-    await new Promise<void>((resolve) => setImmediate(resolve));
-    expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
+    expect(await countTwiceThenFree(a, server, release, cookieAfter(again, first))).toEqual({ reward: 1, count: 2 });
   });
 });
 
@@ -83,24 +88,10 @@ describe("a seed carrying the cookie of a session a replayable verify ended duri
 class GatedSeedCounter extends SlowFreeResetCounter {
   gate: Promise<void> | undefined;
   entered: (() => void) | undefined;
-  override routes(app: FastifyInstance, sessions: SessionAccess): void {
-    app.post("/seed_session", async (request) => {
-      this.counters.set(sessions.require(request).sessionId, 0);
-      this.entered?.();
-      await this.gate;
-      return {};
-    });
-    app.post("/increment", async (request) => {
-      const { sessionId } = sessions.require(request);
-      const count = (this.counters.get(sessionId) ?? 0) + 1;
-      this.counters.set(sessionId, count);
-      return { count };
-    });
-    app.post("/verify", async (request) => {
-      const { expected } = request.body as { expected: number };
-      const count = this.counters.get(sessions.require(request).sessionId) ?? 0;
-      return { reward: count === expected ? 1 : 0, count };
-    });
+  protected override async seed(sessionId: string): Promise<void> {
+    await super.seed(sessionId);
+    this.entered?.();
+    await this.gate;
   }
 }
 
@@ -124,14 +115,8 @@ describe("a seed carrying the cookie of a held session whose hold passes while t
     open();
     const again = await seeding;
     expect(again.statusCode).toBe(200);
-    const set = again.headers["set-cookie"];
-    const cookie = set === undefined ? first : String(set).split(";")[0]!;
-    await a.post("/ng-rollout/r1/increment", {}, cookie);
-    await a.post("/ng-rollout/r1/increment", {}, cookie);
-    release();
-    await server.hold;
-    await new Promise<void>((resolve) => setImmediate(resolve));
+    const cookie = cookieAfter(again, first);
+    expect(await countTwiceThenFree(a, server, release, cookie)).toEqual({ reward: 1, count: 2 });
     expect(a.kind.readiness().counts).toMatchObject({ sessions: 1 });
-    expect((await a.post("/ng-rollout/r1/verify", { expected: 2 }, cookie)).json()).toEqual({ reward: 1, count: 2 });
   });
 });

@@ -56,7 +56,7 @@ export const counterRecord = (rollout: string, session: string, count: number) =
 export class ReplayCounter extends CounterServer {
   static override readonly checkpointVerify: CheckpointVerify = "replay";
   override routes(app: FastifyInstance, sessions: SessionAccess): void {
-    app.post("/seed_session", async (request) => (this.counters.set(sessions.require(request).sessionId, 0), {}));
+    app.post("/seed_session", async (request) => (await this.seed(sessions.require(request).sessionId), {}));
     app.post("/increment", async (request) => {
       const { sessionId } = sessions.require(request);
       const count = (this.counters.get(sessionId) ?? 0) + 1;
@@ -69,5 +69,9 @@ export class ReplayCounter extends CounterServer {
       return { reward: count === expected ? 1 : 0, count };
     });
     app.post("/close_session", async () => ({})); // the SDK frees the state as the session ends
+  }
+  /** A seed's work on its session's state (a test may make it wait inside the handler). */
+  protected async seed(sessionId: string): Promise<void> {
+    this.counters.set(sessionId, 0);
   }
 }
