@@ -122,8 +122,9 @@ export class GlobalManifestWriter {
    * first commit, so it is made again, and the root fsynced before any commit is sent into it, as
    * staging does. Not once the commit is decided: commits may have written into the directory
    * removed, and the rest committing into a new one would publish a checkpoint naming files that
-   * are gone; that commit is refused (storage_error), and the checkpoint can only be abandoned. Only the directory: a missing root is the storage gone, which the mkdir's ENOENT
-   * refuses (storage_error), rather than a root made again on this host's local disk. Something not
+   * are gone; that commit is refused (storage_error), and the checkpoint can only be abandoned.
+   * Only the directory: a missing root is the storage gone, which the mkdir's ENOENT refuses
+   * (storage_error), rather than a root made again on this host's local disk. Something not
    * a directory in its place (a file, a link, as the prepare's check refuses) is refused, and left
    * as it is.
    * One lstat when the directory is there: blocking, as the prepare's check of the same path is, so
@@ -134,12 +135,7 @@ export class GlobalManifestWriter {
     const info = lstatSync(dir, { throwIfNoEntry: false });
     if (info?.isDirectory()) return;
     if (info) throw this.notADirectory(checkpointId);
-    if (decided) {
-      throw new CheckpointError(
-        "storage_error",
-        `ENOENT: ${dir} was removed after its commit was decided: what the participants committed into it may be gone, so the checkpoint cannot be completed; resume it (abandoning it) and take another`,
-      );
-    }
+    if (decided) throw this.removedAfterCommits(checkpointId, "its commit was decided", "completed");
     try {
       await mkdir(dir);
     } catch (error) {
@@ -148,6 +144,14 @@ export class GlobalManifestWriter {
       if (!lstatSync(dir).isDirectory()) throw this.notADirectory(checkpointId, error);
     }
     await fsyncDirectory(this.catalog.root);
+  }
+
+  /** The checkpoint directory gone once commits may have written into it: their files may be gone with it. */
+  private removedAfterCommits(checkpointId: string, since: string, step: "completed" | "published"): CheckpointError {
+    return new CheckpointError(
+      "storage_error",
+      `ENOENT: ${this.catalog.dirFor(checkpointId)} was removed after ${since}: what the participants committed into it may be gone, so the checkpoint cannot be ${step}; resume it (abandoning it) and take another`,
+    );
   }
 
   private notADirectory(checkpointId: string, cause?: unknown): CheckpointError {
@@ -197,10 +201,7 @@ export class GlobalManifestWriter {
     // directory, so it must still be there. Staging makes a missing one again, and checkpoint.json
     // would name the participants' files that went with it (as stillStaged refuses after a decision).
     if (!this.staged.has(input.checkpointId) && !lstatSync(dir, { throwIfNoEntry: false })?.isDirectory()) {
-      throw new CheckpointError(
-        "storage_error",
-        `ENOENT: ${dir} was removed after its commits: what the participants committed into it may be gone, so the checkpoint cannot be published; resume it (abandoning it) and take another`,
-      );
+      throw this.removedAfterCommits(input.checkpointId, "its commits", "published");
     }
     this.stage(input.checkpointId);
     const staging = this.staged.get(input.checkpointId)!.latest;
