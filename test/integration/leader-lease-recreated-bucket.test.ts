@@ -5,6 +5,7 @@ import type { Clock } from "../../coordinator/engine/clock.js";
 import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { decodeLeaseValue, encodeLeaseValue, LEADER_KEY, leaderBucket } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { waitUntil } from "../support/wait-until.js";
 
 /** Timers fire only when the test says so (a frozen process): this lease's ticks are in the test's hands. */
 class ManualClock implements Clock {
@@ -27,7 +28,10 @@ class ManualClock implements Clock {
   freezeFor(ms: number): void {
     this.mono += ms;
   }
-  /** Moves time on, firing due timers one at a time and giving each real time to reach the server. */
+  /**
+   * Moves time on, firing due timers one at a time; each is the lease's tick, which ends by
+   * scheduling the next one, so the next fires only after its requests reached the server.
+   */
   async advance(ms: number): Promise<void> {
     const target = this.mono + ms;
     for (;;) {
@@ -35,8 +39,9 @@ class ManualClock implements Clock {
       if (!due) break;
       this.timers = this.timers.filter((t) => t.id !== due.id);
       this.mono = Math.max(this.mono, due.at); // a timer due during a freeze fires late, at the time it is now
+      const scheduled = this.next;
       due.fn();
-      await new Promise((resolve) => setTimeout(resolve, 150));
+      await waitUntil(() => this.next > scheduled, "the lease's tick to finish", 10_000);
     }
     this.mono = target;
   }
