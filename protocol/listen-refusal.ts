@@ -12,19 +12,25 @@ const REASONS: Readonly<Record<string, string>> = {
   EADDRNOTAVAIL: "no such address on this host",
 };
 
-/** A listen() refused for the address a setting chose: `invalid_request`, a class of its own so a program may print it otherwise than other configuration errors. */
-export class ListenRefusal extends CheckpointError {}
+const refusals = new WeakSet<CheckpointError>();
 
 /**
  * A listen() on `host`:`port` that failed because of the address `setting` (a flag or variable)
- * chose, as a ListenRefusal (`invalid_request`) naming the setting, the address and the errno: the
- * user's configuration, exit 2, rather than `internal_error` (exit 1, restarted for ever on a port
- * that stays taken). Any other failure is returned as it is.
+ * chose, as `invalid_request` naming the setting, the address and the errno: the user's
+ * configuration, exit 2, rather than `internal_error` (exit 1, restarted for ever on a port that
+ * stays taken). Any other failure is returned as it is.
  */
 export function listenRefusal(error: unknown, setting: string, host: string, port: number): unknown {
   const errno = (error as NodeJS.ErrnoException | undefined)?.code;
   const reason = errno === undefined ? undefined : REASONS[errno];
   if (reason === undefined) return error;
   const address = host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`;
-  return new ListenRefusal("invalid_request", `${setting} ${port}: cannot listen on ${address} (${errno}: ${reason})`, { cause: error });
+  const refusal = new CheckpointError("invalid_request", `${setting} ${port}: cannot listen on ${address} (${errno}: ${reason})`, { cause: error });
+  refusals.add(refusal);
+  return refusal;
+}
+
+/** Whether `error` came from listenRefusal (a program may print it otherwise than other configuration errors). */
+export function isListenRefusal(error: unknown): error is CheckpointError {
+  return error instanceof CheckpointError && refusals.has(error);
 }

@@ -12,7 +12,7 @@ import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
 import { natsConnectFailure } from "../../protocol/nats-connect-failure.js";
-import { ListenRefusal } from "../../protocol/listen-refusal.js";
+import { isListenRefusal } from "../../protocol/listen-refusal.js";
 import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
 
 /**
@@ -277,7 +277,7 @@ export async function startServerRuntime(
   } catch (error) {
     // A metrics port listen() refused (in use, EACCES) is configuration too, exit 2, its code on the
     // line as the coordinator prints it; EADDRINUSE and the port stay there for the Gym launcher.
-    if (error instanceof ListenRefusal) {
+    if (isListenRefusal(error)) {
       process.stderr.write(`${name}: ${error.code}: ${error.message}\n`);
       process.exit(2);
     }
