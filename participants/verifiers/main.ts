@@ -20,6 +20,8 @@ import type { VerifierServer } from "./verifier-server.js";
  *   --max-sandbox-queue <n> (code, competitive: runs that may wait for a sandbox slot)
  *   --replayable-end-hold-ms <ms> how long a session a (replayable) /verify ended stays held for a
  *     checkpoint that may be under way (default 60000, the coordinator's default op deadline)
+ *   --unused-seed-lifetime-ms <ms> how long a seeded session no request names lives (its seed reply
+ *     may have been lost; default 3600000, 0: for ever)
  */
 const VERIFIERS = ["math", "code", "competitive", "equivalence", "cohort"];
 
@@ -39,7 +41,7 @@ function flagRefusal(flags: Record<string, string | undefined>): string | undefi
 const runtime = await startServerRuntime(
   "verifier",
   process.argv.slice(2),
-  ["verifier", "judge-url", "judge-model", "judge-timeout-ms", "cohort-size", "collection-timeout-ms", "evaluation-timeout-ms", "max-active-cohorts", "max-sandbox-queue", "replayable-end-hold-ms"],
+  ["verifier", "judge-url", "judge-model", "judge-timeout-ms", "cohort-size", "collection-timeout-ms", "evaluation-timeout-ms", "max-active-cohorts", "max-sandbox-queue", "replayable-end-hold-ms", "unused-seed-lifetime-ms"],
   flagRefusal,
 );
 const { extra, logger } = runtime;
@@ -91,7 +93,12 @@ try {
 // running then are killed instead of outliving this process.
 runtime.onShutdown(stopSandboxes);
 const hold = extra["replayable-end-hold-ms"];
-const { app, kind } = await createResourcesApp(server, { logger, ...(hold !== undefined && { replayableEndHoldMs: Number(hold) }) });
+const lifetime = extra["unused-seed-lifetime-ms"];
+const { app, kind } = await createResourcesApp(server, {
+  logger,
+  ...(hold !== undefined && { replayableEndHoldMs: Number(hold) }),
+  ...(lifetime !== undefined && { unusedSeedLifetimeMs: Number(lifetime) }),
+});
 app.get("/health", async () => ({
   ok: true,
   verifier: extra.verifier ?? "math",

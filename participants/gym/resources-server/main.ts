@@ -11,6 +11,8 @@ import { CounterServer } from "./counter-server.js";
  *   --owner <routing id written into records>
  *   --replayable-end-hold-ms <ms> how long a session a replayable /verify ended stays held for a
  *     checkpoint that may be under way (default 60000, the coordinator's default op deadline)
+ *   --unused-seed-lifetime-ms <ms> how long a seeded session no request names lives (its seed reply
+ *     may have been lost; default 3600000, 0: for ever)
  */
 function buildServer(extra: Record<string, string | undefined>): ResourcesServer {
   const which = extra.server ?? "calculator";
@@ -31,7 +33,7 @@ function buildServer(extra: Record<string, string | undefined>): ResourcesServer
 }
 
 // The flags are checked before NATS (a configuration error is exit 2 also while NATS is down).
-const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner", "replayable-end-hold-ms"], (extra) => {
+const runtime = await startServerRuntime("resources-server", process.argv.slice(2), ["server", "mode", "verify", "owner", "replayable-end-hold-ms", "unused-seed-lifetime-ms"], (extra) => {
   try {
     buildServer(extra);
   } catch (error) {
@@ -46,7 +48,13 @@ let built: Awaited<ReturnType<typeof createResourcesApp>>;
 try {
   server = buildServer(extra);
   const hold = extra["replayable-end-hold-ms"];
-  built = await createResourcesApp(server, { owner: extra.owner ?? null, logger, ...(hold !== undefined && { replayableEndHoldMs: Number(hold) }) });
+  const lifetime = extra["unused-seed-lifetime-ms"];
+  built = await createResourcesApp(server, {
+    owner: extra.owner ?? null,
+    logger,
+    ...(hold !== undefined && { replayableEndHoldMs: Number(hold) }),
+    ...(lifetime !== undefined && { unusedSeedLifetimeMs: Number(lifetime) }),
+  });
 } catch (error) {
   process.stderr.write(`resources-server: ${error instanceof Error ? error.message : String(error)}\n`);
   process.exit(2);

@@ -15,7 +15,7 @@ export type { ResourcesSessionRecord } from "./resources-session-record.js";
 export type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 export type { JsonValue } from "./json-value.js";
 export { AdmissionGate } from "./admission-gate.js";
-export { ResourcesKind, ownerRefusal, REPLAYABLE_END_HOLD_MS } from "./resources-kind.js";
+export { ResourcesKind, ownerRefusal, REPLAYABLE_END_HOLD_MS, UNUSED_SEED_LIFETIME_MS } from "./resources-kind.js";
 export type { ResourcesKindOptions, RequestRole, RequestTicket } from "./resources-kind.js";
 export { installResourcesCheckpointing } from "./resources-middleware.js";
 export type { SessionAccess } from "./resources-middleware.js";

@@ -15,6 +15,7 @@ import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 import { ResourcesSessionRecordSchema, SessionOwnerSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 import { systemClock, type Clock } from "../../control-plane/clock.js";
+import { UnusedSessionTimers } from "./unused-session-timers.js";
 
 /**
  * How long a session a replayable `/verify` ended outside a checkpoint is kept by default: the
@@ -22,6 +23,13 @@ import { systemClock, type Clock } from "../../control-plane/clock.js";
  * the environment's stage and this one.
  */
 export const REPLAYABLE_END_HOLD_MS = 60_000;
+
+/**
+ * How long a seeded session no request has named since lives by default: far longer than an
+ * agent takes from a seed's reply to its first call, so only a session whose seed reply was lost
+ * (nobody can name it) ends by it.
+ */
+export const UNUSED_SEED_LIFETIME_MS = 3_600_000;
 
 /** Why `owner` cannot be written into records (the record schema would refuse every one), if it cannot. */
 export function ownerRefusal(owner: string | null): string | undefined {
@@ -48,6 +56,13 @@ export interface ResourcesKindOptions {
    * replays after a restore needs the session.
    */
   replayableEndHoldMs?: number;
+  /**
+   * How long a session a seed (or `sessions.started`) bound lives while no other request names it
+   * (default UNUSED_SEED_LIFETIME_MS; 0: for ever). It then ends as a close would end it (in
+   * `exported` mode its state is freed); one passing while a checkpoint is open here ends it at
+   * that checkpoint's resume.
+   */
+  unusedSeedLifetimeMs?: number;
   clock?: Clock;
 }
 
@@ -138,6 +153,10 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   private readonly heldAfterEnd = new Map<string, { episode: EpisodeId; cancel: () => void }>();
   private readonly replayableEndHoldMs: number;
   private readonly clock: Clock;
+  /** Seeded sessions no request has named since, ended when their lifetime passes unused. */
+  private readonly unused: UnusedSessionTimers;
+  /** Of those, the ones whose lifetime passed while a checkpoint was open: ended at reopen. */
+  private readonly expireAtReopen = new Map<string, Session>();
   /** The app closed (dispose): no hold's timer fires into the server any more. */
   private disposed = false;
   /** Session ids the current commit exported: a stop commit parks these and no others. */
@@ -156,6 +175,9 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.replayableEndHoldMs = options.replayableEndHoldMs ?? REPLAYABLE_END_HOLD_MS;
     if (!(this.replayableEndHoldMs >= 0 && this.replayableEndHoldMs <= MAX_TIMER_MS)) throw new Error(`replayableEndHoldMs must be a number of milliseconds from 0 to ${MAX_TIMER_MS}`);
     this.clock = options.clock ?? systemClock;
+    const lifetime = options.unusedSeedLifetimeMs ?? UNUSED_SEED_LIFETIME_MS;
+    if (!(lifetime >= 0 && lifetime <= MAX_TIMER_MS)) throw new Error(`unusedSeedLifetimeMs must be a number of milliseconds from 0 to ${MAX_TIMER_MS}`);
+    this.unused = new UnusedSessionTimers(this.clock, lifetime);
     if (this.mode === "exported") {
       for (const hook of ["exportSessionStates", "restoreSessionStates", "retireSessionState"] as const) {
         if (typeof this.hooks[hook] !== "function") throw new Error(`checkpointMode "exported" requires the ${hook} hook`);
@@ -193,6 +215,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     // restart_only servers keep serving during a checkpoint; only seeds wait, so the restart set
     // cannot change. Every other server parks non-replayable requests until resume.
     const waits = this.mode === "restart_only" ? request.role === "seed" : !replayable;
+    // Used, even before it waits for resume: its session must still be there when it runs.
+    if (request.sessionId !== undefined && request.role !== "seed") this.markUsed(request.sessionId, request.episode);
     if (waits) await this.gate.waitOpen(signal);
 
     this.refuseRetired(request);
@@ -311,10 +335,42 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       // Started again (a seed or `sessions.started` carrying the cookie of a session its verify
       // ended): live now, so the end still pending for the old run (its hold) must not end it.
       this.dropPendingEnd(sessionId);
+      this.armUnused(existing);
       return;
     }
     if (existing) throw new CheckpointError("stale_attempt", `the session is bound to ${captureKey(existing.episode)}`);
-    this.sessions.set(sessionId, { sessionId, episode, restored: false, owner: this.owner });
+    const session: Session = { sessionId, episode, restored: false, owner: this.owner };
+    this.sessions.set(sessionId, session);
+    this.armUnused(session);
+  }
+
+  /** Starts the lifetime of a session just seeded: its reply may never reach the agent. */
+  private armUnused(session: Session): void {
+    if (!this.disposed) this.unused.arm(session.sessionId, () => this.expireUnused(session));
+  }
+
+  /** A request of the session's episode names it: the agent got its seed reply. */
+  private markUsed(sessionId: string, episode: EpisodeId): void {
+    const session = this.sessions.get(sessionId);
+    if (!session || !sameEpisode(session.episode, episode)) return;
+    this.unused.cancel(sessionId);
+    this.expireAtReopen.delete(sessionId);
+  }
+
+  /**
+   * The lifetime of a seeded session passed with no request naming it: ended and freed like a
+   * closed one (endFinished, whose free a newer session under that id is kept from). Only that
+   * binding: one since ended, retired or replaced is left alone. While a checkpoint is open it is
+   * in that checkpoint: ended at reopen instead.
+   */
+  private expireUnused(session: Session, atReopen = false): void {
+    const { sessionId, episode } = session;
+    if (this.disposed || this.sessions.get(sessionId) !== session || this.retiring.has(sessionId)) return;
+    // A request of it still running (a re-seed, a reset's handler): not unused, started anew.
+    if ([...this.active].some((r) => r.sessionId === sessionId)) return this.armUnused(session);
+    if (!atReopen && !this.gate.isOpen) return void this.expireAtReopen.set(sessionId, session);
+    this.logger?.info({ episode: captureKey(episode) }, "a seeded session no request named within its lifetime ended (its seed reply was likely lost)");
+    this.endFinished(sessionId, episode);
   }
 
   /** Ends a session; a late request of another attempt cannot end the current attempt's session. */
@@ -342,6 +398,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.disposed = true;
     for (const { cancel } of this.heldAfterEnd.values()) cancel();
     this.heldAfterEnd.clear();
+    this.unused.cancelAll();
+    this.expireAtReopen.clear();
   }
 
   // ---- ParticipantKind -------------------------------------------------------------------
@@ -376,6 +434,10 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   async openAdmission(): Promise<void> {
     for (const [sessionId, episode] of this.endAtReopen) this.endFinished(sessionId, episode);
     this.endAtReopen.clear();
+    // Requests that waited for this reopen took theirs out of this list (markUsed).
+    const expired = [...this.expireAtReopen.values()];
+    this.expireAtReopen.clear();
+    for (const session of expired) this.expireUnused(session, true);
     this.gate.reopen();
   }
 
@@ -654,6 +716,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.heldAfterEnd.get(sessionId)?.cancel();
     this.heldAfterEnd.delete(sessionId);
     this.endAtReopen.delete(sessionId);
+    this.unused.cancel(sessionId);
+    this.expireAtReopen.delete(sessionId);
   }
 
   /** Refuses the session's requests (`stale_attempt`) until its rollout is forgotten. */

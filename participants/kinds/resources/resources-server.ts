@@ -33,8 +33,8 @@ export abstract class ResourcesServer implements Partial<ResourcesSessionHooks> 
   parkSessionStates?(sessionIds: string[]): Promise<void>;
 }
 
-/** The kind's `owner`, `logger`, `replayableEndHoldMs` and `clock` (see ResourcesKindOptions), and the app's body limit. */
-export interface ResourcesAppOptions extends Pick<ResourcesKindOptions, "owner" | "logger" | "replayableEndHoldMs" | "clock"> {
+/** The kind's `owner`, `logger`, `replayableEndHoldMs`, `unusedSeedLifetimeMs` and `clock` (see ResourcesKindOptions), and the app's body limit. */
+export interface ResourcesAppOptions extends Pick<ResourcesKindOptions, "owner" | "logger" | "replayableEndHoldMs" | "unusedSeedLifetimeMs" | "clock"> {
   bodyLimit?: number;
 }
 
@@ -65,6 +65,7 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     owner: options.owner ?? null,
     ...(options.logger && { logger: options.logger }),
     ...(options.replayableEndHoldMs !== undefined && { replayableEndHoldMs: options.replayableEndHoldMs }),
+    ...(options.unusedSeedLifetimeMs !== undefined && { unusedSeedLifetimeMs: options.unusedSeedLifetimeMs }),
     ...(options.clock && { clock: options.clock }),
   });
   const app = Fastify({

@@ -1,0 +1,91 @@
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { UNUSED_SEED_LIFETIME_MS } from "../../../participants/kinds/resources/index.js";
+import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
+import { resourcesWorld } from "./resources-world.js";
+
+/**
+ * A `/seed_session` whose reply never reached the agent (the connection was cut after the server
+ * bound the session) leaves a session nobody can name: no request ever verifies or closes it. It
+ * ends once it stayed unused for `unusedSeedLifetimeMs`, and in `exported` mode its state is freed.
+ */
+let world: Awaited<ReturnType<typeof resourcesWorld>>;
+beforeEach(async () => (world = await resourcesWorld()));
+afterEach(() => world.close());
+
+const settle = () => new Promise<void>((resolve) => setImmediate(resolve));
+const cookieOf = (reply: { headers: Record<string, unknown> }) => String(reply.headers["set-cookie"]).split(";")[0]!;
+
+describe("a seeded session that is never used", () => {
+  it("ends after the default lifetime, its state freed, and no checkpoint exports it any more", async () => {
+    const server = new CounterServer();
+    const a = await world.harness(server);
+    expect((await a.post("/ng-rollout/r1/seed_session", {})).statusCode).toBe(200); // its reply "lost"
+    a.clock.advance(UNUSED_SEED_LIFETIME_MS - 1);
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 1 });
+    a.clock.advance(1);
+    await settle();
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 0 });
+    expect(server.counters.size).toBe(0);
+    await a.call("prepare", { checkpoint_id: "c1" });
+    expect((await a.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual([]);
+    await a.call("resume", { checkpoint_id: "c1" });
+  });
+
+  it("a session used once is not ended by the lifetime", async () => {
+    const server = new CounterServer();
+    const a = await world.harness(server, "worker-0", { unusedSeedLifetimeMs: 1_000 });
+    const cookie = cookieOf(await a.post("/ng-rollout/r1/seed_session", {}));
+    await a.post("/ng-rollout/r1/increment", {}, cookie);
+    a.clock.advance(5_000);
+    await settle();
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 1 });
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 1 }, cookie)).json()).toEqual({ reward: 1, count: 1 });
+  });
+
+  it("a lifetime passing while a checkpoint is open frees nothing until its resume", async () => {
+    const server = new CounterServer();
+    const a = await world.harness(server, "worker-0", { unusedSeedLifetimeMs: 1_000 });
+    await a.post("/ng-rollout/r1/seed_session", {});
+    await a.call("prepare", { checkpoint_id: "c1" });
+    a.clock.advance(5_000);
+    await settle();
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 1 });
+    expect(server.counters.size).toBe(1);
+    expect((await a.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["r1"]);
+    await a.call("resume", { checkpoint_id: "c1" });
+    await settle();
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 0 });
+    expect(server.counters.size).toBe(0);
+  });
+
+  it("a request waiting for resume uses the session: the lifetime passing meanwhile does not end it", async () => {
+    const server = new CounterServer();
+    const a = await world.harness(server, "worker-0", { unusedSeedLifetimeMs: 1_000 });
+    const cookie = cookieOf(await a.post("/ng-rollout/r1/seed_session", {}));
+    await a.call("prepare", { checkpoint_id: "c1" });
+    const incrementing = a.post("/ng-rollout/r1/increment", {}, cookie);
+    await settle();
+    a.clock.advance(5_000);
+    await a.call("commit", { checkpoint_id: "c1" });
+    await a.call("resume", { checkpoint_id: "c1" });
+    expect((await incrementing).json()).toEqual({ count: 1 });
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 1 });
+    expect((await a.post("/ng-rollout/r1/verify", { expected: 1 }, cookie)).json()).toEqual({ reward: 1, count: 1 });
+  });
+
+  it("a seed taking the session up again restarts its lifetime; the first one's timer does not end it", async () => {
+    const server = new CounterServer();
+    const a = await world.harness(server, "worker-0", { unusedSeedLifetimeMs: 1_000 });
+    const cookie = cookieOf(await a.post("/ng-rollout/r1/seed_session", {}));
+    a.clock.advance(600);
+    const again = await a.post("/ng-rollout/r1/seed_session", {}, cookie);
+    expect(again.headers["set-cookie"]).toBeUndefined(); // the same session, taken up again
+    a.clock.advance(600);
+    await settle();
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 1 });
+    a.clock.advance(400);
+    await settle();
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 0 });
+    expect(server.counters.size).toBe(0);
+  });
+});
