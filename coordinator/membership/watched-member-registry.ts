@@ -201,8 +201,13 @@ export class WatchedMemberRegistry implements MembershipSource {
     return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
   }
 
+  /**
+   * Only a live entry's: one not refreshed within the TTL is gone, as `members()` treats it, even
+   * while the server has not dropped it yet (a restart check would take its process for current).
+   */
   incarnationOf(member: ParticipantRef): string | undefined {
-    return this.cache.get(memberKey(member.kind, member.instance))?.member.incarnation;
+    const cached = this.cache.get(memberKey(member.kind, member.instance));
+    return cached && cached.seenAt >= this.clock.monotonic() - this.ttlMs ? cached.member.incarnation : undefined;
   }
 
   stop(): void {

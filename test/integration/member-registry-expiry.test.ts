@@ -60,3 +60,24 @@ describe("watched membership registry seeded at start-up", () => {
     }
   });
 });
+
+describe("watched membership registry's incarnationOf", () => {
+  it("knows no incarnation of a member whose entry is older than the TTL, though the server still keeps it", { timeout: 30_000 }, async () => {
+    // The bucket keeps entries (max_age 60 s): only the registry's own TTL (3 s) is under test, on
+    // a monotonic clock this test moves.
+    const kv = await new Kvm(nats.nc).create("members-incarnation-ttl", { history: 1, ttl: 60_000 });
+    await kv.put("model.silent", member("silent"));
+    let monotonic = 1_000_000;
+    const registry = new WatchedMemberRegistry(kv, undefined, { ...systemClock, monotonic: () => monotonic }, 3000);
+    try {
+      await registry.start();
+      const ref = { kind: "model" as const, instance: "silent" };
+      expect(registry.incarnationOf(ref)).toBe("i");
+      monotonic += 3001;
+      expect(registry.incarnationOf(ref)).toBeUndefined();
+      expect(await registry.list()).toEqual([]);
+    } finally {
+      registry.stop();
+    }
+  });
+});
