@@ -609,6 +609,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       this.restoredCuts.delete(key);
       this.freeing.add(key);
     }
+    // A cut given back by a failed call is restored state without a restored key (its ledger was
+    // claimed, so it stays): left out of the scope, nothing continues it, so it goes too.
+    for (const key of [...this.restoredCuts.keys()]) if (!inScope.has(key)) this.restoredCuts.delete(key);
     // Each key on its own: one whose file cannot be removed (an I/O error, a read-only mount) stops
     // no other free, and stays restored state (unless a call claimed it meanwhile), so the next
     // commit's clean-up, a retire or a forget of its rollout deals with it; dropped untracked, its

@@ -338,6 +338,26 @@ describe("restored cuts", () => {
     expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
   });
 
+  it("a cut given back after a commit whose scope left its episode out is freed by that commit's clean-up", async () => {
+    await f.kind.install([record(cutRecord("rc", chat("q")))], {});
+    const claimed = await f.kind.admit("rc-a1", CHAT, chat("q"));
+    // The claimed cut is exported while its call is held (its round failed); this commit's scope continues rc-a1.
+    f.answer = (tickets) => ({ acks: new Map(), failed: tickets.length, error: "timeout" });
+    await f.kind.closeAdmission();
+    expect((await f.kind.exportRecords([ep("rc", 1)])).map((r) => r.generation_cuts.map((c) => c.model_call_id))).toEqual([["mc-cut"]]);
+    await f.kind.afterCommit([ep("rc", 1)]);
+    await f.kind.openAdmission();
+    // The call fails after the resume: its cut is given back.
+    f.kind.fail(claimed);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    // In scope, the next commit keeps it (the re-issued call continues from it).
+    await f.kind.afterCommit([ep("rc", 1)]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 1 });
+    // A commit whose scope leaves rc-a1 out frees it, as it frees an unclaimed restored cut.
+    await f.kind.afterCommit([ep("zzz")]);
+    expect(f.kind.statusExtras()).toMatchObject({ restored_generation_cuts: 0 });
+  });
+
   it("a retire of a later attempt drops the restored state of every attempt it retires", async () => {
     await f.kind.install([record(cutRecord("rc", chat("q")))], {}); // restored as rc-a1
     expect(f.kind.hasLiveState()).toBe(true);
