@@ -8,6 +8,8 @@ import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
 
 const SUFFIX = ".lineage.jsonl";
+/** writeFileAtomic's temp name for a ledger file: `.<key>.lineage.jsonl.<pid>.<12 hex>.tmp`. */
+const TEMP_NAME = /^\.(.+)\.lineage\.jsonl\.\d+\.[0-9a-f]{12}\.tmp$/;
 const openAsync = promisify(openFd);
 /** Ledger files are opened without following a symlink: one planted in their place is refused (ELOOP). */
 const NOFOLLOW = constants.O_NOFOLLOW ?? 0;
@@ -76,7 +78,11 @@ export class CaptureLedger {
     this.maxCachedRows = options.maxCachedRows ?? 50_000;
     this.locks = new StripedLocks(join(dir, "locks"), stripes, undefined, undefined, options.onLockReleaseFailed);
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(async () => {
-      for (const key of await this.listKeys()) this.addOnDisk(key);
+      const { keys, temps } = await this.listDir();
+      for (const key of keys) this.addOnDisk(key);
+      // Not awaited: the sweep takes stripe locks, which work already queued on them may hold while
+      // it waits for this listing. close() lets it finish (the locks' accepted work).
+      this.sweepTemps(temps);
     });
     this.ready.catch(() => undefined); // a directory that cannot be made is every use's error, not the process's
   }
@@ -334,14 +340,34 @@ export class CaptureLedger {
     for (const key of [...(this.byRollout.get(rolloutId) ?? [])]) this.cacheDrop(key);
   }
 
-  /** Capture keys with a ledger file in the directory. */
-  private async listKeys(): Promise<string[]> {
+  /** Capture keys with a ledger file in the directory, and rewrite temp files by their key. */
+  private async listDir(): Promise<{ keys: string[]; temps: Map<string, string[]> }> {
     const keys: string[] = [];
+    const temps = new Map<string, string[]>();
     for (const name of await readdir(this.dir)) {
       const key = name.endsWith(SUFFIX) ? name.slice(0, -SUFFIX.length) : null;
       if (key !== null && parseCaptureKey(key)) keys.push(key);
+      const temp = TEMP_NAME.exec(name);
+      if (temp && parseCaptureKey(temp[1]!)) temps.set(temp[1]!, [...(temps.get(temp[1]!) ?? []), name]);
     }
-    return keys;
+    return { keys, temps };
+  }
+
+  /**
+   * Removes rewrite temp files a crash left between their create and rename. A rewrite runs wholly
+   * under its key's stripe lock, owned across processes, so once this process holds that stripe no
+   * live writer, here or in a process sharing the directory, is using one: whatever pid its name
+   * carries, it is stale. A stripe that cannot be taken now (a live owner past the wait) keeps its
+   * temp files for the next open.
+   */
+  private sweepTemps(temps: Map<string, string[]>): void {
+    for (const [key, names] of temps) {
+      this.locks
+        .run(key, async () => {
+          for (const name of names) await unlink(join(this.dir, name)).catch(() => undefined);
+        })
+        .catch(() => undefined);
+    }
   }
 
   /** Under the key's stripe lock: the file's rows, and the numbers of its lines that are not rows. */
