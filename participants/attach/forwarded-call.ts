@@ -62,6 +62,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   private callerGone = false;
   /** Armed while the upstream is paused for the caller's full socket; 'drain' disarms it. */
   private stall: NodeJS.Timeout | undefined;
+  /** The stall timer waits for the response to get the connection (a pipelined call's waits behind earlier ones). */
+  private stallArming = false;
 
   constructor(
     private readonly res: ServerResponse,
@@ -209,12 +211,27 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
    */
   private pauseForCaller(): void {
     this.controller?.pause();
-    if (this.stall || this.upstreamDone) return;
-    this.stall = setTimeout(() => {
-      this.stall = undefined;
-      if (!this.res.writableFinished) this.res.destroy();
-    }, this.finishWaitMs);
-    this.stall.unref();
+    if (this.stall || this.upstreamDone || this.stallArming) return;
+    this.stallArming = true;
+    const arm = () => {
+      this.stallArming = false;
+      if (this.stall || this.upstreamDone || this.res.destroyed) return;
+      this.stall = setTimeout(() => {
+        this.stall = undefined;
+        if (!this.res.writableFinished) this.res.destroy();
+      }, this.finishWaitMs);
+      this.stall.unref();
+    };
+    this.onceSocket(arm);
+  }
+
+  /**
+   * Runs `fn` once the response has the connection. A pipelined call's response waits behind the
+   * ones before it, unattached: its caller is not the one to blame, so no wait starts before then.
+   */
+  private onceSocket(fn: () => void): void {
+    if (this.res.socket) fn();
+    else this.res.once("socket", () => fn());
   }
 
   private clearStall(): void {
@@ -250,11 +267,14 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
         this.endResponse();
         // A caller that stopped reading leaves 'finish' pending for ever: past the wait it counts as
         // gone (its connection is cut, the row taken back), so its ticket cannot block every prepare.
-        const stalled = setTimeout(() => {
-          if (!this.res.writableFinished) this.res.destroy();
-        }, this.finishWaitMs);
-        stalled.unref();
-        this.res.once("close", () => clearTimeout(stalled));
+        this.onceSocket(() => {
+          if (this.res.writableFinished || this.res.destroyed) return;
+          const stalled = setTimeout(() => {
+            if (!this.res.writableFinished) this.res.destroy();
+          }, this.finishWaitMs);
+          stalled.unref();
+          this.res.once("close", () => clearTimeout(stalled));
+        });
       },
       (error: unknown) => {
         this.logger?.error({ err: error, capture_key: this.ticket.captureKey }, "ledger row write failed; the call is cut off");
