@@ -1,6 +1,6 @@
 import type { Context } from "@opentelemetry/api";
 import type { Kind } from "../../protocol/index.js";
-import { inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
+import { inSpan, markFanOutFailures, SPAN_ATTR, type FanOutOutcome } from "../telemetry/coordinator-telemetry.js";
 import type { ParticipantRef } from "./participant-client.js";
 
 export interface StageResult<T> {
@@ -34,7 +34,7 @@ export function membersOf<P extends ParticipantRef>(members: readonly P[], kinds
  * request each). Empty stages are skipped. `proceed` decides after each stage whether to go on:
  * prepare stops at the first stage not fully prepared; resume and clean-up retire go on past failures.
  */
-export async function runStages<P extends ParticipantRef, T>(
+export async function runStages<P extends ParticipantRef, T extends FanOutOutcome>(
   stages: readonly (readonly Kind[])[],
   members: readonly P[],
   call: (member: P, ctx: Context | undefined) => Promise<T>,
@@ -49,7 +49,11 @@ export async function runStages<P extends ParticipantRef, T>(
       `${options.spanName}.${stage.join("+")}`,
       { [SPAN_ATTR.stage]: stage.join("+"), [SPAN_ATTR.participants]: stageMembers.length },
       options.parent,
-      (ctx) => Promise.all(stageMembers.map((member) => call(member, ctx))),
+      async (ctx, span) => {
+        const stageOutcomes = await Promise.all(stageMembers.map((member) => call(member, ctx)));
+        markFanOutFailures(span, stageOutcomes);
+        return stageOutcomes;
+      },
     );
     results.push({ stage, outcomes });
     if (options.proceed && !options.proceed(outcomes)) return { results, stoppedAt: stage };

@@ -10,6 +10,8 @@ export const SPAN_ATTR = {
   op: "gym_ckpt.op",
   stage: "gym_ckpt.stage",
   code: "gym_ckpt.error.code",
+  /** On a fan-out span (a stage, or `.all`): the distinct codes its failing participants answered. */
+  codes: "gym_ckpt.error.codes",
   participants: "gym_ckpt.participants",
 } as const;
 
@@ -45,6 +47,22 @@ export function coordinatorTelemetry() {
 export function markSpanFailed(span: Span, error: unknown): void {
   span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
   span.setAttribute(SPAN_ATTR.code, toCheckpointError(error).code);
+}
+
+/** What a fan-out span reads of one participant's outcome (the engine's `Outcome`). */
+export type FanOutOutcome = { ok: true } | { ok: false; participant: { kind: string; instance: string }; code: string };
+
+/**
+ * A fan-out answers rather than throws when participants fail or refuse: its span is marked here,
+ * status ERROR, the distinct codes in `gym_ckpt.error.codes` and one `participant_failed` event per
+ * failure. A fan-out where everyone succeeded is left as it is.
+ */
+export function markFanOutFailures(span: Span, outcomes: readonly FanOutOutcome[]): void {
+  const failures = outcomes.filter((o): o is Extract<FanOutOutcome, { ok: false }> => !o.ok);
+  if (failures.length === 0) return;
+  for (const f of failures) span.addEvent("participant_failed", { [SPAN_ATTR.kind]: f.participant.kind, [SPAN_ATTR.instance]: f.participant.instance, [SPAN_ATTR.code]: f.code });
+  span.setAttribute(SPAN_ATTR.codes, [...new Set(failures.map((f) => f.code))].sort());
+  span.setStatus({ code: SpanStatusCode.ERROR, message: `${failures.length} of ${outcomes.length} participant(s) failed` });
 }
 
 /** Runs `fn` in a child span of `parent` (or the active context); errors mark it failed (markSpanFailed). */

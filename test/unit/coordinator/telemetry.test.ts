@@ -130,6 +130,37 @@ describe("coordinator telemetry", () => {
     for (const line of lines) expect(["LATEST", "retire", "forget"]).not.toContain(line.checkpoint_id);
   });
 
+  it("a stage or .all span where a participant failed is ERROR and names the failing codes; a clean one is not", async () => {
+    exporter.reset();
+    const { engine, fake } = makeEngine(join(root, "stage-failures"));
+    const last = (name: string) => exporter.getFinishedSpans().filter((s) => s.name === name).at(-1)!;
+    // Prepare: model refuses; environment's stage went through.
+    fake.set("model", "m1", "prepare", { error: "invalid_phase" });
+    await expect(engine.prepare({ checkpoint_id: "f1" })).resolves.toMatchObject({ prepared: false });
+    expect(last("checkpoint.coordinate.prepare.stage.environment").status.code).not.toBe(SpanStatusCode.ERROR);
+    const model = last("checkpoint.coordinate.prepare.stage.model");
+    expect(model.status.code).toBe(SpanStatusCode.ERROR);
+    expect(model.attributes[SPAN_ATTR.codes]).toEqual(["invalid_phase"]);
+    expect(model.events.map((e) => e.attributes)).toEqual([{ [SPAN_ATTR.kind]: "model", [SPAN_ATTR.instance]: "m1", [SPAN_ATTR.code]: "invalid_phase" }]);
+    await engine.resume({ checkpoint_id: "f1" });
+
+    // Commit's fan-out: one participant unreachable.
+    fake.set("model", "m1", "prepare", "ok");
+    await engine.prepare({ checkpoint_id: "f2" });
+    fake.set("agent", "a1", "commit", "unreachable");
+    await expect(engine.commit({ checkpoint_id: "f2", episode_ids: null, stop: false })).rejects.toBeDefined();
+    const commitAll = last("checkpoint.coordinate.commit.all");
+    expect(commitAll.status.code).toBe(SpanStatusCode.ERROR);
+    expect(commitAll.attributes[SPAN_ATTR.codes]).toEqual(["unreachable"]);
+
+    // Resume goes on past failures: its failing stage is ERROR, the others are not.
+    fake.set("agent", "a1", "resume", { error: "internal_error" });
+    await engine.resume({ checkpoint_id: "f2" }).catch(() => undefined);
+    expect(last("checkpoint.coordinate.resume.stage.agent").status.code).toBe(SpanStatusCode.ERROR);
+    expect(last("checkpoint.coordinate.resume.stage.agent").attributes[SPAN_ATTR.codes]).toEqual(["internal_error"]);
+    expect(last("checkpoint.coordinate.resume.stage.model").status.code).not.toBe(SpanStatusCode.ERROR);
+  });
+
   it("injects W3C traceparent and the bearer token into the NATS headers", async () => {
     let captured: MsgHdrs | undefined;
     let deliver: ((error: null, msg: unknown) => void) | undefined;
