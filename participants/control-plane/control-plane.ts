@@ -356,7 +356,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
     try {
       await withSpan("wait_ready", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance }, undefined, async (span) => {
-        await this.waitReady(id, request.deadline_ts);
+        // Recorded at every check, so a wait that throws still shows what blocked it.
+        await this.waitReady(id, request.deadline_ts, (blockerCount) => span.setAttribute(ATTR.blockers, blockerCount));
         span.setAttribute(ATTR.blockers, this.report().blocker_count);
       });
     } catch (error) {
@@ -384,10 +385,12 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   }
 
   /** Waits outside the lock; wakes on readiness notifications and on stopping, re-checks at least every pollMs. */
-  private async waitReady(id: string, deadlineTs: number): Promise<void> {
+  private async waitReady(id: string, deadlineTs: number, checked: (blockerCount: number) => void): Promise<void> {
     for (;;) {
       if (this.stopping || this.activeId !== id || this.phase !== "preparing") return;
-      if (this.report().ready) return;
+      const report = this.report();
+      checked(report.blocker_count);
+      if (report.ready) return;
       const remaining = deadlineTs * 1000 - this.clock.now();
       if (remaining <= 0) return;
       await new Promise<void>((resolve) => {

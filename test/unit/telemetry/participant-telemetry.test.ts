@@ -1,7 +1,7 @@
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { context, propagation, trace } from "@opentelemetry/api";
+import { context, propagation, trace, SpanStatusCode } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import type { MetricData } from "@opentelemetry/sdk-metrics";
@@ -12,7 +12,7 @@ import { headers as natsHeaders } from "@nats-io/transport-node";
 import { fakeSubscriptions } from "../../support/fake-subscriptions.js";
 import { pino } from "pino";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ControlEndpoint, ParticipantControlPlane, ScriptableKind, type KindReadiness } from "../../../participants/index.js";
 import { ATTR, useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
 import { createAttachProxy } from "../../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../../participants/attach/upstream-url.js";
@@ -25,6 +25,7 @@ import { extractTraceContext } from "../../../participants/telemetry/nats-propag
 import { HEADER_AUTHORIZATION, toCheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 /** Providers injected (no global SDK in vitest); the context manager makes children find their parent. */
 const spans = new InMemorySpanExporter();
@@ -142,6 +143,37 @@ describe("participant spans", () => {
     expect(one("read").attributes).toMatchObject({ [ATTR.records]: 1, [ATTR.kind]: "environment" });
     expect(one("install").attributes).toMatchObject({ [ATTR.records]: 1 });
     expect(restore.attributes).toMatchObject({ [ATTR.episodes]: 1, [ATTR.records]: 1 });
+  });
+
+  it("wait_ready ended by a throw still records the blockers it waited on", async () => {
+    // A kind whose readiness check throws once told to (a kind's own failure mid-wait).
+    class BreakingKind extends ScriptableKind {
+      calls_ = 0;
+      broken = false;
+      override readiness(): KindReadiness {
+        this.calls_++;
+        if (this.broken) throw new Error("readiness check crashed");
+        return super.readiness();
+      }
+    }
+    const kind = new BreakingKind("environment");
+    kind.setBlockers(["held/1", "held/2"]);
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "env0", checkpointRoot: root, logger: pino({ level: "silent" }) });
+    try {
+      const prepare = call(plane, "prepare", { checkpoint_id: "w1" }).then(
+        () => undefined,
+        (error: unknown) => error,
+      );
+      await waitUntil(() => plane.status().phase === "preparing" && kind.calls_ > 1, "prepare waiting on its blockers");
+      kind.broken = true;
+      kind.setBlockers(["held/1", "held/2"]); // wakes the wait, whose next check throws
+      expect(await prepare).toBeDefined();
+    } finally {
+      plane.dispose();
+    }
+    const waited = one("wait_ready");
+    expect(waited.status.code).toBe(SpanStatusCode.ERROR);
+    expect(waited.attributes[ATTR.blockers]).toBe(2);
   });
 
   it("a refusal marks the op span with its catalog code and is logged inside it (trace_id, span_id)", async () => {
