@@ -5,6 +5,7 @@ export { LOG_REDACT_PATHS, LOG_REDACT_CENSOR } from "./log-redaction.js";
 export { makeDirectories, isMisplacedDirectory } from "./make-directories.js";
 export { envSetting } from "./env-setting.js";
 export { within, type SetTimer } from "./within.js";
+export { equalJitter, type RandomSource } from "./jitter.js";
 export { isHttpUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";

@@ -1,4 +1,4 @@
-import { timerDelay } from "../../protocol/index.js";
+import { timerDelay, type RandomSource } from "../../protocol/index.js";
 
 /** Time source and timers, injectable so lease tests advance time instead of sleeping. */
 export interface Clock {
@@ -11,6 +11,8 @@ export interface Clock {
   monotonic?(): number;
   /** Runs `fn` after `ms`; returns a cancel function. */
   setTimer(fn: () => void, ms: number): () => void;
+  /** What a timer's jitter is drawn from (ParkBackoff), so tests pin it. Optional: without it, Math.random. */
+  random?: RandomSource;
 }
 
 export const systemClock: Clock = {
@@ -36,12 +38,18 @@ export const systemClock: Clock = {
   },
 };
 
-/** A clock that only moves when told to; timers fire during `advance`. For tests. */
+/**
+ * A clock that only moves when told to; timers fire during `advance`. For tests. Its random source
+ * is fixed too: by default 1, a jittered wait at its top (the whole grown wait).
+ */
 export class ManualClock implements Clock {
   private timers: { at: number; fn: () => void; id: number }[] = [];
   private nextId = 0;
 
-  constructor(private current = 1_700_000_000_000) {}
+  constructor(
+    private current = 1_700_000_000_000,
+    readonly random: RandomSource = () => 1,
+  ) {}
 
   now(): number {
     return this.current;

@@ -35,7 +35,8 @@ export interface Activation {
    * A callee refused (`admission_closed`): park at the latest boundary until resume, then retry from
    * it. After a delivered call with no boundary since, wait a short while as a blocker instead (also
    * while admission is closed: the checkpoint waits for the session's next boundary), then retry.
-   * The short wait is 100 ms, doubled per refusal in a row up to 2 s (`ParkBackoff`); an answered
+   * The short wait is 100 ms, doubled per refusal in a row up to 2 s, each jittered to between half and
+   * all of it (`ParkBackoff`); an answered
    * call (`awaitingModel`, `awaitingTool`) or a boundary starts it over.
    */
   park(): Promise<void>;
@@ -121,9 +122,9 @@ export class AgentSessions {
   constructor(
     private readonly isRetired: (episode: EpisodeId) => boolean,
     private readonly onChange: () => void = () => undefined,
-    clock: Clock = systemClock,
+    private readonly clock: Clock = systemClock,
   ) {
-    // The clock runs the park retry, so fake-clock tests control it.
+    // The clock runs the park retry (and draws its jitter), so fake-clock tests control it.
     this.gate = new AdmissionGate(clock);
   }
 
@@ -214,7 +215,7 @@ export class AgentSessions {
     this.setState(s, "running");
     const setState = (state: SessionState) => this.setState(s, state);
     // Per activation: a new one's first refused call waits the shortest time again.
-    const backoff = new ParkBackoff();
+    const backoff = new ParkBackoff(this.clock);
     const waitParked = async () => {
       setState("at_boundary");
       try {

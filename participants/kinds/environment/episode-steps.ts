@@ -51,7 +51,8 @@ export interface StepEpisode {
    * Parks at the latest boundary until admission reopens (used when a callee refused with
    * `admission_closed`). Right after a finished wait or model step (no boundary since) it cannot park
    * there: it waits a short while as a blocker, also while admission is closed, and the call is retried.
-   * The short wait is 100 ms, doubled per refusal in a row up to 2 s (`ParkBackoff`); a step that
+   * The short wait is 100 ms, doubled per refusal in a row up to 2 s, each jittered to between half and
+   * all of it (`ParkBackoff`); a step that
    * ran or a boundary starts it over.
    */
   park(): Promise<void>;
@@ -203,7 +204,7 @@ export class EpisodeSteps<D = undefined> {
       retiring: false,
       finishing: false,
       dirty: false,
-      backoff: new ParkBackoff(),
+      backoff: new ParkBackoff(this.clock),
       abort: new AbortController(),
       done: new Promise<void>((resolve) => (finished = resolve)),
       remainingMs: options.timeoutMs,
