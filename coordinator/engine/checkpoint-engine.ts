@@ -4,6 +4,7 @@ import type { Logger } from "pino";
 import {
   isPassableEpoch,
   CheckpointError,
+  equalJitter,
   GUARDED_OPS,
   MAX_DEADLINE_AHEAD_S,
   MAX_INCARNATION_CHARS,
@@ -152,11 +153,11 @@ export interface CheckpointEngineOptions {
 }
 
 const RESTORE_CLEANUP_MS = 30_000;
-/** Pause before the clean-up's first retry of a failed retire, doubled per try up to the cap. */
+/** Pause before the clean-up's first retry of a failed retire, doubled per try up to the cap (each jittered). */
 const CLEANUP_RETIRE_RETRY_MS = 100;
 const CLEANUP_RETIRE_RETRY_MAX_MS = 5000;
 
-/** Pause before the first retry of a failed journal-entry removal, doubled per try up to the cap. */
+/** Pause before the first retry of a failed journal-entry removal, doubled per try up to the cap (each jittered). */
 const JOURNAL_REMOVE_RETRY_MS = 100;
 const JOURNAL_REMOVE_RETRY_MAX_MS = 5000;
 /** How long a restore's resume waits for its entry's removal at least, when its deadline is (nearly) spent. */
@@ -1627,8 +1628,10 @@ export class CheckpointEngine {
       // Sent again where the restoring process still runs (a free that failed, a timed-out try) while the deadline allows.
       for (let pause = CLEANUP_RETIRE_RETRY_MS; ; pause = Math.min(pause * 2, CLEANUP_RETIRE_RETRY_MAX_MS)) {
         const again = unretired.filter(retireWorthRetrying);
-        if (!again.length || this.options.clock.now() + pause >= cleanupDeadline) break;
-        await this.options.clock.sleep(pause);
+        // Jittered: participants failing together are not all sent their retry at one instant.
+        const wait = equalJitter(pause, this.options.clock.random);
+        if (!again.length || this.options.clock.now() + wait >= cleanupDeadline) break;
+        await this.options.clock.sleep(wait);
         unretired = [...unretired.filter((f) => !retireWorthRetrying(f)), ...(await retire(again.map((f) => f.participant)))];
       }
       if (unretired.length) this.log.warn({ checkpoint_id: open.id, failures: unretired.map((f) => `${refName(f.participant)}: ${f.code}`) }, "restore_retire_incomplete");
@@ -1900,7 +1903,8 @@ export class CheckpointEngine {
         const fenced = error instanceof CheckpointError && error.code === "not_leader";
         this.log.warn({ checkpoint_id: id, err: error, attempt, retrying: !fenced }, "journal_remove_failed");
         if (fenced) return false;
-        await this.options.clock.sleep(Math.min(JOURNAL_REMOVE_RETRY_MAX_MS, JOURNAL_REMOVE_RETRY_MS * 2 ** (attempt - 1)));
+        // Jittered, as every retry here: removals failing in one KV outage do not retry in step.
+        await this.options.clock.sleep(equalJitter(Math.min(JOURNAL_REMOVE_RETRY_MAX_MS, JOURNAL_REMOVE_RETRY_MS * 2 ** (attempt - 1)), this.options.clock.random));
       }
     }
   }

@@ -1,3 +1,5 @@
+import type { RandomSource } from "../../protocol/index.js";
+
 /** Time source and timers, injectable so deadline and lease logic is testable without sleeping. */
 export interface Clock {
   /** Milliseconds since the Unix epoch: for instants (deadlines, timestamps others read). */
@@ -8,6 +10,8 @@ export interface Clock {
   setTimer(fn: () => void, ms: number): () => void;
   /** Resolves after `ms` (used only to pace loops, never for correctness). */
   sleep(ms: number): Promise<void>;
+  /** What a retry pause's jitter is drawn from, so tests pin it. Optional: without it, Math.random. */
+  random?: RandomSource;
 }
 
 export const systemClock: Clock = {

@@ -593,6 +593,25 @@ describe("all-or-nothing restore", () => {
     await journalEmptied(journal);
   });
 
+  it("a clean-up retire's retry pauses are jittered (equal jitter, from the clock's random source)", async () => {
+    const { engine, fake, clock } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    fake.set("model", "m1", "restore", { error: "deadline_exceeded" });
+    fake.set("resources", "r1", "retire", { error: "internal_error" });
+    const sentAt: number[] = [];
+    const request = fake.request.bind(fake);
+    fake.request = (subject, body, options) => {
+      const parts = subject.split(".");
+      if (parts[6] === "r1" && parts[7] === "retire") sentAt.push(clock.now());
+      return request(subject, body, options);
+    };
+    clock.random = () => 0; // the bottom of each draw: half the grown pause
+    const start = clock.now();
+    await refusal(engine.restore({ checkpoint_id: "base", deadline_ts: (start + 2000) / 1000, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    const pauses = sentAt.slice(1).map((at, i) => at - sentAt[i]!);
+    expect(pauses.slice(0, 7)).toEqual([50, 100, 200, 400, 800, 1600, 2500]);
+  });
+
   it("a clean-up retire that failed because the restoring process is gone (unreachable) is not sent again", async () => {
     const { engine, fake, clock } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });

@@ -560,6 +560,17 @@ describe("a failed removal of a closed checkpoint's journal entry (a KV timeout)
     expect(clock.now() - t0).toBe(100 + 200 + 400); // the pauses between tries
   });
 
+  it("its pauses are jittered (equal jitter, from the clock's random source), so retries do not run in step", async () => {
+    const { engine, journal, clock } = makeEngine(root);
+    clock.random = () => 0; // the bottom of each draw: half the grown pause
+    const removals = failRemovals(journal, 3);
+    const t0 = clock.now();
+    await engine.checkpoint({ checkpoint_id: "rm-j", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    expect(removals.tries).toBe(4);
+    expect(clock.now() - t0).toBe(50 + 100 + 200);
+  });
+
   it("of a restore's resume: the resume answers only once the entry is gone, so no successor can find it resuming", async () => {
     const { engine, journal } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "rm-2", episode_ids: null, stop: true, controller_state: null });

@@ -157,6 +157,8 @@ export class FakeParticipants implements ParticipantTransport {
 
 export class TestClock implements Clock {
   constructor(public current = 1_800_000_000_000) {}
+  /** Pins a retry's jitter: 1, its top (the whole grown wait), unless a test sets another. */
+  random: () => number = () => 1;
   now(): number {
     return this.current;
   }
