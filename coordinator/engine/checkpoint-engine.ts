@@ -38,7 +38,7 @@ import { assertJournalEntryFits, type DecisionJournal, type JournalEntry } from 
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
-import { committedEpisodeIds, readCommittedManifest } from "../publication/committed-records.js";
+import { committedEpisodeIds, readCommittedRecords } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { coordinatorTelemetry, inSpan, markFanOutFailures, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
@@ -165,7 +165,7 @@ const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
 
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
-/** Participant manifests a restore reads (and checks) at once before sending anything. */
+/** Participants' committed files a restore reads (and checks) at once before sending anything. */
 const MANIFEST_READS_AT_ONCE = 64;
 /**
  * How many closed checkpoint ids a leader keeps (resume idempotent, prepare `stale_checkpoint`):
@@ -1476,9 +1476,9 @@ export class CheckpointEngine {
   }
 
   /**
-   * checkpoint.json of `id`, once every participant's manifest.json matches the digest it records:
-   * one replaced since publication (tampering, a bad copy) is refused here, as verify refuses it,
-   * before anything is sent. The restore message pins that digest too, so a manifest replaced after
+   * checkpoint.json of `id`, once every participant's manifest.json matches the digest it records
+   * and its records file the manifest's digest and count: damage (tampering, a bad copy, a lost or
+   * truncated file) is refused here, as verify refuses it, before anything is sent. The restore message pins that digest too, so a manifest replaced after
    * this check is refused by its participant. A bounded number at a time: thousands of participants
    * must not hold thousands of files open at once (EMFILE).
    */
@@ -1486,7 +1486,9 @@ export class CheckpointEngine {
     const manifest = await this.options.catalog.get(id);
     const dir = this.options.catalog.dirFor(id);
     for (let i = 0; i < manifest.participants.length; i += MANIFEST_READS_AT_ONCE) {
-      await Promise.all(manifest.participants.slice(i, i + MANIFEST_READS_AT_ONCE).map((p) => readCommittedManifest(dir, id, p)));
+      // Records too, not just manifests: a participant refusing damaged records would leave the
+      // others' installs for the clean-up to retire, fencing attempt+1 everywhere for nothing.
+      await Promise.all(manifest.participants.slice(i, i + MANIFEST_READS_AT_ONCE).map((p) => readCommittedRecords(dir, id, p)));
     }
     return manifest;
   }
