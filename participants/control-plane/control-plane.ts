@@ -565,13 +565,13 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   // ---- restore ---------------------------------------------------------------------------
 
   private async restore(request: RestoreRequest): Promise<RestoreReply> {
-    this.checkDeadline(request.deadline_ts);
+    const id = request.checkpoint_id;
+    this.checkDeadline(request.deadline_ts, (late) => this.lateRestoreRefusal(id, late));
     // Every episode in scope continues as its next attempt: past MAX_ATTEMPT that attempt has no
     // capture key, and one rollout at two attempts would be installed and refused at once. The
     // codec refuses both on the wire; in-process callers hand requests straight to handle().
     const issue = restoreScopeIssue(request.episode_ids);
     if (issue) throw new CheckpointError("invalid_request", issue);
-    const id = request.checkpoint_id;
     const { dir, refusal } = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));
     // Not its manifest_sha256: a coordinator pins what the directory's checkpoint.json records, and
@@ -669,7 +669,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       };
       this.remember(id, "restore", reply, args);
       return reply;
-    });
+    }, (late) => this.lateRestoreRefusal(id, late));
   }
 
   /**
@@ -911,10 +911,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   /**
    * Runs an op under the lock, after the checks it repeats there (see fenceEpoch): its deadline, if
    * it has one, may have passed while it waited, and a newer leader's op may have been admitted.
+   * `late`: what a request already past its deadline is refused with instead of deadline_exceeded.
    */
-  private underLock<T>(request: { epoch: number; deadline_ts?: number }, fn: () => T | Promise<T>): Promise<T> {
+  private underLock<T>(request: { epoch: number; deadline_ts?: number }, fn: () => T | Promise<T>, late?: (refusal: CheckpointError) => CheckpointError): Promise<T> {
     return this.lock.run(() => {
-      if (request.deadline_ts !== undefined) this.checkDeadline(request.deadline_ts);
+      if (request.deadline_ts !== undefined) this.checkDeadline(request.deadline_ts, late);
       this.fenceEpoch(request.epoch);
       return fn();
     });
@@ -937,13 +938,28 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.highestEpoch = Math.max(this.highestEpoch, epoch);
   }
 
+  /**
+   * A restore past its deadline at a live process that never took part in it (idle, nothing of a
+   * restore installing or held): refused as not fresh, as in time. deadline_exceeded would tell the
+   * coordinator it may have installed attempt+1 here, and its clean-up would fence the rollouts
+   * this process runs.
+   */
+  private lateRestoreRefusal(id: string, late: CheckpointError): CheckpointError {
+    const live = this.phase === "idle" && this.activeId === null && !this.resumed.has(id) && this.adapter.hasLiveState();
+    const restoring = this.pendingInstall !== undefined || this.lateInstall !== undefined || this.heldInstallFailure.holds(id);
+    return live && !restoring ? this.notFresh() : late;
+  }
+
   private notFresh(why = "this participant holds live state"): CheckpointError {
     return new CheckpointError("invalid_checkpoint_state", `restore needs a fresh process: ${why}`);
   }
 
   /** On arrival and again once the lock is held, before any state change: an op queued past its deadline does nothing. */
-  private checkDeadline(deadlineTs: number): void {
-    if (deadlineTs * 1000 <= this.clock.now()) throw new CheckpointError("deadline_exceeded", "the deadline has already passed");
+  private checkDeadline(deadlineTs: number, late?: (refusal: CheckpointError) => CheckpointError): void {
+    if (deadlineTs * 1000 <= this.clock.now()) {
+      const refusal = new CheckpointError("deadline_exceeded", "the deadline has already passed");
+      throw late ? late(refusal) : refusal;
+    }
     if (deadlineTs * 1000 > this.clock.now() + MAX_DEADLINE_AHEAD_S * 1000) {
       throw new CheckpointError("invalid_request", `deadline_ts lies more than ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
     }
