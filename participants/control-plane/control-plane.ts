@@ -939,15 +939,19 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   }
 
   /**
-   * A restore past its deadline at a live process that never took part in it (idle, nothing of a
-   * restore installing or held): refused as not fresh, as in time. deadline_exceeded would tell the
-   * coordinator it may have installed attempt+1 here, and its clean-up would fence the rollouts
-   * this process runs.
+   * A restore past its deadline that this process would refuse in time (already resumed, another
+   * checkpoint active, not fresh) gets that refusal: deadline_exceeded would tell the coordinator it
+   * may have installed attempt+1 here, and its clean-up would fence rollouts this process runs.
+   * While anything of a restore may be installed here (it is active, installing, or held), it stays late.
    */
   private lateRestoreRefusal(id: string, late: CheckpointError): CheckpointError {
-    const live = this.phase === "idle" && this.activeId === null && !this.resumed.has(id) && this.adapter.hasLiveState();
-    const restoring = this.pendingInstall !== undefined || this.lateInstall !== undefined || this.heldInstallFailure.holds(id);
-    return live && !restoring ? this.notFresh() : late;
+    if (this.activeId === id || this.pendingInstall || this.lateInstall || this.heldInstallFailure.holds(id)) return late;
+    try {
+      this.admit(id, ALLOWED.restore, "restore");
+    } catch (refusal) {
+      return toCheckpointError(refusal);
+    }
+    return this.adapter.hasLiveState() ? this.notFresh() : late;
   }
 
   private notFresh(why = "this participant holds live state"): CheckpointError {

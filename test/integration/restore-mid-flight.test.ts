@@ -77,7 +77,7 @@ describe("a restore overtaken mid-install", () => {
     }
   });
 
-  it("a restore whose deadline passes while it waits at a live process (its lock busy): that process refuses it as not fresh, so the clean-up fences none of the rollouts it runs", async () => {
+  it("a restore whose deadline passes while it waits at a live process (its lock busy): that process refuses it as in time (not fresh, already resumed), so the clean-up fences none of the rollouts it runs", async () => {
     await checkpointThenRestart("lv-1", "lv");
     // The controller went on without it: attempt 1 of lv runs in these live processes.
     for (const p of world.participants) p.adapter.addEpisode({ rollout_id: "lv", attempt: 1 }, { n: 2 });
@@ -103,5 +103,24 @@ describe("a restore overtaken mid-install", () => {
       expect(p.handle.controlPlane.currentPhase).toBe("idle");
       expect(p.adapter.episodes.has("lv-a1")).toBe(true);
     }
+
+    // Those processes resumed lv-1 (the clean-up's resume): another restore of it, late at env1
+    // again, is refused there as already resumed (stale_checkpoint), as in time; lw's attempt 1 runs on.
+    for (const p of world.participants) p.adapter.addEpisode({ rollout_id: "lw", attempt: 1 }, { n: 2 });
+    let releaseAgain!: () => void;
+    env1.adapter.delay("forget", new Promise<void>((r) => (releaseAgain = r)));
+    const forgettingAgain = controlRequest(world.pnc, target, "forget", { checkpoint_id: "forget", deadline_ts: Date.now() / 1000 + 20, epoch, rollout_ids: ["other"] });
+    await waitUntil(() => env1.adapter.hooks().filter((h) => h === "forget").length === 2, "env1's second forget to start", 5000);
+    hookLog.length = 0;
+    const deadlineAgain = Date.now() + 1000;
+    const again = refusalOf(world.client.restore({ checkpoint_id: "lv-1", episode_ids: [{ rollout_id: "lw", attempt: 0 }], deadline_ts: deadlineAgain / 1000 }));
+    await waitUntil(() => Date.now() > deadlineAgain + 100, "the second restore's deadline to pass", 5000);
+    releaseAgain();
+    await forgettingAgain;
+    const errorAgain = await again;
+    expect(errorAgain.code).toBe("restore_failed");
+    expect(errorAgain.message).toContain("nothing was retired");
+    expect(hookLog.filter((h) => h.startsWith("retire:"))).toEqual([]);
+    for (const p of world.participants) expect(p.handle.controlPlane.isRetired({ rollout_id: "lw", attempt: 1 })).toBe(false);
   });
 });
