@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { MAX_TIMER_MS } from "../../protocol/index.js";
 import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
-import { readCappedText } from "../http/capped-body.js";
+import { readCappedText } from "../../protocol/capped-body.js";
 
 /** A judge's verdict is a short text: a reply past this is refused (the sample is masked judge_failed). */
 const MAX_JUDGE_REPLY_BYTES = 8 * 1024 * 1024;

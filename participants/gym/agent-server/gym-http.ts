@@ -1,4 +1,5 @@
 import { CheckpointError, ErrorReplySchema } from "../../../protocol/index.js";
+import { readCappedText } from "../../../protocol/capped-body.js";
 import { UNTIMED_FETCH_DISPATCHER } from "../../../protocol/untimed-dispatcher.js";
 
 /**
@@ -11,6 +12,13 @@ export interface JsonResponse {
   headers: Headers;
   body: unknown;
 }
+
+/**
+ * The largest reply body a data-plane call reads (`payload_too_large` past it, the rest cancelled):
+ * a reply may carry a whole trajectory (an agent's `/run`), tens of MiB, but a callee answering
+ * with an endless body must not grow the caller without bound.
+ */
+export const MAX_GYM_REPLY_BYTES = 64 * 1024 * 1024;
 
 /**
  * No 300 s limit of fetch's own (UNTIMED_FETCH_DISPATCHER): an agent's `activate` spans its whole
@@ -27,7 +35,7 @@ export async function postJson(url: string, body: unknown, options: { signal?: A
     ...(options.signal && { signal: options.signal }),
     dispatcher: UNTIMED_FETCH_DISPATCHER, // with the global fetch, which tests stub
   });
-  const text = await response.text();
+  const text = await readCappedText(response, MAX_GYM_REPLY_BYTES, `${new URL(url).pathname} reply`);
   let parsed: unknown = undefined;
   try {
     parsed = text.length ? JSON.parse(text) : undefined;
