@@ -17,6 +17,7 @@ import {
   type CtlRequestInputOf,
   type EpisodeId,
 } from "../../protocol/index.js";
+import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { newCheckpointId } from "../engine/checkpoint-id.js";
 import { AsyncLock } from "../engine/async-lock.js";
@@ -36,7 +37,7 @@ import { appendResult, readResults, readResultsForAppend, syncResults } from "./
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import type { TaskRow } from "./task-rows.js";
-import { parseRunReply, type RunReply } from "./run-reply.js";
+import { MAX_RUN_REPLY_BYTES, parseRunReply, type RunReply } from "./run-reply.js";
 import { RunTimeouts } from "./run-timeouts.js";
 
 /** The controller ops the collector needs; the NATS client and the in-process engine both fit. */
@@ -558,7 +559,17 @@ export class Collector {
           // The run timeout stands still while a checkpoint parks the episode; fetch's own 300 s would not.
           dispatcher: UNTIMED_FETCH_DISPATCHER,
         });
-        body = (await response.json().catch(() => ({}))) as Record<string, unknown>;
+        // Capped: past it, payload_too_large fails the attempt like a lost reply. A body cut off or
+        // not JSON reads as {}, as before the cap.
+        const text = await readCappedText(response, MAX_RUN_REPLY_BYTES, "/run reply").catch((error: unknown) => {
+          if (error instanceof CheckpointError && error.code === "payload_too_large") throw error;
+          return "";
+        });
+        try {
+          body = JSON.parse(text) as Record<string, unknown>;
+        } catch {
+          body = {};
+        }
       } catch (error) {
         if (this.stopping) return;
         return this.failed(state, error);

@@ -1,6 +1,13 @@
 import { z } from "zod";
 import { describeZodError } from "../../protocol/index.js";
 
+/**
+ * The largest `/run` reply body the collector reads (the attempt fails `payload_too_large` past it,
+ * the rest cancelled): a reply may carry the whole trajectory, tens of MiB, but an environment
+ * answering with an endless body must not grow the collector without bound.
+ */
+export const MAX_RUN_REPLY_BYTES = 64 * 1024 * 1024;
+
 const Count = z.number().int().min(0);
 
 /**
