@@ -1,6 +1,7 @@
 import { context, propagation } from "@opentelemetry/api";
 import { fetch } from "undici";
 import { CONTROLLER_OPS, CheckpointError, CtlGetRequestSchema, ErrorReplySchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
@@ -27,6 +28,16 @@ export interface HttpControllerClientOptions {
    */
   leaderWaitMs?: number;
 }
+
+/**
+ * The largest op reply body read (past it: `outcome_unknown`, the rest cancelled). The API's largest
+ * replies list episode ids (up to 100,000 of 255 characters per scope, ~26 MB) per participant;
+ * something answering with an endless body, say a misbehaving proxy, must not grow this process.
+ */
+export const MAX_CONTROLLER_REPLY_BYTES = 64 * 1024 * 1024;
+
+/** The largest `/readyz` body read: the API's is a few fields; past it the check counts as failed. */
+export const MAX_READYZ_REPLY_BYTES = 64 * 1024;
 
 /** Consecutive failed `/readyz` answers (not 200, or none in time) that end a wait: one slow answer is not a dead coordinator. */
 const READY_FAILURES = 2;
@@ -132,7 +143,7 @@ export class HttpControllerClient extends ControllerClient {
     const everyMs = this.options.readyCheckMs ?? 5_000;
     const check = async () => {
       const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED_DISPATCHER })
-        .then(async (response) => (response.status === 200 ? ((await response.json()) as { epoch?: unknown }) : (await response.arrayBuffer(), undefined)))
+        .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.arrayBuffer(), undefined)))
         .catch(() => undefined);
       if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
       if (ready) epoch ??= ready.epoch;
@@ -172,8 +183,10 @@ export class HttpControllerClient extends ControllerClient {
     }
     let text: string;
     try {
-      text = await response.text();
+      text = await readCappedText(response, MAX_CONTROLLER_REPLY_BYTES, `the reply to ${op}`);
     } catch (error) {
+      // A reply past the limit is not read, as one cut off: the op may have run.
+      if (error instanceof CheckpointError && error.code === "payload_too_large") throw new CheckpointError("outcome_unknown", `${error.message}, not read; the op may have run`);
       if (error instanceof CheckpointError) throw error;
       throw new CheckpointError("outcome_unknown", `the reply to ${op} was cut off: ${(error as Error).message}; retry with the same arguments`);
     }

@@ -1,0 +1,41 @@
+import { afterEach, describe, expect, it } from "vitest";
+import { HttpControllerClient, MAX_CONTROLLER_REPLY_BYTES, MAX_READYZ_REPLY_BYTES } from "../../coordinator/client/http-controller-client.js";
+import { startOversizedBody, type OversizedBodyServer } from "../support/oversized-body.js";
+import { waitUntil } from "../support/wait-until.js";
+
+// The HTTP controller client reads reply bodies up to a limit, cancelling the rest: something in
+// front of the coordinator answering with an endless body must not grow the controller's process.
+let server: OversizedBodyServer | undefined;
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
+
+describe("HTTP controller client reply size", () => {
+  it("an op reply past MAX_CONTROLLER_REPLY_BYTES is outcome_unknown naming the limit, its stream cancelled", async () => {
+    server = await startOversizedBody(2 * MAX_CONTROLLER_REPLY_BYTES);
+    const client = new HttpControllerClient({ baseUrl: server.url, token: "t" });
+    await expect(client.call("list", {})).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining(`${MAX_CONTROLLER_REPLY_BYTES} bytes`) });
+    await server.cancelled;
+  });
+
+  it("a /readyz reply past MAX_READYZ_REPLY_BYTES counts as a failed check (the op ends outcome_unknown), its stream cancelled", async () => {
+    let received = 0;
+    server = await startOversizedBody(256 * MAX_READYZ_REPLY_BYTES, {
+      // The op itself is never answered; only /readyz gets the oversized body.
+      route: (req) => req.url !== "/readyz" && (received += 1) > 0,
+    });
+    // The check's period is also each /readyz fetch's timeout: 1 s lets an uncapped read take the
+    // whole body in time, so only the cap can fail the check.
+    const client = new HttpControllerClient({ baseUrl: server.url, token: "t", readyCheckMs: 1_000 });
+    let settled: unknown = "pending";
+    void client.checkpoint({ checkpoint_id: "h1", episode_ids: [] }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => settled !== "pending", "the op to end once /readyz keeps failing", 12_000);
+    expect(received).toBe(1);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
+    await server.cancelled;
+  });
+});
