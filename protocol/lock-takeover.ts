@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, readdir, rename, rm, rmdir, unlink, writeFile } from "node:fs/promises";
+import { mkdir, open, readdir, rename, rm, rmdir, unlink, writeFile } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { processLine, whyProcessLineStale } from "./process-identity.js";
 
@@ -18,6 +18,13 @@ import { processLine, whyProcessLineStale } from "./process-identity.js";
  */
 
 const TAKEOVER_TRIES = 3;
+
+/**
+ * The most of a lock file (or take-over entry) read: its line, `<pid> <host> <start time> <boot id>`,
+ * is a few hundred bytes, so a file past this is no lock we wrote (judged unreadable), and a huge one
+ * must not be read whole into memory.
+ */
+export const MAX_LOCK_FILE_BYTES = 4096;
 
 /** Tokens of the take-over entries this process holds now (several take-overs may run at once in one process). */
 const takingHere = new Set<string>();
@@ -105,7 +112,7 @@ async function liveHolder(shared: string): Promise<boolean> {
   let live = false;
   for (const name of names) {
     const entry = join(shared, name);
-    const content = await readFile(entry, "utf8").catch(() => "");
+    const content = await readLockFile(entry).catch(() => "");
     if (whyProcessLineStale(content, () => takingHere.has(name)) === undefined) live = true;
     else await rm(entry, { recursive: true, force: true });
   }
@@ -123,7 +130,7 @@ async function removeAbandoned(dir: string, prefix: string): Promise<void> {
   for (const name of names) {
     const own = name.slice(prefix.length);
     if (takingHere.has(own)) continue;
-    const line = await readFile(join(dir, name, own), "utf8").catch(() => "");
+    const line = await readLockFile(join(dir, name, own)).catch(() => "");
     if (line.endsWith("\n") && whyProcessLineStale(line, () => false) !== undefined) await rm(join(dir, name), { recursive: true, force: true });
   }
 }
@@ -132,10 +139,27 @@ function token(): string {
   return randomBytes(6).toString("hex");
 }
 
-/** A file's content; undefined where it does not exist. */
+/** A lock file's first MAX_LOCK_FILE_BYTES + 1 bytes: past a lock line, so a longer file never reads as one. */
+async function readLockFile(path: string): Promise<string> {
+  const handle = await open(path, "r");
+  try {
+    const buffer = Buffer.alloc(MAX_LOCK_FILE_BYTES + 1);
+    let size = 0;
+    while (size < buffer.length) {
+      const { bytesRead } = await handle.read(buffer, size, buffer.length - size, null);
+      if (bytesRead === 0) break;
+      size += bytesRead;
+    }
+    return buffer.toString("utf8", 0, size);
+  } finally {
+    await handle.close();
+  }
+}
+
+/** A file's content (at most MAX_LOCK_FILE_BYTES + 1 bytes of it); undefined where it does not exist. */
 export async function readIfExists(path: string): Promise<string | undefined> {
   try {
-    return await readFile(path, "utf8");
+    return await readLockFile(path);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
     throw error;

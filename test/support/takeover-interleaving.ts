@@ -36,6 +36,14 @@ export function steeredFsPromises(actual: Record<string, unknown>): Record<strin
   return { ...steered, default: steered };
 }
 
+/** The whole content of a file handle `open` gave, read at explicit positions so the handle's own offset stays put. */
+async function contentOf(handle: unknown): Promise<string> {
+  const h = handle as { read(buffer: Buffer, offset: number, length: number, position: number): Promise<{ bytesRead: number }> };
+  const buffer = Buffer.alloc(8192);
+  const { bytesRead } = await h.read(buffer, 0, buffer.length, 0);
+  return buffer.toString("utf8", 0, bytesRead);
+}
+
 function gate(): { promise: Promise<void>; open: () => void } {
   let open!: () => void;
   const promise = new Promise<void>((resolve) => (open = resolve));
@@ -80,8 +88,9 @@ export async function interleaveTakeOver<T>(options: {
   };
   let cInsideB = false;
   steer.after = async (who, call, args, result) => {
-    if ((who === "B" || who === "C") && call === "readFile" && args[0] === path && result === stale && stalled[who]) {
-      // Its first read of the stale file: it stalls there until told to go on.
+    if ((who === "B" || who === "C") && call === "open" && args[0] === path && stalled[who] && (await contentOf(result)) === stale) {
+      // Its first read of the stale file (a lock file is read through an open handle, bounded): it
+      // stalls there until told to go on, and reads what that handle holds, the stale file.
       const first = stalled[who];
       stalled[who] = undefined as never;
       first.open();
