@@ -63,6 +63,12 @@ describe("deploy/ files", () => {
     expect(names).not.toContain("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
     const compose = yamlFile(join(DEPLOY, "docker-compose.yml"));
     expect(JSON.stringify(compose)).not.toMatch(/OTEL_EXPORTER_OTLP_(METRICS_)?ENDPOINT/);
+    // The systemd unit too, its commented-out suggestions included: an operator uncomments them as written.
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    expect(/^ExecStart=.*--metrics-port/m.test(unit)).toBe(true);
+    const environment = [...unit.matchAll(/^#?\s*Environment=(\w+)=/gm)].map((m) => m[1]);
+    expect(environment).not.toContain("OTEL_EXPORTER_OTLP_ENDPOINT");
+    expect(environment).not.toContain("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
   });
 
   it("compose publishes ports on loopback only, passes no token in a command, and keeps the attach ledger on a volume", () => {
