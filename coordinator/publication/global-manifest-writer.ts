@@ -20,7 +20,7 @@ import {
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { discardStagedFile, fsyncDirectory, replaceSmallFileDurably, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
 import { sha256RegularFile } from "./regular-file.js";
-import { applyRetention, removeTrash } from "./retention.js";
+import { applyRetention, linkToTrash, removeTrash } from "./retention.js";
 
 export interface PublishInput {
   checkpointId: string;
@@ -248,7 +248,11 @@ export class GlobalManifestWriter {
       // Read before LATEST's rename: once LATEST names it, the publication must not fail.
       const written = statSync(manifestPath);
       input.beforeWrite?.();
+      // The replaced LATEST is freed in the background, not by the rename on the event loop while
+      // the resume's replies arrive.
+      const replaced = linkToTrash(this.catalog.root, LATEST_FILE);
       renameSync(latest.temp, latest.target);
+      if (replaced) this.cleanup = this.cleanup.then(() => rm(replaced, { force: true })).catch((error: unknown) => this.onCleanupError?.(error));
       // The root's fsync (LATEST's rename) leaves the critical path: until it is done the journal
       // entry stays (the engine removes it after `durable()`), so after an OS crash that lost the
       // rename, recovery finds checkpoint.json and repairs LATEST (repairLatest).

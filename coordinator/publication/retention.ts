@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { renameSync } from "node:fs";
+import { linkSync, renameSync } from "node:fs";
 import { readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { LATEST_FILE } from "../../protocol/index.js";
@@ -55,6 +55,23 @@ export function applyRetention(
 export function trashCheckpointDir(root: string, id: string, below?: string): void {
   const from = below === undefined ? join(root, id) : join(root, id, below);
   renameSync(from, join(root, `${TRASH_PREFIX}${id}${below === undefined ? "" : `.${below}`}.${randomBytes(4).toString("hex")}`));
+}
+
+/**
+ * Gives `<root>/<name>` a second link among the trash (returned), so that replacing it by a rename
+ * does not free its inode inside rename(2): on ext4 that takes 0.15–0.2 ms on an idle machine and
+ * up to 1.4 ms on a busy one, with the event loop blocked. Removing the link later, in the thread
+ * pool, frees it; `removeTrash` sweeps one a crash left. Best effort: without it (no such file yet,
+ * a refusal) the rename frees the inode as before.
+ */
+export function linkToTrash(root: string, name: string): string | undefined {
+  const link = join(root, `${TRASH_PREFIX}${name}.${randomBytes(4).toString("hex")}`);
+  try {
+    linkSync(join(root, name), link);
+    return link;
+  } catch {
+    return undefined; // nothing to keep, or the storage refused: the rename that follows reports a real failure
+  }
 }
 
 /**

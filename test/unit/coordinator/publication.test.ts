@@ -13,7 +13,8 @@ import { writeParticipant } from "./fake-participants.js";
 // with a real ENOSPC (written to /dev/full), which names no path.
 // While `statFails`, a stat of a checkpoint.json fails as a storage that stops answering does (EIO).
 // While `dirOpenFails` names a directory, opening it (for its fsync) fails with EIO.
-const disk = vi.hoisted(() => ({ full: false, statFails: false, dirOpenFails: undefined as string | undefined }));
+// `latestLinksAtRename`: the link count of the LATEST each rename onto it replaced (0: none yet).
+const disk = vi.hoisted(() => ({ full: false, statFails: false, dirOpenFails: undefined as string | undefined, latestLinksAtRename: [] as number[] }));
 vi.mock("node:fs", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs")>();
   const writeSync = ((...args: Parameters<typeof real.writeSync>) => {
@@ -33,7 +34,11 @@ vi.mock("node:fs", async (importOriginal) => {
     if (disk.dirOpenFails !== undefined && String(args[0]) === disk.dirOpenFails) throw Object.assign(new Error(`EIO: i/o error, open '${String(args[0])}'`), { code: "EIO", syscall: "open" });
     return (real.openSync as (...a: unknown[]) => number)(...args);
   }) as typeof real.openSync;
-  return { ...real, default: { ...real, writeSync, statSync, openSync }, writeSync, statSync, openSync };
+  const renameSync = ((from: string, to: string) => {
+    if (String(to).endsWith("/LATEST")) disk.latestLinksAtRename.push(real.existsSync(to) ? real.statSync(to).nlink : 0);
+    return real.renameSync(from, to);
+  }) as typeof real.renameSync;
+  return { ...real, default: { ...real, writeSync, statSync, openSync, renameSync }, writeSync, statSync, openSync, renameSync };
 });
 
 let root: string;
@@ -111,6 +116,19 @@ describe("publication and retention", () => {
     expect(GlobalManifestSchema.parse(onDisk)).toEqual(onDisk);
     expect(onDisk).toEqual(m);
     expect(catalog.scan().published.map((e) => e.checkpoint_id)).toEqual(["c3", "c2"]);
+  });
+
+  it("the LATEST a publication replaces has a second link when the rename replaces it (its inode is freed in the background, not inside the rename), and that link goes", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    disk.latestLinksAtRename.length = 0;
+    await publish(writer, "c1", 100);
+    await publish(writer, "c2", 200);
+    await publish(writer, "c3", 300);
+    expect(disk.latestLinksAtRename).toEqual([0, 2, 2]);
+    await writer.settled();
+    expect((await readdir(root)).filter((n) => n.startsWith(".trash-"))).toEqual([]);
+    expect(await catalog.latest()).toBe("c3");
   });
 
   it("leadership lost while checkpoint.json's fsync waits: neither checkpoint.json nor LATEST is written", async () => {
