@@ -197,7 +197,7 @@ describe("reference Gym: crash and restore", () => {
     await world.client.forget({ rollout_ids: ["bad-1"] });
   });
 
-  it("corrupt restored records install nothing anywhere: restore fails, everyone resumes idle, the rollout restarts from input", async () => {
+  it("corrupt restored records install nothing anywhere: the restore is refused before anything is sent, everyone stays idle, the rollout restarts from input", async () => {
     await world.backend.hold(1);
     const [lost] = await startHeld(["corrupt-1"], 2);
     await world.checkpointNoResume("cp-corrupt-1", [ep("corrupt-1")]);
@@ -207,13 +207,13 @@ describe("reference Gym: crash and restore", () => {
     const dir = join(new CheckpointCatalog(world.root).dirFor("cp-corrupt-1"), "gym", "environment", world.gym.instances.environment);
     const file = (await readdir(dir)).find((f) => f.startsWith("records-"))!;
     await writeFile(join(dir, file), (await readFile(join(dir, file), "utf8")).replace("invoke_agent", "invoke_agenX"));
-    await expect(world.client.restore({ checkpoint_id: "cp-corrupt-1", episode_ids: [ep("corrupt-1")] })).rejects.toMatchObject({ code: "restore_failed" });
+    // The coordinator hashes every records file against its manifest before it sends a restore.
+    await expect(world.client.restore({ checkpoint_id: "cp-corrupt-1", episode_ids: [ep("corrupt-1")] })).rejects.toMatchObject({ code: "invalid_checkpoint_state" });
     for (const name of GYM_SERVERS) expect((await world.status(name)).phase).toBe("idle");
     expect(await world.state("environment")).toMatchObject({ episodes: 0, restored_pending: 0 });
     expect(await world.state("agent")).toMatchObject({ sessions: 0, restored_pending: 0 });
-    // attempt+1 was retired everywhere by the all-or-nothing clean-up; the controller sends attempt+2 from input
-    expect((await world.run("corrupt-1", 1)).body.error.code).toBe("stale_attempt");
-    expect((await world.run("corrupt-1", 2)).body).toMatchObject({ reward: 1, continued_from: null });
+    // Nothing was installed, so nothing was retired: attempt+1 runs from input
+    expect((await world.run("corrupt-1", 1)).body).toMatchObject({ reward: 1, continued_from: null });
     await world.client.forget({ rollout_ids: ["corrupt-1"] });
     await expectIdleEverywhere();
   });

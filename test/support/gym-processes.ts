@@ -108,7 +108,10 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       log_level: "silent",
     });
     coordinator = await startCoordinator({ config, nc: await nats.connect(), logger: pino({ level: "silent" }) });
-    await coordinator.whenReady();
+    // The Gym processes start while the new leader waits out its lease period (the members bucket
+    // exists once startCoordinator returns): ~1.5 s less per world than one after the other.
+    const ready = coordinator.whenReady();
+    ready.catch(() => undefined); // awaited below; a failed launch must not leave it unhandled
     const client = new NatsControllerClient({ nc: await nats.connect(), deployment, token: CONTROLLER_TOKEN, leaderWaitMs: 8000, slackMs: 3000 });
     gym = await launchGym({
       nats: nats.server.url,
@@ -128,6 +131,7 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       gym.urls.model = forwarder.url;
       await gym.start(["resources", "agent", "environment"]);
     }
+    await ready;
     const g = gym;
     const c = coordinator;
     const url = (name: GymProcessName) => {
