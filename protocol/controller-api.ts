@@ -2,6 +2,8 @@ import { z } from "zod";
 import { ErrorCodeSchema } from "./errors.js";
 import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema, anyCase } from "./ids.js";
 import { KindSchema } from "./kinds.js";
+import { MAX_JSON_DEPTH } from "./json-depth.js";
+import { JsonValueSchema } from "./json-value.js";
 import { GLOBAL_MANIFEST_FILE, GlobalManifestSchema, ParticipantEntrySchema, Sha256Schema } from "./manifest.js";
 import { PhaseSchema, PrepareReportSchema } from "./messages.js";
 import { MAX_DEADLINE_AHEAD_S } from "./version.js";
@@ -26,23 +28,31 @@ const OptionalDeadline = z
   .optional();
 
 /** The controller's own state: inline JSON, or a file it already wrote into the checkpoint directory. */
-export const ControllerStateInputSchema = z.union([
-  z.object({ inline: z.unknown() }).strict(),
-  z
-    .object({
-      file: z
-        .string()
-        .min(1)
-        .max(255)
-        .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "file must be a plain file name")
-        // Publication writes checkpoint.json into the same directory: it would overwrite the state (any case, for case-insensitive filesystems).
-        .refine((file) => file.toLowerCase() !== GLOBAL_MANIFEST_FILE, `file may not be ${GLOBAL_MANIFEST_FILE} (publication writes it)`)
-        .meta({ not: { pattern: `^${anyCase(GLOBAL_MANIFEST_FILE)}$` } }),
-      /** When given, the coordinator checks the file against it. */
-      sha256: Sha256Schema.optional(),
-    })
-    .strict(),
-]);
+export const ControllerStateInputSchema = z
+  .union([
+    z.object({ inline: z.unknown().meta({ description: "Any JSON value; every number finite (1e400 is refused, not stored as null)." }) }).strict(),
+    z
+      .object({
+        file: z
+          .string()
+          .min(1)
+          .max(255)
+          .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "file must be a plain file name")
+          // Publication writes checkpoint.json into the same directory: it would overwrite the state (any case, for case-insensitive filesystems).
+          .refine((file) => file.toLowerCase() !== GLOBAL_MANIFEST_FILE, `file may not be ${GLOBAL_MANIFEST_FILE} (publication writes it)`)
+          .meta({ not: { pattern: `^${anyCase(GLOBAL_MANIFEST_FILE)}$` } }),
+        /** When given, the coordinator checks the file against it. */
+        sha256: Sha256Schema.optional(),
+      })
+      .strict(),
+  ])
+  // Checked after the union, so the detail names `inline`. JSON.parse reads 1e400 as Infinity,
+  // which checkpoint.json (JSON.stringify) would hold as null: refused instead of changed.
+  .superRefine((state, ctx) => {
+    if ("inline" in state && !JsonValueSchema.safeParse(state.inline).success) {
+      ctx.addIssue({ code: "custom", path: ["inline"], message: `must be a JSON value with finite numbers only (1e400 reads as Infinity, which JSON would store as null), nested at most ${MAX_JSON_DEPTH} levels deep` });
+    }
+  });
 export type ControllerStateInput = z.infer<typeof ControllerStateInputSchema>;
 
 const ParticipantRef = { kind: KindSchema, instance: InstanceSchema };

@@ -68,3 +68,30 @@ describe("dispatchController: a blank body over the size limit", () => {
     expect(calls).toEqual([]);
   });
 });
+
+describe("dispatchController: a number an inline controller state cannot keep", () => {
+  it("is refused invalid_request over both APIs, before the op runs: 1e400 parses to Infinity, which checkpoint.json would hold as null", async () => {
+    const calls: unknown[] = [];
+    const recording = {
+      publish: async (request: unknown) => void calls.push(request),
+      checkpoint: async (request: unknown) => void calls.push(request),
+    } as unknown as CheckpointEngine;
+    const bodies: [ "publish" | "checkpoint", string][] = [
+      ["publish", '{"checkpoint_id":"a","controller_state":{"inline":1e400}}'],
+      ["checkpoint", '{"controller_state":{"inline":{"step":1,"loss":[0.5,-1e999]}}}'],
+    ];
+    for (const [op, body] of bodies) {
+      for (const sent of [body, new TextEncoder().encode(body)]) {
+        await expect(dispatchController(recording, op, sent)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("controller_state") });
+      }
+    }
+    expect(calls).toEqual([]);
+  });
+
+  it("keeps every finite number and a __proto__ key as data", async () => {
+    const calls: { controller_state: unknown }[] = [];
+    const recording = { publish: async (request: { controller_state: unknown }) => void calls.push(request) } as unknown as CheckpointEngine;
+    await dispatchController(recording, "publish", '{"checkpoint_id":"a","controller_state":{"inline":{"x":1e300,"__proto__":{"y":-0.5}}}}');
+    expect(JSON.stringify(calls[0]!.controller_state)).toBe('{"inline":{"x":1e+300,"__proto__":{"y":-0.5}}}');
+  });
+});
