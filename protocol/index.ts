@@ -137,6 +137,7 @@ export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
 export { JsonValueSchema, isPlainObject, keepingProtoKey, setOwnProperty, type JsonValue } from "./json-value.js";
 export { duplicateJsonKey } from "./json-duplicate-keys.js";
+export { unsafeJsonInteger } from "./json-unsafe-integer.js";
 export { decodeMessage, encodeMessage, encodeReply, parseName } from "./codec.js";
 export { tokensEqual, bearerToken, BearerTokenSchema } from "./auth.js";
 export { ROLLOUT_PREFIX, parseRolloutPath, rolloutPath } from "./rollout-path.js";

@@ -5,21 +5,26 @@ import {
   decodeMessage,
   describeZodError,
   duplicateJsonKey,
+  unsafeJsonInteger,
   type ControllerOp,
   type CtlReplyOf,
   type CtlRequestOf,
 } from "../../protocol/index.js";
 import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
 
-/** Validates a controller request (strict zod, no key twice; nothing happens on a refusal) and runs the op. */
+/** Validates a controller request (strict zod, no key twice, no integer JSON.parse would round; nothing happens on a refusal) and runs the op. */
 export async function dispatchController<O extends ControllerOp>(engine: CheckpointEngine, op: O, body: unknown): Promise<CtlReplyOf<O>> {
   const schema = CONTROLLER_OPS[op].request;
   let request: CtlRequestOf<O>;
   if (typeof body === "string" || body instanceof Uint8Array) {
     request = (isBlank(body) ? parseValue(schema, {}) : decodeMessage(schema, body)) as CtlRequestOf<O>;
     // Valid JSON by now, so the scan can trust its structure.
-    const twice = duplicateJsonKey(typeof body === "string" ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString("utf8"));
+    const text = typeof body === "string" ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString("utf8");
+    const twice = duplicateJsonKey(text);
     if (twice !== undefined) throw new CheckpointError("invalid_request", `key ${JSON.stringify(twice)} appears twice in one object; JSON.parse would keep only the last`);
+    // JSON.parse would round it: a controller state would come back changed (send it as a string).
+    const unsafe = unsafeJsonInteger(text);
+    if (unsafe !== undefined) throw new CheckpointError("invalid_request", `integer ${unsafe} is past what a double holds exactly: it would be stored as ${Number(unsafe)}; send it as a string`);
   } else {
     request = parseValue(schema, body ?? {}) as CtlRequestOf<O>;
   }

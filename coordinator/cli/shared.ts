@@ -1,5 +1,5 @@
 import { Option, type Command } from "commander";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, natsSettings, parseCaptureKey, toCheckpointError, unsafeJsonInteger, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { accessSync, constants, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { NatsControllerClient } from "../client/nats-controller-client.js";
@@ -234,6 +234,9 @@ export function controllerStateFrom(flags: { stateJson?: string; stateFile?: str
     // JSON.parse keeps the last of a key named twice: refused, as the coordinator refuses such a body (docs/api.md).
     const twice = duplicateJsonKey(flags.stateJson);
     if (twice !== undefined) throw new CheckpointError("invalid_request", `--state-json names key ${JSON.stringify(twice)} twice in one object`);
+    // JSON.parse would round it, as the coordinator refuses such a body.
+    const unsafe = unsafeJsonInteger(flags.stateJson);
+    if (unsafe !== undefined) throw new CheckpointError("invalid_request", `--state-json holds integer ${unsafe}, past what a double holds exactly: it would be stored as ${Number(unsafe)}; write it as a string`);
     return { inline };
   }
   if (flags.stateFile !== undefined) return { file: flags.stateFile };

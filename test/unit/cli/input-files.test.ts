@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { fileLayer, MAX_CONFIG_FILE_BYTES } from "../../../coordinator/config/config-loader.js";
-import { MAX_EPISODES_FILE_BYTES, parseEpisodes } from "../../../coordinator/cli/shared.js";
+import { MAX_EPISODES_FILE_BYTES, controllerStateFrom, parseEpisodes } from "../../../coordinator/cli/shared.js";
 import { CheckpointError } from "../../../protocol/index.js";
 import { readGuardedFifo } from "../../support/guarded-fifo.js";
 
@@ -84,5 +84,12 @@ describe("the limits", () => {
     const outcome = refusal(readConfig(missing));
     expect(outcome).toMatchObject({ code: "invalid_request" });
     expect((outcome as { message: string }).message).toContain(`cannot read config file ${missing}`);
+  });
+});
+
+describe("--state-json with an integer JSON.parse cannot hold exactly", () => {
+  it("is invalid_request naming it, before anything is sent, as the coordinator refuses such a body", async () => {
+    expect(() => controllerStateFrom({ stateJson: '{"seed":9223372036854775807}' })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("9223372036854775807") }));
+    expect(controllerStateFrom({ stateJson: '{"seed":9007199254740991}' })).toEqual({ inline: { seed: 9007199254740991 } });
   });
 });

@@ -95,3 +95,24 @@ describe("dispatchController: a number an inline controller state cannot keep", 
     expect(JSON.stringify(calls[0]!.controller_state)).toBe('{"inline":{"x":1e+300,"__proto__":{"y":-0.5}}}');
   });
 });
+
+describe("dispatchController: an integer JSON.parse cannot hold exactly", () => {
+  it("is refused invalid_request over both APIs, before the op runs: a 64-bit seed would come back from checkpoint.json rounded", async () => {
+    const calls: unknown[] = [];
+    const recording = { publish: async (request: unknown) => void calls.push(request) } as unknown as CheckpointEngine;
+    for (const seed of ["9223372036854775807", "-9007199254740993", "18446744073709551615"]) {
+      const body = `{"checkpoint_id":"a","controller_state":{"inline":{"seed":${seed},"note":"9223372036854775807"}}}`;
+      for (const sent of [body, new TextEncoder().encode(body)]) {
+        await expect(dispatchController(recording, "publish", sent)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(seed) });
+      }
+    }
+    expect(calls).toEqual([]);
+  });
+
+  it("keeps accepting integers a double holds exactly (as JSON.stringify writes 2^60: 1152921504606847000), fractions and exponents (doubles either way), and digits inside strings", async () => {
+    const calls: unknown[] = [];
+    const recording = { publish: async (request: unknown) => void calls.push(request) } as unknown as CheckpointEngine;
+    await dispatchController(recording, "publish", '{"checkpoint_id":"a","controller_state":{"inline":[9007199254740991,-9007199254740992,1152921504606847000,100000000000000000000,0.1,1e300,12345678901234567890.5,"9223372036854775807"]}}');
+    expect(calls).toHaveLength(1);
+  });
+});
