@@ -57,11 +57,25 @@ export function buildOpenApiDocument(): Record<string, unknown> {
     }
     paths[url] = { ...(paths[url] ?? {}), [method.toLowerCase()]: operation };
   }
-  paths["/healthz"] = { get: { operationId: "healthz", responses: { "200": { description: "The process is up" } } } };
+  // Bodies documented too: a client behind a load balancer compares readyz's epoch between polls.
+  const ok = { type: "boolean", const: true };
+  const json = (schema: unknown) => ({ "application/json": { schema } });
+  paths["/healthz"] = {
+    get: {
+      operationId: "healthz",
+      responses: { "200": { description: "The process is up", content: json({ type: "object", properties: { ok }, required: ["ok"], additionalProperties: false }) } },
+    },
+  };
   paths["/readyz"] = {
     get: {
       operationId: "readyz",
-      responses: { "200": { description: "This coordinator is the ready leader" }, "503": { description: "not_leader" } },
+      responses: {
+        "200": {
+          description: "This coordinator is the ready leader; epoch is its leadership term",
+          content: json({ type: "object", properties: { ok, epoch: { type: "integer", minimum: 0 } }, required: ["ok", "epoch"], additionalProperties: false }),
+        },
+        "503": { description: "Refusal: not_leader", content: json({ $ref: "#/components/schemas/ErrorReply" }) },
+      },
     },
   };
   paths["/openapi.json"] = { get: { operationId: "openapi", responses: { "200": { description: "This document" } } } };

@@ -121,6 +121,24 @@ describe("HTTP controller API (real HTTP client)", () => {
     expect(await post("/v1/prepare", JSON.stringify(tooFar))).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
   });
 
+  it("documents the bodies of /healthz and /readyz, which the replies match (a client compares readyz's epoch)", async () => {
+    const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { paths: Record<string, Record<string, any>>; components: { schemas: Record<string, object> } };
+    const ajv = new Ajv2020({ strict: true, allErrors: true });
+    const schemaOf = (path: string, status: string) => {
+      const schema = doc.paths[path]!.get.responses[status]?.content?.["application/json"]?.schema;
+      expect([path, status, schema]).toEqual([path, status, expect.any(Object)]);
+      const ref = /^#\/components\/schemas\/(.+)$/.exec(schema.$ref ?? "")?.[1];
+      return ajv.compile(ref ? doc.components.schemas[ref]! : schema);
+    };
+    for (const path of ["/healthz", "/readyz"]) {
+      const response = await fetch(`${base}${path}`);
+      const validate = schemaOf(path, String(response.status));
+      expect([path, validate(await response.json()), validate.errors]).toEqual([path, true, null]);
+    }
+    // A 503 is the catalog refusal not_leader.
+    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" } })).toBe(true);
+  });
+
   it("reports a URL clients can use for any host it listens on: an IPv6 literal in brackets (http.host ::1)", async () => {
     expect(httpUrlOf("127.0.0.1", 8480)).toBe("http://127.0.0.1:8480");
     for (const [host, url] of [
