@@ -814,15 +814,18 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async resume(request: ResumeRequest): Promise<ResumeReply> {
     const id = request.checkpoint_id;
     return this.underLock({ epoch: request.epoch }, async () => {
+      // Still active although fenced: an earlier reopen of it failed; this one tries again.
+      if (this.activeId === id) {
+        await this.reopen(id);
+        return { phase: "idle", idempotent: false };
+      }
       if (this.resumed.has(id)) return { phase: "idle", idempotent: true };
       if (this.activeId === null) {
         // Remember it: a delayed prepare of an aborted checkpoint must not close admission.
         this.resumed.add(id);
         return { phase: "idle", idempotent: true };
       }
-      if (this.activeId !== id) throw new CheckpointError("checkpoint_conflict", `checkpoint ${this.activeId} is active, not ${id}`);
-      await this.reopen(id);
-      return { phase: "idle", idempotent: false };
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${this.activeId} is active, not ${id}`);
     });
   }
 
@@ -1107,15 +1110,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   /** Resume, lease expiry and a failed prepare all come back to idle through here. Runs under the lock. */
   private async reopen(resumedId: string | undefined): Promise<void> {
-    const write = this.pendingWrite;
-    this.pendingWrite = undefined;
-    if (write) await write.gate.stop();
-    if (this.pendingInstall) await this.pendingInstall;
-    await this.adapter.openAdmission();
-    if (this.closedAt !== undefined) {
-      participantInstruments().pause.record((this.elapsedNow() - this.closedAt) / 1000, { kind: this.adapter.kind, participant: this.instance });
-      this.closedAt = undefined;
-    }
+    // Fenced first: should the kind's openAdmission throw (the phase stays, the reopen is tried
+    // again), a late commit or renew must not bring back a checkpoint its write was stopped for.
     if (resumedId !== undefined) {
       this.resumed.add(resumedId);
       const committed = this.cache.get(cacheKey(resumedId, "commit"));
@@ -1124,6 +1120,15 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         for (const id of this.resumedCommits.keys()) if (this.resumedCommits.size > RESUMED_COMMITS_KEPT) this.resumedCommits.delete(id);
       }
       for (const key of [...this.cache.keys()]) if (key.startsWith(`${resumedId}\u0000`)) this.cache.delete(key);
+    }
+    const write = this.pendingWrite;
+    this.pendingWrite = undefined;
+    if (write) await write.gate.stop();
+    if (this.pendingInstall) await this.pendingInstall;
+    await this.adapter.openAdmission();
+    if (this.closedAt !== undefined) {
+      participantInstruments().pause.record((this.elapsedNow() - this.closedAt) / 1000, { kind: this.adapter.kind, participant: this.instance });
+      this.closedAt = undefined;
     }
     this.phase = "idle";
     this.activeId = null;
