@@ -138,15 +138,15 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private readonly retired = new AttemptMarks("was retired");
   /** Source attempts of the restore installed here: each continues as its next attempt only. */
   private readonly restoredFrom = new AttemptMarks("was restored here as a later attempt");
-  /** Replies per (id, op), with the arguments they answered (a retry must ask the same). */
-  private readonly cache = new Map<string, { reply: unknown; args: string }>();
+  /** Replies per (id, op), with the arguments they answered (a retry must ask the same) and a restore's manifest pin. */
+  private readonly cache = new Map<string, CachedReply>();
   /**
    * Commit replies of the last few checkpoints resumed after they committed. The coordinator
    * resumes while it publishes, so a successor that finds the decision but no checkpoint.json
    * re-drives the commit to participants that already resumed: they answer it from here (the
    * records are durable) instead of refusing it, and the publication completes.
    */
-  private readonly resumedCommits = new Map<string, { reply: unknown; args: string }>();
+  private readonly resumedCommits = new Map<string, CachedReply>();
   private phase: Phase = "idle";
   private activeId: string | null = null;
   private leaseExpiresAt: number | null = null;
@@ -574,11 +574,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     if (issue) throw new CheckpointError("invalid_request", issue);
     const { dir, refusal } = await this.checkpointDir(request.checkpoint_dir);
     const scope = new Set(request.episode_ids.map(captureKey));
-    // Not its manifest_sha256: a coordinator pins what the directory's checkpoint.json records, and
-    // a retry is answered from what the first read installed (checked against that pin).
+    // Not its manifest_sha256, compared apart (cached): a retry without a pin (an older coordinator)
+    // is answered from what the first read installed, one pinning another manifest is a conflict.
     const args = `${dir}\u0000${[...scope].sort().join(",")}`;
     return this.underLock(request, async () => {
-      const cached = this.cached<RestoreReply>(id, "restore", args);
+      const cached = this.cached<RestoreReply>(id, "restore", args, request.manifest_sha256);
       if (cached) return cached;
       if (refusal) throw refusal;
       this.admit(id, ALLOWED.restore, "restore");
@@ -667,7 +667,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         restored: [...new Set(read.records.map((r) => captureKey(nextAttempt(r.episode_id))))].sort(),
         incarnation: this.incarnation,
       };
-      this.remember(id, "restore", reply, args);
+      this.remember(id, "restore", reply, args, request.manifest_sha256);
       return reply;
     }, (late) => this.lateRestoreRefusal(id, late));
   }
@@ -1048,17 +1048,22 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   }
 
   /** The reply this (id, op) already got; a retry asking something else is a conflict, not a replay. */
-  private cached<T>(id: string, op: string, args = ""): T | undefined {
+  private cached<T>(id: string, op: string, args = "", pin?: string): T | undefined {
     const entry = this.cache.get(cacheKey(id, op)) ?? (op === "commit" && this.resumed.has(id) ? this.resumedCommits.get(id) : undefined);
     if (!entry) return undefined;
     if (entry.args !== args) {
       throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} must name the same directory and scope${op === "commit" ? " and stop flag" : ""}`);
     }
+    // A restore pinning another manifest than the one installed asks about other records (no pin: a
+    // coordinator without pins, answered as before).
+    if (pin !== undefined && entry.pin !== undefined && entry.pin !== pin) {
+      throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} pins manifest ${pin}, not ${entry.pin}, which it installed`);
+    }
     return entry.reply as T;
   }
 
-  private remember(id: string, op: string, reply: unknown, args = ""): void {
-    this.cache.set(cacheKey(id, op), { reply, args });
+  private remember(id: string, op: string, reply: unknown, args = "", pin?: string): void {
+    this.cache.set(cacheKey(id, op), { reply, args, ...(pin !== undefined && { pin }) });
   }
 
   private report(): PrepareReport {
@@ -1282,6 +1287,13 @@ function refuseUnsendableReply(target: ParticipantTarget, count: number, created
 
 function lateCloseRefusal(op: string): CheckpointError {
   return new CheckpointError("deadline_exceeded", `${op} reached its deadline while the kind was still closing admission; it reopens once that close ends`);
+}
+
+/** A kept reply: `args` a retry must repeat; `pin` the manifest digest a restore installed, when its request named one. */
+interface CachedReply {
+  reply: unknown;
+  args: string;
+  pin?: string;
 }
 
 function cacheKey(id: string, op: string): string {
