@@ -143,7 +143,8 @@ export class HttpControllerClient extends ControllerClient {
     const everyMs = this.options.readyCheckMs ?? 5_000;
     const check = async () => {
       const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED_DISPATCHER })
-        .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.arrayBuffer(), undefined)))
+        // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
+        .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.body?.cancel().catch(() => undefined), undefined)))
         .catch(() => undefined);
       if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
       if (ready) epoch ??= ready.epoch;

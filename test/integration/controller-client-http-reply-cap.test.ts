@@ -38,4 +38,22 @@ describe("HTTP controller client reply size", () => {
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
     await server.cancelled;
   });
+
+  it("a refused /readyz (503) is not read whole either: its body is cancelled, the check failed", async () => {
+    server = await startOversizedBody(256 * MAX_READYZ_REPLY_BYTES, {
+      status: 503,
+      route: (req) => req.url !== "/readyz",
+    });
+    // As above: 1 s lets an uncapped read take each 16 MiB body whole before the fetch's timeout.
+    const client = new HttpControllerClient({ baseUrl: server.url, token: "t", readyCheckMs: 1_000 });
+    let settled: unknown = "pending";
+    void client.checkpoint({ checkpoint_id: "h2", episode_ids: [] }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => settled !== "pending", "the op to end once /readyz keeps failing", 12_000);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
+    expect(server.completed()).toBe(0);
+    await server.cancelled;
+  }, 20_000);
 });

@@ -10,6 +10,8 @@ import type { AddressInfo } from "node:net";
 export interface OversizedBodyServer {
   url: string;
   cancelled: Promise<void>;
+  /** How many bodies were sent to their end (a client read them whole). */
+  completed(): number;
   close(): Promise<void>;
 }
 
@@ -21,6 +23,7 @@ export async function startOversizedBody(
 ): Promise<OversizedBodyServer> {
   let onCancel!: () => void;
   const cancelled = new Promise<void>((resolve) => (onCancel = resolve));
+  let completed = 0;
   const server: Server = createServer((req, res) => {
     req.resume();
     if (options.route?.(req, res)) return;
@@ -35,7 +38,7 @@ export async function startOversizedBody(
         if (!res.write(piece)) return void res.once("drain", pump);
       }
       ended = true;
-      res.end("{}");
+      res.end("{}", () => void (completed += 1));
     };
     pump();
   });
@@ -43,6 +46,7 @@ export async function startOversizedBody(
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     cancelled,
+    completed: () => completed,
     close: () => {
       server.closeAllConnections();
       return new Promise((resolve) => server.close(() => resolve()));
