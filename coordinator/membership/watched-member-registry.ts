@@ -1,7 +1,7 @@
 import { Bucket, type KV, type KvEntry, type KvWatchEntry } from "@nats-io/kv";
 import { errors, type QueuedIterator } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
+import { equalJitter, MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
 import { KvMemberRegistry, memberOf, operationOf, type MembershipSource } from "./member-registry.js";
@@ -156,8 +156,9 @@ export class WatchedMemberRegistry implements MembershipSource {
         // The connection closed for good: its owner stops (the daemon exits); nothing to follow.
         if (error instanceof errors.ClosedConnectionError) return;
         this.logger?.warn({ err: error, attempt }, "membership_watch_reopen_failed");
-        // Real time, not this.clock: a test clock's sleep returns at once.
-        await new Promise((resolve) => setTimeout(resolve, Math.min(5_000, 100 * 2 ** attempt)).unref());
+        // Real time, not this.clock: a test clock's sleep returns at once. Jittered (drawn from the
+        // clock's random source): coordinators that lost their watch in one NATS restart spread out.
+        await new Promise((resolve) => setTimeout(resolve, equalJitter(Math.min(5_000, 100 * 2 ** attempt), this.clock.random)).unref());
         continue;
       }
       if (this.stopped) return void watch.stop();
