@@ -19,7 +19,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
+import { CheckpointError, equalJitter, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -133,7 +133,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
           break;
         } catch (error) {
           logger.error({ err: error, attempt }, "recovery_failed");
-          await new Promise((resolve) => setTimeout(resolve, Math.min(5000, 250 * 2 ** attempt)).unref());
+          // Jittered (the clock's random source): coordinators failing in one outage do not retry in step.
+          await new Promise((resolve) => setTimeout(resolve, equalJitter(Math.min(5000, 250 * 2 ** attempt), clock.random)).unref());
           const state = lease.state();
           if (stopped || !state.leader || state.epoch !== epoch) return;
         }
