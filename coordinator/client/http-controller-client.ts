@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
 import { fetch } from "undici";
 import { CONTROLLER_OPS, CheckpointError, CtlGetRequestSchema, ErrorReplySchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
@@ -21,6 +22,8 @@ export interface HttpControllerClientOptions {
    * coordinator stops being the ready leader: its `/readyz` is asked this often (default 5 s).
    */
   readyCheckMs?: number;
+  /** The largest op reply body read (default MAX_CONTROLLER_REPLY_BYTES). */
+  maxReplyBytes?: number;
   /**
    * How long to retry while no coordinator is the ready leader (nobody listens at the address, or
    * `not_leader`), as the NATS client does. Default 0: a library caller behind a load balancer
@@ -30,11 +33,13 @@ export interface HttpControllerClientOptions {
 }
 
 /**
- * The largest op reply body read (past it: `outcome_unknown`, the rest cancelled). The API's largest
- * replies list episode ids (up to 100,000 of 255 characters per scope, ~26 MB) per participant;
- * something answering with an endless body, say a misbehaving proxy, must not grow this process.
+ * The largest op reply body read by default (past it: `outcome_unknown`, the rest cancelled): the
+ * longest string V8 makes, so no reply the client could read at all is refused. The API answers
+ * over HTTP in full, and its largest replies repeat episode lists (up to 100,000 ids of 255
+ * characters, ~26 MB) per participant, so no smaller fixed bound is safe; something answering with
+ * an endless body, say a misbehaving proxy, still cannot grow this process past it.
  */
-export const MAX_CONTROLLER_REPLY_BYTES = 64 * 1024 * 1024;
+export const MAX_CONTROLLER_REPLY_BYTES = constants.MAX_STRING_LENGTH;
 
 /** The largest `/readyz` body read: the API's is a few fields; past it the check counts as failed. */
 export const MAX_READYZ_REPLY_BYTES = 64 * 1024;
@@ -184,7 +189,7 @@ export class HttpControllerClient extends ControllerClient {
     }
     let text: string;
     try {
-      text = await readCappedText(response, MAX_CONTROLLER_REPLY_BYTES, `the reply to ${op}`);
+      text = await readCappedText(response, this.options.maxReplyBytes ?? MAX_CONTROLLER_REPLY_BYTES, `the reply to ${op}`);
     } catch (error) {
       // A reply past the limit is not read, as one cut off: the op may have run.
       if (error instanceof CheckpointError && error.code === "payload_too_large") throw new CheckpointError("outcome_unknown", `${error.message}, not read; the op may have run`);

@@ -1,3 +1,4 @@
+import { constants } from "node:buffer";
 import { afterEach, describe, expect, it } from "vitest";
 import { HttpControllerClient, MAX_CONTROLLER_REPLY_BYTES, MAX_READYZ_REPLY_BYTES } from "../../coordinator/client/http-controller-client.js";
 import { startOversizedBody, type OversizedBodyServer } from "../support/oversized-body.js";
@@ -12,11 +13,18 @@ afterEach(async () => {
 });
 
 describe("HTTP controller client reply size", () => {
-  it("an op reply past MAX_CONTROLLER_REPLY_BYTES is outcome_unknown naming the limit, its stream cancelled", async () => {
-    server = await startOversizedBody(2 * MAX_CONTROLLER_REPLY_BYTES);
-    const client = new HttpControllerClient({ baseUrl: server.url, token: "t" });
-    await expect(client.call("list", {})).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining(`${MAX_CONTROLLER_REPLY_BYTES} bytes`) });
+  it("an op reply past the client's limit is outcome_unknown naming the limit, its stream cancelled", async () => {
+    const limit = 64 * 1024 * 1024;
+    server = await startOversizedBody(2 * limit);
+    const client = new HttpControllerClient({ baseUrl: server.url, token: "t", maxReplyBytes: limit });
+    await expect(client.call("list", {})).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining(`${limit} bytes`) });
     await server.cancelled;
+  });
+
+  it("by default, no reply a string can hold is refused: the limit is V8's longest string", () => {
+    expect(MAX_CONTROLLER_REPLY_BYTES).toBe(constants.MAX_STRING_LENGTH);
+    // Room for the longest episode lists the API answers in full over HTTP, several participants over.
+    expect(MAX_CONTROLLER_REPLY_BYTES).toBeGreaterThan(8 * 26 * 1024 * 1024);
   });
 
   it("a /readyz reply past MAX_READYZ_REPLY_BYTES counts as a failed check (the op ends outcome_unknown), its stream cancelled", async () => {
