@@ -85,15 +85,35 @@ async function makeParticipantDir(target: ParticipantTarget): Promise<string | u
 
 /** The filesystem backend: one records file plus a create-only manifest per participant. */
 export class FsCheckpointStorage implements CheckpointStorage {
+  /**
+   * Directories holding an entry a write created whose fsync has not succeeded yet (a failed fsync
+   * or mkdir): a retry finds the directories there and creates nothing, so it fsyncs these instead.
+   */
+  private readonly unsynced = new Set<string>();
+
   async write(
     target: ParticipantTarget,
     records: readonly RecordBase[],
     options: { gate: WriteGate; createdAt: number; extra: Record<string, unknown>; existingCheckpointDir?: boolean },
   ): Promise<WrittenParticipant> {
     const dir = participantDir(target);
-    // A new directory's entry lives in its parent: fsync those now (a retry creates nothing), or
-    // LATEST can survive a power loss that drops `gym/<kind>/<instance>`.
-    for (const parent of parentsOfCreated(dir, options.existingCheckpointDir ? await makeParticipantDir(target) : await makeDirectories(dir))) await fsyncDir(parent);
+    // A new directory's entry lives in its parent: fsync those now, or LATEST can survive a power
+    // loss that drops `gym/<kind>/<instance>`. Those a failed attempt left unsynced are fsynced by
+    // its retry, which creates nothing.
+    const mayCreate = parentsOfCreated(dir, options.existingCheckpointDir ? join(target.checkpointDir, PARTICIPANTS_DIR) : target.checkpointDir);
+    let created: string[];
+    try {
+      created = parentsOfCreated(dir, options.existingCheckpointDir ? await makeParticipantDir(target) : await makeDirectories(dir));
+    } catch (error) {
+      for (const parent of mayCreate) this.unsynced.add(parent); // it may have created some before failing
+      throw error;
+    }
+    for (const parent of created) this.unsynced.add(parent);
+    for (const parent of new Set([...created, ...mayCreate])) {
+      if (!this.unsynced.has(parent)) continue;
+      await fsyncDir(parent);
+      this.unsynced.delete(parent);
+    }
     const suffix = `${process.pid}.${randomBytes(6).toString("hex")}`;
     const tempRecords = join(dir, `.records.jsonl.${suffix}`);
     const hash = createHash("sha256");
