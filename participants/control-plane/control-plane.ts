@@ -1013,9 +1013,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
    * The textual check does not see symlinks: mkdir -p and open follow them anywhere below the
    * checkpoint directory (`<dir>/gym` → elsewhere writes there, and a restore reads from there).
    * So every existing component of `<dir>/gym/<kind>/<instance>` must be a directory resolving
-   * inside the root (a symlink to elsewhere in the root is fine; a dangling one is refused, mkdir
-   * would fail on it), and no file in the participant directory may be a symlink. Checked before
-   * anything is created; the storage opens manifest and records with O_NOFOLLOW besides.
+   * inside the root (up to `<dir>` a symlink to elsewhere in the root is fine; a dangling one is
+   * refused, mkdir would fail on it), below `<dir>` none may be a symlink at all (the coordinator's
+   * restore and verify refuse a participant directory reached through one: its checkpoint would be
+   * published, never restored), and no file in the participant directory may be a symlink. Checked
+   * before anything is created; the storage opens manifest and records with O_NOFOLLOW besides.
    */
   private async refuseRootEscape(dir: string, root: string, write: boolean): Promise<void> {
     const realRoot = await realpathOrUndefined(root);
@@ -1035,6 +1037,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       let info = await lstatOrUndefined(path);
       if (info === undefined) return; // nothing below exists yet
       if (info.isSymbolicLink()) {
+        if (path.length > dir.length) throw escape(`${path} is a symbolic link (below the checkpoint directory none may be)`);
         const real = await realpathOrUndefined(path);
         if (real === undefined) throw escape(`${path} is a symbolic link to nothing`);
         if (real !== realRoot && !real.startsWith(`${realRoot}/`)) throw escape(`${path} resolves outside the root (a symlink)`);

@@ -563,6 +563,25 @@ describe("fences and refusals change no state", () => {
     }
   });
 
+  it("refuses a commit or restore through a symlink below checkpoint_dir even when it stays inside the root: the coordinator's restore and verify refuse a participant directory reached through one, so its checkpoint could be published but never restored", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" });
+    await mkdir(join(root, "c1"));
+    await mkdir(join(root, "elsewhere", "gym"), { recursive: true });
+    await symlink(join(root, "elsewhere", "gym"), join(root, "c1", "gym"));
+    expect(await refused(call("commit", { checkpoint_id: "c1" }))).toBe("invalid_request");
+    expect(await readdir(join(root, "elsewhere", "gym"))).toEqual([]);
+    expect(plane.currentPhase).toBe("prepared");
+    // A restore through such a link installs nothing either.
+    await call("resume", { checkpoint_id: "c1" });
+    kind.episodes.clear(); // a fresh process, which a restore would install into
+    const dir = await checkpointWith([{ rollout_id: "r2", attempt: 0 }]);
+    await rename(join(dir, "gym"), join(root, "elsewhere", "src-gym"));
+    await symlink(join(root, "elsewhere", "src-gym"), join(dir, "gym"));
+    expect(await refused(call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r2", attempt: 0 }] }))).toBe("invalid_request");
+    expect(kind.restored.size).toBe(0);
+  });
+
   it("checks the same below checkpoint_dir when the root is written unnormalized (`$DATA/ckpt` with DATA ending in /)", async () => {
     const outside = await mkdtemp(join(tmpdir(), "gym-ckpt-outside-"));
     const unnormalizedRoot = `${dirname(root)}//${basename(root)}`;
