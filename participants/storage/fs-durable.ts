@@ -31,6 +31,13 @@ export function parentsOfCreated(dir: string, first: string | undefined): string
 }
 
 /**
+ * Directories holding an entry writeFileAtomic made (a directory, a link or rename) whose fsync
+ * failed: the retry finds the entry there and makes nothing, so it fsyncs these instead
+ * (process-wide: it is the disk's).
+ */
+const unsynced = new Set<string>();
+
+/**
  * Publishes `data` at `target` atomically: a dot-named temp file in the same directory (no glob
  * matches it, and the rename stays on one filesystem), write, fsync, rename, then fsync the
  * directory so the rename itself survives a crash. Readers see the old file or the new one.
@@ -46,7 +53,13 @@ export async function writeFileAtomic(
 ): Promise<boolean> {
   const dir = dirname(target);
   if (options.createParents !== false) {
-    for (const parent of parentsOfCreated(dir, await makeDirectories(dir))) await fsyncDir(parent);
+    for (const parent of parentsOfCreated(dir, await makeDirectories(dir))) unsynced.add(parent);
+  }
+  const at = resolve(dir);
+  for (const parent of [...unsynced]) {
+    if (at !== parent && !at.startsWith(parent.endsWith("/") ? parent : `${parent}/`)) continue; // not on this write's path
+    await fsyncDir(parent);
+    unsynced.delete(parent);
   }
   const temp = join(dir, `.${basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
   try {
@@ -75,6 +88,11 @@ export async function writeFileAtomic(
     await rm(temp, { force: true });
     throw namePath(error, temp);
   }
-  await fsyncDir(dir);
+  try {
+    await fsyncDir(dir);
+  } catch (error) {
+    unsynced.add(at); // the link or rename is there: a retry finds it and must make it durable
+    throw error;
+  }
   return true;
 }
