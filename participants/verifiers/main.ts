@@ -25,6 +25,9 @@ import type { VerifierServer } from "./verifier-server.js";
  */
 const VERIFIERS = ["math", "code", "competitive", "equivalence", "cohort"];
 
+/** Built by flagRefusal, before NATS. */
+let server!: VerifierServer;
+
 /** Checked before NATS, with the common flags: with NATS down a bad flag must still exit 2, not be restarted as unreachable. */
 function flagRefusal(flags: Record<string, string | undefined>): string | undefined {
   const verifier = flags.verifier ?? "math";
@@ -34,6 +37,12 @@ function flagRefusal(flags: Record<string, string | undefined>): string | undefi
   for (const [flag, least] of [["cohort-size", 1], ["max-active-cohorts", 1], ["max-sandbox-queue", 0]] as const) {
     const value = flags[flag];
     if (value !== undefined && !(/^\d+$/.test(value) && Number(value) >= least)) return `--${flag} must be an integer ≥ ${least}`;
+  }
+  // The constructors check the rest (a judge timeout of 0, a cohort timeout of 0): built here, before NATS, for the same reason.
+  try {
+    server = build(flags);
+  } catch (error) {
+    return error instanceof Error ? error.message : String(error);
   }
   return undefined;
 }
@@ -46,18 +55,18 @@ const runtime = await startServerRuntime(
 );
 const { extra, logger } = runtime;
 
-function judge(): JudgeClient {
+function judge(flags: Record<string, string | undefined>): JudgeClient {
   const apiKey = process.env.GYM_CKPT_JUDGE_API_KEY;
   return new JudgeClient({
-    baseUrl: extra["judge-url"]!, // required for these verifiers, before NATS
-    ...(extra["judge-model"] && { model: extra["judge-model"] }),
-    ...(extra["judge-timeout-ms"] !== undefined && { requestTimeoutMs: Number(extra["judge-timeout-ms"]) }),
+    baseUrl: flags["judge-url"]!, // required for these verifiers, before NATS
+    ...(flags["judge-model"] && { model: flags["judge-model"] }),
+    ...(flags["judge-timeout-ms"] !== undefined && { requestTimeoutMs: Number(flags["judge-timeout-ms"]) }),
     ...(apiKey && { apiKey }),
   });
 }
 
-function build(): VerifierServer {
-  switch (extra.verifier ?? "math") {
+function build(flags: Record<string, string | undefined>): VerifierServer {
+  switch (flags.verifier ?? "math") {
     case "math":
       return new MathVerifier();
     case "code":
@@ -65,30 +74,23 @@ function build(): VerifierServer {
     case "competitive":
       return new CompetitiveProgrammingVerifier();
     case "equivalence":
-      return new EquivalenceJudgeVerifier(judge());
+      return new EquivalenceJudgeVerifier(judge(flags));
     case "cohort":
       return new CohortCompareVerifier(
         {
-          size: Number(extra["cohort-size"] ?? "2"),
-          ...(extra["collection-timeout-ms"] && { collectionTimeoutMs: Number(extra["collection-timeout-ms"]) }),
-          ...(extra["evaluation-timeout-ms"] && { evaluationTimeoutMs: Number(extra["evaluation-timeout-ms"]) }),
-          ...(extra["max-active-cohorts"] && { maxActiveCohorts: Number(extra["max-active-cohorts"]) }),
+          size: Number(flags["cohort-size"] ?? "2"),
+          ...(flags["collection-timeout-ms"] && { collectionTimeoutMs: Number(flags["collection-timeout-ms"]) }),
+          ...(flags["evaluation-timeout-ms"] && { evaluationTimeoutMs: Number(flags["evaluation-timeout-ms"]) }),
+          ...(flags["max-active-cohorts"] && { maxActiveCohorts: Number(flags["max-active-cohorts"]) }),
         },
-        modelCohortJudge(judge()),
+        modelCohortJudge(judge(flags)),
       );
     default:
-      throw new Error(`unknown --verifier ${extra.verifier}`);
+      throw new Error(`unknown --verifier ${flags.verifier}`);
   }
 }
 
-let server: VerifierServer;
-try {
-  if (extra["max-sandbox-queue"] !== undefined) SANDBOX_SLOTS.maxQueued = Number(extra["max-sandbox-queue"]);
-  server = build();
-} catch (error) {
-  process.stderr.write(`verifier: ${error instanceof Error ? error.message : String(error)}\n`);
-  process.exit(2);
-}
+if (extra["max-sandbox-queue"] !== undefined) SANDBOX_SLOTS.maxQueued = Number(extra["max-sandbox-queue"]);
 // Registered before serve(), so it runs after the HTTP drain: sandbox children of verifies still
 // running then are killed instead of outliving this process.
 runtime.onShutdown(stopSandboxes);
