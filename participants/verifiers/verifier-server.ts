@@ -42,12 +42,24 @@ export abstract class VerifierServer extends ResourcesServer {
     });
     app.post("/verify", async (request, reply) => {
       this.verifyCalls += 1;
+      // Stopped by a retire, or by its client leaving before the answer: nobody would read it, and a
+      // sandbox run (or judge call) left going would hold its slot (or connection) to the end.
+      const retired = sessions.signal(request);
+      const stop = new AbortController();
+      const onRetire = () => stop.abort(retired.reason);
+      const onClientGone = () => stop.abort(new CheckpointError("unreachable", "the client closed its connection before the verify's answer"));
+      if (retired.aborted) onRetire();
+      else retired.addEventListener("abort", onRetire, { once: true });
+      reply.raw.once("close", onClientGone);
       try {
-        return await this.verify(request.body, request, sessions.signal(request));
+        return await this.verify(request.body, request, stop.signal);
       } catch (error) {
         const sent = sendVerifierRefusal(reply, error);
         if (sent) return sent;
         throw error;
+      } finally {
+        retired.removeEventListener("abort", onRetire);
+        reply.raw.off("close", onClientGone);
       }
     });
     app.post("/close_session", async (request) => {
