@@ -4,11 +4,19 @@ import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sand
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
 export const MAX_CASES = 100;
+
+/** Names the sandbox's call `name(...args)` cannot take: every case would fail, whatever was submitted. */
+const RESERVED_WORDS = new Set(
+  "break case catch class const continue debugger default delete do else enum export extends false finally for function if import in instanceof new null return super switch this throw true try typeof var void while with".split(" "),
+);
 const CodeVerifyBodySchema = z
   .object({
     task: z
       .object({
-        function_name: z.string().regex(/^[A-Za-z_$][A-Za-z0-9_$]{0,63}$/, "function_name must be a JavaScript identifier"),
+        function_name: z
+          .string()
+          .regex(/^[A-Za-z_$][A-Za-z0-9_$]{0,63}$/, "function_name must be a JavaScript identifier")
+          .refine((name) => !RESERVED_WORDS.has(name), "function_name must not be a reserved word"),
         tests: z.array(z.object({ args: z.array(z.json()).max(32), expected: z.json() }).strict()).min(1).max(MAX_CASES),
       })
       .catchall(z.json()),

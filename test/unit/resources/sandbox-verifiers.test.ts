@@ -273,6 +273,13 @@ describe("code verifier", () => {
     expect(result.status).toBe(400);
     expect(result.body.error.code).toBe("invalid_request");
   });
+
+  it("refuses a reserved word as function_name with invalid_request, before any run (no submission could pass it)", async () => {
+    for (const name of ["return", "new", "typeof", "this", "class"]) {
+      const result = await verify(new CodeVerifier(LIMITS), { task: { function_name: name, tests: [{ args: [], expected: 1 }] }, answer: "function f() { return 1; }" });
+      expect({ name, status: result.status, code: result.body.error?.code }).toEqual({ name, status: 400, code: "invalid_request" });
+    }
+  });
 });
 
 describe("retiring a request whose sandboxed /verify runs or waits for a slot", () => {
