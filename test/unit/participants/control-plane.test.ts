@@ -1651,3 +1651,38 @@ describe("closeAdmission that outlives its op's deadline", () => {
     expect(plane.isRetired({ rollout_id: "r1", attempt: 0 })).toBe(false);
   });
 });
+
+describe("a lease expiry whose reopen failed, racing the coordinator's late ops", () => {
+  it("fences the id at once: a late commit or renew is refused stale_checkpoint and cannot extend the lease or write; the next try reopens", async () => {
+    kind.addEpisode({ rollout_id: "r1", attempt: 0 });
+    await call("prepare", { checkpoint_id: "c1" }); // lease T0 + 90
+    kind.failNext("openAdmission", new Error("transient reopen failure"));
+    clock.advance(91_000);
+    for (let i = 0; i < 10; i++) await flush();
+    expect(kind.admissionOpen).toBe(false); // the reopen failed; retried in a second
+    expect(await refusalCode(call("renew", { checkpoint_id: "c1", deadline_ts: T0 + 300 }))).toBe("stale_checkpoint");
+    expect(await refusalCode(call("commit", { checkpoint_id: "c1", deadline_ts: T0 + 300 }))).toBe("stale_checkpoint");
+    expect(existsSync(join(root, "c1/gym/environment/env0/manifest.json"))).toBe(false);
+    expect(kind.hooks()).not.toContain("exportRecords");
+    clock.advance(1_000);
+    for (let i = 0; i < 10; i++) await flush();
+    expect({ phase: plane.currentPhase, open: kind.admissionOpen }).toEqual({ phase: "idle", open: true });
+  });
+
+  it("a coordinator resume after that failed reopen still reopens (it is not answered idempotent while admission stays closed)", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    kind.failNext("openAdmission", new Error("transient reopen failure"));
+    clock.advance(91_000);
+    for (let i = 0; i < 10; i++) await flush();
+    expect(await call("resume", { checkpoint_id: "c1" })).toEqual({ phase: "idle", idempotent: false });
+    expect({ phase: plane.currentPhase, open: kind.admissionOpen }).toEqual({ phase: "idle", open: true });
+  });
+
+  it("a coordinator resume whose reopen fails can be retried: the retry reopens", async () => {
+    await call("prepare", { checkpoint_id: "c1" });
+    kind.failNext("openAdmission", new Error("transient reopen failure"));
+    await expect(call("resume", { checkpoint_id: "c1" })).rejects.toThrow("transient reopen failure");
+    expect(await call("resume", { checkpoint_id: "c1" })).toEqual({ phase: "idle", idempotent: false });
+    expect({ phase: plane.currentPhase, open: kind.admissionOpen }).toEqual({ phase: "idle", open: true });
+  });
+});
