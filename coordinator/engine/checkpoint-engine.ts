@@ -257,7 +257,7 @@ export class CheckpointEngine {
    * The `restore_failed` of the restores whose clean-up ran here (the last few): the same restore
    * sent again (its reply was lost) into the same processes gets it again, nothing sent. Those
    * processes fenced the id when the clean-up resumed them, so sending it again could only fail
-   * there, and its detail ("nothing was retired") would belie the attempt+1 the first one retired.
+   * there, and that refusal would belie the attempt+1 the first one retired.
    * Once the membership view shows a member restarted, the same request is a new restore.
    */
   private readonly failedRestores = new Map<string, FailedRestore>();
@@ -528,10 +528,8 @@ export class CheckpointEngine {
       // Leadership lost during the write dropped the open state: do not put back a stale restore.
       this.options.leadership.assert(epoch);
       this.open = open;
-      this.restoreFailures.delete(id);
-      this.failedRestores.delete(id);
-      this.stopped.delete(id); // restored into fresh processes: its resume is the restore's
-      return this.driveRestore(open, deadlineMs, ctx);
+      const putBack = this.forgetRestoreHistory(id);
+      return this.driveRestore(open, deadlineMs, ctx, undefined, putBack);
     });
   }
 
@@ -1502,11 +1500,18 @@ export class CheckpointEngine {
    * it may have been installed, everyone resumes, and it throws `restore_failed`. Recovery
    * re-drives a predecessor's restore (`journaled`: its entry's state) through here: a member that
    * restored it already answers from its reply cache (kept per id, directory and scope, whatever
-   * the epoch and deadline), one that never got it installs it now.
+   * the epoch and deadline), one that never got it installs it now. A first send (`putBack`, what
+   * its opening forgot) that every member refused is answered as that refusal (refuseRestore).
    */
-  private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"restore">>;
+  private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled: undefined, putBack: () => void): Promise<CtlReplyOf<"restore">>;
   private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled: "restoring" | "restored"): Promise<CtlReplyOf<"restore"> | undefined>;
-  private async driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled?: "restoring" | "restored"): Promise<CtlReplyOf<"restore"> | undefined> {
+  private async driveRestore(
+    open: OpenCheckpoint,
+    deadlineMs: number,
+    ctx: Context | undefined,
+    journaled?: "restoring" | "restored",
+    putBack?: () => void,
+  ): Promise<CtlReplyOf<"restore"> | undefined> {
     const { id, epoch } = open;
     const request = { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: open.dir ?? this.options.catalog.dirFor(id), episode_ids: open.scope ?? [] };
     const outcomes = await runAll(open.members, (m) => {
@@ -1539,6 +1544,11 @@ export class CheckpointEngine {
       };
       return open.restore;
     }
+    // Every participant refused this restore before installing anything (a first send: a re-driven
+    // one may have installed before): nothing to clean up, so its refusal is the answer.
+    if (putBack && failures.length === outcomes.length && failures.every((f) => RESTORE_REFUSALS.has(f.code))) {
+      return this.refuseRestore(open, failures, deadlineMs, putBack);
+    }
     // A participant's refusal changed nothing there; anywhere else the restore may have installed
     // attempt+1 (it did, or the outcome is unknown), and only there must it be retired: retiring it
     // at a process that refused would fence rollouts it runs (a restore sent to live processes).
@@ -1550,6 +1560,48 @@ export class CheckpointEngine {
         ? open.members
         : outcomes.filter((o) => o.ok || !RESTORE_REFUSALS.has(o.code) || (journaled === "restoring" && o.code === "stale_checkpoint")).map((o) => o.participant);
     return this.failRestore(open, installedMaybe, combinedFailure("restore", failures), deadlineMs, ctx);
+  }
+
+  /**
+   * What a restore of `id` forgets as it opens (a failure remembered, a stop checkpoint to release),
+   * and a function putting it back, for a restore every participant refused: it changed nothing.
+   */
+  private forgetRestoreHistory(id: string): () => void {
+    const failure = this.restoreFailures.get(id);
+    const failed = this.failedRestores.get(id);
+    const stopped = this.stopped.has(id);
+    this.restoreFailures.delete(id);
+    this.failedRestores.delete(id);
+    this.stopped.delete(id); // restored into fresh processes: its resume is the restore's
+    return () => {
+      if (failure !== undefined) this.restoreFailures.set(id, failure);
+      if (failed) this.failedRestores.set(id, failed);
+      if (stopped) this.stopped.add(id);
+    };
+  }
+
+  /**
+   * A restore every participant refused (RESTORE_REFUSALS: nothing installed, nobody parked by it;
+   * one that closed admission reopened it before refusing): no clean-up, whose resume would fence
+   * the id and whose remembered restore_failed would tell the controller to restart rollouts those
+   * processes still run. Its open state and journal entry go, answered once the entry is removed
+   * (a successor re-driving it would take a stale_checkpoint for an install since resumed, and retire
+   * attempt+1 there); then the refusal, the common code or the first, naming every participant.
+   */
+  private async refuseRestore(open: OpenCheckpoint, failures: Failure[], deadlineMs: number, putBack: () => void): Promise<never> {
+    this.checkpointLog(open.id).info({ refusals: failures.map((f) => `${refName(f.participant)}: ${f.code}`) }, "restore_refused_everywhere");
+    // Not close(): the id is left as it was (closed or not), not fenced here by a restore that did nothing.
+    if (this.open === open) this.open = undefined;
+    putBack();
+    const removal = this.removeEntry(open.id, this.journalWrites.get(open.id), this.leaderTerm);
+    await this.entryRemoved(
+      open.id,
+      removal,
+      deadlineMs,
+      `the restore of checkpoint ${open.id} was refused by every participant (nothing installed)`,
+      "a successor may still send it again and clean it up (restore_failed); retry the restore once a leader serves",
+    );
+    throw combinedFailure("restore", failures);
   }
 
   /**
@@ -1920,7 +1972,21 @@ export class CheckpointEngine {
    * deadline, at least JOURNAL_REMOVE_WAIT_MIN_MS; or kept, the term having ended):
    * `outcome_unknown`, so the controller's retry learns what became of it.
    */
-  private async completionJournaled(id: string, removal: Promise<boolean>, deadlineMs: number): Promise<void> {
+  private completionJournaled(id: string, removal: Promise<boolean>, deadlineMs: number): Promise<void> {
+    return this.entryRemoved(
+      id,
+      removal,
+      deadlineMs,
+      `checkpoint ${id} was resumed at every participant`,
+      "a successor may still finish it as a restore whose participant restarted (restore_failed); retry the resume once a leader serves",
+    );
+  }
+
+  /**
+   * Waits for a closed restore's journal entry removal (by the deadline, at least
+   * JOURNAL_REMOVE_WAIT_MIN_MS); not removed in time, or kept: `outcome_unknown` (`what`, so `then`).
+   */
+  private async entryRemoved(id: string, removal: Promise<boolean>, deadlineMs: number, what: string, then: string): Promise<void> {
     let cancel: (() => void) | undefined;
     const timedOut = new Promise<false>((resolve) => {
       cancel = this.options.clock.setTimer(() => resolve(false), Math.max(deadlineMs - this.options.clock.now(), JOURNAL_REMOVE_WAIT_MIN_MS));
@@ -1929,7 +1995,7 @@ export class CheckpointEngine {
     if (removed) return;
     throw new CheckpointError(
       "outcome_unknown",
-      `checkpoint ${id} was resumed at every participant, but its journal entry could not be removed, so a successor may still finish it as a restore whose participant restarted (restore_failed); retry the resume once a leader serves`,
+      `${what}, but its journal entry could not be removed, so ${then}`,
     );
   }
 

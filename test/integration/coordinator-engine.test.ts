@@ -6,6 +6,7 @@ import { headers } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
+import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { openMembersBucket } from "../../coordinator/membership/members-bucket.js";
 import { PROTOCOL_VERSION, controllerSubject, type Kind } from "../../protocol/index.js";
 import { KIND_OF, PARTICIPANT_TOKEN, hookLog, monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
@@ -352,8 +353,7 @@ describe("coordinator over a real nats-server with participants of all four kind
     // The same restore again, into the processes now running rr1's attempt 1: each refuses (the id
     // was resumed here); retiring attempt 1 would fence the live continuation everywhere.
     const error = await refusal(world.client.restore({ checkpoint_id: "base-rr", episode_ids: scope }));
-    expect(error.code).toBe("restore_failed");
-    expect(error.message).toContain("nothing was retired");
+    expect(error.code).toBe("stale_checkpoint");
     expect(hookLog.filter((h) => h.startsWith("retire:"))).toEqual([]);
     for (const p of world.participants) {
       expect(p.handle.controlPlane.isRetired({ rollout_id: "rr1", attempt: 1 })).toBe(false);
@@ -361,16 +361,46 @@ describe("coordinator over a real nats-server with participants of all four kind
     }
   });
 
-  it("restore of a stop checkpoint into the processes still parked in it: each refuses, nothing is retired, everyone resumes", async () => {
+  it("a restore of a checkpoint the same processes already resumed from: every one refuses it stale_checkpoint, answered as that refusal; nothing retired, resumed or journaled, and its resume still succeeds", async () => {
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "sr1", attempt: 0 }, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "base-sr" });
+    await viewShowsEveryone();
+    hookLog.length = 0;
+    const monitor = monitorPhaseMessages(world.pnc, world.deployment);
+    await world.pnc.flush();
+    // Only the trainer crashed: its successor restores LATEST into the Gym processes that resumed from it.
+    const error = await refusal(world.client.restore({ checkpoint_id: "base-sr", episode_ids: [{ rollout_id: "sr1", attempt: 0 }] }));
+    await world.pnc.flush();
+    monitor.stop();
+    expect(error.code).toBe("stale_checkpoint");
+    for (const p of world.participants) expect(error.message).toContain(`${p.kind}/${p.instance}: stale_checkpoint`);
+    // A refusal: no clean-up (no retire, no resume), nobody parked, nothing left in the journal.
+    expect(monitor.log.map((m) => m.op).filter((op) => op !== "restore")).toEqual([]);
+    expect(hookLog.filter((h) => h.startsWith("retire:") || h.startsWith("close:") || h.startsWith("open:"))).toEqual([]);
+    for (const p of world.participants) {
+      expect(p.handle.controlPlane.currentPhase).toBe("idle");
+      expect(p.handle.controlPlane.isRetired({ rollout_id: "sr1", attempt: 1 })).toBe(false);
+    }
+    const journal = await KvDecisionJournal.open(world.pnc, world.deployment);
+    await waitUntil(async () => !(await journal.list()).some((e) => e.checkpoint_id === "base-sr"), "base-sr's journal entry removed", 5000);
+    expect((await world.client.status()).checkpoint).toBeNull();
+    // As for an id never restored: its resume (closed by the checkpoint op) is the idempotent success.
+    expect(await world.client.resume({ checkpoint_id: "base-sr" })).toEqual({ checkpoint_id: "base-sr", participants: [] });
+    // The same restore again is refused the same way (nothing remembered as a failure).
+    expect((await refusal(world.client.restore({ checkpoint_id: "base-sr", episode_ids: [{ rollout_id: "sr1", attempt: 0 }] }))).code).toBe("stale_checkpoint");
+  });
+
+  it("restore of a stop checkpoint into the processes still parked in it: each refuses, answered as that refusal; nothing is retired, they stay parked until its resume", async () => {
     for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "st1", attempt: 0 }, { n: 1 });
     await world.client.checkpoint({ checkpoint_id: "stop-held", stop: true });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("committed");
     hookLog.length = 0;
     const error = await refusal(world.client.restore({ checkpoint_id: "stop-held", episode_ids: [{ rollout_id: "st1", attempt: 0 }] }));
-    expect(error.code).toBe("restore_failed");
-    expect(error.message).toContain("nothing was retired");
-    expect(hookLog.filter((h) => h.startsWith("retire:"))).toEqual([]);
-    // resumed, so nothing stays parked until its lease expires; the controller restarts st1 from input
+    expect(error.code).toBe("invalid_phase");
+    expect(hookLog.filter((h) => h.startsWith("retire:") || h.startsWith("open:"))).toEqual([]);
+    // Parked by the stop checkpoint, not by the refused restore: still a stop checkpoint, whose resume releases them.
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("committed");
+    await world.client.resume({ checkpoint_id: "stop-held" });
     for (const p of world.participants) {
       expect(p.handle.controlPlane.currentPhase).toBe("idle");
       expect(p.handle.controlPlane.isRetired({ rollout_id: "st1", attempt: 1 })).toBe(false);
@@ -430,8 +460,10 @@ describe("coordinator over a real nats-server with participants of all four kind
     expect(retry.message).toBe(first.message);
     expect(monitor.log).toEqual([]);
     expect(installs()).toEqual(installed);
-    // Another scope is another restore (each process refuses it: the id was resumed there).
-    expect((await refusal(world.client.restore({ checkpoint_id: "base-retry", episode_ids: [] }))).message).toContain("nothing was retired");
+    // Another scope is another restore: each process refuses it (the id was resumed there), answered as that refusal.
+    expect((await refusal(world.client.restore({ checkpoint_id: "base-retry", episode_ids: [] }))).code).toBe("stale_checkpoint");
+    // It changed nothing: the first scope's retry still gets its restore_failed.
+    expect((await refusal(world.client.restore({ checkpoint_id: "base-retry", episode_ids: scope }))).message).toBe(first.message);
     // Fresh processes: the same restore again is a new one, and it restores.
     await world.stopParticipants();
     await world.startParticipants();

@@ -97,8 +97,8 @@ describe("a restore overtaken mid-install", () => {
     release();
     await forgetting;
     const error = await restoring;
-    expect(error.code).toBe("restore_failed");
-    expect(error.message).toContain("nothing was retired");
+    // Refused everywhere as not fresh (env1 past its deadline too): answered as that refusal, nothing cleaned up.
+    expect(error.code).toBe("invalid_checkpoint_state");
     expect(hookLog.filter((h) => h.startsWith("retire:"))).toEqual([]);
     for (const p of world.participants) {
       expect(p.handle.controlPlane.isRetired({ rollout_id: "lv", attempt: 1 })).toBe(false);
@@ -106,8 +106,7 @@ describe("a restore overtaken mid-install", () => {
       expect(p.adapter.episodes.has("lv-a1")).toBe(true);
     }
 
-    // Those processes resumed lv-1 (the clean-up's resume): another restore of it, late at env1
-    // again, is refused there as already resumed (stale_checkpoint), as in time; lw's attempt 1 runs on.
+    // Another restore of it, late at env1 again, is refused there as in time (not fresh); lw's attempt 1 runs on.
     for (const p of world.participants) p.adapter.addEpisode({ rollout_id: "lw", attempt: 1 }, { n: 2 });
     let releaseAgain!: () => void;
     env1.adapter.delay("forget", new Promise<void>((r) => (releaseAgain = r)));
@@ -120,8 +119,7 @@ describe("a restore overtaken mid-install", () => {
     releaseAgain();
     await forgettingAgain;
     const errorAgain = await again;
-    expect(errorAgain.code).toBe("restore_failed");
-    expect(errorAgain.message).toContain("nothing was retired");
+    expect(errorAgain.code).toBe("invalid_checkpoint_state");
     expect(hookLog.filter((h) => h.startsWith("retire:"))).toEqual([]);
     for (const p of world.participants) expect(p.handle.controlPlane.isRetired({ rollout_id: "lw", attempt: 1 })).toBe(false);
   });
