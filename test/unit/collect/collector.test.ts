@@ -925,6 +925,39 @@ describe("collector", () => {
     expect(sent).toEqual([2]);
   });
 
+  it("a restore every participant refused (the surviving Gym already resumed from that checkpoint): nothing was cleaned up, so the collector fences what ran and restarts the rows from input, losing none", async () => {
+    // run-1 dispatched a@0 and b@0, published a checkpoint continuing a@0 and resumed it; then only the collector died.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }]);
+    const { controller, calls, state } = fakeController({
+      // The coordinator's answer to a restore refused everywhere: the refusal, nothing retired, resumed or left open.
+      restore: async (req: never) => {
+        calls.push({ op: "restore", req });
+        throw new CheckpointError("stale_checkpoint", "restore failed on 1 participant(s): environment/e1: stale_checkpoint; first details: environment/e1: checkpoint was already resumed");
+      },
+    });
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    // The surviving servers still run a@0 and b@0 until a retire fences them.
+    const fenced = new Map<string, number>();
+    const url = await runServer((body) =>
+      body.attempt <= (fenced.get(body.rollout_id) ?? -1) ? { status: 409, body: { error: { code: "stale_attempt", detail: "fenced" } } } : { status: 200, body: { reward: 1 } },
+    );
+    const retire = controller.retire.bind(controller);
+    (controller as { retire: (req: { episode_ids: EpisodeId[] }) => Promise<unknown> }).retire = async (req) => {
+      for (const e of req.episode_ids) fenced.set(e.rollout_id, Math.max(fenced.get(e.rollout_id) ?? -1, e.attempt));
+      return retire(req as never);
+    };
+    const collector = collectorFor(controller, url, { rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }], maxAttempts: 1 });
+    await collector.start();
+    expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+    // Both rows' running attempts fenced (a's through attempt+1, which the refusal promises was never installed), nothing resumed.
+    expect(fenced).toEqual(new Map([["a", 1], ["b", 0]]));
+    expect(calls.filter((c) => c.op === "resume")).toEqual([]);
+    expect(state.open).toBeNull();
+    expect(await collector.run()).toMatchObject({ finished: 2, failed: 0, continued: 0 });
+    const results = await readResults(join(dir, "results.jsonl"));
+    expect([...results.values()].map((r) => [r.rollout_id, r.attempt, r.continued]).sort()).toEqual([["a", 2, false], ["b", 1, false]]);
+  });
+
   it("a checkpoint does not wait for a row the coordinator restarts (it parks until the resume)", async () => {
     const { collector, run, base } = await runningUntilResume({
       prepare: async (req: never) => ({ ...(await base.prepare(req)), restarts: ["a"] }),
