@@ -163,6 +163,9 @@ const JOURNAL_REMOVE_RETRY_MAX_MS = 5000;
 /** How long a restore's resume waits for its entry's removal at least, when its deadline is (nearly) spent. */
 const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
 
+/** Restore refusals of a participant parked in another checkpoint: a restore refused so still resumes everyone. */
+const PARKED_ELSEWHERE: ReadonlySet<string> = new Set(["invalid_phase", "checkpoint_conflict"]);
+
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
 /** Participants' committed files a restore reads (and checks) at once before sending anything. */
@@ -1545,8 +1548,9 @@ export class CheckpointEngine {
       return open.restore;
     }
     // Every participant refused this restore before installing anything (a first send: a re-driven
-    // one may have installed before): nothing to clean up, so its refusal is the answer.
-    if (putBack && failures.length === outcomes.length && failures.every((f) => RESTORE_REFUSALS.has(f.code))) {
+    // one may have installed before): nothing to clean up, so its refusal is the answer. Not when one
+    // is parked in another checkpoint (a stop checkpoint's processes): the clean-up's resume lets it go.
+    if (putBack && failures.length === outcomes.length && failures.every((f) => RESTORE_REFUSALS.has(f.code) && !PARKED_ELSEWHERE.has(f.code))) {
       return this.refuseRestore(open, failures, deadlineMs, putBack);
     }
     // A participant's refusal changed nothing there; anywhere else the restore may have installed
