@@ -1236,7 +1236,9 @@ export class CheckpointEngine {
       open.scope = scope;
       open.stop = stop;
       // The decision is durable before any commit leaves: a successor completes it.
-      await this.journal(open, "decided");
+      await this.journal(open, "decided").catch((error: unknown) => {
+        throw decisionNotJournaled(id, error);
+      });
       open.phase = "committing";
     }
     await this.options.hooks?.afterDecision?.(id);
@@ -2097,6 +2099,21 @@ export class CheckpointEngine {
       updated_at: this.epochTime(open.epoch),
     };
   }
+}
+
+/**
+ * A commit decision whose KV write failed (a timeout, the journal's stream gone): no commit is
+ * sent, but the write may have landed, so a successor may re-drive it. A catalog refusal (a fenced
+ * write's `not_leader`) keeps its code.
+ */
+function decisionNotJournaled(id: string, error: unknown): unknown {
+  if (error instanceof CheckpointError) return error;
+  const detail = error instanceof Error ? error.message : String(error);
+  return new CheckpointError(
+    "outcome_unknown",
+    `checkpoint ${id}: the commit decision could not be journaled (${detail}), so no commit was sent; the write may still have landed, for a successor to re-drive`,
+    { cause: error },
+  );
 }
 
 /** An expected participant the membership registry does not list: never sent anything. */

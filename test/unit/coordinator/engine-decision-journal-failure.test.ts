@@ -1,0 +1,68 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { toCheckpointError, type CheckpointError } from "../../../protocol/index.js";
+import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-decision-"));
+});
+afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+/** The catalog error the controller APIs answer for what `work` throws. */
+async function answered(work: Promise<unknown>): Promise<CheckpointError> {
+  try {
+    await work;
+  } catch (error) {
+    return toCheckpointError(error);
+  }
+  throw new Error("expected a refusal");
+}
+
+/** A KV put whose acknowledgement never came (a timeout): it may or may not have landed. */
+function failDecided(journal: ReturnType<typeof makeEngine>["journal"], landed: boolean): void {
+  const record = journal.record.bind(journal);
+  journal.record = async (entry) => {
+    if (entry.state === "decided") {
+      if (landed) await record(entry);
+      throw new Error("TIMEOUT");
+    }
+    await record(entry);
+  };
+}
+
+describe("a commit decision whose journal write fails or times out", () => {
+  for (const landed of [false, true]) {
+    it(`checkpoint op (the write ${landed ? "landed" : "lost"}): no commit sent, everyone resumed, nothing published or journaled, outcome_unknown`, async () => {
+      const { engine, fake, journal, catalog } = makeEngine(root);
+      failDecided(journal, landed);
+      const error = await answered(engine.checkpoint({ checkpoint_id: "d1", episode_ids: null, stop: false, controller_state: null }));
+      expect(error.code).toBe("outcome_unknown");
+      expect(error.message).toContain("no commit was sent");
+      expect(fake.ops("commit")).toHaveLength(0);
+      expect(new Set(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).size).toBe(5);
+      expect(engine.openCheckpoint).toBeNull();
+      expect(await catalog.latest()).toBeNull();
+      await journalEmptied(journal);
+    });
+
+    it(`commit op (the write ${landed ? "landed" : "lost"}): no commit sent, still prepared, outcome_unknown; resume aborts it`, async () => {
+      const { engine, fake, journal } = makeEngine(root);
+      failDecided(journal, landed);
+      await engine.prepare({ checkpoint_id: "d2" });
+      const error = await answered(engine.commit({ checkpoint_id: "d2", episode_ids: null, stop: false }));
+      expect(error.code).toBe("outcome_unknown");
+      expect(error.message).toContain("no commit was sent");
+      expect(fake.ops("commit")).toHaveLength(0);
+      expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "d2", phase: "prepared" });
+      await engine.resume({ checkpoint_id: "d2" });
+      expect(new Set(fake.ops("resume").map((c) => `${c.kind}/${c.instance}`)).size).toBe(5);
+      await journalEmptied(journal);
+    });
+  }
+});
