@@ -270,7 +270,7 @@ export class GlobalManifestWriter {
       // writer deposed meanwhile (the wait for that fsync can outlast the lease): its successor
       // recovers the journaled decision, and may already have found this file and made it LATEST.
       if (manifestPath !== undefined && renamed && stillAllowed(input.beforeWrite)) await rm(manifestPath, { force: true }).catch(() => undefined);
-      throw error;
+      throw directoryInTheWay(error);
     } finally {
       if (latest) this.inUse.delete(latest.temp);
     }
@@ -411,4 +411,15 @@ export async function sha256File(path: string): Promise<string> {
   const hash = createHash("sha256");
   for await (const chunk of createReadStream(path) as AsyncIterable<Buffer>) hash.update(chunk);
   return hash.digest("hex");
+}
+
+/**
+ * A directory where LATEST or checkpoint.json goes refuses their rename (EISDIR): the storage's
+ * layout, which its operator fixes, so `storage_error` as for any file publication cannot write
+ * (not `internal_error`; protocol-wide EISDIR stays unmapped: user-given paths answer `invalid_request`).
+ */
+function directoryInTheWay(error: unknown): unknown {
+  const code = (error as NodeJS.ErrnoException | undefined)?.code;
+  if (code !== "EISDIR" || !(error instanceof Error)) return error;
+  return new CheckpointError("storage_error", `${error.message}: a directory holds that path; move it away`, { cause: error });
 }

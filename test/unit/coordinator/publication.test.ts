@@ -188,6 +188,22 @@ describe("publication and retention", () => {
     await writer.settled();
   });
 
+  it("a LATEST the root holds as a directory (its rename refused, EISDIR) is storage_error, as documented; checkpoint.json is taken back", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await mkdir(join(root, "LATEST", "kept"), { recursive: true });
+    const refused = await publish(writer, "c1", 100).then(
+      () => new Error("expected a failure"),
+      (error: unknown) => error,
+    );
+    const refusal = toCheckpointError(refused);
+    expect(refusal.code).toBe("storage_error");
+    expect(refusal.message).toContain("EISDIR");
+    expect((await readdir(join(root, "c1"))).sort()).toEqual(["gym"]); // no checkpoint.json: nothing published
+    expect(await readdir(join(root, "LATEST"))).toEqual(["kept"]);
+    await writer.settled();
+  });
+
   it("deletes only recognisable partial checkpoints; a controller's directory at the root is left and not listed", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
