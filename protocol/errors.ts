@@ -101,7 +101,7 @@ export const ERROR_CATALOG = {
   },
   outcome_unknown: {
     status: 504,
-    meaning: "A request timed out, a commit decision's journal write failed (nothing was committed, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
+    meaning: "A request timed out, a journal write before anything was sent failed (a commit decision, or its withdrawal by a resume: nothing was sent, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
     solve: "Retry with the same checkpoint id: every operation is idempotent per (checkpoint_id, op).",
   },
   not_leader: {

@@ -346,7 +346,11 @@ export class CheckpointEngine {
       // Checked before anything is journaled: a refused resume changes nothing.
       const deadlineMs = this.deadline(request.deadline_ts);
       // A controller abandoning a decided, unpublished checkpoint: withdrawn first (see abortDecided).
-      if (open?.id === id && (open.phase === "committing" || open.phase === "committed")) await this.withdrawDecision(open);
+      if (open?.id === id && (open.phase === "committing" || open.phase === "committed")) {
+        await this.withdrawDecision(open).catch((error: unknown) => {
+          throw unjournaled(error, `checkpoint ${id}: its commit decision could not be withdrawn, so no resume was sent; the write may still have landed: send the resume again`);
+        });
+      }
       if (open?.id === id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
       const failed = open?.id === id ? undefined : this.restoreFailures.get(id);
       if (failed) throw new CheckpointError("restore_failed", failed);
@@ -1237,7 +1241,7 @@ export class CheckpointEngine {
       open.stop = stop;
       // The decision is durable before any commit leaves: a successor completes it.
       await this.journal(open, "decided").catch((error: unknown) => {
-        throw decisionNotJournaled(id, error);
+        throw unjournaled(error, `checkpoint ${id}: the commit decision could not be journaled, so no commit was sent; the write may still have landed, for a successor to re-drive`);
       });
       open.phase = "committing";
     }
@@ -2102,18 +2106,14 @@ export class CheckpointEngine {
 }
 
 /**
- * A commit decision whose KV write failed (a timeout, the journal's stream gone): no commit is
- * sent, but the write may have landed, so a successor may re-drive it. A catalog refusal (a fenced
- * write's `not_leader`) keeps its code.
+ * A journal write that failed (a KV timeout, the journal's stream gone) before anything was sent:
+ * it may still have landed, so its outcome is unknown and the controller sends the op again
+ * (`internal_error` it would drop). A catalog refusal (a fenced write's `not_leader`) keeps its code.
  */
-function decisionNotJournaled(id: string, error: unknown): unknown {
+function unjournaled(error: unknown, what: string): unknown {
   if (error instanceof CheckpointError) return error;
   const detail = error instanceof Error ? error.message : String(error);
-  return new CheckpointError(
-    "outcome_unknown",
-    `checkpoint ${id}: the commit decision could not be journaled (${detail}), so no commit was sent; the write may still have landed, for a successor to re-drive`,
-    { cause: error },
-  );
+  return new CheckpointError("outcome_unknown", `${what} (${detail})`, { cause: error });
 }
 
 /** An expected participant the membership registry does not list: never sent anything. */

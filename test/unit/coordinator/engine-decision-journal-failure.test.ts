@@ -66,3 +66,26 @@ describe("a commit decision whose journal write fails or times out", () => {
     });
   }
 });
+
+describe("a resume of a committed checkpoint whose decision cannot be withdrawn (a KV timeout)", () => {
+  it("sends nothing and answers outcome_unknown, so a controller sends it again (internal_error would be dropped); the retry resumes everyone", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "w1" });
+    await engine.commit({ checkpoint_id: "w1", episode_ids: null, stop: false });
+    const record = journal.record.bind(journal);
+    let failing = true;
+    journal.record = async (entry) => {
+      if (failing) throw new Error("TIMEOUT");
+      await record(entry);
+    };
+    const error = await answered(engine.resume({ checkpoint_id: "w1" }));
+    expect(error.code).toBe("outcome_unknown");
+    expect(error.message).toContain("could not be withdrawn");
+    expect(fake.ops("resume")).toHaveLength(0);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "w1", phase: "committed" });
+    failing = false;
+    await engine.resume({ checkpoint_id: "w1" });
+    expect(fake.ops("resume")).toHaveLength(5);
+    await journalEmptied(journal);
+  });
+});

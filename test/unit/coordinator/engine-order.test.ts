@@ -347,7 +347,7 @@ describe("engine ordering", () => {
       if (failing) throw new Error("KV unavailable");
       await record(entry);
     };
-    await expect(engine.resume({ checkpoint_id: "o4" })).rejects.toThrow("KV unavailable"); // internal_error on the APIs
+    await expect(engine.resume({ checkpoint_id: "o4" })).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("KV unavailable") });
     expect(fake.ops("resume")).toHaveLength(0);
     expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "o4", phase: "committed" });
     failing = false;
