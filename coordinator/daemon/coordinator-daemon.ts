@@ -63,6 +63,14 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const clock = options.clock ?? systemClock;
   const id = config.coordinator_id ?? newCoordinatorId();
   const logger = (options.logger ?? createLogger(config.log_level)).child({ component: "coordinator", coordinator_id: id, deployment: config.deployment });
+  // Before NATS: a root that cannot be used is configuration (exit 2), which an unreachable NATS
+  // (exit 1, restarted) must not hide until NATS comes back.
+  await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
+    // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
+    if (!isMisplacedDirectory(error)) throw error;
+    throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.message})`, { cause: error });
+  });
+  await assertWritableRoot(config.checkpoint_root);
   const ownsConnection = options.nc === undefined;
   const nc =
     options.nc ??
@@ -81,12 +89,6 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   let registry: WatchedMemberRegistry | undefined;
   let journal: KvDecisionJournal;
   try {
-    await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
-      // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
-      if (!isMisplacedDirectory(error)) throw error;
-      throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.message})`, { cause: error });
-    });
-    await assertWritableRoot(config.checkpoint_root);
     const membersKv = await openMembersBucket(nc, config.deployment);
     registry = new WatchedMemberRegistry(membersKv, logger, clock);
     await registry.start();

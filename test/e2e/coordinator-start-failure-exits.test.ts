@@ -7,7 +7,7 @@ import { startNats, type NatsFixture } from "../support/nats.js";
 import { MAIN, asAccount, cli, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
 /**
- * A daemon whose start-up fails after it connected to NATS (checkpoint_root cannot be created,
+ * A daemon whose start-up fails (checkpoint_root cannot be created, before it connects;
  * NATS without JetStream, ...) prints the refusal and must exit, so its supervisor sees the failure.
  * The open NATS connection used to keep the process alive for ever.
  */
@@ -31,7 +31,7 @@ afterAll(async () => {
 });
 
 describe("coordinator start-up failure", () => {
-  it("exits non-zero when checkpoint_root cannot be created (after connecting to NATS)", async () => {
+  it("exits non-zero when checkpoint_root cannot be created (NATS up)", async () => {
     await writeFile(join(dir, "a-file"), "x");
     const daemon = spawnDaemon([
       MAIN, "coordinator", "--deployment", `startfail${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",
@@ -42,6 +42,20 @@ describe("coordinator start-up failure", () => {
     expect(daemon.stderr()).toMatch(/^error invalid_request: checkpoint_root .*ENOTDIR/m);
     expect(outcome).not.toBe("still running");
     expect((outcome as { code: number }).code).toBe(2); // configuration: a supervisor should not restart it
+  }, 20_000);
+
+  it("exits 2 for a checkpoint_root that cannot be created before it connects: NATS down does not hide it behind exit 1", async () => {
+    await writeFile(join(dir, "another-file"), "x");
+    // Port 1: nothing listens, so a connect first would answer not_leader (exit 1), restarted for ever.
+    const daemon = spawnDaemon([
+      MAIN, "coordinator", "--deployment", `startnonats${process.pid}`, "--nats-url", "nats://127.0.0.1:1", "--token", "t",
+      "--checkpoint-root", join(dir, "another-file", "root"), "--no-http", "--log-level", "warn",
+    ]);
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+    expect(outcome).not.toBe("still running");
+    expect(daemon.stderr()).toMatch(/^error invalid_request: checkpoint_root .*ENOTDIR/m);
+    expect((outcome as { code: number }).code).toBe(2);
   }, 20_000);
 
   it("exits 2 for an empty --otlp-endpoint, refused like any other value that is no URL instead of dropped", async () => {
