@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CheckpointError, envSetting, redactNatsServers } from "../../protocol/index.js";
+import { CheckpointError, duplicateJsonKey, envSetting, redactNatsServers } from "../../protocol/index.js";
 import { readRegularFileSync } from "../publication/regular-file.js";
 import { CoordinatorConfigSchema, SECRET_CONFIG_PATHS, type CoordinatorConfig } from "./coordinator-config.js";
 
@@ -106,6 +106,9 @@ export function fileLayer(path: string): Plain {
     throw new CheckpointError("invalid_request", `config file ${path} is not valid JSON`);
   }
   if (value === null || typeof value !== "object" || Array.isArray(value)) throw new CheckpointError("invalid_request", `config file ${path} must hold a JSON object`);
+  // JSON.parse keeps the last of a key named twice: an edited token or root would be ignored without a word.
+  const duplicate = duplicateJsonKey(text);
+  if (duplicate !== undefined) throw new CheckpointError("invalid_request", `config file ${path} names the key ${JSON.stringify(duplicate)} twice in one object`);
   return value as Plain;
 }
 

@@ -182,6 +182,18 @@ describe("coordinator config", () => {
       await rm(dir, { recursive: true, force: true });
     }
   });
+  it("refuses a config file that names a key twice in one object, naming the key (JSON.parse would keep the last silently)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    const file = join(dir, "c.json");
+    await writeFile(file, '{"token": "FIRSTSECRET", "checkpoint_root": "/c", "nats": {"servers": "nats://a:4222", "servers": "nats://b:4222"}, "token": "SECONDSECRET"}');
+    try {
+      expect(() => loadConfig({ file, env: {} })).toThrow(/^config file .*c\.json names the key "(token|servers)" twice in one object$/);
+      expect(() => loadConfig({ file, env: {} })).not.toThrow(/SECRET/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("expected_participants: file, env (comma-separated) or flag; kind/instance each once, else refused", async () => {
     const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c" };
     expect(loadConfig({ env: base }).expected_participants).toBeUndefined();
