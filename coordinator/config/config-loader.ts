@@ -87,16 +87,23 @@ export function envLayer(env: NodeJS.ProcessEnv): Plain {
 export const MAX_CONFIG_FILE_BYTES = 1 << 20;
 
 export function fileLayer(path: string): Plain {
-  let text: string;
+  let bytes: Buffer;
   try {
     // Only a regular file within the limit: a FIFO would block start-up until a writer came (it is
     // opened non-blocking, so it answers at once), a device such as /dev/zero would be read until
     // memory ran out. Symbolic links are followed: mounted configs often are links.
-    text = readRegularFileSync(path, { maxBytes: MAX_CONFIG_FILE_BYTES }).text;
+    bytes = readRegularFileSync(path, { maxBytes: MAX_CONFIG_FILE_BYTES }).bytes;
   } catch (error) {
     // Its refusals (not a regular file, too large) name the path; a failed open (ENOENT) is told as before.
     if (error instanceof CheckpointError) throw new CheckpointError("invalid_request", `config file ${error.message}`);
     throw new CheckpointError("invalid_request", `cannot read config file ${path}: ${(error as Error).message}`);
+  }
+  let text: string;
+  try {
+    // Strict: a lenient decode turns a stray Latin-1 byte into U+FFFD, another root or deployment than the one meant.
+    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(bytes);
+  } catch {
+    throw new CheckpointError("invalid_request", `config file ${path} is not valid UTF-8`);
   }
   let value: unknown;
   try {

@@ -96,9 +96,10 @@ export async function readRegularFileBytes(path: string, limits: RegularFileLimi
 
 /**
  * `readRegularFile`, blocking, for the few callers that are (the catalog's scan, the coordinator's
- * config file and the CLI's `@file` flags, read with the other flags); also returns the fstat of what it read.
+ * config file and the CLI's `@file` flags, read with the other flags); also returns its bytes (for a
+ * strict decode) and the fstat of what it read.
  */
-export function readRegularFileSync(path: string, limits: RegularFileLimits): { text: string; info: Stats } {
+export function readRegularFileSync(path: string, limits: RegularFileLimits): { text: string; bytes: Buffer; info: Stats } {
   let fd: number;
   try {
     fd = openSync(path, flags(limits));
@@ -118,7 +119,8 @@ export function readRegularFileSync(path: string, limits: RegularFileLimits): { 
       if (total > limits.maxBytes) throw tooLarge(path, total, limits);
       chunks.push(buffer.subarray(0, bytesRead));
     }
-    return { text: Buffer.concat(chunks, total).toString("utf8"), info };
+    const bytes = Buffer.concat(chunks, total);
+    return { text: bytes.toString("utf8"), bytes, info };
   } finally {
     closeSync(fd);
   }

@@ -194,6 +194,17 @@ describe("coordinator config", () => {
     }
   });
 
+  it("refuses a config file that is not UTF-8 instead of reading its bytes as U+FFFD (another checkpoint_root)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    const file = join(dir, "c.json");
+    await writeFile(file, Buffer.concat([Buffer.from('{"token": "t", "checkpoint_root": "/srv/ck'), Buffer.from([0xff]), Buffer.from('"}')]));
+    try {
+      expect(() => loadConfig({ file, env: {} })).toThrow(/^config file .*c\.json is not valid UTF-8$/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("expected_participants: file, env (comma-separated) or flag; kind/instance each once, else refused", async () => {
     const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c" };
     expect(loadConfig({ env: base }).expected_participants).toBeUndefined();
