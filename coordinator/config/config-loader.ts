@@ -101,7 +101,8 @@ export function fileLayer(path: string): Plain {
   let text: string;
   try {
     // Strict: a lenient decode turns a stray Latin-1 byte into U+FFFD, another root or deployment than the one meant.
-    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(bytes);
+    // A leading byte order mark (some editors write one) is dropped, as RFC 8259 allows, not a JSON error.
+    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
   } catch {
     throw new CheckpointError("invalid_request", `config file ${path} is not valid UTF-8`);
   }

@@ -205,6 +205,17 @@ describe("coordinator config", () => {
     }
   });
 
+  it("reads a config file that starts with a UTF-8 byte order mark (as some editors save it)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    const file = join(dir, "c.json");
+    await writeFile(file, '\ufeff{"token": "t", "checkpoint_root": "/srv/ck"}');
+    try {
+      expect(loadConfig({ file, env: {} }).checkpoint_root).toBe("/srv/ck");
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("expected_participants: file, env (comma-separated) or flag; kind/instance each once, else refused", async () => {
     const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c" };
     expect(loadConfig({ env: base }).expected_participants).toBeUndefined();
