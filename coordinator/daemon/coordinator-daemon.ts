@@ -19,7 +19,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, equalJitter, isMisplacedDirectory, makeDirectories, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
+import { CheckpointError, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -63,8 +63,10 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const clock = options.clock ?? systemClock;
   const id = config.coordinator_id ?? newCoordinatorId();
   const logger = (options.logger ?? createLogger(config.log_level)).child({ component: "coordinator", coordinator_id: id, deployment: config.deployment });
-  // Before NATS: a root that cannot be used is configuration (exit 2), which an unreachable NATS
+  // Before NATS: a root that cannot be used, or a GYM_CKPT_NATS_REPLICAS out of range (checked here
+  // only, its count is taken once connected), is configuration (exit 2), which an unreachable NATS
   // (exit 1, restarted) must not hide until NATS comes back.
+  kvReplicas(undefined);
   await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
     // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
     if (!isMisplacedDirectory(error)) throw error;

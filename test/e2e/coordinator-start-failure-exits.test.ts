@@ -58,6 +58,18 @@ describe("coordinator start-up failure", () => {
     expect((outcome as { code: number }).code).toBe(2);
   }, 20_000);
 
+  it("exits 2 for an invalid GYM_CKPT_NATS_REPLICAS before it connects: NATS down does not hide it behind exit 1", async () => {
+    const daemon = spawnDaemon(
+      [MAIN, "coordinator", "--deployment", `startreplicas${process.pid}`, "--nats-url", "nats://127.0.0.1:1", "--token", "t", "--checkpoint-root", join(dir, "replicas-root"), "--no-http", "--log-level", "warn"],
+      { GYM_CKPT_NATS_REPLICAS: "9" },
+    );
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+    expect(outcome).not.toBe("still running");
+    expect(daemon.stderr()).toMatch(/^error invalid_request: GYM_CKPT_NATS_REPLICAS must be a whole number from 1 to 5/m);
+    expect((outcome as { code: number }).code).toBe(2);
+  }, 20_000);
+
   it("exits 2 for an empty --otlp-endpoint, refused like any other value that is no URL instead of dropped", async () => {
     const daemon = spawnDaemon([
       MAIN, "coordinator", "--deployment", `startotlp${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",
