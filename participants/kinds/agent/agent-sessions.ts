@@ -323,6 +323,9 @@ export class AgentSessions {
       this.onChange();
     }
     await this.stop(s, "closed");
+    // One whose activation had already ended stale while a checkpoint is open blocks ("running"):
+    // held for its free now, it is idle, as one whose activation ends after the close.
+    if (s.freeing === "closed" && !s.retiring && !s.activation) this.setState(s, "idle");
     return s;
   }
 

@@ -1047,6 +1047,31 @@ describe("agent participant", () => {
     await call("resume", { checkpoint_id: "c1" });
     expect(kind.hasLiveState()).toBe(false);
   });
+  it("a session whose activation ended stale while a checkpoint is open, then closed with a free that fails, is held idle, not a blocker", async () => {
+    const { kind, hooks, call } = fresh();
+    kind.openSession(ep("s2"));
+    hooks.state.set("s2", { cookie: "s2" });
+    let respond!: (reply: string) => void;
+    const run = kind.activate(ep("s2"), async (a) => {
+      await a.boundary(() => ({ turn: 1 }));
+      return a.awaitingModel(new Promise<string>((resolve) => (respond = resolve)));
+    });
+    await flush();
+    expect((await call("prepare", { checkpoint_id: "c1" })).report.blockers).toEqual([]);
+    respond("tool");
+    await run;
+    // Ended stale while admission is closed: a blocker until resume, as the restart set is fixed at prepare.
+    expect(kind.readiness().blockers).toEqual(["s2"]);
+    hooks.retireAgentSession = async () => {
+      throw new Error("free failed");
+    };
+    await expect(kind.closeSession(ep("s2"))).rejects.toThrow("free failed");
+    // Closed: held for a later free, neither exported, a restart nor a blocker.
+    expect(kind.sessions.stateOf("s2")).toBe("idle");
+    expect(kind.readiness()).toMatchObject({ blockers: [], restarts: [] });
+    await call("resume", { checkpoint_id: "c1" });
+  });
+
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
     const kind = new AgentKind(new CookieHooks(), clock);
