@@ -84,8 +84,16 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
     try {
       const episode = episodeOf(request);
       const body = parse(OpenBodySchema, request.body);
-      const opened = kind.openSession(episode);
-      if (!opened.restored) state.set(episode.rollout_id, { cookie: body.cookie ?? state.get(episode.rollout_id)?.cookie ?? null });
+      const existed = kind.sessions.has(episode.rollout_id);
+      const opened = kind.openSession(episode); // an open session's re-bind changes nothing
+      const current = existed ? state.get(episode.rollout_id) : undefined;
+      // A re-bind (the same attempt, sent again) keeps the open session's cookie: it is what its
+      // activation's tool calls carry and what a commit exports, so another one is refused, not set
+      // under a running or parked loop. A restored session keeps its restored state.
+      if (!opened.restored && current && body.cookie != null && body.cookie !== current.cookie) {
+        throw new CheckpointError("invalid_request", `session ${episode.rollout_id} is open with another cookie; close it first`);
+      }
+      if (!opened.restored && !current) state.set(episode.rollout_id, { cookie: body.cookie ?? null });
       return { session_key: episode.rollout_id, restored: opened.restored };
     } catch (error) {
       return sendRefusal(reply, error, kind.kind);

@@ -54,6 +54,26 @@ describe("reference agent open_session: the cookie value", () => {
     }
   });
 
+  it("open_session again for the open session (same attempt) keeps its cookie: another one is refused invalid_request, changing nothing", async () => {
+    const { state, kind, server } = app();
+    try {
+      const open = (cookie: string | null) => server.inject({ method: "POST", url: "/ng-rollout/r1/open_session", payload: { cookie } });
+      expect((await open("A")).statusCode).toBe(200);
+      await kind.closeAdmission();
+      // The session's state (what a commit exports, what its activation's tool calls carry) stays A.
+      expect((await open("A")).statusCode).toBe(200);
+      expect((await open(null)).statusCode).toBe(200);
+      const other = await open("B");
+      expect(other.statusCode).toBe(400);
+      expect(other.json()).toMatchObject({ error: { code: "invalid_request" } });
+      expect(state.get("r1")).toEqual({ cookie: "A" });
+      expect(await kind.exportRecords(null)).toMatchObject([{ session_key: "r1", session: { cookie: "A" } }]);
+    } finally {
+      await kind.openAdmission();
+      await server.close();
+    }
+  });
+
   it("a restored session state whose cookie is no cookie-value is refused invalid_checkpoint_state, installing nothing", async () => {
     const state = new AgentSessionState();
     const restored: RestoredAgentSession[] = [
