@@ -204,7 +204,14 @@ export class AgentSessions {
     if (s.restored && options.checkBoundary) options.checkBoundary(s.restored);
     const abort = new AbortController();
     let finished!: () => void;
-    s.activation = { abort, done: new Promise<void>((resolve) => (finished = resolve)) };
+    const current = { abort, done: new Promise<void>((resolve) => (finished = resolve)) };
+    s.activation = current;
+    // A call the turn loop gave up on may settle after its activation ended: it changes nothing then.
+    const live = () => s.activation === current;
+    const requireLive = () => {
+      abort.signal.throwIfAborted();
+      if (!live()) throw new CheckpointError("invalid_request", `session ${key}: this activation has ended`);
+    };
     let continuation = s.restored ?? null;
     if (s.restored !== undefined) {
       // Claimed: until a new boundary is reported, the restored one is still where it continues from.
@@ -213,7 +220,9 @@ export class AgentSessions {
       s.restored = undefined;
     }
     this.setState(s, "running");
-    const setState = (state: SessionState) => this.setState(s, state);
+    const setState = (state: SessionState) => {
+      if (live()) this.setState(s, state);
+    };
     // Per activation: a new one's first refused call waits the shortest time again.
     const backoff = new ParkBackoff(this.clock);
     const waitParked = async () => {
@@ -241,7 +250,7 @@ export class AgentSessions {
         return c && copyBoundary(c);
       },
       boundary: async (snapshot) => {
-        abort.signal.throwIfAborted();
+        requireLive();
         s.snapshot = snapshot;
         s.freshBoundary = true;
         s.delivered = false;
@@ -260,16 +269,16 @@ export class AgentSessions {
           // session blocks and runs on to its next boundary (callees close after this stage) and
           // parks there; if prepare already passed, the commit refuses (protocol §3.5: readiness
           // regressed, `invalid_phase`) rather than export the stale boundary.
-          s.delivered = true;
+          if (live()) s.delivered = true;
           return result;
         } finally {
-          s.freshBoundary = false;
+          if (live()) s.freshBoundary = false;
           if (!abort.signal.aborted) setState("running");
         }
       },
       awaitingTool: answered,
       park: async () => {
-        abort.signal.throwIfAborted();
+        requireLive();
         // Not at a boundary after a delivered call: wait as a blocker rather than export the stale one.
         const blocking = s.delivered || s.stale;
         setState(blocking ? "running" : "at_boundary");
@@ -285,7 +294,7 @@ export class AgentSessions {
           if (!this.gate.closed) await this.gate.nextChange(abort.signal, backoff.next());
           await this.gate.waitOpen(abort.signal);
           // The retried call is made from the same boundary, so it again counts as at the boundary.
-          s.freshBoundary = !s.delivered;
+          if (live()) s.freshBoundary = !s.delivered;
         } finally {
           if (!abort.signal.aborted) setState("running");
         }

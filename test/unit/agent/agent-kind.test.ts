@@ -1072,6 +1072,30 @@ describe("agent participant", () => {
     await call("resume", { checkpoint_id: "c1" });
   });
 
+  it("a policy call its activation gave up on (a turn loop's own timeout) that answers after the activation ended changes nothing", async () => {
+    const { kind, call } = fresh();
+    kind.openSession(ep("g"));
+    let respond!: (reply: string) => void;
+    const abandoned = new Promise<string>((resolve) => (respond = resolve));
+    await expect(
+      kind.activate(ep("g"), async (a) => {
+        await a.boundary(() => ({ messages: ["S0"] }));
+        void a.awaitingModel(abandoned).catch(() => undefined);
+        throw new Error("the turn loop's own timeout");
+      }),
+    ).rejects.toThrow("own timeout");
+    expect(kind.sessions.stateOf("g")).toBe("idle");
+    respond("late");
+    await flush();
+    // Still idle at its boundary: no blocker, exported there, and the next activation runs.
+    expect(kind.sessions.stateOf("g")).toBe("idle");
+    expect(kind.readiness()).toMatchObject({ blockers: [], restarts: [] });
+    await call("prepare", { checkpoint_id: "c1" });
+    expect((await call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["g"]);
+    await call("resume", { checkpoint_id: "c1" });
+    expect(await kind.activate(ep("g"), async () => "next")).toBe("next");
+  });
+
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
     const kind = new AgentKind(new CookieHooks(), clock);
