@@ -1096,6 +1096,33 @@ describe("agent participant", () => {
     expect(await kind.activate(ep("g"), async () => "next")).toBe("next");
   });
 
+  it("a session parked at its boundary is released when the checkpoint's lease expires, without a resume", async () => {
+    const clock = new ManualClock(1_000_000);
+    const kind = new AgentKind(new CookieHooks(), clock);
+    const plane = new ParticipantControlPlane({ adapter: kind, instance: "agent0", leaseGraceSeconds: 5, checkpointRoot: root, clock });
+    planes.push(plane);
+    kind.openSession(ep("lx"));
+    let parkedAt = 0;
+    const step = latch();
+    const run = kind.activate(ep("lx"), async (a) => {
+      await a.boundary(() => ({ turn: 1 }));
+      await a.awaitingModel(step.promise);
+      await a.boundary(() => ({ turn: 2 })); // parks here: the checkpoint opened
+      parkedAt = 2;
+      return "done";
+    });
+    await flush();
+    await plane.handle("prepare", { checkpoint_id: "c1", deadline_ts: clock.now() / 1000 + 1, epoch: 1 } as never);
+    expect(kind.sessions.gate.closed).toBe(true);
+    step.open();
+    await waitFor(() => kind.sessions.stateOf("lx") === "at_boundary" && kind.readiness().blockers.length === 0);
+    expect(parkedAt).toBe(0);
+    clock.advance(10_000); // past deadline + grace: nobody resumed it
+    await waitFor(() => !kind.sessions.gate.closed);
+    expect(await run).toBe("done");
+    expect(kind.sessions.stateOf("lx")).toBe("idle");
+  });
+
   it("a session parked on a policy refusal while admission is open retries on the clock the kind was given", async () => {
     const clock = new ManualClock(1_000_000);
     const kind = new AgentKind(new CookieHooks(), clock);
