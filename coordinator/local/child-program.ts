@@ -6,6 +6,7 @@ export interface ChildProgram {
   child: ChildProcess;
   /** The parsed JSON ready line (`{"ready":true,…}`), when waited for. */
   ready: Record<string, unknown> | undefined;
+  /** Resolves once the process exited and its output was read (at most OUTPUT_AFTER_EXIT_MS after the exit). */
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   /** SIGKILL the process (and, with `group`, every process it started). */
   kill(signal?: NodeJS.Signals): Promise<void>;
@@ -28,6 +29,9 @@ export interface ChildProgramOptions {
   exitWithParent?: boolean;
 }
 
+/** How long `exited` waits, after the exit, for the program's output pipes to close. */
+const OUTPUT_AFTER_EXIT_MS = 1_000;
+
 const EXIT_WITH_PARENT = new URL(`./exit-with-parent${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url).href;
 
 /**
@@ -48,8 +52,19 @@ export async function startChildProgram(script: string, args: string[], options:
   });
   // Read now, while the leader surely lives: what tells its group from a later one with its number.
   const group = options.group === true && child.pid !== undefined ? new ProcessGroup(child.pid) : undefined;
+  // 'exit' can come before the last output lines are read (a loaded machine): wait for the pipes to
+  // close too, so a caller that reports the output on exit has all of it. Bounded, since a process
+  // the program started may hold them open.
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.once("exit", (code, signal) => resolve({ code, signal })),
+    child.once("exit", (code, signal) => {
+      const done = () => resolve({ code, signal });
+      const timer = setTimeout(done, OUTPUT_AFTER_EXIT_MS);
+      timer.unref();
+      child.once("close", () => {
+        clearTimeout(timer);
+        done();
+      });
+    }),
   );
   child.stdin?.on("error", () => undefined); // never written; closed when the child exits
   const tail: string[] = [];
