@@ -226,7 +226,8 @@ export class Collector {
     // Read-only until every op that can refuse (not leader yet, a busy coordinator) has answered:
     // a start-up that fails here leaves the log naming the previous run, so the retry still
     // finds that run's LATEST and continues its rows.
-    const status = await this.options.controller.status();
+    // Reads: sent again when their reply was lost (the coordinator died with one in flight).
+    const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
     const open = status.checkpoint;
     // A checkpoint our predecessor left open (it crashed mid-checkpoint) is closed first. The one
     // we are about to restore is left alone: the coordinator closes it itself, since a resume would
@@ -446,14 +447,14 @@ export class Collector {
    * run still names those rows at their source attempts, and they are restored again.
    */
   private async latestCollection(history: DispatchHistory | undefined): Promise<CollectionState | undefined> {
-    const { latest } = await this.options.controller.list();
+    const { latest } = await this.ownOps.resent("start-up list", undefined, () => this.options.controller.list());
     if (!latest) return undefined;
     // Also without a log: a --checkpoint-dir that is not the coordinator's root is refused before
     // this run writes anything, not at its first checkpoint.
     await assertCheckpointVisible(this.options.checkpointDir, latest);
     if (!history) return undefined;
     const runId = history.runId;
-    const { manifest } = await this.options.controller.get(latest);
+    const { manifest } = await this.ownOps.resent("start-up get", latest, () => this.options.controller.get(latest));
     const ref = manifest.controller_state;
     if (!ref || !("file" in ref)) return undefined;
     // As publication hashed it: a regular file in the checkpoint, no link out of it, bounded.

@@ -129,14 +129,14 @@ export class OwnCheckpointOps {
    * Sends a controller op again (up to `maxTries`, a second apart) while it answers a code of
    * RESENT_CODES; any other error, or the last try's, is thrown.
    */
-  async resent<T>(what: string, checkpointId: string, send: () => Promise<T>, maxTries = RESEND_TRIES): Promise<T> {
+  async resent<T>(what: string, checkpointId: string | undefined, send: () => Promise<T>, maxTries = RESEND_TRIES): Promise<T> {
     for (let tries = 1; ; tries++) {
       try {
         return await send();
       } catch (error) {
         const code = error instanceof CheckpointError ? error.code : undefined;
         if (tries >= maxTries || code === undefined || !RESENT_CODES.has(code)) throw error;
-        this.options.logger.warn({ checkpoint_id: checkpointId, code, tries }, `${what} did not answer for sure; sending it again`);
+        this.options.logger.warn({ ...(checkpointId !== undefined && { checkpoint_id: checkpointId }), code, tries }, `${what} did not answer for sure; sending it again`);
         await delay(RESEND_PAUSE_S);
       }
     }

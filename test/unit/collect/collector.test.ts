@@ -1349,6 +1349,26 @@ describe("collector restores whose outcome is unknown", () => {
     expect(sent).toEqual([1]);
   });
 
+  it("start-up reads answered outcome_unknown (its coordinator died with them in flight) are sent again: the start goes on and its rows continue", async () => {
+    const lostOnce = new Set<string>();
+    const once = (op: "status" | "list" | "get", send: (req: never) => Promise<unknown>) => async (req: never) => {
+      if (!lostOnce.has(op)) {
+        lostOnce.add(op);
+        throw new CheckpointError("outcome_unknown", `no reply on ctl.${op}`);
+      }
+      return send(req);
+    };
+    const { collector, calls } = await restartedRun((fake) => ({
+      status: once("status", () => fake().base.status()),
+      list: once("list", () => fake().base.list()),
+      get: once("get", (req) => fake().base.get(req)),
+    }));
+    await collector.start();
+    expect([...lostOnce].sort()).toEqual(["get", "list", "status"]);
+    expect(ops(calls, "restore").map((c) => c.req.checkpoint_id)).toEqual([checkpointId]);
+    expect(await collector.run()).toMatchObject({ finished: 1, continued: 1, restarted: 0 });
+  });
+
   it("a restore refused not_leader on every try never ran: the start fails without giving its continuation up, and the next start restores it", async () => {
     // A coordinator restarted with the job, not the ready leader yet (over HTTP, not_leader comes at once).
     let ready = false;
