@@ -401,12 +401,11 @@ export class Collector {
       } catch (error) {
         // After restore_failed the coordinator has retired attempt+1 wherever the restore may have
         // installed it and resumed; after a refusal from every participant (e.g. stale_checkpoint:
-        // the surviving processes already resumed from it) nothing was installed or cleaned up, and
-        // the source attempts the dispatch log names may still run there; after the tries ran out
-        // with the outcome unknown, attempt+1 may still be installed. The source attempts may still
-        // run on servers that survived. Retiring
-        // attempt+1 everywhere fences both (a retire fences every attempt up to the one named); then
-        // those rows start over as attempt+2.
+        // the surviving processes already resumed from it) nothing was installed or cleaned up;
+        // after the tries ran out with the outcome unknown, attempt+1 may still be installed. The
+        // source attempts may still run on servers that survived. Retiring attempt+1 everywhere
+        // fences both (a retire fences every attempt up to the one named); then those rows start
+        // over as attempt+2.
         markSpanFailed(span, error);
         // Refused not_leader on every try (no leader that long; over HTTP, a coordinator still
         // becoming leader answers it at once): it never ran, so nothing is installed or to clean up.

@@ -41,7 +41,7 @@ import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { checkCommittedRecords, committedEpisodeIds } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
-import { coordinatorTelemetry, inSpan, markFanOutFailures, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
+import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
@@ -393,11 +393,9 @@ export class CheckpointEngine {
       const deadlineMs = this.deadline(request.deadline_ts);
       const epoch = open.epoch;
       const targets = open.reached ?? open.members;
-      const outcomes = await inSpan("checkpoint.coordinate.renew.all", { [SPAN_ATTR.participants]: targets.length }, ctx, async (c, span) => {
-        const renewed = await runAll(targets, (m) => this.send(m, "renew", { checkpoint_id: open.id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c));
-        markFanOutFailures(span, renewed);
-        return renewed;
-      });
+      const outcomes = await inFanOutSpan("checkpoint.coordinate.renew.all", { [SPAN_ATTR.participants]: targets.length }, ctx, (c) =>
+        runAll(targets, (m) => this.send(m, "renew", { checkpoint_id: open.id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c)),
+      );
       const failures = failuresOf(outcomes);
       if (failures.length) throw combinedFailure("renew", failures);
       return {
@@ -1246,13 +1244,11 @@ export class CheckpointEngine {
       open.phase = "committing";
     }
     await this.options.hooks?.afterDecision?.(id);
-    const outcomes = await inSpan("checkpoint.coordinate.commit.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, async (c, span) => {
-      const committed = await runAll(open.members, (m) =>
+    const outcomes = await inFanOutSpan("checkpoint.coordinate.commit.all", { [SPAN_ATTR.participants]: open.members.length }, ctx, (c) =>
+      runAll(open.members, (m) =>
         this.send(m, "commit", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: dir, episode_ids: scope, stop }, deadlineMs, epoch, c),
-      );
-      markFanOutFailures(span, committed);
-      return committed;
-    });
+      ),
+    );
     const failures = failuresOf(outcomes);
     if (failures.length) throw combinedFailure("commit", failures);
     const participants: ParticipantEntry[] = await Promise.all(

@@ -1,6 +1,6 @@
 import type { Context } from "@opentelemetry/api";
 import type { Kind } from "../../protocol/index.js";
-import { inSpan, markFanOutFailures, SPAN_ATTR, type FanOutOutcome } from "../telemetry/coordinator-telemetry.js";
+import { inFanOutSpan, SPAN_ATTR, type FanOutOutcome } from "../telemetry/coordinator-telemetry.js";
 import type { ParticipantRef } from "./participant-client.js";
 
 export interface StageResult<T> {
@@ -45,15 +45,11 @@ export async function runStages<P extends ParticipantRef, T extends FanOutOutcom
     const stageMembers = membersOf(members, stage);
     if (stageMembers.length === 0) continue;
     if (results.length > 0 && options.gate) await options.gate;
-    const outcomes = await inSpan(
+    const outcomes = await inFanOutSpan(
       `${options.spanName}.${stage.join("+")}`,
       { [SPAN_ATTR.stage]: stage.join("+"), [SPAN_ATTR.participants]: stageMembers.length },
       options.parent,
-      async (ctx, span) => {
-        const stageOutcomes = await Promise.all(stageMembers.map((member) => call(member, ctx)));
-        markFanOutFailures(span, stageOutcomes);
-        return stageOutcomes;
-      },
+      (ctx) => Promise.all(stageMembers.map((member) => call(member, ctx))),
     );
     results.push({ stage, outcomes });
     if (options.proceed && !options.proceed(outcomes)) return { results, stoppedAt: stage };

@@ -65,6 +65,15 @@ export function markFanOutFailures(span: Span, outcomes: readonly FanOutOutcome[
   span.setStatus({ code: SpanStatusCode.ERROR, message: `${failures.length} of ${outcomes.length} participant(s) failed` });
 }
 
+/** `inSpan` for a fan-out: `fn`'s outcomes mark the span (markFanOutFailures), as a throw would. */
+export function inFanOutSpan<T extends FanOutOutcome>(name: string, attributes: Attributes, parent: Context | undefined, fn: (ctx: Context) => Promise<T[]>): Promise<T[]> {
+  return inSpan(name, attributes, parent, async (ctx, span) => {
+    const outcomes = await fn(ctx);
+    markFanOutFailures(span, outcomes);
+    return outcomes;
+  });
+}
+
 /** Runs `fn` in a child span of `parent` (or the active context); errors mark it failed (markSpanFailed). */
 export async function inSpan<T>(name: string, attributes: Attributes, parent: Context | undefined, fn: (ctx: Context, span: Span) => Promise<T>): Promise<T> {
   const base = parent ?? context.active();
