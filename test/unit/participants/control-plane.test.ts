@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, MAX_ATTEMPT, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { CheckpointError, MAX_ATTEMPT, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import {
   FsCheckpointStorage,
   ManualClock,
@@ -1684,5 +1684,19 @@ describe("a lease expiry whose reopen failed, racing the coordinator's late ops"
     await expect(call("resume", { checkpoint_id: "c1" })).rejects.toThrow("transient reopen failure");
     expect(await call("resume", { checkpoint_id: "c1" })).toEqual({ phase: "idle", idempotent: false });
     expect({ phase: plane.currentPhase, open: kind.admissionOpen }).toEqual({ phase: "idle", open: true });
+  });
+});
+
+describe("a restore retried with another manifest pin", () => {
+  it("is a checkpoint_conflict, not the reply of the manifest the first one installed; the same pin (or none) gets the kept reply", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const sha = sha256Hex(await readFile(join(dir, "gym", "environment", "env0", "manifest.json")));
+    const restore = (manifest_sha256?: string) =>
+      call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }], ...(manifest_sha256 !== undefined && { manifest_sha256 }) });
+    const first = await restore(sha);
+    expect(await refusalCode(restore("f".repeat(64)))).toBe("checkpoint_conflict");
+    expect(await restore(sha)).toEqual(first);
+    expect(await restore()).toEqual(first);
+    expect(plane.currentPhase).toBe("restored");
   });
 });
