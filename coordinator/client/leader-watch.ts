@@ -1,6 +1,6 @@
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, type LeaseHolder } from "../../protocol/index.js";
+import { awaitBucketStore, CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, type LeaseHolder } from "../../protocol/index.js";
 import { pollUntil } from "./poll-until.js";
 
 /** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
@@ -15,6 +15,8 @@ export type { LeaseHolder };
  */
 export class LeaderLeaseReader {
   private kv: KV | undefined;
+  /** Whether the bucket's store is known to exist, so its reads cannot meet a stream being created. */
+  private storeReady = false;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -23,6 +25,12 @@ export class LeaderLeaseReader {
 
   async leader(): Promise<LeaseHolder | null | undefined> {
     try {
+      // The coordinator may be creating the bucket this moment (see awaitBucketStore).
+      if (!this.storeReady) {
+        const store = await awaitBucketStore(this.nc, leaderBucket(this.deployment));
+        if (store === "missing") return undefined; // no coordinator started yet: unreadable, as the read's own "not found" was
+        this.storeReady = store === "ready";
+      }
       // open() binds without direct gets, so reads ask the stream's leader, never a lagging replica.
       this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
       const entry = await this.kv.get(LEADER_KEY);

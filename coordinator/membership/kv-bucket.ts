@@ -1,7 +1,7 @@
 import { jetstreamManager, StorageType } from "@nats-io/jetstream";
 import { Bucket, Kvm, type KV } from "@nats-io/kv";
 import { nanos, type NatsConnection } from "@nats-io/transport-node";
-import { CheckpointError, kvReplicas } from "../../protocol/index.js";
+import { awaitBucketStore, CheckpointError, kvReplicas } from "../../protocol/index.js";
 
 export interface BucketOptions {
   history: number;
@@ -30,6 +30,8 @@ export interface BucketOptions {
 export async function openBucketAsserted(nc: NatsConnection, name: string, options: BucketOptions): Promise<KV> {
   const replicas = kvReplicas(nc.info);
   const kv = await new Kvm(nc).create(name, { history: options.history, replicas, ...(options.ttl > 0 ? { ttl: options.ttl } : {}) });
+  // Another process may be creating the bucket this moment; its keys are read at the stream's leader.
+  await awaitBucketStore(nc, name);
   const matches = async () => {
     const status = await kv.status();
     // More replicas than the rule asks for are kept: never scaled down (say by a start during an outage).

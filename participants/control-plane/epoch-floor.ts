@@ -2,7 +2,7 @@ import { JetStreamApiCodes } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { LEADER_KEY, leaderBucket, leaseEpochFloor, within } from "../../protocol/index.js";
+import { awaitBucketStore, LEADER_KEY, leaderBucket, leaseEpochFloor, within } from "../../protocol/index.js";
 
 /** How long start-up waits for the leader bucket before it starts unfenced. */
 export const EPOCH_FLOOR_READ_MS = 2_000;
@@ -19,7 +19,10 @@ export async function readEpochFloor(nc: NatsConnection, deployment: string, log
     const read = (async () => {
       // open() binds without direct gets (the stream's leader answers, never a lagging replica) and
       // without reading the stream: status() below is the first request to it.
-      const kv = await new Kvm(nc).open(leaderBucket(deployment));
+      const bucket = leaderBucket(deployment);
+      // A coordinator may be creating the bucket this moment (see awaitBucketStore).
+      if ((await awaitBucketStore(nc, bucket, withinMs)) === "missing") return 0; // no coordinator ever ran here
+      const kv = await new Kvm(nc).open(bucket);
       // The last sequence first: a key created after it lies past it (see leaseEpochFloor).
       const lastSeq = (await kv.status()).streamInfo.state.last_seq;
       const entry = await kv.get(LEADER_KEY);

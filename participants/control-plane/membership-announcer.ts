@@ -1,12 +1,14 @@
-import { NoRespondersError, RequestError, type NatsConnection, type Status } from "@nats-io/transport-node";
+import type { NatsConnection, Status } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
+  awaitBucketStore,
   CheckpointError,
   DeploymentSchema,
   ErrorReplySchema,
   InstanceSchema,
+  isNoResponders,
   isWrongRevision,
   MEMBER_HEARTBEAT_MS,
   MEMBER_TTL_MS,
@@ -192,9 +194,13 @@ export class MembershipAnnouncer {
     return this.readEntryAtLeader();
   }
 
-  private openBucket(): Promise<KV> {
+  private async openBucket(): Promise<KV> {
+    const bucket = membersBucket(this.deployment);
     // The coordinator asserts this config (and scales replicas) when it opens the bucket; same rule here.
-    return new Kvm(this.nc).create(membersBucket(this.deployment), { history: 1, ttl: MEMBER_TTL_MS, replicas: kvReplicas(this.nc.info) });
+    const kv = await new Kvm(this.nc).create(bucket, { history: 1, ttl: MEMBER_TTL_MS, replicas: kvReplicas(this.nc.info) });
+    // Another process may be creating it this moment: its entry is read at the stream's leader next.
+    await awaitBucketStore(this.nc, bucket);
+    return kv;
   }
 
   /** Compare-and-set on the revision last seen: never overwrites another process's entry. */
@@ -315,8 +321,4 @@ function isParticipantReply(data: Uint8Array, kind: Kind, instance: string): boo
   if (ErrorReplySchema.safeParse(body).success) return true;
   const status = StatusReplySchema.safeParse(body);
   return status.success && status.data.kind === kind && status.data.instance === instance;
-}
-
-function isNoResponders(error: unknown): boolean {
-  return error instanceof NoRespondersError || (error instanceof RequestError && error.isNoResponders());
 }
