@@ -51,7 +51,13 @@ export class JudgeClient {
       signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
       // Without it fetch's own 300 s header limit would silently cut a longer requestTimeoutMs.
       dispatcher: UNTIMED_FETCH_DISPATCHER,
+      // fetch sends the API key on along a same-origin redirect, to whatever the target is: not followed.
+      redirect: "manual",
     });
+    if (response.status >= 300 && response.status < 400) {
+      await response.body?.cancel().catch(() => undefined);
+      throw new Error(`judge answered a redirect (HTTP ${response.status}), not followed: configure the judge URL it points to`);
+    }
     if (!response.ok) {
       // Its body is not read: cancelled, so a judge answering errors does not hold connections until GC.
       await response.body?.cancel().catch(() => undefined);
