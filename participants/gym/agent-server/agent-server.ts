@@ -19,12 +19,15 @@ import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, ru
  *   POST open_session {cookie?}  → {session_key, restored}
  *   POST activate     {task, seed?} → {answer, model_calls, continued, messages}
  *   POST close_session {}        → {}
+ * Sent without the prefix they are `rollout_id_required`.
  * Legacy: POST /run {rollout_id, attempt, task} → the agent owns seed, turn loop and verify.
  */
 const OpenBodySchema = z.object({ cookie: SessionCookieValueSchema.nullable().optional() }).strict();
 /** `seed`: a replayed task's context (no system message); the turn loop continues from it. */
 const ActivateBodySchema = z.object({ task: GymTaskSchema, seed: z.array(ChatMessageSchema).min(1).max(MAX_SEED_MESSAGES).optional() }).strict();
 const EmptyBodySchema = z.object({}).strict();
+/** The routes served only under `/ng-rollout/<capture_key>/`. */
+const NATIVE_ROUTES = ["open_session", "activate", "close_session"] as const;
 
 /** The legacy episode's own boundary. */
 const LegacyBoundarySchema = z.discriminatedUnion("next", [
@@ -135,6 +138,14 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       return sendRefusal(reply, error, kind.kind);
     }
   });
+
+  // The native routes sent without the prefix: a rollout is what they need, as the model and
+  // resources participants answer it; any other path stays not_found.
+  for (const route of NATIVE_ROUTES) {
+    app.post(`/${route}`, async (_request, reply) =>
+      sendRefusal(reply, new CheckpointError("rollout_id_required", `send ${route} under /ng-rollout/<capture_key>/`), kind.kind),
+    );
+  }
 
   app.post("/run", async (request, reply) => {
     try {

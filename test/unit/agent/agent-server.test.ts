@@ -6,6 +6,25 @@ import { createAgentApp } from "../../../participants/gym/agent-server/agent-ser
 import { RECORDED_AND_SENT_SPELLINGS, expectRestoredTaskChecks } from "../../support/task-spellings.js";
 
 describe("reference agent server", () => {
+  it("answers a native route sent without the /ng-rollout/<capture_key>/ prefix rollout_id_required, an unknown path not_found", async () => {
+    const state = new AgentSessionState();
+    const kind = new AgentKind(state);
+    const app = createAgentApp({ kind, state, endpoints: { policyUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9", stream: false } });
+    try {
+      for (const route of ["open_session", "activate", "close_session"]) {
+        const res = await app.inject({ method: "POST", url: `/${route}`, payload: {} });
+        expect({ route, status: res.statusCode, code: res.json().error?.code }).toEqual({ route, status: 400, code: "rollout_id_required" });
+      }
+      expect(state.sessions.size).toBe(0); // nothing opened
+      for (const url of ["/nowhere", "/ng-rollout/r1/nowhere"]) {
+        const res = await app.inject({ method: "POST", url, payload: {} });
+        expect({ url, status: res.statusCode, code: res.json().error?.code }).toEqual({ url, status: 404, code: "not_found" });
+      }
+    } finally {
+      await app.close();
+    }
+  });
+
   it("legacy /run refuses a restored boundary that is not a legacy boundary with invalid_checkpoint_state, keeping the record", async () => {
     const state = new AgentSessionState();
     const kind = new AgentKind(state);
