@@ -63,6 +63,11 @@ export class ManualClock implements Clock {
     };
   }
 
+  /** Timers set and neither fired nor cancelled: a test sees that nothing is left scheduled. */
+  get pendingTimers(): number {
+    return this.timers.length;
+  }
+
   advance(ms: number): void {
     const target = this.current + ms;
     for (;;) {

@@ -373,10 +373,16 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.endFinished(sessionId, episode);
   }
 
-  /** Ends a session; a late request of another attempt cannot end the current attempt's session. */
+  /**
+   * Ends a session; a late request of another attempt cannot end the current attempt's session.
+   * What it left scheduled goes with it (its lifetime timer, armed by the seed or reset that bound
+   * it, would otherwise stay for up to the lifetime, an hour by default, doing nothing).
+   */
   end(sessionId: string, episode: EpisodeId): void {
     const existing = this.sessions.get(sessionId);
-    if (existing && sameEpisode(existing.episode, episode) && !this.retiring.has(sessionId)) this.sessions.delete(sessionId);
+    if (!(existing && sameEpisode(existing.episode, episode) && !this.retiring.has(sessionId))) return;
+    this.sessions.delete(sessionId);
+    this.dropPendingEnd(sessionId);
   }
 
   release(ticket: RequestTicket): void {

@@ -1,5 +1,7 @@
+import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { UNUSED_SEED_LIFETIME_MS } from "../../../participants/kinds/resources/index.js";
+import { CheckpointError } from "../../../protocol/index.js";
+import { UNUSED_SEED_LIFETIME_MS, type SessionAccess } from "../../../participants/kinds/resources/index.js";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
 import { resourcesWorld } from "./resources-world.js";
 
@@ -87,5 +89,32 @@ describe("a seeded session that is never used", () => {
     await settle();
     expect(a.kind.readiness().counts).toMatchObject({ sessions: 0 });
     expect(server.counters.size).toBe(0);
+  });
+
+  it("a session sessions.started() bound whose request is refused or left unanswered ends with no lifetime timer left scheduled", async () => {
+    /** A reset/step protocol whose reset fails after `sessions.started`: refused, or its reply hijacked. */
+    class FailingReset extends CounterServer {
+      override routes(app: FastifyInstance, sessions: SessionAccess): void {
+        super.routes(app, sessions);
+        app.post("/reset", async (request) => {
+          sessions.started(request);
+          throw new CheckpointError("invalid_request", "this reset is refused");
+        });
+        app.post("/reset_hijacked", async (request, reply) => {
+          sessions.started(request);
+          reply.hijack();
+          reply.raw.writeHead(200, { "content-type": "application/json" });
+          reply.raw.end("{}");
+        });
+      }
+    }
+    const a = await world.harness(new FailingReset());
+    expect(a.clock.pendingTimers).toBe(0);
+    expect((await a.post("/ng-rollout/r1/reset", {})).statusCode).toBe(400);
+    await a.post("/ng-rollout/r2/reset_hijacked", {});
+    for (let i = 0; i < 100 && (a.kind.readiness().counts?.inflight ?? 0) > 0; i++) await settle();
+    expect(a.kind.readiness().counts).toMatchObject({ sessions: 0, inflight: 0 });
+    // Before: each ended session kept its (no-op) lifetime timer, for up to an hour by default.
+    expect(a.clock.pendingTimers).toBe(0);
   });
 });
