@@ -846,11 +846,13 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       this.admitOutsideCheckpoint(request.checkpoint_id, "retire");
       // Mark first: anything that arrives while the work is being stopped is already refused.
       for (const episode of request.episode_ids) this.retired.mark(episode);
-      if (this.phase === "restored") this.renewLease(request.deadline_ts);
       if (this.pendingInstall) await this.pendingInstall;
       await withSpan("retire", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.episodes]: request.episode_ids.length }, undefined, () =>
         this.raceDeadline(this.adapter.retire(request.episode_ids), request.deadline_ts, "retire"),
       );
+      // Only once it succeeded, as a commit's: a failed retire extends nothing (still under the
+      // lock, so the lease cannot expire while the kind's retire runs).
+      if (this.phase === "restored") this.renewLease(request.deadline_ts);
       this.heldInstallFailure.retired(request.episode_ids);
       this.notify();
       return { retired: [...new Set(request.episode_ids.map(captureKey))].sort() };
@@ -861,12 +863,13 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.checkDeadline(request.deadline_ts);
     return this.underLock(request, async () => {
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
-      if (this.phase === "restored") this.renewLease(request.deadline_ts);
       const rollouts = [...new Set(request.rollout_ids)].sort();
       // Bounded like retire's: a kind freeing held state through a hook that never answers (a
       // sandbox provider) must not hold the lock, or every later op, resume and lease expiry
       // included, would queue behind it for good. Past the deadline the marks stay.
       await this.raceDeadline(this.adapter.forget(rollouts), request.deadline_ts, "forget");
+      // Only once it succeeded, as retire's: a failed forget extends nothing.
+      if (this.phase === "restored") this.renewLease(request.deadline_ts);
       this.heldInstallFailure.forgotten(rollouts);
       for (const rollout of rollouts) {
         this.retired.forget(rollout);

@@ -1461,6 +1461,22 @@ describe("restored phase", () => {
     expect(plane.currentPhase).toBe("restored");
   });
 
+  it("a retire or forget that fails while restored extends nothing: the lease stays as the restore set it, and still expires then", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    const lease = DEADLINE + 60;
+    expect(plane.status().lease_expires_at).toBe(lease);
+    kind.failNext("retire", new CheckpointError("internal_error", "scripted retire failure"));
+    expect(await refused(call("retire", { checkpoint_id: "src", deadline_ts: T0 + 300, episode_ids: [{ rollout_id: "r1", attempt: 1 }] }))).toBe("internal_error");
+    kind.failNext("forget", new CheckpointError("invalid_request", "scripted forget refusal"));
+    expect(await refused(call("forget", { checkpoint_id: "src", deadline_ts: T0 + 300, rollout_ids: ["r1"] }))).toBe("invalid_request");
+    expect(plane.status().lease_expires_at).toBe(lease);
+    // The coordinator went silent after those failures: the lease it last set still ends the checkpoint.
+    clock.advance((lease - T0) * 1000);
+    for (let i = 0; i < 5 && plane.currentPhase !== "idle"; i++) await flush();
+    expect(plane.currentPhase).toBe("idle");
+  });
+
   it("a lease that expires while restored reopens and fences the id like a resume", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
     const scope = [{ rollout_id: "r1", attempt: 0 }];
