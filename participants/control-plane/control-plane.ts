@@ -775,6 +775,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       this.lock.run(async () => {
         if (again && (this.disposed || !this.heldInstallFailure.holds(id))) return;
         if (again && (this.phase !== "idle" || running)) return void this.clock.setTimer(retry, LEASE_RETRY_MS);
+        if (this.phase !== "idle") {
+          // The install ended while a later prepare's checkpoint is open: the kind's retire must not
+          // run inside it (it waits for clean-ups that wait for resume, and would hold that
+          // checkpoint's commit behind it). Held meanwhile (attempt+1 stays fenced), freed once idle.
+          if (!this.adapter.hasLiveState()) return;
+          this.heldInstallFailure.remember(id, failure.args, failure.error, next);
+          return void this.clock.setTimer(retry, LEASE_RETRY_MS);
+        }
         try {
           const retiring = this.adapter.retire(next);
           const ended = retiring.then(

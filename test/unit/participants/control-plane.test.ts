@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, MAX_ATTEMPT, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { CheckpointError, MAX_ATTEMPT, captureKey, nextAttempt, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import {
   FsCheckpointStorage,
   ManualClock,
@@ -1424,6 +1424,62 @@ describe("the free of a restore install that outlived its deadline, whose retire
       await flush();
     }
     expect(kind.hooks().filter((h) => h === "retire")).toHaveLength(1);
+  });
+});
+
+describe("the free of a restore install that outlived its deadline, ending while a new checkpoint is open", () => {
+  it("waits until that checkpoint is resumed: the kind's retire never runs while it is open, and its commit is not held behind the free", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const install = deferred();
+    let installing = false;
+    // As the resources kind's: the fence is checked first, then a provider answers late, then the state is installed.
+    kind.install = async (records) => {
+      installing = true;
+      await install.promise;
+      for (const record of records) kind.restored.set(captureKey(nextAttempt(record.episode_id)), { episode_id: nextAttempt(record.episode_id), state: record.state });
+    };
+    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await waitUntil(() => installing, "the install to start");
+    clock.advance(11_000);
+    expect(await refused(restore)).toBe("deadline_exceeded");
+    // A kind's retire waits for the stopped work's final clean-up, whose calls wait for resume (why
+    // retire is refused while a checkpoint is open): scripted as waiting for admission to reopen.
+    const reopened = deferred();
+    const open = kind.openAdmission.bind(kind);
+    kind.openAdmission = async () => {
+      await open();
+      reopened.resolve();
+    };
+    const retire = kind.retire.bind(kind);
+    const retiredIn: string[] = [];
+    kind.retire = async (episodes) => {
+      retiredIn.push(plane.currentPhase);
+      if (!kind.admissionOpen) await reopened.promise;
+      await retire(episodes);
+    };
+    expect((await call("prepare", { checkpoint_id: "c2", deadline_ts: T0 + 300 })).phase).toBe("prepared");
+    install.resolve(); // the late install ends while c2 is open
+    for (let i = 0; i < 10; i++) await flush();
+    let answered = false;
+    const commit = call("commit", { checkpoint_id: "c2", deadline_ts: T0 + 300 }).finally(() => void (answered = true));
+    const commitAnswered = await waitUntil(() => answered, "c2's commit", 3_000).then(
+      () => true,
+      () => false,
+    );
+    const during = { retiredIn: [...retiredIn], commitAnswered };
+    clock.advance(31_000); // a free still running under the lock gives up at its bound: the test ends either way
+    const committed = await commit.then(
+      (reply) => reply.phase,
+      (error: unknown) => refusalCode(Promise.reject(error)),
+    );
+    expect({ ...during, committed }).toEqual({ retiredIn: [], commitAnswered: true, committed: "committed" });
+    // Once c2 is resumed the free runs, outside any checkpoint, and frees what the late install left.
+    await call("resume", { checkpoint_id: "c2", deadline_ts: T0 + 400 });
+    for (let i = 0; i < 5 && kind.restored.size > 0; i++) {
+      clock.advance(1_000);
+      for (let j = 0; j < 5; j++) await flush();
+    }
+    expect({ retiredIn, restored: [...kind.restored.keys()] }).toEqual({ retiredIn: ["idle"], restored: [] });
   });
 });
 
