@@ -14,7 +14,8 @@ export const ERROR_CATALOG = {
   },
   invalid_request: {
     status: 400,
-    meaning: "The message is not valid JSON, has unknown or mistyped fields, or breaks a documented limit.",
+    meaning:
+      "The message is not valid JSON, has unknown or mistyped fields, names a key twice in one object or holds an integer a double cannot hold exactly (JSON.parse would keep the last key or round the number: a controller request and a participant's control message alike), or breaks a documented limit.",
     solve: "Fix the request; the detail names the offending field.",
   },
   payload_too_large: {

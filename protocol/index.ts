@@ -139,7 +139,7 @@ export { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
 export { JsonValueSchema, isPlainObject, keepingProtoKey, setOwnProperty, type JsonValue } from "./json-value.js";
 export { duplicateJsonKey } from "./json-duplicate-keys.js";
 export { unsafeJsonInteger } from "./json-unsafe-integer.js";
-export { decodeMessage, encodeMessage, encodeReply, parseName } from "./codec.js";
+export { decodeMessage, decodeRequest, encodeMessage, encodeReply, parseName } from "./codec.js";
 export { tokensEqual, bearerToken, BearerTokenSchema } from "./auth.js";
 export { ROLLOUT_PREFIX, parseRolloutPath, rolloutPath } from "./rollout-path.js";
 export type { RolloutPath } from "./rollout-path.js";

@@ -2,10 +2,8 @@ import {
   CONTROLLER_OPS,
   CheckpointError,
   MAX_CONTROL_MESSAGE_BYTES,
-  decodeMessage,
+  decodeRequest,
   describeZodError,
-  duplicateJsonKey,
-  unsafeJsonInteger,
   type ControllerOp,
   type CtlReplyOf,
   type CtlRequestOf,
@@ -17,14 +15,9 @@ export async function dispatchController<O extends ControllerOp>(engine: Checkpo
   const schema = CONTROLLER_OPS[op].request;
   let request: CtlRequestOf<O>;
   if (typeof body === "string" || body instanceof Uint8Array) {
-    request = (isBlank(body) ? parseValue(schema, {}) : decodeMessage(schema, body)) as CtlRequestOf<O>;
-    // Valid JSON by now, so the scan can trust its structure.
-    const text = typeof body === "string" ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString("utf8");
-    const twice = duplicateJsonKey(text);
-    if (twice !== undefined) throw new CheckpointError("invalid_request", `key ${JSON.stringify(twice)} appears twice in one object; JSON.parse would keep only the last`);
-    // JSON.parse would round it: a controller state would come back changed (send it as a string).
-    const unsafe = unsafeJsonInteger(text);
-    if (unsafe !== undefined) throw new CheckpointError("invalid_request", `integer ${unsafe} is past what a double holds exactly: it would be stored as ${Number(unsafe)}; send it as a string`);
+    // decodeRequest refuses a key named twice and an integer JSON.parse would round (a controller
+    // state would come back changed), as the participants' control subjects do.
+    request = (isBlank(body) ? parseValue(schema, {}) : decodeRequest(schema, body)) as CtlRequestOf<O>;
   } else {
     request = parseValue(schema, body ?? {}) as CtlRequestOf<O>;
   }

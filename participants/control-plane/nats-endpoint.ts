@@ -11,7 +11,7 @@ import {
   decodedHeaders,
   OPS,
   bearerToken,
-  decodeMessage,
+  decodeRequest,
   encodeMessage,
   encodeReply,
   parseName,
@@ -36,7 +36,7 @@ export interface ControlEndpointOptions {
 
 /**
  * Serves a control plane on the participant's own subjects, one per op. Each request is
- * authenticated (bearer token, constant-time), decoded strictly, and handled concurrently so a
+ * authenticated (bearer token, constant-time), decoded strictly (no key twice, no rounded integer), and handled concurrently so a
  * prepare waiting for readiness never delays the resume that aborts it.
  */
 export class ControlEndpoint {
@@ -93,7 +93,9 @@ export class ControlEndpoint {
       if (token === undefined || !tokensEqual(token, this.options.token)) {
         throw new CheckpointError("unauthorized", "missing or wrong bearer token");
       }
-      const request = decodeMessage(CONTROL_MESSAGES[op].request, msg.data);
+      // As the controller APIs decode: a key named twice or an integer JSON.parse would round is
+      // refused before the control plane sees anything (a coordinator's JSON.stringify sends neither).
+      const request = decodeRequest(CONTROL_MESSAGES[op].request, msg.data);
       const reply = await this.plane.handle(op, request as never, parent);
       // A commit's episode list is left out past the server's max_payload too, when a deployment
       // configures it below 1 MiB (the coordinator reads it from the committed records).

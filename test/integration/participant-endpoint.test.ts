@@ -1,10 +1,11 @@
 import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { isDeepStrictEqual } from "node:util";
 import { Kvm } from "@nats-io/kv";
 import { headers } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { MEMBER_TTL_MS, memberKey, membersBucket, participantSubject, type Op } from "../../protocol/index.js";
+import { MEMBER_TTL_MS, OPS, memberKey, membersBucket, participantSubject, type Op } from "../../protocol/index.js";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { controlRequest, phase } from "../support/control-requests.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
@@ -117,5 +118,51 @@ describe("participant control plane over a real nats-server", () => {
     expect(reply.error.code).toBe("invalid_request");
     expect(reply.error.detail.length).toBeLessThan(5000);
     expect((await send("status", {})).phase).toBe("idle");
+  });
+  /**
+   * A participant of its own (whatever a request that got through did cannot reach the other tests),
+   * asked each op with a valid body rewritten by `rewrite`; returns the replies' errors and whether
+   * its status stayed the same.
+   */
+  async function askRewritten(rewrite: (op: Op, text: string) => string[]): Promise<{ errors: [Op, unknown][]; unchanged: boolean }> {
+    const strict = await startParticipant({ nc: nats.nc, deployment: DEPLOYMENT, instance: "strict_model", token: TOKEN, adapter: new ScriptableKind("model"), checkpointRoot: root, announce: false });
+    try {
+      const ask = (op: Op, text: string) => controlRequest(nats.nc, { deployment: DEPLOYMENT, kind: "model", instance: "strict_model", token: TOKEN }, op, text, 5000);
+      const scope = [{ rollout_id: "r1", attempt: 0 }];
+      const dir = { checkpoint_dir: join(root, "c-strict") };
+      const valid: Record<Op, object> = {
+        status: { epoch: 1 },
+        prepare: phase("c-strict"),
+        renew: phase("c-strict"),
+        commit: phase("c-strict", { ...dir, episode_ids: null }),
+        restore: phase("c-strict", { ...dir, episode_ids: scope }),
+        resume: phase("c-strict"),
+        retire: phase("c-strict", { episode_ids: scope }),
+        forget: phase("c-strict", { rollout_ids: ["r1"] }),
+      };
+      const before = await ask("status", "{}");
+      const errors: [Op, unknown][] = [];
+      for (const op of OPS) for (const text of rewrite(op, JSON.stringify(valid[op]))) errors.push([op, (await ask(op, text)).error]);
+      return { errors, unchanged: isDeepStrictEqual(await ask("status", "{}"), before) };
+    } finally {
+      await strict.stop();
+    }
+  }
+
+  it("refuses, on every op, a body naming a key twice (JSON.parse keeps the last), naming the key and changing nothing", async () => {
+    // As the controller APIs do; nested too: a restore scope whose attempt JSON.parse would read as the last one.
+    const { errors, unchanged } = await askRewritten((op, text) => [
+      text.replace('"epoch":1', '"epoch":1,"epoch":1'),
+      ...(op === "restore" ? [text.replace('"attempt":0', '"attempt":0,"attempt":5')] : []),
+    ]);
+    const refusal = (key: string) => ({ code: "invalid_request", detail: expect.stringContaining(`key "${key}" appears twice in one object`) });
+    expect(errors).toEqual(OPS.flatMap((op) => [[op, refusal("epoch")], ...(op === "restore" ? [[op, refusal("attempt")]] : [])]));
+    expect(unchanged).toBe(true);
+  });
+
+  it("refuses, on every op, an integer literal a double cannot hold exactly (JSON.parse rounds it), naming it and changing nothing", async () => {
+    const { errors, unchanged } = await askRewritten((_op, text) => [text.replace('"epoch":1', '"epoch":9007199254740993')]);
+    expect(errors).toEqual(OPS.map((op) => [op, { code: "invalid_request", detail: expect.stringContaining("integer 9007199254740993 ") }]));
+    expect(unchanged).toBe(true);
   });
 });
