@@ -105,11 +105,14 @@ export class ScriptableKind implements ParticipantKind<ScriptRecord> {
   async exportRecords(scope: EpisodeId[] | null): Promise<ScriptRecord[]> {
     await this.enter("exportRecords", scope);
     if (scope === null && this.scopeRequired) throw new CheckpointError("invalid_request", "this participant exports only the commit's episode_ids");
+    // Fenced attempts are left out, as the real kinds do: a retire cut short (or a late install's
+    // free deferred) may still hold them, and a restore of this export would bring them back.
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
-    const live = [...this.episodes.values()].filter((r) => !wanted || wanted.has(captureKey(r.episode_id)));
+    const exported = (r: ScriptRecord) => !this.context?.isRetired(r.episode_id) && (!wanted || wanted.has(captureKey(r.episode_id)));
+    const live = [...this.episodes.values()].filter(exported);
     // Restored episodes whose replacement has not started are exported again as that next attempt,
     // so a second crash still continues them (as attempt+2).
-    const pending = [...this.restored.values()].filter((r) => !wanted || wanted.has(captureKey(r.episode_id)));
+    const pending = [...this.restored.values()].filter(exported);
     return [...live, ...pending];
   }
 

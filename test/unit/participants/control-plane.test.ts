@@ -1483,6 +1483,27 @@ describe("the free of a restore install that outlived its deadline, ending while
   });
 });
 
+describe("a later commit's export", () => {
+  it("leaves out a restored attempt+1 retired meanwhile whose kind retire has not dropped it yet (a null scope), as the real kinds do", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await call("resume", { checkpoint_id: "src" });
+    // The kind's retire outlives its deadline: r1-a1 is marked, its restored record still held.
+    const gate = deferred();
+    kind.delay("retire", gate.promise);
+    const retire = call("retire", { checkpoint_id: "ret", deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 1 }] });
+    await waitUntil(() => kind.hooks().includes("retire"), "the kind's retire");
+    clock.advance(11_000);
+    expect(await refused(retire)).toBe("deadline_exceeded");
+    expect([...kind.restored.keys()]).toEqual(["r1-a1"]);
+    await call("prepare", { checkpoint_id: "c2", deadline_ts: T0 + 300 });
+    const committed = await call("commit", { checkpoint_id: "c2", deadline_ts: T0 + 300 });
+    expect(committed.episode_ids).toEqual([]);
+    await call("resume", { checkpoint_id: "c2", deadline_ts: T0 + 300 });
+    gate.resolve();
+  });
+});
+
 // ---- phase-machine scenarios: the restored phase, leases, retries sharing work, crash leftovers ----
 
 const snapshot = () => ({ status: plane.status(), admission: kind.admissionOpen, restored: [...kind.restored.keys()], live: [...kind.episodes.keys()] });
