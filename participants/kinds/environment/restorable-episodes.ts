@@ -99,12 +99,17 @@ export class RestorableEpisodes {
     );
   }
 
-  /** Live episodes parked or in a replay step, plus pending restored records (as their next attempt). */
+  /**
+   * Live episodes parked or in a replay step, plus pending restored records (as their next attempt),
+   * leaving out fenced attempts as the other kinds' exports do: a restore of the checkpoint would
+   * otherwise bring a retired attempt back (a retire drops them first today; this keeps the rule
+   * from resting on that order).
+   */
   exportSnapshots(scope: EpisodeId[] | null): EpisodeSnapshot[] {
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
     const live = this.steps.exportable().map((e) => ({ episode_id: e.id, task_digest: e.data.taskDigest, boundary: e.boundary }));
     const all = [...live, ...this.pending.values()];
-    return all.filter((s) => !wanted || wanted.has(captureKey(s.episode_id)));
+    return all.filter((s) => !this.isRetired(s.episode_id) && (!wanted || wanted.has(captureKey(s.episode_id))));
   }
 
   /** Validates the whole set first (fresh process, no retired or duplicate targets), then installs all. */

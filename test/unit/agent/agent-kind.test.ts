@@ -877,6 +877,40 @@ describe("agent participant", () => {
     expect(second.kind.hasLiveState()).toBe(false);
     expect(second.kind.openSession(ep("k1", 2))).toEqual({ restored: false });
   }, 20_000);
+  it("a late restore install ending while a checkpoint opened meanwhile installs no legacy record of its fenced attempt+1, so that checkpoint's null scope cannot export it", async () => {
+    const first = fresh();
+    const run = first.kind.runLegacy(ep("P"), { expression: "1" }, {}, async (e) => {
+      await e.boundary({ next: "loop" });
+      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
+    });
+    void run.catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    expect((await first.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["P"]);
+    await first.call("resume", { checkpoint_id: "c1" });
+
+    const second = fresh();
+    const install = latch();
+    let hookEnded = false;
+    const restoreHook = second.hooks.restoreAgentSessions.bind(second.hooks);
+    second.hooks.restoreAgentSessions = async (sessions) => {
+      await install.promise;
+      await restoreHook(sessions);
+      hookEnded = true;
+    };
+    // The install outlives its deadline: P-a1 is fenced (the coordinator's clean-up retires it anyway).
+    expect(await code(() => second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("P")], deadline_ts: Date.now() / 1000 + 0.2 }))).toBe("deadline_exceeded");
+    await second.call("prepare", { checkpoint_id: "c2" });
+    // It ends while c2 is open: the legacy install checks the fence again after the hook and refuses.
+    install.open();
+    await waitFor(() => hookEnded);
+    for (let i = 0; i < 5; i++) await flush();
+    expect(second.kind.legacy.pendingKeys()).toEqual([]);
+    expect((await second.call("commit", { checkpoint_id: "c2" })).episode_ids).toEqual([]);
+    await second.call("resume", { checkpoint_id: "c2" });
+    await first.kind.retire([ep("P")]);
+  }, 20_000);
+
   it("a commit's clean-up that outlived its commit never frees a newer session opened on a key a forget freed and dropped meanwhile", async () => {
     const { first, second } = await restoredK1K2();
     const gate = latch();
