@@ -470,6 +470,10 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       const key = captureKey(episode);
       if (seen.has(key)) continue;
       seen.add(key);
+      // A fenced attempt is left out, as the other kinds do, even when the scope names it: a retire
+      // cut short (or a late install's free waiting for resume) may still hold its ledger, and a
+      // restore of this record would continue a retired attempt.
+      if (this.context?.isRetired(episode)) continue;
       const rows = (await this.readableRows(key)).filter((row) => !undelivered.has(row.model_call_id));
       // Past the record's cap its schema would fail the commit as an internal error: refused instead,
       // before anything is written, naming the episode to leave out of the scope (or retire).
