@@ -1,4 +1,4 @@
-import { createInbox, errors, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { createInbox, errors, headers, type ConnectionOptions, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { CheckpointError, HEADER_AUTHORIZATION, decodedHeaders, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
 import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
@@ -43,7 +43,9 @@ export class NatsParticipantTransport implements ParticipantTransport {
   private seq = 0;
 
   constructor(private readonly nc: NatsConnection) {
-    this.inbox = createInbox();
+    // Under the connection's `inboxPrefix`, as nats.js's own requests and the KV clients' are: a
+    // role may subscribe only to its own prefix (deploy/nats/nats-server.production.conf).
+    this.inbox = createInbox((nc as Partial<{ options: ConnectionOptions }>).options?.inboxPrefix);
   }
 
   request(subject: string, body: string, options: TransportRequestOptions): Promise<string> {

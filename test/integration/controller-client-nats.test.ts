@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
+import { NatsParticipantTransport } from "../../coordinator/engine/nats-transport.js";
 import { LEADER_KEY, LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, leaderBucket } from "../../protocol/index.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
@@ -308,6 +309,28 @@ describe("NATS controller client: a successor that does not serve yet", () => {
       expect(JSON.parse(entry!.string())).toMatchObject({ id: "serving-1", serving: true });
     } finally {
       await world.close();
+    }
+  });
+});
+
+describe("the shared reply subscription of NATS requests", () => {
+  it("takes its reply subjects under the connection's inboxPrefix, which a role's NATS permissions allow it alone", async () => {
+    const prefix = "_INBOX_test_role";
+    const nc = await connect({ servers: nats.server.url, inboxPrefix: prefix });
+    let reply: string | undefined;
+    const responder = nats.nc.subscribe("inbox.test.echo", {
+      callback: (_e, msg) => {
+        reply = msg.reply;
+        msg.respond("{}");
+      },
+    });
+    try {
+      await nats.nc.flush();
+      expect(await new NatsParticipantTransport(nc).request("inbox.test.echo", "{}", { timeoutMs: 5_000, token: "t" })).toBe("{}");
+      expect(reply).toMatch(new RegExp(`^${prefix}\\.`));
+    } finally {
+      responder.unsubscribe();
+      await nc.close();
     }
   });
 });
