@@ -238,5 +238,5 @@ export type {
   RunTrajectory,
 } from "./rollout-records.js";
 import "./nats-write-after-end.js";
-export { DEFAULT_NATS_URL, isWrongRevision, kvReplicas, NATS_PING_OPTIONS, natsServers, natsSettings, redactNatsServers, type NatsServerInfo } from "./nats-connection.js";
+export { DEFAULT_NATS_URL, isWrongRevision, kvReplicas, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsServers, natsSettings, redactNatsServers, type NatsRole, type NatsServerInfo } from "./nats-connection.js";
 export type { NatsConnectionSettings } from "./nats-connection.js";

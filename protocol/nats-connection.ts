@@ -32,6 +32,22 @@ export function natsServers(value: string): string[] {
 export const NATS_PING_OPTIONS = { pingInterval: 10_000, maxPingOut: 3 } as const;
 
 /**
+ * Each role's reply subjects, its connections' `inboxPrefix`: nats.js's requests, the coordinator
+ * engine's shared reply subscription and the KV watch's deliveries all take it, so a role's NATS
+ * user may subscribe to `<prefix>.>` alone (deploy/nats/nats-server.production.conf). With one
+ * `_INBOX.>` for everybody, a Gym server's credentials could read every reply the coordinator
+ * (participants' status) or a controller (the controller API) receives. The coordinator daemon
+ * connects as `coordinator`; the CLI and `collect` as `controller`; Gym servers, verifiers and the
+ * attach proxy as `gym`. One token each (no dot), so an operator writes the permissions from them.
+ */
+export const NATS_INBOX_PREFIXES = {
+  coordinator: "_INBOX_gym_ckpt_coordinator",
+  gym: "_INBOX_gym_ckpt_gym",
+  controller: "_INBOX_gym_ckpt_controller",
+} as const;
+export type NatsRole = keyof typeof NATS_INBOX_PREFIXES;
+
+/**
  * The servers (`servers`, else GYM_CKPT_NATS_URL, else the default) and the credentials in
  * GYM_CKPT_NATS_USER / GYM_CKPT_NATS_PASS / GYM_CKPT_NATS_TOKEN: the variables the coordinator's
  * config reads, so participants, the CLI and the collector authenticate the same way. They are

@@ -17,8 +17,11 @@ const CLIENT_SOCKETS = "net.client.socket";
  * open (its transport closes only connections it finished), which kept the process alive for ever
  * after its refusal was printed: a CLI command never returned, a daemon was never restarted. The
  * sockets opened while connecting are destroyed when the connect fails.
+ *
+ * `inboxPrefix` is required: the caller's role's (`NATS_INBOX_PREFIXES`), the only reply subjects
+ * its NATS user may subscribe to under the production permissions.
  */
-export async function connectNats(options: ConnectionOptions, consequence = "no coordinator can be asked; nothing was sent"): Promise<NatsConnection> {
+export async function connectNats(options: ConnectionOptions & { inboxPrefix: string }, consequence = "no coordinator can be asked; nothing was sent"): Promise<NatsConnection> {
   const sockets: Socket[] = [];
   const opened = (message: unknown) => sockets.push((message as { socket: Socket }).socket);
   subscribe(CLIENT_SOCKETS, opened);

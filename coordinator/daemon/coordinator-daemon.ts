@@ -19,7 +19,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
+import { CheckpointError, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -79,6 +79,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     (await connectNats({
       servers: natsServers(config.nats.servers),
       name: `gym-ckpt-coordinator-${id}`,
+      inboxPrefix: NATS_INBOX_PREFIXES.coordinator,
       maxReconnectAttempts: -1,
       reconnectTimeWait: 500,
       ...NATS_PING_OPTIONS,

@@ -4,7 +4,7 @@ import { connect, type ConnectionOptions, type NatsConnection } from "@nats-io/t
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, envSetting, isHttpUrl, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, envSetting, isHttpUrl, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -209,10 +209,11 @@ export function tokenFlagRefusal(flag: string, value: string | undefined): strin
  * How a participant program connects to NATS: for as long as it runs, reconnecting after any
  * outage, and giving up a connection gone silent within about 40 s (NATS_PING_OPTIONS), as the
  * coordinator does: its membership entry expires after 15 s, so it is out of every checkpoint
- * until it reconnects and announces itself again.
+ * until it reconnects and announces itself again. Its replies come under the gym role's inbox
+ * prefix, the only one a Gym server's NATS user may subscribe to (NATS_INBOX_PREFIXES).
  */
 export function participantConnectOptions(nats: string, connectionName: string): ConnectionOptions {
-  return { ...natsSettings(nats), ...NATS_PING_OPTIONS, name: connectionName, maxReconnectAttempts: -1, reconnectTimeWait: 250 };
+  return { ...natsSettings(nats), ...NATS_PING_OPTIONS, name: connectionName, maxReconnectAttempts: -1, reconnectTimeWait: 250, inboxPrefix: NATS_INBOX_PREFIXES.gym };
 }
 
 /**

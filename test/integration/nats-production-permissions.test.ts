@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { journalBucket, leaderBucket } from "../../protocol/index.js";
+import { journalBucket, leaderBucket, NATS_INBOX_PREFIXES } from "../../protocol/index.js";
 import { ensureBuilt, MAIN } from "../e2e/coordinator-process.js";
 import { NatsServerProcess } from "../support/nats.js";
 import { descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
@@ -14,8 +14,9 @@ import { waitUntil } from "../support/wait-until.js";
 /**
  * deploy/nats/nats-server.production.conf's permission blocks on a real nats-server, made single
  * node (no cluster block, no sync_interval: 2.9, ports and store chosen here): the coordinator
- * daemon, `gym-ckpt gym` and the CLI each work as their role's user, and the gym and controller
- * users are refused writing the leader lease and the decision journal.
+ * daemon, `gym-ckpt gym` and the CLI each work as their role's user, the gym and controller
+ * users are refused writing the leader lease and the decision journal, and the gym user reading
+ * the replies the coordinator and the controllers receive.
  */
 const CONF = fileURLToPath(new URL("../../deploy/nats/nats-server.production.conf", import.meta.url));
 const DEPLOYMENT = "default"; // the name the production permissions are written for
@@ -65,7 +66,8 @@ async function cli(role: Role, args: string[]): Promise<{ code: number | null; o
 }
 
 async function as(role: Role): Promise<NatsConnection> {
-  const nc = await connect({ servers: server.url, user: role, pass: PASSWORDS[role] });
+  // Its role's reply subjects, as every gym-ckpt process of that role takes them.
+  const nc = await connect({ servers: server.url, user: role, pass: PASSWORDS[role], inboxPrefix: NATS_INBOX_PREFIXES[role] });
   connections.push(nc);
   return nc;
 }
@@ -109,13 +111,27 @@ afterAll(async () => {
 });
 
 describe("the production NATS permissions, per role", () => {
-  it("let the coordinator, the Gym and the CLI work, and refuse the gym and controller users the leader lease and the journal", async () => {
+  it("let the coordinator, the Gym and the CLI work, refuse the gym and controller users the leader lease and the journal, and the gym user the other roles' replies", async () => {
     const coordinator = start("coordinator", ["coordinator", "--deployment", DEPLOYMENT, "--token", TOKEN, "--controller-token", CONTROLLER_TOKEN, "--checkpoint-root", join(dir, "root"), "--no-http", "--lease-ms", "2000", "--log-level", "warn"]);
     const gym = start("gym", ["gym", "--deployment", DEPLOYMENT, "--token", TOKEN, "--checkpoint-root", join(dir, "root")]);
     await waitUntil(() => gym.out().split("\n").some((line) => line.includes('"name":"gym"') && line.includes('"ready":true')) || gym.child.exitCode !== null, "the gym's ready line", 60_000).catch((error: Error) => {
       throw new Error(`${error.message}\n${gym.out()}\n${coordinator.out()}`);
     });
     expect(gym.child.exitCode, gym.out()).toBeNull();
+
+    // A Gym server's credentials listening for other roles' replies (status replies, controller API
+    // replies), under any inbox prefix: every subscription refused, nothing overheard meanwhile.
+    const spy = await as("gym");
+    const overheard: string[] = [];
+    const refused = new Map<string, string>();
+    for (const subject of ["_INBOX.>", `${NATS_INBOX_PREFIXES.coordinator}.>`, `${NATS_INBOX_PREFIXES.controller}.>`]) {
+      spy.subscribe(subject, {
+        callback: (error, msg) => {
+          if (error) refused.set(subject, String(error));
+          else overheard.push(msg.subject);
+        },
+      });
+    }
 
     // Every reference participant announced (members bucket) and answers the coordinator's status.
     let status = { code: null as number | null, out: "" };
@@ -124,10 +140,20 @@ describe("the production NATS permissions, per role", () => {
       return status.code === 0 && ["agent", "environment", "model", "resources"].every((kind) => new RegExp(`^${kind}\\s.*idle`, "m").test(status.out));
     }, `status to list the four participants idle (last: ${status.out})`, 30_000);
     expect(status.out).toMatch(/leader epoch \d+/);
+    await waitUntil(() => refused.size === 3, "the gym user's subscriptions to the coordinator's and controllers' replies to be refused").catch((error: Error) => {
+      throw new Error(`${error.message}; refused: ${JSON.stringify([...refused])}; overheard: ${JSON.stringify(overheard.slice(0, 5))}`);
+    });
+    for (const reason of refused.values()) expect(reason).toMatch(/permissions violation for subscription/i);
+    expect(overheard).toEqual([]);
 
     const checkpoint = await cli("controller", ["checkpoint", "--deployment", DEPLOYMENT, "--token", CONTROLLER_TOKEN, "--episodes", "none"]);
     expect(checkpoint.out).toMatch(/^published \S+ \(epoch \d+, 4 participants\)/m);
     expect(checkpoint.code).toBe(0);
+
+    // Nothing but the spy was refused so far: every process's requests, replies (allow_responses)
+    // and KV watches stayed within its role's permissions, not just the ones the CLI's output shows.
+    const violations = server.log.split("\n").filter((line) => line.includes("Violation"));
+    expect(violations.map((line) => /Subscription Violation - User "gym", Subject "([^"]+)"/.exec(line)?.[1] ?? line).sort()).toEqual([...refused.keys()].sort());
 
     // Forged writes into the fencing state: refused by the server, nothing written.
     const reader = await as("coordinator");

@@ -4,7 +4,7 @@ import { basename, dirname, join, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
 import { connectNats } from "../../client/nats-connect.js";
@@ -238,7 +238,7 @@ export function register(program: Command): void {
         if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
         logger = createLogger(logLevel);
         if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
-        nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1 });
+        nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1, inboxPrefix: NATS_INBOX_PREFIXES.controller });
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token, leaderWaitMs }) : new NatsControllerClient({
           nc,
           deployment,
