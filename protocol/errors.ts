@@ -105,6 +105,13 @@ export const ERROR_CATALOG = {
     meaning: "A request timed out, a journal write before anything was sent failed (a commit decision, or its withdrawal by a resume: nothing was sent, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
     solve: "Retry with the same checkpoint id: every operation is idempotent per (checkpoint_id, op).",
   },
+  journal_unavailable: {
+    status: 503,
+    meaning:
+      "The coordinator could not write its decision journal in JetStream KV (unavailable, a timeout, a full or misconfigured journal bucket, missing permissions) when a checkpoint opened; nothing was committed and every participant was resumed (one the resume did not reach resumes when its lease expires). The same id retried is answered the same.",
+    solve:
+      "Check JetStream: the server runs with JetStream, its storage, cluster quorum, the coordinator's permissions on the journal bucket; then retry the checkpoint with a new id.",
+  },
   not_leader: {
     status: 503,
     meaning: "This coordinator does not hold the leader lease (or is still waiting out its first lease period, or recovering its predecessor's checkpoints), or a client reached no coordinator at all (NATS or the HTTP API refused the connection). Nothing was sent or journaled; an op that loses leadership after it began answers `outcome_unknown` instead.",

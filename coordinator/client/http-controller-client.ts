@@ -209,7 +209,7 @@ export class HttpControllerClient extends ControllerClient {
 /**
  * Statuses a proxy or load balancer answers for the coordinator (upstream reset, read timeout, no
  * upstream) in a body of its own: the request may have reached the coordinator. The API's own 502,
- * 503 and 504 are catalog refusals (`reply_too_large`, `not_leader`/`unreachable`, `outcome_unknown`).
+ * 503 and 504 are catalog refusals (`reply_too_large`, `not_leader`/`unreachable`/`journal_unavailable`, `outcome_unknown`).
  */
 const GATEWAY_ERRORS = new Set([502, 503, 504]);
 

@@ -264,6 +264,12 @@ export class CheckpointEngine {
    * Once the membership view shows a member restarted, the same request is a new restore.
    */
   private readonly failedRestores = new Map<string, FailedRestore>();
+  /**
+   * The `journal_unavailable` detail of the last few checkpoints aborted because their open entry
+   * could not be journaled: a retry of that id (its reply lost) gets it again, not a bare
+   * `stale_checkpoint` that would hide why the id is spent.
+   */
+  private readonly unjournaledPrepares = new Map<string, string>();
   /** The last journal write per checkpoint id (a number from journalSeq): a removal scheduled by close() yields to any write made since. */
   private readonly journalWrites = new Map<string, number>();
   private journalSeq = 0;
@@ -1057,6 +1063,8 @@ export class CheckpointEngine {
       throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was opened by a prepare of its own; finish it with commit, publish and resume (or resume it), or checkpoint under a fresh id`);
     }
     if (!open) {
+      const unjournaled = this.unjournaledPrepares.get(id);
+      if (unjournaled !== undefined) throw new CheckpointError("journal_unavailable", unjournaled);
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
@@ -1096,9 +1104,14 @@ export class CheckpointEngine {
       );
       await journaled;
     } catch (error) {
+      const journalError = journaled && (await journaled.then(() => undefined, (e: unknown) => e ?? new Error("journal write failed")));
+      if (!journalError) throw error;
       // No entry, no checkpoint: nobody stays prepared for one a successor could not find.
-      if (journaled && (await journaled.then(() => false, () => true))) await this.abort(id, deadlineMs, ctx);
-      throw error;
+      const unresumed = await this.abort(id, deadlineMs, ctx);
+      // A catalog refusal (a fenced write's not_leader) keeps its code; anything else is JetStream's
+      // (KV unavailable, a timeout, a full or misconfigured bucket, permissions), not a gym-ckpt bug.
+      if (journalError instanceof CheckpointError) throw journalError;
+      throw this.rememberUnjournaled(id, journalError, unresumed);
     }
     // Leadership lost during the stages shows as a `not_leader` stage result; what is left of this
     // prepare is the successor's to abort or complete, so the op must not look like an answer.
@@ -1469,13 +1482,38 @@ export class CheckpointEngine {
     return this.journal(open, "open");
   }
 
-  /** Best-effort abort after a failed step of the convenience op; the original error is what the caller sees. */
-  private async abort(id: string, deadlineMs: number, ctx: Context | undefined): Promise<void> {
+  /**
+   * Best-effort abort after a failed step of the convenience op; the original error is what the
+   * caller sees. Resolves to the resume's failure (those participants resume when their lease
+   * expires), undefined when everyone resumed.
+   */
+  private async abort(id: string, deadlineMs: number, ctx: Context | undefined): Promise<CheckpointError | undefined> {
     try {
       await this.doResume(id, Math.max(deadlineMs, this.options.clock.now() + 5000), ctx);
+      return undefined;
     } catch (error) {
       this.log.warn({ checkpoint_id: id, err: error }, "abort_resume_incomplete");
+      return toCheckpointError(error);
     }
+  }
+
+  /**
+   * The `journal_unavailable` of a checkpoint aborted because its open entry could not be written,
+   * kept for a retry of its id (the last REMEMBERED_CHECKPOINTS). Had the write landed after all,
+   * the entry only says `open`: a successor resumes it (presumed abort), which changes nothing now.
+   */
+  private rememberUnjournaled(id: string, cause: unknown, unresumed: CheckpointError | undefined): CheckpointError {
+    const why = cause instanceof Error ? cause.message : String(cause);
+    const resumed = unresumed
+      ? `every participant was resumed but those the resume failed at, which resume when their lease expires (${unresumed.message.slice(0, 500)})`
+      : "every participant was resumed";
+    const detail = `checkpoint ${id}: its open entry could not be written to the decision journal in JetStream KV (${why}), so it was aborted: nothing was committed and ${resumed}; check JetStream, then checkpoint again with a new id`;
+    this.unjournaledPrepares.set(id, detail);
+    for (const old of this.unjournaledPrepares.keys()) {
+      if (this.unjournaledPrepares.size <= REMEMBERED_CHECKPOINTS) break;
+      this.unjournaledPrepares.delete(old);
+    }
+    return new CheckpointError("journal_unavailable", detail, { cause });
   }
 
   /**
