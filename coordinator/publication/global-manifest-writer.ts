@@ -20,7 +20,7 @@ import {
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { discardStagedFile, fsyncDirectory, replaceSmallFileDurably, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
 import { sha256RegularFile } from "./regular-file.js";
-import { applyRetention, linkToTrash, removeTrash } from "./retention.js";
+import { applyRetention, linkToTrash, removeTrash, trashCheckpointDir } from "./retention.js";
 
 export interface PublishInput {
   checkpointId: string;
@@ -62,6 +62,8 @@ interface Staging {
 export class GlobalManifestWriter {
   private readonly staged = new Map<string, Staging>();
   private readonly inUse = new Set<string>();
+  /** Aborted checkpoints whose checkpoint.json and directory both stayed (see takeBack). */
+  private readonly untakenBack = new Set<string>();
   private cleanup: Promise<void> = Promise.resolve();
   private latestDurable: Promise<void> = Promise.resolve();
 
@@ -176,11 +178,14 @@ export class GlobalManifestWriter {
   /**
    * Drops every staged LATEST temp file, leadership being lost: the successor publishes with its
    * own, and no sweep removes these (this process's are in `inUse`, which its own sweeps skip). The
-   * checkpoint directories stay: the successor may re-drive a commit into them.
+   * checkpoint directories stay: the successor may re-drive a commit into them (so does a
+   * checkpoint.json not taken back yet).
    */
   discardStagedLatest(): Promise<void> {
     const stagings = [...this.staged.values()].map((staging) => staging.latest);
     this.staged.clear();
+    // A successor may complete one whose decision stayed journaled: its checkpoint.json is its own now.
+    this.untakenBack.clear();
     this.cleanup = this.cleanup.then(async () => {
       for (const staging of stagings) await this.removeStagedTemp(staging);
     });
@@ -269,11 +274,36 @@ export class GlobalManifestWriter {
       // marks a checkpoint published, which LATEST never named and the engine now aborts. Not by a
       // writer deposed meanwhile (the wait for that fsync can outlast the lease): its successor
       // recovers the journaled decision, and may already have found this file and made it LATEST.
-      if (manifestPath !== undefined && renamed && stillAllowed(input.beforeWrite)) await rm(manifestPath, { force: true }).catch(() => undefined);
+      if (manifestPath !== undefined && renamed && stillAllowed(input.beforeWrite)) await this.takeBack(input.checkpointId, manifestPath);
       throw directoryInTheWay(error);
     } finally {
       if (latest) this.inUse.delete(latest.temp);
     }
+  }
+
+  /**
+   * Takes back the checkpoint.json of a publication that failed after its rename: left in place, it
+   * would mark an aborted checkpoint published (listed, restorable by id, counted by retention, the
+   * newest that reads back). Its removal failing too, the whole checkpoint directory goes to the
+   * trash retention sweeps: one rename at the root, atomic, so at no point (a crash included) is
+   * there a half-removed checkpoint; its partial files would be retention's to delete anyway. That
+   * failing as well, it is retried before the next retention scan.
+   */
+  private async takeBack(checkpointId: string, manifestPath: string): Promise<void> {
+    try {
+      await rm(manifestPath, { force: true });
+      return;
+    } catch {
+      // The directory instead, below.
+    }
+    try {
+      trashCheckpointDir(this.catalog.root, checkpointId);
+    } catch (error) {
+      this.untakenBack.add(checkpointId);
+      this.onCleanupError?.(error);
+      return;
+    }
+    await fsyncDirectory(this.catalog.root).catch(() => undefined); // best effort: the rename is done
   }
 
   /**
@@ -316,6 +346,15 @@ export class GlobalManifestWriter {
    * operations); their files are removed in the background (`settled` awaits that).
    */
   retain(latest: string): string[] {
+    // Aborted checkpoints whose checkpoint.json could not be taken back: before the scan counts them.
+    for (const id of [...this.untakenBack]) {
+      try {
+        if (lstatSync(this.catalog.dirFor(id), { throwIfNoEntry: false })) trashCheckpointDir(this.catalog.root, id);
+        this.untakenBack.delete(id);
+      } catch (error) {
+        this.onCleanupError?.(error);
+      }
+    }
     const deleted = applyRetention(this.catalog, this.retention, new Set([latest]), (_id, error) => this.onCleanupError?.(error));
     this.cleanup = this.cleanup
       .then(() => removeTrash(this.catalog.root, this.inUse))

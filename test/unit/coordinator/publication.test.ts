@@ -8,13 +8,30 @@ import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-c
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
 import { writeParticipant } from "./fake-participants.js";
+import { refusalOf } from "../../support/refusal.js";
 
 // A full disk for checkpoint.json's write: while `full`, the blocking writes publication uses fail
 // with a real ENOSPC (written to /dev/full), which names no path.
 // While `statFails`, a stat of a checkpoint.json fails as a storage that stops answering does (EIO).
 // While `dirOpenFails` names a directory, opening it (for its fsync) fails with EIO.
 // `latestLinksAtRename`: the link count of the LATEST each rename onto it replaced (0: none yet).
-const disk = vi.hoisted(() => ({ full: false, statFails: false, dirOpenFails: undefined as string | undefined, latestLinksAtRename: [] as number[] }));
+// While `rmFails` names a path, removing it (fs/promises rm) fails with EIO.
+const disk = vi.hoisted(() => ({
+  full: false,
+  statFails: false,
+  dirOpenFails: undefined as string | undefined,
+  rmFails: undefined as string | undefined,
+  renameFails: undefined as string | undefined,
+  latestLinksAtRename: [] as number[],
+}));
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs/promises")>();
+  const rm = (async (...args: Parameters<typeof real.rm>) => {
+    if (disk.rmFails !== undefined && String(args[0]) === disk.rmFails) throw Object.assign(new Error(`EIO: i/o error, unlink '${String(args[0])}'`), { code: "EIO", syscall: "unlink" });
+    return real.rm(...args);
+  }) as typeof real.rm;
+  return { ...real, default: { ...real, rm }, rm };
+});
 vi.mock("node:fs", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs")>();
   const writeSync = ((...args: Parameters<typeof real.writeSync>) => {
@@ -35,6 +52,7 @@ vi.mock("node:fs", async (importOriginal) => {
     return (real.openSync as (...a: unknown[]) => number)(...args);
   }) as typeof real.openSync;
   const renameSync = ((from: string, to: string) => {
+    if (disk.renameFails !== undefined && String(from) === disk.renameFails) throw Object.assign(new Error(`EIO: i/o error, rename '${from}'`), { code: "EIO", syscall: "rename" });
     if (String(to).endsWith("/LATEST")) disk.latestLinksAtRename.push(real.existsSync(to) ? real.statSync(to).nlink : 0);
     return real.renameSync(from, to);
   }) as typeof real.renameSync;
@@ -49,6 +67,8 @@ afterEach(async () => {
   disk.full = false;
   disk.statFails = false;
   disk.dirOpenFails = undefined;
+  disk.rmFails = undefined;
+  disk.renameFails = undefined;
   await rm(root, { recursive: true, force: true });
 });
 
@@ -94,6 +114,45 @@ describe("publication and retention", () => {
     expect(await fresh.latest()).toBe("c1");
     expect(fresh.has("c2")).toBe(false);
     expect(fresh.scan().partial).toContain("c2");
+  });
+
+  it("a checkpoint.json whose directory's fsync fails and whose removal fails too is taken away with its directory: the aborted checkpoint is neither listed, restorable by id nor kept by retention", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.dirOpenFails = catalog.dirFor("c2");
+    disk.rmFails = join(catalog.dirFor("c2"), "checkpoint.json");
+    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    disk.dirOpenFails = undefined;
+    disk.rmFails = undefined;
+    const fresh = new CheckpointCatalog(root);
+    expect(await fresh.latest()).toBe("c1");
+    expect(fresh.has("c2")).toBe(false);
+    expect(fresh.scan().published.map((e) => e.checkpoint_id)).toEqual(["c1"]);
+    expect(fresh.newest()?.checkpoint_id).toBe("c1");
+    expect((await refusalOf(fresh.get("c2"))).code).toBe("not_found");
+    // Retention (keep 2) keeps c1 beside c3, rather than counting the aborted c2 as the newer one.
+    await publish(writer, "c3", 1020);
+    expect(writer.retain("c3")).toEqual([]);
+    await writer.settled();
+    expect((await readdir(root)).sort()).toEqual(["LATEST", "c1", "c3"]);
+  });
+
+  it("a checkpoint.json that neither its removal nor its directory's rename could take back is taken away before the next retention counts it", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.dirOpenFails = catalog.dirFor("c2");
+    disk.rmFails = join(catalog.dirFor("c2"), "checkpoint.json");
+    disk.renameFails = catalog.dirFor("c2");
+    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    disk.dirOpenFails = undefined;
+    disk.rmFails = undefined;
+    disk.renameFails = undefined;
+    await publish(writer, "c3", 1020);
+    expect(writer.retain("c3")).toEqual([]);
+    await writer.settled();
+    expect((await readdir(root)).sort()).toEqual(["LATEST", "c1", "c3"]);
   });
 
   it("writes checkpoint.json, then LATEST; keeps the newest N and deletes partial checkpoints", async () => {
