@@ -151,7 +151,8 @@ export class KvDecisionJournal implements DecisionJournal {
   /** `markerKeepMs`: how long a removed entry's purge marker stays (default 30 min). */
   static async open(nc: NatsConnection, deployment: string, logger?: Logger, markerKeepMs = MARKER_KEEP_MS): Promise<KvDecisionJournal> {
     const bucket = journalBucket(deployment);
-    const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0 });
+    // Entries are removed by kv.purge and their markers dropped by stream purges: see remove, compactMarkers.
+    const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0, purges: "keys" });
     // Every read asks the stream's leader: in an R3 bucket a direct get may be answered by a replica
     // that lags, whose copy would have a recovery miss a decided entry (presumed abort), act on one
     // removed, or write against a stale revision (refused not_leader), and a removal's read-back

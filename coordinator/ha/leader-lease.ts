@@ -76,6 +76,7 @@ export class LeaderLease implements Leadership {
       (await openBucketAsserted(this.options.nc, leaderBucket(this.options.deployment), {
         history: 1,
         ttl: this.options.leaseMs,
+        purges: "stream", // leadAbove moves the revisions past the epoch floor by a purge
         beforeShortening: (kv, foundTtl) => this.refuseShorteningUnderLeader(kv, foundTtl),
       }));
     await this.tick();

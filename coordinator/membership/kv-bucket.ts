@@ -1,4 +1,4 @@
-import { jetstreamManager, StorageType } from "@nats-io/jetstream";
+import { jetstreamManager, RetentionPolicy, StorageType, type StreamConfig } from "@nats-io/jetstream";
 import { Bucket, Kvm, type KV } from "@nats-io/kv";
 import { nanos, type NatsConnection } from "@nats-io/transport-node";
 import { awaitBucketStore, CheckpointError, kvReplicas } from "../../protocol/index.js";
@@ -15,6 +15,36 @@ export interface BucketOptions {
    * lease under the longer TTL), so a refusal then restores the longer TTL before it is thrown.
    */
   beforeShortening?: (kv: KV, foundTtl: number) => Promise<void>;
+  /**
+   * How keys leave this bucket besides delete markers: "stream" by a JetStream purge of the stream
+   * (the leader lease moving its revisions past the epochs in use), "keys" by `kv.purge` too, a
+   * rollup message (the decision journal's removals). Both need purges allowed (`deny_purge` off,
+   * which a stream never takes back); unset, the bucket is never purged (the members).
+   */
+  purges?: "stream" | "keys";
+}
+
+/**
+ * What breaks us in a bucket's stream config that no update can change: a bucket pre-created by
+ * hand (`nats kv add`, `nats stream add`) or by other tools. Empty when none. `deny_delete` is
+ * fine (`nats kv add` sets it): it refuses the message-delete API alone, which nothing here uses.
+ */
+function unchangeableFaults(config: StreamConfig, options: BucketOptions): string[] {
+  const faults: string[] = [];
+  // Gone after a NATS restart: the journal's decisions with it, and the leader bucket comes back
+  // restarting its revisions, so participants refuse every epoch (stale_epoch).
+  if (config.storage !== StorageType.File) faults.push(`is kept in ${config.storage} storage, which a NATS restart loses`);
+  // Interest or work-queue retention drops a message nobody consumes: keys would vanish.
+  if (config.retention !== RetentionPolicy.Limits) faults.push(`keeps messages by ${config.retention} retention, which drops keys nobody consumes`);
+  if (config.sealed) faults.push("is sealed, which refuses every write and cannot be undone");
+  // Its keys are another bucket's (nats.js writes through to it): a lease or journal shared with whoever owns that one.
+  if (config.mirror) faults.push(`mirrors stream ${config.mirror.name}, so its keys are written there`);
+  // Other streams' messages land in it (maybe already did): another deployment's lease or entries read as ours.
+  if (config.sources?.length) faults.push(`takes in the messages of stream(s) ${config.sources.map((s) => s.name).join(", ")}, which read as its own keys`);
+  if (options.purges && config.deny_purge) {
+    faults.push(`has deny_purge set, which refuses the purges gym-ckpt makes in it (${options.purges === "keys" ? "removing its entries" : "moving its revisions past the epochs in use"})`);
+  }
+  return faults;
 }
 
 /**
@@ -38,13 +68,13 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
     return { ok: status.history === options.history && status.ttl === options.ttl && status.replicas >= replicas, status };
   };
   let check = await matches();
-  // A bucket someone created in memory (`nats kv add --storage memory`) is gone after a NATS restart:
-  // the journal's decisions with it, and the leader bucket comes back restarting its revisions, so
-  // participants refuse every epoch (stale_epoch). Storage cannot be changed in place: configuration.
-  if (check.status.storage !== StorageType.File) {
+  // A bucket someone created in memory (`nats kv add --storage memory`), sealed, mirroring... None
+  // of it can be changed in place: configuration, refused before anything is written.
+  const faults = unchangeableFaults(check.status.streamInfo.config, options);
+  if (faults.length > 0) {
     throw new CheckpointError(
       "invalid_request",
-      `KV bucket ${name} is kept in ${check.status.storage} storage, which a NATS restart loses; delete it (stream KV_${name}) while no coordinator or participant runs, and start again to have it created on file storage`,
+      `KV bucket ${name} ${faults.join("; ")}. gym-ckpt does not change that in place: delete it (stream KV_${name}) while no coordinator or participant runs, and start again to have it created on file storage with the settings gym-ckpt needs`,
     );
   }
   if (!check.ok) {
