@@ -1,7 +1,7 @@
 import { jetstreamManager, RetentionPolicy, StorageType, type StreamConfig } from "@nats-io/jetstream";
 import { Bucket, Kvm, type KV } from "@nats-io/kv";
 import { nanos, type NatsConnection } from "@nats-io/transport-node";
-import { awaitBucketStore, CheckpointError, kvReplicas } from "../../protocol/index.js";
+import { awaitBucketStore, CheckpointError, kvReplicas, MAX_CONTROL_MESSAGE_BYTES } from "../../protocol/index.js";
 
 export interface BucketOptions {
   history: number;
@@ -48,6 +48,35 @@ function unchangeableFaults(config: StreamConfig, options: BucketOptions): strin
 }
 
 /**
+ * The settings an update corrects without losing a key, as they must be: no message or byte limit
+ * (reached, it drops the oldest keys, discard old, or refuses writes, discard new: a journal
+ * decision must never be dropped, a lease renewal or member heartbeat never refused), a message
+ * size limit at least a control message (every value we write fits one: a journal entry is the
+ * largest), no per-subject discard (it refuses every rewrite of a key), acknowledged writes (a KV
+ * write waits for its ack), and rollups where `kv.purge` removes keys (elsewhere left as found: a
+ * deny_purge members bucket cannot allow them).
+ */
+function correctedLimits(config: StreamConfig, options: BucketOptions): Partial<StreamConfig> {
+  const sizeFits = config.max_msg_size <= 0 || config.max_msg_size >= MAX_CONTROL_MESSAGE_BYTES;
+  return {
+    max_msgs: -1,
+    max_bytes: -1,
+    max_msg_size: sizeFits ? config.max_msg_size : -1,
+    discard_new_per_subject: false,
+    no_ack: false,
+    allow_rollup_hdrs: options.purges === "keys" || config.allow_rollup_hdrs,
+  };
+}
+
+/** The settings of `correctedLimits` that `config` does not hold yet, as `name found`; empty when none. */
+function limitsOff(config: StreamConfig, options: BucketOptions): string[] {
+  const wanted = correctedLimits(config, options);
+  // nats-server leaves false flags out of the config it returns.
+  const found: Partial<StreamConfig> = { ...config, discard_new_per_subject: config.discard_new_per_subject ?? false, no_ack: config.no_ack ?? false };
+  return (Object.keys(wanted) as (keyof typeof wanted)[]).filter((key) => found[key] !== wanted[key]).map((key) => `${key} ${String(found[key])}`);
+}
+
+/**
  * Opens a KV bucket, creating it with `options` if missing, then reads the stream config back.
  * nats-server 2.9 silently ignores options it does not know (per-key TTL, markers), and an existing
  * bucket keeps the config it was created with (e.g. the leader bucket after `lease_ms` changed), so
@@ -55,7 +84,8 @@ function unchangeableFaults(config: StreamConfig, options: BucketOptions): strin
  * updated in place, never recreated: a recreated stream restarts its sequence, and the leader
  * epoch (a revision) would fall below what participants have seen, so they would refuse it. The
  * replicas follow `kvReplicas` (a bucket created R1 before the cluster grew is scaled up in place,
- * never down).
+ * never down). Settings a bucket pre-created by hand may carry are checked too: limits are lifted
+ * in place (`correctedLimits`), what no update can change is refused (`unchangeableFaults`).
  */
 export async function openBucketAsserted(nc: NatsConnection, name: string, options: BucketOptions): Promise<KV> {
   const replicas = kvReplicas(nc.info);
@@ -65,7 +95,8 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
   const matches = async () => {
     const status = await kv.status();
     // More replicas than the rule asks for are kept: never scaled down (say by a start during an outage).
-    return { ok: status.history === options.history && status.ttl === options.ttl && status.replicas >= replicas, status };
+    const limits = limitsOff(status.streamInfo.config, options);
+    return { ok: status.history === options.history && status.ttl === options.ttl && status.replicas >= replicas && limits.length === 0, status, limits };
   };
   let check = await matches();
   // A bucket someone created in memory (`nats kv add --storage memory`), sealed, mirroring... None
@@ -89,6 +120,8 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
         // The duplicate window may not exceed max_age (the KV client sets it the same way on create).
         duplicate_window: nanos(ttl > 0 ? Math.min(ttl, 120_000) : 120_000),
         num_replicas: Math.max(replicas, check.status.replicas),
+        // A bucket pre-created by hand or by other tools may carry limits that break us: lifted.
+        ...correctedLimits(check.status.streamInfo.config, options),
       });
     await updateLifetime(options.ttl);
     if (guardShortening) {
@@ -103,7 +136,7 @@ export async function openBucketAsserted(nc: NatsConnection, name: string, optio
   if (!check.ok) {
     throw new CheckpointError(
       "internal_error",
-      `KV bucket ${name} has history ${check.status.history}, ttl ${check.status.ttl} ms and ${check.status.replicas} replica(s), and the server kept it so after an update; expected history ${options.history}, ttl ${options.ttl} ms and ${replicas} replica(s).`,
+      `KV bucket ${name} has history ${check.status.history}, ttl ${check.status.ttl} ms and ${check.status.replicas} replica(s)${check.limits.map((off) => `, ${off}`).join("")}, and the server kept it so after an update; expected history ${options.history}, ttl ${options.ttl} ms and ${replicas} replica(s), without message or byte limits, rollups allowed where keys are purged.`,
     );
   }
   return kv;

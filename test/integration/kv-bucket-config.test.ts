@@ -1,13 +1,15 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { jetstreamManager, RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream";
+import { DiscardPolicy, jetstreamManager, RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream";
+import { Kvm, type KV } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorConfigSchema } from "../../coordinator/config/coordinator-config.js";
 import { startCoordinator } from "../../coordinator/daemon/coordinator-daemon.js";
 import { openBucketAsserted, type BucketOptions } from "../../coordinator/membership/kv-bucket.js";
 import { MEMBERS_BUCKET_OPTIONS } from "../../coordinator/membership/members-bucket.js";
 import { createLogger } from "../../coordinator/telemetry/logger.js";
+import { MAX_JOURNAL_ENTRY_BYTES } from "../../coordinator/ha/decision-journal.js";
 import { journalBucket } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { refusalOf } from "../support/refusal.js";
@@ -97,5 +99,84 @@ describe("a pre-created bucket with settings that cannot change in place", () =>
     });
     expect(refused.code).toBe("invalid_request");
     expect(refused.message).toMatch(/sealed/);
+  });
+});
+
+describe("a pre-created bucket with settings an update corrects without losing a key", () => {
+  it.each([
+    {
+      setting: "max_msgs with discard old (the oldest keys dropped: a journal decision lost)",
+      bucket: "cfg_maxmsgs_journal",
+      options: JOURNAL,
+      config: { max_msgs: 2, discard: DiscardPolicy.Old },
+      works: async (kv: KV): Promise<void> => {
+        for (const key of ["a", "b", "c"]) await kv.put(key, "v");
+        expect((await kv.get("kept"))?.string()).toBe("before");
+      },
+    },
+    {
+      setting: "max_bytes with discard new (writes refused once full: the lease not renewed)",
+      bucket: "cfg_maxbytes_leader",
+      options: LEADER,
+      config: { max_bytes: 1024, discard: DiscardPolicy.New, max_age: 3_000_000_000 },
+      works: async (kv: KV): Promise<void> => {
+        await kv.put("big", "x".repeat(4096));
+      },
+    },
+    {
+      setting: "max_msg_size below a journal entry",
+      bucket: "cfg_msgsize_journal",
+      options: JOURNAL,
+      config: { max_msg_size: 1024 },
+      works: async (kv: KV): Promise<void> => {
+        await kv.put("big", "x".repeat(MAX_JOURNAL_ENTRY_BYTES));
+      },
+    },
+    {
+      setting: "discard_new_per_subject (every rewrite of a key refused)",
+      bucket: "cfg_pernew_members",
+      options: MEMBERS_BUCKET_OPTIONS,
+      config: { discard: DiscardPolicy.New, discard_new_per_subject: true, max_age: 15_000_000_000 },
+      works: async (kv: KV): Promise<void> => {
+        await kv.put("kept", "after");
+      },
+    },
+    {
+      setting: "allow_rollup_hdrs off (the journal's kv.purge refused)",
+      bucket: "cfg_norollup_journal",
+      options: JOURNAL,
+      config: { allow_rollup_hdrs: false },
+      works: async (kv: KV): Promise<void> => {
+        await kv.purge("kept");
+      },
+    },
+  ])("corrects $setting in place, keeping its keys and revisions", async ({ bucket, options, config, works }) => {
+    await handMade(bucket, config);
+    const before = await (await new Kvm(nats.nc).open(bucket)).put("kept", "before");
+    const kv = await openBucketAsserted(nats.nc, bucket, options);
+    const corrected = (await jsm.streams.info(`KV_${bucket}`)).config;
+    expect({
+      max_msgs: corrected.max_msgs,
+      max_bytes: corrected.max_bytes,
+      max_msg_size: corrected.max_msg_size,
+      discard_new_per_subject: corrected.discard_new_per_subject ?? false,
+      allow_rollup_hdrs: corrected.allow_rollup_hdrs,
+    }).toEqual({ max_msgs: -1, max_bytes: -1, max_msg_size: -1, discard_new_per_subject: false, allow_rollup_hdrs: true });
+    expect((await kv.get("kept"))?.revision).toBe(before);
+    await works(kv);
+  });
+
+  it("corrects no_ack (every KV write would time out unanswered), and keeps a message size limit above our largest value", async () => {
+    await handMade("cfg_noack_journal", { no_ack: true, max_msg_size: 8 * 1024 * 1024 });
+    const kv = await openBucketAsserted(nats.nc, "cfg_noack_journal", JOURNAL);
+    const corrected = (await jsm.streams.info("KV_cfg_noack_journal")).config;
+    expect({ no_ack: corrected.no_ack ?? false, max_msg_size: corrected.max_msg_size }).toEqual({ no_ack: false, max_msg_size: 8 * 1024 * 1024 });
+    expect(await kv.put("k", "v")).toBe(1);
+  });
+
+  it("leaves rollups off where nothing purges keys (the leader, the members): a deny_purge stream cannot allow them", async () => {
+    await handMade("cfg_norollup_leader", { allow_rollup_hdrs: false, max_age: 3_000_000_000 });
+    await openBucketAsserted(nats.nc, "cfg_norollup_leader", LEADER);
+    expect((await jsm.streams.info("KV_cfg_norollup_leader")).config.allow_rollup_hdrs).toBe(false);
   });
 });
