@@ -53,15 +53,27 @@ export type EpisodeId = z.infer<typeof EpisodeIdSchema>;
  * twice is one entry.
  */
 export function restoreScopeIssue(scope: readonly EpisodeId[]): string | undefined {
-  const attempts = new Map<string, number>();
   for (const episode of scope) {
     if (episode.attempt >= MAX_ATTEMPT) {
       return `episode_ids names rollout ${episode.rollout_id} at attempt ${MAX_ATTEMPT}, the last there is: it cannot continue as a later attempt`;
     }
+  }
+  const two = rolloutAtTwoAttempts(scope);
+  if (two) return `episode_ids names rollout ${two.rollout_id} at attempts ${two.low} and ${two.high}: a restore continues one attempt per rollout (the checkpointed one)`;
+  return undefined;
+}
+
+/**
+ * The first rollout the list names at two different attempts (the lower and the higher one), or
+ * undefined. The same attempt named twice is not two attempts. Shared by the restore scope check and
+ * the kinds' restore validation (a checkpoint captures each rollout once, at its current attempt).
+ */
+export function rolloutAtTwoAttempts(episodes: readonly EpisodeId[]): { rollout_id: string; low: number; high: number } | undefined {
+  const attempts = new Map<string, number>();
+  for (const episode of episodes) {
     const seen = attempts.get(episode.rollout_id);
     if (seen !== undefined && seen !== episode.attempt) {
-      const [low, high] = [Math.min(seen, episode.attempt), Math.max(seen, episode.attempt)];
-      return `episode_ids names rollout ${episode.rollout_id} at attempts ${low} and ${high}: a restore continues one attempt per rollout (the checkpointed one)`;
+      return { rollout_id: episode.rollout_id, low: Math.min(seen, episode.attempt), high: Math.max(seen, episode.attempt) };
     }
     attempts.set(episode.rollout_id, episode.attempt);
   }

@@ -19,6 +19,7 @@ export {
   AttemptSchema,
   EpisodeIdSchema,
   restoreScopeIssue,
+  rolloutAtTwoAttempts,
   restoreScopeSchema,
   CheckpointIdSchema,
   MAX_CHECKPOINT_ID_CHARS,

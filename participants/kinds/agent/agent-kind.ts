@@ -1,6 +1,7 @@
 import { CheckpointError, captureKey, nextAttempt, type EpisodeId } from "../../../protocol/index.js";
 import type { Clock } from "../../control-plane/clock.js";
 import { systemClock } from "../../control-plane/clock.js";
+import { refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import type { StepEpisode } from "../environment/episode-steps.js";
 import { RestorableEpisodes, type BeginOptions } from "../environment/restorable-episodes.js";
@@ -118,6 +119,8 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     if (this.hasLiveState()) throw new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: sessions or episodes are live here");
     const sessionRecords = records.filter((r) => r.mode === "session");
     const legacyRecords = records.filter((r) => r.mode === "legacy");
+    // Across both modes and every session key: the per-key check below would take them all.
+    refuseTwoAttempts(records);
     const keys = new Set<string>();
     for (const record of records) {
       const target = nextAttempt(record.episode_id);

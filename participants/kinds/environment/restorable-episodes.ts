@@ -3,6 +3,7 @@ import type { Clock } from "../../control-plane/clock.js";
 import { systemClock } from "../../control-plane/clock.js";
 import { EpisodeSteps, type Boundary, type StepEpisode } from "./episode-steps.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
+import { refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 
 /** One episode as a checkpoint stores it: the source attempt, its task digest and its boundary. */
 export interface EpisodeSnapshot {
@@ -112,9 +113,11 @@ export class RestorableEpisodes {
     return all.filter((s) => !this.isRetired(s.episode_id) && (!wanted || wanted.has(captureKey(s.episode_id))));
   }
 
-  /** Validates the whole set first (fresh process, no retired or duplicate targets), then installs all. */
+  /** Validates the whole set first (fresh process, one attempt per rollout, no retired or duplicate targets), then installs all. */
   install(snapshots: EpisodeSnapshot[]): string[] {
     if (this.hasLiveState()) throw new CheckpointError("invalid_checkpoint_state", "restore needs a fresh process: episodes are tracked here");
+    // Distinct next attempts would pass the duplicate check below, and both would continue.
+    refuseTwoAttempts(snapshots);
     const next = new Map<string, EpisodeSnapshot>();
     for (const snapshot of snapshots) {
       const target = nextAttempt(snapshot.episode_id);

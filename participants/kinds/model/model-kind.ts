@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
 import { CheckpointError, canonicalDigest, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
+import { refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 import type { CloseAdmissionOptions, KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
@@ -510,7 +511,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   async install(records: ModelRecord[], _extra: Record<string, unknown>): Promise<void> {
-    // Validate everything before writing anything.
+    // Validate everything before writing anything. One rollout at two attempts would be installed
+    // in turn, the later record removing the ledger the earlier one had just installed.
+    refuseTwoAttempts(records);
     const seen = new Set<string>();
     for (const record of records) {
       const parsed = ModelRecordSchema.safeParse(record);

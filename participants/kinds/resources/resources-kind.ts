@@ -14,6 +14,7 @@ import type { CheckpointMode, CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 import { ResourcesSessionRecordSchema, SessionOwnerSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
+import { refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { UnusedSessionTimers } from "./unused-session-timers.js";
 
@@ -484,6 +485,8 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     if (this.mode === "restart_only") {
       throw new CheckpointError("invalid_checkpoint_state", "a restart_only resources server keeps nothing in a checkpoint; its records cannot be restored");
     }
+    // Sessions are keyed by id, so two of one rollout at two attempts would both be installed.
+    refuseTwoAttempts(records);
     const seen = new Set<string>();
     for (const record of records) {
       if (seen.has(record.session_id)) throw new CheckpointError("invalid_checkpoint_state", "a session id appears twice in the records");

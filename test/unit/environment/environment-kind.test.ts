@@ -290,6 +290,25 @@ describe("environment participant", () => {
   });
 });
 
+describe("one attempt per rollout in a checkpoint", () => {
+  it("restore refuses records holding one rollout at two attempts (invalid_checkpoint_state naming both), installing nothing", async () => {
+    const kind = new EnvironmentKind();
+    kind.attach({ notifyReadinessChanged() {}, isRetired: () => false });
+    const digest = canonicalDigest(TASK);
+    const records = [
+      { episode_id: ep("r2"), task_digest: digest, boundary: null },
+      { episode_id: ep("r1"), task_digest: digest, boundary: { next: "verify" } },
+      { episode_id: ep("r1", 1), task_digest: digest, boundary: { next: "return" } },
+    ];
+    const refusal = await kind.install(records).then(() => undefined, (error: unknown) => error);
+    expect(refusal).toBeInstanceOf(CheckpointError);
+    expect((refusal as CheckpointError).code).toBe("invalid_checkpoint_state");
+    expect((refusal as CheckpointError).message).toContain("rollout r1 at attempts 0 and 1");
+    expect(kind.episodes.pendingKeys()).toEqual([]);
+    expect(kind.hasLiveState()).toBe(false);
+  });
+});
+
 describe("environment readiness counts", () => {
   it("counts parked and replay_step episodes as exported: a restart parked at a boundary is not", async () => {
     const kind = new EnvironmentKind();

@@ -1,0 +1,41 @@
+import { expect, it } from "vitest";
+import { AgentKind, type RestoredAgentSession } from "../../../participants/kinds/agent/index.js";
+import type { AgentRecord } from "../../../participants/kinds/agent/agent-record.js";
+import { refusalOf } from "../../support/refusal.js";
+import { ep } from "../../support/episode.js";
+
+/**
+ * A checkpoint captures each rollout once, at its current attempt: records holding one rollout at
+ * two attempts are refused (invalid_checkpoint_state naming both) before anything is installed, in
+ * the legacy records and across native sessions (each under its own key) and legacy ones alike.
+ */
+function kindWithHooks() {
+  const restored: RestoredAgentSession[][] = [];
+  const kind = new AgentKind({
+    async exportAgentSessions(keys) {
+      return Object.fromEntries(keys.map((key) => [key, null]));
+    },
+    async restoreAgentSessions(sessions) {
+      restored.push(sessions);
+    },
+    async retireAgentSession() {},
+  });
+  kind.attach({ notifyReadinessChanged() {}, isRetired: () => false });
+  return { kind, restored };
+}
+
+const DIGEST = "a".repeat(64);
+const session = (rollout: string, attempt: number, key: string): AgentRecord => ({ episode_id: ep(rollout, attempt), mode: "session", session_key: key, session: null, boundary: null, episode: null });
+const legacy = (rollout: string, attempt: number): AgentRecord => ({ episode_id: ep(rollout, attempt), mode: "legacy", session_key: rollout, session: { task_digest: DIGEST }, boundary: null, episode: null });
+
+it.each([
+  ["two native sessions under their own keys", [session("r1", 0, "k1"), session("r2", 0, "r2"), session("r1", 1, "k2")]],
+  ["a native session and a legacy episode", [legacy("r1", 1), session("r1", 0, "r1")]],
+])("restore refuses one rollout at two attempts in %s, installing nothing", async (_name, records) => {
+  const { kind, restored } = kindWithHooks();
+  const refusal = await refusalOf(kind.install(records));
+  expect(refusal.code).toBe("invalid_checkpoint_state");
+  expect(refusal.message).toContain("rollout r1 at attempts 0 and 1");
+  expect(restored).toEqual([]);
+  expect(kind.hasLiveState()).toBe(false);
+});
