@@ -104,13 +104,19 @@ export class RestorableEpisodes {
    * Live episodes parked or in a replay step, plus pending restored records (as their next attempt),
    * leaving out fenced attempts as the other kinds' exports do: a restore of the checkpoint would
    * otherwise bring a retired attempt back (a retire drops them first today; this keeps the rule
-   * from resting on that order).
+   * from resting on that order). A checkpoint holds each rollout once: a pending record whose
+   * rollout a later attempt runs (exported) here is left out, since its replacement has started
+   * (`begin` keeps the record for a real replacement a callee's refusal may still bring).
    */
   exportSnapshots(scope: EpisodeId[] | null): EpisodeSnapshot[] {
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
-    const live = this.steps.exportable().map((e) => ({ episode_id: e.id, task_digest: e.data.taskDigest, boundary: e.boundary }));
-    const all = [...live, ...this.pending.values()];
-    return all.filter((s) => !this.isRetired(s.episode_id) && (!wanted || wanted.has(captureKey(s.episode_id))));
+    const exported = (s: EpisodeSnapshot) => !this.isRetired(s.episode_id) && (!wanted || wanted.has(captureKey(s.episode_id)));
+    const live = this.steps
+      .exportable()
+      .map((e) => ({ episode_id: e.id, task_digest: e.data.taskDigest, boundary: e.boundary }))
+      .filter(exported);
+    const liveRollouts = new Set(live.map((s) => s.episode_id.rollout_id));
+    return [...live, ...[...this.pending.values()].filter((s) => exported(s) && !liveRollouts.has(s.episode_id.rollout_id))];
   }
 
   /** Validates the whole set first (fresh process, one attempt per rollout, no retired or duplicate targets), then installs all. */

@@ -39,3 +39,21 @@ it.each([
   expect(restored).toEqual([]);
   expect(kind.hasLiveState()).toBe(false);
 });
+
+it("a legacy episode's later attempt running beside its pending restored record is exported alone: never both attempts of the rollout", async () => {
+  const { kind } = kindWithHooks();
+  await kind.install([legacy("r1", 0)]);
+  expect(kind.legacy.pendingKeys()).toEqual(["r1-a1"]);
+  // attempt 2 runs from input beside the record pending as attempt 1, parked at a boundary
+  const parked = kind.runLegacy(ep("r1", 2), { task: 1 }, {}, async (e) => {
+    await e.boundary({ next: "verify" });
+    return e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason), { once: true })));
+  });
+  void parked.catch(() => undefined);
+  const until = Date.now() + 5000;
+  while (kind.legacy.steps.exportable().length === 0 && Date.now() < until) await new Promise((resolve) => setImmediate(resolve));
+  const exported = (await kind.exportRecords(null)).map((r) => `${r.mode}:${r.episode_id.rollout_id}-a${r.episode_id.attempt}`);
+  expect(exported).toEqual(["legacy:r1-a2"]);
+  await kind.retire([ep("r1", 2)]);
+  await parked.catch(() => undefined);
+});

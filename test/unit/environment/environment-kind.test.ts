@@ -307,6 +307,38 @@ describe("one attempt per rollout in a checkpoint", () => {
     expect(kind.episodes.pendingKeys()).toEqual([]);
     expect(kind.hasLiveState()).toBe(false);
   });
+
+  it("a later attempt running beside a pending restored record is exported alone: never both attempts of the rollout", async () => {
+    const first = fresh();
+    const hold = new Promise<void>(() => undefined);
+    const parked = async (e: StepEpisode) => {
+      await e.boundary({ next: "verify", answer: "42" });
+      return e.step("replay", (signal) => abortable(hold, signal));
+    };
+    void first.kind.begin(ep("r1"), TASK, {}, parked).catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    // attempt 2 starts from input beside the record pending as attempt 1 (begin keeps that record)
+    void second.kind.begin(ep("r1", 2), TASK, {}, parked).catch(() => undefined);
+    await flush();
+    expect(second.kind.statusExtras()).toMatchObject({ restored_pending: 1, episodes: 1 });
+    await second.call("prepare", { checkpoint_id: "c2" });
+    // the running attempt is the rollout's current one: the pending record is not exported beside it
+    expect((await second.call("commit", { checkpoint_id: "c2", episode_ids: null })).episode_ids).toEqual(["r1-a2"]);
+    await second.call("resume", { checkpoint_id: "c2" });
+    // a scope naming only the pending attempt still exports it (nothing else of r1 is in scope)
+    await second.call("prepare", { checkpoint_id: "c3" });
+    expect((await second.call("commit", { checkpoint_id: "c3", episode_ids: [ep("r1", 1)] })).episode_ids).toEqual(["r1-a1"]);
+    await second.call("resume", { checkpoint_id: "c3" });
+    await second.kind.retire([ep("r1", 2)]);
+    await first.call("resume", { checkpoint_id: "c1" });
+    await first.kind.retire([ep("r1")]);
+  });
 });
 
 describe("environment readiness counts", () => {
