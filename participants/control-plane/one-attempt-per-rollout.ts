@@ -16,3 +16,18 @@ export function refuseTwoAttempts(records: readonly { episode_id: EpisodeId }[])
     );
   }
 }
+
+/**
+ * A kind's export: of the items it would export, those of each rollout's highest attempt (its
+ * current one: the controller dispatched it after the others, which it never retired here), so a
+ * checkpoint never holds one rollout at two attempts (its restore would refuse them above). Items
+ * of the same attempt (several sessions of one attempt) are all kept; the order is kept.
+ */
+export function currentAttemptsOnly<T>(items: readonly T[], episodeOf: (item: T) => EpisodeId): T[] {
+  const highest = new Map<string, number>();
+  for (const item of items) {
+    const { rollout_id, attempt } = episodeOf(item);
+    if (attempt > (highest.get(rollout_id) ?? -1)) highest.set(rollout_id, attempt);
+  }
+  return items.filter((item) => episodeOf(item).attempt === highest.get(episodeOf(item).rollout_id));
+}

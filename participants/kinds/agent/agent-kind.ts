@@ -1,7 +1,7 @@
 import { CheckpointError, captureKey, nextAttempt, type EpisodeId } from "../../../protocol/index.js";
 import type { Clock } from "../../control-plane/clock.js";
 import { systemClock } from "../../control-plane/clock.js";
-import { refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
+import { currentAttemptsOnly, refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 import type { KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import type { StepEpisode } from "../environment/episode-steps.js";
 import { RestorableEpisodes, type BeginOptions } from "../environment/restorable-episodes.js";
@@ -90,14 +90,21 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   }
 
   async exportRecords(scope: EpisodeId[] | null): Promise<AgentRecord[]> {
-    const sessions = this.sessions.exportable(scope);
+    // One attempt per rollout across sessions (each key its own) and legacy episodes, before the
+    // hooks export any state: the highest, as a legacy episode's pending record gives way to a later attempt.
+    const all = [
+      ...this.sessions.exportable(scope).map((s) => ({ episode: s.episode, session: s, legacy: undefined })),
+      ...this.legacy.exportSnapshots(scope).map((l) => ({ episode: l.episode_id, session: undefined, legacy: l })),
+    ];
+    const current = currentAttemptsOnly(all, (item) => item.episode);
+    const sessions = current.flatMap((item) => (item.session ? [item.session] : []));
     const states = sessions.length ? await this.hooks.exportAgentSessions(sessions.map((s) => s.key)) : {};
     const records: AgentRecord[] = sessions.map((s) => {
       // Own keys only: a rollout id may be `constructor` or `toString`.
       if (!Object.hasOwn(states, s.key)) throw new CheckpointError("internal_error", `the agent hooks exported no state for session ${s.key}`);
       return { episode_id: s.episode, mode: "session", session_key: s.key, session: states[s.key] ?? null, boundary: s.boundary, episode: null };
     });
-    for (const legacy of this.legacy.exportSnapshots(scope)) {
+    for (const legacy of current.flatMap((item) => (item.legacy ? [item.legacy] : []))) {
       records.push({
         episode_id: legacy.episode_id,
         mode: "legacy",

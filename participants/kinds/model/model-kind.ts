@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
 import { CheckpointError, canonicalDigest, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
-import { refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
+import { currentAttemptsOnly, refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 import type { CloseAdmissionOptions, KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
@@ -467,7 +467,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     }
     const records: ModelRecord[] = [];
     const seen = new Set<string>();
-    for (const episode of scope) {
+    // A scope naming one rollout at two attempts exports the highest alone: a checkpoint holds each
+    // rollout once (its restore would refuse both).
+    for (const episode of currentAttemptsOnly(scope, (e) => e)) {
       const key = captureKey(episode);
       if (seen.has(key)) continue;
       seen.add(key);

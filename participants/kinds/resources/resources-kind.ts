@@ -14,7 +14,7 @@ import type { CheckpointMode, CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 import { ResourcesSessionRecordSchema, SessionOwnerSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
-import { refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
+import { currentAttemptsOnly, refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { UnusedSessionTimers } from "./unused-session-timers.js";
 
@@ -452,11 +452,16 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     this.exported = [];
     if (this.mode === "restart_only") return [];
     const wanted = scope ? new Set(scope.map(captureKey)) : undefined;
-    const candidates = [...this.sessions.values()].filter(
-      (s) =>
-        !this.retiring.has(s.sessionId) &&
-        !this.context?.isRetired(s.episode) &&
-        (wanted === undefined || wanted.has(captureKey(s.episode))),
+    // One attempt per rollout (the highest): a session of an earlier attempt nobody retired here
+    // would put the rollout in the checkpoint twice.
+    const candidates = currentAttemptsOnly(
+      [...this.sessions.values()].filter(
+        (s) =>
+          !this.retiring.has(s.sessionId) &&
+          !this.context?.isRetired(s.episode) &&
+          (wanted === undefined || wanted.has(captureKey(s.episode))),
+      ),
+      (s) => s.episode,
     );
     if (this.mode === "stateless") {
       return candidates.map((s) => ({ episode_id: s.episode, session_id: s.sessionId, state: null, owner: s.owner }));

@@ -57,3 +57,13 @@ it("a legacy episode's later attempt running beside its pending restored record 
   await kind.retire([ep("r1", 2)]);
   await parked.catch(() => undefined);
 });
+
+it("native sessions of one rollout under two keys at two attempts: the commit exports the current (highest) attempt alone", async () => {
+  const { kind } = kindWithHooks();
+  kind.openSession(ep("r1"), "k1"); // never retired: the controller re-dispatched r1 under another key
+  kind.openSession(ep("r1", 1), "k2");
+  kind.openSession(ep("r1", 1), "k3"); // a second session of the current attempt is kept
+  kind.openSession(ep("r2"), "r2");
+  const exported = (await kind.exportRecords(null)).map((r) => `${r.session_key}:${r.episode_id.rollout_id}-a${r.episode_id.attempt}`);
+  expect(exported.sort()).toEqual(["k2:r1-a1", "k3:r1-a1", "r2:r2-a0"]);
+});

@@ -19,3 +19,8 @@ it("restore refuses records holding one rollout at two attempts (invalid_checkpo
   expect(refusal.message).toContain("rollout r1 at attempts 0 and 1");
   expect(f.kind.hasLiveState()).toBe(false);
 });
+
+it("a commit scope naming one rollout at two attempts exports the current (highest) attempt alone", async () => {
+  const records = await f.kind.exportRecords([ep("r1"), ep("r2"), ep("r1", 1)]);
+  expect(records.map((r) => `${r.episode_id.rollout_id}-a${r.episode_id.attempt}`)).toEqual(["r2-a0", "r1-a1"]);
+});

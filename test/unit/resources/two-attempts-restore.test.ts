@@ -35,3 +35,17 @@ it.each(["exported", "stateless"] as const)(
     expect(kind.hasLiveState()).toBe(false);
   },
 );
+
+it("sessions of one rollout at two attempts: the commit exports the current (highest) attempt alone", async () => {
+  const kind = new ResourcesKind({ mode: "stateless", verify: "wait" });
+  kind.attach({ notifyReadinessChanged() {}, isRetired: () => false });
+  kind.bind("session-a0", ep("r1")); // never retired: the controller re-dispatched r1
+  kind.bind("session-a1", ep("r1", 1));
+  kind.bind("session-r2", ep("r2"));
+  try {
+    const exported = (await kind.exportRecords(null)).map((r) => `${r.session_id}:${r.episode_id.rollout_id}-a${r.episode_id.attempt}`);
+    expect(exported.sort()).toEqual(["session-a1:r1-a1", "session-r2:r2-a0"]);
+  } finally {
+    kind.dispose();
+  }
+});
