@@ -25,13 +25,16 @@ const RETRY_MS = 20;
  * unanswered is asked again until `withinMs` runs out (`unprovable`, as is any other failure): the
  * caller then reads anyway, as it did before this check.
  */
-export async function awaitBucketStore(nc: NatsConnection, bucket: string, withinMs = BUCKET_STORE_WAIT_MS): Promise<BucketStore> {
+export async function awaitBucketStore(nc: NatsConnection, bucket: string, withinMs = BUCKET_STORE_WAIT_MS, stop?: AbortSignal): Promise<BucketStore> {
   const stream = `KV_${bucket}`;
   const until = Date.now() + withinMs;
   for (;;) {
+    // The caller no longer needs the read: nothing more is sent (see LeaderLeaseReader.leader).
+    if (stop?.aborted) return "unprovable";
     const timeout = () => Math.max(1, Math.min(1_000, until - Date.now()));
     const info = await streamInfo(nc, stream, timeout()).catch(() => undefined);
     if (info === "missing") return "missing";
+    if (stop?.aborted) return "unprovable";
     if (info === undefined || !info.allowDirect) return "unprovable";
     try {
       // A key nobody writes: the answer is a small 404 once the store is there.

@@ -23,14 +23,19 @@ export class LeaderLeaseReader {
     private readonly deployment: string,
   ) {}
 
-  async leader(): Promise<LeaseHolder | null | undefined> {
+  /**
+   * `stop`: the reply came, so the read is moot. Nothing more is sent once it aborts: a request
+   * issued while the connection closes keeps its timer (JetStream's 5 s) and the process alive.
+   */
+  async leader(stop?: AbortSignal): Promise<LeaseHolder | null | undefined> {
     try {
       // The coordinator may be creating the bucket this moment (see awaitBucketStore).
       if (!this.storeReady) {
-        const store = await awaitBucketStore(this.nc, leaderBucket(this.deployment));
+        const store = await awaitBucketStore(this.nc, leaderBucket(this.deployment), undefined, stop);
         if (store === "missing") return undefined; // no coordinator started yet: unreadable, as the read's own "not found" was
         this.storeReady = store === "ready";
       }
+      if (stop?.aborted) return undefined;
       // open() binds without direct gets, so reads ask the stream's leader, never a lagging replica.
       this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
       const entry = await this.kv.get(LEADER_KEY);
@@ -57,7 +62,7 @@ export class LeaderLeaseReader {
   lost(leader: LeaseHolder | null, everyMs: number, stop: AbortSignal): Promise<CheckpointError> {
     return pollUntil(
       async () => {
-        const now = await this.leader();
+        const now = await this.leader(stop);
         // Unreadable (undefined): checked again next time, never taken for a loss.
         if (now === undefined) return undefined;
         if (leader === null || leader.serving === false) {

@@ -48,7 +48,7 @@ export class NatsControllerClient extends ControllerClient {
       const watch = defaultWait(request, this.options) ? new AbortController() : undefined;
       try {
         // The lease is read beside the request, not before it: one KV round trip off the op's path.
-        const leader = watch && this.leases.leader();
+        const leader = watch && this.leases.leader(watch.signal);
         const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch?.signal });
         void leader?.then((holder) => {
           if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch!.signal).then((lost) => watch!.abort(lost));

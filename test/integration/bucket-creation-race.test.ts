@@ -127,3 +127,19 @@ describe("awaitBucketStore", () => {
     expect(Date.now() - started).toBeLessThan(5_000);
   });
 });
+
+describe("the leader-lease read of an op whose reply came", () => {
+  it("sends nothing once its stop aborted: a request sent as the connection closes would keep its 5 s timer, and a CLI process alive", async () => {
+    await openBucketAsserted(nats.nc, leaderBucket("stopread"), { history: 1, ttl: 3000 });
+    const nc = await nats.connect();
+    const subjects = recordRequests(nc);
+    const stop = new AbortController();
+    stop.abort();
+    expect(await new LeaderLeaseReader(nc, "stopread").leader(stop.signal)).toBeUndefined();
+    expect(await awaitBucketStore(nc, leaderBucket("stopread"), undefined, stop.signal)).toBe("unprovable");
+    expect(subjects).toEqual([]);
+    // Not aborted, the same reader reads the lease (nobody leads: null).
+    expect(await new LeaderLeaseReader(nc, "stopread").leader()).toBeNull();
+    expect(subjects.some((s) => s.startsWith("$JS.API.STREAM.MSG.GET."))).toBe(true);
+  });
+});
