@@ -68,6 +68,27 @@ function protocol(agentGate: Promise<void>, log: string[]) {
   };
 }
 
+/**
+ * r1 parked in a replay step at its verify boundary, committed in c1 by one process (left parked
+ * there), then restored and resumed in a fresh one: both, and the parking step for more episodes.
+ */
+async function restoredParkedR1() {
+  const first = fresh();
+  const hold = new Promise<void>(() => undefined);
+  const parked = async (e: StepEpisode) => {
+    await e.boundary({ next: "verify", answer: "42" });
+    return e.step("replay", (signal) => abortable(hold, signal));
+  };
+  void first.kind.begin(ep("r1"), TASK, {}, parked).catch(() => undefined);
+  await flush();
+  await first.call("prepare", { checkpoint_id: "c1" });
+  await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+  const second = fresh();
+  await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
+  await second.call("resume", { checkpoint_id: "c1" });
+  return { first, second, parked };
+}
+
 describe("environment participant", () => {
   it("continues a crashed episode from its boundary; a second crash before re-dispatch continues as attempt+2", async () => {
     const log: string[] = [];
@@ -127,20 +148,7 @@ describe("environment participant", () => {
   });
 
   it("a later attempt takes no restored record of another attempt: refused downstream, the record is still exported and continued", async () => {
-    const first = fresh();
-    const hold = new Promise<void>(() => undefined);
-    const parked = async (e: StepEpisode) => {
-      await e.boundary({ next: "verify", answer: "42" });
-      return e.step("replay", (signal) => abortable(hold, signal));
-    };
-    void first.kind.begin(ep("r1"), TASK, {}, parked).catch(() => undefined);
-    await flush();
-    await first.call("prepare", { checkpoint_id: "c1" });
-    await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
-
-    const second = fresh();
-    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
-    await second.call("resume", { checkpoint_id: "c1" });
+    const { first, second } = await restoredParkedR1();
     expect(await code(() => second.kind.begin(ep("r1"), TASK, {}, async () => "from input"))).toBe("stale_attempt");
     // attempt+2 starts here from input, then its agent refuses it (the restored session is attempt+1's)
     const refusedDownstream = async () => {
@@ -309,20 +317,7 @@ describe("one attempt per rollout in a checkpoint", () => {
   });
 
   it("a later attempt running beside a pending restored record is exported alone: never both attempts of the rollout", async () => {
-    const first = fresh();
-    const hold = new Promise<void>(() => undefined);
-    const parked = async (e: StepEpisode) => {
-      await e.boundary({ next: "verify", answer: "42" });
-      return e.step("replay", (signal) => abortable(hold, signal));
-    };
-    void first.kind.begin(ep("r1"), TASK, {}, parked).catch(() => undefined);
-    await flush();
-    await first.call("prepare", { checkpoint_id: "c1" });
-    await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
-
-    const second = fresh();
-    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("r1")] });
-    await second.call("resume", { checkpoint_id: "c1" });
+    const { first, second, parked } = await restoredParkedR1();
     // attempt 2 starts from input beside the record pending as attempt 1 (begin keeps that record)
     void second.kind.begin(ep("r1", 2), TASK, {}, parked).catch(() => undefined);
     await flush();
