@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { linkSync, renameSync } from "node:fs";
-import { readdir, rm } from "node:fs/promises";
+import { lstat, readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { LATEST_FILE } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
@@ -75,11 +75,19 @@ export function linkToTrash(root: string, name: string): string | undefined {
 }
 
 /**
- * Removes trashed checkpoint directories and the temp files of LATEST that crashed writers left at
- * the root, except those in `inUse` (a publication staged them and will rename them). Nothing else
- * at the root is touched: it may belong to a controller (dispatch log, results).
+ * How old a LATEST temp file not in this writer's `inUse` must be before `removeTrash` takes it for
+ * a crashed writer's. A younger one may be another writer's staging right now: a successor's, swept
+ * by a deposed leader's last clean-up, or another writer's in the same process (one pid for both).
  */
-export async function removeTrash(root: string, inUse: ReadonlySet<string>): Promise<void> {
+export const LEFTOVER_TEMP_AGE_MS = 60_000;
+
+/**
+ * Removes trashed checkpoint directories and the temp files of LATEST that crashed writers left at
+ * the root (older than `LEFTOVER_TEMP_AGE_MS`), except those in `inUse` (a publication staged them
+ * and will rename them). Nothing else at the root is touched: it may belong to a controller
+ * (dispatch log, results).
+ */
+export async function removeTrash(root: string, inUse: ReadonlySet<string>, now = Date.now()): Promise<void> {
   let names: string[];
   try {
     names = await readdir(root);
@@ -87,8 +95,14 @@ export async function removeTrash(root: string, inUse: ReadonlySet<string>): Pro
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return;
     throw error;
   }
-  const leftovers = names.filter(
-    (name) => name.startsWith(TRASH_PREFIX) || (name.startsWith(`${TEMP_PREFIX}${LATEST_FILE}.`) && name.endsWith(TEMP_SUFFIX) && !inUse.has(join(root, name))),
-  );
-  for (const name of leftovers) await rm(join(root, name), { recursive: true, force: true });
+  for (const name of names) {
+    const path = join(root, name);
+    if (!name.startsWith(TRASH_PREFIX)) {
+      const latestTemp = name.startsWith(`${TEMP_PREFIX}${LATEST_FILE}.`) && name.endsWith(TEMP_SUFFIX) && !inUse.has(path);
+      if (!latestTemp) continue;
+      const info = await lstat(path).catch(() => undefined);
+      if (!info || now - info.mtimeMs < LEFTOVER_TEMP_AGE_MS) continue;
+    }
+    await rm(path, { recursive: true, force: true });
+  }
 }

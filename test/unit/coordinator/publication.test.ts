@@ -1,11 +1,12 @@
 import { readlinkSync, writeFileSync } from "node:fs";
-import { mkdir, mkdtemp, open, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, open, readFile, readdir, rm, symlink, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { CheckpointError, GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
+import { LEFTOVER_TEMP_AGE_MS } from "../../../coordinator/publication/retention.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
 import { writeParticipant } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
@@ -387,6 +388,9 @@ describe("publication and retention", () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 1);
     await writeFile(join(root, ".LATEST.999.deadbeef.tmp"), "c0\n");
+    // A crashed writer's: older than a staging under way can be (LEFTOVER_TEMP_AGE_MS).
+    const longAgo = (Date.now() - LEFTOVER_TEMP_AGE_MS - 1000) / 1000;
+    await utimes(join(root, ".LATEST.999.deadbeef.tmp"), longAgo, longAgo);
     await writeFile(join(root, ".results.999.cafe.tmp"), "a controller's own file\n");
     await publish(writer, "c1", 100);
     await publish(writer, "c2", 200);

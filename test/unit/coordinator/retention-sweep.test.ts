@@ -1,0 +1,29 @@
+import { mkdtemp, mkdir, readdir, rm, utimes, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { LEFTOVER_TEMP_AGE_MS, removeTrash, TRASH_PREFIX } from "../../../coordinator/publication/retention.js";
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-sweep-"));
+});
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+describe("removeTrash", () => {
+  it("keeps another writer's fresh LATEST temp (its staging under way), removes a crashed writer's old one, the trash and never its own in use", async () => {
+    const fresh = join(root, ".LATEST.111.aaaa.tmp");
+    const old = join(root, ".LATEST.222.bbbb.tmp");
+    const mine = join(root, ".LATEST.333.cccc.tmp");
+    for (const file of [fresh, old, mine]) await writeFile(file, "c1");
+    const longAgo = (Date.now() - LEFTOVER_TEMP_AGE_MS - 1000) / 1000;
+    await utimes(old, longAgo, longAgo);
+    await utimes(mine, longAgo, longAgo);
+    await mkdir(join(root, `${TRASH_PREFIX}c0.1234`));
+    await writeFile(join(root, "dispatch.log"), "a controller's file");
+    await removeTrash(root, new Set([mine]));
+    expect((await readdir(root)).sort()).toEqual([".LATEST.111.aaaa.tmp", ".LATEST.333.cccc.tmp", "dispatch.log"]);
+  });
+});
