@@ -1509,10 +1509,7 @@ export class CheckpointEngine {
       : "every participant was resumed";
     const detail = `checkpoint ${id}: its open entry could not be written to the decision journal in JetStream KV (${why}), so it was aborted: nothing was committed and ${resumed}; check JetStream, then checkpoint again with a new id`;
     this.unjournaledPrepares.set(id, detail);
-    for (const old of this.unjournaledPrepares.keys()) {
-      if (this.unjournaledPrepares.size <= REMEMBERED_CHECKPOINTS) break;
-      this.unjournaledPrepares.delete(old);
-    }
+    keepNewest(this.unjournaledPrepares, REMEMBERED_CHECKPOINTS);
     return new CheckpointError("journal_unavailable", detail, { cause });
   }
 
@@ -1676,10 +1673,7 @@ export class CheckpointEngine {
   private rememberFailedRestore(open: OpenCheckpoint, message: string, data: Record<string, unknown>): void {
     this.failedRestores.delete(open.id);
     this.failedRestores.set(open.id, { scope: open.scope, members: open.members, incarnations: new Map(open.incarnations), viewed: new Map(open.viewed), message, data });
-    for (const old of this.failedRestores.keys()) {
-      if (this.failedRestores.size <= REMEMBERED_CHECKPOINTS) break;
-      this.failedRestores.delete(old);
-    }
+    keepNewest(this.failedRestores, REMEMBERED_CHECKPOINTS);
   }
 
   /**
@@ -1858,10 +1852,7 @@ export class CheckpointEngine {
     if (!ops) {
       ops = new Map();
       this.replies.set(id, ops);
-      for (const old of this.replies.keys()) {
-        if (this.replies.size <= REMEMBERED_CHECKPOINTS) break;
-        this.replies.delete(old);
-      }
+      keepNewest(this.replies, REMEMBERED_CHECKPOINTS);
     }
     ops.set(op, { args, reply });
     return reply;
@@ -1958,11 +1949,7 @@ export class CheckpointEngine {
     if (this.open?.id === id) this.open = undefined;
     this.closed.delete(id); // re-added: the most recent last
     this.closed.add(id);
-    for (const old of this.closed) {
-      if (this.closed.size <= REMEMBERED_CLOSED) break;
-      this.closed.delete(old);
-      this.stopped.delete(old);
-    }
+    keepNewest(this.closed, REMEMBERED_CLOSED, (old) => this.stopped.delete(old));
     void this.options.writer.discard(id);
     // Off the critical path, and only once LATEST's rename is durable: an entry that outlives a
     // crash only makes a successor resume again (idempotent) or repair LATEST. A write for the same
@@ -2148,6 +2135,18 @@ function unjournaled(error: unknown, what: string): unknown {
   if (error instanceof CheckpointError) return error;
   const detail = error instanceof Error ? error.message : String(error);
   return new CheckpointError("outcome_unknown", `${what} (${detail})`, { cause: error });
+}
+
+/**
+ * Drops the oldest keys of `kept` (insertion order: a key re-added after a delete is the newest)
+ * until at most `max` stay; `dropped` is told each one.
+ */
+function keepNewest<K>(kept: Map<K, unknown> | Set<K>, max: number, dropped?: (key: K) => void): void {
+  for (const old of kept.keys()) {
+    if (kept.size <= max) return;
+    kept.delete(old);
+    dropped?.(old);
+  }
 }
 
 /** An expected participant the membership registry does not list: never sent anything. */
