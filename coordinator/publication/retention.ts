@@ -87,7 +87,7 @@ export const LEFTOVER_TEMP_AGE_MS = 60_000;
  * and will rename them). Nothing else at the root is touched: it may belong to a controller
  * (dispatch log, results).
  */
-export async function removeTrash(root: string, inUse: ReadonlySet<string>, now = Date.now()): Promise<void> {
+export async function removeTrash(root: string, inUse: ReadonlySet<string>): Promise<void> {
   let names: string[];
   try {
     names = await readdir(root);
@@ -97,12 +97,17 @@ export async function removeTrash(root: string, inUse: ReadonlySet<string>, now 
   }
   for (const name of names) {
     const path = join(root, name);
-    if (!name.startsWith(TRASH_PREFIX)) {
-      const latestTemp = name.startsWith(`${TEMP_PREFIX}${LATEST_FILE}.`) && name.endsWith(TEMP_SUFFIX) && !inUse.has(path);
-      if (!latestTemp) continue;
-      const info = await lstat(path).catch(() => undefined);
-      if (!info || now - info.mtimeMs < LEFTOVER_TEMP_AGE_MS) continue;
-    }
-    await rm(path, { recursive: true, force: true });
+    const leftover = name.startsWith(TRASH_PREFIX) || (isLatestTemp(name) && !inUse.has(path) && (await olderThan(path, LEFTOVER_TEMP_AGE_MS)));
+    if (leftover) await rm(path, { recursive: true, force: true });
   }
+}
+
+function isLatestTemp(name: string): boolean {
+  return name.startsWith(`${TEMP_PREFIX}${LATEST_FILE}.`) && name.endsWith(TEMP_SUFFIX);
+}
+
+/** Whether `path` was last modified more than `ms` ago (false when it is gone). */
+async function olderThan(path: string, ms: number): Promise<boolean> {
+  const info = await lstat(path).catch(() => undefined);
+  return info !== undefined && Date.now() - info.mtimeMs >= ms;
 }
