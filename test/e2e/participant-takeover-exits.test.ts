@@ -1,9 +1,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
-import { NoRespondersError, RequestError } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
-import { participantSubject, type Kind } from "../../protocol/index.js";
+import { isNoResponders, participantSubject, type Kind } from "../../protocol/index.js";
 import { controlRequest } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { killAll, TrackedProcesses } from "../support/process-tree.js";
@@ -30,7 +29,6 @@ afterAll(async () => {
   await nats?.close();
 });
 
-const isNoResponders = (error: unknown) => error instanceof NoRespondersError || (error instanceof RequestError && error.isNoResponders());
 const nobodyAnswers = (kind: Kind, instance: string) =>
   nats.nc.request(participantSubject(DEPLOYMENT, kind, instance, "status"), "", { timeout: 2_000 }).then(
     () => false,

@@ -1,11 +1,11 @@
 import { Writable } from "node:stream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { NoRespondersError, RequestError, connect, type NatsConnection } from "@nats-io/transport-node";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
-import { memberKey, membersBucket, participantSubject, type Kind } from "../../protocol/index.js";
+import { isNoResponders, memberKey, membersBucket, participantSubject, type Kind } from "../../protocol/index.js";
 import { controlRequest, phase } from "../support/control-requests.js";
 import { startStallProxy, type StallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
@@ -49,7 +49,6 @@ async function startBehindProxy(kind: Kind, instance: string) {
   return { proxy, nc, handle, lines, hooks, adapter };
 }
 
-const isNoResponders = (error: unknown) => error instanceof NoRespondersError || (error instanceof RequestError && error.isNoResponders());
 /** Whether nothing is subscribed to the name's status subject any more. */
 const nobodyAnswers = (kind: Kind, instance: string) =>
   world.pnc.request(participantSubject(world.deployment, kind, instance, "status"), "", { timeout: 2_000 }).then(
