@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { journalBucket } from "../../protocol/index.js";
-import { monitorPhaseMessages, startWorld, type World } from "./coordinator-harness.js";
+import { monitorPhaseMessages, NO_HTTP, startWorld, type World } from "./coordinator-harness.js";
 import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
 
@@ -11,7 +11,7 @@ let world: World;
 beforeAll(async () => {
   world = await startWorld();
   await world.startParticipants();
-  await (await world.startCoordinator({ http: { enabled: false, host: "127.0.0.1", port: 0 } })).whenReady();
+  await (await world.startCoordinator(NO_HTTP)).whenReady();
 });
 afterAll(async () => {
   await world?.close();
@@ -26,7 +26,7 @@ describe("a participant whose commit answers only after the op's deadline", () =
     await world.pnc.flush();
     // Released once the abort's resume reached it: it commits late, then resumes.
     const releasing = waitUntil(() => monitor.log.some((m) => m.op === "resume" && m.target === "agent/agent1"), "the abort's resume sent to agent1", 20_000).then(() => release());
-    const error = await refusalOf(world.client.checkpoint({ checkpoint_id: "late-commit", deadline_ts: Date.now() / 1000 + 1.5 }));
+    const error = await refusalOf(world.client.checkpoint({ checkpoint_id: "late-commit", deadline_ts: Date.now() / 1000 + 3 }));
     await releasing;
     monitor.stop();
     // The participant gives up its commit at the deadline and says so (the controller's retry is refused: it resumed).

@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startWorld, type World } from "./coordinator-harness.js";
+import { NO_HTTP, startWorld, type World } from "./coordinator-harness.js";
 import { refusalOf } from "../support/refusal.js";
 
 let world: World;
@@ -18,7 +18,7 @@ describe("a participant whose process stops between the commit decision and the 
     const gone = world.participant("agent2");
     let armed = true;
     const coordinator = await world.startCoordinator(
-      { http: { enabled: false, host: "127.0.0.1", port: 0 } },
+      NO_HTTP,
       {
         hooks: {
           afterDecision: async () => {

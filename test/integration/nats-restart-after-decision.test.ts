@@ -2,7 +2,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CheckpointError } from "../../protocol/index.js";
-import { startWorld, type World } from "./coordinator-harness.js";
+import { NO_HTTP, startWorld, type World } from "./coordinator-harness.js";
 import { waitUntil } from "../support/wait-until.js";
 
 let world: World;
@@ -20,7 +20,7 @@ describe("nats-server killed between the commit decision and the commits, then r
     const whenKilled = new Promise<void>((resolve) => (killed = resolve));
     let armed = true;
     const coordinator = await world.startCoordinator(
-      { http: { enabled: false, host: "127.0.0.1", port: 0 } },
+      NO_HTTP,
       {
         hooks: {
           afterDecision: async () => {

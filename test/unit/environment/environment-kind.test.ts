@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { FsCheckpointStorage, ParticipantControlPlane } from "../../../participants/index.js";
 import { EnvironmentKind, EnvironmentRecordSchema, type StepEpisode } from "../../../participants/kinds/environment/index.js";
-import { refusalCode } from "../../support/refusal.js";
+import { refusalCode, refusalOf } from "../../support/refusal.js";
 import { ep } from "../../support/episode.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 
@@ -308,10 +308,9 @@ describe("one attempt per rollout in a checkpoint", () => {
       { episode_id: ep("r1"), task_digest: digest, boundary: { next: "verify" } },
       { episode_id: ep("r1", 1), task_digest: digest, boundary: { next: "return" } },
     ];
-    const refusal = await kind.install(records).then(() => undefined, (error: unknown) => error);
-    expect(refusal).toBeInstanceOf(CheckpointError);
-    expect((refusal as CheckpointError).code).toBe("invalid_checkpoint_state");
-    expect((refusal as CheckpointError).message).toContain("rollout r1 at attempts 0 and 1");
+    const refusal = await refusalOf(() => kind.install(records));
+    expect(refusal.code).toBe("invalid_checkpoint_state");
+    expect(refusal.message).toContain("rollout r1 at attempts 0 and 1");
     expect(kind.episodes.pendingKeys()).toEqual([]);
     expect(kind.hasLiveState()).toBe(false);
   });

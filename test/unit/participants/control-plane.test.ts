@@ -1462,7 +1462,7 @@ describe("the free of a restore install that outlived its deadline, ending while
     for (let i = 0; i < 10; i++) await flush();
     let answered = false;
     const commit = call("commit", { checkpoint_id: "c2", deadline_ts: T0 + 300 }).finally(() => void (answered = true));
-    const commitAnswered = await waitUntil(() => answered, "c2's commit", 3_000).then(
+    const commitAnswered = await waitUntil(() => answered, "c2's commit", 20_000).then(
       () => true,
       () => false,
     );
