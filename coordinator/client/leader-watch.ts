@@ -6,6 +6,15 @@ import { pollUntil } from "./poll-until.js";
 /** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
 export const LEADER_CHECK_MS = 5_000;
 
+/**
+ * How long a read naming a serving leader also stands for the ops sent after it: half the shortest
+ * lease period a coordinator accepts (`lease_ms` ≥ 200). A term created after the read serves only
+ * once it has waited a whole lease period, so an op sent within this window reaches the term read or
+ * none that answers, exactly what a read beside it would have said. Ops sent in quick succession
+ * (a controller's fine-grained ops, a benchmark) then cost one KV read per window, not one each.
+ */
+export const LEASE_READ_REUSE_MS = 100;
+
 export type { LeaseHolder };
 
 /**
@@ -17,11 +26,26 @@ export class LeaderLeaseReader {
   private kv: KV | undefined;
   /** Whether the bucket's store is known to exist, so its reads cannot meet a stream being created. */
   private storeReady = false;
+  /** The last read that named a serving leader, with when it was sent (monotonic ms). */
+  private lastServing: { holder: LeaseHolder; sentAt: number } | undefined;
 
   constructor(
     private readonly nc: NatsConnection,
     private readonly deployment: string,
+    /** Monotonic milliseconds (tests move it). */
+    private readonly now: () => number = () => performance.now(),
   ) {}
+
+  /**
+   * The leader as an op sent now finds it: a read sent within `LEASE_READ_REUSE_MS` that named a
+   * serving leader, else a fresh read (`leader`). Only a serving holder is reused: a term read before
+   * it served may start serving within the window and take the op, which that read would call lost.
+   */
+  async leaderAsSent(stop?: AbortSignal): Promise<LeaseHolder | null | undefined> {
+    const kept = this.lastServing;
+    if (kept && this.now() - kept.sentAt < LEASE_READ_REUSE_MS) return kept.holder;
+    return this.leader(stop);
+  }
 
   /**
    * `stop`: the reply came, so the read is moot. Nothing more is sent once it aborts: a request
@@ -38,9 +62,12 @@ export class LeaderLeaseReader {
       if (stop?.aborted) return undefined;
       // open() binds without direct gets, so reads ask the stream's leader, never a lagging replica.
       this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
+      const sentAt = this.now();
       const entry = await this.kv.get(LEADER_KEY);
       if (!entry || entry.operation !== "PUT") return null;
-      return decodeLeaseValue(entry.string());
+      const holder = decodeLeaseValue(entry.string());
+      if (holder?.serving === true) this.lastServing = { holder, sentAt };
+      return holder;
     } catch {
       return undefined;
     }

@@ -47,8 +47,9 @@ export class NatsControllerClient extends ControllerClient {
       const timeout = replyTimeoutMs(op, request, this.options);
       const watch = defaultWait(request, this.options) ? new AbortController() : undefined;
       try {
-        // The lease is read beside the request, not before it: one KV round trip off the op's path.
-        const leader = watch && this.leases.leader(watch.signal);
+        // The lease is read beside the request, not before it: one KV round trip off the op's path
+        // (none when a read within the last LEASE_READ_REUSE_MS named a serving leader).
+        const leader = watch && this.leases.leaderAsSent(watch.signal);
         const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch?.signal });
         void leader?.then((holder) => {
           if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch!.signal).then((lost) => watch!.abort(lost));

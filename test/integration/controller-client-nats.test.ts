@@ -2,16 +2,17 @@ import { Kvm } from "@nats-io/kv";
 import { connect, headers, type Msg } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
+import { LEASE_READ_REUSE_MS, LeaderLeaseReader } from "../../coordinator/client/leader-watch.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
 import { NatsParticipantTransport } from "../../coordinator/engine/nats-transport.js";
 import { LEADER_KEY, LeaderLease } from "../../coordinator/ha/leader-lease.js";
-import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, leaderBucket } from "../../protocol/index.js";
+import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, encodeLeaseValue, leaderBucket } from "../../protocol/index.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { startStallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
-import { startWorld } from "./coordinator-harness.js";
+import { CONTROLLER_TOKEN, startWorld } from "./coordinator-harness.js";
 
 // The controller client's own failure mapping over a real nats-server, without a coordinator:
 // nobody subscribed → not_leader once the leader wait runs out; a silent responder → outcome_unknown.
@@ -307,6 +308,90 @@ describe("NATS controller client: a successor that does not serve yet", () => {
       await coordinator.whenReady();
       const entry = await (await new Kvm(nats.nc).open(leaderBucket(world.deployment))).get(LEADER_KEY);
       expect(JSON.parse(entry!.string())).toMatchObject({ id: "serving-1", serving: true });
+    } finally {
+      await world.close();
+    }
+  });
+});
+
+describe("the leader-lease read beside an op sent without a deadline", () => {
+  /** Counts the reads of `deployment`'s leader key at the stream's leader, as the server sees them. */
+  const countLeaseReads = async (deployment: string, subjects = `$JS.API.STREAM.MSG.GET.KV_${leaderBucket(deployment)}`) => {
+    const reads = { count: 0 };
+    const sub = nats.nc.subscribe(subjects, { callback: (_e, msg) => void (reads.count += msg.subject.endsWith(`.KV_${leaderBucket(deployment)}`) ? 1 : 0) });
+    await nats.nc.flush();
+    return { reads, stop: () => sub.unsubscribe() };
+  };
+  const leaseHeld = async (deployment: string, serving: boolean) => {
+    const kv = await new Kvm(nats.nc).create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
+    await kv.put(LEADER_KEY, encodeLeaseValue({ id: "coord-a", term: "t1", serving, epoch: 1, at: Date.now() }));
+    return kv;
+  };
+
+  it("a read naming a serving leader stands for the ops sent within LEASE_READ_REUSE_MS of it, and only those", async () => {
+    const kv = await leaseHeld("reuse-serving", true);
+    const { reads, stop } = await countLeaseReads("reuse-serving");
+    let now = 1_000;
+    const reader = new LeaderLeaseReader(nats.nc, "reuse-serving", () => now);
+    try {
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a", serving: true });
+      // Another holder now: within the window the op still goes by the read (no term created after
+      // it can serve before a whole lease period, at least 200 ms, has passed).
+      await kv.put(LEADER_KEY, encodeLeaseValue({ id: "coord-b", term: "t2", serving: true, epoch: 5, at: Date.now() }));
+      now += LEASE_READ_REUSE_MS - 1;
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a" });
+      await nats.nc.flush();
+      expect(reads.count).toBe(1);
+      now += 1;
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-b", term: "t2" });
+      await nats.nc.flush();
+      expect(reads.count).toBe(2);
+    } finally {
+      stop();
+      await kv.destroy();
+    }
+  });
+
+  it("a leader not serving yet, nobody leading, or a lease that cannot be read is read again for the next op", async () => {
+    const kv = await leaseHeld("reuse-not-serving", false);
+    const { reads, stop } = await countLeaseReads("reuse-not-serving");
+    const now = 1_000; // the clock stands still: only what the read said decides
+    const reader = new LeaderLeaseReader(nats.nc, "reuse-not-serving", () => now);
+    try {
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a", serving: false });
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a", serving: false });
+      await kv.delete(LEADER_KEY);
+      expect(await reader.leaderAsSent()).toBeNull();
+      expect(await reader.leaderAsSent()).toBeNull();
+      await nats.nc.flush();
+      expect(reads.count).toBe(4);
+    } finally {
+      stop();
+      await kv.destroy();
+    }
+    // No bucket at all (no coordinator started yet): unreadable each time.
+    expect(await new LeaderLeaseReader(nats.nc, "reuse-no-bucket", () => now).leaderAsSent()).toBeUndefined();
+  });
+
+  it("the client's ops in quick succession share a read, the first op's own", async () => {
+    const world = await startWorld({ nats });
+    try {
+      const coordinator = await world.startCoordinator({ coordinator_id: "reuse-1", http: { enabled: false, host: "127.0.0.1", port: 0 } });
+      await coordinator.whenReady();
+      // Every request of the read: the store's proof (STREAM.INFO, DIRECT.GET) and the read itself.
+      const { reads, stop } = await countLeaseReads(world.deployment, "$JS.API.>");
+      try {
+        const controller = new NatsControllerClient({ nc: nats.nc, deployment: world.deployment, token: CONTROLLER_TOKEN });
+        const ops = 20;
+        for (let i = 0; i < ops; i++) expect((await controller.status()).coordinator).toMatchObject({ id: "reuse-1", leader: true });
+        await nats.nc.flush();
+        // At least one request per op before (25 for these 20); now the store's proof and one read
+        // per LEASE_READ_REUSE_MS window (5 here, a few more on a slow machine).
+        expect(reads.count).toBeGreaterThanOrEqual(1);
+        expect(reads.count).toBeLessThan(ops);
+      } finally {
+        stop();
+      }
     } finally {
       await world.close();
     }
