@@ -102,12 +102,8 @@ export const writeFileDurably = replaceFileDurably;
 
 const fsyncInPool = promisify(fsync);
 
-/**
- * `replaceFileDurably` for a small file: temp file, fsync (in the pool), rename, directory fsync.
- * `beforeRename` runs after the fsync's wait; throwing there leaves the target untouched.
- */
-export async function replaceSmallFileDurably(path: string, data: string | Uint8Array, beforeRename?: () => void): Promise<void> {
-  const temp = tempPathFor(path);
+/** `stageFile` for a small file: the write blocks, only the fsync goes to the pool. */
+export async function stageSmallFile(target: string, data: string | Uint8Array, temp = tempPathFor(target)): Promise<StagedFile> {
   try {
     const fd = openSync(temp, "wx");
     try {
@@ -117,20 +113,39 @@ export async function replaceSmallFileDurably(path: string, data: string | Uint8
     } finally {
       closeSync(fd);
     }
+  } catch (error) {
+    removeTemp(temp);
+    throw namePath(error, temp);
+  }
+  return { target, temp };
+}
+
+/**
+ * `replaceFileDurably` for a small file: temp file, fsync (in the pool), rename, directory fsync.
+ * `beforeRename` runs after the fsync's wait; throwing there leaves the target untouched.
+ */
+export async function replaceSmallFileDurably(path: string, data: string | Uint8Array, beforeRename?: () => void): Promise<void> {
+  const { temp } = await stageSmallFile(path, data);
+  try {
     beforeRename?.();
     renameSync(temp, path);
   } catch (error) {
-    try {
-      unlinkSync(temp);
-    } catch {
-      // the temp file was never created, or was already renamed
-    }
+    removeTemp(temp);
     throw namePath(error, temp);
   }
   await fsyncDirectoryInPool(dirname(path));
 }
 
-async function fsyncDirectoryInPool(dir: string): Promise<void> {
+function removeTemp(temp: string): void {
+  try {
+    unlinkSync(temp);
+  } catch {
+    // the temp file was never created, or was already renamed
+  }
+}
+
+/** `fsyncDirectory` whose open and close block: only the fsync goes to the pool. */
+export async function fsyncDirectoryInPool(dir: string): Promise<void> {
   const fd = openSync(dir, "r");
   try {
     await fsyncInPool(fd);

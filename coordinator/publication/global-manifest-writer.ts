@@ -18,7 +18,7 @@ import {
   type ParticipantEntry,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
-import { discardStagedFile, fsyncDirectory, replaceSmallFileDurably, stageFile, tempPathFor, type StagedFile } from "./durable-fs.js";
+import { discardStagedFile, fsyncDirectory, fsyncDirectoryInPool, replaceSmallFileDurably, stageSmallFile, tempPathFor, type StagedFile } from "./durable-fs.js";
 import { sha256RegularFile } from "./regular-file.js";
 import { applyRetention, linkToTrash, removeTrash, trashCheckpointDir } from "./retention.js";
 
@@ -261,7 +261,7 @@ export class GlobalManifestWriter {
       // The root's fsync (LATEST's rename) leaves the critical path: until it is done the journal
       // entry stays (the engine removes it after `durable()`), so after an OS crash that lost the
       // rename, recovery finds checkpoint.json and repairs LATEST (repairLatest).
-      const durable = fsyncDirectory(this.catalog.root);
+      const durable = fsyncDirectoryInPool(this.catalog.root);
       durable.catch(() => undefined); // reported through durable()
       this.latestDurable = durable;
       // Retention scans the catalog right after this; it need not re-read what was just written.
@@ -386,7 +386,9 @@ export class GlobalManifestWriter {
       await directory;
       // The root's fsync makes the new checkpoint directory durable before anything is committed
       // into it (publication no longer fsyncs the root before the resume).
-      const [staged] = await Promise.all([stageFile(target, `${checkpointId}\n`, temp), fsyncDirectory(this.catalog.root)]);
+      // Blocking opens and writes, fsyncs in the pool: this runs while the first prepare stage's
+      // replies arrive, and each async fs call would be a thread-pool round trip of its own.
+      const [staged] = await Promise.all([stageSmallFile(target, `${checkpointId}\n`, temp), fsyncDirectoryInPool(this.catalog.root)]);
       return staged;
     } catch (error) {
       this.inUse.delete(temp);

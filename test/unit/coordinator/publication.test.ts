@@ -11,8 +11,9 @@ import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkp
 import { writeParticipant } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
-// A full disk for checkpoint.json's write: while `full`, the blocking writes publication uses fail
-// with a real ENOSPC (written to /dev/full), which names no path.
+// A full disk for checkpoint.json's write: while `full`, the blocking writes into a checkpoint.json
+// temp file fail with a real ENOSPC (written to /dev/full), which names no path. (LATEST's temp file,
+// staged before, is written blocking too; a publication that stages it late must get that far.)
 // While `statFails`, a stat of a checkpoint.json fails as a storage that stops answering does (EIO).
 // While `dirOpenFails` names a directory, opening it (for its fsync) fails with EIO.
 // `latestLinksAtRename`: the link count of the LATEST each rename onto it replaced (0: none yet).
@@ -24,6 +25,7 @@ const disk = vi.hoisted(() => ({
   rmFails: undefined as string | undefined,
   renameFails: undefined as string | undefined,
   latestLinksAtRename: [] as number[],
+  manifestFds: new Set<number>(),
 }));
 vi.mock("node:fs/promises", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs/promises")>();
@@ -36,7 +38,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
 vi.mock("node:fs", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs")>();
   const writeSync = ((...args: Parameters<typeof real.writeSync>) => {
-    if (!disk.full) return (real.writeSync as (...a: unknown[]) => number)(...args);
+    if (!disk.full || !disk.manifestFds.has(args[0])) return (real.writeSync as (...a: unknown[]) => number)(...args);
     const fd = real.openSync("/dev/full", "w");
     try {
       return real.writeSync(fd, "x");
@@ -50,14 +52,20 @@ vi.mock("node:fs", async (importOriginal) => {
   }) as typeof real.statSync;
   const openSync = ((...args: Parameters<typeof real.openSync>) => {
     if (disk.dirOpenFails !== undefined && String(args[0]) === disk.dirOpenFails) throw Object.assign(new Error(`EIO: i/o error, open '${String(args[0])}'`), { code: "EIO", syscall: "open" });
-    return (real.openSync as (...a: unknown[]) => number)(...args);
+    const fd = (real.openSync as (...a: unknown[]) => number)(...args);
+    if (String(args[0]).includes("/.checkpoint.json.")) disk.manifestFds.add(fd);
+    return fd;
   }) as typeof real.openSync;
+  const closeSync = ((fd: number) => {
+    disk.manifestFds.delete(fd);
+    return real.closeSync(fd);
+  }) as typeof real.closeSync;
   const renameSync = ((from: string, to: string) => {
     if (disk.renameFails !== undefined && String(from) === disk.renameFails) throw Object.assign(new Error(`EIO: i/o error, rename '${from}'`), { code: "EIO", syscall: "rename" });
     if (String(to).endsWith("/LATEST")) disk.latestLinksAtRename.push(real.existsSync(to) ? real.statSync(to).nlink : 0);
     return real.renameSync(from, to);
   }) as typeof real.renameSync;
-  return { ...real, default: { ...real, writeSync, statSync, openSync, renameSync }, writeSync, statSync, openSync, renameSync };
+  return { ...real, default: { ...real, writeSync, statSync, openSync, closeSync, renameSync }, writeSync, statSync, openSync, closeSync, renameSync };
 });
 
 let root: string;
