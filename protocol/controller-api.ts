@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { ErrorCodeSchema } from "./errors.js";
-import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema, anyCase } from "./ids.js";
+import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, commitScopeSchema, restoreScopeSchema, anyCase } from "./ids.js";
 import { KindSchema } from "./kinds.js";
 import { MAX_JSON_DEPTH } from "./json-depth.js";
 import { JsonValueSchema } from "./json-value.js";
@@ -105,7 +105,7 @@ export const CtlCommitRequestSchema = z
     checkpoint_id: CheckpointIdSchema,
     deadline_ts: OptionalDeadline,
     /** The episodes the controller continues; null = everything each participant holds. */
-    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE).nullable().default(null),
+    episode_ids: commitScopeSchema(MAX_SCOPE),
     stop: z.boolean().default(false),
   })
   .strict();
@@ -122,7 +122,7 @@ export const CtlCheckpointRequestSchema = z
     /** Generated (time-ordered) when omitted. */
     checkpoint_id: CheckpointIdSchema.optional(),
     deadline_ts: OptionalDeadline,
-    episode_ids: z.array(EpisodeIdSchema).max(MAX_SCOPE).nullable().default(null),
+    episode_ids: commitScopeSchema(MAX_SCOPE),
     stop: z.boolean().default(false),
     controller_state: ControllerStateInputSchema.nullable().default(null),
   })

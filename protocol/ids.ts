@@ -64,6 +64,31 @@ export function restoreScopeIssue(scope: readonly EpisodeId[]): string | undefin
 }
 
 /**
+ * Why a commit scope cannot be checkpointed, or undefined: it names one rollout at two attempts. A
+ * checkpoint captures each rollout once, at one attempt (restore refuses records holding two), so
+ * such a scope is a controller's mistake, refused before anything is sent rather than resolved by
+ * each kind exporting the higher one.
+ */
+export function commitScopeIssue(scope: readonly EpisodeId[] | null): string | undefined {
+  const two = scope && rolloutAtTwoAttempts(scope);
+  return two ? `episode_ids names rollout ${two.rollout_id} at attempts ${two.low} and ${two.high}: a checkpoint captures one attempt per rollout` : undefined;
+}
+
+/** A commit scope (controller API): at most one attempt per rollout; null (the default) = everything each participant holds. */
+export function commitScopeSchema(maxScope: number) {
+  return z
+    .array(EpisodeIdSchema)
+    .max(maxScope)
+    .superRefine((scope, ctx) => {
+      const issue = commitScopeIssue(scope);
+      if (issue) ctx.addIssue({ code: "custom", message: issue });
+    })
+    .meta({ description: "The episodes the controller continues, at most one attempt per rollout (a rollout named at two attempts is invalid_request); null = everything each participant holds." })
+    .nullable()
+    .default(null);
+}
+
+/**
  * The first rollout the list names at two different attempts (the lower and the higher one), or
  * undefined. The same attempt named twice is not two attempts. Shared by the restore scope check and
  * the kinds' restore validation (a checkpoint captures each rollout once, at its current attempt).

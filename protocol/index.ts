@@ -18,6 +18,7 @@ export {
   RolloutIdSchema,
   AttemptSchema,
   EpisodeIdSchema,
+  commitScopeIssue,
   restoreScopeIssue,
   rolloutAtTwoAttempts,
   restoreScopeSchema,

@@ -22,6 +22,7 @@ import {
   isUnreadableStorage,
   outsideCheckpointId,
   nextAttempt,
+  commitScopeIssue,
   restoreScopeIssue,
   toCheckpointError,
   type ControllerStateInput,
@@ -318,6 +319,7 @@ export class CheckpointEngine {
   commit(request: CtlRequestOf<"commit">): Promise<CtlReplyOf<"commit">> {
     const args = commitArgs(request.episode_ids, request.stop);
     return this.op("commit", request.checkpoint_id, async (ctx) => {
+      refuseCommitScope(request.episode_ids);
       const again = this.replayed<"commit">(request.checkpoint_id, "commit", args) ?? this.committedReply(request.checkpoint_id, request.episode_ids, request.stop);
       // A retry is answered before its deadline_ts is checked: a lost reply's retry carries a past one.
       if (again) return again;
@@ -414,6 +416,7 @@ export class CheckpointEngine {
   checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
     const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
     return this.op("checkpoint", id, async (ctx) => {
+      refuseCommitScope(request.episode_ids);
       const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
       if (again) return again;
@@ -2176,6 +2179,15 @@ function ms(duration: number): number {
 /** A scope's identity: its capture keys, unique and sorted; null (everything) stays null. */
 function scopeKey(scope: EpisodeId[] | null): string | null {
   return scope === null ? null : [...new Set(scope.map(captureKey))].sort().join(",");
+}
+
+/**
+ * The controller APIs' schema refuses such a scope; an in-process caller hands the request straight
+ * to the engine. Refused before anything: nothing is journaled or sent, the checkpoint stays as it was.
+ */
+function refuseCommitScope(scope: EpisodeId[] | null): void {
+  const issue = commitScopeIssue(scope);
+  if (issue) throw new CheckpointError("invalid_request", issue);
 }
 
 /** What a retried commit must repeat: its scope (as a set) and stop flag. */

@@ -109,6 +109,37 @@ describe("engine ordering", () => {
     expect(fake.events.filter((e) => e.startsWith("journal:"))).toEqual(["journal:open", "journal:decided"]);
   });
 
+  it("a scope naming one rollout at two attempts is invalid_request before anything is journaled or sent (commit: still prepared; checkpoint: nothing at all)", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    const twice = [
+      { rollout_id: "r1", attempt: 0 },
+      { rollout_id: "r2", attempt: 0 },
+      { rollout_id: "r1", attempt: 1 },
+    ];
+    await engine.prepare({ checkpoint_id: "c47" });
+    const entryBefore = journal.entries.get("c47");
+    const wrong = await refusal(engine.commit({ checkpoint_id: "c47", episode_ids: twice, stop: false }));
+    expect(wrong.code).toBe("invalid_request");
+    expect(wrong.message).toContain("rollout r1 at attempts 0 and 1");
+    expect(fake.events).not.toContain("journal:decided");
+    expect(fake.ops("commit")).toHaveLength(0);
+    expect(journal.entries.get("c47")).toEqual(entryBefore);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "c47", phase: "prepared" });
+    // The same attempt named twice is one entry: that scope commits.
+    const reply = await engine.commit({ checkpoint_id: "c47", episode_ids: [twice[0]!, twice[1]!, twice[0]!], stop: false });
+    expect(reply.participants).toHaveLength(5);
+    await engine.resume({ checkpoint_id: "c47" });
+    await journalEmptied(journal);
+
+    const calls = fake.calls.length;
+    const journaled = journal.log.length;
+    const refused = await refusal(engine.checkpoint({ checkpoint_id: "c48", episode_ids: twice, stop: false, controller_state: null }));
+    expect(refused.code).toBe("invalid_request");
+    expect(fake.calls).toHaveLength(calls);
+    expect(journal.log).toHaveLength(journaled);
+    expect(engine.openCheckpoint).toBeNull();
+  });
+
   it("a null-scope commit is refused before the decision when a participant reported scope_required, so a scoped commit still goes ahead", async () => {
     const { engine, fake, journal } = makeEngine(root);
     fake.set("model", "m1", "prepare", { scopeRequired: true });

@@ -77,6 +77,22 @@ describe("control messages", () => {
     }
   });
 
+  it("refuses a commit scope naming one rollout at two attempts at the controller API (commit and checkpoint); null stays everything", () => {
+    const twice = [
+      { rollout_id: "r", attempt: 0 },
+      { rollout_id: "s", attempt: 3 },
+      { rollout_id: "r", attempt: 1 },
+    ];
+    for (const schema of [CONTROLLER_OPS.commit.request, CONTROLLER_OPS.checkpoint.request]) {
+      const result = schema.safeParse({ checkpoint_id: "c1", episode_ids: twice });
+      expect(result.success).toBe(false);
+      expect(result.error?.issues[0]?.message).toContain("rollout r at attempts 0 and 1");
+      expect(schema.safeParse({ checkpoint_id: "c1", episode_ids: [twice[0], twice[1], { rollout_id: "r", attempt: 0 }] }).success).toBe(true);
+      expect(schema.parse({ checkpoint_id: "c1" })).toMatchObject({ episode_ids: null });
+      expect(schema.parse({ checkpoint_id: "c1", episode_ids: null })).toMatchObject({ episode_ids: null });
+    }
+  });
+
   it("refuses a restore scope naming attempt MAX_ATTEMPT (no next attempt), on the wire and at the controller API", () => {
     const bodies = [
       { schema: RestoreRequestSchema, body: { ...base, checkpoint_dir: "/data/c1" } },
