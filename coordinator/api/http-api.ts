@@ -11,6 +11,7 @@ import {
   toCheckpointError,
   type ControllerOp,
 } from "../../protocol/index.js";
+import { listenRefusal } from "../../protocol/listen-refusal.js";
 import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
 import type { Leadership } from "../ha/leadership.js";
 import { authorizeController } from "./controller-auth.js";
@@ -99,7 +100,13 @@ export class HttpControllerApi {
       });
     }
     const host = this.options.host ?? "127.0.0.1";
-    await app.listen({ host, port: this.options.port ?? 0 });
+    const port = this.options.port ?? 0;
+    // A port taken or not allowed is the configuration's (exit 2), as for --metrics-port; Fastify's
+    // own error would be internal_error, exit 1, restarted for ever on a port that stays taken.
+    await app.listen({ host, port }).catch(async (error: unknown) => {
+      await app.close().catch(() => undefined);
+      throw listenRefusal(error, "http.port", host, port);
+    });
     const info = app.server.address();
     if (!info || typeof info === "string") throw new Error("unexpected listen address");
     this.address = { host: info.address, port: info.port };

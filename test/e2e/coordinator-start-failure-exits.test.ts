@@ -44,6 +44,24 @@ describe("coordinator start-up failure", () => {
     expect((outcome as { code: number }).code).toBe(2); // configuration: a supervisor should not restart it
   }, 20_000);
 
+  it("exits 2 naming http.port when the HTTP API's port is taken (configuration, as --metrics-port), before it campaigns", async () => {
+    const taken = createServer();
+    await new Promise<void>((resolve) => taken.listen(0, "127.0.0.1", () => resolve()));
+    const port = (taken.address() as { port: number }).port;
+    try {
+      const daemon = spawnDaemon([
+        MAIN, "coordinator", "--deployment", `starthttp${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",
+        "--checkpoint-root", join(dir, "http-root"), "--http-port", String(port), "--log-level", "warn",
+      ]);
+      daemons.push(daemon);
+      const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 15_000).unref())]);
+      expect(daemon.stderr()).toMatch(new RegExp(`^error invalid_request: http\\.port ${port}: cannot listen on 127\\.0\\.0\\.1:${port} \\(EADDRINUSE: address already in use\\)$`, "m"));
+      expect(outcome).toEqual({ code: 2, signal: null });
+    } finally {
+      await new Promise((resolve) => taken.close(resolve));
+    }
+  }, 30_000);
+
   it("exits 2 for a checkpoint_root that cannot be created before it connects: NATS down does not hide it behind exit 1", async () => {
     await writeFile(join(dir, "another-file"), "x");
     // Port 1: nothing listens, so a connect first would answer not_leader (exit 1), restarted for ever.
