@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -119,6 +120,40 @@ async function floorRound(nc: NatsConnection, deployment: string, members: Membe
   return { prepare: t1 - t0, commit: t2 - t1, resume: performance.now() - t2 };
 }
 
+/** CPU time (ms, user + system) of this process. */
+function ownCpuMs(): number {
+  const { user, system } = process.cpuUsage();
+  return (user + system) / 1000;
+}
+
+/** CPU time (ms) of another process from /proc (clock ticks of 10 ms: meaningful summed over many rounds); NaN where unreadable. */
+function processCpuMs(pid: number | undefined): number {
+  try {
+    const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+    return (Number(fields[11]) + Number(fields[12])) * 10;
+  } catch {
+    return Number.NaN;
+  }
+}
+
+/** CPU spent per op (ms) by this process, nats-server and the responders, summed over a side's rounds. */
+class CpuTally {
+  private readonly sums = { own: 0, server: 0, responders: 0 };
+  private start = { own: 0, server: 0, responders: 0 };
+  constructor(private readonly pids: { server: number | undefined; responders: number | undefined }) {}
+  begin(): void {
+    this.start = { own: ownCpuMs(), server: processCpuMs(this.pids.server), responders: processCpuMs(this.pids.responders) };
+  }
+  end(): void {
+    this.sums.own += ownCpuMs() - this.start.own;
+    this.sums.server += processCpuMs(this.pids.server) - this.start.server;
+    this.sums.responders += processCpuMs(this.pids.responders) - this.start.responders;
+  }
+  perOp(rounds: number): { own: number; server: number; responders: number } {
+    return { own: this.sums.own / rounds, server: this.sums.server / rounds, responders: this.sums.responders / rounds };
+  }
+}
+
 /** Runs the responders for `members` in a child process (as real participants would be), until killed. */
 async function spawnResponders(url: string, deployment: string, n: number): Promise<ChildProcess> {
   const child = spawn(process.execPath, [fileURLToPath(import.meta.url)], {
@@ -144,7 +179,8 @@ export async function run(): Promise<void> {
   const server = await NatsServerProcess.start();
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-bench-coord-"));
   const rows: string[] = [];
-  const results: { split: string; floorSplit: string; inside: Record<"prepare" | "commit" | "publish" | "resume", number>; whole: number; tail: number; floorInside: Record<"prepare" | "commit" | "resume", number>; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number }[] = [];
+  const cpuRows: string[] = [];
+  const results: { split: string; floorSplit: string; inside: Record<"prepare" | "commit" | "publish" | "resume", number>; outside: number; tail: number; floorInside: Record<"prepare" | "commit" | "resume", number>; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number; cpu: { checkpoint: ReturnType<CpuTally["perOp"]>; floor: ReturnType<CpuTally["perOp"]> } }[] = [];
   try {
     for (const n of SIZES) {
       const deployment = `bench${n}`;
@@ -177,25 +213,33 @@ export async function run(): Promise<void> {
       const rounds = ROUNDS[n] ?? 50;
       const full: number[] = [];
       const parts = { prepare: [] as number[], commit: [] as number[], publish: [] as number[], resume: [] as number[] };
-      // Per round: the longer of publication and resume (they overlap), and the coordinator's whole op.
+      // Per round: the longer of publication and resume (they overlap).
       const tails: number[] = [];
-      const wholes: number[] = [];
+      /** Per round, the checkpoint's time beyond the coordinator's own time for its phases. */
+      const outside: number[] = [];
       const floor: number[] = [];
       const floorParts = { prepare: [] as number[], commit: [] as number[], resume: [] as number[] };
+      const pids = { server: server.pid, responders: responders.pid };
+      const cpu = { checkpoint: new CpuTally(pids), floor: new CpuTally(pids) };
       // Interleave the two so both see the same machine state.
       for (let i = 0; i < rounds + WARMUP; i++) {
+        const measured = i >= WARMUP;
+        if (measured) cpu.checkpoint.begin();
         let t = performance.now();
         const reply = await client.checkpoint({ checkpoint_id: `c${n}-${i}` });
         const a = performance.now() - t;
+        if (measured) cpu.checkpoint.end();
         if (i >= WARMUP) {
           const timings = reply.timings_ms;
           for (const k of ["prepare", "commit", "publish", "resume"] as const) parts[k].push(timings[k]);
           tails.push(Math.max(timings.publish, timings.resume));
-          wholes.push(timings.prepare + timings.commit + Math.max(timings.publish, timings.resume));
+          outside.push(a - (timings.prepare + timings.commit + Math.max(timings.publish, timings.resume)));
         }
+        if (measured) cpu.floor.begin();
         t = performance.now();
         const floorSplit = await floorRound(fnc, deployment, members, `f${n}-${i}`);
         const b = performance.now() - t;
+        if (measured) cpu.floor.end();
         if (i >= WARMUP) {
           for (const k of ["prepare", "commit", "resume"] as const) floorParts[k].push(floorSplit[k]);
           full.push(a);
@@ -211,11 +255,14 @@ export async function run(): Promise<void> {
       const splitOf = (m: Record<string, number>) => Object.entries(m).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ");
       const split = splitOf(inside);
       const floorSplit = splitOf(floorInside);
-      const r = { split, floorSplit, inside, whole: percentile(wholes, 50), tail: percentile(tails, 50), floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0 };
+      const r = { split, floorSplit, inside, outside: percentile(outside, 50), tail: percentile(tails, 50), floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0, cpu: { checkpoint: cpu.checkpoint.perOp(rounds), floor: cpu.floor.perOp(rounds) } };
       r.ratio = r.p50 / r.f50;
       results.push(r);
       console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | inside the coordinator (p50 ms): ${split} | floor: ${floorSplit}`);
       rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} | ${floorSplit} |`);
+      const { checkpoint: cc, floor: fc } = r.cpu;
+      const pair = (a: number, b: number) => `${a.toFixed(2)} / ${b.toFixed(2)}`;
+      cpuRows.push(`| ${n} | ${pair(cc.own, fc.own)} | ${pair(cc.server, fc.server)} | ${pair(cc.responders, fc.responders)} | ${pair(cc.own + cc.server + cc.responders, fc.own + fc.server + fc.responders)} |`);
     }
   } finally {
     await server.dispose();
@@ -226,10 +273,11 @@ export async function run(): Promise<void> {
   const smallest = results[0];
   const fixed = smallest
     ? (() => {
-        const { inside, whole, tail, floorInside } = smallest;
-        // publish and resume overlap (both count from the end of the commit): per round, the longer one is on the path
-        const controller = smallest.p50 - whole;
-        return `In this run, at ${smallest.n} participants: the controller request ≈ ${controller.toFixed(1)} ms (the checkpoint's p50 minus the p50 of the coordinator's own time for the op, prepare + commit + the longer of publication and resume, round by round; it includes the client's read of the leader lease, which an op sent without \`deadline_ts\` makes beside its request, here in the coordinator's own process), the publication ${inside.publish.toFixed(1)} ms (beside the resume's ${inside.resume.toFixed(1)} ms), the commit decision's KV write ≈ ${(inside.commit - floorInside.commit).toFixed(1)} ms (commit beyond the floor's), the journal entry, staging and per-stage work ≈ ${(inside.prepare - floorInside.prepare + tail - floorInside.resume).toFixed(1)} ms (prepare, and the longer of publication and resume, beyond the floor's prepare and resume).`;
+        const { inside, outside, tail, floorInside } = smallest;
+        const busy = (side: { own: number; server: number; responders: number }, wall: number) => ((side.own + side.server + side.responders) / wall).toFixed(1);
+        const { checkpoint: cc, floor: fc } = smallest.cpu;
+        const cpuNote = ` Both sides keep the machine's cores busy (CPU per op over its p50: ${busy(cc, smallest.p50)} cores for the checkpoint, ${busy(fc, smallest.f50)} for the floor, of 2), so their latency follows the CPU they spend, and the checkpoint spends ${((cc.own + cc.server + cc.responders) / (fc.own + fc.server + fc.responders)).toFixed(1)}× the floor's: most of the difference is in the benchmark process (the controller request and reply, the KV writes' client side, the staging and publication's file calls, the per-request work) and nats-server (the acknowledged KV writes and the controller hop).`;
+        return `In this run, at ${smallest.n} participants: the controller request ≈ ${outside.toFixed(1)} ms (per round, the checkpoint's time minus the coordinator's own time for its phases, prepare + commit + the longer of publication and resume, which overlap; median over the rounds; it includes the op's work outside those phases, such as retention before the reply; an op sent without \`deadline_ts\` also has the client read the leader lease beside it, once per 100 ms: ops this close share one read), the publication ${inside.publish.toFixed(1)} ms (beside the resume's ${inside.resume.toFixed(1)} ms), the commit decision's KV write ≈ ${(inside.commit - floorInside.commit).toFixed(1)} ms (commit beyond the floor's), the journal entry, staging and per-stage work ≈ ${(inside.prepare - floorInside.prepare + tail - floorInside.resume).toFixed(1)} ms (prepare, and the longer of publication and resume, beyond the floor's prepare and resume).${cpuNote}`;
       })()
     : "";
   const met = results.filter((r) => r.ratio <= 1.5).map((r) => r.n);
@@ -245,6 +293,12 @@ A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemo
 | participants | checkpoint p50 (ms) | p99 (ms) | floor p50 (ms) | floor p99 (ms) | ratio p50 | split inside the coordinator, p50 (ms; publish and resume overlap) | floor split, p50 (ms) |
 | --- | --- | --- | --- | --- | --- | --- | --- |
 ${rows.join("\n")}
+
+CPU per op (ms, mean over the measured rounds; checkpoint / floor), with the p50s above on 2 cores: the benchmark process (the coordinator daemon, its controller client and the floor's client), nats-server, and the responders' process (read from /proc in 10 ms ticks, so only their sums over the run mean anything):
+
+| participants | benchmark process | nats-server | responders | all three |
+| --- | --- | --- | --- | --- |
+${cpuRows.join("\n")}
 
 Targets: ratio ≤ 1.5× the floor; 64-participant p50 < 15 ms${r64 ? ` (measured ${r64.p50.toFixed(2)} ms)` : ""}.
 What the floor does not pay, per checkpoint and independent of N: the controller request itself (two NATS hops and the reply), acknowledged KV writes (the journal entry, of which only what outlasts the first prepare stage shows, and the commit decision, which must be durable before the first commit leaves) and the durable publication (one fsynced file and one directory fsync, overlapping the resume: \`publish\` and \`resume\` in the split both count from the end of the commit). ${fixed} Those fixed costs are most of a small checkpoint, which is why the ratio is highest there; the per-participant cost inside the coordinator is at or below the floor's (its requests share one reply subscription and build no Error per request, unlike \`nc.request\`), which is why the ratio falls as N grows.
