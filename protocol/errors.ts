@@ -206,6 +206,23 @@ export const ErrorReplySchema = z
   .strict();
 export type ErrorReply = z.infer<typeof ErrorReplySchema>;
 
+/** A refusal in the catalog's shape whose code may be one this build lacks (the catalog only grows). */
+const ForeignRefusalSchema = z
+  .object({ error: z.object({ code: z.string().regex(/^[a-z][a-z0-9_]{0,63}$/), detail: z.string() }).strict() })
+  .strict();
+
+/**
+ * A refusal of `op` whose code this build's catalog does not know (a newer peer's), as
+ * `internal_error` naming `who`, that code and its detail; undefined for anything else. Without it the refusal
+ * fails the reply's schema and reads as "invalid reply", its code and detail lost.
+ */
+export function foreignRefusal(value: unknown, who: string, op: string): CheckpointError | undefined {
+  const parsed = ForeignRefusalSchema.safeParse(value);
+  if (!parsed.success || (ERROR_CODES as string[]).includes(parsed.data.error.code)) return undefined;
+  const { code, detail } = parsed.data.error;
+  return new CheckpointError("internal_error", `${who} refused the ${op} with code ${code}, which this build's error catalog does not know (a newer version's?): ${detail}`);
+}
+
 /** Longest refusal detail put on the wire (characters). */
 export const MAX_ERROR_DETAIL = 4096;
 

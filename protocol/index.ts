@@ -40,6 +40,7 @@ export {
   ERROR_CODES,
   ErrorCodeSchema,
   ErrorReplySchema,
+  foreignRefusal,
   CheckpointError,
   RESTORE_REFUSALS,
   toCheckpointError,

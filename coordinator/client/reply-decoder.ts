@@ -1,4 +1,4 @@
-import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, MAX_DEADLINE_AHEAD_S, describeZodError, type ControllerOp, type CtlReplyOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, MAX_DEADLINE_AHEAD_S, describeZodError, foreignRefusal, type ControllerOp, type CtlReplyOf } from "../../protocol/index.js";
 
 /** Turns a reply body into the op's typed reply, or throws the refusal as a CheckpointError. */
 export function decodeControllerReply<O extends ControllerOp>(op: O, text: string): CtlReplyOf<O> {
@@ -11,6 +11,8 @@ export function decodeControllerReply<O extends ControllerOp>(op: O, text: strin
   if (value !== null && typeof value === "object" && "error" in value) {
     const refusal = ErrorReplySchema.safeParse(value);
     if (refusal.success) throw CheckpointError.fromReply(refusal.data);
+    const foreign = foreignRefusal(value, "the coordinator", op);
+    if (foreign) throw foreign;
   }
   const parsed = CONTROLLER_OPS[op].reply.safeParse(value);
   if (!parsed.success) throw new CheckpointError("internal_error", `invalid ${op} reply: ${describeZodError(parsed.error)}`);

@@ -5,6 +5,7 @@ import {
   ErrorReplySchema,
   describeZodError,
   encodeMessage,
+  foreignRefusal,
   participantSubject,
   toCheckpointError,
   type ErrorCode,
@@ -152,6 +153,8 @@ function parseReply<O extends Op>(participant: ParticipantRef, op: O, text: stri
   if (value !== null && typeof value === "object" && "error" in value) {
     const refusal = ErrorReplySchema.safeParse(value);
     if (refusal.success) return { ok: false, participant, code: refusal.data.error.code, detail: refusal.data.error.detail };
+    const foreign = foreignRefusal(value, `${participant.kind}/${participant.instance}`, op);
+    if (foreign) return { ok: false, participant, code: foreign.code, detail: foreign.message };
   }
   const parsed = CONTROL_MESSAGES[op].reply.safeParse(value);
   if (!parsed.success) {
