@@ -104,8 +104,14 @@ const fsyncInPool = promisify(fsync);
 
 /** `stageFile` for a small file: the write blocks, only the fsync goes to the pool. */
 export async function stageSmallFile(target: string, data: string | Uint8Array, temp = tempPathFor(target)): Promise<StagedFile> {
+  // Opened before the try: a temp that already exists (EEXIST) is someone else's, never removed here.
+  let fd: number;
   try {
-    const fd = openSync(temp, "wx");
+    fd = openSync(temp, "wx");
+  } catch (error) {
+    throw namePath(error, temp);
+  }
+  try {
     try {
       const bytes = typeof data === "string" ? Buffer.from(data) : data;
       for (let offset = 0; offset < bytes.byteLength; ) offset += writeSync(fd, bytes, offset);

@@ -388,8 +388,14 @@ export class GlobalManifestWriter {
       // into it (publication no longer fsyncs the root before the resume).
       // Blocking opens and writes, fsyncs in the pool: this runs while the first prepare stage's
       // replies arrive, and each async fs call would be a thread-pool round trip of its own.
-      const [staged] = await Promise.all([stageSmallFile(target, `${checkpointId}\n`, temp), fsyncDirectoryInPool(this.catalog.root)]);
-      return staged;
+      const [staged, rootSynced] = await Promise.allSettled([stageSmallFile(target, `${checkpointId}\n`, temp), fsyncDirectoryInPool(this.catalog.root)]);
+      if (staged.status === "rejected") throw staged.reason;
+      if (rootSynced.status === "rejected") {
+        // Not left for the sweep: nothing else would ever remove it while this process runs (inUse).
+        await discardStagedFile(staged.value);
+        throw rootSynced.reason;
+      }
+      return staged.value;
     } catch (error) {
       this.inUse.delete(temp);
       throw error;

@@ -111,6 +111,18 @@ describe("publication and retention", () => {
     expect(await catalog.latest()).toBe("c1");
   });
 
+  it("a root whose fsync fails while LATEST's temp file is staged: the publication fails and the staged temp file does not stay behind", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.dirOpenFails = root;
+    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    disk.dirOpenFails = undefined;
+    await writer.settled();
+    expect((await readdir(root)).filter((name) => name.includes("LATEST"))).toEqual(["LATEST"]);
+    expect(await catalog.latest()).toBe("c1");
+  });
+
   it("a checkpoint.json whose directory's fsync fails after its rename is taken back: the failed publication is not listed as published", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
