@@ -6,6 +6,13 @@
 export const LEADER_KEY = "coordinator";
 
 /**
+ * The shortest lease period (`lease_ms`) a coordinator accepts. A term serves only once it has
+ * waited a whole one after winning the key, which controller clients rely on (they let one lease
+ * read stand for the ops of the next half of it).
+ */
+export const MIN_LEASE_MS = 200;
+
+/**
  * The key's value. `epoch` is the term's epoch, the revision its create returned: null in the create
  * itself (the revision is not known before it), named by every renewal after it. `at` is wall time
  * for humans, never compared. Values written before `term`, `serving` and `epoch` lack them.

@@ -1,6 +1,6 @@
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { awaitBucketStore, CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, type LeaseHolder } from "../../protocol/index.js";
+import { awaitBucketStore, CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, MIN_LEASE_MS, type LeaseHolder } from "../../protocol/index.js";
 import { pollUntil } from "./poll-until.js";
 
 /** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
@@ -8,12 +8,14 @@ export const LEADER_CHECK_MS = 5_000;
 
 /**
  * How long a read naming a serving leader also stands for the ops sent after it: half the shortest
- * lease period a coordinator accepts (`lease_ms` ≥ 200). A term created after the read serves only
- * once it has waited a whole lease period, so an op sent within this window reaches the term read or
- * none that answers, exactly what a read beside it would have said. Ops sent in quick succession
- * (a controller's fine-grained ops, a benchmark) then cost one KV read per window, not one each.
+ * lease period a coordinator accepts (`MIN_LEASE_MS`). A term created after the read serves only
+ * once it has waited a whole lease period, so an op sent within this window and delivered within
+ * the other half reaches the term read or none that answers, exactly what a read beside it would
+ * have said. A disconnect ends the window (ops queued while reconnecting may be delivered late).
+ * Ops sent in quick succession (a controller's fine-grained ops, a benchmark) then cost one KV
+ * read per window, not one each.
  */
-export const LEASE_READ_REUSE_MS = 100;
+export const LEASE_READ_REUSE_MS = MIN_LEASE_MS / 2;
 
 export type { LeaseHolder };
 
@@ -28,6 +30,7 @@ export class LeaderLeaseReader {
   private storeReady = false;
   /** The last read that named a serving leader, with when it was sent (monotonic ms). */
   private lastServing: { holder: LeaseHolder; sentAt: number } | undefined;
+  private watchingStatus = false;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -42,9 +45,21 @@ export class LeaderLeaseReader {
    * it served may start serving within the window and take the op, which that read would call lost.
    */
   async leaderAsSent(stop?: AbortSignal): Promise<LeaseHolder | null | undefined> {
+    this.forgetOnDisconnect();
     const kept = this.lastServing;
     if (kept && this.now() - kept.sentAt < LEASE_READ_REUSE_MS) return kept.holder;
     return this.leader(stop);
+  }
+
+  /** Drops the kept read at every disconnect and reconnect of the connection, for as long as it lives. */
+  private forgetOnDisconnect(): void {
+    if (this.watchingStatus) return;
+    this.watchingStatus = true;
+    void (async () => {
+      for await (const status of this.nc.status()) {
+        if ((status.type === "disconnect" || status.type === "reconnect")) this.lastServing = undefined;
+      }
+    })().catch(() => undefined);
   }
 
   /**

@@ -1,6 +1,6 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
-import { BearerTokenSchema, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, MAX_DEADLINE_AHEAD_S, type Kind } from "../../protocol/index.js";
+import { BearerTokenSchema, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, MAX_DEADLINE_AHEAD_S, MIN_LEASE_MS, type Kind } from "../../protocol/index.js";
 import { LOG_LEVELS } from "../telemetry/logger.js";
 
 /** One expected participant, written `kind/instance` (e.g. `resources/r1`). */
@@ -40,7 +40,7 @@ export const CoordinatorConfigSchema = z
     /** Published checkpoints to keep. */
     retention: z.number().int().min(1).default(2),
     /** Leader lease period (the leader bucket's max_age). */
-    lease_ms: z.number().int().min(200).max(600_000).default(5_000),
+    lease_ms: z.number().int().min(MIN_LEASE_MS).max(600_000).default(5_000),
     /** The deadline of an op without one; participants refuse deadlines further than 7 days ahead. */
     default_timeout_ms: z.number().int().min(100).max(MAX_DEADLINE_AHEAD_S * 1000).default(60_000),
     request_slack_ms: z.number().int().min(0).default(5_000),

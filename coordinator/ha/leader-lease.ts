@@ -3,7 +3,7 @@ import { JetStreamApiCodes, jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { CheckpointError, encodeLeaseValue, isPassableEpoch, isWrongRevision, LEADER_KEY, leaderBucket } from "../../protocol/index.js";
+import { CheckpointError, encodeLeaseValue, isPassableEpoch, isWrongRevision, LEADER_KEY, leaderBucket, MIN_LEASE_MS } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import { openBucketAsserted, readsFromStreamLeader } from "../membership/kv-bucket.js";
 import { coordinatorTelemetry } from "../telemetry/coordinator-telemetry.js";
@@ -67,6 +67,8 @@ export class LeaderLease implements Leadership {
   private readonly clock: Clock;
 
   constructor(private readonly options: LeaderLeaseOptions) {
+    // The config refuses it; an in-process caller hands its options straight here.
+    if (!(options.leaseMs >= MIN_LEASE_MS)) throw new CheckpointError("invalid_request", `lease_ms ${options.leaseMs} is below ${MIN_LEASE_MS}: controller clients rely on a new term waiting at least that long before it serves`);
     this.clock = options.clock ?? systemClock;
   }
 

@@ -352,6 +352,30 @@ describe("the leader-lease read beside an op sent without a deadline", () => {
     }
   });
 
+  it("a disconnect of the client's connection ends the window: ops queued while it reconnects may reach the server late", async () => {
+    const kv = await leaseHeld("reuse-reconnect", true);
+    const { reads, stop } = await countLeaseReads("reuse-reconnect");
+    const nc = await nats.connect();
+    const now = 1_000; // the clock stands still: only the reconnect ends the window
+    const reader = new LeaderLeaseReader(nc, "reuse-reconnect", () => now);
+    try {
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a", serving: true });
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a" });
+      await nats.nc.flush();
+      expect(reads.count).toBe(1);
+      await nc.reconnect();
+      await waitUntil(async () => {
+        await reader.leaderAsSent();
+        await nats.nc.flush();
+        return reads.count === 2;
+      }, "a fresh read after the reconnect");
+    } finally {
+      stop();
+      await nc.close();
+      await kv.destroy();
+    }
+  });
+
   it("a leader not serving yet, nobody leading, or a lease that cannot be read is read again for the next op", async () => {
     const kv = await leaseHeld("reuse-not-serving", false);
     const { reads, stop } = await countLeaseReads("reuse-not-serving");

@@ -4,6 +4,7 @@ import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 import { LeaderLease, type LeaderLeaseOptions } from "../../../coordinator/ha/leader-lease.js";
 import type { Clock } from "../../../coordinator/engine/clock.js";
+import { MIN_LEASE_MS } from "../../../protocol/index.js";
 
 /**
  * Timers fire only when the test advances time. Wall and monotonic time advance together; `stepWall`
@@ -125,6 +126,14 @@ async function started() {
 }
 
 describe("leader lease", () => {
+  it("refuses a lease period below MIN_LEASE_MS, which the config refuses too: controller clients rely on a new term waiting that long", () => {
+    const kv = new FakeKv();
+    const lease = (leaseMs: number) => () => new LeaderLease({ nc: {} as NatsConnection, deployment: "d", id: "me", leaseMs, clock: new ManualClock(), kv: kv as unknown as KV });
+    expect(lease(MIN_LEASE_MS - 1)).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining(`below ${MIN_LEASE_MS}`) }));
+    expect(lease(Number.NaN)).toThrow(expect.objectContaining({ code: "invalid_request" }));
+    expect(lease(MIN_LEASE_MS)).not.toThrow();
+  });
+
   it("a campaign the server refuses (not a key another coordinator holds) is logged, once per cause, so a deployment left without a leader says why", async () => {
     const kv = new FakeKv();
     const clock = new ManualClock();
