@@ -3,7 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { connect, headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import {
@@ -120,38 +120,60 @@ async function floorRound(nc: NatsConnection, deployment: string, members: Membe
   return { prepare: t1 - t0, commit: t2 - t1, resume: performance.now() - t2 };
 }
 
-/** CPU time (ms, user + system) of this process. */
-function ownCpuMs(): number {
+/** CPU time (ms) of this process, user + system, and system alone. */
+function ownCpuMs(): { total: number; system: number } {
   const { user, system } = process.cpuUsage();
-  return (user + system) / 1000;
+  return { total: (user + system) / 1000, system: system / 1000 };
 }
 
-/** CPU time (ms) of another process from /proc (clock ticks of 10 ms: meaningful summed over many rounds); NaN where unreadable. */
+/** CPU time (ms) of another process from /proc (in clock ticks, 10 ms each: meaningful over many rounds); NaN where unreadable. */
 function processCpuMs(pid: number | undefined): number {
   try {
     const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-    return (Number(fields[11]) + Number(fields[12])) * 10;
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS;
   } catch {
     return Number.NaN;
   }
 }
 
-/** CPU spent per op (ms) by this process, nats-server and the responders, summed over a side's rounds. */
-class CpuTally {
-  private readonly sums = { own: 0, server: 0, responders: 0 };
-  private start = { own: 0, server: 0, responders: 0 };
-  constructor(private readonly pids: { server: number | undefined; responders: number | undefined }) {}
-  begin(): void {
-    this.start = { own: ownCpuMs(), server: processCpuMs(this.pids.server), responders: processCpuMs(this.pids.responders) };
+/** Clock ticks per second of /proc's CPU times (USER_HZ), 100 where getconf cannot tell. */
+const CLOCK_TICKS = (() => {
+  try {
+    return Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100;
+  } catch {
+    return 100;
   }
-  end(): void {
-    this.sums.own += ownCpuMs() - this.start.own;
-    this.sums.server += processCpuMs(this.pids.server) - this.start.server;
-    this.sums.responders += processCpuMs(this.pids.responders) - this.start.responders;
-  }
-  perOp(rounds: number): { own: number; server: number; responders: number } {
-    return { own: this.sums.own / rounds, server: this.sums.server / rounds, responders: this.sums.responders / rounds };
-  }
+})();
+
+/** CPU per op (ms) of this process, nats-server and the responders, and the cores they kept busy. */
+interface CpuPerOp {
+  own: number;
+  /** Of `own`, in the kernel (socket writes, file calls, fsyncs). */
+  ownSystem: number;
+  server: number;
+  responders: number;
+  /** All three's CPU over the block's wall time. */
+  cores: number;
+}
+
+/**
+ * Runs `op` `rounds` times back to back and divides the CPU each process spent by the rounds.
+ * A block of its own (not interleaved with the other side), so a checkpoint's background work after
+ * its reply (the root's fsync, the journal entry's removal) is charged to checkpoints, not to the
+ * floor round that would follow it; the block starts once the previous one's work has settled.
+ */
+async function cpuBlock(rounds: number, pids: { server: number | undefined; responders: number | undefined }, op: (i: number) => Promise<unknown>): Promise<CpuPerOp> {
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  const ticks = () => ({ own: ownCpuMs(), server: processCpuMs(pids.server), responders: processCpuMs(pids.responders) });
+  const before = ticks();
+  const started = performance.now();
+  for (let i = 0; i < rounds; i++) await op(i);
+  const wall = performance.now() - started;
+  const after = ticks();
+  const own = after.own.total - before.own.total;
+  const server = after.server - before.server;
+  const responders = after.responders - before.responders;
+  return { own: own / rounds, ownSystem: (after.own.system - before.own.system) / rounds, server: server / rounds, responders: responders / rounds, cores: (own + server + responders) / wall };
 }
 
 /** Runs the responders for `members` in a child process (as real participants would be), until killed. */
@@ -180,7 +202,7 @@ export async function run(): Promise<void> {
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-bench-coord-"));
   const rows: string[] = [];
   const cpuRows: string[] = [];
-  const results: { split: string; floorSplit: string; inside: Record<"prepare" | "commit" | "publish" | "resume", number>; outside: number; tail: number; floorInside: Record<"prepare" | "commit" | "resume", number>; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number; cpu: { checkpoint: ReturnType<CpuTally["perOp"]>; floor: ReturnType<CpuTally["perOp"]> } }[] = [];
+  const results: { split: string; floorSplit: string; inside: Record<"prepare" | "commit" | "publish" | "resume", number>; outside: number; tail: number; floorInside: Record<"prepare" | "commit" | "resume", number>; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number; cpu: { checkpoint: CpuPerOp; floor: CpuPerOp } }[] = [];
   try {
     for (const n of SIZES) {
       const deployment = `bench${n}`;
@@ -192,11 +214,15 @@ export async function run(): Promise<void> {
       const responders = await spawnResponders(server.url, deployment, n);
       const stop = () => responders.kill("SIGTERM");
       const kv = await openMembersBucket(pnc, deployment);
-      const now = Date.now() / 1000;
-      for (const m of members) {
-        await kv.put(`${m.kind}.${m.instance}`, JSON.stringify({ ...m, incarnation: "bench", started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
-      }
-      await pnc.flush();
+      const startedAt = Date.now() / 1000;
+      const heartbeat = async () => {
+        const now = Date.now() / 1000;
+        for (const m of members) {
+          await kv.put(`${m.kind}.${m.instance}`, JSON.stringify({ ...m, incarnation: "bench", started_at: startedAt, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
+        }
+        await pnc.flush();
+      };
+      await heartbeat();
       const config = CoordinatorConfigSchema.parse({
         deployment,
         nats: { servers: server.url },
@@ -219,33 +245,35 @@ export async function run(): Promise<void> {
       const outside: number[] = [];
       const floor: number[] = [];
       const floorParts = { prepare: [] as number[], commit: [] as number[], resume: [] as number[] };
-      const pids = { server: server.pid, responders: responders.pid };
-      const cpu = { checkpoint: new CpuTally(pids), floor: new CpuTally(pids) };
       // Interleave the two so both see the same machine state.
       for (let i = 0; i < rounds + WARMUP; i++) {
-        const measured = i >= WARMUP;
-        if (measured) cpu.checkpoint.begin();
         let t = performance.now();
         const reply = await client.checkpoint({ checkpoint_id: `c${n}-${i}` });
         const a = performance.now() - t;
-        if (measured) cpu.checkpoint.end();
         if (i >= WARMUP) {
           const timings = reply.timings_ms;
           for (const k of ["prepare", "commit", "publish", "resume"] as const) parts[k].push(timings[k]);
           tails.push(Math.max(timings.publish, timings.resume));
           outside.push(a - (timings.prepare + timings.commit + Math.max(timings.publish, timings.resume)));
         }
-        if (measured) cpu.floor.begin();
         t = performance.now();
         const floorSplit = await floorRound(fnc, deployment, members, `f${n}-${i}`);
         const b = performance.now() - t;
-        if (measured) cpu.floor.end();
         if (i >= WARMUP) {
           for (const k of ["prepare", "commit", "resume"] as const) floorParts[k].push(floorSplit[k]);
           full.push(a);
           floor.push(b);
         }
       }
+      // CPU per op, in blocks of their own after the latency rounds (heartbeats renewed first: the
+      // registry drops a member 15 s after its last one).
+      await heartbeat();
+      const pids = { server: server.pid, responders: responders.pid };
+      const cpuRounds = Math.min(rounds, 100);
+      const cpu = {
+        checkpoint: await cpuBlock(cpuRounds, pids, (i) => client.checkpoint({ checkpoint_id: `cpu${n}-${i}` })),
+        floor: await cpuBlock(cpuRounds, pids, (i) => floorRound(fnc, deployment, members, `cpuf${n}-${i}`)),
+      };
       await coordinator.stop();
       stop();
       await Promise.all([pnc.close(), cnc.close(), fnc.close()]);
@@ -255,14 +283,14 @@ export async function run(): Promise<void> {
       const splitOf = (m: Record<string, number>) => Object.entries(m).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ");
       const split = splitOf(inside);
       const floorSplit = splitOf(floorInside);
-      const r = { split, floorSplit, inside, outside: percentile(outside, 50), tail: percentile(tails, 50), floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0, cpu: { checkpoint: cpu.checkpoint.perOp(rounds), floor: cpu.floor.perOp(rounds) } };
+      const r = { split, floorSplit, inside, outside: percentile(outside, 50), tail: percentile(tails, 50), floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0, cpu };
       r.ratio = r.p50 / r.f50;
       results.push(r);
       console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | inside the coordinator (p50 ms): ${split} | floor: ${floorSplit}`);
       rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} | ${floorSplit} |`);
       const { checkpoint: cc, floor: fc } = r.cpu;
       const pair = (a: number, b: number) => `${a.toFixed(2)} / ${b.toFixed(2)}`;
-      cpuRows.push(`| ${n} | ${pair(cc.own, fc.own)} | ${pair(cc.server, fc.server)} | ${pair(cc.responders, fc.responders)} | ${pair(cc.own + cc.server + cc.responders, fc.own + fc.server + fc.responders)} |`);
+      cpuRows.push(`| ${n} | ${pair(cc.own, fc.own)} (system ${pair(cc.ownSystem, fc.ownSystem)}) | ${pair(cc.server, fc.server)} | ${pair(cc.responders, fc.responders)} | ${pair(cc.own + cc.server + cc.responders, fc.own + fc.server + fc.responders)} | ${cc.cores.toFixed(1)} / ${fc.cores.toFixed(1)} |`);
     }
   } finally {
     await server.dispose();
@@ -274,9 +302,8 @@ export async function run(): Promise<void> {
   const fixed = smallest
     ? (() => {
         const { inside, outside, tail, floorInside } = smallest;
-        const busy = (side: { own: number; server: number; responders: number }, wall: number) => ((side.own + side.server + side.responders) / wall).toFixed(1);
         const { checkpoint: cc, floor: fc } = smallest.cpu;
-        const cpuNote = ` Both sides keep the machine's cores busy (CPU per op over its p50: ${busy(cc, smallest.p50)} cores for the checkpoint, ${busy(fc, smallest.f50)} for the floor, of 2), so their latency follows the CPU they spend, and the checkpoint spends ${((cc.own + cc.server + cc.responders) / (fc.own + fc.server + fc.responders)).toFixed(1)}× the floor's: most of the difference is in the benchmark process (the controller request and reply, the KV writes' client side, the staging and publication's file calls, the per-request work) and nats-server (the acknowledged KV writes and the controller hop).`;
+        const cpuNote = ` Both sides keep the machine's cores busy (all three processes' CPU over the block's wall time: ${cc.cores.toFixed(1)} cores during the checkpoints, ${fc.cores.toFixed(1)} during the floor rounds, of 2), so their latency follows the CPU they spend, and the checkpoint spends ${((cc.own + cc.server + cc.responders) / (fc.own + fc.server + fc.responders)).toFixed(1)}× the floor's: most of the difference is in the benchmark process (the controller request and reply, the KV writes' client side, the staging and publication's file calls, the per-request work) and nats-server (the acknowledged KV writes and the controller hop).`;
         return `In this run, at ${smallest.n} participants: the controller request ≈ ${outside.toFixed(1)} ms (per round, the checkpoint's time minus the coordinator's own time for its phases, prepare + commit + the longer of publication and resume, which overlap; median over the rounds; it includes the op's work outside those phases, such as retention before the reply; an op sent without \`deadline_ts\` also has the client read the leader lease beside it, once per 100 ms: ops this close share one read), the publication ${inside.publish.toFixed(1)} ms (beside the resume's ${inside.resume.toFixed(1)} ms), the commit decision's KV write ≈ ${(inside.commit - floorInside.commit).toFixed(1)} ms (commit beyond the floor's), the journal entry, staging and per-stage work ≈ ${(inside.prepare - floorInside.prepare + tail - floorInside.resume).toFixed(1)} ms (prepare, and the longer of publication and resume, beyond the floor's prepare and resume).${cpuNote}`;
       })()
     : "";
@@ -294,10 +321,10 @@ A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemo
 | --- | --- | --- | --- | --- | --- | --- | --- |
 ${rows.join("\n")}
 
-CPU per op (ms, mean over the measured rounds; checkpoint / floor), with the p50s above on 2 cores: the benchmark process (the coordinator daemon, its controller client and the floor's client), nats-server, and the responders' process (read from /proc in 10 ms ticks, so only their sums over the run mean anything):
+CPU per op (ms; checkpoint / floor), measured after the latency rounds in a block of up to 100 checkpoints back to back and then one of as many floor rounds, so each side pays for its own background work: the benchmark process (the coordinator daemon, its controller client and the floor's client; of it, the time in the kernel: socket writes, file calls, fsyncs), nats-server, and the responders' process (read from /proc in clock ticks, ${1000 / CLOCK_TICKS} ms each, summed over the block), and the cores all three kept busy over the block's wall time:
 
-| participants | benchmark process | nats-server | responders | all three |
-| --- | --- | --- | --- | --- |
+| participants | benchmark process | nats-server | responders | all three | cores busy |
+| --- | --- | --- | --- | --- | --- |
 ${cpuRows.join("\n")}
 
 Targets: ratio ≤ 1.5× the floor; 64-participant p50 < 15 ms${r64 ? ` (measured ${r64.p50.toFixed(2)} ms)` : ""}.
