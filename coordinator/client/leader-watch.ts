@@ -57,7 +57,7 @@ export class LeaderLeaseReader {
     this.watchingStatus = true;
     void (async () => {
       for await (const status of this.nc.status()) {
-        if ((status.type === "disconnect" || status.type === "reconnect")) this.lastServing = undefined;
+        if (status.type === "disconnect" || status.type === "reconnect") this.lastServing = undefined;
       }
     })().catch(() => undefined);
   }

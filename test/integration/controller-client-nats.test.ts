@@ -355,7 +355,8 @@ describe("the leader-lease read beside an op sent without a deadline", () => {
   it("a disconnect of the client's connection ends the window: ops queued while it reconnects may reach the server late", async () => {
     const kv = await leaseHeld("reuse-reconnect", true);
     const { reads, stop } = await countLeaseReads("reuse-reconnect");
-    const nc = await nats.connect();
+    // Not the fixture's connect: it reports a connection dropping while its server runs.
+    const nc = await connect({ servers: nats.server.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
     const now = 1_000; // the clock stands still: only the reconnect ends the window
     const reader = new LeaderLeaseReader(nc, "reuse-reconnect", () => now);
     try {
@@ -363,12 +364,16 @@ describe("the leader-lease read beside an op sent without a deadline", () => {
       expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a" });
       await nats.nc.flush();
       expect(reads.count).toBe(1);
+      let reconnected = false;
+      void (async () => {
+        for await (const status of nc.status()) if (status.type === "reconnect") reconnected = true;
+      })();
       await nc.reconnect();
-      await waitUntil(async () => {
-        await reader.leaderAsSent();
-        await nats.nc.flush();
-        return reads.count === 2;
-      }, "a fresh read after the reconnect");
+      await waitUntil(() => reconnected, "the client's connection to reconnect");
+      // The disconnect before it ended the window: this op's read is fresh.
+      expect(await reader.leaderAsSent()).toMatchObject({ id: "coord-a", serving: true });
+      await nats.nc.flush();
+      expect(reads.count).toBe(2);
     } finally {
       stop();
       await nc.close();
