@@ -2,7 +2,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CheckpointError, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
+import { CheckpointError, type EpisodeId, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
 import { ManualClock, ParticipantControlPlane } from "../../../participants/index.js";
 import { AgentKind, type Activation, type AgentSessionHooks, type RestoredAgentSession } from "../../../participants/kinds/agent/index.js";
 import { refusalCode } from "../../support/refusal.js";
@@ -74,6 +74,19 @@ function fresh() {
 }
 
 /** `second`, a fresh process, restored checkpoint c1 of `first`'s sessions k1 and k2 (taken at their first boundary) and resumed. */
+/**
+ * Runs a legacy episode of `kind` to a boundary, then parks it in a replay step until aborted: the
+ * episode a checkpoint captures (the run's own end is of no interest here).
+ */
+function parkInReplay(kind: ReturnType<typeof fresh>["kind"], episode: EpisodeId, task: Record<string, unknown>, boundary: Record<string, unknown> = { next: "loop" }): void {
+  void kind
+    .runLegacy(episode, task, {}, async (e) => {
+      await e.boundary(boundary);
+      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
+    })
+    .catch(() => undefined);
+}
+
 async function restoredK1K2() {
   const first = fresh();
   const policy = new ScriptedPolicy();
@@ -393,10 +406,7 @@ describe("agent participant", () => {
     first.kind.openSession(ep("s"));
     first.hooks.state.set("s", { cookie: "c-s" });
     void first.kind.activate(ep("s"), turnLoop(new ScriptedPolicy(), { count: 0 })).catch(() => undefined);
-    void first.kind.runLegacy(ep("L"), { expression: "1" }, {}, async (e) => {
-      await e.boundary({ next: "loop" });
-      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
-    }).catch(() => undefined);
+    parkInReplay(first.kind, ep("L"), { expression: "1" });
     await flush();
     await first.call("prepare", { checkpoint_id: "c1" });
     await first.call("commit", { checkpoint_id: "c1" });
@@ -542,11 +552,7 @@ describe("agent participant", () => {
 
   it("restore needs a fresh process: a pending legacy record counts as live state", async () => {
     const first = fresh();
-    const run = first.kind.runLegacy(ep("P"), { expression: "1" }, {}, async (e) => {
-      await e.boundary({ next: "loop" });
-      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
-    });
-    void run.catch(() => undefined);
+    parkInReplay(first.kind, ep("P"), { expression: "1" });
     await flush();
     for (const c of ["c1", "c2"]) {
       await first.call("prepare", { checkpoint_id: c });
@@ -652,11 +658,7 @@ describe("agent participant", () => {
 
   it("a legacy replacement with another task is refused and the restored episode is kept", async () => {
     const first = fresh();
-    const run = first.kind.runLegacy(ep("T"), { expression: "1 + 1" }, {}, async (e) => {
-      await e.boundary({ next: "loop" });
-      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
-    });
-    void run.catch(() => undefined);
+    parkInReplay(first.kind, ep("T"), { expression: "1 + 1" });
     await flush();
     await first.call("prepare", { checkpoint_id: "c1" });
     await first.call("commit", { checkpoint_id: "c1" });
@@ -702,11 +704,7 @@ describe("agent participant", () => {
     first.kind.openSession(ep("k1"));
     first.hooks.state.set("k1", { cookie: "k1" });
     void first.kind.activate(ep("k1"), turnLoop(new ScriptedPolicy(), { count: 0 })).catch(() => undefined);
-    const legacy = first.kind.runLegacy(ep("L"), task, {}, async (e) => {
-      await e.boundary({ next: "loop", messages: 2 });
-      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
-    });
-    void legacy.catch(() => undefined);
+    parkInReplay(first.kind, ep("L"), task, { next: "loop", messages: 2 });
     await flush();
     await first.call("prepare", { checkpoint_id: "c1" });
     await first.call("commit", { checkpoint_id: "c1" });
@@ -879,11 +877,7 @@ describe("agent participant", () => {
   }, 20_000);
   it("a late restore install ending while a checkpoint opened meanwhile installs no legacy record of its fenced attempt+1, so that checkpoint's null scope cannot export it", async () => {
     const first = fresh();
-    const run = first.kind.runLegacy(ep("P"), { expression: "1" }, {}, async (e) => {
-      await e.boundary({ next: "loop" });
-      await e.step("replay", (signal) => new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))));
-    });
-    void run.catch(() => undefined);
+    parkInReplay(first.kind, ep("P"), { expression: "1" });
     await flush();
     await first.call("prepare", { checkpoint_id: "c1" });
     expect((await first.call("commit", { checkpoint_id: "c1" })).episode_ids).toEqual(["P"]);
