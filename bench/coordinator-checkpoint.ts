@@ -126,7 +126,7 @@ function ownCpuMs(): { total: number; system: number } {
   return { total: (user + system) / 1000, system: system / 1000 };
 }
 
-/** CPU time (ms) of another process from /proc (in clock ticks, 10 ms each: meaningful over many rounds); NaN where unreadable. */
+/** CPU time (ms) of another process from /proc (counted in clock ticks: meaningful over many rounds); NaN where unreadable. */
 function processCpuMs(pid: number | undefined): number {
   try {
     const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
@@ -152,7 +152,9 @@ interface CpuPerOp {
   ownSystem: number;
   server: number;
   responders: number;
-  /** All three's CPU over the block's wall time. */
+  /** All three's. */
+  total: number;
+  /** `total` over the block's wall time per op. */
   cores: number;
 }
 
@@ -173,7 +175,8 @@ async function cpuBlock(rounds: number, pids: { server: number | undefined; resp
   const own = after.own.total - before.own.total;
   const server = after.server - before.server;
   const responders = after.responders - before.responders;
-  return { own: own / rounds, ownSystem: (after.own.system - before.own.system) / rounds, server: server / rounds, responders: responders / rounds, cores: (own + server + responders) / wall };
+  const total = own + server + responders;
+  return { own: own / rounds, ownSystem: (after.own.system - before.own.system) / rounds, server: server / rounds, responders: responders / rounds, total: total / rounds, cores: total / wall };
 }
 
 /** Runs the responders for `members` in a child process (as real participants would be), until killed. */
@@ -290,7 +293,7 @@ export async function run(): Promise<void> {
       rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} | ${floorSplit} |`);
       const { checkpoint: cc, floor: fc } = r.cpu;
       const pair = (a: number, b: number) => `${a.toFixed(2)} / ${b.toFixed(2)}`;
-      cpuRows.push(`| ${n} | ${pair(cc.own, fc.own)} (system ${pair(cc.ownSystem, fc.ownSystem)}) | ${pair(cc.server, fc.server)} | ${pair(cc.responders, fc.responders)} | ${pair(cc.own + cc.server + cc.responders, fc.own + fc.server + fc.responders)} | ${cc.cores.toFixed(1)} / ${fc.cores.toFixed(1)} |`);
+      cpuRows.push(`| ${n} | ${pair(cc.own, fc.own)} (system ${pair(cc.ownSystem, fc.ownSystem)}) | ${pair(cc.server, fc.server)} | ${pair(cc.responders, fc.responders)} | ${pair(cc.total, fc.total)} | ${cc.cores.toFixed(1)} / ${fc.cores.toFixed(1)} |`);
     }
   } finally {
     await server.dispose();
@@ -303,7 +306,7 @@ export async function run(): Promise<void> {
     ? (() => {
         const { inside, outside, tail, floorInside } = smallest;
         const { checkpoint: cc, floor: fc } = smallest.cpu;
-        const cpuNote = ` Both sides keep the machine's cores busy (all three processes' CPU over the block's wall time: ${cc.cores.toFixed(1)} cores during the checkpoints, ${fc.cores.toFixed(1)} during the floor rounds, of 2), so their latency follows the CPU they spend, and the checkpoint spends ${((cc.own + cc.server + cc.responders) / (fc.own + fc.server + fc.responders)).toFixed(1)}× the floor's: most of the difference is in the benchmark process (the controller request and reply, the KV writes' client side, the staging and publication's file calls, the per-request work) and nats-server (the acknowledged KV writes and the controller hop).`;
+        const cpuNote = ` Both sides keep the machine's cores busy (all three processes' CPU over the block's wall time: ${cc.cores.toFixed(1)} cores during the checkpoints, ${fc.cores.toFixed(1)} during the floor rounds, of 2), so their latency follows the CPU they spend, and the checkpoint spends ${(cc.total / fc.total).toFixed(1)}× the floor's: most of the difference is in the benchmark process (the controller request and reply, the KV writes' client side, the staging and publication's file calls, the per-request work) and nats-server (the acknowledged KV writes and the controller hop).`;
         return `In this run, at ${smallest.n} participants: the controller request ≈ ${outside.toFixed(1)} ms (per round, the checkpoint's time minus the coordinator's own time for its phases, prepare + commit + the longer of publication and resume, which overlap; median over the rounds; it includes the op's work outside those phases, such as retention before the reply; an op sent without \`deadline_ts\` also has the client read the leader lease beside it, once per 100 ms: ops this close share one read), the publication ${inside.publish.toFixed(1)} ms (beside the resume's ${inside.resume.toFixed(1)} ms), the commit decision's KV write ≈ ${(inside.commit - floorInside.commit).toFixed(1)} ms (commit beyond the floor's), the journal entry, staging and per-stage work ≈ ${(inside.prepare - floorInside.prepare + tail - floorInside.resume).toFixed(1)} ms (prepare, and the longer of publication and resume, beyond the floor's prepare and resume).${cpuNote}`;
       })()
     : "";
