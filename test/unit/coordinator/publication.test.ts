@@ -81,6 +81,16 @@ afterEach(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
+/** The catalog error of a publication that must fail (a storage failure maps to storage_error); a success fails the test. */
+async function refusedPublication(writer: GlobalManifestWriter, id: string, at: number): Promise<CheckpointError> {
+  const failure = await publish(writer, id, at).then(
+    () => new Error(`expected the publication of ${id} to fail`),
+    (error: unknown) => ({ error }),
+  );
+  if (failure instanceof Error) throw failure;
+  return toCheckpointError(failure.error);
+}
+
 async function publish(writer: GlobalManifestWriter, id: string, at: number, state: unknown = null, beforeWrite?: () => void) {
   const entries = [
     await writeParticipant(root, id, "model", "m1", ['{"episode_id":{"rollout_id":"r1","attempt":0},"x":1}', '{"episode_id":{"rollout_id":"r2","attempt":1}}']),
@@ -106,7 +116,7 @@ describe("publication and retention", () => {
     const writer = new GlobalManifestWriter(catalog, 2);
     await publish(writer, "c1", 1000);
     disk.statFails = true;
-    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
     disk.statFails = false;
     expect(await catalog.latest()).toBe("c1");
   });
@@ -116,7 +126,7 @@ describe("publication and retention", () => {
     const writer = new GlobalManifestWriter(catalog, 2);
     await publish(writer, "c1", 1000);
     disk.dirOpenFails = root;
-    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
     disk.dirOpenFails = undefined;
     await writer.settled();
     expect((await readdir(root)).filter((name) => name.includes("LATEST"))).toEqual(["LATEST"]);
@@ -128,7 +138,7 @@ describe("publication and retention", () => {
     const writer = new GlobalManifestWriter(catalog, 2);
     await publish(writer, "c1", 1000);
     disk.dirOpenFails = catalog.dirFor("c2");
-    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
     disk.dirOpenFails = undefined;
     expect(await readdir(catalog.dirFor("c2"))).not.toContain("checkpoint.json");
     const fresh = new CheckpointCatalog(root);
@@ -143,7 +153,7 @@ describe("publication and retention", () => {
     await publish(writer, "c1", 1000);
     disk.dirOpenFails = catalog.dirFor("c2");
     disk.rmFails = join(catalog.dirFor("c2"), "checkpoint.json");
-    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
     disk.dirOpenFails = undefined;
     disk.rmFails = undefined;
     const fresh = new CheckpointCatalog(root);
@@ -166,7 +176,7 @@ describe("publication and retention", () => {
     disk.dirOpenFails = catalog.dirFor("c2");
     disk.rmFails = join(catalog.dirFor("c2"), "checkpoint.json");
     disk.renameFails = catalog.dirFor("c2");
-    expect(toCheckpointError(await publish(writer, "c2", 1010).catch((error: unknown) => error)).code).toBe("storage_error");
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
     disk.dirOpenFails = undefined;
     disk.rmFails = undefined;
     disk.renameFails = undefined;
@@ -255,12 +265,8 @@ describe("publication and retention", () => {
     const writer = new GlobalManifestWriter(catalog, 2);
     await publish(writer, "c1", 100);
     disk.full = true;
-    const refused = await publish(writer, "c2", 200).then(
-      () => new Error("expected a failure"),
-      (error: unknown) => error,
-    );
+    const refusal = await refusedPublication(writer, "c2", 200);
     disk.full = false;
-    const refusal = toCheckpointError(refused);
     expect(refusal.code).toBe("storage_error");
     expect(refusal.message).toMatch(new RegExp(`^ENOSPC: no space left on device, write '${join(root, "c2")}/\\.checkpoint\\.json\\.[^']+\\.tmp'$`));
     expect((await readdir(join(root, "c2"))).sort()).toEqual(["gym"]); // no checkpoint.json, no temp file
@@ -272,11 +278,7 @@ describe("publication and retention", () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
     await mkdir(join(root, "LATEST", "kept"), { recursive: true });
-    const refused = await publish(writer, "c1", 100).then(
-      () => new Error("expected a failure"),
-      (error: unknown) => error,
-    );
-    const refusal = toCheckpointError(refused);
+    const refusal = await refusedPublication(writer, "c1", 100);
     expect(refusal.code).toBe("storage_error");
     expect(refusal.message).toContain("EISDIR");
     expect((await readdir(join(root, "c1"))).sort()).toEqual(["gym"]); // no checkpoint.json: nothing published
