@@ -58,9 +58,8 @@ export function restoreScopeIssue(scope: readonly EpisodeId[]): string | undefin
       return `episode_ids names rollout ${episode.rollout_id} at attempt ${MAX_ATTEMPT}, the last there is: it cannot continue as a later attempt`;
     }
   }
-  const two = rolloutAtTwoAttempts(scope);
-  if (two) return `episode_ids names rollout ${two.rollout_id} at attempts ${two.low} and ${two.high}: a restore continues one attempt per rollout (the checkpointed one)`;
-  return undefined;
+  const two = twoAttemptsNamed(scope);
+  return two && `${two}: a restore continues one attempt per rollout (the checkpointed one)`;
 }
 
 /**
@@ -70,8 +69,14 @@ export function restoreScopeIssue(scope: readonly EpisodeId[]): string | undefin
  * each kind exporting the higher one.
  */
 export function commitScopeIssue(scope: readonly EpisodeId[] | null): string | undefined {
-  const two = scope && rolloutAtTwoAttempts(scope);
-  return two ? `episode_ids names rollout ${two.rollout_id} at attempts ${two.low} and ${two.high}: a checkpoint captures one attempt per rollout` : undefined;
+  const two = scope === null ? undefined : twoAttemptsNamed(scope);
+  return two && `${two}: a checkpoint captures one attempt per rollout`;
+}
+
+/** The scope's first rollout at two attempts, as a refusal's opening ("episode_ids names rollout …"), or undefined. */
+function twoAttemptsNamed(scope: readonly EpisodeId[]): string | undefined {
+  const two = rolloutAtTwoAttempts(scope);
+  return two && `episode_ids names rollout ${two.rollout_id} at attempts ${two.low} and ${two.high}`;
 }
 
 /** A commit scope (controller API): at most one attempt per rollout; null (the default) = everything each participant holds. */
