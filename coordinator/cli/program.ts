@@ -1,9 +1,24 @@
-import { readdirSync } from "node:fs";
-import { fileURLToPath, pathToFileURL } from "node:url";
-import { dirname, join } from "node:path";
 import { Command, CommanderError } from "commander";
 import { PROTOCOL_VERSION } from "../../protocol/index.js";
 import { dropOutputOfGoneReaders } from "./closed-output.js";
+import * as attachCommand from "./commands/attach.js";
+import * as checkpointCommand from "./commands/checkpoint.js";
+import * as collectCommand from "./commands/collect.js";
+import * as commitCommand from "./commands/commit.js";
+import * as coordinatorCommand from "./commands/coordinator.js";
+import * as demoCommand from "./commands/demo.js";
+import * as forgetCommand from "./commands/forget.js";
+import * as gymCommand from "./commands/gym.js";
+import * as lsCommand from "./commands/ls.js";
+import * as prepareCommand from "./commands/prepare.js";
+import * as publishCommand from "./commands/publish.js";
+import * as renewCommand from "./commands/renew.js";
+import * as restoreCommand from "./commands/restore.js";
+import * as resumeCommand from "./commands/resume.js";
+import * as retireCommand from "./commands/retire.js";
+import * as seedsCommand from "./commands/seeds.js";
+import * as statusCommand from "./commands/status.js";
+import * as verifyCommand from "./commands/verify.js";
 
 /** A CLI command module: `commands/<name>.ts` exports `register(program)`. */
 export interface CommandModule {
@@ -11,10 +26,18 @@ export interface CommandModule {
 }
 
 /**
- * The `gym-ckpt` program. Every command lives in its own file under `commands/`; this loads them all,
- * so adding a command never edits this file.
+ * Every command, one file each under `commands/`, in the order help lists them. Imported statically
+ * so that the build bundles them into the binary (deploy/bundle-entries.mjs); a test checks that
+ * every file there is listed.
  */
-export async function buildProgram(): Promise<Command> {
+export const COMMANDS: readonly CommandModule[] = [
+  attachCommand, checkpointCommand, collectCommand, commitCommand, coordinatorCommand, demoCommand,
+  forgetCommand, gymCommand, lsCommand, prepareCommand, publishCommand, renewCommand,
+  restoreCommand, resumeCommand, retireCommand, seedsCommand, statusCommand, verifyCommand,
+];
+
+/** The `gym-ckpt` program. */
+export function buildProgram(): Command {
   const program = new Command("gym-ckpt")
     .description("Distributed checkpoint coordinator for Gym-style RL rollout servers, over NATS")
     .version(`0.1.0 (protocol v${PROTOCOL_VERSION})`)
@@ -22,21 +45,14 @@ export async function buildProgram(): Promise<Command> {
     // Bad usage is `invalid_request` with exit 2, like every other usage error (docs/api.md).
     .exitOverride()
     .configureOutput({ outputError: (text, write) => write(`error invalid_request: ${text.replace(/^error: /, "")}`) });
-  const dir = join(dirname(fileURLToPath(import.meta.url)), "commands");
-  const files = readdirSync(dir)
-    .filter((f) => (f.endsWith(".js") || f.endsWith(".ts")) && !f.endsWith(".d.ts") && !f.startsWith("_"))
-    .sort();
-  for (const file of files) {
-    const mod = (await import(pathToFileURL(join(dir, file)).href)) as Partial<CommandModule>;
-    if (typeof mod.register === "function") mod.register(program);
-  }
+  for (const command of COMMANDS) command.register(program);
   return program;
 }
 
 /** Runs the command `argv` names (process.argv's shape). */
 export async function runProgram(argv: string[]): Promise<void> {
   dropOutputOfGoneReaders();
-  const program = await buildProgram();
+  const program = buildProgram();
   try {
     await program.parseAsync(argv);
   } catch (error) {
