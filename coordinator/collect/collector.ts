@@ -39,6 +39,7 @@ import { RowQueue } from "./row-queue.js";
 import type { TaskRow } from "./task-rows.js";
 import { MAX_RUN_REPLY_BYTES, parseRunReply, type RunReply } from "./run-reply.js";
 import { RunTimeouts } from "./run-timeouts.js";
+import { DEFAULT_RETRY_PAUSES, type RetryPauses } from "./retry-pauses.js";
 
 /** The controller ops the collector needs; the NATS client and the in-process engine both fit. */
 export interface CollectorController {
@@ -79,6 +80,8 @@ export interface CollectorOptions {
   logger: Logger;
   /** Also write finished rows as rollout records (asks `/run` for its trajectory). */
   records?: RolloutRecordsOptions;
+  /** Pauses before sending again (default DEFAULT_RETRY_PAUSES); tests shorten them. */
+  retryPauses?: Partial<RetryPauses>;
   /** Test-only fault injection (the CLI maps GYM_CKPT_TEST_CRASH_AT=after-restore onto it). */
   hooks?: { afterRestore?: () => void | Promise<void> };
 }
@@ -119,7 +122,6 @@ interface RowState {
   fencedSkips: number;
 }
 
-const RETIRE_RETRY_S = 1;
 /** Fenced attempts (`stale_attempt`) a row may skip before such a refusal counts as a failed attempt. */
 const MAX_FENCED_SKIPS = 3;
 
@@ -176,14 +178,17 @@ export class Collector {
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
+  private readonly pauses: RetryPauses;
 
   constructor(private readonly options: CollectorOptions) {
+    this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
     this.ownOps = new OwnCheckpointOps({
       controller: options.controller,
       logger: options.logger,
       lock: this.lock,
       deadline: () => this.deadline(),
       stopping: () => this.stopping,
+      pauses: this.pauses,
     });
     // A step's rows are in --out (appended before their records are buffered): on disk before the
     // step is, or a power loss could keep the records and lose the rows, which would run again.
@@ -763,7 +768,7 @@ export class Collector {
         this.retireRetry = setTimeout(() => {
           this.retireRetry = undefined;
           this.flushRetires();
-        }, RETIRE_RETRY_S * 1000);
+        }, this.pauses.retireS * 1000);
       }
     });
   }

@@ -3,6 +3,7 @@ import { CheckpointError, type CtlReplyOf, type CtlRequestInputOf, type EpisodeI
 import type { AsyncLock } from "../engine/async-lock.js";
 import { COLLECTION_STATE_FILE } from "./collection-state.js";
 import { delay } from "./delay.js";
+import type { RetryPauses } from "./retry-pauses.js";
 
 /** Tries of a controller op whose outcome is unknown before it counts as failed (see resent). */
 const RESEND_TRIES = 3;
@@ -12,9 +13,6 @@ const RESEND_TRIES = 3;
  * failover mid-op: the successor re-drives it, and the retry gets the original reply).
  */
 export const RESENT_CODES: ReadonlySet<string> = new Set(["deadline_exceeded", "outcome_unknown", "not_leader"]);
-const RESEND_PAUSE_S = 1;
-/** Seconds between rounds of resends of the resumes still unanswered (see unresumed). */
-const UNRESUMED_RETRY_S = 5;
 
 /** The controller ops sent here; the collector's controller fits. */
 export interface OwnCheckpointController {
@@ -34,6 +32,7 @@ export interface OwnCheckpointOpsOptions {
   deadline: () => number;
   /** The collection is stopping: no background round of resends is started any more. */
   stopping: () => boolean;
+  pauses: RetryPauses;
 }
 
 /**
@@ -44,7 +43,7 @@ export class OwnCheckpointOps {
   /**
    * Our checkpoints whose resume never got an answer (no leader through every try): a successor
    * keeps a published checkpoint open for exactly this resume, so it is sent again every
-   * UNRESUMED_RETRY_S and before the next prepare (which that open checkpoint would refuse) rather
+   * `pauses.unresumedS` and before the next prepare (which that open checkpoint would refuse) rather
    * than leaving the Gym parked until the participants' lease expires: no next checkpoint may come.
    */
   private readonly unresumed = new Set<string>();
@@ -65,7 +64,7 @@ export class OwnCheckpointOps {
     clearTimeout(this.unresumedRetry);
   }
 
-  /** A resume of `checkpointId` may be lost: sent again every UNRESUMED_RETRY_S and before the next prepare. */
+  /** A resume of `checkpointId` may be lost: sent again every `pauses.unresumedS` and before the next prepare. */
   rememberUnresumed(checkpointId: string): void {
     this.unresumed.add(checkpointId);
     this.retryUnresumedLater();
@@ -95,7 +94,7 @@ export class OwnCheckpointOps {
     for (const id of [...this.unresumed]) await this.resumeOwn(id, this.options.logger.child({ checkpoint_id: id }), tries);
   }
 
-  /** While a resume is unanswered, another round of resends is due in UNRESUMED_RETRY_S (not once stopping or ended). */
+  /** While a resume is unanswered, another round of resends is due in `pauses.unresumedS` (not once stopping or ended). */
   private retryUnresumedLater(): void {
     if (this.unresumedRetry || this.unresumed.size === 0 || this.options.stopping() || this.ended) return;
     this.unresumedRetry = setTimeout(() => {
@@ -105,7 +104,7 @@ export class OwnCheckpointOps {
       void this.options.lock
         .run(() => this.resumeUnresumed(1))
         .finally(() => this.retryUnresumedLater());
-    }, UNRESUMED_RETRY_S * 1000);
+    }, this.options.pauses.unresumedS * 1000);
     this.unresumedRetry.unref();
   }
 
@@ -137,7 +136,7 @@ export class OwnCheckpointOps {
         const code = error instanceof CheckpointError ? error.code : undefined;
         if (tries >= maxTries || code === undefined || !RESENT_CODES.has(code)) throw error;
         this.options.logger.warn({ ...(checkpointId !== undefined && { checkpoint_id: checkpointId }), code, tries }, `${what} did not answer for sure; sending it again`);
-        await delay(RESEND_PAUSE_S);
+        await delay(this.options.pauses.resendS);
       }
     }
   }
@@ -161,7 +160,7 @@ export class OwnCheckpointOps {
       lost = error;
     }
     for (let tries = 1; tries < RESEND_TRIES; tries++) {
-      await delay(RESEND_PAUSE_S);
+      await delay(this.options.pauses.resendS);
       // Unread (no leader serves yet): asked again after the next pause.
       const open = await this.options.controller.status().then(
         (status) => status.checkpoint,

@@ -8,6 +8,7 @@ import { Collector, type CollectorController, type CollectorOptions } from "../.
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { ProgressReporter } from "../../../coordinator/collect/progress-reporter.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
+import { DEFAULT_RETRY_PAUSES } from "../../../coordinator/collect/retry-pauses.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { dispatchController } from "../../../coordinator/api/controller-dispatch.js";
 import { CheckpointError, canonicalDigest, sha256Hex, type ControllerOp, type CtlReplyOf, type EpisodeId } from "../../../protocol/index.js";
@@ -183,8 +184,11 @@ const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map(
 
 const logger = pino({ level: "silent" });
 
+/** The pauses before sending again, a tenth of the defaults' (the order of events, not their pace, is under test). */
+const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1 };
+
 function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
-  return collectorIn(dir, runUrl, controller, { logger, ...options });
+  return collectorIn(dir, runUrl, controller, { logger, retryPauses: SHORT_PAUSES, ...options });
 }
 
 /**
@@ -788,7 +792,8 @@ describe("collector", () => {
         throw new CheckpointError("unreachable", "no participant answered");
       },
     });
-    const collector = collectorFor(controller, url, { maxAttempts: 3, runTimeoutSeconds: 1.5 });
+    // The default retire pause (1 s): how many tries fit in the run timeout is under test.
+    const collector = collectorFor(controller, url, { maxAttempts: 3, runTimeoutSeconds: 1.5, retryPauses: DEFAULT_RETRY_PAUSES });
     await collector.start();
     expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
     expect(retires).toBeGreaterThanOrEqual(2);

@@ -1,0 +1,11 @@
+/** The collector's pauses before it sends something again, in seconds (tests shorten them). */
+export interface RetryPauses {
+  /** Between two tries of a controller op whose outcome is unknown. */
+  resendS: number;
+  /** Between two rounds of resends of our resumes still unanswered after every try. */
+  unresumedS: number;
+  /** Before the retires that failed are sent again. */
+  retireS: number;
+}
+
+export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1 };
