@@ -10,36 +10,85 @@ import { build } from "esbuild";
 
 const dist = join(dirname(fileURLToPath(import.meta.url)), "..", "dist");
 
-/** dist's main.js files, the benchmarks' aside (they are run from dist as they are). */
-async function entries() {
-  const found = [];
+/**
+ * The CLI's entry stays as tsc wrote it. Node parses a whole file before running its first line,
+ * ~0.3 s for a bundle, and this entry must install its SIGUSR1 and SIGTERM listeners first thing
+ * (coordinator/cli/main.ts). The program it then imports is bundled in its place.
+ */
+const CLI_ENTRY = join(dist, "coordinator", "cli", "main.js");
+const CLI_PROGRAM = join(dist, "coordinator", "cli", "program.js");
+
+/** What to bundle: dist's main.js files but the CLI's, and the CLI's program (the benchmarks run from dist as they are). */
+async function targets() {
+  const found = [CLI_PROGRAM];
   for (const top of ["coordinator", "participants"]) {
     for (const path of await readdir(join(dist, top), { recursive: true })) {
-      if (path === "main.js" || path.endsWith(`${sep}main.js`)) found.push(join(dist, top, path));
+      const file = join(dist, top, path);
+      if ((path === "main.js" || path.endsWith(`${sep}main.js`)) && file !== CLI_ENTRY) found.push(file);
     }
   }
   return found.sort();
 }
 
 /**
- * Each bundled module keeps its own location: `import.meta.url`, and a CommonJS package's
- * `__filename` and `__dirname`, become its original file's, relative to the bundle's URL (a bundle
- * has one URL for all its modules). Code finds the files beside it that way: the Gym's entries, the
- * `--import` preloads, a package's own data. Relative, so dist can still be moved as a whole.
+ * The modules `entry` imports statically, itself included: a bundle its entry loads must leave them
+ * out and import them from dist, so that the process has one instance of each (the CLI's entry and
+ * `collect` share the signals it kept while the program loaded).
  */
-const OWN_LOCATION = /import\.meta\.url|(?<![\w$.])__(?:filename|dirname)(?![\w$])/g;
+async function staticGraph(entry, dynamicTarget) {
+  const result = await build({
+    entryPoints: [entry],
+    bundle: true,
+    write: false,
+    metafile: true,
+    platform: "node",
+    format: "esm",
+    logLevel: "error",
+    plugins: [{ name: "stop-at-dynamic-target", setup: (b) => b.onResolve({ filter: /./ }, (args) => (join(args.resolveDir, args.path) === dynamicTarget ? { path: args.path, external: true } : undefined)) }],
+  });
+  return new Set(Object.keys(result.metafile.inputs).map((input) => join(process.cwd(), input)));
+}
 
-function ownLocation(entry) {
+/** Imports of `shared` modules stay imports, of the same files, from wherever the bundle is. */
+function leaveOut(shared, bundle) {
+  return {
+    name: "leave-out-shared",
+    setup(b) {
+      b.onResolve({ filter: /^\.\.?\// }, (args) => {
+        const file = join(args.resolveDir, args.path);
+        if (!shared.has(file)) return undefined;
+        const path = relative(dirname(bundle), file).split(sep).join("/");
+        return { path: path.startsWith(".") ? path : `./${path}`, external: true };
+      });
+    },
+  };
+}
+
+/**
+ * Each bundled module keeps its own location, relative to the bundle's URL (a bundle has one URL
+ * for all its modules): code finds the files beside it that way (the Gym's entries, the `--import`
+ * preloads, a package's own data). Our modules' `import.meta.url` is rewritten (tsc's output, which
+ * uses it only as an expression); a CommonJS package gets its own `__filename` and `__dirname` as
+ * variables of its module scope, so nothing in the package's text is rewritten. Through the banner's
+ * `__bundleUrl`: `import.meta` itself would make esbuild take a CommonJS file for an ES module.
+ */
+function ownLocation(bundle) {
   return {
     name: "own-location",
     setup(b) {
       b.onLoad({ filter: /\.[cm]?js$/ }, async (args) => {
         const text = await readFile(args.path, "utf8");
-        if (text.search(OWN_LOCATION) < 0) return undefined;
-        // Through the banner's __bundleUrl: `import.meta` itself would make esbuild take a CommonJS file for an ES module.
-        const url = `new URL(${JSON.stringify(relative(dirname(entry), args.path).split(sep).join("/"))}, __bundleUrl)`;
-        const own = { "import.meta.url": `${url}.href`, __filename: `__bundlePath(${url})`, __dirname: `__bundleDirname(__bundlePath(${url}))` };
-        return { contents: text.replace(OWN_LOCATION, (name) => own[name]), loader: "js", resolveDir: dirname(args.path) };
+        const ours = !args.path.split(sep).includes("node_modules");
+        const url = `new URL(${JSON.stringify(relative(dirname(bundle), args.path).split(sep).join("/"))}, __bundleUrl)`;
+        if (ours && text.includes("import.meta.url")) {
+          return { contents: text.replace(/\bimport\.meta\.url\b/g, `${url}.href`), loader: "js", resolveDir: dirname(args.path) };
+        }
+        if (!ours && /\b__(?:filename|dirname)\b/.test(text)) {
+          // On the first line: the package's own source map stays right past it.
+          const own = `var __filename = __bundlePath(${url}), __dirname = __bundleDirname(__filename);`;
+          return { contents: `${own}${text}`, loader: "js", resolveDir: dirname(args.path) };
+        }
+        return undefined;
       });
     },
   };
@@ -54,19 +103,20 @@ const BANNER = [
   "const require = __bundleRequire(__bundleUrl);",
 ].join(" ");
 
-for (const entry of await entries()) {
+const cliShared = await staticGraph(CLI_ENTRY, CLI_PROGRAM);
+for (const target of await targets()) {
   await build({
-    entryPoints: [entry],
-    outfile: entry,
+    entryPoints: [target],
+    outfile: target,
     allowOverwrite: true,
     bundle: true,
     platform: "node",
     target: "node20",
     format: "esm",
     banner: { js: BANNER },
-    plugins: [ownLocation(entry)],
+    plugins: [...(target === CLI_PROGRAM ? [leaveOut(cliShared, target)] : []), ownLocation(target)],
     sourcemap: "linked",
     sourcesContent: false,
-    logLevel: "error",
+    logLevel: "warning",
   });
 }

@@ -5,8 +5,8 @@
  * of milliseconds; until a SIGUSR1 listener exists, Node's default action opens the V8 inspector
  * on 127.0.0.1:9229, where any local user could run code in a process that holds a controller
  * token. So the listener comes first, importing nothing but a module with no imports, and the
- * program loads after it. The build bundles this file with the program (deploy/bundle-entries.mjs);
- * the bundle keeps the order, initialising the program's modules only at the dynamic import.
+ * program loads after it. The build bundles the program, not this file (deploy/bundle-entries.mjs):
+ * Node parses a whole file before running its first line, and a bundle takes ~0.3 s.
  */
 import { listenForCheckpointSignals } from "../collect/checkpoint-requests.js";
 import { listenForEndingSignals } from "../collect/ending-signals.js";

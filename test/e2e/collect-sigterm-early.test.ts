@@ -59,7 +59,7 @@ describe("collect: a signal before its handlers", () => {
     try {
       const out: string[] = [];
       const collector = await startCollector(w, [], out, paused.env);
-      await w.waitFor(() => paused.reached(), "the collector loading its first package");
+      await w.waitFor(() => paused.reached(), "the collector loading its program");
       collector.child.kill("SIGTERM");
       await paused.release();
       await expectRequeuedUnstarted(w, collector, out);

@@ -11,7 +11,8 @@ describe("the gym-ckpt program's commands", () => {
   it("lists every file under commands/, once", async () => {
     expect(files.length).toBeGreaterThan(10);
     for (const file of files) {
-      const mod: unknown = await import(`../../../coordinator/cli/commands/${file.replace(/\.ts$/, ".js")}`);
+      const name = file.replace(/\.ts$/, "");
+      const mod: unknown = await import(/* @vite-ignore */ `../../../coordinator/cli/commands/${name}.js`);
       expect(COMMANDS.filter((c) => c === mod), `${file} is missing from COMMANDS in program.ts`).toHaveLength(1);
     }
     expect(COMMANDS).toHaveLength(files.length);
