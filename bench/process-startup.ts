@@ -3,8 +3,8 @@ import { readFileSync, rmSync } from "node:fs";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { BENCHMARKS_DOC, machine, percentile, writeSection } from "./bench-report.js";
+import { join } from "node:path";
+import { machine, percentile, repoRoot, writeSection } from "./bench-report.js";
 
 /**
  * Process start-up: the entries the build ships, bundled (deploy/bundle-entries.mjs), against
@@ -12,7 +12,7 @@ import { BENCHMARKS_DOC, machine, percentile, writeSection } from "./bench-repor
  * alternating. Measured: wall time of the whole process, and the CPU it spent (user + system, as
  * the process reports it on exit through a preloaded hook, the same for both).
  */
-const ROOT = dirname(dirname(BENCHMARKS_DOC));
+const ROOT = repoRoot();
 /** Inside the repository, so that tsc's output finds node_modules; .tmp/ is gitignored. */
 const UNBUNDLED = join(ROOT, ".tmp", "startup-bench-unbundled");
 
