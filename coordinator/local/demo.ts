@@ -71,7 +71,11 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     if (signal?.aborted) throw aborted();
     // One inherited Prometheus port would make every demo process bind the same one. Each program
     // stops once the demo is gone, even SIGKILLed (when the clean-up below never runs).
-    const pending = startChildProgram(script, args, { ...opts, exitWithParent: true, env: { ...opts?.env, OTEL_EXPORTER_PROMETHEUS_PORT: undefined } });
+    // The token travels in the environment, as docs/operations.md asks of every deployment: any
+    // local user can read a command line (/proc/<pid>/cmdline). One token serves participants and
+    // controllers alike; a controller token inherited from the shell would not match the daemon's.
+    const env = { ...opts?.env, OTEL_EXPORTER_PROMETHEUS_PORT: undefined, GYM_CKPT_TOKEN: token, GYM_CKPT_CONTROLLER_TOKEN: undefined };
+    const pending = startChildProgram(script, args, { ...opts, exitWithParent: true, env });
     starting.add(pending);
     try {
       const child = await pending;
@@ -91,7 +95,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     natsStart = NatsServerProcess.start({ exitWithParent: true });
     nats = await natsStart;
     say(`nats-server (JetStream) on ${nats.url}`);
-    const common = ["--nats-url", nats.url, "--deployment", DEPLOYMENT, "--token", token];
+    const common = ["--nats-url", nats.url, "--deployment", DEPLOYMENT];
 
     await launch(cli, ["coordinator", ...common, "--checkpoint-root", root, "--lease-ms", "1000", "--no-http", "--log-level", "warn"], {
         onLine: (line) => say(`  coordinator: ${line}`),
@@ -100,7 +104,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
 
     const backend = await launch(
       participantEntry("gym/policy-backend/main"),
-      ["--nats", nats.url, "--deployment", DEPLOYMENT, "--instance", "policy_backend", "--token", token, "--port", "0", "--token-delay-ms", String(options.tokenDelayMs)],
+      ["--nats", nats.url, "--deployment", DEPLOYMENT, "--instance", "policy_backend", "--port", "0", "--token-delay-ms", String(options.tokenDelayMs)],
       { waitReady: true, env: ignoreSigusr1Env() },
     );
     const backendUrl = String(backend.ready!.url);
@@ -109,7 +113,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     const startGym = async () => {
       const gym = await launch(
         participantEntry("gym/main"),
-        ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--token", token, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl],
+        ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl],
         // TMPDIR = the work directory: the model attach proxy's default capture ledger
         // (<tmp>/gym-ckpt-ledger-<uid>/<deployment>/<instance>) would otherwise be shared by every demo
         // (same deployment, same capture keys demo-001…) and outlive it.

@@ -4,12 +4,16 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { ProcessGroup } from "../../coordinator/local/process-group.js";
+import { descendants } from "../support/process-tree.js";
 
 /**
  * `gym-ckpt demo --checkpoint-every S` with S longer than the run: no timer checkpoint is published
  * before the crash point, and the demo's own SIGUSR1 checkpoint is the one it crashes after
  * (docs/collect.md, "The demo"). It used to wait for a timer checkpoint first, so the collection
  * finished every row and the demo failed.
+ *
+ * Its processes are also looked at while it runs: the token must not be on any command line, where
+ * any local user can read it (docs/operations.md).
  */
 const groups: ProcessGroup[] = [];
 const scratches: string[] = [];
@@ -29,11 +33,22 @@ describe("gym-ckpt demo --checkpoint-every", () => {
     });
     groups.push(new ProcessGroup(demo.pid!));
     let output = "";
-    demo.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()));
+    // Each line the demo prints is a moment to look at its processes' command lines.
+    const commandLines = new Set<string>();
+    demo.stdout!.on("data", (chunk: Buffer) => {
+      output += chunk.toString();
+      for (const { cmdline } of descendants(demo.pid!)) commandLines.add(cmdline);
+    });
     demo.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()));
     const { code } = await new Promise<{ code: number | null }>((resolve) => demo.once("exit", (code) => resolve({ code })));
     expect(output).toMatch(/now SIGKILL the collector/);
     expect(output).toMatch(/demo passed/);
     expect(code).toBe(0);
+    const seen = [...commandLines];
+    // Seen: the daemon, the collector and the Gym's servers (so the check below looked at them).
+    expect(seen.some((line) => / coordinator /.test(line))).toBe(true);
+    expect(seen.some((line) => / collect /.test(line))).toBe(true);
+    expect(seen.some((line) => /environment-server|gym\/environment/.test(line))).toBe(true);
+    expect(seen.filter((line) => /--token(\s|=|$)/.test(line))).toEqual([]);
   }, 240_000);
 });
