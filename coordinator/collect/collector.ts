@@ -461,6 +461,12 @@ export class Collector {
     const { manifest } = await this.ownOps.resent("start-up get", latest, () => this.options.controller.get(latest));
     const ref = manifest.controller_state;
     if (!ref || !("file" in ref)) return undefined;
+    // Another controller's state file (`gym-ckpt checkpoint --state-file`, a trainer's): LATEST is
+    // not a collection's, so nothing continues from it, as for another run's.
+    if (ref.file !== COLLECTION_STATE_FILE) {
+      this.options.logger.info({ latest, state_file: ref.file }, "LATEST holds another controller's state; restoring nothing");
+      return undefined;
+    }
     // As publication hashed it: a regular file in the checkpoint, no link out of it, bounded.
     const path = join(this.options.checkpointDir, latest, ref.file);
     const bytes = await readRegularFileBytes(path, { maxBytes: MAX_CONTROLLER_STATE_FILE_BYTES, noFollow: true }).catch((error: unknown) => {

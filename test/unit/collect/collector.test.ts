@@ -1547,6 +1547,25 @@ describe("collector --checkpoint-dir", () => {
     await expect(collectorFor(fake.controller, url, { checkpointDir: mine }).start()).rejects.toMatchObject(refusal);
   });
 
+  it("LATEST holding another controller's state file (gym-ckpt checkpoint --state-file): nothing is restored and the rows run, as for another run's LATEST", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    const id = "ckpt-20240101T000000-aaaaaaaa";
+    await mkdir(join(dir, id), { recursive: true });
+    const text = '{"step":5}\n';
+    await writeFile(join(dir, id, "state.json"), text);
+    state.latest = id;
+    state.published[id] = { file: "state.json", sha256: sha256Hex(text) };
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(restores(calls)).toEqual([]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    // a@0 was in flight when run-1 died: it starts over from input as attempt 1.
+    expect(sent).toEqual([1]);
+  });
+
   it("LATEST without its collection.json: start is refused invalid_checkpoint_state, not a raw ENOENT", async () => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const { controller, calls, state } = fakeController();
