@@ -1071,7 +1071,7 @@ export class CheckpointEngine {
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
-      if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
+      this.refuseNoParticipants(members);
       await this.warnLatestMembersMissing(members);
       open = this.opening(id, "preparing", members, { autoPublish, controllerState });
       this.assertJournalable({ ...open, dir: this.options.catalog.dirFor(id), scope: commitScope }, "open");
@@ -1175,6 +1175,14 @@ export class CheckpointEngine {
       trashCheckpointDir(this.options.catalog.root, id, PARTICIPANTS_DIR);
       this.checkpointLog(id).warn("earlier_attempt_participant_files_removed");
     }
+  }
+
+  /**
+   * An op with nobody to send to is `not_found`, unless participants are expected: then each one
+   * the registry lacks fails its stage as `unreachable`, as when others are registered.
+   */
+  private refuseNoParticipants(members: readonly ParticipantRef[]): void {
+    if (members.length === 0 && !this.options.expected?.length) throw new CheckpointError("not_found", "no participants in the membership registry");
   }
 
   /** The expected participants (config `expected_participants`) that `members` lacks. */
@@ -2083,7 +2091,7 @@ export class CheckpointEngine {
     }
     const epoch = this.options.leadership.epoch();
     const members = open ? open.members : await this.options.membership.list();
-    if (members.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
+    this.refuseNoParticipants(members);
     return { checkpointId: open ? open.id : requestedId, members, epoch, deadlineMs, restored: open !== undefined };
   }
 

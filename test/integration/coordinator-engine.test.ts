@@ -561,6 +561,26 @@ describe("expected_participants: a live participant missing from the membership 
     }
   });
 
+  it("with none registered, every expected one is an unreachable blocker (not not_found): checkpoint, prepare, retire and forget", async () => {
+    const w = await startWorld();
+    try {
+      await (await w.startCoordinator({ expected_participants: ["environment/env1", "model/policy"] })).whenReady();
+      const error = await refusal(w.client.checkpoint({ checkpoint_id: "none-1" }));
+      expect(error.code).toBe("prepare_incomplete");
+      expect(error.message).toContain("environment/env1: unreachable");
+      expect((await w.client.list()).latest).toBeNull();
+      const reply = await w.client.prepare({ checkpoint_id: "none-2" });
+      expect(reply.prepared).toBe(false);
+      expect(reply.stopped_at).toEqual(["environment"]);
+      expect(reply.blockers).toEqual([{ kind: "environment", instance: "env1", blockers: [], blocker_count: 0, code: "unreachable" }]);
+      await w.client.resume({ checkpoint_id: "none-2" });
+      expect((await refusal(w.client.retire({ episode_ids: [episode] }))).message).toContain("environment/env1: unreachable");
+      expect((await refusal(w.client.forget({ rollout_ids: [episode.rollout_id] }))).message).toContain("environment/env1: unreachable");
+    } finally {
+      await w.close();
+    }
+  });
+
   it("is left out when nothing is expected (the registry alone decides)", async () => {
     const w = await worldWith(undefined);
     try {
