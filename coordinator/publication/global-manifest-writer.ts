@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { createReadStream, lstatSync, renameSync, statSync } from "node:fs";
 import { mkdir, rm, rmdir } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import {
   CheckpointError,
   GLOBAL_MANIFEST_FILE,
@@ -419,7 +419,9 @@ export class GlobalManifestWriter {
     } catch (error) {
       // It is there but the storage refuses its read (EACCES, EIO): storage_error, not "put it there and retry".
       if (error instanceof CheckpointError || isUnreadableStorage(error)) throw error;
-      throw new CheckpointError("not_found", `controller state file ${input.file} is not in the checkpoint directory`, { cause: error });
+      // Named with the id (generated when the op named none) and where it is looked for, so the
+      // controller can put it there and send the op again under that id.
+      throw new CheckpointError("not_found", `controller state file ${input.file} is not in checkpoint ${basename(dir)}'s directory: ${join(dir, input.file)} does not exist; write it there and retry with that checkpoint id`, { cause: error });
     }
     if (input.sha256 !== undefined && input.sha256 !== digest) {
       throw new CheckpointError("invalid_checkpoint_state", `controller state file ${input.file} has sha256 ${digest}, not ${input.sha256}`);

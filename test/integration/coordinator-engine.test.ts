@@ -214,7 +214,13 @@ describe("coordinator over a real nats-server with participants of all four kind
     const state = '{"trainer_step":7}\n';
     const monitor = monitorPhaseMessages(world.pnc, world.deployment);
     await world.pnc.flush();
-    expect(await refusal(world.client.checkpoint({ checkpoint_id: "state-file-1", controller_state: { file: "trainer.json" } }))).toMatchObject({ code: "not_found" });
+    expect(await refusal(world.client.checkpoint({ checkpoint_id: "state-file-1", controller_state: { file: "trainer.json" } }))).toMatchObject({
+      code: "not_found",
+      // the id and the path, so the controller knows where to put it and which id to retry
+      message: expect.stringContaining(`checkpoint state-file-1's directory: ${join(world.root, "state-file-1", "trainer.json")} does not exist`),
+    });
+    // An op naming no id gets one generated: the refusal names it.
+    expect((await refusal(world.client.checkpoint({ controller_state: { file: "trainer.json" } }))).message).toMatch(/is not in checkpoint ckpt-\S+'s directory/);
     await mkdir(join(world.root, "state-file-1"), { recursive: true });
     await writeFile(join(world.root, "state-file-1", "trainer.json"), state);
     const other = createHash("sha256").update("something else").digest("hex");
