@@ -34,6 +34,17 @@ describe("collect exit paths", () => {
     await w.backend.release();
   });
 
+  it("a --checkpoint-dir that is not the coordinator's root: refused (exit 2) and the directories the start made for it are gone", { timeout: 60_000 }, async () => {
+    const w = await setUp(1);
+    await w.client.checkpoint({ checkpoint_id: "elsewhere-1", episode_ids: [] });
+    const out: string[] = [];
+    // The last --checkpoint-dir counts: two levels that do not exist yet.
+    const collector = await startCollector(w, ["--checkpoint-dir", join(w.root, "other", "deeper")], out);
+    expect(await collector.exited, out.join("\n")).toEqual({ code: 2, signal: null });
+    expect(out.join("\n")).toContain("elsewhere-1");
+    expect(existsSync(join(w.root, "other"))).toBe(false);
+  });
+
   it("a second SIGTERM during the stop checkpoint is ignored, and a Ctrl-C then still removes collector.pid", { timeout: 60_000 }, async () => {
     const w = await setUp(2);
     await w.backend.hold(0);

@@ -1,5 +1,5 @@
 import { constants } from "node:fs";
-import { open, stat, unlink } from "node:fs/promises";
+import { open, rmdir, stat, unlink } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
@@ -137,7 +137,7 @@ export function register(program: Command): void {
       if (!rows.length) throw new CheckpointError("invalid_request", `--tasks ${flags.tasks} has no rows`);
       const checkpointDir = resolve(flags.checkpointDir);
       requeueIfSigterm();
-      await ensureCheckpointDir(checkpointDir);
+      const createdDir = await ensureCheckpointDir(checkpointDir);
       requeueIfSigterm();
       // One collector per checkpoint root, before anything in it is read or written.
       const lock = await acquireCollectorLock(checkpointDir);
@@ -148,8 +148,12 @@ export function register(program: Command): void {
       let nc: NatsConnection | undefined;
       // Every way out (a refusal at start-up, a failed run, the summary) lets go of the lock, the
       // NATS connection (it reconnects forever and would keep the process alive) and telemetry.
+      let started = false;
       const release = async () => {
         await lock.release().catch(() => undefined);
+        // A start refused before it wrote anything (a --checkpoint-dir that is not the coordinator's
+        // root, say) leaves no directory behind it made: only empty ones go.
+        if (createdDir !== undefined && !started) await removeEmptyDirectories(checkpointDir, createdDir);
         await nc?.close().catch(() => undefined);
         await telemetry?.shutdown().catch(() => undefined);
       };
@@ -276,6 +280,7 @@ export function register(program: Command): void {
         const running = collector;
         const log = logger;
         await running.start();
+        started = true;
         startedUp();
         // Only now: a checkpoint taken mid-restore would race it. Not once a signal to leave came
         // (one remembered from start-up included): the stop checkpoint goes instead, or none.
@@ -324,9 +329,10 @@ export function register(program: Command): void {
 /**
  * `--checkpoint-dir` is an existing directory or one that can be created; anything else is a bad
  * flag. A stat or mkdir the storage refuses (EIO, EACCES, a stale handle) is thrown as it is,
- * storage_error (exit 1), as for `--out`: the mount needs fixing, not the path.
+ * storage_error (exit 1), as for `--out`: the mount needs fixing, not the path. Returns the first
+ * directory it created, if any.
  */
-async function ensureCheckpointDir(path: string): Promise<void> {
+async function ensureCheckpointDir(path: string): Promise<string | undefined> {
   const info = await stat(path).catch((error: NodeJS.ErrnoException) => {
     // Absent, or under a file (ENOTDIR): creating it says which.
     if (error.code === "ENOENT" || error.code === "ENOTDIR") return undefined;
@@ -334,11 +340,18 @@ async function ensureCheckpointDir(path: string): Promise<void> {
     throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} is not accessible (${error.code ?? String(error)})`);
   });
   if (info && !info.isDirectory()) throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} is not a directory`);
-  if (info) return;
-  await makeDirectories(path).catch((error: NodeJS.ErrnoException) => {
+  if (info) return undefined;
+  return makeDirectories(path).catch((error: NodeJS.ErrnoException) => {
     if (isUnreadableStorage(error)) throw error;
     throw new CheckpointError("invalid_request", `--checkpoint-dir ${path} cannot be created (${error.code ?? String(error)})`);
   });
+}
+
+/** Removes `path`, then its parents up to `top`, each only while it is empty; stops at the first that is not. */
+async function removeEmptyDirectories(path: string, top: string): Promise<void> {
+  for (let dir = path; ; dir = dirname(dir)) {
+    if (!(await rmdir(dir).then(() => true, () => false)) || dir === top || dirname(dir) === dir) return;
+  }
 }
 
 /**
