@@ -131,10 +131,10 @@ export async function scanRecords(
     try {
       value = JSON.parse(line);
     } catch (error) {
-      throw bad(`${label}: record ${count} is not JSON`, error);
+      throw bad(`${label}: line ${count + 1} is not JSON`, error);
     }
     const parsed = RecordBaseSchema.safeParse(value);
-    if (!parsed.success) throw bad(`${label}: record ${count} has no valid episode_id: ${describeZodError(parsed.error)}`);
+    if (!parsed.success) throw bad(`${label}: line ${count + 1} has no valid episode_id: ${describeZodError(parsed.error)}`);
     onRecord?.(parsed.data);
     count++;
   };
@@ -146,7 +146,7 @@ export async function scanRecords(
       bytes += chunk.byteLength;
       for (const line of splitter.push(chunk)) check(line.bytes.toString("utf8", 0, line.bytes.length - 1));
       // Damage that is one endless line is refused as soon as no record could be that long, not held whole first.
-      if (splitter.pendingBytes > maxLineBytes) throw bad(`${label}: record ${count} is longer than any record can be (over ${maxLineBytes} bytes without a newline)`);
+      if (splitter.pendingBytes > maxLineBytes) throw bad(`${label}: line ${count + 1} is longer than any record can be (over ${maxLineBytes} bytes without a newline)`);
     }
     // Inside the try: a last line too long for a string is damage, like any other unreadable line.
     const last = splitter.end();

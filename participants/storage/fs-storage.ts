@@ -263,10 +263,10 @@ export class FsCheckpointStorage implements CheckpointStorage {
       try {
         value = JSON.parse(line);
       } catch (error) {
-        throw corrupt(`record ${index} is not JSON`, error);
+        throw corrupt(`line ${index + 1} is not JSON`, error);
       }
       const parsed = schema.safeParse(value);
-      if (!parsed.success) throw corrupt(`record ${index} is invalid: ${describeZodError(parsed.error)}`);
+      if (!parsed.success) throw corrupt(`line ${index + 1} is invalid: ${describeZodError(parsed.error)}`);
       if (keep(parsed.data)) records.push(parsed.data);
     });
     if (digest !== manifest.records_sha256) throw corrupt(`records digest ${digest} does not match the manifest's ${manifest.records_sha256}`);
@@ -344,7 +344,7 @@ export async function scanRecordLines(
       for (const line of splitter.push(chunk)) onLine(text(line), count++);
       // Damage that is one endless line (no newline for GBs) is refused as soon as no record could
       // be that long, not held whole in memory first.
-      if (splitter.pendingBytes > maxLineBytes) throw corrupt(`${path}: record ${count} is longer than any record can be (over ${maxLineBytes} bytes without a newline)`);
+      if (splitter.pendingBytes > maxLineBytes) throw corrupt(`${path}: line ${count + 1} is longer than any record can be (over ${maxLineBytes} bytes without a newline)`);
     }
     const last = splitter.end();
     if (last) onLine(text(last), count++);

@@ -60,7 +60,7 @@ describe("gym-ckpt verify of a damaged checkpoint", () => {
   it("records truncated, extended, or a line changed with the count kept: invalid_checkpoint_state naming the participant", { timeout: 30_000 }, async () => {
     const cases: [string, (root: string, dir: string) => Promise<void>, RegExp][] = [
       ["a whole line cut", async (_r, d) => rewrite(await recordsOf(d), (t) => t.split("\n").slice(0, 2).join("\n") + "\n"), /model\/policy: records digest [0-9a-f]{64} does not match [0-9a-f]{64}/],
-      ["cut mid-line", async (_r, d) => rewrite(await recordsOf(d), (t) => t.slice(0, -5)), /model\/policy: record 2 is not JSON/],
+      ["cut mid-line", async (_r, d) => rewrite(await recordsOf(d), (t) => t.slice(0, -5)), /model\/policy: line 3 is not JSON/],
       ["a line appended", async (_r, d) => appendFile(await recordsOf(d), '{"episode_id":{"rollout_id":"zz","attempt":0}}\n'), /model\/policy: records digest [0-9a-f]{64} does not match [0-9a-f]{64}/],
       ["a line changed, count kept", async (_r, d) => rewrite(await recordsOf(d), (t) => t.replace('"rollout_id":"b"', '"rollout_id":"q"')), /model\/policy: records digest [0-9a-f]{64} does not match [0-9a-f]{64}/],
       ["the records file gone", async (_r, d) => unlink(await recordsOf(d)), /model\/policy: cannot read .*ENOENT.*/],

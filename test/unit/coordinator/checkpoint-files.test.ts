@@ -228,7 +228,7 @@ describe("reading checkpoints back", () => {
     await writeFile(file, `{"episode_id":{"rollout_id":"r1","attempt":0}}\n${"x".repeat(1 << 20)}`); // 1 MiB without a newline, refused past 64 Ki characters
     const seen: string[] = [];
     const refused = await refusalOf(scanRecords(file, "agent/a1", (record) => seen.push(record.episode_id.rollout_id), 64 << 10));
-    expect(refused).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("agent/a1: record 1 is longer than any record can be") });
+    expect(refused).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("agent/a1: line 2 is longer than any record can be") });
     expect(seen).toEqual(["r1"]);
   });
 });

@@ -310,7 +310,7 @@ describe("scanRecordLines", () => {
     await writeFile(file, `{"a":1}\n${"x".repeat(1 << 20)}`); // 1 MiB without a newline, refused past 64 KiB
     const lines: string[] = [];
     const refused = await refusal(scanRecordLines(file, (line) => lines.push(line), 64 << 10));
-    expect(refused).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("record 1 is longer than any record can be") });
+    expect(refused).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("line 2 is longer than any record can be") });
     expect(lines).toEqual(['{"a":1}']);
   });
 
