@@ -133,7 +133,9 @@ describe("coordinator config", () => {
       ["GYM_CKPT_LEASE_MS", "1e3", "lease_ms"],
       ["GYM_CKPT_HTTP_PORT", "0b1", "http.port"],
     ]) {
-      expect(() => loadConfig({ env: { ...env, [name!]: value } })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining(key!) }));
+      expect(() => loadConfig({ env: { ...env, [name!]: value } })).toThrow(
+        expect.objectContaining({ code: "invalid_request", message: expect.stringContaining(`${key}: ${name} (not a decimal number: "${value}")`) }),
+      );
     }
   });
 
