@@ -1,3 +1,4 @@
+import { isUtf8 } from "node:buffer";
 import type { z } from "zod";
 import { CheckpointError, describeZodError } from "./errors.js";
 import { duplicateJsonKey } from "./json-duplicate-keys.js";
@@ -36,7 +37,11 @@ function messageText(data: Uint8Array | string): string {
   if (size > MAX_CONTROL_MESSAGE_BYTES) {
     throw new CheckpointError("payload_too_large", `message is ${size} bytes; the limit is ${MAX_CONTROL_MESSAGE_BYTES}`);
   }
-  return typeof data === "string" ? data : Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("utf8");
+  if (typeof data === "string") return data;
+  // Refused, not decoded leniently: a stray byte read as U+FFFD would be stored changed (an inline
+  // controller state, an id), as a config file's would (config-loader).
+  if (!isUtf8(data)) throw new CheckpointError("invalid_request", "message is not valid UTF-8");
+  return Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("utf8");
 }
 
 function parsedJson(text: string): unknown {

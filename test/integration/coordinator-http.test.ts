@@ -188,6 +188,14 @@ describe("HTTP controller API (real HTTP client)", () => {
     expect(await post("/v1/publish", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "checkpoint_conflict" } } });
     expect(await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h1" }))).toMatchObject({ status: 409, body: { error: { code: "stale_checkpoint" } } });
     expect(await post("/v1/prepare", "x".repeat(1024 * 1024 + 100))).toMatchObject({ status: 413, body: { error: { code: "payload_too_large" } } });
+    // A Latin-1 byte in an inline state: refused, not stored as U+FFFD.
+    const latin1 = await fetch(`${base}/v1/checkpoint`, {
+      method: "POST",
+      headers: { ...auth, "content-type": "application/json" },
+      body: Buffer.from('{"checkpoint_id":"h-latin1","episode_ids":[],"controller_state":{"inline":{"name":"caf\xe9"}}}', "latin1"),
+    });
+    expect({ status: latin1.status, body: await latin1.json() }).toEqual({ status: 400, body: { error: { code: "invalid_request", detail: "message is not valid UTF-8" } } });
+    expect((await fetch(`${base}/v1/checkpoints/h-latin1`, { headers: auth })).status).toBe(404);
     const missing = await fetch(`${base}/v1/checkpoints/nope`, { headers: auth });
     expect(missing.status).toBe(404);
     expect((await fetch(`${base}/v1/nothing`, { method: "POST", headers: auth })).status).toBe(404);

@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import {
+  decodeRequest,
   CheckpointError,
   CommitRequestSchema,
   ERROR_CATALOG,
@@ -141,6 +142,15 @@ describe("control messages", () => {
     expect([tooLarge.code, tooLarge.message]).toEqual(["reply_too_large", expect.stringContaining("commit succeeded")]);
     expect(encodeReply({ ok: true }, "commit")).toBe('{"ok":true}');
     expect(decodeMessage(PrepareRequestSchema, new TextEncoder().encode(JSON.stringify(base)))).toEqual(base);
+  });
+
+  it("refuses bytes that are not UTF-8 instead of storing U+FFFD in their place", () => {
+    const latin1 = Buffer.from('{"checkpoint_id":"caf\xe9"}', "latin1");
+    for (const decode of [decodeMessage, decodeRequest]) {
+      expect(refusal(() => decode(PrepareRequestSchema, latin1))).toMatchObject({ code: "invalid_request", message: "message is not valid UTF-8" });
+    }
+    // The same text as UTF-8 gets past the decoding (and is then judged by the schema).
+    expect(refusal(() => decodeRequest(PrepareRequestSchema, Buffer.from('{"checkpoint_id":"café"}'))).message).not.toContain("UTF-8");
   });
 
   it("keeps docs/errors.md in step with the catalog: code, status, meaning and how to solve", () => {
