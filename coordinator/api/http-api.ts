@@ -1,5 +1,6 @@
 import { context, propagation } from "@opentelemetry/api";
 import { isIPv6 } from "node:net";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import {
@@ -54,8 +55,17 @@ export class HttpControllerApi {
       frameworkErrors: (error, _req, reply) => void this.refuse(reply, new CheckpointError("invalid_request", error.message)),
       // Node's parser refused it before any route saw it: the catalog refusal, not Fastify's own body.
       clientErrorHandler: (error, socket) => refuseMalformedHttpRequest(error, socket),
+      // An HTTP/1.1 request without Host would get Node's bare 400 (no body, no code); nothing here
+      // reads Host, so such a request is served like any other.
+      http: { requireHostHeader: false },
     });
     this.app = app;
+    // An Expect other than 100-continue would get Node's bare 417: the catalog refusal instead.
+    app.server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
+      const refusal = new CheckpointError("invalid_request", `unsupported Expect header: ${JSON.stringify(String(req.headers.expect).slice(0, 100))}`);
+      const body = JSON.stringify(refusal.toReply());
+      res.writeHead(refusal.status, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" }).end(body);
+    });
     // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes. Bytes,
     // as NATS delivers them: decoded first, invalid UTF-8 (3 bytes per U+FFFD) would count as too large.
     app.removeAllContentTypeParsers();

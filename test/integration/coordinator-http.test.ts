@@ -223,6 +223,13 @@ describe("HTTP controller API (real HTTP client)", () => {
       expect(statusLine).toBe("HTTP/1.1 400 Bad Request");
       expect(ErrorReplySchema.parse(JSON.parse(response.slice(response.indexOf("\r\n\r\n") + 4))).error.code).toBe("invalid_request");
     }
+    // An Expect Node does not know: the catalog refusal, not Node's bare 417.
+    const expectation = await rawRequest(`GET /v1/status HTTP/1.1\r\nHost: x\r\nExpect: foo\r\nAuthorization: Bearer ${CONTROLLER_TOKEN}\r\n\r\n`);
+    expect(expectation.split("\r\n")[0]).toBe("HTTP/1.1 400 Bad Request");
+    expect(ErrorReplySchema.parse(JSON.parse(expectation.slice(expectation.indexOf("\r\n\r\n") + 4))).error).toMatchObject({ code: "invalid_request", detail: expect.stringContaining("Expect") });
+    // No Host (HTTP/1.1): served like any request, not Node's bare 400.
+    const hostless = await rawRequest(`GET /v1/checkpoints HTTP/1.1\r\nConnection: close\r\nAuthorization: Bearer ${CONTROLLER_TOKEN}\r\n\r\n`);
+    expect(hostless.split("\r\n")[0]).toBe("HTTP/1.1 200 OK");
     expect((await fetch(`${base}/readyz`)).status).toBe(200);
   });
 
