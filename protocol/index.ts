@@ -7,7 +7,7 @@ export { envSetting } from "./env-setting.js";
 export { within, type SetTimer } from "./within.js";
 export { equalJitter, type RandomSource } from "./jitter.js";
 export { isHttpUrl } from "./http-url.js";
-export { refuseMalformedHttpRequest } from "./malformed-http-request.js";
+export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";
 export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
 export { LineSplitter, type SplitLine } from "./line-splitter.js";

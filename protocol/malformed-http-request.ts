@@ -1,4 +1,4 @@
-import { STATUS_CODES } from "node:http";
+import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { Duplex } from "node:stream";
 import { CheckpointError } from "./errors.js";
 
@@ -22,4 +22,17 @@ export function refuseMalformedHttpRequest(error: Error & { code?: string }, soc
     );
   }
   socket.destroy();
+}
+
+/**
+ * An `Expect` other than `100-continue` (which Node answers itself): the catalog refusal,
+ * `invalid_request`, instead of Node's bare 417 without a body. `counted` as above.
+ */
+export function refuseUnknownExpectations(server: Server, counted?: (refusal: CheckpointError) => void): void {
+  server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
+    const refusal = new CheckpointError("invalid_request", `unsupported Expect header: ${JSON.stringify(String(req.headers.expect).slice(0, 100))}`);
+    counted?.(refusal);
+    const body = JSON.stringify(refusal.toReply());
+    res.writeHead(refusal.status, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" }).end(body);
+  });
 }

@@ -1,6 +1,5 @@
 import { context, propagation } from "@opentelemetry/api";
 import { isIPv6 } from "node:net";
-import type { IncomingMessage, ServerResponse } from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import {
@@ -9,6 +8,7 @@ import {
   MAX_CHECKPOINT_ID_CHARS,
   MAX_CONTROL_MESSAGE_BYTES,
   refuseMalformedHttpRequest,
+  refuseUnknownExpectations,
   toCheckpointError,
   type ControllerOp,
 } from "../../protocol/index.js";
@@ -60,12 +60,7 @@ export class HttpControllerApi {
       http: { requireHostHeader: false },
     });
     this.app = app;
-    // An Expect other than 100-continue would get Node's bare 417: the catalog refusal instead.
-    app.server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) => {
-      const refusal = new CheckpointError("invalid_request", `unsupported Expect header: ${JSON.stringify(String(req.headers.expect).slice(0, 100))}`);
-      const body = JSON.stringify(refusal.toReply());
-      res.writeHead(refusal.status, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" }).end(body);
-    });
+    refuseUnknownExpectations(app.server);
     // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes. Bytes,
     // as NATS delivers them: decoded first, invalid UTF-8 (3 bytes per U+FFFD) would count as too large.
     app.removeAllContentTypeParsers();

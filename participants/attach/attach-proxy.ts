@@ -11,7 +11,7 @@ import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
-import { json, refuse, refuseMalformedRequest } from "./replies.js";
+import { json, refuse, refuseMalformedRequest, refuseUnknownExpectationsOn } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
 
 /**
@@ -58,7 +58,8 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   // request behind a held response stops being read once the answers queued behind it reach 16 KiB,
   // and one whose body was not all read would cut the connection, the held call with it, however
   // long the checkpoint lasts. headersTimeout (60 s) still guards a request's headers.
-  const server = createServer({ noDelay: true, keepAlive: true, requestTimeout: 0 }, (req, res) => {
+  // Without Host, Node would answer a bare 400; the upstream gets its own Host anyway.
+  const server = createServer({ noDelay: true, keepAlive: true, requestTimeout: 0, requireHostHeader: false }, (req, res) => {
     handle(req, res).catch((error: unknown) => {
       logger?.warn({ err: error }, "attach proxy request failed");
       if (!res.headersSent) refuse(res, error);
@@ -66,6 +67,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     });
   });
   server.on("clientError", refuseMalformedRequest);
+  refuseUnknownExpectationsOn(server);
   server.on("close", () => void pool.destroy().catch(() => undefined));
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {

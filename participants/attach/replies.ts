@@ -1,6 +1,6 @@
-import type { ServerResponse } from "node:http";
+import type { Server, ServerResponse } from "node:http";
 import type { Duplex } from "node:stream";
-import { refuseMalformedHttpRequest, toCheckpointError } from "../../protocol/index.js";
+import { refuseMalformedHttpRequest, refuseUnknownExpectations, toCheckpointError } from "../../protocol/index.js";
 import { countRefusal } from "../telemetry/instruments.js";
 
 /** A small JSON answer with its length (ledger API, health, refusals). */
@@ -23,4 +23,9 @@ export function refuse(res: ServerResponse, error: unknown, status?: number): vo
 /** A request Node's HTTP parser refused: the catalog refusal on the raw socket, counted as the model participant's. */
 export function refuseMalformedRequest(error: Error & { code?: string }, socket: Duplex): void {
   refuseMalformedHttpRequest(error, socket, (refusal) => countRefusal(refusal, "model"));
+}
+
+/** An `Expect` Node does not know: the catalog refusal instead of a bare 417, counted as the model participant's. */
+export function refuseUnknownExpectationsOn(server: Server): void {
+  refuseUnknownExpectations(server, (refusal) => countRefusal(refusal, "model"));
 }

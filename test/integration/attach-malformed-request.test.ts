@@ -49,6 +49,8 @@ function rawExchange(raw: string): Promise<string> {
 it.each([
   ["a malformed content-length", "POST /ng-rollout/bad/v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n"],
   ["headers past the parser's limit", `POST /ng-rollout/bad/v1/chat/completions HTTP/1.1\r\nHost: a\r\nX-Big: ${"x".repeat(64 * 1024)}\r\n\r\n`],
+  // Node answers those itself (a bare 417) unless told otherwise.
+  ["an Expect other than 100-continue", "POST /ng-rollout/bad/v1/chat/completions HTTP/1.1\r\nHost: a\r\nExpect: foo\r\nContent-Length: 2\r\n\r\n{}"],
 ])("answers %s with a catalog refusal", async (_name, raw) => {
   const reply = await rawExchange(raw);
   const [head, body] = reply.split("\r\n\r\n");
@@ -56,4 +58,9 @@ it.each([
   expect(JSON.parse(body!)).toMatchObject({ error: { code: "invalid_request" } });
   expect(upstreamCalls).toBe(0);
   expect(kind.tickets.size).toBe(0);
+});
+
+it("serves a request without Host (Node's bare 400 otherwise): the upstream gets its own", async () => {
+  const reply = await rawExchange("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
+  expect(reply.split("\r\n")[0]).toBe("HTTP/1.1 200 OK");
 });
