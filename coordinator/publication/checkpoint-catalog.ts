@@ -55,7 +55,9 @@ export class CheckpointCatalog {
   async latest(): Promise<string | null> {
     let text: string;
     try {
-      text = await readRegularFile(join(this.root, LATEST_FILE), { maxBytes: MAX_LATEST_BYTES });
+      // Never through a symbolic link, as for checkpoint directories and state files: a LATEST
+      // pointing at some other file would name whatever id that file's text spells.
+      text = await readRegularFile(join(this.root, LATEST_FILE), { maxBytes: MAX_LATEST_BYTES, noFollow: true });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
       throw error;

@@ -121,6 +121,19 @@ describe("publication and retention", () => {
     expect(await catalog.latest()).toBe("c1");
   });
 
+  it("a LATEST that is a symbolic link is refused (invalid_checkpoint_state), not read through; the next publication replaces the link", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    await writeFile(join(root, "elsewhere"), "c1\n");
+    await rm(join(root, "LATEST"));
+    await symlink(join(root, "elsewhere"), join(root, "LATEST"));
+    expect(await refusalOf(catalog.latest())).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("symbolic link") });
+    await publish(writer, "c2", 1010);
+    expect(await catalog.latest()).toBe("c2");
+    expect(await readFile(join(root, "elsewhere"), "utf8")).toBe("c1\n");
+  });
+
   it("a root whose fsync fails while LATEST's temp file is staged: the publication fails and the staged temp file does not stay behind", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
