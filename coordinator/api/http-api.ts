@@ -26,6 +26,8 @@ export interface HttpControllerApiOptions {
   host?: string;
   port?: number;
   logger?: Logger;
+  /** How long a request's body may take to arrive once its headers are in (default 60 s; at most 1 MiB). */
+  bodyWaitMs?: number;
 }
 
 /**
@@ -36,6 +38,8 @@ export interface HttpControllerApiOptions {
 export class HttpControllerApi {
   private app: FastifyInstance | undefined;
   private address: { host: string; port: number } | undefined;
+  /** Each request's wait for its body, cleared once the body is in. */
+  private readonly bodyWaits = new WeakMap<FastifyRequest, NodeJS.Timeout>();
 
   constructor(private readonly options: HttpControllerApiOptions) {}
 
@@ -100,6 +104,20 @@ export class HttpControllerApi {
           } catch (error) {
             return this.refuse(reply, toCheckpointError(error));
           }
+        },
+        // A body that stops coming is cut after bodyWaitMs (Fastify sets no request timeout): a
+        // client holding the token cannot keep sockets and their partial bodies open for ever.
+        // Waited for only until the body is in (preHandler) or the reply is gone, never the op.
+        preParsing: (req, reply, payload, done) => {
+          const timer = setTimeout(() => refuseMalformedHttpRequest(Object.assign(new Error("the request body did not arrive in time"), { code: "ERR_HTTP_REQUEST_TIMEOUT" }), req.raw.socket), this.options.bodyWaitMs ?? 60_000);
+          timer.unref();
+          this.bodyWaits.set(req, timer);
+          reply.raw.once("close", () => clearTimeout(timer));
+          done(null, payload);
+        },
+        preHandler: (req, _reply, done) => {
+          clearTimeout(this.bodyWaits.get(req));
+          done();
         },
         handler: (req, reply) => this.handle(op, req, reply),
       });
