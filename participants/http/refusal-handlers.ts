@@ -1,15 +1,33 @@
+import type { Duplex } from "node:stream";
 import type { FastifyInstance } from "fastify";
 import type { Logger } from "pino";
-import { CheckpointError, type Kind } from "../../protocol/index.js";
+import { CheckpointError, refuseMalformedHttpRequest, refuseUnknownExpectations, type Kind } from "../../protocol/index.js";
+import { countRefusal } from "../telemetry/instruments.js";
 import { sendRefusal } from "./http-refusal.js";
+
+/**
+ * The Fastify options every participant server is created with, for what Node answers before any
+ * route or handler: a request its parser refuses (`Content-Length: abc`, headers past its limit) gets
+ * the catalog refusal on the raw socket instead of Fastify's own body, and one without Host is served
+ * (Node's bare 400 otherwise; nothing here reads Host). Counted under `kind`, as `sendRefusal` counts.
+ */
+export function participantServerOptions(kind: Kind | null) {
+  const counted = (refusal: CheckpointError) => kind !== null && countRefusal(refusal, kind);
+  return {
+    clientErrorHandler: (error: Error & { code?: string }, socket: Duplex) => refuseMalformedHttpRequest(error, socket, counted),
+    http: { requireHostHeader: false },
+  };
+}
 
 /**
  * Every failure a participant's HTTP server answers carries a catalog code: refusals as thrown,
  * Fastify's own 4xx (bad JSON, a body over the limit) as `invalid_request`/`payload_too_large`,
- * unknown routes as `not_found`, and anything else as a logged `internal_error`. Each counts under
+ * unknown routes as `not_found`, an unknown `Expect` as `invalid_request`, and anything else as a logged `internal_error`. Each counts under
  * the participant `kind` the server is (null: no participant), as `sendRefusal` says.
  */
 export function installRefusalHandlers(app: FastifyInstance, server: string, kind: Kind | null, logger?: Logger): void {
+  // An Expect other than 100-continue: the catalog refusal, not Node's bare 417.
+  refuseUnknownExpectations(app.server, (refusal) => kind !== null && countRefusal(refusal, kind));
   app.setErrorHandler((error, _request, reply) => {
     if (error instanceof CheckpointError) return sendRefusal(reply, error, kind);
     const status = (error as { statusCode?: number }).statusCode ?? 500;

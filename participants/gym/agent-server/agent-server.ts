@@ -3,7 +3,7 @@ import type { Logger } from "pino";
 import { z } from "zod";
 import { CheckpointError, captureKey, describeZodError, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
-import { installRefusalHandlers } from "../../http/refusal-handlers.js";
+import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { Activation, AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
@@ -76,7 +76,7 @@ function episodeOf(request: FastifyRequest): EpisodeId {
 
 export function createAgentApp(options: AgentAppOptions): FastifyInstance {
   const { kind, state, endpoints } = options;
-  const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
+  const app = Fastify({ logger: false, bodyLimit: 1 << 20, ...participantServerOptions(kind.kind) });
   // Malformed JSON and the like arrive here; they are the caller's fault.
   installRefusalHandlers(app, "agent server", kind.kind);
 

@@ -3,7 +3,7 @@ import type { Logger } from "pino";
 import { z } from "zod";
 import { CheckpointError, TRAJECTORY_HEADER, canonicalDigest, captureKey, describeZodError } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
-import { installRefusalHandlers } from "../../http/refusal-handlers.js";
+import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
 import { ReplayError } from "../../replay/errors.js";
@@ -61,7 +61,7 @@ function replayRefusal(error: unknown): unknown {
 
 export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyInstance {
   const { kind, endpoints } = options;
-  const app = Fastify({ logger: false, bodyLimit: 1 << 20 });
+  const app = Fastify({ logger: false, bodyLimit: 1 << 20, ...participantServerOptions(kind.kind) });
   installRefusalHandlers(app, "environment server", kind.kind);
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));

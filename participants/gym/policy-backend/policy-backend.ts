@@ -3,7 +3,7 @@ import type { ServerResponse } from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import { z } from "zod";
 import { CheckpointError, bearerToken, describeZodError, sha256Hex, tokensEqual } from "../../../protocol/index.js";
-import { installRefusalHandlers } from "../../http/refusal-handlers.js";
+import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import {
   GENERATION_CUT_PATH,
   GenerationCutContinuationSchema,
@@ -54,7 +54,7 @@ const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
 
 export async function createPolicyBackend(options: PolicyBackendOptions): Promise<{ app: FastifyInstance; controls: BackendControls }> {
   const controls = new BackendControls();
-  const app = Fastify({ logger: options.logger ?? false, bodyLimit: 32 * 1024 * 1024 });
+  const app = Fastify({ logger: options.logger ?? false, bodyLimit: 32 * 1024 * 1024, ...participantServerOptions(null) });
   const delay = options.tokenDelayMs ?? 0;
   const receipts = new Map<string, GenerationCutReceipt>();
 

@@ -1,7 +1,7 @@
 import Fastify, { type FastifyInstance } from "fastify";
 import { CheckpointError, MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
-import { installRefusalHandlers } from "../../http/refusal-handlers.js";
+import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind, type ResourcesKindOptions } from "./resources-kind.js";
 import { installResourcesCheckpointing, type SessionAccess } from "./resources-middleware.js";
@@ -69,6 +69,7 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     ...(options.clock && { clock: options.clock }),
   });
   const app = Fastify({
+    ...participantServerOptions(kind.kind),
     logger: false,
     bodyLimit: options.bodyLimit ?? 1024 * 1024,
     // A path that does not decode (e.g. `/ng-rollout/%E0/…`) is refused by the router before any hook.

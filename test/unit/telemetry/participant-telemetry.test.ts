@@ -7,7 +7,7 @@ import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import type { MetricData } from "@opentelemetry/sdk-metrics";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from "@opentelemetry/sdk-trace-base";
 import Fastify from "fastify";
-import type { AddressInfo } from "node:net";
+import { connect, type AddressInfo } from "node:net";
 import { headers as natsHeaders } from "@nats-io/transport-node";
 import { fakeSubscriptions } from "../../support/fake-subscriptions.js";
 import { pino } from "pino";
@@ -320,6 +320,35 @@ describe("data-plane refusals", () => {
       expect((await app.inject({ method: "GET", url: "/nowhere" })).statusCode).toBe(404);
       expect(await refusals("rollout_id_required", "resources")).toBe(before + 1);
       expect(await refusals("not_found", "resources")).toBe(beforeMissing + 1);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it("a resources server answers what Node refuses before any route (a bad header, an unknown Expect) with counted catalog refusals, and serves a request without Host", async () => {
+    const { app } = await createResourcesApp(new CalculatorServer());
+    await app.listen({ host: "127.0.0.1", port: 0 });
+    const { port } = app.server.address() as AddressInfo;
+    /** Writes `text` and returns what the server wrote before it closed the connection. */
+    const exchange = (text: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = connect(port, "127.0.0.1", () => socket.write(text));
+        let received = "";
+        socket.on("data", (chunk: Buffer) => (received += chunk.toString()));
+        socket.on("error", reject);
+        socket.on("close", () => resolve(received));
+      });
+    try {
+      const before = await refusals("invalid_request", "resources");
+      for (const head of ["POST /seed_session HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", "GET /nowhere HTTP/1.1\r\nHost: x\r\nExpect: foo\r\n\r\n"]) {
+        const response = await exchange(head);
+        expect(response.split("\r\n")[0]).toBe("HTTP/1.1 400 Bad Request");
+        expect(JSON.parse(response.slice(response.indexOf("\r\n\r\n") + 4))).toMatchObject({ error: { code: "invalid_request" } });
+      }
+      expect(await refusals("invalid_request", "resources")).toBe(before + 2);
+      // No Host: routed like any request (here to not_found), not Node's bare 400.
+      const hostless = await exchange("GET /nowhere HTTP/1.1\r\nConnection: close\r\n\r\n");
+      expect(hostless.split("\r\n")[0]).toBe("HTTP/1.1 404 Not Found");
     } finally {
       await app.close();
     }
