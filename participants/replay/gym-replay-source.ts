@@ -49,14 +49,21 @@ export interface GymReplayConfig {
  * another source) is invalid_request.
  */
 export function readGymReplayConfig(configPath: string): GymReplayConfig {
-  let raw: unknown;
+  let text: string;
   try {
     // Only a regular file within the limit is read: a FIFO or a device would block or exhaust the
     // start-up (opened non-blocking, so a FIFO answers at once).
-    raw = JSON.parse(readRegularFileSync(configPath, { maxBytes: MAX_REPLAY_CONFIG_BYTES }).toString("utf8"));
+    text = readRegularFileSync(configPath, { maxBytes: MAX_REPLAY_CONFIG_BYTES }).toString("utf8");
   } catch (error) {
     if (error instanceof CheckpointError) throw invalidRequest(`replay config ${error.message}`);
-    throw invalidRequest(`replay config ${configPath} is not readable JSON: ${error instanceof Error ? error.message : String(error)}`);
+    throw invalidRequest(`replay config ${configPath} is not readable: ${error instanceof Error ? error.message : String(error)}`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch {
+    // Not JSON.parse's message: it quotes the text, newlines included, and the refusal is one line.
+    throw invalidRequest(`replay config ${configPath} is not valid JSON`);
   }
   const config = parseReplayConfig(raw);
   sourceConfigFor(config, gymSourceEnvironment);

@@ -134,12 +134,14 @@ describe("a reference server's own flags are checked before NATS", () => {
     try {
       const urls = ["--agent-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9"];
       const configs = [
-        [join(dir, "absent.json"), null, /^environment-server: invalid_request: replay config \S*absent\.json is not readable JSON: ENOENT[^\n]*$/],
+        [join(dir, "absent.json"), null, /^environment-server: invalid_request: replay config \S*absent\.json is not readable: ENOENT[^\n]*$/],
+        // Not JSON.parse's message, which quotes the text: a newline there made the line two.
+        [join(dir, "nope.json"), "nope\n", /^environment-server: invalid_request: replay config \S*nope\.json is not valid JSON$/],
         [join(dir, "recheck.json"), { records: "r/*.jsonl", source: { id: "reference-gym" }, mode: "recheck", anchor: "tool-call" }, /^environment-server: invalid_request: invalid replay config: anchor: anchor applies to mode=continue only$/],
         [join(dir, "other.json"), { records: "r/*.jsonl", source: { id: "gsm8k" } }, /^environment-server: invalid_request: config names source gsm8k but environment reference-gym was given$/],
       ] as const;
       for (const [file, config, line] of configs) {
-        if (config) writeFileSync(file, JSON.stringify(config));
+        if (config) writeFileSync(file, typeof config === "string" ? config : JSON.stringify(config));
         const bad = spawnSync(process.execPath, ["dist/participants/gym/environment-server/main.js", ...DOWN, ...urls, "--replay-config", file], { encoding: "utf8", timeout: 20_000 });
         expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(line) });
       }
