@@ -21,6 +21,11 @@ const USAGE = "usage: gym-ckpt seeds --checkpoint <dir> --out <tasks.jsonl> [--t
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
+  // Help asked for before any command (`main.js --help`), as after one.
+  if (command === "--help" || command === "-h") {
+    process.stdout.write(USAGE);
+    return 0;
+  }
   if (command !== "seeds") {
     process.stderr.write(USAGE);
     return 2;

@@ -41,6 +41,14 @@ async function seeds(args: string[]): Promise<{ code: number; stderr: string }> 
 }
 
 describe("replay seeds (built binary)", () => {
+  it("prints its usage on stdout, exit 0, for --help before or after the command; no command is a usage error, exit 2", async () => {
+    for (const args of [["--help"], ["-h"], ["seeds", "--help"]]) {
+      const { stdout, stderr } = await run(process.execPath, [REPLAY_MAIN, ...args], { timeout: 30_000 });
+      expect({ args, stdout, stderr }).toEqual({ args, stdout: expect.stringMatching(/^usage: gym-ckpt seeds /), stderr: "" });
+    }
+    await expect(run(process.execPath, [REPLAY_MAIN], { timeout: 30_000 })).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/^usage: /) });
+  });
+
   it("refuses a missing or malformed --tasks file and a directory that is no checkpoint with invalid_request, exit 2", async () => {
     const missing = await seeds(["--checkpoint", dir, "--tasks", join(dir, "absent.jsonl")]);
     expect(missing).toEqual({ code: 2, stderr: expect.stringMatching(/^replay: invalid_request: tasks file .*absent\.jsonl does not exist\n$/) });
