@@ -138,9 +138,14 @@ function isDir(entry: Dirent): boolean {
   return entry.isDirectory();
 }
 
+/**
+ * A path the pattern names as a file: anything but a directory. A FIFO or a device named like a
+ * record file is listed too, so its reader refuses it (invalid_checkpoint_state, at once, never
+ * waited on) instead of the load going on without a word.
+ */
 async function isFilePath(target: string): Promise<boolean> {
   return fs.stat(target).then(
-    (s) => s.isFile(),
+    (s) => !s.isDirectory(),
     (error: unknown) => {
       if (absent(error)) return false;
       throw error;

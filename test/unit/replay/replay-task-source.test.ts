@@ -413,6 +413,14 @@ describe("loading", () => {
     expect([replay.stats.read.indexRejected, replay.stats.read.filesFullParsed]).toEqual([1, 1]);
   });
 
+  it("refuses a FIFO named like a record file (invalid_checkpoint_state, at once) instead of loading on without it", { timeout: 5000 }, async () => {
+    const { recordPath } = await write(1, [linearTrace(traceId(1), 0)]);
+    const fifo = recordPath.replace(`${path.sep}step_1${path.sep}`, `${path.sep}step_2${path.sep}`);
+    await mkdir(path.dirname(fifo), { recursive: true });
+    execFileSync("mkfifo", [fifo]);
+    await expect(source().load()).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("not a regular file") });
+  });
+
   it("skips a file that vanished between the glob and its open (retention), logging it, instead of failing the reload", async () => {
     await write(1, [linearTrace(traceId(1), 0)]);
     const { recordPath } = await write(2, [linearTrace(traceId(2), 0)]);
