@@ -1,5 +1,5 @@
 import type { Duplex } from "node:stream";
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import { CheckpointError, refuseMalformedHttpRequest, refuseUnknownExpectations, type Kind } from "../../protocol/index.js";
 import { countRefusal } from "../telemetry/instruments.js";
@@ -8,13 +8,16 @@ import { sendRefusal } from "./http-refusal.js";
 /**
  * The Fastify options every participant server is created with, for what Node answers before any
  * route or handler: a request its parser refuses (`Content-Length: abc`, headers past its limit) gets
- * the catalog refusal on the raw socket instead of Fastify's own body, and one without Host is served
+ * the catalog refusal on the raw socket instead of Fastify's own body, so does one whose path the
+ * router cannot decode, and one without Host is served
  * (Node's bare 400 otherwise; nothing here reads Host). Counted under `kind`, as `sendRefusal` counts.
  */
 export function participantServerOptions(kind: Kind | null) {
   const counted = (refusal: CheckpointError) => kind !== null && countRefusal(refusal, kind);
   return {
     clientErrorHandler: (error: Error & { code?: string }, socket: Duplex) => refuseMalformedHttpRequest(error, socket, counted),
+    // The router's own refusals (a path that does not decode, `/%ff`), before any hook runs.
+    frameworkErrors: (error: Error, _request: FastifyRequest, reply: FastifyReply) => void sendRefusal(reply, new CheckpointError("invalid_request", error.message), kind),
     http: { requireHostHeader: false },
   };
 }

@@ -1,6 +1,5 @@
 import Fastify, { type FastifyInstance } from "fastify";
 import { CheckpointError, MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../../../protocol/index.js";
-import { sendRefusal } from "../../http/http-refusal.js";
 import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind, type ResourcesKindOptions } from "./resources-kind.js";
@@ -69,11 +68,10 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     ...(options.clock && { clock: options.clock }),
   });
   const app = Fastify({
+    // A path that does not decode (e.g. `/ng-rollout/%E0/…`) is refused by the router before any hook.
     ...participantServerOptions(kind.kind),
     logger: false,
     bodyLimit: options.bodyLimit ?? 1024 * 1024,
-    // A path that does not decode (e.g. `/ng-rollout/%E0/…`) is refused by the router before any hook.
-    frameworkErrors: (error, _request, reply) => sendRefusal(reply, new CheckpointError("invalid_request", error.message), kind.kind),
   });
   // JSON only: Fastify's text/plain parser would hand a route a string body. Another content type
   // is then 415, answered invalid_request before any route runs. Callers often POST an empty body

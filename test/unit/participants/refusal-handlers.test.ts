@@ -1,7 +1,9 @@
 import Fastify from "fastify";
 import { describe, expect, it } from "vitest";
 import { CheckpointError } from "../../../protocol/index.js";
+import { createEnvironmentApp } from "../../../participants/gym/environment-server/environment-server.js";
 import { createPolicyBackend } from "../../../participants/gym/policy-backend/policy-backend.js";
+import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { installRefusalHandlers } from "../../../participants/http/refusal-handlers.js";
 
 function app() {
@@ -35,6 +37,18 @@ describe("participant HTTP refusal handlers", () => {
       if (c.detail) expect(body.error.detail).toContain(c.detail);
     }
     await server.close();
+  });
+
+  it("the reference Gym's servers answer a path the router cannot decode with invalid_request, not Fastify's own body", async () => {
+    const kind = new EnvironmentKind();
+    const environment = createEnvironmentApp({ kind, endpoints: { agentUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9" } });
+    const { app: backend } = await createPolicyBackend({ cutToken: "t" });
+    for (const server of [environment, backend]) {
+      const res = await server.inject({ method: "GET", url: "/%ff%fe" });
+      expect(res.statusCode).toBe(400);
+      expect(res.json()).toMatchObject({ error: { code: "invalid_request", detail: expect.stringContaining("not a valid url component") } });
+      await server.close();
+    }
   });
 
   it("the reference policy backend answers an unknown route with not_found", async () => {
