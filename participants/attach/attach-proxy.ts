@@ -89,6 +89,9 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     }
     if (rollout === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not name a valid capture key");
     const route = rollout ? rollout.route : path;
+    // A near miss of the ledger API (`//ng-capture/v1/…` from a base URL ending in `/`, another case,
+    // another version) is refused, never forwarded: its request carries the control token.
+    if (isLedgerSpelling(route)) throw new CheckpointError("not_found", `no ledger API route ${req.method} ${path.slice(0, 200)}: it is /ng-capture/v1/… exactly`);
     if (req.method !== "POST") return passthrough(req, res, route + query);
     // Classified by what the upstream may read (decoded, dot segments resolved, ...), so no spelling of
     // a generation route goes through untracked (a doubled slash from a base URL ending in `/` is
@@ -197,4 +200,15 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
     req.on("end", () => resolve(Buffer.concat(chunks)));
     req.on("error", reject);
   });
+}
+
+/** Whether `route` reads as the ledger API's prefix however it is spelled (decoded, case, slashes, dot segments). */
+function isLedgerSpelling(route: string): boolean {
+  let canonical: string;
+  try {
+    canonical = canonicalRoute(route);
+  } catch {
+    canonical = route.toLowerCase(); // malformed percent-encoding: judged as sent
+  }
+  return canonical === "/ng-capture" || canonical.startsWith("/ng-capture/");
 }

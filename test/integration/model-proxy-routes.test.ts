@@ -263,6 +263,14 @@ describe("other routes", () => {
     expect(await ledger("other")).toEqual([]);
   });
 
+  it("refuse a near miss of the ledger API (not_found) instead of forwarding it and its control token upstream", async () => {
+    for (const path of ["/ng-capture/v1", "//ng-capture/v1/status", "/NG-CAPTURE/v1/status", "/ng-capture/v2/status", "/ng-capture%2Fv1/status", "/ng-rollout/r1/ng-capture/v1/status"]) {
+      const response = await rawPost(path, "{}");
+      expect({ path, status: response.status, code: (JSON.parse(response.body) as { error: { code: string } }).error.code }).toEqual({ path, status: 404, code: "not_found" });
+    }
+    expect(seen).toEqual([]);
+  });
+
   it("pass a request body of unknown length (chunked) through intact", async () => {
     const parts = ['{"purpose":', '"batch"}'];
     const body = new ReadableStream<Uint8Array>({
