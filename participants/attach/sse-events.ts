@@ -11,16 +11,18 @@
 export function lastEventStart(bytes: Buffer): number {
   const lastContent = lastContentByte(bytes);
   if (lastContent < 2) return 0;
-  // `\n\n`, or `\r\n\r\n` (matched by its `\n\r\n`), ending at or before the last event line's first byte.
+  // `\n\n`, `\r\n\r\n` (matched by its `\n\r\n`) or `\r\r` (lines may end in a bare CR), ending
+  // at or before the last event line's first byte.
   const lf = bytes.lastIndexOf("\n\n", lastContent - 2);
   const crlf = lastContent >= 3 ? bytes.lastIndexOf("\n\r\n", lastContent - 3) : -1;
-  return Math.max(lf === -1 ? 0 : lf + 2, crlf === -1 ? 0 : crlf + 3);
+  const cr = bytes.lastIndexOf("\r\r", lastContent - 2);
+  return Math.max(lf === -1 ? 0 : lf + 2, crlf === -1 ? 0 : crlf + 3, cr === -1 ? 0 : cr + 2);
 }
 
 /** The bytes hold one event up to its dispatching blank line: a client has it whole. */
 export function isCompleteEvent(event: Buffer): boolean {
   const end = event.length;
-  return lastContentByte(event) >= 0 && (event.lastIndexOf("\n\n") === end - 2 || event.lastIndexOf("\n\r\n") === end - 3);
+  return lastContentByte(event) >= 0 && (event.lastIndexOf("\n\n") === end - 2 || event.lastIndexOf("\n\r\n") === end - 3 || event.lastIndexOf("\r\r") === end - 2);
 }
 
 /**

@@ -196,6 +196,8 @@ describe("a stream's last event (withheld until the ledger row is written)", () 
     expect(start("data: a\n\ndata: [DO")).toBe(9);
     expect(start("data: a\r\n\r\nevent: x\r\ndata: b\r\n\r\n")).toBe(11);
     expect(start("data: a\n\n\n\ndata: b\n")).toBe(11);
+    // Lines may end in a bare CR too (the SSE spec): each event leaves as it comes, not held to the end.
+    expect(start('data: {"a":1}\r\rdata: {"a":2}\r\r')).toBe(15);
   });
   it("is the whole buffer when it holds one event, complete or not", () => {
     expect(start("data: [DONE]\n\n")).toBe(0);
@@ -206,7 +208,9 @@ describe("a stream's last event (withheld until the ledger row is written)", () 
   it("is complete once its blank line came", () => {
     expect(isCompleteEvent(Buffer.from("data: a\n\n"))).toBe(true);
     expect(isCompleteEvent(Buffer.from("event: x\r\ndata: a\r\n\r\n"))).toBe(true);
+    expect(isCompleteEvent(Buffer.from("event: x\rdata: a\r\r"))).toBe(true);
     expect(isCompleteEvent(Buffer.from("data: a\n"))).toBe(false);
+    expect(isCompleteEvent(Buffer.from("data: a\r"))).toBe(false);
     expect(isCompleteEvent(Buffer.from("\n\n"))).toBe(false);
   });
   it("may end the stream when it is [DONE], a completion or an error event", () => {
