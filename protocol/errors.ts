@@ -100,6 +100,11 @@ export const ERROR_CATALOG = {
     meaning: "Nobody answers on the participant's subject (NATS no-responders); or a participant program could not reach any NATS server when it started (it exits 1).",
     solve: "Check the participant process; an unreachable participant resumes by itself when its lease expires. At start-up: check that NATS runs at the configured address (--nats, GYM_CKPT_NATS_URL); a supervisor's restart then succeeds.",
   },
+  upstream_failed: {
+    status: 502,
+    meaning: "The attach proxy's upstream (the inference server behind it) could not be reached, refused its TLS, or failed or closed before its answer was complete; no capture-ledger row was written for the call.",
+    solve: "Check the inference server the proxy's `--upstream` names; the call was not recorded, so send it again.",
+  },
   outcome_unknown: {
     status: 504,
     meaning: "A request timed out, a journal write before anything was sent failed (a commit decision, or its withdrawal by a resume: nothing was sent, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",

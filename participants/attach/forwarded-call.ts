@@ -136,7 +136,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
     if (this.settled || this.stopped) return;
     if (!this.head) {
-      refuse(this.res, new CheckpointError("internal_error", `upstream: ${error.message}`), 502);
+      refuse(this.res, new CheckpointError("upstream_failed", `upstream: ${error.message}`));
       return this.failOnce();
     }
     if (!this.waiting) {
@@ -240,7 +240,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   }
 
   private upstreamLost(): void {
-    if (!this.res.headersSent && !this.res.writableEnded) refuse(this.res, new CheckpointError("internal_error", "upstream: the connection closed before the response completed"), 502);
+    if (!this.res.headersSent && !this.res.writableEnded) refuse(this.res, new CheckpointError("upstream_failed", "upstream: the connection closed before the response completed"));
     this.failOnce();
   }
 

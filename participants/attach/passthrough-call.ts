@@ -40,7 +40,7 @@ export class PassthroughCall implements Dispatcher.DispatchHandler {
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
     this.done = true;
     if (this.stopped) return;
-    if (!this.res.headersSent) refuse(this.res, new CheckpointError("internal_error", `upstream: ${error.message}`), 502);
+    if (!this.res.headersSent) refuse(this.res, new CheckpointError("upstream_failed", `upstream: ${error.message}`));
     else this.res.destroy();
   }
 

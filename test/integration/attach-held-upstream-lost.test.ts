@@ -46,7 +46,7 @@ describe("attach proxy: the upstream dies while its response is held", () => {
     // Answered at once, admission still closed: the caller re-issues the call after the checkpoint.
     const { status, body } = await answer;
     expect(status).toBe(502);
-    expect(JSON.parse(body).error.code).toBe("internal_error");
+    expect(JSON.parse(body).error.code).toBe("upstream_failed");
     await waitUntil(() => kind.tickets.size === 0, "the ticket to close");
     await kind.openAdmission();
     expect(kind.readiness().blockers).toEqual([]);

@@ -82,7 +82,7 @@ describe("attach proxy with an https upstream", () => {
     const response = await call(proxy, "tls-r2");
     expect(response.status).toBe(502);
     const body = (await response.json()) as { error: { code: string; detail: string } };
-    expect(body.error.code).toBe("internal_error");
+    expect(body.error.code).toBe("upstream_failed");
     expect(body.error.detail).toMatch(/certificate/i);
     expect(await ledger(proxy, "tls-r2")).toEqual([]);
   });
