@@ -414,8 +414,11 @@ export class CheckpointEngine {
   }
 
   checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
-    const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
-    return this.op("checkpoint", id, async (ctx) => {
+    // An id is generated only for an op this coordinator serves: a refused one (a follower's
+    // not_leader) must not name a checkpoint that never existed in its span and log line.
+    return this.op("checkpoint", request.checkpoint_id, async (ctx, identify) => {
+      const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
+      identify(id);
       refuseCommitScope(request.episode_ids);
       const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);

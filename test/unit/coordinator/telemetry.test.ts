@@ -96,6 +96,11 @@ describe("coordinator telemetry", () => {
     expect(op!.status.code).toBe(SpanStatusCode.ERROR);
     expect(op!.attributes[SPAN_ATTR.code]).toBe("not_leader");
     expect(lines.find((l) => l.msg === "controller_op_failed")).toMatchObject({ code: "not_leader", trace_id: controller.spanContext().traceId, span_id: op!.spanContext().spanId });
+    // A checkpoint op naming no id, refused so: no id was made up for its span or its log line.
+    lines.length = 0;
+    await expect(engine.checkpoint({ episode_ids: null, stop: false, controller_state: null })).rejects.toMatchObject({ code: "not_leader" });
+    expect(exporter.getFinishedSpans().find((s) => s.name === "checkpoint.coordinate.checkpoint")!.attributes).not.toHaveProperty(SPAN_ATTR.checkpointId);
+    expect(lines.find((l) => l.msg === "controller_op_failed")).not.toHaveProperty("checkpoint_id");
   });
 
   it("op spans and failure logs carry the real checkpoint id, or none: never LATEST, retire or forget", async () => {
