@@ -6,11 +6,11 @@ import { countRefusal } from "../telemetry/instruments.js";
 import { sendRefusal } from "./http-refusal.js";
 
 /**
- * The Fastify options every participant server is created with, for what Node answers before any
- * route or handler: a request its parser refuses (`Content-Length: abc`, headers past its limit) gets
- * the catalog refusal on the raw socket instead of Fastify's own body, so does one whose path the
- * router cannot decode, and one without Host is served
- * (Node's bare 400 otherwise; nothing here reads Host). Counted under `kind`, as `sendRefusal` counts.
+ * The Fastify options every participant server is created with, for what is answered before any
+ * route or hook: a request Node's parser refuses (`Content-Length: abc`, headers past its limit) gets
+ * the catalog refusal on the raw socket instead of Fastify's own body, and so does one whose path the
+ * router cannot decode; one without Host is served (Node's bare 400 otherwise; nothing here reads
+ * Host). Counted under `kind`, as `sendRefusal` counts.
  */
 export function participantServerOptions(kind: Kind | null) {
   const counted = (refusal: CheckpointError) => kind !== null && countRefusal(refusal, kind);
@@ -25,8 +25,9 @@ export function participantServerOptions(kind: Kind | null) {
 /**
  * Every failure a participant's HTTP server answers carries a catalog code: refusals as thrown,
  * Fastify's own 4xx (bad JSON, a body over the limit) as `invalid_request`/`payload_too_large`,
- * unknown routes as `not_found`, an unknown `Expect` as `invalid_request`, and anything else as a logged `internal_error`. Each counts under
- * the participant `kind` the server is (null: no participant), as `sendRefusal` says.
+ * unknown routes as `not_found`, an unknown `Expect` as `invalid_request`, and anything else as a
+ * logged `internal_error`. Each counts under the participant `kind` the server is (null: no
+ * participant), as `sendRefusal` says.
  */
 export function installRefusalHandlers(app: FastifyInstance, server: string, kind: Kind | null, logger?: Logger): void {
   // An Expect other than 100-continue: the catalog refusal, not Node's bare 417.
