@@ -43,7 +43,12 @@ export const CoordinatorConfigSchema = z
     lease_ms: z.number().int().min(MIN_LEASE_MS).max(600_000).default(5_000),
     /** The deadline of an op without one; participants refuse deadlines further than 7 days ahead. */
     default_timeout_ms: z.number().int().min(100).max(MAX_DEADLINE_AHEAD_S * 1000).default(60_000),
-    request_slack_ms: z.number().int().min(0).default(5_000),
+    /**
+     * How long a try waits past the deadline for its reply (transit, a participant answering right at
+     * it). Small: after a failed prepare (this much past the deadline) the abort's resume runs, and the
+     * reply must still reach a controller that waits deadline + 10 s (the clients' default slack).
+     */
+    request_slack_ms: z.number().int().min(0).default(2_000),
     /**
      * One try of a participant request waits at most this long before it is sent again (same body,
      * idempotent): core NATS delivers at most once, so a lost message must not cost the whole deadline.

@@ -171,6 +171,9 @@ const PARKED_ELSEWHERE: ReadonlySet<string> = new Set(["invalid_phase", "checkpo
 const REMEMBERED_CHECKPOINTS = 8;
 /** Participants' committed files a restore reads (and checks) at once before sending anything. */
 const MANIFEST_READS_AT_ONCE = 64;
+/** How long the resume of an aborted checkpoint (a failed prepare) may take at least. */
+const ABORT_RESUME_MS = 3000;
+
 /**
  * How many closed checkpoint ids a leader keeps (resume idempotent, prepare `stale_checkpoint`):
  * the most recent ones. One per checkpoint for the life of the process would grow without bound
@@ -1503,7 +1506,10 @@ export class CheckpointEngine {
    */
   private async abort(id: string, deadlineMs: number, ctx: Context | undefined): Promise<CheckpointError | undefined> {
     try {
-      await this.doResume(id, Math.max(deadlineMs, this.options.clock.now() + 5000), ctx);
+      // A few seconds for the resume, past a prepare that may have run request_slack_ms past its
+      // deadline: the controller's reply must leave within the clients' 10 s slack. A participant
+      // that does not answer by then (stalled) resumes when its lease expires.
+      await this.doResume(id, Math.max(deadlineMs, this.options.clock.now() + ABORT_RESUME_MS), ctx);
       return undefined;
     } catch (error) {
       this.log.warn({ checkpoint_id: id, err: error }, "abort_resume_incomplete");

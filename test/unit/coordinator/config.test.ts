@@ -21,7 +21,7 @@ describe("coordinator config", () => {
       expect(config.lease_ms).toBe(3000);
       expect(config.http).toEqual({ enabled: false, host: "127.0.0.1", port: 9000 });
       expect(config.token).toBe("filetoken");
-      expect(config.request_slack_ms).toBe(5000);
+      expect(config.request_slack_ms).toBe(2000);
       expect(config.request_attempt_ms).toBe(10_000);
     } finally {
       await rm(dir, { recursive: true, force: true });

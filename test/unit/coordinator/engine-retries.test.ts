@@ -4,6 +4,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { MANIFEST_SCHEMA_VERSION, type Kind } from "../../../protocol/index.js";
+import { DEFAULT_REPLY_SLACK_MS } from "../../../coordinator/client/reply-decoder.js";
+import { CoordinatorConfigSchema } from "../../../coordinator/config/coordinator-config.js";
 import { refusalOf } from "../../support/refusal.js";
 import { journalEmptied, makeEngine, writeParticipant, writers } from "./fake-participants.js";
 
@@ -30,6 +32,23 @@ const R1 = [{ rollout_id: "r1", attempt: 0 }];
  * while it is open (same id ... and the same episode_ids) returns its reply".
  * The same arguments include the same deadline_ts, which is in the past by then.
  */
+describe("a failed prepare answers while its controller still waits", () => {
+  it("a participant stalled through prepare and the abort's resume: prepare_incomplete within deadline_ts + the clients' default slack", async () => {
+    // The daemon's default request_slack_ms, and the clients' default wait past deadline_ts.
+    const { request_slack_ms } = CoordinatorConfigSchema.parse({ token: "t", checkpoint_root: "/c" });
+    const { engine, clock, fake } = makeEngine(root, { slackMs: request_slack_ms });
+    // Every try times out (the test clock moves by the try's whole timeout): prepare at the last stage, then its resume.
+    fake.set("resources", "r1", "prepare", "timeout");
+    fake.set("resources", "r1", "resume", "timeout");
+    const deadlineMs = clock.now() + 4000;
+    await expect(engine.checkpoint({ checkpoint_id: "stall-1", deadline_ts: deadlineMs / 1000, episode_ids: null, stop: false, controller_state: null })).rejects.toMatchObject({
+      code: "prepare_incomplete",
+    });
+    expect(fake.ops("resume").some((c) => c.kind === "resources")).toBe(true); // the abort tried it
+    expect(clock.now()).toBeLessThanOrEqual(deadlineMs + DEFAULT_REPLY_SLACK_MS - 1000);
+  });
+});
+
 describe("retry with the same arguments after a reply timeout (deadline_ts now past)", () => {
   it("commit of the open checkpoint answers its reply", async () => {
     const { engine, clock } = makeEngine(root);

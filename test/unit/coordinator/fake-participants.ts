@@ -200,6 +200,8 @@ export function makeEngine(
     epoch?: number;
     /** Config `expected_participants`. */
     expected?: { kind: Kind; instance: string }[];
+    /** Config `request_slack_ms` (5000 unless given). */
+    slackMs?: number;
   } = {},
 ) {
   const members = options.members ?? FOUR_KINDS;
@@ -226,7 +228,7 @@ export function makeEngine(
       deployment: "unit",
       token: "t",
       clock,
-      slackMs: 5000,
+      slackMs: options.slackMs ?? 5000,
       ...(options.attemptTimeoutMs !== undefined && { attemptTimeoutMs: options.attemptTimeoutMs }),
     }),
     membership: { list: async () => [...members], incarnationOf: (m) => options.incarnations?.get(`${m.kind}.${m.instance}`) },
