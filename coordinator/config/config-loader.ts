@@ -149,8 +149,8 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
         const setting = CONFIG_ENV.find((e) => path === e.path || path.startsWith(`${e.path}.`));
         if (!setting) return "the environment";
         // A number left a string by `coerce` is no decimal: said as a flag's refusal says it (a number is no secret).
-        const raw = envSetting(setting.env, env);
-        return setting.type === "number" && typeof valueAt(fromEnv, keys) === "string" ? `${setting.env} (not a decimal number: ${JSON.stringify(raw)})` : setting.env;
+        const raw = envSetting(setting.env, env) ?? "";
+        return setting.type === "number" && typeof coerce(raw, "number") === "string" ? `${setting.env} (not a decimal number: ${JSON.stringify(raw)})` : setting.env;
       }
       if (hasPath(fromFile, keys)) return `config file ${file}`;
       return undefined;
@@ -170,12 +170,6 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
     throw new CheckpointError("invalid_request", `invalid configuration:\n${z.prettifyError(parsed.error)}${from ? `\nset by:\n${from}` : ""}`);
   }
   return parsed.data;
-}
-
-function valueAt(values: Plain, keys: string[]): unknown {
-  let node: unknown = values;
-  for (const key of keys) node = node !== null && typeof node === "object" ? (node as Plain)[key] : undefined;
-  return node;
 }
 
 function hasPath(values: Plain, keys: string[]): boolean {

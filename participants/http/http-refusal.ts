@@ -12,3 +12,10 @@ export function sendRefusal(reply: FastifyReply, error: unknown, kind: Kind | nu
   if (kind !== null) countRefusal(error, kind);
   return reply.code(refusal.status).type("application/json").send(refusal.toReply());
 }
+
+/** `sendRefusal`'s counting, for refusals answered outside a reply (on the raw socket, an Expect): null counts nothing. */
+export function refusalCounter(kind: Kind | null): (refusal: unknown) => void {
+  return (refusal) => {
+    if (kind !== null) countRefusal(refusal, kind);
+  };
+}

@@ -2,8 +2,7 @@ import type { Duplex } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import { CheckpointError, refuseMalformedHttpRequest, refuseUnknownExpectations, type Kind } from "../../protocol/index.js";
-import { countRefusal } from "../telemetry/instruments.js";
-import { sendRefusal } from "./http-refusal.js";
+import { refusalCounter, sendRefusal } from "./http-refusal.js";
 
 /**
  * The Fastify options every participant server is created with, for what is answered before any
@@ -13,9 +12,8 @@ import { sendRefusal } from "./http-refusal.js";
  * Host). Counted under `kind`, as `sendRefusal` counts.
  */
 export function participantServerOptions(kind: Kind | null) {
-  const counted = (refusal: CheckpointError) => kind !== null && countRefusal(refusal, kind);
   return {
-    clientErrorHandler: (error: Error & { code?: string }, socket: Duplex) => refuseMalformedHttpRequest(error, socket, counted),
+    clientErrorHandler: (error: Error & { code?: string }, socket: Duplex) => refuseMalformedHttpRequest(error, socket, refusalCounter(kind)),
     // The router's own refusals (a path that does not decode, `/%ff`), before any hook runs.
     frameworkErrors: (error: Error, _request: FastifyRequest, reply: FastifyReply) => void sendRefusal(reply, new CheckpointError("invalid_request", error.message), kind),
     http: { requireHostHeader: false },
@@ -31,7 +29,7 @@ export function participantServerOptions(kind: Kind | null) {
  */
 export function installRefusalHandlers(app: FastifyInstance, server: string, kind: Kind | null, logger?: Logger): void {
   // An Expect other than 100-continue: the catalog refusal, not Node's bare 417.
-  refuseUnknownExpectations(app.server, (refusal) => kind !== null && countRefusal(refusal, kind));
+  refuseUnknownExpectations(app.server, refusalCounter(kind));
   app.setErrorHandler((error, _request, reply) => {
     if (error instanceof CheckpointError) return sendRefusal(reply, error, kind);
     const status = (error as { statusCode?: number }).statusCode ?? 500;

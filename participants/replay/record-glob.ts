@@ -68,7 +68,7 @@ async function walk(base: string, segments: readonly string[], out: Set<string>)
   if (!MAGIC.test(segment)) {
     const target = path.join(base, segment);
     if (rest.length > 0) return walk(target, rest, out);
-    if (await isFilePath(target)) out.add(target);
+    if (await namesFile(target)) out.add(target);
     return;
   }
   const regex = segmentRegex(segment);
@@ -77,7 +77,7 @@ async function walk(base: string, segments: readonly string[], out: Set<string>)
     const target = path.join(base, entry.name);
     if (rest.length > 0) {
       if (isDir(entry)) await walk(target, rest, out);
-    } else if (await isFilePath(target)) {
+    } else if (await namesFile(target)) {
       out.add(target);
     }
   }
@@ -143,7 +143,7 @@ function isDir(entry: Dirent): boolean {
  * record file is listed too, so its reader refuses it (invalid_checkpoint_state, at once, never
  * waited on) instead of the load going on without a word.
  */
-async function isFilePath(target: string): Promise<boolean> {
+async function namesFile(target: string): Promise<boolean> {
   return fs.stat(target).then(
     (s) => !s.isDirectory(),
     (error: unknown) => {
