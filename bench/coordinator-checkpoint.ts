@@ -18,7 +18,7 @@ import {
 } from "../protocol/index.js";
 import { NatsControllerClient } from "../coordinator/client/nats-controller-client.js";
 import { CoordinatorConfigSchema } from "../coordinator/config/coordinator-config.js";
-import { startCoordinator } from "../coordinator/daemon/coordinator-daemon.js";
+import { startCoordinator, type CoordinatorHandle } from "../coordinator/daemon/coordinator-daemon.js";
 import { NatsServerProcess } from "../coordinator/local/nats-server-process.js";
 import { openMembersBucket } from "../coordinator/membership/members-bucket.js";
 import { machine, percentile, writeSection } from "./bench-report.js";
@@ -32,15 +32,15 @@ import { machine, percentile, writeSection } from "./bench-report.js";
 const SIZES = (process.env.COORD_BENCH_SIZES ?? "4,64,256").split(",").map(Number);
 const ROUNDS: Record<number, number> = { 4: 300, 64: 150, 256: 60 };
 const WARMUP = 15;
-const TOKEN = "bench-token";
+export const TOKEN = "bench-token";
 const KINDS: Kind[] = ["environment", "model", "agent", "resources"];
 
-interface Member {
+export interface Member {
   kind: Kind;
   instance: string;
 }
 
-function membersFor(n: number): Member[] {
+export function membersFor(n: number): Member[] {
   return Array.from({ length: n }, (_, i) => ({ kind: KINDS[i % 4]!, instance: `p${i}` }));
 }
 
@@ -105,7 +105,7 @@ function serve(nc: NatsConnection, deployment: string, members: Member[]): () =>
 }
 
 /** The floor: the same staged pattern of directed requests, nothing else. Returns its split (ms). */
-async function floorRound(nc: NatsConnection, deployment: string, members: Member[], id: string): Promise<{ prepare: number; commit: number; resume: number }> {
+export async function floorRound(nc: NatsConnection, deployment: string, members: Member[], id: string): Promise<{ prepare: number; commit: number; resume: number }> {
   const h = headers();
   h.set(HEADER_AUTHORIZATION, `Bearer ${TOKEN}`);
   const send = (m: Member, op: "prepare" | "commit" | "resume", body: unknown) =>
@@ -180,7 +180,7 @@ async function cpuBlock(rounds: number, pids: { server: number | undefined; resp
 }
 
 /** Runs the responders for `members` in a child process (as real participants would be), until killed. */
-async function spawnResponders(url: string, deployment: string, n: number): Promise<ChildProcess> {
+export async function spawnResponders(url: string, deployment: string, n: number): Promise<ChildProcess> {
   const child = spawn(process.execPath, [fileURLToPath(import.meta.url)], {
     env: { ...process.env, COORD_BENCH_ROLE: "responders", COORD_BENCH_URL: url, COORD_BENCH_DEPLOYMENT: deployment, COORD_BENCH_N: String(n) },
     stdio: ["ignore", "pipe", "inherit"],
@@ -200,6 +200,66 @@ async function respondersMain(): Promise<void> {
   process.once("SIGTERM", () => void nc.close().then(() => process.exit(0)));
 }
 
+/** One size's setup: responders, their registry entries, a coordinator daemon, and the two client connections. */
+export interface World {
+  deployment: string;
+  members: Member[];
+  coordinator: CoordinatorHandle;
+  /** The controller client (checkpoints) and the floor's connection. */
+  client: NatsControllerClient;
+  fnc: NatsConnection;
+  responders: ChildProcess;
+  /** Renews every member's registry entry (the registry drops one 15 s after its last). */
+  heartbeat(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export async function startWorld(url: string, checkpointRoot: string, deployment: string, n: number): Promise<World> {
+  const members = membersFor(n);
+  const pnc = await connect({ servers: url });
+  // Same client options as the coordinator daemon's own connection.
+  const cnc = await connect({ servers: url, noAsyncTraces: true });
+  const fnc = await connect({ servers: url, noAsyncTraces: true });
+  const responders = await spawnResponders(url, deployment, n);
+  const kv = await openMembersBucket(pnc, deployment);
+  const startedAt = Date.now() / 1000;
+  const heartbeat = async () => {
+    const now = Date.now() / 1000;
+    for (const m of members) {
+      await kv.put(`${m.kind}.${m.instance}`, JSON.stringify({ ...m, incarnation: "bench", started_at: startedAt, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
+    }
+    await pnc.flush();
+  };
+  await heartbeat();
+  const config = CoordinatorConfigSchema.parse({
+    deployment,
+    nats: { servers: url },
+    token: TOKEN,
+    checkpoint_root: checkpointRoot,
+    lease_ms: 1000,
+    http: { enabled: false, host: "127.0.0.1", port: 0 },
+    log_level: "silent",
+  });
+  // (the daemon connects with noAsyncTraces, like the floor connection)
+  const coordinator = await startCoordinator({ config, logger: pino({ level: "silent" }) });
+  await coordinator.whenReady();
+  const client = new NatsControllerClient({ nc: cnc, deployment, token: TOKEN });
+  return {
+    deployment,
+    members,
+    coordinator,
+    client,
+    fnc,
+    responders,
+    heartbeat,
+    async close() {
+      await coordinator.stop();
+      responders.kill("SIGTERM");
+      await Promise.all([pnc.close(), cnc.close(), fnc.close()]);
+    },
+  };
+}
+
 export async function run(): Promise<void> {
   const server = await NatsServerProcess.start();
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-bench-coord-"));
@@ -208,37 +268,8 @@ export async function run(): Promise<void> {
   const results: { split: string; floorSplit: string; inside: Record<"prepare" | "commit" | "publish" | "resume", number>; outside: number; tail: number; floorInside: Record<"prepare" | "commit" | "resume", number>; n: number; p50: number; p99: number; f50: number; f99: number; ratio: number; cpu: { checkpoint: CpuPerOp; floor: CpuPerOp } }[] = [];
   try {
     for (const n of SIZES) {
-      const deployment = `bench${n}`;
-      const members = membersFor(n);
-      const pnc = await connect({ servers: server.url });
-      // Same client options as the coordinator daemon's own connection.
-      const cnc = await connect({ servers: server.url, noAsyncTraces: true });
-      const fnc = await connect({ servers: server.url, noAsyncTraces: true });
-      const responders = await spawnResponders(server.url, deployment, n);
-      const stop = () => responders.kill("SIGTERM");
-      const kv = await openMembersBucket(pnc, deployment);
-      const startedAt = Date.now() / 1000;
-      const heartbeat = async () => {
-        const now = Date.now() / 1000;
-        for (const m of members) {
-          await kv.put(`${m.kind}.${m.instance}`, JSON.stringify({ ...m, incarnation: "bench", started_at: startedAt, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
-        }
-        await pnc.flush();
-      };
-      await heartbeat();
-      const config = CoordinatorConfigSchema.parse({
-        deployment,
-        nats: { servers: server.url },
-        token: TOKEN,
-        checkpoint_root: join(root, deployment),
-        lease_ms: 1000,
-        http: { enabled: false, host: "127.0.0.1", port: 0 },
-        log_level: "silent",
-      });
-      const coordinator = await startCoordinator({ config, logger: pino({ level: "silent" }) });
-      // (the daemon connects with noAsyncTraces, like the floor connection)
-      await coordinator.whenReady();
-      const client = new NatsControllerClient({ nc: cnc, deployment, token: TOKEN });
+      const world = await startWorld(server.url, join(root, `bench${n}`), `bench${n}`, n);
+      const { deployment, members, client, fnc, heartbeat } = world;
       const rounds = ROUNDS[n] ?? 50;
       const full: number[] = [];
       const parts = { prepare: [] as number[], commit: [] as number[], publish: [] as number[], resume: [] as number[] };
@@ -271,15 +302,13 @@ export async function run(): Promise<void> {
       // CPU per op, in blocks of their own after the latency rounds (heartbeats renewed first: the
       // registry drops a member 15 s after its last one).
       await heartbeat();
-      const pids = { server: server.pid, responders: responders.pid };
+      const pids = { server: server.pid, responders: world.responders.pid };
       const cpuRounds = Math.min(rounds, 100);
       const cpu = {
         checkpoint: await cpuBlock(cpuRounds, pids, (i) => client.checkpoint({ checkpoint_id: `cpu${n}-${i}` })),
         floor: await cpuBlock(cpuRounds, pids, (i) => floorRound(fnc, deployment, members, `cpuf${n}-${i}`)),
       };
-      await coordinator.stop();
-      stop();
-      await Promise.all([pnc.close(), cnc.close(), fnc.close()]);
+      await world.close();
       const medians = <K extends string>(byPart: Record<K, number[]>) => Object.fromEntries(Object.entries<number[]>(byPart).map(([k, v]) => [k, percentile(v, 50)])) as Record<K, number>;
       const inside = medians(parts);
       const floorInside = medians(floorParts);
