@@ -3,6 +3,7 @@ import type { Logger } from "pino";
 import { z } from "zod";
 import { CheckpointError, captureKey, describeZodError, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
+import { installJsonBodyParser } from "../../http/json-body.js";
 import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { Activation, AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
@@ -77,6 +78,7 @@ function episodeOf(request: FastifyRequest): EpisodeId {
 export function createAgentApp(options: AgentAppOptions): FastifyInstance {
   const { kind, state, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20, ...participantServerOptions(kind.kind) });
+  installJsonBodyParser(app);
   // Malformed JSON and the like arrive here; they are the caller's fault.
   installRefusalHandlers(app, "agent server", kind.kind);
 

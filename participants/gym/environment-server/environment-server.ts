@@ -3,6 +3,7 @@ import type { Logger } from "pino";
 import { z } from "zod";
 import { CheckpointError, TRAJECTORY_HEADER, canonicalDigest, captureKey, describeZodError } from "../../../protocol/index.js";
 import { sendRefusal } from "../../http/http-refusal.js";
+import { installJsonBodyParser } from "../../http/json-body.js";
 import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ChatMessageLikeSchema, chatTrajectory } from "../../replay/chat-trajectory.js";
@@ -62,6 +63,7 @@ function replayRefusal(error: unknown): unknown {
 export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyInstance {
   const { kind, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20, ...participantServerOptions(kind.kind) });
+  installJsonBodyParser(app);
   installRefusalHandlers(app, "environment server", kind.kind);
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));

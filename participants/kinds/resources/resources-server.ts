@@ -1,5 +1,5 @@
 import Fastify, { type FastifyInstance } from "fastify";
-import { CheckpointError, MAX_JSON_DEPTH, jsonNestsDeeperThan } from "../../../protocol/index.js";
+import { installJsonBodyParser } from "../../http/json-body.js";
 import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind, type ResourcesKindOptions } from "./resources-kind.js";
@@ -74,21 +74,9 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
     bodyLimit: options.bodyLimit ?? 1024 * 1024,
   });
   // JSON only: Fastify's text/plain parser would hand a route a string body. Another content type
-  // is then 415, answered invalid_request before any route runs. Callers often POST an empty body
-  // (close_session); treat it as {}.
+  // is then 415, answered invalid_request before any route runs.
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser("application/json", { parseAs: "string" }, (_request, body, done) => {
-    const text = typeof body === "string" ? body : body.toString("utf8");
-    if (text.trim() === "") return done(null, {});
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(text);
-    } catch {
-      return done(new CheckpointError("invalid_request", "the body is not valid JSON"), undefined);
-    }
-    if (jsonNestsDeeperThan(parsed)) return done(new CheckpointError("invalid_request", `the body nests more than ${MAX_JSON_DEPTH} levels deep`), undefined);
-    done(null, parsed);
-  });
+  installJsonBodyParser(app);
   // Once closed, the holds of verified sessions fire no timer into the server (ResourcesKind.dispose).
   app.addHook("onClose", async () => kind.dispose());
   installRefusalHandlers(app, "resources server", kind.kind, options.logger);
