@@ -5,7 +5,7 @@ import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
 import { LEADER_CHECK_MS, LeaderLeaseReader } from "./leader-watch.js";
-import { decodeControllerReply, defaultWait, replyTimeoutMs } from "./reply-decoder.js";
+import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface NatsControllerClientOptions {
   nc: NatsConnection;
@@ -21,8 +21,8 @@ export interface NatsControllerClientOptions {
   /** How long to retry while no coordinator is the ready leader (no responders / not_leader). */
   leaderWaitMs?: number;
   /**
-   * An op sent without a deadline waits as long as the coordinator may run it, unless the
-   * coordinator that took it stops leading: its lease is re-read this often (default 5 s).
+   * An op waits for its reply (see `timeoutMs`, `slackMs`) unless the coordinator that took it
+   * stops leading: its lease is re-read this often while it waits (default 5 s).
    */
   leaderCheckMs?: number;
 }
@@ -45,14 +45,17 @@ export class NatsControllerClient extends ControllerClient {
     const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 10_000);
     for (;;) {
       const timeout = replyTimeoutMs(op, request, this.options);
-      const watch = defaultWait(request, this.options) ? new AbortController() : undefined;
+      // Every wait is watched, a deadline's too: a collector whose leader died mid-commit would
+      // otherwise wait out the deadline (60 s by default) with the Gym paused, while a successor
+      // that could answer its retry is ready within a few seconds.
+      const watch = new AbortController();
       try {
         // The lease is read beside the request, not before it: one KV round trip off the op's path
         // (none when a read within the last LEASE_READ_REUSE_MS named a serving leader).
-        const leader = watch && this.leases.leaderAsSent(watch.signal);
-        const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch?.signal });
-        void leader?.then((holder) => {
-          if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch!.signal).then((lost) => watch!.abort(lost));
+        const leader = this.leases.leaderAsSent(watch.signal);
+        const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch.signal });
+        void leader.then((holder) => {
+          if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch.signal).then((lost) => watch.abort(lost));
         });
         // The controller's own span (if any) becomes the parent of the coordinator's.
         return decodeControllerReply(op, await reply);
@@ -67,7 +70,7 @@ export class NatsControllerClient extends ControllerClient {
         if (error instanceof RequestTimeoutFailure) throw new CheckpointError("outcome_unknown", `no reply on ${subject} within ${Math.round(timeout)} ms`);
         throw error;
       } finally {
-        watch?.abort(new Error("the reply came"));
+        watch.abort(new Error("the reply came"));
       }
     }
   }

@@ -192,11 +192,13 @@ describe("NATS controller client", () => {
   });
 
   // publish takes no deadline: only waits past 90 s were watched, and a publish whose coordinator
-  // was killed with it in hand waited its full 90 s.
+  // was killed with it in hand waited its full 90 s. A commit with a deadline (collect's own ops)
+  // waited out its deadline plus the slack, the Gym paused, though a successor could answer sooner.
   it.each([
     ["checkpoint (takes a deadline; up to 7 days without one)", "checkpoint"],
     ["publish (takes none; 90 s)", "publish"],
-  ] as const)("%s sent without a deadline stops waiting (outcome_unknown) once the coordinator that took it no longer holds the leader lease", async (_what, op) => {
+    ["commit sent with a deadline 60 s ahead", "commit"],
+  ] as const)("%s stops waiting (outcome_unknown) once the coordinator that took it no longer holds the leader lease", async (_what, op) => {
     // The lease as a coordinator writes it; the coordinator itself is a silent responder (killed mid-op).
     const deployment = `lost-${op}`;
     const kv = await new Kvm(nats.nc).create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
@@ -206,7 +208,12 @@ describe("NATS controller client", () => {
     await nats.nc.flush();
     try {
       const watched = new NatsControllerClient({ nc: nats.nc, deployment, token: "ctl-token", leaderCheckMs: 20 });
-      const sent = op === "checkpoint" ? watched.checkpoint({ checkpoint_id: "lost-1", episode_ids: [] }) : watched.publish({ checkpoint_id: "lost-1" });
+      const sent =
+        op === "checkpoint"
+          ? watched.checkpoint({ checkpoint_id: "lost-1", episode_ids: [] })
+          : op === "publish"
+            ? watched.publish({ checkpoint_id: "lost-1" })
+            : watched.commit({ checkpoint_id: "lost-1", episode_ids: [], deadline_ts: Date.now() / 1000 + 60 });
       const outcome = sent.catch((error: unknown) => error);
       await waitUntil(() => held.length === 1, "the request to reach the coordinator");
       // Still leading (renewed): the client keeps waiting.
