@@ -18,8 +18,8 @@ export interface HttpControllerClientOptions {
   /** Wait past a request's deadline (default 10 s). */
   slackMs?: number;
   /**
-   * An op sent without a deadline waits as long as the coordinator may run it, unless the
-   * coordinator stops being the ready leader: its `/readyz` is asked this often (default 5 s).
+   * An op waits for its reply (see `timeoutMs`, `slackMs`) unless the coordinator stops being the
+   * ready leader: its `/readyz` is asked this often while it waits (default 5 s).
    */
   readyCheckMs?: number;
   /** The largest op reply body read (default MAX_CONTROLLER_REPLY_BYTES). */
@@ -123,15 +123,17 @@ export class HttpControllerClient extends ControllerClient {
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) };
     // W3C traceparent of the caller's span, as the NATS client sends it: the op joins the caller's trace.
     propagation.inject(context.active(), headers);
-    // Only past the 90 s of an op that takes no deadline: a coordinator killed mid-op resets the
-    // connection at once over HTTP, and a /readyz beside every short read would double them.
-    const watch = defaultWait(request, this.options) && timeout > DEFAULT_REPLY_TIMEOUT_MS ? new AbortController() : undefined;
-    const signal = watch ? AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), watch.signal]) : AbortSignal.timeout(timerDelay(timeout));
-    if (watch) this.watchReadiness(watch);
+    // Every wait is watched, as over NATS: a coordinator killed mid-op resets the connection at once
+    // over HTTP, but a frozen or partitioned one would keep a 60 s deadline's op waiting 70 s. The
+    // first /readyz is asked beside the op only past the 90 s of an op that takes no deadline;
+    // otherwise one period later, so an op answered sooner (most of them) asks none.
+    const watch = new AbortController();
+    const signal = AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), watch.signal]);
+    this.watchReadiness(watch, defaultWait(request, this.options) && timeout > DEFAULT_REPLY_TIMEOUT_MS ? "now" : "later");
     try {
       return await this.send(op, path, method, headers, request, signal, timeout);
     } finally {
-      watch?.abort(new Error("the reply came"));
+      watch.abort(new Error("the reply came"));
     }
   }
 
@@ -139,9 +141,10 @@ export class HttpControllerClient extends ControllerClient {
    * Aborts `watch` with `outcome_unknown` once the coordinator's `/readyz` fails READY_FAILURES
    * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset),
    * or names another epoch than when the op was sent (behind a load balancer, another coordinator
-   * leads now). Its first answer is asked for beside the op, off its path.
+   * leads now). Its first answer is asked for beside the op, off its path (`first` now), or one
+   * period after it was sent.
    */
-  private watchReadiness(watch: AbortController): void {
+  private watchReadiness(watch: AbortController, first: "now" | "later"): void {
     let failures = 0;
     let epoch: unknown;
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
@@ -156,7 +159,7 @@ export class HttpControllerClient extends ControllerClient {
       failures = ready ? 0 : failures + 1;
       return failures >= READY_FAILURES ? lost("stopped being the ready leader") : undefined;
     };
-    void pollUntil(check, everyMs, watch.signal, "now").then((error) => watch.abort(error));
+    void pollUntil(check, everyMs, watch.signal, first).then((error) => watch.abort(error));
   }
 
   private async send<O extends ControllerOp>(

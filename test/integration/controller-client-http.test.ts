@@ -123,6 +123,27 @@ describe("HTTP controller client", () => {
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
   });
 
+  it("an op sent with a deadline 60 s ahead ends outcome_unknown once /readyz fails twice, not when its deadline passes (a frozen coordinator)", async () => {
+    let ready = true;
+    let received = 0;
+    let checks = 0;
+    const url = await listen((req, res) => {
+      if (req.url === "/readyz") return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end("{}", () => (checks += 1));
+      received += 1; // never answered
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
+    let settled: unknown = "pending";
+    void client.commit({ checkpoint_id: "h3", episode_ids: [], deadline_ts: Date.now() / 1000 + 60 }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => received === 1 && checks >= 3, "the op to reach the coordinator and three readiness checks to pass");
+    expect(settled).toBe("pending");
+    ready = false;
+    await waitUntil(() => settled !== "pending", "the op to end once the coordinator is not ready", 10_000);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
+  });
+
   it("an op sent without a deadline ends outcome_unknown once /readyz names another epoch (another coordinator leads behind the same address)", async () => {
     let epoch = 7;
     let checks = 0;
