@@ -32,7 +32,7 @@ import { machine, percentile, writeSection } from "./bench-report.js";
 const SIZES = (process.env.COORD_BENCH_SIZES ?? "4,64,256").split(",").map(Number);
 const ROUNDS: Record<number, number> = { 4: 300, 64: 150, 256: 60 };
 const WARMUP = 15;
-export const TOKEN = "bench-token";
+const TOKEN = "bench-token";
 const KINDS: Kind[] = ["environment", "model", "agent", "resources"];
 
 export interface Member {
@@ -40,7 +40,7 @@ export interface Member {
   instance: string;
 }
 
-export function membersFor(n: number): Member[] {
+function membersFor(n: number): Member[] {
   return Array.from({ length: n }, (_, i) => ({ kind: KINDS[i % 4]!, instance: `p${i}` }));
 }
 
@@ -180,7 +180,7 @@ async function cpuBlock(rounds: number, pids: { server: number | undefined; resp
 }
 
 /** Runs the responders for `members` in a child process (as real participants would be), until killed. */
-export async function spawnResponders(url: string, deployment: string, n: number): Promise<ChildProcess> {
+async function spawnResponders(url: string, deployment: string, n: number): Promise<ChildProcess> {
   const child = spawn(process.execPath, [fileURLToPath(import.meta.url)], {
     env: { ...process.env, COORD_BENCH_ROLE: "responders", COORD_BENCH_URL: url, COORD_BENCH_DEPLOYMENT: deployment, COORD_BENCH_N: String(n) },
     stdio: ["ignore", "pipe", "inherit"],

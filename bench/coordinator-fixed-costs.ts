@@ -67,13 +67,13 @@ const VARIANTS: Variant[] = [
   { name: "as above, and without the controller hop (the engine called in process)", stub: both, direct: true },
 ];
 
-async function measure(world: World, variant: Variant): Promise<{ p50: number; f50: number }> {
+async function measure(world: World, variant: Variant, index: number): Promise<{ p50: number; f50: number }> {
   const restore = variant.stub();
   const checkpoints: number[] = [];
   const floors: number[] = [];
   try {
     for (let i = 0; i < ROUNDS + WARMUP; i++) {
-      const id = `fixed-${VARIANTS.indexOf(variant)}-${i}`;
+      const id = `fixed-${index}-${i}`;
       let t = performance.now();
       if (variant.direct) await world.coordinator.engine.checkpoint({ checkpoint_id: id, episode_ids: null, stop: false, controller_state: null });
       else await world.client.checkpoint({ checkpoint_id: id });
@@ -109,8 +109,8 @@ export async function run(): Promise<void> {
   try {
     const world = await startWorld(server.url, join(root, "fixed"), "fixed", N);
     try {
-      for (const variant of VARIANTS) {
-        const { p50, f50 } = await measure(world, variant);
+      for (const [index, variant] of VARIANTS.entries()) {
+        const { p50, f50 } = await measure(world, variant, index);
         const ratio = p50 / f50;
         ratios.push(ratio);
         console.log(`${variant.name}: checkpoint p50 ${p50.toFixed(2)} ms | floor p50 ${f50.toFixed(2)} ms | ratio ${ratio.toFixed(2)}×`);

@@ -25,13 +25,6 @@ afterEach(async () => {
 
 const R1 = [{ rollout_id: "r1", attempt: 0 }];
 
-/**
- * docs/api.md "Retrying a controller op": a controller whose reply was lost (a reply timeout, which
- * the clients declare at deadline_ts + slack) retries with the same id and arguments and gets the
- * op's reply; "prepare, commit and publish answer from the open checkpoint", "a restore retried
- * while it is open (same id ... and the same episode_ids) returns its reply".
- * The same arguments include the same deadline_ts, which is in the past by then.
- */
 describe("a failed prepare answers while its controller still waits", () => {
   it("a participant stalled through prepare and the abort's resume: prepare_incomplete within deadline_ts + the clients' default slack", async () => {
     // The daemon's default request_slack_ms, and the clients' default wait past deadline_ts.
@@ -49,6 +42,13 @@ describe("a failed prepare answers while its controller still waits", () => {
   });
 });
 
+/**
+ * docs/api.md "Retrying a controller op": a controller whose reply was lost (a reply timeout, which
+ * the clients declare at deadline_ts + slack) retries with the same id and arguments and gets the
+ * op's reply; "prepare, commit and publish answer from the open checkpoint", "a restore retried
+ * while it is open (same id ... and the same episode_ids) returns its reply".
+ * The same arguments include the same deadline_ts, which is in the past by then.
+ */
 describe("retry with the same arguments after a reply timeout (deadline_ts now past)", () => {
   it("commit of the open checkpoint answers its reply", async () => {
     const { engine, clock } = makeEngine(root);
