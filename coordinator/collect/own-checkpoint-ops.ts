@@ -180,7 +180,9 @@ export class OwnCheckpointOps {
    * (re-driving its commit, or answering from the published checkpoint.json). Taking the lost reply
    * for a failure would resume a published checkpoint (a stop checkpoint's parked Gym included)
    * and report it unpublished. A successor that no longer has it open (a stop checkpoint closes at
-   * its publish) refuses the retry: then the catalog tells whether it was published, with our state.
+   * its publish) answers the retry from checkpoint.json, which names our state file and sha256; any
+   * refusal still left (the retries ran out) is checked against the catalog: published with our
+   * state, it is no failure.
    */
   async publishOwn(checkpointId: string, sha256: string): Promise<void> {
     try {

@@ -25,6 +25,7 @@ import {
   commitScopeIssue,
   restoreScopeIssue,
   toCheckpointError,
+  type ControllerState,
   type ControllerStateInput,
   type CtlReplyOf,
   type CtlRequestOf,
@@ -337,6 +338,8 @@ export class CheckpointEngine {
       const args = canonicalJson(request.controller_state ?? null); // refuses state nested too deep
       const again = this.replayed<"publish">(request.checkpoint_id, "publish", args);
       if (again) return again;
+      const published = await this.publishedWith(request.checkpoint_id, request.controller_state);
+      if (published) return this.publishReplyOf(published);
       const reply = await this.doPublish(request.checkpoint_id, request.controller_state);
       this.remember(request.checkpoint_id, "publish", args, reply);
       // stop: the controller stops after this checkpoint; participants stay parked (as in `checkpoint`).
@@ -426,6 +429,8 @@ export class CheckpointEngine {
       const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
       if (again) return again;
+      const finished = await this.publishedWith(id, request.controller_state, request);
+      if (finished) return this.checkpointReplyOf(finished);
       const deadlineMs = this.deadline(request.deadline_ts);
       // A state file the publication would refuse is refused now, before the prepare parks anyone
       // and a commit burns the id (publish checks it again: it may change meanwhile).
@@ -982,9 +987,13 @@ export class CheckpointEngine {
     // What its commit and publish answered, for a controller retrying them (publish: any arguments).
     const manifest = await this.options.catalog.get(open.id).catch(() => undefined);
     if (manifest) {
-      const dir = this.options.catalog.dirFor(open.id);
-      open.commit = this.remember(open.id, "commit", commitArgs(open.scope, open.stop), { checkpoint_id: open.id, epoch: manifest.epoch, checkpoint_dir: dir, participants: manifest.participants });
-      open.publish = this.remember(open.id, "publish", null, { checkpoint_id: open.id, manifest_path: join(dir, GLOBAL_MANIFEST_FILE), published_at: manifest.published_at, deleted: [] });
+      open.commit = this.remember(open.id, "commit", commitArgs(open.scope, open.stop), {
+        checkpoint_id: open.id,
+        epoch: manifest.epoch,
+        checkpoint_dir: this.options.catalog.dirFor(open.id),
+        participants: manifest.participants,
+      });
+      open.publish = this.remember(open.id, "publish", null, this.publishReplyOf(manifest));
     }
     // stop: the controller stopped after it; participants stay parked by design.
     if (open.stop) {
@@ -1892,6 +1901,45 @@ export class CheckpointEngine {
     return kept.reply as CtlReplyOf<O>;
   }
 
+  /**
+   * The checkpoint.json of a published id this coordinator keeps no reply for, when it records the
+   * arguments of the `checkpoint` or `publish` retried: a reply lost after the op finished, retried
+   * at a successor (the predecessor removed its journal entry once everyone resumed) or here after
+   * REMEMBERED_CHECKPOINTS later ids pushed the reply out. Undefined when the id is open here, not
+   * published, or published with other arguments: the op then refuses the id as before.
+   */
+  private async publishedWith(id: string, state: ControllerStateInput | null, commit?: { episode_ids: EpisodeId[] | null; stop: boolean }): Promise<GlobalManifest | undefined> {
+    if (this.open?.id === id || !this.options.catalog.has(id)) return undefined;
+    const manifest = await this.options.catalog.get(id);
+    if (commit && (manifest.stop !== commit.stop || !sameScope(manifest.scope, commit.episode_ids))) return undefined;
+    return sameControllerState(manifest.controller_state, state) ? manifest : undefined;
+  }
+
+  private publishReplyOf(manifest: GlobalManifest): CtlReplyOf<"publish"> {
+    const id = manifest.checkpoint_id;
+    return { checkpoint_id: id, manifest_path: join(this.options.catalog.dirFor(id), GLOBAL_MANIFEST_FILE), published_at: manifest.published_at, deleted: [] };
+  }
+
+  /**
+   * A `checkpoint` reply rebuilt from its checkpoint.json: what retention deleted then and which
+   * participants failed to resume are not recorded there (those resumed when their lease expired).
+   */
+  private checkpointReplyOf(manifest: GlobalManifest): CtlReplyOf<"checkpoint"> {
+    const id = manifest.checkpoint_id;
+    return {
+      checkpoint_id: id,
+      epoch: manifest.epoch,
+      checkpoint_dir: this.options.catalog.dirFor(id),
+      manifest_path: join(this.options.catalog.dirFor(id), GLOBAL_MANIFEST_FILE),
+      published_at: manifest.published_at,
+      participants: manifest.participants.length,
+      restarts: manifest.restarts,
+      deleted: [],
+      resume_failures: [],
+      timings_ms: { prepare: 0, commit: 0, publish: 0, resume: 0 },
+    };
+  }
+
   /** A checkpoint (or restore) this coordinator opens now, at its epoch, with its members' incarnations. */
   private opening(id: string, phase: OpenPhase, members: ParticipantRef[], fields: Partial<OpenCheckpoint> = {}): OpenCheckpoint {
     const viewed = this.incarnationsOf(members);
@@ -2214,4 +2262,11 @@ function commitArgs(scope: EpisodeId[] | null, stop: boolean): string {
 
 function sameScope(a: EpisodeId[] | null, b: EpisodeId[] | null): boolean {
   return scopeKey(a) === scopeKey(b);
+}
+
+/** Whether checkpoint.json records the controller state an op names: the same inline JSON, or the same file (and sha256, if the op names one). */
+function sameControllerState(recorded: ControllerState | null, requested: ControllerStateInput | null): boolean {
+  if (recorded === null || requested === null) return recorded === requested;
+  if ("inline" in requested) return "inline" in recorded && canonicalJson(recorded.inline) === canonicalJson(requested.inline ?? null);
+  return "file" in recorded && recorded.file === requested.file && (requested.sha256 === undefined || requested.sha256 === recorded.sha256);
 }

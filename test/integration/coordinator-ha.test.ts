@@ -49,6 +49,11 @@ describe("two coordinators: one lease, fenced epochs", () => {
     await b.whenReady();
     const second = await world.client.checkpoint({ checkpoint_id: "ha-2" });
     expect(second.epoch).toBe(epochB);
+    // ha-1's reply lost, its retry reaches B: A removed ha-1's journal entry once everyone resumed,
+    // so B answers from ha-1's checkpoint.json, sending nothing.
+    const sentBefore = monitor.log.length;
+    expect(await world.client.checkpoint({ checkpoint_id: "ha-1" })).toEqual({ ...first, deleted: [], resume_failures: [], timings_ms: { prepare: 0, commit: 0, publish: 0, resume: 0 } });
+    expect(monitor.log.length).toBe(sentBefore);
     expect(monitor.log.filter((m) => m.epoch === epochA).length).toBe(sentByA);
     // every message of epoch A precedes every message of epoch B
     const lastA = monitor.log.map((m) => m.epoch === epochA).lastIndexOf(true);

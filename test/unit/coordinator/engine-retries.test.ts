@@ -84,6 +84,70 @@ describe("retry with the same arguments after a reply timeout (deadline_ts now p
 });
 
 /**
+ * docs/api.md, "Retrying a controller op": a `checkpoint` or `publish` whose reply was lost after it
+ * finished is answered from its checkpoint.json when the retry names the arguments it records, by a
+ * successor (the predecessor removed its journal entry once everyone resumed) and by the coordinator
+ * that ran it once 8 later ids pushed its kept reply out; other arguments are refused as before.
+ */
+describe("a checkpoint or publish retried after it finished, its reply no longer kept", () => {
+  const state = { inline: { step: 12, optimizer: "adam" } };
+
+  it("a successor answers the checkpoint op from checkpoint.json (nothing sent); other arguments are stale_checkpoint", async () => {
+    const first = makeEngine(root);
+    const done = await first.engine.checkpoint({ checkpoint_id: "fin", episode_ids: R1, stop: false, controller_state: state });
+    await journalEmptied(first.journal);
+    const second = makeEngine(root, { epoch: 8 });
+    const retried = await second.engine.checkpoint({ checkpoint_id: "fin", deadline_ts: second.clock.now() / 1000 - 60, episode_ids: R1, stop: false, controller_state: state });
+    expect(retried).toEqual({ ...done, deleted: [], resume_failures: [], timings_ms: { prepare: 0, commit: 0, publish: 0, resume: 0 } });
+    for (const other of [
+      { episode_ids: [{ rollout_id: "r2", attempt: 0 }], stop: false, controller_state: state },
+      { episode_ids: R1, stop: true, controller_state: state },
+      { episode_ids: R1, stop: false, controller_state: { inline: { step: 13, optimizer: "adam" } } },
+      { episode_ids: R1, stop: false, controller_state: null },
+    ]) {
+      expect((await refusalOf(second.engine.checkpoint({ checkpoint_id: "fin", ...other }))).code).toBe("stale_checkpoint");
+    }
+    expect(second.fake.calls).toEqual([]);
+    expect(second.engine.openCheckpoint).toBeNull();
+  });
+
+  it("a successor answers publish of a state file by its name (and sha256 when named); another file is refused not_found", async () => {
+    const first = makeEngine(root);
+    await first.engine.prepare({ checkpoint_id: "fin-f" });
+    await first.engine.commit({ checkpoint_id: "fin-f", episode_ids: null, stop: false });
+    await writeFile(join(root, "fin-f", "trainer.pt"), "weights");
+    const published = await first.engine.publish({ checkpoint_id: "fin-f", controller_state: { file: "trainer.pt" } });
+    await first.engine.resume({ checkpoint_id: "fin-f" });
+    await journalEmptied(first.journal);
+    const manifest = await first.catalog.get("fin-f");
+    const sha256 = manifest.controller_state && "sha256" in manifest.controller_state ? manifest.controller_state.sha256 : "";
+    const second = makeEngine(root, { epoch: 8 });
+    for (const named of [{ file: "trainer.pt" }, { file: "trainer.pt", sha256 }]) {
+      expect(await second.engine.publish({ checkpoint_id: "fin-f", controller_state: named })).toEqual({ ...published, deleted: [] });
+    }
+    for (const other of [{ file: "other.pt" }, { file: "trainer.pt", sha256: "0".repeat(64) }, null]) {
+      expect((await refusalOf(second.engine.publish({ checkpoint_id: "fin-f", controller_state: other }))).code).toBe("not_found");
+    }
+    expect(second.fake.calls).toEqual([]);
+  });
+
+  it("the coordinator that ran it answers too once 8 later checkpoints pushed its kept reply out", async () => {
+    const { engine, fake } = makeEngine(root, { retention: 20 });
+    const done = await engine.checkpoint({ checkpoint_id: "old", episode_ids: null, stop: false, controller_state: null });
+    for (let i = 0; i < 8; i++) await engine.checkpoint({ checkpoint_id: `later-${i}`, episode_ids: null, stop: false, controller_state: null });
+    const sent = fake.calls.length;
+    expect(await engine.checkpoint({ checkpoint_id: "old", episode_ids: null, stop: false, controller_state: null })).toMatchObject({
+      checkpoint_id: "old",
+      epoch: done.epoch,
+      manifest_path: done.manifest_path,
+      published_at: done.published_at,
+      participants: done.participants,
+    });
+    expect(fake.calls.length).toBe(sent);
+  });
+});
+
+/**
  * docs/api.md: "a refused request changes nothing". A restore's reply is lost; by the time the
  * controller retries it (same arguments, so its deadline_ts is past), the restored processes no longer
  * hold it (lease expired / restarted), so that restore is closed and the request is a fresh restore
