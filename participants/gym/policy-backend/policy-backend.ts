@@ -148,7 +148,10 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
       const identity = { ticket_id: prefix.ticket_id, rollout_id: prefix.rollout_id, attempt: prefix.attempt, model_call_id: prefix.model_call_id, admitted_at: prefix.admitted_at };
       const key = prefix.attempt === 0 ? prefix.rollout_id : `${prefix.rollout_id}-a${prefix.attempt}`;
       const call = controls.calls.find((c) => c.model_call_id === prefix.model_call_id && c.capture_key === key);
-      if (mode === "failure" || !call || call.delivered) return { ...identity, disposition: "durable_failure" as const, reason: call ? "already delivered" : "unknown call" };
+      // Every call of the inventory is undelivered to its caller, whatever `delivered` says here: that
+      // only means its answer was written to the model proxy's connection, and the proxy holds an
+      // answer that arrives while admission is closed. Its whole completion is cut (terminal_completion).
+      if (mode === "failure" || !call) return { ...identity, disposition: "durable_failure" as const, reason: call ? "scripted cut failure" : "unknown call" };
       call.cut_ids.push(cut_id);
       return {
         ...identity,
