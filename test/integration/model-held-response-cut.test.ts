@@ -3,6 +3,7 @@ import type { Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { FastifyInstance } from "fastify";
+import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
@@ -25,13 +26,17 @@ let proxyUrl: string;
 let kind: ModelKind;
 /** Runs inside closeAdmission, after admission closed and before the cut request is sent. */
 let beforeCut: (() => Promise<void>) | undefined;
+/** The model participant's log lines. */
+let lines: Record<string, unknown>[];
 
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-held-cut-"));
   ({ app: backend, controls } = await createPolicyBackend({ cutToken: CUT_TOKEN }));
   const backendUrl = await backend.listen({ host: "127.0.0.1", port: 0 });
   beforeCut = undefined;
+  lines = [];
   kind = new ModelKind({
+    logger: pino({}, { write: (line: string) => lines.push(JSON.parse(line) as Record<string, unknown>) }),
     ledgerDir: join(dir, "ledger"),
     cutBackend: { root: backendUrl, token: CUT_TOKEN, timeoutMs: 10_000, serverName: "policy_model" },
     cutRunner: async (...args) => {
@@ -80,5 +85,22 @@ describe("generation cut of a response the model proxy holds", () => {
     expect(answer.status).toBe(200);
     expect(answer.body.trimEnd().endsWith("data: [DONE]")).toBe(true);
     await waitUntil(async () => (await kind.ledger.rows("held-1")).length === 1, "the delivered call's row");
+    expect(lines.filter((l) => String(l.msg).startsWith("generation cut"))).toEqual([]);
+  });
+
+  it("a call the backend refuses to cut counts as cut_failed, and the log says so with the backend's reason", async () => {
+    controls.setCutMode("failure");
+    controls.setHold(0);
+    const caller = postStreamedChat(proxyUrl, "refused-1");
+    caller.catch(() => undefined);
+    await waitUntil(() => controls.calls.length === 1, "the call at the backend");
+    await kind.closeAdmission();
+    expect(kind.readiness().counts).toMatchObject({ cut: 0, cut_failed: 1 });
+    expect(lines.filter((l) => String(l.msg).startsWith("generation cut"))).toEqual([
+      expect.objectContaining({ level: 40, calls: 1, reasons: { "scripted cut failure": 1 }, msg: "generation cut refused by the backend for some calls; they will be regenerated" }),
+    ]);
+    controls.releaseHold();
+    await kind.openAdmission();
+    expect((await caller).status).toBe(200);
   });
 });

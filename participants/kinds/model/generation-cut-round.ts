@@ -26,6 +26,11 @@ export interface CutRoundResult {
   /** Durable-prefix acks by ticket id. */
   acks: Map<string, DurablePrefixAck>;
   failed: number;
+  /**
+   * The backend's `durable_failure` acks by reason (cut to 200 characters; "no reason given"), for
+   * the log: those calls are regenerated after a restore. Absent when the round failed whole (`error`).
+   */
+  refusals?: ReadonlyMap<string, number>;
   error: string | null;
 }
 
@@ -49,12 +54,18 @@ export async function runCutRound(backend: CutBackend, checkpointId: string, tic
     const raw = await postJson(`${backend.root}${GENERATION_CUT_PATH}`, inventory, backend.token, backend.timeoutMs);
     const receipt = validateReceipt(inventory, raw);
     const acks = new Map<string, DurablePrefixAck>();
+    const refusals = new Map<string, number>();
     let failed = 0;
     for (const ack of receipt.prefixes) {
-      if (ack.disposition === "durable_prefix") acks.set(ack.ticket_id, ack);
-      else failed += 1;
+      if (ack.disposition === "durable_prefix") {
+        acks.set(ack.ticket_id, ack);
+        continue;
+      }
+      failed += 1;
+      const reason = ack.reason?.slice(0, 200) ?? "no reason given";
+      refusals.set(reason, (refusals.get(reason) ?? 0) + 1);
     }
-    return { acks, failed, error: null };
+    return { acks, failed, refusals, error: null };
   } catch (error) {
     return { acks: new Map(), failed: tickets.length, error: error instanceof Error ? error.message : String(error) };
   }

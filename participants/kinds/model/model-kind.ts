@@ -8,7 +8,7 @@ import type { AdmissionTicket } from "./admission-ticket.js";
 import { CaptureLedger, type LedgerWrite } from "./capture-ledger.js";
 import { constrainedReason, conversationDigest, skipCategory } from "./conversation-digest.js";
 import type { GenerationCutRecord } from "./generation-cut-contract.js";
-import { cutRecordOf, runCutRound, type CutBackend } from "./generation-cut-round.js";
+import { cutRecordOf, runCutRound, type CutBackend, type CutRoundResult } from "./generation-cut-round.js";
 import type { LedgerRow } from "./ledger-row.js";
 import { MAX_MODEL_RECORD_ROWS, ModelRecordSchema, type ModelRecord } from "./model-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
@@ -413,11 +413,16 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     if (eligible.length && backend) {
       const checkpointId = this.checkpointIdSource() ?? `close-${randomUUID()}`;
       const timeoutMs = cutBudget(backend.timeoutMs, options.timeLeftMs, Date.now() - startedAt);
-      const result =
+      const result: CutRoundResult =
         timeoutMs > 0
           ? await (this.options.cutRunner ?? runCutRound)({ ...backend, timeoutMs }, checkpointId, eligible)
           : { acks: new Map(), failed: eligible.length, error: "no time left before the deadline" };
       if (result.error) this.options.logger?.warn({ checkpoint_id: checkpointId, err: result.error, calls: eligible.length }, "generation cut failed; the calls will be regenerated");
+      // The round succeeded but the backend could not keep some calls' prefixes: said here, or the
+      // cut_failed count would rise with nothing telling why.
+      if (result.refusals?.size) {
+        this.options.logger?.warn({ checkpoint_id: checkpointId, calls: result.failed, reasons: Object.fromEntries(result.refusals) }, "generation cut refused by the backend for some calls; they will be regenerated");
+      }
       let cut = 0;
       let unrecorded = 0;
       for (const t of eligible) {
