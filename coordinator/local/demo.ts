@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { createWriteStream, type WriteStream } from "node:fs";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -86,6 +87,16 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
       starting.delete(pending);
     }
   };
+  // With --keep, the Gym's and the backend's own lines go to files in the work directory (the
+  // console shows only the demo's, the coordinator's and the collector's): what a failed verdict is read against.
+  const logs: WriteStream[] = [];
+  const logFile = (name: string): ((line: string) => void) | undefined => {
+    if (!options.keep) return undefined;
+    const stream = createWriteStream(join(work, name), { flags: "a" });
+    stream.on("error", (error) => say(`cannot write ${name}: ${error.message}`));
+    logs.push(stream);
+    return (line) => stream.write(`${line}\n`);
+  };
   const abortion = new Promise<never>((_, reject) => signal?.addEventListener("abort", () => reject(aborted()), { once: true }));
   const run = async (): Promise<DemoOutcome> => {
     await mkdir(root);
@@ -102,22 +113,25 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
       });
     say("coordinator daemon started (it waits one lease period before it leads)");
 
+    const backendLog = logFile("policy-backend.log");
     const backend = await launch(
       participantEntry("gym/policy-backend/main"),
       ["--nats", nats.url, "--deployment", DEPLOYMENT, "--instance", "policy_backend", "--port", "0", "--token-delay-ms", String(options.tokenDelayMs)],
-      { waitReady: true, env: ignoreSigusr1Env() },
+      { waitReady: true, env: ignoreSigusr1Env(), ...(backendLog && { onLine: backendLog }) },
     );
     const backendUrl = String(backend.ready!.url);
     say(`fake policy backend (the inference server, outlives Gym crashes) on ${backendUrl}`);
 
+    // Both Gym runs, before and after the crash, in one file; each line names its server (--verbose).
+    const gymLog = logFile("gym.log");
     const startGym = async () => {
       const gym = await launch(
         participantEntry("gym/main"),
-        ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl],
+        ["--nats", nats!.url, "--deployment", DEPLOYMENT, "--checkpoint-root", root, "--lease-grace-seconds", "30", "--policy-url", backendUrl, ...(gymLog ? ["--verbose"] : [])],
         // TMPDIR = the work directory: the model attach proxy's default capture ledger
         // (<tmp>/gym-ckpt-ledger-<uid>/<deployment>/<instance>) would otherwise be shared by every demo
         // (same deployment, same capture keys demo-001…) and outlive it.
-        { waitReady: true, group: true, env: { TMPDIR: work, ...ignoreSigusr1Env() } },
+        { waitReady: true, group: true, env: { TMPDIR: work, ...ignoreSigusr1Env() }, ...(gymLog && { onLine: gymLog }) },
       );
       return { gym, urls: gym.ready!.urls as Record<string, string> };
     };
@@ -230,7 +244,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     if (rowCheck.repeated || rowCheck.unknown) say(`results.jsonl: ${rowCheck.repeated} rows finished more than once, ${rowCheck.unknown} rows no task names`);
     const ok = code === 0 && rowCheck.missing === 0 && rowCheck.repeated === 0 && rowCheck.unknown === 0 && verdict.repeated === 0;
     say(ok ? "demo passed: every row finished and no delivered model call was repeated" : "demo FAILED");
-    if (options.keep) say(`work directory kept: ${work}`);
+    if (options.keep) say(`work directory kept: ${work} (checkpoints/, results.jsonl, backend-calls.json, gym.log, policy-backend.log)`);
     return { ok, finished: results.length, rows: options.rows, repeatedDeliveredCalls: verdict.repeated };
   };
   try {
@@ -240,6 +254,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     await Promise.allSettled([...starting]);
     await Promise.allSettled(children.map((c) => c.kill("SIGKILL")));
     await natsStart?.then((n) => n.dispose()).catch(() => undefined);
+    await Promise.all(logs.map((stream) => new Promise((resolve) => stream.end(resolve))));
     if (!options.keep) await rm(work, { recursive: true, force: true });
   }
 }

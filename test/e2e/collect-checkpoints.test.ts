@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { readFile, writeFile } from "node:fs/promises";
+import { readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterEach, describe, expect, it } from "vitest";
@@ -210,9 +210,9 @@ describe("gym-ckpt collect start-up failures", () => {
 });
 
 describe("the demo (shortened)", () => {
-  it("finishes every row and repeats no delivered model call", { timeout: 240_000 }, async () => {
+  it("finishes every row and repeats no delivered model call; --keep keeps the Gym's and the backend's logs", { timeout: 240_000 }, async () => {
     const output: string[] = [];
-    const demo = await startChildProgram(CLI, ["demo", "--rows", "12", "--concurrency", "4", "--checkpoint-every", "1", "--token-delay-ms", "30", "--crash-after", "0.3"], {
+    const demo = await startChildProgram(CLI, ["demo", "--rows", "12", "--concurrency", "4", "--checkpoint-every", "1", "--token-delay-ms", "30", "--crash-after", "0.3", "--keep"], {
       onLine: (line) => output.push(line),
       group: true, // teardown's kill reaches the nats-server, coordinator and Gym servers it started
     });
@@ -222,5 +222,16 @@ describe("the demo (shortened)", () => {
     expect(code, output.join("\n")).toBe(0);
     expect(output).toContain("[demo] demo passed: every row finished and no delivered model call was repeated");
     expect(output.some((line) => /rows finished: 12\/12/.test(line))).toBe(true);
+    const work = /work directory kept: (\S+)/.exec(output.join("\n"))?.[1];
+    expect(work).toBeDefined();
+    try {
+      // Both Gym runs' servers, each line naming its server; the backend's own lines beside them.
+      const gymLog = await readFile(join(work!, "gym.log"), "utf8");
+      for (const server of ["environment", "agent", "model", "resources"]) expect(gymLog).toMatch(new RegExp(`^\\[${server}\\] `, "m"));
+      expect((await readFile(join(work!, "policy-backend.log"), "utf8")).length).toBeGreaterThan(0);
+      expect(existsSync(join(work!, "backend-calls.json"))).toBe(true);
+    } finally {
+      await rm(work!, { recursive: true, force: true });
+    }
   });
 });
