@@ -162,6 +162,12 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
       "2",
     ];
     const collectorOutput = (line: string) => say(`  collect: ${line}`);
+    // The run's last model call is held from the start until the crash, so its row is unfinished at
+    // the crash whatever --crash-after. The hold below keeps only responses not started yet, and is
+    // armed a poll after the crash point: rows running in step (all in flight, near a run's end)
+    // finished meanwhile, the collector ended without the crash checkpoint and the demo failed.
+    const lastCallHeldAfter = options.rows * MODEL_CALLS_PER_ROW - 1;
+    await postJson(`${backendUrl}/admin/hold`, { after: lastCallHeldAfter });
     say(`collecting ${options.rows} multi-turn rows, ${options.concurrency} at a time, a checkpoint every ${options.checkpointEvery} s`);
     let collector = await launch(cli, collectArgs(), { onLine: collectorOutput });
 
@@ -173,7 +179,9 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     // backend picks the cut-off as it arms the hold: with a count read here first, calls recorded
     // in between slipped past the hold unwatched, streamed across the crash checkpoint (which cut
     // them) and were delivered after its commit, so the restore legitimately generated them again.
-    const { hold_after: heldAfter } = (await postJson(`${backendUrl}/admin/hold`, {})) as { hold_after: number };
+    const { hold_after: holdAfter } = (await postJson(`${backendUrl}/admin/hold`, {})) as { hold_after: number };
+    // The last call may be recorded already, waiting on the hold armed at the start: it is no response started before this one.
+    const heldAfter = Math.min(holdAfter, lastCallHeldAfter);
     // Responses the backend began before the hold still stream. One the model proxy holds through a
     // timer checkpoint is delivered after that checkpoint's commit, so wait until all of them are in.
     // "In" means in the model proxy's capture ledger, not just written by the backend: a proxy slow
@@ -284,6 +292,10 @@ export async function verifyRows(path: string, ids: string[]): Promise<{ finishe
   return { finished: seen.size, missing: wanted.size - seen.size, repeated, unknown };
 }
 
+/** Tool rounds of every demo task; a row makes one model call more than it has rounds. */
+const TOOL_ROUNDS = 2;
+const MODEL_CALLS_PER_ROW = TOOL_ROUNDS + 1;
+
 /** Arithmetic tasks that take two tool rounds each: three model calls per row. */
 function demoTasks(rows: number): string {
   const ids = demoRowIds(rows);
@@ -292,7 +304,7 @@ function demoTasks(rows: number): string {
     const a = 3 + ((i * 7) % 41);
     const b = 2 + ((i * 13) % 29);
     const c = 1 + (i % 9);
-    lines.push(JSON.stringify({ id: ids[i], task: { expression: `${a} * ${b} + ${c}`, tool_rounds: 2 } }));
+    lines.push(JSON.stringify({ id: ids[i], task: { expression: `${a} * ${b} + ${c}`, tool_rounds: TOOL_ROUNDS } }));
   }
   return `${lines.join("\n")}\n`;
 }
