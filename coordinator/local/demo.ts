@@ -226,6 +226,9 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
 
     say("starting the Gym and the collector again: restore, resume, continue");
     ({ gym, urls } = await startGym());
+    // What the collector restores: LATEST now, which a timer checkpoint published in the moment
+    // before the kill landed may have moved past the one named above.
+    const restoredFrom = await catalog.latest();
     collector = await launch(cli, collectArgs(), { onLine: collectorOutput });
     const { code } = await Promise.race([
       collector.exited,
@@ -244,7 +247,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     const continued = results.filter((r) => r.continued).length;
     say("");
     say(`rows finished: ${results.length}/${options.rows} (collector exit code ${code}), mean reward ${meanReward.toFixed(3)}`);
-    say(`rows continued from checkpoint ${latest}: ${continued}; rows that started over: ${results.filter((r) => !r.continued && r.attempt > 0).length}`);
+    say(`rows continued from checkpoint ${restoredFrom}: ${continued}; rows that started over: ${results.filter((r) => !r.continued && r.attempt > 0).length}`);
     say(
       `model calls: ${verdict.delivered} delivered, ${verdict.keptByContinuation} of them (${verdict.tokensKept} tokens) made before the crash and kept by continuation; ` +
         `${verdict.reissued} undelivered calls re-issued; delivered calls repeated: ${verdict.repeated}`,
