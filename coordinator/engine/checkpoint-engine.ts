@@ -429,7 +429,8 @@ export class CheckpointEngine {
       const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
       if (again) return again;
-      const finished = await this.publishedWith(id, request.controller_state, request);
+      // A generated id is fresh: only a named one can be a retry of a finished op (read from disk).
+      const finished = request.checkpoint_id === undefined ? undefined : await this.publishedWith(id, request.controller_state, request);
       if (finished) return this.checkpointReplyOf(finished);
       const deadlineMs = this.deadline(request.deadline_ts);
       // A state file the publication would refuse is refused now, before the prepare parks anyone
@@ -1925,13 +1926,13 @@ export class CheckpointEngine {
    * participants failed to resume are not recorded there (those resumed when their lease expired).
    */
   private checkpointReplyOf(manifest: GlobalManifest): CtlReplyOf<"checkpoint"> {
-    const id = manifest.checkpoint_id;
+    const { checkpoint_id, manifest_path, published_at } = this.publishReplyOf(manifest);
     return {
-      checkpoint_id: id,
+      checkpoint_id,
       epoch: manifest.epoch,
-      checkpoint_dir: this.options.catalog.dirFor(id),
-      manifest_path: join(this.options.catalog.dirFor(id), GLOBAL_MANIFEST_FILE),
-      published_at: manifest.published_at,
+      checkpoint_dir: this.options.catalog.dirFor(checkpoint_id),
+      manifest_path,
+      published_at,
       participants: manifest.participants.length,
       restarts: manifest.restarts,
       deleted: [],
