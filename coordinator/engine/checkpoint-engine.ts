@@ -1852,7 +1852,24 @@ export class CheckpointEngine {
     }
     const body = incarnation === undefined ? request : { ...request, incarnation };
     this.effects++;
-    const outcome = await this.options.client.call(member, op, body, deadlineMs, ctx, () => this.options.leadership.assert(epoch));
+    const replaced = incarnation === undefined ? undefined : this.abortOnRestart(member, id!, incarnation);
+    let outcome: Outcome<O>;
+    try {
+      outcome = await this.options.client.call(member, op, body, deadlineMs, {
+        ...(ctx && { parent: ctx }),
+        guard: () => this.options.leadership.assert(epoch),
+        ...(replaced && { signal: replaced.signal }),
+      });
+    } finally {
+      replaced?.stop();
+    }
+    if (!outcome.ok && replaced?.signal.aborted) {
+      // Its process died with the request (a SIGKILL mid-op) and a new one announced itself: the
+      // old one will never answer, and the new one would refuse the message as another incarnation.
+      this.checkpointLog(id).info({ op, detail: outcome.detail }, "participant_restarted_abandoned");
+      if (op === "resume") return this.resumedElsewhere(member, outcome.detail);
+      return outcome;
+    }
     if (!outcome.ok && outcome.code === "stale_incarnation") {
       // A new process the view did not show yet: it refused, so it holds nothing and stays unfenced.
       this.checkpointLog(id).info({ op, kind: member.kind, instance: member.instance, detail: outcome.detail }, "participant_restarted_refused");
@@ -1987,6 +2004,22 @@ export class CheckpointEngine {
     const now = this.options.membership.incarnationOf?.(member);
     if (now === undefined || now === then || now === this.open?.viewed.get(memberKey(member.kind, member.instance))) return null;
     return `${member.kind}/${member.instance} restarted after checkpoint ${id} opened (incarnation ${then} → ${now}); the new process never took part`;
+  }
+
+  /**
+   * An abort signal for a guarded request to `member` as incarnation `then`: aborted (`unreachable`)
+   * as soon as the membership view shows the process replaced, rather than when the try times out
+   * (request_attempt_ms) and its retry is refused by the new process. `stop` ends the watch.
+   */
+  private abortOnRestart(member: ParticipantRef, id: string, then: string): { signal: AbortSignal; stop: () => void } | undefined {
+    const watch = this.options.membership.onIncarnationChange;
+    if (!watch) return undefined;
+    const controller = new AbortController();
+    const stop = watch.call(this.options.membership, member, () => {
+      const restarted = this.restartedSince(member, id, then);
+      if (restarted) controller.abort(new CheckpointError("unreachable", `${restarted}; the request in flight to the old process was abandoned`));
+    });
+    return { signal: controller.signal, stop };
   }
 
   /** The process that restored is the one this restore's resume must reach, whatever the view showed at open. */

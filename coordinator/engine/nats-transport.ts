@@ -52,6 +52,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     // Refused here, as the HTTP client's 413: the receiver would refuse it, and nats.js throws its own error.
     const size = Buffer.byteLength(body);
     if (size > MAX_CONTROL_MESSAGE_BYTES) return Promise.reject(tooLarge(subject, size));
+    if (options.signal?.aborted) return Promise.reject(options.signal.reason as Error);
     this.subscribe();
     const h = headers();
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);

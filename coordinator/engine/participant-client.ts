@@ -30,6 +30,16 @@ export type Outcome<O extends Op> =
   | { ok: true; participant: ParticipantRef; reply: ReplyOf<O> }
   | { ok: false; participant: ParticipantRef; code: ErrorCode; detail: string };
 
+/** How one call is traced and when it gives up early. */
+export interface CallOptions {
+  /** The span the call's span is a child of (default: the active context). */
+  parent?: Context;
+  /** Checked before every try; throwing (e.g. `not_leader`) ends the call with that code. */
+  guard?: () => void;
+  /** Aborted: the call stops waiting (no further try) and fails with the reason's code. */
+  signal?: AbortSignal;
+}
+
 export interface ParticipantClientOptions {
   transport: ParticipantTransport;
   deployment: string;
@@ -58,9 +68,7 @@ export class ParticipantClient {
     op: O,
     request: RequestOf<O>,
     deadlineMs: number,
-    parent?: Context,
-    /** Checked before every try; throwing (e.g. `not_leader`) ends the call with that code. */
-    guard?: () => void,
+    { parent, guard, signal }: CallOptions = {},
   ): Promise<Outcome<O>> {
     const { clock } = this.options;
     const subject = participantSubject(this.options.deployment, participant.kind, participant.instance, op);
@@ -75,7 +83,7 @@ export class ParticipantClient {
     const started = clock.monotonic(); // durations: a wall-clock step must not skew them
     let outcome: Outcome<O>;
     try {
-      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard);
+      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard, signal);
     } catch (error) {
       const refusal = toCheckpointError(error);
       outcome = { ok: false, participant, code: refusal.code, detail: refusal.message };
@@ -98,16 +106,18 @@ export class ParticipantClient {
     deadlineMs: number,
     ctx: Context,
     guard: (() => void) | undefined,
+    signal: AbortSignal | undefined,
   ): Promise<Outcome<O>> {
     const { clock, transport, slackMs, token } = this.options;
     for (let tries = 1; ; tries++) {
       guard?.();
+      signal?.throwIfAborted();
       const remaining = deadlineMs - clock.now();
       let timeoutMs = Math.max(remaining, 0) + slackMs;
       if (this.options.attemptTimeoutMs !== undefined) timeoutMs = Math.min(timeoutMs, this.options.attemptTimeoutMs);
       let text: string;
       try {
-        text = await transport.request(subject, body, { timeoutMs, token, context: ctx });
+        text = await transport.request(subject, body, { timeoutMs, token, context: ctx, ...(signal && { signal }) });
       } catch (error) {
         if (error instanceof NoRespondersFailure) {
           // Unreachable says nothing was done there; after a timed-out try that is not known.

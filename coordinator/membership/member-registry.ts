@@ -10,6 +10,11 @@ export interface MembershipSource {
   list(): Promise<ParticipantRef[]>;
   /** The member's current process incarnation, when this source knows it. */
   incarnationOf?(member: ParticipantRef): string | undefined;
+  /**
+   * Calls `listener` whenever the member's announced incarnation changes (a restarted process
+   * announcing itself); returns the unsubscribe. Lets a request to the old process stop waiting.
+   */
+  onIncarnationChange?(member: ParticipantRef, listener: () => void): () => void;
 }
 
 /**

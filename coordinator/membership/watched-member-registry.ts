@@ -46,6 +46,8 @@ export class WatchedMemberRegistry implements MembershipSource {
   private generation = 0;
   /** Keys cached from a bucket since re-created: anything read from the new bucket replaces them. */
   private readonly fromOldBucket = new Set<string>();
+  /** onIncarnationChange's listeners, per member key. */
+  private readonly incarnationListeners = new Map<string, Set<() => void>>();
 
   constructor(
     private readonly kv: KV,
@@ -113,7 +115,7 @@ export class WatchedMemberRegistry implements MembershipSource {
         // Seen when it was written, not now: a member that died just before this start would
         // otherwise count as alive for another TTL (checkpoints waiting on it).
         const replace = !this.cache.has(key) || this.fromOldBucket.has(key);
-        if (replace && !removed.has(key)) this.cache.set(key, { member, seenAt: now - Math.min(ageMs, this.ttlMs) });
+        if (replace && !removed.has(key)) this.remember(key, { member, seenAt: now - Math.min(ageMs, this.ttlMs) });
       }
       this.fromOldBucket.clear();
     } finally {
@@ -185,7 +187,31 @@ export class WatchedMemberRegistry implements MembershipSource {
       return;
     }
     const member = memberOf(entry, this.logger);
-    if (member) this.cache.set(entry.key, { member, seenAt: now });
+    if (member) this.remember(entry.key, { member, seenAt: now });
+  }
+
+  /** Caches `cached` under `key`, telling the key's listeners when it names another process. */
+  private remember(key: string, cached: Cached): void {
+    const before = this.cache.get(key)?.member.incarnation;
+    this.cache.set(key, cached);
+    if (before === cached.member.incarnation) return;
+    for (const listener of this.incarnationListeners.get(key) ?? []) {
+      try {
+        listener();
+      } catch (error) {
+        this.logger?.error({ err: error, member: key }, "membership_listener_failed");
+      }
+    }
+  }
+
+  onIncarnationChange(member: ParticipantRef, listener: () => void): () => void {
+    const key = memberKey(member.kind, member.instance);
+    const listeners = this.incarnationListeners.get(key) ?? new Set();
+    this.incarnationListeners.set(key, listeners.add(listener));
+    return () => {
+      listeners.delete(listener);
+      if (listeners.size === 0 && this.incarnationListeners.get(key) === listeners) this.incarnationListeners.delete(key);
+    };
   }
 
   members(): Member[] {

@@ -16,7 +16,8 @@ import {
 } from "../../../protocol/index.js";
 import { CheckpointEngine, type EngineHooks } from "../../../coordinator/engine/checkpoint-engine.js";
 import type { Clock } from "../../../coordinator/engine/clock.js";
-import { ParticipantClient } from "../../../coordinator/engine/participant-client.js";
+import { ParticipantClient, type ParticipantRef } from "../../../coordinator/engine/participant-client.js";
+import type { MembershipSource } from "../../../coordinator/membership/member-registry.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "../../../coordinator/engine/transport.js";
 import { MemoryDecisionJournal, type JournalEntry } from "../../../coordinator/ha/decision-journal.js";
 import { StaticLeadership } from "../../../coordinator/ha/leadership.js";
@@ -79,13 +80,12 @@ export class FakeParticipants implements ParticipantTransport {
     await Promise.resolve();
     const behaviour = this.script.get(`${kind}.${instance}.${op}`) ?? "ok";
     if (behaviour === "unreachable") throw new NoRespondersFailure(subject);
-    // A participant too stalled to answer: the request stays in flight (the caller's bound ends the wait).
-    if (behaviour === "hang") return new Promise<string>(() => undefined);
+    // A participant too stalled to answer: the request stays in flight until the caller's bound or abort ends the wait.
+    if (behaviour === "hang") return new Promise<string>((_resolve, reject) => options.signal?.addEventListener("abort", () => reject(options.signal!.reason as Error), { once: true }));
     if (behaviour === "timeout") {
       if (this.clock) this.clock.current += options.timeoutMs;
       throw new RequestTimeoutFailure(subject, options.timeoutMs);
     }
-    if (false as boolean) throw new RequestTimeoutFailure(subject, options.timeoutMs);
     if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
     const restarts = typeof behaviour === "object" && "restarts" in behaviour ? behaviour.restarts : [];
     const scopeRequired = typeof behaviour === "object" && "scopeRequired" in behaviour ? { scope_required: true } : {};
@@ -210,6 +210,7 @@ export function makeEngine(
   const clock = shared?.clock ?? new TestClock();
   const journal = shared?.journal ?? new MemoryDecisionJournal();
   const catalog = new CheckpointCatalog(root);
+  const membership = new FakeMembership(members, options.incarnations);
   const leadership = new StaticLeadership(options.epoch ?? 7);
   const writer = new GlobalManifestWriter(catalog, options.retention ?? 2);
   writers.push(writer);
@@ -231,7 +232,7 @@ export function makeEngine(
       slackMs: options.slackMs ?? 5000,
       ...(options.attemptTimeoutMs !== undefined && { attemptTimeoutMs: options.attemptTimeoutMs }),
     }),
-    membership: { list: async () => [...members], incarnationOf: (m) => options.incarnations?.get(`${m.kind}.${m.instance}`) },
+    membership,
     leadership,
     journal,
     catalog,
@@ -243,7 +244,44 @@ export function makeEngine(
     ...(options.hooks && { hooks: options.hooks }),
     ...(options.expected && { expected: options.expected }),
   });
-  return { engine, fake, clock, journal, catalog, leadership, writer };
+  return { engine, fake, clock, journal, catalog, leadership, writer, membership };
+}
+
+/** The membership view: fixed members, their incarnations (per `${kind}.${instance}`) as a test sets them. */
+export class FakeMembership implements MembershipSource {
+  private readonly listeners = new Map<string, Set<() => void>>();
+
+  constructor(
+    private readonly members: { kind: Kind; instance: string }[],
+    private readonly incarnations: Map<string, string> | undefined,
+  ) {}
+
+  async list(): Promise<ParticipantRef[]> {
+    return [...this.members];
+  }
+
+  incarnationOf(m: ParticipantRef): string | undefined {
+    return this.incarnations?.get(`${m.kind}.${m.instance}`);
+  }
+
+  onIncarnationChange(m: ParticipantRef, listener: () => void): () => void {
+    const key = `${m.kind}.${m.instance}`;
+    const set = this.listeners.get(key) ?? new Set();
+    this.listeners.set(key, set.add(listener));
+    return () => set.delete(listener);
+  }
+
+  /** Watchers of the member's entry, for a test to check none is left behind. */
+  watchers(m: ParticipantRef): number {
+    return this.listeners.get(`${m.kind}.${m.instance}`)?.size ?? 0;
+  }
+
+  /** A restarted process announcing itself: the view now shows `incarnation`. */
+  announce(m: ParticipantRef, incarnation: string): void {
+    if (!this.incarnations) throw new Error("makeEngine({ incarnations }) to track incarnations");
+    this.incarnations.set(`${m.kind}.${m.instance}`, incarnation);
+    for (const listener of this.listeners.get(`${m.kind}.${m.instance}`) ?? []) listener();
+  }
 }
 
 /** The journal entry goes once LATEST's rename is durable (a background fsync): waits for that. */

@@ -1,0 +1,88 @@
+import type { NatsConnection } from "@nats-io/transport-node";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
+import { isNoResponders, participantSubject } from "../../protocol/index.js";
+import { refusalOf } from "../support/refusal.js";
+import { waitUntil } from "../support/wait-until.js";
+import { DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
+
+// A Gym process SIGKILLed while the coordinator waits on its reply, then restarted by its
+// supervisor: the new process announces itself, and the request to the dead one stops waiting at
+// once instead of holding the op for the whole request_attempt_ms (set far above the waits here).
+const ATTEMPT_MS = 30_000;
+const AGENT = { kind: "agent" as const, instance: "agent1" };
+
+let world: World;
+const killed: { nc: NatsConnection; handle: ParticipantHandle<ScriptRecord>; release: () => void }[] = [];
+
+beforeAll(async () => {
+  world = await startWorld();
+  await world.startParticipants(DEFAULT_MEMBERS.filter((m) => m.instance !== AGENT.instance));
+  await (await world.startCoordinator({ ...NO_HTTP, request_attempt_ms: ATTEMPT_MS })).whenReady();
+});
+afterAll(async () => {
+  for (const k of killed) k.release();
+  await Promise.allSettled(killed.map((k) => k.handle.stop()));
+  await world?.close();
+});
+
+/** agent1 on a connection of its own (closing it is the SIGKILL), whose `hook` waits until released. */
+async function startStalling(hook: "exportRecords" | "openAdmission") {
+  const nc = await world.nats.connect();
+  const adapter = new LoggedKind(AGENT.kind, AGENT.instance);
+  let release!: () => void;
+  adapter.delay(hook, new Promise<void>((resolve) => (release = resolve)));
+  const handle = await startParticipant({ nc, deployment: world.deployment, instance: AGENT.instance, token: PARTICIPANT_TOKEN, adapter, logger: pino({ level: "silent" }) });
+  killed.push({ nc, handle, release });
+  const coordinator = world.coordinators[0]!;
+  await waitUntil(() => coordinator.members.incarnationOf(AGENT) === handle.controlPlane.incarnation, "agent1 in the view");
+  return { nc, adapter };
+}
+
+/** Kills the stalled process (its subscriptions go with its connection) and starts its replacement. */
+async function killAndRestart(nc: NatsConnection): Promise<void> {
+  await nc.close();
+  const nobody = () =>
+    world.pnc.request(participantSubject(world.deployment, AGENT.kind, AGENT.instance, "status"), "", { timeout: 2_000 }).then(
+      () => false,
+      (error: unknown) => isNoResponders(error),
+    );
+  await waitUntil(nobody, "the killed process's subscriptions gone");
+  await world.startParticipants([AGENT]);
+}
+
+describe("a participant killed while the coordinator waits on its reply, then restarted", () => {
+  it("its commit stops waiting once the new process announces itself: the checkpoint fails unreachable, well before request_attempt_ms, and the next one succeeds", async () => {
+    const stalled = await startStalling("exportRecords");
+    const started = Date.now();
+    const checkpoint = refusalOf(world.client.checkpoint({ checkpoint_id: "killed-commit", deadline_ts: Date.now() / 1000 + 60 }));
+    await waitUntil(() => stalled.adapter.hooks().includes("exportRecords"), "agent1's commit under way");
+    await killAndRestart(stalled.nc);
+    const error = await checkpoint;
+    expect(error.code).toBe("unreachable");
+    expect(error.message).toContain("agent/agent1 restarted after checkpoint killed-commit opened");
+    expect(error.message).toContain("the request in flight to the old process was abandoned");
+    expect(Date.now() - started).toBeLessThan(ATTEMPT_MS);
+    await waitUntil(() => world.participants.every((p) => p.handle.controlPlane.currentPhase === "idle"), "everyone resumed");
+    const next = await world.client.checkpoint({ checkpoint_id: "after-kill" });
+    expect(next.participants).toBe(DEFAULT_MEMBERS.length);
+  }, 60_000);
+
+  it("its resume stops waiting once the new process announces itself and counts as done: the new process holds nothing of the checkpoint", async () => {
+    // The restart above left a fresh agent1 in the world: replace it with one that stalls its resume.
+    const fresh = world.participant(AGENT.instance);
+    await fresh.handle.stop();
+    world.participants.splice(world.participants.indexOf(fresh), 1);
+    const stalled = await startStalling("openAdmission");
+    await world.client.prepare({ checkpoint_id: "killed-resume" });
+    const started = Date.now();
+    const resume = world.client.resume({ checkpoint_id: "killed-resume" });
+    await waitUntil(() => stalled.adapter.hooks().includes("openAdmission"), "agent1's resume under way");
+    await killAndRestart(stalled.nc);
+    const reply = await resume;
+    expect(Date.now() - started).toBeLessThan(ATTEMPT_MS);
+    expect(reply.participants.find((p) => p.instance === AGENT.instance)).toMatchObject({ kind: "agent", idempotent: true });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  }, 60_000);
+});
