@@ -1,6 +1,7 @@
 import { context } from "@opentelemetry/api";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError, controllerSubject, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { Cancellation } from "../engine/cancellation.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
@@ -49,13 +50,14 @@ export class NatsControllerClient extends ControllerClient {
       // otherwise wait out the deadline (60 s by default) with the Gym paused, while a successor
       // that could answer its retry is ready within a few seconds.
       const watch = new AbortController();
+      const cancellation = new Cancellation(); // the request's own: the transport takes no AbortSignal
       try {
         // The lease is read beside the request, not before it: one KV round trip off the op's path
         // (none when a read within the last LEASE_READ_REUSE_MS named a serving leader).
         const leader = this.leases.leaderAsSent(watch.signal);
-        const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), signal: watch.signal });
+        const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), cancellation });
         void leader.then((holder) => {
-          if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch.signal).then((lost) => watch.abort(lost));
+          if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch.signal).then((lost) => cancellation.cancel(lost));
         });
         // The controller's own span (if any) becomes the parent of the coordinator's.
         return decodeControllerReply(op, await reply);

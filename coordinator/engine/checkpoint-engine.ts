@@ -47,6 +47,7 @@ import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../teleme
 import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
+import { Cancellation } from "./cancellation.js";
 import { combinedFailure, failureRefs, type Outcome, type ParticipantClient, type ParticipantRef } from "./participant-client.js";
 import { runAll, runStages, type StagedRun } from "./phase-driver.js";
 
@@ -1852,18 +1853,18 @@ export class CheckpointEngine {
     }
     const body = incarnation === undefined ? request : { ...request, incarnation };
     this.effects++;
-    const replaced = incarnation === undefined ? undefined : this.abortOnRestart(member, id!, incarnation);
+    const replaced = incarnation === undefined ? undefined : this.cancelOnRestart(member, id!, incarnation);
     let outcome: Outcome<O>;
     try {
       outcome = await this.options.client.call(member, op, body, deadlineMs, {
         ...(ctx && { parent: ctx }),
         guard: () => this.options.leadership.assert(epoch),
-        ...(replaced && { signal: replaced.signal }),
+        ...(replaced && { cancellation: replaced.cancellation }),
       });
     } finally {
       replaced?.stop();
     }
-    if (!outcome.ok && replaced?.signal.aborted) {
+    if (!outcome.ok && replaced?.cancellation.reason) {
       // Its process died with the request (a SIGKILL mid-op) and a new one announced itself: the
       // old one will never answer, and the new one would refuse the message as another incarnation.
       this.checkpointLog(id).info({ op, detail: outcome.detail }, "participant_restarted_abandoned");
@@ -2007,19 +2008,19 @@ export class CheckpointEngine {
   }
 
   /**
-   * An abort signal for a guarded request to `member` as incarnation `then`: aborted (`unreachable`)
+   * A cancellation for a guarded request to `member` as incarnation `then`: cancelled (`unreachable`)
    * as soon as the membership view shows the process replaced, rather than when the try times out
    * (request_attempt_ms) and its retry is refused by the new process. `stop` ends the watch.
    */
-  private abortOnRestart(member: ParticipantRef, id: string, then: string): { signal: AbortSignal; stop: () => void } | undefined {
-    const watch = this.options.membership.onIncarnationChange;
-    if (!watch) return undefined;
-    const controller = new AbortController();
-    const stop = watch.call(this.options.membership, member, () => {
+  private cancelOnRestart(member: ParticipantRef, id: string, then: string): { cancellation: Cancellation; stop: () => void } | undefined {
+    const membership = this.options.membership;
+    if (!membership.onIncarnationChange) return undefined;
+    const cancellation = new Cancellation();
+    const stop = membership.onIncarnationChange(member, () => {
       const restarted = this.restartedSince(member, id, then);
-      if (restarted) controller.abort(new CheckpointError("unreachable", `${restarted}; the request in flight to the old process was abandoned`));
+      if (restarted) cancellation.cancel(new CheckpointError("unreachable", `${restarted}; the request in flight to the old process was abandoned`));
     });
-    return { signal: controller.signal, stop };
+    return { cancellation, stop };
   }
 
   /** The process that restored is the one this restore's resume must reach, whatever the view showed at open. */

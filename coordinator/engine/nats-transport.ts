@@ -9,6 +9,8 @@ interface Pending {
   resolve: (text: string) => void;
   reject: (error: Error) => void;
   timer: NodeJS.Timeout;
+  /** Ends the request's cancellation listener once it is settled. */
+  stopListening?: (() => void) | undefined;
 }
 
 function tooLarge(subject: string, size: number): CheckpointError {
@@ -52,7 +54,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     // Refused here, as the HTTP client's 413: the receiver would refuse it, and nats.js throws its own error.
     const size = Buffer.byteLength(body);
     if (size > MAX_CONTROL_MESSAGE_BYTES) return Promise.reject(tooLarge(subject, size));
-    if (options.signal?.aborted) return Promise.reject(options.signal.reason as Error);
+    if (options.cancellation?.reason) return Promise.reject(options.cancellation.reason);
     this.subscribe();
     const h = headers();
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);
@@ -64,8 +66,9 @@ export class NatsParticipantTransport implements ParticipantTransport {
         this.pending.delete(token);
         reject(new RequestTimeoutFailure(subject, options.timeoutMs));
       }, timeoutMs);
-      this.pending.set(token, { subject, timeoutMs: options.timeoutMs, resolve, reject, timer });
-      options.signal?.addEventListener("abort", () => this.settle(token)?.reject(options.signal!.reason as Error), { once: true });
+      const pending: Pending = { subject, timeoutMs: options.timeoutMs, resolve, reject, timer };
+      this.pending.set(token, pending);
+      pending.stopListening = options.cancellation?.onCancel((reason) => this.settle(token)?.reject(reason));
       try {
         this.nc.publish(subject, body, { reply: `${this.inbox}.${token}`, headers: h });
       } catch (error) {
@@ -113,6 +116,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     if (!p) return undefined;
     this.pending.delete(token);
     clearTimeout(p.timer);
+    p.stopListening?.();
     return p;
   }
 }

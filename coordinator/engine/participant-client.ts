@@ -14,6 +14,7 @@ import {
   type ReplyOf,
   type RequestOf,
 } from "../../protocol/index.js";
+import type { Cancellation } from "./cancellation.js";
 import type { Clock } from "./clock.js";
 import { coordinatorTelemetry, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport } from "./transport.js";
@@ -36,8 +37,8 @@ export interface CallOptions {
   parent?: Context;
   /** Checked before every try; throwing (e.g. `not_leader`) ends the call with that code. */
   guard?: () => void;
-  /** Aborted: the call stops waiting (no further try) and fails with the reason's code. */
-  signal?: AbortSignal;
+  /** Cancelled: the call stops waiting (no further try) and fails with the reason's code. */
+  cancellation?: Cancellation;
 }
 
 export interface ParticipantClientOptions {
@@ -68,7 +69,7 @@ export class ParticipantClient {
     op: O,
     request: RequestOf<O>,
     deadlineMs: number,
-    { parent, guard, signal }: CallOptions = {},
+    { parent, guard, cancellation }: CallOptions = {},
   ): Promise<Outcome<O>> {
     const { clock } = this.options;
     const subject = participantSubject(this.options.deployment, participant.kind, participant.instance, op);
@@ -83,7 +84,7 @@ export class ParticipantClient {
     const started = clock.monotonic(); // durations: a wall-clock step must not skew them
     let outcome: Outcome<O>;
     try {
-      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard, signal);
+      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard, cancellation);
     } catch (error) {
       const refusal = toCheckpointError(error);
       outcome = { ok: false, participant, code: refusal.code, detail: refusal.message };
@@ -106,18 +107,18 @@ export class ParticipantClient {
     deadlineMs: number,
     ctx: Context,
     guard: (() => void) | undefined,
-    signal: AbortSignal | undefined,
+    cancellation: Cancellation | undefined,
   ): Promise<Outcome<O>> {
     const { clock, transport, slackMs, token } = this.options;
     for (let tries = 1; ; tries++) {
       guard?.();
-      signal?.throwIfAborted();
+      if (cancellation?.reason) throw cancellation.reason;
       const remaining = deadlineMs - clock.now();
       let timeoutMs = Math.max(remaining, 0) + slackMs;
       if (this.options.attemptTimeoutMs !== undefined) timeoutMs = Math.min(timeoutMs, this.options.attemptTimeoutMs);
       let text: string;
       try {
-        text = await transport.request(subject, body, { timeoutMs, token, context: ctx, ...(signal && { signal }) });
+        text = await transport.request(subject, body, { timeoutMs, token, context: ctx, ...(cancellation && { cancellation }) });
       } catch (error) {
         if (error instanceof NoRespondersFailure) {
           // Unreachable says nothing was done there; after a timed-out try that is not known.

@@ -1,4 +1,5 @@
 import type { Context } from "@opentelemetry/api";
+import type { Cancellation } from "./cancellation.js";
 
 /** Nobody is subscribed on the subject (NATS no-responders): the participant is unreachable. */
 export class NoRespondersFailure extends Error {
@@ -34,8 +35,8 @@ export interface TransportRequestOptions {
   token: string;
   /** Trace context injected as W3C traceparent/tracestate headers. */
   context?: Context;
-  /** Stops waiting for the reply: the request rejects with the signal's reason. */
-  signal?: AbortSignal;
+  /** Stops waiting for the reply: the request rejects with the cancellation's reason. */
+  cancellation?: Cancellation;
 }
 
 /**

@@ -81,7 +81,7 @@ export class FakeParticipants implements ParticipantTransport {
     const behaviour = this.script.get(`${kind}.${instance}.${op}`) ?? "ok";
     if (behaviour === "unreachable") throw new NoRespondersFailure(subject);
     // A participant too stalled to answer: the request stays in flight until the caller's bound or abort ends the wait.
-    if (behaviour === "hang") return new Promise<string>((_resolve, reject) => options.signal?.addEventListener("abort", () => reject(options.signal!.reason as Error), { once: true }));
+    if (behaviour === "hang") return new Promise<string>((_resolve, reject) => options.cancellation?.onCancel(reject));
     if (behaviour === "timeout") {
       if (this.clock) this.clock.current += options.timeoutMs;
       throw new RequestTimeoutFailure(subject, options.timeoutMs);
