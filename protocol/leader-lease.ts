@@ -83,6 +83,19 @@ export function leaseEpochFloor(lastSeq: number, held: { revision: number; value
 }
 
 /**
+ * The highest epoch the lease has issued, from the same reads as leaseEpochFloor: every term's
+ * epoch is the revision of its create, so none is above the epoch the key names now (its create's
+ * revision while it names none yet) or, when nobody leads, above the last sequence. An epoch above
+ * it was never any coordinator's (a forged or corrupted message). Undefined when the value names
+ * no epoch (an older coordinator's, or one that does not parse): it cannot be told.
+ */
+export function leaseIssuedEpoch(lastSeq: number, held: { revision: number; value: string } | null): number | undefined {
+  if (held === null) return Number.isSafeInteger(lastSeq) && lastSeq > 0 ? lastSeq : 0;
+  const epoch = decodeLeaseValue(held.value)?.epoch;
+  return epoch === null ? held.revision : epoch;
+}
+
+/**
  * An epoch a later lease revision can still pass: below 2^53 - 1 (a hand-edited checkpoint.json or
  * journal entry may carry more). One that is not would, as an epoch floor, keep every leader below it.
  */

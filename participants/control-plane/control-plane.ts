@@ -78,6 +78,12 @@ export interface ControlPlaneOptions<R extends RecordBase> {
    * a restarted process refuses a deposed leader's delayed op as its predecessor would have.
    */
   epochFloor?: number;
+  /**
+   * Whether the leader lease has issued `epoch`, asked before an epoch above any seen or confirmed
+   * here raises the fence (startParticipant reads the lease: see leaseIssued). Undefined: every
+   * epoch is taken as issued.
+   */
+  epochIssued?: (epoch: number) => Promise<boolean>;
 }
 
 /** One export per checkpoint: a retry with the same directory and scope reuses it. */
@@ -152,6 +158,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private leaseExpiresAt: number | null = null;
   private cancelLeaseTimer: (() => void) | undefined;
   private highestEpoch = 0;
+  /** The highest epoch the leader lease was found to have issued (see isIssued); never lowers the fence. */
+  private confirmedEpoch = 0;
+  private readonly epochIssued: ((epoch: number) => Promise<boolean>) | undefined;
   private pendingWrite: PendingWrite<R> | undefined;
   private pendingInstall: Promise<unknown> | undefined;
   /** An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no restore runs beside it. */
@@ -189,6 +198,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.logger = options.logger?.child({ kind: this.adapter.kind, ...(bound["instance"] === this.instance ? {} : { instance: this.instance }) });
     this.pollMs = options.readinessPollMs ?? 1000;
     this.highestEpoch = options.epochFloor ?? 0;
+    this.confirmedEpoch = this.highestEpoch;
+    this.epochIssued = options.epochIssued;
     this.adapter.attach?.({
       notifyReadinessChanged: () => this.notify(),
       isRetired: (episode) => this.isRetired(episode),
@@ -233,7 +244,11 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   /** Dispatches one validated request; the incarnation and epoch fences come before anything else. */
   async handle<O extends PhaseOp | "status">(op: O, request: RequestOf<O>, parent?: Context): Promise<ReplyOf<O>> {
-    if (op === "status") return this.status((request as StatusRequest).epoch) as ReplyOf<O>;
+    if (op === "status") {
+      // A probe's epoch the lease never issued is not refused (status is read-only), only not raised to.
+      const epoch = (request as StatusRequest).epoch;
+      return this.status(epoch !== undefined && (await this.isIssued(epoch)) ? epoch : undefined) as ReplyOf<O>;
+    }
     const phaseRequest = request as RequestOf<PhaseOp>;
     // A retire or forget outside any checkpoint carries a placeholder id: left out, as the coordinator's span does.
     const checkpointId = namesCheckpoint(op, phaseRequest.checkpoint_id) ? phaseRequest.checkpoint_id : undefined;
@@ -249,6 +264,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       try {
         this.checkIncarnation(op as PhaseOp, phaseRequest);
         this.checkEpoch(phaseRequest.epoch); // early refusal; each op checks again, and raises it, under the lock
+        await this.checkIssued(phaseRequest.epoch);
         const result = await this.dispatch(op as PhaseOp, phaseRequest);
         spanResult(span, op, result);
         instruments.opDuration.record((this.elapsedNow() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
@@ -933,6 +949,23 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       this.fenceEpoch(request.epoch);
       return fn();
     });
+  }
+
+  /**
+   * Refuses an epoch the leader lease never issued (`invalid_request`, nothing changed): admitted,
+   * a forged one would raise the fence above the sitting leader's epoch and refuse its every message.
+   */
+  private async checkIssued(epoch: number): Promise<void> {
+    if (await this.isIssued(epoch)) return;
+    throw new CheckpointError("invalid_request", `epoch ${epoch} is above every epoch the leader lease has issued: no coordinator holds it (a forged or corrupted message)`);
+  }
+
+  /** Asks the lease only about an epoch above any seen or confirmed here (once per leader term, normally). */
+  private async isIssued(epoch: number): Promise<boolean> {
+    if (!this.epochIssued || epoch <= Math.max(this.highestEpoch, this.confirmedEpoch)) return true;
+    const issued = await this.epochIssued(epoch);
+    if (issued) this.confirmedEpoch = Math.max(this.confirmedEpoch, epoch);
+    return issued;
   }
 
   private checkEpoch(epoch: number): void {

@@ -4,7 +4,7 @@ import { DeploymentSchema, InstanceSchema, parseName, type CheckpointError, type
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import type { Clock } from "./clock.js";
 import { ParticipantControlPlane } from "./control-plane.js";
-import { readEpochFloor } from "./epoch-floor.js";
+import { leaseIssued, readEpochFloor } from "./epoch-floor.js";
 import { newIncarnation } from "./incarnation.js";
 import { MembershipAnnouncer } from "./membership-announcer.js";
 import { ControlEndpoint } from "./nats-endpoint.js";
@@ -58,6 +58,7 @@ export async function startParticipant<R extends RecordBase>(options: StartParti
     ...(options.checkpointRoot && { checkpointRoot: options.checkpointRoot }),
     ...(options.logger && { logger: options.logger }),
     epochFloor,
+    epochIssued: (epoch) => leaseIssued(options.nc, options.deployment, epoch, options.logger),
   });
   const endpoint = new ControlEndpoint(controlPlane as unknown as ParticipantControlPlane<RecordBase>, {
     nc: options.nc,
