@@ -4,8 +4,10 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { awaitBucketStore, LEADER_KEY, leaderBucket, leaseEpochFloor, leaseIssuedEpoch, within } from "../../protocol/index.js";
 
-/** How long start-up waits for the leader bucket before it starts unfenced; also the bound of one issued-epoch read. */
+/** How long start-up waits for the leader bucket before it starts unfenced. */
 export const EPOCH_FLOOR_READ_MS = 2_000;
+/** The bound of one issued-epoch read: inside a new leader's recovery probe's 2 s status wait. */
+export const EPOCH_ISSUED_READ_MS = 1_000;
 
 type LeaseState = { lastSeq: number; held: { revision: number; value: string } | null };
 
@@ -56,7 +58,7 @@ export async function readEpochFloor(nc: NatsConnection, deployment: string, log
  * True when it cannot be told: no bucket (no coordinator ever ran: nothing to fence), a value
  * naming no epoch, or a failed read (logged): availability over a check only a forger fails.
  */
-export async function leaseIssued(nc: NatsConnection, deployment: string, epoch: number, logger?: Logger, withinMs = EPOCH_FLOOR_READ_MS): Promise<boolean> {
+export async function leaseIssued(nc: NatsConnection, deployment: string, epoch: number, logger?: Logger, withinMs = EPOCH_ISSUED_READ_MS): Promise<boolean> {
   try {
     const { lastSeq, held } = await within(readLease(nc, deployment), withinMs);
     const issued = leaseIssuedEpoch(lastSeq, held);
