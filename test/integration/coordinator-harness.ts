@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
+import { afterAll, beforeAll } from "vitest";
 import { startParticipant, ScriptableKind, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { CoordinatorConfigSchema, type CoordinatorConfig } from "../../coordinator/config/coordinator-config.js";
 import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
@@ -147,6 +148,23 @@ export async function startWorld(options: { nats?: NatsFixture } = {}): Promise<
     },
   };
   return world;
+}
+
+/**
+ * One world for a test file: the default participants and a ready leader serving no HTTP, started
+ * before its tests and closed after them. Call the returned function inside a test.
+ */
+export function worldWithLeader(): () => World {
+  let world: World | undefined;
+  beforeAll(async () => {
+    world = await startWorld();
+    await world.startParticipants();
+    await (await world.startCoordinator(NO_HTTP)).whenReady();
+  });
+  afterAll(async () => {
+    await world?.close();
+  });
+  return () => world!;
 }
 
 /** Records every participant-subject message in publish order: `${op}:${kind}/${instance}@${epoch}`. */
