@@ -1,6 +1,7 @@
 /**
- * Stops a participant request in flight from waiting for its reply. Not an AbortSignal: each of
- * its listeners costs microseconds on Node 20 (EventTarget bookkeeping), and a checkpoint of 64
+ * Stops a participant request in flight from waiting for its reply: for good (`cancel`), or only
+ * the try in flight (`interrupt`: the caller may send it again). Not an AbortSignal: each of its
+ * listeners costs microseconds on Node 20 (EventTarget bookkeeping), and a checkpoint of 64
  * participants sends ~200 requests that almost never need cancelling. One listener at a time:
  * the one try in flight.
  */
@@ -19,7 +20,12 @@ export class Cancellation {
     this.listener?.(reason);
   }
 
-  /** Calls `listener` on cancel (at once if cancelled already) until the returned function is called. */
+  /** Ends the try in flight (its listener gets `reason`), not the tries after it. */
+  interrupt(reason: Error): void {
+    if (!this.cause) this.listener?.(reason);
+  }
+
+  /** Calls `listener` on cancel or interrupt (at once if cancelled already) until the returned function is called. */
   onCancel(listener: (reason: Error) => void): () => void {
     if (this.cause) {
       listener(this.cause);

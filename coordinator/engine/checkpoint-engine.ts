@@ -48,6 +48,7 @@ import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
 import { Cancellation } from "./cancellation.js";
+import { ReplacedProcessFailure } from "./transport.js";
 import { combinedFailure, failureRefs, type Outcome, type ParticipantClient, type ParticipantRef } from "./participant-client.js";
 import { runAll, runStages, type StagedRun } from "./phase-driver.js";
 
@@ -1853,7 +1854,7 @@ export class CheckpointEngine {
     }
     const body = incarnation === undefined ? request : { ...request, incarnation };
     this.effects++;
-    const replaced = incarnation === undefined ? undefined : this.cancelOnRestart(member, id!, incarnation);
+    const replaced = this.watchReplacement(member, op, id, incarnation);
     let outcome: Outcome<O>;
     try {
       outcome = await this.options.client.call(member, op, body, deadlineMs, {
@@ -2008,16 +2009,23 @@ export class CheckpointEngine {
   }
 
   /**
-   * A cancellation for a guarded request to `member` as incarnation `then`: cancelled (`unreachable`)
-   * as soon as the membership view shows the process replaced, rather than when the try times out
-   * (request_attempt_ms) and its retry is refused by the new process. `stop` ends the watch.
+   * Stops a request waiting on a process the membership view shows replaced (a SIGKILL mid-op, its
+   * supervisor starting it again), rather than for the whole try (request_attempt_ms). One
+   * addressed to incarnation `then` (guarded) is cancelled, `unreachable`: the new process would
+   * refuse it. Any other (restore, retire, forget) goes to whichever process is there: its try is
+   * interrupted and it is sent again at once, now to the new process (which, were the view only
+   * catching up with it, answers the copy once the first is done). `stop` ends the watch.
    */
-  private cancelOnRestart(member: ParticipantRef, id: string, then: string): { cancellation: Cancellation; stop: () => void } | undefined {
+  private watchReplacement(member: ParticipantRef, op: Op, id: string | undefined, then: string | undefined): { cancellation: Cancellation; stop: () => void } | undefined {
     const membership = this.options.membership;
     if (!membership.onIncarnationChange) return undefined;
     const cancellation = new Cancellation();
     const stop = membership.onIncarnationChange(member, () => {
-      const restarted = this.restartedSince(member, id, then);
+      if (then === undefined) {
+        this.checkpointLog(id).info({ op, kind: member.kind, instance: member.instance }, "participant_replaced_request_resent");
+        return cancellation.interrupt(new ReplacedProcessFailure(refName(member)));
+      }
+      const restarted = this.restartedSince(member, id!, then);
       if (restarted) cancellation.cancel(new CheckpointError("unreachable", `${restarted}; the request in flight to the old process was abandoned`));
     });
     return { cancellation, stop };

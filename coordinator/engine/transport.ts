@@ -29,13 +29,27 @@ export class ConnectionLostFailure extends RequestTimeoutFailure {
   }
 }
 
+/**
+ * The membership view showed the addressed process replaced while the request waited: an unknown
+ * outcome like a timeout (the old process may have acted before it died), sent again at once
+ * rather than when the try would have timed out, to whichever process answers now.
+ */
+export class ReplacedProcessFailure extends RequestTimeoutFailure {
+  /** `who`: the participant, as kind/instance. */
+  constructor(who: string) {
+    super(who, 0);
+    this.message = `${who} was replaced by a new process (its announcement seen) before it answered`;
+    this.name = "ReplacedProcessFailure";
+  }
+}
+
 export interface TransportRequestOptions {
   timeoutMs: number;
   /** Bearer token sent in the Authorization header. */
   token: string;
   /** Trace context injected as W3C traceparent/tracestate headers. */
   context?: Context;
-  /** Stops waiting for the reply: the request rejects with the cancellation's reason. */
+  /** Stops waiting for the reply: the request rejects with the reason it is cancelled or interrupted with. */
   cancellation?: Cancellation;
 }
 

@@ -28,7 +28,7 @@ afterAll(async () => {
 });
 
 /** agent1 on a connection of its own (closing it is the SIGKILL), whose `hook` waits until released. */
-async function startStalling(hook: "exportRecords" | "openAdmission") {
+async function startStalling(hook: "exportRecords" | "openAdmission" | "install") {
   const nc = await world.nats.connect();
   const adapter = new LoggedKind(AGENT.kind, AGENT.instance);
   let release!: () => void;
@@ -83,6 +83,28 @@ describe("a participant killed while the coordinator waits on its reply, then re
     const reply = await resume;
     expect(Date.now() - started).toBeLessThan(ATTEMPT_MS);
     expect(reply.participants.find((p) => p.instance === AGENT.instance)).toMatchObject({ kind: "agent", idempotent: true });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  }, 60_000);
+
+  it("its restore (sent to whichever process is there) is sent again at once to the new process, which restores: the restore and its resume succeed", async () => {
+    const episode = { rollout_id: "kr1", attempt: 0 };
+    for (const instance of ["env1", "policy", AGENT.instance]) world.participant(instance).adapter.addEpisode(episode, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "killed-restore-base" });
+    // A restore goes to fresh processes (after a crash): agent1's stalls installing.
+    await world.stopParticipants();
+    await world.startParticipants(DEFAULT_MEMBERS.filter((m) => m.instance !== AGENT.instance));
+    const stalled = await startStalling("install");
+    const coordinator = world.coordinators[0]!;
+    await waitUntil(() => world.participants.every((p) => coordinator.members.incarnationOf(p) === p.handle.controlPlane.incarnation), "the fresh processes in the view");
+    const started = Date.now();
+    const restore = world.client.restore({ checkpoint_id: "killed-restore-base", episode_ids: [episode] });
+    await waitUntil(() => stalled.adapter.hooks().includes("install"), "agent1's restore under way");
+    await killAndRestart(stalled.nc);
+    const reply = await restore;
+    expect(Date.now() - started).toBeLessThan(ATTEMPT_MS);
+    expect(reply.participants.find((p) => p.instance === AGENT.instance)?.restored).toEqual(["kr1-a1"]);
+    expect(world.participant(AGENT.instance).adapter.restored.size).toBe(1);
+    await world.client.resume({ checkpoint_id: "killed-restore-base" });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   }, 60_000);
 });

@@ -73,4 +73,21 @@ describe("a participant restarted while its guarded request is in flight", () =>
     expect((await committing).participants).toHaveLength(FOUR_KINDS.length);
     await engine.resume({ checkpoint_id: "c3" });
   });
+
+  it("a restore (addressed to whichever process is there) waiting on the dead process is sent again at once, to the new process", async () => {
+    const { engine, fake, membership } = makeEngine(root, { incarnations: firstIncarnations() });
+    await engine.checkpoint({ checkpoint_id: "c4", episode_ids: null, stop: false, controller_state: null });
+    fake.set("environment", "e1", "restore", "hang");
+    const restoring = engine.restore({ checkpoint_id: "c4", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await waitUntil(() => membership.watchers(E1) === 1, "the restore to e1 in flight");
+    // The new process answers, naming itself as the restorer (as a participant's restore reply does).
+    fake.set("environment", "e1", "restore", "ok");
+    fake.restorers.set("environment.e1", "e1-new");
+    membership.announce(E1, "e1-new");
+    const reply = await restoring;
+    expect(reply.participants.find((p) => p.instance === "e1")).toMatchObject({ restored: ["r1-a1"] });
+    expect(fake.ops("restore").filter((c) => c.instance === "e1")).toHaveLength(2);
+    expect(membership.watchers(E1)).toBe(0);
+    await engine.resume({ checkpoint_id: "c4" });
+  });
 });
