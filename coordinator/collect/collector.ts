@@ -296,7 +296,7 @@ export class Collector {
       .map(([rollout_id, attempt]) => ({ rollout_id, attempt: restoredOnly.has(rollout_id) ? attempt - 1 : attempt }));
     const retiring = [...stale, ...[...gone].map(([rollout_id, attempt]) => ({ rollout_id, attempt }))];
     // Retiring changes no log: the previous one still names these attempts if this start fails.
-    if (retiring.length && !restoreCloses) await this.retireNow(retiring);
+    if (retiring.length && !restoreCloses) await this.retireAtStart(retiring);
     // Rows the logged run finished as a later attempt (after a retire, a fenced skip or a restore):
     // the forget that lifts their fences was queued in memory and may have died with it. Sent again
     // now (once more is harmless) while nothing is open; those not sent (our LATEST is open until the
@@ -339,7 +339,7 @@ export class Collector {
       }
     }
     if (restoring) await this.restoreRows(restoring, [...continued.values()], carried);
-    if (retiring.length && restoreCloses) await this.retireNow(retiring);
+    if (retiring.length && restoreCloses) await this.retireAtStart(retiring);
     if (this.toForget.size) this.forgetSoon();
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
     this.instruments.rows.add(continuedRestored, { outcome: "continued" });
@@ -432,7 +432,7 @@ export class Collector {
         const replacements = sources.map(nextAttempt);
         const replaced = new Set(sources.map((s) => s.rollout_id));
         await this.log.replace([...carried.filter((e) => !replaced.has(e.rollout_id)), ...replacements]);
-        await this.retireNow(replacements);
+        await this.retireAtStart(replacements);
         for (const source of sources) {
           this.states.get(source.rollout_id)!.attempt = source.attempt + 2;
           this.retired.add(source.rollout_id);
@@ -779,11 +779,23 @@ export class Collector {
     });
   }
 
-  private async retireNow(episodes: EpisodeId[]): Promise<void> {
+  /** `send` wraps each batch's request (see retireAtStart). */
+  private async retireNow(episodes: EpisodeId[], send: (retire: () => Promise<unknown>) => Promise<unknown> = (retire) => retire()): Promise<void> {
     for (let i = 0; i < episodes.length; i += RETIRE_BATCH) {
-      await this.options.controller.retire({ episode_ids: episodes.slice(i, i + RETIRE_BATCH), deadline_ts: this.deadline() });
+      const batch = episodes.slice(i, i + RETIRE_BATCH);
+      await send(() => this.options.controller.retire({ episode_ids: batch, deadline_ts: this.deadline() }));
     }
     for (const e of episodes) this.retired.add(e.rollout_id);
+  }
+
+  /**
+   * A start's retire, sent again while its outcome is unknown (a leader failover mid-op), as the
+   * start's other controller ops are: taken for a failure, it would fail the start (the job) for
+   * a failover the next op rides out. A retire is idempotent (it fences up to the attempt named).
+   * The run's own retires are retried by flushRetires instead.
+   */
+  private retireAtStart(episodes: EpisodeId[]): Promise<void> {
+    return this.retireNow(episodes, (retire) => this.ownOps.resent("retire", undefined, retire));
   }
 
   // ---- checkpoints -----------------------------------------------------------------------

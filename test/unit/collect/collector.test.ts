@@ -963,6 +963,30 @@ describe("collector", () => {
     expect([...results.values()].map((r) => [r.rollout_id, r.attempt, r.continued]).sort()).toEqual([["a", 2, false], ["b", 1, false]]);
   });
 
+  it("a start-up retire whose outcome is unknown (a leader failover mid-op) is sent again, not taken for a failed start", async () => {
+    // As above: the restore refused everywhere, then the retire of attempt+1 lost in a failover.
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController({
+      restore: async (req: never) => {
+        calls.push({ op: "restore", req });
+        throw new CheckpointError("stale_checkpoint", "restore failed on 1 participant(s): environment/e1: stale_checkpoint");
+      },
+    });
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const retire = controller.retire.bind(controller);
+    const retires: EpisodeId[][] = [];
+    (controller as { retire: (req: { episode_ids: EpisodeId[] }) => Promise<unknown> }).retire = async (req) => {
+      retires.push(req.episode_ids);
+      if (retires.length === 1) throw new CheckpointError("outcome_unknown", "coordinator c0 stopped leading before it answered (c1 leads now)");
+      return retire(req as never);
+    };
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url, { maxAttempts: 1 });
+    await collector.start();
+    expect(retires).toEqual([[{ rollout_id: "a", attempt: 1 }], [{ rollout_id: "a", attempt: 1 }]]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+  });
+
   it("a checkpoint does not wait for a row the coordinator restarts (it parks until the resume)", async () => {
     const { collector, run, base } = await runningUntilResume({
       prepare: async (req: never) => ({ ...(await base.prepare(req)), restarts: ["a"] }),
