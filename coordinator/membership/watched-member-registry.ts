@@ -85,10 +85,13 @@ export class WatchedMemberRegistry implements MembershipSource {
   private async checkStream(): Promise<void> {
     if (this.stopped || this.checking) return;
     this.checking = true;
+    // As of before the read: the watch may deliver a newer revision while it is in flight (every
+    // heartbeat writes one), and a last sequence read before that is not a stream that went back.
+    const seen = this.lastRevision;
     try {
       const info = await this.streamInfo();
       if (!info || this.stopped) return;
-      const recreated = (this.streamCreated !== undefined && info.created !== this.streamCreated) || info.lastSeq < this.lastRevision;
+      const recreated = (this.streamCreated !== undefined && info.created !== this.streamCreated) || info.lastSeq < seen;
       this.streamCreated = info.created;
       if (!recreated) return;
       this.logger?.warn({ last_revision: this.lastRevision, stream_last_seq: info.lastSeq }, "membership_bucket_recreated");
