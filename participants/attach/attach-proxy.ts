@@ -61,7 +61,10 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   // Without Host, Node would answer a bare 400; the upstream gets its own Host anyway.
   const server = createServer({ noDelay: true, keepAlive: true, requestTimeout: 0, requireHostHeader: false }, (req, res) => {
     handle(req, res).catch((error: unknown) => {
-      logger?.warn({ err: error }, "attach proxy request failed");
+      // Closed admission refuses every call a checkpoint catches (the caller retries once it ends):
+      // expected, so not a warning with a stack per call (thousands per run otherwise).
+      if (error instanceof CheckpointError && error.code === "admission_closed") logger?.debug({ code: error.code, detail: error.message }, "attach proxy call refused: admission closed");
+      else logger?.warn({ err: error }, "attach proxy request failed");
       if (!res.headersSent) refuse(res, error);
       else res.destroy();
     });
