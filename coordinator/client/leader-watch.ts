@@ -3,7 +3,11 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { awaitBucketStore, CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, MIN_LEASE_MS, type LeaseHolder } from "../../protocol/index.js";
 import { pollUntil } from "./poll-until.js";
 
-/** How often a waiting client re-reads the leader lease (a few lease periods at the defaults). */
+/**
+ * How often a waiting client re-reads the leader lease at most: one lease period at the default
+ * lease_ms. A shorter lease (the leader bucket's max_age) is re-read every period instead, so a
+ * failover under it is noticed about when the lease lapses, not seconds after.
+ */
 export const LEADER_CHECK_MS = 5_000;
 
 /**
@@ -31,6 +35,8 @@ export class LeaderLeaseReader {
   /** The last read that named a serving leader, with when it was sent (monotonic ms). */
   private lastServing: { holder: LeaseHolder; sentAt: number } | undefined;
   private watchingStatus = false;
+  /** The lease period (the bucket's max_age, ms) as read when the bucket was opened; undefined until then or unread. */
+  private leaseMs: number | undefined;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -76,9 +82,20 @@ export class LeaderLeaseReader {
       }
       if (stop?.aborted) return undefined;
       // open() binds without direct gets, so reads ask the stream's leader, never a lagging replica.
-      this.kv ??= await new Kvm(this.nc).open(leaderBucket(this.deployment));
+      let periodRead: Promise<void> | undefined;
+      if (!this.kv) {
+        this.kv = await new Kvm(this.nc).open(leaderBucket(this.deployment));
+        // Once per client, beside the first read: what checkEveryMs polls at (unread, the default
+        // stands). Not sent once `stop` aborted (see above: it would keep a closing process alive).
+        if (!stop?.aborted) {
+          periodRead = this.kv.status().then(
+            (status) => void (this.leaseMs = status.ttl > 0 ? status.ttl : undefined),
+            () => undefined,
+          );
+        }
+      }
       const sentAt = this.now();
-      const entry = await this.kv.get(LEADER_KEY);
+      const [entry] = await Promise.all([this.kv.get(LEADER_KEY), periodRead]);
       if (!entry || entry.operation !== "PUT") return null;
       const holder = decodeLeaseValue(entry.string());
       if (holder?.serving === true) this.lastServing = { holder, sentAt };
@@ -86,6 +103,11 @@ export class LeaderLeaseReader {
     } catch {
       return undefined;
     }
+  }
+
+  /** How often `lost` re-reads the lease by default: the lease period, at least MIN_LEASE_MS, at most LEADER_CHECK_MS. */
+  checkEveryMs(): number {
+    return this.leaseMs === undefined ? LEADER_CHECK_MS : Math.min(LEADER_CHECK_MS, Math.max(MIN_LEASE_MS, this.leaseMs));
   }
 
   /**

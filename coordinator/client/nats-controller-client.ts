@@ -5,7 +5,7 @@ import { Cancellation } from "../engine/cancellation.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
-import { LEADER_CHECK_MS, LeaderLeaseReader } from "./leader-watch.js";
+import { LeaderLeaseReader } from "./leader-watch.js";
 import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
 
 export interface NatsControllerClientOptions {
@@ -23,7 +23,8 @@ export interface NatsControllerClientOptions {
   leaderWaitMs?: number;
   /**
    * An op waits for its reply (see `timeoutMs`, `slackMs`) unless the coordinator that took it
-   * stops leading: its lease is re-read this often while it waits (default 5 s).
+   * stops leading: its lease is re-read this often while it waits (default: the lease period, the
+   * leader bucket's max_age, at most 5 s).
    */
   leaderCheckMs?: number;
 }
@@ -57,7 +58,7 @@ export class NatsControllerClient extends ControllerClient {
         const leader = this.leases.leaderAsSent(watch.signal);
         const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), cancellation });
         void leader.then((holder) => {
-          if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? LEADER_CHECK_MS, watch.signal).then((lost) => cancellation.cancel(lost));
+          if (holder !== undefined) void this.leases.lost(holder, this.options.leaderCheckMs ?? this.leases.checkEveryMs(), watch.signal).then((lost) => cancellation.cancel(lost));
         });
         // The controller's own span (if any) becomes the parent of the coordinator's.
         return decodeControllerReply(op, await reply);

@@ -231,6 +231,28 @@ describe("NATS controller client", () => {
   });
 });
 
+describe("NATS controller client: how often a waiting op re-reads the lease", () => {
+  it("every lease period (the leader bucket's max_age) when that is shorter than 5 s: a lapsed lease is noticed within about one", async () => {
+    const deployment = "short-lease";
+    const kv = await new Kvm(nats.nc).create(leaderBucket(deployment), { history: 1, ttl: 300 });
+    await kv.create(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
+    const held: Msg[] = [];
+    const sub = nats.nc.subscribe(controllerSubject(deployment, "publish"), { callback: (_e, msg) => void held.push(msg) });
+    await nats.nc.flush();
+    try {
+      // No leaderCheckMs: the default. The coordinator took the op and died: its key is not renewed and lapses.
+      const client = new NatsControllerClient({ nc: nats.nc, deployment, token: "ctl-token" });
+      const outcome = client.publish({ checkpoint_id: "short-1" }).catch((error: unknown) => error);
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      const lost = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 3_000))]);
+      expect(lost).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-a stopped leading") });
+    } finally {
+      sub.unsubscribe();
+      await kv.destroy();
+    }
+  });
+});
+
 describe("NATS controller client: the leader lease after a frozen or restarted coordinator", () => {
   /** A coordinator's lease as the daemon holds it; `stop()` without release is a crash (its key stays until it expires). */
   const leading = async (deployment: string, id: string) => {
