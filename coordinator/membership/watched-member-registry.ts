@@ -94,7 +94,7 @@ export class WatchedMemberRegistry implements MembershipSource {
       const recreated = (this.streamCreated !== undefined && info.created !== this.streamCreated) || info.lastSeq < seen;
       this.streamCreated = info.created;
       if (!recreated) return;
-      this.logger?.warn({ last_revision: this.lastRevision, stream_last_seq: info.lastSeq }, "membership_bucket_recreated");
+      this.logger?.warn({ last_revision: seen, stream_last_seq: info.lastSeq }, "membership_bucket_recreated");
       this.generation += 1;
       this.lastRevision = 0;
       for (const key of this.cache.keys()) this.fromOldBucket.add(key);

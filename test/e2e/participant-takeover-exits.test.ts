@@ -2,8 +2,8 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
-import { isNoResponders, participantSubject, type Kind } from "../../protocol/index.js";
-import { controlRequest } from "../support/control-requests.js";
+import type { Kind } from "../../protocol/index.js";
+import { controlRequest, nobodyAnswers as nobodyAnswersName } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { killAll, TrackedProcesses } from "../support/process-tree.js";
 import { startStallProxy, type StallProxy } from "../support/stall-proxy.js";
@@ -29,11 +29,7 @@ afterAll(async () => {
   await nats?.close();
 });
 
-const nobodyAnswers = (kind: Kind, instance: string) =>
-  nats.nc.request(participantSubject(DEPLOYMENT, kind, instance, "status"), "", { timeout: 2_000 }).then(
-    () => false,
-    (error: unknown) => isNoResponders(error),
-  );
+const nobodyAnswers = (kind: Kind, instance: string) => nobodyAnswersName(nats.nc, DEPLOYMENT, kind, instance);
 
 function exitOf(child: ChildProcess): Promise<number | null> {
   return new Promise((resolve) => child.once("exit", (code) => resolve(code)));

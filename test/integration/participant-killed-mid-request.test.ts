@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
-import { isNoResponders, participantSubject } from "../../protocol/index.js";
+import { nobodyAnswers } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
 import { DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
@@ -43,12 +43,7 @@ async function startStalling(hook: "exportRecords" | "openAdmission" | "install"
 /** Kills the stalled process (its subscriptions go with its connection) and starts its replacement. */
 async function killAndRestart(nc: NatsConnection): Promise<void> {
   await nc.close();
-  const nobody = () =>
-    world.pnc.request(participantSubject(world.deployment, AGENT.kind, AGENT.instance, "status"), "", { timeout: 2_000 }).then(
-      () => false,
-      (error: unknown) => isNoResponders(error),
-    );
-  await waitUntil(nobody, "the killed process's subscriptions gone");
+  await waitUntil(() => nobodyAnswers(world.pnc, world.deployment, AGENT.kind, AGENT.instance), "the killed process's subscriptions gone");
   await world.startParticipants([AGENT]);
 }
 

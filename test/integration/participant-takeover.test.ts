@@ -5,8 +5,8 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
-import { isNoResponders, memberKey, membersBucket, participantSubject, type Kind } from "../../protocol/index.js";
-import { controlRequest, phase } from "../support/control-requests.js";
+import { memberKey, membersBucket, type Kind } from "../../protocol/index.js";
+import { controlRequest, nobodyAnswers as nobodyAnswersName, phase } from "../support/control-requests.js";
 import { startStallProxy, type StallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
 import { LoggedKind, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
@@ -50,11 +50,7 @@ async function startBehindProxy(kind: Kind, instance: string) {
 }
 
 /** Whether nothing is subscribed to the name's status subject any more. */
-const nobodyAnswers = (kind: Kind, instance: string) =>
-  world.pnc.request(participantSubject(world.deployment, kind, instance, "status"), "", { timeout: 2_000 }).then(
-    () => false,
-    (error: unknown) => isNoResponders(error),
-  );
+const nobodyAnswers = (kind: Kind, instance: string) => nobodyAnswersName(world.pnc, world.deployment, kind, instance);
 /** The member the name's registry entry announces (undefined: none, or a delete marker). */
 const entryOf = async (kind: Kind, instance: string) => {
   const entry = await (await new Kvm(world.pnc).open(membersBucket(world.deployment))).get(memberKey(kind, instance));

@@ -1,5 +1,5 @@
 import { headers, type NatsConnection } from "@nats-io/transport-node";
-import { participantSubject, type Kind, type Op } from "../../protocol/index.js";
+import { isNoResponders, participantSubject, type Kind, type Op } from "../../protocol/index.js";
 
 /**
  * Control requests sent straight to one participant over NATS, as a coordinator would (bearer
@@ -21,3 +21,11 @@ export async function controlRequest(
 
 /** The common phase-message fields: checkpoint id, a deadline `seconds` from now, epoch 1. */
 export const phase = (id: string, extra: object = {}, seconds = 30) => ({ checkpoint_id: id, deadline_ts: Date.now() / 1000 + seconds, epoch: 1, ...extra });
+
+/** Whether nothing is subscribed to a participant name's status subject any more (NATS no-responders). */
+export function nobodyAnswers(nc: NatsConnection, deployment: string, kind: Kind, instance: string): Promise<boolean> {
+  return nc.request(participantSubject(deployment, kind, instance, "status"), "", { timeout: 2_000 }).then(
+    () => false,
+    (error: unknown) => isNoResponders(error),
+  );
+}
