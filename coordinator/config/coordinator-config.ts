@@ -54,6 +54,17 @@ export const CoordinatorConfigSchema = z
      * idempotent): core NATS delivers at most once, so a lost message must not cost the whole deadline.
      */
     request_attempt_ms: z.number().int().min(100).default(10_000),
+    /**
+     * While a try waits longer than this, the participant's status subject is probed this often; a
+     * try whose process is gone from NATS (no responders, 4 probes in a row) ends then, not at its
+     * timeout. 0: no probes.
+     */
+    request_probe_ms: z
+      .number()
+      .int()
+      .max(600_000)
+      .refine((ms) => ms === 0 || ms >= 100, "must be 0 (no probes) or at least 100")
+      .default(1_000),
     http: z
       .object({
         enabled: z.boolean().default(true),

@@ -171,6 +171,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       clock,
       slackMs: config.request_slack_ms,
       attemptTimeoutMs: config.request_attempt_ms,
+      presenceProbeMs: config.request_probe_ms,
     }),
     membership: registry,
     leadership: lease,

@@ -14,9 +14,10 @@ import {
   type ReplyOf,
   type RequestOf,
 } from "../../protocol/index.js";
-import type { Cancellation } from "./cancellation.js";
+import { Cancellation } from "./cancellation.js";
 import type { Clock } from "./clock.js";
 import { coordinatorTelemetry, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
+import { probePresence } from "./presence-probe.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport } from "./transport.js";
 
 const RETRY_PAUSE_MS = 50;
@@ -50,6 +51,11 @@ export interface ParticipantClientOptions {
   slackMs: number;
   /** Upper bound of one try; a timed-out try is retried idempotently while the deadline allows. */
   attemptTimeoutMs?: number;
+  /**
+   * Period of the presence probes sent while a try waits (see `probePresence`): a try on a process
+   * gone from NATS ends after `ABSENT_PROBES` of them, not at its timeout. Unset or 0: no probes.
+   */
+  presenceProbeMs?: number;
 }
 
 /**
@@ -57,7 +63,8 @@ export interface ParticipantClientOptions {
  *   no responders → `unreachable` at once (never retried), unless an earlier try timed out: that
  *     try may have acted (a reply lost in a NATS restart, the participant not resubscribed yet),
  *     so the outcome stays unknown;
- *   timeout → outcome unknown, retried with the same body while the deadline allows;
+ *   timeout → outcome unknown, retried with the same body while the deadline allows; so is a try
+ *     whose process the presence probes found gone from NATS, before its timer;
  *   error reply → its catalog code; anything unparseable → `internal_error`.
  * The request timeout is the time left until the deadline plus slack.
  */
@@ -110,6 +117,7 @@ export class ParticipantClient {
     cancellation: Cancellation | undefined,
   ): Promise<Outcome<O>> {
     const { clock, transport, slackMs, token } = this.options;
+    let unknown: RequestTimeoutFailure | undefined; // why the last try's outcome is unknown
     for (let tries = 1; ; tries++) {
       guard?.();
       if (cancellation?.reason) throw cancellation.reason;
@@ -117,22 +125,24 @@ export class ParticipantClient {
       let timeoutMs = Math.max(remaining, 0) + slackMs;
       if (this.options.attemptTimeoutMs !== undefined) timeoutMs = Math.min(timeoutMs, this.options.attemptTimeoutMs);
       let text: string;
+      const watch = this.watchTry(participant, op, cancellation);
       try {
-        text = await transport.request(subject, body, { timeoutMs, token, context: ctx, ...(cancellation && { cancellation }) });
+        text = await transport.request(subject, body, { timeoutMs, token, context: ctx, ...(watch.cancellation && { cancellation: watch.cancellation }) });
       } catch (error) {
         if (error instanceof NoRespondersFailure) {
-          // Unreachable says nothing was done there; after a timed-out try that is not known.
-          if (tries > 1) {
+          // Unreachable says nothing was done there; after a try with an unknown outcome that is not known.
+          if (unknown) {
             return {
               ok: false,
               participant,
               code: "outcome_unknown",
-              detail: `${participant.kind}/${participant.instance}: ${op} timed out, then ${error.message} (the timed-out try may have acted)`,
+              detail: `${participant.kind}/${participant.instance}: ${op}: ${unknown.message}, then ${error.message} (the earlier try may have acted)`,
             };
           }
           return { ok: false, participant, code: "unreachable", detail: `${participant.kind}/${participant.instance}: ${error.message}` };
         }
         if (error instanceof RequestTimeoutFailure) {
+          unknown = error;
           const left = deadlineMs - clock.now();
           if (left > 0) {
             // Unknown outcome: retry the same body (idempotent per checkpoint_id and op) after a short pause.
@@ -147,9 +157,34 @@ export class ParticipantClient {
           };
         }
         throw error;
+      } finally {
+        watch.stop();
       }
       return parseReply(participant, op, text);
     }
+  }
+
+  /**
+   * What may end one try before its timer: the call's cancellation and, with probes configured, the
+   * participant's process found gone from NATS. A `status` try is not probed (the probe is one).
+   */
+  private watchTry(participant: ParticipantRef, op: Op, cancellation: Cancellation | undefined): { cancellation: Cancellation | undefined; stop: () => void } {
+    const everyMs = this.options.presenceProbeMs;
+    if (!everyMs || op === "status") return { cancellation, stop: () => undefined };
+    const ended = new Cancellation();
+    // The call's cancellation reaches this try through `ended`: one listener each.
+    const unlink = cancellation?.onCancel((reason) => ended.interrupt(reason));
+    const statusSubject = participantSubject(this.options.deployment, participant.kind, participant.instance, "status");
+    const who = `${participant.kind}/${participant.instance}`;
+    const { transport, clock, token } = this.options;
+    const stopProbes = probePresence(statusSubject, who, { transport, clock, token, everyMs }, (failure) => ended.interrupt(failure));
+    return {
+      cancellation: ended,
+      stop: () => {
+        stopProbes();
+        unlink?.();
+      },
+    };
   }
 }
 

@@ -23,6 +23,7 @@ describe("coordinator config", () => {
       expect(config.token).toBe("filetoken");
       expect(config.request_slack_ms).toBe(2000);
       expect(config.request_attempt_ms).toBe(10_000);
+      expect(config.request_probe_ms).toBe(1_000);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -39,6 +40,15 @@ describe("coordinator config", () => {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  });
+
+  it("request_probe_ms is 0 (no probes) or at least 100", () => {
+    const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" };
+    expect(loadConfig({ env: { ...base, GYM_CKPT_REQUEST_PROBE_MS: "0" } }).request_probe_ms).toBe(0);
+    expect(loadConfig({ env: { ...base, GYM_CKPT_REQUEST_PROBE_MS: "250" } }).request_probe_ms).toBe(250);
+    expect(() => loadConfig({ env: { ...base, GYM_CKPT_REQUEST_PROBE_MS: "50" } })).toThrow(
+      expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("must be 0 (no probes) or at least 100") }),
+    );
   });
 
   it("reports every problem readably and refuses unknown keys", () => {
