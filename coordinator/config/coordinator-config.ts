@@ -55,9 +55,9 @@ export const CoordinatorConfigSchema = z
      */
     request_attempt_ms: z.number().int().min(100).default(10_000),
     /**
-     * While a try waits longer than this, the participant's status subject is probed this often; a
-     * try whose process is gone from NATS (no responders, 4 probes in a row) ends then, not at its
-     * timeout. 0: no probes.
+     * While a try of a guarded op (addressed to one process) waits longer than this, the
+     * participant's status subject is probed this often; a try whose process is gone from NATS (no
+     * responders, 4 probes in a row) ends then, not at its timeout. 0: no probes.
      */
     request_probe_ms: z
       .number()

@@ -1861,6 +1861,8 @@ export class CheckpointEngine {
         ...(ctx && { parent: ctx }),
         guard: () => this.options.leadership.assert(epoch),
         ...(replaced && { cancellation: replaced.cancellation }),
+        // Only the addressed process can answer it: one gone from NATS is not waited for.
+        probePresence: incarnation !== undefined,
       });
     } finally {
       replaced?.stop();

@@ -40,6 +40,13 @@ export interface CallOptions {
   guard?: () => void;
   /** Cancelled: the call stops waiting (no further try) and fails with the reason's code. */
   cancellation?: Cancellation;
+  /**
+   * Probe the participant while a try waits (`presenceProbeMs`): for a request only the addressed
+   * process can answer (a guarded op naming its incarnation). One any process may answer (restore,
+   * retire, forget) waits out its try instead: a replacement the supervisor is still starting may
+   * answer it.
+   */
+  probePresence?: boolean;
 }
 
 export interface ParticipantClientOptions {
@@ -52,8 +59,9 @@ export interface ParticipantClientOptions {
   /** Upper bound of one try; a timed-out try is retried idempotently while the deadline allows. */
   attemptTimeoutMs?: number;
   /**
-   * Period of the presence probes sent while a try waits (see `probePresence`): a try on a process
-   * gone from NATS ends after `ABSENT_PROBES` of them, not at its timeout. Unset or 0: no probes.
+   * Period of the presence probes sent while a try of a call with `probePresence` waits (see
+   * presence-probe.ts): one on a process gone from NATS ends after `ABSENT_PROBES` of them, not at
+   * its timeout. Unset or 0: no probes.
    */
   presenceProbeMs?: number;
 }
@@ -63,8 +71,8 @@ export interface ParticipantClientOptions {
  *   no responders → `unreachable` at once (never retried), unless an earlier try timed out: that
  *     try may have acted (a reply lost in a NATS restart, the participant not resubscribed yet),
  *     so the outcome stays unknown;
- *   timeout → outcome unknown, retried with the same body while the deadline allows; so is a try
- *     whose process the presence probes found gone from NATS, before its timer;
+ *   timeout → outcome unknown, retried with the same body while the deadline allows; so is a
+ *     probed try whose process the presence probes found gone from NATS, before its timer;
  *   error reply → its catalog code; anything unparseable → `internal_error`.
  * The request timeout is the time left until the deadline plus slack.
  */
@@ -76,7 +84,7 @@ export class ParticipantClient {
     op: O,
     request: RequestOf<O>,
     deadlineMs: number,
-    { parent, guard, cancellation }: CallOptions = {},
+    { parent, guard, cancellation, probePresence = false }: CallOptions = {},
   ): Promise<Outcome<O>> {
     const { clock } = this.options;
     const subject = participantSubject(this.options.deployment, participant.kind, participant.instance, op);
@@ -91,7 +99,7 @@ export class ParticipantClient {
     const started = clock.monotonic(); // durations: a wall-clock step must not skew them
     let outcome: Outcome<O>;
     try {
-      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard, cancellation);
+      outcome = await this.attempt(participant, op, subject, body, deadlineMs, ctx, guard, cancellation, probePresence);
     } catch (error) {
       const refusal = toCheckpointError(error);
       outcome = { ok: false, participant, code: refusal.code, detail: refusal.message };
@@ -115,6 +123,7 @@ export class ParticipantClient {
     ctx: Context,
     guard: (() => void) | undefined,
     cancellation: Cancellation | undefined,
+    probe: boolean,
   ): Promise<Outcome<O>> {
     const { clock, transport, slackMs, token } = this.options;
     let unknown: RequestTimeoutFailure | undefined; // why the last try's outcome is unknown
@@ -125,7 +134,7 @@ export class ParticipantClient {
       let timeoutMs = Math.max(remaining, 0) + slackMs;
       if (this.options.attemptTimeoutMs !== undefined) timeoutMs = Math.min(timeoutMs, this.options.attemptTimeoutMs);
       let text: string;
-      const watch = this.watchTry(participant, op, cancellation);
+      const watch = this.watchTry(participant, probe, cancellation);
       try {
         text = await transport.request(subject, body, { timeoutMs, token, context: ctx, ...(watch.cancellation && { cancellation: watch.cancellation }) });
       } catch (error) {
@@ -164,13 +173,10 @@ export class ParticipantClient {
     }
   }
 
-  /**
-   * What may end one try before its timer: the call's cancellation and, with probes configured, the
-   * participant's process found gone from NATS. A `status` try is not probed (the probe is one).
-   */
-  private watchTry(participant: ParticipantRef, op: Op, cancellation: Cancellation | undefined): { cancellation: Cancellation | undefined; stop: () => void } {
+  /** What may end one try before its timer: the call's cancellation and, when probed, the participant's process found gone from NATS. */
+  private watchTry(participant: ParticipantRef, probe: boolean, cancellation: Cancellation | undefined): { cancellation: Cancellation | undefined; stop: () => void } {
     const everyMs = this.options.presenceProbeMs;
-    if (!everyMs || op === "status") return { cancellation, stop: () => undefined };
+    if (!everyMs || !probe) return { cancellation, stop: () => undefined };
     const ended = new Cancellation();
     // The call's cancellation reaches this try through `ended`: one listener each.
     const unlink = cancellation?.onCancel((reason) => ended.interrupt(reason));

@@ -39,12 +39,12 @@ afterAll(async () => {
   await world?.close();
 });
 
-/** agent1 on a connection of its own (closing it is the SIGKILL), whose commit waits until released. */
-async function startStallingCommit() {
+/** agent1 on a connection of its own (closing it is the SIGKILL), whose `hook` (default: its commit's export) waits until released. */
+async function startStalling(hook: "exportRecords" | "install" = "exportRecords") {
   const nc = await world.nats.connect();
   const adapter = new ProbedKind(AGENT.kind, AGENT.instance);
   let release!: () => void;
-  adapter.delay("exportRecords", new Promise<void>((resolve) => (release = resolve)));
+  adapter.delay(hook, new Promise<void>((resolve) => (release = resolve)));
   const handle = await startParticipant({ nc, deployment: world.deployment, instance: AGENT.instance, token: PARTICIPANT_TOKEN, adapter, logger: pino({ level: "silent" }) });
   started.push({ nc, handle, release });
   const coordinator = world.coordinators[0]!;
@@ -54,7 +54,7 @@ async function startStallingCommit() {
 
 describe("presence probes while a try waits on a participant", () => {
   it("a slow participant answers them and is waited for: its commit, released after more probes than it takes to give up, completes the checkpoint", async () => {
-    const slow = await startStallingCommit();
+    const slow = await startStalling();
     const checkpoint = world.client.checkpoint({ checkpoint_id: "slow-commit", deadline_ts: Date.now() / 1000 + 60 });
     await waitUntil(() => slow.adapter.hooks().includes("exportRecords"), "agent1's commit under way");
     await waitUntil(() => slow.adapter.probes > ABSENT_PROBES, "more probes answered than would end the try");
@@ -70,7 +70,7 @@ describe("presence probes while a try waits on a participant", () => {
   }, 60_000);
 
   it("a participant gone from NATS mid-commit with no replacement ends the try after the probes find it gone: outcome_unknown naming it, well before request_attempt_ms; the others resumed", async () => {
-    const dying = await startStallingCommit();
+    const dying = await startStalling();
     const begun = Date.now();
     const checkpoint = refusalOf(world.client.checkpoint({ checkpoint_id: "gone-commit", deadline_ts: Date.now() / 1000 + 60 }));
     await waitUntil(() => dying.adapter.hooks().includes("exportRecords"), "agent1's commit under way");
@@ -90,5 +90,30 @@ describe("presence probes while a try waits on a participant", () => {
     await waitUntil(() => coordinator.members.incarnationOf(AGENT) === fresh.handle.controlPlane.incarnation, "the new agent1 in the view");
     const next = await world.client.checkpoint({ checkpoint_id: "after-gone" });
     expect(next.participants).toBe(DEFAULT_MEMBERS.length);
+  }, 60_000);
+
+  it("a restore (any process of the name may answer it) is not probed: one whose process died waits for the replacement, which restores, even when it comes after the probes would have given up", async () => {
+    const episode = { rollout_id: "gr1", attempt: 0 };
+    for (const instance of ["env1", "policy", AGENT.instance]) world.participant(instance).adapter.addEpisode(episode, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "gone-restore-base" });
+    // A restore goes to fresh processes (after a crash): agent1's stalls installing, then dies.
+    await world.stopParticipants();
+    await world.startParticipants(DEFAULT_MEMBERS.filter((m) => m.instance !== AGENT.instance));
+    const dying = await startStalling("install");
+    const coordinator = world.coordinators[0]!;
+    await waitUntil(() => world.participants.every((p) => coordinator.members.incarnationOf(p) === p.handle.controlPlane.incarnation), "the fresh processes in the view");
+    const restore = world.client.restore({ checkpoint_id: "gone-restore-base", episode_ids: [episode] });
+    await waitUntil(() => dying.adapter.hooks().includes("install"), "agent1's restore under way");
+    await dying.nc.close();
+    await waitUntil(() => nobodyAnswers(world.pnc, world.deployment, AGENT.kind, AGENT.instance), "the dead process's subscriptions gone");
+    // The supervisor's restart takes longer than the probes of a guarded op would wait.
+    await new Promise((resolve) => setTimeout(resolve, (ABSENT_PROBES + 2) * PROBE_MS));
+    expect(dying.adapter.probes).toBe(0);
+    await world.startParticipants([AGENT]);
+    const reply = await restore;
+    expect(reply.participants.find((p) => p.instance === AGENT.instance)?.restored).toEqual(["gr1-a1"]);
+    expect(world.participant(AGENT.instance).adapter.restored.size).toBe(1);
+    await world.client.resume({ checkpoint_id: "gone-restore-base" });
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
   }, 60_000);
 });
