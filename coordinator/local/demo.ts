@@ -10,6 +10,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { startChildProgram, type ChildProgram, type ChildProgramOptions } from "./child-program.js";
 import { NatsServerProcess } from "./nats-server-process.js";
 import { ignoreSigusr1Env, participantEntry } from "./participant-entry.js";
+import { readableLogLine } from "./readable-log-line.js";
 
 export interface DemoOptions {
   rows: number;
@@ -109,7 +110,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     const common = ["--nats-url", nats.url, "--deployment", DEPLOYMENT];
 
     await launch(cli, ["coordinator", ...common, "--checkpoint-root", root, "--lease-ms", "1000", "--no-http", "--log-level", "warn"], {
-        onLine: (line) => say(`  coordinator: ${line}`),
+        onLine: (line) => say(`  coordinator: ${readableLogLine(line)}`),
       });
     say("coordinator daemon started (it waits one lease period before it leads)");
 
@@ -161,7 +162,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
       "--progress-interval-s",
       "2",
     ];
-    const collectorOutput = (line: string) => say(`  collect: ${line}`);
+    const collectorOutput = (line: string) => say(`  collect: ${readableLogLine(line)}`);
     // The run's last model call is held from the start until the crash, so its row is unfinished at
     // the crash whatever --crash-after. The hold below keeps only responses not started yet, and is
     // armed a poll after the crash point: rows running in step (all in flight, near a run's end)
