@@ -6,6 +6,7 @@ import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
 import { ControllerClient } from "./controller-client.js";
+import { neverSentCode } from "./never-sent.js";
 import { pollUntil } from "./poll-until.js";
 import { decodeControllerReply, DEFAULT_REPLY_TIMEOUT_MS, defaultWait, replyTimeoutMs } from "./reply-decoder.js";
 
@@ -47,9 +48,6 @@ export const MAX_READYZ_REPLY_BYTES = 64 * 1024;
 /** Consecutive failed `/readyz` answers (not 200, or none in time) that end a wait: one slow answer is not a dead coordinator. */
 const READY_FAILURES = 2;
 
-
-/** Connection errors that mean the request never left: nobody is serving at that address. */
-const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN", "UND_ERR_CONNECT_TIMEOUT"]);
 
 /**
  * The base URL must be http(s) without credentials (fetch refuses them): `127.0.0.1:8480` or
@@ -184,10 +182,11 @@ export class HttpControllerClient extends ControllerClient {
       if (error instanceof CheckpointError) throw error; // the readiness watch ended the wait
       if ((error as Error).name === "TimeoutError") throw new CheckpointError("outcome_unknown", `no reply from ${path} within ${Math.round(timeout)} ms`);
       if (refusedBeforeSending(error)) throw new CheckpointError("invalid_request", `cannot send ${op} to ${this.options.baseUrl}: ${describeCause(error)}`);
-      const code = ((error as Error).cause as { code?: string } | undefined)?.code;
       // Only a connection that was never made proves nothing was sent; a reset after that may
       // have cut off a reply to an op that ran (a coordinator crashing mid-commit).
-      if (code !== undefined && NOT_SENT.has(code)) throw new CheckpointError("not_leader", `cannot reach the coordinator at ${this.options.baseUrl}: ${code}`);
+      const notSent = neverSentCode(error);
+      if (notSent !== undefined) throw new CheckpointError("not_leader", `cannot reach the coordinator at ${this.options.baseUrl}: ${notSent}`);
+      const code = ((error as Error).cause as { code?: string } | undefined)?.code;
       throw new CheckpointError("outcome_unknown", `the connection to ${this.options.baseUrl} failed during ${op}: ${code ?? (error as Error).message}; retry with the same arguments`);
     }
     let text: string;

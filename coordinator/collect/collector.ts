@@ -29,6 +29,7 @@ import { markSpanFailed } from "../telemetry/coordinator-telemetry.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
+import { neverSentCode } from "../client/never-sent.js";
 import { DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
@@ -120,6 +121,8 @@ interface RowState {
   refusalWaiters: (() => void)[];
   /** Attempts refused `stale_attempt` (fenced, never started) and skipped without counting a failure. */
   fencedSkips: number;
+  /** Since when (Date.now()) every send of this attempt found no server at --run-url; cleared once one connects. */
+  unreachableSince?: number;
 }
 
 /** Fenced attempts (`stale_attempt`) a row may skip before such a refusal counts as a failed attempt. */
@@ -140,6 +143,8 @@ export class Collector {
   private gateOpen = true;
   /** `/run` timeouts, paused while this collector's checkpoint keeps episodes parked. */
   private readonly runTimeouts = new RunTimeouts();
+  /** Since when (Date.now()) sends found no server at --run-url; undefined while it answers. */
+  private runUrlDownSince: number | undefined;
   private gateWaiters: (() => void)[] = [];
   private dispatchWaiters: (() => void)[] = [];
   private readonly toRetire: EpisodeId[] = [];
@@ -586,10 +591,19 @@ export class Collector {
         }
       } catch (error) {
         if (this.stopping) return;
-        return this.failed(state, error);
+        const notSent = neverSentCode(error);
+        if (notSent === undefined || this.unreachableTooLong(state)) return this.failed(state, error);
+        // No connection was made: the attempt never started anywhere (the Gym is down or restarting).
+        // It is sent again once --run-url accepts connections, as a refused admission is: counted
+        // as a failed attempt, an outage would use up every row's attempts within a second.
+        timeout.done();
+        await this.waitForRunUrl(state, notSent);
+        if (this.stopping) return;
+        continue;
       } finally {
         timeout.done();
       }
+      this.runUrlAnswers(state);
       // Halted meanwhile: the reply is dropped (the dispatch log has the attempt; the next start retires it).
       if (this.halted) return;
       if (response.ok) {
@@ -628,6 +642,36 @@ export class Collector {
       }
       return this.failed(state, new Error(`/run answered ${response.status}: ${JSON.stringify(body).slice(0, 200)}`));
     }
+  }
+
+  /** The row has waited --run-timeout-s for --run-url to accept a connection: its attempt fails (counted) after all. */
+  private unreachableTooLong(state: RowState): boolean {
+    return state.unreachableSince !== undefined && Date.now() - state.unreachableSince >= (this.options.runTimeoutSeconds ?? 300) * 1000;
+  }
+
+  /**
+   * A send found no server at --run-url: the row runs nowhere (a checkpoint does not wait for its
+   * reply, as for a refused admission) until it is sent again, after a pause and never while a
+   * checkpoint of ours is open. The outage is logged once, when it begins and when it ends.
+   */
+  private async waitForRunUrl(state: RowState, code: string): Promise<void> {
+    state.unreachableSince ??= Date.now();
+    if (this.runUrlDownSince === undefined) {
+      this.runUrlDownSince = Date.now();
+      this.options.logger.warn({ run_url: this.options.runUrl, code }, "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts");
+    }
+    state.refused = true;
+    for (const wake of state.refusalWaiters.splice(0)) wake();
+    await delay(this.pauses.unreachableS);
+    await this.waitForGate();
+  }
+
+  /** A send reached --run-url: the outage, if there was one, is over. */
+  private runUrlAnswers(state: RowState): void {
+    delete state.unreachableSince;
+    if (this.runUrlDownSince === undefined) return;
+    this.options.logger.info({ run_url: this.options.runUrl, down_s: (Date.now() - this.runUrlDownSince) / 1000 }, "--run-url accepts connections again");
+    this.runUrlDownSince = undefined;
   }
 
   private finished(state: RowState, reply: RunReply): Promise<void> {

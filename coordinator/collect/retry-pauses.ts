@@ -6,6 +6,8 @@ export interface RetryPauses {
   unresumedS: number;
   /** Before the retires that failed are sent again. */
   retireS: number;
+  /** Before a /run that found no server at --run-url (the Gym down or restarting) is sent again. */
+  unreachableS: number;
 }
 
-export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1 };
+export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1 };

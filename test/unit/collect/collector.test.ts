@@ -185,7 +185,7 @@ const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map(
 const logger = pino({ level: "silent" });
 
 /** The pauses before sending again, a tenth of the defaults' (the order of events, not their pace, is under test). */
-const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1 };
+const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1, unreachableS: 0.1 };
 
 function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
   return collectorIn(dir, runUrl, controller, { logger, retryPauses: SHORT_PAUSES, ...options });
@@ -1286,6 +1286,64 @@ describe("collector failures", () => {
     await expect(collector.run()).rejects.toMatchObject({ code: "ENOENT" });
     expect(written.some((s) => s.startsWith("\r["))).toBe(true);
     expect(written.at(-1)).toBe("\n");
+  });
+});
+
+describe("collector while --run-url accepts no connections (the Gym down or restarting)", () => {
+  /** A loopback port nothing listens on now (taken and released). */
+  async function closedPort(): Promise<number> {
+    const probe = createServer();
+    await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
+    const { port } = probe.address() as { port: number };
+    await new Promise<void>((resolve) => probe.close(() => resolve()));
+    return port;
+  }
+
+  /** A logger whose lines (parsed) land in `lines`. */
+  function capturingLogger() {
+    const lines: { msg: string; level: number }[] = [];
+    const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string; level: number }) });
+    return { log, lines };
+  }
+
+  it("rows refused at connect never started: they are sent again once it answers, with no failed attempt and no retire, whatever --max-attempts", { timeout: 20_000 }, async () => {
+    const port = await closedPort();
+    const { controller, calls } = fakeController();
+    const { log, lines } = capturingLogger();
+    const rows = ["a", "b", "c", "d", "e", "f"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, `http://127.0.0.1:${port}/run`, { rows, concurrency: 2, maxAttempts: 1, runTimeoutSeconds: 30, logger: log });
+    await collector.start();
+    const run = collector.run();
+    // Each row in flight was refused several times (pauses of 0.1 s) before the Gym comes back.
+    await waitUntil(() => lines.some((l) => l.msg.startsWith("--run-url accepts no connections")), "the outage logged", 5000);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    const sent: string[] = [];
+    server = createServer((req, res) => {
+      let data = "";
+      req.on("data", (chunk: Buffer) => (data += chunk.toString()));
+      req.on("end", () => {
+        const body = JSON.parse(data) as RunRequest;
+        sent.push(`${body.rollout_id}:${body.attempt}`);
+        res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }));
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(port, "127.0.0.1", resolve));
+    expect(await run).toMatchObject({ finished: 6, failed: 0 });
+    expect(sent.sort()).toEqual(rows.map((r) => `${r.rolloutId}:0`)); // every row's first attempt, once
+    expect(calls.filter((c) => c.op === "retire")).toEqual([]);
+    expect(lines.filter((l) => l.msg === "/run failed")).toEqual([]);
+    expect(lines.filter((l) => l.msg.startsWith("--run-url accepts no connections"))).toHaveLength(1);
+    expect(lines.some((l) => l.msg === "--run-url accepts connections again")).toBe(true);
+  });
+
+  it("a row refused at connect for --run-timeout-s fails its attempt after all: an outage that does not end ends the run", { timeout: 20_000 }, async () => {
+    const port = await closedPort();
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, `http://127.0.0.1:${port}/run`, { maxAttempts: 1, runTimeoutSeconds: 0.5 });
+    await collector.start();
+    const begun = Date.now();
+    expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
+    expect(Date.now() - begun).toBeGreaterThanOrEqual(500);
   });
 });
 
