@@ -836,10 +836,25 @@ export class Collector {
    * A start's retire, sent again while its outcome is unknown (a leader failover mid-op), as the
    * start's other controller ops are: taken for a failure, it would fail the start (the job) for
    * a failover the next op rides out. A retire is idempotent (it fences up to the attempt named).
-   * The run's own retires are retried by flushRetires instead.
+   * So is one a participant is `unreachable` for (a Gym process restarting as a supervisor starts
+   * the collector again), every `pauses.retireS` for at most --run-timeout-s, as the run's own
+   * retires are (flushRetires): a participant gone for good leaves the membership view within
+   * its heartbeat TTL, and the retire then goes without it.
    */
   private retireAtStart(episodes: EpisodeId[]): Promise<void> {
-    return this.retireNow(episodes, (retire) => this.ownOps.resent("retire", undefined, retire));
+    return this.retireNow(episodes, async (retire) => {
+      const since = Date.now();
+      for (;;) {
+        try {
+          return await this.ownOps.resent("retire", undefined, retire);
+        } catch (error) {
+          const unreachable = error instanceof CheckpointError && error.code === "unreachable";
+          if (!unreachable || Date.now() - since >= (this.options.runTimeoutSeconds ?? 300) * 1000) throw error;
+          this.options.logger.warn({ err: error }, "the start's retire found a participant unreachable; sending it again");
+          await delay(this.pauses.retireS);
+        }
+      }
+    });
   }
 
   // ---- checkpoints -----------------------------------------------------------------------

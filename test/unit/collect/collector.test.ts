@@ -987,6 +987,36 @@ describe("collector", () => {
     expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
   });
 
+  it("a start-up retire a participant is unreachable for (a Gym process restarting as the collector starts) is sent again until it goes, for at most --run-timeout-s", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const retires: EpisodeId[][] = [];
+    const { controller } = fakeController({
+      retire: async (req: never) => {
+        retires.push((req as { episode_ids: EpisodeId[] }).episode_ids);
+        if (retires.length <= 2) throw new CheckpointError("unreachable", "retire failed on 1 participant(s): environment/e1: unreachable");
+        return { participants: [] };
+      },
+    });
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url, { maxAttempts: 1 });
+    await collector.start();
+    expect(retires).toEqual([[{ rollout_id: "a", attempt: 0 }], [{ rollout_id: "a", attempt: 0 }], [{ rollout_id: "a", attempt: 0 }]]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+
+    // One that stays unreachable fails the start once --run-timeout-s has passed.
+    const { controller: stuck } = fakeController({
+      retire: async () => {
+        throw new CheckpointError("unreachable", "retire failed on 1 participant(s): environment/e1: unreachable");
+      },
+    });
+    const other = join(dir, "other");
+    await mkdir(other);
+    await DispatchLog.create(join(other, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }]);
+    const begun = Date.now();
+    await expect(collectorIn(other, url, stuck, { logger, retryPauses: SHORT_PAUSES, runTimeoutSeconds: 0.3 }).start()).rejects.toMatchObject({ code: "unreachable" });
+    expect(Date.now() - begun).toBeGreaterThanOrEqual(300);
+  });
+
   it("a checkpoint does not wait for a row the coordinator restarts (it parks until the resume)", async () => {
     const { collector, run, base } = await runningUntilResume({
       prepare: async (req: never) => ({ ...(await base.prepare(req)), restarts: ["a"] }),
