@@ -29,10 +29,39 @@ export async function assertWritableOut(path: string, reads: { tasks?: string; c
   }
 }
 
+/** UTF-16 code units per piece a JSON line is encoded in: at most 3 UTF-8 bytes each. */
+export const LINE_PIECE_UNITS = 1 << 20;
+
+/**
+ * `text` as UTF-8, in pieces of at most LINE_PIECE_UNITS code units encoded into `buffer`, which
+ * each piece reuses: a piece must be written before the next is asked for. A piece never ends
+ * between the two halves of a surrogate pair (each half alone would be encoded as U+FFFD).
+ */
+function* utf8Pieces(text: string, buffer: Buffer): Generator<Uint8Array> {
+  for (let start = 0; start < text.length; ) {
+    let end = Math.min(text.length, start + LINE_PIECE_UNITS);
+    const last = text.charCodeAt(end - 1);
+    if (end < text.length && last >= 0xd800 && last <= 0xdbff) end -= 1;
+    yield buffer.subarray(0, buffer.write(text.slice(start, end)));
+    start = end;
+  }
+}
+
+const NEWLINE = Buffer.from("\n");
+
 /**
  * Writes one JSON line per value atomically, never creating the directory (checked above). The
- * lines are joined as bytes: together they may be longer than the longest string, each is not.
+ * lines are written one after another as bytes: together they may be longer than the longest
+ * string, each is not. Each line is encoded piece by piece into one small buffer, so no copy of a
+ * line's bytes, nor of the whole file, is ever held (a large seed's was a slow allocation).
  */
 export async function writeJsonLines(path: string, values: readonly unknown[]): Promise<void> {
-  await writeFileAtomic(path, Buffer.concat(values.map((value) => Buffer.from(`${JSON.stringify(value)}\n`))), { createParents: false });
+  const buffer = Buffer.allocUnsafe(3 * LINE_PIECE_UNITS);
+  function* lines(): Generator<Uint8Array> {
+    for (const value of values) {
+      yield* utf8Pieces(String(JSON.stringify(value)), buffer);
+      yield NEWLINE;
+    }
+  }
+  await writeFileAtomic(path, lines(), { createParents: false });
 }

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { link, open, rename, rm } from "node:fs/promises";
+import { link, open, rename, rm, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 import { makeDirectories, namePath } from "../../protocol/index.js";
 
@@ -37,9 +37,15 @@ export function parentsOfCreated(dir: string, first: string | undefined): string
  */
 const unsynced = new Set<string>();
 
+/** Writes all of `chunk` at the handle's position (a write may take fewer bytes than asked). */
+async function writeAll(handle: FileHandle, chunk: Uint8Array): Promise<void> {
+  for (let done = 0; done < chunk.byteLength; ) done += (await handle.write(chunk, done, chunk.byteLength - done)).bytesWritten;
+}
+
 /**
- * Publishes `data` at `target` atomically: a dot-named temp file in the same directory (no glob
- * matches it, and the rename stays on one filesystem), write, fsync, rename, then fsync the
+ * Publishes `data` at `target` atomically (an iterable's chunks are written one after another,
+ * each in full before the next is asked for, so a chunk may reuse the previous one's memory): a dot-named temp file in the same directory (no glob matches it, and the rename
+ * stays on one filesystem), write, fsync, rename, then fsync the
  * directory so the rename itself survives a crash. Readers see the old file or the new one.
  * Missing parent directories are created, unless `createParents` is false (a path a user typed:
  * a mistyped directory must fail, ENOENT, rather than appear). With `exclusive`, the temp file is
@@ -48,7 +54,7 @@ const unsynced = new Set<string>();
  */
 export async function writeFileAtomic(
   target: string,
-  data: string | Uint8Array,
+  data: string | Uint8Array | Iterable<Uint8Array>,
   options: { mode?: number; createParents?: boolean; exclusive?: boolean } = {},
 ): Promise<boolean> {
   const dir = dirname(target);
@@ -66,7 +72,8 @@ export async function writeFileAtomic(
     // Exclusive: never written through a file or symlink planted under the temp name.
     const handle = await open(temp, "wx", options.mode);
     try {
-      await handle.writeFile(data);
+      if (typeof data === "string" || data instanceof Uint8Array) await handle.writeFile(data);
+      else for (const chunk of data) await writeAll(handle, chunk);
       await handle.sync();
     } finally {
       await handle.close();

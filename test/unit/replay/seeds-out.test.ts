@@ -1,10 +1,10 @@
 import { constants } from "node:buffer";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, open, rm, symlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, open, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { assertWritableOut, writeJsonLines } from "../../../participants/replay/out-file.js";
+import { assertWritableOut, LINE_PIECE_UNITS, writeJsonLines } from "../../../participants/replay/out-file.js";
 import { writeFileAtomic } from "../../../participants/storage/fs-durable.js";
 
 let dir: string;
@@ -75,5 +75,18 @@ describe("seeds --out contents", () => {
     } finally {
       await handle.close();
     }
+  });
+
+  it("keeps every character whole where a line is split into pieces to encode it: a surrogate pair astride a piece's end, a line of exactly one piece, no values", async () => {
+    // {"s":" is 6 code units: with p a's after it, the pair's first half is unit p + 6 of the line.
+    const values = Array.from({ length: 5 }, (_, k) => ({ s: `${"a".repeat(LINE_PIECE_UNITS - 8 + k)}\u{1F600}é` }));
+    values.push({ s: "b".repeat(LINE_PIECE_UNITS - 8) }); // its JSON is exactly LINE_PIECE_UNITS units
+    const out = join(dir, "pieces.jsonl");
+    await writeJsonLines(out, values);
+    const text = await readFile(out, "utf8");
+    expect(text.endsWith("\n")).toBe(true);
+    expect(text.slice(0, -1).split("\n").map((line) => JSON.parse(line) as unknown)).toEqual(values);
+    await writeJsonLines(out, []);
+    expect(await readFile(out, "utf8")).toBe("");
   });
 });
