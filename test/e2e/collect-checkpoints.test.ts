@@ -2,11 +2,11 @@ import { existsSync } from "node:fs";
 import { readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { afterEach, describe, expect, it } from "vitest";
+import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { CollectionStateSchema } from "../../coordinator/collect/collection-state.js";
 import { parseCaptureKey } from "../../protocol/index.js";
-import { CONTROLLER_TOKEN, startGymWorld, type BackendCall, type GymWorld } from "../support/gym-processes.js";
+import { CONTROLLER_TOKEN, startGymBase, startGymWorld, type BackendCall, type GymBase, type GymWorld } from "../support/gym-processes.js";
 
 /**
  * `gym-ckpt collect` as a real process against a real nats-server, coordinator and reference Gym:
@@ -17,10 +17,16 @@ const CLI = fileURLToPath(new URL("../../dist/coordinator/cli/main.js", import.m
 let world: GymWorld | undefined;
 const collectors: ChildProgram[] = [];
 
+/** The nats-server and policy backend every world of this file shares (its call log reset for each). */
+let base: Promise<GymBase> | undefined;
+
 afterEach(async () => {
   await Promise.allSettled(collectors.splice(0).map((c) => c.kill("SIGKILL")));
   await world?.close();
   world = undefined;
+});
+afterAll(async () => {
+  await (await base?.catch(() => undefined))?.close();
 });
 
 interface Row {
@@ -30,7 +36,7 @@ interface Row {
 }
 
 async function setUp(rows: Row[]): Promise<GymWorld> {
-  world = await startGymWorld();
+  world = await startGymWorld({ base: await (base ??= startGymBase()) });
   const lines = rows.map((r) => JSON.stringify({ id: r.id, task: { expression: r.expression ?? "17 + 25", tool_rounds: r.tool_rounds ?? 1 } }));
   await writeFile(join(world.root, "tasks.jsonl"), `${lines.join("\n")}\n`);
   return world;

@@ -2,11 +2,11 @@ import { existsSync } from "node:fs";
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { afterEach, expect } from "vitest";
+import { afterAll, afterEach, expect } from "vitest";
 import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { startControllerRelay, type RelayAction } from "../support/controller-relay.js";
 import { collectArgs } from "../support/collect-args.js";
-import { CONTROLLER_TOKEN, startGymWorld, type GymWorld } from "../support/gym-processes.js";
+import { CONTROLLER_TOKEN, startGymBase, startGymWorld, type GymBase, type GymWorld } from "../support/gym-processes.js";
 
 /**
  * `gym-ckpt collect` as a real process against the Gym world, for the e2e files that kill it at
@@ -25,15 +25,21 @@ export function collectHarness() {
   let world: GymWorld | undefined;
   const collectors: ChildProgram[] = [];
 
+  /** The file's nats-server and policy backend, started by the first world that can share them. */
+  let base: Promise<GymBase> | undefined;
+
   afterEach(async () => {
     await Promise.allSettled(collectors.splice(0).map((c) => c.kill("SIGKILL")));
     await world?.close();
     world = undefined;
   });
+  afterAll(async () => {
+    await (await base?.catch(() => undefined))?.close();
+  });
 
-  /** A Gym world with `n` rows r0…r(n-1) in tasks.jsonl. */
+  /** A Gym world with `n` rows r0…r(n-1) in tasks.jsonl (a policy with `policyArgs` is its own, not the file's shared one). */
   async function setUp(n: number, { rounds = 1, policyArgs }: { rounds?: number; policyArgs?: string[] } = {}): Promise<GymWorld> {
-    world = await startGymWorld(policyArgs ? { args: { policy: policyArgs } } : {});
+    world = await startGymWorld(policyArgs ? { args: { policy: policyArgs } } : { base: await (base ??= startGymBase()) });
     const lines = Array.from({ length: n }, (_, i) => JSON.stringify({ id: `r${i}`, task: { expression: `${i} + 1`, tool_rounds: rounds } }));
     await writeFile(join(world.root, "tasks.jsonl"), `${lines.join("\n")}\n`);
     return world;

@@ -13,6 +13,7 @@ import { EnvironmentRecordSchema } from "../../participants/kinds/environment/in
 import { launchGym, type Gym, type GymLaunchOptions, type GymProcessName } from "../../participants/gym/gym-launcher.js";
 import { GlobalManifestSchema, type EpisodeId, type Kind, type StatusReply } from "../../protocol/index.js";
 import { controlRequest } from "./control-requests.js";
+import type { NatsConnection } from "@nats-io/transport-node";
 import { startNats, type NatsFixture } from "./nats.js";
 import { backendAdmin } from "./policy-backend-admin.js";
 
@@ -84,8 +85,64 @@ export interface GymWorld {
  */
 const FAKE_MODEL = process.env.GYM_E2E_FAKE_MODEL === "1";
 
-export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; external?: GymLaunchOptions["external"] } = {}): Promise<GymWorld> {
+/**
+ * A nats-server and a policy backend that the worlds of one test file can share (startGymWorld's
+ * `base`), started once instead of once per world. Each world still has its own deployment,
+ * checkpoint root, coordinator, Gym servers and NATS connections (closed with it), and the backend's
+ * call log, holds, gate and cut mode are reset for it before it is returned.
+ */
+export interface GymBase {
+  nats: NatsFixture;
+  policy: Gym;
+  close(): Promise<void>;
+}
+
+export async function startGymBase(): Promise<GymBase> {
   const nats = await startNats();
+  try {
+    const policy = await launchGym({
+      nats: nats.server.url,
+      deployment: `gymbase${process.pid}x${counter++}`,
+      token: GYM_TOKEN,
+      initial: ["policy"],
+      ...(process.env.GYM_E2E_VERBOSE && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
+    });
+    return {
+      nats,
+      policy,
+      async close() {
+        await policy.stop().catch(() => undefined);
+        await nats.close().catch(() => undefined);
+      },
+    };
+  } catch (error) {
+    await nats.close().catch(() => undefined);
+    throw error;
+  }
+}
+
+/** The shared server seen as one world's fixture: its close() closes the connections this world opened, not the server. */
+async function worldConnections(shared: NatsFixture): Promise<NatsFixture> {
+  const own: NatsConnection[] = [];
+  const connect = async () => {
+    const nc = await shared.connect();
+    own.push(nc);
+    return nc;
+  };
+  return {
+    server: shared.server,
+    nc: await connect(),
+    connect,
+    async close() {
+      await Promise.allSettled(own.map((nc) => nc.close()));
+    },
+  };
+}
+
+export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; external?: GymLaunchOptions["external"]; base?: GymBase } = {}): Promise<GymWorld> {
+  const { base } = options;
+  if (base && options.args?.policy) throw new Error("a world on a shared base uses its policy backend as started: no policy args");
+  const nats = base ? await worldConnections(base.nats) : await startNats();
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-e2e-"));
   const deployment = `gym${process.pid}x${counter++}`;
   let gym: Gym | undefined;
@@ -122,7 +179,7 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       // The model's capture ledger inside this world's root (removed with it), not the shared default
       // under the system temp directory, where every test deployment would leave one behind.
       args: { ...options.args, model: ["--ledger-dir", join(root, "model-ledger"), ...(options.args?.model ?? [])] },
-      ...(options.external && { external: options.external }),
+      ...((options.external || base) && { external: { ...options.external, ...(base && { policy: base.policy.urls.policy! }) } }),
       ...(process.env.GYM_E2E_VERBOSE && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
       ...(FAKE_MODEL && { initial: ["policy"] as GymProcessName[] }),
     });
@@ -132,6 +189,8 @@ export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; 
       await gym.start(["resources", "agent", "environment"]);
     }
     await ready;
+    // A fresh call log and no hold left over from the base's previous world.
+    if (base) await backendAdmin(base.policy.urls.policy!.replace(/\/+$/, ""), "/admin/reset", {});
     const g = gym;
     const c = coordinator;
     const url = (name: GymProcessName) => {
