@@ -4,12 +4,9 @@ const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EHOSTUNREACH", "ENETUNRE
 /**
  * The code of a fetch failure that proves the request was never sent (no connection was made), or
  * undefined: a reset or timeout after connecting may have cut off a request the server acted on.
+ * (A host with several addresses fails with Node's AggregateError, which carries the first one's code.)
  */
 export function neverSentCode(error: unknown): string | undefined {
-  const cause = (error as { cause?: unknown } | null)?.cause as { code?: unknown; errors?: unknown } | undefined;
-  if (typeof cause?.code === "string") return NOT_SENT.has(cause.code) ? cause.code : undefined;
-  // A host name with several addresses (happy eyeballs): an AggregateError, every address refused.
-  const errors = Array.isArray(cause?.errors) ? (cause.errors as { code?: unknown }[]) : [];
-  const codes = errors.map((e) => e?.code);
-  return codes.length > 0 && codes.every((code) => typeof code === "string" && NOT_SENT.has(code)) ? (codes[0] as string) : undefined;
+  const code = ((error as { cause?: { code?: unknown } } | null)?.cause)?.code;
+  return typeof code === "string" && NOT_SENT.has(code) ? code : undefined;
 }

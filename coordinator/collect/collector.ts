@@ -567,7 +567,7 @@ export class Collector {
       if (this.halted) return;
       state.refused = false;
       let response: Response;
-      const timeout = this.runTimeouts.start((this.options.runTimeoutSeconds ?? 300) * 1000);
+      const timeout = this.runTimeouts.start(this.runTimeoutMs);
       let body: Record<string, unknown>;
       try {
         response = await fetch(this.options.runUrl, {
@@ -613,8 +613,7 @@ export class Collector {
       const refusal = ErrorReplySchema.safeParse(body);
       if (refusal.success && refusal.data.error.code === "admission_closed") {
         // The attempt never started: wait for the checkpoint to end and send it again.
-        state.refused = true;
-        for (const wake of state.refusalWaiters.splice(0)) wake();
+        this.runsNowhere(state);
         await this.waitForGate(true);
         await this.waitForGate(); // never re-sent while our checkpoint is open: it counts the row as not running
         if (this.stopping) return;
@@ -644,9 +643,20 @@ export class Collector {
     }
   }
 
+  /** --run-timeout-s: one /run's bound, and how long a row waits for a retire or for --run-url to accept connections. */
+  private get runTimeoutMs(): number {
+    return (this.options.runTimeoutSeconds ?? 300) * 1000;
+  }
+
+  /** Its send was refused before it started (admission closed, no server): a checkpoint waiting for its reply stops waiting. */
+  private runsNowhere(state: RowState): void {
+    state.refused = true;
+    for (const wake of state.refusalWaiters.splice(0)) wake();
+  }
+
   /** The row has waited --run-timeout-s for --run-url to accept a connection: its attempt fails (counted) after all. */
   private unreachableTooLong(state: RowState): boolean {
-    return state.unreachableSince !== undefined && Date.now() - state.unreachableSince >= (this.options.runTimeoutSeconds ?? 300) * 1000;
+    return state.unreachableSince !== undefined && Date.now() - state.unreachableSince >= this.runTimeoutMs;
   }
 
   /**
@@ -660,8 +670,7 @@ export class Collector {
       this.runUrlDownSince = Date.now();
       this.options.logger.warn({ run_url: this.options.runUrl, code }, "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts");
     }
-    state.refused = true;
-    for (const wake of state.refusalWaiters.splice(0)) wake();
+    this.runsNowhere(state);
     await delay(this.pauses.unreachableS);
     await this.waitForGate();
   }
@@ -793,14 +802,13 @@ export class Collector {
     void this.lock.run(() => this.retireQueued()).catch((err: unknown) => {
       // The attempt a row waits for is still in toRetire: a batch leaves it only once retired.
       const now = Date.now();
-      const giveUpMs = (this.options.runTimeoutSeconds ?? 300) * 1000;
       let waiting = 0;
       for (let i = this.toRetire.length - 1; i >= 0; i--) {
         const e = this.toRetire[i]!;
         const state = this.states.get(e.rollout_id);
         if (state?.retiring !== e.attempt) continue;
         state.retireFailingSince ??= now;
-        if (now - state.retireFailingSince < giveUpMs) {
+        if (now - state.retireFailingSince < this.runTimeoutMs) {
           waiting++;
           continue;
         }
@@ -849,7 +857,7 @@ export class Collector {
           return await this.ownOps.resent("retire", undefined, retire);
         } catch (error) {
           const unreachable = error instanceof CheckpointError && error.code === "unreachable";
-          if (!unreachable || Date.now() - since >= (this.options.runTimeoutSeconds ?? 300) * 1000) throw error;
+          if (!unreachable || Date.now() - since >= this.runTimeoutMs) throw error;
           this.options.logger.warn({ err: error }, "the start's retire found a participant unreachable; sending it again");
           await delay(this.pauses.retireS);
         }
