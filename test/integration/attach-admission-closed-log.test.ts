@@ -1,5 +1,5 @@
 import { mkdtemp } from "node:fs/promises";
-import { createServer, request, type Server } from "node:http";
+import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Writable } from "node:stream";
@@ -8,7 +8,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
 import { ModelKind } from "../../participants/kinds/model/index.js";
-import { closeAttachFixture, listenLocal } from "../support/attach-proxy-fixture.js";
+import { closeAttachFixture, listenLocal, postStreamedChat } from "../support/attach-proxy-fixture.js";
 
 // Every call a checkpoint catches is refused admission_closed and retried by its caller: an
 // expected refusal, logged at debug, not a warning with a stack per call (a chaos run logged 8,412).
@@ -34,26 +34,14 @@ beforeEach(async () => {
 
 afterEach(() => closeAttachFixture({ proxy, upstream, kind, dir }));
 
-function call(key: string): Promise<{ status: number; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = request(`${proxyUrl}/ng-rollout/${key}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" } }, (res) => {
-      let body = "";
-      res.on("data", (chunk: Buffer) => (body += chunk.toString()));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
-    });
-    req.on("error", reject);
-    req.end(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }));
-  });
-}
-
 describe("a generation call refused while admission is closed", () => {
   it("is answered admission_closed and logged at debug, with no warning", async () => {
     await kind.closeAdmission();
-    const reply = await call("r1");
+    const reply = await postStreamedChat(proxyUrl, "r1");
     expect(JSON.parse(reply.body)).toMatchObject({ error: { code: "admission_closed" } });
     expect(lines.filter((l) => l.msg === "attach proxy call refused: admission closed")).toEqual([expect.objectContaining({ level: 20, code: "admission_closed" })]);
     expect(lines.filter((l) => l.level >= 40)).toEqual([]);
     await kind.openAdmission();
-    expect((await call("r1")).status).toBe(200);
+    expect((await postStreamedChat(proxyUrl, "r1")).status).toBe(200);
   });
 });

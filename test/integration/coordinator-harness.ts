@@ -9,8 +9,9 @@ import { CoordinatorConfigSchema, type CoordinatorConfig } from "../../coordinat
 import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
 import type { EngineHooks } from "../../coordinator/engine/checkpoint-engine.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
-import type { Kind } from "../../protocol/index.js";
+import type { EpisodeId, Kind } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
+import { waitUntil } from "../support/wait-until.js";
 
 export const PARTICIPANT_TOKEN = "participant-token";
 export const CONTROLLER_TOKEN = "controller-token";
@@ -168,6 +169,22 @@ export function worldWithLeader(): () => World {
 }
 
 /** Records every participant-subject message in publish order: `${op}:${kind}/${instance}@${epoch}`. */
+/**
+ * For a restore after a crash: checkpoint `id` with `episode` held at env1, policy and agent1,
+ * then every participant replaced by a fresh process, agent1's started by `startAgent` (one that
+ * stalls, say). Resolves with what `startAgent` returned once the leader's view shows them all.
+ */
+export async function checkpointThenFreshProcesses<T>(world: World, id: string, episode: EpisodeId, startAgent: () => Promise<T>): Promise<T> {
+  for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode(episode, { n: 1 });
+  await world.client.checkpoint({ checkpoint_id: id });
+  await world.stopParticipants();
+  await world.startParticipants(DEFAULT_MEMBERS.filter((m) => m.instance !== "agent1"));
+  const agent = await startAgent();
+  const coordinator = world.coordinators[0]!;
+  await waitUntil(() => world.participants.every((p) => coordinator.members.incarnationOf(p) === p.handle.controlPlane.incarnation), "the fresh processes in the view");
+  return agent;
+}
+
 export function monitorPhaseMessages(nc: NatsConnection, deployment: string): { log: { op: string; target: string; epoch: number | undefined }[]; stop(): void } {
   const log: { op: string; target: string; epoch: number | undefined }[] = [];
   const sub = nc.subscribe(`gym.ckpt.v1.${deployment}.p.>`, {

@@ -6,7 +6,7 @@ import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../
 import { nobodyAnswers } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
-import { DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
+import { checkpointThenFreshProcesses, DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
 
 // A Gym process that dies while the coordinator waits on its reply, with no supervisor to start
 // it again: the presence probes find nothing subscribed to its subjects and the try ends then,
@@ -94,14 +94,8 @@ describe("presence probes while a try waits on a participant", () => {
 
   it("a restore (any process of the name may answer it) is not probed: one whose process died waits for the replacement, which restores, even when it comes after the probes would have given up", async () => {
     const episode = { rollout_id: "gr1", attempt: 0 };
-    for (const instance of ["env1", "policy", AGENT.instance]) world.participant(instance).adapter.addEpisode(episode, { n: 1 });
-    await world.client.checkpoint({ checkpoint_id: "gone-restore-base" });
     // A restore goes to fresh processes (after a crash): agent1's stalls installing, then dies.
-    await world.stopParticipants();
-    await world.startParticipants(DEFAULT_MEMBERS.filter((m) => m.instance !== AGENT.instance));
-    const dying = await startStalling("install");
-    const coordinator = world.coordinators[0]!;
-    await waitUntil(() => world.participants.every((p) => coordinator.members.incarnationOf(p) === p.handle.controlPlane.incarnation), "the fresh processes in the view");
+    const dying = await checkpointThenFreshProcesses(world, "gone-restore-base", episode, () => startStalling("install"));
     const restore = world.client.restore({ checkpoint_id: "gone-restore-base", episode_ids: [episode] });
     await waitUntil(() => dying.adapter.hooks().includes("install"), "agent1's restore under way");
     await dying.nc.close();

@@ -5,7 +5,7 @@ import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../
 import { nobodyAnswers } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
-import { DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
+import { checkpointThenFreshProcesses, DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
 
 // A Gym process SIGKILLed while the coordinator waits on its reply, then restarted by its
 // supervisor: the new process announces itself, and the request to the dead one stops waiting at
@@ -83,14 +83,8 @@ describe("a participant killed while the coordinator waits on its reply, then re
 
   it("its restore (sent to whichever process is there) is sent again at once to the new process, which restores: the restore and its resume succeed", async () => {
     const episode = { rollout_id: "kr1", attempt: 0 };
-    for (const instance of ["env1", "policy", AGENT.instance]) world.participant(instance).adapter.addEpisode(episode, { n: 1 });
-    await world.client.checkpoint({ checkpoint_id: "killed-restore-base" });
     // A restore goes to fresh processes (after a crash): agent1's stalls installing.
-    await world.stopParticipants();
-    await world.startParticipants(DEFAULT_MEMBERS.filter((m) => m.instance !== AGENT.instance));
-    const stalled = await startStalling("install");
-    const coordinator = world.coordinators[0]!;
-    await waitUntil(() => world.participants.every((p) => coordinator.members.incarnationOf(p) === p.handle.controlPlane.incarnation), "the fresh processes in the view");
+    const stalled = await checkpointThenFreshProcesses(world, "killed-restore-base", episode, () => startStalling("install"));
     const started = Date.now();
     const restore = world.client.restore({ checkpoint_id: "killed-restore-base", episode_ids: [episode] });
     await waitUntil(() => stalled.adapter.hooks().includes("install"), "agent1's restore under way");
