@@ -185,6 +185,25 @@ export async function checkpointThenFreshProcesses<T>(world: World, id: string, 
   return agent;
 }
 
+/** A participant process outside the world's list, on a connection of its own (closing it is its SIGKILL), one hook held until `release`. */
+export interface StalledProcess<A extends LoggedKind> {
+  nc: NatsConnection;
+  adapter: A;
+  handle: ParticipantHandle<ScriptRecord>;
+  release: () => void;
+}
+
+/** Starts `adapter`'s process with its `hook` held (see StalledProcess); resolves once the leader's view shows it. */
+export async function startStalledProcess<A extends LoggedKind>(world: World, adapter: A, hook: Parameters<ScriptableKind["delay"]>[0]): Promise<StalledProcess<A>> {
+  const nc = await world.nats.connect();
+  let release!: () => void;
+  adapter.delay(hook, new Promise<void>((resolve) => (release = resolve)));
+  const handle = await startParticipant({ nc, deployment: world.deployment, instance: adapter.instance, token: PARTICIPANT_TOKEN, adapter, logger: pino({ level: "silent" }) });
+  const coordinator = world.coordinators[0]!;
+  await waitUntil(() => coordinator.members.incarnationOf(adapter) === handle.controlPlane.incarnation, `${adapter.instance} in the view`);
+  return { nc, adapter, handle, release };
+}
+
 export function monitorPhaseMessages(nc: NatsConnection, deployment: string): { log: { op: string; target: string; epoch: number | undefined }[]; stop(): void } {
   const log: { op: string; target: string; epoch: number | undefined }[] = [];
   const sub = nc.subscribe(`gym.ckpt.v1.${deployment}.p.>`, {

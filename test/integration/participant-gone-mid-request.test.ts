@@ -1,12 +1,9 @@
-import type { NatsConnection } from "@nats-io/transport-node";
-import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ABSENT_PROBES } from "../../coordinator/engine/presence-probe.js";
-import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { nobodyAnswers } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
-import { checkpointThenFreshProcesses, DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
+import { checkpointThenFreshProcesses, DEFAULT_MEMBERS, LoggedKind, NO_HTTP, startStalledProcess, startWorld, type StalledProcess, type World } from "./coordinator-harness.js";
 
 // A Gym process that dies while the coordinator waits on its reply, with no supervisor to start
 // it again: the presence probes find nothing subscribed to its subjects and the try ends then,
@@ -26,7 +23,7 @@ class ProbedKind extends LoggedKind {
 }
 
 let world: World;
-const started: { nc: NatsConnection; handle: ParticipantHandle<ScriptRecord>; release: () => void }[] = [];
+const started: StalledProcess<ProbedKind>[] = [];
 
 beforeAll(async () => {
   world = await startWorld();
@@ -40,16 +37,10 @@ afterAll(async () => {
 });
 
 /** agent1 on a connection of its own (closing it is the SIGKILL), whose `hook` (default: its commit's export) waits until released. */
-async function startStalling(hook: "exportRecords" | "install" = "exportRecords") {
-  const nc = await world.nats.connect();
-  const adapter = new ProbedKind(AGENT.kind, AGENT.instance);
-  let release!: () => void;
-  adapter.delay(hook, new Promise<void>((resolve) => (release = resolve)));
-  const handle = await startParticipant({ nc, deployment: world.deployment, instance: AGENT.instance, token: PARTICIPANT_TOKEN, adapter, logger: pino({ level: "silent" }) });
-  started.push({ nc, handle, release });
-  const coordinator = world.coordinators[0]!;
-  await waitUntil(() => coordinator.members.incarnationOf(AGENT) === handle.controlPlane.incarnation, "agent1 in the view");
-  return { nc, adapter, handle, release };
+async function startStalling(hook: "exportRecords" | "install" = "exportRecords"): Promise<StalledProcess<ProbedKind>> {
+  const stalled = await startStalledProcess(world, new ProbedKind(AGENT.kind, AGENT.instance), hook);
+  started.push(stalled);
+  return stalled;
 }
 
 describe("presence probes while a try waits on a participant", () => {

@@ -1,11 +1,9 @@
 import type { NatsConnection } from "@nats-io/transport-node";
-import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
 import { nobodyAnswers } from "../support/control-requests.js";
 import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
-import { checkpointThenFreshProcesses, DEFAULT_MEMBERS, LoggedKind, NO_HTTP, PARTICIPANT_TOKEN, startWorld, type World } from "./coordinator-harness.js";
+import { checkpointThenFreshProcesses, DEFAULT_MEMBERS, LoggedKind, NO_HTTP, startStalledProcess, startWorld, type StalledProcess, type World } from "./coordinator-harness.js";
 
 // A Gym process SIGKILLed while the coordinator waits on its reply, then restarted by its
 // supervisor: the new process announces itself, and the request to the dead one stops waiting at
@@ -14,7 +12,7 @@ const ATTEMPT_MS = 30_000;
 const AGENT = { kind: "agent" as const, instance: "agent1" };
 
 let world: World;
-const killed: { nc: NatsConnection; handle: ParticipantHandle<ScriptRecord>; release: () => void }[] = [];
+const killed: StalledProcess<LoggedKind>[] = [];
 
 beforeAll(async () => {
   world = await startWorld();
@@ -28,16 +26,10 @@ afterAll(async () => {
 });
 
 /** agent1 on a connection of its own (closing it is the SIGKILL), whose `hook` waits until released. */
-async function startStalling(hook: "exportRecords" | "openAdmission" | "install") {
-  const nc = await world.nats.connect();
-  const adapter = new LoggedKind(AGENT.kind, AGENT.instance);
-  let release!: () => void;
-  adapter.delay(hook, new Promise<void>((resolve) => (release = resolve)));
-  const handle = await startParticipant({ nc, deployment: world.deployment, instance: AGENT.instance, token: PARTICIPANT_TOKEN, adapter, logger: pino({ level: "silent" }) });
-  killed.push({ nc, handle, release });
-  const coordinator = world.coordinators[0]!;
-  await waitUntil(() => coordinator.members.incarnationOf(AGENT) === handle.controlPlane.incarnation, "agent1 in the view");
-  return { nc, adapter };
+async function startStalling(hook: "exportRecords" | "openAdmission" | "install"): Promise<StalledProcess<LoggedKind>> {
+  const stalled = await startStalledProcess(world, new LoggedKind(AGENT.kind, AGENT.instance), hook);
+  killed.push(stalled);
+  return stalled;
 }
 
 /** Kills the stalled process (its subscriptions go with its connection) and starts its replacement. */
