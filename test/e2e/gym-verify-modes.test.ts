@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { FsCheckpointStorage } from "../../participants/index.js";
+import { FsCheckpointStorage } from "../../participants/storage/fs-storage.js";
 import { EnvironmentRecordSchema } from "../../participants/kinds/environment/index.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { startGymWorld, type GymWorld } from "../support/gym-processes.js";

@@ -1,7 +1,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ScriptableKind, startParticipant, type ParticipantHandle, type ScriptRecord } from "../../participants/index.js";
+import { ScriptableKind, type ScriptRecord } from "../../participants/testing/scriptable-kind.js";
+import { startParticipant, type ParticipantHandle } from "../../participants/control-plane/start-participant.js";
 import type { Kind } from "../../protocol/index.js";
 import { controlRequest, nobodyAnswers as nobodyAnswersName } from "../support/control-requests.js";
 import { startNats, type NatsFixture } from "../support/nats.js";

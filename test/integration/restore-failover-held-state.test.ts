@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointError, type EpisodeId } from "../../protocol/index.js";
-import type { ScriptRecord } from "../../participants/index.js";
+import type { ScriptRecord } from "../../participants/testing/scriptable-kind.js";
 import { waitUntil } from "../support/wait-until.js";
 import { NO_HTTP, startWorld, type World } from "./coordinator-harness.js";
 

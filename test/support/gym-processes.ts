@@ -7,7 +7,7 @@ import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoin
 import { CoordinatorConfigSchema } from "../../coordinator/config/coordinator-config.js";
 import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
-import { FsCheckpointStorage } from "../../participants/index.js";
+import { FsCheckpointStorage } from "../../participants/storage/fs-storage.js";
 import { AgentRecordSchema } from "../../participants/kinds/agent/index.js";
 import { EnvironmentRecordSchema } from "../../participants/kinds/environment/index.js";
 import { launchGym, type Gym, type GymLaunchOptions, type GymProcessName } from "../../participants/gym/gym-launcher.js";

@@ -1,5 +1,5 @@
 import { expect } from "vitest";
-import type { ManualClock } from "../../participants/index.js";
+import type { ManualClock } from "../../participants/control-plane/clock.js";
 
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 

@@ -3,7 +3,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll } from "vitest";
 import type { Kind, Op } from "../../protocol/index.js";
-import { FsCheckpointStorage, WriteGate, startParticipant, type ParticipantHandle, type ParticipantKind } from "../../participants/index.js";
+import { FsCheckpointStorage } from "../../participants/storage/fs-storage.js";
+import { WriteGate } from "../../participants/storage/write-gate.js";
+import { startParticipant, type ParticipantHandle } from "../../participants/control-plane/start-participant.js";
+import type { ParticipantKind } from "../../participants/control-plane/participant-kind.js";
 import { controlRequest } from "./control-requests.js";
 import { startNats, type NatsFixture } from "./nats.js";
 

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { waitUntil } from "../../support/wait-until.js";
-import { ManualClock } from "../../../participants/index.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
 import { AgentKind } from "../../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
 import { createAgentApp } from "../../../participants/gym/agent-server/agent-server.js";

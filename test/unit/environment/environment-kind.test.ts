@@ -3,7 +3,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, canonicalDigest, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
-import { FsCheckpointStorage, ParticipantControlPlane } from "../../../participants/index.js";
+import { FsCheckpointStorage } from "../../../participants/storage/fs-storage.js";
+import { WriteGate } from "../../../participants/storage/write-gate.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
 import { EnvironmentKind, EnvironmentRecordSchema, type StepEpisode } from "../../../participants/kinds/environment/index.js";
 import { refusalCode, refusalOf } from "../../support/refusal.js";
 import { ep } from "../../support/episode.js";
@@ -274,7 +276,6 @@ describe("environment participant", () => {
   it("corrupt restored records install nothing and leave the participant idle", async () => {
     const storage = new FsCheckpointStorage();
     const good = { episode_id: ep("g"), task_digest: canonicalDigest(TASK), boundary: { next: "verify", answer: "42" } };
-    const { WriteGate } = await import("../../../participants/index.js");
     await storage.write({ checkpointDir: join(root, "bad"), checkpointId: "bad", kind: "environment", instance: "env0" }, [good, { episode_id: ep("h"), task_digest: "nope", boundary: null } as never], {
       gate: new WriteGate(),
       createdAt: 1,

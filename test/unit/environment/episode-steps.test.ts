@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { CheckpointError } from "../../../protocol/index.js";
-import { ManualClock } from "../../../participants/index.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
 import { EpisodeSteps, type StepEpisode } from "../../../participants/kinds/environment/index.js";
 import { ep } from "../../support/episode.js";
 import { expectRetryAfter } from "../../support/park-retry.js";

@@ -3,7 +3,9 @@ import { appendFile, mkdir, readFile, readdir, writeFile } from "node:fs/promise
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, ModelKind, type LedgerRow, type ModelRecord } from "../../../participants/kinds/model/index.js";
-import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
+import { FsCheckpointStorage } from "../../../participants/storage/fs-storage.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { WriteGate } from "../../../participants/storage/write-gate.js";
 import { CHAT, chat, deliveredCall, emptyRecords, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 

@@ -3,7 +3,7 @@ import { mkdir, readdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, expect, it } from "vitest";
 import { MAX_MODEL_RECORD_ROWS, ModelKind } from "../../../participants/kinds/model/index.js";
-import { ParticipantControlPlane } from "../../../participants/index.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
 import { deliveredCall, ledgerRow, modelFixture, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
 

@@ -2,7 +2,9 @@ import { mkdir, mkdtemp, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
 import { refusalOf } from "../../support/refusal.js";
 
 // The storage refusing a path lookup below the checkpoint root: the next lstat or realpath of a

@@ -1,6 +1,9 @@
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import { describe, expect, it } from "vitest";
-import { ControlEndpoint, ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ControlEndpoint } from "../../../participants/control-plane/nats-endpoint.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
 
 /**
  * nats.js keeps yielding the messages a subscription queued before `unsubscribe()`: a stopped

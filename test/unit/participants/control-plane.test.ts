@@ -5,14 +5,12 @@ import { basename, dirname, join } from "node:path";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, MAX_ATTEMPT, captureKey, nextAttempt, sha256Hex, type PhaseOp, type RequestInputOf } from "../../../protocol/index.js";
-import {
-  FsCheckpointStorage,
-  ManualClock,
-  ParticipantControlPlane,
-  ScriptableKind,
-  type CheckpointStorage,
-  type ParticipantKind,
-} from "../../../participants/index.js";
+import { FsCheckpointStorage } from "../../../participants/storage/fs-storage.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
+import type { CheckpointStorage } from "../../../participants/storage/checkpoint-storage.js";
+import type { ParticipantKind } from "../../../participants/control-plane/participant-kind.js";
 import { refusalCode, refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";

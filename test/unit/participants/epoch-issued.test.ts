@@ -3,7 +3,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { encodeLeaseValue, leaseIssuedEpoch } from "../../../protocol/index.js";
-import { ManualClock, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ManualClock } from "../../../participants/control-plane/clock.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
 import { refusalOf } from "../../support/refusal.js";
 
 // A message forged with the participants' token must not raise the epoch fence above the sitting

@@ -4,7 +4,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { toCheckpointError } from "../../../protocol/index.js";
-import { FsCheckpointStorage, ScriptRecordSchema, WriteGate, participantDir, type ParticipantTarget } from "../../../participants/index.js";
+import { FsCheckpointStorage, participantDir } from "../../../participants/storage/fs-storage.js";
+import { ScriptRecordSchema } from "../../../participants/testing/scriptable-kind.js";
+import { WriteGate } from "../../../participants/storage/write-gate.js";
+import type { ParticipantTarget } from "../../../participants/storage/checkpoint-storage.js";
 import { fsyncDir } from "../../../participants/storage/fs-durable.js";
 import { refusalCode } from "../../support/refusal.js";
 

@@ -1,6 +1,10 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { describe, expect, it } from "vitest";
-import { ControlEndpoint, MembershipAnnouncer, ParticipantControlPlane, ScriptableKind, startParticipant } from "../../../participants/index.js";
+import { ControlEndpoint } from "../../../participants/control-plane/nats-endpoint.js";
+import { MembershipAnnouncer } from "../../../participants/control-plane/membership-announcer.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
+import { startParticipant } from "../../../participants/control-plane/start-participant.js";
 import { fakeSubscriptions } from "../../support/fake-subscriptions.js";
 
 /**

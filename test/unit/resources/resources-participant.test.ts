@@ -4,7 +4,9 @@ import { join } from "node:path";
 import type { FastifyInstance } from "fastify";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CheckpointError, type PhaseOp, type RecordBase, type RequestInputOf } from "../../../protocol/index.js";
-import { FsCheckpointStorage, ParticipantControlPlane, WriteGate } from "../../../participants/index.js";
+import { FsCheckpointStorage } from "../../../participants/storage/fs-storage.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { WriteGate } from "../../../participants/storage/write-gate.js";
 import {
   REPLAYABLE_END_HOLD_MS,
   ResourcesServer,

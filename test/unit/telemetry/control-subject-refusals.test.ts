@@ -2,7 +2,9 @@ import { headers as natsHeaders } from "@nats-io/transport-node";
 import { fakeSubscriptions } from "../../support/fake-subscriptions.js";
 import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ControlEndpoint, ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ControlEndpoint } from "../../../participants/control-plane/nats-endpoint.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
 import { useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
 import { HEADER_AUTHORIZATION } from "../../../protocol/index.js";
 

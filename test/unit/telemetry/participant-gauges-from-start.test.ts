@@ -2,7 +2,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ParticipantControlPlane, ScriptableKind } from "../../../participants/index.js";
+import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
 import { useTelemetryProviders } from "../../../participants/telemetry/instruments.js";
 import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 
