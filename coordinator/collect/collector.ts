@@ -361,6 +361,13 @@ export class Collector {
       await this.ownOps.resumeSent("resume of the previous run's checkpoint", checkpointId);
       return false;
     } catch (error) {
+      // A participant that did not answer the resume (its process down: a Gym restarting beside
+      // us, as after a node's crash) holds nothing parked, or resumes by itself when its lease
+      // expires; the coordinator closed the checkpoint all the same. Not a reason to stop.
+      if (error instanceof CheckpointError && error.code === "unreachable") {
+        this.options.logger.warn({ checkpoint_id: checkpointId, err: error }, "the checkpoint the previous run left open is closed; participants that did not answer its resume resume when their lease expires");
+        return false;
+      }
       // A restore our predecessor left open whose processes restarted since: the coordinator ran
       // its clean-up (retired attempt+1 where it may be installed, resumed everyone). Closed, then;
       // the rows restart from input, and an attempt that clean-up fenced is skipped when sent.

@@ -244,6 +244,25 @@ describe("collector", () => {
     expect(calls.filter((c) => c.op === "resume")).toHaveLength(1); // the refused one never reached base
   });
 
+  it("closes a checkpoint its predecessor left open even when a participant does not answer the resume (its Gym process restarting): the start goes on, with a warning", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const { controller, state, base } = fakeController({
+      // The coordinator closes the checkpoint and names the participant nobody answered for.
+      resume: async (req: never) => {
+        await base.resume(req);
+        throw new CheckpointError("unreachable", "resume failed on 1 participant(s): environment/environment: unreachable");
+      },
+    });
+    await (await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1")).recordCheckpoint("left-by-predecessor");
+    state.open = { checkpoint_id: "left-by-predecessor", phase: "preparing" };
+    const warnings: { msg: string; checkpoint_id?: string }[] = [];
+    const collector = collectorFor(controller, url, { logger: pino({ level: "warn" }, { write: (line: string) => void warnings.push(JSON.parse(line)) }) });
+    await collector.start();
+    expect(state.open).toBeNull();
+    expect(warnings).toEqual([expect.objectContaining({ checkpoint_id: "left-by-predecessor", msg: expect.stringContaining("resume when their lease expires") })]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+  });
+
   it.each([
     ["no log at all (a first start)", undefined],
     ["a log naming only other checkpoints", "ckpt-20240101T000000-bbbbbbbb"],
