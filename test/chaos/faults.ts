@@ -1,0 +1,65 @@
+import { describeFault, type Fault } from "./schedule.js";
+import { delay } from "./coordinators.js";
+import { trackGym, type ChaosWorld } from "./world.js";
+import type { ProcessLogs } from "./process-logs.js";
+
+/**
+ * Runs a seed's schedule against its world. Each fault starts at its time (they may overlap, as
+ * real failures do) and records the interval it was active, for the gap report. A fault falling
+ * after the collection ended is skipped: there is nothing left to break.
+ */
+export interface FaultRecord {
+  label: string;
+  startMs: number;
+  endMs?: number;
+  outcome?: string;
+}
+
+export function runSchedule(world: ChaosWorld, faults: Fault[], t0: number, logs: ProcessLogs): { records: FaultRecord[]; settled: Promise<void>; cancel(): void } {
+  const records: FaultRecord[] = [];
+  let cancelled = false;
+  const alive = () => !cancelled && !world.collector.done;
+  const one = async (fault: Fault) => {
+    await delay(Math.max(0, t0 + fault.atMs - Date.now()));
+    if (!alive()) return;
+    const record: FaultRecord = { label: describeFault(fault), startMs: Date.now() - t0 };
+    records.push(record);
+    logs.note(`fault ${record.label} begins`);
+    try {
+      record.outcome = await apply(world, fault, alive, logs);
+    } catch (error) {
+      record.outcome = `error: ${String(error)}`;
+    }
+    record.endMs = Date.now() - t0;
+    logs.note(`fault ${record.label} ends: ${record.outcome}`);
+  };
+  const settled = Promise.all(faults.map(one)).then(() => undefined);
+  return { records, settled, cancel: () => (cancelled = true) };
+}
+
+async function apply(world: ChaosWorld, fault: Fault, alive: () => boolean, logs: ProcessLogs): Promise<string> {
+  const track = (pid: number | undefined) => pid !== undefined && world.pids.add(pid);
+  switch (fault.kind) {
+    case "kill-leader":
+      return world.coordinators.killLeader(world.client, fault.pauseMs, alive);
+    case "stop-coordinator":
+      return world.coordinators.pause(world.client, fault.target ?? "leader", fault.pauseMs);
+    case "kill-gym-server":
+    case "kill-gym": {
+      const names = fault.kind === "kill-gym" ? world.gymServers : world.gymServers.filter((n) => n === fault.target);
+      await world.gym.kill(names, "SIGKILL");
+      logs.note(`SIGKILLed gym ${names.join(",")}`);
+      await delay(fault.pauseMs);
+      // Restarted always: a Gym left down would only prove the collector gives up after --run-timeout-s.
+      // The launcher gives a restarted process its old port, so the collector's --run-url stays valid.
+      if (!alive()) return "collection over, not restarted";
+      await world.gym.start(world.gymServers);
+      trackGym(world.gym, track);
+      return `restarted ${names.join(",")}: ${[...world.gym.processes.values()].map((p) => `${p.name}=${p.url}`).join(" ")}`;
+    }
+    case "kill-collector":
+      return world.collector.killAndRestart(fault.pauseMs);
+    case "usr1-collector":
+      return world.collector.signal("SIGUSR1") ? "sent" : "collector not running";
+  }
+}

@@ -1,0 +1,66 @@
+import { mulberry32 } from "../support/seeded-random.js";
+
+/**
+ * The faults of one seed, drawn from it alone (same seed, same schedule), so a failure is re-run
+ * with `--seeds N`. Times are milliseconds after the collector's first start.
+ */
+export type FaultKind =
+  | "kill-leader" // SIGKILL the leading coordinator, restart it after `pauseMs`
+  | "stop-coordinator" // SIGSTOP one coordinator for `pauseMs`, then SIGCONT
+  | "kill-gym-server" // SIGKILL one Gym server (`target`), restart it after `pauseMs`
+  | "kill-gym" // SIGKILL every Gym server (the policy backend survives), restart after `pauseMs`
+  | "kill-collector" // SIGKILL the collector, restart it with the same arguments after `pauseMs`
+  | "usr1-collector"; // SIGUSR1: checkpoint now
+
+export interface Fault {
+  atMs: number;
+  kind: FaultKind;
+  pauseMs: number;
+  /** The Gym server for kill-gym-server; for stop-coordinator, "leader" or "follower". */
+  target?: string;
+}
+
+const KINDS: FaultKind[] = ["kill-leader", "stop-coordinator", "kill-gym-server", "kill-gym", "kill-collector", "usr1-collector"];
+const GYM_SERVERS = ["model", "resources", "agent", "environment"];
+
+export function faultSchedule(seed: number, windowMs: number): Fault[] {
+  const random = mulberry32(seed);
+  const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
+  const between = (lo: number, hi: number) => Math.round(lo + random() * (hi - lo));
+  const count = between(2, 6);
+  const faults: Fault[] = [];
+  for (let i = 0; i < count; i++) {
+    const kind = pick(KINDS);
+    const atMs = between(1_000, windowMs);
+    switch (kind) {
+      case "kill-leader":
+        faults.push({ atMs, kind, pauseMs: between(500, 4_000) });
+        break;
+      case "stop-coordinator":
+        faults.push({ atMs, kind, pauseMs: between(1_000, 4_000), target: pick(["leader", "follower"]) });
+        break;
+      case "kill-gym-server":
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000), target: pick(GYM_SERVERS) });
+        break;
+      case "kill-gym":
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000) });
+        break;
+      case "kill-collector":
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000) });
+        break;
+      case "usr1-collector":
+        faults.push({ atMs, kind, pauseMs: 0 });
+        break;
+    }
+  }
+  return faults.sort((a, b) => a.atMs - b.atMs);
+}
+
+export function describeFault(f: Fault): string {
+  return `${f.kind}${f.target ? `:${f.target}` : ""}@${(f.atMs / 1000).toFixed(1)}s${f.pauseMs ? `+${(f.pauseMs / 1000).toFixed(1)}s` : ""}`;
+}
+
+/** Whether a fault of this schedule legitimately loses work done since the last checkpoint (a row's model calls made again). */
+export function losesWork(f: Fault): boolean {
+  return f.kind === "kill-gym" || f.kind === "kill-gym-server" || f.kind === "kill-collector";
+}
