@@ -14,7 +14,7 @@ import { startChaosWorld } from "./world.js";
  * each under a fault schedule drawn from its seed, then the invariants. A failing seed's directory
  * (every process's log, the schedule, results, dispatch log, checkpoints) is kept and printed.
  *
- * Flags: --seeds 1-5,9  --rows 200  --window-s 40 (faults fall in [1 s, window])  --timeout-s 240
+ * Flags: --seeds 1-5,9  --rows 200  --window-s 30 (faults fall in [1 s, window])  --timeout-s 240
  *        --keep (keep passing seeds' directories too)
  */
 function parseArgs(argv: string[]) {
@@ -31,7 +31,7 @@ function parseArgs(argv: string[]) {
     for (let s = lo!; s <= (hi ?? lo)!; s++) seeds.push(s);
   }
   if (seeds.some((s) => !Number.isInteger(s))) throw new Error(`bad --seeds ${flags.seeds}`);
-  return { seeds, rows: Number(flags.rows ?? 200), windowMs: Number(flags["window-s"] ?? 40) * 1000, timeoutMs: Number(flags["timeout-s"] ?? 240) * 1000, keep: flags.keep === "1" };
+  return { seeds, rows: Number(flags.rows ?? 200), windowMs: Number(flags["window-s"] ?? 30) * 1000, timeoutMs: Number(flags["timeout-s"] ?? 240) * 1000, keep: flags.keep === "1" };
 }
 
 /** The world being torn down on Ctrl-C: whatever runs now is killed before the harness exits. */
