@@ -27,7 +27,7 @@ export class Collector {
   static argsFor(o: { natsUrl: string; deployment: string; token: string; root: string; runUrl: string }): string[] {
     return collectArgs(o, [
       "--concurrency", "8",
-      "--checkpoint-every", "3",
+      "--checkpoint-every", "2",
       "--checkpoint-timeout-s", "15",
       // Faults fail attempts (a Gym crash fails every row in flight): the budget is not what is tested.
       "--max-attempts", "20",

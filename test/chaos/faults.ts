@@ -1,3 +1,5 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
 import { describeFault, type Fault } from "./schedule.js";
 import { delay } from "./coordinators.js";
 import { trackGym, type ChaosWorld } from "./world.js";
@@ -22,6 +24,12 @@ export function runSchedule(world: ChaosWorld, faults: Fault[], t0: number, logs
   const one = async (fault: Fault) => {
     await delay(Math.max(0, t0 + fault.atMs - Date.now()));
     if (!alive()) return;
+    if (fault.inCheckpoint) {
+      const id = await nextPrepare(join(world.root, "dispatched.jsonl"), alive);
+      logs.note(`fault ${describeFault(fault)} aimed at checkpoint ${id ?? "(none within 10 s)"}`);
+      await delay(fault.inCheckpoint.offsetMs);
+      if (!alive()) return;
+    }
     const record: FaultRecord = { label: describeFault(fault), startMs: Date.now() - t0 };
     records.push(record);
     logs.note(`fault ${record.label} begins`);
@@ -62,4 +70,18 @@ async function apply(world: ChaosWorld, fault: Fault, alive: () => boolean, logs
     case "usr1-collector":
       return world.collector.signal("SIGUSR1") ? "sent" : "collector not running";
   }
+}
+
+/** The id of the next checkpoint the collector prepares (a `{"checkpoint_id"}` line appended to its dispatch log, written before the prepare is sent). */
+async function nextPrepare(log: string, alive: () => boolean): Promise<string | undefined> {
+  const ids = async () => ((await readFile(log, "utf8").catch(() => "")).match(/"checkpoint_id":"[^"]*"/g) ?? []);
+  const before = (await ids()).length;
+  const until = Date.now() + 10_000;
+  while (alive() && Date.now() < until) {
+    const now = await ids();
+    // A restarted collector rewrites the log (carrying old ids forward): a count that fell is a new log, wait on.
+    if (now.length > before) return now.at(-1)!.slice(17, -1);
+    await delay(20);
+  }
+  return undefined;
 }

@@ -18,6 +18,12 @@ export interface Fault {
   pauseMs: number;
   /** The Gym server for kill-gym-server; for stop-coordinator, "leader" or "follower". */
   target?: string;
+  /**
+   * Aimed at a checkpoint: from `atMs` on, wait for the collector's next prepare (its
+   * `{"checkpoint_id"}` line in dispatched.jsonl), then `offsetMs` more. Random times mostly miss the
+   * short checkpoints, where a crash is most interesting.
+   */
+  inCheckpoint?: { offsetMs: number };
 }
 
 const KINDS: FaultKind[] = ["kill-leader", "stop-coordinator", "kill-gym-server", "kill-gym", "kill-collector", "usr1-collector"];
@@ -32,21 +38,22 @@ export function faultSchedule(seed: number, windowMs: number): Fault[] {
   for (let i = 0; i < count; i++) {
     const kind = pick(KINDS);
     const atMs = between(1_000, windowMs);
+    const aimed = kind !== "usr1-collector" && random() < 0.5 ? { inCheckpoint: { offsetMs: between(0, 400) } } : {};
     switch (kind) {
       case "kill-leader":
-        faults.push({ atMs, kind, pauseMs: between(500, 4_000) });
+        faults.push({ atMs, kind, pauseMs: between(500, 4_000), ...aimed });
         break;
       case "stop-coordinator":
-        faults.push({ atMs, kind, pauseMs: between(1_000, 4_000), target: pick(["leader", "follower"]) });
+        faults.push({ atMs, kind, pauseMs: between(1_000, 4_000), target: pick(["leader", "follower"]), ...aimed });
         break;
       case "kill-gym-server":
-        faults.push({ atMs, kind, pauseMs: between(200, 3_000), target: pick(GYM_SERVERS) });
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000), target: pick(GYM_SERVERS), ...aimed });
         break;
       case "kill-gym":
-        faults.push({ atMs, kind, pauseMs: between(200, 3_000) });
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
         break;
       case "kill-collector":
-        faults.push({ atMs, kind, pauseMs: between(200, 3_000) });
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
         break;
       case "usr1-collector":
         faults.push({ atMs, kind, pauseMs: 0 });
@@ -57,7 +64,8 @@ export function faultSchedule(seed: number, windowMs: number): Fault[] {
 }
 
 export function describeFault(f: Fault): string {
-  return `${f.kind}${f.target ? `:${f.target}` : ""}@${(f.atMs / 1000).toFixed(1)}s${f.pauseMs ? `+${(f.pauseMs / 1000).toFixed(1)}s` : ""}`;
+  const when = f.inCheckpoint ? `@ckpt>${(f.atMs / 1000).toFixed(1)}s+${f.inCheckpoint.offsetMs}ms` : `@${(f.atMs / 1000).toFixed(1)}s`;
+  return `${f.kind}${f.target ? `:${f.target}` : ""}${when}${f.pauseMs ? `+${(f.pauseMs / 1000).toFixed(1)}s` : ""}`;
 }
 
 /** Whether a fault of this schedule legitimately loses work done since the last checkpoint (a row's model calls made again). */
