@@ -121,7 +121,8 @@ async function main(): Promise<void> {
     console.log(result.line);
   }
   console.log(`${passed} passed, ${failed} failed`);
-  process.exitCode = failed ? 1 : 0;
+  // Every process is gone by now (checked per seed); a library's idle handle must not keep the harness up.
+  process.exit(failed ? 1 : 0);
 }
 
 process.on("unhandledRejection", (error) => process.stderr.write(`chaos: unhandled rejection: ${String(error)}\n`));
