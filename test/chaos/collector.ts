@@ -13,6 +13,7 @@ export class Collector {
   private starts = 0;
   private current?: ChildProgram;
   private restarting = false;
+  private queue: Promise<unknown> = Promise.resolve();
   private resolveEnd!: (exit: { code: number | null; signal: NodeJS.Signals | null }) => void;
   /** The exit of the last collector not ended by the harness. */
   readonly finished = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => (this.resolveEnd = resolve));
@@ -64,24 +65,34 @@ export class Collector {
     return this.current!.child.kill(signal);
   }
 
-  /** SIGKILL, then the same command again after `pauseMs`. */
-  async killAndRestart(pauseMs: number): Promise<string> {
-    if (!this.running || this.done) return "collector not running";
-    this.restarting = true;
-    await this.current!.kill("SIGKILL");
-    await new Promise((resolve) => setTimeout(resolve, pauseMs));
-    try {
-      await this.start();
-    } finally {
-      this.restarting = false;
-    }
-    return `restarted as collector-${this.starts}`;
+  /**
+   * SIGKILL, `during` (e.g. the Gym's crash and restart), then the same command again after
+   * `pauseMs`. One at a time: two overlapping faults must not start two collectors (the second
+   * would be refused `checkpoint_conflict`, exit 1, and read as the collection's end).
+   */
+  killAndRestart(pauseMs: number, during?: () => Promise<void>): Promise<string> {
+    const turn = this.queue.then(async () => {
+      if (!this.running || this.done) return "collector not running";
+      this.restarting = true;
+      try {
+        await this.current!.kill("SIGKILL");
+        await during?.();
+        await new Promise((resolve) => setTimeout(resolve, pauseMs));
+        await this.start();
+      } finally {
+        this.restarting = false;
+      }
+      return `restarted as collector-${this.starts}`;
+    });
+    this.queue = turn.catch(() => undefined);
+    return turn;
   }
 
   get restarts(): number {
     return this.starts - 1;
   }
 
+  /** The tear-down's SIGKILL: no restart follows. */
   async kill(): Promise<void> {
     this.restarting = true;
     await this.current?.kill("SIGKILL");

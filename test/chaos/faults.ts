@@ -67,6 +67,19 @@ async function apply(world: ChaosWorld, fault: Fault, alive: () => boolean, logs
     }
     case "kill-collector":
       return world.collector.killAndRestart(fault.pauseMs);
+    case "kill-collector-twice": {
+      const first = await world.collector.killAndRestart(200);
+      await delay(fault.pauseMs);
+      return `${first}; ${await world.collector.killAndRestart(200)}`;
+    }
+    case "kill-node":
+      // Both die together, as on a lost node; the Gym comes back before the collector, as a requeued job's would.
+      return world.collector.killAndRestart(fault.pauseMs, async () => {
+        await world.gym.kill(world.gymServers, "SIGKILL");
+        logs.note("SIGKILLed gym model,resources,agent,environment with the collector");
+        await world.gym.start(world.gymServers);
+        trackGym(world.gym, track);
+      });
     case "usr1-collector":
       return world.collector.signal("SIGUSR1") ? "sent" : "collector not running";
   }

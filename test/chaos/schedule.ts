@@ -10,7 +10,9 @@ export type FaultKind =
   | "kill-gym-server" // SIGKILL one Gym server (`target`), restart it after `pauseMs`
   | "kill-gym" // SIGKILL every Gym server (the policy backend survives), restart after `pauseMs`
   | "kill-collector" // SIGKILL the collector, restart it with the same arguments after `pauseMs`
-  | "usr1-collector"; // SIGUSR1: checkpoint now
+  | "usr1-collector" // SIGUSR1: checkpoint now
+  | "kill-collector-twice" // SIGKILL, restart, SIGKILL again `pauseMs` into its start-up (its restore), restart
+  | "kill-node"; // the collector and every Gym server at once (a preempted node), both restarted after `pauseMs`
 
 export interface Fault {
   atMs: number;
@@ -26,7 +28,7 @@ export interface Fault {
   inCheckpoint?: { offsetMs: number };
 }
 
-const KINDS: FaultKind[] = ["kill-leader", "stop-coordinator", "kill-gym-server", "kill-gym", "kill-collector", "usr1-collector"];
+const KINDS: FaultKind[] = ["kill-leader", "stop-coordinator", "kill-gym-server", "kill-gym", "kill-collector", "usr1-collector", "kill-collector-twice", "kill-node"];
 const GYM_SERVERS = ["model", "resources", "agent", "environment"];
 
 export function faultSchedule(seed: number, windowMs: number): Fault[] {
@@ -58,6 +60,12 @@ export function faultSchedule(seed: number, windowMs: number): Fault[] {
       case "usr1-collector":
         faults.push({ atMs, kind, pauseMs: 0 });
         break;
+      case "kill-collector-twice":
+        faults.push({ atMs, kind, pauseMs: between(100, 2_000), ...aimed });
+        break;
+      case "kill-node":
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
+        break;
     }
   }
   return faults.sort((a, b) => a.atMs - b.atMs);
@@ -70,5 +78,5 @@ export function describeFault(f: Fault): string {
 
 /** Whether a fault of this schedule legitimately loses work done since the last checkpoint (a row's model calls made again). */
 export function losesWork(f: Fault): boolean {
-  return f.kind === "kill-gym" || f.kind === "kill-gym-server" || f.kind === "kill-collector";
+  return f.kind !== "kill-leader" && f.kind !== "stop-coordinator" && f.kind !== "usr1-collector";
 }
