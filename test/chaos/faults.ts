@@ -11,6 +11,7 @@ import type { ProcessLogs } from "./process-logs.js";
  * after the collection ended is skipped: there is nothing left to break.
  */
 export interface FaultRecord {
+  fault: Fault;
   label: string;
   startMs: number;
   endMs?: number;
@@ -30,7 +31,7 @@ export function runSchedule(world: ChaosWorld, faults: Fault[], t0: number, logs
       await delay(fault.inCheckpoint.offsetMs);
       if (!alive()) return;
     }
-    const record: FaultRecord = { label: describeFault(fault), startMs: Date.now() - t0 };
+    const record: FaultRecord = { fault, label: describeFault(fault), startMs: Date.now() - t0 };
     records.push(record);
     logs.note(`fault ${record.label} begins`);
     try {
