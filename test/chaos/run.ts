@@ -66,6 +66,9 @@ async function runSeed(seed: number, o: ReturnType<typeof parseArgs>): Promise<{
     await progress.stop();
     const e = collectorExit(exit);
     if (e) broken.push(e);
+    // The launcher restarts a server on its old port unless that stays taken; an environment that
+    // moved leaves the collector's --run-url dead: the harness's doing, not the product's.
+    if (world.gym.urls.environment !== world.runUrlBase) broken.push({ invariant: "harness", detail: `the environment moved from ${world.runUrlBase} to ${world.gym.urls.environment}: --run-url is stale` });
     // The backend's call log, read before the tear-down stops it.
     const calls = await backendAdmin(world.gym.urls.policy!.replace(/\/+$/, ""), "/admin/calls").then((b: any) => (Array.isArray(b) ? b : b.calls)).catch(() => undefined);
     if (calls) await writeFile(join(dir, "backend-calls.json"), `${JSON.stringify(calls, null, 1)}\n`);

@@ -28,6 +28,8 @@ export interface ChaosWorld {
   pids: Set<number>;
   /** Gym servers to kill/restart; the policy backend plays the inference server and survives. */
   gymServers: readonly Exclude<GymProcessName, "policy">[];
+  /** The environment's URL the collector's --run-url was built from. */
+  runUrlBase: string;
   close(): Promise<void>;
 }
 
@@ -81,7 +83,7 @@ export async function startChaosWorld(seed: number, root: string, rowCount: numb
     track,
   );
   closers.push(() => collector.kill());
-  return { root, deployment, rows, nats, coordinators, gym, collector, client, pids, gymServers: GYM_SERVERS, close };
+  return { root, deployment, rows, nats, coordinators, gym, collector, client, pids, gymServers: GYM_SERVERS, runUrlBase: gym.urls.environment!, close };
 }
 
 /** Remembers the pid of every Gym process running now (called after each (re)start). */
