@@ -46,6 +46,9 @@ export function runSchedule(world: ChaosWorld, faults: Fault[], t0: number, logs
   return { records, settled, cancel: () => (cancelled = true) };
 }
 
+/** Each world's NATS restart under way: the next waits for it. */
+const natsRestarts = new WeakMap<ChaosWorld, Promise<unknown>>();
+
 async function apply(world: ChaosWorld, fault: Fault, alive: () => boolean, logs: ProcessLogs): Promise<string> {
   const track = (pid: number | undefined) => pid !== undefined && world.pids.add(pid);
   switch (fault.kind) {
@@ -81,6 +84,23 @@ async function apply(world: ChaosWorld, fault: Fault, alive: () => boolean, logs
         await world.gym.start(world.gymServers);
         trackGym(world.gym, track);
       });
+    case "restart-nats": {
+      // One at a time, as the collector's restarts: two overlapping would launch two servers on one port.
+      const previous = natsRestarts.get(world) ?? Promise.resolve();
+      const restart = previous.then(async () => {
+        // Every process keeps reconnecting; JetStream (lease, members, journal) comes back from the store.
+        const killed = world.nats.server.pid;
+        await world.nats.server.kill();
+        logs.note(`SIGKILLed nats-server pid ${killed}`);
+        await delay(fault.pauseMs);
+        // Started again even once the collection is over: the tear-down and the checks need it.
+        await world.nats.server.restart();
+        track(world.nats.server.pid);
+        return `restarted nats-server as pid ${world.nats.server.pid} on ${world.nats.server.url}`;
+      });
+      natsRestarts.set(world, restart.catch(() => undefined));
+      return restart;
+    }
     case "usr1-collector":
       return world.collector.signal("SIGUSR1") ? "sent" : "collector not running";
   }

@@ -12,7 +12,8 @@ export type FaultKind =
   | "kill-collector" // SIGKILL the collector, restart it with the same arguments after `pauseMs`
   | "usr1-collector" // SIGUSR1: checkpoint now
   | "kill-collector-twice" // SIGKILL, restart, SIGKILL again `pauseMs` into its start-up (its restore), restart
-  | "kill-node"; // the collector and every Gym server at once (a preempted node), both restarted after `pauseMs`
+  | "kill-node" // the collector and every Gym server at once (a preempted node), both restarted after `pauseMs`
+  | "restart-nats"; // SIGKILL nats-server, start it again on the same port and store after `pauseMs`
 
 export interface Fault {
   atMs: number;
@@ -28,7 +29,7 @@ export interface Fault {
   inCheckpoint?: { offsetMs: number };
 }
 
-const KINDS: FaultKind[] = ["kill-leader", "stop-coordinator", "kill-gym-server", "kill-gym", "kill-collector", "usr1-collector", "kill-collector-twice", "kill-node"];
+const KINDS: FaultKind[] = ["kill-leader", "stop-coordinator", "kill-gym-server", "kill-gym", "kill-collector", "usr1-collector", "kill-collector-twice", "kill-node", "restart-nats"];
 const GYM_SERVERS = ["model", "resources", "agent", "environment"];
 
 export function faultSchedule(seed: number, windowMs: number): Fault[] {
@@ -64,6 +65,9 @@ export function faultSchedule(seed: number, windowMs: number): Fault[] {
         faults.push({ atMs, kind, pauseMs: between(100, 2_000), ...aimed });
         break;
       case "kill-node":
+        faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
+        break;
+      case "restart-nats":
         faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
         break;
     }
