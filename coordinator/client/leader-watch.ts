@@ -35,6 +35,8 @@ export class LeaderLeaseReader {
   /** The last read that named a serving leader, with when it was sent (monotonic ms). */
   private lastServing: { holder: LeaseHolder; sentAt: number } | undefined;
   private watchingStatus = false;
+  /** The last term a read named serving, however long ago and across disconnects: `leaderOfOp`'s fallback. */
+  private lastServingTerm: LeaseHolder | undefined;
   /** The lease period (the bucket's max_age, ms) as read when the bucket was opened; undefined until then or unread. */
   private leaseMs: number | undefined;
 
@@ -55,6 +57,23 @@ export class LeaderLeaseReader {
     const kept = this.lastServing;
     if (kept && this.now() - kept.sentAt < LEASE_READ_REUSE_MS) return kept.holder;
     return this.leader(stop);
+  }
+
+  /**
+   * The leader an op's wait watches (`lost`): the read beside it (`leaderAsSent`); or, when the lease
+   * cannot be read then (NATS restarting, JetStream not back yet), the last term a read named serving
+   * before the op, once the lease reads again (`everyMs`). The same term then led all along, so it
+   * took the op; another term means leadership moved around the op, which `lost` answers
+   * `outcome_unknown` at its first check. Without it, an op sent into a NATS restart that moved the
+   * lease waited out its whole timeout (a collector's prepare: the checkpoint timeout and slack,
+   * every row paused). Never known to serve: the first read that succeeds.
+   */
+  async leaderOfOp(stop: AbortSignal, everyMs: () => number): Promise<LeaseHolder | null> {
+    const before = this.lastServingTerm;
+    const asSent = await this.leaderAsSent(stop);
+    if (asSent !== undefined) return asSent;
+    const later = await pollUntil(() => this.leader(stop), everyMs(), stop, "later");
+    return before ?? later;
   }
 
   /** Drops the kept read at every disconnect and reconnect of the connection, for as long as it lives. */
@@ -98,7 +117,10 @@ export class LeaderLeaseReader {
       const [entry] = await Promise.all([this.kv.get(LEADER_KEY), periodRead]);
       if (!entry || entry.operation !== "PUT") return null;
       const holder = decodeLeaseValue(entry.string());
-      if (holder?.serving === true) this.lastServing = { holder, sentAt };
+      if (holder?.serving === true) {
+        this.lastServing = { holder, sentAt };
+        this.lastServingTerm = holder;
+      }
       return holder;
     } catch {
       return undefined;

@@ -307,6 +307,39 @@ describe("NATS controller client: the leader lease after a frozen or restarted c
   });
 });
 
+describe("NATS controller client: an op sent while the lease cannot be read", () => {
+  it("ends outcome_unknown once the lease reads again naming another term than the last seen serving (a NATS restart that moved the lease), not when its wait runs out", async () => {
+    const deployment = "unread-lease";
+    const lease = (id: string, term: string) => encodeLeaseValue({ id, term, serving: true, epoch: 1, at: Date.now() });
+    const kvm = new Kvm(nats.nc);
+    let kv = await kvm.create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
+    await kv.put(LEADER_KEY, lease("coord-a", "t1"));
+    // An earlier op, answered after its lease read: the client saw coord-a serve.
+    const status = nats.nc.subscribe(controllerSubject(deployment, "status"), {
+      callback: (_e, msg) => void setTimeout(() => msg.respond(JSON.stringify({ error: { code: "unauthorized", detail: "refused" } })), 300),
+    });
+    const held: Msg[] = [];
+    const silent = nats.nc.subscribe(controllerSubject(deployment, "checkpoint"), { callback: (_e, msg) => void held.push(msg) });
+    await nats.nc.flush();
+    try {
+      const client = new NatsControllerClient({ nc: nats.nc, deployment, token: "ctl-token", leaderCheckMs: 200 });
+      await expect(client.call("status", {})).rejects.toMatchObject({ code: "unauthorized" });
+      // The lease unreadable as the op is sent, then back naming another coordinator.
+      await kv.destroy();
+      const outcome = client.checkpoint({ checkpoint_id: "unread-1", episode_ids: [] }).catch((error: unknown) => error);
+      await waitUntil(() => held.length === 1, "the request to reach the coordinator");
+      kv = await kvm.create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
+      await kv.put(LEADER_KEY, lease("coord-b", "t2"));
+      const settled = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 10_000))]);
+      expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-b leads now") });
+    } finally {
+      status.unsubscribe();
+      silent.unsubscribe();
+      await kv.destroy().catch(() => undefined);
+    }
+  });
+});
+
 describe("NATS controller client: a successor that does not serve yet", () => {
   it("ends outcome_unknown when the lease named a coordinator not serving yet (a frozen predecessor took the op), also while it does not serve", async () => {
     // The successor won the lease and waits out its first lease period (or its recovery keeps
