@@ -1,6 +1,7 @@
 import { subscribe, unsubscribe } from "node:diagnostics_channel";
 import type { Socket } from "node:net";
 import { connect, type ConnectionOptions, type NatsConnection } from "@nats-io/transport-node";
+import { CheckpointError } from "../../protocol/errors.js";
 import { natsConnectFailure } from "../../protocol/nats-connect-failure.js";
 
 /** Node publishes every socket `net.connect` creates here. */
@@ -32,5 +33,28 @@ export async function connectNats(options: ConnectionOptions & { inboxPrefix: st
     throw natsConnectFailure(error, options.servers, "not_leader", consequence);
   } finally {
     unsubscribe(CLIENT_SOCKETS, opened);
+  }
+}
+
+/**
+ * `connectNats`, tried again every `everyMs` while no server is reachable (`not_leader`), for up to
+ * `withinMs`: a long-running job started while its NATS server restarts (a node's processes coming
+ * back together) waits for it instead of exiting. Credentials refused or a bad URL fail at once.
+ */
+export async function connectNatsWithin(
+  options: ConnectionOptions & { inboxPrefix: string },
+  withinMs: number,
+  onWait: (error: CheckpointError) => void = () => undefined,
+  everyMs = 250,
+): Promise<NatsConnection> {
+  const until = Date.now() + withinMs;
+  for (let tries = 1; ; tries++) {
+    try {
+      return await connectNats(options);
+    } catch (error) {
+      if (!(error instanceof CheckpointError && error.code === "not_leader") || Date.now() + everyMs >= until) throw error;
+      if (tries === 1) onWait(error);
+      await new Promise((resolve) => setTimeout(resolve, everyMs));
+    }
   }
 }

@@ -7,7 +7,7 @@ import type { Logger } from "pino";
 import { CheckpointError, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { NatsControllerClient } from "../../client/nats-controller-client.js";
-import { connectNats } from "../../client/nats-connect.js";
+import { connectNatsWithin } from "../../client/nats-connect.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
 import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBeforeHandler, type EndingSignal } from "../../collect/ending-signals.js";
@@ -242,7 +242,11 @@ export function register(program: Command): void {
         if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
         logger = createLogger(logLevel);
         if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
-        nc = httpUrl ? undefined : await connectNats({ ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1, inboxPrefix: NATS_INBOX_PREFIXES.controller });
+        // NATS restarting as the collector starts (a node's processes coming back together) is
+        // waited for as long as a controller call waits for a leader, not an exit.
+        const natsOptions = { ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1, inboxPrefix: NATS_INBOX_PREFIXES.controller };
+        const waiting = (err: CheckpointError) => logger?.warn({ err, wait_ms: leaderWaitMs }, "NATS is not reachable yet; trying again");
+        nc = httpUrl ? undefined : await connectNatsWithin(natsOptions, leaderWaitMs, waiting);
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token, leaderWaitMs }) : new NatsControllerClient({
           nc,
           deployment,

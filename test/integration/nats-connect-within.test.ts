@@ -1,0 +1,37 @@
+import { afterEach, describe, expect, it } from "vitest";
+import { connectNatsWithin } from "../../coordinator/client/nats-connect.js";
+import { NatsServerProcess } from "../../coordinator/local/nats-server-process.js";
+import { CheckpointError } from "../../protocol/index.js";
+import { freePortRun } from "../support/ports.js";
+
+/** `collect`'s first connect: a NATS server still starting is waited for, within a bound. */
+let server: NatsServerProcess | undefined;
+afterEach(async () => {
+  await server?.dispose();
+  server = undefined;
+});
+
+describe("connectNatsWithin", () => {
+  it("connects once a server that was not listening yet starts, having said once that it waits", async () => {
+    const port = await freePortRun(1);
+    const waits: CheckpointError[] = [];
+    const connecting = connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 20_000, (error) => void waits.push(error), 100);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    server = await NatsServerProcess.start({ port });
+    const nc = await connecting;
+    try {
+      expect(nc.info?.port).toBe(port);
+      expect(waits.map((e) => e.code)).toEqual(["not_leader"]);
+    } finally {
+      await nc.close();
+    }
+  });
+
+  it("gives up with not_leader once the bound passes and nothing listens", async () => {
+    const port = await freePortRun(1);
+    const started = Date.now();
+    await expect(connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 600, () => undefined, 100)).rejects.toMatchObject({ code: "not_leader" });
+    expect(Date.now() - started).toBeGreaterThanOrEqual(400);
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+});
