@@ -53,9 +53,9 @@ export function faultSchedule(seed: number, windowMs: number): Fault[] {
         faults.push({ atMs, kind, pauseMs: between(200, 3_000), target: pick(GYM_SERVERS), ...aimed });
         break;
       case "kill-gym":
-        faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
-        break;
       case "kill-collector":
+      case "kill-node":
+      case "restart-nats":
         faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
         break;
       case "usr1-collector":
@@ -63,12 +63,6 @@ export function faultSchedule(seed: number, windowMs: number): Fault[] {
         break;
       case "kill-collector-twice":
         faults.push({ atMs, kind, pauseMs: between(100, 2_000), ...aimed });
-        break;
-      case "kill-node":
-        faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
-        break;
-      case "restart-nats":
-        faults.push({ atMs, kind, pauseMs: between(200, 3_000), ...aimed });
         break;
     }
   }
