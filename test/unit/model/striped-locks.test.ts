@@ -104,8 +104,9 @@ describe("striped ledger locks", () => {
       expect(await readFile(file, "utf8")).toMatch(new RegExp(`^${process.pid} [0-9a-f]{16} [0-9]+ [0-9a-f-]{36}$`));
       expect(l.ownedStripes()).toEqual([l.stripeOf("k")]);
     });
-    // Reused without touching the file system while busy, released after idleMs.
-    for (let i = 0; i < 250 && existsSync(file); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    // Reused without touching the file system while busy, released after idleMs. The stripe is
+    // dropped from the owned set only once its unlink returned: the file may be gone a moment before.
+    for (let i = 0; i < 250 && (existsSync(file) || l.ownedStripes().length > 0); i++) await new Promise((resolve) => setTimeout(resolve, 20));
     expect(existsSync(file)).toBe(false);
     expect(l.ownedStripes()).toEqual([]);
   });
