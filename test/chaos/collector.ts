@@ -1,7 +1,7 @@
 // From dist/: its exitWithParent preload is resolved beside the module, and the node it starts cannot load the .ts one.
 import { startChildProgram, type ChildProgram } from "../../dist/coordinator/local/child-program.js";
 import { collectArgs } from "../support/collect-args.js";
-import { CLI } from "./coordinators.js";
+import { CLI, delay } from "./coordinators.js";
 import type { ProcessLogs } from "./process-logs.js";
 
 /**
@@ -77,7 +77,7 @@ export class Collector {
       try {
         await this.current!.kill("SIGKILL");
         await during?.();
-        await new Promise((resolve) => setTimeout(resolve, pauseMs));
+        await delay(pauseMs);
         await this.start();
       } finally {
         this.restarting = false;

@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { backendAdmin } from "../support/policy-backend-admin.js";
@@ -85,7 +85,7 @@ async function runSeed(seed: number, o: ReturnType<typeof parseArgs>): Promise<{
     if (repeats.broken) broken.push(repeats.broken);
     const left = await noProcessLeft(world.pids, [world.root, world.deployment]);
     if (left) broken.push(left);
-    const rows = (await import("node:fs/promises")).readFile(join(world.root, "results.jsonl"), "utf8").then((t) => t.split("\n").filter(Boolean).length).catch(() => 0);
+    const rows = readFile(join(world.root, "results.jsonl"), "utf8").then((t) => t.split("\n").filter(Boolean).length).catch(() => 0);
     summary =
       `faults=[${schedule.records.map((r) => `${r.label}${r.outcome?.startsWith("error") ? "!" : ""}`).join(" ")}] rows=${await rows}/${o.rows} ` +
       `collectors=${world.collector.restarts + 1} checkpoints=${verified.verified} repeated_calls=${repeats.repeated}${enforced ? "" : "(not enforced)"} ` +
