@@ -97,7 +97,7 @@ export const ERROR_CATALOG = {
   },
   unreachable: {
     status: 503,
-    meaning: "Nobody answers on the participant's subject (NATS no-responders); or a participant program could not reach any NATS server when it started (it exits 1).",
+    meaning: "Nobody answers on the participant's subject (NATS no-responders); or a participant program could not reach any NATS server when it started, within `--nats-connect-wait-ms` (default 10 s; it exits 1).",
     solve: "Check the participant process; an unreachable participant resumes by itself when its lease expires. At start-up: check that NATS runs at the configured address (--nats, GYM_CKPT_NATS_URL); a supervisor's restart then succeeds.",
   },
   upstream_failed: {

@@ -1,9 +1,8 @@
 import { Option, type Command } from "commander";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, NATS_INBOX_PREFIXES, natsSettings, parseCaptureKey, toCheckpointError, unsafeJsonInteger, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, connectNats, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, NATS_INBOX_PREFIXES, natsSettings, parseCaptureKey, toCheckpointError, unsafeJsonInteger, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { accessSync, constants, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
-import { NatsControllerClient } from "../client/nats-controller-client.js";
-import { connectNats } from "../client/nats-connect.js";
+import { CONTROLLER_CONNECT_FAILURE, NatsControllerClient } from "../client/nats-controller-client.js";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { CheckedClient } from "./checked-client.js";
 import type { ControllerClient } from "../client/controller-client.js";
@@ -69,7 +68,7 @@ export async function withClient<I>(
     }
     let nc: NatsConnection | undefined;
     const client = new CheckedClient(async () => {
-      nc = await connectNats({ ...natsSettings(flags.natsUrl), inboxPrefix: NATS_INBOX_PREFIXES.controller });
+      nc = await connectNats({ ...natsSettings(flags.natsUrl), inboxPrefix: NATS_INBOX_PREFIXES.controller }, CONTROLLER_CONNECT_FAILURE);
       return new NatsControllerClient({ nc, deployment, token, leaderWaitMs });
     });
     try {

@@ -1,12 +1,15 @@
 import { context } from "@opentelemetry/api";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { CheckpointError, controllerSubject, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { CheckpointError, controllerSubject, type ControllerOp, type FirstConnectFailure, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { Cancellation } from "../engine/cancellation.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
 import { LeaderLeaseReader } from "./leader-watch.js";
 import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
+
+/** A controller's NATS connection that cannot be made: no coordinator could be asked, as the HTTP client says of one it cannot reach. */
+export const CONTROLLER_CONNECT_FAILURE: FirstConnectFailure = { unreachable: "not_leader", consequence: "no coordinator can be asked; nothing was sent" };
 
 export interface NatsControllerClientOptions {
   nc: NatsConnection;

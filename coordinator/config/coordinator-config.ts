@@ -1,6 +1,6 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
-import { BearerTokenSchema, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, MAX_DEADLINE_AHEAD_S, MIN_LEASE_MS, type Kind } from "../../protocol/index.js";
+import { BearerTokenSchema, DEFAULT_NATS_CONNECT_WAIT_MS, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, MAX_DEADLINE_AHEAD_S, MAX_NATS_CONNECT_WAIT_MS, MIN_LEASE_MS, type Kind } from "../../protocol/index.js";
 import { LOG_LEVELS } from "../telemetry/logger.js";
 
 /** One expected participant, written `kind/instance` (e.g. `resources/r1`). */
@@ -29,9 +29,11 @@ export const CoordinatorConfigSchema = z
         user: z.string().optional(),
         pass: z.string().optional(),
         token: z.string().optional(),
+        /** How long the start waits for a NATS server that does not accept connections yet (0: try once; then exit 1). */
+        connect_wait_ms: z.number().int().min(0).max(MAX_NATS_CONNECT_WAIT_MS).default(DEFAULT_NATS_CONNECT_WAIT_MS),
       })
       .strict()
-      .default({ servers: DEFAULT_NATS_URL }),
+      .default({ servers: DEFAULT_NATS_URL, connect_wait_ms: DEFAULT_NATS_CONNECT_WAIT_MS }),
     /** Bearer token of the participants' control subjects (required). */
     token: BearerTokenSchema,
     /** Bearer token of the controller API (NATS and HTTP); defaults to `token`. */

@@ -4,7 +4,6 @@ import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { HttpControllerApi } from "../api/http-api.js";
-import { connectNats } from "../client/nats-connect.js";
 import { NatsControllerApi } from "../api/nats-api.js";
 import { expectedRefs, type CoordinatorConfig } from "../config/coordinator-config.js";
 import { CheckpointEngine, type EngineHooks } from "../engine/checkpoint-engine.js";
@@ -19,7 +18,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
+import { CheckpointError, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -76,7 +75,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const ownsConnection = options.nc === undefined;
   const nc =
     options.nc ??
-    (await connectNats({
+    (await connectNatsWithin({
       servers: natsServers(config.nats.servers),
       name: `gym-ckpt-coordinator-${id}`,
       inboxPrefix: NATS_INBOX_PREFIXES.coordinator,
@@ -88,7 +87,9 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       ...(config.nats.user !== undefined && { user: config.nats.user }),
       ...(config.nats.pass !== undefined && { pass: config.nats.pass }),
       ...(config.nats.token !== undefined && { token: config.nats.token }),
-    }, "this coordinator cannot start until NATS is reachable (a supervisor restarts it)"));
+    }, config.nats.connect_wait_ms, { unreachable: "not_leader", consequence: "this coordinator cannot start until NATS is reachable (a supervisor restarts it)" }, (err) =>
+      logger.warn({ err, wait_ms: config.nats.connect_wait_ms }, "NATS is not reachable yet; trying again"),
+    ));
   let registry: WatchedMemberRegistry | undefined;
   let journal: KvDecisionJournal;
   try {

@@ -1,6 +1,6 @@
 import { isAbsolute } from "node:path";
 import { parseArgs } from "node:util";
-import { connect, type ConnectionOptions, type NatsConnection } from "@nats-io/transport-node";
+import type { ConnectionOptions, NatsConnection } from "@nats-io/transport-node";
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
@@ -11,7 +11,7 @@ import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
-import { natsConnectFailure } from "../../protocol/nats-connect-failure.js";
+import { connectNatsWithin, DEFAULT_NATS_CONNECT_WAIT_MS, MAX_NATS_CONNECT_WAIT_MS } from "../../protocol/nats-first-connect.js";
 import { isListenRefusal } from "../../protocol/listen-refusal.js";
 import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
 
@@ -19,7 +19,8 @@ import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
  * The shared shell of every reference Gym server process: common flags, a NATS connection,
  * a pino logger, the ready line launchers wait for, and a clean shutdown on SIGTERM/SIGINT.
  *
- * Flags (env fallback in brackets): --nats [GYM_CKPT_NATS_URL], --deployment [GYM_CKPT_DEPLOYMENT],
+ * Flags (env fallback in brackets): --nats [GYM_CKPT_NATS_URL], --nats-connect-wait-ms
+ * [GYM_CKPT_NATS_CONNECT_WAIT_MS], --deployment [GYM_CKPT_DEPLOYMENT],
  * --instance, --token [GYM_CKPT_TOKEN], --port (0 = any free port), --checkpoint-root
  * [GYM_CKPT_CHECKPOINT_ROOT], --lease-grace-seconds, --otlp-endpoint [OTEL_EXPORTER_OTLP_ENDPOINT],
  * --metrics-port (Prometheus /metrics; 0 = any free port) [OTEL_EXPORTER_PROMETHEUS_PORT], plus
@@ -41,6 +42,7 @@ const portFlag = decimalFlag(/^\d+$/, "a decimal port number").pipe(z.number().i
 export const ServerFlagsSchema = z
   .object({
     nats: z.string().min(1),
+    natsConnectWaitMs: decimalFlag(/^\d+$/, "a whole number of milliseconds").pipe(z.number().int().max(MAX_NATS_CONNECT_WAIT_MS)),
     deployment: DeploymentSchema,
     instance: InstanceSchema,
     token: z.string().min(1, "a control token is required (--token or GYM_CKPT_TOKEN)").pipe(BearerTokenSchema),
@@ -120,6 +122,7 @@ function usage(name: string, extraFlags: string[]): string {
     `usage: ${name} [flags]`,
     "  --nats URL                NATS server(s), comma-separated (env GYM_CKPT_NATS_URL, default nats://127.0.0.1:4222);",
     "                            credentials from env GYM_CKPT_NATS_USER + GYM_CKPT_NATS_PASS, or GYM_CKPT_NATS_TOKEN",
+    `  --nats-connect-wait-ms N  at start, wait up to N ms for NATS to accept connections (env GYM_CKPT_NATS_CONNECT_WAIT_MS, default ${DEFAULT_NATS_CONNECT_WAIT_MS})`,
     "  --deployment NAME         deployment name (env GYM_CKPT_DEPLOYMENT, default default)",
     `  --instance NAME           this server's name in the deployment (default ${name})`,
     "  --token TOKEN             participants' control token (env GYM_CKPT_TOKEN, required)",
@@ -139,6 +142,7 @@ function parseServerArgs(argv: string[], extraFlags: string[]) {
     strict: true,
     options: {
       nats: { type: "string" },
+      "nats-connect-wait-ms": { type: "string" },
       deployment: { type: "string" },
       instance: { type: "string" },
       token: { type: "string" },
@@ -212,7 +216,7 @@ export function tokenFlagRefusal(flag: string, value: string | undefined): strin
  * until it reconnects and announces itself again. Its replies come under the gym role's inbox
  * prefix, the only one a Gym server's NATS user may subscribe to (NATS_INBOX_PREFIXES).
  */
-export function participantConnectOptions(nats: string, connectionName: string): ConnectionOptions {
+export function participantConnectOptions(nats: string, connectionName: string): ConnectionOptions & { inboxPrefix: string } {
   return { ...natsSettings(nats), ...NATS_PING_OPTIONS, name: connectionName, maxReconnectAttempts: -1, reconnectTimeWait: 250, inboxPrefix: NATS_INBOX_PREFIXES.gym };
 }
 
@@ -246,6 +250,7 @@ export async function startServerRuntime(
   }
   const parsed = ServerFlagsSchema.safeParse({
     nats: values.nats ?? envSetting("GYM_CKPT_NATS_URL") ?? DEFAULT_NATS_URL,
+    natsConnectWaitMs: values["nats-connect-wait-ms"] ?? envSetting("GYM_CKPT_NATS_CONNECT_WAIT_MS") ?? String(DEFAULT_NATS_CONNECT_WAIT_MS),
     deployment: values.deployment ?? envSetting("GYM_CKPT_DEPLOYMENT") ?? "default",
     instance: values.instance ?? name,
     token: values.token ?? envSetting("GYM_CKPT_TOKEN") ?? "",
@@ -304,12 +309,13 @@ export async function startServerRuntime(
   let nc: NatsConnection;
   const connectOptions = participantConnectOptions(config.nats, `${name}:${config.instance}`);
   try {
-    nc = await connect(connectOptions);
+    const failure = { unreachable: "unreachable", consequence: "this participant cannot start until NATS is reachable (a supervisor restarts it)" } as const;
+    nc = await connectNatsWithin(connectOptions, config.natsConnectWaitMs, failure, (err) => logger.warn({ err, wait_ms: config.natsConnectWaitMs }, "NATS is not reachable yet; trying again"));
   } catch (error) {
     // A supervisor restarts us; it needs one readable line with its code, not a stack trace
     // (credentials redacted). Refused credentials or servers nats.js cannot parse are
     // configuration, which a restart cannot fix: exit 2, as for a bad flag.
-    const refusal = natsConnectFailure(error, connectOptions.servers, "unreachable", "this participant cannot start until NATS is reachable (a supervisor restarts it)");
+    const refusal = toCheckpointError(error);
     process.stderr.write(`${name}: ${refusal.code}: ${refusal.message}\n`);
     await telemetry.shutdown();
     process.exit(refusal.code === "unauthorized" || refusal.code === "invalid_request" ? 2 : 1);

@@ -1,10 +1,11 @@
 import { afterEach, describe, expect, it } from "vitest";
-import { connectNatsWithin } from "../../coordinator/client/nats-connect.js";
+import { CONTROLLER_CONNECT_FAILURE } from "../../coordinator/client/nats-controller-client.js";
+import { connectNatsWithin } from "../../protocol/nats-first-connect.js";
 import { NatsServerProcess } from "../../coordinator/local/nats-server-process.js";
 import { CheckpointError } from "../../protocol/index.js";
 import { freePortRun } from "../support/ports.js";
 
-/** `collect`'s first connect: a NATS server still starting is waited for, within a bound. */
+/** A first connect (collect, the coordinator daemon, participant programs): a NATS server still starting is waited for, within a bound. */
 let server: NatsServerProcess | undefined;
 afterEach(async () => {
   await server?.dispose();
@@ -15,7 +16,7 @@ describe("connectNatsWithin", () => {
   it("connects once a server that was not listening yet starts, having said once that it waits", async () => {
     const port = await freePortRun(1);
     const waits: CheckpointError[] = [];
-    const connecting = connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 20_000, (error) => void waits.push(error), 100);
+    const connecting = connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 20_000, CONTROLLER_CONNECT_FAILURE, (error) => void waits.push(error), 100);
     await new Promise((resolve) => setTimeout(resolve, 500));
     server = await NatsServerProcess.start({ port });
     const nc = await connecting;
@@ -30,7 +31,7 @@ describe("connectNatsWithin", () => {
   it("gives up with not_leader once the bound passes and nothing listens", async () => {
     const port = await freePortRun(1);
     const started = Date.now();
-    await expect(connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 600, () => undefined, 100)).rejects.toMatchObject({ code: "not_leader" });
+    await expect(connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 600, CONTROLLER_CONNECT_FAILURE, () => undefined, 100)).rejects.toMatchObject({ code: "not_leader" });
     expect(Date.now() - started).toBeGreaterThanOrEqual(400);
     expect(Date.now() - started).toBeLessThan(5_000);
   });

@@ -4,10 +4,9 @@ import { basename, dirname, join, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, connectNatsWithin, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
-import { NatsControllerClient } from "../../client/nats-controller-client.js";
-import { connectNatsWithin } from "../../client/nats-connect.js";
+import { CONTROLLER_CONNECT_FAILURE, NatsControllerClient } from "../../client/nats-controller-client.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
 import { acquireCollectorLock } from "../../collect/collector-lock.js";
 import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBeforeHandler, type EndingSignal } from "../../collect/ending-signals.js";
@@ -246,7 +245,7 @@ export function register(program: Command): void {
         // waited for as long as a controller call waits for a leader, not an exit.
         const natsOptions = { ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1, inboxPrefix: NATS_INBOX_PREFIXES.controller };
         const waiting = (err: CheckpointError) => logger?.warn({ err, wait_ms: leaderWaitMs }, "NATS is not reachable yet; trying again");
-        nc = httpUrl ? undefined : await connectNatsWithin(natsOptions, leaderWaitMs, waiting);
+        nc = httpUrl ? undefined : await connectNatsWithin(natsOptions, leaderWaitMs, CONTROLLER_CONNECT_FAILURE, waiting);
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token, leaderWaitMs }) : new NatsControllerClient({
           nc,
           deployment,

@@ -7,7 +7,7 @@ import { LaunchFlagsSchema, ServerFlagsSchema, millisecondFlagRefusal } from "..
  * "$PORT") was coerced to 0, "any free port", so the proxy served where nobody would reach it;
  * `--port 0x1F90` was port 8080.
  */
-const base = { nats: "nats://127.0.0.1:4222", deployment: "default", instance: "env1", token: "t0ken", port: "0" };
+const base = { nats: "nats://127.0.0.1:4222", natsConnectWaitMs: "10000", deployment: "default", instance: "env1", token: "t0ken", port: "0" };
 
 describe("reference server flags", () => {
   it.each([
@@ -21,13 +21,17 @@ describe("reference server flags", () => {
     ["leaseGraceSeconds", "1e3"],
     ["leaseGraceSeconds", "0x10"],
     ["leaseGraceSeconds", ""],
+    ["natsConnectWaitMs", ""],
+    ["natsConnectWaitMs", "1e3"],
+    ["natsConnectWaitMs", "2.5"],
+    ["natsConnectWaitMs", "600001"],
   ])("%s %j is refused", (key, value) => {
     expect(ServerFlagsSchema.safeParse({ ...base, [key]: value }).success).toBe(false);
   });
 
   it("decimal values are taken", () => {
-    const parsed = ServerFlagsSchema.parse({ ...base, port: "8080", metricsPort: "0", leaseGraceSeconds: "2.5" });
-    expect({ port: parsed.port, metricsPort: parsed.metricsPort, leaseGraceSeconds: parsed.leaseGraceSeconds }).toEqual({ port: 8080, metricsPort: 0, leaseGraceSeconds: 2.5 });
+    const parsed = ServerFlagsSchema.parse({ ...base, port: "8080", metricsPort: "0", leaseGraceSeconds: "2.5", natsConnectWaitMs: "0" });
+    expect({ port: parsed.port, metricsPort: parsed.metricsPort, leaseGraceSeconds: parsed.leaseGraceSeconds, natsConnectWaitMs: parsed.natsConnectWaitMs }).toEqual({ port: 8080, metricsPort: 0, leaseGraceSeconds: 2.5, natsConnectWaitMs: 0 });
   });
 
   it("gym-ckpt gym refuses --lease-grace-seconds 1e3 as the servers do", () => {

@@ -1,6 +1,6 @@
 import { createServer, type Socket } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
-import { connectNats } from "../../../coordinator/client/nats-connect.js";
+import { connectNats } from "../../../protocol/nats-first-connect.js";
 import { waitUntil } from "../../support/wait-until.js";
 
 /**
@@ -22,7 +22,7 @@ describe("connectNats against a silent port", () => {
   it("refuses as not_leader and closes the connection it opened", async () => {
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     const url = `nats://127.0.0.1:${(server.address() as { port: number }).port}`;
-    await expect(connectNats({ servers: url, timeout: 300, inboxPrefix: "_INBOX" })).rejects.toMatchObject({ code: "not_leader", message: expect.stringContaining("(timeout)") });
+    await expect(connectNats({ servers: url, timeout: 300, inboxPrefix: "_INBOX" }, { unreachable: "not_leader", consequence: "nothing was sent" })).rejects.toMatchObject({ code: "not_leader", message: expect.stringContaining("(timeout)") });
     expect(accepted.length).toBeGreaterThan(0);
     const closed = accepted.map((socket) => new Promise<void>((resolve) => (socket.readableEnded || socket.destroyed ? resolve() : socket.once("close", () => resolve()))));
     let done = 0;
