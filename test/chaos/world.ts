@@ -45,7 +45,8 @@ export async function startChaosWorld(seed: number, root: string, rowCount: numb
   };
   register(close);
 
-  const nats = await startNats();
+  // exitWithParent: a harness that dies anyhow (SIGKILL included) takes its nats-server along.
+  const nats = await startNats({ exitWithParent: true });
   closers.push(() => nats.close());
   track(nats.server.pid);
   logs.note(`nats-server ${nats.server.url} pid ${nats.server.pid}`);

@@ -1,5 +1,5 @@
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { NatsServerProcess, type NatsServerExit } from "../../coordinator/local/nats-server-process.js";
+import { NatsServerProcess, type NatsServerExit, type NatsServerOptions } from "../../coordinator/local/nats-server-process.js";
 
 export { NatsServerProcess };
 
@@ -18,8 +18,8 @@ export interface NatsFixture {
 const report = (what: string, detail: string) => process.stderr.write(`[nats fixture] ${what}\n${detail}\n`);
 const reportExit = (exit: NatsServerExit) => report(`nats-server pid ${exit.pid} on port ${exit.port} exited unasked (code ${exit.code}, signal ${exit.signal})`, exit.log);
 
-export async function startNats(): Promise<NatsFixture> {
-  const server = await NatsServerProcess.start({ onUnexpectedExit: reportExit });
+export async function startNats(options: Pick<NatsServerOptions, "exitWithParent"> = {}): Promise<NatsFixture> {
+  const server = await NatsServerProcess.start({ ...options, onUnexpectedExit: reportExit });
   const connections: NatsConnection[] = [];
   let closing = false;
   const open = async () => {
