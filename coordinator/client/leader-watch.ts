@@ -1,6 +1,6 @@
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { awaitBucketStore, CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, MIN_LEASE_MS, type LeaseHolder } from "../../protocol/index.js";
+import { awaitBucketStore, CheckpointError, decodeLeaseValue, LEADER_KEY, leaderBucket, MIN_LEASE_MS, within, type LeaseHolder } from "../../protocol/index.js";
 import { pollUntil } from "./poll-until.js";
 
 /**
@@ -21,6 +21,16 @@ export const LEADER_CHECK_MS = 5_000;
  */
 export const LEASE_READ_REUSE_MS = MIN_LEASE_MS / 2;
 
+/**
+ * A watch's lease read that has not answered in this long counts as unreadable: one sent while the
+ * connection was down waits out JetStream's 5 s request timeout even when the server is back (and
+ * answers a fresh read in milliseconds) within a second. A read normally takes a millisecond or two.
+ */
+export const LEASE_READ_BOUND_MS = 1_000;
+
+/** How often an op whose lease read failed reads it again until one succeeds (a NATS restart: about a second). */
+export const UNREAD_LEASE_RETRY_MS = 250;
+
 export type { LeaseHolder };
 
 /**
@@ -35,7 +45,7 @@ export class LeaderLeaseReader {
   /** The last read that named a serving leader, with when it was sent (monotonic ms). */
   private lastServing: { holder: LeaseHolder; sentAt: number } | undefined;
   private watchingStatus = false;
-  /** The last term a read named serving, however long ago and across disconnects: `leaderOfOp`'s fallback. */
+  /** The last term a read named serving, however long ago and across disconnects: `watchOp`'s fallback. */
   private lastServingTerm: LeaseHolder | undefined;
   /** The lease period (the bucket's max_age, ms) as read when the bucket was opened; undefined until then or unread. */
   private leaseMs: number | undefined;
@@ -60,20 +70,26 @@ export class LeaderLeaseReader {
   }
 
   /**
-   * The leader an op's wait watches (`lost`): the read beside it (`leaderAsSent`); or, when the lease
-   * cannot be read then (NATS restarting, JetStream not back yet), the last term a read named serving
-   * before the op, once the lease reads again (`everyMs`). The same term then led all along, so it
-   * took the op; another term means leadership moved around the op, which `lost` answers
-   * `outcome_unknown` at its first check. Without it, an op sent into a NATS restart that moved the
-   * lease waited out its whole timeout (a collector's prepare: the checkpoint timeout and slack,
-   * every row paused). Never known to serve: the first read that succeeds.
+   * Resolves with `outcome_unknown` once leadership moved away from the term that took an op sent
+   * now (see `lost`), until `stop` aborts (the reply came). The term is the read beside the op
+   * (`leaderAsSent`); or, when the lease cannot be read then (NATS restarting, JetStream not back
+   * yet), the last term a read named serving before the op, checked as soon as the lease reads
+   * again (every UNREAD_LEASE_RETRY_MS): the same term then led all along, so it took the op;
+   * another term means leadership moved around the op. Without it, an op sent into a NATS restart
+   * that moved the lease waited out its whole timeout (a collector's prepare: the checkpoint
+   * timeout and slack, every row paused). Never known to serve: the first read that succeeds.
    */
-  async leaderOfOp(stop: AbortSignal, everyMs: () => number): Promise<LeaseHolder | null> {
+  async watchOp(stop: AbortSignal, everyMs: () => number): Promise<CheckpointError> {
     const before = this.lastServingTerm;
-    const asSent = await this.leaderAsSent(stop);
-    if (asSent !== undefined) return asSent;
-    const later = await pollUntil(() => this.leader(stop), everyMs(), stop, "later");
-    return before ?? later;
+    const asSent = await within(this.leaderAsSent(stop), LEASE_READ_BOUND_MS).catch(() => undefined);
+    if (asSent !== undefined) return this.lost(asSent, everyMs(), stop, "later");
+    const later = await pollUntil(() => this.leaderWithin(stop, LEASE_READ_BOUND_MS), UNREAD_LEASE_RETRY_MS, stop, "later");
+    return this.lost(before ?? later, everyMs(), stop, before ? "now" : "later");
+  }
+
+  /** `leader`, unreadable (undefined) once `ms` pass unanswered (see LEASE_READ_BOUND_MS). */
+  private leaderWithin(stop: AbortSignal, ms: number): Promise<LeaseHolder | null | undefined> {
+    return within(this.leader(stop), ms).catch(() => undefined);
   }
 
   /** Drops the kept read at every disconnect and reconnect of the connection, for as long as it lives. */
@@ -143,12 +159,13 @@ export class LeaderLeaseReader {
    * serving just after it subscribes: a request it took in between ends so too, safely, since a
    * retry gets its answer.) An op without a deadline may
    * legitimately run as long as the coordinator's default timeout, which a client does not know;
-   * without this, a client whose coordinator died would wait for the 7-day cap.
+   * without this, a client whose coordinator died would wait for the 7-day cap. A read unanswered
+   * within a period counts as unreadable, so one stuck read does not put off the next.
    */
-  lost(leader: LeaseHolder | null, everyMs: number, stop: AbortSignal): Promise<CheckpointError> {
+  private lost(leader: LeaseHolder | null, everyMs: number, stop: AbortSignal, first: "now" | "later"): Promise<CheckpointError> {
     return pollUntil(
       async () => {
-        const now = await this.leader(stop);
+        const now = await this.leaderWithin(stop, everyMs);
         // Unreadable (undefined): checked again next time, never taken for a loss.
         if (now === undefined) return undefined;
         if (leader === null || leader.serving === false) {
@@ -162,7 +179,7 @@ export class LeaderLeaseReader {
       },
       everyMs,
       stop,
-      "later",
+      first,
     );
   }
 }

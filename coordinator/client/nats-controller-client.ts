@@ -59,9 +59,9 @@ export class NatsControllerClient extends ControllerClient {
         // The lease is read beside the request, not before it: one KV round trip off the op's path
         // (none when a read within the last LEASE_READ_REUSE_MS named a serving leader).
         const everyMs = () => this.options.leaderCheckMs ?? this.leases.checkEveryMs();
-        const leader = this.leases.leaderOfOp(watch.signal, everyMs);
+        const lost = this.leases.watchOp(watch.signal, everyMs);
         const reply = this.transport.request(subject, body, { timeoutMs: timeout, token: this.options.token, context: context.active(), cancellation });
-        void leader.then((holder) => this.leases.lost(holder, everyMs(), watch.signal).then((lost) => cancellation.cancel(lost)));
+        void lost.then((error) => cancellation.cancel(error));
         // The controller's own span (if any) becomes the parent of the coordinator's.
         return decodeControllerReply(op, await reply);
       } catch (error) {

@@ -9,7 +9,7 @@ import { NatsParticipantTransport } from "../../coordinator/engine/nats-transpor
 import { LEADER_KEY, LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, encodeLeaseValue, leaderBucket } from "../../protocol/index.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
-import { startNats, type NatsFixture } from "../support/nats.js";
+import { NatsServerProcess, startNats, type NatsFixture } from "../support/nats.js";
 import { startStallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
 import { CONTROLLER_TOKEN, startWorld } from "./coordinator-harness.js";
@@ -336,6 +336,51 @@ describe("NATS controller client: an op sent while the lease cannot be read", ()
       status.unsubscribe();
       silent.unsubscribe();
       await kv.destroy().catch(() => undefined);
+    }
+  });
+});
+
+describe("NATS controller client: an op sent while its NATS server restarts", () => {
+  it("ends outcome_unknown about a second after the server is back with the lease moved, not after the lease read's 5 s JetStream timeout and a period", async () => {
+    // A lease read sent while the connection is down is not answered after the reconnect: it waits
+    // out JetStream's 5 s timeout, though a fresh read answers at once. Then the old client read
+    // again a period later and checked a period after that (chaos seed 46: a collector's checkpoint
+    // sent into a NATS restart ended 7 s later at a 1 s lease, every row paused; 15 s at 5 s).
+    const server = await NatsServerProcess.start({});
+    const nc = await connect({ servers: server.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    const deployment = "restarting";
+    const lease = (id: string, term: string) => encodeLeaseValue({ id, term, serving: true, epoch: 1, at: Date.now() });
+    try {
+      const kv = await new Kvm(nc).create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
+      await kv.put(LEADER_KEY, lease("coord-a", "t1"));
+      // An earlier op, answered after its lease read: the client saw coord-a serve.
+      nc.subscribe(controllerSubject(deployment, "status"), {
+        callback: (_e, msg) => void setTimeout(() => msg.respond(JSON.stringify({ error: { code: "unauthorized", detail: "refused" } })), 300),
+      });
+      nc.subscribe(controllerSubject(deployment, "checkpoint"), { callback: () => undefined });
+      // The default check period here is 5 s (the bucket's max_age is longer).
+      const client = new NatsControllerClient({ nc, deployment, token: "ctl-token" });
+      await expect(client.call("status", {})).rejects.toMatchObject({ code: "unauthorized" });
+      const disconnected = (async () => {
+        for await (const status of nc.status()) if (status.type === "disconnect") return;
+      })();
+      await server.kill();
+      // Sent once the client knows it is disconnected: held until it reconnects, then delivered (a
+      // request sent before would end outcome_unknown at the disconnect, its reply possibly lost).
+      await disconnected;
+      const outcome = client.checkpoint({ checkpoint_id: "restart-1", episode_ids: [] }).catch((error: unknown) => error);
+      await server.restart();
+      // Another process moves the lease (the client's own connection may not have reconnected yet).
+      const writer = await connect({ servers: server.url });
+      await (await new Kvm(writer).open(leaderBucket(deployment))).put(LEADER_KEY, lease("coord-b", "t2"));
+      await writer.close();
+      const backAt = Date.now();
+      const settled = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("still waiting"), 4_000))]);
+      expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("coord-b leads now") });
+      expect(Date.now() - backAt).toBeLessThan(4_000);
+    } finally {
+      await nc.close();
+      await server.dispose();
     }
   });
 });
