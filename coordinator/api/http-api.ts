@@ -139,6 +139,9 @@ export class HttpControllerApi {
 
   private async handle(op: ControllerOp, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     try {
+      // No op reads a query parameter: one a controller meant as an argument (`?limit=5`) is refused,
+      // as an unknown field of a body is, rather than the op run without it.
+      if (req.url.includes("?")) throw new CheckpointError("invalid_request", `${req.method} ${req.url.slice(0, req.url.indexOf("?"))} takes no query parameters`);
       let body: unknown;
       if (op === "get") body = { checkpoint_id: (req.params as { checkpoint_id?: string }).checkpoint_id };
       else if (req.method === "GET") body = {};

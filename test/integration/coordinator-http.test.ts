@@ -199,6 +199,12 @@ describe("HTTP controller API (real HTTP client)", () => {
     const missing = await fetch(`${base}/v1/checkpoints/nope`, { headers: auth });
     expect(missing.status).toBe(404);
     expect((await fetch(`${base}/v1/nothing`, { method: "POST", headers: auth })).status).toBe(404);
+    // A query string is an argument no op reads: refused, as an unknown body field; the op did not run.
+    for (const [method, path] of [["GET", "/v1/checkpoints?limit=1"], ["GET", "/v1/status?x"], ["POST", "/v1/prepare?deadline_ts=1"]] as const) {
+      const response = await fetch(`${base}${path}`, { method, headers: { ...auth, "content-type": "application/json" }, ...(method === "POST" && { body: JSON.stringify({ checkpoint_id: "h-query" }) }) });
+      expect([path, response.status, ((await response.json()) as { error?: { code?: string } }).error?.code]).toEqual([path, 400, "invalid_request"]);
+    }
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
     // wrong phase: publish before commit
     expect((await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h3" }))).status).toBe(200);
     expect(await post("/v1/publish", JSON.stringify({ checkpoint_id: "h3" }))).toMatchObject({ status: 409, body: { error: { code: "invalid_phase" } } });
