@@ -289,7 +289,7 @@ export class CheckpointEngine {
    * The last successful reply per (id, op) of the most recent checkpoints, with the arguments it
    * answered: a controller retrying after a lost reply gets it again once the checkpoint closed.
    */
-  private readonly replies = new Map<string, Map<string, { args: string | null; reply: unknown }>>();
+  private readonly replies = new Map<string, Map<string, { args: string; reply: unknown }>>();
   private readonly log: Logger;
   private recoveredFlag: boolean;
   /** Bumped when leadership is lost, so a recovery that straddles the loss does not count. */
@@ -340,7 +340,9 @@ export class CheckpointEngine {
       const args = canonicalJson(request.controller_state ?? null); // refuses state nested too deep
       const again = this.replayed<"publish">(request.checkpoint_id, "publish", args);
       if (again) return again;
-      const published = await this.publishedWith(request.checkpoint_id, request.controller_state);
+      // A reply kept here was checked above; without one (a predecessor published it, or later ids
+      // pushed it out) checkpoint.json tells a retry from another controller state.
+      const published = this.replies.get(request.checkpoint_id)?.has("publish") ? undefined : await this.publishedWith(request.checkpoint_id, request.controller_state);
       if (published) return this.publishReplyOf(published);
       const reply = await this.doPublish(request.checkpoint_id, request.controller_state);
       this.remember(request.checkpoint_id, "publish", args, reply);
@@ -987,7 +989,8 @@ export class CheckpointEngine {
       return "superseded_closed";
     }
     if (latest === "repaired") log.warn({ state: "published" }, "recovery_latest_repaired");
-    // What its commit and publish answered, for a controller retrying them (publish: any arguments).
+    // What its commit and publish answered, for a controller retrying them. The publish's arguments
+    // are not known here: a retry is checked against checkpoint.json instead (publishedWith).
     const manifest = await this.options.catalog.get(open.id).catch(() => undefined);
     if (manifest) {
       open.commit = this.remember(open.id, "commit", commitArgs(open.scope, open.stop), {
@@ -996,7 +999,7 @@ export class CheckpointEngine {
         checkpoint_dir: this.options.catalog.dirFor(open.id),
         participants: manifest.participants,
       });
-      open.publish = this.remember(open.id, "publish", null, this.publishReplyOf(manifest));
+      open.publish = this.publishReplyOf(manifest);
     }
     // stop: the controller stopped after it; participants stay parked by design.
     if (open.stop) {
@@ -1897,8 +1900,8 @@ export class CheckpointEngine {
     return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
   }
 
-  /** Keeps `reply` as the answer to a retry of (`id`, `op`) with the same arguments (`null`: any). */
-  private remember<T>(id: string, op: string, args: string | null, reply: T): T {
+  /** Keeps `reply` as the answer to a retry of (`id`, `op`) with the same arguments. */
+  private remember<T>(id: string, op: string, args: string, reply: T): T {
     let ops = this.replies.get(id);
     if (!ops) {
       ops = new Map();
@@ -1916,7 +1919,7 @@ export class CheckpointEngine {
    */
   private replayed<O extends "checkpoint" | "commit" | "publish">(id: string, op: O, args: string): CtlReplyOf<O> | undefined {
     const kept = this.replies.get(id)?.get(op);
-    if (kept && kept.args !== null && kept.args !== args) {
+    if (kept && kept.args !== args) {
       throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was already ${op === "checkpoint" ? "checkpointed" : `${op}ed`} with other arguments`);
     }
     if (!kept || this.open?.id === id) return undefined;
@@ -1927,14 +1930,21 @@ export class CheckpointEngine {
    * The checkpoint.json of a published id this coordinator keeps no reply for, when it records the
    * arguments of the `checkpoint` or `publish` retried: a reply lost after the op finished, retried
    * at a successor (the predecessor removed its journal entry once everyone resumed) or here after
-   * REMEMBERED_CHECKPOINTS later ids pushed the reply out. Undefined when the id is open here, not
-   * published, or published with other arguments: the op then refuses the id as before.
+   * REMEMBERED_CHECKPOINTS later ids pushed the reply out. Undefined when the id is not published,
+   * or open here (the open checkpoint answers), or (`checkpoint`) published with other arguments:
+   * the op then refuses the id as before. A `publish` naming another controller state than
+   * checkpoint.json records is `checkpoint_conflict`, open or not, as a kept reply's arguments are.
    */
   private async publishedWith(id: string, state: ControllerStateInput | null, commit?: { episode_ids: EpisodeId[] | null; stop: boolean }): Promise<GlobalManifest | undefined> {
-    if (this.open?.id === id || !this.options.catalog.has(id)) return undefined;
+    const open = this.open?.id === id ? this.open : undefined;
+    // Open and not published yet, it has no checkpoint.json of its own: its publish decides.
+    if ((open && (commit || open.phase !== "published")) || !this.options.catalog.has(id)) return undefined;
     const manifest = await this.options.catalog.get(id);
-    if (commit && (manifest.stop !== commit.stop || !sameScope(manifest.scope, commit.episode_ids))) return undefined;
-    return sameControllerState(manifest.controller_state, state) ? manifest : undefined;
+    if (commit) return manifest.stop === commit.stop && sameScope(manifest.scope, commit.episode_ids) && sameControllerState(manifest.controller_state, state) ? manifest : undefined;
+    if (!sameControllerState(manifest.controller_state, state)) {
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was already published with another controller state`);
+    }
+    return open ? undefined : manifest;
   }
 
   private publishReplyOf(manifest: GlobalManifest): CtlReplyOf<"publish"> {

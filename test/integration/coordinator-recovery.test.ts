@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { EngineHooks } from "../../coordinator/engine/checkpoint-engine.js";
 import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
 import { NO_HTTP, hookLog, startWorld, type World } from "./coordinator-harness.js";
 
@@ -34,6 +35,27 @@ describe("a new leader recovering a published checkpoint nobody resumed", () => 
     expect(restored.participants.find((p) => p.instance === "policy")?.restored).toEqual(["p1-a1"]);
     await world.client.resume({ checkpoint_id: "pub-1" });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+});
+
+describe("a new leader recovering a checkpoint published by the fine-grained ops", () => {
+  it("publish with another controller state is checkpoint_conflict at the successor too (docs/api.md: open or not), and checkpoint.json keeps the first", async () => {
+    for (const c of world.coordinators.splice(0)) await c.stop(); // a leader of its own
+    const first = await world.startCoordinator(NO_HTTP);
+    await first.whenReady();
+    await world.client.prepare({ checkpoint_id: "fp-1" });
+    await world.client.commit({ checkpoint_id: "fp-1" });
+    await world.client.publish({ checkpoint_id: "fp-1", controller_state: { inline: { step: 1 } } });
+    const other = { checkpoint_id: "fp-1", controller_state: { inline: { step: 2 } } };
+    expect((await refusalOf(world.client.publish(other))).code).toBe("checkpoint_conflict");
+    // The leader dies before the resume: participants stay parked, the successor keeps it open as published.
+    await first.stop();
+    const second = await world.startCoordinator(NO_HTTP);
+    await second.whenReady();
+    expect((await world.client.status()).checkpoint).toMatchObject({ checkpoint_id: "fp-1", phase: "published" });
+    expect((await refusalOf(world.client.publish(other))).code).toBe("checkpoint_conflict");
+    expect((await new CheckpointCatalog(world.root).get("fp-1")).controller_state).toEqual({ inline: { step: 1 } });
+    await world.client.resume({ checkpoint_id: "fp-1" });
   });
 });
 

@@ -18,7 +18,7 @@ afterEach(async () => {
 });
 
 /** A checkpoint published by a coordinator that died before resuming it: its decided entry and checkpoint.json. */
-async function publishedNotResumed(id: string, options: { stop?: boolean } = {}): Promise<JournalEntry> {
+async function publishedNotResumed(id: string, options: { stop?: boolean; state?: { inline: unknown } } = {}): Promise<JournalEntry> {
   const first = makeEngine(root);
   await first.engine.prepare({ checkpoint_id: id });
   await first.engine.commit({ checkpoint_id: id, episode_ids: null, stop: options.stop ?? false });
@@ -26,7 +26,7 @@ async function publishedNotResumed(id: string, options: { stop?: boolean } = {})
   const entry = structuredClone(first.journal.entries.get(id));
   if (!entry) throw new Error(`no journal entry for ${id}`);
   expect(entry.state).toBe("decided");
-  await first.engine.publish({ checkpoint_id: id, controller_state: null });
+  await first.engine.publish({ checkpoint_id: id, controller_state: options.state ?? null });
   await first.writer.settled();
   return entry;
 }
@@ -87,6 +87,25 @@ describe("recovery of a published, unresumed checkpoint", () => {
       expect(second.fake.ops("resume")).toHaveLength(0); // nobody was sent a resume of it
       await waitUntil(() => !second.journal.entries.has(id), "the closed checkpoint's journal entry to go", 5000);
     }
+  });
+
+  it("a publish naming another controller state is checkpoint_conflict, as at the leader that published it, open or not; the published state gets its reply", async () => {
+    const entry = await publishedNotResumed("x9", { state: { inline: { step: 1 } } });
+    const second = await successor(entry);
+    for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "x9" });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "x9", action: "published_open" }]);
+    const other = { checkpoint_id: "x9", controller_state: { inline: { step: 2 } } };
+    expect((await refusalOf(second.engine.publish(other))).code).toBe("checkpoint_conflict");
+    await second.engine.resume({ checkpoint_id: "x9" });
+    expect((await refusalOf(second.engine.publish(other))).code).toBe("checkpoint_conflict");
+    const manifest = await second.catalog.get("x9");
+    expect(manifest.controller_state).toEqual({ inline: { step: 1 } });
+    expect(await second.engine.publish({ checkpoint_id: "x9", controller_state: { inline: { step: 1 } } })).toEqual({
+      checkpoint_id: "x9",
+      manifest_path: join(root, "x9", "checkpoint.json"),
+      published_at: manifest.published_at,
+      deleted: [],
+    });
   });
 
   it("of the convenience op, with some participants still parked on it: resumes those (only), closes it, and a retry of the op gets its reply", async () => {

@@ -111,7 +111,7 @@ describe("a checkpoint or publish retried after it finished, its reply no longer
     expect(second.engine.openCheckpoint).toBeNull();
   });
 
-  it("a successor answers publish of a state file by its name (and sha256 when named); another file is refused not_found", async () => {
+  it("a successor answers publish of a state file by its name (and sha256 when named); another state is checkpoint_conflict", async () => {
     const first = makeEngine(root);
     await first.engine.prepare({ checkpoint_id: "fin-f" });
     await first.engine.commit({ checkpoint_id: "fin-f", episode_ids: null, stop: false });
@@ -125,8 +125,9 @@ describe("a checkpoint or publish retried after it finished, its reply no longer
     for (const named of [{ file: "trainer.pt" }, { file: "trainer.pt", sha256 }]) {
       expect(await second.engine.publish({ checkpoint_id: "fin-f", controller_state: named })).toEqual({ ...published, deleted: [] });
     }
-    for (const other of [{ file: "other.pt" }, { file: "trainer.pt", sha256: "0".repeat(64) }, null]) {
-      expect((await refusalOf(second.engine.publish({ checkpoint_id: "fin-f", controller_state: other }))).code).toBe("not_found");
+    // docs/api.md publish: "already published with another controller state, open or not".
+    for (const other of [{ file: "other.pt" }, { file: "trainer.pt", sha256: "0".repeat(64) }, { inline: { step: 1 } }, null]) {
+      expect((await refusalOf(second.engine.publish({ checkpoint_id: "fin-f", controller_state: other }))).code).toBe("checkpoint_conflict");
     }
     expect(second.fake.calls).toEqual([]);
   });
@@ -144,6 +145,22 @@ describe("a checkpoint or publish retried after it finished, its reply no longer
       participants: done.participants,
     });
     expect(fake.calls.length).toBe(sent);
+  });
+
+  it("publish of an id whose kept reply 8 later checkpoints pushed out: the same state is answered from checkpoint.json, another is checkpoint_conflict (not stale_checkpoint)", async () => {
+    const { engine, fake, catalog } = makeEngine(root, { retention: 20 });
+    const done = await engine.checkpoint({ checkpoint_id: "old-1", episode_ids: null, stop: false, controller_state: { inline: { step: 1 } } });
+    for (let i = 0; i < 8; i++) await engine.checkpoint({ checkpoint_id: `later-${i}`, episode_ids: null, stop: false, controller_state: null });
+    const sent = fake.calls.length;
+    expect(await engine.publish({ checkpoint_id: "old-1", controller_state: { inline: { step: 1 } } })).toEqual({
+      checkpoint_id: "old-1",
+      manifest_path: done.manifest_path,
+      published_at: done.published_at,
+      deleted: [],
+    });
+    expect((await refusalOf(engine.publish({ checkpoint_id: "old-1", controller_state: { inline: { step: 2 } } }))).code).toBe("checkpoint_conflict");
+    expect(fake.calls.length).toBe(sent);
+    expect((await catalog.get("old-1")).controller_state).toEqual({ inline: { step: 1 } });
   });
 });
 
