@@ -107,7 +107,7 @@ export const ERROR_CATALOG = {
   },
   outcome_unknown: {
     status: 504,
-    meaning: "A request timed out, a journal write before anything was sent failed (a commit decision, or its withdrawal by a resume: nothing was sent, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
+    meaning: "A request timed out, a journal write before anything was sent failed (a commit decision or its withdrawal by a resume, a restore, the resume of a restored checkpoint: nothing was sent, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
     solve: "Retry with the same checkpoint id: every operation is idempotent per (checkpoint_id, op).",
   },
   journal_unavailable: {

@@ -552,9 +552,30 @@ export class CheckpointEngine {
       this.assertJournalable({ ...open, retireAt: members }, "restore_cleanup");
       const longest = "x".repeat(MAX_INCARNATION_CHARS);
       this.assertJournalable({ ...open, incarnations: new Map(members.map((m) => [memberKey(m.kind, m.instance), longest])) }, "resuming");
+      // Closed before the restore's write, so its entry's removal yields to that write.
+      const wasClosed = this.closed.has(id);
       if (unresumed && this.open === unresumed) this.close(id);
       const epoch = open.epoch;
-      await this.journal(open, "restoring");
+      const term = this.leaderTerm;
+      await this.journal(open, "restoring").catch((error: unknown) => {
+        // Nothing was sent, so nothing changes here: an unresumed checkpoint is open again. The write
+        // may still land, and a successor would re-drive that restore (its clean-up retiring attempt+1,
+        // maybe where the controller went on), so what was journaled is put back, best effort: the
+        // unresumed one's entry, else none (removed once LATEST is durable, as close() would). Either
+        // way the controller's retry converges: its write comes after (one key's writes run in call
+        // order; a removal yields to a newer write), and if none is put back, a successor's re-drive
+        // answers that retry.
+        if (term !== this.leaderTerm) throw error; // deposed: the entry is the successor's now
+        const writes = this.journalWrites.get(id);
+        if (unresumed) {
+          this.open = unresumed;
+          if (!wasClosed) this.closed.delete(id);
+          this.journal(unresumed, "decided").catch((cause: unknown) => this.checkpointLog(id).warn({ err: cause }, "restore_unjournaled_entry_not_put_back"));
+        } else {
+          void this.options.writer.durable().then(() => this.removeEntry(id, writes, term), () => false);
+        }
+        throw unjournaled(error, `restore of checkpoint ${id}: its journal entry could not be written, so nothing was sent; the write may still have landed: send the restore again`);
+      });
       // Leadership lost during the write dropped the open state: do not put back a stale restore.
       this.options.leadership.assert(epoch);
       this.open = open;
@@ -1375,7 +1396,9 @@ export class CheckpointEngine {
     if (!open.lostRestorers) {
       // Journaled first: a successor finding everyone idle then knows this resume released them
       // (a success to finish), not a restart or a lease that lost what they restored.
-      await this.journal(open, "resuming");
+      await this.journal(open, "resuming").catch((error: unknown) => {
+        throw unjournaled(error, `checkpoint ${open.id}: its resume could not be journaled, so no resume was sent; the write may still have landed: send the resume again`);
+      });
       // None known yet; the resume itself may still meet one the view does not show (resumedElsewhere).
       const { reply, failures } = await this.resumeStages(open, deadlineMs, ctx);
       if (!open.lostRestorers) {

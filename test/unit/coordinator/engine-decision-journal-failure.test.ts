@@ -89,3 +89,85 @@ describe("a resume of a committed checkpoint whose decision cannot be withdrawn 
     await journalEmptied(journal);
   });
 });
+
+/** Every KV put of `state` times out (landed or not) while `failing` stays true. */
+function failState(journal: ReturnType<typeof makeEngine>["journal"], state: string, landed: boolean): { failing: boolean } {
+  const control = { failing: true };
+  const record = journal.record.bind(journal);
+  journal.record = async (entry) => {
+    if (control.failing && entry.state === state) {
+      if (landed) await record(entry);
+      throw new Error("TIMEOUT");
+    }
+    await record(entry);
+  };
+  return control;
+}
+
+const R1 = [{ rollout_id: "r1", attempt: 0 }];
+
+/**
+ * docs/errors.md outcome_unknown: "a journal write before anything was sent failed ... nothing was
+ * sent, but the write may have landed": the controller sends the op again (internal_error it would
+ * drop). A refusal changes nothing, and a `restoring` entry that landed all the same is not left for
+ * a successor to re-drive (its clean-up could retire attempt+1 where the controller continues).
+ */
+describe("a restore, or a restored checkpoint's resume, whose journal write fails (a KV timeout)", () => {
+  for (const landed of [false, true]) {
+    it(`restore (the write ${landed ? "landed" : "lost"}): nothing sent or opened, outcome_unknown, no restoring entry left; the retry restores`, async () => {
+      const { engine, fake, journal } = makeEngine(root);
+      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+      await journalEmptied(journal);
+      const control = failState(journal, "restoring", landed);
+      const error = await answered(engine.restore({ checkpoint_id: "base", episode_ids: R1 }));
+      expect(error.code).toBe("outcome_unknown");
+      expect(error.message).toContain("nothing was sent");
+      expect(fake.ops("restore")).toHaveLength(0);
+      expect(engine.openCheckpoint).toBeNull();
+      await journalEmptied(journal);
+      control.failing = false;
+      expect(await engine.restore({ checkpoint_id: "base", episode_ids: R1 })).toMatchObject({ checkpoint_id: "base" });
+      await engine.resume({ checkpoint_id: "base" });
+      await journalEmptied(journal);
+    });
+
+    it(`restore of the published checkpoint nobody resumed (the write ${landed ? "landed" : "lost"}): it stays open as published, its entry as it was`, async () => {
+      const { engine, fake, journal } = makeEngine(root);
+      await engine.prepare({ checkpoint_id: "pub" });
+      await engine.commit({ checkpoint_id: "pub", episode_ids: null, stop: false });
+      await engine.publish({ checkpoint_id: "pub", controller_state: null });
+      const entry = journal.entries.get("pub");
+      expect(entry?.state).toBe("decided");
+      // Its controller died before the resume; the Gym servers restarted: nobody holds it.
+      for (const key of [...fake.state.keys()]) fake.state.set(key, { phase: "idle", checkpoint_id: null });
+      const control = failState(journal, "restoring", landed);
+      const error = await answered(engine.restore({ checkpoint_id: "pub", episode_ids: R1 }));
+      expect(error.code).toBe("outcome_unknown");
+      expect(fake.ops("restore")).toHaveLength(0);
+      expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "pub", phase: "published" });
+      expect(journal.entries.get("pub")).toMatchObject({ state: "decided", checkpoint_dir: entry?.checkpoint_dir, participants: entry?.participants });
+      control.failing = false;
+      expect(await engine.restore({ checkpoint_id: "pub", episode_ids: R1 })).toMatchObject({ checkpoint_id: "pub" });
+      await engine.resume({ checkpoint_id: "pub" });
+      await journalEmptied(journal);
+    });
+
+    it(`resume of a restored checkpoint (the write ${landed ? "landed" : "lost"}): no resume sent, still restored, outcome_unknown; the retry resumes`, async () => {
+      const { engine, fake, journal } = makeEngine(root);
+      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+      await journalEmptied(journal);
+      await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
+      const resumes = fake.ops("resume").length;
+      const control = failState(journal, "resuming", landed);
+      const error = await answered(engine.resume({ checkpoint_id: "base" }));
+      expect(error.code).toBe("outcome_unknown");
+      expect(error.message).toContain("no resume was sent");
+      expect(fake.ops("resume")).toHaveLength(resumes);
+      expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "base", phase: "restored" });
+      control.failing = false;
+      await engine.resume({ checkpoint_id: "base" });
+      expect(fake.ops("resume")).toHaveLength(resumes + 5);
+      await journalEmptied(journal);
+    });
+  }
+});
