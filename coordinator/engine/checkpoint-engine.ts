@@ -325,9 +325,10 @@ export class CheckpointEngine {
   commit(request: CtlRequestOf<"commit">): Promise<CtlReplyOf<"commit">> {
     const args = commitArgs(request.episode_ids, request.stop);
     return this.op("commit", request.checkpoint_id, async (ctx) => {
+      this.deadlineCapped(request.deadline_ts);
       refuseCommitScope(request.episode_ids);
       const again = this.replayed<"commit">(request.checkpoint_id, "commit", args) ?? this.committedReply(request.checkpoint_id, request.episode_ids, request.stop);
-      // A retry is answered before its deadline_ts is checked: a lost reply's retry carries a past one.
+      // A retry is answered whether its deadline_ts passed or not: a lost reply's retry carries a past one.
       if (again) return again;
       const reply = await this.doCommit(request.checkpoint_id, this.deadline(request.deadline_ts), request.episode_ids, request.stop, ctx);
       this.remember(request.checkpoint_id, "commit", args, reply);
@@ -356,8 +357,9 @@ export class CheckpointEngine {
     return this.op("resume", request.checkpoint_id, async (ctx) => {
       const id = request.checkpoint_id;
       const open = this.open;
-      // A retry of a resume that closed it sends nothing, so it is answered whatever its deadline_ts
-      // (a lost reply's retry carries a past one). Not a stop checkpoint's or a restore's that failed or still clears its entry.
+      this.deadlineCapped(request.deadline_ts);
+      // A retry of a resume that closed it sends nothing, so it is answered even if its deadline_ts
+      // passed (a lost reply's retry carries a past one). Not a stop checkpoint's or a restore's that failed or still clears its entry.
       if (open?.id !== id && this.closed.has(id) && !this.stopped.has(id) && !this.restoreFailures.has(id) && !this.restoreRemovals.has(id)) {
         return { checkpoint_id: id, participants: [] };
       }
@@ -429,6 +431,7 @@ export class CheckpointEngine {
     return this.op("checkpoint", request.checkpoint_id, async (ctx, identify) => {
       const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
       identify(id);
+      this.deadlineCapped(request.deadline_ts);
       refuseCommitScope(request.episode_ids);
       const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
@@ -510,6 +513,7 @@ export class CheckpointEngine {
       // resume would then fence the checkpoint's id at every one of them.
       const scopeIssue = restoreScopeIssue(request.episode_ids);
       if (scopeIssue) throw new CheckpointError("invalid_request", scopeIssue);
+      this.deadlineCapped(request.deadline_ts);
       const id = request.checkpoint_id ?? (await this.options.catalog.latest());
       if (id) identify(id);
       const retryOf = (open: OpenCheckpoint | undefined) =>
@@ -2230,13 +2234,24 @@ export class CheckpointEngine {
     return { checkpointId: open ? open.id : requestedId, members, epoch, deadlineMs, restored: open !== undefined };
   }
 
+  /** The op's deadline (ms); a passed one is `deadline_exceeded`, one too far ahead `invalid_request` (deadlineCapped). */
   private deadline(deadlineTs: number | undefined): number {
+    this.deadlineCapped(deadlineTs);
     const now = this.options.clock.now();
     if (deadlineTs === undefined) return now + this.options.defaultTimeoutMs;
     const ms = deadlineTs * 1000;
     if (ms <= now) throw new CheckpointError("deadline_exceeded", "deadline_ts is already in the past");
-    if (ms > now + MAX_DEADLINE_AHEAD_S * 1000) throw new CheckpointError("invalid_request", `deadline_ts lies more than ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
     return ms;
+  }
+
+  /**
+   * Refuses a deadline_ts more than MAX_DEADLINE_AHEAD_S ahead (usually milliseconds sent as
+   * seconds). Ops check it first, also where they answer a retry from memory: only a deadline that
+   * passed is let through there (a lost reply's retry carries one).
+   */
+  private deadlineCapped(deadlineTs: number | undefined): void {
+    if (deadlineTs === undefined || deadlineTs * 1000 <= this.options.clock.now() + MAX_DEADLINE_AHEAD_S * 1000) return;
+    throw new CheckpointError("invalid_request", `deadline_ts lies more than ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
   }
 
   private async journal(open: OpenCheckpoint, state: JournalEntry["state"]): Promise<void> {

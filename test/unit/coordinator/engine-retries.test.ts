@@ -73,6 +73,28 @@ describe("retry with the same arguments after a reply timeout (deadline_ts now p
     expect(resumed.participants.length).toBeGreaterThan(0);
   });
 
+  it("a deadline_ts more than 7 days ahead (milliseconds sent as seconds) is invalid_request on a retry answered from memory too, nothing sent", async () => {
+    const { engine, clock, fake } = makeEngine(root);
+    const msAsSeconds = clock.now();
+    await engine.prepare({ checkpoint_id: "cap-1" });
+    await engine.commit({ checkpoint_id: "cap-1", episode_ids: R1, stop: false });
+    await engine.publish({ checkpoint_id: "cap-1", controller_state: null });
+    await engine.resume({ checkpoint_id: "cap-1" });
+    await engine.checkpoint({ checkpoint_id: "cap-2", episode_ids: R1, stop: false, controller_state: null });
+    await engine.checkpoint({ checkpoint_id: "cap-3", episode_ids: R1, stop: false, controller_state: null });
+    await engine.restore({ checkpoint_id: "cap-2", episode_ids: R1 });
+    const sent = fake.calls.length;
+    const answer = (work: Promise<unknown>) => work.then(() => "answered", (error: { code?: string }) => error.code);
+    expect({
+      commit: await answer(engine.commit({ checkpoint_id: "cap-1", deadline_ts: msAsSeconds, episode_ids: R1, stop: false })),
+      resume: await answer(engine.resume({ checkpoint_id: "cap-1", deadline_ts: msAsSeconds })),
+      checkpoint: await answer(engine.checkpoint({ checkpoint_id: "cap-3", deadline_ts: msAsSeconds, episode_ids: R1, stop: false, controller_state: null })),
+      restore: await answer(engine.restore({ checkpoint_id: "cap-2", deadline_ts: msAsSeconds, episode_ids: R1 })),
+    }).toEqual({ commit: "invalid_request", resume: "invalid_request", checkpoint: "invalid_request", restore: "invalid_request" });
+    expect(fake.calls.length).toBe(sent);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "cap-2", phase: "restored" });
+  });
+
   it("restore of the open restore answers its reply", async () => {
     const { engine, clock } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
