@@ -569,7 +569,8 @@ export class CheckpointEngine {
         // way the controller's retry converges: its write comes after (one key's writes run in call
         // order; a removal yields to a newer write), and if none is put back, a successor's re-drive
         // answers that retry.
-        if (term !== this.leaderTerm) throw error; // deposed: the entry is the successor's now
+        const refusal = unjournaled(error, `restore of checkpoint ${id}: its journal entry could not be written, so nothing was sent; the write may still have landed: send the restore again`);
+        if (term !== this.leaderTerm) throw refusal; // deposed: the entry is the successor's now
         const writes = this.journalWrites.get(id);
         if (unresumed) {
           this.open = unresumed;
@@ -578,7 +579,7 @@ export class CheckpointEngine {
         } else {
           void this.options.writer.durable().then(() => this.removeEntry(id, writes, term), () => false);
         }
-        throw unjournaled(error, `restore of checkpoint ${id}: its journal entry could not be written, so nothing was sent; the write may still have landed: send the restore again`);
+        throw refusal;
       });
       // Leadership lost during the write dropped the open state: do not put back a stale restore.
       this.options.leadership.assert(epoch);
