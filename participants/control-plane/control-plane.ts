@@ -683,7 +683,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         restored: [...new Set(read.records.map((r) => captureKey(nextAttempt(r.episode_id))))].sort(),
         incarnation: this.incarnation,
       };
-      this.remember(id, "restore", reply, args, request.manifest_sha256);
+      // The digest of what was read, pinned or not: a pinned retry of an unpinned restore is checked too.
+      this.remember(id, "restore", reply, args, read.manifestSha256);
       return reply;
     }, (late) => this.lateRestoreRefusal(id, late));
   }
@@ -1103,7 +1104,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
     // A restore pinning another manifest than the one installed asks about other records (no pin: a
     // coordinator without pins, answered as before).
-    if (pin !== undefined && entry.pin !== undefined && entry.pin !== pin) {
+    if (pin !== undefined && entry.pin !== pin) {
       throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} pins manifest ${pin}, not ${entry.pin}, which it installed`);
     }
     return entry.reply as T;

@@ -20,6 +20,8 @@ export interface WrittenParticipant {
 
 export interface ReadParticipant<R> {
   manifest: ParticipantManifest;
+  /** The sha256 of manifest.json's exact bytes (what checkpoint.json pins): what a restore installed, pinned or not. */
+  manifestSha256: string;
   records: R[];
   bytes: number;
 }

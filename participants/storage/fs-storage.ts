@@ -271,7 +271,7 @@ export class FsCheckpointStorage implements CheckpointStorage {
     });
     if (digest !== manifest.records_sha256) throw corrupt(`records digest ${digest} does not match the manifest's ${manifest.records_sha256}`);
     if (count !== manifest.record_count) throw corrupt(`records file has ${count} records; the manifest says ${manifest.record_count}`);
-    return { manifest, records, bytes };
+    return { manifest, manifestSha256: sha256, records, bytes };
   }
 }
 

@@ -1790,4 +1790,15 @@ describe("a restore retried with another manifest pin", () => {
     expect(await restore()).toEqual(first);
     expect(plane.currentPhase).toBe("restored");
   });
+
+  it("after a first restore without a pin (an older coordinator), a retry pinning another manifest than the one read is a checkpoint_conflict too", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const sha = sha256Hex(await readFile(join(dir, "gym", "environment", "env0", "manifest.json")));
+    const restore = (manifest_sha256?: string) =>
+      call("restore", { checkpoint_id: "src", checkpoint_dir: dir, episode_ids: [{ rollout_id: "r1", attempt: 0 }], ...(manifest_sha256 !== undefined && { manifest_sha256 }) });
+    const first = await restore();
+    expect(await refusalCode(restore("f".repeat(64)))).toBe("checkpoint_conflict");
+    expect(await restore(sha)).toEqual(first);
+    expect(plane.currentPhase).toBe("restored");
+  });
 });
