@@ -631,13 +631,7 @@ export class Collector {
         // our predecessor never learnt it): not a failure of the row. The next attempt goes, logged
         // first like any other; bounded, since a server that fences every attempt would loop.
         state.fencedSkips++;
-        if (state.restored) {
-          // The fenced attempt was the restored continuation: it never started, so the row runs
-          // from input after all (restarted, not continued; results.jsonl and records say so too).
-          state.continued = false;
-          this.restartedCount++;
-        }
-        state.restored = false;
+        this.goesOnFromInput(state);
         this.retired.add(state.row.rolloutId); // its fences are lifted (forget) once a later attempt replies
         this.options.logger.info({ rollout_id: episode.rollout_id, attempt: episode.attempt }, "/run refused the attempt as fenced; sending the next one");
         episode = { rollout_id: episode.rollout_id, attempt: episode.attempt + 1 };
@@ -780,6 +774,19 @@ export class Collector {
   }
 
   /**
+   * The row's next attempt runs from input: when the one that ends was the restored continuation
+   * (fenced before it started, or failed), the row is restarted after all, not continued, and
+   * results.jsonl, its record and the summary say so.
+   */
+  private goesOnFromInput(state: RowState): void {
+    if (state.restored) {
+      state.continued = false;
+      this.restartedCount++;
+    }
+    state.restored = false;
+  }
+
+  /**
    * A /run without a reply: its attempt is queued for retirement (batched, never inside a
    * checkpoint) and the row is sent again as the next attempt, which the retire does not fence —
    * but only once that retire has finished: the server may still run the failed attempt (a
@@ -789,7 +796,7 @@ export class Collector {
     this.options.logger.warn({ rollout_id: state.row.rolloutId, attempt: state.attempt, err: error }, "/run failed");
     this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
     state.failures++;
-    state.restored = false;
+    this.goesOnFromInput(state);
     if (state.failures >= (this.options.maxAttempts ?? 3)) {
       this.queue.set(state, "failed");
     } else {

@@ -495,6 +495,21 @@ describe("collector", () => {
     expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 2, continued: true });
   });
 
+  it("a restored row whose continuation fails runs again from input: results.jsonl and the summary call it restarted, not continued", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const sent: number[] = [];
+    // The continuation (a@1) fails at the environment; a@2 runs the task from input.
+    const url = await runServer((body) => (sent.push(body.attempt), body.attempt === 1 ? { status: 500, body: { error: "boom" } } : { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    const summary = await collector.run();
+    expect(sent).toEqual([1, 2]);
+    expect(summary).toMatchObject({ finished: 1, continued: 0, restarted: 1 });
+    expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 2, continued: false });
+  });
+
   it("a crash right after the restore fences the source attempt and sends the restored one", async () => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const { controller, calls, state } = fakeController();
