@@ -4,7 +4,7 @@ import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
 import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
-import { CheckpointError, RolloutIdSchema, describeZodError, isUnreadableStorage, namePath } from "../../protocol/index.js";
+import { CheckpointError, MAX_JSON_DEPTH, RolloutIdSchema, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, unsafeJsonInteger } from "../../protocol/index.js";
 
 /**
  * One line of `tasks.jsonl`: either `{"id": "...", "task": {...}}` or a bare task object, which
@@ -41,9 +41,17 @@ export async function readTaskRows(path: string, { signal }: { signal?: AbortSig
       } catch {
         throw new CheckpointError("invalid_request", `${path}:${number}: not JSON`);
       }
+      // JSON.parse keeps the last of a key named twice and rounds an integer past 2^53: the task sent
+      // would not be the one written (and, sent re-serialised, the Gym could not tell).
+      const twice = duplicateJsonKey(line);
+      if (twice !== undefined) throw new CheckpointError("invalid_request", `${path}:${number}: names key ${JSON.stringify(twice)} twice in one object`);
+      const unsafe = unsafeJsonInteger(line);
+      if (unsafe !== undefined) throw new CheckpointError("invalid_request", `${path}:${number}: holds integer ${unsafe}, past what a double holds exactly (it would be sent as ${Number(unsafe)}); write it as a string`);
       const withId = value !== null && typeof value === "object" && "task" in value && "id" in value ? value : { id: `row-${number}`, task: value };
       const parsed = TaskLineSchema.safeParse(withId);
       if (!parsed.success) throw new CheckpointError("invalid_request", `${path}:${number}: ${describeZodError(parsed.error)}`);
+      // The /run body carrying it may nest MAX_JSON_DEPTH levels: refused here, not by every attempt.
+      if (jsonNestsDeeperThan(parsed.data.task, MAX_JSON_DEPTH - 1)) throw new CheckpointError("invalid_request", `${path}:${number}: the task nests more than ${MAX_JSON_DEPTH - 1} levels deep`);
       if (seen.has(parsed.data.id)) throw new CheckpointError("invalid_request", `${path}:${number}: duplicate id ${parsed.data.id}`);
       seen.add(parsed.data.id);
       rows.push({ rolloutId: parsed.data.id, task: parsed.data.task });

@@ -51,6 +51,22 @@ describe("task rows", () => {
     await expect(readTaskRows(dir)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("EISDIR") });
   });
 
+  it.each([
+    ["names a key twice (JSON.parse would keep the last)", '{"id":"a","task":{"seed":1,"seed":2}}', 'names key "seed" twice'],
+    ["holds an integer a double rounds", '{"id":"a","task":{"seed":9007199254740993}}', "holds integer 9007199254740993"],
+    ["nests deeper than a /run body may carry it", `{"id":"a","task":{"x":${"[".repeat(127)}${"]".repeat(127)}}}`, "the task nests more than 127 levels deep"],
+  ])("refuse a line that %s, naming it, rather than send another task", async (_why, line, detail) => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, `{"id":"ok","task":{"n":1}}\n${line}\n`);
+    await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:2: ${detail}`) });
+  });
+
+  it("take a task nested as deep as a /run body can carry", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, `{"id":"a","task":{"x":${"[".repeat(126)}${"]".repeat(126)}}}\n`);
+    expect(await readTaskRows(path)).toHaveLength(1);
+  });
+
   it("a read the storage refuses (EIO) is storage_error naming the file, not invalid_request: the flag is fine", async () => {
     // Reading /proc/self/mem from offset 0 fails with EIO, as a failing disk's read would.
     const error = await readTaskRows("/proc/self/mem").then(
