@@ -99,3 +99,72 @@ function renamedKey(value: Record<string, unknown>, from: string, to: string): R
   for (const key of Object.keys(value)) setOwnProperty(copy, key === from ? to : key, value[key]);
   return copy;
 }
+
+/**
+ * `output` (what a schema parsed `input` into) with each object's keys in `input`'s JSON order,
+ * then any key only `output` has (one JSON does not see in the input: a getter, an inherited or a
+ * non-enumerable property). zod builds objects in its shape's order, so the JSON of a parsed copy
+ * of input spelled in another order would differ from the input's own JSON; this copy's is the
+ * same bytes whenever the input's JSON says what was parsed. Copy on write: what is already in
+ * order, and what the schema passed through (the same reference), is returned as it is.
+ */
+export function inInputKeyOrder(output: unknown, input: unknown): unknown {
+  if (output === input || output === null || typeof output !== "object" || input === null || typeof input !== "object") return output;
+  if (Array.isArray(output)) {
+    // An array of scalars (token ids, logprobs) holds nothing to order: not walked item by item.
+    // Arrays a schema types hold one kind of item; in an open-ended one objects are passed through.
+    if (output.length === 0 || output[0] === null || typeof output[0] !== "object") return output;
+    let copy: unknown[] | undefined;
+    for (let i = 0; i < output.length; i++) {
+      const item: unknown = output[i];
+      if (item === null || typeof item !== "object") continue;
+      const ordered = inInputKeyOrder(item, Array.isArray(input) ? input[i] : undefined);
+      if (ordered !== item) (copy ??= output.slice())[i] = ordered;
+    }
+    return copy ?? output;
+  }
+  const target = output as Record<string, unknown>;
+  const source = input as Record<string, unknown>;
+  const keys = Object.keys(target);
+  const inputKeys = Object.keys(source);
+  let order = keys;
+  if (!inOrder(keys, inputKeys, target)) {
+    order = inputKeys.filter((key) => Object.hasOwn(target, key));
+    const seen = new Set(order);
+    for (const key of keys) if (!seen.has(key)) order.push(key);
+  }
+  let copy: Record<string, unknown> | undefined = order === keys ? undefined : {};
+  for (let i = 0; i < order.length; i++) {
+    const key = order[i]!;
+    const value = target[key];
+    const ordered = value !== null && typeof value === "object" ? inInputKeyOrder(value, source[key]) : value;
+    if (copy === undefined && ordered !== value) {
+      copy = {};
+      for (let k = 0; k < i; k++) assignKey(copy, order[k]!, target[order[k]!]);
+    }
+    if (copy !== undefined) assignKey(copy, key, ordered);
+  }
+  return copy ?? output;
+}
+
+/** Whether `keys` (of `target`) come in `inputKeys`' order, leaving out input keys `target` lacks: checked without allocating. */
+function inOrder(keys: readonly string[], inputKeys: readonly string[], target: object): boolean {
+  if (keys.length === inputKeys.length) {
+    let i = 0;
+    while (i < keys.length && keys[i] === inputKeys[i]) i++;
+    if (i === keys.length) return true;
+  }
+  let same = 0;
+  for (const key of inputKeys) {
+    if (!Object.hasOwn(target, key)) continue;
+    if (keys[same] !== key) return false;
+    same++;
+  }
+  return same === keys.length;
+}
+
+/** Assigned (defining every key made copies JSON.stringify wrote slower), but `__proto__` as data. */
+function assignKey(target: Record<string, unknown>, key: string, value: unknown): void {
+  if (key === "__proto__") setOwnProperty(target, key, value);
+  else target[key] = value;
+}

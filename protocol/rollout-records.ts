@@ -3,7 +3,7 @@ import { createHash } from "node:crypto";
 import { z } from "zod";
 import { CheckpointError } from "./errors.js";
 import { jsonNestsDeeperThan } from "./json-depth.js";
-import { keepingProtoKey } from "./json-value.js";
+import { inInputKeyOrder, keepingProtoKey } from "./json-value.js";
 
 /**
  * Rollout records: the pure encoding shared by every writer (the replay record writer, the
@@ -502,8 +502,11 @@ export function encodeRolloutRecords(batch: RolloutRecordBatch, maxBatchBytes: n
     }
     return parsed.data;
   });
-  // The validated copy drops nothing (strict schemas), so the caller's objects are what gets written.
-  const { bytes, spans } = encodeRecordLines(batch.records, MAX_RECORD_LINE_BYTES, maxBatchBytes);
+  // What was validated is what gets written: zod reads through getters and inherited properties
+  // that JSON.stringify skips, so a caller's object could pass with rewards its line lacked (a file
+  // no reader could load again). In the caller's key order, so an ordinary record's bytes are its own JSON.
+  const validated = traces.map((trace, i) => inInputKeyOrder(trace, batch.records[i]));
+  const { bytes, spans } = encodeRecordLines(validated, MAX_RECORD_LINE_BYTES, maxBatchBytes);
   const rows: RolloutIndexRow[] = traces.map((trace, i) => ({
     trace: trace.id,
     task_idx: trace.task.idx,

@@ -19,9 +19,12 @@ import {
   chatToMessage,
   isResumePoint,
   messageToChat,
+  newReadStats,
   promptToChat,
+  readRecords,
   writeRolloutRecords,
   type ChatMessageLike,
+  type TraceRecord,
 } from "../../../participants/replay/index.js";
 import { call, compactedTrace, linearTrace, mathSource, result, say, silent, sys, tempDir, traceId, user } from "./fixtures.js";
 
@@ -193,6 +196,41 @@ describe("protocol rollout-record encoding", () => {
     expect(traceReward(read)).toBe(1);
     // Still a number map: a __proto__ reward that is not a number is refused like any other.
     expect(TraceRecordSchema.safeParse(JSON.parse(`{"id":"${traceId(2)}","task":{"idx":0,"name":null,"prompt":null},"nodes":[],"rewards":{"__proto__":"1"}}`)).success).toBe(false);
+  });
+
+  // zod reads through getters and inherited properties, JSON.stringify writes own enumerable ones:
+  // the caller's object was written, so a record validated with rewards { correct: 1 } and indexed
+  // with reward 1 had a line without rewards, and every later read of its file failed.
+  it("writes what it validated: a field JSON does not see in the caller's object is in the line, which reads back on both paths", async () => {
+    const hidden = linearTrace(traceId(1)) as Partial<TraceRecord>;
+    delete hidden.rewards;
+    Object.defineProperty(hidden, "rewards", { get: () => ({ correct: 1 }), enumerable: false });
+    const written = await writeRolloutRecords(dir, 1, { kind: "train", env: "gsm8k", traces: [hidden as TraceRecord, linearTrace(traceId(2), 0)] });
+    const line = JSON.parse((await readFile(written.recordPath, "utf8")).split("\n")[0]!) as TraceRecord;
+    expect(line.rewards).toEqual({ correct: 1 });
+    for (const useIndex of [true, false]) {
+      const stats = newReadStats();
+      const read = [];
+      for await (const record of readRecords(written.recordPath, { filters: { minReward: null, maxReward: null, minBranches: 1 }, stats, logger: silent, useIndex })) read.push(record);
+      expect(read.map((r) => [r.trace.id, traceReward(r.trace)])).toEqual([[traceId(1), 1], [traceId(2), 0]]);
+      expect(stats.indexRejected).toBe(0);
+    }
+  });
+
+  // Writing the validated copy must not change the bytes of an ordinary record: zod builds its
+  // objects in the schema's key order, and a retry compares a published file byte for byte.
+  it("writes an ordinary record as its own JSON, byte for byte, whatever its key order", () => {
+    const reordered = JSON.parse(
+      `{"task":{"answer":"42","__proto__":{"hint":1},"prompt":[{"content":"p","role":"user"}],"name":"t","idx":3},"rewards":{"b":1,"__proto__":2,"a":0},` +
+        `"nodes":[{"message":{"content":[{"text":"hi","type":"text"}],"role":"user"},"token_ids":[1],"logprobs":[],"mask":[false],"sampled":false,"parent":null},` +
+        `{"sampled":true,"parent":0,"message":{"tool_calls":[{"arguments":"{}","name":"python","id":"c1"}],"content":null,"role":"assistant","provider_state":{"z":1,"a":[{"y":1,"b":2}]}},"token_ids":[2],"mask":[true],"logprobs":[-0.5],"usage":{"out":1,"in":2}},` +
+        `{"parent":1,"message":{"name":"python","content":"42","tool_call_id":"c1","role":"tool"},"sampled":false,"token_ids":[],"mask":[],"logprobs":[]}],` +
+        `"errors":["e",{"y":1,"a":2}],"stop_condition":null,"is_completed":true,"info":{"z":{"b":1,"a":2},"__proto__":"x"},"metrics":{"m":1},"id":"${traceId(1)}","timing":{"b":1,"a":2}}`,
+    ) as TraceRecord;
+    const records = [reordered, linearTrace(traceId(2)), compactedTrace(traceId(3))];
+    const { recordBytes, rows } = encodeRolloutRecords({ kind: "train", env: "gsm8k", step: 1, records });
+    expect(recordBytes.toString("utf8")).toBe(records.map((record) => JSON.stringify(record) + "\n").join(""));
+    expect(rows[0]!.reward).toBe(3);
   });
 
   it("refuses bad input with invalid_request and names the paths it would use", () => {
