@@ -1,5 +1,5 @@
 import { mkdir, stat } from "node:fs/promises";
-import { dirname } from "node:path";
+import { dirname, resolve } from "node:path";
 
 /**
  * `mkdir -p` without Node 20's recursive mkdir, which retries for ever where mkdir(2) answers
@@ -27,6 +27,21 @@ export async function makeDirectories(path: string, options: { mode?: number } =
       return first;
     }
     return first ?? path;
+  }
+}
+
+/**
+ * The directories holding the entries `mkdir -p dir` created (`first` is what makeDirectories returned):
+ * a new directory's entry lives in its parent, so those are what to fsync for it to survive a
+ * crash. Empty when mkdir created nothing, so a retry costs no fsync.
+ */
+export function parentsOfCreated(dir: string, first: string | undefined): string[] {
+  if (first === undefined) return [];
+  const top = resolve(first);
+  const parents: string[] = [];
+  for (let d = resolve(dir); ; d = dirname(d)) {
+    parents.push(dirname(d));
+    if (d === top || dirname(d) === d) return parents;
   }
 }
 

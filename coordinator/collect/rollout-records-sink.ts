@@ -1,5 +1,5 @@
 import { readdir } from "node:fs/promises";
-import { basename, join } from "node:path";
+import { basename, join, resolve } from "node:path";
 import type { Logger } from "pino";
 import {
   CheckpointError,
@@ -11,6 +11,7 @@ import {
   encodeRolloutStepMarker,
   isStorageFailure,
   makeDirectories,
+  parentsOfCreated,
   parseRolloutRecordFileName,
   rolloutBatchFit,
   rolloutStepDir,
@@ -120,7 +121,9 @@ export class RolloutRecordsSink {
    */
   async start(): Promise<void> {
     try {
-      await makeDirectories(this.root);
+      // A new directory's entry is in its parent: unsynced, rollouts/ (every record file under it,
+      // each durable in its own directory) could vanish in a power loss.
+      for (const parent of parentsOfCreated(this.root, await makeDirectories(this.root))) await fsyncDirectory(parent);
       let highest = 0;
       for (const entry of await readdir(this.root, { withFileTypes: true })) {
         const m = STEP_DIR.exec(entry.name);
@@ -318,8 +321,11 @@ export class RolloutRecordsSink {
           step = this.nextStep++;
           continue;
         }
-        await makeDirectories(join(this.root, rolloutStepDir(step)));
-        await fsyncDirectory(this.root);
+        const stepDir = join(this.root, rolloutStepDir(step));
+        // The root always (the step directory may be another collection's, not yet synced), and
+        // whatever above it had to be made again (rollouts/ removed since the start).
+        const parents = new Set([resolve(this.root), ...parentsOfCreated(stepDir, await makeDirectories(stepDir))]);
+        for (const parent of parents) await fsyncDirectory(parent);
         if (await linkStagedFile(await stageFile(join(this.root, encoded.recordFile), encoded.recordBytes))) break;
         this.logger.info({ step, file: encoded.recordFile }, "another collection published this step's file; trying the next step");
         step = this.nextStep++;

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { link, open, rename, rm, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
-import { makeDirectories, namePath } from "../../protocol/index.js";
+import { makeDirectories, namePath, parentsOfCreated } from "../../protocol/index.js";
 
 /** fsync a directory so renames and links inside it survive a crash. */
 export async function fsyncDir(dir: string): Promise<void> {
@@ -12,21 +12,6 @@ export async function fsyncDir(dir: string): Promise<void> {
     throw namePath(error, dir); // a handle's errors name no path
   } finally {
     await handle.close();
-  }
-}
-
-/**
- * The directories holding the entries `mkdir -p dir` created (`first` is what makeDirectories returned):
- * a new directory's entry lives in its parent, so those are what to fsync for it to survive a
- * crash. Empty when mkdir created nothing, so a retry costs no fsync.
- */
-export function parentsOfCreated(dir: string, first: string | undefined): string[] {
-  if (first === undefined) return [];
-  const top = resolve(first);
-  const parents: string[] = [];
-  for (let d = resolve(dir); ; d = dirname(d)) {
-    parents.push(dirname(d));
-    if (d === top || dirname(d) === d) return parents;
   }
 }
 

@@ -15,13 +15,14 @@ import {
   isUnreadableStorage,
   makeDirectories,
   namePath,
+  parentsOfCreated,
   sha256Hex,
   type ParticipantManifest,
   type RecordBase,
   type SplitLine,
 } from "../../protocol/index.js";
 import type { CheckpointStorage, ParticipantTarget, PinnedManifest, PinnedParticipant, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
-import { fsyncDir, parentsOfCreated } from "./fs-durable.js";
+import { fsyncDir } from "./fs-durable.js";
 import { openRegularFile, readRegularFile } from "./regular-file.js";
 import type { WriteGate } from "./write-gate.js";
 

@@ -1,5 +1,5 @@
 import type * as DurableFs from "../../../coordinator/publication/durable-fs.js";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { RolloutRecordsSink } from "../../../coordinator/collect/rollout-records-sink.js";
@@ -14,6 +14,8 @@ import { linearTrace, silent, tempDir, traceId } from "../replay/fixtures.js";
  */
 // While set, every marker write is followed by a concurrent writer's stale one listing only `b`.
 const race = vi.hoisted(() => ({ on: false }));
+// Every directory fsynced, in order.
+const synced = vi.hoisted((): string[] => []);
 const shortMarker = `${JSON.stringify({ format: "gym-ckpt/rollout-step", version: 1, step: 1, kind: "train", files: ["train_rollouts_b.jsonl"] })}\n`;
 vi.mock("../../../coordinator/publication/durable-fs.js", async (importOriginal) => {
   const actual = await importOriginal<typeof DurableFs>();
@@ -23,7 +25,11 @@ vi.mock("../../../coordinator/publication/durable-fs.js", async (importOriginal)
       await actual.replaceFileDurably(file, shortMarker);
     }
   };
-  return { ...actual, replaceFileDurably };
+  const fsyncDirectory = async (directory: string) => {
+    synced.push(path.resolve(directory));
+    await actual.fsyncDirectory(directory);
+  };
+  return { ...actual, replaceFileDurably, fsyncDirectory };
 });
 
 let dir: string;
@@ -31,6 +37,7 @@ let cleanup: () => Promise<void>;
 beforeEach(async () => ({ dir, cleanup } = await tempDir()));
 afterEach(async () => {
   race.on = false;
+  synced.length = 0;
   await cleanup();
 });
 
@@ -65,5 +72,31 @@ describe("the collector's records sink: a start that cannot complete an earlier 
     const marker = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_train.json"), "utf8")));
     expect(marker.files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
     expect(sink.stats).toMatchObject({ steps: 1, records: 1, failedFlushes: 0, unwritten: 0 });
+  });
+});
+
+// A new directory's entry is in its parent, and only an fsync of that parent makes it survive a
+// power loss: rollouts/, and every record file under it, could vanish though each file was synced.
+describe("the collector's records sink: directories it creates are durable", () => {
+  it("a start that creates rollouts/ and the records dir itself fsyncs the directory holding each, and a later start fsyncs none", async () => {
+    const records = path.join(dir, "new", "records");
+    const sink = () => new RolloutRecordsSink({ dir: records, env: "a", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await sink().start();
+    expect(synced).toEqual([records, path.join(dir, "new"), dir]);
+    synced.length = 0;
+    await sink().start();
+    expect(synced).toEqual([]);
+  });
+
+  it("a flush that has to make rollouts/ again (removed since the start) fsyncs the records dir holding it", async () => {
+    const records = sinkOf();
+    await records.start();
+    await rm(path.join(dir, "rollouts"), { recursive: true });
+    synced.length = 0;
+    records.add(linearTrace(traceId(0xc), 0));
+    await records.close();
+    expect(records.stats).toMatchObject({ steps: 1, records: 1, failedFlushes: 0 });
+    expect(synced).toEqual(expect.arrayContaining([path.join(dir, "rollouts"), dir]));
+    expect(synced.indexOf(dir)).toBeLessThan(synced.findIndex((d) => d.endsWith("step_1")));
   });
 });

@@ -4,12 +4,12 @@ import { mkdir, mkdtemp, readdir, readFile, rm, symlink, truncate, writeFile, un
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { MAX_MANIFEST_BYTES, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
+import { MAX_MANIFEST_BYTES, parentsOfCreated, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
 import { FsCheckpointStorage, participantDir } from "../../../participants/storage/fs-storage.js";
 import { ScriptRecordSchema } from "../../../participants/testing/scriptable-kind.js";
 import { WriteGate } from "../../../participants/storage/write-gate.js";
 import type { ParticipantTarget } from "../../../participants/storage/checkpoint-storage.js";
-import { fsyncDir, parentsOfCreated } from "../../../participants/storage/fs-durable.js";
+import { fsyncDir } from "../../../participants/storage/fs-durable.js";
 import { readParticipantManifest, scanRecordLines } from "../../../participants/storage/fs-storage.js";
 import { refusalCode, refusalOf as refusal } from "../../support/refusal.js";
 
