@@ -184,7 +184,7 @@ async function loadIndex(
   }
   stats.indexBytesRead += bytes.length;
   const expect = { recordFile: path.basename(file), kind: names.kind, env: names.env, step: stepOfPath(file), size };
-  const check = checkIndex(bytes.toString("utf8"), expect);
+  const check = checkIndex(bytes, expect); // its lines decoded one by one: never the whole index as one string
   let reason = check.ok ? null : check.reason;
   if (check.ok && verifySha256) {
     const digest = await hashHandle(handle, size, stats);

@@ -5,6 +5,7 @@ import fs from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import {
+  checkIndex,
   encodeIndex,
   indexPathFor,
   maxIndexBytes,
@@ -329,6 +330,34 @@ describe("stale, foreign and hostile indexes", () => {
     await writeFile(f.indexPath, "garbage\n");
     const r = await read(f.recordPath, incorrect);
     expect([r.ids.length, r.stats.indexRejected, r.stats.filesFullParsed]).toEqual([2, 1, 1]);
+  });
+
+  // The index may be 1 MiB + 4 × its record file (512 MiB at most): split whole and every line parsed
+  // before the header was looked at, a garbage one cost ~24 times its size in heap (33 MiB of "0"
+  // lines: ~800 MiB) and could kill the worker instead of falling back to a full parse.
+  it("rejects a garbage index at its first bad line, without parsing (or splitting) the rest", () => {
+    const expectation = { recordFile: "train_rollouts_gsm8k.jsonl", kind: "train", env: "gsm8k", step: 1, size: 100 };
+    const parse = vi.spyOn(JSON, "parse");
+    try {
+      const garbage = "0\n".repeat(9 * 2 ** 19); // 9 MiB, no header on line 1
+      for (const index of [garbage, Buffer.from(garbage)]) {
+        parse.mockClear();
+        expect(checkIndex(index, expectation)).toMatchObject({ ok: false, reason: expect.stringMatching(/^bad header/) });
+        expect(parse).toHaveBeenCalledTimes(1);
+      }
+      // A good header claiming 2 records, then far more rows than that: stops at the third.
+      const header: IndexHeader = { format: "gym-ckpt/rollout-index", version: 1, kind: "train", env: "gsm8k", step: 1, record_file: "train_rollouts_gsm8k.jsonl", size: 100, sha256: "0".repeat(64), records: 2 };
+      const row = (offset: number): IndexRow => ({ trace: "t", task_idx: 0, task_name: null, reward: 0, policy_version: null, step: 1, branches: 1, turns: 1, stop: null, offset, len: 50 });
+      const tooMany = `${JSON.stringify(header)}\n${Array.from({ length: 100_000 }, (_, i) => JSON.stringify(row(50 * i))).join("\n")}\n`;
+      parse.mockClear();
+      expect(checkIndex(tooMany, expectation)).toEqual({ ok: false, reason: "row count differs from header" });
+      expect(parse).toHaveBeenCalledTimes(3);
+      // The same index with its header's count is accepted, blank lines skipped as before.
+      const exact = `${JSON.stringify(header)}\n\n${JSON.stringify(row(0))}\r\n${JSON.stringify(row(50))}\n`;
+      expect(checkIndex(Buffer.from(exact), expectation)).toMatchObject({ ok: true, rows: [row(0), row(50)] });
+    } finally {
+      parse.mockRestore();
+    }
   });
 
   it("detects a same-size content change by sha256 when asked to verify", async () => {
