@@ -1,5 +1,6 @@
 import { realpath, stat } from "node:fs/promises";
 import { basename, dirname, isAbsolute, join, relative, sep } from "node:path";
+import { isUnreadableStorage } from "../../protocol/index.js";
 import { writeFileAtomic } from "../storage/fs-durable.js";
 import { invalidRequest } from "./errors.js";
 
@@ -10,10 +11,16 @@ import { invalidRequest } from "./errors.js";
  * the checkpoint (its checkpoint.json, say, which would unpublish it).
  */
 export async function assertWritableOut(path: string, reads: { tasks?: string; checkpoint?: string } = {}): Promise<void> {
-  const parent = await stat(dirname(path)).catch(() => undefined);
+  // The storage refusing (EIO, EACCES, a stale mount) is storage_error, exit 1, as for collect's
+  // --out: the disk or mount needs fixing, not the path, which a bad request (exit 2) would say.
+  const parent = await stat(dirname(path)).catch((error: unknown) => {
+    if (isUnreadableStorage(error)) throw error;
+    return undefined;
+  });
   if (!parent?.isDirectory()) throw invalidRequest(`--out: directory ${dirname(path)} does not exist`);
   const out = await stat(path).catch((error: NodeJS.ErrnoException) => {
     if (error.code === "ENOENT") return undefined;
+    if (isUnreadableStorage(error)) throw error;
     throw invalidRequest(`--out ${path} is not accessible (${error.code ?? String(error)})`);
   });
   if (out && !out.isFile()) throw invalidRequest(`--out ${path} is not a regular file`);

@@ -3,15 +3,31 @@ import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, open, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { toCheckpointError } from "../../../protocol/index.js";
 import { assertWritableOut, LINE_PIECE_UNITS, writeJsonLines } from "../../../participants/replay/out-file.js";
 import { writeFileAtomic } from "../../../participants/storage/fs-durable.js";
+
+// stat of these paths fails with the errno given (tests run as root: permissions cannot make EACCES).
+const statFails = vi.hoisted(() => new Map<string, string>());
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const actual = await importOriginal<typeof import("node:fs/promises")>();
+  const stat = (async (path: string, ...rest: unknown[]) => {
+    const code = statFails.get(String(path));
+    if (code !== undefined) throw Object.assign(new Error(`${code}: injected, stat '${String(path)}'`), { code, syscall: "stat", path: String(path) });
+    return (actual.stat as (...args: unknown[]) => unknown)(path, ...rest);
+  }) as typeof actual.stat;
+  return { ...actual, stat, default: { ...actual, stat } };
+});
 
 let dir: string;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "seeds-out-"));
 });
-afterEach(() => rm(dir, { recursive: true, force: true }));
+afterEach(async () => {
+  statFails.clear();
+  await rm(dir, { recursive: true, force: true });
+});
 
 describe("seeds --out", () => {
   it("accepts a new file in an existing directory and an existing regular file", async () => {
@@ -26,6 +42,24 @@ describe("seeds --out", () => {
       message: `--out: directory ${join(dir, "missing")} does not exist`,
     });
     expect(existsSync(join(dir, "missing"))).toBe(false);
+  });
+
+  // Every stat error was "does not exist" (the directory) or "is not accessible" (--out):
+  // invalid_request, exit 2, which tells the operator to fix a path the mount is at fault for.
+  it("a directory or --out the storage refuses to stat (EIO, EACCES) is storage_error, as for collect's --out; a path that cannot be is invalid_request", async () => {
+    const out = join(dir, "s.jsonl");
+    for (const [path, code] of [[dir, "EIO"], [out, "EIO"], [out, "EACCES"], [dir, "ESTALE"]] as const) {
+      statFails.clear();
+      statFails.set(path, code);
+      const error = await assertWritableOut(out).then(() => null, (e: unknown) => e);
+      expect(toCheckpointError(error), `${code} on ${path}`).toMatchObject({ code: "storage_error", message: expect.stringContaining(code) });
+    }
+    statFails.clear();
+    // Under a regular file (ENOTDIR), or through a link loop (ELOOP): the path's fault, invalid_request.
+    await writeFile(join(dir, "file"), "");
+    await expect(assertWritableOut(join(dir, "file", "s.jsonl"))).rejects.toMatchObject({ code: "invalid_request", message: `--out: directory ${join(dir, "file")} does not exist` });
+    await symlink(join(dir, "loop"), join(dir, "loop"));
+    await expect(assertWritableOut(join(dir, "loop"))).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("is not accessible (ELOOP)") });
   });
 
   it("refuses an --out that is a directory", async () => {
