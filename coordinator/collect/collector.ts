@@ -30,7 +30,7 @@ import { collectionInstruments, type RowCounts } from "./collection-telemetry.js
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
 import { neverSentCode } from "../client/never-sent.js";
-import { DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
+import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
@@ -206,7 +206,7 @@ export class Collector {
   }
 
   private get logPath(): string {
-    return join(this.options.checkpointDir, "dispatched.jsonl");
+    return join(this.options.checkpointDir, DISPATCH_LOG_FILE);
   }
 
   // ---- start-up: continue what the previous run left --------------------------------------

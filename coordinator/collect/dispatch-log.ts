@@ -42,6 +42,9 @@ const READ_CHUNK = 1 << 20;
 const MAX_LINE_BYTES = 64 << 10;
 
 /** A logged attempt; `restored` = installed by a restore and not sent since. */
+/** The dispatch log's name in the collector's --checkpoint-dir. */
+export const DISPATCH_LOG_FILE = "dispatched.jsonl";
+
 export type LoggedAttempt = EpisodeId & { restored?: true };
 
 export interface DispatchHistory {

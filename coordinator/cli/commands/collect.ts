@@ -8,7 +8,8 @@ import { CheckpointError, connectNatsWithin, NATS_INBOX_PREFIXES, NATS_PING_OPTI
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { CONTROLLER_CONNECT_FAILURE, NatsControllerClient } from "../../client/nats-controller-client.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
-import { acquireCollectorLock } from "../../collect/collector-lock.js";
+import { acquireCollectorLock, COLLECTOR_LOCK_FILE } from "../../collect/collector-lock.js";
+import { DISPATCH_LOG_FILE } from "../../collect/dispatch-log.js";
 import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBeforeHandler, type EndingSignal } from "../../collect/ending-signals.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
@@ -125,7 +126,7 @@ export function register(program: Command): void {
       // files they name are looked at only while no SIGTERM has come (--tasks may never deliver).
       requeueIfSigterm();
       const outPath = resolve(flags.out);
-      await assertAppendable(outPath, flags.tasks);
+      await assertAppendable(outPath, flags.tasks, resolve(flags.checkpointDir));
       if (flags.recordsDir !== undefined) await assertRecordsDir(resolve(flags.recordsDir));
       requeueIfSigterm();
       const rows = await readTaskRows(flags.tasks, { signal: sigterm }).catch((error: unknown) => {
@@ -377,7 +378,7 @@ async function assertRecordsDir(path: string): Promise<void> {
  * storage refuses (EIO, EACCES, a stale handle) says nothing about the flag: thrown as it is,
  * storage_error (exit 1), so the operator fixes the mount, not the path.
  */
-async function assertAppendable(path: string, tasksPath: string): Promise<void> {
+async function assertAppendable(path: string, tasksPath: string, checkpointDir: string): Promise<void> {
   const parent = await stat(dirname(path)).catch((error: unknown) => {
     if (isUnreadableStorage(error)) throw error;
     return undefined;
@@ -392,6 +393,14 @@ async function assertAppendable(path: string, tasksPath: string): Promise<void> 
   // Same file by device and inode, whatever the spelling (a link, a relative path). An unreadable --tasks is refused later.
   const tasks = out && (await stat(tasksPath).catch(() => undefined));
   if (tasks && tasks.dev === out.dev && tasks.ino === out.ino) throw new CheckpointError("invalid_request", `--out ${path} is the --tasks file`);
+  // Results appended to the collector's own dispatch log or lock would break this start and every later one.
+  for (const own of [DISPATCH_LOG_FILE, COLLECTOR_LOCK_FILE]) {
+    const ownPath = join(checkpointDir, own);
+    const ownFile = out && (await stat(ownPath).catch(() => undefined));
+    if (path === ownPath || (ownFile && ownFile.dev === out.dev && ownFile.ino === out.ino)) {
+      throw new CheckpointError("invalid_request", `--out ${path} is the collector's own ${own} in --checkpoint-dir`);
+    }
+  }
   await assertWritable(path, out !== undefined);
 }
 

@@ -129,6 +129,27 @@ describe("gym-ckpt collect flags", () => {
     expect((await readdir(dir)).sort()).toEqual(["link.jsonl", "tasks.jsonl"]);
   });
 
+  it("refuses an --out that is the collector's own dispatched.jsonl or collector.pid (by its path or through a link): results appended there broke every later start", async () => {
+    const ckpt = join(dir, "ckpt");
+    await mkdir(ckpt);
+    await writeFile(join(ckpt, "dispatched.jsonl"), "");
+    await symlink(join(ckpt, "dispatched.jsonl"), join(dir, "log-link.jsonl"));
+    for (const out of [join(ckpt, "dispatched.jsonl"), join(ckpt, "collector.pid"), join(dir, "log-link.jsonl")]) {
+      stderr = "";
+      process.exitCode = undefined;
+      expect(await collect("--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:2", "--leader-wait-ms", "0", "--out", out)).toBe(2);
+      expect(stderr).toContain("error invalid_request: --out");
+      expect(stderr).toContain("is the collector's own");
+    }
+    expect(await readdir(ckpt)).toEqual(["dispatched.jsonl"]);
+    // Beside them is fine: results.jsonl in the checkpoint directory is no file of the collector's.
+    await rm(join(ckpt, "dispatched.jsonl"));
+    process.exitCode = undefined;
+    const base = await serve();
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--out", join(ckpt, "results.jsonl"))).toBe(0);
+    expect([...(await readResults(join(ckpt, "results.jsonl"))).keys()]).toEqual(["a"]);
+  });
+
   it("talks to the coordinator over HTTP when --http-url is given", async () => {
     const base = await serve();
     expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--nats-url", "nats://127.0.0.1:1")).toBe(0);
