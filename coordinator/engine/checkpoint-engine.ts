@@ -71,6 +71,9 @@ interface OpenCheckpoint {
   /** The membership view's incarnations when the checkpoint opened (a view that lags shows these). */
   viewed: Map<string, string>;
   preparedAt: number;
+  /** Journaled as `opened_epoch` and `opened_seq` (see JournalEntrySchema): kept from the entry a recovery found. */
+  openedEpoch: number;
+  openedSeq: number | undefined;
   restarts: string[];
   /** Members whose prepare report said they export only a scope (`scope_required`): a null-scope commit is refused. */
   scopeRequiredBy?: string[];
@@ -280,6 +283,8 @@ export class CheckpointEngine {
   /** The last journal write per checkpoint id (a number from journalSeq): a removal scheduled by close() yields to any write made since. */
   private readonly journalWrites = new Map<string, number>();
   private journalSeq = 0;
+  /** Checkpoints (and restores) opened here: `opened_seq`, which orders them within this epoch whatever the wall clock does. */
+  private openSeq = 0;
   /**
    * The journal-entry removals of restores whose resume this coordinator finished, while pending:
    * a resume retried meanwhile answers only once the entry is gone (see completionJournaled).
@@ -722,7 +727,9 @@ export class CheckpointEngine {
     const done: { checkpoint_id: string; action: string }[] = [];
     // Oldest first: a checkpoint opens only once the one before it closed, so an older entry that
     // recovery would leave open is a leftover whose removal a crash cut short — the newer one wins.
-    const entries = [...(await this.options.journal.list())].sort((a, b) => a.epoch - b.epoch || a.prepared_at - b.prepared_at);
+    // By the order they opened in (compareOpenedOrder), not `epoch` (a successor's rewrite raises it) or
+    // `prepared_at` (a wall clock stepped back would put a newer decision first and close it).
+    const entries = [...(await this.options.journal.list())].sort(compareOpenedOrder);
     // Carries this leader's epoch: every participant that answers refuses a deposed leader's
     // delayed ops from now on (before any controller op is served), and one that admitted such a
     // prepare already shows it here, so resumeOrphans releases it.
@@ -833,6 +840,8 @@ export class CheckpointEngine {
       // already shows any process that replaced one (a restart that must not pass for a lagging view).
       ...(journaledRestorers && { viewed: journaledRestorers }),
       preparedAt: entry.prepared_at,
+      openedEpoch: entry.opened_epoch ?? entry.epoch,
+      openedSeq: entry.opened_seq,
       restarts: entry.restarts,
       dir: entry.checkpoint_dir,
       scope: entry.scope,
@@ -2003,14 +2012,17 @@ export class CheckpointEngine {
   /** A checkpoint (or restore) this coordinator opens now, at its epoch, with its members' incarnations. */
   private opening(id: string, phase: OpenPhase, members: ParticipantRef[], fields: Partial<OpenCheckpoint> = {}): OpenCheckpoint {
     const viewed = this.incarnationsOf(members);
+    const epoch = this.options.leadership.epoch();
     return {
       id,
       phase,
-      epoch: this.options.leadership.epoch(),
+      epoch,
       members,
       incarnations: new Map(viewed),
       viewed,
       preparedAt: this.options.clock.now() / 1000,
+      openedEpoch: epoch,
+      openedSeq: ++this.openSeq,
       restarts: [],
       dir: null,
       scope: null,
@@ -2283,9 +2295,25 @@ export class CheckpointEngine {
       controller_state: open.controllerState,
       ...(state === "restore_cleanup" && { retire_at: (open.retireAt ?? open.members).map((m) => ({ kind: m.kind, instance: m.instance })) }),
       ...((state === "restored" || state === "resuming") && open.incarnations.size > 0 && { incarnations: Object.fromEntries(open.incarnations) }),
+      opened_epoch: open.openedEpoch,
+      ...(open.openedSeq !== undefined && { opened_seq: open.openedSeq }),
       updated_at: this.epochTime(open.epoch),
     };
   }
+}
+
+/**
+ * Orders journal entries as their checkpoints opened: by the opening epoch, then the opening
+ * coordinator's count. An entry of an older version (no `opened_seq`) goes by `prepared_at` and
+ * before those that have one in its epoch: that epoch's coordinator either wrote none (an older
+ * version) or rewrote it in recovery, so it opened earlier.
+ */
+function compareOpenedOrder(a: JournalEntry, b: JournalEntry): number {
+  const epoch = (a.opened_epoch ?? a.epoch) - (b.opened_epoch ?? b.epoch);
+  if (epoch !== 0) return epoch;
+  if (a.opened_seq !== undefined && b.opened_seq !== undefined) return a.opened_seq - b.opened_seq;
+  if (a.opened_seq !== undefined || b.opened_seq !== undefined) return a.opened_seq === undefined ? -1 : 1;
+  return a.prepared_at - b.prepared_at;
 }
 
 /**

@@ -66,6 +66,17 @@ export const JournalEntrySchema = z
      * `kind.instance`, so a successor's resume is addressed to those and a restarted one is found.
      */
     incarnations: z.record(z.string(), IncarnationSchema).optional(),
+    /**
+     * The order checkpoints opened in, which recovery sorts by (oldest first): the epoch of the
+     * coordinator that opened it and that coordinator's count of checkpoints opened (one epoch is
+     * one process, so the pair only grows). Written when the entry is first written and kept by
+     * every rewrite, a successor's too: `epoch` is the last writer's and `prepared_at` a wall clock
+     * that may step back, so neither orders them. Absent (an entry of an older version): `epoch`
+     * then `prepared_at`, before any entry that has them in the same epoch; a rewrite then keeps
+     * that `epoch` as `opened_epoch`, with no `opened_seq`.
+     */
+    opened_epoch: z.number().int().min(0).optional(),
+    opened_seq: z.number().int().min(1).optional(),
     updated_at: z.number(),
   })
   .strict();

@@ -414,8 +414,9 @@ describe("recovery with a journaled checkpoint left open and an unjournaled orph
     const newer = await publishedNotResumed("ckpt-b-newer");
     const second = await successor(newer);
     // A restore's entry whose removal a crash cut short, journaled before the newer checkpoint opened
-    // (and listed after it: ids do not sort by time).
-    const leftover: JournalEntry = { ...newer, checkpoint_id: "ckpt-z-older", state: "restored", prepared_at: newer.prepared_at - 60, scope: [] };
+    // (and listed after it: ids do not sort by time). Opened by the leader before (recovery goes by
+    // the order entries opened in), rewritten under the newer one's epoch.
+    const leftover: JournalEntry = { ...newer, checkpoint_id: "ckpt-z-older", state: "restored", prepared_at: newer.prepared_at - 60, scope: [], opened_epoch: newer.epoch - 1, opened_seq: 1 };
     await second.journal.record(leftover);
     for (const m of second.fake.members) second.fake.state.set(`${m.kind}.${m.instance}`, { phase: "committed", checkpoint_id: "ckpt-b-newer" });
     // m1 does not answer its status, so it may still hold the leftover: recovery re-drives it.
