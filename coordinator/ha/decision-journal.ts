@@ -1,6 +1,6 @@
 import type { KV, KvEntry } from "@nats-io/kv";
-import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
+import { Empty, headers, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { z } from "zod";
 import {
@@ -143,7 +143,7 @@ export class KvDecisionJournal implements DecisionJournal {
    * Per key, the value of this coordinator's last write whose outcome stayed unknown (its
    * acknowledgement lost, and not seen landed when the key was read back), or REMOVAL for such a
    * purge: the server may still apply it, and the compare-and-set refusal that follows is then no
-   * other coordinator's doing.
+   * other coordinator's doing. A create's stays through a removal that failed: it may land yet.
    */
   private readonly inDoubt = new Map<string, Doubt>();
   private jsm: JetStreamManager | undefined;
@@ -213,25 +213,58 @@ export class KvDecisionJournal implements DecisionJournal {
       (now) => {
         if (now?.operation === "PUT" && now.string() === value) this.revisions.set(key, now.revision);
       },
-      value,
+      () => value,
     );
   }
 
   async remove(checkpointId: string): Promise<void> {
+    // The value of this coordinator's create in doubt, when no revision of the key is known: it stays
+    // the doubt if this attempt fails, as the create may land yet (or have landed) whatever it wrote.
+    let created: string | undefined;
     await this.fenced(
       checkpointId,
       async (known) => {
-        // Never written or read here: nothing of this coordinator's to remove.
-        if (known === undefined) return;
+        created = undefined;
+        if (known === undefined) {
+          const doubt = this.inDoubt.get(checkpointId);
+          // Never written or read here, and no create in doubt: nothing of this coordinator's to remove.
+          if (typeof doubt !== "string") return;
+          // A create in doubt (no message for the key, or a removed entry's marker, taken over) may
+          // have landed after its read-back, or land yet. The leader's latest message tells: this
+          // value is purged at its revision; where no entry is, a purge marker at that revision
+          // fences the late create out (it expects the same revision); another's entry is not ours.
+          created = doubt;
+          const now = await this.latestAtLeader(checkpointId);
+          const removed = now === null || !!now.header?.get("KV-Operation");
+          if (!removed && now.string() !== doubt) return;
+          await this.purgeAt(checkpointId, now?.seq ?? 0);
+          return;
+        }
         await this.kv.purge(checkpointId, { previousSeq: known });
         this.revisions.delete(checkpointId);
         if (++this.removals % COMPACT_EVERY_REMOVALS === 0) void this.compactMarkers();
       },
       (now) => {
         if (!now || now.operation !== "PUT") this.revisions.delete(checkpointId);
+        // The create in doubt landed (and the marker was not written): the removal's retry purges it.
+        else if (created !== undefined && now.string() === created) this.revisions.set(checkpointId, now.revision);
       },
-      REMOVAL,
+      () => created ?? REMOVAL,
     );
+  }
+
+  /** kv.purge, but also at revision 0 ("no message for the key"), which kv.purge does not send. */
+  private async purgeAt(key: string, revision: number): Promise<void> {
+    const h = headers();
+    h.set("KV-Operation", "PURGE");
+    h.set("Nats-Rollup", "sub");
+    await jetstream(this.nc).publish(`$KV.${this.bucket}.${key}`, Empty, { headers: h, expect: { lastSubjectSequence: revision } });
+  }
+
+  /** The key's latest message (null: none) at the stream's leader: a replica's direct get may lag. */
+  private async latestAtLeader(key: string): Promise<StoredMsg | null> {
+    this.jsm ??= await jetstreamManager(this.nc);
+    return this.jsm.streams.getMessage(`KV_${this.bucket}`, { last_by_subj: `$KV.${this.bucket}.${key}` });
   }
 
   async list(): Promise<JournalEntry[]> {
@@ -288,7 +321,7 @@ export class KvDecisionJournal implements DecisionJournal {
    * known). A write whose outcome is unknown (its acknowledgement was lost) is reconciled with what
    * the key holds now (`landed`), so this coordinator's own write that did land never fences it out.
    */
-  private fenced(key: string, write: (known: number | undefined) => Promise<void>, landed: (now: KvEntry | null) => void, doubt: Doubt): Promise<void> {
+  private fenced(key: string, write: (known: number | undefined) => Promise<void>, landed: (now: KvEntry | null) => void, doubtOf: () => Doubt): Promise<void> {
     const run = async (): Promise<void> => {
       for (let adopted = false; ; adopted = true) {
         try {
@@ -297,6 +330,7 @@ export class KvDecisionJournal implements DecisionJournal {
           return;
         } catch (error) {
           if (!isWrongRevision(error)) {
+            const doubt = doubtOf();
             // Its outcome is unknown until a later read shows it (the server may apply it after the read below).
             this.inDoubt.set(key, doubt);
             await this.kv.get(key).then(
@@ -335,8 +369,7 @@ export class KvDecisionJournal implements DecisionJournal {
     const doubt = this.inDoubt.get(key);
     if (doubt === undefined) return false;
     try {
-      this.jsm ??= await jetstreamManager(this.nc);
-      const now = await this.jsm.streams.getMessage(`KV_${this.bucket}`, { last_by_subj: `$KV.${this.bucket}.${key}` });
+      const now = await this.latestAtLeader(key);
       if (!holds(doubt, now && { removed: !!now.header?.get("KV-Operation"), value: () => now.string() })) return false;
       if (doubt === REMOVAL) this.revisions.delete(key);
       else this.revisions.set(key, now!.seq);

@@ -173,8 +173,10 @@ describe("KV decision journal: a write whose acknowledgement was lost", () => {
   /**
    * The next call of `method` fails as a timeout before the server applied it; the write lands when
    * the returned function is called (the server applies it late, after the journal read the key back).
+   * `asSent`: a create lands as the put the server got (expecting no message for the key), without
+   * kv.create's client-side takeover of a purge marker.
    */
-  function landNextLate(journal: KvDecisionJournal, method: "create" | "update"): () => Promise<unknown> {
+  function landNextLate(journal: KvDecisionJournal, method: "create" | "update", asSent = false): () => Promise<unknown> {
     const kv = (journal as unknown as { kv: Record<string, (...args: unknown[]) => Promise<unknown>> }).kv;
     const real = kv[method]!.bind(kv);
     let held: unknown[] | undefined;
@@ -183,7 +185,7 @@ describe("KV decision journal: a write whose acknowledgement was lost", () => {
       held = args;
       throw new Error("TIMEOUT");
     };
-    return () => real(...held!);
+    return () => (asSent ? kv.put!(held![0], held![1], { previousSeq: 0 }) : real(...held!));
   }
 
   it("does not fence out the coordinator whose write landed only after it read the key back: its next writes and the removal go through", async () => {
@@ -197,6 +199,47 @@ describe("KV decision journal: a write whose acknowledgement was lost", () => {
       await journal.remove("ck");
       expect(await (await KvDecisionJournal.open(nats.nc, `jlate-${method}`)).list()).toEqual([]);
     }
+  });
+
+  it("a removal after a create in doubt that landed late purges it; the id's next entry journals (a restore retried)", async () => {
+    const restoring = (epoch: number) => journalEntry({ checkpoint_id: "ck", state: "restoring", epoch, participants: [{ kind: "environment", instance: "e1" }] });
+    const journal = await KvDecisionJournal.open(nats.nc, "jlate-create-remove");
+    const land = landNextLate(journal, "create");
+    await expect(journal.record(restoring(1))).rejects.toThrow(/TIMEOUT/);
+    await land();
+    await journal.remove("ck");
+    expect(await (await KvDecisionJournal.open(nats.nc, "jlate-create-remove")).list()).toEqual([]);
+    await journal.record(restoring(2));
+    expect((await (await KvDecisionJournal.open(nats.nc, "jlate-create-remove")).list()).map((e) => [e.state, e.epoch])).toEqual([["restoring", 2]]);
+  });
+
+  it("a removal after a create in doubt that has not landed fences it out: landing after the removal, it is refused", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jlate-create-fenced");
+    const land = landNextLate(journal, "create", true);
+    await expect(journal.record(entry("ck", "open"))).rejects.toThrow(/TIMEOUT/);
+    await journal.remove("ck");
+    await expect(land()).rejects.toThrow(/wrong last sequence/);
+    expect(await (await KvDecisionJournal.open(nats.nc, "jlate-create-fenced")).list()).toEqual([]);
+    // The id journals again (the key's purge marker is taken over).
+    await journal.record(entry("ck", "decided"));
+    await journal.remove("ck");
+    expect(await (await KvDecisionJournal.open(nats.nc, "jlate-create-fenced")).list()).toEqual([]);
+  });
+
+  it("a removal after a create in doubt that fails before it reached the server keeps the create in doubt: its retry purges the create landed since", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "jlate-create-retry");
+    const land = landNextLate(journal, "create");
+    await expect(journal.record(entry("ck", "open"))).rejects.toThrow(/TIMEOUT/);
+    const internals = journal as unknown as { purgeAt: (...args: unknown[]) => Promise<void> };
+    const purgeAt = internals.purgeAt;
+    internals.purgeAt = async () => {
+      internals.purgeAt = purgeAt;
+      throw new Error("TIMEOUT");
+    };
+    await expect(journal.remove("ck")).rejects.toThrow(/TIMEOUT/);
+    await land();
+    await journal.remove("ck");
+    expect(await (await KvDecisionJournal.open(nats.nc, "jlate-create-retry")).list()).toEqual([]);
   });
 
   it("still refuses (not_leader) a write after one in doubt when another coordinator wrote the key since", async () => {
