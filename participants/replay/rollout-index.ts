@@ -41,11 +41,11 @@ export type IndexCheck = { ok: true; header: IndexHeader; rows: IndexRow[] } | {
  * before its first line was even checked. A newline byte is never inside a UTF-8 sequence, so each
  * line decodes as it did from the whole text.
  */
-function* indexLines(index: string | Buffer): Generator<string> {
+function* indexLines(index: Buffer): Generator<string> {
   for (let start = 0; start < index.length; ) {
-    let end = typeof index === "string" ? index.indexOf("\n", start) : index.indexOf(0x0a, start);
+    let end = index.indexOf(0x0a, start);
     if (end === -1) end = index.length;
-    const line = typeof index === "string" ? index.slice(start, end) : index.toString("utf8", start, end);
+    const line = index.toString("utf8", start, end);
     start = end + 1;
     if (line.trim() !== "") yield line;
   }
@@ -60,13 +60,13 @@ function parsedLine(line: string): { ok: true; value: unknown } | { ok: false } 
 }
 
 /**
- * Validates an index (its text or its bytes) against its record file without reading the record file.
+ * Validates an index (its bytes) against its record file without reading the record file.
  * Rows must tile the file exactly: first offset 0, each row starting where the previous ended,
  * the last ending at the file size. That rejects offsets past the end, overlapping or gapped
  * spans and stale rows before a single span is read. The header is checked first and the rows one
  * at a time, so a rejected index stops at its first bad line (a row past the header's count too).
  */
-export function checkIndex(index: string | Buffer, expect: IndexExpectation): IndexCheck {
+export function checkIndex(index: Buffer, expect: IndexExpectation): IndexCheck {
   const lines = indexLines(index);
   const first = lines.next();
   if (first.done) return { ok: false, reason: "empty index" };

@@ -32,7 +32,7 @@ async function idsOf(file: string): Promise<string[]> {
 async function indexedIds(root: string, step: number): Promise<string[]> {
   const file = path.join(root, `step_${step}`, "eval_rollouts_gym.jsonl");
   const bytes = await readFile(file);
-  const check = checkIndex(await readFile(path.join(root, `step_${step}`, "index_eval_gym.jsonl"), "utf8"), { recordFile: path.basename(file), kind: "eval", env: "gym", step, size: bytes.length });
+  const check = checkIndex(await readFile(path.join(root, `step_${step}`, "index_eval_gym.jsonl")), { recordFile: path.basename(file), kind: "eval", env: "gym", step, size: bytes.length });
   if (!check.ok) throw new Error(`step ${step}'s index: ${check.reason}`);
   expect(check.header.sha256).toBe(createHash("sha256").update(bytes).digest("hex"));
   const ids = bytes.toString("utf8").split("\n").filter(Boolean).map((line) => (JSON.parse(line) as { id: string }).id);

@@ -339,18 +339,15 @@ describe("stale, foreign and hostile indexes", () => {
     const expectation = { recordFile: "train_rollouts_gsm8k.jsonl", kind: "train", env: "gsm8k", step: 1, size: 100 };
     const parse = vi.spyOn(JSON, "parse");
     try {
-      const garbage = "0\n".repeat(9 * 2 ** 19); // 9 MiB, no header on line 1
-      for (const index of [garbage, Buffer.from(garbage)]) {
-        parse.mockClear();
-        expect(checkIndex(index, expectation)).toMatchObject({ ok: false, reason: expect.stringMatching(/^bad header/) });
-        expect(parse).toHaveBeenCalledTimes(1);
-      }
+      const garbage = Buffer.from("0\n".repeat(9 * 2 ** 19)); // 9 MiB, no header on line 1
+      expect(checkIndex(garbage, expectation)).toMatchObject({ ok: false, reason: expect.stringMatching(/^bad header/) });
+      expect(parse).toHaveBeenCalledTimes(1);
       // A good header claiming 2 records, then far more rows than that: stops at the third.
       const header: IndexHeader = { format: "gym-ckpt/rollout-index", version: 1, kind: "train", env: "gsm8k", step: 1, record_file: "train_rollouts_gsm8k.jsonl", size: 100, sha256: "0".repeat(64), records: 2 };
       const row = (offset: number): IndexRow => ({ trace: "t", task_idx: 0, task_name: null, reward: 0, policy_version: null, step: 1, branches: 1, turns: 1, stop: null, offset, len: 50 });
       const tooMany = `${JSON.stringify(header)}\n${Array.from({ length: 100_000 }, (_, i) => JSON.stringify(row(50 * i))).join("\n")}\n`;
       parse.mockClear();
-      expect(checkIndex(tooMany, expectation)).toEqual({ ok: false, reason: "row count differs from header" });
+      expect(checkIndex(Buffer.from(tooMany), expectation)).toEqual({ ok: false, reason: "row count differs from header" });
       expect(parse).toHaveBeenCalledTimes(3);
       // The same index with its header's count is accepted, blank lines skipped as before.
       const exact = `${JSON.stringify(header)}\n\n${JSON.stringify(row(0))}\r\n${JSON.stringify(row(50))}\n`;
