@@ -86,13 +86,13 @@ export async function connectNats(options: ConnectionOptions & { inboxPrefix: st
 /**
  * `connectNats`, tried again every `everyMs` while no server is reachable, for up to `withinMs`
  * (0: once): a long-running process started while its NATS server restarts waits for it instead of
- * exiting. `onWait` hears the first failure. Credentials refused or a bad URL fail at once.
+ * exiting, saying so once to `log` (a pino logger fits). Credentials refused or a bad URL fail at once.
  */
 export async function connectNatsWithin(
   options: ConnectionOptions & { inboxPrefix: string },
   withinMs: number,
   failure: FirstConnectFailure,
-  onWait: (error: CheckpointError) => void = () => undefined,
+  log?: { warn(fields: object, message: string): void },
   everyMs = 250,
 ): Promise<NatsConnection> {
   const until = Date.now() + withinMs;
@@ -101,7 +101,7 @@ export async function connectNatsWithin(
       return await connectNats(options, failure);
     } catch (error) {
       if (!(error instanceof CheckpointError && error.code === failure.unreachable) || Date.now() + everyMs >= until) throw error;
-      if (tries === 1) onWait(error);
+      if (tries === 1) log?.warn({ err: error, wait_ms: withinMs }, "NATS is not reachable yet; trying again");
       await new Promise((resolve) => setTimeout(resolve, everyMs));
     }
   }

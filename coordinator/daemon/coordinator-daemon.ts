@@ -87,9 +87,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       ...(config.nats.user !== undefined && { user: config.nats.user }),
       ...(config.nats.pass !== undefined && { pass: config.nats.pass }),
       ...(config.nats.token !== undefined && { token: config.nats.token }),
-    }, config.nats.connect_wait_ms, { unreachable: "not_leader", consequence: "this coordinator cannot start until NATS is reachable (a supervisor restarts it)" }, (err) =>
-      logger.warn({ err, wait_ms: config.nats.connect_wait_ms }, "NATS is not reachable yet; trying again"),
-    ));
+    }, config.nats.connect_wait_ms, { unreachable: "not_leader", consequence: "this coordinator cannot start until NATS is reachable (a supervisor restarts it)" }, logger));
   let registry: WatchedMemberRegistry | undefined;
   let journal: KvDecisionJournal;
   try {

@@ -310,7 +310,7 @@ export async function startServerRuntime(
   const connectOptions = participantConnectOptions(config.nats, `${name}:${config.instance}`);
   try {
     const failure = { unreachable: "unreachable", consequence: "this participant cannot start until NATS is reachable (a supervisor restarts it)" } as const;
-    nc = await connectNatsWithin(connectOptions, config.natsConnectWaitMs, failure, (err) => logger.warn({ err, wait_ms: config.natsConnectWaitMs }, "NATS is not reachable yet; trying again"));
+    nc = await connectNatsWithin(connectOptions, config.natsConnectWaitMs, failure, logger);
   } catch (error) {
     // A supervisor restarts us; it needs one readable line with its code, not a stack trace
     // (credentials redacted). Refused credentials or servers nats.js cannot parse are

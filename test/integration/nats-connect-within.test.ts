@@ -16,7 +16,7 @@ describe("connectNatsWithin", () => {
   it("connects once a server that was not listening yet starts, having said once that it waits", async () => {
     const port = await freePortRun(1);
     const waits: CheckpointError[] = [];
-    const connecting = connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 20_000, CONTROLLER_CONNECT_FAILURE, (error) => void waits.push(error), 100);
+    const connecting = connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 20_000, CONTROLLER_CONNECT_FAILURE, { warn: (fields) => void waits.push((fields as { err: CheckpointError }).err) }, 100);
     await new Promise((resolve) => setTimeout(resolve, 500));
     server = await NatsServerProcess.start({ port });
     const nc = await connecting;
@@ -31,7 +31,7 @@ describe("connectNatsWithin", () => {
   it("gives up with not_leader once the bound passes and nothing listens", async () => {
     const port = await freePortRun(1);
     const started = Date.now();
-    await expect(connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 600, CONTROLLER_CONNECT_FAILURE, () => undefined, 100)).rejects.toMatchObject({ code: "not_leader" });
+    await expect(connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 600, CONTROLLER_CONNECT_FAILURE, undefined, 100)).rejects.toMatchObject({ code: "not_leader" });
     expect(Date.now() - started).toBeGreaterThanOrEqual(400);
     expect(Date.now() - started).toBeLessThan(5_000);
   });

@@ -245,8 +245,7 @@ export function register(program: Command): void {
         // NATS restarting as the collector starts (a node's processes coming back together) is
         // waited for as long as a controller call waits for a leader, not an exit.
         const natsOptions = { ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1, inboxPrefix: NATS_INBOX_PREFIXES.controller };
-        const waiting = (err: CheckpointError) => logger?.warn({ err, wait_ms: leaderWaitMs }, "NATS is not reachable yet; trying again");
-        nc = httpUrl ? undefined : await connectNatsWithin(natsOptions, leaderWaitMs, CONTROLLER_CONNECT_FAILURE, waiting);
+        nc = httpUrl ? undefined : await connectNatsWithin(natsOptions, leaderWaitMs, CONTROLLER_CONNECT_FAILURE, logger);
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token, leaderWaitMs }) : new NatsControllerClient({
           nc,
           deployment,
