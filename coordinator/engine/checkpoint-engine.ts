@@ -753,6 +753,8 @@ export class CheckpointEngine {
         continue;
       }
       const action = await this.recoverOne(entry, statuses).catch((error: unknown) => {
+        // A decision that could not be journaled again ends the recovery, rejected: see recoverOne.
+        if (isDecisionNotJournaled(error)) throw error;
         this.log.error({ checkpoint_id: entry.checkpoint_id, err: error }, "recovery_failed");
         return "failed";
       });
@@ -873,6 +875,17 @@ export class CheckpointEngine {
         try {
           await this.doCommit(open.id, deadlineMs, entry.scope, entry.stop, undefined);
         } catch (error) {
+          if (isDecisionNotJournaled(error)) {
+            // Its rewrite as decided failed (a KV timeout; or refused: the entry changed since the
+            // listing): no commit left here, and the journal still holds the decision (its
+            // predecessor's, or this rewrite landed). Not aborted for it, which would resume
+            // participants the predecessor's commit reached and drop the decision: recovery stops
+            // here, the checkpoint not open, the gate shut, and runs again (the daemon retries while
+            // this term lasts), re-reading the entry as when the journal cannot be listed.
+            log.warn({ err: error }, "recovery_decision_not_journaled_retrying");
+            if (this.open === open) this.open = undefined;
+            throw error;
+          }
           log.warn({ err: error }, "recovery_commit_failed_resuming");
           await this.abortDecided(open.id, deadlineMs, undefined, error);
           return "commit_failed_resumed";
@@ -1319,7 +1332,9 @@ export class CheckpointEngine {
       open.stop = stop;
       // The decision is durable before any commit leaves: a successor completes it.
       await this.journal(open, "decided").catch((error: unknown) => {
-        throw unjournaled(error, `checkpoint ${id}: the commit decision could not be journaled, so no commit was sent; the write may still have landed, for a successor to re-drive`);
+        const failure = unjournaled(error, `checkpoint ${id}: the commit decision could not be journaled, so no commit was sent; the write may still have landed, for a successor to re-drive`);
+        if (typeof failure === "object" && failure !== null) DECISION_NOT_JOURNALED.add(failure);
+        throw failure;
       });
       open.phase = "committing";
     }
@@ -2321,6 +2336,16 @@ function compareOpenedOrder(a: JournalEntry, b: JournalEntry): number {
  * it may still have landed, so its outcome is unknown and the controller sends the op again
  * (`internal_error` it would drop). A catalog refusal (a fenced write's `not_leader`) keeps its code.
  */
+/**
+ * Failures of a commit decision's journal write (doCommit): nothing was sent. A recovery re-driving
+ * a journaled decision stops on one instead of aborting the checkpoint (see recoverOne).
+ */
+const DECISION_NOT_JOURNALED = new WeakSet<object>();
+
+function isDecisionNotJournaled(error: unknown): boolean {
+  return typeof error === "object" && error !== null && DECISION_NOT_JOURNALED.has(error);
+}
+
 function unjournaled(error: unknown, what: string): unknown {
   if (error instanceof CheckpointError) return error;
   const detail = error instanceof Error ? error.message : String(error);
