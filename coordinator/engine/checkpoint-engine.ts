@@ -717,24 +717,40 @@ export class CheckpointEngine {
   recover(): Promise<{ checkpoint_id: string; action: string }[]> {
     const term = this.leaderTerm;
     return this.lock.run(async () => {
-      const done = await this.recoverAll();
+      const done = await this.recoverAll(term);
       if (term === this.leaderTerm) this.recoveredFlag = true;
       return done;
     });
   }
 
-  private async recoverAll(): Promise<{ checkpoint_id: string; action: string }[]> {
+  /**
+   * Recovers for leadership term `term` only. A term that ended before it ran (it waited for the
+   * lock) or while it runs (the lease lost, and maybe won again) stops it, returning what it did:
+   * the term now current runs its own recovery, which would otherwise find what this one left open
+   * in its place and close it as a leftover, its journal entry removed while it stays open.
+   */
+  private async recoverAll(term: number): Promise<{ checkpoint_id: string; action: string }[]> {
     const done: { checkpoint_id: string; action: string }[] = [];
+    const ended = (): boolean => {
+      if (term === this.leaderTerm) return false;
+      // Opened in a later term by this recovery: that term's recovery finds it in the journal.
+      this.open = undefined;
+      this.log.warn({ recovered: done }, "recovery_term_ended_stopped");
+      return true;
+    };
+    if (ended()) return done;
     // Oldest first: a checkpoint opens only once the one before it closed, so an older entry that
     // recovery would leave open is a leftover whose removal a crash cut short — the newer one wins.
     // By the order they opened in (compareOpenedOrder), not `epoch` (a successor's rewrite raises it) or
     // `prepared_at` (a wall clock stepped back would put a newer decision first and close it).
     const entries = [...(await this.options.journal.list())].sort(compareOpenedOrder);
+    if (ended()) return done;
     // Carries this leader's epoch: every participant that answers refuses a deposed leader's
     // delayed ops from now on (before any controller op is served), and one that admitted such a
     // prepare already shows it here, so resumeOrphans releases it.
     const statuses = await this.probeStatuses(undefined, this.options.leadership.epoch());
     for (const [index, entry] of entries.entries()) {
+      if (ended()) return done;
       const previous = this.open;
       if (previous) {
         this.log.info({ checkpoint_id: previous.id, newer: entry.checkpoint_id }, "recovery_superseded_entry_closed");
@@ -760,6 +776,7 @@ export class CheckpointEngine {
       });
       done.push({ checkpoint_id: entry.checkpoint_id, action });
     }
+    if (ended()) return done;
     done.push(...(await this.resumeOrphans(new Set(entries.map((e) => e.checkpoint_id)), statuses)));
     return done;
   }
