@@ -2349,11 +2349,6 @@ function compareOpenedOrder(a: JournalEntry, b: JournalEntry): number {
 }
 
 /**
- * A journal write that failed (a KV timeout, the journal's stream gone) before anything was sent:
- * it may still have landed, so its outcome is unknown and the controller sends the op again
- * (`internal_error` it would drop). A catalog refusal (a fenced write's `not_leader`) keeps its code.
- */
-/**
  * Failures of a commit decision's journal write (doCommit): nothing was sent. A recovery re-driving
  * a journaled decision stops on one instead of aborting the checkpoint (see recoverOne).
  */
@@ -2363,6 +2358,11 @@ function isDecisionNotJournaled(error: unknown): boolean {
   return typeof error === "object" && error !== null && DECISION_NOT_JOURNALED.has(error);
 }
 
+/**
+ * A journal write that failed (a KV timeout, the journal's stream gone) before anything was sent:
+ * it may still have landed, so its outcome is unknown and the controller sends the op again
+ * (`internal_error` it would drop). A catalog refusal (a fenced write's `not_leader`) keeps its code.
+ */
 function unjournaled(error: unknown, what: string): unknown {
   if (error instanceof CheckpointError) return error;
   const detail = error instanceof Error ? error.message : String(error);
