@@ -78,7 +78,11 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     // such as uvicorn's httptools parser reads the path before it), so `…/completions#x` is not untracked.
     const sent = req.url ?? "/";
     const hash = sent.indexOf("#");
-    const rawUrl = hash === -1 ? sent : sent.slice(0, hash);
+    // An absolute-form target (`http://host/path`, which a client configured with a proxy sends) is read
+    // by its path, as the upstream reads it: unreduced, `http://host/ng-capture/v1/…` went upstream with
+    // the control token, and a prefixed generation call was refused as unprefixed.
+    const rawUrl = originForm(hash === -1 ? sent : sent.slice(0, hash));
+    if (rawUrl === undefined) throw new CheckpointError("invalid_request", `the request target must be a path or an absolute URL (got ${JSON.stringify(sent.slice(0, 100))})`);
     const q = rawUrl.indexOf("?");
     const path = q === -1 ? rawUrl : rawUrl.slice(0, q);
     const query = q === -1 ? "" : rawUrl.slice(q);
@@ -175,6 +179,20 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   }
 
   return server;
+}
+
+/**
+ * A request target in origin-form (`/path?query`). An absolute-form one (`http://host/path?query`),
+ * which a server must accept (RFC 9112 §3.2.2), is reduced to its path and query as sent (no
+ * normalization: the path is classified, and forwarded, like any other); any other form (`*`) is
+ * undefined, since the upstream hop can only carry a path.
+ */
+export function originForm(target: string): string | undefined {
+  if (target.startsWith("/")) return target;
+  const authority = /^[A-Za-z][A-Za-z0-9+.-]*:\/\/[^/?]*/.exec(target);
+  if (!authority) return undefined;
+  const rest = target.slice(authority[0].length);
+  return rest.startsWith("/") ? rest : `/${rest}`;
 }
 
 function safeJson(text: string): unknown {
