@@ -62,13 +62,18 @@ const denyImport = () => {
   throw importDenied;
 };
 
-function prelude(input) {
+// What print() keeps of a case's output: up to keep characters of it joined (-1: none, in function mode,
+// where printed output is never read). Past that nothing more is kept, so printing is bounded by the
+// output limit rather than by the heap (a run that printed more than its heap ended as memory_limit,
+// every case lost, however much of it a function mode submission's debug logging was).
+function prelude(input, keep) {
   return [
     // A global that cannot be deleted fails every case (closed) rather than stay reachable.
     "{ const kept = new Set(" + JSON.stringify(KEPT) + ");",
     "  for (const name of Reflect.ownKeys(globalThis)) if (typeof name === 'string' && !kept.has(name) && !Reflect.deleteProperty(globalThis, name)) throw new Error('sandbox: cannot remove ' + name); }",
-    "const __out = [];",
-    "globalThis.print = (...parts) => { __out.push(parts.map(String).join(' ')); };",
+    "const __out = (() => { const lines = []; let chars = -1;",
+    "  return { lines, get over() { return chars > " + keep + "; }, add(line) { chars += line.length + 1; if (chars <= " + keep + ") lines.push(line); } }; })();",
+    "globalThis.print = (...parts) => { __out.add(parts.map(String).join(' ')); };",
     "globalThis.console = { log: globalThis.print };",
     "globalThis.input = " + JSON.stringify(input) + ";",
     "const __lines = globalThis.input.split('\\n'); let __line = 0;",
@@ -133,12 +138,14 @@ function runCase(job, script, testCase) {
     return { timeout: left, displayErrors: false };
   };
   try {
-    importDenied = vm.runInContext(prelude(job.mode === "stdio" ? testCase.input : ""), context, options());
+    const stdio = job.mode === "stdio";
+    importDenied = vm.runInContext(prelude(stdio ? testCase.input : "", stdio ? job.max_case_output_chars : -1), context, options());
     script.runInContext(context, options());
     const tail = job.mode === "function"
       ? "JSON.stringify(" + job.function_name + "(..." + JSON.stringify(testCase.args) + "))"
-      : "__out.join('\\n')";
+      : "__out.over ? -1 : __out.lines.join('\\n')";
     const output = vm.runInContext(tail, context, options());
+    if (stdio && output === -1) return { status: "output_limit" };
     if (typeof output !== "string") return { status: "error", error: "the function returned nothing JSON can encode" };
     // Never compare a cut output: a case that printed more than the limit fails as such.
     if (output.length > job.max_case_output_chars) return { status: "output_limit" };

@@ -177,7 +177,7 @@ describe("code verifier", () => {
     ];
     // A describer that ran the submission's code would loop for ever: the case would time out, however
     // long its time. A generous one keeps a loaded machine's slow child from timing out a correct describer.
-    const limits = { ...LIMITS, caseTimeoutMs: 3000 };
+    const limits = { ...LIMITS, caseTimeoutMs: 5000 };
     for (const code of hostile) {
       const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }, { args: [] }] }, limits);
       expect(outcome, code).toMatchObject({ status: "completed", results: [{ status: "error" }, { status: "error" }] });
@@ -412,9 +412,26 @@ describe("competitive programming verifier", () => {
 
   it("gives each case one deadline: the program and the output join it replaced share the per-case timeout", async () => {
     const limits = { ...LIMITS, caseTimeoutMs: 1000 };
-    const answer = `${busy(700)}\nprint(6);\n__out.join = function (sep) { ${busy(700)} return Array.prototype.join.call(this, sep); };`;
+    const answer = `${busy(700)}\nprint(6);\n__out.lines.join = function (sep) { ${busy(700)} return Array.prototype.join.call(this, sep); };`;
     const result = await verify(new CompetitiveProgrammingVerifier(limits), { task: { cases: [{ input: "", output: "6" }] }, answer });
     expect(result.body).toMatchObject({ reward: 0, status: "completed", cases: ["timeout"] });
+  });
+
+  it("keeps printed output only up to the per-case limit: a flood fails its own case, and a function's logging costs no memory", async () => {
+    // Far more than the 48 MB heap: kept whole, it ended the run as memory_limit, every case lost.
+    const limits = { ...LIMITS, caseTimeoutMs: 5000 };
+    const flood = "const s = 'x'.repeat(1000000); for (let i = 0; i < 300; i++) print(s + i);";
+    const cases = { cases: [{ input: "flood", output: "6" }, { input: "", output: "6" }] };
+    const printed = await verify(new CompetitiveProgrammingVerifier(limits), { task: cases, answer: `if (input === 'flood') { ${flood} } else print(6);` });
+    expect(printed.body).toEqual({ reward: 0, status: "completed", passed: 1, total: 2, cases: ["output_limit", "pass"] });
+    // Function mode never reads what was printed: a correct function that logs a lot passes.
+    // 120 flat strings of ~590,000 characters: ~70 MB kept, as it was.
+    const logging = "function add(a, b) { const state = Array.from({ length: 100000 }, (_, j) => j); for (let i = 0; i < 120; i++) console.log('step', i, JSON.stringify(state)); return a + b; }";
+    expect((await verify(new CodeVerifier(limits), { task: addTask, answer: logging })).body).toEqual({ reward: 1, status: "completed", passed: 2, total: 2, cases: ["pass", "pass"] });
+    // Output up to the limit (here 65,535 characters of 65,536) is still whole, however many prints made it; one more line is past it.
+    const lines = { cases: [{ input: "", output: Array.from({ length: 8192 }, () => "1234567").join("\n") }] };
+    expect((await verify(new CompetitiveProgrammingVerifier(LIMITS), { task: lines, answer: "for (let i = 0; i < 8192; i++) print('1234567');" })).body).toMatchObject({ reward: 1, cases: ["pass"] });
+    expect((await verify(new CompetitiveProgrammingVerifier(LIMITS), { task: lines, answer: "for (let i = 0; i < 8192; i++) print('1234567'); print('x');" })).body).toMatchObject({ reward: 0, cases: ["output_limit"] });
   });
 
   it("judges whole outputs up to the per-case limit and never a cut one", async () => {
