@@ -58,7 +58,10 @@ export class CodeVerifier extends VerifierServer {
 
   /** `signal` (a retire of the request) stops the run: it rejects with the signal's `stale_attempt`. */
   async verify(body: unknown, _request?: unknown, signal?: AbortSignal): Promise<VerifyResult> {
-    const { task, answer } = parseVerifierBody(CodeVerifyBodySchema, body);
+    const { task: checked, answer } = parseVerifierBody(CodeVerifyBodySchema, body);
+    // The tests as sent, once checked: zod's copy of a JSON object drops an own `__proto__` key (its
+    // assignment sets the copy's prototype instead), so a case's args or expected value would change.
+    const task = { ...checked, tests: (body as { task: { tests: typeof checked.tests } }).task.tests };
     // A case returning more than the sandbox's output limit fails as output_limit, so such an expected value could never pass.
     const tooLong = task.tests.findIndex((test) => JSON.stringify(test.expected).length > this.limits.maxCaseOutputChars);
     if (tooLong !== -1) {

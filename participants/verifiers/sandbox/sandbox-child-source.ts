@@ -101,6 +101,17 @@ function describe(error) {
   }
 }
 
+/**
+ * A JSON value as JavaScript source that evaluates to the same value. Not JSON.stringify's text: in
+ * an object literal a \`"__proto__": {…}\` member sets the object's prototype instead of making the
+ * own property JSON.parse made, so a task's argument would reach the function as another value.
+ */
+function literal(value) {
+  if (Array.isArray(value)) return "[" + value.map(literal).join(",") + "]";
+  if (value === null || typeof value !== "object") return JSON.stringify(value);
+  return "{" + Object.keys(value).map((key) => (key === "__proto__" ? "[\"__proto__\"]" : JSON.stringify(key)) + ":" + literal(value[key])).join(",") + "}";
+}
+
 function runCases(job) {
   let script;
   let compileError;
@@ -142,7 +153,7 @@ function runCase(job, script, testCase) {
     importDenied = vm.runInContext(prelude(stdio ? testCase.input : "", stdio ? job.max_case_output_chars : -1), context, options());
     script.runInContext(context, options());
     const tail = job.mode === "function"
-      ? "JSON.stringify(" + job.function_name + "(..." + JSON.stringify(testCase.args) + "))"
+      ? "JSON.stringify(" + job.function_name + "(..." + literal(testCase.args) + "))"
       : "__out.over ? -1 : __out.lines.join('\\n')";
     const output = vm.runInContext(tail, context, options());
     if (stdio && output === -1) return { status: "output_limit" };

@@ -268,6 +268,18 @@ describe("code verifier", () => {
     expect(most).toBeLessThanOrEqual(limit);
   });
 
+  it("hands the function its args, and compares its result, with own __proto__ keys as sent", async () => {
+    // Built by JSON.parse: in an object literal `"__proto__": …` would set the prototype instead.
+    const task = JSON.parse(`{"function_name": "f", "tests": [
+      {"args": [{"__proto__": {"x": 1}, "b": 2}], "expected": [["__proto__", "b"], true, true]},
+      {"args": [], "expected": {"__proto__": 1}}]}`);
+    const right = "function f(o) { return o ? [Object.keys(o), Object.getPrototypeOf(o) === Object.prototype, o.x === undefined] : JSON.parse('{\"__proto__\": 1}'); }";
+    expect((await verify(new CodeVerifier(LIMITS), { task, answer: right })).body).toEqual({ reward: 1, status: "completed", passed: 2, total: 2, cases: ["pass", "pass"] });
+    // The expected value keeps its key too: a result without it is wrong.
+    const wrong = "function f(o) { return o ? [Object.keys(o), true, true] : {}; }";
+    expect((await verify(new CodeVerifier(LIMITS), { task, answer: wrong })).body).toEqual({ reward: 0.5, status: "completed", passed: 1, total: 2, cases: ["pass", "fail"] });
+  });
+
   it("refuses malformed tasks with invalid_request", async () => {
     const result = await verify(new CodeVerifier(LIMITS), { task: { function_name: "a;b", tests: [{ args: [], expected: 1 }] }, answer: "x" });
     expect(result.status).toBe(400);
