@@ -763,9 +763,21 @@ export class Collector {
     await Promise.allSettled([...this.finishing]);
   }
 
-  /** The workers are done (the collection closes, summarises, or failed): a checkpoint asked for now is skipped. */
+  /**
+   * The workers are done (the collection closes, summarises, or failed), or about to be: every row
+   * is done or failed for good, none left to send or running (the last one's line may still be on
+   * its way to --out). A checkpoint asked for now is skipped, and a SIGTERM exits with the
+   * collection's own code: there is nothing to continue, and a stop checkpoint would only park the
+   * Gym and have the job requeued (75) to close it again.
+   */
   get hasEnded(): boolean {
-    return this.ended;
+    return this.ended || this.nothingLeft();
+  }
+
+  /** Every row is done or failed for good (after start-up): no worker sends anything any more. */
+  private nothingLeft(): boolean {
+    const { counts } = this.queue;
+    return this.states.size > 0 && counts.pending === 0 && counts.inflight === 0;
   }
 
   /** Publishes buffered rollout records now (before exiting). */
@@ -908,12 +920,12 @@ export class Collector {
     });
   }
 
-  /** Undefined: skipped (a checkpoint that waited while a stop was asked for, anything after a stop, or after the collection ended). */
+  /** Undefined: skipped (a checkpoint that waited while a stop was asked for, anything after a stop, or once no row is left to run: hasEnded). */
   private async checkpointInSpan(stop: boolean, span: Span): Promise<{ published: boolean; checkpointId: string } | undefined> {
     return this.lock.run(async () => {
       // The stop goes first, ahead of a timer or SIGUSR1 checkpoint queued before it: a scheduler's
       // grace period is short, and after it nothing may resume.
-      if ((!stop && this.stopsPending > 0) || (!stop && this.stopping) || this.ended) return undefined;
+      if ((!stop && this.stopsPending > 0) || (!stop && this.stopping) || this.hasEnded) return undefined;
       this.closeGate();
       await this.ownOps.resumeUnresumed();
       const checkpointId = newCheckpointId(Date.now());

@@ -219,8 +219,9 @@ export function register(program: Command): void {
           logger?.error({ err }, "SIGTERM checkpoint failed");
           return { published: false, checkpointId: "" };
         });
-        // Skipped: the collection had ended (its summary being written, or its failure). Nothing
-        // was checkpointed, so the process exits as the collection does, with its own code, not 75.
+        // Skipped: the collection had ended (every row done or failed for good, the last line
+        // perhaps still being appended; its summary being written; or its failure). Nothing was
+        // checkpointed, so the process exits as the collection does, with its own code, not 75.
         if (!failed && !result.checkpointId && collector!.hasEnded) return void logger?.warn("SIGTERM after the collection ended: exiting with its own code");
         progress.finish();
         process.stderr.write(`stopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
