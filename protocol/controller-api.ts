@@ -14,7 +14,8 @@ import { MAX_DEADLINE_AHEAD_S } from "./version.js";
  * typed clients. Every request is strict; refusals are `ErrorReplySchema` bodies with catalog codes.
  */
 
-const MAX_SCOPE = 100_000;
+/** The most episodes (or rollouts) one controller request names. */
+export const MAX_SCOPE = 100_000;
 
 /** Absolute deadline, Unix epoch seconds; the coordinator's default timeout applies when omitted. */
 const OptionalDeadline = z

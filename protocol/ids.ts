@@ -23,7 +23,8 @@ const CAPTURE_KEY_SUFFIX = /^(.+)-a([1-9]\d*)$/;
 
 export const MAX_ATTEMPT = 1_000_000;
 
-const MAX_ROLLOUT_ID_CHARS = 200;
+/** Longest rollout id. */
+export const MAX_ROLLOUT_ID_CHARS = 200;
 
 export const RolloutIdSchema = z
   .string()

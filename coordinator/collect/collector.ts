@@ -37,6 +37,7 @@ import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js"
 import { appendResult, readResults, readResultsForAppend, syncResults } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
+import { assertConcurrencyFits } from "./scope-ceiling.js";
 import type { TaskRow } from "./task-rows.js";
 import { MAX_RUN_REPLY_BYTES, parseRunReply, type RunReply } from "./run-reply.js";
 import { RunTimeouts } from "./run-timeouts.js";
@@ -213,6 +214,8 @@ export class Collector {
 
   /** Reads finished rows, the previous dispatch log and LATEST; restores or retires accordingly. */
   async start(): Promise<void> {
+    // Before anything is read or written: a concurrency whose checkpoints could not carry their scope.
+    assertConcurrencyFits(this.options.concurrency ?? 8, this.options.rows, "concurrency");
     await this.records?.start();
     const finished = await readResultsForAppend(this.options.outPath);
     this.queue = new RowQueue();
@@ -338,6 +341,7 @@ export class Collector {
       state.attempt = episode.attempt + 1;
       if (restoredOnly.has(episode.rollout_id) && !restoreCloses && !restoreFailed) {
         Object.assign(state, { restored: true, continued: true });
+        this.queue.sendFirst(state);
         continuedRestored++;
       } else {
         this.restartedCount++;
@@ -411,6 +415,7 @@ export class Collector {
         for (const source of sources) {
           const state = this.states.get(source.rollout_id)!;
           Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });
+          this.queue.sendFirst(state);
         }
         this.instruments.rows.add(sources.length, { outcome: "continued" });
         this.options.logger.info({ checkpoint_id: collection.checkpoint_id, rows: sources.length }, "restored checkpoint; continuing rows as their next attempt");

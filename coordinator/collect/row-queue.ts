@@ -17,7 +17,7 @@ const COMPACT_AT = 1024;
  * time made a collection's CPU cost grow with the square of its row count.
  *
  * Rows never sent go in input order; a row sent again after a failure goes ahead of them once the
- * retire of its failed attempt has finished.
+ * retire of its failed attempt has finished, and so does a row a restore continues (`sendFirst`).
  */
 export class RowQueue<S extends QueuedRow> {
   readonly counts: RowCounts = { pending: 0, inflight: 0, done: 0, failed: 0 };
@@ -37,6 +37,16 @@ export class RowQueue<S extends QueuedRow> {
     this.counts[status]++;
     row.status = status;
     if (status === "pending" && row.retiring === undefined) this.retried.push(row);
+  }
+
+  /**
+   * A pending row goes ahead of the rows never sent: a restored row, whose episode waits parked at
+   * the Gym. Until sent it is in every checkpoint's scope beside the rows in flight, so sent first
+   * the two together never outnumber max(workers, restored rows): the bound scope-ceiling.ts relies on.
+   * Its place in input order is skipped once it was sent (only pending rows are taken).
+   */
+  sendFirst(row: S): void {
+    if (sendable(row)) this.retried.push(row);
   }
 
   /** The retire a pending row waited for finished: it may be sent again. */

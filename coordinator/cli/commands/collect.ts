@@ -13,6 +13,7 @@ import { DISPATCH_LOG_FILE } from "../../collect/dispatch-log.js";
 import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBeforeHandler, type EndingSignal } from "../../collect/ending-signals.js";
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
+import { assertConcurrencyFits } from "../../collect/scope-ceiling.js";
 import { readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
@@ -135,6 +136,8 @@ export function register(program: Command): void {
       });
       // Nothing to run "finished" with exit 0: a tasks file left empty by a failed export, or the wrong one.
       if (!rows.length) throw new CheckpointError("invalid_request", `--tasks ${flags.tasks} has no rows`);
+      // Its ceiling depends on the rows' longest rollout id: checked once they are read, still before anything is created.
+      assertConcurrencyFits(concurrency, rows);
       const checkpointDir = resolve(flags.checkpointDir);
       requeueIfSigterm();
       const createdDir = await ensureCheckpointDir(checkpointDir);

@@ -510,6 +510,19 @@ describe("collector", () => {
     expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 2, continued: false });
   });
 
+  it("sends the rows a restore continues before any row never sent: waiting, they are in every checkpoint's scope beside the rows in flight", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "c", attempt: 0 }]);
+    const { controller, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "c", attempt: 0 }]);
+    const sent: string[] = [];
+    const url = await runServer((body) => (sent.push(`${body.rollout_id}@${body.attempt}`), { status: 200, body: { reward: 1 } }));
+    const rows = ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 1 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 3, continued: 1 });
+    expect(sent).toEqual(["c@1", "a@0", "b@0"]);
+  });
+
   it("a crash right after the restore fences the source attempt and sends the restored one", async () => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const { controller, calls, state } = fakeController();

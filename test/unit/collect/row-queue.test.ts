@@ -71,4 +71,16 @@ describe("row queue", () => {
     expect(readsPerRow(100)).toBeLessThanOrEqual(10);
     expect(readsPerRow(5000)).toBe(readsPerRow(100));
   });
+  it("sends a row a restore continues before rows never sent, once: its place in input order is skipped", () => {
+    const queue = new RowQueue<ReturnType<typeof row>>();
+    const rows = ["a", "b", "c", "d"].map((id) => row(id));
+    for (const r of rows) queue.add(r);
+    queue.sendFirst(rows[3]!); // d was restored: its episode waits parked
+    const sent: string[] = [];
+    for (let next = queue.next(); next; next = queue.next()) {
+      sent.push(next.id);
+      queue.set(next, "inflight");
+    }
+    expect(sent).toEqual(["d", "a", "b", "c"]);
+  });
 });
