@@ -1,9 +1,9 @@
-import { closeSync, constants, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
+import { closeSync, constants, fdatasync, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
 import { open, readdir, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { makeDirectories, parseCaptureKey } from "../../../protocol/index.js";
-import { writeFileAtomic } from "../../storage/fs-durable.js";
+import { fsyncDir, writeFileAtomic } from "../../storage/fs-durable.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
 
@@ -11,15 +11,19 @@ const SUFFIX = ".lineage.jsonl";
 /** writeFileAtomic's temp name for a ledger file: `.<key>.lineage.jsonl.<pid>.<12 hex>.tmp`. */
 const TEMP_NAME = /^\.(.+)\.lineage\.jsonl\.\d+\.[0-9a-f]{12}\.tmp$/;
 const openAsync = promisify(openFd);
+const fdatasyncAsync = promisify(fdatasync);
 /** Ledger files are opened without following a symlink: one planted in their place is refused (ELOOP). */
 const NOFOLLOW = constants.O_NOFOLLOW ?? 0;
 const APPEND_FLAGS = constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | NOFOLLOW;
 
 /** Writes bytes at the descriptor's position (append); returns how many were written. A seam for tests. */
 export type LedgerWrite = (fd: number, buffer: Buffer, offset: number) => number;
+/** Makes what was written through the descriptor durable (fdatasync, in the thread pool). A seam for tests. */
+export type LedgerSync = (fd: number) => Promise<void>;
 
 export interface CaptureLedgerOptions {
   write?: LedgerWrite;
+  sync?: LedgerSync;
   /** How many rows the in-memory copy keeps at most (an empty ledger counts as one); default 50 000. */
   maxCachedRows?: number;
   /** Told once per load of a ledger file with unreadable lines (1-based line numbers). */
@@ -37,12 +41,20 @@ export interface CaptureLedgerOptions {
  * new rollouts come, and a dropped key is read again from its file when used. Appends reuse an open
  * descriptor per key (at most `maxHandles`, least recently used closed first) and write
  * synchronously: a few-hundred-byte page-cache append costs ~3 µs inline, against ~20 µs of CPU
- * and a thread-pool round trip for an asynchronous write (and an open/close per row before).
+ * and a thread-pool round trip for an asynchronous write (and an open/close per row before); its
+ * fdatasync (below) runs in the thread pool, outside the stripe lock.
  * Creating a file stays asynchronous (it costs far more). Which keys have a file is listed once at
  * start-up and kept current, so a new rollout's first call never probes the disk: the directory
  * belongs to one model server process at a time. Ledger files are opened without following symlinks
  * and rewritten through exclusively created temp files with unguessable names, so a symlink planted in
  * the directory is refused rather than written through.
+ *
+ * An append resolves only once its line is durable (fdatasync, and a new file's directory entry
+ * fsynced): the caller's response ends after it, and a caller holding a complete answer must find
+ * its row in the ledger a restarted process reads, also after a power loss or kernel crash. The sync
+ * runs in the thread pool outside the stripe lock, one per descriptor at a time: appends arriving
+ * while one runs share the next, so concurrent calls of one key cost one fdatasync. A sync that
+ * fails takes the row back (the append rejects: the caller's call fails as a whole).
  *
  * A row enters memory only once its whole line is in the file. A write that fails part way (a full
  * disk, an I/O error) is cut off again (truncated back to the size before it) so nothing is glued to
@@ -66,6 +78,16 @@ export class CaptureLedger {
   /** Keys whose failed write could not be cut off: the file is truncated to this size before the next append. */
   private readonly repair = new Map<string, number>();
   private readonly write: LedgerWrite;
+  private readonly sync: LedgerSync;
+  /** Per descriptor: the fdatasync running, and the one queued behind it (shared by every append meanwhile). */
+  private readonly syncs = new Map<number, SyncSlot>();
+  /** Descriptors closed while a sync of theirs ran: closed once it settled (the number stays ours till then). */
+  private readonly closeAfterSync = new Set<number>();
+  /** Keys whose file an append created and whose directory entry is not known durable yet. */
+  private readonly newEntries = new Set<string>();
+  private readonly dirSyncs = new Map<"dir", SyncSlot>();
+  /** Appends whose line is written and not yet durable: close() waits for them. */
+  private readonly syncing = new Set<Promise<unknown>>();
   private readonly ready: Promise<void>;
 
   constructor(
@@ -75,6 +97,7 @@ export class CaptureLedger {
     private readonly options: CaptureLedgerOptions = {},
   ) {
     this.write = options.write ?? ((fd, buffer, offset) => writeSync(fd, buffer, offset));
+    this.sync = options.sync ?? ((fd) => fdatasyncAsync(fd));
     this.maxCachedRows = options.maxCachedRows ?? 50_000;
     this.locks = new StripedLocks(join(dir, "locks"), stripes, undefined, undefined, options.onLockReleaseFailed);
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(async () => {
@@ -170,8 +193,10 @@ export class CaptureLedger {
 
   /**
    * Appends one row: the whole line goes to the file, then the row to the in-memory copy (when the
-   * key is loaded), so a following call sees it as soon as the promise resolves. On a failed write
-   * the promise rejects and neither the file nor memory keeps any of it.
+   * key is loaded), then the line is made durable, so a following call sees it as soon as the
+   * promise resolves and a restart (after a power loss too) finds it. On a failed write or sync the
+   * promise rejects and neither the file nor memory keeps any of it (unless taking back a row whose
+   * sync failed fails too: then it stays, as a row an undelivered call could not take back).
    */
   async append(row: LedgerRow): Promise<void> {
     const parsed = LedgerRowSchema.parse(row);
@@ -179,13 +204,84 @@ export class CaptureLedger {
     const line = Buffer.from(`${JSON.stringify(parsed)}\n`);
     // The key's file is open (so the ledger is ready) and its stripe ours and free: written now. The
     // row ends a call's response, which waits for it: each turn of the locked path would add latency.
+    // Either way its sync starts under the stripe lock, before a rewrite or removal could close the
+    // descriptor (a close waits for the sync running on it).
     const open = this.handles.get(key);
-    if (open !== undefined && this.locks.runNowIfFree(key, () => this.writeRow(key, open, parsed, line))) return;
-    // Taken by the locks at once (before any await), so a close() that follows still lets it finish.
-    await this.locks.run(key, async () => {
-      await this.ready;
-      this.writeRow(key, this.handles.get(key) ?? (await this.openAppend(key)), parsed, line);
-    });
+    let durable: Promise<void> | undefined;
+    const writtenNow =
+      open !== undefined &&
+      this.locks.runNowIfFree(key, () => {
+        this.writeRow(key, open, parsed, line);
+        durable = this.makeDurable(key, open);
+      });
+    if (!writtenNow) {
+      // Taken by the locks at once (before any await), so a close() that follows still lets it finish.
+      durable = (
+        await this.locks.run(key, async () => {
+          await this.ready;
+          let fd = this.handles.get(key);
+          if (fd === undefined) {
+            const existed = this.onDisk.has(key);
+            fd = await this.openAppend(key);
+            if (!existed) this.newEntries.add(key);
+          }
+          this.writeRow(key, fd, parsed, line);
+          return { durable: this.makeDurable(key, fd) };
+        })
+      ).durable;
+    }
+    const settled = durable!.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.syncing.add(settled);
+    try {
+      await durable;
+    } catch (error) {
+      // Not known on disk: taken back, so neither a restart nor an export finds a row whose call failed.
+      await this.retract(key, parsed.model_call_id).catch(() => undefined);
+      throw error;
+    } finally {
+      this.syncing.delete(settled);
+    }
+  }
+
+  /**
+   * Started under the key's stripe lock, right after its line was written: the descriptor's data
+   * synced (one sync shared with the appends meanwhile), then, for a file an append created, the
+   * directory (one fsync shared the same way).
+   */
+  private async makeDurable(key: string, fd: number): Promise<void> {
+    try {
+      await this.coalesced(this.syncs, fd, () => this.sync(fd));
+    } finally {
+      if (!this.syncs.has(fd) && this.closeAfterSync.delete(fd)) closeQuietly(fd);
+    }
+    if (!this.newEntries.has(key)) return;
+    // Every key marked before this directory sync starts is covered by it.
+    const covered = [...this.newEntries];
+    await this.coalesced(this.dirSyncs, "dir", () => fsyncDir(this.dir));
+    for (const k of covered) this.newEntries.delete(k);
+  }
+
+  /**
+   * Runs `op` in `slot` so that each caller gets a run that started after it asked: callers arriving
+   * while one runs share the one queued behind it.
+   */
+  private coalesced<K>(slots: Map<K, SyncSlot>, slot: K, op: () => Promise<void>): Promise<void> {
+    const start = (): Promise<void> => {
+      const state: SyncSlot = { running: new Promise<void>((resolve, reject) => void op().then(resolve, reject)), queued: undefined };
+      slots.set(slot, state);
+      const settle = () => {
+        if (slots.get(slot) === state && state.queued === undefined) slots.delete(slot);
+      };
+      state.running.then(settle, settle);
+      return state.running;
+    };
+    const current = slots.get(slot);
+    if (!current) return start();
+    current.queued ??= current.running.then(start, start);
+    return current.queued;
   }
 
   /** Under the key's stripe lock: the line to the file, then the row to memory. */
@@ -225,9 +321,19 @@ export class CaptureLedger {
   /** Lets the writes already asked for finish, then closes every append descriptor and releases the lock files. */
   async close(): Promise<void> {
     await this.ready;
+    // The appends whose line is written finish making it durable (or take it back, under the lock)
+    // first, and so do those the locks still let finish.
+    while (this.syncing.size > 0) await Promise.allSettled([...this.syncing]);
     await this.locks.close();
-    for (const fd of this.handles.values()) closeQuietly(fd);
+    while (this.syncing.size > 0) await Promise.allSettled([...this.syncing]);
+    for (const fd of this.handles.values()) this.closeHandle(fd);
     this.handles.clear();
+  }
+
+  /** Closes an append descriptor, once the sync running on it settled (its number is not reused meanwhile). */
+  private closeHandle(fd: number): void {
+    if (this.syncs.has(fd)) this.closeAfterSync.add(fd);
+    else closeQuietly(fd);
   }
 
   /** Under the key's stripe lock: marks the descriptor most recently used. */
@@ -237,7 +343,7 @@ export class CaptureLedger {
     if (this.handles.size <= this.maxHandles) return;
     const [oldest, old] = this.handles.entries().next().value as [string, number];
     this.handles.delete(oldest);
-    closeQuietly(old);
+    this.closeHandle(old);
   }
 
   /** Under the key's stripe lock: opens (creating) the key's file for appends, off the event loop. */
@@ -250,7 +356,7 @@ export class CaptureLedger {
     const fd = this.handles.get(key);
     if (fd === undefined) return;
     this.handles.delete(key);
-    closeQuietly(fd);
+    this.closeHandle(fd);
   }
 
   /** Replaces a key's ledger with `rows` (atomic rename). */
@@ -436,6 +542,12 @@ function splitLines(data: Buffer): Buffer[] {
   }
   lines.push(data.subarray(start));
   return lines;
+}
+
+/** A sync running, and the one queued behind it (shared by every caller that asked meanwhile). */
+interface SyncSlot {
+  running: Promise<void>;
+  queued: Promise<void> | undefined;
 }
 
 /** A loaded key: its rows, and the 1-based numbers of its file's lines that are not rows. */

@@ -5,7 +5,7 @@ import { currentAttemptsOnly, refuseTwoAttempts } from "../../control-plane/one-
 import type { CloseAdmissionOptions, KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
-import { CaptureLedger, type LedgerWrite } from "./capture-ledger.js";
+import { CaptureLedger, type LedgerSync, type LedgerWrite } from "./capture-ledger.js";
 import { constrainedReason, conversationDigest, skipCategory } from "./conversation-digest.js";
 import type { GenerationCutRecord } from "./generation-cut-contract.js";
 import { cutRecordOf, runCutRound, type CutBackend, type CutRoundResult } from "./generation-cut-round.js";
@@ -19,6 +19,8 @@ export interface ModelKindOptions {
   ledgerStripes?: number;
   /** The ledger's file write; a seam for tests (default: writeSync). */
   ledgerWrite?: LedgerWrite;
+  /** The ledger's fdatasync of an appended row; a seam for tests (default: fdatasync in the thread pool). */
+  ledgerSync?: LedgerSync;
   /** Rows the ledger keeps in memory at most (default 50 000); older keys are read again from disk. */
   ledgerCacheRows?: number;
   /** Runs one cut round (default: POST to the backend); a seam for tests. */
@@ -83,6 +85,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   constructor(private readonly options: ModelKindOptions) {
     this.ledger = new CaptureLedger(options.ledgerDir, options.ledgerStripes, undefined, {
       ...(options.ledgerWrite && { write: options.ledgerWrite }),
+      ...(options.ledgerSync && { sync: options.ledgerSync }),
       ...(options.ledgerCacheRows !== undefined && { maxCachedRows: options.ledgerCacheRows }),
       onCorrupt: (path, lines) => options.logger?.warn({ path, lines }, "capture ledger has unreadable lines; new calls continue, a checkpoint of its episode is refused"),
       onLockReleaseFailed: (path, error) => options.logger?.warn({ path, err: error }, "capture ledger lock file not removed; the stripe stays held here and its release is tried again"),
