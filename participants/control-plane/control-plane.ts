@@ -616,8 +616,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       participantInstruments().bytes.add(read.bytes, { op: "restore", kind: this.adapter.kind });
       trace.getActiveSpan()?.setAttributes({ [ATTR.records]: read.records.length, [ATTR.bytes]: read.bytes });
       // A read that outlived the deadline installs nothing: the coordinator has given up on this
-      // restore, and its clean-up (queued behind this lock) may itself run out of time.
-      this.checkDeadline(request.deadline_ts);
+      // restore, and its clean-up (queued behind this lock) may itself run out of time. Live state
+      // admitted meanwhile answers what it would in time (not fresh): deadline_exceeded would tell
+      // the coordinator attempt+1 may be installed here.
+      this.checkDeadline(request.deadline_ts, (late) => this.lateRestoreRefusal(id, late));
 
       let closed: boolean;
       try {

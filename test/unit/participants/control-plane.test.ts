@@ -1325,6 +1325,38 @@ describe("restore whose records read outlives its deadline", () => {
   });
 });
 
+describe("restore whose records read outlives its deadline while live state appeared", () => {
+  it("answers the refusal it would give in time (not fresh), not deadline_exceeded, which tells the coordinator attempt+1 may be installed here", async () => {
+    const { restore, hold } = await restoreReadingSlowly();
+    kind.addEpisode({ rollout_id: "live", attempt: 0 }); // a call admitted here while the records were read
+    clock.advance(31_000); // and the restore's deadline passes before the read ends
+    hold.resolve();
+    const outcome = await restore.then(
+      (reply) => `replied ${reply.phase}`,
+      (error: unknown) => `refused ${(error as { code?: string }).code}`,
+    );
+    expect({ outcome, installed: [...kind.restored.keys()], phase: plane.currentPhase, admissionOpen: kind.admissionOpen, hooks: kind.hooks() }).toEqual({
+      outcome: "refused invalid_checkpoint_state",
+      installed: [],
+      phase: "idle",
+      admissionOpen: true,
+      hooks: [],
+    });
+  });
+
+  it("without live state stays deadline_exceeded, changes nothing, and the same restore sent again in time installs it", async () => {
+    const { restore, hold } = await restoreReadingSlowly();
+    clock.advance(31_000);
+    hold.resolve();
+    expect(await refused(restore)).toBe("deadline_exceeded");
+    expect({ hooks: kind.hooks(), phase: plane.currentPhase, lease: plane.status().lease_expires_at }).toEqual({ hooks: [], phase: "idle", lease: null });
+    // A successor re-driving it (same id, scope and directory, a new deadline) gets it installed now.
+    const dir = join(root, "src");
+    const again = await call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 31 + 30, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect({ restored: again.restored, phase: plane.currentPhase }).toEqual({ restored: ["r1-a1"], phase: "restored" });
+  });
+});
+
 describe("lease expiry whose reopen fails once (the kind's openAdmission throws)", () => {
   it("does not leave an unhandled rejection and still reopens at a later try", async () => {
     const unhandled: unknown[] = [];
