@@ -4,7 +4,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CaptureLedger, type LedgerRow } from "../../../participants/kinds/model/index.js";
+import { CaptureLedger } from "../../../participants/kinds/model/index.js";
+import { ledgerRow } from "./model-fixtures.js";
 
 // An append ends a call's response (the proxy sends its last bytes once it resolves): the caller
 // then holds a complete answer, and a restarted proxy continues the key from the file. A row only
@@ -20,16 +21,7 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const row = (capture_key: string, model_call_id: string): LedgerRow => ({
-  capture_key,
-  model_call_id,
-  parent_call_id: null,
-  continued_from: null,
-  route: "/v1/chat/completions",
-  staging_key: null,
-  usage: null,
-  recorded_at: 1,
-});
+const row = ledgerRow;
 
 const realSync = promisify(fdatasync);
 

@@ -3,7 +3,8 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CaptureLedger, type LedgerRow } from "../../../participants/kinds/model/index.js";
+import { CaptureLedger } from "../../../participants/kinds/model/index.js";
+import { ledgerRow } from "./model-fixtures.js";
 
 let dir: string;
 beforeEach(async () => {
@@ -13,16 +14,7 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const row = (capture_key: string, model_call_id: string): LedgerRow => ({
-  capture_key,
-  model_call_id,
-  parent_call_id: null,
-  continued_from: null,
-  route: "/v1/chat/completions",
-  staging_key: null,
-  usage: null,
-  recorded_at: 1,
-});
+const row = ledgerRow;
 
 describe("capture ledger: a failed write that could not be cut off", () => {
   it("is not read back as a row when its key is loaded again before the next append", async () => {

@@ -8,9 +8,11 @@ import { parseUpstream } from "../../participants/attach/upstream-url.js";
 import { ModelKind } from "../../participants/kinds/model/index.js";
 import { closeAttachFixture, listenLocal } from "../support/attach-proxy-fixture.js";
 
-// A request target in absolute-form (`http://host/path`: what a client configured with the proxy as
-// its HTTP proxy sends, and what a server must accept, RFC 9112 §3.2.2) is read by the upstream
-// (uvicorn's parser, vLLM's server) as its path. The proxy must read it so too: the ledger API's
+// The proxy reads a request target as the upstream (uvicorn's httptools parser, vLLM's server) does.
+// A fragment (`#...`, which origin-form does not allow but Node's parser accepts) ends the path there,
+// so a generation call spelled so is tracked like any other spelling, not passed through untracked.
+// An absolute-form target (`http://host/path`: what a client configured with the proxy as its HTTP
+// proxy sends, and what a server must accept, RFC 9112 §3.2.2) is read by its path: the ledger API's
 // control token must never go upstream, and a prefixed generation call must be tracked.
 const TOKEN = "absolute-form-secret";
 let dir: string;
@@ -21,7 +23,7 @@ let kind: ModelKind;
 let seen: { url: string; headers: IncomingHttpHeaders }[] = [];
 
 beforeEach(async () => {
-  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-review-absolute-"));
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-request-target-"));
   seen = [];
   upstream = createServer((req, res) => {
     req.resume();
@@ -38,6 +40,8 @@ beforeEach(async () => {
 });
 
 afterEach(() => closeAttachFixture({ proxy, upstream, kind, dir }));
+
+const CHAT_BODY = JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] });
 
 /** A request with its request target sent exactly as given. */
 function raw(method: string, target: string, body?: string): Promise<{ status: number; body: string }> {
@@ -82,4 +86,16 @@ it("refuses an asterisk-form target with invalid_request, without blaming the up
   expect(answer.status).toBe(400);
   expect(JSON.parse(answer.body)).toMatchObject({ error: { code: "invalid_request" } });
   expect(seen).toEqual([]);
+});
+
+it("tracks a generation call whose request target carries a fragment", async () => {
+  for (const target of ["/ng-rollout/frag/v1/chat/completions#x", "/ng-rollout/frag/v1/chat/completions#x?y=1", "/ng-rollout/frag/v1/chat/completions?y=1#x"]) {
+    expect([target, (await raw("POST", target, CHAT_BODY)).status]).toEqual([target, 200]);
+  }
+  // Each was forwarded as a tracked call (with its lineage headers) and has its row.
+  expect(seen.map((s) => typeof s.headers["x-ng-model-call-id"])).toEqual(["string", "string", "string"]);
+  const rows = await kind.ledger.rows("frag");
+  expect(rows.map((r) => r.route)).toEqual(["/v1/chat/completions", "/v1/chat/completions", "/v1/chat/completions"]);
+  // Without the prefix it is refused, as any unprefixed generation call is.
+  expect((await raw("POST", "/v1/chat/completions#x", CHAT_BODY)).status).toBe(400);
 });
