@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { createReadStream, lstatSync, renameSync, statSync } from "node:fs";
-import { mkdir, rm, rmdir } from "node:fs/promises";
+import { mkdir, rm, rmdir, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
 import {
   CheckpointError,
@@ -10,7 +10,6 @@ import {
   MAX_CONTROLLER_STATE_FILE_BYTES,
   MAX_GLOBAL_MANIFEST_BYTES,
   isUnreadableStorage,
-  makeDirectories,
   type ControllerState,
   type ControllerStateInput,
   type EpisodeId,
@@ -77,7 +76,7 @@ export class GlobalManifestWriter {
   /** Starts writing (and fsyncing) the checkpoint directory and LATEST's temp file for `checkpointId`. */
   stage(checkpointId: string): void {
     if (this.staged.has(checkpointId)) return;
-    const directory = makeDirectories(this.catalog.dirFor(checkpointId));
+    const directory = makeCheckpointDirectory(this.catalog.dirFor(checkpointId));
     directory.catch(() => undefined); // surfaced by checkpointDirectory and publish
     const latest = this.stageLatest(checkpointId, directory);
     latest.catch(() => undefined); // surfaced by publish; a discarded stage needs no handler
@@ -109,7 +108,7 @@ export class GlobalManifestWriter {
     // Staged again (here or meanwhile), or dropped while the mkdir ran (leadership lost, the
     // checkpoint closed): staging that one again would leave a LATEST temp file nobody removes (this
     // process's sweeps skip what it staged), so only its directory is made; a publication stages afresh.
-    const again = this.staged.get(checkpointId)?.directory ?? makeDirectories(this.catalog.dirFor(checkpointId));
+    const again = this.staged.get(checkpointId)?.directory ?? makeCheckpointDirectory(this.catalog.dirFor(checkpointId));
     await again.catch((error: unknown) => {
       // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
@@ -427,6 +426,23 @@ export class GlobalManifestWriter {
       throw new CheckpointError("invalid_checkpoint_state", `controller state file ${input.file} has sha256 ${digest}, not ${input.sha256}`);
     }
     return { file: input.file, sha256: digest };
+  }
+}
+
+/**
+ * The checkpoint directory's mkdir, never its parents: the root is made once, by the daemon's start.
+ * A root missing now is the checkpoint storage gone (unmounted, its mount point left empty), which
+ * the mkdir's ENOENT refuses (storage_error), as `stillStaged` does; `mkdir -p` would make the root
+ * again on this host's local disk, where a participant on the same host would commit and the
+ * checkpoint be published, hidden under the mount point once the storage is back (LATEST there
+ * naming an older one), and where nothing fsyncs the parents it made. One already there as a
+ * directory is fine (a retried staging, a successor's re-drive); anything else there is EEXIST.
+ */
+async function makeCheckpointDirectory(dir: string): Promise<void> {
+  try {
+    await mkdir(dir);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "EEXIST" || !(await stat(dir)).isDirectory()) throw error;
   }
 }
 

@@ -122,6 +122,20 @@ describe("the checkpoint directory removed between prepare and commit", () => {
     expect({ dir: existsSync(join(root, "c6")), latest: await made.catalog.latest() }).toEqual({ dir: false, latest: null });
   });
 
+  it("the root already gone before the prepare (the storage unmounted, its mount point left): storage_error, neither the root nor its parents made on this host, nothing committed or published", async () => {
+    const mountPoint = join(root, "mnt");
+    const unmounted = join(mountPoint, "ckpt");
+    const made = makeEngine(unmounted);
+    const error = await made.engine.checkpoint({ checkpoint_id: "c7", episode_ids: null, stop: false, controller_state: null }).then(() => undefined, (e: unknown) => e);
+    expect(toCheckpointError(error).code).toBe("storage_error");
+    expect({ mountPoint: existsSync(mountPoint), root: existsSync(unmounted), commits: made.fake.ops("commit").length, open: made.engine.openCheckpoint }).toEqual({
+      mountPoint: false,
+      root: false,
+      commits: 0,
+      open: null,
+    });
+  });
+
   it("the whole root gone (the storage unmounted): storage_error, the root not made again on this host", async () => {
     const made = makeEngine(root);
     await preparedThen(made, "c4", () => rm(root, { recursive: true }));

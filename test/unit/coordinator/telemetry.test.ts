@@ -1,4 +1,4 @@
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { context, propagation, trace, SpanStatusCode } from "@opentelemetry/api";
@@ -68,6 +68,7 @@ describe("coordinator telemetry", () => {
   it("an op failing on storage marks its span with the code it answers (storage_error), not only status ERROR", async () => {
     exporter.reset();
     const dir = join(root, "blocked");
+    await mkdir(dir); // as the daemon makes its root at start (the writer never makes a root)
     const { engine } = makeEngine(dir);
     await engine.prepare({ checkpoint_id: "s1" });
     await engine.commit({ checkpoint_id: "s1", episode_ids: null, stop: false });
@@ -106,6 +107,7 @@ describe("coordinator telemetry", () => {
   it("op spans and failure logs carry the real checkpoint id, or none: never LATEST, retire or forget", async () => {
     exporter.reset();
     const lines: Record<string, unknown>[] = [];
+    await mkdir(join(root, "ids"));
     const { engine } = makeEngine(join(root, "ids"), { logger: createLogger("info", { write: (s: string) => lines.push(JSON.parse(s) as Record<string, unknown>) }) });
     const opSpan = (name: string) => exporter.getFinishedSpans().filter((s) => s.name === `checkpoint.coordinate.${name}`).at(-1)!;
     const ID = SPAN_ATTR.checkpointId;
@@ -137,6 +139,7 @@ describe("coordinator telemetry", () => {
 
   it("a stage or .all span where a participant failed is ERROR and names the failing codes; a clean one is not", async () => {
     exporter.reset();
+    await mkdir(join(root, "stage-failures"));
     const { engine, fake } = makeEngine(join(root, "stage-failures"));
     const last = (name: string) => exporter.getFinishedSpans().filter((s) => s.name === name).at(-1)!;
     // Prepare: model refuses; environment's stage went through.
