@@ -195,12 +195,23 @@ export function millisecondFlagRefusal(values: Record<string, unknown>): string 
 
 /**
  * Why a server's required URL flags are refused, if they are: missing, or not http(s) (a URL fetch
- * cannot take, such as `127.0.0.1:8080` without its scheme, failed every call at run time).
+ * cannot take, such as `127.0.0.1:8080` without its scheme, failed every call at run time), or
+ * carrying credentials (`user:password@`): fetch refuses to build a request from such a URL, and
+ * its refusal quotes the whole URL, password included, into the reply and the logs of every call.
+ * The value is never echoed.
  */
 export function urlFlagsRefusal(flags: Record<string, string | undefined>, names: string[]): string | undefined {
   if (names.some((flag) => !flags[flag])) return `${names.map((flag) => `--${flag}`).join(" and ")} are required`;
   const bad = names.find((flag) => !isHttpUrl(flags[flag]!));
-  return bad === undefined ? undefined : `--${bad} must be an http or https URL`;
+  if (bad !== undefined) return `--${bad} must be an http or https URL`;
+  const withCredentials = names.find((flag) => urlHasCredentials(flags[flag]!));
+  return withCredentials === undefined ? undefined : `--${withCredentials} may not carry credentials (user:password@)`;
+}
+
+/** Whether an http(s) URL carries `user[:password]@` (which fetch refuses, quoting the URL). */
+export function urlHasCredentials(value: string): boolean {
+  const url = new URL(value);
+  return url.username !== "" || url.password !== "";
 }
 
 /** Why a bearer-token flag (`--cut-token`) is refused, if it is: what `Authorization: Bearer` cannot carry. */

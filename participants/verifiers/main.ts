@@ -1,6 +1,6 @@
 import { createResourcesApp } from "../kinds/resources/index.js";
 import { isHttpUrl } from "../../protocol/index.js";
-import { startServerRuntime } from "../gym/server-runtime.js";
+import { startServerRuntime, urlHasCredentials } from "../gym/server-runtime.js";
 import { CodeVerifier } from "./code-verifier.js";
 import { CohortCompareVerifier, modelCohortJudge } from "./cohort-compare-verifier.js";
 import { CompetitiveProgrammingVerifier } from "./competitive-programming-verifier.js";
@@ -34,6 +34,8 @@ function flagRefusal(flags: Record<string, string | undefined>): string | undefi
   if (!VERIFIERS.includes(verifier)) return `unknown --verifier ${verifier} (${VERIFIERS.join(", ")})`;
   if ((verifier === "equivalence" || verifier === "cohort") && !flags["judge-url"]) return "--judge-url is required for judge-based verifiers";
   if (flags["judge-url"] !== undefined && !isHttpUrl(flags["judge-url"])) return "--judge-url must be an http or https URL";
+  // fetch refuses such a URL and quotes it, password included, in every judge_failed detail. Not echoed.
+  if (flags["judge-url"] !== undefined && urlHasCredentials(flags["judge-url"])) return "--judge-url may not carry credentials (user:password@): a judge's API key goes in GYM_CKPT_JUDGE_API_KEY";
   for (const [flag, least] of [["cohort-size", 1], ["max-active-cohorts", 1], ["max-sandbox-queue", 0]] as const) {
     const value = flags[flag];
     if (value !== undefined && !(/^\d+$/.test(value) && Number(value) >= least)) return `--${flag} must be an integer ≥ ${least}`;

@@ -119,6 +119,9 @@ describe("a reference server's own flags are checked before NATS", () => {
     // Without a scheme every call failed at run time (fetch cannot parse it), never at start-up.
     ["environment-server", ["--agent-url", "127.0.0.1:9", "--resources-url", "http://127.0.0.1:9"], "environment-server: --agent-url must be an http or https URL"],
     ["agent-server", ["--policy-url", "http://127.0.0.1:9", "--resources-url", "localhost:9"], "agent-server: --resources-url must be an http or https URL"],
+    // fetch refuses a URL with credentials and quotes it, password included, in every call's refusal.
+    ["agent-server", ["--policy-url", "http://user:SECRETWORD@127.0.0.1:9", "--resources-url", "http://127.0.0.1:9"], "agent-server: --policy-url may not carry credentials (user:password@)"],
+    ["environment-server", ["--agent-url", "http://127.0.0.1:9", "--resources-url", "http://SECRETWORD@127.0.0.1:9"], "environment-server: --resources-url may not carry credentials (user:password@)"],
     // Anything but "false" streamed: `--stream no` or `--stream 0` silently did the opposite.
     ["agent-server", ["--policy-url", "http://127.0.0.1:9", "--resources-url", "http://127.0.0.1:9", "--stream", "no"], "agent-server: --stream must be true or false"],
     ["policy-backend", ["--token-delay-ms", "70000"], "policy-backend: --token-delay-ms must be a number between 0 and 60000"],
@@ -166,6 +169,8 @@ describe("a reference server's own flags are checked before NATS", () => {
     [["--verifier", "cohort", "--judge-url", "127.0.0.1:9"], "verifier: --judge-url must be an http or https URL"],
     [["--verifier", "cohort", "--judge-url", "http://127.0.0.1:9", "--cohort-size", "0"], "verifier: --cohort-size must be an integer ≥ 1"],
     [["--verifier", "code", "--max-sandbox-queue=-1"], "verifier: --max-sandbox-queue must be an integer ≥ 0"],
+    // fetch refuses a URL with credentials and quotes it: every judge_failed detail carried the password.
+    [["--verifier", "equivalence", "--judge-url", "http://judge:SECRETWORD@127.0.0.1:9"], "verifier: --judge-url may not carry credentials (user:password@): a judge's API key goes in GYM_CKPT_JUDGE_API_KEY"],
   ])("a verifier %j: one line, exit 2", (args, line) => {
     ensureBuilt();
     const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });

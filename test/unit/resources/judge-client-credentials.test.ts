@@ -1,0 +1,22 @@
+import { describe, expect, it } from "vitest";
+import { EquivalenceJudgeVerifier, JudgeClient } from "../../../participants/verifiers/index.js";
+
+/**
+ * A judge URL with `user:password@` cannot work (fetch refuses to build a request from a URL that
+ * carries credentials), and fetch's refusal quotes the whole URL: each verify then answered
+ * `judge_failed` with the judge's password in its `detail`, to every caller and into its records.
+ * The client refuses such a URL when it is built, without echoing it (the API key goes in
+ * GYM_CKPT_JUDGE_API_KEY, sent as a bearer token).
+ */
+const SECRET = "judge-Pa55word";
+
+describe("JudgeClient and a judge URL carrying credentials", () => {
+  it.each([`http://judge:${SECRET}@127.0.0.1:9`, `https://${SECRET}@judge.example/v1`])("%s: refused when built, its credentials never in a verify reply", async (baseUrl) => {
+    const outcome = await (async () => new EquivalenceJudgeVerifier(new JudgeClient({ baseUrl })).verify({ task: { expected_answer: "4" }, answer: "4" }))().then(
+      (reply) => ({ answered: JSON.stringify(reply) }),
+      (error: Error) => ({ refused: error.message }),
+    );
+    expect(JSON.stringify(outcome)).not.toContain(SECRET);
+    expect(outcome).toEqual({ refused: expect.stringMatching(/may not carry credentials/) });
+  });
+});
