@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { loadConfig, redactConfig } from "../../../coordinator/config/config-loader.js";
-import { CheckpointError, MAX_DEADLINE_AHEAD_S } from "../../../protocol/index.js";
+import { CheckpointError, connectNats, MAX_DEADLINE_AHEAD_S, natsServers, redactNatsServers } from "../../../protocol/index.js";
 
 describe("coordinator config", () => {
   it("layers defaults < file < env < flags", async () => {
@@ -181,6 +181,26 @@ describe("coordinator config", () => {
     const printed = (redactConfig(config).nats as { servers: string }).servers;
     for (const secret of ["s3cret", "user2", "pw2", "t0k", "ss/w"]) expect(printed).not.toContain(secret);
     expect(printed).toBe("nats://[Redacted]@h:1,[Redacted]@h2:4222, tls://[Redacted]@h3:4222,h4:4222,nats://[Redacted]@h5");
+  });
+
+  it("redacts a password holding a comma, which splits its URL into two entries of the list", async () => {
+    // `nats://coordinator:S3cr,etPW@host` is the entries `nats://coordinator:S3cr` and `etPW@host`:
+    // only the second was redacted, so --print-config and the start-up refusal printed `S3cr`.
+    const servers = "nats://coordinator:S3cr,etPW@127.0.0.1:4999";
+    const config = loadConfig({ env: { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c", GYM_CKPT_NATS_URL: servers } });
+    const printed = (redactConfig(config).nats as { servers: string }).servers;
+    expect(printed).not.toContain("S3cr");
+    expect(printed).toBe("nats://[Redacted],[Redacted]@127.0.0.1:4999");
+    // Without a scheme the URL's start is unknown: back to the entry with one (the safe side); later servers are kept.
+    expect(redactNatsServers("nats://h0:4222,u:a,b,c@h1:4222,nats://h2:4222")).toBe("nats://[Redacted],[Redacted],[Redacted],[Redacted]@h1:4222,nats://h2:4222");
+    expect(redactNatsServers("nats://u:p@h1:4222,nats://h2:4222")).toBe("nats://[Redacted]@h1:4222,nats://h2:4222");
+    // The start-up refusal names the servers the same way.
+    const refusal = await connectNats({ servers: natsServers(servers), inboxPrefix: "_INBOX", timeout: 2_000, reconnect: false }, { unreachable: "not_leader", consequence: "test" }).then(
+      (nc) => nc.close().then(() => "connected"),
+      (error: Error) => error.message,
+    );
+    expect(refusal).not.toContain("S3cr");
+    expect(refusal).toContain("NATS at nats://[Redacted],[Redacted]@127.0.0.1:4999");
   });
 
   it("does not echo a config file's text when it is not JSON (it may quote a secret)", async () => {
