@@ -32,11 +32,10 @@ export class JudgeClient {
   constructor(private readonly options: JudgeClientOptions) {
     // fetch speaks only http(s): any other URL (`localhost:8000` parses, as scheme `localhost:`)
     // would fail every call, and every sample would be masked judge_failed without a word.
-    const { protocol } = new URL(options.baseUrl);
+    const { protocol, username, password } = new URL(options.baseUrl);
     if (protocol !== "http:" && protocol !== "https:") throw new Error(`the judge URL must be http:// or https://, not ${protocol}`);
     // fetch refuses a URL with `user:password@` and its refusal quotes the URL: every verify would
     // answer judge_failed with the password in its detail. Refused here, the URL not echoed.
-    const { username, password } = new URL(options.baseUrl);
     if (username || password) throw new Error("the judge URL may not carry credentials (user:password@): pass the judge's API key as apiKey (GYM_CKPT_JUDGE_API_KEY)");
     // 0 would fail every call at once; past what a timer holds, AbortSignal.timeout fires at once too.
     const timeout = options.requestTimeoutMs;
