@@ -48,6 +48,13 @@ interface Admitted {
   endOnSuccess: boolean;
   /** onSend ran with a 2xx: an `ended` called later (a streamed reply's handler still writing) ends at once. */
   succeeded: boolean;
+  /**
+   * Its route handler was called and has not settled: an async handler may send its reply and go
+   * on changing the session, so the reply's end alone does not release the request.
+   */
+  inHandler: boolean;
+  /** The reply is done while the handler still ran: released once the handler settles. */
+  releaseDeferred: boolean;
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {
@@ -156,7 +163,20 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
         kind.release(ticket);
         return reply.code(200).type("application/json").send({});
       }
-      const entry: Admitted = { ticket, sessionId, issueCookie: role === "seed" && sessionId !== cookie, seedReply: role === "seed", read: false, abandoned: false, sending: false, startedFresh: false, endOnSuccess: false, succeeded: false };
+      const entry: Admitted = {
+        ticket,
+        sessionId,
+        issueCookie: role === "seed" && sessionId !== cookie,
+        seedReply: role === "seed",
+        read: false,
+        abandoned: false,
+        sending: false,
+        startedFresh: false,
+        endOnSuccess: false,
+        succeeded: false,
+        inHandler: false,
+        releaseDeferred: false,
+      };
       admitted.set(request, entry);
       // Before its body is read, a closed request never gets an onSend (Fastify waits forever on
       // the destroyed stream, or fails the read): release it now. Once read, onSend releases it.
@@ -189,21 +209,45 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
       const entry = admitted.get(request);
       if (!entry) return handler.call(this, request, reply);
       kind.enter(entry.ticket);
-      const result: unknown = handler.call(this, request, reply);
+      entry.inHandler = true;
+      let result: unknown;
+      try {
+        result = handler.call(this, request, reply);
+      } catch (error) {
+        handlerSettled(entry);
+        throw error;
+      }
       if (isThenable(result)) {
         return result.then(
-          (payload) => (releaseUnanswered(entry, request, reply, { payload }), payload),
+          (payload) => (handlerSettled(entry), releaseUnanswered(entry, request, reply, { payload }), payload),
           (error: unknown) => {
+            handlerSettled(entry);
             releaseUnanswered(entry, request, reply, { failed: true });
             throw error;
           },
         );
       }
+      handlerSettled(entry);
       // A synchronous handler that returned nothing sent its reply itself, hijacked it, or sends later.
       if (result === undefined) releaseUnanswered(entry, request, reply, { payload: undefined, sync: true });
       return result;
     };
   });
+
+  /**
+   * The request's reply is done (or will never come): released, unless its handler still runs. An
+   * async handler may reply early (`reply.send`, then more work): it still changes the session, so
+   * it counts in flight (and a retire waits for it) until it settled.
+   */
+  const releaseReplied = (entry: Admitted) => {
+    if (entry.inHandler) entry.releaseDeferred = true;
+    else kind.release(entry.ticket);
+  };
+
+  const handlerSettled = (entry: Admitted) => {
+    entry.inHandler = false;
+    if (entry.releaseDeferred) kind.release(entry.ticket);
+  };
 
   /**
    * Mirrors when Fastify sends nothing after the handler (so no onSend runs): the reply was
@@ -240,8 +284,8 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     // this request: unbound, as for a refused reset (a hijacked reply neither binds nor ends one).
     if (entry.startedFresh && entry.sessionId !== undefined) kind.end(entry.sessionId, entry.ticket.episode);
     // A hijacked reply may still be written by its handler: released once its response is done.
-    if (reply.raw.writableEnded || reply.raw.destroyed) kind.release(entry.ticket);
-    else reply.raw.once("close", () => kind.release(entry.ticket));
+    if (reply.raw.writableEnded || reply.raw.destroyed) releaseReplied(entry);
+    else reply.raw.once("close", () => releaseReplied(entry));
   };
 
   app.addHook("onSend", async (request, reply, payload) => {
@@ -267,8 +311,8 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     } finally {
       // A streamed reply (an MCP call's SSE) is still being produced after onSend: it stays in
       // flight until its response is done, or a prepare would pass while its handler still writes.
-      if (isStreamed(payload) && !reply.raw.writableEnded && !reply.raw.destroyed) reply.raw.once("close", () => kind.release(entry.ticket));
-      else kind.release(entry.ticket);
+      if (isStreamed(payload) && !reply.raw.writableEnded && !reply.raw.destroyed) reply.raw.once("close", () => releaseReplied(entry));
+      else releaseReplied(entry);
     }
     return payload;
   });
