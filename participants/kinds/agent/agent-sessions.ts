@@ -300,7 +300,15 @@ export class AgentSessions {
         }
       },
     };
-    return (async () => fn(activation))().finally(() => {
+    const run = async () => {
+      // A checkpoint is open: the idle session was exported at its boundary (its snapshot, or the
+      // restored continuation), and a turn loop started now is between boundaries until its first
+      // one (a commit would refuse, readiness regressed). It waits there for resume, as an
+      // environment step does not start while a checkpoint is open; a close or retire stops it.
+      if (this.gate.closed) await waitParked();
+      return fn(activation);
+    };
+    return run().finally(() => {
       // The snapshot stays: an idle session is exported at its activation's final boundary, so a
       // caller that has not received the result yet continues from it instead of starting over.
       s.activation = undefined;
