@@ -48,6 +48,17 @@ export const NATS_INBOX_PREFIXES = {
 export type NatsRole = keyof typeof NATS_INBOX_PREFIXES;
 
 /**
+ * The replies to the coordinator's participant ops (and their presence probes): the engine's shared
+ * reply subscription takes this prefix, not the connection's, so the `gym` user may publish to
+ * `<prefix>.>` (its answers) without `allow_responses` and without reaching the coordinator's own
+ * inbox (its JetStream calls: a forged acknowledgement of a lease or journal write). With
+ * `allow_responses`, a `gym` user receiving its own request on a status subject (it may publish and
+ * subscribe there) was free to "answer" any subject it named as the reply: the leader lease, the
+ * journal, a stream's deletion, another participant's phase subject.
+ */
+export const NATS_OP_REPLY_PREFIX = "_INBOX_gym_ckpt_coordinator_ops";
+
+/**
  * The servers (`servers`, else GYM_CKPT_NATS_URL, else the default) and the credentials in
  * GYM_CKPT_NATS_USER / GYM_CKPT_NATS_PASS / GYM_CKPT_NATS_TOKEN: the variables the coordinator's
  * config reads, so participants, the CLI and the collector authenticate the same way. They are

@@ -18,7 +18,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
+import { CheckpointError, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -164,7 +164,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   const engine = new CheckpointEngine({
     deployment: config.deployment,
     client: new ParticipantClient({
-      transport: new NatsParticipantTransport(nc),
+      // Participants answer under their own reply prefix, never into the coordinator's inbox.
+      transport: new NatsParticipantTransport(nc, NATS_OP_REPLY_PREFIX),
       deployment: config.deployment,
       token: config.token,
       clock,

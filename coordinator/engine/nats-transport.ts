@@ -44,10 +44,16 @@ export class NatsParticipantTransport implements ParticipantTransport {
   private watchDisconnects: Promise<void> | undefined;
   private seq = 0;
 
-  constructor(private readonly nc: NatsConnection) {
-    // Under the connection's `inboxPrefix`, as nats.js's own requests and the KV clients' are: a
-    // role may subscribe only to its own prefix (deploy/nats/nats-server.production.conf).
-    this.inbox = createInbox((nc as Partial<{ options: ConnectionOptions }>).options?.inboxPrefix);
+  constructor(
+    private readonly nc: NatsConnection,
+    /**
+     * The replies' prefix; default the connection's `inboxPrefix`, as nats.js's own requests and the
+     * KV clients' are: a role may subscribe only to its own prefix (deploy/nats/nats-server.production.conf).
+     * The coordinator's ops to participants take NATS_OP_REPLY_PREFIX, the one prefix participants may answer on.
+     */
+    inboxPrefix?: string,
+  ) {
+    this.inbox = createInbox(inboxPrefix ?? (nc as Partial<{ options: ConnectionOptions }>).options?.inboxPrefix);
   }
 
   request(subject: string, body: string, options: TransportRequestOptions): Promise<string> {

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { journalBucket, leaderBucket, NATS_INBOX_PREFIXES } from "../../protocol/index.js";
+import { controllerSubject, journalBucket, leaderBucket, NATS_INBOX_PREFIXES, participantSubject } from "../../protocol/index.js";
 import { ensureBuilt, MAIN } from "../e2e/coordinator-process.js";
 import { NatsServerProcess } from "../support/nats.js";
 import { descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
@@ -30,6 +30,9 @@ let server: NatsServerProcess;
 const spawned: ChildProcess[] = [];
 const seen = new TrackedProcesses();
 const connections: NatsConnection[] = [];
+/** The daemons the first test starts; the second attacks them. */
+let coordinatorRun: { child: ChildProcess; out: () => string } | undefined;
+let gymRun: { child: ChildProcess; out: () => string } | undefined;
 
 /** The production file with only what a single local node needs changed. */
 function singleNodeConfig(production: string): string {
@@ -87,6 +90,12 @@ async function lastSeq(nc: NatsConnection, bucket: string): Promise<number> {
   return (reply.json() as { state: { last_seq: number } }).state.last_seq;
 }
 
+/** A bucket's stream state (its message count and first sequence), or the API's error when it is gone. */
+async function streamState(nc: NatsConnection, bucket: string): Promise<unknown> {
+  const reply = (await nc.request(`$JS.API.STREAM.INFO.KV_${bucket}`, "", { timeout: 3_000 })).json<{ state?: { messages: number; first_seq: number }; error?: unknown }>();
+  return reply.state ?? reply.error;
+}
+
 async function latest(nc: NatsConnection, bucket: string, key: string): Promise<string> {
   const reply = await nc.request(`$JS.API.STREAM.MSG.GET.KV_${bucket}`, JSON.stringify({ last_by_subj: `$KV.${bucket}.${key}` }), { timeout: 3_000 });
   return Buffer.from((reply.json() as { message: { data: string } }).message.data, "base64").toString();
@@ -114,6 +123,8 @@ describe("the production NATS permissions, per role", () => {
   it("let the coordinator, the Gym and the CLI work, refuse the gym and controller users the leader lease and the journal, and the gym user the other roles' replies", async () => {
     const coordinator = start("coordinator", ["coordinator", "--deployment", DEPLOYMENT, "--token", TOKEN, "--controller-token", CONTROLLER_TOKEN, "--checkpoint-root", join(dir, "root"), "--no-http", "--lease-ms", "2000", "--log-level", "warn"]);
     const gym = start("gym", ["gym", "--deployment", DEPLOYMENT, "--token", TOKEN, "--checkpoint-root", join(dir, "root")]);
+    coordinatorRun = coordinator;
+    gymRun = gym;
     await waitUntil(() => gym.out().split("\n").some((line) => line.includes('"name":"gym"') && line.includes('"ready":true')) || gym.child.exitCode !== null, "the gym's ready line", 60_000).catch((error: Error) => {
       throw new Error(`${error.message}\n${gym.out()}\n${coordinator.out()}`);
     });
@@ -170,4 +181,45 @@ describe("the production NATS permissions, per role", () => {
     expect(coordinator.child.exitCode, coordinator.out()).toBeNull();
     expect(gym.child.exitCode, gym.out()).toBeNull();
   }, 120_000);
+
+  it("give the gym user no publish outside its permissions by replying to its own status request", async () => {
+    const coordinator = coordinatorRun!;
+    const gym = gymRun!;
+    expect(coordinator.child.exitCode, coordinator.out()).toBeNull();
+    const reader = await as("coordinator");
+    const journalBefore = await streamState(reader, journalBucket(DEPLOYMENT));
+    // The first test's checkpoint left its decision in the journal: a purge would show.
+    expect((journalBefore as { messages: number }).messages).toBeGreaterThan(0);
+
+    // A Gym server's credentials may publish a participant's status subject and subscribe to it:
+    // publishing it with a reply subject of its own choice, it receives its own request. The
+    // server must not take that reply subject for one it may now answer (allow_responses).
+    const attacker = await as("gym");
+    const selfGranted = async (target: string): Promise<string> => {
+      const own = participantSubject(DEPLOYMENT, "agent", "spoof", "status");
+      const received = new Promise<string | undefined>((resolve) => attacker.subscribe(own, { max: 1, callback: (_error, msg) => resolve(msg?.reply) }));
+      await attacker.flush();
+      attacker.publish(own, "", { reply: target });
+      expect(await received).toBe(target);
+      try {
+        await attacker.request(target, "forged", { timeout: 3_000 });
+        return "accepted";
+      } catch (error) {
+        return String(error);
+      }
+    };
+    for (const target of [
+      `$KV.${leaderBucket(DEPLOYMENT)}.coordinator`, // the lease: its revisions are the epochs
+      `$KV.${journalBucket(DEPLOYMENT)}.ckpt-forged`, // a decision
+      `$JS.API.STREAM.DELETE.KV_${journalBucket(DEPLOYMENT)}`, // every decision
+      participantSubject(DEPLOYMENT, "agent", "victim", "commit"), // a phase message, as the coordinator
+      controllerSubject(DEPLOYMENT, "restore"), // a controller op
+    ]) {
+      expect(await selfGranted(target), target).toMatch(/permissions violation/i);
+    }
+    expect(await streamState(reader, journalBucket(DEPLOYMENT))).toEqual(journalBefore);
+    expect(await latest(reader, leaderBucket(DEPLOYMENT), "coordinator")).not.toBe("forged");
+    expect(coordinator.child.exitCode, coordinator.out()).toBeNull();
+    expect(gym.child.exitCode, gym.out()).toBeNull();
+  }, 60_000);
 });
