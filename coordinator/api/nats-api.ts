@@ -3,8 +3,11 @@ import { Match, type Msg, type NatsConnection, type Subscription } from "@nats-i
 import type { Logger } from "pino";
 import { replyBudget, respondWithinMaxPayload } from "../../protocol/nats-reply.js";
 import {
+  CheckpointError,
   CONTROLLER_OP_NAMES,
   HEADER_AUTHORIZATION,
+  NATS_INBOX_PREFIXES,
+  NATS_OP_REPLY_PREFIX,
   decodedHeaders,
   controllerSubject,
   encodeMessage,
@@ -30,6 +33,22 @@ export interface NatsControllerApiOptions {
    */
   answering?: () => boolean;
   logger?: Logger;
+}
+
+/** Inboxes that are not a controller's: the coordinator's own (its JetStream calls, its participant ops) and the participants'. */
+const NOT_CONTROLLER_INBOXES = new Set<string>([NATS_INBOX_PREFIXES.coordinator, NATS_OP_REPLY_PREFIX, NATS_INBOX_PREFIXES.gym]);
+
+/**
+ * Whether the coordinator may answer on `reply`: a subject under an inbox prefix (a first token
+ * `_INBOX…`: the controllers' `_INBOX_gym_ckpt_controller`, nats.js's and the nats CLI's `_INBOX`),
+ * not the coordinator's or the participants' own. The answer is published with the coordinator's
+ * permissions, which cover the leader lease, the decision journal, their purges and every
+ * participant op: a request naming `$JS.API.STREAM.PURGE.KV_gym_ckpt_<deployment>_journal` as its
+ * reply subject would have the journal purged by the answer, whatever the answer says.
+ */
+export function isControllerReplySubject(reply: string): boolean {
+  const first = reply.split(".", 1)[0]!;
+  return first.startsWith("_INBOX") && reply.length > first.length + 1 && !NOT_CONTROLLER_INBOXES.has(first);
 }
 
 /**
@@ -79,6 +98,12 @@ export class NatsControllerApi {
 
   private async answer(op: ControllerOp, msg: Msg): Promise<void> {
     if (this.options.answering?.() === false) return;
+    if (msg.reply && !isControllerReplySubject(msg.reply)) {
+      // Neither run nor answered: any answer there is a publish of the coordinator's, not a reply.
+      const refusal = new CheckpointError("invalid_request", `the ${op} request's reply subject ${JSON.stringify(msg.reply)} is no controller's inbox (_INBOX…, not the coordinator's or the participants'): neither run nor answered`);
+      this.options.logger?.warn({ op, code: refusal.code, detail: refusal.message }, "controller_request_refused");
+      return;
+    }
     let body: string;
     try {
       // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.

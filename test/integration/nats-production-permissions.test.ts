@@ -222,4 +222,31 @@ describe("the production NATS permissions, per role", () => {
     expect(coordinator.child.exitCode, coordinator.out()).toBeNull();
     expect(gym.child.exitCode, gym.out()).toBeNull();
   }, 60_000);
+
+  it("let no controller publish with the coordinator's permissions through the reply subject of its request", async () => {
+    const coordinator = coordinatorRun!;
+    const gym = gymRun!;
+    expect(coordinator.child.exitCode, coordinator.out()).toBeNull();
+    const reader = await as("coordinator");
+    const journalBefore = await streamState(reader, journalBucket(DEPLOYMENT));
+    expect((journalBefore as { messages: number }).messages).toBeGreaterThan(0);
+
+    // A controller's request names the subject the coordinator answers on; the coordinator's
+    // answer is published with the coordinator's permissions (the lease, the journal, its purges,
+    // every participant op). An answer may only go to a reply inbox.
+    const controller = await as("controller");
+    for (const target of [`$JS.API.STREAM.PURGE.KV_${journalBucket(DEPLOYMENT)}`, `$KV.${journalBucket(DEPLOYMENT)}.ckpt-deputy`]) {
+      controller.publish(controllerSubject(DEPLOYMENT, "status"), "{}", { reply: target });
+    }
+    // Delivered to the coordinator before the CLI's request, and it answers a subject's requests
+    // (refusals at once) in order: once the CLI has its answer, those were answered, if at all.
+    await controller.flush();
+    const status = await cli("controller", ["status", "--deployment", DEPLOYMENT, "--token", CONTROLLER_TOKEN]);
+    expect(status.code, status.out).toBe(0);
+    // A purge the coordinator sent before its answer to the CLI ran before this read.
+    expect(await streamState(reader, journalBucket(DEPLOYMENT))).toEqual(journalBefore);
+    expect(coordinator.out()).toMatch(/"code":"invalid_request"[^\n]*reply subject/);
+    expect(coordinator.child.exitCode, coordinator.out()).toBeNull();
+    expect(gym.child.exitCode, gym.out()).toBeNull();
+  }, 60_000);
 });
