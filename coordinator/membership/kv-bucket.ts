@@ -41,6 +41,13 @@ function unchangeableFaults(config: StreamConfig, options: BucketOptions): strin
   if (config.mirror) faults.push(`mirrors stream ${config.mirror.name}, so its keys are written there`);
   // Other streams' messages land in it (maybe already did): another deployment's lease or entries read as ours.
   if (config.sources?.length) faults.push(`takes in the messages of stream(s) ${config.sources.map((s) => s.name).join(", ")}, which read as its own keys`);
+  // Subjects besides its keys' are stored and readable by whoever may read the bucket: the members
+  // bucket is created by whichever process starts first, a Gym server too, whose NATS user could
+  // so keep the controllers' requests (their bearer token) or another role's replies. Only a
+  // deletion drops what it already took in.
+  const keys = `$KV.${config.name.replace(/^KV_/, "")}.>`;
+  const extra = (config.subjects ?? []).filter((subject) => subject !== keys);
+  if (extra.length) faults.push(`also takes in subject(s) ${extra.join(", ")} (not its keys, ${keys}), which anyone reading the bucket reads`);
   if (options.purges && config.deny_purge) {
     faults.push(`has deny_purge set, which refuses the purges gym-ckpt makes in it (${options.purges === "keys" ? "removing its entries" : "moving its revisions past the epochs in use"})`);
   }

@@ -60,6 +60,9 @@ describe("a pre-created bucket with settings that cannot change in place", () =>
     { setting: "mirror", bucket: "cfg_mirror_journal", options: JOURNAL, make: (name: string) =>
       jsm.streams.add({ name: `KV_${name}`, mirror: { name: "KV_cfg_origin" }, max_msgs_per_subject: 1, storage: StorageType.File }), expected: /mirror.*KV_cfg_origin/ },
     { setting: "sources", bucket: "cfg_sources_journal", options: JOURNAL, make: (name: string) => handMade(name, { sources: [{ name: "KV_cfg_origin" }] }), expected: /sources.*KV_cfg_origin/ },
+    // A Gym server's NATS user may create the members bucket (it may start first) and so name its subjects.
+    { setting: "subjects besides its keys'", bucket: "cfg_capture_members", options: MEMBERS_BUCKET_OPTIONS, make: (name: string) =>
+      handMade(name, { subjects: [`$KV.${name}.>`, "gym.ckpt.v1.cfg.ctl.>", "_INBOX_cfg_controller.>"], max_age: 15_000_000_000 }), expected: /subject\(s\) gym\.ckpt\.v1\.cfg\.ctl\.>, _INBOX_cfg_controller\.>/ },
     { setting: "interest retention", bucket: "cfg_interest_journal", options: JOURNAL, make: (name: string) => handMade(name, { retention: RetentionPolicy.Interest }), expected: /interest retention/ },
   ])("refuses $setting with invalid_request naming the bucket, the setting and what to do", async ({ bucket, options, make, expected }) => {
     await make(bucket);
