@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { createInbox, errors, headers, type ConnectionOptions, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { CheckpointError, HEADER_AUTHORIZATION, decodedHeaders, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
 import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
@@ -27,7 +28,7 @@ const NO_RESPONDERS = 503;
  * Core NATS request/reply with the bearer token and W3C trace context in the headers: the
  * coordinator's requests to participants, and the controller client's requests to the coordinator.
  *
- * Requests share one reply subscription (`<inbox>.<n>`) and a plain timer each, instead of
+ * Requests share one reply subscription (`<inbox>.<token>`: see replyToken) and a plain timer each, instead of
  * `nc.request`: the coordinator sends hundreds of requests per checkpoint, and the client's own
  * request path builds an Error (a stack trace) for every one it settles, which showed up as the
  * largest single cost in profiles. Semantics are the same: a reply resolves, the server's
@@ -43,6 +44,9 @@ export class NatsParticipantTransport implements ParticipantTransport {
   private subscription: Subscription | undefined;
   private watchDisconnects: Promise<void> | undefined;
   private seq = 0;
+  /** Random bytes drawn 256 tokens at a time (one randomBytes call, not one per request). */
+  private random = Buffer.alloc(0);
+  private randomAt = 0;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -65,7 +69,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     const h = headers();
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);
     if (options.context) injectTraceContext(h, options.context);
-    const token = (++this.seq).toString(36);
+    const token = this.replyToken();
     const timeoutMs = timerDelay(options.timeoutMs);
     return new Promise<string>((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -82,6 +86,20 @@ export class NatsParticipantTransport implements ParticipantTransport {
         this.settle(token)?.reject(maxPayload ? tooLarge(subject, size) : (error as Error));
       }
     });
+  }
+
+  /**
+   * A request's reply token: unique (a counter) and unguessable (96 random bits). A participant sees
+   * its own op's reply subject and may publish under the op-reply prefix (its answers): with a
+   * counter alone it could answer the next op, sent to another participant, in that one's place.
+   */
+  private replyToken(): string {
+    if (this.randomAt >= this.random.length) {
+      this.random = randomBytes(12 * 256);
+      this.randomAt = 0;
+    }
+    const bits = this.random.toString("base64url", this.randomAt, (this.randomAt += 12));
+    return `${(++this.seq).toString(36)}${bits}`;
   }
 
   private subscribe(): void {
