@@ -159,13 +159,18 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
     };
     const sources = new Map<string, string>();
     for (const issue of parsed.error.issues) {
-      // The value itself, or the nearest enclosing one a layer set (an unknown key's object).
-      const keys = issue.path.map(String);
-      for (let n = keys.length; n > 0; n--) {
-        const source = sourceOf(keys.slice(0, n));
-        if (source === undefined) continue;
-        sources.set(keys.slice(0, n).join("."), source);
-        break;
+      // The value itself, or the nearest enclosing one a layer set. An unknown key's issue names its
+      // object: the layer that set the key itself is asked first, not one that set another key of
+      // that object (the environment's nats.user for a file's typo under nats) or nobody (top level).
+      const base = issue.path.map(String);
+      const targets = issue.code === "unrecognized_keys" ? issue.keys.map((key) => [...base, key]) : [base];
+      for (const keys of targets) {
+        for (let n = keys.length; n > 0; n--) {
+          const source = sourceOf(keys.slice(0, n));
+          if (source === undefined) continue;
+          sources.set(keys.slice(0, n).join("."), source);
+          break;
+        }
       }
     }
     const from = [...sources].map(([path, source]) => `  ${path}: ${source}`).join("\n");

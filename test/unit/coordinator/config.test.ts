@@ -93,6 +93,31 @@ describe("coordinator config", () => {
     }
   });
 
+
+  it("names the layer that set an unknown key, not one that set another key of its object", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    try {
+      const file = join(dir, "c.json");
+      // The file's typo under nats and http; the environment and a flag set other keys of those objects.
+      await writeFile(file, JSON.stringify({ token: "t", checkpoint_root: "/c", nats: { pasword: "x" }, http: { prot: 1 }, retension: 3 }));
+      let message = "";
+      try {
+        loadConfig({ file, env: { GYM_CKPT_NATS_USER: "u" }, flags: { "http.port": 9000, bogus_flag_key: 1 } });
+      } catch (error) {
+        message = (error as CheckpointError).message;
+      }
+      const setBy = message.slice(message.indexOf("set by:"));
+      expect(message).toContain("set by:");
+      expect(setBy).toContain(`nats.pasword: config file ${file}`);
+      expect(setBy).toContain(`http.prot: config file ${file}`);
+      expect(setBy).toContain(`retension: config file ${file}`);
+      expect(setBy).toContain("bogus_flag_key: a command-line flag");
+      expect(setBy).not.toContain("the environment");
+      expect(setBy).not.toContain("http: a command-line flag");
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
   it("refuses a config file key __proto__ as unknown, at any level, instead of dropping it", async () => {
     const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
     try {
