@@ -261,6 +261,9 @@ export function rootFrom(root: string | undefined, needs: "enter" | "list" = "en
     // ENOTDIR: a path below a regular file, which cannot hold a root either.
     if (code === "ENOENT" || code === "ENOTDIR") throw new CheckpointError("not_found", `no checkpoint root at ${value}`);
     if (code === "EACCES" || code === "EPERM") throw new CheckpointError("invalid_request", `checkpoint root ${value} is not accessible to this account (${code})`);
+    // A loop of symbolic links on the way is no directory either: bad usage, as the daemon refuses
+    // such a checkpoint_root, not internal_error.
+    if (code === "ELOOP") throw new CheckpointError("invalid_request", `checkpoint root ${value} is not a directory (${(error as Error).message})`);
     throw error;
   }
   if (!isDirectory) throw new CheckpointError("invalid_request", `checkpoint root ${value} is not a directory`);

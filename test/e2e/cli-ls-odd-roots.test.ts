@@ -38,6 +38,17 @@ describe("gym-ckpt ls on odd inputs", () => {
     expect(ls.stderr).toMatch(/^error (not_found|invalid_request): /);
   });
 
+  it("a --root that is a loop of symbolic links is invalid_request (exit 2) for ls and verify, as the daemon refuses it, not internal_error", async () => {
+    await symlink(join(root, "loop-b"), join(root, "loop-a"));
+    await symlink(join(root, "loop-a"), join(root, "loop-b"));
+    for (const dir of [join(root, "loop-a"), join(root, "loop-a", "sub")]) {
+      const refused = { code: 2, stdout: "", stderr: expect.stringMatching(new RegExp(`^error invalid_request: checkpoint root ${dir} is not a directory \\(ELOOP: [^\\n]*\\)\\n$`)) };
+      expect(await cli(["ls", "--root", dir])).toEqual(refused);
+      expect(await cli(["verify", "LATEST", "--root", dir])).toEqual(refused);
+      expect(await cli(["verify", "c1", "--root", dir, "--json"])).toEqual(refused);
+    }
+  });
+
   it("a LATEST naming a checkpoint whose checkpoint.json is damaged is reported, not silently unmarked", async () => {
     await publish(["c1", "c2"]); // LATEST = c2
     await writeFile(join(root, "c2", "checkpoint.json"), '{"schema_version":');
