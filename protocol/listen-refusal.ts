@@ -3,13 +3,15 @@ import { CheckpointError } from "./errors.js";
 /**
  * The errnos of a listen() that say the address chosen cannot be had here (not that gym-ckpt
  * broke), and how the line says it. EACCES/EPERM: below net.ipv4.ip_unprivileged_port_start
- * (1024 unless lowered) without CAP_NET_BIND_SERVICE.
+ * (1024 unless lowered) without CAP_NET_BIND_SERVICE. ENOTFOUND: a host name (`--http-host`) no resolver knows.
  */
 const REASONS: Readonly<Record<string, string>> = {
   EADDRINUSE: "address already in use",
   EACCES: "permission denied: a low port needs privileges",
   EPERM: "not permitted: a low port needs privileges",
   EADDRNOTAVAIL: "no such address on this host",
+  // A host name that does not resolve (NXDOMAIN). Not EAI_AGAIN: a resolver down may be back at the restart.
+  ENOTFOUND: "no such host name",
 };
 
 const refusals = new WeakSet<CheckpointError>();

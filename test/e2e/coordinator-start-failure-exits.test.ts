@@ -62,6 +62,18 @@ describe("coordinator start-up failure", () => {
     }
   }, 30_000);
 
+  it("exits 2 naming http.port when the HTTP API's host name does not resolve (configuration, as a taken port), not internal_error", async () => {
+    // RFC 6761: .invalid never resolves: ENOTFOUND from any working resolver (one that cannot be reached answers EAI_AGAIN, which stays exit 1: a restart may find it back).
+    const daemon = spawnDaemon([
+      MAIN, "coordinator", "--deployment", `starthost${process.pid}`, "--nats-url", nats!.server.url, "--token", "t",
+      "--checkpoint-root", join(dir, "host-root"), "--http-host", "no-such-host.invalid", "--http-port", "0", "--log-level", "warn",
+    ]);
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 15_000).unref())]);
+    expect(daemon.stderr()).toMatch(/^error invalid_request: http\.port 0: cannot listen on no-such-host\.invalid:0 \(ENOTFOUND: no such host name\)$/m);
+    expect(outcome).toEqual({ code: 2, signal: null });
+  }, 30_000);
+
   it("exits 2 for a checkpoint_root that cannot be created before it connects: NATS down does not hide it behind exit 1", async () => {
     await writeFile(join(dir, "another-file"), "x");
     // Port 1: nothing listens, so a connect first would answer not_leader (exit 1), restarted for ever.
