@@ -1251,6 +1251,10 @@ export class CheckpointEngine {
     if (leftover === "not_a_directory") {
       throw new CheckpointError("checkpoint_conflict", `${this.options.catalog.dirFor(id)} exists and is not a directory: use another checkpoint id`);
     }
+    if (leftover === "participants_not_a_directory") {
+      // Refused before anything is sent: a commit through it fails everywhere after the decision, and the abort's resume fences the id.
+      throw new CheckpointError("checkpoint_conflict", `${join(this.options.catalog.dirFor(id), PARTICIPANTS_DIR)} exists and is not a directory: move it, or use another checkpoint id`);
+    }
     if (leftover === "participants") {
       const holders = holdersOf(members, await this.probeStatuses(members), id);
       if (holders.length) {

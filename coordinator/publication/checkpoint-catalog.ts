@@ -91,10 +91,12 @@ export class CheckpointCatalog {
    * What is at `<root>/<id>` for an id that is not published (no checkpoint.json): nothing or a
    * directory without participants' files (`"free"`: a controller may have written its state file
    * there already), the participants' directory an aborted attempt at this id left
-   * (`"participants"`), or something that is not a directory (`"not_a_directory"`: a file, a link).
+   * (`"participants"`), or something that is not a directory (`"not_a_directory"`: a file, a link),
+   * there or at the participants' directory (`"participants_not_a_directory"`: every commit would
+   * fail to write through it, after the prepare parked everyone and the decision was journaled).
    * Blocking: one lstat on the path of every prepare.
    */
-  leftover(checkpointId: string): "free" | "participants" | "not_a_directory" {
+  leftover(checkpointId: string): "free" | "participants" | "not_a_directory" | "participants_not_a_directory" {
     const dir = this.dirFor(checkpointId);
     let info: Stats;
     try {
@@ -105,7 +107,7 @@ export class CheckpointCatalog {
     }
     if (!info.isDirectory()) return "not_a_directory";
     try {
-      return lstatSync(join(dir, PARTICIPANTS_DIR)).isDirectory() ? "participants" : "free";
+      return lstatSync(join(dir, PARTICIPANTS_DIR)).isDirectory() ? "participants" : "participants_not_a_directory";
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return "free";
       throw error;

@@ -1,4 +1,4 @@
-import { appendFile, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { appendFile, mkdir, mkdtemp, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { spawn } from "node:child_process";
 import { createServer } from "node:http";
@@ -273,6 +273,23 @@ describe("gym-ckpt CLI (built binary)", () => {
       server.closeAllConnections();
       await new Promise((resolve) => server.close(resolve));
       await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("a checkpoint whose gym/ path holds a file (or a link) is refused before anyone is prepared: the id stays usable once it is moved", async () => {
+    for (const [id, block] of [
+      ["cli-gym-file", (path: string) => writeFile(path, "x")],
+      ["cli-gym-link", (path: string) => symlink(tmpdir(), path)],
+    ] as const) {
+      await mkdir(join(world.root, id));
+      await block(join(world.root, id, "gym"));
+      const refused = await cli(["checkpoint", "--id", id, "--episodes", ""], env);
+      expect([refused.code, refused.stdout, refused.stderr]).toEqual([1, "", `error checkpoint_conflict: ${join(world.root, id, "gym")} exists and is not a directory: move it, or use another checkpoint id\n`]);
+      // Nothing was sent: no participant was parked and resumed, which would fence the id (stale_checkpoint below).
+      await rm(join(world.root, id, "gym"));
+      const again = await cli(["checkpoint", "--id", id, "--episodes", "", "--json"], env);
+      expect([again.code, again.stderr]).toEqual([0, ""]);
+      expect(JSON.parse(again.stdout)).toMatchObject({ checkpoint_id: id });
     }
   });
 
