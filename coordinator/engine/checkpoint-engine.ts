@@ -1993,7 +1993,7 @@ export class CheckpointEngine {
   private replayed<O extends "checkpoint" | "commit" | "publish">(id: string, op: O, args: string): CtlReplyOf<O> | undefined {
     const kept = this.replies.get(id)?.get(op);
     if (kept && kept.args !== args) {
-      throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was already ${op === "checkpoint" ? "checkpointed" : `${op}ed`} with other arguments`);
+      throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was already ${{ checkpoint: "checkpointed", commit: "committed", publish: "published" }[op]} with other arguments`);
     }
     if (!kept || this.open?.id === id) return undefined;
     return kept.reply as CtlReplyOf<O>;

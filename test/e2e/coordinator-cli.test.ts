@@ -65,6 +65,9 @@ describe("gym-ckpt CLI (built binary)", () => {
     expect(wrong.code).toBe(1);
     expect(wrong.stderr).toMatch(/^error invalid_phase: /);
     expect((await cli(["commit", "cli-2", "--episodes", "c1"], env)).code).toBe(0);
+    // A commit retried with another scope names the op in words ("commited" before).
+    const otherScope = await cli(["commit", "cli-2", "--episodes", ""], env);
+    expect([otherScope.code, otherScope.stderr]).toEqual([1, "error checkpoint_conflict: checkpoint cli-2 was already committed with other arguments\n"]);
     expect((await cli(["publish", "cli-2"], env)).code).toBe(0);
     expect((await cli(["resume", "cli-2"], env)).code).toBe(0);
     const unknown = await cli(["commit", "nope"], env);
