@@ -1,8 +1,7 @@
-import { createReadStream } from "node:fs";
+import { constants } from "node:buffer";
 import { appendFile, open, stat, truncate } from "node:fs/promises";
-import { createInterface } from "node:readline";
 import { z } from "zod";
-import { EpisodeIdSchema, namePath } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, LineSplitter, namePath } from "../../protocol/index.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /** One finished row in `results.jsonl`; appended as rows finish, so a crash keeps every finished row. */
@@ -17,6 +16,15 @@ export const ResultLineSchema = z
   })
   .strict();
 export type ResultLine = z.infer<typeof ResultLineSchema>;
+
+/**
+ * The longest line start-up reads, newline included: the longest string Node decodes a buffer to
+ * (about 512 MiB; a line holds one `/run` reply, at most 64 MiB as received). A longer middle line is
+ * refused (invalid_checkpoint_state) once that many bytes came without a newline, and a longer torn
+ * tail is cut unread: neither is held whole, nor made into a string V8 refuses (which became
+ * internal_error). Smaller only in tests.
+ */
+export const MAX_RESULT_LINE_BYTES = constants.MAX_STRING_LENGTH;
 
 /** Lengths failed appends could not be cut back to: the next append to the path cuts first. */
 const pendingCuts = new Map<string, number>();
@@ -87,9 +95,9 @@ export async function syncResults(path: string): Promise<void> {
 export type FinishedRow = Omit<ResultLine, "response">;
 
 /** Finished rows by rollout id, for readers beside a running collector: a torn last line (an append in progress or cut by a crash) is ignored. */
-export async function readResults(path: string): Promise<Map<string, FinishedRow>> {
+export async function readResults(path: string, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<Map<string, FinishedRow>> {
   const size = await sizeIfExists(path);
-  return size === undefined ? new Map() : readLines(path, await wholeLinesEnd(path, size));
+  return size === undefined ? new Map() : readLines(path, await wholeLinesEnd(path, size), maxLineBytes);
 }
 
 /**
@@ -97,17 +105,21 @@ export async function readResults(path: string): Promise<Map<string, FinishedRow
  * cut off, or, when it is a whole record that only lost its newline, the newline is added (and the
  * row counts). Otherwise the next append would land after the fragment, leaving it mid-file.
  */
-export async function readResultsForAppend(path: string): Promise<Map<string, FinishedRow>> {
+export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<Map<string, FinishedRow>> {
   const size = await sizeIfExists(path);
   if (size === undefined) return new Map();
   const end = await wholeLinesEnd(path, size);
-  const rows = await readLines(path, end);
+  const rows = await readLines(path, end, maxLineBytes);
   if (end === size) return rows;
   const handle = await open(path, "r+");
   try {
-    const tailBytes = Buffer.alloc(size - end);
-    await handle.read(tailBytes, 0, tailBytes.length, end);
-    const tail = tornTail(path, tailBytes.toString("utf8"));
+    // A tail longer than any line can be is no whole record: cut unread, never held.
+    let tail: FinishedRow | undefined;
+    if (size - end <= maxLineBytes) {
+      const tailBytes = Buffer.alloc(size - end);
+      await handle.read(tailBytes, 0, tailBytes.length, end);
+      tail = tornTail(path, tailBytes.toString("utf8"));
+    }
     if (tail) await handle.write("\n", size);
     else await handle.truncate(end);
     await handle.sync();
@@ -120,20 +132,44 @@ export async function readResultsForAppend(path: string): Promise<Map<string, Fi
 
 /**
  * Streams the whole lines before byte `end`: a results file keeps every reply verbatim and can
- * outgrow one string (and a heap holding every reply); only what readers need is kept.
+ * outgrow one string (and a heap holding every reply); only what readers need is kept. A line is
+ * held only up to `maxLineBytes`: one longer is refused as soon as that many bytes came without a
+ * newline.
  */
-async function readLines(path: string, end: number): Promise<Map<string, FinishedRow>> {
+async function readLines(path: string, end: number, maxLineBytes: number): Promise<Map<string, FinishedRow>> {
   const finished = new Map<string, FinishedRow>();
   if (end === 0) return finished;
-  const lines = createInterface({ input: createReadStream(path, { start: 0, end: end - 1 }), crlfDelay: Infinity });
   let number = 0;
-  for await (const line of lines) {
+  const take = (bytes: Buffer, terminated: boolean) => {
     number++;
-    if (!line.trim()) continue;
+    if (bytes.length > maxLineBytes) throw tooLong(path, number, maxLineBytes);
+    const line = bytes.toString("utf8", 0, terminated ? bytes.length - 1 : bytes.length);
+    if (!line.trim()) return;
     const { response: _reply, ...row } = parseStateValue(ResultLineSchema, line, `${path}:${number}`);
     finished.set(row.rollout_id, row);
+  };
+  const handle = await open(path, "r");
+  try {
+    const splitter = new LineSplitter();
+    const chunk = Buffer.allocUnsafe(64 * 1024);
+    for (let position = 0; position < end; ) {
+      const { bytesRead } = await handle.read(chunk, 0, Math.min(chunk.length, end - position), position);
+      if (bytesRead === 0) break; // cut short meanwhile: what is there is read
+      position += bytesRead;
+      // Each line is taken before the chunk is read into again (the splitter copies what it carries).
+      for (const line of splitter.push(chunk.subarray(0, bytesRead))) take(line.bytes, true);
+      if (splitter.pendingBytes > maxLineBytes) throw tooLong(path, number + 1, maxLineBytes);
+    }
+    const last = splitter.end();
+    if (last) take(last.bytes, false);
+  } finally {
+    await handle.close();
   }
   return finished;
+}
+
+function tooLong(path: string, number: number, maxLineBytes: number): CheckpointError {
+  return new CheckpointError("invalid_checkpoint_state", `${path}:${number}: longer than any result line can be (over ${maxLineBytes} bytes without a newline)`);
 }
 
 /** The last line when it is a whole record that only lost its newline; undefined for a torn fragment. */
