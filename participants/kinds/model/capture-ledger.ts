@@ -2,7 +2,7 @@ import { closeSync, constants, fdatasync, fstatSync, ftruncateSync, open as open
 import { promisify } from "node:util";
 import { open, readdir, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
-import { makeDirectories, parseCaptureKey } from "../../../protocol/index.js";
+import { CheckpointError, makeDirectories, parseCaptureKey } from "../../../protocol/index.js";
 import { fsyncDir, writeFileAtomic } from "../../storage/fs-durable.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
@@ -16,6 +16,14 @@ const fdatasyncAsync = promisify(fdatasync);
 const NOFOLLOW = constants.O_NOFOLLOW ?? 0;
 const APPEND_FLAGS = constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | NOFOLLOW;
 
+/**
+ * The largest ledger file read (one capture key's rows): 256 MiB, some 700 000 rows of about 380 bytes (ids, route, staging key, usage),
+ * far past the 100 000 rows a model record holds. A larger file (damage, or a file put there) is
+ * refused with `payload_too_large` before a byte of it is read, not read whole into memory (past
+ * 2 GiB Node's own RangeError, internal_error). Smaller only in tests (`maxFileBytes`).
+ */
+export const MAX_LEDGER_FILE_BYTES = 256 << 20;
+
 /** Writes bytes at the descriptor's position (append); returns how many were written. A seam for tests. */
 export type LedgerWrite = (fd: number, buffer: Buffer, offset: number) => number;
 /** Makes what was written through the descriptor durable (fdatasync, in the thread pool). A seam for tests. */
@@ -26,6 +34,8 @@ export interface CaptureLedgerOptions {
   sync?: LedgerSync;
   /** How many rows the in-memory copy keeps at most (an empty ledger counts as one); default 50 000. */
   maxCachedRows?: number;
+  /** The largest ledger file read; default MAX_LEDGER_FILE_BYTES. A seam for tests. */
+  maxFileBytes?: number;
   /** Told once per load of a ledger file with unreadable lines (1-based line numbers). */
   onCorrupt?: (path: string, lines: number[]) => void;
   /** Told when a stripe's lock file could not be removed (it stays held and is released again later). */
@@ -377,16 +387,20 @@ export class CaptureLedger {
     return this.locks.run(key, async () => {
       await this.ready;
       if (!this.onDisk.has(key)) return false;
-      let data = await readNoFollow(this.fileOf(key));
+      let data = await this.readNoFollow(this.fileOf(key));
       // A failed write whose cut-off also failed: its fragment goes, as the next append would cut it.
       const cut = this.repair.get(key);
       if (cut !== undefined) data = data.subarray(0, cut);
-      // In bytes: a damaged line (not UTF-8) is written back exactly as it was.
-      const lines = splitLines(data);
-      const index = lines.findLastIndex((line) => parseRow(line.toString("utf8"))?.model_call_id === modelCallId);
-      if (index === -1) return false;
-      lines.splice(index, 1);
-      await this.rewrite(key, Buffer.concat(lines.flatMap((line, i) => (i === 0 ? [line] : [NEWLINE, line]))));
+      // In bytes: a damaged line (not UTF-8) is written back exactly as it was. Lines are visited, not
+      // collected: a file of short lines would otherwise cost an object per line.
+      let found: { start: number; end: number } | undefined;
+      for (const line of lineSpans(data)) {
+        if (parseRow(data.toString("utf8", line.start, line.end))?.model_call_id === modelCallId) found = line;
+      }
+      if (found === undefined) return false;
+      // The line goes with its newline (the last line, which has none, with the one before it).
+      const [from, to] = found.end < data.length ? [found.start, found.end + 1] : [Math.max(0, found.start - 1), found.end];
+      await this.rewrite(key, Buffer.concat([data.subarray(0, from), data.subarray(to)]));
       // Read again on next use: line numbers of unreadable lines may have moved.
       this.cacheDrop(key);
       return true;
@@ -476,12 +490,35 @@ export class CaptureLedger {
     }
   }
 
+  /**
+   * A ledger file's bytes, not through a symlink, refused (`payload_too_large`) when it is larger
+   * than `maxFileBytes` before any is read; read up to the size found (an append meanwhile is not this
+   * read's: appends hold the key's stripe lock, as the callers do).
+   */
+  private readNoFollow(path: string): Promise<Buffer> {
+    const max = this.options.maxFileBytes ?? MAX_LEDGER_FILE_BYTES;
+    return withFile(path, constants.O_RDONLY | NOFOLLOW, async (file) => {
+      const { size } = await file.stat();
+      if (size > max) {
+        throw new CheckpointError("payload_too_large", `capture ledger ${path} is ${size} bytes, over the ${max}-byte limit of one key's ledger: retire the episode, or move the file away`);
+      }
+      const data = Buffer.allocUnsafe(size);
+      let got = 0;
+      while (got < size) {
+        const { bytesRead } = await file.read(data, got, size - got, got);
+        if (bytesRead === 0) break;
+        got += bytesRead;
+      }
+      return data.subarray(0, got);
+    });
+  }
+
   /** Under the key's stripe lock: the file's rows, and the numbers of its lines that are not rows. */
   private async readFile(key: string): Promise<LedgerEntry> {
     const path = this.fileOf(key);
     let data: Buffer;
     try {
-      data = await readNoFollow(path);
+      data = await this.readNoFollow(path);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return { rows: [], corrupt: [] };
       throw error;
@@ -495,12 +532,15 @@ export class CaptureLedger {
     const end = data.lastIndexOf(0x0a) + 1;
     const rows: LedgerRow[] = [];
     const corrupt: number[] = [];
-    for (const [index, line] of splitLines(data.subarray(0, end)).slice(0, -1).entries()) {
-      const text = line.toString("utf8");
+    let index = 0;
+    for (const line of lineSpans(data.subarray(0, end))) {
+      index++;
+      if (line.end === end) break; // the empty part after the last newline
+      const text = data.toString("utf8", line.start, line.end);
       if (!text.trim()) continue;
       const row = parseRow(text);
       if (row) rows.push(row);
-      else corrupt.push(index + 1);
+      else corrupt.push(index);
     }
     // What follows the last newline is an append a crash (or a full disk) cut short. It must not
     // stay: the next append would join it into one invalid line. A complete row keeps its place.
@@ -526,22 +566,14 @@ async function withFile<T>(path: string, flags: number, fn: (file: FileHandle) =
   }
 }
 
-function readNoFollow(path: string): Promise<Buffer> {
-  return withFile(path, constants.O_RDONLY | NOFOLLOW, (file) => file.readFile());
-}
-
-const NEWLINE = Buffer.from("\n");
-
-/** The byte lines of `data` split at each newline (as String.split: n newlines give n + 1 parts). */
-function splitLines(data: Buffer): Buffer[] {
-  const lines: Buffer[] = [];
+/** The byte spans of `data`'s lines split at each newline (as String.split: n newlines give n + 1 parts), newline excluded. */
+function* lineSpans(data: Buffer): Generator<{ start: number; end: number }> {
   let start = 0;
   for (let at = data.indexOf(0x0a); at !== -1; at = data.indexOf(0x0a, start)) {
-    lines.push(data.subarray(start, at));
+    yield { start, end: at };
     start = at + 1;
   }
-  lines.push(data.subarray(start));
-  return lines;
+  yield { start, end: data.length };
 }
 
 /** A sync running, and the one queued behind it (shared by every caller that asked meanwhile). */
