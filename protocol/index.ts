@@ -10,7 +10,7 @@ export { isHttpUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";
 export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
-export { LineSplitter, type SplitLine } from "./line-splitter.js";
+export { LineSplitter, textLines, type SplitLine } from "./line-splitter.js";
 export {
   SAFE_NAME_PATTERN,
   SUBJECT_SAFE_NAME_PATTERN,

@@ -53,3 +53,37 @@ export class LineSplitter {
     return line;
   }
 }
+
+/**
+ * The lines of a stream as text, numbered from 1: the newline (and a carriage return before it)
+ * removed, a final line without one included. A line of more than `maxLineBytes` (newline included)
+ * is refused with `tooLong(its number)` as soon as that many bytes came without a newline: never
+ * held whole, nor made into a string longer than V8 allows (its RangeError, or the heap's end).
+ */
+export async function* textLines(
+  input: AsyncIterable<Buffer | string>,
+  maxLineBytes: number,
+  tooLong: (number: number) => Error,
+): AsyncGenerator<{ text: string; number: number }> {
+  const splitter = new LineSplitter();
+  let number = 0;
+  const text = (line: SplitLine) => {
+    let end = line.terminated ? line.bytes.length - 1 : line.bytes.length;
+    if (end > 0 && line.bytes[end - 1] === 0x0d) end--;
+    return line.bytes.toString("utf8", 0, end);
+  };
+  for await (const chunk of input) {
+    for (const line of splitter.push(typeof chunk === "string" ? Buffer.from(chunk) : chunk)) {
+      number++;
+      if (line.bytes.length > maxLineBytes) throw tooLong(number);
+      yield { text: text(line), number };
+    }
+    if (splitter.pendingBytes > maxLineBytes) throw tooLong(number + 1);
+  }
+  const last = splitter.end();
+  if (last) {
+    number++;
+    if (last.bytes.length > maxLineBytes) throw tooLong(number);
+    yield { text: text(last), number };
+  }
+}

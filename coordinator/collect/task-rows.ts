@@ -1,10 +1,10 @@
 import { closeSync, constants, createReadStream, fstatSync, open } from "node:fs";
 import { Socket } from "node:net";
-import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
 import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
-import { CheckpointError, MAX_JSON_DEPTH, RolloutIdSchema, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, unsafeJsonInteger } from "../../protocol/index.js";
+import { constants as bufferConstants } from "node:buffer";
+import { CheckpointError, MAX_JSON_DEPTH, RolloutIdSchema, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, textLines, unsafeJsonInteger } from "../../protocol/index.js";
 
 /**
  * One line of `tasks.jsonl`: either `{"id": "...", "task": {...}}` or a bare task object, which
@@ -18,22 +18,29 @@ export interface TaskRow {
 }
 
 /**
+ * The longest tasks line, newline included: the longest string Node decodes a buffer to (about
+ * 512 MiB). A longer line is refused (`invalid_request`) once that many bytes came without a
+ * newline, never held whole: read as one string it threw V8's RangeError out of the stream's data
+ * handler, an uncaught exception. Smaller only in tests.
+ */
+export const MAX_TASK_LINE_BYTES = bufferConstants.MAX_STRING_LENGTH;
+
+/**
  * Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be.
  * `signal` gives the read up (rejecting with its reason), even one that never delivers.
  */
-export async function readTaskRows(path: string, { signal }: { signal?: AbortSignal } = {}): Promise<TaskRow[]> {
+export async function readTaskRows(path: string, { signal, maxLineBytes = MAX_TASK_LINE_BYTES }: { signal?: AbortSignal; maxLineBytes?: number } = {}): Promise<TaskRow[]> {
   const rows: TaskRow[] = [];
   const seen = new Set<string>();
   let input: Readable | undefined;
   const giveUp = () => input?.destroy(signal!.reason as Error);
   signal?.addEventListener("abort", giveUp, { once: true });
-  let number = 0;
+  const tooLong = (number: number) => new CheckpointError("invalid_request", `${path}:${number}: longer than any task line can be (over ${maxLineBytes} bytes without a newline)`);
   try {
     signal?.throwIfAborted();
     input = await openTasks(path);
     if (signal?.aborted) giveUp(); // aborted while opening
-    for await (const line of createInterface({ input, crlfDelay: Infinity })) {
-      number++;
+    for await (const { text: line, number } of textLines(input, maxLineBytes, tooLong)) {
       if (!line.trim()) continue;
       let value: unknown;
       try {

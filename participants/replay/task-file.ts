@@ -1,6 +1,14 @@
+import { constants } from "node:buffer";
 import { createReadStream } from "node:fs";
-import { createInterface } from "node:readline";
+import { textLines } from "../../protocol/index.js";
 import { invalidRequest, ReplayError } from "./errors.js";
+
+/**
+ * The longest task line, newline included: the longest string Node decodes a buffer to (about
+ * 512 MiB). A longer one is refused (`invalid_request`) once that many bytes came without a newline,
+ * never held whole. Smaller only in tests.
+ */
+export const MAX_TASK_FILE_LINE_BYTES = constants.MAX_STRING_LENGTH;
 
 /**
  * The tasks of a task file given on the command line (`seeds --tasks`): JSON lines, each collect's
@@ -8,13 +16,12 @@ import { invalidRequest, ReplayError } from "./errors.js";
  * is `invalid_request`, like any bad flag value (a pipe such as `<(…)` is read as it comes).
  * Streamed line by line, as collect reads it: a task file may be larger than one string can be.
  */
-export async function readTaskFile(file: string): Promise<unknown[]> {
+export async function readTaskFile(file: string, maxLineBytes = MAX_TASK_FILE_LINE_BYTES): Promise<unknown[]> {
   const out: unknown[] = [];
-  const input = createReadStream(file, { encoding: "utf8" });
-  let number = 0;
+  const input = createReadStream(file);
+  const tooLong = (number: number) => invalidRequest(`${file}:${number}: longer than any task line can be (over ${maxLineBytes} bytes without a newline)`);
   try {
-    for await (const line of createInterface({ input, crlfDelay: Infinity })) {
-      number++;
+    for await (const { text: line, number } of textLines(input, maxLineBytes, tooLong)) {
       if (!line.trim()) continue;
       let value: unknown;
       try {
