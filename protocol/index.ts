@@ -116,6 +116,7 @@ export {
   MAX_MANIFEST_BYTES,
   MAX_GLOBAL_MANIFEST_BYTES,
   MAX_CONTROLLER_STATE_FILE_BYTES,
+  MAX_GLOBAL_MANIFEST_NESTING,
   ParticipantManifestSchema,
   RecordBaseSchema,
   ParticipantEntrySchema,

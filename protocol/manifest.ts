@@ -26,6 +26,13 @@ export const LATEST_FILE = "LATEST";
 export const MAX_MANIFEST_BYTES = 1 << 20;
 export const MAX_GLOBAL_MANIFEST_BYTES = 64 << 20;
 export const MAX_CONTROLLER_STATE_FILE_BYTES = 256 << 20;
+/**
+ * Deepest nesting a checkpoint.json may have, its open-ended parts (participants' `extras`, inline
+ * controller state, which a publish already limits to MAX_JSON_DEPTH) included. JSON.parse takes any
+ * depth, but JSON.stringify recurses: one nested a few thousand levels (a few KiB of brackets) parsed
+ * and passed `verify`, then every reply carrying it (`get`) overflowed the stack, internal_error.
+ */
+export const MAX_GLOBAL_MANIFEST_NESTING = 1024;
 
 export const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
 

@@ -9,8 +9,10 @@ import {
   GlobalManifestSchema,
   LATEST_FILE,
   MAX_GLOBAL_MANIFEST_BYTES,
+  MAX_GLOBAL_MANIFEST_NESTING,
   PARTICIPANTS_DIR,
   describeZodError,
+  jsonNestsDeeperThan,
   toCheckpointError,
   type GlobalManifest,
 } from "../../protocol/index.js";
@@ -276,6 +278,10 @@ function parseGlobalManifest(path: string, checkpointId: string, text: string): 
     value = JSON.parse(text);
   } catch {
     throw new CheckpointError("invalid_checkpoint_state", `${path} is not valid JSON`);
+  }
+  // Checked without recursion, before anything walks it (schemas, digests, a reply's JSON.stringify).
+  if (jsonNestsDeeperThan(value, MAX_GLOBAL_MANIFEST_NESTING)) {
+    throw new CheckpointError("invalid_checkpoint_state", `${path} nests more than ${MAX_GLOBAL_MANIFEST_NESTING} levels deep`);
   }
   const parsed = GlobalManifestSchema.safeParse(value);
   if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `${path} is invalid: ${describeZodError(parsed.error)}`);
