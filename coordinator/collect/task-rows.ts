@@ -1,9 +1,9 @@
+import { constants as bufferConstants } from "node:buffer";
 import { closeSync, constants, createReadStream, fstatSync, open } from "node:fs";
 import { Socket } from "node:net";
 import type { Readable } from "node:stream";
 import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
-import { constants as bufferConstants } from "node:buffer";
 import { CheckpointError, MAX_JSON_DEPTH, RolloutIdSchema, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, textLines, unsafeJsonInteger } from "../../protocol/index.js";
 
 /**
