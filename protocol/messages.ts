@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema } from "./ids.js";
+import { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
 import { KindSchema } from "./kinds.js";
 import { ParticipantManifestSchema, Sha256Schema } from "./manifest.js";
 
@@ -119,7 +120,14 @@ export const PrepareReportSchema = z
   .strict();
 export type PrepareReport = z.infer<typeof PrepareReportSchema>;
 
-const ExtrasSchema = z.record(z.string(), z.unknown());
+/**
+ * Kind-specific additions. Nested at most MAX_JSON_DEPTH levels: a commit reply's extras go into
+ * checkpoint.json as they are, and nested deeper than its readers take they published a checkpoint
+ * every reader then refused (or overflowed the stack of the publication's own JSON.stringify).
+ */
+const ExtrasSchema = z
+  .record(z.string(), z.unknown())
+  .refine((extras) => !jsonNestsDeeperThan(extras), { message: `must be JSON nested at most ${MAX_JSON_DEPTH} levels deep` });
 
 export const StatusReplySchema = z
   .object({

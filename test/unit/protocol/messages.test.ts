@@ -13,6 +13,7 @@ import {
   CONTROLLER_OPS,
   PrepareRequestSchema,
   RestoreRequestSchema,
+  StatusReplySchema,
   RetireRequestSchema,
   ForgetRequestSchema,
   canonicalDigest,
@@ -212,5 +213,35 @@ describe("canonical JSON and tokens", () => {
     expect(bearerToken("Bearer abc")).toBe("abc");
     expect(bearerToken("Basic abc")).toBeUndefined();
     expect(bearerToken(undefined)).toBeUndefined();
+  });
+});
+
+describe("participant extras", () => {
+  // A commit reply's extras go into checkpoint.json as they are: nested deeper than its readers take
+  // (MAX_GLOBAL_MANIFEST_NESTING), the checkpoint would publish and then be refused by every reader.
+  const nested = (levels: number): unknown => {
+    let value: unknown = 1;
+    for (let i = 0; i < levels; i++) value = [value];
+    return value;
+  };
+  const statusReply = (extras: Record<string, unknown>) => ({
+    kind: "model",
+    instance: "m0",
+    phase: "idle",
+    checkpoint_id: null,
+    lease_expires_at: null,
+    epoch: 0,
+    retired_rollouts: 0,
+    report: { ready: true, blockers: [], blocker_count: 0, counts: {}, restarts: [] },
+    protocol_version: 1,
+    extras,
+  });
+
+  it("are refused nested deeper than any JSON value from outside may be, within it accepted", () => {
+    const deep = StatusReplySchema.safeParse(statusReply({ cuts: nested(MAX_JSON_DEPTH + 1) }));
+    expect(deep.success).toBe(false);
+    expect(deep.error?.issues[0]?.message).toMatch(/nested at most 128 levels/);
+    const within = StatusReplySchema.safeParse(statusReply({ cuts: nested(MAX_JSON_DEPTH - 1) }));
+    expect(within.error?.issues).toBeUndefined();
   });
 });
