@@ -27,6 +27,12 @@ export interface ChildProgramOptions {
    * Needs `node --import` (Node 20.6); on an older Node the program is started without it.
    */
   exitWithParent?: boolean;
+  /**
+   * Aborting while the ready line is awaited kills the program (with `group`, its whole group) and
+   * rejects at once: a clean-up must not wait for a start it is about to undo (one that can never
+   * get ready, its NATS gone, would hold it until the ready timeout).
+   */
+  signal?: AbortSignal;
 }
 
 /** How long `exited` waits, after the exit, for the program's output pipes to close. */
@@ -98,15 +104,22 @@ export async function startChildProgram(script: string, args: string[], options:
 
   let ready: Record<string, unknown> | undefined;
   if (options.waitReady) {
+    const { signal: abort } = options;
+    let onAbort: (() => void) | undefined;
     ready = await new Promise<Record<string, unknown>>((resolve, reject) => {
       resolveReady = resolve;
       const timer = setTimeout(() => reject(new Error(`${script} printed no ready line within ${options.readyTimeoutMs ?? 30_000} ms:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? 30_000);
       timer.unref();
       void exited.then(({ code, signal }) => reject(new Error(`${script} exited (code ${code}, signal ${signal}) before it was ready:\n${tail.join("\n")}`)));
-    }).catch(async (error: unknown) => {
-      await kill();
-      throw error;
-    });
+      onAbort = () => reject(new Error(`${script} start aborted`));
+      if (abort?.aborted) onAbort();
+      else abort?.addEventListener("abort", onAbort, { once: true });
+    })
+      .catch(async (error: unknown) => {
+        await kill();
+        throw error;
+      })
+      .finally(() => onAbort && abort?.removeEventListener("abort", onAbort));
   }
   return { child, ready, exited, kill };
 }

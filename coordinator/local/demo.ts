@@ -65,7 +65,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
   const token = randomBytes(16).toString("hex");
   const cli = fileURLToPath(new URL(`../cli/main${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url));
   const children: ChildProgram[] = [];
-  // Starts still waiting for a ready line: clean-up waits for them, so no process outlives it.
+  // Starts still waiting for a ready line: clean-up waits for them (the abort ends them), so no process outlives it.
   const starting = new Set<Promise<unknown>>();
   let nats: NatsServerProcess | undefined;
   let natsStart: Promise<NatsServerProcess> | undefined;
@@ -77,7 +77,9 @@ export async function runDemo(options: DemoOptions): Promise<DemoOutcome> {
     // local user can read a command line (/proc/<pid>/cmdline). One token serves participants and
     // controllers alike; a controller token inherited from the shell would not match the daemon's.
     const env = { ...opts?.env, OTEL_EXPORTER_PROMETHEUS_PORT: undefined, GYM_CKPT_TOKEN: token, GYM_CKPT_CONTROLLER_TOKEN: undefined };
-    const pending = startChildProgram(script, args, { ...opts, exitWithParent: true, env });
+    // The abort ends a start still waiting for its ready line at once (the program killed), so the
+    // clean-up below never waits for a Gym that cannot get ready once a Ctrl-C stopped nats-server.
+    const pending = startChildProgram(script, args, { ...opts, exitWithParent: true, env, ...(signal && { signal }) });
     starting.add(pending);
     try {
       const child = await pending;

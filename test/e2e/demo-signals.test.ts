@@ -49,7 +49,48 @@ async function runningDemo() {
   return { demo, exited, started, ours, scratch };
 }
 
+/** A demo started in its own process group (as from a terminal), up to the stdout line `until` matches. */
+async function demoUntil(until: RegExp) {
+  const scratch = await mkdtemp(join(tmpdir(), "demo-signals-"));
+  scratches.push(scratch);
+  const demo: ChildProcess = spawn(process.execPath, ["dist/coordinator/cli/main.js", "demo", "--rows", "40", "--token-delay-ms", "60"], {
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, TMPDIR: scratch },
+    detached: true,
+  });
+  groups.push(new ProcessGroup(demo.pid!));
+  seen.add(demo.pid!);
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => demo.once("exit", (code, signal) => resolve({ code, signal })));
+  await new Promise<void>((resolve, reject) => {
+    createInterface({ input: demo.stdout! }).on("line", (line) => {
+      if (until.test(line)) resolve();
+    });
+    void exited.then(({ code }) => reject(new Error(`demo exited early (${code})`)));
+  });
+  return { demo, exited, scratch };
+}
+
 describe("gym-ckpt demo", () => {
+  it("a Ctrl-C while the Gym starts ends that start at once: exit 130 without waiting for the Gym's ready line", { timeout: 60_000 }, async () => {
+    // The backend is up: the Gym launcher (its own process group, which the terminal's Ctrl-C does
+    // not reach) is starting. The Ctrl-C stops nats-server too, so that start can only fail, after
+    // its servers' NATS connect timeout (10 s); the clean-up used to wait for it.
+    const { demo, exited, scratch } = await demoUntil(/fake policy backend/);
+    const sent = Date.now();
+    process.kill(-demo.pid!, "SIGINT");
+    // Everything the demo started by then, the starting Gym included (it is not a member of this group).
+    const started = descendants(demo.pid!);
+    for (const p of started) seen.add(p.pid);
+    const { code, signal } = await exited;
+    const tookMs = Date.now() - sent;
+    await waitUntil(() => started.every((p) => !alive(p.pid)), "every process the demo started to exit");
+    expect({ code, signal }).toEqual({ code: 130, signal: null });
+    expect(await readdir(scratch)).toEqual([]);
+    // Fails today: ~10 s (the Gym's servers give up connecting to the stopped nats-server).
+    expect(tookMs).toBeLessThan(5_000);
+  });
+
+
   it("kills every process it started and removes its directories on SIGTERM", async () => {
     const { demo, exited, started, ours, scratch } = await runningDemo();
     demo.kill("SIGTERM");
