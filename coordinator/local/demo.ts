@@ -390,7 +390,10 @@ async function waitFor(condition: () => Promise<boolean>, timeoutMs: number, wat
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (await condition()) return;
-    if (watched && watched.child.exitCode !== null) throw new Error(`the collector exited (code ${watched.child.exitCode}) while waiting for ${what}`);
+    // A death by signal (the OOM killer's SIGKILL) leaves exitCode null: signalCode says it.
+    if (watched && (watched.child.exitCode !== null || watched.child.signalCode !== null)) {
+      throw new Error(`the collector exited (code ${watched.child.exitCode}, signal ${watched.child.signalCode}) while waiting for ${what}`);
+    }
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
