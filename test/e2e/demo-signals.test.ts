@@ -21,23 +21,7 @@ afterAll(async () => {
 
 /** A demo whose reference Gym is up, with every process it started so far. */
 async function runningDemo() {
-  // The demo's work and NATS store directories go under TMPDIR: a private one shows what is left.
-  const scratch = await mkdtemp(join(tmpdir(), "demo-signals-"));
-  scratches.push(scratch);
-  const demo: ChildProcess = spawn(process.execPath, ["dist/coordinator/cli/main.js", "demo", "--rows", "40", "--token-delay-ms", "60"], {
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, TMPDIR: scratch },
-    detached: true,
-  });
-  groups.push(new ProcessGroup(demo.pid!));
-  seen.add(demo.pid!);
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => demo.once("exit", (code, signal) => resolve({ code, signal })));
-  await new Promise<void>((resolve, reject) => {
-    createInterface({ input: demo.stdout! }).on("line", (line) => {
-      if (line.includes("reference Gym up")) resolve();
-    });
-    void exited.then(({ code }) => reject(new Error(`demo exited early (${code})`)));
-  });
+  const { demo, exited, scratch } = await demoUntil(/reference Gym up/);
   const started = descendants(demo.pid!);
   for (const p of started) seen.add(p.pid);
   // nats-server, coordinator, policy backend, the gym launcher and its four servers.
