@@ -1,7 +1,8 @@
 import { constants } from "node:buffer";
+import { createReadStream } from "node:fs";
 import { appendFile, open, stat, truncate } from "node:fs/promises";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, LineSplitter, namePath } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, namePath, textLines } from "../../protocol/index.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /** One finished row in `results.jsonl`; appended as rows finish, so a crash keeps every finished row. */
@@ -139,31 +140,11 @@ export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESU
 async function readLines(path: string, end: number, maxLineBytes: number): Promise<Map<string, FinishedRow>> {
   const finished = new Map<string, FinishedRow>();
   if (end === 0) return finished;
-  let number = 0;
-  const take = (bytes: Buffer, terminated: boolean) => {
-    number++;
-    if (bytes.length > maxLineBytes) throw tooLong(path, number, maxLineBytes);
-    const line = bytes.toString("utf8", 0, terminated ? bytes.length - 1 : bytes.length);
-    if (!line.trim()) return;
+  const lines = textLines(createReadStream(path, { start: 0, end: end - 1 }), maxLineBytes, (number) => tooLong(path, number, maxLineBytes));
+  for await (const { text: line, number } of lines) {
+    if (!line.trim()) continue;
     const { response: _reply, ...row } = parseStateValue(ResultLineSchema, line, `${path}:${number}`);
     finished.set(row.rollout_id, row);
-  };
-  const handle = await open(path, "r");
-  try {
-    const splitter = new LineSplitter();
-    const chunk = Buffer.allocUnsafe(64 * 1024);
-    for (let position = 0; position < end; ) {
-      const { bytesRead } = await handle.read(chunk, 0, Math.min(chunk.length, end - position), position);
-      if (bytesRead === 0) break; // cut short meanwhile: what is there is read
-      position += bytesRead;
-      // Each line is taken before the chunk is read into again (the splitter copies what it carries).
-      for (const line of splitter.push(chunk.subarray(0, bytesRead))) take(line.bytes, true);
-      if (splitter.pendingBytes > maxLineBytes) throw tooLong(path, number + 1, maxLineBytes);
-    }
-    const last = splitter.end();
-    if (last) take(last.bytes, false);
-  } finally {
-    await handle.close();
   }
   return finished;
 }
