@@ -155,11 +155,13 @@ export const CheckpointIdSchema = z
   .meta({ not: { pattern: `^(${RESERVED_CHECKPOINT_IDS.map(anyCase).join("|")})$` } });
 export type CheckpointId = z.infer<typeof CheckpointIdSchema>;
 
+export const MAX_INSTANCE_CHARS = 128;
+
 /** A server's name in the deployment; becomes a directory name and subject tokens. */
 export const InstanceSchema = z
   .string()
   .min(1)
-  .max(128)
+  .max(MAX_INSTANCE_CHARS)
   .regex(SUBJECT_SAFE_NAME_PATTERN, "instance must match ^[A-Za-z0-9][A-Za-z0-9_-]*(\\.[A-Za-z0-9_-]+)*$ (no .. and no trailing .: it becomes NATS subject tokens and a KV key)");
 export type Instance = z.infer<typeof InstanceSchema>;
 

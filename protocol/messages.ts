@@ -45,11 +45,13 @@ export const IncarnationSchema = z.string().min(1).max(MAX_INCARNATION_CHARS);
 export const GUARDED_OPS = ["prepare", "renew", "commit", "resume"] as const;
 const guarded = { ...common, incarnation: IncarnationSchema.optional() };
 
+export const MAX_CHECKPOINT_DIR_CHARS = 4096;
+
 /** A directory the coordinator owns and this participant can see: absolute, normalized. */
 export const CheckpointDirSchema = z
   .string()
   .min(1)
-  .max(4096)
+  .max(MAX_CHECKPOINT_DIR_CHARS)
   .refine((dir) => dir.startsWith("/"), "checkpoint_dir must be absolute")
   .refine((dir) => !dir.split("/").some((part) => part === ".." || part === "."), "checkpoint_dir may not contain . or .. segments")
   .refine((dir) => !dir.includes("\0"), "checkpoint_dir may not contain NUL");

@@ -1,4 +1,4 @@
-import { CheckpointError, MAX_ATTEMPT, MAX_CHECKPOINT_ID_CHARS, MAX_INCARNATION_CHARS, MAX_ROLLOUT_ID_CHARS, MAX_SCOPE, type EpisodeId, type Kind } from "../../protocol/index.js";
+import { CheckpointError, MAX_ATTEMPT, MAX_CHECKPOINT_DIR_CHARS, MAX_CHECKPOINT_ID_CHARS, MAX_INCARNATION_CHARS, MAX_INSTANCE_CHARS, MAX_ROLLOUT_ID_CHARS, MAX_SCOPE, type EpisodeId, type Kind } from "../../protocol/index.js";
 import { MAX_JOURNAL_ENTRY_BYTES, type JournalEntry } from "../ha/decision-journal.js";
 import { COLLECTION_STATE_FILE } from "./collection-state.js";
 
@@ -20,10 +20,6 @@ import { COLLECTION_STATE_FILE } from "./collection-state.js";
 
 /** Members (participants) the journal entry's other fields are budgeted for: Gym servers × kinds. */
 export const MEMBER_ROOM = 256;
-/** The longest checkpoint directory a participant message may name (CheckpointDirSchema). */
-const MAX_CHECKPOINT_DIR_CHARS = 4096;
-/** The longest instance name (InstanceSchema). */
-const MAX_INSTANCE_CHARS = 128;
 /** The longest kind's name. */
 const LONGEST_KIND: Kind = "environment";
 
