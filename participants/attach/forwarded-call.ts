@@ -60,6 +60,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   /** The row is written and the response ended: the ticket waits for the response to leave. */
   private recorded = false;
   private callerGone = false;
+  /** 'finish' was emitted: the last bytes were handed to the caller's socket. */
+  private handedOver = false;
   /** Armed while the upstream is paused for the caller's full socket; 'drain' disarms it. */
   private stall: NodeJS.Timeout | undefined;
   /** The stall timer waits for the response to get the connection (a pipelined call's waits behind earlier ones). */
@@ -186,7 +188,11 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     this.callerGone = true;
     this.clearStall();
     this.ticket.abort.signal.removeEventListener("abort", this.onRetired);
-    if (this.res.writableFinished) return;
+    // Only 'finish' says the response left: Node's `writableFinished` is computed (ended, nothing
+    // buffered) and also reads true once a socket that died under the last write dropped its buffer,
+    // a case that never emits 'finish'. Trusting it left the ticket open for good, and a retire of
+    // its attempt waiting for it.
+    if (this.handedOver) return;
     this.stopUpstream();
     if (this.recorded) void this.kind.undelivered(this.ticket);
     else this.failOnce();
@@ -194,6 +200,9 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
 
   /** The whole response was handed to the caller's socket: a recorded call is delivered. */
   private readonly onFinished = (): void => {
+    // After a 'close' (a socket destroyed as its last write completed) the close decided: taken back.
+    if (this.callerGone) return;
+    this.handedOver = true;
     if (this.recorded) this.kind.delivered(this.ticket);
   };
 
