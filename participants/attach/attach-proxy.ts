@@ -11,6 +11,7 @@ import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
+import { closeQueuedResponsesWithConnection } from "./queued-response-close.js";
 import { json, refuse, refuseMalformedRequest, refuseUnknownExpectationsOn } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
 
@@ -71,6 +72,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   });
   server.on("clientError", refuseMalformedRequest);
   refuseUnknownExpectationsOn(server);
+  closeQueuedResponsesWithConnection(server);
   server.on("close", () => void pool.destroy().catch(() => undefined));
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {

@@ -45,11 +45,13 @@ beforeEach(async () => {
 
 afterEach(async () => {
   for (const socket of sockets.splice(0)) socket.destroy();
+  // A ticket a failing case left open would hold kind.close() (it waits for recorded calls) for good.
+  for (const ticket of [...kind.tickets.values()]) kind.fail(ticket);
   await closeAttachFixture({ proxy, upstream, kind, dir });
 });
 
 /** Writes the calls back to back in one write on a fresh connection; returns what comes back. */
-function pipeline(calls: { key: string; content: string; stream?: boolean }[]): { received: () => string } {
+function pipeline(calls: { key: string; content: string; stream?: boolean }[]): { received: () => string; socket: Socket } {
   const socket = connect((proxy.address() as AddressInfo).port, "127.0.0.1");
   sockets.push(socket);
   let received = "";
@@ -61,7 +63,7 @@ function pipeline(calls: { key: string; content: string; stream?: boolean }[]): 
     return `POST /ng-rollout/${key}/v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
   });
   socket.write(requests.join(""));
-  return { received: () => received };
+  return { received: () => received, socket };
 }
 
 const statusLines = (text: string) => text.match(/HTTP\/1\.1 \d{3}/g) ?? [];
@@ -149,5 +151,45 @@ describe("attach proxy: pipelined generation calls on one connection", () => {
     expect(statusLines(received())).toEqual(["HTTP/1.1 200", "HTTP/1.1 200"]);
     await waitUntil(() => kind.tickets.size === 0, "both tickets to close");
     expect((await kind.ledger.rows("k-1")).length).toBe(2);
+  });
+
+  // Node closes only the response attached to a dying connection: one queued behind it heard neither
+  // 'close' nor 'finish', so its ticket (row written) stayed open for good and a retire of its attempt
+  // waited for it until its deadline.
+  it("closes the ticket of an answer queued behind a slow first when the caller's connection dies", async () => {
+    let slow: ServerResponse | undefined;
+    answer = (content, res) => {
+      if (content === "slow") slow = res;
+      else res.end(completion("queued"));
+    };
+    const { socket } = pipeline([
+      { key: "d-1", content: "slow" },
+      { key: "d-2", content: "queued" },
+    ]);
+    await waitUntil(async () => slow !== undefined && (await kind.ledger.rows("d-2")).length === 1, "the queued answer's row");
+    socket.destroy();
+    await waitUntil(() => kind.tickets.size === 0, "both tickets to close", 3_000);
+    // The caller never got the queued answer: its row is taken back.
+    expect(await kind.ledger.rows("d-2")).toEqual([]);
+    slow!.end(completion("late"));
+  });
+
+  it("lets a retire of a queued call's attempt finish once the caller's connection died", async () => {
+    answer = (content, res) => {
+      if (content !== "slow") res.end(completion("queued"));
+    };
+    const { socket } = pipeline([
+      { key: "r-1", content: "slow" },
+      { key: "r-2", content: "queued" },
+    ]);
+    await waitUntil(async () => (await kind.ledger.rows("r-2")).length === 1, "the queued answer's row");
+    socket.destroy();
+    let timer: NodeJS.Timeout | undefined;
+    const retired = await Promise.race([
+      kind.retire([{ rollout_id: "r-2", attempt: 0 }]).then(() => true),
+      new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), 3_000))),
+    ]);
+    clearTimeout(timer);
+    expect(retired).toBe(true);
   });
 });
