@@ -11,7 +11,7 @@ import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
-import { closeQueuedResponsesWithConnection } from "./queued-response-close.js";
+import { closeQueuedResponsesWithConnection } from "../http/queued-response-close.js";
 import { json, refuse, refuseMalformedRequest, refuseUnknownExpectationsOn } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
 

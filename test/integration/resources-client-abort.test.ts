@@ -1,6 +1,6 @@
 import { request, type ClientRequest } from "node:http";
 import { Readable } from "node:stream";
-import type { AddressInfo } from "node:net";
+import { connect, type AddressInfo, type Socket } from "node:net";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { afterEach, describe, expect, it } from "vitest";
 import { createResourcesApp, type ResourcesKind, type SessionAccess } from "../../participants/kinds/resources/index.js";
@@ -284,5 +284,34 @@ describe("resources: a streamed reply", () => {
     await ended;
     await waitUntil(() => kind.readiness().counts.inflight === 0, "the streamed call to be released");
     expect(kind.readiness().counts.sessions).toBe(0);
+  });
+
+  // Node closes only the response attached to a dying connection: a streamed reply queued behind
+  // another (pipelined) never heard 'close', so its call stayed in flight for good, and a retire (or
+  // a prepare) of its episode waited for it until its deadline.
+  it("is released when the connection of a call pipelined behind a slow one dies", async () => {
+    const { server, kind, base, cookie } = await start();
+    let connectionClosed = false;
+    app!.server.once("connection", (connection: Socket) => connection.once("close", () => (connectionClosed = true)));
+    const socket = connect(Number(new URL(base).port), "127.0.0.1");
+    socket.on("error", () => undefined);
+    const post = (route: string) => `POST /ng-rollout/ab-1/${route} HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nCookie: ${cookie}\r\nContent-Length: 2\r\n\r\n{}`;
+    socket.write(post("slow_tool") + post("streamed"));
+    // The streamed reply is piped into its response, which waits unattached behind the slow call's.
+    await waitUntil(() => server.entered && server.events.readableFlowing === true, "both calls to run");
+    expect(kind.readiness().counts.inflight).toBe(2);
+    socket.destroy();
+    // Released only once the server saw the connection die: it answers to a dead socket, so the
+    // queued reply never gets the connection.
+    await waitUntil(() => connectionClosed, "the server to see the connection close");
+    server.release();
+    let timer: NodeJS.Timeout | undefined;
+    const retired = await Promise.race([
+      kind.retire([{ rollout_id: "ab-1", attempt: 0 }]).then(() => true),
+      new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), 3_000))),
+    ]);
+    clearTimeout(timer);
+    expect(retired).toBe(true);
+    expect(kind.readiness().counts.inflight).toBe(0);
   });
 });

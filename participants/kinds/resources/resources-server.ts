@@ -1,5 +1,6 @@
 import Fastify, { type FastifyInstance } from "fastify";
 import { installJsonBodyParser } from "../../http/json-body.js";
+import { closeQueuedResponsesWithConnection } from "../../http/queued-response-close.js";
 import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import type { JsonValue } from "./json-value.js";
 import { ResourcesKind, type ResourcesKindOptions } from "./resources-kind.js";
@@ -80,6 +81,8 @@ export async function createResourcesApp(server: ResourcesServer, options: Resou
   // Once closed, the holds of verified sessions fire no timer into the server (ResourcesKind.dispose).
   app.addHook("onClose", async () => kind.dispose());
   installRefusalHandlers(app, "resources server", kind.kind, options.logger);
+  // The middleware releases a streamed or hijacked reply's request on its response's 'close'.
+  closeQueuedResponsesWithConnection(app.server);
   const sessions = installResourcesCheckpointing(app, kind);
   await app.register(async (scope) => server.routes(scope, sessions), { prefix: "/ng-rollout/:capture_key" });
   return { app, kind, sessions };

@@ -3,10 +3,10 @@ import type { Socket } from "node:net";
 
 /**
  * When a connection dies, Node closes only the response attached to it: a pipelined response still
- * queued behind that one never emits 'close' (nor 'finish'), so whatever waits for it (its call's
- * admission ticket, a retire of its attempt, the shutdown drain) waited for good. Such responses are
- * closed here the way Node closes an attached one (destroyed, then 'close'); one that got the
- * connection meanwhile hears its close from Node.
+ * queued behind that one never emits 'close' (nor 'finish'), so whatever waits for it (a model call's
+ * admission ticket, a resources request counted in flight, and a retire or shutdown waiting for
+ * those) waited for good. Such responses are closed here the way Node closes an attached one
+ * (destroyed, then 'close'); one that got the connection meanwhile hears its close from Node.
  */
 export function closeQueuedResponsesWithConnection(server: Server): void {
   const queued = new WeakMap<Socket, Set<ServerResponse>>();
