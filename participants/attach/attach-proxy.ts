@@ -3,6 +3,7 @@ import type { Logger } from "pino";
 import { Pool } from "undici";
 import { z } from "zod";
 import { AttemptSchema, CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, describeZodError, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
+import { closeQueuedResponsesWithConnection } from "../http/queued-response-close.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { continuationHeader } from "../kinds/model/generation-cut-contract.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
@@ -11,7 +12,6 @@ import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
-import { closeQueuedResponsesWithConnection } from "../http/queued-response-close.js";
 import { json, refuse, refuseMalformedRequest, refuseUnknownExpectationsOn } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
 
