@@ -964,7 +964,9 @@ export class Collector {
           return s.status === "inflight" && !s.refused && !restarts.has(key) && !exported.has(key);
         });
         const answered = (s: RowState) => Promise.race([s.reply, new Promise<void>((resolve) => s.refusalWaiters.push(resolve))]);
-        await Promise.race([Promise.all(onTheWire.map(answered)), delay(this.options.checkpointTimeoutSeconds ?? 60)]);
+        // The bound's timer is cleared once they are in: it would keep the process up to a minute after the collection.
+        const waited = new AbortController();
+        await Promise.race([Promise.all(onTheWire.map(answered)), delay(this.options.checkpointTimeoutSeconds ?? 60, waited.signal)]).finally(() => waited.abort());
         for (const s of onTheWire) s.refusalWaiters.length = 0;
         // A reply still missing belongs to an episode nobody holds: a restore would install its next
         // attempt beside an environment that starts it from input. It restarts from input instead.

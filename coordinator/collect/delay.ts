@@ -1,6 +1,22 @@
 import { timerDelay } from "../../protocol/index.js";
 
-/** Resolves after `seconds`; unref'd, so a pause alone never keeps the collector's process alive. */
-export function delay(seconds: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, timerDelay(seconds * 1000)).unref());
+/**
+ * Resolves after `seconds`, or at once when `until` aborts (its timer cleared). A pause is the
+ * collection's work: its timer keeps the process alive, since nothing else may (over --http-url no
+ * NATS connection does), and an unref'd one let Node exit mid-collection with nothing said. A bound
+ * raced against other work passes `until`, aborted once the race is over, so it never outlives it.
+ */
+export function delay(seconds: number, until?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (until?.aborted) return resolve();
+    const timer = setTimeout(() => {
+      until?.removeEventListener("abort", stop);
+      resolve();
+    }, timerDelay(seconds * 1000));
+    const stop = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    until?.addEventListener("abort", stop, { once: true });
+  });
 }
