@@ -40,6 +40,7 @@ export class HttpControllerApi {
   private address: { host: string; port: number } | undefined;
   /** Each request's wait for its body, cleared once the body is in. */
   private readonly bodyWaits = new WeakMap<FastifyRequest, NodeJS.Timeout>();
+  private stopping = false;
 
   constructor(private readonly options: HttpControllerApiOptions) {}
 
@@ -77,6 +78,13 @@ export class HttpControllerApi {
             ? new CheckpointError("invalid_request", error.message)
             : toCheckpointError(error);
       void this.refuse(reply, refusal);
+    });
+    // An op answered once the stop began leaves its kept-alive connection idle, which app.close()
+    // would wait for until the client dropped it (Fastify's keep-alive timeout: 72 s), holding the
+    // daemon's stop and its lease release: closed as soon as that answer is out.
+    app.addHook("onResponse", (_req, _reply, done) => {
+      if (this.stopping) app.server.closeIdleConnections();
+      done();
     });
     app.setNotFoundHandler((req, reply) => void this.refuse(reply, new CheckpointError("not_found", `no route ${req.method} ${req.url}`)));
 
@@ -161,6 +169,7 @@ export class HttpControllerApi {
   }
 
   async stop(): Promise<void> {
+    this.stopping = true;
     await this.app?.close();
     this.app = undefined;
   }

@@ -1,0 +1,73 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { connect, type Socket } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { HttpControllerApi } from "../../../coordinator/api/http-api.js";
+import { waitUntil } from "../../support/wait-until.js";
+import { makeEngine, writers } from "./fake-participants.js";
+
+/**
+ * The daemon's stop closes the HTTP API while a controller's op runs on a kept-alive connection
+ * (the collector's and the CLI's clients keep theirs alive): the op is answered, then the
+ * connection closes, so the stop (and the lease release after it) does not wait for the client
+ * to give up its idle connection (Fastify's keep-alive timeout: 72 s).
+ */
+let root: string;
+let http: HttpControllerApi | undefined;
+let client: Socket | undefined;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-http-stop-ka-"));
+});
+afterEach(async () => {
+  client?.destroy();
+  client = undefined;
+  await http?.stop();
+  http = undefined;
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+/** Whether a new connection to the port is refused (the listener closed). */
+function refused(host: string, port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const probe = connect(port, host);
+    probe.once("connect", () => {
+      probe.destroy();
+      resolve(false);
+    });
+    probe.once("error", () => resolve(true));
+  });
+}
+
+describe("HTTP API stop: an op running on a kept-alive connection", () => {
+  it("is answered, then its connection closes and the stop ends", async () => {
+    const { engine, leadership } = makeEngine(root);
+    let release!: () => void;
+    const status = engine.status.bind(engine);
+    engine.status = async () => {
+      await new Promise<void>((resolve) => (release = resolve));
+      return status();
+    };
+    http = new HttpControllerApi({ engine, leadership, token: "t" });
+    const { hostname, port } = new URL(await http.start());
+    let received = "";
+    let closed = false;
+    client = connect(Number(port), hostname);
+    client.on("data", (chunk: Buffer) => (received += chunk.toString("utf8")));
+    client.on("close", () => (closed = true));
+    client.on("error", () => undefined);
+    client.write("GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\r\n");
+    await waitUntil(() => release !== undefined, "the op to start");
+    const stopping = http.stop();
+    // Released once the stop closed the listener (and with it the connections idle then).
+    await waitUntil(() => refused(hostname, Number(port)), "the listener to close");
+    release();
+    await waitUntil(() => received.includes("\r\n\r\n"), "the op's answer");
+    expect(received.split("\r\n")[0]).toBe("HTTP/1.1 200 OK");
+    const stopped = await Promise.race([stopping.then(() => "stopped"), new Promise((resolve) => setTimeout(() => resolve("still stopping after 3 s"), 3_000))]);
+    expect(stopped).toBe("stopped");
+    expect(closed).toBe(true);
+    http = undefined;
+  });
+});
