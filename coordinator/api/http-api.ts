@@ -18,6 +18,7 @@ import type { Leadership } from "../ha/leadership.js";
 import { authorizeController } from "./controller-auth.js";
 import { dispatchController } from "./controller-dispatch.js";
 import { buildOpenApiDocument, httpRoute } from "./openapi.js";
+import { StoppingConnections } from "./stopping-connections.js";
 
 export interface HttpControllerApiOptions {
   engine: CheckpointEngine;
@@ -40,7 +41,7 @@ export class HttpControllerApi {
   private address: { host: string; port: number } | undefined;
   /** Each request's wait for its body, cleared once the body is in. */
   private readonly bodyWaits = new WeakMap<FastifyRequest, NodeJS.Timeout>();
-  private stopping = false;
+  private connections: StoppingConnections | undefined;
 
   constructor(private readonly options: HttpControllerApiOptions) {}
 
@@ -65,6 +66,7 @@ export class HttpControllerApi {
       http: { requireHostHeader: false },
     });
     this.app = app;
+    this.connections = new StoppingConnections(app.server);
     refuseUnknownExpectations(app.server);
     // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes. Bytes,
     // as NATS delivers them: decoded first, invalid UTF-8 (3 bytes per U+FFFD) would count as too large.
@@ -78,13 +80,6 @@ export class HttpControllerApi {
             ? new CheckpointError("invalid_request", error.message)
             : toCheckpointError(error);
       void this.refuse(reply, refusal);
-    });
-    // An op answered once the stop began leaves its kept-alive connection idle, which app.close()
-    // would wait for until the client dropped it (Fastify's keep-alive timeout: 72 s), holding the
-    // daemon's stop and its lease release: closed as soon as that answer is out.
-    app.addHook("onResponse", (_req, _reply, done) => {
-      if (this.stopping) app.server.closeIdleConnections();
-      done();
     });
     app.setNotFoundHandler((req, reply) => void this.refuse(reply, new CheckpointError("not_found", `no route ${req.method} ${req.url}`)));
 
@@ -169,7 +164,7 @@ export class HttpControllerApi {
   }
 
   async stop(): Promise<void> {
-    this.stopping = true;
+    this.connections?.stop();
     await this.app?.close();
     this.app = undefined;
   }

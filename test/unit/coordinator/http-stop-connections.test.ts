@@ -8,14 +8,16 @@ import { waitUntil } from "../../support/wait-until.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 /**
- * The daemon's stop closes the HTTP API while a controller's op runs on a kept-alive connection
- * (the collector's and the CLI's clients keep theirs alive): the op is answered, then the
- * connection closes, so the stop (and the lease release after it) does not wait for the client
- * to give up its idle connection (Fastify's keep-alive timeout: 72 s).
+ * The daemon's stop closes the HTTP API (and releases the lease only after that): it waits for the
+ * ops being answered, never for a client to give up a connection. One whose op is answered during
+ * the stop is closed after that answer (the collector's and the CLI's clients keep theirs alive:
+ * Fastify's keep-alive timeout is 72 s); one whose request is still arriving is closed at once
+ * (once its server closes, Node no longer times request heads out).
  */
 let root: string;
 let http: HttpControllerApi | undefined;
 let client: Socket | undefined;
+const stillStopping = () => new Promise((resolve) => setTimeout(() => resolve("still stopping after 3 s"), 3_000));
 beforeEach(async () => {
   root = await mkdtemp(join(tmpdir(), "gym-ckpt-http-stop-ka-"));
 });
@@ -65,9 +67,32 @@ describe("HTTP API stop: an op running on a kept-alive connection", () => {
     release();
     await waitUntil(() => received.includes("\r\n\r\n"), "the op's answer");
     expect(received.split("\r\n")[0]).toBe("HTTP/1.1 200 OK");
-    const stopped = await Promise.race([stopping.then(() => "stopped"), new Promise((resolve) => setTimeout(() => resolve("still stopping after 3 s"), 3_000))]);
+    const stopped = await Promise.race([stopping.then(() => "stopped"), stillStopping()]);
     expect(stopped).toBe("stopped");
     expect(closed).toBe(true);
+    http = undefined;
+  });
+
+  it.each([
+    ["head", "GET /v1/status HTTP/1.1\r\nHost: x\r\n"],
+    ["body", 'POST /v1/prepare HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\nContent-Length: 100\r\n\r\n{"checkpoint_id":'],
+  ])("closes a connection whose request %s is still arriving, runs nothing, and the stop ends", async (_part, partial) => {
+    const { engine, leadership, fake } = makeEngine(root);
+    http = new HttpControllerApi({ engine, leadership, token: "t" });
+    const { hostname, port } = new URL(await http.start());
+    let closed = false;
+    client = connect(Number(port), hostname);
+    client.on("close", () => (closed = true));
+    client.on("error", () => undefined);
+    await new Promise((resolve) => client!.once("connect", resolve));
+    client.write(partial);
+    // For the server to have read it before the stop: unread, the connection would be idle, which
+    // the stop closed before too (the test would then not tell).
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const stopped = await Promise.race([http.stop().then(() => "stopped"), stillStopping()]);
+    expect(stopped).toBe("stopped");
+    await waitUntil(() => closed, "the connection to close", 1_000);
+    expect(fake.calls).toEqual([]);
     http = undefined;
   });
 });

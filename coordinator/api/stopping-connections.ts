@@ -1,0 +1,47 @@
+import type { IncomingMessage, Server, ServerResponse } from "node:http";
+import type { Socket } from "node:net";
+
+/**
+ * The HTTP API's connections, for its stop. app.close() ends the connections idle at that moment and
+ * then waits for every other one to end: for ever for one whose request is still arriving (Node
+ * stops timing requests out once its server closes: a client that died mid-request, a slow
+ * sender), and until the client drops it for one kept alive after an answer sent during the stop
+ * (Fastify's keep-alive timeout, 72 s). The daemon's stop, and the lease release after it, waited
+ * as long. Once stopping, a connection is closed as soon as it carries no whole request left to
+ * answer: ops under way are still answered, nothing waits on a client. A request not wholly
+ * received has run nothing, and never will once its connection is gone.
+ */
+export class StoppingConnections {
+  /** Per open connection, its requests whose response has not closed yet. */
+  private readonly requests = new Map<Socket, Set<IncomingMessage>>();
+  private stopping = false;
+
+  constructor(server: Server) {
+    server.on("connection", (socket: Socket) => {
+      // Accepted as the listener closes: not served.
+      if (this.stopping) return void socket.destroy();
+      this.requests.set(socket, new Set());
+      socket.once("close", () => this.requests.delete(socket));
+    });
+    server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+      this.requests.get(req.socket)?.add(req);
+      res.once("close", () => {
+        this.requests.get(req.socket)?.delete(req);
+        if (this.stopping) this.closeIfDone(req.socket);
+      });
+    });
+  }
+
+  /** Closes every connection with no whole request left to answer; the others after their last answer. */
+  stop(): void {
+    this.stopping = true;
+    for (const socket of this.requests.keys()) this.closeIfDone(socket);
+  }
+
+  private closeIfDone(socket: Socket): void {
+    const requests = this.requests.get(socket);
+    if (!requests || [...requests].some((req) => req.complete)) return;
+    // destroySoon: an answer already given is written out first.
+    socket.destroySoon();
+  }
+}
