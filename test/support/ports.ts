@@ -25,3 +25,12 @@ export async function freePortRun(count: number): Promise<number> {
   }
   throw new Error("no run of free ports below the ephemeral range");
 }
+
+/** A loopback port nothing listens on now (taken and released). */
+export async function closedPort(): Promise<number> {
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
+  const { port } = probe.address() as { port: number };
+  await new Promise<void>((resolve) => probe.close(() => resolve()));
+  return port;
+}

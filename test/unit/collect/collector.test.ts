@@ -12,6 +12,7 @@ import { DEFAULT_RETRY_PAUSES } from "../../../coordinator/collect/retry-pauses.
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { dispatchController } from "../../../coordinator/api/controller-dispatch.js";
 import { CheckpointError, canonicalDigest, sha256Hex, type ControllerOp, type CtlReplyOf, type EpisodeId } from "../../../protocol/index.js";
+import { closedPort } from "../../support/ports.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { makeEngine, writeParticipant, writers } from "../coordinator/fake-participants.js";
 import { collectorIn } from "../../support/collector-fixture.js";
@@ -1367,15 +1368,6 @@ describe("collector failures", () => {
 });
 
 describe("collector while --run-url accepts no connections (the Gym down or restarting)", () => {
-  /** A loopback port nothing listens on now (taken and released). */
-  async function closedPort(): Promise<number> {
-    const probe = createServer();
-    await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
-    const { port } = probe.address() as { port: number };
-    await new Promise<void>((resolve) => probe.close(() => resolve()));
-    return port;
-  }
-
   /** A logger whose lines (parsed) land in `lines`. */
   function capturingLogger() {
     const lines: { msg: string; level: number }[] = [];
