@@ -170,8 +170,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   /** A failed install that left state held: the same restore sent again is refused the same way. */
   private readonly heldInstallFailure = new HeldInstallFailure();
   private closedAt: number | undefined;
-  /** Set once the process stops serving: a prepare waiting for readiness answers at once, not prepared. */
-  private stopping = false;
+  /** Aborted once the process stops serving: a prepare waiting for readiness answers at once, not prepared; a retire or forget is cut short. */
+  private readonly stopSignal = new AbortController();
   private disposed = false;
   private readonly waiters = new Set<() => void>();
   private readonly unobserve: () => void;
@@ -875,7 +875,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       for (const episode of request.episode_ids) this.retired.mark(episode);
       if (this.pendingInstall) await this.pendingInstall;
       await withSpan("retire", { [ATTR.kind]: this.adapter.kind, [ATTR.instance]: this.instance, [ATTR.episodes]: request.episode_ids.length }, undefined, () =>
-        this.raceDeadline(this.adapter.retire(request.episode_ids), request.deadline_ts, "retire"),
+        this.raceDeadline(this.unlessStopping(() => this.adapter.retire(request.episode_ids), "retire"), request.deadline_ts, "retire"),
       );
       // Only once it succeeded, as a commit's: a failed retire extends nothing (still under the
       // lock, so the lease cannot expire while the kind's retire runs).
@@ -894,7 +894,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       // Bounded like retire's: a kind freeing held state through a hook that never answers (a
       // sandbox provider) must not hold the lock, or every later op, resume and lease expiry
       // included, would queue behind it for good. Past the deadline the marks stay.
-      await this.raceDeadline(this.adapter.forget(rollouts), request.deadline_ts, "forget");
+      await this.raceDeadline(this.unlessStopping(() => this.adapter.forget(rollouts), "forget"), request.deadline_ts, "forget");
       // Only once it succeeded, as retire's: a failed forget extends nothing.
       if (this.phase === "restored") this.renewLease(request.deadline_ts);
       this.heldInstallFailure.forgotten(rollouts);
@@ -1016,6 +1016,30 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
     if (deadlineTs * 1000 > this.clock.now() + MAX_DEADLINE_AHEAD_S * 1000) {
       throw new CheckpointError("invalid_request", `deadline_ts lies more than ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
+    }
+  }
+
+  /**
+   * A retire or forget, cut short with `unreachable` once this process stops serving: the kind's
+   * wait for the attempt's in-flight calls would otherwise hold the shutdown until the op's deadline
+   * (a minute by default), since the server cuts those calls only after the participant stopped.
+   * Its marks go with the process; the controller sends the op again to its restart, as to any
+   * participant gone meanwhile. Not for commit or restore: their late outcome is handled on its own.
+   */
+  private get stopping(): boolean {
+    return this.stopSignal.signal.aborted;
+  }
+
+  private async unlessStopping<T>(work: () => Promise<T>, op: string): Promise<T> {
+    const refusal = () => new CheckpointError("unreachable", `${op} cut short: this participant is shutting down; send it again once it is back`);
+    if (this.stopping) throw refusal();
+    let onStop!: () => void;
+    const stopped = new Promise<never>((_, reject) => (onStop = () => reject(refusal())));
+    this.stopSignal.signal.addEventListener("abort", onStop, { once: true });
+    try {
+      return await Promise.race([work(), stopped]);
+    } finally {
+      this.stopSignal.signal.removeEventListener("abort", onStop);
     }
   }
 
@@ -1199,7 +1223,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
    * the endpoint's wait for in-flight answers does not hold the process until then.
    */
   beginStopping(): void {
-    this.stopping = true;
+    this.stopSignal.abort();
     this.notify();
   }
 
