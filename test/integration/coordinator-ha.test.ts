@@ -38,14 +38,15 @@ describe("two coordinators: one lease, fenced epochs", () => {
     expect(await b.lease.campaignNow()).toBe(true);
     const epochB = b.lease.state().epoch!;
     expect(epochB).toBeGreaterThan(epochA);
+    // B waits one lease period before it sends anything: checked at once, not after A's demotion
+    // below, which a loaded machine may stretch past that period
+    expect(b.lease.state().ready).toBe(false);
+    await expect(b.engine.prepare({ checkpoint_id: "ha-2" })).rejects.toMatchObject({ code: "not_leader" });
     // A notices at its next renewal and demotes; it then sends nothing
     await waitUntil(() => !a.lease.state().leader, "coord-a to demote", 5000);
     expect(a.natsApi.serving).toBe(false);
     const sentByA = monitor.log.filter((m) => m.epoch === epochA).length;
     await expect(a.engine.prepare({ checkpoint_id: "ha-2" })).rejects.toMatchObject({ code: "not_leader" });
-    // B waits one lease period before it sends anything
-    expect(b.lease.state().ready).toBe(false);
-    await expect(b.engine.prepare({ checkpoint_id: "ha-2" })).rejects.toMatchObject({ code: "not_leader" });
     await b.whenReady();
     const second = await world.client.checkpoint({ checkpoint_id: "ha-2" });
     expect(second.epoch).toBe(epochB);
