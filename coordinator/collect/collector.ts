@@ -179,6 +179,9 @@ export class Collector {
   /** Stop checkpoints asked for and not finished: any other checkpoint still waiting for the lock (timer, SIGUSR1) gives way. */
   private stopsPending = 0;
   private retireRetry: NodeJS.Timeout | undefined;
+  /** Since when /run has answered admission_closed outside our checkpoints, and whether that was logged. */
+  private admissionClosedSince: number | undefined;
+  private admissionClosedWarned = false;
   /** Rows waiting for a retire whose last try failed (for the progress line). */
   private retiresFailing = 0;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
@@ -619,6 +622,7 @@ export class Collector {
       // Halted meanwhile: the reply is dropped (the dispatch log has the attempt; the next start retires it).
       if (this.halted) return;
       if (response.ok) {
+        this.admissionReopened();
         const reply = parseRunReply(body);
         return reply instanceof Error ? this.failed(state, reply) : this.finished(state, reply);
       }
@@ -626,6 +630,7 @@ export class Collector {
       if (refusal.success && refusal.data.error.code === "admission_closed") {
         // The attempt never started: wait for the checkpoint to end and send it again.
         this.runsNowhere(state);
+        this.admissionClosedElsewhere();
         await this.waitForGate(true);
         await this.waitForGate(); // never re-sent while our checkpoint is open: it counts the row as not running
         if (this.stopping) return;
@@ -679,6 +684,29 @@ export class Collector {
     this.runsNowhere(state);
     await delay(this.pauses.unreachableS);
     await this.waitForGate();
+  }
+
+  /**
+   * /run answered admission_closed. While our own gate is open that is a checkpoint this collector
+   * did not start (another controller's, or one left open): rows wait for it without a word, so one
+   * still closing admission after admissionClosedWarnS is logged once, with what to do.
+   */
+  private admissionClosedElsewhere(): void {
+    if (!this.gateOpen) return;
+    this.admissionClosedSince ??= Date.now();
+    if (this.admissionClosedWarned || Date.now() - this.admissionClosedSince < this.pauses.admissionClosedWarnS * 1000) return;
+    this.admissionClosedWarned = true;
+    this.options.logger.warn(
+      { run_url: this.options.runUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince) / 1000) },
+      "/run keeps answering admission_closed while this collector has no checkpoint open: another controller's checkpoint is open (gym-ckpt status names it); rows are sent again once it is resumed, or once the participants' lease expires",
+    );
+  }
+
+  /** A /run was admitted: a refusal spell, if logged, is over. */
+  private admissionReopened(): void {
+    if (this.admissionClosedWarned) this.options.logger.info({ run_url: this.options.runUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince!) / 1000) }, "/run admits rows again");
+    this.admissionClosedSince = undefined;
+    this.admissionClosedWarned = false;
   }
 
   /** A send reached --run-url: the outage, if there was one, is over. */

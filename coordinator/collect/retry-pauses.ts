@@ -8,6 +8,8 @@ export interface RetryPauses {
   retireS: number;
   /** Before a /run that found no server at --run-url (the Gym down or restarting) is sent again. */
   unreachableS: number;
+  /** Not a pause: how long /run may keep answering admission_closed outside our checkpoints before it is logged. */
+  admissionClosedWarnS: number;
 }
 
-export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1 };
+export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, admissionClosedWarnS: 30 };

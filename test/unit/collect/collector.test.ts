@@ -897,6 +897,24 @@ describe("collector", () => {
     expect(lines).toEqual([JSON.stringify({ rollout_id: "a", attempt: 0 })]);
   });
 
+  it("says once, with what to do, when admission stays closed by a checkpoint it did not start, and when rows are admitted again", async () => {
+    const refusedUntil = Date.now() + 1200;
+    const url = await runServer(() =>
+      Date.now() < refusedUntil ? { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } } : { status: 200, body: { reward: 1 } },
+    );
+    const lines: { msg: string; level: number }[] = [];
+    const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string; level: number }) });
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { logger: log, retryPauses: { ...SHORT_PAUSES, admissionClosedWarnS: 0.5 }, rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }] });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 2 });
+    const said = lines.filter((l) => l.msg.startsWith("/run keeps answering admission_closed") || l.msg === "/run admits rows again");
+    expect(said.map((l) => [l.level, l.msg.slice(0, 40)])).toEqual([
+      [40, "/run keeps answering admission_closed wh"],
+      [30, "/run admits rows again"],
+    ]);
+  });
+
   it("keeps every results line whole when rows with replies larger than one write chunk finish together", async () => {
     // Node writes an append in 512 KiB chunks: unserialized appends of two big lines interleave.
     const arrived = deferred();
