@@ -79,6 +79,9 @@ export class NatsControllerApi {
       this.subs.push(sub);
       void (async () => {
         for await (const msg of sub) {
+          // nats.js still yields what the subscription had queued when it was unsubscribed; stop()
+          // no longer waits for those, so they would run under a daemon releasing its lease.
+          if (!this.subs.includes(sub)) break;
           const task = this.answer(op, msg);
           this.inFlight.add(task);
           // answer() settles every failure into a reply; a rejection here must still not end the process.
