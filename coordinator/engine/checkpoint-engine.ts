@@ -263,7 +263,8 @@ export class CheckpointEngine {
    * Restores that ended without their resume: their all-or-nothing clean-up ran here (attempt+1
    * retired, everyone resumed), or they were closed because no process held them any more. A
    * resume retried once such a restore closed answers `restore_failed` (this detail), not the
-   * success a closed id gets: the controller must not continue rollouts nobody restored.
+   * success a closed id gets: the controller must not continue rollouts nobody restored. Kept
+   * while the id is among the closed ids remembered (REMEMBERED_CLOSED).
    */
   private readonly restoreFailures = new Map<string, string>();
   /**
@@ -2148,7 +2149,11 @@ export class CheckpointEngine {
     if (this.open?.id === id) this.open = undefined;
     this.closed.delete(id); // re-added: the most recent last
     this.closed.add(id);
-    keepNewest(this.closed, REMEMBERED_CLOSED, (old) => this.stopped.delete(old));
+    // What is kept per closed id goes with it: a failed restore's detail too (one per failed restore otherwise, for good).
+    keepNewest(this.closed, REMEMBERED_CLOSED, (old) => {
+      this.stopped.delete(old);
+      this.restoreFailures.delete(old);
+    });
     void this.options.writer.discard(id);
     // Off the critical path, and only once LATEST's rename is durable: an entry that outlives a
     // crash only makes a successor resume again (idempotent) or repair LATEST. A write for the same

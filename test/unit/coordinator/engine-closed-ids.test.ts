@@ -29,4 +29,20 @@ describe("closed checkpoint ids", () => {
     expect(await engine.resume({ checkpoint_id: `c${total - 1}` })).toEqual({ checkpoint_id: `c${total - 1}`, participants: [] });
     expect((await refusalOf(engine.prepare({ checkpoint_id: `c${total - 1}` }))).code).toBe("stale_checkpoint");
   });
+
+  it("a failed restore's restore_failed is forgotten with its closed id: one per failed restore for the life of the process would grow without bound", { timeout: 60_000 }, async () => {
+    const { engine, fake } = makeEngine(root, { members: [{ kind: "environment", instance: "e1" }] });
+    const failures = (engine as unknown as { restoreFailures: Map<string, string> }).restoreFailures;
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    fake.set("environment", "e1", "restore", { error: "deadline_exceeded" });
+    expect((await refusalOf(engine.restore({ checkpoint_id: "base", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("restore_failed");
+    expect(failures.has("base")).toBe(true);
+    // While its id is remembered, a retried resume still learns the restore failed.
+    expect((await refusalOf(engine.resume({ checkpoint_id: "base" }))).code).toBe("restore_failed");
+    for (let i = 0; i < REMEMBERED_CLOSED; i++) {
+      await engine.prepare({ checkpoint_id: `c${i}` });
+      await engine.resume({ checkpoint_id: `c${i}` });
+    }
+    expect(failures.size).toBe(0);
+  });
 });
