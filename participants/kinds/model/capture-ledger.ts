@@ -414,7 +414,14 @@ export class CaptureLedger {
    */
   private async rewrite(key: string, data: string | Buffer): Promise<void> {
     this.dropHandle(key);
-    await writeFileAtomic(this.fileOf(key), data, { mode: 0o600 });
+    try {
+      await writeFileAtomic(this.fileOf(key), data, { mode: 0o600 });
+    } catch (error) {
+      // Only the directory's fsync may have failed, after the rename: the file may hold the new
+      // rows, so memory is read again from it rather than kept as it was.
+      this.cacheDrop(key);
+      throw error;
+    }
     this.repair.delete(key);
     if (!this.onDisk.has(key)) this.addOnDisk(key);
   }

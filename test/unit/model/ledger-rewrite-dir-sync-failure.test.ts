@@ -1,0 +1,79 @@
+import { fdatasync } from "node:fs";
+import type * as fsPromises from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { CaptureLedger } from "../../../participants/kinds/model/index.js";
+import { ledgerRow } from "./model-fixtures.js";
+
+// A rewrite (replace, retract) renames its temp file over the key's, then fsyncs the directory.
+// When only that fsync fails (EIO), the file already holds the new rows: memory must not keep the old.
+let failDirSync = false;
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const actual = await importOriginal<typeof fsPromises>();
+  return {
+    ...actual,
+    open: async (...args: Parameters<typeof actual.open>) => {
+      const handle = await actual.open(...args);
+      if (!failDirSync || args[1] !== "r") return handle;
+      const sync = () => Promise.reject(Object.assign(new Error("EIO: i/o error, fsync"), { code: "EIO", syscall: "fsync" }));
+      return new Proxy(handle, { get: (target, prop) => (prop === "sync" ? sync : Reflect.get(target, prop, target)) });
+    },
+  };
+});
+
+const realSync = promisify(fdatasync);
+let dir: string;
+beforeEach(async () => {
+  failDirSync = false;
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-ledger-rewrite-"));
+});
+afterEach(async () => {
+  failDirSync = false;
+  await rm(dir, { recursive: true, force: true });
+});
+
+const fileCalls = async (key: string) =>
+  (await readFile(join(dir, `${key}.lineage.jsonl`), "utf8"))
+    .split("\n")
+    .filter(Boolean)
+    .map((line) => (JSON.parse(line) as { model_call_id: string }).model_call_id);
+const memoryCalls = async (ledger: CaptureLedger, key: string) => (await ledger.rows(key)).map((r) => r.model_call_id);
+
+describe("capture ledger: a rewrite whose directory fsync fails after the rename", () => {
+  it("a failed append's take-back leaves no row in memory that the file no longer holds", async () => {
+    let failSync = false;
+    const ledger = new CaptureLedger(dir, 16, 256, {
+      sync: (fd) => (failSync ? Promise.reject(Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO" })) : realSync(fd)),
+    });
+    try {
+      await ledger.append(ledgerRow("r1", "mc-1"));
+      expect(await memoryCalls(ledger, "r1")).toEqual(["mc-1"]);
+      failSync = true;
+      failDirSync = true;
+      await expect(ledger.append(ledgerRow("r1", "mc-2"))).rejects.toThrow(/EIO/);
+      failSync = false;
+      failDirSync = false;
+      expect(await fileCalls("r1")).toEqual(["mc-1"]);
+      expect(await memoryCalls(ledger, "r1")).toEqual(["mc-1"]);
+    } finally {
+      await ledger.close();
+    }
+  });
+
+  it("a failed replace leaves memory as the file is", async () => {
+    const ledger = new CaptureLedger(dir, 16, 256);
+    try {
+      await ledger.replace("r2", [ledgerRow("r2", "mc-a")]);
+      expect(await memoryCalls(ledger, "r2")).toEqual(["mc-a"]);
+      failDirSync = true;
+      await expect(ledger.replace("r2", [ledgerRow("r2", "mc-b")])).rejects.toThrow(/EIO/);
+      failDirSync = false;
+      expect(await memoryCalls(ledger, "r2")).toEqual(await fileCalls("r2"));
+    } finally {
+      await ledger.close();
+    }
+  });
+});
