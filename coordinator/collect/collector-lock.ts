@@ -37,7 +37,11 @@ export async function acquireCollectorLock(checkpointDir: string): Promise<Colle
   const path = join(checkpointDir, COLLECTOR_LOCK_FILE);
   const line = processLine();
   const aside = join(checkpointDir, `.${COLLECTOR_LOCK_FILE}.${token()}`);
-  await writeFile(aside, line, { flag: "wx" });
+  await writeFile(aside, line, { flag: "wx" }).catch(async (error: NodeJS.ErrnoException) => {
+    // Created, then not written in full (a full disk): ours to remove. EEXIST: another's, left alone.
+    if (error.code !== "EEXIST") await rm(aside, { force: true });
+    throw error;
+  });
   let tookOver: string | undefined;
   try {
     for (let tries = 1; ; tries++) {
