@@ -246,7 +246,11 @@ export class StripedLocks {
       if (text !== undefined && (await whyStale(path, text)) !== undefined) await rm(path, { force: true });
     }
     OWNER_FILES.add(this.ownerFile);
-    await writeFile(this.ownerFile, OWNER, { flag: "wx" });
+    await writeFile(this.ownerFile, OWNER, { flag: "wx" }).catch(async (error: NodeJS.ErrnoException) => {
+      // Created, then not written in full (a full disk): removed, or the retry's exclusive create fails (EEXIST).
+      await rm(this.ownerFile, { force: true }).catch(() => undefined);
+      throw error;
+    });
   }
 }
 
