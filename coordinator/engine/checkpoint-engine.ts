@@ -281,7 +281,7 @@ export class CheckpointEngine {
    * `stale_checkpoint` that would hide why the id is spent.
    */
   private readonly unjournaledPrepares = new Map<string, string>();
-  /** The last journal write per checkpoint id (a number from journalSeq): a removal scheduled by close() yields to any write made since. */
+  /** The last journal write per checkpoint id (a number from journalSeq): a removal scheduled by close() yields to any write made since. Dropped once the entry is removed or kept for good (entryKept, leadershipLost). */
   private readonly journalWrites = new Map<string, number>();
   private journalSeq = 0;
   /** Checkpoints (and restores) opened here: `opened_seq`, which orders them within this epoch whatever the wall clock does. */
@@ -583,7 +583,7 @@ export class CheckpointEngine {
           if (!wasClosed) this.closed.delete(id);
           this.journal(unresumed, "decided").catch((cause: unknown) => this.checkpointLog(id).warn({ err: cause }, "restore_unjournaled_entry_not_put_back"));
         } else {
-          void this.options.writer.durable().then(() => this.removeEntry(id, writes, term), () => false);
+          void this.options.writer.durable().then(() => this.removeEntry(id, writes, term), () => this.entryKept(id, writes));
         }
         throw refusal;
       });
@@ -2164,9 +2164,18 @@ export class CheckpointEngine {
       () => this.removeEntry(id, writes, term),
       (error: unknown) => {
         this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept");
-        return false;
+        return this.entryKept(id, writes);
       },
     );
+  }
+
+  /**
+   * An entry left in the journal for good by this term (LATEST not durable): its write marker goes
+   * too, unless a write came since. Only a later write (which sets its own) removes it here again.
+   */
+  private entryKept(id: string, writes: number | undefined): false {
+    if (this.journalWrites.get(id) === writes) this.journalWrites.delete(id);
+    return false;
   }
 
   /**
@@ -2249,6 +2258,8 @@ export class CheckpointEngine {
     // resume asks the participants (releaseHolders) instead of answering success from this term.
     for (const id of this.restoreRemovals.keys()) this.closed.delete(id);
     this.restoreRemovals.clear();
+    // Every removal of this term yields now (leaderTerm), so no marker of its writes is read again.
+    this.journalWrites.clear();
     this.leaderTerm++;
     if (this.options.requireRecovery) this.recoveredFlag = false;
   }

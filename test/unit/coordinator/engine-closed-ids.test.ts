@@ -45,4 +45,23 @@ describe("closed checkpoint ids", () => {
     }
     expect(failures.size).toBe(0);
   });
+
+  it("the last-journal-write marker of an id whose entry was kept (LATEST's fsync failed, the term ended) is dropped: one per checkpoint otherwise, for good", async () => {
+    const { engine, writer } = makeEngine(root, { members: [{ kind: "environment", instance: "e1" }] });
+    const writes = (engine as unknown as { journalWrites: Map<string, number> }).journalWrites;
+    // A failed fsync of LATEST keeps every closed entry (until the next publication makes it durable).
+    const fsyncFailed = Promise.reject(new Error("EIO"));
+    fsyncFailed.catch(() => undefined);
+    writer.durable = () => fsyncFailed;
+    for (let i = 0; i < 20; i++) {
+      await engine.prepare({ checkpoint_id: `k${i}` });
+      await engine.resume({ checkpoint_id: `k${i}` });
+    }
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(writes.size).toBe(0);
+    // The term ends with a checkpoint open: its entry is the successor's, this marker nobody's.
+    await engine.prepare({ checkpoint_id: "open" });
+    engine.leadershipLost();
+    expect(writes.size).toBe(0);
+  });
 });
