@@ -6,7 +6,7 @@ export interface ChildProgram {
   child: ChildProcess;
   /** The parsed JSON ready line (`{"ready":true,…}`), when waited for. */
   ready: Record<string, unknown> | undefined;
-  /** Resolves once the process exited and its output was read (at most OUTPUT_AFTER_EXIT_MS after the exit). */
+  /** Resolves once the process exited and its output was read (at most OUTPUT_AFTER_EXIT_MS after the exit); code and signal null if it could not be started. */
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   /** SIGKILL the process (and, with `group`, every process it started). */
   kill(signal?: NodeJS.Signals): Promise<void>;
@@ -61,7 +61,8 @@ export async function startChildProgram(script: string, args: string[], options:
   // 'exit' can come before the last output lines are read (a loaded machine): wait for the pipes to
   // close too, so a caller that reports the output on exit has all of it. Bounded, since a process
   // the program started may hold them open.
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+  let spawnError: Error | undefined;
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
     child.once("exit", (code, signal) => {
       const done = () => resolve({ code, signal });
       const timer = setTimeout(done, OUTPUT_AFTER_EXIT_MS);
@@ -70,8 +71,15 @@ export async function startChildProgram(script: string, args: string[], options:
         clearTimeout(timer);
         done();
       });
-    }),
-  );
+    });
+    // A spawn that failed (EAGAIN, EMFILE, ENFILE, ENOENT) emits 'error' and never 'exit'; unheard,
+    // it would crash this process. Another 'error' (a kill refused) leaves a running child: its exit comes.
+    child.on("error", (error) => {
+      if (child.pid !== undefined) return;
+      spawnError = error;
+      resolve({ code: null, signal: null });
+    });
+  });
   child.stdin?.on("error", () => undefined); // never written; closed when the child exits
   const tail: string[] = [];
   let resolveReady: ((value: Record<string, unknown>) => void) | undefined;
@@ -110,7 +118,9 @@ export async function startChildProgram(script: string, args: string[], options:
       resolveReady = resolve;
       const timer = setTimeout(() => reject(new Error(`${script} printed no ready line within ${options.readyTimeoutMs ?? 30_000} ms:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? 30_000);
       timer.unref();
-      void exited.then(({ code, signal }) => reject(new Error(`${script} exited (code ${code}, signal ${signal}) before it was ready:\n${tail.join("\n")}`)));
+      void exited.then(({ code, signal }) =>
+        reject(spawnError ? new Error(`${script} could not be started: ${spawnError.message}`, { cause: spawnError }) : new Error(`${script} exited (code ${code}, signal ${signal}) before it was ready:\n${tail.join("\n")}`)),
+      );
       onAbort = () => reject(new Error(`${script} start aborted`));
       if (abort?.aborted) onAbort();
       else abort?.addEventListener("abort", onAbort, { once: true });
