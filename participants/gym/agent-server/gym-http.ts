@@ -28,14 +28,27 @@ export const MAX_GYM_REPLY_BYTES = 64 * 1024 * 1024;
  * close_session's.
  */
 export async function postJson(url: string, body: unknown, options: { signal?: AbortSignal; headers?: Record<string, string> } = {}): Promise<JsonResponse> {
-  const response = await fetch(url, {
-    method: "POST",
-    headers: { "content-type": "application/json", ...options.headers },
-    body: JSON.stringify(body),
-    ...(options.signal && { signal: options.signal }),
-    dispatcher: UNTIMED_FETCH_DISPATCHER, // with the global fetch, which tests stub
-  });
-  const text = await readCappedText(response, MAX_GYM_REPLY_BYTES, `${new URL(url).pathname} reply`);
+  // fetch gets a signal of this call's own: the abort listener it adds to a signal goes only when
+  // its request is garbage collected, so an episode's signal would hold one per call made with it.
+  const { signal } = options;
+  const call = signal && new AbortController();
+  const onAbort = () => call?.abort(signal?.reason);
+  if (signal?.aborted) onAbort();
+  else signal?.addEventListener("abort", onAbort, { once: true });
+  let text: string;
+  let response: Response;
+  try {
+    response = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...options.headers },
+      body: JSON.stringify(body),
+      ...(call && { signal: call.signal }),
+      dispatcher: UNTIMED_FETCH_DISPATCHER, // with the global fetch, which tests stub
+    });
+    text = await readCappedText(response, MAX_GYM_REPLY_BYTES, `${new URL(url).pathname} reply`);
+  } finally {
+    signal?.removeEventListener("abort", onAbort);
+  }
   let parsed: unknown = undefined;
   try {
     parsed = text.length ? JSON.parse(text) : undefined;
