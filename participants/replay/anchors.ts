@@ -19,7 +19,7 @@ export interface Seed {
   /** Sandbox snapshot ref of the anchor node, when the record carries snapshots. */
   snapshot: string | null;
   anchor: AnchorKind;
-  /** Index of the anchor node in trace.nodes (the fork node, last tool result, or final node). */
+  /** Index of the anchor node in trace.nodes (the fork node, last tool result, or final node: recheck's last kept node when a tool result was cut). */
   anchorNode: number;
 }
 
@@ -207,9 +207,7 @@ export function recheckSeed(trace: TraceRecord, recheckPrompt: string): Seed | n
   const all = branches(trace);
   const branch = all[all.length - 1];
   if (!branch || branch.length === 0) return null;
-  const finalNode = branch[branch.length - 1]!;
   const refs = snapshotRefs(trace);
-  if (refs.size > 0 && !refs.has(finalNode)) return null;
 
   // The same cut as the tool-call anchors': an unanswered call, or a tool result no turn issued,
   // would hand the model a context no provider accepts.
@@ -217,6 +215,11 @@ export function recheckSeed(trace: TraceRecord, recheckPrompt: string): Seed | n
   while (kept.length > 0 && messageOf(trace, kept[kept.length - 1]!).role === "user") kept = kept.slice(0, -1);
   const keptNodes = kept.map((n) => trace.nodes[n]!);
   if (!keptNodes.some((node) => node.sampled && node.message.role === "assistant")) return null;
+  // The final node's sandbox holds every tool run before it: with a tool result cut from the seed,
+  // it is not the seed's sandbox, and the anchor is the kept prefix's end instead.
+  const cutTool = branch.slice(kept.length).some((n) => messageOf(trace, n).role === "tool");
+  const anchorNode = cutTool ? kept[kept.length - 1]! : branch[branch.length - 1]!;
+  if (refs.size > 0 && !refs.has(anchorNode)) return null;
 
   const prompt: Message[] = [
     ...structuredClone(withoutLeadingSystem(keptNodes.map((node) => node.message))),
@@ -226,9 +229,9 @@ export function recheckSeed(trace: TraceRecord, recheckPrompt: string): Seed | n
     prompt,
     name: `recheck:${id8(trace)}`,
     tokens: estimateTokens(keptNodes) + Math.floor(recheckPrompt.length / 4),
-    snapshot: refs.get(finalNode) ?? null,
+    snapshot: refs.get(anchorNode) ?? null,
     anchor: "final",
-    anchorNode: finalNode,
+    anchorNode,
   };
 }
 
