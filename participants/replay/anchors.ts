@@ -128,10 +128,13 @@ function issuedCalls(message: Message): string[] | null {
   return message.tool_calls.map((call) => call.id);
 }
 
-/** A tool run answers a turn exactly when its result ids are the issuer's call ids, each once. */
+/**
+ * A tool run answers a turn exactly when its result ids are the issuer's call ids, each once. Calls
+ * sharing an id never are: one result cannot say which of them it answers, and the other dangles.
+ */
 function answersExactly(calls: readonly string[], results: readonly string[]): boolean {
   const wanted = new Set(calls);
-  return results.length === wanted.size && new Set(results).size === results.length && results.every((id) => wanted.has(id));
+  return wanted.size === calls.length && results.length === wanted.size && new Set(results).size === results.length && results.every((id) => wanted.has(id));
 }
 
 export interface ToolCallOptions {
