@@ -165,6 +165,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private pendingInstall: Promise<unknown> | undefined;
   /** An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no restore runs beside it. */
   private lateInstall: Promise<void> | undefined;
+  /** The rollouts whose next attempt that late install may still install: a forget of one waits for it (see forget). */
+  private lateInstallRollouts: ReadonlySet<string> = new Set();
   /** A closeAdmission that outlived its op's deadline and has not ended (see abandonLateClose): no close or open runs beside it. */
   private lateClose: Promise<void> | undefined;
   /** A failed install that left state held: the same restore sent again is refused the same way. */
@@ -830,10 +832,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const freed = settled
       .then(() => free(false))
       .finally(() => {
-        if (this.lateInstall === freed) this.lateInstall = undefined;
+        if (this.lateInstall === freed) {
+          this.lateInstall = undefined;
+          this.lateInstallRollouts = new Set();
+        }
         this.notify();
       });
     this.lateInstall = freed;
+    this.lateInstallRollouts = new Set(next.map((episode) => episode.rollout_id));
   }
 
   // ---- resume, renew ---------------------------------------------------------------------
@@ -888,6 +894,12 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private async forget(request: ForgetRequest): Promise<ForgetReply> {
     this.checkDeadline(request.deadline_ts);
+    // A restore install past its deadline may still install the next attempt of these rollouts: its
+    // fence stays until that install ended and what it left was freed (lifted before, a checkpoint
+    // opened meanwhile would export it). Awaited outside the lock, under which the free runs; past
+    // the deadline the marks stay, as for a forget whose hook hangs.
+    const late = this.lateInstall;
+    if (late && request.rollout_ids.some((id) => this.lateInstallRollouts.has(id))) await this.raceDeadline(late, request.deadline_ts, "forget");
     return this.underLock(request, async () => {
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
       const rollouts = [...new Set(request.rollout_ids)].sort();
