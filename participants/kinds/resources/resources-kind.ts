@@ -137,10 +137,12 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   private readonly freeingRestored = new Set<string>();
   /**
    * Of those, the ones whose free failed: still refused and live state, and freed again by the next
-   * commit's clean-up or a forget of their rollout (dropped untracked, their state would leak and
+   * commit's clean-up, a retire of their attempt or a forget of their rollout (dropped untracked, their state would leak and
    * a request naming them would be served from it).
    */
   private readonly heldAfterFailedFree = new Map<string, EpisodeId>();
+  /** After-commit frees of restored sessions under way (they may outlive the commit and the resume), with their episodes. */
+  private readonly leftOutFrees = new Set<{ episodes: EpisodeId[]; done: Promise<void> }>();
   /**
    * Sessions a replayable `/verify` ended while a checkpoint was open: ended at reopen. Until then
    * they stay in the checkpoint, which holds their episode at its boundary before that verify, so
@@ -574,6 +576,14 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       await this.waitUntil(() => ![...this.active].some(stopped));
     }
     await Promise.all([...this.freeing]);
+    // Restored sessions of these attempts an after-commit clean-up is freeing: the reply waits for
+    // those frees, and frees here one that failed (held), so a retire never replies over their state.
+    await Promise.all([...this.leftOutFrees].filter((f) => f.episodes.some(covers)).map((f) => f.done));
+    for (const [sessionId, episode] of [...this.heldAfterFailedFree]) {
+      if (!covers(episode)) continue;
+      this.heldAfterFailedFree.delete(sessionId); // taken: a clean-up running meanwhile does not free it too
+      await this.freeLeftOut(sessionId, episode);
+    }
     // Free, then drop. A failing hook leaves the session retiring (a blocker) so the retire can be retried.
     for (const s of targets.values()) {
       await this.hooks.retireSessionState?.(s.sessionId);
@@ -630,12 +640,21 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     // Those an earlier clean-up failed to free are tried again (taken, so no other free runs beside).
     for (const [sessionId, episode] of this.heldAfterFailedFree) freeing.push({ sessionId, episode });
     this.heldAfterFailedFree.clear();
-    for (const s of freeing) {
-      try {
-        await this.freeLeftOut(s.sessionId, s.episode);
-      } catch (error) {
-        this.logger?.warn({ episode: captureKey(s.episode), err: error }, "freeing a restored session the commit left out failed; held until a later commit or a forget frees it");
+    const frees = (async () => {
+      for (const s of freeing) {
+        try {
+          await this.freeLeftOut(s.sessionId, s.episode);
+        } catch (error) {
+          this.logger?.warn({ episode: captureKey(s.episode), err: error }, "freeing a restored session the commit left out failed; held until a later commit, a retire or a forget frees it");
+        }
       }
+    })();
+    const tracked = { episodes: freeing.map((s) => s.episode), done: frees };
+    this.leftOutFrees.add(tracked);
+    try {
+      await frees;
+    } finally {
+      this.leftOutFrees.delete(tracked);
     }
     // Only the exported sessions are parked (protocol §9 `park_exported`): the others (outside the
     // scope, retiring, dropped by the server) are not in the checkpoint, so their compute is not
