@@ -899,7 +899,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     // opened meanwhile would export it). Awaited outside the lock, under which the free runs; past
     // the deadline the marks stay, as for a forget whose hook hangs.
     const late = this.lateInstall;
-    if (late && request.rollout_ids.some((id) => this.lateInstallRollouts.has(id))) await this.raceDeadline(late, request.deadline_ts, "forget");
+    if (late && request.rollout_ids.some((id) => this.lateInstallRollouts.has(id))) await this.raceDeadline(this.unlessStopping(() => late, "forget"), request.deadline_ts, "forget");
     return this.underLock(request, async () => {
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
       const rollouts = [...new Set(request.rollout_ids)].sort();
