@@ -68,8 +68,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private readonly restoredCuts = new Map<string, GenerationCutRecord>();
   /** Imported ledgers whose replacement has not called yet. */
   private readonly restoredKeys = new Set<string>();
-  /** Restored keys afterCommit is freeing; a call claiming one meanwhile takes it out (its ledger stays). */
-  private readonly freeing = new Set<string>();
+  /**
+   * Restored keys afterCommit is freeing; a call claiming one meanwhile takes it out (its ledger stays).
+   * False once a retire or forget dropped its restored state meanwhile: a failed free does not bring it back.
+   */
+  private readonly freeing = new Map<string, boolean>();
   /** afterCommit's removal of each key it is freeing, from its start until it settled (never rejects). */
   private readonly removals = new Map<string, Promise<void>>();
   /** Keys with an admit() in progress, by how many: afterCommit does not free a ledger a call is reading. */
@@ -607,6 +610,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       const episode = parseCaptureKey(key);
       if (episode && which(episode)) this.restoredKeys.delete(key);
     }
+    // One afterCommit is freeing is dropped too: its free still runs, but failing does not restore it.
+    for (const key of this.freeing.keys()) {
+      const episode = parseCaptureKey(key);
+      if (episode && which(episode)) this.freeing.set(key, false);
+    }
   }
 
   statusExtras(): Record<string, unknown> {
@@ -624,7 +632,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     for (const key of freed) {
       this.restoredKeys.delete(key);
       this.restoredCuts.delete(key);
-      this.freeing.add(key);
+      this.freeing.set(key, true);
     }
     // A cut given back by a failed call is restored state without a restored key (its ledger was
     // claimed, so it stays): left out of the scope, nothing continues it, so it goes too.
@@ -647,7 +655,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         await removal;
       } catch (error) {
         failure ??= error;
-        if (this.freeing.has(key)) this.restoredKeys.add(key);
+        if (this.freeing.get(key)) this.restoredKeys.add(key);
       } finally {
         this.freeing.delete(key);
         this.removals.delete(key);
@@ -664,7 +672,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private keepsFreedLedger(key: string): boolean {
     if (!this.freeing.has(key)) return true;
     if (!this.admitsInFlight.has(key)) return false;
-    this.restoredKeys.add(key);
+    if (this.freeing.get(key)) this.restoredKeys.add(key);
     return true;
   }
 
