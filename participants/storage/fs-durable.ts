@@ -35,12 +35,14 @@ async function writeAll(handle: FileHandle, chunk: Uint8Array): Promise<void> {
  * Missing parent directories are created, unless `createParents` is false (a path a user typed:
  * a mistyped directory must fail, ENOENT, rather than appear). With `exclusive`, the temp file is
  * hard-linked into place instead, which never replaces an existing target: false when one was there
- * (nothing changed), so of two concurrent writers exactly one creates the file.
+ * (nothing changed), so of two concurrent writers exactly one creates the file. `onPublished` is
+ * called once the new file is in place, before the directory fsync (which may still fail): a caller
+ * whose state follows the target's content learns it changed even when the write then rejects.
  */
 export async function writeFileAtomic(
   target: string,
   data: string | Uint8Array | Iterable<Uint8Array>,
-  options: { mode?: number; createParents?: boolean; exclusive?: boolean } = {},
+  options: { mode?: number; createParents?: boolean; exclusive?: boolean; onPublished?: () => void } = {},
 ): Promise<boolean> {
   const dir = dirname(target);
   if (options.createParents !== false) {
@@ -80,6 +82,7 @@ export async function writeFileAtomic(
     await rm(temp, { force: true });
     throw namePath(error, temp);
   }
+  options.onPublished?.();
   try {
     await fsyncDir(dir);
   } catch (error) {

@@ -415,14 +415,16 @@ export class CaptureLedger {
   private async rewrite(key: string, data: string | Buffer): Promise<void> {
     this.dropHandle(key);
     try {
-      await writeFileAtomic(this.fileOf(key), data, { mode: 0o600 });
+      // Once renamed, the file is `data` (written without a torn tail): a repair offset was the old
+      // file's, and cutting the new one there would drop rows or pad it with zeros, even if the
+      // directory fsync then fails.
+      await writeFileAtomic(this.fileOf(key), data, { mode: 0o600, onPublished: () => this.repair.delete(key) });
     } catch (error) {
       // Only the directory's fsync may have failed, after the rename: the file may hold the new
       // rows, so memory is read again from it rather than kept as it was.
       this.cacheDrop(key);
       throw error;
     }
-    this.repair.delete(key);
     if (!this.onDisk.has(key)) this.addOnDisk(key);
   }
 
