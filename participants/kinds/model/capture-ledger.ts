@@ -415,17 +415,22 @@ export class CaptureLedger {
   private async rewrite(key: string, data: string | Buffer): Promise<void> {
     this.dropHandle(key);
     try {
-      // Once renamed, the file is `data` (written without a torn tail): a repair offset was the old
-      // file's, and cutting the new one there would drop rows or pad it with zeros, even if the
-      // directory fsync then fails.
-      await writeFileAtomic(this.fileOf(key), data, { mode: 0o600, onPublished: () => this.repair.delete(key) });
+      // Once renamed, the file is `data` (written without a torn tail), even if the directory fsync
+      // then fails: a repair offset was the old file's (cutting the new one there would drop rows or
+      // pad it with zeros), and a key new on disk is known, or its rows would read as none.
+      await writeFileAtomic(this.fileOf(key), data, {
+        mode: 0o600,
+        onPublished: () => {
+          this.repair.delete(key);
+          if (!this.onDisk.has(key)) this.addOnDisk(key);
+        },
+      });
     } catch (error) {
       // Only the directory's fsync may have failed, after the rename: the file may hold the new
       // rows, so memory is read again from it rather than kept as it was.
       this.cacheDrop(key);
       throw error;
     }
-    if (!this.onDisk.has(key)) this.addOnDisk(key);
   }
 
   /**

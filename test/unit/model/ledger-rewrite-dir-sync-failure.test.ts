@@ -76,4 +76,17 @@ describe("capture ledger: a rewrite whose directory fsync fails after the rename
       await ledger.close();
     }
   });
+
+  it("a failed replace of a key not on disk yet still knows the file it created", async () => {
+    const ledger = new CaptureLedger(dir, 16, 256);
+    try {
+      failDirSync = true;
+      await expect(ledger.replace("r3", [ledgerRow("r3", "mc-x")])).rejects.toThrow(/EIO/);
+      failDirSync = false;
+      expect(await fileCalls("r3")).toEqual(["mc-x"]);
+      expect(await memoryCalls(ledger, "r3")).toEqual(["mc-x"]);
+    } finally {
+      await ledger.close();
+    }
+  });
 });
