@@ -1,4 +1,4 @@
-import { fdatasync } from "node:fs";
+import { closeSync, fdatasync, writeSync } from "node:fs";
 import type * as fsPromises from "node:fs/promises";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -85,6 +85,38 @@ describe("capture ledger: a rewrite whose directory fsync fails after the rename
       failDirSync = false;
       expect(await fileCalls("r3")).toEqual(["mc-x"]);
       expect(await memoryCalls(ledger, "r3")).toEqual(["mc-x"]);
+    } finally {
+      await ledger.close();
+    }
+  });
+
+  it("after a torn append whose cut-off failed too (a repair offset), the next append does not cut (or pad) the new file at the old file's offset", async () => {
+    let failNext = false;
+    const ledger = new CaptureLedger(dir, 16, 256, {
+      write: (fd, buffer, offset) => {
+        if (!failNext) return writeSync(fd, buffer, offset);
+        failNext = false;
+        // Torn: all but the newline lands, then the descriptor is gone, so the cut-off fails too (repair set).
+        writeSync(fd, buffer.subarray(offset, buffer.length - 1));
+        closeSync(fd);
+        throw Object.assign(new Error("EIO: i/o error, write"), { code: "EIO" });
+      },
+    });
+    try {
+      await ledger.append(ledgerRow("k", "mc-1"));
+      await ledger.append(ledgerRow("k", "mc-2"));
+      failNext = true;
+      await expect(ledger.append(ledgerRow("k", "mc-x"))).rejects.toThrow(/EIO/);
+      // An undelivered call's take-back: the file is rewritten without mc-1 (and the torn tail), renamed, but not synced.
+      failDirSync = true;
+      await expect(ledger.retract("k", "mc-1")).rejects.toThrow(/EIO/);
+      failDirSync = false;
+      await ledger.append(ledgerRow("k", "mc-3"));
+      const text = await readFile(join(dir, "k.lineage.jsonl"), "utf8");
+      // Before: the new, shorter file was extended with zero bytes to the old offset, gluing them to mc-3's line.
+      expect(text).not.toContain("\0");
+      expect(text.split("\n").filter(Boolean).map((l) => JSON.parse(l).model_call_id)).toEqual(["mc-2", "mc-3"]);
+      expect((await ledger.rows("k")).map((r) => r.model_call_id)).toEqual(["mc-2", "mc-3"]);
     } finally {
       await ledger.close();
     }
