@@ -163,10 +163,12 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private readonly epochIssued: ((epoch: number) => Promise<boolean>) | undefined;
   private pendingWrite: PendingWrite<R> | undefined;
   private pendingInstall: Promise<unknown> | undefined;
-  /** An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no restore runs beside it. */
-  private lateInstall: Promise<void> | undefined;
-  /** The rollouts whose next attempt that late install may still install: a forget of one waits for it (see forget). */
-  private lateInstallRollouts: ReadonlySet<string> = new Set();
+  /**
+   * An install that outlived its restore's deadline and has not ended (see abandonLateInstall): no
+   * restore runs beside it, and a forget of one of the rollouts whose next attempt it may still
+   * install waits for it (see forget).
+   */
+  private lateInstall: { freed: Promise<void>; rollouts: ReadonlySet<string> } | undefined;
   /** A closeAdmission that outlived its op's deadline and has not ended (see abandonLateClose): no close or open runs beside it. */
   private lateClose: Promise<void> | undefined;
   /** A failed install that left state held: the same restore sent again is refused the same way. */
@@ -832,14 +834,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const freed = settled
       .then(() => free(false))
       .finally(() => {
-        if (this.lateInstall === freed) {
-          this.lateInstall = undefined;
-          this.lateInstallRollouts = new Set();
-        }
+        if (this.lateInstall?.freed === freed) this.lateInstall = undefined;
         this.notify();
       });
-    this.lateInstall = freed;
-    this.lateInstallRollouts = new Set(next.map((episode) => episode.rollout_id));
+    this.lateInstall = { freed, rollouts: new Set(next.map((episode) => episode.rollout_id)) };
   }
 
   // ---- resume, renew ---------------------------------------------------------------------
@@ -899,7 +897,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     // opened meanwhile would export it). Awaited outside the lock, under which the free runs; past
     // the deadline the marks stay, as for a forget whose hook hangs.
     const late = this.lateInstall;
-    if (late && request.rollout_ids.some((id) => this.lateInstallRollouts.has(id))) await this.raceDeadline(this.unlessStopping(() => late, "forget"), request.deadline_ts, "forget");
+    if (late && request.rollout_ids.some((id) => late.rollouts.has(id))) await this.raceDeadline(this.unlessStopping(() => late.freed, "forget"), request.deadline_ts, "forget");
     return this.underLock(request, async () => {
       this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
       const rollouts = [...new Set(request.rollout_ids)].sort();
@@ -1031,6 +1029,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
   }
 
+  private get stopping(): boolean {
+    return this.stopSignal.signal.aborted;
+  }
+
   /**
    * A retire or forget, cut short with `unreachable` once this process stops serving: the kind's
    * wait for the attempt's in-flight calls would otherwise hold the shutdown until the op's deadline
@@ -1038,10 +1040,6 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
    * Its marks go with the process; the controller sends the op again to its restart, as to any
    * participant gone meanwhile. Not for commit or restore: their late outcome is handled on its own.
    */
-  private get stopping(): boolean {
-    return this.stopSignal.signal.aborted;
-  }
-
   private async unlessStopping<T>(work: () => Promise<T>, op: string): Promise<T> {
     const refusal = () => new CheckpointError("unreachable", `${op} cut short: this participant is shutting down; send it again once it is back`);
     if (this.stopping) throw refusal();
