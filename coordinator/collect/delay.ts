@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import { timerDelay } from "../../protocol/index.js";
 
 /**
@@ -7,16 +8,6 @@ import { timerDelay } from "../../protocol/index.js";
  * raced against other work passes `until`, aborted once the race is over, so it never outlives it.
  */
 export function delay(seconds: number, until?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (until?.aborted) return resolve();
-    const timer = setTimeout(() => {
-      until?.removeEventListener("abort", stop);
-      resolve();
-    }, timerDelay(seconds * 1000));
-    const stop = () => {
-      clearTimeout(timer);
-      resolve();
-    };
-    until?.addEventListener("abort", stop, { once: true });
-  });
+  // The abort's AbortError only ends the pause early.
+  return sleep(timerDelay(seconds * 1000), undefined, until && { signal: until }).catch(() => undefined);
 }
