@@ -6,9 +6,12 @@ import {
   GlobalManifestSchema,
   MAX_GLOBAL_MANIFEST_BYTES,
   canonicalDigest,
+  canonicalJson,
   captureKey,
   describeZodError,
+  jsonNestsDeeperThan,
   type GlobalManifest,
+  type RecordBase,
 } from "../../protocol/index.js";
 import { AgentRecordSchema, LegacySessionSchema, type AgentRecord } from "../kinds/agent/index.js";
 import { EnvironmentRecordSchema, type EnvironmentRecord } from "../kinds/environment/index.js";
@@ -96,6 +99,25 @@ async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest
   return parsed.data;
 }
 
+interface Held<R> {
+  record: R;
+  from: string;
+}
+
+/**
+ * One record per episode and kind. Another copy of the same record (equal canonical JSON: the same
+ * participant listed twice, say) is taken once; any other contradicts it, and which one a seed came
+ * from would depend on the manifest's order, so it is refused. Compared only on a collision (a
+ * boundary nested past canonical JSON's depth cannot be compared: refused too).
+ */
+function holdOnce<R extends RecordBase>(held: Map<string, Held<R>>, record: R, from: string): void {
+  const key = captureKey(record.episode_id);
+  const first = held.get(key);
+  if (!first) return void held.set(key, { record, from });
+  const same = !jsonNestsDeeperThan(first.record) && !jsonNestsDeeperThan(record) && canonicalJson(first.record) === canonicalJson(record);
+  if (!same) throw invalidState(`episode ${key} is held by ${first.from} and by ${from}, and their records differ: the checkpoint contradicts itself`);
+}
+
 /** The storage refuses with CheckpointErrors; replay refusals are ReplayErrors with the same code. */
 async function readParticipant<T>(read: Promise<T>): Promise<T> {
   try {
@@ -117,18 +139,21 @@ export async function exportCheckpointSeeds(checkpointDir: string, options: { ta
   const manifest = await readGlobalManifest(checkpointDir);
   const id = manifest.checkpoint_id;
   const storage = new FsCheckpointStorage();
-  const environment = new Map<string, EnvironmentRecord>();
-  const agent = new Map<string, AgentRecord>();
+  const environments = new Map<string, Held<EnvironmentRecord>>();
+  const agents = new Map<string, Held<AgentRecord>>();
   for (const p of manifest.participants) {
     const target = { checkpointDir, checkpointId: id, kind: p.kind, instance: p.instance };
+    const from = `${p.kind}/${p.instance}`;
     // Pinned to checkpoint.json's entry: a participant directory replaced after publication (even a
     // self-consistent one) holds episodes that were never committed, and is refused before it is read.
     if (p.kind === "environment") {
-      for (const r of (await readParticipant(storage.read(target, EnvironmentRecordSchema, undefined, p))).records) environment.set(captureKey(r.episode_id), r);
+      for (const r of (await readParticipant(storage.read(target, EnvironmentRecordSchema, undefined, p))).records) holdOnce(environments, r, from);
     } else if (p.kind === "agent") {
-      for (const r of (await readParticipant(storage.read(target, AgentRecordSchema, undefined, p))).records) agent.set(captureKey(r.episode_id), r);
+      for (const r of (await readParticipant(storage.read(target, AgentRecordSchema, undefined, p))).records) holdOnce(agents, r, from);
     }
   }
+  const environment = new Map([...environments].map(([key, held]) => [key, held.record]));
+  const agent = new Map([...agents].map(([key, held]) => [key, held.record]));
   const byDigest = new Map<string, Record<string, unknown>>();
   for (const task of options.tasks ?? []) {
     if (task !== null && typeof task === "object" && !Array.isArray(task)) byDigest.set(canonicalDigest(task), task as Record<string, unknown>);

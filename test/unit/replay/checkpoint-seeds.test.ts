@@ -41,8 +41,8 @@ function parked(rolloutId: string) {
   };
 }
 
-async function writeParticipant(kind: "environment" | "agent", records: object[]): Promise<ParticipantEntry> {
-  const target = { checkpointDir: checkpointDir(), checkpointId: ID, kind, instance: `${kind}0` };
+async function writeParticipant(kind: "environment" | "agent", records: object[], instance = `${kind}0`): Promise<ParticipantEntry> {
+  const target = { checkpointDir: checkpointDir(), checkpointId: ID, kind, instance };
   const written = await storage.write(target, records as never, { gate: new WriteGate(), createdAt: 1, extra: {} });
   return {
     kind,
@@ -172,6 +172,47 @@ describe("checkpoint seeds", () => {
       [`continue:${ID}:restored-a1`, 1],
     ]);
     expect(exported.skipped).toEqual({ no_boundary: 1, not_started: 1, past_agent: 2, finished_loop: 1 });
+  });
+
+  it("refuse an episode two participants of one kind hold with different records, naming it and both participants", async () => {
+    // Two environments both hold r1: one parked for the next model call, the other already at verify.
+    // The later in the manifest won silently: the seed's existence depended on the manifest's order.
+    for (const order of [0, 1]) {
+      await rm(checkpointDir(), { recursive: true, force: true });
+      const r1 = parked("r1");
+      const atVerify = { ...r1.environment, boundary: { next: "verify", answer: "42" } };
+      const environments = [await writeParticipant("environment", [r1.environment], "env-a"), await writeParticipant("environment", [atVerify], "env-b")];
+      await publish([...(order ? environments.reverse() : environments), await writeParticipant("agent", [r1.agent])]);
+      const error = await refusal(exportCheckpointSeeds(checkpointDir()));
+      expect(error.code).toBe("invalid_checkpoint_state");
+      expect(error.message).toMatch(/\br1\b/);
+      expect(error.message).toContain("environment/env-a");
+      expect(error.message).toContain("environment/env-b");
+    }
+    // So for agents: two sessions of r1 at different points of its conversation.
+    await rm(checkpointDir(), { recursive: true, force: true });
+    const r1 = parked("r1");
+    const earlier = { ...r1.agent, boundary: { messages: (r1.agent.boundary.messages as object[]).slice(0, 2) } };
+    await publish([
+      await writeParticipant("environment", [r1.environment]),
+      await writeParticipant("agent", [r1.agent], "agent-a"),
+      await writeParticipant("agent", [earlier], "agent-b"),
+    ]);
+    const error = await refusal(exportCheckpointSeeds(checkpointDir()));
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringMatching(/agent\/agent-a.*agent\/agent-b/) });
+  });
+
+  it("export an episode two participants hold with the same record once", async () => {
+    const r1 = parked("r1");
+    await publish([
+      await writeParticipant("environment", [r1.environment], "env-a"),
+      await writeParticipant("environment", [r1.environment], "env-b"),
+      await writeParticipant("agent", [r1.agent], "agent-a"),
+      await writeParticipant("agent", [r1.agent], "agent-b"),
+    ]);
+    const exported = await exportCheckpointSeeds(checkpointDir());
+    expect(exported.seeds.map((s) => s.name)).toEqual([`continue:${ID}:r1`]);
+    expect(exported.skipped).toEqual({});
   });
 
   it("refuse a participant directory replaced after publication, even a self-consistent one", async () => {
