@@ -1,7 +1,7 @@
 import path from "node:path";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, duplicateJsonKey } from "../../protocol/index.js";
 import { GymTaskSchema, type GymTask } from "../gym/agent-server/gym-task.js";
 import { readRegularFileSync } from "../storage/regular-file.js";
 import { promptToChat, type ChatMessageLike } from "./chat-trajectory.js";
@@ -65,6 +65,9 @@ export function readGymReplayConfig(configPath: string): GymReplayConfig {
     // Not JSON.parse's message: it quotes the text, newlines included, and the refusal is one line.
     throw invalidRequest(`replay config ${configPath} is not valid JSON`);
   }
+  // JSON.parse keeps the last of a key named twice: an edited mode or glob would be ignored without a word.
+  const twice = duplicateJsonKey(text);
+  if (twice !== undefined) throw invalidRequest(`replay config ${configPath} names the key ${JSON.stringify(twice)} twice in one object`);
   const config = parseReplayConfig(raw);
   sourceConfigFor(config, gymSourceEnvironment);
   return { config, cwd: path.dirname(path.resolve(configPath)) };

@@ -56,3 +56,14 @@ describe("readGymReplayConfig: what the config path is", () => {
     expect((outcome as { message: string }).message).toContain(`replay config ${missing} is not readable`);
   });
 });
+
+describe("readGymReplayConfig: what the config says", () => {
+  it("a key named twice in one object is refused, invalid_request naming it (JSON.parse kept the last without a word)", () => {
+    // An edited mode appended below the old one: the server ran the other mode than the file's reader sees first.
+    const file = join(dir, "twice.json");
+    writeFileSync(file, `{"records": "*.jsonl", "source": {"id": "reference-gym"}, "mode": "recheck", "mode": "continue"}`);
+    expect(refusal(file)).toEqual({ code: "invalid_request", message: `replay config ${file} names the key "mode" twice in one object` });
+    writeFileSync(file, `{"records": "*.jsonl", "source": {"id": "reference-gym", "id": "reference-gym"}}`);
+    expect(refusal(file)).toMatchObject({ code: "invalid_request", message: expect.stringContaining(`"id" twice`) });
+  });
+});
