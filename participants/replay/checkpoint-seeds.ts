@@ -115,7 +115,8 @@ function holdOnce<R extends RecordBase>(held: Map<string, Held<R>>, record: R, f
   const first = held.get(key);
   if (!first) return void held.set(key, { record, from });
   const same = !jsonNestsDeeperThan(first.record) && !jsonNestsDeeperThan(record) && canonicalJson(first.record) === canonicalJson(record);
-  if (!same) throw invalidState(`episode ${key} is held by ${first.from} and by ${from}, and their records differ: the checkpoint contradicts itself`);
+  const holders = first.from === from ? `twice by ${from}` : `by ${first.from} and by ${from}`;
+  if (!same) throw invalidState(`episode ${key} is held ${holders}, and their records differ: the checkpoint contradicts itself`);
 }
 
 /** The storage refuses with CheckpointErrors; replay refusals are ReplayErrors with the same code. */

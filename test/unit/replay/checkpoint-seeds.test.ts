@@ -202,6 +202,16 @@ describe("checkpoint seeds", () => {
     expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringMatching(/agent\/agent-a.*agent\/agent-b/) });
   });
 
+  it("refuse an episode one participant holds twice with different records", async () => {
+    const r1 = parked("r1");
+    await publish([
+      await writeParticipant("environment", [r1.environment, { ...r1.environment, boundary: null }]),
+      await writeParticipant("agent", [r1.agent]),
+    ]);
+    const error = await refusal(exportCheckpointSeeds(checkpointDir()));
+    expect(error).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("episode r1 is held twice by environment/environment0") });
+  });
+
   it("export an episode two participants hold with the same record once", async () => {
     const r1 = parked("r1");
     await publish([
