@@ -483,33 +483,27 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       // Only once nothing above refused; it covers the write up to this commit's deadline, and the
       // write's failure puts back the lease before it.
       this.renewLease(request.deadline_ts, write);
-      return write;
+      // Joined here, under the lock: a failed write's clean-up (below, outside the lock) then runs
+      // wholly before this step (this commit starts a write of its own) or after it (this commit
+      // shares its failure). Joined after the lock, a clean-up landing in between dropped the write
+      // this retry chose (it then wrote beside the participant's state, and answered stale_checkpoint)
+      // or put back the lease this retry had just renewed.
+      write.running ??= this.startWrite(write, request);
+      return { write, running: write.running };
     });
-    if (!isPendingWrite(pending)) return pending;
+    if (!("running" in pending)) return pending;
 
     // The write cannot be cancelled by a deadline; a retry awaits the same write.
-    pending.running ??= this.runWrite(pending, request).catch((error: unknown) => {
-      pending.running = undefined;
-      // Still this checkpoint's write (no resume or lease expiry since): its commits extended nothing.
-      if (this.pendingWrite === pending && pending.leaseBefore !== undefined) {
-        this.leaseExpiresAt = pending.leaseBefore;
-        pending.leaseBefore = undefined;
-        this.armLeaseTimer();
-      }
-      // Nothing was exported: the refusal leaves no write behind to pin this directory and scope.
-      if (pending.records === undefined && this.pendingWrite === pending) this.pendingWrite = undefined;
-      throw error;
-    });
     const reply = await this.raceDeadline(pending.running, request.deadline_ts, "commit");
     const done = await this.lock.run(() => {
-      if (this.activeId !== id || this.pendingWrite !== pending) {
+      if (this.activeId !== id || this.pendingWrite !== pending.write) {
         throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was resumed while its commit was writing`);
       }
       const cached = this.cached<CommitReply>(id, "commit", args);
       if (cached) return { reply: cached, hook: undefined };
       // Committed once the records are durable; the hook starts here, once, but runs outside the lock.
       this.phase = "committed";
-      pending.leaseBefore = undefined; // its commits' renewals stand
+      pending.write.leaseBefore = undefined; // its commits' renewals stand
       this.remember(id, "commit", reply, args);
       return { reply, hook: this.runAfterCommit(id, request) };
     });
@@ -522,6 +516,22 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       });
     }
     return done.reply;
+  }
+
+  /** Runs the write; its failure puts back what its commits changed, before they see it. */
+  private startWrite(pending: PendingWrite<R>, request: CommitRequest): Promise<CommitReply> {
+    return this.runWrite(pending, request).catch((error: unknown) => {
+      pending.running = undefined;
+      // Still this checkpoint's write (no resume or lease expiry since): its commits extended nothing.
+      if (this.pendingWrite === pending && pending.leaseBefore !== undefined) {
+        this.leaseExpiresAt = pending.leaseBefore;
+        pending.leaseBefore = undefined;
+        this.armLeaseTimer();
+      }
+      // Nothing was exported: the refusal leaves no write behind to pin this directory and scope.
+      if (pending.records === undefined && this.pendingWrite === pending) this.pendingWrite = undefined;
+      throw error;
+    });
   }
 
   /** The kind's after-commit hook; it never rejects (its failures are only logged). */
@@ -1384,6 +1394,3 @@ function cacheKey(id: string, op: string): string {
   return `${id}\u0000${op}`;
 }
 
-function isPendingWrite<R>(value: PendingWrite<R> | CommitReply): value is PendingWrite<R> {
-  return (value as PendingWrite<R>).gate instanceof WriteGate;
-}
