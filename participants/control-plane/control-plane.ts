@@ -397,7 +397,9 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         this.remember(id, "prepare", reply);
         return reply;
       }
-      if (this.phase === "prepared") return this.cached<PrepareReply>(id, "prepare") ?? { phase: "prepared", report };
+      // Prepared by a retry of it meanwhile, or committed since (a retry still waiting on its poll
+      // timer): the reply it was prepared with, as a retry arriving now gets, never `preparing`.
+      if (this.phase === "prepared" || this.phase === "committed") return this.cached<PrepareReply>(id, "prepare") ?? { phase: "prepared", report };
       participantInstruments().blockersAtDeadline.record(report.blocker_count, { kind: this.adapter.kind });
       this.logger?.info({ checkpoint_id: id, blockers: report.blockers, blocker_count: report.blocker_count, stopping: this.stopping }, "prepare_not_ready");
       return { phase: "preparing", report } satisfies PrepareReply;

@@ -159,6 +159,25 @@ describe("phase machine", () => {
     expect((await call("commit", { checkpoint_id: "c1" })).phase).toBe("committed");
   });
 
+  it("a retried prepare still waiting on its poll timer when the checkpoint commits answers the prepared reply, not preparing (no answer contradicting the participant's state)", async () => {
+    kind.setBlockers(["r1"]);
+    const first = call("prepare", { checkpoint_id: "c1" });
+    await flush();
+    clock.advance(500);
+    const retried = call("prepare", { checkpoint_id: "c1" });
+    await flush();
+    // Ready without a notification (the poll is there for a kind that sends none): the first's timer fires first.
+    const readiness = kind.readiness.bind(kind);
+    kind.readiness = () => ({ ...readiness(), blockers: [] });
+    clock.advance(500);
+    const prepared = await first;
+    expect(prepared.phase).toBe("prepared");
+    expect((await call("commit", { checkpoint_id: "c1" })).phase).toBe("committed");
+    clock.advance(500); // the retry's poll timer
+    expect(await retried).toEqual(prepared);
+    expect(plane.currentPhase).toBe("committed");
+  });
+
   it("returns cached replies for retried prepare and commit", async () => {
     kind.addEpisode({ rollout_id: "r1", attempt: 0 });
     const first = await call("prepare", { checkpoint_id: "c1" });
