@@ -42,6 +42,8 @@ export class HttpControllerApi {
   /** Each request's wait for its body, cleared once the body is in. */
   private readonly bodyWaits = new WeakMap<FastifyRequest, NodeJS.Timeout>();
   private connections: StoppingConnections | undefined;
+  /** Set when the stop begins: a request still arriving then is refused `not_leader` (see stop). */
+  private stopping = false;
 
   constructor(private readonly options: HttpControllerApiOptions) {}
 
@@ -64,6 +66,8 @@ export class HttpControllerApi {
       // An HTTP/1.1 request without Host would get Node's bare 400 (no body, no code); nothing here
       // reads Host, so such a request is served like any other.
       http: { requireHostHeader: false },
+      // Requests arriving while the server closes get our `not_leader` (see stop), not Fastify's own 503 body.
+      return503OnClosing: false,
     });
     this.app = app;
     this.connections = new StoppingConnections(app.server);
@@ -89,7 +93,7 @@ export class HttpControllerApi {
     app.get("/readyz", async (_req, reply) => {
       const state = this.options.leadership.state();
       // Ready = the engine serves controller ops: leader, past its first lease period, recovered.
-      if (!state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", "this coordinator is not the ready leader"));
+      if (this.stopping || !state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", "this coordinator is not the ready leader"));
       return { ok: true, epoch: state.epoch };
     });
     for (const op of CONTROLLER_OP_NAMES) {
@@ -103,6 +107,7 @@ export class HttpControllerApi {
         // Before the body is read: an unauthenticated client cannot make us buffer 1 MiB.
         onRequest: async (req, reply) => {
           try {
+            if (this.stopping) throw new CheckpointError("not_leader", "this coordinator is stopping; send the request to its successor");
             authorizeController(req.headers.authorization, this.options.token);
           } catch (error) {
             return this.refuse(reply, toCheckpointError(error));
@@ -163,7 +168,13 @@ export class HttpControllerApi {
     return reply.code(refusal.status).header("content-type", "application/json").send(JSON.stringify(refusal.toReply()));
   }
 
+  /**
+   * A request that still arrives (pipelined behind an op this stop lets finish) is refused
+   * `not_leader`: nothing ran, and a client sends it again, to the successor. Fastify's own 503
+   * body is no catalog refusal: a client would take it for a proxy's and answer `outcome_unknown`.
+   */
   async stop(): Promise<void> {
+    this.stopping = true;
     this.connections?.stop();
     await this.app?.close();
     this.app = undefined;

@@ -1,4 +1,5 @@
 import { mkdtemp, rm } from "node:fs/promises";
+import type { IncomingMessage, Server } from "node:http";
 import { connect, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -94,5 +95,79 @@ describe("HTTP API stop: an op running on a kept-alive connection", () => {
     await waitUntil(() => closed, "the connection to close", 1_000);
     expect(fake.calls).toEqual([]);
     http = undefined;
+  });
+});
+
+/** The responses in `received`, in order: status line and body (each has a Content-Length). */
+function responses(received: string): { status: string; body: string }[] {
+  const out: { status: string; body: string }[] = [];
+  let rest = received;
+  for (let i = 0; i < 10 && rest.includes("\r\n\r\n"); i++) {
+    const end = rest.indexOf("\r\n\r\n");
+    const head = rest.slice(0, end);
+    const length = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? 0);
+    out.push({ status: head.split("\r\n")[0]!, body: rest.slice(end + 4, end + 4 + length) });
+    rest = rest.slice(end + 4 + length);
+  }
+  return out;
+}
+
+describe("HTTP API stop: a request that arrives during the stop", () => {
+  it("is refused not_leader, the catalog's retry-elsewhere refusal, and runs nothing; /healthz still answers", async () => {
+    const { engine, leadership } = makeEngine(root);
+    let gate!: () => void;
+    const released = new Promise<void>((resolve) => (gate = resolve));
+    let running = 0;
+    const status = engine.status.bind(engine);
+    engine.status = async () => {
+      running += 1;
+      await released;
+      return status();
+    };
+    let listed = 0;
+    const list = engine.list.bind(engine);
+    engine.list = async () => {
+      listed += 1;
+      return list();
+    };
+    http = new HttpControllerApi({ engine, leadership, token: "t" });
+    const { hostname, port } = new URL(await http.start());
+    const late = ["/v1/checkpoints", "/readyz", "/healthz"];
+    // One connection per late request, each kept open by an op running when the stop begins: the
+    // only way a request still reaches the server once its stop began (new connections and idle
+    // ones are closed). Sent pipelined behind that op, so its answer queues behind the op's.
+    const connections = late.map(() => {
+      const socket = connect(Number(port), hostname);
+      const seen = { received: "", closed: false };
+      socket.on("data", (chunk: Buffer) => (seen.received += chunk.toString("utf8")));
+      socket.on("close", () => (seen.closed = true));
+      socket.on("error", () => undefined);
+      socket.write("GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\r\n");
+      return { socket, seen };
+    });
+    try {
+      await waitUntil(() => running === late.length, "the ops to start");
+      const stopping = http.stop();
+      await waitUntil(() => refused(hostname, Number(port)), "the listener to close");
+      // The ops are let go once the server has read every late request.
+      let read = 0;
+      const server = (http as unknown as { app: { server: Server } }).app.server;
+      server.on("request", (req: IncomingMessage) => late.includes(req.url ?? "") && ++read === late.length && gate());
+      late.forEach((path, i) => connections[i]!.socket.write(`GET ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\r\n`));
+      await waitUntil(() => connections.every(({ seen }) => seen.closed), "each connection to close after its last answer");
+      const answers = connections.map(({ seen }) => responses(seen.received));
+      for (const [first] of answers) expect(first!.status).toBe("HTTP/1.1 200 OK");
+      const [checkpoints, readyz, healthz] = answers.map((answer) => answer[1]);
+      for (const refusal of [checkpoints!, readyz!]) {
+        expect(refusal.status).toBe("HTTP/1.1 503 Service Unavailable");
+        expect(JSON.parse(refusal.body)).toMatchObject({ error: { code: "not_leader" } });
+      }
+      expect(healthz!.body).toBe('{"ok":true}');
+      expect(listed).toBe(0);
+      expect(await Promise.race([stopping.then(() => "stopped"), stillStopping()])).toBe("stopped");
+      http = undefined;
+    } finally {
+      for (const { socket } of connections) socket.destroy();
+    }
   });
 });
