@@ -31,6 +31,11 @@ afterEach(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
+/** The API's Node server, to watch its connections and requests. */
+function serverOf(api: HttpControllerApi): Server {
+  return (api as unknown as { app: { server: Server } }).app.server;
+}
+
 /** Whether a new connection to the port is refused (the listener closed). */
 function refused(host: string, port: number): Promise<boolean> {
   return new Promise((resolve) => {
@@ -81,15 +86,17 @@ describe("HTTP API stop: an op running on a kept-alive connection", () => {
     const { engine, leadership, fake } = makeEngine(root);
     http = new HttpControllerApi({ engine, leadership, token: "t" });
     const { hostname, port } = new URL(await http.start());
+    const accepted = new Promise<Socket>((resolve) => serverOf(http!).once("connection", resolve));
     let closed = false;
     client = connect(Number(port), hostname);
     client.on("close", () => (closed = true));
     client.on("error", () => undefined);
-    await new Promise((resolve) => client!.once("connect", resolve));
     client.write(partial);
     // For the server to have read it before the stop: unread, the connection would be idle, which
-    // the stop closed before too (the test would then not tell).
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    // the stop closed before too (the test would then not tell). Node's parser reads the socket
+    // itself (no 'data' events); bytesRead counts what it was handed.
+    const served = await accepted;
+    await waitUntil(() => served.bytesRead === Buffer.byteLength(partial), "the server to read the partial request");
     const stopped = await Promise.race([http.stop().then(() => "stopped"), stillStopping()]);
     expect(stopped).toBe("stopped");
     await waitUntil(() => closed, "the connection to close", 1_000);
@@ -151,8 +158,7 @@ describe("HTTP API stop: a request that arrives during the stop", () => {
       await waitUntil(() => refused(hostname, Number(port)), "the listener to close");
       // The ops are let go once the server has read every late request.
       let read = 0;
-      const server = (http as unknown as { app: { server: Server } }).app.server;
-      server.on("request", (req: IncomingMessage) => late.includes(req.url ?? "") && ++read === late.length && gate());
+      serverOf(http).on("request", (req: IncomingMessage) => late.includes(req.url ?? "") && ++read === late.length && gate());
       late.forEach((path, i) => connections[i]!.socket.write(`GET ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\r\n`));
       await waitUntil(() => connections.every(({ seen }) => seen.closed), "each connection to close after its last answer");
       const answers = connections.map(({ seen }) => responses(seen.received));
