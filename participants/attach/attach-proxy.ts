@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Logger } from "pino";
 import { Pool } from "undici";
 import { z } from "zod";
-import { AttemptSchema, CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, describeZodError, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
+import { AttemptSchema, CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, decodeRequest, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
 import { closeQueuedResponsesWithConnection } from "../http/queued-response-close.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { continuationHeader } from "../kinds/model/generation-cut-contract.js";
@@ -159,9 +159,9 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (token === undefined || !tokensEqual(token, options.controlToken)) throw new CheckpointError("unauthorized", "bad or missing bearer token");
     if (path === "/ng-capture/v1/status" && req.method === "GET") return json(res, 200, { ...kind.readiness(), ...kind.statusExtras() });
     if (path === "/ng-capture/v1/ledger/retire" && req.method === "POST") {
-      const parsed = RetireBodySchema.safeParse(safeJson((await readBody(req, 64 * 1024)).toString("utf8")));
-      if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
-      return json(res, 200, { retired: await kind.retireLedgers(parsed.data) });
+      // Decoded as a control message is: a key named twice (JSON.parse keeps the last) is refused, not retired on.
+      const body = decodeRequest(RetireBodySchema, await readBody(req, 64 * 1024));
+      return json(res, 200, { retired: await kind.retireLedgers(body) });
     }
     const prefix = "/ng-capture/v1/ledger/";
     if (path.startsWith(prefix)) {
@@ -195,14 +195,6 @@ export function originForm(target: string): string | undefined {
   if (!authority) return undefined;
   const rest = target.slice(authority[0].length);
   return rest.startsWith("/") ? rest : `/${rest}`;
-}
-
-function safeJson(text: string): unknown {
-  try {
-    return JSON.parse(text);
-  } catch {
-    return undefined;
-  }
 }
 
 function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
