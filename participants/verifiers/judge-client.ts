@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { MAX_TIMER_MS } from "../../protocol/index.js";
+import { BearerTokenSchema, MAX_TIMER_MS } from "../../protocol/index.js";
 import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 
@@ -37,6 +37,10 @@ export class JudgeClient {
     // fetch refuses a URL with `user:password@` and its refusal quotes the URL: every verify would
     // answer judge_failed with the password in its detail. Refused here, the URL not echoed.
     if (username || password) throw new Error("the judge URL may not carry credentials (user:password@): pass the judge's API key as apiKey (GYM_CKPT_JUDGE_API_KEY)");
+    // fetch refuses a header value holding a line break or a NUL, and its refusal quotes the value:
+    // every verify would answer judge_failed with the key in its detail. Refused here, not echoed.
+    const key = options.apiKey === undefined ? undefined : BearerTokenSchema.safeParse(options.apiKey);
+    if (key && !key.success) throw new Error(`the judge API key (apiKey, GYM_CKPT_JUDGE_API_KEY): ${key.error.issues[0]!.message}`);
     // 0 would fail every call at once; past what a timer holds, AbortSignal.timeout fires at once too.
     const timeout = options.requestTimeoutMs;
     if (timeout !== undefined && !(timeout >= 1 && timeout <= MAX_TIMER_MS)) {

@@ -20,3 +20,20 @@ describe("JudgeClient and a judge URL carrying credentials", () => {
     expect(outcome).toEqual({ refused: expect.stringMatching(/may not carry credentials/) });
   });
 });
+
+/**
+ * The API key rides in `Authorization: Bearer <key>`: one fetch cannot send (a line break inside it,
+ * a NUL) failed every call with fetch's refusal, which quotes the whole header value, so each verify
+ * answered `judge_failed` with the key in its `detail`. The client refuses, when it is built and
+ * without echoing it, any key but visible ASCII, as for our own tokens (BearerTokenSchema).
+ */
+describe("JudgeClient and an API key no header can carry", () => {
+  it.each([`${SECRET}\nx`, `${SECRET}\r\nx`, `${SECRET}\u0000`])("%j: refused when built, the key never in a verify reply", async (apiKey) => {
+    const outcome = await (async () => new EquivalenceJudgeVerifier(new JudgeClient({ baseUrl: "http://127.0.0.1:9", apiKey })).verify({ task: { expected_answer: "4" }, answer: "4" }))().then(
+      (reply) => ({ answered: JSON.stringify(reply) }),
+      (error: Error) => ({ refused: error.message }),
+    );
+    expect(JSON.stringify(outcome)).not.toContain(SECRET);
+    expect(outcome).toEqual({ refused: expect.stringMatching(/GYM_CKPT_JUDGE_API_KEY/) });
+  });
+});
