@@ -176,4 +176,13 @@ describe("a reference server's own flags are checked before NATS", () => {
     const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
+
+  // fetch refuses such an Authorization value and quotes it: every judge_failed detail carried the key.
+  it("a verifier whose GYM_CKPT_JUDGE_API_KEY holds a line break: one line naming the variable, not the key, exit 2", () => {
+    ensureBuilt();
+    const args = ["--verifier", "equivalence", "--judge-url", "http://127.0.0.1:9"];
+    const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000, env: { ...process.env, GYM_CKPT_JUDGE_API_KEY: "SECRETKEY\nx" } });
+    expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(/^verifier: the judge API key \(apiKey, GYM_CKPT_JUDGE_API_KEY\): /) });
+    expect(bad.stderr).not.toContain("SECRETKEY");
+  });
 });
