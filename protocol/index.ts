@@ -9,6 +9,7 @@ export { equalJitter, type RandomSource } from "./jitter.js";
 export { isHttpUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";
+export { HEADER_SENT_AT, formatSentAt, parseSentAt } from "./sent-at-header.js";
 export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
 export { LineSplitter, textLines, type SplitLine } from "./line-splitter.js";
 export {

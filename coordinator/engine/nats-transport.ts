@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { createInbox, errors, headers, type ConnectionOptions, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
-import { CheckpointError, HEADER_AUTHORIZATION, decodedHeaders, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
+import { CheckpointError, HEADER_AUTHORIZATION, HEADER_SENT_AT, decodedHeaders, formatSentAt, MAX_CONTROL_MESSAGE_BYTES, timerDelay } from "../../protocol/index.js";
 import { injectTraceContext } from "../telemetry/nats-trace-headers.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "./transport.js";
 
@@ -25,7 +25,7 @@ function tooLarge(subject: string, size: number): CheckpointError {
 const NO_RESPONDERS = 503;
 
 /**
- * Core NATS request/reply with the bearer token and W3C trace context in the headers: the
+ * Core NATS request/reply with the bearer token, W3C trace context and send time in the headers: the
  * coordinator's requests to participants, and the controller client's requests to the coordinator.
  *
  * Requests share one reply subscription (`<inbox>.<token>`: see replyToken) and a plain timer each, instead of
@@ -69,6 +69,7 @@ export class NatsParticipantTransport implements ParticipantTransport {
     const h = headers();
     h.set(HEADER_AUTHORIZATION, `Bearer ${options.token}`);
     if (options.context) injectTraceContext(h, options.context);
+    if (options.sentAtMs !== undefined) h.set(HEADER_SENT_AT, formatSentAt(options.sentAtMs));
     const token = this.replyToken();
     const timeoutMs = timerDelay(options.timeoutMs);
     return new Promise<string>((resolve, reject) => {

@@ -136,7 +136,8 @@ export class ParticipantClient {
       let text: string;
       const watch = this.watchTry(participant, probe, cancellation);
       try {
-        text = await transport.request(subject, body, { timeoutMs, token, context: ctx, ...(watch.cancellation && { cancellation: watch.cancellation }) });
+        // Stamped by the clock the deadline came from: a participant compares the two clocks with it.
+        text = await transport.request(subject, body, { timeoutMs, token, context: ctx, sentAtMs: clock.now(), ...(watch.cancellation && { cancellation: watch.cancellation }) });
       } catch (error) {
         if (error instanceof NoRespondersFailure) {
           // Unreachable says nothing was done there; after a try with an unknown outcome that is not known.

@@ -41,7 +41,7 @@ export function probePresence(statusSubject: string, who: string, options: Prese
   let absent = 0;
   let cancelTimer = clock.setTimer(probe, everyMs);
   function probe(): void {
-    transport.request(statusSubject, "{}", { timeoutMs: everyMs, token }).then(
+    transport.request(statusSubject, "{}", { timeoutMs: everyMs, token, sentAtMs: clock.now() }).then(
       () => next(false),
       (error: unknown) => next(error instanceof NoRespondersFailure),
     );

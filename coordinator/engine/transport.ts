@@ -49,6 +49,8 @@ export interface TransportRequestOptions {
   token: string;
   /** Trace context injected as W3C traceparent/tracestate headers. */
   context?: Context;
+  /** The sender's clock (ms since the epoch) when it sends: the Gym-Sent-At header, from which a participant diagnoses clock skew. */
+  sentAtMs?: number;
   /** Stops waiting for the reply: the request rejects with the reason it is cancelled or interrupted with. */
   cancellation?: Cancellation;
 }
