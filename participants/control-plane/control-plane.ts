@@ -54,6 +54,7 @@ import { AsyncLock } from "./async-lock.js";
 import { fitCommitReply } from "./commit-reply.js";
 import { AttemptMarks } from "./attempt-marks.js";
 import { systemClock, type Clock } from "./clock.js";
+import { ClockSkewWatch, DEADLINE_PASSED, explainSkew } from "./clock-skew.js";
 import { HeldInstallFailure, heldStateFailure } from "./held-install-failure.js";
 import { newIncarnation } from "./incarnation.js";
 import type { ParticipantKind } from "./participant-kind.js";
@@ -138,6 +139,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private readonly checkpointRoot: string | undefined;
   private readonly logger: Logger | undefined;
   private readonly pollMs: number;
+  private readonly skew: ClockSkewWatch;
 
   private readonly lock = new AsyncLock();
   private readonly resumed = new ResumedFence(64);
@@ -201,6 +203,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const bound = options.logger?.bindings() ?? {};
     this.logger = options.logger?.child({ kind: this.adapter.kind, ...(bound["instance"] === this.instance ? {} : { instance: this.instance }) });
     this.pollMs = options.readinessPollMs ?? 1000;
+    this.skew = new ClockSkewWatch(this.clock, this.logger);
     this.highestEpoch = options.epochFloor ?? 0;
     this.confirmedEpoch = this.highestEpoch;
     this.epochIssued = options.epochIssued;
@@ -213,7 +216,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       instance: this.instance,
       observe: () => {
         const readiness = this.adapter.readiness();
-        return { counts: readiness.counts, blockers: readiness.blockers.length };
+        const offsetMs = this.skew.lastOffsetMs;
+        return { counts: readiness.counts, blockers: readiness.blockers.length, ...(offsetMs !== undefined && { clockOffsetS: offsetMs / 1000 }) };
       },
     });
   }
@@ -246,8 +250,13 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     return this.retired.has(episode) || this.restoredFrom.has(episode);
   }
 
-  /** Dispatches one validated request; the incarnation and epoch fences come before anything else. */
-  async handle<O extends PhaseOp | "status">(op: O, request: RequestOf<O>, parent?: Context): Promise<ReplyOf<O>> {
+  /**
+   * Dispatches one validated request; the incarnation and epoch fences come before anything else.
+   * `sentAtMs`: the coordinator's clock when it sent the op (Gym-Sent-At), when it said: this
+   * clock's offset from it is logged and explains a deadline refused as already passed.
+   */
+  async handle<O extends PhaseOp | "status">(op: O, request: RequestOf<O>, parent?: Context, sentAtMs?: number): Promise<ReplyOf<O>> {
+    const offsetMs = sentAtMs === undefined ? undefined : this.skew.observe(sentAtMs, { op, epoch: (request as { epoch?: number }).epoch });
     if (op === "status") {
       // A probe's epoch the lease never issued is not refused (status is read-only), only not raised to.
       const epoch = (request as StatusRequest).epoch;
@@ -273,7 +282,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         spanResult(span, op, result);
         instruments.opDuration.record((this.elapsedNow() - started) / 1000, { op, kind: this.adapter.kind, outcome: "ok" });
         return result;
-      } catch (error) {
+      } catch (thrown) {
+        const error = explainSkew(thrown, offsetMs);
         const code = toCheckpointError(error).code; // what the endpoint answers: storage_error for a full disk
         instruments.opDuration.record((this.elapsedNow() - started) / 1000, { op, kind: this.adapter.kind, outcome: "error" });
         countRefusal(error, this.adapter.kind);
@@ -1033,7 +1043,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   /** On arrival and again once the lock is held, before any state change: an op queued past its deadline does nothing. */
   private checkDeadline(deadlineTs: number, late?: (refusal: CheckpointError) => CheckpointError): void {
     if (deadlineTs * 1000 <= this.clock.now()) {
-      const refusal = new CheckpointError("deadline_exceeded", "the deadline has already passed");
+      const refusal = new CheckpointError("deadline_exceeded", DEADLINE_PASSED);
       throw late ? late(refusal) : refusal;
     }
     if (deadlineTs * 1000 > this.clock.now() + MAX_DEADLINE_AHEAD_S * 1000) {

@@ -8,6 +8,7 @@ import {
   CheckpointError,
   DeploymentSchema,
   HEADER_AUTHORIZATION,
+  HEADER_SENT_AT,
   decodedHeaders,
   OPS,
   bearerToken,
@@ -15,6 +16,7 @@ import {
   encodeMessage,
   encodeReply,
   parseName,
+  parseSentAt,
   participantSubject,
   toCheckpointError,
   tokensEqual,
@@ -96,7 +98,9 @@ export class ControlEndpoint {
       // As the controller APIs decode: a key named twice or an integer JSON.parse would round is
       // refused before the control plane sees anything (a coordinator's JSON.stringify sends neither).
       const request = decodeRequest(CONTROL_MESSAGES[op].request, msg.data);
-      const reply = await this.plane.handle(op, request as never, parent);
+      // Advisory: an absent or unreadable send time (an older coordinator) is ignored, never refused.
+      const sentAtMs = parseSentAt(decodedHeaders(msg)?.get(HEADER_SENT_AT, Match.IgnoreCase));
+      const reply = await this.plane.handle(op, request as never, parent, sentAtMs);
       // A commit's episode list is left out past the server's max_payload too, when a deployment
       // configures it below 1 MiB (the coordinator reads it from the committed records).
       body = encodeReply(op === "commit" ? fitCommitReply(reply as CommitReply, replyBudget(this.options.nc)) : reply, op);

@@ -55,8 +55,11 @@ const meter = (): Meter => (injected.meterProvider ?? metrics.getMeterProvider()
 export interface ObservedParticipant {
   kind: string;
   instance: string;
-  /** The kind's readiness counts (e.g. `held` responses of the model kind) and the blocker count. */
-  observe(): { counts: Record<string, number>; blockers: number };
+  /**
+   * The kind's readiness counts (e.g. `held` responses of the model kind), the blocker count and
+   * the last clock offset from the coordinator's (s; positive: this clock ahead), once an op said its send time.
+   */
+  observe(): { counts: Record<string, number>; blockers: number; clockOffsetS?: number };
 }
 const observed = new Set<ObservedParticipant>();
 
@@ -79,6 +82,10 @@ function createInstruments() {
     description: "The kind's readiness counts by name (model: held, inflight, cut, cut_failed, cut_skipped; environment: parked, ...)",
   });
   const blockers = m.createObservableGauge("gym_ckpt.participant.blockers", { unit: "{blocker}", description: "Current readiness blockers" });
+  const clockOffset = m.createObservableGauge("gym_ckpt.participant.clock_offset", {
+    unit: "s",
+    description: "This participant's clock minus the coordinator's at the last op's send time (delivery delay included)",
+  });
   m.addBatchObservableCallback(
     (result) => {
       for (const p of observed) {
@@ -90,12 +97,13 @@ function createInstruments() {
         }
         const base = { kind: p.kind, participant: p.instance };
         result.observe(blockers, snapshot.blockers, base);
+        if (snapshot.clockOffsetS !== undefined) result.observe(clockOffset, snapshot.clockOffsetS, base);
         for (const [name, value] of Object.entries(snapshot.counts)) {
           if (Number.isFinite(value)) result.observe(state, value, { ...base, name });
         }
       }
     },
-    [state, blockers],
+    [state, blockers, clockOffset],
   );
   return {
     opDuration: m.createHistogram("gym_ckpt.participant.op.duration", { unit: "s", description: "Control operation duration by op, kind and outcome", advice: seconds }),
