@@ -56,8 +56,9 @@ export const ERROR_CATALOG = {
   },
   deadline_exceeded: {
     status: 409,
-    meaning: "The absolute deadline passed before or during the operation.",
-    solve: "Retry with a later deadline; idempotent retries return the same result.",
+    meaning:
+      "The absolute deadline passed before or during the operation. A participant whose clock runs ahead of the coordinator's refuses ops so as soon as they arrive: its detail then names the skew (`this participant's clock reads 120.0 s ahead of the coordinator's`).",
+    solve: "Retry with a later deadline; idempotent retries return the same result. When the detail names a clock skew, sync the hosts' clocks (NTP; docs/operations.md, Clocks).",
   },
   stale_attempt: {
     status: 409,
