@@ -454,8 +454,13 @@ export class CheckpointEngine {
       const prepared = await this.doPrepare(id, deadlineMs, true, request.controller_state, ctx, request.episode_ids);
       if (!prepared.prepared) {
         await this.abort(id, deadlineMs, ctx);
+        // A refused participant's own detail too (a clock skew, a full disk): the code alone does not say what to fix.
+        const refusal = (b: { kind: string; instance: string }) => prepared.participants.find((p) => p.kind === b.kind && p.instance === b.instance)?.error?.detail;
         const detail = prepared.blockers
-          .map((b) => `${b.kind}/${b.instance}: ${b.code ?? `${b.blocker_count} blocker(s)`}${b.blockers.length ? ` [${b.blockers.slice(0, 10).join(", ")}]` : ""}`)
+          .map((b) => {
+            const why = b.code ? refusal(b) : undefined;
+            return `${b.kind}/${b.instance}: ${b.code ?? `${b.blocker_count} blocker(s)`}${why ? ` (${why.slice(0, 200)})` : ""}${b.blockers.length ? ` [${b.blockers.slice(0, 10).join(", ")}]` : ""}`;
+          })
           .join("; ");
         throw new CheckpointError("prepare_incomplete", `checkpoint ${id} aborted: stage ${prepared.stopped_at?.join("+")} not prepared: ${detail}`, {
           data: { blockers: prepared.blockers },

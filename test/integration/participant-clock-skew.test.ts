@@ -61,13 +61,13 @@ describe("a participant whose clock runs 120 s ahead of the coordinator's", () =
     await world.client.resume({ checkpoint_id: "skew-1" });
   });
 
-  it("fails the end-to-end checkpoint prepare_incomplete, the detail in the coordinator's participant_refused log", async () => {
+  it("fails the end-to-end checkpoint prepare_incomplete naming the skew, also in the coordinator's participant_refused log", async () => {
     const error = await world.client.checkpoint({ checkpoint_id: "skew-2" }).then(
       () => undefined,
       (e: unknown) => e,
     );
-    // The checkpoint op's refusal names each blocker's code only (checkpoint-engine.ts); the skew is in the coordinator's log.
-    expect(error).toMatchObject({ code: "prepare_incomplete", message: expect.stringContaining("environment/env1: deadline_exceeded") });
+    // The refusal carries the participant's own detail beside its code: the code alone does not say what to fix.
+    expect(error).toMatchObject({ code: "prepare_incomplete", message: expect.stringMatching(/environment\/env1: deadline_exceeded \(the deadline has already passed: this participant's clock reads 1[12]\d\.\d s ahead/) });
     const refused = coordinatorLogged.find((l) => l["msg"] === "participant_refused" && l["checkpoint_id"] === "skew-2");
     expect(refused).toMatchObject({ level: 40, kind: "environment", instance: "env1", op: "prepare", code: "deadline_exceeded", detail: expect.stringMatching(/clock reads 1[12]\d\.\d s ahead of the coordinator's/) });
   });
