@@ -48,7 +48,10 @@ ensure_debian_package() {
 ensure_debian_package nats-server nats-server nats-server
 # The telemetry e2e test scrapes the processes with a real Prometheus; the demo does not need it.
 # The https upstream test of the attach proxy makes its certificate with openssl.
+# The Python controller example's e2e test (test/e2e/python-controller.test.ts) runs it with python3,
+# which a minimal Debian image lacks.
 if [ "${1:-test}" = "test" ]; then
   ensure_debian_package prometheus prometheus prometheus
   ensure_debian_package openssl openssl
+  ensure_debian_package python3 python3
 fi

@@ -1,0 +1,152 @@
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CONTROLLER_TOKEN, DEFAULT_MEMBERS, startWorld, type World } from "../integration/coordinator-harness.js";
+import { freePortRun } from "../support/ports.js";
+import { waitUntil } from "../support/wait-until.js";
+import { cli, daemonArgs, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
+
+/**
+ * docs/examples/python_controller.py, run with python3 against a real coordinator daemon (HTTP API)
+ * and participants over a real nats-server: it checkpoints step by step, and a second run after a
+ * whole-job restart (fresh participant processes) restores LATEST and goes on from it. Everything
+ * is asserted from outside: its exit code and output, `gym-ckpt ls --json`, checkpoint.json, the
+ * participants' state.
+ */
+
+const SCRIPT = "docs/examples/python_controller.py";
+const SCOPE = [
+  { rollout_id: "r1", attempt: 0 },
+  { rollout_id: "r2", attempt: 0 },
+];
+/** The participants that hold the rollouts (the others hold nothing of them). */
+const HOLDERS = ["env1", "policy", "agent1"];
+
+let world: World;
+let daemon: DaemonProcess;
+let url: string;
+let env: Record<string, string>;
+const scripts = new Set<ChildProcess>();
+
+/** Fails (never skips) when python3 is missing: test/support/prepare-env.sh installs it. */
+function requirePython(): void {
+  try {
+    execFileSync("python3", ["--version"], { stdio: "ignore" });
+  } catch {
+    throw new Error("python3 is missing: run `apt-get install -y python3` (test/support/prepare-env.sh does it as root)");
+  }
+}
+
+/** Fresh participant processes; the model refuses a null scope, as the real model kind does. */
+async function startParticipants(): Promise<void> {
+  const started = await world.startParticipants(DEFAULT_MEMBERS);
+  for (const p of started) {
+    if (p.kind === "model") p.adapter.scopeRequired = true;
+  }
+}
+
+/** Runs the script to its exit (bounded: killed after 60 s); stdout's JSON lines parsed. */
+async function runScript(args: string[], token = CONTROLLER_TOKEN) {
+  const child = spawn("python3", [SCRIPT, "--url", url, ...args], { env: { ...process.env, GYM_CKPT_CONTROLLER_TOKEN: token }, stdio: ["ignore", "pipe", "pipe"] });
+  scripts.add(child);
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  const timer = setTimeout(() => child.kill("SIGKILL"), 60_000);
+  const code = await new Promise<number | null>((resolve) => child.once("close", resolve));
+  clearTimeout(timer);
+  scripts.delete(child);
+  const lines = stdout.split("\n").filter(Boolean).map((line) => JSON.parse(line) as Record<string, unknown>);
+  return { code, lines, stderr };
+}
+
+async function listed(): Promise<{ latest: string | null; checkpoints: { checkpoint_id: string }[] }> {
+  const ls = await cli(["ls", "--json"], env);
+  expect([ls.code, ls.stderr]).toEqual([0, ""]);
+  return JSON.parse(ls.stdout);
+}
+
+const manifestOf = async (id: string) => JSON.parse(await readFile(join(world.root, id, "checkpoint.json"), "utf8"));
+
+beforeAll(async () => {
+  requirePython();
+  ensureBuilt();
+  world = await startWorld();
+  await startParticipants();
+  for (const instance of HOLDERS) for (const e of SCOPE) world.participant(instance).adapter.addEpisode(e, { at: instance });
+  const port = await freePortRun(1);
+  url = `http://127.0.0.1:${port}`;
+  daemon = spawnDaemon(daemonArgs(world, ["--http-host", "127.0.0.1", "--http-port", String(port), "--retention", "10"]));
+  env = { GYM_CKPT_CHECKPOINT_ROOT: world.root };
+  await waitUntil(async () => {
+    if (daemon.child.exitCode !== null) throw new Error(`the coordinator exited:\n${daemon.stderr()}`);
+    return (await fetch(`${url}/readyz`).catch(() => undefined))?.status === 200;
+  }, "the coordinator to be the ready leader");
+}, 60_000);
+
+afterAll(async () => {
+  for (const child of scripts) child.kill("SIGKILL");
+  await daemon?.kill();
+  await world?.close();
+});
+
+describe("the Python controller example (docs/examples/python_controller.py)", () => {
+  let firstLatest: string;
+
+  it("checkpoints every step the fine-grained way, publishing its own state inline", async () => {
+    const run = await runScript(["--steps", "3", "--rollouts", "r1,r2"]);
+    expect([run.code, run.stderr]).toEqual([0, ""]);
+    expect(run.lines[0]).toEqual({ event: "fresh_start" });
+    const steps = run.lines.slice(1);
+    expect(steps.map((l) => [l.step, l.in_flight, typeof l.checkpoint_id])).toEqual([
+      [1, 2, "string"],
+      [2, 2, "string"],
+      [3, 2, "string"],
+    ]);
+    const ids = steps.map((l) => l.checkpoint_id as string);
+    const { latest, checkpoints } = await listed();
+    expect(checkpoints.map((c) => c.checkpoint_id)).toEqual([...ids].reverse());
+    firstLatest = ids[2]!;
+    expect(latest).toBe(firstLatest);
+    const manifest = await manifestOf(firstLatest);
+    expect(manifest.scope).toEqual(SCOPE);
+    expect(manifest.controller_state).toEqual({ inline: { step: 3, loss: steps[2]!.loss, in_flight: SCOPE } });
+    // Every step resumed: nobody is left parked.
+    for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  }, 90_000);
+
+  it("a second run after a whole-job restart restores LATEST, resumes it and goes on as attempt + 1", async () => {
+    await world.stopParticipants();
+    await startParticipants();
+    const run = await runScript(["--steps", "2", "--rollouts", "r1,r2"]);
+    expect([run.code, run.stderr]).toEqual([0, ""]);
+    const holders = Object.fromEntries(HOLDERS.map((i) => [`${world.participant(i).kind}/${i}`, ["r1-a1", "r2-a1"]]));
+    expect(run.lines[0]).toEqual({ event: "restored", checkpoint_id: firstLatest, step: 3, restored: expect.objectContaining(holders) });
+    expect(run.lines.slice(1).map((l) => l.step)).toEqual([4, 5]);
+    // The fresh processes installed the checkpoint as attempt + 1, and were resumed.
+    for (const instance of HOLDERS) {
+      const p = world.participant(instance);
+      expect([instance, [...p.adapter.restored.keys()].sort()]).toEqual([instance, ["r1-a1", "r2-a1"]]);
+    }
+    for (const p of world.participants) expect([p.instance, p.handle.controlPlane.currentPhase]).toEqual([p.instance, "idle"]);
+    // Its checkpoints continue the restored state and the next attempts.
+    const { latest, checkpoints } = await listed();
+    expect(checkpoints).toHaveLength(5);
+    expect(latest).toBe(run.lines[2]!.checkpoint_id);
+    const next = SCOPE.map((e) => ({ ...e, attempt: 1 }));
+    const manifest = await manifestOf(latest!);
+    expect(manifest.scope).toEqual(next);
+    expect(manifest.controller_state.inline).toMatchObject({ step: 5, in_flight: next });
+  }, 90_000);
+
+  it("a wrong token: exits 1 naming the catalog code unauthorized, nothing published", async () => {
+    const before = await listed();
+    const run = await runScript(["--steps", "1"], "wrong-token");
+    expect(run.code).toBe(1);
+    expect(run.lines).toEqual([]);
+    expect(run.stderr).toMatch(/^error unauthorized: /);
+    expect(await listed()).toEqual(before);
+  }, 30_000);
+});
