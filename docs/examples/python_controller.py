@@ -115,6 +115,9 @@ class GymCkptClient:
     def restore(self, checkpoint_id, episode_ids, deadline_ts=None):
         return self._op("restore", checkpoint_id=checkpoint_id, episode_ids=episode_ids, deadline_ts=deadline_ts)
 
+    def retire(self, episode_ids, deadline_ts=None):
+        return self._op("retire", episode_ids=episode_ids, deadline_ts=deadline_ts)
+
     def list(self):
         return self._call("GET", "/v1/checkpoints")
 
@@ -129,6 +132,10 @@ def emit(**fields):
     print(json.dumps(fields), flush=True)
 
 
+def next_attempt(episode, n):
+    return {"rollout_id": episode["rollout_id"], "attempt": episode["attempt"] + n}
+
+
 def start(client, state):
     """Continue from the latest published checkpoint, if there is one (docs/api.md, `restore`)."""
     latest = client.list()["latest"]
@@ -138,11 +145,21 @@ def start(client, state):
     # We published our state inline, and the commit scope: the episodes we had in flight.
     state.update(manifest["controller_state"]["inline"])
     scope = manifest["scope"] or []
-    # Restore needs fresh Gym processes (a whole-job restart). If it raises restore_failed, attempt+1
-    # is retired and everyone resumed: restart those rollouts from input as a later attempt instead.
-    reply = client.restore(latest, scope)
+    try:
+        reply = client.restore(latest, scope)  # only fresh Gym processes take it: a whole-job restart
+    except GymCkptError as error:
+        # stale_checkpoint: the Gym servers already resumed from it (only the trainer restarted);
+        # restore_failed: not installed everywhere, attempt+1 retired and everyone resumed. Either
+        # way the source attempts may still run somewhere: retire attempt+1 everywhere (a retire
+        # fences every attempt up to the one named) and start those rollouts over as attempt+2.
+        if error.code not in ("stale_checkpoint", "restore_failed"):
+            raise
+        if scope:
+            client.retire([next_attempt(e, 1) for e in scope])
+        state["in_flight"] = [next_attempt(e, 2) for e in scope]
+        return emit(event="restarted_from_input", checkpoint_id=latest, step=state["step"], code=error.code)
     # Every restored episode continues as its next attempt: the Gym holds its state under that key.
-    state["in_flight"] = [{"rollout_id": e["rollout_id"], "attempt": e["attempt"] + 1} for e in scope]
+    state["in_flight"] = [next_attempt(e, 1) for e in scope]
     # The participants stay parked ("restored") until this resume; they run attempt+1 from then on.
     client.resume(latest)
     restored = {f"{p['kind']}/{p['instance']}": p["restored"] for p in reply["participants"]}

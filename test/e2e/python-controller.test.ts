@@ -29,13 +29,19 @@ let url: string;
 let env: Record<string, string>;
 const scripts = new Set<ChildProcess>();
 
-/** Fails (never skips) when python3 is missing: test/support/prepare-env.sh installs it. */
+/**
+ * Each test fails (never skips) when python3 is missing, so CI counts it: test/support/prepare-env.sh
+ * installs it. Checked in the tests, not in beforeAll, whose failure vitest reports as skipped tests.
+ */
+let pythonChecked = false;
 function requirePython(): void {
+  if (pythonChecked) return;
   try {
     execFileSync("python3", ["--version"], { stdio: "ignore" });
   } catch {
     throw new Error("python3 is missing: run `apt-get install -y python3` (test/support/prepare-env.sh does it as root)");
   }
+  pythonChecked = true;
 }
 
 /** Fresh participant processes; the model refuses a null scope, as the real model kind does. */
@@ -48,6 +54,7 @@ async function startParticipants(): Promise<void> {
 
 /** Runs the script to its exit (bounded: killed after 60 s); stdout's JSON lines parsed. */
 async function runScript(args: string[], token = CONTROLLER_TOKEN) {
+  requirePython();
   const child = spawn("python3", [SCRIPT, "--url", url, ...args], { env: { ...process.env, GYM_CKPT_CONTROLLER_TOKEN: token }, stdio: ["ignore", "pipe", "pipe"] });
   scripts.add(child);
   let stdout = "";
@@ -71,7 +78,6 @@ async function listed(): Promise<{ latest: string | null; checkpoints: { checkpo
 const manifestOf = async (id: string) => JSON.parse(await readFile(join(world.root, id, "checkpoint.json"), "utf8"));
 
 beforeAll(async () => {
-  requirePython();
   ensureBuilt();
   world = await startWorld();
   await startParticipants();
@@ -140,6 +146,33 @@ describe("the Python controller example (docs/examples/python_controller.py)", (
     expect(manifest.scope).toEqual(next);
     expect(manifest.controller_state.inline).toMatchObject({ step: 5, in_flight: next });
   }, 90_000);
+
+  it("a second run with the Gym processes still running (only the trainer restarted): restore refused stale_checkpoint, attempt + 1 retired, those rollouts start over as attempt + 2", async () => {
+    const { latest: restoredFrom } = await listed();
+    const run = await runScript(["--steps", "1", "--rollouts", "r1,r2"]);
+    expect([run.code, run.stderr]).toEqual([0, ""]);
+    expect(run.lines[0]).toEqual({ event: "restarted_from_input", checkpoint_id: restoredFrom, step: 5, code: "stale_checkpoint" });
+    for (const instance of HOLDERS) {
+      const p = world.participant(instance);
+      expect([instance, p.adapter.calls.filter((c) => c.hook === "retire").map((c) => c.detail)]).toEqual([instance, [["r1-a2", "r2-a2"]]]);
+      expect([instance, p.adapter.restored.size]).toEqual([instance, 0]); // the retire freed attempt 1's restored state
+    }
+    const { latest } = await listed();
+    expect(latest).toBe(run.lines[1]!.checkpoint_id);
+    expect((await manifestOf(latest!)).scope).toEqual(SCOPE.map((e) => ({ ...e, attempt: 3 })));
+  }, 30_000);
+
+  it("a commit that fails after prepare: the script resumes before it exits 1, so nobody stays parked", async () => {
+    const before = await listed();
+    world.participant("agent2").adapter.failNext("exportRecords");
+    const run = await runScript(["--steps", "1", "--rollouts", "r1,r2"]);
+    expect(run.code).toBe(1);
+    expect(run.lines).toEqual([expect.objectContaining({ event: "restarted_from_input" })]);
+    expect(run.stderr).toMatch(/^error internal_error: commit failed on 1 participant\(s\): agent\/agent2: internal_error; [^\n]*\n$/);
+    // Every other participant committed, and is idle again: the script's resume.
+    for (const p of world.participants) expect([p.instance, p.handle.controlPlane.currentPhase]).toEqual([p.instance, "idle"]);
+    expect((await listed()).checkpoints).toEqual(before.checkpoints);
+  }, 30_000);
 
   it("a wrong token: exits 1 naming the catalog code unauthorized, nothing published", async () => {
     const before = await listed();
