@@ -71,8 +71,8 @@ class GymCkptClient:
                 response = error
             with response:
                 status, text = response.status, response.read()
-        except ValueError:  # a token urllib will not put in a header (not echoed: it is the secret)
-            raise GymCkptError("invalid_request", f"cannot send {path}: is the token one line of printable characters?") from None
+        except ValueError:  # urllib refused the URL or a header before sending (not echoed: the token)
+            raise GymCkptError("invalid_request", f"cannot send {path}: a bad URL, or a token that is not one line of printable characters") from None
         except urllib.error.URLError as error:
             if isinstance(error.reason, NOT_SENT) or getattr(error.reason, "errno", None) in UNREACHABLE:
                 # No connection was made (nobody listens, unknown host, no route): nothing was sent.
