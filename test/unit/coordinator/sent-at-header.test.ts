@@ -1,9 +1,10 @@
-import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
+import type { MsgHdrs } from "@nats-io/transport-node";
 import { describe, expect, it } from "vitest";
 import { NatsParticipantTransport } from "../../../coordinator/engine/nats-transport.js";
 import { ParticipantClient } from "../../../coordinator/engine/participant-client.js";
 import type { TransportRequestOptions } from "../../../coordinator/engine/transport.js";
 import { HEADER_SENT_AT } from "../../../protocol/index.js";
+import { echoNatsConnection } from "../../support/echo-nats-connection.js";
 import { TestClock } from "./fake-participants.js";
 
 describe("the coordinator's send time (Gym-Sent-At)", () => {
@@ -18,18 +19,7 @@ describe("the coordinator's send time (Gym-Sent-At)", () => {
 
   it("is sent as a header in whole milliseconds, and only when given", async () => {
     const captured: (MsgHdrs | undefined)[] = [];
-    let deliver: ((error: null, msg: unknown) => void) | undefined;
-    const nc = {
-      subscribe: (_subject: string, options: { callback: (error: null, msg: unknown) => void }) => {
-        deliver = options.callback;
-        return { isClosed: () => false, closed: new Promise(() => undefined) };
-      },
-      publish: (_subject: string, _body: string, options: { reply: string; headers: MsgHdrs }) => {
-        captured.push(options.headers);
-        queueMicrotask(() => deliver?.(null, { subject: options.reply, data: new TextEncoder().encode("{}"), headers: undefined, string: () => "{}" }));
-      },
-      status: async function* () {},
-    } as unknown as NatsConnection;
+    const nc = echoNatsConnection((headers) => captured.push(headers));
     const transport = new NatsParticipantTransport(nc);
     await transport.request("s", "{}", { timeoutMs: 100, token: "tok", sentAtMs: 1_800_000_000_123.7 });
     await transport.request("s", "{}", { timeoutMs: 100, token: "tok" }); // the controller client's requests

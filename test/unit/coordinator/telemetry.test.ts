@@ -5,12 +5,13 @@ import { context, propagation, trace, SpanStatusCode } from "@opentelemetry/api"
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
-import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
+import type { MsgHdrs } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NatsParticipantTransport } from "../../../coordinator/engine/nats-transport.js";
 import { SPAN_ATTR } from "../../../coordinator/telemetry/coordinator-telemetry.js";
 import { createLogger } from "../../../coordinator/telemetry/logger.js";
 import { toCheckpointError } from "../../../protocol/index.js";
+import { echoNatsConnection } from "../../support/echo-nats-connection.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 const exporter = new InMemorySpanExporter();
@@ -171,18 +172,7 @@ describe("coordinator telemetry", () => {
 
   it("injects W3C traceparent and the bearer token into the NATS headers", async () => {
     let captured: MsgHdrs | undefined;
-    let deliver: ((error: null, msg: unknown) => void) | undefined;
-    const nc = {
-      subscribe: (_subject: string, options: { callback: (error: null, msg: unknown) => void }) => {
-        deliver = options.callback;
-        return { isClosed: () => false, closed: new Promise(() => undefined) };
-      },
-      publish: (_subject: string, _body: string, options: { reply: string; headers: MsgHdrs }) => {
-        captured = options.headers;
-        queueMicrotask(() => deliver?.(null, { subject: options.reply, data: new TextEncoder().encode("{}"), headers: undefined, string: () => "{}" }));
-      },
-      status: async function* () {},
-    } as unknown as NatsConnection;
+    const nc = echoNatsConnection((headers) => (captured = headers));
     const span = trace.getTracer("test").startSpan("parent");
     await new NatsParticipantTransport(nc).request("s", "{}", { timeoutMs: 100, token: "tok", context: trace.setSpan(context.active(), span) });
     span.end();
