@@ -61,7 +61,30 @@ export class FakeParticipants implements ParticipantTransport {
   /** Per commit received, whether its checkpoint_dir was a directory when it arrived (the coordinator makes it first). */
   readonly commitSawDir: boolean[] = [];
 
+  /** Requests held until released, per `${kind}.${instance}.${op}` (see hold). */
+  private readonly held = new Map<string, { released: Promise<void>; arrived: () => void }>();
+
   constructor(readonly members: { kind: Kind; instance: string }[]) {}
+
+  /**
+   * Holds every `op` request to this participant (recorded, then unanswered) until the returned
+   * function is called; then each is answered as scripted. A controllable reply, no sleeps.
+   * `reached` resolves once the first such request arrived.
+   */
+  hold(kind: Kind, instance: string, op: Op): { reached: Promise<void>; release: () => void } {
+    let release!: () => void;
+    let arrived!: () => void;
+    const reached = new Promise<void>((resolve) => (arrived = resolve));
+    const key = `${kind}.${instance}.${op}`;
+    this.held.set(key, { released: new Promise<void>((resolve) => (release = resolve)), arrived });
+    return {
+      reached,
+      release: () => {
+        this.held.delete(key);
+        release();
+      },
+    };
+  }
 
   set(kind: Kind, instance: string, op: Op, behaviour: Behaviour): void {
     this.script.set(`${kind}.${instance}.${op}`, behaviour);
@@ -78,6 +101,11 @@ export class FakeParticipants implements ParticipantTransport {
     this.calls.push({ seq: this.seq++, kind, instance, op, body: parsed, timeoutMs: options.timeoutMs });
     this.events.push(`${op}:${kind}/${instance}`);
     await Promise.resolve();
+    const held = this.held.get(`${kind}.${instance}.${op}`);
+    if (held) {
+      held.arrived();
+      await held.released;
+    }
     const behaviour = this.script.get(`${kind}.${instance}.${op}`) ?? "ok";
     if (behaviour === "unreachable") throw new NoRespondersFailure(subject);
     // A participant too stalled to answer: the request stays in flight until the caller's bound or abort ends the wait.

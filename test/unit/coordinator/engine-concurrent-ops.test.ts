@@ -1,0 +1,208 @@
+import { readFileSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { refusalOf } from "../../support/refusal.js";
+import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+
+/**
+ * Controller ops that reach the coordinator at the same time (two controllers, or one retrying
+ * after a lost reply while the first request still runs). The engine runs one op at a time, in
+ * arrival order; each op is answered as the state the ops before it left (docs/api.md).
+ * Participant replies are held and released by the test (FakeParticipants.hold): no sleeps.
+ */
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-concurrent-ops-"));
+});
+afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+const R1 = [{ rollout_id: "r1", attempt: 0 }];
+const latest = () => readFileSync(join(root, "LATEST"), "utf8").trim();
+
+describe("an op retried while the first is still running", () => {
+  it("commit: the retry waits for the first and gets its reply; each participant is sent one commit", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "c1" });
+    const held = fake.hold("resources", "r1", "commit");
+    const first = engine.commit({ checkpoint_id: "c1", episode_ids: R1, stop: false });
+    await held.reached;
+    const retry = engine.commit({ checkpoint_id: "c1", episode_ids: R1, stop: false });
+    held.release();
+    const [a, b] = await Promise.all([first, retry]);
+    expect(b).toEqual(a);
+    expect(fake.ops("commit")).toHaveLength(fake.members.length);
+    expect(journal.log.filter((e) => e.checkpoint_id === "c1" && e.state === "decided")).toHaveLength(1);
+  });
+
+  it("publish: one publication, LATEST moved once; the retry gets the same reply", async () => {
+    let publications = 0;
+    let releasePublication!: () => void;
+    const gate = new Promise<void>((resolve) => (releasePublication = resolve));
+    let reached!: () => void;
+    const reachedPublication = new Promise<void>((resolve) => (reached = resolve));
+    const { engine } = makeEngine(root, {
+      hooks: {
+        beforePublication: async () => {
+          publications++;
+          reached();
+          await gate;
+        },
+      },
+    });
+    await engine.prepare({ checkpoint_id: "p1" });
+    await engine.commit({ checkpoint_id: "p1", episode_ids: R1, stop: false });
+    const first = engine.publish({ checkpoint_id: "p1", controller_state: null });
+    await reachedPublication;
+    const retry = engine.publish({ checkpoint_id: "p1", controller_state: null });
+    releasePublication();
+    const [a, b] = await Promise.all([first, retry]);
+    expect(b).toEqual(a);
+    expect(publications).toBe(1);
+    expect(latest()).toBe("p1");
+  });
+
+  it("checkpoint: the retry gets the first's reply; nothing is sent twice", async () => {
+    const { engine, fake } = makeEngine(root);
+    const held = fake.hold("resources", "r1", "prepare");
+    const request = { checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null };
+    const first = engine.checkpoint(request);
+    await held.reached;
+    const retry = engine.checkpoint(request);
+    held.release();
+    const [a, b] = await Promise.all([first, retry]);
+    expect(b).toEqual(a);
+    for (const op of ["prepare", "commit", "resume"] as const) expect(fake.ops(op)).toHaveLength(fake.members.length);
+  });
+
+  it("resume: the retry of a resume still running answers once it closed, nothing sent twice", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "r1" });
+    const held = fake.hold("environment", "e1", "resume");
+    const first = engine.resume({ checkpoint_id: "r1" });
+    await held.reached;
+    const retry = engine.resume({ checkpoint_id: "r1" });
+    held.release();
+    await first;
+    await expect(retry).resolves.toEqual({ checkpoint_id: "r1", participants: [] });
+    expect(fake.ops("resume")).toHaveLength(fake.members.length);
+  });
+});
+
+describe("two controllers' ops on different checkpoints", () => {
+  it("prepare of another id while one prepares: checkpoint_conflict once the first is prepared, nothing sent for it", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    const held = fake.hold("resources", "r1", "prepare");
+    const a = engine.prepare({ checkpoint_id: "a" });
+    await held.reached;
+    const b = refusalOf(engine.prepare({ checkpoint_id: "b" }));
+    held.release();
+    expect((await a).prepared).toBe(true);
+    expect((await b).code).toBe("checkpoint_conflict");
+    expect(fake.calls.filter((c) => c.body.checkpoint_id === "b")).toHaveLength(0);
+    expect(journal.entries.has("b")).toBe(false);
+  });
+
+  it("a restore sent while a checkpoint runs restores what LATEST names once that checkpoint closed", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "k0", episode_ids: R1, stop: false, controller_state: null });
+    const held = fake.hold("resources", "r1", "prepare");
+    const checkpoint = engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null });
+    await held.reached;
+    const restore = engine.restore({ episode_ids: R1 });
+    held.release();
+    await checkpoint;
+    await expect(restore).resolves.toMatchObject({ checkpoint_id: "k1" });
+    // No restore left before the checkpoint's last resume.
+    const firstRestore = fake.calls.find((c) => c.op === "restore")!.seq;
+    expect(Math.max(...fake.calls.filter((c) => c.op === "resume" && c.body.checkpoint_id === "k1").map((c) => c.seq))).toBeLessThan(firstRestore);
+  });
+
+  it("a checkpoint sent while a restore runs: checkpoint_conflict once it is restored, nothing sent for it; the restore stays open", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "k0", episode_ids: R1, stop: false, controller_state: null });
+    const held = fake.hold("resources", "r1", "restore");
+    const restore = engine.restore({ episode_ids: R1 });
+    await held.reached;
+    const checkpoint = refusalOf(engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null }));
+    held.release();
+    await restore;
+    expect((await checkpoint).code).toBe("checkpoint_conflict");
+    expect(fake.calls.filter((c) => c.body.checkpoint_id === "k1" && c.op !== "status")).toHaveLength(0);
+    expect(journal.entries.has("k1")).toBe(false);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "k0", phase: "restored" });
+  });
+
+  it("retire sent while a checkpoint is prepared: invalid_phase, nothing sent, the checkpoint still commits", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.prepare({ checkpoint_id: "c2" });
+    const sent = fake.calls.length;
+    expect((await refusalOf(engine.retire({ episode_ids: R1 }))).code).toBe("invalid_phase");
+    expect((await refusalOf(engine.forget({ rollout_ids: ["r1"] }))).code).toBe("invalid_phase");
+    expect(fake.calls.length).toBe(sent);
+    await engine.commit({ checkpoint_id: "c2", episode_ids: R1, stop: false });
+  });
+
+  it("retire sent while a restore runs goes out once it is restored, in the restored checkpoint", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "k0", episode_ids: R1, stop: false, controller_state: null });
+    const held = fake.hold("resources", "r1", "restore");
+    const restore = engine.restore({ episode_ids: R1 });
+    await held.reached;
+    const retire = engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 1 }] });
+    held.release();
+    await restore;
+    await retire;
+    const retires = fake.ops("retire");
+    expect(retires.length).toBeGreaterThan(0);
+    expect(retires.every((c) => c.body.checkpoint_id === "k0")).toBe(true);
+    expect(Math.min(...retires.map((c) => c.seq))).toBeGreaterThan(Math.max(...fake.ops("restore").map((c) => c.seq)));
+  });
+});
+
+describe("publish racing resume of a committed checkpoint", () => {
+  it("resume first: the checkpoint is abandoned, the publish after it is stale_checkpoint and LATEST stays", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "k0", episode_ids: R1, stop: false, controller_state: null });
+    await engine.prepare({ checkpoint_id: "c3" });
+    await engine.commit({ checkpoint_id: "c3", episode_ids: R1, stop: false });
+    const held = fake.hold("environment", "e1", "resume");
+    const resume = engine.resume({ checkpoint_id: "c3" });
+    await held.reached;
+    const publish = refusalOf(engine.publish({ checkpoint_id: "c3", controller_state: null }));
+    held.release();
+    await resume;
+    expect((await publish).code).toBe("stale_checkpoint");
+    expect(latest()).toBe("k0");
+  });
+
+  it("publish first: published and LATEST, then the resume closes it", async () => {
+    let releasePublication!: () => void;
+    const gate = new Promise<void>((resolve) => (releasePublication = resolve));
+    let reached!: () => void;
+    const reachedPublication = new Promise<void>((resolve) => (reached = resolve));
+    const { engine, journal } = makeEngine(root, {
+      hooks: {
+        beforePublication: async () => {
+          reached();
+          await gate;
+        },
+      },
+    });
+    await engine.prepare({ checkpoint_id: "c4" });
+    await engine.commit({ checkpoint_id: "c4", episode_ids: R1, stop: false });
+    const publish = engine.publish({ checkpoint_id: "c4", controller_state: null });
+    await reachedPublication;
+    const resume = engine.resume({ checkpoint_id: "c4" });
+    releasePublication();
+    await publish;
+    await resume;
+    expect(latest()).toBe("c4");
+    expect(engine.openCheckpoint).toBeNull();
+    await journalEmptied(journal);
+  });
+});
