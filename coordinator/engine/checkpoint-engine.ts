@@ -173,6 +173,9 @@ const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
 /** Restore refusals of a participant parked in another checkpoint: a restore refused so still resumes everyone. */
 const PARKED_ELSEWHERE: ReadonlySet<string> = new Set(["invalid_phase", "checkpoint_conflict"]);
 
+/** How many times `list` reads LATEST and the catalog for a view that lists what LATEST names. */
+const LIST_READS = 3;
+
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
 /** Participants' committed files a restore reads (and checks) at once before sending anything. */
@@ -695,9 +698,19 @@ export class CheckpointEngine {
     };
   }
 
+  /**
+   * LATEST, then the directories (one blocking scan, so no publication runs between the two reads
+   * but the one LATEST's read awaited): LATEST is renamed only once its checkpoint.json is in place,
+   * so the scan lists it. Scanned first, a publication finished while LATEST was read would name a
+   * checkpoint the list lacks, and list one its retention deleted. Read again, a few times, while
+   * retention deleted what LATEST named before the scan (retention 1, two publications meanwhile).
+   */
   async list(): Promise<CtlReplyOf<"list">> {
-    const { published } = this.options.catalog.scan();
-    return { latest: await this.options.catalog.latest(), checkpoints: published };
+    for (let read = 1; ; read++) {
+      const latest = await this.options.catalog.latest();
+      const { published } = this.options.catalog.scan();
+      if (latest === null || read === LIST_READS || published.some((e) => e.checkpoint_id === latest)) return { latest, checkpoints: published };
+    }
   }
 
   async get(request: CtlRequestOf<"get">): Promise<CtlReplyOf<"get">> {

@@ -206,3 +206,31 @@ describe("publish racing resume of a committed checkpoint", () => {
     await journalEmptied(journal);
   });
 });
+
+describe("list and get while a publication runs (they take no lock)", () => {
+  it("list names LATEST among the checkpoints it lists, though a publication and its retention ran while it read", async () => {
+    const { engine, catalog } = makeEngine(root, { retention: 2 });
+    for (const id of ["k1", "k2"]) await engine.checkpoint({ checkpoint_id: id, episode_ids: R1, stop: false, controller_state: null });
+    // LATEST's read is slow (its open queued in the thread pool behind the publication's fsyncs):
+    // k3 is published, LATEST renamed to it and k1 deleted by retention before the read happens.
+    const read = catalog.latest.bind(catalog);
+    let releaseRead!: () => void;
+    const readGate = new Promise<void>((resolve) => (releaseRead = resolve));
+    let gated = true;
+    catalog.latest = async () => {
+      if (gated) {
+        gated = false;
+        await readGate;
+      }
+      return read();
+    };
+    const listing = engine.list();
+    const published = await engine.checkpoint({ checkpoint_id: "k3", episode_ids: R1, stop: false, controller_state: null });
+    expect(published.deleted).toEqual(["k1"]);
+    releaseRead();
+    const { latest: named, checkpoints } = await listing;
+    expect(named).toBe("k3");
+    expect(checkpoints.map((c) => c.checkpoint_id)).toContain(named);
+    expect(checkpoints.map((c) => c.checkpoint_id)).not.toContain("k1");
+  });
+});
