@@ -328,7 +328,7 @@ export class CheckpointEngine {
   // ---- controller ops --------------------------------------------------------------------
 
   prepare(request: CtlRequestOf<"prepare">): Promise<CtlReplyOf<"prepare">> {
-    return this.op("prepare", request.checkpoint_id, (ctx) => this.doPrepare(request.checkpoint_id, this.deadline(request.deadline_ts), false, null, ctx));
+    return this.op("prepare", request.checkpoint_id, (ctx) => this.doPrepare(request.checkpoint_id, this.deadline(request.deadline_ts), false, null, ctx), request);
   }
 
   commit(request: CtlRequestOf<"commit">): Promise<CtlReplyOf<"commit">> {
@@ -342,7 +342,7 @@ export class CheckpointEngine {
       const reply = await this.doCommit(request.checkpoint_id, this.deadline(request.deadline_ts), request.episode_ids, request.stop, ctx);
       this.remember(request.checkpoint_id, "commit", args, reply);
       return reply;
-    });
+    }, request);
   }
 
   publish(request: CtlRequestOf<"publish">): Promise<CtlReplyOf<"publish">> {
@@ -389,7 +389,7 @@ export class CheckpointEngine {
       // Parked by design, released now; once nobody holds it (the processes stopped), nothing to do.
       if (!open && this.stopped.has(id)) return this.releaseHolders(id, deadlineMs, ctx, true);
       return this.doResume(id, deadlineMs, ctx);
-    });
+    }, request);
   }
 
   /**
@@ -431,7 +431,7 @@ export class CheckpointEngine {
         checkpoint_id: open.id,
         participants: outcomes.map((o) => ({ ...o.participant, lease_expires_at: o.ok ? o.reply.lease_expires_at : 0 })),
       };
-    });
+    }, request);
   }
 
   checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
@@ -517,7 +517,7 @@ export class CheckpointEngine {
         resume_failures: failureRefs(resumeFailures),
         timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t2) },
       });
-    });
+    }, request);
   }
 
   restore(request: CtlRequestOf<"restore">): Promise<CtlReplyOf<"restore">> {
@@ -600,21 +600,21 @@ export class CheckpointEngine {
       this.open = open;
       const putBack = this.forgetRestoreHistory(id);
       return this.driveRestore(open, deadlineMs, ctx, undefined, putBack);
-    });
+    }, request);
   }
 
   retire(request: CtlRequestOf<"retire">): Promise<CtlReplyOf<"retire">> {
     return this.op("retire", request.checkpoint_id, async (ctx, identify) => {
       const all = await this.callersBeforeCallees("retire", request.checkpoint_id, request.deadline_ts, { episode_ids: request.episode_ids }, ctx, identify);
       return { participants: all.map((o) => ({ ...o.participant, retired: o.ok ? o.reply.retired : [] })) };
-    });
+    }, request);
   }
 
   forget(request: CtlRequestOf<"forget">): Promise<CtlReplyOf<"forget">> {
     return this.op("forget", request.checkpoint_id, async (ctx, identify) => {
       const all = await this.callersBeforeCallees("forget", request.checkpoint_id, request.deadline_ts, { rollout_ids: request.rollout_ids }, ctx, identify);
       return { participants: all.map((o) => ({ ...o.participant, forgotten: o.ok ? o.reply.forgotten : [] })) };
-    });
+    }, request);
   }
 
   /** Retire and forget: environment, then agent, then model and resources; stop at the first failing stage. */
@@ -1876,47 +1876,96 @@ export class CheckpointEngine {
    * Runs controller op `name` under the lock, in its span. `requestedId` is the checkpoint the
    * request names, if any; an op that finds its checkpoint later (restore of LATEST, retire in a
    * restored one) passes it to `identify`, for the span attribute and the failure log. No id, no field.
+   * An op that takes a deadline (`timed`, its request) and is still waiting for the ops ahead of it
+   * at that deadline plus request_slack_ms answers `deadline_exceeded` then and never runs (queueBound).
    */
-  private async op<T>(name: string, requestedId: string | undefined, fn: (ctx: Context, identify: (id: string) => void) => Promise<T>): Promise<T> {
-    return this.lock.run(async () => {
-      const started = this.options.clock.monotonic(); // durations: a wall-clock step must not skew them
-      const effectsBefore = this.effects;
-      const termBefore = this.leaderTerm;
-      let id = requestedId;
-      const failed = (thrown: unknown): unknown => {
-        let error = thrown;
-        // not_leader promises nothing happened, and clients retry it (even with a fresh id): once
-        // this op has sent or journaled anything, a successor may complete it, so it is unknown.
-        // So is any failure of an op whose leadership was lost meanwhile, whatever it says: losing
-        // it dropped the open checkpoint here (a commit that succeeded everywhere then finds it
-        // `not_found`), while its journal entry is the successor's to complete.
-        const lost = (error instanceof CheckpointError && error.code === "not_leader") || this.leaderTerm !== termBefore;
-        if (lost && this.effects !== effectsBefore) {
-          error = new CheckpointError("outcome_unknown", `${name}${id === undefined ? "" : ` ${id}`}: leadership was lost after it began, so it may still take effect (${toCheckpointError(error).message}); retry with the same checkpoint id once a leader serves`, { cause: error });
-        }
-        const code = toCheckpointError(error).code; // what the APIs answer: storage_error for a full disk
-        coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: code });
-        this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
-        return error;
+  private async op<T>(
+    name: string,
+    requestedId: string | undefined,
+    fn: (ctx: Context, identify: (id: string) => void) => Promise<T>,
+    timed?: { deadline_ts?: number | undefined },
+  ): Promise<T> {
+    const queue = timed ? this.queueBound(name, requestedId, timed.deadline_ts) : undefined;
+    const ran = this.lock.run(async () => {
+      if (queue && !queue.admit()) return undefined as T; // answered deadline_exceeded already
+      return this.runOp(name, requestedId, fn);
+    });
+    return queue ? Promise.race([ran, queue.expired]) : ran;
+  }
+
+  /**
+   * How long a timed op waits its turn: until its deadline (the default timeout from now when it
+   * names none), or now for a retry whose deadline passed (its reply was lost), plus
+   * request_slack_ms, the time the op ahead of it may run past that deadline. Past that, its
+   * controller's client (which waits the deadline plus 10 s) would get no answer, or one long
+   * after it gave up on an op that never ran. `expired` rejects then; `admit` (under the lock)
+   * says whether the op may still run, and stops the timer. None for a deadline past the cap: the
+   * op refuses it (invalid_request) as soon as it runs.
+   */
+  private queueBound(name: string, requestedId: string | undefined, deadlineTs: number | undefined): { expired: Promise<never>; admit: () => boolean } | undefined {
+    const now = this.options.clock.now();
+    const deadlineMs = deadlineTs === undefined ? now + this.options.defaultTimeoutMs : deadlineTs * 1000;
+    if (deadlineMs > now + MAX_DEADLINE_AHEAD_S * 1000) return undefined;
+    const arrived = this.options.clock.monotonic();
+    let gaveUp = false;
+    let cancel: () => void = () => undefined;
+    const expired = new Promise<never>((_resolve, reject) => {
+      cancel = this.options.clock.setTimer(() => {
+        gaveUp = true;
+        const error = new CheckpointError("deadline_exceeded", `${name}${requestedId === undefined ? "" : ` ${requestedId}`}: its deadline passed while it waited for the ops sent before it; it never ran`);
+        this.checkpointLog(requestedId).warn({ op: name, code: error.code }, "controller_op_failed");
+        coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - arrived) / 1000, { op: name, outcome: error.code });
+        reject(error);
+      }, Math.max(deadlineMs, now) - now + this.options.client.slackMs);
+    });
+    return {
+      expired,
+      admit: () => {
+        cancel();
+        return !gaveUp;
+      },
+    };
+  }
+
+  /** The body of `op`, under the lock. */
+  private async runOp<T>(name: string, requestedId: string | undefined, fn: (ctx: Context, identify: (id: string) => void) => Promise<T>): Promise<T> {
+    const started = this.options.clock.monotonic(); // durations: a wall-clock step must not skew them
+    const effectsBefore = this.effects;
+    const termBefore = this.leaderTerm;
+    let id = requestedId;
+    const failed = (thrown: unknown): unknown => {
+      let error = thrown;
+      // not_leader promises nothing happened, and clients retry it (even with a fresh id): once
+      // this op has sent or journaled anything, a successor may complete it, so it is unknown.
+      // So is any failure of an op whose leadership was lost meanwhile, whatever it says: losing
+      // it dropped the open checkpoint here (a commit that succeeded everywhere then finds it
+      // `not_found`), while its journal entry is the successor's to complete.
+      const lost = (error instanceof CheckpointError && error.code === "not_leader") || this.leaderTerm !== termBefore;
+      if (lost && this.effects !== effectsBefore) {
+        error = new CheckpointError("outcome_unknown", `${name}${id === undefined ? "" : ` ${id}`}: leadership was lost after it began, so it may still take effect (${toCheckpointError(error).message}); retry with the same checkpoint id once a leader serves`, { cause: error });
+      }
+      const code = toCheckpointError(error).code; // what the APIs answer: storage_error for a full disk
+      coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: code });
+      this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
+      return error;
+    };
+    const attributes = id === undefined ? { [SPAN_ATTR.op]: name } : { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name };
+    return inSpan(`checkpoint.coordinate.${name}`, attributes, undefined, async (ctx, span) => {
+      const identify = (found: string) => {
+        id = found;
+        span.setAttribute(SPAN_ATTR.checkpointId, found);
       };
-      const attributes = id === undefined ? { [SPAN_ATTR.op]: name } : { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name };
-      return inSpan(`checkpoint.coordinate.${name}`, attributes, undefined, async (ctx, span) => {
-        const identify = (found: string) => {
-          id = found;
-          span.setAttribute(SPAN_ATTR.checkpointId, found);
-        };
-        // Refused in the op's span too: the controller's trace shows the not_leader it got.
-        if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", this.notServingYet()));
-        try {
-          const result = await fn(ctx, identify);
-          coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: "ok" });
-          return result;
-        } catch (thrown) {
-          // Inside the op's span, so controller_op_failed carries its trace_id / span_id (even
-          // when the controller sent no trace context) and the span gets the code the reply has.
-          throw failed(thrown);
-        }
-      });
+      // Refused in the op's span too: the controller's trace shows the not_leader it got.
+      if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", this.notServingYet()));
+      try {
+        const result = await fn(ctx, identify);
+        coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: "ok" });
+        return result;
+      } catch (thrown) {
+        // Inside the op's span, so controller_op_failed carries its trace_id / span_id (even
+        // when the controller sent no trace context) and the span gets the code the reply has.
+        throw failed(thrown);
+      }
     });
   }
 

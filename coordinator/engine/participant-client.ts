@@ -79,6 +79,11 @@ export interface ParticipantClientOptions {
 export class ParticipantClient {
   constructor(private readonly options: ParticipantClientOptions) {}
 
+  /** What each try waits past the deadline (request_slack_ms). */
+  get slackMs(): number {
+    return this.options.slackMs;
+  }
+
   async call<O extends Op>(
     participant: ParticipantRef,
     op: O,

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { refusalOf } from "../../support/refusal.js";
-import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { TestClock, journalEmptied, makeEngine, writers } from "./fake-participants.js";
 
 /**
  * Controller ops that reach the coordinator at the same time (two controllers, or one retrying
@@ -232,5 +232,81 @@ describe("list and get while a publication runs (they take no lock)", () => {
     expect(named).toBe("k3");
     expect(checkpoints.map((c) => c.checkpoint_id)).toContain(named);
     expect(checkpoints.map((c) => c.checkpoint_id)).not.toContain("k1");
+  });
+});
+
+/** A TestClock whose timers fire when the test moves time on (`advance`). */
+class TimerClock extends TestClock {
+  private timers: { at: number; fn: () => void }[] = [];
+  override setTimer(fn: () => void, ms: number): () => void {
+    const timer = { at: this.current + ms, fn };
+    this.timers.push(timer);
+    return () => {
+      this.timers = this.timers.filter((t) => t !== timer);
+    };
+  }
+  advance(ms: number): void {
+    this.current += ms;
+    const due = this.timers.filter((t) => t.at <= this.current);
+    this.timers = this.timers.filter((t) => t.at > this.current);
+    for (const t of due) t.fn();
+  }
+}
+
+/** Lets every pending promise callback run (no timer, no I/O involved). */
+const settle = () => new Promise<void>((resolve) => setImmediate(resolve));
+
+describe("an op whose deadline passes while it waits for another op", () => {
+  it("answers deadline_exceeded at its deadline plus request_slack_ms, while the other still runs, and never runs", async () => {
+    const clock = new TimerClock();
+    const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
+    const held = fake.hold("resources", "r1", "prepare");
+    const checkpoint = engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null, deadline_ts: clock.now() / 1000 + 60 });
+    await held.reached;
+    let answer: { code: string } | undefined;
+    const retire = refusalOf(engine.retire({ episode_ids: R1, deadline_ts: clock.now() / 1000 + 5 })).then((r) => (answer = r));
+    clock.advance(5000 + 1999);
+    await settle();
+    expect(answer).toBeUndefined(); // still in time: it waits its turn
+    clock.advance(1);
+    await settle();
+    expect(answer?.code).toBe("deadline_exceeded");
+    held.release();
+    await checkpoint;
+    await retire;
+    expect(fake.ops("retire")).toHaveLength(0);
+  });
+
+  it("a retry sent past its deadline (its reply was lost) still waits request_slack_ms for the op ahead of it, and gets its reply", async () => {
+    const clock = new TimerClock();
+    const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
+    await engine.prepare({ checkpoint_id: "c1" });
+    const deadline_ts = clock.now() / 1000 + 5;
+    const held = fake.hold("resources", "r1", "commit");
+    const first = engine.commit({ checkpoint_id: "c1", episode_ids: R1, stop: false, deadline_ts });
+    await held.reached;
+    clock.advance(6000); // the participant is late; the controller's client retried meanwhile
+    const retry = engine.commit({ checkpoint_id: "c1", episode_ids: R1, stop: false, deadline_ts });
+    clock.advance(1000);
+    held.release();
+    const [a, b] = await Promise.all([first, retry]);
+    expect(b).toEqual(a);
+  });
+
+  it("an op without deadline_ts gives up at the default timeout plus request_slack_ms", async () => {
+    const clock = new TimerClock();
+    const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
+    const held = fake.hold("resources", "r1", "prepare");
+    const first = engine.prepare({ checkpoint_id: "a", deadline_ts: clock.now() / 1000 + 60 });
+    await held.reached;
+    let answer: { code: string } | undefined;
+    const other = refusalOf(engine.prepare({ checkpoint_id: "b" })).then((r) => (answer = r));
+    clock.advance(10_000 + 2000); // makeEngine's default_timeout_ms is 10 s
+    await settle();
+    expect(answer?.code).toBe("deadline_exceeded");
+    held.release();
+    await first;
+    await other;
+    expect(fake.calls.filter((c) => c.body.checkpoint_id === "b")).toHaveLength(0);
   });
 });

@@ -230,12 +230,14 @@ export function makeEngine(
     expected?: { kind: Kind; instance: string }[];
     /** Config `request_slack_ms` (5000 unless given). */
     slackMs?: number;
+    /** The engine's clock (a fresh TestClock unless given). */
+    clock?: TestClock;
   } = {},
 ) {
   const members = options.members ?? FOUR_KINDS;
   const shared = options.successorOf;
   const fake = shared?.fake ?? new FakeParticipants(members);
-  const clock = shared?.clock ?? new TestClock();
+  const clock = shared?.clock ?? options.clock ?? new TestClock();
   const journal = shared?.journal ?? new MemoryDecisionJournal();
   const catalog = new CheckpointCatalog(root);
   const membership = new FakeMembership(members, options.incarnations);
