@@ -310,3 +310,80 @@ describe("an op whose deadline passes while it waits for another op", () => {
     expect(fake.calls.filter((c) => c.body.checkpoint_id === "b")).toHaveLength(0);
   });
 });
+
+describe("an op that arrives while the new leader recovers its predecessor's checkpoints", () => {
+  it("waits for the recovery and is then served, as the state recovery left", async () => {
+    const { engine, fake } = makeEngine(root, { requireRecovery: true });
+    const held = fake.hold("resources", "r1", "status"); // recovery's status probe
+    const recovery = engine.recover();
+    await held.reached;
+    const prepare = engine.prepare({ checkpoint_id: "after-recovery" });
+    held.release();
+    await recovery;
+    expect((await prepare).prepared).toBe(true);
+    const firstPrepare = Math.min(...fake.ops("prepare").map((c) => c.seq));
+    expect(Math.max(...fake.ops("status").map((c) => c.seq))).toBeLessThan(firstPrepare);
+  });
+
+  it("a recovery that fails (the journal unreadable) leaves the op it held refused not_leader, nothing sent", async () => {
+    const { engine, fake, journal } = makeEngine(root, { requireRecovery: true });
+    let fail!: (error: Error) => void;
+    let reached!: () => void;
+    const listing = new Promise<void>((resolve) => (reached = resolve));
+    journal.list = () =>
+      new Promise((_resolve, reject) => {
+        fail = reject;
+        reached();
+      });
+    const recovery = engine.recover().catch((error: unknown) => error);
+    await listing;
+    const prepare = refusalOf(engine.prepare({ checkpoint_id: "during-recovery" }));
+    fail(new Error("KV unavailable"));
+    await recovery;
+    expect((await prepare).code).toBe("not_leader");
+    expect(fake.ops("prepare")).toHaveLength(0);
+  });
+});
+
+describe("reads and a second restore while a publication or a restore runs", () => {
+  it("status, get and list during a publication: the checkpoint is committed, not yet listed or gettable, LATEST unmoved", async () => {
+    let releasePublication!: () => void;
+    const gate = new Promise<void>((resolve) => (releasePublication = resolve));
+    let reached!: () => void;
+    const reachedPublication = new Promise<void>((resolve) => (reached = resolve));
+    const { engine } = makeEngine(root, {
+      hooks: {
+        beforePublication: async (id) => {
+          if (id !== "k2") return;
+          reached();
+          await gate;
+        },
+      },
+    });
+    await engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null });
+    const checkpoint = engine.checkpoint({ checkpoint_id: "k2", episode_ids: R1, stop: false, controller_state: null });
+    await reachedPublication;
+    expect((await engine.status()).checkpoint).toMatchObject({ checkpoint_id: "k2", phase: "committed" });
+    expect((await refusalOf(engine.get({ checkpoint_id: "k2" }))).code).toBe("not_found");
+    const listed = await engine.list();
+    expect(listed.latest).toBe("k1");
+    expect(listed.checkpoints.map((c) => c.checkpoint_id)).toEqual(["k1"]);
+    releasePublication();
+    await checkpoint;
+    expect((await engine.get({ checkpoint_id: "k2" })).latest).toBe(true);
+  });
+
+  it("a restore with another scope sent while one runs: invalid_phase once the first is restored, nothing sent for it", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "k0", episode_ids: R1, stop: false, controller_state: null });
+    const held = fake.hold("resources", "r1", "restore");
+    const first = engine.restore({ episode_ids: R1 });
+    await held.reached;
+    const second = refusalOf(engine.restore({ episode_ids: [{ rollout_id: "r2", attempt: 0 }] }));
+    held.release();
+    await first;
+    expect((await second).code).toBe("invalid_phase");
+    expect(fake.ops("restore")).toHaveLength(fake.members.length);
+    expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "k0", phase: "restored" });
+  });
+});
