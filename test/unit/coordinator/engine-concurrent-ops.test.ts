@@ -387,3 +387,23 @@ describe("reads and a second restore while a publication or a restore runs", () 
     expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "k0", phase: "restored" });
   });
 });
+
+describe("fine-grained ops on an id the convenience op is running", () => {
+  it("commit sent while it runs is stale_checkpoint once it closed, publish gets the reply rebuilt from checkpoint.json: never a second commit or publication", async () => {
+    const { engine, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "k0", episode_ids: R1, stop: false, controller_state: null });
+    const held = fake.hold("resources", "r1", "prepare");
+    const checkpoint = engine.checkpoint({ checkpoint_id: "k1", episode_ids: null, stop: false, controller_state: null });
+    await held.reached;
+    const commit = refusalOf(engine.commit({ checkpoint_id: "k1", episode_ids: null, stop: false }));
+    const publish = engine.publish({ checkpoint_id: "k1", controller_state: null });
+    const resume = engine.resume({ checkpoint_id: "k1" });
+    held.release();
+    expect((await commit).code).toBe("stale_checkpoint");
+    const published = await checkpoint;
+    expect(await publish).toEqual({ checkpoint_id: "k1", manifest_path: published.manifest_path, published_at: published.published_at, deleted: [] });
+    await expect(resume).resolves.toEqual({ checkpoint_id: "k1", participants: [] });
+    expect(fake.ops("commit").filter((c) => c.body.checkpoint_id === "k1")).toHaveLength(fake.members.length);
+    expect(latest()).toBe("k1");
+  });
+});
