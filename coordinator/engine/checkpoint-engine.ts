@@ -413,7 +413,8 @@ export class CheckpointEngine {
   }
 
   /**
-   * Extends every participant's lease (all at once), e.g. while a long publication runs; of a
+   * Extends every participant's lease (all at once), e.g. while the controller saves a large
+   * state between prepare and publish (not during a publication: ops run one at a time); of a
    * prepare that stopped at a stage, the leases of the stages any prepare of it reached.
    */
   renew(request: CtlRequestOf<"renew">): Promise<CtlReplyOf<"renew">> {

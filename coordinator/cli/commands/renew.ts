@@ -3,7 +3,7 @@ import { deadlineFrom, printJson, withClient, withClientOptions, type ClientFlag
 
 export function register(program: Command): void {
   withClientOptions(
-    program.command("renew <checkpoint_id>").description("extend every participant's lease (while a long publication runs)").option("--timeout-s <s>", "new deadline, seconds from now"),
+    program.command("renew <checkpoint_id>").description("extend every participant's lease (while the controller saves a large state before publishing)").option("--timeout-s <s>", "new deadline, seconds from now"),
   ).action(async (id: string, flags: ClientFlags & { timeoutS?: string }) => {
     await withClient(flags, async (client) => printJson(await client.renew({ checkpoint_id: id, deadline_ts: deadlineFrom(flags.timeoutS) })));
   });
