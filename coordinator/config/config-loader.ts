@@ -32,6 +32,9 @@ export const CONFIG_ENV: readonly { env: string; path: string; type: EnvType }[]
   { env: "GYM_CKPT_EXPECTED_PARTICIPANTS", path: "expected_participants", type: "list" },
 ];
 
+/** The daemon's flag for each key it requires (no default): "expected string, received undefined at token" alone does not say how to set it. */
+const REQUIRED_KEY_FLAGS: Readonly<Record<string, string>> = { token: "--token", checkpoint_root: "--checkpoint-root" };
+
 /** A comma-separated list flag or variable (`resources/r1,model/policy`); blanks around items are dropped. */
 export function splitList(value: string): string[] {
   return value
@@ -158,7 +161,15 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
       return undefined;
     };
     const sources = new Map<string, string>();
+    const missing: string[] = [];
     for (const issue of parsed.error.issues) {
+      const path = issue.path.join(".");
+      const flag = REQUIRED_KEY_FLAGS[path];
+      if (flag !== undefined && !hasPath(merged, issue.path.map(String))) {
+        const env = CONFIG_ENV.find((e) => e.path === path)!.env;
+        missing.push(`  ${path}: pass ${flag} or set ${env} (or "${path}" in a --config file)`);
+        continue;
+      }
       // The value itself, or the nearest enclosing one a layer set. An unknown key's issue names its
       // object: the layer that set the key itself is asked first, not one that set another key of
       // that object (the environment's nats.user for a file's typo under nats) or nobody (top level).
@@ -174,7 +185,8 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
       }
     }
     const from = [...sources].map(([path, source]) => `  ${path}: ${source}`).join("\n");
-    throw new CheckpointError("invalid_request", `invalid configuration:\n${z.prettifyError(parsed.error)}${from ? `\nset by:\n${from}` : ""}`);
+    const unset = missing.length > 0 ? `\nnot set:\n${missing.join("\n")}` : "";
+    throw new CheckpointError("invalid_request", `invalid configuration:\n${z.prettifyError(parsed.error)}${from ? `\nset by:\n${from}` : ""}${unset}`);
   }
   return parsed.data;
 }

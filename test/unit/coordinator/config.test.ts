@@ -67,6 +67,30 @@ describe("coordinator config", () => {
     expect(message).toContain("bogus");
   });
 
+  it("says how to set a required key nobody set (flag, variable, config file key), not only that it is undefined", () => {
+    const message = (() => {
+      try {
+        loadConfig({ env: {} });
+      } catch (error) {
+        return (error as CheckpointError).message;
+      }
+      return "";
+    })();
+    const unset = message.slice(message.indexOf("not set:"));
+    expect(message).toContain("not set:");
+    expect(unset).toContain(`token: pass --token or set GYM_CKPT_TOKEN (or "token" in a --config file)`);
+    expect(unset).toContain(`checkpoint_root: pass --checkpoint-root or set GYM_CKPT_CHECKPOINT_ROOT (or "checkpoint_root" in a --config file)`);
+    // A value that was set but is refused is not "not set": it names its source instead.
+    let refused = "";
+    try {
+      loadConfig({ env: { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "relative" } });
+    } catch (error) {
+      refused = (error as CheckpointError).message;
+    }
+    expect(refused).toContain("checkpoint_root: GYM_CKPT_CHECKPOINT_ROOT");
+    expect(refused).not.toContain("not set:");
+  });
+
   it("names where each refused value was set: the variable, the config file, or a flag", async () => {
     const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
     try {
