@@ -1355,7 +1355,7 @@ export class CheckpointEngine {
       // after the others committed, and a decided checkpoint can only be completed or aborted.
       throw new CheckpointError(
         "invalid_request",
-        `${open.scopeRequiredBy.join(", ")} export only the commit's episode_ids and refuse a null scope: name the episodes you continue (refused before the commit decision: nothing was committed)`,
+        `${open.scopeRequiredBy.join(", ")} export only the commit's episode_ids and refuse a null scope: name the episodes you continue in episode_ids (the CLI's --episodes; [] or --episodes \"\" when none continues) (refused before the commit decision: nothing was committed)`,
       );
     }
     const dir = this.options.catalog.dirFor(id);

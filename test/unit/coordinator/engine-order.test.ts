@@ -148,6 +148,8 @@ describe("engine ordering", () => {
     const wrong = await refusal(engine.commit({ checkpoint_id: "c45", episode_ids: null, stop: false }));
     expect(wrong.code).toBe("invalid_request");
     expect(wrong.message).toContain("model/m1");
+    // Says how to name them on each surface: a new operator's `gym-ckpt checkpoint` met only "name the episodes you continue".
+    expect(wrong.message).toContain("episode_ids (the CLI's --episodes");
     // nothing changed: no decision journaled, no commit sent, still prepared
     expect(fake.events).not.toContain("journal:decided");
     expect(fake.ops("commit")).toHaveLength(0);
