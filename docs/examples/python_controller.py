@@ -142,8 +142,13 @@ def start(client, state):
     if latest is None:
         return emit(event="fresh_start")
     manifest = client.get(latest)["manifest"]
-    # We published our state inline, and the commit scope: the episodes we had in flight.
-    state.update(manifest["controller_state"]["inline"])
+    # We published our state inline, and the commit scope: the episodes we had in flight. A LATEST
+    # without it is another controller's (`gym-ckpt checkpoint`, `collect`'s collection.json): its
+    # episodes are not ours to continue, so start fresh, as `gym-ckpt collect` does.
+    inline = (manifest.get("controller_state") or {}).get("inline")
+    if not isinstance(inline, dict) or "step" not in inline:
+        return emit(event="fresh_start", not_ours=latest)
+    state.update(inline)
     scope = manifest["scope"] or []
     try:
         reply = client.restore(latest, scope)  # only fresh Gym processes take it: a whole-job restart

@@ -174,6 +174,26 @@ describe("the Python controller example (docs/examples/python_controller.py)", (
     expect((await listed()).checkpoints).toEqual(before.checkpoints);
   }, 30_000);
 
+  it("a LATEST another controller published (no inline state of ours) is not restored: a fresh start naming it, not a TypeError", async () => {
+    // As `gym-ckpt checkpoint --episodes ""` publishes it: controller_state null.
+    const published = await fetch(`${url}/v1/checkpoint`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${CONTROLLER_TOKEN}`, "content-type": "application/json" },
+      body: JSON.stringify({ episode_ids: [] }),
+    });
+    expect(published.status).toBe(200);
+    const { checkpoint_id: theirs } = (await published.json()) as { checkpoint_id: string };
+    expect((await manifestOf(theirs)).controller_state).toBeNull();
+    const before = await listed();
+    expect(before.latest).toBe(theirs);
+    const run = await runScript(["--steps", "0"]);
+    expect([run.code, run.stderr]).toEqual([0, ""]);
+    expect(run.lines).toEqual([{ event: "fresh_start", not_ours: theirs }]);
+    // Nothing restored or left parked.
+    for (const p of world.participants) expect([p.instance, p.handle.controlPlane.currentPhase]).toEqual([p.instance, "idle"]);
+    expect(await listed()).toEqual(before);
+  }, 30_000);
+
   it("a wrong token: exits 1 naming the catalog code unauthorized, nothing published", async () => {
     const before = await listed();
     const run = await runScript(["--steps", "1"], "wrong-token");
