@@ -305,6 +305,8 @@ export class CheckpointEngine {
   private leaderTerm = 0;
   /** Phase messages sent and journal entries written, ever: tells whether a failed op had begun. */
   private effects = 0;
+  /** The controller op holding the lock: a retry of it waits for its reply past the queue bound. */
+  private runningOp: { name: string; id: string | undefined } | undefined;
   /** This coordinator's last publication (`at` in s): within its epoch, later times come after it (epochTime). */
   private lastPublication: { epoch: number; at: number } | undefined;
   /** The participants of the checkpoint LATEST named when last read (read again when LATEST moves). */
@@ -1878,7 +1880,8 @@ export class CheckpointEngine {
    * request names, if any; an op that finds its checkpoint later (restore of LATEST, retire in a
    * restored one) passes it to `identify`, for the span attribute and the failure log. No id, no field.
    * An op that takes a deadline (`timed`, its request) and is still waiting for the ops ahead of it
-   * at that deadline plus request_slack_ms answers `deadline_exceeded` then and never runs (queueBound).
+   * at that deadline plus request_slack_ms answers `deadline_exceeded` then and never runs (queueBound),
+   * unless the op running then is the one it repeats.
    */
   private async op<T>(
     name: string,
@@ -1889,7 +1892,12 @@ export class CheckpointEngine {
     const queue = timed ? this.queueBound(name, requestedId, timed.deadline_ts) : undefined;
     const ran = this.lock.run(async () => {
       if (queue && !queue.admit()) return undefined as T; // answered deadline_exceeded already
-      return this.runOp(name, requestedId, fn);
+      this.runningOp = { name, id: requestedId };
+      try {
+        return await this.runOp(name, requestedId, fn);
+      } finally {
+        this.runningOp = undefined;
+      }
     });
     return queue ? Promise.race([ran, queue.expired]) : ran;
   }
@@ -1899,7 +1907,11 @@ export class CheckpointEngine {
    * names none), or now for a retry whose deadline passed (its reply was lost), plus
    * request_slack_ms, the time the op ahead of it may run past that deadline. Past that, its
    * controller's client (which waits the deadline plus 10 s) would get no answer, or one long
-   * after it gave up on an op that never ran. `expired` rejects then; `admit` (under the lock)
+   * after it gave up on an op that never ran. Not a retry of the op running then (same op, same
+   * id): that op may end past its deadline by design (a checkpoint's resume and publication, a
+   * restore's clean-up), and the retry waits for it and gets its reply, as docs/api.md promises a
+   * retry; answered `deadline_exceeded` ("never ran"), its controller would take a published
+   * checkpoint for one that never happened. `expired` rejects then; `admit` (under the lock)
    * says whether the op may still run, and stops the timer. None for a deadline past the cap: the
    * op refuses it (invalid_request) as soon as it runs.
    */
@@ -1912,6 +1924,7 @@ export class CheckpointEngine {
     let cancel: () => void = () => undefined;
     const expired = new Promise<never>((_resolve, reject) => {
       cancel = this.options.clock.setTimer(() => {
+        if (requestedId !== undefined && this.runningOp?.name === name && this.runningOp.id === requestedId) return;
         gaveUp = true;
         const error = new CheckpointError("deadline_exceeded", `${name}${requestedId === undefined ? "" : ` ${requestedId}`}: its deadline passed while it waited for the ops sent before it; it never ran`);
         this.checkpointLog(requestedId).warn({ op: name, code: error.code }, "controller_op_failed");

@@ -293,6 +293,28 @@ describe("an op whose deadline passes while it waits for another op", () => {
     expect(b).toEqual(a);
   });
 
+  it("a retry of the op still running past its deadline plus request_slack_ms (a checkpoint's held resume) waits for it and gets its reply, not deadline_exceeded", async () => {
+    const clock = new TimerClock();
+    const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
+    const request = { checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null, deadline_ts: clock.now() / 1000 + 60 };
+    const held = fake.hold("resources", "r1", "resume");
+    const first = engine.checkpoint(request);
+    await held.reached;
+    let answer: unknown;
+    const retry = engine.checkpoint(request).then(
+      (reply) => (answer = reply),
+      (error: unknown) => (answer = error),
+    );
+    clock.advance(62_001);
+    await settle();
+    expect(answer).toBeUndefined(); // still waiting for the op it repeats
+    held.release();
+    const reply = await first;
+    await retry;
+    expect(answer).toEqual(reply);
+    expect(fake.ops("commit").length).toBe(fake.ops("prepare").length); // nothing sent twice
+  });
+
   it("an op without deadline_ts gives up at the default timeout plus request_slack_ms", async () => {
     const clock = new TimerClock();
     const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
