@@ -100,7 +100,12 @@ export interface CollectionSummary {
   stopped: boolean;
   /** Rollout records written (when `records` is set). */
   records?: RolloutRecordsStats;
+  /** The first FAILED_ROWS_LISTED rows that failed for good, each with why its last attempt failed. */
+  failedRows: { rollout_id: string; reason: string }[];
 }
+
+/** Failed rows the summary names: enough to see what went wrong, never the whole task file. */
+const FAILED_ROWS_LISTED = 10;
 
 interface RowState {
   row: TaskRow;
@@ -124,6 +129,8 @@ interface RowState {
   fencedSkips: number;
   /** Since when (Date.now()) every send of this attempt found no server at --run-url; cleared once one connects. */
   unreachableSince?: number;
+  /** Why its last attempt failed (for the summary of a row that failed for good). */
+  lastFailure?: string;
 }
 
 /** Fenced attempts (`stale_attempt`) a row may skip before such a refusal counts as a failed attempt. */
@@ -650,6 +657,15 @@ export class Collector {
         if (this.stopping) return;
         continue;
       }
+      if (refusal.success && refusal.data.error.code === "invalid_request" && !state.restored) {
+        // The Gym refused the task itself (a malformed task, a replay seed it cannot run): every
+        // attempt would be refused alike, so the row fails now instead of using up its attempts.
+        // Not a restored continuation: refused for a task that differs from the checkpoint's (the
+        // task file was edited), the next attempt starts from input and may well run.
+        const { detail } = refusal.data.error;
+        this.options.logger.warn({ rollout_id: episode.rollout_id, attempt: episode.attempt, code: "invalid_request", detail }, "/run refused the task; the row fails without another attempt");
+        return this.failed(state, new Error(`/run refused the task: invalid_request: ${detail.slice(0, 200)}`), true);
+      }
       return this.failed(state, new Error(`/run answered ${response.status}: ${JSON.stringify(body).slice(0, 200)}`));
     }
   }
@@ -837,12 +853,13 @@ export class Collector {
    * but only once that retire has finished: the server may still run the failed attempt (a
    * timeout here is not one there) and refuses any other attempt of the rollout meanwhile.
    */
-  private failed(state: RowState, error: unknown): void {
-    this.options.logger.warn({ rollout_id: state.row.rolloutId, attempt: state.attempt, err: error }, "/run failed");
+  private failed(state: RowState, error: unknown, final = false): void {
+    if (!final) this.options.logger.warn({ rollout_id: state.row.rolloutId, attempt: state.attempt, err: error }, "/run failed");
+    state.lastFailure = error instanceof Error ? error.message : String(error);
     this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
     state.failures++;
     this.goesOnFromInput(state);
-    if (state.failures >= (this.options.maxAttempts ?? 3)) {
+    if (final || state.failures >= (this.options.maxAttempts ?? 3)) {
       this.queue.set(state, "failed");
     } else {
       state.retiring = state.attempt;
@@ -872,6 +889,7 @@ export class Collector {
           continue;
         }
         this.options.logger.warn({ rollout_id: e.rollout_id, attempt: e.attempt }, "the retire this row waits for kept failing; the row fails");
+        state.lastFailure = `the retire of its failed attempt ${e.attempt} kept failing for --run-timeout-s (after: ${state.lastFailure ?? "?"})`;
         this.toRetire.splice(i, 1);
         delete state.retiring;
         delete state.retireFailingSince;
@@ -1179,6 +1197,10 @@ export class Collector {
       usage: { ...this.usage },
       stopped: this.stopping,
       ...(this.records && { records: { ...this.records.stats } }),
+      failedRows: values
+        .filter((s) => s.status === "failed")
+        .slice(0, FAILED_ROWS_LISTED)
+        .map((s) => ({ rollout_id: s.row.rolloutId, reason: s.lastFailure ?? "unknown" })),
     };
   }
 

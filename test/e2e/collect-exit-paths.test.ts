@@ -16,6 +16,8 @@ describe("collect exit paths", () => {
     const outcome = await Promise.race([collector.exited, new Promise((r) => setTimeout(() => r("still running after 40 s"), 40_000))]);
     expect(outcome, out.slice(-3).join("\n")).toEqual({ code: 1, signal: null });
     expect(out.some((l) => l.startsWith("rows: 2 (finished 0, failed 2)")), out.join("\n")).toBe(true);
+    // The summary says why each row failed, not only how many.
+    expect(out.filter((l) => l.startsWith("failed row ")), out.join("\n")).toHaveLength(2);
     expect(existsSync(join(w.root, "collector.pid"))).toBe(false);
   });
 

@@ -313,6 +313,9 @@ export function register(program: Command): void {
       process.stdout.write(
         [
           `rows: ${summary.rows} (finished ${summary.finished}, failed ${summary.failed}), mean reward ${Number.isNaN(mean) ? "n/a" : mean.toFixed(3)}`,
+          // Why rows failed, so a task file the Gym refuses is named here and not only in the log.
+          ...summary.failedRows.map((f) => `failed row ${f.rollout_id}: ${f.reason}`),
+          ...(summary.failed > summary.failedRows.length ? [`(${summary.failed - summary.failedRows.length} more failed rows: see the log's "/run failed" lines)`] : []),
           `checkpoints taken: ${summary.checkpoints}`,
           `rows continued from a checkpoint: ${summary.continued}, restarted from input: ${summary.restarted}`,
           ...(records

@@ -511,6 +511,19 @@ describe("collector", () => {
     expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 2, continued: false });
   });
 
+  it("a restored continuation refused invalid_request (its task differs from the checkpoint's) runs again from input, not failed for good", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const sent: number[] = [];
+    const refusal = { error: { code: "invalid_request", detail: "a-a1 continues a checkpoint recorded for a different task (digest mismatch)" } };
+    const url = await runServer((body) => (sent.push(body.attempt), body.attempt === 1 ? { status: 400, body: refusal } : { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1 });
+    expect(sent).toEqual([1, 2]);
+  });
+
   it("sends the rows a restore continues before any row never sent: waiting, they are in every checkpoint's scope beside the rows in flight", async () => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "c", attempt: 0 }]);
     const { controller, state } = fakeController();
@@ -812,6 +825,30 @@ describe("collector", () => {
     expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
     expect(sent).toEqual([0, 1]);
     expect((await readResults(join(dir, "results.jsonl"))).size).toBe(0);
+  });
+
+  it("a task /run refuses invalid_request fails its row at once (every attempt would be refused alike), and the summary says why", async () => {
+    const sent: string[] = [];
+    const refusal = { error: { code: "invalid_request", detail: "tool_rounds: Too big: expected number to be <=8" } };
+    const url = await runServer((body) => (sent.push(`${body.rollout_id}@${body.attempt}`), body.rollout_id === "bad" ? { status: 400, body: refusal } : { status: 200, body: { reward: 1 } }));
+    const { controller } = fakeController();
+    const rows = [{ rolloutId: "bad", task: {} }, { rolloutId: "good", task: {} }];
+    const collector = collectorFor(controller, url, { maxAttempts: 3, rows, concurrency: 1 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({
+      finished: 1,
+      failed: 1,
+      failedRows: [{ rollout_id: "bad", reason: "/run refused the task: invalid_request: tool_rounds: Too big: expected number to be <=8" }],
+    });
+    expect(sent).toEqual(["bad@0", "good@0"]);
+  });
+
+  it("the summary names why each row failed for good: its last attempt's failure", async () => {
+    const url = await runServer(() => ({ status: 500, body: { error: "boom" } }));
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { maxAttempts: 2 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ failed: 1, failedRows: [{ rollout_id: expect.any(String), reason: '/run answered 500: {"error":"boom"}' }] });
   });
 
   it("retries a failed retire while a row waits for it", async () => {
