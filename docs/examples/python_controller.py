@@ -190,7 +190,7 @@ def checkpoint(client, checkpoint_id, state):
         # on: a participant left parked refuses every later prepare until its lease expires. Resume
         # before commit aborts; after a failed publish it abandons the checkpoint; after it, goes on.
         try:
-            client.resume(checkpoint_id, deadline_ts)
+            client.resume(checkpoint_id)  # a deadline of its own: a slow publish may have used up the step's
         except GymCkptError as error:
             if settled:
                 raise
