@@ -1947,7 +1947,7 @@ export class CheckpointEngine {
     const effectsBefore = this.effects;
     const termBefore = this.leaderTerm;
     let id = requestedId;
-    const failed = (thrown: unknown): unknown => {
+    const failed = (thrown: unknown, level: "warn" | "debug" = "warn"): unknown => {
       let error = thrown;
       // not_leader promises nothing happened, and clients retry it (even with a fresh id): once
       // this op has sent or journaled anything, a successor may complete it, so it is unknown.
@@ -1960,7 +1960,7 @@ export class CheckpointEngine {
       }
       const code = toCheckpointError(error).code; // what the APIs answer: storage_error for a full disk
       coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: code });
-      this.checkpointLog(id).warn({ op: name, code, err: error }, "controller_op_failed");
+      this.checkpointLog(id)[level]({ op: name, code, err: error }, "controller_op_failed");
       return error;
     };
     const attributes = id === undefined ? { [SPAN_ATTR.op]: name } : { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name };
@@ -1969,8 +1969,10 @@ export class CheckpointEngine {
         id = found;
         span.setAttribute(SPAN_ATTR.checkpointId, found);
       };
-      // Refused in the op's span too: the controller's trace shows the not_leader it got.
-      if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", this.notServingYet()));
+      // Refused in the op's span too: the controller's trace shows the not_leader it got. Logged at
+      // debug: a follower (or a leader still waiting out its first lease period) is asked again
+      // every 100 ms by each client retrying not_leader, and nothing happened here.
+      if (!this.recoveredFlag) throw failed(new CheckpointError("not_leader", this.notServingYet()), "debug");
       try {
         const result = await fn(ctx, identify);
         coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: "ok" });
