@@ -284,6 +284,12 @@ export class CheckpointEngine {
    * `stale_checkpoint` that would hide why the id is spent.
    */
   private readonly unjournaledPrepares = new Map<string, string>();
+  /**
+   * How the `checkpoint` op of a named id failed once that id was closed here (aborted: resumed
+   * unpublished), for the last few ids: a retry (its reply lost) gets the failure again, why the
+   * checkpoint was not taken, instead of a bare `stale_checkpoint` ("already resumed").
+   */
+  private readonly failedCheckpointOps = new Map<string, CheckpointError>();
   /** The last journal write per checkpoint id (a number from journalSeq): a removal scheduled by close() yields to any write made since. Dropped once the entry is removed or kept for good (entryKept, leadershipLost). */
   private readonly journalWrites = new Map<string, number>();
   private journalSeq = 0;
@@ -448,6 +454,8 @@ export class CheckpointEngine {
       const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
       if (again) return again;
+      const failedBefore = this.failedCheckpointOps.get(id);
+      if (failedBefore) throw new CheckpointError(failedBefore.code, `${failedBefore.message} (how an earlier request of this checkpoint op ended: the id is spent, checkpoint again with a fresh one)`, { data: failedBefore.data });
       // A generated id is fresh: only a named one can be a retry of a finished op (read from disk).
       const finished = request.checkpoint_id === undefined ? undefined : await this.publishedWith(id, request.controller_state, request);
       if (finished) return this.checkpointReplyOf(finished);
@@ -520,7 +528,16 @@ export class CheckpointEngine {
         resume_failures: failureRefs(resumeFailures),
         timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t2) },
       });
-    }, request);
+    }, request, (error) => this.keepCheckpointFailure(request.checkpoint_id, error));
+  }
+
+  /** Keeps how a named checkpoint op failed once its id is closed here; not a failure whose outcome is unknown. */
+  private keepCheckpointFailure(id: string | undefined, error: unknown): void {
+    const refusal = toCheckpointError(error);
+    if (id === undefined || !this.closed.has(id) || this.failedCheckpointOps.has(id)) return;
+    if (refusal.code === "outcome_unknown" || refusal.code === "not_leader") return;
+    this.failedCheckpointOps.set(id, refusal);
+    keepNewest(this.failedCheckpointOps, REMEMBERED_CHECKPOINTS);
   }
 
   restore(request: CtlRequestOf<"restore">): Promise<CtlReplyOf<"restore">> {
@@ -1888,6 +1905,8 @@ export class CheckpointEngine {
     requestedId: string | undefined,
     fn: (ctx: Context, identify: (id: string) => void) => Promise<T>,
     timed?: { deadline_ts?: number | undefined },
+    /** Called with what the op answers when it fails, still under the lock (before a retry queued behind it runs). */
+    onFailure?: (error: unknown) => void,
   ): Promise<T> {
     const queue = timed ? this.queueBound(name, requestedId, timed.deadline_ts) : undefined;
     const ran = this.lock.run(async () => {
@@ -1895,6 +1914,9 @@ export class CheckpointEngine {
       this.runningOp = { name, id: requestedId };
       try {
         return await this.runOp(name, requestedId, fn);
+      } catch (error) {
+        onFailure?.(error);
+        throw error;
       } finally {
         this.runningOp = undefined;
       }

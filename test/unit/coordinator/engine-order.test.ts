@@ -284,6 +284,21 @@ describe("engine ordering", () => {
     expect(await readdir(root)).toEqual([]);
   });
 
+  it("a retry of a convenience op that aborted gets how it failed (prepare_incomplete, its blockers), not a bare stale_checkpoint; nothing is sent again", async () => {
+    const { engine, fake } = makeEngine(root);
+    fake.set("agent", "a2", "prepare", "unreachable");
+    const request = { checkpoint_id: "c3r", episode_ids: null, stop: false, controller_state: null };
+    const first = await refusal(engine.checkpoint(request));
+    const sent = fake.calls.length;
+    const retry = await refusal(engine.checkpoint(request));
+    expect(retry.code).toBe("prepare_incomplete");
+    expect(retry.message).toContain(first.message);
+    expect(retry.message).toContain("the id is spent");
+    expect(fake.calls).toHaveLength(sent);
+    // A fine-grained prepare of the spent id is still told it was resumed.
+    expect((await refusal(engine.prepare({ checkpoint_id: "c3r" }))).code).toBe("stale_checkpoint");
+  });
+
   it("resume continues past failures and reports them all", async () => {
     const { engine, fake, journal } = makeEngine(root);
     await engine.prepare({ checkpoint_id: "c4" });
