@@ -446,9 +446,12 @@ export class CheckpointEngine {
   checkpoint(request: CtlRequestOf<"checkpoint">): Promise<CtlReplyOf<"checkpoint">> {
     // An id is generated only for an op this coordinator serves: a refused one (a follower's
     // not_leader) must not name a checkpoint that never existed in its span and log line.
+    // Closed before this op ran (published, resumed), a refusal is not how this op's checkpoint failed.
+    let closedBefore = true;
     return this.op("checkpoint", request.checkpoint_id, async (ctx, identify) => {
       const id = request.checkpoint_id ?? newCheckpointId(this.options.clock.now());
       identify(id);
+      closedBefore = this.closed.has(id);
       this.deadlineCapped(request.deadline_ts);
       refuseCommitScope(request.episode_ids);
       const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
@@ -528,10 +531,10 @@ export class CheckpointEngine {
         resume_failures: failureRefs(resumeFailures),
         timings_ms: { prepare: ms(t1 - t0), commit: ms(t2 - t1), publish: ms(t3 - t2), resume: ms(t4 - t2) },
       });
-    }, request, (error) => this.keepCheckpointFailure(request.checkpoint_id, error));
+    }, request, (error) => closedBefore || this.keepCheckpointFailure(request.checkpoint_id, error));
   }
 
-  /** Keeps how a named checkpoint op failed once its id is closed here; not a failure whose outcome is unknown. */
+  /** Keeps how a named checkpoint op failed once it closed its id here; not a failure whose outcome is unknown. */
   private keepCheckpointFailure(id: string | undefined, error: unknown): void {
     const refusal = toCheckpointError(error);
     if (id === undefined || !this.closed.has(id) || this.failedCheckpointOps.has(id)) return;

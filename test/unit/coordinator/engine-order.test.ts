@@ -299,6 +299,18 @@ describe("engine ordering", () => {
     expect((await refusal(engine.prepare({ checkpoint_id: "c3r" }))).code).toBe("stale_checkpoint");
   });
 
+  it("a request of a published checkpoint op with other arguments (checkpoint_conflict) is not kept as its failure: once its reply is forgotten, a retry with its own arguments still gets it rebuilt from checkpoint.json", async () => {
+    const { engine } = makeEngine(root, { retention: 20 });
+    const request = { checkpoint_id: "c-pub", episode_ids: null, stop: false, controller_state: { inline: { step: 1 } } };
+    const reply = await engine.checkpoint(request);
+    expect((await refusal(engine.checkpoint({ ...request, controller_state: { inline: { step: 2 } } }))).code).toBe("checkpoint_conflict");
+    // 8 later checkpoints push its kept reply out: the retry is answered from checkpoint.json.
+    for (let i = 0; i < 8; i++) await engine.checkpoint({ ...request, checkpoint_id: `c-later${i}` });
+    const again = await engine.checkpoint(request);
+    expect(again.checkpoint_id).toBe("c-pub");
+    expect(again.manifest_path).toBe(reply.manifest_path);
+  });
+
   it("resume continues past failures and reports them all", async () => {
     const { engine, fake, journal } = makeEngine(root);
     await engine.prepare({ checkpoint_id: "c4" });
