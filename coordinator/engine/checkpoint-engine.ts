@@ -313,6 +313,8 @@ export class CheckpointEngine {
   private effects = 0;
   /** The controller op holding the lock: a retry of it waits for its reply past the queue bound. */
   private runningOp: { name: string; id: string | undefined } | undefined;
+  /** Retries waiting past their queue bound for the op they repeat (runningOp), by how each gives up: they do once another op runs. */
+  private readonly overdue = new Map<() => void, { name: string; id: string }>();
   /** This coordinator's last publication (`at` in s): within its epoch, later times come after it (epochTime). */
   private lastPublication: { epoch: number; at: number } | undefined;
   /** The participants of the checkpoint LATEST named when last read (read again when LATEST moves). */
@@ -1915,6 +1917,12 @@ export class CheckpointEngine {
     const ran = this.lock.run(async () => {
       if (queue && !queue.admit()) return undefined as T; // answered deadline_exceeded already
       this.runningOp = { name, id: requestedId };
+      // A retry waiting past its bound for the op it repeated waits for that op only, not for this one.
+      for (const [giveUp, repeats] of this.overdue) {
+        if (repeats.name === name && repeats.id === requestedId) continue;
+        this.overdue.delete(giveUp);
+        giveUp();
+      }
       try {
         return await this.runOp(name, requestedId, fn);
       } catch (error) {
@@ -1936,9 +1944,10 @@ export class CheckpointEngine {
    * id): that op may end past its deadline by design (a checkpoint's resume and publication, a
    * restore's clean-up), and the retry waits for it and gets its reply, as docs/api.md promises a
    * retry; answered `deadline_exceeded` ("never ran"), its controller would take a published
-   * checkpoint for one that never happened. `expired` rejects then; `admit` (under the lock)
-   * says whether the op may still run, and stops the timer. None for a deadline past the cap: the
-   * op refuses it (invalid_request) as soon as it runs.
+   * checkpoint for one that never happened. Such a retry gives up once another op runs (overdue):
+   * it waits for the op it repeats, not for the ones queued behind that. `expired` rejects then;
+   * `admit` (under the lock) says whether the op may still run, and stops the timer. None for a
+   * deadline past the cap: the op refuses it (invalid_request) as soon as it runs.
    */
   private queueBound(name: string, requestedId: string | undefined, deadlineTs: number | undefined): { expired: Promise<never>; admit: () => boolean } | undefined {
     const now = this.options.clock.now();
@@ -1947,20 +1956,25 @@ export class CheckpointEngine {
     const arrived = this.options.clock.monotonic();
     let gaveUp = false;
     let cancel: () => void = () => undefined;
+    let giveUp: () => void = () => undefined;
     const expired = new Promise<never>((_resolve, reject) => {
-      cancel = this.options.clock.setTimer(() => {
-        if (requestedId !== undefined && this.runningOp?.name === name && this.runningOp.id === requestedId) return;
+      giveUp = () => {
         gaveUp = true;
         const error = new CheckpointError("deadline_exceeded", `${name}${requestedId === undefined ? "" : ` ${requestedId}`}: its deadline passed while it waited for the ops sent before it; it never ran`);
         this.checkpointLog(requestedId).warn({ op: name, code: error.code }, "controller_op_failed");
         coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - arrived) / 1000, { op: name, outcome: error.code });
         reject(error);
+      };
+      cancel = this.options.clock.setTimer(() => {
+        if (requestedId !== undefined && this.runningOp?.name === name && this.runningOp.id === requestedId) this.overdue.set(giveUp, { name, id: requestedId });
+        else giveUp();
       }, Math.max(deadlineMs, now) - now + this.options.client.slackMs);
     });
     return {
       expired,
       admit: () => {
         cancel();
+        this.overdue.delete(giveUp);
         return !gaveUp;
       },
     };

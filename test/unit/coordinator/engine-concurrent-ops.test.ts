@@ -315,6 +315,31 @@ describe("an op whose deadline passes while it waits for another op", () => {
     expect(fake.ops("commit").length).toBe(fake.ops("prepare").length); // nothing sent twice
   });
 
+  it("a retry that waited past its bound for the op it repeats answers deadline_exceeded once that op ended and another op ahead of it runs, not after that one too", async () => {
+    const clock = new TimerClock();
+    const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
+    const request = { checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null, deadline_ts: clock.now() / 1000 + 60 };
+    const heldResume = fake.hold("resources", "r1", "resume");
+    const first = engine.checkpoint(request);
+    await heldResume.reached;
+    // Another controller's checkpoint, queued before the retry, with a long deadline.
+    const other = engine.checkpoint({ ...request, checkpoint_id: "k2", deadline_ts: clock.now() / 1000 + 300 });
+    let answer: { code: string } | undefined;
+    const retry = refusalOf(engine.checkpoint(request)).then((r) => (answer = r));
+    clock.advance(62_001); // the retry's bound passed while k1 runs: it waits for k1
+    await settle();
+    expect(answer).toBeUndefined();
+    const heldPrepare = fake.hold("resources", "r1", "prepare");
+    heldResume.release();
+    await first;
+    await heldPrepare.reached; // k2 runs now, for up to its own deadline
+    await settle();
+    expect(answer?.code).toBe("deadline_exceeded");
+    heldPrepare.release();
+    await other;
+    await retry;
+  });
+
   it("an op without deadline_ts gives up at the default timeout plus request_slack_ms", async () => {
     const clock = new TimerClock();
     const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
