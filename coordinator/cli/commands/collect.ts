@@ -315,7 +315,7 @@ export function register(program: Command): void {
           `rows: ${summary.rows} (finished ${summary.finished}, failed ${summary.failed}), mean reward ${Number.isNaN(mean) ? "n/a" : mean.toFixed(3)}`,
           // Why rows failed, so a task file the Gym refuses is named here and not only in the log.
           ...summary.failedRows.map((f) => `failed row ${f.rollout_id}: ${f.reason}`),
-          ...(summary.failed > summary.failedRows.length ? [`(${summary.failed - summary.failedRows.length} more failed rows: see the log's "/run failed" lines)`] : []),
+          ...(summary.failed > summary.failedRows.length ? [`(${summary.failed - summary.failedRows.length} more failed rows: see the log's "/run failed" and "/run refused the task" lines)`] : []),
           `checkpoints taken: ${summary.checkpoints}`,
           `rows continued from a checkpoint: ${summary.continued}, restarted from input: ${summary.restarted}`,
           ...(records
