@@ -16,6 +16,9 @@ export const CLOCK_SKEW_WARN_EVERY_MS = 60_000;
 /** The refusal of an op whose deadline had passed when it was checked (on arrival, and again under the lock). */
 export const DEADLINE_PASSED = "the deadline has already passed";
 
+/** The start of the refusal of a deadline past the cap (usually milliseconds sent as seconds). */
+export const DEADLINE_TOO_FAR = "deadline_ts lies more than";
+
 /**
  * Compares the coordinator's send time of each op with this participant's clock: deadlines and
  * leases are absolute instants of the coordinator's clock read on this one, so a skew between the
@@ -53,17 +56,20 @@ export class ClockSkewWatch {
 }
 
 /**
- * `error`, or, when it is the deadline-passed refusal and this clock was found ahead of the
- * coordinator's beyond the threshold, that refusal with the skew in its detail: without it the
- * operator sees every op refused for a deadline that, by the coordinator's clock, lay ahead.
+ * `error`, or, when it is a deadline refusal a clock skew beyond the threshold explains, that
+ * refusal with the skew in its detail: this clock ahead, a deadline already passed; this clock far
+ * behind (one reset to 1970), a deadline past the cap. Without it the operator sees every op
+ * refused for a deadline that, by the coordinator's clock, was fine.
  */
 export function explainSkew(error: unknown, offsetMs: number | undefined): unknown {
-  if (offsetMs === undefined || offsetMs <= CLOCK_SKEW_THRESHOLD_MS) return error;
-  if (!(error instanceof CheckpointError) || error.code !== "deadline_exceeded" || error.message !== DEADLINE_PASSED) return error;
-  const seconds = (offsetMs / 1000).toFixed(1);
+  if (offsetMs === undefined || Math.abs(offsetMs) <= CLOCK_SKEW_THRESHOLD_MS || !(error instanceof CheckpointError)) return error;
+  const passed = offsetMs > 0 && error.code === "deadline_exceeded" && error.message === DEADLINE_PASSED;
+  const tooFar = offsetMs < 0 && error.code === "invalid_request" && error.message.startsWith(DEADLINE_TOO_FAR);
+  if (!passed && !tooFar) return error;
+  const seconds = (Math.abs(offsetMs) / 1000).toFixed(1);
   return new CheckpointError(
-    "deadline_exceeded",
-    `${DEADLINE_PASSED}: this participant's clock reads ${seconds} s ahead of the coordinator's (by the op's send time, network delay included); deadlines are absolute, so keep the hosts' clocks in sync (NTP, chrony)`,
+    error.code,
+    `${error.message}: this participant's clock reads ${seconds} s ${passed ? "ahead of" : "behind"} the coordinator's (by the op's send time, network delay included); deadlines are absolute, so keep the hosts' clocks in sync (NTP, chrony)`,
     { cause: error },
   );
 }

@@ -54,7 +54,7 @@ import { AsyncLock } from "./async-lock.js";
 import { fitCommitReply } from "./commit-reply.js";
 import { AttemptMarks } from "./attempt-marks.js";
 import { systemClock, type Clock } from "./clock.js";
-import { ClockSkewWatch, DEADLINE_PASSED, explainSkew } from "./clock-skew.js";
+import { ClockSkewWatch, DEADLINE_PASSED, DEADLINE_TOO_FAR, explainSkew } from "./clock-skew.js";
 import { HeldInstallFailure, heldStateFailure } from "./held-install-failure.js";
 import { newIncarnation } from "./incarnation.js";
 import type { ParticipantKind } from "./participant-kind.js";
@@ -1047,7 +1047,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       throw late ? late(refusal) : refusal;
     }
     if (deadlineTs * 1000 > this.clock.now() + MAX_DEADLINE_AHEAD_S * 1000) {
-      throw new CheckpointError("invalid_request", `deadline_ts lies more than ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
+      throw new CheckpointError("invalid_request", `${DEADLINE_TOO_FAR} ${MAX_DEADLINE_AHEAD_S} s ahead (seconds, not milliseconds)`);
     }
   }
 

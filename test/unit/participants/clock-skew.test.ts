@@ -80,6 +80,19 @@ describe("a deadline refused as already passed", () => {
     expect((await refusalOf(call("commit", 30, 120_000, { checkpoint_dir: join(root, "c1"), episode_ids: null, stop: false } as never))).code).toBe("invalid_phase");
   });
 
+  it("names this clock's lag when a clock far behind (reset to 1970) refuses a deadline as past the cap", async () => {
+    // The coordinator sent it 8 days ahead of this clock, with a 30 s deadline: by this clock it lies 8 days + 30 s ahead.
+    const behindMs = 8 * 86_400_000;
+    const refusal = await refusalOf(call("prepare", behindMs / 1000 + 30, -behindMs));
+    expect(refusal.code).toBe("invalid_request");
+    expect(refusal.message).toBe(
+      `deadline_ts lies more than 604800 s ahead (seconds, not milliseconds): this participant's clock reads 691200.0 s behind the coordinator's (by the op's send time, network delay included); deadlines are absolute, so keep the hosts' clocks in sync (NTP, chrony)`,
+    );
+    // Without a send time (an older coordinator), or with clocks that agree (the deadline itself is wrong): as before.
+    expect((await refusalOf(call("prepare", behindMs / 1000 + 30, undefined))).message).toBe("deadline_ts lies more than 604800 s ahead (seconds, not milliseconds)");
+    expect((await refusalOf(call("prepare", behindMs / 1000 + 30, 0))).message).toBe("deadline_ts lies more than 604800 s ahead (seconds, not milliseconds)");
+  });
+
   it("refuses nothing for the skew itself: an op in time succeeds whatever the send time", async () => {
     expect(await call("prepare", 30, 3_600_000)).toMatchObject({ phase: "prepared" });
     expect(await call("resume", 30, -3_600_000)).toEqual({ phase: "idle", idempotent: false });
