@@ -540,7 +540,8 @@ export class CheckpointEngine {
   private keepCheckpointFailure(id: string | undefined, error: unknown): void {
     const refusal = toCheckpointError(error);
     if (id === undefined || !this.closed.has(id) || this.failedCheckpointOps.has(id)) return;
-    if (refusal.code === "outcome_unknown" || refusal.code === "not_leader") return;
+    // journal_unavailable has its own memory (unjournaledPrepares), answered to a prepare of the id too.
+    if (refusal.code === "outcome_unknown" || refusal.code === "not_leader" || refusal.code === "journal_unavailable") return;
     this.failedCheckpointOps.set(id, refusal);
     keepNewest(this.failedCheckpointOps, REMEMBERED_CHECKPOINTS);
   }
