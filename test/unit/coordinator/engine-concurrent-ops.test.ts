@@ -24,6 +24,28 @@ afterEach(async () => {
 const R1 = [{ rollout_id: "r1", attempt: 0 }];
 const latest = () => readFileSync(join(root, "LATEST"), "utf8").trim();
 
+/** A beforePublication hook that holds the publication of `id` (any, when undefined) until `release`, counting them. */
+function heldPublication(id?: string) {
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  let reach!: () => void;
+  const reached = new Promise<void>((resolve) => (reach = resolve));
+  const held = {
+    count: 0,
+    reached,
+    release: () => release(),
+    hooks: {
+      beforePublication: async (publishing: string) => {
+        if (id !== undefined && publishing !== id) return;
+        held.count++;
+        reach();
+        await gate;
+      },
+    },
+  };
+  return held;
+}
+
 describe("an op retried while the first is still running", () => {
   it("commit: the retry waits for the first and gets its reply; each participant is sent one commit", async () => {
     const { engine, fake, journal } = makeEngine(root);
@@ -40,29 +62,17 @@ describe("an op retried while the first is still running", () => {
   });
 
   it("publish: one publication, LATEST moved once; the retry gets the same reply", async () => {
-    let publications = 0;
-    let releasePublication!: () => void;
-    const gate = new Promise<void>((resolve) => (releasePublication = resolve));
-    let reached!: () => void;
-    const reachedPublication = new Promise<void>((resolve) => (reached = resolve));
-    const { engine } = makeEngine(root, {
-      hooks: {
-        beforePublication: async () => {
-          publications++;
-          reached();
-          await gate;
-        },
-      },
-    });
+    const held = heldPublication();
+    const { engine } = makeEngine(root, { hooks: held.hooks });
     await engine.prepare({ checkpoint_id: "p1" });
     await engine.commit({ checkpoint_id: "p1", episode_ids: R1, stop: false });
     const first = engine.publish({ checkpoint_id: "p1", controller_state: null });
-    await reachedPublication;
+    await held.reached;
     const retry = engine.publish({ checkpoint_id: "p1", controller_state: null });
-    releasePublication();
+    held.release();
     const [a, b] = await Promise.all([first, retry]);
     expect(b).toEqual(a);
-    expect(publications).toBe(1);
+    expect(held.count).toBe(1);
     expect(latest()).toBe("p1");
   });
 
@@ -181,24 +191,14 @@ describe("publish racing resume of a committed checkpoint", () => {
   });
 
   it("publish first: published and LATEST, then the resume closes it", async () => {
-    let releasePublication!: () => void;
-    const gate = new Promise<void>((resolve) => (releasePublication = resolve));
-    let reached!: () => void;
-    const reachedPublication = new Promise<void>((resolve) => (reached = resolve));
-    const { engine, journal } = makeEngine(root, {
-      hooks: {
-        beforePublication: async () => {
-          reached();
-          await gate;
-        },
-      },
-    });
+    const held = heldPublication();
+    const { engine, journal } = makeEngine(root, { hooks: held.hooks });
     await engine.prepare({ checkpoint_id: "c4" });
     await engine.commit({ checkpoint_id: "c4", episode_ids: R1, stop: false });
     const publish = engine.publish({ checkpoint_id: "c4", controller_state: null });
-    await reachedPublication;
+    await held.reached;
     const resume = engine.resume({ checkpoint_id: "c4" });
-    releasePublication();
+    held.release();
     await publish;
     await resume;
     expect(latest()).toBe("c4");
@@ -394,28 +394,17 @@ describe("an op that arrives while the new leader recovers its predecessor's che
 
 describe("reads and a second restore while a publication or a restore runs", () => {
   it("status, get and list during a publication: the checkpoint is committed, not yet listed or gettable, LATEST unmoved", async () => {
-    let releasePublication!: () => void;
-    const gate = new Promise<void>((resolve) => (releasePublication = resolve));
-    let reached!: () => void;
-    const reachedPublication = new Promise<void>((resolve) => (reached = resolve));
-    const { engine } = makeEngine(root, {
-      hooks: {
-        beforePublication: async (id) => {
-          if (id !== "k2") return;
-          reached();
-          await gate;
-        },
-      },
-    });
+    const held = heldPublication("k2");
+    const { engine } = makeEngine(root, { hooks: held.hooks });
     await engine.checkpoint({ checkpoint_id: "k1", episode_ids: R1, stop: false, controller_state: null });
     const checkpoint = engine.checkpoint({ checkpoint_id: "k2", episode_ids: R1, stop: false, controller_state: null });
-    await reachedPublication;
+    await held.reached;
     expect((await engine.status()).checkpoint).toMatchObject({ checkpoint_id: "k2", phase: "committed" });
     expect((await refusalOf(engine.get({ checkpoint_id: "k2" }))).code).toBe("not_found");
     const listed = await engine.list();
     expect(listed.latest).toBe("k1");
     expect(listed.checkpoints.map((c) => c.checkpoint_id)).toEqual(["k1"]);
-    releasePublication();
+    held.release();
     await checkpoint;
     expect((await engine.get({ checkpoint_id: "k2" })).latest).toBe(true);
   });
