@@ -60,6 +60,9 @@ beforeAll(async () => {
       "# TYPE gym_ckpt_bytes_total counter",
       `gym_ckpt_bytes_total{op="commit",kind="environment"} ${4096 * n}`,
       `gym_ckpt_bytes_total{op="commit",kind="agent"} ${1024 * n}`,
+      "# TYPE gym_ckpt_participant_clock_offset gauge",
+      'gym_ckpt_participant_clock_offset{kind="environment",participant="env0"} -2.5',
+      'gym_ckpt_participant_clock_offset{kind="agent",participant="agent0"} 0.01',
       "",
     ].join("\n");
   prometheus = await startPrometheus([
@@ -92,5 +95,10 @@ describe("docs/telemetry.md panels with two coordinators", () => {
     const perKind = await p.query(bytesQuery!);
     expect(perKind.map((r) => r.metric.kind).sort()).toEqual(["agent", "environment"]);
     for (const r of perKind) expect(Number.isFinite(Number(r.value[1])), `${r.metric.kind}: ${r.value[1]}`).toBe(true);
+    // A clock behind counts as much as one ahead: the panel shows its size, the alert fires on it.
+    const [offsetQuery] = panels.get("Clock offset per participant (s, should stay under 1)")!;
+    const offsets = Object.fromEntries((await p.query(offsetQuery!)).map((r) => [r.metric.participant, Number(r.value[1])]));
+    expect(offsets).toEqual({ env0: 2.5, agent0: 0.01 });
+    expect(await p.query(panels.get("alerts")!.find((q) => q.includes("clock_offset"))!)).toHaveLength(1);
   });
 });
