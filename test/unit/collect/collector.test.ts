@@ -16,6 +16,7 @@ import { closedPort } from "../../support/ports.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { makeEngine, writeParticipant, writers } from "../coordinator/fake-participants.js";
 import { collectorIn } from "../../support/collector-fixture.js";
+import { deferred } from "../../support/deferred.js";
 
 /**
  * The collector against a scripted `/run` server and a fake controller that keeps the engine's
@@ -59,11 +60,6 @@ async function runServer(handler: RunHandler): Promise<string> {
   return `http://127.0.0.1:${(server!.address() as { port: number }).port}/run`;
 }
 
-function deferred(): { promise: Promise<void>; resolve: () => void } {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
-}
 
 type Call = { op: string; req: Record<string, unknown> };
 

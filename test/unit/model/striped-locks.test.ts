@@ -8,6 +8,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger, StripedLocks } from "../../../participants/kinds/model/index.js";
 import { mulberry32 } from "../../support/seeded-random.js";
 import { isPending, ledgerRow, settle } from "./model-fixtures.js";
+import { deferred } from "../../support/deferred.js";
 
 let dir: string;
 const open: { close(): Promise<void> }[] = [];
@@ -36,11 +37,6 @@ function keysOnOneStripe(l: StripedLocks): { a: string; b: string; other: string
   throw new Error("no collision found");
 }
 
-function deferred(): { promise: Promise<void>; resolve: () => void } {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
-}
 
 describe("striped ledger locks", () => {
   it("map keys to a stable stripe in range (FNV-1a)", () => {

@@ -12,6 +12,7 @@ import { ParticipantControlPlane } from "../../../participants/control-plane/con
 import { ScriptableKind } from "../../../participants/testing/scriptable-kind.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";
 import { waitUntil } from "../../support/wait-until.js";
+import { deferred } from "../../support/deferred.js";
 
 // A retried commit chooses, under the lock, to join the write its first attempt started; that
 // write's failure clean-up runs outside the lock. The retry's arrival is held at its check that the
@@ -50,11 +51,6 @@ afterEach(async () => {
   if (root) await rm(root, { recursive: true, force: true });
 });
 
-function deferred() {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
-}
 
 type FailingStep = "export" | "store";
 

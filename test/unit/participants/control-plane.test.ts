@@ -14,6 +14,7 @@ import type { ParticipantKind } from "../../../participants/control-plane/partic
 import { refusalCode, refusalOf } from "../../support/refusal.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { createCheckpointDir } from "../../support/checkpoint-dir.js";
+import { deferred } from "../../support/deferred.js";
 
 const T0 = 1_700_000_000; // seconds; ManualClock starts here
 const DEADLINE = T0 + 30;
@@ -1273,11 +1274,6 @@ describe("restore", () => {
   });
 });
 
-function deferred() {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
-}
 
 describe("control plane log lines", () => {
   it("carry instance once under a server logger that already binds it (pino writes a rebound key twice)", async () => {
@@ -1851,5 +1847,65 @@ describe("a restore retried with another manifest pin", () => {
     expect(await refusalCode(restore("f".repeat(64)))).toBe("checkpoint_conflict");
     expect(await restore(sha)).toEqual(first);
     expect(plane.currentPhase).toBe("restored");
+  });
+});
+
+describe("a forget racing a restore install that outlived its deadline", () => {
+  it("keeps attempt+1 fenced until the late install ended and was freed: a checkpoint opened meanwhile never exports what it left", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const install = deferred();
+    let installing = false;
+    // As the resources kind's: the fence is checked first, then a provider answers late, then the state is installed.
+    kind.install = async (records) => {
+      installing = true;
+      await install.promise;
+      for (const record of records) kind.restored.set(captureKey(nextAttempt(record.episode_id)), { episode_id: nextAttempt(record.episode_id), state: record.state });
+    };
+    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await waitUntil(() => installing, "the install to start");
+    clock.advance(11_000);
+    expect(await refusalCode(restore)).toBe("deadline_exceeded");
+    // The coordinator's clean-up retires attempt+1; the rollout then finishes for good and is forgotten,
+    // while the late install still runs. The forget is answered either way (here: past its deadline).
+    await call("retire", { checkpoint_id: "cleanup", deadline_ts: T0 + 300, episode_ids: [{ rollout_id: "r1", attempt: 1 }] });
+    const forget = call("forget", { checkpoint_id: "fg", deadline_ts: T0 + 100, rollout_ids: ["r1"] }).then(
+      () => "forgotten",
+      (error: unknown) => refusalCode(Promise.reject(error)),
+    );
+    for (let i = 0; i < 5; i++) await flush();
+    // A checkpoint opens; the late install ends while it is open (its free waits for resume).
+    const prepared = call("prepare", { checkpoint_id: "c2", deadline_ts: T0 + 300 });
+    clock.advance(90_000); // the forget's deadline, if it waits
+    expect(await forget).toMatch(/forgotten|deadline_exceeded/);
+    expect((await prepared).phase).toBe("prepared");
+    install.resolve();
+    for (let i = 0; i < 10; i++) await flush();
+    const committed = await call("commit", { checkpoint_id: "c2", deadline_ts: T0 + 300 });
+    // The failed restore's attempt+1 of a forgotten rollout is never exported: a restore of c2 would bring it back.
+    expect(committed.episode_ids).toEqual([]);
+    await call("resume", { checkpoint_id: "c2", deadline_ts: T0 + 400 });
+  });
+});
+
+describe("a forget waiting for a late restore install of its rollout", () => {
+  it("goes ahead once the install ended and was freed: the marks are lifted, nothing is held", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const install = deferred();
+    kind.delay("install", install.promise);
+    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await waitUntil(() => kind.hooks().includes("install"), "the install to start");
+    clock.advance(11_000);
+    expect(await refusalCode(restore)).toBe("deadline_exceeded");
+    // A forget of another rollout does not wait for it.
+    expect(await call("forget", { checkpoint_id: "fg", deadline_ts: T0 + 100, rollout_ids: ["other"] })).toEqual({ forgotten: ["other"] });
+    let answered = false;
+    const forget = call("forget", { checkpoint_id: "fg", deadline_ts: T0 + 100, rollout_ids: ["r1"] }).finally(() => void (answered = true));
+    for (let i = 0; i < 5; i++) await flush();
+    expect(answered).toBe(false);
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(true);
+    install.resolve();
+    expect(await forget).toEqual({ forgotten: ["r1"] });
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(false);
+    expect(kind.restored.size).toBe(0);
   });
 });
