@@ -1,10 +1,9 @@
-import { closeSync, writeSync } from "node:fs";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger } from "../../../participants/kinds/model/index.js";
-import { ledgerRow } from "./model-fixtures.js";
+import { ledgerRow, tornWrites } from "./model-fixtures.js";
 
 let dir: string;
 beforeEach(async () => {
@@ -18,23 +17,12 @@ const row = ledgerRow;
 
 describe("capture ledger: a failed write that could not be cut off", () => {
   it("is not read back as a row when its key is loaded again before the next append", async () => {
-    let failNext = false;
-    const ledger = new CaptureLedger(dir, 16, 256, {
-      maxCachedRows: 1,
-      write: (fd, buffer, offset) => {
-        if (!failNext) return writeSync(fd, buffer, offset);
-        failNext = false;
-        // Everything but the newline reaches the file, then the write fails and the descriptor is
-        // gone, so the cut-off (ftruncate through it) fails too: the key is marked for repair.
-        writeSync(fd, buffer.subarray(offset, buffer.length - 1));
-        closeSync(fd);
-        throw Object.assign(new Error("EIO: i/o error, write"), { code: "EIO" });
-      },
-    });
+    const torn = tornWrites();
+    const ledger = new CaptureLedger(dir, 16, 256, { maxCachedRows: 1, write: torn.write });
     try {
       await ledger.rows("eio");
       await ledger.append(row("eio", "mc-1"));
-      failNext = true;
+      torn.tearNext();
       await expect(ledger.append(row("eio", "mc-2"))).rejects.toThrow(/EIO/);
       // Another rollout's rows push "eio" out of the bounded in-memory copy.
       await ledger.append(row("other", "mc-o"));

@@ -1,4 +1,4 @@
-import { closeSync, fdatasync, writeSync } from "node:fs";
+import { fdatasync } from "node:fs";
 import type * as fsPromises from "node:fs/promises";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { CaptureLedger } from "../../../participants/kinds/model/index.js";
-import { ledgerRow } from "./model-fixtures.js";
+import { ledgerRow, tornWrites } from "./model-fixtures.js";
 
 // A rewrite (replace, retract) renames its temp file over the key's, then fsyncs the directory.
 // When only that fsync fails (EIO), the file already holds the new rows: memory must not keep the old.
@@ -91,21 +91,12 @@ describe("capture ledger: a rewrite whose directory fsync fails after the rename
   });
 
   it("after a torn append whose cut-off failed too (a repair offset), the next append does not cut (or pad) the new file at the old file's offset", async () => {
-    let failNext = false;
-    const ledger = new CaptureLedger(dir, 16, 256, {
-      write: (fd, buffer, offset) => {
-        if (!failNext) return writeSync(fd, buffer, offset);
-        failNext = false;
-        // Torn: all but the newline lands, then the descriptor is gone, so the cut-off fails too (repair set).
-        writeSync(fd, buffer.subarray(offset, buffer.length - 1));
-        closeSync(fd);
-        throw Object.assign(new Error("EIO: i/o error, write"), { code: "EIO" });
-      },
-    });
+    const torn = tornWrites();
+    const ledger = new CaptureLedger(dir, 16, 256, { write: torn.write });
     try {
       await ledger.append(ledgerRow("k", "mc-1"));
       await ledger.append(ledgerRow("k", "mc-2"));
-      failNext = true;
+      torn.tearNext();
       await expect(ledger.append(ledgerRow("k", "mc-x"))).rejects.toThrow(/EIO/);
       // An undelivered call's take-back: the file is rewritten without mc-1 (and the torn tail), renamed, but not synced.
       failDirSync = true;

@@ -1,3 +1,4 @@
+import { closeSync, writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -144,4 +145,23 @@ export function isPending(promise: Promise<unknown>): () => boolean {
     () => (done = true),
   );
   return () => !done;
+}
+
+/**
+ * A capture-ledger `write` whose next write, once armed, is torn: everything but the newline reaches
+ * the file, then it fails (EIO) with its descriptor gone, so the cut-off (ftruncate through it) fails
+ * too and the key is marked for repair. Other writes go through.
+ */
+export function tornWrites(): { write: (fd: number, buffer: Buffer, offset: number) => number; tearNext: () => void } {
+  let tear = false;
+  return {
+    tearNext: () => void (tear = true),
+    write: (fd, buffer, offset) => {
+      if (!tear) return writeSync(fd, buffer, offset);
+      tear = false;
+      writeSync(fd, buffer.subarray(offset, buffer.length - 1));
+      closeSync(fd);
+      throw Object.assign(new Error("EIO: i/o error, write"), { code: "EIO" });
+    },
+  };
 }
