@@ -1472,21 +1472,30 @@ describe("the free of a restore install that outlived its deadline, whose retire
   });
 });
 
+/**
+ * A restore of r1 whose install is still running (held until `resolve`) when its deadline passes:
+ * refused `deadline_exceeded`. As the resources kind's install: the fence is checked first, then a
+ * provider answers late, then the state is installed.
+ */
+async function restoreOutlivingItsDeadline(): Promise<ReturnType<typeof deferred>> {
+  const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+  const install = deferred();
+  let installing = false;
+  kind.install = async (records) => {
+    installing = true;
+    await install.promise;
+    for (const record of records) kind.restored.set(captureKey(nextAttempt(record.episode_id)), { episode_id: nextAttempt(record.episode_id), state: record.state });
+  };
+  const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+  await waitUntil(() => installing, "the install to start");
+  clock.advance(11_000);
+  expect(await refused(restore)).toBe("deadline_exceeded");
+  return install;
+}
+
 describe("the free of a restore install that outlived its deadline, ending while a new checkpoint is open", () => {
   it("waits until that checkpoint is resumed: the kind's retire never runs while it is open, and its commit is not held behind the free", async () => {
-    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
-    const install = deferred();
-    let installing = false;
-    // As the resources kind's: the fence is checked first, then a provider answers late, then the state is installed.
-    kind.install = async (records) => {
-      installing = true;
-      await install.promise;
-      for (const record of records) kind.restored.set(captureKey(nextAttempt(record.episode_id)), { episode_id: nextAttempt(record.episode_id), state: record.state });
-    };
-    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
-    await waitUntil(() => installing, "the install to start");
-    clock.advance(11_000);
-    expect(await refused(restore)).toBe("deadline_exceeded");
+    const install = await restoreOutlivingItsDeadline();
     // A kind's retire waits for the stopped work's final clean-up, whose calls wait for resume (why
     // retire is refused while a checkpoint is open): scripted as waiting for admission to reopen.
     const reopened = deferred();
@@ -1852,19 +1861,7 @@ describe("a restore retried with another manifest pin", () => {
 
 describe("a forget racing a restore install that outlived its deadline", () => {
   it("keeps attempt+1 fenced until the late install ended and was freed: a checkpoint opened meanwhile never exports what it left", async () => {
-    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
-    const install = deferred();
-    let installing = false;
-    // As the resources kind's: the fence is checked first, then a provider answers late, then the state is installed.
-    kind.install = async (records) => {
-      installing = true;
-      await install.promise;
-      for (const record of records) kind.restored.set(captureKey(nextAttempt(record.episode_id)), { episode_id: nextAttempt(record.episode_id), state: record.state });
-    };
-    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
-    await waitUntil(() => installing, "the install to start");
-    clock.advance(11_000);
-    expect(await refusalCode(restore)).toBe("deadline_exceeded");
+    const install = await restoreOutlivingItsDeadline();
     // The coordinator's clean-up retires attempt+1; the rollout then finishes for good and is forgotten,
     // while the late install still runs. The forget is answered either way (here: past its deadline).
     await call("retire", { checkpoint_id: "cleanup", deadline_ts: T0 + 300, episode_ids: [{ rollout_id: "r1", attempt: 1 }] });
