@@ -314,7 +314,7 @@ export class CheckpointEngine {
   /** The controller op holding the lock: a retry of it waits for its reply past the queue bound. */
   private runningOp: { name: string; id: string | undefined } | undefined;
   /** Retries waiting past their queue bound for the op they repeat (runningOp), by how each gives up: they do once another op runs. */
-  private readonly overdue = new Map<() => void, { name: string; id: string }>();
+  private readonly overdue = new Map<() => void, { name: string; id: string | undefined }>();
   /** This coordinator's last publication (`at` in s): within its epoch, later times come after it (epochTime). */
   private lastPublication: { epoch: number; at: number } | undefined;
   /** The participants of the checkpoint LATEST named when last read (read again when LATEST moves). */
@@ -1942,7 +1942,7 @@ export class CheckpointEngine {
    * request_slack_ms, the time the op ahead of it may run past that deadline. Past that, its
    * controller's client (which waits the deadline plus 10 s) would get no answer, or one long
    * after it gave up on an op that never ran. Not a retry of the op running then (same op, same
-   * id): that op may end past its deadline by design (a checkpoint's resume and publication, a
+   * id, or both a restore of LATEST: repeatsRunningOp): that op may end past its deadline by design (a checkpoint's resume and publication, a
    * restore's clean-up), and the retry waits for it and gets its reply, as docs/api.md promises a
    * retry; answered `deadline_exceeded` ("never ran"), its controller would take a published
    * checkpoint for one that never happened. Such a retry gives up once another op runs (overdue):
@@ -1967,7 +1967,7 @@ export class CheckpointEngine {
         reject(error);
       };
       cancel = this.options.clock.setTimer(() => {
-        if (requestedId !== undefined && this.runningOp?.name === name && this.runningOp.id === requestedId) this.overdue.set(giveUp, { name, id: requestedId });
+        if (this.repeatsRunningOp(name, requestedId)) this.overdue.set(giveUp, { name, id: requestedId });
         else giveUp();
       }, Math.max(deadlineMs, now) - now + this.options.client.slackMs);
     });
@@ -1979,6 +1979,23 @@ export class CheckpointEngine {
         return !gaveUp;
       },
     };
+  }
+
+  /**
+   * Whether op `name` on `requestedId` may be a retry of the op running now: the same op on the
+   * same checkpoint id. A restore of LATEST names no id: one behind a running restore of LATEST
+   * counts as its retry, by name and absent id, not by the id that restore resolved. The LATEST it
+   * will resolve is that same id: nothing publishes while that restore runs (one op at a time),
+   * and a retry that waited past its bound gives up as soon as another op runs (overdue). So a
+   * restore of LATEST sent after a new publication never waits here as a retry of an older one.
+   * Whether it is really the retry (same scope) the restore itself decides when it runs. A
+   * checkpoint without id is never a retry (each generates a fresh id); retire and forget without
+   * one end by their deadline, so need no exemption.
+   */
+  private repeatsRunningOp(name: string, requestedId: string | undefined): boolean {
+    const running = this.runningOp;
+    if (!running || running.name !== name || running.id !== requestedId) return false;
+    return requestedId !== undefined || name === "restore";
   }
 
   /** The body of `op`, under the lock. */

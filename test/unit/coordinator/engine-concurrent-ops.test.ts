@@ -340,6 +340,48 @@ describe("an op whose deadline passes while it waits for another op", () => {
     await retry;
   });
 
+  it("a retry of a restore of LATEST (no checkpoint_id) still running past its bound waits for it and gets its reply, not deadline_exceeded", async () => {
+    const clock = new TimerClock();
+    const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
+    await engine.checkpoint({ checkpoint_id: "k0", episode_ids: R1, stop: false, controller_state: null });
+    const request = { episode_ids: R1, deadline_ts: clock.now() / 1000 + 5 };
+    const held = fake.hold("resources", "r1", "restore");
+    const first = engine.restore(request);
+    await held.reached;
+    clock.advance(6000); // the participant is late; the controller's client retried meanwhile
+    let answer: unknown;
+    const retry = engine.restore(request).then(
+      (reply) => (answer = reply),
+      (error: unknown) => (answer = error),
+    );
+    clock.advance(2001); // the retry's bound (now + request_slack_ms) passed while the restore runs
+    await settle();
+    expect(answer).toBeUndefined(); // still waiting for the restore it repeats
+    held.release();
+    const reply = await first;
+    await retry;
+    expect(answer).toEqual(reply);
+    expect(fake.ops("restore")).toHaveLength(fake.members.length); // nothing sent twice
+  });
+
+  it("a checkpoint without checkpoint_id behind one still running is no retry of it (its id is generated): deadline_exceeded at its bound", async () => {
+    const clock = new TimerClock();
+    const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
+    const request = { episode_ids: R1, stop: false, controller_state: null, deadline_ts: clock.now() / 1000 + 60 };
+    const held = fake.hold("resources", "r1", "resume");
+    const first = engine.checkpoint(request);
+    await held.reached;
+    let answer: { code: string } | undefined;
+    const second = refusalOf(engine.checkpoint(request)).then((r) => (answer = r));
+    clock.advance(62_000);
+    await settle();
+    expect(answer?.code).toBe("deadline_exceeded");
+    held.release();
+    await first;
+    await second;
+    expect(fake.ops("prepare")).toHaveLength(fake.members.length); // the second never ran
+  });
+
   it("an op without deadline_ts gives up at the default timeout plus request_slack_ms", async () => {
     const clock = new TimerClock();
     const { engine, fake } = makeEngine(root, { clock, slackMs: 2000 });
