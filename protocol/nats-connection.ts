@@ -74,35 +74,22 @@ export function natsSettings(servers: string | undefined, env: Record<string, st
 }
 
 /**
- * Credentials can also ride in the server URLs: `nats://user:pass@host`, or `user:pass@host` with no
- * scheme, in any entry of the comma-separated list. Each entry loses everything between its scheme
- * and its last `@` (a password may hold a raw `@` or `/`). A password may hold a `,` too, which
- * splits its URL into entries: `nats://u:abc,def@host` is `nats://u:abc` and `def@host`. So an
- * entry whose `@` has no scheme before it also redacts the entries without `@` before it, back to
- * the one that opens with a scheme (where its URL began): a plain server listed just before a
- * schemeless `user:pass@host` is redacted too, which is the safe side of an ambiguous list.
+ * Credentials can also ride in the server URLs (`nats://user:pass@host`, or `user:pass@host` with no
+ * scheme, in any entry of the comma-separated list), though nats.js takes none from there. A
+ * credential may hold any character: `@`, `/`, `,` (which splits its URL into entries of the list)
+ * and even `,nats://`. So where one starts and which `@` ends it cannot be told from the text:
+ * `nats://u:p@h1,nats://u2:p2@h2` may be two servers, or one whose password is `p@h1,nats://u2:p2`.
+ * Everything before the last `@` may be a credential, and goes (a comma-separated list included:
+ * redacting less printed the part of a password between an `@` and a `,`). Kept: a known scheme
+ * opening the string (read as the scheme by every URL parser, never as a user), and from the last
+ * `@` on, where no credential can be (it ends at an `@`): that host and the servers after it. A list
+ * without `@` carries no credentials and is returned as it is.
  */
 export function redactNatsServers(servers: string): string {
-  const entries = servers.split(",");
-  const schemeOf = (entry: string) => /^\s*[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(entry)?.[0];
-  const redacted = entries.map((entry) => {
-    const at = entry.lastIndexOf("@");
-    if (at < 0) return entry;
-    const scheme = schemeOf(entry);
-    const keep = scheme !== undefined && scheme.length <= at ? scheme : /^\s*/.exec(entry)![0];
-    return `${keep}[Redacted]${entry.slice(at)}`;
-  });
-  entries.forEach((entry, i) => {
-    const at = entry.lastIndexOf("@");
-    const scheme = schemeOf(entry);
-    if (at < 0 || (scheme !== undefined && scheme.length <= at)) return;
-    for (let j = i - 1; j >= 0 && !entries[j]!.includes("@"); j--) {
-      const opening = schemeOf(entries[j]!);
-      redacted[j] = `${opening ?? /^\s*/.exec(entries[j]!)![0]}[Redacted]`;
-      if (opening !== undefined) break;
-    }
-  });
-  return redacted.join(",");
+  const lastAt = servers.lastIndexOf("@");
+  if (lastAt < 0) return servers;
+  const opening = /^\s*(?:nats|tls|wss?|https?):\/\//i.exec(servers)?.[0] ?? /^\s*/.exec(servers)![0];
+  return `${opening}[Redacted]${servers.slice(lastAt)}`;
 }
 
 /** What the server's INFO says of its cluster (nats.js `nc.info`). */
