@@ -125,6 +125,7 @@ export {
   ParticipantEntrySchema,
   ControllerStateSchema,
   GlobalManifestSchema,
+  schemaVersionMismatch,
 } from "./manifest.js";
 export type { ParticipantManifest, RecordBase, ParticipantEntry, ControllerState, GlobalManifest } from "./manifest.js";
 export {

@@ -34,6 +34,20 @@ export const MAX_CONTROLLER_STATE_FILE_BYTES = 256 << 20;
  */
 export const MAX_GLOBAL_MANIFEST_NESTING = 1024;
 
+/**
+ * Why a checkpoint file (`checkpoint.json`, a participant's `manifest.json`) of another format
+ * version is refused, naming both versions; undefined when it names this version (or none: the
+ * schema then says what is wrong). Readers check it before the schema: a newer format's added
+ * fields would otherwise read as a list of unrecognized keys, which looks like damage.
+ */
+export function schemaVersionMismatch(value: unknown, file: string): string | undefined {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return undefined;
+  const version = (value as { schema_version?: unknown }).schema_version;
+  if (typeof version !== "number" || version === MANIFEST_SCHEMA_VERSION) return undefined;
+  const writer = version > MANIFEST_SCHEMA_VERSION ? "a newer" : "an older";
+  return `${file} has schema_version ${version} (written by ${writer} gym-ckpt); this gym-ckpt reads schema_version ${MANIFEST_SCHEMA_VERSION} only: read it with a gym-ckpt of that format version`;
+}
+
 export const Sha256Schema = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lowercase hex digits");
 
 export const ParticipantManifestSchema = z

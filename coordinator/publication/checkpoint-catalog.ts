@@ -7,6 +7,7 @@ import {
   CheckpointIdSchema,
   GLOBAL_MANIFEST_FILE,
   GlobalManifestSchema,
+  schemaVersionMismatch,
   LATEST_FILE,
   MAX_GLOBAL_MANIFEST_BYTES,
   MAX_GLOBAL_MANIFEST_NESTING,
@@ -283,6 +284,8 @@ function parseGlobalManifest(path: string, checkpointId: string, text: string): 
   if (jsonNestsDeeperThan(value, MAX_GLOBAL_MANIFEST_NESTING)) {
     throw new CheckpointError("invalid_checkpoint_state", `${path} nests more than ${MAX_GLOBAL_MANIFEST_NESTING} levels deep`);
   }
+  const otherVersion = schemaVersionMismatch(value, path);
+  if (otherVersion) throw new CheckpointError("invalid_checkpoint_state", otherVersion);
   const parsed = GlobalManifestSchema.safeParse(value);
   if (!parsed.success) throw new CheckpointError("invalid_checkpoint_state", `${path} is invalid: ${describeZodError(parsed.error)}`);
   if (parsed.data.checkpoint_id !== checkpointId) {

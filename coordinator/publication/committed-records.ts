@@ -9,6 +9,7 @@ import {
   MAX_MANIFEST_BYTES,
   PARTICIPANTS_DIR,
   ParticipantManifestSchema,
+  schemaVersionMismatch,
   RECORDS_FILE_PATTERN,
   RecordBaseSchema,
   canonicalDigest,
@@ -85,6 +86,8 @@ export async function readCommittedManifest(
   } catch (error) {
     throw bad(`${label}: manifest is not JSON`, error);
   }
+  const otherVersion = schemaVersionMismatch(value, `${label}: manifest ${entry.manifest_path}`);
+  if (otherVersion) throw bad(otherVersion);
   const parsed = ParticipantManifestSchema.safeParse(value);
   if (!parsed.success) throw bad(`${label}: manifest is invalid: ${describeZodError(parsed.error)}`);
   const m = parsed.data;

@@ -4,6 +4,7 @@ import {
   CheckpointError,
   GLOBAL_MANIFEST_FILE,
   GlobalManifestSchema,
+  schemaVersionMismatch,
   MAX_GLOBAL_MANIFEST_BYTES,
   canonicalDigest,
   canonicalJson,
@@ -94,6 +95,8 @@ async function readGlobalManifest(checkpointDir: string): Promise<GlobalManifest
   } catch {
     throw invalidState(`${file} is not JSON`);
   }
+  const otherVersion = schemaVersionMismatch(raw, file);
+  if (otherVersion) throw invalidState(otherVersion);
   const parsed = GlobalManifestSchema.safeParse(raw);
   if (!parsed.success) throw invalidState(`${file} is invalid: ${describeZodError(parsed.error)}`);
   return parsed.data;

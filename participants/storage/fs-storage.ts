@@ -11,6 +11,7 @@ import {
   MAX_MANIFEST_BYTES,
   PARTICIPANTS_DIR,
   ParticipantManifestSchema,
+  schemaVersionMismatch,
   describeZodError,
   isUnreadableStorage,
   makeDirectories,
@@ -313,6 +314,8 @@ async function loadParticipantManifest(dir: string): Promise<{ manifest: Partici
   } catch (error) {
     throw corrupt(`manifest ${path} is not valid JSON`, error);
   }
+  const otherVersion = schemaVersionMismatch(value, `manifest ${path}`);
+  if (otherVersion) throw corrupt(otherVersion);
   const parsed = ParticipantManifestSchema.safeParse(value);
   if (!parsed.success) throw corrupt(`manifest ${path} is invalid: ${describeZodError(parsed.error)}`);
   return { manifest: parsed.data, sha256: sha256Hex(bytes) };
