@@ -53,7 +53,7 @@ import { ATTR, countRefusal, observeParticipant, participantInstruments, withSpa
 import { AsyncLock } from "./async-lock.js";
 import { fitCommitReply } from "./commit-reply.js";
 import { AttemptMarks } from "./attempt-marks.js";
-import { systemClock, type Clock } from "./clock.js";
+import { setTimerAt, systemClock, type Clock } from "./clock.js";
 import { ClockSkewWatch, DEADLINE_PASSED, DEADLINE_TOO_FAR, explainSkew } from "./clock-skew.js";
 import { HeldInstallFailure, heldStateFailure } from "./held-install-failure.js";
 import { newIncarnation } from "./incarnation.js";
@@ -1078,10 +1078,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private async raceDeadline<T>(work: Promise<T>, deadlineTs: number, op: string): Promise<T> {
     let cancel: (() => void) | undefined;
     const timeout = new Promise<never>((_, reject) => {
-      cancel = this.clock.setTimer(
-        () => reject(new CheckpointError("deadline_exceeded", `${op} did not finish before its deadline`)),
-        deadlineTs * 1000 - this.clock.now(),
-      );
+      cancel = setTimerAt(this.clock, () => reject(new CheckpointError("deadline_exceeded", `${op} did not finish before its deadline`)), deadlineTs * 1000);
     });
     try {
       return await Promise.race([work, timeout]);
@@ -1197,7 +1194,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private armLeaseTimer(): void {
     this.cancelLeaseTimer?.();
     const id = this.activeId;
-    this.cancelLeaseTimer = this.clock.setTimer(() => void this.onLeaseTimer(id), (this.leaseExpiresAt ?? 0) * 1000 - this.clock.now());
+    this.cancelLeaseTimer = setTimerAt(this.clock, () => void this.onLeaseTimer(id), (this.leaseExpiresAt ?? 0) * 1000);
   }
 
   /** An abandoned checkpoint resumes by itself, exactly as a resume would (and fences the id). */

@@ -132,6 +132,11 @@ export class EpisodeSteps<D = undefined> {
     return this.tracked.size;
   }
 
+  /** Now on the clock an episode's time budget runs on: a duration, which a wall-clock step must neither end nor stretch. */
+  private elapsed(): number {
+    return this.clock.monotonic?.() ?? this.clock.now();
+  }
+
   has(episode: EpisodeId): boolean {
     return this.tracked.has(captureKey(episode));
   }
@@ -172,7 +177,7 @@ export class EpisodeSteps<D = undefined> {
 
   close(): void {
     if (this.gate.closed) return;
-    const now = this.clock.now();
+    const now = this.elapsed();
     for (const t of this.tracked.values()) this.suspend(t, now);
     this.gate.close();
     this.onChange();
@@ -366,7 +371,7 @@ export class EpisodeSteps<D = undefined> {
 
   private schedule(t: Tracked<D>): void {
     if (t.remainingMs === undefined || t.countdownSince !== undefined) return;
-    t.countdownSince = this.clock.now();
+    t.countdownSince = this.elapsed();
     t.cancelTimer = this.clock.setTimer(() => {
       if (!t.finishing) t.abort.abort(new CheckpointError("deadline_exceeded", `episode ${t.key} ran out of time`));
     }, t.remainingMs);
@@ -384,6 +389,6 @@ export class EpisodeSteps<D = undefined> {
   remainingMs(episode: EpisodeId): number | undefined {
     const t = this.tracked.get(captureKey(episode));
     if (!t || t.remainingMs === undefined) return undefined;
-    return t.countdownSince === undefined ? t.remainingMs : Math.max(0, t.remainingMs - (this.clock.now() - t.countdownSince));
+    return t.countdownSince === undefined ? t.remainingMs : Math.max(0, t.remainingMs - (this.elapsed() - t.countdownSince));
   }
 }

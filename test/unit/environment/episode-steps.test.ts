@@ -241,6 +241,31 @@ describe("episode steps", () => {
     await expect(late).rejects.toMatchObject({ code: "deadline_exceeded" });
   });
 
+  it("an episode's time budget is a duration: a wall-clock step forward or back neither ends nor stretches it", async () => {
+    const clock = new ManualClock(1_000_000);
+    const steps = new EpisodeSteps(undefined, clock);
+    const work = latch();
+    const run = steps.run(ep("j1"), { data: undefined, timeoutMs: 1000 }, async (e) => {
+      await e.step("replay", (signal) => Promise.race([work.promise, new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason)))]));
+      return "ok";
+    });
+    clock.advance(100);
+    clock.stepWall(3_600_000); // NTP steps the wall clock an hour forward mid-episode
+    expect(steps.remainingMs(ep("j1"))).toBe(900);
+    steps.close(); // a checkpoint suspends the countdown
+    clock.stepWall(-7_200_000); // and back two hours while it is parked
+    steps.open();
+    expect(steps.remainingMs(ep("j1"))).toBe(900);
+    clock.advance(899);
+    work.open();
+    expect(await run).toBe("ok");
+
+    const late = steps.run(ep("j2"), { data: undefined, timeoutMs: 50 }, (e) => new Promise((_, reject) => e.signal.addEventListener("abort", () => reject(e.signal.reason))));
+    clock.stepWall(-3_600_000); // a step back does not hold its time limit off for an hour
+    clock.advance(51);
+    await expect(late).rejects.toMatchObject({ code: "deadline_exceeded" });
+  });
+
   it("retire stops parked episodes and waits for them; final clean-up is not interrupted", async () => {
     const steps = new EpisodeSteps();
     const cleanup = latch();

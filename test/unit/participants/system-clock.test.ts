@@ -10,16 +10,44 @@ afterEach(() => {
   vi.useRealTimers();
 });
 
-describe("systemClock.setTimer", () => {
+describe("systemClock.setTimerAt", () => {
   it("fires only once the wall clock reached the instant, even if the clock was stepped back meanwhile", () => {
     let fired = 0;
-    systemClock.setTimer(() => fired++, 20);
+    systemClock.setTimerAt(() => fired++, Date.now() + 20);
     vi.setSystemTime(Date.now() - 150); // the wall clock steps back 150 ms
     vi.advanceTimersByTime(20); // the timer comes due: the wall clock is still 150 ms short
     expect(fired).toBe(0);
     vi.advanceTimersByTime(149);
     expect(fired).toBe(0);
     vi.advanceTimersByTime(1);
+    expect(fired).toBe(1);
+  });
+
+  it("fires on the next turn for an instant the wall clock already passed", () => {
+    let fired = 0;
+    systemClock.setTimerAt(() => fired++, Date.now() - 3_600_000);
+    expect(fired).toBe(0);
+    vi.advanceTimersByTime(1);
+    expect(fired).toBe(1);
+  });
+
+  it("can be cancelled, also after it re-armed", () => {
+    let fired = 0;
+    const cancel = systemClock.setTimerAt(() => fired++, Date.now() + 10);
+    vi.setSystemTime(Date.now() - 60);
+    vi.advanceTimersByTime(10); // came due early and re-armed for the rest
+    cancel();
+    vi.advanceTimersByTime(1000);
+    expect(fired).toBe(0);
+  });
+});
+
+describe("systemClock.setTimer", () => {
+  it("is a duration: a wall-clock step back (NTP, a VM resume) neither delays nor stretches it", () => {
+    let fired = 0;
+    systemClock.setTimer(() => fired++, 1000);
+    vi.setSystemTime(Date.now() - 3_600_000); // the wall clock steps back an hour
+    vi.advanceTimersByTime(1000);
     expect(fired).toBe(1);
   });
 
@@ -33,13 +61,13 @@ describe("systemClock.setTimer", () => {
     expect(fired).toBe(1);
   });
 
-  it("can be cancelled, also after it re-armed", () => {
+  it("can be cancelled, also a long one after it re-armed", () => {
     let fired = 0;
-    const cancel = systemClock.setTimer(() => fired++, 10);
-    vi.setSystemTime(Date.now() - 60);
-    vi.advanceTimersByTime(10); // came due early and re-armed for the rest
+    const day = 24 * 3600 * 1000;
+    const cancel = systemClock.setTimer(() => fired++, 30 * day);
+    vi.advanceTimersByTime(26 * day); // the first 2^31-1 ms passed: re-armed for the rest
     cancel();
-    vi.advanceTimersByTime(1000);
+    vi.advanceTimersByTime(10 * day);
     expect(fired).toBe(0);
   });
 });
