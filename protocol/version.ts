@@ -20,3 +20,15 @@ export const MAX_TIMER_MS = 2 ** 31 - 1;
 export function timerDelay(ms: number): number {
   return Math.min(Math.max(1, Math.ceil(ms)), MAX_TIMER_MS);
 }
+
+/**
+ * Why a peer's message naming another protocol version (a status reply, a membership announcement)
+ * is not read as this version's, naming both; undefined for this version's or one naming none.
+ */
+export function protocolVersionMismatch(value: unknown, who: string): string | undefined {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return undefined;
+  const version = (value as { protocol_version?: unknown }).protocol_version;
+  if (typeof version !== "number" || version === PROTOCOL_VERSION) return undefined;
+  const side = version > PROTOCOL_VERSION ? "a newer" : "an older";
+  return `${who} speaks protocol version ${version} (${side} gym-ckpt); this one speaks protocol version ${PROTOCOL_VERSION} only: run coordinators and participants of one protocol version`;
+}

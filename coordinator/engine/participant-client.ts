@@ -7,6 +7,7 @@ import {
   encodeMessage,
   foreignRefusal,
   participantSubject,
+  protocolVersionMismatch,
   toCheckpointError,
   type ErrorCode,
   type Kind,
@@ -214,6 +215,10 @@ function parseReply<O extends Op>(participant: ParticipantRef, op: O, text: stri
     const foreign = foreignRefusal(value, `${participant.kind}/${participant.instance}`, op);
     if (foreign) return { ok: false, participant, code: foreign.code, detail: foreign.message };
   }
+  // Before the schema: another version's fields would read as unrecognized keys, and its phases
+  // in this version's shape would be read as if they were this version's.
+  const otherVersion = protocolVersionMismatch(value, `${participant.kind}/${participant.instance}`);
+  if (otherVersion) return { ok: false, participant, code: "internal_error", detail: otherVersion };
   const parsed = CONTROL_MESSAGES[op].reply.safeParse(value);
   if (!parsed.success) {
     return {
