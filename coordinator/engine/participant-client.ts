@@ -246,7 +246,11 @@ export function combinedFailure(op: string, failures: ParticipantFailure[]): Che
   const names = failures.map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.code}`).join(", ");
   const details = failures
     .slice(0, 5)
-    .map((f) => `${f.participant.kind}/${f.participant.instance}: ${f.detail}`)
+    .map((f) => {
+      // A transport failure's detail already names its participant (it stands alone in `failures`).
+      const name = `${f.participant.kind}/${f.participant.instance}: `;
+      return f.detail.startsWith(name) ? f.detail : `${name}${f.detail}`;
+    })
     .join("; ");
   return new CheckpointError(first.code, `${op} failed on ${failures.length} participant(s): ${names}; first details: ${details}`, {
     data: { failures: failureRefs(failures) },
