@@ -17,6 +17,7 @@ import {
 } from "../../../protocol/index.js";
 import { ManualClock } from "../../../participants/control-plane/clock.js";
 import { ParticipantControlPlane } from "../../../participants/control-plane/control-plane.js";
+import { deferred } from "../deferred.js";
 import { FaultyStorage } from "./faulty-storage.js";
 import { ModelKind } from "./model-kind.js";
 import { GRACE_S, ReferenceModel, commitArgs, restoreArgs, type Prediction, type Surroundings } from "./reference-model.js";
@@ -152,6 +153,7 @@ export class ModelWorld {
     if (r < 0.27) return this.dataPlane();
     if (r < 0.32) return this.status();
     if (r < 0.42 && this.sent.length) return this.retry();
+    if (r < 0.45) return this.queuedBehindSlowRetire();
     return this.message();
   }
 
@@ -634,6 +636,40 @@ export class ModelWorld {
       m.advanceTo(this.clock.now());
     }
     this.storage.lastWriteRecords = undefined;
+  }
+
+  /**
+   * docs (Epoch fence): checked on arrival and again under the lock. A prepare at epoch e that
+   * passed the arrival check while a slow retire held the lock, queued behind a newer leader's
+   * forget (e+1), is refused stale_epoch once its turn comes, and changes nothing.
+   */
+  private async queuedBehindSlowRetire(): Promise<void> {
+    const m = this.model;
+    if (m.phase !== "idle") return this.log("queued behind a slow retire: not idle, skipped");
+    const epoch = Math.max(1, m.highest);
+    const retire = { checkpoint_id: "retire", deadline_ts: this.inTime(), epoch, episode_ids: [this.episode()] };
+    const forget = { checkpoint_id: "forget", deadline_ts: this.inTime(), epoch: epoch + 1, rollout_ids: [this.pick(ROLLOUTS)] };
+    const prepare = { checkpoint_id: `c${this.cursor}`, deadline_ts: this.inTime(), epoch };
+    this.log(`queued behind a slow retire ${JSON.stringify(retire)}: forget ${JSON.stringify(forget)}, then prepare ${JSON.stringify(prepare)}`);
+    const gate = deferred();
+    this.kind.delay("retire", gate.promise);
+    const retires = () => this.kind.hooks().filter((h) => h === "retire").length;
+    const before = retires();
+    const a = this.send("retire", retire);
+    for (let i = 0; i < 200 && retires() === before; i++) await turn();
+    if (retires() === before) this.fail("the slow retire never reached its kind");
+    const b = this.send("forget", forget);
+    const c = this.send("prepare", prepare);
+    await turn();
+    gate.resolve();
+    const [ra, rb, rc] = [await a, await b, await c];
+    if (!ra.ok || !rb.ok) this.fail(`retire and forget answered ${JSON.stringify(ra)} and ${JSON.stringify(rb)}`);
+    m.admitted(epoch);
+    this.applySuccess("retire", retire, ra.reply as any, undefined);
+    m.admitted(epoch + 1);
+    this.applySuccess("forget", forget, rb.reply as any, undefined);
+    if (rc.ok || rc.error.code !== "stale_epoch") this.fail(`a prepare of a deposed epoch queued behind a newer one answered ${JSON.stringify(rc.ok ? brief(rc.reply) : rc.error.code)}`);
+    this.checkState("queued behind a slow retire");
   }
 
   /** What a fresh export must hold: the kind's episodes and pending restores in scope, none fenced. Unknown once an earlier export stands. */
