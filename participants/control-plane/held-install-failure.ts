@@ -1,4 +1,5 @@
 import { CheckpointError, RESTORE_REFUSALS, toCheckpointError, type EpisodeId } from "../../protocol/index.js";
+import { retiredBy } from "./attempt-marks.js";
 
 /**
  * The refusal of a restore whose install failed yet left state held here: a kind that could not
@@ -29,13 +30,13 @@ export class HeldInstallFailure {
 
   /** A retire that covered every attempt it installed freed what it held. */
   retired(episodes: EpisodeId[]): void {
-    const covered = (n: EpisodeId) => episodes.some((e) => e.rollout_id === n.rollout_id && n.attempt <= e.attempt);
-    if (this.held?.next.every(covered)) this.held = undefined;
+    if (this.held?.next.every(retiredBy(episodes))) this.held = undefined;
   }
 
   /** A forget of every rollout it installed (the kind frees what it holds of them first). */
   forgotten(rollouts: string[]): void {
-    if (this.held?.next.every((n) => rollouts.includes(n.rollout_id))) this.held = undefined;
+    const forgotten = new Set(rollouts);
+    if (this.held?.next.every((n) => forgotten.has(n.rollout_id))) this.held = undefined;
   }
 }
 

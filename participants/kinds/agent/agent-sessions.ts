@@ -3,7 +3,7 @@ import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "../environment/admission-gate.js";
 import { copyBoundary, type Boundary } from "../environment/episode-steps.js";
 import { ParkBackoff } from "../environment/park-backoff.js";
-import { fencedAttempt } from "../../control-plane/attempt-marks.js";
+import { fencedAttempt, retiredBy } from "../../control-plane/attempt-marks.js";
 import { AgentRecordSchema } from "./agent-record.js";
 
 /**
@@ -449,9 +449,8 @@ export class AgentSessions {
    * retiring (a blocker, never reopened) for a retried retire.
    */
   async retire(episodes: EpisodeId[]): Promise<HeldSession[]> {
-    const targets = [...this.sessions.values()].filter((s) =>
-      episodes.some((e) => e.rollout_id === s.episode.rollout_id && s.episode.attempt <= e.attempt),
-    );
+    const covers = retiredBy(episodes);
+    const targets = [...this.sessions.values()].filter((s) => covers(s.episode));
     // Marked before the wait: a retire cut short by its deadline leaves them blockers, not exportable.
     for (const s of targets) s.retiring = true;
     if (targets.length) this.onChange();

@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
 import { CheckpointError, canonicalDigest, captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from "../../../protocol/index.js";
 import { currentAttemptsOnly, refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
+import { retiredBy } from "../../control-plane/attempt-marks.js";
 import type { CloseAdmissionOptions, KindReadiness, ParticipantContext, ParticipantKind } from "../../control-plane/participant-kind.js";
 import { participantInstruments } from "../../telemetry/instruments.js";
 import type { AdmissionTicket } from "./admission-ticket.js";
@@ -554,16 +555,23 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         }
       }
     }
+    // The restored cuts there were before, by rollout: each record looks at its rollout's alone (one
+    // record per rollout, so the cuts this loop adds are other rollouts'), not through every cut.
+    const cutsByRollout = new Map<string, { key: string; attempt: number }[]>();
+    for (const key of this.restoredCuts.keys()) {
+      const episode = parseCaptureKey(key);
+      if (!episode) continue;
+      const cuts = cutsByRollout.get(episode.rollout_id);
+      if (cuts) cuts.push({ key, attempt: episode.attempt });
+      else cutsByRollout.set(episode.rollout_id, [{ key, attempt: episode.attempt }]);
+    }
     for (const record of records) {
       const source = record.episode_id;
       const target = nextAttempt(source);
       const targetKey = captureKey(target);
       // Whatever dead executions left for the target and later attempts is replaced.
       await this.removeAttempts(source.rollout_id, (attempt) => attempt >= target.attempt);
-      for (const key of [...this.restoredCuts.keys()]) {
-        const episode = parseCaptureKey(key);
-        if (episode?.rollout_id === source.rollout_id && episode.attempt >= target.attempt) this.restoredCuts.delete(key);
-      }
+      for (const cut of cutsByRollout.get(source.rollout_id) ?? []) if (cut.attempt >= target.attempt) this.restoredCuts.delete(cut.key);
       const cut = record.generation_cuts[0];
       // An empty record (no delivered call, no cut) imports nothing: the target simply has no ledger.
       if (record.rows.length > 0 || cut) {
@@ -580,16 +588,15 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   async retire(episodes: EpisodeId[]): Promise<void> {
     const keys = new Set(episodes.map(captureKey));
     // Stop first, so no late row recreates a ledger: every retired attempt's calls (0..N).
-    const covered = (episode: EpisodeId) => episodes.some((e) => e.rollout_id === episode.rollout_id && episode.attempt <= e.attempt);
+    const covered = retiredBy(episodes);
     await this.stopCalls(
       (_episode, key) => keys.has(key),
       covered,
       async () => {
-        for (const episode of episodes) {
-          // Restored state of every attempt whose ledger goes (0..N), not only of attempt N.
-          this.dropRestored((e) => e.rollout_id === episode.rollout_id && e.attempt <= episode.attempt);
-          await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
-        }
+        // Restored state of every attempt whose ledger goes (0..N), not only of attempt N: one pass
+        // for the whole retire (once per episode it was quadratic in a restore clean-up's scope).
+        this.dropRestored(covered);
+        for (const episode of episodes) await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
       },
     );
   }

@@ -13,7 +13,7 @@ import type { JsonValue } from "./json-value.js";
 import type { CheckpointMode, CheckpointVerify } from "./resources-modes.js";
 import type { ResourcesSessionHooks } from "./resources-session-hooks.js";
 import { ResourcesSessionRecordSchema, SessionOwnerSchema, type ResourcesSessionRecord } from "./resources-session-record.js";
-import { fencedAttempt } from "../../control-plane/attempt-marks.js";
+import { fencedAttempt, retiredBy } from "../../control-plane/attempt-marks.js";
 import { currentAttemptsOnly, refuseTwoAttempts } from "../../control-plane/one-attempt-per-rollout.js";
 import { systemClock, type Clock } from "../../control-plane/clock.js";
 import { UnusedSessionTimers } from "./unused-session-timers.js";
@@ -554,7 +554,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {
-    const covers = (episode: EpisodeId) => episodes.some((e) => e.rollout_id === episode.rollout_id && episode.attempt <= e.attempt);
+    const covers = retiredBy(episodes);
     const targets = new Map<string, Session>();
     // A seed of a covered attempt already inside its handler binds its session only once it
     // succeeds, after the sessions were listed: list again after every wait until none is new.
