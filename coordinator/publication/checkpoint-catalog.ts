@@ -175,7 +175,8 @@ export class CheckpointCatalog {
         damaged.push({ checkpoint_id: name, code: refusal.code, detail: refusal.message });
       }
     }
-    for (const name of this.entries.keys()) if (!names.includes(name)) this.entries.delete(name);
+    const present = new Set(names);
+    for (const name of this.entries.keys()) if (!present.has(name)) this.entries.delete(name);
     // Newest first, as repairLatest orders them: epochs only grow, and within one epoch one
     // coordinator's clock orders its publications (a successor's clock may lag its predecessor's).
     published.sort((a, b) => b.epoch - a.epoch || b.published_at - a.published_at || (a.checkpoint_id < b.checkpoint_id ? 1 : -1));
