@@ -36,7 +36,7 @@ import {
   type ReplyOf,
   type RequestOf,
 } from "../../protocol/index.js";
-import { assertJournalEntryFits, type DecisionJournal, type JournalEntry } from "../ha/decision-journal.js";
+import { MAX_JOURNAL_ENTRY_BYTES, assertJournalEntryFits, type DecisionJournal, type JournalEntry } from "../ha/decision-journal.js";
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
@@ -596,6 +596,7 @@ export class CheckpointEngine {
       this.assertJournalable({ ...open, retireAt: members }, "restore_cleanup");
       const longest = "x".repeat(MAX_INCARNATION_CHARS);
       this.assertJournalable({ ...open, incarnations: new Map(members.map((m) => [memberKey(m.kind, m.instance), longest])) }, "resuming");
+      assertCleanupRetireFits(open, deadlineMs);
       // Closed before the restore's write, so its entry's removal yields to that write.
       const wasClosed = this.closed.has(id);
       if (unresumed && this.open === unresumed) this.close(id);
@@ -2491,6 +2492,24 @@ export class CheckpointEngine {
       ...(open.openedSeq !== undefined && { opened_seq: open.openedSeq }),
       updated_at: this.epochTime(open.epoch),
     };
+  }
+}
+
+/**
+ * Refuses (`payload_too_large`) a restore whose clean-up could not retire attempt+1 in one message,
+ * before anything is journaled or sent. The journal's bound admits the scope, but each attempt+1 can
+ * be a digit longer (9 → 10): tens of thousands of short rollout ids then took the clean-up's retire
+ * past 1 MiB, and a failed restore's clean-up could retire attempt+1 nowhere. Held to the journal's
+ * bound, which leaves the same room for the message's headers.
+ */
+function assertCleanupRetireFits(open: OpenCheckpoint, deadlineMs: number): void {
+  const retire = { checkpoint_id: open.id, deadline_ts: deadlineMs / 1000, epoch: open.epoch, episode_ids: (open.scope ?? []).map(nextAttempt) };
+  const size = Buffer.byteLength(JSON.stringify(retire));
+  if (size > MAX_JOURNAL_ENTRY_BYTES) {
+    throw new CheckpointError(
+      "payload_too_large",
+      `restore of checkpoint ${open.id}: the retire of attempt+1 its clean-up would send is ${size} bytes; the limit is ${MAX_JOURNAL_ENTRY_BYTES} (restore fewer episodes)`,
+    );
   }
 }
 

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { MAX_ATTEMPT, type Kind } from "../../../protocol/index.js";
+import { MAX_ATTEMPT, MAX_CONTROL_MESSAGE_BYTES, type Kind } from "../../../protocol/index.js";
 import { pino } from "pino";
 import { FOUR_KINDS, journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
 import { MAX_JOURNAL_ENTRY_BYTES, type JournalEntry } from "../../../coordinator/ha/decision-journal.js";
@@ -228,6 +228,36 @@ describe("engine ordering", () => {
     expect(fake.calls.length).toBe(sent);
     expect(journal.entries.size).toBe(0);
     expect(engine.openCheckpoint).toBeNull();
+  });
+
+  it("a restore scope whose clean-up retire (attempt+1, a digit longer each: 9 → 10) would not fit one message is refused (payload_too_large) before anything is sent, though its journal entries would fit", async () => {
+    const { engine, fake, journal, catalog } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    const participants = FOUR_KINDS.map((m) => ({ kind: m.kind, instance: m.instance }));
+    const incarnations = Object.fromEntries(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, "i".repeat(64)]));
+    // The largest entry a restore journals: resuming, with every restorer's incarnation at its longest.
+    const resumingSize = (scope: { rollout_id: string; attempt: number }[]) =>
+      Buffer.byteLength(JSON.stringify(journalEntry({ checkpoint_id: "base", state: "resuming", participants, checkpoint_dir: catalog.dirFor("base"), scope, incarnations })));
+    const episode = (i: number, attempt: number) => ({ rollout_id: `r${String(i).padStart(6, "0")}`, attempt });
+    const perEpisode = resumingSize([episode(0, 9), episode(1, 9)]) - resumingSize([episode(0, 9)]);
+    const count = Math.floor((MAX_JOURNAL_ENTRY_BYTES - 100 - resumingSize([])) / perEpisode);
+    const scope = Array.from({ length: count }, (_, i) => episode(i, 9));
+    expect(resumingSize(scope)).toBeLessThanOrEqual(MAX_JOURNAL_ENTRY_BYTES);
+    // What the clean-up of a failed restore sends every participant: over one NATS message.
+    const cleanupRetire = { checkpoint_id: "base", deadline_ts: Date.now() / 1000 + 30, epoch: 1, episode_ids: scope.map((e) => ({ ...e, attempt: 10 })) };
+    expect(Buffer.byteLength(JSON.stringify(cleanupRetire))).toBeGreaterThan(MAX_CONTROL_MESSAGE_BYTES);
+    const sent = fake.calls.length;
+    const refused = await refusal(engine.restore({ episode_ids: scope }));
+    expect(refused.code).toBe("payload_too_large");
+    expect(refused.message).toContain("retire");
+    expect(fake.calls.length).toBe(sent);
+    expect(journal.entries.size).toBe(0);
+    expect(engine.openCheckpoint).toBeNull();
+    // The same number of episodes at attempt 0 (attempt+1 no longer) restores.
+    const reply = await engine.restore({ episode_ids: scope.map((e) => ({ ...e, attempt: 0 })) });
+    expect(reply.participants).toHaveLength(5);
+    await engine.resume({ checkpoint_id: "base" });
   });
 
   it("publish retried with another controller state while the checkpoint is still open is a conflict; the same one gets its reply", async () => {
