@@ -180,6 +180,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   private readonly stopSignal = new AbortController();
   private disposed = false;
   private readonly waiters = new Set<() => void>();
+  /** A wake of the waiters is queued for the end of this event-loop turn (see notify). */
+  private wakeScheduled = false;
   private readonly unobserve: () => void;
 
   constructor(options: ControlPlaneOptions<R>) {
@@ -437,8 +439,19 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
   }
 
+  /**
+   * Wakes the waiting prepare once per event-loop turn, however many notifications the turn brought.
+   * A drain notifies once per episode that parks, each from its own I/O callback, and a readiness
+   * check (O(episodes) in every kind) per notification made a prepare of 10,000 episodes spend
+   * seconds of event loop checking; under load one turn carries many parks, so they share a check.
+   */
   private notify(): void {
-    for (const wake of [...this.waiters]) wake();
+    if (this.wakeScheduled) return;
+    this.wakeScheduled = true;
+    setImmediate(() => {
+      this.wakeScheduled = false;
+      for (const wake of [...this.waiters]) wake();
+    });
   }
 
   // ---- commit ----------------------------------------------------------------------------
