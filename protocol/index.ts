@@ -6,7 +6,7 @@ export { makeDirectories, isMisplacedDirectory, parentsOfCreated } from "./make-
 export { envSetting } from "./env-setting.js";
 export { within, type SetTimer } from "./within.js";
 export { equalJitter, type RandomSource } from "./jitter.js";
-export { isHttpUrl } from "./http-url.js";
+export { isHttpUrl, redactUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";
 export { HEADER_SENT_AT, formatSentAt, parseSentAt } from "./sent-at-header.js";

@@ -1,5 +1,5 @@
 import { Option, type Command } from "commander";
-import { BearerTokenSchema, CheckpointError, connectNats, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, NATS_INBOX_PREFIXES, natsSettings, parseCaptureKey, toCheckpointError, unsafeJsonInteger, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, connectNats, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, redactUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, NATS_INBOX_PREFIXES, natsSettings, parseCaptureKey, toCheckpointError, unsafeJsonInteger, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { accessSync, constants, statSync } from "node:fs";
 import { HttpControllerClient } from "../client/http-controller-client.js";
 import { CONTROLLER_CONNECT_FAILURE, NatsControllerClient } from "../client/nats-controller-client.js";
@@ -149,7 +149,8 @@ export function secondsFlag(name: string, value: string): number {
 
 /** A URL flag: absolute http(s). */
 export function httpUrlFlag(name: string, value: string): string {
-  if (!isHttpUrl(value)) throw new CheckpointError("invalid_request", `--${name} must be an http or https URL, got ${JSON.stringify(value)}`);
+  // Shown redacted: `user:pass@host:8480` without its scheme parses as scheme `user:`, and lands here.
+  if (!isHttpUrl(value)) throw new CheckpointError("invalid_request", `--${name} must be an http or https URL, got ${JSON.stringify(redactUrl(value))}`);
   return value;
 }
 

@@ -49,6 +49,21 @@ describe("client commands: --http-url", () => {
   });
 });
 
+describe("client commands: a refused --http-url is not echoed with its credentials", () => {
+  // Without a scheme, `user:pass@host:port` parses as scheme `user:`: refused as not http(s), and the
+  // refusal quoted the whole value, password included, into the terminal and whatever keeps stderr.
+  it.each([
+    ["--http-url", "admin:SECRET-abc123@127.0.0.1:8480"],
+    ["--http-url", "ftp://admin:SECRET-abc123@127.0.0.1:8480"],
+    ["--http-url", "127.0.0.1:8480/?key=SECRET-abc123"],
+  ])("%s %j: invalid_request (exit 2) naming the host, never the secret", async (flag, url) => {
+    expect(await status("--token", "t", flag, url)).toBe(2);
+    expect(stderr).toMatch(/^error invalid_request: --http-url must be an http or https URL, got /);
+    expect(stderr).toContain("127.0.0.1:8480");
+    expect(stderr).not.toContain("SECRET-abc123");
+  });
+});
+
 describe("client commands: empty variables are unset", () => {
   it("GYM_CKPT_CONTROLLER_TOKEN= falls back to GYM_CKPT_TOKEN, like the daemon's controller_token", async () => {
     process.env.GYM_CKPT_CONTROLLER_TOKEN = "";

@@ -200,6 +200,19 @@ describe("gym-ckpt collect flags", () => {
   });
 
   it.each([
+    ["--run-url", "user:SECRET-abc123@127.0.0.1:8000/run"],
+    ["--run-url", "ftp://user:SECRET-abc123@127.0.0.1:8000/run?code=SECRET-abc123"],
+    ["--http-url", "user:SECRET-abc123@127.0.0.1:8480"],
+  ])("refuses %s %j as not http(s) without echoing its credentials or query (invalid_request, exit 2)", async (flag, url) => {
+    const args = flag === "--run-url" ? ["--run-url", url] : ["--run-url", "http://127.0.0.1:2/run", "--http-url", url];
+    expect(await collect(...args, "--leader-wait-ms", "0")).toBe(2);
+    expect(stderr).toContain(`error invalid_request: ${flag} must be an http or https URL, got `);
+    expect(stderr).toContain("127.0.0.1:");
+    expect(stderr).not.toContain("SECRET-abc123");
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
+  it.each([
     ["http://user:s3cret@127.0.0.1:8480", "--http-url may not carry credentials (user:password@)"],
     ["http://127.0.0.1:6000", '--http-url names port 6000, which fetch blocks (a WHATWG "bad port"): use another port'],
   ])("refuses --http-url %s with the other flags (invalid_request, exit 2, not echoed), not at its first call after the lock", async (httpUrl, detail) => {
