@@ -10,6 +10,7 @@ import {
   TRAJECTORY_HEADER,
   captureKey,
   nextAttempt,
+  redactUrl,
   sha256Hex,
   timerDelay,
   traceRecordFromTrajectory,
@@ -153,6 +154,8 @@ export class Collector {
   private readonly runTimeouts = new RunTimeouts();
   /** Since when (Date.now()) sends found no server at --run-url; undefined while it answers. */
   private runUrlDownSince: number | undefined;
+  /** --run-url as the logs show it: a key in its query (`?code=…`, which some gateways take) is not logged. */
+  private readonly loggedRunUrl: string;
   private gateWaiters: (() => void)[] = [];
   private dispatchWaiters: (() => void)[] = [];
   private readonly toRetire: EpisodeId[] = [];
@@ -198,6 +201,7 @@ export class Collector {
 
   constructor(private readonly options: CollectorOptions) {
     this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
+    this.loggedRunUrl = redactUrl(options.runUrl);
     this.ownOps = new OwnCheckpointOps({
       controller: options.controller,
       logger: options.logger,
@@ -695,7 +699,7 @@ export class Collector {
     state.unreachableSince ??= Date.now();
     if (this.runUrlDownSince === undefined) {
       this.runUrlDownSince = Date.now();
-      this.options.logger.warn({ run_url: this.options.runUrl, code }, "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts");
+      this.options.logger.warn({ run_url: this.loggedRunUrl, code }, "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts");
     }
     this.runsNowhere(state);
     await delay(this.pauses.unreachableS);
@@ -713,14 +717,14 @@ export class Collector {
     if (this.admissionClosedWarned || Date.now() - this.admissionClosedSince < this.pauses.admissionClosedWarnS * 1000) return;
     this.admissionClosedWarned = true;
     this.options.logger.warn(
-      { run_url: this.options.runUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince) / 1000) },
+      { run_url: this.loggedRunUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince) / 1000) },
       "/run keeps answering admission_closed while this collector has no checkpoint open: another controller's checkpoint is open (gym-ckpt status names it); rows are sent again once it is resumed, or once the participants' lease expires",
     );
   }
 
   /** A /run was admitted: a refusal spell, if logged, is over. */
   private admissionReopened(): void {
-    if (this.admissionClosedWarned) this.options.logger.info({ run_url: this.options.runUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince!) / 1000) }, "/run admits rows again");
+    if (this.admissionClosedWarned) this.options.logger.info({ run_url: this.loggedRunUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince!) / 1000) }, "/run admits rows again");
     this.admissionClosedSince = undefined;
     this.admissionClosedWarned = false;
   }
@@ -729,7 +733,7 @@ export class Collector {
   private runUrlAnswers(state: RowState): void {
     delete state.unreachableSince;
     if (this.runUrlDownSince === undefined) return;
-    this.options.logger.info({ run_url: this.options.runUrl, down_s: (Date.now() - this.runUrlDownSince) / 1000 }, "--run-url accepts connections again");
+    this.options.logger.info({ run_url: this.loggedRunUrl, down_s: (Date.now() - this.runUrlDownSince) / 1000 }, "--run-url accepts connections again");
     this.runUrlDownSince = undefined;
   }
 

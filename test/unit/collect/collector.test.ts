@@ -1455,6 +1455,22 @@ describe("collector while --run-url accepts no connections (the Gym down or rest
     expect(lines.some((l) => l.msg === "--run-url accepts connections again")).toBe(true);
   });
 
+  it("the outage lines name --run-url without its query: a key there (`?code=…`) is never logged", { timeout: 20_000 }, async () => {
+    const port = await closedPort();
+    const { controller } = fakeController();
+    const { log, lines } = capturingLogger();
+    const collector = collectorFor(controller, `http://127.0.0.1:${port}/run?code=SECRET-abc123`, { runTimeoutSeconds: 30, logger: log });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => lines.some((l) => l.msg.startsWith("--run-url accepts no connections")), "the outage logged", 5000);
+    server = createServer((_req, res) => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 })));
+    await new Promise<void>((resolve) => server!.listen(port, "127.0.0.1", resolve));
+    expect(await run).toMatchObject({ finished: 1, failed: 0 });
+    const outage = lines.filter((l) => l.msg.includes("--run-url accepts"));
+    expect(outage.map((l) => (l as unknown as { run_url: string }).run_url)).toEqual([`http://127.0.0.1:${port}/run?[Redacted]`, `http://127.0.0.1:${port}/run?[Redacted]`]);
+    expect(JSON.stringify(lines)).not.toContain("SECRET-abc123");
+  });
+
   it("a row refused at connect for --run-timeout-s fails its attempt after all: an outage that does not end ends the run", { timeout: 20_000 }, async () => {
     const port = await closedPort();
     const { controller } = fakeController();
