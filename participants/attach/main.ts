@@ -1,7 +1,7 @@
 import { tmpdir } from "node:os";
 import { BearerTokenSchema, isMisplacedDirectory, makeDirectories, toCheckpointError } from "../../protocol/index.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
-import { startServerRuntime, tokenFlagRefusal, type CommonServerConfig } from "../gym/server-runtime.js";
+import { cutTokenSetting, startServerRuntime, type CommonServerConfig } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
 import { createAttachProxy } from "./attach-proxy.js";
 import { ensurePrivateDir } from "./private-dir.js";
@@ -14,7 +14,7 @@ import { AttachProxyShutdown } from "./proxy-shutdown.js";
  *   --listen HOST:PORT    where to listen (default 127.0.0.1 and --port)
  *   --cuts on|off         send generation-cut rounds to the upstream (default on; off for servers
  *                         without `/ng-control/v1/generation-cut`)
- *   --cut-token T         bearer token of the cut endpoint (default: --token)
+ *   --cut-token T         bearer token of the cut endpoint (env GYM_CKPT_CUT_TOKEN; default: --token)
  *   --cut-timeout-ms N    deadline of one cut round (default 10000)
  *   --ledger-dir DIR      capture ledger directory (default <tmp>/gym-ckpt-ledger-<uid>/<deployment>/<instance>,
  *                         created 0700 and refused unless every level under <tmp> is this user's own)
@@ -38,7 +38,7 @@ async function checkFlags(flags: Record<string, string | undefined>, config: Com
     fail(error instanceof Error ? error.message : String(error));
   }
   if (flags.cuts !== undefined && flags.cuts !== "on" && flags.cuts !== "off") fail("--cuts must be on or off");
-  const badToken = tokenFlagRefusal("cut-token", flags["cut-token"]);
+  const badToken = cutTokenSetting(flags).refusal;
   if (badToken) fail(badToken);
   const cutTimeoutMs = Number(flags["cut-timeout-ms"] ?? "10000");
   if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
@@ -82,7 +82,7 @@ const { config, extra, logger } = runtime;
 const upstream = parseUpstream(extra.upstream!);
 const listen = extra.listen ? parseListen(extra.listen) : { host: "127.0.0.1", port: config.port };
 const cuts = extra.cuts ?? "on";
-const cutToken = BearerTokenSchema.parse(extra["cut-token"] ?? config.token);
+const cutToken = BearerTokenSchema.parse(cutTokenSetting(extra).token ?? config.token);
 const cutTimeoutMs = Number(extra["cut-timeout-ms"] ?? "10000");
 const kind = new ModelKind({
   ledgerDir,

@@ -215,9 +215,23 @@ export function urlHasCredentials(value: string): boolean {
 }
 
 /** Why a bearer-token flag (`--cut-token`) is refused, if it is: what `Authorization: Bearer` cannot carry. */
-export function tokenFlagRefusal(flag: string, value: string | undefined): string | undefined {
+function tokenFlagRefusal(flag: string, value: string | undefined): string | undefined {
   const parsed = value === undefined ? undefined : BearerTokenSchema.safeParse(value);
   return parsed && !parsed.success ? `--${flag}: ${parsed.error.issues[0]!.message}` : undefined;
+}
+
+/**
+ * The generation-cut endpoint's bearer token of the policy backend and the attach proxy:
+ * `--cut-token`, else GYM_CKPT_CUT_TOKEN (a command line is readable by every local user, so a cut
+ * token of its own needs a variable, as the control token has GYM_CKPT_TOKEN), else undefined (the
+ * control token). `refusal` is set when it could never authenticate, naming where it came from.
+ */
+export function cutTokenSetting(flags: Record<string, string | undefined>): { token: string | undefined; refusal: string | undefined } {
+  const flag = flags["cut-token"];
+  if (flag !== undefined) return { token: flag, refusal: tokenFlagRefusal("cut-token", flag) };
+  const token = envSetting("GYM_CKPT_CUT_TOKEN");
+  const parsed = token === undefined ? undefined : BearerTokenSchema.safeParse(token);
+  return { token, refusal: parsed && !parsed.success ? `GYM_CKPT_CUT_TOKEN: ${parsed.error.issues[0]!.message}` : undefined };
 }
 
 /**

@@ -182,6 +182,16 @@ describe("gym-ckpt gym", () => {
     for (const [entry, args] of cases) expect({ args, ...(await runToExit(entry, args)) }).toEqual({ args, code: 2, stderr: expect.stringContaining("a token must be visible ASCII") });
   });
 
+  it("takes the cut token from GYM_CKPT_CUT_TOKEN too, checked like --cut-token: a command line is readable by every local user", async () => {
+    const cases: [string, string[]][] = [
+      ["dist/participants/gym/policy-backend/main.js", ["--token", "t0ken"]],
+      ["dist/participants/attach/main.js", ["--token", "t0ken", "--upstream", "http://127.0.0.1:9/v1"]],
+    ];
+    for (const [entry, args] of cases) {
+      expect({ entry, ...(await runToExit(entry, args, { GYM_CKPT_CUT_TOKEN: "cut token" })) }).toEqual({ entry, code: 2, stderr: expect.stringContaining("GYM_CKPT_CUT_TOKEN: a token must be visible ASCII") });
+    }
+  });
+
   it("refuses a relative --checkpoint-root before serving (checkpoint directories arrive absolute: every commit would be refused)", async () => {
     const cases: [string, string[]][] = [
       ["dist/participants/gym/resources-server/main.js", ["--token", "t0ken", "--checkpoint-root", "ckpt"]],
