@@ -36,6 +36,16 @@ export const COMMANDS: readonly CommandModule[] = [
   restoreCommand, resumeCommand, retireCommand, seedsCommand, statusCommand, verifyCommand,
 ];
 
+/**
+ * Commander quotes an unknown option whole: a mistyped flag written with its value
+ * (`--controller_token=$T`, the config key's spelling) would print the secret it was meant to
+ * carry. The flag is kept, the value goes (up to the closing quote: the value may hold quotes and
+ * newlines; commander's "did you mean" suggestion after it holds none).
+ */
+function withoutOptionValue(text: string): string {
+  return text.replace(/^(error: unknown option '-[^=']*)=[\s\S]*'/, "$1=[Redacted]'");
+}
+
 /** The `gym-ckpt` program. */
 export function buildProgram(): Command {
   const program = new Command("gym-ckpt")
@@ -44,7 +54,7 @@ export function buildProgram(): Command {
     .showHelpAfterError()
     // Bad usage is `invalid_request` with exit 2, like every other usage error (docs/api.md).
     .exitOverride()
-    .configureOutput({ outputError: (text, write) => write(`error invalid_request: ${text.replace(/^error: /, "")}`) });
+    .configureOutput({ outputError: (text, write) => write(`error invalid_request: ${withoutOptionValue(text).replace(/^error: /, "")}`) });
   for (const command of COMMANDS) command.register(program);
   return program;
 }
