@@ -1,7 +1,7 @@
 /**
  * Keys whose values are credentials wherever they appear in a log line: control and controller
- * tokens (config, flags, `extra["cut-token"]` of the reference servers), NATS passwords, HTTP
- * credential headers and the resources session cookie.
+ * tokens (config, flags, `extra["cut-token"]` of the reference servers), NATS passwords, the judge's
+ * API key, HTTP credential headers (in either spelling) and the resources session cookie.
  */
 const SECRET_KEYS = [
   "token",
@@ -11,12 +11,19 @@ const SECRET_KEYS = [
   "cut-token",
   "pass",
   "password",
+  "apiKey",
+  "api_key",
+  // Header names as Node reports them (lower case) and as a caller may spell them.
   "authorization",
   "Authorization",
   "proxy-authorization",
+  "Proxy-Authorization",
   "cookie",
+  "Cookie",
   "set-cookie",
+  "Set-Cookie",
   "x-api-key",
+  "X-Api-Key",
 ] as const;
 
 /** pino's `*` matches exactly one level: a key is censored at the top and two levels down (`config.nats.pass`). */

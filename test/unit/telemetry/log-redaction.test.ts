@@ -22,6 +22,8 @@ const SECRETS = {
   headers: { authorization: "Bearer s-auth", cookie: "ng_session=s-cookie", "x-api-key": "s-api-key", "content-type": "kept-type" },
   req: { headers: { authorization: "Bearer s-req-auth", cookie: "s-req-cookie", "x-api-key": "s-req-api-key", "set-cookie": "s-set-cookie" } },
   request: { Authorization: "Bearer s-capital-auth" },
+  upstream: { headers: { Cookie: "s-capital-cookie", "X-Api-Key": "s-capital-api-key", "Proxy-Authorization": "Basic s-capital-proxy", "Set-Cookie": "s-capital-set-cookie" } },
+  judge: { apiKey: "s-judge-api-key", api_key: "s-judge-api-key-snake", url: "kept-judge-url" },
   err: { message: "kept-message", config: { url: "http://x/s-err-url", headers: { authorization: "Bearer s-err-auth" }, token: "s-err-token" } },
 };
 
@@ -36,7 +38,7 @@ function capture(make: (destination: { write(line: string): void }) => pino.Logg
 function expectRedacted(text: string): void {
   expect(text).toContain(LOG_REDACT_CENSOR);
   expect(text.match(/s-[a-z-]+/g) ?? []).toEqual([]);
-  for (const kept of ["kept-user", "kept-upstream", "kept-root", "kept-type", "kept-message"]) expect(text).toContain(kept);
+  for (const kept of ["kept-user", "kept-upstream", "kept-judge-url", "kept-root", "kept-type", "kept-message"]) expect(text).toContain(kept);
 }
 
 describe("log redaction", () => {
