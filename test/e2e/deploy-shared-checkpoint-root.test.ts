@@ -47,7 +47,7 @@ describe.skipIf(!IS_ROOT)("the systemd deployment's shared checkpoint root (need
     const root = join(dir!, "checkpoints");
     await mkdir(root);
     await chown(root, COORDINATOR.uid, COORDINATOR.gid);
-    await chmod(root, 0o2775);
+    await chmod(root, 0o2770);
     const env = { GYM_CKPT_TOKEN: TOKEN, GYM_CKPT_NATS_URL: nats!.server.url, GYM_CKPT_DEPLOYMENT: `deployshared${process.pid}`, GYM_CKPT_CHECKPOINT_ROOT: root, HOME: "/" };
     const coordinator = spawnDaemon(
       [MAIN, "coordinator", "--http-port", "0", "--lease-ms", "500", "--retention", "1", "--log-level", "warn"],

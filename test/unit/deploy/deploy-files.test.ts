@@ -150,7 +150,7 @@ describe("deploy/ files", () => {
     const umask = Number.parseInt(/^UMask=([0-7]+)$/m.exec(unit)?.[1] ?? "0022", 8);
     expect(umask & 0o020).toBe(0);
     const operations = readFileSync(join(DEPLOY, "../docs/operations.md"), "utf8");
-    expect(operations).toContain("chmod 2775 /var/lib/gym-ckpt/checkpoints");
+    expect(operations).toContain("chmod 2770 /var/lib/gym-ckpt/checkpoints");
     expect(operations).toMatch(/SupplementaryGroups=gym-ckpt.*UMask=0002/s);
   });
 });
