@@ -15,7 +15,7 @@ export { openBucketAsserted } from "./membership/kv-bucket.js";
 export type { BucketOptions } from "./membership/kv-bucket.js";
 export { openMembersBucket, MEMBERS_BUCKET_OPTIONS } from "./membership/members-bucket.js";
 export { KvMemberRegistry } from "./membership/member-registry.js";
-export type { MembershipSource } from "./membership/member-registry.js";
+export type { MembershipSource, UnreadableMember } from "./membership/member-registry.js";
 export { WatchedMemberRegistry } from "./membership/watched-member-registry.js";
 export { LeaderLease, LEADER_KEY } from "./ha/leader-lease.js";
 export type { LeaderLeaseOptions } from "./ha/leader-lease.js";

@@ -98,8 +98,8 @@ export const ERROR_CATALOG = {
   },
   unreachable: {
     status: 503,
-    meaning: "Nobody answers on the participant's subject (NATS no-responders); or a participant program could not reach any NATS server when it started, within `--nats-connect-wait-ms` (default 10 s; it exits 1).",
-    solve: "Check the participant process; an unreachable participant resumes by itself when its lease expires. At start-up: check that NATS runs at the configured address (--nats, GYM_CKPT_NATS_URL); a supervisor's restart then succeeds.",
+    meaning: "Nobody answers on the participant's subject (NATS no-responders); or the coordinator cannot read the participant's membership entry (another protocol version's announcement, a corrupt value: the detail names its key and why; never sent anything); or a participant program could not reach any NATS server when it started, within `--nats-connect-wait-ms` (default 10 s; it exits 1).",
+    solve: "Check the participant process; an unreachable participant resumes by itself when its lease expires. An unreadable membership entry: run coordinators and participants of one protocol version (its next heartbeat replaces a corrupt value; `nats kv del` removes a stray one). At start-up: check that NATS runs at the configured address (--nats, GYM_CKPT_NATS_URL); a supervisor's restart then succeeds.",
   },
   upstream_failed: {
     status: 502,

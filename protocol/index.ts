@@ -135,6 +135,7 @@ export {
   leaderBucket,
   journalBucket,
   memberKey,
+  participantOfMemberKey,
   HEADER_AUTHORIZATION,
   MEMBER_TTL_MS,
   MEMBER_HEARTBEAT_MS,

@@ -1,4 +1,5 @@
-import type { Kind } from "./kinds.js";
+import { InstanceSchema } from "./ids.js";
+import { KindSchema, type Kind } from "./kinds.js";
 import type { Op } from "./messages.js";
 
 /**
@@ -30,6 +31,14 @@ export function journalBucket(deployment: string): string {
 
 export function memberKey(kind: Kind, instance: string): string {
   return `${kind}.${instance}`;
+}
+
+/** The participant a membership key names (memberKey's inverse); undefined for a key naming no kind and instance. */
+export function participantOfMemberKey(key: string): { kind: Kind; instance: string } | undefined {
+  const dot = key.indexOf(".");
+  const kind = KindSchema.safeParse(key.slice(0, dot));
+  const instance = InstanceSchema.safeParse(key.slice(dot + 1));
+  return dot > 0 && kind.success && instance.success ? { kind: kind.data, instance: instance.data } : undefined;
 }
 
 /** Headers on control messages. */

@@ -38,7 +38,7 @@ import {
 } from "../../protocol/index.js";
 import { MAX_JOURNAL_ENTRY_BYTES, assertJournalEntryFits, type DecisionJournal, type JournalEntry } from "../ha/decision-journal.js";
 import type { Leadership } from "../ha/leadership.js";
-import type { MembershipSource } from "../membership/member-registry.js";
+import type { MembershipSource, UnreadableMember } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { checkCommittedRecords, committedEpisodeIds } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
@@ -587,6 +587,10 @@ export class CheckpointEngine {
           throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map(refName).join(", ")} still hold it parked; resume it before a restore`);
         }
       }
+      // Nothing restored while an entry of the registry cannot be read: a participant of another
+      // protocol version (or announcing a corrupt value) would be left out or sent what it cannot read.
+      const unreadable = (await this.options.membership.unreadable?.()) ?? [];
+      if (unreadable.length) throw unreadableRefusal(`restore of checkpoint ${id} refused, nothing sent`, unreadable);
       const members = manifest.participants.map((p) => ({ kind: p.kind, instance: p.instance }));
       const open = this.opening(id, "restoring", members, { dir, scope: request.episode_ids, manifestDigests: manifestDigestsOf(manifest) });
       // The largest entries this restore may journal: its clean-up's (where to retire), and the
@@ -661,14 +665,15 @@ export class CheckpointEngine {
     // fence must reach it too, as a retire outside any checkpoint reaches every registered one.
     const members = restored ? this.withRegistered(own, await this.options.membership.list()) : own;
     // An expected participant the registry does not list (a lapsed heartbeat: it may still run and
-    // serve the retired attempt) fails its stage, as in prepare: the fence must reach it.
-    const missing = this.expectedMissingFrom(members);
+    // serve the retired attempt), or one whose entry this coordinator cannot read, fails its stage,
+    // as in prepare: the fence must reach it.
+    const absent = new Map((await this.absentFrom(members, op)).map((f) => [f.participant, f]));
     const { results, stoppedAt } = await runStages(
       RETIRE_STAGES,
-      [...members, ...missing],
+      [...members, ...absent.keys()],
       (m, c) =>
-        missing.includes(m)
-          ? Promise.resolve(notRegistered<O>(m))
+        absent.has(m)
+          ? Promise.resolve(absent.get(m)!)
           : this.send(m, op, { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, ...body } as RequestOf<O>, deadlineMs, epoch, c),
       { spanName: `checkpoint.coordinate.${op}.stage`, parent: ctx, proceed: (o) => failuresOf(o).length === 0 },
     );
@@ -688,11 +693,12 @@ export class CheckpointEngine {
     const registered = await this.options.membership.list();
     const known = new Map(registered.map((m) => [memberKey(m.kind, m.instance), m]));
     for (const m of this.open?.members ?? []) known.set(memberKey(m.kind, m.instance), m);
-    // Expected members the registry lacks are listed as prepare would report them, not probed:
-    // a process alive without a heartbeat would look fine here yet block the next checkpoint.
-    const missing = this.expectedMissingFrom([...known.values()]);
+    // Expected members the registry lacks, and members whose entry this coordinator cannot read, are
+    // listed as prepare would report them, not probed: a process alive without a (readable)
+    // heartbeat would look fine here yet block the next checkpoint.
+    const absent = await this.absentFrom([...known.values()]);
     const members = [...known.values()].sort(byMemberKey);
-    const outcomes = [...(await this.probeStatuses(members)), ...missing.map((m) => notRegistered<"status">(m))].sort((a, b) => byMemberKey(a.participant, b.participant));
+    const outcomes = [...(await this.probeStatuses(members)), ...absent].sort((a, b) => byMemberKey(a.participant, b.participant));
     return {
       deployment: this.options.deployment,
       coordinator: this.options.leadership.state(),
@@ -1203,7 +1209,11 @@ export class CheckpointEngine {
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
       if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
-      this.refuseNoParticipants(members);
+      // An unreadable entry naming no participant fits no stage: refused before anything is opened or sent.
+      const unreadable = (await this.options.membership.unreadable?.()) ?? [];
+      const keyless = unreadable.filter((u) => u.participant === undefined);
+      if (keyless.length) throw unreadableRefusal(`prepare of checkpoint ${id} refused, nothing sent`, keyless);
+      this.refuseNoParticipants(members, unreadable);
       await this.warnLatestMembersMissing(members);
       open = this.opening(id, "preparing", members, { autoPublish, controllerState });
       this.assertJournalable({ ...open, dir: this.options.catalog.dirFor(id), scope: commitScope }, "open");
@@ -1221,19 +1231,21 @@ export class CheckpointEngine {
       this.options.writer.stage(id);
     }
     const epoch = open.epoch;
-    // Expected members the registry did not list when the checkpoint opened: never sent anything
-    // (they are not members of it, so resume skips them too), reported in their stage instead.
+    // Expected members the registry did not list when the checkpoint opened, and members whose entry
+    // this coordinator cannot read: never sent anything (they are not members of it, so resume skips
+    // them too), reported in their stage instead. An unreadable entry naming no participant refused
+    // the prepare that opened the checkpoint; one written since is left out, as a member joining is.
     const members = open.members;
-    const missing = this.expectedMissingFrom(members);
-    if (missing.length) this.checkpointLog(id).warn({ missing: missing.map(refName) }, "expected_participants_missing");
+    const absent = new Map((await this.absentFrom(members)).map((f) => [f.participant, f]));
+    if (absent.size) this.checkpointLog(id).warn({ missing: [...absent.keys()].map(refName) }, "expected_participants_missing");
     let staged: StagedRun<Outcome<"prepare">>;
     try {
       staged = await runStages(
         PREPARE_STAGES,
-        [...members, ...missing],
+        [...members, ...absent.keys()],
         async (m, c) =>
-          missing.includes(m)
-            ? notRegistered<"prepare">(m)
+          absent.has(m)
+            ? absent.get(m)!
             : this.send(m, "prepare", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
         { spanName: "checkpoint.coordinate.prepare.stage", parent: ctx, proceed: (o) => o.every((x) => x.ok && x.reply.phase === "prepared"), gate: journaled },
       );
@@ -1314,17 +1326,39 @@ export class CheckpointEngine {
   }
 
   /**
-   * An op with nobody to send to is `not_found`, unless participants are expected: then each one
-   * the registry lacks fails its stage as `unreachable`, as when others are registered.
+   * An op with nobody to send to is `not_found`, unless participants are expected or have entries
+   * this coordinator cannot read: then each one fails its stage as `unreachable` (absentFrom), as
+   * when others are registered.
    */
-  private refuseNoParticipants(members: readonly ParticipantRef[]): void {
-    if (members.length === 0 && !this.options.expected?.length) throw new CheckpointError("not_found", "no participants in the membership registry");
+  private refuseNoParticipants(members: readonly ParticipantRef[], unreadable: readonly UnreadableMember[] = []): void {
+    if (members.length === 0 && !this.options.expected?.length && unreadable.length === 0) throw new CheckpointError("not_found", "no participants in the membership registry");
   }
 
-  /** The expected participants (config `expected_participants`) that `members` lacks. */
-  private expectedMissingFrom(members: readonly ParticipantRef[]): ParticipantRef[] {
+  /**
+   * The participants an op over `members` must report as failures of their stage (`unreachable`),
+   * never sending them anything: one whose membership entry this coordinator cannot read (another
+   * protocol version's announcement, a corrupt value: left out, its rollouts would miss the
+   * checkpoint, or the fence, unnoticed), then an expected participant (config
+   * `expected_participants`) the registry does not list. Sorted by member key.
+   *
+   * An unreadable entry whose key names no participant fits no stage: with `op`, that op is refused
+   * here (`unreachable`), before anything is sent; without, it is left out (`status` cannot list it).
+   */
+  private async absentFrom(members: readonly ParticipantRef[], op?: string): Promise<Failure[]> {
+    const unreadable = (await this.options.membership.unreadable?.()) ?? [];
+    const keyless = unreadable.filter((u) => u.participant === undefined);
+    if (op !== undefined && keyless.length) throw unreadableRefusal(`${op} refused, nothing sent`, keyless);
     const present = new Set(members.map((m) => memberKey(m.kind, m.instance)));
-    return (this.options.expected ?? []).filter((e) => !present.has(memberKey(e.kind, e.instance)));
+    const absent: Failure[] = [];
+    for (const u of unreadable) {
+      if (!u.participant || present.has(u.key)) continue; // one already a member is addressed as such
+      present.add(u.key);
+      absent.push({ ok: false, participant: u.participant, code: "unreachable", detail: `${refName(u.participant)} cannot be addressed: ${u.reason}` });
+    }
+    for (const e of this.options.expected ?? []) {
+      if (!present.has(memberKey(e.kind, e.instance))) absent.push(notRegistered(e));
+    }
+    return absent.sort((a, b) => byMemberKey(a.participant, b.participant));
   }
 
   /**
@@ -2561,13 +2595,20 @@ function keepNewest<K>(kept: Map<K, unknown> | Set<K>, max: number, dropped?: (k
 }
 
 /** An expected participant the membership registry does not list: never sent anything. */
-function notRegistered<O extends Op>(member: ParticipantRef): Outcome<O> {
+function notRegistered(member: ParticipantRef): Failure {
   return {
     ok: false,
     participant: member,
     code: "unreachable",
     detail: `expected participant ${refName(member)} is not in the membership registry (no heartbeat within ${MEMBER_TTL_MS / 1000} s)`,
   };
+}
+
+/** `unreachable`: the registry holds entries this coordinator cannot read, each named with why (bounded). */
+function unreadableRefusal(what: string, unreadable: readonly UnreadableMember[]): CheckpointError {
+  const reasons = unreadable.slice(0, 10).map((u) => u.reason.slice(0, 300));
+  const more = unreadable.length > reasons.length ? `; and ${unreadable.length - reasons.length} more` : "";
+  return new CheckpointError("unreachable", `${what}: the membership registry holds entries this coordinator cannot read: ${reasons.join("; ")}${more}`);
 }
 
 function byMemberKey(a: ParticipantRef, b: ParticipantRef): number {

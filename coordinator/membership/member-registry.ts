@@ -1,13 +1,26 @@
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
-import { MemberSchema, type Member } from "../../protocol/index.js";
+import { MemberSchema, PROTOCOL_VERSION, participantOfMemberKey, protocolVersionMismatch, type Member } from "../../protocol/index.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
 import { readsFromStreamLeader } from "./kv-bucket.js";
 import { latestEntries } from "./kv-latest-entries.js";
 
+/**
+ * A membership entry this build cannot read (another protocol version's announcement, a corrupt
+ * value): its KV key, the participant the key names (undefined for a key naming none) and why.
+ * Never skipped silently: the participant behind it would be left out of every checkpoint.
+ */
+export interface UnreadableMember {
+  key: string;
+  participant: ParticipantRef | undefined;
+  reason: string;
+}
+
 /** Where the engine learns the participants of a deployment. */
 export interface MembershipSource {
   list(): Promise<ParticipantRef[]>;
+  /** The live entries that name a participant this build cannot read (see UnreadableMember). */
+  unreadable?(): Promise<UnreadableMember[]>;
   /** The member's current process incarnation, when this source knows it. */
   incarnationOf?(member: ParticipantRef): string | undefined;
   /**
@@ -19,7 +32,8 @@ export interface MembershipSource {
 
 /**
  * The membership registry read from JetStream KV: one entry per live participant, refreshed by its
- * heartbeat and dropped by the bucket's max_age. Malformed entries are skipped and logged.
+ * heartbeat and dropped by the bucket's max_age. An entry that does not read as this protocol
+ * version's announcement is kept apart as unreadable (and logged), never skipped.
  *
  * Reads through the stream's leader, like the key snapshot they follow: a lagging replica of an R3
  * bucket answering a direct get would leave out a member that just joined (until the watch shows
@@ -46,34 +60,65 @@ export class KvMemberRegistry implements MembershipSource {
    * age, whatever this host's clock says: a live member is never taken for an expired one.
    */
   async aged(nowMs = Date.now()): Promise<{ member: Member; ageMs: number }[]> {
-    const unreadable = (key: string, err: Error) => this.logger?.warn({ key, err }, "membership_entry_invalid");
-    const entries = await latestEntries(this.kv, unreadable);
+    return (await this.read(nowMs)).members;
+  }
+
+  /** As `aged`, with the unreadable entries (and their ages) beside the members. */
+  async read(nowMs = Date.now()): Promise<{ members: { member: Member; ageMs: number }[]; unreadable: { unreadable: UnreadableMember; ageMs: number }[] }> {
+    const undecodable = (key: string, err: Error) => this.logger?.warn({ key, err }, "membership_entry_invalid");
+    const entries = await latestEntries(this.kv, undecodable);
     const newest = Math.min(nowMs, entries.reduce((max, e) => Math.max(max, e.created.getTime()), 0));
     const members: { member: Member; ageMs: number }[] = [];
+    const unreadable: { unreadable: UnreadableMember; ageMs: number }[] = [];
     for (const entry of entries) {
-      const member = memberOf(entry, this.logger);
-      if (member) members.push({ member, ageMs: Math.max(0, newest - entry.created.getTime()) });
+      const read = readEntry(entry, this.logger);
+      const ageMs = Math.max(0, newest - entry.created.getTime());
+      if (read && "member" in read) members.push({ member: read.member, ageMs });
+      else if (read) unreadable.push({ unreadable: read.unreadable, ageMs });
     }
-    return members.sort((a, b) => (a.member.kind + "." + a.member.instance < b.member.kind + "." + b.member.instance ? -1 : 1));
+    members.sort((a, b) => (a.member.kind + "." + a.member.instance < b.member.kind + "." + b.member.instance ? -1 : 1));
+    unreadable.sort((a, b) => (a.unreadable.key < b.unreadable.key ? -1 : 1));
+    return { members, unreadable };
   }
 
   async list(): Promise<ParticipantRef[]> {
     return (await this.members()).map((m) => ({ kind: m.kind, instance: m.instance }));
   }
+
+  async unreadable(): Promise<UnreadableMember[]> {
+    return (await this.read()).unreadable.map((u) => u.unreadable);
+  }
 }
 
-/** The member a registry entry holds; undefined for a delete marker or (logged) a malformed value. */
-export function memberOf(entry: KvEntry, logger: Logger | undefined): Member | undefined {
+/**
+ * What a registry entry holds: this protocol version's member, or (logged) an unreadable one: a
+ * value naming another `protocol_version`, or one that is no announcement of this version (corrupt,
+ * or with fields this version lacks). Undefined for a delete marker, or an entry whose operation
+ * cannot be decoded (see operationOf).
+ */
+export function readEntry(entry: KvEntry, logger: Logger | undefined): { member: Member } | { unreadable: UnreadableMember } | undefined {
   if (operationOf(entry, logger) !== "PUT") return undefined;
   let value: unknown;
+  let json = true;
   try {
     value = entry.json();
   } catch {
-    value = undefined;
+    json = false;
   }
-  const parsed = MemberSchema.safeParse(value);
-  if (!parsed.success) logger?.warn({ key: entry.key }, "membership_entry_invalid");
-  return parsed.success ? parsed.data : undefined;
+  const parsed = json ? MemberSchema.safeParse(value) : undefined;
+  const mismatch = protocolVersionMismatch(value, `membership entry ${entry.key}`);
+  if (mismatch === undefined && parsed?.success) return { member: parsed.data };
+  const why = mismatch ?? `membership entry ${entry.key} is not a protocol version ${PROTOCOL_VERSION} announcement (${parsed ? issueOf(parsed.error!) : "not JSON"})`;
+  logger?.warn({ key: entry.key, reason: why }, "membership_entry_invalid");
+  return { unreadable: { key: entry.key, participant: participantOfMemberKey(entry.key), reason: why } };
+}
+
+/** The first thing zod found wrong, short: `instance: Required`, `unknown key "gpus"`. */
+function issueOf(error: { issues: { path: PropertyKey[]; message: string }[] }): string {
+  const issue = error.issues[0];
+  if (!issue) return "invalid";
+  const path = issue.path.map(String).join(".");
+  return (path ? `${path}: ${issue.message}` : issue.message).slice(0, 200);
 }
 
 /**

@@ -4,12 +4,14 @@ import type { Logger } from "pino";
 import { equalJitter, MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
-import { KvMemberRegistry, memberOf, operationOf, type MembershipSource } from "./member-registry.js";
+import { KvMemberRegistry, operationOf, readEntry, type MembershipSource, type UnreadableMember } from "./member-registry.js";
 
 type KvWatch = QueuedIterator<KvWatchEntry>;
 
+/** A key's latest entry: its member, or (never both) why it cannot be read. */
 interface Cached {
-  member: Member;
+  member?: Member;
+  unreadable?: UnreadableMember;
   /**
    * When this entry was last written as this process saw it (its receipt, or the seed's read less
    * the entry's age by the server's timestamps), on the monotonic clock: a wall-clock step (NTP, a VM resume) must neither drop live members from
@@ -111,14 +113,17 @@ export class WatchedMemberRegistry implements MembershipSource {
   private async seed(): Promise<void> {
     const removed = (this.removedWhileSeeding = new Set());
     try {
-      const seeded = await new KvMemberRegistry(this.kv, this.logger).aged(this.clock.now());
+      const seeded = await new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
       const now = this.clock.monotonic();
-      for (const { member, ageMs } of seeded) {
-        const key = memberKey(member.kind, member.instance);
+      const entries = [
+        ...seeded.members.map(({ member, ageMs }) => ({ key: memberKey(member.kind, member.instance), cached: { member }, ageMs })),
+        ...seeded.unreadable.map(({ unreadable, ageMs }) => ({ key: unreadable.key, cached: { unreadable }, ageMs })),
+      ];
+      for (const { key, cached, ageMs } of entries) {
         // Seen when it was written, not now: a member that died just before this start would
         // otherwise count as alive for another TTL (checkpoints waiting on it).
         const replace = !this.cache.has(key) || this.fromOldBucket.has(key);
-        if (replace && !removed.has(key)) this.remember(key, { member, seenAt: now - Math.min(ageMs, this.ttlMs) });
+        if (replace && !removed.has(key)) this.remember(key, { ...cached, seenAt: now - Math.min(ageMs, this.ttlMs) });
       }
       this.fromOldBucket.clear();
     } finally {
@@ -189,15 +194,17 @@ export class WatchedMemberRegistry implements MembershipSource {
       this.removedWhileSeeding?.add(entry.key);
       return;
     }
-    const member = memberOf(entry, this.logger);
-    if (member) this.remember(entry.key, { member, seenAt: now });
+    // An unreadable entry replaces what the key held: it is the key's latest, as a seed would read it.
+    const read = readEntry(entry, this.logger);
+    if (read) this.remember(entry.key, { ...read, seenAt: now });
   }
 
   /** Caches `cached` under `key`, telling the key's listeners when it names another process. */
   private remember(key: string, cached: Cached): void {
-    const before = this.cache.get(key)?.member.incarnation;
+    const before = this.cache.get(key)?.member?.incarnation;
     this.cache.set(key, cached);
-    if (before === cached.member.incarnation) return;
+    // An unreadable entry names no process: a request in flight to the one before keeps waiting.
+    if (!cached.member || before === cached.member.incarnation) return;
     for (const listener of this.incarnationListeners.get(key) ?? []) {
       try {
         listener();
@@ -217,18 +224,32 @@ export class WatchedMemberRegistry implements MembershipSource {
     };
   }
 
-  members(): Member[] {
+  /** The live entries (refreshed within the TTL), in key order; expired ones are dropped. */
+  private live(): Cached[] {
     const cutoff = this.clock.monotonic() - this.ttlMs;
-    const live: Member[] = [];
+    const live: [string, Cached][] = [];
     for (const [key, cached] of this.cache) {
       if (cached.seenAt < cutoff) this.cache.delete(key);
-      else live.push(cached.member);
+      else live.push([key, cached]);
     }
-    return live.sort((a, b) => (memberKey(a.kind, a.instance) < memberKey(b.kind, b.instance) ? -1 : 1));
+    return live.sort(([a], [b]) => (a < b ? -1 : 1)).map(([, cached]) => cached);
+  }
+
+  members(): Member[] {
+    return this.live().flatMap((c) => (c.member ? [c.member] : []));
   }
 
   async list(): Promise<ParticipantRef[]> {
     return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
+  }
+
+  /** The live entries this build cannot read: expired like members, replaced by a readable put, gone with a delete. */
+  unreadableMembers(): UnreadableMember[] {
+    return this.live().flatMap((c) => (c.unreadable ? [c.unreadable] : []));
+  }
+
+  async unreadable(): Promise<UnreadableMember[]> {
+    return this.unreadableMembers();
   }
 
   /**
@@ -237,7 +258,7 @@ export class WatchedMemberRegistry implements MembershipSource {
    */
   incarnationOf(member: ParticipantRef): string | undefined {
     const cached = this.cache.get(memberKey(member.kind, member.instance));
-    return cached && cached.seenAt >= this.clock.monotonic() - this.ttlMs ? cached.member.incarnation : undefined;
+    return cached && cached.seenAt >= this.clock.monotonic() - this.ttlMs ? cached.member?.incarnation : undefined;
   }
 
   stop(): void {
