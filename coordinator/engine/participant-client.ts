@@ -8,6 +8,7 @@ import {
   foreignRefusal,
   participantSubject,
   protocolVersionMismatch,
+  schemaVersionMismatch,
   toCheckpointError,
   type ErrorCode,
   type Kind,
@@ -219,6 +220,10 @@ function parseReply<O extends Op>(participant: ParticipantRef, op: O, text: stri
   // in this version's shape would be read as if they were this version's.
   const otherVersion = protocolVersionMismatch(value, `${participant.kind}/${participant.instance}`);
   if (otherVersion) return { ok: false, participant, code: "internal_error", detail: otherVersion };
+  // Likewise a commit reply's manifest of another format version (a participant built with it).
+  const manifest = value !== null && typeof value === "object" ? (value as { manifest?: unknown }).manifest : undefined;
+  const otherSchema = op === "commit" ? schemaVersionMismatch(manifest, `${participant.kind}/${participant.instance}'s manifest`) : undefined;
+  if (otherSchema) return { ok: false, participant, code: "internal_error", detail: otherSchema };
   const parsed = CONTROL_MESSAGES[op].reply.safeParse(value);
   if (!parsed.success) {
     return {
