@@ -1,14 +1,15 @@
 import { InstanceSchema } from "./ids.js";
 import { KindSchema, type Kind } from "./kinds.js";
 import type { Op } from "./messages.js";
+import { PROTOCOL_VERSION } from "./version.js";
 
 /**
  * Every NATS subject and KV bucket name gym-ckpt uses, in one place.
- *   gym.ckpt.v1.<deployment>.p.<kind>.<instance>.<op>   one participant's control op (request/reply)
- *   gym.ckpt.v1.<deployment>.ctl.<op>                    the controller API of the active coordinator
+ *   gym.ckpt.v<PROTOCOL_VERSION>.<deployment>.p.<kind>.<instance>.<op>   one participant's control op (request/reply)
+ *   gym.ckpt.v<PROTOCOL_VERSION>.<deployment>.ctl.<op>                    the controller API of the active coordinator
  * Directed subjects per participant make every outcome attributable.
  */
-const ROOT = "gym.ckpt.v1";
+const ROOT = `gym.ckpt.v${PROTOCOL_VERSION}`; // from the version, so a bump cannot leave the subjects behind
 
 export function participantSubject(deployment: string, kind: Kind, instance: string, op: Op): string {
   return `${ROOT}.${deployment}.p.${kind}.${instance}.${op}`;
