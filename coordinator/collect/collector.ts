@@ -119,7 +119,7 @@ interface RowState {
   failures: number;
   /** The failed attempt whose retire must finish before this row is sent again. */
   retiring?: number;
-  /** When the retire this row waits for first failed (Date.now()); cleared once it succeeds. */
+  /** When the retire this row waits for first failed (performance.now()); cleared once it succeeds. */
   retireFailingSince?: number;
   reply?: Promise<void>;
   /** The last send was refused admission (admission_closed): it runs nowhere until sent again. */
@@ -128,7 +128,10 @@ interface RowState {
   refusalWaiters: (() => void)[];
   /** Attempts refused `stale_attempt` (fenced, never started) and skipped without counting a failure. */
   fencedSkips: number;
-  /** Since when (Date.now()) every send of this attempt found no server at --run-url; cleared once one connects. */
+  /**
+   * Since when (performance.now(): a wall-clock step must neither fail the row early nor keep it
+   * waiting past --run-timeout-s) every send of this attempt found no server at --run-url; cleared once one connects.
+   */
   unreachableSince?: number;
   /** Why its last attempt failed (for the summary of a row that failed for good). */
   lastFailure?: string;
@@ -152,7 +155,7 @@ export class Collector {
   private gateOpen = true;
   /** `/run` timeouts, paused while this collector's checkpoint keeps episodes parked. */
   private readonly runTimeouts = new RunTimeouts();
-  /** Since when (Date.now()) sends found no server at --run-url; undefined while it answers. */
+  /** Since when (performance.now()) sends found no server at --run-url; undefined while it answers. */
   private runUrlDownSince: number | undefined;
   /** --run-url as the logs show it: a key in its query (`?code=…`, which some gateways take) is not logged. */
   private readonly loggedRunUrl: string;
@@ -687,7 +690,7 @@ export class Collector {
 
   /** The row has waited --run-timeout-s for --run-url to accept a connection: its attempt fails (counted) after all. */
   private unreachableTooLong(state: RowState): boolean {
-    return state.unreachableSince !== undefined && Date.now() - state.unreachableSince >= this.runTimeoutMs;
+    return state.unreachableSince !== undefined && performance.now() - state.unreachableSince >= this.runTimeoutMs;
   }
 
   /**
@@ -696,9 +699,9 @@ export class Collector {
    * checkpoint of ours is open. The outage is logged once, when it begins and when it ends.
    */
   private async waitForRunUrl(state: RowState, code: string): Promise<void> {
-    state.unreachableSince ??= Date.now();
+    state.unreachableSince ??= performance.now();
     if (this.runUrlDownSince === undefined) {
-      this.runUrlDownSince = Date.now();
+      this.runUrlDownSince = performance.now();
       this.options.logger.warn({ run_url: this.loggedRunUrl, code }, "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts");
     }
     this.runsNowhere(state);
@@ -713,18 +716,18 @@ export class Collector {
    */
   private admissionClosedElsewhere(): void {
     if (!this.gateOpen) return;
-    this.admissionClosedSince ??= Date.now();
-    if (this.admissionClosedWarned || Date.now() - this.admissionClosedSince < this.pauses.admissionClosedWarnS * 1000) return;
+    this.admissionClosedSince ??= performance.now();
+    if (this.admissionClosedWarned || performance.now() - this.admissionClosedSince < this.pauses.admissionClosedWarnS * 1000) return;
     this.admissionClosedWarned = true;
     this.options.logger.warn(
-      { run_url: this.loggedRunUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince) / 1000) },
+      { run_url: this.loggedRunUrl, closed_s: Math.round((performance.now() - this.admissionClosedSince) / 1000) },
       "/run keeps answering admission_closed while this collector has no checkpoint open: another controller's checkpoint is open (gym-ckpt status names it); rows are sent again once it is resumed, or once the participants' lease expires",
     );
   }
 
   /** A /run was admitted: a refusal spell, if logged, is over. */
   private admissionReopened(): void {
-    if (this.admissionClosedWarned) this.options.logger.info({ run_url: this.loggedRunUrl, closed_s: Math.round((Date.now() - this.admissionClosedSince!) / 1000) }, "/run admits rows again");
+    if (this.admissionClosedWarned) this.options.logger.info({ run_url: this.loggedRunUrl, closed_s: Math.round((performance.now() - this.admissionClosedSince!) / 1000) }, "/run admits rows again");
     this.admissionClosedSince = undefined;
     this.admissionClosedWarned = false;
   }
@@ -733,7 +736,7 @@ export class Collector {
   private runUrlAnswers(state: RowState): void {
     delete state.unreachableSince;
     if (this.runUrlDownSince === undefined) return;
-    this.options.logger.info({ run_url: this.loggedRunUrl, down_s: (Date.now() - this.runUrlDownSince) / 1000 }, "--run-url accepts connections again");
+    this.options.logger.info({ run_url: this.loggedRunUrl, down_s: (performance.now() - this.runUrlDownSince) / 1000 }, "--run-url accepts connections again");
     this.runUrlDownSince = undefined;
   }
 
@@ -881,7 +884,7 @@ export class Collector {
   private flushRetires(): void {
     void this.lock.run(() => this.retireQueued()).catch((err: unknown) => {
       // The attempt a row waits for is still in toRetire: a batch leaves it only once retired.
-      const now = Date.now();
+      const now = performance.now();
       let waiting = 0;
       for (let i = this.toRetire.length - 1; i >= 0; i--) {
         const e = this.toRetire[i]!;
@@ -932,13 +935,13 @@ export class Collector {
    */
   private retireAtStart(episodes: EpisodeId[]): Promise<void> {
     return this.retireNow(episodes, async (retire) => {
-      const since = Date.now();
+      const since = performance.now();
       for (;;) {
         try {
           return await this.ownOps.resent("retire", undefined, retire);
         } catch (error) {
           const unreachable = error instanceof CheckpointError && error.code === "unreachable";
-          if (!unreachable || Date.now() - since >= this.runTimeoutMs) throw error;
+          if (!unreachable || performance.now() - since >= this.runTimeoutMs) throw error;
           this.options.logger.warn({ err: error }, "the start's retire found a participant unreachable; sending it again");
           await delay(this.pauses.retireS);
         }

@@ -3,7 +3,8 @@ import { timerDelay } from "../../protocol/index.js";
 /**
  * Timeouts of the `/run` calls in flight that stand still while the collector's own checkpoint
  * keeps their episodes parked: parked time is not the episode's, and a long checkpoint would
- * otherwise time rows out (each one then retried as a new attempt).
+ * otherwise time rows out (each one then retried as a new attempt). Timed on performance.now(): a
+ * wall-clock step during a pause must neither spend a call's time nor give it more.
  */
 export class RunTimeouts {
   private readonly active = new Set<Entry>();
@@ -34,7 +35,7 @@ export class RunTimeouts {
 
   pause(): void {
     if (this.pausedAt !== undefined) return;
-    this.pausedAt = Date.now();
+    this.pausedAt = performance.now();
     for (const entry of this.active) {
       clearTimeout(entry.timer);
       entry.remaining -= this.pausedAt - entry.startedAt;
@@ -48,7 +49,7 @@ export class RunTimeouts {
   }
 
   private arm(entry: Entry): void {
-    entry.startedAt = Date.now();
+    entry.startedAt = performance.now();
     entry.timer = setTimeout(
       () => {
         this.active.delete(entry);
@@ -63,6 +64,7 @@ interface Entry {
   controller: AbortController;
   /** Unpaused time left (ms) as of `startedAt`. */
   remaining: number;
+  /** performance.now() when last armed. */
   startedAt: number;
   timer: NodeJS.Timeout | undefined;
 }

@@ -3,7 +3,7 @@ import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import pino from "pino";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { ProgressReporter } from "../../../coordinator/collect/progress-reporter.js";
@@ -1479,6 +1479,26 @@ describe("collector while --run-url accepts no connections (the Gym down or rest
     const begun = Date.now();
     expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
     expect(Date.now() - begun).toBeGreaterThanOrEqual(500);
+  });
+
+  // Before, the outage was timed with Date.now(): a wall clock stepped back (NTP, a VM resume)
+  // kept the row waiting for --run-url an hour longer, and one stepped ahead failed it at once.
+  it("a wall-clock step during the outage does not move --run-timeout-s: the row still fails its attempt once that time passed", { timeout: 20_000 }, async () => {
+    const port = await closedPort();
+    const { controller } = fakeController();
+    const { log, lines } = capturingLogger();
+    const collector = collectorFor(controller, `http://127.0.0.1:${port}/run`, { maxAttempts: 1, runTimeoutSeconds: 1, logger: log });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => lines.some((l) => l.msg.startsWith("--run-url accepts no connections")), "the outage logged", 5000);
+    const wall = Date.now.bind(Date);
+    const stepped = vi.spyOn(Date, "now").mockImplementation(() => wall() - 3_600_000);
+    try {
+      const ended = await Promise.race([run, new Promise<"still waiting">((resolve) => setTimeout(() => resolve("still waiting"), 8000).unref())]);
+      expect(ended).toMatchObject({ finished: 0, failed: 1 });
+    } finally {
+      stepped.mockRestore();
+    }
   });
 });
 

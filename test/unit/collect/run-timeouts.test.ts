@@ -36,4 +36,19 @@ describe("/run timeouts", () => {
     vi.advanceTimersByTime(100);
     expect([late.signal.aborted, finished.signal.aborted]).toEqual([true, false]);
   });
+
+  // Before, the pause was measured with Date.now(): a step forward spent the call's time (it timed
+  // out at resume), a step back gave it an hour more.
+  it.each([3_600_000, -3_600_000])("a wall-clock step (%i ms) while a call runs neither spends its time nor gives it more", (step) => {
+    const timeouts = new RunTimeouts();
+    const run = timeouts.start(1000);
+    vi.advanceTimersByTime(600);
+    vi.setSystemTime(Date.now() + step); // NTP, a VM resume: the wall clock only
+    timeouts.pause();
+    timeouts.resume();
+    vi.advanceTimersByTime(399);
+    expect(run.signal.aborted).toBe(false);
+    vi.advanceTimersByTime(1);
+    expect(run.signal.aborted).toBe(true);
+  });
 });
