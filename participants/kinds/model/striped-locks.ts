@@ -29,7 +29,10 @@ import { AsyncLock } from "../../control-plane/async-lock.js";
 export class StripedLocks {
   private readonly local: AsyncLock[];
   private readonly ready: Promise<void>;
-  /** Stripes whose lock file this process holds, with the time of their last use. */
+  /**
+   * Stripes whose lock file this process holds, with the time of their last use (performance.now():
+   * an idle time within this process, which a wall-clock step must not stretch or cut).
+   */
   private readonly owned = new Map<number, number>();
   private sweeper: NodeJS.Timeout | undefined;
   private closed = false;
@@ -96,7 +99,7 @@ export class StripedLocks {
     try {
       fn();
     } finally {
-      this.owned.set(stripe, Date.now());
+      this.owned.set(stripe, performance.now());
     }
     return true;
   }
@@ -107,14 +110,14 @@ export class StripedLocks {
     return this.local[stripe]!.run(async () => {
       if (!this.owned.has(stripe)) {
         await this.acquire(this.lockFile(stripe));
-        this.owned.set(stripe, Date.now());
+        this.owned.set(stripe, performance.now());
         OWNERS.add(this);
         this.sweep();
       }
       try {
         return await fn();
       } finally {
-        this.owned.set(stripe, Date.now());
+        this.owned.set(stripe, performance.now());
       }
     });
   }
@@ -143,13 +146,13 @@ export class StripedLocks {
     if (this.sweeper || this.closed) return;
     this.sweeper = setTimeout(() => {
       this.sweeper = undefined;
-      const now = Date.now();
+      const now = performance.now();
       const idle = [...this.owned].filter(([, used]) => now - used >= this.idleMs).map(([stripe]) => stripe);
       void Promise.all(
         idle.map((stripe) =>
           this.local[stripe]!.run(async () => {
             const used = this.owned.get(stripe);
-            if (used !== undefined && Date.now() - used >= this.idleMs) await this.release(stripe);
+            if (used !== undefined && performance.now() - used >= this.idleMs) await this.release(stripe);
           }),
         ),
       ).finally(() => {
@@ -193,7 +196,8 @@ export class StripedLocks {
   }
 
   private async acquire(path: string): Promise<void> {
-    const until = Date.now() + this.waitMs;
+    // How long this process waits: monotonic. (A lock file's age, from its mtime, is wall time: whyStale.)
+    const until = performance.now() + this.waitMs;
     for (let attempt = 0; ; attempt++) {
       if (await this.place(path)) return;
       const held = await readIfExists(path);
@@ -203,7 +207,7 @@ export class StripedLocks {
         // A live owner took it first, or another process is taking it over: wait like for any owner.
       }
       // No path in the message: it may reach an HTTP caller as the detail of an internal_error.
-      if (Date.now() > until) throw new Error(`ledger lock ${basename(path)} is held by another live process`);
+      if (performance.now() > until) throw new Error(`ledger lock ${basename(path)} is held by another live process`);
       await new Promise((resolve) => setTimeout(resolve, Math.min(2 + attempt, 20)));
     }
   }
