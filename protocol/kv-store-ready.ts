@@ -27,11 +27,12 @@ const RETRY_MS = 20;
  */
 export async function awaitBucketStore(nc: NatsConnection, bucket: string, withinMs = BUCKET_STORE_WAIT_MS, stop?: AbortSignal): Promise<BucketStore> {
   const stream = `KV_${bucket}`;
-  const until = Date.now() + withinMs;
+  // A duration within this process: a wall-clock step must neither end the wait nor stretch it.
+  const until = performance.now() + withinMs;
   for (;;) {
     // The caller no longer needs the read: nothing more is sent (see LeaderLeaseReader.leader).
     if (stop?.aborted) return "unprovable";
-    const timeout = () => Math.max(1, Math.min(1_000, until - Date.now()));
+    const timeout = () => Math.max(1, Math.min(1_000, until - performance.now()));
     const info = await streamInfo(nc, stream, timeout()).catch(() => undefined);
     if (info === "missing") return "missing";
     if (stop?.aborted) return "unprovable";
@@ -45,7 +46,7 @@ export async function awaitBucketStore(nc: NatsConnection, bucket: string, withi
       if (!unanswered) return "unprovable";
     }
     const wait = equalJitter(RETRY_MS);
-    if (Date.now() + wait >= until) return "unprovable";
+    if (performance.now() + wait >= until) return "unprovable";
     await new Promise((resolve) => setTimeout(resolve, wait));
   }
 }
