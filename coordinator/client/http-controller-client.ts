@@ -101,13 +101,14 @@ export class HttpControllerClient extends ControllerClient {
   }
 
   async call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
-    const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 0);
+    // A duration within this process: a wall-clock step must neither end the leader wait nor stretch it.
+    const waitUntil = performance.now() + (this.options.leaderWaitMs ?? 0);
     for (;;) {
       try {
         return await this.callOnce(op, request);
       } catch (error) {
         // not_leader promises nothing ran (refused before it began, or never sent): safe to send again.
-        if (!(error instanceof CheckpointError && error.code === "not_leader") || Date.now() >= waitUntil) throw error;
+        if (!(error instanceof CheckpointError && error.code === "not_leader") || performance.now() >= waitUntil) throw error;
         await new Promise((resolve) => setTimeout(resolve, 100));
       }
     }

@@ -47,7 +47,8 @@ export class NatsControllerClient extends ControllerClient {
   async call<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
     const subject = controllerSubject(this.options.deployment, op);
     const body = JSON.stringify(request);
-    const waitUntil = Date.now() + (this.options.leaderWaitMs ?? 10_000);
+    // A duration within this process: a wall-clock step must neither end the leader wait nor stretch it.
+    const waitUntil = performance.now() + (this.options.leaderWaitMs ?? 10_000);
     for (;;) {
       const timeout = replyTimeoutMs(op, request, this.options);
       // Every wait is watched, a deadline's too: a collector whose leader died mid-commit would
@@ -66,7 +67,7 @@ export class NatsControllerClient extends ControllerClient {
         return decodeControllerReply(op, await reply);
       } catch (error) {
         const noLeader = error instanceof NoRespondersFailure || (error instanceof CheckpointError && error.code === "not_leader");
-        if (noLeader && Date.now() < waitUntil) {
+        if (noLeader && performance.now() < waitUntil) {
           await new Promise((resolve) => setTimeout(resolve, 100));
           continue;
         }

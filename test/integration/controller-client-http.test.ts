@@ -1,6 +1,6 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { afterEach, describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
 import { waitUntil } from "../support/wait-until.js";
 
@@ -40,6 +40,27 @@ describe("HTTP controller client", () => {
     asked = 0;
     await expect(new HttpControllerClient({ baseUrl: url, token: "t", leaderWaitMs: 10_000 }).call("list", {})).resolves.toMatchObject({ checkpoints: [] });
     expect(asked).toBe(3);
+  });
+
+  // Before, the leader wait was a Date.now() instant: a wall clock stepped back kept the client
+  // asking for the step's length (an hour) instead of leaderWaitMs.
+  it("the leader wait is timed on the monotonic clock: a wall-clock step back does not stretch it", async () => {
+    const url = await listen((_req, res) => {
+      res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_leader", detail: "no leader yet" } }));
+    });
+    const wall = Date.now.bind(Date);
+    const stepped = vi.spyOn(Date, "now");
+    try {
+      const asking = new HttpControllerClient({ baseUrl: url, token: "t", leaderWaitMs: 500 }).call("list", {}).then(
+        () => "answered",
+        (error: { code?: string }) => error.code,
+      );
+      stepped.mockImplementation(() => wall() - 3_600_000); // NTP, a VM resume: after the wait began
+      const outcome = await Promise.race([asking, new Promise((resolve) => setTimeout(() => resolve("still asking"), 5_000).unref())]);
+      expect(outcome).toBe("not_leader");
+    } finally {
+      stepped.mockRestore();
+    }
   });
 
   it("the coordinator dies after receiving the request: outcome_unknown, not not_leader", async () => {

@@ -36,6 +36,26 @@ describe("NATS controller client", () => {
     expect(Date.now() - started).toBeLessThan(5_000);
   });
 
+  // Before, the leader wait was a Date.now() instant: a wall clock stepped back kept the client
+  // asking for the step's length (an hour) instead of leaderWaitMs.
+  it("times the leader wait on the monotonic clock: a wall-clock step back does not stretch it", async () => {
+    const wall = Date.now.bind(Date);
+    const stepped = vi.spyOn(Date, "now");
+    try {
+      const asking = client("nobody-stepped", { leaderWaitMs: 500 })
+        .call("status", {})
+        .then(
+          () => "answered",
+          (error: { code?: string }) => error.code,
+        );
+      stepped.mockImplementation(() => wall() - 3_600_000); // NTP, a VM resume: after the wait began
+      const outcome = await Promise.race([asking, new Promise((resolve) => setTimeout(() => resolve("still asking"), 5_000).unref())]);
+      expect(outcome).toBe("not_leader");
+    } finally {
+      stepped.mockRestore();
+    }
+  });
+
   it("reports outcome_unknown when the coordinator received the request but never replied", async () => {
     const seen: (string | undefined)[] = [];
     const sub = nats.nc.subscribe(controllerSubject("silent", "status"), {
