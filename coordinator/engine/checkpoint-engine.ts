@@ -1237,7 +1237,10 @@ export class CheckpointEngine {
     // the prepare that opened the checkpoint; one written since is left out, as a member joining is.
     const members = open.members;
     const absent = new Map((await this.absentFrom(members)).map((f) => [f.participant, f]));
-    if (absent.size) this.checkpointLog(id).warn({ missing: [...absent.keys()].map(refName) }, "expected_participants_missing");
+    const unregistered = [...absent.values()].filter((f) => f.detail === notRegistered(f.participant).detail);
+    const unreadable = [...absent.values()].filter((f) => !unregistered.includes(f));
+    if (unregistered.length) this.checkpointLog(id).warn({ missing: unregistered.map((f) => refName(f.participant)) }, "expected_participants_missing");
+    if (unreadable.length) this.checkpointLog(id).warn({ unreadable: unreadable.map((f) => f.detail) }, "unreadable_members_not_prepared");
     let staged: StagedRun<Outcome<"prepare">>;
     try {
       staged = await runStages(
