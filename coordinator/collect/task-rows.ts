@@ -8,7 +8,8 @@ import { CheckpointError, MAX_JSON_DEPTH, RolloutIdSchema, describeZodError, dup
 
 /**
  * One line of `tasks.jsonl`: either `{"id": "...", "task": {...}}` or a bare task object, which
- * gets the id `row-<line number>`. Ids must be valid rollout ids and unique.
+ * gets the id `row-<line number>`. Ids (with `--rollout-id-prefix` in front) must be valid rollout
+ * ids and unique.
  */
 const TaskLineSchema = z.object({ id: RolloutIdSchema, task: z.record(z.string(), z.unknown()) }).strict();
 
@@ -26,10 +27,21 @@ export interface TaskRow {
 export const MAX_TASK_LINE_BYTES = bufferConstants.MAX_STRING_LENGTH;
 
 /**
- * Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be.
- * `signal` gives the read up (rejecting with its reason), even one that never delivers.
+ * What may come before a row's id (`--rollout-id-prefix`): the start of a rollout id. The model
+ * proxy keeps each capture key's ledger for good, so a later collection sending the same ids at the
+ * same attempts to that Gym would continue the earlier one's lineage; a prefix per run keeps them apart.
  */
-export async function readTaskRows(path: string, { signal, maxLineBytes = MAX_TASK_LINE_BYTES }: { signal?: AbortSignal; maxLineBytes?: number } = {}): Promise<TaskRow[]> {
+export const ROLLOUT_ID_PREFIX_PATTERN = /^(?:[A-Za-z0-9][A-Za-z0-9._-]*)?$/;
+
+/**
+ * Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be.
+ * `signal` gives the read up (rejecting with its reason), even one that never delivers. `idPrefix`
+ * goes in front of every row's id (written or `row-<line>`): the rollout id is the whole of it.
+ */
+export async function readTaskRows(
+  path: string,
+  { signal, maxLineBytes = MAX_TASK_LINE_BYTES, idPrefix = "" }: { signal?: AbortSignal; maxLineBytes?: number; idPrefix?: string } = {},
+): Promise<TaskRow[]> {
   const rows: TaskRow[] = [];
   const seen = new Set<string>();
   let input: Readable | undefined;
@@ -54,7 +66,8 @@ export async function readTaskRows(path: string, { signal, maxLineBytes = MAX_TA
       if (twice !== undefined) throw new CheckpointError("invalid_request", `${path}:${number}: names key ${JSON.stringify(twice)} twice in one object`);
       const unsafe = unsafeJsonInteger(line);
       if (unsafe !== undefined) throw new CheckpointError("invalid_request", `${path}:${number}: holds integer ${unsafe}, past what a double holds exactly (it would be sent as ${Number(unsafe)}); write it as a string`);
-      const withId = value !== null && typeof value === "object" && "task" in value && "id" in value ? value : { id: `row-${number}`, task: value };
+      const written = value !== null && typeof value === "object" && "task" in value && "id" in value ? (value as { id: unknown }) : undefined;
+      const withId = written ? { ...written, id: typeof written.id === "string" ? `${idPrefix}${written.id}` : written.id } : { id: `${idPrefix}row-${number}`, task: value };
       const parsed = TaskLineSchema.safeParse(withId);
       if (!parsed.success) throw new CheckpointError("invalid_request", `${path}:${number}: ${describeZodError(parsed.error)}`);
       // The /run body carrying it may nest MAX_JSON_DEPTH levels: refused here, not by every attempt.

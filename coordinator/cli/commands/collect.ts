@@ -4,7 +4,7 @@ import { basename, dirname, join, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, connectNatsWithin, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, MAX_ROLLOUT_ID_CHARS, connectNatsWithin, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { CONTROLLER_CONNECT_FAILURE, NatsControllerClient } from "../../client/nats-controller-client.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
@@ -14,7 +14,7 @@ import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBefore
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { assertConcurrencyFits } from "../../collect/scope-ceiling.js";
-import { readTaskRows } from "../../collect/task-rows.js";
+import { ROLLOUT_ID_PREFIX_PATTERN, readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
 import { fetchableUrlFlag } from "../fetchable-url.js";
@@ -44,6 +44,7 @@ interface CollectFlags extends ClientFlags {
   recordsKind: string;
   recordsEveryRows: string;
   recordsEveryS: string;
+  rolloutIdPrefix: string;
 }
 
 export function register(program: Command): void {
@@ -68,7 +69,8 @@ export function register(program: Command): void {
       .option("--records-env <name>", "env name in the record file names", "gym")
       .option("--records-kind <kind>", "train or eval", "eval")
       .option("--records-every-rows <n>", "write a step file every N finished rows", "64")
-      .option("--records-every-s <s>", "…or S seconds after the first buffered row", "30"),
+      .option("--records-every-s <s>", "…or S seconds after the first buffered row", "30")
+      .option("--rollout-id-prefix <p>", "put P before every row's id: the rollout ids of a run of their own (docs/collect.md)", ""),
     { printsReply: false },
   ).action(async (flags: CollectFlags) => {
     // The CLI's entry listens before the program loads (cli/main.ts); here for a program built
@@ -115,6 +117,10 @@ export function register(program: Command): void {
         throw new CheckpointError("invalid_request", `--records-env: ${error instanceof Error ? error.message : String(error)}`);
       }
       if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
+      // The start of a rollout id; each row's whole id is checked as its line is read.
+      if (!ROLLOUT_ID_PREFIX_PATTERN.test(flags.rolloutIdPrefix) || flags.rolloutIdPrefix.length >= MAX_ROLLOUT_ID_CHARS) {
+        throw new CheckpointError("invalid_request", `--rollout-id-prefix must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ and be shorter than ${MAX_ROLLOUT_ID_CHARS} characters`);
+      }
       // resolve("") is the working directory: never a checkpoint root anyone meant.
       if (!flags.checkpointDir) throw new CheckpointError("invalid_request", "--checkpoint-dir must not be empty");
       // Likewise: records written into the working directory were never meant.
@@ -130,7 +136,7 @@ export function register(program: Command): void {
       await assertAppendable(outPath, flags.tasks, resolve(flags.checkpointDir));
       if (flags.recordsDir !== undefined) await assertRecordsDir(resolve(flags.recordsDir));
       requeueIfSigterm();
-      const rows = await readTaskRows(flags.tasks, { signal: sigterm }).catch((error: unknown) => {
+      const rows = await readTaskRows(flags.tasks, { signal: sigterm, idPrefix: flags.rolloutIdPrefix }).catch((error: unknown) => {
         requeueIfSigterm(); // the read given up
         throw error;
       });

@@ -87,6 +87,12 @@ describe("gym-ckpt collect flags", () => {
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
 
+  it.each(["-run1", "run 1", "r/1", "x".repeat(200)])("refuses --rollout-id-prefix %j (invalid_request, exit 2) before creating anything", async (value) => {
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--rollout-id-prefix", value)).toBe(2);
+    expect(stderr).toContain("error invalid_request: --rollout-id-prefix must match");
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
   it("checks its flags before the token: a bad flag without a token is still invalid_request, exit 2", async () => {
     const saved = { a: process.env.GYM_CKPT_CONTROLLER_TOKEN, b: process.env.GYM_CKPT_TOKEN };
     delete process.env.GYM_CKPT_CONTROLLER_TOKEN;

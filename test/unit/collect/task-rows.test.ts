@@ -61,6 +61,20 @@ describe("task rows", () => {
     await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:2: ${detail}`) });
   });
 
+  it("with an id prefix, every row's rollout id starts with it, written ids and row-<line> alike", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, `{"id":"q1","task":{"n":1}}\n\n{"n":2}\n`);
+    expect((await readTaskRows(path, { idPrefix: "run2." })).map((r) => r.rolloutId)).toEqual(["run2.q1", "run2.row-3"]);
+    expect((await readTaskRows(path)).map((r) => r.rolloutId)).toEqual(["q1", "row-3"]);
+  });
+
+  it("with an id prefix, a row whose whole id is no rollout id (too long) is refused naming its line", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, `{"id":"${"q".repeat(195)}","task":{}}\n`);
+    expect(await readTaskRows(path, { idPrefix: "run1." })).toHaveLength(1);
+    await expect(readTaskRows(path, { idPrefix: "run12." })).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:1: `) });
+  });
+
   it("take a task nested as deep as a /run body can carry", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, `{"id":"a","task":{"x":${"[".repeat(126)}${"]".repeat(126)}}}\n`);
