@@ -13,6 +13,15 @@ import { invalidRequest } from "./errors.js";
  * would multiply every match or, with two of them, never end. A file reached by two paths (a
  * linked record file, or two patterns naming it through a link) is listed once, under the path
  * that sorts first.
+ *
+ * A follower expands its globs at every poll, so what a listed file costs matters: a listed entry
+ * that is not a link is never stat'ed or resolved. Its type comes with the listing, and its real
+ * path is its directory's plus its name, since a wildcard descends only real directories: only
+ * the directory a pattern starts from or names literally is resolved (a `latest -> step_N` link
+ * can be retargeted), once per expansion. A linked entry is stat'ed and resolved every time, as
+ * its target can change. Each directory is still listed at every poll: caching a listing until
+ * the directory's mtime changes would miss an entry added within the mtime's granularity (a
+ * coarse clock tick) of the listing, such as a step's second env, for good.
  */
 export async function expandGlobs(patterns: readonly string[], cwd: string): Promise<string[]> {
   return (await expandGlobFiles(patterns, cwd)).map((f) => f.path);
@@ -24,7 +33,8 @@ export async function expandGlobFiles(patterns: readonly string[], cwd: string):
     const problem = globProblem(pattern);
     if (problem !== null) throw invalidRequest(`record glob ${JSON.stringify(pattern)}: ${problem}`);
   }
-  const found = new Set<string>();
+  // Each listed path with its real path, or null when only realpath can tell (a link).
+  const found = new Map<string, string | null>();
   for (const pattern of patterns) {
     // Only the pattern is a pattern: the directory a relative one resolves against is a path, and
     // a `[`, `?` or `*` in its name (`exp[1]/`) must not make it match another directory (`exp1/`).
@@ -35,15 +45,12 @@ export async function expandGlobFiles(patterns: readonly string[], cwd: string):
       base = path.dirname(base);
       segments.shift();
     }
-    await walk(base, segments, found);
+    await walk(base, segments, null, found);
   }
   const seen = new Set<string>();
   const out: { path: string; real: string }[] = [];
-  for (const file of [...found].sort(naturalCompare)) {
-    const real = await fs.realpath(file).catch((error: unknown) => {
-      if (absent(error)) return file; // gone since it was listed: its open will say so
-      throw error;
-    });
+  for (const file of [...found.keys()].sort(naturalCompare)) {
+    const real = found.get(file) ?? (await realpathOr(file, file));
     if (seen.has(real)) continue;
     seen.add(real);
     out.push({ path: file, real });
@@ -53,34 +60,51 @@ export async function expandGlobFiles(patterns: readonly string[], cwd: string):
 
 const MAGIC = /[*?[]/;
 
-async function walk(base: string, segments: readonly string[], out: Set<string>): Promise<void> {
+/**
+ * `real` is `base`'s real path when known: below a wildcard it is the parent's plus the name (a
+ * wildcard descends only real directories); after a literal segment, which may name a link, it is
+ * null until a listing needs it.
+ */
+async function walk(base: string, segments: readonly string[], real: string | null, out: Map<string, string | null>): Promise<void> {
   const [segment, ...rest] = segments;
   if (segment === undefined) return;
   if (segment === "**") {
     // `**` at the end means every file below; otherwise it matches zero or more directories.
     const next = rest.length === 0 ? ["*"] : rest;
-    await walk(base, next, out);
-    for (const entry of await listDir(base)) {
-      if (!entry.name.startsWith(".") && isDir(entry)) await walk(path.join(base, entry.name), segments, out);
-    }
+    await walk(base, next, real, out);
+    const entries = (await listDir(base)).filter((entry) => !entry.name.startsWith(".") && isDir(entry));
+    if (entries.length > 0) real ??= await realpathOr(base, base);
+    for (const entry of entries) await walk(path.join(base, entry.name), segments, path.join(real!, entry.name), out);
     return;
   }
   if (!MAGIC.test(segment)) {
     const target = path.join(base, segment);
-    if (rest.length > 0) return walk(target, rest, out);
-    if (await namesFile(target)) out.add(target);
+    if (rest.length > 0) return walk(target, rest, null, out);
+    if (await namesFile(target)) out.set(target, null);
     return;
   }
   const regex = segmentRegex(segment);
-  for (const entry of await listDir(base)) {
-    if (entry.name.startsWith(".") || !regex.test(entry.name)) continue;
+  const entries = (await listDir(base)).filter((entry) => !entry.name.startsWith(".") && regex.test(entry.name));
+  if (entries.length > 0) real ??= await realpathOr(base, base);
+  for (const entry of entries) {
     const target = path.join(base, entry.name);
     if (rest.length > 0) {
-      if (isDir(entry)) await walk(target, rest, out);
+      if (isDir(entry)) await walk(target, rest, path.join(real!, entry.name), out);
+    } else if (!entry.isSymbolicLink()) {
+      // Its type is the listing's (never a link's), so only a directory is no file.
+      if (!entry.isDirectory()) out.set(target, path.join(real!, entry.name));
     } else if (await namesFile(target)) {
-      out.add(target);
+      out.set(target, null);
     }
   }
+}
+
+/** The real path of `target`, or `fallback` when it is gone (its listing or open will say so). */
+async function realpathOr(target: string, fallback: string): Promise<string> {
+  return fs.realpath(target).catch((error: unknown) => {
+    if (absent(error)) return fallback;
+    throw error;
+  });
 }
 
 /** Why `pattern` cannot be expanded (a `[...]` class that is no valid set, e.g. `[z-a]`), or null. */

@@ -1,7 +1,8 @@
-import { mkdir, symlink, writeFile } from "node:fs/promises";
+import { mkdir, realpath, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { expandGlobs, isIndexFileName, naturalCompare, stepOfPath } from "../../../participants/replay/index.js";
+import { expandGlobFiles } from "../../../participants/replay/record-glob.js";
 import { tempDir } from "./fixtures.js";
 
 let dir: string;
@@ -76,6 +77,22 @@ describe("record globs", () => {
     await symlink("../step_2/train_rollouts_gsm8k.jsonl", path.join(dir, "rollouts/step_3/train_rollouts_gsm8k.jsonl"));
     await symlink("../step_2/train_rollouts_gsm8k.jsonl", path.join(dir, "rollouts/step_3/eval_rollouts_gsm8k.jsonl"));
     expect(rel(await expandGlobs(["rollouts/step_*/*_rollouts_*.jsonl"], dir))).toEqual(steps);
+  });
+});
+
+describe("real paths", () => {
+  it("are what realpath gives, through a linked working directory, a literal link and a linked file alike", async () => {
+    await touch("data/rollouts/step_1/train_rollouts_a.jsonl", "data/rollouts/step_2/deep/train_rollouts_a.jsonl");
+    await symlink("data", path.join(dir, "work"));
+    await symlink("step_1", path.join(dir, "data/rollouts/latest"));
+    await symlink("../step_1/train_rollouts_a.jsonl", path.join(dir, "data/rollouts/step_2/train_rollouts_b.jsonl"));
+    const cwd = path.join(dir, "work");
+    const files = await expandGlobFiles(["rollouts/step_*/*.jsonl", "rollouts/**/deep/*.jsonl", "rollouts/latest/*.jsonl", "./../work/rollouts/step_2/train_rollouts_b.jsonl"], cwd);
+    for (const file of files) expect(file.real).toBe(await realpath(file.path));
+    expect(files.map((f) => path.relative(dir, f.path))).toEqual([
+      "work/rollouts/latest/train_rollouts_a.jsonl",
+      "work/rollouts/step_2/deep/train_rollouts_a.jsonl",
+    ]);
   });
 });
 

@@ -191,6 +191,66 @@ describe("follow and append (18)", () => {
     expect(names(cold.tasks)).toEqual(names(follower.tasks));
   });
 
+  it("a poll stats and resolves only what may be new: one new file after 500 loaded costs O(1) stat/realpath calls, not 501", { timeout: 20_000 }, async () => {
+    const line = JSON.stringify(linearTrace(traceId(1), 0)) + "\n";
+    const put = async (step: number, env: string) => {
+      await mkdir(path.join(rollouts(), `step_${step}`), { recursive: true });
+      await writeFile(path.join(rollouts(), `step_${step}`, `train_rollouts_${env}.jsonl`), line);
+    };
+    for (let step = 1; step <= 100; step++) for (const env of ["a", "b", "c", "d", "e"]) await put(step, env);
+    const follower = source({ records: "run/rollouts/step_*/train_rollouts_*.jsonl" });
+    expect((await follower.load()).files).toHaveLength(500);
+    await put(101, "a");
+    const spies = (["stat", "lstat", "realpath", "readdir"] as const).map((name) => vi.spyOn(fsPromises, name));
+    try {
+      expect((await follower.reload()).files).toHaveLength(1);
+      const [stat, lstat, realpath, readdir] = spies.map((spy) => spy.mock.calls.length);
+      // Per file: nothing (a listed regular file is neither stat'ed nor resolved). Per directory:
+      // one listing (the only way to see a new entry without trusting mtimes), and one resolution
+      // of the directory the pattern names literally.
+      expect({ stat, lstat, realpath }).toEqual({ stat: 0, lstat: 0, realpath: 1 });
+      expect(readdir).toBe(1 + 101);
+    } finally {
+      for (const spy of spies) spy.mockRestore();
+    }
+  });
+
+  it("follows a literally named link to a directory when it is retargeted (latest -> step_N)", async () => {
+    const config = { records: "run/rollouts/latest/train_rollouts_*.jsonl" };
+    await write(1, [linearTrace(traceId(1), 0)]);
+    await write(2, [linearTrace(traceId(2), 0)]);
+    await symlink("step_1", path.join(rollouts(), "latest"));
+    const follower = source(config);
+    await follower.load();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001"]);
+    await symlink("step_2", path.join(rollouts(), "latest.new"));
+    await rename(path.join(rollouts(), "latest.new"), path.join(rollouts(), "latest"));
+    await follower.reload();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001", "recheck:00000002"]);
+    await symlink("step_1", path.join(rollouts(), "latest.new"));
+    await rename(path.join(rollouts(), "latest.new"), path.join(rollouts(), "latest"));
+    expect((await follower.reload()).added).toBe(0); // step_1's file, by its real path, is loaded already
+  });
+
+  it("loads the new target of a linked record file that is retargeted, and never an old one again", async () => {
+    const config = { records: "run/rollouts/step_*/train_rollouts_*.jsonl" };
+    const { recordPath: one } = await write(1, [linearTrace(traceId(1), 0)], "x");
+    await mkdir(path.join(rollouts(), "other"), { recursive: true });
+    const two = path.join(rollouts(), "other", "train_rollouts_x.jsonl");
+    await copyFile(one, two);
+    await writeFile(two, JSON.stringify(linearTrace(traceId(2), 0)) + "\n");
+    const link = path.join(rollouts(), "step_2", "train_rollouts_y.jsonl");
+    await mkdir(path.dirname(link));
+    await symlink(one, link);
+    const follower = source(config);
+    await follower.load();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001"]);
+    await symlink(two, link + ".new");
+    await rename(link + ".new", link);
+    await follower.reload();
+    expect(names(follower.tasks)).toEqual(["recheck:00000001", "recheck:00000002"]);
+  });
+
   it("never treats index files or step markers as records, even under a broad glob", async () => {
     await writeStepRecords(rollouts(), 1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1), 0)] }]);
     const broad = source({ records: "run/rollouts/**/*" });
