@@ -49,7 +49,7 @@ export async function expandGlobFiles(patterns: readonly string[], cwd: string):
   }
   const seen = new Set<string>();
   const out: { path: string; real: string }[] = [];
-  for (const file of [...found.keys()].sort(naturalCompare)) {
+  for (const file of naturalSort(found.keys())) {
     const real = found.get(file) ?? (await realpathOr(file, file));
     if (seen.has(real)) continue;
     seen.add(real);
@@ -179,20 +179,32 @@ async function namesFile(target: string): Promise<boolean> {
 
 /** Compares digit runs as numbers and everything else as text. */
 export function naturalCompare(a: string, b: string): number {
-  const pa = a.split(/(\d+)/);
-  const pb = b.split(/(\d+)/);
+  return compareRuns(runsOf(a), runsOf(b), a, b);
+}
+
+/**
+ * Sorts as naturalCompare does, splitting each name once instead of at each of its ~log n
+ * comparisons: a follower sorts every file it lists at every poll, on the event loop.
+ */
+export function naturalSort(names: Iterable<string>): string[] {
+  return [...names]
+    .map((name) => ({ name, runs: runsOf(name) }))
+    .sort((x, y) => compareRuns(x.runs, y.runs, x.name, y.name))
+    .map((x) => x.name);
+}
+
+/** Text and digit runs alternately (digit runs at odd positions), leading zeros stripped. */
+function runsOf(name: string): string[] {
+  return name.split(/(\d+)/).map((run, i) => (i % 2 === 1 ? run.replace(/^0+(?=\d)/, "") : run));
+}
+
+function compareRuns(pa: readonly string[], pb: readonly string[], a: string, b: string): number {
   for (let i = 0; i < Math.min(pa.length, pb.length); i++) {
     const x = pa[i]!;
     const y = pb[i]!;
     if (x === y) continue;
-    if (i % 2 === 1) {
-      // Digit run: compare by value without overflow (strip zeros, then length, then digits).
-      const nx = x.replace(/^0+(?=\d)/, "");
-      const ny = y.replace(/^0+(?=\d)/, "");
-      if (nx.length !== ny.length) return nx.length - ny.length;
-      if (nx !== ny) return nx < ny ? -1 : 1;
-      continue;
-    }
+    // A digit run compares by value without overflow: length, then digits (zeros are stripped).
+    if (i % 2 === 1 && x.length !== y.length) return x.length - y.length;
     return x < y ? -1 : 1;
   }
   if (pa.length !== pb.length) return pa.length - pb.length;
