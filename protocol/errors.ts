@@ -46,8 +46,9 @@ export const ERROR_CATALOG = {
   checkpoint_conflict: {
     status: 409,
     meaning:
-      "A different checkpoint is active, or a retried commit names another directory or scope; or the checkpoint's path under the root is taken by something not a directory (the coordinator's prepare or commit: nothing was committed).",
-    solve: "Resume (abort) the active checkpoint first, or retry with the same arguments; move what holds the path, or use another checkpoint id.",
+      "A different checkpoint is active, or a retried commit names another directory or scope; or the checkpoint's path under the root is taken by something not a directory (the coordinator's prepare or commit: nothing was committed). `gym-ckpt collect` answers it too, before anything is changed, when another collector holds the checkpoint root, or when the root's `dispatched.jsonl` is another collection's (other `--tasks`, `--out` or `--rollout-id-prefix`).",
+    solve:
+      "Resume (abort) the active checkpoint first, or retry with the same arguments; move what holds the path, or use another checkpoint id. For collect: wait for the other collector; run the earlier collection's command again to continue it, or pass `--new-collection` to abandon it (docs/collect.md, \"Another collection in the same root\").",
   },
   invalid_phase: {
     status: 409,

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { trace, type Span } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import {
@@ -35,7 +35,8 @@ import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttemp
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
-import { appendResult, readResults, readResultsForAppend, syncResults } from "./results-file.js";
+import { anotherCollection, sameCollection, type CollectionIdentity } from "./collection-identity.js";
+import { appendResult, readResults, readResultsForAppend, readResultsIfPresent, syncResults } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -63,6 +64,14 @@ export interface CollectorOptions {
   /** POST <runUrl> with {rollout_id, attempt, task} runs one row (environment or legacy agent /run). */
   runUrl: string;
   outPath: string;
+  /** --tasks and --rollout-id-prefix: with outPath, the collection the dispatch log's header names. */
+  tasksPath?: string;
+  rolloutIdPrefix?: string;
+  /**
+   * --new-collection: a dispatch log of another collection (or one not naming its collection) is
+   * abandoned rather than refused (see Collector.abandon). This collection's own log is continued.
+   */
+  newCollection?: boolean;
   /**
    * The coordinator's checkpoint root as this host mounts it: checkpoints, LATEST, dispatched.jsonl
    * live here. Every file of a checkpoint is read and written through it, not through the
@@ -103,6 +112,14 @@ export interface CollectionSummary {
   records?: RolloutRecordsStats;
   /** The first FAILED_ROWS_LISTED rows that failed for good, each with why its last attempt failed. */
   failedRows: { rollout_id: string; reason: string }[];
+}
+
+/** The refusal of a start that finds a checkpoint open that no run of this collection's left open. */
+function anotherControllersCheckpoint(open: { checkpoint_id: string; phase: string }): CheckpointError {
+  return new CheckpointError(
+    "checkpoint_conflict",
+    `checkpoint ${open.checkpoint_id} is open (${open.phase}) and this collector did not leave it open: another controller's, or left by a collector older than this one; let it finish, or resume it (gym-ckpt resume ${open.checkpoint_id}), then start again`,
+  );
 }
 
 /** Failed rows the summary names: enough to see what went wrong, never the whole task file. */
@@ -227,12 +244,36 @@ export class Collector {
     return join(this.options.checkpointDir, DISPATCH_LOG_FILE);
   }
 
+  /** This collection, as its dispatch log's header names it. */
+  private get identity(): CollectionIdentity {
+    const { tasksPath, outPath, rolloutIdPrefix = "" } = this.options;
+    return { ...(tasksPath !== undefined && { tasks: resolve(tasksPath) }), out: resolve(outPath), rolloutIdPrefix };
+  }
+
   // ---- start-up: continue what the previous run left --------------------------------------
 
   /** Reads finished rows, the previous dispatch log and LATEST; restores or retires accordingly. */
   async start(): Promise<void> {
     // Before anything is read or written: a concurrency whose checkpoints could not carry their scope.
     assertConcurrencyFits(this.options.concurrency ?? 8, this.options.rows, "concurrency");
+    // The log first, before anything is written (the records dir, a torn --out line cut): a log of
+    // another collection is refused here, or abandoned with --new-collection, never continued.
+    let history = await DispatchLog.read(this.logPath);
+    /** The checkpoint ids an abandoned collection logged: carried, as a predecessor's are (one may still open). */
+    let abandonedCheckpoints: Set<string> | undefined;
+    if (history) {
+      // A log older than the header naming its collection is continued, as before (an upgrade
+      // mid-run still resumes), unless the start says it begins a new collection.
+      const own = history.collection ? await sameCollection(history.collection, this.identity) : !this.options.newCollection;
+      if (!own && !this.options.newCollection) throw anotherCollection(this.logPath, history.runId, history.collection!, this.identity);
+      if (!own) {
+        await this.abandon(history);
+        abandonedCheckpoints = history.checkpoints;
+        history = undefined;
+      } else if (this.options.newCollection && history.collection) {
+        this.options.logger.info({ run_id: history.runId }, "--new-collection: dispatched.jsonl is this collection's own (same --tasks, --out and --rollout-id-prefix); continuing it");
+      }
+    }
     await this.records?.start();
     const finished = await readResultsForAppend(this.options.outPath);
     this.queue = new RowQueue();
@@ -243,7 +284,7 @@ export class Collector {
       this.queue.add(state);
     }
     this.doneBefore = this.queue.counts.done;
-    const history = await DispatchLog.read(this.logPath);
+    const knownCheckpoints = history?.checkpoints ?? abandonedCheckpoints ?? new Set<string>();
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
     const restoredOnly = history?.restoredOnly ?? new Set<string>();
     // Logged attempts of rollouts --tasks no longer names (edited since the crash) and --out does
@@ -279,12 +320,7 @@ export class Collector {
     // prepare; never restored by us unless it is that LATEST), or our LATEST. Any other is another
     // controller's, maybe mid-flight: a resume would abort it under that controller, and retires
     // are refused while it is open. Refused before anything is sent.
-    if (open && !ours && (restore || !history?.checkpoints.has(open.checkpoint_id))) {
-      throw new CheckpointError(
-        "checkpoint_conflict",
-        `checkpoint ${open.checkpoint_id} is open (${open.phase}) and this collector did not leave it open: another controller's, or left by a collector older than this one; let it finish, or resume it (gym-ckpt resume ${open.checkpoint_id}), then start again`,
-      );
-    }
+    if (open && !ours && (restore || !knownCheckpoints.has(open.checkpoint_id))) throw anotherControllersCheckpoint(open);
     const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);
     const restorable = heldParked ? [] : (collection?.continued ?? []);
     const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
@@ -348,7 +384,7 @@ export class Collector {
     // The checkpoint ids the old log names are carried too: the status read above may have missed
     // one whose prepare still waited at the coordinator (behind another op), and it may open once
     // the old log is gone. Without them the next start would refuse its own predecessor's checkpoint.
-    this.log = await DispatchLog.create(this.logPath, this.runId, carried, restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined, history?.checkpoints);
+    this.log = await DispatchLog.create(this.logPath, this.runId, carried, restoring && restoring.run_id !== this.runId ? restoring.run_id : undefined, knownCheckpoints, this.identity);
     // An attempt only restored is still held by the processes the restore installed it at (no
     // restore of ours replaces them, nor did its clean-up fence it): it continues, so it stays in the
     // scope of a checkpoint taken before it is sent, which would otherwise drop the record.
@@ -369,6 +405,66 @@ export class Collector {
     if (this.toForget.size) this.forgetSoon();
     this.instruments.rows.add(this.restartedCount, { outcome: "restarted" });
     this.instruments.rows.add(continuedRestored, { outcome: "continued" });
+  }
+
+  /**
+   * --new-collection over the log of another collection (or one that does not name its
+   * collection): that collection ends as its own end would have left the Gym, without anything of
+   * it continuing. A checkpoint it left open is closed (resumed); the attempts it left unfinished by
+   * its own --out (which its log names) are retired, so the Gym stops and frees them, and forgotten,
+   * with the rows it finished as a later attempt (their forget may have died with it); its finished
+   * rows are not retired, so their model ledgers stay, and nothing of it is restored. When its --out
+   * cannot be told (gone, or not named by an older log), only attempts that certainly never
+   * finished are retired: one only restored, never sent, and those of a restore it left open; the
+   * others are said, not retired (a finished row's retire would delete its ledger). Writes nothing:
+   * a start that fails after this leaves the old log, and the next start abandons it again (retire
+   * and forget are idempotent).
+   */
+  private async abandon(history: DispatchHistory): Promise<void> {
+    const earlier = history.collection;
+    const earlierFinished = earlier ? await readResultsIfPresent(earlier.out) : undefined;
+    const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
+    const open = status.checkpoint;
+    /** Rollouts a restore it left open may have installed at attempt + 1: never sent since. */
+    const restoredScope = new Set<string>();
+    if (open) {
+      // Its own only as for a restart (see start): another controller's checkpoint is refused.
+      const collection = await this.latestCollection(history);
+      const restore = open.phase === "restored" || open.phase === "restoring";
+      const latestOurs = open.checkpoint_id === collection?.checkpoint_id && (!restore || collection.run_id === history.continuesRun);
+      if (!latestOurs && (restore || !history.checkpoints.has(open.checkpoint_id))) throw anotherControllersCheckpoint(open);
+      if (restore) for (const e of collection!.continued) if (history.latest.get(e.rollout_id) === e.attempt) restoredScope.add(e.rollout_id);
+      this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase }, "--new-collection: closing the checkpoint the earlier collection left open");
+      await this.resumeLeftOpen(open.checkpoint_id);
+    }
+    const certainlyUnfinished = (id: string) => history.restoredOnly.has(id) || restoredScope.has(id);
+    const retiring: EpisodeId[] = [];
+    let unknown = 0;
+    for (const [rollout_id, attempt] of history.latest) {
+      if (earlierFinished ? earlierFinished.has(rollout_id) : !certainlyUnfinished(rollout_id)) {
+        if (!earlierFinished) unknown++;
+        continue;
+      }
+      retiring.push({ rollout_id, attempt: restoredScope.has(rollout_id) ? attempt + 1 : attempt });
+    }
+    if (retiring.length) await this.retireAtStart(retiring);
+    // Lifted once retired, as at a collection's end: a later collection reusing these ids is not refused.
+    const forgetting = new Set(retiring.map((e) => e.rollout_id));
+    for (const [id, row] of earlierFinished ?? []) if (row.attempt > 0 && history.latest.has(id)) forgetting.add(id);
+    const ids = [...forgetting];
+    for (let i = 0; i < ids.length; i += RETIRE_BATCH) {
+      const batch = ids.slice(i, i + RETIRE_BATCH);
+      await this.ownOps.resent("forget", undefined, () => this.options.controller.forget({ rollout_ids: batch, deadline_ts: this.deadline() }));
+    }
+    const about = { run_id: history.runId, ...(earlier && { tasks: earlier.tasks, out: earlier.out }), retired: retiring.length, forgotten: ids.length };
+    if (unknown) {
+      this.options.logger.warn(
+        { ...about, not_retired: unknown },
+        `--new-collection: abandoned the earlier collection; its --out ${earlier ? `${earlier.out} is not there` : "is not named by its log (written by an older collector)"}, so which of its rows finished is unknown: ${unknown} logged attempts are not retired (a finished row's retire would delete its model ledger); one still running at a Gym server is not stopped (gym-ckpt retire stops it)`,
+      );
+    } else {
+      this.options.logger.warn(about, "--new-collection: abandoned the earlier collection: its unfinished attempts retired, its finished rows left alone");
+    }
   }
 
   /**

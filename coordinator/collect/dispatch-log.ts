@@ -3,11 +3,13 @@ import { z } from "zod";
 import { CheckpointError, CheckpointIdSchema, EpisodeIdSchema, LineSplitter, namePath, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { openRegularFile } from "../publication/regular-file.js";
+import type { CollectionIdentity } from "./collection-identity.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /**
  * `dispatched.jsonl`: the run id on the first line (with `continues_run`, the earlier run whose
- * checkpoint this run restores at start), then one `{rollout_id, attempt}` line appended
+ * checkpoint this run restores at start, and the collection it belongs to: `tasks`, `out` and
+ * `rollout_id_prefix`, which a start of another collection is refused or abandons), then one `{rollout_id, attempt}` line appended
  * just before each `/run` is sent, and one `{rollout_id, attempt, restored: true}` line per row a
  * restore continues as its next attempt (not sent yet), and one `{checkpoint_id}` line before each
  * checkpoint's prepare. After a crash it names every attempt that
@@ -23,7 +25,18 @@ import { parseStateValue } from "./state-file-value.js";
  * Appends made while a sync runs share the next one (group commit): concurrent dispatches cost one
  * sync per group, not one each.
  */
-const HeaderSchema = z.object({ run_id: z.string().min(1).max(128), continues_run: z.string().min(1).max(128).optional() }).strict();
+/** A path as the collector resolved it (PATH_MAX). */
+const LoggedPathSchema = z.string().min(1).max(4096);
+const HeaderSchema = z
+  .object({
+    run_id: z.string().min(1).max(128),
+    continues_run: z.string().min(1).max(128).optional(),
+    // Absent from a log written before the header named its collection (read as this one).
+    tasks: LoggedPathSchema.optional(),
+    out: LoggedPathSchema.optional(),
+    rollout_id_prefix: z.string().min(1).max(200).optional(),
+  })
+  .strict();
 const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
 const CheckpointLineSchema = z.object({ checkpoint_id: CheckpointIdSchema }).strict();
 /** How recordCheckpoint's lines begin (JSON.stringify's spelling): the other lines are attempts. */
@@ -51,6 +64,8 @@ export interface DispatchHistory {
   runId: string;
   /** The earlier run whose checkpoint this run was restoring when it started (see Collector.start). */
   continuesRun?: string;
+  /** The collection the log belongs to; undefined in a log written before the header named it. */
+  collection?: CollectionIdentity;
   /** Latest logged attempt per rollout. */
   latest: Map<string, number>;
   /** Rollouts whose latest attempt was only restored, never sent. */
@@ -78,14 +93,23 @@ export class DispatchLog {
     private readonly continuesRun: string | undefined,
     /** Checkpoint ids of earlier runs, written again by every replace: one may still open. */
     private readonly carriedCheckpoints: readonly string[],
+    private readonly collection: CollectionIdentity | undefined,
   ) {}
 
   /**
    * Starts a fresh log for a new run, carrying forward attempts that must stay fenced, finished
-   * ones still to forget, and the checkpoint ids earlier runs logged (`checkpoints`).
+   * ones still to forget, and the checkpoint ids earlier runs logged (`checkpoints`); its header
+   * names `collection`.
    */
-  static async create(path: string, runId: string, carried: Iterable<LoggedAttempt> = [], continuesRun?: string, checkpoints: Iterable<string> = []): Promise<DispatchLog> {
-    const log = new DispatchLog(path, runId, continuesRun, [...checkpoints]);
+  static async create(
+    path: string,
+    runId: string,
+    carried: Iterable<LoggedAttempt> = [],
+    continuesRun?: string,
+    checkpoints: Iterable<string> = [],
+    collection?: CollectionIdentity,
+  ): Promise<DispatchLog> {
+    const log = new DispatchLog(path, runId, continuesRun, [...checkpoints], collection);
     await log.replace(carried);
     return log;
   }
@@ -96,7 +120,14 @@ export class DispatchLog {
    * of many lines keeps some). Only while nothing is appended: start-up, before any `/run`.
    */
   async replace(carried: Iterable<LoggedAttempt>): Promise<void> {
-    const header = { run_id: this.runId, ...(this.continuesRun !== undefined && { continues_run: this.continuesRun }) };
+    const c = this.collection;
+    const header = HeaderSchema.parse({
+      run_id: this.runId,
+      ...(this.continuesRun !== undefined && { continues_run: this.continuesRun }),
+      ...(c?.tasks !== undefined && { tasks: c.tasks }),
+      ...(c && { out: c.out }),
+      ...(c?.rolloutIdPrefix && { rollout_id_prefix: c.rolloutIdPrefix }),
+    });
     const lines = [
       JSON.stringify(header),
       ...this.carriedCheckpoints.map((id) => JSON.stringify(CheckpointLineSchema.parse({ checkpoint_id: id }))),
@@ -232,6 +263,8 @@ export class DispatchLog {
       await handle.close();
     }
     if (!header) return undefined;
-    return { runId: header.run_id, ...(header.continues_run !== undefined && { continuesRun: header.continues_run }), latest, restoredOnly, checkpoints };
+    // Named by its --out: a header without one is older than the collection's name.
+    const collection = header.out === undefined ? undefined : { ...(header.tasks !== undefined && { tasks: header.tasks }), out: header.out, rolloutIdPrefix: header.rollout_id_prefix ?? "" };
+    return { runId: header.run_id, ...(header.continues_run !== undefined && { continuesRun: header.continues_run }), ...(collection && { collection }), latest, restoredOnly, checkpoints };
   }
 }

@@ -101,6 +101,12 @@ export async function readResults(path: string, maxLineBytes = MAX_RESULT_LINE_B
   return size === undefined ? new Map() : readLines(path, await wholeLinesEnd(path, size), maxLineBytes);
 }
 
+/** As readResults, but undefined when the file is not there (a --out moved or deleted since). */
+export async function readResultsIfPresent(path: string, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<Map<string, FinishedRow> | undefined> {
+  const size = await sizeIfExists(path);
+  return size === undefined ? undefined : readLines(path, await wholeLinesEnd(path, size), maxLineBytes);
+}
+
 /**
  * The collector's own start-up read, which also repairs a crash mid-append: the torn last line is
  * cut off, or, when it is a whole record that only lost its newline, the newline is added (and the

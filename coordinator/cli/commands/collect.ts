@@ -45,6 +45,7 @@ interface CollectFlags extends ClientFlags {
   recordsEveryRows: string;
   recordsEveryS: string;
   rolloutIdPrefix: string;
+  newCollection?: boolean;
 }
 
 export function register(program: Command): void {
@@ -70,7 +71,8 @@ export function register(program: Command): void {
       .option("--records-kind <kind>", "train or eval", "eval")
       .option("--records-every-rows <n>", "write a step file every N finished rows", "64")
       .option("--records-every-s <s>", "…or S seconds after the first buffered row", "30")
-      .option("--rollout-id-prefix <p>", "put P before every row's id: the rollout ids of a run of their own (docs/collect.md)", ""),
+      .option("--rollout-id-prefix <p>", "put P before every row's id: the rollout ids of a run of their own (docs/collect.md)", "")
+      .option("--new-collection", "dispatched.jsonl is another collection's (other --tasks, --out or --rollout-id-prefix): abandon it (its unfinished attempts retired, its finished rows kept) instead of refusing to start"),
     { printsReply: false },
   ).action(async (flags: CollectFlags) => {
     // The CLI's entry listens before the program loads (cli/main.ts); here for a program built
@@ -266,6 +268,10 @@ export function register(program: Command): void {
           rows,
           runUrl,
           outPath,
+          // With --out, what dispatched.jsonl's header names: a start of another collection is refused, or abandons it.
+          tasksPath: resolve(flags.tasks),
+          rolloutIdPrefix: flags.rolloutIdPrefix,
+          newCollection: flags.newCollection === true,
           checkpointDir,
           controller,
           concurrency,

@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readdir, rm, symlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { hostname } from "node:os";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
@@ -306,6 +306,34 @@ describe("gym-ckpt collect: one collector per checkpoint root", () => {
     await writeFile(join(dir, "ckpt", "collector.pid"), `${dead} ${hostname()}\n`);
     expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(0);
     expect(existsSync(join(dir, "ckpt", "collector.pid"))).toBe(false);
+  });
+});
+
+describe("gym-ckpt collect: another collection in the same checkpoint root", () => {
+  it("is refused (checkpoint_conflict, exit 1) naming the earlier one and both ways on; --new-collection starts it, and the log's header names it", async () => {
+    const base = await serve();
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(0);
+    const log = join(dir, "ckpt", "dispatched.jsonl");
+    const header = async () => JSON.parse((await readFile(log, "utf8")).split("\n")[0]!) as Record<string, unknown>;
+    const first = await header();
+    expect(first).toMatchObject({ tasks: join(dir, "tasks.jsonl"), out: join(dir, "results.jsonl") });
+    stderr = "";
+    const second = ["--out", join(dir, "results-2.jsonl"), "--rollout-id-prefix", "b."];
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, ...second)).toBe(1);
+    expect(stderr).toContain(`error checkpoint_conflict: ${log} is another collection's (run ${String(first.run_id)}: --tasks ${join(dir, "tasks.jsonl")} --out ${join(dir, "results.jsonl")})`);
+    expect(stderr).toContain("run its command again");
+    expect(stderr).toContain("pass --new-collection");
+    expect(existsSync(join(dir, "results-2.jsonl"))).toBe(false);
+    expect(await header()).toEqual(first);
+    process.exitCode = undefined; // the refusal's
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, ...second, "--new-collection")).toBe(0);
+    expect([...(await readResults(join(dir, "results-2.jsonl"))).keys()]).toEqual(["b.a"]);
+    const next = await header();
+    expect(next.run_id).not.toBe(first.run_id);
+    expect(next).toMatchObject({ tasks: join(dir, "tasks.jsonl"), out: join(dir, "results-2.jsonl"), rollout_id_prefix: "b." });
+    // A restart whose command keeps the flag (a requeued job) is not refused by its own log.
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, ...second, "--new-collection")).toBe(0);
+    expect((await header()).run_id).not.toBe(first.run_id);
   });
 });
 
