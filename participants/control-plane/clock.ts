@@ -20,6 +20,11 @@ export interface Clock {
   random?: RandomSource;
 }
 
+/** Now on `clock`'s monotonic clock (its wall clock if it has none): for measuring durations. */
+export function monotonicNow(clock: Clock): number {
+  return clock.monotonic?.() ?? clock.now();
+}
+
 /** Runs `fn` once `clock`'s wall clock reached the instant `atMs`; returns a cancel function. */
 export function setTimerAt(clock: Clock, fn: () => void, atMs: number): () => void {
   return clock.setTimerAt ? clock.setTimerAt(fn, atMs) : clock.setTimer(fn, atMs - clock.now());

@@ -1,4 +1,4 @@
-import { systemClock, type Clock } from "../../control-plane/clock.js";
+import { monotonicNow, systemClock, type Clock } from "../../control-plane/clock.js";
 
 /**
  * Open/closed admission shared by the step tracker and agent sessions. Work waiting for "open"
@@ -70,9 +70,10 @@ export class AdmissionGate {
           await this.nextChange(done.signal);
           continue;
         }
-        const since = this.clock.now();
+        // Monotonic: a wall-clock step must neither spend the call's time nor give it more.
+        const since = monotonicNow(this.clock);
         await this.nextChange(done.signal, left);
-        left -= this.clock.now() - since;
+        left -= monotonicNow(this.clock) - since;
       }
       timeout.abort(reason());
     };

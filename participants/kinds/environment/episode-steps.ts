@@ -1,5 +1,5 @@
 import { CheckpointError, captureKey, type EpisodeId } from "../../../protocol/index.js";
-import { systemClock, type Clock } from "../../control-plane/clock.js";
+import { monotonicNow, systemClock, type Clock } from "../../control-plane/clock.js";
 import { AdmissionGate } from "./admission-gate.js";
 import { ParkBackoff } from "./park-backoff.js";
 
@@ -134,7 +134,7 @@ export class EpisodeSteps<D = undefined> {
 
   /** Now on the clock an episode's time budget runs on: a duration, which a wall-clock step must neither end nor stretch. */
   private elapsed(): number {
-    return this.clock.monotonic?.() ?? this.clock.now();
+    return monotonicNow(this.clock);
   }
 
   has(episode: EpisodeId): boolean {
