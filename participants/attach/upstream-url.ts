@@ -1,4 +1,4 @@
-import { redactNatsServers } from "../../protocol/index.js";
+import { redactUrl } from "../../protocol/index.js";
 
 /**
  * Where the proxy forwards: the upstream's OpenAI base URL (`http://host:8000/v1` or
@@ -16,8 +16,8 @@ export function parseUpstream(raw: string): Upstream {
   try {
     url = new URL(raw);
   } catch {
-    // Not the raw value: its userinfo may be a password (`scheme://user:pass@host`, redacted as for NATS URLs).
-    throw new Error(`--upstream is not a URL: ${redactNatsServers(raw)}`);
+    // Not the raw value: its userinfo may be a password (`scheme://user:pass@host`), its query a key.
+    throw new Error(`--upstream is not a URL: ${redactUrl(raw)}`);
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") throw new Error("--upstream must be an http(s) URL");
   if (url.search || url.hash) throw new Error("--upstream may not carry a query or fragment");

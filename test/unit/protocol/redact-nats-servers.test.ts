@@ -89,4 +89,8 @@ describe("redactNatsServers", () => {
       expect(leaked(message), raw).toBe("");
     }
   });
+
+  it("--upstream's refusal of a URL that does not parse leaks nothing of its query either", () => {
+    expect(() => parseUpstream("http://host:99999/v1?api_key=QXZJKW")).toThrow("--upstream is not a URL: http://host:99999/v1?[Redacted]");
+  });
 });
