@@ -851,7 +851,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
           void ended.then(() => {
             if (running === ended) running = undefined;
           });
-          await this.raceDeadline(retiring, (this.clock.now() + LATE_FREE_MS) / 1000, "freeing a late restore install");
+          // A duration, not an instant: a wall-clock step back must not hold the lock that much longer.
+          await this.raceTimer(retiring, (fire) => this.clock.setTimer(fire, LATE_FREE_MS), `freeing a late restore install did not finish within ${LATE_FREE_MS} ms`);
           this.heldInstallFailure.retired(next);
           this.logger?.info({ checkpoint_id: id }, "late_restore_install_freed");
         } catch (err) {
@@ -1088,10 +1089,15 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     }
   }
 
-  private async raceDeadline<T>(work: Promise<T>, deadlineTs: number, op: string): Promise<T> {
+  private raceDeadline<T>(work: Promise<T>, deadlineTs: number, op: string): Promise<T> {
+    return this.raceTimer(work, (fire) => setTimerAt(this.clock, fire, deadlineTs * 1000), `${op} did not finish before its deadline`);
+  }
+
+  /** `work`, or `deadline_exceeded` (`why`) once the timer `arm` sets fires first. */
+  private async raceTimer<T>(work: Promise<T>, arm: (fire: () => void) => () => void, why: string): Promise<T> {
     let cancel: (() => void) | undefined;
     const timeout = new Promise<never>((_, reject) => {
-      cancel = setTimerAt(this.clock, () => reject(new CheckpointError("deadline_exceeded", `${op} did not finish before its deadline`)), deadlineTs * 1000);
+      cancel = arm(() => reject(new CheckpointError("deadline_exceeded", why)));
     });
     try {
       return await Promise.race([work, timeout]);

@@ -1472,6 +1472,32 @@ describe("the free of a restore install that outlived its deadline, whose retire
   });
 });
 
+describe("the free of a restore install that outlived its deadline, across a wall-clock step back", () => {
+  it("is bounded by a duration: a step back of an hour does not hold the lock an hour longer", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const install = deferred();
+    kind.delay("install", install.promise);
+    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await waitUntil(() => kind.hooks().includes("install"), "the install to start");
+    clock.advance(11_000);
+    expect(await refused(restore)).toBe("deadline_exceeded");
+    kind.delay("retire", new Promise<void>(() => undefined)); // the free's retire hangs
+    install.resolve();
+    await waitUntil(() => kind.hooks().includes("retire"), "the free to start");
+    clock.stepWall(-3_600_000); // NTP steps the wall clock an hour back while the free holds the lock
+    const prepare = call("prepare", { checkpoint_id: "c1", deadline_ts: T0 - 3_000 });
+    clock.advance(31_000); // the free's bound (30 s) passed
+    const outcome = await Promise.race([
+      prepare.then((reply) => reply.phase),
+      (async () => {
+        for (let i = 0; i < 50; i++) await flush();
+        return "still queued behind the free";
+      })(),
+    ]);
+    expect(outcome).toBe("prepared");
+  });
+});
+
 /**
  * A restore of r1 whose install is still running (held until `resolve`) when its deadline passes:
  * refused `deadline_exceeded`. As the resources kind's install: the fence is checked first, then a
