@@ -4,7 +4,7 @@ import { Socket } from "node:net";
 import type { Readable } from "node:stream";
 import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
-import { CheckpointError, MAX_JSON_DEPTH, RolloutIdSchema, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, textLines, unsafeJsonInteger } from "../../protocol/index.js";
+import { CheckpointError, MAX_JSON_DEPTH, MAX_ROLLOUT_ID_CHARS, RolloutIdSchema, SAFE_NAME_PATTERN, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, textLines, unsafeJsonInteger } from "../../protocol/index.js";
 
 /**
  * One line of `tasks.jsonl`: either `{"id": "...", "task": {...}}` or a bare task object, which
@@ -31,7 +31,9 @@ export const MAX_TASK_LINE_BYTES = bufferConstants.MAX_STRING_LENGTH;
  * proxy keeps each capture key's ledger for good, so a later collection sending the same ids at the
  * same attempts to that Gym would continue the earlier one's lineage; a prefix per run keeps them apart.
  */
-export const ROLLOUT_ID_PREFIX_PATTERN = /^(?:[A-Za-z0-9][A-Za-z0-9._-]*)?$/;
+export function isRolloutIdPrefix(prefix: string): boolean {
+  return prefix === "" || (SAFE_NAME_PATTERN.test(prefix) && prefix.length < MAX_ROLLOUT_ID_CHARS);
+}
 
 /**
  * Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be.

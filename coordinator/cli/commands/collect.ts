@@ -14,7 +14,7 @@ import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBefore
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { assertConcurrencyFits } from "../../collect/scope-ceiling.js";
-import { ROLLOUT_ID_PREFIX_PATTERN, readTaskRows } from "../../collect/task-rows.js";
+import { isRolloutIdPrefix, readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
 import { fetchableUrlFlag } from "../fetchable-url.js";
@@ -120,7 +120,7 @@ export function register(program: Command): void {
       }
       if (!RecordKindSchema.safeParse(flags.recordsKind).success) throw new CheckpointError("invalid_request", "--records-kind must be train or eval");
       // The start of a rollout id; each row's whole id is checked as its line is read.
-      if (!ROLLOUT_ID_PREFIX_PATTERN.test(flags.rolloutIdPrefix) || flags.rolloutIdPrefix.length >= MAX_ROLLOUT_ID_CHARS) {
+      if (!isRolloutIdPrefix(flags.rolloutIdPrefix)) {
         throw new CheckpointError("invalid_request", `--rollout-id-prefix must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ and be shorter than ${MAX_ROLLOUT_ID_CHARS} characters`);
       }
       // resolve("") is the working directory: never a checkpoint root anyone meant.
