@@ -214,10 +214,10 @@ export function urlHasCredentials(value: string): boolean {
   return url.username !== "" || url.password !== "";
 }
 
-/** Why a bearer-token flag (`--cut-token`) is refused, if it is: what `Authorization: Bearer` cannot carry. */
-function tokenFlagRefusal(flag: string, value: string | undefined): string | undefined {
+/** Why a bearer token from `where` (`--cut-token`, a variable) is refused, if it is: what `Authorization: Bearer` cannot carry. */
+function tokenRefusal(where: string, value: string | undefined): string | undefined {
   const parsed = value === undefined ? undefined : BearerTokenSchema.safeParse(value);
-  return parsed && !parsed.success ? `--${flag}: ${parsed.error.issues[0]!.message}` : undefined;
+  return parsed && !parsed.success ? `${where}: ${parsed.error.issues[0]!.message}` : undefined;
 }
 
 /**
@@ -228,10 +228,9 @@ function tokenFlagRefusal(flag: string, value: string | undefined): string | und
  */
 export function cutTokenSetting(flags: Record<string, string | undefined>): { token: string | undefined; refusal: string | undefined } {
   const flag = flags["cut-token"];
-  if (flag !== undefined) return { token: flag, refusal: tokenFlagRefusal("cut-token", flag) };
+  if (flag !== undefined) return { token: flag, refusal: tokenRefusal("--cut-token", flag) };
   const token = envSetting("GYM_CKPT_CUT_TOKEN");
-  const parsed = token === undefined ? undefined : BearerTokenSchema.safeParse(token);
-  return { token, refusal: parsed && !parsed.success ? `GYM_CKPT_CUT_TOKEN: ${parsed.error.issues[0]!.message}` : undefined };
+  return { token, refusal: tokenRefusal("GYM_CKPT_CUT_TOKEN", token) };
 }
 
 /**
