@@ -2473,7 +2473,8 @@ export class CheckpointEngine {
     }
     const epoch = this.options.leadership.epoch();
     const members = open ? open.members : await this.options.membership.list();
-    this.refuseNoParticipants(members);
+    // Unreadable entries count, as in prepare: the op fails on them (absentFrom), naming why.
+    this.refuseNoParticipants(members, (await this.options.membership.unreadable?.()) ?? []);
     return { checkpointId: open ? open.id : requestedId, members, epoch, deadlineMs, restored: open !== undefined };
   }
 

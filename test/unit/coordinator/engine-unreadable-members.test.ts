@@ -22,8 +22,8 @@ const V2_AGENT: UnreadableMember = {
 };
 const KEYLESS: UnreadableMember = { key: "verifier.v1", participant: undefined, reason: "membership entry verifier.v1 is not a protocol version 1 announcement (kind: Invalid option)" };
 
-function engineWith(unreadable: UnreadableMember[]) {
-  const made = makeEngine(root);
+function engineWith(unreadable: UnreadableMember[], members?: NonNullable<Parameters<typeof makeEngine>[1]>["members"]) {
+  const made = makeEngine(root, members ? { members } : {});
   Object.assign(made.membership, { unreadable: async () => unreadable });
   return made;
 }
@@ -88,5 +88,17 @@ describe("a membership entry the coordinator cannot read", () => {
     expect(refused.code).toBe("unreachable");
     expect(refused.message).toMatch(/agent\/a9/);
     expect(fake.ops("retire").map((c) => c.kind)).not.toContain("model");
+  });
+
+  it("retire and forget with no readable member are refused unreachable naming it, not not_found ('no participants')", async () => {
+    for (const unreadable of [V2_AGENT, KEYLESS]) {
+      const { engine, fake } = engineWith([unreadable], []);
+      const retire = await refusalOf(engine.retire({ episode_ids: [{ rollout_id: "r9", attempt: 0 }] }));
+      expect(retire.code).toBe("unreachable");
+      expect(retire.message).toContain(unreadable.key);
+      const forget = await refusalOf(engine.forget({ rollout_ids: ["r9"] }));
+      expect(forget.code).toBe("unreachable");
+      expect(fake.calls).toEqual([]);
+    }
   });
 });
