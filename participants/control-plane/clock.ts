@@ -72,7 +72,7 @@ export const systemClock: Clock & Required<Pick<Clock, "monotonic" | "setTimerAt
  * (`now`, `setTimerAt`) do.
  */
 export class ManualClock implements Clock {
-  private timers: { at: number; wallAt: number | undefined; fn: () => void; id: number }[] = [];
+  private timers: { at: number; fn: () => void; id: number }[] = [];
   private nextId = 0;
   private wallOffset = 0;
 
@@ -90,19 +90,27 @@ export class ManualClock implements Clock {
   }
 
   setTimer(fn: () => void, ms: number): () => void {
-    return this.add({ at: this.current + Math.max(0, ms), wallAt: undefined, fn });
-  }
-
-  setTimerAt(fn: () => void, atMs: number): () => void {
-    return this.add({ at: 0, wallAt: atMs, fn });
-  }
-
-  private add(timer: { at: number; wallAt: number | undefined; fn: () => void }): () => void {
     const id = this.nextId++;
-    this.timers.push({ ...timer, id });
+    this.timers.push({ at: this.current + Math.max(0, ms), fn, id });
     return () => {
       this.timers = this.timers.filter((t) => t.id !== id);
     };
+  }
+
+  /**
+   * As systemClock's: armed for the time left now, re-armed for the rest while the wall clock is
+   * short of the instant when it comes due. So a step forward does not hasten an armed timer, and a
+   * step back holds it until the wall clock gets there.
+   */
+  setTimerAt(fn: () => void, atMs: number): () => void {
+    let cancel: () => void;
+    const tick = () => {
+      const left = atMs - this.now();
+      if (left > 0) cancel = this.setTimer(tick, left);
+      else fn();
+    };
+    cancel = this.setTimer(tick, atMs - this.now());
+    return () => cancel();
   }
 
   /** Timers set and neither fired nor cancelled: a test sees that nothing is left scheduled. */
@@ -112,21 +120,18 @@ export class ManualClock implements Clock {
 
   advance(ms: number): void {
     const target = this.current + ms;
-    // A wall-clock timer is due where the monotonic axis meets its instant under the present step.
-    const dueAt = (t: { at: number; wallAt: number | undefined }) => (t.wallAt === undefined ? t.at : t.wallAt - this.wallOffset);
     for (;;) {
-      const due = this.timers.filter((t) => dueAt(t) <= target).sort((a, b) => dueAt(a) - dueAt(b))[0];
+      const due = this.timers.filter((t) => t.at <= target).sort((a, b) => a.at - b.at)[0];
       if (!due) break;
       this.timers = this.timers.filter((t) => t.id !== due.id);
-      this.current = Math.max(this.current, dueAt(due));
+      this.current = Math.max(this.current, due.at);
       due.fn();
     }
     this.current = target;
   }
 
-  /** Steps the wall clock by `ms` (either way) without time passing; wall-clock timers now due fire. */
+  /** Steps the wall clock by `ms` (either way) without time passing: no timer fires for it. */
   stepWall(ms: number): void {
     this.wallOffset += ms;
-    this.advance(0);
   }
 }

@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { systemClock } from "../../../participants/control-plane/clock.js";
+import { ManualClock, systemClock } from "../../../participants/control-plane/clock.js";
 
 // Fake timers move the timers and Date.now() together; vi.setSystemTime() steps the wall clock
 // alone, as NTP does, so a timer can come due before the wall clock reached its instant.
@@ -69,5 +69,38 @@ describe("systemClock.setTimer", () => {
     cancel();
     vi.advanceTimersByTime(10 * day);
     expect(fired).toBe(0);
+  });
+});
+
+/**
+ * ManualClock stands in for systemClock in the control-plane tests, so its instants behave alike
+ * across a wall-clock step: a step forward does not hasten a timer already armed (docs/operations.md,
+ * Clocks), a step back holds it until the wall clock gets there.
+ */
+describe("ManualClock.setTimerAt, as systemClock's", () => {
+  it.each([
+    ["systemClock", () => ({ set: systemClock.setTimerAt.bind(systemClock), now: () => Date.now(), step: (ms: number) => vi.setSystemTime(Date.now() + ms), advance: (ms: number) => vi.advanceTimersByTime(ms) })],
+    [
+      "ManualClock",
+      () => {
+        const clock = new ManualClock();
+        return { set: clock.setTimerAt.bind(clock), now: () => clock.now(), step: (ms: number) => clock.stepWall(ms), advance: (ms: number) => clock.advance(ms) };
+      },
+    ],
+  ])("%s: a step forward does not fire an armed timer early; a step back holds it", (_name, make) => {
+    const c = make();
+    const fired: string[] = [];
+    c.set(() => fired.push("ahead"), c.now() + 1000);
+    c.step(3_600_000); // the wall clock steps an hour forward
+    c.advance(1);
+    expect(fired).toEqual([]);
+    c.advance(999);
+    expect(fired).toEqual(["ahead"]);
+    c.set(() => fired.push("back"), c.now() + 1000);
+    c.step(-500); // half a second back
+    c.advance(1000);
+    expect(fired).toEqual(["ahead"]);
+    c.advance(500);
+    expect(fired).toEqual(["ahead", "back"]);
   });
 });
