@@ -667,7 +667,7 @@ export class CheckpointEngine {
     // An expected participant the registry does not list (a lapsed heartbeat: it may still run and
     // serve the retired attempt), or one whose entry this coordinator cannot read, fails its stage,
     // as in prepare: the fence must reach it.
-    const absent = new Map((await this.absentFrom(members, op)).map((f) => [f.participant, f]));
+    const absent = new Map(allAbsent(await this.absentFrom(members, op)).map((f) => [f.participant, f]));
     const { results, stoppedAt } = await runStages(
       RETIRE_STAGES,
       [...members, ...absent.keys()],
@@ -696,7 +696,7 @@ export class CheckpointEngine {
     // Expected members the registry lacks, and members whose entry this coordinator cannot read, are
     // listed as prepare would report them, not probed: a process alive without a (readable)
     // heartbeat would look fine here yet block the next checkpoint.
-    const absent = await this.absentFrom([...known.values()]);
+    const absent = allAbsent(await this.absentFrom([...known.values()]));
     const members = [...known.values()].sort(byMemberKey);
     const outcomes = [...(await this.probeStatuses(members)), ...absent].sort((a, b) => byMemberKey(a.participant, b.participant));
     return {
@@ -1236,9 +1236,8 @@ export class CheckpointEngine {
     // them too), reported in their stage instead. An unreadable entry naming no participant refused
     // the prepare that opened the checkpoint; one written since is left out, as a member joining is.
     const members = open.members;
-    const absent = new Map((await this.absentFrom(members)).map((f) => [f.participant, f]));
-    const unregistered = [...absent.values()].filter((f) => f.detail === notRegistered(f.participant).detail);
-    const unreadable = [...absent.values()].filter((f) => !unregistered.includes(f));
+    const { unreadable, unregistered } = await this.absentFrom(members);
+    const absent = new Map(allAbsent({ unreadable, unregistered }).map((f) => [f.participant, f]));
     if (unregistered.length) this.checkpointLog(id).warn({ missing: unregistered.map((f) => refName(f.participant)) }, "expected_participants_missing");
     if (unreadable.length) this.checkpointLog(id).warn({ unreadable: unreadable.map((f) => f.detail) }, "unreadable_members_not_prepared");
     let staged: StagedRun<Outcome<"prepare">>;
@@ -1342,26 +1341,28 @@ export class CheckpointEngine {
    * never sending them anything: one whose membership entry this coordinator cannot read (another
    * protocol version's announcement, a corrupt value: left out, its rollouts would miss the
    * checkpoint, or the fence, unnoticed), then an expected participant (config
-   * `expected_participants`) the registry does not list. Sorted by member key.
+   * `expected_participants`) the registry does not list. Each group sorted by member key.
    *
    * An unreadable entry whose key names no participant fits no stage: with `op`, that op is refused
    * here (`unreachable`), before anything is sent; without, it is left out (`status` cannot list it).
    */
-  private async absentFrom(members: readonly ParticipantRef[], op?: string): Promise<Failure[]> {
+  private async absentFrom(members: readonly ParticipantRef[], op?: string): Promise<Absent> {
     const unreadable = (await this.options.membership.unreadable?.()) ?? [];
     const keyless = unreadable.filter((u) => u.participant === undefined);
     if (op !== undefined && keyless.length) throw unreadableRefusal(`${op} refused, nothing sent`, keyless);
     const present = new Set(members.map((m) => memberKey(m.kind, m.instance)));
-    const absent: Failure[] = [];
+    const absent: Absent = { unreadable: [], unregistered: [] };
     for (const u of unreadable) {
       if (!u.participant || present.has(u.key)) continue; // one already a member is addressed as such
       present.add(u.key);
-      absent.push({ ok: false, participant: u.participant, code: "unreachable", detail: `${refName(u.participant)} cannot be addressed: ${u.reason}` });
+      absent.unreadable.push({ ok: false, participant: u.participant, code: "unreachable", detail: `${refName(u.participant)} cannot be addressed: ${u.reason}` });
     }
     for (const e of this.options.expected ?? []) {
-      if (!present.has(memberKey(e.kind, e.instance))) absent.push(notRegistered(e));
+      if (!present.has(memberKey(e.kind, e.instance))) absent.unregistered.push(notRegistered(e));
     }
-    return absent.sort((a, b) => byMemberKey(a.participant, b.participant));
+    absent.unreadable.sort((a, b) => byMemberKey(a.participant, b.participant));
+    absent.unregistered.sort((a, b) => byMemberKey(a.participant, b.participant));
+    return absent;
   }
 
   /**
@@ -2596,6 +2597,19 @@ function keepNewest<K>(kept: Map<K, unknown> | Set<K>, max: number, dropped?: (k
     kept.delete(old);
     dropped?.(old);
   }
+}
+
+/** The participants an op reports as failed without sending them anything (see absentFrom). */
+interface Absent {
+  /** Their membership entry cannot be read by this build. */
+  unreadable: Failure[];
+  /** Expected (`expected_participants`), not in the registry. */
+  unregistered: Failure[];
+}
+
+/** Both groups in member-key order. */
+function allAbsent(absent: Absent): Failure[] {
+  return [...absent.unreadable, ...absent.unregistered].sort((a, b) => byMemberKey(a.participant, b.participant));
 }
 
 /** An expected participant the membership registry does not list: never sent anything. */
