@@ -1,0 +1,66 @@
+import { readFileSync } from "node:fs";
+import { describe, expect, it } from "vitest";
+import { CONTROLLER_OP_NAMES, ERROR_CATALOG } from "../../../protocol/index.js";
+
+/**
+ * docs/api.md lists, per controller op, the refusals a controller author codes against. A code
+ * there that the catalog lacks (a typo, a renamed code) would have them handle something the
+ * coordinator never answers; an op without a list, or a code listed without saying when, leaves
+ * them guessing. This keeps the lists mechanically honest; what each op can answer is traced by hand.
+ */
+const doc = readFileSync(new URL("../../../docs/api.md", import.meta.url), "utf8");
+const operations = doc.slice(doc.indexOf("## Operations"), doc.indexOf("## 1. TypeScript client library"));
+
+/** The text of `### \`op\`` up to the next heading. */
+function section(op: string): string {
+  const start = operations.indexOf(`### \`${op}\`\n`);
+  if (start < 0) return "";
+  const next = operations.indexOf("\n#", start + 1);
+  return operations.slice(start, next < 0 ? undefined : next);
+}
+
+/** The bullets of the first list after `marker` in `text` (none when a paragraph ends it first). */
+function bulletsAfter(text: string, marker: string): string[] {
+  const start = text.indexOf(marker);
+  if (start < 0) return [];
+  const paragraphs = text.slice(start).split("\n\n");
+  // The marker's paragraph (the rest of its sentence), then the list, if any, right after it.
+  const list = paragraphs[1] ?? "";
+  return list.startsWith("* ") ? list.split("\n").filter((line) => line.startsWith("* ")) : [];
+}
+
+/** The codes a bullet leads with (`a`, `a`/`b`, `a` or `b`), before what it says about them. */
+function leadingCodes(bullet: string): string[] {
+  const lead = /^\* ((?:`[^`]+`(?:\/|, | or |,? )?)+)/.exec(bullet);
+  if (!lead) return [];
+  return [...lead[1]!.matchAll(/`([^`]+)`/g)].map((m) => m[1]!);
+}
+
+describe("docs/api.md refusal lists", () => {
+  it("has a Refusals list for every controller op, each code from the catalog with when it happens", () => {
+    for (const op of CONTROLLER_OP_NAMES) {
+      const text = section(op);
+      expect(text, `### \`${op}\``).not.toBe("");
+      expect(text, `${op} has a Refusals line`).toMatch(/^Refusals:/m);
+      for (const bullet of bulletsAfter(text, "\nRefusals:")) {
+        const codes = leadingCodes(bullet);
+        // "the participants' codes" and "commit failures" name a family, defined in the op list's preamble.
+        if (codes.length === 0) {
+          expect(bullet, `${op}: a bullet names a catalog code or a family of them`).toMatch(/^\* (the participants' codes|commit failures)/);
+          continue;
+        }
+        for (const code of codes) expect(Object.keys(ERROR_CATALOG), `${op}: ${bullet.slice(0, 80)}`).toContain(code);
+        expect(bullet, `${op}: \`${codes.join("/")}\` says when`).toMatch(/\(/);
+      }
+    }
+  });
+
+  it("lists the refusals every op can answer, each from the catalog", () => {
+    const bullets = bulletsAfter(operations, "**Refusals every op can answer.**");
+    expect(bullets.length).toBeGreaterThan(0);
+    const codes = bullets.flatMap(leadingCodes);
+    for (const code of codes) expect(Object.keys(ERROR_CATALOG)).toContain(code);
+    // The transport and gate codes a controller gets from any op, whatever its own list says.
+    expect(codes).toEqual(expect.arrayContaining(["unauthorized", "invalid_request", "payload_too_large", "not_leader", "outcome_unknown", "deadline_exceeded", "internal_error", "reply_too_large"]));
+  });
+});
