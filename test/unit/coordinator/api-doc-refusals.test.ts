@@ -63,4 +63,19 @@ describe("docs/api.md refusal lists", () => {
     // The transport and gate codes a controller gets from any op, whatever its own list says.
     expect(codes).toEqual(expect.arrayContaining(["unauthorized", "invalid_request", "payload_too_large", "not_leader", "outcome_unknown", "deadline_exceeded", "internal_error", "reply_too_large"]));
   });
+
+  it("states the HTTP status of every code a controller op's lists name, as the catalog has it", () => {
+    const from = doc.indexOf("The HTTP status of a refusal is");
+    const sentence = doc.slice(from, doc.indexOf(")", doc.indexOf("the catalog's (", from))).replace(/\n/g, " ");
+    const stated = new Map<string, number>();
+    for (const [, group, status] of sentence.matchAll(/((?:`[a-z_*]+`(?:\/ ?)?)+) (\d{3})/g)) {
+      for (const [, name] of group!.matchAll(/`([a-z_*]+)`/g)) {
+        const codes = name!.endsWith("*") ? Object.keys(ERROR_CATALOG).filter((c) => c.startsWith(name!.slice(0, -1))) : [name!];
+        for (const code of codes) stated.set(code, Number(status));
+      }
+    }
+    const listed = new Set([...CONTROLLER_OP_NAMES.flatMap((op) => bulletsAfter(section(op), "\nRefusals:")), ...bulletsAfter(operations, "**Refusals every op can answer.**")].flatMap(leadingCodes));
+    listed.delete("reply_too_large"); // the NATS API's alone: stated apart
+    for (const code of listed) expect([code, stated.get(code)]).toEqual([code, ERROR_CATALOG[code as keyof typeof ERROR_CATALOG].status]);
+  });
 });
