@@ -32,6 +32,8 @@ export class JudgeClient {
   constructor(private readonly options: JudgeClientOptions) {
     // fetch speaks only http(s): any other URL (`localhost:8000` parses, as scheme `localhost:`)
     // would fail every call, and every sample would be masked judge_failed without a word.
+    // A text that is no URL: new URL's TypeError carries it whole (`input`), which a logger prints.
+    if (!URL.canParse(options.baseUrl)) throw new Error("the judge URL is not a URL (it is not echoed: it may carry a password)");
     const { protocol, username, password } = new URL(options.baseUrl);
     if (protocol !== "http:" && protocol !== "https:") throw new Error(`the judge URL must be http:// or https://, not ${protocol}`);
     // fetch refuses a URL with `user:password@` and its refusal quotes the URL: every verify would

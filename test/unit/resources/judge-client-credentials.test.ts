@@ -37,3 +37,22 @@ describe("JudgeClient and an API key no header can carry", () => {
     expect(outcome).toEqual({ refused: expect.stringMatching(/GYM_CKPT_JUDGE_API_KEY/) });
   });
 });
+
+/**
+ * A base URL that does not parse at all (a bad port, an unclosed `[`) made `new URL` throw a
+ * TypeError whose `input` property holds the whole text, which pino logs with the error: the
+ * password with it. Refused with an error of its own.
+ */
+describe("JudgeClient and a judge URL that does not parse", () => {
+  it.each([`http://judge:${SECRET}@127.0.0.1:99999`, `http://judge:${SECRET}@127.0.0.1:9:9`])("%s: refused without the text anywhere on the error", (baseUrl) => {
+    let caught: unknown;
+    try {
+      new JudgeClient({ baseUrl });
+    } catch (error) {
+      caught = error;
+    }
+    expect(caught).toBeInstanceOf(Error);
+    expect(JSON.stringify({ ...(caught as object), message: (caught as Error).message, stack: (caught as Error).stack })).not.toContain(SECRET);
+    expect((caught as Error).message).toMatch(/the judge URL is not a URL/);
+  });
+});
