@@ -85,7 +85,7 @@ export class HttpControllerApi {
             : toCheckpointError(error);
       void this.refuse(reply, refusal);
     });
-    app.setNotFoundHandler((req, reply) => void this.refuse(reply, new CheckpointError("not_found", `no route ${req.method} ${req.url}`)));
+    app.setNotFoundHandler((req, reply) => void this.refuse(reply, new CheckpointError("not_found", `no route ${req.method} ${req.url.split("?")[0]}`)));
 
     const openapi = buildOpenApiDocument();
     app.get("/openapi.json", async () => openapi);

@@ -218,6 +218,9 @@ describe("HTTP controller API (real HTTP client)", () => {
     const longest = "L".repeat(MAX_CHECKPOINT_ID_CHARS);
     const absent = await fetch(`${base}/v1/checkpoints/${longest}`, { headers: auth });
     expect({ status: absent.status, body: ErrorReplySchema.parse(await absent.json()).error.code }).toEqual({ status: 404, body: "not_found" });
+    // No route: named without its query, which may carry a key (`?api_key=…`), as the participants' servers do.
+    const unrouted = await fetch(`${base}/v2/status?api_key=s3cret-key`, { headers: auth });
+    expect({ status: unrouted.status, error: ErrorReplySchema.parse(await unrouted.json()).error }).toEqual({ status: 404, error: { code: "not_found", detail: "no route GET /v2/status" } });
     for (const path of [`/v1/checkpoints/${longest}x`, "/v1/checkpoints/%E0%A4%A", "/v1/checkpoints/%zz"]) {
       const refused = await fetch(`${base}${path}`, { headers: auth });
       expect({ path, status: refused.status, code: ErrorReplySchema.parse(await refused.json()).error.code }).toEqual({ path, status: 400, code: "invalid_request" });
