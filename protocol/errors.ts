@@ -52,7 +52,7 @@ export const ERROR_CATALOG = {
   },
   invalid_phase: {
     status: 409,
-    meaning: "The operation is not allowed in the participant's current phase (or readiness regressed before commit).",
+    meaning: "The operation is not allowed in the participant's current phase (or readiness regressed before commit), or in the phase of the checkpoint the coordinator has open.",
     solve: "Follow the phase machine: prepare, commit, resume; retire and forget only while no checkpoint is open or during a restore (before its resume).",
   },
   deadline_exceeded: {
@@ -88,8 +88,8 @@ export const ERROR_CATALOG = {
   },
   not_found: {
     status: 404,
-    meaning: "The named checkpoint or resource does not exist.",
-    solve: "List published checkpoints with `gym-ckpt ls`.",
+    meaning: "The named checkpoint or resource does not exist, or the membership registry lists no participant to send the op to.",
+    solve: "List published checkpoints with `gym-ckpt ls`; `gym-ckpt status` lists the registered participants.",
   },
   instance_conflict: {
     status: 409,
