@@ -1,6 +1,6 @@
 import { constants } from "node:buffer";
 import { createReadStream } from "node:fs";
-import { appendFile, open, stat, truncate } from "node:fs/promises";
+import { appendFile, open, stat, truncate, type FileHandle } from "node:fs/promises";
 import { z } from "zod";
 import { CheckpointError, EpisodeIdSchema, namePath, textLines } from "../../protocol/index.js";
 import { parseStateValue } from "./state-file-value.js";
@@ -101,10 +101,26 @@ export async function readResults(path: string, maxLineBytes = MAX_RESULT_LINE_B
   return size === undefined ? new Map() : readLines(path, await wholeLinesEnd(path, size), maxLineBytes);
 }
 
-/** As readResults, but undefined when the file is not there (a --out moved or deleted since). */
+/**
+ * A dead collector's --out as its own restart would read it, without repairing it: undefined when
+ * the file is not there (moved or deleted since), and a last line that is a whole record which only
+ * lost its newline counts, as readResultsForAppend counts it (a row it leaves out is taken for
+ * unfinished, and retiring a finished row deletes its model ledger).
+ */
 export async function readResultsIfPresent(path: string, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<Map<string, FinishedRow> | undefined> {
   const size = await sizeIfExists(path);
-  return size === undefined ? undefined : readLines(path, await wholeLinesEnd(path, size), maxLineBytes);
+  if (size === undefined) return undefined;
+  const end = await wholeLinesEnd(path, size);
+  const rows = await readLines(path, end, maxLineBytes);
+  if (end === size) return rows;
+  const handle = await open(path, "r");
+  try {
+    const tail = await wholeTail(handle, path, end, size, maxLineBytes);
+    if (tail) rows.set(tail.rollout_id, tail);
+  } finally {
+    await handle.close();
+  }
+  return rows;
 }
 
 /**
@@ -120,13 +136,7 @@ export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESU
   if (end === size) return rows;
   const handle = await open(path, "r+");
   try {
-    // A tail longer than any line can be is no whole record: cut unread, never held.
-    let tail: FinishedRow | undefined;
-    if (size - end <= maxLineBytes) {
-      const tailBytes = Buffer.alloc(size - end);
-      await handle.read(tailBytes, 0, tailBytes.length, end);
-      tail = tornTail(path, tailBytes.toString("utf8"));
-    }
+    const tail = await wholeTail(handle, path, end, size, maxLineBytes);
     if (tail) await handle.write("\n", size);
     else await handle.truncate(end);
     await handle.sync();
@@ -157,6 +167,17 @@ async function readLines(path: string, end: number, maxLineBytes: number): Promi
 
 function tooLong(path: string, number: number, maxLineBytes: number): CheckpointError {
   return new CheckpointError("invalid_checkpoint_state", `${path}:${number}: longer than any result line can be (over ${maxLineBytes} bytes without a newline)`);
+}
+
+/**
+ * The bytes after the last newline (`end` to `size`) when they are a whole record that only lost
+ * its newline. A tail longer than any line can be is no whole record: never read, never held.
+ */
+async function wholeTail(handle: FileHandle, path: string, end: number, size: number, maxLineBytes: number): Promise<FinishedRow | undefined> {
+  if (size - end > maxLineBytes) return undefined;
+  const tailBytes = Buffer.alloc(size - end);
+  await handle.read(tailBytes, 0, tailBytes.length, end);
+  return tornTail(path, tailBytes.toString("utf8"));
 }
 
 /** The last line when it is a whole record that only lost its newline; undefined for a torn fragment. */

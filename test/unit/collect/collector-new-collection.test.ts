@@ -219,6 +219,21 @@ describe("collect --new-collection", () => {
     expect(await readFile(a.out, "utf8")).toBe(outBefore);
   });
 
+  it("a row the earlier collection finished whose --out line only lost its newline (a crash mid-append) counts as finished: not retired, its ledger kept", async () => {
+    const a = await earlierCollection({ out: false });
+    await appendResult(a.out, finished("a", 0));
+    // c@1's record is whole, its newline lost to the crash: a restart counts it (readResultsForAppend).
+    await writeFile(a.out, `${await readFile(a.out, "utf8")}${JSON.stringify(finished("c", 1))}`);
+    const outBefore = await readFile(a.out, "utf8");
+    const { calls, controller } = await coordinator();
+    await later(controller, await runServer([]), { newCollection: true }).start();
+    // Before: [b@0, c@1]: c, finished, was retired (its model ledger deleted at the proxy).
+    expect(ops(calls, "retire")).toEqual([[{ rollout_id: "b", attempt: 0 }]]);
+    expect(forgotten(calls)).toEqual(["b", "c"]);
+    // Abandoning writes nothing of the earlier collection's: its --out is not repaired either.
+    expect(await readFile(a.out, "utf8")).toBe(outBefore);
+  });
+
   it("closes a checkpoint the earlier collection left open before retiring (retires are refused while one is open)", async () => {
     const a = await earlierCollection();
     const left = "ckpt-20240102T000000-bbbbbbbb";
