@@ -148,17 +148,45 @@ function absent(error: unknown): boolean {
   return code === "ENOENT" || code === "ENOTDIR" || code === "ELOOP";
 }
 
-async function listDir(dir: string): Promise<Dirent[]> {
+/** A listed entry: its name and type, as a listing gives them (a link's own type, never its target's). */
+type Listed = Pick<Dirent, "name" | "isDirectory" | "isSymbolicLink">;
+
+async function listDir(dir: string): Promise<Listed[]> {
   try {
     return await fs.readdir(dir, { withFileTypes: true });
+  } catch (error) {
+    if (!absent(error)) throw error;
+    // Where the filesystem's listing gives no entry types (DT_UNKNOWN: XFS without ftype, some FUSE
+    // and network filesystems), Node lstat's each entry itself and fails the whole listing when one
+    // is gone by then (a temp file renamed into place): `dir` is there, only that entry is not.
+    const failed = (error as NodeJS.ErrnoException).path;
+    if (failed === undefined || path.resolve(failed) === path.resolve(dir)) return [];
+    return listEachTyped(dir);
+  }
+}
+
+/** `dir`'s entries typed one by one, an entry gone before its lstat left out (as if listed after it went). */
+async function listEachTyped(dir: string): Promise<Listed[]> {
+  let names: string[];
+  try {
+    names = await fs.readdir(dir);
   } catch (error) {
     if (absent(error)) return [];
     throw error;
   }
+  const listed: Listed[] = [];
+  for (const name of names) {
+    const stats = await fs.lstat(path.join(dir, name)).catch((error: unknown) => {
+      if (absent(error)) return undefined;
+      throw error;
+    });
+    if (stats) listed.push({ name, isDirectory: () => stats.isDirectory(), isSymbolicLink: () => stats.isSymbolicLink() });
+  }
+  return listed;
 }
 
 /** A directory a wildcard may descend into: a real one, never a symbolic link to one (see expandGlobs). */
-function isDir(entry: Dirent): boolean {
+function isDir(entry: Listed): boolean {
   return entry.isDirectory();
 }
 

@@ -1,3 +1,4 @@
+import fs from "node:fs";
 import { mkdir, realpath, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -93,6 +94,32 @@ describe("record globs", () => {
     await symlink("../step_2/train_rollouts_gsm8k.jsonl", path.join(dir, "rollouts/step_3/train_rollouts_gsm8k.jsonl"));
     await symlink("../step_2/train_rollouts_gsm8k.jsonl", path.join(dir, "rollouts/step_3/eval_rollouts_gsm8k.jsonl"));
     expect(rel(await expandGlobs(["rollouts/step_*/*_rollouts_*.jsonl"], dir))).toEqual(steps);
+  });
+});
+
+describe("a filesystem whose listing gives no entry types (DT_UNKNOWN)", () => {
+  it("still lists a directory one of whose entries vanished while Node typed it (a temp file renamed into place)", async () => {
+    await touch("rollouts/step_1/train_rollouts_a.jsonl", "rollouts/step_1/train_rollouts_b.jsonl");
+    const step1 = path.join(dir, "rollouts", "step_1");
+    // As Node's readdir({withFileTypes}) fails there: it lstat's each entry of unknown type itself,
+    // and one gone by then rejects the whole listing with that entry's ENOENT.
+    const real = fs.promises.readdir.bind(fs.promises);
+    const readdir = vi.spyOn(fs.promises, "readdir").mockImplementation((async (target: string, options?: { withFileTypes?: boolean }) => {
+      if (target === step1 && options?.withFileTypes) {
+        const gone = path.join(step1, ".train_rollouts_c.jsonl.1.abc.tmp");
+        throw Object.assign(new Error(`ENOENT: no such file or directory, lstat '${gone}'`), { code: "ENOENT", syscall: "lstat", path: gone });
+      }
+      return real(target, options as never);
+    }) as never);
+    try {
+      // Before: [] — step_1 read as not there, so a follower could take a later step before it.
+      expect((await expandGlobs(["rollouts/step_*/*.jsonl"], dir)).map((f) => path.relative(dir, f))).toEqual([
+        "rollouts/step_1/train_rollouts_a.jsonl",
+        "rollouts/step_1/train_rollouts_b.jsonl",
+      ]);
+    } finally {
+      readdir.mockRestore();
+    }
   });
 });
 
