@@ -422,6 +422,10 @@ export class Collector {
    */
   private async abandon(history: DispatchHistory): Promise<void> {
     const earlier = history.collection;
+    // Before anything is resumed or retired, as at any start: a --checkpoint-dir that is not this
+    // coordinator's root holds another coordinator's log, whose rollout ids (row-1, …) may name
+    // live rollouts of another collection here.
+    await this.visibleLatest();
     const earlierFinished = earlier ? await readResultsIfPresent(earlier.out) : undefined;
     const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
     const open = status.checkpoint;
@@ -576,17 +580,24 @@ export class Collector {
   }
 
   /**
+   * The coordinator's LATEST checkpoint id, once it is seen in --checkpoint-dir. Also without a log:
+   * a --checkpoint-dir that is not the coordinator's root is refused before this run writes
+   * anything, not at its first checkpoint.
+   */
+  private async visibleLatest(): Promise<string | null> {
+    const { latest } = await this.ownOps.resent("start-up list", undefined, () => this.options.controller.list());
+    if (latest) await assertCheckpointVisible(this.options.checkpointDir, latest);
+    return latest;
+  }
+
+  /**
    * The LATEST checkpoint's collection state, only when it belongs to the logged run or to the run
    * that one started by restoring (`continues_run`): killed before its restore's reply, the logged
    * run still names those rows at their source attempts, and they are restored again.
    */
   private async latestCollection(history: DispatchHistory | undefined): Promise<CollectionState | undefined> {
-    const { latest } = await this.ownOps.resent("start-up list", undefined, () => this.options.controller.list());
-    if (!latest) return undefined;
-    // Also without a log: a --checkpoint-dir that is not the coordinator's root is refused before
-    // this run writes anything, not at its first checkpoint.
-    await assertCheckpointVisible(this.options.checkpointDir, latest);
-    if (!history) return undefined;
+    const latest = await this.visibleLatest();
+    if (!latest || !history) return undefined;
     const runId = history.runId;
     const { manifest } = await this.ownOps.resent("start-up get", latest, () => this.options.controller.get(latest));
     const ref = manifest.controller_state;

@@ -234,6 +234,21 @@ describe("collect --new-collection", () => {
     expect(await readFile(a.out, "utf8")).toBe(outBefore);
   });
 
+  it("a --checkpoint-dir that is not the coordinator's root is refused before the log's rollouts are retired there", async () => {
+    await earlierCollection();
+    const { calls, controller } = await coordinator();
+    // The coordinator's LATEST is not in --checkpoint-dir: the log is another root's, its rollouts
+    // (row-1, …: ids collections share) maybe another collection's, live at this coordinator.
+    const list = async () => ({ latest: "ckpt-20240103T000000-dddddddd", checkpoints: [] });
+    const elsewhere = new Proxy(controller, { get: (target, op) => (op === "list" ? list : Reflect.get(target, op)) });
+    const error = await later(elsewhere, await runServer([]), { newCollection: true }).start().then(() => undefined, (e: unknown) => e);
+    expect((error as CheckpointError).code).toBe("invalid_request");
+    expect((error as CheckpointError).message).toContain("is not the coordinator's checkpoint root");
+    // Before: b@0 retired and b, c forgotten at that coordinator, then the start refused.
+    expect(calls).toEqual([]);
+    expect((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.runId).toBe("run-a");
+  });
+
   it("closes a checkpoint the earlier collection left open before retiring (retires are refused while one is open)", async () => {
     const a = await earlierCollection();
     const left = "ckpt-20240102T000000-bbbbbbbb";
