@@ -1,4 +1,5 @@
-import { stat } from "node:fs/promises";
+import { realpath, stat } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
 import { CheckpointError } from "../../protocol/index.js";
 
 /**
@@ -18,7 +19,8 @@ export interface CollectionIdentity {
 
 /**
  * Whether the log's collection is this one. Paths are compared as written (resolved), or, spelled
- * otherwise (through a link, another relative path), by the file they name when both exist. A log
+ * otherwise (through a link, another relative path), by the file they name when both exist, or by
+ * their directory's real path and name when neither exists yet (an --out before its first row). A log
  * older than the header naming its collection (`logged` undefined) counts as this one: an upgrade
  * mid-run still resumes.
  */
@@ -32,7 +34,20 @@ export async function sameCollection(logged: CollectionIdentity | undefined, cur
 async function samePath(a: string, b: string): Promise<boolean> {
   if (a === b) return true;
   const [x, y] = await Promise.all([stat(a).catch(() => undefined), stat(b).catch(() => undefined)]);
-  return x !== undefined && y !== undefined && x.dev === y.dev && x.ino === y.ino;
+  if (x !== undefined && y !== undefined) return x.dev === y.dev && x.ino === y.ino;
+  // Neither there yet (an --out before its first finished row): the same name in the same directory,
+  // however spelled, is the same file to be, as it would be once created.
+  if (x === undefined && y === undefined) {
+    const [p, q] = await Promise.all([realName(a), realName(b)]);
+    return p !== undefined && p === q;
+  }
+  return false;
+}
+
+/** `path` with its directory resolved through links, or undefined when that directory is not there. */
+async function realName(path: string): Promise<string | undefined> {
+  const dir = await realpath(dirname(path)).catch(() => undefined);
+  return dir === undefined ? undefined : join(dir, basename(path));
 }
 
 /** The flags a collection was started with, as a command line names them. */

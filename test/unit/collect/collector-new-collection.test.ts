@@ -177,6 +177,20 @@ describe("a later collection in the same checkpoint root", () => {
     expect(sent).toEqual(["b@1"]);
   });
 
+  it("the same collection spelled another way is continued also while its --out is not there yet (a crash before any row finished)", async () => {
+    const a = await earlierCollection({ out: false });
+    await symlink(dir, join(dir, "link"));
+    const { calls, controller } = await coordinator();
+    const sent: string[] = [];
+    await writeFile(a.tasks, "");
+    const collector = later(controller, await runServer(sent), { rowIds: ["a", "b", "c"], tasksPath: join(dir, "link", "tasks-a.jsonl"), outPath: join(dir, "link", "results-a.jsonl") });
+    // Before: refused (checkpoint_conflict): an --out not there was compared only as written.
+    await collector.start();
+    expect(ops(calls, "retire")).toEqual([[{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }, { rollout_id: "c", attempt: 1 }]]);
+    expect(await collector.run()).toMatchObject({ finished: 3, failed: 0 });
+    expect(sent.sort()).toEqual(["a@1", "b@1", "c@2"]);
+  });
+
   it("a log written before the header named its collection is continued whatever the flags (an upgrade mid-run still resumes)", async () => {
     await earlierCollection({ header: "older" });
     const { calls, controller } = await coordinator();
