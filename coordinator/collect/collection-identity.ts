@@ -31,7 +31,8 @@ export async function sameCollection(logged: CollectionIdentity | undefined, cur
   return logged.tasks === undefined || current.tasks === undefined || (await samePath(logged.tasks, current.tasks));
 }
 
-async function samePath(a: string, b: string): Promise<boolean> {
+/** Whether `a` and `b` name one file, or (neither there yet) the same file to be. */
+export async function samePath(a: string, b: string): Promise<boolean> {
   if (a === b) return true;
   const [x, y] = await Promise.all([stat(a).catch(() => undefined), stat(b).catch(() => undefined)]);
   if (x !== undefined && y !== undefined) return x.dev === y.dev && x.ino === y.ino;

@@ -35,7 +35,7 @@ import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttemp
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
-import { anotherCollection, sameCollection, type CollectionIdentity } from "./collection-identity.js";
+import { anotherCollection, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
 import { appendResult, readResults, readResultsForAppend, readResultsIfPresent, syncResults } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
@@ -112,6 +112,19 @@ export interface CollectionSummary {
   records?: RolloutRecordsStats;
   /** The first FAILED_ROWS_LISTED rows that failed for good, each with why its last attempt failed. */
   failedRows: { rollout_id: string; reason: string }[];
+}
+
+/**
+ * Whether a collection's log names no attempt but those its --out holds as finished: such a
+ * collection ended (or will only ever end) as it is, so a new one may replace it without
+ * --new-collection (abandoning it retires nothing). Its --out unreadable or gone: not known, so no.
+ */
+async function everyAttemptFinished(history: DispatchHistory, out: string): Promise<boolean> {
+  if (history.restoredOnly.size > 0) return false;
+  const finished = await readResultsIfPresent(out).catch(() => undefined);
+  if (!finished) return false;
+  for (const [id, attempt] of history.latest) if ((finished.get(id)?.attempt ?? -1) < attempt) return false;
+  return true;
 }
 
 /** The refusal of a start that finds a checkpoint open that no run of this collection's left open. */
@@ -265,7 +278,15 @@ export class Collector {
       // A log older than the header naming its collection is continued, as before (an upgrade
       // mid-run still resumes), unless the start says it begins a new collection.
       const own = history.collection ? await sameCollection(history.collection, this.identity) : !this.options.newCollection;
-      if (!own && !this.options.newCollection) throw anotherCollection(this.logPath, history.runId, history.collection!, this.identity);
+      // Another collection that finished every row it sent is replaced as with --new-collection:
+      // abandoning it retires nothing.
+      const finishedBefore = !own && !this.options.newCollection && history.collection !== undefined && (await everyAttemptFinished(history, history.collection.out));
+      if (!own && !this.options.newCollection && !finishedBefore) throw anotherCollection(this.logPath, history.runId, history.collection!, this.identity);
+      if (!own && history.collection && (await samePath(history.collection.out, this.identity.out))) {
+        // Its finished rows would be taken for this collection's (row-1 … collide), rewards and all.
+        throw new CheckpointError("invalid_request", `--out ${this.identity.out} holds the results of the earlier collection in this root (run ${history.runId}); a new collection needs an --out of its own`);
+      }
+      if (finishedBefore) this.options.logger.info({ run_id: history.runId, out: history.collection!.out }, "the earlier collection in this root finished every row it sent: starting a new one");
       if (!own) {
         await this.abandon(history);
         abandonedCheckpoints = history.checkpoints;
@@ -438,7 +459,7 @@ export class Collector {
       const latestOurs = open.checkpoint_id === collection?.checkpoint_id && (!restore || collection.run_id === history.continuesRun);
       if (!latestOurs && (restore || !history.checkpoints.has(open.checkpoint_id))) throw anotherControllersCheckpoint(open);
       if (restore) for (const e of collection!.continued) if (history.latest.get(e.rollout_id) === e.attempt) restoredScope.add(e.rollout_id);
-      this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase }, "--new-collection: closing the checkpoint the earlier collection left open");
+      this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase }, "new collection: closing the checkpoint the earlier collection left open");
       await this.resumeLeftOpen(open.checkpoint_id);
     }
     const certainlyUnfinished = (id: string) => history.restoredOnly.has(id) || restoredScope.has(id);
@@ -464,10 +485,10 @@ export class Collector {
     if (unknown) {
       this.options.logger.warn(
         { ...about, not_retired: unknown },
-        `--new-collection: abandoned the earlier collection; its --out ${earlier ? `${earlier.out} is not there` : "is not named by its log (written by an older collector)"}, so which of its rows finished is unknown: ${unknown} logged attempts are not retired (a finished row's retire would delete its model ledger); one still running at a Gym server is not stopped (gym-ckpt retire stops it)`,
+        `new collection: abandoned the earlier collection; its --out ${earlier ? `${earlier.out} is not there` : "is not named by its log (written by an older collector)"}, so which of its rows finished is unknown: ${unknown} logged attempts are not retired (a finished row's retire would delete its model ledger); one still running at a Gym server is not stopped (gym-ckpt retire stops it)`,
       );
     } else {
-      this.options.logger.warn(about, "--new-collection: abandoned the earlier collection: its unfinished attempts retired, its finished rows left alone");
+      this.options.logger[retiring.length ? "warn" : "info"](about, "new collection: abandoned the earlier collection: its unfinished attempts retired, its finished rows left alone");
     }
   }
 

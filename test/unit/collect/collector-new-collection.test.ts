@@ -207,6 +207,34 @@ describe("a later collection in the same checkpoint root", () => {
   });
 });
 
+describe("a later collection in the same root after the earlier one finished", () => {
+  it("starts without --new-collection: every attempt the earlier log names is finished in its --out, so nothing is retired", async () => {
+    const a = await earlierCollection();
+    await appendResult(a.out, finished("b", 0)); // b, in flight before, finished too
+    const { calls, controller } = await coordinator();
+    const sent: string[] = [];
+    const collector = later(controller, await runServer(sent));
+    await collector.start();
+    expect(ops(calls, "retire")).toEqual([]);
+    expect((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.collection).toEqual({ tasks: join(dir, "tasks-b.jsonl"), out: join(dir, "results-b.jsonl"), rolloutIdPrefix: "" });
+    expect(await collector.run()).toMatchObject({ rows: 2, finished: 2 });
+    expect(sent.sort()).toEqual(["a@0", "x@0"]);
+  });
+
+  it("with the earlier collection's --out is refused (invalid_request), nothing retired: its rows would be taken for the new one's", async () => {
+    const a = await earlierCollection();
+    await appendResult(a.out, finished("b", 0));
+    const { calls, controller } = await coordinator();
+    for (const newCollection of [false, true]) {
+      const error = await later(controller, await runServer([]), { outPath: a.out, newCollection }).start().then(() => undefined, (e: unknown) => e);
+      server?.close();
+      expect((error as CheckpointError).code).toBe("invalid_request");
+      expect((error as CheckpointError).message).toContain("needs an --out of its own");
+    }
+    expect(calls).toEqual([]);
+  });
+});
+
 describe("collect --new-collection", () => {
   it("abandons the earlier collection: its unfinished attempts retired and forgotten, its finished rows left alone, nothing of it restored, a fresh log", async () => {
     const a = await earlierCollection();
