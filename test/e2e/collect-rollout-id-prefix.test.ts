@@ -62,10 +62,9 @@ describe("collect --rollout-id-prefix", () => {
     // One row with an id, one without (row-2): both spellings get the prefix.
     await writeFile(join(w.root, "tasks.jsonl"), `${JSON.stringify({ id: "q1", task: { expression: "17 + 25", tool_rounds: 1 } })}\n${JSON.stringify({ expression: "2 + 3", tool_rounds: 1 })}\n`);
     expect(await collect(w, "results-1.jsonl", ["--rollout-id-prefix", "run1."])).toBe(0);
-    // A new collection in the same root: refused until it says so (taken for a restart of the
-    // first, it retired the first's finished rows), then started as one with --new-collection.
-    expect(await collect(w, "results-2.jsonl", ["--rollout-id-prefix", "run2."])).toBe(1);
-    expect(await collect(w, "results-2.jsonl", ["--rollout-id-prefix", "run2.", "--new-collection"])).toBe(0);
+    // A new collection in the same root: the first finished every row it sent, so it starts
+    // without --new-collection (one with rows unfinished is refused: collect-flags.test.ts).
+    expect(await collect(w, "results-2.jsonl", ["--rollout-id-prefix", "run2."])).toBe(0);
 
     const byKey = await ledgers(w);
     expect([...byKey.keys()].sort()).toEqual(["run1.q1", "run1.row-2", "run2.q1", "run2.row-2"]);

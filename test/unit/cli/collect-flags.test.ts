@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
+import { appendFile, mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { hostname } from "node:os";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
@@ -53,6 +53,9 @@ async function serve(onRun: () => unknown = () => ({ reward: 1 })): Promise<stri
       res.end(JSON.stringify({ deployment: "default", coordinator: { id: "c", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: [] }));
     } else if (req.url === "/v1/checkpoints") {
       res.end(JSON.stringify({ latest: null, checkpoints: [] }));
+    } else if (req.url === "/v1/retire" || req.url === "/v1/forget") {
+      req.resume();
+      req.on("end", () => res.end(JSON.stringify({ participants: [] })));
     } else if (req.url === "/run") {
       req.resume();
       req.on("end", () => void Promise.resolve(onRun()).then((body) => res.end(JSON.stringify(body))));
@@ -310,6 +313,13 @@ describe("gym-ckpt collect: one collector per checkpoint root", () => {
 });
 
 describe("gym-ckpt collect: another collection in the same checkpoint root", () => {
+  it("after one that finished every row it sent, starts without --new-collection", async () => {
+    const base = await serve();
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(0);
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--out", join(dir, "results-2.jsonl"), "--rollout-id-prefix", "b.")).toBe(0);
+    expect([...(await readResults(join(dir, "results-2.jsonl"))).keys()]).toEqual(["b.a"]);
+  });
+
   it("is refused (checkpoint_conflict, exit 1) naming the earlier one and both ways on; --new-collection starts it, and the log's header names it", async () => {
     const base = await serve();
     expect(await collect("--run-url", `${base}/run`, "--http-url", base)).toBe(0);
@@ -317,6 +327,8 @@ describe("gym-ckpt collect: another collection in the same checkpoint root", () 
     const header = async () => JSON.parse((await readFile(log, "utf8")).split("\n")[0]!) as Record<string, unknown>;
     const first = await header();
     expect(first).toMatchObject({ tasks: join(dir, "tasks.jsonl"), out: join(dir, "results.jsonl") });
+    // A row still in flight when it ended (killed): not finished, so the next collection must say so.
+    await appendFile(log, `${JSON.stringify({ rollout_id: "z", attempt: 0 })}\n`);
     stderr = "";
     const second = ["--out", join(dir, "results-2.jsonl"), "--rollout-id-prefix", "b."];
     expect(await collect("--run-url", `${base}/run`, "--http-url", base, ...second)).toBe(1);
@@ -326,6 +338,7 @@ describe("gym-ckpt collect: another collection in the same checkpoint root", () 
     expect(existsSync(join(dir, "results-2.jsonl"))).toBe(false);
     expect(await header()).toEqual(first);
     process.exitCode = undefined; // the refusal's
+    // --new-collection retires and forgets z@0 (the fake coordinator above answers both).
     expect(await collect("--run-url", `${base}/run`, "--http-url", base, ...second, "--new-collection")).toBe(0);
     expect([...(await readResults(join(dir, "results-2.jsonl"))).keys()]).toEqual(["b.a"]);
     const next = await header();
