@@ -57,7 +57,8 @@ export const ControllerStateInputSchema = z
 export type ControllerStateInput = z.infer<typeof ControllerStateInputSchema>;
 
 const ParticipantRef = { kind: KindSchema, instance: InstanceSchema };
-const ParticipantErrorSchema = z.object({ code: ErrorCodeSchema, detail: z.string() }).strict();
+/** A catalog code and its detail, in a reply that still answers: a participant's error, why `list` names no LATEST. */
+const RefusalDetailSchema = z.object({ code: ErrorCodeSchema, detail: z.string() }).strict();
 
 /*
  * Reply size (docs/api.md): over NATS a reply must fit one message (1 MiB), so past that the
@@ -164,7 +165,7 @@ export const CtlPrepareParticipantSchema = z
     ok: z.boolean(),
     phase: z.enum(["prepared", "preparing", "idle"]).nullable(),
     report: CtlPrepareReportSchema.nullable(),
-    error: ParticipantErrorSchema.nullable(),
+    error: RefusalDetailSchema.nullable(),
   })
   .strict();
 export const CtlBlockerSchema = z
@@ -230,7 +231,7 @@ export const CtlCheckpointReplySchema = z
     restarts_sha256: LeftOutSha256,
     deleted: z.array(z.string()),
     /** Participants that failed to resume (it ran beside the publication; each resumes when its lease expires). */
-    resume_failures: z.array(z.object({ ...ParticipantRef, ...ParticipantErrorSchema.shape }).strict()),
+    resume_failures: z.array(z.object({ ...ParticipantRef, ...RefusalDetailSchema.shape }).strict()),
     timings_ms: z.object({ prepare: z.number(), commit: z.number(), publish: z.number(), resume: z.number() }).strict(),
   })
   .strict();
@@ -256,7 +257,7 @@ export const CtlParticipantStatusSchema = z
     epoch: z.number().int().min(0).nullable(),
     blockers: z.array(z.string()),
     blocker_count: z.number().int().min(0),
-    error: ParticipantErrorSchema.nullable(),
+    error: RefusalDetailSchema.nullable(),
   })
   .strict();
 export const CtlStatusReplySchema = z
@@ -267,9 +268,17 @@ export const CtlStatusReplySchema = z
     participants: z.array(CtlParticipantStatusSchema),
   })
   .strict();
+/**
+ * Why `list` (and `gym-ckpt ls --json`) names no LATEST though one is there: LATEST cannot be read,
+ * or names a checkpoint the listing lacks (its checkpoint.json damaged or gone). The listing is
+ * still answered: that is when a controller lists the checkpoints, to pick an older one to restore.
+ */
+export type CtlLatestError = z.infer<typeof RefusalDetailSchema>;
 export const CtlListReplySchema = z
   .object({
     latest: CheckpointIdSchema.nullable(),
+    /** Present only with `latest` null (added within version 1; see docs/protocol.md). */
+    latest_error: RefusalDetailSchema.optional(),
     checkpoints: z.array(
       z
         .object({

@@ -186,7 +186,7 @@ export {
   CtlListReplySchema,
   CtlGetReplySchema,
 } from "./controller-api.js";
-export type { ControllerOp, ControllerStateInput, CtlRequestOf, CtlRequestInputOf, CtlReplyOf } from "./controller-api.js";
+export type { ControllerOp, ControllerStateInput, CtlLatestError, CtlRequestOf, CtlRequestInputOf, CtlReplyOf } from "./controller-api.js";
 export {
   TraceContentSchema,
   TraceToolCallSchema,

@@ -43,6 +43,7 @@ import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { checkCommittedRecords, committedEpisodeIds } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
+import { listedLatest, unreadLatest } from "../publication/listed-latest.js";
 import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
@@ -737,12 +738,22 @@ export class CheckpointEngine {
    * so the scan lists it. Scanned first, a publication finished while LATEST was read would name a
    * checkpoint the list lacks, and list one its retention deleted. Read again, a few times, while
    * retention deleted what LATEST named before the scan (retention 1, two publications meanwhile).
+   * A LATEST that cannot be read, or still names a checkpoint the list lacks (damaged or gone), is
+   * no refusal: `latest` null, `latest_error` why, as `gym-ckpt ls` (listedLatest).
    */
   async list(): Promise<CtlReplyOf<"list">> {
+    const { catalog } = this.options;
     for (let read = 1; ; read++) {
-      const latest = await this.options.catalog.latest();
-      const { published } = this.options.catalog.scan();
-      if (latest === null || read === LIST_READS || published.some((e) => e.checkpoint_id === latest)) return { latest, checkpoints: published };
+      let latest: string | null;
+      try {
+        latest = await catalog.latest();
+      } catch (error) {
+        return { ...unreadLatest(error), checkpoints: catalog.scan().published };
+      }
+      const { published } = catalog.scan();
+      if (read === LIST_READS || latest === null || published.some((e) => e.checkpoint_id === latest)) {
+        return { ...(await listedLatest(catalog, latest, published)), checkpoints: published };
+      }
     }
   }
 

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
-import { CheckpointError, isUnreadableStorage, toCheckpointError } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
+import { listedLatest, unreadLatest, type ListedLatest } from "../../publication/listed-latest.js";
 import { printJson, rootFrom, runCli } from "../shared.js";
 
 export function register(program: Command): void {
@@ -15,23 +15,14 @@ export function register(program: Command): void {
         const { published, damaged } = catalog.scan();
         for (const d of damaged) process.stderr.write(`warning ${d.code}: checkpoint ${d.checkpoint_id} is not listed: ${d.detail}\n`);
         // A damaged LATEST still lists the checkpoints: ls is how an operator picks an older one to restore.
-        let latest: string | null = null;
-        let latestError: { code: string; detail: string } | undefined;
+        let listed: ListedLatest;
         try {
-          latest = await catalog.latest();
-          // LATEST names a checkpoint the listing lacks: its checkpoint.json is damaged or gone, which an operator must see.
-          if (latest !== null && !published.some((c) => c.checkpoint_id === latest)) {
-            const named = latest;
-            latest = null;
-            await catalog.get(named);
-          }
+          listed = await listedLatest(catalog, await catalog.latest(), published);
         } catch (error) {
-          // A LATEST (or its checkpoint.json) this account may not read is reported the same way.
-          if (!(error instanceof CheckpointError) && !isUnreadableStorage(error)) throw error;
-          const refusal = toCheckpointError(error);
-          latestError = { code: refusal.code, detail: refusal.message };
-          process.stderr.write(`warning ${refusal.code}: ${refusal.message} (no checkpoint is marked LATEST)\n`);
+          listed = unreadLatest(error);
         }
+        const { latest, latest_error: latestError } = listed;
+        if (latestError) process.stderr.write(`warning ${latestError.code}: ${latestError.detail} (no checkpoint is marked LATEST)\n`);
         if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published, ...(damaged.length > 0 && { damaged }) });
         for (const c of published) {
           process.stdout.write(

@@ -1,0 +1,74 @@
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CtlListReplySchema } from "../../../protocol/index.js";
+import { makeEngine, writers } from "./fake-participants.js";
+
+/**
+ * `list` when LATEST is damaged: that is when an operator or a controller lists the published
+ * checkpoints, to pick an older one to restore (docs/operations.md), so the listing is answered,
+ * `latest` null and `latest_error` saying why, as `gym-ckpt ls --json` does; never refused whole.
+ */
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-list-latest-"));
+});
+afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+const R1 = [{ rollout_id: "r1", attempt: 0 }];
+
+async function publishedTwo() {
+  const made = makeEngine(root);
+  for (const id of ["c1", "c2"]) await made.engine.checkpoint({ checkpoint_id: id, episode_ids: R1, stop: false, controller_state: null });
+  return made;
+}
+
+describe("list with a damaged LATEST", () => {
+  it("a LATEST holding garbage: the checkpoints are listed, latest null, latest_error invalid_checkpoint_state", async () => {
+    const { engine } = await publishedTwo();
+    await writeFile(join(root, "LATEST"), "not a checkpoint id!\n");
+    const reply = CtlListReplySchema.parse(await engine.list()); // the strict reply schema takes it
+    expect(reply.latest).toBeNull();
+    expect(reply.latest_error).toEqual({ code: "invalid_checkpoint_state", detail: "LATEST does not name a checkpoint id" });
+    expect(reply.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c2", "c1"]);
+  });
+
+  it("a LATEST that is a directory: listed, latest_error invalid_checkpoint_state", async () => {
+    const { engine } = await publishedTwo();
+    await rm(join(root, "LATEST"));
+    await mkdir(join(root, "LATEST"));
+    const reply = CtlListReplySchema.parse(await engine.list());
+    expect(reply.latest).toBeNull();
+    expect(reply.latest_error?.code).toBe("invalid_checkpoint_state");
+    expect(reply.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c2", "c1"]);
+  });
+
+  it("a LATEST naming a checkpoint whose checkpoint.json is damaged: not named as latest, latest_error says why", async () => {
+    const { engine } = await publishedTwo();
+    await writeFile(join(root, "c2", "checkpoint.json"), '{"schema_version":');
+    const reply = CtlListReplySchema.parse(await engine.list());
+    expect(reply.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c1"]);
+    expect(reply.latest).toBeNull();
+    expect(reply.latest_error?.code).toBe("invalid_checkpoint_state");
+  });
+
+  it("a LATEST naming a checkpoint that is gone: latest null, latest_error not_found", async () => {
+    const { engine } = await publishedTwo();
+    await rm(join(root, "c2"), { recursive: true });
+    const reply = CtlListReplySchema.parse(await engine.list());
+    expect(reply.checkpoints.map((c) => c.checkpoint_id)).toEqual(["c1"]);
+    expect(reply.latest).toBeNull();
+    expect(reply.latest_error?.code).toBe("not_found");
+  });
+
+  it("a sound LATEST: no latest_error key at all", async () => {
+    const { engine } = await publishedTwo();
+    const reply = await engine.list();
+    expect(reply).toEqual({ latest: "c2", checkpoints: expect.any(Array) });
+    expect("latest_error" in reply).toBe(false);
+  });
+});
