@@ -305,6 +305,34 @@ describe("refusals docs/api.md lists per op", () => {
   });
 });
 
+describe("list with a damaged LATEST", () => {
+  it("answers the listing (latest null, latest_error), which the typed clients and the served OpenAPI document take, not invalid_checkpoint_state", async () => {
+    await new HttpControllerClient({ baseUrl: base, token: CONTROLLER_TOKEN }).checkpoint({ checkpoint_id: "h10" });
+    const latestFile = join(world.root, "LATEST");
+    const before = await readFile(latestFile, "utf8");
+    await writeFile(latestFile, "not a checkpoint id!\n");
+    try {
+      const response = await fetch(`${base}/v1/checkpoints`, { headers: auth });
+      const body = (await response.json()) as Record<string, any>;
+      expect({ status: response.status, latest: body.latest, latest_error: body.latest_error }).toEqual({
+        status: 200,
+        latest: null,
+        latest_error: { code: "invalid_checkpoint_state", detail: "LATEST does not name a checkpoint id" },
+      });
+      expect(body.checkpoints.map((c: { checkpoint_id: string }) => c.checkpoint_id)).toContain("h10");
+      const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { paths: Record<string, Record<string, any>> };
+      const validate = new Ajv2020({ strict: true, allErrors: true }).compile(doc.paths["/v1/checkpoints"]!.get.responses["200"].content["application/json"].schema);
+      expect([validate(body), validate.errors]).toEqual([true, null]);
+      // The clients decode replies with the strict schema: an unknown field would be an invalid reply.
+      const overHttp = await new HttpControllerClient({ baseUrl: base, token: CONTROLLER_TOKEN }).list();
+      expect(overHttp).toEqual(body);
+      expect(await world.client.list()).toEqual(body);
+    } finally {
+      await writeFile(latestFile, before);
+    }
+  });
+});
+
 describe("controller state file", () => {
   it("a controller state file named checkpoint.json is refused (invalid_request), not overwritten by the publication", async () => {
     expect((await post("/v1/prepare", JSON.stringify({ checkpoint_id: "h9" }))).status).toBe(200);
