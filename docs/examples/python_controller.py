@@ -138,8 +138,15 @@ def next_attempt(episode, n):
 
 def start(client, state):
     """Continue from the latest published checkpoint, if there is one (docs/api.md, `restore`)."""
-    latest = client.list()["latest"]
+    listing = client.list()
+    latest = listing["latest"]
     if latest is None:
+        damaged = listing.get("latest_error")
+        if damaged:
+            # LATEST cannot be read, or names a checkpoint that is damaged or gone: our state is in an
+            # older one. Starting fresh would lose it, and our next publication would move LATEST past
+            # it, so stop: an operator picks the one to restore (gym-ckpt ls, gym-ckpt verify).
+            raise GymCkptError(damaged["code"], f"LATEST is damaged ({damaged['detail']}): not starting fresh; restore an older checkpoint")
         return emit(event="fresh_start")
     manifest = client.get(latest)["manifest"]
     # We published our state inline, and the commit scope: the episodes we had in flight. A LATEST

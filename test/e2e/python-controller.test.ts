@@ -1,5 +1,5 @@
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
-import { readFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CONTROLLER_TOKEN, DEFAULT_MEMBERS, startWorld, type World } from "../integration/coordinator-harness.js";
@@ -192,6 +192,23 @@ describe("the Python controller example (docs/examples/python_controller.py)", (
     // Nothing restored or left parked.
     for (const p of world.participants) expect([p.instance, p.handle.controlPlane.currentPhase]).toEqual([p.instance, "idle"]);
     expect(await listed()).toEqual(before);
+  }, 30_000);
+
+  it("a damaged LATEST (list answers latest null with latest_error): exits 1 naming its code, no fresh start, nothing published", async () => {
+    const latestFile = join(world.root, "LATEST");
+    const before = { latest: await readFile(latestFile, "utf8"), listing: (await listed()).checkpoints };
+    await writeFile(latestFile, "not a checkpoint id!\n");
+    try {
+      const run = await runScript(["--steps", "1", "--rollouts", "r1"]);
+      // Started fresh, it would publish a step and move LATEST past the state it holds in an older checkpoint.
+      expect(run.code).toBe(1);
+      expect(run.lines).toEqual([]);
+      expect(run.stderr).toMatch(/^error invalid_checkpoint_state: LATEST is damaged \(LATEST does not name a checkpoint id\)/);
+      expect(await readFile(latestFile, "utf8")).toBe("not a checkpoint id!\n");
+    } finally {
+      await writeFile(latestFile, before.latest);
+    }
+    expect((await listed()).checkpoints).toEqual(before.listing);
   }, 30_000);
 
   it("a wrong token: exits 1 naming the catalog code unauthorized, nothing published", async () => {
