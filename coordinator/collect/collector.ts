@@ -606,7 +606,10 @@ export class Collector {
    * anything, not at its first checkpoint.
    */
   private async visibleLatest(): Promise<string | null> {
-    const { latest } = await this.ownOps.resent("start-up list", undefined, () => this.options.controller.list());
+    const { latest, latest_error: damaged } = await this.ownOps.resent("start-up list", undefined, () => this.options.controller.list());
+    // A damaged LATEST is no "nothing published": starting over would lose the collection state an
+    // older checkpoint holds, and the first checkpoint would move LATEST past it. Refused as `list` did.
+    if (damaged) throw new CheckpointError(damaged.code, `LATEST is damaged: ${damaged.detail}; restore an older checkpoint or repair LATEST (gym-ckpt ls, gym-ckpt verify)`);
     if (latest) await assertCheckpointVisible(this.options.checkpointDir, latest);
     return latest;
   }

@@ -978,6 +978,17 @@ describe("collector", () => {
     expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
   });
 
+  it("a damaged LATEST (list answers latest null with latest_error) refuses the start with its code: not taken for nothing published", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls, state } = fakeController();
+    await publishCollection(state, "ckpt-20240101T000000-aaaaaaaa", "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const latestError = { code: "invalid_checkpoint_state" as const, detail: "LATEST does not name a checkpoint id" };
+    const damaged = { ...controller, list: async () => ({ latest: null, latest_error: latestError, checkpoints: [] }) } as CollectorController;
+    await expect(collectorFor(damaged, url).start()).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("LATEST does not name a checkpoint id") });
+    expect(calls.filter((c) => c.op !== "status")).toEqual([]);
+  });
+
   it("refuses LATEST's collection state when it is a symbolic link (as publication does) instead of reading where it points", async () => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const { controller, calls, state } = fakeController();
