@@ -1,8 +1,9 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { afterEach, describe, expect, it, vi } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
 import { waitUntil } from "../support/wait-until.js";
+import { outcomeAcrossWallStepBack } from "../support/wall-clock-step.js";
 
 // The HTTP controller client's failure mapping against real sockets: only a connection that was
 // never made is not_leader (nothing was sent); a connection cut after the request left is
@@ -48,19 +49,7 @@ describe("HTTP controller client", () => {
     const url = await listen((_req, res) => {
       res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_leader", detail: "no leader yet" } }));
     });
-    const wall = Date.now.bind(Date);
-    const stepped = vi.spyOn(Date, "now");
-    try {
-      const asking = new HttpControllerClient({ baseUrl: url, token: "t", leaderWaitMs: 500 }).call("list", {}).then(
-        () => "answered",
-        (error: { code?: string }) => error.code,
-      );
-      stepped.mockImplementation(() => wall() - 3_600_000); // NTP, a VM resume: after the wait began
-      const outcome = await Promise.race([asking, new Promise((resolve) => setTimeout(() => resolve("still asking"), 5_000).unref())]);
-      expect(outcome).toBe("not_leader");
-    } finally {
-      stepped.mockRestore();
-    }
+    expect(await outcomeAcrossWallStepBack(() => new HttpControllerClient({ baseUrl: url, token: "t", leaderWaitMs: 500 }).call("list", {}))).toBe("not_leader");
   });
 
   it("the coordinator dies after receiving the request: outcome_unknown, not not_leader", async () => {

@@ -12,6 +12,7 @@ import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { NatsServerProcess, startNats, type NatsFixture } from "../support/nats.js";
 import { startStallProxy } from "../support/stall-proxy.js";
 import { waitUntil } from "../support/wait-until.js";
+import { outcomeAcrossWallStepBack } from "../support/wall-clock-step.js";
 import { CONTROLLER_TOKEN, startWorld } from "./coordinator-harness.js";
 
 // The controller client's own failure mapping over a real nats-server, without a coordinator:
@@ -39,21 +40,7 @@ describe("NATS controller client", () => {
   // Before, the leader wait was a Date.now() instant: a wall clock stepped back kept the client
   // asking for the step's length (an hour) instead of leaderWaitMs.
   it("times the leader wait on the monotonic clock: a wall-clock step back does not stretch it", async () => {
-    const wall = Date.now.bind(Date);
-    const stepped = vi.spyOn(Date, "now");
-    try {
-      const asking = client("nobody-stepped", { leaderWaitMs: 500 })
-        .call("status", {})
-        .then(
-          () => "answered",
-          (error: { code?: string }) => error.code,
-        );
-      stepped.mockImplementation(() => wall() - 3_600_000); // NTP, a VM resume: after the wait began
-      const outcome = await Promise.race([asking, new Promise((resolve) => setTimeout(() => resolve("still asking"), 5_000).unref())]);
-      expect(outcome).toBe("not_leader");
-    } finally {
-      stepped.mockRestore();
-    }
+    expect(await outcomeAcrossWallStepBack(() => client("nobody-stepped", { leaderWaitMs: 500 }).call("status", {}))).toBe("not_leader");
   });
 
   it("reports outcome_unknown when the coordinator received the request but never replied", async () => {

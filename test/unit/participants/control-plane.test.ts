@@ -1474,13 +1474,7 @@ describe("the free of a restore install that outlived its deadline, whose retire
 
 describe("the free of a restore install that outlived its deadline, across a wall-clock step back", () => {
   it("is bounded by a duration: a step back of an hour does not hold the lock an hour longer", async () => {
-    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
-    const install = deferred();
-    kind.delay("install", install.promise);
-    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
-    await waitUntil(() => kind.hooks().includes("install"), "the install to start");
-    clock.advance(11_000);
-    expect(await refused(restore)).toBe("deadline_exceeded");
+    const install = await restoreOutlivingItsDeadline();
     kind.delay("retire", new Promise<void>(() => undefined)); // the free's retire hangs
     install.resolve();
     await waitUntil(() => kind.hooks().includes("retire"), "the free to start");
