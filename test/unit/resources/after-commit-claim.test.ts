@@ -1,5 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CounterServer } from "../../../participants/gym/resources-server/counter-server.js";
+import { waitUntil } from "../../support/wait-until.js";
 import { counterRecord, resourcesWorld } from "./resources-world.js";
 
 /**
@@ -22,20 +23,21 @@ class HeldFree extends CounterServer {
   }
 }
 
-const until = async (done: () => boolean) => {
-  for (let i = 0; i < 200 && !done(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
-  expect(done()).toBe(true);
-};
+/** A harness over `server` that restored `records` from checkpoint c1 and resumed it: each session lives on as attempt 1. */
+async function restoredFromC1(server: CounterServer, records: ReturnType<typeof counterRecord>[]) {
+  await world.writeCheckpoint("c1", records);
+  const b = await world.harness(server);
+  await b.call("restore", { checkpoint_id: "c1", episode_ids: records.map((r) => r.episode_id) });
+  await b.call("resume", { checkpoint_id: "c1" });
+  return b;
+}
 
 describe("after-commit clean-up of unclaimed restored sessions", () => {
   it("never frees a session its next attempt claimed while the clean-up ran", async () => {
     const server = new HeldFree();
     const r1 = counterRecord("r1", "sessionAAAA", 2);
     const r2 = counterRecord("r2", "sessionBBBB", 5);
-    await world.writeCheckpoint("c1", [r1, r2]);
-    const b = await world.harness(server);
-    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r1.episode_id, r2.episode_id] });
-    await b.call("resume", { checkpoint_id: "c1" });
+    const b = await restoredFromC1(server, [r1, r2]);
 
     await b.call("prepare", { checkpoint_id: "c2" });
     // The scope continues r1-a1 only: r2-a1's unclaimed session is freed in the background (the
@@ -45,7 +47,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     // r2-a1 starts meanwhile (the rollout may still run as that attempt) and uses its session.
     const claimed = await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB");
     server.release();
-    await until(() => !server.counters.has("sessionBBBB"));
+    await waitUntil(() => !server.counters.has("sessionBBBB"), "r2-a1's session to be freed");
     const after = await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB");
     // Either the session was gone before anyone could use it, or what its user wrote survives:
     // never a request served from the session and then its state freed behind its back.
@@ -59,21 +61,18 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
   it("a seed that waited through the checkpoint with the cookie of a session the clean-up frees is not freed behind its back", async () => {
     const server = new HeldFree();
     const r2 = counterRecord("r2", "sessionBBBB", 5);
-    await world.writeCheckpoint("c1", [r2]);
-    const b = await world.harness(server);
-    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r2.episode_id] });
-    await b.call("resume", { checkpoint_id: "c1" });
+    const b = await restoredFromC1(server, [r2]);
     await b.call("prepare", { checkpoint_id: "c2" });
     // r2-a1 seeds again with its restored cookie while c2 is open: it waits for resume.
     const seed = b.post("/ng-rollout/r2-a1/seed_session", {}, "ng_session=sessionBBBB");
-    await until(() => b.kind.readiness().counts.waiting === 1);
+    await waitUntil(() => b.kind.readiness().counts.waiting === 1, "the seed to wait for resume");
     // c2 continues nothing: the unclaimed restored session is freed in the background (held).
     await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 0.3);
     await b.call("resume", { checkpoint_id: "c2" });
     const seeded = await seed;
     server.release();
     // The free ran (the restored count 5 is gone); it must not have taken what the seed built.
-    await until(() => server.counters.get("sessionBBBB") !== 5);
+    await waitUntil(() => server.counters.get("sessionBBBB") !== 5, "the seed to take the session up");
     if (seeded.statusCode === 200) expect(server.counters.get("sessionBBBB")).toBe(0);
     // Refused while the free ran; once it ended the retried seed gets a session of its own.
     expect(seeded.json().error?.code).toBe("admission_closed");
@@ -85,18 +84,15 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
 
   it("a session still being freed is live state until its free ended (a restore must not install it under the free)", async () => {
     const r2 = counterRecord("r2", "sessionBBBB", 5);
-    await world.writeCheckpoint("c1", [r2]);
     const server = new HeldFree();
-    const b = await world.harness(server);
-    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r2.episode_id] });
-    await b.call("resume", { checkpoint_id: "c1" });
+    const b = await restoredFromC1(server, [r2]);
     await b.call("prepare", { checkpoint_id: "c2" });
     await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 0.3);
     await b.call("resume", { checkpoint_id: "c2" });
     // The free of sessionBBBB still runs: installing it again now would be freed behind its back.
     expect(b.kind.hasLiveState()).toBe(true);
     server.release();
-    await until(() => !b.kind.hasLiveState());
+    await waitUntil(() => !b.kind.hasLiveState(), "every restored session to be freed");
     expect(server.counters.has("sessionBBBB")).toBe(false);
   }, 15_000);
 
@@ -113,17 +109,14 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     }
     const r1 = counterRecord("r1", "sessionAAAA", 2);
     const r2 = counterRecord("r2", "sessionBBBB", 5);
-    await world.writeCheckpoint("c1", [r1, r2]);
     const server = new FailingFree();
-    const b = await world.harness(server);
-    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r1.episode_id, r2.episode_id] });
-    await b.call("resume", { checkpoint_id: "c1" });
+    const b = await restoredFromC1(server, [r1, r2]);
     // c2 continues neither: both frees fail the first time.
     server.failures = 2;
     await b.call("prepare", { checkpoint_id: "c2" });
     await b.call("commit", { checkpoint_id: "c2", episode_ids: [] });
     await b.call("resume", { checkpoint_id: "c2" });
-    await until(() => server.failures === 0);
+    await waitUntil(() => server.failures === 0, "both failing frees to be tried");
     // Not served from state nobody tracks any more: refused, and still live state here.
     expect((await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB")).json().error?.code).toBe("admission_closed");
     expect(b.kind.hasLiveState()).toBe(true);
@@ -134,7 +127,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     await b.call("prepare", { checkpoint_id: "c3" });
     await b.call("commit", { checkpoint_id: "c3", episode_ids: [] });
     await b.call("resume", { checkpoint_id: "c3" });
-    await until(() => !b.kind.hasLiveState());
+    await waitUntil(() => !b.kind.hasLiveState(), "every restored session to be freed");
     expect(server.counters.has("sessionBBBB")).toBe(false);
     expect((await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB")).json()).toEqual({ count: 1 });
   }, 15_000);
@@ -142,7 +135,6 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
   it("a stop commit whose clean-up outlived it parks the sessions it exported, not a later commit's", async () => {
     const r1 = counterRecord("r1", "sessionAAAA", 2);
     const r2 = counterRecord("r2", "sessionBBBB", 5);
-    await world.writeCheckpoint("c1", [r1, r2]);
     // The held free ends while the later commit exports (before that commit's own clean-up).
     class ReleasedByExport extends HeldFree {
       releaseOnExport = false;
@@ -152,9 +144,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
       }
     }
     const server = new ReleasedByExport();
-    const b = await world.harness(server);
-    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r1.episode_id, r2.episode_id] });
-    await b.call("resume", { checkpoint_id: "c1" });
+    const b = await restoredFromC1(server, [r1, r2]);
     expect((await b.post("/ng-rollout/r1-a1/increment", {}, "ng_session=sessionAAAA")).json()).toEqual({ count: 3 });
     // A stop commit continuing r1-a1 only: r2-a1's unclaimed session is freed past its deadline.
     await b.call("prepare", { checkpoint_id: "c2" });
@@ -165,7 +155,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     server.releaseOnExport = true;
     await b.call("prepare", { checkpoint_id: "c3" });
     await b.call("commit", { checkpoint_id: "c3" }); // no stop: nothing of it is parked
-    await until(() => !server.counters.has("sessionBBBB")); // c2's clean-up freed it; its park follows
+    await waitUntil(() => !server.counters.has("sessionBBBB"), "r2-a1's session to be freed"); // c2's clean-up freed it; its park follows
     await new Promise((resolve) => setImmediate(resolve));
     expect(server.parked).toEqual([["sessionAAAA"]]);
     expect(server.counters.has(r3Session)).toBe(true);
@@ -181,10 +171,7 @@ describe("a retire racing the after-commit free of a restored session of its att
   it("replies only once that session's state is freed", async () => {
     const server = new HeldFree();
     const r2 = counterRecord("r2", "sessionBBBB", 5);
-    await world.writeCheckpoint("c1", [r2]);
-    const b = await world.harness(server);
-    await b.call("restore", { checkpoint_id: "c1", episode_ids: [r2.episode_id] });
-    await b.call("resume", { checkpoint_id: "c1" });
+    const b = await restoredFromC1(server, [r2]);
     await b.call("prepare", { checkpoint_id: "c2" });
     // c2 continues nothing: r2-a1's restored session is freed in the background (held).
     await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 0.3);
