@@ -36,7 +36,7 @@ import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
-import { appendResult, readResults, readResultsForAppend, readResultsIfPresent, syncResults } from "./results-file.js";
+import { appendResult, readResults, readResultsForAppend, readResultsIfPresent, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -115,14 +115,12 @@ export interface CollectionSummary {
 }
 
 /**
- * Whether a collection's log names no attempt but those its --out holds as finished: such a
- * collection ended (or will only ever end) as it is, so a new one may replace it without
- * --new-collection (abandoning it retires nothing). Its --out unreadable or gone: not known, so no.
+ * Whether a collection's log names no attempt but those its --out (`finished`) holds as finished:
+ * such a collection ended (or will only ever end) as it is, so a new one may replace it without
+ * --new-collection (abandoning it retires nothing).
  */
-async function everyAttemptFinished(history: DispatchHistory, out: string): Promise<boolean> {
+function everyAttemptFinished(history: DispatchHistory, finished: ReadonlyMap<string, { attempt: number }>): boolean {
   if (history.restoredOnly.size > 0) return false;
-  const finished = await readResultsIfPresent(out).catch(() => undefined);
-  if (!finished) return false;
   for (const [id, attempt] of history.latest) if ((finished.get(id)?.attempt ?? -1) < attempt) return false;
   return true;
 }
@@ -280,7 +278,9 @@ export class Collector {
       const own = history.collection ? await sameCollection(history.collection, this.identity) : !this.options.newCollection;
       // Another collection that finished every row it sent is replaced as with --new-collection:
       // abandoning it retires nothing.
-      const finishedBefore = !own && !this.options.newCollection && history.collection !== undefined && (await everyAttemptFinished(history, history.collection.out));
+      // Its --out read once, here and by abandon; unreadable or gone, whether it finished is not known: no.
+      const earlierFinished = !own && !this.options.newCollection && history.collection ? await readResultsIfPresent(history.collection.out).catch(() => undefined) : undefined;
+      const finishedBefore = earlierFinished !== undefined && everyAttemptFinished(history, earlierFinished);
       if (!own && !this.options.newCollection && !finishedBefore) throw anotherCollection(this.logPath, history.runId, history.collection!, this.identity);
       if (!own && history.collection && (await samePath(history.collection.out, this.identity.out))) {
         // Its finished rows would be taken for this collection's (row-1 … collide), rewards and all.
@@ -288,7 +288,7 @@ export class Collector {
       }
       if (finishedBefore) this.options.logger.info({ run_id: history.runId, out: history.collection!.out }, "the earlier collection in this root finished every row it sent: starting a new one");
       if (!own) {
-        await this.abandon(history);
+        await this.abandon(history, earlierFinished);
         abandonedCheckpoints = history.checkpoints;
         history = undefined;
       } else if (this.options.newCollection && history.collection) {
@@ -441,13 +441,13 @@ export class Collector {
    * a start that fails after this leaves the old log, and the next start abandons it again (retire
    * and forget are idempotent).
    */
-  private async abandon(history: DispatchHistory): Promise<void> {
+  private async abandon(history: DispatchHistory, finishedOut?: Map<string, FinishedRow>): Promise<void> {
     const earlier = history.collection;
     // Before anything is resumed or retired, as at any start: a --checkpoint-dir that is not this
     // coordinator's root holds another coordinator's log, whose rollout ids (row-1, …) may name
     // live rollouts of another collection here.
     await this.visibleLatest();
-    const earlierFinished = earlier ? await readResultsIfPresent(earlier.out) : undefined;
+    const earlierFinished = finishedOut ?? (earlier ? await readResultsIfPresent(earlier.out) : undefined);
     const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
     const open = status.checkpoint;
     /** Rollouts a restore it left open may have installed at attempt + 1: never sent since. */
