@@ -212,9 +212,15 @@ function holdersOf(members: readonly ParticipantRef[], statuses: Outcome<"status
   });
 }
 
-/** Whether any member may still hold checkpoint `id`: its status shows it, or it did not answer. */
+/** Whether member `m` may still hold checkpoint `id`: its status shows it, or it did not answer. */
+function mayHoldAt(m: ParticipantRef, statuses: Outcome<"status">[], id: string): boolean {
+  const o = statusOf(statuses, m);
+  return o?.ok !== true || (o.reply.checkpoint_id === id && o.reply.phase !== "idle");
+}
+
+/** Whether any member may still hold checkpoint `id`. */
 function mayHold(members: readonly ParticipantRef[], statuses: Outcome<"status">[], id: string): boolean {
-  return holdersOf(members, statuses, id).length > 0 || members.some((m) => statusOf(statuses, m)?.ok !== true);
+  return members.some((m) => mayHoldAt(m, statuses, id));
 }
 
 function failuresOf<O extends Op>(outcomes: Outcome<O>[]): Failure[] {
@@ -263,6 +269,12 @@ export class CheckpointEngine {
    * that carries on after all.
    */
   private readonly stopped = new Set<string>();
+  /**
+   * Closed checkpoints whose resume failed at these participants (they resume when their lease
+   * expires): a resume of the id sends it again to those that may still hold it, instead of
+   * answering success for a participant still parked.
+   */
+  private readonly unresumed = new Map<string, ParticipantRef[]>();
   /**
    * Restores that ended without their resume: their all-or-nothing clean-up ran here (attempt+1
    * retired, everyone resumed), or they were closed because no process held them any more. A
@@ -380,7 +392,7 @@ export class CheckpointEngine {
       this.deadlineCapped(request.deadline_ts);
       // A retry of a resume that closed it sends nothing, so it is answered even if its deadline_ts
       // passed (a lost reply's retry carries a past one). Not a stop checkpoint's or a restore's that failed or still clears its entry.
-      if (open?.id !== id && this.closed.has(id) && !this.stopped.has(id) && !this.restoreFailures.has(id) && !this.restoreRemovals.has(id)) {
+      if (open?.id !== id && this.closed.has(id) && !this.stopped.has(id) && !this.restoreFailures.has(id) && !this.restoreRemovals.has(id) && !this.unresumed.has(id)) {
         return { checkpoint_id: id, participants: [] };
       }
       // Checked before anything is journaled: a refused resume changes nothing.
@@ -396,6 +408,8 @@ export class CheckpointEngine {
       if (failed) throw new CheckpointError("restore_failed", failed);
       const removal = open?.id === id ? undefined : this.restoreRemovals.get(id);
       if (removal) await this.completionJournaled(id, removal, deadlineMs);
+      const unresumed = open?.id === id ? undefined : this.unresumed.get(id);
+      if (unresumed) return this.resumeAgain(id, unresumed, deadlineMs, ctx);
       if (!open && !this.closed.has(id)) return this.releaseHolders(id, deadlineMs, ctx);
       // Parked by design, released now; once nobody holds it (the processes stopped), nothing to do.
       if (!open && this.stopped.has(id)) return this.releaseHolders(id, deadlineMs, ctx, true);
@@ -498,7 +512,7 @@ export class CheckpointEngine {
       // resumed keeps its commit reply, so a successor finding the decision without checkpoint.json
       // still completes it (its re-driven commit is answered from those replies).
       const open = this.requireOpen(id, "checkpoint");
-      const resuming = request.stop ? undefined : this.resumeStages(open, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx);
+      const resuming = request.stop ? undefined : this.resumeStages(id, open.members, Math.max(deadlineMs, this.options.clock.now() + 1000), ctx);
       const publishing = this.doPublish(id, request.controller_state, false);
       let t3 = t2;
       let t4 = t2;
@@ -519,7 +533,7 @@ export class CheckpointEngine {
       // retry gets the same reply. Closed only now: the journal entry may go once LATEST is durable.
       const resumeFailures = resumption.value ?? [];
       if (request.stop) this.closeStopped(id);
-      else this.close(id);
+      else this.closeResumed(id, resumeFailures);
       // Retention after the resume: deleting old checkpoints need not keep everyone paused.
       const published = { ...publication.value, deleted: this.retainAfter(id, prepared.epoch) };
       return this.remember(id, "checkpoint", args, {
@@ -1545,10 +1559,10 @@ export class CheckpointEngine {
         throw unjournaled(error, `checkpoint ${open.id}: its resume could not be journaled, so no resume was sent; the write may still have landed: send the resume again`);
       });
       // None known yet; the resume itself may still meet one the view does not show (resumedElsewhere).
-      const { reply, failures } = await this.resumeStages(open, deadlineMs, ctx);
+      const { reply, failures } = await this.resumeStages(open.id, open.members, deadlineMs, ctx);
       if (!open.lostRestorers) {
         // Its entry never repairs LATEST: removed without waiting for LATEST's fsync.
-        const removal = this.close(open.id, false);
+        const removal = this.closeResumed(open.id, failures, false);
         this.restoreRemovals.set(open.id, removal);
         void removal.then((removed) => {
           if (removed && this.restoreRemovals.get(open.id) === removal) this.restoreRemovals.delete(open.id);
@@ -1576,19 +1590,18 @@ export class CheckpointEngine {
       if (open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open, not ${id}`);
       throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator`);
     }
-    const resumed = await this.resumeStages(open, deadlineMs, ctx);
+    const resumed = await this.resumeStages(id, open.members, deadlineMs, ctx);
     // Closed even when some failed: an unreachable participant resumes when its lease expires.
-    this.close(id);
+    this.closeResumed(id, resumed.failures);
     return resumed;
   }
 
   /** The resume requests of `open`, stage by stage in reverse, past failures; leaves it open. */
-  private async resumeStages(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
-    const id = open.id;
+  private async resumeStages(id: string, members: readonly ParticipantRef[], deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const epoch = this.options.leadership.epoch();
     const { results } = await runStages(
       RESUME_STAGES,
-      open.members,
+      members,
       (m, c) => this.send(m, "resume", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
       { spanName: "checkpoint.coordinate.resume.stage", parent: ctx },
     );
@@ -2339,10 +2352,12 @@ export class CheckpointEngine {
     if (this.open?.id === id) this.open = undefined;
     this.closed.delete(id); // re-added: the most recent last
     this.closed.add(id);
+    this.unresumed.delete(id); // an earlier closing's failures (before a restore of it) are not this one's
     // What is kept per closed id goes with it: a failed restore's detail too (one per failed restore otherwise, for good).
     keepNewest(this.closed, REMEMBERED_CLOSED, (old) => {
       this.stopped.delete(old);
       this.restoreFailures.delete(old);
+      this.unresumed.delete(old);
     });
     void this.options.writer.discard(id);
     // Off the critical path, and only once LATEST's rename is durable: an entry that outlives a
@@ -2357,6 +2372,29 @@ export class CheckpointEngine {
         return this.entryKept(id, writes);
       },
     );
+  }
+
+  /** close() after a resume, keeping where it failed for a retry of that resume (resumeAgain). */
+  private closeResumed(id: string, failures: readonly Failure[], afterLatest = true): Promise<boolean> {
+    const removal = this.close(id, afterLatest);
+    if (failures.length) this.unresumed.set(id, failures.map((f) => f.participant));
+    return removal;
+  }
+
+  /**
+   * A resume of a closed checkpoint whose resume failed at `failed`: sent again, stage by stage, to
+   * those whose status still shows them holding it or does not answer (never to one that resumed
+   * by its lease or restarted: the resume would fence the id there). Where it fails again it is
+   * kept for the next retry.
+   */
+  private async resumeAgain(id: string, failed: readonly ParticipantRef[], deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
+    const statuses = await this.probeStatuses(failed, this.options.leadership.epoch());
+    const targets = failed.filter((m) => mayHoldAt(m, statuses, id));
+    const { reply, failures } = await this.resumeStages(id, targets, deadlineMs, ctx);
+    if (failures.length) this.unresumed.set(id, failures.map((f) => f.participant));
+    else this.unresumed.delete(id);
+    if (failures.length) throw combinedFailure("resume", failures);
+    return reply;
   }
 
   /**

@@ -352,7 +352,12 @@ describe("engine ordering", () => {
     expect(error.message).toContain("model/m1");
     expect(fake.ops("resume").map((c) => c.kind)).toContain("environment");
     await journalEmptied(journal);
-    // idempotent afterwards
+    // a retry sends it again to those two only (resume-retry-after-failure.test.ts), then is idempotent
+    fake.set("agent", "a1", "resume", "ok");
+    fake.set("model", "m1", "resume", "ok");
+    const before = fake.ops("resume").length;
+    expect((await engine.resume({ checkpoint_id: "c4" })).participants.map((p) => p.instance).sort()).toEqual(["a1", "m1"]);
+    expect(fake.ops("resume").slice(before).map((c) => c.instance).sort()).toEqual(["a1", "m1"]);
     expect((await engine.resume({ checkpoint_id: "c4" })).participants).toEqual([]);
     // a resumed id is fenced
     expect((await refusal(engine.prepare({ checkpoint_id: "c4" }))).code).toBe("stale_checkpoint");

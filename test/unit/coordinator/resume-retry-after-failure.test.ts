@@ -1,0 +1,90 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { refusalOf } from "../../support/refusal.js";
+import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+
+/**
+ * docs/api.md resume: a resume that failed at some participants closes the checkpoint (they resume
+ * when their lease expires), and a retry of it sends the resume again to those of them that may
+ * still hold it. Before, the retry of a closed id answered success with no participants and sent
+ * nothing: a controller retrying to release a participant parked by a lost resume was told it had.
+ */
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-resume-retry-"));
+});
+afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+const resumesTo = (calls: { kind: string; instance: string }[]) => calls.map((c) => `${c.kind}/${c.instance}`);
+
+describe("a resume retried after it failed at a participant", () => {
+  it("sends the resume again to that participant only, and answers its outcome", async () => {
+    const { engine, fake, clock } = makeEngine(root);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.prepare({ checkpoint_id: "c1", deadline_ts });
+    fake.set("model", "m1", "resume", "unreachable");
+    expect(await refusalOf(engine.resume({ checkpoint_id: "c1", deadline_ts }))).toMatchObject({ code: "unreachable" });
+    expect(fake.state.get("model.m1")).toMatchObject({ phase: "prepared", checkpoint_id: "c1" });
+
+    // Still unreachable: the retry fails the same way, not success.
+    fake.set("model", "m1", "status", "unreachable");
+    const before = fake.ops("resume").length;
+    expect(await refusalOf(engine.resume({ checkpoint_id: "c1", deadline_ts }))).toMatchObject({ code: "unreachable" });
+    expect(resumesTo(fake.ops("resume").slice(before))).toEqual(["model/m1"]);
+
+    // Reachable again: the retry resumes it, and only it.
+    fake.set("model", "m1", "resume", "ok");
+    fake.set("model", "m1", "status", "ok");
+    const again = fake.ops("resume").length;
+    const reply = await engine.resume({ checkpoint_id: "c1", deadline_ts });
+    expect(reply.participants.map((p) => `${p.kind}/${p.instance}`)).toEqual(["model/m1"]);
+    expect(resumesTo(fake.ops("resume").slice(again))).toEqual(["model/m1"]);
+    expect(fake.state.get("model.m1")).toMatchObject({ phase: "idle" });
+
+    // Once it resumed, a further retry is the ordinary idempotent one: nothing sent, even past its deadline.
+    clock.current += 70_000;
+    const last = fake.ops("resume").length;
+    await expect(engine.resume({ checkpoint_id: "c1", deadline_ts })).resolves.toEqual({ checkpoint_id: "c1", participants: [] });
+    expect(fake.ops("resume").length).toBe(last);
+  });
+
+  it("one its lease resumed meanwhile gets nothing: success with no participants", async () => {
+    const { engine, fake, clock } = makeEngine(root);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.prepare({ checkpoint_id: "c2", deadline_ts });
+    fake.set("agent", "a1", "resume", "unreachable");
+    expect(await refusalOf(engine.resume({ checkpoint_id: "c2", deadline_ts }))).toMatchObject({ code: "unreachable" });
+    fake.state.set("agent.a1", { phase: "idle", checkpoint_id: null }); // its lease expired
+    const before = fake.ops("resume").length;
+    await expect(engine.resume({ checkpoint_id: "c2", deadline_ts })).resolves.toEqual({ checkpoint_id: "c2", participants: [] });
+    expect(fake.ops("resume").length).toBe(before);
+  });
+
+  it("a checkpoint op's resume_failures: a later resume of its id releases them", async () => {
+    const { engine, fake, clock, journal } = makeEngine(root);
+    fake.set("resources", "r1", "resume", "unreachable");
+    const done = await engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null });
+    expect(done.resume_failures.map((f) => `${f.kind}/${f.instance}:${f.code}`)).toEqual(["resources/r1:unreachable"]);
+    await journalEmptied(journal);
+    fake.set("resources", "r1", "resume", "ok");
+    const before = fake.ops("resume").length;
+    const reply = await engine.resume({ checkpoint_id: "c3", deadline_ts: clock.now() / 1000 + 60 });
+    expect(reply.participants.map((p) => `${p.kind}/${p.instance}`)).toEqual(["resources/r1"]);
+    expect(resumesTo(fake.ops("resume").slice(before))).toEqual(["resources/r1"]);
+  });
+
+  it("control: a resume that succeeded everywhere, retried, sends nothing", async () => {
+    const { engine, fake, clock } = makeEngine(root);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.prepare({ checkpoint_id: "c4", deadline_ts });
+    await engine.resume({ checkpoint_id: "c4", deadline_ts });
+    const before = fake.calls.length;
+    await expect(engine.resume({ checkpoint_id: "c4", deadline_ts })).resolves.toEqual({ checkpoint_id: "c4", participants: [] });
+    expect(fake.calls.length).toBe(before);
+  });
+});
