@@ -1232,7 +1232,7 @@ export class CheckpointEngine {
       const unjournaled = this.unjournaledPrepares.get(id);
       if (unjournaled !== undefined) throw new CheckpointError("journal_unavailable", unjournaled);
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
-      if (this.options.catalog.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
+      if (this.options.catalog.published(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
       // An unreadable entry naming no participant fits no stage: refused before anything is opened or sent.
       const unreadable = (await this.options.membership.unreadable?.()) ?? [];

@@ -78,7 +78,19 @@ export class CheckpointCatalog {
    * published checkpoint. Blocking: an lstat and a stat, on the path of every prepare.
    */
   has(checkpointId: string): boolean {
-    return !this.linked(checkpointId) && hasManifest(this.manifestPath(checkpointId));
+    return !this.linked(checkpointId) && manifestAt(this.manifestPath(checkpointId)) !== "absent";
+  }
+
+  /**
+   * has(), for a fresh id's prepare: a stat the storage refuses (EACCES on a root this process
+   * cannot search, EIO) is thrown (`storage_error`), not taken for a published checkpoint, which
+   * would refuse every fresh id as "already published".
+   */
+  published(checkpointId: string): boolean {
+    if (this.linked(checkpointId)) return false;
+    const found = manifestAt(this.manifestPath(checkpointId));
+    if (found instanceof Error) throw toCheckpointError(found);
+    return found === "present";
   }
 
   /** Whether `<root>/<id>` is a symbolic link (nothing there, or not to be seen: not one). Blocking: one lstat. */
@@ -159,7 +171,7 @@ export class CheckpointCatalog {
     // refuses it): named as damaged, so it neither vanishes from `ls` unexplained nor is deleted.
     // A link to anything else is not ours and is left out, as any other directory.
     for (const name of links) {
-      if (hasManifest(this.manifestPath(name))) damaged.push({ checkpoint_id: name, code: "invalid_checkpoint_state", detail: linkedCheckpointDir(join(this.root, name)).message });
+      if (manifestAt(this.manifestPath(name)) !== "absent") damaged.push({ checkpoint_id: name, code: "invalid_checkpoint_state", detail: linkedCheckpointDir(join(this.root, name)).message });
     }
     for (const name of names) {
       try {
@@ -233,16 +245,16 @@ export class CheckpointCatalog {
   }
 }
 
-/** Whether a checkpoint.json is at `path`, valid or not (a link on the way followed). */
-function hasManifest(path: string): boolean {
+/** Whether a checkpoint.json is at `path`, valid or not (a link on the way followed), or the stat's error when the storage will not say. */
+function manifestAt(path: string): "present" | "absent" | Error {
   try {
     statSync(path);
-    return true;
+    return "present";
   } catch (error) {
     // ENOTDIR: the id names a stray file under the root, not a published checkpoint (as `get`
     // says); `leftover` then refuses it as not a directory.
     const code = (error as NodeJS.ErrnoException).code;
-    return code !== "ENOENT" && code !== "ENOTDIR";
+    return code === "ENOENT" || code === "ENOTDIR" ? "absent" : (error as Error);
   }
 }
 
