@@ -64,6 +64,7 @@ interface Cohort {
   timer: NodeJS.Timeout | undefined;
   /** Aborts the judge call while the cohort is judged (a newer attempt superseding it stops the call). */
   judging: AbortController | undefined;
+  /** performance.now() at the finish (the TTL is a duration). */
   finishedAt: number | undefined;
 }
 
@@ -106,7 +107,7 @@ export class CohortTable {
    */
   async arrive(coordinates: Coordinates, digest: string, member: CohortMember, signal?: AbortSignal): Promise<VerifyResult> {
     signal?.throwIfAborted();
-    this.sweep(Date.now());
+    this.sweep(performance.now());
     if (coordinates.index < 0 || coordinates.index >= this.settings.size) {
       throw new VerifierError("invalid_coordinates", `_ng_rollout_index must be in 0..${this.settings.size - 1}`);
     }
@@ -255,7 +256,7 @@ export class CohortTable {
     this.active -= 1;
     cohort.state = state;
     cohort.failure = failure;
-    cohort.finishedAt = Date.now();
+    cohort.finishedAt = performance.now(); // monotonic: a wall-clock step must not expire a result early
     if (state !== "superseded") this.finished.push(cohort);
     cohort.settle();
     this.sweep(cohort.finishedAt);
