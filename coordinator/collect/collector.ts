@@ -34,7 +34,7 @@ import { neverSentCode } from "../client/never-sent.js";
 import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
-import { ProgressReporter, type ProgressSnapshot } from "./progress-reporter.js";
+import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
 import { appendResult, readResults, readResultsForAppend, readResultsIfPresent, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
@@ -1174,7 +1174,7 @@ export class Collector {
         await this.ownOps.publishOwn(checkpointId, sha256Hex(text));
         published = true;
         this.checkpoints++;
-        this.lastCheckpointAt = Date.now();
+        this.lastCheckpointAt = progressClock();
         log.info({ continued: continued.length, restarted: restarted.length }, "checkpoint published");
         return { published, checkpointId };
       } finally {

@@ -10,10 +10,14 @@ export interface ProgressSnapshot {
   inFlight: number;
   failed: number;
   checkpoints: number;
+  /** progressClock() at the last published checkpoint. */
   lastCheckpointAt: number | undefined;
   /** Rows waiting for a retire whose last try failed (Gym servers unreachable): shown when not 0. */
   retiresFailing?: number;
 }
+
+/** The progress line's clock: monotonic ms, so a wall-clock step moves no rate, ETA or age. */
+export const progressClock = (): number => performance.now();
 
 /** How often the live bar is redrawn while nothing changes (its rate, ETA and ages move on). */
 const LIVE_REFRESH_MS = 1000;
@@ -30,7 +34,7 @@ export class ProgressReporter {
   constructor(
     private readonly out: NodeJS.WritableStream & { isTTY?: boolean; columns?: number },
     private readonly plainIntervalMs = 10_000,
-    private readonly now: () => number = Date.now,
+    private readonly now: () => number = progressClock,
   ) {
     this.startedAt = now();
   }

@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { ProgressReporter, type ProgressSnapshot } from "../../../coordinator/collect/progress-reporter.js";
+import { ProgressReporter, progressClock, type ProgressSnapshot } from "../../../coordinator/collect/progress-reporter.js";
 
 /** The progress line against an injected clock; its timer runs on fake timers moved in step. */
 let clock: number;
@@ -118,5 +118,18 @@ describe("progress reporter", () => {
     reporter.finish(); // every exit path ends it: a second finish writes nothing
     advance(3000);
     expect(written).toEqual([expect.stringMatching(/^\r\[.*901\/1000 done/), "\n"]);
+  });
+});
+
+describe("progress reporter on its default clock", () => {
+  it("a wall-clock step moves neither the rate nor the last checkpoint's age (monotonic clock)", () => {
+    vi.useFakeTimers({ toFake: ["Date", "setTimeout", "clearTimeout"] }); // Date alone steps; performance.now() is real
+    const { written, out } = sink(false);
+    const reporter = new ProgressReporter(out, 10_000);
+    reporter.update(snapshot({ done: 950, checkpoints: 1, lastCheckpointAt: progressClock() }), true);
+    vi.setSystemTime(Date.now() + 3_600_000); // NTP steps the wall clock an hour forward
+    reporter.update(snapshot({ done: 950, checkpoints: 1, lastCheckpointAt: progressClock() - 5_000 }), true);
+    expect(written.at(-1)).toContain("last 5s ago");
+    expect(written.at(-1)).not.toMatch(/ETA [1-9]\d*h/); // 50 rows in well under a second: no hour-long ETA
   });
 });
