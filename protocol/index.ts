@@ -187,6 +187,8 @@ export {
   CtlGetReplySchema,
 } from "./controller-api.js";
 export type { ControllerOp, ControllerStateInput, CtlLatestError, CtlRequestOf, CtlRequestInputOf, CtlReplyOf } from "./controller-api.js";
+export { CONTROLLER_OP_REFUSALS, EVERY_OP_REFUSALS, NATS_ONLY_REFUSALS, PARTICIPANT_REFUSALS, controllerOpRefusals } from "./controller-refusals.js";
+export type { OpRefusals, ParticipantRefusals } from "./controller-refusals.js";
 export {
   TraceContentSchema,
   TraceToolCallSchema,

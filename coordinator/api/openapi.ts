@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, type ControllerOp } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, controllerOpRefusals, type ControllerOp } from "../../protocol/index.js";
 
 /** HTTP route of each controller op. */
 export function httpRoute(op: ControllerOp): { method: "GET" | "POST"; url: string } {
@@ -21,19 +21,22 @@ function schemaOf(schema: z.ZodType, io: "input" | "output"): Record<string, unk
   return json;
 }
 
-/** The OpenAPI 3.1 document of the HTTP controller API, generated from the zod schemas. */
-export function buildOpenApiDocument(): Record<string, unknown> {
-  // reply_too_large is the NATS API's: HTTP answers every reply in full.
-  const errorCodes = Object.entries(ERROR_CATALOG).filter(([code]) => code !== "reply_too_large");
-  const errorResponses: Record<string, unknown> = {};
-  for (const [code, entry] of errorCodes) {
-    const key = String(entry.status);
-    const existing = errorResponses[key] as { description: string } | undefined;
-    errorResponses[key] = {
+/** An op's refusals over HTTP (CONTROLLER_OP_REFUSALS), one response per HTTP status naming its codes. */
+function errorResponses(op: ControllerOp): Record<string, unknown> {
+  const responses: Record<string, { description: string; content: unknown }> = {};
+  for (const code of controllerOpRefusals(op, "http")) {
+    const key = String(ERROR_CATALOG[code].status);
+    const existing = responses[key];
+    responses[key] = {
       description: existing ? `${existing.description}, ${code}` : `Refusal: ${code}`,
       content: { "application/json": { schema: { $ref: "#/components/schemas/ErrorReply" } } },
     };
   }
+  return responses;
+}
+
+/** The OpenAPI 3.1 document of the HTTP controller API, generated from the zod schemas. */
+export function buildOpenApiDocument(): Record<string, unknown> {
   const paths: Record<string, Record<string, unknown>> = {};
   for (const op of Object.keys(CONTROLLER_OPS) as ControllerOp[]) {
     const { method, url } = httpRoute(op);
@@ -43,7 +46,7 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       security: [{ bearer: [] }],
       responses: {
         "200": { description: `${op} reply`, content: { "application/json": { schema: schemaOf(spec.reply, "output") } } },
-        ...errorResponses,
+        ...errorResponses(op),
       },
     };
     if (method === "POST") {

@@ -1,12 +1,14 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { CONTROLLER_OP_NAMES, ERROR_CATALOG } from "../../../protocol/index.js";
+import { CONTROLLER_OP_NAMES, CONTROLLER_OP_REFUSALS, ERROR_CATALOG, EVERY_OP_REFUSALS, type ParticipantRefusals } from "../../../protocol/index.js";
 
 /**
  * docs/api.md lists, per controller op, the refusals a controller author codes against. A code
  * there that the catalog lacks (a typo, a renamed code) would have them handle something the
  * coordinator never answers; an op without a list, or a code listed without saying when, leaves
- * them guessing. This keeps the lists mechanically honest; what each op can answer is traced by hand.
+ * them guessing. Each list names exactly the codes of CONTROLLER_OP_REFUSALS
+ * (protocol/controller-refusals.ts), which the OpenAPI document is generated from, so the docs, the
+ * document and the code cannot drift; what each op can answer is traced by hand into that table.
  */
 const doc = readFileSync(new URL("../../../docs/api.md", import.meta.url), "utf8");
 const operations = doc.slice(doc.indexOf("## Operations"), doc.indexOf("## 1. TypeScript client library"));
@@ -29,6 +31,13 @@ function bulletsAfter(text: string, marker: string): string[] {
   return list.startsWith("* ") ? list.split("\n").filter((line) => line.startsWith("* ")) : [];
 }
 
+/** The family of participants' refusals a bullet names instead of a code (see CONTROLLER_OP_REFUSALS). */
+function participantFamily(bullet: string): ParticipantRefusals | undefined {
+  if (/^\* (the participants' codes|commit failures)/.test(bullet)) return "combined";
+  if (/^\* a participant's refusal/.test(bullet)) return "restore";
+  return undefined;
+}
+
 /** The codes a bullet leads with (`a`, `a`/`b`, `a` or `b`), before what it says about them. */
 function leadingCodes(bullet: string): string[] {
   const lead = /^\* ((?:`[^`]+`(?:\/|, | or |,? )?)+)/.exec(bullet);
@@ -42,16 +51,25 @@ describe("docs/api.md refusal lists", () => {
       const text = section(op);
       expect(text, `### \`${op}\``).not.toBe("");
       expect(text, `${op} has a Refusals line`).toMatch(/^Refusals:/m);
+      const listed = new Set<string>();
+      const families = new Set<ParticipantRefusals>();
       for (const bullet of bulletsAfter(text, "\nRefusals:")) {
         const codes = leadingCodes(bullet);
-        // "the participants' codes" and "commit failures" name a family, defined in the op list's preamble.
+        // "the participants' codes", "commit failures" and "a participant's refusal" name a family, defined in the op list's preamble.
         if (codes.length === 0) {
-          expect(bullet, `${op}: a bullet names a catalog code or a family of them`).toMatch(/^\* (the participants' codes|commit failures)/);
+          const family = participantFamily(bullet);
+          expect([op, bullet.slice(0, 80), family]).toEqual([op, bullet.slice(0, 80), expect.any(String)]);
+          families.add(family!);
           continue;
         }
         for (const code of codes) expect(Object.keys(ERROR_CATALOG), `${op}: ${bullet.slice(0, 80)}`).toContain(code);
         expect(bullet, `${op}: \`${codes.join("/")}\` says when`).toMatch(/\(/);
+        for (const code of codes) listed.add(code);
       }
+      // Exactly the table's: a code the docs add or drop is one the OpenAPI document would not say.
+      const table = CONTROLLER_OP_REFUSALS[op];
+      expect([op, [...listed].sort()]).toEqual([op, [...table.codes].sort()]);
+      expect([op, [...families]]).toEqual([op, table.participants ? [table.participants] : []]);
     }
   });
 
@@ -60,8 +78,8 @@ describe("docs/api.md refusal lists", () => {
     expect(bullets.length).toBeGreaterThan(0);
     const codes = bullets.flatMap(leadingCodes);
     for (const code of codes) expect(Object.keys(ERROR_CATALOG)).toContain(code);
-    // The transport and gate codes a controller gets from any op, whatever its own list says.
-    expect(codes).toEqual(expect.arrayContaining(["unauthorized", "invalid_request", "payload_too_large", "not_leader", "outcome_unknown", "deadline_exceeded", "internal_error", "reply_too_large"]));
+    // The transport and gate codes a controller gets from any op, whatever its own list says: the table's.
+    expect([...codes].sort()).toEqual([...EVERY_OP_REFUSALS].sort());
   });
 
   it("states the HTTP status of every code a controller op's lists name, as the catalog has it", () => {
