@@ -274,6 +274,13 @@ export const CtlStatusReplySchema = z
  * still answered: that is when a controller lists the checkpoints, to pick an older one to restore.
  */
 export type CtlLatestError = z.infer<typeof RefusalDetailSchema>;
+/**
+ * A checkpoint directory under the root whose checkpoint.json is there but cannot be read or
+ * parsed (or a symbolic link to one): not listed in `checkpoints`, named here with why, as
+ * `gym-ckpt ls --json` names it. `gym-ckpt verify <id>` reports it in full.
+ */
+export const CtlDamagedCheckpointSchema = z.object({ checkpoint_id: CheckpointIdSchema, ...RefusalDetailSchema.shape }).strict();
+export type CtlDamagedCheckpoint = z.infer<typeof CtlDamagedCheckpointSchema>;
 export const CtlListReplySchema = z
   .object({
     latest: CheckpointIdSchema.nullable(),
@@ -290,6 +297,8 @@ export const CtlListReplySchema = z
         })
         .strict(),
     ),
+    /** Present only when a checkpoint is damaged, sorted by id (added within version 1; see docs/protocol.md). */
+    damaged: z.array(CtlDamagedCheckpointSchema).optional(),
   })
   .strict();
 export const CtlGetReplySchema = z.object({ latest: z.boolean(), manifest: CtlGlobalManifestSchema }).strict();

@@ -186,7 +186,7 @@ export {
   CtlListReplySchema,
   CtlGetReplySchema,
 } from "./controller-api.js";
-export type { ControllerOp, ControllerStateInput, CtlLatestError, CtlRequestOf, CtlRequestInputOf, CtlReplyOf } from "./controller-api.js";
+export type { ControllerOp, ControllerStateInput, CtlDamagedCheckpoint, CtlLatestError, CtlRequestOf, CtlRequestInputOf, CtlReplyOf } from "./controller-api.js";
 export { CONTROLLER_OP_REFUSALS, EVERY_OP_REFUSALS, NATS_ONLY_REFUSALS, PARTICIPANT_REFUSALS, controllerOpRefusals } from "./controller-refusals.js";
 export type { OpRefusals, ParticipantRefusals } from "./controller-refusals.js";
 export {

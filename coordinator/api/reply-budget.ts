@@ -119,6 +119,9 @@ function slotsOf(op: ControllerOp, reply: Json): (Slot | undefined)[] {
       return participants.map((p) => listSlot(p, "retired", "retired_count", "retired_sha256"));
     case "forget":
       return participants.map((p) => listSlot(p, "forgotten", "forgotten_count", "forgotten_sha256"));
+    case "list":
+      // Never its checkpoints or the damaged ids: only the damaged ones' details are cut.
+      return ((reply.damaged ?? []) as Json[]).map(detailSlot);
     default:
       return [];
   }

@@ -43,7 +43,7 @@ import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { checkCommittedRecords, committedEpisodeIds } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
-import { listedLatest, unreadLatest } from "../publication/listed-latest.js";
+import { catalogListing } from "../publication/catalog-listing.js";
 import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
@@ -173,9 +173,6 @@ const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
 
 /** Restore refusals of a participant parked in another checkpoint: a restore refused so still resumes everyone. */
 const PARKED_ELSEWHERE: ReadonlySet<string> = new Set(["invalid_phase", "checkpoint_conflict"]);
-
-/** How many times `list` reads LATEST and the catalog for a view that lists what LATEST names. */
-const LIST_READS = 3;
 
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
@@ -747,28 +744,11 @@ export class CheckpointEngine {
   }
 
   /**
-   * LATEST, then the directories (one blocking scan, so no publication runs between the two reads
-   * but the one LATEST's read awaited): LATEST is renamed only once its checkpoint.json is in place,
-   * so the scan lists it. Scanned first, a publication finished while LATEST was read would name a
-   * checkpoint the list lacks, and list one its retention deleted. Read again, a few times, while
-   * retention deleted what LATEST named before the scan (retention 1, two publications meanwhile).
-   * A LATEST that cannot be read, or still names a checkpoint the list lacks (damaged or gone), is
-   * no refusal: `latest` null, `latest_error` why, as `gym-ckpt ls` (listedLatest).
+   * The published checkpoints, LATEST and the damaged ones, as `gym-ckpt ls --json` lists them
+   * (catalogListing): a damaged LATEST or checkpoint is no refusal.
    */
-  async list(): Promise<CtlReplyOf<"list">> {
-    const { catalog } = this.options;
-    for (let read = 1; ; read++) {
-      let latest: string | null;
-      try {
-        latest = await catalog.latest();
-      } catch (error) {
-        return { ...unreadLatest(error), checkpoints: catalog.scan().published };
-      }
-      const { published } = catalog.scan();
-      if (read === LIST_READS || latest === null || published.some((e) => e.checkpoint_id === latest)) {
-        return { ...(await listedLatest(catalog, latest, published)), checkpoints: published };
-      }
-    }
+  list(): Promise<CtlReplyOf<"list">> {
+    return catalogListing(this.options.catalog);
   }
 
   async get(request: CtlRequestOf<"get">): Promise<CtlReplyOf<"get">> {

@@ -15,6 +15,7 @@ import {
   describeZodError,
   jsonNestsDeeperThan,
   toCheckpointError,
+  type CtlDamagedCheckpoint,
   type GlobalManifest,
 } from "../../protocol/index.js";
 import { readRegularFile, readRegularFileSync } from "./regular-file.js";
@@ -37,12 +38,8 @@ export interface CatalogEntry {
   stop: boolean;
 }
 
-/** A checkpoint directory whose checkpoint.json is there but cannot be read or parsed. */
-export interface DamagedCheckpoint {
-  checkpoint_id: string;
-  code: string;
-  detail: string;
-}
+/** A checkpoint directory whose checkpoint.json is there but cannot be read or parsed: as `list` names it. */
+export type DamagedCheckpoint = CtlDamagedCheckpoint;
 
 /** Reads the published checkpoints under a root: `<root>/<id>/checkpoint.json` and `<root>/LATEST`. */
 export class CheckpointCatalog {

@@ -139,6 +139,10 @@ def next_attempt(episode, n):
 def start(client, state):
     """Continue from the latest published checkpoint, if there is one (docs/api.md, `restore`)."""
     listing = client.list()
+    # Checkpoints whose checkpoint.json cannot be read are not listed: named for the operator
+    # (gym-ckpt verify <id>); an older LATEST may still be fine.
+    for broken in listing.get("damaged", []):
+        emit(event="damaged_checkpoint", checkpoint_id=broken["checkpoint_id"], code=broken["code"], detail=broken["detail"])
     latest = listing["latest"]
     if latest is None:
         damaged = listing.get("latest_error")

@@ -1,5 +1,5 @@
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
-import { readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CONTROLLER_TOKEN, DEFAULT_MEMBERS, startWorld, type World } from "../integration/coordinator-harness.js";
@@ -209,6 +209,23 @@ describe("the Python controller example (docs/examples/python_controller.py)", (
       await writeFile(latestFile, before.latest);
     }
     expect((await listed()).checkpoints).toEqual(before.listing);
+  }, 30_000);
+
+  it("a damaged checkpoint directory beside a damaged LATEST: named (list's damaged) before it exits 1", async () => {
+    const latestFile = join(world.root, "LATEST");
+    const before = await readFile(latestFile, "utf8").catch(() => undefined);
+    await mkdir(join(world.root, "c-damaged"));
+    await writeFile(join(world.root, "c-damaged", "checkpoint.json"), "{not json");
+    await writeFile(latestFile, "c-damaged\n");
+    try {
+      const run = await runScript(["--steps", "1", "--rollouts", "r1"]);
+      expect(run.code).toBe(1);
+      expect(run.lines).toEqual([{ event: "damaged_checkpoint", checkpoint_id: "c-damaged", code: "invalid_checkpoint_state", detail: expect.stringContaining("not valid JSON") }]);
+      expect(run.stderr).toMatch(/^error invalid_checkpoint_state: LATEST is damaged /);
+    } finally {
+      await (before === undefined ? rm(latestFile, { force: true }) : writeFile(latestFile, before));
+      await rm(join(world.root, "c-damaged"), { recursive: true, force: true });
+    }
   }, 30_000);
 
   it("a wrong token: exits 1 naming the catalog code unauthorized, nothing published", async () => {

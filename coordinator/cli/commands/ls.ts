@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
-import { listedLatest, unreadLatest, type ListedLatest } from "../../publication/listed-latest.js";
+import { catalogListing } from "../../publication/catalog-listing.js";
 import { printJson, rootFrom, runCli } from "../shared.js";
 
 export function register(program: Command): void {
@@ -12,18 +12,12 @@ export function register(program: Command): void {
     .action(async (flags: { root?: string; json?: boolean }) => {
       await runCli(async () => {
         const catalog = new CheckpointCatalog(rootFrom(flags.root, "list"));
-        const { published, damaged } = catalog.scan();
+        // A damaged LATEST or checkpoint still lists the others: ls is how an operator picks an older one to restore.
+        const listing = await catalogListing(catalog);
+        const { latest, latest_error: latestError, checkpoints: published, damaged = [] } = listing;
         for (const d of damaged) process.stderr.write(`warning ${d.code}: checkpoint ${d.checkpoint_id} is not listed: ${d.detail}\n`);
-        // A damaged LATEST still lists the checkpoints: ls is how an operator picks an older one to restore.
-        let listed: ListedLatest;
-        try {
-          listed = await listedLatest(catalog, await catalog.latest(), published);
-        } catch (error) {
-          listed = unreadLatest(error);
-        }
-        const { latest, latest_error: latestError } = listed;
         if (latestError) process.stderr.write(`warning ${latestError.code}: ${latestError.detail} (no checkpoint is marked LATEST)\n`);
-        if (flags.json) return printJson({ latest, ...(latestError && { latest_error: latestError }), checkpoints: published, ...(damaged.length > 0 && { damaged }) });
+        if (flags.json) return printJson(listing);
         for (const c of published) {
           process.stdout.write(
             `${c.checkpoint_id === latest ? "*" : " "} ${c.checkpoint_id}  ${publishedAt(c.published_at)}  epoch ${c.epoch}  ${c.participants} participants${c.stop ? "  stop" : ""}\n`,

@@ -174,6 +174,17 @@ describe("controller replies over NATS", () => {
     expect(reply.resume_failures[0]!.detail).toHaveLength(4096);
   });
 
+  it("list cuts the damaged checkpoints' details past the budget, keeping every checkpoint and every damaged id", () => {
+    const checkpoints = Array.from({ length: 4000 }, (_, i) => ({ checkpoint_id: `c${String(i).padStart(19, "0")}`, published_at: 1, epoch: 1, participants: 4, stop: false }));
+    const damaged = Array.from({ length: 2000 }, (_, i) => ({ checkpoint_id: `d${i}`, code: "invalid_checkpoint_state" as const, detail: "y".repeat(400) }));
+    const reply: CtlReplyOf<"list"> = { latest: null, checkpoints, damaged };
+    expect(bytes(reply)).toBeGreaterThan(MAX_CONTROL_MESSAGE_BYTES);
+    const fitted = overNats("list", reply);
+    expect(fitted.checkpoints).toEqual(checkpoints);
+    expect(fitted.damaged!.map((d) => d.checkpoint_id)).toEqual(damaged.map((d) => d.checkpoint_id));
+    expect(fitted.damaged!.some((d) => d.detail === `${"y".repeat(200)}… (400 characters)`)).toBe(true);
+  });
+
   it("a reply that fits is answered as it is", async () => {
     const { engine } = makeEngine(root, { members: FOUR });
     const status = await engine.status();
