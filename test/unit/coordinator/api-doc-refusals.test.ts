@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { CONTROLLER_OP_NAMES, CONTROLLER_OP_REFUSALS, ERROR_CATALOG, EVERY_OP_REFUSALS, type ParticipantRefusals } from "../../../protocol/index.js";
+import { CONTROLLER_OP_NAMES, CONTROLLER_OP_REFUSALS, ERROR_CATALOG, EVERY_OP_REFUSALS, PARTICIPANT_REFUSALS, type ParticipantRefusals } from "../../../protocol/index.js";
 
 /**
  * docs/api.md lists, per controller op, the refusals a controller author codes against. A code
@@ -80,6 +80,15 @@ describe("docs/api.md refusal lists", () => {
     for (const code of codes) expect(Object.keys(ERROR_CATALOG)).toContain(code);
     // The transport and gate codes a controller gets from any op, whatever its own list says: the table's.
     expect([...codes].sort()).toEqual([...EVERY_OP_REFUSALS].sort());
+  });
+
+  it("names in its definition of the participants' codes only codes of PARTICIPANT_REFUSALS (not_leader is answered as outcome_unknown)", () => {
+    const from = operations.indexOf(`"The participants' codes" below is`);
+    expect(from).toBeGreaterThan(0);
+    const paragraph = operations.slice(from, operations.indexOf("\n\n", from));
+    const named = [...paragraph.matchAll(/`([a-z_]+)`/g)].map((m) => m[1]!).filter((name) => name in ERROR_CATALOG && name !== "not_leader");
+    expect(named.length).toBeGreaterThan(3);
+    for (const code of named) expect(PARTICIPANT_REFUSALS as readonly string[]).toContain(code);
   });
 
   it("states the HTTP status of every code a controller op's lists name, as the catalog has it", () => {
