@@ -14,7 +14,7 @@ export type CatalogListing = CtlReplyOf<"list">;
 const LIST_READS = 3;
 
 /** What a listing says of LATEST: `latest_error` only with `latest` null. */
-export interface ListedLatest {
+interface ListedLatest {
   latest: string | null;
   latest_error?: CtlLatestError;
 }
