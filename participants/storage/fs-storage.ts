@@ -6,6 +6,7 @@ import type { z } from "zod";
 import {
   CheckpointError,
   LineSplitter,
+  captureKey,
   MANIFEST_FILE,
   MANIFEST_SCHEMA_VERSION,
   MAX_MANIFEST_BYTES,
@@ -85,8 +86,49 @@ async function makeParticipantDir(target: ParticipantTarget): Promise<string | u
   return first;
 }
 
+/**
+ * The longest records line, newline included: every reader (a restore, `verify`, `gym-ckpt seeds`)
+ * decodes a line as one string, and Node bounds that by the line's UTF-8 bytes (a string of 2^28
+ * CJK characters is one V8 holds, but its 768 MiB line decodes to none).
+ */
+export const MAX_RECORD_LINE_BYTES = MAX_STRING_LENGTH;
+
+/** A record no reader could decode: refused before anything is published, naming it and the limit. */
+function recordTooLarge(index: number, record: RecordBase, size: string, maxLineBytes: number): CheckpointError {
+  return new CheckpointError(
+    "payload_too_large",
+    `record ${index} (${captureKey(record.episode_id)}) is ${size} as a JSON line, over the ${maxLineBytes}-byte limit every reader decodes; nothing was written (leave that episode out of the scope, or keep less of its state)`,
+  );
+}
+
+/** One record's JSON line as bytes, refused (payload_too_large) when no reader could decode it. */
+function recordLine(record: RecordBase, index: number, maxLineBytes: number): Buffer {
+  let json: string;
+  try {
+    json = JSON.stringify(record);
+  } catch (error) {
+    // Longer than any string V8 makes: no reader could decode it either.
+    if (error instanceof RangeError) throw recordTooLarge(index, record, "longer than the longest string", maxLineBytes);
+    throw error;
+  }
+  // Measured before the newline is appended: `json + "\n"` of a JSON exactly the longest string would throw.
+  const size = Buffer.byteLength(json, "utf8") + 1;
+  if (size > maxLineBytes) throw recordTooLarge(index, record, `${size} bytes`, maxLineBytes);
+  const line = Buffer.allocUnsafe(size);
+  line.write(json, 0, "utf8");
+  line[size - 1] = 0x0a;
+  return line;
+}
+
 /** The filesystem backend: one records file plus a create-only manifest per participant. */
 export class FsCheckpointStorage implements CheckpointStorage {
+  /** The longest records line written (MAX_RECORD_LINE_BYTES, smaller only in tests). */
+  private readonly maxRecordLineBytes: number;
+
+  constructor(options: { maxRecordLineBytes?: number } = {}) {
+    this.maxRecordLineBytes = options.maxRecordLineBytes ?? MAX_RECORD_LINE_BYTES;
+  }
+
   /**
    * Directories holding an entry a write created whose fsync has not succeeded yet (a failed fsync
    * or mkdir): a retry finds the directories there and creates nothing, so it fsyncs these instead.
@@ -139,9 +181,9 @@ export class FsCheckpointStorage implements CheckpointStorage {
         writing.catch(() => undefined); // observed by the next flush, or below
         bytes += chunk.byteLength;
       };
-      for (const record of records) {
+      for (const [index, record] of records.entries()) {
         options.gate.throwIfStopped();
-        const line = Buffer.from(`${JSON.stringify(record)}\n`, "utf8");
+        const line = recordLine(record, index, this.maxRecordLineBytes);
         pending.push(line);
         pendingBytes += line.byteLength;
         if (pendingBytes >= WRITE_CHUNK_BYTES) await flush();
@@ -260,17 +302,21 @@ export class FsCheckpointStorage implements CheckpointStorage {
       throw corrupt(`manifest belongs to checkpoint ${manifest.checkpoint_id}, not ${target.checkpointId}`);
     }
     const records: R[] = [];
-    const { bytes, count, digest } = await scanRecordLines(join(dir, manifest.records_file), (line, index) => {
-      let value: unknown;
-      try {
-        value = JSON.parse(line);
-      } catch (error) {
-        throw corrupt(`line ${index + 1} is not JSON`, error);
-      }
-      const parsed = schema.safeParse(value);
-      if (!parsed.success) throw corrupt(`line ${index + 1} is invalid: ${describeZodError(parsed.error)}`);
-      if (keep(parsed.data)) records.push(parsed.data);
-    });
+    const { bytes, count, digest } = await scanRecordLines(
+      join(dir, manifest.records_file),
+      (line, index) => {
+        let value: unknown;
+        try {
+          value = JSON.parse(line);
+        } catch (error) {
+          throw corrupt(`line ${index + 1} is not JSON`, error);
+        }
+        const parsed = schema.safeParse(value);
+        if (!parsed.success) throw corrupt(`line ${index + 1} is invalid: ${describeZodError(parsed.error)}`);
+        if (keep(parsed.data)) records.push(parsed.data);
+      },
+      this.maxRecordLineBytes,
+    );
     if (digest !== manifest.records_sha256) throw corrupt(`records digest ${digest} does not match the manifest's ${manifest.records_sha256}`);
     if (count !== manifest.record_count) throw corrupt(`records file has ${count} records; the manifest says ${manifest.record_count}`);
     return { manifest, manifestSha256: sha256, records, bytes };
@@ -329,7 +375,7 @@ async function loadParticipantManifest(dir: string): Promise<{ manifest: Partici
 export async function scanRecordLines(
   path: string,
   onLine: (line: string, index: number) => void,
-  maxLineBytes = MAX_STRING_LENGTH,
+  maxLineBytes = MAX_RECORD_LINE_BYTES,
 ): Promise<{ bytes: number; count: number; digest: string }> {
   const hash = createHash("sha256");
   let bytes = 0;

@@ -126,6 +126,33 @@ describe("filesystem checkpoint storage", () => {
     expect((await storage.read(target, ScriptRecordSchema)).manifest).toEqual(written.manifest);
   });
 
+  it("refuses a record whose line no reader can decode (UTF-8 bytes past the longest string) before publishing anything: payload_too_large naming the record, not a checkpoint every restore refuses", async () => {
+    // Readers decode each line as one string, and Node bounds that by the line's UTF-8 bytes: a
+    // record of 2^28 CJK characters is a string V8 holds and JSON.stringify makes, but its 768 MiB
+    // line is refused by every restore and verify. Shown with a small limit: the same rule.
+    const cjk = { episode_id: { rollout_id: "r3", attempt: 1 }, state: { text: "\u4e00".repeat(100) } }; // 100 characters, 300 bytes
+    const line = Buffer.byteLength(`${JSON.stringify(cjk)}\n`);
+    // As many bytes as the line has characters: it fits in characters, not in bytes.
+    const limit = JSON.stringify(cjk).length + 1;
+    expect(line).toBe(limit + 200);
+    const small = new FsCheckpointStorage({ maxRecordLineBytes: limit });
+    const refused = await refusal(small.write(target, [...records, cjk], { gate: new WriteGate(), createdAt: 1, extra: {} }));
+    expect(refused).toMatchObject({ code: "payload_too_large", message: expect.stringContaining(`record 2 (r3-a1) is ${line} bytes as a JSON line`) });
+    expect(refused.message).toContain(`over the ${limit}-byte limit`);
+    expect(await readdir(participantDir(target))).toEqual([]); // no manifest, no records file, no temp file
+    // The same limit on the read side: a line the writer accepts is one the reader decodes.
+    const fits = new FsCheckpointStorage({ maxRecordLineBytes: line });
+    await fits.write(target, [...records, cjk], { gate: new WriteGate(), createdAt: 1, extra: {} });
+    expect((await fits.read(target, ScriptRecordSchema)).records).toEqual([...records, cjk]);
+  });
+
+  it("a record JSON.stringify cannot make into one string (V8's RangeError) is payload_too_large too, not internal_error", async () => {
+    const tooLong = { episode_id: { rollout_id: "r4", attempt: 0 }, state: null, toJSON: () => { throw new RangeError("Invalid string length"); } };
+    const refused = await refusal(storage.write(target, [...records, tooLong], { gate: new WriteGate(), createdAt: 1, extra: {} }));
+    expect(refused).toMatchObject({ code: "payload_too_large", message: expect.stringContaining("record 2 (r4)") });
+    expect(await readdir(participantDir(target))).toEqual([]);
+  });
+
   it("a manifest write that fails (a full disk, ENOSPC) is storage_error naming the file, leaves no temp manifest behind; the retry publishes a clean directory", async () => {
     // A real one: writing to /dev/full fails with ENOSPC, for root too.
     faults.manifestWrite = await writeFile("/dev/full", "x").then(() => undefined, (error: NodeJS.ErrnoException) => error);
