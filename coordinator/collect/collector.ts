@@ -88,6 +88,8 @@ export interface CollectorOptions {
   runTimeoutSeconds?: number;
   /** Attempts per row before it counts as failed. */
   maxAttempts?: number;
+  /** The largest `/run` reply body read (default MAX_RUN_REPLY_BYTES); past it the attempt fails `payload_too_large`. */
+  maxRunReplyBytes?: number;
   progress?: ProgressReporter;
   logger: Logger;
   /** Also write finished rows as rollout records (asks `/run` for its trajectory). */
@@ -740,7 +742,7 @@ export class Collector {
         });
         // Capped: past it, payload_too_large fails the attempt like a lost reply. A body cut off or
         // not JSON reads as {}, as before the cap.
-        const text = await readCappedText(response, MAX_RUN_REPLY_BYTES, "/run reply").catch((error: unknown) => {
+        const text = await readCappedText(response, this.options.maxRunReplyBytes ?? MAX_RUN_REPLY_BYTES, "/run reply").catch((error: unknown) => {
           if (error instanceof CheckpointError && error.code === "payload_too_large") throw error;
           return "";
         });

@@ -20,7 +20,7 @@ export type ResultLine = z.infer<typeof ResultLineSchema>;
 
 /**
  * The longest line start-up reads, newline included: the longest string Node decodes a buffer to
- * (about 512 MiB; a line holds one `/run` reply, at most 64 MiB as received). A longer middle line is
+ * (about 512 MiB; a line holds one `/run` reply, at most 64 MiB as received, or `--max-run-reply-mib`, at most 256 MiB). A longer middle line is
  * refused (invalid_checkpoint_state) once that many bytes came without a newline, and a longer torn
  * tail is cut unread: neither is held whole, nor made into a string V8 refuses (which became
  * internal_error). Smaller only in tests.

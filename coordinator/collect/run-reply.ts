@@ -2,11 +2,19 @@ import { z } from "zod";
 import { describeZodError } from "../../protocol/index.js";
 
 /**
- * The largest `/run` reply body the collector reads (the attempt fails `payload_too_large` past it,
- * the rest cancelled): a reply may carry the whole trajectory, tens of MiB, but an environment
+ * The largest `/run` reply body the collector reads by default (the attempt fails `payload_too_large`
+ * past it, the rest cancelled): a reply may carry the whole trajectory, tens of MiB, but an environment
  * answering with an endless body must not grow the collector without bound.
  */
 export const MAX_RUN_REPLY_BYTES = 64 * 1024 * 1024;
+
+/**
+ * The most `--max-run-reply-mib` raises it to: a trajectory of screenshots or huge tool outputs can
+ * outgrow 64 MiB, and every attempt of its row would fail alike. Half the longest string: the reply
+ * is decoded as one, and its results.jsonl line (written again as JSON, the row's fields beside it)
+ * must stay a line every reader decodes.
+ */
+export const MAX_RUN_REPLY_MIB_LIMIT = 256;
 
 const Count = z.number().int().min(0);
 

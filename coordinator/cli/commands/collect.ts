@@ -14,6 +14,7 @@ import { endBySignal, handleEndingSignals, listenForEndingSignals, sigtermBefore
 import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { assertConcurrencyFits } from "../../collect/scope-ceiling.js";
+import { MAX_RUN_REPLY_MIB_LIMIT } from "../../collect/run-reply.js";
 import { isRolloutIdPrefix, readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
@@ -35,6 +36,7 @@ interface CollectFlags extends ClientFlags {
   checkpointTimeoutS: string;
   runTimeoutS: string;
   maxAttempts: string;
+  maxRunReplyMib: string;
   progressIntervalS: string;
   logLevel: string;
   otlpEndpoint?: string;
@@ -62,6 +64,7 @@ export function register(program: Command): void {
       .option("--checkpoint-timeout-s <s>", "deadline of each checkpoint op", "60")
       .option("--run-timeout-s <s>", "timeout of one /run", "300")
       .option("--max-attempts <n>", "attempts per row before it counts as failed", "3")
+      .option("--max-run-reply-mib <n>", `largest /run reply read, in MiB (a whole trajectory; at most ${MAX_RUN_REPLY_MIB_LIMIT})`, "64")
       .option("--progress-interval-s <s>", "seconds between progress lines when stderr is not a terminal", "10")
       .option("--log-level <level>", "pino log level", "warn")
       .option("--otlp-endpoint <url>", "OTLP/HTTP endpoint for traces and metrics (env OTEL_EXPORTER_OTLP_ENDPOINT)")
@@ -97,6 +100,7 @@ export function register(program: Command): void {
       // Counts: a fraction would mean zero workers (--concurrency 0.5) or a half attempt.
       const concurrency = integerFlag("concurrency", flags.concurrency, 1);
       const maxAttempts = integerFlag("max-attempts", flags.maxAttempts, 1);
+      const maxRunReplyBytes = integerFlag("max-run-reply-mib", flags.maxRunReplyMib, 1, MAX_RUN_REPLY_MIB_LIMIT) * 1024 * 1024;
       const recordsEveryRows = integerFlag("records-every-rows", flags.recordsEveryRows, 1);
       const leaderWaitMs = integerFlag("leader-wait-ms", flags.leaderWaitMs ?? "10000", 0);
       const metricsPort = metricsPortFlag(flags.metricsPort);
@@ -279,6 +283,7 @@ export function register(program: Command): void {
           checkpointTimeoutSeconds,
           runTimeoutSeconds,
           maxAttempts,
+          maxRunReplyBytes,
           ...(env.GYM_CKPT_TEST_CRASH_AT === "after-restore" && {
             // TEST-ONLY: die between the restore and the first dispatch.
             hooks: { afterRestore: () => void process.kill(process.pid, "SIGKILL") },

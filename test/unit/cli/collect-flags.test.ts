@@ -96,6 +96,22 @@ describe("gym-ckpt collect flags", () => {
     expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
   });
 
+  it.each(["0", "1.5", "257", "lots"])("refuses --max-run-reply-mib %j: a whole number of MiB from 1 to 256 (invalid_request, exit 2) before creating anything", async (value) => {
+    expect(await collect("--run-url", "http://127.0.0.1:2/run", "--max-run-reply-mib", value)).toBe(2);
+    expect(stderr).toContain(`error invalid_request: --max-run-reply-mib must be an integer from 1 to 256, got ${JSON.stringify(value)}`);
+    expect(await readdir(dir)).toEqual(["tasks.jsonl"]);
+  });
+
+  it("--max-run-reply-mib raises the /run reply cap: a reply past a smaller cap fails its attempt, one within it finishes", async () => {
+    const base = await serve(() => ({ reward: 1, trajectory: { pad: "x".repeat(1536 * 1024) } })); // 1.5 MiB
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--max-attempts", "1", "--max-run-reply-mib", "1")).toBe(1);
+    expect(await readResults(join(dir, "results.jsonl"))).toEqual(new Map());
+    // The row failed for good: the same collection again (--new-collection) with room for the reply finishes it.
+    process.exitCode = undefined;
+    expect(await collect("--run-url", `${base}/run`, "--http-url", base, "--new-collection", "--max-run-reply-mib", "2")).toBe(0);
+    expect([...(await readResults(join(dir, "results.jsonl"))).keys()]).toEqual(["a"]);
+  });
+
   it("checks its flags before the token: a bad flag without a token is still invalid_request, exit 2", async () => {
     const saved = { a: process.env.GYM_CKPT_CONTROLLER_TOKEN, b: process.env.GYM_CKPT_TOKEN };
     delete process.env.GYM_CKPT_CONTROLLER_TOKEN;

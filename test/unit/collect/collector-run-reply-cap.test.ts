@@ -2,6 +2,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
+import { createServer, type Server } from "node:http";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { MAX_RUN_REPLY_BYTES } from "../../../coordinator/collect/run-reply.js";
 import { collectorIn, idleController } from "../../support/collector-fixture.js";
@@ -28,5 +29,35 @@ describe("collector /run reply size", () => {
     expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
     expect(failures.find((f) => f.err)?.err).toMatchObject({ code: "payload_too_large", message: expect.stringContaining(`${MAX_RUN_REPLY_BYTES} bytes`) });
     await server.cancelled;
+  });
+
+  it("the cap is the collector's maxRunReplyBytes (--max-run-reply-mib): a trajectory longer than the default can be collected, and a smaller cap is kept", async () => {
+    // A whole reply of 4 KiB (a long trajectory, scaled down): refused under a 1 KiB cap, kept under an 8 KiB one.
+    const reply = JSON.stringify({ reward: 1, trajectory: { pad: "x".repeat(4096) } });
+    const run: Server = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => res.end(reply));
+    });
+    await new Promise<void>((resolve) => run.listen(0, "127.0.0.1", resolve));
+    try {
+      const url = `http://127.0.0.1:${(run.address() as { port: number }).port}/run`;
+      const failures: { err?: { code?: string; message?: string } }[] = [];
+      const logger = pino({ level: "warn" }, { write: (line: string) => void failures.push(JSON.parse(line) as (typeof failures)[number]) });
+      const small = collectorIn(dir, url, idleController(), { logger, maxAttempts: 1, maxRunReplyBytes: 1024 });
+      await small.start();
+      expect(await small.run()).toMatchObject({ finished: 0, failed: 1 });
+      expect(failures.find((f) => f.err)?.err).toMatchObject({ code: "payload_too_large", message: expect.stringContaining("1024 bytes") });
+      const other = await mkdtemp(join(tmpdir(), "gym-ckpt-run-reply-cap-"));
+      try {
+        const large = collectorIn(other, url, idleController(), { maxAttempts: 1, maxRunReplyBytes: 8192 });
+        await large.start();
+        expect(await large.run()).toMatchObject({ finished: 1, failed: 0 });
+      } finally {
+        await rm(other, { recursive: true, force: true });
+      }
+    } finally {
+      run.closeAllConnections();
+      await new Promise((resolve) => run.close(resolve));
+    }
   });
 });
