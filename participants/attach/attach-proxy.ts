@@ -33,6 +33,7 @@ export interface AttachProxyOptions {
   kind: ModelKind;
   controlToken: string;
   logger?: Logger;
+  /** The largest generation request body read (default DEFAULT_MAX_BODY_BYTES): past it, `payload_too_large`. */
   maxBodyBytes?: number;
   /**
    * How long a recorded call's ended response may take to leave for its caller, and how long a
@@ -42,11 +43,14 @@ export interface AttachProxyOptions {
   finishWaitMs?: number;
 }
 
+/** The default body limit of a generation call: a long text conversation fits many times over. */
+export const DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024;
+
 const RetireBodySchema = z.object({ rollout_id: EpisodeIdSchema.shape.rollout_id, attempt: AttemptSchema }).strict();
 
 export function createAttachProxy(options: AttachProxyOptions): Server {
   const { upstream, kind, logger } = options;
-  const maxBody = options.maxBodyBytes ?? 32 * 1024 * 1024;
+  const maxBody = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   const finishWaitMs = options.finishWaitMs ?? 30_000;
   // undici's pool of keep-alive upstream connections (as many as there are concurrent calls, no Nagle;
   // TLS for an https upstream). Its dispatch API hands each chunk to the call's handler with no stream

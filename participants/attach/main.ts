@@ -3,7 +3,7 @@ import { BearerTokenSchema, isMisplacedDirectory, makeDirectories, toCheckpointE
 import { ModelKind } from "../kinds/model/model-kind.js";
 import { cutTokenSetting, startServerRuntime, type CommonServerConfig } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
-import { createAttachProxy } from "./attach-proxy.js";
+import { DEFAULT_MAX_BODY_BYTES, createAttachProxy } from "./attach-proxy.js";
 import { ensurePrivateDir } from "./private-dir.js";
 import { AttachProxyShutdown } from "./proxy-shutdown.js";
 
@@ -16,6 +16,8 @@ import { AttachProxyShutdown } from "./proxy-shutdown.js";
  *                         without `/ng-control/v1/generation-cut`)
  *   --cut-token T         bearer token of the cut endpoint (env GYM_CKPT_CUT_TOKEN; default: --token)
  *   --cut-timeout-ms N    deadline of one cut round (default 10000)
+ *   --max-body-mib N      largest generation request body read, in MiB (default 32, at most 256;
+ *                         a multimodal conversation carries its images in every call)
  *   --ledger-dir DIR      capture ledger directory (default <tmp>/gym-ckpt-ledger-<uid>/<deployment>/<instance>,
  *                         created 0700 and refused unless every level under <tmp> is this user's own)
  * plus the common runtime flags (--nats, --deployment, --instance, --token, --port, ...).
@@ -42,6 +44,7 @@ async function checkFlags(flags: Record<string, string | undefined>, config: Com
   if (badToken) fail(badToken);
   const cutTimeoutMs = Number(flags["cut-timeout-ms"] ?? "10000");
   if (!Number.isInteger(cutTimeoutMs) || cutTimeoutMs < 1 || cutTimeoutMs > 600_000) fail("--cut-timeout-ms must be an integer in 1..600000");
+  if (maxBodyBytes(flags["max-body-mib"]) === undefined) fail(`--max-body-mib must be an integer in 1..${MAX_BODY_MIB_LIMIT}`);
   ledgerDir = await prepareLedgerDir(flags["ledger-dir"], config);
   return undefined;
 }
@@ -72,10 +75,23 @@ async function prepareLedgerDir(explicit: string | undefined, config: CommonServ
   return dir;
 }
 
+/**
+ * The most `--max-body-mib` raises the body limit to: the body is decoded as one string and walked
+ * for its conversation digest as canonical JSON, both well within the longest string (512 MiB).
+ */
+const MAX_BODY_MIB_LIMIT = 256;
+
+/** `--max-body-mib` in bytes (default DEFAULT_MAX_BODY_BYTES); undefined when it is no whole number of MiB in range. */
+function maxBodyBytes(flag: string | undefined): number | undefined {
+  if (flag === undefined) return DEFAULT_MAX_BODY_BYTES;
+  const mib = /^[0-9]+$/.test(flag) ? Number(flag) : NaN;
+  return Number.isSafeInteger(mib) && mib >= 1 && mib <= MAX_BODY_MIB_LIMIT ? mib * 1024 * 1024 : undefined;
+}
+
 /** Set by checkFlags, before NATS. */
 let ledgerDir!: string;
 
-const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "ledger-dir"], checkFlags);
+const runtime = await startServerRuntime("attach-model", process.argv.slice(2), ["upstream", "listen", "cuts", "cut-token", "cut-timeout-ms", "max-body-mib", "ledger-dir"], checkFlags);
 const { config, extra, logger } = runtime;
 
 // Checked with the common flags (checkFlags; the token was, as --cut-token's fallback): read, not refused, here.
@@ -89,7 +105,7 @@ const kind = new ModelKind({
   cutBackend: cuts === "on" ? { root: upstream.root, token: cutToken, timeoutMs: cutTimeoutMs, serverName: config.instance } : null,
   logger,
 });
-const server = createAttachProxy({ upstream, kind, controlToken: config.token, logger });
+const server = createAttachProxy({ upstream, kind, controlToken: config.token, logger, maxBodyBytes: maxBodyBytes(extra["max-body-mib"])! });
 const shutdown = new AttachProxyShutdown(server, kind, logger);
 // Both registered before the proxy listens and its participant starts, so a signal at any point of
 // start-up closes the proxy and its ledger too: no new call from the signal on, then (steps run
