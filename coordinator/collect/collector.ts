@@ -36,7 +36,7 @@ import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
-import { appendResult, readResults, readResultsForAppend, readResultsIfPresent, syncResults, type FinishedRow } from "./results-file.js";
+import { appendResultText, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -90,6 +90,8 @@ export interface CollectorOptions {
   maxAttempts?: number;
   /** The largest `/run` reply body read (default MAX_RUN_REPLY_BYTES); past it the attempt fails `payload_too_large`. */
   maxRunReplyBytes?: number;
+  /** The longest results.jsonl line written (MAX_RESULT_LINE_BYTES, what a start reads); smaller only in tests. */
+  maxResultLineBytes?: number;
   progress?: ProgressReporter;
   logger: Logger;
   /** Also write finished rows as rollout records (asks `/run` for its trajectory). */
@@ -884,16 +886,21 @@ export class Collector {
   private async appendFinished(state: RowState, reply: RunReply): Promise<void> {
     // The trajectory goes to the rollout records, not into results.jsonl.
     const { trajectory, ...body } = reply;
+    let line: string;
+    try {
+      line = resultLineText(
+        { rollout_id: state.row.rolloutId, attempt: state.attempt, reward: body.reward, continued: state.continued, finished_at: Date.now() / 1000, response: body },
+        this.options.maxResultLineBytes,
+      );
+    } catch (error) {
+      // A line no start could read back would refuse every later start: the attempt fails instead,
+      // as a reply past the body cap does.
+      if (error instanceof CheckpointError && error.code === "payload_too_large") return this.failed(state, error);
+      throw error;
+    }
     this.queue.set(state, "done");
     state.restored = false;
-    await appendResult(this.options.outPath, {
-      rollout_id: state.row.rolloutId,
-      attempt: state.attempt,
-      reward: body.reward,
-      continued: state.continued,
-      finished_at: Date.now() / 1000,
-      response: body,
-    });
+    await appendResultText(this.options.outPath, line);
     if (this.records) this.recordRollout(state, trajectory);
     const usage = body.usage;
     if (usage) {

@@ -34,11 +34,37 @@ const pendingCuts = new Map<string, number>();
 const appendTails = new Map<string, Promise<void>>();
 
 /**
- * Appends one line. Appends to one file run one at a time: fs.appendFile writes in 512 KiB chunks,
+ * One result's line, newline included; refused (`payload_too_large`) when it would be longer than
+ * `maxLineBytes`, what every start-up reads: appended, it would refuse every later start. A reply
+ * can grow when written again (`9E20`, four characters, is 21 digits as JSON), so a reply within
+ * `--max-run-reply-mib` is no proof.
+ */
+export function resultLineText(line: ResultLine, maxLineBytes = MAX_RESULT_LINE_BYTES): string {
+  const tooLarge = (size: string) =>
+    new CheckpointError("payload_too_large", `the results.jsonl line of ${line.rollout_id} (attempt ${line.attempt}) would be ${size}, over the ${maxLineBytes}-byte limit every start reads`);
+  let json: string;
+  try {
+    json = JSON.stringify(ResultLineSchema.parse(line));
+  } catch (error) {
+    if (error instanceof RangeError) throw tooLarge("longer than the longest string");
+    throw error;
+  }
+  const size = Buffer.byteLength(json) + 1;
+  if (size > maxLineBytes) throw tooLarge(`${size} bytes`);
+  return `${json}\n`;
+}
+
+/**
+ * Appends one line (refused before anything is written when it is longer than `maxLineBytes`, see
+ * resultLineText). Appends to one file run one at a time: fs.appendFile writes in 512 KiB chunks,
  * so two concurrent appends of longer lines would interleave mid-line.
  */
-export function appendResult(path: string, line: ResultLine): Promise<void> {
-  const text = `${JSON.stringify(ResultLineSchema.parse(line))}\n`;
+export async function appendResult(path: string, line: ResultLine, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<void> {
+  return appendResultText(path, resultLineText(line, maxLineBytes));
+}
+
+/** Appends a line resultLineText made, after the appends to `path` before it. */
+export function appendResultText(path: string, text: string): Promise<void> {
   const appended = (appendTails.get(path) ?? Promise.resolve()).then(() => appendWhole(path, text));
   const tail = appended.catch(() => undefined);
   appendTails.set(path, tail);

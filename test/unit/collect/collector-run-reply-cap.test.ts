@@ -4,6 +4,7 @@ import { join } from "node:path";
 import pino from "pino";
 import { createServer, type Server } from "node:http";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { readResultsForAppend } from "../../../coordinator/collect/results-file.js";
 import { MAX_RUN_REPLY_BYTES } from "../../../coordinator/collect/run-reply.js";
 import { collectorIn, idleController } from "../../support/collector-fixture.js";
 import { startOversizedBody, type OversizedBodyServer } from "../../support/oversized-body.js";
@@ -55,6 +56,28 @@ describe("collector /run reply size", () => {
       } finally {
         await rm(other, { recursive: true, force: true });
       }
+    } finally {
+      run.closeAllConnections();
+      await new Promise((resolve) => run.close(resolve));
+    }
+  });
+
+  it("a reply whose results.jsonl line would be longer than a start reads fails its attempt payload_too_large; the file stays readable", async () => {
+    const reply = JSON.stringify({ reward: 1, answer: "x".repeat(4096) });
+    const run: Server = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => res.end(reply));
+    });
+    await new Promise<void>((resolve) => run.listen(0, "127.0.0.1", resolve));
+    try {
+      const url = `http://127.0.0.1:${(run.address() as { port: number }).port}/run`;
+      const failures: { err?: { code?: string; message?: string } }[] = [];
+      const logger = pino({ level: "warn" }, { write: (line: string) => void failures.push(JSON.parse(line) as (typeof failures)[number]) });
+      const collector = collectorIn(dir, url, idleController(), { logger, maxAttempts: 1, maxResultLineBytes: 1024 });
+      await collector.start();
+      expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
+      expect(failures.find((f) => f.err)?.err).toMatchObject({ code: "payload_too_large", message: expect.stringContaining("1024-byte limit") });
+      expect(await readResultsForAppend(join(dir, "results.jsonl"), 1024)).toEqual(new Map());
     } finally {
       run.closeAllConnections();
       await new Promise((resolve) => run.close(resolve));

@@ -19,12 +19,12 @@ vi.mock("../../../coordinator/collect/results-file.js", async (importOriginal) =
   const original = await importOriginal<typeof import("../../../coordinator/collect/results-file.js")>();
   return {
     ...original,
-    appendResult: async (...args: Parameters<typeof original.appendResult>) => {
+    appendResultText: async (...args: Parameters<typeof original.appendResultText>) => {
       if (appends.hold) {
         appends.held++;
         await appends.hold;
       }
-      return original.appendResult(...args);
+      return original.appendResultText(...args);
     },
   };
 });

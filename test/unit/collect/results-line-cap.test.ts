@@ -13,6 +13,23 @@ afterEach(() => rm(dir, { recursive: true, force: true }));
 const result = (id: string, transcript = ""): ResultLine => ({ rollout_id: id, attempt: 0, reward: 1, continued: false, finished_at: 1, response: { transcript } });
 const text = (id: string, transcript = "") => `${JSON.stringify(result(id, transcript))}\n`;
 
+describe("results.jsonl appends: no line longer than a reader decodes", () => {
+  it("refuses (payload_too_large) a line past the limit before appending anything, so the next start still reads the file", async () => {
+    // A /run reply whose JSON grows when written again (`9E20` is 21 digits as JSON.stringify writes
+    // it) can make a line past what any start-up reads, which then refused every start. Scaled down.
+    const path = join(dir, "results.jsonl");
+    await appendResult(path, result("a"), 1024);
+    const before = await readFile(path, "utf8");
+    await expect(appendResult(path, result("b", "x".repeat(4096)), 1024)).rejects.toMatchObject({
+      code: "payload_too_large",
+      message: expect.stringContaining("over the 1024-byte limit"),
+    });
+    expect(await readFile(path, "utf8")).toBe(before);
+    await appendResult(path, result("c"), 1024);
+    expect([...(await readResultsForAppend(path, 1024)).keys()]).toEqual(["a", "c"]);
+  });
+});
+
 describe("results.jsonl at start-up: no line is held past the longest one a reader decodes", () => {
   it("cuts a torn tail longer than any line unread (a sparse 600 MiB tail: it was read whole and made a string, ERR_STRING_TOO_LONG)", async () => {
     const path = join(dir, "results.jsonl");
