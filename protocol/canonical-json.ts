@@ -5,10 +5,20 @@ import { MAX_JSON_DEPTH } from "./json-depth.js";
 /**
  * JSON with object keys sorted and no whitespace, so equal values always hash equally. A value
  * nested more than MAX_JSON_DEPTH levels deep (tasks, conversations and controller state come from
- * outside) is refused with `invalid_request` instead of overflowing the stack.
+ * outside) is refused with `invalid_request` instead of overflowing the stack; one whose JSON is
+ * longer than the longest string V8 makes (a huge generation body, which may grow when written
+ * again: `9E20` is 21 digits) with `payload_too_large`, not V8's bare RangeError (`internal_error`).
  */
 export function canonicalJson(value: unknown): string {
-  return JSON.stringify(sortKeys(value, 1));
+  const sorted = sortKeys(value, 1);
+  try {
+    return JSON.stringify(sorted);
+  } catch (error) {
+    if (error instanceof RangeError && /string length/i.test(error.message)) {
+      throw new CheckpointError("payload_too_large", "JSON value is longer than the longest string (about 512 MiB) once written canonically", { cause: error });
+    }
+    throw error;
+  }
 }
 
 function sortKeys(value: unknown, depth: number): unknown {
