@@ -234,13 +234,20 @@ export class GlobalManifestWriter {
         participants: [...input.participants].sort((a, b) => (a.kind + "/" + a.instance < b.kind + "/" + b.instance ? -1 : 1)),
         controller_state: controllerState,
       };
-      const text = `${JSON.stringify(manifest, null, 2)}\n`;
       // Each commit reply is bounded, not their sum: a checkpoint.json every reader refuses (restore,
-      // get, verify) must not become LATEST.
-      const size = Buffer.byteLength(text);
-      if (size > MAX_GLOBAL_MANIFEST_BYTES) {
-        throw new CheckpointError("payload_too_large", `${GLOBAL_MANIFEST_FILE} of checkpoint ${input.checkpointId} would be ${size} bytes, over the ${MAX_GLOBAL_MANIFEST_BYTES}-byte limit its readers enforce`);
+      // get, verify) must not become LATEST. Past the longest string (hundreds of participants with
+      // 1 MiB replies) JSON.stringify throws V8's RangeError: refused alike, not internal_error.
+      const tooLarge = (size: string) =>
+        new CheckpointError("payload_too_large", `${GLOBAL_MANIFEST_FILE} of checkpoint ${input.checkpointId} would be ${size}, over the ${MAX_GLOBAL_MANIFEST_BYTES}-byte limit its readers enforce`);
+      let text: string;
+      try {
+        text = `${JSON.stringify(manifest, null, 2)}\n`;
+      } catch (error) {
+        if (error instanceof RangeError) throw tooLarge("longer than the longest string");
+        throw error;
       }
+      const size = Buffer.byteLength(text);
+      if (size > MAX_GLOBAL_MANIFEST_BYTES) throw tooLarge(`${size} bytes`);
       input.beforeWrite?.();
       // Checked again after the fsync's wait, before each rename: a successor that took over
       // meanwhile publishes (or repairs LATEST) itself.

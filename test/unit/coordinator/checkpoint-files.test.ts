@@ -121,6 +121,20 @@ describe("publication of a checkpoint.json past its readers' limit", () => {
     expect(catalog.has("c2")).toBe(false);
     await writer.settled();
   });
+
+  it("refuses payload_too_large, not internal_error, when the participants' entries together are longer than any string (hundreds of 1 MiB commit replies)", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 5);
+    await writer.publish(publishInput("c1", [await writeParticipant(root, "c1", "agent", "a1", [])], null));
+    const entry = await writeParticipant(root, "c2", "agent", "a1", []);
+    // What JSON.stringify throws past the longest string, without building 512 MiB.
+    const tooLong = { toJSON: () => { throw new RangeError("Invalid string length"); } };
+    const refused = await refusalOf(writer.publish(publishInput("c2", [{ ...entry, extras: { blob: tooLong } }], null)));
+    expect(refused).toMatchObject({ code: "payload_too_large", message: expect.stringContaining("longer than the longest string") });
+    expect(await catalog.latest()).toBe("c1");
+    expect(catalog.has("c2")).toBe(false);
+    await writer.settled();
+  });
 });
 
 describe("verify", () => {
