@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { CheckpointError } from "./errors.js";
 import { MAX_JSON_DEPTH } from "./json-depth.js";
+import { jsonTextWithin } from "./json-too-long.js";
 
 /**
  * JSON with object keys sorted and no whitespace, so equal values always hash equally. A value
@@ -10,15 +11,7 @@ import { MAX_JSON_DEPTH } from "./json-depth.js";
  * again: `9E20` is 21 digits) with `payload_too_large`, not V8's bare RangeError (`internal_error`).
  */
 export function canonicalJson(value: unknown): string {
-  const sorted = sortKeys(value, 1);
-  try {
-    return JSON.stringify(sorted);
-  } catch (error) {
-    if (error instanceof RangeError && /string length/i.test(error.message)) {
-      throw new CheckpointError("payload_too_large", "JSON value is longer than the longest string (about 512 MiB) once written canonically", { cause: error });
-    }
-    throw error;
-  }
+  return jsonTextWithin(sortKeys(value, 1), () => new CheckpointError("payload_too_large", "JSON value is longer than the longest string (about 512 MiB) once written canonically"));
 }
 
 function sortKeys(value: unknown, depth: number): unknown {

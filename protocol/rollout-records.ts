@@ -3,6 +3,7 @@ import { createHash } from "node:crypto";
 import { z } from "zod";
 import { CheckpointError } from "./errors.js";
 import { jsonNestsDeeperThan } from "./json-depth.js";
+import { jsonTextWithin } from "./json-too-long.js";
 import { inInputKeyOrder, keepingProtoKey } from "./json-value.js";
 
 /**
@@ -323,17 +324,12 @@ export function encodeRolloutIndex(header: RolloutIndexHeader, rows: readonly Ro
  * (which a collector would take for a failed flush and retry for ever).
  */
 export function rolloutIndexLine(line: RolloutIndexHeader | RolloutIndexRow, position: number, maxLength: number = constants.MAX_STRING_LENGTH): string {
-  let json: string | undefined;
-  try {
-    json = JSON.stringify(line);
-  } catch (error) {
-    if (!(error instanceof RangeError)) throw error;
-  }
-  if (json === undefined || json.length + 1 > maxLength) {
+  const tooLong = () => {
     const longest = `longer than the longest string (${maxLength} characters)`;
-    if (position === 0) throw invalid(`the index header is ${longest}`);
-    throw invalid(`record ${position - 1}'s index row is ${longest}: its id, task name or stop condition is too long`);
-  }
+    return invalid(position === 0 ? `the index header is ${longest}` : `record ${position - 1}'s index row is ${longest}: its id, task name or stop condition is too long`);
+  };
+  const json = jsonTextWithin(line, tooLong);
+  if (json.length + 1 > maxLength) throw tooLong();
   return json + "\n";
 }
 

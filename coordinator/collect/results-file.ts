@@ -2,7 +2,7 @@ import { constants } from "node:buffer";
 import { createReadStream } from "node:fs";
 import { appendFile, open, stat, truncate, type FileHandle } from "node:fs/promises";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, namePath, textLines } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, jsonTextWithin, namePath, textLines } from "../../protocol/index.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /** One finished row in `results.jsonl`; appended as rows finish, so a crash keeps every finished row. */
@@ -42,13 +42,7 @@ const appendTails = new Map<string, Promise<void>>();
 export function resultLineText(line: ResultLine, maxLineBytes = MAX_RESULT_LINE_BYTES): string {
   const tooLarge = (size: string) =>
     new CheckpointError("payload_too_large", `the results.jsonl line of ${line.rollout_id} (attempt ${line.attempt}) would be ${size}, over the ${maxLineBytes}-byte limit every start reads`);
-  let json: string;
-  try {
-    json = JSON.stringify(ResultLineSchema.parse(line));
-  } catch (error) {
-    if (error instanceof RangeError) throw tooLarge("longer than the longest string");
-    throw error;
-  }
+  const json = jsonTextWithin(ResultLineSchema.parse(line), () => tooLarge("longer than the longest string"));
   const size = Buffer.byteLength(json) + 1;
   if (size > maxLineBytes) throw tooLarge(`${size} bytes`);
   return `${json}\n`;

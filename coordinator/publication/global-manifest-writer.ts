@@ -15,6 +15,7 @@ import {
   type EpisodeId,
   type GlobalManifest,
   type ParticipantEntry,
+  jsonTextWithin,
 } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { discardStagedFile, fsyncDirectory, fsyncDirectoryInPool, replaceSmallFileDurably, stageSmallFile, tempPathFor, type StagedFile } from "./durable-fs.js";
@@ -239,13 +240,7 @@ export class GlobalManifestWriter {
       // 1 MiB replies) JSON.stringify throws V8's RangeError: refused alike, not internal_error.
       const tooLarge = (size: string) =>
         new CheckpointError("payload_too_large", `${GLOBAL_MANIFEST_FILE} of checkpoint ${input.checkpointId} would be ${size}, over the ${MAX_GLOBAL_MANIFEST_BYTES}-byte limit its readers enforce`);
-      let text: string;
-      try {
-        text = `${JSON.stringify(manifest, null, 2)}\n`;
-      } catch (error) {
-        if (error instanceof RangeError) throw tooLarge("longer than the longest string");
-        throw error;
-      }
+      const text = `${jsonTextWithin(manifest, () => tooLarge("longer than the longest string"), 2)}\n`;
       const size = Buffer.byteLength(text);
       if (size > MAX_GLOBAL_MANIFEST_BYTES) throw tooLarge(`${size} bytes`);
       input.beforeWrite?.();

@@ -22,6 +22,7 @@ import {
   type ParticipantManifest,
   type RecordBase,
   type SplitLine,
+  jsonTextWithin,
 } from "../../protocol/index.js";
 import type { CheckpointStorage, ParticipantTarget, PinnedManifest, PinnedParticipant, ReadParticipant, WrittenParticipant } from "./checkpoint-storage.js";
 import { fsyncDir } from "./fs-durable.js";
@@ -103,14 +104,8 @@ function recordTooLarge(index: number, record: RecordBase, size: string, maxLine
 
 /** One record's JSON line as bytes, refused (payload_too_large) when no reader could decode it. */
 function recordLine(record: RecordBase, index: number, maxLineBytes: number): Buffer {
-  let json: string;
-  try {
-    json = JSON.stringify(record);
-  } catch (error) {
-    // Longer than any string V8 makes: no reader could decode it either.
-    if (error instanceof RangeError) throw recordTooLarge(index, record, "longer than the longest string", maxLineBytes);
-    throw error;
-  }
+  // Longer than any string V8 makes: no reader could decode it either.
+  const json = jsonTextWithin(record, () => recordTooLarge(index, record, "longer than the longest string", maxLineBytes));
   // Measured before the newline is appended: `json + "\n"` of a JSON exactly the longest string would throw.
   const size = Buffer.byteLength(json, "utf8") + 1;
   if (size > maxLineBytes) throw recordTooLarge(index, record, `${size} bytes`, maxLineBytes);
