@@ -88,9 +88,10 @@ export interface World {
 
 let counter = 0;
 
-export async function startWorld(options: { nats?: NatsFixture } = {}): Promise<World> {
+/** `deployment`: its name (a fresh one unless given, so worlds sharing a NATS server stay apart). */
+export async function startWorld(options: { nats?: NatsFixture; deployment?: string } = {}): Promise<World> {
   const nats = options.nats ?? (await startNats());
-  const deployment = `d${process.pid}x${counter++}`;
+  const deployment = options.deployment ?? `d${process.pid}x${counter++}`;
   const root = await mkdtemp(join(tmpdir(), "gym-ckpt-coord-"));
   const pnc = await nats.connect();
   const cnc = await nats.connect();
