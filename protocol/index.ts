@@ -116,6 +116,9 @@ export {
   MANIFEST_FILE,
   GLOBAL_MANIFEST_FILE,
   LATEST_FILE,
+  ROOT_DEPLOYMENT_FILE,
+  MAX_ROOT_DEPLOYMENT_BYTES,
+  RootDeploymentSchema,
   MAX_MANIFEST_BYTES,
   MAX_GLOBAL_MANIFEST_BYTES,
   MAX_CONTROLLER_STATE_FILE_BYTES,
@@ -127,7 +130,7 @@ export {
   GlobalManifestSchema,
   schemaVersionMismatch,
 } from "./manifest.js";
-export type { ParticipantManifest, RecordBase, ParticipantEntry, ControllerState, GlobalManifest } from "./manifest.js";
+export type { ParticipantManifest, RecordBase, ParticipantEntry, ControllerState, GlobalManifest, RootDeployment } from "./manifest.js";
 export {
   participantSubject,
   controllerSubject,

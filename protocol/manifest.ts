@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema } from "./ids.js";
+import { CheckpointIdSchema, DeploymentSchema, EpisodeIdSchema, InstanceSchema } from "./ids.js";
 import { KindSchema } from "./kinds.js";
 import { MANIFEST_SCHEMA_VERSION } from "./version.js";
 
@@ -17,6 +17,16 @@ export const RECORDS_FILE_PATTERN = /^records-[0-9a-f]{64}\.jsonl$/;
 export const MANIFEST_FILE = "manifest.json";
 export const GLOBAL_MANIFEST_FILE = "checkpoint.json";
 export const LATEST_FILE = "LATEST";
+
+/**
+ * `<root>/.gym-ckpt-deployment.json`: the deployment whose checkpoints the root holds, written
+ * create-only by the first coordinator to start on it and compared by every later start. A dot-name,
+ * so no checkpoint id (and no listing of them) can take it.
+ */
+export const ROOT_DEPLOYMENT_FILE = ".gym-ckpt-deployment.json";
+export const MAX_ROOT_DEPLOYMENT_BYTES = 4096;
+export const RootDeploymentSchema = z.object({ deployment: DeploymentSchema }).strict();
+export type RootDeployment = z.infer<typeof RootDeploymentSchema>;
 
 /**
  * Size limits of the checkpoint files every reader enforces (a larger file is

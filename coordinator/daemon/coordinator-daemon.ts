@@ -17,6 +17,7 @@ import { openMembersBucket } from "../membership/members-bucket.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
+import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
@@ -72,6 +73,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.message})`, { cause: error });
   });
   await assertWritableRoot(config.checkpoint_root);
+  // Before anything of this deployment touches the root: another deployment's checkpoints there would be deleted by our retention.
+  await claimRootForDeployment(config.checkpoint_root, config.deployment);
   const ownsConnection = options.nc === undefined;
   const nc =
     options.nc ??

@@ -4,6 +4,7 @@ import { createServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ROOT_DEPLOYMENT_FILE } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { MAIN, asAccount, cli, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
 
@@ -152,6 +153,18 @@ describe("coordinator start-up failure", () => {
       expect((outcome as { code: number }).code).toBe(2);
     }
   }, 30_000);
+
+  it("exits 2 on a checkpoint_root another deployment claimed, before it connects (NATS down does not hide it)", async () => {
+    const root = join(dir, "claimed-root");
+    await mkdir(root);
+    await writeFile(join(root, ROOT_DEPLOYMENT_FILE), `${JSON.stringify({ deployment: "job" })}\n`);
+    const daemon = spawnDaemon([MAIN, "coordinator", "--deployment", "job-1", "--nats-url", "nats://127.0.0.1:1", "--token", "t", "--checkpoint-root", root, "--no-http", "--log-level", "warn"]);
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+    expect(outcome).not.toBe("still running");
+    expect(daemon.stderr()).toMatch(new RegExp(`^error invalid_request: checkpoint_root ${root} holds the checkpoints of deployment "job" \\(\\.gym-ckpt-deployment\\.json\\), not of this coordinator's deployment "job-1": `, "m"));
+    expect((outcome as { code: number }).code).toBe(2);
+  }, 20_000);
 
   it("exits 2 when checkpoint_root exists but this account cannot write it, instead of serving as ready", async () => {
     // Root writes through mode bits, so as root the daemon runs as another account (as the systemd

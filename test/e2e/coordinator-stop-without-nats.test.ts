@@ -51,7 +51,7 @@ describe("coordinator shutdown", () => {
     let revoked: DaemonProcess | undefined;
     try {
       revoked = spawnDaemon(
-        [MAIN, "coordinator", "--deployment", `${deployment}r`, "--nats-url", server.url, "--token", TOKEN, "--checkpoint-root", root, "--lease-ms", "300", "--http-port", "0", "--log-level", "warn"],
+        [MAIN, "coordinator", "--deployment", `${deployment}r`, "--nats-url", server.url, "--token", TOKEN, "--checkpoint-root", join(dir, "root"), "--lease-ms", "300", "--http-port", "0", "--log-level", "warn"],
         { GYM_CKPT_NATS_USER: "coord", GYM_CKPT_NATS_PASS: "first-pass" },
       );
       const started = revoked;

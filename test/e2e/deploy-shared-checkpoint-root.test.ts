@@ -2,6 +2,7 @@ import { readFileSync } from "node:fs";
 import { chmod, chown, mkdir, mkdtemp, readdir, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ROOT_DEPLOYMENT_FILE } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { waitUntil } from "../support/wait-until.js";
 import { MAIN, asAccount, cli, ensureBuilt, spawnDaemon, type DaemonProcess } from "./coordinator-process.js";
@@ -83,8 +84,8 @@ describe.skipIf(!IS_ROOT)("the systemd deployment's shared checkpoint root (need
     // Retention (keep 1) moved the first away and removes it, the participant's files included.
     await waitUntil(async () => {
       const names = await readdir(root);
-      return !names.includes(published[0]!) && !names.some((name) => name.startsWith("."));
+      return !names.includes(published[0]!) && !names.some((name) => name.startsWith(".") && name !== ROOT_DEPLOYMENT_FILE);
     }, "the first checkpoint's directory to be removed", 15_000);
-    expect((await readdir(root)).sort()).toEqual(["LATEST", published[1]!]);
+    expect((await readdir(root)).sort()).toEqual([ROOT_DEPLOYMENT_FILE, "LATEST", published[1]!]);
   }, 60_000);
 });

@@ -129,4 +129,19 @@ describe("deployments sharing one NATS server", () => {
       await nc.close();
     }
   });
+
+  it("a coordinator of another deployment refuses a checkpoint root that one deployment already uses (invalid_request), before it touches anything there", async () => {
+    const owner = world("job");
+    await owner.client.checkpoint({ checkpoint_id: "iso-root" });
+    const before = await owner.client.list();
+    expect(before.latest).toBe("iso-root");
+    for (const other of ["job-1", "Job"] as const) {
+      const refusal = await refusalOf(world(other).startCoordinator({ ...NO_HTTP, checkpoint_root: owner.root, retention: 1 }));
+      expect(refusal.code, other).toBe("invalid_request");
+      expect(refusal.message, other).toContain(owner.root);
+      expect(refusal.message, other).toContain(`"job"`);
+      expect(refusal.message, other).toContain(`"${other}"`);
+    }
+    expect(await owner.client.list()).toEqual(before);
+  });
 });

@@ -87,7 +87,7 @@ describe("KV buckets on a 3-node JetStream cluster", () => {
         deployment: "rrev",
         nats: { servers: ports.map((p) => `nats://127.0.0.1:${p}`).join(",") },
         token: "r3-token",
-        checkpoint_root: join(dir, "ckpt"),
+        checkpoint_root: join(dir, "ckpt-rrev"),
         lease_ms: 1000,
         http: { enabled: false },
       });
