@@ -1,4 +1,5 @@
-import { InstanceSchema } from "./ids.js";
+import { parseName } from "./codec.js";
+import { DeploymentSchema, InstanceSchema } from "./ids.js";
 import { KindSchema, type Kind } from "./kinds.js";
 import type { Op } from "./messages.js";
 import { PROTOCOL_VERSION } from "./version.js";
@@ -11,23 +12,34 @@ import { PROTOCOL_VERSION } from "./version.js";
  */
 const ROOT = `gym.ckpt.v${PROTOCOL_VERSION}`; // from the version, so a bump cannot leave the subjects behind
 
+/**
+ * The deployment as it goes into a subject or a bucket name: one subject token, else
+ * `invalid_request`. Checked here, where every subject and bucket is named, so no library caller
+ * can pass `*` (a controller API subscribing `gym.ckpt.v1.*.ctl.<op>` would answer, and run, every
+ * deployment's controller requests) or a dotted name reaching into another deployment's subjects
+ * (`a.p.environment`'s controller subjects are deployment `a`'s participant `environment/ctl`).
+ */
+function deploymentToken(deployment: string): string {
+  return parseName(DeploymentSchema, deployment, "deployment");
+}
+
 export function participantSubject(deployment: string, kind: Kind, instance: string, op: Op): string {
-  return `${ROOT}.${deployment}.p.${kind}.${instance}.${op}`;
+  return `${ROOT}.${deploymentToken(deployment)}.p.${kind}.${instance}.${op}`;
 }
 
 export function controllerSubject(deployment: string, op: string): string {
-  return `${ROOT}.${deployment}.ctl.${op}`;
+  return `${ROOT}.${deploymentToken(deployment)}.ctl.${op}`;
 }
 
 /** KV buckets; nats-server 2.9 applies TTL per bucket only, so each lifetime gets its own bucket. */
 export function membersBucket(deployment: string): string {
-  return `gym_ckpt_${deployment}_members`;
+  return `gym_ckpt_${deploymentToken(deployment)}_members`;
 }
 export function leaderBucket(deployment: string): string {
-  return `gym_ckpt_${deployment}_leader`;
+  return `gym_ckpt_${deploymentToken(deployment)}_leader`;
 }
 export function journalBucket(deployment: string): string {
-  return `gym_ckpt_${deployment}_journal`;
+  return `gym_ckpt_${deploymentToken(deployment)}_journal`;
 }
 
 export function memberKey(kind: Kind, instance: string): string {

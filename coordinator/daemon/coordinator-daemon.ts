@@ -19,7 +19,7 @@ import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, within } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, parseName, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -60,6 +60,8 @@ export interface CoordinatorHandle {
  */
 export async function startCoordinator(options: StartCoordinatorOptions): Promise<CoordinatorHandle> {
   const { config } = options;
+  // A config that did not come through CoordinatorConfigSchema (a library caller): its deployment names the root's owner below.
+  parseName(DeploymentSchema, config.deployment, "deployment");
   const clock = options.clock ?? systemClock;
   const id = config.coordinator_id ?? newCoordinatorId();
   const logger = (options.logger ?? createLogger(config.log_level)).child({ component: "coordinator", coordinator_id: id, deployment: config.deployment });
