@@ -209,7 +209,7 @@ describe("gym-ckpt CLI (built binary)", () => {
       expect([where, badId.code, badId.stderr.split("\n")[0]]).toEqual([where, 2, expect.stringMatching(/^error invalid_request: checkpoint_id: /)]);
     }
     // Tried once (the start's wait for a NATS server that is restarting is test/e2e/start-before-nats.test.ts's).
-    const started = await cli(["coordinator", "--nats-url", "nats://127.0.0.1:1", "--token", "t", "--checkpoint-root", world.root, "--no-http", "--log-level", "silent"], { GYM_CKPT_NATS_CONNECT_WAIT_MS: "0" });
+    const started = await cli(["coordinator", "--deployment", world.deployment, "--nats-url", "nats://127.0.0.1:1", "--token", "t", "--checkpoint-root", world.root, "--no-http", "--log-level", "silent"], { GYM_CKPT_NATS_CONNECT_WAIT_MS: "0" });
     expect([started.code, started.stderr]).toEqual([1, expect.stringMatching(/^error not_leader: cannot reach NATS at nats:\/\/127\.0\.0\.1:1 .*this coordinator cannot start/)]);
   });
 
