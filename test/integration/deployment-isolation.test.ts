@@ -19,7 +19,7 @@ import { DEFAULT_MEMBERS, LoggedKind, NO_HTTP, startWorld, type World } from "./
  * across deployments would show.
  */
 const NAMES = ["job", "job-1", "Job"] as const;
-const extraOf = (deployment: string) => ({ kind: "environment" as Kind, instance: `own-${deployment.replace(/[^a-z0-9]/gi, (c) => c.charCodeAt(0).toString())}` });
+const extraOf = (deployment: string) => ({ kind: "environment" as Kind, instance: `own-${deployment}` });
 const membersOf = (deployment: string) => [...DEFAULT_MEMBERS, extraOf(deployment)];
 const sortRefs = (refs: readonly { kind: string; instance: string }[]) => refs.map((r) => `${r.kind}/${r.instance}`).sort();
 
