@@ -12,6 +12,9 @@ import { PROTOCOL_VERSION } from "./version.js";
  */
 const ROOT = `gym.ckpt.v${PROTOCOL_VERSION}`; // from the version, so a bump cannot leave the subjects behind
 
+/** Deployment names deploymentToken accepted already (a process uses one or two). */
+const checkedDeployments = new Set<string>();
+
 /**
  * The deployment as it goes into a subject or a bucket name: one subject token, else
  * `invalid_request`. Checked here, where every subject and bucket is named, so no library caller
@@ -20,7 +23,11 @@ const ROOT = `gym.ckpt.v${PROTOCOL_VERSION}`; // from the version, so a bump can
  * (`a.p.environment`'s controller subjects are deployment `a`'s participant `environment/ctl`).
  */
 function deploymentToken(deployment: string): string {
-  return parseName(DeploymentSchema, deployment, "deployment");
+  // Every request names its subject: a name checked once is not parsed again.
+  if (checkedDeployments.has(deployment)) return deployment;
+  parseName(DeploymentSchema, deployment, "deployment");
+  if (checkedDeployments.size < 64) checkedDeployments.add(deployment);
+  return deployment;
 }
 
 export function participantSubject(deployment: string, kind: Kind, instance: string, op: Op): string {
