@@ -55,8 +55,9 @@ describe("OTEL_EXPORTER_OTLP_PROTOCOL", () => {
  */
 describe("--otlp-endpoint", () => {
   it("wins over an inherited OTEL_EXPORTER_OTLP_ENDPOINT", async () => {
+    // A root of its own: the first test's coordinator claimed `root` for its deployment.
     const flagged = spawnDaemon(
-      [MAIN, "coordinator", "--deployment", `of${process.pid}`, "--nats-url", nats.server.url, "--token", "tok", "--checkpoint-root", root, "--no-http", "--lease-ms", "500", "--log-level", "warn", "--otlp-endpoint", receiver.url],
+      [MAIN, "coordinator", "--deployment", `of${process.pid}`, "--nats-url", nats.server.url, "--token", "tok", "--checkpoint-root", join(root, "of"), "--no-http", "--lease-ms", "500", "--log-level", "warn", "--otlp-endpoint", receiver.url],
       // Port 9 (discard): nobody listens there.
       { OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:9", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: "http://127.0.0.1:9/v1/metrics", OTEL_METRIC_EXPORT_INTERVAL: "300", OTEL_SERVICE_NAME: "" },
     );
