@@ -269,7 +269,7 @@ export class CheckpointEngine {
   /**
    * Closed checkpoints whose resume failed at these participants (they resume when their lease
    * expires): a resume of the id sends it again to those that may still hold it, instead of
-   * answering success for a participant still parked.
+   * answering success for a participant still parked. This term's only (leadershipLost).
    */
   private readonly unresumed = new Map<string, ParticipantRef[]>();
   /**
@@ -2466,6 +2466,10 @@ export class CheckpointEngine {
     // resume asks the participants (releaseHolders) instead of answering success from this term.
     for (const id of this.restoreRemovals.keys()) this.closed.delete(id);
     this.restoreRemovals.clear();
+    // Likewise the ids whose resume failed somewhere: a successor may have cleaned up, restored or
+    // resumed them since, so their retry asks every participant too, not just this term's list.
+    for (const id of this.unresumed.keys()) this.closed.delete(id);
+    this.unresumed.clear();
     // Every removal of this term yields now (leaderTerm), so no marker of its writes is read again.
     this.journalWrites.clear();
     this.leaderTerm++;

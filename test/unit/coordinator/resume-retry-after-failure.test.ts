@@ -88,3 +88,48 @@ describe("a resume retried after it failed at a participant", () => {
     expect(fake.calls.length).toBe(before);
   });
 });
+
+/**
+ * The participants a resume failed at are this term's memory, as the restore ids whose resume this
+ * term finished are (leadershipLost): a successor may have run the restore's clean-up meanwhile
+ * (attempt+1 retired everywhere, everyone resumed, entry removed). Before, the previous term's list
+ * survived the loss, so the controller's retry after a regain found nobody holding the id and
+ * answered success with no participants: the controller would continue rollouts whose attempt+1
+ * the successor retired.
+ */
+describe("a restore's resume that failed at a participant, retried after leadership was lost and regained", () => {
+  it("is not answered success from the previous term's memory", async () => {
+    const { engine, fake, journal, clock } = makeEngine(root, { requireRecovery: true });
+    await engine.recover();
+    await engine.checkpoint({ checkpoint_id: "rx", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.restore({ checkpoint_id: "rx", deadline_ts, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    fake.set("model", "m1", "resume", "unreachable");
+    // the entry's removal fails until leadership is lost
+    const remove = journal.remove.bind(journal);
+    let failing = true;
+    journal.remove = async (id) => {
+      if (failing) {
+        engine.leadershipLost();
+        throw new Error("journal timeout (scripted)");
+      }
+      return remove(id);
+    };
+    // (a failure either way: m1 unreachable, the term ending before the entry went)
+    expect(await refusalOf(engine.resume({ checkpoint_id: "rx", deadline_ts }))).toMatchObject({ code: expect.stringMatching(/unreachable|outcome_unknown/) });
+    expect(fake.state.get("model.m1")).toMatchObject({ checkpoint_id: "rx" });
+    // A successor ran the restore's clean-up (m1 resumed too) and removed the entry; then this
+    // coordinator became the leader again.
+    failing = false;
+    await remove("rx");
+    fake.set("model", "m1", "resume", "ok");
+    fake.state.set("model.m1", { phase: "idle", checkpoint_id: null });
+    await engine.recover();
+    const retry = await engine.resume({ checkpoint_id: "rx", deadline_ts }).then(
+      (reply) => ({ ok: true as const, reply }),
+      (error: { code: string }) => ({ ok: false as const, code: error.code }),
+    );
+    expect(retry).not.toMatchObject({ ok: true });
+  });
+});
