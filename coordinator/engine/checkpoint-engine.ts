@@ -591,10 +591,12 @@ export class CheckpointEngine {
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
       const manifest = await this.committedManifests(id);
       const dir = this.options.catalog.dirFor(id);
-      if (unresumed) {
-        // Only fresh processes restore it: one still parked in it would refuse, and the clean-up
-        // would resume it, leaving the controller nothing to resume.
-        const holders = holdersOf(unresumed.members, await this.probeStatuses(unresumed.members), id);
+      // Only fresh processes restore it: one still parked in it (its controller never resumed it, or
+      // the resume failed there) would refuse, and the clean-up would resume it and fence the id,
+      // leaving the controller nothing to resume.
+      const parked = unresumed?.members ?? this.unresumed.get(id);
+      if (parked) {
+        const holders = holdersOf(parked, await this.probeStatuses(parked), id);
         if (holders.length) {
           throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but ${holders.map(refName).join(", ")} still hold it parked; resume it before a restore`);
         }

@@ -133,3 +133,31 @@ describe("a restore's resume that failed at a participant, retried after leaders
     expect(retry).not.toMatchObject({ ok: true });
   });
 });
+
+/**
+ * docs/api.md restore: a published checkpoint whose resume never reached a participant (still
+ * parked in it) is refused `invalid_phase` before anything is sent, "resume it before a restore",
+ * as one whose controller never resumed it is. Before, such a checkpoint closed with its resume
+ * failures was restored anyway: the parked participant refused, so the restore failed, and its
+ * clean-up resumed everyone and fenced the id (restore_failed; a retried resume answered that too).
+ */
+describe("a restore of a checkpoint whose resume failed at a participant still parked in it", () => {
+  it("is refused invalid_phase, nothing sent; once the resume is retried, the restore goes ahead", async () => {
+    const { engine, fake, clock, journal } = makeEngine(root);
+    fake.set("model", "m1", "resume", "unreachable");
+    const done = await engine.checkpoint({ checkpoint_id: "c5", episode_ids: null, stop: false, controller_state: null });
+    expect(done.resume_failures.map((f) => `${f.kind}/${f.instance}`)).toEqual(["model/m1"]);
+    await journalEmptied(journal);
+    fake.set("model", "m1", "resume", "ok");
+    fake.set("model", "m1", "restore", { error: "invalid_phase" }); // as a parked participant answers
+    const deadline_ts = clock.now() / 1000 + 60;
+    const sent = fake.calls.filter((c) => c.op !== "status").length;
+    const refused = await refusalOf(engine.restore({ checkpoint_id: "c5", deadline_ts, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
+    expect(refused).toMatchObject({ code: "invalid_phase", message: expect.stringContaining("model/m1") });
+    expect(fake.calls.filter((c) => c.op !== "status").length).toBe(sent);
+    expect(journal.entries.size).toBe(0);
+    // The controller resumes it as told: m1 is released, and nothing else was fenced by a restore.
+    const reply = await engine.resume({ checkpoint_id: "c5", deadline_ts });
+    expect(reply.participants.map((p) => `${p.kind}/${p.instance}`)).toEqual(["model/m1"]);
+  });
+});
