@@ -107,6 +107,13 @@ interface OpenCheckpoint {
   log?: Logger;
 }
 
+/** A closed checkpoint whose resume failed at `members`, and how its messages were addressed (as `OpenCheckpoint`'s). */
+interface Unresumed {
+  members: ParticipantRef[];
+  incarnations: Map<string, string>;
+  viewed: Map<string, string>;
+}
+
 /** A restore whose clean-up ran here: what its controller was answered, and the processes it was sent to. */
 interface FailedRestore {
   scope: EpisodeId[] | null;
@@ -269,9 +276,11 @@ export class CheckpointEngine {
   /**
    * Closed checkpoints whose resume failed at these participants (they resume when their lease
    * expires): a resume of the id sends it again to those that may still hold it, instead of
-   * answering success for a participant still parked. This term's only (leadershipLost).
+   * answering success for a participant still parked. Addressed as that resume was (the processes'
+   * incarnations when the checkpoint opened): a process started since holds nothing of it, and a
+   * resume would fence the id there. This term's only (leadershipLost).
    */
-  private readonly unresumed = new Map<string, ParticipantRef[]>();
+  private readonly unresumed = new Map<string, Unresumed>();
   /**
    * Restores that ended without their resume: their all-or-nothing clean-up ran here (attempt+1
    * retired, everyone resumed), or they were closed because no process held them any more. A
@@ -406,7 +415,7 @@ export class CheckpointEngine {
       const removal = open?.id === id ? undefined : this.restoreRemovals.get(id);
       if (removal) await this.completionJournaled(id, removal, deadlineMs);
       const unresumed = open?.id === id ? undefined : this.unresumed.get(id);
-      if (unresumed) return this.resumeAgain(id, unresumed, deadlineMs, ctx);
+      if (unresumed) return this.resumeAgain(id, unresumed.members, deadlineMs, ctx);
       if (!open && !this.closed.has(id)) return this.releaseHolders(id, deadlineMs, ctx);
       // Parked by design, released now; once nobody holds it (the processes stopped), nothing to do.
       if (!open && this.stopped.has(id)) return this.releaseHolders(id, deadlineMs, ctx, true);
@@ -594,7 +603,7 @@ export class CheckpointEngine {
       // Only fresh processes restore it: one still parked in it (its controller never resumed it, or
       // the resume failed there) would refuse, and the clean-up would resume it and fence the id,
       // leaving the controller nothing to resume.
-      const parked = unresumed?.members ?? this.unresumed.get(id);
+      const parked = unresumed?.members ?? this.unresumed.get(id)?.members;
       if (parked) {
         const holders = holdersOf(parked, await this.probeStatuses(parked), id);
         if (holders.length) {
@@ -2111,7 +2120,7 @@ export class CheckpointEngine {
     const restarted = incarnation === undefined ? null : this.restartedSince(member, id!, incarnation);
     if (restarted) {
       this.checkpointLog(id).info({ op, detail: restarted }, "participant_restarted_skipped");
-      if (op === "resume") return this.resumedElsewhere(member, restarted);
+      if (op === "resume") return this.resumedElsewhere(member, id, restarted);
       return { ok: false, participant: member, code: "unreachable", detail: restarted };
     }
     const body = incarnation === undefined ? request : { ...request, incarnation };
@@ -2133,13 +2142,13 @@ export class CheckpointEngine {
       // Its process died with the request (a SIGKILL mid-op) and a new one announced itself: the
       // old one will never answer, and the new one would refuse the message as another incarnation.
       this.checkpointLog(id).info({ op, detail: outcome.detail }, "participant_restarted_abandoned");
-      if (op === "resume") return this.resumedElsewhere(member, outcome.detail);
+      if (op === "resume") return this.resumedElsewhere(member, id, outcome.detail);
       return outcome;
     }
     if (!outcome.ok && outcome.code === "stale_incarnation") {
       // A new process the view did not show yet: it refused, so it holds nothing and stays unfenced.
       this.checkpointLog(id).info({ op, kind: member.kind, instance: member.instance, detail: outcome.detail }, "participant_restarted_refused");
-      if (op === "resume") return this.resumedElsewhere(member, outcome.detail);
+      if (op === "resume") return this.resumedElsewhere(member, id, outcome.detail);
       return outcome;
     }
     if (outcome.ok && op === "restore") this.recordRestorer(member, id, (outcome.reply as ReplyOf<"restore">).incarnation);
@@ -2153,9 +2162,10 @@ export class CheckpointEngine {
    * A resume that a process started after the checkpoint opened needs not: it holds nothing of it.
    * Of a restored checkpoint, that process lost what it restored: noted for resumeRestored.
    */
-  private resumedElsewhere<O extends Op>(member: ParticipantRef, detail: string): Outcome<O> {
+  private resumedElsewhere<O extends Op>(member: ParticipantRef, id: string | undefined, detail: string): Outcome<O> {
     const open = this.open;
-    if (open?.phase === "restored") (open.lostRestorers ??= new Map()).set(refName(member), detail);
+    // Not another checkpoint's: a closed one's resume sent again (resumeAgain) while a restore is open.
+    if (open?.phase === "restored" && open.id === id) (open.lostRestorers ??= new Map()).set(refName(member), detail);
     return { ok: true, participant: member, reply: { phase: "idle", idempotent: true } as ReplyOf<O> };
   }
 
@@ -2266,9 +2276,15 @@ export class CheckpointEngine {
 
   /** The incarnation of `member` recorded when the open checkpoint `id` opened, if known. */
   private recordedIncarnation(member: ParticipantRef, id: string | undefined): string | undefined {
+    return this.addressing(id)?.incarnations.get(memberKey(member.kind, member.instance));
+  }
+
+  /** How checkpoint `id`'s messages are addressed: the open one's, or a closed one's whose resume failed somewhere (resumeAgain). */
+  private addressing(id: string | undefined): { incarnations: Map<string, string>; viewed: Map<string, string> } | undefined {
+    if (id === undefined) return undefined;
     const open = this.open;
-    if (!open || open.id !== id) return undefined;
-    return open.incarnations.get(memberKey(member.kind, member.instance));
+    if (open?.id === id) return open;
+    return this.unresumed.get(id);
   }
 
   /**
@@ -2278,7 +2294,7 @@ export class CheckpointEngine {
    */
   private restartedSince(member: ParticipantRef, id: string, then: string): string | null {
     const now = this.options.membership.incarnationOf?.(member);
-    if (now === undefined || now === then || now === this.open?.viewed.get(memberKey(member.kind, member.instance))) return null;
+    if (now === undefined || now === then || now === this.addressing(id)?.viewed.get(memberKey(member.kind, member.instance))) return null;
     return `${member.kind}/${member.instance} restarted after checkpoint ${id} opened (incarnation ${then} → ${now}); the new process never took part`;
   }
 
@@ -2356,10 +2372,14 @@ export class CheckpointEngine {
     );
   }
 
-  /** close() after a resume, keeping where it failed for a retry of that resume (resumeAgain). */
+  /** close() after a resume, keeping where it failed, and the processes it addressed, for a retry of that resume (resumeAgain). */
   private closeResumed(id: string, failures: readonly Failure[], afterLatest = true): Promise<boolean> {
+    const open = this.open?.id === id ? this.open : undefined;
     const removal = this.close(id, afterLatest);
-    if (failures.length) this.unresumed.set(id, failures.map((f) => f.participant));
+    // Not open here any more: this term ended (leadershipLost), and the id is its successor's.
+    if (failures.length && open) {
+      this.unresumed.set(id, { members: failures.map((f) => f.participant), incarnations: new Map(open.incarnations), viewed: new Map(open.viewed) });
+    }
     return removal;
   }
 
@@ -2373,7 +2393,8 @@ export class CheckpointEngine {
     const statuses = await this.probeStatuses(failed, this.options.leadership.epoch());
     const targets = failed.filter((m) => mayHoldAt(m, statuses, id));
     const { reply, failures } = await this.resumeStages(id, targets, deadlineMs, ctx);
-    if (failures.length) this.unresumed.set(id, failures.map((f) => f.participant));
+    const addressed = this.unresumed.get(id);
+    if (failures.length && addressed) this.unresumed.set(id, { ...addressed, members: failures.map((f) => f.participant) });
     else this.unresumed.delete(id);
     if (failures.length) throw combinedFailure("resume", failures);
     return reply;

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { refusalOf } from "../../support/refusal.js";
-import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { FOUR_KINDS, journalEmptied, makeEngine, writers } from "./fake-participants.js";
 
 /**
  * docs/api.md resume: a resume that failed at some participants closes the checkpoint (they resume
@@ -159,5 +159,43 @@ describe("a restore of a checkpoint whose resume failed at a participant still p
     // The controller resumes it as told: m1 is released, and nothing else was fenced by a restore.
     const reply = await engine.resume({ checkpoint_id: "c5", deadline_ts });
     expect(reply.participants.map((p) => `${p.kind}/${p.instance}`)).toEqual(["model/m1"]);
+  });
+});
+
+/**
+ * The resume sent again goes to the process it failed at, as the first one did (its incarnation):
+ * a process started since holds nothing of the checkpoint, and a resume would fence the id there,
+ * so the restore of it (LATEST, after a crash) that fresh process is for would be refused. Before,
+ * the retry went to whichever process answered the subject, the new one included.
+ */
+describe("a resume retried after the participant it failed at restarted", () => {
+  it("sends nothing to the new process (the view shows the restart), and answers success", async () => {
+    const incarnations = new Map(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, `${m.instance}-1`]));
+    const { engine, fake, clock, membership } = makeEngine(root, { incarnations });
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.prepare({ checkpoint_id: "c6", deadline_ts });
+    fake.set("model", "m1", "resume", "unreachable");
+    expect(await refusalOf(engine.resume({ checkpoint_id: "c6", deadline_ts }))).toMatchObject({ code: "unreachable" });
+    // Its supervisor restarted it; the new process does not answer its status yet.
+    membership.announce({ kind: "model", instance: "m1" }, "m1-2");
+    fake.set("model", "m1", "status", "unreachable");
+    fake.set("model", "m1", "resume", "ok");
+    const before = fake.ops("resume").length;
+    await expect(engine.resume({ checkpoint_id: "c6", deadline_ts })).resolves.toMatchObject({ checkpoint_id: "c6" });
+    expect(resumesTo(fake.ops("resume").slice(before))).toEqual([]);
+  });
+
+  it("one the view does not show restarted yet gets the resume addressed to the process it failed at", async () => {
+    const incarnations = new Map(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, `${m.instance}-1`]));
+    const { engine, fake, clock } = makeEngine(root, { incarnations });
+    const deadline_ts = clock.now() / 1000 + 60;
+    await engine.prepare({ checkpoint_id: "c7", deadline_ts });
+    fake.set("model", "m1", "resume", "unreachable");
+    expect(await refusalOf(engine.resume({ checkpoint_id: "c7", deadline_ts }))).toMatchObject({ code: "unreachable" });
+    fake.set("model", "m1", "resume", "ok");
+    fake.set("model", "m1", "status", "unreachable");
+    const before = fake.ops("resume").length;
+    await engine.resume({ checkpoint_id: "c7", deadline_ts });
+    expect(fake.ops("resume").slice(before).map((c) => c.body.incarnation)).toEqual(["m1-1"]);
   });
 });
