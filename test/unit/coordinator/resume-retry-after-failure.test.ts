@@ -199,3 +199,25 @@ describe("a resume retried after the participant it failed at restarted", () => 
     expect(fake.ops("resume").slice(before).map((c) => c.body.incarnation)).toEqual(["m1-1"]);
   });
 });
+
+describe("a checkpoint's resume that failed at a participant, retried after leadership was lost and regained", () => {
+  it("asks every participant, as for an id this term never closed: the one still parked is resumed", async () => {
+    const { engine, fake, journal, clock } = makeEngine(root, { requireRecovery: true });
+    await engine.recover();
+    fake.set("model", "m1", "resume", "unreachable");
+    const done = await engine.checkpoint({ checkpoint_id: "c8", episode_ids: null, stop: false, controller_state: null });
+    expect(done.resume_failures.map((f) => `${f.kind}/${f.instance}`)).toEqual(["model/m1"]);
+    await journalEmptied(journal);
+    engine.leadershipLost();
+    await engine.recover();
+    fake.set("model", "m1", "resume", "ok");
+    const before = fake.ops("resume").length;
+    const reply = await engine.resume({ checkpoint_id: "c8", deadline_ts: clock.now() / 1000 + 60 });
+    expect(reply.participants.map((p) => `${p.kind}/${p.instance}`)).toEqual(["model/m1"]);
+    expect(resumesTo(fake.ops("resume").slice(before))).toEqual(["model/m1"]);
+    // Closed by that resume in this term: a further retry is the ordinary idempotent one.
+    const last = fake.ops("resume").length;
+    await expect(engine.resume({ checkpoint_id: "c8", deadline_ts: clock.now() / 1000 + 60 })).resolves.toEqual({ checkpoint_id: "c8", participants: [] });
+    expect(fake.ops("resume").length).toBe(last);
+  });
+});
