@@ -1183,7 +1183,8 @@ export class Collector {
         await this.ownOps.publishOwn(checkpointId, sha256Hex(text));
         published = true;
         this.checkpoints++;
-        this.lastCheckpointAt = progressClock();
+        // On the reporter's clock, which its line measures the age on (a caller may give it another).
+        this.lastCheckpointAt = this.options.progress ? this.options.progress.now() : progressClock();
         log.info({ continued: continued.length, restarted: restarted.length }, "checkpoint published");
         return { published, checkpointId };
       } finally {

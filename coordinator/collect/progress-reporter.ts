@@ -10,7 +10,7 @@ export interface ProgressSnapshot {
   inFlight: number;
   failed: number;
   checkpoints: number;
-  /** progressClock() at the last published checkpoint. */
+  /** The reporter's clock (`ProgressReporter.now`, progressClock by default) at the last published checkpoint. */
   lastCheckpointAt: number | undefined;
   /** Rows waiting for a retire whose last try failed (Gym servers unreachable): shown when not 0. */
   retiresFailing?: number;
@@ -34,7 +34,8 @@ export class ProgressReporter {
   constructor(
     private readonly out: NodeJS.WritableStream & { isTTY?: boolean; columns?: number },
     private readonly plainIntervalMs = 10_000,
-    private readonly now: () => number = progressClock,
+    /** Its clock (ms): the times a snapshot carries (lastCheckpointAt) are taken on it too. */
+    readonly now: () => number = progressClock,
   ) {
     this.startedAt = now();
   }

@@ -466,6 +466,19 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 10 });
   });
 
+  it("the age of the last checkpoint is on the progress reporter's own clock (one a library caller gave it, Date.now say)", async () => {
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const sink = { write: () => true, isTTY: false } as unknown as NodeJS.WritableStream;
+    const reporter = new ProgressReporter(sink, 10_000, Date.now);
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { progress: reporter });
+    await collector.start();
+    expect((await collector.checkpoint({ stop: false })).published).toBe(true);
+    const line = reporter.format((collector as unknown as { progressSnapshot: () => Parameters<ProgressReporter["format"]>[0] }).progressSnapshot());
+    // Before, the collector took the time on performance.now(): decades "ago" on this clock.
+    expect(line).toMatch(/checkpoints 1, last [0-9]s ago/);
+  });
+
   it("a second crash before a restored row is sent continues it as attempt + 2", async () => {
     // Run 1 dispatched a@0 and crashed after a checkpoint continuing it.
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
