@@ -347,7 +347,11 @@ export class Collector {
     // are refused while it is open. Refused before anything is sent.
     if (open && !ours && (restore || !knownCheckpoints.has(open.checkpoint_id))) throw anotherControllersCheckpoint(open);
     const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);
-    const restorable = heldParked ? [] : (collection?.continued ?? []);
+    // Our LATEST closed at the coordinator, its resume failed at a live process still parked in it
+    // (the checkpoint op's resume_failures): the coordinator refuses its restore (invalid_phase) and
+    // that process every retire until it is resumed. Resumed here, its rows restarted, as above.
+    const heldClosed = !open && collection !== undefined && heldBy(status.participants, collection.checkpoint_id);
+    const restorable = heldParked || heldClosed ? [] : (collection?.continued ?? []);
     const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
     // Our restore left open with some of its attempts logged as restored: it landed, and the start
     // that sent it was killed while logging them (a large batch is appended in several writes). The
@@ -372,6 +376,9 @@ export class Collector {
     if (open && !restoreCloses) {
       this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase, held_parked: heldParked }, "closing the checkpoint a previous run left open");
       restoreFailed = await this.resumeLeftOpen(open.checkpoint_id);
+    } else if (heldClosed) {
+      this.options.logger.info({ checkpoint_id: collection.checkpoint_id }, "resuming the checkpoint live processes still hold parked (its resume failed there)");
+      await this.resumeLeftOpen(collection.checkpoint_id);
     }
 
     // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.

@@ -613,6 +613,44 @@ describe("collector", () => {
     expect(sent).toEqual([1]);
   });
 
+  it("resumes its LATEST, closed at the coordinator, that a live process whose resume failed still holds parked, and restarts its rows from input (no restore: it would be refused invalid_phase)", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const id = "ckpt-20240101T000000-aaaaaaaa";
+    let parked = true; // e1's resume failed (the checkpoint op's resume_failures); the coordinator closed the checkpoint
+    const { controller, calls, state, base } = fakeController({
+      status: async () => ({ checkpoint: null, participants: parked ? [{ kind: "environment", instance: "e1", phase: "committed", checkpoint_id: id }] : [] }),
+      restore: async (req: never) => {
+        if (parked) {
+          calls.push({ op: "restore", req });
+          throw new CheckpointError("invalid_phase", `checkpoint ${id} is published but environment/e1 still hold it parked; resume it before a restore`);
+        }
+        return base.restore(req);
+      },
+      resume: async (req: never) => {
+        parked = false;
+        return base.resume(req);
+      },
+      retire: async (req: never) => {
+        if (parked) {
+          calls.push({ op: "retire", req });
+          throw new CheckpointError("invalid_phase", `retire is refused while checkpoint ${id} is open (committed); resume first`);
+        }
+        return base.retire(req);
+      },
+    });
+    await publishCollection(state, id, "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(calls.filter((c) => ["restore", "resume", "retire"].includes(c.op)).map((c) => [c.op, c.req.episode_ids ?? c.req.checkpoint_id])).toEqual([
+      ["resume", id],
+      ["retire", [{ rollout_id: "a", attempt: 0 }]],
+    ]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1, continued: 0 });
+    expect(sent).toEqual([1]);
+  });
+
   it("a restore left open whose processes restarted since is closed by its resume's clean-up (restore_failed) and the start goes on", async () => {
     // run-2 restored run-1's stop checkpoint (continuing nothing) and died before its resume.
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-2", [{ rollout_id: "a", attempt: 0 }], "run-1");
