@@ -20,6 +20,7 @@ import {
   captureKey,
   isStorageFailure,
   isUnreadableStorage,
+  namesCheckpoint,
   outsideCheckpointId,
   nextAttempt,
   commitScopeIssue,
@@ -2115,11 +2116,12 @@ export class CheckpointEngine {
     // Fencing on the sending side: a demoted coordinator stops before the participants must refuse it.
     this.options.leadership.assert(epoch);
     const id = (request as { checkpoint_id?: string }).checkpoint_id;
+    const log = this.opLog(op, id);
     const incarnation = GUARDED.has(op) ? this.recordedIncarnation(member, id) : undefined;
     // The membership view already shows a restart: skip the round trip the participant would refuse.
     const restarted = incarnation === undefined ? null : this.restartedSince(member, id!, incarnation);
     if (restarted) {
-      this.checkpointLog(id).info({ op, detail: restarted }, "participant_restarted_skipped");
+      log.info({ op, detail: restarted }, "participant_restarted_skipped");
       if (op === "resume") return this.resumedElsewhere(member, id, restarted);
       return { ok: false, participant: member, code: "unreachable", detail: restarted };
     }
@@ -2141,19 +2143,19 @@ export class CheckpointEngine {
     if (!outcome.ok && replaced?.cancellation.reason) {
       // Its process died with the request (a SIGKILL mid-op) and a new one announced itself: the
       // old one will never answer, and the new one would refuse the message as another incarnation.
-      this.checkpointLog(id).info({ op, detail: outcome.detail }, "participant_restarted_abandoned");
+      log.info({ op, detail: outcome.detail }, "participant_restarted_abandoned");
       if (op === "resume") return this.resumedElsewhere(member, id, outcome.detail);
       return outcome;
     }
     if (!outcome.ok && outcome.code === "stale_incarnation") {
       // A new process the view did not show yet: it refused, so it holds nothing and stays unfenced.
-      this.checkpointLog(id).info({ op, kind: member.kind, instance: member.instance, detail: outcome.detail }, "participant_restarted_refused");
+      log.info({ op, kind: member.kind, instance: member.instance, detail: outcome.detail }, "participant_restarted_refused");
       if (op === "resume") return this.resumedElsewhere(member, id, outcome.detail);
       return outcome;
     }
     if (outcome.ok && op === "restore") this.recordRestorer(member, id, (outcome.reply as ReplyOf<"restore">).incarnation);
     if (!outcome.ok) {
-      this.checkpointLog(id).child({ kind: member.kind, instance: member.instance }).warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
+      log.child({ kind: member.kind, instance: member.instance }).warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
     }
     return outcome;
   }
@@ -2312,7 +2314,7 @@ export class CheckpointEngine {
     const cancellation = new Cancellation();
     const stop = membership.onIncarnationChange(member, () => {
       if (then === undefined) {
-        this.checkpointLog(id).info({ op, kind: member.kind, instance: member.instance }, "participant_replaced_request_resent");
+        this.opLog(op, id).info({ op, kind: member.kind, instance: member.instance }, "participant_replaced_request_resent");
         return cancellation.interrupt(new ReplacedProcessFailure(refName(member)));
       }
       const restarted = this.restartedSince(member, id!, then);
@@ -2497,6 +2499,14 @@ export class CheckpointEngine {
     this.journalWrites.clear();
     this.leaderTerm++;
     if (this.options.requireRecovery) this.recoveredFlag = false;
+  }
+
+  /**
+   * The logger of one participant request: its checkpoint's, unless its checkpoint_id is the
+   * placeholder of a retire or forget outside any checkpoint, which names no checkpoint.
+   */
+  private opLog(op: Op, id: string | undefined): Logger {
+    return this.checkpointLog(id !== undefined && namesCheckpoint(op, id) ? id : undefined);
   }
 
   /** The child logger of one checkpoint (cached while it is open). */

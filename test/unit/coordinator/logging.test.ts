@@ -57,3 +57,36 @@ describe("coordinator log lines carry each key once", () => {
     }
   });
 });
+
+describe("a retire or forget outside any checkpoint", () => {
+  // Its wire checkpoint_id is a placeholder (the op's name): a line naming checkpoint_id "retire"
+  // sends whoever greps the logs by checkpoint id after a checkpoint that does not exist.
+  it("logs each participant's refusal with kind, instance, op and code, and no checkpoint_id", async () => {
+    const { mkdtemp, rm } = await import("node:fs/promises");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const { makeEngine } = await import("./fake-participants.js");
+    const lines: string[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        lines.push(chunk.toString());
+        done();
+      },
+    });
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logretire-"));
+    try {
+      const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink) });
+      fake.set("environment", "e1", "retire", "unreachable");
+      fake.set("environment", "e1", "forget", "unreachable");
+      await expect(engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 0 }] })).rejects.toMatchObject({ code: "unreachable" });
+      await expect(engine.forget({ rollout_ids: ["r1"] })).rejects.toMatchObject({ code: "unreachable" });
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+    const records = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+    const refused = records.filter((r) => r["msg"] === "participant_refused");
+    expect(refused.map((r) => r["op"])).toEqual(["retire", "forget"]);
+    for (const r of refused) expect(r).toMatchObject({ kind: "environment", instance: "e1", code: "unreachable" });
+    for (const r of records) expect(r, JSON.stringify(r)).not.toHaveProperty("checkpoint_id");
+  });
+});
