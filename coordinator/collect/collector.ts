@@ -42,6 +42,7 @@ import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
 import type { TaskRow } from "./task-rows.js";
 import { MAX_RUN_REPLY_BYTES, parseRunReply, type RunReply } from "./run-reply.js";
+import { RetireFailureLog } from "./retire-failure-log.js";
 import { RunTimeouts } from "./run-timeouts.js";
 import { DEFAULT_RETRY_PAUSES, type RetryPauses } from "./retry-pauses.js";
 
@@ -229,6 +230,7 @@ export class Collector {
   private admissionClosedWarned = false;
   /** Rows waiting for a retire whose last try failed (for the progress line). */
   private retiresFailing = 0;
+  private readonly retireFailures: RetireFailureLog;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
@@ -237,6 +239,7 @@ export class Collector {
   constructor(private readonly options: CollectorOptions) {
     this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
     this.loggedRunUrl = redactUrl(options.runUrl);
+    this.retireFailures = new RetireFailureLog(options.logger);
     this.ownOps = new OwnCheckpointOps({
       controller: options.controller,
       logger: options.logger,
@@ -1052,7 +1055,7 @@ export class Collector {
       this.retiresFailing = waiting;
       this.wakeDispatchers();
       this.report(false);
-      this.options.logger.warn({ err }, waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
+      this.retireFailures.failed(err, waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
       if (waiting && !this.retireRetry) {
         this.retireRetry = setTimeout(() => {
           this.retireRetry = undefined;
@@ -1067,6 +1070,7 @@ export class Collector {
     for (let i = 0; i < episodes.length; i += RETIRE_BATCH) {
       const batch = episodes.slice(i, i + RETIRE_BATCH);
       await send(() => this.options.controller.retire({ episode_ids: batch, deadline_ts: this.deadline() }));
+      this.retireFailures.succeeded();
     }
     for (const e of episodes) this.retired.add(e.rollout_id);
   }
@@ -1089,7 +1093,7 @@ export class Collector {
         } catch (error) {
           const unreachable = error instanceof CheckpointError && error.code === "unreachable";
           if (!unreachable || performance.now() - since >= this.runTimeoutMs) throw error;
-          this.options.logger.warn({ err: error }, "the start's retire found a participant unreachable; sending it again");
+          this.retireFailures.failed(error, "the start's retire found a participant unreachable; sending it again");
           await delay(this.pauses.retireS);
         }
       }

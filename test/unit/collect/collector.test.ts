@@ -2127,3 +2127,31 @@ describe("collector across a coordinator failover (the engine, then its successo
     expect(w.arrived.map((e) => e.attempt)).toEqual([a0.attempt + 2]); // its attempt + 1 was retired when the tries ran out
   }, 20_000);
 });
+
+describe("collector while its retires keep failing (a Gym server down)", () => {
+  // Before, each failed retire (one per failed row, then one every --retry pause) logged its own
+  // warning with the error's stack: a Gym server down for minutes flooded the collector's log.
+  it("warns once when the retires start failing, and says once when they go through again", { timeout: 20_000 }, async () => {
+    const lines: { msg: string; level: number; tries?: number }[] = [];
+    const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string; level: number }) });
+    let retires = 0;
+    const { controller, base } = fakeController({
+      retire: async (req: never) => {
+        if (++retires <= 6) throw new CheckpointError("unreachable", "retire failed on 1 participant(s): environment/e1: unreachable");
+        return base.retire(req);
+      },
+    });
+    const url = await runServer((body) => (body.attempt === 0 ? { status: 500, body: { oops: 1 } } : { status: 200, body: { reward: 1 } }));
+    const rows = ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 3, maxAttempts: 3, runTimeoutSeconds: 30, logger: log });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 3, failed: 0 });
+    expect(retires).toBeGreaterThan(6);
+    const failing = lines.filter((l) => l.msg.startsWith("retire failed"));
+    expect(failing).toHaveLength(1);
+    expect(failing[0]).toMatchObject({ level: 40, err: { code: "unreachable" } });
+    const back = lines.filter((l) => l.msg.startsWith("retires go through again"));
+    expect(back).toHaveLength(1);
+    expect(back[0]).toMatchObject({ level: 30, failed_tries: 6 });
+  });
+});
