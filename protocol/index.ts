@@ -2,6 +2,7 @@
 export { PROTOCOL_VERSION, MANIFEST_SCHEMA_VERSION, protocolVersionMismatch, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, MAX_TIMER_MS, timerDelay } from "./version.js";
 export { DURATION_BUCKETS_S } from "./duration-buckets.js";
 export { LOG_REDACT_PATHS, LOG_REDACT_CENSOR } from "./log-redaction.js";
+export { loggedError } from "./logged-error.js";
 export { makeDirectories, isMisplacedDirectory, parentsOfCreated } from "./make-directories.js";
 export { envSetting } from "./env-setting.js";
 export { within, type SetTimer } from "./within.js";

@@ -11,6 +11,7 @@ import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
+import { loggedError } from "../../protocol/logged-error.js";
 import { connectNatsWithin, DEFAULT_NATS_CONNECT_WAIT_MS, MAX_NATS_CONNECT_WAIT_MS } from "../../protocol/nats-first-connect.js";
 import { isListenRefusal } from "../../protocol/listen-refusal.js";
 import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
@@ -327,6 +328,7 @@ export async function startServerRuntime(
     name,
     base: { instance: config.instance },
     redact: { paths: [...LOG_REDACT_PATHS], censor: LOG_REDACT_CENSOR },
+    serializers: { err: (err: unknown) => loggedError(err, pino.stdSerializers.err) },
     // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
     mixin: traceLogFields,
   });

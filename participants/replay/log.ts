@@ -1,5 +1,5 @@
 import { pino, type Logger } from "pino";
-import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/index.js";
+import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS, loggedError } from "../../protocol/index.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
 
 let fallback: Logger | undefined;
@@ -13,6 +13,7 @@ export function defaultLogger(): Logger {
     name: "gym-ckpt.replay",
     level: process.env["LOG_LEVEL"] ?? "info",
     redact: { paths: [...LOG_REDACT_PATHS], censor: LOG_REDACT_CENSOR },
+    serializers: { err: (err: unknown) => loggedError(err, pino.stdSerializers.err) },
     mixin: traceLogFields,
   });
   return fallback;

@@ -90,3 +90,56 @@ describe("a retire or forget outside any checkpoint", () => {
     for (const r of records) expect(r, JSON.stringify(r)).not.toHaveProperty("checkpoint_id");
   });
 });
+
+describe("a failed op's error in the log", () => {
+  function sinkLines() {
+    const lines: string[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        lines.push(chunk.toString());
+        done();
+      },
+    });
+    return { lines, sink };
+  }
+
+  // Before, controller_op_failed carried the error's whole data (every blocker of every
+  // participant): 40 environments with 100 blockers each made one 220 KB line, which log shippers
+  // cut or drop (Docker splits lines at 16 KB) — the one line saying why the checkpoint failed.
+  it("stays bounded however many participants refused, and still says what failed and why", async () => {
+    const { mkdtemp, rm } = await import("node:fs/promises");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const { makeEngine } = await import("./fake-participants.js");
+    const { lines, sink } = sinkLines();
+    const members = Array.from({ length: 40 }, (_, i) => ({ kind: "environment" as const, instance: `env${i}` }));
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logsize-"));
+    try {
+      const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink), members });
+      for (const m of members) fake.set("environment", m.instance, "prepare", { notReady: Array.from({ length: 100 }, (_, j) => `${m.instance}-rollout-${j}-0123456789abcdef0123456789abcdef`) });
+      await expect(engine.checkpoint({ checkpoint_id: "big", episode_ids: null, stop: false, controller_state: null })).rejects.toMatchObject({ code: "prepare_incomplete" });
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+    for (const line of lines) expect(line.length, line.slice(0, 200)).toBeLessThan(16 * 1024);
+    const failed = lines.map((l) => JSON.parse(l) as Record<string, any>).find((r) => r["msg"] === "controller_op_failed");
+    expect(failed).toMatchObject({ checkpoint_id: "big", op: "checkpoint", code: "prepare_incomplete", err: { code: "prepare_incomplete", message: expect.stringMatching(/^checkpoint big aborted: .*environment\/env0: 100 blocker\(s\)/) } });
+    // A catalog refusal is an outcome, not a defect: no stack trace.
+    expect(failed?.err).not.toHaveProperty("stack");
+    expect(JSON.stringify(failed?.err.data)).toContain("env0");
+  });
+
+  it("keeps the stack of an internal_error and of any other error", async () => {
+    const { CheckpointError } = await import("../../../protocol/index.js");
+    const { lines, sink } = sinkLines();
+    const logger = createLogger("info", sink);
+    logger.error({ err: new CheckpointError("internal_error", "boom") }, "a");
+    logger.error({ err: new TypeError("fetch failed") }, "b");
+    logger.warn({ err: new CheckpointError("unreachable", "env/e1: no responders") }, "c");
+    const [internal, other, refusal] = lines.map((l) => JSON.parse(l) as { err: Record<string, unknown> });
+    expect(internal?.err["stack"]).toMatch(/boom\n\s+at /);
+    expect(other?.err["stack"]).toMatch(/fetch failed\n\s+at /);
+    expect(refusal?.err).toMatchObject({ code: "unreachable", message: "env/e1: no responders" });
+    expect(refusal?.err).not.toHaveProperty("stack");
+  });
+});
