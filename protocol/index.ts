@@ -1,5 +1,5 @@
 /** The wire contract of gym-ckpt: schemas, ids, subjects, error catalog; no I/O but `makeDirectories`, shared by both sides. */
-export { PROTOCOL_VERSION, MANIFEST_SCHEMA_VERSION, protocolVersionMismatch, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, MAX_TIMER_MS, timerDelay } from "./version.js";
+export { PACKAGE_VERSION, PROTOCOL_VERSION, MANIFEST_SCHEMA_VERSION, protocolVersionMismatch, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, MAX_TIMER_MS, timerDelay } from "./version.js";
 export { DURATION_BUCKETS_S } from "./duration-buckets.js";
 export { LOG_REDACT_PATHS, LOG_REDACT_CENSOR } from "./log-redaction.js";
 export { loggedError } from "./logged-error.js";

@@ -1,3 +1,6 @@
+/** The gym-ckpt release (package.json's version, held to it by a test): `--version` and every daemon's start line name it. */
+export const PACKAGE_VERSION = "0.1.0";
+
 /** Version of the control messages on the wire; bumped on any incompatible change. */
 export const PROTOCOL_VERSION = 1;
 

@@ -1,5 +1,5 @@
 import { Command, CommanderError } from "commander";
-import { PROTOCOL_VERSION } from "../../protocol/index.js";
+import { PACKAGE_VERSION, PROTOCOL_VERSION } from "../../protocol/index.js";
 import { dropOutputOfGoneReaders } from "./closed-output.js";
 import * as attachCommand from "./commands/attach.js";
 import * as checkpointCommand from "./commands/checkpoint.js";
@@ -50,7 +50,7 @@ function withoutOptionValue(text: string): string {
 export function buildProgram(): Command {
   const program = new Command("gym-ckpt")
     .description("Distributed checkpoint coordinator for Gym-style RL rollout servers, over NATS")
-    .version(`0.1.0 (protocol v${PROTOCOL_VERSION})`)
+    .version(`${PACKAGE_VERSION} (protocol v${PROTOCOL_VERSION})`)
     .showHelpAfterError()
     // Bad usage is `invalid_request` with exit 2, like every other usage error (docs/api.md).
     .exitOverride()

@@ -10,15 +10,15 @@ export type StartupPhase = "preparing" | "campaigning" | "running";
  * the process exits at once then; during the campaign it waits at most `campaignBoundMs` for start-up
  * and the stop (by then a key it created is about to expire anyway). A second signal exits at once.
  */
-export function listenForStop(phase: () => StartupPhase, campaignBoundMs: number): Promise<void> {
+export function listenForStop(phase: () => StartupPhase, campaignBoundMs: number): Promise<NodeJS.Signals> {
   return new Promise((resolve) => {
     let requested = false;
-    const onSignal = () => {
+    const onSignal = (signal: NodeJS.Signals) => {
       const now = phase();
       if (requested || now === "preparing") process.exit();
       requested = true;
       if (now === "campaigning") setTimeout(() => process.exit(), campaignBoundMs).unref();
-      resolve();
+      resolve(signal);
     };
     process.on("SIGTERM", onSignal);
     process.on("SIGINT", onSignal);

@@ -19,7 +19,7 @@ import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, parseName, within } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
@@ -50,7 +50,8 @@ export interface CoordinatorHandle {
   closed: Promise<void | Error>;
   /** Resolves once this coordinator is the ready leader and has finished recovery. */
   whenReady(): Promise<void>;
-  stop(): Promise<void>;
+  /** `reason` (a signal name, `nats_connection_closed`) goes on the `coordinator_stopped` line. */
+  stop(reason?: string): Promise<void>;
 }
 
 /**
@@ -206,7 +207,12 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     if (ownsConnection) await nc.close().catch(() => undefined);
     throw error;
   }
-  logger.info({ http: http?.url, lease_ms: config.lease_ms, checkpoint_root: config.checkpoint_root }, "coordinator_started");
+  // Which build, on which server and address: the first things asked of a log at 3 a.m. (the
+  // server as connected, host:port, never the configured URL and its credentials).
+  logger.info(
+    { version: PACKAGE_VERSION, protocol_version: PROTOCOL_VERSION, nats: nc.getServer(), http: http?.url, lease_ms: config.lease_ms, checkpoint_root: config.checkpoint_root },
+    "coordinator_started",
+  );
   return {
     id,
     engine,
@@ -216,7 +222,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     httpUrl: http?.url,
     closed: nc.closed(),
     whenReady: () => ready,
-    async stop() {
+    async stop(reason = "stop requested") {
       stopped = true;
       await natsApi.stop();
       await http?.stop();
@@ -226,7 +232,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       // A drain needs the server: with NATS gone (often why we stop) it fails, and the connection
       // would go on reconnecting for ever and keep the process alive. Close it then.
       if (ownsConnection) await nc.drain().catch(() => nc.close().catch(() => undefined));
-      logger.info("coordinator_stopped");
+      logger.info({ reason }, "coordinator_stopped");
     },
   };
 }

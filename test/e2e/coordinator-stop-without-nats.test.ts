@@ -28,7 +28,7 @@ afterAll(async () => {
 
 describe("coordinator shutdown", () => {
   it("exits promptly on SIGTERM after its NATS server died (the connection is closed, not left reconnecting)", async () => {
-    daemon = spawnDaemon([MAIN, "coordinator", "--deployment", deployment, "--nats-url", nats!.server.url, "--token", TOKEN, "--checkpoint-root", root, "--lease-ms", "300", "--no-http", "--log-level", "warn"]);
+    daemon = spawnDaemon([MAIN, "coordinator", "--deployment", deployment, "--nats-url", nats!.server.url, "--token", TOKEN, "--checkpoint-root", root, "--lease-ms", "300", "--no-http", "--log-level", "info"]);
     const client = new NatsControllerClient({ nc: nats!.nc, deployment, token: TOKEN, leaderWaitMs: 15_000 });
     expect((await client.status()).coordinator.leader).toBe(true);
     await nats!.close();
@@ -37,6 +37,8 @@ describe("coordinator shutdown", () => {
     // Before the fix the failed drain left the connection reconnecting, and the process lived on for ~30 s.
     const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 15_000).unref())]);
     expect(outcome).toEqual({ code: 0, signal: null });
+    // Its last line says why it stopped.
+    expect(daemon.stdout()).toMatch(/"reason":"SIGTERM","msg":"coordinator_stopped"/);
   });
 
   it("exits 1 when NATS closes its connection for good, with its HTTP API on (credentials revoked by a reload)", async () => {
@@ -60,7 +62,8 @@ describe("coordinator shutdown", () => {
       process.kill(server.pid!, "SIGHUP");
       const outcome = await Promise.race([revoked.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 20_000).unref())]);
       expect(outcome).toEqual({ code: 1, signal: null });
-      expect(revoked.stdout()).toContain('"msg":"nats_connection_closed"');
+      // With what closed it, and the stop that follows says so too.
+      expect(revoked.stdout()).toMatch(/"err":\{[^\n]*"message":"[^"\n]*[Aa]uthorization[^\n]*"msg":"nats_connection_closed"/);
     } finally {
       await revoked?.kill().catch(() => undefined);
       await server.dispose();

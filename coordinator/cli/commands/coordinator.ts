@@ -153,18 +153,19 @@ export function register(program: Command): void {
         observeLeadership(() => handle.lease.state());
         if (handle.httpUrl) process.stdout.write(`http ${handle.httpUrl}\n`);
         // A stop signal that came during start-up stops it now.
-        const lostConnection = await Promise.race([stopRequested.then(() => false), handle.closed.then(() => true)]);
-        if (lostConnection) {
+        const ended = await Promise.race([stopRequested.then((signal) => ({ signal })), handle.closed.then((closedBy) => ({ closedBy }))]);
+        if ("closedBy" in ended) {
           // maxReconnectAttempts is unlimited, so this is fatal: exit and let the supervisor restart us.
-          logger.fatal("nats_connection_closed");
+          // With the error that closed it (an authorization revoked by a config reload), if any.
+          logger.fatal({ err: ended.closedBy }, "nats_connection_closed");
           process.exitCode = 1;
           // Stopped like on SIGTERM: its HTTP server (and lease timers) would keep the process
           // alive, answering /healthz ok, and the supervisor would never restart it.
-          await handle.stop().catch((err: unknown) => logger.error({ err }, "coordinator_stop_failed"));
+          await handle.stop("nats_connection_closed").catch((err: unknown) => logger.error({ err }, "coordinator_stop_failed"));
           await telemetry.shutdown();
           process.exit();
         }
-        await handle.stop();
+        await handle.stop(ended.signal);
         await telemetry.shutdown();
         // Now, not when the event loop empties: an OTLP exporter still retrying its last export
         // (a collector that refuses or never answers) would keep the process up to 10 s more.
