@@ -4,7 +4,7 @@ import type { ConnectionOptions, NatsConnection } from "@nats-io/transport-node"
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, envSetting, isHttpUrl, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, PACKAGE_VERSION, envSetting, isHttpUrl, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -389,6 +389,9 @@ export async function startServerRuntime(
     telemetry,
     announceReady(url) {
       const metrics = telemetry.metricsUrl ? { metrics_url: telemetry.metricsUrl } : {};
+      // The start line: which build serves which deployment, where (the NATS server as connected,
+      // host:port, never the configured URL and its credentials).
+      logger.info({ version: PACKAGE_VERSION, deployment: config.deployment, url, nats: nc.getServer(), ...metrics }, "started");
       process.stdout.write(`${JSON.stringify({ ready: true, name, instance: config.instance, url, ...metrics })}\n`);
     },
     onShutdown(fn) {
