@@ -4,7 +4,7 @@ import { basename, dirname, join, resolve } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command } from "commander";
 import type { Logger } from "pino";
-import { CheckpointError, MAX_ROLLOUT_ID_CHARS, connectNatsWithin, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings } from "../../../protocol/index.js";
+import { CheckpointError, MAX_ROLLOUT_ID_CHARS, connectNatsWithin, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, RecordKindSchema, assertRolloutEnv, isUnreadableStorage, makeDirectories, natsSettings, PACKAGE_VERSION, redactUrl } from "../../../protocol/index.js";
 import { HttpControllerClient } from "../../client/http-controller-client.js";
 import { CONTROLLER_CONNECT_FAILURE, NatsControllerClient } from "../../client/nats-controller-client.js";
 import { listenForCheckpointSignals } from "../../collect/checkpoint-requests.js";
@@ -262,6 +262,12 @@ export function register(program: Command): void {
         // waited for as long as a controller call waits for a leader, not an exit.
         const natsOptions = { ...natsSettings(flags.natsUrl), ...NATS_PING_OPTIONS, maxReconnectAttempts: -1, inboxPrefix: NATS_INBOX_PREFIXES.controller };
         nc = httpUrl ? undefined : await connectNatsWithin(natsOptions, leaderWaitMs, CONTROLLER_CONNECT_FAILURE, logger);
+        // The start line: which build collects what, through which controller endpoint (the NATS
+        // server as connected, host:port; an HTTP URL without its query), before anything can fail.
+        logger.info(
+          { version: PACKAGE_VERSION, deployment, controller: nc ? nc.getServer() : redactUrl(httpUrl!), run_url: redactUrl(runUrl), checkpoint_dir: checkpointDir, rows: rows.length, concurrency },
+          "collect started",
+        );
         const controller = !nc ? new HttpControllerClient({ baseUrl: httpUrl!, token, leaderWaitMs }) : new NatsControllerClient({
           nc,
           deployment,
