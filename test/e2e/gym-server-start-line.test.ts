@@ -8,7 +8,7 @@ import { ensureBuilt } from "./coordinator-process.js";
 /**
  * A reference server's first log line is what an on-call engineer reads to tell which build serves
  * which deployment as which instance, on which address and NATS server (docs/operations.md
- * "Logs"). Before, the agent and environment servers logged no start line at all, and no server
+ * "Reading the logs"). Before, the agent and environment servers logged no start line at all, and no server
  * named its version or deployment.
  */
 let nats: NatsFixture;
