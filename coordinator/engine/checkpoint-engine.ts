@@ -1310,7 +1310,12 @@ export class CheckpointEngine {
       open.restarts = restarts;
       open.scopeRequiredBy = outcomes.filter((o) => o.ok && o.reply.report.scope_required).map((o) => refName(o.participant));
     }
-    this.checkpointLog(id).info({ prepared, stopped_at: stoppedAt, blockers: blockers.length }, prepared ? "prepared" : "prepare_incomplete");
+    if (prepared) this.checkpointLog(id).info({ prepared, stopped_at: stoppedAt, blockers: 0 }, "prepared");
+    else {
+      // A checkpoint not taken: a warning naming who held it up (the first few; the reply has all).
+      const blockedBy = blockers.slice(0, 10).map((b) => `${b.kind}/${b.instance}: ${b.code ?? `${b.blocker_count} blocker(s)`}`);
+      this.checkpointLog(id).warn({ prepared, stopped_at: stoppedAt, blockers: blockers.length, blocked_by: blockedBy }, "prepare_incomplete");
+    }
     return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
   }
 

@@ -143,3 +143,32 @@ describe("a failed op's error in the log", () => {
     expect(refusal?.err).not.toHaveProperty("stack");
   });
 });
+
+describe("a prepare that does not complete", () => {
+  // Before, the coordinator said only `prepare_incomplete` at info with a count (`blockers: 1`):
+  // a checkpoint not taken was invisible at level warn, and which participant held it up was not said.
+  it("is a warning naming the participants that held it up, and why", async () => {
+    const { mkdtemp, rm } = await import("node:fs/promises");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const { makeEngine } = await import("./fake-participants.js");
+    const lines: string[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        lines.push(chunk.toString());
+        done();
+      },
+    });
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logprep-"));
+    try {
+      const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink) });
+      fake.set("environment", "e1", "prepare", { notReady: ["r1@0", "r2@0"] });
+      expect((await engine.prepare({ checkpoint_id: "held" })).prepared).toBe(false);
+      await engine.resume({ checkpoint_id: "held" });
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+    const incomplete = lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((r) => r["msg"] === "prepare_incomplete");
+    expect(incomplete).toMatchObject({ level: 40, checkpoint_id: "held", stopped_at: ["environment"], blockers: 1, blocked_by: ["environment/e1: 2 blocker(s)"] });
+  });
+});
