@@ -61,6 +61,8 @@ export type OpenPhase = "preparing" | "prepared" | "committing" | "committed" | 
 interface OpenCheckpoint {
   id: string;
   phase: OpenPhase;
+  /** prepare_incomplete was logged as a warning: a controller polling prepare with this id gets info lines after it. */
+  incompleteWarned?: boolean;
   epoch: number;
   members: ParticipantRef[];
   /**
@@ -1312,9 +1314,11 @@ export class CheckpointEngine {
     }
     if (prepared) this.checkpointLog(id).info({ prepared, stopped_at: stoppedAt, blockers: 0 }, "prepared");
     else {
-      // A checkpoint not taken: a warning naming who held it up (the first few; the reply has all).
+      // A checkpoint not taken: a warning naming who held it up (the first few; the reply has all),
+      // once per checkpoint id.
       const blockedBy = blockers.slice(0, 10).map((b) => `${b.kind}/${b.instance}: ${b.code ?? `${b.blocker_count} blocker(s)`}`);
-      this.checkpointLog(id).warn({ prepared, stopped_at: stoppedAt, blockers: blockers.length, blocked_by: blockedBy }, "prepare_incomplete");
+      this.checkpointLog(id)[open.incompleteWarned ? "info" : "warn"]({ prepared, stopped_at: stoppedAt, blockers: blockers.length, blocked_by: blockedBy }, "prepare_incomplete");
+      open.incompleteWarned = true;
     }
     return { checkpoint_id: id, epoch, prepared, stopped_at: stoppedAt ? [...stoppedAt] : null, participants, blockers, restarts };
   }

@@ -164,11 +164,15 @@ describe("a prepare that does not complete", () => {
       const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink) });
       fake.set("environment", "e1", "prepare", { notReady: ["r1@0", "r2@0"] });
       expect((await engine.prepare({ checkpoint_id: "held" })).prepared).toBe(false);
+      // A controller polling prepare with the same id until it is ready: one warning, not one per poll.
+      expect((await engine.prepare({ checkpoint_id: "held" })).prepared).toBe(false);
+      expect((await engine.prepare({ checkpoint_id: "held" })).prepared).toBe(false);
       await engine.resume({ checkpoint_id: "held" });
     } finally {
       await rm(root, { recursive: true, force: true });
     }
-    const incomplete = lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((r) => r["msg"] === "prepare_incomplete");
-    expect(incomplete).toMatchObject({ level: 40, checkpoint_id: "held", stopped_at: ["environment"], blockers: 1, blocked_by: ["environment/e1: 2 blocker(s)"] });
+    const incomplete = lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((r) => r["msg"] === "prepare_incomplete");
+    expect(incomplete[0]).toMatchObject({ level: 40, checkpoint_id: "held", stopped_at: ["environment"], blockers: 1, blocked_by: ["environment/e1: 2 blocker(s)"] });
+    expect(incomplete.map((r) => r["level"])).toEqual([40, 30, 30]);
   });
 });
