@@ -3,6 +3,7 @@ export { PACKAGE_VERSION, PROTOCOL_VERSION, MANIFEST_SCHEMA_VERSION, protocolVer
 export { DURATION_BUCKETS_S } from "./duration-buckets.js";
 export { LOG_REDACT_PATHS, LOG_REDACT_CENSOR } from "./log-redaction.js";
 export { loggedError } from "./logged-error.js";
+export { FailureSpellLog, type SpellLogger } from "./failure-spell-log.js";
 export { makeDirectories, isMisplacedDirectory, parentsOfCreated } from "./make-directories.js";
 export { envSetting } from "./env-setting.js";
 export { within, type SetTimer } from "./within.js";

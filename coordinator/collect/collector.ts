@@ -8,6 +8,7 @@ import {
   MAX_CONTROLLER_STATE_FILE_BYTES,
   RunTrajectorySchema,
   TRAJECTORY_HEADER,
+  FailureSpellLog,
   captureKey,
   nextAttempt,
   redactUrl,
@@ -42,7 +43,6 @@ import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
 import type { TaskRow } from "./task-rows.js";
 import { MAX_RUN_REPLY_BYTES, parseRunReply, type RunReply } from "./run-reply.js";
-import { RetireFailureLog } from "./retire-failure-log.js";
 import { RunTimeouts } from "./run-timeouts.js";
 import { DEFAULT_RETRY_PAUSES, type RetryPauses } from "./retry-pauses.js";
 
@@ -230,7 +230,8 @@ export class Collector {
   private admissionClosedWarned = false;
   /** Rows waiting for a retire whose last try failed (for the progress line). */
   private retiresFailing = 0;
-  private readonly retireFailures: RetireFailureLog;
+  /** A spell of failing retires (a Gym server down): one warning, not one per try. */
+  private readonly retireFailures: FailureSpellLog;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
@@ -239,7 +240,7 @@ export class Collector {
   constructor(private readonly options: CollectorOptions) {
     this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
     this.loggedRunUrl = redactUrl(options.runUrl);
-    this.retireFailures = new RetireFailureLog(options.logger);
+    this.retireFailures = new FailureSpellLog(options.logger, "retires go through again");
     this.ownOps = new OwnCheckpointOps({
       controller: options.controller,
       logger: options.logger,

@@ -6,6 +6,7 @@ import {
   awaitBucketStore,
   CheckpointError,
   DeploymentSchema,
+  FailureSpellLog,
   ErrorReplySchema,
   InstanceSchema,
   isNoResponders,
@@ -65,6 +66,8 @@ export class MembershipAnnouncer {
    * participant's entry (it stopped announcing then); pending forever otherwise.
    */
   readonly lost = new Promise<CheckpointError>((resolve) => (this.resolveLost = resolve));
+  /** A spell of failing beats (NATS unreachable): one warning, not one per beat. */
+  private readonly beatFailures: FailureSpellLog;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -85,6 +88,7 @@ export class MembershipAnnouncer {
     if (!(Number.isFinite(heartbeatMs) && heartbeatMs > 0 && heartbeatMs <= MEMBER_TTL_MS / 3)) {
       throw new CheckpointError("invalid_request", `heartbeatMs ${heartbeatMs} must be a number of milliseconds > 0 and at most a third of the membership TTL (${MEMBER_TTL_MS / 3})`);
     }
+    this.beatFailures = new FailureSpellLog(logger, "membership heartbeat lands again");
     const now = Date.now() / 1000;
     this.member = { kind, instance, incarnation, started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION };
   }
@@ -150,7 +154,7 @@ export class MembershipAnnouncer {
       // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
       // the next beat creates it again instead of failing forever.
       this.kv = undefined;
-      this.logger?.warn({ err: error }, "membership heartbeat failed");
+      this.beatFailures.failed(error, `membership heartbeat failed; tried again every ${this.heartbeatMs} ms (the coordinator leaves this participant out once ${MEMBER_TTL_MS} ms pass without one)`);
     });
   }
 
@@ -221,6 +225,7 @@ export class MembershipAnnouncer {
     this.beatsInFlight += 1;
     try {
       await this.refresh();
+      if (!this.isLost) this.beatFailures.succeeded();
     } finally {
       this.beatsInFlight -= 1;
     }

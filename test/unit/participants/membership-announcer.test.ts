@@ -8,6 +8,8 @@ const kvm = vi.hoisted(() => ({
   creates: 0,
   puts: [] as string[],
   failNextPut: false,
+  /** The next this many writes fail (NATS unreachable). */
+  failPuts: 0,
   /** The next write is refused as a compare-and-set on a stale revision. */
   wrongRevisionNext: false,
   /** What a direct get (any replica, possibly lagging) answers. */
@@ -21,6 +23,10 @@ vi.mock("@nats-io/kv", () => ({
       kvm.creates += 1;
       let revision = 0;
       const write = async (key: string) => {
+        if (kvm.failPuts > 0) {
+          kvm.failPuts -= 1;
+          throw new Error("TIMEOUT");
+        }
         if (kvm.failNextPut) {
           kvm.failNextPut = false;
           throw new Error("stream not found");
@@ -63,7 +69,7 @@ const watch = (promise: Promise<unknown>) => {
 
 afterEach(() => {
   vi.useRealTimers();
-  Object.assign(kvm, { creates: 0, puts: [], failNextPut: false, wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
+  Object.assign(kvm, { creates: 0, puts: [], failNextPut: false, failPuts: 0, wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
 });
 
 describe("membership heartbeat", () => {
@@ -109,6 +115,28 @@ describe("membership heartbeat", () => {
     await vi.advanceTimersByTimeAsync(300);
     expect(kvm.puts).toHaveLength(5);
     expect(lost.settled).toBe(false);
+    await announcer.stop();
+  });
+});
+
+describe("heartbeats failing for a while (NATS unreachable)", () => {
+  // Before, every failed beat (one per heartbeat period, per participant) logged a warning with
+  // its stack for as long as the outage lasted.
+  it("warn once, log each further failure at debug, and say once when a beat lands again", async () => {
+    vi.useFakeTimers();
+    const lines: { level: number; msg: string; failed_tries?: number }[] = [];
+    const { pino } = await import("pino");
+    const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { level: number; msg: string }) });
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", logger, 100);
+    await announcer.start();
+    kvm.failPuts = 5;
+    await vi.advanceTimersByTimeAsync(100 * 7);
+    expect(kvm.puts.length).toBeGreaterThan(1); // announcing again
+    const failed = lines.filter((l) => l.msg.startsWith("membership heartbeat failed"));
+    expect(failed.map((l) => l.level)).toEqual([40]);
+    const back = lines.filter((l) => l.msg.startsWith("membership heartbeat lands again"));
+    expect(back).toHaveLength(1);
+    expect(back[0]).toMatchObject({ level: 30, failed_tries: 5 });
     await announcer.stop();
   });
 });
