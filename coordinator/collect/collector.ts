@@ -587,7 +587,7 @@ export class Collector {
         // The start fails like one refused before it; the log still names the source attempts and
         // the run they continue, so the next start restores the same checkpoint.
         if (!restored && !ranMaybe) throw error;
-        this.options.logger.warn({ err: error, rows: sources.length }, "restore failed; restarting those rows from input");
+        this.options.logger.warn({ checkpoint_id: checkpointId, err: error, rows: sources.length }, "restore failed; restarting those rows from input");
         if (error instanceof CheckpointError && RESENT_CODES.has(error.code)) {
           // The restore (or its resume) may have landed and never got an answer: a successor
           // re-drives the journaled restore and keeps it open (every participant parked) for this

@@ -1112,9 +1112,13 @@ describe("collector", () => {
       for (const e of req.episode_ids) fenced.set(e.rollout_id, Math.max(fenced.get(e.rollout_id) ?? -1, e.attempt));
       return retire(req as never);
     };
-    const collector = collectorFor(controller, url, { rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }], maxAttempts: 1 });
+    const lines: Record<string, unknown>[] = [];
+    const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+    const collector = collectorFor(controller, url, { rows: [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }], maxAttempts: 1, logger: log });
     await collector.start();
     expect(restores(calls)).toEqual([[{ rollout_id: "a", attempt: 0 }]]);
+    // The line names the checkpoint whose restore failed (before, only the error's message did, when it happened to).
+    expect(lines.find((l) => String(l["msg"]).startsWith("restore failed"))).toMatchObject({ level: 40, checkpoint_id: "ckpt-20240101T000000-aaaaaaaa", rows: 1, err: { code: "stale_checkpoint" } });
     // Both rows' running attempts fenced (a's through attempt+1, which the refusal promises was never installed), nothing resumed.
     expect(fenced).toEqual(new Map([["a", 1], ["b", 0]]));
     expect(calls.filter((c) => c.op === "resume")).toEqual([]);
