@@ -674,7 +674,7 @@ export class Collector {
       this.timer = setInterval(() => {
         // A tick while a checkpoint runs or waits is skipped: queued ones would run back to back.
         if (this.inFlight() > 0 && !this.stopping && this.checkpointsPending === 0) {
-          void this.checkpoint({ stop: false }).catch((err: unknown) => this.options.logger.warn({ err }, "timer checkpoint failed"));
+          void this.checkpoint({ stop: false }).catch((err: unknown) => this.options.logger.debug({ err }, "timer checkpoint failed"));
         }
       }, timerDelay(this.options.checkpointEverySeconds * 1000));
       this.timer.unref();
@@ -1199,6 +1199,11 @@ export class Collector {
         this.lastCheckpointAt = this.options.progress ? this.options.progress.now() : progressClock();
         log.info({ continued: continued.length, restarted: restarted.length }, "checkpoint published");
         return { published, checkpointId };
+      } catch (error) {
+        // The one line naming the checkpoint that failed (its id is what the coordinator logged);
+        // the callers (timer, SIGUSR1) log it again at debug only.
+        log.warn({ err: error }, "checkpoint failed");
+        throw error;
       } finally {
         if (stop && published) {
           this.stopping = true;

@@ -316,7 +316,8 @@ export function register(program: Command): void {
         // (one remembered from start-up included): the stop checkpoint goes instead, or none.
         checkpointRequests.serve(() => {
           if (leaving) return;
-          void running.checkpoint({ stop: false }).catch((err: unknown) => log.error({ err }, "SIGUSR1 checkpoint failed"));
+          // Logged (warn, with its checkpoint_id) where it failed.
+          void running.checkpoint({ stop: false }).catch((err: unknown) => log.debug({ err }, "SIGUSR1 checkpoint failed"));
         });
         summary = await running.run().catch((error: unknown) => {
           progress.finish();

@@ -1369,6 +1369,34 @@ describe("collector timer checkpoints", () => {
     expect(calls.filter((c) => c.op === "prepare").length).toBeLessThanOrEqual(7); // at most 1000/200 + 2
   });
 
+  // Before, a failed timer checkpoint logged only `timer checkpoint failed` with the error: which
+  // checkpoint id it was (to find in the coordinator's log) was nowhere.
+  it("a timer checkpoint that fails is one warning naming its checkpoint_id", { timeout: 20_000 }, async () => {
+    let answer!: () => void;
+    const answered = new Promise<void>((resolve) => (answer = resolve));
+    const url = await runServer(async () => {
+      await answered;
+      return { status: 200, body: { reward: 1 } };
+    });
+    const prepared: string[] = [];
+    const { controller } = fakeController({
+      prepare: async (req: never) => {
+        prepared.push((req as { checkpoint_id: string }).checkpoint_id);
+        answer();
+        throw new CheckpointError("outcome_unknown", "coordinator c0 stopped leading before it answered (c1 leads now); retry the op to learn its outcome");
+      },
+    });
+    const lines: Record<string, unknown>[] = [];
+    const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+    const collector = collectorFor(controller, url, { checkpointEverySeconds: 0.05, logger: log });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1 });
+    const failed = lines.filter((l) => (l["level"] as number) >= 40 && String(l["msg"]).includes("checkpoint") && (l["err"] as { code?: string } | undefined)?.code === "outcome_unknown");
+    expect(failed.length).toBeGreaterThan(0);
+    for (const line of failed) expect(prepared).toContain(line["checkpoint_id"]);
+    expect(failed.map((l) => l["checkpoint_id"])).toEqual([...new Set(failed.map((l) => l["checkpoint_id"]))]); // one line each
+  });
+
   it("a period past the timer range (30 days) is not a period of 1 ms", async () => {
     const url = await runServer(async () => {
       await new Promise((resolve) => setTimeout(resolve, 300));
