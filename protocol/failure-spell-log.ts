@@ -9,7 +9,8 @@ export interface SpellLogger {
  * The log of one spell of a failure a process retries by itself (a Gym server down for the
  * collector's retires, NATS unreachable for a participant's heartbeat): its first failure is a
  * warning, the tries after it are debug, and the first success ends the spell in one info line
- * (`ended`, with `failed_tries` and `failing_s`). One warning with its stack per try filled the
+ * (`ended`, with `failed_tries` and `failing_s`). The message is the caller's, unchanged (an event
+ * name stays greppable); the warning says `repeats_logged_at: "debug"`. One warning with its stack per try filled the
  * log for as long as the outage lasted.
  */
 export class FailureSpellLog {
@@ -29,7 +30,8 @@ export class FailureSpellLog {
       return;
     }
     this.since = performance.now();
-    this.logger?.warn({ ...fields, err }, `${message} (until a try succeeds, further failures are logged at debug)`);
+    // Said on the line, so a quiet log after it is not read as the failure having ended.
+    this.logger?.warn({ ...fields, err, repeats_logged_at: "debug" }, message);
   }
 
   /** A try succeeded: a spell of failures, if there was one, is over. */

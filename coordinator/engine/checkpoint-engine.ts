@@ -20,6 +20,7 @@ import {
   captureKey,
   isStorageFailure,
   isUnreadableStorage,
+  FailureSpellLog,
   namesCheckpoint,
   outsideCheckpointId,
   nextAttempt,
@@ -57,6 +58,11 @@ import { runAll, runStages, type StagedRun } from "./phase-driver.js";
 /** The coordinator-side phase of the one checkpoint (or restore) it has open. */
 /** `restoring`: a restore sent and not yet settled (a controller's status tells it from a prepare). */
 export type OpenPhase = "preparing" | "prepared" | "committing" | "committed" | "published" | "restoring" | "restored";
+
+/** A retire or forget that named no checkpoint and ran outside any (see outsideSpells). */
+function isOutsideOp(name: string, id: string | undefined): boolean {
+  return id === undefined && (name === "retire" || name === "forget");
+}
 
 interface OpenCheckpoint {
   id: string;
@@ -337,6 +343,13 @@ export class CheckpointEngine {
   private runningOp: { name: string; id: string | undefined } | undefined;
   /** Retries waiting past their queue bound for the op they repeat (runningOp), by how each gives up: they do once another op runs. */
   private readonly overdue = new Map<() => void, { name: string; id: string | undefined }>();
+  /**
+   * Spells of failing retires and forgets outside any checkpoint, per op and per op and participant:
+   * a controller sends them again every second while a Gym server is down (the collector does, for
+   * up to --run-timeout-s), and each try at warn flooded the log. Checkpoint ops are not deduplicated:
+   * each names a checkpoint of its own.
+   */
+  private readonly outsideSpells = new Map<string, FailureSpellLog>();
   /** This coordinator's last publication (`at` in s): within its epoch, later times come after it (epochTime). */
   private lastPublication: { epoch: number; at: number } | undefined;
   /** The participants of the checkpoint LATEST named when last read (read again when LATEST moves). */
@@ -2081,7 +2094,8 @@ export class CheckpointEngine {
       }
       const code = toCheckpointError(error).code; // what the APIs answer: storage_error for a full disk
       coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: code });
-      this.checkpointLog(id)[level]({ op: name, code, err: error }, "controller_op_failed");
+      if (level === "warn" && isOutsideOp(name, id)) this.outsideSpell(`op ${name}`, this.log, "controller_op_succeeds_again").failed(error, "controller_op_failed", { op: name, code });
+      else this.checkpointLog(id)[level]({ op: name, code, err: error }, "controller_op_failed");
       return error;
     };
     const attributes = id === undefined ? { [SPAN_ATTR.op]: name } : { [SPAN_ATTR.checkpointId]: id, [SPAN_ATTR.op]: name };
@@ -2097,6 +2111,7 @@ export class CheckpointEngine {
       try {
         const result = await fn(ctx, identify);
         coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: "ok" });
+        if (isOutsideOp(name, id)) this.outsideSpells.get(`op ${name}`)?.succeeded({ op: name });
         return result;
       } catch (thrown) {
         // Inside the op's span, so controller_op_failed carries its trace_id / span_id (even
@@ -2163,9 +2178,13 @@ export class CheckpointEngine {
       return outcome;
     }
     if (outcome.ok && op === "restore") this.recordRestorer(member, id, (outcome.reply as ReplyOf<"restore">).incarnation);
+    const outside = id !== undefined && !namesCheckpoint(op, id);
+    const memberLog = log.child({ kind: member.kind, instance: member.instance });
     if (!outcome.ok) {
-      log.child({ kind: member.kind, instance: member.instance }).warn({ op, code: outcome.code, detail: outcome.detail }, "participant_refused");
-    }
+      const fields = { op, code: outcome.code, detail: outcome.detail };
+      if (outside) this.outsideSpell(`${op} ${refName(member)}`, memberLog, "participant_answers_again").failed(undefined, "participant_refused", fields);
+      else memberLog.warn(fields, "participant_refused");
+    } else if (outside) this.outsideSpells.get(`${op} ${refName(member)}`)?.succeeded({ op });
     return outcome;
   }
 
@@ -2508,6 +2527,13 @@ export class CheckpointEngine {
     this.journalWrites.clear();
     this.leaderTerm++;
     if (this.options.requireRecovery) this.recoveredFlag = false;
+  }
+
+  /** The spell of `key` (see outsideSpells), `ended` its closing event. */
+  private outsideSpell(key: string, log: Logger, ended: string): FailureSpellLog {
+    let spell = this.outsideSpells.get(key);
+    if (!spell) this.outsideSpells.set(key, (spell = new FailureSpellLog(log, ended)));
+    return spell;
   }
 
   /**

@@ -176,3 +176,38 @@ describe("a prepare that does not complete", () => {
     expect(incomplete.map((r) => r["level"])).toEqual([40, 30, 30]);
   });
 });
+
+describe("retires outside any checkpoint that keep failing (a Gym server down)", () => {
+  // Before, each retry of a controller's retire (the collector sends one a second while a Gym
+  // server is down, for up to --run-timeout-s) logged participant_refused and controller_op_failed
+  // at warn: two warnings a second per collector for the whole outage.
+  it("warn once per participant and op, log the repeats at debug, and say once when they go through again", async () => {
+    const { mkdtemp, rm } = await import("node:fs/promises");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const { makeEngine } = await import("./fake-participants.js");
+    const lines: string[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        lines.push(chunk.toString());
+        done();
+      },
+    });
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logspell-"));
+    try {
+      const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink) });
+      fake.set("environment", "e1", "retire", "unreachable");
+      for (let i = 0; i < 5; i++) await expect(engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: i }] })).rejects.toMatchObject({ code: "unreachable" });
+      fake.set("environment", "e1", "retire", "ok");
+      await engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 5 }] });
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+    const records = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+    const warned = records.filter((r) => r["level"] === 40).map((r) => r["msg"]);
+    expect(warned.filter((m) => String(m).startsWith("participant_refused"))).toHaveLength(1);
+    expect(warned.filter((m) => String(m).startsWith("controller_op_failed"))).toHaveLength(1);
+    expect(records.find((r) => r["msg"] === "participant_answers_again")).toMatchObject({ level: 30, op: "retire", kind: "environment", instance: "e1", failed_tries: 5 });
+    expect(records.find((r) => r["msg"] === "controller_op_succeeds_again")).toMatchObject({ level: 30, op: "retire", failed_tries: 5 });
+  });
+});
