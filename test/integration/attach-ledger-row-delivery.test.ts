@@ -171,9 +171,10 @@ describe("attach proxy, a recorded call whose response has not left yet", () => 
   it("keeps its ticket open (a readiness blocker) until the response has left for the caller", async () => {
     hold = true;
     const answer = call("flush", false);
-    await waitUntil(async () => (await kind.ledger.rows("flush")).length === 1, "the row to be written");
+    // Both, not just the row: under load (the suite beside helpers) a check right after the row
+    // was written saw the response not ended yet.
+    await waitUntil(async () => (await kind.ledger.rows("flush")).length === 1 && proxied?.writableEnded === true, "the row to be written and the response ended");
     // The row is in, the response ended, but its bytes are still in the proxy's socket buffer.
-    expect(proxied!.writableEnded).toBe(true);
     expect(proxied!.writableFinished).toBe(false);
     expect(kind.tickets.size).toBe(1);
     expect(kind.readiness().blockers).toEqual(["flush"]);
