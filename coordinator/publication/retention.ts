@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { linkSync, renameSync } from "node:fs";
 import { lstat, readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
-import { LATEST_FILE } from "../../protocol/index.js";
+import { LATEST_FILE, ROOT_DEPLOYMENT_FILE } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { TEMP_PREFIX, TEMP_SUFFIX } from "./durable-fs.js";
 
@@ -82,7 +82,7 @@ export function linkToTrash(root: string, name: string): string | undefined {
 export const LEFTOVER_TEMP_AGE_MS = 60_000;
 
 /**
- * Removes trashed checkpoint directories and the temp files of LATEST that crashed writers left at
+ * Removes trashed checkpoint directories and the temp files of LATEST (or of the deployment claim) that crashed writers left at
  * the root (older than `LEFTOVER_TEMP_AGE_MS`), except those in `inUse` (a publication staged them
  * and will rename them). Nothing else at the root is touched: it may belong to a controller
  * (dispatch log, results).
@@ -97,13 +97,14 @@ export async function removeTrash(root: string, inUse: ReadonlySet<string>): Pro
   }
   for (const name of names) {
     const path = join(root, name);
-    const leftover = name.startsWith(TRASH_PREFIX) || (isLatestTemp(name) && !inUse.has(path) && (await olderThan(path, LEFTOVER_TEMP_AGE_MS)));
+    const leftover = name.startsWith(TRASH_PREFIX) || (isRootTemp(name) && !inUse.has(path) && (await olderThan(path, LEFTOVER_TEMP_AGE_MS)));
     if (leftover) await rm(path, { recursive: true, force: true });
   }
 }
 
-function isLatestTemp(name: string): boolean {
-  return name.startsWith(`${TEMP_PREFIX}${LATEST_FILE}.`) && name.endsWith(TEMP_SUFFIX);
+/** A temp file of one of the root's own files: LATEST, or the deployment claim (root-deployment.ts). */
+function isRootTemp(name: string): boolean {
+  return [LATEST_FILE, ROOT_DEPLOYMENT_FILE].some((file) => name.startsWith(`${TEMP_PREFIX}${file}.`)) && name.endsWith(TEMP_SUFFIX);
 }
 
 /** Whether `path` was last modified more than `ms` ago (false when it is gone). */

@@ -2,6 +2,7 @@ import { mkdtemp, mkdir, readdir, rm, utimes, writeFile } from "node:fs/promises
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { ROOT_DEPLOYMENT_FILE } from "../../../protocol/index.js";
 import { LEFTOVER_TEMP_AGE_MS, removeTrash, TRASH_PREFIX } from "../../../coordinator/publication/retention.js";
 
 let root: string;
@@ -25,5 +26,19 @@ describe("removeTrash", () => {
     await writeFile(join(root, "dispatch.log"), "a controller's file");
     await removeTrash(root, new Set([mine]));
     expect((await readdir(root)).sort()).toEqual([".LATEST.111.aaaa.tmp", ".LATEST.333.cccc.tmp", "dispatch.log"]);
+  });
+});
+
+describe("removeTrash, the root's deployment claim", () => {
+  it("removes an old temp file of the claim a coordinator crashed while writing, keeps a fresh one and the claim itself", async () => {
+    const claim = join(root, ROOT_DEPLOYMENT_FILE);
+    const old = join(root, `.${ROOT_DEPLOYMENT_FILE}.222.bbbb.tmp`);
+    const fresh = join(root, `.${ROOT_DEPLOYMENT_FILE}.111.aaaa.tmp`);
+    for (const file of [claim, old, fresh]) await writeFile(file, '{"deployment":"job"}\n');
+    const longAgo = (Date.now() - LEFTOVER_TEMP_AGE_MS - 1000) / 1000;
+    await utimes(old, longAgo, longAgo);
+    await utimes(claim, longAgo, longAgo);
+    await removeTrash(root, new Set());
+    expect((await readdir(root)).sort()).toEqual([`.${ROOT_DEPLOYMENT_FILE}.111.aaaa.tmp`, ROOT_DEPLOYMENT_FILE].sort());
   });
 });
