@@ -1208,7 +1208,7 @@ export class Collector {
         if (stop && published) {
           this.stopping = true;
         } else {
-          await this.ownOps.resumeOwn(checkpointId, log);
+          await this.ownOps.resumeOwn(checkpointId, log, undefined, published);
         }
         this.openGate();
         this.report(true);

@@ -1,6 +1,7 @@
 import type { Logger } from "pino";
 import { CheckpointError, type CtlReplyOf, type CtlRequestInputOf, type EpisodeId } from "../../protocol/index.js";
 import type { AsyncLock } from "../engine/async-lock.js";
+import { participantFailurePrefix } from "../engine/participant-client.js";
 import { COLLECTION_STATE_FILE } from "./collection-state.js";
 import { delay } from "./delay.js";
 import type { RetryPauses } from "./retry-pauses.js";
@@ -76,7 +77,7 @@ export class OwnCheckpointOps {
    * since a successor keeps a published checkpoint open for this resume. Still unknown after every
    * try, it is remembered in `unresumed`; any other refusal is logged and forgotten.
    */
-  async resumeOwn(checkpointId: string, log: Logger, tries = RESEND_TRIES): Promise<void> {
+  async resumeOwn(checkpointId: string, log: Logger, tries = RESEND_TRIES, published?: boolean): Promise<void> {
     try {
       await this.resumeSent("resume", checkpointId, tries);
       this.unresumed.delete(checkpointId);
@@ -84,7 +85,13 @@ export class OwnCheckpointOps {
       const unknown = err instanceof CheckpointError && RESENT_CODES.has(err.code);
       if (unknown) this.unresumed.add(checkpointId);
       else this.unresumed.delete(checkpointId);
-      log.error({ err, sent_again_later: unknown }, "resume failed");
+      if (failedAtSomeParticipants(err)) {
+        // The coordinator closed the checkpoint and resumed everyone else; those it names resume
+        // when their lease expires. Nothing for an operator to do (a published checkpoint stays published).
+        log.warn({ err, ...(published !== undefined && { published }) }, "resume failed at some participants; they resume when their lease expires");
+      } else {
+        log.error({ err, sent_again_later: unknown }, "resume failed");
+      }
       this.retryUnresumedLater();
     }
   }
@@ -193,4 +200,9 @@ export class OwnCheckpointOps {
       this.options.logger.warn({ checkpoint_id: checkpointId, err: error }, "publish did not answer, but the checkpoint is published with our collection state");
     }
   }
+}
+
+/** A resume the coordinator ran, which failed only at the participants its detail names (see combinedFailure). */
+function failedAtSomeParticipants(err: unknown): boolean {
+  return err instanceof CheckpointError && !RESENT_CODES.has(err.code) && err.message.startsWith(participantFailurePrefix("resume"));
 }

@@ -243,6 +243,15 @@ export function failureRefs(failures: ParticipantFailure[]): { kind: Participant
   return failures.map((f) => ({ kind: f.participant.kind, instance: f.participant.instance, code: f.code, detail: f.detail }));
 }
 
+/**
+ * How combinedFailure's detail begins: over the wire only code and detail survive, so a controller
+ * tells "the op ran and failed at these participants" (a resume: the checkpoint closed anyway, they
+ * resume when their lease expires) from a refusal of the op itself by this prefix.
+ */
+export function participantFailurePrefix(op: string): string {
+  return `${op} failed on `;
+}
+
 /** One CheckpointError summarizing several failed outcomes (the first code wins). */
 export function combinedFailure(op: string, failures: ParticipantFailure[]): CheckpointError {
   const first = failures[0]!;
@@ -257,7 +266,7 @@ export function combinedFailure(op: string, failures: ParticipantFailure[]): Che
       return f.detail.startsWith(name) ? f.detail : `${name}${f.detail}`;
     })
     .join("; ");
-  return new CheckpointError(first.code, `${op} failed on ${failures.length} participant(s): ${names}; first details: ${details}`, {
+  return new CheckpointError(first.code, `${participantFailurePrefix(op)}${failures.length} participant(s): ${names}; first details: ${details}`, {
     data: { failures: failureRefs(failures) },
   });
 }

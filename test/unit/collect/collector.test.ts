@@ -1232,6 +1232,25 @@ describe("collector", () => {
     expect(await run).toMatchObject({ finished: 1, failed: 0 });
   });
 
+  it("a published checkpoint whose resume one participant did not answer is a warning saying it resumes when its lease expires, not an error", async () => {
+    const lines: { level: number; msg: string; checkpoint_id?: string; published?: boolean }[] = [];
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const fake = fakeController({
+      // The coordinator closed the checkpoint and resumed everyone else; e2 did not answer.
+      resume: async (req: never) => {
+        await fake.base.resume(req);
+        throw new CheckpointError("unreachable", "resume failed on 1 participant(s): environment/e2: unreachable; first details: environment/e2: no reply within 5000 ms");
+      },
+    });
+    const collector = collectorFor(fake.controller, url, { logger: pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) }) });
+    await collector.start();
+    const { published, checkpointId } = await collector.checkpoint({ stop: false });
+    expect(published).toBe(true);
+    const resumeLines = lines.filter((l) => l.msg.startsWith("resume failed"));
+    expect(resumeLines).toEqual([expect.objectContaining({ level: 40, checkpoint_id: checkpointId, published: true, msg: expect.stringContaining("resume when their lease expires") })]);
+    await collector.run();
+  });
+
   it("a checkpoint whose resume stayed unknown through every try is resumed before the next checkpoint's prepare", async () => {
     const { state, calls, collector, run, sent } = await runningUntilResume({}, { resumes: 3, code: "outcome_unknown" });
     const first = await collector.checkpoint({ stop: false });
