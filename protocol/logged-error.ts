@@ -18,7 +18,8 @@ export function loggedError(err: unknown, std: (err: Error) => Record<string, un
   if (!(err instanceof Error)) return err;
   const logged = { ...std(err) };
   if (typeof logged["message"] === "string") logged["message"] = cut(logged["message"], MAX_ERROR_DETAIL);
-  if (err instanceof CheckpointError && err.code !== "internal_error") delete logged["stack"];
+  // An error made without a stack (an expected network failure logged by its code) has none to write, not "".
+  if ((err instanceof CheckpointError && err.code !== "internal_error") || logged["stack"] === "") delete logged["stack"];
   if (logged["data"] !== undefined && jsonLength(logged["data"]) > MAX_LOGGED_DATA_CHARS) logged["data"] = shortened(logged["data"]);
   return logged;
 }

@@ -32,6 +32,7 @@ import { collectionInstruments, type RowCounts } from "./collection-telemetry.js
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
 import { neverSentCode } from "../client/never-sent.js";
+import { NetworkFailure, networkFailureCode } from "../client/network-failure.js";
 import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
@@ -232,6 +233,8 @@ export class Collector {
   private retiresFailing = 0;
   /** A spell of failing retires (a Gym server down): one warning, not one per try. */
   private readonly retireFailures: FailureSpellLog;
+  /** Spells of /run failing alike, by network failure code (logRunFailure); a /run's reply ends them. */
+  private readonly runFailureSpells = new Map<string, FailureSpellLog>();
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
@@ -881,6 +884,8 @@ export class Collector {
   /** A send reached --run-url: the outage, if there was one, is over. */
   private runUrlAnswers(state: RowState): void {
     delete state.unreachableSince;
+    for (const [code, spell] of this.runFailureSpells) spell.succeeded({ code });
+    this.runFailureSpells.clear();
     if (this.runUrlDownSince === undefined) return;
     this.options.logger.info({ run_url: this.loggedRunUrl, down_s: (performance.now() - this.runUrlDownSince) / 1000 }, "--run-url accepts connections again");
     this.runUrlDownSince = undefined;
@@ -1012,12 +1017,14 @@ export class Collector {
    * timeout here is not one there) and refuses any other attempt of the rollout meanwhile.
    */
   private failed(state: RowState, error: unknown, final = false): void {
-    if (!final) this.options.logger.warn({ rollout_id: state.row.rolloutId, attempt: state.attempt, err: error }, "/run failed");
+    const maxAttempts = this.options.maxAttempts ?? 3;
+    const forGood = final || state.failures + 1 >= maxAttempts;
+    if (!final) this.logRunFailure(state, error, forGood, maxAttempts);
     state.lastFailure = error instanceof Error ? error.message : String(error);
     this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
     state.failures++;
     this.goesOnFromInput(state);
-    if (final || state.failures >= (this.options.maxAttempts ?? 3)) {
+    if (forGood) {
       this.queue.set(state, "failed");
     } else {
       state.retiring = state.attempt;
@@ -1025,6 +1032,25 @@ export class Collector {
       this.queue.set(state, "pending");
     }
     this.flushRetires();
+  }
+
+  /**
+   * One `/run failed` line: whether the row is sent again (`retried`, `tries` of `max_attempts`) or
+   * failed for good. An expected network failure (reset, dropped, timed out) goes without the HTTP
+   * client's stack, and its spell (every row in flight failing alike as a Gym server crashes at
+   * --concurrency N) warns once per code and logs the rows sent again after it at debug, until a
+   * /run gets a reply. A row failed for good always warns; an unexpected error keeps its stack.
+   */
+  private logRunFailure(state: RowState, error: unknown, forGood: boolean, maxAttempts: number): void {
+    const fields = { rollout_id: state.row.rolloutId, attempt: state.attempt, tries: state.failures + 1, max_attempts: maxAttempts, retried: !forGood };
+    const message = forGood ? "/run failed; the row failed for good" : "/run failed; the row is sent again";
+    const code = networkFailureCode(error);
+    if (code === undefined) return void this.options.logger.warn({ ...fields, err: error }, message);
+    const err = new NetworkFailure(error, code);
+    if (forGood) return void this.options.logger.warn({ ...fields, err }, message);
+    let spell = this.runFailureSpells.get(code);
+    if (!spell) this.runFailureSpells.set(code, (spell = new FailureSpellLog(this.options.logger, "/run replies again")));
+    spell.failed(err, message, fields);
   }
 
   /**

@@ -16,6 +16,7 @@ import { closedPort } from "../../support/ports.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { makeEngine, writeParticipant, writers } from "../coordinator/fake-participants.js";
 import { collectorIn } from "../../support/collector-fixture.js";
+import { createLogger } from "../../../coordinator/telemetry/logger.js";
 import { deferred } from "../../support/deferred.js";
 
 /**
@@ -1563,9 +1564,30 @@ describe("collector while --run-url accepts no connections (the Gym down or rest
     expect(await run).toMatchObject({ finished: 6, failed: 0 });
     expect(sent.sort()).toEqual(rows.map((r) => `${r.rolloutId}:0`)); // every row's first attempt, once
     expect(calls.filter((c) => c.op === "retire")).toEqual([]);
-    expect(lines.filter((l) => l.msg === "/run failed")).toEqual([]);
+    expect(lines.filter((l) => l.msg.startsWith("/run failed"))).toEqual([]);
     expect(lines.filter((l) => l.msg.startsWith("--run-url accepts no connections"))).toHaveLength(1);
     expect(lines.some((l) => l.msg === "--run-url accepts connections again")).toBe(true);
+  });
+
+  it("a Gym server that drops every /run (crashed mid-run): each /run failed line says whether the row is sent again (try n of --max-attempts) or failed for good, without an HTTP-client stack; a spell of the same failure warns once", { timeout: 20_000 }, async () => {
+    const { controller } = fakeController();
+    const lines: { msg: string; level: number; retried?: boolean; tries?: number; max_attempts?: number; err?: { stack?: string; code?: string } }[] = [];
+    // The logger `gym-ckpt collect` writes with.
+    const log = createLogger("warn", { write: (line: string) => void lines.push(JSON.parse(line)) });
+    server = createServer((req) => req.on("end", () => req.socket.destroy()).resume());
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    const rows = ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 3, maxAttempts: 2, logger: log });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 0, failed: 3 });
+    const runFailed = lines.filter((l) => l.msg.startsWith("/run failed"));
+    expect(runFailed.filter((l) => l.err?.stack !== undefined)).toEqual([]);
+    expect(runFailed.every((l) => typeof l.err?.code === "string")).toBe(true);
+    // The first failure of the spell warns (the row is sent again); the same failure of the other rows is debug.
+    expect(runFailed.filter((l) => l.retried === true)).toEqual([expect.objectContaining({ level: 40, tries: 1, max_attempts: 2 })]);
+    // A row that fails for good always says so.
+    expect(runFailed.filter((l) => l.retried === false)).toEqual(rows.map(() => expect.objectContaining({ level: 40, tries: 2, max_attempts: 2 })));
   });
 
   it("the outage lines name --run-url without its query: a key there (`?code=…`) is never logged", { timeout: 20_000 }, async () => {
