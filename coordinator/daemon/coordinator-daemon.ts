@@ -21,6 +21,7 @@ import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
+import { logNatsStatus } from "./nats-status-log.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
 /** The longest a winning campaign waits for participants' statuses (see `epochFloor`). */
@@ -94,6 +95,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       ...(config.nats.pass !== undefined && { pass: config.nats.pass }),
       ...(config.nats.token !== undefined && { token: config.nats.token }),
     }, config.nats.connect_wait_ms, { unreachable: "not_leader", consequence: "this coordinator cannot start until NATS is reachable (a supervisor restarts it)" }, logger));
+  let stopped = false;
+  void logNatsStatus(nc.status(), logger, () => stopped);
   let registry: WatchedMemberRegistry | undefined;
   let journal: KvDecisionJournal;
   try {
@@ -109,7 +112,6 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   }
   const catalog = new CheckpointCatalog(config.checkpoint_root);
   let natsApi!: NatsControllerApi;
-  let stopped = false;
   let readyResolve!: () => void;
   const ready = new Promise<void>((resolve) => (readyResolve = resolve));
 
