@@ -177,8 +177,10 @@ export class LeaderLease implements Leadership {
    * second create's: the lease runs from there, however long the floor and the purge took).
    */
   private async campaign(value: string, sentAt: number): Promise<{ epoch: number; sentAt: number }> {
+    this.campaignStep = "create";
     const revision = await this.createKey(value);
     try {
+      this.campaignStep = "status";
       await this.assertBucketLease();
       return await this.leadAbove(revision, value, sentAt);
     } catch (error) {
@@ -228,6 +230,7 @@ export class LeaderLease implements Leadership {
 
   /** The key created at `revision` (sent at `sentAt`), or the one created past the epoch floor: see `campaign`. */
   private async leadAbove(revision: number, value: string, sentAt: number): Promise<{ epoch: number; sentAt: number }> {
+    this.campaignStep = "epoch_floor";
     const floor = (await this.options.epochFloor?.()) ?? 0;
     if (revision > floor) return { epoch: revision, sentAt };
     // One no sequence can pass (a hand-edited checkpoint.json's epoch past 2^53) must not keep every coordinator from leading.
@@ -236,9 +239,11 @@ export class LeaderLease implements Leadership {
       return { epoch: revision, sentAt };
     }
     this.options.logger?.warn({ revision, epoch_floor: floor }, "lease_revisions_behind_epochs_in_use");
+    this.campaignStep = "purge";
     const jsm = await jetstreamManager(this.options.nc);
     await jsm.streams.purge(`KV_${leaderBucket(this.options.deployment)}`, { seq: floor + 1 });
     const recreatedAt = this.clock.monotonic();
+    this.campaignStep = "create";
     return { epoch: await this.createKey(value), sentAt: recreatedAt };
   }
 
@@ -285,7 +290,7 @@ export class LeaderLease implements Leadership {
         this.campaignFailure = undefined;
       } catch (error) {
         // Someone else leads, or the server is unreachable or refuses: campaign again later.
-        this.campaignFailed(error);
+        this.campaignFailed(error, this.kvOpFields(this.campaignStep, sentAt));
       }
     } else if (!this.renewedRecently(sentAt)) {
       // Expired here already (this process was frozen, or starved, past a lease): a successor may
@@ -295,12 +300,13 @@ export class LeaderLease implements Leadership {
       this.leftBehind = [this.heldValue];
       this.demote(new CheckpointError("not_leader", `coordinator ${this.options.id}'s lease expired locally before its renewal was sent (${sentAt - this.renewedAt} ms since the last)`));
     } else {
+      let timeoutMs: number | undefined;
       try {
         // Until the lease would expire locally, not JetStream's 5 s default: a renewal that cannot
         // finish in time demotes, while a merely slow one (a loaded machine) keeps the lease.
         // Acting is fenced by renewedRecently meanwhile, so waiting longer never extends authority.
-        const remaining = Math.floor(this.renewedAt + this.options.leaseMs - sentAt);
-        this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, Math.max(1, remaining));
+        timeoutMs = Math.max(1, Math.floor(this.renewedAt + this.options.leaseMs - sentAt));
+        this.lastRevision = await this.kv!.update(LEADER_KEY, value, this.lastRevision, timeoutMs);
         this.heldValue = value;
         this.renewedAt = sentAt;
       } catch (error) {
@@ -308,7 +314,7 @@ export class LeaderLease implements Leadership {
           // Not refused: the key may still hold its last renewal (a 503 from a JetStream electing its
           // stream leader fails at once, a lease before the key expires), or this one, landing late.
           if (!isWrongRevision(error)) this.leftBehind = [value, this.heldValue];
-          this.demote(error);
+          this.demote(error, { ...this.kvOpFields("update", sentAt), timeout_ms: timeoutMs });
         }
       }
     }
@@ -410,7 +416,7 @@ export class LeaderLease implements Leadership {
    * create the key or to purge past a published epoch, a timeout) would keep every coordinator
    * from leading without a word: logged once per cause, not once per tick.
    */
-  private campaignFailed(error: unknown): void {
+  private campaignFailed(error: unknown, fields: object): void {
     const code = (error as { code?: unknown }).code;
     const message = error instanceof Error ? error.message : String(error);
     if (code === JetStreamApiCodes.StreamWrongLastSequence || code === JetStreamApiCodes.StreamWrongLastSequenceUnknown || message.startsWith("wrong last sequence")) {
@@ -419,16 +425,27 @@ export class LeaderLease implements Leadership {
     }
     if (message === this.campaignFailure) return;
     this.campaignFailure = message;
-    this.options.logger?.warn({ err: error }, "lease_campaign_failed");
+    this.options.logger?.warn({ ...fields, err: error }, "lease_campaign_failed");
   }
 
-  private demote(cause: unknown): void {
+  /**
+   * The campaign's step under way (the KV op, or the epoch floor's status probe): a failure's
+   * `err` is often only "timeout", which says nothing of what timed out.
+   */
+  private campaignStep = "create";
+
+  /** What a lease line names of the KV op that failed: which op, on which bucket and key, and how long it waited. */
+  private kvOpFields(op: string, sentAt: number): { kv_op: string; bucket: string; key: string; waited_ms: number } {
+    return { kv_op: op, bucket: leaderBucket(this.options.deployment), key: LEADER_KEY, waited_ms: Math.round(this.clock.monotonic() - sentAt) };
+  }
+
+  private demote(cause: unknown, fields: object = {}): void {
     const epoch = this.heldEpoch;
     if (epoch === null) return;
     this.heldEpoch = null;
     this.readyAt = Infinity;
     coordinatorTelemetry().leaderChanges.add(1, { event: "lost" });
-    this.options.logger?.warn({ epoch, err: cause }, "lease_lost");
+    this.options.logger?.warn({ epoch, ...fields, err: cause }, "lease_lost");
     this.options.onLost?.(epoch);
   }
 

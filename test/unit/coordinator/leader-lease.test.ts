@@ -162,6 +162,29 @@ describe("leader lease", () => {
     await l.stop(false);
   });
 
+  it("lease_lost and lease_campaign_failed of a timeout say what timed out: which KV op on which bucket and key, its timeout and how long it waited", async () => {
+    const kv = new FakeKv();
+    const clock = new ManualClock();
+    const logged: { msg: string; kv_op?: string; bucket?: string; key?: string; timeout_ms?: number; waited_ms?: number; err?: { message?: string } }[] = [];
+    const logger = pino({ level: "warn" }, { write: (line: string) => void logged.push(JSON.parse(line) as { msg: string }) });
+    const l = lease(kv, clock, [], { logger });
+    await l.start();
+    await clock.advance(3000);
+    kv.update = async () => {
+      throw new Error("timeout");
+    };
+    await clock.advance(1000);
+    expect(l.state().leader).toBe(false);
+    expect(logged.find((line) => line.msg === "lease_lost")).toMatchObject({ kv_op: "update", bucket: "gym_ckpt_d_leader", key: "coordinator", timeout_ms: expect.any(Number), waited_ms: expect.any(Number), err: { message: "timeout" } });
+    kv.holder = undefined;
+    kv.create = async () => {
+      throw new Error("timeout");
+    };
+    await clock.advance(1000);
+    expect(logged.find((line) => line.msg === "lease_campaign_failed")).toMatchObject({ kv_op: "create", bucket: "gym_ckpt_d_leader", key: "coordinator", waited_ms: expect.any(Number), err: { message: "timeout" } });
+    await l.stop(false);
+  });
+
   it("does not lead while the bucket's lease is shorter than its own (another coordinator lowered lease_ms since it started): the key would expire while it still acted", async () => {
     const kv = new FakeKv();
     kv.ttl = 1000;
