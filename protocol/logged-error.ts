@@ -21,7 +21,33 @@ export function loggedError(err: unknown, std: (err: Error) => Record<string, un
   // An error made without a stack (an expected network failure logged by its code) has none to write, not "".
   if ((err instanceof CheckpointError && err.code !== "internal_error") || logged["stack"] === "") delete logged["stack"];
   if (logged["data"] !== undefined && jsonLength(logged["data"]) > MAX_LOGGED_DATA_CHARS) logged["data"] = shortened(logged["data"]);
+  const cause = causeFields(err);
+  if (cause) logged["cause"] = cause;
   return logged;
+}
+
+/** What of a system error's cause an operator greps for; its message is already in the error's (pino folds it in). */
+const CAUSE_KEYS = ["code", "errno", "syscall", "path", "address", "port", "hostname"] as const;
+
+/**
+ * The first cause in the chain (at most 5 deep) that says which system call failed how (`code`:
+ * EACCES of a storage_error, ECONNREFUSED of a fetch), else the direct cause: pino's serializer
+ * folds a cause into the message and stack only, and a refusal's stack is not logged.
+ */
+function causeFields(err: Error): Record<string, unknown> | undefined {
+  let first: Record<string, unknown> | undefined;
+  let cause: unknown = err.cause;
+  for (let depth = 0; depth < 5 && typeof cause === "object" && cause !== null; depth++) {
+    const fields: Record<string, unknown> = { type: cause instanceof Error ? cause.constructor.name : "Object" };
+    for (const key of CAUSE_KEYS) {
+      const value = (cause as Record<string, unknown>)[key];
+      if (typeof value === "string" || typeof value === "number") fields[key] = typeof value === "string" ? cut(value, KEPT_STRING_CHARS) : value;
+    }
+    if (fields["code"] !== undefined) return fields;
+    first ??= fields;
+    cause = (cause as { cause?: unknown }).cause;
+  }
+  return first && Object.keys(first).length > 1 ? first : undefined;
 }
 
 function cut(text: string, max: number): string {

@@ -142,6 +142,21 @@ describe("a failed op's error in the log", () => {
     expect(refusal?.err).toMatchObject({ code: "unreachable", message: "env/e1: no responders" });
     expect(refusal?.err).not.toHaveProperty("stack");
   });
+
+  // pino's serializer folds a cause into the message and stack only: its code (EACCES of a
+  // storage_error, ECONNREFUSED of a fetch) was no field, and a refusal's stack (with the cause's) is dropped.
+  it("keeps the code, syscall and path of the error's cause as fields", async () => {
+    const { CheckpointError } = await import("../../../protocol/index.js");
+    const { lines, sink } = sinkLines();
+    const logger = createLogger("info", sink);
+    const denied = Object.assign(new Error("EACCES: permission denied, mkdir '/ckpt/c1'"), { code: "EACCES", syscall: "mkdir", path: "/ckpt/c1" });
+    logger.warn({ err: new CheckpointError("storage_error", "checkpoint c1: mkdir failed", { cause: denied }) }, "a");
+    logger.warn({ err: new TypeError("fetch failed", { cause: Object.assign(new Error("connect ECONNREFUSED 127.0.0.1:1"), { code: "ECONNREFUSED" }) }) }, "b");
+    const [storage, fetchFailed] = lines.map((l) => JSON.parse(l) as { err: Record<string, unknown> });
+    expect(storage?.err).toMatchObject({ code: "storage_error", cause: { type: "Error", code: "EACCES", syscall: "mkdir", path: "/ckpt/c1" } });
+    expect(storage?.err).not.toHaveProperty("stack");
+    expect(fetchFailed?.err).toMatchObject({ cause: { code: "ECONNREFUSED" } });
+  });
 });
 
 describe("a prepare that does not complete", () => {
