@@ -190,6 +190,8 @@ const JOURNAL_REMOVE_WAIT_MIN_MS = 2000;
 /** Restore refusals of a participant parked in another checkpoint: a restore refused so still resumes everyone. */
 const PARKED_ELSEWHERE: ReadonlySet<string> = new Set(["invalid_phase", "checkpoint_conflict"]);
 
+/** How many failing retire/forget keys (op and participant) outside any checkpoint keep their log spell. */
+const REMEMBERED_SPELLS = 1024;
 /** How many recently closed checkpoints keep their replies for retries. */
 const REMEMBERED_CHECKPOINTS = 8;
 /** Participants' committed files a restore reads (and checks) at once before sending anything. */
@@ -2111,7 +2113,7 @@ export class CheckpointEngine {
       try {
         const result = await fn(ctx, identify);
         coordinatorTelemetry().opDuration.record((this.options.clock.monotonic() - started) / 1000, { op: name, outcome: "ok" });
-        if (isOutsideOp(name, id)) this.outsideSpells.get(`op ${name}`)?.succeeded({ op: name });
+        if (isOutsideOp(name, id)) this.outsideSpellEnded(`op ${name}`, { op: name });
         return result;
       } catch (thrown) {
         // Inside the op's span, so controller_op_failed carries its trace_id / span_id (even
@@ -2184,7 +2186,7 @@ export class CheckpointEngine {
       const fields = { op, code: outcome.code, detail: outcome.detail };
       if (outside) this.outsideSpell(`${op} ${refName(member)}`, memberLog, "participant_answers_again").failed(undefined, "participant_refused", fields);
       else memberLog.warn(fields, "participant_refused");
-    } else if (outside) this.outsideSpells.get(`${op} ${refName(member)}`)?.succeeded({ op });
+    } else if (outside) this.outsideSpellEnded(`${op} ${refName(member)}`, { op });
     return outcome;
   }
 
@@ -2532,8 +2534,18 @@ export class CheckpointEngine {
   /** The spell of `key` (see outsideSpells), `ended` its closing event. */
   private outsideSpell(key: string, log: Logger, ended: string): FailureSpellLog {
     let spell = this.outsideSpells.get(key);
-    if (!spell) this.outsideSpells.set(key, (spell = new FailureSpellLog(log, ended)));
+    if (!spell) {
+      this.outsideSpells.set(key, (spell = new FailureSpellLog(log, ended)));
+      // Participants come and go: only the most recent failing keys are kept.
+      keepNewest(this.outsideSpells, REMEMBERED_SPELLS);
+    }
     return spell;
+  }
+
+  /** A success of `key`: its spell, if one runs, ends (logged) and is dropped. */
+  private outsideSpellEnded(key: string, fields: object): void {
+    this.outsideSpells.get(key)?.succeeded(fields);
+    this.outsideSpells.delete(key);
   }
 
   /**

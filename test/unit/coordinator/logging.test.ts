@@ -215,6 +215,8 @@ describe("retires outside any checkpoint that keep failing (a Gym server down)",
       for (let i = 0; i < 5; i++) await expect(engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: i }] })).rejects.toMatchObject({ code: "unreachable" });
       fake.set("environment", "e1", "retire", "ok");
       await engine.retire({ episode_ids: [{ rollout_id: "r1", attempt: 5 }] });
+      // A spell that ended is not kept (participants come and go: one kept per name would grow for good).
+      expect((engine as unknown as { outsideSpells: Map<string, unknown> }).outsideSpells.size).toBe(0);
     } finally {
       await rm(root, { recursive: true, force: true });
     }
