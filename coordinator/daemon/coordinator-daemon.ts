@@ -21,7 +21,7 @@ import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
-import { logNatsStatus } from "./nats-status-log.js";
+import { logNatsStatus } from "../../protocol/nats-status-log.js";
 import { highestEpochInUse } from "./epoch-floor.js";
 
 /** The longest a winning campaign waits for participants' statuses (see `epochFloor`). */

@@ -13,6 +13,7 @@ import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
 import { loggedError } from "../../protocol/logged-error.js";
 import { connectNatsWithin, DEFAULT_NATS_CONNECT_WAIT_MS, MAX_NATS_CONNECT_WAIT_MS } from "../../protocol/nats-first-connect.js";
+import { logNatsStatus } from "../../protocol/nats-status-log.js";
 import { isListenRefusal } from "../../protocol/listen-refusal.js";
 import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
 
@@ -349,6 +350,8 @@ export async function startServerRuntime(
   const shutdown: (() => Promise<void> | void)[] = [];
   const atStop: (() => void)[] = [];
   let stopping = false;
+  // Its NATS dropping and coming back, in one line each (phase messages and heartbeats fail meanwhile).
+  void logNatsStatus(nc.status(), logger, () => stopping);
   /** The same clean shutdown for a signal (exit 0) and for losing the participant's name (exit 1). */
   const stop = async (why: { signal: string } | { code: string }, exitCode: number) => {
     if (stopping) return;

@@ -1,6 +1,6 @@
 import type { Status } from "@nats-io/transport-node";
 import { describe, expect, it } from "vitest";
-import { logNatsStatus } from "../../../coordinator/daemon/nats-status-log.js";
+import { logNatsStatus } from "../../../protocol/nats-status-log.js";
 
 async function* statuses(list: Status[]): AsyncIterable<Status> {
   yield* list;

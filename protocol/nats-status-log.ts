@@ -8,19 +8,19 @@ export interface NatsStatusLogger {
 }
 
 /**
- * Logs the coordinator's NATS connection dropping and coming back: one `nats_disconnected` warning
+ * Logs a process's NATS connection (the coordinator's, a participant's) dropping and coming back: one `nats_disconnected` warning
  * (`server`) when it drops, its reconnect attempts at debug (`nats_reconnecting`, one each 500 ms
  * for as long as the outage lasts), and one `nats_reconnected` (`server`, `down_s`,
- * `reconnect_attempts`) when it is back. Before, a coordinator that lost NATS said nothing until
- * the connection closed for good: the lease and the controller API failing meanwhile had no cause
- * in the log. Resolves when the status iterator ends (the connection closed) or at the first
+ * `reconnect_attempts`) when it is back. Before, a process that lost NATS said nothing until
+ * the connection closed for good: the lease, the controller API or the phase messages failing
+ * meanwhile had no cause in the log. Resolves when the status iterator ends (the connection closed) or at the first
  * status after `stopped()`.
  */
 export async function logNatsStatus(statuses: AsyncIterable<Status>, log: NatsStatusLogger, stopped: () => boolean = () => false, now: () => number = () => performance.now()): Promise<void> {
   let downSince: number | undefined;
   let attempts = 0;
   for await (const status of statuses) {
-    // A connection the caller gave (not closed at stop) goes on after this coordinator stopped.
+    // A connection the caller gave (not closed at stop) goes on after this process stopped.
     if (stopped()) return;
     switch (status.type) {
       case "disconnect":
