@@ -117,6 +117,9 @@ for (const target of await targets()) {
     plugins: [...(target === CLI_PROGRAM ? [leaveOut(cliShared, target)] : []), ownLocation(target)],
     sourcemap: "linked",
     sourcesContent: false,
+    // Classes renamed to avoid collisions (CheckpointError → _CheckpointError) keep their own name:
+    // a logged error's `type` is what an operator greps for.
+    keepNames: true,
     logLevel: "warning",
   });
 }
