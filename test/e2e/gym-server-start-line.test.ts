@@ -30,7 +30,8 @@ describe("a reference server's start line", () => {
     child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
-      await waitUntil(() => stdout.includes('"ready":true'), `${name} ready`, 20_000);
+      // The start line may come just after the ready line (the policy backend writes it second).
+      await waitUntil(() => stdout.includes('"ready":true') && stdout.includes('"msg":"started"'), `${name} ready and its start line`, 20_000);
       const ready = JSON.parse(stdout.split("\n").find((l) => l.includes('"ready":true'))!) as { url: string };
       const lines = stdout.split("\n").filter((l) => l.startsWith('{"level"')).map((l) => JSON.parse(l) as Record<string, unknown>);
       expect(lines.find((l) => l["msg"] === "started")).toMatchObject({
