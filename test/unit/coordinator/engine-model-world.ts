@@ -1,0 +1,379 @@
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { isDeepStrictEqual } from "node:util";
+import { CheckpointError, ERROR_CODES, type EpisodeId, type Op } from "../../../protocol/index.js";
+import type { CheckpointEngine } from "../../../coordinator/engine/checkpoint-engine.js";
+import type { MemoryDecisionJournal } from "../../../coordinator/ha/decision-journal.js";
+import { FOUR, makeEngine, type FakeParticipants, type TestClock } from "./fake-participants.js";
+
+/**
+ * The coordinator engine (over FakeParticipants, a TestClock, a MemoryDecisionJournal and a real
+ * catalog in a temp directory) driven by random controller ops from a seeded PRNG, with participant
+ * faults, lease expiries and leadership losses between them. No full reference model: after every
+ * step, the invariants docs/api.md promises over the engine's state (see check*). Every step is
+ * logged (`steps`), so a failure names the sequence that led to it.
+ */
+
+export class InvariantViolation extends Error {}
+
+/** An op still pending after this long (no real timers; every fault answers at once) hangs. */
+const HANG_MS = 5_000;
+const ROLLOUTS: EpisodeId[] = [
+  { rollout_id: "r1", attempt: 0 },
+  { rollout_id: "r2", attempt: 0 },
+  { rollout_id: "r3", attempt: 1 },
+];
+/** The ops a fault is scripted for: every phase message the engine sends (status stays honest). */
+const FAULT_OPS: Op[] = ["prepare", "commit", "resume", "restore", "retire", "forget", "renew"];
+type Fault = "unreachable" | "timeout" | { error: string };
+/** Refusal codes a participant is scripted to answer: none of them one of NOTHING_CHANGED's. */
+const FAULTS: Fault[] = ["unreachable", "timeout", { error: "storage_error" }];
+
+type CtlOp = "checkpoint" | "prepare" | "commit" | "publish" | "resume" | "restore" | "retire" | "forget" | "renew" | "status" | "list" | "get";
+type Outcome = { ok: true; reply: unknown } | { ok: false; error: unknown };
+
+/**
+ * docs/api.md: "a refused request changes nothing". The codes whose refusal promises it whatever
+ * the participants do here (they never answer these codes: FAULTS), per op. A participant's own
+ * code, `outcome_unknown` and the restore's all-refused answer are not among them.
+ */
+const NOTHING_CHANGED: Partial<Record<CtlOp, ReadonlySet<string>>> = {
+  prepare: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
+  commit: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
+  publish: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "stale_checkpoint"]),
+  resume: new Set(["checkpoint_conflict", "not_found", "deadline_exceeded"]),
+  renew: new Set(["checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
+  checkpoint: new Set(["invalid_request", "checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
+  restore: new Set(["invalid_request", "invalid_phase", "not_found", "deadline_exceeded"]),
+  retire: new Set(["invalid_phase", "checkpoint_conflict", "not_found", "deadline_exceeded"]),
+  forget: new Set(["invalid_phase", "checkpoint_conflict", "not_found", "deadline_exceeded"]),
+};
+
+interface Snapshot {
+  open: unknown;
+  journal: string;
+  latest: string | null;
+  phaseCalls: number;
+}
+
+export class EngineWorld {
+  readonly steps: string[] = [];
+  private engine: CheckpointEngine;
+  private readonly fake: FakeParticipants;
+  private readonly clock: TestClock;
+  private readonly journal: MemoryDecisionJournal;
+  private fixture: ReturnType<typeof makeEngine>;
+  private epoch = 7;
+  private nextId = 0;
+  private readonly ids: string[] = [];
+  /** The last controller op run, for a retry of it (its reply lost), and how it ended. */
+  private last: { op: CtlOp; request: Record<string, unknown>; outcome: Outcome; faultsSince: number } | undefined;
+
+  constructor(
+    private readonly random: () => number,
+    private readonly root: string,
+  ) {
+    this.fixture = makeEngine(root, { members: FOUR });
+    ({ engine: this.engine, fake: this.fake, clock: this.clock, journal: this.journal } = this.fixture);
+  }
+
+  async step(): Promise<void> {
+    const r = this.random();
+    if (r < 0.12) return this.toggleFault();
+    if (r < 0.15) return this.expireLease();
+    if (r < 0.17) return this.loseLeadership();
+    // A retry is likeliest right after the op it repeats succeeded (its reply lost).
+    if (this.last && r < (this.last.outcome.ok ? 0.35 : 0.22)) return this.retryLast();
+    return this.runOp(this.pickOp());
+  }
+
+  async close(): Promise<void> {
+    await this.settle();
+  }
+
+  // ---- steps ------------------------------------------------------------------------------
+
+  private async toggleFault(): Promise<void> {
+    const faulted = [...this.fake.script.keys()];
+    const r = this.random();
+    if (faulted.length > 1 && r < 0.1) {
+      this.fake.script.clear();
+      this.steps.push("heal every participant");
+    } else if (faulted.length > 0 && r < 0.5) {
+      const key = this.pick(faulted);
+      this.fake.script.delete(key);
+      this.steps.push(`heal ${key}`);
+    } else {
+      const member = this.pick(FOUR);
+      const op = this.pick(FAULT_OPS);
+      const key = `${member.kind}.${member.instance}.${op}`;
+      const fault = this.pick(FAULTS);
+      this.fake.set(member.kind, member.instance, op, fault);
+      this.steps.push(`fault ${key} ${JSON.stringify(fault)}`);
+    }
+    if (this.last) this.last.faultsSince++;
+  }
+
+  /** A participant's lease expired: it resumed by itself (status idle). */
+  private async expireLease(): Promise<void> {
+    const member = this.pick(FOUR);
+    this.fake.state.set(`${member.kind}.${member.instance}`, { phase: "idle", checkpoint_id: null });
+    this.steps.push(`lease expired at ${member.kind}.${member.instance}`);
+    if (this.last) this.last.faultsSince++;
+  }
+
+  /** Leadership lost: either won back by this engine (recover) or taken by a successor of a higher epoch. */
+  private async loseLeadership(): Promise<void> {
+    const before = await this.snapshot();
+    this.engine.leadershipLost();
+    if (this.random() < 0.5) {
+      this.steps.push("leadership lost and regained (recover)");
+    } else {
+      this.fixture.leadership.demote();
+      await this.settle();
+      this.epoch++;
+      this.fixture = makeEngine(this.root, { members: FOUR, successorOf: { fake: this.fake, journal: this.journal, clock: this.clock }, epoch: this.epoch, requireRecovery: true });
+      this.engine = this.fixture.engine;
+      this.steps.push(`failover to a successor (epoch ${this.epoch}, recover)`);
+    }
+    const outcome = await this.bounded("recover", this.engine.recover());
+    this.steps[this.steps.length - 1] += ` → ${describe(outcome)}`;
+    this.last = undefined;
+    await this.settle();
+    this.checkThrown("recover", outcome);
+    await this.checkAlways(before, "recover", outcome);
+  }
+
+  private async retryLast(): Promise<void> {
+    const last = this.last!;
+    // A lost reply: the client retries once its wait (deadline_ts + slack) is over.
+    const late = this.random() < 0.5;
+    if (late) this.clock.current += 70_000;
+    this.steps.push(`retry${late ? " (70 s later)" : ""} ${last.op} ${JSON.stringify(last.request)}`);
+    const outcome = await this.execute(last.op, last.request);
+    if (!last.outcome.ok || !outcome.ok) return;
+    // "a retry with the same id and arguments ... gets the op's reply" (docs/api.md "Retrying a controller op")
+    const same = ["checkpoint", "commit", "publish", "restore"].includes(last.op) || (last.op === "prepare" && last.faultsSince === 0 && !late);
+    if (same && !isDeepStrictEqual(outcome.reply, last.outcome.reply)) {
+      this.fail(`a retry of a ${last.op} that succeeded answered ${JSON.stringify(outcome.reply)}, not ${JSON.stringify(last.outcome.reply)}`);
+    }
+  }
+
+  private async runOp(op: CtlOp): Promise<void> {
+    const request = this.requestFor(op);
+    this.steps.push(`${op} ${JSON.stringify(request)}`);
+    const outcome = await this.execute(op, request);
+    this.last = { op, request, outcome, faultsSince: 0 };
+  }
+
+  // ---- requests ----------------------------------------------------------------------------
+
+  private pickOp(): CtlOp {
+    const weighted: [CtlOp, number][] = [
+      ["checkpoint", 5],
+      ["prepare", 5],
+      ["commit", 4],
+      ["publish", 4],
+      ["resume", 5],
+      ["restore", 4],
+      ["retire", 2],
+      ["forget", 1],
+      ["renew", 2],
+      ["status", 1],
+      ["list", 1],
+      ["get", 1],
+    ];
+    let r = this.random() * weighted.reduce((sum, [, w]) => sum + w, 0);
+    for (const [op, w] of weighted) if ((r -= w) < 0) return op;
+    return "status";
+  }
+
+  private requestFor(op: CtlOp): Record<string, unknown> {
+    const deadline = this.deadline();
+    const id = this.id();
+    switch (op) {
+      case "checkpoint":
+        return { checkpoint_id: id, ...deadline, episode_ids: this.scope(), stop: this.random() < 0.15, controller_state: this.state() };
+      case "prepare":
+      case "resume":
+      case "renew":
+        return { checkpoint_id: id, ...deadline };
+      case "commit":
+        return { checkpoint_id: id, ...deadline, episode_ids: this.scope(), stop: this.random() < 0.1 };
+      case "publish":
+        return { checkpoint_id: id, controller_state: this.state() };
+      case "restore": {
+        const episodes = this.subset();
+        return { ...(this.random() < 0.5 && { checkpoint_id: id }), ...deadline, episode_ids: episodes };
+      }
+      case "retire":
+        return { ...(this.random() < 0.3 && { checkpoint_id: id }), ...deadline, episode_ids: [this.pick(ROLLOUTS)] };
+      case "forget":
+        return { ...(this.random() < 0.3 && { checkpoint_id: id }), ...deadline, rollout_ids: [this.pick(ROLLOUTS).rollout_id] };
+      case "get":
+        return { checkpoint_id: id };
+      case "status":
+      case "list":
+        return {};
+    }
+  }
+
+  /** A fresh id, the open one, or one used before. */
+  private id(): string {
+    const open = this.engine.openCheckpoint?.checkpoint_id;
+    const r = this.random();
+    if (open && r < 0.6) return open;
+    if (this.ids.length > 0 && r < 0.75) return this.pick(this.ids);
+    const id = `c${this.nextId++}`;
+    this.ids.push(id);
+    return id;
+  }
+
+  private deadline(): { deadline_ts?: number } {
+    const r = this.random();
+    if (r < 0.5) return {};
+    if (r < 0.9) return { deadline_ts: this.clock.now() / 1000 + 60 };
+    return { deadline_ts: this.clock.now() / 1000 - 5 }; // already past
+  }
+
+  private scope(): EpisodeId[] | null {
+    return this.random() < 0.2 ? null : this.subset();
+  }
+
+  private subset(): EpisodeId[] {
+    const chosen = ROLLOUTS.filter(() => this.random() < 0.6);
+    return chosen.length > 0 ? chosen : [ROLLOUTS[0]!];
+  }
+
+  private state(): { inline: unknown } | null {
+    return this.random() < 0.5 ? null : { inline: { step: Math.floor(this.random() * 3) } };
+  }
+
+  private pick<T>(items: readonly T[]): T {
+    return items[Math.floor(this.random() * items.length)]!;
+  }
+
+  // ---- running and checking ----------------------------------------------------------------
+
+  private async execute(op: CtlOp, request: Record<string, unknown>): Promise<Outcome> {
+    const before = await this.snapshot();
+    const calledBefore = this.fake.calls.length;
+    const outcome = await this.bounded(op, this.call(op, request));
+    this.steps[this.steps.length - 1] += ` → ${describe(outcome)}`;
+    await this.settle();
+    this.checkThrown(op, outcome);
+    await this.checkAlways(before, op, outcome);
+    if (!outcome.ok) {
+      const code = (outcome.error as CheckpointError).code;
+      if (NOTHING_CHANGED[op]?.has(code)) await this.checkNothingChanged(before, op, code);
+      return outcome;
+    }
+    const id = (outcome.reply as { checkpoint_id?: string }).checkpoint_id;
+    if (op === "resume" && id !== undefined) {
+      const holders = [...this.fake.state].filter(([, s]) => s.checkpoint_id === id).map(([key, s]) => `${key} (${s.phase})`);
+      if (holders.length > 0) this.fail(`resume of ${id} succeeded, but ${holders.join(", ")} still hold it`);
+    }
+    if (op === "checkpoint" && this.fake.calls.slice(calledBefore).some((c) => c.op === "prepare")) this.checkResumeFailures(request, outcome.reply);
+    return outcome;
+  }
+
+  private call(op: CtlOp, request: Record<string, unknown>): Promise<unknown> {
+    const engine = this.engine as unknown as Record<CtlOp, (r: Record<string, unknown>) => Promise<unknown>>;
+    if (op === "status" || op === "list") return engine[op].call(this.engine, {});
+    return engine[op].call(this.engine, request);
+  }
+
+  private async bounded(op: string, promise: Promise<unknown>): Promise<Outcome> {
+    let timer: NodeJS.Timeout | undefined;
+    const hang = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new InvariantViolation(`${op} still pending after ${HANG_MS} ms`)), HANG_MS)));
+    try {
+      return { ok: true, reply: await Promise.race([promise, hang]) };
+    } catch (error) {
+      if (error instanceof InvariantViolation) this.fail(error.message);
+      return { ok: false, error };
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** No step throws anything but a CheckpointError with a catalog code, and never internal_error (no fault injects one). */
+  private checkThrown(op: string, outcome: Outcome): void {
+    if (outcome.ok) return;
+    const error = outcome.error;
+    if (!(error instanceof CheckpointError)) this.fail(`${op} threw ${String((error as Error)?.stack ?? error)}`);
+    if (!ERROR_CODES.includes(error.code)) this.fail(`${op} refused with ${error.code}, not a catalog code`);
+    if (error.code === "internal_error") this.fail(`${op} answered internal_error: ${error.message}`);
+  }
+
+  /** After every step: LATEST names a published checkpoint and moves only on a publication; the open checkpoint is journaled. */
+  private async checkAlways(before: Snapshot, op: string, outcome: Outcome): Promise<void> {
+    const after = await this.snapshot();
+    if (after.latest !== null && !existsSync(join(this.root, after.latest, "checkpoint.json"))) {
+      this.fail(`LATEST names ${after.latest}, which has no checkpoint.json`);
+    }
+    if (after.latest !== before.latest) {
+      const publishes = (op === "publish" || op === "checkpoint") && outcome.ok && (outcome.reply as { checkpoint_id: string }).checkpoint_id === after.latest;
+      if (!publishes && op !== "recover") this.fail(`LATEST moved from ${before.latest} to ${after.latest} on ${op} → ${describe(outcome)}`);
+    }
+    if (this.journal.entries.size > 1) this.fail(`the journal holds ${[...this.journal.entries.keys()].join(", ")}: more than one checkpoint open`);
+    const open = this.engine.openCheckpoint;
+    if (open && !this.journal.entries.has(open.checkpoint_id)) {
+      this.fail(`${open.checkpoint_id} is open (${open.phase}) but not journaled (journal: ${[...this.journal.entries.keys()].join(", ") || "empty"})`);
+    }
+  }
+
+  /** docs/api.md: "a refused request changes nothing". */
+  private async checkNothingChanged(before: Snapshot, op: string, code: string): Promise<void> {
+    const after = await this.snapshot();
+    const changed: string[] = [];
+    if (!isDeepStrictEqual(after.open, before.open)) changed.push(`open ${JSON.stringify(before.open)} → ${JSON.stringify(after.open)}`);
+    if (after.journal !== before.journal) changed.push(`journal ${before.journal} → ${after.journal}`);
+    if (after.latest !== before.latest) changed.push(`LATEST ${before.latest} → ${after.latest}`);
+    if (after.phaseCalls !== before.phaseCalls) {
+      const sent = this.fake.calls.filter((c) => c.op !== "status").slice(before.phaseCalls).map((c) => `${c.op}:${c.kind}/${c.instance}`);
+      changed.push(`sent ${sent.join(", ")}`);
+    }
+    if (changed.length > 0) this.fail(`${op} refused with ${code}, which promises nothing changed, but: ${changed.join("; ")}`);
+  }
+
+  /** A checkpoint's reply lists resume_failures exactly for the participants whose resume failed. */
+  private checkResumeFailures(request: Record<string, unknown>, reply: unknown): void {
+    const listed = (reply as { resume_failures: { kind: string; instance: string }[] }).resume_failures.map((f) => `${f.kind}.${f.instance}`).sort();
+    const failing = request["stop"] ? [] : FOUR.map((m) => `${m.kind}.${m.instance}`).filter((key) => this.fake.script.has(`${key}.resume`)).sort();
+    if (!isDeepStrictEqual(listed, failing)) this.fail(`checkpoint listed resume_failures [${listed.join(", ")}], but the resume failed at [${failing.join(", ")}]`);
+  }
+
+  private async snapshot(): Promise<Snapshot> {
+    let latest: string | null;
+    try {
+      latest = await this.fixture.catalog.latest();
+    } catch (error) {
+      this.fail(`LATEST unreadable: ${String(error)}`);
+    }
+    return {
+      open: this.engine.openCheckpoint,
+      journal: JSON.stringify([...this.journal.entries].sort(([a], [b]) => a.localeCompare(b))),
+      latest,
+      phaseCalls: this.fake.calls.filter((c) => c.op !== "status").length,
+    };
+  }
+
+  /** Lets background work (LATEST's fsync, then the journal entry's removal; retention's deletions) finish. */
+  private async settle(): Promise<void> {
+    for (let i = 0; i < 3; i++) {
+      await this.fixture.writer.settled();
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  }
+
+  private fail(message: string): never {
+    throw new InvariantViolation(message);
+  }
+}
+
+function describe(outcome: Outcome): string {
+  if (outcome.ok) return `ok ${JSON.stringify(outcome.reply).slice(0, 300)}`;
+  const error = outcome.error as { code?: string; message?: string };
+  return `${error.code ?? "thrown"}: ${String(error.message).slice(0, 300)}`;
+}
+
