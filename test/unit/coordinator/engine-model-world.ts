@@ -28,6 +28,8 @@ const FAULT_OPS: Op[] = ["prepare", "commit", "resume", "restore", "retire", "fo
 type Fault = "unreachable" | "timeout" | { error: string };
 /** Refusal codes a participant is scripted to answer: none of them one of NOTHING_CHANGED's. */
 const FAULTS: Fault[] = ["unreachable", "timeout", { error: "storage_error" }];
+/** A restore refused with a code that promises nothing was installed (RESTORE_REFUSALS): a process already resumed from it. */
+const RESTORE_FAULTS: Fault[] = [{ error: "stale_checkpoint" }];
 
 type CtlOp = "checkpoint" | "prepare" | "commit" | "publish" | "resume" | "restore" | "retire" | "forget" | "renew" | "status" | "list" | "get";
 type Outcome = { ok: true; reply: unknown } | { ok: false; error: unknown };
@@ -65,9 +67,10 @@ export class EngineWorld {
   private fixture: ReturnType<typeof makeEngine>;
   private epoch = 7;
   private nextId = 0;
+  private journalFault: "none" | "lost" | "landed" = "none";
   private readonly ids: string[] = [];
   /** The last controller op run, for a retry of it (its reply lost), and how it ended. */
-  private last: { op: CtlOp; request: Record<string, unknown>; outcome: Outcome; faultsSince: number } | undefined;
+  private last: { op: CtlOp; request: Record<string, unknown>; outcome: Outcome; faultsSince: number; failedOver: boolean } | undefined;
 
   constructor(
     private readonly random: () => number,
@@ -75,12 +78,20 @@ export class EngineWorld {
   ) {
     this.fixture = makeEngine(root, { members: FOUR });
     ({ engine: this.engine, fake: this.fake, clock: this.clock, journal: this.journal } = this.fixture);
+    // A KV put whose acknowledgement never comes (a timeout), landed or not, while journalFault says so.
+    const record = this.journal.record.bind(this.journal);
+    this.journal.record = async (entry) => {
+      if (this.journalFault === "landed") await record(entry);
+      if (this.journalFault !== "none") throw new Error("TIMEOUT (scripted journal fault)");
+      await record(entry);
+    };
   }
 
   async step(): Promise<void> {
     const r = this.random();
     if (r < 0.12) return this.toggleFault();
     if (r < 0.15) return this.expireLease();
+    if (r < 0.16) return this.toggleJournalFault();
     if (r < 0.17) return this.loseLeadership();
     // A retry is likeliest right after the op it repeats succeeded (its reply lost).
     if (this.last && r < (this.last.outcome.ok ? 0.35 : 0.22)) return this.retryLast();
@@ -107,10 +118,17 @@ export class EngineWorld {
       const member = this.pick(FOUR);
       const op = this.pick(FAULT_OPS);
       const key = `${member.kind}.${member.instance}.${op}`;
-      const fault = this.pick(FAULTS);
+      const fault = this.pick(op === "restore" ? [...FAULTS, ...RESTORE_FAULTS] : FAULTS);
       this.fake.set(member.kind, member.instance, op, fault);
       this.steps.push(`fault ${key} ${JSON.stringify(fault)}`);
     }
+    if (this.last) this.last.faultsSince++;
+  }
+
+  /** The decision journal's writes time out (landed or not), or work again. */
+  private async toggleJournalFault(): Promise<void> {
+    this.journalFault = this.journalFault !== "none" ? "none" : this.random() < 0.5 ? "lost" : "landed";
+    this.steps.push(`journal writes ${this.journalFault === "none" ? "work again" : `time out (${this.journalFault})`}`);
     if (this.last) this.last.faultsSince++;
   }
 
@@ -138,7 +156,7 @@ export class EngineWorld {
     }
     const outcome = await this.bounded("recover", this.engine.recover());
     this.steps[this.steps.length - 1] += ` → ${describe(outcome)}`;
-    this.last = undefined;
+    if (this.last) this.last.failedOver = true;
     await this.settle();
     this.checkThrown("recover", outcome);
     await this.checkAlways(before, "recover", outcome);
@@ -153,6 +171,13 @@ export class EngineWorld {
     const outcome = await this.execute(last.op, last.request);
     if (!last.outcome.ok || !outcome.ok) return;
     // "a retry with the same id and arguments ... gets the op's reply" (docs/api.md "Retrying a controller op")
+    if (last.failedOver) {
+      // Across coordinators only a publication's reply is rebuilt (from checkpoint.json): the same checkpoint, its lists aside.
+      if ((last.op === "checkpoint" || last.op === "publish") && !isDeepStrictEqual(publication(outcome.reply), publication(last.outcome.reply))) {
+        this.fail(`a retry after a failover of a ${last.op} that succeeded answered ${JSON.stringify(outcome.reply)}, not ${JSON.stringify(last.outcome.reply)}`);
+      }
+      return;
+    }
     const same = ["checkpoint", "commit", "publish", "restore"].includes(last.op) || (last.op === "prepare" && last.faultsSince === 0 && !late);
     if (same && !isDeepStrictEqual(outcome.reply, last.outcome.reply)) {
       this.fail(`a retry of a ${last.op} that succeeded answered ${JSON.stringify(outcome.reply)}, not ${JSON.stringify(last.outcome.reply)}`);
@@ -163,7 +188,7 @@ export class EngineWorld {
     const request = this.requestFor(op);
     this.steps.push(`${op} ${JSON.stringify(request)}`);
     const outcome = await this.execute(op, request);
-    this.last = { op, request, outcome, faultsSince: 0 };
+    this.last = { op, request, outcome, faultsSince: 0, failedOver: false };
   }
 
   // ---- requests ----------------------------------------------------------------------------
@@ -258,6 +283,7 @@ export class EngineWorld {
   private async execute(op: CtlOp, request: Record<string, unknown>): Promise<Outcome> {
     const before = await this.snapshot();
     const calledBefore = this.fake.calls.length;
+    const installsBefore = this.fake.installs.length;
     const outcome = await this.bounded(op, this.call(op, request));
     this.steps[this.steps.length - 1] += ` → ${describe(outcome)}`;
     await this.settle();
@@ -266,6 +292,13 @@ export class EngineWorld {
     if (!outcome.ok) {
       const code = (outcome.error as CheckpointError).code;
       if (NOTHING_CHANGED[op]?.has(code)) await this.checkNothingChanged(before, op, code);
+      if (op === "restore" && code === "stale_checkpoint") {
+        // Every participant refused it so: "nothing retired or resumed, no failure remembered, the journal entry removed before the reply".
+        const cleanup = this.fake.calls.slice(calledBefore).filter((c) => c.op === "retire" || c.op === "resume");
+        if (cleanup.length > 0) this.fail(`restore refused by every participant (stale_checkpoint), yet ${cleanup.map((c) => `${c.op}:${c.kind}/${c.instance}`).join(", ")} sent`);
+        const after = await this.snapshot();
+        if (after.journal !== before.journal || !isDeepStrictEqual(after.open, before.open)) this.fail(`restore refused by every participant (stale_checkpoint) changed the journal or the open checkpoint`);
+      }
       return outcome;
     }
     const id = (outcome.reply as { checkpoint_id?: string }).checkpoint_id;
@@ -274,6 +307,23 @@ export class EngineWorld {
       if (holders.length > 0) this.fail(`resume of ${id} succeeded, but ${holders.join(", ")} still hold it`);
     }
     if (op === "checkpoint" && this.fake.calls.slice(calledBefore).some((c) => c.op === "prepare")) this.checkResumeFailures(request, outcome.reply);
+    if (op === "restore") {
+      // "On success everyone is restored (still paused) until resume"
+      const open = this.engine.openCheckpoint;
+      if (!open || open.checkpoint_id !== id || open.phase !== "restored") this.fail(`restore of ${id} succeeded, but the open checkpoint is ${JSON.stringify(open)}`);
+      // Those that installed it now (the fake answers one it restored before from its reply cache, leaving its state as it is).
+      const installed = this.fake.installs.slice(installsBefore).map((m) => m.replace("/", "."));
+      const others = installed.filter((key) => this.fake.state.get(key)?.checkpoint_id !== id);
+      if (others.length > 0) this.fail(`restore of ${id} succeeded, but ${others.join(", ")} do not hold it`);
+    }
+    if (op === "prepare" && (outcome.reply as { prepared: boolean }).prepared) {
+      const open = this.engine.openCheckpoint;
+      if (!open || open.checkpoint_id !== id || open.phase !== "prepared") this.fail(`prepare of ${id} succeeded, but the open checkpoint is ${JSON.stringify(open)}`);
+    }
+    if (op === "status") {
+      const shown = (outcome.reply as { checkpoint: unknown }).checkpoint;
+      if (!isDeepStrictEqual(shown, this.engine.openCheckpoint)) this.fail(`status shows ${JSON.stringify(shown)} open, the engine ${JSON.stringify(this.engine.openCheckpoint)}`);
+    }
     return outcome;
   }
 
@@ -341,6 +391,9 @@ export class EngineWorld {
     const listed = (reply as { resume_failures: { kind: string; instance: string }[] }).resume_failures.map((f) => `${f.kind}.${f.instance}`).sort();
     const failing = request["stop"] ? [] : FOUR.map((m) => `${m.kind}.${m.instance}`).filter((key) => this.fake.script.has(`${key}.resume`)).sort();
     if (!isDeepStrictEqual(listed, failing)) this.fail(`checkpoint listed resume_failures [${listed.join(", ")}], but the resume failed at [${failing.join(", ")}]`);
+    const id = (reply as { checkpoint_id: string }).checkpoint_id;
+    const holders = [...this.fake.state].filter(([key, s]) => s.checkpoint_id === id && !listed.includes(key)).map(([key]) => key);
+    if (!request["stop"] && holders.length > 0) this.fail(`checkpoint ${id} succeeded, but ${holders.join(", ")} still hold it and are not among its resume_failures`);
   }
 
   private async snapshot(): Promise<Snapshot> {
@@ -377,3 +430,8 @@ function describe(outcome: Outcome): string {
   return `${error.code ?? "thrown"}: ${String(error.message).slice(0, 300)}`;
 }
 
+/** What identifies a publication in a checkpoint or publish reply (deleted, resume_failures and timings are this coordinator's). */
+function publication(reply: unknown): unknown {
+  const { checkpoint_id, checkpoint_dir, manifest_path, published_at } = reply as Record<string, unknown>;
+  return { checkpoint_id, checkpoint_dir, manifest_path, published_at };
+}

@@ -43,5 +43,5 @@ describe("coordinator engine against the invariants of docs/api.md", () => {
       if (failures.length >= 3) break;
     }
     if (failures.length > 0) expect.fail(failures.join("\n\n"));
-  }, 120_000);
+  }, Math.max(120_000, (LAST - FIRST + 1) * STEPS * 10));
 });
