@@ -375,7 +375,16 @@ export class CheckpointEngine {
   // ---- controller ops --------------------------------------------------------------------
 
   prepare(request: CtlRequestOf<"prepare">): Promise<CtlReplyOf<"prepare">> {
-    return this.op("prepare", request.checkpoint_id, (ctx) => this.doPrepare(request.checkpoint_id, this.deadline(request.deadline_ts), false, null, ctx), request);
+    return this.op(
+      "prepare",
+      request.checkpoint_id,
+      (ctx) => {
+        this.deadlineCapped(request.deadline_ts);
+        this.refuseUnjournaled(request.checkpoint_id);
+        return this.doPrepare(request.checkpoint_id, this.deadline(request.deadline_ts), false, null, ctx);
+      },
+      request,
+    );
   }
 
   commit(request: CtlRequestOf<"commit">): Promise<CtlReplyOf<"commit">> {
@@ -500,6 +509,7 @@ export class CheckpointEngine {
       if (again) return again;
       const failedBefore = this.failedCheckpointOps.get(id);
       if (failedBefore) throw new CheckpointError(failedBefore.code, `${failedBefore.message} (how an earlier request of this checkpoint op ended: the id is spent, checkpoint again with a fresh one)`, { data: failedBefore.data });
+      this.refuseUnjournaled(id);
       // A generated id is fresh: only a named one can be a retry of a finished op (read from disk).
       const finished = request.checkpoint_id === undefined ? undefined : await this.publishedWith(id, request.controller_state, request);
       if (finished) return this.checkpointReplyOf(finished);
@@ -1727,6 +1737,17 @@ export class CheckpointEngine {
       this.log.warn({ checkpoint_id: id, err: error }, "abort_resume_incomplete");
       return toCheckpointError(error);
     }
+  }
+
+  /**
+   * A retry of a checkpoint aborted because its open entry could not be written (its reply lost)
+   * gets that `journal_unavailable` again, answered from memory before its deadline_ts is looked at:
+   * the client retries once deadline_ts + slack is over, and `deadline_exceeded` ("it never ran")
+   * would hide that the id is spent.
+   */
+  private refuseUnjournaled(id: string): void {
+    const detail = this.open?.id === id ? undefined : this.unjournaledPrepares.get(id);
+    if (detail !== undefined) throw new CheckpointError("journal_unavailable", detail);
   }
 
   /**

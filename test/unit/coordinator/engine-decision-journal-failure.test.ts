@@ -171,3 +171,31 @@ describe("a restore, or a restored checkpoint's resume, whose journal write fail
     });
   }
 });
+
+/**
+ * docs/api.md prepare: journal_unavailable "a retry of that id among the leader's last 8 such gets
+ * the same reply"; "A retry answered from memory is not refused for a past deadline". A controller
+ * whose reply was lost retries with the same body once its wait (deadline_ts + slack) is over: it
+ * must learn the id is spent, not `deadline_exceeded` ("it never ran"). Found by engine-model.test.ts.
+ */
+describe("a checkpoint aborted because its open entry could not be journaled, retried after its deadline", () => {
+  for (const op of ["checkpoint", "prepare"] as const) {
+    it(`${op}: the retry gets journal_unavailable again, nothing sent`, async () => {
+      const { engine, fake, journal, clock } = makeEngine(root);
+      const control = failState(journal, "open", false);
+      const deadline_ts = clock.now() / 1000 + 60;
+      const send = () =>
+        op === "checkpoint"
+          ? engine.checkpoint({ checkpoint_id: "nj1", deadline_ts, episode_ids: R1, stop: false, controller_state: null })
+          : engine.prepare({ checkpoint_id: "nj1", deadline_ts });
+      const first = await answered(send());
+      expect(first.code).toBe("journal_unavailable");
+      control.failing = false;
+      clock.current += 70_000; // the reply was lost; the client retries after its wait
+      const sent = fake.calls.length;
+      const again = await answered(send());
+      expect([again.code, again.message]).toEqual(["journal_unavailable", first.message]);
+      expect(fake.calls.length).toBe(sent);
+    });
+  }
+});
