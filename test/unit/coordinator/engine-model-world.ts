@@ -95,6 +95,7 @@ export class EngineWorld {
     if (r < 0.17) return this.loseLeadership();
     // A retry is likeliest right after the op it repeats succeeded (its reply lost).
     if (this.last && r < (this.last.outcome.ok ? 0.35 : 0.22)) return this.retryLast();
+    if (r < 0.3) return this.runWithConcurrentRetry();
     return this.runOp(this.pickOp());
   }
 
@@ -189,6 +190,32 @@ export class EngineWorld {
     this.steps.push(`${op} ${JSON.stringify(request)}`);
     const outcome = await this.execute(op, request);
     this.last = { op, request, outcome, faultsSince: 0, failedOver: false };
+  }
+
+  /**
+   * An op and its retry sent while it still runs (the client gave up on a slow reply): "a retry
+   * waiting for the op it repeats ... waits for it however long it takes and gets its reply".
+   * Only the global invariants are checked after both (the per-op ones assume one op at a time).
+   */
+  private async runWithConcurrentRetry(): Promise<void> {
+    const op = this.pick<CtlOp>(["checkpoint", "commit", "publish", "restore", "prepare", "resume"]);
+    const request = this.requestFor(op);
+    this.steps.push(`${op} and its retry at once ${JSON.stringify(request)}`);
+    const before = await this.snapshot();
+    const [first, second] = await Promise.all([this.bounded(op, this.call(op, request)), this.bounded(`${op} retry`, this.call(op, request))]);
+    this.steps[this.steps.length - 1] += ` → ${describe(first)} | retry → ${describe(second)}`;
+    await this.settle();
+    this.checkThrown(op, first);
+    this.checkThrown(op, second);
+    await this.checkAlways(before, op, first.ok ? first : second);
+    if (first.ok && second.ok && ["checkpoint", "commit", "publish", "restore"].includes(op) && !isDeepStrictEqual(first.reply, second.reply)) {
+      this.fail(`a ${op} and its concurrent retry answered differently`);
+    }
+    if (op === "checkpoint" && !first.ok && (first.error as CheckpointError).code !== "outcome_unknown") {
+      const [a, b] = [first.error as CheckpointError, second.ok ? undefined : (second.error as CheckpointError)];
+      if (b?.code !== a.code) this.fail(`a checkpoint failed with ${a.code}, its concurrent retry answered ${describe(second)}`);
+    }
+    this.last = { op, request, outcome: first, faultsSince: 0, failedOver: false };
   }
 
   // ---- requests ----------------------------------------------------------------------------
