@@ -31,6 +31,9 @@ const FAULTS: Fault[] = ["unreachable", "timeout", { error: "storage_error" }];
 /** A restore refused with a code that promises nothing was installed (RESTORE_REFUSALS): a process already resumed from it. */
 const RESTORE_FAULTS: Fault[] = [{ error: "stale_checkpoint" }];
 
+/** Codes of a checkpoint op that ran and aborted its id here (the participants' codes this model scripts, and the journal's). */
+const ABORTED: ReadonlySet<string> = new Set(["prepare_incomplete", "journal_unavailable", "storage_error", "unreachable"]);
+
 type CtlOp = "checkpoint" | "prepare" | "commit" | "publish" | "resume" | "restore" | "retire" | "forget" | "renew" | "status" | "list" | "get";
 type Outcome = { ok: true; reply: unknown } | { ok: false; error: unknown };
 
@@ -170,6 +173,12 @@ export class EngineWorld {
     if (late) this.clock.current += 70_000;
     this.steps.push(`retry${late ? " (70 s later)" : ""} ${last.op} ${JSON.stringify(last.request)}`);
     const outcome = await this.execute(last.op, last.request);
+    if (last.op === "checkpoint" && !last.outcome.ok && !last.failedOver) {
+      // "Retried after it failed and its id was closed here (aborted ...), it gets that failure again (the same code and detail)"
+      const code = (last.outcome.error as CheckpointError).code;
+      const again = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
+      if (ABORTED.has(code) && again !== code) this.fail(`a checkpoint that failed with ${code} was retried: ${describe(outcome)}`);
+    }
     if (!last.outcome.ok || !outcome.ok) return;
     // "a retry with the same id and arguments ... gets the op's reply" (docs/api.md "Retrying a controller op")
     if (last.failedOver) {
