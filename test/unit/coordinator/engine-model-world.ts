@@ -46,12 +46,12 @@ const NOTHING_CHANGED: Partial<Record<CtlOp, ReadonlySet<string>>> = {
   prepare: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
   commit: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
   publish: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "stale_checkpoint"]),
-  resume: new Set(["checkpoint_conflict", "not_found", "deadline_exceeded"]),
-  renew: new Set(["checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
+  resume: new Set(["invalid_request", "checkpoint_conflict", "not_found", "deadline_exceeded"]),
+  renew: new Set(["invalid_request", "checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
   checkpoint: new Set(["invalid_request", "checkpoint_conflict", "not_found", "stale_checkpoint", "deadline_exceeded"]),
   restore: new Set(["invalid_request", "invalid_phase", "not_found", "deadline_exceeded"]),
-  retire: new Set(["invalid_phase", "checkpoint_conflict", "not_found", "deadline_exceeded"]),
-  forget: new Set(["invalid_phase", "checkpoint_conflict", "not_found", "deadline_exceeded"]),
+  retire: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "deadline_exceeded"]),
+  forget: new Set(["invalid_request", "invalid_phase", "checkpoint_conflict", "not_found", "deadline_exceeded"]),
 };
 
 interface Snapshot {
@@ -293,7 +293,8 @@ export class EngineWorld {
   private deadline(): { deadline_ts?: number } {
     const r = this.random();
     if (r < 0.5) return {};
-    if (r < 0.9) return { deadline_ts: this.clock.now() / 1000 + 60 };
+    if (r < 0.87) return { deadline_ts: this.clock.now() / 1000 + 60 };
+    if (r < 0.9) return { deadline_ts: this.clock.now() }; // milliseconds sent as seconds: more than 7 days ahead
     return { deadline_ts: this.clock.now() / 1000 - 5 }; // already past
   }
 
@@ -303,6 +304,8 @@ export class EngineWorld {
 
   private subset(): EpisodeId[] {
     const chosen = ROLLOUTS.filter(() => this.random() < 0.6);
+    // Now and then one rollout at two attempts, which every scope refuses (invalid_request).
+    if (this.random() < 0.04) chosen.push({ rollout_id: "r1", attempt: 1 });
     return chosen.length > 0 ? chosen : [ROLLOUTS[0]!];
   }
 
@@ -355,6 +358,14 @@ export class EngineWorld {
     if (op === "prepare" && (outcome.reply as { prepared: boolean }).prepared) {
       const open = this.engine.openCheckpoint;
       if (!open || open.checkpoint_id !== id || open.phase !== "prepared") this.fail(`prepare of ${id} succeeded, but the open checkpoint is ${JSON.stringify(open)}`);
+    }
+    if (op === "list") {
+      // LATEST is among the listed checkpoints; retention (2 here) keeps no more than the newest two.
+      const listed = outcome.reply as { latest: string | null; checkpoints: { checkpoint_id: string }[] };
+      const latest = (await this.snapshot()).latest;
+      if (listed.latest !== latest) this.fail(`list says LATEST is ${listed.latest}, the file ${latest}`);
+      if (latest !== null && !listed.checkpoints.some((c) => c.checkpoint_id === latest)) this.fail(`list lacks LATEST ${latest}`);
+      if (listed.checkpoints.length > 2) this.fail(`list shows ${listed.checkpoints.length} checkpoints, retention keeps 2`);
     }
     if (op === "status") {
       const shown = (outcome.reply as { checkpoint: unknown }).checkpoint;
