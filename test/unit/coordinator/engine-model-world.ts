@@ -359,6 +359,16 @@ export class EngineWorld {
       const open = this.engine.openCheckpoint;
       if (!open || open.checkpoint_id !== id || open.phase !== "prepared") this.fail(`prepare of ${id} succeeded, but the open checkpoint is ${JSON.stringify(open)}`);
     }
+    if (op === "checkpoint" && request["stop"] && this.fake.calls.slice(calledBefore).some((c) => c.op === "commit")) {
+      // "with stop: true there is no resume: participants stay parked because the controller stops"
+      const released = FOUR.map((m) => `${m.kind}.${m.instance}`).filter((key) => this.fake.state.get(key)?.checkpoint_id !== id);
+      if (released.length > 0) this.fail(`stop checkpoint ${id} succeeded, but ${released.join(", ")} do not hold it`);
+    }
+    // A commit of an id closed here since is answered from its kept reply ("a retry of a commit op that succeeded gets its reply instead").
+    if (op === "commit" && (before.open as { checkpoint_id?: string } | null)?.checkpoint_id === id) {
+      const open = this.engine.openCheckpoint;
+      if (!open || open.checkpoint_id !== id || (open.phase !== "committed" && open.phase !== "published")) this.fail(`commit of ${id} succeeded, but the open checkpoint is ${JSON.stringify(open)}`);
+    }
     if (op === "list") {
       // LATEST is among the listed checkpoints; retention (2 here) keeps no more than the newest two.
       const listed = outcome.reply as { latest: string | null; checkpoints: { checkpoint_id: string }[] };
