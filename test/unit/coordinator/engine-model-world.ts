@@ -99,6 +99,7 @@ export class EngineWorld {
     // A retry is likeliest right after the op it repeats succeeded (its reply lost).
     if (this.last && r < (this.last.outcome.ok ? 0.35 : 0.22)) return this.retryLast();
     if (r < 0.3) return this.runWithConcurrentRetry();
+    if (r < 0.33) return this.runTwoAtOnce();
     return this.runOp(this.pickOp());
   }
 
@@ -225,6 +226,21 @@ export class EngineWorld {
       if (b?.code !== a.code) this.fail(`a checkpoint failed with ${a.code}, its concurrent retry answered ${describe(second)}`);
     }
     this.last = { op, request, outcome: first, faultsSince: 0, failedOver: false };
+  }
+
+  /** Two different controller ops at once (two controllers, or a status beside a checkpoint): only catalog codes, and the global invariants. */
+  private async runTwoAtOnce(): Promise<void> {
+    const ops = [this.pickOp(), this.pickOp()];
+    const requests = ops.map((op) => this.requestFor(op));
+    this.steps.push(`at once: ${ops.map((op, i) => `${op} ${JSON.stringify(requests[i])}`).join(" | ")}`);
+    const before = await this.snapshot();
+    const outcomes = await Promise.all(ops.map((op, i) => this.bounded(op, this.call(op, requests[i]!))));
+    this.steps[this.steps.length - 1] += ` → ${outcomes.map(describe).join(" | ")}`;
+    await this.settle();
+    outcomes.forEach((outcome, i) => this.checkThrown(ops[i]!, outcome));
+    const publisher = outcomes.findIndex((o, i) => o.ok && (ops[i] === "publish" || ops[i] === "checkpoint"));
+    await this.checkAlways(before, publisher >= 0 ? ops[publisher]! : ops[0]!, publisher >= 0 ? outcomes[publisher]! : outcomes[0]!);
+    this.last = undefined;
   }
 
   // ---- requests ----------------------------------------------------------------------------
