@@ -247,7 +247,9 @@ export class EngineWorld {
     this.steps[this.steps.length - 1] += ` → ${outcomes.map(describe).join(" | ")}`;
     await this.settle();
     outcomes.forEach((outcome, i) => this.checkThrown(ops[i]!, outcome));
-    const publisher = outcomes.findIndex((o, i) => o.ok && (ops[i] === "publish" || ops[i] === "checkpoint"));
+    // Both may publish (two checkpoints): LATEST names the one that published last.
+    const latest = (await this.snapshot()).latest;
+    const publisher = outcomes.findIndex((o, i) => o.ok && (ops[i] === "publish" || ops[i] === "checkpoint") && (o.reply as { checkpoint_id: string }).checkpoint_id === latest);
     await this.checkAlways(before, publisher >= 0 ? ops[publisher]! : ops[0]!, publisher >= 0 ? outcomes[publisher]! : outcomes[0]!);
     this.last = undefined;
   }
