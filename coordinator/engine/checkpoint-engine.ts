@@ -1248,8 +1248,7 @@ export class CheckpointEngine {
       throw new CheckpointError("checkpoint_conflict", `checkpoint ${id} was opened by a prepare of its own; finish it with commit, publish and resume (or resume it), or checkpoint under a fresh id`);
     }
     if (!open) {
-      const unjournaled = this.unjournaledPrepares.get(id);
-      if (unjournaled !== undefined) throw new CheckpointError("journal_unavailable", unjournaled);
+      this.refuseUnjournaled(id); // checked by both callers before their deadline too; kept here, where the id opens
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
       if (this.options.catalog.published(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
       const members = await this.options.membership.list();
