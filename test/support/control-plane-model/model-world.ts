@@ -21,6 +21,7 @@ import { deferred } from "../deferred.js";
 import { FaultyStorage } from "./faulty-storage.js";
 import { ModelKind } from "./model-kind.js";
 import { GRACE_S, ReferenceModel, commitArgs, restoreArgs, type Prediction, type Surroundings } from "./reference-model.js";
+import { InvariantViolation } from "../seeded-model-run.js";
 
 /**
  * One participant (a ScriptableKind environment on a ManualClock, storage in a temp directory) and
@@ -34,7 +35,6 @@ const INSTANCE = "env0";
 /** A real op never takes this long here (no real timers, a tmpfs): one still pending hangs. */
 const HANG_MS = 3_000;
 
-export class InvariantViolation extends Error {}
 
 type Outcome = { ok: true; reply: unknown } | { ok: false; error: CheckpointError; raw: unknown };
 

@@ -5,6 +5,7 @@ import { CheckpointError, ERROR_CODES, type EpisodeId, type Op } from "../../../
 import type { CheckpointEngine } from "../../../coordinator/engine/checkpoint-engine.js";
 import type { MemoryDecisionJournal } from "../../../coordinator/ha/decision-journal.js";
 import { FOUR, makeEngine, type FakeParticipants, type TestClock } from "./fake-participants.js";
+import { InvariantViolation } from "../../support/seeded-model-run.js";
 
 /**
  * The coordinator engine (over FakeParticipants, a TestClock, a MemoryDecisionJournal and a real
@@ -14,7 +15,6 @@ import { FOUR, makeEngine, type FakeParticipants, type TestClock } from "./fake-
  * logged (`steps`), so a failure names the sequence that led to it.
  */
 
-export class InvariantViolation extends Error {}
 
 /** An op still pending after this long (no real timers; every fault answers at once) hangs. */
 const HANG_MS = 5_000;

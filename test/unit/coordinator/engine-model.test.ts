@@ -2,8 +2,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { mulberry32 } from "../../support/seeded-random.js";
-import { EngineWorld, InvariantViolation } from "./engine-model-world.js";
+import { runSeededWorld, seededRunSettings } from "../../support/seeded-model-run.js";
+import { EngineWorld } from "./engine-model-world.js";
 import { writers } from "./fake-participants.js";
 
 /**
@@ -15,20 +15,13 @@ import { writers } from "./fake-participants.js";
  * `ENGINE_MODEL_SEEDS=a-b` runs other seeds, `ENGINE_MODEL_STEPS` longer sequences.
  */
 
-const [FIRST, LAST] = (process.env["ENGINE_MODEL_SEEDS"] ?? "1-100").split("-").map(Number) as [number, number];
-const STEPS = Number(process.env["ENGINE_MODEL_STEPS"] ?? 40);
+const { first: FIRST, last: LAST, steps: STEPS } = seededRunSettings("ENGINE_MODEL_SEEDS", "1-100", "ENGINE_MODEL_STEPS", 40);
 
 async function runSeed(seed: number): Promise<string | undefined> {
   const root = await mkdtemp(join(tmpdir(), `gym-ckpt-engine-model-${seed}-`));
-  const world = new EngineWorld(mulberry32(seed), root);
   try {
-    for (let i = 0; i < STEPS; i++) await world.step();
-    return undefined;
-  } catch (error) {
-    if (!(error instanceof InvariantViolation)) throw error;
-    return `seed ${seed}: ${error.message}\nsteps:\n${world.steps.map((s, i) => `  ${i}: ${s}`).join("\n")}`;
+    return await runSeededWorld(seed, STEPS, async (random) => new EngineWorld(random, root));
   } finally {
-    await world.close();
     await Promise.all(writers.splice(0).map((w) => w.settled()));
     await rm(root, { recursive: true, force: true });
   }

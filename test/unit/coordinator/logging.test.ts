@@ -2,15 +2,21 @@ import { Writable } from "node:stream";
 import { describe, expect, it } from "vitest";
 import { createLogger } from "../../../coordinator/telemetry/logger.js";
 
+/** A stream a logger writes to, and the lines it wrote. */
+function logSink(): { lines: string[]; sink: Writable } {
+  const lines: string[] = [];
+  const sink = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      lines.push(chunk.toString());
+      done();
+    },
+  });
+  return { lines, sink };
+}
+
 describe("coordinator logs", () => {
   it("are JSON and redact tokens, passwords and Authorization headers", () => {
-    const lines: string[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        lines.push(chunk.toString());
-        done();
-      },
-    });
+    const { lines, sink } = logSink();
     const logger = createLogger("info", sink);
     logger.child({ checkpoint_id: "c1" }).child({ kind: "model", instance: "m" }).info(
       { token: "t0ken", config: { token: "t1", nats: { pass: "pw1" } }, headers: { authorization: "Bearer abc" }, request: { authorization: "Bearer def" } },
@@ -31,13 +37,7 @@ describe("coordinator log lines carry each key once", () => {
     const { tmpdir } = await import("node:os");
     const { join } = await import("node:path");
     const { makeEngine, writers } = await import("./fake-participants.js");
-    const lines: string[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        lines.push(chunk.toString());
-        done();
-      },
-    });
+    const { lines, sink } = logSink();
     const daemonLogger = createLogger("info", sink).child({ component: "coordinator", coordinator_id: "c0", deployment: "d" });
     const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logkeys-"));
     try {
@@ -66,13 +66,7 @@ describe("a retire or forget outside any checkpoint", () => {
     const { tmpdir } = await import("node:os");
     const { join } = await import("node:path");
     const { makeEngine } = await import("./fake-participants.js");
-    const lines: string[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        lines.push(chunk.toString());
-        done();
-      },
-    });
+    const { lines, sink } = logSink();
     const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logretire-"));
     try {
       const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink) });
@@ -93,13 +87,7 @@ describe("a retire or forget outside any checkpoint", () => {
 
 describe("a failed op's error in the log", () => {
   function sinkLines() {
-    const lines: string[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        lines.push(chunk.toString());
-        done();
-      },
-    });
+    const { lines, sink } = logSink();
     return { lines, sink };
   }
 
@@ -167,13 +155,7 @@ describe("a prepare that does not complete", () => {
     const { tmpdir } = await import("node:os");
     const { join } = await import("node:path");
     const { makeEngine } = await import("./fake-participants.js");
-    const lines: string[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        lines.push(chunk.toString());
-        done();
-      },
-    });
+    const { lines, sink } = logSink();
     const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logprep-"));
     try {
       const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink) });
@@ -201,13 +183,7 @@ describe("retires outside any checkpoint that keep failing (a Gym server down)",
     const { tmpdir } = await import("node:os");
     const { join } = await import("node:path");
     const { makeEngine } = await import("./fake-participants.js");
-    const lines: string[] = [];
-    const sink = new Writable({
-      write(chunk: Buffer, _enc, done) {
-        lines.push(chunk.toString());
-        done();
-      },
-    });
+    const { lines, sink } = logSink();
     const root = await mkdtemp(join(tmpdir(), "gym-ckpt-logspell-"));
     try {
       const { engine, fake } = makeEngine(root, { logger: createLogger("info", sink) });

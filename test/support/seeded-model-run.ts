@@ -1,0 +1,35 @@
+import { mulberry32 } from "./seeded-random.js";
+
+/** What a model world's step throws when an invariant fails: the run reports it with its seed and steps. */
+export class InvariantViolation extends Error {}
+
+/** A model-based test's world: random steps from its seed, each checked, and the steps taken so far. */
+export interface ModelRunWorld {
+  readonly steps: readonly string[];
+  step(): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** The seeds (`a-b` from the environment variable `env`, else `fallback`) and steps (`stepsEnv`, else `steps`) to run. */
+export function seededRunSettings(env: string, fallback: string, stepsEnv: string, steps: number): { first: number; last: number; steps: number } {
+  const [first, last] = (process.env[env] ?? fallback).split("-").map(Number) as [number, number];
+  return { first, last, steps: Number(process.env[stepsEnv] ?? steps) };
+}
+
+/**
+ * Runs `steps` steps of the world `make` builds for `seed` (closed after, whatever happened):
+ * undefined when every invariant held, else the seed, the violation and every step that led to
+ * it, so the failure reproduces. Anything but an InvariantViolation is thrown as it is.
+ */
+export async function runSeededWorld(seed: number, steps: number, make: (random: () => number) => Promise<ModelRunWorld>): Promise<string | undefined> {
+  const world = await make(mulberry32(seed));
+  try {
+    for (let i = 0; i < steps; i++) await world.step();
+    return undefined;
+  } catch (error) {
+    if (!(error instanceof InvariantViolation)) throw error;
+    return `seed ${seed}: ${error.message}\nsteps:\n${world.steps.map((s, i) => `  ${i}: ${s}`).join("\n")}`;
+  } finally {
+    await world.close();
+  }
+}
