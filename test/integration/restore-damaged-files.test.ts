@@ -74,4 +74,12 @@ describe("restore of a checkpoint with one participant's files damaged", () => {
     await truncate(join(dir, "manifest.json"), 10);
     await expectNothingInstalled("dmg-manifest", "d4");
   });
+
+  // Records then manifest (reference §4.1, §13: upstream has no test of this window): a records
+  // file whose manifest was never created is no participant checkpoint, whatever it holds.
+  it("manifest missing beside whole records (a crash between the records rename and the manifest): nothing installed anywhere, nothing retired", async () => {
+    const dir = await checkpointThenRestart("dmg-no-manifest", "d5");
+    await rm(join(dir, "manifest.json"));
+    await expectNothingInstalled("dmg-no-manifest", "d5");
+  });
 });

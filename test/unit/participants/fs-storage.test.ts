@@ -116,6 +116,24 @@ describe("filesystem checkpoint storage", () => {
     expect(read.records).toHaveLength(2);
   });
 
+  // Reference §4.1 step 6: the manifest is create-only, so of two writers racing into one
+  // participant directory exactly one publishes; the other is refused and leaves no records file.
+  it("of two writers racing with different records, exactly one publishes and the loser leaves nothing behind", async () => {
+    for (let round = 0; round < 20; round++) {
+      target = { ...target, checkpointDir: join(root, `race${round}`), checkpointId: `race${round}` };
+      await mkdir(target.checkpointDir);
+      const outcomes = await Promise.allSettled([write(new WriteGate(), records), write(new WriteGate(), records.slice(0, 1))]);
+      const won = outcomes.filter((o): o is PromiseFulfilledResult<Awaited<ReturnType<typeof write>>> => o.status === "fulfilled");
+      expect(won).toHaveLength(1);
+      const lost = outcomes.find((o) => o.status === "rejected");
+      expect(toCheckpointError(lost!.reason).code).toBe("checkpoint_conflict");
+      expect((await readdir(participantDir(target))).sort()).toEqual([won[0]!.value.manifest.records_file, "manifest.json"].sort());
+      const read = await storage.read(target, ScriptRecordSchema);
+      expect(read.manifestSha256).toBe(won[0]!.value.manifestSha256);
+      expect(read.records).toHaveLength(won[0]!.value.manifest.record_count);
+    }
+  });
+
   it("refuses a manifest larger than every reader accepts (an adapter's manifestExtra past 1 MiB) before publishing anything: payload_too_large, not a commit no restore can read", async () => {
     const huge = { owners: "x".repeat(MAX_MANIFEST_BYTES) };
     const refused = await refusal(storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra: huge }));

@@ -464,6 +464,25 @@ describe("loading", () => {
     expect(replay.stats.read.skipped.no_seed).toBe(1); // the linear record, by branch count
   });
 
+  // Reference §7.1: every restart is seeded, named by the count of seeds so far; max_anchors (1 by
+  // default) limits only tool-call anchors.
+  it("compaction mode seeds every restart of a trace compacted twice, whatever max_anchors says", async () => {
+    const b = new TraceBuilder();
+    const root = b.add(null, sys());
+    b.chain(root, [[user(TASK_PROMPT)], [call("c1"), true], [result("c1", "6")], [say("Handoff one."), true]]);
+    b.chain(root, [[user("Summary one: 6 so far.")], [call("c2"), true], [result("c2", "42")], [say("Handoff two."), true]]);
+    b.chain(root, [[user("Summary two: 42 computed.")], [say("Final answer: 42"), true]]);
+    await write(1, [b.trace(traceId(3))]);
+    for (const max_anchors of [1, null]) {
+      const replay = source({ mode: "continue", anchor: "compaction", max_anchors });
+      await replay.load();
+      expect(replay.tasks.map((t) => [t.name, t.prompt])).toEqual([
+        ["continue:00000003:compaction0", "Summary one: 6 so far."],
+        ["continue:00000003:compaction1", "Summary two: 42 computed."],
+      ]);
+    }
+  });
+
   it("parses in full past a FIFO index instead of blocking every later call", { timeout: 5000 }, async () => {
     const { indexPath } = await write(1, [linearTrace(traceId(1), 0)]);
     await rm(indexPath);
