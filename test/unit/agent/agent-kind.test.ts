@@ -371,6 +371,39 @@ describe("agent participant", () => {
     await first.kind.retire([ep("r")]);
   });
 
+  // Reference §4.1: record lines keep the exporter's key order; a restored session sees its state and
+  // boundary exactly as exported (an agent renders stored dicts back to the model).
+  it("a restored session and its boundary keep the exporter's key order", async () => {
+    const snapshot = { messages: [{ role: "user", content: "hi" }], zeta: { b: 1, a: 2 }, alpha: 0 };
+    const session = { cookie: "c-o", turns: { z: 1, y: [{ d: 1, c: 2 }] }, a: null };
+    const first = fresh();
+    first.kind.openSession(ep("o"));
+    (first.hooks.state as Map<string, unknown>).set("o", session);
+    void first.kind
+      .activate(ep("o"), async (a) => {
+        await a.boundary(() => snapshot);
+        await a.park();
+        return {};
+      })
+      .catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1" });
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("o")] });
+    expect(JSON.stringify(second.hooks.state.get("o"))).toBe(JSON.stringify(session));
+    await second.call("resume", { checkpoint_id: "c1" });
+    second.kind.openSession(ep("o", 1));
+    let continued: unknown;
+    await second.kind.activate(ep("o", 1), async (a) => {
+      continued = a.continuation();
+      return {};
+    });
+    expect(JSON.stringify(continued)).toBe(JSON.stringify(snapshot));
+    await first.call("resume", { checkpoint_id: "c1" });
+    await first.kind.retire([ep("o")]);
+  });
+
   it("a session opened under its own key (not the rollout id) is restored under that key and re-bound by the next attempt", async () => {
     const first = fresh();
     first.kind.openSession(ep("r"), "sess.r");

@@ -273,6 +273,36 @@ describe("environment participant", () => {
     await second.kind.retire([ep("b", 1)]);
   });
 
+  // Reference §4.1: record lines keep the exporter's key order, and a restored episode sees its
+  // state exactly as exported (some state is rendered back to the model by serializing it).
+  it("a restored boundary keeps the exporter's key order, nested objects included, on disk and in the continuation", async () => {
+    const boundary = { next: "verify", zeta: { b: 1, a: [{ d: 1, c: 2 }] }, answer: "42", alpha: null };
+    const first = fresh();
+    const hold = new Promise<void>(() => undefined);
+    void first.kind
+      .begin(ep("k1"), TASK, {}, async (e) => {
+        await e.boundary(boundary);
+        return e.step("replay", (signal) => abortable(hold, signal));
+      })
+      .catch(() => undefined);
+    await flush();
+    await first.call("prepare", { checkpoint_id: "c1" });
+    await first.call("commit", { checkpoint_id: "c1", episode_ids: [ep("k1")] });
+    const dir = join(root, "c1", "gym", "environment", "env0");
+    const line = await readFile(join(dir, (await readdir(dir)).find((f) => f.startsWith("records-"))!), "utf8");
+    expect(line).toContain(JSON.stringify(boundary));
+    const second = fresh();
+    await second.call("restore", { checkpoint_id: "c1", episode_ids: [ep("k1")] });
+    await second.call("resume", { checkpoint_id: "c1" });
+    let continued: unknown;
+    await second.kind.begin(ep("k1", 1), TASK, {}, async (e) => {
+      continued = e.continuation();
+      return 1;
+    });
+    expect(JSON.stringify(continued)).toBe(JSON.stringify(boundary));
+    await first.kind.retire([ep("k1")]);
+  });
+
   it("corrupt restored records install nothing and leave the participant idle", async () => {
     const storage = new FsCheckpointStorage();
     const good = { episode_id: ep("g"), task_digest: canonicalDigest(TASK), boundary: { next: "verify", answer: "42" } };

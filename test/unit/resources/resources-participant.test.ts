@@ -228,6 +228,36 @@ describe("stateless and exported restore", () => {
     expect((await next).json()).toEqual({ count: 3 });
   });
 
+  // Reference §4.1: record lines keep the exporter's key order; the restored state is the exported one, exactly.
+  it("exported session state keeps the exporter's key order on disk and into the restore hook", async () => {
+    const state = { zeta: { b: 1, a: [{ d: 1, c: 2 }] }, count: 2, alpha: "x" };
+    class OrderedState extends ResourcesServer {
+      static override readonly checkpointMode: CheckpointMode = "exported";
+      restored = "";
+      routes(app: FastifyInstance, sessions: SessionAccess): void {
+        app.post("/seed_session", async (request) => (sessions.require(request), {}));
+      }
+      override async exportSessionStates(ids: string[]): Promise<Record<string, JsonValue>> {
+        return Object.fromEntries(ids.map((id) => [id, state]));
+      }
+      override async restoreSessionStates(states: Record<string, JsonValue>): Promise<void> {
+        this.restored = JSON.stringify(Object.values(states)[0]);
+      }
+      override async retireSessionState(): Promise<void> {}
+    }
+    const a = await harness(new OrderedState());
+    await a.seed("r1");
+    await a.call("prepare", { checkpoint_id: "c1" });
+    await a.call("commit", { checkpoint_id: "c1" });
+    const dir = join(root, "c1", "gym", "resources", "res0");
+    const line = await readFile(join(dir, (await readdir(dir)).find((f) => f.startsWith("records-"))!), "utf8");
+    expect(line).toContain(`"state":${JSON.stringify(state)}`);
+    const fresh = new OrderedState();
+    const b = await harness(fresh);
+    await b.call("restore", { checkpoint_id: "c1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(fresh.restored).toBe(JSON.stringify(state));
+  });
+
   it("corrupt exported state installs nothing and leaves the server idle", async () => {
     // A checkpoint whose files are intact but one session's state is invalid for the server.
     const records = [
