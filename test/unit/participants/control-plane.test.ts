@@ -1007,6 +1007,13 @@ describe("retire and forget", () => {
     expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(false);
     expect(plane.status().retired_rollouts).toBe(0);
   });
+
+  // Reference §3.3: retire answers the capture keys it retired, forget the rollout ids, sorted.
+  it("retire and forget replies list their capture keys and rollout ids sorted, each once", async () => {
+    const episodes = [{ rollout_id: "r2", attempt: 0 }, { rollout_id: "r10", attempt: 3 }, { rollout_id: "r1", attempt: 1 }, { rollout_id: "r2", attempt: 0 }];
+    expect(await call("retire", { checkpoint_id: "retire", episode_ids: episodes })).toEqual({ retired: ["r1-a1", "r10-a3", "r2"] });
+    expect(await call("forget", { checkpoint_id: "forget", rollout_ids: ["r2", "r10", "r1", "r2"] })).toEqual({ forgotten: ["r1", "r10", "r2"] });
+  });
 });
 
 describe("retire marks before it stops", () => {
