@@ -40,11 +40,11 @@ afterAll(async () => {
 describe("a participant lease that expires while a checkpoint is prepared", () => {
   it("aborts that checkpoint at the participant: its commit is refused stale_checkpoint, nothing is published, the controller's resume releases the others, the id stays fenced", async () => {
     const tools = world.participant("tools");
-    const prepared = await world.client.prepare({ checkpoint_id: "lease-1", deadline_ts: Date.now() / 1000 + 1 });
+    const prepared = await world.client.prepare({ checkpoint_id: "lease-1", deadline_ts: Date.now() / 1000 + 3 });
     expect(prepared.prepared).toBe(true);
     hookLog.length = 0;
     // Nobody renews: the lease (deadline + grace) runs out and the participant resumes by itself.
-    await waitUntil(() => tools.handle.controlPlane.currentPhase === "idle", "the lease to expire at resources/tools", 10_000);
+    await waitUntil(() => tools.handle.controlPlane.currentPhase === "idle", "the lease to expire at resources/tools", 20_000);
     expect(hookLog).toContain("open:resources/tools");
     expect(tools.handle.controlPlane.status().checkpoint_id).toBeNull();
     for (const p of world.participants) if (p !== tools) expect(p.handle.controlPlane.currentPhase).toBe("prepared");
