@@ -54,6 +54,17 @@ export class LineSplitter {
   }
 }
 
+/** One line as text, and where its bytes are in the stream (a reader may read them again there). */
+export interface TextLine {
+  text: string;
+  /** Numbered from 1. */
+  number: number;
+  /** Where the line starts in the stream, in bytes. */
+  offset: number;
+  /** The bytes `text` was decoded from: the line without its newline (and a carriage return before it). */
+  byteLength: number;
+}
+
 /**
  * The lines of a stream as text, numbered from 1: the newline (and a carriage return before it)
  * removed, a final line without one included. A line of more than `maxLineBytes` (newline included)
@@ -64,19 +75,19 @@ export async function* textLines(
   input: AsyncIterable<Buffer | string>,
   maxLineBytes: number,
   tooLong: (number: number) => Error,
-): AsyncGenerator<{ text: string; number: number }> {
+): AsyncGenerator<TextLine> {
   const splitter = new LineSplitter();
   let number = 0;
-  const text = (line: SplitLine) => {
+  const text = (line: SplitLine, number: number): TextLine => {
     let end = line.terminated ? line.bytes.length - 1 : line.bytes.length;
     if (end > 0 && line.bytes[end - 1] === 0x0d) end--;
-    return line.bytes.toString("utf8", 0, end);
+    return { text: line.bytes.toString("utf8", 0, end), number, offset: line.offset, byteLength: end };
   };
   for await (const chunk of input) {
     for (const line of splitter.push(typeof chunk === "string" ? Buffer.from(chunk) : chunk)) {
       number++;
       if (line.bytes.length > maxLineBytes) throw tooLong(number);
-      yield { text: text(line), number };
+      yield text(line, number);
     }
     if (splitter.pendingBytes > maxLineBytes) throw tooLong(number + 1);
   }
@@ -84,6 +95,6 @@ export async function* textLines(
   if (last) {
     number++;
     if (last.bytes.length > maxLineBytes) throw tooLong(number);
-    yield { text: text(last), number };
+    yield text(last, number);
   }
 }

@@ -42,7 +42,7 @@ import { appendResultText, readResults, readResultsForAppend, readResultsIfPrese
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
-import type { TaskRow } from "./task-rows.js";
+import { loadTask, type TaskRow } from "./task-rows.js";
 import { MAX_RUN_REPLY_BYTES, parseRunReply, type RunReply } from "./run-reply.js";
 import { RunTimeouts } from "./run-timeouts.js";
 import { DEFAULT_RETRY_PAUSES, type RetryPauses } from "./retry-pauses.js";
@@ -738,6 +738,9 @@ export class Collector {
 
   private async dispatch(state: RowState): Promise<void> {
     let episode = { rollout_id: state.row.rolloutId, attempt: state.attempt };
+    // Read (from a regular tasks file) only while the row is sent: held for every row, the tasks
+    // filled the heap. Before the attempt is logged: a line changed since start-up sends nothing.
+    const task = await loadTask(state.row);
     // Once per attempt: an admission_closed retry sends the same attempt again. On disk before the
     // /run goes out: after a power loss the next start must find it, to retire it.
     await this.log.record(episode);
@@ -751,7 +754,7 @@ export class Collector {
         response = await fetch(this.options.runUrl, {
           method: "POST",
           headers: { "content-type": "application/json", ...(this.records && { [TRAJECTORY_HEADER]: "1" }) },
-          body: JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt, task: state.row.task }),
+          body: JSON.stringify({ rollout_id: episode.rollout_id, attempt: episode.attempt, task }),
           signal: timeout.signal,
           // The run timeout stands still while a checkpoint parks the episode; fetch's own 300 s would not.
           dispatcher: UNTIMED_FETCH_DISPATCHER,
@@ -787,7 +790,7 @@ export class Collector {
       if (response.ok) {
         this.admissionReopened();
         const reply = parseRunReply(body);
-        return reply instanceof Error ? this.failed(state, reply) : this.finished(state, reply);
+        return reply instanceof Error ? this.failed(state, reply) : this.finished(state, reply, task);
       }
       const refusal = ErrorReplySchema.safeParse(body);
       if (refusal.success && refusal.data.error.code === "admission_closed") {
@@ -891,15 +894,15 @@ export class Collector {
     this.runUrlDownSince = undefined;
   }
 
-  private finished(state: RowState, reply: RunReply): Promise<void> {
-    const done = this.appendFinished(state, reply);
+  private finished(state: RowState, reply: RunReply, task: Record<string, unknown>): Promise<void> {
+    const done = this.appendFinished(state, reply, task);
     this.finishing.add(done);
     const forget = () => void this.finishing.delete(done);
     done.then(forget, forget);
     return done;
   }
 
-  private async appendFinished(state: RowState, reply: RunReply): Promise<void> {
+  private async appendFinished(state: RowState, reply: RunReply, task: Record<string, unknown>): Promise<void> {
     // The trajectory goes to the rollout records, not into results.jsonl.
     const { trajectory, ...body } = reply;
     let line: string;
@@ -917,7 +920,7 @@ export class Collector {
     this.queue.set(state, "done");
     state.restored = false;
     await appendResultText(this.options.outPath, line);
-    if (this.records) this.recordRollout(state, trajectory);
+    if (this.records) this.recordRollout(state, trajectory, task);
     const usage = body.usage;
     if (usage) {
       this.usage.modelCallsKept += usage.model_calls_kept ?? 0;
@@ -934,7 +937,7 @@ export class Collector {
   }
 
   /** Buffers the finished row's rollout record; a reply without a valid trajectory is counted, not fatal. */
-  private recordRollout(state: RowState, raw: unknown): void {
+  private recordRollout(state: RowState, raw: unknown, task: Record<string, unknown>): void {
     const parsed = RunTrajectorySchema.safeParse(raw);
     if (!parsed.success) {
       this.records!.skip();
@@ -947,7 +950,7 @@ export class Collector {
         traceRecordFromTrajectory({
           id: sha256Hex(`${this.runId}/${key}`).slice(0, 32),
           taskIdx: this.rowIndex.get(state.row.rolloutId) ?? -1,
-          task: state.row.task,
+          task,
           trajectory: parsed.data,
           info: { rollout_id: state.row.rolloutId, attempt: state.attempt, continued: state.continued, run_id: this.runId },
         }),

@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { ProgressReporter, formatSeconds } from "../../../coordinator/collect/progress-reporter.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
-import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
 import { toCheckpointError } from "../../../protocol/index.js";
 
 /** What `work` rejects with, as the CLI prints it (runCli). */
@@ -108,7 +108,8 @@ describe("task rows", () => {
   it("accepts bare tasks and id/task pairs, refusing duplicates and bad ids", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, '{"expression":"1 + 1"}\n\n{"id":"named","task":{"expression":"2 * 3"}}\n');
-    expect(await readTaskRows(path)).toEqual([
+    const rows = await readTaskRows(path);
+    expect(await Promise.all(rows.map(async (row) => ({ rolloutId: row.rolloutId, task: await loadTask(row) })))).toEqual([
       { rolloutId: "row-1", task: { expression: "1 + 1" } },
       { rolloutId: "named", task: { expression: "2 * 3" } },
     ]);

@@ -2,7 +2,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
 import { toCheckpointError } from "../../../protocol/index.js";
 
 /**
@@ -38,7 +38,7 @@ describe("task rows", () => {
     huge.under = dir;
     const rows = await readTaskRows(path);
     expect(rows).toHaveLength(1000);
-    expect(rows[999]).toEqual({ rolloutId: "t999", task: { n: 999 } });
+    expect({ rolloutId: rows[999]!.rolloutId, task: await loadTask(rows[999]!) }).toEqual({ rolloutId: "t999", task: { n: 999 } });
   });
 
   it("name the line of a refused one, counting blank and CRLF-ended lines", async () => {
