@@ -1,4 +1,4 @@
-import { promises as fs, type Dirent } from "node:fs";
+import { promises as fs, type Dirent, type Stats } from "node:fs";
 import path from "node:path";
 import { invalidRequest } from "./errors.js";
 
@@ -80,6 +80,16 @@ async function walk(base: string, segments: readonly string[], real: string | nu
   if (!MAGIC.test(segment)) {
     const target = path.join(base, segment);
     if (rest.length > 0) return walk(target, rest, null, out);
+    if (real !== null) {
+      // Below a wildcard (`base` a real directory): a file named literally that is no link is, like
+      // a listed one, its directory's real path plus its name. One lstat, where a stat and a
+      // resolution per step directory and poll made `step_*/<file>` cost twice a listing.
+      const entry = await lstatOrAbsent(target);
+      if (entry === undefined || entry.isDirectory()) return;
+      if (!entry.isSymbolicLink()) out.set(target, path.join(real, segment));
+      else if (await namesFile(target)) out.set(target, null);
+      return;
+    }
     if (await namesFile(target)) out.set(target, null);
     return;
   }
@@ -97,6 +107,14 @@ async function walk(base: string, segments: readonly string[], real: string | nu
       out.set(target, null);
     }
   }
+}
+
+/** `target`'s own type (a link's, never its target's), or undefined when it is not there. */
+async function lstatOrAbsent(target: string): Promise<Stats | undefined> {
+  return fs.lstat(target).catch((error: unknown) => {
+    if (absent(error)) return undefined;
+    throw error;
+  });
 }
 
 /** The real path of `target`, or `fallback` when it is gone (its listing or open will say so). */

@@ -215,6 +215,28 @@ describe("follow and append (18)", () => {
     }
   });
 
+  it("a file the glob names literally below a wildcard (step_*/<file>) costs one lstat per poll, not a stat and a resolution", { timeout: 20_000 }, async () => {
+    const line = JSON.stringify(linearTrace(traceId(1), 0)) + "\n";
+    const put = async (step: number) => {
+      await mkdir(path.join(rollouts(), `step_${step}`), { recursive: true });
+      await writeFile(path.join(rollouts(), `step_${step}`, "train_rollouts_a.jsonl"), line);
+    };
+    for (let step = 1; step <= 100; step++) await put(step);
+    const follower = source({ records: "run/rollouts/step_*/train_rollouts_a.jsonl" });
+    expect((await follower.load()).files).toHaveLength(100);
+    await put(101);
+    const spies = (["stat", "lstat", "realpath", "readdir"] as const).map((name) => vi.spyOn(fsPromises, name));
+    try {
+      expect((await follower.reload()).files).toHaveLength(1);
+      const [stat, lstat, realpath, readdir] = spies.map((spy) => spy.mock.calls.length);
+      // One listing of step_*, one lstat per step directory's file, one resolution of the directory
+      // the pattern names literally. Before: a stat and a realpath per file (101 + 102).
+      expect({ stat, lstat, realpath, readdir }).toEqual({ stat: 0, lstat: 101, realpath: 1, readdir: 1 });
+    } finally {
+      for (const spy of spies) spy.mockRestore();
+    }
+  });
+
   it("follows a literally named link to a directory when it is retargeted (latest -> step_N)", async () => {
     const config = { records: "run/rollouts/latest/train_rollouts_*.jsonl" };
     await write(1, [linearTrace(traceId(1), 0)]);
