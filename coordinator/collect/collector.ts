@@ -146,7 +146,7 @@ interface RowState {
   row: TaskRow;
   attempt: number;
   status: "pending" | "inflight" | "done" | "failed";
-  /** The row continues a restored checkpoint at `attempt` (not yet dispatched, or running). */
+  /** The row continues a restored checkpoint at `attempt` (not yet dispatched, or running). Set through queue.setRestored. */
   restored: boolean;
   /** Became a continuation at least once in this run (for the summary). */
   continued: boolean;
@@ -432,7 +432,8 @@ export class Collector {
       const state = this.states.get(episode.rollout_id)!;
       state.attempt = episode.attempt + 1;
       if (restoredOnly.has(episode.rollout_id) && !restoreCloses && !restoreFailed) {
-        Object.assign(state, { restored: true, continued: true });
+        state.continued = true;
+        this.queue.setRestored(state, true);
         this.queue.sendFirst(state);
         continuedRestored++;
       } else {
@@ -570,7 +571,8 @@ export class Collector {
         await this.ownOps.resumeSent("resume of the restored checkpoint", checkpointId);
         for (const source of sources) {
           const state = this.states.get(source.rollout_id)!;
-          Object.assign(state, { attempt: source.attempt + 1, restored: true, continued: true });
+          Object.assign(state, { attempt: source.attempt + 1, continued: true });
+          this.queue.setRestored(state, true);
           this.queue.sendFirst(state);
         }
         this.instruments.rows.add(sources.length, { outcome: "continued" });
@@ -918,7 +920,7 @@ export class Collector {
       throw error;
     }
     this.queue.set(state, "done");
-    state.restored = false;
+    this.queue.setRestored(state, false);
     await appendResultText(this.options.outPath, line);
     if (this.records) this.recordRollout(state, trajectory, task);
     const usage = body.usage;
@@ -1010,7 +1012,7 @@ export class Collector {
       state.continued = false;
       this.restartedCount++;
     }
-    state.restored = false;
+    this.queue.setRestored(state, false);
   }
 
   /**
@@ -1182,7 +1184,8 @@ export class Collector {
           return { published, checkpointId };
         }
         const restarts = new Set(prepared.restarts);
-        const open = [...this.states.values()].filter((s) => s.status === "inflight" || (s.status === "pending" && s.restored));
+        // In input order, as a walk of every row gave them; only the open rows are looked at.
+        const open = this.queue.open().sort((a, b) => this.rowIndex.get(a.row.rolloutId)! - this.rowIndex.get(b.row.rolloutId)!);
         const scope = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => !restarts.has(captureKey(e)));
         const restarted = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => restarts.has(captureKey(e)));
         const committed = await this.ownOps.commitOwn(checkpointId, scope, stop);

@@ -2,10 +2,14 @@ import type { RowCounts } from "./collection-telemetry.js";
 
 export type RowStatus = keyof RowCounts;
 
-/** What the queue reads of a row: its status, and the failed attempt whose retire it waits for. */
+/**
+ * What the queue reads of a row: its status, the failed attempt whose retire it waits for, and
+ * whether it continues a restored checkpoint (set through `setRestored`).
+ */
 export interface QueuedRow {
   status: RowStatus;
   retiring?: number;
+  restored?: boolean;
 }
 
 /** Consumed entries of the retry queue are cut off once there are this many (and they are half of it). */
@@ -25,11 +29,17 @@ export class RowQueue<S extends QueuedRow> {
   private freshAt = 0;
   private retried: S[] = [];
   private retriedAt = 0;
+  /**
+   * The rows every checkpoint's scope holds: in flight, or restored and not sent yet. Kept as they
+   * change: found by walking every row, a checkpoint kept the Gym parked 72 ms longer at a million rows.
+   */
+  private readonly openRows = new Set<S>();
 
   /** A row as start-up found it (pending, or done by an earlier run). */
   add(row: S): void {
     this.counts[row.status]++;
     this.fresh.push(row);
+    this.track(row, row.status);
   }
 
   set(row: S, status: RowStatus): void {
@@ -37,6 +47,23 @@ export class RowQueue<S extends QueuedRow> {
     this.counts[status]++;
     row.status = status;
     if (status === "pending" && row.retiring === undefined) this.retried.push(row);
+    this.track(row, status);
+  }
+
+  /** The row continues a restored checkpoint (or no longer does). */
+  setRestored(row: S, restored: boolean): void {
+    row.restored = restored;
+    this.track(row, row.status);
+  }
+
+  /** The rows in flight and the restored rows not sent yet, in no particular order. */
+  open(): S[] {
+    return [...this.openRows];
+  }
+
+  private track(row: S, status: RowStatus): void {
+    if (status === "inflight" || (status === "pending" && row.restored === true)) this.openRows.add(row);
+    else this.openRows.delete(row);
   }
 
   /**
