@@ -56,7 +56,7 @@ export type { NatsServerOptions } from "./local/nats-server-process.js";
 export { Collector } from "./collect/collector.js";
 export type { CollectorController, CollectorOptions, CollectionSummary } from "./collect/collector.js";
 export { DispatchLog } from "./collect/dispatch-log.js";
-export { readTaskRows } from "./collect/task-rows.js";
+export { TaskLineRef, loadTask, readTaskRows } from "./collect/task-rows.js";
 export type { TaskRow } from "./collect/task-rows.js";
 export { ResultLineSchema, appendResult, readResults } from "./collect/results-file.js";
 export { CollectionStateSchema, COLLECTION_STATE_FILE } from "./collect/collection-state.js";
