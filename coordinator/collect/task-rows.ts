@@ -67,7 +67,9 @@ export async function loadTask(row: TaskRow): Promise<Record<string, unknown>> {
   }
   const changed = new CheckpointError("invalid_request", `${ref.path}:${ref.number}: changed since this collection read it (its tasks are read again as rows are sent); restart the collection to run the file as it is now`);
   if (lineDigest(text) !== ref.digest) throw changed;
-  return taskOf(JSON.parse(text) as unknown);
+  // Through the schema as when validated, so the task sent is the one a held row would send (zod
+  // leaves out a `__proto__` key, say).
+  return TaskLineSchema.parse({ id: row.rolloutId, task: taskOf(JSON.parse(text) as unknown) }).task;
 }
 
 function lineDigest(text: string): string {

@@ -1,8 +1,9 @@
+import { execFileSync } from "node:child_process";
 import { mkdtemp, rm, truncate, unlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { TaskLineRef, loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
 
 /**
  * A regular tasks file's rows hold where each task's line is, not the task: read again (and
@@ -37,6 +38,20 @@ describe("task rows read from a regular file", () => {
     const rows = await readTaskRows(path, { idPrefix: "p." });
     expect(rows.map((r) => r.rolloutId)).toEqual(["p.row-1", "p.named", "p.row-4"]);
     expect(await Promise.all(rows.map(loadTask))).toEqual([{ q: "été 🚀" }, { q: "二", id: 1 }, { task: 3, other: 1 }]);
+  });
+
+  it("give back the task a row held in memory would have sent, through the same schema (a FIFO's rows hold theirs)", async () => {
+    const path = join(dir, "tasks.jsonl");
+    const text = '{"id":"a","task":{"__proto__":{"x":1},"y":2}}\n';
+    await writeFile(path, text);
+    const [row] = await readTaskRows(path);
+    const fifo = join(dir, "tasks.fifo");
+    execFileSync("mkfifo", [fifo]);
+    const reading = readTaskRows(fifo);
+    await writeFile(fifo, text);
+    const [held] = await reading;
+    expect(held!.task).not.toBeInstanceOf(TaskLineRef);
+    expect(JSON.stringify(await loadTask(row!))).toBe(JSON.stringify(held!.task));
   });
 
   it("refuse a line changed, cut off or gone since it was read (invalid_request), never sending another task", async () => {
