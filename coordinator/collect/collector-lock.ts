@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { link, rm, writeFile } from "node:fs/promises";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, namePath } from "../../protocol/index.js";
 import { processLine, whyProcessLineStale } from "../../protocol/process-identity.js";
 import { readIfExists, takeOverStale } from "../../protocol/lock-takeover.js";
 
@@ -40,7 +40,7 @@ export async function acquireCollectorLock(checkpointDir: string): Promise<Colle
   await writeFile(aside, line, { flag: "wx" }).catch(async (error: NodeJS.ErrnoException) => {
     // Created, then not written in full (a full disk): ours to remove. EEXIST: another's, left alone.
     if (error.code !== "EEXIST") await rm(aside, { force: true });
-    throw error;
+    throw namePath(error, aside); // a failed write on the handle names no path (ENOSPC): the refusal should
   });
   let tookOver: string | undefined;
   try {

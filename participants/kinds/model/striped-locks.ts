@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { unlinkSync } from "node:fs";
 import { link, readdir, rm, stat, unlink, writeFile } from "node:fs/promises";
 import { basename, join } from "node:path";
-import { makeDirectories } from "../../../protocol/index.js";
+import { makeDirectories, namePath } from "../../../protocol/index.js";
 import { readIfExists, takeOverStale } from "../../../protocol/lock-takeover.js";
 import { parseProcessIdentity, processIdentity, whyOwnerGone } from "../../../protocol/process-identity.js";
 import { AsyncLock } from "../../control-plane/async-lock.js";
@@ -253,7 +253,7 @@ export class StripedLocks {
     await writeFile(this.ownerFile, OWNER, { flag: "wx" }).catch(async (error: NodeJS.ErrnoException) => {
       // Created, then not written in full (a full disk): removed, or the retry's exclusive create fails (EEXIST).
       await rm(this.ownerFile, { force: true }).catch(() => undefined);
-      throw error;
+      throw namePath(error, this.ownerFile); // a failed write on the handle names no path (ENOSPC): the refusal should
     });
   }
 }

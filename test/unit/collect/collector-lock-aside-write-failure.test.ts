@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { acquireCollectorLock } from "../../../coordinator/collect/collector-lock.js";
+import { toCheckpointError } from "../../../protocol/index.js";
 
 // The lock line is written aside before it is linked into place. A write that fails after its
 // exclusive open created the file (a full disk) must not leave that aside file in the checkpoint root.
@@ -39,5 +40,18 @@ describe("collector lock: a failed aside write", () => {
     const lock = await acquireCollectorLock(dir);
     expect(await readdir(dir)).toEqual(["collector.pid"]);
     await lock.release();
+  });
+
+  it("names the file the disk refused: `error storage_error: ENOSPC: …, write '<root>/.collector.pid.…'`", async () => {
+    // Node's writeFile fails on its file handle, whose errors name no path: the operator would read
+    // only "ENOSPC: no space left on device, write", not which disk is full.
+    failWrite = true;
+    const error = await acquireCollectorLock(dir).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    const refusal = toCheckpointError(error);
+    expect(refusal.code).toBe("storage_error");
+    expect(refusal.message).toMatch(new RegExp(`^ENOSPC: no space left on device, write '${join(dir, ".collector.pid.")}[0-9a-f]+'$`));
   });
 });

@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { StripedLocks } from "../../../participants/kinds/model/index.js";
+import { toCheckpointError } from "../../../protocol/index.js";
 
 // The owner file is written (exclusive create) on first use, and a write that failed is tried again
 // by the next use. One that fails after its open created the file (a full disk) must not leave that
@@ -41,5 +42,18 @@ describe("striped locks: an owner file write that fails", () => {
     failOwnerWrite = false;
     expect((await readdir(dir)).filter((name) => name.startsWith(".owner-"))).toEqual([]);
     await expect(locks.run("k", async () => "ran")).resolves.toBe("ran");
+  });
+
+  it("names the owner file the disk refused, so its storage_error says which disk is full", async () => {
+    // Node's writeFile fails on its file handle, whose errors name no path.
+    locks = new StripedLocks(dir, 4);
+    failOwnerWrite = true;
+    const error = await locks.run("k", async () => "ran").then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    const refusal = toCheckpointError(error);
+    expect(refusal.code).toBe("storage_error");
+    expect(refusal.message).toMatch(new RegExp(`^ENOSPC: no space left on device, write '${join(dir, ".owner-")}[^']+'$`));
   });
 });
