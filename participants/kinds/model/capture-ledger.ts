@@ -2,7 +2,7 @@ import { closeSync, constants, fdatasync, fstatSync, ftruncateSync, open as open
 import { promisify } from "node:util";
 import { open, readdir, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
-import { CheckpointError, makeDirectories, parseCaptureKey } from "../../../protocol/index.js";
+import { CheckpointError, makeDirectories, namePath, parseCaptureKey } from "../../../protocol/index.js";
 import { fsyncDir, writeFileAtomic } from "../../storage/fs-durable.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
@@ -250,7 +250,7 @@ export class CaptureLedger {
     } catch (error) {
       // Not known on disk: taken back, so neither a restart nor an export finds a row whose call failed.
       await this.retract(key, parsed.model_call_id).catch(() => undefined);
-      throw error;
+      throw namePath(error, this.fileOf(key)); // a failed fdatasync names no path either
     } finally {
       this.syncing.delete(settled);
     }
@@ -307,7 +307,7 @@ export class CaptureLedger {
       for (let written = 0; written < line.length; ) written += this.write(fd, line, written);
     } catch (error) {
       this.cutOff(key, fd, before);
-      throw error;
+      throw namePath(error, this.fileOf(key)); // a write on a descriptor names no path: the log line should
     }
     if (!this.onDisk.has(key)) this.addOnDisk(key);
     const entry = this.cache.get(key);

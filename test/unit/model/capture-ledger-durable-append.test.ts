@@ -92,8 +92,8 @@ describe("capture ledger: an append is acknowledged only once its row is durable
       await ok;
       const failing = ledger.append(row("r1", "mc-2"));
       expect(await settledWithin(failing)).toBe(false);
-      (await syncs.next()).release(Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO" }));
-      await expect(failing).rejects.toThrow(/EIO/);
+      (await syncs.next()).release(Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO", syscall: "fdatasync" }));
+      await expect(failing).rejects.toMatchObject({ code: "EIO", path: join(dir, "r1.lineage.jsonl") });
       expect((await ledger.rows("r1")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
       const file = (await readFile(join(dir, "r1.lineage.jsonl"), "utf8")).split("\n").filter(Boolean);
       expect(file.map((l) => JSON.parse(l).model_call_id)).toEqual(["mc-1"]);

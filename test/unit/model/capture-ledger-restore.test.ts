@@ -365,14 +365,16 @@ describe("ledger files", () => {
         if (!failNext) return writeSync(fd, buffer, offset);
         failNext = false;
         writeSync(fd, buffer.subarray(offset, offset + 20)); // a torn prefix reaches the file…
-        throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" }); // …then the disk is full
+        throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", syscall: "write" }); // …then the disk is full
       },
     });
     await ledger.append(row("full", "mc-1"));
     expect((await ledger.rows("full")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
     const size = (await readFile(ledgerFile("full"))).length;
     failNext = true;
-    await expect(ledger.append(row("full", "mc-2"))).rejects.toThrow(/ENOSPC/);
+    // Named with its file: a write on a descriptor names no path, and the proxy's "ledger row write
+    // failed" line would not say which disk is full.
+    await expect(ledger.append(row("full", "mc-2"))).rejects.toMatchObject({ code: "ENOSPC", path: ledgerFile("full") });
     expect((await readFile(ledgerFile("full"))).length).toBe(size);
     expect((await ledger.rows("full")).map((r) => r.model_call_id)).toEqual(["mc-1"]);
     await ledger.append(row("full", "mc-3"));
