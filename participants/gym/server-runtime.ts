@@ -9,6 +9,7 @@ import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
+import { stdoutLogDestination } from "../telemetry/log-destination.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
 import { loggedError } from "../../protocol/logged-error.js";
@@ -325,14 +326,18 @@ export async function startServerRuntime(
   }
   // Data-plane trace context only matters when spans are recorded somewhere.
   const stopHttpPropagation = telemetry.tracing ? propagateHttpTraceContext() : () => undefined;
-  const logger = pino({
-    name,
-    base: { instance: config.instance },
-    redact: { paths: [...LOG_REDACT_PATHS], censor: LOG_REDACT_CENSOR },
-    serializers: { err: (err: unknown) => loggedError(err, pino.stdSerializers.err) },
-    // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
-    mixin: traceLogFields,
-  });
+  // stdout that the storage refuses (a full disk) ends the logs, not the server (log-destination.ts).
+  const logger = pino(
+    {
+      name,
+      base: { instance: config.instance },
+      redact: { paths: [...LOG_REDACT_PATHS], censor: LOG_REDACT_CENSOR },
+      serializers: { err: (err: unknown) => loggedError(err, pino.stdSerializers.err) },
+      // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
+      mixin: traceLogFields,
+    },
+    stdoutLogDestination(name),
+  );
   let nc: NatsConnection;
   const connectOptions = participantConnectOptions(config.nats, `${name}:${config.instance}`);
   try {
