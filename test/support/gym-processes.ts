@@ -139,11 +139,13 @@ async function worldConnections(shared: NatsFixture): Promise<NatsFixture> {
   };
 }
 
-export async function startGymWorld(options: { args?: GymLaunchOptions["args"]; external?: GymLaunchOptions["external"]; base?: GymBase } = {}): Promise<GymWorld> {
+export async function startGymWorld(
+  options: { args?: GymLaunchOptions["args"]; external?: GymLaunchOptions["external"]; base?: GymBase; /** Where the world's root is made (default: the system temp dir). */ rootParent?: string } = {},
+): Promise<GymWorld> {
   const { base } = options;
   if (base && options.args?.policy) throw new Error("a world on a shared base uses its policy backend as started: no policy args");
   const nats = base ? await worldConnections(base.nats) : await startNats();
-  const root = await mkdtemp(join(tmpdir(), "gym-ckpt-e2e-"));
+  const root = await mkdtemp(join(options.rootParent ?? tmpdir(), "gym-ckpt-e2e-"));
   const deployment = `gym${process.pid}x${counter++}`;
   let gym: Gym | undefined;
   let forwarder: { url: string; close(): Promise<void> } | undefined;

@@ -1,0 +1,128 @@
+import { execFileSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, statfsSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
+import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
+import { startGymBase, startGymWorld, type GymBase, type GymWorld } from "../support/gym-processes.js";
+
+/**
+ * The reference Gym and a coordinator whose checkpoint root is a real 4 MiB tmpfs that fills:
+ * whichever write the full disk refuses (a participant's records or manifest, checkpoint.json,
+ * LATEST's temp file), the checkpoint op is refused storage_error, LATEST keeps naming a complete
+ * checkpoint that verifies, every participant is idle again, nothing half-written is listed, and
+ * once there is room again a checkpoint publishes and no commit or publication temp file is left.
+ * Needs mount rights (root, not in every CI container): skipped where a tmpfs cannot be mounted.
+ */
+
+function tryMount(dir: string, size: string): boolean {
+  try {
+    execFileSync("mount", ["-t", "tmpfs", "-o", `size=${size}`, "tmpfs", dir], { stdio: "ignore" });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function unmount(dir: string): void {
+  try {
+    execFileSync("umount", [dir], { stdio: "ignore" });
+  } catch {
+    execFileSync("umount", ["-l", dir], { stdio: "ignore" }); // something still open there
+  }
+}
+
+const canMount = (() => {
+  const probe = mkdtempSync(join(tmpdir(), "gym-ckpt-mount-probe-"));
+  try {
+    if (!tryMount(probe, "64k")) return false;
+    unmount(probe);
+    return true;
+  } finally {
+    rmdirSync(probe);
+  }
+})();
+
+const MOUNT = join(tmpdir(), `gym-ckpt-disk-full-${process.pid}`);
+const FILLER = join(MOUNT, "filler");
+let base: GymBase | undefined;
+let world: GymWorld | undefined;
+let mounted = false;
+
+beforeAll(async () => {
+  if (!canMount) return;
+  mkdirSync(MOUNT, { recursive: true });
+  mounted = tryMount(MOUNT, "4m");
+  if (!mounted) throw new Error(`could not mount a tmpfs at ${MOUNT}`);
+  base = await startGymBase();
+  world = await startGymWorld({ base, rootParent: MOUNT });
+}, 60_000);
+
+afterAll(async () => {
+  await world?.close().catch(() => undefined);
+  await base?.close().catch(() => undefined);
+  if (mounted) unmount(MOUNT);
+  rmSync(MOUNT, { recursive: true, force: true });
+});
+
+/** Fills the disk but `leave` bytes; the disk's other writers race it, so a write that does not fit is fine. */
+function fill(leave: number): void {
+  rmSync(FILLER, { force: true });
+  const { bavail, bsize } = statfsSync(MOUNT);
+  const size = Number(bavail) * Number(bsize) - leave;
+  if (size <= 0) return;
+  try {
+    writeFileSync(FILLER, Buffer.alloc(size));
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "ENOSPC") throw error;
+  }
+}
+
+/** Every file under `dir`, as paths relative to it. */
+function files(dir: string, prefix = ""): string[] {
+  return readdirSync(join(dir, prefix), { withFileTypes: true }).flatMap((e) =>
+    e.isDirectory() ? files(dir, join(prefix, e.name)) : [join(prefix, e.name)],
+  );
+}
+
+describe.skipIf(!canMount)("checkpoints on a checkpoint root whose disk fills (real tmpfs; needs mount rights)", () => {
+  it("each refusal is storage_error and changes no state; LATEST stays complete; a retry with room publishes and leaves no temp file", async () => {
+    const w = world!;
+    const catalog = new CheckpointCatalog(w.root);
+    const latest = () => readFileSync(join(w.root, "LATEST"), "utf8").trim();
+    await w.client.checkpoint({ checkpoint_id: "before", episode_ids: [] });
+    let published = "before";
+    let refusals = 0;
+    // From nothing left to room for everything: each step lets a later write of the checkpoint fit.
+    for (let leave = 0; leave <= 24 * 1024; leave += 4096) {
+      const id = `full-${leave}`;
+      fill(leave);
+      const outcome = await w.client.checkpoint({ checkpoint_id: id, episode_ids: [] }).then(
+        () => undefined,
+        (error: { code?: string; message?: string }) => error,
+      );
+      rmSync(FILLER, { force: true });
+      if (outcome) {
+        refusals++;
+        expect(outcome.code, `${id}: ${outcome.message}`).toBe("storage_error");
+        expect(outcome.message).toMatch(/ENOSPC/);
+      } else {
+        published = id;
+      }
+      expect(latest()).toBe(published);
+      await expect(verifyCheckpoint(catalog, published)).resolves.toMatchObject({ checkpoint_id: published });
+      expect(catalog.scan().published.map((e) => e.checkpoint_id)).toContain(published);
+      expect(catalog.scan().published.map((e) => e.checkpoint_id)).not.toContain(outcome ? id : "-");
+      for (const name of ["environment", "agent", "model", "resources"] as const) expect((await w.status(name)).phase).toBe("idle");
+    }
+    expect(refusals).toBeGreaterThan(0);
+
+    await w.client.checkpoint({ checkpoint_id: "after", episode_ids: [] });
+    expect(latest()).toBe("after");
+    await verifyCheckpoint(catalog, "after");
+    // Temp files of commits (records, manifest) and of publication (checkpoint.json): none left behind.
+    const temps = files(w.root).filter((path) => /(^|\/)\.(records\.jsonl|manifest\.json|checkpoint\.json)\./.test(path));
+    expect(temps).toEqual([]);
+  }, 120_000);
+});
