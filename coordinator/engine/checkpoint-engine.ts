@@ -339,6 +339,8 @@ export class CheckpointEngine {
   private recoveredFlag: boolean;
   /** Bumped when leadership is lost, so a recovery that straddles the loss does not count. */
   private leaderTerm = 0;
+  /** Checkpoints being resumed unpublished whose commit decision was withdrawn (see close). */
+  private readonly abandoned = new Set<string>();
   /** Phase messages sent and journal entries written, ever: tells whether a failed op had begun. */
   private effects = 0;
   /** The controller op holding the lock: a retry of it waits for its reply past the queue bound. */
@@ -435,6 +437,7 @@ export class CheckpointEngine {
         await this.withdrawDecision(open).catch((error: unknown) => {
           throw unjournaled(error, `checkpoint ${id}: its commit decision could not be withdrawn, so no resume was sent; the write may still have landed: send the resume again`);
         });
+        this.abandoned.add(id);
       }
       if (open?.id === id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
       const failed = open?.id === id ? undefined : this.restoreFailures.get(id);
@@ -1651,6 +1654,16 @@ export class CheckpointEngine {
     return last && last.epoch === epoch && now <= last.at * 1000 ? last.at * 1000 + 1 : now;
   }
 
+  /** Whether this coordinator still leads in `epoch` (a deposed one deletes nothing: its successor may use the files). */
+  private stillLeading(epoch: number): boolean {
+    try {
+      this.options.leadership.assert(epoch);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
   /** Retention after a publication whose reply must not fail for it (the checkpoint is published). */
   private retainAfter(id: string, epoch: number): string[] {
     try {
@@ -1709,6 +1722,8 @@ export class CheckpointEngine {
           return false;
         },
       ));
+    // Nothing journaled completes it any more: its directory goes when the abort closes it.
+    if (withdrawn && open?.id === id) this.abandoned.add(id);
     await this.abort(id, deadlineMs, ctx);
     if (withdrawn) return error;
     const detail = error instanceof Error ? error.message : String(error);
@@ -2399,6 +2414,8 @@ export class CheckpointEngine {
    * kept: LATEST's fsync failed, a write for the id came since, or the term ended.
    */
   private close(id: string, afterLatest = true): Promise<boolean> {
+    // Abandoned (resumed unpublished, no decision left journaled): its leader may delete what was committed into its directory.
+    const abandonedIn = this.abandoned.delete(id) && this.open?.id === id ? this.open.epoch : undefined;
     if (this.open?.id === id) this.open = undefined;
     this.closed.delete(id); // re-added: the most recent last
     this.closed.add(id);
@@ -2409,7 +2426,7 @@ export class CheckpointEngine {
       this.restoreFailures.delete(old);
       this.unresumed.delete(old);
     });
-    void this.options.writer.discard(id);
+    void this.options.writer.discard(id, abandonedIn === undefined ? undefined : () => this.stillLeading(abandonedIn));
     // Off the critical path, and only once LATEST's rename is durable: an entry that outlives a
     // crash only makes a successor resume again (idempotent) or repair LATEST. A write for the same
     // id since (a restore of this checkpoint) keeps its entry.

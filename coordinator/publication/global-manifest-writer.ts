@@ -9,6 +9,7 @@ import {
   MANIFEST_SCHEMA_VERSION,
   MAX_CONTROLLER_STATE_FILE_BYTES,
   MAX_GLOBAL_MANIFEST_BYTES,
+  PARTICIPANTS_DIR,
   isUnreadableStorage,
   type ControllerState,
   type ControllerStateInput,
@@ -62,6 +63,8 @@ interface Staging {
 export class GlobalManifestWriter {
   private readonly staged = new Map<string, Staging>();
   private readonly inUse = new Set<string>();
+  /** Checkpoints whose last publication failed, until closed or published (see discard). */
+  private readonly publicationFailed = new Set<string>();
   /** Aborted checkpoints whose checkpoint.json and directory both stayed (see takeBack). */
   private readonly untakenBack = new Set<string>();
   private cleanup: Promise<void> = Promise.resolve();
@@ -164,13 +167,31 @@ export class GlobalManifestWriter {
    * Drops what `stage` wrote (the checkpoint was resumed without being published): the temp file,
    * and the checkpoint directory if nothing was committed into it.
    */
-  discard(checkpointId: string): Promise<void> {
+  discard(checkpointId: string, mayDelete?: () => boolean): Promise<void> {
     const staging = this.staged.get(checkpointId);
-    if (!staging) return this.cleanup;
+    // A publication that failed dropped its staging (and took its checkpoint.json back): its directory is still ours to clear.
+    const publicationFailed = this.publicationFailed.delete(checkpointId);
+    if (!staging && !publicationFailed) return this.cleanup;
     this.staged.delete(checkpointId);
     this.cleanup = this.cleanup.then(async () => {
-      await this.removeStagedTemp(staging.latest);
-      await rmdir(this.catalog.dirFor(checkpointId)).catch(() => undefined); // not empty: something was committed, retention deletes it as partial
+      if (staging) await this.removeStagedTemp(staging.latest);
+      const dir = this.catalog.dirFor(checkpointId);
+      const removed = await rmdir(dir).then(
+        () => true,
+        () => false, // not empty: something was committed
+      );
+      // Abandoned by its leader (`mayDelete`: resumed unpublished, its decision withdrawn or never
+      // made, still leading): what was committed into it is taken away now, not left for the next
+      // publication's retention, which on a disk that checkpoints filled may never come while each
+      // failed attempt leaves more. Only a partial checkpoint (no checkpoint.json, the participants'
+      // gym/): a controller's own directory is never touched.
+      if (removed || !mayDelete?.() || !isPartialCheckpoint(dir)) return;
+      try {
+        trashCheckpointDir(this.catalog.root, checkpointId);
+        await removeTrash(this.catalog.root, this.inUse);
+      } catch (error) {
+        this.onCleanupError?.(error); // left for the next publication's retention
+      }
     });
     return this.cleanup;
   }
@@ -267,8 +288,10 @@ export class GlobalManifestWriter {
       this.latestDurable = durable;
       // Retention scans the catalog right after this; it need not re-read what was just written.
       this.catalog.remember(input.checkpointId, manifest, written);
+      this.publicationFailed.delete(input.checkpointId);
       return { manifestPath, manifest };
     } catch (error) {
+      this.publicationFailed.add(input.checkpointId);
       latest ??= await staging.catch(() => undefined);
       if (latest) await discardStagedFile(latest);
       // Renamed into place before the failure (its directory's fsync failed): a checkpoint.json
@@ -446,6 +469,11 @@ async function makeCheckpointDirectory(dir: string): Promise<void> {
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== "EEXIST" || !(await stat(dir)).isDirectory()) throw error;
   }
+}
+
+/** A checkpoint directory holding the participants' files but no checkpoint.json (what retention deletes as partial). */
+function isPartialCheckpoint(dir: string): boolean {
+  return lstatSync(join(dir, GLOBAL_MANIFEST_FILE), { throwIfNoEntry: false }) === undefined && lstatSync(join(dir, PARTICIPANTS_DIR), { throwIfNoEntry: false })?.isDirectory() === true;
 }
 
 /** Whether `a` was published after `b`: epochs only grow; within one epoch one coordinator's clock orders its publications. */

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, statfsSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, statfsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -11,8 +11,8 @@ import { startGymBase, startGymWorld, type GymBase, type GymWorld } from "../sup
  * The reference Gym and a coordinator whose checkpoint root is a real 4 MiB tmpfs that fills:
  * whichever write the full disk refuses (a participant's records or manifest, checkpoint.json,
  * LATEST's temp file), the checkpoint op is refused storage_error, LATEST keeps naming a complete
- * checkpoint that verifies, every participant is idle again, nothing half-written is listed, and
- * once there is room again a checkpoint publishes and no commit or publication temp file is left.
+ * checkpoint that verifies, every participant is idle again, nothing half-written is listed (the
+ * failed attempt's directory is gone), and once there is room again a checkpoint publishes and no commit or publication temp file is left.
  * Needs mount rights (root, not in every CI container): skipped where a tmpfs cannot be mounted.
  */
 
@@ -107,6 +107,9 @@ describe.skipIf(!canMount)("checkpoints on a checkpoint root whose disk fills (r
         refusals++;
         expect(outcome.code, `${id}: ${outcome.message}`).toBe("storage_error");
         expect(outcome.message).toMatch(/ENOSPC/);
+        // Abandoned: what its participants did commit goes now, not at the next publication, which
+        // on a disk that checkpoints filled may never come.
+        await w.waitFor(() => !existsSync(join(w.root, id)), `${id}'s directory to go`);
       } else {
         published = id;
       }
