@@ -9,10 +9,10 @@ import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
 import { traceLogFields } from "../telemetry/log-correlation.js";
-import { stdoutLogDestination } from "../telemetry/log-destination.js";
 import { startTelemetry, type TelemetryHandle } from "../telemetry/telemetry-sdk.js";
 import { LOG_REDACT_CENSOR, LOG_REDACT_PATHS } from "../../protocol/log-redaction.js";
 import { loggedError } from "../../protocol/logged-error.js";
+import { endLogsWhenStdoutRefuses } from "../../protocol/stdout-log-refusal.js";
 import { connectNatsWithin, DEFAULT_NATS_CONNECT_WAIT_MS, MAX_NATS_CONNECT_WAIT_MS } from "../../protocol/nats-first-connect.js";
 import { logNatsStatus } from "../../protocol/nats-status-log.js";
 import { isListenRefusal } from "../../protocol/listen-refusal.js";
@@ -326,7 +326,7 @@ export async function startServerRuntime(
   }
   // Data-plane trace context only matters when spans are recorded somewhere.
   const stopHttpPropagation = telemetry.tracing ? propagateHttpTraceContext() : () => undefined;
-  // stdout that the storage refuses (a full disk) ends the logs, not the server (log-destination.ts).
+  // stdout that refuses a write (a full disk) ends the logs, not the server (protocol/stdout-log-refusal.ts).
   const logger = pino(
     {
       name,
@@ -336,7 +336,7 @@ export async function startServerRuntime(
       // Log correlation: the active span's ids, as OTel's pino instrumentation names them.
       mixin: traceLogFields,
     },
-    stdoutLogDestination(name),
+    endLogsWhenStdoutRefuses(pino.destination({ dest: process.stdout.fd || 1 }), `${name}: `),
   );
   let nc: NatsConnection;
   const connectOptions = participantConnectOptions(config.nats, `${name}:${config.instance}`);

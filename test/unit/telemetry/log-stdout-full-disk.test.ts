@@ -12,7 +12,7 @@ import { describe, expect, it } from "vitest";
 
 const LOGGERS = {
   coordinator: fileURLToPath(new URL("../../../coordinator/telemetry/logger.ts", import.meta.url)),
-  participants: fileURLToPath(new URL("../../../participants/telemetry/log-destination.ts", import.meta.url)),
+  shared: fileURLToPath(new URL("../../../protocol/stdout-log-refusal.ts", import.meta.url)),
 };
 
 /** Runs `program` with stdout on /dev/full; resolves with its exit code and stderr, or "hung". */
@@ -60,10 +60,10 @@ describe("logs on stdout that the storage refuses (ENOSPC)", () => {
     expect(result.code).toBe(0);
   }, 20_000);
 
-  it("a participant server's logger does the same", async () => {
+  it("a participant program's logger (server-runtime's destination) does the same", async () => {
     const result = await runOnFullStdout(`import pino from "pino";
-      import { stdoutLogDestination } from ${JSON.stringify(LOGGERS.participants)};
-      const logger = pino({}, stdoutLogDestination("test-server"));${body}`);
+      import { endLogsWhenStdoutRefuses } from ${JSON.stringify(LOGGERS.shared)};
+      const logger = pino({}, endLogsWhenStdoutRefuses(pino.destination({ dest: 1 }), "test-server: "));${body}`);
     expect(result).not.toBe("hung");
     if (result === "hung") return;
     expect(result.stderr).toContain("still running");
