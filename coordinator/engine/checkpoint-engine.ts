@@ -315,6 +315,13 @@ export class CheckpointEngine {
    */
   private readonly unjournaledPrepares = new Map<string, string>();
   /**
+   * The refusal of the last few restores every participant refused (refuseRestore: nothing
+   * installed, nothing cleaned up), with their scope: the same restore retried past its deadline
+   * (its reply lost) gets that refusal again, not `deadline_exceeded` ("it never ran"), which would
+   * hide that those processes refused it. One with a deadline ahead is sent again.
+   */
+  private readonly refusedRestores = new Map<string, { scope: EpisodeId[]; refusal: CheckpointError }>();
+  /**
    * How the `checkpoint` op of a named id failed once that id was closed here (aborted: resumed
    * unpublished), for the last few ids: a retry (its reply lost) gets the failure again, why the
    * checkpoint was not taken, instead of a bare `stale_checkpoint` ("already resumed").
@@ -612,7 +619,12 @@ export class CheckpointEngine {
         open?.restore && open.phase === "restored" && open.id === id && sameScope(open.scope, request.episode_ids) ? open.restore : undefined;
       const failedBefore = id ? this.failedRestoreRetried(id, request.episode_ids) : undefined;
       // A retry (its reply was lost, so its deadline_ts may be past) is not refused for its deadline.
-      if (!retryOf(this.open) && !failedBefore) this.deadline(request.deadline_ts);
+      if (!retryOf(this.open) && !failedBefore) {
+        const refused = id ? this.refusedRestores.get(id) : undefined;
+        const past = request.deadline_ts !== undefined && request.deadline_ts * 1000 <= this.options.clock.now();
+        if (refused && past && this.open?.id !== id && sameScope(refused.scope, request.episode_ids)) throw refused.refusal;
+        this.deadline(request.deadline_ts);
+      }
       // A restored checkpoint that no member holds any more (its controller abandoned it; its
       // processes restarted or resumed by their lease) is closed first: a retry's reply would be stale.
       if (this.open?.phase === "restored") await this.closeIfNobodyHolds(this.open);
@@ -1880,6 +1892,7 @@ export class CheckpointEngine {
     const stopped = this.stopped.has(id);
     this.restoreFailures.delete(id);
     this.failedRestores.delete(id);
+    this.refusedRestores.delete(id); // sent again: this one's outcome answers its retries
     this.stopped.delete(id); // restored into fresh processes: its resume is the restore's
     return () => {
       if (failure !== undefined) this.restoreFailures.set(id, failure);
@@ -1909,7 +1922,11 @@ export class CheckpointEngine {
       `the restore of checkpoint ${open.id} was refused by every participant (nothing installed)`,
       "a successor may still send it again and clean it up (restore_failed); retry the restore once a leader serves",
     );
-    throw combinedFailure("restore", failures);
+    const refusal = combinedFailure("restore", failures);
+    this.refusedRestores.delete(open.id);
+    this.refusedRestores.set(open.id, { scope: open.scope ?? [], refusal });
+    keepNewest(this.refusedRestores, REMEMBERED_CHECKPOINTS);
+    throw refusal;
   }
 
   /**

@@ -215,6 +215,38 @@ describe("restore retried with a past deadline after its restore was released", 
 });
 
 /**
+ * docs/api.md restore: a restore every participant refused with a code that promises nothing was
+ * installed (a trainer restarted alone, restoring LATEST into Gym processes already resumed from it)
+ * answers that refusal; "Retrying a controller op": a controller whose reply was lost retries with the
+ * same id and arguments once its wait (deadline_ts + slack) is over, and gets the op's reply, and "A
+ * retry answered from memory is not refused for a past deadline". Before the fix the retry answered
+ * `deadline_exceeded` ("it never ran"), hiding the refusal the restore got: the same shape as the
+ * journal_unavailable case (refuseUnjournaled).
+ */
+describe("a restore every participant refused, retried after its deadline", () => {
+  it("gets the same refusal again, nothing sent, nothing opened or journaled", async () => {
+    const { engine, clock, fake, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "done", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    for (const m of fake.members) fake.set(m.kind, m.instance, "restore", { error: "stale_checkpoint" });
+    const deadline_ts = clock.now() / 1000 + 60;
+    const first = await refusalOf(engine.restore({ deadline_ts, episode_ids: R1 }));
+    expect(first.code).toBe("stale_checkpoint");
+    clock.current += 70_000; // the reply was lost; the client retries the same request after its wait
+    const sent = fake.calls.length;
+    const again = await refusalOf(engine.restore({ deadline_ts, episode_ids: R1 }));
+    expect([again.code, again.message]).toEqual([first.code, first.message]);
+    expect(fake.calls.length).toBe(sent);
+    expect({ open: engine.openCheckpoint, journal: journal.entries.size }).toEqual({ open: null, journal: 0 });
+    // Another scope is another restore, not a retry: past its deadline it never runs.
+    expect((await refusalOf(engine.restore({ deadline_ts, episode_ids: [{ rollout_id: "r2", attempt: 0 }] }))).code).toBe("deadline_exceeded");
+    // Sent again with a deadline ahead, it runs again (the processes may have been replaced since).
+    fake.script.clear();
+    await expect(engine.restore({ checkpoint_id: "done", deadline_ts: clock.now() / 1000 + 60, episode_ids: R1 })).resolves.toMatchObject({ checkpoint_id: "done" });
+  });
+});
+
+/**
  * docs/api.md resume: "Resuming an id that is already closed is idempotent, also when the retry's
  * deadline_ts has passed". The usual restart path: the controller stops with a `stop` checkpoint,
  * a new controller restores it (LATEST) into fresh Gym servers and resumes it; that resume's reply
