@@ -374,6 +374,7 @@ describe("engine ordering", () => {
     expect(fake.ops("resume").filter((c) => c.body.checkpoint_id === "k2").map((c) => c.kind)).toContain("environment"); // past the failure
     expect(await engine.checkpoint({ checkpoint_id: "k2", episode_ids: null, stop: false, controller_state: null })).toEqual(reply);
     fake.set("agent", "a1", "resume", "ok");
+    fake.state.set("agent.a1", { phase: "idle", checkpoint_id: null }); // its lease expired: it resumed (parked in k2, it refuses k3's prepare)
     expect((await engine.checkpoint({ checkpoint_id: "k3", episode_ids: null, stop: false, controller_state: null })).resume_failures).toEqual([]);
   });
 

@@ -5,6 +5,7 @@ import { basename, join } from "node:path";
 import { waitUntil } from "../../support/wait-until.js";
 import { pino, type Logger } from "pino";
 import {
+  GUARDED_OPS,
   MANIFEST_SCHEMA_VERSION,
   captureKey,
   nextAttempt,
@@ -33,7 +34,12 @@ export interface Call {
   timeoutMs: number;
 }
 
-type Behaviour = "ok" | "unreachable" | "timeout" | "hang" | { epoch: number } | { error: string } | { notReady: string[] } | { restarts: string[] } | { scopeRequired: true };
+/**
+ * `timeout`: the request never reached the participant (nothing done), its try timed out; `late`: the
+ * participant did it, but its reply came after the try's timeout (a stalled process, a lost reply);
+ * `hang`: no reply until the caller's cancellation.
+ */
+type Behaviour = "ok" | "unreachable" | "timeout" | "late" | "hang" | { epoch: number } | { error: string } | { notReady: string[] } | { restarts: string[] } | { scopeRequired: true };
 
 /** In-memory participants behind a fake transport; every request is recorded in order. */
 export class FakeParticipants implements ParticipantTransport {
@@ -60,6 +66,15 @@ export class FakeParticipants implements ParticipantTransport {
   readonly installs: string[] = [];
   /** Per commit received, whether its checkpoint_dir was a directory when it arrived (the coordinator makes it first). */
   readonly commitSawDir: boolean[] = [];
+  /**
+   * Each participant's process incarnation, per `${kind}.${instance}`, once a test sets it (restart):
+   * a guarded message (prepare, renew, commit, resume) addressed to another is refused
+   * `stale_incarnation` before anything is done, and a restore's reply names it. Unset: not checked.
+   */
+  readonly incarnation = new Map<string, string>();
+  /** Guarded messages refused as another incarnation's while the refusing process held their checkpoint (it took part: misaddressed). */
+  readonly misaddressed: string[] = [];
+  private restarts = 0;
 
   /** Requests held until released, per `${kind}.${instance}.${op}` (see hold). */
   private readonly held = new Map<string, { released: Promise<void>; arrived: () => void }>();
@@ -94,6 +109,19 @@ export class FakeParticipants implements ParticipantTransport {
     return this.calls.filter((c) => c.op === op);
   }
 
+  /**
+   * The participant's process restarted: a new incarnation (returned), holding nothing (idle, no
+   * checkpoint, its reply cache gone). Its membership announcement is the test's to make.
+   */
+  restart(kind: Kind, instance: string): string {
+    const who = `${kind}.${instance}`;
+    const incarnation = `${kind}-${instance}-${++this.restarts}`;
+    this.incarnation.set(who, incarnation);
+    this.state.delete(who);
+    for (const key of [...this.restoredHere.keys()]) if (key.startsWith(`${who}.`)) this.restoredHere.delete(key);
+    return incarnation;
+  }
+
   async request(subject: string, body: string, options: TransportRequestOptions): Promise<string> {
     const parts = subject.split(".");
     const [kind, instance, op] = [parts[5] as Kind, parts[6]!, parts[7] as Op];
@@ -114,6 +142,25 @@ export class FakeParticipants implements ParticipantTransport {
       if (this.clock) this.clock.current += options.timeoutMs;
       throw new RequestTimeoutFailure(subject, options.timeoutMs);
     }
+    if (behaviour === "late") {
+      // Done there (its state changed), but the reply arrives only after the try gave up on it.
+      await this.answer(kind, instance, op, parsed, "ok");
+      if (this.clock) this.clock.current += options.timeoutMs;
+      throw new RequestTimeoutFailure(subject, options.timeoutMs);
+    }
+    return this.answer(kind, instance, op, parsed, behaviour);
+  }
+
+  /** What the participant answers (and does) for a request that reached it. */
+  private async answer(kind: Kind, instance: string, op: Op, parsed: Record<string, unknown>, behaviour: Exclude<Behaviour, "unreachable" | "timeout" | "late" | "hang">): Promise<string> {
+    const who = `${kind}.${instance}`;
+    const current = this.incarnation.get(who);
+    const addressed = parsed.incarnation as string | undefined;
+    // A real participant's first check (control-plane checkIncarnation), before its epoch and phase.
+    if (current !== undefined && addressed !== undefined && addressed !== current && (GUARDED_OPS as readonly string[]).includes(op)) {
+      if (this.state.get(who)?.checkpoint_id === parsed.checkpoint_id) this.misaddressed.push(`${op}:${kind}/${instance} of ${String(parsed.checkpoint_id)} addressed to ${addressed}, held by ${current}`);
+      return JSON.stringify({ error: { code: "stale_incarnation", detail: `addressed to ${addressed}; this process is ${current}` } });
+    }
     if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
     const restarts = typeof behaviour === "object" && "restarts" in behaviour ? behaviour.restarts : [];
     const scopeRequired = typeof behaviour === "object" && "scopeRequired" in behaviour ? { scope_required: true } : {};
@@ -126,6 +173,16 @@ export class FakeParticipants implements ParticipantTransport {
       if (cached && cached.args !== restoreArgs) return JSON.stringify({ error: { code: "checkpoint_conflict", detail: "another directory or scope" } });
       if (cached) return cached.reply;
       this.installs.push(`${kind}/${instance}`);
+    }
+    if (op === "prepare") {
+      // As a real participant's admission (control-plane admit): another checkpoint held here is a
+      // conflict, nothing changed; its own, past prepared, answers the prepare it was prepared with.
+      const held = this.state.get(who);
+      if (held?.checkpoint_id && held.checkpoint_id !== parsed.checkpoint_id) {
+        return JSON.stringify({ error: { code: "checkpoint_conflict", detail: `checkpoint ${held.checkpoint_id} is active; prepare for ${String(parsed.checkpoint_id)} refused` } });
+      }
+      if (held?.phase === "restored") return JSON.stringify({ error: { code: "invalid_phase", detail: "prepare is not allowed in phase restored" } });
+      if (held?.phase === "committed") return JSON.stringify({ phase: "prepared", report: report([]) });
     }
     if (op === "resume") this.restoredHere.delete(restoredKey);
     if (op === "prepare") track(typeof behaviour === "object" && "notReady" in behaviour ? "preparing" : "prepared");
@@ -156,7 +213,7 @@ export class FakeParticipants implements ParticipantTransport {
           phase: "restored",
           source_checkpoint_id: parsed.checkpoint_id,
           restored: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map((e) => captureKey(nextAttempt(e))),
-          ...(this.restorers.has(`${kind}.${instance}`) && { incarnation: this.restorers.get(`${kind}.${instance}`) }),
+          ...((this.restorers.has(who) || current !== undefined) && { incarnation: this.restorers.get(who) ?? current }),
         });
         this.restoredHere.set(restoredKey, { args: restoreArgs, reply });
         return reply;
