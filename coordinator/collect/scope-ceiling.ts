@@ -51,6 +51,7 @@ export function worstEntryWithoutScope(): JournalEntry {
     controller_state: { file: COLLECTION_STATE_FILE, sha256: "0".repeat(64) },
     retire_at: members,
     incarnations: Object.fromEntries(members.map((m) => [`${m.kind}.${m.instance}`, "n".repeat(MAX_INCARNATION_CHARS)])),
+    viewed: Object.fromEntries(members.map((m) => [`${m.kind}.${m.instance}`, "v".repeat(MAX_INCARNATION_CHARS)])),
     opened_epoch: Number.MAX_SAFE_INTEGER,
     opened_seq: Number.MAX_SAFE_INTEGER,
     updated_at: now,

@@ -963,12 +963,14 @@ export class CheckpointEngine {
     const log = this.log.child({ checkpoint_id: entry.checkpoint_id, previous_epoch: entry.epoch });
     const deadlineMs = this.options.clock.now() + this.options.defaultTimeoutMs;
     const journaledRestorers = entry.incarnations && new Map(Object.entries(entry.incarnations));
+    // Where the predecessor's view lagged behind a restorer, that view: still shown here, it is lagging too.
+    const journaledView = journaledRestorers && new Map([...journaledRestorers, ...Object.entries(entry.viewed ?? {})]);
     const open = this.opening(entry.checkpoint_id, "prepared", entry.participants, {
       // The restorers of a restored checkpoint are journaled; a predecessor's view otherwise is not.
       incarnations: new Map(journaledRestorers ?? []),
       // What counts as "the view at open" for them: the restorers, not this leader's view now, which
       // already shows any process that replaced one (a restart that must not pass for a lagging view).
-      ...(journaledRestorers && { viewed: journaledRestorers }),
+      ...(journaledView && { viewed: journaledView }),
       preparedAt: entry.prepared_at,
       openedEpoch: entry.opened_epoch ?? entry.epoch,
       openedSeq: entry.opened_seq,
@@ -2694,11 +2696,18 @@ export class CheckpointEngine {
       controller_state: open.controllerState,
       ...(state === "restore_cleanup" && { retire_at: (open.retireAt ?? open.members).map((m) => ({ kind: m.kind, instance: m.instance })) }),
       ...((state === "restored" || state === "resuming") && open.incarnations.size > 0 && { incarnations: Object.fromEntries(open.incarnations) }),
+      ...((state === "restored" || state === "resuming") && laggingView(open) && { viewed: laggingView(open) }),
       opened_epoch: open.openedEpoch,
       ...(open.openedSeq !== undefined && { opened_seq: open.openedSeq }),
       updated_at: this.epochTime(open.epoch),
     };
   }
+}
+
+/** The view's incarnations at open of the members whose restorer is another process (journaled as `viewed`), if any. */
+function laggingView(open: OpenCheckpoint): Record<string, string> | undefined {
+  const lagging = [...open.viewed].filter(([key, viewed]) => open.incarnations.has(key) && open.incarnations.get(key) !== viewed);
+  return lagging.length ? Object.fromEntries(lagging) : undefined;
 }
 
 /**

@@ -67,6 +67,12 @@ export const JournalEntrySchema = z
      */
     incarnations: z.record(z.string(), IncarnationSchema).optional(),
     /**
+     * Alongside `incarnations`: the membership view's incarnation when the restore opened, of the
+     * members it differs for (a view lagging behind a process that restarted before the restore), so
+     * a successor whose view still lags takes it for lagging, not for a restart since the restore.
+     */
+    viewed: z.record(z.string(), IncarnationSchema).optional(),
+    /**
      * The order checkpoints opened in, which recovery sorts by (oldest first): the epoch of the
      * coordinator that opened it and that coordinator's count of checkpoints opened (one epoch is
      * one process, so the pair only grows). Written when the entry is first written and kept by

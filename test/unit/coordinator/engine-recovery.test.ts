@@ -1063,3 +1063,33 @@ describe("recovery of a restore a predecessor journaled", () => {
     },
   );
 });
+
+/**
+ * docs/architecture.md "Restarted participants are left out of the open checkpoint": "A restore's
+ * reply names the process that restored, and its resume goes to that one even while the view lags."
+ * A participant restarted before the restore, its announcement not in the view yet; the restore
+ * reaches the new process, which names itself; then a failover. Before the fix the successor took
+ * the lagging view (the old process) for a restart since the restore: the resume skipped the
+ * restorer, left it parked in the checkpoint, and answered restore_failed for a restore nobody lost.
+ * Found by engine-model.test.ts (seed 72).
+ */
+describe("recovery of a restored checkpoint whose restorer the view did not show yet", () => {
+  it("the successor's resume reaches the process that restored: everyone resumed, success", async () => {
+    const view = new Map(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, `${m.instance}-0`]));
+    const first = makeEngine(root, { incarnations: view });
+    for (const [key, incarnation] of view) first.fake.incarnation.set(key, incarnation);
+    await first.engine.checkpoint({ checkpoint_id: "lag", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    const restarted = first.fake.restart("agent", "a1"); // the view still shows a1-0
+    const sentBefore = first.fake.calls.length;
+    const restored = await first.engine.restore({ checkpoint_id: "lag", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    expect(restored.checkpoint_id).toBe("lag");
+    first.engine.leadershipLost();
+    first.leadership.demote();
+    const second = makeEngine(root, { successorOf: { fake: first.fake, journal: first.journal, clock: first.clock }, epoch: 8, requireRecovery: true, incarnations: view });
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "lag", action: "restored" }]);
+    await expect(second.engine.resume({ checkpoint_id: "lag" })).resolves.toMatchObject({ checkpoint_id: "lag" });
+    expect(first.fake.calls.slice(sentBefore).filter((c) => c.op === "resume" && c.instance === "a1").map((c) => c.body.incarnation)).toEqual([restarted]);
+    expect([...first.fake.state].filter(([, s]) => s.checkpoint_id === "lag")).toEqual([]);
+  });
+});
