@@ -1616,7 +1616,11 @@ export class CheckpointEngine {
     }
     const lost: Map<string, string> = open.lostRestorers;
     this.checkpointLog(open.id).warn({ lost: [...lost.keys()] }, "restored_participant_restarted");
-    await this.journal(open, "restore_cleanup");
+    // Not written (a KV timeout): nothing more is sent, the checkpoint stays restored (a retry, or a
+    // successor finding `resuming` or `restore_cleanup`, cleans up), as for the `resuming` write above.
+    await this.journal(open, "restore_cleanup").catch((error: unknown) => {
+      throw unjournaled(error, `checkpoint ${open.id}: ${[...lost.keys()].join(", ")} restarted since the restore, and the clean-up that resume runs could not be journaled, so it was not run; the write may still have landed: send the resume again`);
+    });
     const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
     throw new CheckpointError(
       "restore_failed",

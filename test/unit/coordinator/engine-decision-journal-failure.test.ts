@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { toCheckpointError, type CheckpointError } from "../../../protocol/index.js";
-import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { FOUR_KINDS, journalEmptied, makeEngine, writers } from "./fake-participants.js";
 
 let root: string;
 beforeEach(async () => {
@@ -167,6 +167,27 @@ describe("a restore, or a restored checkpoint's resume, whose journal write fail
       control.failing = false;
       await engine.resume({ checkpoint_id: "base" });
       expect(fake.ops("resume")).toHaveLength(resumes + 5);
+      await journalEmptied(journal);
+    });
+
+    // A restorer restarted before the resume: the resume runs the restore's clean-up, journaled
+    // `restore_cleanup` first. Before the fix that write's KV timeout escaped as a plain Error (the
+    // controller APIs' internal_error). Found by engine-model.test.ts (seed 13).
+    it(`resume of a restored checkpoint a restorer of which restarted (the clean-up's write ${landed ? "landed" : "lost"}): nothing sent, still restored, outcome_unknown; the retry cleans up`, async () => {
+      const view = new Map(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, `${m.instance}-0`]));
+      const { engine, fake, journal, membership } = makeEngine(root, { incarnations: view });
+      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+      await journalEmptied(journal);
+      await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
+      membership.announce({ kind: "model", instance: "m1" }, "m1-1"); // m1 restarted since it restored
+      const sent = fake.calls.length;
+      const control = failState(journal, "restore_cleanup", landed);
+      const error = await answered(engine.resume({ checkpoint_id: "base" }));
+      expect(error.code).toBe("outcome_unknown");
+      expect(fake.calls.slice(sent).filter((c) => c.op !== "status")).toEqual([]);
+      expect(engine.openCheckpoint).toMatchObject({ checkpoint_id: "base", phase: "restored" });
+      control.failing = false;
+      expect((await answered(engine.resume({ checkpoint_id: "base" }))).code).toBe("restore_failed");
       await journalEmptied(journal);
     });
   }
