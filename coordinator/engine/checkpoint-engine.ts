@@ -456,6 +456,10 @@ export class CheckpointEngine {
       if (!open && !this.closed.has(id)) return this.releaseHolders(id, deadlineMs, ctx);
       // Parked by design, released now; once nobody holds it (the processes stopped), nothing to do.
       if (!open && this.stopped.has(id)) return this.releaseHolders(id, deadlineMs, ctx, true);
+      // Its holders are released as an open checkpoint of their own: not beside another one.
+      if (open && open.id !== id && this.stopped.has(id)) {
+        throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open (${open.phase}); resume it before releasing stop checkpoint ${id}`);
+      }
       return this.doResume(id, deadlineMs, ctx);
     }, request);
   }

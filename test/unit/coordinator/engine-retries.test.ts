@@ -291,6 +291,31 @@ describe("resume retried after the restore of a stop checkpoint was resumed", ()
 });
 
 /**
+ * docs/api.md resume: "Resume of a `stop` checkpoint this coordinator published (its participants stay
+ * parked for the controller to stop them) does the same [resumes those whose status shows them holding
+ * it], for a controller that carries on after all". A controller that carried on prepared another
+ * checkpoint first: the parked participants refused it (checkpoint_conflict), which stays open. Before
+ * the fix the stop checkpoint's resume then answered success with no participants, leaving them parked
+ * (and the new checkpoint unpreparable until their lease). Found by engine-model.test.ts (seed 282).
+ */
+describe("resume of a stop checkpoint while another checkpoint is open", () => {
+  it("is refused checkpoint_conflict, nothing sent; once that one is resumed, it releases the parked participants", async () => {
+    const { engine, fake, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "stop-3", episode_ids: null, stop: true, controller_state: null });
+    await journalEmptied(journal);
+    expect(await engine.prepare({ checkpoint_id: "next-3" })).toMatchObject({ prepared: false });
+    const sent = fake.calls.length;
+    expect((await refusalOf(engine.resume({ checkpoint_id: "stop-3" }))).code).toBe("checkpoint_conflict");
+    expect(fake.calls.length).toBe(sent);
+    // Parked in stop-3, they refuse next-3's resume (checkpoint_conflict); it closes all the same.
+    expect((await refusalOf(engine.resume({ checkpoint_id: "next-3" }))).code).toBe("checkpoint_conflict");
+    const released = await engine.resume({ checkpoint_id: "stop-3" });
+    expect(released.participants.length).toBe(5);
+    expect([...fake.state].filter(([, held]) => held.checkpoint_id !== null)).toEqual([]);
+  });
+});
+
+/**
  * docs/api.md resume: a restore's resume whose journal entry cannot be removed before leadership is
  * lost answers outcome_unknown: "retry it (a successor may still finish it as a restore whose
  * participant restarted, restore_failed)". Here the successor did exactly that (clean-up: attempt+1

@@ -73,7 +73,7 @@ export class FakeParticipants implements ParticipantTransport {
    */
   readonly incarnation = new Map<string, string>();
   /** Guarded messages refused as another incarnation's while the refusing process held their checkpoint (it took part: misaddressed). */
-  readonly misaddressed: string[] = [];
+  readonly misaddressed: { participant: string; addressed: string; detail: string }[] = [];
   private restarts = 0;
 
   /** Requests held until released, per `${kind}.${instance}.${op}` (see hold). */
@@ -138,15 +138,16 @@ export class FakeParticipants implements ParticipantTransport {
     if (behaviour === "unreachable") throw new NoRespondersFailure(subject);
     // A participant too stalled to answer: the request stays in flight until the caller's bound or abort ends the wait.
     if (behaviour === "hang") return new Promise<string>((_resolve, reject) => options.cancellation?.onCancel(reject));
-    if (behaviour === "timeout") {
-      if (this.clock) this.clock.current += options.timeoutMs;
-      throw new RequestTimeoutFailure(subject, options.timeoutMs);
-    }
+    // The try's whole timeout passes (from when it was sent: requests sent together wait together).
+    const timedOut = () => {
+      if (this.clock) this.clock.current = Math.max(this.clock.current, (options.sentAtMs ?? this.clock.current) + options.timeoutMs);
+      return new RequestTimeoutFailure(subject, options.timeoutMs);
+    };
+    if (behaviour === "timeout") throw timedOut();
     if (behaviour === "late") {
       // Done there (its state changed), but the reply arrives only after the try gave up on it.
       await this.answer(kind, instance, op, parsed, "ok");
-      if (this.clock) this.clock.current += options.timeoutMs;
-      throw new RequestTimeoutFailure(subject, options.timeoutMs);
+      throw timedOut();
     }
     return this.answer(kind, instance, op, parsed, behaviour);
   }
@@ -158,7 +159,9 @@ export class FakeParticipants implements ParticipantTransport {
     const addressed = parsed.incarnation as string | undefined;
     // A real participant's first check (control-plane checkIncarnation), before its epoch and phase.
     if (current !== undefined && addressed !== undefined && addressed !== current && (GUARDED_OPS as readonly string[]).includes(op)) {
-      if (this.state.get(who)?.checkpoint_id === parsed.checkpoint_id) this.misaddressed.push(`${op}:${kind}/${instance} of ${String(parsed.checkpoint_id)} addressed to ${addressed}, held by ${current}`);
+      if (this.state.get(who)?.checkpoint_id === parsed.checkpoint_id) {
+        this.misaddressed.push({ participant: who, addressed, detail: `${op}:${kind}/${instance} of ${String(parsed.checkpoint_id)} addressed to ${addressed}, held by ${current}` });
+      }
       return JSON.stringify({ error: { code: "stale_incarnation", detail: `addressed to ${addressed}; this process is ${current}` } });
     }
     if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
@@ -183,6 +186,13 @@ export class FakeParticipants implements ParticipantTransport {
       }
       if (held?.phase === "restored") return JSON.stringify({ error: { code: "invalid_phase", detail: "prepare is not allowed in phase restored" } });
       if (held?.phase === "committed") return JSON.stringify({ phase: "prepared", report: report([]) });
+    }
+    if (op === "resume") {
+      // As a real participant's resume: of its own checkpoint, or idempotent while idle; not of another one it holds.
+      const held = this.state.get(who);
+      if (held?.checkpoint_id && held.checkpoint_id !== parsed.checkpoint_id) {
+        return JSON.stringify({ error: { code: "checkpoint_conflict", detail: `checkpoint ${held.checkpoint_id} is active, not ${String(parsed.checkpoint_id)}` } });
+      }
     }
     if (op === "resume") this.restoredHere.delete(restoredKey);
     if (op === "prepare") track(typeof behaviour === "object" && "notReady" in behaviour ? "preparing" : "prepared");
