@@ -1,10 +1,13 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { isDeepStrictEqual } from "node:util";
-import { CheckpointError, ERROR_CODES, type EpisodeId, type Op } from "../../../protocol/index.js";
+import { CheckpointError, ERROR_CODES, type EpisodeId, type Kind, type Op } from "../../../protocol/index.js";
 import type { CheckpointEngine } from "../../../coordinator/engine/checkpoint-engine.js";
+import { participantFailurePrefix } from "../../../coordinator/engine/participant-client.js";
 import type { MemoryDecisionJournal } from "../../../coordinator/ha/decision-journal.js";
 import { FOUR, makeEngine, type FakeParticipants, type TestClock } from "./fake-participants.js";
+import { CoordinatorConfigSchema } from "../../../coordinator/config/coordinator-config.js";
+import { DEFAULT_REPLY_SLACK_MS } from "../../../coordinator/client/reply-decoder.js";
 import { InvariantViolation } from "../../support/seeded-model-run.js";
 
 /**
@@ -18,6 +21,10 @@ import { InvariantViolation } from "../../support/seeded-model-run.js";
 
 /** An op still pending after this long (no real timers; every fault answers at once) hangs. */
 const HANG_MS = 5_000;
+/** The daemon's default request_slack_ms: docs/api.md bounds a failing op's reply by it ("inside the clients' default 10 s wait"). */
+const SLACK_MS = CoordinatorConfigSchema.parse({ token: "t", checkpoint_root: "/c" }).request_slack_ms;
+/** makeEngine's default_timeout_ms: the deadline of an op sent without one. */
+const DEFAULT_TIMEOUT_MS = 10_000;
 const ROLLOUTS: EpisodeId[] = [
   { rollout_id: "r1", attempt: 0 },
   { rollout_id: "r2", attempt: 0 },
@@ -25,11 +32,16 @@ const ROLLOUTS: EpisodeId[] = [
 ];
 /** The ops a fault is scripted for: every phase message the engine sends (status stays honest). */
 const FAULT_OPS: Op[] = ["prepare", "commit", "resume", "restore", "retire", "forget", "renew"];
-type Fault = "unreachable" | "timeout" | { error: string };
-/** Refusal codes a participant is scripted to answer: none of them one of NOTHING_CHANGED's. */
-const FAULTS: Fault[] = ["unreachable", "timeout", { error: "storage_error" }];
+type Fault = "unreachable" | "timeout" | "late" | { error: string };
+/**
+ * Transport faults (no responders; a try timing out before it reached the participant; `late`: done
+ * there, its reply after the try's timeout, a stalled participant) and refusal codes a participant is
+ * scripted to answer: none of them one of NOTHING_CHANGED's.
+ */
+const FAULTS: Fault[] = ["unreachable", "timeout", "late", { error: "storage_error" }];
 /** A restore refused with a code that promises nothing was installed (RESTORE_REFUSALS): a process already resumed from it. */
 const RESTORE_FAULTS: Fault[] = [{ error: "stale_checkpoint" }];
+const RESTORE_FAULT_CODES: ReadonlySet<string> = new Set(RESTORE_FAULTS.map((f) => (f as { error: string }).error));
 
 /** Codes of a checkpoint op that ran and aborted its id here (the participants' codes this model scripts, and the journal's). */
 const ABORTED: ReadonlySet<string> = new Set(["prepare_incomplete", "journal_unavailable", "storage_error", "unreachable"]);
@@ -71,6 +83,12 @@ export class EngineWorld {
   private epoch = 7;
   private nextId = 0;
   private journalFault: "none" | "lost" | "landed" = "none";
+  /** The membership view's incarnations (shared by every coordinator here); the participants' own are fake.incarnation. */
+  private readonly view = new Map(FOUR.map((m) => [`${m.kind}.${m.instance}`, `${m.kind}-${m.instance}-0`]));
+  /** Restarted processes the view does not show yet (their announcement not seen). */
+  private readonly lagging = new Map<string, string>();
+  /** Restored checkpoints a holder of which restarted before their resume (this leadership term): "the resume ... answers restore_failed". */
+  private readonly lostRestores = new Set<string>();
   private readonly ids: string[] = [];
   /** The last controller op run, for a retry of it (its reply lost), and how it ended. */
   private last: { op: CtlOp; request: Record<string, unknown>; outcome: Outcome; faultsSince: number; failedOver: boolean } | undefined;
@@ -79,8 +97,9 @@ export class EngineWorld {
     private readonly random: () => number,
     private readonly root: string,
   ) {
-    this.fixture = makeEngine(root, { members: FOUR });
+    this.fixture = makeEngine(root, { members: FOUR, incarnations: this.view, slackMs: SLACK_MS });
     ({ engine: this.engine, fake: this.fake, clock: this.clock, journal: this.journal } = this.fixture);
+    for (const [key, incarnation] of this.view) this.fake.incarnation.set(key, incarnation);
     // A KV put whose acknowledgement never comes (a timeout), landed or not, while journalFault says so.
     const record = this.journal.record.bind(this.journal);
     this.journal.record = async (entry) => {
@@ -96,6 +115,8 @@ export class EngineWorld {
     if (r < 0.15) return this.expireLease();
     if (r < 0.16) return this.toggleJournalFault();
     if (r < 0.17) return this.loseLeadership();
+    if (r >= 0.9 && r < 0.93) return this.restart();
+    if (r >= 0.93 && r < 0.94) return this.catchUpView();
     // A retry is likeliest right after the op it repeats succeeded (its reply lost).
     if (this.last && r < (this.last.outcome.ok ? 0.35 : 0.22)) return this.retryLast();
     if (r < 0.3) return this.runWithConcurrentRetry();
@@ -115,6 +136,10 @@ export class EngineWorld {
     if (faulted.length > 1 && r < 0.1) {
       this.fake.script.clear();
       this.steps.push("heal every participant");
+    } else if (r > 0.95) {
+      // The trainer restarted alone: every Gym process already resumed from what it restores, and refuses it.
+      for (const m of FOUR) this.fake.set(m.kind, m.instance, "restore", RESTORE_FAULTS[0]!);
+      this.steps.push(`fault every participant's restore ${JSON.stringify(RESTORE_FAULTS[0])}`);
     } else if (faulted.length > 0 && r < 0.5) {
       const key = this.pick(faulted);
       this.fake.script.delete(key);
@@ -145,9 +170,41 @@ export class EngineWorld {
     if (this.last) this.last.faultsSince++;
   }
 
+  /**
+   * A participant's process restarted (a crash, its supervisor starting it again): a new incarnation
+   * holding nothing. Its announcement reaches the coordinator's view at once, or later (catchUpView).
+   */
+  private async restart(): Promise<void> {
+    const member = this.pick(FOUR);
+    const key = `${member.kind}.${member.instance}`;
+    const open = this.engine.openCheckpoint;
+    if (open?.phase === "restored" && this.fake.state.get(key)?.checkpoint_id === open.checkpoint_id) this.lostRestores.add(open.checkpoint_id);
+    const incarnation = this.fake.restart(member.kind, member.instance);
+    const announced = this.random() < 0.6;
+    if (announced) {
+      this.lagging.delete(key);
+      this.fixture.membership.announce(member, incarnation);
+    } else {
+      this.lagging.set(key, incarnation);
+    }
+    this.steps.push(`restart ${key} as ${incarnation}${announced ? "" : " (the view still shows the old process)"}`);
+    if (this.last) this.last.faultsSince++;
+  }
+
+  /** The restarted processes' announcements reach the coordinator's view. */
+  private async catchUpView(): Promise<void> {
+    this.steps.push(`the view catches up${this.lagging.size ? ` (${[...this.lagging.values()].join(", ")})` : " (nothing lags)"}`);
+    for (const [key, incarnation] of this.lagging) {
+      const [kind, instance] = key.split(".") as [Kind, string];
+      this.fixture.membership.announce({ kind, instance }, incarnation);
+    }
+    this.lagging.clear();
+  }
+
   /** Leadership lost: either won back by this engine (recover) or taken by a successor of a higher epoch. */
   private async loseLeadership(): Promise<void> {
     const before = await this.snapshot();
+    this.lostRestores.clear(); // recovery may send the restore again: a restarted holder installs it anew
     this.engine.leadershipLost();
     if (this.random() < 0.5) {
       this.steps.push("leadership lost and regained (recover)");
@@ -155,7 +212,14 @@ export class EngineWorld {
       this.fixture.leadership.demote();
       await this.settle();
       this.epoch++;
-      this.fixture = makeEngine(this.root, { members: FOUR, successorOf: { fake: this.fake, journal: this.journal, clock: this.clock }, epoch: this.epoch, requireRecovery: true });
+      this.fixture = makeEngine(this.root, {
+        members: FOUR,
+        successorOf: { fake: this.fake, journal: this.journal, clock: this.clock },
+        epoch: this.epoch,
+        requireRecovery: true,
+        incarnations: this.view,
+        slackMs: SLACK_MS,
+      });
       this.engine = this.fixture.engine;
       this.steps.push(`failover to a successor (epoch ${this.epoch}, recover)`);
     }
@@ -188,6 +252,15 @@ export class EngineWorld {
       const code = (last.outcome.error as CheckpointError).code;
       const again = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
       if (ABORTED.has(code) && again !== code) this.fail(`a checkpoint that failed with ${code} was retried: ${describe(outcome)}`);
+    }
+    if (last.op === "restore" && !last.outcome.ok && !last.failedOver && late) {
+      // "Retried ... once its deadline_ts has passed (its reply was lost) gets that refusal again" (a restore every participant refused).
+      const code = (last.outcome.error as CheckpointError).code;
+      const deadline = last.request["deadline_ts"] as number | undefined;
+      const again = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
+      if (RESTORE_FAULT_CODES.has(code) && deadline !== undefined && deadline * 1000 <= this.clock.now() && again !== code) {
+        this.fail(`a restore every participant refused (${code}) was retried past its deadline: ${describe(outcome)}`);
+      }
     }
     if (!last.outcome.ok || !outcome.ok) return;
     // "a retry with the same id and arguments ... gets the op's reply" (docs/api.md "Retrying a controller op")
@@ -226,6 +299,8 @@ export class EngineWorld {
     await this.settle();
     this.checkThrown(op, first);
     this.checkThrown(op, second);
+    this.noteRestored(before, op, first);
+    this.noteRestored(before, op, second);
     await this.checkAlways(before, op, first.ok ? first : second);
     if (first.ok && second.ok && ["checkpoint", "commit", "publish", "restore"].includes(op) && !isDeepStrictEqual(first.reply, second.reply)) {
       this.fail(`a ${op} and its concurrent retry answered differently`);
@@ -247,6 +322,7 @@ export class EngineWorld {
     this.steps[this.steps.length - 1] += ` → ${outcomes.map(describe).join(" | ")}`;
     await this.settle();
     outcomes.forEach((outcome, i) => this.checkThrown(ops[i]!, outcome));
+    outcomes.forEach((outcome, i) => this.noteRestored(before, ops[i]!, outcome));
     // Both may publish (two checkpoints): LATEST names the one that published last.
     const latest = (await this.snapshot()).latest;
     const publisher = outcomes.findIndex((o, i) => o.ok && (ops[i] === "publish" || ops[i] === "checkpoint") && (o.reply as { checkpoint_id: string }).checkpoint_id === latest);
@@ -346,18 +422,33 @@ export class EngineWorld {
 
   // ---- running and checking ----------------------------------------------------------------
 
+  /** A restore run now (not a retry answered from the open one) was installed by the processes there now. */
+  private noteRestored(before: Snapshot, op: CtlOp, outcome: Outcome): void {
+    if (op !== "restore" || !outcome.ok) return;
+    const id = (outcome.reply as { checkpoint_id: string }).checkpoint_id;
+    const open = before.open as { checkpoint_id?: string; phase?: string } | null;
+    if (!(open?.checkpoint_id === id && open?.phase === "restored")) this.lostRestores.delete(id);
+  }
+
   private async execute(op: CtlOp, request: Record<string, unknown>): Promise<Outcome> {
     const before = await this.snapshot();
     const calledBefore = this.fake.calls.length;
     const installsBefore = this.fake.installs.length;
+    const startedAt = this.clock.now();
     const outcome = await this.bounded(op, this.call(op, request));
+    const answeredAt = this.clock.now();
     this.steps[this.steps.length - 1] += ` → ${describe(outcome)}`;
     await this.settle();
     this.checkThrown(op, outcome);
+    this.noteRestored(before, op, outcome);
     await this.checkAlways(before, op, outcome);
+    this.checkAnsweredInTime(op, request, before, calledBefore, startedAt, answeredAt);
+    if (op === "resume") this.checkResumedEverywhere(request, outcome);
     if (!outcome.ok) {
       const code = (outcome.error as CheckpointError).code;
-      if (NOTHING_CHANGED[op]?.has(code)) await this.checkNothingChanged(before, op, code);
+      // "the op ran and failed at these participants" (their own code, e.g. a parked one's checkpoint_conflict) is told by the detail's prefix.
+      const participants = (outcome.error as CheckpointError).message.startsWith(participantFailurePrefix(op));
+      if (NOTHING_CHANGED[op]?.has(code) && !participants) await this.checkNothingChanged(before, op, code);
       if (op === "restore" && code === "stale_checkpoint") {
         // Every participant refused it so: "nothing retired or resumed, no failure remembered, the journal entry removed before the reply".
         const cleanup = this.fake.calls.slice(calledBefore).filter((c) => c.op === "retire" || c.op === "resume");
@@ -368,6 +459,8 @@ export class EngineWorld {
       return outcome;
     }
     const id = (outcome.reply as { checkpoint_id?: string }).checkpoint_id;
+    // "A participant that restarts between restore and resume lost what it restored: the resume runs the same clean-up everywhere and answers restore_failed"
+    if (op === "resume" && id !== undefined && this.lostRestores.has(id)) this.fail(`a participant holding restored ${id} restarted before its resume, yet the resume answered ${describe(outcome)}`);
     if (op === "resume" && id !== undefined) {
       const holders = [...this.fake.state].filter(([, s]) => s.checkpoint_id === id).map(([key, s]) => `${key} (${s.phase})`);
       if (holders.length > 0) this.fail(`resume of ${id} succeeded, but ${holders.join(", ")} still hold it`);
@@ -449,11 +542,52 @@ export class EngineWorld {
       const publishes = (op === "publish" || op === "checkpoint") && outcome.ok && (outcome.reply as { checkpoint_id: string }).checkpoint_id === after.latest;
       if (!publishes && op !== "recover") this.fail(`LATEST moved from ${before.latest} to ${after.latest} on ${op} → ${describe(outcome)}`);
     }
+    // "addresses that checkpoint's prepare, commit, renew and resume messages to it"; "its resume goes to that one [that restored] even while the view lags".
+    // Addressed to the process the view shows, the holder is one the coordinator cannot know of yet (a lagging view, a restore it refused).
+    const misaddressed = this.fake.misaddressed.splice(0).filter((m) => m.addressed !== this.view.get(m.participant));
+    if (misaddressed.length > 0) this.fail(`guarded messages addressed to another process than the one holding their checkpoint: ${misaddressed.map((m) => m.detail).join("; ")}`);
     if (this.journal.entries.size > 1) this.fail(`the journal holds ${[...this.journal.entries.keys()].join(", ")}: more than one checkpoint open`);
     const open = this.engine.openCheckpoint;
     if (open && !this.journal.entries.has(open.checkpoint_id)) {
       this.fail(`${open.checkpoint_id} is open (${open.phase}) but not journaled (journal: ${[...this.journal.entries.keys()].join(", ") || "empty"})`);
     }
+  }
+
+  /**
+   * docs/api.md "Deadlines": a request still unanswered at the deadline is outcome_unknown, and a
+   * failing op answers "inside the clients' default 10 s wait" past its deadline_ts (the default
+   * timeout from its arrival when it names none), stalled participants (timeout, late) included.
+   * By design later: "a checkpoint's resume and publication, a restore's clean-up" (and the
+   * restored checkpoint's resume, which may run that clean-up).
+   */
+  private checkAnsweredInTime(op: CtlOp, request: Record<string, unknown>, before: Snapshot, calledBefore: number, startedAt: number, answeredAt: number): void {
+    if (op === "restore" || op === "publish" || op === "status" || op === "list" || op === "get") return;
+    const sent = this.fake.calls.slice(calledBefore);
+    if (op === "checkpoint" && sent.some((c) => c.op === "commit")) return;
+    const open = before.open as { checkpoint_id?: string; phase?: string } | null;
+    if (op === "resume" && open?.checkpoint_id === request["checkpoint_id"] && open?.phase === "restored") return;
+    const deadlineTs = request["deadline_ts"] as number | undefined;
+    const deadlineMs = deadlineTs === undefined ? startedAt + DEFAULT_TIMEOUT_MS : Math.max(deadlineTs * 1000, startedAt);
+    if (answeredAt > deadlineMs + DEFAULT_REPLY_SLACK_MS) {
+      this.fail(`${op} answered ${answeredAt - deadlineMs} ms past its deadline, beyond the clients' ${DEFAULT_REPLY_SLACK_MS} ms wait (sent: ${sent.map((c) => `${c.op}:${c.kind}/${c.instance}`).join(", ")})`);
+    }
+  }
+
+  /**
+   * A resume that ran closes the checkpoint "even if some fail", and a restore's clean-up resumes
+   * everyone ("never left parked"): afterwards it is held only where a resume is scripted to fail.
+   */
+  private checkResumedEverywhere(request: Record<string, unknown>, outcome: Outcome): void {
+    const id = request["checkpoint_id"] as string;
+    const error = outcome.ok ? undefined : (outcome.error as CheckpointError);
+    const ran = !error || error.code === "restore_failed" || error.message.startsWith("resume failed on ");
+    if (!ran) return;
+    const failing = (key: string) => {
+      const fault = this.fake.script.get(`${key}.resume`);
+      return fault !== undefined && fault !== "late";
+    };
+    const holders = [...this.fake.state].filter(([key, s]) => s.checkpoint_id === id && !failing(key)).map(([key, s]) => `${key} (${s.phase})`);
+    if (holders.length > 0) this.fail(`resume of ${id} answered ${describe(outcome)}, but ${holders.join(", ")} still hold it (no resume fault scripted there)`);
   }
 
   /** docs/api.md: "a refused request changes nothing". */
