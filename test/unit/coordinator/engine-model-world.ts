@@ -117,8 +117,8 @@ export class EngineWorld {
     if (r < 0.17) return this.loseLeadership();
     if (r >= 0.9 && r < 0.93) return this.restart();
     if (r >= 0.93 && r < 0.94) return this.catchUpView();
-    // A retry is likeliest right after the op it repeats succeeded (its reply lost).
-    if (this.last && r < (this.last.outcome.ok ? 0.35 : 0.22)) return this.retryLast();
+    // A retry is likeliest right after the op it repeats succeeded (its reply lost), or a restore every participant refused (RESTORE_FAULTS).
+    if (this.last && r < (this.last.outcome.ok || this.refusedEverywhere(this.last) ? 0.35 : 0.22)) return this.retryLast();
     if (r < 0.3) return this.runWithConcurrentRetry();
     if (r < 0.33) return this.runTwoAtOnce();
     return this.runOp(this.pickOp());
@@ -136,7 +136,7 @@ export class EngineWorld {
     if (faulted.length > 1 && r < 0.1) {
       this.fake.script.clear();
       this.steps.push("heal every participant");
-    } else if (r > 0.95) {
+    } else if (r > 0.85) {
       // The trainer restarted alone: every Gym process already resumed from what it restores, and refuses it.
       for (const m of FOUR) this.fake.set(m.kind, m.instance, "restore", RESTORE_FAULTS[0]!);
       this.steps.push(`fault every participant's restore ${JSON.stringify(RESTORE_FAULTS[0])}`);
@@ -199,6 +199,7 @@ export class EngineWorld {
       this.fixture.membership.announce({ kind, instance }, incarnation);
     }
     this.lagging.clear();
+    if (this.last) this.last.faultsSince++;
   }
 
   /** Leadership lost: either won back by this engine (recover) or taken by a successor of a higher epoch. */
@@ -238,6 +239,10 @@ export class EngineWorld {
     await this.settle();
     this.checkThrown("recover", outcome);
     await this.checkAlways(before, "recover", outcome);
+  }
+
+  private refusedEverywhere(last: NonNullable<EngineWorld["last"]>): boolean {
+    return last.op === "restore" && !last.outcome.ok && RESTORE_FAULT_CODES.has((last.outcome.error as CheckpointError).code);
   }
 
   private async retryLast(): Promise<void> {

@@ -856,8 +856,9 @@ describe("recovery of a restore a predecessor journaled", () => {
 
   it("restored, its controller's resume cut short by the crash: nothing is retired; the resume's retry finishes it", async () => {
     const { second } = await restoredThenCrashed("rs4", "restored");
-    second.fake.set("agent", "a1", "restore", { error: "stale_checkpoint" }); // resumed already
+    second.fake.set("agent", "a1", "restore", { error: "stale_checkpoint" }); // resumed already (its reply cache went with it)
     second.fake.state.set("agent.a1", { phase: "idle", checkpoint_id: null });
+    second.fake.restoredHere.delete("agent.a1.rs4");
     expect(await second.engine.recover()).toEqual([{ checkpoint_id: "rs4", action: "restored_partly_resumed" }]);
     expect(second.fake.ops("retire")).toHaveLength(0);
     expect(second.fake.ops("resume")).toHaveLength(0);
@@ -1041,6 +1042,8 @@ describe("recovery of a restore a predecessor journaled", () => {
         replaced.created_at += 1;
         await writeFile(path, `${JSON.stringify(replaced, null, 2)}\n`);
       } else {
+        // m1 lost what it restored (its reply cache too) and fails the install now.
+        second.fake.restoredHere.delete(`model.m1.${id}`);
         second.fake.set("model", "m1", "restore", { error: "internal_error" });
       }
       dieAfterFirstRetire(second);

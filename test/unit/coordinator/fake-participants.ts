@@ -152,6 +152,12 @@ export class FakeParticipants implements ParticipantTransport {
     return this.answer(kind, instance, op, parsed, behaviour);
   }
 
+  private restoredAlready(kind: Kind, instance: string, op: Op, parsed: Record<string, unknown>): boolean {
+    if (op !== "restore") return false;
+    const args = JSON.stringify([parsed.checkpoint_dir, (parsed.episode_ids as EpisodeId[]).map(captureKey).sort()]);
+    return this.restoredHere.get(`${kind}.${instance}.${String(parsed.checkpoint_id)}`)?.args === args;
+  }
+
   /** What the participant answers (and does) for a request that reached it. */
   private async answer(kind: Kind, instance: string, op: Op, parsed: Record<string, unknown>, behaviour: Exclude<Behaviour, "unreachable" | "timeout" | "late" | "hang">): Promise<string> {
     const who = `${kind}.${instance}`;
@@ -164,7 +170,10 @@ export class FakeParticipants implements ParticipantTransport {
       }
       return JSON.stringify({ error: { code: "stale_incarnation", detail: `addressed to ${addressed}; this process is ${current}` } });
     }
-    if (typeof behaviour === "object" && "error" in behaviour) return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
+    // A restore this participant restored is answered from its reply cache before anything else (a real one's first check), whatever it is scripted to refuse.
+    if (typeof behaviour === "object" && "error" in behaviour && !this.restoredAlready(kind, instance, op, parsed)) {
+      return JSON.stringify({ error: { code: behaviour.error, detail: "scripted" } });
+    }
     const restarts = typeof behaviour === "object" && "restarts" in behaviour ? behaviour.restarts : [];
     const scopeRequired = typeof behaviour === "object" && "scopeRequired" in behaviour ? { scope_required: true } : {};
     const report = (blockers: string[]) => ({ ready: blockers.length === 0, blockers, blocker_count: blockers.length, counts: {}, restarts, ...scopeRequired });
