@@ -448,7 +448,7 @@ export class EngineWorld {
     this.noteRestored(before, op, outcome);
     await this.checkAlways(before, op, outcome);
     this.checkAnsweredInTime(op, request, before, calledBefore, startedAt, answeredAt);
-    if (op === "resume") this.checkResumedEverywhere(request, outcome);
+    if (op === "resume") this.checkResumedEverywhere(request, outcome, calledBefore);
     if (!outcome.ok) {
       const code = (outcome.error as CheckpointError).code;
       // "the op ran and failed at these participants" (their own code, e.g. a parked one's checkpoint_conflict) is told by the detail's prefix.
@@ -581,12 +581,13 @@ export class EngineWorld {
   /**
    * A resume that ran closes the checkpoint "even if some fail", and a restore's clean-up resumes
    * everyone ("never left parked"): afterwards it is held only where a resume is scripted to fail.
+   * Not a retry answered from memory (nothing sent): one the earlier resume failed at resumes by its lease.
    */
-  private checkResumedEverywhere(request: Record<string, unknown>, outcome: Outcome): void {
+  private checkResumedEverywhere(request: Record<string, unknown>, outcome: Outcome, calledBefore: number): void {
     const id = request["checkpoint_id"] as string;
     const error = outcome.ok ? undefined : (outcome.error as CheckpointError);
     const ran = !error || error.code === "restore_failed" || error.message.startsWith("resume failed on ");
-    if (!ran) return;
+    if (!ran || !this.fake.calls.slice(calledBefore).some((c) => c.op === "resume")) return;
     const failing = (key: string) => {
       const fault = this.fake.script.get(`${key}.resume`);
       return fault !== undefined && fault !== "late";
