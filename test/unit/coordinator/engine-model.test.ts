@@ -9,8 +9,10 @@ import { writers } from "./fake-participants.js";
 /**
  * Model-based randomised test of the coordinator engine: seeded random sequences of controller ops
  * (fresh, reused and open ids, retries of the previous request after a lost reply, past deadlines),
- * participant faults toggled between them (unreachable, timing out, refusing), leases expiring at a
- * participant, leadership lost and regained or taken by a successor; after every step the
+ * participant faults toggled between them (unreachable, timing out, answering only after the try's
+ * timeout, refusing, every restore refused), leases expiring at a participant, participants
+ * restarting (a new incarnation holding nothing; the coordinator's view showing it at once or
+ * later), leadership lost and regained or taken by a successor; after every step the
  * invariants docs/api.md promises (see EngineWorld). A failure prints its seed and steps;
  * `ENGINE_MODEL_SEEDS=a-b` runs other seeds, `ENGINE_MODEL_STEPS` longer sequences.
  */
