@@ -2690,6 +2690,8 @@ export class CheckpointEngine {
   }
 
   private entryOf(open: OpenCheckpoint, state: JournalEntry["state"]): JournalEntry {
+    const restorers = state === "restored" || state === "resuming";
+    const viewed = restorers ? laggingView(open) : undefined;
     return {
       checkpoint_id: open.id,
       epoch: open.epoch,
@@ -2703,8 +2705,8 @@ export class CheckpointEngine {
       auto_publish: open.autoPublish,
       controller_state: open.controllerState,
       ...(state === "restore_cleanup" && { retire_at: (open.retireAt ?? open.members).map((m) => ({ kind: m.kind, instance: m.instance })) }),
-      ...((state === "restored" || state === "resuming") && open.incarnations.size > 0 && { incarnations: Object.fromEntries(open.incarnations) }),
-      ...((state === "restored" || state === "resuming") && laggingView(open) && { viewed: laggingView(open) }),
+      ...(restorers && open.incarnations.size > 0 && { incarnations: Object.fromEntries(open.incarnations) }),
+      ...(viewed && { viewed }),
       opened_epoch: open.openedEpoch,
       ...(open.openedSeq !== undefined && { opened_seq: open.openedSeq }),
       updated_at: this.epochTime(open.epoch),
