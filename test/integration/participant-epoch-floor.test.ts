@@ -128,6 +128,19 @@ describe("a restarted participant's epoch fence starts from the leader lease", (
     expect(await send("forget", forgetAt(created))).toEqual({ forgotten: ["r1"] });
   });
 
+  // leaseIssued read from the real lease: an epoch above every one it issued (a message forged with
+  // the participants' token) is refused, and the fence stays at the leader's, which is still
+  // admitted. The unit tests inject epochIssued, so only this pins the read's own answer.
+  it("refuses an epoch the lease never issued (invalid_request) and keeps admitting the leader's", async () => {
+    const deployment = "floor_forged";
+    const send = sender(deployment);
+    const leader = await leaderOf(deployment, "coord-a");
+    await participantOf(deployment);
+    expect((await send("forget", forgetAt(leader.epoch + 1000))).error?.code).toBe("invalid_request");
+    expect((await send("status", {})).epoch).toBe(leader.epoch);
+    expect(await send("forget", forgetAt(leader.epoch))).toEqual({ forgotten: ["r1"] });
+  });
+
   it("starts unfenced where no coordinator ever ran (no leader bucket)", async () => {
     const deployment = "floor_none";
     const send = sender(deployment);
