@@ -42,3 +42,27 @@ describe("removeTrash, the root's deployment claim", () => {
     expect((await readdir(root)).sort()).toEqual([`.${ROOT_DEPLOYMENT_FILE}.111.aaaa.tmp`, ROOT_DEPLOYMENT_FILE].sort());
   });
 });
+
+describe("removeTrash, what it leaves alone", () => {
+  // "Nothing else at the root is touched": only the temp files of LATEST and of the deployment claim
+  // are swept, not any old file a controller keeps at the root that happens to end in .tmp, nor
+  // one that starts like LATEST's temp but is not one.
+  it("keeps a controller's old *.tmp file and an old dot-LATEST file that is no temp file", async () => {
+    const longAgo = (Date.now() - LEFTOVER_TEMP_AGE_MS - 1000) / 1000;
+    for (const name of ["results.tmp", ".LATEST.notes"]) {
+      await writeFile(join(root, name), "a controller's file");
+      await utimes(join(root, name), longAgo, longAgo);
+    }
+    await removeTrash(root, new Set());
+    expect((await readdir(root)).sort()).toEqual([".LATEST.notes", "results.tmp"]);
+  });
+
+  // A root not created yet has nothing to sweep; one that cannot be listed is a failure the caller
+  // sees as such (its own errno), not an empty sweep nor a TypeError.
+  it("resolves on a missing root and rejects with the listing's own error on a root that is no directory", async () => {
+    await expect(removeTrash(join(root, "absent"), new Set())).resolves.toBeUndefined();
+    const file = join(root, "a-file");
+    await writeFile(file, "x");
+    await expect(removeTrash(file, new Set())).rejects.toMatchObject({ code: "ENOTDIR" });
+  });
+});
