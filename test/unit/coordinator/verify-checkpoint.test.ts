@@ -1,0 +1,75 @@
+import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { type ParticipantEntry } from "../../../protocol/index.js";
+import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
+import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
+import { refusalOf } from "../../support/refusal.js";
+import { writeParticipant } from "./fake-participants.js";
+
+let root: string;
+let catalog: CheckpointCatalog;
+let writer: GlobalManifestWriter;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-verify-"));
+  catalog = new CheckpointCatalog(root);
+  writer = new GlobalManifestWriter(catalog, 5);
+});
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+async function publish(id: string, participants: ParticipantEntry[], stateFile: string | null = null): Promise<void> {
+  await writer.publish({ checkpointId: id, epoch: 1, preparedAt: 1, publishedAt: 2, stop: false, scope: null, restarts: [], participants, controllerState: stateFile === null ? null : { file: stateFile } });
+  await writer.settled();
+}
+
+const line = (rollout: string) => `{"episode_id":{"rollout_id":"${rollout}","attempt":0}}`;
+
+describe("verifyCheckpoint's report and refusals", () => {
+  // The report's totals are what the records files hold: records counted, bytes summed from 0.
+  it("reports each participant's records and bytes and their sums", async () => {
+    const a = await writeParticipant(root, "c1", "agent", "a1", [line("r1"), line("r2")]);
+    const e = await writeParticipant(root, "c1", "environment", "e1", [line("r3")]);
+    await publish("c1", [a, e]);
+    const size = async (p: ParticipantEntry) => (await stat(join(root, "c1", "gym", p.kind, p.instance, `records-${p.records_sha256}.jsonl`))).size;
+    const [aBytes, eBytes] = [await size(a), await size(e)];
+    const report = await verifyCheckpoint(catalog, "c1");
+    expect(report).toEqual({
+      checkpoint_id: "c1",
+      participants: [
+        { kind: "agent", instance: "a1", records: 2, bytes: aBytes },
+        { kind: "environment", instance: "e1", records: 1, bytes: eBytes },
+      ],
+      records: 3,
+      bytes: aBytes + eBytes,
+    });
+  });
+
+  // A checkpoint nobody took part in has no gym/ directory: nothing is missing from it.
+  it("verifies a checkpoint without participants and without a gym/ directory", async () => {
+    await mkdir(join(root, "c0")); // the engine creates the checkpoint directory at prepare
+    await publish("c0", []);
+    expect(await verifyCheckpoint(catalog, "c0")).toEqual({ checkpoint_id: "c0", participants: [], records: 0, bytes: 0 });
+  });
+
+  // Only a missing gym/ of a checkpoint listing nobody is fine: a gym/ that cannot be listed (here a
+  // file) is refused naming it, whether or not anybody is listed.
+  it("refuses a gym/ that is no directory, naming it", async () => {
+    await mkdir(join(root, "c0")); // the engine creates the checkpoint directory at prepare
+    await publish("c0", []);
+    await writeFile(join(root, "c0", "gym"), "not a directory");
+    expect(await refusalOf(verifyCheckpoint(catalog, "c0"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("gym cannot be listed") });
+  });
+
+  // A controller state file that is gone is reported as missing, not as a digest mismatch.
+  it("refuses a missing controller state file as missing", async () => {
+    const a = await writeParticipant(root, "c1", "agent", "a1", [line("r1")]);
+    await writeFile(join(root, "c1", "state.json"), "{}");
+    await publish("c1", [a], "state.json");
+    await rm(join(root, "c1", "state.json"));
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("state.json is missing") });
+  });
+});
