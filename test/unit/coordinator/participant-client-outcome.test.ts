@@ -4,6 +4,7 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 import { afterAll, describe, expect, it } from "vitest";
 import { ParticipantClient } from "../../../coordinator/engine/participant-client.js";
 import { SPAN_ATTR } from "../../../coordinator/telemetry/coordinator-telemetry.js";
+import type { TransportRequestOptions } from "../../../coordinator/engine/transport.js";
 import { CheckpointError } from "../../../protocol/index.js";
 import { inMemoryMetrics } from "../../support/in-memory-metrics.js";
 import { TestClock } from "./fake-participants.js";
@@ -54,5 +55,67 @@ describe("a participant call's outcome, span and duration", () => {
     const point = histogram.dataPoints.find((p) => p.attributes.kind === "agent");
     expect(point?.attributes).toEqual({ op: "resume", kind: "agent", outcome: "ok" });
     expect([point?.value.count, point?.value.sum]).toEqual([1, 1.5]);
+  });
+});
+
+/** TestClock whose timers the test fires by hand. */
+class TimerClock extends TestClock {
+  readonly timers = new Set<() => void>();
+  override setTimer(fn: () => void): () => void {
+    const timer = () => fn();
+    this.timers.add(timer);
+    return () => void this.timers.delete(timer);
+  }
+  fire(): void {
+    const due = [...this.timers];
+    this.timers.clear();
+    for (const timer of due) timer();
+  }
+}
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+describe("a participant call's tries", () => {
+  // The request timeout is "the time left until the deadline plus slack": slack alone once it passed.
+  it("waits the time left plus slack, and slack alone past the deadline", async () => {
+    const clock = new TestClock();
+    const timeouts: number[] = [];
+    const transport = { request: async (_s: string, _b: string, o: TransportRequestOptions) => (timeouts.push(o.timeoutMs), '{"phase":"idle","idempotent":false}') };
+    const client = new ParticipantClient({ transport, deployment: "d", token: "t", clock, slackMs: 100 });
+    await client.call({ kind: "agent", instance: "a1" }, "resume", resume(clock), clock.now() + 2000);
+    await client.call({ kind: "agent", instance: "a1" }, "resume", resume(clock), clock.now() - 2000);
+    expect(timeouts).toEqual([2100, 100]);
+  });
+
+  // Presence probes run only for a call that asks for them (probePresence), only while its try
+  // waits: none are left running once the reply came.
+  it("probes the participant's status subject only when asked, and stops probing when the try ends", async () => {
+    for (const asked of [false, true]) {
+      const clock = new TimerClock();
+      const subjects: string[] = [];
+      let reply!: (text: string) => void;
+      const transport = {
+        request: (subject: string) => {
+          subjects.push(subject);
+          return subject.endsWith(".status") ? Promise.resolve("{}") : new Promise<string>((resolve) => (reply = resolve));
+        },
+      };
+      const client = new ParticipantClient({ transport, deployment: "d", token: "t", clock, slackMs: 100, presenceProbeMs: 50 });
+      const call = client.call({ kind: "agent", instance: "a1" }, "resume", resume(clock), clock.now() + 5000, { probePresence: asked });
+      for (let i = 0; i < 3; i++) {
+        clock.fire();
+        await flush();
+      }
+      expect(subjects.filter((s) => s.endsWith(".status")).length, `probed when asked: ${asked}`).toBe(asked ? 3 : 0);
+      reply('{"phase":"idle","idempotent":false}');
+      expect((await call).ok).toBe(true);
+      expect(clock.timers.size, "timers left once the try ended").toBe(0);
+    }
+  });
+
+  it("reads a reply that is JSON null as an invalid reply (internal_error), not a crash", async () => {
+    const clock = new TestClock();
+    const client = new ParticipantClient({ transport: { request: async () => "null" }, deployment: "d", token: "t", clock, slackMs: 100 });
+    const outcome = await client.call({ kind: "agent", instance: "a1" }, "resume", resume(clock), clock.now() + 2000);
+    expect(outcome).toMatchObject({ ok: false, code: "internal_error", detail: expect.stringContaining("invalid resume reply") });
   });
 });
