@@ -1,0 +1,39 @@
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
+import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
+import { refusalOf } from "../../support/refusal.js";
+
+let base: string;
+beforeEach(async () => {
+  base = await mkdtemp(join(tmpdir(), "gym-ckpt-stage-dir-"));
+});
+afterEach(async () => {
+  await rm(base, { recursive: true, force: true });
+});
+
+describe("GlobalManifestWriter.checkpointDirectory", () => {
+  // "A failed mkdir is staged again once, so a passing failure does not refuse every retried
+  // commit": the root missing while the prepare staged (storage mounting late), there by the commit.
+  it("stages a failed mkdir again: the directory is made once the root is back", async () => {
+    const root = join(base, "root");
+    const writer = new GlobalManifestWriter(new CheckpointCatalog(root), 5);
+    writer.stage("c1"); // ENOENT: no root yet
+    await mkdir(root);
+    await writer.checkpointDirectory("c1");
+    expect((await stat(join(root, "c1"))).isDirectory()).toBe(true);
+    await writer.discard("c1");
+  });
+
+  // Something not a directory in its place is refused checkpoint_conflict ("nothing was
+  // committed"), never taken for the checkpoint directory, and left as it is.
+  it("refuses a file where the checkpoint directory goes (checkpoint_conflict) and leaves it", async () => {
+    const writer = new GlobalManifestWriter(new CheckpointCatalog(base), 5);
+    await writeFile(join(base, "c1"), "an operator's file");
+    expect(await refusalOf(writer.checkpointDirectory("c1"))).toMatchObject({ code: "checkpoint_conflict", message: expect.stringContaining("is not a directory") });
+    expect(await readFile(join(base, "c1"), "utf8")).toBe("an operator's file");
+    await writer.discard("c1");
+  });
+});
