@@ -1479,6 +1479,34 @@ describe("the free of a restore install that outlived its deadline, whose retire
   });
 });
 
+describe("the free of a restore install that outlived its deadline, whose retire hook hangs, with live state beside it", () => {
+  // The test above ends with no live state (its free then gives up at once), so it never saw a free
+  // tried again. Here another episode is live: the failed free is held and retried, "never started
+  // again while an earlier one still runs", and started again once that one ended.
+  it("is tried again after its bound, not beside the hung retire, and again once that retire ended", async () => {
+    const install = await restoreOutlivingItsDeadline();
+    const hung = deferred();
+    kind.delay("retire", hung.promise);
+    install.resolve();
+    await waitUntil(() => kind.hooks().includes("retire"), "the free to start");
+    kind.addEpisode({ rollout_id: "r2", attempt: 0 }); // live state meanwhile: the failed free is held, not dropped
+    clock.advance(31_000); // the free's bound: held, retried every second while idle
+    for (let i = 0; i < 5; i++) {
+      clock.advance(1_000);
+      await flush();
+    }
+    expect(kind.hooks().filter((h) => h === "retire")).toHaveLength(1); // never beside the hung one
+    kind.delay("retire", Promise.resolve());
+    hung.resolve();
+    await flush();
+    for (let i = 0; i < 5 && kind.hooks().filter((h) => h === "retire").length < 2; i++) {
+      clock.advance(1_000);
+      await flush();
+    }
+    expect(kind.hooks().filter((h) => h === "retire")).toHaveLength(2); // tried again once it ended
+  });
+});
+
 describe("the free of a restore install that outlived its deadline, across a wall-clock step back", () => {
   it("is bounded by a duration: a step back of an hour does not hold the lock an hour longer", async () => {
     const install = await restoreOutlivingItsDeadline();
