@@ -1048,6 +1048,22 @@ describe("forget whose kind hook hangs", () => {
 });
 
 describe("a deadline that passes while the op waits for the lock", () => {
+  // The early check, before the lock: a retire that arrives already late is answered at once, not
+  // after whatever op holds the lock (a hung kind hook) lets go.
+  it("refuses a retire already past its deadline at once, without queueing for the lock", async () => {
+    const release = await holdLock();
+    const late = refused(call("retire", { checkpoint_id: "retire", deadline_ts: T0 - 1, episode_ids: [{ rollout_id: "r2", attempt: 0 }] }));
+    const outcome = await Promise.race([
+      late,
+      (async () => {
+        for (let i = 0; i < 20; i++) await flush();
+        return "queued behind the lock";
+      })(),
+    ]);
+    await release();
+    expect(outcome).toBe("deadline_exceeded");
+  });
+
   it("refuses a queued retire with deadline_exceeded before marking anything", async () => {
     kind.addEpisode({ rollout_id: "r2", attempt: 0 });
     const release = await holdLock();
