@@ -109,7 +109,9 @@ describe("filesystem checkpoint storage under faults", () => {
     await mkdir(c1);
     const commitWrite = () => storage.write(target, records, { gate: new WriteGate(), createdAt: 1, extra: {}, existingCheckpointDir: true });
     faults.mkdir = { path: join(c1, "gym", "agent"), error: Object.assign(eio("mkdir"), { path: join(c1, "gym", "agent") }) };
-    expect(toCheckpointError(await commitWrite().catch((error: unknown) => error)).code).toBe("storage_error");
+    // The mkdir's own failure (EIO), not an ENOENT of the next component that swallowing it would give.
+    const failed = toCheckpointError(await commitWrite().catch((error: unknown) => error));
+    expect([failed.code, failed.message]).toEqual(["storage_error", expect.stringContaining("EIO")]);
     fsynced.mockClear();
     await commitWrite();
     // gym was created by the failed attempt: its entry in c1 must be made durable too.

@@ -1,4 +1,5 @@
 import { execFileSync } from "node:child_process";
+import { readdirSync } from "node:fs";
 import type { FileHandle } from "node:fs/promises";
 import { mkdir, mkdtemp, readdir, readFile, rm, symlink, truncate, writeFile, unlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -101,6 +102,27 @@ describe("filesystem checkpoint storage", () => {
     await write();
     const read = await storage.read(target, ScriptRecordSchema, (r) => r.episode_id.rollout_id === "r2");
     expect(read.records.map((r) => r.episode_id.rollout_id)).toEqual(["r2"]);
+  });
+
+  // A re-publication compares with the manifest already there; a read of it the storage refuses
+  // (EIO) is that failure (storage_error), not "different content" (checkpoint_conflict, which
+  // would also remove our records file).
+  it("a re-publication whose read of the existing manifest fails (EIO) is storage_error, not a conflict", async () => {
+    const first = await write();
+    const path = join(participantDir(target), "manifest.json");
+    faults.openFailure = { suffix: "/manifest.json", error: Object.assign(new Error(`EIO: i/o error, open '${path}'`), { errno: -5, code: "EIO", syscall: "open", path }) };
+    expect(toCheckpointError(await write().catch((error: unknown) => error)).code).toBe("storage_error");
+    expect((await readdir(participantDir(target))).sort()).toEqual(["manifest.json", first.manifest.records_file]);
+  });
+
+  // Every file a write opens is closed (the temp manifest's handle included), whatever the outcome.
+  it("leaves no file descriptor open: ten writes, published or refused, hold none after them", async () => {
+    const open = () => readdirSync("/proc/self/fd").length;
+    await write(); // warm-up: whatever the first write loads stays open (module files, none of ours)
+    const before = open();
+    for (let i = 0; i < 5; i++) await write();
+    for (let i = 0; i < 5; i++) await code(write(new WriteGate(), records.slice(0, 1)));
+    expect(open()).toBe(before);
   });
 
   it("re-publishes identical content idempotently and refuses different content", async () => {
