@@ -37,3 +37,18 @@ describe("GlobalManifestWriter.checkpointDirectory", () => {
     await writer.discard("c1");
   });
 });
+
+describe("GlobalManifestWriter.publish, an inline controller state", () => {
+  // The controller's state is stored as given: a falsy value (0, false, "") is a state, not "none"
+  // (only an absent one becomes null).
+  it("keeps a falsy inline state as it is", async () => {
+    const writer = new GlobalManifestWriter(new CheckpointCatalog(base), 5);
+    for (const [id, inline] of [["c0", 0], ["cf", false], ["ce", ""]] as const) {
+      await mkdir(join(base, id));
+      const { manifest } = await writer.publish({ checkpointId: id, epoch: 1, preparedAt: 1, publishedAt: 2, stop: false, scope: null, restarts: [], participants: [], controllerState: { inline } });
+      expect(manifest.controller_state).toEqual({ inline });
+      expect(JSON.parse(await readFile(join(base, id, "checkpoint.json"), "utf8")).controller_state).toEqual({ inline });
+    }
+    await writer.settled();
+  });
+});
