@@ -1,10 +1,11 @@
-import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { type ParticipantEntry } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
+import { readCommittedManifest } from "../../../coordinator/publication/committed-records.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
 import { refusalOf } from "../../support/refusal.js";
 import { writeParticipant } from "./fake-participants.js";
@@ -71,5 +72,16 @@ describe("verifyCheckpoint's report and refusals", () => {
     await publish("c1", [a], "state.json");
     await rm(join(root, "c1", "state.json"));
     expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("state.json is missing") });
+  });
+});
+
+describe("a participant manifest copied into another instance's directory", () => {
+  // The manifest must name the entry's kind AND instance: one of the same kind but another
+  // instance (a copied directory) is not that participant's commit.
+  it("is refused as belonging to the instance it names", async () => {
+    const a1 = await writeParticipant(root, "c1", "agent", "a1", [line("r1")]);
+    await cp(join(root, "c1", "gym", "agent", "a1"), join(root, "c1", "gym", "agent", "a2"), { recursive: true });
+    const a2 = { ...a1, instance: "a2", manifest_path: "gym/agent/a2/manifest.json" };
+    expect(await refusalOf(readCommittedManifest(join(root, "c1"), "c1", a2))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("manifest belongs to agent/a1") });
   });
 });
