@@ -2,10 +2,10 @@ import { cp, mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { type ParticipantEntry } from "../../../protocol/index.js";
+import { canonicalDigest, type ParticipantEntry } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
-import { readCommittedManifest } from "../../../coordinator/publication/committed-records.js";
+import { checkCommittedRecords, committedEpisodeIds, readCommittedManifest } from "../../../coordinator/publication/committed-records.js";
 import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
 import { refusalOf } from "../../support/refusal.js";
 import { writeParticipant } from "./fake-participants.js";
@@ -83,5 +83,28 @@ describe("a participant manifest copied into another instance's directory", () =
     await cp(join(root, "c1", "gym", "agent", "a1"), join(root, "c1", "gym", "agent", "a2"), { recursive: true });
     const a2 = { ...a1, instance: "a2", manifest_path: "gym/agent/a2/manifest.json" };
     expect(await refusalOf(readCommittedManifest(join(root, "c1"), "c1", a2))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("manifest belongs to agent/a1") });
+  });
+});
+
+describe("the restore's records pre-check and the episode list read back for a reply without one", () => {
+  const lines = [line("r2"), line("r1"), line("r1")];
+
+  // checkCommittedRecords counts records by newlines without parsing them: a whole file passes.
+  it("checkCommittedRecords passes a committed participant whose file ends with its newline", async () => {
+    const a = await writeParticipant(root, "c1", "agent", "a1", lines);
+    expect((await checkCommittedRecords(join(root, "c1"), "c1", a)).record_count).toBe(3);
+  });
+
+  // committedEpisodeIds: the sorted unique capture keys, accepted when they match the reply's
+  // episode_count and episode_ids_sha256, refused when either differs.
+  it("committedEpisodeIds returns the keys matching the reply's count and digest, and refuses a mismatch", async () => {
+    const a = await writeParticipant(root, "c1", "agent", "a1", lines);
+    const dir = join(root, "c1");
+    const ids = await committedEpisodeIds(dir, "c1", a); // nothing to match: the keys as read
+    expect(ids).toHaveLength(2);
+    expect(ids).toEqual([...ids].sort());
+    expect(await committedEpisodeIds(dir, "c1", { ...a, episode_count: 2, episode_ids_sha256: canonicalDigest(ids) })).toEqual(ids);
+    expect(await refusalOf(committedEpisodeIds(dir, "c1", { ...a, episode_count: 3 }))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("the commit reply says 3") });
+    expect(await refusalOf(committedEpisodeIds(dir, "c1", { ...a, episode_ids_sha256: canonicalDigest(ids.slice(1)) }))).toMatchObject({ code: "invalid_checkpoint_state" });
   });
 });
