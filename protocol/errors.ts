@@ -109,7 +109,7 @@ export const ERROR_CATALOG = {
   },
   outcome_unknown: {
     status: 504,
-    meaning: "A request timed out, a journal write before anything was sent failed (a commit decision or its withdrawal by a resume, a restore, the resume of a restored checkpoint: nothing was sent, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
+    meaning: "A request timed out, a journal write before anything was sent failed (a commit decision or its withdrawal by a resume, a restore, the resume of a restored checkpoint or the clean-up it runs: nothing more was sent, but the write may have landed), or the coordinator lost leadership after the op began; the participant (or a successor completing a journaled decision) may or may not have acted.",
     solve: "Retry with the same checkpoint id: every operation is idempotent per (checkpoint_id, op).",
   },
   journal_unavailable: {
@@ -170,7 +170,7 @@ export const ERROR_CATALOG = {
     meaning:
       "A file operation failed in the deployment's storage, not in gym-ckpt: a full disk, quota or file size limit (ENOSPC, EDQUOT, EFBIG), an I/O error or a stale network file handle (EIO, ESTALE), a read-only mount (EROFS), no permission (EACCES, EPERM), a directory that cannot exist there (ENOENT, ENOTDIR: say, a checkpoint root not mounted on that host; ENAMETOOLONG), or no file descriptors left (EMFILE, ENFILE). The detail names the system error, the call and the path.",
     solve:
-      "Fix the storage on the host that answered (free space or quota, remount read-write, ownership, mount the checkpoint root, raise the open-file limit), then retry. A checkpoint that failed so published nothing: the `checkpoint` op resumed everyone (take it again with a fresh id); after a failed `commit`, `resume` it first.",
+      "Fix the storage on the host that answered (free space or quota, remount read-write, ownership, mount the checkpoint root, raise the open-file limit), then retry. A checkpoint that failed so published nothing: the `checkpoint` op resumed everyone and removed what its participants had committed (take it again with a fresh id); after a failed `commit`, `resume` it first (or retry the commit once there is room).",
   },
   internal_error: {
     status: 500,
