@@ -1,0 +1,887 @@
+import { readFileSync } from "node:fs";
+import { mkdir, readFile, truncate } from "node:fs/promises";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { join } from "node:path";
+import pino from "pino";
+import { Collector, type CollectorController } from "../../../coordinator/collect/collector.js";
+import { ProgressReporter, type ProgressSnapshot } from "../../../coordinator/collect/progress-reporter.js";
+import { ResultLineSchema } from "../../../coordinator/collect/results-file.js";
+import { participantFailurePrefix } from "../../../coordinator/engine/participant-client.js";
+import { CheckpointError, captureKey, type EpisodeId, type ErrorCode } from "../../../protocol/index.js";
+import { InvariantViolation, type ModelRunWorld } from "../../support/seeded-model-run.js";
+
+/**
+ * The collector (coordinator/collect/collector.ts) driven by random steps from a seeded PRNG,
+ * against a fake coordinator and Gym that keep the rules the collector relies on (one open
+ * checkpoint; retire and forget refused while one is open but a restore; a restore closes the
+ * published checkpoint it restores and needs processes that did not resume from it; a retire
+ * fences every attempt up to the one named; admission closed while a checkpoint is open) and a
+ * real HTTP `/run` server on 127.0.0.1 whose answers the steps script: success, a slow success,
+ * HTTP 5xx, a reset connection, a reply past the cap, a malformed reply, no reply (the run timeout).
+ * Checkpoints fail at each op with the codes the controller answers; restores succeed, fail
+ * (`restore_failed`) or lose their reply; the collector "crashes" (halted, a new Collector on the
+ * same files, its Gym kept or restarted, the last results line maybe torn) or stops on SIGTERM
+ * (stop checkpoint, then the same). After every step, the invariants docs/collect.md promises
+ * (see check*); the last step drains the collection and checks every row ended exactly once.
+ */
+
+const logger = pino({ level: "silent" });
+/** The pauses before sending again, tiny: the order of events, not their pace, is under test. */
+const PAUSES = { resendS: 0.005, unresumedS: 0.03, retireS: 0.01, unreachableS: 0.01, admissionClosedWarnS: 30 };
+const RUN_TIMEOUT_S = 0.4;
+const CHECKPOINT_TIMEOUT_S = 0.15;
+const MAX_REPLY_BYTES = 2048;
+/** How long a step waits for the collector to settle (every reply it got appended, counts caught up). */
+const SETTLE_MS = 3_000;
+
+type Outcome = "success" | "slow" | "http500" | "reset" | "oversized" | "malformed" | "hang";
+const OUTCOMES: [Outcome, number][] = [
+  ["success", 40],
+  ["slow", 10],
+  ["http500", 10],
+  ["reset", 10],
+  ["oversized", 8],
+  ["malformed", 10],
+  ["hang", 6],
+];
+/** Outcomes the collector must count as a failed attempt (a hang counts once its /run times out). */
+const COUNTED: ReadonlySet<string> = new Set(["http500", "reset", "oversized", "malformed", "timeout"]);
+
+type CkptOp = "prepare" | "commit" | "publish" | "resume";
+/** A checkpoint's scripted fault: the op, and the code it answers (or how it fails). */
+type CkptFault = { op: CkptOp; code: ErrorCode | "not_prepared" | "partial"; times: number; landed?: boolean };
+const CKPT_FAULTS: CkptFault[] = [
+  { op: "prepare", code: "not_prepared", times: 1 },
+  { op: "prepare", code: "prepare_incomplete", times: 1 },
+  { op: "prepare", code: "unreachable", times: 1 },
+  { op: "prepare", code: "checkpoint_conflict", times: 1 },
+  { op: "prepare", code: "not_leader", times: 1 },
+  { op: "prepare", code: "journal_unavailable", times: 1 },
+  { op: "commit", code: "unreachable", times: 1 },
+  { op: "commit", code: "storage_error", times: 1 },
+  { op: "commit", code: "outcome_unknown", times: 1, landed: true },
+  { op: "commit", code: "outcome_unknown", times: 1, landed: false },
+  { op: "publish", code: "storage_error", times: 1 },
+  { op: "publish", code: "journal_unavailable", times: 1 },
+  { op: "publish", code: "outcome_unknown", times: 1, landed: true },
+  { op: "publish", code: "outcome_unknown", times: 3, landed: true },
+  { op: "publish", code: "outcome_unknown", times: 3, landed: false },
+  { op: "resume", code: "partial", times: 1 },
+  { op: "resume", code: "outcome_unknown", times: 2 },
+  { op: "resume", code: "not_leader", times: 4 },
+];
+type RestoreFault = "ok" | "restore_failed" | "outcome_unknown";
+
+interface Req {
+  seq: number;
+  inc: number;
+  rollout: string;
+  attempt: number;
+  res: ServerResponse;
+  /** How it ended: an outcome, "admission"/"stale" (answered at once), "timeout" (the client gave up), "dropped". */
+  ended?: string;
+  /** A success was written and the client alive then. */
+  delivered?: boolean;
+  /** Left unanswered on purpose (the collector's run timeout ends it). */
+  hung?: boolean;
+  /** A retire fenced it while its client was still connected (it must have given up on it already). */
+  retiredWhileWaited?: boolean;
+  closed?: boolean;
+}
+
+interface Open {
+  id: string;
+  phase: "prepared" | "committing" | "committed" | "published" | "restored";
+  /** The Gym's epoch when its participants parked in it (a restart of the Gym frees them). */
+  gymEpoch: number;
+  scope?: string;
+  stop?: boolean;
+}
+
+export class CollectorWorld implements ModelRunWorld {
+  readonly steps: string[] = [];
+  private server!: Server;
+  private baseUrl!: string;
+  private readonly rows: string[];
+  private readonly concurrency: number;
+  private readonly maxAttempts: number;
+  private stepNo = 0;
+
+  // ---- the collector's incarnations -------------------------------------------------------
+  private inc = 0;
+  private collector: Collector | undefined;
+  private running: Promise<void> | undefined;
+  private ended = false;
+  private snapshot: (() => ProgressSnapshot) | undefined;
+  private readonly dead = new Set<number>();
+  private runError: unknown;
+
+  // ---- the Gym ----------------------------------------------------------------------------
+  private seq = 0;
+  private readonly reqs: Req[] = [];
+  private gymEpoch = 0;
+  /** Highest attempt retired per rollout (a forget lifts it; a Gym restart forgets it). */
+  private readonly fence = new Map<string, number>();
+  /** Every retire the coordinator took: rollout → highest attempt (never lifted; the model's own memory). */
+  private readonly retiredEver = new Map<string, number>();
+  /** Attempts a dead collector left running at a live Gym: each must be retired by the next start. */
+  private orphans: EpisodeId[] = [];
+  /** Checkpoints a participant still holds parked (its resume failed there), with the Gym epoch. */
+  private readonly parkedIn = new Map<string, number>();
+  private readonly slowTimers = new Set<NodeJS.Timeout>();
+
+  // ---- the coordinator --------------------------------------------------------------------
+  private open: Open | null = null;
+  private latest: string | null = null;
+  private readonly published = new Map<string, { file: string; sha256: string }>();
+  /** Gym epoch at each checkpoint's commit: a restore needs processes started after it resumed. */
+  private readonly committedAt = new Map<string, number>();
+  private fault: CkptFault | undefined;
+  private faultLeft = 0;
+  private restoreFault: RestoreFault = "ok";
+  private restoreFaultLeft = 0;
+  /** Rollout → the step of its last retire / forget (every retired rollout is forgotten by the end). */
+  private readonly lastRetired = new Map<string, number>();
+  private readonly lastForgot = new Map<string, number>();
+  private opNo = 0;
+  /** Each published checkpoint's collection.json, as the collector wrote it. */
+  private readonly collections = new Map<string, { continued: EpisodeId[]; restarted: EpisodeId[] }>();
+  /** Collectors whose stop checkpoint was published: no checkpoint of theirs may follow. */
+  private readonly stopped = new Set<number>();
+  /** rollout@attempt a restore installed (a continuation): its results line says continued. */
+  private readonly restoredAttempts = new Set<string>();
+  /** The next retires / forgets that fail `unreachable` (a Gym server down). */
+  private retireFails = 0;
+  private forgetFails = 0;
+  private port = 0;
+  private readonly servers: Server[] = [];
+  private gymDown = false;
+  /** Collectors that saw /run go down: a send may then fail on a connection the closing server reset. */
+  private readonly sawGymDown = new Set<number>();
+  /** The op number of the last forget that failed (the collection may then end with fences left: documented). */
+  private lastForgetFailed = -1;
+  /** A crash armed at the next call of a controller op (see controllerFor). */
+  private crashAt: { op: string; after: boolean; killed: () => void } | undefined;
+
+  // ---- what the invariants compare against ------------------------------------------------
+  /** Rollout ids in --out after the last check (none may go, but a line the model tore). */
+  private inFile = new Set<string>();
+  /** (inc, rollout) → the attempt its first /run must carry (a restored row's attempt + 1, or + 2 after a failed restore). */
+  private readonly expectedFirst = new Map<string, number>();
+
+  constructor(
+    private readonly random: () => number,
+    private readonly root: string,
+    private readonly totalSteps: number,
+  ) {
+    const n = 3 + Math.floor(random() * 5);
+    this.rows = Array.from({ length: n }, (_, i) => `r${i}`);
+    this.concurrency = 1 + Math.floor(random() * 4);
+    this.maxAttempts = 2 + Math.floor(random() * 2);
+    this.steps.push(`world: rows=${n} concurrency=${this.concurrency} max_attempts=${this.maxAttempts}`);
+  }
+
+  private get out(): string {
+    return join(this.root, "results.jsonl");
+  }
+
+  private pick<T>(items: readonly T[]): T {
+    return items[Math.floor(this.random() * items.length)]!;
+  }
+
+  private weighted<T>(items: readonly [T, number][]): T {
+    const total = items.reduce((a, [, w]) => a + w, 0);
+    let r = this.random() * total;
+    for (const [item, w] of items) if ((r -= w) < 0) return item;
+    return items[items.length - 1]![0];
+  }
+
+  private violation(message: string): never {
+    throw new InvariantViolation(`step ${this.stepNo}: ${message}`);
+  }
+
+  async init(): Promise<void> {
+    await this.listen(0);
+    this.port = (this.server.address() as { port: number }).port;
+    this.baseUrl = `http://127.0.0.1:${this.port}/run`;
+    await this.startCollector("first start");
+  }
+
+  async close(): Promise<void> {
+    for (const t of this.slowTimers) clearTimeout(t);
+    if (this.collector) {
+      this.dead.add(this.inc);
+      await this.collector.halt();
+    }
+    for (const server of this.servers) {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  }
+
+  private async listen(port: number): Promise<void> {
+    const server = createServer((req, res) => this.onRun(req, res));
+    for (let tries = 0; ; tries++) {
+      try {
+        await new Promise<void>((resolve, reject) => server.once("error", reject).listen(port, "127.0.0.1", () => resolve()));
+        break;
+      } catch (error) {
+        if (tries >= 50) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+    }
+    this.server = server;
+    this.servers.push(server);
+  }
+
+  /** The Gym's /run server stops accepting connections (those open stay): sends find no server. */
+  private stopListening(): void {
+    this.gymDown = true;
+    this.sawGymDown.add(this.inc);
+    this.server.close();
+    this.server.closeIdleConnections();
+  }
+
+  // ---- the /run server (the Gym's environment) ---------------------------------------------
+
+  private onRun(req: IncomingMessage, res: ServerResponse): void {
+    let data = "";
+    req.on("data", (chunk: Buffer) => (data += chunk.toString()));
+    req.on("end", () => {
+      const inc = Number(new URL(req.url!, "http://x").searchParams.get("inc"));
+      const body = JSON.parse(data) as { rollout_id: string; attempt: number };
+      // A request of a dead collector that was still on its way: its process is gone with it.
+      if (this.dead.has(inc)) return void res.socket?.destroy();
+      const r: Req = { seq: ++this.seq, inc, rollout: body.rollout_id, attempt: body.attempt, res };
+      try {
+        this.checkSend(r);
+      } catch (error) {
+        this.runError ??= error;
+      }
+      this.reqs.push(r);
+      res.on("close", () => {
+        r.closed = true;
+        if (!res.writableFinished && (r.ended === undefined || r.ended === "slow")) r.ended = this.dead.has(inc) ? "dropped" : "timeout";
+      });
+      if (this.admissionClosed()) return this.answer(r, "admission", 409, { error: { code: "admission_closed", detail: "a checkpoint is open" } });
+      if ((this.fence.get(r.rollout) ?? -1) >= r.attempt) return this.answer(r, "stale", 409, { error: { code: "stale_attempt", detail: `attempt ${r.attempt} is fenced` } });
+    });
+  }
+
+  private admissionClosed(): boolean {
+    return this.open !== null && (this.open.phase === "restored" || this.open.gymEpoch === this.gymEpoch);
+  }
+
+  private answer(r: Req, how: string, status: number, body: unknown): void {
+    r.ended = how;
+    if (how === "success" && !this.dead.has(r.inc)) r.delivered = true;
+    r.res.writeHead(status, { "content-type": "application/json" });
+    r.res.end(typeof body === "string" ? body : JSON.stringify(body));
+  }
+
+  /** Requests the Gym still runs (no reply yet, client connected or an orphan's). */
+  private held(): Req[] {
+    return this.reqs.filter((r) => r.ended === undefined);
+  }
+
+  private reply(r: Req, outcome: Outcome): void {
+    switch (outcome) {
+      case "success":
+        return this.answer(r, "success", 200, { reward: Math.round(this.random() * 100) / 100, usage: { model_calls_kept: 1 } });
+      case "slow": {
+        r.ended = "slow";
+        const t = setTimeout(() => {
+          this.slowTimers.delete(t);
+          if (r.res.destroyed) return;
+          this.answer(r, "success", 200, { reward: 0.5 });
+        }, 5 + this.random() * 60);
+        this.slowTimers.add(t);
+        return;
+      }
+      case "http500":
+        return this.answer(r, "http500", 500, { error: { code: "internal_error", detail: "boom" } });
+      case "reset":
+        r.ended = "reset";
+        r.res.socket?.destroy();
+        return;
+      case "oversized":
+        return this.answer(r, "oversized", 200, JSON.stringify({ reward: 1, pad: "x".repeat(MAX_REPLY_BYTES * 2) }));
+      case "malformed":
+        return this.answer(r, "malformed", 200, this.random() < 0.5 ? "{not json" : { reward: "high" });
+      case "hang":
+        return; // the collector's run timeout ends it
+    }
+  }
+
+  /** The Gym restarts: what it ran is gone (connections reset), its fences and parked processes with it. */
+  private restartGym(): void {
+    this.gymEpoch++;
+    for (const r of this.held()) {
+      r.ended = this.dead.has(r.inc) ? "dropped" : "reset";
+      r.res.socket?.destroy();
+    }
+    this.fence.clear();
+    this.parkedIn.clear();
+    this.orphans = [];
+  }
+
+  // ---- the fake coordinator ---------------------------------------------------------------
+
+  private controllerFor(inc: number): CollectorController {
+    const ops: Record<string, (req: never) => Promise<unknown>> = {
+      prepare: async (req: { checkpoint_id: string }) => {
+        if (this.stopped.has(inc)) this.runError ??= new InvariantViolation(`step ${this.stepNo}: collector ${inc} prepared ${req.checkpoint_id} after its stop checkpoint`);
+        this.scripted("prepare", () => (this.fault?.code === "outcome_unknown" ? (this.open = { id: req.checkpoint_id, phase: "prepared", gymEpoch: this.gymEpoch }) : undefined));
+        if (this.open) throw new CheckpointError("checkpoint_conflict", `checkpoint ${this.open.id} is open`);
+        this.open = { id: req.checkpoint_id, phase: "prepared", gymEpoch: this.gymEpoch };
+        if (this.takeFault("prepare", "not_prepared")) return { prepared: false, blockers: [{ instance: "e1", blockers: 1 }], restarts: [], stopped_at: null };
+        // Now and then the environment names an episode it restarts (it parks at its next boundary).
+        const restarts = this.random() < 0.2 ? this.held().filter((r) => r.inc === inc).slice(0, 1).map((r) => captureKey({ rollout_id: r.rollout, attempt: r.attempt })) : [];
+        return { prepared: true, blockers: [], restarts, stopped_at: null };
+      },
+      commit: async (req: { checkpoint_id: string; episode_ids: EpisodeId[]; stop: boolean }) => {
+        if (this.open?.id === req.checkpoint_id) this.open.stop = req.stop;
+        if (this.open?.id === req.checkpoint_id && this.open.phase === "committed") return this.commitReply(req);
+        if (this.open?.id !== req.checkpoint_id || this.open.phase !== "prepared") throw new CheckpointError("invalid_phase", `commit of ${req.checkpoint_id}: not prepared`);
+        this.scripted("commit", () => {
+          this.open!.phase = this.fault?.landed ? "committed" : "committing";
+          if (this.fault?.landed) this.committedAt.set(req.checkpoint_id, this.gymEpoch);
+        });
+        this.open.phase = "committed";
+        this.committedAt.set(req.checkpoint_id, this.gymEpoch);
+        return this.commitReply(req);
+      },
+      publish: async (req: { checkpoint_id: string; controller_state: { file: string; sha256: string } }) => {
+        if (this.published.get(req.checkpoint_id)?.sha256 === req.controller_state.sha256 && (this.open?.id !== req.checkpoint_id || this.open.phase === "published")) {
+          if (this.open?.id === req.checkpoint_id) return {};
+          throw new CheckpointError("invalid_phase", `${req.checkpoint_id} is not open`);
+        }
+        if (this.open?.id !== req.checkpoint_id || this.open.phase !== "committed") throw new CheckpointError("invalid_phase", `publish of ${req.checkpoint_id}: not committed`);
+        this.scripted("publish", () => (this.fault?.landed ? this.publish(inc, req.checkpoint_id, req.controller_state) : undefined));
+        this.publish(inc, req.checkpoint_id, req.controller_state);
+        return {};
+      },
+      resume: async (req: { checkpoint_id: string }) => {
+        if (this.open?.id === req.checkpoint_id) {
+          this.scripted("resume", () => {
+            if (this.fault?.code !== "partial") return;
+            this.open = null;
+            this.parkedIn.set(req.checkpoint_id, this.gymEpoch);
+          });
+          this.open = null;
+        }
+        this.parkedIn.delete(req.checkpoint_id);
+        return {};
+      },
+      restore: async (req: { checkpoint_id: string; episode_ids: EpisodeId[] }) => {
+        this.log(inc, `restore ${req.checkpoint_id} ${keys(req.episode_ids)}`);
+        this.checkRestoreScope(req.checkpoint_id, req.episode_ids);
+        const scope = JSON.stringify(req.episode_ids);
+        if (this.open?.phase === "restored" && this.open.id === req.checkpoint_id && this.open.scope === scope) return this.restored(inc, req);
+        if (this.open?.phase === "published" && this.open.id === req.checkpoint_id && this.open.gymEpoch !== this.gymEpoch) this.open = null;
+        if (this.open) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase})`);
+        // Processes that resumed from it (not restarted since its commit) refuse it: nothing installed.
+        if ((this.committedAt.get(req.checkpoint_id) ?? -1) >= this.gymEpoch) {
+          this.expectAfterFailedRestore(inc, req.episode_ids);
+          throw new CheckpointError("stale_checkpoint", `the processes already resumed from ${req.checkpoint_id}`);
+        }
+        // A restore into a retired attempt (a failed restore's clean-up fenced it) is refused: nothing installed.
+        const fenced = req.episode_ids.find((e) => (this.fence.get(e.rollout_id) ?? -1) >= e.attempt + 1);
+        if (fenced) {
+          this.expectAfterFailedRestore(inc, req.episode_ids);
+          throw new CheckpointError("stale_attempt", `${captureKey({ rollout_id: fenced.rollout_id, attempt: fenced.attempt + 1 })} is retired`);
+        }
+        if (this.restoreFaultLeft > 0 && this.restoreFault === "outcome_unknown") {
+          this.restoreFaultLeft--;
+          this.openRestore(req, scope);
+          throw new CheckpointError("outcome_unknown", "the restore's reply was lost");
+        }
+        if (this.restoreFaultLeft > 0 && this.restoreFault === "restore_failed") {
+          this.restoreFaultLeft--;
+          // The clean-up: attempt + 1 retired wherever it may be installed, everyone resumed.
+          for (const e of req.episode_ids) this.retireOne({ rollout_id: e.rollout_id, attempt: e.attempt + 1 });
+          this.expectAfterFailedRestore(inc, req.episode_ids);
+          throw new CheckpointError("restore_failed", "a participant failed to restore");
+        }
+        this.openRestore(req, scope);
+        return this.restored(inc, req);
+      },
+      retire: async (req: { episode_ids: EpisodeId[] }) => {
+        this.log(inc, `retire ${keys(req.episode_ids)}`);
+        if (this.open && this.open.phase !== "restored") throw new CheckpointError("invalid_phase", `retire is refused while ${this.open.id} is open`);
+        if (this.retireFails > 0 && this.retireFails--) throw new CheckpointError("unreachable", "retire failed on 1 participant(s): e1 (unreachable)");
+        for (const e of req.episode_ids) this.retireOne(e);
+        return { participants: [] };
+      },
+      forget: async (req: { rollout_ids: string[] }) => {
+        if (this.open && this.open.phase !== "restored") throw new CheckpointError("invalid_phase", `forget is refused while ${this.open.id} is open`);
+        if (this.forgetFails > 0) {
+          this.forgetFails--;
+          this.lastForgetFailed = ++this.opNo;
+          throw new CheckpointError("unreachable", "forget failed on 1 participant(s): e1 (unreachable)");
+        }
+        for (const id of req.rollout_ids) {
+          this.fence.delete(id);
+          this.lastForgot.set(id, ++this.opNo);
+        }
+        return { participants: [] };
+      },
+      list: async () => ({ latest: this.latest, checkpoints: [] }),
+      status: async () => {
+        const participants = [];
+        if (this.open && (this.open.phase === "committed" || this.open.phase === "published") && this.open.gymEpoch === this.gymEpoch) {
+          participants.push({ kind: "environment", instance: "e1", phase: "committed", checkpoint_id: this.open.id });
+        }
+        for (const [id, epoch] of this.parkedIn) if (epoch === this.gymEpoch) participants.push({ kind: "resources", instance: "s1", phase: "committed", checkpoint_id: id });
+        return { checkpoint: this.open && { checkpoint_id: this.open.id, phase: this.open.phase }, participants };
+      },
+      get: async (id: string) => ({ latest: id === this.latest, manifest: { controller_state: this.published.get(id) } }),
+    };
+    // A dead collector sends nothing: whatever it still tries never arrives.
+    // A crash armed at an op (crashAt) kills it there, before the op reaches the coordinator or
+    // once it took effect there (its reply lost with the process).
+    const never = new Promise<never>(() => undefined);
+    return new Proxy({} as CollectorController, {
+      get: (_t, op) => async (req: never) => {
+        if (this.dead.has(inc)) return never;
+        const crash = this.crashAt;
+        if (crash?.op !== op) return ops[String(op)]!(req);
+        this.crashAt = undefined;
+        // Its effect is taken synchronously (every fake op changes the state before its first await).
+        if (crash.after) ops[String(op)]!(req).catch(() => undefined);
+        this.dead.add(inc);
+        this.log(inc, `killed at its ${String(op)} (${crash.after ? "after it took effect" : "before it was sent"})`);
+        crash.killed();
+        return never;
+      },
+    });
+  }
+
+  /** Runs `action` of the live collector; undefined when it ran to its end, "killed" when a crash armed at one of its ops killed the collector. */
+  private async unlessKilled<T>(action: () => Promise<T>, op: string | undefined): Promise<T | "killed"> {
+    if (op === undefined) return action();
+    let killed = false;
+    let wake!: () => void;
+    const crashed = new Promise<"killed">((resolve) => (wake = () => resolve("killed")));
+    this.crashAt = { op, after: this.random() < 0.5, killed: () => ((killed = true), wake()) };
+    try {
+      const result = await Promise.race([action(), crashed]);
+      // Killed by an op the action left running in the background (a forget it queued), before this line.
+      return killed ? "killed" : result;
+    } finally {
+      this.crashAt = undefined;
+    }
+  }
+
+  /** Throws the scripted fault of `op` (after `effect`, what the op did before it failed), if one is due. */
+  private scripted(op: CkptOp, effect: () => unknown): void {
+    if (this.fault?.op !== op || this.faultLeft <= 0 || this.fault.code === "not_prepared") return;
+    this.faultLeft--;
+    effect();
+    const code = this.fault.code === "partial" ? "unreachable" : this.fault.code;
+    const detail = this.fault.code === "partial" ? `${participantFailurePrefix("resume")}1 participant(s): s1 (unreachable)` : `scripted ${op} fault`;
+    throw new CheckpointError(code, detail);
+  }
+
+  private takeFault(op: CkptOp, code: string): boolean {
+    if (this.fault?.op !== op || this.fault.code !== code || this.faultLeft <= 0) return false;
+    this.faultLeft--;
+    return true;
+  }
+
+  private async commitReply(req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
+    const dir = join(this.root, req.checkpoint_id);
+    await mkdir(dir, { recursive: true });
+    // The environment exports the episodes it holds: a /run with no reply yet whose client is connected.
+    const holding = new Set(this.held().filter((r) => !r.closed && !r.retiredWhileWaited && !this.dead.has(r.inc)).map((r) => captureKey({ rollout_id: r.rollout, attempt: r.attempt })));
+    const exported = req.episode_ids.map(captureKey).filter((k) => holding.has(k));
+    return { checkpoint_id: req.checkpoint_id, checkpoint_dir: dir, participants: [{ kind: "environment", instance: "e1", episode_ids: exported }] };
+  }
+
+  private publish(inc: number, id: string, state: { file: string; sha256: string }): void {
+    const collection = JSON.parse(readFileSync(join(this.root, id, "collection.json"), "utf8")) as { continued: EpisodeId[]; restarted: EpisodeId[] };
+    this.collections.set(id, collection);
+    // A row is never both finished and continued.
+    for (const e of collection.continued) {
+      const finished = this.reqs.some((r) => r.inc === inc && r.rollout === e.rollout_id && r.attempt === e.attempt && r.ended === "success" && r.delivered);
+      if (finished || this.inFile.has(e.rollout_id)) this.runError ??= new InvariantViolation(`step ${this.stepNo}: checkpoint ${id} continues ${captureKey(e)}, whose /run replied with success`);
+    }
+    if (this.open?.stop) this.stopped.add(inc);
+    this.latest = id;
+    this.published.set(id, state);
+    this.open!.phase = "published";
+  }
+
+  private openRestore(req: { checkpoint_id: string }, scope: string): void {
+    this.open = { id: req.checkpoint_id, phase: "restored", gymEpoch: this.gymEpoch, scope };
+  }
+
+  private restored(inc: number, req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
+    for (const e of req.episode_ids) {
+      this.expectedFirst.set(`${inc}/${e.rollout_id}`, e.attempt + 1);
+      this.restoredAttempts.add(`${e.rollout_id}@${e.attempt + 1}`);
+    }
+    return { checkpoint_id: req.checkpoint_id, participants: [] };
+  }
+
+  private expectAfterFailedRestore(inc: number, episodes: EpisodeId[]): void {
+    for (const e of episodes) this.expectedFirst.set(`${inc}/${e.rollout_id}`, e.attempt + 2);
+  }
+
+  private retireOne(e: EpisodeId): void {
+    this.fence.set(e.rollout_id, Math.max(this.fence.get(e.rollout_id) ?? -1, e.attempt));
+    this.retiredEver.set(e.rollout_id, Math.max(this.retiredEver.get(e.rollout_id) ?? -1, e.attempt));
+    this.lastRetired.set(e.rollout_id, ++this.opNo);
+    // The Gym stops what it runs of the fenced attempts. One whose client is still connected is
+    // left to that client: the collector retires only attempts it gave up on, so it closes (checked).
+    for (const r of this.held()) {
+      if (r.rollout !== e.rollout_id || r.attempt > e.attempt) continue;
+      if (!this.dead.has(r.inc) && !r.closed) {
+        r.retiredWhileWaited = true;
+        continue;
+      }
+      r.ended = this.dead.has(r.inc) ? "dropped" : "retired";
+      r.res.socket?.destroy();
+    }
+  }
+
+  private log(inc: number, what: string): void {
+    this.steps.push(`    [collector ${inc}] ${what}`);
+  }
+
+  // ---- the collector's lifecycle ----------------------------------------------------------
+
+  private async startCollector(why: string, crashes = 0): Promise<void> {
+    const inc = ++this.inc;
+    this.restoreFault = this.weighted<RestoreFault>([
+      ["ok", 6],
+      ["restore_failed", 3],
+      ["outcome_unknown", 2],
+    ]);
+    this.restoreFaultLeft = this.restoreFault === "ok" ? 0 : 1;
+    this.steps.push(`  start collector ${inc} (${why}; a restore would be: ${this.restoreFault}; gym epoch ${this.gymEpoch})`);
+    const world = this;
+    const progress = new (class extends ProgressReporter {
+      override start(source: () => ProgressSnapshot): void {
+        world.snapshot = source;
+      }
+      override update(): void {}
+    })(process.stdout);
+    const collector = new Collector({
+      rows: this.rows.map((rolloutId) => ({ rolloutId, task: { q: rolloutId } })),
+      runUrl: `${this.baseUrl}?inc=${inc}`,
+      outPath: this.out,
+      tasksPath: join(this.root, "tasks.jsonl"),
+      checkpointDir: this.root,
+      controller: this.controllerFor(inc),
+      concurrency: this.concurrency,
+      maxAttempts: this.maxAttempts,
+      runTimeoutSeconds: RUN_TIMEOUT_S,
+      checkpointTimeoutSeconds: CHECKPOINT_TIMEOUT_S,
+      maxRunReplyBytes: MAX_REPLY_BYTES,
+      progress,
+      logger,
+      retryPauses: PAUSES,
+    });
+    this.collector = collector;
+    if (this.gymDown) this.sawGymDown.add(inc);
+    this.ended = false;
+    this.snapshot = undefined;
+    // Now and then the start is killed at one of its ops (a second crash, as `kill-collector-twice`).
+    const crashOp = crashes < 2 && this.random() < 0.15 ? this.pick(["status", "retire", "restore", "resume", "forget"]) : undefined;
+    try {
+      if ((await this.unlessKilled(() => collector.start(), crashOp)) === "killed") {
+        await this.kill();
+        if (this.random() < 0.3) this.restartGym();
+        return this.startCollector(`restart after a crash during the start (gym epoch ${this.gymEpoch})`, crashes + 1);
+      }
+    } catch (error) {
+      this.violation(`collector ${inc}'s start failed: ${String(error)}`);
+    }
+    // Every attempt a dead collector left running at a live Gym is retired by the start.
+    for (const o of this.orphans) {
+      if ((this.retiredEver.get(o.rollout_id) ?? -1) < o.attempt) this.violation(`the start left ${captureKey(o)}, which its predecessor left running, unretired`);
+    }
+    this.orphans = [];
+    this.running = collector.run().then(
+      (summary) => {
+        if (this.inc === inc) this.ended = true;
+        this.log(inc, `run ended: ${JSON.stringify({ finished: summary.finished, failed: summary.failed, stopped: summary.stopped })}`);
+      },
+      (error: unknown) => {
+        this.runError ??= new InvariantViolation(`collector ${inc}'s run failed: ${String(error)}`);
+      },
+    );
+  }
+
+  /** The process dies: no reply taken any more, nothing sent; what it ran at the Gym keeps running there. */
+  private async kill(): Promise<void> {
+    const inc = this.inc;
+    this.dead.add(inc);
+    await this.collector!.halt();
+    for (const r of this.held()) {
+      if (r.inc !== inc) continue;
+      this.orphans.push({ rollout_id: r.rollout, attempt: r.attempt });
+      r.res.socket?.destroy();
+    }
+    for (const r of this.reqs) if (r.inc === inc && r.ended === "slow") r.ended = "dropped";
+  }
+
+  // ---- steps ------------------------------------------------------------------------------
+
+  async step(): Promise<void> {
+    this.stepNo++;
+    if (this.stepNo === this.totalSteps) return this.drain();
+    const held = this.answerable();
+    const kind = this.weighted<string>([
+      ["answer", held.length ? 60 : 0],
+      ["wait", 10],
+      ["checkpoint", 10],
+      ["crash", 5],
+      ["sigterm", 3],
+      ["gym-restart", 2],
+      ["retire-faults", 2],
+      ["gym-down", this.gymDown ? 0 : 2],
+      ["gym-up", this.gymDown ? 8 : 0],
+    ]);
+    switch (kind) {
+      case "answer": {
+        const r = this.pick(held);
+        const outcome = this.weighted(OUTCOMES);
+        this.steps.push(`answer ${captureKey({ rollout_id: r.rollout, attempt: r.attempt })} of collector ${r.inc}: ${outcome}`);
+        if (outcome === "hang") r.hung = true;
+        this.reply(r, outcome);
+        break;
+      }
+      case "wait": {
+        const ms = Math.floor(this.random() * 80);
+        this.steps.push(`wait ${ms} ms`);
+        await new Promise((resolve) => setTimeout(resolve, ms));
+        break;
+      }
+      case "checkpoint":
+        await this.checkpoint(false);
+        break;
+      case "sigterm":
+        await this.checkpoint(true);
+        break;
+      case "crash": {
+        const gymToo = this.random() < 0.4;
+        const tear = this.random() < 0.4;
+        this.steps.push(`crash collector ${this.inc}${gymToo ? " and the Gym" : ""}${tear ? " (mid-append)" : ""}`);
+        await this.kill();
+        if (tear) await this.tearLastLine();
+        if (gymToo) this.restartGym();
+        await this.startCollector("restart after a crash");
+        break;
+      }
+      case "retire-faults":
+        this.retireFails = 1 + Math.floor(this.random() * 4);
+        this.forgetFails = Math.floor(this.random() * 3);
+        this.steps.push(`the next ${this.retireFails} retires and ${this.forgetFails} forgets fail unreachable`);
+        break;
+      case "gym-down":
+        this.steps.push("/run accepts no connections");
+        this.stopListening();
+        break;
+      case "gym-up":
+        this.steps.push("/run accepts connections again");
+        await this.listen(this.port);
+        this.gymDown = false;
+        break;
+      case "gym-restart":
+        this.steps.push("the Gym restarts");
+        this.restartGym();
+        break;
+    }
+    await this.check();
+  }
+
+  /** Requests of the live collector a step may answer. */
+  private answerable(): Req[] {
+    return this.held().filter((r) => r.inc === this.inc && !this.dead.has(r.inc) && !r.closed && !r.hung && !r.retiredWhileWaited);
+  }
+
+  private async checkpoint(stop: boolean): Promise<void> {
+    const fault = this.random() < 0.5 ? this.pick(CKPT_FAULTS) : undefined;
+    this.fault = fault;
+    this.faultLeft = fault?.times ?? 0;
+    this.steps.push(`${stop ? "SIGTERM: stop checkpoint" : "checkpoint"}${fault ? ` (${fault.op} fails ${fault.code} ×${fault.times}${fault.landed === undefined ? "" : fault.landed ? ", landed" : ", not landed"})` : ""}`);
+    const collector = this.collector!;
+    // A SIGUSR1 just before the SIGTERM: its checkpoint, still waiting for the lock, gives way to the stop.
+    if (stop && this.random() < 0.3) {
+      this.steps.push("  (a SIGUSR1 checkpoint asked for just before)");
+      void collector.checkpoint({ stop: false }).catch(() => undefined);
+    }
+    // Now and then the collector is killed at one of the checkpoint's ops (SIGKILL mid-checkpoint).
+    const crashOp = this.random() < 0.2 ? this.pick(["prepare", "commit", "publish", "resume"]) : undefined;
+    const result = await this.unlessKilled(
+      () =>
+        collector.checkpoint({ stop }).catch((error: unknown) => {
+          if (!(error instanceof CheckpointError)) this.violation(`checkpoint threw a non-catalog error: ${String(error)}`);
+          return { published: false, checkpointId: "", error: (error as CheckpointError).code };
+        }),
+      crashOp,
+    );
+    this.steps.push(`  → ${JSON.stringify(result)}`);
+    this.fault = undefined;
+    if (result === "killed") {
+      await this.kill();
+      const gymToo = this.random() < 0.4;
+      if (gymToo) this.restartGym();
+      return this.startCollector(`restart after a crash mid-checkpoint${gymToo ? ", the Gym restarted" : ""}`);
+    }
+    if (!stop) return;
+    await this.kill();
+    const gymToo = this.random() < 0.5;
+    if (gymToo) this.restartGym();
+    await this.startCollector(`requeued after SIGTERM${gymToo ? ", the Gym restarted" : ""}`);
+  }
+
+  /** A crash mid-append: the last line of --out is cut somewhere (maybe only its newline lost). */
+  private async tearLastLine(): Promise<void> {
+    const text = await readFile(this.out, "utf8").catch(() => "");
+    if (!text) return;
+    const start = text.lastIndexOf("\n", text.length - 2) + 1;
+    // Only a line the dying collector was appending.
+    const last = JSON.parse(text.slice(start)) as { rollout_id: string; attempt: number };
+    if (!this.reqs.some((r) => r.inc === this.inc && r.rollout === last.rollout_id && r.attempt === last.attempt && r.ended === "success")) return;
+    const cut = start + 1 + Math.floor(this.random() * (text.length - start - 1));
+    await truncate(this.out, Buffer.byteLength(text.slice(0, cut)));
+    const torn = (JSON.parse(text.slice(start)) as { rollout_id: string }).rollout_id;
+    if (cut < text.length - 1) this.inFile.delete(torn);
+    this.steps.push(`  tore --out's last line (${torn}) at ${cut - start}/${text.length - start} bytes`);
+  }
+
+  /** The last step: no more faults; every /run succeeds; restarted until every row is in --out. */
+  private async drain(): Promise<void> {
+    this.steps.push("drain: every /run succeeds from now on");
+    this.fault = undefined;
+    this.retireFails = this.forgetFails = 0;
+    if (this.gymDown) await this.listen(this.port);
+    this.gymDown = false;
+    const until = Date.now() + 8_000;
+    for (let restarts = 0; ; ) {
+      for (const r of this.held()) if (r.inc === this.inc && !this.dead.has(r.inc) && !r.closed && !r.retiredWhileWaited) this.reply(r, "success");
+      if (this.ended) {
+        await this.check();
+        const done = await this.readOut();
+        if (done.size === this.rows.length) break;
+        if (++restarts > 8) this.violation(`the collection does not end: ${done.size}/${this.rows.length} rows in --out after ${restarts} restarts`);
+        await this.kill();
+        await this.startCollector("requeued: rows failed for good");
+      }
+      if (Date.now() > until) this.violation(`the collection does not end within 8 s (${JSON.stringify(this.snapshot?.())})`);
+      if (this.runError) throw this.runError;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    await this.running;
+    if (this.runError) throw this.runError;
+    // Nothing of ours left open, and every rollout retired was forgotten after its last retire.
+    if (this.open) this.violation(`the collection ended with checkpoint ${this.open.id} open (${this.open.phase})`);
+    for (const [id, at] of this.lastRetired) {
+      if ((this.lastForgot.get(id) ?? -1) < at && this.lastForgetFailed < at) this.violation(`rollout ${id} was retired and never forgotten after`);
+    }
+  }
+
+  // ---- invariants -------------------------------------------------------------------------
+
+  /** At a /run's arrival: attempts only grow; a restored row goes as attempt + 1; no send past --max-attempts. */
+  private checkSend(r: Req): void {
+    const key = captureKey({ rollout_id: r.rollout, attempt: r.attempt });
+    if (!this.rows.includes(r.rollout)) this.violation(`/run of ${key}, a rollout --tasks does not name`);
+    const earlier = this.reqs.filter((p) => p.rollout === r.rollout);
+    const mine = earlier.filter((p) => p.inc === r.inc);
+    const before = earlier.filter((p) => p.inc !== r.inc);
+    const maxBefore = Math.max(-1, ...before.map((p) => p.attempt));
+    if (mine.length === 0 && r.attempt <= maxBefore) this.violation(`collector ${r.inc} sent ${key}, but an earlier collector had sent attempt ${maxBefore}`);
+    const last = mine[mine.length - 1];
+    if (last && r.attempt < last.attempt) this.violation(`collector ${r.inc} sent ${key} after attempt ${last.attempt}`);
+    if (last && r.attempt === last.attempt && last.ended !== "admission") this.violation(`collector ${r.inc} sent ${key} again after it ended ${last.ended}`);
+    const expected = this.expectedFirst.get(`${r.inc}/${r.rollout}`);
+    // Unless its first send may have failed unseen here (a connection the closing /run server reset), the first attempt received.
+    const unseen = this.sawGymDown.has(r.inc) ? r.attempt < expected! : r.attempt !== expected;
+    if (mine.length === 0 && expected !== undefined && unseen) this.violation(`collector ${r.inc} sent restored row ${r.rollout} as attempt ${r.attempt}, not ${expected}`);
+    const failures = new Set(mine.filter((p) => COUNTED.has(p.ended ?? "")).map((p) => p.attempt)).size;
+    if (failures >= this.maxAttempts) this.violation(`collector ${r.inc} sent ${key} after ${failures} failed attempts (--max-attempts ${this.maxAttempts})`);
+    if ((this.fence.get(r.rollout) ?? -1) >= r.attempt) this.violation(`collector ${r.inc} sent ${key}, an attempt the Gym fenced (retired up to ${this.fence.get(r.rollout)})`);
+  }
+
+  /** A restore continues only rows LATEST's collection.json continues, none of them finished. */
+  private checkRestoreScope(id: string, scope: EpisodeId[]): void {
+    const continued = new Set((this.collections.get(id)?.continued ?? []).map(captureKey));
+    for (const e of scope) {
+      if (!continued.has(captureKey(e))) this.runError ??= new InvariantViolation(`step ${this.stepNo}: restore of ${id} continues ${captureKey(e)}, which its collection.json does not continue`);
+      if (this.inFile.has(e.rollout_id)) this.runError ??= new InvariantViolation(`step ${this.stepNo}: restore continues ${captureKey(e)}, a row --out holds`);
+    }
+  }
+
+  private async readOut(): Promise<Map<string, number>> {
+    const text = await readFile(this.out, "utf8").catch((error: NodeJS.ErrnoException) => {
+      if (error.code === "ENOENT") return "";
+      throw error;
+    });
+    const rows = new Map<string, number>();
+    if (text && !text.endsWith("\n")) this.violation(`--out ends with a torn line once the collector settled: ${JSON.stringify(text.slice(text.lastIndexOf("\n") + 1, text.lastIndexOf("\n") + 80))}`);
+    for (const [i, line] of text.split("\n").slice(0, -1).entries()) {
+      let parsed;
+      try {
+        parsed = ResultLineSchema.parse(JSON.parse(line));
+      } catch (error) {
+        this.violation(`--out line ${i + 1} is not a complete result line: ${String(error).slice(0, 200)}`);
+      }
+      if (rows.has(parsed.rollout_id)) this.violation(`--out holds ${parsed.rollout_id} twice (attempts ${rows.get(parsed.rollout_id)} and ${parsed.attempt})`);
+      if (!this.rows.includes(parsed.rollout_id)) this.violation(`--out holds ${parsed.rollout_id}, which --tasks does not name`);
+      const answered = this.reqs.some((r) => r.rollout === parsed.rollout_id && r.attempt === parsed.attempt && r.ended === "success");
+      if (!answered) this.violation(`--out holds ${captureKey({ rollout_id: parsed.rollout_id, attempt: parsed.attempt })}, an attempt /run never answered with success`);
+      if (parsed.continued !== this.restoredAttempts.has(`${parsed.rollout_id}@${parsed.attempt}`)) {
+        this.violation(`--out says ${captureKey({ rollout_id: parsed.rollout_id, attempt: parsed.attempt })} continued: ${parsed.continued}, but a restore ${parsed.continued ? "never installed" : "installed"} that attempt`);
+      }
+      rows.set(parsed.rollout_id, parsed.attempt);
+    }
+    return rows;
+  }
+
+  /** After every step, once the live collector settled: --out whole and consistent, counts agreeing. */
+  private async check(): Promise<void> {
+    if (this.runError) throw this.runError;
+    const until = Date.now() + SETTLE_MS;
+    for (;;) {
+      const problem = await this.unsettled();
+      if (problem === undefined) break;
+      if (Date.now() > until) this.violation(problem);
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    if (this.runError) throw this.runError;
+  }
+
+  /** Why the state does not (yet) satisfy the invariants, or undefined. */
+  private async unsettled(): Promise<string | undefined> {
+    const text = await readFile(this.out, "utf8").catch(() => "");
+    if (text && !text.endsWith("\n")) return "a torn last line in --out";
+    const rows = await this.readOut();
+    const waited = this.reqs.find((r) => r.retiredWhileWaited && !r.closed && !this.dead.has(r.inc));
+    if (waited) return `a retire fenced ${captureKey({ rollout_id: waited.rollout, attempt: waited.attempt })} while collector ${waited.inc} still waits for its /run`;
+    for (const id of this.inFile) if (!rows.has(id)) this.violation(`row ${id} left --out`);
+    this.inFile = new Set(rows.keys());
+    // A success the live collector received is in --out (or it saw the reply fail, and sent the row again).
+    for (const r of this.reqs) {
+      if (!r.delivered || r.inc !== this.inc || this.dead.has(r.inc) || rows.get(r.rollout) === r.attempt) continue;
+      const later = this.reqs.some((p) => p.inc === r.inc && p.rollout === r.rollout && p.attempt > r.attempt);
+      if (!later && !this.collector!.summary().failedRows.some((f) => f.rollout_id === r.rollout)) return `collector ${r.inc} got the success of ${captureKey({ rollout_id: r.rollout, attempt: r.attempt })}, but --out does not hold it`;
+    }
+    const snap = this.snapshot?.();
+    if (!snap) return undefined;
+    const summary = this.collector!.summary();
+    if (snap.done !== rows.size) return `progress counts ${snap.done} done, --out holds ${rows.size} rows`;
+    if (summary.finished !== snap.done || summary.failed !== snap.failed) return `the summary (${summary.finished} finished, ${summary.failed} failed) and the progress line (${snap.done}, ${snap.failed}) disagree`;
+    if (snap.total !== this.rows.length || snap.done + snap.failed + snap.inFlight > snap.total) return `progress counts do not add up: ${JSON.stringify(snap)}`;
+    // No checkpoint of ours stays open once it ended (a stop checkpoint's process is gone; the next start closes it).
+    if (this.open && this.open.phase !== "restored" && !this.fault) return `checkpoint ${this.open.id} stays open (${this.open.phase})`;
+    return undefined;
+  }
+}
+
+function keys(episodes: EpisodeId[]): string {
+  return episodes.map(captureKey).join(",") || "(none)";
+}

@@ -1,0 +1,42 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { runSeededWorld, seededRunSettings } from "../../support/seeded-model-run.js";
+import { CollectorWorld } from "./collector-model-world.js";
+
+/**
+ * Model-based randomised test of the rollout collector: seeded random sequences of /run answers
+ * (success, slow, 5xx, reset, oversized, malformed, none), checkpoints failing at each op,
+ * restores succeeding or failing, crashes and SIGTERM stops with a new Collector on the same files,
+ * Gym restarts; after every step the invariants docs/collect.md promises (see CollectorWorld).
+ * A failure prints its seed and steps; `COLLECTOR_MODEL_SEEDS=a-b` runs other seeds,
+ * `COLLECTOR_MODEL_STEPS` longer sequences.
+ */
+
+const { first: FIRST, last: LAST, steps: STEPS } = seededRunSettings("COLLECTOR_MODEL_SEEDS", "1-10", "COLLECTOR_MODEL_STEPS", 30);
+
+async function runSeed(seed: number): Promise<string | undefined> {
+  const root = await mkdtemp(join(tmpdir(), `gym-ckpt-collector-model-${seed}-`));
+  try {
+    return await runSeededWorld(seed, STEPS, async (random) => {
+      const world = new CollectorWorld(random, root, STEPS);
+      await world.init();
+      return world;
+    });
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+}
+
+describe("collector against the invariants of docs/collect.md", () => {
+  it(`holds every invariant for seeds ${FIRST}-${LAST} × ${STEPS} steps`, async () => {
+    const failures: string[] = [];
+    for (let seed = FIRST; seed <= LAST; seed++) {
+      const failure = await runSeed(seed);
+      if (failure) failures.push(failure);
+      if (failures.length >= 3) break;
+    }
+    if (failures.length > 0) expect.fail(failures.join("\n\n"));
+  }, Math.max(120_000, (LAST - FIRST + 1) * STEPS * 100));
+});
