@@ -70,7 +70,8 @@ const CKPT_FAULTS: CkptFault[] = [
   { op: "resume", code: "outcome_unknown", times: 2 },
   { op: "resume", code: "not_leader", times: 4 },
 ];
-type RestoreFault = "ok" | "restore_failed" | "outcome_unknown";
+/** How a start's restore goes: `outcome_unknown` and `not_leader` for its first try, or for all three (`…_thrice`). */
+type RestoreFault = "ok" | "restore_failed" | "outcome_unknown" | "outcome_unknown_thrice" | "not_leader_thrice";
 
 interface Req {
   seq: number;
@@ -105,6 +106,8 @@ export class CollectorWorld implements ModelRunWorld {
   private readonly rows: string[];
   private readonly concurrency: number;
   private readonly maxAttempts: number;
+  /** --checkpoint-every, in some worlds: timer checkpoints racing the steps. */
+  private readonly every: number | undefined;
   private stepNo = 0;
 
   // ---- the collector's incarnations -------------------------------------------------------
@@ -152,6 +155,8 @@ export class CollectorWorld implements ModelRunWorld {
   private readonly restoredAttempts = new Set<string>();
   /** The next retires / forgets that fail `unreachable` (a Gym server down). */
   private retireFails = 0;
+  /** Until when (Date.now()) every retire fails `unreachable` (a Gym server down longer than --run-timeout-s, now and then). */
+  private retireDownUntil = 0;
   private forgetFails = 0;
   private port = 0;
   private readonly servers: Server[] = [];
@@ -178,7 +183,8 @@ export class CollectorWorld implements ModelRunWorld {
     this.rows = Array.from({ length: n }, (_, i) => `r${i}`);
     this.concurrency = 1 + Math.floor(random() * 4);
     this.maxAttempts = 2 + Math.floor(random() * 2);
-    this.steps.push(`world: rows=${n} concurrency=${this.concurrency} max_attempts=${this.maxAttempts}`);
+    this.every = random() < 0.3 ? 0.03 + random() * 0.1 : undefined;
+    this.steps.push(`world: rows=${n} concurrency=${this.concurrency} max_attempts=${this.maxAttempts}${this.every ? ` checkpoint_every=${this.every.toFixed(3)}` : ""}`);
   }
 
   private get out(): string {
@@ -266,6 +272,11 @@ export class CollectorWorld implements ModelRunWorld {
       if (this.admissionClosed()) return this.answer(r, "admission", 409, { error: { code: "admission_closed", detail: "a checkpoint is open" } });
       if ((this.fence.get(r.rollout) ?? -1) >= r.attempt) return this.answer(r, "stale", 409, { error: { code: "stale_attempt", detail: `attempt ${r.attempt} is fenced` } });
     });
+  }
+
+  /** Episodes are parked in a committed checkpoint (a timer's, racing the steps): none replies until its resume. */
+  private parked(): boolean {
+    return this.open !== null && ["committing", "committed", "published"].includes(this.open.phase) && this.open.gymEpoch === this.gymEpoch;
   }
 
   private admissionClosed(): boolean {
@@ -377,7 +388,17 @@ export class CollectorWorld implements ModelRunWorld {
         this.log(inc, `restore ${req.checkpoint_id} ${keys(req.episode_ids)}`);
         this.checkRestoreScope(req.checkpoint_id, req.episode_ids);
         const scope = JSON.stringify(req.episode_ids);
-        if (this.open?.phase === "restored" && this.open.id === req.checkpoint_id && this.open.scope === scope) return this.restored(inc, req);
+        // No leader: it never ran.
+        if (this.restoreFault === "not_leader_thrice" && this.restoreFaultLeft > 0) {
+          this.restoreFaultLeft--;
+          throw new CheckpointError("not_leader", "no coordinator is the ready leader");
+        }
+        const lost = this.restoreFault.startsWith("outcome_unknown") && this.restoreFaultLeft > 0;
+        if (this.open?.phase === "restored" && this.open.id === req.checkpoint_id && this.open.scope === scope) {
+          if (!lost) return this.restored(inc, req);
+          this.restoreFaultLeft--;
+          throw new CheckpointError("outcome_unknown", "the restore's reply was lost again");
+        }
         if (this.open?.phase === "published" && this.open.id === req.checkpoint_id && this.open.gymEpoch !== this.gymEpoch) this.open = null;
         if (this.open) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase})`);
         // Processes that resumed from it (not restarted since its commit) refuse it: nothing installed.
@@ -391,7 +412,7 @@ export class CollectorWorld implements ModelRunWorld {
           this.expectAfterFailedRestore(inc, req.episode_ids);
           throw new CheckpointError("stale_attempt", `${captureKey({ rollout_id: fenced.rollout_id, attempt: fenced.attempt + 1 })} is retired`);
         }
-        if (this.restoreFaultLeft > 0 && this.restoreFault === "outcome_unknown") {
+        if (lost) {
           this.restoreFaultLeft--;
           this.openRestore(req, scope);
           throw new CheckpointError("outcome_unknown", "the restore's reply was lost");
@@ -409,7 +430,7 @@ export class CollectorWorld implements ModelRunWorld {
       retire: async (req: { episode_ids: EpisodeId[] }) => {
         this.log(inc, `retire ${keys(req.episode_ids)}`);
         if (this.open && this.open.phase !== "restored") throw new CheckpointError("invalid_phase", `retire is refused while ${this.open.id} is open`);
-        if (this.retireFails > 0 && this.retireFails--) throw new CheckpointError("unreachable", "retire failed on 1 participant(s): e1 (unreachable)");
+        if ((this.retireFails > 0 && this.retireFails--) || Date.now() < this.retireDownUntil) throw new CheckpointError("unreachable", "retire failed on 1 participant(s): e1 (unreachable)");
         for (const e of req.episode_ids) this.retireOne(e);
         return { participants: [] };
       },
@@ -557,8 +578,10 @@ export class CollectorWorld implements ModelRunWorld {
       ["ok", 6],
       ["restore_failed", 3],
       ["outcome_unknown", 2],
+      ["outcome_unknown_thrice", 1],
+      ["not_leader_thrice", 1],
     ]);
-    this.restoreFaultLeft = this.restoreFault === "ok" ? 0 : 1;
+    this.restoreFaultLeft = this.restoreFault === "ok" ? 0 : this.restoreFault.endsWith("thrice") ? 3 : 1;
     this.steps.push(`  start collector ${inc} (${why}; a restore would be: ${this.restoreFault}; gym epoch ${this.gymEpoch})`);
     const world = this;
     const progress = new (class extends ProgressReporter {
@@ -576,6 +599,7 @@ export class CollectorWorld implements ModelRunWorld {
       controller: this.controllerFor(inc),
       concurrency: this.concurrency,
       maxAttempts: this.maxAttempts,
+      ...(this.every && { checkpointEverySeconds: this.every }),
       runTimeoutSeconds: RUN_TIMEOUT_S,
       checkpointTimeoutSeconds: CHECKPOINT_TIMEOUT_S,
       maxRunReplyBytes: MAX_REPLY_BYTES,
@@ -596,6 +620,13 @@ export class CollectorWorld implements ModelRunWorld {
         return this.startCollector(`restart after a crash during the start (gym epoch ${this.gymEpoch})`, crashes + 1);
       }
     } catch (error) {
+      // docs/collect.md: a restore refused not_leader on every try never ran; the start fails, and the next one restores the same checkpoint.
+      // So does one whose retire found a participant unreachable for --run-timeout-s.
+      const retiresDown = error instanceof CheckpointError && error.code === "unreachable" && Date.now() - this.retireDownUntil < 100;
+      if (retiresDown || (error instanceof CheckpointError && error.code === "not_leader" && this.restoreFault === "not_leader_thrice")) {
+        await this.kill();
+        return this.startCollector("started again after a start refused not_leader", crashes + 1);
+      }
       this.violation(`collector ${inc}'s start failed: ${String(error)}`);
     }
     // Every attempt a dead collector left running at a live Gym is retired by the start.
@@ -632,7 +663,7 @@ export class CollectorWorld implements ModelRunWorld {
   async step(): Promise<void> {
     this.stepNo++;
     if (this.stepNo === this.totalSteps) return this.drain();
-    const held = this.answerable();
+    const held = this.parked() ? [] : this.answerable();
     const kind = this.weighted<string>([
       ["answer", held.length ? 60 : 0],
       ["wait", 10],
@@ -678,7 +709,8 @@ export class CollectorWorld implements ModelRunWorld {
       case "retire-faults":
         this.retireFails = 1 + Math.floor(this.random() * 4);
         this.forgetFails = Math.floor(this.random() * 3);
-        this.steps.push(`the next ${this.retireFails} retires and ${this.forgetFails} forgets fail unreachable`);
+        if (this.random() < 0.3) this.retireDownUntil = Date.now() + 1000 * (RUN_TIMEOUT_S / 2 + this.random() * RUN_TIMEOUT_S);
+        this.steps.push(`the next ${this.retireFails} retires and ${this.forgetFails} forgets fail unreachable${this.retireDownUntil > Date.now() ? `, every retire for ${this.retireDownUntil - Date.now()} ms` : ""}`);
         break;
       case "gym-down":
         this.steps.push("/run accepts no connections");
@@ -758,11 +790,12 @@ export class CollectorWorld implements ModelRunWorld {
     this.steps.push("drain: every /run succeeds from now on");
     this.fault = undefined;
     this.retireFails = this.forgetFails = 0;
+    this.retireDownUntil = 0;
     if (this.gymDown) await this.listen(this.port);
     this.gymDown = false;
     const until = Date.now() + 8_000;
     for (let restarts = 0; ; ) {
-      for (const r of this.held()) if (r.inc === this.inc && !this.dead.has(r.inc) && !r.closed && !r.retiredWhileWaited) this.reply(r, "success");
+      if (!this.parked()) for (const r of this.held()) if (r.inc === this.inc && !this.dead.has(r.inc) && !r.closed && !r.retiredWhileWaited) this.reply(r, "success");
       if (this.ended) {
         await this.check();
         const done = await this.readOut();
