@@ -165,6 +165,8 @@ export class CollectorWorld implements ModelRunWorld {
   private readonly sawGymDown = new Set<number>();
   /** The op number of the last forget that failed (the collection may then end with fences left: documented). */
   private lastForgetFailed = -1;
+  /** Who set each rollout's fence (see retireOne). */
+  private readonly fencedBy = new Map<string, number | "cleanup">();
   /** A crash armed at the next call of a controller op (see controllerFor). */
   private crashAt: { op: string; after: boolean; killed: () => void } | undefined;
 
@@ -373,6 +375,16 @@ export class CollectorWorld implements ModelRunWorld {
         return {};
       },
       resume: async (req: { checkpoint_id: string }) => {
+        // A restore whose processes restarted since: its clean-up retires attempt + 1 of its scope, and everyone resumes.
+        if (this.open?.id === req.checkpoint_id && this.open.phase === "restored" && this.open.gymEpoch !== this.gymEpoch) {
+          const scope = JSON.parse(this.open.scope ?? "[]") as EpisodeId[];
+          this.open = null;
+          for (const e of scope) {
+            this.retireOne({ rollout_id: e.rollout_id, attempt: e.attempt + 1 }, "cleanup");
+            if (this.expectedFirst.has(`${inc}/${e.rollout_id}`)) this.expectedFirst.set(`${inc}/${e.rollout_id}`, e.attempt + 2);
+          }
+          throw new CheckpointError("restore_failed", "a participant restarted since it restored");
+        }
         if (this.open?.id === req.checkpoint_id) {
           this.scripted("resume", () => {
             if (this.fault?.code !== "partial") return;
@@ -420,7 +432,7 @@ export class CollectorWorld implements ModelRunWorld {
         if (this.restoreFaultLeft > 0 && this.restoreFault === "restore_failed") {
           this.restoreFaultLeft--;
           // The clean-up: attempt + 1 retired wherever it may be installed, everyone resumed.
-          for (const e of req.episode_ids) this.retireOne({ rollout_id: e.rollout_id, attempt: e.attempt + 1 });
+          for (const e of req.episode_ids) this.retireOne({ rollout_id: e.rollout_id, attempt: e.attempt + 1 }, "cleanup");
           this.expectAfterFailedRestore(inc, req.episode_ids);
           throw new CheckpointError("restore_failed", "a participant failed to restore");
         }
@@ -431,7 +443,7 @@ export class CollectorWorld implements ModelRunWorld {
         this.log(inc, `retire ${keys(req.episode_ids)}`);
         if (this.open && this.open.phase !== "restored") throw new CheckpointError("invalid_phase", `retire is refused while ${this.open.id} is open`);
         if ((this.retireFails > 0 && this.retireFails--) || Date.now() < this.retireDownUntil) throw new CheckpointError("unreachable", "retire failed on 1 participant(s): e1 (unreachable)");
-        for (const e of req.episode_ids) this.retireOne(e);
+        for (const e of req.episode_ids) this.retireOne(e, inc);
         return { participants: [] };
       },
       forget: async (req: { rollout_ids: string[] }) => {
@@ -549,7 +561,9 @@ export class CollectorWorld implements ModelRunWorld {
     for (const e of episodes) this.expectedFirst.set(`${inc}/${e.rollout_id}`, e.attempt + 2);
   }
 
-  private retireOne(e: EpisodeId): void {
+  /** `by`: the collector that sent the retire, or a restore's clean-up (which a dying collector may never learn of). */
+  private retireOne(e: EpisodeId, by: number | "cleanup"): void {
+    if ((this.fence.get(e.rollout_id) ?? -1) < e.attempt) this.fencedBy.set(e.rollout_id, by);
     this.fence.set(e.rollout_id, Math.max(this.fence.get(e.rollout_id) ?? -1, e.attempt));
     this.retiredEver.set(e.rollout_id, Math.max(this.retiredEver.get(e.rollout_id) ?? -1, e.attempt));
     this.lastRetired.set(e.rollout_id, ++this.opNo);
@@ -837,7 +851,9 @@ export class CollectorWorld implements ModelRunWorld {
     if (mine.length === 0 && expected !== undefined && unseen) this.violation(`collector ${r.inc} sent restored row ${r.rollout} as attempt ${r.attempt}, not ${expected}`);
     const failures = new Set(mine.filter((p) => COUNTED.has(p.ended ?? "")).map((p) => p.attempt)).size;
     if (failures >= this.maxAttempts) this.violation(`collector ${r.inc} sent ${key} after ${failures} failed attempts (--max-attempts ${this.maxAttempts})`);
-    if ((this.fence.get(r.rollout) ?? -1) >= r.attempt) this.violation(`collector ${r.inc} sent ${key}, an attempt the Gym fenced (retired up to ${this.fence.get(r.rollout)})`);
+    // Fenced by its own retire, the collector knows the attempt is gone; a clean-up or a predecessor's
+    // retire it may not know of (docs/collect.md: such a send is refused stale_attempt and skipped).
+    if ((this.fence.get(r.rollout) ?? -1) >= r.attempt && this.fencedBy.get(r.rollout) === r.inc) this.violation(`collector ${r.inc} sent ${key}, an attempt the Gym fenced (retired up to ${this.fence.get(r.rollout)})`);
   }
 
   /** A restore continues only rows LATEST's collection.json continues, none of them finished. */
