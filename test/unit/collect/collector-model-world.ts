@@ -165,6 +165,8 @@ export class CollectorWorld implements ModelRunWorld {
   private readonly sawGymDown = new Set<number>();
   /** The op number of the last forget that failed (the collection may then end with fences left: documented). */
   private lastForgetFailed = -1;
+  /** The rows in --out once the live collector started (its progress line's `doneBefore`). */
+  private rowsAtStart = 0;
   /** Who set each rollout's fence (see retireOne). */
   private readonly fencedBy = new Map<string, number | "cleanup">();
   /** A crash armed at the next call of a controller op (see controllerFor). */
@@ -648,6 +650,7 @@ export class CollectorWorld implements ModelRunWorld {
       if ((this.retiredEver.get(o.rollout_id) ?? -1) < o.attempt) this.violation(`the start left ${captureKey(o)}, which its predecessor left running, unretired`);
     }
     this.orphans = [];
+    this.rowsAtStart = (await this.readOut()).size;
     this.running = collector.run().then(
       (summary) => {
         if (this.inc === inc) this.ended = true;
@@ -924,6 +927,7 @@ export class CollectorWorld implements ModelRunWorld {
     const summary = this.collector!.summary();
     if (snap.done !== rows.size) return `progress counts ${snap.done} done, --out holds ${rows.size} rows`;
     if (summary.finished !== snap.done || summary.failed !== snap.failed) return `the summary (${summary.finished} finished, ${summary.failed} failed) and the progress line (${snap.done}, ${snap.failed}) disagree`;
+    if (snap.doneBefore !== this.rowsAtStart) return `progress counts ${snap.doneBefore} rows done before this run, --out held ${this.rowsAtStart} at its start`;
     if (snap.total !== this.rows.length || snap.done + snap.failed + snap.inFlight > snap.total) return `progress counts do not add up: ${JSON.stringify(snap)}`;
     // No checkpoint of ours stays open once it ended (a stop checkpoint's process is gone; the next start closes it).
     if (this.open && this.open.phase !== "restored" && !this.fault) return `checkpoint ${this.open.id} stays open (${this.open.phase})`;
