@@ -363,6 +363,15 @@ export class CollectorWorld implements ModelRunWorld {
           if (this.fault?.landed) this.committedAt.set(req.checkpoint_id, this.gymEpoch);
         });
         this.open.phase = "committed";
+        // A row a restore continued and not sent yet is in the scope (else a crash now would drop its record).
+        for (const [key, attempt] of this.expectedFirst) {
+          const [of, rollout_id] = key.split("/") as [string, string];
+          if (Number(of) !== inc || !this.restoredAttempts.has(`${rollout_id}@${attempt}`) || this.inFile.has(rollout_id)) continue;
+          if (this.reqs.some((r) => r.inc === inc && r.rollout === rollout_id)) continue;
+          if (!req.episode_ids.some((e) => e.rollout_id === rollout_id && e.attempt === attempt)) {
+            this.runError ??= new InvariantViolation(`step ${this.stepNo}: checkpoint ${req.checkpoint_id} leaves out ${captureKey({ rollout_id, attempt })}, restored and not sent yet`);
+          }
+        }
         this.committedAt.set(req.checkpoint_id, this.gymEpoch);
         return this.commitReply(req);
       },
