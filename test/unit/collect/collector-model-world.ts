@@ -18,11 +18,15 @@ import { InvariantViolation, type ModelRunWorld } from "../../support/seeded-mod
  * fences every attempt up to the one named; admission closed while a checkpoint is open) and a
  * real HTTP `/run` server on 127.0.0.1 whose answers the steps script: success, a slow success,
  * HTTP 5xx, a reset connection, a reply past the cap, a malformed reply, no reply (the run timeout).
- * Checkpoints fail at each op with the codes the controller answers; restores succeed, fail
- * (`restore_failed`) or lose their reply; the collector "crashes" (halted, a new Collector on the
- * same files, its Gym kept or restarted, the last results line maybe torn) or stops on SIGTERM
- * (stop checkpoint, then the same). After every step, the invariants docs/collect.md promises
- * (see check*); the last step drains the collection and checks every row ended exactly once.
+ * Checkpoints (a step's, a SIGUSR1's racing a SIGTERM's, a timer's) fail at each op with the codes
+ * the controller answers, or the collector is killed at one of their ops; restores succeed, fail
+ * (`restore_failed`, also at their resume), are refused by live processes, lose their reply (once
+ * or on every try) or meet no leader; the collector "crashes" (halted, a new Collector on the same
+ * files, its Gym kept or restarted, the last results line maybe torn; killed again during its
+ * start now and then) or stops on SIGTERM (stop checkpoint, then the same); /run stops accepting
+ * connections; retires and forgets fail. After every step, once the collector settled, the
+ * invariants docs/collect.md promises (checkSend at each /run, the coordinator's ops, unsettled);
+ * the last step drains the collection and checks every row ended exactly once.
  */
 
 const logger = pino({ level: "silent" });
@@ -367,7 +371,8 @@ export class CollectorWorld implements ModelRunWorld {
         for (const [key, attempt] of this.expectedFirst) {
           const [of, rollout_id] = key.split("/") as [string, string];
           if (Number(of) !== inc || !this.restoredAttempts.has(`${rollout_id}@${attempt}`) || this.inFile.has(rollout_id)) continue;
-          if (this.reqs.some((r) => r.inc === inc && r.rollout === rollout_id)) continue;
+          // Sent already (received here, or lost on a connection the closing /run server reset).
+          if (this.sawGymDown.has(inc) || this.reqs.some((r) => r.inc === inc && r.rollout === rollout_id)) continue;
           if (!req.episode_ids.some((e) => e.rollout_id === rollout_id && e.attempt === attempt)) {
             this.runError ??= new InvariantViolation(`step ${this.stepNo}: checkpoint ${req.checkpoint_id} leaves out ${captureKey({ rollout_id, attempt })}, restored and not sent yet`);
           }
