@@ -15,3 +15,14 @@ export async function refusalOf(work: Promise<unknown> | (() => Promise<unknown>
 export async function refusalCode(work: Promise<unknown> | (() => Promise<unknown> | unknown)): Promise<string> {
   return (await refusalOf(work)).code;
 }
+
+/** The catalog error a synchronous `work` refuses with; fails the test when it returns or throws anything else. */
+export function refusalOfSync(work: () => unknown): CheckpointError {
+  try {
+    work();
+  } catch (error) {
+    if (error instanceof CheckpointError) return error;
+    throw error;
+  }
+  throw new Error("expected a refusal");
+}

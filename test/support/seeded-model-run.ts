@@ -33,3 +33,13 @@ export async function runSeededWorld(seed: number, steps: number, make: (random:
     await world.close();
   }
 }
+
+/** Runs seeds `first`..`last` with `runSeed`, stopping at the third failing one: their reports, joined (empty when all held). */
+export async function failingSeeds(first: number, last: number, runSeed: (seed: number) => Promise<string | undefined>): Promise<string> {
+  const failures: string[] = [];
+  for (let seed = first; seed <= last && failures.length < 3; seed++) {
+    const failure = await runSeed(seed);
+    if (failure) failures.push(failure);
+  }
+  return failures.join("\n\n");
+}

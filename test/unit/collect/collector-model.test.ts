@@ -2,7 +2,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { runSeededWorld, seededRunSettings } from "../../support/seeded-model-run.js";
+import { runSeededWorld, seededRunSettings, failingSeeds } from "../../support/seeded-model-run.js";
 import { CollectorWorld } from "./collector-model-world.js";
 
 /**
@@ -33,12 +33,7 @@ async function runSeed(seed: number): Promise<string | undefined> {
 
 describe("collector against the invariants of docs/collect.md", () => {
   it(`holds every invariant for seeds ${FIRST}-${LAST} × ${STEPS} steps`, async () => {
-    const failures: string[] = [];
-    for (let seed = FIRST; seed <= LAST; seed++) {
-      const failure = await runSeed(seed);
-      if (failure) failures.push(failure);
-      if (failures.length >= 3) break;
-    }
-    if (failures.length > 0) expect.fail(failures.join("\n\n"));
+    const failures = await failingSeeds(FIRST, LAST, runSeed);
+    if (failures) expect.fail(failures);
   }, Math.max(120_000, (LAST - FIRST + 1) * STEPS * 100));
 });

@@ -1,16 +1,8 @@
 import { describe, expect, it } from "vitest";
+import { refusalOfSync } from "../../support/refusal.js";
 import { z } from "zod";
-import { CheckpointError, MAX_CONTROL_MESSAGE_BYTES, decodeMessage, decodeRequest, encodeMessage } from "../../../protocol/index.js";
+import { MAX_CONTROL_MESSAGE_BYTES, decodeMessage, decodeRequest, encodeMessage } from "../../../protocol/index.js";
 
-function refusal(fn: () => unknown): CheckpointError {
-  try {
-    fn();
-  } catch (error) {
-    if (error instanceof CheckpointError) return error;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
 
 /** A JSON object of exactly `bytes` bytes: {"pad":"xxx…"}. */
 const ofBytes = (bytes: number) => ({ pad: "x".repeat(bytes - '{"pad":""}'.length) });
@@ -27,15 +19,15 @@ describe("the control-message codec's bounds", () => {
     expect(decodeMessage(Pad, text)).toEqual(exact);
     expect(decodeRequest(Pad, Buffer.from(text))).toEqual(exact);
     const over = ofBytes(MAX_CONTROL_MESSAGE_BYTES + 1);
-    expect(refusal(() => encodeMessage(over)).code).toBe("payload_too_large");
-    expect(refusal(() => decodeMessage(Pad, JSON.stringify(over))).code).toBe("payload_too_large");
+    expect(refusalOfSync(() => encodeMessage(over)).code).toBe("payload_too_large");
+    expect(refusalOfSync(() => decodeMessage(Pad, JSON.stringify(over))).code).toBe("payload_too_large");
   });
 
   // Malformed JSON is refused as such, whatever the schema: it never reaches the schema (or the
   // duplicate-key scan, which trusts the text to be JSON) as `undefined`.
   it("refuses malformed JSON naming it, even where the schema would take any value", () => {
     for (const decode of [decodeMessage, decodeRequest]) {
-      const error = refusal(() => decode(z.unknown(), '{"a":'));
+      const error = refusalOfSync(() => decode(z.unknown(), '{"a":'));
       expect([error.code, error.message]).toEqual(["invalid_request", expect.stringContaining("malformed JSON")]);
     }
   });

@@ -1,5 +1,6 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
+import { refusalOfSync } from "../../support/refusal.js";
 import {
   decodeRequest,
   CheckpointError,
@@ -28,15 +29,6 @@ import {
 
 const base = { checkpoint_id: "c1", deadline_ts: 2_000_000_000, epoch: 1 };
 
-function refusal(fn: () => unknown): CheckpointError {
-  try {
-    fn();
-  } catch (error) {
-    if (error instanceof CheckpointError) return error;
-    throw error;
-  }
-  throw new Error("expected a refusal");
-}
 
 describe("control messages", () => {
   it("accepts a valid prepare and rejects unknown fields", () => {
@@ -117,7 +109,7 @@ describe("control messages", () => {
     for (const bad of [digest.toUpperCase(), digest.slice(1), `${digest}0`, `${digest.slice(1)}g`, "", null, 7]) {
       expect(RestoreRequestSchema.safeParse({ ...restore, manifest_sha256: bad }).success).toBe(false);
     }
-    const refused = refusal(() => decodeMessage(RestoreRequestSchema, JSON.stringify({ ...restore, manifest_sha256: "XYZ" })));
+    const refused = refusalOfSync(() => decodeMessage(RestoreRequestSchema, JSON.stringify({ ...restore, manifest_sha256: "XYZ" })));
     expect(refused.code).toBe("invalid_request");
     expect(refused.message).toContain("manifest_sha256");
   });
@@ -131,15 +123,15 @@ describe("control messages", () => {
   });
 
   it("decodes into catalog errors: malformed, unknown fields, oversized", () => {
-    expect(refusal(() => decodeMessage(PrepareRequestSchema, "{not json")).code).toBe("invalid_request");
-    const unknown = refusal(() => decodeMessage(PrepareRequestSchema, JSON.stringify({ ...base, x: 1 })));
+    expect(refusalOfSync(() => decodeMessage(PrepareRequestSchema, "{not json")).code).toBe("invalid_request");
+    const unknown = refusalOfSync(() => decodeMessage(PrepareRequestSchema, JSON.stringify({ ...base, x: 1 })));
     expect(unknown.code).toBe("invalid_request");
     expect(unknown.message).toMatch(/x/);
     const big = JSON.stringify({ ...base, pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) });
-    expect(refusal(() => decodeMessage(PrepareRequestSchema, big)).code).toBe("payload_too_large");
-    expect(refusal(() => encodeMessage({ pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) })).code).toBe("payload_too_large");
+    expect(refusalOfSync(() => decodeMessage(PrepareRequestSchema, big)).code).toBe("payload_too_large");
+    expect(refusalOfSync(() => encodeMessage({ pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) })).code).toBe("payload_too_large");
     // A reply to an op that already ran says so: reply_too_large, not "nothing changed".
-    const tooLarge = refusal(() => encodeReply({ pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) }, "commit"));
+    const tooLarge = refusalOfSync(() => encodeReply({ pad: "x".repeat(MAX_CONTROL_MESSAGE_BYTES) }, "commit"));
     expect([tooLarge.code, tooLarge.message]).toEqual(["reply_too_large", expect.stringContaining("commit succeeded")]);
     expect(encodeReply({ ok: true }, "commit")).toBe('{"ok":true}');
     expect(decodeMessage(PrepareRequestSchema, new TextEncoder().encode(JSON.stringify(base)))).toEqual(base);
@@ -148,10 +140,10 @@ describe("control messages", () => {
   it("refuses bytes that are not UTF-8 instead of storing U+FFFD in their place", () => {
     const latin1 = Buffer.from('{"checkpoint_id":"caf\xe9"}', "latin1");
     for (const decode of [decodeMessage, decodeRequest]) {
-      expect(refusal(() => decode(PrepareRequestSchema, latin1))).toMatchObject({ code: "invalid_request", message: "message is not valid UTF-8" });
+      expect(refusalOfSync(() => decode(PrepareRequestSchema, latin1))).toMatchObject({ code: "invalid_request", message: "message is not valid UTF-8" });
     }
     // The same text as UTF-8 gets past the decoding (and is then judged by the schema).
-    expect(refusal(() => decodeRequest(PrepareRequestSchema, Buffer.from('{"checkpoint_id":"café"}'))).message).not.toContain("UTF-8");
+    expect(refusalOfSync(() => decodeRequest(PrepareRequestSchema, Buffer.from('{"checkpoint_id":"café"}'))).message).not.toContain("UTF-8");
   });
 
   it("keeps docs/errors.md in step with the catalog: code, status, meaning and how to solve", () => {
