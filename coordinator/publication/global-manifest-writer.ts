@@ -185,8 +185,11 @@ export class GlobalManifestWriter {
       // publication's retention, which on a disk that checkpoints filled may never come while each
       // failed attempt leaves more. Only a partial checkpoint (no checkpoint.json, the participants'
       // gym/): a controller's own directory is never touched.
-      if (removed || !mayDelete?.() || !isPartialCheckpoint(dir)) return;
+      if (removed || !mayDelete?.()) return;
       try {
+        // Looked into inside the try: a lookup refused (EIO, EACCES; ENOTDIR, a file in its place)
+        // is a clean-up failure, not a rejected clean-up chain that skips every later one.
+        if (!isPartialCheckpoint(dir)) return;
         trashCheckpointDir(this.catalog.root, checkpointId);
         await removeTrash(this.catalog.root, this.inUse);
       } catch (error) {

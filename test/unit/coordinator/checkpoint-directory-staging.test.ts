@@ -36,6 +36,25 @@ describe("GlobalManifestWriter.checkpointDirectory", () => {
     expect(await readFile(join(base, "c1"), "utf8")).toBe("an operator's file");
     await writer.discard("c1");
   });
+
+  // An abandoned checkpoint's discard (mayDelete) looks into the directory to tell a partial
+  // checkpoint: a lookup that fails there (a file in its place: ENOTDIR; EIO, EACCES) is a clean-up
+  // failure reported, not a rejected clean-up chain (every later discard skipped, and the engine's
+  // `void discard(...)` an unhandled rejection).
+  it("an abandoned checkpoint's discard with a file in its directory's place leaves it and reports, the chain going on", async () => {
+    const errors: unknown[] = [];
+    const writer = new GlobalManifestWriter(new CheckpointCatalog(base), 5, (error) => errors.push(error));
+    await writeFile(join(base, "c1"), "an operator's file");
+    writer.stage("c1");
+    await refusalOf(writer.checkpointDirectory("c1"));
+    await expect(writer.discard("c1", () => true)).resolves.toBeUndefined();
+    expect(await readFile(join(base, "c1"), "utf8")).toBe("an operator's file");
+    expect(errors).toEqual([expect.objectContaining({ code: "ENOTDIR" })]);
+    writer.stage("c2");
+    await writer.checkpointDirectory("c2");
+    await writer.discard("c2", () => true);
+    await expect(stat(join(base, "c2"))).rejects.toMatchObject({ code: "ENOENT" });
+  });
 });
 
 describe("GlobalManifestWriter.publish, an inline controller state", () => {
