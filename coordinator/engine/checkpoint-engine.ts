@@ -2589,6 +2589,8 @@ export class CheckpointEngine {
     // resumed them since, so their retry asks every participant too, not just this term's list.
     for (const id of this.unresumed.keys()) this.closed.delete(id);
     this.unresumed.clear();
+    // A deposed leader deletes no checkpoint directory (its successor may use the files).
+    this.abandoned.clear();
     // Every removal of this term yields now (leaderTerm), so no marker of its writes is read again.
     this.journalWrites.clear();
     this.leaderTerm++;
