@@ -15,6 +15,7 @@ export { decodedHeaders } from "./message-headers.js";
 export { HEADER_SENT_AT, formatSentAt, parseSentAt } from "./sent-at-header.js";
 export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
 export { LineSplitter, textLines, type SplitLine } from "./line-splitter.js";
+export { taskOfLine, taskRowOf } from "./task-line.js";
 export {
   SAFE_NAME_PATTERN,
   SUBJECT_SAFE_NAME_PATTERN,

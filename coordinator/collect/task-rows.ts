@@ -7,7 +7,7 @@ import { resolve } from "node:path";
 import type { Readable } from "node:stream";
 import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
-import { CheckpointError, MAX_JSON_DEPTH, MAX_ROLLOUT_ID_CHARS, RolloutIdSchema, SAFE_NAME_PATTERN, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, textLines, unsafeJsonInteger } from "../../protocol/index.js";
+import { CheckpointError, MAX_JSON_DEPTH, MAX_ROLLOUT_ID_CHARS, RolloutIdSchema, SAFE_NAME_PATTERN, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, taskOfLine, taskRowOf, textLines, unsafeJsonInteger } from "../../protocol/index.js";
 
 /**
  * One line of `tasks.jsonl`: either `{"id": "...", "task": {...}}` or a bare task object, which
@@ -69,21 +69,11 @@ export async function loadTask(row: TaskRow): Promise<Record<string, unknown>> {
   if (lineDigest(text) !== ref.digest) throw changed;
   // Through the schema as when validated, so the task sent is the one a held row would send (zod
   // leaves out a `__proto__` key, say).
-  return TaskLineSchema.parse({ id: row.rolloutId, task: taskOf(JSON.parse(text) as unknown) }).task;
+  return TaskLineSchema.parse({ id: row.rolloutId, task: taskOfLine(JSON.parse(text) as unknown) }).task;
 }
 
 function lineDigest(text: string): string {
   return createHash("sha256").update(text).digest("base64");
-}
-
-/** A line's value as written: `{id, task}`, or a bare task. */
-function writtenForm(value: unknown): { id: unknown; task?: unknown } | undefined {
-  return value !== null && typeof value === "object" && "task" in value && "id" in value ? (value as { id: unknown }) : undefined;
-}
-
-function taskOf(value: unknown): Record<string, unknown> {
-  const written = writtenForm(value);
-  return (written ? written.task : value) as Record<string, unknown>;
 }
 
 /**
@@ -138,7 +128,7 @@ export async function readTaskRows(
       if (twice !== undefined) throw new CheckpointError("invalid_request", `${path}:${number}: names key ${JSON.stringify(twice)} twice in one object`);
       const unsafe = unsafeJsonInteger(line);
       if (unsafe !== undefined) throw new CheckpointError("invalid_request", `${path}:${number}: holds integer ${unsafe}, past what a double holds exactly (it would be sent as ${Number(unsafe)}); write it as a string`);
-      const written = writtenForm(value);
+      const written = taskRowOf(value);
       const withId = written ? { ...written, id: typeof written.id === "string" ? `${idPrefix}${written.id}` : written.id } : { id: `${idPrefix}row-${number}`, task: value };
       const parsed = TaskLineSchema.safeParse(withId);
       if (!parsed.success) throw new CheckpointError("invalid_request", `${path}:${number}: ${describeZodError(parsed.error)}`);

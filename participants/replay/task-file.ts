@@ -1,6 +1,6 @@
 import { constants } from "node:buffer";
 import { createReadStream } from "node:fs";
-import { textLines } from "../../protocol/index.js";
+import { taskOfLine, textLines } from "../../protocol/index.js";
 import { invalidRequest, ReplayError } from "./errors.js";
 
 /**
@@ -29,8 +29,7 @@ export async function readTaskFile(file: string, maxLineBytes = MAX_TASK_FILE_LI
       } catch {
         throw invalidRequest(`${file}:${number}: not JSON`);
       }
-      const row = value as { id?: unknown; task?: unknown };
-      out.push(row && typeof row === "object" && "id" in row && "task" in row ? row.task : value);
+      out.push(taskOfLine(value));
     }
   } catch (error) {
     if (error instanceof ReplayError) throw error;
