@@ -210,6 +210,8 @@ export class GlobalManifestWriter {
     this.staged.clear();
     // A successor may complete one whose decision stayed journaled: its checkpoint.json is its own now.
     this.untakenBack.clear();
+    // Their directories are the successor's now, as are the staged ones'.
+    this.publicationFailed.clear();
     this.cleanup = this.cleanup.then(async () => {
       for (const staging of stagings) await this.removeStagedTemp(staging);
     });
