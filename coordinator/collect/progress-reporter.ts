@@ -57,7 +57,27 @@ export class ProgressReporter {
 
   update(snapshot: ProgressSnapshot, force = false): void {
     if (this.finished) return;
-    const line = this.format(snapshot);
+    this.draw(this.format(snapshot), force);
+  }
+
+  /**
+   * How far start-up's read of the tasks file got: millions of rows take a minute or more to read
+   * and check, which is no hang. Drawn as the progress line is (live, or a plain line at most every
+   * interval); the bar that follows draws over it.
+   */
+  reading(path: string, rows: number, bytes: number): void {
+    if (this.finished) return;
+    this.draw(`reading --tasks ${path}: ${rows} rows, ${Math.floor(bytes / 2 ** 20)} MiB so far`, false);
+  }
+
+  /** The read ended: a live reading line, if one was drawn, is ended, so what follows starts on a line of its own. */
+  readDone(): void {
+    if (!this.interactive || !this.lastLength) return;
+    this.out.write("\n");
+    this.lastLength = 0;
+  }
+
+  private draw(line: string, force: boolean): void {
     if (this.interactive) {
       const padded = this.fitted(line.padEnd(this.lastLength));
       this.lastLength = this.fitted(line).length;

@@ -100,7 +100,20 @@ export function isRolloutIdPrefix(prefix: string): boolean {
  */
 export async function readTaskRows(
   path: string,
-  { signal, maxLineBytes = MAX_TASK_LINE_BYTES, idPrefix = "" }: { signal?: AbortSignal; maxLineBytes?: number; idPrefix?: string } = {},
+  {
+    signal,
+    maxLineBytes = MAX_TASK_LINE_BYTES,
+    idPrefix = "",
+    onProgress,
+    progressEveryMs = 1000,
+  }: {
+    signal?: AbortSignal;
+    maxLineBytes?: number;
+    idPrefix?: string;
+    /** Told the rows read and the bytes they took so far, once `progressEveryMs` passed since the read began and at most that often after. */
+    onProgress?: (rows: number, bytes: number) => void;
+    progressEveryMs?: number;
+  } = {},
 ): Promise<TaskRow[]> {
   const rows: TaskRow[] = [];
   const seen = new Set<string>();
@@ -114,7 +127,12 @@ export async function readTaskRows(
     ({ input, regular } = await openTasks(path));
     if (signal?.aborted) giveUp(); // aborted while opening
     const again = resolve(path);
+    let progressAt = performance.now() + progressEveryMs;
     for await (const { text: line, number, offset, byteLength } of textLines(input, maxLineBytes, tooLong)) {
+      if (onProgress && performance.now() >= progressAt) {
+        progressAt = performance.now() + progressEveryMs;
+        onProgress(rows.length, offset);
+      }
       if (!line.trim()) continue;
       let value: unknown;
       try {

@@ -142,10 +142,19 @@ export function register(program: Command): void {
       await assertAppendable(outPath, flags.tasks, resolve(flags.checkpointDir));
       if (flags.recordsDir !== undefined) await assertRecordsDir(resolve(flags.recordsDir));
       requeueIfSigterm();
-      const rows = await readTaskRows(flags.tasks, { signal: sigterm, idPrefix: flags.rolloutIdPrefix }).catch((error: unknown) => {
+      // Ended first on every way out, so what is printed next does not land on the live line (from
+      // here: the tasks file's read draws on it).
+      const progress = new ProgressReporter(process.stderr, progressIntervalSeconds * 1000);
+      const rows = await readTaskRows(flags.tasks, {
+        signal: sigterm,
+        idPrefix: flags.rolloutIdPrefix,
+        onProgress: (count, bytes) => progress.reading(flags.tasks, count, bytes),
+      }).catch((error: unknown) => {
+        progress.finish();
         requeueIfSigterm(); // the read given up
         throw error;
       });
+      progress.readDone();
       // Nothing to run "finished" with exit 0: a tasks file left empty by a failed export, or the wrong one.
       if (!rows.length) throw new CheckpointError("invalid_request", `--tasks ${flags.tasks} has no rows`);
       // Its ceiling depends on the rows' longest rollout id: checked once they are read, still before anything is created.
@@ -174,8 +183,6 @@ export function register(program: Command): void {
       };
       let collector: Collector | undefined;
       let logger: Logger | undefined;
-      // Ended first on every way out, so what is printed next does not land on the live line.
-      const progress = new ProgressReporter(process.stderr, progressIntervalSeconds * 1000);
       // Settles with start-up (telemetry, NATS, the collector's start). A SIGTERM before then waits
       // for it; if the start fails, nothing was checkpointed: its refusal is the exit, not 75.
       let startedUp!: () => void;

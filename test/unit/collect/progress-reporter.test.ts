@@ -133,3 +133,29 @@ describe("progress reporter on its default clock", () => {
     expect(written.at(-1)).not.toMatch(/ETA [1-9]\d*h/); // 50 rows in well under a second: no hour-long ETA
   });
 });
+
+describe("progress of the tasks file's read", () => {
+  it("draws on the live line, which the bar then draws over, and readDone ends it only when one was drawn", () => {
+    const { written, out } = sink(true);
+    const reporter = new ProgressReporter(out, 10_000, () => clock);
+    reporter.readDone();
+    expect(written).toEqual([]);
+    reporter.reading("tasks.jsonl", 120_000, 3 * 2 ** 20 + 5);
+    expect(written).toEqual(["\rreading --tasks tasks.jsonl: 120000 rows, 3 MiB so far"]);
+    reporter.readDone();
+    expect(written.at(-1)).toBe("\n");
+    reporter.update(snapshot());
+    expect(written.at(-1)).toMatch(/^\r\[/);
+  });
+
+  it("writes a plain line at most once per interval when stderr is no terminal", () => {
+    const { written, out } = sink(false);
+    const reporter = new ProgressReporter(out, 10_000, () => clock);
+    reporter.reading("t.jsonl", 1, 0);
+    reporter.reading("t.jsonl", 2, 0);
+    advance(10_000);
+    reporter.reading("t.jsonl", 3, 0);
+    reporter.readDone();
+    expect(written).toEqual(["reading --tasks t.jsonl: 1 rows, 0 MiB so far\n", "reading --tasks t.jsonl: 3 rows, 0 MiB so far\n"]);
+  });
+});

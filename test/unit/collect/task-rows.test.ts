@@ -90,3 +90,19 @@ describe("task rows", () => {
     expect(toCheckpointError(error)).toMatchObject({ code: "storage_error", message: expect.stringMatching(/^EIO: .*'\/proc\/self\/mem'$/) });
   });
 });
+
+describe("readTaskRows progress", () => {
+  it("tells the rows read and their bytes as it goes (a read of millions of rows takes minutes), and nothing for a read shorter than its interval", async () => {
+    const path = join(dir, "progress.jsonl");
+    const lines = Array.from({ length: 5 }, (_, i) => `{"id":"r${i}","task":{"n":${i}}}`);
+    await writeFile(path, `${lines.join("\n")}\n`);
+    const told: [number, number][] = [];
+    await readTaskRows(path, { onProgress: (rows, bytes) => told.push([rows, bytes]), progressEveryMs: 0 });
+    // Before each line: the rows before it and the bytes up to its start.
+    const starts = lines.map((_, i) => lines.slice(0, i).reduce((sum, line) => sum + line.length + 1, 0));
+    expect(told).toEqual(starts.map((bytes, i) => [i, bytes]));
+    const quiet: unknown[] = [];
+    await readTaskRows(path, { onProgress: (...args) => quiet.push(args) });
+    expect(quiet).toEqual([]);
+  });
+});
