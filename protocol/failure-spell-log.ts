@@ -1,7 +1,7 @@
 /** Past this many different failures in one spell, the rest are debug too. */
 const MAX_KINDS_WARNED = 8;
 
-/** What a spell's lines go to (a pino logger fits). */
+/** What a spell's lines (and the NATS status lines, nats-status-log.ts) go to: a pino logger fits. */
 export interface SpellLogger {
   warn(fields: object, message: string): void;
   info(fields: object, message: string): void;

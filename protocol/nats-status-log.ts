@@ -1,11 +1,5 @@
 import type { Status } from "@nats-io/transport-node";
-
-/** What the lines go to (a pino logger fits). */
-export interface NatsStatusLogger {
-  warn(fields: object, message: string): void;
-  info(fields: object, message: string): void;
-  debug(fields: object, message: string): void;
-}
+import type { SpellLogger } from "./failure-spell-log.js";
 
 /**
  * Logs a process's NATS connection (the coordinator's, a participant's) dropping and coming back: one `nats_disconnected` warning
@@ -16,7 +10,7 @@ export interface NatsStatusLogger {
  * meanwhile had no cause in the log. Resolves when the status iterator ends (the connection closed) or at the first
  * status after `stopped()`.
  */
-export async function logNatsStatus(statuses: AsyncIterable<Status>, log: NatsStatusLogger, stopped: () => boolean = () => false, now: () => number = () => performance.now()): Promise<void> {
+export async function logNatsStatus(statuses: AsyncIterable<Status>, log: SpellLogger, stopped: () => boolean = () => false, now: () => number = () => performance.now()): Promise<void> {
   let downSince: number | undefined;
   let attempts = 0;
   for await (const status of statuses) {
