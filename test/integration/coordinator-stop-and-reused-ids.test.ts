@@ -1,10 +1,11 @@
 import { existsSync } from "node:fs";
-import { mkdtemp, readFile, symlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startWorld, type World } from "./coordinator-harness.js";
 import { refusalOf } from "../support/refusal.js";
+import { waitUntil } from "../support/wait-until.js";
 
 let world: World;
 beforeAll(async () => {
@@ -51,7 +52,11 @@ describe("a checkpoint id whose directory holds an aborted, partial checkpoint",
     await world.client.prepare({ checkpoint_id: "step-1200" });
     expect((await refusalOf(world.client.commit({ checkpoint_id: "step-1200" }))).code).toBe("internal_error");
     await world.client.resume({ checkpoint_id: "step-1200" });
-    expect(existsSync(join(world.root, "step-1200", "gym", "environment", "env1", "manifest.json"))).toBe(true);
+    // Its leader takes the abandoned directory away as it closes; one that crashed first leaves it
+    // behind, as made here: the participants' files, no checkpoint.json.
+    await waitUntil(() => !existsSync(join(world.root, "step-1200")), "the abandoned checkpoint's directory taken away");
+    await mkdir(join(world.root, "step-1200", "gym", "environment", "env1"), { recursive: true });
+    await writeFile(join(world.root, "step-1200", "gym", "environment", "env1", "manifest.json"), "{}\n");
     expect(existsSync(join(world.root, "step-1200", "checkpoint.json"))).toBe(false);
 
     // the whole job restarts: a new coordinator, fresh Gym servers
