@@ -20,6 +20,8 @@ let proxy: Server;
 let proxyUrl: string;
 let kind: ModelKind;
 let failWrites = false;
+/** Calls the upstream received. */
+let upstreamCalls = 0;
 /** The proxy's response to the last call; with `hold`, its bytes stay in Node's socket buffer until `release`. */
 let proxied: ServerResponse | undefined;
 let hold = false;
@@ -60,9 +62,11 @@ const JSON_BODY = JSON.stringify({ choices: [{ message: { role: "assistant", con
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-attach-row-"));
   failWrites = false;
+  upstreamCalls = 0;
   proxied = undefined;
   hold = false;
   upstream = createServer((req, res) => {
+    upstreamCalls += 1;
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
@@ -90,6 +94,7 @@ beforeEach(async () => {
     ledgerDir: join(dir, "ledger"),
     cutBackend: null,
     ledgerWrite: ledgerWriteFailingWhen(() => failWrites),
+    ledgerProbeIntervalMs: 0, // every refused call tries the storage again
   });
   proxy = createAttachProxy({ upstream: parseUpstream(`${upstreamUrl}/v1`), kind, controlToken: "t", finishWaitMs: 3000 });
   proxy.prependListener("request", (_req, res: ServerResponse) => {
@@ -128,6 +133,22 @@ describe.each([
     failWrites = false;
     expect(await (await call("row-fail", stream)).text()).toBe(expected);
     expect((await kind.ledger.rows("row-fail")).map((r) => r.parent_call_id)).toEqual([null]);
+  });
+
+  it("refuses later calls with storage_error before they reach the upstream while the ledger still cannot be written", async () => {
+    failWrites = true;
+    await expect(call("row-full", stream).then((response) => response.text())).rejects.toThrow();
+    expect(upstreamCalls).toBe(1);
+    const refused = await call("row-full", stream);
+    expect(refused.status).toBe(507);
+    expect(((await refused.json()) as { error: { code: string; detail: string } }).error).toMatchObject({ code: "storage_error", detail: expect.stringContaining("ENOSPC") });
+    // Another rollout too: the storage is the ledger's, not the key's.
+    expect((await call("row-other", stream)).status).toBe(507);
+    expect(upstreamCalls).toBe(1);
+    expect(kind.tickets.size).toBe(0);
+    failWrites = false;
+    expect(await (await call("row-full", stream)).text()).toBe(expected);
+    expect(upstreamCalls).toBe(2);
   });
 });
 

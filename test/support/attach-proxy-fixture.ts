@@ -29,7 +29,7 @@ export function postStreamedChat(baseUrl: string, key: string): Promise<{ status
 /** A ledger write that fails with ENOSPC while `full()` says the disk is full. */
 export function ledgerWriteFailingWhen(full: () => boolean): (fd: number, buffer: Buffer, offset: number) => number {
   return (fd, buffer, offset) => {
-    if (full()) throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+    if (full()) throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", errno: -28, syscall: "write" });
     return writeSync(fd, buffer, offset);
   };
 }

@@ -24,6 +24,9 @@ const APPEND_FLAGS = constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT
  */
 export const MAX_LEDGER_FILE_BYTES = 256 << 20;
 
+/** What probeWritable writes: one filesystem block. */
+const PROBE_BYTES = 4096;
+
 /** Writes bytes at the descriptor's position (append); returns how many were written. A seam for tests. */
 export type LedgerWrite = (fd: number, buffer: Buffer, offset: number) => number;
 /** Makes what was written through the descriptor durable (fdatasync, in the thread pool). A seam for tests. */
@@ -315,6 +318,28 @@ export class CaptureLedger {
       if (entry.rows.length > 0) this.cachedWeight += 1;
       entry.rows.push(row);
       this.trimCache();
+    }
+  }
+
+  /**
+   * Whether an append could be made durable now: a block of probe bytes is written (through the same
+   * write and sync as a row) to a file of this process's own in the ledger directory, then removed.
+   * Rejects with the storage's error (ENOSPC, EIO, EROFS...), naming the probe file. A whole block,
+   * not a row's few hundred bytes: a row crossing into a new block needs one free.
+   */
+  async probeWritable(): Promise<void> {
+    await this.ready;
+    const path = join(this.dir, `.write-probe.${process.pid}`);
+    const fd = await openAsync(path, constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | NOFOLLOW, 0o600);
+    try {
+      const block = Buffer.alloc(PROBE_BYTES, 0x20);
+      for (let done = 0; done < block.length; ) done += this.write(fd, block.subarray(done), 0);
+      await this.sync(fd);
+    } catch (error) {
+      throw namePath(error, path);
+    } finally {
+      closeQuietly(fd);
+      await unlink(path).catch(() => undefined);
     }
   }
 

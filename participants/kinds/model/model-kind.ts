@@ -11,6 +11,7 @@ import { constrainedReason, conversationDigest, skipCategory } from "./conversat
 import type { GenerationCutRecord } from "./generation-cut-contract.js";
 import { cutRecordOf, runCutRound, type CutBackend, type CutRoundResult } from "./generation-cut-round.js";
 import type { LedgerRow } from "./ledger-row.js";
+import { LEDGER_PROBE_INTERVAL_MS, LedgerOutage } from "./ledger-outage.js";
 import { MAX_MODEL_RECORD_ROWS, ModelRecordSchema, type ModelRecord } from "./model-record.js";
 import { fencedAttempt } from "../../control-plane/attempt-marks.js";
 
@@ -22,6 +23,8 @@ export interface ModelKindOptions {
   ledgerWrite?: LedgerWrite;
   /** The ledger's fdatasync of an appended row; a seam for tests (default: fdatasync in the thread pool). */
   ledgerSync?: LedgerSync;
+  /** After a row's write failed in the storage, how often at most admission tries the storage again (default 1000 ms). */
+  ledgerProbeIntervalMs?: number;
   /** Rows the ledger keeps in memory at most (default 50 000); older keys are read again from disk. */
   ledgerCacheRows?: number;
   /** Runs one cut round (default: POST to the backend); a seam for tests. */
@@ -85,6 +88,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private round = { cut: 0, cut_failed: 0, cut_skipped: 0 };
   /** This round's skipped calls by SKIP_CATEGORIES name. */
   private readonly skipReasons = new Map<string, number>();
+  /** Refuses new calls while the ledger's storage refuses rows. */
+  private readonly ledgerOutage: LedgerOutage;
 
   constructor(private readonly options: ModelKindOptions) {
     this.ledger = new CaptureLedger(options.ledgerDir, options.ledgerStripes, undefined, {
@@ -94,6 +99,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       onCorrupt: (path, lines) => options.logger?.warn({ path, lines }, "capture ledger has unreadable lines; new calls continue, a checkpoint of its episode is refused"),
       onLockReleaseFailed: (path, error) => options.logger?.warn({ path, err: error }, "capture ledger lock file not removed; the stripe stays held here and its release is tried again"),
     });
+    this.ledgerOutage = new LedgerOutage(() => this.ledger.probeWritable(), options.ledgerProbeIntervalMs ?? LEDGER_PROBE_INTERVAL_MS, options.logger);
   }
 
   attach(context: ParticipantContext): void {
@@ -120,6 +126,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     const episode = parsed ?? parseCaptureKey(key);
     if (!episode) throw new CheckpointError("rollout_id_required", `not a capture key: ${key}`);
     this.refuseIfNotAdmitting(episode, key);
+    // Refused before the backend generates anything while the ledger's storage refuses rows.
+    await this.ledgerOutage.admit();
     // While this call reads its key's rows, afterCommit does not free that ledger (it is kept restored
     // instead); a removal already under way ends first, so no call continues rows being deleted.
     this.admitsInFlight.set(key, (this.admitsInFlight.get(key) ?? 0) + 1);
@@ -226,6 +234,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         });
       }
     } catch (error) {
+      this.ledgerOutage.failed(error);
       this.closeTicket(ticket);
       throw error;
     }
