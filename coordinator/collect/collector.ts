@@ -167,6 +167,8 @@ interface RowState {
    * waiting past --run-timeout-s) every send of this attempt found no server at --run-url; cleared once one connects.
    */
   unreachableSince?: number;
+  /** Since when (performance.now()) every reply to this row's sends was `storage_error`; cleared by any other reply. */
+  storageRefusedSince?: number;
   /** Why its last attempt failed (for the summary of a row that failed for good). */
   lastFailure?: string;
 }
@@ -235,6 +237,10 @@ export class Collector {
   private readonly retireFailures: FailureSpellLog;
   /** Spells of /run failing alike, by network failure code (logRunFailure); a /run's reply ends them. */
   private readonly runFailureSpells = new Map<string, FailureSpellLog>();
+  /** A spell of /run answering `storage_error`; any other reply ends it. */
+  private readonly storageRefusals: FailureSpellLog;
+  /** No row is sent before this (performance.now()) while /run answers `storage_error`. */
+  private storageHeldUntil = 0;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
@@ -242,6 +248,7 @@ export class Collector {
 
   constructor(private readonly options: CollectorOptions) {
     this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
+    this.storageRefusals = new FailureSpellLog(options.logger, "/run answers without storage_error again");
     this.loggedRunUrl = redactUrl(options.runUrl);
     this.retireFailures = new FailureSpellLog(options.logger, "retires go through again");
     this.ownOps = new OwnCheckpointOps({
@@ -748,6 +755,8 @@ export class Collector {
     await this.log.record(episode);
     for (;;) {
       if (this.halted) return;
+      await this.storageHold(state);
+      if (this.stopping) return;
       state.refused = false;
       let response: Response;
       const timeout = this.runTimeouts.start(this.runTimeoutMs);
@@ -790,11 +799,14 @@ export class Collector {
       // Halted meanwhile: the reply is dropped (the dispatch log has the attempt; the next start retires it).
       if (this.halted) return;
       if (response.ok) {
+        this.storageAnswers(state);
         this.admissionReopened();
         const reply = parseRunReply(body);
         return reply instanceof Error ? this.failed(state, reply) : this.finished(state, reply, task);
       }
       const refusal = ErrorReplySchema.safeParse(body);
+      if (refusal.success && refusal.data.error.code === "storage_error") return this.storageRefused(state, refusal.data.error.detail);
+      this.storageAnswers(state);
       if (refusal.success && refusal.data.error.code === "admission_closed") {
         // The attempt never started: wait for the checkpoint to end and send it again.
         this.runsNowhere(state);
@@ -860,6 +872,50 @@ export class Collector {
     }
     this.runsNowhere(state);
     await delay(this.pauses.unreachableS);
+    await this.waitForGate();
+  }
+
+  /**
+   * /run answered `storage_error`: a Gym server's storage refused a write (the model proxy's capture
+   * ledger on a full disk, say). The attempt may have run part way, so it is retired and the row
+   * sent again as its next attempt, as after any failure, but the operator's disk is not the row's
+   * fault: it spends none of --max-attempts, and no row is sent for `pauses.storageS` (a collection
+   * at --concurrency N would otherwise burn through its rows, each refused in milliseconds). A row
+   * refused so for --run-timeout-s counts its attempts again, so an outage that does not end ends the
+   * collection.
+   */
+  private storageRefused(state: RowState, detail: string): void {
+    const now = performance.now();
+    state.storageRefusedSince ??= now;
+    const error = new CheckpointError("storage_error", `/run: ${detail.slice(0, 300)}`);
+    if (now - state.storageRefusedSince >= this.runTimeoutMs) return this.failed(state, error);
+    this.storageHeldUntil = Math.max(this.storageHeldUntil, now + this.pauses.storageS * 1000);
+    this.storageRefusals.failed(error, "/run answered storage_error (a Gym server's storage refuses writes): the attempt is retired and the row sent again after a pause, without spending an attempt", {
+      rollout_id: state.row.rolloutId,
+      attempt: state.attempt,
+      pause_s: this.pauses.storageS,
+    });
+    this.failed(state, error, false, false);
+  }
+
+  /** A /run reply other than `storage_error`: the row's storage spell, and the collection's, are over. */
+  private storageAnswers(state: RowState): void {
+    delete state.storageRefusedSince;
+    this.storageRefusals.succeeded();
+  }
+
+  /**
+   * While /run answers `storage_error`, a send waits for the pause to pass (the row runs nowhere
+   * meanwhile: a checkpoint does not wait for its reply), and never goes while our checkpoint is open.
+   */
+  private async storageHold(state: RowState): Promise<void> {
+    let left = this.storageHeldUntil - performance.now();
+    if (left <= 0) return;
+    this.runsNowhere(state);
+    while (left > 0 && !this.stopping) {
+      await delay(Math.min(left, 250) / 1000); // in slices: a stop does not wait out the pause
+      left = this.storageHeldUntil - performance.now();
+    }
     await this.waitForGate();
   }
 
@@ -1020,14 +1076,15 @@ export class Collector {
    * checkpoint) and the row is sent again as the next attempt, which the retire does not fence —
    * but only once that retire has finished: the server may still run the failed attempt (a
    * timeout here is not one there) and refuses any other attempt of the rollout meanwhile.
+   * `final` fails the row for good now; `counted` false spends none of --max-attempts (the caller logs it).
    */
-  private failed(state: RowState, error: unknown, final = false): void {
+  private failed(state: RowState, error: unknown, final = false, counted = true): void {
     const maxAttempts = this.options.maxAttempts ?? 3;
-    const forGood = final || state.failures + 1 >= maxAttempts;
-    if (!final) this.logRunFailure(state, error, forGood, maxAttempts);
+    const forGood = final || (counted && state.failures + 1 >= maxAttempts);
+    if (!final && counted) this.logRunFailure(state, error, forGood, maxAttempts);
     state.lastFailure = error instanceof Error ? error.message : String(error);
     this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
-    state.failures++;
+    if (counted) state.failures++;
     this.goesOnFromInput(state);
     if (forGood) {
       this.queue.set(state, "failed");

@@ -8,8 +8,10 @@ export interface RetryPauses {
   retireS: number;
   /** Before a /run that found no server at --run-url (the Gym down or restarting) is sent again. */
   unreachableS: number;
+  /** Before any row is sent again after /run answered `storage_error` (the Gym's disk full or failing). */
+  storageS: number;
   /** Not a pause: how long /run may keep answering admission_closed outside our checkpoints before it is logged. */
   admissionClosedWarnS: number;
 }
 
-export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, admissionClosedWarnS: 30 };
+export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, storageS: 5, admissionClosedWarnS: 30 };

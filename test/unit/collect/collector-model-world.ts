@@ -31,14 +31,14 @@ import { InvariantViolation, type ModelRunWorld } from "../../support/seeded-mod
 
 const logger = pino({ level: "silent" });
 /** The pauses before sending again, tiny: the order of events, not their pace, is under test. */
-const PAUSES = { resendS: 0.005, unresumedS: 0.03, retireS: 0.01, unreachableS: 0.01, admissionClosedWarnS: 30 };
+const PAUSES = { resendS: 0.005, unresumedS: 0.03, retireS: 0.01, unreachableS: 0.01, storageS: 0.02, admissionClosedWarnS: 30 };
 const RUN_TIMEOUT_S = 0.4;
 const CHECKPOINT_TIMEOUT_S = 0.15;
 const MAX_REPLY_BYTES = 2048;
 /** How long a step waits for the collector to settle (every reply it got appended, counts caught up). */
 const SETTLE_MS = 3_000;
 
-type Outcome = "success" | "slow" | "http500" | "reset" | "oversized" | "malformed" | "hang";
+type Outcome = "success" | "slow" | "http500" | "reset" | "oversized" | "malformed" | "hang" | "storage";
 const OUTCOMES: [Outcome, number][] = [
   ["success", 40],
   ["slow", 10],
@@ -47,8 +47,9 @@ const OUTCOMES: [Outcome, number][] = [
   ["oversized", 8],
   ["malformed", 10],
   ["hang", 6],
+  ["storage", 6],
 ];
-/** Outcomes the collector must count as a failed attempt (a hang counts once its /run times out). */
+/** Outcomes the collector must count as a failed attempt (a hang counts once its /run times out; `storage`, a Gym's full disk, does not). */
 const COUNTED: ReadonlySet<string> = new Set(["http500", "reset", "oversized", "malformed", "timeout"]);
 
 type CkptOp = "prepare" | "commit" | "publish" | "resume";
@@ -87,6 +88,8 @@ interface Req {
   ended?: string;
   /** A success was written and the client alive then. */
   delivered?: boolean;
+  /** When its answer was written (performance.now()). */
+  answeredAt?: number;
   /** Left unanswered on purpose (the collector's run timeout ends it). */
   hung?: boolean;
   /** A retire fenced it while its client was still connected (it must have given up on it already). */
@@ -293,6 +296,7 @@ export class CollectorWorld implements ModelRunWorld {
 
   private answer(r: Req, how: string, status: number, body: unknown): void {
     r.ended = how;
+    r.answeredAt = performance.now();
     if (how === "success" && !this.dead.has(r.inc)) r.delivered = true;
     r.res.writeHead(status, { "content-type": "application/json" });
     r.res.end(typeof body === "string" ? body : JSON.stringify(body));
@@ -327,6 +331,8 @@ export class CollectorWorld implements ModelRunWorld {
         return this.answer(r, "oversized", 200, JSON.stringify({ reward: 1, pad: "x".repeat(MAX_REPLY_BYTES * 2) }));
       case "malformed":
         return this.answer(r, "malformed", 200, this.random() < 0.5 ? "{not json" : { reward: "high" });
+      case "storage":
+        return this.answer(r, "storage", 507, { error: { code: "storage_error", detail: "activate: policy: the capture ledger cannot be written (ENOSPC)" } });
       case "hang":
         return; // the collector's run timeout ends it
     }
@@ -866,6 +872,8 @@ export class CollectorWorld implements ModelRunWorld {
     // Unless its first send may have failed unseen here (a connection the closing /run server reset), the first attempt received.
     const unseen = this.sawGymDown.has(r.inc) ? r.attempt < expected! : r.attempt !== expected;
     if (mine.length === 0 && expected !== undefined && unseen) this.violation(`collector ${r.inc} sent restored row ${r.rollout} as attempt ${r.attempt}, not ${expected}`);
+    // After storage_error no row goes for pauses.storageS; this row's next send left only once its reply came.
+    if (last?.ended === "storage" && performance.now() - last.answeredAt! < PAUSES.storageS * 1000) this.violation(`collector ${r.inc} sent ${key} within ${PAUSES.storageS} s of ${last.attempt}'s storage_error`);
     const failures = new Set(mine.filter((p) => COUNTED.has(p.ended ?? "")).map((p) => p.attempt)).size;
     if (failures >= this.maxAttempts) this.violation(`collector ${r.inc} sent ${key} after ${failures} failed attempts (--max-attempts ${this.maxAttempts})`);
     // Fenced by its own retire, the collector knows the attempt is gone; a clean-up or a predecessor's

@@ -182,8 +182,15 @@ const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map(
 
 const logger = pino({ level: "silent" });
 
+/** A logger whose lines (parsed) land in `lines`. */
+function capturingLogger() {
+  const lines: { msg: string; level: number }[] = [];
+  const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string; level: number }) });
+  return { log, lines };
+}
+
 /** The pauses before sending again, a tenth of the defaults' (the order of events, not their pace, is under test). */
-const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1, unreachableS: 0.1 };
+const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1, unreachableS: 0.1, storageS: 0.1 };
 
 function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
   return collectorIn(dir, runUrl, controller, { logger, retryPauses: SHORT_PAUSES, ...options });
@@ -685,6 +692,36 @@ describe("collector", () => {
     expect(sent).toEqual([1, 2]);
     expect((await DispatchLog.read(join(dir, "dispatched.jsonl")))!.latest.get("a")).toBe(2);
     expect(calls.filter((c) => c.op === "forget").map((c) => c.req.rollout_ids)).toEqual([["a"]]);
+  });
+
+  it("an attempt /run refuses with storage_error (the Gym's disk): retired, and the next one sent after a pause without spending an attempt", async () => {
+    const sent: number[] = [];
+    const storage = { status: 507, body: { error: { code: "storage_error", detail: "activate: policy: the capture ledger cannot be written (ENOSPC)" } } };
+    const url = await runServer((body) => (sent.push(body.attempt), body.attempt < 3 ? storage : { status: 200, body: { reward: 1 } }));
+    const { controller, calls } = fakeController();
+    const { log, lines } = capturingLogger();
+    const collector = collectorFor(controller, url, { maxAttempts: 1, logger: log });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(sent).toEqual([0, 1, 2, 3]);
+    // Each refused attempt may have run part way: retired before the next is sent.
+    expect(calls.filter((c) => c.op === "retire").map((c) => c.req.episode_ids)).toEqual([0, 1, 2].map((attempt) => [{ rollout_id: "a", attempt }]));
+    // One warning for the spell, one line when /run answers without it again.
+    expect(lines.filter((l) => l.level === 40 && String(l.msg).includes("storage_error"))).toHaveLength(1);
+    expect(lines.filter((l) => l.level === 30 && String(l.msg).includes("storage_error"))).toHaveLength(1);
+    expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 3 });
+  });
+
+  it("a row /run keeps refusing with storage_error for --run-timeout-s: its attempts count again, so the collection ends", async () => {
+    const sent: number[] = [];
+    const url = await runServer((body) => (sent.push(body.attempt), { status: 507, body: { error: { code: "storage_error", detail: "ENOSPC" } } }));
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { maxAttempts: 2, runTimeoutSeconds: 0.3 });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 0, failed: 1 });
+    // Uncounted while the spell is younger than 0.3 s (pauses of 0.1 s), then two counted attempts.
+    expect(sent.length).toBeGreaterThanOrEqual(3);
+    expect(sent).toEqual(sent.map((_, i) => i));
   });
 
   it("a server that fences every attempt: the row fails after a bounded number of skipped attempts", async () => {
@@ -1539,13 +1576,6 @@ describe("collector failures", () => {
 });
 
 describe("collector while --run-url accepts no connections (the Gym down or restarting)", () => {
-  /** A logger whose lines (parsed) land in `lines`. */
-  function capturingLogger() {
-    const lines: { msg: string; level: number }[] = [];
-    const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string; level: number }) });
-    return { log, lines };
-  }
-
   it("rows refused at connect never started: they are sent again once it answers, with no failed attempt and no retire, whatever --max-attempts", { timeout: 20_000 }, async () => {
     const port = await closedPort();
     const { controller, calls } = fakeController();
