@@ -1,11 +1,10 @@
-import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, statfsSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { verifyCheckpoint } from "../../coordinator/publication/verify-checkpoint.js";
 import { startGymBase, startGymWorld, type GymBase, type GymWorld } from "../support/gym-processes.js";
+import { canMountTmpfs, mountSmallDisk, type SmallDisk } from "../support/tmpfs-mount.js";
 
 /**
  * The reference Gym and a coordinator whose checkpoint root is a real 4 MiB tmpfs that fills:
@@ -16,68 +15,22 @@ import { startGymBase, startGymWorld, type GymBase, type GymWorld } from "../sup
  * Needs mount rights (root, not in every CI container): skipped where a tmpfs cannot be mounted.
  */
 
-function tryMount(dir: string, size: string): boolean {
-  try {
-    execFileSync("mount", ["-t", "tmpfs", "-o", `size=${size}`, "tmpfs", dir], { stdio: "ignore" });
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-function unmount(dir: string): void {
-  try {
-    execFileSync("umount", [dir], { stdio: "ignore" });
-  } catch {
-    execFileSync("umount", ["-l", dir], { stdio: "ignore" }); // something still open there
-  }
-}
-
-const canMount = (() => {
-  const probe = mkdtempSync(join(tmpdir(), "gym-ckpt-mount-probe-"));
-  try {
-    if (!tryMount(probe, "64k")) return false;
-    unmount(probe);
-    return true;
-  } finally {
-    rmdirSync(probe);
-  }
-})();
-
-const MOUNT = join(tmpdir(), `gym-ckpt-disk-full-${process.pid}`);
-const FILLER = join(MOUNT, "filler");
+let disk: SmallDisk | undefined;
 let base: GymBase | undefined;
 let world: GymWorld | undefined;
-let mounted = false;
 
 beforeAll(async () => {
-  if (!canMount) return;
-  mkdirSync(MOUNT, { recursive: true });
-  mounted = tryMount(MOUNT, "4m");
-  if (!mounted) throw new Error(`could not mount a tmpfs at ${MOUNT}`);
+  if (!canMountTmpfs) return;
+  disk = mountSmallDisk("gym-ckpt-disk-full", "4m");
   base = await startGymBase();
-  world = await startGymWorld({ base, rootParent: MOUNT });
+  world = await startGymWorld({ base, rootParent: disk.dir });
 }, 60_000);
 
 afterAll(async () => {
   await world?.close().catch(() => undefined);
   await base?.close().catch(() => undefined);
-  if (mounted) unmount(MOUNT);
-  rmSync(MOUNT, { recursive: true, force: true });
+  disk?.remove();
 });
-
-/** Fills the disk but `leave` bytes; the disk's other writers race it, so a write that does not fit is fine. */
-function fill(leave: number): void {
-  rmSync(FILLER, { force: true });
-  const { bavail, bsize } = statfsSync(MOUNT);
-  const size = Number(bavail) * Number(bsize) - leave;
-  if (size <= 0) return;
-  try {
-    writeFileSync(FILLER, Buffer.alloc(size));
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== "ENOSPC") throw error;
-  }
-}
 
 /** Every file under `dir`, as paths relative to it. */
 function files(dir: string, prefix = ""): string[] {
@@ -86,7 +39,7 @@ function files(dir: string, prefix = ""): string[] {
   );
 }
 
-describe.skipIf(!canMount)("checkpoints on a checkpoint root whose disk fills (real tmpfs; needs mount rights)", () => {
+describe.skipIf(!canMountTmpfs)("checkpoints on a checkpoint root whose disk fills (real tmpfs; needs mount rights)", () => {
   it("each refusal is storage_error and changes no state; LATEST stays complete; a retry with room publishes and leaves no temp file", async () => {
     const w = world!;
     const catalog = new CheckpointCatalog(w.root);
@@ -97,12 +50,12 @@ describe.skipIf(!canMount)("checkpoints on a checkpoint root whose disk fills (r
     // From nothing left to room for everything: each step lets a later write of the checkpoint fit.
     for (let leave = 0; leave <= 24 * 1024; leave += 4096) {
       const id = `full-${leave}`;
-      fill(leave);
+      disk!.fill(leave);
       const outcome = await w.client.checkpoint({ checkpoint_id: id, episode_ids: [] }).then(
         () => undefined,
         (error: { code?: string; message?: string }) => error,
       );
-      rmSync(FILLER, { force: true });
+      disk!.free();
       if (outcome) {
         refusals++;
         expect(outcome.code, `${id}: ${outcome.message}`).toBe("storage_error");

@@ -37,9 +37,13 @@ export function collectHarness() {
     await (await base?.catch(() => undefined))?.close();
   });
 
-  /** A Gym world with `n` rows r0…r(n-1) in tasks.jsonl (a policy with `policyArgs` is its own, not the file's shared one). */
-  async function setUp(n: number, { rounds = 1, policyArgs }: { rounds?: number; policyArgs?: string[] } = {}): Promise<GymWorld> {
-    world = await startGymWorld(policyArgs ? { args: { policy: policyArgs } } : { base: await (base ??= startGymBase()) });
+  /**
+   * A Gym world with `n` rows r0…r(n-1) in tasks.jsonl (a policy with `policyArgs` is its own, not
+   * the file's shared one; `modelArgs` go to the model attach proxy).
+   */
+  async function setUp(n: number, { rounds = 1, policyArgs, modelArgs }: { rounds?: number; policyArgs?: string[]; modelArgs?: string[] } = {}): Promise<GymWorld> {
+    const model = modelArgs && { model: modelArgs };
+    world = await startGymWorld(policyArgs ? { args: { policy: policyArgs, ...model } } : { base: await (base ??= startGymBase()), ...(model && { args: model }) });
     const lines = Array.from({ length: n }, (_, i) => JSON.stringify({ id: `r${i}`, task: { expression: `${i} + 1`, tool_rounds: rounds } }));
     await writeFile(join(world.root, "tasks.jsonl"), `${lines.join("\n")}\n`);
     return world;
