@@ -18,6 +18,7 @@ import {
   type CtlReplyOf,
   type CtlRequestInputOf,
   type EpisodeId,
+  type TraceRecord,
 } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
@@ -38,7 +39,7 @@ import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
-import { appendResultText, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, syncResults, type FinishedRow } from "./results-file.js";
+import { appendResultText, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -220,6 +221,10 @@ export class Collector {
   private ended = false;
   /** Finished rows being appended to --out (and buffered as records): halt() waits for them. */
   private readonly finishing = new Set<Promise<void>>();
+  /** A sync of --out failed: its last rows were cut off and the collection stops with this (see recordsPublishable). */
+  private resultsLost: Error | undefined;
+  /** With records: the rows appended to --out since the last good sync (cut off if the next one fails). */
+  private readonly unsynced = new Set<string>();
   private restartedCount = 0;
   private readonly usage = { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 };
   private timer: NodeJS.Timeout | undefined;
@@ -261,7 +266,7 @@ export class Collector {
     });
     // A step's rows are in --out (appended before their records are buffered): on disk before the
     // step is, or a power loss could keep the records and lose the rows, which would run again.
-    this.records = options.records ? new RolloutRecordsSink(options.records, options.logger, () => syncResults(options.outPath)) : undefined;
+    this.records = options.records ? new RolloutRecordsSink(options.records, options.logger, (records) => this.recordsPublishable(records)) : undefined;
     options.rows.forEach((row, i) => this.rowIndex.set(row.rolloutId, i));
   }
 
@@ -694,6 +699,7 @@ export class Collector {
     const workers = Array.from({ length: concurrency }, () => this.worker());
     try {
       await Promise.all(workers);
+      if (this.resultsLost) throw this.resultsLost;
     } catch (error) {
       this.ended = true;
       // A worker failed (results.jsonl cannot be appended): start no other row and drop the /runs
@@ -716,9 +722,51 @@ export class Collector {
     if (!this.stopping) await this.close();
     this.ownOps.end();
     await this.records?.close();
-    this.report(true);
     this.options.progress?.finish();
+    // The last step's sync failed: rows the summary would count are no longer in --out.
+    if (this.resultsLost) throw this.resultsLost;
+    this.report(true);
     return this.summary();
+  }
+
+  /**
+   * Syncs --out before a records step is published, and answers which of its records may be. A
+   * failed fdatasync cannot be tried again (a sync on a new descriptor would succeed without the
+   * lines being on disk): results-file cuts off the lines since the last good sync, and the
+   * collection stops (`storage_error`, exit 1) rather than count those rows finished. Their
+   * attempts are in the dispatch log, so the next start retires them and runs them again; their
+   * records are dropped, while those of the rows the last good sync covered are still published.
+   */
+  private async recordsPublishable(records: TraceRecord[]): Promise<TraceRecord[]> {
+    const out = this.options.outPath;
+    if (!this.resultsLost) {
+      // The rows appended so far: the sync is queued behind their appends.
+      const covered = [...this.unsynced];
+      try {
+        await syncResults(out);
+        for (const id of covered) this.unsynced.delete(id);
+        return records;
+      } catch (error) {
+        const lost = distrustedResults(out);
+        if (!lost) throw error; // nothing synced, nothing failed to sync (say --out could not be opened): tried again
+        this.loseResults(lost.failure);
+      }
+    }
+    // What the last good sync covered is on disk, and nothing after it is in --out any more.
+    if (!distrustedResults(out)?.cut) throw this.resultsLost;
+    return records.filter((r) => !this.unsynced.has(String(r.info?.["rollout_id"])));
+  }
+
+  private loseResults(error: Error): void {
+    this.resultsLost = error;
+    this.options.logger.error({ err: error }, "results.jsonl could not be synced; the collection stops, and the rows cut from it run again at the next start");
+    // As after a failed append: nothing more is sent, and the /runs in flight are dropped (their
+    // lines could not be kept either; the next start retires them).
+    this.stopping = true;
+    this.runTimeouts.abortAll();
+    clearInterval(this.timer);
+    this.wakeDispatchers();
+    for (const wake of this.gateWaiters.splice(0)) wake();
   }
 
   private async worker(): Promise<void> {
@@ -977,6 +1025,7 @@ export class Collector {
     }
     this.queue.set(state, "done");
     this.queue.setRestored(state, false);
+    if (this.records) this.unsynced.add(state.row.rolloutId);
     await appendResultText(this.options.outPath, line);
     if (this.records) this.recordRollout(state, trajectory, task);
     const usage = body.usage;

@@ -30,8 +30,19 @@ export const MAX_RESULT_LINE_BYTES = constants.MAX_STRING_LENGTH;
 /** Lengths failed appends could not be cut back to: the next append to the path cuts first. */
 const pendingCuts = new Map<string, number>();
 
-/** Appends in progress per file: the next append to a path waits for the previous one. */
+/** Appends and syncs in progress per file: the next one to a path waits for the previous one. */
 const appendTails = new Map<string, Promise<void>>();
+
+/**
+ * Per file: the length its last good sync put on disk, and a failed sync, after which nothing of it
+ * is trusted. Linux reports a failed writeback (EIO) once, to the descriptor that synced, and marks
+ * the pages clean: a sync on a new descriptor then succeeds though the lines never reached the disk
+ * (they read back from memory until a power loss). So the failure is final: the lines since the
+ * last good sync are cut off (`cut`) and every later sync or append is refused. Their rows run again
+ * at the next start (the dispatch log names their attempts): simpler than rewriting the tail from
+ * memory, which would keep every line until its sync, and no row is counted durable before it is.
+ */
+const durability = new Map<string, { synced?: number; failure?: CheckpointError; cut?: boolean }>();
 
 /**
  * One result's line, newline included; refused (`payload_too_large`) when it would be longer than
@@ -59,13 +70,18 @@ export async function appendResult(path: string, line: ResultLine, maxLineBytes 
 
 /** Appends a line resultLineText made, after the appends to `path` before it. */
 export function appendResultText(path: string, text: string): Promise<void> {
-  const appended = (appendTails.get(path) ?? Promise.resolve()).then(() => appendWhole(path, text));
-  const tail = appended.catch(() => undefined);
+  return queued(path, () => appendWhole(path, text));
+}
+
+/** Runs `step` after the appends and syncs of `path` queued before it. */
+function queued(path: string, step: () => Promise<void>): Promise<void> {
+  const done = (appendTails.get(path) ?? Promise.resolve()).then(step);
+  const tail = done.catch(() => undefined);
   appendTails.set(path, tail);
   void tail.then(() => {
     if (appendTails.get(path) === tail) appendTails.delete(path);
   });
-  return appended;
+  return done;
 }
 
 /**
@@ -74,6 +90,9 @@ export function appendResultText(path: string, text: string): Promise<void> {
  * leave it mid-file, where no start-up can read past it.
  */
 async function appendWhole(path: string, text: string): Promise<void> {
+  // After a failed sync no line lands: whether it reached the disk could never be known.
+  const failure = durability.get(path)?.failure;
+  if (failure) throw failure;
   // A fragment whose cut failed (below) is cut first: this append must not land after it. Failing
   // again, this append is refused too, rather than leaving the fragment mid-file.
   const cut = pendingCuts.get(path);
@@ -97,19 +116,61 @@ async function appendWhole(path: string, text: string): Promise<void> {
 /**
  * Puts the lines appended to `path` so far on disk (fdatasync): before anything durable that counts
  * its rows is published (their rollout records), since a power loss that kept that but lost the
- * lines would run those rows again, and record them twice.
+ * lines would run those rows again, and record them twice. Queued behind the appends before it,
+ * so what it synced ends at a line's end. A failed fdatasync is final (see `durability`): the
+ * lines since the last good sync are cut off, and this and every later sync and append of the
+ * file are refused (`storage_error`).
  */
-export async function syncResults(path: string): Promise<void> {
-  try {
-    const handle = await open(path, "r");
+export function syncResults(path: string): Promise<void> {
+  return queued(path, async () => {
+    const failure = durability.get(path)?.failure;
+    if (failure) throw failure;
+    let handle: FileHandle;
     try {
-      await handle.datasync();
-    } finally {
-      await handle.close();
+      handle = await open(path, "r+");
+    } catch (error) {
+      throw namePath(error, path); // nothing synced, nothing failed to sync: tried again next time
     }
-  } catch (error) {
-    throw namePath(error, path);
+    try {
+      const { size } = await handle.stat();
+      try {
+        await handle.datasync();
+      } catch (error) {
+        throw await distrust(path, handle, namePath(error, path));
+      }
+      // A fragment a failed append could not cut is no synced line: a cut back to here leaves it out.
+      durability.set(path, { synced: Math.min(size, pendingCuts.get(path) ?? size) });
+    } finally {
+      await handle.close().catch(() => undefined);
+    }
+  });
+}
+
+/** A failed sync of `path`: cuts what came after the last good one, and remembers the failure. */
+async function distrust(path: string, handle: FileHandle, error: unknown): Promise<CheckpointError> {
+  const { synced } = durability.get(path) ?? {};
+  const why = error instanceof Error ? error.message : String(error);
+  let cut = false;
+  let outcome: string;
+  if (synced === undefined) {
+    outcome = "how much of it an earlier sync put on disk is not known, so nothing is cut";
+  } else {
+    try {
+      await handle.truncate(synced);
+      await handle.sync();
+      cut = true;
+      outcome = `the lines appended since the last good sync are cut off (back to ${synced} bytes): their rows are run again at the next start`;
+    } catch (cutError) {
+      outcome = `cutting off the lines appended since the last good sync (back to ${synced} bytes) failed too (${cutError instanceof Error ? cutError.message : String(cutError)}): a start may take their rows for finished`;
+    }
   }
+  const failure = new CheckpointError(
+    "storage_error",
+    `${path}: fdatasync failed (${why}); what was appended since the last good sync may not be on disk though it reads back, so no later sync of it is trusted: ${outcome}`,
+    { cause: error },
+  );
+  durability.set(path, { synced, failure, cut });
+  return failure;
 }
 
 /** A finished row as readers need it: the `/run` reply itself stays in the file. */
@@ -146,25 +207,53 @@ export async function readResultsIfPresent(path: string, maxLineBytes = MAX_RESU
 /**
  * The collector's own start-up read, which also repairs a crash mid-append: the torn last line is
  * cut off, or, when it is a whole record that only lost its newline, the newline is added (and the
- * row counts). Otherwise the next append would land after the fragment, leaving it mid-file.
+ * row counts). Otherwise the next append would land after the fragment, leaving it mid-file. The
+ * file is synced even when nothing was repaired: the lines an earlier run appended count as
+ * finished from now on, and that sync is the length a failed sync later cuts back to. Refused
+ * (`storage_error`) when that sync fails, and in a process whose failed sync could not cut the
+ * lines it distrusted.
  */
 export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<Map<string, FinishedRow>> {
+  const before = durability.get(path);
+  if (before?.failure && !before.cut) throw before.failure;
   const size = await sizeIfExists(path);
-  if (size === undefined) return new Map();
+  if (size === undefined) {
+    durability.set(path, { synced: 0 });
+    return new Map();
+  }
   const end = await wholeLinesEnd(path, size);
   const rows = await readLines(path, end, maxLineBytes);
-  if (end === size) return rows;
   const handle = await open(path, "r+");
   try {
-    const tail = await wholeTail(handle, path, end, size, maxLineBytes);
-    if (tail) await handle.write("\n", size);
-    else await handle.truncate(end);
-    await handle.sync();
+    let synced = size;
+    let tail: FinishedRow | undefined;
+    if (end !== size) {
+      tail = await wholeTail(handle, path, end, size, maxLineBytes);
+      if (tail) await handle.write("\n", size);
+      else await handle.truncate(end);
+      synced = tail ? size + 1 : end;
+    }
+    try {
+      await handle.sync();
+    } catch (error) {
+      const why = error instanceof Error ? error.message : String(error);
+      throw new CheckpointError("storage_error", `${path}: fsync at start failed (${why}): the rows earlier runs appended may not be on disk though they read back; check the storage before starting again`, { cause: error });
+    }
+    durability.set(path, { synced });
     if (tail) rows.set(tail.rollout_id, tail);
   } finally {
     await handle.close();
   }
   return rows;
+}
+
+/**
+ * The failed sync of `path` that nothing of it is trusted after (see syncResults), if any, and
+ * whether what came after the last good sync was cut off (the rest of the file is on disk then).
+ */
+export function distrustedResults(path: string): { failure: CheckpointError; cut: boolean } | undefined {
+  const state = durability.get(path);
+  return state?.failure ? { failure: state.failure, cut: state.cut === true } : undefined;
 }
 
 /**

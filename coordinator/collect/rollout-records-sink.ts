@@ -104,8 +104,12 @@ export class RolloutRecordsSink {
   constructor(
     private readonly options: RolloutRecordsOptions,
     private readonly logger: Logger,
-    /** Runs before a step's record file is published (the collector syncs `--out`, which holds its rows); failing, the step is not written. */
-    private readonly beforePublish?: () => Promise<void>,
+    /**
+     * Runs before a step's record file is published (the collector syncs `--out`, which holds its
+     * rows); failing, the step is not written. Answers the records that may be published: after a
+     * failed sync, the rows cut from `--out` run again, and their records are left out (dropped).
+     */
+    private readonly beforePublish?: (records: TraceRecord[]) => Promise<TraceRecord[]>,
   ) {
     assertRolloutEnv(options.env);
   }
@@ -303,7 +307,12 @@ export class RolloutRecordsSink {
       // record file is linked into place, never renamed over: another collection with this env and
       // kind writing into the same directory may hold this step already, and then the next is tried.
       let encoded: ReturnType<typeof encodeRolloutRecords>;
-      await this.beforePublish?.();
+      if (this.beforePublish) {
+        const kept = await this.beforePublish(records);
+        if (kept.length < records.length) this.logger.warn({ step, dropped: records.length - kept.length }, "rollout records of rows cut from --out are dropped: those rows run again");
+        records = kept;
+        if (!records.length) return [];
+      }
       for (;;) {
         const next = this.encode(step, records);
         rest = [...next.rest, ...rest];

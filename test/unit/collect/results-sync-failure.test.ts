@@ -1,0 +1,143 @@
+import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { appendResult, readResultsForAppend, syncResults } from "../../../coordinator/collect/results-file.js";
+import { collectorIn, idleController } from "../../support/collector-fixture.js";
+
+/**
+ * A failed fdatasync of results.jsonl (EIO) is reported once: Linux marks the pages whose writeback
+ * failed clean and tells only the descriptor that synced, so a later sync on a new descriptor
+ * succeeds although those lines never reached the disk (they still read back, from the page cache,
+ * until a power loss). The fake below fails `disk.failSyncs` datasyncs of `results.jsonl` that way:
+ * without syncing, and the next one succeeds.
+ */
+const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0 }));
+
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs/promises")>();
+  const open: typeof real.open = async (path, flags, mode) => {
+    const handle = await real.open(path, flags, mode);
+    if (!String(path).endsWith("results.jsonl")) return handle;
+    return new Proxy(handle, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop) as unknown;
+        if (typeof value !== "function") return value;
+        const bound = (value as (...args: unknown[]) => unknown).bind(target);
+        if (prop !== "datasync" && prop !== "sync") return bound;
+        return async () => {
+          disk.syncs++;
+          if (disk.failSyncs > 0 || disk.syncs === disk.failAt) {
+            if (disk.failSyncs > 0) disk.failSyncs--;
+            throw Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO", syscall: "fdatasync" });
+          }
+          await bound();
+        };
+      },
+    });
+  };
+  return { ...real, default: { ...real, open }, open };
+});
+
+let dir: string;
+let server: Server | undefined;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-results-sync-"));
+  Object.assign(disk, { failSyncs: 0, syncs: 0, failAt: 0 });
+});
+afterEach(async () => {
+  server?.closeAllConnections();
+  server?.close();
+  server = undefined;
+  await rm(dir, { recursive: true, force: true });
+});
+
+const line = (rollout_id: string) => ({ rollout_id, attempt: 0, reward: 1, continued: false, finished_at: 1, response: {} });
+const idsIn = async (path: string) =>
+  (await readFile(path, "utf8"))
+    .split("\n")
+    .filter(Boolean)
+    .map((l) => (JSON.parse(l) as { rollout_id: string }).rollout_id);
+
+describe("a failed sync of results.jsonl", () => {
+  it("is never followed by a sync that reports success, and the lines since the last good sync are cut off, not trusted", async () => {
+    const out = join(dir, "results.jsonl");
+    await readResultsForAppend(out);
+    await appendResult(out, line("a"));
+    await syncResults(out);
+    await appendResult(out, line("b"));
+    await appendResult(out, line("c"));
+    disk.failSyncs = 1;
+    await expect(syncResults(out)).rejects.toMatchObject({ code: "storage_error" });
+    // The kernel would answer this one with success: b and c read back, but may never reach the disk.
+    await expect(syncResults(out)).rejects.toMatchObject({ code: "storage_error" });
+    // Nothing lands after them either: its success could not be known.
+    await expect(appendResult(out, line("d"))).rejects.toMatchObject({ code: "storage_error" });
+    // What reads back is what was synced: a start takes b and c for unfinished and runs them again.
+    expect(await idsIn(out)).toEqual(["a"]);
+    expect([...(await readResultsForAppend(out)).keys()]).toEqual(["a"]);
+  });
+
+  it("a start whose sync of the file it read fails is refused: lines an earlier run left may not be on disk", async () => {
+    const out = join(dir, "results.jsonl");
+    await appendResult(out, line("a"));
+    disk.failSyncs = 1;
+    await expect(readResultsForAppend(out)).rejects.toMatchObject({ code: "storage_error" });
+  });
+
+  // Sync 1 comes before r0's step (the start made the file's baseline: none, 0 bytes): failing, it
+  // cuts every line. Sync 2 fails after sync 1 put r0's line (at least) on disk.
+  it.each([1, 2])("stops the collection (storage_error) when sync %i fails, publishing no record of a row cut from --out; the restart runs the cut rows again and --out and the records hold every row once", async (failAt) => {
+    const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+    const runs: string[] = [];
+    server = createServer((req, res) => {
+      let body = "";
+      req.on("data", (chunk: Buffer) => (body += chunk.toString()));
+      req.on("end", () => {
+        runs.push((JSON.parse(body) as { rollout_id: string }).rollout_id);
+        res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1, trajectory }));
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    const rows = ["r0", "r1", "r2", "r3", "r4"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const options = { rows, concurrency: 1, records: { dir: join(dir, "records"), env: "gym", kind: "eval" as const, everyRows: 1, everySeconds: 600 } };
+    const out = join(dir, "results.jsonl");
+    const recorded = async () => {
+      const ids: string[] = [];
+      const root = join(dir, "records", "rollouts");
+      for (const step of await readdir(root)) {
+        for (const file of await readdir(join(root, step))) {
+          if (!file.endsWith("_rollouts_gym.jsonl")) continue;
+          for (const l of (await readFile(join(root, step, file), "utf8")).split("\n").filter(Boolean)) ids.push((JSON.parse(l) as { info: { rollout_id: string } }).info.rollout_id);
+        }
+      }
+      return ids;
+    };
+
+    disk.failAt = failAt;
+    const first = collectorIn(dir, url, idleController(), options);
+    await first.start();
+    await expect(first.run()).rejects.toMatchObject({ code: "storage_error" });
+    // Every published record's row is in the file (synced before it); no row is recorded twice.
+    const kept = await idsIn(out);
+    const published = await recorded();
+    expect(published.every((id) => kept.includes(id))).toBe(true);
+    expect(new Set(kept).size).toBe(kept.length);
+    if (failAt === 1) expect(kept).toEqual([]);
+    else expect(kept[0]).toBe("r0");
+    // The rows the last good sync covered keep their records (written by the final flush).
+    expect([...published].sort()).toEqual([...kept].sort());
+
+    disk.failAt = 0;
+    const second = collectorIn(dir, url, idleController(), options);
+    await second.start();
+    expect(await second.run()).toMatchObject({ finished: rows.length });
+    const ids = await idsIn(out);
+    expect([...ids].sort()).toEqual(rows.map((r) => r.rolloutId));
+    expect([...(await recorded())].sort()).toEqual(rows.map((r) => r.rolloutId));
+    // The rows cut from the file ran again; none that stayed in it did.
+    for (const id of kept) expect(runs.filter((r) => r === id)).toHaveLength(1);
+  });
+});
