@@ -13,7 +13,7 @@ import { collectorIn, idleController } from "../../support/collector-fixture.js"
  * until a power loss). The fake below fails `disk.failSyncs` datasyncs of `results.jsonl` that way:
  * without syncing, and the next one succeeds.
  */
-const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0 }));
+const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs/promises")>();
@@ -25,6 +25,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
         const value = Reflect.get(target, prop) as unknown;
         if (typeof value !== "function") return value;
         const bound = (value as (...args: unknown[]) => unknown).bind(target);
+        if (prop === "truncate" && disk.failTruncate) return async () => Promise.reject(Object.assign(new Error("EIO: i/o error, ftruncate"), { code: "EIO", syscall: "ftruncate" }));
         if (prop !== "datasync" && prop !== "sync") return bound;
         return async () => {
           disk.syncs++;
@@ -44,7 +45,7 @@ let dir: string;
 let server: Server | undefined;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-results-sync-"));
-  Object.assign(disk, { failSyncs: 0, syncs: 0, failAt: 0 });
+  Object.assign(disk, { failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false });
 });
 afterEach(async () => {
   server?.closeAllConnections();
@@ -77,6 +78,17 @@ describe("a failed sync of results.jsonl", () => {
     // What reads back is what was synced: a start takes b and c for unfinished and runs them again.
     expect(await idsIn(out)).toEqual(["a"]);
     expect([...(await readResultsForAppend(out)).keys()]).toEqual(["a"]);
+  });
+
+  it("when even the cut fails, says so, and no start in this process reads the file as it is", async () => {
+    const out = join(dir, "results.jsonl");
+    await readResultsForAppend(out);
+    await appendResult(out, line("a"));
+    disk.failSyncs = 1;
+    disk.failTruncate = true;
+    await expect(syncResults(out)).rejects.toThrow(/failed too/);
+    disk.failTruncate = false;
+    await expect(readResultsForAppend(out)).rejects.toMatchObject({ code: "storage_error" });
   });
 
   it("a start whose sync of the file it read fails is refused: lines an earlier run left may not be on disk", async () => {
