@@ -1,8 +1,10 @@
 import { constants } from "node:buffer";
 import { createReadStream } from "node:fs";
 import { appendFile, open, stat, truncate, type FileHandle } from "node:fs/promises";
+import { dirname } from "node:path";
 import { z } from "zod";
 import { CheckpointError, EpisodeIdSchema, jsonTextWithin, namePath, textLines } from "../../protocol/index.js";
+import { fsyncDirectory } from "../publication/durable-fs.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /** One finished row in `results.jsonl`; appended as rows finish, so a crash keeps every finished row. */
@@ -42,7 +44,7 @@ const appendTails = new Map<string, Promise<void>>();
  * at the next start (the dispatch log names their attempts): simpler than rewriting the tail from
  * memory, which would keep every line until its sync, and no row is counted durable before it is.
  */
-const durability = new Map<string, { synced?: number; failure?: CheckpointError; cut?: boolean }>();
+const durability = new Map<string, { synced?: number; failure?: CheckpointError; cut?: boolean; entry?: boolean }>();
 
 /**
  * One result's line, newline included; refused (`payload_too_large`) when it would be longer than
@@ -138,8 +140,20 @@ export function syncResults(path: string): Promise<void> {
       } catch (error) {
         throw await distrust(path, handle, namePath(error, path));
       }
+      // A file made since the start: its name is on disk only once its directory is synced too. A
+      // failure there is final as well (a retry on a new descriptor could succeed just the same).
+      if (durability.get(path)?.entry !== true) {
+        try {
+          await fsyncDirectory(dirname(path));
+        } catch (error) {
+          const why = error instanceof Error ? error.message : String(error);
+          const failure = new CheckpointError("storage_error", `${path}: fsync of its directory failed (${why}): the file may not be on disk at all, so no later sync of it is trusted`, { cause: error });
+          durability.set(path, { ...durability.get(path), failure, cut: false });
+          throw failure;
+        }
+      }
       // A fragment a failed append could not cut is no synced line: a cut back to here leaves it out.
-      durability.set(path, { synced: Math.min(size, pendingCuts.get(path) ?? size) });
+      durability.set(path, { synced: Math.min(size, pendingCuts.get(path) ?? size), entry: true });
     } finally {
       await handle.close().catch(() => undefined);
     }
@@ -169,7 +183,7 @@ async function distrust(path: string, handle: FileHandle, error: unknown): Promi
     `${path}: fdatasync failed (${why}); what was appended since the last good sync may not be on disk though it reads back, so no later sync of it is trusted: ${outcome}`,
     { cause: error },
   );
-  durability.set(path, { synced, failure, cut });
+  durability.set(path, { ...durability.get(path), failure, cut });
   return failure;
 }
 
@@ -218,7 +232,7 @@ export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESU
   if (before?.failure && !before.cut) throw before.failure;
   const size = await sizeIfExists(path);
   if (size === undefined) {
-    durability.set(path, { synced: 0 });
+    durability.set(path, { synced: 0, entry: false });
     return new Map();
   }
   const end = await wholeLinesEnd(path, size);
@@ -235,11 +249,15 @@ export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESU
     }
     try {
       await handle.sync();
+      // Its name too: the run that made it may not have synced its directory.
+      await fsyncDirectory(dirname(path));
     } catch (error) {
       const why = error instanceof Error ? error.message : String(error);
-      throw new CheckpointError("storage_error", `${path}: fsync at start failed (${why}): the rows earlier runs appended may not be on disk though they read back; check the storage before starting again`, { cause: error });
+      const failure = new CheckpointError("storage_error", `${path}: fsync at start failed (${why}): the rows earlier runs appended may not be on disk though they read back; check the storage before starting again`, { cause: error });
+      durability.set(path, { failure, cut: false }); // not tried again in this process either
+      throw failure;
     }
-    durability.set(path, { synced });
+    durability.set(path, { synced, entry: true });
     if (tail) rows.set(tail.rollout_id, tail);
   } finally {
     await handle.close();

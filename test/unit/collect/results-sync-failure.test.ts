@@ -13,12 +13,20 @@ import { collectorIn, idleController } from "../../support/collector-fixture.js"
  * until a power loss). The fake below fails `disk.failSyncs` datasyncs of `results.jsonl` that way:
  * without syncing, and the next one succeeds.
  */
-const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false }));
+const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false, dir: "", dirSyncs: 0 }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
+    if (String(path) === disk.dir) {
+      const sync = handle.sync.bind(handle);
+      handle.sync = async () => {
+        await sync();
+        disk.dirSyncs++;
+      };
+      return handle;
+    }
     if (!String(path).endsWith("results.jsonl")) return handle;
     return new Proxy(handle, {
       get(target, prop) {
@@ -45,7 +53,7 @@ let dir: string;
 let server: Server | undefined;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-results-sync-"));
-  Object.assign(disk, { failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false });
+  Object.assign(disk, { failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false, dir, dirSyncs: 0 });
 });
 afterEach(async () => {
   server?.closeAllConnections();
@@ -78,6 +86,18 @@ describe("a failed sync of results.jsonl", () => {
     // What reads back is what was synced: a start takes b and c for unfinished and runs them again.
     expect(await idsIn(out)).toEqual(["a"]);
     expect([...(await readResultsForAppend(out)).keys()]).toEqual(["a"]);
+  });
+
+  it("the first sync of a file made since the start syncs its directory too: before, the file itself could vanish in a power loss", async () => {
+    const out = join(dir, "results.jsonl");
+    await readResultsForAppend(out);
+    await appendResult(out, line("a"));
+    expect(disk.dirSyncs).toBe(0);
+    await syncResults(out);
+    expect(disk.dirSyncs).toBe(1);
+    await appendResult(out, line("b"));
+    await syncResults(out);
+    expect(disk.dirSyncs).toBe(1);
   });
 
   it("when even the cut fails, says so, and no start in this process reads the file as it is", async () => {
