@@ -43,7 +43,7 @@ import { appendResultText, distrustedResults, readResults, readResultsForAppend,
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
-import { loadTask, type TaskRow } from "./task-rows.js";
+import { closeTaskRows, loadTask, type TaskRow } from "./task-rows.js";
 import { MAX_RUN_REPLY_BYTES, parseRunReply, type RunReply } from "./run-reply.js";
 import { RunTimeouts } from "./run-timeouts.js";
 import { DEFAULT_RETRY_PAUSES, type RetryPauses } from "./retry-pauses.js";
@@ -63,6 +63,7 @@ export interface CollectorController {
 }
 
 export interface CollectorOptions {
+  /** The rows to run; a regular tasks file they are read from is closed when the collector ends (a failed start included). */
   rows: TaskRow[];
   /** POST <runUrl> with {rollout_id, attempt, task} runs one row (environment or legacy agent /run). */
   runUrl: string;
@@ -250,6 +251,8 @@ export class Collector {
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
   private readonly pauses: RetryPauses;
+  /** closeTasks() was called: the tasks file's descriptor is (being) closed. */
+  private tasksClosed: Promise<void> | undefined;
 
   constructor(private readonly options: CollectorOptions) {
     this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
@@ -288,6 +291,15 @@ export class Collector {
 
   /** Reads finished rows, the previous dispatch log and LATEST; restores or retires accordingly. */
   async start(): Promise<void> {
+    try {
+      await this.startUp();
+    } catch (error) {
+      await this.closeTasks(); // no run() follows a failed start
+      throw error;
+    }
+  }
+
+  private async startUp(): Promise<void> {
     // Before anything is read or written: a concurrency whose checkpoints could not carry their scope.
     assertConcurrencyFits(this.options.concurrency ?? 8, this.options.rows, "concurrency");
     // The log first, before anything is written (the records dir, a torn --out line cut): a log of
@@ -713,12 +725,14 @@ export class Collector {
       // counted unwritten), once the appends still under way have ended.
       await Promise.allSettled([...this.finishing]);
       await this.records?.close().catch(() => undefined);
+      await this.closeTasks();
       this.options.progress?.finish(); // the error is printed next
       throw error;
     }
     this.ended = true;
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
+    await this.closeTasks(); // every row is done, failed for good, or stopped: none is sent again
     if (!this.stopping) await this.close();
     this.ownOps.end();
     await this.records?.close();
@@ -795,8 +809,9 @@ export class Collector {
 
   private async dispatch(state: RowState): Promise<void> {
     let episode = { rollout_id: state.row.rolloutId, attempt: state.attempt };
-    // Read (from a regular tasks file) only while the row is sent: held for every row, the tasks
-    // filled the heap. Before the attempt is logged: a line changed since start-up sends nothing.
+    // Read (from a regular tasks file, through its descriptor held since start-up) only while the
+    // row is sent: held for every row, the tasks filled the heap. Before the attempt is logged: a
+    // line changed since start-up sends nothing.
     const task = await loadTask(state.row);
     // Once per attempt: an admission_closed retry sends the same attempt again. On disk before the
     // /run goes out: after a power loss the next start must find it, to retire it.
@@ -1083,6 +1098,16 @@ export class Collector {
     this.ownOps.clearRetryTimer();
     this.wakeDispatchers();
     await Promise.allSettled([...this.finishing]);
+    await this.closeTasks(); // no row is sent from here on
+  }
+
+  /**
+   * Lets go of the tasks file the rows' lines are read from, held open since start-up: once no row
+   * can be sent any more (run() ended, halt(), a failed start). A load under way ends first.
+   */
+  private closeTasks(): Promise<void> {
+    this.tasksClosed ??= closeTaskRows(this.options.rows);
+    return this.tasksClosed;
   }
 
   /**

@@ -1,13 +1,13 @@
 import { constants as bufferConstants } from "node:buffer";
 import { closeSync, constants, createReadStream, fstatSync, open } from "node:fs";
 import { createHash } from "node:crypto";
-import { open as openFile } from "node:fs/promises";
 import { Socket } from "node:net";
 import { resolve } from "node:path";
 import type { Readable } from "node:stream";
 import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
 import { CheckpointError, MAX_JSON_DEPTH, MAX_ROLLOUT_ID_CHARS, RolloutIdSchema, SAFE_NAME_PATTERN, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, taskOfLine, taskRowOf, textLines, unsafeJsonInteger } from "../../protocol/index.js";
+import { TaskFile } from "./task-file.js";
 
 /**
  * One line of `tasks.jsonl`: either `{"id": "...", "task": {...}}` or a bare task object, which
@@ -18,19 +18,20 @@ const TaskLineSchema = z.object({ id: RolloutIdSchema, task: z.record(z.string()
 
 export interface TaskRow {
   rolloutId: string;
-  /** The task, or (read from a regular file) where its line is: read again when the row is sent (`loadTask`). */
+  /** The task, or (read from a regular file) where its line is: read again, from the file as opened at start-up, when the row is sent (`loadTask`). */
   task: Record<string, unknown> | TaskLineRef;
 }
 
 /**
- * Where a validated task is in a regular tasks file: its line is read again, and checked unchanged
- * by its sha256, each time the row is sent. A task held parsed costs about its bytes of heap, for
- * the whole collection: 500,000 tasks of 8 KB took 3.9 GB, Node's whole default heap, before a row
- * was sent. A FIFO or terminal cannot be read again: its tasks are held parsed, as before.
+ * Where a validated task is in a regular tasks file: its line is read again (through the file's
+ * descriptor kept open since start-up, `TaskFile`), and checked unchanged by its sha256, each time
+ * the row is sent. A task held parsed costs about its bytes of heap, for the whole collection:
+ * 500,000 tasks of 8 KB took 3.9 GB, Node's whole default heap, before a row was sent. A FIFO or
+ * terminal cannot be read again: its tasks are held parsed, as before.
  */
 export class TaskLineRef {
   constructor(
-    readonly path: string,
+    readonly file: TaskFile,
     readonly number: number,
     readonly offset: number,
     readonly byteLength: number,
@@ -40,36 +41,33 @@ export class TaskLineRef {
 }
 
 /**
- * A row's task: as held, or its line read again from the tasks file. A line changed since it was
- * validated (the file edited, replaced or cut mid-collection) is refused (`invalid_request`), never
- * sent: the task run would not be the one checked and logged.
+ * A row's task: as held, or its line read again from the tasks file as opened at start-up (a file
+ * replaced by `mv` or removed since is still read as it was). A line changed since it was validated
+ * (the file edited in place or cut mid-collection) is refused (`invalid_request`), never sent: the
+ * task run would not be the one checked and logged.
  */
 export async function loadTask(row: TaskRow): Promise<Record<string, unknown>> {
   const ref = row.task;
   if (!(ref instanceof TaskLineRef)) return ref;
+  const { path } = ref.file;
   let text: string;
   try {
-    const file = await openFile(ref.path, "r");
-    try {
-      const bytes = Buffer.alloc(ref.byteLength);
-      let read = 0;
-      while (read < ref.byteLength) {
-        const { bytesRead } = await file.read(bytes, read, ref.byteLength - read, ref.offset + read);
-        if (bytesRead === 0) break;
-        read += bytesRead;
-      }
-      text = bytes.toString("utf8", 0, read);
-    } finally {
-      await file.close();
-    }
+    text = await ref.file.read(ref.offset, ref.byteLength);
   } catch (error) {
-    throw tasksFileError(error, ref.path);
+    throw tasksFileError(error, path);
   }
-  const changed = new CheckpointError("invalid_request", `${ref.path}:${ref.number}: changed since this collection read it (its tasks are read again as rows are sent); restart the collection to run the file as it is now`);
+  const changed = new CheckpointError("invalid_request", `${path}:${ref.number}: changed since this collection read it (its tasks are read again as rows are sent); restart the collection to run the file as it is now`);
   if (lineDigest(text) !== ref.digest) throw changed;
   // Through the schema as when validated, so the task sent is the one a held row would send (zod
   // leaves out a `__proto__` key, say).
   return TaskLineSchema.parse({ id: row.rolloutId, task: taskOfLine(JSON.parse(text) as unknown) }).task;
+}
+
+/** Closes the tasks file the rows' lines are read from (none for tasks held in memory); again, a no-op. The collector's to call when it ends. */
+export async function closeTaskRows(rows: readonly TaskRow[]): Promise<void> {
+  const files = new Set<TaskFile>();
+  for (const { task } of rows) if (task instanceof TaskLineRef) files.add(task.file);
+  await Promise.all([...files].map((file) => file.close()));
 }
 
 function lineDigest(text: string): string {
@@ -97,6 +95,7 @@ export function isRolloutIdPrefix(prefix: string): boolean {
  * Streamed line by line (as results.jsonl is): a tasks file may be larger than one string can be.
  * `signal` gives the read up (rejecting with its reason), even one that never delivers. `idPrefix`
  * goes in front of every row's id (written or `row-<line>`): the rollout id is the whole of it.
+ * A regular file's rows keep it open (`TaskFile`) until `closeTaskRows`; rows refused or none hold nothing open.
  */
 export async function readTaskRows(
   path: string,
@@ -118,15 +117,14 @@ export async function readTaskRows(
   const rows: TaskRow[] = [];
   const seen = new Set<string>();
   let input: Readable | undefined;
+  let file: TaskFile | undefined;
   const giveUp = () => input?.destroy(signal!.reason as Error);
   signal?.addEventListener("abort", giveUp, { once: true });
   const tooLong = (number: number) => new CheckpointError("invalid_request", `${path}:${number}: longer than any task line can be (over ${maxLineBytes} bytes without a newline)`);
   try {
     signal?.throwIfAborted();
-    let regular: boolean;
-    ({ input, regular } = await openTasks(path));
+    ({ input, file } = await openTasks(path));
     if (signal?.aborted) giveUp(); // aborted while opening
-    const again = resolve(path);
     let progressAt = performance.now() + progressEveryMs;
     for await (const { text: line, number, offset, byteLength } of textLines(input, maxLineBytes, tooLong)) {
       if (onProgress && performance.now() >= progressAt) {
@@ -154,16 +152,18 @@ export async function readTaskRows(
       if (jsonNestsDeeperThan(parsed.data.task, MAX_JSON_DEPTH - 1)) throw new CheckpointError("invalid_request", `${path}:${number}: the task nests more than ${MAX_JSON_DEPTH - 1} levels deep`);
       if (seen.has(parsed.data.id)) throw new CheckpointError("invalid_request", `${path}:${number}: duplicate id ${parsed.data.id}`);
       seen.add(parsed.data.id);
-      rows.push({ rolloutId: parsed.data.id, task: regular ? new TaskLineRef(again, number, offset, byteLength, lineDigest(line)) : parsed.data.task });
+      rows.push({ rolloutId: parsed.data.id, task: file ? new TaskLineRef(file, number, offset, byteLength, lineDigest(line)) : parsed.data.task });
     }
     signal?.throwIfAborted(); // never a part of the rows for all of them
   } catch (error) {
+    await file?.close();
     if (signal?.aborted && !(error instanceof CheckpointError)) throw signal.reason;
     throw tasksFileError(error, path);
   } finally {
     signal?.removeEventListener("abort", giveUp);
     input?.destroy(); // a refused line leaves the rest unread
   }
+  if (!rows.length) await file?.close(); // no row reads it again
   return rows;
 }
 
@@ -181,17 +181,22 @@ function tasksFileError(error: unknown, path: string): unknown {
  * non-blocking, its open waits for no writer, and its read for no data on a libuv thread, where a
  * writer that stays silent would block it for good, and with it the process's exit. A terminal
  * likewise. Anything else (a regular file, which ignores the flag) is read as a file. What it is
- * comes from the descriptor opened, not from the path asked again (which may have changed).
+ * comes from the descriptor opened, not from the path asked again (which may have changed). A
+ * regular file is also opened as the `TaskFile` its rows' lines are read again from (the stream
+ * closes its own descriptor when it ends).
  */
-async function openTasks(path: string): Promise<{ input: Readable; regular: boolean }> {
+async function openTasks(path: string): Promise<{ input: Readable; file?: TaskFile }> {
   const fd = await new Promise<number>((resolve, reject) =>
     open(path, constants.O_RDONLY | constants.O_NONBLOCK, (error, fd) => (error ? reject(error) : resolve(fd))),
   );
   try {
     const stats = fstatSync(fd);
-    if (stats.isFIFO()) return { input: new Socket({ fd, readable: true, writable: false }), regular: false };
-    if (isatty(fd)) return { input: new TtyReadStream(fd), regular: false };
-    return { input: createReadStream("", { fd }), regular: stats.isFile() };
+    if (stats.isFIFO()) return { input: new Socket({ fd, readable: true, writable: false }) };
+    if (isatty(fd)) return { input: new TtyReadStream(fd) };
+    // Before the stream owns the descriptor (a refused open closes it below). Its absolute path names
+    // the lines it refuses.
+    const file = stats.isFile() ? await TaskFile.openAs(resolve(path), stats) : undefined;
+    return { input: createReadStream("", { fd }), ...(file && { file }) };
   } catch (error) {
     closeSync(fd);
     throw error;

@@ -15,7 +15,7 @@ import { Collector, type CollectionSummary } from "../../collect/collector.js";
 import { ProgressReporter } from "../../collect/progress-reporter.js";
 import { assertConcurrencyFits } from "../../collect/scope-ceiling.js";
 import { MAX_RUN_REPLY_MIB_LIMIT } from "../../collect/run-reply.js";
-import { isRolloutIdPrefix, readTaskRows } from "../../collect/task-rows.js";
+import { closeTaskRows, isRolloutIdPrefix, readTaskRows } from "../../collect/task-rows.js";
 import { LOG_LEVELS, createLogger } from "../../telemetry/logger.js";
 import { startTelemetry, type TelemetryHandle } from "../../telemetry/telemetry-sdk.js";
 import { fetchableUrlFlag } from "../fetchable-url.js";
@@ -157,14 +157,21 @@ export function register(program: Command): void {
       progress.readDone();
       // Nothing to run "finished" with exit 0: a tasks file left empty by a failed export, or the wrong one.
       if (!rows.length) throw new CheckpointError("invalid_request", `--tasks ${flags.tasks} has no rows`);
-      // Its ceiling depends on the rows' longest rollout id: checked once they are read, still before anything is created.
-      assertConcurrencyFits(concurrency, rows);
       const checkpointDir = resolve(flags.checkpointDir);
-      requeueIfSigterm();
-      const createdDir = await ensureCheckpointDir(checkpointDir);
-      requeueIfSigterm();
-      // One collector per checkpoint root, before anything in it is read or written.
-      const lock = await acquireCollectorLock(checkpointDir);
+      // The tasks file stays open for the rows (their lines are read again as they are sent): closed
+      // on every way out, here until release() takes over (the collector also closes it as it ends).
+      const { createdDir, lock } = await (async () => {
+        // Its ceiling depends on the rows' longest rollout id: checked once they are read, still before anything is created.
+        assertConcurrencyFits(concurrency, rows);
+        requeueIfSigterm();
+        const createdDir = await ensureCheckpointDir(checkpointDir);
+        requeueIfSigterm();
+        // One collector per checkpoint root, before anything in it is read or written.
+        return { createdDir, lock: await acquireCollectorLock(checkpointDir) };
+      })().catch(async (error: unknown) => {
+        await closeTaskRows(rows);
+        throw error;
+      });
       // One arriving while the lock was taken: let go of it, then as before it.
       if (sigterm.aborted) await lock.release();
       requeueIfSigterm();
@@ -174,6 +181,7 @@ export function register(program: Command): void {
       // NATS connection (it reconnects forever and would keep the process alive) and telemetry.
       let started = false;
       const release = async () => {
+        await closeTaskRows(rows);
         await lock.release().catch(() => undefined);
         // A start refused before it wrote anything (a --checkpoint-dir that is not the coordinator's
         // root, say) leaves no directory behind it made: only empty ones go.

@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { ProgressReporter, formatSeconds } from "../../../coordinator/collect/progress-reporter.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
-import { loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { closeTaskRows, loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
 import { toCheckpointError } from "../../../protocol/index.js";
 
 /** What `work` rejects with, as the CLI prints it (runCli). */
@@ -113,6 +113,7 @@ describe("task rows", () => {
       { rolloutId: "row-1", task: { expression: "1 + 1" } },
       { rolloutId: "named", task: { expression: "2 * 3" } },
     ]);
+    await closeTaskRows(rows);
     await writeFile(path, '{"id":"x","task":{}}\n{"id":"x","task":{}}\n');
     await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request" });
     await writeFile(path, '{"id":"x-a1","task":{}}\n');

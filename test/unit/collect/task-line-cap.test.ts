@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { readTaskRowsClosed } from "../../support/task-rows-closed.js";
 import { readTaskFile } from "../../../participants/replay/task-file.js";
 
 let dir: string;
@@ -29,7 +30,7 @@ describe("a tasks line longer than any task line can be", () => {
     });
     // The same without a newline at the end (the final line), and every line within the limit reads as before.
     await writeFile(path, content().slice(0, -1));
-    await expect(readTaskRows(path, { maxLineBytes: 8192 })).resolves.toHaveLength(3);
+    await expect(readTaskRowsClosed(path, { maxLineBytes: 8192 })).resolves.toHaveLength(3);
     await writeFile(path, `{"id":"a","task":{"s":"${"x".repeat(4096)}"}}`);
     await expect(readTaskRows(path, { maxLineBytes: 1024 })).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:1: longer than`) });
   });

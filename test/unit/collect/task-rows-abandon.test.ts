@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { readTaskRowsClosed } from "../../support/task-rows-closed.js";
 import { waitUntil } from "../../support/wait-until.js";
 
 /**
@@ -100,7 +101,7 @@ describe("task rows: an abandonable read", () => {
   it("a regular file reads as before, and an abort before the read reads nothing", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, line("a") + line("b"));
-    expect((await readTaskRows(path, { signal: new AbortController().signal })).map((r) => r.rolloutId)).toEqual(["a", "b"]);
+    expect((await readTaskRowsClosed(path, { signal: new AbortController().signal })).map((r) => r.rolloutId)).toEqual(["a", "b"]);
     await expect(readTaskRows(path, { signal: AbortSignal.abort(new Error("sigterm")) })).rejects.toThrow("sigterm");
   });
 });

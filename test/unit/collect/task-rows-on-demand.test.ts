@@ -1,20 +1,30 @@
 import { execFileSync } from "node:child_process";
-import { mkdtemp, rm, truncate, unlink, writeFile } from "node:fs/promises";
+import { statSync } from "node:fs";
+import { mkdtemp, rename, rm, truncate, unlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { TaskLineRef, loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { TaskLineRef, closeTaskRows, loadTask, readTaskRows, type TaskRow } from "../../../coordinator/collect/task-rows.js";
+import { descriptorsOn, openDescriptors } from "../../support/open-descriptors.js";
 
 /**
  * A regular tasks file's rows hold where each task's line is, not the task: read again (and
- * checked unchanged) when the row is sent. Held parsed, 500,000 tasks of 8 KB filled Node's default
- * heap (docs/benchmarks.md, `collect-task-memory`).
+ * checked unchanged) when the row is sent, through the one descriptor opened at start-up. Held
+ * parsed, 500,000 tasks of 8 KB filled Node's default heap (docs/benchmarks.md, `collect-task-memory`).
  */
 let dir: string;
+/** Every read's rows, closed after the test: each holds its file open. */
+const read: TaskRow[][] = [];
+const readRows = async (...args: Parameters<typeof readTaskRows>) => {
+  const rows = await readTaskRows(...args);
+  read.push(rows);
+  return rows;
+};
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-task-lines-"));
 });
 afterEach(async () => {
+  for (const rows of read.splice(0)) await closeTaskRows(rows);
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -24,7 +34,7 @@ describe("task rows read from a regular file", () => {
   it("hold a few hundred bytes per row whatever a task's size, not the task", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, Array.from({ length: 50 }, (_, i) => JSON.stringify({ id: `t${i}`, task: bigTask(i) })).join("\n") + "\n");
-    const rows = await readTaskRows(path);
+    const rows = await readRows(path);
     expect(rows).toHaveLength(50);
     // What a row keeps, as bytes: 8 KB of task each before, when every row held its task parsed.
     const held = rows.map((row) => JSON.stringify(row).length);
@@ -35,7 +45,7 @@ describe("task rows read from a regular file", () => {
   it("give back each task as validated: bare or with its id, after CRLF and blank lines, in any script", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, '{"q":"été 🚀"}\r\n\n{"id":"named","task":{"q":"二","id":1}}\n{"task":3,"other":1}');
-    const rows = await readTaskRows(path, { idPrefix: "p." });
+    const rows = await readRows(path, { idPrefix: "p." });
     expect(rows.map((r) => r.rolloutId)).toEqual(["p.row-1", "p.named", "p.row-4"]);
     expect(await Promise.all(rows.map(loadTask))).toEqual([{ q: "été 🚀" }, { q: "二", id: 1 }, { task: 3, other: 1 }]);
   });
@@ -44,10 +54,10 @@ describe("task rows read from a regular file", () => {
     const path = join(dir, "tasks.jsonl");
     const text = '{"id":"a","task":{"__proto__":{"x":1},"y":2}}\n';
     await writeFile(path, text);
-    const [row] = await readTaskRows(path);
+    const [row] = await readRows(path);
     const fifo = join(dir, "tasks.fifo");
     execFileSync("mkfifo", [fifo]);
-    const reading = readTaskRows(fifo);
+    const reading = readRows(fifo);
     await writeFile(fifo, text);
     const [held] = await reading;
     expect(held!.task).not.toBeInstanceOf(TaskLineRef);
@@ -57,14 +67,68 @@ describe("task rows read from a regular file", () => {
   it("refuse a line changed, cut off or gone since it was read (invalid_request), never sending another task", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, '{"id":"a","task":{"n":1}}\n{"id":"b","task":{"n":2}}\n');
-    const rows = await readTaskRows(path);
+    const rows = await readRows(path);
     // Same length, other content: only the digest tells.
     await writeFile(path, '{"id":"a","task":{"n":7}}\n{"id":"b","task":{"n":2}}\n');
     await expect(loadTask(rows[0]!)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:1: changed since`) });
     expect(await loadTask(rows[1]!)).toEqual({ n: 2 });
     await truncate(path, 30);
     await expect(loadTask(rows[1]!)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:2: changed since`) });
+    // Removed, the file opened at start-up is still read: as it was cut.
     await unlink(path);
-    await expect(loadTask(rows[1]!)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("does not exist") });
+    await expect(loadTask(rows[1]!)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:2: changed since`) });
+  });
+
+  it("give back the tasks read at start-up when the file is replaced (mv) or removed: the file opened then is read, not the path", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, '{"id":"a","task":{"n":1}}\n{"id":"b","task":{"n":2}}\n{"id":"c","task":{"n":3}}\n');
+    const rows = await readRows(path);
+    const next = join(dir, "next.jsonl");
+    await writeFile(next, '{"id":"a","task":{"n":7}}\n{"id":"b","task":{"n":8}}\n{"id":"c","task":{"n":9}}\n');
+    await rename(next, path);
+    expect(await Promise.all(rows.slice(0, 2).map(loadTask))).toEqual([{ n: 1 }, { n: 2 }]);
+    await unlink(path);
+    expect(await loadTask(rows[2]!)).toEqual({ n: 3 });
+  });
+
+  it("read every line through the one descriptor opened at start-up: loads at once open none", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, Array.from({ length: 200 }, (_, i) => JSON.stringify({ id: `t${i}`, task: { n: i } })).join("\n"));
+    const { ino } = statSync(path);
+    const rows = await readRows(path);
+    expect(descriptorsOn(ino)).toBe(1);
+    await loadTask(rows[0]!); // warm-up: whatever the first load loads stays open (none of ours)
+    const before = openDescriptors();
+    let most = before;
+    let settled = false;
+    const loads = Promise.all(rows.map(loadTask)).finally(() => (settled = true));
+    // Looked at between the loads' steps (an open by path shows while the threadpool holds it).
+    while (!settled) {
+      most = Math.max(most, openDescriptors());
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    expect((await loads).map((task) => task["n"])).toEqual(rows.map((_, i) => i));
+    expect(most).toBe(before);
+    expect(descriptorsOn(ino)).toBe(1);
+  });
+
+  it("let go of their file once closed (closing again is a no-op), refusing a load after it; a read refused or rowless holds none", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, '{"id":"a","task":{"n":1}}\n');
+    const { ino } = statSync(path);
+    const rows = await readRows(path);
+    expect(descriptorsOn(ino)).toBe(1);
+    await closeTaskRows(rows);
+    await closeTaskRows(rows);
+    expect(descriptorsOn(ino)).toBe(0);
+    await expect(loadTask(rows[0]!)).rejects.toThrow(/closed/);
+    const bad = join(dir, "bad.jsonl");
+    await writeFile(bad, '{"id":"a","task":{"n":1}}\nnot json\n');
+    await expect(readRows(bad)).rejects.toMatchObject({ code: "invalid_request" });
+    expect(descriptorsOn(statSync(bad).ino)).toBe(0);
+    const empty = join(dir, "empty.jsonl");
+    await writeFile(empty, "\n\n");
+    expect(await readRows(empty)).toEqual([]);
+    expect(descriptorsOn(statSync(empty).ino)).toBe(0);
   });
 });

@@ -2,7 +2,8 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { closeTaskRows, loadTask, readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { readTaskRowsClosed } from "../../support/task-rows-closed.js";
 import { toCheckpointError } from "../../../protocol/index.js";
 
 /**
@@ -39,6 +40,7 @@ describe("task rows", () => {
     const rows = await readTaskRows(path);
     expect(rows).toHaveLength(1000);
     expect({ rolloutId: rows[999]!.rolloutId, task: await loadTask(rows[999]!) }).toEqual({ rolloutId: "t999", task: { n: 999 } });
+    await closeTaskRows(rows);
   });
 
   it("name the line of a refused one, counting blank and CRLF-ended lines", async () => {
@@ -64,21 +66,21 @@ describe("task rows", () => {
   it("with an id prefix, every row's rollout id starts with it, written ids and row-<line> alike", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, `{"id":"q1","task":{"n":1}}\n\n{"n":2}\n`);
-    expect((await readTaskRows(path, { idPrefix: "run2." })).map((r) => r.rolloutId)).toEqual(["run2.q1", "run2.row-3"]);
-    expect((await readTaskRows(path)).map((r) => r.rolloutId)).toEqual(["q1", "row-3"]);
+    expect((await readTaskRowsClosed(path, { idPrefix: "run2." })).map((r) => r.rolloutId)).toEqual(["run2.q1", "run2.row-3"]);
+    expect((await readTaskRowsClosed(path)).map((r) => r.rolloutId)).toEqual(["q1", "row-3"]);
   });
 
   it("with an id prefix, a row whose whole id is no rollout id (too long) is refused naming its line", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, `{"id":"${"q".repeat(195)}","task":{}}\n`);
-    expect(await readTaskRows(path, { idPrefix: "run1." })).toHaveLength(1);
+    expect(await readTaskRowsClosed(path, { idPrefix: "run1." })).toHaveLength(1);
     await expect(readTaskRows(path, { idPrefix: "run12." })).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:1: `) });
   });
 
   it("take a task nested as deep as a /run body can carry", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, `{"id":"a","task":{"x":${"[".repeat(126)}${"]".repeat(126)}}}\n`);
-    expect(await readTaskRows(path)).toHaveLength(1);
+    expect(await readTaskRowsClosed(path)).toHaveLength(1);
   });
 
   it("a read the storage refuses (EIO) is storage_error naming the file, not invalid_request: the flag is fine", async () => {
@@ -97,12 +99,12 @@ describe("readTaskRows progress", () => {
     const lines = Array.from({ length: 5 }, (_, i) => `{"id":"r${i}","task":{"n":${i}}}`);
     await writeFile(path, `${lines.join("\n")}\n`);
     const told: [number, number][] = [];
-    await readTaskRows(path, { onProgress: (rows, bytes) => told.push([rows, bytes]), progressEveryMs: 0 });
+    await readTaskRowsClosed(path, { onProgress: (rows, bytes) => told.push([rows, bytes]), progressEveryMs: 0 });
     // Before each line: the rows before it and the bytes up to its start.
     const starts = lines.map((_, i) => lines.slice(0, i).reduce((sum, line) => sum + line.length + 1, 0));
     expect(told).toEqual(starts.map((bytes, i) => [i, bytes]));
     const quiet: unknown[] = [];
-    await readTaskRows(path, { onProgress: (...args) => quiet.push(args) });
+    await readTaskRowsClosed(path, { onProgress: (...args) => quiet.push(args) });
     expect(quiet).toEqual([]);
   });
 });
