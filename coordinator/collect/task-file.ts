@@ -12,7 +12,7 @@ export class TaskFile {
   private closing: Promise<void> | undefined;
 
   private constructor(
-    /** The path as given, for messages. */
+    /** Its absolute path, for messages. */
     readonly path: string,
     private readonly handle: FileHandle,
   ) {}

@@ -4,6 +4,7 @@ import { mkdtemp, rename, rm, truncate, unlink, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { TaskFile } from "../../../coordinator/collect/task-file.js";
 import { TaskLineRef, closeTaskRows, loadTask, readTaskRows, type TaskRow } from "../../../coordinator/collect/task-rows.js";
 import { descriptorsOn, openDescriptors } from "../../support/open-descriptors.js";
 
@@ -130,5 +131,17 @@ describe("task rows read from a regular file", () => {
     await writeFile(empty, "\n\n");
     expect(await readRows(empty)).toEqual([]);
     expect(descriptorsOn(statSync(empty).ino)).toBe(0);
+  });
+
+  it("refuse a file that is not the one the start-up read opened (replaced between the two opens), holding nothing open", async () => {
+    const path = join(dir, "tasks.jsonl");
+    const other = join(dir, "other.jsonl");
+    await writeFile(path, '{"id":"a","task":{"n":1}}\n');
+    await writeFile(other, '{"id":"a","task":{"n":2}}\n');
+    await expect(TaskFile.openAs(path, statSync(other))).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`tasks file ${path} was replaced while it was being opened`) });
+    expect(descriptorsOn(statSync(path).ino)).toBe(0);
+    const file = await TaskFile.openAs(path, statSync(path));
+    expect(await file.read(0, 25)).toBe('{"id":"a","task":{"n":1}}');
+    await file.close();
   });
 });
