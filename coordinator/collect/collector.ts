@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { trace, type Span } from "@opentelemetry/api";
 import type { Logger } from "pino";
@@ -14,6 +15,7 @@ import {
   redactUrl,
   sha256Hex,
   timerDelay,
+  toCheckpointError,
   traceRecordFromTrajectory,
   type CtlReplyOf,
   type CtlRequestInputOf,
@@ -736,6 +738,7 @@ export class Collector {
     if (!this.stopping) await this.close();
     this.ownOps.end();
     await this.records?.close();
+    await this.syncFinishedResults();
     this.options.progress?.finish();
     // The last step's sync failed: rows the summary would count are no longer in --out.
     if (this.resultsLost) throw this.resultsLost;
@@ -769,6 +772,22 @@ export class Collector {
     // What the last good sync covered is on disk, and nothing after it is in --out any more.
     if (!distrustedResults(out)?.cut) throw this.resultsLost;
     return records.filter((r) => !this.unsynced.has(String(r.info?.["rollout_id"])));
+  }
+
+  /**
+   * The collection ends: --out goes on disk before the summary says so (a trainer reads it once we
+   * exit, and nothing would run its rows again). Without --records-dir nothing synced it so far. A
+   * failure is final, as before a records step: the rows since the last good sync are cut off.
+   */
+  private async syncFinishedResults(): Promise<void> {
+    if (this.resultsLost || !existsSync(this.options.outPath)) return;
+    try {
+      await syncResults(this.options.outPath);
+      this.unsynced.clear();
+    } catch (error) {
+      this.resultsLost = distrustedResults(this.options.outPath)?.failure ?? toCheckpointError(error);
+      this.options.logger.error({ err: this.resultsLost }, "results.jsonl could not be synced as the collection ends; the rows cut from it run again at the next start");
+    }
   }
 
   private loseResults(error: Error): void {

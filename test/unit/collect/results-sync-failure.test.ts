@@ -69,6 +69,43 @@ const idsIn = async (path: string) =>
     .filter(Boolean)
     .map((l) => (JSON.parse(l) as { rollout_id: string }).rollout_id);
 
+/** A /run server answering every row with reward 1; its URL. */
+async function rewardingRun(): Promise<string> {
+  server = createServer((req, res) => {
+    req.resume();
+    req.on("end", () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 })));
+  });
+  await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+  return `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+}
+
+describe("a collection without --records-dir", () => {
+  const rows = ["r0", "r1"].map((rolloutId) => ({ rolloutId, task: {} }));
+
+  it("syncs results.jsonl (and its directory) before it ends with its summary: exit 0 means the rows are on disk", async () => {
+    const collector = collectorIn(dir, await rewardingRun(), idleController(), { rows });
+    await collector.start();
+    expect(disk.syncs).toBe(0); // no file yet: the start had nothing to sync
+    expect(await collector.run()).toMatchObject({ finished: 2 });
+    expect(disk.syncs).toBe(1);
+    expect(disk.dirSyncs).toBeGreaterThanOrEqual(1);
+  });
+
+  it("whose final sync fails ends with storage_error, not a summary, and the next start runs the rows cut again", async () => {
+    const url = await rewardingRun();
+    const first = collectorIn(dir, url, idleController(), { rows });
+    await first.start();
+    disk.failAt = disk.syncs + 1;
+    await expect(first.run()).rejects.toMatchObject({ code: "storage_error" });
+    expect(await idsIn(join(dir, "results.jsonl"))).toEqual([]);
+    disk.failAt = 0;
+    const second = collectorIn(dir, url, idleController(), { rows });
+    await second.start();
+    expect(await second.run()).toMatchObject({ finished: 2 });
+    expect([...(await idsIn(join(dir, "results.jsonl")))].sort()).toEqual(["r0", "r1"]);
+  });
+});
+
 describe("a failed sync of results.jsonl", () => {
   it("is never followed by a sync that reports success, and the lines since the last good sync are cut off, not trusted", async () => {
     const out = join(dir, "results.jsonl");
