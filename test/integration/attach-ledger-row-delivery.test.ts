@@ -146,9 +146,11 @@ describe.each([
     expect((await call("row-other", stream)).status).toBe(507);
     expect(upstreamCalls).toBe(1);
     expect(kind.tickets.size).toBe(0);
+    expect(kind.statusExtras().ledger_unwritable).toMatch(/ENOSPC/);
     failWrites = false;
     expect(await (await call("row-full", stream)).text()).toBe(expected);
     expect(upstreamCalls).toBe(2);
+    expect(kind.statusExtras().ledger_unwritable).toBeNull();
   });
 });
 

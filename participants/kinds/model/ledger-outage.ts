@@ -26,6 +26,11 @@ export class LedgerOutage {
     private readonly logger: Logger | undefined,
   ) {}
 
+  /** What calls are refused with while the storage refuses writes (status shows it); null otherwise. */
+  get refusing(): string | null {
+    return this.refusal?.message ?? null;
+  }
+
   /** A row's write failed: a storage failure begins (or goes on with) an outage; anything else is not one. */
   failed(error: unknown): void {
     if (!isStorageFailure(error)) return;

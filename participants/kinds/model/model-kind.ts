@@ -634,7 +634,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   statusExtras(): Record<string, unknown> {
-    return { restored_generation_cuts: this.restoredCuts.size, served: this.served, cuts_enabled: this.options.cutBackend !== null };
+    return { restored_generation_cuts: this.restoredCuts.size, served: this.served, cuts_enabled: this.options.cutBackend !== null, ledger_unwritable: this.ledgerOutage.refusing };
   }
 
   async afterCommit(scope: EpisodeId[] | null): Promise<void> {
