@@ -44,12 +44,17 @@ afterEach(async () => {
 
 const runUrl = () => `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
 
+/** tasks.jsonl holding `text`, read as a collection does; its inode, to count the descriptors left on it. */
+async function tasksFile(text: string) {
+  const tasks = join(dir, "tasks.jsonl");
+  await writeFile(tasks, text);
+  const { ino } = statSync(tasks);
+  return { tasks, ino, rows: await readTaskRows(tasks) };
+}
+
 describe("collector with a regular tasks file", () => {
   it("sends every row's task as written, and lets go of the tasks file once the collection ends", async () => {
-    const tasks = join(dir, "tasks.jsonl");
-    await writeFile(tasks, '{"id":"a","task":{"q":"one"}}\n{"q":"two"}\n');
-    const { ino } = statSync(tasks);
-    const rows = await readTaskRows(tasks);
+    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"q":"two"}\n');
     const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks, concurrency: 1 });
     await collector.start();
     expect(descriptorsOn(ino)).toBe(1);
@@ -62,10 +67,7 @@ describe("collector with a regular tasks file", () => {
   });
 
   it("sends the tasks read at start-up when the file is replaced by mv mid-run (its first row in flight)", async () => {
-    const tasks = join(dir, "tasks.jsonl");
-    await writeFile(tasks, '{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
-    const { ino } = statSync(tasks);
-    const rows = await readTaskRows(tasks);
+    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
     const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks, concurrency: 1 });
     await collector.start();
     const release = deferred();
@@ -85,10 +87,7 @@ describe("collector with a regular tasks file", () => {
   });
 
   it("lets go of the tasks file when its start fails", async () => {
-    const tasks = join(dir, "tasks.jsonl");
-    await writeFile(tasks, '{"id":"a","task":{"q":"one"}}\n');
-    const { ino } = statSync(tasks);
-    const rows = await readTaskRows(tasks);
+    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n');
     const down = idleController({
       status: async () => {
         throw new Error("controller down");
@@ -101,10 +100,7 @@ describe("collector with a regular tasks file", () => {
   });
 
   it("lets go of the tasks file once halted (SIGINT, or after the stop checkpoint), a /run still in flight", async () => {
-    const tasks = join(dir, "tasks.jsonl");
-    await writeFile(tasks, '{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
-    const { ino } = statSync(tasks);
-    const rows = await readTaskRows(tasks);
+    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
     const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks, concurrency: 1 });
     await collector.start();
     const release = deferred();
@@ -120,10 +116,7 @@ describe("collector with a regular tasks file", () => {
   });
 
   it("fails with invalid_request, sending and logging nothing for it, when a row's line changed since start-up", async () => {
-    const tasks = join(dir, "tasks.jsonl");
-    await writeFile(tasks, '{"id":"a","task":{"q":"one"}}\n');
-    const { ino } = statSync(tasks);
-    const rows = await readTaskRows(tasks);
+    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n');
     const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks });
     await collector.start();
     expect(descriptorsOn(ino)).toBe(1);

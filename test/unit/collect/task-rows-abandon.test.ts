@@ -1,10 +1,11 @@
 import { execFileSync, spawn } from "node:child_process";
-import { constants, readdirSync, statSync } from "node:fs";
+import { constants, statSync } from "node:fs";
 import { mkdtemp, open, rm, writeFile, type FileHandle } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { descriptorsOn } from "../../support/open-descriptors.js";
 import { readTaskRowsClosed } from "../../support/task-rows-closed.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -108,12 +109,5 @@ describe("task rows: an abandonable read", () => {
 
 /** How many of this process's descriptors are open on `path`'s FIFO or pipe (by its inode), from /proc. */
 function openCount(path: string): number {
-  const { ino } = statSync(path);
-  return readdirSync("/proc/self/fd").filter((fd) => {
-    try {
-      return statSync(`/proc/self/fd/${fd}`).ino === ino;
-    } catch {
-      return false; // closed meanwhile (the listing's own descriptor among them)
-    }
-  }).length;
+  return descriptorsOn(statSync(path).ino);
 }
