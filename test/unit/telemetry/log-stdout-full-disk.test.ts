@@ -15,8 +15,11 @@ const LOGGERS = {
   shared: fileURLToPath(new URL("../../../protocol/stdout-log-refusal.ts", import.meta.url)),
 };
 
-/** Runs `program` with stdout on /dev/full; resolves with its exit code and stderr, or "hung". */
-function runOnFullStdout(program: string, timeoutMs = 8000): Promise<{ code: number | null; stderr: string } | "hung"> {
+/**
+ * Runs `program` with stdout on /dev/full; resolves with its exit code and stderr, or "hung" (the
+ * defect hung for ever; the bound leaves room for a loaded machine's tsx start-up, seconds).
+ */
+function runOnFullStdout(program: string, timeoutMs = 20_000): Promise<{ code: number | null; stderr: string } | "hung"> {
   const full = openSync("/dev/full", "w");
   try {
     const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", program], {
@@ -40,10 +43,20 @@ function runOnFullStdout(program: string, timeoutMs = 8000): Promise<{ code: num
   }
 }
 
-/** Logs, waits for the write to fail, logs again, then exits 0 as a stopping daemon does. */
+/**
+ * Logs, waits until the failed write was reported on stderr (at most 5 s: past that the warning
+ * count below fails the test), logs again, then exits 0 as a stopping daemon does.
+ */
 const body = `
+  const warned = new Promise((resolve) => {
+    const write = process.stderr.write.bind(process.stderr);
+    process.stderr.write = (chunk, ...rest) => {
+      if (String(chunk).includes("storage_error")) resolve();
+      return write(chunk, ...rest);
+    };
+  });
   for (let i = 0; i < 3; i++) logger.info({ i, pad: "x".repeat(20000) }, "line");
-  await new Promise((resolve) => setTimeout(resolve, 300));
+  await Promise.race([warned, new Promise((resolve) => setTimeout(resolve, 5000))]);
   logger.info("after the failure");
   process.stderr.write("still running\\n");
   process.exit(0);
@@ -58,7 +71,7 @@ describe("logs on stdout that the storage refuses (ENOSPC)", () => {
     expect(result.stderr).toContain("still running");
     expect(result.stderr.match(/warning storage_error: ENOSPC: no space left on device, write \(standard output\): the logs that follow are dropped\n/g)).toHaveLength(1);
     expect(result.code).toBe(0);
-  }, 20_000);
+  }, 40_000);
 
   it("a participant program's logger (server-runtime's destination) does the same", async () => {
     const result = await runOnFullStdout(`import pino from "pino";
@@ -69,5 +82,5 @@ describe("logs on stdout that the storage refuses (ENOSPC)", () => {
     expect(result.stderr).toContain("still running");
     expect(result.stderr.match(/test-server: warning storage_error: ENOSPC: no space left on device, write \(standard output\): the logs that follow are dropped\n/g)).toHaveLength(1);
     expect(result.code).toBe(0);
-  }, 20_000);
+  }, 40_000);
 });
