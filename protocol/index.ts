@@ -13,7 +13,7 @@ export { isHttpUrl, redactUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";
 export { HEADER_SENT_AT, formatSentAt, parseSentAt } from "./sent-at-header.js";
-export { isStorageFailure, isUnreadableStorage, namePath, storageFailureDetail } from "./storage-failure.js";
+export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
 export { LineSplitter, textLines, type SplitLine } from "./line-splitter.js";
 export { taskOfLine, taskRowOf } from "./task-line.js";
 export {

@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { closeSync, constants, fdatasync, fstatSync, ftruncateSync, open as openFd, writeSync } from "node:fs";
 import { promisify } from "node:util";
 import { open, readdir, unlink, type FileHandle } from "node:fs/promises";
@@ -329,8 +330,10 @@ export class CaptureLedger {
    */
   async probeWritable(): Promise<void> {
     await this.ready;
-    const path = join(this.dir, `.write-probe.${process.pid}`);
-    const fd = await openAsync(path, constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | NOFOLLOW, 0o600);
+    // A new name each time, created exclusively: nothing planted at a name known in advance (a
+    // symlink: ELOOP, which is no storage failure) could keep the outage from ending.
+    const path = join(this.dir, `.write-probe.${process.pid}.${randomBytes(6).toString("hex")}`);
+    const fd = await openAsync(path, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | NOFOLLOW, 0o600);
     try {
       const block = Buffer.alloc(PROBE_BYTES, 0x20);
       for (let done = 0; done < block.length; ) done += this.write(fd, block.subarray(done), 0);

@@ -1,5 +1,5 @@
 import type { Logger } from "pino";
-import { CheckpointError, isStorageFailure, storageFailureDetail } from "../../../protocol/index.js";
+import { CheckpointError, isStorageFailure } from "../../../protocol/index.js";
 
 /** How often, at most, a refused call tries the ledger's storage again (default). */
 export const LEDGER_PROBE_INTERVAL_MS = 1000;
@@ -19,14 +19,18 @@ export class LedgerOutage {
   private since = 0;
   private probedAt = 0;
   private probing: Promise<void> | undefined;
+  /** Rows' writes failed so far: one failing while a probe ran keeps the outage, whatever the probe found. */
+  private failures = 0;
 
   constructor(
+    /** The ledger's directory, which refusals name (not the file of the call that failed: another rollout's). */
+    private readonly dir: string,
     private readonly probe: () => Promise<void>,
     private readonly probeIntervalMs: number,
     private readonly logger: Logger | undefined,
   ) {}
 
-  /** What calls are refused with while the storage refuses writes (status shows it); null otherwise. */
+  /** What calls are refused with while the storage refused writes, as of the last call (status shows it); null otherwise. */
   get refusing(): string | null {
     return this.refusal?.message ?? null;
   }
@@ -34,11 +38,12 @@ export class LedgerOutage {
   /** A row's write failed: a storage failure begins (or goes on with) an outage; anything else is not one. */
   failed(error: unknown): void {
     if (!isStorageFailure(error)) return;
+    this.failures += 1;
     if (this.refusal === undefined) {
       this.since = performance.now();
       this.logger?.error({ err: error }, "the capture ledger cannot be written: new generation calls are refused with storage_error until a test write succeeds");
     }
-    this.refusal = refusalOf(error as Error);
+    this.refusal = this.refusalOf(error);
     this.probedAt = performance.now();
   }
 
@@ -55,19 +60,26 @@ export class LedgerOutage {
   }
 
   private async tryStorage(): Promise<void> {
+    const failures = this.failures;
     try {
       await this.probe();
     } catch (error) {
       // Not a storage failure (a bug, say): the outage is not known to be over, so the old refusal stays.
-      if (isStorageFailure(error)) this.refusal = refusalOf(error as Error);
+      if (isStorageFailure(error)) this.refusal = this.refusalOf(error);
       this.probedAt = performance.now();
       return;
     }
+    if (this.failures !== failures) return;
     this.logger?.info({ outage_s: Math.round((performance.now() - this.since) / 100) / 10 }, "the capture ledger can be written again: generation calls are admitted");
     this.refusal = undefined;
   }
-}
 
-function refusalOf(error: Error): CheckpointError {
-  return new CheckpointError("storage_error", `the capture ledger cannot be written (${storageFailureDetail(error)}): generation calls are refused until it can; free space or fix the mount, then retry`, { cause: error });
+  private refusalOf(error: unknown): CheckpointError {
+    const { code, syscall } = error as { code: string; syscall: string };
+    return new CheckpointError(
+      "storage_error",
+      `the capture ledger in ${this.dir} cannot be written (${code} on ${syscall}): generation calls are refused until it can; free space or fix the mount, then retry`,
+      { cause: error },
+    );
+  }
 }

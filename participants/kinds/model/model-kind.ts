@@ -99,7 +99,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       onCorrupt: (path, lines) => options.logger?.warn({ path, lines }, "capture ledger has unreadable lines; new calls continue, a checkpoint of its episode is refused"),
       onLockReleaseFailed: (path, error) => options.logger?.warn({ path, err: error }, "capture ledger lock file not removed; the stripe stays held here and its release is tried again"),
     });
-    this.ledgerOutage = new LedgerOutage(() => this.ledger.probeWritable(), options.ledgerProbeIntervalMs ?? LEDGER_PROBE_INTERVAL_MS, options.logger);
+    this.ledgerOutage = new LedgerOutage(options.ledgerDir, () => this.ledger.probeWritable(), options.ledgerProbeIntervalMs ?? LEDGER_PROBE_INTERVAL_MS, options.logger);
   }
 
   attach(context: ParticipantContext): void {
@@ -126,13 +126,14 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     const episode = parsed ?? parseCaptureKey(key);
     if (!episode) throw new CheckpointError("rollout_id_required", `not a capture key: ${key}`);
     this.refuseIfNotAdmitting(episode, key);
-    // Refused before the backend generates anything while the ledger's storage refuses rows.
-    await this.ledgerOutage.admit();
-    // While this call reads its key's rows, afterCommit does not free that ledger (it is kept restored
-    // instead); a removal already under way ends first, so no call continues rows being deleted.
+    // While this call is admitted (its key's rows read, the storage tried again), afterCommit does not
+    // free that ledger (it is kept restored instead); a removal already under way ends first, so no
+    // call continues rows being deleted.
     this.admitsInFlight.set(key, (this.admitsInFlight.get(key) ?? 0) + 1);
     let rows: readonly LedgerRow[];
     try {
+      // Refused before the backend generates anything while the ledger's storage refuses rows.
+      await this.ledgerOutage.admit();
       await this.removals.get(key);
       rows = await this.ledger.rows(key);
     } finally {

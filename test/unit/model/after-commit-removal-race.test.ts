@@ -1,6 +1,7 @@
-import { existsSync } from "node:fs";
+import { existsSync, fdatasync, writeSync } from "node:fs";
 import * as fsPromises from "node:fs/promises";
 import { join } from "node:path";
+import { promisify } from "node:util";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { CHAT, chat, ledgerRow, modelFixture, settle, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
@@ -80,6 +81,48 @@ describe("afterCommit freeing a restored ledger while a call of its key is admit
     await f.kind.responseStart(ticket);
     await f.kind.complete(ticket, { stagingKey: null, usage: null });
     expect((await f.kind.ledger.rows("a-a1")).map((r) => r.model_call_id)).toEqual(["mc-restored", ticket.modelCallId]);
+  });
+});
+
+describe("afterCommit freeing a restored ledger while a call of its key waits out a ledger outage", () => {
+  it("the call waiting for the ledger's storage to be tried again counts as being admitted: the ledger stays, and it continues its last row", async () => {
+    await f.close();
+    const disk = { full: false, syncGate: undefined as Promise<void> | undefined, syncReached: false };
+    f = await modelFixture({
+      ledger: {
+        ledgerProbeIntervalMs: 0,
+        ledgerWrite: (fd, buffer, offset) => {
+          if (disk.full) throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", syscall: "write" });
+          return writeSync(fd, buffer, offset);
+        },
+        ledgerSync: async (fd) => {
+          if (disk.syncGate) {
+            disk.syncReached = true;
+            await disk.syncGate;
+          }
+          await promisify(fdatasync)(fd);
+        },
+      },
+    });
+    await f.kind.install([{ episode_id: ep("a"), rows: [ledgerRow("a", "mc-restored")], generation_cuts: [] }], {});
+    // Another call's row meets the full disk: the outage begins.
+    disk.full = true;
+    const failing = await f.kind.admit("b", CHAT, chat("hi"));
+    await f.kind.responseStart(failing);
+    await expect(f.kind.complete(failing, { stagingKey: null, usage: null })).rejects.toMatchObject({ code: "ENOSPC" });
+    // Room again: a call of the restored key waits while the storage is tried (its probe's sync held).
+    disk.full = false;
+    let release!: () => void;
+    disk.syncGate = new Promise<void>((resolve) => (release = resolve));
+    const admitted = f.kind.admit("a-a1", CHAT, chat("start over"));
+    for (let i = 0; i < 100 && !disk.syncReached; i++) await settle(1);
+    expect(disk.syncReached).toBe(true);
+    await f.kind.afterCommit([ep("other")]); // a-a1 left out: freed, unless a call of it is being admitted
+    disk.syncGate = undefined;
+    release();
+    const ticket = await admitted;
+    // Before: null, the restored lineage deleted while the call waited for the probe.
+    expect(ticket.parentCallId).toBe("mc-restored");
   });
 });
 

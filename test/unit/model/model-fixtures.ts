@@ -13,6 +13,7 @@ import {
   type DurablePrefixAck,
   type GenerationCutRecord,
   type LedgerRow,
+  type ModelKindOptions,
   type ModelRecord,
 } from "../../../participants/kinds/model/index.js";
 
@@ -53,7 +54,7 @@ export function ackFor(ticket: AdmissionTicket, extra: Partial<DurablePrefixAck>
 
 export const ackAll = (tickets: AdmissionTicket[]): CutRoundResult => ({ acks: new Map(tickets.map((t) => [t.ticketId, ackFor(t)])), failed: 0, error: null });
 
-export async function modelFixture(options: { cuts?: boolean; stripes?: number; logger?: Logger } = {}): Promise<ModelFixture> {
+export async function modelFixture(options: { cuts?: boolean; stripes?: number; logger?: Logger; ledger?: Pick<ModelKindOptions, "ledgerWrite" | "ledgerSync" | "ledgerProbeIntervalMs"> } = {}): Promise<ModelFixture> {
   const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-model-unit-"));
   const retired = new Set<string>();
   let notifications = 0;
@@ -75,6 +76,7 @@ export async function modelFixture(options: { cuts?: boolean; stripes?: number; 
     ...(options.stripes !== undefined && { ledgerStripes: options.stripes }),
     cutBackend: options.cuts === false ? null : BACKEND,
     ...(options.logger && { logger: options.logger }),
+    ...options.ledger,
     cutRunner: async (backend, _checkpointId, tickets) => {
       fixture.rounds.push(tickets.map((t) => t.ticketId));
       fixture.backends.push(backend);
