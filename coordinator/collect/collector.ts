@@ -65,7 +65,7 @@ export interface CollectorController {
 }
 
 export interface CollectorOptions {
-  /** The rows to run; a regular tasks file they are read from is closed when the collector ends (a failed start included). */
+  /** The rows to run, this collector's alone: a regular tasks file they are read from is closed when it ends (a failed start included), so another collector needs them read again. */
   rows: TaskRow[];
   /** POST <runUrl> with {rollout_id, attempt, task} runs one row (environment or legacy agent /run). */
   runUrl: string;
@@ -173,6 +173,8 @@ interface RowState {
   unreachableSince?: number;
   /** Since when (performance.now()) every reply to this row's sends was `storage_error`; cleared by any other reply. */
   storageRefusedSince?: number;
+  /** After a `storage_error` reply, this row is not sent again before this (performance.now()). */
+  storageHeldUntil?: number;
   /** Why its last attempt failed (for the summary of a row that failed for good). */
   lastFailure?: string;
 }
@@ -247,8 +249,6 @@ export class Collector {
   private readonly runFailureSpells = new Map<string, FailureSpellLog>();
   /** A spell of /run answering `storage_error`; any other reply ends it. */
   private readonly storageRefusals: FailureSpellLog;
-  /** No row is sent before this (performance.now()) while /run answers `storage_error`. */
-  private storageHeldUntil = 0;
   private readonly instruments = collectionInstruments(() => this.rowCounts());
   private readonly records: RolloutRecordsSink | undefined;
   private readonly rowIndex = new Map<string, number>();
@@ -785,8 +785,12 @@ export class Collector {
       await syncResults(this.options.outPath);
       this.unsynced.clear();
     } catch (error) {
-      this.resultsLost = distrustedResults(this.options.outPath)?.failure ?? toCheckpointError(error);
-      this.options.logger.error({ err: this.resultsLost }, "results.jsonl could not be synced as the collection ends; the rows cut from it run again at the next start");
+      const distrusted = distrustedResults(this.options.outPath);
+      this.resultsLost = distrusted?.failure ?? toCheckpointError(error);
+      this.options.logger.error(
+        { err: this.resultsLost },
+        distrusted ? "results.jsonl could not be synced as the collection ends; the rows cut from it run again at the next start" : "results.jsonl could not be opened to sync it as the collection ends; its rows may not be on disk",
+      );
     }
   }
 
@@ -961,8 +965,8 @@ export class Collector {
    * /run answered `storage_error`: a Gym server's storage refused a write (the model proxy's capture
    * ledger on a full disk, say). The attempt may have run part way, so it is retired and the row
    * sent again as its next attempt, as after any failure, but the operator's disk is not the row's
-   * fault: it spends none of --max-attempts, and no row is sent for `pauses.storageS` (a collection
-   * at --concurrency N would otherwise burn through its rows, each refused in milliseconds). A row
+   * fault: it spends none of --max-attempts, and the row is not sent again for `pauses.storageS` (it
+   * would otherwise burn through attempts, each refused in milliseconds). A row
    * refused so for --run-timeout-s counts its attempts again, so an outage that does not end ends the
    * collection.
    */
@@ -970,8 +974,14 @@ export class Collector {
     const now = performance.now();
     state.storageRefusedSince ??= now;
     const error = new CheckpointError("storage_error", `/run: ${detail.slice(0, 300)}`);
-    if (now - state.storageRefusedSince >= this.runTimeoutMs) return this.failed(state, error);
-    this.storageHeldUntil = Math.max(this.storageHeldUntil, now + this.pauses.storageS * 1000);
+    if (now - state.storageRefusedSince >= this.runTimeoutMs) {
+      // Counted, and so is every refusal after it while the spell lasts (failed() would end it).
+      const since = state.storageRefusedSince;
+      this.failed(state, error);
+      state.storageRefusedSince = since;
+      return;
+    }
+    state.storageHeldUntil = now + this.pauses.storageS * 1000;
     this.storageRefusals.failed(error, "/run answered storage_error (a Gym server's storage refuses writes): the attempt is retired and the row sent again after a pause, without spending an attempt", {
       rollout_id: state.row.rolloutId,
       attempt: state.attempt,
@@ -987,16 +997,19 @@ export class Collector {
   }
 
   /**
-   * While /run answers `storage_error`, a send waits for the pause to pass (the row runs nowhere
+   * After `storage_error`, the row's next send waits for its pause to pass (the row runs nowhere
    * meanwhile: a checkpoint does not wait for its reply), and never goes while our checkpoint is open.
+   * Other rows go on: a refusal that is the row's own (a task naming a file the environment lacks,
+   * ENOENT) must not hold the collection back.
    */
   private async storageHold(state: RowState): Promise<void> {
-    let left = this.storageHeldUntil - performance.now();
-    if (left <= 0) return;
+    const until = state.storageHeldUntil;
+    if (until === undefined) return;
+    delete state.storageHeldUntil;
+    if (until <= performance.now()) return;
     this.runsNowhere(state);
-    while (left > 0 && !this.stopping) {
+    for (let left = until - performance.now(); left > 0 && !this.stopping; left = until - performance.now()) {
       await delay(Math.min(left, 250) / 1000); // in slices: a stop does not wait out the pause
-      left = this.storageHeldUntil - performance.now();
     }
     await this.waitForGate();
   }
@@ -1177,7 +1190,10 @@ export class Collector {
     if (!final && counted) this.logRunFailure(state, error, forGood, maxAttempts);
     state.lastFailure = error instanceof Error ? error.message : String(error);
     this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
-    if (counted) state.failures++;
+    if (counted) {
+      state.failures++;
+      delete state.storageRefusedSince; // a refusal after this one starts a spell of its own
+    }
     this.goesOnFromInput(state);
     if (forGood) {
       this.queue.set(state, "failed");

@@ -38,7 +38,9 @@ export class TaskFile {
    * reads, so loads at once need no descriptor of their own and do not move one another's place.
    */
   async read(offset: number, byteLength: number): Promise<string> {
-    if (this.closing) throw new Error(`${this.path}: read after the collection closed its tasks file`);
+    // Rows are one collector's: it closes their file as it ends. Not a fault of the file (which
+    // tasksFileError would report as an unreadable --tasks), so coded apart.
+    if (this.closing) throw new CheckpointError("invalid_phase", `${this.path}: these task rows belong to a collection that has ended and closed its tasks file; read the tasks again (readTaskRows) for another collector`);
     const bytes = Buffer.alloc(byteLength);
     let read = 0;
     while (read < byteLength) {

@@ -172,8 +172,11 @@ export function register(program: Command): void {
         await closeTaskRows(rows);
         throw error;
       });
-      // One arriving while the lock was taken: let go of it, then as before it.
-      if (sigterm.aborted) await lock.release();
+      // One arriving while the lock was taken: let go of it (and the tasks file), then as before it.
+      if (sigterm.aborted) {
+        await lock.release();
+        await closeTaskRows(rows);
+      }
       requeueIfSigterm();
       let telemetry: TelemetryHandle | undefined;
       let nc: NatsConnection | undefined;

@@ -712,6 +712,34 @@ describe("collector", () => {
     expect((await readResults(join(dir, "results.jsonl"))).get("a")).toMatchObject({ attempt: 3 });
   });
 
+  it("a row /run refuses with storage_error waits alone: the other rows go on being sent", async () => {
+    const sent: string[] = [];
+    const url = await runServer((body) => (sent.push(`${body.rollout_id}:${body.attempt}`), body.rollout_id === "a" ? { status: 507, body: { error: { code: "storage_error", detail: "ENOENT: no such file, open '/data/a.bin'" } } } : { status: 200, body: { reward: 1 } }));
+    const { controller } = fakeController();
+    const rows = ["a", "b", "c", "d"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 2, retryPauses: { ...SHORT_PAUSES, storageS: 60 } });
+    await collector.start();
+    const run = collector.run();
+    // Before: the refusal held every send for storageS, so b, c and d waited a minute behind a's.
+    await waitUntil(() => ["b:0", "c:0", "d:0"].every((s) => sent.includes(s)), "the other rows sent", 10_000);
+    expect(sent.filter((s) => s.startsWith("a:"))).toEqual(["a:0"]);
+    await collector.halt();
+    await run;
+  });
+
+  it("a row's storage_error spell ends with an attempt that failed without a reply: a refusal later starts a new one", async () => {
+    const sent: number[] = [];
+    const storage = { status: 507, body: { error: { code: "storage_error", detail: "ENOSPC" } } };
+    // A refusal, a counted failure without a reply (a timeout), then a refusal again: the spell before the timeout does not count toward --run-timeout-s.
+    const url = await runServer((body) => (sent.push(body.attempt), body.attempt === 1 ? new Promise<never>(() => undefined) : body.attempt < 3 ? storage : { status: 200, body: { reward: 1 } }));
+    const { controller } = fakeController();
+    // Attempt 2 is refused more than --run-timeout-s after attempt 0 was (the pause alone is longer).
+    const collector = collectorFor(controller, url, { maxAttempts: 2, runTimeoutSeconds: 0.25, retryPauses: { ...SHORT_PAUSES, storageS: 0.3 } });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(sent).toEqual([0, 1, 2, 3]);
+  });
+
   it("a row /run keeps refusing with storage_error for --run-timeout-s: its attempts count again, so the collection ends", async () => {
     const sent: number[] = [];
     const url = await runServer((body) => (sent.push(body.attempt), { status: 507, body: { error: { code: "storage_error", detail: "ENOSPC" } } }));

@@ -122,7 +122,8 @@ describe("task rows read from a regular file", () => {
     await closeTaskRows(rows);
     await closeTaskRows(rows);
     expect(descriptorsOn(ino)).toBe(0);
-    await expect(loadTask(rows[0]!)).rejects.toThrow(/closed/);
+    // Not an unreadable --tasks (invalid_request, exit 2): rows used past their collector.
+    await expect(loadTask(rows[0]!)).rejects.toMatchObject({ code: "invalid_phase", message: expect.stringMatching(/closed its tasks file/) });
     const bad = join(dir, "bad.jsonl");
     await writeFile(bad, '{"id":"a","task":{"n":1}}\nnot json\n');
     await expect(readRows(bad)).rejects.toMatchObject({ code: "invalid_request" });
