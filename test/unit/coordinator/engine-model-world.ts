@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { isDeepStrictEqual } from "node:util";
-import { CheckpointError, ERROR_CODES, type EpisodeId, type Kind, type Op } from "../../../protocol/index.js";
+import { CheckpointError, ERROR_CODES, RESTORE_REFUSALS, type EpisodeId, type Kind, type Op } from "../../../protocol/index.js";
 import type { CheckpointEngine } from "../../../coordinator/engine/checkpoint-engine.js";
 import { participantFailurePrefix } from "../../../coordinator/engine/participant-client.js";
 import type { MemoryDecisionJournal } from "../../../coordinator/ha/decision-journal.js";
@@ -41,7 +41,9 @@ type Fault = "unreachable" | "timeout" | "late" | { error: string };
 const FAULTS: Fault[] = ["unreachable", "timeout", "late", { error: "storage_error" }];
 /** A restore refused with a code that promises nothing was installed (RESTORE_REFUSALS): a process already resumed from it. */
 const RESTORE_FAULTS: Fault[] = [{ error: "stale_checkpoint" }];
-const RESTORE_FAULT_CODES: ReadonlySet<string> = new Set(RESTORE_FAULTS.map((f) => (f as { error: string }).error));
+
+/** Restore refusals of a participant parked in another checkpoint: the clean-up's resume lets it go (docs/api.md "restore"). */
+const PARKED_ELSEWHERE: ReadonlySet<string> = new Set(["invalid_phase", "checkpoint_conflict"]);
 
 /** Codes of a checkpoint op that ran and aborted its id here (the participants' codes this model scripts, and the journal's). */
 const ABORTED: ReadonlySet<string> = new Set(["prepare_incomplete", "journal_unavailable", "storage_error", "unreachable"]);
@@ -100,6 +102,8 @@ export class EngineWorld {
     this.fixture = makeEngine(root, { members: FOUR, incarnations: this.view, slackMs: SLACK_MS });
     ({ engine: this.engine, fake: this.fake, clock: this.clock, journal: this.journal } = this.fixture);
     for (const [key, incarnation] of this.view) this.fake.incarnation.set(key, incarnation);
+    // Each process remembers the ids it resumed and whether it holds live state, as a real one does.
+    this.fake.memory = true;
     // A KV put whose acknowledgement never comes (a timeout), landed or not, while journalFault says so.
     const record = this.journal.record.bind(this.journal);
     this.journal.record = async (entry) => {
@@ -117,6 +121,8 @@ export class EngineWorld {
     if (r < 0.17) return this.loseLeadership();
     if (r >= 0.9 && r < 0.93) return this.restart();
     if (r >= 0.93 && r < 0.94) return this.catchUpView();
+    if (r >= 0.94 && r < 0.96) return this.serve();
+    if (r >= 0.96 && r < 0.98) return this.restartAndRestore();
     // A retry is likeliest right after the op it repeats succeeded (its reply lost), or a restore every participant refused (RESTORE_FAULTS).
     if (this.last && r < (this.last.outcome.ok || this.refusedEverywhere(this.last) ? 0.35 : 0.22)) return this.retryLast();
     if (r < 0.3) return this.runWithConcurrentRetry();
@@ -162,10 +168,10 @@ export class EngineWorld {
     if (this.last) this.last.faultsSince++;
   }
 
-  /** A participant's lease expired: it resumed by itself (status idle). */
+  /** A participant's lease expired: it resumed by itself (status idle), fencing the id it held. */
   private async expireLease(): Promise<void> {
     const member = this.pick(FOUR);
-    this.fake.state.set(`${member.kind}.${member.instance}`, { phase: "idle", checkpoint_id: null });
+    this.fake.leaseExpired(member.kind, member.instance);
     this.steps.push(`lease expired at ${member.kind}.${member.instance}`);
     if (this.last) this.last.faultsSince++;
   }
@@ -175,7 +181,10 @@ export class EngineWorld {
    * holding nothing. Its announcement reaches the coordinator's view at once, or later (catchUpView).
    */
   private async restart(): Promise<void> {
-    const member = this.pick(FOUR);
+    await this.restartMember(this.pick(FOUR));
+  }
+
+  private async restartMember(member: { kind: Kind; instance: string }): Promise<void> {
     const key = `${member.kind}.${member.instance}`;
     const open = this.engine.openCheckpoint;
     if (open?.phase === "restored" && this.fake.state.get(key)?.checkpoint_id === open.checkpoint_id) this.lostRestores.add(open.checkpoint_id);
@@ -189,6 +198,30 @@ export class EngineWorld {
     }
     this.steps.push(`restart ${key} as ${incarnation}${announced ? "" : " (the view still shows the old process)"}`);
     if (this.last) this.last.faultsSince++;
+  }
+
+  /** The trainer's rollouts reach one process, or every one: they hold live state (no longer fresh) until they restart. */
+  private async serve(members = this.random() < 0.3 ? FOUR : [this.pick(FOUR)]): Promise<void> {
+    if (members.length === 0) return;
+    for (const m of members) this.fake.memoryOf(`${m.kind}.${m.instance}`).live = true;
+    this.steps.push(`rollouts run at ${members.map((m) => `${m.kind}.${m.instance}`).join(", ")} (live state: not fresh)`);
+    if (this.last) this.last.faultsSince++;
+  }
+
+  /**
+   * A job restarted (every process, or only some: the others already resumed from LATEST or
+   * serving, not fresh) and its controller restores LATEST: the restore meets fresh processes,
+   * fenced ones and live ones at once.
+   */
+  private async restartAndRestore(): Promise<void> {
+    const members = this.random() < 0.4 ? FOUR : FOUR.filter(() => this.random() < 0.5);
+    for (const m of members) await this.restartMember(m);
+    // Rollouts reach some processes before the restore (a restarted one too: its supervisor started it, the trainer sent it work).
+    if (this.random() < 0.5) await this.serve(FOUR.filter(() => this.random() < 0.5));
+    const request = { ...this.deadline(), episode_ids: this.subset() };
+    this.steps.push(`restore ${JSON.stringify(request)}`);
+    const outcome = await this.execute("restore", request);
+    this.last = { op: "restore", request, outcome, faultsSince: 0, failedOver: false };
   }
 
   /** The restarted processes' announcements reach the coordinator's view. */
@@ -242,7 +275,7 @@ export class EngineWorld {
   }
 
   private refusedEverywhere(last: NonNullable<EngineWorld["last"]>): boolean {
-    return last.op === "restore" && !last.outcome.ok && RESTORE_FAULT_CODES.has((last.outcome.error as CheckpointError).code);
+    return last.op === "restore" && !last.outcome.ok && refusedByEveryParticipant(last.outcome.error as CheckpointError);
   }
 
   private async retryLast(): Promise<void> {
@@ -251,7 +284,14 @@ export class EngineWorld {
     const late = this.random() < 0.5;
     if (late) this.clock.current += 70_000;
     this.steps.push(`retry${late ? " (70 s later)" : ""} ${last.op} ${JSON.stringify(last.request)}`);
+    const calledBefore = this.fake.calls.length;
     const outcome = await this.execute(last.op, last.request);
+    this.checkRetry(last, outcome, late);
+    // A restore retried with its deadline ahead is sent again: its outcome, not the first one's, answers a later retry.
+    if (last.op === "restore" && this.fake.calls.slice(calledBefore).some((c) => c.op === "restore")) this.last = { ...last, outcome, faultsSince: 0, failedOver: false };
+  }
+
+  private checkRetry(last: NonNullable<EngineWorld["last"]>, outcome: Outcome, late: boolean): void {
     if (last.op === "checkpoint" && !last.outcome.ok && !last.failedOver) {
       // "Retried after it failed and its id was closed here (aborted ...), it gets that failure again (the same code and detail)"
       const code = (last.outcome.error as CheckpointError).code;
@@ -263,7 +303,7 @@ export class EngineWorld {
       const code = (last.outcome.error as CheckpointError).code;
       const deadline = last.request["deadline_ts"] as number | undefined;
       const again = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
-      if (RESTORE_FAULT_CODES.has(code) && deadline !== undefined && deadline * 1000 <= this.clock.now() && again !== code) {
+      if (refusedByEveryParticipant(last.outcome.error as CheckpointError) && deadline !== undefined && deadline * 1000 <= this.clock.now() && again !== code) {
         this.fail(`a restore every participant refused (${code}) was retried past its deadline: ${describe(outcome)}`);
       }
     }
@@ -299,13 +339,14 @@ export class EngineWorld {
     const request = this.requestFor(op);
     this.steps.push(`${op} and its retry at once ${JSON.stringify(request)}`);
     const before = await this.snapshot();
+    const calledBefore = this.fake.calls.length;
     const [first, second] = await Promise.all([this.bounded(op, this.call(op, request)), this.bounded(`${op} retry`, this.call(op, request))]);
     this.steps[this.steps.length - 1] += ` → ${describe(first)} | retry → ${describe(second)}`;
     await this.settle();
     this.checkThrown(op, first);
     this.checkThrown(op, second);
-    this.noteRestored(before, op, first);
-    this.noteRestored(before, op, second);
+    this.noteRestored(calledBefore, op, first);
+    this.noteRestored(calledBefore, op, second);
     await this.checkAlways(before, op, first.ok ? first : second);
     if (first.ok && second.ok && ["checkpoint", "commit", "publish", "restore"].includes(op) && !isDeepStrictEqual(first.reply, second.reply)) {
       this.fail(`a ${op} and its concurrent retry answered differently`);
@@ -323,11 +364,12 @@ export class EngineWorld {
     const requests = ops.map((op) => this.requestFor(op));
     this.steps.push(`at once: ${ops.map((op, i) => `${op} ${JSON.stringify(requests[i])}`).join(" | ")}`);
     const before = await this.snapshot();
+    const calledBefore = this.fake.calls.length;
     const outcomes = await Promise.all(ops.map((op, i) => this.bounded(op, this.call(op, requests[i]!))));
     this.steps[this.steps.length - 1] += ` → ${outcomes.map(describe).join(" | ")}`;
     await this.settle();
     outcomes.forEach((outcome, i) => this.checkThrown(ops[i]!, outcome));
-    outcomes.forEach((outcome, i) => this.noteRestored(before, ops[i]!, outcome));
+    outcomes.forEach((outcome, i) => this.noteRestored(calledBefore, ops[i]!, outcome));
     // Both may publish (two checkpoints): LATEST names the one that published last.
     const latest = (await this.snapshot()).latest;
     const publisher = outcomes.findIndex((o, i) => o.ok && (ops[i] === "publish" || ops[i] === "checkpoint") && (o.reply as { checkpoint_id: string }).checkpoint_id === latest);
@@ -427,12 +469,14 @@ export class EngineWorld {
 
   // ---- running and checking ----------------------------------------------------------------
 
-  /** A restore run now (not a retry answered from the open one) was installed by the processes there now. */
-  private noteRestored(before: Snapshot, op: CtlOp, outcome: Outcome): void {
+  /**
+   * A restore that succeeded sending it (not a retry answered from the open one; also one sent
+   * again after the engine closed a restored checkpoint nobody held) is held by the processes there now.
+   */
+  private noteRestored(calledBefore: number, op: CtlOp, outcome: Outcome): void {
     if (op !== "restore" || !outcome.ok) return;
     const id = (outcome.reply as { checkpoint_id: string }).checkpoint_id;
-    const open = before.open as { checkpoint_id?: string; phase?: string } | null;
-    if (!(open?.checkpoint_id === id && open?.phase === "restored")) this.lostRestores.delete(id);
+    if (this.fake.calls.slice(calledBefore).some((c) => c.op === "restore" && c.body["checkpoint_id"] === id)) this.lostRestores.delete(id);
   }
 
   private async execute(op: CtlOp, request: Record<string, unknown>): Promise<Outcome> {
@@ -445,10 +489,12 @@ export class EngineWorld {
     this.steps[this.steps.length - 1] += ` → ${describe(outcome)}`;
     await this.settle();
     this.checkThrown(op, outcome);
-    this.noteRestored(before, op, outcome);
+    this.noteRestored(calledBefore, op, outcome);
     await this.checkAlways(before, op, outcome);
     this.checkAnsweredInTime(op, request, before, calledBefore, startedAt, answeredAt);
     if (op === "resume") this.checkResumedEverywhere(request, outcome, calledBefore);
+    if (op === "restore") await this.checkRestoreRefusals(before, outcome, calledBefore, installsBefore);
+    if ((op === "commit" || op === "checkpoint") && outcome.ok) this.checkCommittedEverywhere(op, (outcome.reply as { checkpoint_id: string }).checkpoint_id);
     if (!outcome.ok) {
       const code = (outcome.error as CheckpointError).code;
       // "the op ran and failed at these participants" (their own code, e.g. a parked one's checkpoint_conflict) is told by the detail's prefix.
@@ -458,8 +504,7 @@ export class EngineWorld {
         // Every participant refused it so: "nothing retired or resumed, no failure remembered, the journal entry removed before the reply".
         const cleanup = this.fake.calls.slice(calledBefore).filter((c) => c.op === "retire" || c.op === "resume");
         if (cleanup.length > 0) this.fail(`restore refused by every participant (stale_checkpoint), yet ${cleanup.map((c) => `${c.op}:${c.kind}/${c.instance}`).join(", ")} sent`);
-        const after = await this.snapshot();
-        if (after.journal !== before.journal || !isDeepStrictEqual(after.open, before.open)) this.fail(`restore refused by every participant (stale_checkpoint) changed the journal or the open checkpoint`);
+        if (this.changedBesidesStaleClose(before, await this.snapshot())) this.fail(`restore refused by every participant (stale_checkpoint) changed the journal or the open checkpoint`);
       }
       return outcome;
     }
@@ -543,6 +588,7 @@ export class EngineWorld {
     if (after.latest !== null && !existsSync(join(this.root, after.latest, "checkpoint.json"))) {
       this.fail(`LATEST names ${after.latest}, which has no checkpoint.json`);
     }
+    if (after.latest !== null && after.latest !== before.latest) this.checkCommittedEverywhere("publication", after.latest);
     if (after.latest !== before.latest) {
       const publishes = (op === "publish" || op === "checkpoint") && outcome.ok && (outcome.reply as { checkpoint_id: string }).checkpoint_id === after.latest;
       if (!publishes && op !== "recover") this.fail(`LATEST moved from ${before.latest} to ${after.latest} on ${op} → ${describe(outcome)}`);
@@ -596,6 +642,61 @@ export class EngineWorld {
     if (holders.length > 0) this.fail(`resume of ${id} answered ${describe(outcome)}, but ${holders.join(", ")} still hold it (no resume fault scripted there)`);
   }
 
+  /**
+   * The participants' refusals of a restore sent now (a participant's resumed fence, its live state,
+   * scripted): docs/api.md "restore". Every participant refused it with a code that promises nothing
+   * was installed (RESTORE_REFUSALS), none parked in another checkpoint (invalid_phase,
+   * checkpoint_conflict): that refusal is the answer (their common code, else one of theirs), nothing
+   * retired or resumed, the journal and the open checkpoint as they were. Otherwise, failed: the
+   * clean-up retires attempt+1 at every participant that installed it now and at none that refused
+   * it so ("a refusal changes nothing"), and resumes everyone.
+   */
+  private async checkRestoreRefusals(before: Snapshot, outcome: Outcome, calledBefore: number, installsBefore: number): Promise<void> {
+    const sent = this.fake.calls.slice(calledBefore);
+    const restores = sent.filter((c) => c.op === "restore");
+    if (restores.length === 0) return;
+    const refused = new Set(restores.filter((c) => RESTORE_REFUSALS.has(c.answered as never)).map((c) => `${c.kind}.${c.instance}`));
+    const codes = restores.map((c) => c.answered!);
+    const id = restores[0]!.body["checkpoint_id"] as string;
+    const everywhere = FOUR.every((m) => refused.has(`${m.kind}.${m.instance}`)) && codes.every((c) => !PARKED_ELSEWHERE.has(c));
+    if (everywhere) {
+      const code = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
+      const common = new Set(codes).size === 1 ? codes[0]! : undefined;
+      if (common !== undefined ? code !== common : !codes.includes(code)) this.fail(`restore of ${id} refused by every participant (${codes.join(", ")}) answered ${describe(outcome)}`);
+      const cleanup = sent.filter((c) => c.op === "retire" || c.op === "resume");
+      if (cleanup.length > 0) this.fail(`restore of ${id} refused by every participant (${codes.join(", ")}), yet ${cleanup.map((c) => `${c.op}:${c.kind}/${c.instance}`).join(", ")} sent`);
+      if (this.changedBesidesStaleClose(before, await this.snapshot())) this.fail(`restore of ${id} refused by every participant (${codes.join(", ")}) changed the journal or the open checkpoint`);
+      return;
+    }
+    if (outcome.ok || (outcome.error as CheckpointError).code !== "restore_failed") return;
+    const retired = new Set(sent.filter((c) => c.op === "retire" && c.body["checkpoint_id"] === id).map((c) => `${c.kind}.${c.instance}`));
+    const installed = this.fake.installs.slice(installsBefore).map((m) => m.replace("/", "."));
+    const unretired = installed.filter((key) => !retired.has(key));
+    if (unretired.length > 0) this.fail(`restore of ${id} failed, but attempt+1 was not retired at ${unretired.join(", ")}, which installed it`);
+    const fenced = [...refused].filter((key) => retired.has(key));
+    if (fenced.length > 0) this.fail(`restore of ${id} failed, and attempt+1 was retired at ${fenced.join(", ")}, which refused it (${codes.join(", ")})`);
+  }
+
+  /**
+   * Whether the journal or the open checkpoint differ from `before`, but for the close of an open
+   * published or restored checkpoint no member holds any more, which a restore does first ("closed
+   * without a message when the next prepare, retire, forget or restore finds so") and then goes ahead.
+   */
+  private changedBesidesStaleClose(before: Snapshot, after: Snapshot): boolean {
+    if (after.journal === before.journal && isDeepStrictEqual(after.open, before.open)) return false;
+    const open = before.open as { checkpoint_id: string; phase: string } | null;
+    if (!open || after.open !== null || !["published", "restored"].includes(open.phase)) return true;
+    if ([...this.fake.state.values()].some((s) => s.checkpoint_id === open.checkpoint_id)) return true;
+    const entries = (JSON.parse(before.journal) as [string, unknown][]).filter(([id]) => id !== open.checkpoint_id);
+    return JSON.stringify(entries) !== after.journal;
+  }
+
+  /** A commit or checkpoint op that succeeded was committed (its files written) by every participant, not answered by one that had resumed it unwritten. */
+  private checkCommittedEverywhere(op: string, id: string): void {
+    const missing = FOUR.map((m) => `${m.kind}.${m.instance}`).filter((key) => !this.fake.committed.has(`${key}.${id}`));
+    if (missing.length > 0) this.fail(`${op} of ${id} succeeded, but ${missing.join(", ")} never committed it`);
+  }
+
   /** docs/api.md: "a refused request changes nothing". */
   private async checkNothingChanged(before: Snapshot, op: string, code: string): Promise<void> {
     const after = await this.snapshot();
@@ -646,6 +747,11 @@ export class EngineWorld {
   private fail(message: string): never {
     throw new InvariantViolation(message);
   }
+}
+
+/** A restore's answer that every participant refused it (RESTORE_REFUSALS, none parked elsewhere): their refusal, naming them. */
+function refusedByEveryParticipant(error: CheckpointError): boolean {
+  return RESTORE_REFUSALS.has(error.code) && !PARKED_ELSEWHERE.has(error.code) && error.message.startsWith(participantFailurePrefix("restore"));
 }
 
 function describe(outcome: Outcome): string {

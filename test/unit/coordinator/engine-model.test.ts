@@ -12,7 +12,10 @@ import { writers } from "./fake-participants.js";
  * participant faults toggled between them (unreachable, timing out, answering only after the try's
  * timeout, refusing, every restore refused), leases expiring at a participant, participants
  * restarting (a new incarnation holding nothing; the coordinator's view showing it at once or
- * later), leadership lost and regained or taken by a successor; after every step the
+ * later), rollouts reaching processes (live state: no longer fresh), a job restarted in whole or in
+ * part restoring LATEST, leadership lost and regained or taken by a successor. Each process
+ * remembers what a real one does (ParticipantMemory: the ids it resumed, its kept commit replies,
+ * its live state) and refuses as it would. After every step the
  * invariants docs/api.md promises (see EngineWorld). A failure prints its seed and steps;
  * `ENGINE_MODEL_SEEDS=a-b` runs other seeds, `ENGINE_MODEL_STEPS` longer sequences.
  */

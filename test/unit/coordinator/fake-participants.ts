@@ -21,6 +21,7 @@ import { ParticipantClient, type ParticipantRef } from "../../../coordinator/eng
 import type { MembershipSource } from "../../../coordinator/membership/member-registry.js";
 import { NoRespondersFailure, RequestTimeoutFailure, type ParticipantTransport, type TransportRequestOptions } from "../../../coordinator/engine/transport.js";
 import { MemoryDecisionJournal, type JournalEntry } from "../../../coordinator/ha/decision-journal.js";
+import { ParticipantMemory } from "./participant-memory.js";
 import { StaticLeadership } from "../../../coordinator/ha/leadership.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
@@ -32,6 +33,8 @@ export interface Call {
   op: Op;
   body: Record<string, unknown>;
   timeoutMs: number;
+  /** How it ended: `ok`, the participant's refusal code, or the transport's `unreachable` / `timeout` (`late`: done, its reply lost). */
+  answered?: string;
 }
 
 /**
@@ -75,6 +78,14 @@ export class FakeParticipants implements ParticipantTransport {
   /** Guarded messages refused as another incarnation's while the refusing process held their checkpoint (it took part: misaddressed). */
   readonly misaddressed: { participant: string; addressed: string; detail: string }[] = [];
   private restarts = 0;
+  /**
+   * Opt-in (tests written before it script these refusals themselves): each process remembers
+   * what a real one does (ParticipantMemory): its resumed fence, kept commit replies and live state.
+   */
+  memory = false;
+  private readonly memories = new Map<string, ParticipantMemory>();
+  /** `${kind}.${instance}.${checkpoint_id}` of every commit that wrote its files (not one answered from a kept reply). */
+  readonly committed = new Set<string>();
 
   /** Requests held until released, per `${kind}.${instance}.${op}` (see hold). */
   private readonly held = new Map<string, { released: Promise<void>; arrived: () => void }>();
@@ -118,11 +129,42 @@ export class FakeParticipants implements ParticipantTransport {
     const incarnation = `${kind}-${instance}-${++this.restarts}`;
     this.incarnation.set(who, incarnation);
     this.state.delete(who);
+    this.memories.delete(who);
     for (const key of [...this.restoredHere.keys()]) if (key.startsWith(`${who}.`)) this.restoredHere.delete(key);
     return incarnation;
   }
 
+  /** The process `${kind}.${instance}` now (see memory). */
+  memoryOf(who: string): ParticipantMemory {
+    let memory = this.memories.get(who);
+    if (!memory) this.memories.set(who, (memory = new ParticipantMemory()));
+    return memory;
+  }
+
+  /** Its lease expired: it resumed by itself, exactly as a resume would (control-plane onLeaseTimer), fencing the id it held. */
+  leaseExpired(kind: Kind, instance: string): void {
+    const who = `${kind}.${instance}`;
+    const held = this.state.get(who)?.checkpoint_id;
+    this.state.set(who, { phase: "idle", checkpoint_id: null });
+    if (!this.memory || !held) return;
+    this.memoryOf(who).reopen(held);
+    this.restoredHere.delete(`${who}.${held}`);
+  }
+
   async request(subject: string, body: string, options: TransportRequestOptions): Promise<string> {
+    const pending = this.requestOnce(subject, body, options);
+    const call = this.calls[this.calls.length - 1]!; // recorded before requestOnce's first await
+    try {
+      const reply = await pending;
+      call.answered = (JSON.parse(reply) as { error?: { code: string } }).error?.code ?? "ok";
+      return reply;
+    } catch (error) {
+      call.answered = error instanceof NoRespondersFailure ? "unreachable" : error instanceof RequestTimeoutFailure ? "timeout" : "thrown";
+      throw error;
+    }
+  }
+
+  private async requestOnce(subject: string, body: string, options: TransportRequestOptions): Promise<string> {
     const parts = subject.split(".");
     const [kind, instance, op] = [parts[5] as Kind, parts[6]!, parts[7] as Op];
     const parsed = JSON.parse(body) as Record<string, unknown>;
@@ -158,6 +200,32 @@ export class FakeParticipants implements ParticipantTransport {
     return this.restoredHere.get(`${kind}.${instance}.${String(parsed.checkpoint_id)}`)?.args === args;
   }
 
+  /**
+   * With memory, a real participant's answers before its phase change (control-plane cached, admit
+   * and restore's freshness check), for the ops they concern; undefined: go on. Prepare's conflict
+   * and phase checks and resume's conflict are answer's own.
+   */
+  private admitRemembering(memory: ParticipantMemory, who: string, op: Op, parsed: Record<string, unknown>, commitArgs: string): string | undefined {
+    const refuse = (code: string, detail: string) => JSON.stringify({ error: { code, detail } });
+    const id = String(parsed.checkpoint_id);
+    if (op === "commit") {
+      const cached = memory.cachedCommit(id, commitArgs);
+      if (cached && "conflict" in cached) return refuse("checkpoint_conflict", cached.conflict);
+      if (cached) return cached.reply;
+    }
+    const allowed: Partial<Record<Op, string[]>> = { prepare: ["idle", "preparing"], commit: ["prepared"], restore: ["idle"], renew: ["preparing", "prepared", "committed", "restored"] };
+    const phases = allowed[op];
+    if (!phases) return undefined;
+    if (memory.fenced(id)) return refuse("stale_checkpoint", `checkpoint ${id} was already resumed`);
+    // A prepare's reply is cached once ready (answered before admission while it is held): answer's checks model that.
+    if (op === "prepare") return undefined;
+    const held = this.state.get(who) ?? { phase: "idle", checkpoint_id: null };
+    if (held.checkpoint_id !== null && held.checkpoint_id !== id) return refuse("checkpoint_conflict", `checkpoint ${held.checkpoint_id} is active; ${op} for ${id} refused`);
+    if (!phases.includes(held.phase)) return refuse("invalid_phase", `${op} is not allowed in phase ${held.phase}`);
+    if (op === "restore" && memory.live) return refuse("invalid_checkpoint_state", "restore needs a fresh process: this participant holds live state");
+    return undefined;
+  }
+
   /** What the participant answers (and does) for a request that reached it. */
   private async answer(kind: Kind, instance: string, op: Op, parsed: Record<string, unknown>, behaviour: Exclude<Behaviour, "unreachable" | "timeout" | "late" | "hang">): Promise<string> {
     const who = `${kind}.${instance}`;
@@ -184,7 +252,16 @@ export class FakeParticipants implements ParticipantTransport {
       const cached = this.restoredHere.get(restoredKey);
       if (cached && cached.args !== restoreArgs) return JSON.stringify({ error: { code: "checkpoint_conflict", detail: "another directory or scope" } });
       if (cached) return cached.reply;
+    }
+    const memory = this.memory ? this.memoryOf(who) : undefined;
+    const commitArgs = op === "commit" ? JSON.stringify([parsed.checkpoint_dir, parsed.episode_ids === null ? "*" : [...new Set((parsed.episode_ids as EpisodeId[]).map(captureKey))].sort(), parsed.stop]) : "";
+    if (memory) {
+      const answered = this.admitRemembering(memory, who, op, parsed, commitArgs);
+      if (answered !== undefined) return answered;
+    }
+    if (op === "restore") {
       this.installs.push(`${kind}/${instance}`);
+      memory?.restored(String(parsed.checkpoint_id));
     }
     if (op === "prepare") {
       // As a real participant's admission (control-plane admit): another checkpoint held here is a
@@ -204,6 +281,9 @@ export class FakeParticipants implements ParticipantTransport {
       }
     }
     if (op === "resume") this.restoredHere.delete(restoredKey);
+    // Fenced here, as a real resume does (of its own checkpoint, or of any id while idle).
+    const idempotent = op === "resume" && this.state.get(who)?.checkpoint_id !== parsed.checkpoint_id;
+    if (op === "resume") memory?.reopen(String(parsed.checkpoint_id));
     if (op === "prepare") track(typeof behaviour === "object" && "notReady" in behaviour ? "preparing" : "prepared");
     if (op === "commit") track("committed");
     if (op === "resume") track("idle");
@@ -216,7 +296,8 @@ export class FakeParticipants implements ParticipantTransport {
         this.commitSawDir.push(isDirectory(parsed.checkpoint_dir as string));
         // Written as a participant writes them (no records): a restore reads the manifest back.
         const entry = await writeParticipantFiles(parsed.checkpoint_dir as string, kind, instance, []);
-        return JSON.stringify({
+        this.committed.add(`${who}.${String(parsed.checkpoint_id)}`);
+        const reply = JSON.stringify({
           phase: "committed",
           manifest: entry.manifest,
           manifest_path: entry.manifest_path,
@@ -224,9 +305,11 @@ export class FakeParticipants implements ParticipantTransport {
           episode_ids: this.exported.get(`${kind}.${instance}`) ?? [],
           extras: {},
         });
+        memory?.committed(String(parsed.checkpoint_id), commitArgs, reply);
+        return reply;
       }
       case "resume":
-        return JSON.stringify({ phase: "idle", idempotent: false });
+        return JSON.stringify({ phase: "idle", idempotent: memory !== undefined && idempotent });
       case "restore": {
         const reply = JSON.stringify({
           phase: "restored",
