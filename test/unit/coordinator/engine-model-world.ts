@@ -85,6 +85,8 @@ export class EngineWorld {
   private epoch = 7;
   private nextId = 0;
   private journalFault: "none" | "lost" | "landed" = "none";
+  /** Journal writes that still work before journalFault applies (a restore's `restoring` write, not its `restored` one). */
+  private journalWritesBeforeFault = 0;
   /** The membership view's incarnations (shared by every coordinator here); the participants' own are fake.incarnation. */
   private readonly view = new Map(FOUR.map((m) => [`${m.kind}.${m.instance}`, `${m.kind}-${m.instance}-0`]));
   /** Restarted processes the view does not show yet (their announcement not seen). */
@@ -107,6 +109,10 @@ export class EngineWorld {
     // A KV put whose acknowledgement never comes (a timeout), landed or not, while journalFault says so.
     const record = this.journal.record.bind(this.journal);
     this.journal.record = async (entry) => {
+      if (this.journalFault !== "none" && this.journalWritesBeforeFault > 0) {
+        this.journalWritesBeforeFault--;
+        return record(entry);
+      }
       if (this.journalFault === "landed") await record(entry);
       if (this.journalFault !== "none") throw new Error("TIMEOUT (scripted journal fault)");
       await record(entry);
@@ -123,6 +129,7 @@ export class EngineWorld {
     if (r >= 0.93 && r < 0.94) return this.catchUpView();
     if (r >= 0.94 && r < 0.96) return this.serve();
     if (r >= 0.96 && r < 0.98) return this.restartAndRestore();
+    if (r >= 0.98 && r < 0.99) return this.restoreThenFailover();
     // A retry is likeliest right after the op it repeats succeeded (its reply lost), or a restore every participant refused (RESTORE_FAULTS).
     if (this.last && r < (this.last.outcome.ok || this.refusedEverywhere(this.last) ? 0.35 : 0.22)) return this.retryLast();
     if (r < 0.3) return this.runWithConcurrentRetry();
@@ -224,6 +231,27 @@ export class EngineWorld {
     this.last = { op: "restore", request, outcome, faultsSince: 0, failedOver: false };
   }
 
+  /**
+   * A restore whose `restored` write is lost (its entry still says `restoring`), then processes
+   * restarting (fresh: they install it when it is re-sent) and another one failing it, and a
+   * failover: the successor re-sends it and cleans it up where it may have been installed.
+   */
+  private async restoreThenFailover(): Promise<void> {
+    this.journalFault = "lost";
+    this.journalWritesBeforeFault = 1;
+    this.steps.push("journal writes time out (lost) after the next one");
+    await this.restartAndRestore();
+    this.journalFault = "none";
+    this.journalWritesBeforeFault = 0;
+    this.steps.push("journal writes work again");
+    await this.restartMember(this.pick(FOUR));
+    const member = this.pick(FOUR);
+    const fault = this.pick(FAULTS);
+    this.fake.set(member.kind, member.instance, "restore", fault);
+    this.steps.push(`fault ${member.kind}.${member.instance}.restore ${JSON.stringify(fault)}`);
+    await this.loseLeadership();
+  }
+
   /** The restarted processes' announcements reach the coordinator's view. */
   private async catchUpView(): Promise<void> {
     this.steps.push(`the view catches up${this.lagging.size ? ` (${[...this.lagging.values()].join(", ")})` : " (nothing lags)"}`);
@@ -257,6 +285,8 @@ export class EngineWorld {
       this.engine = this.fixture.engine;
       this.steps.push(`failover to a successor (epoch ${this.epoch}, recover)`);
     }
+    const calledBefore = this.fake.calls.length;
+    const installsBefore = this.fake.installs.length;
     let outcome = await this.bounded("recover", this.engine.recover());
     this.steps[this.steps.length - 1] += ` → ${describe(outcome)}`;
     // A recovery that rejects keeps the gate shut (the daemon serves no op) and is tried again:
@@ -272,6 +302,22 @@ export class EngineWorld {
     await this.settle();
     this.checkThrown("recover", outcome);
     await this.checkAlways(before, "recover", outcome);
+    this.checkRecoveredRestoreCleanup(calledBefore, installsBefore);
+  }
+
+  /**
+   * A restore re-driven in recovery that was cleaned up (attempt+1 retired) retired it at every
+   * process that installed it then: "attempt+1 retired where it may have been installed".
+   */
+  private checkRecoveredRestoreCleanup(calledBefore: number, installsBefore: number): void {
+    const sent = this.fake.calls.slice(calledBefore);
+    const restore = sent.find((c) => c.op === "restore");
+    if (!restore) return;
+    const id = restore.body["checkpoint_id"];
+    const retired = new Set(sent.filter((c) => c.op === "retire" && c.body["checkpoint_id"] === id).map((c) => `${c.kind}.${c.instance}`));
+    if (retired.size === 0) return;
+    const unretired = this.fake.installs.slice(installsBefore).map((m) => m.replace("/", ".")).filter((key) => !retired.has(key));
+    if (unretired.length > 0) this.fail(`recovery re-sent the restore of ${String(id)} and cleaned it up, but attempt+1 was not retired at ${unretired.join(", ")}, which installed it`);
   }
 
   private refusedEverywhere(last: NonNullable<EngineWorld["last"]>): boolean {
@@ -675,6 +721,10 @@ export class EngineWorld {
     if (unretired.length > 0) this.fail(`restore of ${id} failed, but attempt+1 was not retired at ${unretired.join(", ")}, which installed it`);
     const fenced = [...refused].filter((key) => retired.has(key));
     if (fenced.length > 0) this.fail(`restore of ${id} failed, and attempt+1 was retired at ${fenced.join(", ")}, which refused it (${codes.join(", ")})`);
+    // "resumes everyone": also a process still parked in that (stop) checkpoint, which refused it (invalid_phase).
+    const failing = (key: string) => this.fake.script.has(`${key}.resume`) && this.fake.script.get(`${key}.resume`) !== "late";
+    const holders = [...this.fake.state].filter(([key, st]) => st.checkpoint_id === id && !failing(key)).map(([key, st]) => `${key} (${st.phase})`);
+    if (holders.length > 0) this.fail(`restore of ${id} failed and was cleaned up, but ${holders.join(", ")} still hold it (no resume fault scripted there)`);
   }
 
   /**
