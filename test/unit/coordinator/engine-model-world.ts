@@ -722,8 +722,10 @@ export class EngineWorld {
     const fenced = [...refused].filter((key) => retired.has(key));
     if (fenced.length > 0) this.fail(`restore of ${id} failed, and attempt+1 was retired at ${fenced.join(", ")}, which refused it (${codes.join(", ")})`);
     // "resumes everyone": also a process still parked in that (stop) checkpoint, which refused it (invalid_phase).
+    // Not one the coordinator cannot know of: restarted, the view lagging, its restore's reply (naming it) lost; its lease resumes it.
     const failing = (key: string) => this.fake.script.has(`${key}.resume`) && this.fake.script.get(`${key}.resume`) !== "late";
-    const holders = [...this.fake.state].filter(([key, st]) => st.checkpoint_id === id && !failing(key)).map(([key, st]) => `${key} (${st.phase})`);
+    const unknown = (key: string) => this.lagging.has(key) && restores.some((c) => `${c.kind}.${c.instance}` === key && c.answered !== "ok");
+    const holders = [...this.fake.state].filter(([key, st]) => st.checkpoint_id === id && !failing(key) && !unknown(key)).map(([key, st]) => `${key} (${st.phase})`);
     if (holders.length > 0) this.fail(`restore of ${id} failed and was cleaned up, but ${holders.join(", ")} still hold it (no resume fault scripted there)`);
   }
 
