@@ -1,13 +1,15 @@
-import { readFileSync } from "node:fs";
-import { mkdir, readFile, truncate } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { readFileSync, statSync } from "node:fs";
+import { appendFile, mkdir, readdir, readFile, rm, stat, truncate, writeFile } from "node:fs/promises";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import pino from "pino";
 import { Collector, type CollectorController } from "../../../coordinator/collect/collector.js";
+import { DISPATCH_LOG_FILE, DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { ProgressReporter, type ProgressSnapshot } from "../../../coordinator/collect/progress-reporter.js";
 import { ResultLineSchema } from "../../../coordinator/collect/results-file.js";
 import { participantFailurePrefix } from "../../../coordinator/engine/participant-client.js";
-import { CheckpointError, captureKey, type EpisodeId, type ErrorCode } from "../../../protocol/index.js";
+import { CheckpointError, ROLLOUTS_DIR, TRAJECTORY_HEADER, captureKey, rolloutRecordFileName, type EpisodeId, type ErrorCode } from "../../../protocol/index.js";
 import { InvariantViolation, type ModelRunWorld } from "../../support/seeded-model-run.js";
 
 /**
@@ -22,11 +24,15 @@ import { InvariantViolation, type ModelRunWorld } from "../../support/seeded-mod
  * the controller answers, or the collector is killed at one of their ops; restores succeed, fail
  * (`restore_failed`, also at their resume), are refused by live processes, lose their reply (once
  * or on every try) or meet no leader; the collector "crashes" (halted, a new Collector on the same
- * files, its Gym kept or restarted, the last results line maybe torn; killed again during its
- * start now and then) or stops on SIGTERM (stop checkpoint, then the same); /run stops accepting
- * connections; retires and forgets fail. After every step, once the collector settled, the
+ * files, its Gym kept or restarted, the last results line maybe torn, dispatched.jsonl maybe
+ * naming attempts never sent or ending in a torn line, its restored lines cut short, a temp file of a
+ * durable replace left behind; killed again during its start now and then) or stops on SIGTERM
+ * (stop checkpoint, then the same); /run stops accepting connections; retires and forgets fail; a
+ * new collection (--new-collection, another --out and prefix) abandons the running one. Some
+ * worlds write rollout records (--records-dir). After every step, once the collector settled, the
  * invariants docs/collect.md promises (checkSend at each /run, the coordinator's ops, unsettled);
- * the last step drains the collection and checks every row ended exactly once.
+ * the last step drains the collection and checks every row ended exactly once (and, with records,
+ * has its record exactly once unless a crash lost it while buffered).
  */
 
 const logger = pino({ level: "silent" });
@@ -92,6 +98,8 @@ interface Req {
   answeredAt?: number;
   /** Left unanswered on purpose (the collector's run timeout ends it). */
   hung?: boolean;
+  /** Asked for its trajectory (`x-ng-trajectory: 1`, with --records-dir). */
+  trajectory?: boolean;
   /** A retire fenced it while its client was still connected (it must have given up on it already). */
   retiredWhileWaited?: boolean;
   closed?: boolean;
@@ -110,12 +118,33 @@ export class CollectorWorld implements ModelRunWorld {
   readonly steps: string[] = [];
   private server!: Server;
   private baseUrl!: string;
-  private readonly rows: string[];
+  /** The rollout ids of --tasks, before any --rollout-id-prefix. */
+  private readonly baseRows: string[];
+  /** The current collection's rollout ids (its prefix in front). */
+  private rows: string[];
   private readonly concurrency: number;
   private readonly maxAttempts: number;
   /** --checkpoint-every, in some worlds: timer checkpoints racing the steps. */
   private readonly every: number | undefined;
   private stepNo = 0;
+  /** --records-dir, in some worlds: the rollout records are checked too. */
+  private readonly records: { everyRows: number; everySeconds: number } | undefined;
+  /** The collection: 1, then 2, 3 after each --new-collection (its own --out and prefix). */
+  private collectionNo = 1;
+  /** Whether starts pass --new-collection (kept by a job script once used: continues its own log). */
+  private newCollection = false;
+  /** The abandoned collection's log, while no start of the new one got through (see newCollectionStep). */
+  private abandoning: { latest: Map<string, number>; finished: Map<string, number>; outKnown: boolean } | undefined;
+  /** Rollouts of a collection abandoned with its --out not there: left retired, not forgotten (documented). */
+  private readonly notForgotten = new Set<string>();
+  /** Collections abandoned by a --new-collection: their --out, as left, must stay as it is. */
+  private readonly abandoned: { rows: string[]; out: string; text: string; finished: Map<string, number> }[] = [];
+  /** Rows in --out that a crash may have left without a record (buffered, not yet written, when the collector died). */
+  private readonly mayLackRecord = new Set<string>();
+  /** The dispatch log's size when a start's restore answered (the restored lines follow it). */
+  private readonly restoreLogSize = new Map<number, number>();
+  /** The op and timing of the last crash unlessKilled armed that killed the collector. */
+  private lastCrash: { op: string; after: boolean } | undefined;
 
   // ---- the collector's incarnations -------------------------------------------------------
   private inc = 0;
@@ -191,15 +220,30 @@ export class CollectorWorld implements ModelRunWorld {
     private readonly totalSteps: number,
   ) {
     const n = 3 + Math.floor(random() * 5);
-    this.rows = Array.from({ length: n }, (_, i) => `r${i}`);
+    this.baseRows = Array.from({ length: n }, (_, i) => `r${i}`);
+    this.rows = this.baseRows;
     this.concurrency = 1 + Math.floor(random() * 4);
     this.maxAttempts = 2 + Math.floor(random() * 2);
     this.every = random() < 0.3 ? 0.03 + random() * 0.1 : undefined;
-    this.steps.push(`world: rows=${n} concurrency=${this.concurrency} max_attempts=${this.maxAttempts}${this.every ? ` checkpoint_every=${this.every.toFixed(3)}` : ""}`);
+    this.records = random() < 0.4 ? { everyRows: 1 + Math.floor(random() * 3), everySeconds: 0.02 + random() * 0.1 } : undefined;
+    const records = this.records ? ` records_every_rows=${this.records.everyRows} records_every_s=${this.records.everySeconds.toFixed(3)}` : "";
+    this.steps.push(`world: rows=${n} concurrency=${this.concurrency} max_attempts=${this.maxAttempts}${this.every ? ` checkpoint_every=${this.every.toFixed(3)}` : ""}${records}`);
   }
 
   private get out(): string {
-    return join(this.root, "results.jsonl");
+    return join(this.root, this.collectionNo === 1 ? "results.jsonl" : `results-${this.collectionNo}.jsonl`);
+  }
+
+  private get prefix(): string {
+    return this.collectionNo === 1 ? "" : `c${this.collectionNo}.`;
+  }
+
+  private get logPath(): string {
+    return join(this.root, DISPATCH_LOG_FILE);
+  }
+
+  private get recordsDir(): string {
+    return join(this.root, "records");
   }
 
   private pick<T>(items: readonly T[]): T {
@@ -269,7 +313,7 @@ export class CollectorWorld implements ModelRunWorld {
       const body = JSON.parse(data) as { rollout_id: string; attempt: number };
       // A request of a dead collector that was still on its way: its process is gone with it.
       if (this.dead.has(inc)) return void res.socket?.destroy();
-      const r: Req = { seq: ++this.seq, inc, rollout: body.rollout_id, attempt: body.attempt, res };
+      const r: Req = { seq: ++this.seq, inc, rollout: body.rollout_id, attempt: body.attempt, res, ...(req.headers[TRAJECTORY_HEADER] === "1" && { trajectory: true }) };
       try {
         this.checkSend(r);
       } catch (error) {
@@ -298,6 +342,11 @@ export class CollectorWorld implements ModelRunWorld {
     r.ended = how;
     r.answeredAt = performance.now();
     if (how === "success" && !this.dead.has(r.inc)) r.delivered = true;
+    // Asked for (with --records-dir): the episode as a record's graph (RunTrajectorySchema).
+    if (how === "success" && r.trajectory && typeof body === "object" && body !== null) {
+      const { reward } = body as { reward: number };
+      body = { ...body, trajectory: { task_name: r.rollout, prompt: null, nodes: [], reward, turns: 0, stop_condition: null, is_completed: true, replay: null } };
+    }
     r.res.writeHead(status, { "content-type": "application/json" });
     r.res.end(typeof body === "string" ? body : JSON.stringify(body));
   }
@@ -518,7 +567,8 @@ export class CollectorWorld implements ModelRunWorld {
     let killed = false;
     let wake!: () => void;
     const crashed = new Promise<"killed">((resolve) => (wake = () => resolve("killed")));
-    this.crashAt = { op, after: this.random() < 0.5, killed: () => ((killed = true), wake()) };
+    const after = this.random() < 0.5;
+    this.crashAt = { op, after, killed: () => ((killed = true), (this.lastCrash = { op, after }), wake()) };
     try {
       const result = await Promise.race([action(), crashed]);
       // Killed by an op the action left running in the background (a forget it queued), before this line.
@@ -572,6 +622,8 @@ export class CollectorWorld implements ModelRunWorld {
   }
 
   private restored(inc: number, req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
+    // The log as the start wrote it: the restored attempts are appended after this (see crashAfterStartKill).
+    this.restoreLogSize.set(inc, statSync(this.logPath).size);
     for (const e of req.episode_ids) {
       this.expectedFirst.set(`${inc}/${e.rollout_id}`, e.attempt + 1);
       this.restoredAttempts.add(`${e.rollout_id}@${e.attempt + 1}`);
@@ -626,11 +678,17 @@ export class CollectorWorld implements ModelRunWorld {
       }
       override update(): void {}
     })(process.stdout);
+    // A job script that passed --new-collection keeps it on its restarts now and then: its own log is continued.
+    // Until a start got through, the log is still the abandoned collection's: the flag is needed.
+    const newCollection = this.newCollection && (this.abandoning !== undefined || this.random() < 0.5);
     const collector = new Collector({
       rows: this.rows.map((rolloutId) => ({ rolloutId, task: { q: rolloutId } })),
       runUrl: `${this.baseUrl}?inc=${inc}`,
       outPath: this.out,
       tasksPath: join(this.root, "tasks.jsonl"),
+      ...(this.prefix && { rolloutIdPrefix: this.prefix }),
+      ...(newCollection && { newCollection }),
+      ...(this.records && { records: { dir: this.recordsDir, env: "gym", kind: "eval" as const, everyRows: this.records.everyRows, everySeconds: this.records.everySeconds } }),
       checkpointDir: this.root,
       controller: this.controllerFor(inc),
       concurrency: this.concurrency,
@@ -649,9 +707,11 @@ export class CollectorWorld implements ModelRunWorld {
     this.snapshot = undefined;
     // Now and then the start is killed at one of its ops (a second crash, as `kill-collector-twice`).
     const crashOp = crashes < 2 && this.random() < 0.15 ? this.pick(["status", "retire", "restore", "resume", "forget"]) : undefined;
+    const logBefore = await readFile(this.logPath, "utf8").catch(() => "");
     try {
       if ((await this.unlessKilled(() => collector.start(), crashOp)) === "killed") {
         await this.kill();
+        await this.crashDuringStart(inc, logBefore);
         if (this.random() < 0.3) this.restartGym();
         return this.startCollector(`restart after a crash during the start (gym epoch ${this.gymEpoch})`, crashes + 1);
       }
@@ -664,6 +724,22 @@ export class CollectorWorld implements ModelRunWorld {
         return this.startCollector("started again after a start refused not_leader", crashes + 1);
       }
       this.violation(`collector ${inc}'s start failed: ${String(error)}`);
+    }
+    // --new-collection (docs/collect.md): the attempts the abandoned collection left unfinished by
+    // its own --out are retired, and those rollouts forgotten with the ones it finished as a later
+    // attempt: no fence of it is left (the Gym's faults were lifted for this start).
+    // Unless its --out is not there (no row of it finished: the file is created by the first): which
+    // rows finished is unknown then, and only attempts that certainly never finished are retired.
+    if (this.abandoning && !this.abandoning.outKnown) {
+      for (const id of this.abandoning.latest.keys()) this.notForgotten.add(id);
+      this.abandoning = undefined;
+    }
+    if (this.abandoning) {
+      for (const [id, attempt] of this.abandoning.latest) {
+        if (!this.abandoning.finished.has(id) && (this.retiredEver.get(id) ?? -1) < attempt) this.violation(`--new-collection left ${captureKey({ rollout_id: id, attempt })}, unfinished in the abandoned collection, unretired`);
+        if (this.fence.has(id)) this.violation(`--new-collection left the abandoned collection's rollout ${id} fenced (up to attempt ${this.fence.get(id)})`);
+      }
+      this.abandoning = undefined;
     }
     // Every attempt a dead collector left running at a live Gym is retired by the start.
     for (const o of this.orphans) {
@@ -682,17 +758,95 @@ export class CollectorWorld implements ModelRunWorld {
     );
   }
 
+  /**
+   * What a start killed at one of its ops may leave beyond that: killed before the resume of its
+   * restore, the restored attempts were being appended (in several writes when there are many), so
+   * the log may end anywhere in them (docs/collect.md: any restored attempt logged shows the restore
+   * landed); killed before its log was replaced, the replace may have been under way (the old log
+   * whole, a part of the new one's temp file beside it).
+   */
+  private async crashDuringStart(inc: number, logBefore: string): Promise<void> {
+    const crash = this.lastCrash!;
+    const text = await readFile(this.logPath, "utf8").catch(() => "");
+    const size = this.restoreLogSize.get(inc);
+    const total = Buffer.byteLength(text);
+    if (crash.op === "resume" && !crash.after && size !== undefined && total > size && this.random() < 0.5) {
+      const cut = size + Math.floor(this.random() * (total - size));
+      await truncate(this.logPath, cut);
+      this.steps.push(`  the crash cut the restored lines of dispatched.jsonl at ${cut - size}/${total - size} bytes`);
+    } else if (text && text === logBefore && this.random() < 0.3) {
+      await this.leaveTempOf(this.logPath, text);
+      this.steps.push("  the crash came during the replace of dispatched.jsonl: a part of its temp file left");
+    }
+  }
+
+  /**
+   * A new collection in the same root (docs/collect.md, Another collection in the same root): the
+   * running collector dies, and the next job starts with --new-collection, its own --out and
+   * --rollout-id-prefix. The earlier collection is abandoned: its unfinished attempts retired and
+   * forgotten (checked once a start got through), its --out left as it is, none of its rows sent
+   * or restored again (checkSend: not a row of --tasks any more), its records never duplicated.
+   */
+  private async newCollectionStep(): Promise<void> {
+    const tear = this.random() < 0.3;
+    const next = this.collectionNo + 1;
+    this.steps.push(`crash collector ${this.inc}${tear ? " (mid-append)" : ""}; a new collection in the same root: --new-collection --out results-${next}.jsonl --rollout-id-prefix c${next}.`);
+    await this.kill();
+    if (tear) await this.tearLastLine();
+    // The Gym answers its retires and forgets (a start failing on them is modelled elsewhere).
+    this.retireFails = this.forgetFails = 0;
+    this.retireDownUntil = 0;
+    const outKnown = await stat(this.out).then(() => true, () => false);
+    const text = await readFile(this.out, "utf8").catch(() => "");
+    const finished = new Map<string, number>();
+    // As its restart would read it: a last line that is a whole record which only lost its newline counts.
+    for (const line of text.split("\n")) {
+      const parsed = ResultLineSchema.safeParse((() => { try { return JSON.parse(line) as unknown; } catch { return undefined; } })());
+      if (parsed.success) finished.set(parsed.data.rollout_id, parsed.data.attempt);
+    }
+    const history = await DispatchLog.read(this.logPath);
+    this.abandoned.push({ rows: this.rows, out: this.out, text, finished });
+    this.abandoning = { latest: history?.latest ?? new Map(), finished, outKnown };
+    this.collectionNo = next;
+    this.rows = this.baseRows.map((id) => `${this.prefix}${id}`);
+    this.inFile = new Set();
+    this.newCollection = true;
+    await this.startCollector("a new collection");
+  }
+
   /** The process dies: no reply taken any more, nothing sent; what it ran at the Gym keeps running there. */
   private async kill(): Promise<void> {
     const inc = this.inc;
     this.dead.add(inc);
     await this.collector!.halt();
+    await this.killRecordsSink();
     for (const r of this.held()) {
       if (r.inc !== inc) continue;
       this.orphans.push({ rollout_id: r.rollout, attempt: r.attempt });
       r.res.socket?.destroy();
     }
     for (const r of this.reqs) if (r.inc === inc && r.ended === "slow") r.ended = "dropped";
+  }
+
+  /**
+   * A SIGKILL takes the collector's rollout-records sink with it: a flush under way is let finish
+   * (the process died just after it), what is still buffered is lost, and no timer flushes later
+   * (halt() leaves the sink running, as the CLI flushes after it). The rows in --out without a
+   * record by now may stay without one (docs/collect.md: "A SIGKILLed collector loses the rows still buffered").
+   */
+  private async killRecordsSink(): Promise<void> {
+    const sink = (this.collector as unknown as { records?: { tail: Promise<void>; buffer: unknown[]; timer?: NodeJS.Timeout; closed: boolean } }).records;
+    if (!sink) return;
+    for (let tail = sink.tail; ; tail = sink.tail) {
+      await tail.catch(() => undefined);
+      if (sink.tail === tail) break;
+    }
+    clearTimeout(sink.timer);
+    sink.timer = undefined;
+    sink.buffer = [];
+    sink.closed = true;
+    const recorded = await this.readRecords();
+    for (const id of (await this.readOut()).keys()) if (!recorded.has(id)) this.mayLackRecord.add(id);
   }
 
   // ---- steps ------------------------------------------------------------------------------
@@ -708,6 +862,7 @@ export class CollectorWorld implements ModelRunWorld {
       ["crash", 5],
       ["sigterm", 3],
       ["gym-restart", 2],
+      ["new-collection", this.collectionNo < 3 ? 1 : 0],
       ["retire-faults", 2],
       ["gym-down", this.gymDown ? 0 : 2],
       ["gym-up", this.gymDown ? 8 : 0],
@@ -739,6 +894,7 @@ export class CollectorWorld implements ModelRunWorld {
         this.steps.push(`crash collector ${this.inc}${gymToo ? " and the Gym" : ""}${tear ? " (mid-append)" : ""}`);
         await this.kill();
         if (tear) await this.tearLastLine();
+        if (this.random() < 0.3) await this.crashInDispatchLog();
         if (gymToo) this.restartGym();
         await this.startCollector("restart after a crash");
         break;
@@ -757,6 +913,9 @@ export class CollectorWorld implements ModelRunWorld {
         this.steps.push("/run accepts connections again");
         await this.listen(this.port);
         this.gymDown = false;
+        break;
+      case "new-collection":
+        await this.newCollectionStep();
         break;
       case "gym-restart":
         this.steps.push("the Gym restarts");
@@ -795,16 +954,60 @@ export class CollectorWorld implements ModelRunWorld {
     this.steps.push(`  → ${JSON.stringify(result)}`);
     this.fault = undefined;
     if (result === "killed") {
+      const openId = this.open?.id;
       await this.kill();
+      // Killed before its publish went out: collection.json was written, or (a crash during its
+      // durable replace) is not there, only a part of its temp file beside where it goes.
+      if (this.lastCrash?.op === "publish" && !this.lastCrash.after && openId && this.random() < 0.5) await this.tearStateFile(openId);
       const gymToo = this.random() < 0.4;
       if (gymToo) this.restartGym();
       return this.startCollector(`restart after a crash mid-checkpoint${gymToo ? ", the Gym restarted" : ""}`);
     }
     if (!stop) return;
+    // As the CLI does after its stop checkpoint: no reply taken any more, then the buffered records written.
+    await collector.halt();
+    await collector.flushRecords();
     await this.kill();
     const gymToo = this.random() < 0.5;
     if (gymToo) this.restartGym();
     await this.startCollector(`requeued after SIGTERM${gymToo ? ", the Gym restarted" : ""}`);
+  }
+
+  /** A crash during the durable replace of `id`'s collection.json: the file not in place, a part of its temp file left. */
+  private async tearStateFile(id: string): Promise<void> {
+    const path = join(this.root, id, "collection.json");
+    const text = await readFile(path, "utf8").catch(() => "");
+    if (!text) return;
+    await rm(path);
+    await this.leaveTempOf(path, text);
+    this.steps.push(`  the crash came during the write of ${id}/collection.json: not in place, a part of its temp file left`);
+  }
+
+  /** What a crash mid-`replaceFileDurably(path, …)` leaves beside `path`: a part of its temp file (named as durable-fs names it). */
+  private async leaveTempOf(path: string, text: string): Promise<void> {
+    const temp = join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
+    await writeFile(temp, text.slice(0, Math.floor(this.random() * text.length)));
+  }
+
+  /**
+   * A crash of the dispatch loop (docs/collect.md: each attempt is logged, on disk, before its
+   * /run goes): rows that were next to go logged their attempt and died before the /run was sent
+   * (a group commit writes several lines at once), the last of those lines maybe torn mid-append.
+   * Which rows and attempts: those the dead collector would have sent next (pending, no retire
+   * awaited), as many as it had free workers.
+   */
+  private async crashInDispatchLog(): Promise<void> {
+    const states = [...(this.collector as unknown as { states: Map<string, { attempt: number; status: string; retiring?: number }> }).states];
+    const inflight = states.filter(([, s]) => s.status === "inflight").length;
+    const next = states.filter(([, s]) => s.status === "pending" && s.retiring === undefined);
+    const k = Math.min(next.length, this.concurrency - inflight, 1 + Math.floor(this.random() * 3));
+    if (k <= 0) return;
+    const logged = next.slice(0, k).map(([rollout_id, s]) => `${JSON.stringify({ rollout_id, attempt: s.attempt })}\n`);
+    const torn = this.random() < 0.5;
+    const last = logged[k - 1]!;
+    if (torn) logged[k - 1] = last.slice(0, 1 + Math.floor(this.random() * (last.length - 1)));
+    await appendFile(this.logPath, logged.join(""));
+    this.steps.push(`  the crash came after logging ${logged.map((l) => l.trim()).join(" ")} (never sent${torn ? "; the last line torn" : ""})`);
   }
 
   /** A crash mid-append: the last line of --out is cut somewhere (maybe only its newline lost). */
@@ -815,6 +1018,8 @@ export class CollectorWorld implements ModelRunWorld {
     // Only a line the dying collector was appending.
     const last = JSON.parse(text.slice(start)) as { rollout_id: string; attempt: number };
     if (!this.reqs.some((r) => r.inc === this.inc && r.rollout === last.rollout_id && r.attempt === last.attempt && r.ended === "success")) return;
+    // Its record published, its line was synced before: no append of it was under way.
+    if ((await this.readRecords()).has(last.rollout_id)) return;
     const cut = start + 1 + Math.floor(this.random() * (text.length - start - 1));
     await truncate(this.out, Buffer.byteLength(text.slice(0, cut)));
     const torn = (JSON.parse(text.slice(start)) as { rollout_id: string }).rollout_id;
@@ -847,10 +1052,13 @@ export class CollectorWorld implements ModelRunWorld {
     }
     await this.running;
     if (this.runError) throw this.runError;
+    this.checkRecords(await this.readRecords(), await this.readOut(), true);
+    const stats = this.collector!.summary().records;
+    if (stats && (stats.unwritten || stats.failedFlushes)) this.violation(`rollout records: ${JSON.stringify(stats)}`);
     // Nothing of ours left open, and every rollout retired was forgotten after its last retire.
     if (this.open) this.violation(`the collection ended with checkpoint ${this.open.id} open (${this.open.phase})`);
     for (const [id, at] of this.lastRetired) {
-      if ((this.lastForgot.get(id) ?? -1) < at && this.lastForgetFailed < at) this.violation(`rollout ${id} was retired and never forgotten after`);
+      if ((this.lastForgot.get(id) ?? -1) < at && this.lastForgetFailed < at && !this.notForgotten.has(id)) this.violation(`rollout ${id} was retired and never forgotten after`);
     }
   }
 
@@ -887,6 +1095,51 @@ export class CollectorWorld implements ModelRunWorld {
     for (const e of scope) {
       if (!continued.has(captureKey(e))) this.runError ??= new InvariantViolation(`step ${this.stepNo}: restore of ${id} continues ${captureKey(e)}, which its collection.json does not continue`);
       if (this.inFile.has(e.rollout_id)) this.runError ??= new InvariantViolation(`step ${this.stepNo}: restore continues ${captureKey(e)}, a row --out holds`);
+    }
+  }
+
+  /** Every record line of the published record files in --records-dir (all steps, a follower's view): rollout → its records. */
+  private async readRecords(): Promise<Map<string, { attempt: number; continued: boolean; step: string }[]>> {
+    const found = new Map<string, { attempt: number; continued: boolean; step: string }[]>();
+    if (!this.records) return found;
+    const absent = <T>(value: T) => (error: NodeJS.ErrnoException) => {
+      if (error.code === "ENOENT") return value;
+      throw error;
+    };
+    const root = join(this.recordsDir, ROLLOUTS_DIR);
+    for (const step of await readdir(root).catch(absent<string[]>([]))) {
+      if (!/^step_[0-9]+$/.test(step)) continue;
+      // Published whole (linked into place): every line is a record.
+      const text = await readFile(join(root, step, rolloutRecordFileName("eval", "gym")), "utf8").catch(absent(""));
+      for (const line of text.split("\n")) {
+        if (!line) continue;
+        const { info } = JSON.parse(line) as { info: { rollout_id: string; attempt: number; continued: boolean } };
+        found.set(info.rollout_id, [...(found.get(info.rollout_id) ?? []), { attempt: info.attempt, continued: info.continued, step }]);
+      }
+    }
+    return found;
+  }
+
+  /**
+   * docs/collect.md, Rollout records: a record is published only once its row is in --out (synced
+   * first), and a row is recorded once across restarts, as the attempt --out holds; `final` (the
+   * collection ended): every row in --out has its record, but one a crash lost while buffered.
+   * `recorded` is read before --out (`rows`): a row appended between the two reads has no record yet.
+   */
+  private checkRecords(recorded: Map<string, { attempt: number; continued: boolean; step: string }[]>, rows: Map<string, number>, final: boolean): void {
+    if (!this.records) return;
+    for (const [id, found] of recorded) {
+      if (found.length > 1) this.violation(`the rollout records hold ${id} ${found.length} times (${found.map((r) => `attempt ${r.attempt} in ${r.step}`).join(", ")})`);
+      const { attempt, continued, step } = found[0]!;
+      const key = captureKey({ rollout_id: id, attempt });
+      const abandoned = this.abandoned.find((a) => a.rows.includes(id));
+      const inOut = abandoned ? abandoned.finished.get(id) : rows.get(id);
+      if (inOut !== attempt) this.violation(`the rollout records hold ${key} (${step}), but ${inOut === undefined ? "--out does not hold the row" : `--out holds attempt ${inOut}`}`);
+      if (continued !== this.restoredAttempts.has(`${id}@${attempt}`)) this.violation(`the record of ${key} says continued: ${continued}, but a restore ${continued ? "never installed" : "installed"} that attempt`);
+    }
+    if (!final) return;
+    for (const finished of [rows, ...this.abandoned.map((a) => a.finished)]) {
+      for (const id of finished.keys()) if (!recorded.has(id) && !this.mayLackRecord.has(id)) this.violation(`row ${id} is in --out, but no record of it was published (no crash lost it buffered)`);
     }
   }
 
@@ -931,9 +1184,13 @@ export class CollectorWorld implements ModelRunWorld {
 
   /** Why the state does not (yet) satisfy the invariants, or undefined. */
   private async unsettled(): Promise<string | undefined> {
+    const recorded = await this.readRecords();
     const text = await readFile(this.out, "utf8").catch(() => "");
     if (text && !text.endsWith("\n")) return "a torn last line in --out";
     const rows = await this.readOut();
+    this.checkRecords(recorded, rows, false);
+    // An abandoned collection's --out is left as it was (docs/collect.md, --new-collection).
+    for (const a of this.abandoned) if ((await readFile(a.out, "utf8").catch(() => "")) !== a.text) this.violation(`the abandoned collection's ${a.out} changed`);
     const waited = this.reqs.find((r) => r.retiredWhileWaited && !r.closed && !this.dead.has(r.inc));
     if (waited) return `a retire fenced ${captureKey({ rollout_id: waited.rollout, attempt: waited.attempt })} while collector ${waited.inc} still waits for its /run`;
     for (const id of this.inFile) if (!rows.has(id)) this.violation(`row ${id} left --out`);
