@@ -729,9 +729,12 @@ export class CollectorWorld implements ModelRunWorld {
     // its own --out are retired, and those rollouts forgotten with the ones it finished as a later
     // attempt: no fence of it is left (the Gym's faults were lifted for this start).
     // Unless its --out is not there (no row of it finished: the file is created by the first): which
-    // rows finished is unknown then, and only attempts that certainly never finished are retired.
+    // rows finished is unknown then, and only attempts that certainly never finished are retired;
+    // one still running at the Gym is left running there ("gym-ckpt retire stops it").
     if (this.abandoning && !this.abandoning.outKnown) {
-      for (const id of this.abandoning.latest.keys()) this.notForgotten.add(id);
+      const { latest } = this.abandoning;
+      for (const id of latest.keys()) this.notForgotten.add(id);
+      this.orphans = this.orphans.filter((o) => !latest.has(o.rollout_id));
       this.abandoning = undefined;
     }
     if (this.abandoning) {
@@ -831,11 +834,11 @@ export class CollectorWorld implements ModelRunWorld {
   /**
    * A SIGKILL takes the collector's rollout-records sink with it: a flush under way is let finish
    * (the process died just after it), what is still buffered is lost, and no timer flushes later
-   * (halt() leaves the sink running, as the CLI flushes after it). The rows in --out without a
-   * record by now may stay without one (docs/collect.md: "A SIGKILLed collector loses the rows still buffered").
+   * (halt() leaves the sink running, as the CLI flushes after it). The rows whose records it still
+   * buffered stay without one (docs/collect.md: "A SIGKILLed collector loses the rows still buffered").
    */
   private async killRecordsSink(): Promise<void> {
-    const sink = (this.collector as unknown as { records?: { tail: Promise<void>; buffer: unknown[]; timer?: NodeJS.Timeout; closed: boolean } }).records;
+    const sink = (this.collector as unknown as { records?: { tail: Promise<void>; buffer: { info?: Record<string, unknown> }[]; timer?: NodeJS.Timeout; closed: boolean } }).records;
     if (!sink) return;
     for (let tail = sink.tail; ; tail = sink.tail) {
       await tail.catch(() => undefined);
@@ -843,10 +846,9 @@ export class CollectorWorld implements ModelRunWorld {
     }
     clearTimeout(sink.timer);
     sink.timer = undefined;
+    for (const record of sink.buffer) this.mayLackRecord.add(String(record.info?.["rollout_id"]));
     sink.buffer = [];
     sink.closed = true;
-    const recorded = await this.readRecords();
-    for (const id of (await this.readOut()).keys()) if (!recorded.has(id)) this.mayLackRecord.add(id);
   }
 
   // ---- steps ------------------------------------------------------------------------------
