@@ -143,6 +143,8 @@ export class CollectorWorld implements ModelRunWorld {
   private readonly mayLackRecord = new Set<string>();
   /** The dispatch log's size when a start's restore answered (the restored lines follow it). */
   private readonly restoreLogSize = new Map<number, number>();
+  /** A crash armed at the live collector's next /run (crashAtNextDispatch). */
+  private dispatchCrash: { inc: number; hit: () => void } | undefined;
   /** The op and timing of the last crash unlessKilled armed that killed the collector. */
   private lastCrash: { op: string; after: boolean } | undefined;
 
@@ -313,6 +315,15 @@ export class CollectorWorld implements ModelRunWorld {
       const body = JSON.parse(data) as { rollout_id: string; attempt: number };
       // A request of a dead collector that was still on its way: its process is gone with it.
       if (this.dead.has(inc)) return void res.socket?.destroy();
+      // The collector dies as this /run goes out (crashAtNextDispatch): logged, never received.
+      if (this.dispatchCrash?.inc === inc) {
+        this.dead.add(inc);
+        this.steps.push(`  collector ${inc} died sending ${captureKey(body)}, logged, not received`);
+        const { hit } = this.dispatchCrash;
+        this.dispatchCrash = undefined;
+        hit();
+        return void res.socket?.destroy();
+      }
       const r: Req = { seq: ++this.seq, inc, rollout: body.rollout_id, attempt: body.attempt, res, ...(req.headers[TRAJECTORY_HEADER] === "1" && { trajectory: true }) };
       try {
         this.checkSend(r);
@@ -891,12 +902,18 @@ export class CollectorWorld implements ModelRunWorld {
         await this.checkpoint(true);
         break;
       case "crash": {
+        if (this.random() < 0.3 && (await this.crashAtNextDispatch())) {
+          await this.kill();
+          if (this.random() < 0.5) await this.tearDispatchLog();
+          await this.startCollector("restart after a crash mid-dispatch");
+          break;
+        }
         const gymToo = this.random() < 0.4;
         const tear = this.random() < 0.4;
         this.steps.push(`crash collector ${this.inc}${gymToo ? " and the Gym" : ""}${tear ? " (mid-append)" : ""}`);
         await this.kill();
         if (tear) await this.tearLastLine();
-        if (this.random() < 0.3) await this.crashInDispatchLog();
+        if (this.random() < 0.3) await this.tearDispatchLog();
         if (gymToo) this.restartGym();
         await this.startCollector("restart after a crash");
         break;
@@ -992,24 +1009,38 @@ export class CollectorWorld implements ModelRunWorld {
   }
 
   /**
-   * A crash of the dispatch loop (docs/collect.md: each attempt is logged, on disk, before its
-   * /run goes): rows that were next to go logged their attempt and died before the /run was sent
-   * (a group commit writes several lines at once), the last of those lines maybe torn mid-append.
-   * Which rows and attempts: those the dead collector would have sent next (pending, no retire
-   * awaited), as many as it had free workers.
+   * A crash of the dispatch loop between a row's dispatch-log append and its /run (docs/collect.md:
+   * each attempt is on disk before its /run goes): a held /run is answered, its worker sends the
+   * next row, and the collector dies once that row's attempt is logged, its /run never received
+   * (see onRun). Then, now and then, the log ends in a torn line too (another worker's append under
+   * way: a line the start must not take). False when no next row went out (a plain crash then).
    */
-  private async crashInDispatchLog(): Promise<void> {
-    const states = [...(this.collector as unknown as { states: Map<string, { attempt: number; status: string; retiring?: number }> }).states];
-    const inflight = states.filter(([, s]) => s.status === "inflight").length;
-    const next = states.filter(([, s]) => s.status === "pending" && s.retiring === undefined);
-    const k = Math.min(next.length, this.concurrency - inflight, 1 + Math.floor(this.random() * 3));
-    if (k <= 0) return;
-    const logged = next.slice(0, k).map(([rollout_id, s]) => `${JSON.stringify({ rollout_id, attempt: s.attempt })}\n`);
-    const torn = this.random() < 0.5;
-    const last = logged[k - 1]!;
-    if (torn) logged[k - 1] = last.slice(0, 1 + Math.floor(this.random() * (last.length - 1)));
-    await appendFile(this.logPath, logged.join(""));
-    this.steps.push(`  the crash came after logging ${logged.map((l) => l.trim()).join(" ")} (never sent${torn ? "; the last line torn" : ""})`);
+  private async crashAtNextDispatch(): Promise<boolean> {
+    const held = this.parked() ? [] : this.answerable();
+    if (!held.length) return false;
+    const r = this.pick(held);
+    let hit!: () => void;
+    const dispatched = new Promise<void>((resolve) => (hit = resolve));
+    this.dispatchCrash = { inc: this.inc, hit };
+    const outcome = this.random() < 0.7 ? "success" : "http500";
+    this.steps.push(`answer ${captureKey({ rollout_id: r.rollout, attempt: r.attempt })} of collector ${r.inc}: ${outcome}; the collector dies at the next /run it sends, logged, before it goes out`);
+    this.reply(r, outcome);
+    const timer = new Promise<void>((resolve) => setTimeout(resolve, 500));
+    await Promise.race([dispatched, timer]);
+    const landed = this.dispatchCrash === undefined;
+    this.dispatchCrash = undefined;
+    if (!landed) this.steps.push("  (no next /run went out: a plain crash)");
+    return landed;
+  }
+
+  /** A torn last line of dispatched.jsonl: a line for `rollout_id` cut mid-append (maybe only its newline lost). */
+  private async tearDispatchLog(): Promise<void> {
+    const pending = this.rows.filter((id) => !this.inFile.has(id));
+    if (!pending.length) return;
+    const line = `${JSON.stringify({ rollout_id: this.pick(pending), attempt: Math.floor(this.random() * 4) })}\n`;
+    const cut = 1 + Math.floor(this.random() * (line.length - 1));
+    await appendFile(this.logPath, line.slice(0, cut));
+    this.steps.push(`  dispatched.jsonl ends in a torn line: ${JSON.stringify(line.slice(0, cut))}`);
   }
 
   /** A crash mid-append: the last line of --out is cut somewhere (maybe only its newline lost). */
