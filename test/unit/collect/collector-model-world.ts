@@ -832,7 +832,9 @@ export class CollectorWorld implements ModelRunWorld {
   private async kill(): Promise<void> {
     const inc = this.inc;
     this.dead.add(inc);
+    this.killDispatchLog();
     await this.collector!.halt();
+    await this.killDispatchLogWrites();
     await this.killRecordsSink();
     for (const r of this.held()) {
       if (r.inc !== inc) continue;
@@ -840,6 +842,22 @@ export class CollectorWorld implements ModelRunWorld {
       r.res.socket?.destroy();
     }
     for (const r of this.reqs) if (r.inc === inc && r.ended === "slow") r.ended = "dropped";
+  }
+
+  /**
+   * A SIGKILL ends the collector's writes to dispatched.jsonl: halted, it would still log a send or a
+   * checkpoint already on its way (past the line of the model's crash, which may tear the log).
+   */
+  private killDispatchLog(): void {
+    const log = (this.collector as unknown as { log?: { append: unknown; replace: unknown } }).log;
+    if (!log) return;
+    log.append = log.replace = () => new Promise<never>(() => undefined);
+  }
+
+  /** …once the group write under way (if any) has ended, as the process died just after it. */
+  private async killDispatchLogWrites(): Promise<void> {
+    const log = (this.collector as unknown as { log?: { writing: boolean } }).log;
+    for (const until = Date.now() + 2_000; log?.writing && Date.now() < until; ) await new Promise((resolve) => setTimeout(resolve, 1));
   }
 
   /**
