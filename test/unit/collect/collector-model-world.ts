@@ -145,6 +145,8 @@ export class CollectorWorld implements ModelRunWorld {
   private readonly restoreLogSize = new Map<number, number>();
   /** A crash armed at the live collector's next /run (crashAtNextDispatch). */
   private dispatchCrash: { inc: number; hit: () => void } | undefined;
+  /** Arms a crash at an op of the action unlessKilled runs (a restore arms one at its resume). */
+  private armCrash: ((op: string, after: boolean) => void) | undefined;
   /** The op and timing of the last crash unlessKilled armed that killed the collector. */
   private lastCrash: { op: string; after: boolean } | undefined;
 
@@ -487,6 +489,11 @@ export class CollectorWorld implements ModelRunWorld {
           this.restoreFaultLeft--;
           throw new CheckpointError("not_leader", "no coordinator is the ready leader");
         }
+        // docs/collect.md: a restore left open is resumed, or sent again with the same scope, never
+        // with another (it refuses that, and would stay open, every server parked).
+        if (this.open?.phase === "restored" && this.open.id === req.checkpoint_id && this.open.scope !== scope) {
+          this.runError ??= new InvariantViolation(`step ${this.stepNo}: restore of ${req.checkpoint_id} with scope ${keys(req.episode_ids)}, while the restore of it left open has ${keys(JSON.parse(this.open.scope ?? "[]") as EpisodeId[])}`);
+        }
         const lost = this.restoreFault.startsWith("outcome_unknown") && this.restoreFaultLeft > 0;
         if (this.open?.phase === "restored" && this.open.id === req.checkpoint_id && this.open.scope === scope) {
           if (!lost) return this.restored(inc, req);
@@ -574,18 +581,19 @@ export class CollectorWorld implements ModelRunWorld {
 
   /** Runs `action` of the live collector; undefined when it ran to its end, "killed" when a crash armed at one of its ops killed the collector. */
   private async unlessKilled<T>(action: () => Promise<T>, op: string | undefined): Promise<T | "killed"> {
-    if (op === undefined) return action();
     let killed = false;
     let wake!: () => void;
     const crashed = new Promise<"killed">((resolve) => (wake = () => resolve("killed")));
-    const after = this.random() < 0.5;
-    this.crashAt = { op, after, killed: () => ((killed = true), (this.lastCrash = { op, after }), wake()) };
+    const arm = (op: string, after: boolean) => (this.crashAt = { op, after, killed: () => ((killed = true), (this.lastCrash = { op, after }), wake()) });
+    if (op !== undefined) arm(op, this.random() < 0.5);
+    this.armCrash = arm;
     try {
       const result = await Promise.race([action(), crashed]);
       // Killed by an op the action left running in the background (a forget it queued), before this line.
       return killed ? "killed" : result;
     } finally {
       this.crashAt = undefined;
+      this.armCrash = undefined;
     }
   }
 
@@ -633,8 +641,10 @@ export class CollectorWorld implements ModelRunWorld {
   }
 
   private restored(inc: number, req: { checkpoint_id: string; episode_ids: EpisodeId[] }) {
-    // The log as the start wrote it: the restored attempts are appended after this (see crashAfterStartKill).
+    // The log as the start wrote it: the restored attempts are appended after this, and now and
+    // then the start dies before the resume that follows (see crashDuringStart).
     this.restoreLogSize.set(inc, statSync(this.logPath).size);
+    if (this.armCrash && !this.crashAt && req.episode_ids.length && this.random() < 0.25) this.armCrash("resume", false);
     for (const e of req.episode_ids) {
       this.expectedFirst.set(`${inc}/${e.rollout_id}`, e.attempt + 1);
       this.restoredAttempts.add(`${e.rollout_id}@${e.attempt + 1}`);
@@ -784,7 +794,7 @@ export class CollectorWorld implements ModelRunWorld {
     const text = await readFile(this.logPath, "utf8").catch(() => "");
     const size = this.restoreLogSize.get(inc);
     const total = Buffer.byteLength(text);
-    if (crash.op === "resume" && !crash.after && size !== undefined && total > size && this.random() < 0.5) {
+    if (crash.op === "resume" && !crash.after && size !== undefined && total > size && this.random() < 0.7) {
       const cut = size + Math.floor(this.random() * (total - size));
       await truncate(this.logPath, cut);
       this.steps.push(`  the crash cut the restored lines of dispatched.jsonl at ${cut - size}/${total - size} bytes`);
