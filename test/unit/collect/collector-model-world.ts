@@ -276,7 +276,11 @@ export class CollectorWorld implements ModelRunWorld {
     for (const t of this.slowTimers) clearTimeout(t);
     if (this.collector) {
       this.dead.add(this.inc);
+      this.killDispatchLog();
       await this.collector.halt();
+      await this.killDispatchLogWrites();
+      // Its records sink would go on writing into the root being removed (ENOTEMPTY, masking the report).
+      await this.killRecordsSink();
     }
     for (const server of this.servers) {
       server.closeAllConnections();

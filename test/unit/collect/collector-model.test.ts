@@ -27,7 +27,7 @@ async function runSeed(seed: number): Promise<string | undefined> {
       return world;
     });
   } finally {
-    await rm(root, { recursive: true, force: true });
+    await rm(root, { recursive: true, force: true, maxRetries: 5 });
   }
 }
 
