@@ -1133,6 +1133,12 @@ export class CollectorWorld implements ModelRunWorld {
   private checkSend(r: Req): void {
     const key = captureKey({ rollout_id: r.rollout, attempt: r.attempt });
     if (!this.rows.includes(r.rollout)) this.violation(`/run of ${key}, a rollout --tasks does not name`);
+    // Logged (on disk) before it is sent: a crash from here on leaves it named for the next start to retire.
+    const logged = readFileSync(this.logPath, "utf8").split("\n").slice(1, -1).some((line) => {
+      const e = JSON.parse(line) as { rollout_id?: string; attempt?: number; restored?: boolean };
+      return e.rollout_id === r.rollout && e.attempt === r.attempt && !e.restored;
+    });
+    if (!logged) this.violation(`collector ${r.inc} sent ${key}, which dispatched.jsonl does not name as sent`);
     const earlier = this.reqs.filter((p) => p.rollout === r.rollout);
     const mine = earlier.filter((p) => p.inc === r.inc);
     const before = earlier.filter((p) => p.inc !== r.inc);
