@@ -9,8 +9,11 @@ import { CollectorWorld } from "./collector-model-world.js";
  * Model-based randomised test of the rollout collector: seeded random sequences of /run answers
  * (success, slow, 5xx, reset, oversized, malformed, none), checkpoints (explicit and on a timer)
  * failing at each op or killed mid-op, restores succeeding, failing or losing their reply, crashes
- * and SIGTERM stops with a new Collector on the same files, Gym restarts, /run down, retires and
- * forgets failing; after every step the invariants docs/collect.md promises (see CollectorWorld).
+ * and SIGTERM stops with a new Collector on the same files (--out's or dispatched.jsonl's last
+ * line torn, an attempt logged and never sent, the restored lines cut short, a durable replace cut
+ * off), Gym restarts, /run down, retires and forgets failing, a --new-collection abandoning the
+ * collection; some worlds write rollout records (--records-dir); after every step the invariants
+ * docs/collect.md promises (see CollectorWorld).
  * A failure prints its seed and steps (timing-dependent: the /run server and the run timeout are
  * real, so a seed may need a few runs to fail again); `COLLECTOR_MODEL_SEEDS=a-b` runs other
  * seeds, `COLLECTOR_MODEL_STEPS` longer sequences.
