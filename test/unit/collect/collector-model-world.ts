@@ -829,7 +829,7 @@ export class CollectorWorld implements ModelRunWorld {
     const finished = new Map<string, number>();
     // As its restart would read it: a last line that is a whole record which only lost its newline counts.
     for (const line of text.split("\n")) {
-      const parsed = ResultLineSchema.safeParse((() => { try { return JSON.parse(line) as unknown; } catch { return undefined; } })());
+      const parsed = ResultLineSchema.safeParse(jsonOrUndefined(line));
       if (parsed.success) finished.set(parsed.data.rollout_id, parsed.data.attempt);
     }
     const history = await DispatchLog.read(this.logPath);
@@ -1281,6 +1281,14 @@ export class CollectorWorld implements ModelRunWorld {
     if (snap.total !== this.rows.length || snap.done + snap.failed + snap.inFlight > snap.total) return `progress counts do not add up: ${JSON.stringify(snap)}`;
     // No checkpoint of ours stays open once it ended (a stop checkpoint's process is gone; the next start closes it).
     if (this.open && this.open.phase !== "restored" && !this.fault) return `checkpoint ${this.open.id} stays open (${this.open.phase})`;
+    return undefined;
+  }
+}
+
+function jsonOrUndefined(text: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
     return undefined;
   }
 }
