@@ -8,7 +8,7 @@ export interface RetryPauses {
   retireS: number;
   /** Before a /run that found no server at --run-url (the Gym down or restarting) is sent again. */
   unreachableS: number;
-  /** Before any row is sent again after /run answered `storage_error` (the Gym's disk full or failing). */
+  /** Before a row /run answered `storage_error` (the Gym's disk full or failing) is sent again. */
   storageS: number;
   /** Not a pause: how long /run may keep answering admission_closed outside our checkpoints before it is logged. */
   admissionClosedWarnS: number;
