@@ -990,8 +990,13 @@ export class Collector {
     this.failed(state, error, false, false);
   }
 
-  /** A /run reply other than `storage_error`: the row's storage spell, and the collection's, are over. */
+  /**
+   * A /run reply other than `storage_error`: the row's storage spell is over, and so is the
+   * collection's when this row was in it (another row's success says nothing of a refusal that may
+   * be one row's own: logged so, the spell would end and begin again with every pause).
+   */
   private storageAnswers(state: RowState): void {
+    if (state.storageRefusedSince === undefined) return;
     delete state.storageRefusedSince;
     this.storageRefusals.succeeded();
   }

@@ -717,12 +717,16 @@ describe("collector", () => {
     const url = await runServer((body) => (sent.push(`${body.rollout_id}:${body.attempt}`), body.rollout_id === "a" ? { status: 507, body: { error: { code: "storage_error", detail: "ENOENT: no such file, open '/data/a.bin'" } } } : { status: 200, body: { reward: 1 } }));
     const { controller } = fakeController();
     const rows = ["a", "b", "c", "d"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const collector = collectorFor(controller, url, { rows, concurrency: 2, retryPauses: { ...SHORT_PAUSES, storageS: 60 } });
+    const { log, lines } = capturingLogger();
+    const collector = collectorFor(controller, url, { rows, concurrency: 2, logger: log, retryPauses: { ...SHORT_PAUSES, storageS: 60 } });
     await collector.start();
     const run = collector.run();
     // Before: the refusal held every send for storageS, so b, c and d waited a minute behind a's.
     await waitUntil(() => ["b:0", "c:0", "d:0"].every((s) => sent.includes(s)), "the other rows sent", 10_000);
     expect(sent.filter((s) => s.startsWith("a:"))).toEqual(["a:0"]);
+    // The other rows' replies do not end a's spell: no warn/info pair with every pause.
+    await waitUntil(async () => (await readFile(join(dir, "results.jsonl"), "utf8").catch(() => "")).split("\n").filter(Boolean).length === 3, "b, c and d finished", 10_000);
+    expect(lines.filter((l) => l.msg.includes("storage_error")).map((l) => l.level)).toEqual([40]);
     await collector.halt();
     await run;
   });
