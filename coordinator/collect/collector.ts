@@ -41,7 +41,7 @@ import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
-import { appendResultText, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, syncResults, type FinishedRow } from "./results-file.js";
+import { appendResultText, createResultsIfAbsent, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -710,8 +710,10 @@ export class Collector {
       }, timerDelay(this.options.checkpointEverySeconds * 1000));
       this.timer.unref();
     }
-    const workers = Array.from({ length: concurrency }, () => this.worker());
     try {
+      // Before the first /run: a --new-collection after this one tells by it that no row finished yet.
+      await createResultsIfAbsent(this.options.outPath);
+      const workers = Array.from({ length: concurrency }, () => this.worker());
       await Promise.all(workers);
       if (this.resultsLost) throw this.resultsLost;
     } catch (error) {

@@ -187,6 +187,31 @@ async function distrust(path: string, handle: FileHandle, error: unknown): Promi
   return failure;
 }
 
+/**
+ * Makes `path` exist, empty and on disk with its directory entry, unless it is there: a collection
+ * does this before its first `/run`. A later `--new-collection` tells "this collection finished no
+ * row" (an empty file) from "its --out is gone" (no file) by it: without it, abandoning a collection
+ * stopped before its first row finished could not tell which of its attempts to retire.
+ */
+export function createResultsIfAbsent(path: string): Promise<void> {
+  return queued(path, async () => {
+    let handle: FileHandle;
+    try {
+      handle = await open(path, "wx");
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "EEXIST") return;
+      throw namePath(error, path);
+    }
+    try {
+      await handle.sync();
+    } finally {
+      await handle.close().catch(() => undefined);
+    }
+    await fsyncDirectory(dirname(path));
+    durability.set(path, { synced: 0, entry: true });
+  });
+}
+
 /** A finished row as readers need it: the `/run` reply itself stays in the file. */
 export type FinishedRow = Omit<ResultLine, "response">;
 

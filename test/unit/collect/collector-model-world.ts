@@ -753,9 +753,10 @@ export class CollectorWorld implements ModelRunWorld {
     // --new-collection (docs/collect.md): the attempts the abandoned collection left unfinished by
     // its own --out are retired, and those rollouts forgotten with the ones it finished as a later
     // attempt: no fence of it is left (the Gym's faults were lifted for this start).
-    // Unless its --out is not there (no row of it finished: the file is created by the first): which
-    // rows finished is unknown then, and only attempts that certainly never finished are retired;
-    // one still running at the Gym is left running there ("gym-ckpt retire stops it").
+    // Unless its --out is not there (a collection makes it before its first /run, so only one that
+    // never got that far): which rows finished is unknown then, and only attempts that certainly
+    // never finished are retired; one still running at the Gym is left running there ("gym-ckpt
+    // retire stops it").
     if (this.abandoning && !this.abandoning.outKnown) {
       const { latest } = this.abandoning;
       for (const id of latest.keys()) this.notForgotten.add(id);

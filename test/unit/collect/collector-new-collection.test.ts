@@ -6,6 +6,7 @@ import { join } from "node:path";
 import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { CollectorController, CollectorOptions } from "../../../coordinator/collect/collector.js";
+import { waitUntil } from "../../support/wait-until.js";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 import { appendResult } from "../../../coordinator/collect/results-file.js";
 import { CheckpointError, sha256Hex, type EpisodeId } from "../../../protocol/index.js";
@@ -259,6 +260,35 @@ describe("collect --new-collection", () => {
     // B's rows are its own: a runs again (from attempt 0), as does x.
     expect(sent.sort()).toEqual(["a@0", "x@0"]);
     expect(await readFile(a.out, "utf8")).toBe(outBefore);
+  });
+
+  it("abandons a collection stopped before any row finished: its --out exists from its first send, so its attempts are known unfinished and retired", async () => {
+    // Collection A sends its rows and is stopped (halted, as a SIGKILL would leave it) before any /run replies.
+    const { calls, controller } = await coordinator();
+    const arrived: string[] = [];
+    server = createServer((req) => {
+      let data = "";
+      req.on("data", (chunk: Buffer) => (data += chunk.toString()));
+      req.on("end", () => arrived.push((JSON.parse(data) as EpisodeId).rollout_id)); // never answered
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const hanging = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    const a = later(controller, hanging, { rowIds: ["p", "q"], outPath: join(dir, "results-a.jsonl"), tasksPath: join(dir, "tasks-a.jsonl") });
+    await a.start();
+    const running = a.run();
+    await waitUntil(() => arrived.length === 2, "A's rows sent");
+    await a.halt();
+    server.closeAllConnections(); // its /runs end (dropped: a halted collector keeps no reply)
+    server.close();
+    await running.catch(() => undefined);
+    // Collection B abandons it.
+    const sent: string[] = [];
+    const b = later(controller, await runServer(sent), { newCollection: true });
+    await b.start();
+    // Before: results-a.jsonl was not there (created by the first finished row), so which rows
+    // finished was unknown and neither attempt was retired: both kept running at the Gym.
+    expect(ops(calls, "retire")).toEqual([[{ rollout_id: "p", attempt: 0 }, { rollout_id: "q", attempt: 0 }]]);
+    expect(forgotten(calls)).toEqual(["p", "q"]);
   });
 
   it("a row the earlier collection finished whose --out line only lost its newline (a crash mid-append) counts as finished: not retired, its ledger kept", async () => {

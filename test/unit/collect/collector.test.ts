@@ -182,6 +182,12 @@ const restores = (calls: Call[]) => calls.filter((c) => c.op === "restore").map(
 
 const logger = pino({ level: "silent" });
 
+/** Puts a directory where --out is (the collection made it before its first /run): appends to it fail, EISDIR. */
+async function unappendable(out: string): Promise<void> {
+  await rm(out, { force: true });
+  await mkdir(out);
+}
+
 /** A logger whose lines (parsed) land in `lines`. */
 function capturingLogger() {
   const lines: { msg: string; level: number }[] = [];
@@ -1562,6 +1568,7 @@ describe("collector timer checkpoints", () => {
 
 describe("collector failures", () => {
   it("a run that cannot append its results stops dispatching and drops the /runs in flight at once", { timeout: 10_000 }, async () => {
+    const out = join(dir, "results.jsonl");
     let dropped = false;
     let answerA: (() => void) | undefined;
     const requests: string[] = [];
@@ -1574,7 +1581,8 @@ describe("collector failures", () => {
         res.on("close", () => void (!res.writableFinished && (dropped = true)));
         // a answers once b is in flight (each dispatch waits for its dispatch-log sync first), so
         // the failure of a's append has a /run to drop; any other row runs until the collector hangs up
-        if (rollout_id === "a") answerA = () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }));
+        // --out made a directory first: a's append fails (EISDIR), as an append the storage refuses would.
+        if (rollout_id === "a") answerA = () => void unappendable(out).then(() => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 })));
         if (requests.includes("a") && requests.includes("b")) answerA?.();
       });
     });
@@ -1582,26 +1590,38 @@ describe("collector failures", () => {
     const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
     const { controller } = fakeController();
     const rows = ["a", "b", "c", "d"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const collector = collectorFor(controller, url, { rows, concurrency: 2, outPath: join(dir, "missing", "results.jsonl") });
+    const collector = collectorFor(controller, url, { rows, concurrency: 2, outPath: out });
     await collector.start();
-    await expect(collector.run()).rejects.toMatchObject({ code: "ENOENT" });
+    await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
     await waitUntil(() => dropped, "the /run of b to be dropped", 5000);
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(requests.sort()).toEqual(["a", "b"]); // no row was sent after the failure
+  });
+
+  it("a run whose --out cannot be made fails before any /run: a later --new-collection tells by that file that no row finished", async () => {
+    const sent: string[] = [];
+    const url = await runServer((body) => (sent.push(body.rollout_id), { status: 200, body: { reward: 1 } }));
+    const { controller } = fakeController();
+    const collector = collectorFor(controller, url, { outPath: join(dir, "missing", "results.jsonl") });
+    await collector.start();
+    await expect(collector.run()).rejects.toMatchObject({ code: "ENOENT" });
+    expect(sent).toEqual([]);
   });
 
   it("a run that fails ends the live progress line, so the error printed next starts on a line of its own", { timeout: 10_000 }, async () => {
     const written: string[] = [];
     const tty = { write: (s: string) => written.push(s), isTTY: true } as unknown as NodeJS.WritableStream;
     // The reply (whose append fails) comes once the live line is drawn (its timer redraws it every second).
+    const out = join(dir, "results.jsonl");
     const url = await runServer(async () => {
       await waitUntil(() => written.length > 0, "the live line drawn", 5000);
+      await unappendable(out);
       return { status: 200, body: { reward: 1 } };
     });
     const { controller } = fakeController();
-    const collector = collectorFor(controller, url, { outPath: join(dir, "missing", "results.jsonl"), progress: new ProgressReporter(tty, 1000) });
+    const collector = collectorFor(controller, url, { outPath: out, progress: new ProgressReporter(tty, 1000) });
     await collector.start();
-    await expect(collector.run()).rejects.toMatchObject({ code: "ENOENT" });
+    await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
     expect(written.some((s) => s.startsWith("\r["))).toBe(true);
     expect(written.at(-1)).toBe("\n");
   });

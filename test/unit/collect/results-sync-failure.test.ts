@@ -87,7 +87,7 @@ describe("a collection without --records-dir", () => {
     await collector.start();
     expect(disk.syncs).toBe(0); // no file yet: the start had nothing to sync
     expect(await collector.run()).toMatchObject({ finished: 2 });
-    expect(disk.syncs).toBe(1);
+    expect(disk.syncs).toBe(2); // the empty file made before the first /run, and the end's
     expect(disk.dirSyncs).toBeGreaterThanOrEqual(1);
   });
 
@@ -95,7 +95,7 @@ describe("a collection without --records-dir", () => {
     const url = await rewardingRun();
     const first = collectorIn(dir, url, idleController(), { rows });
     await first.start();
-    disk.failAt = disk.syncs + 1;
+    disk.failAt = disk.syncs + 2; // the end's (the first makes the empty file)
     await expect(first.run()).rejects.toMatchObject({ code: "storage_error" });
     expect(await idsIn(join(dir, "results.jsonl"))).toEqual([]);
     disk.failAt = 0;
@@ -155,9 +155,9 @@ describe("a failed sync of results.jsonl", () => {
     await expect(readResultsForAppend(out)).rejects.toMatchObject({ code: "storage_error" });
   });
 
-  // Sync 1 comes before r0's step (the start made the file's baseline: none, 0 bytes): failing, it
-  // cuts every line. Sync 2 fails after sync 1 put r0's line (at least) on disk.
-  it.each([1, 2])("stops the collection (storage_error) when sync %i fails, publishing no record of a row cut from --out; the restart runs the cut rows again and --out and the records hold every row once", async (failAt) => {
+  // Sync 1 makes the empty file before the first /run (the baseline: 0 bytes). Sync 2 comes before
+  // r0's step: failing, it cuts every line. Sync 3 fails after sync 2 put r0's line (at least) on disk.
+  it.each([2, 3])("stops the collection (storage_error) when sync %i fails, publishing no record of a row cut from --out; the restart runs the cut rows again and --out and the records hold every row once", async (failAt) => {
     const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
     const runs: string[] = [];
     server = createServer((req, res) => {
@@ -194,7 +194,7 @@ describe("a failed sync of results.jsonl", () => {
     const published = await recorded();
     expect(published.every((id) => kept.includes(id))).toBe(true);
     expect(new Set(kept).size).toBe(kept.length);
-    if (failAt === 1) expect(kept).toEqual([]);
+    if (failAt === 2) expect(kept).toEqual([]);
     else expect(kept[0]).toBe("r0");
     // The rows the last good sync covered keep their records (written by the final flush).
     expect([...published].sort()).toEqual([...kept].sort());
