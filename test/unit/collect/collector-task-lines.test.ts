@@ -4,7 +4,7 @@ import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { readTaskRows } from "../../../coordinator/collect/task-rows.js";
+import { readTaskRows, type TaskRow } from "../../../coordinator/collect/task-rows.js";
 import { collectorIn, idleController } from "../../support/collector-fixture.js";
 import { deferred } from "../../support/deferred.js";
 import { descriptorsOn } from "../../support/open-descriptors.js";
@@ -52,6 +52,17 @@ async function tasksFile(text: string) {
   return { tasks, ino, rows: await readTaskRows(tasks) };
 }
 
+/** A collector of `rows`, one at a time, run until its first row's /run is in flight and held there. */
+async function firstRowInFlight(rows: TaskRow[], tasks: string) {
+  const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks, concurrency: 1 });
+  await collector.start();
+  const release = deferred();
+  held = release.promise;
+  const running = collector.run();
+  await waitUntil(() => bodies.length === 1, "the first row's /run");
+  return { collector, release, running };
+}
+
 describe("collector with a regular tasks file", () => {
   it("sends every row's task as written, and lets go of the tasks file once the collection ends", async () => {
     const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"q":"two"}\n');
@@ -68,12 +79,7 @@ describe("collector with a regular tasks file", () => {
 
   it("sends the tasks read at start-up when the file is replaced by mv mid-run (its first row in flight)", async () => {
     const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
-    const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks, concurrency: 1 });
-    await collector.start();
-    const release = deferred();
-    held = release.promise;
-    const running = collector.run();
-    await waitUntil(() => bodies.length === 1, "the first row's /run");
+    const { release, running } = await firstRowInFlight(rows, tasks);
     const next = join(dir, "next.jsonl");
     await writeFile(next, '{"id":"a","task":{"q":"ONE"}}\n{"id":"b","task":{"q":"TWO"}}\n');
     await rename(next, tasks);
@@ -101,12 +107,7 @@ describe("collector with a regular tasks file", () => {
 
   it("lets go of the tasks file once halted (SIGINT, or after the stop checkpoint), a /run still in flight", async () => {
     const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
-    const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks, concurrency: 1 });
-    await collector.start();
-    const release = deferred();
-    held = release.promise;
-    const running = collector.run();
-    await waitUntil(() => bodies.length === 1, "the first row's /run");
+    const { collector, release, running } = await firstRowInFlight(rows, tasks);
     expect(descriptorsOn(ino)).toBe(1);
     await collector.halt();
     expect(descriptorsOn(ino)).toBe(0);
