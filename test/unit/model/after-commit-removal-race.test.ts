@@ -5,6 +5,7 @@ import { promisify } from "node:util";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { CHAT, chat, ledgerRow, modelFixture, settle, type ModelFixture } from "./model-fixtures.js";
 import { ep } from "../../support/episode.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 // The unlink of a ledger file waits while `gate` is set: the after-commit hook's removal is then
 // under way (past its "does a call keep it?" check) for as long as the test says. A gate that
@@ -115,8 +116,8 @@ describe("afterCommit freeing a restored ledger while a call of its key waits ou
     let release!: () => void;
     disk.syncGate = new Promise<void>((resolve) => (release = resolve));
     const admitted = f.kind.admit("a-a1", CHAT, chat("start over"));
-    for (let i = 0; i < 100 && !disk.syncReached; i++) await settle(1);
-    expect(disk.syncReached).toBe(true);
+    // The probe opens its file in the thread pool: real time, not a few turns of the event loop.
+    await waitUntil(() => disk.syncReached, "the probe's sync", 10_000);
     await f.kind.afterCommit([ep("other")]); // a-a1 left out: freed, unless a call of it is being admitted
     disk.syncGate = undefined;
     release();
