@@ -976,13 +976,8 @@ export class Collector {
     const now = performance.now();
     state.storageRefusedSince ??= now;
     const error = new CheckpointError("storage_error", `/run: ${detail.slice(0, 300)}`);
-    if (now - state.storageRefusedSince >= this.runTimeoutMs) {
-      // Counted, and so is every refusal after it while the spell lasts (failed() would end it).
-      const since = state.storageRefusedSince;
-      this.failed(state, error);
-      state.storageRefusedSince = since;
-      return;
-    }
+    // Counted, and so is every refusal after it while the spell lasts.
+    if (now - state.storageRefusedSince >= this.runTimeoutMs) return this.failed(state, error);
     state.storageHeldUntil = now + this.pauses.storageS * 1000;
     this.storageRefusals.failed(error, "/run answered storage_error (a Gym server's storage refuses writes): the attempt is retired and the row sent again after a pause, without spending an attempt", {
       rollout_id: state.row.rolloutId,
@@ -1199,7 +1194,8 @@ export class Collector {
     this.toRetire.push({ rollout_id: state.row.rolloutId, attempt: state.attempt });
     if (counted) {
       state.failures++;
-      delete state.storageRefusedSince; // a refusal after this one starts a spell of its own
+      // Failed otherwise (no reply): a refusal after this one starts a spell of its own.
+      if (!(error instanceof CheckpointError && error.code === "storage_error")) delete state.storageRefusedSince;
     }
     this.goesOnFromInput(state);
     if (forGood) {
