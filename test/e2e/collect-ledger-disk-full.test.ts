@@ -5,10 +5,11 @@ import { canMountTmpfs, mountSmallDisk, type SmallDisk } from "../support/tmpfs-
 
 /**
  * `gym-ckpt collect` against the reference Gym whose model proxy keeps its capture ledger on a
- * real 2 MiB tmpfs that fills mid-run: the calls whose rows cannot be written are cut off, later
- * calls are refused `storage_error` before they reach the policy backend, `/run` passes that on,
- * and the collector waits (no row spends its attempts on the outage). Once there is room again
- * the collection finishes every row, none failed. Skipped where a tmpfs cannot be mounted.
+ * real 2 MiB tmpfs that fills mid-run: the calls whose rows cannot be written are cut off (the
+ * agent sends them again), later calls are refused `storage_error` before they reach the policy
+ * backend, `/run` passes that on, and the collector waits: no row spends an attempt on the outage,
+ * so with `--max-attempts 1` the collection still finishes every row, none failed, once there is
+ * room again. Skipped where a tmpfs cannot be mounted.
  */
 const { setUp, startCollector } = collectHarness();
 let disk: SmallDisk | undefined;
@@ -25,7 +26,7 @@ describe.skipIf(!canMountTmpfs)("collect while the model proxy's ledger disk is 
     // Each row's second policy call is held at the backend while the disk fills under it.
     await w.backend.hold(2);
     const output: string[] = [];
-    const first = await startCollector(w, ["--concurrency", "2", "--max-attempts", "2", "--run-timeout-s", "120"], output);
+    const first = await startCollector(w, ["--concurrency", "2", "--max-attempts", "1", "--run-timeout-s", "120"], output);
     await w.waitFor(async () => (await w.backend.calls()).length >= 4, "both rows' second calls held");
     disk!.fill(0);
     await w.backend.release();

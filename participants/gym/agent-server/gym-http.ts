@@ -46,6 +46,8 @@ export async function postJson(url: string, body: unknown, options: { signal?: A
       dispatcher: UNTIMED_FETCH_DISPATCHER, // with the global fetch, which tests stub
     });
     text = await readCappedText(response, MAX_GYM_REPLY_BYTES, `${new URL(url).pathname} reply`);
+  } catch (error) {
+    throw connectionFailed(error, url, signal) ?? error;
   } finally {
     signal?.removeEventListener("abort", onAbort);
   }
@@ -56,6 +58,20 @@ export async function postJson(url: string, body: unknown, options: { signal?: A
     parsed = text;
   }
   return { status: response.status, headers: response.headers, body: parsed };
+}
+
+/**
+ * fetch's network error (a TypeError with its cause: refused, reset, or cut before the reply was
+ * complete) as the callee's failure, `upstream_failed`, which a caller may send again: the model
+ * proxy cuts a call whose capture-ledger row it could not write. Not a call the caller aborted
+ * itself, nor a URL that does not parse (a bug here, left as it is).
+ */
+function connectionFailed(error: unknown, url: string, signal: AbortSignal | undefined): CheckpointError | undefined {
+  if (signal?.aborted || !(error instanceof TypeError) || error.cause === undefined) return undefined;
+  const cause = error.cause as { code?: unknown; message?: unknown };
+  if (cause.code === "ERR_INVALID_URL") return undefined;
+  const why = typeof cause.message === "string" && cause.message ? cause.message : error.message;
+  return new CheckpointError("upstream_failed", `${new URL(url).pathname}: the connection failed before the reply was complete (${why})`);
 }
 
 /** Throws the callee's refusal (or an internal error naming the call) unless the status is 2xx. */

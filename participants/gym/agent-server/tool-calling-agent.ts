@@ -1,3 +1,4 @@
+import { setTimeout as pause } from "node:timers/promises";
 import { z } from "zod";
 import { CheckpointError, describeZodError, keepingProtoKey, rolloutPath } from "../../../protocol/index.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "./gym-http.js";
@@ -161,7 +162,30 @@ function restorable(state: LoopState): LoopState {
   throw new CheckpointError("internal_error", `the turn loop reached a state no restore accepts (${state.messages.length} messages, at most ${MAX_LOOP_MESSAGES})`);
 }
 
+/**
+ * A policy call whose connection failed (`upstream_failed`: refused, or cut before its reply was
+ * complete) is sent again up to twice, as OpenAI clients do, 250 ms then 500 ms later. It left no
+ * capture-ledger row: the model proxy cuts a call whose row it could not write, and the call sent
+ * again then gets the proxy's own refusal (`storage_error` while its ledger disk is full), which
+ * the caller can act on, instead of the episode failing on a dropped connection.
+ */
+const POLICY_CALL_REISSUES = 2;
+const REISSUE_PAUSE_MS = 250;
+
 async function callPolicy(endpoints: AgentEndpoints, key: string, task: GymTask, messages: ChatMessage[], signal: AbortSignal): Promise<ChatMessage> {
+  for (let reissue = 0; ; reissue++) {
+    try {
+      return await callPolicyOnce(endpoints, key, task, messages, signal);
+    } catch (error) {
+      if (!isRefusal(error, "upstream_failed") || reissue === POLICY_CALL_REISSUES) throw error;
+      await pause(REISSUE_PAUSE_MS * 2 ** reissue, undefined, { signal }).catch(() => {
+        throw signal.reason ?? error;
+      });
+    }
+  }
+}
+
+async function callPolicyOnce(endpoints: AgentEndpoints, key: string, task: GymTask, messages: ChatMessage[], signal: AbortSignal): Promise<ChatMessage> {
   const url = `${trimSlash(endpoints.policyUrl)}${rolloutPath(key, "/v1/chat/completions")}`;
   const response = await postJson(
     url,

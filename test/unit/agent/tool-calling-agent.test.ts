@@ -123,3 +123,50 @@ describe("tool-calling agent streamed policy replies", () => {
     expect(await refusalCode(run())).toBe("internal_error");
   });
 });
+
+describe("tool-calling agent policy calls whose connection fails", () => {
+  /** The policy's calls: each entry answers one call (an Error is thrown as fetch's network error). */
+  function scriptedPolicy(answers: (Response | Error)[]): { calls: () => number } {
+    let calls = 0;
+    vi.stubGlobal("fetch", async (url: string) => {
+      if (!String(url).includes("/v1/chat/completions")) return new Response(JSON.stringify({ result: 2 }), { status: 200 });
+      const answer = answers[Math.min(calls++, answers.length - 1)]!;
+      if (answer instanceof Error) throw answer;
+      return answer.clone();
+    });
+    return { calls: () => calls };
+  }
+  const cut = () => new TypeError("terminated", { cause: new Error("other side closed") });
+  const answered = () => new Response(JSON.stringify({ choices: [{ message: { role: "assistant", content: "2" } }] }), { status: 200 });
+  const run = (driver: LoopDriver = recordingDriver([])) =>
+    runTurnLoop(endpoints, "r1.a1", { expression: "1+1", tool_rounds: 1 }, null, seededState([{ role: "user", content: "hi" }]), driver);
+
+  it("sends a call cut off before its reply was complete again (it left no ledger row), counting it once", async () => {
+    const policy = scriptedPolicy([cut(), answered()]);
+    const result = await run();
+    expect([result.answer, result.modelCalls, policy.calls()]).toEqual(["2", 1, 2]);
+  });
+
+  it("passes on the refusal the call sent again gets: storage_error once the model proxy's ledger disk is full", async () => {
+    const full = new Response(JSON.stringify({ error: { code: "storage_error", detail: "ENOSPC" } }), { status: 507 });
+    const policy = scriptedPolicy([cut(), full]);
+    expect(await refusalCode(run())).toBe("storage_error");
+    expect(policy.calls()).toBe(2);
+  });
+
+  it("gives up after two calls sent again, with upstream_failed", async () => {
+    const policy = scriptedPolicy([cut()]);
+    expect(await refusalCode(run())).toBe("upstream_failed");
+    expect(policy.calls()).toBe(3);
+  });
+
+  it("sends nothing again once its episode is aborted (a retire) while it waits to", async () => {
+    const policy = scriptedPolicy([cut(), answered()]);
+    const abort = new AbortController();
+    const run1 = run({ ...recordingDriver([]), signal: abort.signal }).catch((e: unknown) => e);
+    await vi.waitFor(() => expect(policy.calls()).toBe(1));
+    abort.abort(new Error("retired"));
+    expect(await run1).toMatchObject({ message: "retired" });
+    expect(policy.calls()).toBe(1);
+  });
+});
