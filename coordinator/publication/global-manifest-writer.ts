@@ -336,7 +336,7 @@ export class GlobalManifestWriter {
   }
 
   /**
-   * Recovery of a checkpoint whose checkpoint.json is durable: a crash between that write and
+   * Recovery of a checkpoint whose checkpoint.json is there (made durable here before LATEST names it): a crash between that write and
    * LATEST's rename left LATEST naming an older checkpoint (or none); point it here, durably. A
    * LATEST naming a newer checkpoint stays: then this checkpoint was closed since and its journal
    * entry outlived the close ("superseded"). So does a LATEST that names nothing readable (missing,
@@ -365,6 +365,9 @@ export class GlobalManifestWriter {
     // What LATEST named is unknown: the newest checkpoint that reads back stands in for it.
     const newest = theirs ?? this.catalog.newest();
     if (newest && publishedAfter(newest, ours)) return "superseded";
+    // Its writer may have died between checkpoint.json's rename and its directory's fsync (read back
+    // from the page cache here): made durable before LATEST names it, as publication orders them.
+    await fsyncDirectory(this.catalog.dirFor(checkpointId));
     await replaceSmallFileDurably(join(this.catalog.root, LATEST_FILE), `${checkpointId}\n`, beforeWrite);
     return "repaired";
   }
