@@ -294,6 +294,9 @@ export class GlobalManifestWriter {
       // Retention scans the catalog right after this; it need not re-read what was just written.
       this.catalog.remember(input.checkpointId, manifest, written);
       this.publicationFailed.delete(input.checkpointId);
+      // An earlier attempt's checkpoint.json nothing could take back is this published one now: not
+      // for the next retention to take away (with LATEST naming it).
+      this.untakenBack.delete(input.checkpointId);
       return { manifestPath, manifest };
     } catch (error) {
       this.publicationFailed.add(input.checkpointId);

@@ -199,6 +199,26 @@ describe("publication and retention", () => {
     expect((await readdir(root)).sort()).toEqual(["LATEST", "c1", "c3"]);
   });
 
+  it("a checkpoint.json nothing could take back, whose publication a retry then completes (the separate publish op), is LATEST and kept: retention does not take it away", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.dirOpenFails = catalog.dirFor("c2");
+    disk.rmFails = join(catalog.dirFor("c2"), "checkpoint.json");
+    disk.renameFails = catalog.dirFor("c2");
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
+    disk.dirOpenFails = undefined;
+    disk.rmFails = undefined;
+    disk.renameFails = undefined;
+    // The controller retries the publish of its still committed checkpoint once the storage answers.
+    await publish(writer, "c2", 1011);
+    expect(await catalog.latest()).toBe("c2");
+    expect(writer.retain("c2")).toEqual([]);
+    await writer.settled();
+    expect((await readdir(root)).sort()).toEqual(["LATEST", "c1", "c2"]);
+    expect((await verifyCheckpoint(new CheckpointCatalog(root), "c2")).records).toBe(2);
+  });
+
   it("writes checkpoint.json, then LATEST; keeps the newest N and deletes partial checkpoints", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
