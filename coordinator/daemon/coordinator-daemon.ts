@@ -16,10 +16,11 @@ import { WatchedMemberRegistry } from "../membership/watched-member-registry.js"
 import { openMembersBucket } from "../membership/members-bucket.js";
 import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
+import { fsyncDirectory } from "../publication/durable-fs.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { logNatsStatus } from "../../protocol/nats-status-log.js";
 import { highestEpochInUse } from "./epoch-floor.js";
@@ -71,11 +72,14 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   // only, its count is taken once connected), is configuration (exit 2), which an unreachable NATS
   // (exit 1, restarted) must not hide until NATS comes back.
   kvReplicas(undefined);
-  await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
+  const created = await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
     // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
     if (!isMisplacedDirectory(error)) throw error;
     throw new CheckpointError("invalid_request", `checkpoint_root ${config.checkpoint_root} cannot be created (${error.message})`, { cause: error });
   });
+  // A new directory's entry is in its parent: unsynced, a power loss could take the root with every
+  // checkpoint published into it (their own fsyncs stop at the root).
+  for (const parent of parentsOfCreated(config.checkpoint_root, created)) await fsyncDirectory(parent);
   await assertWritableRoot(config.checkpoint_root);
   // Before anything of this deployment touches the root: another deployment's checkpoints there would be deleted by our retention.
   await claimRootForDeployment(config.checkpoint_root, config.deployment);
