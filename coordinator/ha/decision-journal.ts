@@ -318,6 +318,13 @@ export class KvDecisionJournal implements DecisionJournal {
       }
       const parsed = JournalEntrySchema.safeParse(value);
       if (!parsed.success) this.logger?.error({ key, revision: e.revision, detail: describeZodError(parsed.error) }, "journal_entry_invalid_skipped");
+      // Every entry is written under its own id: one under another key was put there by something
+      // else, and acted on, its removal would purge its id's key, never this one (acted on again by
+      // every recovery).
+      else if (parsed.data.checkpoint_id !== key) {
+        this.logger?.error({ key, revision: e.revision, checkpoint_id: parsed.data.checkpoint_id }, "journal_entry_other_key_skipped");
+        return [{ key, revision: e.revision, entry: undefined }];
+      }
       return [{ key, revision: e.revision, entry: parsed.success ? parsed.data : undefined }];
     });
   }

@@ -55,6 +55,28 @@ describe("KV decision journal", () => {
   });
 });
 
+describe("KV decision journal: an entry under another checkpoint's key", () => {
+  // Every entry is written under its own checkpoint id. One under another key (copied there by hand
+  // or another tool) was acted on for the id it names, whose removal then purges that id's key, never
+  // this one: every later recovery acted on it again (a restore_cleanup retiring attempt+1 each time).
+  it("is skipped and logged, not recovered, and left in the bucket", async () => {
+    const { logger, records } = capturingLogger();
+    const journal = await KvDecisionJournal.open(nats.nc, "jkey", logger);
+    const valid = journalEntry({ checkpoint_id: "c-own", state: "open", participants: [{ kind: "environment", instance: "e1" }] });
+    await journal.record(valid);
+    const kv = await new Kvm(nats.nc).open(journalBucket("jkey"));
+    const elsewhere = journalEntry({ checkpoint_id: "c-named", state: "restore_cleanup", epoch: 9, participants: [{ kind: "environment", instance: "e1" }] });
+    await kv.put("c-copied", JSON.stringify(elsewhere));
+
+    expect(await journal.list()).toEqual([valid]);
+    expect(await journal.highestEpoch()).toBe(valid.epoch);
+    const skipped = records().filter((r) => r.msg === "journal_entry_other_key_skipped");
+    // Logged at each read (the listing and the epoch floor's), as the other skipped values are.
+    expect(skipped.map((r) => [r.key, r.checkpoint_id])).toEqual([["c-copied", "c-named"], ["c-copied", "c-named"]]);
+    expect((await kv.get("c-copied"))?.operation).toBe("PUT");
+  });
+});
+
 describe("KV decision journal: highest epoch (the lease's epoch floor)", () => {
   it("is the highest epoch a live entry carries, removed and foreign values left out, and reads nothing this coordinator writes against", async () => {
     const journal = await KvDecisionJournal.open(nats.nc, "jfloor");
