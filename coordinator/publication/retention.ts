@@ -1,8 +1,8 @@
 import { randomBytes } from "node:crypto";
-import { linkSync, renameSync } from "node:fs";
+import { linkSync, lstatSync, renameSync, rmdirSync } from "node:fs";
 import { lstat, readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
-import { LATEST_FILE, ROOT_DEPLOYMENT_FILE } from "../../protocol/index.js";
+import { LATEST_FILE, PARTICIPANTS_DIR, ROOT_DEPLOYMENT_FILE } from "../../protocol/index.js";
 import type { CheckpointCatalog } from "./checkpoint-catalog.js";
 import { TEMP_PREFIX, TEMP_SUFFIX } from "./durable-fs.js";
 
@@ -13,7 +13,8 @@ export const TRASH_PREFIX = ".trash-";
  * Keeps the newest `keep` published checkpoints and deletes older ones and partial checkpoints
  * (without checkpoint.json, empty or holding the participants' directory; see
  * CheckpointCatalog.scan), except the ids in `protect` (the checkpoint being published, one still
- * open). Other directories at the root are a controller's and are left alone. Returns the deleted ids.
+ * open). Other directories at the root are a controller's and are left alone, and so is an empty one
+ * written into since the scan (`takeAwayPartial`). Returns the deleted ids.
  *
  * A deleted checkpoint leaves the catalog at once: its directory is renamed to a dot-name (one
  * metadata operation); `removeTrash` frees its files later, off the checkpoint's critical path.
@@ -32,12 +33,14 @@ export function applyRetention(
   onError?: (checkpointId: string, error: unknown) => void,
 ): string[] {
   const { published, partial } = catalog.scan();
-  const doomed = [...published.slice(Math.max(keep, 1)).map((e) => e.checkpoint_id), ...partial].filter((id) => !protect.has(id));
+  const older = published.slice(Math.max(keep, 1)).map((e) => e.checkpoint_id);
+  const doomed = [...older.map((id) => ({ id, partial: false })), ...partial.map((id) => ({ id, partial: true }))].filter(({ id }) => !protect.has(id));
   const deleted: string[] = [];
   let failure: { error: unknown } | undefined;
-  for (const id of doomed) {
+  for (const { id, partial } of doomed) {
     try {
-      trashCheckpointDir(catalog.root, id);
+      if (partial && !takeAwayPartial(catalog.root, id)) continue;
+      if (!partial) trashCheckpointDir(catalog.root, id);
       deleted.push(id);
     } catch (error) {
       if (onError) onError(id, error);
@@ -46,6 +49,28 @@ export function applyRetention(
   }
   if (failure) throw failure.error;
   return deleted.sort();
+}
+
+/**
+ * A partial checkpoint taken away (true) or left (false). An empty one is removed by rmdir, which
+ * fails once anything was written into it since the scan: an id-named directory at the root may be
+ * another writer's that was empty then (`collect --records-dir <root>` makes rollouts/ at its start
+ * and its first step later), and renamed away it would have taken that write with it. Such a
+ * directory is left; one holding the participants' directory that commits write is trashed.
+ */
+function takeAwayPartial(root: string, id: string): boolean {
+  const dir = join(root, id);
+  try {
+    rmdirSync(dir);
+    return true;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") return false;
+    if (code !== "ENOTEMPTY" && code !== "EEXIST") throw error;
+  }
+  if (!lstatSync(join(dir, PARTICIPANTS_DIR), { throwIfNoEntry: false })?.isDirectory()) return false;
+  trashCheckpointDir(root, id);
+  return true;
 }
 
 /**

@@ -337,6 +337,33 @@ describe("publication and retention", () => {
     expect(catalog.scan()).toEqual({ published: [expect.objectContaining({ checkpoint_id: "c1" })], partial: [], damaged: [] });
   });
 
+  it("an empty directory written into after retention's scan (collect --records-dir <root> making its first step) is left with what it holds", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await mkdir(join(root, ROLLOUTS_DIR)); // made at the collector's start, empty until its first records step
+    await publish(writer, "c1", 100);
+    // Another process (the collector) writes its first step right after the scan saw rollouts/ empty.
+    const scan = catalog.scan.bind(catalog);
+    vi.spyOn(catalog, "scan").mockImplementation(() => {
+      const found = scan();
+      writeFileSync(join(root, ROLLOUTS_DIR, "step_1.jsonl"), '{"row":1}\n');
+      return found;
+    });
+    expect(writer.retain("c1")).toEqual([]);
+    await writer.settled();
+    expect(await readFile(join(root, ROLLOUTS_DIR, "step_1.jsonl"), "utf8")).toBe('{"row":1}\n');
+  });
+
+  it("an empty directory still empty when retention reaches it is removed", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await mkdir(join(root, "opened-empty"));
+    await publish(writer, "c1", 100);
+    expect(writer.retain("c1")).toEqual(["opened-empty"]);
+    await writer.settled();
+    expect((await readdir(root)).sort()).toEqual(["LATEST", "c1"]);
+  });
+
   it("orders checkpoints by epoch before publication time: a successor whose clock lags keeps its own newest", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
