@@ -131,12 +131,13 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    */
   private readonly freeingIds = new Map<string, number>();
   /**
-   * Restored sessions afterCommit dropped and is freeing: a request naming one is refused
-   * (`admission_closed`) until its free ended, so none is served from state about to be freed.
+   * Restored sessions afterCommit dropped and is freeing, and finished sessions whose free failed:
+   * a request naming one is refused (`admission_closed`) until its free ended, so none is served
+   * from state about to be freed.
    */
   private readonly freeingRestored = new Set<string>();
   /**
-   * Of those, the ones whose free failed: still refused and live state, and freed again by the next
+   * Of those, the ones whose free failed (a finished session's too): still refused and live state, and freed again by the next
    * commit's clean-up, a retire of their attempt or a forget of their rollout (dropped untracked, their state would leak and
    * a request naming them would be served from it).
    */
@@ -312,7 +313,12 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
       try {
         await this.hooks.retireSessionState!(sessionId);
       } catch (error) {
-        this.logger?.warn({ episode: captureKey(episode), err: error }, "freeing the state of a finished session failed");
+        // Nothing names an ended session any more, so nothing would free it again: held like a
+        // left-out restored session whose free failed (its id refused, live state), and freed again
+        // by the next commit's clean-up, a retire of its attempt or a forget of its rollout.
+        this.logger?.warn({ episode: captureKey(episode), err: error }, "freeing the state of a finished session failed; held until a later commit, a retire or a forget frees it");
+        this.freeingRestored.add(sessionId);
+        this.heldAfterFailedFree.set(sessionId, episode);
       }
     })();
     this.freeingFinished.add(free);
@@ -697,7 +703,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   private refuseFreeing(request: { sessionId: string | undefined; role: RequestRole }): void {
     if (request.role === "close" || request.sessionId === undefined) return;
     if (this.freeingRestored.has(request.sessionId)) {
-      throw new CheckpointError("admission_closed", "the restored session is being freed (the last commit left it out); retry, or seed a new session");
+      throw new CheckpointError("admission_closed", "the session's state is being freed (a restored session the last commit left out, or a finished one whose free failed); retry, or seed a new session");
     }
   }
 
