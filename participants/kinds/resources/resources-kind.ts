@@ -335,7 +335,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     if (this.context?.isRetired(episode)) {
       // Only a session nobody holds is this handler's to free: a bound one is the retire's (it frees
       // it) or another attempt's (not ours to touch).
-      if (!this.sessions.has(sessionId)) this.freeUnbound(sessionId);
+      if (!this.sessions.has(sessionId)) this.freeUnbound(sessionId, episode);
       throw new CheckpointError("stale_attempt", `${captureKey(episode)} was retired`);
     }
     const existing = this.sessions.get(sessionId);
@@ -716,13 +716,19 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     });
   }
 
-  /** Frees a session a retired attempt's handler may have built; tolerated like any retire free. */
-  private freeUnbound(sessionId: string): void {
+  /**
+   * Frees a session a retired attempt's handler may have built. One whose free fails is held (its
+   * id refused, live state) for the retire waiting on it to free again, as a failed free of a
+   * restored session the commit left out is: logged only, the retire replied over its state.
+   */
+  private freeUnbound(sessionId: string, episode: EpisodeId): void {
     const free = (async () => {
       try {
         await this.hooks.retireSessionState?.(sessionId);
       } catch (error) {
-        this.logger?.warn({ err: error }, "freeing the session of a retired attempt failed");
+        this.logger?.warn({ err: error }, "freeing the session of a retired attempt failed; its retire frees it again");
+        this.freeingRestored.add(sessionId);
+        this.heldAfterFailedFree.set(sessionId, episode);
       }
     })();
     this.freeing.add(free);

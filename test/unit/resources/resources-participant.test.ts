@@ -547,6 +547,27 @@ describe("retire, forget and the lifecycle", () => {
     expect(a.kind.readiness()).toMatchObject({ blockers: [], restarts: [], counts: { sessions: 0, inflight: 0 } });
   });
 
+  it("a retire whose free of a seed's unbound state fails does not reply retired over that state: it frees it again (or fails, for a retry)", async () => {
+    const Server = heldSeedServer("exported");
+    const server = new (class extends Server {
+      failures = 1;
+      override async retireSessionState(sessionId: string): Promise<void> {
+        if (this.failures-- > 0) throw new Error("provider: 503 while deleting the sandbox");
+        await super.retireSessionState(sessionId);
+      }
+    })();
+    const a = await harness(server);
+    const seed = a.post("/ng-rollout/r1/seed_session", {});
+    await until(() => server.entered === 1, "the seed to start");
+    const retire = a.call("retire", { checkpoint_id: "r", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await until(() => a.kind.readiness().blockers.includes("r1"), "the retire to wait for the seed");
+    server.release();
+    expect((await seed).json().error.code).toBe("stale_attempt");
+    await retire;
+    // Retired: its state freed before the reply, not leaked because the first free failed.
+    expect({ states: server.states.size, live: a.kind.hasLiveState() }).toEqual({ states: 0, live: false });
+  });
+
   it("a retire lists the sessions again after waiting: one bound meanwhile is freed too", async () => {
     const Server = heldSeedServer("exported");
     const server = new Server();
