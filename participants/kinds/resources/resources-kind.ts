@@ -120,10 +120,11 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   /** Frees of sessions a retired attempt's handler built but may not bind; retire waits for them. */
   private readonly freeing = new Set<Promise<void>>();
   /**
-   * Frees of finished sessions' states (exported mode): live state until done, so a restore naming
-   * one of those ids does not install a state the free then deletes.
+   * Frees of finished sessions' states (exported mode), by the episode each session was bound to:
+   * live state until done, so a restore naming one of those ids does not install a state the free
+   * then deletes, and a retire of that attempt replies only once it ended.
    */
-  private readonly freeingFinished = new Set<Promise<void>>();
+  private readonly freeingFinished = new Map<Promise<void>, EpisodeId>();
   /**
    * The session ids those frees (and a retired handler's, `freeing`) are freeing, with how many run
    * for each: a reset (`sessions.started`) carrying one of them takes a fresh id, or the running free
@@ -321,7 +322,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
         this.heldAfterFailedFree.set(sessionId, episode);
       }
     })();
-    this.freeingFinished.add(free);
+    this.freeingFinished.set(free, episode);
     this.trackFreeing(sessionId, free);
     void free.finally(() => this.freeingFinished.delete(free));
   }
@@ -585,6 +586,9 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     // Restored sessions of these attempts an after-commit clean-up is freeing: the reply waits for
     // those frees, and frees here one that failed (held), so a retire never replies over their state.
     await Promise.all([...this.leftOutFrees].filter((f) => f.episodes.some(covers)).map((f) => f.done));
+    // So do the frees of its attempts' finished sessions (a close or verify just before the retire):
+    // one that failed is held by then and freed below.
+    await Promise.all([...this.freeingFinished].filter(([, episode]) => covers(episode)).map(([done]) => done));
     for (const [sessionId, episode] of [...this.heldAfterFailedFree]) {
       if (!covers(episode)) continue;
       this.heldAfterFailedFree.delete(sessionId); // taken: a clean-up running meanwhile does not free it too

@@ -64,4 +64,27 @@ describe("an exported server's finished session whose free fails", () => {
     await a.call("retire", { checkpoint_id: "retire", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     expect({ frees: server.frees, counters: server.counters.size, live: a.kind.hasLiveState() }).toEqual({ frees: 2, counters: 0, live: false });
   });
+
+  it("a retire of its attempt arriving while that free still runs replies only once the state is freed (again, when the free failed)", async () => {
+    const server = new FlakyFreeCounter();
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    const free = server.retireSessionState.bind(server);
+    server.retireSessionState = async (sessionId: string) => {
+      await held;
+      await free(sessionId);
+    };
+    const a = await world.harness(server);
+    const seed = await a.post("/ng-rollout/r1/seed_session", {});
+    const cookie = String(seed.headers["set-cookie"]).split(";")[0]!;
+    expect((await a.post("/ng-rollout/r1/close_session", {}, cookie)).statusCode).toBe(200);
+    let replied = false;
+    const retire = a.call("retire", { checkpoint_id: "retire", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }).then(() => (replied = true));
+    for (let i = 0; i < 20; i++) await settle();
+    // Retire stops, frees, then replies: not while the attempt's state is still being freed.
+    expect({ replied, counters: server.counters.size }).toEqual({ replied: false, counters: 1 });
+    release(); // that free fails (the provider's 503); the retire frees it again
+    await retire;
+    expect({ frees: server.frees, counters: server.counters.size, live: a.kind.hasLiveState() }).toEqual({ frees: 2, counters: 0, live: false });
+  });
 });
