@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { isDeepStrictEqual } from "node:util";
-import { CheckpointError, ERROR_CODES, RESTORE_REFUSALS, type EpisodeId, type Kind, type Op } from "../../../protocol/index.js";
+import { CheckpointError, ERROR_CODES, RESTORE_REFUSALS, RETIRE_STAGES, captureKey, nextAttempt, type EpisodeId, type Kind, type Op } from "../../../protocol/index.js";
 import type { CheckpointEngine } from "../../../coordinator/engine/checkpoint-engine.js";
 import { participantFailurePrefix } from "../../../coordinator/engine/participant-client.js";
 import type { MemoryDecisionJournal } from "../../../coordinator/ha/decision-journal.js";
@@ -32,13 +32,31 @@ const ROLLOUTS: EpisodeId[] = [
 ];
 /** The ops a fault is scripted for: every phase message the engine sends (status stays honest). */
 const FAULT_OPS: Op[] = ["prepare", "commit", "resume", "restore", "retire", "forget", "renew"];
-type Fault = "unreachable" | "timeout" | "late" | { error: string };
+type Fault = "unreachable" | "timeout" | "late" | "delayed" | "slow" | { error: string };
 /**
  * Transport faults (no responders; a try timing out before it reached the participant; `late`: done
  * there, its reply after the try's timeout, a stalled participant) and refusal codes a participant is
  * scripted to answer: none of them one of NOTHING_CHANGED's.
  */
 const FAULTS: Fault[] = ["unreachable", "timeout", "late", { error: "storage_error" }];
+/**
+ * A participant's own deadline (fake-participants answerSlow, refusedForDeadline): the request
+ * reaches it only at its deadline (`delayed`: refused `deadline_exceeded`, or a restore's in-time
+ * refusal), or its kind's hook runs past it (`slow`). Never scripted for resume, which no deadline
+ * refuses (a delayed or slow resume still resumes). Their `deadline_exceeded` is told from the
+ * coordinator's own (NOTHING_CHANGED) by its detail's prefix, as any participant's code.
+ */
+const DEADLINE_FAULTS: Fault[] = ["delayed", "slow"];
+/** Ops whose participant messages a `<op>` controller op's success stands on (a refusal of one for its deadline is that op's failure). */
+const PHASE_MESSAGES: Partial<Record<CtlOp, Op[]>> = {
+  prepare: ["prepare"],
+  commit: ["commit"],
+  checkpoint: ["prepare", "commit"],
+  restore: ["restore"],
+  renew: ["renew"],
+  retire: ["retire"],
+  forget: ["forget"],
+};
 /** A restore refused with a code that promises nothing was installed (RESTORE_REFUSALS): a process already resumed from it. */
 const RESTORE_FAULTS: Fault[] = [{ error: "stale_checkpoint" }];
 
@@ -94,6 +112,10 @@ export class EngineWorld {
   /** Restored checkpoints a holder of which restarted before their resume (this leadership term): "the resume ... answers restore_failed". */
   private readonly lostRestores = new Set<string>();
   private readonly ids: string[] = [];
+  /** Attempts a restore clean-up (not a controller's retire) retired, per participant (see noteCleanupRetires). */
+  private readonly cleanupRetired = new Map<string, Set<string>>();
+  /** The scope of each restore answered ok, for its resume's check. */
+  private readonly restoredScopes = new Map<string, EpisodeId[]>();
   /** The last controller op run, for a retry of it (its reply lost), and how it ended. */
   private last: { op: CtlOp; request: Record<string, unknown>; outcome: Outcome; faultsSince: number; failedOver: boolean } | undefined;
 
@@ -134,6 +156,8 @@ export class EngineWorld {
     if (this.last && r < (this.last.outcome.ok || this.refusedEverywhere(this.last) ? 0.35 : 0.22)) return this.retryLast();
     if (r < 0.3) return this.runWithConcurrentRetry();
     if (r < 0.33) return this.runTwoAtOnce();
+    if (r < 0.37) return this.retireAroundRestore();
+    if (r < 0.39) return this.deadlineAtParticipant();
     return this.runOp(this.pickOp());
   }
 
@@ -161,7 +185,7 @@ export class EngineWorld {
       const member = this.pick(FOUR);
       const op = this.pick(FAULT_OPS);
       const key = `${member.kind}.${member.instance}.${op}`;
-      const fault = this.pick(op === "restore" ? [...FAULTS, ...RESTORE_FAULTS] : FAULTS);
+      const fault = this.pick(op === "restore" ? [...FAULTS, ...DEADLINE_FAULTS, ...RESTORE_FAULTS] : op === "resume" ? FAULTS : [...FAULTS, ...DEADLINE_FAULTS]);
       this.fake.set(member.kind, member.instance, op, fault);
       this.steps.push(`fault ${key} ${JSON.stringify(fault)}`);
     }
@@ -196,6 +220,7 @@ export class EngineWorld {
     const open = this.engine.openCheckpoint;
     if (open?.phase === "restored" && this.fake.state.get(key)?.checkpoint_id === open.checkpoint_id) this.lostRestores.add(open.checkpoint_id);
     const incarnation = this.fake.restart(member.kind, member.instance);
+    this.cleanupRetired.delete(key); // its marks went with the process
     const announced = this.random() < 0.6;
     if (announced) {
       this.lagging.delete(key);
@@ -246,7 +271,7 @@ export class EngineWorld {
     this.steps.push("journal writes work again");
     await this.restartMember(this.pick(FOUR));
     const member = this.pick(FOUR);
-    const fault = this.pick(FAULTS);
+    const fault = this.pick([...FAULTS, ...DEADLINE_FAULTS]);
     this.fake.set(member.kind, member.instance, "restore", fault);
     this.steps.push(`fault ${member.kind}.${member.instance}.restore ${JSON.stringify(fault)}`);
     await this.loseLeadership();
@@ -303,6 +328,7 @@ export class EngineWorld {
     this.checkThrown("recover", outcome);
     await this.checkAlways(before, "recover", outcome);
     this.checkRecoveredRestoreCleanup(calledBefore, installsBefore);
+    this.noteCleanupRetires("recover", calledBefore);
   }
 
   /**
@@ -338,6 +364,13 @@ export class EngineWorld {
   }
 
   private checkRetry(last: NonNullable<EngineWorld["last"]>, outcome: Outcome, late: boolean): void {
+    // A retire or forget done everywhere, sent again at once (its reply lost; nothing happened since
+    // but maybe a failover): participants repeat it idempotently (marks again; control-plane retire,
+    // forget keep no reply), so it is done again, listing the same.
+    const deadline = last.request["deadline_ts"] as number | undefined;
+    if ((last.op === "retire" || last.op === "forget") && last.outcome.ok && last.faultsSince === 0 && !late && (deadline === undefined || deadline * 1000 > this.clock.now())) {
+      if (!outcome.ok || !isDeepStrictEqual(outcome.reply, last.outcome.reply)) this.fail(`a ${last.op} done everywhere, sent again at once${last.failedOver ? " after a failover" : ""}, answered ${describe(outcome)}`);
+    }
     if (last.op === "checkpoint" && !last.outcome.ok && !last.failedOver) {
       // "Retried after it failed and its id was closed here (aborted ...), it gets that failure again (the same code and detail)"
       const code = (last.outcome.error as CheckpointError).code;
@@ -368,11 +401,63 @@ export class EngineWorld {
     }
   }
 
-  private async runOp(op: CtlOp): Promise<void> {
-    const request = this.requestFor(op);
+  private async runOp(op: CtlOp, request = this.requestFor(op)): Promise<void> {
     this.steps.push(`${op} ${JSON.stringify(request)}`);
     const outcome = await this.execute(op, request);
     this.last = { op, request, outcome, faultsSince: 0, failedOver: false };
+  }
+
+  /**
+   * A participant's own deadline in the op that meets it: one member gets its message only at the
+   * deadline (`delayed`) or its kind's hook outlives it (`slow`), for the phase message of an op
+   * run now (a restore of LATEST into fresh processes), healed after.
+   */
+  private async deadlineAtParticipant(): Promise<void> {
+    const member = this.pick(FOUR);
+    const op = this.pick<Op>(["prepare", "commit", "restore", "retire", "forget", "renew"]);
+    const fault = this.pick(DEADLINE_FAULTS);
+    const key = `${member.kind}.${member.instance}.${op}`;
+    const before = this.fake.script.get(key);
+    this.fake.set(member.kind, member.instance, op, fault);
+    this.steps.push(`fault ${key} ${JSON.stringify(fault)}`);
+    const deadline = { deadline_ts: this.clock.now() / 1000 + 60 };
+    if (op === "restore") {
+      if ((await this.fixture.catalog.latest()) === null) await this.runOp("checkpoint", { checkpoint_id: this.id(), episode_ids: this.subset(), stop: false, controller_state: null });
+      for (const m of FOUR) if (this.random() < 0.8) await this.restartMember(m);
+      await this.runOp("restore", { ...deadline, episode_ids: this.subset() });
+    } else if (op === "prepare" || op === "commit") {
+      const ctl: CtlOp = this.random() < 0.5 ? "checkpoint" : "prepare";
+      await this.runOp(ctl, { ...this.requestFor(ctl), ...deadline });
+      const open = this.engine.openCheckpoint;
+      if (open?.phase === "prepared") await this.runOp("commit", { checkpoint_id: open.checkpoint_id, ...deadline, episode_ids: this.subset(), stop: false });
+    } else {
+      await this.runOp(op as CtlOp, { ...this.requestFor(op as CtlOp), ...deadline });
+    }
+    if (before === undefined) this.fake.script.delete(key);
+    else this.fake.script.set(key, before);
+    this.steps.push(`heal ${key}`);
+  }
+
+  /**
+   * Retire and forget where the phase rules bite: after a restore (of fresh processes, or of
+   * processes that served), naming the restored id, none or another, of its replacement attempts
+   * or its source attempts; then maybe a forget of those rollouts and the restore's resume.
+   * Retried after a lost reply and across failovers by the steps that follow (retryLast).
+   */
+  private async retireAroundRestore(): Promise<void> {
+    if (this.random() < 0.7) {
+      // Something to restore: LATEST, published now if there is none.
+      if ((await this.fixture.catalog.latest()) === null) await this.runOp("checkpoint", { checkpoint_id: this.id(), episode_ids: this.subset(), stop: false, controller_state: null });
+      if (this.random() < 0.7) for (const m of FOUR) await this.restartMember(m);
+      await this.runOp("restore", { ...(this.random() < 0.2 && { checkpoint_id: this.id() }), ...(this.random() < 0.7 ? {} : this.deadline()), episode_ids: this.subset() });
+    }
+    const open = this.engine.openCheckpoint;
+    const scope = (open && this.journal.entries.get(open.checkpoint_id)?.scope) || this.subset();
+    const r = this.random();
+    const named = r < 0.6 && open ? { checkpoint_id: open.checkpoint_id } : r < 0.8 ? {} : { checkpoint_id: this.id() };
+    await this.runOp("retire", { ...named, ...this.deadline(), episode_ids: scope.map((e) => (this.random() < 0.7 ? nextAttempt(e) : e)) });
+    if (this.random() < 0.5) await this.runOp("forget", { ...named, ...this.deadline(), rollout_ids: [...new Set(scope.map((e) => e.rollout_id))] });
+    if (open && this.random() < 0.4) await this.runOp("resume", { checkpoint_id: open.checkpoint_id, ...this.deadline() });
   }
 
   /**
@@ -393,6 +478,7 @@ export class EngineWorld {
     this.checkThrown(op, second);
     this.noteRestored(calledBefore, op, first);
     this.noteRestored(calledBefore, op, second);
+    this.noteCleanupRetires(op, calledBefore);
     await this.checkAlways(before, op, first.ok ? first : second);
     if (first.ok && second.ok && ["checkpoint", "commit", "publish", "restore"].includes(op) && !isDeepStrictEqual(first.reply, second.reply)) {
       this.fail(`a ${op} and its concurrent retry answered differently`);
@@ -416,6 +502,8 @@ export class EngineWorld {
     await this.settle();
     outcomes.forEach((outcome, i) => this.checkThrown(ops[i]!, outcome));
     outcomes.forEach((outcome, i) => this.noteRestored(calledBefore, ops[i]!, outcome));
+    // A controller's retire beside another op: the other's clean-up retires are told apart by their body below.
+    if (!ops.includes("retire")) this.noteCleanupRetires(ops[0]!, calledBefore);
     // Both may publish (two checkpoints): LATEST names the one that published last.
     const latest = (await this.snapshot()).latest;
     const publisher = outcomes.findIndex((o, i) => o.ok && (ops[i] === "publish" || ops[i] === "checkpoint") && (o.reply as { checkpoint_id: string }).checkpoint_id === latest);
@@ -433,8 +521,8 @@ export class EngineWorld {
       ["publish", 4],
       ["resume", 5],
       ["restore", 4],
-      ["retire", 2],
-      ["forget", 1],
+      ["retire", 4],
+      ["forget", 3],
       ["renew", 2],
       ["status", 1],
       ["list", 1],
@@ -464,9 +552,10 @@ export class EngineWorld {
         return { ...(this.random() < 0.5 && { checkpoint_id: id }), ...deadline, episode_ids: episodes };
       }
       case "retire":
-        return { ...(this.random() < 0.3 && { checkpoint_id: id }), ...deadline, episode_ids: [this.pick(ROLLOUTS)] };
+        // A source attempt, or the attempt a restore continues it as (the clean-up's retire, sent by a controller).
+        return { ...(this.random() < 0.5 && { checkpoint_id: id }), ...deadline, episode_ids: this.subset().map((e) => (this.random() < 0.3 ? nextAttempt(e) : e)) };
       case "forget":
-        return { ...(this.random() < 0.3 && { checkpoint_id: id }), ...deadline, rollout_ids: [this.pick(ROLLOUTS).rollout_id] };
+        return { ...(this.random() < 0.5 && { checkpoint_id: id }), ...deadline, rollout_ids: [...new Set(this.subset().map((e) => e.rollout_id))] };
       case "get":
         return { checkpoint_id: id };
       case "status":
@@ -540,11 +629,17 @@ export class EngineWorld {
     this.checkAnsweredInTime(op, request, before, calledBefore, startedAt, answeredAt);
     if (op === "resume") this.checkResumedEverywhere(request, outcome, calledBefore);
     if (op === "restore") await this.checkRestoreRefusals(before, outcome, calledBefore, installsBefore);
+    if (op === "retire" || op === "forget") await this.checkRetireForget(op, request, before, outcome, calledBefore);
+    this.checkDeadlineRefusals(op, outcome, calledBefore);
+    if (op === "restore") this.checkTimedOutRestore(outcome, calledBefore);
+    this.noteCleanupRetires(op, calledBefore);
+    this.checkNothingRetiredContinues(op, request, before, outcome);
     if ((op === "commit" || op === "checkpoint") && outcome.ok) this.checkCommittedEverywhere(op, (outcome.reply as { checkpoint_id: string }).checkpoint_id);
     if (!outcome.ok) {
       const code = (outcome.error as CheckpointError).code;
       // "the op ran and failed at these participants" (their own code, e.g. a parked one's checkpoint_conflict) is told by the detail's prefix.
-      const participants = (outcome.error as CheckpointError).message.startsWith(participantFailurePrefix(op));
+      // A checkpoint's names the phase that failed there (prepare or commit).
+      const participants = (op === "checkpoint" ? ["prepare", "commit"] : [op]).some((p) => (outcome.error as CheckpointError).message.startsWith(participantFailurePrefix(p)));
       if (NOTHING_CHANGED[op]?.has(code) && !participants) await this.checkNothingChanged(before, op, code);
       if (op === "restore" && code === "stale_checkpoint") {
         // Every participant refused it so: "nothing retired or resumed, no failure remembered, the journal entry removed before the reply".
@@ -743,6 +838,131 @@ export class EngineWorld {
     return JSON.stringify(entries) !== after.journal;
   }
 
+  /**
+   * docs/protocol.md "retire, forget: environment → agent → (model ∥ resources); stop at the first
+   * stage with a failure", and the participants' phase rules (control-plane admitOutsideCheckpoint).
+   * Refused by the coordinator while a checkpoint other than a restored one stays open (nothing
+   * sent); done: every member answered it, a stage only after the one before had answered, and
+   * every member now fences what was retired (data plane: stale_attempt) or accepts attempt 0 of
+   * what was forgotten again; failed at a stage: nothing sent past it. Neither changes the journal
+   * or the open checkpoint (but the close of one nobody holds).
+   */
+  private async checkRetireForget(op: "retire" | "forget", request: Record<string, unknown>, before: Snapshot, outcome: Outcome, calledBefore: number): Promise<void> {
+    const sent = this.fake.calls.slice(calledBefore).filter((c) => c.op === op);
+    const stageOf = (kind: Kind) => RETIRE_STAGES.findIndex((stage) => stage.includes(kind));
+    const open = before.open as { checkpoint_id: string; phase: string } | null;
+    const stillOpen = this.engine.openCheckpoint?.checkpoint_id === open?.checkpoint_id;
+    if (open && open.phase !== "restored" && stillOpen) {
+      const code = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
+      // invalid_phase, unless refused before for its request (a deadline past or too far ahead).
+      if (!NOTHING_CHANGED[op]!.has(code) || sent.length > 0) this.fail(`${op} while ${open.checkpoint_id} is open (${open.phase}) answered ${describe(outcome)} and sent ${sent.length} message(s), not invalid_phase with none`);
+    }
+    if (this.changedBesidesStaleClose(before, await this.snapshot())) this.fail(`${op} changed the journal or the open checkpoint: ${describe(outcome)}`);
+    for (const a of sent) {
+      for (const b of sent) {
+        if (stageOf(b.kind) > stageOf(a.kind) && (a.answeredSeq === undefined || b.seq < a.answeredSeq)) {
+          this.fail(`${op} sent to ${b.kind}/${b.instance} before ${a.kind}/${a.instance} (an earlier stage) had answered`);
+        }
+      }
+    }
+    if (outcome.ok) {
+      const unreached = FOUR.filter((m) => !sent.some((c) => c.kind === m.kind && c.instance === m.instance && c.answered === "ok")).map((m) => `${m.kind}/${m.instance}`);
+      if (unreached.length > 0) this.fail(`${op} answered ok, but ${unreached.join(", ")} never answered it ok (sent: ${sent.map((c) => `${c.kind}/${c.instance}:${c.answered}`).join(", ")})`);
+      for (const m of FOUR) {
+        const memory = this.fake.memoryOf(`${m.kind}.${m.instance}`);
+        if (op === "retire") {
+          const unfenced = (request["episode_ids"] as EpisodeId[]).filter((e) => !memory.retiredAttempt(e)).map(captureKey);
+          if (unfenced.length > 0) this.fail(`retire answered ok, but ${m.kind}/${m.instance} still admits ${unfenced.join(", ")}`);
+        } else {
+          const fenced = (request["rollout_ids"] as string[]).filter((r) => memory.fencedAttempt({ rollout_id: r, attempt: 0 }));
+          if (fenced.length > 0) this.fail(`forget answered ok, but ${m.kind}/${m.instance} still refuses attempt 0 of ${fenced.join(", ")} (stale_attempt)`);
+        }
+      }
+      return;
+    }
+    const failedStages = sent.filter((c) => c.answered !== "ok").map((c) => stageOf(c.kind));
+    if (failedStages.length === 0) return;
+    const stoppedAt = Math.min(...failedStages);
+    const past = sent.filter((c) => stageOf(c.kind) > stoppedAt).map((c) => `${c.kind}/${c.instance}`);
+    if (past.length > 0) this.fail(`${op} failed at stage ${RETIRE_STAGES[stoppedAt]!.join("+")}, yet was sent on to ${past.join(", ")}`);
+  }
+
+  /**
+   * A participant that refused a phase message for its deadline (or whose hook ran past it) did not
+   * do it: the controller op that stands on it never answers success (a prepare: prepared).
+   */
+  private checkDeadlineRefusals(op: CtlOp, outcome: Outcome, calledBefore: number): void {
+    if (!outcome.ok) return;
+    if (op === "prepare" && !(outcome.reply as { prepared: boolean }).prepared) return;
+    const phases = PHASE_MESSAGES[op];
+    if (!phases) return;
+    const refused = this.fake.calls.slice(calledBefore).filter((c) => phases.includes(c.op) && c.answered === "deadline_exceeded");
+    if (refused.length > 0) this.fail(`${op} answered ${describe(outcome)}, but ${refused.map((c) => `${c.op}:${c.kind}/${c.instance}`).join(", ")} refused it for its deadline`);
+  }
+
+  /**
+   * docs/protocol.md: a restore "past its deadline" or whose install outlived it answers
+   * deadline_exceeded, which says attempt+1 may be installed there: the restore fails and goes the
+   * all-or-nothing clean-up path: attempt+1 retired there (and wherever it may be installed), everyone resumed.
+   */
+  private checkTimedOutRestore(outcome: Outcome, calledBefore: number): void {
+    const sent = this.fake.calls.slice(calledBefore);
+    const late = sent.filter((c) => c.op === "restore" && c.answered === "deadline_exceeded");
+    if (late.length === 0) return;
+    const code = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
+    if (code !== "restore_failed") this.fail(`restore refused for its deadline at ${late.map((c) => `${c.kind}/${c.instance}`).join(", ")} answered ${describe(outcome)}, not restore_failed`);
+    const next = ((late[0]!.body["episode_ids"] as EpisodeId[]) ?? []).map((e) => captureKey(nextAttempt(e))).sort();
+    for (const c of late) {
+      const retired = sent.some((r) => r.op === "retire" && r.kind === c.kind && r.instance === c.instance && r.seq > c.seq && isDeepStrictEqual((r.body["episode_ids"] as EpisodeId[]).map(captureKey).sort(), next));
+      if (!retired) this.fail(`restore refused at ${c.kind}/${c.instance} for its deadline (it may have installed), but attempt+1 (${next.join(", ")}) was not retired there`);
+    }
+  }
+
+  /** Attempts the coordinator's own restore clean-up retired, per participant (a controller's retire not counted). */
+  private noteCleanupRetires(op: CtlOp | "recover", calledBefore: number): void {
+    for (const c of this.fake.calls.slice(calledBefore)) {
+      const key = `${c.kind}.${c.instance}`;
+      // A forget done there lifts them (a later controller's retire of the same attempt is its own).
+      if (c.op === "forget" && c.answered === "ok") {
+        const set = this.cleanupRetired.get(key);
+        for (const rollout of c.body["rollout_ids"] as string[]) for (const k of [...(set ?? [])]) if (k === rollout || k.startsWith(`${rollout}-a`)) set!.delete(k);
+      }
+      if (c.op !== "retire" || op === "retire") continue;
+      const set = this.cleanupRetired.get(key) ?? new Set<string>();
+      for (const e of c.body["episode_ids"] as EpisodeId[]) set.add(captureKey(e));
+      this.cleanupRetired.set(key, set);
+    }
+  }
+
+  /**
+   * Nothing retired is continued later: a restore answered ok (sent now or answered from the open
+   * one), or the resume of a restored checkpoint answered ok, tells the controller to run attempt+1
+   * of its scope; none may be an attempt a restore clean-up retired at a participant that still
+   * fences it (not forgotten since, the same process).
+   */
+  private checkNothingRetiredContinues(op: CtlOp, request: Record<string, unknown>, before: Snapshot, outcome: Outcome): void {
+    if (!outcome.ok) return;
+    let id: string | undefined;
+    let scope: EpisodeId[] | null | undefined;
+    if (op === "restore") {
+      id = (outcome.reply as { checkpoint_id: string }).checkpoint_id;
+      scope = this.journal.entries.get(id)?.scope ?? (request["episode_ids"] as EpisodeId[]);
+    } else if (op === "resume") {
+      const open = before.open as { checkpoint_id: string; phase: string } | null;
+      if (open?.phase !== "restored" || open.checkpoint_id !== request["checkpoint_id"]) return;
+      id = open.checkpoint_id;
+      scope = this.restoredScopes.get(id);
+    }
+    if (id === undefined || !scope) return;
+    if (op === "restore") this.restoredScopes.set(id, scope);
+    for (const m of FOUR) {
+      const key = `${m.kind}.${m.instance}`;
+      const memory = this.fake.memoryOf(key);
+      const retired = scope.map(nextAttempt).filter((e) => this.cleanupRetired.get(key)?.has(captureKey(e)) && memory.retiredAttempt(e));
+      if (retired.length > 0) this.fail(`${op} of restored ${id} answered ok, but its clean-up retired ${retired.map(captureKey).join(", ")} at ${key}, which still fences it`);
+    }
+  }
+
   /** A commit or checkpoint op that succeeded was committed (its files written) by every participant, not answered by one that had resumed it unwritten. */
   private checkCommittedEverywhere(op: string, id: string): void {
     const missing = FOUR.map((m) => `${m.kind}.${m.instance}`).filter((key) => !this.fake.committed.has(`${key}.${id}`));
@@ -753,8 +973,10 @@ export class EngineWorld {
   private async checkNothingChanged(before: Snapshot, op: string, code: string): Promise<void> {
     const after = await this.snapshot();
     const changed: string[] = [];
-    if (!isDeepStrictEqual(after.open, before.open)) changed.push(`open ${JSON.stringify(before.open)} → ${JSON.stringify(after.open)}`);
-    if (after.journal !== before.journal) changed.push(`journal ${before.journal} → ${after.journal}`);
+    // Not the close of a published or restored checkpoint nobody holds any more, which an op that finds so makes first ("closed without a message").
+    const staleClose = !this.changedBesidesStaleClose(before, after);
+    if (!staleClose && !isDeepStrictEqual(after.open, before.open)) changed.push(`open ${JSON.stringify(before.open)} → ${JSON.stringify(after.open)}`);
+    if (!staleClose && after.journal !== before.journal) changed.push(`journal ${before.journal} → ${after.journal}`);
     if (after.latest !== before.latest) changed.push(`LATEST ${before.latest} → ${after.latest}`);
     if (after.phaseCalls !== before.phaseCalls) {
       const sent = this.fake.calls.filter((c) => c.op !== "status").slice(before.phaseCalls).map((c) => `${c.op}:${c.kind}/${c.instance}`);

@@ -15,8 +15,11 @@ import { writers } from "./fake-participants.js";
  * later), rollouts reaching processes (live state: no longer fresh), a job restarted in whole or in
  * part restoring LATEST, leadership lost and regained or taken by a successor. Each process
  * remembers what a real one does (ParticipantMemory: the ids it resumed, its kept commit replies,
- * its live state) and refuses as it would. After every step the
- * invariants docs/api.md promises (see EngineWorld). A failure prints its seed and steps;
+ * its live state, its retired and restored-from attempt marks) and refuses as it would: retire and
+ * forget only while idle or restored (naming that id), and every phase message but resume past its
+ * deadline, which a participant may also meet mid-op (its message arriving only then, or its kind's
+ * hook outliving it: the test's clock moves there). After every step the
+ * invariants docs/api.md and docs/protocol.md promise (see EngineWorld). A failure prints its seed and steps;
  * `ENGINE_MODEL_SEEDS=a-b` runs other seeds, `ENGINE_MODEL_STEPS` longer sequences.
  */
 

@@ -7,6 +7,7 @@ import { pino, type Logger } from "pino";
 import {
   GUARDED_OPS,
   MANIFEST_SCHEMA_VERSION,
+  MAX_DEADLINE_AHEAD_S,
   captureKey,
   nextAttempt,
   sha256Hex,
@@ -35,14 +36,19 @@ export interface Call {
   timeoutMs: number;
   /** How it ended: `ok`, the participant's refusal code, or the transport's `unreachable` / `timeout` (`late`: done, its reply lost). */
   answered?: string;
+  /** When it was answered, on the `seq` counter (a later request's seq is higher): the order of stages. */
+  answeredSeq?: number;
 }
 
 /**
  * `timeout`: the request never reached the participant (nothing done), its try timed out; `late`: the
  * participant did it, but its reply came after the try's timeout (a stalled process, a lost reply);
- * `hang`: no reply until the caller's cancellation.
+ * `hang`: no reply until the caller's cancellation. With memory (deadlines checked as a real
+ * participant does): `delayed`, the request reaches the participant only at its deadline (a stalled
+ * network; the shared clock moves there); `slow`, the kind's hook runs past the deadline (the clock
+ * moves to it) and the participant answers as its control plane does then (see answerSlow).
  */
-type Behaviour = "ok" | "unreachable" | "timeout" | "late" | "hang" | { epoch: number } | { error: string } | { notReady: string[] } | { restarts: string[] } | { scopeRequired: true };
+type Behaviour = "ok" | "unreachable" | "timeout" | "late" | "hang" | "delayed" | "slow" | { epoch: number } | { error: string } | { notReady: string[] } | { restarts: string[] } | { scopeRequired: true };
 
 /** In-memory participants behind a fake transport; every request is recorded in order. */
 export class FakeParticipants implements ParticipantTransport {
@@ -156,9 +162,11 @@ export class FakeParticipants implements ParticipantTransport {
     const call = this.calls[this.calls.length - 1]!; // recorded before requestOnce's first await
     try {
       const reply = await pending;
+      call.answeredSeq = this.seq++;
       call.answered = (JSON.parse(reply) as { error?: { code: string } }).error?.code ?? "ok";
       return reply;
     } catch (error) {
+      call.answeredSeq = this.seq++;
       call.answered = error instanceof NoRespondersFailure ? "unreachable" : error instanceof RequestTimeoutFailure ? "timeout" : "thrown";
       throw error;
     }
@@ -186,12 +194,19 @@ export class FakeParticipants implements ParticipantTransport {
       return new RequestTimeoutFailure(subject, options.timeoutMs);
     };
     if (behaviour === "timeout") throw timedOut();
+    const arrivalMs = options.sentAtMs ?? this.clock?.current ?? Date.now();
     if (behaviour === "late") {
       // Done there (its state changed), but the reply arrives only after the try gave up on it.
-      await this.answer(kind, instance, op, parsed, "ok");
+      await this.answer(kind, instance, op, parsed, "ok", arrivalMs);
       throw timedOut();
     }
-    return this.answer(kind, instance, op, parsed, behaviour);
+    if (behaviour === "delayed") {
+      // It arrives at its deadline: the participant's clock (the shared one) is there too.
+      const deadlineMs = typeof parsed.deadline_ts === "number" ? parsed.deadline_ts * 1000 : arrivalMs;
+      if (this.clock) this.clock.current = Math.max(this.clock.current, deadlineMs);
+      return this.answer(kind, instance, op, parsed, "ok", Math.max(arrivalMs, deadlineMs));
+    }
+    return this.answer(kind, instance, op, parsed, behaviour, arrivalMs);
   }
 
   private restoredAlready(kind: Kind, instance: string, op: Op, parsed: Record<string, unknown>): boolean {
@@ -226,8 +241,96 @@ export class FakeParticipants implements ParticipantTransport {
     return undefined;
   }
 
+  /**
+   * control-plane checkDeadline on arrival (`arrivalMs`, the participant's clock then): past →
+   * `deadline_exceeded`, more than MAX_DEADLINE_AHEAD_S ahead → `invalid_request`. A restore past
+   * its deadline that would be refused in time answers that refusal instead (lateRestoreRefusal):
+   * still `deadline_exceeded` while its id is active here.
+   */
+  private refusedForDeadline(memory: ParticipantMemory, who: string, op: Op, parsed: Record<string, unknown>, arrivalMs: number): string | undefined {
+    const refuse = (code: string, detail: string) => JSON.stringify({ error: { code, detail } });
+    const deadlineMs = (parsed.deadline_ts as number) * 1000;
+    if (deadlineMs > arrivalMs + MAX_DEADLINE_AHEAD_S * 1000) return refuse("invalid_request", "deadline_ts lies too far ahead");
+    if (deadlineMs > arrivalMs) return undefined;
+    const late = refuse("deadline_exceeded", "deadline_ts has already passed");
+    if (op !== "restore") return late;
+    const id = String(parsed.checkpoint_id);
+    const held = this.state.get(who) ?? { phase: "idle", checkpoint_id: null };
+    if (held.checkpoint_id === id) return late;
+    if (memory.fenced(id)) return refuse("stale_checkpoint", `checkpoint ${id} was already resumed`);
+    if (held.checkpoint_id !== null) return refuse("checkpoint_conflict", `checkpoint ${held.checkpoint_id} is active; restore for ${id} refused`);
+    if (held.phase !== "idle") return refuse("invalid_phase", `restore is not allowed in phase ${held.phase}`);
+    if (memory.live) return refuse("invalid_checkpoint_state", "restore needs a fresh process: this participant holds live state");
+    return late;
+  }
+
+  /** control-plane admitOutsideCheckpoint: retire and forget only while idle or restored, and then naming the restored id. */
+  private admitOutsideCheckpoint(who: string, op: Op, parsed: Record<string, unknown>): string | undefined {
+    const held = this.state.get(who) ?? { phase: "idle", checkpoint_id: null };
+    if (held.phase !== "idle" && held.phase !== "restored") {
+      return JSON.stringify({ error: { code: "invalid_phase", detail: `${op} is refused while checkpoint ${held.checkpoint_id} is open (${held.phase}); resume first` } });
+    }
+    if (held.phase === "restored" && held.checkpoint_id !== parsed.checkpoint_id) {
+      return JSON.stringify({ error: { code: "checkpoint_conflict", detail: `checkpoint ${held.checkpoint_id} is restored here; ${op} must name it` } });
+    }
+    return undefined;
+  }
+
+  /**
+   * An admitted op whose kind hook outlives its deadline (the shared clock moves there), answered as
+   * the control plane does: prepare (waitReady) `preparing`, admission closed, with a blocker;
+   * commit (raceDeadline over the write) `deadline_exceeded`, still prepared, the files written, no
+   * reply kept; restore (abandonLateInstall) `deadline_exceeded`, idle, attempt+1 of its scope
+   * retired here (the late install ended and was freed at once); retire `deadline_exceeded`, its
+   * marks staying; forget `deadline_exceeded`, lifting none. Renew has no hook: answered in time.
+   */
+  private async answerSlow(memory: ParticipantMemory, kind: Kind, instance: string, op: Op, parsed: Record<string, unknown>, report: (blockers: string[]) => unknown): Promise<string> {
+    const who = `${kind}.${instance}`;
+    const id = String(parsed.checkpoint_id);
+    const toDeadline = () => {
+      if (this.clock && typeof parsed.deadline_ts === "number") this.clock.current = Math.max(this.clock.current, parsed.deadline_ts * 1000);
+    };
+    const late = (why: string) => JSON.stringify({ error: { code: "deadline_exceeded", detail: `${op} did not finish before its deadline (${why})` } });
+    switch (op) {
+      case "prepare": {
+        const held = this.state.get(who);
+        if (held?.checkpoint_id && held.checkpoint_id !== id) return JSON.stringify({ error: { code: "checkpoint_conflict", detail: `checkpoint ${held.checkpoint_id} is active` } });
+        if (held?.phase === "prepared" || held?.phase === "committed" || held?.phase === "restored") break;
+        this.state.set(who, { phase: "preparing", checkpoint_id: id });
+        toDeadline();
+        return JSON.stringify({ phase: "preparing", report: report(["slow"]) });
+      }
+      case "commit":
+        await writeParticipantFiles(parsed.checkpoint_dir as string, kind, instance, []);
+        toDeadline();
+        return late("the write");
+      case "restore":
+        this.installs.push(`${kind}/${instance}`);
+        memory.retire((parsed.episode_ids as EpisodeId[]).map(nextAttempt));
+        toDeadline();
+        return late("the install");
+      case "retire":
+        memory.retire(parsed.episode_ids as EpisodeId[]);
+        toDeadline();
+        return late("the kind's retire");
+      case "forget":
+        toDeadline();
+        return late("the kind's forget");
+      default:
+        break;
+    }
+    return this.answer(kind, instance, op, parsed, "ok", this.clock?.current ?? Date.now());
+  }
+
   /** What the participant answers (and does) for a request that reached it. */
-  private async answer(kind: Kind, instance: string, op: Op, parsed: Record<string, unknown>, behaviour: Exclude<Behaviour, "unreachable" | "timeout" | "late" | "hang">): Promise<string> {
+  private async answer(
+    kind: Kind,
+    instance: string,
+    op: Op,
+    parsed: Record<string, unknown>,
+    behaviour: Exclude<Behaviour, "unreachable" | "timeout" | "late" | "hang" | "delayed">,
+    arrivalMs: number,
+  ): Promise<string> {
     const who = `${kind}.${instance}`;
     const current = this.incarnation.get(who);
     const addressed = parsed.incarnation as string | undefined;
@@ -237,6 +340,12 @@ export class FakeParticipants implements ParticipantTransport {
         this.misaddressed.push({ participant: who, addressed, detail: `${op}:${kind}/${instance} of ${String(parsed.checkpoint_id)} addressed to ${addressed}, held by ${current}` });
       }
       return JSON.stringify({ error: { code: "stale_incarnation", detail: `addressed to ${addressed}; this process is ${current}` } });
+    }
+    const memory = this.memory ? this.memoryOf(who) : undefined;
+    // Next, every op but resume (and status) checks its deadline (control-plane checkDeadline), before its reply cache.
+    if (memory && op !== "resume" && op !== "status" && typeof parsed.deadline_ts === "number") {
+      const refused = this.refusedForDeadline(memory, who, op, parsed, arrivalMs);
+      if (refused !== undefined) return refused;
     }
     // A restore this participant restored is answered from its reply cache before anything else (a real one's first check), whatever it is scripted to refuse.
     if (typeof behaviour === "object" && "error" in behaviour && !this.restoredAlready(kind, instance, op, parsed)) {
@@ -253,16 +362,29 @@ export class FakeParticipants implements ParticipantTransport {
       if (cached && cached.args !== restoreArgs) return JSON.stringify({ error: { code: "checkpoint_conflict", detail: "another directory or scope" } });
       if (cached) return cached.reply;
     }
-    const memory = this.memory ? this.memoryOf(who) : undefined;
     const commitArgs = op === "commit" ? JSON.stringify([parsed.checkpoint_dir, parsed.episode_ids === null ? "*" : [...new Set((parsed.episode_ids as EpisodeId[]).map(captureKey))].sort(), parsed.stop]) : "";
     if (memory) {
       const answered = this.admitRemembering(memory, who, op, parsed, commitArgs);
       if (answered !== undefined) return answered;
+      if (op === "retire" || op === "forget") {
+        const refused = this.admitOutsideCheckpoint(who, op, parsed);
+        if (refused !== undefined) return refused;
+      }
+      // The fake's checkpoints hold a record of every episode in scope: the kinds refuse one whose
+      // next attempt is fenced here before installing anything (docs/protocol.md, Restore).
+      const fenced = op === "restore" ? (parsed.episode_ids as EpisodeId[]).map(nextAttempt).filter((e) => memory.fencedAttempt(e)) : [];
+      if (fenced.length > 0) return JSON.stringify({ error: { code: "stale_attempt", detail: `${fenced.map(captureKey).join(", ")} was retired` } });
+      if (behaviour === "slow") return this.answerSlow(memory, kind, instance, op, parsed, report);
     }
     if (op === "restore") {
       this.installs.push(`${kind}/${instance}`);
       memory?.restored(String(parsed.checkpoint_id));
+      // control-plane restore, once installed: its source attempts continue only as their next.
+      memory?.continuedAsNext(parsed.episode_ids as EpisodeId[]);
     }
+    // control-plane retire: the marks first (then the kind's work); forget lifts both marks once its kind's forget succeeded.
+    if (op === "retire") memory?.retire(parsed.episode_ids as EpisodeId[]);
+    if (op === "forget") memory?.forget(parsed.rollout_ids as string[]);
     if (op === "prepare") {
       // As a real participant's admission (control-plane admit): another checkpoint held here is a
       // conflict, nothing changed; its own, past prepared, answers the prepare it was prepared with.
@@ -320,10 +442,13 @@ export class FakeParticipants implements ParticipantTransport {
         this.restoredHere.set(restoredKey, { args: restoreArgs, reply });
         return reply;
       }
-      case "retire":
-        return JSON.stringify({ retired: (parsed.episode_ids as { rollout_id: string; attempt: number }[]).map(captureKey) });
+      case "retire": {
+        // With memory as control-plane retire answers (unique, sorted); tests before it pin the keys as sent.
+        const keys = (parsed.episode_ids as EpisodeId[]).map(captureKey);
+        return JSON.stringify({ retired: memory ? [...new Set(keys)].sort() : keys });
+      }
       case "forget":
-        return JSON.stringify({ forgotten: parsed.rollout_ids });
+        return JSON.stringify({ forgotten: memory ? [...new Set(parsed.rollout_ids as string[])].sort() : parsed.rollout_ids });
       case "renew":
         return JSON.stringify({ lease_expires_at: 1 });
       case "status":

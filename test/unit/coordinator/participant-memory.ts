@@ -1,3 +1,5 @@
+import type { EpisodeId } from "../../../protocol/index.js";
+
 /** The resumed fence's size and the kept commit replies' count, as participants/control-plane/control-plane.ts keeps them. */
 const FENCE_CAPACITY = 64;
 const RESUMED_COMMITS_KEPT = 4;
@@ -18,6 +20,40 @@ export class ParticipantMemory {
   private readonly resumedCommits = new Map<string, { args: string; reply: string }>();
   /** Sessions, episodes or restored state here (the kind's hasLiveState): it served, or a restore installed. */
   live = false;
+  /**
+   * The attempt marks (control-plane AttemptMarks: per rollout the highest fenced attempt): retired
+   * ones, and the source attempts a restore here continued as their next. Lifted only by forget.
+   */
+  private readonly retiredMarks = new Map<string, number>();
+  private readonly restoredFromMarks = new Map<string, number>();
+
+  /** control-plane retire's `this.retired.mark(episode)` (also abandonLateInstall's mark of attempt+1). */
+  retire(episodes: readonly EpisodeId[]): void {
+    for (const e of episodes) mark(this.retiredMarks, e);
+  }
+
+  /** control-plane restore, once installed: `this.restoredFrom.mark(episode)` for every episode in scope. */
+  continuedAsNext(episodes: readonly EpisodeId[]): void {
+    for (const e of episodes) mark(this.restoredFromMarks, e);
+  }
+
+  /** control-plane forget: both marks of each rollout lifted. */
+  forget(rollouts: readonly string[]): void {
+    for (const r of rollouts) {
+      this.retiredMarks.delete(r);
+      this.restoredFromMarks.delete(r);
+    }
+  }
+
+  /** control-plane isRetired (the data plane's stale_attempt): retired, or continued here as a later attempt. */
+  fencedAttempt(episode: EpisodeId): boolean {
+    return covers(this.retiredMarks, episode) || covers(this.restoredFromMarks, episode);
+  }
+
+  /** Retired (a retire's mark, not a restore's continuation). */
+  retiredAttempt(episode: EpisodeId): boolean {
+    return covers(this.retiredMarks, episode);
+  }
 
   fenced(id: string): boolean {
     return this.fence.has(id);
@@ -56,4 +92,16 @@ export class ParticipantMemory {
     this.resumedCommits.delete(id);
     this.live = true;
   }
+}
+
+/** AttemptMarks.mark: the highest attempt per rollout. */
+function mark(marks: Map<string, number>, episode: EpisodeId): void {
+  const current = marks.get(episode.rollout_id);
+  if (current === undefined || episode.attempt > current) marks.set(episode.rollout_id, episode.attempt);
+}
+
+/** AttemptMarks.has: any attempt at or below the mark. */
+function covers(marks: Map<string, number>, episode: EpisodeId): boolean {
+  const m = marks.get(episode.rollout_id);
+  return m !== undefined && episode.attempt <= m;
 }
