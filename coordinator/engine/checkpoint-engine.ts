@@ -1843,10 +1843,18 @@ export class CheckpointEngine {
   ): Promise<CtlReplyOf<"restore"> | undefined> {
     const { id, epoch } = open;
     const request = { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: open.dir ?? this.options.catalog.dirFor(id), episode_ids: open.scope ?? [] };
+    // Re-sent, it may install into a process newer than the journaled restorer: the view now is
+    // "the view at open" for that one, as for a first restore (one lagging behind it is no restart).
+    const viewAtSend = journaled ? this.incarnationsOf(open.members) : undefined;
+    const restorersBefore = new Map(open.incarnations);
     const outcomes = await runAll(open.members, (m) => {
       const digest = open.manifestDigests?.get(memberKey(m.kind, m.instance));
       return this.send(m, "restore", digest === undefined ? request : { ...request, manifest_sha256: digest }, deadlineMs, epoch, ctx);
     });
+    for (const [key, restorer] of open.incarnations) {
+      const seen = viewAtSend?.get(key);
+      if (seen !== undefined && restorer !== restorersBefore.get(key)) open.viewed.set(key, seen);
+    }
     // Journaled `restored`, every member had restored it: one refusing it as already resumed took
     // part and was resumed since (its controller's resume, cut short by the crash, or its lease).
     const resumed = journaled === "restored" ? outcomes.filter((o) => !o.ok && o.code === "stale_checkpoint") : [];

@@ -1096,3 +1096,34 @@ describe("recovery of a restored checkpoint whose restorer the view did not show
     expect([...first.fake.state].filter(([, s]) => s.checkpoint_id === "lag")).toEqual([]);
   });
 });
+
+/**
+ * The same, where the restorer is one the successor's re-driven restore installed: a participant
+ * restarted twice after the restore, the view showing only the first restart (the second's
+ * announcement not seen yet), while another member still held the restore, so recovery re-sent it
+ * and the newest process installed it and named itself. Before the fix the resume took the
+ * lagging view (neither the journaled restorer nor the new one) for a restart since the restore:
+ * it skipped the new restorer, left it parked in the checkpoint, and answered restore_failed.
+ * Found by engine-model.test.ts (ENGINE_MODEL_STEPS=400, seed 6489).
+ */
+describe("recovery re-sending a restore that a process newer than the view installs", () => {
+  it("the resume reaches that process: everyone resumed, success", async () => {
+    const view = new Map(FOUR_KINDS.map((m) => [`${m.kind}.${m.instance}`, `${m.instance}-0`]));
+    const first = makeEngine(root, { incarnations: view });
+    for (const [key, incarnation] of view) first.fake.incarnation.set(key, incarnation);
+    await first.engine.checkpoint({ checkpoint_id: "lag2", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    await first.engine.restore({ checkpoint_id: "lag2", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    first.membership.announce({ kind: "agent", instance: "a1" }, first.fake.restart("agent", "a1"));
+    const newest = first.fake.restart("agent", "a1"); // the view still shows the one before it
+    first.engine.leadershipLost();
+    first.leadership.demote();
+    const second = makeEngine(root, { successorOf: { fake: first.fake, journal: first.journal, clock: first.clock }, epoch: 8, requireRecovery: true, incarnations: view });
+    const sentBefore = first.fake.calls.length;
+    expect(await second.engine.recover()).toEqual([{ checkpoint_id: "lag2", action: "restored" }]);
+    expect(first.fake.state.get("agent.a1")).toEqual({ phase: "restored", checkpoint_id: "lag2" });
+    await expect(second.engine.resume({ checkpoint_id: "lag2" })).resolves.toMatchObject({ checkpoint_id: "lag2" });
+    expect(first.fake.calls.slice(sentBefore).filter((c) => c.op === "resume" && c.instance === "a1").map((c) => c.body.incarnation)).toEqual([newest]);
+    expect([...first.fake.state].filter(([, s]) => s.checkpoint_id === "lag2")).toEqual([]);
+  });
+});
