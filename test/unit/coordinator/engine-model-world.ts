@@ -375,7 +375,9 @@ export class EngineWorld {
       // "Retried after it failed and its id was closed here (aborted ...), it gets that failure again (the same code and detail)"
       const code = (last.outcome.error as CheckpointError).code;
       const again = outcome.ok ? "ok" : (outcome.error as CheckpointError).code;
-      if (ABORTED.has(code) && again !== code) this.fail(`a checkpoint that failed with ${code} was retried: ${describe(outcome)}`);
+      // A participant's refusal for its deadline aborts it too (not the coordinator's own deadline_exceeded: it never ran).
+      const participants = ["prepare", "commit"].some((p) => (last.outcome as { error: Error }).error.message.startsWith(participantFailurePrefix(p)));
+      if ((ABORTED.has(code) || (code === "deadline_exceeded" && participants)) && again !== code) this.fail(`a checkpoint that failed with ${code} was retried: ${describe(outcome)}`);
     }
     if (last.op === "restore" && !last.outcome.ok && !last.failedOver && late) {
       // "Retried ... once its deadline_ts has passed (its reply was lost) gets that refusal again" (a restore every participant refused).
@@ -436,6 +438,7 @@ export class EngineWorld {
     if (before === undefined) this.fake.script.delete(key);
     else this.fake.script.set(key, before);
     this.steps.push(`heal ${key}`);
+    if (this.last) this.last.faultsSince++;
   }
 
   /**
@@ -502,7 +505,7 @@ export class EngineWorld {
     await this.settle();
     outcomes.forEach((outcome, i) => this.checkThrown(ops[i]!, outcome));
     outcomes.forEach((outcome, i) => this.noteRestored(calledBefore, ops[i]!, outcome));
-    // A controller's retire beside another op: the other's clean-up retires are told apart by their body below.
+    // Not beside a controller's retire: its messages and a restore clean-up's are not told apart here.
     if (!ops.includes("retire")) this.noteCleanupRetires(ops[0]!, calledBefore);
     // Both may publish (two checkpoints): LATEST names the one that published last.
     const latest = (await this.snapshot()).latest;

@@ -294,8 +294,8 @@ export class FakeParticipants implements ParticipantTransport {
     switch (op) {
       case "prepare": {
         const held = this.state.get(who);
-        if (held?.checkpoint_id && held.checkpoint_id !== id) return JSON.stringify({ error: { code: "checkpoint_conflict", detail: `checkpoint ${held.checkpoint_id} is active` } });
-        if (held?.phase === "prepared" || held?.phase === "committed" || held?.phase === "restored") break;
+        // Admission as answer's (another checkpoint held, or past preparing): answered there.
+        if ((held?.checkpoint_id && held.checkpoint_id !== id) || held?.phase === "prepared" || held?.phase === "committed" || held?.phase === "restored") break;
         this.state.set(who, { phase: "preparing", checkpoint_id: id });
         toDeadline();
         return JSON.stringify({ phase: "preparing", report: report(["slow"]) });
