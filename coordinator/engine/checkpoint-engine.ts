@@ -1646,14 +1646,16 @@ export class CheckpointEngine {
     return resumed;
   }
 
-  /** The resume requests of `open`, stage by stage in reverse, past failures; leaves it open. */
+  /** The resume requests of `open`, stage by stage in reverse (the stages left at once past the deadline), past failures; leaves it open. */
   private async resumeStages(id: string, members: readonly ParticipantRef[], deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
     const epoch = this.options.leadership.epoch();
     const { results } = await runStages(
       RESUME_STAGES,
       members,
       (m, c) => this.send(m, "resume", { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch }, deadlineMs, epoch, c),
-      { spanName: "checkpoint.coordinate.resume.stage", parent: ctx },
+      // Past its deadline, the stages left go at once: each stalled one in turn would add the
+      // request slack, and a failed prepare's abort answer its controller after it stopped waiting.
+      { spanName: "checkpoint.coordinate.resume.stage", parent: ctx, allAtOnce: () => this.options.clock.now() >= deadlineMs },
     );
     const outcomes = results.flatMap((r) => r.outcomes);
     return {

@@ -22,6 +22,12 @@ export interface StagedRunOptions<T> {
   proceed?: (outcomes: T[]) => boolean;
   /** Awaited before any stage after the first runs (work that may overlap only the first stage). */
   gate?: Promise<unknown>;
+  /**
+   * Checked before each stage: once true, that stage and every later one are sent at once (a run
+   * that goes on past failures, its deadline passed). Stalled stages in turn would each add the
+   * request slack to the answer, which then leaves after the caller stopped waiting.
+   */
+  allAtOnce?: () => boolean;
 }
 
 /** Members of the given kinds, in a stable order (instance name). */
@@ -41,18 +47,25 @@ export async function runStages<P extends ParticipantRef, T extends FanOutOutcom
   options: StagedRunOptions<T>,
 ): Promise<StagedRun<T>> {
   const results: StageResult<T>[] = [];
-  for (const stage of stages) {
-    const stageMembers = membersOf(members, stage);
-    if (stageMembers.length === 0) continue;
-    if (results.length > 0 && options.gate) await options.gate;
-    const outcomes = await inFanOutSpan(
+  const runStage = async (stage: readonly Kind[], stageMembers: P[]): Promise<StageResult<T>> => ({
+    stage,
+    outcomes: await inFanOutSpan(
       `${options.spanName}.${stage.join("+")}`,
       { [SPAN_ATTR.stage]: stage.join("+"), [SPAN_ATTR.participants]: stageMembers.length },
       options.parent,
       (ctx) => Promise.all(stageMembers.map((member) => call(member, ctx))),
-    );
-    results.push({ stage, outcomes });
-    if (options.proceed && !options.proceed(outcomes)) return { results, stoppedAt: stage };
+    ),
+  });
+  const withMembers = stages.map((stage) => ({ stage, stageMembers: membersOf(members, stage) })).filter((s) => s.stageMembers.length > 0);
+  for (const [i, { stage, stageMembers }] of withMembers.entries()) {
+    if (results.length > 0 && options.gate) await options.gate;
+    if (options.allAtOnce?.()) {
+      results.push(...(await Promise.all(withMembers.slice(i).map((s) => runStage(s.stage, s.stageMembers)))));
+      break;
+    }
+    const result = await runStage(stage, stageMembers);
+    results.push(result);
+    if (options.proceed && !options.proceed(result.outcomes)) return { results, stoppedAt: stage };
   }
   return { results, stoppedAt: null };
 }

@@ -40,6 +40,22 @@ describe("a failed prepare answers while its controller still waits", () => {
     expect(fake.ops("resume").some((c) => c.kind === "resources")).toBe(true); // the abort tried it
     expect(clock.now()).toBeLessThanOrEqual(deadlineMs + DEFAULT_REPLY_SLACK_MS - 1000);
   });
+
+  it("every participant stalled (a paused node): the abort's resume sends the stages left once its deadline passed at once, not one slack after another", async () => {
+    const { request_slack_ms } = CoordinatorConfigSchema.parse({ token: "t", checkpoint_root: "/c" });
+    const { engine, clock, fake } = makeEngine(root, { slackMs: request_slack_ms });
+    fake.set("environment", "e1", "prepare", "timeout");
+    for (const [kind, instance] of [["environment", "e1"], ["model", "m1"], ["agent", "a1"], ["resources", "r1"]] as const) fake.set(kind, instance, "resume", "timeout");
+    const deadlineMs = clock.now() + 4000;
+    await expect(engine.checkpoint({ checkpoint_id: "stall-all", deadline_ts: deadlineMs / 1000, episode_ids: null, stop: false, controller_state: null })).rejects.toMatchObject({
+      code: "prepare_incomplete",
+    });
+    // Every stage was still sent, and resources (the first) before the others.
+    const resumes = fake.ops("resume").map((c) => c.kind);
+    expect(new Set(resumes)).toEqual(new Set(["resources", "agent", "model", "environment"]));
+    expect(resumes[0]).toBe("resources");
+    expect(clock.now()).toBeLessThanOrEqual(deadlineMs + DEFAULT_REPLY_SLACK_MS - 1000);
+  });
 });
 
 /**
