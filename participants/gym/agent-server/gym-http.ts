@@ -60,16 +60,23 @@ export async function postJson(url: string, body: unknown, options: { signal?: A
   return { status: response.status, headers: response.headers, body: parsed };
 }
 
+/** Errno codes (ECONNREFUSED, ECONNRESET, EAI_AGAIN, ...), not Node's ERR_* ones, and undici's socket failures. */
+const CONNECTION_FAILURE = /^(E[A-Z]+|EAI_[A-Z]+|UND_ERR_SOCKET|UND_ERR_CONNECT_TIMEOUT)$/;
+
 /**
  * fetch's network error (a TypeError with its cause: refused, reset, or cut before the reply was
  * complete) as the callee's failure, `upstream_failed`, which a caller may send again: the model
  * proxy cuts a call whose capture-ledger row it could not write. Not a call the caller aborted
- * itself, nor a URL that does not parse (a bug here, left as it is).
+ * itself, nor a call fetch refused to make (a URL that does not parse, a blocked port: a bug or
+ * configuration here, left as it is).
  */
 function connectionFailed(error: unknown, url: string, signal: AbortSignal | undefined): CheckpointError | undefined {
   if (signal?.aborted || !(error instanceof TypeError) || error.cause === undefined) return undefined;
   const cause = error.cause as { code?: unknown; message?: unknown };
-  if (cause.code === "ERR_INVALID_URL") return undefined;
+  // Only a failure of the connection itself: an errno (refused, reset, unreachable, DNS) or undici's
+  // socket errors. fetch refuses some calls before connecting, with an uncoded cause (a port on its
+  // bad-port list such as 6000, an unknown scheme) or UND_ERR_INVALID_ARG (a malformed header): ours.
+  if (typeof cause.code !== "string" || !CONNECTION_FAILURE.test(cause.code)) return undefined;
   const why = typeof cause.message === "string" && cause.message ? cause.message : error.message;
   return new CheckpointError("upstream_failed", `${new URL(url).pathname}: the connection failed before the reply was complete (${why})`);
 }

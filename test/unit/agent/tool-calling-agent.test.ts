@@ -136,7 +136,8 @@ describe("tool-calling agent policy calls whose connection fails", () => {
     });
     return { calls: () => calls };
   }
-  const cut = () => new TypeError("terminated", { cause: new Error("other side closed") });
+  // As undici throws it: its SocketError carries the code (a cause without one is a call fetch refused to make).
+  const cut = () => new TypeError("terminated", { cause: Object.assign(new Error("other side closed"), { code: "UND_ERR_SOCKET" }) });
   const answered = () => new Response(JSON.stringify({ choices: [{ message: { role: "assistant", content: "2" } }] }), { status: 200 });
   const run = (driver: LoopDriver = recordingDriver([])) =>
     runTurnLoop(endpoints, "r1.a1", { expression: "1+1", tool_rounds: 1 }, null, seededState([{ role: "user", content: "hi" }]), driver);

@@ -47,6 +47,21 @@ describe("reference Gym data-plane calls whose connection fails", () => {
     expect(await failure(postJson(`${url}/x`, {}))).toMatchObject({ code: "upstream_failed" });
   });
 
+  // fetch refuses these itself, before any connection: the caller's configuration or request, which
+  // no callee failed and sending again cannot mend (the agent would re-issue them, and the 502's
+  // remedy points at the callee).
+  it("a call fetch will not make (a blocked port, an unknown scheme, a malformed header) is not upstream_failed", async () => {
+    const live = await serve((_req, res) => res.end("{}"));
+    const refused = [
+      postJson("http://127.0.0.1:6000/v1/chat/completions", {}), // on fetch's bad-port list
+      postJson("ftp://127.0.0.1/x", {}),
+      postJson(`${live}/x`, {}, { headers: { "transfer-encoding": "chunked" } }),
+    ];
+    for (const error of await Promise.all(refused.map(failure))) {
+      expect(error).not.toMatchObject({ code: "upstream_failed" });
+    }
+  });
+
   it("a call aborted by its caller is the caller's abort, not upstream_failed", async () => {
     const url = await serve(() => undefined); // never answers
     const abort = new AbortController();
