@@ -1,6 +1,6 @@
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { Logger } from "pino";
-import { MemberSchema, PROTOCOL_VERSION, participantOfMemberKey, protocolVersionMismatch, type Member } from "../../protocol/index.js";
+import { MemberSchema, PROTOCOL_VERSION, memberKey, participantOfMemberKey, protocolVersionMismatch, type Member } from "../../protocol/index.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
 import { readsFromStreamLeader } from "./kv-bucket.js";
 import { latestEntries } from "./kv-latest-entries.js";
@@ -107,8 +107,15 @@ export function readEntry(entry: KvEntry, logger: Logger | undefined): { member:
   }
   const parsed = json ? MemberSchema.safeParse(value) : undefined;
   const mismatch = protocolVersionMismatch(value, `membership entry ${entry.key}`);
-  if (mismatch === undefined && parsed?.success) return { member: parsed.data };
-  const why = mismatch ?? `membership entry ${entry.key} is not a protocol version ${PROTOCOL_VERSION} announcement (${parsed ? issueOf(parsed.error!) : "not JSON"})`;
+  // An announcement under another participant's key (copied by hand, a tool writing the wrong key)
+  // would list its participant twice and leave the key's own participant out of every checkpoint.
+  const misplaced = parsed?.success && memberKey(parsed.data.kind, parsed.data.instance) !== entry.key;
+  if (mismatch === undefined && parsed?.success && !misplaced) return { member: parsed.data };
+  const why =
+    mismatch ??
+    (misplaced
+      ? `membership entry ${entry.key} announces ${parsed.data!.kind}/${parsed.data!.instance}, another participant than its key names`
+      : `membership entry ${entry.key} is not a protocol version ${PROTOCOL_VERSION} announcement (${parsed ? issueOf(parsed.error!) : "not JSON"})`);
   logger?.warn({ key: entry.key, reason: why }, "membership_entry_invalid");
   return { unreadable: { key: entry.key, participant: participantOfMemberKey(entry.key), reason: why } };
 }
