@@ -1,5 +1,5 @@
 import { Bucket, type KV, type KvEntry, type KvWatchEntry } from "@nats-io/kv";
-import { errors, type QueuedIterator } from "@nats-io/transport-node";
+import { errors, type NatsConnection, type QueuedIterator, type Status } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { equalJitter, MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
@@ -48,6 +48,16 @@ export class WatchedMemberRegistry implements MembershipSource {
   private generation = 0;
   /** Keys cached from a bucket since re-created: anything read from the new bucket replaces them. */
   private readonly fromOldBucket = new Set<string>();
+  /**
+   * The bucket read again after this process's connection came back, while in flight: listings
+   * wait for it. Cut off longer than the TTL, the cache aged every member out, and the watch shows
+   * them again only once its consumer notices the gap and resets (up to a heartbeat later): a
+   * checkpoint started then would go ahead without live participants.
+   */
+  private reseeding: Promise<void> | undefined;
+  /** The keys the watch delivered while `reseeding` read the bucket: what it delivered is newer. */
+  private touchedWhileReseeding: Set<string> | undefined;
+  private connectionStatus: AsyncIterable<Status> | undefined;
   /** onIncarnationChange's listeners, per member key. */
   private readonly incarnationListeners = new Map<string, Set<() => void>>();
 
@@ -68,6 +78,47 @@ export class WatchedMemberRegistry implements MembershipSource {
     this.streamCreated = (await this.streamInfo().catch(() => undefined))?.created;
     this.streamCheck = setInterval(() => void this.checkStream(), this.streamCheckMs);
     this.streamCheck.unref();
+    this.followConnection();
+  }
+
+  /** Reads the bucket again whenever the connection comes back (see `reseeding`). */
+  private followConnection(): void {
+    // Kvm opens every bucket as a Bucket, whose manager knows its connection; a test's stand-in has none.
+    const nc = this.kv instanceof Bucket ? (this.kv.jsm as Partial<{ getConnection(): NatsConnection }>).getConnection?.() : undefined;
+    if (!nc) return;
+    const status = nc.status();
+    this.connectionStatus = status;
+    void (async () => {
+      for await (const s of status) if (s.type === "reconnect" && !this.stopped) this.reseedAfterReconnect();
+    })().catch((error: unknown) => this.logger?.warn({ err: error }, "membership_status_watch_failed"));
+  }
+
+  private reseedAfterReconnect(): void {
+    const touched = (this.touchedWhileReseeding = new Set());
+    const reseeding = (async () => {
+      const read = await new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
+      const now = this.clock.monotonic();
+      const present = new Set<string>();
+      const entries = [
+        ...read.members.map(({ member, ageMs }) => ({ key: memberKey(member.kind, member.instance), cached: { member }, ageMs })),
+        ...read.unreadable.map(({ unreadable, ageMs }) => ({ key: unreadable.key, cached: { unreadable }, ageMs })),
+      ];
+      for (const { key, cached, ageMs } of entries) {
+        present.add(key);
+        const seenAt = now - Math.min(ageMs, this.ttlMs);
+        if (!touched.has(key) && (this.cache.get(key)?.seenAt ?? -Infinity) <= seenAt) this.remember(key, { ...cached, seenAt });
+      }
+      // Gone from the bucket meanwhile (deleted, expired): gone here too.
+      for (const key of this.cache.keys()) if (!present.has(key) && !touched.has(key)) this.cache.delete(key);
+    })()
+      .catch((error: unknown) => this.logger?.warn({ err: error }, "membership_reseed_failed"))
+      .finally(() => {
+        if (this.reseeding === reseeding) {
+          this.reseeding = undefined;
+          this.touchedWhileReseeding = undefined;
+        }
+      });
+    this.reseeding = reseeding;
   }
 
   private async streamInfo(): Promise<{ created: string; lastSeq: number } | undefined> {
@@ -189,6 +240,7 @@ export class WatchedMemberRegistry implements MembershipSource {
     const operation = operationOf(entry, this.logger);
     if (operation === undefined) return; // unreadable: what the key held before stands
     this.fromOldBucket.delete(entry.key);
+    this.touchedWhileReseeding?.add(entry.key);
     if (operation !== "PUT") {
       this.cache.delete(entry.key);
       this.removedWhileSeeding?.add(entry.key);
@@ -240,6 +292,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   async list(): Promise<ParticipantRef[]> {
+    await this.reseeding;
     return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
   }
 
@@ -249,6 +302,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   async unreadable(): Promise<UnreadableMember[]> {
+    await this.reseeding;
     return this.unreadableMembers();
   }
 
@@ -266,5 +320,8 @@ export class WatchedMemberRegistry implements MembershipSource {
     if (this.streamCheck) clearInterval(this.streamCheck);
     this.streamCheck = undefined;
     this.watch?.stop();
+    // nats.js's status iterator has stop(); its declared type is only AsyncIterable.
+    (this.connectionStatus as { stop?: () => void } | undefined)?.stop?.();
+    this.connectionStatus = undefined;
   }
 }
