@@ -59,22 +59,25 @@ export class KvMemberRegistry implements MembershipSource {
    * most MEMBER_HEARTBEAT_MS old), or `nowMs` if that is earlier. Never more than the entry's true
    * age, whatever this host's clock says: a live member is never taken for an expired one.
    */
-  async aged(nowMs = Date.now()): Promise<{ member: Member; ageMs: number }[]> {
+  async aged(nowMs = Date.now()): Promise<{ member: Member; ageMs: number; revision: number }[]> {
     return (await this.read(nowMs)).members;
   }
 
-  /** As `aged`, with the unreadable entries (and their ages) beside the members. */
-  async read(nowMs = Date.now()): Promise<{ members: { member: Member; ageMs: number }[]; unreadable: { unreadable: UnreadableMember; ageMs: number }[] }> {
+  /** As `aged`, with the unreadable entries (and their ages) beside the members; each with its entry's revision. */
+  async read(
+    nowMs = Date.now(),
+  ): Promise<{ members: { member: Member; ageMs: number; revision: number }[]; unreadable: { unreadable: UnreadableMember; ageMs: number; revision: number }[] }> {
     const undecodable = (key: string, err: Error) => this.logger?.warn({ key, err }, "membership_entry_invalid");
     const entries = await latestEntries(this.kv, undecodable);
     const newest = Math.min(nowMs, entries.reduce((max, e) => Math.max(max, e.created.getTime()), 0));
-    const members: { member: Member; ageMs: number }[] = [];
-    const unreadable: { unreadable: UnreadableMember; ageMs: number }[] = [];
+    const members: { member: Member; ageMs: number; revision: number }[] = [];
+    const unreadable: { unreadable: UnreadableMember; ageMs: number; revision: number }[] = [];
     for (const entry of entries) {
       const read = readEntry(entry, this.logger);
       const ageMs = Math.max(0, newest - entry.created.getTime());
-      if (read && "member" in read) members.push({ member: read.member, ageMs });
-      else if (read) unreadable.push({ unreadable: read.unreadable, ageMs });
+      const revision = entry.revision;
+      if (read && "member" in read) members.push({ member: read.member, ageMs, revision });
+      else if (read) unreadable.push({ unreadable: read.unreadable, ageMs, revision });
     }
     members.sort((a, b) => (a.member.kind + "." + a.member.instance < b.member.kind + "." + b.member.instance ? -1 : 1));
     unreadable.sort((a, b) => (a.unreadable.key < b.unreadable.key ? -1 : 1));

@@ -18,6 +18,13 @@ interface Cached {
    * the next checkpoint nor keep a silent one in it.
    */
   seenAt: number;
+  /**
+   * The entry's revision: one the view holds already (the re-read after a reconnect aged it by the
+   * server's timestamps) delivered by the watch late (its consumer, reset after the reconnect,
+   * delivers what was written during the outage) is no fresher write and must not count as seen
+   * now: a member that died during the outage would stay listed for another TTL.
+   */
+  revision: number;
 }
 
 /**
@@ -100,13 +107,17 @@ export class WatchedMemberRegistry implements MembershipSource {
       const now = this.clock.monotonic();
       const present = new Set<string>();
       const entries = [
-        ...read.members.map(({ member, ageMs }) => ({ key: memberKey(member.kind, member.instance), cached: { member }, ageMs })),
-        ...read.unreadable.map(({ unreadable, ageMs }) => ({ key: unreadable.key, cached: { unreadable }, ageMs })),
+        ...read.members.map(({ member, ageMs, revision }) => ({ key: memberKey(member.kind, member.instance), cached: { member }, ageMs, revision })),
+        ...read.unreadable.map(({ unreadable, ageMs, revision }) => ({ key: unreadable.key, cached: { unreadable }, ageMs, revision })),
       ];
-      for (const { key, cached, ageMs } of entries) {
+      for (const { key, cached, ageMs, revision } of entries) {
         present.add(key);
         const seenAt = now - Math.min(ageMs, this.ttlMs);
-        if (!touched.has(key) && (this.cache.get(key)?.seenAt ?? -Infinity) <= seenAt) this.remember(key, { ...cached, seenAt });
+        const current = this.cache.get(key);
+        // The same write the watch may have delivered again after the outage (taken as seen at its
+        // delivery): as old as the server says. A newer one the watch delivered meanwhile stands.
+        if (current?.revision === revision) current.seenAt = Math.min(current.seenAt, seenAt);
+        else if (!touched.has(key) && (current?.revision ?? 0) < revision) this.remember(key, { ...cached, seenAt, revision });
       }
       // Gone from the bucket meanwhile (deleted, expired): gone here too.
       for (const key of this.cache.keys()) if (!present.has(key) && !touched.has(key)) this.cache.delete(key);
@@ -167,8 +178,8 @@ export class WatchedMemberRegistry implements MembershipSource {
       const seeded = await new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
       const now = this.clock.monotonic();
       const entries = [
-        ...seeded.members.map(({ member, ageMs }) => ({ key: memberKey(member.kind, member.instance), cached: { member }, ageMs })),
-        ...seeded.unreadable.map(({ unreadable, ageMs }) => ({ key: unreadable.key, cached: { unreadable }, ageMs })),
+        ...seeded.members.map(({ member, ageMs, revision }) => ({ key: memberKey(member.kind, member.instance), cached: { member, revision }, ageMs })),
+        ...seeded.unreadable.map(({ unreadable, ageMs, revision }) => ({ key: unreadable.key, cached: { unreadable, revision }, ageMs })),
       ];
       for (const { key, cached, ageMs } of entries) {
         // Seen when it was written, not now: a member that died just before this start would
@@ -239,16 +250,20 @@ export class WatchedMemberRegistry implements MembershipSource {
     this.lastRevision = Math.max(this.lastRevision, entry.revision);
     const operation = operationOf(entry, this.logger);
     if (operation === undefined) return; // unreadable: what the key held before stands
-    this.fromOldBucket.delete(entry.key);
+    const fromOldBucket = this.fromOldBucket.delete(entry.key);
     this.touchedWhileReseeding?.add(entry.key);
     if (operation !== "PUT") {
       this.cache.delete(entry.key);
       this.removedWhileSeeding?.add(entry.key);
       return;
     }
+    const current = this.cache.get(entry.key);
+    // Held already (see Cached.revision): not news. A bucket re-created restarts its revisions:
+    // an entry cached from the old one is replaced whatever its revision (fromOldBucket, cleared above).
+    if (current && !fromOldBucket && entry.revision <= current.revision) return;
     // An unreadable entry replaces what the key held: it is the key's latest, as a seed would read it.
     const read = readEntry(entry, this.logger);
-    if (read) this.remember(entry.key, { ...read, seenAt: now });
+    if (read) this.remember(entry.key, { ...read, seenAt: now, revision: entry.revision });
   }
 
   /** Caches `cached` under `key`, telling the key's listeners when it names another process. */

@@ -17,7 +17,8 @@ afterAll(async () => {
   await nats?.close();
 });
 
-const announcement = JSON.stringify({ kind: "model", instance: "live", incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 });
+const announce = (instance: string) => JSON.stringify({ kind: "model", instance, incarnation: "i", started_at: 1, heartbeat_at: 1, protocol_version: 1 });
+const announcement = announce("live");
 
 describe("watched membership registry across its own NATS outage", () => {
   it("lists a member that kept beating throughout as soon as the connection is back", { timeout: 30_000 }, async () => {
@@ -41,6 +42,40 @@ describe("watched membership registry across its own NATS outage", () => {
       expect(await listedAtReconnect).toEqual(["live"]);
     } finally {
       clearInterval(beating);
+      registry.stop();
+      await nc.close();
+    }
+  });
+
+  it("ages a member's last write delivered after the outage from when it was written, not from its delivery", { timeout: 30_000 }, async () => {
+    const kv = await new Kvm(nats.nc).create("members-reconnect-replay", { history: 1, ttl: 60_000 });
+    const nc: NatsConnection = await connect({ servers: proxy.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    const registry = new WatchedMemberRegistry(await new Kvm(nc).open("members-reconnect-replay"), undefined, undefined, 3000);
+    const beat = (instance: string) => void kv.put(`model.${instance}`, announce(instance)).catch(() => undefined);
+    beat("live");
+    beat("dying");
+    const live = setInterval(() => beat("live"), 500);
+    let dying: NodeJS.Timeout | undefined = setInterval(() => beat("dying"), 500);
+    try {
+      await registry.start();
+      await waitUntil(async () => (await registry.list()).length === 2, "both members listed", 5000);
+      proxy.cut();
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      // It dies during the coordinator's outage: its last write is what the watch delivers afterwards.
+      clearInterval(dying);
+      dying = undefined;
+      await kv.put("model.dying", announce("dying"));
+      const diedAt = Date.now();
+      await new Promise((resolve) => setTimeout(resolve, 2500));
+      proxy.heal();
+      await waitUntil(async () => (await registry.list()).some((m) => m.instance === "live"), "the live member listed again", 5000);
+      // Gone 3 s (the TTL) after its last write; 4 s leaves a second for a loaded machine. Taken as
+      // seen at its delivery after the outage, it stayed listed until 3 s after the reconnect (5.5 s).
+      await new Promise((resolve) => setTimeout(resolve, diedAt + 4000 - Date.now()));
+      expect((await registry.list()).map((m) => m.instance)).toEqual(["live"]);
+    } finally {
+      clearInterval(live);
+      if (dying) clearInterval(dying);
       registry.stop();
       await nc.close();
     }
