@@ -116,8 +116,9 @@ export class WatchedMemberRegistry implements MembershipSource {
         const current = this.cache.get(key);
         // The same write the watch may have delivered again after the outage (taken as seen at its
         // delivery): as old as the server says. A newer one the watch delivered meanwhile stands.
-        if (current?.revision === revision) current.seenAt = Math.min(current.seenAt, seenAt);
-        else if (!touched.has(key) && (current?.revision ?? 0) < revision) this.remember(key, { ...cached, seenAt, revision });
+        const older = !current || this.fromOldBucket.has(key) || current.revision < revision;
+        if (current?.revision === revision && !this.fromOldBucket.has(key)) current.seenAt = Math.min(current.seenAt, seenAt);
+        else if (!touched.has(key) && older) this.remember(key, { ...cached, seenAt, revision });
       }
       // Gone from the bucket meanwhile (deleted, expired): gone here too.
       for (const key of this.cache.keys()) if (!present.has(key) && !touched.has(key)) this.cache.delete(key);
@@ -186,6 +187,12 @@ export class WatchedMemberRegistry implements MembershipSource {
         // otherwise count as alive for another TTL (checkpoints waiting on it).
         const replace = !this.cache.has(key) || this.fromOldBucket.has(key);
         if (replace && !removed.has(key)) this.remember(key, { ...cached, seenAt: now - Math.min(ageMs, this.ttlMs) });
+      }
+      // Kept until they age out, but at no revision: the new bucket restarted its revisions, and
+      // any entry written there replaces them (Cached.revision).
+      for (const key of this.fromOldBucket) {
+        const kept = this.cache.get(key);
+        if (kept) kept.revision = 0;
       }
       this.fromOldBucket.clear();
     } finally {

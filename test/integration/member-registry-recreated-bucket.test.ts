@@ -52,4 +52,28 @@ describe("watched membership registry, bucket re-created", () => {
       await announcer.stop();
     }
   });
+
+  it("takes an entry of the re-created bucket over one the view kept from the old bucket, whatever their revisions", { timeout: 30_000 }, async () => {
+    const deployment = "recreated-revisions";
+    const kv = await openMembersBucket(nats.nc, deployment);
+    const announce = (incarnation: string) => JSON.stringify({ kind: "agent", instance: "a1", incarnation, started_at: 1, heartbeat_at: 1, protocol_version: 1 });
+    // The old bucket's entry at a revision far past what the new bucket reaches in the test.
+    for (let i = 0; i < 300; i++) await kv.put("agent.filler", "x");
+    await kv.put("agent.a1", announce("old"));
+    // A TTL the test does not reach: the entry kept from the old bucket stays in the view.
+    const internals = (registry: WatchedMemberRegistry) => registry as unknown as { generation: number; fromOldBucket: Set<string> };
+    const registry = new WatchedMemberRegistry(kv, undefined, systemClock, 60_000, 300);
+    await registry.start();
+    try {
+      expect(registry.incarnationOf({ kind: "agent", instance: "a1" })).toBe("old");
+      await (await jetstreamManager(nats.nc)).streams.delete(`KV_${membersBucket(deployment)}`);
+      const fresh = await openMembersBucket(nats.nc, deployment);
+      // Found re-created and read again before the participant announces there.
+      await waitUntil(() => internals(registry).generation === 1 && internals(registry).fromOldBucket.size === 0, "the re-created bucket found and read", 5_000);
+      await fresh.put("agent.a1", announce("new"));
+      await waitUntil(() => registry.incarnationOf({ kind: "agent", instance: "a1" }) === "new", "the new bucket's entry in the view", 5_000);
+    } finally {
+      registry.stop();
+    }
+  });
 });
