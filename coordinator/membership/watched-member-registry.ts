@@ -62,8 +62,8 @@ export class WatchedMemberRegistry implements MembershipSource {
    * checkpoint started then would go ahead without live participants.
    */
   private reseeding: Promise<void> | undefined;
-  /** The keys the watch delivered while `reseeding` read the bucket: what it delivered is newer. */
-  private touchedWhileReseeding: Set<string> | undefined;
+  /** Per read in flight (reconnects may follow each other), the keys the watch delivered meanwhile: what it delivered is newer. */
+  private readonly touchedWhileReseeding = new Set<Set<string>>();
   private connectionStatus: AsyncIterable<Status> | undefined;
   /** onIncarnationChange's listeners, per member key. */
   private readonly incarnationListeners = new Map<string, Set<() => void>>();
@@ -101,7 +101,8 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   private reseedAfterReconnect(): void {
-    const touched = (this.touchedWhileReseeding = new Set());
+    const touched = new Set<string>();
+    this.touchedWhileReseeding.add(touched);
     const reseeding = (async () => {
       const read = await new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
       const now = this.clock.monotonic();
@@ -114,7 +115,7 @@ export class WatchedMemberRegistry implements MembershipSource {
         present.add(key);
         const seenAt = now - Math.min(ageMs, this.ttlMs);
         const current = this.cache.get(key);
-        // The same write the watch may have delivered again after the outage (taken as seen at its
+        // The same write the watch may have delivered late after the outage (taken as seen at its
         // delivery): as old as the server says. A newer one the watch delivered meanwhile stands.
         const older = !current || this.fromOldBucket.has(key) || current.revision < revision;
         if (current?.revision === revision && !this.fromOldBucket.has(key)) current.seenAt = Math.min(current.seenAt, seenAt);
@@ -125,10 +126,8 @@ export class WatchedMemberRegistry implements MembershipSource {
     })()
       .catch((error: unknown) => this.logger?.warn({ err: error }, "membership_reseed_failed"))
       .finally(() => {
-        if (this.reseeding === reseeding) {
-          this.reseeding = undefined;
-          this.touchedWhileReseeding = undefined;
-        }
+        this.touchedWhileReseeding.delete(touched);
+        if (this.reseeding === reseeding) this.reseeding = undefined;
       });
     this.reseeding = reseeding;
   }
@@ -258,7 +257,7 @@ export class WatchedMemberRegistry implements MembershipSource {
     const operation = operationOf(entry, this.logger);
     if (operation === undefined) return; // unreadable: what the key held before stands
     const fromOldBucket = this.fromOldBucket.delete(entry.key);
-    this.touchedWhileReseeding?.add(entry.key);
+    for (const touched of this.touchedWhileReseeding) touched.add(entry.key);
     if (operation !== "PUT") {
       this.cache.delete(entry.key);
       this.removedWhileSeeding?.add(entry.key);
