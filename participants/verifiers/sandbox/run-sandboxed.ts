@@ -59,7 +59,13 @@ export type SandboxOutcome =
 
 const permissionFlag = process.allowedNodeEnvironmentFlags.has("--permission") ? "--permission" : "--experimental-permission";
 // --experimental-vm-modules lets the child answer import() with an error of the submission's own realm.
-const NODE_FLAGS = [permissionFlag, "--experimental-vm-modules", "--no-warnings"];
+// A submission can always reach some host-realm value: Node's stack-trace and import callbacks are
+// host-realm functions, and called with the stack all but used up they throw a host-realm RangeError.
+// So the child's own realm is made inert: --disallow-code-generation-from-strings (its Function and
+// eval compile nothing, so `process`, `require` and its import() stay out of reach; the submission's
+// context allows strings for itself) and --frozen-intrinsics (no getter put on its Object.prototype
+// runs submission code inside the child's own code, untimed).
+const NODE_FLAGS = [permissionFlag, "--experimental-vm-modules", "--disallow-code-generation-from-strings", "--frozen-intrinsics", "--no-warnings"];
 
 /** Children of runs in flight, so a shutting-down verifier can end them. */
 const liveChildren = new Set<ChildProcess>();

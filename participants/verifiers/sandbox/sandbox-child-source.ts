@@ -6,10 +6,14 @@
  * the next case boundary.
  *
  * Every value the submission can reach is created inside its context: the context comes from a
- * null-prototype object (no `process`, `require` or host `Function`), and `import()` — in the
+ * null-prototype object (no `process`, `require` or host `Function`; that object, made here, is
+ * the `this` of a global accessor read by bare name, so it must keep no prototype), and `import()` — in the
  * submission, in `eval` or in `Function` code — is rejected with an error made in that context
  * (this needs `--experimental-vm-modules`; without a callback Node rejects with a host-realm
  * error whose constructor leads to the host's `Function`).
+ * Host-realm values still reach a submission that wants them (a stack overflow inside Node's own
+ * stack-trace or import callback throws a host-realm RangeError): the parent runs this child with
+ * --disallow-code-generation-from-strings and --frozen-intrinsics so that its realm is inert.
  *
  * No submission code runs outside the per-case timeout (one deadline across the case's three
  * runInContext calls): `displayErrors: false` stops Node from

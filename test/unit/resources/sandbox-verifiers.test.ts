@@ -114,6 +114,9 @@ describe("code verifier", () => {
       "function f() { return this.constructor.constructor('return process')().pid; }",
       "function f() { return Function('return process')().pid; }",
       "function f() { return globalThis.constructor.constructor('return require')()('fs').readFileSync('/etc/passwd', 'utf8'); }",
+      // A global accessor read by bare name gets the object the context was made from as `this`
+      // (a host-realm object): with a prototype, its constructor would be the host's Object.
+      "Object.defineProperty(globalThis, 'g', { get() { return this.constructor.constructor('return process')().pid; } }); function f() { return g; }",
     ];
     for (const code of attempts) {
       const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }] }, LIMITS);
@@ -162,6 +165,69 @@ describe("code verifier", () => {
       victim.kill("SIGKILL");
       server.close();
     }
+  });
+
+  it("lets no host-realm error (a stack overflow inside Node's own callbacks) hand out a way to run code in the host realm", async () => {
+    // Reading an error's stack runs Node's prepareStackTrace callback, and import() its import
+    // callback: host-realm functions. Called with the stack all but used up, they overflow it and
+    // throw a RangeError made in the host realm, whose constructor's constructor is the host's Function.
+    let received = "";
+    const server = createServer((socket) => socket.on("data", (data) => (received += String(data)))).listen(0, "127.0.0.1");
+    await new Promise((resolve) => server.once("listening", resolve));
+    const port = (server.address() as { port: number }).port;
+    const victim = spawn("sleep", ["60"]);
+    try {
+      const code = `function hostError(probe) {
+          let found;
+          const dive = () => { try { dive(); } catch {} if (found) return; try { probe(); } catch (e) { if (e && e.constructor !== RangeError) found = e; } };
+          dive();
+          return found;
+        }
+        function f(kind) {
+          const e = hostError(kind === 'stack' ? () => new Error().stack : () => import('x'));
+          if (!e) return 'no host-realm error';
+          let seen = 'host-realm error';
+          try {
+            const hostFunction = e.constructor.constructor;
+            hostFunction('return process')().kill(${victim.pid}, 'SIGKILL');
+            const socket = hostFunction('return require')()('net').connect(${port}, '127.0.0.1', () => socket.end('escaped'));
+            seen += ', escaped';
+          } catch (x) {
+            seen += ', contained: ' + (x && x.message);
+          }
+          return seen;
+        }`;
+      const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: ["stack"] }, { args: ["import"] }] }, LIMITS);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(received).toBe("");
+      expect([victim.exitCode, victim.signalCode]).toEqual([null, null]);
+      expect(outcome.status).toBe("completed");
+      if (outcome.status === "completed") for (const result of outcome.results) expect(JSON.stringify(result)).not.toContain("escaped");
+    } finally {
+      victim.kill("SIGKILL");
+      server.close();
+    }
+  });
+
+  it("lets no host-realm intrinsic be changed, so no submission code runs in the child's own code after its case", async () => {
+    // A host-realm error (see above) leads to the host's Object.prototype; a getter put there runs
+    // whenever the child's own code looks up a property an object lacks: here the toJSON lookup on
+    // the results it writes, untimed, where it turned a timed-out case into a computed answer.
+    const code = `function hostError() {
+        let found;
+        const dive = () => { try { dive(); } catch {} if (found) return; try { new Error().stack; } catch (e) { if (e && e.constructor !== RangeError) found = e; } };
+        dive();
+        return found;
+      }
+      function f() {
+        const hostObjectPrototype = Object.getPrototypeOf(Object.getPrototypeOf(Object.getPrototypeOf(hostError()).constructor.prototype));
+        try {
+          Object.defineProperty(hostObjectPrototype, 'toJSON', { get() { if (Array.isArray(this.results)) this.results[0] = { status: 'ok', output: '42' }; return undefined; } });
+        } catch {}
+        for (;;) {}
+      }`;
+    const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: [] }] }, LIMITS);
+    expect(outcome).toEqual({ status: "completed", results: [{ status: "timeout" }] });
   });
 
   it("describes hostile thrown values within the case's time, without running their code", async () => {
