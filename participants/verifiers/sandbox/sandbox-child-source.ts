@@ -19,7 +19,9 @@
  * runInContext calls): `displayErrors: false` stops Node from
  * reading the thrown value's `stack` (a getter, a Proxy trap or `Error.prepareStackTrace`),
  * `describe` reads a thrown value only through own data properties and never touches a Proxy,
- * and unhandled rejections are swallowed instead of being inspected by Node's default handler.
+ * and unhandled rejections are swallowed instead of being inspected by Node's default handler
+ * (known gap: Node still reads such a promise's async-id symbol after the case, so a Proxy made its
+ * prototype runs untimed until the parent's wall clock; docs/verifiers.md, Time).
  * The context keeps only an allowlist of plain ECMAScript globals (KEPT): everything else —
  * ArrayBuffer, typed arrays, SharedArrayBuffer, Atomics, WebAssembly, Intl (whose ICU objects,
  * Segmenter above all, hold copies of their strings off the V8 heap), WeakRef, and any global a
