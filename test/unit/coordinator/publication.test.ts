@@ -91,6 +91,23 @@ async function refusedPublication(writer: GlobalManifestWriter, id: string, at: 
   return toCheckpointError(failure.error);
 }
 
+/**
+ * A publication of `id` whose checkpoint.json is renamed in, but whose directory's fsync fails and
+ * which neither the removal of checkpoint.json nor the directory's rename can take back (storage_error).
+ */
+async function publicationNothingTakesBack(writer: GlobalManifestWriter, catalog: CheckpointCatalog, id: string, at: number): Promise<void> {
+  disk.dirOpenFails = catalog.dirFor(id);
+  disk.rmFails = join(catalog.dirFor(id), "checkpoint.json");
+  disk.renameFails = catalog.dirFor(id);
+  try {
+    expect((await refusedPublication(writer, id, at)).code).toBe("storage_error");
+  } finally {
+    disk.dirOpenFails = undefined;
+    disk.rmFails = undefined;
+    disk.renameFails = undefined;
+  }
+}
+
 async function publish(writer: GlobalManifestWriter, id: string, at: number, state: unknown = null, beforeWrite?: () => void) {
   const entries = [
     await writeParticipant(root, id, "model", "m1", ['{"episode_id":{"rollout_id":"r1","attempt":0},"x":1}', '{"episode_id":{"rollout_id":"r2","attempt":1}}']),
@@ -186,13 +203,7 @@ describe("publication and retention", () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
     await publish(writer, "c1", 1000);
-    disk.dirOpenFails = catalog.dirFor("c2");
-    disk.rmFails = join(catalog.dirFor("c2"), "checkpoint.json");
-    disk.renameFails = catalog.dirFor("c2");
-    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
-    disk.dirOpenFails = undefined;
-    disk.rmFails = undefined;
-    disk.renameFails = undefined;
+    await publicationNothingTakesBack(writer, catalog, "c2", 1010);
     await publish(writer, "c3", 1020);
     expect(writer.retain("c3")).toEqual([]);
     await writer.settled();
@@ -203,13 +214,7 @@ describe("publication and retention", () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 2);
     await publish(writer, "c1", 1000);
-    disk.dirOpenFails = catalog.dirFor("c2");
-    disk.rmFails = join(catalog.dirFor("c2"), "checkpoint.json");
-    disk.renameFails = catalog.dirFor("c2");
-    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
-    disk.dirOpenFails = undefined;
-    disk.rmFails = undefined;
-    disk.renameFails = undefined;
+    await publicationNothingTakesBack(writer, catalog, "c2", 1010);
     // The controller retries the publish of its still committed checkpoint once the storage answers.
     await publish(writer, "c2", 1011);
     expect(await catalog.latest()).toBe("c2");

@@ -16,6 +16,26 @@ const LIMITS = { memoryMb: 48, caseTimeoutMs: 500, startupMs: 4000, maxCaseOutpu
 const busy = (ms: number) => `{ const __t = Date.now(); while (Date.now() - __t < ${ms}) {} }`;
 const addTask = { function_name: "add", tests: [{ args: [1, 2], expected: 3 }, { args: [-5, 5], expected: 0 }] };
 
+/**
+ * A 127.0.0.1 listener and a process of this user, the targets of an escape: `check` runs with
+ * their addresses; afterwards nothing may have reached the listener and the process must live.
+ */
+async function withEscapeTargets(check: (targets: { port: number; victimPid: number }) => Promise<void>): Promise<void> {
+  let received = "";
+  const server = createServer((socket) => socket.on("data", (data) => (received += String(data)))).listen(0, "127.0.0.1");
+  await new Promise((resolve) => server.once("listening", resolve));
+  const victim = spawn("sleep", ["60"]);
+  try {
+    await check({ port: (server.address() as { port: number }).port, victimPid: victim.pid! });
+    await new Promise((resolve) => setTimeout(resolve, 300)); // a connection or kill the escape started lands
+    expect(received).toBe("");
+    expect([victim.exitCode, victim.signalCode]).toEqual([null, null]);
+  } finally {
+    victim.kill("SIGKILL");
+    server.close();
+  }
+}
+
 async function verify(server: CodeVerifier | CompetitiveProgrammingVerifier, payload: object) {
   const { app } = await createResourcesApp(server);
   try {
@@ -144,39 +164,23 @@ describe("code verifier", () => {
   });
 
   it("lets no escape through import() reach the network or other processes", async () => {
-    let received = "";
-    const server = createServer((socket) => socket.on("data", (data) => (received += String(data)))).listen(0, "127.0.0.1");
-    await new Promise((resolve) => server.once("listening", resolve));
-    const port = (server.address() as { port: number }).port;
-    const victim = spawn("sleep", ["60"]);
-    try {
+    await withEscapeTargets(async ({ port, victimPid }) => {
       const code = `import('x').catch((e) => {
           const host = e.constructor.constructor;
           const socket = host('return require')()('net').connect(${port}, '127.0.0.1', () => socket.end('escaped'));
-          host('return process')().kill(${victim.pid}, 'SIGKILL');
+          host('return process')().kill(${victimPid}, 'SIGKILL');
         });
         function add(a, b) { return a + b; }`;
       const result = await verify(new CodeVerifier(LIMITS), { task: addTask, answer: code });
-      await new Promise((resolve) => setTimeout(resolve, 300));
-      expect(received).toBe("");
-      expect([victim.exitCode, victim.signalCode]).toEqual([null, null]);
       expect(result.body).toEqual({ reward: 1, status: "completed", passed: 2, total: 2, cases: ["pass", "pass"] });
-    } finally {
-      victim.kill("SIGKILL");
-      server.close();
-    }
+    });
   });
 
   it("lets no host-realm error (a stack overflow inside Node's own callbacks) hand out a way to run code in the host realm", async () => {
     // Reading an error's stack runs Node's prepareStackTrace callback, and import() its import
     // callback: host-realm functions. Called with the stack all but used up, they overflow it and
     // throw a RangeError made in the host realm, whose constructor's constructor is the host's Function.
-    let received = "";
-    const server = createServer((socket) => socket.on("data", (data) => (received += String(data)))).listen(0, "127.0.0.1");
-    await new Promise((resolve) => server.once("listening", resolve));
-    const port = (server.address() as { port: number }).port;
-    const victim = spawn("sleep", ["60"]);
-    try {
+    await withEscapeTargets(async ({ port, victimPid }) => {
       const code = `function hostError(probe) {
           let found;
           const dive = () => { try { dive(); } catch {} if (found) return; try { probe(); } catch (e) { if (e && e.constructor !== RangeError) found = e; } };
@@ -189,7 +193,7 @@ describe("code verifier", () => {
           let seen = 'host-realm error';
           try {
             const hostFunction = e.constructor.constructor;
-            hostFunction('return process')().kill(${victim.pid}, 'SIGKILL');
+            hostFunction('return process')().kill(${victimPid}, 'SIGKILL');
             const socket = hostFunction('return require')()('net').connect(${port}, '127.0.0.1', () => socket.end('escaped'));
             seen += ', escaped';
           } catch (x) {
@@ -198,15 +202,9 @@ describe("code verifier", () => {
           return seen;
         }`;
       const outcome = await runSandboxed({ mode: "function", code, function_name: "f", cases: [{ args: ["stack"] }, { args: ["import"] }] }, LIMITS);
-      await new Promise((resolve) => setTimeout(resolve, 300));
-      expect(received).toBe("");
-      expect([victim.exitCode, victim.signalCode]).toEqual([null, null]);
       expect(outcome.status).toBe("completed");
       if (outcome.status === "completed") for (const result of outcome.results) expect(JSON.stringify(result)).not.toContain("escaped");
-    } finally {
-      victim.kill("SIGKILL");
-      server.close();
-    }
+    });
   });
 
   it("lets no host-realm intrinsic be changed, so no submission code runs in the child's own code after its case", async () => {
