@@ -33,9 +33,10 @@ export class EquivalenceJudgeVerifier extends VerifierServer {
         ],
         signal,
       );
-      const word = verdict.trim().toUpperCase();
-      if (word.startsWith("YES")) return { reward: 1, verdict: "YES" };
-      if (word.startsWith("NO")) return { reward: 0, verdict: "NO" };
+      // The first word, whole: a prefix test read "Nonetheless, YES" as NO and "Yesterday…" as YES.
+      const word = /^(YES|NO)(?![\p{L}\p{N}_])/iu.exec(verdict.trim())?.[1]?.toUpperCase();
+      if (word === "YES") return { reward: 1, verdict: "YES" };
+      if (word === "NO") return { reward: 0, verdict: "NO" };
       return { reward: 0, _ng_failure_class: "judge_failed", detail: "the judge answered neither YES nor NO" };
     } catch (error) {
       // A retired request is not a judge failure: it answers the retire's stale_attempt.

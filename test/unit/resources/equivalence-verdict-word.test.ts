@@ -1,0 +1,24 @@
+import { describe, expect, it } from "vitest";
+import { EquivalenceJudgeVerifier, type JudgeClient } from "../../../participants/verifiers/index.js";
+
+/** A judge that answers `reply` whatever it is asked (a unit-test stand-in for JudgeClient). */
+function judgeAnswering(reply: string): JudgeClient {
+  return { ask: async () => reply } as unknown as JudgeClient;
+}
+
+const verdictOf = (reply: string) =>
+  new EquivalenceJudgeVerifier(judgeAnswering(reply)).verify({ task: { expected_answer: "x + 1" }, answer: "x+1" });
+
+/** docs/verifiers.md: a reply that is neither YES nor NO is judge_failed (masked), not a verdict. */
+describe("equivalence judge: the verdict is the word YES or NO, not a prefix", () => {
+  it("reads YES and NO as a whole first word, with punctuation or an explanation after it", async () => {
+    for (const reply of ["YES", "yes", " Yes.\n", "YES, they are equal", "yes\nbecause"]) expect(await verdictOf(reply), reply).toEqual({ reward: 1, verdict: "YES" });
+    for (const reply of ["NO", "no", "No.", "NO: the signs differ"]) expect(await verdictOf(reply), reply).toEqual({ reward: 0, verdict: "NO" });
+  });
+
+  it("masks a reply whose first word only starts with YES or NO, instead of scoring it", async () => {
+    for (const reply of ["Not sure", "Nonetheless, YES", "Nope", "None of them", "Yesterday's answer was wrong: NO"]) {
+      expect(await verdictOf(reply), reply).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed" });
+    }
+  });
+});
