@@ -43,8 +43,8 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
 export function normalizeAnswer(text: string): string {
   let value = stripDecoration(extractAnswer(text)).replace(/\s+/g, "");
   if (/^-?\d{1,3}(,\d{3})+(\.\d+)?$/.test(value)) value = value.replace(/,/g, "");
-  const fraction = /^(-?\d+)\/(\d+)$/.exec(value) ?? /^\\frac\{(-?\d+)\}\{(\d+)\}$/.exec(value);
-  const quotient = fraction ? canonicalQuotient(fraction[1]!, fraction[2]!) : undefined;
+  const fraction = /^(-?\d+)\/(\d+)$/.exec(value)?.slice(1) ?? signedLatexFraction(value);
+  const quotient = fraction ? canonicalQuotient(fraction[0]!, fraction[1]!) : undefined;
   if (quotient !== undefined) return quotient;
   const literal = DECIMAL.exec(value);
   if (literal && (literal[2] || literal[3])) {
@@ -55,6 +55,13 @@ export function normalizeAnswer(text: string): string {
     return canonicalNumber(sign === "-", digits.slice(first, lastNonZero(digits) + 1), BigInt(whole.length - first) + BigInt(exponent));
   }
   return value.toLowerCase();
+}
+
+/** `\frac{a}{b}` as [a, b]; a sign before it (`-\frac{1}{2}`, as models write it) is a's, as in `-1/2`. */
+function signedLatexFraction(value: string): [string, string] | undefined {
+  const match = /^(-?)\\frac\{(-?\d+)\}\{(\d+)\}$/.exec(value);
+  if (!match || (match[1] && match[2]!.startsWith("-"))) return undefined;
+  return [match[1]! + match[2]!, match[3]!];
 }
 
 /** Whitespace, `$` on either side and a trailing period, removed until none is left (`$42$.` → `42`). */

@@ -1,0 +1,22 @@
+import { describe, expect, it } from "vitest";
+import { MathVerifier, normalizeAnswer } from "../../../participants/verifiers/index.js";
+
+/**
+ * docs/verifiers.md: `a/b` and `\frac{a}{b}` are compared as numbers. `-1/2` is one; its LaTeX
+ * form `-\frac{1}{2}`, how models write a negative fraction, was compared as text.
+ */
+describe("math verifier: a sign before \\frac", () => {
+  const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
+
+  it("is the fraction's sign, as before a/b", async () => {
+    expect(normalizeAnswer("\\boxed{-\\frac{1}{2}}")).toBe("-0.5");
+    expect(await reward("-1/2", "so \\boxed{-\\frac{1}{2}}")).toBe(1);
+    expect(await reward("-0.5", "$-\\frac{2}{4}$")).toBe(1);
+    expect(await reward("-\\frac{6}{3}", "-2")).toBe(1);
+    expect(await reward("1/2", "\\boxed{-\\frac{1}{2}}")).toBe(0);
+  });
+
+  it("stays text when the fraction has a sign on both (not one of the documented forms)", () => {
+    expect(normalizeAnswer("-\\frac{-1}{2}")).toBe("-\\frac{-1}{2}");
+  });
+});
