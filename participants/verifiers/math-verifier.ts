@@ -42,7 +42,8 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
  */
 export function normalizeAnswer(text: string): string {
   let value = stripDecoration(extractAnswer(text)).replace(/\s+/g, "");
-  if (/^-?\d{1,3}(,\d{3})+(\.\d+)?$/.test(value)) value = value.replace(/,/g, "");
+  // A leading group of zeros is no thousands grouping ("0,001" read as 1 is a decimal comma's 0.001).
+  if (/^-?[1-9]\d{0,2}(,\d{3})+(\.\d+)?$/.test(value)) value = value.replace(/,/g, "");
   const fraction = /^(-?\d+)\/(\d+)$/.exec(value)?.slice(1) ?? signedLatexFraction(value);
   const quotient = fraction ? canonicalQuotient(fraction[0]!, fraction[1]!) : undefined;
   if (quotient !== undefined) return quotient;
