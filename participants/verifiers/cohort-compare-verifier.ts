@@ -66,8 +66,10 @@ export function modelCohortJudge(client: JudgeClient): CohortJudge {
       ],
       signal,
     );
-    const match = /BEST:\s*(\d+)/i.exec(reply);
-    const best = match ? Number(match[1]) : Number.NaN;
+    // Every `BEST: <n>` of the reply: one that names two members (a judge revising itself) names none.
+    const named = new Set([...reply.matchAll(/BEST:\s*(\d+)/gi)].map((match) => Number(match[1])));
+    if (named.size > 1) throw new Error(`the judge named ${named.size} different responses`);
+    const best = named.size === 1 ? [...named][0]! : Number.NaN;
     if (!members.some((m) => m.index === best)) throw new Error("the judge named no response");
     return members.map((m) => (m.index === best ? 1 : 0));
   };
