@@ -58,9 +58,9 @@ export function normalizeAnswer(text: string): string {
   return value.toLowerCase();
 }
 
-/** `\frac{a}{b}` as [a, b]; a sign before it (`-\frac{1}{2}`, as models write it) is a's, as in `-1/2`. */
+/** `\frac{a}{b}` (or its display and text forms `\dfrac`, `\tfrac`) as [a, b]; a sign before it (`-\frac{1}{2}`, as models write it) is a's, as in `-1/2`. */
 function signedLatexFraction(value: string): [string, string] | undefined {
-  const match = /^(-?)\\frac\{(-?\d+)\}\{(\d+)\}$/.exec(value);
+  const match = /^(-?)\\[dt]?frac\{(-?\d+)\}\{(\d+)\}$/.exec(value);
   if (!match || (match[1] && match[2]!.startsWith("-"))) return undefined;
   return [match[1]! + match[2]!, match[3]!];
 }

@@ -20,3 +20,15 @@ describe("math verifier: a sign before \\frac", () => {
     expect(normalizeAnswer("-\\frac{-1}{2}")).toBe("-\\frac{-1}{2}");
   });
 });
+
+describe("math verifier: \\dfrac and \\tfrac", () => {
+  const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
+
+  it("are \\frac in display and text style: compared as numbers", async () => {
+    expect(normalizeAnswer("\\boxed{\\dfrac{3}{4}}")).toBe("0.75");
+    expect(await reward("3/4", "so \\boxed{\\dfrac{3}{4}}")).toBe(1);
+    expect(await reward("-0.5", "$-\\tfrac{1}{2}$")).toBe(1);
+    expect(await reward("\\dfrac{1}{3}", "\\frac{2}{6}")).toBe(1);
+    expect(await reward("1/3", "\\dfrac{1}{4}")).toBe(0);
+  });
+});
