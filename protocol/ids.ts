@@ -131,11 +131,14 @@ export function restoreScopeSchema(maxScope: number) {
 }
 
 /**
- * Names a checkpoint directory may not take because the root holds a file of that name: a
- * checkpoint called LATEST would turn the pointer file's path into a directory. Compared
- * case-insensitively, for case-insensitive filesystems.
+ * Names a checkpoint directory may not take because the root holds something else of that name: a
+ * checkpoint called LATEST would turn the pointer file's path into a directory; `gym-ckpt collect`
+ * keeps its lock and dispatch log at the root and, with `--records-dir <root>`, its records in
+ * `rollouts/`, which a checkpoint of that name would commit into (and retention then trash whole).
+ * Compared case-insensitively, for case-insensitive filesystems. test/unit/protocol keeps the
+ * collector's names in step with the collector's constants.
  */
-export const RESERVED_CHECKPOINT_IDS: readonly string[] = ["latest"];
+export const RESERVED_CHECKPOINT_IDS: readonly string[] = ["latest", "rollouts", "collector.pid", "dispatched.jsonl"];
 
 /** A pattern matching `name` in any letter case (JSON Schema patterns take no flags). */
 export function anyCase(name: string): string {
@@ -150,7 +153,7 @@ export const CheckpointIdSchema = z
   .min(1)
   .max(MAX_CHECKPOINT_ID_CHARS)
   .regex(SUBJECT_SAFE_NAME_PATTERN, "checkpoint id must match ^[A-Za-z0-9][A-Za-z0-9_-]*(\\.[A-Za-z0-9_-]+)*$ (no .. and no trailing .: it is a NATS KV key)")
-  .refine((id) => !RESERVED_CHECKPOINT_IDS.includes(id.toLowerCase()), "checkpoint id may not be LATEST (the root's pointer file)")
+  .refine((id) => !RESERVED_CHECKPOINT_IDS.includes(id.toLowerCase()), "checkpoint id may not be LATEST, rollouts, collector.pid or dispatched.jsonl, in any case (the root holds those)")
   // As RolloutIdSchema's rule: the reserved names in any case, as a pattern the OpenAPI document can carry.
   .meta({ not: { pattern: `^(${RESERVED_CHECKPOINT_IDS.map(anyCase).join("|")})$` } });
 export type CheckpointId = z.infer<typeof CheckpointIdSchema>;

@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, open, readFile, readdir, rm, symlink, utimes, writeFile
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { CheckpointError, GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
+import { CheckpointError, CheckpointIdSchema, GlobalManifestSchema, PARTICIPANTS_DIR, ROLLOUTS_DIR, sha256Hex, toCheckpointError } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { LEFTOVER_TEMP_AGE_MS } from "../../../coordinator/publication/retention.js";
@@ -340,6 +340,20 @@ describe("publication and retention", () => {
     expect((await readdir(root)).sort()).toEqual(["LATEST", "c1", ROLLOUTS_DIR]);
     expect(await readFile(join(root, ROLLOUTS_DIR, "x.jsonl"), "utf8")).toBe('{"row":1}\n');
     expect(catalog.scan()).toEqual({ published: [expect.objectContaining({ checkpoint_id: "c1" })], partial: [], damaged: [] });
+  });
+
+  it("a checkpoint named as the collector's records directory cannot be opened, so retention never trashes the records with it", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    // `collect --records-dir <root>`'s records, and what a commit of a checkpoint "rollouts" writes beside them.
+    await mkdir(join(root, ROLLOUTS_DIR, "step_1"), { recursive: true });
+    await writeFile(join(root, ROLLOUTS_DIR, "step_1", "train_rollouts_x.jsonl"), '{"row":1}\n');
+    await mkdir(join(root, ROLLOUTS_DIR, PARTICIPANTS_DIR, "model", "m1"), { recursive: true });
+    expect(CheckpointIdSchema.safeParse(ROLLOUTS_DIR).success).toBe(false);
+    await publish(writer, "c1", 100);
+    expect(writer.retain("c1")).toEqual([]);
+    await writer.settled();
+    expect(await readFile(join(root, ROLLOUTS_DIR, "step_1", "train_rollouts_x.jsonl"), "utf8")).toBe('{"row":1}\n');
   });
 
   it("an empty directory written into after retention's scan (collect --records-dir <root> making its first step) is left with what it holds", async () => {

@@ -9,6 +9,10 @@ import {
   nextAttempt,
   parseCaptureKey,
 } from "../../../protocol/index.js";
+import { RESERVED_CHECKPOINT_IDS } from "../../../protocol/ids.js";
+import { ROLLOUTS_DIR } from "../../../protocol/rollout-records.js";
+import { COLLECTOR_LOCK_FILE } from "../../../coordinator/collect/collector-lock.js";
+import { DISPATCH_LOG_FILE } from "../../../coordinator/collect/dispatch-log.js";
 
 describe("ids and capture keys", () => {
   it("uses the bare rollout id for attempt 0 and -a<N> after", () => {
@@ -67,6 +71,14 @@ describe("ids and capture keys", () => {
     // the root's pointer file: a checkpoint directory of that name would break publication
     for (const reserved of ["LATEST", "latest", "Latest"]) expect(CheckpointIdSchema.safeParse(reserved).success).toBe(false);
     expect(CheckpointIdSchema.safeParse("LATEST-1").success).toBe(true);
+    // What `gym-ckpt collect` writes at the root (--checkpoint-dir is the root, --records-dir may be):
+    // a checkpoint of that name would commit into the collector's records directory (which retention
+    // then trashes whole) or take its lock's or dispatch log's path.
+    for (const reserved of ["rollouts", "Rollouts", "collector.pid", "COLLECTOR.PID", "dispatched.jsonl"]) {
+      expect([reserved, CheckpointIdSchema.safeParse(reserved).success]).toEqual([reserved, false]);
+    }
+    expect(CheckpointIdSchema.safeParse("rollouts-1").success).toBe(true);
+    expect([...RESERVED_CHECKPOINT_IDS].sort()).toEqual(["latest", ROLLOUTS_DIR, COLLECTOR_LOCK_FILE, DISPATCH_LOG_FILE].map((name) => name.toLowerCase()).sort());
     expect(CheckpointIdSchema.safeParse(".hidden").success).toBe(false);
     expect(CheckpointIdSchema.safeParse("a/b").success).toBe(false);
   });
