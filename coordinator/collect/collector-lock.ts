@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { join } from "node:path";
+import { statSync } from "node:fs";
 import { link, rm, writeFile } from "node:fs/promises";
 import { CheckpointError, namePath } from "../../protocol/index.js";
 import { processLine, whyProcessLineStale } from "../../protocol/process-identity.js";
@@ -9,8 +10,23 @@ export const COLLECTOR_LOCK_FILE = "collector.pid";
 
 const TAKEOVER_TRIES = 3;
 
-/** Lock files this process holds now: one with our pid is "left by this process" only when not among them. */
+/**
+ * Lock files this process holds now, by file (device and inode), not by path: one with our pid is
+ * "left by this process" only when not among them. By path, the same root spelled another way (a
+ * symbolic link to it, a bind mount) judged this process's own live lock as left by it, and took it over.
+ */
 const heldHere = new Set<string>();
+
+/** The file at `path` as heldHere names it; undefined when there is none. */
+function fileId(path: string): string | undefined {
+  const info = statSync(path, { throwIfNoEntry: false });
+  return info && `${info.dev}:${info.ino}`;
+}
+
+function heldByThisProcess(path: string): boolean {
+  const id = fileId(path);
+  return id !== undefined && heldHere.has(id);
+}
 
 export interface CollectorLock {
   path: string;
@@ -43,14 +59,16 @@ export async function acquireCollectorLock(checkpointDir: string): Promise<Colle
     throw namePath(error, aside); // a failed write on the handle names no path (ENOSPC): the refusal should
   });
   let tookOver: string | undefined;
+  let heldId: string | undefined;
+  const place = async () => (heldId = await linkIfAbsent(aside, path)) !== undefined;
   try {
     for (let tries = 1; ; tries++) {
-      if (await linkIfAbsent(aside, path)) break;
+      if (await place()) break;
       const held = await readIfExists(path);
-      const why = held === undefined ? "released meanwhile" : whyProcessLineStale(held, () => heldHere.has(path));
+      const why = held === undefined ? "released meanwhile" : whyProcessLineStale(held, () => heldByThisProcess(path));
       if (why === undefined || tries >= TAKEOVER_TRIES) throw conflict(checkpointDir, path, why === undefined ? held : undefined);
       if (held === undefined) continue;
-      const taken = await takeOverStale(path, (now) => whyProcessLineStale(now, () => heldHere.has(path)), () => linkIfAbsent(aside, path));
+      const taken = await takeOverStale(path, (now) => whyProcessLineStale(now, () => heldByThisProcess(path)), place);
       if (taken?.held) {
         tookOver = taken.why;
         break;
@@ -67,25 +85,27 @@ export async function acquireCollectorLock(checkpointDir: string): Promise<Colle
       try {
         if ((await readIfExists(path)) === line) await rm(path, { force: true });
       } finally {
-        heldHere.delete(path);
+        if (heldId !== undefined) heldHere.delete(heldId);
       }
     },
   };
 }
 
 /**
- * Links `aside` into place; false where the name exists. Marked held at once: a take-over in this
- * process must see it held.
+ * Links `aside` into place; the file's id (heldHere's), undefined where the name exists. Marked held
+ * at once (a blocking stat of `aside`, the same file): a take-over in this process must see it held.
  */
-async function linkIfAbsent(aside: string, path: string): Promise<boolean> {
+async function linkIfAbsent(aside: string, path: string): Promise<string | undefined> {
   try {
     await link(aside, path);
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "EEXIST") return false;
+    if ((error as NodeJS.ErrnoException).code === "EEXIST") return undefined;
     throw error;
   }
-  heldHere.add(path);
-  return true;
+  const info = statSync(aside);
+  const id = `${info.dev}:${info.ino}`;
+  heldHere.add(id);
+  return id;
 }
 
 function token(): string {

@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -67,6 +67,19 @@ describe("collector.pid", () => {
     expect(second.tookOver).toBeUndefined();
     await second.release();
     expect(await readdir(dir)).toEqual([]);
+  });
+
+  it("a second acquisition in this process through another spelling of the root (a symbolic link) is refused too: the live lock is not taken over", async () => {
+    const alias = `${dir}-alias`;
+    await symlink(dir, alias);
+    try {
+      const first = await acquireCollectorLock(dir);
+      await expect(acquireCollectorLock(alias)).rejects.toMatchObject({ code: "checkpoint_conflict" });
+      await first.release();
+      expect(await readdir(dir)).toEqual([]);
+    } finally {
+      await rm(alias, { force: true });
+    }
   });
 
   it("release leaves a file another collector took over meanwhile", async () => {
