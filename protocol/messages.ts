@@ -33,8 +33,18 @@ const common = {
 
 /** The longest process incarnation (the coordinator sizes journal entries that carry them by it). */
 export const MAX_INCARNATION_CHARS = 64;
-/** A participant's process incarnation: random per process, so a restarted participant is a new one. */
-export const IncarnationSchema = z.string().min(1).max(MAX_INCARNATION_CHARS);
+/**
+ * A participant's process incarnation: random per process, so a restarted participant is a new one.
+ * Visible ASCII without `"` and `\`, which JSON writes as themselves, one byte each: the coordinator
+ * sizes a restore's journal entries with MAX_INCARNATION_CHARS bytes per restorer before the replies
+ * name them, and 64 control characters (`\u0001` is 6 bytes of JSON) made the entry it then wrote
+ * larger than the one it checked, refused with the restore already sent.
+ */
+export const IncarnationSchema = z
+  .string()
+  .min(1)
+  .max(MAX_INCARNATION_CHARS)
+  .regex(/^[\x21\x23-\x5b\x5d-\x7e]*$/, "an incarnation must be visible ASCII other than \" and \\ (JSON writes it one byte a character)");
 
 /**
  * Ops about one checkpoint's state inside one process, which a process started after the
