@@ -61,6 +61,9 @@ export function parseProcessIdentity(startTime: string, bootIdText: string): Pro
   return START_TIME.test(startTime) && BOOT_ID.test(bootIdText) ? { startTime, bootId: bootIdText } : undefined;
 }
 
+/** The highest pid kill(2) takes (Linux itself stops at 2^22). */
+const MAX_PID = 2 ** 31 - 1;
+
 /**
  * Why the process that recorded `pid` (and, where it recorded one, `identity`) no longer runs on
  * this host; undefined while it may. With an identity: written before this boot, or the pid's
@@ -69,6 +72,9 @@ export function parseProcessIdentity(startTime: string, bootIdText: string): Pro
  * user's process).
  */
 export function whyOwnerGone(pid: number, identity: ProcessIdentity | undefined): string | undefined {
+  // kill(2) takes a 32-bit signed pid, and process.kill throws for a larger one (ERR_INVALID_ARG_TYPE,
+  // not ESRCH): read as "may run", a lock naming one stayed held for ever. No process has such a pid.
+  if (!Number.isSafeInteger(pid) || pid < 1 || pid > MAX_PID) return `pid ${pid} is past the highest pid a process can have`;
   const boot = currentBootId();
   if (identity !== undefined && boot !== undefined) {
     if (identity.bootId !== boot) return `pid ${pid} was written before this host last booted`;
