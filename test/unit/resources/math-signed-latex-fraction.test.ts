@@ -5,9 +5,9 @@ import { MathVerifier, normalizeAnswer } from "../../../participants/verifiers/i
  * docs/verifiers.md: `a/b` and `\frac{a}{b}` are compared as numbers. `-1/2` is one; its LaTeX
  * form `-\frac{1}{2}`, how models write a negative fraction, was compared as text.
  */
-describe("math verifier: a sign before \\frac", () => {
-  const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
+const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
 
+describe("math verifier: a sign before \\frac", () => {
   it("is the fraction's sign, as before a/b", async () => {
     expect(normalizeAnswer("\\boxed{-\\frac{1}{2}}")).toBe("-0.5");
     expect(await reward("-1/2", "so \\boxed{-\\frac{1}{2}}")).toBe(1);
@@ -22,8 +22,6 @@ describe("math verifier: a sign before \\frac", () => {
 });
 
 describe("math verifier: \\dfrac and \\tfrac", () => {
-  const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
-
   it("are \\frac in display and text style: compared as numbers", async () => {
     expect(normalizeAnswer("\\boxed{\\dfrac{3}{4}}")).toBe("0.75");
     expect(await reward("3/4", "so \\boxed{\\dfrac{3}{4}}")).toBe(1);
