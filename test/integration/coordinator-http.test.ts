@@ -64,7 +64,8 @@ describe("HTTP controller API (real HTTP client)", () => {
       minLength: 1,
       maxLength: MAX_CHECKPOINT_ID_CHARS,
       pattern: "^[A-Za-z0-9][A-Za-z0-9_-]*(\\.[A-Za-z0-9_-]+)*$",
-      not: { pattern: "^([Ll][Aa][Tt][Ee][Ss][Tt])$" },
+      // The names the root holds, in any case: LATEST, and what gym-ckpt collect keeps there.
+      not: { pattern: "^([Ll][Aa][Tt][Ee][Ss][Tt]|[Rr][Oo][Ll][Ll][Oo][Uu][Tt][Ss]|[Cc][Oo][Ll][Ll][Ee][Cc][Tt][Oo][Rr]\\.[Pp][Ii][Dd]|[Dd][Ii][Ss][Pp][Aa][Tt][Cc][Hh][Ee][Dd]\\.[Jj][Ss][Oo][Nn][Ll])$" },
     });
   });
 
