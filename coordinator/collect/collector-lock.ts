@@ -102,8 +102,7 @@ async function linkIfAbsent(aside: string, path: string): Promise<string | undef
     if ((error as NodeJS.ErrnoException).code === "EEXIST") return undefined;
     throw error;
   }
-  const info = statSync(aside);
-  const id = `${info.dev}:${info.ino}`;
+  const id = fileId(aside)!; // just linked: it is there
   heldHere.add(id);
   return id;
 }

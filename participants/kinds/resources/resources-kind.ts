@@ -318,8 +318,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
         // left-out restored session whose free failed (its id refused, live state), and freed again
         // by the next commit's clean-up, a retire of its attempt or a forget of its rollout.
         this.logger?.warn({ episode: captureKey(episode), err: error }, "freeing the state of a finished session failed; held until a later commit, a retire or a forget frees it");
-        this.freeingRestored.add(sessionId);
-        this.heldAfterFailedFree.set(sessionId, episode);
+        this.holdAfterFailedFree(sessionId, episode);
       }
     })();
     this.freeingFinished.set(free, episode);
@@ -731,13 +730,18 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
         await this.hooks.retireSessionState?.(sessionId);
       } catch (error) {
         this.logger?.warn({ err: error }, "freeing the session of a retired attempt failed; its retire frees it again");
-        this.freeingRestored.add(sessionId);
-        this.heldAfterFailedFree.set(sessionId, episode);
+        this.holdAfterFailedFree(sessionId, episode);
       }
     })();
     this.freeing.add(free);
     this.trackFreeing(sessionId, free);
     void free.finally(() => this.freeing.delete(free));
+  }
+
+  /** A session whose free failed: refused and live state until the next commit's clean-up, a retire of its attempt or a forget of its rollout frees it. */
+  private holdAfterFailedFree(sessionId: string, episode: EpisodeId): void {
+    this.freeingRestored.add(sessionId);
+    this.heldAfterFailedFree.set(sessionId, episode);
   }
 
   /**
@@ -749,7 +753,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     try {
       await this.hooks.retireSessionState?.(sessionId);
     } catch (error) {
-      this.heldAfterFailedFree.set(sessionId, episode);
+      this.holdAfterFailedFree(sessionId, episode);
       throw error;
     }
     this.freeingRestored.delete(sessionId);
