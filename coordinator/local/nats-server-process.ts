@@ -20,7 +20,10 @@ export interface NatsServerOptions {
   /**
    * SIGKILL the server when this process dies, however it dies (nats-server cannot watch its parent
    * itself): it runs under `setpriv --pdeathsig KILL` (Linux, util-linux ≥ 2.33). Without setpriv
-   * the server outlives a SIGKILLed parent.
+   * the server outlives a SIGKILLed parent. On by default: a test worker that crashed, or any
+   * starter that never ran its dispose, would otherwise leave its server running with nobody to
+   * stop it. The kernel acts when the thread that started the server ends: start it from the main
+   * thread, or from a worker thread that outlives it. `false` lets it outlive this process.
    */
   exitWithParent?: boolean;
   /**
@@ -65,7 +68,7 @@ export class NatsServerProcess {
     const ownsStore = options.storeDir === undefined;
     const storeDir = options.storeDir ?? (await mkdtemp(join(tmpdir(), "gym-ckpt-nats-")));
     for (let tries = 1; ; tries++) {
-      const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? (await portBelowEphemeralRange()), options.args ?? [], options.startTimeoutMs ?? 10_000, options.exitWithParent === true, options.onUnexpectedExit);
+      const server = new NatsServerProcess(storeDir, ownsStore, options.port ?? (await portBelowEphemeralRange()), options.args ?? [], options.startTimeoutMs ?? 10_000, options.exitWithParent !== false, options.onUnexpectedExit);
       try {
         await server.launch();
         return server;

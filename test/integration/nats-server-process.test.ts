@@ -1,3 +1,4 @@
+import { spawn } from "node:child_process";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -7,6 +8,7 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { NatsServerProcess } from "../support/nats.js";
 import type { NatsServerExit } from "../../coordinator/local/nats-server-process.js";
+import { alive } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /** Pids of live processes whose command line mentions `text`. */
@@ -86,6 +88,33 @@ describe("NatsServerProcess", () => {
       await waitUntil(async () => (await processesMentioning(storeDir)).length === 0, "the unstarted nats-server to be gone", 5000);
     } finally {
       await rm(storeDir, { recursive: true, force: true });
+    }
+  });
+  it("started with the defaults, stops when the process that started it is SIGKILLed (a test worker that crashed)", { timeout: 30_000 }, async () => {
+    // The starter prints its server's pid and store, then waits to be killed: a vitest worker that
+    // died (OOM, a crash) never runs its teardown, and its servers used to run on for ever.
+    const launcher = new URL("../../coordinator/local/nats-server-process.ts", import.meta.url).href;
+    const script = `const { NatsServerProcess } = await import(${JSON.stringify(launcher)}); const s = await NatsServerProcess.start(); console.log(JSON.stringify({ pid: s.pid, storeDir: s.storeDir })); setInterval(() => {}, 1000);`;
+    const starter = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "inherit"] });
+    const exited = new Promise<void>((resolve) => starter.once("exit", () => resolve()));
+    let started: { pid: number; storeDir: string } | undefined;
+    try {
+      started = await new Promise<{ pid: number; storeDir: string }>((resolve, reject) => {
+        let out = "";
+        starter.stdout!.on("data", (chunk: Buffer) => {
+          out += chunk.toString();
+          if (out.includes("\n")) resolve(JSON.parse(out.split("\n")[0]!));
+        });
+        void exited.then(() => reject(new Error(`the starter exited before its server listened: ${out}`)));
+      });
+      expect(alive(started.pid)).toBe(true);
+      starter.kill("SIGKILL");
+      await exited;
+      await waitUntil(() => !alive(started!.pid), "the nats-server of a SIGKILLed starter to stop", 10_000);
+    } finally {
+      starter.kill("SIGKILL");
+      if (started && alive(started.pid)) process.kill(started.pid, "SIGKILL");
+      if (started) await rm(started.storeDir, { recursive: true, force: true });
     }
   });
 });
