@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Logger } from "pino";
 import { Pool } from "undici";
 import { z } from "zod";
-import { AttemptSchema, CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, bearerToken, decodeRequest, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
+import { AttemptSchema, CheckpointError, EpisodeIdSchema, MAX_JSON_DEPTH, ROLLOUT_PREFIX, bearerToken, decodeRequest, jsonNestsDeeperThan, parseRolloutPath, tokensEqual } from "../../protocol/index.js";
 import { closeQueuedResponsesWithConnection } from "../http/queued-response-close.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { continuationHeader } from "../kinds/model/generation-cut-contract.js";
@@ -12,6 +12,7 @@ import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
+import { proxiedLocation } from "./redirect-location.js";
 import { json, refuse, refuseMalformedRequest, refuseUnknownExpectationsOn } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
 
@@ -58,6 +59,8 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   // waits for the checkpoint.
   const pool = new Pool(upstream.url.origin, { connections: null, headersTimeout: 0, bodyTimeout: 0 });
   const basePath = upstream.url.pathname.replace(/\/+$/, "");
+  /** An upstream redirect to its own origin, onto the proxy behind the caller's rollout prefix (`prefix`, or ""). */
+  const relocateFor = (prefix: string) => (location: string) => proxiedLocation(location, upstream.url, prefix);
 
   // No requestTimeout (Node's is 300 s, fastify's servers run without one too): a caller's pipelined
   // request behind a held response stops being read once the answers queued behind it reach 16 KiB,
@@ -102,15 +105,16 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     }
     if (rollout === "invalid") throw new CheckpointError("invalid_request", "the /ng-rollout/ prefix does not name a valid capture key");
     const route = rollout ? rollout.route : path;
+    const relocate = relocateFor(rollout ? `${ROLLOUT_PREFIX}${encodeURIComponent(rollout.captureKey)}` : "");
     // A near miss of the ledger API (`//ng-capture/v1/…` from a base URL ending in `/`, another case,
     // another version) is refused, never forwarded: its request carries the control token.
     if (isLedgerSpelling(route)) throw new CheckpointError("not_found", `no ledger API route ${req.method} ${path.slice(0, 200)}: it is /ng-capture/v1/… exactly`);
-    if (req.method !== "POST") return passthrough(req, res, route + query);
+    if (req.method !== "POST") return passthrough(req, res, route + query, relocate);
     // Classified by what the upstream may read (decoded, dot segments resolved, ...), so no spelling of
     // a generation route goes through untracked (a doubled slash from a base URL ending in `/` is
     // common); it is forwarded as sent and recorded under its canonical form.
     const canonical = canonicalRoute(route);
-    if (!isGenerationRoute(canonical)) return passthrough(req, res, route + query);
+    if (!isGenerationRoute(canonical)) return passthrough(req, res, route + query, relocate);
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
     const body = await readBody(req, maxBody);
     let parsed: unknown;
@@ -124,19 +128,19 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     // refuses such nesting: refused here, before it is forwarded, rather than failing a checkpoint later.
     if (jsonNestsDeeperThan(parsed)) throw new CheckpointError("invalid_request", `the request body nests more than ${MAX_JSON_DEPTH} levels deep`);
     const ticket = await kind.admit(rollout.captureKey, canonical, parsed as Record<string, unknown>, rollout.episode);
-    return forward(req, res, route + query, body, ticket);
+    return forward(req, res, route + query, body, ticket, relocate);
   }
 
-  function passthrough(req: IncomingMessage, res: ServerResponse, route: string): void {
+  function passthrough(req: IncomingMessage, res: ServerResponse, route: string, relocate: (location: string) => string): void {
     const headers = upstreamHeaders(req.rawHeaders, upstream.url.host);
     const length = req.headers["content-length"];
     if (length !== undefined) headers.push("content-length", length);
     // A body of unknown length goes on chunked (or with its length, if it had all arrived already).
     const body = (length !== undefined && length !== "0") || req.headers["transfer-encoding"] ? req : null;
-    pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res));
+    pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res, relocate));
   }
 
-  function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket): void {
+  function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket, relocate: (location: string) => string): void {
     // The caller left while its call waited to be admitted (its ledger read, a checkpoint): nobody
     // reads the answer, so nothing is generated for it and no row is written.
     if (res.destroyed) return kind.fail(ticket);
@@ -155,7 +159,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       headers.push("x-ng-continued-from", ticket.claimedCut.model_call_id);
       headers.push("x-ng-continuation", continuationHeader(ticket.claimedCut.continuation));
     }
-    pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger, finishWaitMs));
+    pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger, finishWaitMs, relocate));
   }
 
   async function ledgerApi(req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {

@@ -73,6 +73,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     private readonly kind: ModelKind,
     private readonly logger: Logger | undefined,
     private readonly finishWaitMs: number,
+    /** Maps the answer's `Location` onto the proxy (`proxiedLocation`). */
+    private readonly relocate?: (location: string) => string,
   ) {
     ticket.abort.signal.addEventListener("abort", this.onRetired, { once: true });
     res.on("close", this.onCallerClose);
@@ -159,7 +161,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     }
     if (this.lost) return this.upstreamLost();
     const { status, headers } = this.head!;
-    this.res.writeHead(status, callerHeaders(headers));
+    this.res.writeHead(status, callerHeaders(headers, this.relocate));
     const waiting = this.waiting!;
     this.waiting = null;
     let room = true;

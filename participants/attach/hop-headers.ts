@@ -57,16 +57,17 @@ export function upstreamHeaders(rawHeaders: string[], host: string, options: { i
 
 /**
  * The upstream's response headers for the caller, hop-by-hop ones (and those its `Connection` names)
- * dropped; `content-length` kept, as the body is passed on as it came.
+ * dropped; `content-length` kept, as the body is passed on as it came. `location` maps a `Location`
+ * onto the proxy (`proxiedLocation`).
  */
-export function callerHeaders(headers: IncomingHttpHeaders): OutgoingHttpHeaders {
+export function callerHeaders(headers: IncomingHttpHeaders, location: (value: string) => string = (value) => value): OutgoingHttpHeaders {
   const connection = headers.connection;
   const named = connection === undefined ? new Set<string>() : connectionOptions(Array.isArray(connection) ? connection : [connection]);
   const out: OutgoingHttpHeaders = {};
   for (const name in headers) {
     const value = headers[name];
     if (value === undefined || (name !== "content-length" && (HOP_BY_HOP.has(name) || named.has(name)))) continue;
-    out[name] = value;
+    out[name] = name === "location" && typeof value === "string" ? location(value) : value;
   }
   return out;
 }

@@ -14,7 +14,11 @@ export class PassthroughCall implements Dispatcher.DispatchHandler {
   private done = false;
   private stopped = false;
 
-  constructor(private readonly res: ServerResponse) {
+  /** `relocate` maps the answer's `Location` onto the proxy (`proxiedLocation`). */
+  constructor(
+    private readonly res: ServerResponse,
+    private readonly relocate?: (location: string) => string,
+  ) {
     res.on("close", this.onCallerClose);
     res.on("drain", this.onDrain);
   }
@@ -25,7 +29,7 @@ export class PassthroughCall implements Dispatcher.DispatchHandler {
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
-    if (status >= 200) this.res.writeHead(status, callerHeaders(headers));
+    if (status >= 200) this.res.writeHead(status, callerHeaders(headers, this.relocate));
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {

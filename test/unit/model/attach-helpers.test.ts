@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { callerHeaders, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
+import { proxiedLocation } from "../../../participants/attach/redirect-location.js";
 import { isCompleteEvent, lastEventStart, mayEndStream } from "../../../participants/attach/sse-events.js";
 import { UsageTail } from "../../../participants/attach/usage-tail.js";
 import { mulberry32 } from "../../support/seeded-random.js";
@@ -260,5 +261,22 @@ describe("hop-by-hop headers", () => {
       "x-request-id": "r1",
     };
     expect(callerHeaders(headers)).toEqual({ "content-type": "application/json", "content-length": "12", "x-request-id": "r1" });
+  });
+});
+
+describe("an upstream redirect's Location", () => {
+  const base = parseUpstream("http://gpu-1:8000/serve/v1").url;
+  it("on the upstream's origin under its base path: the same route on the proxy, behind the rollout prefix", () => {
+    expect(proxiedLocation("http://gpu-1:8000/serve/v1/chat/completions?a=1#f", base, "/ng-rollout/r1")).toBe("/ng-rollout/r1/v1/chat/completions?a=1#f");
+    expect(proxiedLocation("HTTP://GPU-1:8000/serve/v1/models", base, "")).toBe("/v1/models");
+    expect(proxiedLocation("//gpu-1:8000/serve/v1/models", base, "")).toBe("/v1/models");
+    expect(proxiedLocation("/serve/v1/models", base, "/ng-rollout/r1")).toBe("/ng-rollout/r1/v1/models");
+    expect(proxiedLocation("http://gpu-1:8000/serve", base, "")).toBe("/");
+    expect(proxiedLocation("http://127.0.0.1:80/v1/models", parseUpstream("http://127.0.0.1/v1").url, "")).toBe("/v1/models");
+  });
+  it("anything else is left as sent", () => {
+    for (const location of ["http://gpu-2:8000/serve/v1/models", "https://gpu-1:8000/serve/v1/models", "http://gpu-1:8001/serve/v1/models", "http://gpu-1:8000/other/v1/models", "/servex/v1", "/other", "models", "../v1/models", "?page=2", "http://[bad"]) {
+      expect(proxiedLocation(location, base, "/ng-rollout/r1")).toBe(location);
+    }
   });
 });
