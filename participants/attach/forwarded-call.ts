@@ -57,6 +57,12 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   private sent = 0;
   /** The withheld last body bytes: the end of a content-length body, or a stream's last event so far (if held). */
   private last: Buffer | null = null;
+  /**
+   * The event under way (without a content-length) outgrew HELD_EVENT_BYTES and its older bytes left
+   * already, with something in them that may end the stream (its `event: response.completed` line):
+   * its end is withheld like that of a short one.
+   */
+  private leftEventMayEnd = false;
   /** The row is written and the response ended: the ticket waits for the response to leave. */
   private recorded = false;
   private callerGone = false;
@@ -118,12 +124,20 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
       return this.res.write(chunk);
     }
     const pending = this.last ? Buffer.concat([this.last, chunk]) : chunk;
-    let cut = lastEventStart(pending);
-    const event = pending.subarray(cut);
-    // A complete event that cannot end the stream leaves at once; one that may (or one still arriving) waits for the next.
-    if (isCompleteEvent(event) && !mayEndStream(event)) cut = pending.length;
-    // Not an event stream (or one huge event): keep the memory bounded, still withholding the newest bytes.
-    else if (cut === 0 && pending.length - chunk.length >= HELD_EVENT_BYTES) cut = pending.length - chunk.length;
+    const start = lastEventStart(pending);
+    let cut = start;
+    const event = pending.subarray(start);
+    // A complete event that cannot end the stream leaves at once; one that may (or one still arriving) waits
+    // for the next. One whose older bytes left already (below) is judged by them too: its name is there.
+    if (isCompleteEvent(event) && !mayEndStream(event) && !(start === 0 && this.leftEventMayEnd)) cut = pending.length;
+    // Not an event stream (or one huge event, a long answer's `response.completed`): keep the memory bounded,
+    // still withholding the newest bytes.
+    else if (start === 0 && pending.length - chunk.length >= HELD_EVENT_BYTES) {
+      cut = pending.length - chunk.length;
+      this.leftEventMayEnd ||= mayEndStream(pending.subarray(0, cut));
+    }
+    // The bytes held begin an event (or nothing is held): nothing of it has left.
+    if (start > 0 || cut === pending.length) this.leftEventMayEnd = false;
     this.last = cut < pending.length ? pending.subarray(cut) : null;
     if (cut === 0) return !this.res.writableNeedDrain;
     this.sent += cut;
