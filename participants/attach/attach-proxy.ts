@@ -7,7 +7,7 @@ import { closeQueuedResponsesWithConnection } from "../http/queued-response-clos
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { continuationHeader } from "../kinds/model/generation-cut-contract.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
-import { canonicalRoute } from "./canonical-route.js";
+import { canonicalRoute, climbsAboveRoot } from "./canonical-route.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
@@ -109,6 +109,8 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     // A near miss of the ledger API (`//ng-capture/v1/…` from a base URL ending in `/`, another case,
     // another version) is refused, never forwarded: its request carries the control token.
     if (isLedgerSpelling(route)) throw new CheckpointError("not_found", `no ledger API route ${req.method} ${path.slice(0, 200)}: it is /ng-capture/v1/… exactly`);
+    // Forwarded after the upstream's base path, a route climbing above its root would leave it once resolved.
+    if (climbsAboveRoot(route)) throw new CheckpointError("invalid_request", `the path climbs above its root with ".." segments: ${path.slice(0, 200)}`);
     if (req.method !== "POST") return passthrough(req, res, route + query, relocate);
     // Classified by what the upstream may read (decoded, dot segments resolved, ...), so no spelling of
     // a generation route goes through untracked (a doubled slash from a base URL ending in `/` is

@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { callerHeaders, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
 import { proxiedLocation } from "../../../participants/attach/redirect-location.js";
+import { climbsAboveRoot } from "../../../participants/attach/canonical-route.js";
 import { isCompleteEvent, lastEventStart, mayEndStream } from "../../../participants/attach/sse-events.js";
 import { UsageTail } from "../../../participants/attach/usage-tail.js";
 import { mulberry32 } from "../../support/seeded-random.js";
@@ -278,5 +279,14 @@ describe("an upstream redirect's Location", () => {
     for (const location of ["http://gpu-2:8000/serve/v1/models", "https://gpu-1:8000/serve/v1/models", "http://gpu-1:8001/serve/v1/models", "http://gpu-1:8000/other/v1/models", "/servex/v1", "/other", "models", "../v1/models", "?page=2", "http://[bad"]) {
       expect(proxiedLocation(location, base, "/ng-rollout/r1")).toBe(location);
     }
+  });
+});
+
+describe("a route's dot segments", () => {
+  it("climbing above its root, in any spelling an upstream may decode", () => {
+    for (const route of ["/..", "/../x", "/v1/../../x", "/%2E%2E/x", "/v1/..%2F..%2Fx", "/v1\\..\\..\\x", "/./../x", "//../x", "/../%zz"]) expect([route, climbsAboveRoot(route)]).toEqual([route, true]);
+  });
+  it("staying within it, or no dot segments at all", () => {
+    for (const route of ["/", "/v1/chat/completions", "/v1/x/../chat/completions", "/v1/./models", "/..x/y", "/x../y", "/.../y", "/v1/%2e%2ex", "/x/%zz/.."]) expect([route, climbsAboveRoot(route)]).toEqual([route, false]);
   });
 });
