@@ -64,15 +64,20 @@ function setPath(target: Plain, path: string, value: unknown): void {
   node[parts.at(-1)!] = value;
 }
 
+function isPlain(value: unknown): value is Plain {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
 function merge(base: Plain, layer: Plain): Plain {
   const out: Plain = { ...base };
   for (const [key, value] of Object.entries(layer)) {
     if (value === undefined) continue;
     const existing = Object.hasOwn(out, key) ? out[key] : undefined;
-    const merged =
-      value !== null && typeof value === "object" && !Array.isArray(value) && existing !== null && typeof existing === "object" && !Array.isArray(existing)
-        ? merge(existing as Plain, value as Plain)
-        : value;
+    // A lower layer's non-object where the keys of an object go (a config file's `"http": false`
+    // or `"nats": "nats://…"`) stays, for the schema to refuse: replaced by the object of a
+    // variable or flag setting one of its keys, it was dropped without a word.
+    if (isPlain(value) && existing !== undefined && !isPlain(existing)) continue;
+    const merged = isPlain(value) && isPlain(existing) ? merge(existing, value) : value;
     // Defined, not assigned: a file's `__proto__` key stays an own key the strict schema refuses, instead of becoming the prototype.
     Object.defineProperty(out, key, { value: merged, enumerable: true, writable: true, configurable: true });
   }
@@ -147,17 +152,23 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
   const parsed = CoordinatorConfigSchema.safeParse(merged);
   if (!parsed.success) {
     // Which layer set each refused value: "at retention" alone does not say to fix GYM_CKPT_RETENTION.
+    // A layer set a value that is no object only if it holds that very value: a flag's or
+    // variable's object may lie under a config file's `"http": false`, which the merge kept.
+    const sets = (layer: Plain, keys: string[]): boolean => {
+      const value = valueAt(merged, keys);
+      return hasPath(layer, keys) && (isPlain(value) || Object.is(valueAt(layer, keys), value));
+    };
     const sourceOf = (keys: string[]): string | undefined => {
-      if (hasPath(flags, keys)) return "a command-line flag";
+      if (sets(flags, keys)) return "a command-line flag";
       const path = keys.join(".");
-      if (hasPath(fromEnv, keys)) {
+      if (sets(fromEnv, keys)) {
         const setting = CONFIG_ENV.find((e) => path === e.path || path.startsWith(`${e.path}.`));
         if (!setting) return "the environment";
         // A number left a string by `coerce` is no decimal: said as a flag's refusal says it (a number is no secret).
         const raw = envSetting(setting.env, env) ?? "";
         return setting.type === "number" && typeof coerce(raw, "number") === "string" ? `${setting.env} (not a decimal number: ${JSON.stringify(raw)})` : setting.env;
       }
-      if (hasPath(fromFile, keys)) return `config file ${file}`;
+      if (sets(fromFile, keys)) return `config file ${file}`;
       return undefined;
     };
     const sources = new Map<string, string>();
@@ -189,6 +200,12 @@ export function loadConfig(input: LoadConfigInput = {}): CoordinatorConfig {
     throw new CheckpointError("invalid_request", `invalid configuration:\n${z.prettifyError(parsed.error)}${from ? `\nset by:\n${from}` : ""}${unset}`);
   }
   return parsed.data;
+}
+
+function valueAt(values: Plain, keys: string[]): unknown {
+  let node: unknown = values;
+  for (const key of keys) node = node !== null && typeof node === "object" && Object.hasOwn(node, key) ? (node as Plain)[key] : undefined;
+  return node;
 }
 
 function hasPath(values: Plain, keys: string[]): boolean {

@@ -142,6 +142,36 @@ describe("coordinator config", () => {
       await rm(dir, { recursive: true, force: true });
     }
   });
+  it("refuses a config file's nats or http that is no object also when the environment or a flag sets one of its keys (it was dropped without a word)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
+    try {
+      const file = join(dir, "c.json");
+      // A URL where the object goes, `false` for "no HTTP": refused alone; with GYM_CKPT_NATS_USER
+      // and --http-port they were replaced, and the daemon went to 127.0.0.1:4222 serving HTTP.
+      await writeFile(file, JSON.stringify({ token: "t", checkpoint_root: "/c", nats: "nats://prod.example:4222", http: false }));
+      let error: unknown;
+      try {
+        loadConfig({ file, env: { GYM_CKPT_NATS_USER: "u" }, flags: { "http.port": 9000 } });
+      } catch (e) {
+        error = e;
+      }
+      expect((error as CheckpointError | undefined)?.code).toBe("invalid_request");
+      const message = (error as Error).message;
+      expect(message).toContain("expected object, received string\n  → at nats");
+      expect(message).toContain("expected object, received boolean\n  → at http");
+      const setBy = message.slice(message.indexOf("set by:"));
+      expect(setBy).toContain(`nats: config file ${file}`);
+      expect(setBy).toContain(`http: config file ${file}`);
+      expect(setBy).not.toContain("a command-line flag");
+      expect(setBy).not.toContain("GYM_CKPT_NATS_USER");
+      // null is no object either.
+      await writeFile(file, JSON.stringify({ token: "t", checkpoint_root: "/c", http: null }));
+      expect(() => loadConfig({ file, env: { GYM_CKPT_HTTP_PORT: "9000" } })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining(`http: config file ${file}`) }));
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("refuses a config file key __proto__ as unknown, at any level, instead of dropping it", async () => {
     const dir = await mkdtemp(join(tmpdir(), "gym-ckpt-cfg-"));
     try {
