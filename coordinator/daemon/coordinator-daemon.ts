@@ -230,8 +230,9 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     whenReady: () => ready,
     async stop(reason = "stop requested") {
       stopped = true;
-      await natsApi.stop();
-      await http?.stop();
+      // Both APIs stop taking requests at once, then the ops under way on either are answered:
+      // one after the other, the HTTP API ran every op sent to it while the NATS API's were awaited.
+      await Promise.all([natsApi.stop(), http?.stop()]);
       await lease.stop(true);
       registry.stop();
       await writer.settled();
