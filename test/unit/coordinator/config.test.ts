@@ -42,6 +42,14 @@ describe("coordinator config", () => {
     }
   });
 
+  it("request_slack_ms is at most 10 minutes: added to a deadline up to 7 days ahead, a timer past 2^31 - 1 ms fires at once", () => {
+    const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" };
+    expect(loadConfig({ env: { ...base, GYM_CKPT_REQUEST_SLACK_MS: "600000" } }).request_slack_ms).toBe(600_000);
+    expect(() => loadConfig({ env: { ...base, GYM_CKPT_REQUEST_SLACK_MS: "2200000000" } })).toThrow(
+      expect.objectContaining({ code: "invalid_request", message: expect.stringMatching(/request_slack_ms[\s\S]*set by:\n  request_slack_ms: GYM_CKPT_REQUEST_SLACK_MS/) }),
+    );
+  });
+
   it("request_probe_ms is 0 (no probes) or at least 100", () => {
     const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" };
     expect(loadConfig({ env: { ...base, GYM_CKPT_REQUEST_PROBE_MS: "0" } }).request_probe_ms).toBe(0);
