@@ -24,6 +24,7 @@ export const CONFIG_ENV: readonly { env: string; path: string; type: EnvType }[]
   { env: "GYM_CKPT_REQUEST_SLACK_MS", path: "request_slack_ms", type: "number" },
   { env: "GYM_CKPT_REQUEST_ATTEMPT_MS", path: "request_attempt_ms", type: "number" },
   { env: "GYM_CKPT_REQUEST_PROBE_MS", path: "request_probe_ms", type: "number" },
+  { env: "GYM_CKPT_STOP_GRACE_MS", path: "stop_grace_ms", type: "number" },
   { env: "GYM_CKPT_HTTP", path: "http.enabled", type: "boolean" },
   { env: "GYM_CKPT_HTTP_HOST", path: "http.host", type: "string" },
   { env: "GYM_CKPT_HTTP_PORT", path: "http.port", type: "number" },

@@ -69,6 +69,13 @@ export const CoordinatorConfigSchema = z
       .max(600_000)
       .refine((ms) => ms === 0 || ms >= 100, "must be 0 (no probes) or at least 100")
       .default(1_000),
+    /**
+     * On SIGTERM, how long the ops under way may still run to be answered. Past it the daemon stops
+     * as after a crash (the ops unanswered, a successor completes or aborts them): a prepare held by
+     * a blocker runs to its deadline (60 s by default), past the supervisors' 30 s before SIGKILL,
+     * which would leave the lease held and telemetry unflushed.
+     */
+    stop_grace_ms: z.number().int().min(0).max(600_000).default(15_000),
     http: z
       .object({
         enabled: z.boolean().default(true),

@@ -232,7 +232,13 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       stopped = true;
       // Both APIs stop taking requests at once, then the ops under way on either are answered:
       // one after the other, the HTTP API ran every op sent to it while the NATS API's were awaited.
-      await Promise.all([natsApi.stop(), http?.stop()]);
+      // Within stop_grace_ms: a prepare held by a blocker would run to its deadline, past the
+      // supervisor's SIGKILL. Past it this stops as after a crash: a successor (one lease period
+      // later, and fenced by its epoch) completes a decided commit or aborts the rest.
+      let cancelGrace = () => {};
+      const graceOver = new Promise<true>((resolve) => (cancelGrace = clock.setTimer(() => resolve(true), config.stop_grace_ms)));
+      const unanswered = await Promise.race([Promise.all([natsApi.stop(), http?.stop()]).then(() => false), graceOver]).finally(() => cancelGrace());
+      if (unanswered) logger.warn({ stop_grace_ms: config.stop_grace_ms }, "coordinator_stop_ops_unanswered");
       await lease.stop(true);
       registry.stop();
       await writer.settled();
