@@ -54,6 +54,29 @@ export function estimateTokens(nodes: readonly MessageNode[]): number {
   return Math.floor(nodes.reduce((n, node) => n + messageChars(node.message), 0) / 4);
 }
 
+/** `value` and everything in it made read-only (plain JSON data: objects and arrays). */
+function deepFreeze<V>(value: V): V {
+  if (value !== null && typeof value === "object" && !Object.isFrozen(value)) {
+    for (const inner of Object.values(value)) deepFreeze(inner);
+    Object.freeze(value);
+  }
+  return value;
+}
+
+/**
+ * One read-only copy of each of a record's messages, made when first asked for. The seeds of one
+ * record share them: a copy per seed made a record of n anchors hold about n² messages (every
+ * seed repeats the conversation up to its anchor), and frozen, no task can change another's prompt.
+ */
+function sharedMessages(trace: TraceRecord): (node: number) => Message {
+  const copies = new Map<number, Message>();
+  return (node) => {
+    let copy = copies.get(node);
+    if (copy === undefined) copies.set(node, (copy = deepFreeze(structuredClone(messageOf(trace, node)))));
+    return copy;
+  };
+}
+
 /** The harness re-emits the system prompt, so seeds never carry the recorded one. */
 function withoutLeadingSystem(messages: Message[]): Message[] {
   return messages[0]?.role === "system" ? messages.slice(1) : messages;
@@ -107,7 +130,7 @@ export function compactionSeeds(trace: TraceRecord): Seed[] {
     const prompt: Prompt =
       messages.length === 2 && first?.role === "system" && second?.role === "user" && typeof second.content === "string"
         ? second.content
-        : structuredClone(withoutLeadingSystem(messages));
+        : deepFreeze(structuredClone(withoutLeadingSystem(messages)));
     // An auxiliary branch sorting first makes the main branch's own launch look like a restart.
     if (samePrompt(prompt, trace.task.prompt)) continue;
     seeds.push({
@@ -186,11 +209,12 @@ export function toolCallSeeds(trace: TraceRecord, options: ToolCallOptions): See
     const random = (options.random ?? seededRandom)(`${options.seed}:${trace.id}`);
     chosen = sampleSorted(candidates.length, options.maxAnchors, random).map((i) => candidates[i]!);
   }
+  const shared = sharedMessages(trace);
   return chosen.map(({ branch, end, tokens, name }) => {
     const nodes = branch.slice(0, end + 1);
     const anchorNode = branch[end]!;
     return {
-      prompt: structuredClone(withoutLeadingSystem(nodes.map((n) => messageOf(trace, n)))),
+      prompt: withoutLeadingSystem(nodes.map(shared)),
       name,
       tokens: tokens > 0 ? tokens : estimateTokens(nodes.map((n) => trace.nodes[n]!)),
       snapshot: refs.get(anchorNode) ?? null,
@@ -224,10 +248,10 @@ export function recheckSeed(trace: TraceRecord, recheckPrompt: string): Seed | n
   const anchorNode = cutTool ? kept[kept.length - 1]! : branch[branch.length - 1]!;
   if (refs.size > 0 && !refs.has(anchorNode)) return null;
 
-  const prompt: Message[] = [
+  const prompt: Message[] = deepFreeze([
     ...structuredClone(withoutLeadingSystem(keptNodes.map((node) => node.message))),
     { role: "user", content: recheckPrompt },
-  ];
+  ]);
   return {
     prompt,
     name: `recheck:${id8(trace)}`,
