@@ -22,6 +22,28 @@ export async function fsyncDir(dir: string): Promise<void> {
  */
 const unsynced = new Set<string>();
 
+/** The longest file name (in bytes) most file systems take: NAME_MAX. */
+const NAME_MAX = 255;
+
+/**
+ * `.<name>.<pid>.<12 hex>.tmp`, with `name` cut (on a character boundary) only as far as the whole
+ * must fit NAME_MAX: a target name the file system takes (a 250-byte `seeds --out`) failed
+ * ENAMETOOLONG on its temp name. A name that fits keeps its full form (the capture ledger reads its key from it).
+ */
+function tempName(name: string): string {
+  const suffix = `.${process.pid}.${randomBytes(6).toString("hex")}.tmp`;
+  const room = NAME_MAX - 1 - Buffer.byteLength(suffix);
+  if (Buffer.byteLength(name) > room) {
+    let kept = "";
+    for (const char of name) {
+      if (Buffer.byteLength(kept + char) > room) break;
+      kept += char;
+    }
+    name = kept;
+  }
+  return `.${name}${suffix}`;
+}
+
 /** Writes all of `chunk` at the handle's position (a write may take fewer bytes than asked). */
 async function writeAll(handle: FileHandle, chunk: Uint8Array): Promise<void> {
   for (let done = 0; done < chunk.byteLength; ) done += (await handle.write(chunk, done, chunk.byteLength - done)).bytesWritten;
@@ -54,7 +76,7 @@ export async function writeFileAtomic(
     await fsyncDir(parent);
     unsynced.delete(parent);
   }
-  const temp = join(dir, `.${basename(target)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
+  const temp = join(dir, tempName(basename(target)));
   try {
     // Exclusive: never written through a file or symlink planted under the temp name.
     const handle = await open(temp, "wx", options.mode);
