@@ -1,5 +1,5 @@
 import path from "node:path";
-import { MAX_ROLLOUT_STEP_MARKER_BYTES, RECORD_KINDS, rolloutStepMarkerFiles, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
+import { isUnreadableStorage, MAX_ROLLOUT_STEP_MARKER_BYTES, RECORD_KINDS, rolloutStepMarkerFiles, rolloutStepMarkerName as stepMarkerName } from "../../protocol/index.js";
 import { readRegularFile } from "../storage/regular-file.js";
 import { stepOfPath } from "./record-paths.js";
 
@@ -18,8 +18,9 @@ export function isStepMarkerName(fileName: string): boolean {
 }
 
 /**
- * Record file names listed by the markers present in `dir`. Unreadable or invalid markers count as
+ * Record file names listed by the markers present in `dir`. Missing or invalid markers count as
  * absent, and so does a FIFO, device or oversized file there: it is refused unread, never waited on.
+ * A marker the storage refuses to read (EACCES, EIO) is thrown, as for a record file.
  * So does a marker written for another step (copied in: it names the same files) or another kind,
  * and a marker completes only the files of its own kind it lists.
  */
@@ -32,7 +33,10 @@ export async function completedFiles(dir: string): Promise<Set<string>> {
     let raw: unknown;
     try {
       raw = JSON.parse((await readRegularFile(markerPath, { maxBytes: MAX_ROLLOUT_STEP_MARKER_BYTES })).toString("utf8"));
-    } catch {
+    } catch (error) {
+      // The storage refusing (EACCES, EIO, EMFILE) refuses the reload, as for a record file or a
+      // listing: read as absent, the step would wait for ever without a word.
+      if (isUnreadableStorage(error)) throw error;
       continue;
     }
     for (const name of rolloutStepMarkerFiles(raw, step, kind) ?? []) files.add(name);
