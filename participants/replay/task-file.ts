@@ -1,6 +1,6 @@
 import { constants } from "node:buffer";
 import { createReadStream } from "node:fs";
-import { taskOfLine, textLines } from "../../protocol/index.js";
+import { isUnreadableStorage, namePath, taskOfLine, textLines } from "../../protocol/index.js";
 import { invalidRequest, ReplayError } from "./errors.js";
 
 /**
@@ -12,8 +12,9 @@ export const MAX_TASK_FILE_LINE_BYTES = constants.MAX_STRING_LENGTH;
 
 /**
  * The tasks of a task file given on the command line (`seeds --tasks`): JSON lines, each collect's
- * `{id, task}` row or a bare task (a replay run, such as a `/replay/next` reply, is one: kept whole). Blank lines are skipped. A missing, unreadable or malformed file
- * is `invalid_request`, like any bad flag value (a pipe such as `<(…)` is read as it comes).
+ * `{id, task}` row or a bare task (a replay run, such as a `/replay/next` reply, is one: kept whole). Blank lines are skipped. A missing or malformed file
+ * (or a directory) is `invalid_request`, like any bad flag value; one the storage refuses to read (EIO,
+ * EACCES) is thrown as it is, storage_error (a pipe such as `<(…)` is read as it comes).
  * Streamed line by line, as collect reads it: a task file may be larger than one string can be.
  */
 export async function readTaskFile(file: string, maxLineBytes = MAX_TASK_FILE_LINE_BYTES): Promise<unknown[]> {
@@ -33,6 +34,10 @@ export async function readTaskFile(file: string, maxLineBytes = MAX_TASK_FILE_LI
     }
   } catch (error) {
     if (error instanceof ReplayError) throw error;
+    // The storage refusing the read (EIO, EACCES, a stale handle) is no fault of the flag: thrown as
+    // it is, storage_error (exit 1), as collect reads the same file. Only a file that is not there
+    // or not readable as one (a directory) is invalid_request.
+    if (isUnreadableStorage(error)) throw namePath(error, file);
     const why = (error as NodeJS.ErrnoException).code === "ENOENT" ? "does not exist" : `cannot be read (${(error as Error).message})`;
     throw invalidRequest(`tasks file ${file} ${why}`, { cause: error });
   } finally {
