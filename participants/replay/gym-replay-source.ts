@@ -1,7 +1,7 @@
 import path from "node:path";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { CheckpointError, duplicateJsonKey } from "../../protocol/index.js";
+import { CheckpointError, duplicateJsonKey, isUnreadableStorage, namePath } from "../../protocol/index.js";
 import { GymTaskSchema, type GymTask } from "../gym/agent-server/gym-task.js";
 import { readRegularFileSync } from "../storage/regular-file.js";
 import { promptToChat, type ChatMessageLike } from "./chat-trajectory.js";
@@ -45,8 +45,8 @@ export interface GymReplayConfig {
 /**
  * Reads and checks a replay config file for the reference Gym, reading no record: synchronous, so
  * the environment server checks `--replay-config` with its other flags, before NATS. A config it
- * cannot use (unreadable, not a regular file, over MAX_REPLAY_CONFIG_BYTES, not JSON, invalid, for
- * another source) is invalid_request.
+ * cannot use (missing, not a regular file, over MAX_REPLAY_CONFIG_BYTES, not JSON, invalid, for
+ * another source) is invalid_request; one the storage refuses to read (EACCES, EIO) is thrown as it is.
  */
 export function readGymReplayConfig(configPath: string): GymReplayConfig {
   let text: string;
@@ -56,6 +56,9 @@ export function readGymReplayConfig(configPath: string): GymReplayConfig {
     text = readRegularFileSync(configPath, { maxBytes: MAX_REPLAY_CONFIG_BYTES }).toString("utf8");
   } catch (error) {
     if (error instanceof CheckpointError) throw invalidRequest(`replay config ${error.message}`);
+    // The storage refusing the read (EACCES, EIO, a stale mount) is no bad flag: thrown as it is,
+    // storage_error, for the caller to report (exit 1, which a supervisor retries).
+    if (isUnreadableStorage(error)) throw namePath(error, configPath);
     throw invalidRequest(`replay config ${configPath} is not readable: ${error instanceof Error ? error.message : String(error)}`);
   }
   let raw: unknown;

@@ -56,6 +56,22 @@ describe("environment server --replay-config", () => {
     expect(missing.stderr).not.toMatch(/\n\s+at /); // no stack trace
   });
 
+  // Root reads through mode bits: the server runs as another account (setpriv). A config the storage
+  // refuses is no bad flag: exit 2 told a supervisor not to restart over an EACCES or a stale mount.
+  it.skipIf(process.getuid?.() !== 0)("a replay config file the storage refuses to open (EACCES) is one storage_error line naming it and exit 1", async () => {
+    const shared = await mkdtemp("/tmp/gym-ckpt-replay-config-eacces-");
+    try {
+      await chmod(shared, 0o755);
+      const config = join(shared, "replay.json");
+      await writeFile(config, JSON.stringify({ records: "r/*.jsonl", source: { id: "reference-gym" }, mode: "recheck" }), { mode: 0o000 });
+      const refused = await start(config, asAccount({ uid: 65534, gid: 65534, umask: 0o022 }));
+      expect(refused.stderr).toMatch(/^environment-server: storage_error: EACCES[^\n]*replay\.json[^\n]*\n$/);
+      expect(refused.code).toBe(1);
+    } finally {
+      await rm(shared, { recursive: true, force: true });
+    }
+  });
+
   // Root reads through mode bits: the server runs as another account (setpriv).
   it.skipIf(process.getuid?.() !== 0)("a record file the storage refuses to open (EACCES) is one storage_error line and exit 1, not a stack trace", async () => {
     const shared = await mkdtemp("/tmp/gym-ckpt-replay-eacces-");

@@ -17,6 +17,7 @@ let replayConfig: GymReplayConfig | undefined;
 /**
  * --replay-config is read and checked with the other flags, before NATS: with NATS down a bad one
  * is still invalid_request, exit 2, not `unreachable`, exit 1, which a supervisor restarts for ever.
+ * One the storage refuses to read (EACCES, EIO) is storage_error, exit 1, as for its records.
  * What it read is kept for the load below (its records are read after connecting).
  */
 function replayConfigRefusal(file: string | undefined): string | undefined {
@@ -25,8 +26,11 @@ function replayConfigRefusal(file: string | undefined): string | undefined {
     replayConfig = readGymReplayConfig(file);
     return undefined;
   } catch (error) {
-    if (!(error instanceof ReplayError)) throw error;
-    return `${error.code}: ${error.message}`;
+    if (error instanceof ReplayError) return `${error.code}: ${error.message}`;
+    // A file the storage refused to read is no bad flag (exit 2, never restarted): storage_error, exit 1.
+    if (!isUnreadableStorage(error)) throw error;
+    process.stderr.write(`environment-server: storage_error: ${toCheckpointError(error).message}\n`);
+    process.exit(1);
   }
 }
 
