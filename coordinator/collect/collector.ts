@@ -219,6 +219,17 @@ export class Collector {
   /** halt() was called: no /run is sent and no reply taken any more. */
   private halted = false;
   /**
+   * Aborted by halt({ resumeCheckpoint }) (a SIGINT, a SIGHUP): a checkpoint (not a stop) under way
+   * gives up where it is and is resumed, and none starts.
+   */
+  private readonly leaving = new AbortController();
+  /**
+   * Settles once the checkpoint under way (not a stop) has been resumed: halt({ resumeCheckpoint })
+   * waits for it, since the exit after it closes NATS, and a prepared checkpoint nobody resumes keeps
+   * the Gym parked (admission closed) until the participants' lease expires.
+   */
+  private resumableCheckpoint: Promise<void> | undefined;
+  /**
    * The workers are done (run() closes, or failed): a checkpoint asked for from now on (a SIGUSR1 or
    * SIGTERM during the summary) is skipped. It has nothing to save, and the process exits right
    * after, closing NATS: a prepare it sent would leave the Gym parked until the participants' lease.
@@ -1122,15 +1133,24 @@ export class Collector {
    * stop checkpoint: no further /run is sent, no checkpoint runs, and a reply arriving from now on is
    * dropped, not appended to --out (the dispatch log names its attempt, so the next start retires
    * it and sends the row again). Resolves once the rows already being appended are in --out and
-   * their records buffered, so the flush that follows writes every row --out has.
+   * their records buffered, so the flush that follows writes every row --out has. `resumeCheckpoint`
+   * (an exit without a checkpoint): a timer or SIGUSR1 checkpoint under way is given up and resumed
+   * before this resolves, and none starts after it.
    */
-  async halt(): Promise<void> {
+  async halt({ resumeCheckpoint = false }: { resumeCheckpoint?: boolean } = {}): Promise<void> {
     this.halted = true;
     this.stopping = true;
     clearInterval(this.timer);
     clearTimeout(this.retireRetry);
     this.ownOps.clearRetryTimer();
     this.wakeDispatchers();
+    if (resumeCheckpoint) {
+      // A checkpoint (timer, SIGUSR1) under way is given up and resumed first: left prepared, it
+      // would keep the Gym parked until the participants' lease expires once the exit closes NATS.
+      // An op already sent is not cut short. A stop checkpoint is not waited for (a SIGINT cuts it short).
+      this.leaving.abort();
+      await this.resumableCheckpoint;
+    }
     await Promise.allSettled([...this.finishing]);
     await this.closeTasks(); // no row is sent from here on
   }
@@ -1335,7 +1355,8 @@ export class Collector {
     return this.lock.run(async () => {
       // The stop goes first, ahead of a timer or SIGUSR1 checkpoint queued before it: a scheduler's
       // grace period is short, and after it nothing may resume.
-      if ((!stop && this.stopsPending > 0) || (!stop && this.stopping) || this.hasEnded) return undefined;
+      // Nor once leaving (a SIGINT): the process is on its way out, and nothing would resume it.
+      if ((!stop && this.stopsPending > 0) || (!stop && this.stopping) || this.leaving.signal.aborted || this.hasEnded) return undefined;
       this.closeGate();
       await this.ownOps.resumeUnresumed();
       const checkpointId = newCheckpointId(Date.now());
@@ -1343,21 +1364,26 @@ export class Collector {
       span.setAttribute("gym_ckpt.checkpoint.id", checkpointId);
       const log = this.options.logger.child({ checkpoint_id: checkpointId, stop });
       let published = false;
+      let resumed: (() => void) | undefined;
+      if (!stop) this.resumableCheckpoint = new Promise((resolve) => (resumed = resolve));
       try {
         await this.retireQueued();
         // Logged first: a start after a crash mid-checkpoint closes it as ours, and no other open one.
         await this.log.recordCheckpoint(checkpointId);
+        if (this.leaving.signal.aborted) return this.givenUp(log, checkpointId);
         const prepared = await this.options.controller.prepare({ checkpoint_id: checkpointId, deadline_ts: this.deadline() });
         if (!prepared.prepared) {
           log.warn({ blockers: prepared.blockers, stopped_at: prepared.stopped_at }, "prepare did not finish; checkpoint not published");
           return { published, checkpointId };
         }
+        if (this.leaving.signal.aborted) return this.givenUp(log, checkpointId);
         const restarts = new Set(prepared.restarts);
         // In input order, as a walk of every row gave them; only the open rows are looked at.
         const open = this.queue.open().sort((a, b) => this.rowIndex.get(a.row.rolloutId)! - this.rowIndex.get(b.row.rolloutId)!);
         const scope = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => !restarts.has(captureKey(e)));
         const restarted = open.map((s) => ({ rollout_id: s.row.rolloutId, attempt: s.attempt })).filter((e) => restarts.has(captureKey(e)));
         const committed = await this.ownOps.commitOwn(checkpointId, scope, stop);
+        if (this.leaving.signal.aborted) return this.givenUp(log, checkpointId);
         // Its files are read and written below through our root: refused (and resumed) unless they are there.
         await assertCheckpointVisible(this.options.checkpointDir, checkpointId, committed.checkpoint_dir);
 
@@ -1372,8 +1398,10 @@ export class Collector {
         const answered = (s: RowState) => Promise.race([s.reply, new Promise<void>((resolve) => s.refusalWaiters.push(resolve))]);
         // The bound's timer is cleared once they are in: it would keep the process up to a minute after the collection.
         const waited = new AbortController();
-        await Promise.race([Promise.all(onTheWire.map(answered)), delay(this.options.checkpointTimeoutSeconds ?? 60, waited.signal)]).finally(() => waited.abort());
+        await Promise.race([Promise.all(onTheWire.map(answered)), delay(this.options.checkpointTimeoutSeconds ?? 60, AbortSignal.any([waited.signal, this.leaving.signal]))]).finally(() => waited.abort());
         for (const s of onTheWire) s.refusalWaiters.length = 0;
+        // The replies are dropped once leaving: the rows they would leave out of `continued` are not known.
+        if (this.leaving.signal.aborted) return this.givenUp(log, checkpointId);
         // A reply still missing belongs to an episode nobody holds: a restore would install its next
         // attempt beside an environment that starts it from input. It restarts from input instead.
         // Likewise a row whose /run failed since the scope was taken (its attempt moved on, or it failed
@@ -1413,8 +1441,16 @@ export class Collector {
         }
         this.openGate();
         this.report(true);
+        this.resumableCheckpoint = undefined;
+        resumed?.();
       }
     });
+  }
+
+  /** A checkpoint (not a stop) that halt({ resumeCheckpoint }) came during: not published, and resumed (its finally) before the exit. */
+  private givenUp(log: Logger, checkpointId: string): { published: boolean; checkpointId: string } {
+    log.warn("the collector is stopping (no checkpoint): this checkpoint is resumed, not published");
+    return { published: false, checkpointId };
   }
 
   /**

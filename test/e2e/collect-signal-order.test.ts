@@ -76,6 +76,23 @@ describe("collect: signal order", () => {
     expect(out.some((l) => l.includes("exiting 75")), out.join("\n")).toBe(false);
   });
 
+  it("Ctrl-C during a SIGUSR1 checkpoint (its commit held): that checkpoint is resumed before the exit, not left holding the Gym parked until the lease, exit 130", { timeout: 60_000 }, async () => {
+    const w = await setUp(2);
+    await w.backend.hold(0); // every row stays in flight
+    const relay = await delayingRelay(w, "commit");
+    const out: string[] = [];
+    const collector = await startCollector(w, ["--deployment", relay.deployment, "--checkpoint-timeout-s", "5"], out);
+    await w.waitFor(async () => (await w.backend.calls()).length >= 2, "rows running");
+    collector.child.kill("SIGUSR1");
+    await relay.isHeld; // prepared: admission closed, every participant parked
+    collector.child.kill("SIGINT");
+    expect(await collector.exited, out.join("\n")).toEqual({ code: 130, signal: null });
+    expect(relay.ops).toContain("resume");
+    expect((await w.client.status()).checkpoint).toBeNull();
+    expect((await w.status("environment")).phase).toBe("idle");
+    await w.backend.release();
+  });
+
   it("Ctrl-C during the stop checkpoint (its commit held) still writes the records of the rows --out has, exit 130", { timeout: 60_000 }, async () => {
     const w = await setUp(2);
     await w.backend.hold(2); // r0's two policy calls pass, r1's first is held: r1 stays in flight

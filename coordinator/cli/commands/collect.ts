@@ -230,8 +230,10 @@ export function register(program: Command): void {
         void (async () => {
           progress.finish();
           // No /run is sent and no row appended to --out from here on (the next start retires what
-          // was in flight), so the flush after it writes the records of every row --out has.
-          await collector?.halt().catch(() => undefined);
+          // was in flight), so the flush after it writes the records of every row --out has. A timer
+          // or SIGUSR1 checkpoint under way is resumed first: NATS closes at the exit, and nothing
+          // else would resume it before the participants' lease expires.
+          await collector?.halt({ resumeCheckpoint: true }).catch(() => undefined);
           await collector?.flushRecords().catch(() => undefined);
           reportUnwrittenRecords();
           await leave(code);
