@@ -65,9 +65,13 @@ export interface TextLine {
   byteLength: number;
 }
 
+/** A UTF-8 byte order mark: some editors (Windows Notepad, PowerShell's `Out-File -Encoding utf8`) begin a file with it. */
+const UTF8_BOM = Buffer.from([0xef, 0xbb, 0xbf]);
+
 /**
  * The lines of a stream as text, numbered from 1: the newline (and a carriage return before it)
- * removed, a final line without one included. A line of more than `maxLineBytes` (newline included)
+ * removed, a final line without one included, and a UTF-8 byte order mark at the stream's start left
+ * out of the first line (JSON.parse refuses one: the file's first line read as "not JSON"). A line of more than `maxLineBytes` (newline included)
  * is refused with `tooLong(its number)` as soon as that many bytes came without a newline: never
  * held whole, nor made into a string longer than V8 allows (its RangeError, or the heap's end).
  */
@@ -81,7 +85,8 @@ export async function* textLines(
   const text = (line: SplitLine, number: number): TextLine => {
     let end = line.terminated ? line.bytes.length - 1 : line.bytes.length;
     if (end > 0 && line.bytes[end - 1] === 0x0d) end--;
-    return { text: line.bytes.toString("utf8", 0, end), number, offset: line.offset, byteLength: end };
+    const start = line.offset === 0 && end >= UTF8_BOM.length && line.bytes.subarray(0, UTF8_BOM.length).equals(UTF8_BOM) ? UTF8_BOM.length : 0;
+    return { text: line.bytes.toString("utf8", start, end), number, offset: line.offset + start, byteLength: end - start };
   };
   for await (const chunk of input) {
     for (const line of splitter.push(typeof chunk === "string" ? Buffer.from(chunk) : chunk)) {

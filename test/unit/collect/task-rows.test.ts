@@ -53,6 +53,15 @@ describe("task rows", () => {
     await expect(readTaskRows(dir)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("EISDIR") });
   });
 
+  it("skip a UTF-8 byte order mark before the first line (Windows editors write one), and send that row's task as written", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('{"id":"a","task":{"n":1}}\r\n{"n":2}\r\n')]));
+    const rows = await readTaskRows(path);
+    expect(rows.map((r) => r.rolloutId)).toEqual(["a", "row-2"]);
+    expect(await Promise.all(rows.map((r) => loadTask(r)))).toEqual([{ n: 1 }, { n: 2 }]);
+    await closeTaskRows(rows);
+  });
+
   it.each([
     ["names a key twice (JSON.parse would keep the last)", '{"id":"a","task":{"seed":1,"seed":2}}', 'names key "seed" twice'],
     ["holds an integer a double rounds", '{"id":"a","task":{"seed":9007199254740993}}', "holds integer 9007199254740993"],
