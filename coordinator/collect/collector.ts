@@ -224,9 +224,10 @@ export class Collector {
    */
   private readonly leaving = new AbortController();
   /**
-   * Settles once the checkpoint under way (not a stop) has been resumed: halt({ resumeCheckpoint })
-   * waits for it, since the exit after it closes NATS, and a prepared checkpoint nobody resumes keeps
-   * the Gym parked (admission closed) until the participants' lease expires.
+   * Settles once the checkpoint under way (not a stop), or the start's restore, has been resumed:
+   * halt({ resumeCheckpoint }) waits for it, since the exit after it closes NATS, and a prepared
+   * checkpoint or a restore nobody resumes keeps the Gym parked (admission closed) until the
+   * participants' lease expires.
    */
   private resumableCheckpoint: Promise<void> | undefined;
   /**
@@ -590,6 +591,9 @@ export class Collector {
       let restored = false;
       /** A try was answered otherwise than not_leader (which promises it never ran): it may have installed attempt+1. */
       let ranMaybe = false;
+      // A SIGINT meanwhile waits for its resume: the exit closes NATS, and a restore left open keeps
+      // every participant parked until its lease expires (the next start would close it, if any).
+      const resumed = this.resumable();
       try {
         // With deadlines, like every other op: a try that meets a failover is answered (or given up)
         // within --checkpoint-timeout-s, not the client's 90 s default, while everyone stays parked.
@@ -606,6 +610,7 @@ export class Collector {
         // the processes refuse it) but resume it and send attempt+1.
         await this.log.recordRestored(sources.map(nextAttempt));
         await this.ownOps.resumeSent("resume of the restored checkpoint", checkpointId);
+        resumed();
         for (const source of sources) {
           const state = this.states.get(source.rollout_id)!;
           Object.assign(state, { attempt: source.attempt + 1, continued: true });
@@ -616,6 +621,7 @@ export class Collector {
         this.options.logger.info({ checkpoint_id: collection.checkpoint_id, rows: sources.length }, "restored checkpoint; continuing rows as their next attempt");
         await this.options.hooks?.afterRestore?.();
       } catch (error) {
+        resumed(); // closed by the coordinator's clean-up, never opened, or its resume remembered below
         // After restore_failed the coordinator has retired attempt+1 wherever the restore may have
         // installed it and resumed; after a refusal from every participant (e.g. stale_checkpoint:
         // the surviving processes already resumed from it) nothing was installed or cleaned up;
@@ -651,6 +657,7 @@ export class Collector {
           this.restartedCount++;
         }
       } finally {
+        resumed();
         span.setAttribute("gym_ckpt.restarts", this.restartedCount);
         span.end();
       }
@@ -1135,7 +1142,7 @@ export class Collector {
    * it and sends the row again). Resolves once the rows already being appended are in --out and
    * their records buffered, so the flush that follows writes every row --out has. `resumeCheckpoint`
    * (an exit without a checkpoint): a timer or SIGUSR1 checkpoint under way is given up and resumed
-   * before this resolves, and none starts after it.
+   * before this resolves, and none starts after it; so is the start's restore (resumed once it answers).
    */
   async halt({ resumeCheckpoint = false }: { resumeCheckpoint?: boolean } = {}): Promise<void> {
     this.halted = true;
@@ -1364,8 +1371,7 @@ export class Collector {
       span.setAttribute("gym_ckpt.checkpoint.id", checkpointId);
       const log = this.options.logger.child({ checkpoint_id: checkpointId, stop });
       let published = false;
-      let resumed: (() => void) | undefined;
-      if (!stop) this.resumableCheckpoint = new Promise((resolve) => (resumed = resolve));
+      const resumed = stop ? undefined : this.resumable();
       try {
         await this.retireQueued();
         // Logged first: a start after a crash mid-checkpoint closes it as ours, and no other open one.
@@ -1441,10 +1447,23 @@ export class Collector {
         }
         this.openGate();
         this.report(true);
-        this.resumableCheckpoint = undefined;
         resumed?.();
       }
     });
+  }
+
+  /**
+   * A checkpoint or restore of ours is about to open: halt({ resumeCheckpoint }) waits until the
+   * function returned is called, once it is resumed (or nothing more can be done for it).
+   */
+  private resumable(): () => void {
+    let settle!: () => void;
+    const open = new Promise<void>((resolve) => (settle = resolve));
+    this.resumableCheckpoint = open;
+    return () => {
+      if (this.resumableCheckpoint === open) this.resumableCheckpoint = undefined;
+      settle();
+    };
   }
 
   /** A checkpoint (not a stop) that halt({ resumeCheckpoint }) came during: not published, and resumed (its finally) before the exit. */

@@ -10,7 +10,7 @@ import { collectHarness } from "./collect-processes.js";
  * with. The collector reaches the coordinator through a relay that forwards every op but can keep
  * one back (the first of its name) until the test lets it go, holding the collector there.
  */
-const { setUp, startCollector, resultLines } = collectHarness();
+const { setUp, startCollector, resultLines, stopAndRequeue } = collectHarness();
 
 async function delayingRelay(w: GymWorld, delayed: string) {
   const nc = await w.nats.connect();
@@ -91,6 +91,20 @@ describe("collect: signal order", () => {
     expect((await w.client.status()).checkpoint).toBeNull();
     expect((await w.status("environment")).phase).toBe("idle");
     await w.backend.release();
+  });
+
+  it("Ctrl-C while the start's restore runs: the restored checkpoint is resumed before the exit, not left holding the Gym parked until the lease, exit 130", { timeout: 90_000 }, async () => {
+    const w = await setUp(3);
+    await stopAndRequeue(w, 3); // LATEST continues the rows; fresh Gym processes
+    const relay = await delayingRelay(w, "restore");
+    const out: string[] = [];
+    const collector = await startCollector(w, ["--deployment", relay.deployment], out);
+    await relay.isHeld;
+    collector.child.kill("SIGINT");
+    relay.release(); // the restore lands at the coordinator whether or not the collector still waits for it
+    expect(await collector.exited, out.join("\n")).toEqual({ code: 130, signal: null });
+    await w.waitFor(async () => (await w.client.status()).checkpoint === null, "the restored checkpoint closed", 10_000);
+    expect((await w.status("environment")).phase).toBe("idle");
   });
 
   it("Ctrl-C during the stop checkpoint (its commit held) still writes the records of the rows --out has, exit 130", { timeout: 60_000 }, async () => {
