@@ -1,3 +1,5 @@
+import { isUtf8 } from "node:buffer";
+
 /** One line of a byte stream: its bytes (with the newline when it has one) and where it starts. */
 export interface SplitLine {
   bytes: Buffer;
@@ -63,6 +65,8 @@ export interface TextLine {
   offset: number;
   /** The bytes `text` was decoded from: the line without its newline (and a carriage return before it). */
   byteLength: number;
+  /** False when those bytes are not valid UTF-8: `text` then holds U+FFFD in place of each bad sequence. */
+  utf8: boolean;
 }
 
 /** A UTF-8 byte order mark: some editors (Windows Notepad, PowerShell's `Out-File -Encoding utf8`) begin a file with it. */
@@ -86,7 +90,10 @@ export async function* textLines(
     let end = line.terminated ? line.bytes.length - 1 : line.bytes.length;
     if (end > 0 && line.bytes[end - 1] === 0x0d) end--;
     const start = line.offset === 0 && end >= UTF8_BOM.length && line.bytes.subarray(0, UTF8_BOM.length).equals(UTF8_BOM) ? UTF8_BOM.length : 0;
-    return { text: line.bytes.toString("utf8", start, end), number, offset: line.offset + start, byteLength: end - start };
+    const decoded = line.bytes.toString("utf8", start, end);
+    // Checked only when the decoder put in a replacement character (or the text holds one).
+    const utf8 = !decoded.includes("\uFFFD") || isUtf8(line.bytes.subarray(start, end));
+    return { text: decoded, number, offset: line.offset + start, byteLength: end - start, utf8 };
   };
   for await (const chunk of input) {
     for (const line of splitter.push(typeof chunk === "string" ? Buffer.from(chunk) : chunk)) {

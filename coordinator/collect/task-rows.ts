@@ -126,12 +126,14 @@ export async function readTaskRows(
     ({ input, file } = await openTasks(path));
     if (signal?.aborted) giveUp(); // aborted while opening
     let progressAt = performance.now() + progressEveryMs;
-    for await (const { text: line, number, offset, byteLength } of textLines(input, maxLineBytes, tooLong)) {
+    for await (const { text: line, number, offset, byteLength, utf8 } of textLines(input, maxLineBytes, tooLong)) {
       if (onProgress && performance.now() >= progressAt) {
         progressAt = performance.now() + progressEveryMs;
         onProgress(rows.length, offset);
       }
       if (!line.trim()) continue;
+      // Decoded anyway, each bad sequence as U+FFFD: the task sent (and recorded) would not be the one written.
+      if (!utf8) throw new CheckpointError("invalid_request", `${path}:${number}: not UTF-8 text (a Latin-1 or UTF-16 export?); save the tasks file as UTF-8`);
       let value: unknown;
       try {
         value = JSON.parse(line);

@@ -62,6 +62,17 @@ describe("task rows", () => {
     await closeTaskRows(rows);
   });
 
+  it("refuse a line that is not UTF-8 (a Latin-1 export), naming it, rather than send its text with U+FFFD in place of what it held", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, Buffer.concat([Buffer.from('{"id":"a","task":{"q":"\u00ef\u00bf\u00bd"}}\n', "latin1"), Buffer.from('{"id":"b","task":{"q":"caf'), Buffer.from([0xe9]), Buffer.from('"}}\n')]));
+    await expect(readTaskRows(path)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:2: not UTF-8`) });
+    // A U+FFFD written as such is text like any other.
+    await writeFile(path, '{"id":"a","task":{"q":"\uFFFD \u00e9"}}\n');
+    const rows = await readTaskRows(path);
+    expect(await loadTask(rows[0]!)).toEqual({ q: "\uFFFD \u00e9" });
+    await closeTaskRows(rows);
+  });
+
   it.each([
     ["names a key twice (JSON.parse would keep the last)", '{"id":"a","task":{"seed":1,"seed":2}}', 'names key "seed" twice'],
     ["holds an integer a double rounds", '{"id":"a","task":{"seed":9007199254740993}}', "holds integer 9007199254740993"],
