@@ -172,7 +172,14 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
       // Bounded: a final export to a collector that refuses or never answers retries for up to
       // OTEL_EXPORTER_OTLP_TIMEOUT (10 s), past a supervisor's grace period; what it had is dropped.
       await Promise.race([sdk.shutdown().catch(() => undefined), new Promise<void>((resolve) => setTimeout(resolve, SHUTDOWN_WAIT_MS).unref())]);
-      await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+      // Not waiting for its connections: close() waits for every one without a finished request (a
+      // connection opened and left silent, a request whose headers never end), for as long as the
+      // peer keeps it, and the stopped process would live on. A scrape cut here is the last anyway.
+      await new Promise<void>((resolve) => {
+        if (!server) return resolve();
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
     },
   };
 }
