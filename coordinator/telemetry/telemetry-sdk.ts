@@ -37,6 +37,12 @@ export interface TelemetryHandle {
   /** `http://host:port/metrics` when the Prometheus endpoint is served. */
   metricsUrl: string | undefined;
   tracing: boolean;
+  /**
+   * Whether the SDK runs (false: telemetry is off). Its exporters may then hold the event loop
+   * after shutdown() (an OTLP export still retried, up to OTEL_EXPORTER_OTLP_TIMEOUT): a process
+   * that ends by letting its loop empty exits explicitly once shutdown() returned.
+   */
+  started: boolean;
   /** Flushes and stops exporters and the metrics server. */
   shutdown(): Promise<void>;
 }
@@ -51,7 +57,7 @@ const listed = (name: string) =>
     .filter(Boolean);
 
 export async function startTelemetry(options: TelemetryOptions): Promise<TelemetryHandle> {
-  const off: TelemetryHandle = { metricsUrl: undefined, tracing: false, shutdown: async () => undefined };
+  const off: TelemetryHandle = { metricsUrl: undefined, tracing: false, started: false, shutdown: async () => undefined };
   if (/^true$/i.test(env.OTEL_SDK_DISABLED ?? "")) return off;
   // The exporters would drop every batch without a word (`127.0.0.1:4318` lacks its scheme). Not
   // echoed: a URL may carry a password.
@@ -168,6 +174,7 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
   return {
     metricsUrl,
     tracing: traces !== "off",
+    started: true,
     async shutdown() {
       // Bounded: a final export to a collector that refuses or never answers retries for up to
       // OTEL_EXPORTER_OTLP_TIMEOUT (10 s), past a supervisor's grace period; what it had is dropped.

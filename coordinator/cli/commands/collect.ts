@@ -92,6 +92,9 @@ export function register(program: Command): void {
       process.stderr.write(`SIGTERM before the start: nothing was started; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
       process.exit(EXIT_REQUEUE);
     };
+    let telemetryStarted = false;
+    /** The ending signal being handled: its handler ends the process, with its own exit code. */
+    let leaving: EndingSignal | undefined;
     await runCli(async () => {
       const env = process.env;
       // Without a reply to print, --json would be silently ignored.
@@ -208,7 +211,6 @@ export function register(program: Command): void {
       // SIGHUP ends the process as by default: nothing is held yet). SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
       // stop at once and exit 130, or die by SIGHUP: the next start retires what was in flight. A second SIGTERM during
       // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the records flushed and the lock released.
-      let leaving: EndingSignal | undefined;
       const leave = async (code: number) => {
         progress.finish();
         await release();
@@ -275,6 +277,7 @@ export function register(program: Command): void {
           ...(flags.otlpEndpoint !== undefined && { otlpEndpoint: flags.otlpEndpoint }), // an empty one is refused, not dropped
           ...metricsPort,
         });
+        telemetryStarted = telemetry.started;
         if (telemetry.metricsUrl) process.stderr.write(`metrics ${telemetry.metricsUrl}\n`);
         logger = createLogger(logLevel);
         if (lock.tookOver) logger.warn({ file: lock.path, reason: lock.tookOver }, "took over the lock file of a collector that no longer runs");
@@ -377,6 +380,12 @@ export function register(program: Command): void {
       );
       if (summary.failed > 0 || summary.finished < summary.rows || records?.unwritten) process.exitCode = 1;
     });
+    // Its summary or refusal is out and telemetry was shut down (2 s at most): exit once stdout has
+    // taken the summary (a refused write sets the exit code first: closed-output.ts), as the
+    // coordinator daemon does, not when the event loop empties. An OTLP exporter still retrying its
+    // last export (a collector down or not answering) kept the process up to 10 s more. An ending
+    // signal's handler exits by itself, with its own code.
+    if (telemetryStarted && leaving === undefined) process.stdout.write("", () => setImmediate(() => process.exit()));
   });
 }
 
