@@ -12,7 +12,9 @@ afterAll(async () => {
 
 describe("nats-server killed and restarted on the same store", () => {
   it("the coordinator leads again (never at a lower epoch) and checkpoints with every participant; the earlier checkpoint stays listed", async () => {
-    const coordinator = await world.startCoordinator({ http: { enabled: false, host: "127.0.0.1", port: 0 } });
+    // Room for every try below: on a loaded machine a try can publish and still fail at its client
+    // (a reply lost to the restart), and the next try's id would push "before-crash" out at retention 2.
+    const coordinator = await world.startCoordinator({ http: { enabled: false, host: "127.0.0.1", port: 0 }, retention: 50 });
     await coordinator.whenReady();
     const first = await world.client.checkpoint({ checkpoint_id: "before-crash" });
     await world.nats.server.kill();

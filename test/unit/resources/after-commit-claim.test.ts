@@ -42,7 +42,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     await b.call("prepare", { checkpoint_id: "c2" });
     // The scope continues r1-a1 only: r2-a1's unclaimed session is freed in the background (the
     // commit replies by its deadline while the free is held).
-    await b.call("commit", { checkpoint_id: "c2", episode_ids: [{ rollout_id: "r1", attempt: 1 }] }, 0.3);
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [{ rollout_id: "r1", attempt: 1 }] }, 1);
     await b.call("resume", { checkpoint_id: "c2" });
     // r2-a1 starts meanwhile (the rollout may still run as that attempt) and uses its session.
     const claimed = await b.post("/ng-rollout/r2-a1/increment", {}, "ng_session=sessionBBBB");
@@ -67,7 +67,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     const seed = b.post("/ng-rollout/r2-a1/seed_session", {}, "ng_session=sessionBBBB");
     await waitUntil(() => b.kind.readiness().counts.waiting === 1, "the seed to wait for resume");
     // c2 continues nothing: the unclaimed restored session is freed in the background (held).
-    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 0.3);
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 1);
     await b.call("resume", { checkpoint_id: "c2" });
     const seeded = await seed;
     server.release();
@@ -87,7 +87,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     const server = new HeldFree();
     const b = await restoredFromC1(server, [r2]);
     await b.call("prepare", { checkpoint_id: "c2" });
-    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 0.3);
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 1);
     await b.call("resume", { checkpoint_id: "c2" });
     // The free of sessionBBBB still runs: installing it again now would be freed behind its back.
     expect(b.kind.hasLiveState()).toBe(true);
@@ -148,7 +148,7 @@ describe("after-commit clean-up of unclaimed restored sessions", () => {
     expect((await b.post("/ng-rollout/r1-a1/increment", {}, "ng_session=sessionAAAA")).json()).toEqual({ count: 3 });
     // A stop commit continuing r1-a1 only: r2-a1's unclaimed session is freed past its deadline.
     await b.call("prepare", { checkpoint_id: "c2" });
-    await b.call("commit", { checkpoint_id: "c2", episode_ids: [{ rollout_id: "r1", attempt: 1 }], stop: true }, 0.3);
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [{ rollout_id: "r1", attempt: 1 }], stop: true }, 1);
     await b.call("resume", { checkpoint_id: "c2" }); // the Gym did not exit: its lease, or the controller
     const seeded = await b.post("/ng-rollout/r3/seed_session");
     const r3Session = String(seeded.headers["set-cookie"]).split(";")[0]!.split("=")[1]!;
@@ -174,7 +174,7 @@ describe("a retire racing the after-commit free of a restored session of its att
     const b = await restoredFromC1(server, [r2]);
     await b.call("prepare", { checkpoint_id: "c2" });
     // c2 continues nothing: r2-a1's restored session is freed in the background (held).
-    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 0.3);
+    await b.call("commit", { checkpoint_id: "c2", episode_ids: [] }, 1);
     await b.call("resume", { checkpoint_id: "c2" });
     const retire = b.call("retire", { checkpoint_id: "x1", episode_ids: [{ rollout_id: "r2", attempt: 1 }] }).then(() => server.counters.has("sessionBBBB"));
     // Not for correctness: a retire that replied without waiting gets its chance to do so first
