@@ -5,15 +5,20 @@ const MathVerifyBodySchema = z
   .object({ task: z.object({ expected_answer: z.string().max(10_000) }).catchall(z.json()), answer: z.string().max(100_000) })
   .strict();
 
-/** The final answer of a response: the last \boxed{...} if any, else the whole text. */
+/** The final answer of a response: the last \boxed{...} if any (spacing may come before its brace: `\boxed {5}`), else the whole text. */
 export function extractAnswer(text: string): string {
-  const marker = "\\boxed{";
-  const at = text.lastIndexOf(marker);
-  if (at === -1) return text;
-  let depth = 1;
-  for (let i = at + marker.length; i < text.length; i += 1) {
-    if (text[i] === "{") depth += 1;
-    else if (text[i] === "}" && --depth === 0) return text.slice(at + marker.length, i);
+  const marker = "\\boxed";
+  // Backwards over the markers: each skips only the spacing up to the next marker's backslash, so the scan stays linear.
+  for (let at = text.lastIndexOf(marker); at !== -1; at = at === 0 ? -1 : text.lastIndexOf(marker, at - 1)) {
+    let open = at + marker.length;
+    while (open < text.length && /\s/.test(text[open]!)) open += 1;
+    if (text[open] !== "{") continue;
+    let depth = 1;
+    for (let i = open + 1; i < text.length; i += 1) {
+      if (text[i] === "{") depth += 1;
+      else if (text[i] === "}" && --depth === 0) return text.slice(open + 1, i);
+    }
+    return text;
   }
   return text;
 }
@@ -41,7 +46,7 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
  * 20! + 1 would equal 20! — and other numbers to 12 significant digits, in decimal arithmetic.
  */
 export function normalizeAnswer(text: string): string {
-  let value = stripDecoration(extractAnswer(text)).replace(/\s+/g, "");
+  let value = stripDecoration(latexPlain(extractAnswer(text))).replace(/\s+/g, "");
   // A leading group of zeros is no thousands grouping ("0,001" read as 1 is a decimal comma's 0.001).
   if (/^-?[1-9]\d{0,2}(,\d{3})+(\.\d+)?$/.test(value)) value = value.replace(/,/g, "");
   const fraction = /^(-?\d+)\/(\d+)$/.exec(value)?.slice(1) ?? signedLatexFraction(value);
@@ -63,6 +68,15 @@ function signedLatexFraction(value: string): [string, string] | undefined {
   const match = /^(-?)\\[dt]?frac\{(-?\d+)\}\{(\d+)\}$/.exec(value);
   if (!match || (match[1] && match[2]!.startsWith("-"))) return undefined;
   return [match[1]! + match[2]!, match[3]!];
+}
+
+/**
+ * LaTeX's other spellings of what the rules below read: `\$` is a dollar sign, `{,}` a comma (the
+ * thousands separator of `1{,}000`), and the spacing commands `\,` `\:` `\;` `\!` and `\ ` are
+ * spacing (`10,\!000`, `1\,000`), removed like spaces.
+ */
+function latexPlain(text: string): string {
+  return text.replace(/\\\$/g, "$").replace(/\{,\}/g, ",").replace(/\\[,:;! ]/g, " ");
 }
 
 /** Whitespace, `$` on either side and a trailing period, removed until none is left (`$42$.` → `42`). */
