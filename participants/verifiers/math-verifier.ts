@@ -27,6 +27,8 @@ export function extractAnswer(text: string): string {
 const MAX_EXACT_DIGITS = 1000;
 /** Significant digits other numbers are compared to. */
 const SIGNIFICANT_DIGITS = 12;
+/** A rounded number is written in full only below 10^12, where its 12 significant digits reach the units digit. */
+const ROUNDED_PLAIN_BELOW_EXPONENT = BigInt(SIGNIFICANT_DIGITS);
 /** Longest fraction term computed with; a longer fraction is compared as text. */
 const MAX_FRACTION_DIGITS = 10_000;
 
@@ -125,7 +127,15 @@ function canonicalQuotient(numerator: string, denominator: string): string | und
 /**
  * The canonical text of ±0.`digits` × 10^`integerDigits` (`digits`: no leading or trailing zeros):
  * an integer of at most 1000 digits in full, anything else rounded half up to 12 significant digits
- * and written as JavaScript writes numbers (`0.5`, `1e-7`, `1.5e+25`).
+ * and written as JavaScript writes numbers (`0.5`, `1e-7`, `1.5e+25`), but in exponent notation from
+ * 10^12 up (`2.43290200818e+18`).
+ *
+ * That is what keeps a rounded number apart from the integers: below 10^12 the 12 digits reach the
+ * units digit, so at most one integer rounds to a value (`2.9999999999999` is `3`, floating-point
+ * noise) and writing it like that integer is right. From 10^12 up the rounding drops integer digits,
+ * a whole range of integers rounds to the value, and written in full it would equal just one of
+ * them, the one ending in zeros (20! + 0.5 equal to 2432902008180000000, 3,359,999.5 away, but not
+ * to 20!). In exponent notation it equals none: an integer of up to 1000 digits is written in full.
  */
 function canonicalNumber(negative: boolean, digits: string, integerDigits: bigint): string {
   const sign = negative ? "-" : "";
@@ -139,7 +149,7 @@ function canonicalNumber(negative: boolean, digits: string, integerDigits: bigin
   }
   kept = kept.slice(0, lastNonZero(kept) + 1);
   const exponent = point - 1n;
-  if (exponent >= -6n && exponent < 21n) {
+  if (exponent >= -6n && exponent < ROUNDED_PLAIN_BELOW_EXPONENT) {
     const at = Number(point);
     if (at <= 0) return `${sign}0.${"0".repeat(-at)}${kept}`;
     if (at < kept.length) return `${sign}${kept.slice(0, at)}.${kept.slice(at)}`;
