@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { CheckpointError, canonicalJson } from "../../protocol/index.js";
 import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sandbox/run-sandboxed.js";
+import { submittedCode } from "./code-block.js";
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
 export const MAX_CASES = 100;
@@ -24,28 +25,6 @@ const CodeVerifyBodySchema = z
   })
   .strict();
 
-/** The submitted code as the answer: the first fenced code block if there is one. */
-export function extractCode(answer: string): string {
-  // Not /```(?:javascript|js)?\s*\n([\s\S]*?)```/: after an unclosed fence it backtracked over the
-  // whitespace run, scanning the rest of the answer once per newline (a second per 100,000
-  // characters, in this process's only thread). An opening is a fence, its tag, then whitespace
-  // holding a newline: the code starts after the run's last newline and ends at the next fence.
-  const opening = /```(?:javascript|js)?(\s*)/g;
-  for (let match = opening.exec(answer); match; match = opening.exec(answer)) {
-    const space = match[1]!;
-    const newline = space.lastIndexOf("\n");
-    if (newline === -1) {
-      opening.lastIndex = match.index + 1;
-      continue;
-    }
-    const start = match.index + match[0].length - space.length + newline + 1;
-    const end = answer.indexOf("```", start);
-    // No later opening can close either: none starts inside this one.
-    return end === -1 ? answer : answer.slice(start, end);
-  }
-  return answer;
-}
-
 /**
  * Runs a submitted JavaScript function against test cases in a sandboxed child process
  * (see run-sandboxed.ts for the limits). Reward = fraction of cases whose JSON result equals
@@ -67,8 +46,10 @@ export class CodeVerifier extends VerifierServer {
     if (tooLong !== -1) {
       throw new CheckpointError("invalid_request", `task.tests[${tooLong}].expected is longer than ${this.limits.maxCaseOutputChars} characters as JSON`);
     }
+    const submitted = submittedCode(answer);
+    if ("language" in submitted) return { reward: 0, status: "unsupported_language", language: submitted.language, passed: 0, total: task.tests.length };
     const outcome = await runSandboxed(
-      { mode: "function", code: extractCode(answer), function_name: task.function_name, cases: task.tests.map((t) => ({ args: t.args })) },
+      { mode: "function", code: submitted.code, function_name: task.function_name, cases: task.tests.map((t) => ({ args: t.args })) },
       this.limits,
       signal,
     );

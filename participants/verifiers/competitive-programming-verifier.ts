@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sandbox/run-sandboxed.js";
-import { extractCode, MAX_CASES } from "./code-verifier.js";
+import { MAX_CASES } from "./code-verifier.js";
+import { submittedCode } from "./code-block.js";
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
 /** An expected output longer than the sandbox lets a case print could never pass: such a task is refused. */
@@ -44,7 +45,9 @@ export class CompetitiveProgrammingVerifier extends VerifierServer {
 
   async verify(body: unknown, _request?: unknown, signal?: AbortSignal): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(this.schema, body);
-    const outcome = await runSandboxed({ mode: "stdio", code: extractCode(answer), cases: task.cases.map((c) => ({ input: c.input })) }, this.limits, signal);
+    const submitted = submittedCode(answer);
+    if ("language" in submitted) return { reward: 0, status: "unsupported_language", language: submitted.language, passed: 0, total: task.cases.length };
+    const outcome = await runSandboxed({ mode: "stdio", code: submitted.code, cases: task.cases.map((c) => ({ input: c.input })) }, this.limits, signal);
     if (outcome.status !== "completed") return { reward: 0, status: outcome.status, passed: 0, total: task.cases.length };
     let passed = 0;
     const verdicts = outcome.results.map((result, index) => {
