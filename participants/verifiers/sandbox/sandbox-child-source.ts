@@ -84,6 +84,11 @@ function prelude(input, keep) {
     "globalThis.input = " + JSON.stringify(input) + ";",
     "const __lines = globalThis.input.split('\\n'); let __line = 0;",
     "globalThis.readLine = () => (__line < __lines.length ? __lines[__line++] : undefined);",
+    // A function's result as JSON, or -2 when it holds NaN or ±Infinity, which JSON.stringify writes
+    // as null (a function answering 0/0 passed a case expecting null). Made before the submission runs.
+    "const __encode = ((stringify) => (value) => { let nonFinite = false;",
+    "  const text = stringify(value, (key, v) => { if (typeof v === 'number' && v - v !== 0) nonFinite = true; return v; });",
+    "  return nonFinite ? -2 : text; })(JSON.stringify);",
     "new Error('import() is not available in the sandbox');",
   ].join("\n");
 }
@@ -159,10 +164,11 @@ function runCase(job, script, testCase) {
     importDenied = vm.runInContext(prelude(stdio ? testCase.input : "", stdio ? job.max_case_output_chars : -1), context, options());
     script.runInContext(context, options());
     const tail = job.mode === "function"
-      ? "JSON.stringify(" + job.function_name + "(..." + literal(testCase.args) + "))"
+      ? "__encode(" + job.function_name + "(..." + literal(testCase.args) + "))"
       : "__out.over ? -1 : __out.lines.join('\\n')";
     const output = vm.runInContext(tail, context, options());
     if (stdio && output === -1) return { status: "output_limit" };
+    if (!stdio && output === -2) return { status: "error", error: "the function returned NaN or Infinity, which JSON cannot encode" };
     if (typeof output !== "string") return { status: "error", error: "the function returned nothing JSON can encode" };
     // Never compare a cut output: a case that printed more than the limit fails as such.
     if (output.length > job.max_case_output_chars) return { status: "output_limit" };
