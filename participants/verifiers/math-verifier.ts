@@ -48,9 +48,11 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
  * 20! + 1 would equal 20! — and other numbers to 12 significant digits, in decimal arithmetic.
  */
 export function normalizeAnswer(text: string): string {
-  let value = stripDecoration(latexPlain(extractAnswer(text))).replace(/\s+/g, "");
-  // A leading group of zeros is no thousands grouping ("0,001" read as 1 is a decimal comma's 0.001).
-  if (/^-?[1-9]\d{0,2}(,\d{3})+(\.\d+)?$/.test(value)) value = value.replace(/,/g, "");
+  const spaced = stripDecoration(latexPlain(extractAnswer(text)));
+  let value = spaced.replace(/\s+/g, "");
+  // A leading group of zeros is no thousands grouping ("0,001" read as 1 is a decimal comma's 0.001),
+  // nor is a comma followed by spacing, which separates list items ("2, 345" is two numbers, not 2345).
+  if (/^-?[1-9]\d{0,2}(,\d{3})+(\.\d+)?$/.test(value) && !/,\s/.test(spaced)) value = value.replace(/,/g, "");
   const fraction = /^(-?\d+)\/(\d+)$/.exec(value)?.slice(1) ?? signedLatexFraction(value);
   const quotient = fraction ? canonicalQuotient(fraction[0]!, fraction[1]!) : undefined;
   if (quotient !== undefined) return quotient;
@@ -74,11 +76,11 @@ function signedLatexFraction(value: string): [string, string] | undefined {
 
 /**
  * LaTeX's other spellings of what the rules below read: `\$` is a dollar sign, `{,}` a comma (the
- * thousands separator of `1{,}000`), and the spacing commands `\,` `\:` `\;` `\!` and `\ ` are
- * spacing (`10,\!000`, `1\,000`), removed like spaces.
+ * thousands separator of `1{,}000`), the spacing commands `\,` `\:` `\;` and `\ ` are spacing
+ * (`1\,000`), removed like spaces, and the negative thin space `\!` is none (`10,\!000`).
  */
 function latexPlain(text: string): string {
-  return text.replace(/\\\$/g, "$").replace(/\{,\}/g, ",").replace(/\\[,:;! ]/g, " ");
+  return text.replace(/\\\$/g, "$").replace(/\{,\}/g, ",").replace(/\\!/g, "").replace(/\\[,:; ]/g, " ");
 }
 
 /** Whitespace, `$` on either side and a trailing period, removed until none is left (`$42$.` → `42`). */

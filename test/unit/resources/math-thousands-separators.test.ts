@@ -22,3 +22,18 @@ describe("math verifier: thousands separators", () => {
     expect(normalizeAnswer("0,001")).toBe("0,001");
   });
 });
+
+describe("math verifier: a comma followed by spacing", () => {
+  const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
+
+  it("separates list items, not thousands: '2, 345' is not 2345", async () => {
+    expect(await reward("2345", "\\boxed{2, 345}")).toBe(0);
+    expect(await reward("2, 345", "2345")).toBe(0);
+    expect(await reward("1000", "1,\\ 000")).toBe(0);
+    expect(await reward("2, 345", "\\boxed{2,345}")).toBe(0);
+    // A list still equals itself, spacing aside.
+    expect(await reward("2, 345", "\\boxed{2,  345}")).toBe(1);
+    // LaTeX's negative thin space is no spacing: 10,\!000 is ten thousand.
+    expect(await reward("10000", "10,\\!000")).toBe(1);
+  });
+});
