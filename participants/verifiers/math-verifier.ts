@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { CheckpointError } from "../../protocol/index.js";
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
 const MathVerifyBodySchema = z
@@ -164,7 +165,10 @@ function canonicalNumber(negative: boolean, digits: string, integerDigits: bigin
 export class MathVerifier extends VerifierServer {
   async verify(body: unknown): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(MathVerifyBodySchema, body);
+    const expected = normalizeAnswer(task.expected_answer);
+    // A missing answer sent as "" would reward every empty answer and no real one.
+    if (expected === "") throw new CheckpointError("invalid_request", "task.expected_answer is empty once normalized (only spacing, `$`, periods or an empty \\boxed{})");
     const extracted = normalizeAnswer(answer);
-    return { reward: extracted === normalizeAnswer(task.expected_answer) ? 1 : 0, extracted };
+    return { reward: extracted === expected ? 1 : 0, extracted };
   }
 }
