@@ -72,7 +72,10 @@ const denyImport = () => {
 // where printed output is never read). Past that nothing more is kept, so printing is bounded by the
 // output limit rather than by the heap (a run that printed more than its heap ended as memory_limit,
 // every case lost, however much of it a function mode submission's debug logging was).
-function prelude(input, keep) {
+// own: in function mode, the function's name: the prelude keeps what the name holds before the
+// submission runs, so a call that would reach the sandbox's own global (a task "implement parseInt"
+// or "eval" that the submission did not define) fails instead of passing with the built-in.
+function prelude(input, keep, own) {
   return [
     // A global that cannot be deleted fails every case (closed) rather than stay reachable.
     "{ const kept = new Set(" + JSON.stringify(KEPT) + ");",
@@ -89,6 +92,7 @@ function prelude(input, keep) {
     "const __encode = ((stringify) => (value) => { let nonFinite = false;",
     "  const text = stringify(value, (key, v) => { if (typeof v === 'number' && v - v !== 0) nonFinite = true; return v; });",
     "  return nonFinite ? -2 : text; })(JSON.stringify);",
+    own === undefined ? "" : "const __sandboxOwn = typeof " + own + " === 'undefined' ? undefined : " + own + ";",
     "new Error('import() is not available in the sandbox');",
   ].join("\n");
 }
@@ -161,14 +165,15 @@ function runCase(job, script, testCase) {
   };
   try {
     const stdio = job.mode === "stdio";
-    importDenied = vm.runInContext(prelude(stdio ? testCase.input : "", stdio ? job.max_case_output_chars : -1), context, options());
+    importDenied = vm.runInContext(prelude(stdio ? testCase.input : "", stdio ? job.max_case_output_chars : -1, stdio ? undefined : job.function_name), context, options());
     script.runInContext(context, options());
     const tail = job.mode === "function"
-      ? "__encode(" + job.function_name + "(..." + literal(testCase.args) + "))"
+      ? "(" + job.function_name + " === __sandboxOwn && __sandboxOwn !== undefined ? -3 : __encode(" + job.function_name + "(..." + literal(testCase.args) + ")))"
       : "__out.over ? -1 : __out.lines.join('\\n')";
     const output = vm.runInContext(tail, context, options());
     if (stdio && output === -1) return { status: "output_limit" };
     if (!stdio && output === -2) return { status: "error", error: "the function returned NaN or Infinity, which JSON cannot encode" };
+    if (!stdio && output === -3) return { status: "error", error: job.function_name + " is the sandbox's own global: the submission does not define it" };
     if (typeof output !== "string") return { status: "error", error: "the function returned nothing JSON can encode" };
     // Never compare a cut output: a case that printed more than the limit fails as such.
     if (output.length > job.max_case_output_chars) return { status: "output_limit" };
