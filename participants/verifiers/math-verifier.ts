@@ -26,10 +26,8 @@ export function extractAnswer(text: string): string {
 
 /** Longest integer compared digit for digit; a longer one falls back to the 12-significant-digit rule. */
 const MAX_EXACT_DIGITS = 1000;
-/** Significant digits other numbers are compared to. */
+/** Significant digits other numbers are compared to (never coarser than their first decimal). */
 const SIGNIFICANT_DIGITS = 12;
-/** A rounded number is written in full only below 10^12, where its 12 significant digits reach the units digit. */
-const ROUNDED_PLAIN_BELOW_EXPONENT = BigInt(SIGNIFICANT_DIGITS);
 /** Longest fraction term computed with; a longer fraction is compared as text. */
 const MAX_FRACTION_DIGITS = 10_000;
 
@@ -46,7 +44,8 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
 /**
  * Normalizes an answer: spacing, `$`, a trailing period, thousands separators, numbers and
  * fractions. Integers (also `2.5e3`, `4/2`) are compared exactly, digit for digit — as doubles,
- * 20! + 1 would equal 20! — and other numbers to 12 significant digits, in decimal arithmetic.
+ * 20! + 1 would equal 20! — and other numbers to 12 significant digits (never coarser than their
+ * first decimal), in decimal arithmetic.
  */
 export function normalizeAnswer(text: string): string {
   const spaced = stripDecoration(latexPlain(extractAnswer(text)));
@@ -117,8 +116,9 @@ function canonicalQuotient(numerator: string, denominator: string): string | und
   const negative = n < 0n;
   const magnitude = negative ? -n : n;
   if (magnitude === 0n) return "0";
-  // Enough digits of the quotient for the rounding digit: at least 14 whatever the terms' lengths.
-  const shift = Math.max(0, 14 + String(d).length - String(magnitude).length);
+  // Enough digits of the quotient for the rounding digit: at least 14 whatever the terms' lengths,
+  // and at least two decimals (a non-integer is never rounded coarser than its first).
+  const shift = Math.max(2, 14 + String(d).length - String(magnitude).length);
   const scaled = String((magnitude * 10n ** BigInt(shift)) / d);
   const exact = (magnitude * 10n ** BigInt(shift)) % d === 0n;
   const integerDigits = BigInt(scaled.length - shift);
@@ -128,37 +128,48 @@ function canonicalQuotient(numerator: string, denominator: string): string | und
 }
 
 /**
- * The canonical text of ±0.`digits` × 10^`integerDigits` (`digits`: no leading or trailing zeros):
- * an integer of at most 1000 digits in full, anything else rounded half up to 12 significant digits
- * and written as JavaScript writes numbers (`0.5`, `1e-7`, `1.5e+25`), but in exponent notation from
- * 10^12 up (`2.43290200818e+18`).
- *
- * That is what keeps a rounded number apart from the integers: below 10^12 the 12 digits reach the
- * units digit, so at most one integer rounds to a value (`2.9999999999999` is `3`, floating-point
- * noise) and writing it like that integer is right. From 10^12 up the rounding drops integer digits,
- * a whole range of integers rounds to the value, and written in full it would equal just one of
- * them, the one ending in zeros (20! + 0.5 equal to 2432902008180000000, 3,359,999.5 away, but not
- * to 20!). In exponent notation it equals none: an integer of up to 1000 digits is written in full.
+ * The canonical text of ±0.`digits` × 10^`integerDigits` (`digits`: no leading or trailing zeros),
+ * written as JavaScript writes numbers (`0.5`, `1e-7`, `1.5e+25`):
+ *   - an integer of at most 1000 digits in full, digit for digit;
+ *   - a longer integer rounded half up to 12 significant digits;
+ *   - any other number rounded half up to 12 significant digits, but never coarser than its first
+ *     decimal: 12 significant digits absorb floating-point noise (`2.9999999999999` is 3,
+ *     `0.30000000000000004` is 0.3), and no integer digit is ever rounded away. At 12 digits alone
+ *     20! + 0.5 read as 2432902008180000000 and equalled that integer (3,359,999.5 away), or any
+ *     number that far off, while 20! itself, 0.5 away, did not. A number that rounds to an
+ *     integer is written as that integer is (so it equals it: within 0.05 at most from 10^11 up).
  */
 function canonicalNumber(negative: boolean, digits: string, integerDigits: bigint): string {
   const sign = negative ? "-" : "";
-  if (integerDigits >= BigInt(digits.length) && integerDigits <= BigInt(MAX_EXACT_DIGITS)) return sign + digits + "0".repeat(Number(integerDigits) - digits.length);
-  let kept = digits.slice(0, SIGNIFICANT_DIGITS);
+  const integer = integerDigits >= BigInt(digits.length);
+  if (integer && integerDigits <= BigInt(MAX_EXACT_DIGITS)) return sign + digits + "0".repeat(Number(integerDigits) - digits.length);
+  // A non-integer has fewer integer digits than digits (at most 100,000): Number() is exact.
+  const keep = integer ? SIGNIFICANT_DIGITS : Math.max(SIGNIFICANT_DIGITS, Number(integerDigits) + 1);
+  let kept = digits.slice(0, keep);
   let point = integerDigits;
-  if (digits.length > SIGNIFICANT_DIGITS && digits[SIGNIFICANT_DIGITS]! >= "5") {
-    const rounded = String(BigInt(kept) + 1n);
-    if (rounded.length > kept.length) point += 1n; // 999… rounded up to 1000…
-    kept = rounded;
+  if (digits.length > keep && digits[keep]! >= "5") {
+    // Half up, in the digit string (a BigInt of 100,000 digits would be slow to write back).
+    const last = lastNotNine(kept);
+    if (last === -1) (kept = "1"), (point += 1n); // 999… rounded up to 1000…
+    else kept = kept.slice(0, last) + String(Number(kept[last]) + 1);
   }
   kept = kept.slice(0, lastNonZero(kept) + 1);
+  // Rounded to an integer: written as that integer is, so the two are equal.
+  if (!integer && point >= BigInt(kept.length)) return canonicalNumber(negative, kept, point);
   const exponent = point - 1n;
-  if (exponent >= -6n && exponent < ROUNDED_PLAIN_BELOW_EXPONENT) {
+  if (exponent >= -6n && exponent < 21n) {
     const at = Number(point);
     if (at <= 0) return `${sign}0.${"0".repeat(-at)}${kept}`;
     if (at < kept.length) return `${sign}${kept.slice(0, at)}.${kept.slice(at)}`;
     return sign + kept + "0".repeat(at - kept.length);
   }
   return `${sign}${kept[0]}${kept.length > 1 ? `.${kept.slice(1)}` : ""}e${exponent > 0n ? "+" : "-"}${exponent < 0n ? -exponent : exponent}`;
+}
+
+function lastNotNine(digits: string): number {
+  let i = digits.length - 1;
+  while (i >= 0 && digits[i] === "9") i -= 1;
+  return i;
 }
 
 /** Exact-answer math: reward 1 when the normalized answer equals the normalized expected answer. */
