@@ -8,12 +8,17 @@ import { connect, headers, type Msg, type NatsConnection } from "@nats-io/transp
 import { pino } from "pino";
 import {
   HEADER_AUTHORIZATION,
+  HEADER_SENT_AT,
   MANIFEST_SCHEMA_VERSION,
+  MEMBER_HEARTBEAT_MS,
+  NATS_OP_REPLY_PREFIX,
   PREPARE_STAGES,
   PROTOCOL_VERSION,
   RESUME_STAGES,
+  formatSentAt,
   participantSubject,
   sha256Hex,
+  type CtlReplyOf,
   type Kind,
 } from "../protocol/index.js";
 import { NatsControllerClient } from "../coordinator/client/nats-controller-client.js";
@@ -34,6 +39,8 @@ const ROUNDS: Record<number, number> = { 4: 300, 64: 150, 256: 60 };
 const WARMUP = 15;
 const TOKEN = "bench-token";
 const KINDS: Kind[] = ["environment", "model", "agent", "resources"];
+/** Every responder's registry incarnation; the engine names it in each prepare, commit and resume. */
+const INCARNATION = "bench";
 
 export interface Member {
   kind: Kind;
@@ -104,20 +111,47 @@ function serve(nc: NatsConnection, deployment: string, members: Member[]): () =>
   return () => subs.forEach((s) => s.unsubscribe());
 }
 
-/** The floor: the same staged pattern of directed requests, nothing else. Returns its split (ms). */
-export async function floorRound(nc: NatsConnection, deployment: string, members: Member[], id: string): Promise<{ prepare: number; commit: number; resume: number }> {
-  const h = headers();
-  h.set(HEADER_AUTHORIZATION, `Bearer ${TOKEN}`);
-  const send = (m: Member, op: "prepare" | "commit" | "resume", body: unknown) =>
-    nc.request(participantSubject(deployment, m.kind, m.instance, op), JSON.stringify(body), { timeout: 10_000, headers: h }).then((r) => r.json());
-  const common = { checkpoint_id: id, deadline_ts: Date.now() / 1000 + 30, epoch: 1 };
+/**
+ * The floor: the same staged pattern of directed requests, nothing else. Its messages are the
+ * engine's, field for field: the same bodies (the member's incarnation, the checkpoint's directory
+ * under the same root), the same headers (the token and the send time) and replies under the same
+ * prefix (the floor's connection takes it as its inbox prefix). Returns its split (ms).
+ */
+export async function floorRound(world: Pick<World, "fnc" | "deployment" | "members" | "checkpointRoot">, id: string): Promise<{ prepare: number; commit: number; resume: number }> {
+  const { fnc, deployment, members } = world;
+  const send = (m: Member, op: "prepare" | "commit" | "resume", body: unknown) => {
+    const h = headers();
+    h.set(HEADER_AUTHORIZATION, `Bearer ${TOKEN}`);
+    h.set(HEADER_SENT_AT, formatSentAt(Date.now()));
+    return fnc.request(participantSubject(deployment, m.kind, m.instance, op), JSON.stringify(body), { timeout: 10_000, headers: h }).then((r) => r.json());
+  };
+  const common = { checkpoint_id: id, deadline_ts: Date.now() / 1000 + 60, epoch: 1 };
+  const guarded = { ...common, incarnation: INCARNATION };
+  const commit = { ...common, checkpoint_dir: join(world.checkpointRoot, id), episode_ids: null, stop: false, incarnation: INCARNATION };
   const t0 = performance.now();
-  for (const stage of PREPARE_STAGES) await Promise.all(members.filter((m) => stage.includes(m.kind)).map((m) => send(m, "prepare", common)));
+  for (const stage of PREPARE_STAGES) await Promise.all(members.filter((m) => stage.includes(m.kind)).map((m) => send(m, "prepare", guarded)));
   const t1 = performance.now();
-  await Promise.all(members.map((m) => send(m, "commit", { ...common, checkpoint_dir: "/tmp/x", episode_ids: null, stop: false })));
+  await Promise.all(members.map((m) => send(m, "commit", commit)));
   const t2 = performance.now();
-  for (const stage of RESUME_STAGES) await Promise.all(members.filter((m) => stage.includes(m.kind)).map((m) => send(m, "resume", common)));
+  for (const stage of RESUME_STAGES) await Promise.all(members.filter((m) => stage.includes(m.kind)).map((m) => send(m, "resume", guarded)));
   return { prepare: t1 - t0, commit: t2 - t1, resume: performance.now() - t2 };
+}
+
+/**
+ * A checkpoint that every member took part in, or an error: one the registry no longer listed (its
+ * entry expired, say) would be left out without a refusal, and the checkpoint timed against the
+ * floor's N would have fewer participants.
+ */
+export function assertAllTookPart(world: Pick<World, "members">, reply: CtlReplyOf<"checkpoint">): CtlReplyOf<"checkpoint"> {
+  if (reply.participants !== world.members.length || reply.resume_failures.length > 0) {
+    throw new Error(`checkpoint ${reply.checkpoint_id} had ${reply.participants} of ${world.members.length} participants (${reply.resume_failures.length} failed to resume): not comparable with the floor`);
+  }
+  return reply;
+}
+
+/** One checkpoint through the controller API, checked to have had every member. */
+export async function checkpointRound(world: Pick<World, "client" | "members">, id: string): Promise<CtlReplyOf<"checkpoint">> {
+  return assertAllTookPart(world, await world.client.checkpoint({ checkpoint_id: id }));
 }
 
 /** CPU time (ms) of this process, user + system, and system alone. */
@@ -194,70 +228,77 @@ async function spawnResponders(url: string, deployment: string, n: number): Prom
 
 async function respondersMain(): Promise<void> {
   const nc = await connect({ servers: process.env.COORD_BENCH_URL! });
-  serve(nc, process.env.COORD_BENCH_DEPLOYMENT!, membersFor(Number(process.env.COORD_BENCH_N)));
+  const deployment = process.env.COORD_BENCH_DEPLOYMENT!;
+  const members = membersFor(Number(process.env.COORD_BENCH_N));
+  serve(nc, deployment, members);
   await nc.flush();
+  // Their registry entries, renewed every MEMBER_HEARTBEAT_MS as participants renew theirs, from
+  // their own process: the registry drops an entry MEMBER_TTL_MS after its last renewal, and a
+  // checkpoint then goes ahead without that member (assertAllTookPart stops the run instead).
+  const kv = await openMembersBucket(nc, deployment);
+  const startedAt = Date.now() / 1000;
+  const heartbeat = async () => {
+    const now = Date.now() / 1000;
+    for (const m of members) {
+      await kv.put(`${m.kind}.${m.instance}`, JSON.stringify({ ...m, incarnation: INCARNATION, started_at: startedAt, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
+    }
+  };
+  await heartbeat();
+  const renew = (): unknown => setTimeout(() => void heartbeat().then(renew, (error: unknown) => console.error("responders: heartbeat failed", error)), MEMBER_HEARTBEAT_MS);
+  renew();
   process.stdout.write("ready\n");
   process.once("SIGTERM", () => void nc.close().then(() => process.exit(0)));
 }
 
-/** One size's setup: responders, their registry entries, a coordinator daemon, and the two client connections. */
+/** One size's setup: responders, their registry entries (renewed as participants renew theirs), a coordinator daemon, and the two client connections. */
 export interface World {
   deployment: string;
   members: Member[];
+  /** The coordinator's checkpoint root. */
+  checkpointRoot: string;
   coordinator: CoordinatorHandle;
   /** The controller client (checkpoints) and the floor's connection. */
   client: NatsControllerClient;
   fnc: NatsConnection;
   responders: ChildProcess;
-  /** Renews every member's registry entry (the registry drops one 15 s after its last). */
-  heartbeat(): Promise<void>;
   close(): Promise<void>;
 }
 
 export async function startWorld(url: string, checkpointRoot: string, deployment: string, n: number): Promise<World> {
   const members = membersFor(n);
-  const pnc = await connect({ servers: url });
-  // Same client options as the coordinator daemon's own connection.
-  const cnc = await connect({ servers: url, noAsyncTraces: true });
-  const fnc = await connect({ servers: url, noAsyncTraces: true });
-  const responders = await spawnResponders(url, deployment, n);
-  const kv = await openMembersBucket(pnc, deployment);
-  const startedAt = Date.now() / 1000;
-  const heartbeat = async () => {
-    const now = Date.now() / 1000;
-    for (const m of members) {
-      await kv.put(`${m.kind}.${m.instance}`, JSON.stringify({ ...m, incarnation: "bench", started_at: startedAt, heartbeat_at: now, protocol_version: PROTOCOL_VERSION }));
-    }
-    await pnc.flush();
+  // Whatever started is stopped again if a later step fails.
+  const undo: (() => Promise<unknown>)[] = [];
+  const close = async () => {
+    for (const step of undo.reverse()) await step().catch(() => undefined);
   };
-  await heartbeat();
-  const config = CoordinatorConfigSchema.parse({
-    deployment,
-    nats: { servers: url },
-    token: TOKEN,
-    checkpoint_root: checkpointRoot,
-    lease_ms: 1000,
-    http: { enabled: false, host: "127.0.0.1", port: 0 },
-    log_level: "silent",
-  });
-  // (the daemon connects with noAsyncTraces, like the floor connection)
-  const coordinator = await startCoordinator({ config, logger: pino({ level: "silent" }) });
-  await coordinator.whenReady();
-  const client = new NatsControllerClient({ nc: cnc, deployment, token: TOKEN });
-  return {
-    deployment,
-    members,
-    coordinator,
-    client,
-    fnc,
-    responders,
-    heartbeat,
-    async close() {
-      await coordinator.stop();
-      responders.kill("SIGTERM");
-      await Promise.all([pnc.close(), cnc.close(), fnc.close()]);
-    },
-  };
+  try {
+    const cnc = await connect({ servers: url, noAsyncTraces: true });
+    undo.push(() => cnc.close());
+    // The coordinator's participant replies come under NATS_OP_REPLY_PREFIX: the floor's do too.
+    const fnc = await connect({ servers: url, noAsyncTraces: true, inboxPrefix: NATS_OP_REPLY_PREFIX });
+    undo.push(() => fnc.close());
+    const respondersStarting = spawnResponders(url, deployment, n);
+    undo.push(async () => (await respondersStarting.catch(() => undefined))?.kill("SIGTERM"));
+    const responders = await respondersStarting;
+    const config = CoordinatorConfigSchema.parse({
+      deployment,
+      nats: { servers: url },
+      token: TOKEN,
+      checkpoint_root: checkpointRoot,
+      lease_ms: 1000,
+      http: { enabled: false, host: "127.0.0.1", port: 0 },
+      log_level: "silent",
+    });
+    // (the daemon connects with noAsyncTraces, like the floor connection)
+    const coordinator = await startCoordinator({ config, logger: pino({ level: "silent" }) });
+    undo.push(() => coordinator.stop());
+    await coordinator.whenReady();
+    const client = new NatsControllerClient({ nc: cnc, deployment, token: TOKEN });
+    return { deployment, members, checkpointRoot, coordinator, client, fnc, responders, close };
+  } catch (error) {
+    await close();
+    throw error;
+  }
 }
 
 export async function run(): Promise<void> {
@@ -269,60 +310,60 @@ export async function run(): Promise<void> {
   try {
     for (const n of SIZES) {
       const world = await startWorld(server.url, join(root, `bench${n}`), `bench${n}`, n);
-      const { deployment, members, client, fnc, heartbeat } = world;
-      const rounds = ROUNDS[n] ?? 50;
-      const full: number[] = [];
-      const parts = { prepare: [] as number[], commit: [] as number[], publish: [] as number[], resume: [] as number[] };
-      // Per round: the longer of publication and resume (they overlap).
-      const tails: number[] = [];
-      /** Per round, the checkpoint's time beyond the coordinator's own time for its phases. */
-      const outside: number[] = [];
-      const floor: number[] = [];
-      const floorParts = { prepare: [] as number[], commit: [] as number[], resume: [] as number[] };
-      // Interleave the two so both see the same machine state.
-      for (let i = 0; i < rounds + WARMUP; i++) {
-        let t = performance.now();
-        const reply = await client.checkpoint({ checkpoint_id: `c${n}-${i}` });
-        const a = performance.now() - t;
-        if (i >= WARMUP) {
-          const timings = reply.timings_ms;
-          for (const k of ["prepare", "commit", "publish", "resume"] as const) parts[k].push(timings[k]);
-          tails.push(Math.max(timings.publish, timings.resume));
-          outside.push(a - (timings.prepare + timings.commit + Math.max(timings.publish, timings.resume)));
+      try {
+        const rounds = ROUNDS[n] ?? 50;
+        const full: number[] = [];
+        const parts = { prepare: [] as number[], commit: [] as number[], publish: [] as number[], resume: [] as number[] };
+        // Per round: the longer of publication and resume (they overlap).
+        const tails: number[] = [];
+        /** Per round, the checkpoint's time beyond the coordinator's own time for its phases. */
+        const outside: number[] = [];
+        const floor: number[] = [];
+        const floorParts = { prepare: [] as number[], commit: [] as number[], resume: [] as number[] };
+        // Interleave the two so both see the same machine state.
+        for (let i = 0; i < rounds + WARMUP; i++) {
+          let t = performance.now();
+          const reply = await checkpointRound(world, `c${n}-${i}`);
+          const a = performance.now() - t;
+          if (i >= WARMUP) {
+            const timings = reply.timings_ms;
+            for (const k of ["prepare", "commit", "publish", "resume"] as const) parts[k].push(timings[k]);
+            tails.push(Math.max(timings.publish, timings.resume));
+            outside.push(a - (timings.prepare + timings.commit + Math.max(timings.publish, timings.resume)));
+          }
+          t = performance.now();
+          const floorSplit = await floorRound(world, `f${n}-${i}`);
+          const b = performance.now() - t;
+          if (i >= WARMUP) {
+            for (const k of ["prepare", "commit", "resume"] as const) floorParts[k].push(floorSplit[k]);
+            full.push(a);
+            floor.push(b);
+          }
         }
-        t = performance.now();
-        const floorSplit = await floorRound(fnc, deployment, members, `f${n}-${i}`);
-        const b = performance.now() - t;
-        if (i >= WARMUP) {
-          for (const k of ["prepare", "commit", "resume"] as const) floorParts[k].push(floorSplit[k]);
-          full.push(a);
-          floor.push(b);
-        }
+        // CPU per op, in blocks of their own after the latency rounds.
+        const pids = { server: server.pid, responders: world.responders.pid };
+        const cpuRounds = Math.min(rounds, 100);
+        const cpu = {
+          checkpoint: await cpuBlock(cpuRounds, pids, (i) => checkpointRound(world, `cpu${n}-${i}`)),
+          floor: await cpuBlock(cpuRounds, pids, (i) => floorRound(world, `cpuf${n}-${i}`)),
+        };
+        const medians = <K extends string>(byPart: Record<K, number[]>) => Object.fromEntries(Object.entries<number[]>(byPart).map(([k, v]) => [k, percentile(v, 50)])) as Record<K, number>;
+        const inside = medians(parts);
+        const floorInside = medians(floorParts);
+        const splitOf = (m: Record<string, number>) => Object.entries(m).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ");
+        const split = splitOf(inside);
+        const floorSplit = splitOf(floorInside);
+        const r = { split, floorSplit, inside, outside: percentile(outside, 50), tail: percentile(tails, 50), floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0, cpu };
+        r.ratio = r.p50 / r.f50;
+        results.push(r);
+        console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | inside the coordinator (p50 ms): ${split} | floor: ${floorSplit}`);
+        rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} | ${floorSplit} |`);
+        const { checkpoint: cc, floor: fc } = r.cpu;
+        const pair = (a: number, b: number) => `${a.toFixed(2)} / ${b.toFixed(2)}`;
+        cpuRows.push(`| ${n} | ${pair(cc.own, fc.own)} (system ${pair(cc.ownSystem, fc.ownSystem)}) | ${pair(cc.server, fc.server)} | ${pair(cc.responders, fc.responders)} | ${pair(cc.total, fc.total)} | ${cc.cores.toFixed(1)} / ${fc.cores.toFixed(1)} |`);
+      } finally {
+        await world.close();
       }
-      // CPU per op, in blocks of their own after the latency rounds (heartbeats renewed first: the
-      // registry drops a member 15 s after its last one).
-      await heartbeat();
-      const pids = { server: server.pid, responders: world.responders.pid };
-      const cpuRounds = Math.min(rounds, 100);
-      const cpu = {
-        checkpoint: await cpuBlock(cpuRounds, pids, (i) => client.checkpoint({ checkpoint_id: `cpu${n}-${i}` })),
-        floor: await cpuBlock(cpuRounds, pids, (i) => floorRound(fnc, deployment, members, `cpuf${n}-${i}`)),
-      };
-      await world.close();
-      const medians = <K extends string>(byPart: Record<K, number[]>) => Object.fromEntries(Object.entries<number[]>(byPart).map(([k, v]) => [k, percentile(v, 50)])) as Record<K, number>;
-      const inside = medians(parts);
-      const floorInside = medians(floorParts);
-      const splitOf = (m: Record<string, number>) => Object.entries(m).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ");
-      const split = splitOf(inside);
-      const floorSplit = splitOf(floorInside);
-      const r = { split, floorSplit, inside, outside: percentile(outside, 50), tail: percentile(tails, 50), floorInside, n, p50: percentile(full, 50), p99: percentile(full, 99), f50: percentile(floor, 50), f99: percentile(floor, 99), ratio: 0, cpu };
-      r.ratio = r.p50 / r.f50;
-      results.push(r);
-      console.log(`${n} participants: checkpoint p50 ${r.p50.toFixed(2)} ms p99 ${r.p99.toFixed(2)} ms | floor p50 ${r.f50.toFixed(2)} ms p99 ${r.f99.toFixed(2)} ms | ratio ${r.ratio.toFixed(2)}× | inside the coordinator (p50 ms): ${split} | floor: ${floorSplit}`);
-      rows.push(`| ${n} | ${r.p50.toFixed(2)} | ${r.p99.toFixed(2)} | ${r.f50.toFixed(2)} | ${r.f99.toFixed(2)} | ${r.ratio.toFixed(2)}× | ${split} | ${floorSplit} |`);
-      const { checkpoint: cc, floor: fc } = r.cpu;
-      const pair = (a: number, b: number) => `${a.toFixed(2)} / ${b.toFixed(2)}`;
-      cpuRows.push(`| ${n} | ${pair(cc.own, fc.own)} (system ${pair(cc.ownSystem, fc.ownSystem)}) | ${pair(cc.server, fc.server)} | ${pair(cc.responders, fc.responders)} | ${pair(cc.total, fc.total)} | ${cc.cores.toFixed(1)} / ${fc.cores.toFixed(1)} |`);
     }
   } finally {
     await server.dispose();
@@ -346,8 +387,8 @@ export async function run(): Promise<void> {
     "coordinator",
     `## Coordinator: full checkpoint vs raw NATS request floor
 
-Machine: ${machine()}. Command: \`npm run bench -- coordinator\` (sizes via \`COORD_BENCH_SIZES\`). nats-server 2.9 on 127.0.0.1.
-A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemon → reply): prepare in 4 stages, the journal entry written beside the first and acknowledged before the second → journal(decided) → commit to all, while LATEST's temp file is written and fsynced → side by side: the resume in 4 stages, and checkpoint.json (temp file, rename; its fsync and the directory's wait in the thread pool) → LATEST renamed (the one it replaces kept by a link in the trash, so the rename frees no inode; that link and the root's fsync go in the background; the journal entry stays until it is done) → retention (old checkpoints renamed away; their files are removed in the background). Participants are lightweight responders (empty records) in a separate Node process, as participants would be; the coordinator daemon and the floor client share the benchmark process, and one nats-server serves both. The floor is the same staged pattern (4 prepare stages, commit to all, 4 resume stages) as bare \`nc.request\` calls to the same responders, on a connection with the same options, interleaved round by round with the checkpoints. The machine is shared (load average ${loadavg()[0]!.toFixed(1)} at the end of the run), so p99s are noisy; ratios are side by side.
+Machine: ${machine()}. Command: \`npm run bench -- coordinator-checkpoint\` (sizes via \`COORD_BENCH_SIZES\`). nats-server 2.9 on 127.0.0.1.
+A full checkpoint = the \`checkpoint\` controller op over NATS (client → daemon → reply): prepare in 4 stages, the journal entry written beside the first and acknowledged before the second → journal(decided) → commit to all, while LATEST's temp file is written and fsynced → side by side: the resume in 4 stages, and checkpoint.json (temp file, rename; its fsync and the directory's wait in the thread pool) → LATEST renamed (the one it replaces kept by a link in the trash, so the rename frees no inode; that link and the root's fsync go in the background; the journal entry stays until it is done) → retention (old checkpoints renamed away; their files are removed in the background). Participants are lightweight responders (empty records) in a separate Node process, as participants would be, which also renews their registry entries every 5 s as participants do (every checkpoint is checked to have had all N: one the registry stopped listing would be left out without a refusal, and the run stops instead); the coordinator daemon and the floor client share the benchmark process, and one nats-server serves both. The floor is the same staged pattern (4 prepare stages, commit to all, 4 resume stages) as bare \`nc.request\` calls to the same responders, with the engine's messages (the same body fields, the member's incarnation and the checkpoint directory under the same root included, the same headers, replies under the same prefix), on a connection with the same options, interleaved round by round with the checkpoints. The machine is shared (load average ${loadavg()[0]!.toFixed(1)} at the end of the run), so p99s are noisy; ratios are side by side.
 
 | participants | checkpoint p50 (ms) | p99 (ms) | floor p50 (ms) | floor p99 (ms) | ratio p50 | split inside the coordinator, p50 (ms; publish and resume overlap) | floor split, p50 (ms) |
 | --- | --- | --- | --- | --- | --- | --- | --- |

@@ -7,7 +7,7 @@ import { KvDecisionJournal } from "../coordinator/ha/decision-journal.js";
 import { NatsServerProcess } from "../coordinator/local/nats-server-process.js";
 import { GlobalManifestWriter, type PublishInput } from "../coordinator/publication/global-manifest-writer.js";
 import { machine, percentile, writeSection } from "./bench-report.js";
-import { floorRound, startWorld, type World } from "./coordinator-checkpoint.js";
+import { assertAllTookPart, checkpointRound, floorRound, startWorld, type World } from "./coordinator-checkpoint.js";
 
 /**
  * Where the coordinator's ratio to the request floor goes at a small size: the same interleaved
@@ -75,18 +75,16 @@ async function measure(world: World, variant: Variant, index: number): Promise<{
     for (let i = 0; i < ROUNDS + WARMUP; i++) {
       const id = `fixed-${index}-${i}`;
       let t = performance.now();
-      if (variant.direct) await world.coordinator.engine.checkpoint({ checkpoint_id: id, episode_ids: null, stop: false, controller_state: null });
-      else await world.client.checkpoint({ checkpoint_id: id });
+      if (variant.direct) assertAllTookPart(world, await world.coordinator.engine.checkpoint({ checkpoint_id: id, episode_ids: null, stop: false, controller_state: null }));
+      else await checkpointRound(world, id);
       const a = performance.now() - t;
       t = performance.now();
-      await floorRound(world.fnc, world.deployment, world.members, `floor-${id}`);
+      await floorRound(world, `floor-${id}`);
       const b = performance.now() - t;
       if (i >= WARMUP) {
         checkpoints.push(a);
         floors.push(b);
       }
-      // The registry drops a member 15 s after its last heartbeat.
-      if (i % 100 === 99) await world.heartbeat();
     }
   } finally {
     restore();
