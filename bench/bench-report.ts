@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
 import { existsSync } from "node:fs";
 import { readFile, writeFile } from "node:fs/promises";
@@ -18,6 +19,15 @@ export function machine(): string {
   const cpu = cpus()[0]?.model ?? "unknown CPU";
   return `${cpu}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}, ${process.platform}`;
 }
+
+/** Clock ticks per second of /proc's CPU times (USER_HZ), 100 where getconf cannot tell. */
+export const CLOCK_TICKS = (() => {
+  try {
+    return Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100;
+  } catch {
+    return 100;
+  }
+})();
 
 export function percentile(values: number[], p: number): number {
   if (values.length === 0) return NaN;

@@ -3,7 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { connect, headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
 import { pino } from "pino";
 import {
@@ -26,7 +26,7 @@ import { CoordinatorConfigSchema } from "../coordinator/config/coordinator-confi
 import { startCoordinator, type CoordinatorHandle } from "../coordinator/daemon/coordinator-daemon.js";
 import { NatsServerProcess } from "../coordinator/local/nats-server-process.js";
 import { openMembersBucket } from "../coordinator/membership/members-bucket.js";
-import { machine, percentile, writeSection } from "./bench-report.js";
+import { CLOCK_TICKS, machine, percentile, writeSection } from "./bench-report.js";
 
 /**
  * A full checkpoint (prepare + commit + publish + resume, empty records) through the coordinator
@@ -170,14 +170,6 @@ function processCpuMs(pid: number | undefined): number {
   }
 }
 
-/** Clock ticks per second of /proc's CPU times (USER_HZ), 100 where getconf cannot tell. */
-const CLOCK_TICKS = (() => {
-  try {
-    return Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100;
-  } catch {
-    return 100;
-  }
-})();
 
 /** CPU per op (ms) of this process, nats-server and the responders, and the cores they kept busy. */
 interface CpuPerOp {

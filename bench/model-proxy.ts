@@ -7,7 +7,7 @@ import path, { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { NatsServerProcess } from "../coordinator/local/nats-server-process.js";
-import { machine, percentile, writeSection } from "./bench-report.js";
+import { CLOCK_TICKS, machine, percentile, writeSection } from "./bench-report.js";
 
 /**
  * Attach-proxy overhead: streamed chat completions at 64 concurrent streams against the reference
@@ -82,15 +82,18 @@ function waitReady(child: ChildProcess, what: string): Promise<{ child: ChildPro
   });
 }
 
-function spawnReady(entry: string, args: string[]): Promise<{ child: ChildProcess; url: string }> {
-  return waitReady(spawn(process.execPath, [join(participantsDir, entry), ...args], { stdio: ["ignore", "pipe", "inherit"] }), entry);
+/** Started into `children` at once: one that never reports ready is killed with the rest. */
+function spawnReady(children: ChildProcess[], entry: string, args: string[]): Promise<{ child: ChildProcess; url: string }> {
+  const child = spawn(process.execPath, [join(participantsDir, entry), ...args], { stdio: ["ignore", "pipe", "inherit"] });
+  children.push(child);
+  return waitReady(child, entry);
 }
 
 /** CPU milliseconds a child used so far (Linux /proc), or null elsewhere. */
 function cpuMs(child: ChildProcess): number | null {
   try {
     const fields = readFileSync(`/proc/${child.pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-    return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS;
   } catch {
     return null;
   }
@@ -179,10 +182,8 @@ async function measure(pace: Pace, natsUrl: string, dir: string): Promise<PaceRe
   const children: ChildProcess[] = [];
   try {
     const common = (instance: string) => ["--nats", natsUrl, "--deployment", `benchmodel-${pace.name}`, "--instance", instance, "--token", "bench-token", "--port", "0"];
-    const backend = await spawnReady("gym/policy-backend/main.js", [...common("policy_backend"), "--token-delay-ms", String(pace.tokenDelayMs)]);
-    children.push(backend.child);
-    const proxy = await spawnReady("attach/main.js", [...common("policy_model"), "--upstream", `${backend.url}/v1`, "--ledger-dir", join(dir, pace.name, "ledger")]);
-    children.push(proxy.child);
+    const backend = await spawnReady(children, "gym/policy-backend/main.js", [...common("policy_backend"), "--token-delay-ms", String(pace.tokenDelayMs)]);
+    const proxy = await spawnReady(children, "attach/main.js", [...common("policy_model"), "--upstream", `${backend.url}/v1`, "--ledger-dir", join(dir, pace.name, "ledger")]);
     const bareChild = spawn(process.execPath, ["--input-type=module", "-e", BARE_PROXY], { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, BARE_UPSTREAM: backend.url } });
     children.push(bareChild);
     const bare = await waitReady(bareChild, "bare proxy");
