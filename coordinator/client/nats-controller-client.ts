@@ -1,5 +1,5 @@
 import { context } from "@opentelemetry/api";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { errors, type NatsConnection } from "@nats-io/transport-node";
 import { CheckpointError, controllerSubject, type ControllerOp, type FirstConnectFailure, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { Cancellation } from "../engine/cancellation.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
@@ -66,6 +66,12 @@ export class NatsControllerClient extends ControllerClient {
         // The controller's own span (if any) becomes the parent of the coordinator's.
         return decodeControllerReply(op, await reply);
       } catch (error) {
+        // nats.js refused to send on a connection closed or draining (thrown before anything left):
+        // no coordinator can be asked through it, now or later, so not retried.
+        if (error instanceof errors.ClosedConnectionError || error instanceof errors.DrainingConnectionError) {
+          const how = error instanceof errors.ClosedConnectionError ? "closed" : "draining";
+          throw new CheckpointError("not_leader", `the controller's NATS connection is ${how}: no coordinator can be asked through it; nothing was sent on ${subject}`);
+        }
         const noLeader = error instanceof NoRespondersFailure || (error instanceof CheckpointError && error.code === "not_leader");
         if (noLeader && performance.now() < waitUntil) {
           await new Promise((resolve) => setTimeout(resolve, 100));

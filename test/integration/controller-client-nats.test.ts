@@ -623,3 +623,31 @@ describe("NATS controller client whose NATS goes away for good", () => {
     }
   });
 });
+
+describe("NATS controller client on a connection already closed", () => {
+  // nats.js throws its own ClosedConnectionError (or DrainingConnectionError) before anything is
+  // sent: it reached the caller as is, no CheckpointError and no catalog code (internal_error for
+  // the CLI's and collector's error mapping, "report a bug").
+  it.each(["closed", "draining"])("an op sent on a %s connection is not_leader at once (nothing was sent), not a raw nats.js error, and not retried for the leader wait", async (how) => {
+    const clientNc = await nats.connect();
+    const received: Msg[] = [];
+    const sub = nats.nc.subscribe(controllerSubject("closed-conn", "status"), { callback: (_e, msg) => void received.push(msg) });
+    await nats.nc.flush();
+    try {
+      if (how === "closed") await clientNc.close();
+      else void clientNc.drain();
+      const started = performance.now();
+      const settled = await new NatsControllerClient({ nc: clientNc, deployment: "closed-conn", token: "ctl-token", leaderWaitMs: 5_000 }).status().then(
+        () => "answered",
+        (error: unknown) => error,
+      );
+      expect(settled).toBeInstanceOf(CheckpointError);
+      expect(settled).toMatchObject({ code: "not_leader", message: expect.stringMatching(/NATS connection is (closed|draining).*nothing was sent/) });
+      expect(performance.now() - started).toBeLessThan(2_000);
+      expect(received).toEqual([]);
+    } finally {
+      sub.unsubscribe();
+      await clientNc.close().catch(() => undefined);
+    }
+  });
+});
