@@ -93,6 +93,19 @@ function getRequestId(request: unknown): string {
   return parsed.data.checkpoint_id;
 }
 
+/**
+ * `route` (`/v1/status`, `/readyz`) below the base URL's path: a coordinator a proxy serves at
+ * `https://gw/ckpt` is asked `https://gw/ckpt/v1/status`, not the host's `/v1/status` (another
+ * service, or the proxy's 404). The base URL's query and fragment are no part of a route.
+ */
+function routeUrl(baseUrl: string, route: string): URL {
+  const url = new URL(baseUrl);
+  url.pathname = `${url.pathname.replace(/\/+$/, "")}${route}`;
+  url.search = "";
+  url.hash = "";
+  return url;
+}
+
 /** The controller API over HTTP/JSON (fetch). */
 export class HttpControllerClient extends ControllerClient {
   constructor(private readonly options: HttpControllerClientOptions) {
@@ -149,7 +162,7 @@ export class HttpControllerClient extends ControllerClient {
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
     const check = async () => {
-      const ready = await fetch(new URL("/readyz", this.options.baseUrl), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED_DISPATCHER })
+      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED_DISPATCHER })
         // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
         .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.body?.cancel().catch(() => undefined), undefined)))
         .catch(() => undefined);
@@ -172,7 +185,7 @@ export class HttpControllerClient extends ControllerClient {
   ): Promise<CtlReplyOf<O>> {
     let response: Response;
     try {
-      response = await fetch(new URL(path, this.options.baseUrl), {
+      response = await fetch(routeUrl(this.options.baseUrl, path), {
         method,
         headers,
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),

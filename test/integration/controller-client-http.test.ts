@@ -158,5 +158,26 @@ describe("HTTP controller client", () => {
     await waitUntil(() => settled !== "pending", "the op to end once another coordinator leads", 10_000);
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("changed leader (epoch 7, now 9)") });
   });
-});
 
+  // A coordinator behind a proxy that routes it by path (https://gw/ckpt → the coordinator): the
+  // client resolved its routes against the host's root (new URL("/v1/…", base)), so it asked
+  // https://gw/v1/… (another service, or the proxy's 404: internal_error), and /readyz likewise.
+  it.each(["/gw/ckpt", "/gw/ckpt/"])("keeps the base URL's path %s for the ops and /readyz, as the Python example does", async (prefix) => {
+    const asked: string[] = [];
+    const url = await listen((req, res) => {
+      asked.push(req.url!);
+      if (req.url === "/gw/ckpt/readyz") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch: 3 }));
+      if (req.url === "/gw/ckpt/v1/checkpoints/c.1x") return void res.writeHead(404, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_found", detail: "no such checkpoint" } }));
+      if (req.url !== "/gw/ckpt/v1/checkpoints") return void res.writeHead(404, { "content-type": "text/html" }).end("<html>not the coordinator</html>");
+      // Answered after a few readiness checks.
+      setTimeout(() => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ latest: null, checkpoints: [] })), 300);
+    });
+    const client = new HttpControllerClient({ baseUrl: `${url}${prefix}`, token: "t", readyCheckMs: 50 });
+    await expect(client.list()).resolves.toEqual({ latest: null, checkpoints: [] });
+    const readyz = asked.filter((path) => path.endsWith("/readyz"));
+    expect(asked.filter((path) => !path.endsWith("/readyz"))).toEqual(["/gw/ckpt/v1/checkpoints"]);
+    expect(readyz.length).toBeGreaterThan(0);
+    expect(new Set(readyz)).toEqual(new Set(["/gw/ckpt/readyz"]));
+    await expect(client.get("c.1x")).rejects.toMatchObject({ code: "not_found" });
+  });
+});
