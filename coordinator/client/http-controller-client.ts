@@ -162,7 +162,9 @@ export class HttpControllerClient extends ControllerClient {
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
     const check = async () => {
-      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.timeout(everyMs), dispatcher: UNTIMED_DISPATCHER })
+      // Given up with the wait too (the op's reply came): left open, it would hold its socket, and a
+      // CLI process that has its answer, until it timed out.
+      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), watch.signal]), dispatcher: UNTIMED_DISPATCHER })
         // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
         .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.body?.cancel().catch(() => undefined), undefined)))
         .catch(() => undefined);

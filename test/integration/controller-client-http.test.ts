@@ -180,4 +180,21 @@ describe("HTTP controller client", () => {
     expect(new Set(readyz)).toEqual(new Set(["/gw/ckpt/readyz"]));
     await expect(client.get("c.1x")).rejects.toMatchObject({ code: "not_found" });
   });
+
+  // The /readyz asked while the op waited was not tied to the op: answered meanwhile, the op left
+  // it open until its own timeout (readyCheckMs), holding a socket and a timer, and with them a CLI
+  // process that had its answer (a coordinator behind a balancer whose /readyz hangs).
+  it("a /readyz still unanswered when the op's reply comes is given up at once", async () => {
+    let readyzClosedAt: number | undefined;
+    let answeredAt: number | undefined;
+    const url = await listen((req, res) => {
+      if (req.url === "/readyz") return void req.socket.once("close", () => (readyzClosedAt = performance.now())); // never answered
+      // The op: answered once its first readiness check is under way.
+      setTimeout(() => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ latest: null, checkpoints: [] }), () => (answeredAt = performance.now())), 2_400);
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 2_000 });
+    await expect(client.list()).resolves.toEqual({ latest: null, checkpoints: [] });
+    await waitUntil(() => readyzClosedAt !== undefined, "the /readyz request to be given up", 3_000);
+    expect(readyzClosedAt! - answeredAt!).toBeLessThan(800);
+  });
 });
