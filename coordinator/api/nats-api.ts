@@ -101,9 +101,11 @@ export class NatsControllerApi {
 
   private async answer(op: ControllerOp, msg: Msg): Promise<void> {
     if (this.options.answering?.() === false) return;
-    if (msg.reply && !isControllerReplySubject(msg.reply)) {
-      // Neither run nor answered: any answer there is a publish of the coordinator's, not a reply.
-      const refusal = new CheckpointError("invalid_request", `the ${op} request's reply subject ${JSON.stringify(msg.reply)} is no controller's inbox (_INBOX…, not the coordinator's or the participants'): neither run nor answered`);
+    if (!msg.reply || !isControllerReplySubject(msg.reply)) {
+      // Neither run nor answered: any answer there is a publish of the coordinator's, not a reply;
+      // and an op nobody awaits (no reply subject, a `nats pub`) would change state unseen.
+      const what = msg.reply ? `request's reply subject ${JSON.stringify(msg.reply)} is no controller's inbox (_INBOX…, not the coordinator's or the participants')` : "message has no reply subject (a publish, not a request)";
+      const refusal = new CheckpointError("invalid_request", `the ${op} ${what}: neither run nor answered`);
       this.options.logger?.warn({ op, code: refusal.code, detail: refusal.message }, "controller_request_refused");
       return;
     }
@@ -123,7 +125,6 @@ export class NatsControllerApi {
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");
       body = encodeMessage(refusal.toReply());
     }
-    if (!msg.reply) return;
     // The server's max_payload may have changed under us (a reconnect to another server): still an answer.
     respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
   }

@@ -651,3 +651,37 @@ describe("NATS controller client on a connection already closed", () => {
     }
   });
 });
+
+describe("coordinator NATS API: a message without a reply subject", () => {
+  // docs/api.md: a request whose reply subject is not a controller's inbox is neither run nor
+  // answered. One with no reply subject at all (a `nats pub`) was run: a prepare parked every
+  // participant for a caller that could learn nothing of it, not even that the token was right.
+  it("is neither run nor answered (logged controller_request_refused), like one whose reply subject is no inbox", async () => {
+    const ran: string[] = [];
+    const engine = {
+      prepare: async (request: { checkpoint_id: string }) => {
+        ran.push(request.checkpoint_id);
+        return { checkpoint_id: request.checkpoint_id, epoch: 1, prepared: true, stopped_at: null, participants: [], blockers: [], restarts: [] };
+      },
+    } as unknown as CheckpointEngine;
+    const warned: unknown[] = [];
+    const logger = { warn: (fields: unknown, event: string) => warned.push({ fields, event }), error: () => undefined, info: () => undefined, debug: () => undefined } as unknown as NonNullable<ConstructorParameters<typeof NatsControllerApi>[0]["logger"]>;
+    const api = new NatsControllerApi({ nc: nats.nc, deployment: "no-reply", token: "ctl-token", engine, logger });
+    await api.start();
+    const sender = await nats.connect();
+    try {
+      const h = headers();
+      h.set(HEADER_AUTHORIZATION, "Bearer ctl-token");
+      sender.publish(controllerSubject("no-reply", "prepare"), JSON.stringify({ checkpoint_id: "fire-and-forget" }), { headers: h });
+      await sender.flush();
+      // A request with a reply subject, sent after it on the same connection, is served: the
+      // message without one was delivered (and refused) before it.
+      await expect(client("no-reply").call("prepare", { checkpoint_id: "asked" })).resolves.toMatchObject({ checkpoint_id: "asked" });
+      expect(ran).toEqual(["asked"]);
+      expect(warned).toEqual([expect.objectContaining({ event: "controller_request_refused" })]);
+    } finally {
+      await sender.close();
+      await api.stop();
+    }
+  });
+});
