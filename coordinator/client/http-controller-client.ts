@@ -1,7 +1,7 @@
 import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
 import { fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, CtlGetRequestSchema, ErrorReplySchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
@@ -84,13 +84,15 @@ function describeCause(error: unknown): string {
 }
 
 /**
- * The id `get` puts in its path, refused here as the server would refuse it: a URL resolves `.` and
- * `..` (encoded or not) away, so `..` would ask for another route and be `not_found`, never this refusal.
+ * A GET op's request, checked here as the server checks a body: it travels in the path alone, so a
+ * field the op does not take would be dropped unseen (the NATS API refuses it), and `get`'s id is
+ * refused as the server would refuse it (a URL resolves `.` and `..`, encoded or not, away, so `..`
+ * would ask for another route and be `not_found`, never this refusal).
  */
-function getRequestId(request: unknown): string {
-  const parsed = CtlGetRequestSchema.safeParse(request);
+function checkedGetRequest<O extends ControllerOp>(op: O, request: unknown): CtlRequestOf<O> {
+  const parsed = CONTROLLER_OPS[op].request.safeParse(request);
   if (!parsed.success) throw new CheckpointError("invalid_request", describeZodError(parsed.error));
-  return parsed.data.checkpoint_id;
+  return parsed.data as CtlRequestOf<O>;
 }
 
 /**
@@ -130,7 +132,10 @@ export class HttpControllerClient extends ControllerClient {
   private async callOnce<O extends ControllerOp>(op: O, request: CtlRequestInputOf<O>): Promise<CtlReplyOf<O>> {
     const { method, url } = httpRoute(op);
     let path = url;
-    if (op === "get") path = url.replace("{checkpoint_id}", encodeURIComponent(getRequestId(request)));
+    if (method === "GET") {
+      const checked = checkedGetRequest(op, request);
+      if (op === "get") path = url.replace("{checkpoint_id}", encodeURIComponent((checked as CtlRequestOf<"get">).checkpoint_id));
+    }
     const timeout = replyTimeoutMs(op, request, this.options);
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.token}`, ...(method === "POST" ? { "content-type": "application/json" } : {}) };
     // W3C traceparent of the caller's span, as the NATS client sends it: the op joins the caller's trace.

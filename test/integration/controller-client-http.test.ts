@@ -197,4 +197,21 @@ describe("HTTP controller client", () => {
     await waitUntil(() => readyzClosedAt !== undefined, "the /readyz request to be given up", 3_000);
     expect(readyzClosedAt! - answeredAt!).toBeLessThan(800);
   });
+
+  // A GET op's request travels in its path alone: fields the op does not take were dropped unseen
+  // (`list` with `{ checkpoint_id }` listed everything), where the NATS client's coordinator, and
+  // the HTTP API for a query string, refuse them invalid_request.
+  it("refuses a GET op's request with fields the op does not take, invalid_request, nothing sent", async () => {
+    let asked = 0;
+    const url = await listen((_req, res) => {
+      asked += 1;
+      res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ latest: null, checkpoints: [] }));
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t" });
+    for (const [op, request] of [["list", { checkpoint_id: "c1" }], ["status", { verbose: true }], ["get", { checkpoint_id: "c1", latest: true }]] as const) {
+      await expect(client.call(op, request as never)).rejects.toMatchObject({ code: "invalid_request" });
+    }
+    expect(asked).toBe(0);
+    await expect(client.call("list", {})).resolves.toEqual({ latest: null, checkpoints: [] });
+  });
 });
