@@ -169,7 +169,7 @@ export class HttpControllerClient extends ControllerClient {
     const check = async () => {
       // Given up with the wait too (the op's reply came): left open, it would hold its socket, and a
       // CLI process that has its answer, until it timed out.
-      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), watch.signal]), dispatcher: UNTIMED_DISPATCHER })
+      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), watch.signal]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
         // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
         .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.body?.cancel().catch(() => undefined), undefined)))
         .catch(() => undefined);
@@ -197,6 +197,8 @@ export class HttpControllerClient extends ControllerClient {
         headers,
         ...(CONTROLLER_OPS[op].method === "POST" ? { body: JSON.stringify(request) } : {}),
         signal,
+        // Never followed (see redirectRefusal): the coordinator never redirects.
+        redirect: "manual",
         dispatcher: UNTIMED_DISPATCHER,
       });
     } catch (error) {
@@ -209,6 +211,10 @@ export class HttpControllerClient extends ControllerClient {
       if (notSent !== undefined) throw new CheckpointError("not_leader", `cannot reach the coordinator at ${this.options.baseUrl}: ${notSent}`);
       const code = ((error as Error).cause as { code?: string } | undefined)?.code;
       throw new CheckpointError("outcome_unknown", `the connection to ${this.options.baseUrl} failed during ${op}: ${code ?? (error as Error).message}; retry with the same arguments`);
+    }
+    if (response.status >= 300 && response.status < 400) {
+      await response.body?.cancel().catch(() => undefined);
+      throw redirectRefusal(op, this.options.baseUrl, response.status, response.headers.get("location"));
     }
     let text: string;
     try {
@@ -227,6 +233,28 @@ export class HttpControllerClient extends ControllerClient {
     }
     return decodeControllerReply(op, text);
   }
+}
+
+/**
+ * A redirect answered in the coordinator's place (an ingress sending http:// on to https://): the
+ * coordinator never redirects, so something in front answered and nothing ran. Followed, fetch
+ * turned a POST into a bodiless GET (301, 302, 303) and dropped the token on a cross-origin hop:
+ * the op came back as the target's refusal of another request (a commit `not_found`, "no route
+ * GET /v1/commit", read as an unknown id). The URL to give instead is named, without credentials.
+ */
+function redirectRefusal(op: string, baseUrl: string, status: number, location: string | null): CheckpointError {
+  let target = "nowhere (no Location)";
+  if (location !== null) {
+    try {
+      const url = new URL(location, baseUrl);
+      url.username = "";
+      url.password = "";
+      target = url.href;
+    } catch {
+      target = "a Location that is no URL";
+    }
+  }
+  return new CheckpointError("invalid_request", `${baseUrl} answered ${op} with a redirect (HTTP ${status}) to ${target}, which the client does not follow; nothing ran: give the coordinator's own URL`);
 }
 
 /**

@@ -214,4 +214,31 @@ describe("HTTP controller client", () => {
     expect(asked).toBe(0);
     await expect(client.call("list", {})).resolves.toEqual({ latest: null, checkpoints: [] });
   });
+
+  // A proxy in front that redirects (an ingress sending http:// to https:// with a 301, say): fetch
+  // followed it, turning a POST into a GET without its body (301, 302, 303) and dropping the token
+  // on a cross-origin hop, so the op came back as the target's refusal of another request: a commit
+  // refused `not_found` ("no route GET /v1/commit", read as an unknown id) or `unauthorized`.
+  it.each([301, 302, 307, 308])("a redirect (%i) is not followed: invalid_request naming where it points, nothing sent there", async (status) => {
+    const followed: string[] = [];
+    const target = createServer((req, res) => {
+      followed.push(`${req.method} ${req.url} auth=${req.headers.authorization ?? "none"}`);
+      res.writeHead(404, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_found", detail: `no route ${req.method} ${req.url}` } }));
+    });
+    await new Promise<void>((resolve) => target.listen(0, "127.0.0.1", resolve));
+    try {
+      const elsewhere = `http://127.0.0.1:${(target.address() as AddressInfo).port}`;
+      const url = await listen((req, res) => void res.writeHead(status, { location: `${elsewhere}${req.url}` }).end());
+      const client = new HttpControllerClient({ baseUrl: url, token: "t" });
+      const refusal = await client.commit({ checkpoint_id: "c1", episode_ids: null, deadline_ts: Date.now() / 1000 + 30 }).then(
+        () => new Error("answered"),
+        (error: unknown) => error as Error,
+      );
+      expect(refusal).toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${elsewhere}/v1/commit`) });
+      expect(followed).toEqual([]);
+    } finally {
+      target.closeAllConnections();
+      await new Promise((resolve) => target.close(resolve));
+    }
+  });
 });
