@@ -26,6 +26,17 @@ NOT_SENT = (ConnectionRefusedError, socket.gaierror)
 UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: urllib would send the token on to whatever host a Location names,
+    and a POST on as a GET without its body (an ingress sending http:// to https://, say)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # urllib then raises the 3xx as an HTTPError, handled below
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class GymCkptError(Exception):
     """A refusal: `code` is from the error catalog (docs/errors.md); a refused op changed nothing."""
 
@@ -66,7 +77,7 @@ class GymCkptClient:
         request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
             try:
-                response = urllib.request.urlopen(request, timeout=max(timeout, 1))
+                response = _OPENER.open(request, timeout=max(timeout, 1))
             except urllib.error.HTTPError as error:  # any status but 2xx: its body may be a refusal
                 response = error
             with response:
@@ -81,6 +92,10 @@ class GymCkptClient:
         except (OSError, http.client.HTTPException) as error:
             # A reset, timeout or cut-off body after the request left: the op may have run.
             raise GymCkptError("outcome_unknown", f"no reply from {path}: {error!r}; retry with the same arguments") from None
+        if 300 <= status < 400:
+            # Something in front of the coordinator (which never redirects) answered: nothing ran.
+            where = response.headers.get("Location", "nowhere")
+            raise GymCkptError("invalid_request", f"{path} answered a redirect (HTTP {status}) to {where}, which is not followed; nothing ran: give the coordinator's own URL", status)
         try:
             value = json.loads(text)
         except ValueError:

@@ -1,3 +1,5 @@
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -53,9 +55,9 @@ async function startParticipants(): Promise<void> {
 }
 
 /** Runs the script to its exit (bounded: killed after 60 s); stdout's JSON lines parsed. */
-async function runScript(args: string[], token = CONTROLLER_TOKEN) {
+async function runScript(args: string[], token = CONTROLLER_TOKEN, baseUrl = url) {
   requirePython();
-  const child = spawn("python3", [SCRIPT, "--url", url, ...args], { env: { ...process.env, GYM_CKPT_CONTROLLER_TOKEN: token }, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn("python3", [SCRIPT, "--url", baseUrl, ...args], { env: { ...process.env, GYM_CKPT_CONTROLLER_TOKEN: token }, stdio: ["ignore", "pipe", "pipe"] });
   scripts.add(child);
   let stdout = "";
   let stderr = "";
@@ -235,5 +237,29 @@ describe("the Python controller example (docs/examples/python_controller.py)", (
     expect(run.lines).toEqual([]);
     expect(run.stderr).toMatch(/^error unauthorized: /);
     expect(await listed()).toEqual(before);
+  }, 30_000);
+
+  // urllib followed a 301/302 (an ingress sending http:// on to https://), sending the token on to
+  // whatever host the Location named, and a POST on as a bodiless GET: the op came back as the
+  // target's refusal of another request. As HttpControllerClient: not followed, invalid_request.
+  it("a redirect in front of the coordinator: exits 1 invalid_request naming it; the token is not sent where it points", async () => {
+    const received: string[] = [];
+    const target = createServer((req, res) => {
+      received.push(`${req.method} ${req.url} ${req.headers.authorization ?? ""}`);
+      res.writeHead(404, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_found", detail: "elsewhere" } }));
+    });
+    const redirecting = createServer((req, res) => void res.writeHead(301, { location: `http://127.0.0.1:${(target.address() as AddressInfo).port}${req.url}` }).end());
+    await Promise.all([target, redirecting].map((server) => new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))));
+    try {
+      const run = await runScript(["--steps", "1"], CONTROLLER_TOKEN, `http://127.0.0.1:${(redirecting.address() as AddressInfo).port}`);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toMatch(/^error invalid_request: .*redirect/);
+      expect(received).toEqual([]);
+    } finally {
+      for (const server of [target, redirecting]) {
+        server.closeAllConnections();
+        await new Promise((resolve) => server.close(resolve));
+      }
+    }
   }, 30_000);
 });
