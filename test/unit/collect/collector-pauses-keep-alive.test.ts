@@ -1,4 +1,4 @@
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { createServer as createHttpServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
@@ -46,10 +46,18 @@ process.stdout.write(JSON.stringify({ finished: summary.finished, failed: summar
 
 let dir: string;
 let server: Server | undefined;
+/** Every collection process started: a test that failed before it exited leaves it running, and its bound dies with the worker. */
+const started: ChildProcess[] = [];
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-collector-pauses-"));
 });
 afterEach(async () => {
+  for (const proc of started.splice(0)) {
+    if (proc.exitCode !== null || proc.signalCode !== null) continue;
+    const gone = new Promise((resolve) => proc.once("exit", resolve));
+    proc.kill("SIGKILL");
+    await gone;
+  }
   server?.closeAllConnections();
   server?.close();
   server = undefined;
@@ -68,6 +76,7 @@ async function runServer(port: number): Promise<void> {
 /** The collection in its own process; `exited` is bounded, so an old hang fails rather than stalls. */
 function collectIn(runUrl: string, statusRefusals: number) {
   const proc = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", child, dir, runUrl, String(statusRefusals)], { stdio: ["ignore", "pipe", "pipe"] });
+  started.push(proc);
   let stdout = "";
   let stderr = "";
   proc.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
