@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { controllerSubject } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { collectArgs } from "../support/collect-args.js";
-import { killAll, TrackedProcesses } from "../support/process-tree.js";
+import { descendants, killAll, TrackedProcesses } from "../support/process-tree.js";
 import { waitUntil } from "../support/wait-until.js";
 
 /**
@@ -23,8 +23,13 @@ let root: string | undefined;
 let runServer: Server | undefined;
 /** The collector, killed in teardown only while its pid still names it. */
 const collectors = new TrackedProcesses();
+/** script(1) around it: a test that failed before it read collector.pid finds the collector under it. */
+const terminals = new TrackedProcesses();
 afterEach(async () => {
+  for (const pid of terminals) if (terminals.isSame(pid)) for (const d of descendants(pid)) collectors.add(d.pid);
+  killAll(terminals);
   killAll(collectors);
+  terminals.clear();
   collectors.clear();
   runServer?.closeAllConnections();
   runServer?.close();
@@ -52,6 +57,7 @@ describe("collect: the live progress line on a terminal", () => {
     await writeFile(join(root, "tasks.jsonl"), `${JSON.stringify({ id: "r0", task: {} })}\n`);
     const args = [process.execPath, CLI, ...collectArgs({ natsUrl: nats.server.url, deployment, token: "controller-token", root, runUrl })];
     const child = spawn("script", ["-qefc", args.map(quote).join(" "), "/dev/null"], { stdio: ["pipe", "pipe", "pipe"] });
+    terminals.add(child.pid!);
     let text = "";
     child.stdout.on("data", (chunk: Buffer) => (text += chunk.toString()));
     const exited = new Promise<number | null>((resolve) => child.once("exit", (c) => resolve(c)));

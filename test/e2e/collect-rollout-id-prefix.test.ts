@@ -2,7 +2,7 @@ import { readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
-import { startChildProgram } from "../../coordinator/local/child-program.js";
+import { startChildProgram, type ChildProgram } from "../../coordinator/local/child-program.js";
 import { CONTROLLER_TOKEN, startGymBase, startGymWorld, type GymBase, type GymWorld } from "../support/gym-processes.js";
 
 /**
@@ -15,7 +15,10 @@ const CLI = fileURLToPath(new URL("../../dist/coordinator/cli/main.js", import.m
 
 let world: GymWorld | undefined;
 let base: Promise<GymBase> | undefined;
+/** Each collection started: one still running when its test failed is killed, not left behind. */
+const collectors: ChildProgram[] = [];
 afterEach(async () => {
+  await Promise.allSettled(collectors.splice(0).map((c) => c.kill("SIGKILL")));
   await world?.close();
   world = undefined;
 });
@@ -41,6 +44,7 @@ async function collect(w: GymWorld, out: string, extra: string[]): Promise<numbe
     "--run-url", `${w.gym.urls.environment}/run`,
     ...extra,
   ]);
+  collectors.push(child);
   return (await child.exited).code;
 }
 

@@ -115,6 +115,7 @@ describe("gym-ckpt gym", () => {
 
   it("refuses to start without a control token", async () => {
     const bare = spawn(process.execPath, ["dist/coordinator/cli/main.js", "gym", "--nats", nats.server.url], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, GYM_CKPT_TOKEN: "" } });
+    seen.add(bare.pid!); // one that starts after all is stopped in teardown (its servers stop with it)
     let stderr = "";
     bare.stderr!.on("data", (chunk) => (stderr += String(chunk)));
     const code = await exitOf(bare);
