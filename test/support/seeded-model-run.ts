@@ -10,10 +10,20 @@ export interface ModelRunWorld {
   close(): Promise<void>;
 }
 
-/** The seeds (`a-b` from the environment variable `env`, else `fallback`) and steps (`stepsEnv`, else `steps`) to run. */
+/**
+ * The seeds (`a-b`, or the one seed `a` a failure names, from the environment variable `env`, else
+ * `fallback`) and steps (`stepsEnv`, else `steps`) to run. Anything else throws: a value that
+ * parsed to no seed or no step ran nothing, and the test passed.
+ */
 export function seededRunSettings(env: string, fallback: string, stepsEnv: string, steps: number): { first: number; last: number; steps: number } {
-  const [first, last] = (process.env[env] ?? fallback).split("-").map(Number) as [number, number];
-  return { first, last, steps: Number(process.env[stepsEnv] ?? steps) };
+  const seeds = process.env[env] ?? fallback;
+  const range = /^(\d+)(?:-(\d+))?$/.exec(seeds);
+  const first = Number(range?.[1]);
+  const last = Number(range?.[2] ?? range?.[1]);
+  if (!range || last < first) throw new Error(`${env}=${seeds}: expected a seed or a range a-b (a <= b)`);
+  const stepsText = process.env[stepsEnv] ?? String(steps);
+  if (!/^[1-9]\d*$/.test(stepsText)) throw new Error(`${stepsEnv}=${stepsText}: expected a positive whole number of steps`);
+  return { first, last, steps: Number(stepsText) };
 }
 
 /**
