@@ -84,13 +84,30 @@ export function spawnDaemon(args: string[], env: Record<string, string> = {}, pr
 
 const execFileAsync = promisify(execFile);
 
-/** Runs the built CLI without blocking the event loop (in-process participants must keep answering). */
+/** What `cli` answers for a command that did not exit by itself (killed after 30 s, or never started): no code a command exits with. */
+export const CLI_NO_EXIT = -1;
+
+/**
+ * Runs the built CLI without blocking the event loop (in-process participants must keep answering).
+ * Bounded by a SIGKILL of its own after 30 s: execFile's `timeout` sends SIGTERM, and a command
+ * whose handler then exits 0 (the coordinator daemon) read as a success, one killed by it as exit 1.
+ */
 export async function cli(args: string[], env: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+  const run = execFileAsync(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env } });
+  let timedOut = false;
+  const bound = setTimeout(() => {
+    timedOut = true;
+    run.child.kill("SIGKILL");
+  }, 30_000);
   try {
-    const { stdout, stderr } = await execFileAsync(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env }, timeout: 30_000 });
+    const { stdout, stderr } = await run;
     return { code: 0, stdout, stderr };
   } catch (error) {
-    const e = error as { code?: number; stdout?: string; stderr?: string };
-    return { code: typeof e.code === "number" ? e.code : 1, stdout: e.stdout ?? "", stderr: e.stderr ?? "" };
+    const e = error as { code?: number | string | null; signal?: NodeJS.Signals | null; stdout?: string; stderr?: string };
+    if (typeof e.code === "number") return { code: e.code, stdout: e.stdout ?? "", stderr: e.stderr ?? "" };
+    const why = timedOut ? "killed after 30 s" : e.signal ? `killed by ${e.signal}` : String(e.code ?? error);
+    return { code: CLI_NO_EXIT, stdout: e.stdout ?? "", stderr: `${e.stderr ?? ""}[cli: no exit of its own: ${why}]\n` };
+  } finally {
+    clearTimeout(bound);
   }
 }

@@ -208,7 +208,7 @@ describe("coordinator start-up failure", () => {
       const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 35_000).unref())]);
       expect(daemon.stderr()).toMatch(/^error not_leader: cannot reach NATS at nats:\/\/127\.0\.0\.1:\d+ \(timeout\): this coordinator cannot start/m);
       expect(outcome).toEqual({ code: 1, signal: null });
-      // cli() gives up after 30 s (exit code 1 with a signal): the command must have ended by itself.
+      // cli() gives up after 30 s (CLI_NO_EXIT, not 1): the command must have ended by itself.
       const command = await status;
       expect(command.stderr).toMatch(/^error not_leader: cannot reach NATS at \S+ \(timeout\)/);
       expect(command.code).toBe(1);
