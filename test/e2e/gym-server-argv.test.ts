@@ -18,14 +18,14 @@ describe("a reference server given a stray positional argument", () => {
   it.each(PROGRAMS)("%s: exit 2 without quoting the argument", (program) => {
     ensureBuilt();
     const secret = "correct horse-SECRETWORD battery";
-    const run = spawnSync(process.execPath, [program, "--nats", "nats://127.0.0.1:1", ...`--token ${secret}`.split(" ")], { encoding: "utf8", timeout: 20_000 });
+    const run = spawnSync(process.execPath, [program, "--nats", "nats://127.0.0.1:1", ...`--token ${secret}`.split(" ")], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
     expect({ status: run.status, leaks: `${run.stdout}${run.stderr}`.includes("SECRETWORD") }, run.stderr).toEqual({ status: 2, leaks: false });
     expect(run.stderr).toMatch(/^[a-z-]+: invalid configuration: unexpected argument/);
   });
 
   it("an unknown option is named, its value never", () => {
     ensureBuilt();
-    const run = spawnSync(process.execPath, [PROGRAMS[0]!, "--tokn=SECRETWORD"], { encoding: "utf8", timeout: 20_000 });
+    const run = spawnSync(process.execPath, [PROGRAMS[0]!, "--tokn=SECRETWORD"], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
     expect({ status: run.status, stderr: run.stderr.trim() }).toEqual({ status: 2, stderr: "environment-server: invalid configuration: unknown option --tokn (see --help)" });
   });
 });
@@ -33,7 +33,7 @@ describe("a reference server given a stray positional argument", () => {
 describe("configuration refused before anything starts", () => {
   const GYM = "dist/participants/gym/main.js";
   const run = (program: string, args: string[], env: Record<string, string> = {}) =>
-    spawnSync(process.execPath, [program, ...args], { encoding: "utf8", timeout: 20_000, env: { ...process.env, ...env } });
+    spawnSync(process.execPath, [program, ...args], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL", env: { ...process.env, ...env } });
 
   it("gym-ckpt gym: an unknown option or a stray argument is one line and exit 2, not a stack trace", () => {
     ensureBuilt();
@@ -100,7 +100,7 @@ describe("resources server given a bad --mode or --verify", () => {
     ["--verify", "nope", "resources-server: --verify must be one of wait, replay"],
   ])("%s %s: one line naming the flag and exit 2, not a zod issue list", (flag, value, line) => {
     ensureBuilt();
-    const bad = spawnSync(process.execPath, ["dist/participants/gym/resources-server/main.js", "--nats", nats.server.url, "--token", "t0ken", flag, value], { encoding: "utf8", timeout: 20_000 });
+    const bad = spawnSync(process.execPath, ["dist/participants/gym/resources-server/main.js", "--nats", nats.server.url, "--token", "t0ken", flag, value], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
 });
@@ -127,7 +127,7 @@ describe("a reference server's own flags are checked before NATS", () => {
     ["policy-backend", ["--token-delay-ms", "70000"], "policy-backend: --token-delay-ms must be a number between 0 and 60000"],
   ])("%s %j: one line, exit 2", (server, args, line) => {
     ensureBuilt();
-    const bad = spawnSync(process.execPath, [`dist/participants/gym/${server}/main.js`, ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
+    const bad = spawnSync(process.execPath, [`dist/participants/gym/${server}/main.js`, ...DOWN, ...args], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
 
@@ -145,7 +145,7 @@ describe("a reference server's own flags are checked before NATS", () => {
       ] as const;
       for (const [file, config, line] of configs) {
         if (config) writeFileSync(file, typeof config === "string" ? config : JSON.stringify(config));
-        const bad = spawnSync(process.execPath, ["dist/participants/gym/environment-server/main.js", ...DOWN, ...urls, "--replay-config", file], { encoding: "utf8", timeout: 20_000 });
+        const bad = spawnSync(process.execPath, ["dist/participants/gym/environment-server/main.js", ...DOWN, ...urls, "--replay-config", file], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
         expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(line) });
       }
     } finally {
@@ -159,7 +159,7 @@ describe("a reference server's own flags are checked before NATS", () => {
     [["--upstream", "http://127.0.0.1:9/v1", "--cut-timeout-ms", "0"], "attach model: --cut-timeout-ms must be an integer in 1..600000"],
   ])("the attach proxy (the Gym's model process) %j: one line, exit 2", (args, line) => {
     ensureBuilt();
-    const bad = spawnSync(process.execPath, ["dist/participants/attach/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
+    const bad = spawnSync(process.execPath, ["dist/participants/attach/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
 
@@ -173,7 +173,7 @@ describe("a reference server's own flags are checked before NATS", () => {
     [["--verifier", "equivalence", "--judge-url", "http://judge:SECRETWORD@127.0.0.1:9"], "verifier: --judge-url may not carry credentials (user:password@): a judge's API key goes in GYM_CKPT_JUDGE_API_KEY"],
   ])("a verifier %j: one line, exit 2", (args, line) => {
     ensureBuilt();
-    const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000 });
+    const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: line });
   });
 
@@ -181,7 +181,7 @@ describe("a reference server's own flags are checked before NATS", () => {
   it("a verifier whose GYM_CKPT_JUDGE_API_KEY holds a line break: one line naming the variable, not the key, exit 2", () => {
     ensureBuilt();
     const args = ["--verifier", "equivalence", "--judge-url", "http://127.0.0.1:9"];
-    const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000, env: { ...process.env, GYM_CKPT_JUDGE_API_KEY: "SECRETKEY\nx" } });
+    const bad = spawnSync(process.execPath, ["dist/participants/verifiers/main.js", ...DOWN, ...args], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL", env: { ...process.env, GYM_CKPT_JUDGE_API_KEY: "SECRETKEY\nx" } });
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(/^verifier: the judge API key \(apiKey, GYM_CKPT_JUDGE_API_KEY\): /) });
     expect(bad.stderr).not.toContain("SECRETKEY");
   });

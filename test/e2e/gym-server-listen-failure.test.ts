@@ -25,7 +25,7 @@ afterAll(async () => {
 });
 
 const run = (program: string, args: string[]) =>
-  spawnSync(process.execPath, [program, "--nats", nats.server.url, "--deployment", "listen-failure", "--token", "t0ken", ...args], { encoding: "utf8", timeout: 20_000 });
+  spawnSync(process.execPath, [program, "--nats", nats.server.url, "--deployment", "listen-failure", "--token", "t0ken", ...args], { encoding: "utf8", timeout: 20_000, killSignal: "SIGKILL" });
 
 describe("a reference server that cannot listen", () => {
   it.each([

@@ -9,8 +9,9 @@ const MAIN = fileURLToPath(new URL("../../../participants/verifiers/main.ts", im
  * have a supervisor restart it for ever. Port 1 on 127.0.0.1 refuses every connection.
  */
 function start(flags: string[]) {
-  // spawnSync's timeout SIGKILLs the child, so none outlives the test.
-  return spawnSync(process.execPath, ["--import", "tsx", MAIN, ...flags, "--nats", "nats://127.0.0.1:1", "--token", "t"], { encoding: "utf8", timeout: 30_000, env: { ...process.env, OTEL_SDK_DISABLED: "true" } });
+  // SIGKILLed at the timeout, so none outlives the test: spawnSync's default (SIGTERM) let one that
+  // handles it run on, and spawnSync, waiting for its exit, blocked the worker past the test's timeout.
+  return spawnSync(process.execPath, ["--import", "tsx", MAIN, ...flags, "--nats", "nats://127.0.0.1:1", "--token", "t"], { encoding: "utf8", timeout: 30_000, killSignal: "SIGKILL", env: { ...process.env, OTEL_SDK_DISABLED: "true" } });
 }
 
 describe("verifier flags refused before NATS", () => {
