@@ -34,7 +34,7 @@ import { markSpanFailed } from "../telemetry/coordinator-telemetry.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
-import { neverSentCode } from "../client/never-sent.js";
+import { neverSentCode, outOfDescriptors } from "../client/never-sent.js";
 import { NetworkFailure, networkFailureCode } from "../client/network-failure.js";
 import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
@@ -974,7 +974,12 @@ export class Collector {
     state.unreachableSince ??= performance.now();
     if (this.runUrlDownSince === undefined) {
       this.runUrlDownSince = performance.now();
-      this.options.logger.warn({ run_url: this.loggedRunUrl, code }, "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts");
+      this.options.logger.warn(
+        { run_url: this.loggedRunUrl, code },
+        outOfDescriptors(code)
+          ? "this collector has no file descriptor left to connect to --run-url with (raise ulimit -n, or lower --concurrency); rows are sent again once one is free, without counting failed attempts"
+          : "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts",
+      );
     }
     this.runsNowhere(state);
     await delay(this.pauses.unreachableS);

@@ -1,0 +1,55 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import pino from "pino";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { collectorIn, idleController } from "../../support/collector-fixture.js";
+
+/**
+ * A /run that fails because this process is out of file descriptors (EMFILE at connect: the
+ * socket could not be made) was never sent: like a refused connection, it is sent again without
+ * spending one of --max-attempts. Node's fetch is stubbed to fail so (what it throws then was
+ * measured under `ulimit -n`); the /run server is real.
+ */
+let dir: string;
+let server: Server | undefined;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-fd-exhaustion-"));
+});
+afterEach(async () => {
+  vi.unstubAllGlobals();
+  server?.closeAllConnections();
+  server?.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("collector out of file descriptors", () => {
+  it.each(["EMFILE", "ENFILE"])("a /run failing %s at connect is sent again, not a failed attempt (--max-attempts 1)", async (code) => {
+    let sent = 0;
+    server = createServer((req, res) => {
+      req.resume().on("end", () => {
+        sent++;
+        res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }));
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    const realFetch = globalThis.fetch;
+    let failures = 2;
+    vi.stubGlobal("fetch", (input: Parameters<typeof fetch>[0], init?: RequestInit) =>
+      failures-- > 0
+        ? Promise.reject(Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error(`connect ${code} 127.0.0.1`), { code, syscall: "connect" }) }))
+        : realFetch(input, init),
+    );
+    const lines: { msg: string; code?: string }[] = [];
+    const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string; code?: string }) });
+    const collector = collectorIn(dir, url, idleController(), { logger, maxAttempts: 1, retryPauses: { unreachableS: 0.05 } });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(sent).toBe(1);
+    // Said as what it is: this process, not the Gym.
+    const said = lines.find((l) => l.code === code);
+    expect(said?.msg).toMatch(/file descriptor/);
+  });
+});
