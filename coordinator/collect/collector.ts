@@ -34,6 +34,7 @@ import { markSpanFailed } from "../telemetry/coordinator-telemetry.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
+import { AdmissionProbe } from "./admission-probe.js";
 import { neverSentCode, outOfDescriptors } from "../client/never-sent.js";
 import { NetworkFailure, networkFailureCode } from "../client/network-failure.js";
 import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
@@ -253,6 +254,8 @@ export class Collector {
   /** Since when /run has answered admission_closed outside our checkpoints, and whether that was logged. */
   private admissionClosedSince: number | undefined;
   private admissionClosedWarned = false;
+  /** Rows refused admission_closed outside our checkpoints: one is sent again (backing off), the others wait for it. */
+  private readonly admission: AdmissionProbe<RowState>;
   /** Rows waiting for a retire whose last try failed (for the progress line). */
   private retiresFailing = 0;
   /** A spell of failing retires (a Gym server down): one warning, not one per try. */
@@ -270,6 +273,7 @@ export class Collector {
 
   constructor(private readonly options: CollectorOptions) {
     this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
+    this.admission = new AdmissionProbe(this.pauses.admissionClosedS, this.pauses.admissionClosedMaxS);
     this.storageRefusals = new FailureSpellLog(options.logger, "/run answers without storage_error again");
     this.loggedRunUrl = redactUrl(options.runUrl);
     this.retireFailures = new FailureSpellLog(options.logger, "retires go through again");
@@ -740,6 +744,7 @@ export class Collector {
       // in flight, whose results could not be kept either (they are logged: the next start retires them).
       this.stopping = true;
       this.runTimeouts.abortAll();
+      this.admission.wakeAll();
       this.ownOps.end();
       clearInterval(this.timer);
       clearTimeout(this.retireRetry);
@@ -824,6 +829,7 @@ export class Collector {
     clearInterval(this.timer);
     this.wakeDispatchers();
     for (const wake of this.gateWaiters.splice(0)) wake();
+    this.admission.wakeAll();
   }
 
   private async worker(): Promise<void> {
@@ -844,7 +850,11 @@ export class Collector {
       this.queue.set(next, "inflight");
       const reply = this.dispatch(next);
       next.reply = reply;
-      await reply;
+      try {
+        await reply;
+      } finally {
+        this.admission.left(next); // a probe that is gone hands over to a row waiting for it
+      }
       this.wakeDispatchers();
       this.report(false);
     }
@@ -904,20 +914,25 @@ export class Collector {
       this.runUrlAnswers(state);
       // Halted meanwhile: the reply is dropped (the dispatch log has the attempt; the next start retires it).
       if (this.halted) return;
+      const refusal = ErrorReplySchema.safeParse(body);
+      // Any answer but admission_closed: admission is open, and the rows waiting for the probe go again.
+      if (response.ok || !refusal.success || refusal.data.error.code !== "admission_closed") this.admission.admitted();
       if (response.ok) {
         this.storageAnswers(state);
         this.admissionReopened();
         const reply = parseRunReply(body);
         return reply instanceof Error ? this.failed(state, reply) : this.finished(state, reply, task);
       }
-      const refusal = ErrorReplySchema.safeParse(body);
       if (refusal.success && refusal.data.error.code === "storage_error") return this.storageRefused(state, refusal.data.error.detail);
       this.storageAnswers(state);
       if (refusal.success && refusal.data.error.code === "admission_closed") {
         // The attempt never started: wait for the checkpoint to end and send it again.
         this.runsNowhere(state);
         this.admissionClosedElsewhere();
-        await this.waitForGate(true);
+        if (this.stopping) return;
+        // Ours: every row goes again once it reopens. Another's (or a refusal that raced our
+        // reopen): one row probes it, backing off, and the others wait for a row to be admitted.
+        if (this.gateOpen) await this.admission.refused(state);
         await this.waitForGate(); // never re-sent while our checkpoint is open: it counts the row as not running
         if (this.stopping) return;
         continue;
@@ -1156,6 +1171,7 @@ export class Collector {
     clearTimeout(this.retireRetry);
     this.ownOps.clearRetryTimer();
     this.wakeDispatchers();
+    this.admission.wakeAll();
     if (resumeCheckpoint) {
       // A checkpoint (timer, SIGUSR1) under way is given up and resumed first: left prepared, it
       // would keep the Gym parked until the participants' lease expires once the exit closes NATS.
@@ -1447,6 +1463,7 @@ export class Collector {
       } finally {
         if (stop && published) {
           this.stopping = true;
+          this.admission.wakeAll(); // rows waiting for another controller's checkpoint end: nothing more is sent
         } else {
           await this.ownOps.resumeOwn(checkpointId, log, undefined, published);
         }
@@ -1572,15 +1589,9 @@ export class Collector {
     for (const wake of this.gateWaiters.splice(0)) wake();
   }
 
-  /** Waits while a checkpoint is open; `untilNextOpen` waits for the next reopen even if open now. */
-  private async waitForGate(untilNextOpen = false): Promise<void> {
-    if (this.gateOpen && !untilNextOpen) return;
-    if (untilNextOpen && this.gateOpen) {
-      // Admission is closed by a checkpoint this collector did not start (or the refusal raced
-      // our reopen): back off briefly and try again.
-      await delay(0.25);
-      return;
-    }
+  /** Waits while a checkpoint of ours is open. */
+  private async waitForGate(): Promise<void> {
+    if (this.gateOpen) return;
     await new Promise<void>((resolve) => this.gateWaiters.push(resolve));
   }
 

@@ -10,8 +10,15 @@ export interface RetryPauses {
   unreachableS: number;
   /** Before a row /run answered `storage_error` (the Gym's disk full or failing) is sent again. */
   storageS: number;
+  /**
+   * The first wait before the row probing a Gym whose admission another controller's checkpoint
+   * keeps closed is sent again (AdmissionProbe); doubled per refusal in a row, up to admissionClosedMaxS.
+   */
+  admissionClosedS: number;
+  /** The longest such wait: about one /run per this many seconds while admission stays closed, and the most a row is sent late once it reopens. */
+  admissionClosedMaxS: number;
   /** Not a pause: how long /run may keep answering admission_closed outside our checkpoints before it is logged. */
   admissionClosedWarnS: number;
 }
 
-export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, storageS: 5, admissionClosedWarnS: 30 };
+export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, storageS: 5, admissionClosedS: 0.25, admissionClosedMaxS: 4, admissionClosedWarnS: 30 };

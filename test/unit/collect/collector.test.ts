@@ -196,7 +196,7 @@ function capturingLogger() {
 }
 
 /** The pauses before sending again, a tenth of the defaults' (the order of events, not their pace, is under test). */
-const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1, unreachableS: 0.1, storageS: 0.1 };
+const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1, unreachableS: 0.1, storageS: 0.1, admissionClosedS: 0.05, admissionClosedMaxS: 0.2 };
 
 function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
   return collectorIn(dir, runUrl, controller, { logger, retryPauses: SHORT_PAUSES, ...options });
@@ -1073,6 +1073,47 @@ describe("collector", () => {
       [40, "/run keeps answering admission_closed wh"],
       [30, "/run admits rows again"],
     ]);
+  });
+
+  it("while another controller's checkpoint keeps admission closed, one row probes it (backing off) and the others are not sent again until a row is admitted", async () => {
+    // Closed until three /runs were sent again; each row sent again every quarter second was
+    // `--concurrency` requests per interval (40,000 a second at 10,000).
+    const seen = new Set<string>();
+    const resentWhileClosed: string[] = [];
+    let sentAfterOpen = 0;
+    const url = await runServer((body) => {
+      const again = seen.has(body.rollout_id);
+      seen.add(body.rollout_id);
+      if (resentWhileClosed.length < 3) {
+        if (again) resentWhileClosed.push(body.rollout_id);
+        return { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } };
+      }
+      sentAfterOpen++;
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller } = fakeController();
+    const rows = Array.from({ length: 20 }, (_, i) => ({ rolloutId: `r${i}`, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 20, retryPauses: SHORT_PAUSES });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 20, failed: 0 });
+    expect(new Set(resentWhileClosed).size).toBe(1);
+    expect(sentAfterOpen).toBe(20); // once admitted, every row went once
+  });
+
+  it("a halt ends the rows waiting for another controller's checkpoint at once, the probe's backoff included", async () => {
+    let refused = 0;
+    const url = await runServer(() => (refused++, { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } }));
+    const { controller } = fakeController();
+    const rows = ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 3, retryPauses: { ...SHORT_PAUSES, admissionClosedS: 600, admissionClosedMaxS: 600 } });
+    await collector.start();
+    let ended = false;
+    const run = collector.run().finally(() => (ended = true));
+    await waitUntil(() => refused === 3, "every row refused once");
+    await collector.halt();
+    await waitUntil(() => ended, "run() to end", 2000);
+    expect(await run).toMatchObject({ finished: 0, failed: 0 });
+    expect(refused).toBe(3);
   });
 
   it("keeps every results line whole when rows with replies larger than one write chunk finish together", async () => {

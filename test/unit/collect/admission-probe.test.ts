@@ -1,0 +1,81 @@
+import { describe, expect, it } from "vitest";
+import { AdmissionProbe, type Sleep } from "../../../coordinator/collect/admission-probe.js";
+
+/** A fake clock's sleep: records each wait asked for; the test ends it (or an abort does). */
+function fakeSleep() {
+  const waits: { seconds: number; end: () => void }[] = [];
+  const sleep: Sleep = (seconds, until) =>
+    new Promise<void>((resolve) => {
+      waits.push({ seconds, end: resolve });
+      until.addEventListener("abort", () => resolve(), { once: true });
+    });
+  return { sleep, waits };
+}
+
+/** Whether `promise` has settled once pending callbacks ran. */
+async function settled(promise: Promise<unknown>): Promise<boolean> {
+  let done = false;
+  void promise.then(() => (done = true));
+  for (let i = 0; i < 5; i++) await Promise.resolve();
+  return done;
+}
+
+describe("AdmissionProbe", () => {
+  it("one row probes, its wait doubling up to the cap (equal jitter: between half and all of it); the others send nothing until it is admitted", async () => {
+    const clock = fakeSleep();
+    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    // 10,000 rows refused at once: one wait, for one row.
+    const others = Array.from({ length: 10_000 }, (_, i) => `row-${i}`);
+    const first = probe.refused("probe");
+    const waiting = others.map((row) => probe.refused(row));
+    expect(clock.waits.map((w) => w.seconds)).toEqual([0.25]);
+    expect(probe.waitingRows).toBe(10_000);
+    const grown: number[] = [];
+    let sent = first;
+    for (let i = 0; i < 6; i++) {
+      clock.waits.at(-1)!.end();
+      await sent; // the probe is sent again, and refused again
+      sent = probe.refused("probe");
+      grown.push(clock.waits.at(-1)!.seconds);
+    }
+    expect(grown).toEqual([0.5, 1, 2, 4, 4, 4]);
+    expect(await settled(Promise.race(waiting))).toBe(false);
+    probe.admitted();
+    await Promise.all(waiting);
+    // The next refusal starts over.
+    void probe.refused("row-1");
+    expect(clock.waits.at(-1)!.seconds).toBe(0.25);
+  });
+
+  it("jitter draws between half and all of the grown wait", async () => {
+    const clock = fakeSleep();
+    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 0);
+    void probe.refused("a");
+    expect(clock.waits[0]!.seconds).toBe(0.125);
+  });
+
+  it("a probe that leaves (its row failed or finished) hands over to one waiting row, sent at once, its backoff going on", async () => {
+    const clock = fakeSleep();
+    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    void probe.refused("a");
+    const b = probe.refused("b");
+    const c = probe.refused("c");
+    probe.left("b"); // not the probe: nothing changes
+    expect(await settled(b)).toBe(false);
+    probe.left("a");
+    expect(await settled(b)).toBe(true);
+    expect(await settled(c)).toBe(false);
+    void probe.refused("b"); // b is the probe now: its wait is the next one, not the first
+    expect(clock.waits.map((w) => w.seconds)).toEqual([0.25, 0.5]);
+    expect(probe.waitingRows).toBe(1);
+  });
+
+  it("wakeAll (the collection stops) ends every wait, the probe's included", async () => {
+    const clock = fakeSleep();
+    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    const a = probe.refused("a");
+    const b = probe.refused("b");
+    probe.wakeAll();
+    expect(await settled(Promise.all([a, b]))).toBe(true);
+  });
+});
