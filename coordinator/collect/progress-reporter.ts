@@ -1,3 +1,5 @@
+import { cutToColumns, printable, widthAtMost } from "./terminal-text.js";
+
 /**
  * What a person watching a collection sees: on a TTY a live one-line bar (done / in flight /
  * failed, rate, ETA, age of the last checkpoint); otherwise a plain line every interval.
@@ -25,7 +27,8 @@ const LIVE_REFRESH_MS = 1000;
 export class ProgressReporter {
   private startedAt: number;
   private lastPlainAt = 0;
-  private lastLength = 0;
+  /** Columns the live line last drawn takes at most: the next one is padded to cover them. */
+  private lastWidth = 0;
   private source: (() => ProgressSnapshot) | undefined;
   private timer: NodeJS.Timeout | undefined;
   /** finish() ran: the process is on its way out, and a line drawn now would stay unended. */
@@ -63,24 +66,26 @@ export class ProgressReporter {
   /**
    * How far start-up's read of the tasks file got: millions of rows take a minute or more to read
    * and check, which is no hang. Drawn as the progress line is (live, or a plain line at most every
-   * interval); the bar that follows draws over it.
+   * interval); the bar that follows draws over it. The path is the user's: shown with its control
+   * characters escaped, so it can neither move the cursor nor break the line.
    */
   reading(path: string, rows: number, bytes: number): void {
     if (this.finished) return;
-    this.draw(`reading --tasks ${path}: ${rows} rows, ${Math.floor(bytes / 2 ** 20)} MiB so far`, false);
+    this.draw(`reading --tasks ${printable(path)}: ${rows} rows, ${Math.floor(bytes / 2 ** 20)} MiB so far`, false);
   }
 
   /** The read ended: a live reading line, if one was drawn, is ended, so what follows starts on a line of its own. */
   readDone(): void {
-    if (!this.interactive || !this.lastLength) return;
+    if (!this.interactive || !this.lastWidth) return;
     this.out.write("\n");
-    this.lastLength = 0;
+    this.lastWidth = 0;
   }
 
   private draw(line: string, force: boolean): void {
     if (this.interactive) {
-      const padded = this.fitted(line.padEnd(this.lastLength));
-      this.lastLength = this.fitted(line).length;
+      const fitted = this.fitted(line);
+      const padded = this.fitted(fitted + " ".repeat(Math.max(0, this.lastWidth - widthAtMost(fitted))));
+      this.lastWidth = widthAtMost(fitted);
       this.out.write(`\r${padded}`);
       this.arm();
     } else if (force || this.now() - this.lastPlainAt >= this.plainIntervalMs) {
@@ -98,18 +103,20 @@ export class ProgressReporter {
     this.finished = true;
     clearTimeout(this.timer);
     this.source = undefined;
-    if (this.interactive && this.lastLength) this.out.write("\n");
-    this.lastLength = 0;
+    if (this.interactive && this.lastWidth) this.out.write("\n");
+    this.lastWidth = 0;
   }
 
   /**
    * The live line cut to the terminal's width (read at each redraw: it may be resized), less one
    * column: a line reaching the last one wraps on some terminals, and `\r` returns only to the start
-   * of its last row, so each redraw would leave a row behind. The line is ASCII: a character a column.
+   * of its last row, so each redraw would leave a row behind. The bar is ASCII, a character a column,
+   * but the reading line holds the user's path: its other characters count as two columns (a wide
+   * one takes two), so the cut line never wraps, and a cut never splits a character.
    */
   private fitted(line: string): string {
     const columns = this.out.columns;
-    return columns !== undefined && columns > 1 ? line.slice(0, columns - 1) : line;
+    return columns !== undefined && columns > 1 ? cutToColumns(line, columns - 1) : line;
   }
 
   format(s: ProgressSnapshot): string {
