@@ -876,6 +876,7 @@ export class Collector {
       state.refused = false;
       let response: Response;
       const timeout = this.runTimeouts.start(this.runTimeoutMs);
+      const ticket = this.admission.sending();
       let body: Record<string, unknown>;
       try {
         response = await fetch(this.options.runUrl, {
@@ -916,7 +917,7 @@ export class Collector {
       if (this.halted) return;
       const refusal = ErrorReplySchema.safeParse(body);
       // Any answer but admission_closed: admission is open, and the rows waiting for the probe go again.
-      if (response.ok || !refusal.success || refusal.data.error.code !== "admission_closed") this.admission.admitted();
+      if (response.ok || !refusal.success || refusal.data.error.code !== "admission_closed") this.admission.admitted(ticket);
       if (response.ok) {
         this.storageAnswers(state);
         this.admissionReopened();
@@ -932,7 +933,7 @@ export class Collector {
         if (this.stopping) return;
         // Ours: every row goes again once it reopens. Another's (or a refusal that raced our
         // reopen): one row probes it, backing off, and the others wait for a row to be admitted.
-        if (this.gateOpen) await this.admission.refused(state);
+        if (this.gateOpen) await this.admission.refused(state, ticket);
         await this.waitForGate(); // never re-sent while our checkpoint is open: it counts the row as not running
         if (this.stopping) return;
         continue;

@@ -26,8 +26,8 @@ describe("AdmissionProbe", () => {
     const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
     // 10,000 rows refused at once: one wait, for one row.
     const others = Array.from({ length: 10_000 }, (_, i) => `row-${i}`);
-    const first = probe.refused("probe");
-    const waiting = others.map((row) => probe.refused(row));
+    const first = probe.refused("probe", probe.sending());
+    const waiting = others.map((row) => probe.refused(row, probe.sending()));
     expect(clock.waits.map((w) => w.seconds)).toEqual([0.25]);
     expect(probe.waitingRows).toBe(10_000);
     const grown: number[] = [];
@@ -35,37 +35,37 @@ describe("AdmissionProbe", () => {
     for (let i = 0; i < 6; i++) {
       clock.waits.at(-1)!.end();
       await sent; // the probe is sent again, and refused again
-      sent = probe.refused("probe");
+      sent = probe.refused("probe", probe.sending());
       grown.push(clock.waits.at(-1)!.seconds);
     }
     expect(grown).toEqual([0.5, 1, 2, 4, 4, 4]);
     expect(await settled(Promise.race(waiting))).toBe(false);
-    probe.admitted();
+    probe.admitted(probe.sending());
     await Promise.all(waiting);
     // The next refusal starts over.
-    void probe.refused("row-1");
+    void probe.refused("row-1", probe.sending());
     expect(clock.waits.at(-1)!.seconds).toBe(0.25);
   });
 
   it("jitter draws between half and all of the grown wait", async () => {
     const clock = fakeSleep();
     const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 0);
-    void probe.refused("a");
+    void probe.refused("a", probe.sending());
     expect(clock.waits[0]!.seconds).toBe(0.125);
   });
 
   it("a probe that leaves (its row failed or finished) hands over to one waiting row, sent at once, its backoff going on", async () => {
     const clock = fakeSleep();
     const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
-    void probe.refused("a");
-    const b = probe.refused("b");
-    const c = probe.refused("c");
+    void probe.refused("a", probe.sending());
+    const b = probe.refused("b", probe.sending());
+    const c = probe.refused("c", probe.sending());
     probe.left("b"); // not the probe: nothing changes
     expect(await settled(b)).toBe(false);
     probe.left("a");
     expect(await settled(b)).toBe(true);
     expect(await settled(c)).toBe(false);
-    void probe.refused("b"); // b is the probe now: its wait is the next one, not the first
+    void probe.refused("b", probe.sending()); // b is the probe now: its wait is the next one, not the first
     expect(clock.waits.map((w) => w.seconds)).toEqual([0.25, 0.5]);
     expect(probe.waitingRows).toBe(1);
   });
@@ -73,9 +73,21 @@ describe("AdmissionProbe", () => {
   it("wakeAll (the collection stops) ends every wait, the probe's included", async () => {
     const clock = fakeSleep();
     const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
-    const a = probe.refused("a");
-    const b = probe.refused("b");
+    const a = probe.refused("a", probe.sending());
+    const b = probe.refused("b", probe.sending());
     probe.wakeAll();
     expect(await settled(Promise.all([a, b]))).toBe(true);
+  });
+
+  it("a reply to a /run sent before the last one refused wakes nobody: admission may have closed since", async () => {
+    const clock = fakeSleep();
+    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    const early = probe.sending(); // a long /run, admitted before the other checkpoint closed admission
+    void probe.refused("a", probe.sending());
+    const b = probe.refused("b", probe.sending());
+    probe.admitted(early); // it finishes while admission is closed
+    expect(await settled(b)).toBe(false);
+    probe.admitted(probe.sending()); // the probe, sent again, is admitted
+    expect(await settled(b)).toBe(true);
   });
 });

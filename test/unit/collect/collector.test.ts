@@ -1100,6 +1100,39 @@ describe("collector", () => {
     expect(sentAfterOpen).toBe(20); // once admitted, every row went once
   });
 
+  it("a row admitted before another controller's checkpoint closed admission, finishing while it is closed, does not send the waiting rows again", async () => {
+    const release = deferred();
+    const seen = new Set<string>();
+    const resentWhileClosed: string[] = [];
+    let released = false;
+    let probesAfterRelease = 0;
+    const url = await runServer(async (body) => {
+      if (body.rollout_id === "slow") {
+        await release.promise;
+        released = true;
+        return { status: 200, body: { reward: 1 } };
+      }
+      const again = seen.has(body.rollout_id);
+      seen.add(body.rollout_id);
+      // Closed until the probe went twice after slow's reply (a wait no waiting row would sit out).
+      if (probesAfterRelease < 2) {
+        if (again) resentWhileClosed.push(body.rollout_id);
+        if (again && released) probesAfterRelease++;
+        return { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } };
+      }
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller } = fakeController();
+    const rows = ["slow", ...Array.from({ length: 9 }, (_, i) => `r${i}`)].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 10 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => seen.size === 9, "every other row refused once");
+    release.resolve();
+    expect(await run).toMatchObject({ finished: 10, failed: 0 });
+    expect(new Set(resentWhileClosed).size).toBe(1);
+  });
+
   it("a halt ends the rows waiting for another controller's checkpoint at once, the probe's backoff included", async () => {
     let refused = 0;
     const url = await runServer(() => (refused++, { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } }));
