@@ -32,7 +32,8 @@
 export const SANDBOX_CHILD_SOURCE = String.raw`
 "use strict";
 const vm = require("node:vm");
-const { isProxy } = require("node:util").types;
+const { types } = require("node:util");
+const { isProxy } = types;
 
 process.on("unhandledRejection", () => undefined);
 let received = "";
@@ -87,14 +88,34 @@ function prelude(input, keep, own) {
     "globalThis.input = " + JSON.stringify(input) + ";",
     "const __lines = globalThis.input.split('\\n'); let __line = 0;",
     "globalThis.readLine = () => (__line < __lines.length ? __lines[__line++] : undefined);",
-    // A function's result as JSON, or -2 when it holds NaN or ±Infinity, which JSON.stringify writes
-    // as null (a function answering 0/0 passed a case expecting null). Made before the submission runs.
-    "const __encode = ((stringify) => (value) => { let nonFinite = false;",
-    "  const text = stringify(value, (key, v) => { if (typeof v === 'number' && v - v !== 0) nonFinite = true; return v; });",
-    "  return nonFinite ? -2 : text; })(JSON.stringify);",
+    // A function's result as [JSON text, every object the text was made from] (the caller checks
+    // those for internal slots JSON drops: a Map or a Promise reads as {}), or -2 when it holds NaN
+    // or ±Infinity (written as null: a function answering 0/0 passed a case expecting null), or -4
+    // when it holds a function or symbol, or undefined in an array (written as null, or dropped).
+    // Made before the submission runs, from the intrinsics as they are then.
+    "const __encode = ((stringify, isArray, define) => (value) => { let bad = 0; const objects = []; let count = 0;",
+    "  const text = stringify(value, function (key, v) {",
+    "    if (typeof v === 'number') { if (v - v !== 0 && bad === 0) bad = -2; }",
+    "    else if (typeof v === 'function' || typeof v === 'symbol' || (v === undefined && isArray(this))) { if (bad === 0) bad = -4; }",
+    "    else if (typeof v === 'object' && v !== null) define(objects, count++, { __proto__: null, value: v, writable: true, enumerable: true, configurable: true });",
+    "    return v; });",
+    "  return bad !== 0 ? bad : [text, objects]; })(JSON.stringify, Array.isArray, Reflect.defineProperty);",
     own === undefined ? "" : "const __sandboxOwn = typeof " + own + " === 'undefined' ? undefined : " + own + ";",
     "new Error('import() is not available in the sandbox');",
   ].join("\n");
+}
+
+// Objects whose content lives in internal slots JSON.stringify never reads: each reads as {} (plus
+// its own enumerable properties). Node's brand checks run no code of the object, whatever its
+// prototype, constructor or toStringTag; a Proxy is read through its traps, like the submission meant.
+const SLOTTED = [["isPromise", "a Promise"], ["isMap", "a Map"], ["isSet", "a Set"], ["isWeakMap", "a WeakMap"], ["isWeakSet", "a WeakSet"],
+  ["isRegExp", "a RegExp"], ["isNativeError", "an Error"], ["isDate", "a Date without toJSON"], ["isSymbolObject", "a Symbol object"],
+  ["isBigIntObject", "a BigInt object"], ["isGeneratorObject", "a generator"], ["isMapIterator", "an iterator"], ["isSetIterator", "an iterator"],
+  ["isAnyArrayBuffer", "a buffer"], ["isArrayBufferView", "a typed array"]];
+function slotted(value) {
+  if (isProxy(value)) return undefined;
+  for (const [test, what] of SLOTTED) if (types[test](value)) return what;
+  return undefined;
 }
 
 function ownString(object, key) {
@@ -170,10 +191,20 @@ function runCase(job, script, testCase) {
     const tail = job.mode === "function"
       ? "(" + job.function_name + " === __sandboxOwn && __sandboxOwn !== undefined ? -3 : __encode(" + job.function_name + "(..." + literal(testCase.args) + ")))"
       : "__out.over ? -1 : __out.lines.join('\\n')";
-    const output = vm.runInContext(tail, context, options());
+    let output = vm.runInContext(tail, context, options());
     if (stdio && output === -1) return { status: "output_limit" };
     if (!stdio && output === -2) return { status: "error", error: "the function returned NaN or Infinity, which JSON cannot encode" };
     if (!stdio && output === -3) return { status: "error", error: job.function_name + " is the sandbox's own global: the submission does not define it" };
+    if (!stdio && output === -4) return { status: "error", error: "the function returned a function, a symbol or undefined in an array, which JSON cannot encode" };
+    if (!stdio && typeof output === "object" && output !== null) {
+      // Own data properties of arrays __encode made: reading them runs no submission code.
+      const objects = output[1];
+      for (let index = 0; index < objects.length; index += 1) {
+        const what = slotted(objects[index]);
+        if (what !== undefined) return { status: "error", error: "the function returned " + what + ", which JSON cannot encode (it reads as {})" };
+      }
+      output = output[0];
+    }
     if (typeof output !== "string") return { status: "error", error: "the function returned nothing JSON can encode" };
     // Never compare a cut output: a case that printed more than the limit fails as such.
     if (output.length > job.max_case_output_chars) return { status: "output_limit" };

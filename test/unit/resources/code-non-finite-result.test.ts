@@ -46,7 +46,8 @@ describe("code verifier: NaN and Infinity in a result", () => {
       { args: [2], expected: "x" },
       { args: [3], expected: [1, null] },
     ];
-    const answer = "function f(i) { return [-0, 1.5, { toJSON() { return 'x'; } }, [1, undefined]][i]; }";
+    // [1, undefined] is no longer [1, null]: code-result-json-faithful.test.ts.
+    const answer = "function f(i) { return [-0, 1.5, { toJSON() { return 'x'; } }, [1, null]][i]; }";
     expect(await verify({ task: { function_name: "f", tests }, answer })).toMatchObject({ reward: 1, passed: 4 });
   });
 });
