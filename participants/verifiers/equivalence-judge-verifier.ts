@@ -13,6 +13,17 @@ export const EQUIVALENCE_SYSTEM_PROMPT =
   "You judge whether a candidate answer is equivalent to a reference answer. Reply with exactly one word: YES or NO.";
 
 /**
+ * The reply's first word if it is YES or NO, whole: a prefix test read "Nonetheless, YES" as NO and
+ * "Yesterday…" as YES. Before it, a reasoning judge's leading think block (`<think>…</think>`, or
+ * only its closing tag when the chat template opened it) and the wrappers of markdown emphasis,
+ * code and quotes (`**YES**`, `"NO"`) are skipped; nothing else is.
+ */
+export function verdictWord(reply: string): "YES" | "NO" | undefined {
+  const answer = reply.replace(/^\s*(?:<think>)?[\s\S]*?<\/think>/, "").replace(/^[\s*_`"']+/, "");
+  return /^(YES|NO)(?!_*[\p{L}\p{N}])/iu.exec(answer)?.[1]?.toUpperCase() as "YES" | "NO" | undefined;
+}
+
+/**
  * Asks a judge model whether the answer is equivalent to the expected one. Pure with respect to
  * its input (temperature 0), so replaying it after a crash is safe. A judge failure is answered
  * 200 with reward 0 and `_ng_failure_class: "judge_failed"`, so the caller can mask the sample.
@@ -33,8 +44,7 @@ export class EquivalenceJudgeVerifier extends VerifierServer {
         ],
         signal,
       );
-      // The first word, whole: a prefix test read "Nonetheless, YES" as NO and "Yesterday…" as YES.
-      const word = /^(YES|NO)(?![\p{L}\p{N}_])/iu.exec(verdict.trim())?.[1]?.toUpperCase();
+      const word = verdictWord(verdict);
       if (word === "YES") return { reward: 1, verdict: "YES" };
       if (word === "NO") return { reward: 0, verdict: "NO" };
       return { reward: 0, _ng_failure_class: "judge_failed", detail: "the judge answered neither YES nor NO" };

@@ -21,4 +21,15 @@ describe("equivalence judge: the verdict is the word YES or NO, not a prefix", (
       expect(await verdictOf(reply), reply).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed" });
     }
   });
+
+  it("reads the verdict through markdown emphasis, quotes and a leading think block (a reasoning judge's)", async () => {
+    for (const reply of ["**YES**", "*Yes*.", "__yes__", "`YES`", "\"YES\"", "<think>The two are equal.</think>\n\n**YES**", "<think>\nhmm, no doubt\n</think>YES", "the signs agree, not a NO</think>\nYES"]) {
+      expect(await verdictOf(reply), reply).toEqual({ reward: 1, verdict: "YES" });
+    }
+    for (const reply of ["**NO**", "<think>Yes? Wait.</think> NO."]) expect(await verdictOf(reply), reply).toEqual({ reward: 0, verdict: "NO" });
+    // Still the whole first word, after the wrappers; an unclosed think block gives no verdict.
+    for (const reply of ["**Nonetheless**, YES", "**Answer:** YES", "<think>YES", "<think>a</think> Nonetheless, YES", "** Not sure", "YES_NO", "no_answer"]) {
+      expect(await verdictOf(reply), reply).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed" });
+    }
+  });
 });
