@@ -144,6 +144,11 @@ export const ERROR_CATALOG = {
     meaning: "The cohort member slot already holds a different payload (even after the cohort finished).",
     solve: "Replay only the identical payload; send a changed answer as a new group attempt.",
   },
+  cohort_task_conflict: {
+    status: 409,
+    meaning: "A cohort member's task differs from the task of the members already in its cohort (a cohort's responses are judged against one task).",
+    solve: "Send every member of a group the same task; a group that mixed tasks is retried from input as a new group attempt.",
+  },
   cohort_superseded: {
     status: 409,
     meaning: "A newer _ng_group_attempt of the cohort exists; this attempt is retired.",

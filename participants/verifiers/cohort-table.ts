@@ -1,4 +1,4 @@
-import { MAX_TIMER_MS } from "../../protocol/index.js";
+import { MAX_TIMER_MS, canonicalDigest } from "../../protocol/index.js";
 import { VerifierError } from "./verifier-errors.js";
 import type { VerifyResult } from "./verifier-server.js";
 
@@ -57,6 +57,8 @@ interface Cohort {
   state: CohortState;
   /** The member is only needed until judging starts; replays compare the digest. */
   slots: Map<number, Slot>;
+  /** Canonical digest of the task every member shares (the judge sees one task). */
+  taskDigest: string;
   results: VerifyResult[] | undefined;
   failure: VerifierError | undefined;
   settled: Promise<void>;
@@ -125,7 +127,8 @@ export class CohortTable {
       this.supersede(cohort);
       cohort = undefined;
     }
-    if (!cohort) cohort = this.create(coordinates);
+    const taskDigest = canonicalDigest(member.task);
+    if (!cohort) cohort = this.create(coordinates, taskDigest);
 
     let slot = cohort.slots.get(coordinates.index);
     if (slot) {
@@ -133,6 +136,8 @@ export class CohortTable {
       if (slot.digest !== digest) throw new VerifierError("cohort_slot_conflict", `slot ${coordinates.index} holds a different payload`);
     } else {
       if (cohort.state !== "collecting") throw cohort.failure ?? new VerifierError("cohort_failed", "the cohort is no longer collecting");
+      // The judge compares the responses to one task: a member with another would be judged against the wrong one.
+      if (taskDigest !== cohort.taskDigest) throw new VerifierError("cohort_task_conflict", `member ${coordinates.index}'s task differs from its cohort's`);
       slot = { digest, member, waiters: 0 };
       cohort.slots.set(coordinates.index, slot);
       if (cohort.slots.size === this.settings.size) this.startJudging(cohort);
@@ -168,7 +173,7 @@ export class CohortTable {
     }
   }
 
-  private create(coordinates: Coordinates): Cohort {
+  private create(coordinates: Coordinates, taskDigest: string): Cohort {
     let settle!: () => void;
     const settled = new Promise<void>((resolve) => (settle = resolve));
     const cohort: Cohort = {
@@ -176,6 +181,7 @@ export class CohortTable {
       attempt: coordinates.attempt,
       state: "collecting",
       slots: new Map(),
+      taskDigest,
       results: undefined,
       failure: undefined,
       settled,
