@@ -6,14 +6,31 @@ const MathVerifyBodySchema = z
   .object({ task: z.object({ expected_answer: z.string().max(10_000) }).catchall(z.json()), answer: z.string().max(100_000) })
   .strict();
 
-/** The final answer of a response: the last \boxed{...} if any (spacing may come before its brace: `\boxed {5}`), else the whole text. */
+/**
+ * The final answer of a response: the last \boxed{...} if any (spacing may come before its brace:
+ * `\boxed {5}`), else the whole text. A response with no braced \boxed may end with one that takes
+ * the token after it, as in LaTeX (`\boxed 5`, `\boxed5`), up to spacing or a `$` (`$\boxed 42$` is
+ * 42, as models mean it); the last such token is then the answer. A braced one always wins, so prose
+ * mentioning "\boxed to mark it" after `\boxed{5}` leaves the answer 5.
+ */
 export function extractAnswer(text: string): string {
   const marker = "\\boxed";
+  let unbraced: string | undefined;
   // Backwards over the markers: each skips only the spacing up to the next marker's backslash, so the scan stays linear.
   for (let at = text.lastIndexOf(marker); at !== -1; at = at === 0 ? -1 : text.lastIndexOf(marker, at - 1)) {
     let open = at + marker.length;
+    // A letter goes on the macro's name: `\boxedx` is another macro.
+    if (/\p{L}/u.test(text[open] ?? "")) continue;
     while (open < text.length && /\s/.test(text[open]!)) open += 1;
-    if (text[open] !== "{") continue;
+    if (text[open] !== "{") {
+      if (unbraced === undefined) {
+        // Sticky, on the text itself: no copy per marker.
+        const token = /[^\s${}]+/y;
+        token.lastIndex = open;
+        unbraced = token.exec(text)?.[0];
+      }
+      continue;
+    }
     let depth = 1;
     for (let i = open + 1; i < text.length; i += 1) {
       if (text[i] === "{") depth += 1;
@@ -21,7 +38,7 @@ export function extractAnswer(text: string): string {
     }
     return text;
   }
-  return text;
+  return unbraced ?? text;
 }
 
 /** Longest integer compared digit for digit; a longer one falls back to the 12-significant-digit rule. */
@@ -50,37 +67,54 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
 export function normalizeAnswer(text: string): string {
   const spaced = stripDecoration(latexPlain(extractAnswer(text)));
   let value = spaced.replace(/\s+/g, "");
+  // A percentage compares its number as a number, and stays a percentage (50% is neither 50 nor 0.5).
+  const percent = value.length > 1 && value.endsWith("%") ? "%" : "";
+  if (percent) value = value.slice(0, -1);
   // A leading group of zeros is no thousands grouping ("0,001" read as 1 is a decimal comma's 0.001),
   // nor is a comma followed by spacing, which separates list items ("2, 345" is two numbers, not 2345).
   if (/^-?[1-9]\d{0,2}(,\d{3})+(\.\d+)?$/.test(value) && !/,\s/.test(spaced)) value = value.replace(/,/g, "");
   const fraction = /^(-?\d+)\/(\d+)$/.exec(value)?.slice(1) ?? signedLatexFraction(value);
   const quotient = fraction ? canonicalQuotient(fraction[0]!, fraction[1]!) : undefined;
-  if (quotient !== undefined) return quotient;
+  if (quotient !== undefined) return quotient + percent;
   const literal = DECIMAL.exec(value);
   if (literal && (literal[2] || literal[3])) {
     const [, sign, whole = "", fractional = "", exponent = "0"] = literal;
     const digits = whole + fractional;
     const first = firstNonZero(digits);
-    if (first === digits.length) return "0";
-    return canonicalNumber(sign === "-", digits.slice(first, lastNonZero(digits) + 1), BigInt(whole.length - first) + BigInt(exponent));
+    if (first === digits.length) return "0" + percent;
+    return canonicalNumber(sign === "-", digits.slice(first, lastNonZero(digits) + 1), BigInt(whole.length - first) + BigInt(exponent)) + percent;
   }
-  return value.toLowerCase();
-}
-
-/** `\frac{a}{b}` (or its display and text forms `\dfrac`, `\tfrac`) as [a, b]; a sign before it (`-\frac{1}{2}`, as models write it) is a's, as in `-1/2`. */
-function signedLatexFraction(value: string): [string, string] | undefined {
-  const match = /^(-?)\\[dt]?frac\{(-?\d+)\}\{(\d+)\}$/.exec(value);
-  if (!match || (match[1] && match[2]!.startsWith("-"))) return undefined;
-  return [match[1]! + match[2]!, match[3]!];
+  return (value + percent).toLowerCase();
 }
 
 /**
- * LaTeX's other spellings of what the rules below read: `\$` is a dollar sign, `{,}` a comma (the
- * thousands separator of `1{,}000`), the spacing commands `\,` `\:` `\;` and `\ ` are spacing
- * (`1\,000`), removed like spaces, and the negative thin space `\!` is none (`10,\!000`).
+ * `\frac{a}{b}` (or its display and text forms `\dfrac`, `\tfrac`) as [a, b]; a sign before it
+ * (`-\frac{1}{2}`, as models write it) is a's, as in `-1/2`. An argument without braces is one
+ * digit, as in LaTeX: `\frac12` is 1/2, `\frac123` no fraction (½ followed by 3).
+ */
+function signedLatexFraction(value: string): [string, string] | undefined {
+  const match = /^(-?)\\[dt]?frac(?:\{(-?\d+)\}|(\d))(?:\{(\d+)\}|(\d))$/.exec(value);
+  if (!match) return undefined;
+  const numerator = match[2] ?? match[3]!;
+  if (match[1] && numerator.startsWith("-")) return undefined;
+  return [match[1]! + numerator, match[4] ?? match[5]!];
+}
+
+/**
+ * LaTeX's (and Unicode's) other spellings of what the rules below read: `\$` is a dollar sign,
+ * `\%` a percent sign, `{,}` a comma (the thousands separator of `1{,}000`), the spacing commands
+ * `\,` `\:` `\;` and `\ ` are spacing (`1\,000`), removed like spaces, the negative thin space
+ * `\!` is none (`10,\!000`), `\text{…}` (`\textrm`, `\mathrm`, `\mbox`) is what it holds (a unit
+ * stays: `5\text{ cm}` is `5 cm`, not 5), and the minus sign U+2212 is `-`.
  */
 function latexPlain(text: string): string {
-  return text.replace(/\\\$/g, "$").replace(/\{,\}/g, ",").replace(/\\!/g, "").replace(/\\[,:; ]/g, " ");
+  return text
+    .replace(/\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}/g, "$1")
+    .replace(/\\([$%])/g, "$1")
+    .replace(/\{,\}/g, ",")
+    .replace(/\\!/g, "")
+    .replace(/\\[,:; ]/g, " ")
+    .replace(/\u2212/g, "-");
 }
 
 /** Whitespace, `$` on either side and a trailing period, removed until none is left (`$42$.` → `42`). */
