@@ -67,6 +67,25 @@ const permissionFlag = process.allowedNodeEnvironmentFlags.has("--permission") ?
 // runs submission code inside the child's own code, untimed).
 const NODE_FLAGS = [permissionFlag, "--experimental-vm-modules", "--disallow-code-generation-from-strings", "--frozen-intrinsics", "--no-warnings"];
 
+/**
+ * A JSON value as JavaScript source that evaluates to the same value, for the child to call the
+ * function with (`f(...<source>)`). Not JSON.stringify's text: that writes -0 as `0`, and in an
+ * object literal a `"__proto__": {…}` member sets the object's prototype instead of making the own
+ * property JSON.parse made, so a task's argument would reach the function as another value.
+ */
+export function literal(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(literal).join(",")}]`;
+  if (Object.is(value, -0)) return "-0";
+  if (value === null || typeof value !== "object") return JSON.stringify(value);
+  const object = value as Record<string, unknown>;
+  return `{${Object.keys(object).map((key) => `${key === "__proto__" ? '["__proto__"]' : JSON.stringify(key)}:${literal(object[key])}`).join(",")}}`;
+}
+
+/** The job line the child reads: a function's arguments as source text (literal), the rest as JSON. */
+function childJob(job: SandboxJob): object {
+  return job.mode === "function" ? { ...job, cases: job.cases.map((c) => ({ args_source: literal(c.args) })) } : job;
+}
+
 /** Children of runs in flight, so a shutting-down verifier can end them. */
 const liveChildren = new Set<ChildProcess>();
 let exitHookInstalled = false;
@@ -196,7 +215,7 @@ async function runInChild(job: SandboxJob, limits: SandboxLimits, signal: AbortS
       clearTimeout(timer);
       timer = setTimeout(() => stop({ status: "timeout", detail: `wall clock of ${runMs} ms exceeded` }), runMs);
       // stdin stays open until the child ends: its end tells the child that this process is gone.
-      stdin.write(`${JSON.stringify({ ...job, case_timeout_ms: limits.caseTimeoutMs, max_case_output_chars: limits.maxCaseOutputChars })}\n`);
+      stdin.write(`${JSON.stringify({ ...childJob(job), case_timeout_ms: limits.caseTimeoutMs, max_case_output_chars: limits.maxCaseOutputChars })}\n`);
     });
     err.on("data", (chunk: string) => {
       if (stderr.length < 64 * 1024) stderr += chunk;

@@ -137,17 +137,6 @@ function describe(error) {
   }
 }
 
-/**
- * A JSON value as JavaScript source that evaluates to the same value. Not JSON.stringify's text: in
- * an object literal a \`"__proto__": {…}\` member sets the object's prototype instead of making the
- * own property JSON.parse made, so a task's argument would reach the function as another value.
- */
-function literal(value) {
-  if (Array.isArray(value)) return "[" + value.map(literal).join(",") + "]";
-  if (value === null || typeof value !== "object") return JSON.stringify(value);
-  return "{" + Object.keys(value).map((key) => (key === "__proto__" ? "[\"__proto__\"]" : JSON.stringify(key)) + ":" + literal(value[key])).join(",") + "}";
-}
-
 function runCases(job) {
   let script;
   let compileError;
@@ -189,7 +178,7 @@ function runCase(job, script, testCase) {
     importDenied = vm.runInContext(prelude(stdio ? testCase.input : "", stdio ? job.max_case_output_chars : -1, stdio ? undefined : job.function_name), context, options());
     script.runInContext(context, options());
     const tail = job.mode === "function"
-      ? "(" + job.function_name + " === __sandboxOwn && __sandboxOwn !== undefined ? -3 : __encode(" + job.function_name + "(..." + literal(testCase.args) + ")))"
+      ? "(" + job.function_name + " === __sandboxOwn && __sandboxOwn !== undefined ? -3 : __encode(" + job.function_name + "(..." + testCase.args_source + ")))"
       : "__out.over ? -1 : __out.lines.join('\\n')";
     let output = vm.runInContext(tail, context, options());
     if (stdio && output === -1) return { status: "output_limit" };
