@@ -188,6 +188,8 @@ function runCase(job, script, testCase) {
     if (!stdio && typeof output === "object" && output !== null) {
       // Own data properties of arrays __encode made: reading them runs no submission code.
       const objects = output[1];
+      // Checked first, so the untimed walk below covers at most one object per two output characters.
+      if (typeof output[0] === "string" && output[0].length > job.max_case_output_chars) return { status: "output_limit" };
       for (let index = 0; index < objects.length; index += 1) {
         const what = slotted(objects[index]);
         if (what !== undefined) return { status: "error", error: "the function returned " + what + ", which JSON cannot encode (it reads as {})" };
