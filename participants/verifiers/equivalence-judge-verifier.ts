@@ -19,7 +19,9 @@ export const EQUIVALENCE_SYSTEM_PROMPT =
  * code and quotes (`**YES**`, `"NO"`) are skipped; nothing else is.
  */
 export function verdictWord(reply: string): "YES" | "NO" | undefined {
-  const answer = reply.replace(/^\s*(?:<think>)?[\s\S]*?<\/think>/, "").replace(/^[\s*_`"']+/, "");
+  // By indexOf, not a pattern: spacing before a long reply made `^\s*(?:<think>)?[\s\S]*?<\/think>` backtrack.
+  const close = reply.indexOf("</think>");
+  const answer = (close === -1 ? reply : reply.slice(close + "</think>".length)).replace(/^[\s*_`"']+/, "");
   return /^(YES|NO)(?!_*[\p{L}\p{N}])/iu.exec(answer)?.[1]?.toUpperCase() as "YES" | "NO" | undefined;
 }
 

@@ -32,4 +32,13 @@ describe("equivalence judge: the verdict is the word YES or NO, not a prefix", (
       expect(await verdictOf(reply), reply).toMatchObject({ reward: 0, _ng_failure_class: "judge_failed" });
     }
   });
+
+  it("reads a long reply in linear time (the judge's reply may be 8 MiB: leading spacing before text made the think-block pattern backtrack)", { timeout: 60_000 }, async () => {
+    const started = performance.now();
+    for (const reply of [" ".repeat(200_000) + "x".repeat(200_000), "<think>" + " \n".repeat(200_000), "*".repeat(400_000) + "x"]) {
+      expect(await verdictOf(reply)).toMatchObject({ _ng_failure_class: "judge_failed" });
+    }
+    expect(await verdictOf(" ".repeat(200_000) + "<think>" + "x".repeat(200_000) + "</think> YES")).toEqual({ reward: 1, verdict: "YES" });
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
 });
