@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { canonicalDigest } from "../../protocol/index.js";
 import { CohortTable, DEFAULT_COHORT_SETTINGS, type CohortJudge, type CohortMember, type CohortSettings } from "./cohort-table.js";
-import type { JudgeClient } from "./judge-client.js";
+import { afterThinkBlock, type JudgeClient } from "./judge-client.js";
 import { VerifierError } from "./verifier-errors.js";
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
@@ -66,8 +66,9 @@ export function modelCohortJudge(client: JudgeClient): CohortJudge {
       ],
       signal,
     );
-    // Every `BEST: <n>` of the reply: one that names two members (a judge revising itself) names none.
-    const named = new Set([...reply.matchAll(/BEST:\s*(\d+)/gi)].map((match) => Number(match[1])));
+    // Every `BEST: <n>` of the reply after its think block: one that names two members (a judge
+    // revising itself) names none; a reasoning judge's weighing before its answer does not count.
+    const named = new Set([...afterThinkBlock(reply).matchAll(/BEST:\s*(\d+)/gi)].map((match) => Number(match[1])));
     if (named.size > 1) throw new Error(`the judge named ${named.size} different responses`);
     const best = named.size === 1 ? [...named][0]! : Number.NaN;
     if (!members.some((m) => m.index === best)) throw new Error("the judge named no response");

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import type { JudgeClient } from "./judge-client.js";
+import { afterThinkBlock, type JudgeClient } from "./judge-client.js";
 import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
 
 const EquivalenceBodySchema = z
@@ -19,9 +19,7 @@ export const EQUIVALENCE_SYSTEM_PROMPT =
  * code and quotes (`**YES**`, `"NO"`) are skipped; nothing else is.
  */
 export function verdictWord(reply: string): "YES" | "NO" | undefined {
-  // By indexOf, not a pattern: spacing before a long reply made `^\s*(?:<think>)?[\s\S]*?<\/think>` backtrack.
-  const close = reply.indexOf("</think>");
-  const answer = (close === -1 ? reply : reply.slice(close + "</think>".length)).replace(/^[\s*_`"']+/, "");
+  const answer = afterThinkBlock(reply).replace(/^[\s*_`"']+/, "");
   return /^(YES|NO)(?!_*[\p{L}\p{N}])/iu.exec(answer)?.[1]?.toUpperCase() as "YES" | "NO" | undefined;
 }
 

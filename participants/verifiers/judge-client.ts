@@ -25,6 +25,17 @@ export interface ChatMessage {
   content: string;
 }
 
+/**
+ * A judge's reply after its reasoning: a reasoning model's leading think block (`<think>…</think>`,
+ * or only its closing tag when the chat template opened the block) is dropped, through the first
+ * `</think>`, so the verdict is read from the answer alone. By indexOf, not a pattern: a pattern
+ * like `^\s*(?:<think>)?[\s\S]*?<\/think>` backtracks quadratically over leading spacing.
+ */
+export function afterThinkBlock(reply: string): string {
+  const close = reply.indexOf("</think>");
+  return close === -1 ? reply : reply.slice(close + "</think>".length);
+}
+
 /** Asks a judge model once (non-streaming) and returns its text; throws on any failure. */
 export class JudgeClient {
   /** Judge requests sent so far: a counter, since a long-running verifier asks millions of times. */
