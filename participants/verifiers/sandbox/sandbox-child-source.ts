@@ -91,12 +91,13 @@ function prelude(input, keep, own) {
     // A function's result as [JSON text, every object the text was made from] (the caller checks
     // those for internal slots JSON drops: a Map or a Promise reads as {}), or -2 when it holds NaN
     // or ±Infinity (written as null: a function answering 0/0 passed a case expecting null), or -4
-    // when it holds a function or symbol, or undefined in an array (written as null, or dropped).
+    // when an array holds a function, a symbol or undefined (written as null). As a property's value
+    // they are dropped, as JSON does (a factory's methods, an optional field); alone, nothing is written.
     // Made before the submission runs, from the intrinsics as they are then.
     "const __encode = ((stringify, isArray, define) => (value) => { let bad = 0; const objects = []; let count = 0;",
     "  const text = stringify(value, function (key, v) {",
     "    if (typeof v === 'number') { if (v - v !== 0 && bad === 0) bad = -2; }",
-    "    else if (typeof v === 'function' || typeof v === 'symbol' || (v === undefined && isArray(this))) { if (bad === 0) bad = -4; }",
+    "    else if ((typeof v === 'function' || typeof v === 'symbol' || v === undefined) && isArray(this)) { if (bad === 0) bad = -4; }",
     "    else if (typeof v === 'object' && v !== null) define(objects, count++, { __proto__: null, value: v, writable: true, enumerable: true, configurable: true });",
     "    return v; });",
     "  return bad !== 0 ? bad : [text, objects]; })(JSON.stringify, Array.isArray, Reflect.defineProperty);",
@@ -184,7 +185,7 @@ function runCase(job, script, testCase) {
     if (stdio && output === -1) return { status: "output_limit" };
     if (!stdio && output === -2) return { status: "error", error: "the function returned NaN or Infinity, which JSON cannot encode" };
     if (!stdio && output === -3) return { status: "error", error: job.function_name + " is the sandbox's own global: the submission does not define it" };
-    if (!stdio && output === -4) return { status: "error", error: "the function returned a function, a symbol or undefined in an array, which JSON cannot encode" };
+    if (!stdio && output === -4) return { status: "error", error: "the function returned an array holding a function, a symbol or undefined, which JSON cannot encode (it reads as null)" };
     if (!stdio && typeof output === "object" && output !== null) {
       // Own data properties of arrays __encode made: reading them runs no submission code.
       const objects = output[1];
