@@ -29,7 +29,8 @@ export function ignoreSigusr1Env(): NodeJS.ProcessEnv {
 }
 
 /**
- * Runs a participant program in the foreground with inherited output, forwarding SIGINT/SIGTERM.
+ * Runs a participant program in the foreground with inherited output, forwarding SIGINT, SIGTERM
+ * and SIGHUP (its terminal closed: the program stops as on SIGTERM; this process waits for it).
  * It stops once this process is gone, however it ended (SIGKILL included): an orphaned attach
  * proxy would keep its instance's membership claim, and its restart would be `instance_conflict`.
  */
@@ -43,10 +44,12 @@ export function runParticipantProgram(relativePath: string, args: string[]): Pro
   const forward = (signal: NodeJS.Signals) => child.kill(signal);
   process.on("SIGINT", forward);
   process.on("SIGTERM", forward);
+  process.on("SIGHUP", forward);
   return new Promise((resolve) => {
     child.once("exit", (code, signal) => {
       process.off("SIGINT", forward);
       process.off("SIGTERM", forward);
+      process.off("SIGHUP", forward);
       resolve(exitCodeOf(code, signal));
     });
   });

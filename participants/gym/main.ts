@@ -5,7 +5,7 @@ import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal } from "./server
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
- * one JSON line with every URL, and stops every process on SIGINT/SIGTERM.
+ * one JSON line with every URL, and stops every process on SIGINT/SIGTERM/SIGHUP.
  *
  *   --nats URL (GYM_CKPT_NATS_URL, default nats://127.0.0.1:4222)   --deployment NAME (default "default")
  *   --token TOKEN (GYM_CKPT_TOKEN)   --checkpoint-root DIR   --lease-grace-seconds N
@@ -90,6 +90,8 @@ const stop = async (code: number) => {
 // wrapper); a second copy must not kill it mid-stop (stop() ignores it).
 process.on("SIGINT", () => void stop(0));
 process.on("SIGTERM", () => void stop(0));
+// Its terminal closed: stopped as on SIGTERM, not killed with its servers' membership entries left.
+process.on("SIGHUP", () => void stop(0));
 gym = await launchGym({
   nats,
   deployment,

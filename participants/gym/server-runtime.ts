@@ -20,7 +20,7 @@ import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
 
 /**
  * The shared shell of every reference Gym server process: common flags, a NATS connection,
- * a pino logger, the ready line launchers wait for, and a clean shutdown on SIGTERM/SIGINT.
+ * a pino logger, the ready line launchers wait for, and a clean shutdown on SIGTERM/SIGINT/SIGHUP.
  *
  * Flags (env fallback in brackets): --nats [GYM_CKPT_NATS_URL], --nats-connect-wait-ms
  * [GYM_CKPT_NATS_CONNECT_WAIT_MS], --deployment [GYM_CKPT_DEPLOYMENT],
@@ -378,6 +378,8 @@ export async function startServerRuntime(
   // `on`, not `once`: a group signal can arrive twice (the terminal, and the `gym-ckpt` wrapper forwarding it).
   process.on("SIGTERM", () => void stop({ signal: "SIGTERM" }, 0));
   process.on("SIGINT", () => void stop({ signal: "SIGINT" }, 0));
+  // Its terminal closed (the hangup reaches the whole group): the same clean stop, not Node's default death.
+  process.on("SIGHUP", () => void stop({ signal: "SIGHUP" }, 0));
   if (process.env[STOP_WITH_LAUNCHER_ENV] === "1") {
     delete process.env[STOP_WITH_LAUNCHER_ENV]; // for this process only, not for what it starts
     // Started by the Gym launcher: stdin is a pipe the launcher never writes to, and the kernel
