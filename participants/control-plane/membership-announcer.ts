@@ -29,6 +29,13 @@ import {
 const PROBE_TIMEOUT_MS = 2_000;
 
 /**
+ * How long `stop()` tries to delete the entry. With NATS down its request waited out the
+ * JetStream timeout (5 s), the whole of the Gym launcher's grace before SIGKILL; the entry then
+ * expires with the bucket's TTL, as it would have anyway.
+ */
+export const STOP_DELETE_WAIT_MS = 1_000;
+
+/**
  * Announces this participant in the deployment's membership registry and keeps the entry fresh.
  * The bucket's max_age (not per-key TTL, which nats-server 2.9 ignores) drops silent members.
  *
@@ -151,6 +158,8 @@ export class MembershipAnnouncer {
 
   private tick(reconnected: boolean): void {
     this.beat(reconnected).catch((error: unknown) => {
+      // A beat still in flight when stop() came (its request timing out, NATS down): nothing to tell.
+      if (this.stopped) return;
       // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
       // the next beat creates it again instead of failing forever.
       this.kv = undefined;
@@ -287,12 +296,25 @@ export class MembershipAnnouncer {
     this.statusWatch = undefined;
   }
 
+  /** Stops announcing and deletes the entry, waiting at most STOP_DELETE_WAIT_MS for that. */
   async stop(): Promise<void> {
     this.stopped = true;
     this.stopWatching();
     // Only our own entry: a process that took over keeps its announcement. Best effort: a stale
     // entry only expires with the bucket's TTL.
     if (this.isLost || !this.revision) return;
+    let timer: NodeJS.Timeout | undefined;
+    const gaveUp = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(true), STOP_DELETE_WAIT_MS)));
+    const deleted = this.deleteOwnEntry()
+      .catch(() => undefined)
+      .then(() => false);
+    if (await Promise.race([deleted, gaveUp])) {
+      this.logger?.warn({ wait_ms: STOP_DELETE_WAIT_MS, ttl_ms: MEMBER_TTL_MS }, "membership entry not deleted in time (NATS unreachable?); it expires with the registry's TTL");
+    }
+    clearTimeout(timer);
+  }
+
+  private async deleteOwnEntry(): Promise<void> {
     // A failed beat dropped the handle (for the next beat to create the bucket again): re-open it,
     // never create it, to remove the entry that beat may have left.
     const kv = this.kv ?? (await new Kvm(this.nc).open(membersBucket(this.deployment)).catch(() => undefined));

@@ -59,6 +59,25 @@ export const ServerFlagsSchema = z
 
 /** How long a stopping server lets in-flight requests finish before it closes their connections. */
 export const SHUTDOWN_DRAIN_MS = 2_000;
+
+/**
+ * How long a stopping server waits for its NATS connection to drain before closing it. With NATS
+ * down a drain cannot finish (a reconnect attempt to a host that does not answer waits out its
+ * connect timeout): the stop, bounded, stays inside the Gym launcher's 5 s grace before SIGKILL.
+ */
+export const NATS_DRAIN_WAIT_MS = 1_000;
+
+/** Drains `nc`, closing it instead once NATS_DRAIN_WAIT_MS passed; never rejects. */
+async function drainWithin(nc: NatsConnection): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const drained = nc.drain().then(
+    () => true,
+    () => false,
+  );
+  const ok = await Promise.race([drained, new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), NATS_DRAIN_WAIT_MS)))]);
+  clearTimeout(timer);
+  if (!ok) await nc.close().catch(() => undefined);
+}
 export type CommonServerConfig = z.infer<typeof ServerFlagsSchema>;
 
 /** The common flags `gym-ckpt gym` passes on to every server: checked once there, before any starts. */
@@ -370,7 +389,7 @@ export async function startServerRuntime(
       }
     }
     for (const fn of shutdown.reverse()) await Promise.resolve(fn()).catch((err: unknown) => logger.warn({ err }, "shutdown step failed"));
-    await nc.drain().catch(() => undefined);
+    await drainWithin(nc);
     stopHttpPropagation();
     await telemetry.shutdown();
     process.exit(exitCode);
