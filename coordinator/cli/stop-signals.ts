@@ -19,13 +19,26 @@ export function listenForStop(phase: () => StartupPhase, campaignBoundMs: number
     const onSignal = (signal: NodeJS.Signals) => {
       const now = phase();
       if (requested && signal === "SIGHUP") return;
-      if (requested || now === "preparing") process.exit();
+      if (requested) process.exit();
+      if (now === "preparing") return exitAfterStop(signal);
       requested = true;
-      if (now === "campaigning") setTimeout(() => process.exit(), campaignBoundMs).unref();
+      if (now === "campaigning") setTimeout(() => exitAfterStop(signal), campaignBoundMs).unref();
       resolve(signal);
     };
     process.on("SIGTERM", onSignal);
     process.on("SIGINT", onSignal);
     process.on("SIGHUP", onSignal);
   });
+}
+
+/**
+ * Ends the process once stopped for `signal`. After a hangup it dies by SIGHUP itself, as the
+ * signal's default action would and as `collect` does: whoever started it sees a hangup, and
+ * Node 20 aborts (SIGABRT, a core dump) in an ordinary exit once its terminal is gone, its
+ * restore of the terminal's settings failing with EIO (nodejs/node#51519).
+ */
+export function exitAfterStop(signal: NodeJS.Signals | undefined): void {
+  if (signal !== "SIGHUP") process.exit();
+  process.removeAllListeners("SIGHUP");
+  process.kill(process.pid, "SIGHUP");
 }

@@ -30,7 +30,8 @@ export function ignoreSigusr1Env(): NodeJS.ProcessEnv {
 
 /**
  * Runs a participant program in the foreground with inherited output, forwarding SIGINT, SIGTERM
- * and SIGHUP (its terminal closed: the program stops as on SIGTERM; this process waits for it).
+ * and SIGHUP (its terminal closed: the program stops as on SIGTERM, then dies by SIGHUP, and so
+ * does this process: an ordinary exit aborts in Node 20 once the terminal is gone, nodejs/node#51519).
  * It stops once this process is gone, however it ended (SIGKILL included): an orphaned attach
  * proxy would keep its instance's membership claim, and its restart would be `instance_conflict`.
  */
@@ -50,6 +51,7 @@ export function runParticipantProgram(relativePath: string, args: string[]): Pro
       process.off("SIGINT", forward);
       process.off("SIGTERM", forward);
       process.off("SIGHUP", forward);
+      if (signal === "SIGHUP" && process.listenerCount("SIGHUP") === 0) process.kill(process.pid, "SIGHUP");
       resolve(exitCodeOf(code, signal));
     });
   });

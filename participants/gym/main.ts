@@ -1,7 +1,7 @@
 import { parseArgs } from "node:util";
 import { ExitedBeforeReady, GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
 import { DEFAULT_NATS_URL, describeZodError, envSetting, isHttpUrl } from "../../protocol/index.js";
-import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal } from "./server-runtime.js";
+import { LaunchFlagsSchema, argvRefusal, dieByHangup, millisecondFlagRefusal } from "./server-runtime.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
@@ -77,21 +77,25 @@ if (values["policy-url"] !== undefined && !isHttpUrl(values["policy-url"])) refu
 const abort = new AbortController();
 let gym: Gym | undefined;
 let stopping = false;
-const stop = async (code: number) => {
+let hungUp = false;
+/** Exits once stopped; after a hangup by SIGHUP itself (see dieByHangup). */
+const leave = (code: number): void => (hungUp ? dieByHangup() : process.exit(code));
+const stop = async (code: number, signal?: NodeJS.Signals) => {
   if (stopping) return;
   stopping = true;
+  hungUp = signal === "SIGHUP";
   abort.abort();
   // During start-up the launcher ends its own children once aborted, then exits below.
   if (!gym) return;
   await gym.stop();
-  process.exit(code);
+  leave(code);
 };
 // `on`, not `once`: Ctrl-C reaches this process twice (from the terminal and forwarded by the `gym-ckpt`
 // wrapper); a second copy must not kill it mid-stop (stop() ignores it).
 process.on("SIGINT", () => void stop(0));
 process.on("SIGTERM", () => void stop(0));
 // Its terminal closed: stopped as on SIGTERM, not killed with its servers' membership entries left.
-process.on("SIGHUP", () => void stop(0));
+process.on("SIGHUP", () => void stop(0, "SIGHUP"));
 gym = await launchGym({
   nats,
   deployment,
@@ -107,7 +111,7 @@ gym = await launchGym({
   ...(values.verbose && { onOutput: (name: GymProcessName, line: string) => process.stderr.write(`[${name}] ${line}\n`) }),
   signal: abort.signal,
 }).catch((error: unknown) => {
-  if (stopping) process.exit(0);
+  if (stopping) leave(0);
   process.stderr.write(`gym: ${error instanceof Error ? error.message : String(error)}\n`);
   // A server that refused its configuration (exit 2: a metrics port it cannot listen on, NATS
   // credentials refused) is configuration here too: exit 1 would have a supervisor restart for ever.
@@ -116,7 +120,7 @@ gym = await launchGym({
 // A signal that came as the last child got ready found no gym to stop.
 if (stopping) {
   await gym.stop();
-  process.exit(0);
+  leave(0);
 }
 const urls = Object.fromEntries(GYM_PROCESSES.map((name) => [name, gym!.urls[name]]));
 process.stdout.write(`${JSON.stringify({ ready: true, name: "gym", urls, instances: gym.instances })}\n`);

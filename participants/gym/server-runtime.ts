@@ -67,6 +67,17 @@ export const SHUTDOWN_DRAIN_MS = 2_000;
  */
 export const NATS_DRAIN_WAIT_MS = 1_000;
 
+/**
+ * Ends the process by SIGHUP itself once stopped for one, as the signal's default action would:
+ * whoever started it sees a hangup, and Node 20 aborts (SIGABRT, a core dump) in an ordinary exit
+ * once its terminal is gone, its restore of the terminal's settings failing with EIO
+ * (nodejs/node#51519).
+ */
+export function dieByHangup(): void {
+  process.removeAllListeners("SIGHUP");
+  process.kill(process.pid, "SIGHUP");
+}
+
 /** Drains `nc`, closing it instead once NATS_DRAIN_WAIT_MS passed; never rejects. */
 async function drainWithin(nc: NatsConnection): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
@@ -392,6 +403,7 @@ export async function startServerRuntime(
     await drainWithin(nc);
     stopHttpPropagation();
     await telemetry.shutdown();
+    if ("signal" in why && why.signal === "SIGHUP") return dieByHangup();
     process.exit(exitCode);
   };
   // `on`, not `once`: a group signal can arrive twice (the terminal, and the `gym-ckpt` wrapper forwarding it).

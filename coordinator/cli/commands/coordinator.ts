@@ -7,7 +7,7 @@ import type { EngineHooks } from "../../engine/checkpoint-engine.js";
 import { createLogger } from "../../telemetry/logger.js";
 import { observeLeadership, startTelemetry } from "../../telemetry/telemetry-sdk.js";
 import { decimalInteger, metricsPortFlag, printJson, runCli } from "../shared.js";
-import { listenForStop, type StartupPhase } from "../stop-signals.js";
+import { exitAfterStop, listenForStop, type StartupPhase } from "../stop-signals.js";
 
 /** The longest a stop signal during the lease campaign waits for start-up and the stop (a stalled NATS). */
 const STOP_DURING_CAMPAIGN_MAX_MS = 10_000;
@@ -169,7 +169,7 @@ export function register(program: Command): void {
         await telemetry.shutdown();
         // Now, not when the event loop empties: an OTLP exporter still retrying its last export
         // (a collector that refuses or never answers) would keep the process up to 10 s more.
-        process.exit();
+        exitAfterStop(ended.signal);
       }, ["unauthorized"]);
     });
 }
