@@ -20,16 +20,17 @@ import { ensureBuilt, spawnDaemon } from "./coordinator-process.js";
  * gone terminal aborts in Node 20: SIGABRT, nodejs/node#51519).
  *
  * The programs run on a pseudo-terminal made by util-linux `script`, under a small session leader
- * that passes the hangup on to its job as a login shell does and writes down how the job ended
- * (as in collect-terminal-hangup.test.ts). Killing `script` closes the terminal.
+ * that passes the hangup on to its job's process group as a login shell does (bash's SIGHUP to
+ * each job reaches every process the job started: the Gym's servers share its group) and writes
+ * down how the job ended (as in collect-terminal-hangup.test.ts). Killing `script` closes the terminal.
  */
 const CLI = fileURLToPath(new URL("../../dist/coordinator/cli/main.js", import.meta.url));
 const SESSION_LEADER = `
 const { spawn } = require("node:child_process");
 const { writeFileSync } = require("node:fs");
 const [status, ...args] = process.argv.slice(2);
-const child = spawn(process.execPath, args, { stdio: "inherit" });
-process.on("SIGHUP", () => child.kill("SIGHUP"));
+const child = spawn(process.execPath, args, { stdio: "inherit", detached: true });
+process.on("SIGHUP", () => process.kill(-child.pid, "SIGHUP"));
 child.on("exit", (code, signal) => writeFileSync(status, JSON.stringify({ code, signal })));
 `;
 const quote = (arg: string) => `'${arg.replaceAll("'", "'\\''")}'`;
