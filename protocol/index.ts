@@ -5,6 +5,7 @@ export { LOG_REDACT_PATHS, LOG_REDACT_CENSOR } from "./log-redaction.js";
 export { loggedError } from "./logged-error.js";
 export { FailureSpellLog, type SpellLogger } from "./failure-spell-log.js";
 export { endLogsWhenStdoutRefuses } from "./stdout-log-refusal.js";
+export { dieByHangup } from "./die-by-hangup.js";
 export { makeDirectories, isMisplacedDirectory, parentsOfCreated } from "./make-directories.js";
 export { envSetting } from "./env-setting.js";
 export { within, type SetTimer } from "./within.js";

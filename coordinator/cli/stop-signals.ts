@@ -1,3 +1,5 @@
+import { dieByHangup } from "../../protocol/index.js";
+
 /** Where the daemon's start-up is, for a stop signal: see `listenForStop`. */
 export type StartupPhase = "preparing" | "campaigning" | "running";
 
@@ -31,14 +33,8 @@ export function listenForStop(phase: () => StartupPhase, campaignBoundMs: number
   });
 }
 
-/**
- * Ends the process once stopped for `signal`. After a hangup it dies by SIGHUP itself, as the
- * signal's default action would and as `collect` does: whoever started it sees a hangup, and
- * Node 20 aborts (SIGABRT, a core dump) in an ordinary exit once its terminal is gone, its
- * restore of the terminal's settings failing with EIO (nodejs/node#51519).
- */
+/** Ends the process once stopped for `signal`; after a hangup by SIGHUP itself (dieByHangup). */
 export function exitAfterStop(signal: NodeJS.Signals | undefined): void {
   if (signal !== "SIGHUP") process.exit();
-  process.removeAllListeners("SIGHUP");
-  process.kill(process.pid, "SIGHUP");
+  dieByHangup();
 }

@@ -1,7 +1,7 @@
 import { parseArgs } from "node:util";
 import { ExitedBeforeReady, GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
-import { DEFAULT_NATS_URL, describeZodError, envSetting, isHttpUrl } from "../../protocol/index.js";
-import { LaunchFlagsSchema, argvRefusal, dieByHangup, millisecondFlagRefusal } from "./server-runtime.js";
+import { DEFAULT_NATS_URL, describeZodError, dieByHangup, envSetting, isHttpUrl } from "../../protocol/index.js";
+import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal } from "./server-runtime.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints

@@ -4,7 +4,7 @@ import type { ConnectionOptions, NatsConnection } from "@nats-io/transport-node"
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, PACKAGE_VERSION, envSetting, isHttpUrl, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, dieByHangup, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, PACKAGE_VERSION, envSetting, isHttpUrl, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -67,16 +67,6 @@ export const SHUTDOWN_DRAIN_MS = 2_000;
  */
 export const NATS_DRAIN_WAIT_MS = 1_000;
 
-/**
- * Ends the process by SIGHUP itself once stopped for one, as the signal's default action would:
- * whoever started it sees a hangup, and Node 20 aborts (SIGABRT, a core dump) in an ordinary exit
- * once its terminal is gone, its restore of the terminal's settings failing with EIO
- * (nodejs/node#51519).
- */
-export function dieByHangup(): void {
-  process.removeAllListeners("SIGHUP");
-  process.kill(process.pid, "SIGHUP");
-}
 
 /** Drains `nc`, closing it instead once NATS_DRAIN_WAIT_MS passed; never rejects. */
 async function drainWithin(nc: NatsConnection): Promise<void> {
