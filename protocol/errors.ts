@@ -104,7 +104,7 @@ export const ERROR_CATALOG = {
   },
   upstream_failed: {
     status: 502,
-    meaning: "The attach proxy's upstream (the inference server behind it) could not be reached, refused its TLS, or failed or closed before its answer was complete; no capture-ledger row was written for the call. Also a reference Gym server's data-plane call whose connection failed (its detail names the path called).",
+    meaning: "The attach proxy's upstream (the inference server behind it) could not be reached, refused its TLS, or failed or closed before its answer was complete; no capture-ledger row was written for the call. Also a reference Gym server's data-plane call whose connection failed (its detail names the path called), and a reference agent's policy call whose stream ended in an error event.",
     solve: "Check the inference server the proxy's `--upstream` names (or the Gym server the path belongs to); the call was not recorded, so send it again (the reference agent sends a policy call again twice by itself).",
   },
   outcome_unknown: {

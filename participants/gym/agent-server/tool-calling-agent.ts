@@ -250,7 +250,13 @@ function parseStreamChunk(data: string): z.infer<typeof StreamChunkSchema> {
   return parsed.data;
 }
 
-/** Rebuilds one assistant message from OpenAI-style SSE chunks. */
+/** What an error event of a stream says, bounded (its `message` when it has one). */
+function streamErrorMessage(error: unknown): string {
+  const message = typeof error === "object" && error !== null && typeof (error as { message?: unknown }).message === "string" ? (error as { message: string }).message : JSON.stringify(error);
+  return message.length > 500 ? `${message.slice(0, 500)}…` : message;
+}
+
+/** Rebuilds one assistant message from OpenAI-style SSE chunks; a chunk carrying `error` fails the call (upstream_failed). */
 export function assembleStream(text: string): ChatMessage {
   let content = "";
   const tools = new Map<number, { id: string; name: string; arguments: string }>();
@@ -260,6 +266,12 @@ export function assembleStream(text: string): ChatMessage {
     const data = trimmed.slice(5).trim();
     if (data === "[DONE]") break;
     const chunk = parseStreamChunk(data);
+    // vLLM's engine error inside a 200 stream (`data: {"error":{...}}`, then [DONE]): the call failed,
+    // as OpenAI clients raise on it, and the model proxy recorded no ledger row for it, so it is sent
+    // again (callPolicy), never assembled into an answer from the text before the error.
+    if (chunk.error !== undefined && chunk.error !== null) {
+      throw new CheckpointError("upstream_failed", `the policy's stream ended in an error event: ${streamErrorMessage(chunk.error)}`);
+    }
     const delta = chunk.choices?.[0]?.delta;
     if (!delta) continue;
     if (typeof delta.content === "string") content += delta.content;
