@@ -1,7 +1,7 @@
 import { parseArgs } from "node:util";
 import { ExitedBeforeReady, GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
 import { DEFAULT_NATS_URL, describeZodError, dieByHangup, envSetting, isHttpUrl } from "../../protocol/index.js";
-import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal } from "./server-runtime.js";
+import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal, urlHasCredentials } from "./server-runtime.js";
 
 /**
  * `gym-ckpt gym`: starts the whole reference Gym on loopback for demos and manual tries, prints
@@ -72,7 +72,11 @@ if (values.verify !== undefined && !VERIFY_MODES.includes(values.verify)) refuse
 const tokenDelay = values["token-delay-ms"];
 // As the policy backend checks it (a value it would refuse must not start the other servers first).
 if (tokenDelay !== undefined && (millisecondFlagRefusal({ "token-delay-ms": tokenDelay }) || Number(tokenDelay) > 60_000)) refuse("--token-delay-ms must be a decimal number from 0 to 60000");
-if (values["policy-url"] !== undefined && !isHttpUrl(values["policy-url"])) refuse("--policy-url must be an http or https URL");
+const policyUrl = values["policy-url"];
+if (policyUrl !== undefined && !isHttpUrl(policyUrl)) refuse("--policy-url must be an http or https URL");
+// What the model proxy refuses as its --upstream (the value is not echoed: its userinfo or query may be a secret).
+if (policyUrl !== undefined && urlHasCredentials(policyUrl)) refuse("--policy-url may not carry credentials (user:password@): the model proxy forwards each caller's Authorization header instead");
+if (policyUrl !== undefined && (new URL(policyUrl).search || new URL(policyUrl).hash)) refuse("--policy-url may not carry a query or fragment");
 // Installed before the launch: a signal during start-up must stop the children started so far.
 const abort = new AbortController();
 let gym: Gym | undefined;

@@ -67,6 +67,9 @@ describe("configuration refused before anything starts", () => {
     ["--verify", "nope"],
     ["--token-delay-ms", "soon"],
     ["--policy-url", "not a url"],
+    // What the model proxy refuses as its --upstream (exit 2 only once resources had started beside it).
+    ["--policy-url", "http://user:SECRETWORD@127.0.0.1:9/v1"],
+    ["--policy-url", "http://127.0.0.1:9/v1?api-key=SECRETWORD"],
   ])("gym-ckpt gym: a bad %s is one line and exit 2 before any server starts (not a server's exit 1 and its output)", (flag, value) => {
     ensureBuilt();
     // No NATS behind the URL: a server started anyway would fail on it (exit 1) instead.
