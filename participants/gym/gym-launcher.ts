@@ -3,6 +3,7 @@ import { existsSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { join } from "node:path";
+import { DEFAULT_NATS_CONNECT_WAIT_MS, MAX_NATS_CONNECT_WAIT_MS } from "../../protocol/nats-first-connect.js";
 
 /**
  * Starts the reference Gym as child processes, each on loopback with a free port and as soon as the
@@ -35,6 +36,10 @@ export interface GymLaunchOptions {
   external?: Partial<Record<GymProcessName, string>>;
   /** Which processes to start now (default: all); start the rest later with `start(names)`. */
   initial?: readonly GymProcessName[];
+  /**
+   * How long a process may take to print its ready line (default: 10 s more than the servers' wait for
+   * NATS, GYM_CKPT_NATS_CONNECT_WAIT_MS in `env` or this process's environment, default 10 s: 20 s).
+   */
   readyTimeoutMs?: number;
   /** Every output line of every child (logs are JSON lines from pino). */
   onOutput?: (name: GymProcessName, line: string) => void;
@@ -90,6 +95,21 @@ const CALLERS: Record<GymProcessName, GymProcessName[]> = {
 /** Whether `from`'s callers include `to`, directly or through another process. */
 function reaches(from: GymProcessName, to: GymProcessName): boolean {
   return CALLERS[from].some((caller) => caller === to || reaches(caller, to));
+}
+
+/** A process's start-up past its wait for NATS (joining as a participant, listening), in the default ready timeout. */
+const READY_MARGIN_MS = 10_000;
+
+/**
+ * The default ready timeout: the servers' wait for a NATS server that does not accept connections
+ * yet (GYM_CKPT_NATS_CONNECT_WAIT_MS, as each server reads it; a value it refuses ends it at once),
+ * plus READY_MARGIN_MS. A fixed 20 s cut a longer wait short: a Gym started before its NATS failed
+ * "did not print its ready line in time" while its servers still waited as told.
+ */
+export function defaultReadyTimeoutMs(env: NodeJS.ProcessEnv): number {
+  const wait = env.GYM_CKPT_NATS_CONNECT_WAIT_MS;
+  const connectWait = wait && /^\d+$/.test(wait) && Number(wait) <= MAX_NATS_CONNECT_WAIT_MS ? Number(wait) : DEFAULT_NATS_CONNECT_WAIT_MS;
+  return connectWait + READY_MARGIN_MS;
 }
 
 /** Tries on the previous port before moving to a new one (the old socket may linger briefly). */
@@ -230,7 +250,7 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
     createInterface({ input: child.stderr! }).on("line", remember);
     let onAbort: (() => void) | undefined;
     const ready = new Promise<{ url: string; metricsUrl?: string }>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`${name} did not print its ready line in time:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? 20_000);
+      const timer = setTimeout(() => reject(new Error(`${name} did not print its ready line in time:\n${tail.join("\n")}`)), options.readyTimeoutMs ?? defaultReadyTimeoutMs(env));
       onAbort = () => {
         clearTimeout(timer);
         reject(aborted());
