@@ -217,6 +217,16 @@ export function millisecondFlagRefusal(values: Record<string, unknown>): string 
 }
 
 /**
+ * The episode deadline of `--episode-timeout-ms` (the environment server, the agent's legacy /run):
+ * undefined when left out or 0, no deadline, as a 0 lifetime or wait is elsewhere. Taken as a 0 ms
+ * deadline, it failed every /run `deadline_exceeded` before its first call.
+ */
+export function episodeTimeoutFlag(extra: Record<string, string | undefined>): number | undefined {
+  const value = Number(extra["episode-timeout-ms"] ?? 0);
+  return value > 0 ? value : undefined;
+}
+
+/**
  * Why a server's required URL flags are refused, if they are: missing, or not http(s) (a URL fetch
  * cannot take, such as `127.0.0.1:8080` without its scheme, failed every call at run time), or
  * carrying credentials (`user:password@`): fetch refuses to build a request from such a URL, and

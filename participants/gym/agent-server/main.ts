@@ -1,5 +1,5 @@
 import { AgentKind } from "../../kinds/agent/index.js";
-import { startServerRuntime, urlFlagsRefusal } from "../server-runtime.js";
+import { episodeTimeoutFlag, startServerRuntime, urlFlagsRefusal } from "../server-runtime.js";
 import { AgentSessionState } from "./agent-session-state.js";
 import { createAgentApp } from "./agent-server.js";
 
@@ -17,6 +17,7 @@ const runtime = await startServerRuntime("agent-server", process.argv.slice(2), 
   return undefined;
 });
 const { extra, logger } = runtime;
+const episodeTimeoutMs = episodeTimeoutFlag(extra);
 const state = new AgentSessionState();
 const kind = new AgentKind(state);
 const app = createAgentApp({
@@ -24,6 +25,6 @@ const app = createAgentApp({
   kind,
   state,
   endpoints: { policyUrl: extra["policy-url"]!, resourcesUrl: extra["resources-url"]!, stream: extra.stream !== "false" },
-  ...(extra["episode-timeout-ms"] && { episodeTimeoutMs: Number(extra["episode-timeout-ms"]) }),
+  ...(episodeTimeoutMs !== undefined && { episodeTimeoutMs }),
 });
 await runtime.serve(app, kind);

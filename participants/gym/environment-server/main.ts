@@ -2,7 +2,7 @@ import { isUnreadableStorage, toCheckpointError } from "../../../protocol/index.
 import { EnvironmentKind } from "../../kinds/environment/index.js";
 import { ReplayError } from "../../replay/errors.js";
 import { loadGymReplaySource, readGymReplayConfig, type GymReplayConfig } from "../../replay/gym-replay-source.js";
-import { startServerRuntime, urlFlagsRefusal } from "../server-runtime.js";
+import { episodeTimeoutFlag, startServerRuntime, urlFlagsRefusal } from "../server-runtime.js";
 import { createEnvironmentApp } from "./environment-server.js";
 
 /**
@@ -38,6 +38,7 @@ const runtime = await startServerRuntime("environment-server", process.argv.slic
   urlFlagsRefusal(flags, ["agent-url", "resources-url"]) ?? replayConfigRefusal(flags["replay-config"]),
 );
 const { extra, logger } = runtime;
+const episodeTimeoutMs = episodeTimeoutFlag(extra);
 const kind = new EnvironmentKind();
 let replay: Awaited<ReturnType<typeof loadGymReplaySource>> | undefined;
 try {
@@ -56,6 +57,6 @@ const app = createEnvironmentApp({
   logger,
   kind,
   endpoints: { agentUrl: extra["agent-url"]!, resourcesUrl: extra["resources-url"]! },
-  ...(extra["episode-timeout-ms"] && { episodeTimeoutMs: Number(extra["episode-timeout-ms"]) }),
+  ...(episodeTimeoutMs !== undefined && { episodeTimeoutMs }),
 });
 await runtime.serve(app, kind);
