@@ -1,6 +1,6 @@
 import { parseArgs } from "node:util";
 import { ExitedBeforeReady, GYM_PROCESSES, launchGym, type Gym, type GymProcessName } from "./gym-launcher.js";
-import { DEFAULT_NATS_URL, describeZodError, dieByHangup, envSetting, isHttpUrl } from "../../protocol/index.js";
+import { DEFAULT_NATS_CONNECT_WAIT_MS, DEFAULT_NATS_URL, describeZodError, dieByHangup, envSetting, isHttpUrl } from "../../protocol/index.js";
 import { LaunchFlagsSchema, argvRefusal, millisecondFlagRefusal, urlHasCredentials } from "./server-runtime.js";
 
 /**
@@ -56,6 +56,8 @@ if (values.help) {
 // stop the rest with a message about that server rather than the flag.
 const flags = LaunchFlagsSchema.safeParse({
   nats: values.nats ?? envSetting("GYM_CKPT_NATS_URL") ?? DEFAULT_NATS_URL,
+  // Env only here: every server reads it, and each would refuse a bad one by itself.
+  natsConnectWaitMs: envSetting("GYM_CKPT_NATS_CONNECT_WAIT_MS") ?? String(DEFAULT_NATS_CONNECT_WAIT_MS),
   deployment: values.deployment ?? envSetting("GYM_CKPT_DEPLOYMENT") ?? "default",
   token: values.token ?? envSetting("GYM_CKPT_TOKEN") ?? "",
   checkpointRoot: values["checkpoint-root"] ?? envSetting("GYM_CKPT_CHECKPOINT_ROOT"),

@@ -82,7 +82,7 @@ async function drainWithin(nc: NatsConnection): Promise<void> {
 export type CommonServerConfig = z.infer<typeof ServerFlagsSchema>;
 
 /** The common flags `gym-ckpt gym` passes on to every server: checked once there, before any starts. */
-export const LaunchFlagsSchema = ServerFlagsSchema.pick({ nats: true, deployment: true, token: true, checkpointRoot: true, leaseGraceSeconds: true });
+export const LaunchFlagsSchema = ServerFlagsSchema.pick({ nats: true, natsConnectWaitMs: true, deployment: true, token: true, checkpointRoot: true, leaseGraceSeconds: true });
 
 export interface ServerRuntime {
   config: CommonServerConfig;

@@ -77,6 +77,12 @@ describe("configuration refused before anything starts", () => {
     expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(new RegExp(`^gym: invalid configuration: ${flag} [^\n]*$`)) });
   });
 
+  it("gym-ckpt gym: a bad GYM_CKPT_NATS_CONNECT_WAIT_MS is one line and exit 2 before any server starts (not the first server's exit and output)", () => {
+    ensureBuilt();
+    const bad = run(GYM, ["--nats", "nats://127.0.0.1:1", "--token", "t0ken"], { GYM_CKPT_NATS_CONNECT_WAIT_MS: "10s" });
+    expect({ status: bad.status, stderr: bad.stderr.trim() }).toEqual({ status: 2, stderr: expect.stringMatching(/^gym: invalid configuration: natsConnectWaitMs: [^\n]*$/) });
+  });
+
   it.each([
     ["a reference server", "dist/participants/gym/environment-server/main.js"],
     ["gym-ckpt gym", "dist/participants/gym/main.js"],

@@ -35,7 +35,7 @@ describe("reference server flags", () => {
   });
 
   it("gym-ckpt gym refuses --lease-grace-seconds 1e3 as the servers do", () => {
-    expect(LaunchFlagsSchema.safeParse({ nats: base.nats, deployment: "default", token: "t0ken", leaseGraceSeconds: "1e3" }).success).toBe(false);
+    expect(LaunchFlagsSchema.safeParse({ nats: base.nats, natsConnectWaitMs: "10000", deployment: "default", token: "t0ken", leaseGraceSeconds: "1e3" }).success).toBe(false);
   });
 });
 
