@@ -58,7 +58,7 @@ export interface AgentAppOptions {
   state: AgentSessionState;
   endpoints: AgentEndpoints;
   episodeTimeoutMs?: number;
-  /** Where a legacy episode's failed clean-up of its resources session is reported. */
+  /** Where a legacy episode's failed clean-up of its resources session, and any internal_error a route answers, are reported. */
   logger?: Logger;
 }
 
@@ -80,7 +80,8 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
   const app = Fastify({ logger: false, bodyLimit: 1 << 20, ...participantServerOptions(kind.kind) });
   installJsonBodyParser(app);
   // Malformed JSON and the like arrive here; they are the caller's fault.
-  installRefusalHandlers(app, "agent server", kind.kind);
+  const logger = options.logger;
+  installRefusalHandlers(app, "agent server", kind.kind, logger);
 
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.sessions.states(), cookies: state.sessions.size }));
@@ -101,7 +102,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       if (!opened.restored && !current) state.set(episode.rollout_id, { cookie: body.cookie ?? null });
       return { session_key: episode.rollout_id, restored: opened.restored };
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind);
+      return sendRefusal(reply, error, kind.kind, logger);
     }
   });
 
@@ -126,7 +127,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       // The restored boundary is checked before the session is claimed: a refused activate leaves it restored.
       return await kind.activate(episode, turnLoop, episode.rollout_id, { checkBoundary: (boundary) => void turnLoopStateOf(key, boundary) });
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind);
+      return sendRefusal(reply, error, kind.kind, logger);
     }
   });
 
@@ -137,7 +138,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       await kind.closeSession(episode);
       return {};
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind);
+      return sendRefusal(reply, error, kind.kind, logger);
     }
   });
 
@@ -163,7 +164,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       const sent = (request.body as { task: unknown }).task;
       return await kind.runLegacy(episode, sent, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task, options.logger));
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind);
+      return sendRefusal(reply, error, kind.kind, logger);
     }
   });
 

@@ -64,11 +64,11 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
   const { kind, endpoints } = options;
   const app = Fastify({ logger: false, bodyLimit: 1 << 20, ...participantServerOptions(kind.kind) });
   installJsonBodyParser(app);
-  installRefusalHandlers(app, "environment server", kind.kind);
+  const logger = options.logger;
+  installRefusalHandlers(app, "environment server", kind.kind, logger);
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));
   const replay = options.replay;
-  const logger = options.logger;
   /** Replay tasks /replay/next passed over because /run would refuse them. */
   let unrunnableSkipped = 0;
   if (replay) {
@@ -77,7 +77,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       try {
         await replay.reload();
       } catch (error) {
-        return sendRefusal(reply, replayRefusal(error), kind.kind);
+        return sendRefusal(reply, replayRefusal(error), kind.kind, logger);
       }
       return { tasks: replay.size, num_tasks: replay.size, unrunnable: unrunnableSkipped, config: replay.config, stats: replay.stats };
     });
@@ -94,7 +94,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
           logger?.warn({ replay_idx: task.idx, replay_id: run.replay_id, reason: refusal }, "replay task passed over: /run would refuse it");
         }
       } catch (error) {
-        return sendRefusal(reply, replayRefusal(error), kind.kind);
+        return sendRefusal(reply, replayRefusal(error), kind.kind, logger);
       }
       return { done: true, tasks: replay.size, unrunnable: unrunnableSkipped };
     });
@@ -159,7 +159,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       });
       return { ...runReply, trajectory };
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind);
+      return sendRefusal(reply, error, kind.kind, logger);
     }
   });
   return app;
