@@ -8,7 +8,11 @@ import { MAX_EXPRESSION_LENGTH, calculate } from "./arithmetic-expression.js";
 export const CalculatorTaskSchema = z.object({ expression: z.string().min(1).max(MAX_EXPRESSION_LENGTH) }).catchall(z.json());
 export const SeedBodySchema = z.object({ task: CalculatorTaskSchema.optional() }).strict();
 export const CalculatorToolBodySchema = z.object({ expression: z.string().min(1).max(MAX_EXPRESSION_LENGTH) }).strict();
-export const VerifyBodySchema = z.object({ task: CalculatorTaskSchema, answer: z.string().max(10_000) }).strict();
+/**
+ * `answer` has no length limit of its own (the body limit bounds it): a policy that answers at length
+ * is scored 0 like any wrong answer, never refused, which failed its whole episode invalid_request.
+ */
+export const VerifyBodySchema = z.object({ task: CalculatorTaskSchema, answer: z.string() }).strict();
 export const EmptyBodySchema = z.object({}).strict();
 
 export function parseBody<T>(schema: z.ZodType<T>, body: unknown): T {
