@@ -27,6 +27,7 @@ export const ChatMessageSchema = keepingProtoKey(ChatMessageFieldsSchema);
 
 /** Longest replayed context an activation accepts (chat messages, no system message). */
 export const MAX_SEED_MESSAGES = 60;
+/** Policy calls an activation makes at most; past them it ends without an answer (scored 0). */
 const MAX_TURNS = 16;
 /**
  * Longest conversation a boundary may hold, and what the environment accepts as an activation's
@@ -150,7 +151,12 @@ export async function runTurnLoop(
       messages.push({ role: "tool", tool_call_id: call.id, content: JSON.stringify(result) });
     }
   }
-  throw new CheckpointError("internal_error", `no final answer after ${MAX_TURNS} turns`);
+  // The turn budget is spent without an answer (a policy calling tools for ever): the episode ends
+  // unanswered, verified and scored as such, not failed internal_error for a policy's behaviour. Its
+  // final boundary holds the empty answer, so a restored activation makes no further call.
+  const unanswered = messages.map((m) => ({ ...m }));
+  await driver.boundary(restorable({ messages: unanswered, answer: "", ...seeded }));
+  return { answer: "", modelCalls, messages: unanswered };
 }
 
 /**
