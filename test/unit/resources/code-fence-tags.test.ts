@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
 import { CodeVerifier, CompetitiveProgrammingVerifier, extractCode, submittedCode } from "../../../participants/verifiers/index.js";
+import { CODE_LIMITS as LIMITS, verifyOnce } from "./verify-once.js";
 
 /**
  * docs/verifiers.md: the answer may be a fenced code block. A fence's tag was matched only as
@@ -10,18 +10,9 @@ import { CodeVerifier, CompetitiveProgrammingVerifier, extractCode, submittedCod
  * answer whose only code is in another language (TypeScript: types do not run as JavaScript) is
  * not run: `unsupported_language`, reward 0.
  */
-const LIMITS = { memoryMb: 48, caseTimeoutMs: 1000, startupMs: 4000, maxCaseOutputChars: 64 * 1024 };
 const addTask = { function_name: "add", tests: [{ args: [1, 2], expected: 3 }] };
 
-async function verify(server: CodeVerifier | CompetitiveProgrammingVerifier, payload: object) {
-  const { app } = await createResourcesApp(server);
-  try {
-    const reply = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", payload });
-    return { status: reply.statusCode, body: reply.json() };
-  } finally {
-    await app.close();
-  }
-}
+
 
 describe("fenced code blocks", () => {
   it("are recognised whatever the case of their js/javascript tag", () => {
@@ -47,20 +38,20 @@ describe("fenced code blocks", () => {
 
   it("a verify runs the JS block of a mixed answer, and answers unsupported_language for TypeScript", async () => {
     const mixed = "Python first:\n```Python\ndef add(a, b):\n    return a + b\n```\nThen JS:\n```JS\nfunction add(a, b) { return a + b; }\n```";
-    expect((await verify(new CodeVerifier(LIMITS), { task: addTask, answer: mixed })).body).toMatchObject({ reward: 1, cases: ["pass"] });
+    expect((await verifyOnce(new CodeVerifier(LIMITS), { task: addTask, answer: mixed })).body).toMatchObject({ reward: 1, cases: ["pass"] });
     const typescript = "```typescript\nfunction add(a: number, b: number): number { return a + b; }\n```";
-    expect(await verify(new CodeVerifier(LIMITS), { task: addTask, answer: typescript })).toEqual({
+    expect(await verifyOnce(new CodeVerifier(LIMITS), { task: addTask, answer: typescript })).toEqual({
       status: 200,
       body: { reward: 0, status: "unsupported_language", language: "typescript", passed: 0, total: 1 },
     });
     const cp = { cases: [{ input: "2 3\n", output: "5" }] };
-    expect((await verify(new CompetitiveProgrammingVerifier(LIMITS), { task: cp, answer: "```ts\nprint(5);\n```" })).body).toEqual({
+    expect((await verifyOnce(new CompetitiveProgrammingVerifier(LIMITS), { task: cp, answer: "```ts\nprint(5);\n```" })).body).toEqual({
       reward: 0,
       status: "unsupported_language",
       language: "ts",
       passed: 0,
       total: 1,
     });
-    expect((await verify(new CompetitiveProgrammingVerifier(LIMITS), { task: cp, answer: "```JavaScript\nprint(5);\n```" })).body).toMatchObject({ reward: 1 });
+    expect((await verifyOnce(new CompetitiveProgrammingVerifier(LIMITS), { task: cp, answer: "```JavaScript\nprint(5);\n```" })).body).toMatchObject({ reward: 1 });
   });
 });

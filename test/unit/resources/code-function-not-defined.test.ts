@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
 import { CodeVerifier } from "../../../participants/verifiers/index.js";
+import { CODE_LIMITS, verifyOnce } from "./verify-once.js";
 
 /**
  * The code verifier calls `function_name(...args)` in the submission's context. A task naming one
@@ -8,16 +8,9 @@ import { CodeVerifier } from "../../../participants/verifiers/index.js";
  * that defined nothing: the call reached the built-in. A call of a name the submission left as the
  * sandbox made it is now a case `error`.
  */
-const LIMITS = { memoryMb: 48, caseTimeoutMs: 1000, startupMs: 4000, maxCaseOutputChars: 64 * 1024 };
 
 async function verify(function_name: string, tests: { args: unknown[]; expected: unknown }[], answer: string) {
-  const { app } = await createResourcesApp(new CodeVerifier(LIMITS));
-  try {
-    const reply = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", payload: { task: { function_name, tests }, answer } });
-    return reply.json();
-  } finally {
-    await app.close();
-  }
+  return (await verifyOnce(new CodeVerifier(CODE_LIMITS), { task: { function_name, tests }, answer })).body;
 }
 
 describe("code verifier: a function_name the sandbox itself defines", () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { createResourcesApp } from "../../../participants/kinds/resources/index.js";
 import { CodeVerifier } from "../../../participants/verifiers/index.js";
+import { CODE_LIMITS, verifyOnce } from "./verify-once.js";
 
 /**
  * docs/verifiers.md: the code verifier compares a case's result with `expected` as canonical JSON.
@@ -10,16 +10,9 @@ import { CodeVerifier } from "../../../participants/verifiers/index.js";
  * (As an object's property they are dropped, as JSON does: that stays.)
  * Such a result is now a case `error`.
  */
-const LIMITS = { memoryMb: 48, caseTimeoutMs: 1000, startupMs: 4000, maxCaseOutputChars: 64 * 1024 };
 
 async function verify(payload: object) {
-  const { app } = await createResourcesApp(new CodeVerifier(LIMITS));
-  try {
-    const reply = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", payload });
-    return reply.json();
-  } finally {
-    await app.close();
-  }
+  return (await verifyOnce(new CodeVerifier(CODE_LIMITS), payload)).body;
 }
 
 async function cases(results: string[], expected: unknown[]) {
