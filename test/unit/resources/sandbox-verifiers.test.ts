@@ -10,6 +10,7 @@ import { Slots } from "../../../participants/verifiers/sandbox/sandbox-slots.js"
 import { alive, descendants, killAll, TrackedProcesses } from "../../support/process-tree.js";
 import { waitUntil } from "../../support/wait-until.js";
 import { resourcesWorld } from "./resources-world.js";
+import { verifyOnce } from "./verify-once.js";
 
 const LIMITS = { memoryMb: 48, caseTimeoutMs: 500, startupMs: 4000, maxCaseOutputChars: 64 * 1024 };
 /** Source of a busy wait of `ms` wall-clock milliseconds. */
@@ -36,15 +37,7 @@ async function withEscapeTargets(check: (targets: { port: number; victimPid: num
   }
 }
 
-async function verify(server: CodeVerifier | CompetitiveProgrammingVerifier, payload: object) {
-  const { app } = await createResourcesApp(server);
-  try {
-    const reply = await app.inject({ method: "POST", url: "/ng-rollout/r1/verify", payload });
-    return { status: reply.statusCode, body: reply.json() };
-  } finally {
-    await app.close();
-  }
-}
+const verify = verifyOnce;
 
 describe("code verifier", () => {
   it("runs a submitted function against the test cases", async () => {
