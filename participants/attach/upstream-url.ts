@@ -1,4 +1,8 @@
 import { redactUrl } from "../../protocol/index.js";
+import { GENERATION_ROUTES } from "../kinds/model/conversation-digest.js";
+
+/** Endpoints an `--upstream` may name by mistake for its base URL: the generation routes, and legacy completions. */
+const ENDPOINTS = [...GENERATION_ROUTES, "/v1/completions"];
 
 /**
  * Where the proxy forwards: the upstream's OpenAI base URL (`http://host:8000/v1` or
@@ -23,7 +27,14 @@ export function parseUpstream(raw: string): Upstream {
   if (url.search || url.hash) throw new Error("--upstream may not carry a query or fragment");
   // Refused rather than dropped: the proxy would never send them (callers' own Authorization headers go through).
   if (url.username || url.password) throw new Error("--upstream may not carry credentials (user:pass@): the proxy forwards each caller's Authorization header instead");
-  const root = `${url.origin}${url.pathname.replace(/\/+$/, "").replace(/\/v1$/, "")}`;
+  const path = url.pathname.replace(/\/+$/, "");
+  // A full endpoint (`…/v1/chat/completions`) would have every call forwarded to `…/v1/chat/completions/v1/chat/completions`: a 404 each.
+  const endpoint = ENDPOINTS.find((route) => path.toLowerCase().endsWith(route));
+  if (endpoint) {
+    const base = `${url.origin}${path.slice(0, path.length - endpoint.length)}/v1`;
+    throw new Error(`invalid_request: --upstream names an endpoint (${endpoint}), not the server's base URL: use ${base}`);
+  }
+  const root = `${url.origin}${path.replace(/\/v1$/, "")}`;
   return { root, url: new URL(root) };
 }
 

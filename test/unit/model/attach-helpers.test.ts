@@ -237,6 +237,14 @@ describe("upstream and listen flags", () => {
     expect(() => parseUpstream("not a url")).toThrow(/not a URL/);
   });
 
+  it("refuse an upstream naming a generation endpoint instead of the base URL (every call would 404 upstream)", () => {
+    for (const endpoint of ["http://h/v1/chat/completions", "http://h:8000/v1/chat/completions/", "https://h/openai/v1/responses", "http://h/v1/messages", "http://h/V1/Chat/Completions", "http://h/v1/completions"]) {
+      expect(() => parseUpstream(endpoint), endpoint).toThrow(/^invalid_request: --upstream names an endpoint .* not the server's base URL/);
+    }
+    expect(() => parseUpstream("http://h/v1/chat/completions")).toThrow("use http://h/v1");
+    expect(parseUpstream("https://h/completions-gateway/v1").root).toBe("https://h/completions-gateway");
+  });
+
   it("parse host:port with IPv6 brackets and port 0", () => {
     expect(parseListen("127.0.0.1:0")).toEqual({ host: "127.0.0.1", port: 0 });
     expect(parseListen("[::1]:9000")).toEqual({ host: "::1", port: 9000 });
