@@ -24,11 +24,21 @@ export class UsageTail {
 
   /** Runs for every chunk of every proxied answer: no copies, one native search per line end. */
   push(chunk: Buffer): void {
-    // An event begins after a blank line: `\n\n`, or `\r\n\r\n` (matched by its `\n\r\n`).
+    // An event begins after a blank line: `\n\n`, `\r\n\r\n` (matched by its `\n\r\n`), or `\r\r`
+    // (SSE lines may end in a bare CR).
+    const at = this.starts.length;
     for (let i = chunk.indexOf(LF); i !== -1; i = chunk.indexOf(LF, i + 1)) {
       const before = this.byteAt(chunk, i - 1);
       if (before === LF || (before === CR && this.byteAt(chunk, i - 2) === LF)) this.starts.push(this.total + i + 1);
     }
+    let bareCr = false;
+    for (let i = chunk.indexOf(CR); i !== -1; i = chunk.indexOf(CR, i + 1)) {
+      if (this.byteAt(chunk, i - 1) !== CR) continue;
+      this.starts.push(this.total + i + 1);
+      bareCr = true;
+    }
+    // Both kinds in one chunk: back in stream order.
+    if (bareCr && this.starts.length - at > 1) this.starts.splice(at, Infinity, ...this.starts.slice(at).sort((a, b) => a - b));
     if (chunk.length >= 2) {
       this.last2 = chunk[chunk.length - 2]!;
       this.last1 = chunk[chunk.length - 1]!;
@@ -115,8 +125,9 @@ export class UsageTail {
    */
   private lastEventIsError(text: string, wholeTail: boolean): boolean | undefined {
     const cutBlankLine = this.tailStart > 0 && this.beginsAfterBlankLine();
+    const bareCr = text.includes("\r\r"); // looked for only where it occurs (every call runs this)
     for (let end = text.length; end > 0; ) {
-      const start = Math.max(text.lastIndexOf("\n\n", end - 1), text.lastIndexOf("\n\r\n", end - 1));
+      const start = Math.max(text.lastIndexOf("\n\n", end - 1), text.lastIndexOf("\n\r\n", end - 1), bareCr ? text.lastIndexOf("\r\r", end - 1) : -1);
       if (start === -1 && !wholeTail) return undefined;
       const whole = start !== -1 || this.tailStart === 0 || cutBlankLine;
       // An event that began before the tail: judged by its head (name, how its data begins).
@@ -172,7 +183,7 @@ const ERROR_DATA_START = /^\{\s*("error"\s*:\s*\{|"(type|object)"\s*:\s*"(error|
 
 /** Whether an event (whole, or its head) is an error; undefined for one that decides nothing: blank, a comment, the end marker. */
 function eventIsError(eventText: string, whole: boolean): boolean | undefined {
-  const lines = eventText.split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
+  const lines = eventText.split(/\r\n|\r|\n/).map((line) => line.trim()).filter(Boolean);
   const eventName = lines.find((line) => line.startsWith("event:"))?.slice(6).trim();
   const data = lines.filter((line) => line.startsWith("data:")).map((line) => line.slice(5).trim()).join("\n");
   if (!eventName && (!data || data === "[DONE]")) return undefined;
@@ -191,7 +202,9 @@ function isErrorData(data: string): boolean {
   }
 }
 
-function usageIn(text: string): LedgerRow["usage"] {
+function usageIn(sent: string): LedgerRow["usage"] {
+  // Lines ending in a bare CR read as lines too (CRLF and LF need nothing).
+  const text = /\r(?!\n)/.test(sent) ? sent.replace(/\r\n?/g, "\n") : sent;
   const candidates: string[] = [];
   const trimmed = text.trim();
   if (trimmed.startsWith("{")) candidates.push(trimmed);

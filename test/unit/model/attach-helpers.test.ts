@@ -114,11 +114,23 @@ describe("usage tail, a stream that ends in an error event", () => {
     expect(bytewise(64, `data: {"error":{"message":"x"}}\n\ndata: {"choices":[{"delta":{"content":"${long}"}}]}\n\ndata: [DONE]\n\n`)).toBe(false);
     expect(bytewise(64, `data: {"type":"response.failed","response":{"output":"${long}"}}\n\n`)).toBe(true);
   });
-  it("is judged whole when the tail begins inside the blank line before it (its first newline dropped), LF or CRLF", () => {
+  it("reads events whose lines end in a bare CR (SSE allows CR, LF and CRLF): an error event before [DONE] is one", () => {
+    expect(endsInError('data: {"choices":[]}\r\r', 'data: {"error":{"message":"engine dead"}}\r\rdata: [DONE]\r\r')).toBe(true);
+    expect(endsInError('event: response.created\rdata: {"type":"response.created"}\r\r', 'event: error\rdata: {"type":"error","message":"x"}\r\r')).toBe(true);
+    expect(endsInError('data: {"error":{"message":"x"}}\r\r', 'data: {"choices":[]}\r\rdata: [DONE]\r\r')).toBe(false);
+    // Longer than the tail, one byte at a time: judged by its head, found after a bare-CR blank line.
+    const tail = new UsageTail(64);
+    for (const byte of Buffer.from(`data: {"choices":[]}\r\revent: error\rdata: {"type":"error","message":"${"x".repeat(300)}"}\r\rdata: [DONE]\r\r`)) tail.push(Buffer.from([byte]));
+    expect(tail.endsInError()).toBe(true);
+    const usage = new UsageTail();
+    usage.push(Buffer.from('data: {"choices":[]}\r\rdata: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}\r\rdata: [DONE]\r\r'));
+    expect(usage.usage()).toEqual({ prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 });
+  });
+  it("is judged whole when the tail begins inside the blank line before it (its first newline dropped), LF, CRLF or CR", () => {
     // The event before is longer than the kept head: judged by that event's head, the error went unseen.
     const before = (nl: string) => `data: {"choices":[{"delta":{"content":"${"a".repeat(1000)}"}}]}${nl}${nl}`;
     const error = (nl: string) => `event: error${nl}data: {"type":"error","message":"${"x".repeat(100)}"}${nl}${nl}`;
-    for (const [nl, cut] of [["\n", 1], ["\r\n", 1], ["\r\n", 2]] as const) {
+    for (const [nl, cut] of [["\n", 1], ["\r\n", 1], ["\r\n", 2], ["\r", 1]] as const) {
       const text = before(nl) + error(nl);
       const at = before(nl).length - cut;
       const tail = new UsageTail(64); // the error event alone fills it: the first chunk leaves
@@ -156,7 +168,7 @@ describe("usage tail, a stream that ends in an error event", () => {
       return tail.endsInError();
     };
     for (let round = 0; round < 300; round++) {
-      const nl = pick(["\n", "\r\n"]);
+      const nl = pick(["\n", "\r\n", "\r"]);
       const kinds = events(nl);
       let text = "";
       for (let i = Math.floor(random() * 4); i >= 0; i--) text += `${pick(kinds)()}${nl}${nl}`;
