@@ -207,6 +207,9 @@ export function originForm(target: string): string | undefined {
   return rest.startsWith("/") ? rest : `/${rest}`;
 }
 
+/** How many times its limit a refused body may still send (read and dropped) before its connection is closed. */
+const DRAINED_LIMITS = 4;
+
 function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
@@ -214,11 +217,21 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
     const onData = (chunk: Buffer) => {
       size += chunk.length;
       if (size <= limit) return void chunks.push(chunk);
-      // Refused, but not by destroying the socket (the client would get no answer): the rest is
-      // read and dropped while the refusal is written.
+      // Refused, but not by destroying the socket at once (a client still sending would get no answer):
+      // the rest is read and dropped while the refusal is written, up to DRAINED_LIMITS times the
+      // limit, so a client that sends its whole body before it reads the answer (httpx, so
+      // openai-python) still gets the 413, and the connection stays usable. A client still sending
+      // past that (a chunked body that never ends) has its connection closed: read for ever, it stayed busy.
       req.off("data", onData);
-      req.resume();
       chunks.length = 0;
+      let dropped = size - limit;
+      const drain = (more: Buffer) => {
+        dropped += more.length;
+        if (dropped <= DRAINED_LIMITS * limit) return;
+        req.off("data", drain);
+        req.socket.destroy();
+      };
+      req.on("data", drain);
       reject(new CheckpointError("payload_too_large", `request body larger than ${limit} bytes`));
     };
     req.on("data", onData);
