@@ -38,8 +38,9 @@ export interface AttachProxyOptions {
   maxBodyBytes?: number;
   /**
    * How long a recorded call's ended response may take to leave for its caller, and how long a
-   * streaming answer may wait for the caller's full socket to drain (default 30 s): a caller that
-   * stopped reading would otherwise keep its ticket, a readiness blocker, open for ever.
+   * streaming answer (an untracked call's too) may wait for the caller's full socket to drain
+   * (default 30 s): a caller that stopped reading would otherwise keep its ticket, a readiness
+   * blocker, open for ever (an untracked call: its upstream connection).
    */
   finishWaitMs?: number;
 }
@@ -139,7 +140,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (length !== undefined) headers.push("content-length", length);
     // A body of unknown length goes on chunked (or with its length, if it had all arrived already).
     const body = (length !== undefined && length !== "0") || req.headers["transfer-encoding"] ? req : null;
-    pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res, relocate));
+    pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res, finishWaitMs, relocate));
   }
 
   function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket, relocate: (location: string) => string): void {

@@ -4,6 +4,7 @@ import type { Dispatcher } from "undici";
 import { CheckpointError } from "../../protocol/index.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
+import { CallerStall, onceSocket } from "./caller-stall.js";
 import { callerHeaders } from "./hop-headers.js";
 import { refuse } from "./replies.js";
 import { isCompleteEvent, lastEventStart, mayEndStream } from "./sse-events.js";
@@ -69,9 +70,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   /** 'finish' was emitted: the last bytes were handed to the caller's socket. */
   private handedOver = false;
   /** Armed while the upstream is paused for the caller's full socket; 'drain' disarms it. */
-  private stall: NodeJS.Timeout | undefined;
-  /** The stall timer waits for the response to get the connection (a pipelined call's waits behind earlier ones). */
-  private stallArming = false;
+  private readonly stall: CallerStall;
 
   constructor(
     private readonly res: ServerResponse,
@@ -82,6 +81,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     /** Maps the answer's `Location` onto the proxy (`proxiedLocation`). */
     private readonly relocate?: (location: string) => string,
   ) {
+    this.stall = new CallerStall(res, finishWaitMs);
     ticket.abort.signal.addEventListener("abort", this.onRetired, { once: true });
     res.on("close", this.onCallerClose);
     res.on("finish", this.onFinished);
@@ -236,32 +236,11 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
    */
   private pauseForCaller(): void {
     this.controller?.pause();
-    if (this.stall || this.upstreamDone || this.stallArming) return;
-    this.stallArming = true;
-    const arm = () => {
-      this.stallArming = false;
-      if (this.stall || this.upstreamDone || this.res.destroyed) return;
-      this.stall = setTimeout(() => {
-        this.stall = undefined;
-        if (!this.res.writableFinished) this.res.destroy();
-      }, this.finishWaitMs);
-      this.stall.unref();
-    };
-    this.onceSocket(arm);
-  }
-
-  /**
-   * Runs `fn` once the response has the connection. A pipelined call's response waits behind the
-   * ones before it, unattached: its caller is not the one to blame, so no wait starts before then.
-   */
-  private onceSocket(fn: () => void): void {
-    if (this.res.socket) fn();
-    else this.res.once("socket", () => fn());
+    this.stall.arm(() => !this.upstreamDone);
   }
 
   private clearStall(): void {
-    clearTimeout(this.stall);
-    this.stall = undefined;
+    this.stall.clear();
   }
 
   private upstreamLost(): void {
@@ -292,7 +271,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
         this.endResponse();
         // A caller that stopped reading leaves 'finish' pending for ever: past the wait it counts as
         // gone (its connection is cut, the row taken back), so its ticket cannot block every prepare.
-        this.onceSocket(() => {
+        // Not before the response has the connection: a pipelined call's waits behind earlier ones.
+        onceSocket(this.res, () => {
           if (this.res.writableFinished || this.res.destroyed) return;
           const stalled = setTimeout(() => {
             if (!this.res.writableFinished) this.res.destroy();
