@@ -19,6 +19,8 @@ const STREAMS: Record<string, string[]> = {
     'data: {"error":{"message":"engine dead: CUDA error","type":"InternalServerError","code":500}}\n\n',
     "data: [DONE]\n\n",
   ],
+  // SSE lines may end in a bare CR.
+  "cr-chat": ['data: {"choices":[{"delta":{"content":"He"}}]}\r\r', 'data: {"error":{"message":"engine dead","code":500}}\r\r', "data: [DONE]\r\r"],
   "responses-failed": [
     'event: response.created\ndata: {"type":"response.created","response":{"id":"r1","status":"in_progress"}}\n\n',
     'event: response.failed\ndata: {"type":"response.failed","response":{"id":"r1","status":"failed","error":{"code":"server_error","message":"x"}}}\n\n',
