@@ -419,6 +419,8 @@ export class CaptureLedger {
       // A failed write whose cut-off also failed: its fragment goes, as the next append would cut it.
       const cut = this.repair.get(key);
       if (cut !== undefined) data = data.subarray(0, cut);
+      // So is a torn tail (no newline): never a row (readFile), it goes as the next append would cut it.
+      data = data.subarray(0, data.lastIndexOf(0x0a) + 1);
       // In bytes: a damaged line (not UTF-8) is written back exactly as it was. Lines are visited, not
       // collected: a file of short lines would otherwise cost an object per line.
       let found: { start: number; end: number } | undefined;
@@ -584,17 +586,12 @@ export class CaptureLedger {
       if (row) rows.push(row);
       else corrupt.push(index);
     }
-    // What follows the last newline is an append a crash (or a full disk) cut short. It must not
-    // stay: the next append would join it into one invalid line. A complete row keeps its place.
-    if (end < data.length) {
-      const row = parseRow(data.subarray(end).toString("utf8"));
-      if (row) {
-        await withFile(path, constants.O_WRONLY | constants.O_APPEND | NOFOLLOW, (file) => file.appendFile("\n"));
-        rows.push(row);
-      } else {
-        await withFile(path, constants.O_WRONLY | NOFOLLOW, (file) => file.truncate(end));
-      }
-    }
+    // What follows the last newline is an append a crash (or a full disk) cut short. It is no row,
+    // even a complete one that lost only its newline: an append is acknowledged once its whole line
+    // is durable, so that call's response never ended (a failed write whose cut-off failed in an
+    // earlier process, a crash before the sync). Kept, it became the re-issued call's parent and a
+    // checkpoint exported a call its caller never got. Cut off, so the next append starts a line.
+    if (end < data.length) await withFile(path, constants.O_WRONLY | NOFOLLOW, (file) => file.truncate(end));
     return { rows, corrupt };
   }
 }

@@ -322,18 +322,6 @@ describe("ledger files", () => {
     expect(loaded.rows.map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2", "mc-4"]);
   });
 
-  it("keep a complete last row that lost only its newline", async () => {
-    await mkdir(join(f.dir, "ledger"), { recursive: true });
-    await writeFile(ledgerFile("nonl"), `${JSON.stringify(row("nonl", "mc-1"))}\n${JSON.stringify(row("nonl", "mc-2"))}`);
-    const ledger = new CaptureLedger(join(f.dir, "ledger"));
-    expect((await ledger.rows("nonl")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2"]);
-    await ledger.append(row("nonl", "mc-3"));
-    await ledger.close();
-    const reloaded = new CaptureLedger(join(f.dir, "ledger"));
-    expect((await reloaded.rows("nonl")).map((r) => r.model_call_id)).toEqual(["mc-1", "mc-2", "mc-3"]);
-    await reloaded.close();
-  });
-
   it("a corrupt line in the middle leaves the key usable: new calls continue, export and manifest refuse with invalid_checkpoint_state", async () => {
     await mkdir(join(f.dir, "ledger"), { recursive: true });
     await writeFile(ledgerFile("mid"), `${JSON.stringify(row("mid", "mc-1"))}\n{"capture_key":"mid","mo\n${JSON.stringify(row("mid", "mc-3"))}\n{"not":"a row"}\n`);
