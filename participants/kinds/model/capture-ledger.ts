@@ -100,6 +100,9 @@ export class CaptureLedger {
   /** Keys whose file an append created and whose directory entry is not known durable yet. */
   private readonly newEntries = new Set<string>();
   private readonly dirSyncs = new Map<"dir", SyncSlot>();
+  /** Unlinks of ledger files done, and how many of the first of them a directory fsync that ended covered. */
+  private unlinks = 0;
+  private unlinksSynced = 0;
   /** Appends whose line is written and not yet durable: close() waits for them. */
   private readonly syncing = new Set<Promise<unknown>>();
   private readonly ready: Promise<void>;
@@ -470,22 +473,44 @@ export class CaptureLedger {
    * stays known with its rows, as its file still holds them, so a retried removal finds it and a
    * later call neither starts an empty lineage nor appends to the old file behind it.
    */
-  async remove(keys: Iterable<string>, unless?: (key: string) => boolean): Promise<void> {
+  async remove(keys: Iterable<string>, unless?: (key: string) => boolean, options: { sync?: boolean } = {}): Promise<void> {
+    let unlinked = false;
     for (const key of keys) {
       await this.locks.run(key, async () => {
         if (unless?.(key)) return;
         await this.ready;
         const path = this.fileOf(key);
         this.dropHandle(key);
-        await unlink(path).catch((error: NodeJS.ErrnoException) => {
-          if (error.code !== "ENOENT") throw error;
-        });
+        unlinked = true;
+        try {
+          await unlink(path).catch((error: NodeJS.ErrnoException) => {
+            if (error.code !== "ENOENT") throw error;
+          });
+        } finally {
+          // Counted once done (also when it failed: it may have removed the entry): a directory sync
+          // that starts from here on covers it.
+          this.unlinks += 1;
+        }
         this.cacheDrop(key);
         this.repair.delete(key);
         this.onDisk.delete(key);
         this.unindex(key);
       });
     }
+    if (unlinked && options.sync !== false) await this.syncRemovals();
+  }
+
+  /**
+   * Makes the removals so far durable: one directory fsync (shared as an append's is), once a file
+   * was unlinked since the last. A removal resolves only after it (unless the caller syncs a batch
+   * itself, `sync: false`): otherwise a power loss brings a freed ledger back and a later call of its
+   * key continues rows the protocol freed. After a failed fsync the next call syncs again.
+   */
+  async syncRemovals(): Promise<void> {
+    const upTo = this.unlinks;
+    if (this.unlinksSynced >= upTo) return;
+    await this.coalesced(this.dirSyncs, "dir", () => fsyncDir(this.dir));
+    this.unlinksSynced = Math.max(this.unlinksSynced, upTo);
   }
 
   /** Capture keys of a rollout that have a ledger here (on disk or in memory), by attempt. */

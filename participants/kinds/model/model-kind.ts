@@ -377,9 +377,10 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     if (!this.admitting) throw new CheckpointError("invalid_phase", "a checkpoint is open: retry ledger retire and delete after resume");
   }
 
-  private async removeAttempts(rolloutId: string, which: (attempt: number) => boolean): Promise<string[]> {
+  /** Removes a rollout's ledgers of the attempts `which` selects; `sync: false` leaves their directory fsync to the caller (one per batch). */
+  private async removeAttempts(rolloutId: string, which: (attempt: number) => boolean, options: { sync?: boolean } = {}): Promise<string[]> {
     const keys = (await this.ledger.keysOfRollout(rolloutId)).filter((k) => which(k.attempt)).map((k) => k.key);
-    await this.ledger.remove(keys);
+    await this.ledger.remove(keys, undefined, options);
     return keys;
   }
 
@@ -580,7 +581,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       const target = nextAttempt(source);
       const targetKey = captureKey(target);
       // Whatever dead executions left for the target and later attempts is replaced.
-      await this.removeAttempts(source.rollout_id, (attempt) => attempt >= target.attempt);
+      await this.removeAttempts(source.rollout_id, (attempt) => attempt >= target.attempt, { sync: false });
       for (const cut of cutsByRollout.get(source.rollout_id) ?? []) if (cut.attempt >= target.attempt) this.restoredCuts.delete(cut.key);
       const cut = record.generation_cuts[0];
       // An empty record (no delivered call, no cut) imports nothing: the target simply has no ledger.
@@ -590,8 +591,11 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         this.restoredKeys.add(targetKey);
       }
       // Nothing will write the source attempts' ledgers again.
-      await this.removeAttempts(source.rollout_id, (attempt) => attempt <= source.attempt);
+      await this.removeAttempts(source.rollout_id, (attempt) => attempt <= source.attempt, { sync: false });
     }
+    // The removals made durable at once (a directory fsync each costs milliseconds: a restore of
+    // thousands of episodes would spend seconds of its deadline on them).
+    await this.ledger.syncRemovals();
     this.notify();
   }
 
@@ -606,7 +610,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         // Restored state of every attempt whose ledger goes (0..N), not only of attempt N: one pass
         // for the whole retire (once per episode it was quadratic in a restore clean-up's scope).
         this.dropRestored(covered);
-        for (const episode of episodes) await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt);
+        for (const episode of episodes) await this.removeAttempts(episode.rollout_id, (attempt) => attempt <= episode.attempt, { sync: false });
+        await this.ledger.syncRemovals();
       },
     );
   }
@@ -660,7 +665,7 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     // ledger file was left for good.
     let failure: unknown;
     for (const key of freed) {
-      const removal = this.ledger.remove([key], (k) => this.keepsFreedLedger(k));
+      const removal = this.ledger.remove([key], (k) => this.keepsFreedLedger(k), { sync: false });
       this.removals.set(
         key,
         removal.then(
@@ -678,6 +683,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
         this.removals.delete(key);
       }
     }
+    // The frees made durable once for all (a directory fsync each would cost milliseconds per key).
+    await this.ledger.syncRemovals().catch((error: unknown) => void (failure ??= error));
     if (failure !== undefined) throw failure;
   }
 
