@@ -23,7 +23,7 @@ import {
   type TraceRecord,
 } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
-import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
+import { UNTIMED_DISPATCHER, UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { newCheckpointId } from "../engine/checkpoint-id.js";
 import { AsyncLock } from "../engine/async-lock.js";
 import { committedEpisodeIds } from "../publication/committed-records.js";
@@ -34,7 +34,7 @@ import { markSpanFailed } from "../telemetry/coordinator-telemetry.js";
 import { collectionInstruments, type RowCounts } from "./collection-telemetry.js";
 import { COLLECTION_STATE_FILE, CollectionStateSchema, type CollectionState } from "./collection-state.js";
 import { delay } from "./delay.js";
-import { AdmissionProbe } from "./admission-probe.js";
+import { RefusalProbe } from "./refusal-probe.js";
 import { neverSentCode, outOfDescriptors } from "../client/never-sent.js";
 import { NetworkFailure, networkFailureCode } from "../client/network-failure.js";
 import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttempt } from "./dispatch-log.js";
@@ -198,8 +198,11 @@ export class Collector {
   private gateOpen = true;
   /** `/run` timeouts, paused while this collector's checkpoint keeps episodes parked. */
   private readonly runTimeouts = new RunTimeouts();
-  /** Since when (performance.now()) sends found no server at --run-url; undefined while it answers. */
-  private runUrlDownSince: number | undefined;
+  /**
+   * Since when (performance.now()) sends found no server at --run-url, and the first code in that
+   * spell saying this collector had no file descriptor left (EMFILE, ENFILE); undefined while it answers.
+   */
+  private runUrlDown: { since: number; noDescriptor?: string } | undefined;
   /** --run-url as the logs show it: a key in its query (`?code=…`, which some gateways take) is not logged. */
   private readonly loggedRunUrl: string;
   private gateWaiters: (() => void)[] = [];
@@ -255,7 +258,9 @@ export class Collector {
   private admissionClosedSince: number | undefined;
   private admissionClosedWarned = false;
   /** Rows refused admission_closed outside our checkpoints: one is sent again (backing off), the others wait for it. */
-  private readonly admission: AdmissionProbe<RowState>;
+  private readonly admission: RefusalProbe<RowState>;
+  /** Rows that found no server at --run-url: one is sent again (backing off), the others wait for it (or their --run-timeout-s). */
+  private readonly unreachable: RefusalProbe<RowState>;
   /** Rows waiting for a retire whose last try failed (for the progress line). */
   private retiresFailing = 0;
   /** A spell of failing retires (a Gym server down): one warning, not one per try. */
@@ -273,7 +278,8 @@ export class Collector {
 
   constructor(private readonly options: CollectorOptions) {
     this.pauses = { ...DEFAULT_RETRY_PAUSES, ...options.retryPauses };
-    this.admission = new AdmissionProbe(this.pauses.admissionClosedS, this.pauses.admissionClosedMaxS);
+    this.admission = new RefusalProbe(this.pauses.admissionClosedS, this.pauses.admissionClosedMaxS);
+    this.unreachable = new RefusalProbe(this.pauses.unreachableS, this.pauses.unreachableMaxS);
     this.storageRefusals = new FailureSpellLog(options.logger, "/run answers without storage_error again");
     this.loggedRunUrl = redactUrl(options.runUrl);
     this.retireFailures = new FailureSpellLog(options.logger, "retires go through again");
@@ -732,6 +738,12 @@ export class Collector {
       }, timerDelay(this.options.checkpointEverySeconds * 1000));
       this.timer.unref();
     }
+    // A /run replies once its rollout ends: the connection made is what says --run-url is back.
+    const runOrigin = new URL(this.options.runUrl).origin;
+    const connected = (origin: URL | string) => {
+      if (new URL(String(origin)).origin === runOrigin) this.runUrlBack(this.unreachable.sending());
+    };
+    UNTIMED_DISPATCHER.on("connect", connected);
     try {
       // Before the first /run: a --new-collection after this one tells by it that no row finished yet.
       await createResultsIfAbsent(this.options.outPath);
@@ -739,12 +751,14 @@ export class Collector {
       await Promise.all(workers);
       if (this.resultsLost) throw this.resultsLost;
     } catch (error) {
+      UNTIMED_DISPATCHER.off("connect", connected);
       this.ended = true;
       // A worker failed (results.jsonl cannot be appended): start no other row and drop the /runs
       // in flight, whose results could not be kept either (they are logged: the next start retires them).
       this.stopping = true;
       this.runTimeouts.abortAll();
       this.admission.wakeAll();
+      this.unreachable.wakeAll();
       this.ownOps.end();
       clearInterval(this.timer);
       clearTimeout(this.retireRetry);
@@ -756,6 +770,7 @@ export class Collector {
       this.options.progress?.finish(); // the error is printed next
       throw error;
     }
+    UNTIMED_DISPATCHER.off("connect", connected);
     this.ended = true;
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
@@ -830,6 +845,7 @@ export class Collector {
     this.wakeDispatchers();
     for (const wake of this.gateWaiters.splice(0)) wake();
     this.admission.wakeAll();
+    this.unreachable.wakeAll();
   }
 
   private async worker(): Promise<void> {
@@ -854,6 +870,7 @@ export class Collector {
         await reply;
       } finally {
         this.admission.left(next); // a probe that is gone hands over to a row waiting for it
+        this.unreachable.left(next);
       }
       this.wakeDispatchers();
       this.report(false);
@@ -877,6 +894,7 @@ export class Collector {
       let response: Response;
       const timeout = this.runTimeouts.start(this.runTimeoutMs);
       const ticket = this.admission.sending();
+      const connectTicket = this.unreachable.sending();
       let body: Record<string, unknown>;
       try {
         response = await fetch(this.options.runUrl, {
@@ -906,18 +924,19 @@ export class Collector {
         // It is sent again once --run-url accepts connections, as a refused admission is: counted
         // as a failed attempt, an outage would use up every row's attempts within a second.
         timeout.done();
-        await this.waitForRunUrl(state, notSent);
+        const sendAgain = await this.waitForRunUrl(state, notSent, connectTicket);
         if (this.stopping) return;
+        if (!sendAgain) return this.failed(state, error);
         continue;
       } finally {
         timeout.done();
       }
-      this.runUrlAnswers(state);
+      this.runUrlAnswers(state, connectTicket);
       // Halted meanwhile: the reply is dropped (the dispatch log has the attempt; the next start retires it).
       if (this.halted) return;
       const refusal = ErrorReplySchema.safeParse(body);
       // Any answer but admission_closed: admission is open, and the rows waiting for the probe go again.
-      if (response.ok || !refusal.success || refusal.data.error.code !== "admission_closed") this.admission.admitted(ticket);
+      if (response.ok || !refusal.success || refusal.data.error.code !== "admission_closed") this.admission.answered(ticket);
       if (response.ok) {
         this.storageAnswers(state);
         this.admissionReopened();
@@ -982,24 +1001,32 @@ export class Collector {
   }
 
   /**
-   * A send found no server at --run-url: the row runs nowhere (a checkpoint does not wait for its
-   * reply, as for a refused admission) until it is sent again, after a pause and never while a
-   * checkpoint of ours is open. The outage is logged once, when it begins and when it ends.
+   * A send (`ticket`) found no server at --run-url: the row runs nowhere (a checkpoint does not wait
+   * for its reply, as for a refused admission) until it is sent again, never while a checkpoint of
+   * ours is open. One row probes, backing off; the others wait until a connection is made
+   * (RefusalProbe). False: the row waited its --run-timeout-s and --run-url still accepts none (its
+   * attempt fails, and it was not sent again: rows sent at their bound all at once would be the
+   * burst of connects the probe avoids). The outage is logged once when it begins (again if this
+   * collector then runs out of file descriptors) and once when it ends.
    */
-  private async waitForRunUrl(state: RowState, code: string): Promise<void> {
-    state.unreachableSince ??= performance.now();
-    if (this.runUrlDownSince === undefined) {
-      this.runUrlDownSince = performance.now();
+  private async waitForRunUrl(state: RowState, code: string, ticket: number): Promise<boolean> {
+    const since = (state.unreachableSince ??= performance.now());
+    const fdShort = outOfDescriptors(code);
+    if (this.runUrlDown === undefined || (fdShort && this.runUrlDown.noDescriptor === undefined)) {
+      this.runUrlDown ??= { since: performance.now() };
+      if (fdShort) this.runUrlDown.noDescriptor = code;
       this.options.logger.warn(
         { run_url: this.loggedRunUrl, code },
-        outOfDescriptors(code)
+        fdShort
           ? "this collector has no file descriptor left to connect to --run-url with (raise ulimit -n, or lower --concurrency); rows are sent again once one is free, without counting failed attempts"
           : "--run-url accepts no connections (the Gym is down or restarting); rows are sent again once it does, without counting failed attempts",
       );
     }
     this.runsNowhere(state);
-    await delay(this.pauses.unreachableS);
+    const sendAgain = await this.unreachable.refused(state, ticket, (this.runTimeoutMs - (performance.now() - since)) / 1000);
     await this.waitForGate();
+    // Still down once past our checkpoint: a connection made meanwhile ends the outage, and the row goes.
+    return sendAgain || this.runUrlDown === undefined;
   }
 
   /**
@@ -1078,14 +1105,28 @@ export class Collector {
     this.admissionClosedWarned = false;
   }
 
-  /** A send reached --run-url: the outage, if there was one, is over. */
-  private runUrlAnswers(state: RowState): void {
+  /** A send (`ticket`) reached --run-url and was answered. */
+  private runUrlAnswers(state: RowState, ticket: number): void {
     delete state.unreachableSince;
     for (const [code, spell] of this.runFailureSpells) spell.succeeded({ code });
     this.runFailureSpells.clear();
-    if (this.runUrlDownSince === undefined) return;
-    this.options.logger.info({ run_url: this.loggedRunUrl, down_s: (performance.now() - this.runUrlDownSince) / 1000 }, "--run-url accepts connections again");
-    this.runUrlDownSince = undefined;
+    this.runUrlBack(ticket);
+  }
+
+  /**
+   * A send (`ticket`) reached --run-url (a connection made to it is taken for one sent then): the
+   * outage, if there was one, is over when it was sent after the last send that found no server (one
+   * sent before says nothing of now), and the rows waiting for it go again. Told by the connection,
+   * not only the reply: a /run replies when its rollout ends, minutes on, and the rows waiting would
+   * sit out the probe's rollout (or fail at their --run-timeout-s).
+   */
+  private runUrlBack(ticket: number): void {
+    const down = this.runUrlDown;
+    if (!this.unreachable.answered(ticket) || down === undefined) return;
+    const fields = { run_url: this.loggedRunUrl, down_s: (performance.now() - down.since) / 1000 };
+    if (down.noDescriptor === undefined) this.options.logger.info(fields, "--run-url accepts connections again");
+    else this.options.logger.info({ ...fields, code: down.noDescriptor }, "--run-url accepts connections again: this collector has a file descriptor to connect with again (it had none left: not the Gym's outage)");
+    this.runUrlDown = undefined;
   }
 
   private finished(state: RowState, reply: RunReply, task: Record<string, unknown>): Promise<void> {
@@ -1173,6 +1214,7 @@ export class Collector {
     this.ownOps.clearRetryTimer();
     this.wakeDispatchers();
     this.admission.wakeAll();
+    this.unreachable.wakeAll();
     if (resumeCheckpoint) {
       // A checkpoint (timer, SIGUSR1) under way is given up and resumed first: left prepared, it
       // would keep the Gym parked until the participants' lease expires once the exit closes NATS.
@@ -1465,6 +1507,7 @@ export class Collector {
         if (stop && published) {
           this.stopping = true;
           this.admission.wakeAll(); // rows waiting for another controller's checkpoint end: nothing more is sent
+          this.unreachable.wakeAll(); // and so do those waiting for --run-url to accept connections
         } else {
           await this.ownOps.resumeOwn(checkpointId, log, undefined, published);
         }

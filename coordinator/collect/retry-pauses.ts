@@ -6,13 +6,19 @@ export interface RetryPauses {
   unresumedS: number;
   /** Before the retires that failed are sent again. */
   retireS: number;
-  /** Before a /run that found no server at --run-url (the Gym down or restarting) is sent again. */
+  /**
+   * The first wait before the row probing a --run-url that accepts no connection (the Gym down or
+   * restarting, or no file descriptor left here) is sent again (RefusalProbe); doubled per refusal
+   * in a row, up to unreachableMaxS.
+   */
   unreachableS: number;
+  /** The longest such wait: about one connect per this many seconds while --run-url accepts none, and the most a row is sent late once it does. */
+  unreachableMaxS: number;
   /** Before a row /run answered `storage_error` (the Gym's disk full or failing) is sent again. */
   storageS: number;
   /**
    * The first wait before the row probing a Gym whose admission another controller's checkpoint
-   * keeps closed is sent again (AdmissionProbe); doubled per refusal in a row, up to admissionClosedMaxS.
+   * keeps closed is sent again (RefusalProbe); doubled per refusal in a row, up to admissionClosedMaxS.
    */
   admissionClosedS: number;
   /** The longest such wait: about one /run per this many seconds while admission stays closed, and the most a row is sent late once it reopens. */
@@ -21,4 +27,4 @@ export interface RetryPauses {
   admissionClosedWarnS: number;
 }
 
-export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, storageS: 5, admissionClosedS: 0.25, admissionClosedMaxS: 4, admissionClosedWarnS: 30 };
+export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, unreachableMaxS: 4, storageS: 5, admissionClosedS: 0.25, admissionClosedMaxS: 4, admissionClosedWarnS: 30 };

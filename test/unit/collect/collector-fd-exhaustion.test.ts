@@ -51,5 +51,33 @@ describe("collector out of file descriptors", () => {
     // Said as what it is: this process, not the Gym.
     const said = lines.find((l) => l.code === code);
     expect(said?.msg).toMatch(/file descriptor/);
+    // And so is its end: this collector had no descriptor, the Gym was not down.
+    const ended = lines.find((l) => l.msg.startsWith("--run-url accepts connections again"));
+    expect(ended).toMatchObject({ code });
+    expect(ended?.msg).toMatch(/file descriptor/);
+  });
+
+  it("an outage that began at the Gym (ECONNREFUSED) and then ran out of descriptors here says so when that happens, and at its end", async () => {
+    server = createServer((req, res) => req.resume().on("end", () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }))));
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    const realFetch = globalThis.fetch;
+    const codes = ["ECONNREFUSED", "EMFILE"];
+    vi.stubGlobal("fetch", (input: Parameters<typeof fetch>[0], init?: RequestInit) => {
+      const code = codes.shift();
+      return code ? Promise.reject(Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error(`connect ${code} 127.0.0.1`), { code, syscall: "connect" }) })) : realFetch(input, init);
+    });
+    const lines: { msg: string; code?: string; level: number }[] = [];
+    const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string; code?: string; level: number }) });
+    const collector = collectorIn(dir, url, idleController(), { logger, maxAttempts: 1, retryPauses: { unreachableS: 0.05 } });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    const outage = lines.filter((l) => l.code !== undefined && /--run-url/.test(l.msg));
+    expect(outage.map((l) => [l.level, l.code])).toEqual([
+      [40, "ECONNREFUSED"],
+      [40, "EMFILE"],
+      [30, "EMFILE"],
+    ]);
+    expect(outage[1]!.msg).toMatch(/file descriptor/);
   });
 });

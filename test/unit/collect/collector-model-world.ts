@@ -37,7 +37,7 @@ import { InvariantViolation, type ModelRunWorld } from "../../support/seeded-mod
 
 const logger = pino({ level: "silent" });
 /** The pauses before sending again, tiny: the order of events, not their pace, is under test. */
-const PAUSES = { resendS: 0.005, unresumedS: 0.03, retireS: 0.01, unreachableS: 0.01, storageS: 0.02, admissionClosedWarnS: 30 };
+const PAUSES = { resendS: 0.005, unresumedS: 0.03, retireS: 0.01, unreachableS: 0.01, unreachableMaxS: 0.04, storageS: 0.02, admissionClosedWarnS: 30 };
 const RUN_TIMEOUT_S = 0.4;
 const CHECKPOINT_TIMEOUT_S = 0.15;
 const MAX_REPLY_BYTES = 2048;

@@ -196,7 +196,7 @@ function capturingLogger() {
 }
 
 /** The pauses before sending again, a tenth of the defaults' (the order of events, not their pace, is under test). */
-const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1, unreachableS: 0.1, storageS: 0.1, admissionClosedS: 0.05, admissionClosedMaxS: 0.2 };
+const SHORT_PAUSES = { resendS: 0.1, unresumedS: 0.5, retireS: 0.1, unreachableS: 0.1, unreachableMaxS: 0.2, storageS: 0.1, admissionClosedS: 0.05, admissionClosedMaxS: 0.2 };
 
 function collectorFor(controller: CollectorController, runUrl: string, options: Partial<CollectorOptions> = {}): Collector {
   return collectorIn(dir, runUrl, controller, { logger, retryPauses: SHORT_PAUSES, ...options });
@@ -1766,6 +1766,68 @@ describe("collector while --run-url accepts no connections (the Gym down or rest
     const outage = lines.filter((l) => l.msg.includes("--run-url accepts"));
     expect(outage.map((l) => (l as unknown as { run_url: string }).run_url)).toEqual([`http://127.0.0.1:${port}/run?[Redacted]`, `http://127.0.0.1:${port}/run?[Redacted]`]);
     expect(JSON.stringify(lines)).not.toContain("SECRET-abc123");
+  });
+
+  /** Node's fetch refusing at connect while `down()` (counted per row), the real one after. */
+  function refusingFetch(down: () => boolean) {
+    const realFetch = globalThis.fetch;
+    const refusedSends: string[] = [];
+    vi.stubGlobal("fetch", (input: Parameters<typeof fetch>[0], init?: RequestInit) => {
+      if (!down()) return realFetch(input, init);
+      refusedSends.push((JSON.parse(String(init?.body)) as RunRequest).rollout_id);
+      return Promise.reject(Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("connect ECONNREFUSED 127.0.0.1"), { code: "ECONNREFUSED", syscall: "connect" }) }));
+    });
+    return refusedSends;
+  }
+
+  it("while --run-url refuses connections one row probes it, backing off; the others send nothing until a connection is made, then all go", { timeout: 20_000 }, async () => {
+    let down = true;
+    const refusedSends = refusingFetch(() => down);
+    try {
+      // /run replies when its rollout ends: the probe's first reply back is held until the others
+      // arrived (a connection made is what says --run-url is back, not a reply minutes later).
+      let sentAfter = 0;
+      let othersCameBeforeTheProbesReply = false;
+      const url = await runServer(async () => {
+        if (++sentAfter === 1) othersCameBeforeTheProbesReply = await waitUntil(() => sentAfter === 20, "the other rows", 5000).then(() => true, () => false);
+        return { status: 200, body: { reward: 1 } };
+      });
+      const { controller } = fakeController();
+      const { log, lines } = capturingLogger();
+      const rows = Array.from({ length: 20 }, (_, i) => ({ rolloutId: `r${i}`, task: {} }));
+      const collector = collectorFor(controller, url, { rows, concurrency: 20, maxAttempts: 1, runTimeoutSeconds: 30, logger: log });
+      await collector.start();
+      const run = collector.run();
+      // Down until 4 sends went again (each row re-sent every pause was 20 more per pause).
+      await waitUntil(() => refusedSends.length >= 24, "sends refused again", 10_000);
+      down = false;
+      expect(await run).toMatchObject({ finished: 20, failed: 0 });
+      const resent = refusedSends.slice(20);
+      expect(new Set(resent).size).toBe(1); // one probe
+      expect(sentAfter).toBe(20); // once it connects, every row went once
+      expect(othersCameBeforeTheProbesReply).toBe(true);
+      expect(lines.filter((l) => l.msg.startsWith("--run-url accepts connections again"))).toHaveLength(1);
+    } finally {
+      vi.unstubAllGlobals();
+    }
+  });
+
+  it("rows waiting for the probe fail their attempt at their own --run-timeout-s without being sent again", { timeout: 20_000 }, async () => {
+    const refusedSends = refusingFetch(() => true);
+    try {
+      const { controller } = fakeController();
+      const rows = Array.from({ length: 10 }, (_, i) => ({ rolloutId: `r${i}`, task: {} }));
+      const collector = collectorFor(controller, "http://127.0.0.1:9/run", { rows, concurrency: 10, maxAttempts: 1, runTimeoutSeconds: 0.6 });
+      await collector.start();
+      const begun = performance.now();
+      expect(await collector.run()).toMatchObject({ finished: 0, failed: 10 });
+      expect(performance.now() - begun).toBeGreaterThanOrEqual(600);
+      // 10 first sends, then the probe's (every 0.05 to 0.2 s) and, at the end, a row handed the probe:
+      // each row re-sent every 0.1 s was about 60.
+      expect(refusedSends.length).toBeLessThan(25);
+    } finally {
+      vi.unstubAllGlobals();
+    }
   });
 
   it("a row refused at connect for --run-timeout-s fails its attempt after all: an outage that does not end ends the run", { timeout: 20_000 }, async () => {

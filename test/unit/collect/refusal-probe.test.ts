@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { AdmissionProbe, type Sleep } from "../../../coordinator/collect/admission-probe.js";
+import { RefusalProbe, type Sleep } from "../../../coordinator/collect/refusal-probe.js";
 
 /** A fake clock's sleep: records each wait asked for; the test ends it (or an abort does). */
 function fakeSleep() {
@@ -20,10 +20,10 @@ async function settled(promise: Promise<unknown>): Promise<boolean> {
   return done;
 }
 
-describe("AdmissionProbe", () => {
+describe("RefusalProbe", () => {
   it("one row probes, its wait doubling up to the cap (equal jitter: between half and all of it); the others send nothing until it is admitted", async () => {
     const clock = fakeSleep();
-    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    const probe = new RefusalProbe<string>(0.25, 4, clock.sleep, () => 1);
     // 10,000 rows refused at once: one wait, for one row.
     const others = Array.from({ length: 10_000 }, (_, i) => `row-${i}`);
     const first = probe.refused("probe", probe.sending());
@@ -40,7 +40,7 @@ describe("AdmissionProbe", () => {
     }
     expect(grown).toEqual([0.5, 1, 2, 4, 4, 4]);
     expect(await settled(Promise.race(waiting))).toBe(false);
-    probe.admitted(probe.sending());
+    probe.answered(probe.sending());
     await Promise.all(waiting);
     // The next refusal starts over.
     void probe.refused("row-1", probe.sending());
@@ -49,14 +49,14 @@ describe("AdmissionProbe", () => {
 
   it("jitter draws between half and all of the grown wait", async () => {
     const clock = fakeSleep();
-    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 0);
+    const probe = new RefusalProbe<string>(0.25, 4, clock.sleep, () => 0);
     void probe.refused("a", probe.sending());
     expect(clock.waits[0]!.seconds).toBe(0.125);
   });
 
   it("a probe that leaves (its row failed or finished) hands over to one waiting row, sent at once, its backoff going on", async () => {
     const clock = fakeSleep();
-    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    const probe = new RefusalProbe<string>(0.25, 4, clock.sleep, () => 1);
     void probe.refused("a", probe.sending());
     const b = probe.refused("b", probe.sending());
     const c = probe.refused("c", probe.sending());
@@ -72,7 +72,7 @@ describe("AdmissionProbe", () => {
 
   it("wakeAll (the collection stops) ends every wait, the probe's included", async () => {
     const clock = fakeSleep();
-    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    const probe = new RefusalProbe<string>(0.25, 4, clock.sleep, () => 1);
     const a = probe.refused("a", probe.sending());
     const b = probe.refused("b", probe.sending());
     probe.wakeAll();
@@ -81,13 +81,42 @@ describe("AdmissionProbe", () => {
 
   it("a reply to a /run sent before the last one refused wakes nobody: admission may have closed since", async () => {
     const clock = fakeSleep();
-    const probe = new AdmissionProbe<string>(0.25, 4, clock.sleep, () => 1);
+    const probe = new RefusalProbe<string>(0.25, 4, clock.sleep, () => 1);
     const early = probe.sending(); // a long /run, admitted before the other checkpoint closed admission
     void probe.refused("a", probe.sending());
     const b = probe.refused("b", probe.sending());
-    probe.admitted(early); // it finishes while admission is closed
+    probe.answered(early); // it finishes while admission is closed
     expect(await settled(b)).toBe(false);
-    probe.admitted(probe.sending()); // the probe, sent again, is admitted
+    probe.answered(probe.sending()); // the probe, sent again, is admitted
     expect(await settled(b)).toBe(true);
+  });
+
+  it("a waiting row given a bound stops waiting at it (false: it was not sent again) and leaves the waiting rows; one woken before it goes again (true)", async () => {
+    const clock = fakeSleep();
+    const probe = new RefusalProbe<string>(1, 4, clock.sleep, () => 1);
+    void probe.refused("a", probe.sending(), 30);
+    const b = probe.refused("b", probe.sending(), 2);
+    const c = probe.refused("c", probe.sending(), 3);
+    expect(clock.waits.map((w) => w.seconds)).toEqual([1, 2, 3]);
+    clock.waits[1]!.end(); // b's bound passes, nothing answered
+    expect(await b).toBe(false);
+    expect(probe.waitingRows).toBe(1);
+    probe.answered(probe.sending());
+    expect(await c).toBe(true);
+  });
+
+  it("the probe's wait is cut to its bound: it is sent once more then, not a whole backoff later", async () => {
+    const clock = fakeSleep();
+    const probe = new RefusalProbe<string>(1, 4, clock.sleep, () => 1);
+    void probe.refused("a", probe.sending(), 0.5);
+    expect(clock.waits.map((w) => w.seconds)).toEqual([0.5]);
+  });
+
+  it("answered says whether the /run was sent after the last one refused (the shared cause is gone)", () => {
+    const probe = new RefusalProbe<string>(1, 4, fakeSleep().sleep, () => 1);
+    const early = probe.sending();
+    void probe.refused("a", probe.sending());
+    expect(probe.answered(early)).toBe(false);
+    expect(probe.answered(probe.sending())).toBe(true);
   });
 });
