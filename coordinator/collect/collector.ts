@@ -895,6 +895,9 @@ export class Collector {
       const timeout = this.runTimeouts.start(this.runTimeoutMs);
       const ticket = this.admission.sending();
       const connectTicket = this.unreachable.sending();
+      // While rows wait for the admission probe: a refusal comes at once, and an admitted /run
+      // replies only when its rollout ends, so one unanswered for admittedAfterS was admitted.
+      const admittedTimer = this.admission.probing ? setTimeout(() => this.admission.answered(ticket), this.pauses.admittedAfterS * 1000).unref() : undefined;
       let body: Record<string, unknown>;
       try {
         response = await fetch(this.options.runUrl, {
@@ -930,6 +933,7 @@ export class Collector {
         continue;
       } finally {
         timeout.done();
+        clearTimeout(admittedTimer);
       }
       this.runUrlAnswers(state, connectTicket);
       // Halted meanwhile: the reply is dropped (the dispatch log has the attempt; the next start retires it).

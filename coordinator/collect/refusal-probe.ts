@@ -39,6 +39,11 @@ export class RefusalProbe<Row> {
     private readonly random: RandomSource = Math.random,
   ) {}
 
+  /** Whether a row probes now (rows were refused and the cause is not known gone). */
+  get probing(): boolean {
+    return this.probe !== undefined;
+  }
+
   /** Rows waiting for the probe's answer (tests). */
   get waitingRows(): number {
     return this.waiting.length;

@@ -23,8 +23,14 @@ export interface RetryPauses {
   admissionClosedS: number;
   /** The longest such wait: about one /run per this many seconds while admission stays closed, and the most a row is sent late once it reopens. */
   admissionClosedMaxS: number;
+  /**
+   * Not a pause: how long a /run sent while rows wait for the admission probe may go unanswered to
+   * count as admitted. A refusal comes at once, and an admitted /run replies only when its rollout
+   * ends (minutes): the rows waiting would sit out the probe's whole rollout.
+   */
+  admittedAfterS: number;
   /** Not a pause: how long /run may keep answering admission_closed outside our checkpoints before it is logged. */
   admissionClosedWarnS: number;
 }
 
-export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, unreachableMaxS: 4, storageS: 5, admissionClosedS: 0.25, admissionClosedMaxS: 4, admissionClosedWarnS: 30 };
+export const DEFAULT_RETRY_PAUSES: RetryPauses = { resendS: 1, unresumedS: 5, retireS: 1, unreachableS: 1, unreachableMaxS: 4, storageS: 5, admissionClosedS: 0.25, admissionClosedMaxS: 4, admittedAfterS: 1, admissionClosedWarnS: 30 };

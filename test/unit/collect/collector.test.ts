@@ -1100,6 +1100,33 @@ describe("collector", () => {
     expect(sentAfterOpen).toBe(20); // once admitted, every row went once
   });
 
+  it("once admission reopens, the rows waiting for the probe go while the probe's admitted /run still runs (it replies only when its rollout ends)", async () => {
+    const seen = new Set<string>();
+    let closed = true;
+    let resent = 0;
+    let admitted = 0;
+    let othersCameBeforeTheProbesReply = false;
+    const url = await runServer(async (body) => {
+      const again = seen.has(body.rollout_id);
+      seen.add(body.rollout_id);
+      if (closed) {
+        if (again && ++resent >= 2) closed = false;
+        return { status: 503, body: { error: { code: "admission_closed", detail: "a checkpoint is open" } } };
+      }
+      // The probe's admitted rollout runs until every other row came (or 5 s): the rows waiting for
+      // its reply would only have come after it.
+      if (++admitted === 1) othersCameBeforeTheProbesReply = await waitUntil(() => admitted === 10, "the other rows", 5000).then(() => true, () => false);
+      return { status: 200, body: { reward: 1 } };
+    });
+    const { controller } = fakeController();
+    const rows = Array.from({ length: 10 }, (_, i) => ({ rolloutId: `r${i}`, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 10, retryPauses: { ...SHORT_PAUSES, admittedAfterS: 0.2 } });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 10, failed: 0 });
+    expect(othersCameBeforeTheProbesReply).toBe(true);
+    expect(admitted).toBe(10); // once admitted, every row went once
+  });
+
   it("a row admitted before another controller's checkpoint closed admission, finishing while it is closed, does not send the waiting rows again", async () => {
     const release = deferred();
     const seen = new Set<string>();
