@@ -24,8 +24,18 @@ import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, ru
  * Legacy: POST /run {rollout_id, attempt, task} → the agent owns seed, turn loop and verify.
  */
 const OpenBodySchema = z.object({ cookie: SessionCookieValueSchema.nullable().optional() }).strict();
-/** `seed`: a replayed task's context (no system message); the turn loop continues from it. */
-const ActivateBodySchema = z.object({ task: GymTaskSchema, seed: z.array(ChatMessageSchema).min(1).max(MAX_SEED_MESSAGES).optional() }).strict();
+/**
+ * `seed`: a replayed task's context; the turn loop continues from it behind the agent's own system
+ * prompt. A leading system message (a recorded system prompt) is refused: it would stand as a second
+ * system prompt after the agent's. The environment never sends one (replay seeds drop the record's
+ * leading system message); a system message later in the context is kept as sent.
+ */
+const SeedSchema = z
+  .array(ChatMessageSchema)
+  .min(1)
+  .max(MAX_SEED_MESSAGES)
+  .refine((seed) => seed[0]?.role !== "system", { message: "a seed does not start with a system message: the agent puts its own system prompt first" });
+const ActivateBodySchema = z.object({ task: GymTaskSchema, seed: SeedSchema.optional() }).strict();
 const EmptyBodySchema = z.object({}).strict();
 /** The routes served only under `/ng-rollout/<capture_key>/`. */
 const NATIVE_ROUTES = ["open_session", "activate", "close_session"] as const;

@@ -25,6 +25,26 @@ describe("reference agent server", () => {
     }
   });
 
+  it("native activate refuses a seed that starts with a system message invalid_request, before the session is activated", async () => {
+    const state = new AgentSessionState();
+    const kind = new AgentKind(state);
+    const app = createAgentApp({ kind, state, endpoints: { policyUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9", stream: false } });
+    try {
+      expect((await app.inject({ method: "POST", url: "/ng-rollout/r1/open_session", payload: {} })).statusCode).toBe(200);
+      const before = kind.sessions.states();
+      const seed = [
+        { role: "system", content: "the recorded system prompt" },
+        { role: "user", content: "what is 1+1?" },
+      ];
+      const res = await app.inject({ method: "POST", url: "/ng-rollout/r1/activate", payload: { task: { expression: "1+1", tool_rounds: 1 }, seed } });
+      expect({ status: res.statusCode, code: res.json().error?.code }).toEqual({ status: 400, code: "invalid_request" });
+      expect(res.json().error.detail).toMatch(/system/);
+      expect(kind.sessions.states()).toEqual(before); // still open, not activated
+    } finally {
+      await app.close();
+    }
+  });
+
   it("legacy /run refuses a restored boundary that is not a legacy boundary with invalid_checkpoint_state, keeping the record", async () => {
     const state = new AgentSessionState();
     const kind = new AgentKind(state);
