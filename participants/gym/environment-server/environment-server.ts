@@ -106,6 +106,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       const body = parsed.data;
       const episode = { rollout_id: body.rollout_id, attempt: body.attempt };
       let replayed: GymReplayRun | undefined;
+      let setup: (() => Promise<void>) | undefined;
       if (body.replay_idx !== undefined) {
         if (!replay) throw new CheckpointError("invalid_request", "this environment serves no replay source (start it with --replay-config)");
         // An unknown index is the caller's invalid_request; a reload that found corrupt records is not.
@@ -122,10 +123,13 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         }
         const refusal = unrunnable(replay, replayTask, replayed.seed);
         if (refusal) throw new CheckpointError("invalid_request", refusal);
-        // A seed anchored at a sandbox snapshot continues only from that snapshot, which the source's setup restores.
-        await replay.setup(replayTask).catch((error: unknown) => {
-          throw replayRefusal(error);
-        });
+        // A seed anchored at a sandbox snapshot continues only from that snapshot, which the source's
+        // setup restores: inside the episode, after begin's attempt and admission checks, so a
+        // refused /run has not touched the source's sandbox.
+        setup = () =>
+          replay.setup(replayTask).catch((error: unknown) => {
+            throw replayRefusal(error);
+          });
       }
       // The digest is of the task as the caller spelled it, not as parsed (defaults filled in), so a
       // checkpoint seed finds it in the caller's task file. A replayed run is a different episode
@@ -140,7 +144,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         sameTask: taskSpellings(body.task).map(digestOf),
         ...(options.episodeTimeoutMs !== undefined && { timeoutMs: options.episodeTimeoutMs }),
       };
-      const result = await kind.begin(episode, digested, begin, (ep) => runGymEpisode(endpoints, ep, body.task, { logger, ...(replayed && { seed: replayed.seed }) }));
+      const result = await kind.begin(episode, digested, begin, (ep) => runGymEpisode(endpoints, ep, body.task, { logger, ...(replayed && { seed: replayed.seed }), ...(setup && { setup }) }));
       const { messages, ...runReply } = result;
       if (request.headers[TRAJECTORY_HEADER] !== "1") return runReply;
       // Opt-in: the episode as a rollout record's message graph (collectors write it as records).

@@ -47,6 +47,11 @@ export interface GymEndpoints {
 export interface GymEpisodeOptions {
   /** A replayed task: the context (chat messages, no system) the agent continues from. */
   seed?: Record<string, unknown>[];
+  /**
+   * A replayed task's sandbox setup (the replay source's): run first, in a replay step (none starts
+   * while a checkpoint is open), before anything the episode opens; its failure fails the episode.
+   */
+  setup?: () => Promise<void>;
   /** Overrides CLOSE_SESSION_TIMEOUT_MS (tests). */
   closeSessionTimeoutMs?: number;
   /** Where a failed clean-up of the resources session is reported. */
@@ -60,6 +65,9 @@ export interface GymEpisodeResult extends RunReply {
 
 export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions = {}): Promise<GymEpisodeResult> {
   const open: OpenResourcesSession = {};
+  const setup = options.setup;
+  // Nothing is open yet: a failed setup has nothing to clean up.
+  if (setup) await ep.step("replay", () => setup());
   try {
     return await runSteps(endpoints, ep, task, options, open);
   } catch (error) {

@@ -5,6 +5,7 @@ import { canonicalDigest } from "../../../protocol/index.js";
 import { EnvironmentKind } from "../../../participants/kinds/environment/index.js";
 import { ReplayTaskSource, gymSourceEnvironment, writeRolloutRecords, type GymReplaySource } from "../../../participants/replay/index.js";
 import { gymReplayRun } from "../../../participants/replay/gym-replay-source.js";
+import { gymSourceEnvironment as gymEnvironment } from "../../../participants/replay/gym-replay-source.js";
 import { TraceBuilder, call, result, say, silent, sys, tempDir, traceId, user } from "./fixtures.js";
 
 let dir: string;
@@ -93,6 +94,30 @@ describe("the environment server's replay path", () => {
       } finally {
         await app.close();
       }
+    }
+  });
+
+  it("a replayed /run refused admission_closed has not run the source's setup; an admitted one runs it before its seed", async () => {
+    await writeGymRecords(1, 7);
+    const setups: string[] = [];
+    const environment = { ...gymEnvironment, setup: (task: { expression: string }) => void setups.push(task.expression) };
+    const replay = new ReplayTaskSource({ records: "rollouts/step_*/train_rollouts_gym.jsonl", source: { id: "reference-gym" }, anchor: "tool-call", max_anchors: null }, environment, { cwd: dir, logger: silent });
+    await replay.load();
+    const kind = new EnvironmentKind();
+    // Unreachable callees: an admitted run fails at its seed, after the setup.
+    const app = createEnvironmentApp({ kind, endpoints: { agentUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9" }, replay });
+    try {
+      const run = (rollout_id: string) => app.inject({ method: "POST", url: "/run", payload: { rollout_id, attempt: 0, task: TASK, replay_idx: 0, replay_id: gymReplayRun(replay.tasks[0]!).replay_id } });
+      await kind.closeAdmission();
+      const refused = await run("r1");
+      expect([refused.statusCode, refused.json().error.code]).toEqual([409, "admission_closed"]);
+      expect(setups).toEqual([]); // a refusal changed nothing
+      await kind.openAdmission();
+      const admitted = await run("r2");
+      expect(admitted.statusCode).not.toBe(200); // the seed's callee is unreachable
+      expect(setups).toEqual(["3 * 4"]);
+    } finally {
+      await app.close();
     }
   });
 
