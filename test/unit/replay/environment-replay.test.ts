@@ -100,7 +100,7 @@ describe("the environment server's replay path", () => {
   it("a replayed /run refused admission_closed has not run the source's setup; an admitted one runs it before its seed", async () => {
     await writeGymRecords(1, 7);
     const setups: string[] = [];
-    const environment = { ...gymEnvironment, setup: (task: { expression: string }) => void setups.push(task.expression) };
+    const environment: typeof gymEnvironment = { ...gymEnvironment, setup: (task) => void setups.push(task.expression) };
     const replay = new ReplayTaskSource({ records: "rollouts/step_*/train_rollouts_gym.jsonl", source: { id: "reference-gym" }, anchor: "tool-call", max_anchors: null }, environment, { cwd: dir, logger: silent });
     await replay.load();
     const kind = new EnvironmentKind();
