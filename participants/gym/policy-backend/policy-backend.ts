@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { ServerResponse } from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import { z } from "zod";
-import { CheckpointError, bearerToken, describeZodError, sha256Hex, tokensEqual } from "../../../protocol/index.js";
+import { CheckpointError, bearerToken, describeZodError, tokensEqual } from "../../../protocol/index.js";
 import { installRefusalHandlers, participantServerOptions } from "../../http/refusal-handlers.js";
 import {
   GENERATION_CUT_PATH,
@@ -29,6 +29,10 @@ export interface PolicyBackendOptions {
   tokenDelayMs?: number;
   /** Bearer token of the generation-cut endpoint. */
   cutToken: string;
+  /** Calls the log keeps (DEFAULT_CALL_LOG_LIMIT). */
+  callLogLimit?: number;
+  /** Cut log entries and duplicate-cut receipts kept (DEFAULT_RECEIPT_LIMIT). */
+  receiptLimit?: number;
   logger?: boolean;
 }
 
@@ -53,7 +57,10 @@ function header(value: string | string[] | undefined): string | null {
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 export async function createPolicyBackend(options: PolicyBackendOptions): Promise<{ app: FastifyInstance; controls: BackendControls }> {
-  const controls = new BackendControls();
+  const controls = new BackendControls({
+    ...(options.callLogLimit !== undefined && { callLogLimit: options.callLogLimit }),
+    ...(options.receiptLimit !== undefined && { receiptLimit: options.receiptLimit }),
+  });
   const app = Fastify({ logger: options.logger ?? false, bodyLimit: 32 * 1024 * 1024, ...participantServerOptions(null) });
   const delay = options.tokenDelayMs ?? 0;
   const receipts = new Map<string, GenerationCutReceipt>();
@@ -93,7 +100,7 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
     }
     const staging = `stage/${call.model_call_id ?? `seq-${call.seq}`}`;
     if (!call.stream) {
-      for (const token of decision.tokens) emit(call, token);
+      for (const token of decision.tokens) controls.emit(call, token);
       call.finished = true;
       raw.once("finish", () => (call.delivered = true));
       return reply.header("x-ng-staging-key", staging).send(completionBody(call, body.model, decision));
@@ -102,7 +109,7 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
     await streamCompletion(raw, call, body.model, decision, staging, controls, delay);
   });
 
-  app.get("/admin/calls", async () => ({ calls: controls.view(), cuts: controls.cuts.length }));
+  app.get("/admin/calls", async () => ({ calls: controls.view(), calls_dropped: controls.callsDropped, cuts: controls.cuts.length }));
   app.get("/admin/cuts", async () => ({ cuts: controls.cuts }));
   app.post("/admin/hold", async (request) => {
     return { hold_after: controls.setHold(parse(HoldSchema, request.body).after) };
@@ -160,12 +167,12 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
         frozen_buffer_id: `${cut_id}/buf-${index}`,
         staging_keys: [`${cut_id}/${prefix.model_call_id}`],
         prefix_token_count: call.tokens_emitted,
-        prefix_digest: sha256Hex(call.emitted),
+        prefix_digest: controls.prefixDigest(call),
         effective_output_limit: Math.max(1, DEFAULT_OUTPUT_LIMIT - call.tokens_emitted),
         ...(call.finished && { terminal_finish_reason: "stop" as const }),
       };
     });
-    controls.cuts.push({
+    controls.logCut({
       cut_id,
       checkpoint_id: inventory.checkpoint_id,
       model_call_ids: inventory.active_prefixes.map((p) => p.model_call_id),
@@ -180,7 +187,14 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
       inventory: echo,
       prefixes,
     };
-    if (mode === "ack") receipts.set(inventory.inventory_digest, receipt);
+    if (mode === "ack") {
+      // The latest receiptLimit receipts (Map order is insertion order).
+      for (const digest of receipts.keys()) {
+        if (receipts.size < controls.receiptLimit) break;
+        receipts.delete(digest);
+      }
+      receipts.set(inventory.inventory_digest, receipt);
+    }
     return receipt;
   });
 
@@ -193,11 +207,6 @@ function safeJson(text: string): unknown {
   } catch {
     return undefined;
   }
-}
-
-function emit(call: BackendCall, token: string): void {
-  call.tokens_emitted += 1;
-  if (call.emitted.length < 1_000_000) call.emitted += token;
 }
 
 function usage(call: BackendCall, decision: PolicyReply) {
@@ -254,7 +263,7 @@ async function streamCompletion(
       await sleep(Math.max(0, due - now));
     }
     const token = decision.tokens[i]!;
-    emit(call, token);
+    controls.emit(call, token);
     const delta = decision.type === "tool_call" ? { tool_calls: [{ index: 0, function: { arguments: token } }] } : { content: token };
     if (!(await write(chunk(delta, null)))) return void (call.aborted = true);
   }
