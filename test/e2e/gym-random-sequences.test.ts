@@ -3,6 +3,7 @@ import { captureKey, parseCaptureKey, type EpisodeId } from "../../protocol/inde
 import { GYM_SERVERS, TASK, startGymWorld, type GymWorld, type RunResult } from "../support/gym-processes.js";
 import { mulberry32 } from "../support/seeded-random.js";
 import { waitUntil } from "../support/wait-until.js";
+import { verifyHold as setVerifyHold } from "../support/verify-hold.js";
 
 const HOLD_MS = 3000;
 
@@ -65,7 +66,7 @@ async function sequence(seed: number, waitVerify: boolean): Promise<void> {
 
   let verifyHeld = false;
   const verifyHold = async (on: boolean) => {
-    await fetch(`${w.gym.urls.resources}/admin/verify/${on ? "hold" : "release"}`);
+    await setVerifyHold(w.gym.urls.resources!, on);
     verifyHeld = on;
   };
   // With verify as a wait step, episodes are kept in flight by held verifies instead of held model calls.

@@ -4,6 +4,7 @@ import { EnvironmentRecordSchema } from "../../participants/kinds/environment/in
 import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { startGymWorld, type GymWorld } from "../support/gym-processes.js";
 import { ep } from "../support/episode.js";
+import { verifyHold } from "../support/verify-hold.js";
 
 /**
  * Steps in flight at a checkpoint: verification in `replay` mode (the checkpoint does not wait; the
@@ -35,7 +36,7 @@ const soon = (seconds: number) => Date.now() / 1000 + seconds;
 describe("verify in flight", () => {
   it("replay: an early prepare succeeds, the boundary is {next:'verify'}, and verify runs again after the crash", async () => {
     world = await startGymWorld();
-    await resources("/admin/verify/hold");
+    await verifyHold(world!.gym.urls.resources!, true);
     const lost = world.run("verify-1").catch(() => undefined);
     await world.waitFor(async () => (await resources("/admin/stats")).verify_started === 1, "verify to start");
     const prepared = await world.client.prepare({ checkpoint_id: "cp-replay", deadline_ts: soon(1) });
@@ -53,7 +54,7 @@ describe("verify in flight", () => {
 
   it("wait: an early prepare reports the episode as a blocker; the episode finishing during prepare is neither lost nor redone", async () => {
     world = await startGymWorld({ args: { resources: ["--verify", "wait"] } });
-    await resources("/admin/verify/hold");
+    await verifyHold(world!.gym.urls.resources!, true);
     let delivered: any;
     // The crash loses this /run; its rejection is expected and handled at once.
     const first = world.run("verify-1").then(
@@ -69,7 +70,7 @@ describe("verify in flight", () => {
     // The episode finishes while Gym prepares: its result is not delivered; it waits at {next:"return"}.
     const preparing = world.client.prepare({ checkpoint_id: "cp-wait", deadline_ts: soon(20) });
     await world.waitFor(async () => (await world!.status("environment")).phase !== "idle", "the environment to close admission");
-    await resources("/admin/verify/release");
+    await verifyHold(world!.gym.urls.resources!, false);
     expect((await preparing).prepared).toBe(true);
     await world.waitFor(async () => (await world!.state("environment")).states.parked === 1, "the episode to park at return");
     expect(delivered).toBeUndefined();
@@ -88,13 +89,13 @@ describe("verify in flight", () => {
     expect((await world.backend.calls()).map((c) => c.message_count)).toEqual([2, 4]);
 
     // Without a crash the parked result is delivered after resume, exactly once.
-    await resources("/admin/verify/hold");
+    await verifyHold(world!.gym.urls.resources!, true);
     let second: any;
     const run2 = world.run("verify-2").then((r) => (second = r.body));
     await world.waitFor(async () => (await resources("/admin/stats")).verify_started === 1, "verify-2 to start");
     const preparing2 = world.client.prepare({ checkpoint_id: "cp-wait-2", deadline_ts: soon(20) });
     await world.waitFor(async () => (await world!.status("environment")).phase !== "idle", "the environment to close admission");
-    await resources("/admin/verify/release");
+    await verifyHold(world!.gym.urls.resources!, false);
     expect((await preparing2).prepared).toBe(true);
     expect(second).toBeUndefined();
     await world.client.resume({ checkpoint_id: "cp-wait-2" });

@@ -7,6 +7,7 @@ import { MAX_SEED_MESSAGES } from "../../participants/gym/agent-server/tool-call
 import { exportCheckpointSeeds, gymReplayRun, loadGymReplaySource, writeRolloutRecords, type Message, type TraceRecord } from "../../participants/replay/index.js";
 import { startGymWorld, type GymWorld } from "../support/gym-processes.js";
 import { ep } from "../support/episode.js";
+import { verifyHold } from "../support/verify-hold.js";
 
 /**
  * Replay continuation on the reference Gym, all real processes: checkpoint seeds at each boundary
@@ -103,13 +104,13 @@ describe("replay anchors on the reference Gym", () => {
     expect((await first).body).toMatchObject({ reward: 1 });
 
     const before = (await resources("/admin/stats")).verify_started;
-    await resources("/admin/verify/hold");
+    await verifyHold(world.gym.urls.resources!, true);
     const verifying = world.run("verify-1");
     await world.waitFor(async () => (await resources("/admin/stats")).verify_started > before, "verify to start");
     await world.checkpointNoResume("cp-verify", [ep("verify-1")]);
     expect(await seedsOf("cp-verify")).toMatchObject({ seeds: [], skipped: { past_agent: 1 } });
     await world.client.resume({ checkpoint_id: "cp-verify" });
-    await resources("/admin/verify/release");
+    await verifyHold(world.gym.urls.resources!, false);
     expect((await verifying).body).toMatchObject({ reward: 1 });
   }, 60_000);
 

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { phase, postRollout, startResourcesWorld, type ResourcesWorld } from "../support/resources-server.js";
 import { waitUntil } from "../support/wait-until.js";
+import { verifyHold } from "../support/verify-hold.js";
 
 /**
  * Verification in flight at a checkpoint, with real processes: the calculator resources server
@@ -46,7 +47,7 @@ describe("verify in flight at a checkpoint (real processes)", () => {
     const seed = await post(first.url, "r1", "/seed_session", undefined, { task });
     expect(seed.status).toBe(200);
     const cookie = seed.cookie!;
-    await fetch(`${first.url}/admin/verify/hold`);
+    await verifyHold(first.url, true);
     void post(first.url, "r1", "/verify", cookie, { task, answer: "42" }).catch(() => undefined);
     await untilStat(first.url, "verify_started", 1);
     const prepared = await control("prepare", { ...phase("v-replay"), deadline_ts: Date.now() / 1000 + 1 });
@@ -72,13 +73,13 @@ describe("verify in flight at a checkpoint (real processes)", () => {
     const server = await spawnCalculator("wait");
     const seed = await post(server.url, "r2", "/seed_session", undefined, { task });
     const cookie = seed.cookie!;
-    await fetch(`${server.url}/admin/verify/hold`);
+    await verifyHold(server.url, true);
     const verify = post(server.url, "r2", "/verify", cookie, { task, answer: "42" });
     await untilStat(server.url, "verify_started", 1);
     const early = await control("prepare", { ...phase("v-wait"), deadline_ts: Date.now() / 1000 + 1 });
     expect(early).toMatchObject({ phase: "preparing", report: { ready: false, blockers: ["r2"], counts: { inflight: 1 } } });
     // The checkpoint stays open (preparing); once the verify finished, the same prepare succeeds.
-    await fetch(`${server.url}/admin/verify/release`);
+    await verifyHold(server.url, false);
     expect((await verify).body).toEqual({ reward: 1 });
     expect((await control("prepare", phase("v-wait"))).phase).toBe("prepared");
     await mkdir(join(world.root, "v-wait"));

@@ -12,6 +12,7 @@ import {
   type GenerationCutPrefixAck,
   type GenerationCutReceipt,
 } from "../../kinds/model/generation-cut-contract.js";
+import { requireJsonPost } from "../admin-json-post.js";
 import { BackendControls, CUT_MODES, type BackendCall } from "./backend-controls.js";
 import { ChatRequestSchema, decide, type PolicyReply } from "./deterministic-policy.js";
 
@@ -111,6 +112,11 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
 
   app.get("/admin/calls", async () => ({ calls: controls.view(), calls_dropped: controls.callsDropped, cuts: controls.cuts.length }));
   app.get("/admin/cuts", async () => ({ cuts: controls.cuts }));
+  // The state-changing admin routes take a JSON POST only (see requireJsonPost): unauthenticated, they
+  // must not be reachable from a web page (a hold stalls every policy call).
+  app.addHook("preValidation", async (request) => {
+    if (request.routeOptions.url?.startsWith("/admin/") && request.method !== "GET" && request.method !== "HEAD") requireJsonPost(request);
+  });
   app.post("/admin/hold", async (request) => {
     return { hold_after: controls.setHold(parse(HoldSchema, request.body).after) };
   });

@@ -2,6 +2,7 @@ import type { FastifyInstance } from "fastify";
 import { z } from "zod";
 import { CheckpointError, describeZodError } from "../../../protocol/index.js";
 import { ResourcesServer, type CheckpointMode, type CheckpointVerify, type SessionAccess } from "../../kinds/resources/index.js";
+import { requireJsonPost } from "../admin-json-post.js";
 import { MAX_EXPRESSION_LENGTH, calculate } from "./arithmetic-expression.js";
 
 /** The environment's task is opaque to us except for the expression it must compute. */
@@ -43,13 +44,17 @@ export class VerifyControls {
   }
 
   routes(app: FastifyInstance): void {
-    // GET passes through the checkpoint middleware: these routes only observe and gate the test.
+    // Outside the checkpoint middleware (GET, or `checkpointing: false`): these routes only observe
+    // and gate the test, also while a checkpoint is open. The hold and release change state, so they
+    // take a JSON POST only (requireJsonPost): a web page cannot hold every /verify.
     app.get("/admin/stats", async () => this.stats);
-    app.get("/admin/verify/hold", async () => {
+    app.post("/admin/verify/hold", { config: { checkpointing: false } }, async (request) => {
+      requireJsonPost(request);
       this.hold();
       return { held: true };
     });
-    app.get("/admin/verify/release", async () => {
+    app.post("/admin/verify/release", { config: { checkpointing: false } }, async (request) => {
+      requireJsonPost(request);
       this.release();
       return { held: false };
     });

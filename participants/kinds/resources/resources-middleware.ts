@@ -113,8 +113,9 @@ function roleOf(route: string): RequestRole {
 }
 
 /**
- * Installs the checkpoint middleware on a fastify app (before its routes). GET/HEAD and
- * `/ng-control/*` pass through; every other request is admitted by the resources kind:
+ * Installs the checkpoint middleware on a fastify app (before its routes). GET/HEAD,
+ * `/ng-control/*` and routes declared with `config: { checkpointing: false }` (operator or test
+ * controls that touch no session) pass through; every other request is admitted by the resources kind:
  * waits for resume when it must, is fenced, counted, and its success binds or ends the session
  * while it still counts in flight.
  */
@@ -125,6 +126,7 @@ export function installResourcesCheckpointing(app: FastifyInstance, kind: Resour
     if (request.method === "GET" || request.method === "HEAD") return;
     const path = request.url.split("?")[0]!;
     if (path.startsWith("/ng-control/")) return;
+    if ((request.routeOptions.config as { checkpointing?: unknown } | undefined)?.checkpointing === false) return;
     const abort = new AbortController();
     const onClose = () => abort.abort();
     reply.raw.once("close", onClose);
