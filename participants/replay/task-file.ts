@@ -13,6 +13,7 @@ export const MAX_TASK_FILE_LINE_BYTES = constants.MAX_STRING_LENGTH;
 /**
  * The tasks of a task file given on the command line (`seeds --tasks`): JSON lines, each collect's
  * `{id, task}` row or a bare task (a replay run, such as a `/replay/next` reply, is one: kept whole). Blank lines are skipped. A missing or malformed file
+ * (a line that is not JSON, or not UTF-8 text, as `collect --tasks` refuses it)
  * (or a directory) is `invalid_request`, like any bad flag value; one the storage refuses to read (EIO,
  * EACCES) is thrown as it is, storage_error (a pipe such as `<(…)` is read as it comes).
  * Streamed line by line, as collect reads it: a task file may be larger than one string can be.
@@ -22,8 +23,10 @@ export async function readTaskFile(file: string, maxLineBytes = MAX_TASK_FILE_LI
   const input = createReadStream(file);
   const tooLong = (number: number) => invalidRequest(`${file}:${number}: longer than any task line can be (over ${maxLineBytes} bytes without a newline)`);
   try {
-    for await (const { text: line, number } of textLines(input, maxLineBytes, tooLong)) {
+    for await (const { text: line, number, utf8 } of textLines(input, maxLineBytes, tooLong)) {
       if (!line.trim()) continue;
+      // Decoded anyway, each bad sequence as U+FFFD: the seed would carry a task that was never run.
+      if (!utf8) throw invalidRequest(`${file}:${number}: not UTF-8 text (a Latin-1 or UTF-16 export?); save the tasks file as UTF-8`);
       let value: unknown;
       try {
         value = JSON.parse(line);
