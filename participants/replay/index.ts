@@ -53,7 +53,7 @@ export {
   recordFilters,
 } from "./replay-config.js";
 export type { ReplayConfig, ReplayConfigInput } from "./replay-config.js";
-export { ReplayTaskSource } from "./replay-task-source.js";
+export { MAX_RETAINED_RELOAD_BYTES, ReplayTaskSource } from "./replay-task-source.js";
 export type {
   TaskShape,
   SourceEnvironment,

@@ -15,6 +15,7 @@ import {
   type ReplayConfig,
   type ReplayConfigInput,
 } from "./replay-config.js";
+import { fileIdentity, RetainedParses } from "./retained-parses.js";
 import type { RandomFactory } from "./seeded-random.js";
 import { completedFiles, isStepMarkerName } from "./step-marker.js";
 import type { Prompt, TraceRecord } from "./trace-record.js";
@@ -98,6 +99,35 @@ export interface ReplayStats {
   indexFallbacks: number;
 }
 
+/**
+ * How much a failed reload keeps of what it parsed, in record bytes parsed (an upper bound on what
+ * the kept tasks hold): files past it are read again at the next reload.
+ */
+export const MAX_RETAINED_RELOAD_BYTES = 1024 * 1024 * 1024;
+
+function newReplayStats(): ReplayStats {
+  return { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
+}
+
+function addReplayStats(into: ReplayStats, from: ReplayStats): void {
+  addReadStats(into.read, from.read);
+  into.foreign += from.foreign;
+  into.noSeed += from.noSeed;
+  into.overlong += from.overlong;
+  into.indexFallbacks += from.indexFallbacks;
+}
+
+/** One file's tasks renumbered from `base` (a file that sorts before it appeared since they were built). */
+function rebased<T extends TaskShape>(tasks: readonly ReplayTask<T>[], base: number): ReplayTask<T>[] {
+  return tasks.map((task, i) => Object.freeze({ ...task, idx: base + i, task: { ...task.task, idx: base + i } }));
+}
+
+/** One file's part of a reload. */
+interface FileParse<T extends TaskShape> {
+  tasks: ReplayTask<T>[];
+  stats: ReplayStats;
+}
+
 export interface ReloadResult {
   added: number;
   total: number;
@@ -110,6 +140,8 @@ export interface ReplayTaskSourceOptions {
   logger?: Logger;
   /** Replaces the seeded generator of the tool-call anchor draw. */
   random?: RandomFactory;
+  /** What a failed reload keeps of its parses (default MAX_RETAINED_RELOAD_BYTES); smaller in tests. */
+  maxRetainedBytes?: number;
 }
 
 /**
@@ -134,7 +166,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
 {
   readonly config: ReplayConfig;
   readonly sourceConfig: unknown;
-  readonly stats: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
+  readonly stats: ReplayStats = newReplayStats();
 
   private readonly list: ReplayTask<T>[] = [];
   /** Real paths of the files loaded (a file reached by two paths is one file). */
@@ -146,6 +178,9 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
   private cursor = 0;
   private readonly closing = new AbortController();
   private warnedEmpty = false;
+  private readonly maxRetainedBytes: number;
+  /** What the last reload parsed before it failed, reused for files unchanged since. */
+  private retained: RetainedParses<FileParse<T>>;
 
   constructor(
     config: ReplayConfigInput | ReplayConfig,
@@ -157,6 +192,8 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     this.cwd = options.cwd ?? process.cwd();
     this.logger = options.logger ?? defaultLogger();
     this.random = options.random;
+    this.maxRetainedBytes = options.maxRetainedBytes ?? MAX_RETAINED_RELOAD_BYTES;
+    this.retained = new RetainedParses(0);
   }
 
   get tasks(): readonly ReplayTask<T>[] {
@@ -331,19 +368,35 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
     }
     const files = markers ? this.completedPrefix(fresh, markers) : fresh;
 
-    // Build everything first and commit at the end: a refusal leaves the task list untouched.
+    // Build everything first and commit at the end: a refusal leaves the task list untouched. What
+    // it parsed until then is kept (bounded) for the next reload, which reads only files that
+    // changed since or were not reached: a corrupt file late in a run cost a re-read of every good
+    // file before it at every poll.
     const added: ReplayTask<T>[] = [];
-    const stats: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
-    // Appended one by one: spreading 100k+ tasks into push() overflows the call stack.
-    for (const file of files) for (const task of await this.loadFile(file, this.list.length + added.length, stats)) added.push(task);
+    const stats = newReplayStats();
+    const retained = new RetainedParses<FileParse<T>>(this.maxRetainedBytes);
+    try {
+      for (const file of files) {
+        const real = realOf.get(file)!;
+        const base = this.list.length + added.length;
+        // Taken before the read: a change while it runs gives the file another identity next time.
+        const identity = await fileIdentity(file);
+        const kept = this.retained.get(real, identity);
+        const parse = kept ? kept.value : await this.loadFile(file, base);
+        // Appended one by one: spreading 100k+ tasks into push() overflows the call stack.
+        for (const task of kept && kept.base !== base ? rebased(parse.tasks, base) : parse.tasks) added.push(task);
+        addReplayStats(stats, parse.stats);
+        if (identity !== null) retained.keep(real, kept ?? { identity, base, value: parse, cost: parse.stats.read.bytesParsed });
+      }
+    } catch (error) {
+      this.retained = retained;
+      throw error;
+    }
+    this.retained = new RetainedParses(0);
 
     for (const task of added) this.list.push(task);
     for (const file of files) this.done.add(realOf.get(file)!);
-    addReadStats(this.stats.read, stats.read);
-    this.stats.foreign += stats.foreign;
-    this.stats.noSeed += stats.noSeed;
-    this.stats.overlong += stats.overlong;
-    this.stats.indexFallbacks += stats.indexFallbacks;
+    addReplayStats(this.stats, stats);
     if (files.length > 0) {
       this.logger.info(
         { tasks: this.list.length, added: added.length, files: files.length, skipped: { ...stats.read.skipped, foreign: stats.foreign, no_seed: stats.noSeed, overlong: stats.overlong } },
@@ -387,37 +440,31 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
    * A file that vanished between the glob and its open (retention removed it) is skipped with a
    * warning, not a failed reload: it loads nothing, and is never looked for again.
    */
-  private async loadFile(file: string, base: number, stats: ReplayStats): Promise<ReplayTask<T>[]> {
+  private async loadFile(file: string, base: number): Promise<FileParse<T>> {
     try {
-      return await this.loadFileOnce(file, base, stats);
+      return await this.loadFileOnce(file, base);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
       this.logger.warn({ file }, "replay record file vanished before it was read; skipping it");
-      return [];
+      return { tasks: [], stats: newReplayStats() };
     }
   }
 
-  private async loadFileOnce(file: string, base: number, stats: ReplayStats): Promise<ReplayTask<T>[]> {
+  private async loadFileOnce(file: string, base: number): Promise<FileParse<T>> {
     const attempt = (useIndex: boolean) => {
-      const local: ReplayStats = { read: newReadStats(), foreign: 0, noSeed: 0, overlong: 0, indexFallbacks: 0 };
-      return this.collect(file, base, local, useIndex).then((tasks) => ({ tasks, local }));
+      const stats = newReplayStats();
+      return this.collect(file, base, stats, useIndex).then((tasks) => ({ tasks, stats }));
     };
-    let result: { tasks: ReplayTask<T>[]; local: ReplayStats };
     try {
-      result = await attempt(true);
+      return await attempt(true);
     } catch (error) {
       if (!(error instanceof ReplayError && error.reason === "index_mismatch")) throw error;
       // The index passed its structural checks but disagrees with the bytes: trust only the file.
       this.logger.warn({ file, reason: error.message }, "rollout index disagrees with its file; parsing in full");
-      result = await attempt(false);
-      result.local.indexFallbacks += 1;
+      const result = await attempt(false);
+      result.stats.indexFallbacks += 1;
+      return result;
     }
-    addReadStats(stats.read, result.local.read);
-    stats.foreign += result.local.foreign;
-    stats.noSeed += result.local.noSeed;
-    stats.overlong += result.local.overlong;
-    stats.indexFallbacks += result.local.indexFallbacks;
-    return result.tasks;
   }
 
   private async collect(file: string, base: number, stats: ReplayStats, useIndex: boolean): Promise<ReplayTask<T>[]> {
