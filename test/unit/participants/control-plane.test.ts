@@ -296,6 +296,7 @@ describe("fences and refusals change no state", () => {
     kind.delay("retire", gate.promise);
     const holding = call("retire", { checkpoint_id: "retire", epoch: 1, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     for (let i = 0; i < 10 && !kind.hooks().includes("retire"); i++) await flush();
+    expect(kind.hooks()).toEqual(["retire"]); // the first retire holds the lock
     // Both pass the fence on arrival (highest seen is 1) and queue on the lock, the newer leader's first.
     const newer = call("retire", { checkpoint_id: "retire", epoch: 6, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
     const older = call("retire", { checkpoint_id: "retire", epoch: 5, episode_ids: [{ rollout_id: "r2", attempt: 0 }] });
@@ -1023,6 +1024,7 @@ describe("retire marks before it stops", () => {
     kind.delay("retire", gate.promise); // stopping the work takes long
     const retire = call("retire", { checkpoint_id: "retire", deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r3", attempt: 1 }] });
     for (let i = 0; i < 10 && !kind.hooks().includes("retire"); i++) await flush();
+    expect(kind.hooks()).toEqual(["retire"]); // the retire is in its hook: the mark is already set
     // A request the caller sent just before its own retire, arriving now, is already refused.
     expect(() => plane.assertNotRetired({ rollout_id: "r3", attempt: 1 })).toThrow(/retired/);
     clock.advance(20_000);
@@ -1039,6 +1041,7 @@ describe("forget whose kind hook hangs", () => {
     kind.delay("forget", new Promise<void>(() => undefined)); // freeing held state from a provider that never answers
     const forget = call("forget", { checkpoint_id: "forget", deadline_ts: T0 + 10, rollout_ids: ["r4"] });
     for (let i = 0; i < 10 && !kind.hooks().includes("forget"); i++) await flush();
+    expect(kind.hooks()).toEqual(["retire", "forget"]); // the forget is in its hung hook, past the early checks
     clock.advance(20_000);
     expect(await refused(forget)).toBe("deadline_exceeded");
     expect(plane.isRetired({ rollout_id: "r4", attempt: 0 })).toBe(true);
