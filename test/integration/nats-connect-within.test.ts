@@ -4,6 +4,7 @@ import { connectNatsWithin } from "../../protocol/nats-first-connect.js";
 import { NatsServerProcess } from "../../coordinator/local/nats-server-process.js";
 import { CheckpointError } from "../../protocol/index.js";
 import { freePortRun } from "../support/ports.js";
+import { waitUntil } from "../support/wait-until.js";
 
 /** A first connect (collect, the coordinator daemon, participant programs): a NATS server still starting is waited for, within a bound. */
 let server: NatsServerProcess | undefined;
@@ -17,7 +18,9 @@ describe("connectNatsWithin", () => {
     const port = await freePortRun(1);
     const waits: CheckpointError[] = [];
     const connecting = connectNatsWithin({ servers: `nats://127.0.0.1:${port}`, inboxPrefix: "_INBOX_test" }, 20_000, CONTROLLER_CONNECT_FAILURE, { warn: (fields) => void waits.push((fields as { err: CheckpointError }).err) }, 100);
-    await new Promise((resolve) => setTimeout(resolve, 500));
+    // The server starts only once a first attempt was refused (nothing listening) and said so.
+    await waitUntil(() => waits.length > 0, "the first connect attempt to be refused");
+    expect(waits[0]).toMatchObject({ code: "not_leader", message: expect.stringContaining(`cannot reach NATS at nats://127.0.0.1:${port}`) });
     server = await NatsServerProcess.start({ port });
     const nc = await connecting;
     try {
