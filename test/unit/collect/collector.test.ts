@@ -1640,10 +1640,15 @@ describe("collector timer checkpoints", () => {
 
   it("a stop checkpoint goes ahead of a timer checkpoint still waiting for its turn", { timeout: 30_000 }, async () => {
     const held = await heldByARetire({ checkpointEverySeconds: 0.05 });
-    await new Promise((resolve) => setTimeout(resolve, 300)); // a few ticks while b runs
+    // A tick while b runs asks for a checkpoint, which waits for the lock the retire holds.
+    const asked = vi.spyOn(held.collector, "checkpoint");
+    await waitUntil(() => asked.mock.calls.length > 0, "a timer checkpoint asked for while the retire holds the lock");
+    expect(asked.mock.calls).toEqual([[{ stop: false }]]);
+    expect(held.callsSinceHold("prepare")).toHaveLength(0);
     const stop = held.collector.checkpoint({ stop: true });
     held.releaseRetire();
     expect((await stop).published).toBe(true);
+    await expect(asked.mock.results[0]!.value).resolves.toEqual({ published: false, checkpointId: "" }); // the timer one, skipped
     // The only checkpoint taken since the retire held the lock is the stop: the timer one that
     // waited gave way, none queued after it.
     expect(held.callsSinceHold("commit").map((c) => c.req.stop)).toEqual([true]);
