@@ -487,8 +487,9 @@ describe("ledger files", () => {
 
   it("reject rows that do not match the schema", async () => {
     const ledger = new CaptureLedger(join(f.dir, "ledger"));
-    await expect(ledger.append({ ...row("bad", "mc-1"), extra: 1 } as LedgerRow)).rejects.toThrow();
-    await expect(ledger.append(row("not a key/..", "mc-1"))).rejects.toThrow();
+    // Refused by the row schema itself (a ZodError naming the field), not by a later check on the key's file name.
+    await expect(ledger.append({ ...row("bad", "mc-1"), extra: 1 } as LedgerRow)).rejects.toMatchObject({ name: "ZodError", issues: [expect.objectContaining({ code: "unrecognized_keys", keys: ["extra"] })] });
+    await expect(ledger.append(row("not a key/..", "mc-1"))).rejects.toMatchObject({ name: "ZodError", issues: [expect.objectContaining({ path: ["capture_key"], message: "not a valid capture key" })] });
     await ledger.close();
   });
 });
