@@ -8,7 +8,7 @@ export { endLogsWhenStdoutRefuses } from "./stdout-log-refusal.js";
 export { dieByHangup } from "./die-by-hangup.js";
 export { makeDirectories, isMisplacedDirectory, parentsOfCreated } from "./make-directories.js";
 export { envSetting } from "./env-setting.js";
-export { within, type SetTimer } from "./within.js";
+export { finishedWithin, within, type SetTimer } from "./within.js";
 export { equalJitter, type RandomSource } from "./jitter.js";
 export { isHttpUrl, redactUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";

@@ -20,7 +20,7 @@ import { fsyncDirectory } from "../publication/durable-fs.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, finishedWithin, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { logNatsStatus } from "../../protocol/nats-status-log.js";
 import { highestEpochInUse } from "./epoch-floor.js";
@@ -235,10 +235,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       // Within stop_grace_ms: a prepare held by a blocker would run to its deadline, past the
       // supervisor's SIGKILL. Past it this stops as after a crash: a successor (one lease period
       // later, and fenced by its epoch) completes a decided commit or aborts the rest.
-      let cancelGrace = () => {};
-      const graceOver = new Promise<true>((resolve) => (cancelGrace = clock.setTimer(() => resolve(true), config.stop_grace_ms)));
-      const unanswered = await Promise.race([Promise.all([natsApi.stop(), http?.stop()]).then(() => false), graceOver]).finally(() => cancelGrace());
-      if (unanswered) logger.warn({ stop_grace_ms: config.stop_grace_ms }, "coordinator_stop_ops_unanswered");
+      const answered = await finishedWithin(Promise.all([natsApi.stop(), http?.stop()]), config.stop_grace_ms, (fn, ms) => clock.setTimer(fn, ms));
+      if (!answered) logger.warn({ stop_grace_ms: config.stop_grace_ms }, "coordinator_stop_ops_unanswered");
       await lease.stop(true);
       registry.stop();
       await writer.settled();

@@ -7,6 +7,7 @@ import {
   CheckpointError,
   DeploymentSchema,
   FailureSpellLog,
+  finishedWithin,
   ErrorReplySchema,
   InstanceSchema,
   isNoResponders,
@@ -303,15 +304,9 @@ export class MembershipAnnouncer {
     // Only our own entry: a process that took over keeps its announcement. Best effort: a stale
     // entry only expires with the bucket's TTL.
     if (this.isLost || !this.revision) return;
-    let timer: NodeJS.Timeout | undefined;
-    const gaveUp = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(true), STOP_DELETE_WAIT_MS)));
-    const deleted = this.deleteOwnEntry()
-      .catch(() => undefined)
-      .then(() => false);
-    if (await Promise.race([deleted, gaveUp])) {
-      this.logger?.warn({ wait_ms: STOP_DELETE_WAIT_MS, ttl_ms: MEMBER_TTL_MS }, "membership entry not deleted in time (NATS unreachable?); it expires with the registry's TTL");
-    }
-    clearTimeout(timer);
+    // A failed delete is no reason to wait either: only a delete still running is told.
+    const inTime = await finishedWithin(this.deleteOwnEntry(), STOP_DELETE_WAIT_MS).catch(() => true);
+    if (!inTime) this.logger?.warn({ wait_ms: STOP_DELETE_WAIT_MS, ttl_ms: MEMBER_TTL_MS }, "membership entry not deleted in time (NATS unreachable?); it expires with the registry's TTL");
   }
 
   private async deleteOwnEntry(): Promise<void> {

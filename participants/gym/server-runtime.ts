@@ -4,7 +4,7 @@ import type { ConnectionOptions, NatsConnection } from "@nats-io/transport-node"
 import pino, { type Logger } from "pino";
 import { z } from "zod";
 import type { FastifyInstance } from "fastify";
-import { BearerTokenSchema, CheckpointError, dieByHangup, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, PACKAGE_VERSION, envSetting, isHttpUrl, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, dieByHangup, finishedWithin, DeploymentSchema, InstanceSchema, describeZodError, toCheckpointError, DEFAULT_NATS_URL, MAX_TIMER_MS, PACKAGE_VERSION, envSetting, isHttpUrl, NATS_INBOX_PREFIXES, NATS_PING_OPTIONS, natsSettings, type RecordBase } from "../../protocol/index.js";
 import type { ParticipantKind } from "../control-plane/participant-kind.js";
 import { startParticipant, type ParticipantHandle } from "../control-plane/start-participant.js";
 import { propagateHttpTraceContext } from "../telemetry/http-propagation.js";
@@ -68,16 +68,9 @@ export const SHUTDOWN_DRAIN_MS = 2_000;
 export const NATS_DRAIN_WAIT_MS = 1_000;
 
 
-/** Drains `nc`, closing it instead once NATS_DRAIN_WAIT_MS passed; never rejects. */
+/** Drains `nc`, closing it instead once NATS_DRAIN_WAIT_MS passed (or the drain failed); never rejects. */
 async function drainWithin(nc: NatsConnection): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  const drained = nc.drain().then(
-    () => true,
-    () => false,
-  );
-  const ok = await Promise.race([drained, new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), NATS_DRAIN_WAIT_MS)))]);
-  clearTimeout(timer);
-  if (!ok) await nc.close().catch(() => undefined);
+  if (!(await finishedWithin(nc.drain(), NATS_DRAIN_WAIT_MS).catch(() => false))) await nc.close().catch(() => undefined);
 }
 export type CommonServerConfig = z.infer<typeof ServerFlagsSchema>;
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { within } from "../../../protocol/index.js";
+import { finishedWithin, within } from "../../../protocol/index.js";
 
 /** A timer that fires only when told to, and says whether it was cleared. */
 function manualTimer() {
@@ -36,5 +36,27 @@ describe("within", () => {
 
   it("uses a real timer by default", async () => {
     await expect(within(new Promise<never>(() => undefined), 5)).rejects.toThrow("no answer within 5 ms");
+  });
+});
+
+describe("finishedWithin", () => {
+  it("is true when the work resolves first, and clears its timer", async () => {
+    const timer = manualTimer();
+    await expect(finishedWithin(Promise.resolve(7), 50, timer.setTimer)).resolves.toBe(true);
+    expect(timer.cleared()).toBe(true);
+  });
+
+  it("is false once the time passes first; the work's later failure is not unhandled", async () => {
+    const timer = manualTimer();
+    let fail: (error: Error) => void = () => undefined;
+    const raced = finishedWithin(new Promise((_, reject) => (fail = reject)), 50, timer.setTimer);
+    timer.fire();
+    await expect(raced).resolves.toBe(false);
+    fail(new Error("late"));
+    await new Promise((resolve) => setImmediate(resolve));
+  });
+
+  it("passes the work's own failure on", async () => {
+    await expect(finishedWithin(Promise.reject(new Error("refused")), 50, manualTimer().setTimer)).rejects.toThrow("refused");
   });
 });
