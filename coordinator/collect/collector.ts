@@ -751,7 +751,6 @@ export class Collector {
       await Promise.all(workers);
       if (this.resultsLost) throw this.resultsLost;
     } catch (error) {
-      UNTIMED_DISPATCHER.off("connect", connected);
       this.ended = true;
       // A worker failed (results.jsonl cannot be appended): start no other row and drop the /runs
       // in flight, whose results could not be kept either (they are logged: the next start retires them).
@@ -769,8 +768,9 @@ export class Collector {
       await this.closeTasks();
       this.options.progress?.finish(); // the error is printed next
       throw error;
+    } finally {
+      UNTIMED_DISPATCHER.off("connect", connected);
     }
-    UNTIMED_DISPATCHER.off("connect", connected);
     this.ended = true;
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
