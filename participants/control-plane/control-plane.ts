@@ -1212,6 +1212,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
 
   private armLeaseTimer(): void {
     this.cancelLeaseTimer?.();
+    this.cancelLeaseTimer = undefined;
+    // Disposed: the process is shutting down, and nothing may fire into the kind any more (a commit
+    // write that outlived its deadline and fails later puts back its lease through here).
+    if (this.disposed) return;
     const id = this.activeId;
     this.cancelLeaseTimer = setTimerAt(this.clock, () => void this.onLeaseTimer(id), (this.leaseExpiresAt ?? 0) * 1000);
   }
@@ -1219,7 +1223,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   /** An abandoned checkpoint resumes by itself, exactly as a resume would (and fences the id). */
   private async onLeaseTimer(id: string | null): Promise<void> {
     await this.lock.run(async () => {
-      if (this.activeId === null || this.activeId !== id || this.leaseExpiresAt === null) return;
+      // Disposed while this expiry waited for the lock: no reopen into a stopped server.
+      if (this.disposed || this.activeId === null || this.activeId !== id || this.leaseExpiresAt === null) return;
       // Early (the wall clock was stepped back): wait for the rest, or the lease would never expire.
       if (this.clock.now() < this.leaseExpiresAt * 1000) return this.armLeaseTimer();
       this.logger?.warn({ checkpoint_id: id, phase: this.phase }, "lease_expired");
@@ -1275,7 +1280,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.notify();
   }
 
-  /** Stops timers; used when the process shuts down. */
+  /** Stops timers (no lease expiry fires after it, even one a late write failure would arm); used when the process shuts down. */
   dispose(): void {
     this.disposed = true;
     this.beginStopping();
