@@ -143,6 +143,11 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    * a request naming them would be served from it).
    */
   private readonly heldAfterFailedFree = new Map<string, EpisodeId>();
+  /**
+   * The free of each session's state under way (retireSessionState), by session id: a second free of
+   * one runs only once the first ended, never beside it (see freeState).
+   */
+  private readonly stateFrees = new Map<string, Promise<void>>();
   /** After-commit frees of restored sessions under way (they may outlive the commit and the resume), with their episodes. */
   private readonly leftOutFrees = new Set<{ episodes: EpisodeId[]; done: Promise<void> }>();
   /**
@@ -312,7 +317,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     if (!(this.mode === "exported" && held && !this.sessions.has(sessionId))) return;
     const free = (async () => {
       try {
-        await this.hooks.retireSessionState!(sessionId);
+        await this.freeState(sessionId);
       } catch (error) {
         // Nothing names an ended session any more, so nothing would free it again: held like a
         // left-out restored session whose free failed (its id refused, live state), and freed again
@@ -546,7 +551,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     const failures: string[] = [];
     for (const record of records) {
       try {
-        await this.hooks.retireSessionState?.(record.session_id);
+        await this.freeState(record.session_id);
       } catch (error) {
         const episode = nextAttempt(record.episode_id);
         failures.push(`${captureKey(episode)}: ${error instanceof Error ? error.message : String(error)}`);
@@ -595,7 +600,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     }
     // Free, then drop. A failing hook leaves the session retiring (a blocker) so the retire can be retried.
     for (const s of targets.values()) {
-      await this.hooks.retireSessionState?.(s.sessionId);
+      await this.freeState(s.sessionId);
       this.sessions.delete(s.sessionId);
       this.retiring.delete(s.sessionId);
       this.dropPendingEnd(s.sessionId);
@@ -610,7 +615,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     const forgotten = new Set(rolloutIds);
     for (const [sessionId, episode] of this.retiring) {
       if (!forgotten.has(episode.rollout_id)) continue;
-      await this.hooks.retireSessionState?.(sessionId);
+      await this.freeState(sessionId);
       this.sessions.delete(sessionId);
       this.retiring.delete(sessionId);
       this.dropPendingEnd(sessionId);
@@ -710,6 +715,32 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     }
   }
 
+  /**
+   * Frees a session's state through the server's hook, one free of a session at a time. A retire cut
+   * short by its deadline leaves its free running (the control plane frees the lock), and its retry,
+   * a forget or a clean-up would otherwise free the same state again beside it: a sandbox deleted
+   * twice at once, the second delete failing and failing that retry. A later free waits for the one
+   * under way, then runs (the hook tolerates a state already gone), so it still frees whatever is
+   * there by then.
+   */
+  private freeState(sessionId: string): Promise<void> {
+    const before = this.stateFrees.get(sessionId);
+    // Started now when nothing runs for this id (as a direct hook call would be), else once that free settled.
+    const run = async () => {
+      await this.hooks.retireSessionState?.(sessionId);
+    };
+    const free = before ? before.then(run) : run();
+    const settled = free.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.stateFrees.set(sessionId, settled);
+    void settled.then(() => {
+      if (this.stateFrees.get(sessionId) === settled) this.stateFrees.delete(sessionId);
+    });
+    return free;
+  }
+
   private trackFreeing(sessionId: string, free: Promise<void>): void {
     this.freeingIds.set(sessionId, (this.freeingIds.get(sessionId) ?? 0) + 1);
     void free.finally(() => {
@@ -727,7 +758,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
   private freeUnbound(sessionId: string, episode: EpisodeId): void {
     const free = (async () => {
       try {
-        await this.hooks.retireSessionState?.(sessionId);
+        await this.freeState(sessionId);
       } catch (error) {
         this.logger?.warn({ err: error }, "freeing the session of a retired attempt failed; its retire frees it again");
         this.holdAfterFailedFree(sessionId, episode);
@@ -751,7 +782,7 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
    */
   private async freeLeftOut(sessionId: string, episode: EpisodeId): Promise<void> {
     try {
-      await this.hooks.retireSessionState?.(sessionId);
+      await this.freeState(sessionId);
     } catch (error) {
       this.holdAfterFailedFree(sessionId, episode);
       throw error;
