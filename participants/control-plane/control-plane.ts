@@ -95,6 +95,11 @@ interface PendingWrite<R> {
   stop: boolean;
   createdAt: number;
   records: R[] | undefined;
+  /**
+   * The adapter's manifest extra, asked once with the records: a retry after a write that published
+   * the manifest and then failed must write the same manifest, or it is refused as another one.
+   */
+  extra: Record<string, unknown> | undefined;
   gate: WriteGate;
   running: Promise<CommitReply> | undefined;
   /**
@@ -500,6 +505,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
               stop: request.stop,
               createdAt: this.clock.now() / 1000,
               records: undefined,
+              extra: undefined,
               gate: new WriteGate(),
               running: undefined,
               leaseBefore: undefined,
@@ -587,7 +593,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       });
     }
     const records = pending.records;
-    const extra = this.adapter.manifestExtra?.() ?? {};
+    const extra = (pending.extra ??= this.adapter.manifestExtra?.() ?? {});
     const extras = this.adapter.commitExtras?.(records) ?? {};
     refuseUnsendableReply(target, records.length, pending.createdAt, extra, extras);
     const written = await withSpan("write", parentAttrs, undefined, async (span) => {
