@@ -937,25 +937,35 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     // A restore install past its deadline may still install the next attempt of these rollouts: its
     // fence stays until that install ended and what it left was freed (lifted before, a checkpoint
     // opened meanwhile would export it). Awaited outside the lock, under which the free runs; past
-    // the deadline the marks stay, as for a forget whose hook hangs.
-    const late = this.lateInstall;
-    if (late && request.rollout_ids.some((id) => late.rollouts.has(id))) await this.raceDeadline(this.unlessStopping(() => late.freed, "forget"), request.deadline_ts, "forget");
-    return this.underLock(request, async () => {
-      this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
-      const rollouts = [...new Set(request.rollout_ids)].sort();
-      // Bounded like retire's: a kind freeing held state through a hook that never answers (a
-      // sandbox provider) must not hold the lock, or every later op, resume and lease expiry
-      // included, would queue behind it for good. Past the deadline the marks stay.
-      await this.raceDeadline(this.unlessStopping(() => this.adapter.forget(rollouts), "forget"), request.deadline_ts, "forget");
-      // Only once it succeeded, as retire's: a failed forget extends nothing.
-      if (this.phase === "restored") this.renewLease(request.deadline_ts);
-      this.heldInstallFailure.forgotten(rollouts);
-      for (const rollout of rollouts) {
-        this.retired.forget(rollout);
-        this.restoredFrom.forget(rollout);
-      }
-      return { forgotten: rollouts };
-    });
+    // the deadline the marks stay, as for a forget whose hook hangs. Checked again once the lock is
+    // held: a restore this forget queued behind may have become such a late install meanwhile.
+    const lateOf = () => {
+      const late = this.lateInstall;
+      return late && request.rollout_ids.some((id) => late.rollouts.has(id)) ? late : undefined;
+    };
+    for (;;) {
+      const late = lateOf();
+      if (late) await this.raceDeadline(this.unlessStopping(() => late.freed, "forget"), request.deadline_ts, "forget");
+      const reply = await this.underLock(request, () => (lateOf() ? undefined : this.forgetUnderLock(request)));
+      if (reply) return reply;
+    }
+  }
+
+  private async forgetUnderLock(request: ForgetRequest): Promise<ForgetReply> {
+    this.admitOutsideCheckpoint(request.checkpoint_id, "forget");
+    const rollouts = [...new Set(request.rollout_ids)].sort();
+    // Bounded like retire's: a kind freeing held state through a hook that never answers (a
+    // sandbox provider) must not hold the lock, or every later op, resume and lease expiry
+    // included, would queue behind it for good. Past the deadline the marks stay.
+    await this.raceDeadline(this.unlessStopping(() => this.adapter.forget(rollouts), "forget"), request.deadline_ts, "forget");
+    // Only once it succeeded, as retire's: a failed forget extends nothing.
+    if (this.phase === "restored") this.renewLease(request.deadline_ts);
+    this.heldInstallFailure.forgotten(rollouts);
+    for (const rollout of rollouts) {
+      this.retired.forget(rollout);
+      this.restoredFrom.forget(rollout);
+    }
+    return { forgotten: rollouts };
   }
 
   // ---- shared rules ----------------------------------------------------------------------

@@ -1958,6 +1958,30 @@ describe("a forget racing a restore install that outlived its deadline", () => {
   });
 });
 
+describe("a forget queued behind a restore whose install then outlives its deadline", () => {
+  it("waits for that late install as one sent after it would: attempt+1 stays fenced until the install ended and was freed", async () => {
+    const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
+    const install = deferred();
+    kind.delay("install", install.promise);
+    const restore = call("restore", { checkpoint_id: "src", checkpoint_dir: dir, deadline_ts: T0 + 10, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    await waitUntil(() => kind.hooks().includes("install"), "the install to start");
+    // Sent while the restore still installs in time: it finds no late install yet and queues on the lock.
+    let answered = false;
+    const forget = call("forget", { checkpoint_id: "fg", deadline_ts: T0 + 100, rollout_ids: ["r1"] }).finally(() => void (answered = true));
+    for (let i = 0; i < 5; i++) await flush();
+    clock.advance(11_000);
+    expect(await refusalCode(restore)).toBe("deadline_exceeded");
+    for (let i = 0; i < 10; i++) await flush();
+    // The install still runs and may yet install r1-a1: its fence must stay.
+    expect(answered).toBe(false);
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(true);
+    install.resolve();
+    expect(await forget).toEqual({ forgotten: ["r1"] });
+    expect(plane.isRetired({ rollout_id: "r1", attempt: 1 })).toBe(false);
+    expect(kind.restored.size).toBe(0);
+  });
+});
+
 describe("a forget waiting for a late restore install of its rollout", () => {
   it("goes ahead once the install ended and was freed: the marks are lifted, nothing is held", async () => {
     const dir = await checkpointWith([{ rollout_id: "r1", attempt: 0 }]);
