@@ -228,14 +228,23 @@ export type RequestOf<O extends Op> = z.infer<(typeof CONTROL_MESSAGES)[O]["requ
 export type RequestInputOf<O extends Op> = z.input<(typeof CONTROL_MESSAGES)[O]["request"]>;
 export type ReplyOf<O extends Op> = z.infer<(typeof CONTROL_MESSAGES)[O]["reply"]>;
 
+/** The latest instant a JavaScript Date holds (8.64e15 ms), in Unix seconds. */
+const MAX_DATE_SECONDS = 8.64e12;
+/**
+ * An announcement's wall-clock time, Unix seconds. Bounded by what a Date holds: a participant names
+ * another process's times in its refusals (`toISOString`, which throws a RangeError past it), so
+ * one a corrupt or foreign entry carried made its claim throw instead of taking the entry over.
+ */
+const AnnouncedAtSchema = z.number().min(0).max(MAX_DATE_SECONDS);
+
 /** Announcement a participant puts in the membership registry and refreshes as a heartbeat. */
 export const MemberSchema = z
   .object({
     kind: KindSchema,
     instance: InstanceSchema,
     incarnation: IncarnationSchema,
-    started_at: z.number(),
-    heartbeat_at: z.number(),
+    started_at: AnnouncedAtSchema,
+    heartbeat_at: AnnouncedAtSchema,
     protocol_version: z.number().int(),
   })
   .strict();

@@ -15,7 +15,7 @@ const kvm = vi.hoisted(() => ({
   /** What a direct get (any replica, possibly lagging) answers. */
   replicaEntry: null as null | { incarnation: string },
   /** What the stream leader holds for the key. */
-  leaderEntry: null as null | { seq: number; incarnation: string },
+  leaderEntry: null as null | { seq: number; incarnation: string; at?: number },
 }));
 vi.mock("@nats-io/kv", () => ({
   Kvm: class {
@@ -46,11 +46,11 @@ vi.mock("@nats-io/kv", () => ({
 vi.mock("@nats-io/jetstream", () => ({
   jetstreamManager: async () => ({
     streams: {
-      getMessage: async () => (kvm.leaderEntry ? { seq: kvm.leaderEntry.seq, header: undefined, json: () => member(kvm.leaderEntry!.incarnation) } : null),
+      getMessage: async () => (kvm.leaderEntry ? { seq: kvm.leaderEntry.seq, header: undefined, json: () => member(kvm.leaderEntry!.incarnation, kvm.leaderEntry!.at) } : null),
     },
   }),
 }));
-const member = (incarnation: string) => ({ kind: "environment", instance: "env0", incarnation, started_at: 1, heartbeat_at: 2, protocol_version: 1 });
+const member = (incarnation: string, at?: number) => ({ kind: "environment", instance: "env0", incarnation, started_at: at ?? 1, heartbeat_at: at ?? 2, protocol_version: 1 });
 
 const { NoRespondersError } = await import("@nats-io/transport-node");
 // The claim probes the participant's status subject first: nobody else answers. No reconnects.
@@ -114,6 +114,26 @@ describe("membership heartbeat", () => {
     expect(kvm.puts).toHaveLength(2);
     await vi.advanceTimersByTimeAsync(300);
     expect(kvm.puts).toHaveLength(5);
+    expect(lost.settled).toBe(false);
+    await announcer.stop();
+  });
+});
+
+describe("an entry whose times no Date holds (a corrupt value, a foreign writer's nanoseconds)", () => {
+  // The announcer names the entry's times in its refusals (toISOString). Read as a member, such an
+  // entry made the claim throw a RangeError (the participant did not start), and made a takeover
+  // throw before it told the owner (`lost` never settled: the process served on a name it had lost).
+  it("is no member: the claim takes it over, and a beat refused over it writes its own entry again", async () => {
+    vi.useFakeTimers();
+    kvm.leaderEntry = { seq: 3, incarnation: "foreign", at: 1.765e18 };
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", undefined, 100);
+    await announcer.start();
+    expect(kvm.puts).toEqual(["environment.env0"]);
+    const lost = watch(announcer.lost);
+    kvm.wrongRevisionNext = true;
+    kvm.leaderEntry = { seq: 9, incarnation: "inc-2", at: -1e300 };
+    await vi.advanceTimersByTimeAsync(100);
+    expect(kvm.puts).toEqual(["environment.env0", "environment.env0"]);
     expect(lost.settled).toBe(false);
     await announcer.stop();
   });
