@@ -412,7 +412,7 @@ export class CheckpointEngine {
 
   publish(request: CtlRequestOf<"publish">): Promise<CtlReplyOf<"publish">> {
     return this.op("publish", request.checkpoint_id, async () => {
-      const args = canonicalJson(request.controller_state ?? null); // refuses state nested too deep
+      const args = controllerStateArgs(request.controller_state ?? null); // refuses state nested too deep
       const again = this.replayed<"publish">(request.checkpoint_id, "publish", args);
       if (again) return again;
       // A reply kept here was checked above; without one (a predecessor published it, or later ids
@@ -518,7 +518,7 @@ export class CheckpointEngine {
       closedBefore = this.closed.has(id);
       this.deadlineCapped(request.deadline_ts);
       refuseCommitScope(request.episode_ids);
-      const args = canonicalJson([commitArgs(request.episode_ids, request.stop), request.controller_state ?? null]); // refuses state nested too deep
+      const args = canonicalJson([commitArgs(request.episode_ids, request.stop), controllerStateArgs(request.controller_state ?? null)]); // refuses state nested too deep
       const again = this.replayed<"checkpoint">(id, "checkpoint", args);
       if (again) return again;
       const failedBefore = this.failedCheckpointOps.get(id);
@@ -1713,7 +1713,7 @@ export class CheckpointEngine {
    */
   private rememberRecovered(open: OpenCheckpoint, failures: Failure[]): void {
     if (!open.commit || !open.publish) return;
-    this.remember(open.id, "checkpoint", canonicalJson([commitArgs(open.scope, open.stop), open.controllerState]), {
+    this.remember(open.id, "checkpoint", canonicalJson([commitArgs(open.scope, open.stop), controllerStateArgs(open.controllerState)]), {
       checkpoint_id: open.id,
       epoch: open.commit.epoch,
       checkpoint_dir: open.commit.checkpoint_dir,
@@ -2858,6 +2858,16 @@ function refuseCommitScope(scope: EpisodeId[] | null): void {
 /** What a retried commit must repeat: its scope (as a set) and stop flag. */
 function commitArgs(scope: EpisodeId[] | null, stop: boolean): string {
   return canonicalJson([scopeKey(scope), stop]);
+}
+
+/**
+ * What a retried publish or checkpoint must repeat of its controller state. An inline value is
+ * written canonically on its own, then put in its place: inside the {inline} (and checkpoint's
+ * array) its levels counted against canonicalJson's MAX_JSON_DEPTH, so a state as deep as the
+ * controller API takes was refused (invalid_request) before anything ran.
+ */
+function controllerStateArgs(state: ControllerStateInput | ControllerState | null): string {
+  return canonicalJson(state !== null && "inline" in state ? { ...state, inline: canonicalJson(state.inline ?? null) } : state);
 }
 
 function sameScope(a: EpisodeId[] | null, b: EpisodeId[] | null): boolean {

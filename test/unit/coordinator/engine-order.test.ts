@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { MAX_ATTEMPT, MAX_CONTROL_MESSAGE_BYTES, type Kind } from "../../../protocol/index.js";
+import { CtlCheckpointRequestSchema, MAX_ATTEMPT, MAX_CONTROL_MESSAGE_BYTES, MAX_JSON_DEPTH, type Kind } from "../../../protocol/index.js";
 import { pino } from "pino";
 import { FOUR_KINDS, journalEmptied, journalEntry, makeEngine, writers, type Call } from "./fake-participants.js";
 import { MAX_JOURNAL_ENTRY_BYTES, type JournalEntry } from "../../../coordinator/ha/decision-journal.js";
@@ -296,6 +296,26 @@ describe("engine ordering", () => {
     expect(fake.calls).toHaveLength(0);
     expect(journal.log).toHaveLength(0);
     expect(engine.openCheckpoint).toBeNull();
+  });
+
+  it(`an inline controller state nested MAX_JSON_DEPTH levels deep, which the controller API takes, is published by checkpoint and publish, and their retries answered`, async () => {
+    // Before, the ops keyed a retry by the canonical JSON of the state inside an envelope (an array,
+    // its {inline}), whose levels counted against MAX_JSON_DEPTH: checkpoint refused a state 127 or
+    // 128 levels deep, publish one 128 deep, invalid_request "nested more than 128 levels deep".
+    let deep: unknown = 1;
+    for (let i = 0; i < MAX_JSON_DEPTH; i++) deep = [deep];
+    const state = CtlCheckpointRequestSchema.parse({ controller_state: { inline: deep } }).controller_state!;
+    const { engine, catalog } = makeEngine(root);
+    const request = { checkpoint_id: "c71", episode_ids: null, stop: false, controller_state: state };
+    const reply = await engine.checkpoint(request);
+    expect(await engine.checkpoint(request)).toEqual(reply);
+    expect((await catalog.get("c71")).controller_state).toEqual(state);
+    await engine.prepare({ checkpoint_id: "c72" });
+    await engine.commit({ checkpoint_id: "c72", episode_ids: null, stop: false });
+    const published = await engine.publish({ checkpoint_id: "c72", controller_state: state });
+    expect(await engine.publish({ checkpoint_id: "c72", controller_state: state })).toEqual(published);
+    expect((await catalog.get("c72")).controller_state).toEqual(state);
+    await engine.resume({ checkpoint_id: "c72" });
   });
 
   it("the convenience op aborts (resumes everyone) when prepare is incomplete; unreachable is a blocker", async () => {
