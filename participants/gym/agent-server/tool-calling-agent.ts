@@ -8,8 +8,9 @@ import type { GymTask } from "./gym-task.js";
  * The reference tool-calling agent's turn loop, written once and driven either by a native
  * activation (boundaries are lazy snapshots) or by a legacy `/run` episode (boundaries go to the
  * step tracker). A boundary is reported before each model call; the tool round's results are part
- * of the next one. A refused model call (`admission_closed`) parks and retries from the boundary; a
- * refused tool call parks and is sent again.
+ * of the next one. A call to a tool other than the calculator is answered with a tool error. A
+ * refused model call (`admission_closed`) parks and retries from the boundary; a refused tool call
+ * parks and is sent again.
  */
 const ChatMessageFieldsSchema = z
   .object({
@@ -135,6 +136,11 @@ export async function runTurnLoop(
     }
     messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });
     for (const call of calls) {
+      const unknown = unknownToolError(call.function.name);
+      if (unknown) {
+        messages.push({ role: "tool", tool_call_id: call.id, content: JSON.stringify(unknown) });
+        continue;
+      }
       let result: unknown;
       for (;;) {
         try {
@@ -294,6 +300,20 @@ export function assembleStream(text: string): ChatMessage {
     .sort(([a], [b]) => a - b)
     .map(([, t]) => ({ id: t.id, type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
   return { role: "assistant", content: content.length ? content : null, ...(toolCalls.length && { tool_calls: toolCalls }) };
+}
+
+/** Longest tool name a tool error quotes: the name is the policy's, of any length. */
+const QUOTED_TOOL_NAME_CHARS = 100;
+
+/**
+ * The tool error for a call naming a tool this agent does not offer, undefined for the calculator.
+ * Answered to the policy as the call's result (as OpenAI-style agents do), so it can correct
+ * itself; never run as the calculator, which would answer a call the policy did not make.
+ */
+function unknownToolError(name: string): { error: string } | undefined {
+  if (name === CALCULATOR_TOOL.function.name) return undefined;
+  const quoted = name.length > QUOTED_TOOL_NAME_CHARS ? `${name.slice(0, QUOTED_TOOL_NAME_CHARS)}…` : name;
+  return { error: `unknown tool ${JSON.stringify(quoted)}: this agent offers ${CALCULATOR_TOOL.function.name}` };
 }
 
 async function callCalculator(endpoints: AgentEndpoints, key: string, cookie: string | null, args: string, signal: AbortSignal): Promise<unknown> {
