@@ -50,6 +50,7 @@ export interface GymEpisodeOptions {
   /**
    * A replayed task's sandbox setup (the replay source's): run first, in a replay step (none starts
    * while a checkpoint is open), before anything the episode opens; its failure fails the episode.
+   * Not run again by an episode restored from a checkpoint: it continues from its boundary.
    */
   setup?: () => Promise<void>;
   /** Overrides CLOSE_SESSION_TIMEOUT_MS (tests). */
@@ -66,10 +67,13 @@ export interface GymEpisodeResult extends RunReply {
 export async function runGymEpisode(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions = {}): Promise<GymEpisodeResult> {
   const open: OpenResourcesSession = {};
   const setup = options.setup;
-  // Nothing is open yet: a failed setup has nothing to clean up.
-  if (setup) await ep.step("replay", () => setup());
+  const restored = ep.continuation();
+  // Once per episode, when it starts from its input, as its seed: a restored episode continues past
+  // it, and what the setup made is the checkpointed run's (set up again, a sandbox would be reset
+  // under the restored conversation). Nothing is open yet: a failed setup has nothing to clean up.
+  if (setup && !restored) await ep.step("replay", () => setup());
   try {
-    return await runSteps(endpoints, ep, task, options, open);
+    return await runSteps(endpoints, ep, task, options, open, restored);
   } catch (error) {
     // A failed episode (deadline, callee error) must not leave an activation running at the agent,
     // nor its session at the resources server. A retired one is freed there by the retire itself.
@@ -89,10 +93,16 @@ async function closeAgentSession(endpoints: GymEndpoints, ep: StepEpisode, optio
   await postJson(`${trimSlash(endpoints.agentUrl)}${rolloutPath(ep.key, "/close_session")}`, {}, { signal }).catch(() => undefined);
 }
 
-async function runSteps(endpoints: GymEndpoints, ep: StepEpisode, task: GymTask, options: GymEpisodeOptions, open: OpenResourcesSession): Promise<GymEpisodeResult> {
+async function runSteps(
+  endpoints: GymEndpoints,
+  ep: StepEpisode,
+  task: GymTask,
+  options: GymEpisodeOptions,
+  open: OpenResourcesSession,
+  restored: Record<string, unknown> | null,
+): Promise<GymEpisodeResult> {
   const agent = trimSlash(endpoints.agentUrl);
   const resources = trimSlash(endpoints.resourcesUrl);
-  const restored = ep.continuation();
   let boundary = restored ? environmentBoundaryOf(ep.key, restored) : undefined;
   const continuedFrom = boundary?.next ?? null;
   // Not part of any boundary: an episode restored past the agent replies without a trajectory.

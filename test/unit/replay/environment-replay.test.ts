@@ -121,6 +121,26 @@ describe("the environment server's replay path", () => {
     }
   });
 
+  it("a replayed episode restored from a checkpoint continues without running the source's setup again", async () => {
+    await writeGymRecords(1, 7);
+    const setups: string[] = [];
+    const environment: typeof gymEnvironment = { ...gymEnvironment, setup: (task) => void setups.push(task.expression) };
+    const replay = new ReplayTaskSource({ records: "rollouts/step_*/train_rollouts_gym.jsonl", source: { id: "reference-gym" }, anchor: "tool-call", max_anchors: null }, environment, { cwd: dir, logger: silent });
+    await replay.load();
+    const kind = new EnvironmentKind();
+    const app = createEnvironmentApp({ kind, endpoints: { agentUrl: "http://127.0.0.1:9", resourcesUrl: "http://127.0.0.1:9" }, replay });
+    try {
+      const anchor = { replay_idx: 0, replay_id: gymReplayRun(replay.tasks[0]!).replay_id };
+      // Checkpointed after its verify: the setup ran in attempt 0, and what it set up was captured then.
+      await kind.install([{ episode_id: { rollout_id: "r1", attempt: 0 }, task_digest: canonicalDigest({ task: TASK, ...anchor }), boundary: { next: "return", answer: "12", reward: 1 } }]);
+      const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 1, task: TASK, ...anchor } });
+      expect([res.statusCode, res.json()]).toEqual([200, { rollout_id: "r1", attempt: 1, reward: 1, answer: "12", continued_from: "return" }]);
+      expect(setups).toEqual([]);
+    } finally {
+      await app.close();
+    }
+  });
+
   it("GET /replay/info reloads before it answers, so it reports the tasks on disk now", async () => {
     await writeGymRecords(1, 7);
     const replay = source();
