@@ -87,6 +87,45 @@ export function normalizeAnswer(text: string): string {
   return (value + percent).toLowerCase();
 }
 
+/** What normalizeAnswer makes of a number (no percentage): `5`, `-0.5`, `1.5e+25`. */
+const CANONICAL_NUMBER = /^-?\d+(?:\.\d+)?(?:e[-+]\d+)?$/;
+/** A text wrapper closing the answer: `\text{ cm}` (also `\textrm`, `\mathrm`, `\mbox`). */
+const FINAL_TEXT_WRAPPER = /\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}$/;
+/** What such a wrapper holds when it is a unit: words (`cm`, `km/h`, `m^2`, `°C`, `sq units`). */
+const UNIT = /^[\p{L}°µ][\p{L}°µ\s./^\d-]*$/u;
+/** Euler's number and the imaginary unit, set upright (`2\mathrm{e}`, `3\mathrm{i}`): no units. */
+const UPRIGHT_CONSTANTS = new Set(["e", "i"]);
+
+/**
+ * An answer that is a number followed by a unit in a text wrapper (`5\text{ cm}`,
+ * `\boxed{\frac12\,\mathrm{m}}`): its normalized number. A unit is marked as text, so a
+ * plain-text suffix is none (`5 x`, `2 pi` may be a variable or a constant), nor is one with
+ * anything after it (`5\text{ cm}^2`, `5\text{ or }7`).
+ */
+export function numberBeforeUnit(text: string): string | undefined {
+  const answer = stripDecoration(extractAnswer(text));
+  const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
+  const unit = wrapper?.[1]!.trim();
+  if (!wrapper || !unit || !UNIT.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
+  const number = normalizeAnswer(answer.slice(0, wrapper.index));
+  return CANONICAL_NUMBER.test(number) ? number : undefined;
+}
+
+/**
+ * Whether two answers are the same: equal once normalized, or the same number where one side
+ * carries a unit (numberBeforeUnit) and the other is the bare number. The question names the unit,
+ * so a data set's `5` and a model's `5\text{ cm}` (or the reverse) are one answer; two units are
+ * compared as they are written (`5 cm` is not `5 m`).
+ */
+export function sameAnswer(expected: string, answer: string): boolean {
+  const normalized = [normalizeAnswer(expected), normalizeAnswer(answer)] as const;
+  if (normalized[0] === normalized[1]) return true;
+  const withUnit = [numberBeforeUnit(expected), numberBeforeUnit(answer)] as const;
+  if (withUnit[0] !== undefined && withUnit[1] === undefined) return withUnit[0] === normalized[1];
+  if (withUnit[1] !== undefined && withUnit[0] === undefined) return withUnit[1] === normalized[0];
+  return false;
+}
+
 /**
  * `\frac{a}{b}` (or its display and text forms `\dfrac`, `\tfrac`) as [a, b]; a sign before it
  * (`-\frac{1}{2}`, as models write it) is a's, as in `-1/2`. An argument without braces is one
@@ -105,7 +144,8 @@ function signedLatexFraction(value: string): [string, string] | undefined {
  * `\%` a percent sign, `{,}` a comma (the thousands separator of `1{,}000`), the spacing commands
  * `\,` `\:` `\;` and `\ ` are spacing (`1\,000`), removed like spaces, the negative thin space
  * `\!` is none (`10,\!000`), `\text{…}` (`\textrm`, `\mathrm`, `\mbox`) is what it holds (a unit
- * stays: `5\text{ cm}` is `5 cm`, not 5), and the minus sign U+2212 is `-`.
+ * stays: `5\text{ cm}` is `5 cm`; only sameAnswer sets it aside, against a bare number), and the
+ * minus sign U+2212 is `-`.
  */
 function latexPlain(text: string): string {
   return text
@@ -206,7 +246,7 @@ function lastNotNine(digits: string): number {
   return i;
 }
 
-/** Exact-answer math: reward 1 when the normalized answer equals the normalized expected answer. */
+/** Exact-answer math: reward 1 when the answer is the expected one (sameAnswer). */
 export class MathVerifier extends VerifierServer {
   async verify(body: unknown): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(MathVerifyBodySchema, body);
@@ -214,6 +254,6 @@ export class MathVerifier extends VerifierServer {
     // A missing answer sent as "" would reward every empty answer and no real one.
     if (expected === "") throw new CheckpointError("invalid_request", "task.expected_answer is empty once normalized (only spacing, `$`, periods or an empty \\boxed{})");
     const extracted = normalizeAnswer(answer);
-    return { reward: extracted === expected ? 1 : 0, extracted };
+    return { reward: sameAnswer(task.expected_answer, answer) ? 1 : 0, extracted };
   }
 }

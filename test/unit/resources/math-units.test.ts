@@ -1,0 +1,56 @@
+import { describe, expect, it } from "vitest";
+import { MathVerifier } from "../../../participants/verifiers/index.js";
+
+/**
+ * docs/verifiers.md: a unit in a text wrapper (`\text{…}`, `\textrm`, `\mathrm`, `\mbox`) after a
+ * number is ignored when only one side has a unit (the question names the unit; a data set's bare
+ * `5` and a model's `5\text{ cm}` are the same answer), and compared when both have one (`5 cm` is
+ * not `5 m`). A plain-text suffix is no unit: it cannot be told from a variable (`5 x`, `2 pi`).
+ */
+const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
+
+describe("math verifier: units", () => {
+  it("accepts a number with a wrapped unit against the bare number, both ways", async () => {
+    expect(await reward("5", "5\\text{ cm}")).toBe(1);
+    expect(await reward("5", "\\boxed{5\\text{ cm}}")).toBe(1);
+    expect(await reward("5", "$5\\,\\mathrm{cm}$.")).toBe(1);
+    expect(await reward("0.5", "\\frac{1}{2}\\text{ m}")).toBe(1);
+    expect(await reward("-3", "-3\\textrm{ degrees}")).toBe(1);
+    expect(await reward("12", "12\\mbox{ km/h}")).toBe(1);
+    expect(await reward("4", "4\\text{ m^2}")).toBe(1);
+    expect(await reward("5\\text{ cm}", "5")).toBe(1);
+    expect(await reward("5\\text{ cm}", "\\boxed{5}")).toBe(1);
+  });
+
+  it("compares the units when both sides have one, and the number always", async () => {
+    expect(await reward("5\\text{ cm}", "5\\text{ m}")).toBe(0);
+    expect(await reward("5\\text{ cm}", "5\\text{cm}")).toBe(1);
+    expect(await reward("5 cm", "5\\text{cm}")).toBe(1);
+    expect(await reward("5\\text{cm}", "5 cm")).toBe(1);
+    expect(await reward("5 cm", "5\\text{ m}")).toBe(0);
+    expect(await reward("5", "6\\text{ cm}")).toBe(0);
+    expect(await reward("6\\text{ cm}", "5")).toBe(0);
+  });
+
+  it("takes no plain-text suffix, nothing but a number before the unit, and no upright constant for a unit", async () => {
+    expect(await reward("5", "5 cm")).toBe(0);
+    expect(await reward("5 cm", "5")).toBe(0);
+    expect(await reward("5", "5x")).toBe(0);
+    expect(await reward("2", "2 pi")).toBe(0);
+    expect(await reward("5", "x = 5\\text{ cm}")).toBe(0);
+    expect(await reward("5", "5\\text{ cm}^2")).toBe(0);
+    expect(await reward("5", "5\\text{ or }7")).toBe(0);
+    expect(await reward("50%", "50\\text{ cm}")).toBe(0);
+    // Euler's number and the imaginary unit, set upright: 2e and 3i are not 2 and 3.
+    expect(await reward("2", "2\\mathrm{e}")).toBe(0);
+    expect(await reward("3", "3\\mathrm{i}")).toBe(0);
+  });
+
+  it("finds the unit in linear time on long answers (a guard against backtracking, not a speed target)", { timeout: 10_000 }, async () => {
+    const started = performance.now();
+    expect(await reward("5", "\\text{".repeat(14_000))).toBe(0);
+    expect(await reward("5", `5\\text{${"a ".repeat(49_000)}}`)).toBe(1);
+    expect(await reward("5", `${"\\mbox{x}".repeat(11_000)}`)).toBe(0);
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
+});
