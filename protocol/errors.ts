@@ -104,8 +104,8 @@ export const ERROR_CATALOG = {
   },
   upstream_failed: {
     status: 502,
-    meaning: "The attach proxy's upstream (the inference server behind it) could not be reached, refused its TLS, or failed or closed before its answer was complete; no capture-ledger row was written for the call. Also a reference Gym server's data-plane call whose connection failed (its detail names the path called), and a reference agent's policy call whose stream ended in an error event.",
-    solve: "Check the inference server the proxy's `--upstream` names (or the Gym server the path belongs to); the call was not recorded, so send it again (the reference agent sends a policy call again twice by itself).",
+    meaning: "The attach proxy's upstream (the inference server behind it) could not be reached, refused its TLS, or failed or closed before its answer was complete; no capture-ledger row was written for the call. Also a reference Gym server's data-plane call whose connection failed (its detail names the path called), and a reference agent's policy call whose stream ended in an error event. Also a reference Gym server's `/run` (and the agent's `activate`) when a callee refused one of the episode's calls, so its caller never takes the callee's code for the route's own (a resources server's `stale_attempt` for a fenced attempt, its `invalid_request` for a bad task); the detail names the call and the callee's code (`a call this route depends on failed: seed_session refused with stale_attempt: …`). A callee's `storage_error` and `upstream_failed` are answered as they are.",
+    solve: "Check the inference server the proxy's `--upstream` names (or the Gym server the path belongs to); the call was not recorded, so send it again (the reference agent sends a policy call again twice by itself). A `/run` that failed so ran part way: dispatch the rollout as a new attempt (`gym-ckpt collect` retires it and sends the next one); the callee's code in the detail says what to fix there.",
   },
   outcome_unknown: {
     status: 504,

@@ -978,6 +978,7 @@ export class Collector {
       if (refusal.success && refusal.data.error.code === "invalid_request" && !state.restored) {
         // The Gym refused the task itself (a malformed task, a replay seed it cannot run): every
         // attempt would be refused alike, so the row fails now instead of using up its attempts.
+        // (A callee's refusal arrives as upstream_failed, a failed attempt: docs/gym.md.)
         // Not a restored continuation: refused for a task that differs from the checkpoint's (the
         // task file was edited), the next attempt starts from input and may well run.
         const { detail } = refusal.data.error;

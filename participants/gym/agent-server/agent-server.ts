@@ -8,7 +8,7 @@ import { installRefusalHandlers, participantServerOptions } from "../../http/ref
 import type { Activation, AgentKind } from "../../kinds/agent/index.js";
 import type { StepEpisode } from "../../kinds/environment/index.js";
 import { AgentSessionState } from "./agent-session-state.js";
-import { trimSlash } from "./gym-http.js";
+import { dependencyFailure, trimSlash } from "./gym-http.js";
 import { SessionCookieValueSchema } from "./session-cookie-value.js";
 import { closeResourcesSession, closeRestoredSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "./resources-session.js";
 import { GymTaskSchema, RunRequestSchema, taskSpellings, type GymTask, type RunReply } from "./gym-task.js";
@@ -22,6 +22,7 @@ import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, ru
  *   POST close_session {}        → {}
  * Sent without the prefix they are `rollout_id_required`.
  * Legacy: POST /run {rollout_id, attempt, task} → the agent owns seed, turn loop and verify.
+ * `activate` and `/run` answer a callee's refusal as `upstream_failed` (dependencyFailure).
  */
 const OpenBodySchema = z.object({ cookie: SessionCookieValueSchema.nullable().optional() }).strict();
 /**
@@ -137,7 +138,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       // The restored boundary is checked before the session is claimed: a refused activate leaves it restored.
       return await kind.activate(episode, turnLoop, episode.rollout_id, { checkBoundary: (boundary) => void turnLoopStateOf(key, boundary) });
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind, logger);
+      return sendRefusal(reply, dependencyFailure(error), kind.kind, logger);
     }
   });
 
@@ -174,7 +175,7 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
       const sent = (request.body as { task: unknown }).task;
       return await kind.runLegacy(episode, sent, begin, (ep) => runLegacyEpisode(endpoints, ep, body.task, options.logger));
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind, logger);
+      return sendRefusal(reply, dependencyFailure(error), kind.kind, logger);
     }
   });
 

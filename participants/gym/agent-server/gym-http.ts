@@ -4,8 +4,9 @@ import { UNTIMED_FETCH_DISPATCHER } from "../../../protocol/untimed-dispatcher.j
 
 /**
  * The small HTTP client the reference servers use for their data-plane calls. A refusal with the
- * standard error body becomes the same CheckpointError on this side, so `admission_closed` and
- * `stale_attempt` travel unchanged from callee to caller.
+ * standard error body becomes the same CheckpointError on this side, so the episode acts on the
+ * callee's `admission_closed`; a route answering it to its own caller answers `upstream_failed`
+ * instead (dependencyFailure), but for codes that mean the same there.
  */
 export interface JsonResponse {
   status: number;
@@ -81,12 +82,42 @@ function connectionFailed(error: unknown, url: string, signal: AbortSignal | und
   return new CheckpointError("upstream_failed", `${new URL(url).pathname}: the connection failed before the reply was complete (${why})`);
 }
 
-/** Throws the callee's refusal (or an internal error naming the call) unless the status is 2xx. */
+/** The `data` key marking a CheckpointError as a callee's refusal: the call it refused, and its detail. */
+const CALLEE_REFUSAL = "callee_refusal";
+
+/**
+ * Throws the callee's refusal (or an internal error naming the call) unless the status is 2xx. It
+ * keeps the callee's code, which the episode acts on (`admission_closed`: park and send again), and
+ * is marked as the callee's: a route answering it says so (dependencyFailure).
+ */
 export function expectOk(what: string, response: JsonResponse): unknown {
   if (response.status >= 200 && response.status < 300) return response.body;
   const refusal = ErrorReplySchema.safeParse(response.body);
-  if (refusal.success) throw new CheckpointError(refusal.data.error.code, `${what}: ${refusal.data.error.detail}`);
-  throw new CheckpointError("internal_error", `${what} answered HTTP ${response.status}`);
+  const [code, detail] = refusal.success ? [refusal.data.error.code, refusal.data.error.detail] : (["internal_error", `answered HTTP ${response.status}`] as const);
+  const message = refusal.success ? `${what}: ${detail}` : `${what} ${detail}`;
+  throw new CheckpointError(code, message, { data: { [CALLEE_REFUSAL]: { call: what, detail } } });
+}
+
+/**
+ * Callee codes a route answers as they are: they mean the same to its caller. `storage_error` is the
+ * deployment's storage wherever it fails (the model proxy's ledger disk full: gym-ckpt collect waits
+ * and sends the row again), `upstream_failed` already a dependency's failure.
+ */
+const PASSED_ON_CALLEE_CODES: ReadonlySet<string> = new Set(["storage_error", "upstream_failed"]);
+
+/**
+ * What a route (`/run`, the agent's `activate`) answers for `error`: a callee's refusal as
+ * `upstream_failed` (a dependency failed), its code and detail in the detail, so the route's caller
+ * never takes it for the route's own. Passed on unchanged, a resources server's `stale_attempt` or
+ * `admission_closed` read as "this attempt never started" (sent again as if nothing ran), its
+ * `invalid_request` as "the task is bad" (gym-ckpt collect fails the row for good), its `not_found`
+ * as an unknown route. Anything else is answered as it is.
+ */
+export function dependencyFailure(error: unknown): unknown {
+  if (!(error instanceof CheckpointError) || PASSED_ON_CALLEE_CODES.has(error.code)) return error;
+  const refused = error.data?.[CALLEE_REFUSAL] as { call: string; detail: string } | undefined;
+  if (!refused) return error;
+  return new CheckpointError("upstream_failed", `a call this route depends on failed: ${refused.call} refused with ${error.code}: ${refused.detail}`, { cause: error });
 }
 
 export function isRefusal(error: unknown, code: string): boolean {

@@ -11,6 +11,7 @@ import { ReplayError } from "../../replay/errors.js";
 import { gymReplayRun, type GymRecordTask, type GymReplayRun, type GymReplaySource } from "../../replay/gym-replay-source.js";
 import { replayRunDigestInput } from "../../replay/replay-run-digest.js";
 import type { ReplayTask } from "../../replay/replay-task-source.js";
+import { dependencyFailure } from "../agent-server/gym-http.js";
 import { RunRequestSchema, taskSpellings } from "../agent-server/gym-task.js";
 import { MAX_SEED_MESSAGES } from "../agent-server/tool-calling-agent.js";
 import { environmentBoundaryOf, runGymEpisode, type GymEndpoints } from "./gym-episode.js";
@@ -31,7 +32,8 @@ const EnvironmentRunSchema = RunRequestSchema.extend({
  * verify → `{rollout_id, attempt, reward, answer, continued_from}`. Refusals carry catalog codes:
  * `admission_closed` while a checkpoint is open, `stale_attempt` for retired or conflicting
  * attempts, `invalid_request` for a task that differs from the restored one, `invalid_checkpoint_state`
- * for a restored boundary that is not an environment boundary (the restored record is kept).
+ * for a restored boundary that is not an environment boundary (the restored record is kept);
+ * `upstream_failed` when a callee refused one of the episode's calls (its code in the detail).
  * With `x-ng-trajectory: 1` the reply also carries `trajectory` (the conversation as a rollout
  * record's message graph, reward, turns); with a replay source, `/replay/next` hands out replayed
  * tasks and `/run {…, replay_idx}` runs one from its seeded context (docs/replay.md).
@@ -163,7 +165,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       });
       return { ...runReply, trajectory };
     } catch (error) {
-      return sendRefusal(reply, error, kind.kind, logger);
+      return sendRefusal(reply, dependencyFailure(error), kind.kind, logger);
     }
   });
   return app;

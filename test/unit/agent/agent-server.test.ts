@@ -127,7 +127,8 @@ describe("reference agent server", () => {
     const app = createAgentApp({ kind, state, endpoints: { policyUrl: "http://policy", resourcesUrl: "http://resources", stream: false } });
     try {
       const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r7", attempt: 0, task: { expression: "1+1", tool_rounds: 1 } } });
-      expect(res.json()).toMatchObject({ error: { code: "invalid_request" } });
+      // The policy's refusal, answered as a dependency's (run-callee-refusal.test.ts).
+      expect(res.json()).toMatchObject({ error: { code: "upstream_failed", detail: expect.stringContaining("policy refused with invalid_request: scripted") } });
       expect(closes).toEqual(["ng_session=s-9"]);
     } finally {
       await app.close();
