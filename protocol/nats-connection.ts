@@ -82,14 +82,23 @@ export function natsSettings(servers: string | undefined, env: Record<string, st
  * Everything before the last `@` may be a credential, and goes (a comma-separated list included:
  * redacting less printed the part of a password between an `@` and a `,`). Kept: a known scheme
  * opening the string (read as the scheme by every URL parser, never as a user), and from the last
- * `@` on, where no credential can be (it ends at an `@`): that host and the servers after it. A list
- * without `@` carries no credentials and is returned as it is.
+ * `@` on, where no credential can be (it ends at an `@`): that host and the servers after it.
+ *
+ * A query or fragment goes too, with everything after it: nats.js parses each entry with `new URL`
+ * and ignores `/?token=…` or `#…` without a word, so an operator may well have put a token there
+ * (as other clients take one), and a comma may be part of it (`?token=a,b`: the entries after it may
+ * be its rest). A `?` or `#` before the last `@` cannot be told from the text either: a password
+ * holding it, or a query holding an `@` (`?user=a@b&token=…`) that runs on past it; then nothing but
+ * the scheme is kept. A list without `@`, `?` or `#` carries no credentials and is returned as it is.
+ * HTTP URLs are shown through this too (`redactUrl`).
  */
 export function redactNatsServers(servers: string): string {
   const lastAt = servers.lastIndexOf("@");
-  if (lastAt < 0) return servers;
   const opening = /^\s*(?:nats|tls|wss?|https?):\/\//i.exec(servers)?.[0] ?? /^\s*/.exec(servers)![0];
-  return `${opening}[Redacted]${servers.slice(lastAt)}`;
+  if (lastAt >= 0 && /[?#]/.test(servers.slice(0, lastAt))) return `${opening}[Redacted]`;
+  const text = lastAt < 0 ? servers : `${opening}[Redacted]${servers.slice(lastAt)}`;
+  const query = text.search(/[?#]/);
+  return query < 0 ? text : `${text.slice(0, query + 1)}[Redacted]`;
 }
 
 /** What the server's INFO says of its cluster (nats.js `nc.info`). */

@@ -271,6 +271,22 @@ describe("coordinator config", () => {
     expect(printed).toBe("nats://[Redacted]@h5");
   });
 
+  it("redacts a token in a NATS server URL's query, in --print-config and in the connection refusal", async () => {
+    // nats.js takes `nats://host:port/?token=…` (and ignores the query): it was printed as given.
+    const servers = "nats://127.0.0.1:4999/?token=Qu3ryT0ken";
+    const config = loadConfig({ env: { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/c", GYM_CKPT_NATS_URL: servers } });
+    const printed = (redactConfig(config).nats as { servers: string }).servers;
+    expect(printed).toBe("nats://127.0.0.1:4999/?[Redacted]");
+    for (const bad of [servers, "nats://127.0.0.1:SECRETPORT?token=Qu3ryT0ken"]) {
+      const refusal = await connectNats({ servers: natsServers(bad), inboxPrefix: "_INBOX", timeout: 2_000, reconnect: false }, { unreachable: "not_leader", consequence: "test" }).then(
+        (nc) => nc.close().then(() => "connected"),
+        (error: Error) => error.message,
+      );
+      expect(refusal).toMatch(/^cannot (reach|connect to) NATS at nats:\/\/127\.0\.0\.1:/);
+      expect(refusal).not.toContain("Qu3ryT0ken");
+    }
+  });
+
   it("redacts a password holding a comma, which splits its URL into two entries of the list", async () => {
     // `nats://coordinator:S3cr,etPW@host` is the entries `nats://coordinator:S3cr` and `etPW@host`:
     // only the second was redacted, so --print-config and the start-up refusal printed `S3cr`.

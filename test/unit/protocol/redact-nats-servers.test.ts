@@ -55,11 +55,25 @@ describe("redactNatsServers", () => {
     expect(redactNatsServers("nats://u:p@q,nats://r@h2,nats://h3")).toBe("nats://[Redacted]@h2,nats://h3");
   });
 
+  it("a query or fragment, which nats.js accepts and ignores (`?token=…`), is redacted with the rest of the list after it", () => {
+    // nats.js parses each entry with `new URL`, which takes `/?token=…` or `#…` without a word: the
+    // query may hold a token an operator meant for it (as other clients' URLs do), printed as it was.
+    expect(redactNatsServers("nats://127.0.0.1:4222/?token=QXZJKW")).toBe("nats://127.0.0.1:4222/?[Redacted]");
+    expect(redactNatsServers("nats://127.0.0.1:4222?token=QXZJKW")).toBe("nats://127.0.0.1:4222?[Redacted]");
+    expect(redactNatsServers("nats://h1:4222/#QXZJKW")).toBe("nats://h1:4222/#[Redacted]");
+    // A comma may be part of the query (`?token=a,b`): the entries after it could be the rest of it.
+    expect(redactNatsServers("nats://h1:4222?token=QX,ZJ,nats://h2:4222")).toBe("nats://h1:4222?[Redacted]");
+    expect(redactNatsServers("nats://user:QXZ@h1:4222/?token=JKW")).toBe("nats://[Redacted]@h1:4222/?[Redacted]");
+    // An @ inside the query (`?user=a@b&token=…`) cannot be told from the end of a password holding `?`: only the scheme is kept.
+    expect(redactNatsServers("nats://h1:4222?user=a@b&token=QXZJKW")).toBe("nats://[Redacted]");
+    expect(redactNatsServers("tls://u:p?QX@h1:4222,nats://h2")).toBe("tls://[Redacted]");
+  });
+
   it("a list without @ carries no credentials and is kept as it is", () => {
     for (const servers of ["nats://127.0.0.1:4222", "nats://a:1, nats://b:2,tls://c:3", "h1:4222,h2", ""]) expect(redactNatsServers(servers)).toBe(servers);
   });
 
-  it("generated lists: nothing of any credential in the output, only the opening scheme and what follows the last credential", () => {
+  it("generated lists: nothing of any credential in the output, only the opening scheme and what follows the last credential (unless a ? or # precedes it)", () => {
     const { next, pick, userinfo, plain } = generator(20261206);
     for (let i = 0; i < 3000; i++) {
       const before = Array.from({ length: Math.floor(next() * 3) }, plain);
@@ -72,7 +86,9 @@ describe("redactNatsServers", () => {
       const last = withCredentials.at(-1)!;
       const tail = [last.slice(last.lastIndexOf("@")), ...after].join(",");
       const opening = /^\s*(?:nats|tls|wss?|https?):\/\//i.exec(servers)?.[0] ?? /^\s*/.exec(servers)![0];
-      expect(redacted, servers).toBe(`${opening}[Redacted]${tail}`);
+      // A `?` or `#` before it may have opened a query that runs on past that `@`: then only the scheme is kept.
+      const beforeLastAt = servers.slice(0, servers.lastIndexOf("@"));
+      expect(redacted, servers).toBe(/[?#]/.test(beforeLastAt) ? `${opening}[Redacted]` : `${opening}[Redacted]${tail}`);
     }
   });
 
