@@ -175,8 +175,9 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
 
   // One inherited OTEL_EXPORTER_PROMETHEUS_PORT would make every child bind the same port: each
   // gets `--metrics-port` instead, base + its index in GYM_PROCESSES (0 stays "any free port").
-  // The token travels in the environment, not argv: any local user can read /proc/<pid>/cmdline.
-  const env: NodeJS.ProcessEnv = { ...process.env, ...options.env, GYM_CKPT_TOKEN: options.token };
+  // The token and the NATS servers (whose URLs may carry a password or a `?token=`) travel in the
+  // environment, not argv: any local user can read /proc/<pid>/cmdline.
+  const env: NodeJS.ProcessEnv = { ...process.env, ...options.env, GYM_CKPT_TOKEN: options.token, GYM_CKPT_NATS_URL: options.nats };
   const prometheusBase = env.OTEL_EXPORTER_PROMETHEUS_PORT;
   delete env.OTEL_EXPORTER_PROMETHEUS_PORT;
   const metricsFlags = (name: GymProcessName): string[] => {
@@ -188,8 +189,6 @@ export async function launchGym(options: GymLaunchOptions): Promise<Gym> {
   };
 
   const common = (name: GymProcessName, port: number) => [
-    "--nats",
-    options.nats,
     "--deployment",
     options.deployment,
     "--instance",

@@ -19,7 +19,7 @@ const arg = (flag) => process.argv[process.argv.indexOf(flag) + 1];
 const name = arg("--instance");
 const control = process.env.FAKE_GYM_CONTROL;
 const say = (fd, value) => fs.writeSync(fd, (typeof value === "string" ? value : JSON.stringify(value)) + "\\n");
-say(2, { started: name, pid: process.pid, argv: process.argv.slice(2) });
+say(2, { started: name, pid: process.pid, argv: process.argv.slice(2), nats: process.env.GYM_CKPT_NATS_URL });
 process.stdin.on("end", () => process.exit(0)).resume();
 // A linger-<name> file makes it take 500 ms to exit on SIGTERM (a server draining its calls).
 process.on("SIGTERM", () => setTimeout(() => process.exit(0), fs.existsSync(control + "/linger-" + name) ? 500 : 0));
@@ -45,7 +45,7 @@ let gym: Gym | undefined;
 let pending: Promise<unknown> | undefined;
 let blockers: Server[] = [];
 /** In the order they came: each start (with its pid and flags), ready line and other output line. */
-let events: { name: GymProcessName; started?: { pid: number; argv: string[] }; ready?: string; line: string }[];
+let events: { name: GymProcessName; started?: { pid: number; argv: string[]; nats?: string }; ready?: string; line: string }[];
 let unhandled: unknown[];
 const onUnhandled = (reason: unknown) => unhandled.push(reason);
 
@@ -88,8 +88,8 @@ function launch(extra: Partial<GymLaunchOptions> = {}): Promise<Gym> {
     env: { FAKE_GYM_CONTROL: join(dir, "control") },
     readyTimeoutMs: 10_000,
     onOutput: (name, line) => {
-      const parsed = line.startsWith("{") ? (JSON.parse(line) as { started?: string; pid?: number; argv?: string[]; ready?: boolean; url?: string }) : {};
-      if (parsed.started) events.push({ name, started: { pid: parsed.pid!, argv: parsed.argv! }, line });
+      const parsed = line.startsWith("{") ? (JSON.parse(line) as { started?: string; pid?: number; argv?: string[]; nats?: string; ready?: boolean; url?: string }) : {};
+      if (parsed.started) events.push({ name, started: { pid: parsed.pid!, argv: parsed.argv!, ...(parsed.nats !== undefined && { nats: parsed.nats }) }, line });
       else if (parsed.ready) events.push({ name, ready: parsed.url!, line });
       else events.push({ name, line });
     },
@@ -293,5 +293,19 @@ describe("gym launcher: a start() that fails while two moved processes restart t
     });
     expect([...gym.processes.keys()].sort()).toEqual(["environment", "policy"]);
     expect(unhandled).toEqual([]);
+  });
+});
+
+describe("gym launcher: the NATS servers reach each process in its environment, not its command line", () => {
+  it("no credential of the NATS URL is on any child's command line (readable by every local user in /proc/<pid>/cmdline)", async () => {
+    const servers = "nats://gym:Pa55w0rd@127.0.0.1:1/?token=T0kenQ";
+    gym = await launch({ nats: servers, env: { FAKE_GYM_CONTROL: join(dir, "control"), GYM_CKPT_NATS_URL: "nats://inherited:4222" } });
+    for (const name of GYM_PROCESSES) {
+      const started = events.filter((e) => e.name === name && e.started).at(-1)!.started!;
+      expect(started.argv.join(" ")).not.toMatch(/Pa55w0rd|T0kenQ/);
+      expect(started.argv).not.toContain("--nats");
+      // The launch's servers, over an inherited GYM_CKPT_NATS_URL.
+      expect(started.nats).toBe(servers);
+    }
   });
 });
