@@ -49,8 +49,8 @@ export const CoordinatorConfigSchema = z
      * How long a try waits past the deadline for its reply (transit, a participant answering right at
      * it). Small: after a failed prepare (this much past the deadline) the abort's resume runs, and the
      * reply must still reach a controller that waits deadline + 10 s (the clients' default slack).
-     * At most 10 minutes: the wait for an op's turn is a timer of deadline (up to 7 days) + this,
-     * and one past 2^31 - 1 ms fires at once (every op queued behind another: deadline_exceeded).
+     * At most 10 minutes: the wait for an op's turn is a timer of deadline (up to 7 days) + this.
+     * (systemClock splits a timer past setTimeout's 2^31 - 1 ms, which Node would fire at once.)
      */
     request_slack_ms: z.number().int().min(0).max(600_000).default(2_000),
     /**
