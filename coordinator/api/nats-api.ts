@@ -110,6 +110,7 @@ export class NatsControllerApi {
       return;
     }
     let body: string;
+    let refusal: CheckpointError | undefined;
     try {
       // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.
       const headers = decodedHeaders(msg);
@@ -121,12 +122,13 @@ export class NatsControllerApi {
       // The HTTP API answers in full.
       body = encodeControllerReply(op, reply, replyBudget(this.options.nc));
     } catch (error) {
-      const refusal = toCheckpointError(error);
+      refusal = toCheckpointError(error);
       if (refusal.code === "internal_error") this.options.logger?.error({ op, err: error }, "controller_op_internal_error");
       body = encodeMessage(refusal.toReply());
     }
-    // The server's max_payload may have changed under us (a reconnect to another server): still an answer.
-    respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
+    // The server's max_payload may have changed under us (a reconnect to another server), or be
+    // below a refusal's detail: still an answer.
+    respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload, refusal);
   }
 
   async stop(): Promise<void> {

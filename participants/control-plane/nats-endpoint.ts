@@ -89,6 +89,7 @@ export class ControlEndpoint {
 
   private async answerIn(op: Op, msg: Msg, parent: Context): Promise<void> {
     let body: string;
+    let refusal: CheckpointError | undefined;
     try {
       // Header names are case-insensitive, as over HTTP: `authorization: Bearer …` authenticates too.
       const token = bearerToken(decodedHeaders(msg)?.get(HEADER_AUTHORIZATION, Match.IgnoreCase));
@@ -105,7 +106,7 @@ export class ControlEndpoint {
       // configures it below 1 MiB (the coordinator reads it from the committed records).
       body = encodeReply(op === "commit" ? fitCommitReply(reply as CommitReply, replyBudget(this.options.nc)) : reply, op);
     } catch (error) {
-      const refusal = toCheckpointError(error);
+      refusal = toCheckpointError(error);
       // The endpoint's own refusals (token, decoding) are answered on the control subjects too;
       // one the control plane already counted counts once (countRefusal dedupes by error object).
       countRefusal(error, this.plane.adapter.kind);
@@ -113,7 +114,7 @@ export class ControlEndpoint {
       body = encodeMessage(refusal.toReply());
     }
     if (!msg.reply) return;
-    const tooLarge = respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload);
+    const tooLarge = respondWithinMaxPayload(msg, body, op, this.options.nc.info?.max_payload, refusal);
     if (tooLarge) countRefusal(tooLarge, this.plane.adapter.kind);
   }
 
