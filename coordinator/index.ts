@@ -29,7 +29,7 @@ export { GlobalManifestWriter, sha256File } from "./publication/global-manifest-
 export type { PublishInput, PublishResult } from "./publication/global-manifest-writer.js";
 export { applyRetention } from "./publication/retention.js";
 export { verifyCheckpoint } from "./publication/verify-checkpoint.js";
-export type { VerifyReport, VerifiedParticipant } from "./publication/verify-checkpoint.js";
+export type { UnreferencedFile, VerifyReport, VerifiedParticipant } from "./publication/verify-checkpoint.js";
 export { replaceFileDurably, writeFileDurably, fsyncDirectory } from "./publication/durable-fs.js";
 export { NatsControllerApi } from "./api/nats-api.js";
 export type { NatsControllerApiOptions } from "./api/nats-api.js";

@@ -1,13 +1,20 @@
 import type { Command } from "commander";
 import { CheckpointError, GLOBAL_MANIFEST_FILE, LATEST_FILE } from "../../../protocol/index.js";
 import { CheckpointCatalog } from "../../publication/checkpoint-catalog.js";
-import { verifyCheckpoint } from "../../publication/verify-checkpoint.js";
+import { verifyCheckpoint, type UnreferencedFile } from "../../publication/verify-checkpoint.js";
 import { printJson, rootFrom, runCli } from "../shared.js";
+
+/** What each kind of file no manifest names is, in the warning line. */
+const UNREFERENCED_KINDS: Readonly<Record<UnreferencedFile["kind"], string>> = {
+  temp: "a crashed writer's temp file",
+  records: "a records file its participant's manifest does not name",
+  other: "not a file gym-ckpt writes",
+};
 
 export function register(program: Command): void {
   program
     .command("verify <checkpoint>")
-    .description("re-read every manifest and record of a checkpoint; exit 1 naming the error code on any mismatch")
+    .description("re-read every manifest and record of a checkpoint; exit 1 naming the error code on any mismatch, a warning for each file no manifest names")
     .option("--root <dir>", "checkpoint root (env GYM_CKPT_CHECKPOINT_ROOT)")
     .option("--json", "print the report as JSON")
     .action(async (checkpoint: string, flags: { root?: string; json?: boolean }) => {
@@ -22,7 +29,11 @@ export function register(program: Command): void {
           throw new CheckpointError("not_found", `${LATEST_FILE} names checkpoint ${id}, which is not published under ${catalog.root} (no ${GLOBAL_MANIFEST_FILE})`, { cause: error });
         });
         if (flags.json) printJson(report);
-        else process.stdout.write(`ok ${report.checkpoint_id}: ${report.participants.length} participants, ${report.records} records, ${report.bytes} bytes\n`);
+        else {
+          process.stdout.write(`ok ${report.checkpoint_id}: ${report.participants.length} participants, ${report.records} records, ${report.bytes} bytes\n`);
+          // Not refusals: a restore reads only what the manifests name (verifyCheckpoint says why).
+          for (const { path, kind } of report.unreferenced) process.stderr.write(`warning: ${path} is named by no manifest (${UNREFERENCED_KINDS[kind]}); a restore ignores it\n`);
+        }
       });
     });
 }

@@ -273,7 +273,7 @@ describe("verify checks checkpoint.json against the records", () => {
     await writer.settled();
   });
 
-  it("refuses participants' files checkpoint.json does not list (an entry lost from it), and ignores temp files", async () => {
+  it("refuses participants' files checkpoint.json does not list (an entry lost from it), and reports temp files without refusing", async () => {
     const catalog = new CheckpointCatalog(root);
     const writer = new GlobalManifestWriter(catalog, 5);
     const line = ['{"episode_id":{"rollout_id":"r1","attempt":0}}'];
@@ -287,7 +287,10 @@ describe("verify checks checkpoint.json against the records", () => {
     await rm(join(root, "c1", "gym", "model"), { recursive: true });
     await writeFile(join(root, "c1", "gym", "agent", "a1", ".records.jsonl.123.abc"), "left by a crashed writer");
     await writeFile(join(root, "c1", "notes.txt"), "the controller's own file");
-    expect((await verifyCheckpoint(catalog, "c1")).participants).toHaveLength(1);
+    const report = await verifyCheckpoint(catalog, "c1");
+    expect(report.participants).toHaveLength(1);
+    // The controller's notes.txt, outside gym/, is not checked.
+    expect(report.unreferenced).toEqual([{ path: "gym/agent/a1/.records.jsonl.123.abc", kind: "temp" }]);
     await writer.settled();
   });
 });

@@ -46,6 +46,7 @@ describe("verifyCheckpoint's report and refusals", () => {
       ],
       records: 3,
       bytes: aBytes + eBytes,
+      unreferenced: [],
     });
   });
 
@@ -53,7 +54,7 @@ describe("verifyCheckpoint's report and refusals", () => {
   it("verifies a checkpoint without participants and without a gym/ directory", async () => {
     await mkdir(join(root, "c0")); // the engine creates the checkpoint directory at prepare
     await publish("c0", []);
-    expect(await verifyCheckpoint(catalog, "c0")).toEqual({ checkpoint_id: "c0", participants: [], records: 0, bytes: 0 });
+    expect(await verifyCheckpoint(catalog, "c0")).toEqual({ checkpoint_id: "c0", participants: [], records: 0, bytes: 0, unreferenced: [] });
   });
 
   // Only a missing gym/ of a checkpoint listing nobody is fine: a gym/ that cannot be listed (here a
@@ -106,5 +107,38 @@ describe("the restore's records pre-check and the episode list read back for a r
     expect(await committedEpisodeIds(dir, "c1", { ...a, episode_count: 2, episode_ids_sha256: canonicalDigest(ids) })).toEqual(ids);
     expect(await refusalOf(committedEpisodeIds(dir, "c1", { ...a, episode_count: 3 }))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("the commit reply says 3") });
     expect(await refusalOf(committedEpisodeIds(dir, "c1", { ...a, episode_ids_sha256: canonicalDigest(ids.slice(1)) }))).toMatchObject({ code: "invalid_checkpoint_state" });
+  });
+});
+
+describe("files in the participants' tree that no manifest names", () => {
+  // A restore reads only what the manifests name (pinned by digest): such files change nothing it
+  // installs, so they are reported (a crashed writer's leftovers take disk; anything else is worth
+  // a look), never refused. A participant directory checkpoint.json does not list stays refused.
+  it("are reported with what they look like, the checkpoint still verified; the controller's files outside gym/ are not", async () => {
+    const a = await writeParticipant(root, "c1", "agent", "a1", [line("r1")]);
+    await publish("c1", [a]);
+    const dir = join(root, "c1");
+    const a1 = join(dir, "gym", "agent", "a1");
+    await writeFile(join(a1, ".records.jsonl.4242.0a1b2c3d4e5f"), "left by a crashed writer");
+    await writeFile(join(a1, ".manifest.json.4242.0a1b2c3d4e5f"), "{}");
+    await writeFile(join(a1, `records-${"0".repeat(64)}.jsonl`), `${line("r9")}\n`);
+    await writeFile(join(a1, "notes.txt"), "?");
+    await mkdir(join(a1, "extra"));
+    await writeFile(join(dir, "gym", ".DS_Store"), "");
+    await writeFile(join(dir, ".checkpoint.json.4242.0a1b2c3d4e5f.tmp"), "{}");
+    await writeFile(join(dir, "optimizer.pt"), "the controller's own file");
+    const report = await verifyCheckpoint(catalog, "c1");
+    expect(report.records).toBe(1);
+    expect(report.unreferenced).toEqual([
+      { path: ".checkpoint.json.4242.0a1b2c3d4e5f.tmp", kind: "temp" },
+      { path: "gym/.DS_Store", kind: "other" },
+      { path: "gym/agent/a1/.manifest.json.4242.0a1b2c3d4e5f", kind: "temp" },
+      { path: "gym/agent/a1/.records.jsonl.4242.0a1b2c3d4e5f", kind: "temp" },
+      { path: "gym/agent/a1/extra", kind: "other" },
+      { path: "gym/agent/a1/notes.txt", kind: "other" },
+      { path: `gym/agent/a1/records-${"0".repeat(64)}.jsonl`, kind: "records" },
+    ]);
+    await mkdir(join(dir, "gym", "agent", "a2"));
+    expect(await refusalOf(verifyCheckpoint(catalog, "c1"))).toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("gym/agent/a2 holds a participant's files that checkpoint.json does not list") });
   });
 });
