@@ -42,8 +42,16 @@ export interface CatalogEntry {
 export type DamagedCheckpoint = CtlDamagedCheckpoint;
 
 /** Reads the published checkpoints under a root: `<root>/<id>/checkpoint.json` and `<root>/LATEST`. */
+/**
+ * What a scan learnt from one version of a checkpoint.json: its entry, or why it is damaged (its
+ * text does not parse or validate). Both stand until the file changes: a damaged one is never
+ * rewritten by publication, and parsing it again (up to 64 MiB, blocking) on every scan would hold
+ * the event loop for seconds after each publication and each `list`.
+ */
+type ScannedManifest = { version: string; entry: CatalogEntry } | { version: string; refusal: CheckpointError };
+
 export class CheckpointCatalog {
-  private readonly entries = new Map<string, { version: string; entry: CatalogEntry }>();
+  private readonly entries = new Map<string, ScannedManifest>();
 
   constructor(readonly root: string) {}
 
@@ -147,8 +155,8 @@ export class CheckpointCatalog {
    * participants' directory). Any other directory is not ours (a controller may share the root) and
    * is in neither list; nor is a link, unless it leads to a checkpoint.json (then it is damaged).
    * Blocking: a readdir and a stat per checkpoint; checkpoint.json is written once (renamed into
-   * place), so its parse is cached until its inode, size or mtime changes. Retention scans after
-   * every publication and must not re-read every manifest each time.
+   * place), so its parse is cached until its inode, size or mtime changes, and so is a damaged
+   * one's refusal. Retention scans after every publication and must not re-read every manifest each time.
    */
   scan(): { published: CatalogEntry[]; partial: string[]; damaged: DamagedCheckpoint[] } {
     let names: string[];
@@ -226,13 +234,24 @@ export class CheckpointCatalog {
       // The common case (retention after every publication): unchanged since it was read, one stat.
       if (cached) {
         const info = lstatSync(path);
-        if (info.isFile() && cached.version === fileVersion(info)) return cached.entry;
+        if (info.isFile() && cached.version === fileVersion(info)) {
+          if ("refusal" in cached) throw cached.refusal;
+          return cached.entry;
+        }
       }
       read = readRegularFileSync(path, GLOBAL_MANIFEST_LIMITS);
     } catch (error) {
       throw readFailure(error, name, this.root);
     }
-    return this.remember(name, parseGlobalManifest(path, name, read.text), read.info);
+    let manifest: GlobalManifest;
+    try {
+      manifest = parseGlobalManifest(path, name, read.text);
+    } catch (error) {
+      // Its text's fault alone (a read the storage refused is not cached: it may pass next time).
+      if (error instanceof CheckpointError) this.entries.set(name, { version: fileVersion(read.info), refusal: error });
+      throw error;
+    }
+    return this.remember(name, manifest, read.info);
   }
 
   private manifestPath(checkpointId: string): string {
