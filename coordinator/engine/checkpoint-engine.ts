@@ -45,7 +45,7 @@ import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { checkCommittedRecords, committedEpisodeIds } from "../publication/committed-records.js";
 import { trashCheckpointDir } from "../publication/retention.js";
 import type { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
-import { catalogListing } from "../publication/catalog-listing.js";
+import { catalogListing, latestOrNone } from "../publication/catalog-listing.js";
 import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
 import { newCheckpointId } from "./checkpoint-id.js";
@@ -811,7 +811,8 @@ export class CheckpointEngine {
 
   async get(request: CtlRequestOf<"get">): Promise<CtlReplyOf<"get">> {
     const manifest = await this.options.catalog.get(request.checkpoint_id);
-    return { latest: (await this.options.catalog.latest()) === request.checkpoint_id, manifest };
+    // A damaged LATEST names no checkpoint (as `list` answers it), and refuses none asked for by id.
+    return { latest: (await latestOrNone(this.options.catalog)) === request.checkpoint_id, manifest };
   }
 
   // ---- recovery (new leader) ---------------------------------------------------------------

@@ -43,6 +43,19 @@ export async function catalogListing(catalog: CheckpointCatalog): Promise<Catalo
   }
 }
 
+/**
+ * The id LATEST names, or null when it names none: nothing published, or a LATEST that cannot be
+ * read, which `list` reports (`latest_error`). For `get`, whose checkpoint is answered all the same:
+ * a damaged LATEST is when a controller reads an older checkpoint's scope to restore it.
+ */
+export async function latestOrNone(catalog: CheckpointCatalog): Promise<string | null> {
+  try {
+    return await catalog.latest();
+  } catch (error) {
+    return unreadLatest(error).latest;
+  }
+}
+
 function withDamaged(listed: ListedLatest, { published, damaged }: ReturnType<CheckpointCatalog["scan"]>): CatalogListing {
   return { ...listed, checkpoints: published, ...(damaged.length > 0 && { damaged }) };
 }

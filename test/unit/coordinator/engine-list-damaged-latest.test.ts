@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CtlListReplySchema } from "../../../protocol/index.js";
+import { CtlGetReplySchema, CtlListReplySchema } from "../../../protocol/index.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 /**
@@ -70,5 +70,34 @@ describe("list with a damaged LATEST", () => {
     const reply = await engine.list();
     expect(reply).toEqual({ latest: "c2", checkpoints: expect.any(Array) });
     expect("latest_error" in reply).toBe(false);
+  });
+});
+
+/**
+ * `get` of the older checkpoint the listing offers: how a controller reads its scope before it
+ * restores it (docs/api.md, `get`). A damaged LATEST refused it (invalid_checkpoint_state naming
+ * LATEST), so the listing's way out led nowhere.
+ */
+describe("get with a damaged LATEST", () => {
+  it("answers the checkpoint asked for, not named latest", async () => {
+    const { engine } = await publishedTwo();
+    await writeFile(join(root, "LATEST"), "not a checkpoint id!\n");
+    const reply = CtlGetReplySchema.parse(await engine.get({ checkpoint_id: "c1" }));
+    expect(reply.latest).toBe(false);
+    expect(reply.manifest).toMatchObject({ checkpoint_id: "c1", scope: R1 });
+  });
+
+  it("a LATEST that is a directory: answered alike", async () => {
+    const { engine } = await publishedTwo();
+    await rm(join(root, "LATEST"));
+    await mkdir(join(root, "LATEST"));
+    expect(await engine.get({ checkpoint_id: "c2" })).toMatchObject({ latest: false, manifest: { checkpoint_id: "c2" } });
+  });
+
+  it("a damaged checkpoint.json of the one asked for is still refused", async () => {
+    const { engine } = await publishedTwo();
+    await writeFile(join(root, "LATEST"), "not a checkpoint id!\n");
+    await writeFile(join(root, "c1", "checkpoint.json"), '{"schema_version":');
+    await expect(engine.get({ checkpoint_id: "c1" })).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("c1") });
   });
 });
