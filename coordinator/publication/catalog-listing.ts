@@ -26,7 +26,7 @@ interface ListedLatest {
  * checkpoint the list lacks, and list one its retention deleted. Read again, a few times, while
  * retention deleted what LATEST named before the scan (retention 1, two publications meanwhile).
  * A LATEST that cannot be read, or still names a checkpoint the list lacks (damaged or gone), is
- * no failure: `latest` null, `latest_error` why.
+ * no failure: `latest` null, `latest_error` why. A root that is gone is (`CheckpointCatalog.latest`).
  */
 export async function catalogListing(catalog: CheckpointCatalog): Promise<CatalogListing> {
   for (let read = 1; ; read++) {

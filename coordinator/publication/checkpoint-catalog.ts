@@ -59,7 +59,12 @@ export class CheckpointCatalog {
     return join(this.root, CheckpointIdSchema.parse(checkpointId));
   }
 
-  /** The id LATEST names, or null when nothing was published yet. */
+  /**
+   * The id LATEST names, or null when nothing was published yet. A root that is gone is not that:
+   * the coordinator makes it at its start, so it is the storage unmounted (the mount point above it
+   * left empty), and a controller told "nothing published" would start afresh past what it holds.
+   * Its ENOENT is thrown (storage_error).
+   */
   async latest(): Promise<string | null> {
     let text: string;
     try {
@@ -67,8 +72,9 @@ export class CheckpointCatalog {
       // pointing at some other file would name whatever id that file's text spells.
       text = await readRegularFile(join(this.root, LATEST_FILE), { maxBytes: MAX_LATEST_BYTES, noFollow: true });
     } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
-      throw error;
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+      statSync(this.root); // the root itself missing: thrown
+      return null;
     }
     const id = text.trim();
     const parsed = CheckpointIdSchema.safeParse(id);

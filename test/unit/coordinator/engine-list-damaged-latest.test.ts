@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CtlGetReplySchema, CtlListReplySchema } from "../../../protocol/index.js";
+import { CtlGetReplySchema, CtlListReplySchema, toCheckpointError } from "../../../protocol/index.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 /**
@@ -99,5 +99,33 @@ describe("get with a damaged LATEST", () => {
     await writeFile(join(root, "LATEST"), "not a checkpoint id!\n");
     await writeFile(join(root, "c1", "checkpoint.json"), '{"schema_version":');
     await expect(engine.get({ checkpoint_id: "c1" })).rejects.toMatchObject({ code: "invalid_checkpoint_state", message: expect.stringContaining("c1") });
+  });
+});
+
+/**
+ * The root gone while the coordinator runs (made at its start: a shared filesystem unmounted, its
+ * parent mount point left empty) is no root where nothing was published: `list` answered
+ * `{latest: null, checkpoints: []}`, which a controller takes for a fresh start (`collect` then
+ * starts every logged rollout over from input, past the checkpoints the storage still holds).
+ */
+describe("list with the checkpoint root gone", () => {
+  it("is storage_error naming the root, not an empty listing", async () => {
+    const { engine } = await publishedTwo();
+    await rm(root, { recursive: true, force: true });
+    const refusal = await engine.list().then(
+      (reply) => reply,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(refusal).toMatchObject({ code: "storage_error", message: expect.stringContaining(root) });
+  });
+
+  it("a restore of LATEST is storage_error too, not not_found 'nothing was published yet'", async () => {
+    const { engine } = await publishedTwo();
+    await rm(root, { recursive: true, force: true });
+    const refusal = await engine.restore({ episode_ids: R1 }).then(
+      (reply) => reply,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(refusal).toMatchObject({ code: "storage_error", message: expect.stringContaining(root) });
   });
 });
