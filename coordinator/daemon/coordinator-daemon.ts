@@ -20,7 +20,7 @@ import { fsyncDirectory } from "../publication/durable-fs.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, finishedWithin, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, within } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, finishedWithin, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, ROOT_DEPLOYMENT_FILE, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { logNatsStatus } from "../../protocol/nats-status-log.js";
 import { highestEpochInUse } from "./epoch-floor.js";
@@ -114,7 +114,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     if (ownsConnection) await nc.close().catch(() => undefined);
     throw error;
   }
-  const catalog = new CheckpointCatalog(config.checkpoint_root);
+  const catalog = new CheckpointCatalog(config.checkpoint_root, ROOT_DEPLOYMENT_FILE);
   let natsApi!: NatsControllerApi;
   let readyResolve!: () => void;
   const ready = new Promise<void>((resolve) => (readyResolve = resolve));

@@ -26,9 +26,11 @@ interface ListedLatest {
  * checkpoint the list lacks, and list one its retention deleted. Read again, a few times, while
  * retention deleted what LATEST named before the scan (retention 1, two publications meanwhile).
  * A LATEST that cannot be read, or still names a checkpoint the list lacks (damaged or gone), is
- * no failure: `latest` null, `latest_error` why. A root that is gone is (`CheckpointCatalog.latest`).
+ * no failure: `latest` null, `latest_error` why. A root that is gone or not mounted is (`assertRootHeld`).
  */
 export async function catalogListing(catalog: CheckpointCatalog): Promise<CatalogListing> {
+  // A root gone or not mounted is refused whole (storage_error): not an empty listing, nor one whose LATEST alone is in error.
+  catalog.assertRootHeld();
   for (let read = 1; ; read++) {
     let latest: string | null;
     try {

@@ -53,17 +53,39 @@ type ScannedManifest = { version: string; entry: CatalogEntry } | { version: str
 export class CheckpointCatalog {
   private readonly entries = new Map<string, ScannedManifest>();
 
-  constructor(readonly root: string) {}
+  constructor(
+    readonly root: string,
+    /**
+     * A file the root must hold: the deployment claim the daemon's start wrote (ROOT_DEPLOYMENT_FILE).
+     * A root that is itself a mount point is an empty directory once unmounted, not a gone one.
+     */
+    private readonly claim?: string,
+  ) {}
+
+  /**
+   * Throws unless the root is there (its ENOENT: storage_error) and holds `claim`: else its storage
+   * is not mounted here, and the root must be read neither as "nothing published" (a controller
+   * would start afresh past the checkpoints it holds) nor written into (checkpoints published on
+   * this host's disk under the mount point, hidden once it is back). Blocking: one or two stats.
+   */
+  assertRootHeld(): void {
+    statSync(this.root);
+    if (this.claim === undefined || lstatSync(join(this.root, this.claim), { throwIfNoEntry: false })) return;
+    throw new CheckpointError(
+      "storage_error",
+      `checkpoint root ${this.root} does not hold ${this.claim}, which this coordinator's start wrote there: its storage is not mounted here (an empty mount point) or was replaced, so nothing is read from or written to it; mount it again (a root emptied on purpose: restart the coordinator)`,
+    );
+  }
 
   dirFor(checkpointId: string): string {
     return join(this.root, CheckpointIdSchema.parse(checkpointId));
   }
 
   /**
-   * The id LATEST names, or null when nothing was published yet. A root that is gone is not that:
-   * the coordinator makes it at its start, so it is the storage unmounted (the mount point above it
-   * left empty), and a controller told "nothing published" would start afresh past what it holds.
-   * Its ENOENT is thrown (storage_error).
+   * The id LATEST names, or null when nothing was published yet. A root that is gone, or lost its
+   * claim, is not that: the coordinator makes and claims it at its start, so it is the storage
+   * unmounted, and a controller told "nothing published" would start afresh past what it holds:
+   * thrown (storage_error, `assertRootHeld`).
    */
   async latest(): Promise<string | null> {
     let text: string;
@@ -73,7 +95,7 @@ export class CheckpointCatalog {
       text = await readRegularFile(join(this.root, LATEST_FILE), { maxBytes: MAX_LATEST_BYTES, noFollow: true });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
-      statSync(this.root); // the root itself missing: thrown
+      this.assertRootHeld();
       return null;
     }
     const id = text.trim();

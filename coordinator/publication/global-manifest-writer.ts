@@ -80,7 +80,7 @@ export class GlobalManifestWriter {
   /** Starts writing (and fsyncing) the checkpoint directory and LATEST's temp file for `checkpointId`. */
   stage(checkpointId: string): void {
     if (this.staged.has(checkpointId)) return;
-    const directory = makeCheckpointDirectory(this.catalog.dirFor(checkpointId));
+    const directory = makeCheckpointDirectory(this.catalog, checkpointId);
     directory.catch(() => undefined); // surfaced by checkpointDirectory and publish
     const latest = this.stageLatest(checkpointId, directory);
     latest.catch(() => undefined); // surfaced by publish; a discarded stage needs no handler
@@ -112,7 +112,7 @@ export class GlobalManifestWriter {
     // Staged again (here or meanwhile), or dropped while the mkdir ran (leadership lost, the
     // checkpoint closed): staging that one again would leave a LATEST temp file nobody removes (this
     // process's sweeps skip what it staged), so only its directory is made; a publication stages afresh.
-    const again = this.staged.get(checkpointId)?.directory ?? makeCheckpointDirectory(this.catalog.dirFor(checkpointId));
+    const again = this.staged.get(checkpointId)?.directory ?? makeCheckpointDirectory(this.catalog, checkpointId);
     await again.catch((error: unknown) => {
       // Not a storage failure (storage_error): the path, as the prepare's own check refuses it.
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
@@ -141,6 +141,7 @@ export class GlobalManifestWriter {
     if (info?.isDirectory()) return;
     if (info) throw this.notADirectory(checkpointId);
     if (decided) throw this.removedAfterCommits(checkpointId, "its commit was decided", "completed");
+    this.catalog.assertRootHeld();
     try {
       await mkdir(dir);
     } catch (error) {
@@ -474,7 +475,10 @@ export class GlobalManifestWriter {
  * naming an older one), and where nothing fsyncs the parents it made. One already there as a
  * directory is fine (a retried staging, a successor's re-drive); anything else there is EEXIST.
  */
-async function makeCheckpointDirectory(dir: string): Promise<void> {
+async function makeCheckpointDirectory(catalog: CheckpointCatalog, checkpointId: string): Promise<void> {
+  const dir = catalog.dirFor(checkpointId);
+  // A root that is itself the mount point is still there unmounted, empty: its claim file is not.
+  catalog.assertRootHeld();
   try {
     await mkdir(dir);
   } catch (error) {

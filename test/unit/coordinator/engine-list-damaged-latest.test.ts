@@ -1,8 +1,8 @@
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CtlGetReplySchema, CtlListReplySchema, toCheckpointError } from "../../../protocol/index.js";
+import { CtlGetReplySchema, CtlListReplySchema, ROOT_DEPLOYMENT_FILE, toCheckpointError } from "../../../protocol/index.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 /**
@@ -127,5 +127,44 @@ describe("list with the checkpoint root gone", () => {
       (error: unknown) => toCheckpointError(error),
     );
     expect(refusal).toMatchObject({ code: "storage_error", message: expect.stringContaining(root) });
+  });
+});
+
+/**
+ * The root that is itself the mount point: unmounted, it is an empty directory, not gone. The
+ * daemon claimed it at its start (ROOT_DEPLOYMENT_FILE), so a root without that file is not the one
+ * it checkpoints into: never "nothing published", and nothing is published onto the local disk
+ * under the mount point (participants on this host would commit there, hidden once it is back).
+ */
+describe("a claimed root that lost its claim file (an empty mount point)", () => {
+  async function unmounted() {
+    await writeFile(join(root, ROOT_DEPLOYMENT_FILE), '{"deployment":"d"}\n');
+    const made = makeEngine(root, { claim: ROOT_DEPLOYMENT_FILE });
+    for (const id of ["c1", "c2"]) await made.engine.checkpoint({ checkpoint_id: id, episode_ids: R1, stop: false, controller_state: null });
+    await Promise.all(writers.map((w) => w.settled()));
+    for (const name of await readdir(root)) await rm(join(root, name), { recursive: true, force: true });
+    return made;
+  }
+
+  it("list and a restore of LATEST are storage_error naming the missing file", async () => {
+    const { engine } = await unmounted();
+    for (const op of [() => engine.list(), () => engine.restore({ episode_ids: R1 })]) {
+      const refusal = await op().then(
+        (reply) => reply,
+        (error: unknown) => toCheckpointError(error),
+      );
+      expect(refusal).toMatchObject({ code: "storage_error", message: expect.stringContaining(ROOT_DEPLOYMENT_FILE) });
+    }
+  });
+
+  it("a checkpoint is refused storage_error and writes nothing under the root", async () => {
+    const { engine } = await unmounted();
+    const refusal = await engine.checkpoint({ checkpoint_id: "c3", episode_ids: R1, stop: false, controller_state: null }).then(
+      (reply) => reply,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(refusal).toMatchObject({ code: "storage_error", message: expect.stringContaining(ROOT_DEPLOYMENT_FILE) });
+    await Promise.all(writers.map((w) => w.settled()));
+    expect(await readdir(root)).toEqual([]);
   });
 });

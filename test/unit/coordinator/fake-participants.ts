@@ -516,6 +516,8 @@ export function makeEngine(
     slackMs?: number;
     /** The engine's clock (a fresh TestClock unless given). */
     clock?: TestClock;
+    /** The root holds this file, as the daemon's claim (ROOT_DEPLOYMENT_FILE): the catalog refuses a root without it. */
+    claim?: string;
   } = {},
 ) {
   const members = options.members ?? FOUR_KINDS;
@@ -523,7 +525,7 @@ export function makeEngine(
   const fake = shared?.fake ?? new FakeParticipants(members);
   const clock = shared?.clock ?? options.clock ?? new TestClock();
   const journal = shared?.journal ?? new MemoryDecisionJournal();
-  const catalog = new CheckpointCatalog(root);
+  const catalog = new CheckpointCatalog(root, options.claim);
   const membership = new FakeMembership(members, options.incarnations);
   const leadership = new StaticLeadership(options.epoch ?? 7);
   const writer = new GlobalManifestWriter(catalog, options.retention ?? 2);
