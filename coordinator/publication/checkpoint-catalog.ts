@@ -41,7 +41,6 @@ export interface CatalogEntry {
 /** A checkpoint directory whose checkpoint.json is there but cannot be read or parsed: as `list` names it. */
 export type DamagedCheckpoint = CtlDamagedCheckpoint;
 
-/** Reads the published checkpoints under a root: `<root>/<id>/checkpoint.json` and `<root>/LATEST`. */
 /**
  * What a scan learnt from one version of a checkpoint.json: its entry, or why it is damaged (its
  * text does not parse or validate). Both stand until the file changes: a damaged one is never
@@ -50,6 +49,7 @@ export type DamagedCheckpoint = CtlDamagedCheckpoint;
  */
 type ScannedManifest = { version: string; entry: CatalogEntry } | { version: string; refusal: CheckpointError };
 
+/** Reads the published checkpoints under a root: `<root>/<id>/checkpoint.json` and `<root>/LATEST`. */
 export class CheckpointCatalog {
   private readonly entries = new Map<string, ScannedManifest>();
 
