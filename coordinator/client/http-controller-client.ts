@@ -5,6 +5,7 @@ import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, describeZodError, ti
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
+import { MAX_STOP_GRACE_MS } from "../config/coordinator-config.js";
 import { ControllerClient } from "./controller-client.js";
 import { neverSentCode } from "./never-sent.js";
 import { pollUntil } from "./poll-until.js";
@@ -48,6 +49,15 @@ export const MAX_READYZ_REPLY_BYTES = 64 * 1024;
 /** Consecutive failed `/readyz` answers (not 200, or none in time) that end a wait: one slow answer is not a dead coordinator. */
 const READY_FAILURES = 2;
 
+/**
+ * How long `/readyz` may refuse connections while an op waits. Nothing listens there, yet the op's
+ * connection stands, so the process lives: a coordinator stopping gracefully closes its listener
+ * first, then answers the ops under way within its `stop_grace_ms` (at most MAX_STOP_GRACE_MS) and
+ * exits, which drops the connection (`outcome_unknown` at once). Bounded all the same, with a
+ * minute for the rest of its stop: a load balancer that refuses connections while no coordinator
+ * is ready would otherwise leave an op sent to a host that died silently waiting its whole timeout.
+ */
+const STOPPING_WAIT_MS = MAX_STOP_GRACE_MS + 60_000;
 
 /**
  * The base URL must be http(s) without credentials (fetch refuses them): `127.0.0.1:8480` or
@@ -159,11 +169,14 @@ export class HttpControllerClient extends ControllerClient {
    * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset),
    * or names another epoch than when the op was sent (behind a load balancer, another coordinator
    * leads now). Its first answer is asked for beside the op, off its path (`first` now), or one
-   * period after it was sent.
+   * period after it was sent. A `/readyz` whose connection is refused is no failure (see
+   * STOPPING_WAIT_MS): the coordinator closed its listener to stop gracefully, and answers the op
+   * or exits, which drops the op's connection.
    */
   private watchReadiness(watch: AbortController, first: "now" | "later"): void {
     let failures = 0;
     let epoch: unknown;
+    let refusedSince: number | undefined;
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
     const check = async () => {
@@ -172,7 +185,13 @@ export class HttpControllerClient extends ControllerClient {
       const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), watch.signal]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
         // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
         .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.body?.cancel().catch(() => undefined), undefined)))
-        .catch(() => undefined);
+        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("refused" as const) : undefined));
+      if (ready === "refused") {
+        refusedSince ??= performance.now();
+        failures = 0;
+        return performance.now() - refusedSince >= STOPPING_WAIT_MS ? lost(`refused connections for ${Math.round(STOPPING_WAIT_MS / 1000)} s, longer than any stop takes,`) : undefined;
+      }
+      refusedSince = undefined;
       if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
       if (ready) epoch ??= ready.epoch;
       failures = ready ? 0 : failures + 1;

@@ -3,6 +3,9 @@ import { z } from "zod";
 import { BearerTokenSchema, DEFAULT_NATS_CONNECT_WAIT_MS, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, MAX_DEADLINE_AHEAD_S, MAX_NATS_CONNECT_WAIT_MS, MIN_LEASE_MS, type Kind } from "../../protocol/index.js";
 import { LOG_LEVELS } from "../telemetry/logger.js";
 
+/** The longest `stop_grace_ms`: the HTTP client waits at most this long (and a minute) on a coordinator that closed its listener to stop. */
+export const MAX_STOP_GRACE_MS = 600_000;
+
 /** One expected participant, written `kind/instance` (e.g. `resources/r1`). */
 export const ExpectedParticipantSchema = z.string().superRefine((value, ctx) => {
   const [kind, instance, ...rest] = value.split("/");
@@ -75,7 +78,7 @@ export const CoordinatorConfigSchema = z
      * a blocker runs to its deadline (60 s by default), past the supervisors' 30 s before SIGKILL,
      * which would leave the lease held and telemetry unflushed.
      */
-    stop_grace_ms: z.number().int().min(0).max(600_000).default(15_000),
+    stop_grace_ms: z.number().int().min(0).max(MAX_STOP_GRACE_MS).default(15_000),
     http: z
       .object({
         enabled: z.boolean().default(true),
