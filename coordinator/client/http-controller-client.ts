@@ -8,6 +8,7 @@ import { httpRoute } from "../api/openapi.js";
 import { MAX_STOP_GRACE_MS } from "../config/coordinator-config.js";
 import { ControllerClient } from "./controller-client.js";
 import { neverSentCode } from "./never-sent.js";
+import { LEASE_READ_REUSE_MS } from "./leader-watch.js";
 import { pollUntil } from "./poll-until.js";
 import { decodeControllerReply, DEFAULT_REPLY_TIMEOUT_MS, defaultWait, replyTimeoutMs } from "./reply-decoder.js";
 
@@ -120,6 +121,9 @@ function routeUrl(baseUrl: string, route: string): URL {
 
 /** The controller API over HTTP/JSON (fetch). */
 export class HttpControllerClient extends ControllerClient {
+  /** The last `/readyz` that answered ready, with when it was asked (monotonic ms): see watchReadiness. */
+  private lastReady: { epoch: unknown; askedAt: number } | undefined;
+
   constructor(private readonly options: HttpControllerClientOptions) {
     super();
     checkBaseUrl(options.baseUrl);
@@ -152,8 +156,8 @@ export class HttpControllerClient extends ControllerClient {
     propagation.inject(context.active(), headers);
     // Every wait is watched, as over NATS: a coordinator killed mid-op resets the connection at once
     // over HTTP, but a frozen or partitioned one would keep a 60 s deadline's op waiting 70 s. The
-    // first /readyz is asked beside the op only past the 90 s of an op that takes no deadline;
-    // otherwise one period later, so an op answered sooner (most of them) asks none.
+    // checks start beside the op only past the 90 s of an op that takes no deadline; otherwise one
+    // period later, so an op answered sooner (most of them) is never refused by them.
     const watch = new AbortController();
     const signal = AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), watch.signal]);
     this.watchReadiness(watch, defaultWait(request, this.options) && timeout > DEFAULT_REPLY_TIMEOUT_MS ? "now" : "later");
@@ -168,24 +172,38 @@ export class HttpControllerClient extends ControllerClient {
    * Aborts `watch` with `outcome_unknown` once the coordinator's `/readyz` fails READY_FAILURES
    * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset),
    * or names another epoch than when the op was sent (behind a load balancer, another coordinator
-   * leads now). Its first answer is asked for beside the op, off its path (`first` now), or one
-   * period after it was sent. A `/readyz` whose connection is refused is no failure (see
-   * STOPPING_WAIT_MS): the coordinator closed its listener to stop gracefully, and answers the op
-   * or exits, which drops the op's connection.
+   * leads now). That epoch is read beside the op, or taken from a read sent at most
+   * LEASE_READ_REUSE_MS before it, as the NATS client reads the lease; one read failing then, the
+   * first answer later. The checks start beside the op (`first` now) or one period after it was sent.
+   * A `/readyz` whose connection is refused is no failure (see STOPPING_WAIT_MS): the coordinator
+   * closed its listener to stop gracefully, and answers the op or exits, which drops the op's connection.
    */
   private watchReadiness(watch: AbortController, first: "now" | "later"): void {
     let failures = 0;
-    let epoch: unknown;
+    const sentAt = performance.now();
+    const kept = this.lastReady && sentAt - this.lastReady.askedAt < LEASE_READ_REUSE_MS ? this.lastReady : undefined;
+    let epoch: unknown = kept?.epoch;
     let refusedSince: number | undefined;
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
-    const check = async () => {
+    const readyz = async () => {
+      const askedAt = performance.now();
       // Given up with the wait too (the op's reply came): left open, it would hold its socket, and a
       // CLI process that has its answer, until it timed out.
       const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), watch.signal]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
         // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
-        .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown }) : (await response.body?.cancel().catch(() => undefined), undefined)))
+        .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown } | null) : (await response.body?.cancel().catch(() => undefined), undefined)))
         .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("refused" as const) : undefined));
+      if (ready && ready !== "refused") this.lastReady = { epoch: ready.epoch, askedAt };
+      return ready;
+    };
+    // Who led as the op was sent: the first check when it is asked now. Not a check itself (one
+    // period later, as before, is the first that can fail the op): a `status` a follower answers
+    // is refused by its /readyz all along.
+    const asSent = kept || first === "now" ? undefined : readyz().then((ready) => void (ready && ready !== "refused" && (epoch ??= ready.epoch)));
+    const check = async () => {
+      await asSent;
+      const ready = await readyz();
       if (ready === "refused") {
         refusedSince ??= performance.now();
         failures = 0;

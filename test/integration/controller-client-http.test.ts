@@ -31,7 +31,9 @@ describe("HTTP controller client", () => {
 
   it("a coordinator still becoming leader (not_leader) is asked again within leaderWaitMs, and only then", async () => {
     let asked = 0;
-    const url = await listen((_req, res) => {
+    const url = await listen((req, res) => {
+      // The client also asks /readyz beside an op (who leads as it is sent): not an op.
+      if (req.url === "/readyz") return void res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_leader", detail: "not ready" } }));
       asked += 1;
       res.writeHead(asked <= 2 ? 503 : 200, { "content-type": "application/json" });
       res.end(JSON.stringify(asked <= 2 ? { error: { code: "not_leader", detail: "waits one lease period" } } : { checkpoints: [], latest: null }));
@@ -66,6 +68,7 @@ describe("HTTP controller client", () => {
   it("a proxy's gateway error without a catalog body (nginx's HTML 504 after its read timeout) is outcome_unknown, not internal_error: the op may still run", async () => {
     const ops: string[] = [];
     const url = await listen((req, res) => {
+      if (req.url === "/readyz") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch: 1 }));
       ops.push(req.url!);
       const status = ops.length === 1 ? 504 : ops.length === 2 ? 502 : 503;
       res.writeHead(status, { "content-type": "text/html" });
@@ -157,6 +160,30 @@ describe("HTTP controller client", () => {
     epoch = 9;
     await waitUntil(() => settled !== "pending", "the op to end once another coordinator leads", 10_000);
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("changed leader (epoch 7, now 9)") });
+  });
+
+  // The epoch an op was compared against was the first /readyz answer during its wait, asked one
+  // period after sending: a failover completed by then (a short lease_ms) gave the successor's
+  // epoch, so the op sent to the frozen predecessor waited out its deadline plus slack.
+  it("an op is compared against the epoch that led as it was sent, not the first answer a period later", async () => {
+    let epoch = 7;
+    let checks = 0;
+    const url = await listen((req, res) => {
+      if (req.url === "/readyz") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch }), () => (checks += 1));
+      // The op is taken, then its coordinator freezes, and another leads behind the address well
+      // within the first check period (a /readyz asked beside the op is answered in milliseconds).
+      setTimeout(() => (epoch = 9), 300);
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 1_500, slackMs: 1_000 });
+    let settled: unknown = "pending";
+    void client.commit({ checkpoint_id: "e1", episode_ids: [], deadline_ts: Date.now() / 1000 + 30 }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    // Before, it ended only at its deadline plus slack (31 s).
+    await waitUntil(() => settled !== "pending", "the op to end once another coordinator leads", 8_000);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("changed leader (epoch 7, now 9)") });
+    expect(checks).toBeGreaterThanOrEqual(2);
   });
 
   // A coordinator behind a proxy that routes it by path (https://gw/ckpt → the coordinator): the

@@ -88,7 +88,9 @@ describe("client commands: --leader-wait-ms over --http-url", () => {
   it("asks again while the coordinator answers not_leader (one still becoming leader), as over NATS", async () => {
     const { createServer } = await import("node:http");
     let asked = 0;
-    const server = createServer((_req, res) => {
+    const server = createServer((req, res) => {
+      // The client also asks /readyz beside an op (who leads as it is sent): not an op.
+      if (req.url === "/readyz") return void res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_leader", detail: "not ready" } }));
       asked += 1;
       const ready = asked > 2;
       res.writeHead(ready ? 200 : 503, { "content-type": "application/json" });
