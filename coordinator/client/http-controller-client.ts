@@ -157,19 +157,22 @@ export class HttpControllerClient extends ControllerClient {
     // Every wait is watched, as over NATS: a coordinator killed mid-op resets the connection at once
     // over HTTP, but a frozen or partitioned one would keep a 60 s deadline's op waiting 70 s. The
     // checks start beside the op only past the 90 s of an op that takes no deadline; otherwise one
-    // period later, so an op answered sooner (most of them) is never refused by them.
-    const watch = new AbortController();
-    const signal = AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), watch.signal]);
-    this.watchReadiness(watch, defaultWait(request, this.options) && timeout > DEFAULT_REPLY_TIMEOUT_MS ? "now" : "later");
+    // period later, so an op answered sooner (most of them) is never ended by them. The watch stops
+    // once the reply's headers are in: the op was answered, and a long body still arriving is read
+    // whole (a dropped connection still cuts it off), whatever /readyz says then.
+    const answered = new AbortController();
+    const lost = new AbortController();
+    const signal = AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), lost.signal]);
+    this.watchReadiness(answered.signal, (error) => lost.abort(error), defaultWait(request, this.options) && timeout > DEFAULT_REPLY_TIMEOUT_MS ? "now" : "later");
     try {
-      return await this.send(op, path, method, headers, request, signal, timeout);
+      return await this.send(op, path, method, headers, request, signal, timeout, () => answered.abort());
     } finally {
-      watch.abort(new Error("the reply came"));
+      answered.abort();
     }
   }
 
   /**
-   * Aborts `watch` with `outcome_unknown` once the coordinator's `/readyz` fails READY_FAILURES
+   * Until `answered` aborts, `lose`s the op (`outcome_unknown`) once the coordinator's `/readyz` fails READY_FAILURES
    * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset),
    * or names another epoch than when the op was sent (behind a load balancer, another coordinator
    * leads now). That epoch is read beside the op, or taken from a read sent at most
@@ -178,7 +181,7 @@ export class HttpControllerClient extends ControllerClient {
    * A `/readyz` whose connection is refused is no failure (see STOPPING_WAIT_MS): the coordinator
    * closed its listener to stop gracefully, and answers the op or exits, which drops the op's connection.
    */
-  private watchReadiness(watch: AbortController, first: "now" | "later"): void {
+  private watchReadiness(answered: AbortSignal, lose: (error: CheckpointError) => void, first: "now" | "later"): void {
     let failures = 0;
     const sentAt = performance.now();
     const kept = this.lastReady && sentAt - this.lastReady.askedAt < LEASE_READ_REUSE_MS ? this.lastReady : undefined;
@@ -190,7 +193,7 @@ export class HttpControllerClient extends ControllerClient {
       const askedAt = performance.now();
       // Given up with the wait too (the op's reply came): left open, it would hold its socket, and a
       // CLI process that has its answer, until it timed out.
-      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), watch.signal]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
+      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), answered]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
         // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
         .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown } | null) : (await response.body?.cancel().catch(() => undefined), undefined)))
         .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("refused" as const) : undefined));
@@ -215,7 +218,7 @@ export class HttpControllerClient extends ControllerClient {
       failures = ready ? 0 : failures + 1;
       return failures >= READY_FAILURES ? lost("stopped being the ready leader") : undefined;
     };
-    void pollUntil(check, everyMs, watch.signal, first).then((error) => watch.abort(error));
+    void pollUntil(check, everyMs, answered, first).then(lose);
   }
 
   private async send<O extends ControllerOp>(
@@ -226,6 +229,7 @@ export class HttpControllerClient extends ControllerClient {
     request: CtlRequestInputOf<O>,
     signal: AbortSignal,
     timeout: number,
+    headersIn: () => void,
   ): Promise<CtlReplyOf<O>> {
     let response: Response;
     try {
@@ -249,6 +253,7 @@ export class HttpControllerClient extends ControllerClient {
       const code = ((error as Error).cause as { code?: string } | undefined)?.code;
       throw new CheckpointError("outcome_unknown", `the connection to ${this.options.baseUrl} failed during ${op}: ${code ?? (error as Error).message}; retry with the same arguments`);
     }
+    headersIn();
     if (response.status >= 300 && response.status < 400) {
       await response.body?.cancel().catch(() => undefined);
       throw redirectRefusal(op, this.options.baseUrl, response.status, response.headers.get("location"));

@@ -186,6 +186,26 @@ describe("HTTP controller client", () => {
     expect(checks).toBeGreaterThanOrEqual(2);
   });
 
+  // The readiness watch went on once the reply's headers were in: a long reply body (a commit's
+  // episode lists over a slow link) still arriving when /readyz failed twice (the coordinator lost
+  // its lease, or stopped, just after answering) was cut off, outcome_unknown for an op answered.
+  it("a reply whose body is still arriving is read whole, whatever /readyz says meanwhile", async () => {
+    let headersSent = false;
+    const reply = JSON.stringify({ latest: null, checkpoints: [] });
+    const url = await listen((req, res) => {
+      if (req.url === "/readyz") {
+        if (!headersSent) return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ ok: true, epoch: 3 }));
+        return void res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_leader", detail: "lost its lease" } }));
+      }
+      res.writeHead(200, { "content-type": "application/json" });
+      res.write(reply.slice(0, 5), () => (headersSent = true));
+      // The rest 1.5 s later (a slow link), past the two failed checks 200 ms apart that ended the wait before.
+      setTimeout(() => res.end(reply.slice(5)), 1_500);
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
+    await expect(client.list()).resolves.toEqual({ latest: null, checkpoints: [] });
+  });
+
   // A coordinator behind a proxy that routes it by path (https://gw/ckpt → the coordinator): the
   // client resolved its routes against the host's root (new URL("/v1/…", base)), so it asked
   // https://gw/v1/… (another service, or the proxy's 404: internal_error), and /readyz likewise.
