@@ -1614,8 +1614,11 @@ export class CheckpointEngine {
         void removal.then((removed) => {
           if (removed && this.restoreRemovals.get(open.id) === removal) this.restoreRemovals.delete(open.id);
         });
-        if (failures.length) throw combinedFailure("resume", failures);
+        // Failed at some too, it answers only once the entry is gone: told the checkpoint closed
+        // anyway, its controller continues the restored rollouts, which a successor finding the
+        // entry `resuming` would retire once a restorer's restart shows (one that did not answer).
         await this.completionJournaled(open.id, removal, deadlineMs);
+        if (failures.length) throw combinedFailure("resume", failures);
         return reply;
       }
     }

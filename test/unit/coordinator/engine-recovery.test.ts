@@ -612,6 +612,51 @@ describe("a failed removal of a closed checkpoint's journal entry (a KV timeout)
     expect(fake.ops("resume")).toHaveLength(5); // every participant resumed
     expect(journal.entries.get("rm-3")?.state).toBe("resuming");
   });
+
+  it("of a restore's resume that failed at a participant: answered only once the entry is gone too, else outcome_unknown (a successor finding it resuming may clean up)", async () => {
+    const { engine, journal, fake } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "rm-4", episode_ids: null, stop: true, controller_state: null });
+    await engine.restore({ checkpoint_id: "rm-4", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    fake.set("agent", "a1", "resume", "unreachable");
+    failRemovals(journal, Infinity, (tries) => tries === 2 && engine.leadershipLost());
+    const refused = await refusalOf(engine.resume({ checkpoint_id: "rm-4" }));
+    // Not the participants' failure ("resume failed on …: the checkpoint is closed anyway"): a
+    // controller told so continues the restored rollouts, which a successor finding the entry
+    // `resuming` would retire once a restorer's restart shows in its view (a likely one here).
+    expect(journal.entries.get("rm-4")?.state).toBe("resuming");
+    expect(refused.code).toBe("outcome_unknown");
+  });
+
+  it("of a restore's resume that failed at a participant, the entry removed: that participant's failure, after the removal; the retry resumes it there", async () => {
+    let releaseRemoval!: () => void;
+    const removalHeld = new Promise<void>((resolve) => (releaseRemoval = resolve));
+    let removalReached!: () => void;
+    const reached = new Promise<void>((resolve) => (removalReached = resolve));
+    const { engine, journal, fake } = makeEngine(root, {
+      hooks: {
+        beforeJournalRemove: async (id) => {
+          if (id !== "rm-5" || journal.entries.get(id)?.state !== "resuming") return;
+          removalReached();
+          await removalHeld;
+        },
+      },
+    });
+    await engine.checkpoint({ checkpoint_id: "rm-5", episode_ids: null, stop: true, controller_state: null });
+    await engine.restore({ checkpoint_id: "rm-5", episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    fake.set("agent", "a1", "resume", "unreachable");
+    let answered = false;
+    const answer = refusalOf(engine.resume({ checkpoint_id: "rm-5" })).finally(() => (answered = true));
+    await reached;
+    await new Promise((resolve) => setImmediate(resolve)); // every microtask the answer could take has run
+    expect(answered).toBe(false); // not before the entry is gone
+    releaseRemoval();
+    expect((await answer).code).toBe("unreachable");
+    expect(journal.entries.has("rm-5")).toBe(false);
+    fake.script.clear();
+    const sent = fake.ops("resume").length;
+    await engine.resume({ checkpoint_id: "rm-5" });
+    expect(fake.ops("resume").slice(sent).map((c) => `${c.kind}/${c.instance}`)).toEqual(["agent/a1"]);
+  });
 });
 
 describe("recovery of a decided checkpoint overtaken by a newer publication", () => {
