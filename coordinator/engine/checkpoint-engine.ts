@@ -276,8 +276,13 @@ function retireWorthRetrying(failure: Failure): boolean {
 export class CheckpointEngine {
   private readonly lock = new AsyncLock();
   private open: OpenCheckpoint | undefined;
-  /** Checkpoints this coordinator resumed (closed); resume of one of them is idempotent. */
-  private readonly closed = new Set<string>();
+  /**
+   * Checkpoints this coordinator resumed (closed), with the leadership term it closed each in;
+   * resume of one of them is idempotent. Answered from memory only for this term's: one closed in
+   * an earlier term may have been restored by a successor since, whose resume left a participant
+   * holding it (see resume).
+   */
+  private readonly closed = new Map<string, number>();
   /**
    * Stop checkpoints this coordinator closed without a resume (participants stay parked for the
    * controller to stop them): a resume of one releases whoever still holds it, for a controller
@@ -434,7 +439,8 @@ export class CheckpointEngine {
       this.deadlineCapped(request.deadline_ts);
       // A retry of a resume that closed it sends nothing, so it is answered even if its deadline_ts
       // passed (a lost reply's retry carries a past one). Not a stop checkpoint's or a restore's that failed or still clears its entry.
-      if (open?.id !== id && this.closed.has(id) && !this.stopped.has(id) && !this.restoreFailures.has(id) && !this.restoreRemovals.has(id) && !this.unresumed.has(id)) {
+      const closedThisTerm = this.closed.get(id) === this.leaderTerm;
+      if (open?.id !== id && closedThisTerm && !this.stopped.has(id) && !this.restoreFailures.has(id) && !this.restoreRemovals.has(id) && !this.unresumed.has(id)) {
         return { checkpoint_id: id, participants: [] };
       }
       // Checked before anything is journaled: a refused resume changes nothing.
@@ -455,7 +461,9 @@ export class CheckpointEngine {
       if (unresumed) return this.resumeAgain(id, unresumed.members, deadlineMs, ctx);
       if (!open && !this.closed.has(id)) return this.releaseHolders(id, deadlineMs, ctx);
       // Parked by design, released now; once nobody holds it (the processes stopped), nothing to do.
-      if (!open && this.stopped.has(id)) return this.releaseHolders(id, deadlineMs, ctx, true);
+      // Likewise one closed in an earlier term: a successor may have restored it since, and left a
+      // participant holding it when that restore's resume failed there.
+      if (!open && (this.stopped.has(id) || !closedThisTerm)) return this.releaseHolders(id, deadlineMs, ctx, true);
       // Its holders are released as an open checkpoint of their own: not beside another one.
       if (open && open.id !== id && this.stopped.has(id)) {
         throw new CheckpointError("checkpoint_conflict", `checkpoint ${open.id} is open (${open.phase}); resume it before releasing stop checkpoint ${id}`);
@@ -469,15 +477,21 @@ export class CheckpointEngine {
    * shows them still holding it are resumed (only those, addressed to whichever process reports
    * it), as their lease would do much later. That is a checkpoint no journal entry or memory here
    * names, e.g. one a deposed leader's delayed prepare parked at a participant this leader's
-   * recovery probe did not reach. None holds it: `not_found`, nothing sent.
+   * recovery probe did not reach. None holds it: `not_found`, nothing sent. `closedBefore`: an id
+   * closed here before (a stop checkpoint, or one closed in an earlier leadership term), which none
+   * holding is the idempotent success.
    */
-  private async releaseHolders(id: string, deadlineMs: number, ctx: Context | undefined, stopped = false): Promise<CtlReplyOf<"resume">> {
+  private async releaseHolders(id: string, deadlineMs: number, ctx: Context | undefined, closedBefore = false): Promise<CtlReplyOf<"resume">> {
     const epoch = this.options.leadership.epoch();
     const members = await this.options.membership.list();
     const holders = holdersOf(members, await this.probeStatuses(members, epoch), id);
     // A stop checkpoint released once (or by its processes stopping) is an ordinary closed id after that.
-    if (stopped) this.stopped.delete(id);
-    if (holders.length === 0 && stopped) return { checkpoint_id: id, participants: [] };
+    if (closedBefore) this.stopped.delete(id);
+    // Closed here before: none holding it is the idempotent success; this term's from now on.
+    if (holders.length === 0 && closedBefore) {
+      this.closed.set(id, this.leaderTerm);
+      return { checkpoint_id: id, participants: [] };
+    }
     if (holders.length === 0) throw new CheckpointError("not_found", `checkpoint ${id} is not open on this coordinator, and no participant's status shows it held`);
     this.checkpointLog(id).warn({ holders: holders.map(refName) }, "resume_released_unknown_checkpoint");
     this.open = this.opening(id, "prepared", holders, { incarnations: new Map() });
@@ -672,7 +686,7 @@ export class CheckpointEngine {
       this.assertJournalable({ ...open, incarnations: new Map(members.map((m) => [memberKey(m.kind, m.instance), longest])) }, "resuming");
       assertCleanupRetireFits(open, deadlineMs);
       // Closed before the restore's write, so its entry's removal yields to that write.
-      const wasClosed = this.closed.has(id);
+      const wasClosed = this.closed.get(id);
       if (unresumed && this.open === unresumed) this.close(id);
       const epoch = open.epoch;
       const term = this.leaderTerm;
@@ -689,7 +703,8 @@ export class CheckpointEngine {
         const writes = this.journalWrites.get(id);
         if (unresumed) {
           this.open = unresumed;
-          if (!wasClosed) this.closed.delete(id);
+          if (wasClosed === undefined) this.closed.delete(id);
+          else this.closed.set(id, wasClosed);
           this.journal(unresumed, "decided").catch((cause: unknown) => this.checkpointLog(id).warn({ err: cause }, "restore_unjournaled_entry_not_put_back"));
         } else {
           void this.options.writer.durable().then(() => this.removeEntry(id, writes, term), () => this.entryKept(id, writes));
@@ -2459,7 +2474,7 @@ export class CheckpointEngine {
     const abandonedIn = this.abandoned.delete(id) && this.open?.id === id ? this.open.epoch : undefined;
     if (this.open?.id === id) this.open = undefined;
     this.closed.delete(id); // re-added: the most recent last
-    this.closed.add(id);
+    this.closed.set(id, this.leaderTerm);
     this.unresumed.delete(id); // an earlier closing's failures (before a restore of it) are not this one's
     // What is kept per closed id goes with it: a failed restore's detail too (one per failed restore otherwise, for good).
     keepNewest(this.closed, REMEMBERED_CLOSED, (old) => {

@@ -221,3 +221,38 @@ describe("a checkpoint's resume that failed at a participant, retried after lead
     expect(fake.ops("resume").length).toBe(last);
   });
 });
+
+/**
+ * The same for an id this coordinator closed without any failure: a successor may have restored it
+ * since (it is LATEST: the checkpoint a restarted trainer restores), and that restore's resume
+ * failed at a participant still parked in it, which only that successor's memory knew. Answering
+ * the controller's retry "resumed" from the previous term's closed ids left that participant
+ * parked until its lease expired (every prepare refused there meanwhile).
+ */
+describe("a checkpoint closed here, restored by a successor whose resume failed at a participant, resumed after leadership came back", () => {
+  it("resumes the participant still holding it, not success from the previous term's memory", async () => {
+    const first = makeEngine(root, { requireRecovery: true });
+    await first.engine.recover();
+    await first.engine.checkpoint({ checkpoint_id: "c9", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    first.engine.leadershipLost();
+    // The successor: the trainer restarted and restored LATEST; its resume failed at m1.
+    const second = makeEngine(root, { requireRecovery: true, successorOf: first, epoch: 8 });
+    await second.engine.recover();
+    const deadline_ts = first.clock.now() / 1000 + 60;
+    await second.engine.restore({ checkpoint_id: "c9", deadline_ts, episode_ids: [{ rollout_id: "r1", attempt: 0 }] });
+    first.fake.set("model", "m1", "resume", "unreachable");
+    expect((await refusalOf(second.engine.resume({ checkpoint_id: "c9", deadline_ts }))).code).toBe("unreachable");
+    await journalEmptied(first.journal);
+    expect(first.fake.state.get("model.m1")).toMatchObject({ checkpoint_id: "c9" });
+    // The successor lost the lease; this coordinator leads again, and the controller retries the resume here.
+    second.engine.leadershipLost();
+    await first.engine.recover();
+    first.fake.set("model", "m1", "resume", "ok");
+    const before = first.fake.ops("resume").length;
+    const reply = await first.engine.resume({ checkpoint_id: "c9", deadline_ts });
+    expect(resumesTo(first.fake.ops("resume").slice(before))).toEqual(["model/m1"]);
+    expect(reply.participants.map((p) => `${p.kind}/${p.instance}`)).toEqual(["model/m1"]);
+    expect(first.fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
+  });
+});
