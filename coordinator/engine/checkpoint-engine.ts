@@ -454,7 +454,18 @@ export class CheckpointEngine {
       }
       if (open?.id === id && open.phase === "restored") return this.resumeRestored(open, deadlineMs, ctx);
       const failed = open?.id === id ? undefined : this.restoreFailures.get(id);
-      if (failed) throw new CheckpointError("restore_failed", failed);
+      if (failed) {
+        // Its clean-up's resume failed somewhere: sent there again, as any failed resume's retry is
+        // (else that participant stays parked until its lease); the answer stays restore_failed.
+        const parked = this.unresumed.get(id);
+        if (parked) {
+          await this.resumeAgain(id, parked.members, deadlineMs, ctx).catch((error: unknown) => {
+            if (toCheckpointError(error).code === "not_leader") throw error;
+            this.checkpointLog(id).warn({ err: error }, "restore_cleanup_resume_failed_again");
+          });
+        }
+        throw new CheckpointError("restore_failed", failed);
+      }
       const removal = open?.id === id ? undefined : this.restoreRemovals.get(id);
       if (removal) await this.completionJournaled(id, removal, deadlineMs);
       const unresumed = open?.id === id ? undefined : this.unresumed.get(id);

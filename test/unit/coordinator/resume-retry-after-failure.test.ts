@@ -256,3 +256,31 @@ describe("a checkpoint closed here, restored by a successor whose resume failed 
     expect(first.fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
   });
 });
+
+/**
+ * docs/api.md resume: a retry "sends the resume again to the participants it failed at". That holds
+ * for a failed restore's clean-up too, whose resume failed at a participant still parked in the
+ * restore: the retried resume answers `restore_failed` as before, and releases it. Before, it
+ * answered `restore_failed` with nothing sent, and that participant stayed parked until its lease
+ * expired (every prepare refused there meanwhile), whatever the controller did.
+ */
+describe("a restore cleaned up whose clean-up's resume failed at a participant, resumed again", () => {
+  it("answers restore_failed and sends the resume again to that participant", async () => {
+    const { engine, fake, clock } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c10", episode_ids: null, stop: true, controller_state: null });
+    const deadline_ts = clock.now() / 1000 + 60;
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "resume", "unreachable");
+    expect((await refusalOf(engine.restore({ checkpoint_id: "c10", deadline_ts, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("restore_failed");
+    expect(fake.state.get("model.m1")).toMatchObject({ checkpoint_id: "c10" });
+    fake.set("model", "m1", "resume", "ok");
+    const before = fake.ops("resume").length;
+    expect((await refusalOf(engine.resume({ checkpoint_id: "c10", deadline_ts }))).code).toBe("restore_failed");
+    expect(resumesTo(fake.ops("resume").slice(before))).toEqual(["model/m1"]);
+    expect(fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
+    // Released: a further retry sends nothing, and answers the same.
+    const last = fake.ops("resume").length;
+    expect((await refusalOf(engine.resume({ checkpoint_id: "c10", deadline_ts }))).code).toBe("restore_failed");
+    expect(fake.ops("resume").length).toBe(last);
+  });
+});
