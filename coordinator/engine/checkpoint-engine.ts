@@ -457,9 +457,16 @@ export class CheckpointEngine {
       if (failed) {
         // Its clean-up's resume failed somewhere: sent there again, as any failed resume's retry is
         // (else that participant stays parked until its lease); the answer stays restore_failed.
+        // One closed in an earlier term (this term's list of where it failed is gone, see
+        // leadershipLost): whoever the participants' status shows holding it.
         const parked = this.unresumed.get(id);
-        if (parked) {
-          await this.resumeAgain(id, parked.members, deadlineMs, ctx).catch((error: unknown) => {
+        const release = parked
+          ? this.resumeAgain(id, parked.members, deadlineMs, ctx)
+          : !open && this.closed.get(id) !== this.leaderTerm
+            ? this.releaseHolders(id, deadlineMs, ctx, true)
+            : undefined;
+        if (release) {
+          await release.catch((error: unknown) => {
             if (toCheckpointError(error).code === "not_leader") throw error;
             this.checkpointLog(id).warn({ err: error }, "restore_cleanup_resume_failed_again");
           });

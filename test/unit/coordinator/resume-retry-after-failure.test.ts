@@ -284,3 +284,23 @@ describe("a restore cleaned up whose clean-up's resume failed at a participant, 
     expect(fake.ops("resume").length).toBe(last);
   });
 });
+
+describe("a restore cleaned up whose clean-up's resume failed at a participant, resumed after leadership was lost and regained", () => {
+  it("answers restore_failed and resumes the participant still holding it (the previous term's list of failures is gone)", async () => {
+    const { engine, fake, clock } = makeEngine(root, { requireRecovery: true });
+    await engine.recover();
+    await engine.checkpoint({ checkpoint_id: "c11", episode_ids: null, stop: true, controller_state: null });
+    const deadline_ts = clock.now() / 1000 + 60;
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "resume", "unreachable");
+    expect((await refusalOf(engine.restore({ checkpoint_id: "c11", deadline_ts, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }))).code).toBe("restore_failed");
+    expect(fake.state.get("model.m1")).toMatchObject({ checkpoint_id: "c11" });
+    engine.leadershipLost();
+    await engine.recover();
+    fake.set("model", "m1", "resume", "ok");
+    const before = fake.ops("resume").length;
+    expect((await refusalOf(engine.resume({ checkpoint_id: "c11", deadline_ts }))).code).toBe("restore_failed");
+    expect(resumesTo(fake.ops("resume").slice(before))).toEqual(["model/m1"]);
+    expect(fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
+  });
+});
