@@ -184,6 +184,8 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   /** Aborted once the process stops serving: a prepare waiting for readiness answers at once, not prepared; a retire or forget is cut short. */
   private readonly stopSignal = new AbortController();
   private disposed = false;
+  /** Cancels of the armed retries (a failed reopen's, a late install's free): dispose cancels them all. */
+  private readonly retryTimers = new Set<() => void>();
   private readonly waiters = new Set<() => void>();
   /** A wake of the waiters is queued for the end of this event-loop turn (see notify). */
   private wakeScheduled = false;
@@ -757,10 +759,10 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
             await this.adapter.openAdmission();
           } catch (err) {
             this.logger?.error({ checkpoint_id: id, err }, event);
-            this.clock.setTimer(retry, LEASE_RETRY_MS);
+            this.armRetry(retry);
           }
         });
-      this.clock.setTimer(retry, LEASE_RETRY_MS);
+      this.armRetry(retry);
     }
   }
 
@@ -837,15 +839,17 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     let running: Promise<void> | undefined;
     const free = (again: boolean): Promise<void> =>
       this.lock.run(async () => {
-        if (again && (this.disposed || !this.heldInstallFailure.holds(id))) return;
-        if (again && (this.phase !== "idle" || running)) return void this.clock.setTimer(retry, LEASE_RETRY_MS);
+        // Disposed: the process is shutting down, and what the install left goes with it (the kind's
+        // retire would run into a stopped server).
+        if (this.disposed || (again && !this.heldInstallFailure.holds(id))) return;
+        if (again && (this.phase !== "idle" || running)) return this.armRetry(retry);
         if (this.phase !== "idle") {
           // The install ended while a later prepare's checkpoint is open: the kind's retire must not
           // run inside it (it waits for clean-ups that wait for resume, and would hold that
           // checkpoint's commit behind it). Held meanwhile (attempt+1 stays fenced), freed once idle.
           if (!this.adapter.hasLiveState()) return;
           this.heldInstallFailure.remember(id, failure.args, failure.error, next);
-          return void this.clock.setTimer(retry, LEASE_RETRY_MS);
+          return this.armRetry(retry);
         }
         try {
           const retiring = this.adapter.retire(next);
@@ -865,7 +869,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
           this.logger?.error({ checkpoint_id: id, err }, "late_restore_install_not_freed");
           if (!this.adapter.hasLiveState()) return;
           this.heldInstallFailure.remember(id, failure.args, failure.error, next);
-          this.clock.setTimer(retry, LEASE_RETRY_MS);
+          this.armRetry(retry);
         } finally {
           this.notify();
         }
@@ -1226,6 +1230,19 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.armLeaseTimer();
   }
 
+  /**
+   * Arms `retry` LEASE_RETRY_MS from now, tracked so dispose cancels it; nothing once disposed (the
+   * retries reopen admission or free state through the kind, which must not run into a stopped server).
+   */
+  private armRetry(retry: () => void): void {
+    if (this.disposed) return;
+    const cancel = this.clock.setTimer(() => {
+      this.retryTimers.delete(cancel);
+      retry();
+    }, LEASE_RETRY_MS);
+    this.retryTimers.add(cancel);
+  }
+
   private armLeaseTimer(): void {
     this.cancelLeaseTimer?.();
     this.cancelLeaseTimer = undefined;
@@ -1251,7 +1268,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
         // The lease is the way out when the coordinator is gone: a reopen that failed (a kind's
         // openAdmission threw) is tried again shortly, never left to an unhandled rejection.
         this.logger?.error({ checkpoint_id: id, err: error }, "lease_expiry_reopen_failed");
-        if (this.activeId === id) this.cancelLeaseTimer = this.clock.setTimer(() => void this.onLeaseTimer(id), LEASE_RETRY_MS);
+        if (this.activeId === id && !this.disposed) this.cancelLeaseTimer = this.clock.setTimer(() => void this.onLeaseTimer(id), LEASE_RETRY_MS);
       }
     });
   }
@@ -1296,12 +1313,17 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     this.notify();
   }
 
-  /** Stops timers (no lease expiry fires after it, even one a late write failure would arm); used when the process shuts down. */
+  /**
+   * Stops timers (no lease expiry fires after it, even one a late write failure would arm, nor a
+   * retry of a failed reopen or of a late install's free); used when the process shuts down.
+   */
   dispose(): void {
     this.disposed = true;
     this.beginStopping();
     this.unobserve();
     this.cancelLeaseTimer?.();
+    for (const cancel of this.retryTimers) cancel();
+    this.retryTimers.clear();
     this.notify();
   }
 }
