@@ -360,7 +360,14 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
     const id = request.checkpoint_id;
     const early = await this.underLock(request, async () => {
       const cached = this.cached<PrepareReply>(id, "prepare");
-      if (cached) return cached;
+      if (cached) {
+        // Every prepare renews, a retry answered from its kept reply too (a controller polling
+        // prepare sends the stages already prepared a new deadline): else a short grace lets the
+        // lease expire under that prepare, resuming this participant and fencing the id. Kept
+        // replies live only while the id is active (a resume drops them).
+        if (this.activeId === id) this.renewLease(request.deadline_ts);
+        return cached;
+      }
       this.admit(id, ALLOWED.prepare, "prepare");
       if (this.phase === "idle") {
         this.activeId = id;

@@ -439,6 +439,8 @@ export class ModelWorld {
     this.model.admitted(request.epoch);
     if (prediction.kind === "kept") {
       if (!isDeepStrictEqual(outcome.reply, prediction.reply)) this.fail(`a retry got another reply than the kept one:\n kept ${JSON.stringify(prediction.reply)}\n got  ${JSON.stringify(outcome.reply)}`);
+      // Every prepare renews the lease, one answered from its kept reply too (kept only while its id is active).
+      if (op === "prepare") this.model.renewLease(request.deadline_ts);
       return;
     }
     this.applySuccess(op, request, outcome.reply as any, expectedExport);
