@@ -613,6 +613,14 @@ export class ResourcesKind implements ParticipantKind<ResourcesSessionRecord> {
     // fence while they hold state, and no later retire would list them again, so forget frees them
     // first, and fails (the fence kept) while a free does.
     const forgotten = new Set(rolloutIds);
+    // A retire cut short by its deadline may still wait for requests it stopped (a handler slow to
+    // stop): freed and unfenced now, what such a request writes afterwards would outlive the free
+    // until that retire ended. Waited for as retire does (the control plane bounds this by the
+    // forget's deadline; past it nothing is freed and no fence lifted).
+    const retiringIds = new Set([...this.retiring].filter(([, episode]) => forgotten.has(episode.rollout_id)).map(([sessionId]) => sessionId));
+    const stoppedByRetire = (r: ActiveRequest) =>
+      forgotten.has(r.episode.rollout_id) && (r.stop.signal.aborted || (r.sessionId !== undefined && retiringIds.has(r.sessionId)));
+    await this.waitUntil(() => ![...this.active].some(stoppedByRetire));
     for (const [sessionId, episode] of this.retiring) {
       if (!forgotten.has(episode.rollout_id)) continue;
       await this.freeState(sessionId);
