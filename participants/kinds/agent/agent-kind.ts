@@ -199,6 +199,11 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
     // Retired marks live in the control plane. A session whose retire could not free it is still
     // held (retiring, a blocker) and no later retire lists it once its fence is lifted: freed here
     // first, and the forget fails (its fence kept) while a free does. So is one a failed free left held otherwise.
+    // A retire cut short by its deadline may still wait for a turn loop it stopped (an activation or
+    // a legacy /run slow to stop): lifted now, the fences of the callees (forgotten after this one)
+    // would admit that loop's late calls. Waited for as retire does (the control plane bounds this by
+    // the forget's deadline; past it no fence is lifted).
+    await Promise.all([this.sessions.retiredActivationsEnded(rolloutIds), this.legacy.steps.retiredEnded(rolloutIds)]);
     for (const s of this.sessions.heldOf(rolloutIds)) await this.sessions.freeHeld(s, "held", this.free);
   }
 

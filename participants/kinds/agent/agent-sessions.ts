@@ -406,6 +406,16 @@ export class AgentSessions {
   }
 
   /**
+   * Resolves once every retiring session of these rollouts has no activation running: a retire cut
+   * short by its deadline is still waiting for it, and a forget must not lift its fence before.
+   */
+  async retiredActivationsEnded(rolloutIds: string[]): Promise<void> {
+    const forgotten = new Set(rolloutIds);
+    const running = [...this.sessions.values()].filter((s) => s.retiring && forgotten.has(s.episode.rollout_id) && s.activation);
+    await Promise.all(running.map((s) => s.activation!.done));
+  }
+
+  /**
    * Frees a held session's state with `free`, then drops it. A free loop may outlive the lock (a
    * commit's clean-up, a retire past its deadline), so this looks again first: only while its key
    * still names this very session and it is still held (not freed and dropped by another loop, the

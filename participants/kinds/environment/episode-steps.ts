@@ -240,6 +240,15 @@ export class EpisodeSteps<D = undefined> {
   }
 
   /**
+   * Resolves once every retired episode of these rollouts still tracked has ended: a retire cut
+   * short by its deadline leaves them running, and a forget must not lift their fences before.
+   */
+  async retiredEnded(rolloutIds: string[]): Promise<void> {
+    const running = rolloutIds.flatMap((id) => [...(this.byRollout.get(id) ?? [])].filter((t) => t.retiring));
+    await Promise.all(running.map((t) => t.done));
+  }
+
+  /**
    * Retire: stops every tracked episode of these rollouts with attempt ≤ the given one (once), and
    * waits until each has ended. Final clean-up in progress is waited for, not interrupted.
    */

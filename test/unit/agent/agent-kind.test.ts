@@ -997,7 +997,7 @@ describe("agent participant", () => {
     expect(hooks.retired.sort()).toEqual(["r1", "r2"]);
     expect(kind.sessions.stateOf("r2")).toBe("idle");
   });
-  it("a forget after a retire that overran its deadline leaves the session whose activation still runs to that retire, freeing nothing under it", async () => {
+  it("a forget after a retire that overran its deadline waits for the activation that still runs, freeing nothing under it and lifting no fence before it ended", async () => {
     const { kind, hooks, call } = fresh();
     kind.openSession(ep("r1"));
     hooks.state.set("r1", { cookie: "r1" });
@@ -1013,12 +1013,15 @@ describe("agent participant", () => {
       .catch(() => undefined);
     await waitFor(() => kind.sessions.stateOf("r1") === "at_boundary");
     expect(await code(() => call("retire", { checkpoint_id: "retire", deadline_ts: Date.now() / 1000 + 0.2, episode_ids: [ep("r1")] }))).toBe("deadline_exceeded");
-    await call("forget", { checkpoint_id: "forget", rollout_ids: ["r1"] });
-    // Not freed under the running activation (it used to be, and dropped).
-    expect(hooks.retired).toEqual([]);
-    expect(kind.sessions.has("r1")).toBe(true);
+    let forgotten = false;
+    const forget = call("forget", { checkpoint_id: "forget", rollout_ids: ["r1"] }).finally(() => void (forgotten = true));
+    for (let i = 0; i < 20; i++) await flush();
+    // Not freed under the running activation (it used to be, and dropped), and its fence stays
+    // (the protocol lifts it once nothing of the attempt can still run): the forget waits.
+    expect({ forgotten, retired: hooks.retired, held: kind.sessions.has("r1") }).toEqual({ forgotten: false, retired: [], held: true });
     answer.open();
     await activation;
+    expect(await forget).toEqual({ forgotten: ["r1"] });
     expect(stateSeenAtEnd).toEqual({ cookie: "r1" });
     // The overrun retire frees it once the activation ended.
     await waitFor(() => !kind.hasLiveState());
