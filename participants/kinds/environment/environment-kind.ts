@@ -68,8 +68,12 @@ export class EnvironmentKind implements ParticipantKind<EnvironmentRecord> {
     await this.episodes.retire(episodes);
   }
 
-  async forget(): Promise<void> {
-    // Nothing is kept per finished rollout beyond the control plane's retired marks.
+  async forget(rolloutIds: string[]): Promise<void> {
+    // Nothing is kept per finished rollout beyond the control plane's retired marks. But a retire
+    // cut short by its deadline may still wait for an episode slow to stop: its fence is lifted only
+    // once it ended (the control plane bounds this by the forget's deadline), or the callees'
+    // forgets after this one would admit its late calls.
+    await this.episodes.steps.retiredEnded(rolloutIds);
   }
 
   async afterCommit(scope: EpisodeId[] | null): Promise<void> {
