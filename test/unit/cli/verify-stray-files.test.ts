@@ -66,4 +66,32 @@ describe("gym-ckpt verify of a checkpoint with files no manifest names", () => {
     });
     expect(stderr).toBe("");
   });
+
+  it("--strict refuses them: no ok line, the warnings, then error invalid_checkpoint_state naming the count, exit 1", async () => {
+    expect(await verify("c1", "--strict")).toBe(1);
+    expect(stdout).toBe("");
+    expect(stderr).toBe(
+      "warning: gym/agent/a1/.records.jsonl.7.abcdef is named by no manifest (a crashed writer's temp file); a restore ignores it\n" +
+        "warning: gym/agent/a1/notes.txt is named by no manifest (not a file gym-ckpt writes); a restore ignores it\n" +
+        "error invalid_checkpoint_state: --strict: checkpoint c1 holds files or directories no manifest names (2, listed above)\n",
+    );
+  });
+
+  it("--strict --json still prints the report (its `unreferenced` list), then the error on stderr, exit 1", async () => {
+    expect(await verify("c1", "--strict", "--json")).toBe(1);
+    expect(JSON.parse(stdout)).toMatchObject({ checkpoint_id: "c1", unreferenced: [{ kind: "temp" }, { kind: "other" }] });
+    expect(stderr).toBe("error invalid_checkpoint_state: --strict: checkpoint c1 holds files or directories no manifest names (2, listed in unreferenced)\n");
+  });
+});
+
+describe("gym-ckpt verify --strict of a checkpoint every file of which a manifest names", () => {
+  it("exits 0 with its ok line, nothing on stderr", async () => {
+    const entry = await writeParticipant(root, "c1", "agent", "a1", ['{"episode_id":{"rollout_id":"r1","attempt":0}}']);
+    const writer = new GlobalManifestWriter(new CheckpointCatalog(root), 5);
+    await writer.publish({ checkpointId: "c1", epoch: 1, preparedAt: 1, publishedAt: 2, stop: false, scope: null, restarts: [], participants: [entry], controllerState: null });
+    await writer.settled();
+    expect(await verify("c1", "--strict")).toBe(0);
+    expect(stdout).toMatch(/^ok c1: 1 participants, 1 records, \d+ bytes\n$/);
+    expect(stderr).toBe("");
+  });
 });
