@@ -59,8 +59,10 @@ export const CoordinatorConfigSchema = z
     /**
      * One try of a participant request waits at most this long before it is sent again (same body,
      * idempotent): core NATS delivers at most once, so a lost message must not cost the whole deadline.
+     * At most 10 minutes, as the other timings: a try longer than that is no retry of a lost message,
+     * and the bound keeps the try's timer far below setTimeout's 2^31 - 1 ms, whatever caps it later.
      */
-    request_attempt_ms: z.number().int().min(100).default(10_000),
+    request_attempt_ms: z.number().int().min(100).max(600_000).default(10_000),
     /**
      * While a try of a guarded op (addressed to one process) waits longer than this, the
      * participant's status subject is probed this often; a try whose process is gone from NATS (no

@@ -50,6 +50,15 @@ describe("coordinator config", () => {
     );
   });
 
+  it("request_attempt_ms is 100 to 600000 (10 minutes), as the other timings: a larger one is refused readably, naming where it was set", () => {
+    const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" };
+    expect(loadConfig({ env: { ...base, GYM_CKPT_REQUEST_ATTEMPT_MS: "600000" } }).request_attempt_ms).toBe(600_000);
+    expect(() => loadConfig({ env: { ...base, GYM_CKPT_REQUEST_ATTEMPT_MS: "600001" } })).toThrow(
+      expect.objectContaining({ code: "invalid_request", message: expect.stringMatching(/request_attempt_ms[\s\S]*set by:\n  request_attempt_ms: GYM_CKPT_REQUEST_ATTEMPT_MS/) }),
+    );
+    expect(() => loadConfig({ env: { ...base, GYM_CKPT_REQUEST_ATTEMPT_MS: "2200000000" } })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("request_attempt_ms") }));
+  });
+
   it("request_probe_ms is 0 (no probes) or at least 100", () => {
     const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" };
     expect(loadConfig({ env: { ...base, GYM_CKPT_REQUEST_PROBE_MS: "0" } }).request_probe_ms).toBe(0);
