@@ -34,12 +34,13 @@ export function ignoreSigusr1Env(): NodeJS.ProcessEnv {
  * does this process: an ordinary exit aborts in Node 20 once the terminal is gone, nodejs/node#51519).
  * It stops once this process is gone, however it ended (SIGKILL included): an orphaned attach
  * proxy would keep its instance's membership claim, and its restart would be `instance_conflict`.
+ * `env` is added to this process's environment for it (a flag's value kept off its command line).
  */
-export function runParticipantProgram(relativePath: string, args: string[]): Promise<number> {
+export function runParticipantProgram(relativePath: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<number> {
   const watch = parentWatch();
   const child = spawn(process.execPath, [...(watch?.nodeArgs ?? []), participantEntry(relativePath), ...args], {
     stdio: [watch?.stdin ?? "inherit", "inherit", "inherit"],
-    env: { ...process.env, ...ignoreSigusr1Env() },
+    env: { ...process.env, ...env, ...ignoreSigusr1Env() },
   });
   child.stdin?.on("error", () => undefined); // never written; closed when the child exits
   const forward = (signal: NodeJS.Signals) => child.kill(signal);

@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import { runParticipantProgram } from "../../local/participant-entry.js";
+import { secretFlagsToEnv } from "../../local/secret-flags-to-env.js";
 
 export function register(program: Command): void {
   program
@@ -20,6 +21,8 @@ export function register(program: Command): void {
         process.exitCode = 2;
         return;
       }
-      process.exitCode = await runParticipantProgram("attach/main", args);
+      // --nats and --token reach it in the environment: its command line is readable by every local user.
+      const forwarded = secretFlagsToEnv(args);
+      process.exitCode = await runParticipantProgram("attach/main", forwarded.args, forwarded.env);
     });
 }

@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import { runParticipantProgram } from "../../local/participant-entry.js";
+import { secretFlagsToEnv } from "../../local/secret-flags-to-env.js";
 
 export function register(program: Command): void {
   program
@@ -9,6 +10,8 @@ export function register(program: Command): void {
     .helpOption(false)
     .argument("[args...]", "passed to the reference Gym launcher (try --help)")
     .action(async (args: string[]) => {
-      process.exitCode = await runParticipantProgram("gym/main", args);
+      // --nats and --token reach it in the environment: its command line is readable by every local user.
+      const forwarded = secretFlagsToEnv(args);
+      process.exitCode = await runParticipantProgram("gym/main", forwarded.args, forwarded.env);
     });
 }
