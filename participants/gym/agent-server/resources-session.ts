@@ -43,18 +43,29 @@ function cookieHeader(cookie: string | null): Record<string, string> {
  * The `replay` step that starts every reference episode: the resources server seeds the rollout's
  * session. It may say this rollout is a restart (its earlier attempt was lost), which the episode
  * records before going on. The session goes into `open` as soon as its seed reply arrived, so an
- * episode failing anywhere after that (its deadline, a refused `markRestart`) closes it.
+ * episode failing anywhere after that (its deadline, a refused `markRestart`) closes it. Refused
+ * `admission_closed` (it never ran: a resources server that starts no session while its checkpoint
+ * is open), it parks and is sent again after resume, as `verifyAnswer` does: passed on, `/run`
+ * would answer it as a failure and its caller would spend another attempt on the same rollout.
  */
 export async function seedSession(ep: StepEpisode, resourcesUrl: string, task: GymTask, open: OpenResourcesSession): Promise<SeededSession> {
-  const restart = await ep.step("replay", async (signal) => {
-    const response = await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/seed_session")}`, { task }, { signal });
-    expectOk("seed_session", response);
-    open.session = {
-      cookie: sessionCookieFrom(response.headers) ?? null,
-      verify_mode: response.headers.get("x-ng-checkpoint-verify") === "replay" ? "replay" : "wait",
-    };
-    return response.headers.get("x-ng-checkpoint-restart") === "1";
-  });
+  let restart: boolean | undefined;
+  while (restart === undefined) {
+    try {
+      restart = await ep.step("replay", async (signal) => {
+        const response = await postJson(`${resourcesUrl}${rolloutPath(ep.key, "/seed_session")}`, { task }, { signal });
+        expectOk("seed_session", response);
+        open.session = {
+          cookie: sessionCookieFrom(response.headers) ?? null,
+          verify_mode: response.headers.get("x-ng-checkpoint-verify") === "replay" ? "replay" : "wait",
+        };
+        return response.headers.get("x-ng-checkpoint-restart") === "1";
+      });
+    } catch (error) {
+      if (!isRefusal(error, "admission_closed")) throw error;
+      await ep.park();
+    }
+  }
   const seeded = open.session!;
   if (restart) await ep.markRestart();
   return seeded;

@@ -22,12 +22,16 @@ const TASK = { expression: "6*7", tool_rounds: 1 };
 const json = (body: unknown, status = 200, headers: Record<string, string> = {}) => new Response(JSON.stringify(body), { status, headers });
 const refusal = (r: Refusal) => json({ error: { code: r.code, detail: r.detail } }, r.status);
 
+/** How a route is refused: always so, or as a function says for each call (undefined: answered). */
+type Refusing = Record<string, Refusal | (() => Refusal | undefined)>;
+
 /** Callees that answer every call, except `refuse[route]` (a path suffix) which is refused so. */
-function stubCallees(refuse: Record<string, Refusal>, agentApp?: ReturnType<typeof createAgentApp>): void {
+function stubCallees(refuse: Refusing, agentApp?: ReturnType<typeof createAgentApp>): void {
   vi.stubGlobal("fetch", async (url: string, init: { body?: string }) => {
     const { host, pathname } = new URL(String(url));
-    const refused = Object.entries(refuse).find(([route]) => pathname.endsWith(route));
-    if (refused) return refusal(refused[1]);
+    const refused = Object.entries(refuse).find(([route]) => pathname.endsWith(route))?.[1];
+    const answer = typeof refused === "function" ? refused() : refused;
+    if (answer) return refusal(answer);
     if (host === "agent" && agentApp) {
       const res = await agentApp.inject({ method: "POST", url: pathname, payload: init.body ?? "{}", headers: { "content-type": "application/json" } });
       return new Response(res.body, { status: res.statusCode });
@@ -41,7 +45,7 @@ function stubCallees(refuse: Record<string, Refusal>, agentApp?: ReturnType<type
   });
 }
 
-async function environmentRun(refuse: Record<string, Refusal>) {
+async function environmentRun(refuse: Refusing) {
   stubCallees(refuse);
   const app = createEnvironmentApp({ kind: new EnvironmentKind(), endpoints: { agentUrl: "http://agent", resourcesUrl: "http://resources" } });
   try {
@@ -52,7 +56,7 @@ async function environmentRun(refuse: Record<string, Refusal>) {
   }
 }
 
-async function legacyAgentRun(refuse: Record<string, Refusal>) {
+async function legacyAgentRun(refuse: Refusing) {
   stubCallees(refuse);
   const state = new AgentSessionState();
   const app = createAgentApp({ kind: new AgentKind(state), state, endpoints: { policyUrl: "http://policy", resourcesUrl: "http://resources", stream: false } });
@@ -77,7 +81,7 @@ describe("a /run whose callee refused a call", () => {
   it("environment: the agent's activate or the resources server's seed refusing answers upstream_failed, the callee's code in the detail", async () => {
     for (const callee of CALLEE_CODES) {
       for (const route of ["/activate", "/seed_session"]) {
-        if (route === "/activate" && callee.code === "admission_closed") continue; // the episode parks and sends it again
+        if (callee.code === "admission_closed") continue; // the episode parks and sends it again (below)
         const answered = await environmentRun({ [route]: callee });
         expect({ route, code: callee.code, answered: [answered.status, answered.code] }).toEqual({ route, code: callee.code, answered: [502, "upstream_failed"] });
         expect(answered.detail).toContain(`${route.slice(1)} refused with ${callee.code}: ${callee.detail}`);
@@ -87,6 +91,7 @@ describe("a /run whose callee refused a call", () => {
 
   it("legacy agent /run: the resources server's seed or the policy refusing answers upstream_failed, the callee's code in the detail", async () => {
     for (const callee of CALLEE_CODES) {
+      if (callee.code === "admission_closed") continue; // the episode parks and sends it again (below)
       const answered = await legacyAgentRun({ "/seed_session": callee });
       expect({ code: callee.code, answered: [answered.status, answered.code] }).toEqual({ code: callee.code, answered: [502, "upstream_failed"] });
       expect(answered.detail).toContain(`seed_session refused with ${callee.code}`);
@@ -94,6 +99,18 @@ describe("a /run whose callee refused a call", () => {
     const policy = await legacyAgentRun({ "/v1/chat/completions": { status: 404, code: "not_found", detail: "no such model" } });
     expect([policy.status, policy.code]).toEqual([502, "upstream_failed"]);
     expect(policy.detail).toContain("policy refused with not_found: no such model");
+  });
+
+  it.each([
+    ["environment", environmentRun],
+    ["legacy agent", legacyAgentRun],
+  ])("%s /run: a seed the resources server refused admission_closed (it never ran) parks and is sent again; the run answers its reward", async (_name, run) => {
+    // Refused twice, then taken: a resources server that refuses seeds while its checkpoint is open.
+    const closed: Refusal = { status: 409, code: "admission_closed", detail: "a checkpoint is open" };
+    let seeds = 0;
+    const answered = await run({ "/seed_session": () => (++seeds <= 2 ? closed : undefined) });
+    expect(answered).toMatchObject({ status: 200 });
+    expect(seeds).toBe(3);
   });
 
   it("a callee's storage_error and upstream_failed keep their code", async () => {
