@@ -46,11 +46,34 @@ describe("math verifier: units", () => {
     expect(await reward("3", "3\\mathrm{i}")).toBe(0);
   });
 
+  it("takes degrees (`^\\circ`, `^{\\circ}`, `°`) as a unit: the bare number both ways, and one spelling of it", async () => {
+    expect(await reward("90", "90^\\circ")).toBe(1);
+    expect(await reward("90", "\\boxed{90^{\\circ}}")).toBe(1);
+    expect(await reward("90", "$90^\\circ$.")).toBe(1);
+    expect(await reward("90", "90°")).toBe(1);
+    expect(await reward("45", "\\frac{90}{2}^\\circ")).toBe(1);
+    expect(await reward("90^\\circ", "90")).toBe(1);
+    expect(await reward("90^{\\circ}", "\\boxed{90}")).toBe(1);
+    expect(await reward("90°", "90")).toBe(1);
+    // Both sides with degrees, however spelled, compare as written: the same unit, and the number always.
+    expect(await reward("90^\\circ", "90°")).toBe(1);
+    expect(await reward("90^{\\circ}", "90 ^ \\circ")).toBe(1);
+    expect(await reward("90^\\circ", "\\text{90°}")).toBe(1);
+    expect(await reward("90", "91^\\circ")).toBe(0);
+    expect(await reward("91^\\circ", "90")).toBe(0);
+    // Another unit is not degrees; nor is anything after them, or an expression before them.
+    expect(await reward("90^\\circ", "90\\text{ rad}")).toBe(0);
+    expect(await reward("90", "90^\\circ 5")).toBe(0);
+    expect(await reward("90", "x = 90^\\circ")).toBe(0);
+    expect(await reward("90", "90^\\circle")).toBe(0);
+  });
+
   it("finds the unit in linear time on long answers (a guard against backtracking, not a speed target)", { timeout: 10_000 }, async () => {
     const started = performance.now();
     expect(await reward("5", "\\text{".repeat(14_000))).toBe(0);
     expect(await reward("5", `5\\text{${"a ".repeat(49_000)}}`)).toBe(1);
     expect(await reward("5", `${"\\mbox{x}".repeat(11_000)}`)).toBe(0);
+    expect(await reward("5", `5${"^ { ".repeat(24_000)}`)).toBe(0);
     expect(performance.now() - started).toBeLessThan(2_000);
   });
 });
