@@ -17,6 +17,7 @@ import { ensureBuilt, MAIN } from "./coordinator-process.js";
  */
 const PASSWORD = "argv-SECRET-nats-pass";
 const TOKEN = "argv-SECRET-token";
+const CUT_TOKEN = "argv-SECRET-cut-token";
 let server: NatsServerProcess;
 let natsUrl: string;
 let root: string;
@@ -45,12 +46,12 @@ function childCommandLines(cli: ChildProgram): string[] {
 describe("a NATS URL or token given to a command that runs a participant program", () => {
   it("gym-ckpt attach model: the proxy connects with it, and it is on no child's command line", { timeout: 60_000 }, async () => {
     const lines: string[] = [];
-    const args = ["attach", "model", "--upstream", "http://127.0.0.1:9/v1", "--listen", "127.0.0.1:0", "--nats", natsUrl, "--deployment", `argv${process.pid}`, "--token", TOKEN, "--cuts", "off"];
+    const args = ["attach", "model", "--upstream", "http://127.0.0.1:9/v1", "--listen", "127.0.0.1:0", "--nats", natsUrl, "--deployment", `argv${process.pid}`, "--token", TOKEN, "--cut-token", CUT_TOKEN, "--cuts", "off"];
     const cli = await startChildProgram(MAIN, args, { waitReady: true, group: true, env: { ...env, TMPDIR: root }, onLine: (line) => void lines.push(line) });
     programs.push(cli);
     const commandLines = childCommandLines(cli);
     expect(commandLines.some((line) => line.includes("participants/attach/main.js")), lines.join("\n")).toBe(true);
-    expect(commandLines.filter((line) => line.includes(PASSWORD) || line.includes(TOKEN))).toEqual([]);
+    expect(commandLines.filter((line) => line.includes(PASSWORD) || line.includes(TOKEN) || line.includes(CUT_TOKEN))).toEqual([]);
     await cli.kill("SIGTERM");
     expect(await cli.exited, lines.join("\n")).toEqual({ code: 0, signal: null });
   });

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { runParticipantProgram } from "../../local/participant-entry.js";
-import { secretFlagsToEnv } from "../../local/secret-flags-to-env.js";
+import { ATTACH_SECRET_FLAGS, secretFlagsToEnv } from "../../local/secret-flags-to-env.js";
 
 export function register(program: Command): void {
   program
@@ -21,8 +21,8 @@ export function register(program: Command): void {
         process.exitCode = 2;
         return;
       }
-      // --nats and --token reach it in the environment: its command line is readable by every local user.
-      const forwarded = secretFlagsToEnv(args);
+      // --nats, --token and --cut-token reach it in the environment: its command line is readable by every local user.
+      const forwarded = secretFlagsToEnv(args, ATTACH_SECRET_FLAGS);
       process.exitCode = await runParticipantProgram("attach/main", forwarded.args, forwarded.env);
     });
 }

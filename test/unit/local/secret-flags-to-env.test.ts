@@ -1,6 +1,8 @@
 import { parseArgs } from "node:util";
 import { describe, expect, it } from "vitest";
-import { secretFlagsToEnv } from "../../../coordinator/local/secret-flags-to-env.js";
+import { ATTACH_SECRET_FLAGS, GYM_SECRET_FLAGS, secretFlagsToEnv as forward } from "../../../coordinator/local/secret-flags-to-env.js";
+
+const secretFlagsToEnv = (args: string[]) => forward(args, GYM_SECRET_FLAGS);
 
 /** What the participant program reads: its flag, else the variable (as server-runtime.ts and gym/main.ts do). */
 function programSees(args: string[], env: Record<string, string>): { nats?: string; token?: string } {
@@ -30,6 +32,15 @@ describe("secretFlagsToEnv: --nats and --token leave the command line for the en
     expect(secretFlagsToEnv(["--token", ""])).toEqual({ args: ["--token", ""], env: {} });
     expect(secretFlagsToEnv(["--nats", "--token", "t"])).toEqual({ args: ["--nats"], env: { GYM_CKPT_TOKEN: "t" } });
     expect(secretFlagsToEnv(["--nats=-x"])).toEqual({ args: [], env: { GYM_CKPT_NATS_URL: "-x" } });
+  });
+
+  it("attach: --cut-token goes too, unless the proxy would refuse it: then every --cut-token stays, so its refusal names the flag", () => {
+    expect(forward(["--cut-token", "c0t", "--token", "t"], ATTACH_SECRET_FLAGS)).toEqual({ args: [], env: { GYM_CKPT_CUT_TOKEN: "c0t", GYM_CKPT_TOKEN: "t" } });
+    expect(forward(["--cut-token=bad token"], ATTACH_SECRET_FLAGS)).toEqual({ args: ["--cut-token=bad token"], env: {} });
+    // Moved, the good one would be overridden by the bad one still on the command line, which parseArgs took for the earlier.
+    expect(forward(["--cut-token", "bad\ttoken", "--cut-token", "good"], ATTACH_SECRET_FLAGS)).toEqual({ args: ["--cut-token", "bad\ttoken", "--cut-token", "good"], env: {} });
+    // Not the Gym's flag: it stays for gym-ckpt gym to refuse as unknown.
+    expect(secretFlagsToEnv(["--cut-token", "c0t"])).toEqual({ args: ["--cut-token", "c0t"], env: {} });
   });
 
   it("moves nothing after --, and no other flag (--token-delay-ms, --nats-connect-wait-ms)", () => {
