@@ -83,7 +83,7 @@ export const ERROR_CATALOG = {
   },
   invalid_checkpoint_state: {
     status: 422,
-    meaning: "Checkpoint files are missing, corrupt, or belong to another checkpoint, kind or instance; or restore found live state.",
+    meaning: "Checkpoint files are missing, corrupt, or belong to another checkpoint, kind or instance (to `gym-ckpt verify --strict`, also: files no manifest names are there); or restore found live state.",
     solve: "Restore from another published checkpoint (see `gym-ckpt verify`), into fresh processes.",
   },
   not_found: {
