@@ -1730,7 +1730,7 @@ export class CheckpointEngine {
     try {
       // A deposed leader deletes nothing: its successor may have published since.
       this.options.leadership.assert(epoch);
-      return this.options.writer.retain(id);
+      return this.options.writer.retain(id, () => this.stillLeading(epoch));
     } catch (error) {
       this.log.warn({ checkpoint_id: id, err: error }, "retention_failed");
       return [];

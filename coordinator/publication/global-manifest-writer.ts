@@ -192,7 +192,7 @@ export class GlobalManifestWriter {
         // is a clean-up failure, not a rejected clean-up chain that skips every later one.
         if (!isPartialCheckpoint(dir)) return;
         trashCheckpointDir(this.catalog.root, checkpointId);
-        await removeTrash(this.catalog.root, this.inUse);
+        await removeTrash(this.catalog.root, this.inUse, mayDelete);
       } catch (error) {
         this.onCleanupError?.(error); // left for the next publication's retention
       }
@@ -380,8 +380,10 @@ export class GlobalManifestWriter {
    * Keeps the newest N published checkpoints (never `latest`) and deletes partial ones. Deleted
    * checkpoints leave the catalog before this returns (a rename each, blocking: a few metadata
    * operations); their files are removed in the background (`settled` awaits that).
+   * `stillLeading` is asked again by that background sweep before it takes a crashed writer's LATEST
+   * temp file: by then it may be a successor's (removeTrash).
    */
-  retain(latest: string): string[] {
+  retain(latest: string, stillLeading: () => boolean = () => true): string[] {
     // Aborted checkpoints whose checkpoint.json could not be taken back: before the scan counts them.
     for (const id of [...this.untakenBack]) {
       try {
@@ -393,7 +395,7 @@ export class GlobalManifestWriter {
     }
     const deleted = applyRetention(this.catalog, this.retention, new Set([latest]), (_id, error) => this.onCleanupError?.(error));
     this.cleanup = this.cleanup
-      .then(() => removeTrash(this.catalog.root, this.inUse))
+      .then(() => removeTrash(this.catalog.root, this.inUse, stillLeading))
       .catch((error: unknown) => this.onCleanupError?.(error)); // retried after the next publication
     return deleted;
   }

@@ -101,8 +101,10 @@ export function linkToTrash(root: string, name: string): string | undefined {
 
 /**
  * How old a LATEST temp file not in this writer's `inUse` must be before `removeTrash` takes it for
- * a crashed writer's. A younger one may be another writer's staging right now: a successor's, swept
- * by a deposed leader's last clean-up, or another writer's in the same process (one pid for both).
+ * a crashed writer's. A younger one may be another writer's staging right now (another writer's in
+ * the same process: one pid for both). Age alone does not tell a successor's staging: it is written
+ * at the prepare and renamed at publication, which a long prepare puts minutes apart; hence
+ * `removeTrash`'s `mayRemoveTemps`.
  */
 export const LEFTOVER_TEMP_AGE_MS = 60_000;
 
@@ -111,8 +113,14 @@ export const LEFTOVER_TEMP_AGE_MS = 60_000;
  * the root (older than `LEFTOVER_TEMP_AGE_MS`), except those in `inUse` (a publication staged them
  * and will rename them). Nothing else at the root is touched: it may belong to a controller
  * (dispatch log, results).
+ *
+ * `mayRemoveTemps` (the leadership check) is asked right before each temp file is removed: a
+ * clean-up queued while leading may run after the lease was lost (behind a slow removal of old
+ * checkpoints), when a temp file past that age can be the successor's staging for a long prepare,
+ * whose publication would then fail. Trash is anyone's to remove. The successor stages only after
+ * a whole lease period of its own, so a check passed here is not overtaken by the unlink.
  */
-export async function removeTrash(root: string, inUse: ReadonlySet<string>): Promise<void> {
+export async function removeTrash(root: string, inUse: ReadonlySet<string>, mayRemoveTemps: () => boolean = () => true): Promise<void> {
   let names: string[];
   try {
     names = await readdir(root);
@@ -122,7 +130,8 @@ export async function removeTrash(root: string, inUse: ReadonlySet<string>): Pro
   }
   for (const name of names) {
     const path = join(root, name);
-    const leftover = name.startsWith(TRASH_PREFIX) || (isRootTemp(name) && !inUse.has(path) && (await olderThan(path, LEFTOVER_TEMP_AGE_MS)));
+    const leftover =
+      name.startsWith(TRASH_PREFIX) || (isRootTemp(name) && !inUse.has(path) && (await olderThan(path, LEFTOVER_TEMP_AGE_MS)) && mayRemoveTemps());
     if (leftover) await rm(path, { recursive: true, force: true });
   }
 }
