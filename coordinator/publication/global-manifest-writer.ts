@@ -185,13 +185,16 @@ export class GlobalManifestWriter {
       // made, still leading): what was committed into it is taken away now, not left for the next
       // publication's retention, which on a disk that checkpoints filled may never come while each
       // failed attempt leaves more. Only a partial checkpoint (no checkpoint.json, the participants'
-      // gym/): a controller's own directory is never touched.
+      // gym/), and of it only gym/: the rest of the directory is the controller's (its state file,
+      // docs/api.md), as a fresh prepare's clean-up of an earlier attempt leaves it; the directory
+      // goes once nothing else is in it.
       if (removed || !mayDelete?.()) return;
       try {
         // Looked into inside the try: a lookup refused (EIO, EACCES; ENOTDIR, a file in its place)
         // is a clean-up failure, not a rejected clean-up chain that skips every later one.
         if (!isPartialCheckpoint(dir)) return;
-        trashCheckpointDir(this.catalog.root, checkpointId);
+        trashCheckpointDir(this.catalog.root, checkpointId, PARTICIPANTS_DIR);
+        await rmdir(dir).catch(() => undefined); // not empty: the controller's files stay
         await removeTrash(this.catalog.root, this.inUse, mayDelete);
       } catch (error) {
         this.onCleanupError?.(error); // left for the next publication's retention

@@ -83,6 +83,22 @@ describe("the directory of a checkpoint abandoned after commits", () => {
     expect(existsSync(join(root, "full2"))).toBe(false);
   });
 
+  // The rest of a checkpoint directory is the controller's (docs/api.md): a state file it wrote there
+  // for the publish stays, as a fresh prepare's clean-up of an earlier attempt leaves it; only the
+  // participants' gym/ goes, and the directory once nothing else is in it.
+  it("commit refused after the controller wrote its state file there: the resume takes gym/ away and leaves the state file", async () => {
+    const made = makeEngine(root);
+    made.fake.set("model", "m1", "commit", { error: "storage_error" });
+    await made.engine.prepare({ checkpoint_id: "full4" });
+    expect((await refusalOf(made.engine.commit({ checkpoint_id: "full4", episode_ids: null, stop: false }))).code).toBe("storage_error");
+    const { writeFileSync } = await import("node:fs");
+    writeFileSync(join(root, "full4", "trainer.json"), "{}\n");
+    await made.engine.resume({ checkpoint_id: "full4" });
+    await made.writer.settled();
+    expect(readdirSync(join(root, "full4"))).toEqual(["trainer.json"]);
+    expect(readdirSync(root).filter((name) => name.startsWith(".trash-"))).toEqual([]);
+  });
+
   it("a directory that is not a partial checkpoint (a controller's own files, no gym/) is left alone", async () => {
     const made = makeEngine(root);
     made.fake.set("model", "m1", "prepare", { error: "storage_error" });
