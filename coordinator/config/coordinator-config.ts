@@ -22,6 +22,18 @@ export function expectedRefs(expected: readonly string[] | undefined): { kind: K
   });
 }
 
+/**
+ * The most published checkpoints `retention` may keep. `list` over NATS answers every published
+ * checkpoint in one message (it leaves none out; docs/api.md, "Reply size"), which a larger
+ * retention would pass (about 4,700 entries with 128-character ids: every list `reply_too_large`).
+ * An entry's JSON is at most about 262 bytes (a 128-character id; published_at at its longest,
+ * 25 characters; epoch and participants 17 each), so the 2,001 a listing shows at this cap (LATEST
+ * is never deleted: one more) take about 525 KB of the 1 MiB a reply may hold, with LATEST's error
+ * about 550 KB: room for some 1,900 more, checkpoints that retention could not rename away
+ * (test/unit/coordinator/list-reply-at-retention-cap.test.ts).
+ */
+export const MAX_RETENTION = 2_000;
+
 /** Effective configuration of `gym-ckpt coordinator`: defaults < file < env GYM_CKPT_* < flags. */
 export const CoordinatorConfigSchema = z
   .object({
@@ -43,7 +55,12 @@ export const CoordinatorConfigSchema = z
     controller_token: BearerTokenSchema.optional(),
     checkpoint_root: z.string().refine((p) => isAbsolute(p), "checkpoint_root must be an absolute path"),
     /** Published checkpoints to keep. */
-    retention: z.number().int().min(1).default(2),
+    retention: z
+      .number()
+      .int()
+      .min(1)
+      .max(MAX_RETENTION, `retention may be at most ${MAX_RETENTION}: a list of more checkpoints would not fit one NATS reply (1 MiB)`)
+      .default(2),
     /** Leader lease period (the leader bucket's max_age). */
     lease_ms: z.number().int().min(MIN_LEASE_MS).max(600_000).default(5_000),
     /** The deadline of an op without one; participants refuse deadlines further than 7 days ahead. */
