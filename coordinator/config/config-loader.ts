@@ -18,6 +18,7 @@ export const CONFIG_ENV: readonly { env: string; path: string; type: EnvType }[]
   { env: "GYM_CKPT_TOKEN", path: "token", type: "string" },
   { env: "GYM_CKPT_CONTROLLER_TOKEN", path: "controller_token", type: "string" },
   { env: "GYM_CKPT_CHECKPOINT_ROOT", path: "checkpoint_root", type: "string" },
+  { env: "GYM_CKPT_REQUIRE_EXISTING_ROOT_CLAIM", path: "require_existing_root_claim", type: "boolean" },
   { env: "GYM_CKPT_RETENTION", path: "retention", type: "number" },
   { env: "GYM_CKPT_LEASE_MS", path: "lease_ms", type: "number" },
   { env: "GYM_CKPT_DEFAULT_TIMEOUT_MS", path: "default_timeout_ms", type: "number" },

@@ -54,6 +54,13 @@ export const CoordinatorConfigSchema = z
     /** Bearer token of the controller API (NATS and HTTP); defaults to `token`. */
     controller_token: BearerTokenSchema.optional(),
     checkpoint_root: z.string().refine((p) => isAbsolute(p), "checkpoint_root must be an absolute path"),
+    /**
+     * Refuse to start (storage_error) while the root holds no deployment claim yet, rather than
+     * make the root and claim it: a root on storage not mounted yet (its mount point an empty
+     * directory on the local disk) would otherwise become the deployment's, its checkpoints hidden
+     * once the storage is mounted over them. Set it once the first start claimed the root.
+     */
+    require_existing_root_claim: z.boolean().default(false),
     /** Published checkpoints to keep. */
     retention: z
       .number()

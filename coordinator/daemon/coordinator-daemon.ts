@@ -18,7 +18,7 @@ import { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { fsyncDirectory } from "../publication/durable-fs.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
-import { claimRootForDeployment } from "../publication/root-deployment.js";
+import { assertRootClaimed, claimRootForDeployment } from "../publication/root-deployment.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, finishedWithin, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, ROOT_DEPLOYMENT_FILE, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
@@ -72,6 +72,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   // only, its count is taken once connected), is configuration (exit 2), which an unreachable NATS
   // (exit 1, restarted) must not hide until NATS comes back.
   kvReplicas(undefined);
+  // Before the root is made: an empty mount point (storage not mounted yet) must not be claimed.
+  if (config.require_existing_root_claim) await assertRootClaimed(config.checkpoint_root);
   const created = await makeDirectories(config.checkpoint_root).catch((error: NodeJS.ErrnoException) => {
     // A root that cannot exist there is configuration (exit 2: restarting will not help); EIO and the like are not.
     if (!isMisplacedDirectory(error)) throw error;

@@ -33,7 +33,23 @@ export async function claimRootForDeployment(root: string, deployment: string): 
   }
 }
 
-/** The deployment `path` names; undefined when there is no such file. */
+/**
+ * Refuses (storage_error) a root that holds no deployment claim yet, or is missing: with
+ * `require_existing_root_claim`, a start must not make and claim a root that may be an empty mount
+ * point whose storage is not mounted yet. storage_error, not configuration: a restart once the
+ * storage is mounted succeeds (exit 1, which supervisors restart). The claim, when there, is
+ * compared by `claimRootForDeployment` as before.
+ */
+export async function assertRootClaimed(root: string): Promise<void> {
+  const path = join(root, ROOT_DEPLOYMENT_FILE);
+  if ((await readRootDeployment(path)) !== undefined) return;
+  throw new CheckpointError(
+    "storage_error",
+    `ENOENT: checkpoint_root ${root} holds no ${ROOT_DEPLOYMENT_FILE} (${path}) and require_existing_root_claim is set: its storage may not be mounted (an empty mount point), so the root is neither made nor claimed. Mount it and start again; a root never claimed yet is claimed by a start without require_existing_root_claim`,
+  );
+}
+
+/** The deployment `path` names; undefined when there is no such file (or no root). */
 async function readRootDeployment(path: string): Promise<string | undefined> {
   let text: string;
   try {

@@ -1,5 +1,5 @@
 import { lookup } from "node:dns/promises";
-import { chmod, mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -164,6 +164,20 @@ describe("coordinator start-up failure", () => {
     expect(outcome).not.toBe("still running");
     expect(daemon.stderr()).toMatch(new RegExp(`^error invalid_request: checkpoint_root ${root} holds the checkpoints of deployment "job" \\(\\.gym-ckpt-deployment\\.json\\), not of this coordinator's deployment "job-1": `, "m"));
     expect((outcome as { code: number }).code).toBe(2);
+  }, 20_000);
+
+  // An empty mount point (the storage not mounted yet) is neither claimed nor written: exit 1, which
+  // the supervisor restarts until the storage is back.
+  it("exits 1 with --require-existing-root-claim on a root that holds no claim, before it connects, writing nothing there", async () => {
+    const root = join(dir, "empty-mount-point");
+    await mkdir(root);
+    const daemon = spawnDaemon([MAIN, "coordinator", "--deployment", "job", "--nats-url", "nats://127.0.0.1:1", "--token", "t", "--checkpoint-root", root, "--require-existing-root-claim", "--no-http", "--log-level", "warn"]);
+    daemons.push(daemon);
+    const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 10_000).unref())]);
+    expect(outcome).not.toBe("still running");
+    expect(daemon.stderr()).toMatch(new RegExp(`^error storage_error: ENOENT: checkpoint_root ${root} holds no \\.gym-ckpt-deployment\\.json .*require_existing_root_claim is set`, "m"));
+    expect((outcome as { code: number }).code).toBe(1);
+    expect(await readdir(root)).toEqual([]);
   }, 20_000);
 
   it("exits 2 when checkpoint_root exists but this account cannot write it, instead of serving as ready", async () => {

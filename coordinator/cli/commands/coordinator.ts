@@ -19,6 +19,7 @@ interface Flags {
   token?: string;
   controllerToken?: string;
   checkpointRoot?: string;
+  requireExistingRootClaim?: boolean;
   retention?: string;
   leaseMs?: string;
   defaultTimeoutMs?: string;
@@ -79,6 +80,7 @@ export function register(program: Command): void {
     .option("--token <token>", "participants' control token (env GYM_CKPT_TOKEN; better there: a command line is readable by every local user)")
     .option("--controller-token <token>", "controller API token (env GYM_CKPT_CONTROLLER_TOKEN; default: the participants' token)")
     .option("--checkpoint-root <dir>")
+    .option("--require-existing-root-claim", "refuse to start while the checkpoint root holds no deployment claim (its storage not mounted yet)")
     .option("--retention <n>")
     .option("--lease-ms <ms>")
     .option("--default-timeout-ms <ms>")
@@ -106,6 +108,7 @@ export function register(program: Command): void {
             token: flags.token,
             controller_token: flags.controllerToken,
             checkpoint_root: flags.checkpointRoot,
+            require_existing_root_claim: flags.requireExistingRootClaim,
             retention: num("retention", flags.retention),
             lease_ms: num("lease-ms", flags.leaseMs),
             default_timeout_ms: num("default-timeout-ms", flags.defaultTimeoutMs),
