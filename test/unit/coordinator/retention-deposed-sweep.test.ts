@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { CheckpointCatalog } from "../../../coordinator/publication/checkpoint-catalog.js";
 import { GlobalManifestWriter } from "../../../coordinator/publication/global-manifest-writer.js";
 import { LEFTOVER_TEMP_AGE_MS } from "../../../coordinator/publication/retention.js";
-import { writeParticipant } from "./fake-participants.js";
+import { makeEngine, writeParticipant, writers } from "./fake-participants.js";
 import { deferred } from "../../support/deferred.js";
 
 // `held`: the next listing of that directory (the clean-up's sweep) waits for `release`, so the
@@ -28,6 +28,7 @@ beforeEach(async () => {
   root = await mkdtemp(join(tmpdir(), "gym-ckpt-deposed-sweep-"));
 });
 afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
   await rm(root, { recursive: true, force: true });
 });
 
@@ -84,5 +85,16 @@ describe("a deposed leader's retention clean-up", () => {
     writer.retain("c1", () => true);
     await writer.settled();
     expect(await latestTemps()).toEqual([]);
+  });
+
+  // The engine hands retention its own leadership check, asked when the sweep runs, not when queued.
+  it("the engine's retention asks whether its term still leads", async () => {
+    const made = makeEngine(root, { retention: 1 });
+    const retain = vi.spyOn(made.writer, "retain");
+    await made.engine.checkpoint({ checkpoint_id: "c1", episode_ids: null, stop: false, controller_state: null });
+    const stillLeading = retain.mock.calls[0]?.[1];
+    expect(stillLeading?.()).toBe(true);
+    made.leadership.demote();
+    expect(stillLeading?.()).toBe(false);
   });
 });
