@@ -81,6 +81,8 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   private readonly removals = new Map<string, Promise<void>>();
   /** Keys with an admit() in progress, by how many: afterCommit does not free a ledger a call is reading. */
   private readonly admitsInFlight = new Map<string, number>();
+  /** Each admit() past its first check, until it settled: a forget waits for those of fenced attempts. */
+  private readonly admitsUnderWay = new Set<{ episode: EpisodeId; settled: Promise<void> }>();
   /** This checkpoint's cuts: one per episode, the latest admitted. */
   private readonly latestCuts = new Map<string, { admittedAt: number; record: GenerationCutRecord }>();
   /** Episodes whose calls are being stopped (retire, ledger retire/delete): admission answers stale_attempt meanwhile. */
@@ -130,6 +132,9 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
     // free that ledger (it is kept restored instead); a removal already under way ends first, so no
     // call continues rows being deleted.
     this.admitsInFlight.set(key, (this.admitsInFlight.get(key) ?? 0) + 1);
+    let settle!: () => void;
+    const pending = { episode, settled: new Promise<void>((resolve) => (settle = resolve)) };
+    this.admitsUnderWay.add(pending);
     let rows: readonly LedgerRow[];
     try {
       // Refused before the backend generates anything while the ledger's storage refuses rows.
@@ -140,6 +145,10 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
       const left = this.admitsInFlight.get(key)! - 1;
       if (left === 0) this.admitsInFlight.delete(key);
       else this.admitsInFlight.set(key, left);
+      // A forget waiting for it resumes only after the check below (same turn): a call of a fenced
+      // attempt is refused there before its fence is lifted.
+      this.admitsUnderWay.delete(pending);
+      settle();
     }
     this.refuseIfNotAdmitting(episode, key);
     // The conversation digest (canonical JSON + sha256 of the whole conversation) is only needed by a
@@ -618,8 +627,22 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
 
   async forget(rolloutIds: string[]): Promise<void> {
     const ids = new Set(rolloutIds);
+    // A retire cut short by its deadline may still wait for calls it stopped (a row being written, a
+    // caller slow to let go), and a call of a fenced attempt may still be being admitted (its first
+    // check passed before the retire's mark): lifted now, the fence would let such a call be admitted
+    // or its ledger outlive the forget. Waited for as retire does (the control plane bounds this by
+    // the forget's deadline; past it no fence is lifted).
+    await this.stoppedCallsEnded(ids);
     this.dropRestored((e) => ids.has(e.rollout_id));
     for (const id of ids) this.ledger.evict(id);
+  }
+
+  /** Resolves once no call of these rollouts that a retire stopped, or of a fenced attempt, is open or being admitted. */
+  private async stoppedCallsEnded(rolloutIds: Set<string>): Promise<void> {
+    const fenced = (episode: EpisodeId) => rolloutIds.has(episode.rollout_id) && (this.context?.isRetired(episode) ?? false);
+    const open = [...this.tickets.values()].filter((t) => fenced(t.episode) || (rolloutIds.has(t.episode.rollout_id) && t.abort.signal.aborted));
+    const admitting = [...this.admitsUnderWay].filter((a) => fenced(a.episode));
+    await Promise.all([...open.map((t) => t.closed), ...admitting.map((a) => a.settled)]);
   }
 
   /** Forgets restored cuts and restored keys of the episodes `which` selects. */
