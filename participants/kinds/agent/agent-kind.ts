@@ -187,8 +187,9 @@ export class AgentKind implements ParticipantKind<AgentRecord> {
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {
-    const stopped = await this.sessions.retire(episodes);
-    await this.legacy.retire(episodes);
+    // Both at once: an activation slow to stop on its signal must not hold off aborting the legacy
+    // /run episodes of the same retire, whose turn loops would go on calling for the retired attempts.
+    const [stopped] = await Promise.all([this.sessions.retire(episodes), this.legacy.retire(episodes)]);
     // Free, then drop: a free that throws leaves its session retiring (a blocker that no open_session
     // can reopen), so a retried retire finds it and frees it again instead of losing its state. This
     // loop may outlive the retire's deadline: freeHeld skips a session another loop freed meanwhile.
