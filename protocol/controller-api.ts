@@ -3,7 +3,7 @@ import { ErrorCodeSchema } from "./errors.js";
 import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, commitScopeSchema, restoreScopeSchema, anyCase } from "./ids.js";
 import { KindSchema } from "./kinds.js";
 import { MAX_JSON_DEPTH } from "./json-depth.js";
-import { JsonValueSchema } from "./json-value.js";
+import { JsonObjectSchema, JsonValueSchema } from "./json-value.js";
 import { GLOBAL_MANIFEST_FILE, GlobalManifestSchema, ParticipantEntrySchema, Sha256Schema } from "./manifest.js";
 import { PhaseSchema, PrepareReportSchema } from "./messages.js";
 import { MAX_DEADLINE_AHEAD_S } from "./version.js";
@@ -77,7 +77,7 @@ export const CtlParticipantEntrySchema = ParticipantEntrySchema.extend({
   episode_ids: StringListOrLeftOut,
   episode_count: LeftOutCount,
   episode_ids_sha256: LeftOutSha256,
-  extras: z.record(z.string(), z.unknown()).nullable(),
+  extras: JsonObjectSchema.nullable(),
   extras_sha256: LeftOutSha256,
 }).strict();
 

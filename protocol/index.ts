@@ -155,7 +155,7 @@ export { LEADER_KEY, MIN_LEASE_MS, decodeLeaseValue, encodeLeaseValue, isPassabl
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { jsonTextWithin } from "./json-too-long.js";
 export { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
-export { JsonValueSchema, isPlainObject, keepingProtoKey, setOwnProperty, type JsonValue } from "./json-value.js";
+export { JsonObjectSchema, JsonValueSchema, isPlainObject, keepingProtoKey, setOwnProperty, type JsonValue } from "./json-value.js";
 export { duplicateJsonKey } from "./json-duplicate-keys.js";
 export { unsafeJsonInteger } from "./json-unsafe-integer.js";
 export { decodeMessage, decodeRequest, encodeMessage, encodeReply, parseName } from "./codec.js";

@@ -60,38 +60,50 @@ const PROTO_STAND_IN = "\u0000__proto__";
 /**
  * `schema` (an object schema that passes unknown keys through, or a record) with a `__proto__` key
  * of its input kept as data, its value a JSON value (deep-copied) that `schema` accepts as it would
- * under any other name (a record of numbers keeps only a number). zod builds the object by
- * assignment, so such a key set the output's prototype instead of appearing in it; every other key
- * is `schema`'s output.
+ * under any other name (a record of numbers keeps only a number). zod leaves such a key out of the
+ * object it builds (assigned, it would set the prototype), its value unchecked; every other key
+ * is `schema`'s output. Its JSON Schema (the OpenAPI document's) is `schema`'s: a transform has none.
  */
 export function keepingProtoKey<T extends Record<string, unknown>>(schema: z.ZodType<T>): z.ZodType<T> {
-  return z.unknown().transform((value, ctx): T => {
-    const hasProtoKey = isPlainObject(value) && Object.hasOwn(value, "__proto__");
-    const input = hasProtoKey ? renamedKey(value, "__proto__", PROTO_STAND_IN) : value;
-    const parsed = schema.safeParse(input);
-    if (!parsed.success) {
-      for (const issue of parsed.error.issues) {
-        const path = issue.path.map((part, i) => (i === 0 && part === PROTO_STAND_IN ? "__proto__" : part));
-        ctx.addIssue({ ...issue, path, input: value } as Parameters<typeof ctx.addIssue>[0]);
+  return z
+    .unknown()
+    .transform((value, ctx): T => {
+      const hasProtoKey = isPlainObject(value) && Object.hasOwn(value, "__proto__");
+      const input = hasProtoKey ? renamedKey(value, "__proto__", PROTO_STAND_IN) : value;
+      const parsed = schema.safeParse(input);
+      if (!parsed.success) {
+        for (const issue of parsed.error.issues) {
+          const path = issue.path.map((part, i) => (i === 0 && part === PROTO_STAND_IN ? "__proto__" : part));
+          ctx.addIssue({ ...issue, path, input: value } as Parameters<typeof ctx.addIssue>[0]);
+        }
+        return z.NEVER;
       }
-      return z.NEVER;
-    }
-    if (!hasProtoKey) return parsed.data;
-    const kept = copyJson(value["__proto__"], 2);
-    if (kept === NOT_JSON) {
-      ctx.addIssue({ code: "custom", path: ["__proto__"], message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
-      return z.NEVER;
-    }
-    // Back under its own name, in the input's key order, then any key the schema added.
-    const copy: Record<string, unknown> = {};
-    for (const key of Object.keys(value)) {
-      if (key === "__proto__") setOwnProperty(copy, key, kept);
-      else if (Object.hasOwn(parsed.data, key)) setOwnProperty(copy, key, parsed.data[key]);
-    }
-    for (const [key, item] of Object.entries(parsed.data)) if (key !== PROTO_STAND_IN && !Object.hasOwn(copy, key)) setOwnProperty(copy, key, item);
-    return copy as T;
-  }) as unknown as z.ZodType<T>;
+      if (!hasProtoKey) return parsed.data;
+      const kept = copyJson(value["__proto__"], 2);
+      if (kept === NOT_JSON) {
+        ctx.addIssue({ code: "custom", path: ["__proto__"], message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
+        return z.NEVER;
+      }
+      // Back under its own name, in the input's key order, then any key the schema added.
+      const copy: Record<string, unknown> = {};
+      for (const key of Object.keys(value)) {
+        if (key === "__proto__") setOwnProperty(copy, key, kept);
+        else if (Object.hasOwn(parsed.data, key)) setOwnProperty(copy, key, parsed.data[key]);
+      }
+      for (const [key, item] of Object.entries(parsed.data)) if (key !== PROTO_STAND_IN && !Object.hasOwn(copy, key)) setOwnProperty(copy, key, item);
+      return copy as T;
+    })
+    .meta(jsonSchemaOf(schema)) as unknown as z.ZodType<T>;
 }
+
+/** `schema`'s JSON Schema as metadata, which z.toJSONSchema merges into the schema it is given on. */
+function jsonSchemaOf(schema: z.ZodType): Record<string, unknown> {
+  const { $schema: _dialect, ...json } = z.toJSONSchema(schema, { unrepresentable: "any", target: "draft-2020-12" }) as Record<string, unknown>;
+  return json;
+}
+
+/** A JSON object of any keys (a kind's extras, a manifest's extra), a `__proto__` key kept as data. */
+export const JsonObjectSchema = keepingProtoKey(z.record(z.string(), z.unknown()));
 
 /** A shallow copy of `value` with `from` named `to`, in the same key order. */
 function renamedKey(value: Record<string, unknown>, from: string, to: string): Record<string, unknown> {

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { CheckpointIdSchema, DeploymentSchema, EpisodeIdSchema, InstanceSchema } from "./ids.js";
+import { JsonObjectSchema } from "./json-value.js";
 import { KindSchema } from "./kinds.js";
 import { MANIFEST_SCHEMA_VERSION } from "./version.js";
 
@@ -71,7 +72,7 @@ export const ParticipantManifestSchema = z
     record_count: z.number().int().min(0),
     created_at: z.number(),
     /** Participant-specific fields a restore needs besides the records. */
-    extra: z.record(z.string(), z.unknown()),
+    extra: JsonObjectSchema,
   })
   .strict()
   .refine((m) => m.records_file === `records-${m.records_sha256}.jsonl`, "records_file must name records_sha256");
@@ -95,7 +96,7 @@ export const ParticipantEntrySchema = z
     records_sha256: Sha256Schema,
     record_count: z.number().int().min(0),
     episode_ids: z.array(z.string()),
-    extras: z.record(z.string(), z.unknown()),
+    extras: JsonObjectSchema,
   })
   .strict();
 export type ParticipantEntry = z.infer<typeof ParticipantEntrySchema>;

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { CheckpointIdSchema, EpisodeIdSchema, InstanceSchema, RolloutIdSchema, restoreScopeSchema } from "./ids.js";
 import { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";
+import { JsonObjectSchema, keepingProtoKey } from "./json-value.js";
 import { KindSchema } from "./kinds.js";
 import { ParticipantManifestSchema, Sha256Schema } from "./manifest.js";
 
@@ -119,7 +120,7 @@ export const PrepareReportSchema = z
     /** At most 100 capture keys or synthetic labels; `blocker_count` is the full count. */
     blockers: z.array(z.string()).max(MAX_BLOCKERS),
     blocker_count: z.number().int().min(0),
-    counts: z.record(z.string(), z.number().int()),
+    counts: keepingProtoKey(z.record(z.string(), z.number().int())),
     /** Uncapped: in-flight episodes this participant cannot capture; they restart from input. */
     restarts: z.array(z.string()),
     /**
@@ -137,9 +138,7 @@ export type PrepareReport = z.infer<typeof PrepareReportSchema>;
  * checkpoint.json as they are, and nested deeper than its readers take they published a checkpoint
  * every reader then refused (or overflowed the stack of the publication's own JSON.stringify).
  */
-const ExtrasSchema = z
-  .record(z.string(), z.unknown())
-  .refine((extras) => !jsonNestsDeeperThan(extras), { message: `must be JSON nested at most ${MAX_JSON_DEPTH} levels deep` });
+const ExtrasSchema = JsonObjectSchema.refine((extras) => !jsonNestsDeeperThan(extras), { message: `must be JSON nested at most ${MAX_JSON_DEPTH} levels deep` });
 
 export const StatusReplySchema = z
   .object({
