@@ -151,7 +151,7 @@ export {
   HEADER_TRACESTATE,
 } from "./subjects.js";
 export { awaitBucketStore, isNoResponders, BUCKET_STORE_WAIT_MS, type BucketStore } from "./kv-store-ready.js";
-export { LEADER_KEY, MIN_LEASE_MS, decodeLeaseValue, encodeLeaseValue, isPassableEpoch, leaseEpochFloor, leaseIssuedEpoch, type LeaseHolder, type LeaseValue } from "./leader-lease.js";
+export { LEADER_KEY, MIN_LEASE_MS, decodeLeaseValue, encodeLeaseValue, isPassableEpoch, leaderOfOtherVersion, leaseEpochFloor, leaseIssuedEpoch, type LeaseHolder, type LeaseValue } from "./leader-lease.js";
 export { canonicalJson, canonicalDigest, sha256Hex } from "./canonical-json.js";
 export { jsonTextWithin } from "./json-too-long.js";
 export { MAX_JSON_DEPTH, jsonNestsDeeperThan } from "./json-depth.js";

@@ -1,3 +1,5 @@
+import { PROTOCOL_VERSION } from "./version.js";
+
 /**
  * The leader lease's key in the leader bucket (`leaderBucket`) and the value the coordinator
  * writes there: read by controller clients (who leads, in which term) and by participants (the
@@ -15,7 +17,10 @@ export const MIN_LEASE_MS = 200;
 /**
  * The key's value. `epoch` is the term's epoch, the revision its create returned: null in the create
  * itself (the revision is not known before it), named by every renewal after it. `at` is wall time
- * for humans, never compared. Values written before `term`, `serving` and `epoch` lack them.
+ * for humans, never compared. `protocol_version` is the writer's (PROTOCOL_VERSION): the bucket is
+ * the deployment's whatever the version, so a coordinator of another version can hold it while this
+ * version's controllers find nobody serving their subjects. Values written before `term`, `serving`,
+ * `epoch` and `protocol_version` lack them.
  */
 export interface LeaseValue {
   id: string;
@@ -26,16 +31,18 @@ export interface LeaseValue {
 }
 
 export function encodeLeaseValue(value: LeaseValue): string {
-  return JSON.stringify({ id: value.id, term: value.term, serving: value.serving, epoch: value.epoch, at: value.at });
+  return JSON.stringify({ id: value.id, term: value.term, serving: value.serving, epoch: value.epoch, at: value.at, protocol_version: PROTOCOL_VERSION });
 }
 
-/** What a reader can rely on in a value (an older coordinator's lacks term, serving and epoch: undefined). */
+/** What a reader can rely on in a value (an older coordinator's lacks term, serving, epoch and protocol_version: undefined). */
 export interface LeaseHolder {
   id: string;
   term: string | undefined;
   serving: boolean | undefined;
   /** The term's epoch; null in its create (the entry's revision is the epoch); undefined when not named. */
   epoch: number | null | undefined;
+  /** The protocol version its coordinator speaks; undefined when not named (a v1 coordinator older than the field). */
+  protocolVersion: number | undefined;
 }
 
 /** The holder a value names, undefined for a value that does not parse or names no id. */
@@ -47,14 +54,26 @@ export function decodeLeaseValue(text: string): LeaseHolder | undefined {
     return undefined;
   }
   if (typeof parsed !== "object" || parsed === null) return undefined;
-  const { id, term, serving, epoch } = parsed as { id?: unknown; term?: unknown; serving?: unknown; epoch?: unknown };
+  const { id, term, serving, epoch, protocol_version } = parsed as { id?: unknown; term?: unknown; serving?: unknown; epoch?: unknown; protocol_version?: unknown };
   if (typeof id !== "string") return undefined;
   return {
     id,
     term: typeof term === "string" ? term : undefined,
     serving: typeof serving === "boolean" ? serving : undefined,
     epoch: epoch === null ? null : Number.isSafeInteger(epoch) && (epoch as number) > 0 ? (epoch as number) : undefined,
+    protocolVersion: Number.isSafeInteger(protocol_version) ? (protocol_version as number) : undefined,
   };
+}
+
+/**
+ * Why this version's controllers find no coordinator serving while `holder` leads, when it speaks
+ * another protocol version (its controller API is on that version's subjects); undefined when it
+ * speaks this one or names none (a v1 coordinator older than the field).
+ */
+export function leaderOfOtherVersion(holder: LeaseHolder | null | undefined): string | undefined {
+  if (!holder || holder.protocolVersion === undefined || holder.protocolVersion === PROTOCOL_VERSION) return undefined;
+  const side = holder.protocolVersion > PROTOCOL_VERSION ? "a newer" : "an older";
+  return `the leader lease is held by coordinator ${holder.id}, which speaks protocol version ${holder.protocolVersion} (${side} gym-ckpt); this one speaks protocol version ${PROTOCOL_VERSION}: no coordinator of this version leads while it does. Run the deployment's coordinators at one protocol version`;
 }
 
 /**

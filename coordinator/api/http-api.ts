@@ -93,7 +93,9 @@ export class HttpControllerApi {
     app.get("/readyz", async (_req, reply) => {
       const state = this.options.leadership.state();
       // Ready = the engine serves controller ops: leader, past its first lease period, recovered.
-      if (this.stopping || !state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", "this coordinator is not the ready leader"));
+      const other = this.options.leadership.leaderOfOtherVersion();
+      const why = other === undefined ? "" : `: ${other}`;
+      if (this.stopping || !state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", `this coordinator is not the ready leader${why}`));
       return { ok: true, epoch: state.epoch };
     });
     for (const op of CONTROLLER_OP_NAMES) {

@@ -1,11 +1,11 @@
 import { context } from "@opentelemetry/api";
 import { errors, type NatsConnection } from "@nats-io/transport-node";
-import { CheckpointError, controllerSubject, type ControllerOp, type FirstConnectFailure, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
+import { CheckpointError, controllerSubject, leaderOfOtherVersion, within, type ControllerOp, type FirstConnectFailure, type CtlReplyOf, type CtlRequestInputOf } from "../../protocol/index.js";
 import { Cancellation } from "../engine/cancellation.js";
 import { NatsParticipantTransport } from "../engine/nats-transport.js";
 import { ConnectionLostFailure, NoRespondersFailure, RequestTimeoutFailure } from "../engine/transport.js";
 import { ControllerClient } from "./controller-client.js";
-import { LeaderLeaseReader } from "./leader-watch.js";
+import { LEASE_READ_BOUND_MS, LeaderLeaseReader } from "./leader-watch.js";
 import { decodeControllerReply, replyTimeoutMs } from "./reply-decoder.js";
 
 /** A controller's NATS connection that cannot be made: no coordinator could be asked, as the HTTP client says of one it cannot reach. */
@@ -77,7 +77,7 @@ export class NatsControllerClient extends ControllerClient {
           await new Promise((resolve) => setTimeout(resolve, 100));
           continue;
         }
-        if (noLeader && !(error instanceof CheckpointError)) throw new CheckpointError("not_leader", `no coordinator serves ${subject}`);
+        if (noLeader) throw await this.namingOtherVersionLeader(error instanceof CheckpointError ? error : new CheckpointError("not_leader", `no coordinator serves ${subject}`));
         if (error instanceof ConnectionLostFailure) throw new CheckpointError("outcome_unknown", `${error.message} (the op may have run)`);
         if (error instanceof RequestTimeoutFailure) throw new CheckpointError("outcome_unknown", `no reply on ${subject} within ${Math.round(timeout)} ms`);
         throw error;
@@ -85,5 +85,14 @@ export class NatsControllerClient extends ControllerClient {
         watch.abort(new Error("the reply came"));
       }
     }
+  }
+
+  /**
+   * `refusal` (nobody served) naming the lease holder when it speaks another protocol version: it
+   * serves that version's subjects, so the wait could never end here. Unread within its bound: as it is.
+   */
+  private async namingOtherVersionLeader(refusal: CheckpointError): Promise<CheckpointError> {
+    const other = leaderOfOtherVersion(await within(this.leases.leader(), LEASE_READ_BOUND_MS).catch(() => undefined));
+    return other === undefined ? refusal : new CheckpointError("not_leader", `${refusal.message}: ${other}`, { cause: refusal });
   }
 }

@@ -2235,6 +2235,8 @@ export class CheckpointEngine {
   /** Why ops are refused before recovery: a follower is told so, a new leader that it is still recovering. */
   private notServingYet(): string {
     const state = this.options.leadership.state();
+    const other = this.options.leadership.leaderOfOtherVersion();
+    if (!state.leader && other !== undefined) return `coordinator ${state.id} is not the leader: ${other}`;
     if (!state.leader) return `coordinator ${state.id} is not the leader (another coordinator is active, or none yet): send controller ops to the leader`;
     if (!state.ready) return `coordinator ${state.id} just became leader and waits one lease period before sending anything`;
     return `coordinator ${state.id} is the leader but has not finished recovering its predecessor's checkpoints yet`;

@@ -3,7 +3,7 @@ import { JetStreamApiCodes, jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { CheckpointError, encodeLeaseValue, isPassableEpoch, isWrongRevision, LEADER_KEY, leaderBucket, MIN_LEASE_MS } from "../../protocol/index.js";
+import { CheckpointError, decodeLeaseValue, encodeLeaseValue, isPassableEpoch, isWrongRevision, LEADER_KEY, leaderBucket, leaderOfOtherVersion, MIN_LEASE_MS, within } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import { openBucketAsserted, readsFromStreamLeader } from "../membership/kv-bucket.js";
 import { coordinatorTelemetry } from "../telemetry/coordinator-telemetry.js";
@@ -100,7 +100,10 @@ export class LeaderLease implements Leadership {
   }
 
   epoch(): number {
-    if (this.heldEpoch === null) throw new CheckpointError("not_leader", `coordinator ${this.options.id} does not hold the leader lease`);
+    if (this.heldEpoch === null) {
+      const other = this.otherVersionLeader;
+      throw new CheckpointError("not_leader", `coordinator ${this.options.id} does not hold the leader lease${other === undefined ? "" : `: ${other}`}`);
+    }
     const now = this.clock.monotonic();
     if (now < this.readyAt) throw new CheckpointError("not_leader", `coordinator ${this.options.id} is waiting out its first lease period`);
     if (!this.renewedRecently(now)) throw new CheckpointError("not_leader", `coordinator ${this.options.id} has not renewed its lease for ${now - this.renewedAt} ms`);
@@ -109,6 +112,25 @@ export class LeaderLease implements Leadership {
 
   assert(epoch: number): void {
     if (this.epoch() !== epoch) throw new CheckpointError("not_leader", `epoch ${epoch} is no longer this coordinator's`);
+  }
+
+  leaderOfOtherVersion(): string | undefined {
+    return this.heldEpoch === null ? this.otherVersionLeader : undefined;
+  }
+
+  /**
+   * Set when a campaign found the key held by a coordinator of another protocol version (read
+   * after the create was refused): its controllers get `not_leader` naming it, not a bare one.
+   */
+  private otherVersionLeader: string | undefined;
+
+  /** Reads who holds the key a campaign's create found held; logged once per such holder of another version. */
+  private async noteHolder(): Promise<void> {
+    // Bounded: the next tick must not wait on it.
+    const entry = await within(this.kv!.get(LEADER_KEY), this.options.leaseMs / 4).catch(() => null);
+    const other = entry?.operation === "PUT" ? leaderOfOtherVersion(decodeLeaseValue(entry.string())) : undefined;
+    if (other !== undefined && other !== this.otherVersionLeader) this.options.logger?.error({ detail: other }, "lease_held_by_other_protocol_version");
+    this.otherVersionLeader = other;
   }
 
   state(): LeadershipState {
@@ -288,9 +310,12 @@ export class LeaderLease implements Leadership {
         this.won(won.epoch, won.sentAt);
         this.heldValue = value;
         this.campaignFailure = undefined;
+        this.otherVersionLeader = undefined;
       } catch (error) {
         // Someone else leads, or the server is unreachable or refuses: campaign again later.
         this.campaignFailed(error, this.kvOpFields(this.campaignStep, sentAt));
+        // Not awaited: the campaign's timing stays the create's alone.
+        if (isWrongRevision(error)) void this.noteHolder();
       }
     } else if (!this.renewedRecently(sentAt)) {
       // Expired here already (this process was frozen, or starved, past a lease): a successor may

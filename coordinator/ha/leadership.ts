@@ -15,6 +15,8 @@ export interface Leadership {
   /** Throws `not_leader` when the epoch changed or leadership was lost since `epoch` was taken. */
   assert(epoch: number): void;
   state(): LeadershipState;
+  /** Why no coordinator of this version leads, when the lease is seen held by one of another protocol version (see `leaderOfOtherVersion`). */
+  leaderOfOtherVersion(): string | undefined;
 }
 
 /** A fixed epoch: for a single coordinator in tests and tools that need no election. */
@@ -36,5 +38,8 @@ export class StaticLeadership implements Leadership {
   }
   state(): LeadershipState {
     return { id: this.id, leader: this.active, ready: this.active, epoch: this.active ? this.fixedEpoch : null };
+  }
+  leaderOfOtherVersion(): string | undefined {
+    return undefined;
   }
 }

@@ -7,7 +7,7 @@ import { NatsControllerClient } from "../../coordinator/client/nats-controller-c
 import type { CheckpointEngine } from "../../coordinator/engine/checkpoint-engine.js";
 import { NatsParticipantTransport } from "../../coordinator/engine/nats-transport.js";
 import { LEADER_KEY, LeaderLease } from "../../coordinator/ha/leader-lease.js";
-import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, controllerSubject, encodeLeaseValue, leaderBucket } from "../../protocol/index.js";
+import { CheckpointError, HEADER_AUTHORIZATION, MAX_CONTROL_MESSAGE_BYTES, PROTOCOL_VERSION, controllerSubject, encodeLeaseValue, leaderBucket } from "../../protocol/index.js";
 import { rawRequestWithHeaders } from "../support/raw-nats-request.js";
 import { NatsServerProcess, startNats, type NatsFixture } from "../support/nats.js";
 import { startStallProxy } from "../support/stall-proxy.js";
@@ -35,6 +35,42 @@ describe("NATS controller client", () => {
     // Retried while waiting for a leader (no-responders is immediate), not one timeout.
     expect(Date.now() - started).toBeGreaterThanOrEqual(300);
     expect(Date.now() - started).toBeLessThan(5_000);
+  });
+
+  it("names the leader's protocol version in not_leader when a coordinator of another version holds the lease", async () => {
+    const deployment = "other-version";
+    const kv = await new Kvm(nats.nc).create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
+    try {
+      const v1Older = { id: "coord-old", term: "0123456789abcdef", serving: true, epoch: 1, at: Date.now() };
+      await kv.put(LEADER_KEY, JSON.stringify({ ...v1Older, id: "coord-v2", protocol_version: PROTOCOL_VERSION + 1 }));
+      await expect(client(deployment, { leaderWaitMs: 200 }).call("status", {})).rejects.toMatchObject({
+        code: "not_leader",
+        message: expect.stringContaining(`coordinator coord-v2, which speaks protocol version ${PROTOCOL_VERSION + 1}`),
+      });
+      // A v1 coordinator older than the field is read as this version's: no such hint.
+      await kv.put(LEADER_KEY, JSON.stringify(v1Older));
+      const refusal = await client(deployment, { leaderWaitMs: 200 }).call("status", {}).catch((error: unknown) => error);
+      expect(refusal).toMatchObject({ code: "not_leader" });
+      expect((refusal as Error).message).not.toContain("protocol version");
+    } finally {
+      await kv.destroy();
+    }
+  });
+
+  it("a standby coordinator names a leader of another protocol version in its not_leader", async () => {
+    const deployment = "other-version-standby";
+    const kv = await new Kvm(nats.nc).create(leaderBucket(deployment), { history: 1, ttl: 60_000 });
+    const standby = new LeaderLease({ nc: nats.nc, deployment, id: "coord-v1", leaseMs: 60_000 });
+    try {
+      await kv.put(LEADER_KEY, JSON.stringify({ id: "coord-v2", term: "0123456789abcdef", serving: true, epoch: 1, at: Date.now(), protocol_version: PROTOCOL_VERSION + 1 }));
+      await standby.start(); // its first campaign finds the key held, then reads who holds it
+      await waitUntil(() => standby.leaderOfOtherVersion() !== undefined, "the standby to read the holder", 5_000);
+      expect(() => standby.epoch()).toThrow(expect.objectContaining({ code: "not_leader", message: expect.stringContaining(`coordinator coord-v2, which speaks protocol version ${PROTOCOL_VERSION + 1}`) }));
+      expect(standby.leaderOfOtherVersion()).toContain("coord-v2");
+    } finally {
+      await standby.stop();
+      await kv.destroy();
+    }
   });
 
   // Before, the leader wait was a Date.now() instant: a wall clock stepped back kept the client

@@ -4,7 +4,7 @@ import { pino } from "pino";
 import { describe, expect, it } from "vitest";
 import { LeaderLease, type LeaderLeaseOptions } from "../../../coordinator/ha/leader-lease.js";
 import type { Clock } from "../../../coordinator/engine/clock.js";
-import { MIN_LEASE_MS } from "../../../protocol/index.js";
+import { MIN_LEASE_MS, PROTOCOL_VERSION } from "../../../protocol/index.js";
 
 /**
  * Timers fire only when the test advances time. Wall and monotonic time advance together; `stepWall`
@@ -641,7 +641,7 @@ describe("leader lease", () => {
     expect(l.epoch()).toBe(101);
     expect(events).toEqual(["ready:101"]);
     // what the key says is for humans reading the bucket: the wall clock, step included
-    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", term: expect.stringMatching(/^[0-9a-f]{16}$/), serving: false, epoch: 101, at: clock.now() });
+    expect(JSON.parse(kv.values.at(-1)!)).toEqual({ id: "me", term: expect.stringMatching(/^[0-9a-f]{16}$/), serving: false, epoch: 101, at: clock.now(), protocol_version: PROTOCOL_VERSION });
     await l.stop();
   });
 });

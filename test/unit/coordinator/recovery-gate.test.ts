@@ -73,6 +73,20 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     await engine.prepare({ checkpoint_id: "new1" });
   });
 
+  it("a follower whose lease is held by a coordinator of another protocol version names it, over HTTP too", async () => {
+    const { engine, leadership } = makeEngine(root, { requireRecovery: true });
+    const other = "the leader lease is held by coordinator coord-v2, which speaks protocol version 2 (a newer gym-ckpt)";
+    leadership.demote();
+    leadership.leaderOfOtherVersion = () => other;
+    const follower = await refusalOf(engine.prepare({ checkpoint_id: "f1" }));
+    expect(follower).toMatchObject({ code: "not_leader", message: expect.stringContaining(other) });
+    http = new HttpControllerApi({ engine, leadership, token: "t" });
+    const base = await http.start();
+    const ready = await fetch(`${base}/readyz`);
+    expect(ready.status).toBe(503);
+    expect(((await ready.json()) as { error: { code: string; detail: string } }).error).toMatchObject({ code: "not_leader", detail: expect.stringContaining(other) });
+  });
+
   it("HTTP: /readyz and the ops answer not_leader while the lease is ready but recovery has not run", async () => {
     const { engine, leadership } = makeEngine(root, { requireRecovery: true });
     http = new HttpControllerApi({ engine, leadership, token: "t" });
