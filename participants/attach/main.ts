@@ -1,9 +1,10 @@
 import { tmpdir } from "node:os";
-import { BearerTokenSchema, isMisplacedDirectory, makeDirectories, toCheckpointError } from "../../protocol/index.js";
+import { BearerTokenSchema, CheckpointError, isMisplacedDirectory, makeDirectories, toCheckpointError } from "../../protocol/index.js";
 import { ModelKind } from "../kinds/model/model-kind.js";
 import { cutTokenSetting, startServerRuntime, type CommonServerConfig } from "../gym/server-runtime.js";
 import { parseListen, parseUpstream } from "./upstream-url.js";
 import { DEFAULT_MAX_BODY_BYTES, createAttachProxy } from "./attach-proxy.js";
+import { refuseCaseFoldingDir } from "../storage/case-folding-dir.js";
 import { ensurePrivateDir } from "./private-dir.js";
 import { AttachProxyShutdown } from "./proxy-shutdown.js";
 
@@ -72,6 +73,13 @@ async function prepareLedgerDir(explicit: string | undefined, config: CommonServ
       process.exit(1);
     });
   }
+  // Probed here too (the ledger does at its open): a case-insensitive filesystem never serves, so exit 2 before NATS.
+  await refuseCaseFoldingDir(dir, "capture ledger directory").catch((error: unknown) => {
+    const refusal = toCheckpointError(error);
+    if (error instanceof CheckpointError) fail(`${refusal.code}: ${refusal.message}`);
+    process.stderr.write(`attach model: ${refusal.code}: --ledger-dir ${dir}: ${refusal.message}\n`);
+    process.exit(1);
+  });
   return dir;
 }
 

@@ -4,6 +4,7 @@ import { promisify } from "node:util";
 import { open, readdir, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { CheckpointError, makeDirectories, namePath, parseCaptureKey } from "../../../protocol/index.js";
+import { refuseCaseFoldingDir, type CaseProbeFs } from "../../storage/case-folding-dir.js";
 import { fsyncDir, writeFileAtomic } from "../../storage/fs-durable.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
@@ -44,6 +45,8 @@ export interface CaptureLedgerOptions {
   onCorrupt?: (path: string, lines: number[]) => void;
   /** Told when a stripe's lock file could not be removed (it stays held and is released again later). */
   onLockReleaseFailed?: (lockFile: string, error: unknown) => void;
+  /** The filesystem the open's case probe asks (see refuseCaseFoldingDir). A seam for tests. */
+  caseProbe?: CaseProbeFs;
 }
 
 /**
@@ -118,6 +121,8 @@ export class CaptureLedger {
     this.maxCachedRows = options.maxCachedRows ?? 50_000;
     this.locks = new StripedLocks(join(dir, "locks"), stripes, undefined, undefined, options.onLockReleaseFailed);
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(async () => {
+      // One file per capture key: keys differing only in case must not share one.
+      await refuseCaseFoldingDir(dir, "capture ledger directory", options.caseProbe);
       const { keys, temps } = await this.listDir();
       for (const key of keys) this.addOnDisk(key);
       // Not awaited: the sweep takes stripe locks, which work already queued on them may hold while

@@ -1,0 +1,53 @@
+import { randomBytes } from "node:crypto";
+import { constants } from "node:fs";
+import { lstat, open, unlink } from "node:fs/promises";
+import { join } from "node:path";
+import { CheckpointError } from "../../protocol/index.js";
+
+/** The filesystem calls the probe makes: a seam for tests (Linux here is case-sensitive). */
+export interface CaseProbeFs {
+  /** Creates `path` exclusively (never through a symlink). */
+  create(path: string): Promise<void>;
+  /** Whether a directory entry answers to `path` (not followed). */
+  exists(path: string): Promise<boolean>;
+  remove(path: string): Promise<void>;
+}
+
+export const nodeCaseProbeFs: CaseProbeFs = {
+  async create(path) {
+    await (await open(path, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | (constants.O_NOFOLLOW ?? 0), 0o600)).close();
+  },
+  async exists(path) {
+    return lstat(path).then(
+      () => true,
+      (error: NodeJS.ErrnoException) => {
+        if (error.code === "ENOENT") return false;
+        throw error;
+      },
+    );
+  },
+  remove: (path) => unlink(path),
+};
+
+/**
+ * Refuses `dir` (`storage_error`) when its filesystem folds case (macOS's and Windows' defaults, a
+ * CIFS mount, ext4 with casefold): a directory holding one file per id (the capture ledger's
+ * `<capture_key>.lineage.jsonl`) would give ids differing only in case (`R1`, `r1`) one file, while
+ * their locks differ, so their rows would interleave. Probed with a fresh lowercase name, looked up
+ * in upper case, removed.
+ */
+export async function refuseCaseFoldingDir(dir: string, what: string, fs: CaseProbeFs = nodeCaseProbeFs): Promise<void> {
+  const name = `.case-probe.${process.pid}.${randomBytes(6).toString("hex")}`;
+  const lower = join(dir, name);
+  await fs.create(lower);
+  try {
+    if (await fs.exists(join(dir, name.toUpperCase()))) {
+      throw new CheckpointError(
+        "storage_error",
+        `${what} ${dir} is on a case-insensitive filesystem (${name} answers as ${name.toUpperCase()}): ids that differ only in case would share a file; put it on a case-sensitive filesystem`,
+      );
+    }
+  } finally {
+    await fs.remove(lower).catch(() => undefined);
+  }
+}
