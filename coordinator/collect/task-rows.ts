@@ -6,7 +6,7 @@ import { resolve } from "node:path";
 import type { Readable } from "node:stream";
 import { ReadStream as TtyReadStream, isatty } from "node:tty";
 import { z } from "zod";
-import { CheckpointError, MAX_JSON_DEPTH, MAX_ROLLOUT_ID_CHARS, RolloutIdSchema, SAFE_NAME_PATTERN, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, namePath, taskOfLine, taskRowOf, textLines, unsafeJsonInteger } from "../../protocol/index.js";
+import { CheckpointError, MAX_JSON_DEPTH, MAX_ROLLOUT_ID_CHARS, RolloutIdSchema, SAFE_NAME_PATTERN, describeZodError, duplicateJsonKey, isUnreadableStorage, jsonNestsDeeperThan, keepingProtoKey, namePath, taskOfLine, taskRowOf, textLines, unsafeJsonInteger } from "../../protocol/index.js";
 import { TaskFile } from "./task-file.js";
 
 /**
@@ -14,7 +14,8 @@ import { TaskFile } from "./task-file.js";
  * gets the id `row-<line number>`. Ids (with `--rollout-id-prefix` in front) must be valid rollout
  * ids and unique.
  */
-const TaskLineSchema = z.object({ id: RolloutIdSchema, task: z.record(z.string(), z.unknown()) }).strict();
+// The task keeps a `__proto__` key as written: zod's record would leave it out of the task sent.
+const TaskLineSchema = z.object({ id: RolloutIdSchema, task: keepingProtoKey(z.record(z.string(), z.unknown())) }).strict();
 
 export interface TaskRow {
   rolloutId: string;
@@ -58,8 +59,7 @@ export async function loadTask(row: TaskRow): Promise<Record<string, unknown>> {
   }
   const changed = new CheckpointError("invalid_request", `${path}:${ref.number}: changed since this collection read it (its tasks are read again as rows are sent); restart the collection to run the file as it is now`);
   if (lineDigest(text) !== ref.digest) throw changed;
-  // Through the schema as when validated, so the task sent is the one a held row would send (zod
-  // leaves out a `__proto__` key, say).
+  // Through the schema as when validated, so the task sent is the one a held row would send.
   return TaskLineSchema.parse({ id: row.rolloutId, task: taskOfLine(JSON.parse(text) as unknown) }).task;
 }
 

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { TaskFile } from "../../../coordinator/collect/task-file.js";
 import { TaskLineRef, closeTaskRows, loadTask, readTaskRows, type TaskRow } from "../../../coordinator/collect/task-rows.js";
+import { MAX_JSON_DEPTH } from "../../../protocol/index.js";
 import { descriptorsOn, openDescriptors } from "../../support/open-descriptors.js";
 
 /**
@@ -63,6 +64,17 @@ describe("task rows read from a regular file", () => {
     const [held] = await reading;
     expect(held!.task).not.toBeInstanceOf(TaskLineRef);
     expect(JSON.stringify(await loadTask(row!))).toBe(JSON.stringify(held!.task));
+  });
+
+  it("send a task's __proto__ key as written and count its nesting", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, '{"id":"a","task":{"__proto__":{"x":1},"y":2}}\n{"__proto__":[1],"q":"bare"}\n');
+    const rows = await readRows(path);
+    expect((await Promise.all(rows.map(loadTask))).map((task) => JSON.stringify(task))).toEqual(['{"__proto__":{"x":1},"y":2}', '{"__proto__":[1],"q":"bare"}']);
+    let deep = "1";
+    for (let i = 0; i < MAX_JSON_DEPTH - 1; i++) deep = `[${deep}]`; // with the task object, MAX_JSON_DEPTH levels
+    await writeFile(path, `{"id":"c","task":{"__proto__":${deep}}}\n`);
+    await expect(readRows(path)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining("nests more than") });
   });
 
   it("refuse a line changed, cut off or gone since it was read (invalid_request), never sending another task", async () => {
