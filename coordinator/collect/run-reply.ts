@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { describeZodError } from "../../protocol/index.js";
+import { describeZodError, keepingProtoKey } from "../../protocol/index.js";
 
 /**
  * The largest `/run` reply body the collector reads by default (the attempt fails `payload_too_large`
@@ -22,18 +22,20 @@ const Count = z.number().int().min(0);
  * The part of an environment's `/run` reply the collector uses. Environments add fields of their own
  * (answers, verdicts, metrics), which results.jsonl keeps verbatim, so unknown fields pass; the
  * reward and the usage counters are checked, so a malformed reply fails its attempt instead of
- * being recorded as reward 0.
+ * being recorded as reward 0. A field named `__proto__` is kept too (keepingProtoKey): zod leaves it
+ * out of a passthrough object.
  */
-export const RunReplySchema = z
-  .object({
-    reward: z.number().finite(),
-    usage: z
-      .object({ model_calls_kept: Count.optional(), tokens_kept: Count.optional(), model_calls_regenerated: Count.optional(), tokens_regenerated: Count.optional() })
-      .passthrough()
-      .optional(),
-    trajectory: z.unknown().optional(),
-  })
-  .passthrough();
+export const RunReplySchema = keepingProtoKey(
+  z
+    .object({
+      reward: z.number().finite(),
+      usage: keepingProtoKey(
+        z.object({ model_calls_kept: Count.optional(), tokens_kept: Count.optional(), model_calls_regenerated: Count.optional(), tokens_regenerated: Count.optional() }).passthrough(),
+      ).optional(),
+      trajectory: z.unknown().optional(),
+    })
+    .passthrough(),
+);
 
 export type RunReply = z.infer<typeof RunReplySchema>;
 
