@@ -1,6 +1,7 @@
 import path from "node:path";
 import { z } from "zod";
 import {
+  keepingProtoKey,
   CheckpointError,
   GLOBAL_MANIFEST_FILE,
   GlobalManifestSchema,
@@ -38,7 +39,7 @@ export const CheckpointSeedSchema = z
      * The original task when it was given (matched by the records' task digest), else null. A
      * replayed episode's is the task its replay run carried, when that run was given.
      */
-    task: z.record(z.string(), z.unknown()).nullable(),
+    task: keepingProtoKey(z.record(z.string(), z.unknown())).nullable(),
     seed_tokens: z.number().int().min(0),
     lineage: z
       .object({
@@ -71,7 +72,8 @@ const LoopSnapshotSchema = z
   .object({ messages: z.array(ChatMessageLikeSchema).min(1), answer: z.string().optional(), seeded: z.number().int().nonnegative().optional() })
   .passthrough();
 /** A replayed run in a task file: a `/replay/next` reply or the `/run` body it became. */
-const ReplayRunRowSchema = z.looseObject({ task: z.record(z.string(), z.unknown()), replay_idx: z.number().int().min(0), replay_id: z.string() });
+// Tasks keep a `__proto__` key (zod's record would leave it out): the digest and the seed are the task's as written.
+const ReplayRunRowSchema = z.looseObject({ task: keepingProtoKey(z.record(z.string(), z.unknown())), replay_idx: z.number().int().min(0), replay_id: z.string() });
 
 const LegacyLoopSchema = z.object({ next: z.literal("loop"), state: LoopSnapshotSchema }).passthrough();
 

@@ -137,6 +137,22 @@ describe("checkpoint seeds", () => {
     expect(exported.seeds.map((s) => [s.name, s.task, s.lineage.turns])).toEqual([[`continue:${ID}:r1`, task, 2]]);
   });
 
+  it("a seed's task keeps a __proto__ key as the task file wrote it, a plain task's and a replay run's alike", async () => {
+    const plain = JSON.parse('{"__proto__":{"level":2},"expression":"6*7"}') as Record<string, unknown>;
+    const replayed = JSON.parse('{"__proto__":[1],"expression":"2+2"}') as Record<string, unknown>;
+    const run = { replay_idx: 1, replay_id: "c".repeat(64) };
+    const [r1, r2] = [parked("r1"), parked("r2")];
+    const environments = [
+      { ...r1.environment, task_digest: canonicalDigest(plain) },
+      { ...r2.environment, task_digest: canonicalDigest({ task: replayed, ...run }) },
+    ];
+    await publish([await writeParticipant("environment", environments), await writeParticipant("agent", [r1.agent, r2.agent])]);
+    const file = path.join(root, "tasks.jsonl");
+    await writeFile(file, `{"__proto__":{"level":2},"expression":"6*7"}\n{"done":false,"task":{"__proto__":[1],"expression":"2+2"},"replay_idx":1,"replay_id":"${run.replay_id}"}\n`);
+    const exported = await exportCheckpointSeeds(checkpointDir(), { tasks: await readTaskFile(file) });
+    expect(exported.seeds.map((seed) => JSON.stringify(seed.task))).toEqual(['{"__proto__":{"level":2},"expression":"6*7"}', '{"__proto__":[1],"expression":"2+2"}']);
+  });
+
   it("one seed per boundary the agent waits for a model call at; every other boundary is skipped with its reason", async () => {
     const between = parked("between");
     const noBoundary = parked("no-boundary");
