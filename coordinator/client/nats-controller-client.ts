@@ -92,7 +92,9 @@ export class NatsControllerClient extends ControllerClient {
    * serves that version's subjects, so the wait could never end here. Unread within its bound: as it is.
    */
   private async namingOtherVersionLeader(refusal: CheckpointError): Promise<CheckpointError> {
-    const other = leaderOfOtherVersion(await within(this.leases.leader(), LEASE_READ_BOUND_MS).catch(() => undefined));
+    // Stopped at the bound too, so nothing of the read outlives the answer (a process closing after it).
+    const stop = AbortSignal.timeout(LEASE_READ_BOUND_MS);
+    const other = leaderOfOtherVersion(await within(this.leases.leader(stop), LEASE_READ_BOUND_MS).catch(() => undefined));
     return other === undefined ? refusal : new CheckpointError("not_leader", `${refusal.message}: ${other}`, { cause: refusal });
   }
 }
