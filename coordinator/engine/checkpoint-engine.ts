@@ -48,6 +48,7 @@ import type { GlobalManifestWriter } from "../publication/global-manifest-writer
 import { catalogListing, latestOrNone } from "../publication/catalog-listing.js";
 import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
+import { RESTORE_CLEANUP_MS, sentAgainUntil } from "./cleanup-window.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
 import { Cancellation } from "./cancellation.js";
@@ -176,11 +177,6 @@ export interface CheckpointEngineOptions {
   hooks?: EngineHooks;
 }
 
-const RESTORE_CLEANUP_MS = 30_000;
-/** Pause before the clean-up's first retry of a failed retire, doubled per try up to the cap (each jittered). */
-const CLEANUP_RETIRE_RETRY_MS = 100;
-const CLEANUP_RETIRE_RETRY_MAX_MS = 5000;
-
 /** Pause before the first retry of a failed journal-entry removal, doubled per try up to the cap (each jittered). */
 const JOURNAL_REMOVE_RETRY_MS = 100;
 const JOURNAL_REMOVE_RETRY_MAX_MS = 5000;
@@ -266,6 +262,15 @@ function cleanedUpDetail(unretired: readonly Failure[], cause: string, installed
  */
 function retireWorthRetrying(failure: Failure): boolean {
   return failure.code !== "unreachable" && failure.code !== "stale_incarnation";
+}
+
+/**
+ * A clean-up resume that did not get through (no responders, or no answer): the participant may be
+ * off NATS for a moment, still parked in the restore, and no controller resumes a restore that
+ * answered `restore_failed`. A refusal is its answer; a restarted process counts as resumed (send).
+ */
+function resumeWorthRetrying(failure: Failure): boolean {
+  return failure.code === "unreachable" || failure.code === "outcome_unknown";
 }
 
 /**
@@ -2036,14 +2041,16 @@ export class CheckpointEngine {
   /**
    * All-or-nothing restore clean-up: retire attempt+1 at `open.retireAt` (where the restore may have
    * installed it; default everyone, as journaled in `restore_cleanup`), sent again where it failed
-   * and the restoring process still runs until the clean-up's deadline, then resume everyone (the
-   * protocol's rule: a participant is never left parked by a failed restore). Returns the retires
-   * that still failed, for the reply to name: what those participants restored is still held there.
+   * and the restoring process still runs until the clean-up's deadline; then resume everyone (the
+   * protocol's rule: a participant is never left parked by a failed restore), sent again where it
+   * did not get through until that deadline. Returns the retires that still failed, for the reply
+   * to name: what those participants restored is still held there.
    */
   private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<Failure[]> {
     const retireAt = open.retireAt ?? open.members;
+    const { clock } = this.options;
     this.restoreFailures.set(open.id, `the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
-    const cleanupDeadline = Math.max(deadlineMs, this.options.clock.now() + RESTORE_CLEANUP_MS);
+    const cleanupDeadline = Math.max(deadlineMs, clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
     const replacements = (open.scope ?? []).map(nextAttempt);
     let unretired: Failure[] = [];
@@ -2058,16 +2065,8 @@ export class CheckpointEngine {
         );
         return failuresOf(results.flatMap((r) => r.outcomes));
       };
-      unretired = await retire([...retireAt]);
       // Sent again where the restoring process still runs (a free that failed, a timed-out try) while the deadline allows.
-      for (let pause = CLEANUP_RETIRE_RETRY_MS; ; pause = Math.min(pause * 2, CLEANUP_RETIRE_RETRY_MAX_MS)) {
-        const again = unretired.filter(retireWorthRetrying);
-        // Jittered: participants failing together are not all sent their retry at one instant.
-        const wait = equalJitter(pause, this.options.clock.random);
-        if (!again.length || this.options.clock.now() + wait >= cleanupDeadline) break;
-        await this.options.clock.sleep(wait);
-        unretired = [...unretired.filter((f) => !retireWorthRetrying(f)), ...(await retire(again.map((f) => f.participant)))];
-      }
+      unretired = await sentAgainUntil(clock, cleanupDeadline, await retire([...retireAt]), retireWorthRetrying, retire);
       if (unretired.length) this.log.warn({ checkpoint_id: open.id, failures: unretired.map((f) => `${refName(f.participant)}: ${f.code}`) }, "restore_retire_incomplete");
     }
     const held = unretired.filter(retireWorthRetrying);
@@ -2077,7 +2076,10 @@ export class CheckpointEngine {
     try {
       // Everyone, also where the retire failed: a participant left parked would refuse every
       // prepare and a plain retire until its lease expired, and then resume all the same.
-      await this.doResume(open.id, cleanupDeadline, ctx);
+      const { failures } = await this.resumeEveryone(open.id, cleanupDeadline, ctx);
+      const unresumed = await sentAgainUntil(clock, cleanupDeadline, failures, resumeWorthRetrying, async (members) => (await this.resendResume(open.id, members, cleanupDeadline, ctx)).failures);
+      // Closed either way; where it still failed, a resume of the id sends it again (unresumed).
+      if (unresumed.length) this.log.warn({ checkpoint_id: open.id, err: combinedFailure("resume", unresumed) }, "restore_resume_incomplete");
     } catch (error) {
       this.log.warn({ checkpoint_id: open.id, err: error }, "restore_resume_incomplete");
     }
@@ -2535,14 +2537,20 @@ export class CheckpointEngine {
    * kept for the next retry.
    */
   private async resumeAgain(id: string, failed: readonly ParticipantRef[], deadlineMs: number, ctx: Context | undefined): Promise<CtlReplyOf<"resume">> {
-    const statuses = await this.probeStatuses(failed, this.options.leadership.epoch());
-    const targets = failed.filter((m) => mayHoldAt(m, statuses, id));
-    const { reply, failures } = await this.resumeStages(id, targets, deadlineMs, ctx);
-    const addressed = this.unresumed.get(id);
-    if (failures.length && addressed) this.unresumed.set(id, { ...addressed, members: failures.map((f) => f.participant) });
-    else this.unresumed.delete(id);
+    const { reply, failures } = await this.resendResume(id, failed, deadlineMs, ctx);
     if (failures.length) throw combinedFailure("resume", failures);
     return reply;
+  }
+
+  /** resumeAgain's sends, returning where it failed again (kept in `unresumed`) instead of throwing. */
+  private async resendResume(id: string, failed: readonly ParticipantRef[], deadlineMs: number, ctx: Context | undefined): Promise<{ reply: CtlReplyOf<"resume">; failures: Failure[] }> {
+    const statuses = await this.probeStatuses(failed, this.options.leadership.epoch());
+    const targets = failed.filter((m) => mayHoldAt(m, statuses, id));
+    const resent = await this.resumeStages(id, targets, deadlineMs, ctx);
+    const addressed = this.unresumed.get(id);
+    if (resent.failures.length && addressed) this.unresumed.set(id, { ...addressed, members: resent.failures.map((f) => f.participant) });
+    else this.unresumed.delete(id);
+    return resent;
   }
 
   /**

@@ -1,0 +1,74 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { NoRespondersFailure } from "../../../coordinator/engine/transport.js";
+import { refusalOf } from "../../support/refusal.js";
+import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+
+/**
+ * docs/protocol.md, restore: a failed restore's clean-up retires attempt+1, then resumes everyone,
+ * within max(deadline, now + 30 s). These pin what it does within that window.
+ */
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-cleanup-retries-"));
+});
+afterEach(async () => {
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+const SCOPE = [{ rollout_id: "r1", attempt: 0 }];
+
+/**
+ * Before, a clean-up resume that failed `unreachable` (a participant briefly off NATS) was sent
+ * once, while a failed retire is sent again until the clean-up's deadline: collect sends no resume
+ * after `restore_failed`, so that participant stayed parked in the restore until its lease expired
+ * (600 s by default), refusing every prepare and retire.
+ */
+describe("a failed restore's clean-up resume that does not get through at first", () => {
+  it("is sent again until it does, before restore_failed is answered", async () => {
+    const { engine, fake, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c1", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    // m1 is off NATS for its first resume (no responders), back for the next.
+    let dropped = 0;
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".model.m1.resume") && dropped++ === 0) throw new NoRespondersFailure(subject);
+      return request(subject, body, options);
+    };
+    const started = clock.now();
+    const deadline_ts = started / 1000 + 10;
+    expect((await refusalOf(engine.restore({ checkpoint_id: "c1", deadline_ts, episode_ids: SCOPE }))).code).toBe("restore_failed");
+    expect(dropped).toBe(2);
+    expect(fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
+    expect(clock.now()).toBeLessThan(started + 30_000); // max(deadline, now + 30 s)
+    // Released by the clean-up: the controller's resume sends nothing more, and answers the failure.
+    const sent = fake.ops("resume").length;
+    expect((await refusalOf(engine.resume({ checkpoint_id: "c1", deadline_ts: clock.now() / 1000 + 10 }))).code).toBe("restore_failed");
+    expect(fake.ops("resume").length).toBe(sent);
+  });
+
+  it("gone for good: sent again until the clean-up's deadline only, and left for the controller's resume", async () => {
+    const { engine, fake, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c2", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "resume", "unreachable");
+    const started = clock.now();
+    const deadline_ts = started / 1000 + 10;
+    expect((await refusalOf(engine.restore({ checkpoint_id: "c2", deadline_ts, episode_ids: SCOPE }))).code).toBe("restore_failed");
+    const tries = fake.ops("resume").filter((c) => c.kind === "model" && c.body.checkpoint_id === "c2" && c.answered === "unreachable");
+    expect(tries.length).toBeGreaterThan(1);
+    expect(clock.now()).toBeLessThanOrEqual(started + 30_000);
+    // Back: the controller's resume releases it, as after any failed resume.
+    fake.set("model", "m1", "resume", "ok");
+    const sent = fake.ops("resume").length;
+    expect((await refusalOf(engine.resume({ checkpoint_id: "c2", deadline_ts: clock.now() / 1000 + 10 }))).code).toBe("restore_failed");
+    expect(fake.ops("resume").slice(sent).map((c) => `${c.kind}/${c.instance}`)).toEqual(["model/m1"]);
+    expect(fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
+  });
+});
