@@ -48,7 +48,7 @@ import type { GlobalManifestWriter } from "../publication/global-manifest-writer
 import { catalogListing, latestOrNone } from "../publication/catalog-listing.js";
 import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
-import { RESTORE_CLEANUP_MS, sentAgainUntil } from "./cleanup-window.js";
+import { cleanupStageDeadline, RESTORE_CLEANUP_MS, sentAgainUntil } from "./cleanup-window.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
 import { Cancellation } from "./cancellation.js";
@@ -2040,8 +2040,9 @@ export class CheckpointEngine {
 
   /**
    * All-or-nothing restore clean-up: retire attempt+1 at `open.retireAt` (where the restore may have
-   * installed it; default everyone, as journaled in `restore_cleanup`), sent again where it failed
-   * and the restoring process still runs until the clean-up's deadline; then resume everyone (the
+   * installed it; default everyone, as journaled in `restore_cleanup`), each stage until its share
+   * of the clean-up's window (cleanupStageDeadline), sent again where it failed and the restoring
+   * process still runs until the clean-up's deadline; then resume everyone (the
    * protocol's rule: a participant is never left parked by a failed restore), sent again where it
    * did not get through until that deadline. Returns the retires that still failed, for the reply
    * to name: what those participants restored is still held there.
@@ -2056,11 +2057,20 @@ export class CheckpointEngine {
     let unretired: Failure[] = [];
     if (replacements.length && retireAt.length) {
       const retire = async (members: ParticipantRef[]): Promise<Failure[]> => {
+        // One deadline per stage (its members are sent together), set as it starts.
+        const stageDeadlines = new Map<number, number>();
+        const stageDeadline = (stagesLeft: number): number => {
+          let at = stageDeadlines.get(stagesLeft);
+          if (at === undefined) stageDeadlines.set(stagesLeft, (at = cleanupStageDeadline(clock.now(), cleanupDeadline, stagesLeft, this.options.client.slackMs)));
+          return at;
+        };
         const { results } = await runStages(
           RETIRE_STAGES,
           members,
-          (m, c) =>
-            this.send(m, "retire", { checkpoint_id: open.id, deadline_ts: cleanupDeadline / 1000, epoch, episode_ids: replacements }, cleanupDeadline, epoch, c),
+          (m, c, stagesLeft) => {
+            const at = stageDeadline(stagesLeft);
+            return this.send(m, "retire", { checkpoint_id: open.id, deadline_ts: at / 1000, epoch, episode_ids: replacements }, at, epoch, c);
+          },
           { spanName: "checkpoint.coordinate.restore.retire", parent: ctx },
         );
         return failuresOf(results.flatMap((r) => r.outcomes));

@@ -1,6 +1,7 @@
 /**
  * The window of a failed restore's all-or-nothing clean-up, max(deadline, now + 30 s): everyone is
- * parked while it runs. How a failed retire or resume is sent again within it.
+ * parked while it runs. How its retire stages share it, and how a failed retire or resume is sent
+ * again within it.
  */
 import { equalJitter } from "../../protocol/index.js";
 import type { Clock } from "./clock.js";
@@ -11,6 +12,20 @@ export const RESTORE_CLEANUP_MS = 30_000;
 /** Pause before the clean-up's first resend of a failed request, doubled per try up to the cap (each jittered). */
 const CLEANUP_RETRY_MS = 100;
 const CLEANUP_RETRY_MAX_MS = 5000;
+
+/**
+ * The deadline of a clean-up retire stage starting at `nowMs` with `stagesLeft` stages to go (this
+ * one included): an equal share of what is left of the window once each later stage's request
+ * slack is set aside. So even when every stage before the last waits out its share plus the slack
+ * (a stalled participant), the later stages are still sent before the window closes, each with a
+ * share, instead of arriving past it and being refused `deadline_exceeded`. A slack too large to set
+ * aside so (request_slack_ms near the window) leaves plain equal shares.
+ */
+export function cleanupStageDeadline(nowMs: number, windowEndMs: number, stagesLeft: number, slackMs: number): number {
+  const left = windowEndMs - nowMs;
+  const usable = left - (stagesLeft - 1) * slackMs;
+  return nowMs + (usable > 0 ? usable : left) / Math.max(stagesLeft, 1);
+}
 
 /**
  * Sends `resend` to the members of the `failures` that `worthRetrying` says a resend may change,

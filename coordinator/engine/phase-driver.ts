@@ -43,27 +43,28 @@ export function membersOf<P extends ParticipantRef>(members: readonly P[], kinds
 export async function runStages<P extends ParticipantRef, T extends FanOutOutcome>(
   stages: readonly (readonly Kind[])[],
   members: readonly P[],
-  call: (member: P, ctx: Context | undefined) => Promise<T>,
+  /** `stagesLeft`: the stages still to run in turn, this one included (1 for stages sent at once). */
+  call: (member: P, ctx: Context | undefined, stagesLeft: number) => Promise<T>,
   options: StagedRunOptions<T>,
 ): Promise<StagedRun<T>> {
   const results: StageResult<T>[] = [];
-  const runStage = async (stage: readonly Kind[], stageMembers: P[]): Promise<StageResult<T>> => ({
+  const runStage = async (stage: readonly Kind[], stageMembers: P[], stagesLeft: number): Promise<StageResult<T>> => ({
     stage,
     outcomes: await inFanOutSpan(
       `${options.spanName}.${stage.join("+")}`,
       { [SPAN_ATTR.stage]: stage.join("+"), [SPAN_ATTR.participants]: stageMembers.length },
       options.parent,
-      (ctx) => Promise.all(stageMembers.map((member) => call(member, ctx))),
+      (ctx) => Promise.all(stageMembers.map((member) => call(member, ctx, stagesLeft))),
     ),
   });
   const withMembers = stages.map((stage) => ({ stage, stageMembers: membersOf(members, stage) })).filter((s) => s.stageMembers.length > 0);
   for (const [i, { stage, stageMembers }] of withMembers.entries()) {
     if (results.length > 0 && options.gate) await options.gate;
     if (options.allAtOnce?.()) {
-      results.push(...(await Promise.all(withMembers.slice(i).map((s) => runStage(s.stage, s.stageMembers)))));
+      results.push(...(await Promise.all(withMembers.slice(i).map((s) => runStage(s.stage, s.stageMembers, 1)))));
       break;
     }
-    const result = await runStage(stage, stageMembers);
+    const result = await runStage(stage, stageMembers, withMembers.length - i);
     results.push(result);
     if (options.proceed && !options.proceed(result.outcomes)) return { results, stoppedAt: stage };
   }

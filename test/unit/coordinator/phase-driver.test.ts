@@ -21,6 +21,18 @@ describe("the staged fan-out", () => {
     expect(called).toEqual(["m", "a", "b", "e"]);
   });
 
+  // A failed restore's clean-up gives each retire stage its share of the window by this count.
+  it("tells each call how many stages are still to run in turn, its own included (empty ones not counted; 1 once sent at once)", async () => {
+    const members = [m("environment", "e"), m("agent", "a"), m("model", "m")];
+    const inTurn: string[] = [];
+    await runStages([["environment"], ["resources"], ["agent"], ["model"]], members, async (x, _ctx, left) => (inTurn.push(`${x.instance}${left}`), ok), { spanName: "t" });
+    expect(inTurn).toEqual(["e3", "a2", "m1"]);
+    const atOnce: string[] = [];
+    let sent = 0;
+    await runStages([["environment"], ["agent"], ["model"]], members, async (x, _ctx, left) => (atOnce.push(`${x.instance}${left}`), sent++, ok), { spanName: "t", allAtOnce: () => sent > 0 });
+    expect(atOnce).toEqual(["e3", "a1", "m1"]);
+  });
+
   // Prepare passes the decision journal's write as `gate`: the first stage overlaps it, every later
   // stage waits for it. Pins both halves: the first non-empty stage (an empty one before it does not
   // count) starts before the gate opens, and the second does not.

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { NoRespondersFailure } from "../../../coordinator/engine/transport.js";
 import { refusalOf } from "../../support/refusal.js";
-import { journalEmptied, makeEngine, writers } from "./fake-participants.js";
+import { FOUR_KINDS, journalEmptied, makeEngine, writers } from "./fake-participants.js";
 
 /**
  * docs/protocol.md, restore: a failed restore's clean-up retires attempt+1, then resumes everyone,
@@ -70,5 +70,42 @@ describe("a failed restore's clean-up resume that does not get through at first"
     expect((await refusalOf(engine.resume({ checkpoint_id: "c2", deadline_ts: clock.now() / 1000 + 10 }))).code).toBe("restore_failed");
     expect(fake.ops("resume").slice(sent).map((c) => `${c.kind}/${c.instance}`)).toEqual(["model/m1"]);
     expect(fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
+  });
+});
+
+/**
+ * Before, the clean-up's retire stages all had the clean-up's deadline: a stalled environment
+ * participant's retire used the whole window, so the agent, model and resources retires arrived
+ * after it and were refused `deadline_exceeded`, attempt+1 left installed at healthy participants.
+ */
+describe("a failed restore's clean-up whose environment retire stalls", () => {
+  it("still sends every later retire stage in time, callers before callees", async () => {
+    const { engine, fake, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    // Fresh processes (a real participant refuses a restore of a checkpoint it resumed), deadlines checked as a real one does.
+    fake.memory = true;
+    for (const m of FOUR_KINDS) fake.restart(m.kind, m.instance);
+    fake.set("model", "m1", "restore", { error: "storage_error" });
+    fake.set("environment", "e1", "retire", "timeout");
+    const started = clock.now();
+    const deadline_ts = started / 1000 + 10;
+    const failed = await refusalOf(engine.restore({ checkpoint_id: "c3", deadline_ts, episode_ids: SCOPE }));
+    expect(failed.code).toBe("restore_failed");
+    const retires = fake.ops("retire");
+    const answered = (kind: string) => retires.filter((c) => c.kind === kind).map((c) => c.answered);
+    expect(answered("agent")).toEqual(["ok", "ok"]);
+    expect(answered("model")).toEqual(["ok"]);
+    expect(answered("resources")).toEqual(["ok"]);
+    // The environment's retire failed, so the reply names it first; the healthy ones it does not.
+    expect(failed.message).toMatch(/^attempt\+1 could not be retired at environment\/e1/);
+    expect(failed.message).not.toMatch(/retired at [^;]*agent\//);
+    // Callers before callees: each stage sent once the one before it answered.
+    const firstOf = (kind: string) => retires.find((c) => c.kind === kind)!;
+    expect(firstOf("agent").seq).toBeGreaterThan(firstOf("environment").answeredSeq!);
+    expect(firstOf("resources").seq).toBeGreaterThan(Math.max(...retires.filter((c) => c.kind === "agent").map((c) => c.answeredSeq!)));
+    // Everyone resumed, within the clean-up's window (plus one request's slack).
+    for (const m of FOUR_KINDS) expect(fake.state.get(`${m.kind}.${m.instance}`)?.checkpoint_id ?? null).toBeNull();
+    expect(clock.now()).toBeLessThanOrEqual(started + 30_000 + 5000);
   });
 });
