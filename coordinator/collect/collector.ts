@@ -587,6 +587,22 @@ export class Collector {
   }
 
   /**
+   * The resume of a restore answered `restore_failed`: the coordinator sends its clean-up's resume
+   * again where it still failed (a participant off NATS past the clean-up's deadline, parked in the
+   * restore: it refuses our retire of attempt+1, `checkpoint_conflict`, and every prepare) and
+   * answers `restore_failed` again; where nothing failed it sends nothing. Not a reason to stop:
+   * one still unreachable resumes when its lease expires.
+   */
+  private async resumeCleanedUp(checkpointId: string): Promise<void> {
+    try {
+      await this.ownOps.resumeSent("resume of the failed restore", checkpointId);
+    } catch (error) {
+      if (error instanceof CheckpointError && error.code === "restore_failed") return;
+      this.options.logger.warn({ checkpoint_id: checkpointId, err: error }, "the resume of the failed restore failed; a participant still parked in it resumes when its lease expires");
+    }
+  }
+
+  /**
    * Restores the continued rows as attempt+1; if the restore fails they start over as attempt+2.
    * An unknown outcome is not a failure: the coordinator's successor re-drives a journaled restore
    * and answers its retry (same id and scope) with the original reply, and a resume of a closed id
@@ -660,6 +676,7 @@ export class Collector {
         const replacements = sources.map(nextAttempt);
         const replaced = new Set(sources.map((s) => s.rollout_id));
         await this.log.replace([...carried.filter((e) => !replaced.has(e.rollout_id)), ...replacements]);
+        if (error instanceof CheckpointError && error.code === "restore_failed") await this.resumeCleanedUp(checkpointId);
         await this.retireAtStart(replacements);
         for (const source of sources) {
           this.states.get(source.rollout_id)!.attempt = source.attempt + 2;

@@ -1268,6 +1268,40 @@ describe("collector", () => {
     expect(sent).toEqual([2]);
   });
 
+  // The coordinator's clean-up sends its resume again until its deadline; a participant off NATS
+  // past it stays parked in the restore and refuses a retire that does not name it. Before, the
+  // collector sent no resume after restore_failed: its retire of attempt+1 was refused
+  // checkpoint_conflict there and the start failed, at every start, until that lease expired.
+  it("after a restore_failed whose clean-up could not resume a participant, the resume the coordinator sends again there goes before the collector's own retire", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const id = "ckpt-20240101T000000-aaaaaaaa";
+    let parked = false;
+    const { controller, calls, state } = fakeController({
+      restore: async (req: never) => {
+        calls.push({ op: "restore", req });
+        parked = true;
+        throw new CheckpointError("restore_failed", "restore failed on 1 participant(s): environment/e1: storage_error");
+      },
+      // As the engine answers a resume of a cleaned-up restore: sent again where its resume failed, restore_failed all the same.
+      resume: async (req: never) => {
+        calls.push({ op: "resume", req });
+        if ((req as { checkpoint_id: string }).checkpoint_id === id) parked = false;
+        throw new CheckpointError("restore_failed", "the restore was cleaned up");
+      },
+      retire: async (req: never) => {
+        calls.push({ op: "retire", req });
+        if (parked) throw new CheckpointError("checkpoint_conflict", `retire failed on 1 participant(s): model/m1: checkpoint_conflict; first details: model/m1: checkpoint ${id} is restored here; retire must name it`);
+        return { participants: [] };
+      },
+    });
+    await publishCollection(state, id, "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    await collectorFor(controller, url).start();
+    const after = calls.slice(calls.findIndex((c) => c.op === "restore") + 1).filter((c) => c.op === "resume" || c.op === "retire");
+    expect(after.map((c) => `${c.op}:${String(c.req.checkpoint_id ?? "")}`)[0]).toBe(`resume:${id}`);
+    expect(after.some((c) => c.op === "retire")).toBe(true);
+  });
+
   it("a restore every participant refused (the surviving Gym already resumed from that checkpoint): nothing was cleaned up, so the collector fences what ran and restarts the rows from input, losing none", async () => {
     // run-1 dispatched a@0 and b@0, published a checkpoint continuing a@0 and resumed it; then only the collector died.
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }]);
