@@ -95,20 +95,24 @@ const FINAL_TEXT_WRAPPER = /\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}$/;
 const UNIT = /^[\p{L}°µ][\p{L}°µ\s./^\d-]*$/u;
 /** Euler's number and the imaginary unit, set upright (`2\mathrm{e}`, `3\mathrm{i}`): no units. */
 const UPRIGHT_CONSTANTS = new Set(["e", "i"]);
-/** LaTeX's degree sign, `^\circ` or `^{\circ}` (spacing allowed; not `^\circle`), read as `°`. */
-const LATEX_DEGREES = /\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})/g;
+/**
+ * LaTeX's degree sign, `^\circ` or `^{\circ}` (spacing allowed; not `^\circle`), gensymb's `\degree`
+ * (not `\degrees`), and the unit word `degree`/`degrees` alone in a text wrapper
+ * (`90\text{ degrees}`; a plain-text `90 degrees` stays text, as other units do), read as `°`.
+ */
+const DEGREE_SPELLINGS = /\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})|\\degree(?![A-Za-z])|\\(?:text|textrm|mathrm|mbox)\{\s*[Dd]egrees?\s*\}/g;
 /** A degree sign closing the answer, once LaTeX's is read as `°`: a unit too (`90^\circ`, `90°`). */
 const FINAL_DEGREES = /°$/;
 
 /**
  * An answer that is a number followed by a unit in a text wrapper (`5\text{ cm}`,
- * `\boxed{\frac12\,\mathrm{m}}`) or by a degree sign (`90^\circ`, `90^{\circ}`, `90°`): its
+ * `\boxed{\frac12\,\mathrm{m}}`) or by a degree sign (`90^\circ`, `90\degree`, `90°`, `\text{90°}`): its
  * normalized number. A unit is marked as text (or is the degree sign), so a plain-text suffix is
  * none (`5 x`, `2 pi` may be a variable or a constant), nor is one with anything after it
  * (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`).
  */
 export function numberBeforeUnit(text: string): string | undefined {
-  const answer = stripDecoration(extractAnswer(text).replace(LATEX_DEGREES, "°"));
+  const answer = degreesOutOfFinalWrapper(stripDecoration(extractAnswer(text).replace(DEGREE_SPELLINGS, "°")));
   const degrees = FINAL_DEGREES.exec(answer);
   if (degrees) {
     const number = normalizeAnswer(answer.slice(0, degrees.index));
@@ -119,6 +123,13 @@ export function numberBeforeUnit(text: string): string | undefined {
   if (!wrapper || !unit || !UNIT.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
   const number = normalizeAnswer(answer.slice(0, wrapper.index));
   return CANONICAL_NUMBER.test(number) ? number : undefined;
+}
+
+/** A final text wrapper ending in the degree sign (`\text{90°}`) unwrapped, so its `°` closes the answer (`90°`). */
+function degreesOutOfFinalWrapper(answer: string): string {
+  const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
+  const held = wrapper?.[1]!.trimEnd();
+  return wrapper && held!.endsWith("°") ? answer.slice(0, wrapper.index) + held : answer;
 }
 
 /**
@@ -154,13 +165,15 @@ function signedLatexFraction(value: string): [string, string] | undefined {
  * `\%` a percent sign, `{,}` a comma (the thousands separator of `1{,}000`), the spacing commands
  * `\,` `\:` `\;` and `\ ` are spacing (`1\,000`), removed like spaces, the negative thin space
  * `\!` is none (`10,\!000`), `\text{…}` (`\textrm`, `\mathrm`, `\mbox`) is what it holds (a unit
- * stays: `5\text{ cm}` is `5 cm`; only sameAnswer sets it aside, against a bare number), `^\circ`
- * and `^{\circ}` are the degree sign `°` (so `90^\circ` is `90°`), and the minus sign U+2212 is `-`.
+ * stays: `5\text{ cm}` is `5 cm`; only sameAnswer sets it aside, against a bare number), `^\circ`,
+ * `^{\circ}`, `\degree` and a wrapped `degrees` are the degree sign `°` (so `90^\circ` is `90°`; read
+ * before and after unwrapping, for `\text{90\degree}`), and the minus sign U+2212 is `-`.
  */
 function latexPlain(text: string): string {
   return text
+    .replace(DEGREE_SPELLINGS, "°")
     .replace(/\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}/g, "$1")
-    .replace(LATEX_DEGREES, "°")
+    .replace(DEGREE_SPELLINGS, "°")
     .replace(/\\([$%])/g, "$1")
     .replace(/\{,\}/g, ",")
     .replace(/\\!/g, "")

@@ -68,12 +68,34 @@ describe("math verifier: units", () => {
     expect(await reward("90", "90^\\circle")).toBe(0);
   });
 
+  it("reads `\\degree`, a `°` closing a text wrapper, and a wrapped `degree`/`degrees` as the degree sign", async () => {
+    expect(await reward("90", "90\\degree")).toBe(1);
+    expect(await reward("90\\degree", "90")).toBe(1);
+    expect(await reward("90^\\circ", "\\boxed{90\\degree}")).toBe(1);
+    expect(await reward("90", "\\text{90°}")).toBe(1);
+    expect(await reward("\\text{90°}", "90")).toBe(1);
+    expect(await reward("90", "90\\text{°}")).toBe(1);
+    expect(await reward("90^\\circ", "90\\text{ degrees}")).toBe(1);
+    expect(await reward("90\\text{ degree}", "90°")).toBe(1);
+    expect(await reward("90", "90\\text{ degrees}")).toBe(1);
+    // Still one spelling of one unit, after a number only, with nothing after it.
+    expect(await reward("90", "90\\degrees")).toBe(0);
+    expect(await reward("90", "91\\degree")).toBe(0);
+    expect(await reward("90", "\\text{91°}")).toBe(0);
+    expect(await reward("90", "\\text{x = 90°}")).toBe(0);
+    expect(await reward("90", "\\text{90°} 5")).toBe(0);
+    expect(await reward("90\\text{ degrees}", "90\\text{ rad}")).toBe(0);
+    expect(await reward("90", "90 degrees")).toBe(0);
+  });
+
   it("finds the unit in linear time on long answers (a guard against backtracking, not a speed target)", { timeout: 10_000 }, async () => {
     const started = performance.now();
     expect(await reward("5", "\\text{".repeat(14_000))).toBe(0);
     expect(await reward("5", `5\\text{${"a ".repeat(49_000)}}`)).toBe(1);
     expect(await reward("5", `${"\\mbox{x}".repeat(11_000)}`)).toBe(0);
     expect(await reward("5", `5${"^ { ".repeat(24_000)}`)).toBe(0);
+    expect(await reward("5", `\\text{${"° ".repeat(49_000)}x`)).toBe(0);
+    expect(await reward("5", `${"\\text{ ".repeat(14_000)}`)).toBe(0);
     expect(performance.now() - started).toBeLessThan(2_000);
   });
 });
