@@ -299,6 +299,12 @@ export const CtlListReplySchema = z
     ),
     /** Present only when a checkpoint is damaged, sorted by id (added within version 1; see docs/protocol.md). */
     damaged: z.array(CtlDamagedCheckpointSchema).optional(),
+    /**
+     * Over NATS only, when the damaged entries (never deleted by retention) do not all fit one
+     * message: how many were left out, the last ones by id; `damaged` keeps those before them
+     * (docs/api.md, "Reply size"). Absent when none was.
+     */
+    damaged_left_out: z.number().int().min(1).optional(),
   })
   .strict();
 export const CtlGetReplySchema = z.object({ latest: z.boolean(), manifest: CtlGlobalManifestSchema }).strict();

@@ -120,7 +120,7 @@ function slotsOf(op: ControllerOp, reply: Json): (Slot | undefined)[] {
     case "forget":
       return participants.map((p) => listSlot(p, "forgotten", "forgotten_count", "forgotten_sha256"));
     case "list":
-      // Never its checkpoints or the damaged ids: only the damaged ones' details are cut.
+      // Never its checkpoints: the damaged ones' details are cut, then (leaveOutDamaged) their last entries.
       return ((reply.damaged ?? []) as Json[]).map(detailSlot);
     default:
       return [];
@@ -162,5 +162,27 @@ function fit<O extends ControllerOp>(op: O, reply: CtlReplyOf<O>, text: string, 
     slot.leaveOut();
     size += slot.replacement - slot.bytes;
   }
+  if (op === "list" && size > budget) leaveOutDamaged(copy, size - budget);
   return copy as CtlReplyOf<O>;
+}
+
+/**
+ * `list`'s damaged checkpoints, which retention never deletes, so their number has no bound: the
+ * last ones by id left out until the reply is `excess` bytes smaller, counted in `damaged_left_out`.
+ * A prefix of the id order stays, so a controller knows which ones it was not told of.
+ */
+function leaveOutDamaged(reply: Json, excess: number): void {
+  const damaged = reply.damaged as Json[] | undefined;
+  if (!damaged) return;
+  let kept = damaged.length;
+  let saved = 0;
+  // `,"damaged_left_out":<count>` is added: at most as many digits as the list's length has.
+  const added = Buffer.byteLength(`,"damaged_left_out":${damaged.length}`);
+  while (kept > 0 && saved < excess + added) {
+    kept -= 1;
+    // The entry and the comma before it (the first one has none).
+    saved += jsonBytes(damaged[kept]) + (kept > 0 ? 1 : 0);
+  }
+  reply.damaged = damaged.slice(0, kept);
+  reply.damaged_left_out = damaged.length - kept;
 }
