@@ -259,7 +259,8 @@ describe("NATS controller client", () => {
             : watched.commit({ checkpoint_id: "lost-1", episode_ids: [], deadline_ts: Date.now() / 1000 + 60 });
       const outcome = sent.catch((error: unknown) => error);
       await waitUntil(() => held.length === 1, "the request to reach the coordinator");
-      // Still leading (renewed): the client keeps waiting.
+      // Still leading (renewed): the client keeps waiting. A short window for a non-event: a client
+      // that gave up on the renewal would do so as soon as the watch delivered it.
       await kv.put(LEADER_KEY, JSON.stringify({ id: "coord-a", at: Date.now() }));
       const early = await Promise.race([outcome, new Promise((resolve) => setTimeout(() => resolve("waiting"), 200))]);
       expect(early).toBe("waiting");

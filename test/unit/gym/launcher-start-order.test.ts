@@ -141,6 +141,8 @@ describe("gym launcher: each process starts once the ones it calls are ready", (
     );
     void outcome.finally(() => (settled = true));
     await waitUntil(() => events.some((e) => e.name === "resources" && e.line.includes("fails on purpose")), "resources to fail while the policy is held", 5_000);
+    // A window, not an event: what is checked is that nothing happens (no rejection) while the
+    // policy is held, and a launcher that threw early would do so within a few ms of the failure.
     await new Promise((resolve) => setTimeout(resolve, 200));
     // Not thrown while the policy still starts: a stop then would leave its start's outcome to nobody.
     expect(settled).toBe(false);
@@ -199,6 +201,8 @@ describe("gym launcher: a start() while another is under way", () => {
     const first = gym.start(["model"]);
     const second = gym.start(["model"]);
     await waitUntil(() => wasStarted("model"), "the first start of the model", 5_000);
+    // A window for a non-event (no second model while the first is held); the count after both
+    // starts return below covers a second model started later.
     await new Promise((resolve) => setTimeout(resolve, 200));
     // Before: the second call started a model of its own beside the held one.
     expect(events.filter((e) => e.name === "model" && e.started)).toHaveLength(1);
