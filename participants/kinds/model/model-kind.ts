@@ -609,11 +609,12 @@ export class ModelKind implements ParticipantKind<ModelRecord> {
   }
 
   async retire(episodes: EpisodeId[]): Promise<void> {
-    const keys = new Set(episodes.map(captureKey));
-    // Stop first, so no late row recreates a ledger: every retired attempt's calls (0..N).
+    // Stop first, so no late row recreates a ledger: every retired attempt's calls (0..N); new calls of
+    // those attempts are refused until the removal ends, also once a forget lifted the fence (a retire
+    // cut short by its deadline still removes their ledgers).
     const covered = retiredBy(episodes);
     await this.stopCalls(
-      (_episode, key) => keys.has(key),
+      covered,
       covered,
       async () => {
         // Restored state of every attempt whose ledger goes (0..N), not only of attempt N: one pass

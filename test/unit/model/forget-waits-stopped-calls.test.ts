@@ -143,3 +143,50 @@ it("a forget waits for a call of the fenced attempt still being admitted, which 
   expect(await forget).toEqual({ forgotten: ["r1"] });
   expect({ fenced: w.plane.isRetired(r1), inflight: w.kind.tickets.size }).toEqual({ fenced: false, inflight: 0 });
 });
+
+it("while a cut-short retire's removal still runs after a forget, new calls of every attempt it covers are refused, not only of the attempt it named", async () => {
+  const w = await world();
+  const r1a1 = { rollout_id: "r1", attempt: 1 };
+  const ticket = await w.kind.admit("r1-a1", CHAT, chat("hi"));
+  await w.kind.responseStart(ticket);
+  const releaseSync = w.io.holdSyncs();
+  const served = w.kind.record(ticket, { stagingKey: null, usage: null }).then(afterRecord(w.kind, ticket));
+  const retire = refusalCode(w.call("retire", { checkpoint_id: "retire", episode_ids: [r1a1] }));
+  await settle();
+  w.clock.advance(10_000);
+  expect(await retire).toBe("deadline_exceeded");
+
+  // The retire's removal (attempts 0..1 of r1), once its stopped call closed, is held at its listing.
+  const ledger = (w.kind as unknown as { ledger: { keysOfRollout: (id: string) => Promise<unknown> } }).ledger;
+  const listing = ledger.keysOfRollout.bind(ledger);
+  const gate = deferred();
+  const listed = deferred();
+  ledger.keysOfRollout = async (id) => {
+    await gate.promise;
+    try {
+      return await listing(id);
+    } finally {
+      listed.resolve();
+    }
+  };
+
+  const forget = w.call("forget", { checkpoint_id: "forget", deadline_ts: T0 + 60, rollout_ids: ["r1"] });
+  releaseSync();
+  await served;
+  expect(await forget).toEqual({ forgotten: ["r1"] });
+  expect(w.plane.isRetired(r1)).toBe(false);
+
+  // The fence is lifted, the removal still runs: a call of attempt 0 would have its ledger removed under it.
+  expect(await refusalCode(w.kind.admit("r1", CHAT, chat("hi")))).toBe("stale_attempt");
+  expect(await refusalCode(w.kind.admit("r1-a1", CHAT, chat("hi")))).toBe("stale_attempt");
+
+  gate.resolve();
+  await listed.promise;
+  let admitted: AdmissionTicket | undefined;
+  for (let turn = 0; turn < 50 && !admitted; turn++) {
+    await settle();
+    admitted = await w.kind.admit("r1", CHAT, chat("hi")).catch(() => undefined);
+  }
+  expect(admitted).toBeDefined();
+  w.kind.undelivered(admitted!);
+});
