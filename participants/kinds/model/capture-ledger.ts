@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { CheckpointError, makeDirectories, namePath, parseCaptureKey } from "../../../protocol/index.js";
 import { refuseCaseFoldingDir, type CaseProbeFs } from "../../storage/case-folding-dir.js";
 import { fsyncDir, writeFileAtomic } from "../../storage/fs-durable.js";
+import { isProbeFileName, removeStaleProbeFiles } from "../../storage/stale-probe-files.js";
 import { LedgerRowSchema, type LedgerRow } from "./ledger-row.js";
 import { StripedLocks } from "./striped-locks.js";
 
@@ -123,8 +124,10 @@ export class CaptureLedger {
     this.ready = makeDirectories(dir, { mode: 0o700 }).then(async () => {
       // One file per capture key: keys differing only in case must not share one.
       await refuseCaseFoldingDir(dir, "capture ledger directory", options.caseProbe);
-      const { keys, temps } = await this.listDir();
+      const { keys, temps, probes } = await this.listDir();
       for (const key of keys) this.addOnDisk(key);
+      // What a crash left between a probe's create and remove (this process's probes are younger).
+      await removeStaleProbeFiles(dir, probes);
       // Not awaited: the sweep takes stripe locks, which work already queued on them may hold while
       // it waits for this listing. close() lets it finish (the locks' accepted work).
       this.sweepTemps(temps);
@@ -534,17 +537,19 @@ export class CaptureLedger {
     for (const key of [...(this.byRollout.get(rolloutId) ?? [])]) this.cacheDrop(key);
   }
 
-  /** Capture keys with a ledger file in the directory, and rewrite temp files by their key. */
-  private async listDir(): Promise<{ keys: string[]; temps: Map<string, string[]> }> {
+  /** Capture keys with a ledger file in the directory, rewrite temp files by their key, and probe files. */
+  private async listDir(): Promise<{ keys: string[]; temps: Map<string, string[]>; probes: string[] }> {
     const keys: string[] = [];
     const temps = new Map<string, string[]>();
+    const probes: string[] = [];
     for (const name of await readdir(this.dir)) {
+      if (isProbeFileName(name)) probes.push(name);
       const key = name.endsWith(SUFFIX) ? name.slice(0, -SUFFIX.length) : null;
       if (key !== null && parseCaptureKey(key)) keys.push(key);
       const temp = TEMP_NAME.exec(name);
       if (temp && parseCaptureKey(temp[1]!)) temps.set(temp[1]!, [...(temps.get(temp[1]!) ?? []), name]);
     }
-    return { keys, temps };
+    return { keys, temps, probes };
   }
 
   /**

@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, rm } from "node:fs/promises";
+import { mkdtemp, readdir, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -66,5 +66,27 @@ describe("a capture ledger on a case-insensitive filesystem", () => {
   it("a probe file that cannot be created is that storage failure, not a pass", async () => {
     const failing: CaseProbeFs = { ...nodeCaseProbeFs, create: async () => Promise.reject(Object.assign(new Error("EROFS: read-only file system"), { code: "EROFS" })) };
     await expect(refuseCaseFoldingDir(dir, "capture ledger directory", failing)).rejects.toMatchObject({ code: "EROFS" });
+  });
+});
+
+describe("probe files a crash left in the ledger directory (between their create and remove)", () => {
+  it("are removed at open once older than a minute, case and write probes alike; a fresh one (a probe running now) stays", async () => {
+    const stale = [".case-probe.999999999.0123456789ab", `.case-probe.${process.pid}.0123456789ac`, ".write-probe.999999999.0123456789ad"];
+    const fresh = ".case-probe.999999999.0123456789ae";
+    const old = new Date(Date.now() - 120_000);
+    for (const name of stale) {
+      await writeFile(join(dir, name), "");
+      await utimes(join(dir, name), old, old);
+    }
+    await writeFile(join(dir, fresh), "");
+    await writeFile(join(dir, ".case-probe.unrelated"), "");
+    await utimes(join(dir, ".case-probe.unrelated"), old, old);
+    const ledger = new CaptureLedger(dir);
+    try {
+      expect(await ledger.rows("a")).toEqual([]);
+    } finally {
+      await ledger.close();
+    }
+    expect((await readdir(dir)).filter((name) => name.startsWith(".")).sort()).toEqual([fresh, ".case-probe.unrelated"].sort());
   });
 });

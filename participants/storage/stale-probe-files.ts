@@ -1,0 +1,28 @@
+import { lstat, unlink } from "node:fs/promises";
+import { join } from "node:path";
+
+/**
+ * A probe file (`.case-probe.<pid>.<hex>`, `.write-probe.<pid>.<hex>`) lives the milliseconds
+ * between its create and its remove; one older than this was left by a process that crashed in
+ * between. By age, not by pid: a pid does not say whether it is another process now (pids are
+ * reused, a restarted container is PID 1 again), nor anything about a process on another host
+ * sharing the directory.
+ */
+export const STALE_PROBE_AGE_MS = 60_000;
+
+const PROBE_NAME = /^\.(?:case|write)-probe\.[0-9]+\.[0-9a-f]{12}$/;
+
+/** Whether `name` is a probe file's name. */
+export function isProbeFileName(name: string): boolean {
+  return PROBE_NAME.test(name);
+}
+
+/** Removes the probe files among `names` (in `dir`) older than STALE_PROBE_AGE_MS; a failure keeps one for the next open. */
+export async function removeStaleProbeFiles(dir: string, names: Iterable<string>, now: number = Date.now()): Promise<void> {
+  for (const name of names) {
+    if (!isProbeFileName(name)) continue;
+    const path = join(dir, name);
+    const stat = await lstat(path).catch(() => undefined);
+    if (stat?.isFile() && stat.mtimeMs < now - STALE_PROBE_AGE_MS) await unlink(path).catch(() => undefined);
+  }
+}
