@@ -173,9 +173,9 @@ export const ERROR_CATALOG = {
   storage_error: {
     status: 507,
     meaning:
-      "A file operation failed in the deployment's storage, not in gym-ckpt: a full disk, quota or file size limit (ENOSPC, EDQUOT, EFBIG), an I/O error or a stale network file handle (EIO, ESTALE), a read-only mount (EROFS), no permission (EACCES, EPERM), a directory that cannot exist there (ENOENT, ENOTDIR: say, a checkpoint root not mounted on that host; ENAMETOOLONG), a directory on a case-insensitive filesystem where files are named by ids that differ in case (the model's capture ledger), or no file descriptors left (EMFILE, ENFILE). The detail names the system error, the call and the path.",
+      "A file operation failed in the deployment's storage, not in gym-ckpt: a full disk, quota or file size limit (ENOSPC, EDQUOT, EFBIG), an I/O error or a stale network file handle (EIO, ESTALE), a read-only mount (EROFS), no permission (EACCES, EPERM), a directory that cannot exist there (ENOENT, ENOTDIR: say, a checkpoint root not mounted on that host; ENAMETOOLONG), a directory on a case-insensitive filesystem where files or directories are named by ids that differ in case (the model's capture ledger, the checkpoint root), or no file descriptors left (EMFILE, ENFILE). The detail names the system error, the call and the path.",
     solve:
-      "Fix the storage on the host that answered (free space or quota, remount read-write, ownership, mount the checkpoint root, raise the open-file limit, move a ledger directory to a case-sensitive filesystem), then retry. A checkpoint that failed so published nothing: the `checkpoint` op resumed everyone and removed what its participants had committed (take it again with a fresh id); after a failed `commit`, `resume` it first (or retry the commit once there is room).",
+      "Fix the storage on the host that answered (free space or quota, remount read-write, ownership, mount the checkpoint root, raise the open-file limit, move a ledger directory or the checkpoint root to a case-sensitive filesystem), then retry. A checkpoint that failed so published nothing: the `checkpoint` op resumed everyone and removed what its participants had committed (take it again with a fresh id); after a failed `commit`, `resume` it first (or retry the commit once there is room).",
   },
   internal_error: {
     status: 500,

@@ -19,6 +19,7 @@ import { GlobalManifestWriter } from "../publication/global-manifest-writer.js";
 import { fsyncDirectory } from "../publication/durable-fs.js";
 import { TRASH_PREFIX } from "../publication/retention.js";
 import { assertRootClaimed, claimRootForDeployment } from "../publication/root-deployment.js";
+import { refuseCaseFoldingRoot } from "../publication/case-folding-root.js";
 import { createLogger } from "../telemetry/logger.js";
 import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, finishedWithin, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, ROOT_DEPLOYMENT_FILE, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
@@ -83,6 +84,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   // checkpoint published into it (their own fsyncs stop at the root).
   for (const parent of parentsOfCreated(config.checkpoint_root, created)) await fsyncDirectory(parent);
   await assertWritableRoot(config.checkpoint_root);
+  // Ids differing only in case must not share a checkpoint directory.
+  await refuseCaseFoldingRoot(config.checkpoint_root);
   // Before anything of this deployment touches the root: another deployment's checkpoints there would be deleted by our retention.
   await claimRootForDeployment(config.checkpoint_root, config.deployment);
   const ownsConnection = options.nc === undefined;

@@ -1,6 +1,8 @@
 import type { NatsConnection } from "@nats-io/transport-node";
+import { isAbsolute } from "node:path";
 import type { Logger } from "pino";
 import { DeploymentSchema, InstanceSchema, parseName, type CheckpointError, type RecordBase } from "../../protocol/index.js";
+import { refuseCaseFoldingCheckpointRoot } from "../storage/case-folding-dir.js";
 import type { CheckpointStorage } from "../storage/checkpoint-storage.js";
 import type { Clock } from "./clock.js";
 import { ParticipantControlPlane } from "./control-plane.js";
@@ -44,6 +46,9 @@ export interface ParticipantHandle<R extends RecordBase> {
 export async function startParticipant<R extends RecordBase>(options: StartParticipantOptions<R>): Promise<ParticipantHandle<R>> {
   parseName(DeploymentSchema, options.deployment, "a participant's deployment");
   parseName(InstanceSchema, options.instance, "a participant's instance");
+  // The filesystem storage (the default) keeps one directory per checkpoint id and per instance: on a
+  // root that folds case, ids differing only in case would share one. (A relative root is refused below.)
+  if (options.checkpointRoot && isAbsolute(options.checkpointRoot) && !options.storage) await refuseCaseFoldingCheckpointRoot(options.checkpointRoot);
   // One incarnation for both: the control plane refuses what is not addressed to the one announced.
   const incarnation = newIncarnation();
   // Before it subscribes: no op is admitted below the epoch a leader already holds.

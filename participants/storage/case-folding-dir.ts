@@ -1,8 +1,9 @@
 import { randomBytes } from "node:crypto";
 import { constants } from "node:fs";
-import { lstat, open, unlink } from "node:fs/promises";
+import { lstat, open, readdir, unlink } from "node:fs/promises";
 import { join } from "node:path";
 import { CheckpointError } from "../../protocol/index.js";
+import { removeStaleProbeFiles } from "./stale-probe-files.js";
 
 /** The filesystem calls the probe makes: a seam for tests (Linux here is case-sensitive). */
 export interface CaseProbeFs {
@@ -50,4 +51,23 @@ export async function refuseCaseFoldingDir(dir: string, what: string, fs: CasePr
   } finally {
     await fs.remove(lower).catch(() => undefined);
   }
+}
+
+/**
+ * A participant's start with a configured checkpoint root: records go to
+ * `<root>/<checkpoint_id>/gym/<kind>/<instance>`, so checkpoint ids or instances differing only in
+ * case would share a directory where the root folds case. A root not there yet is not probed (the
+ * coordinator makes it, and refuses a folding one, as coordinator/publication/case-folding-root.ts).
+ * Probe files a crash left there are removed first (stale-probe-files.ts).
+ */
+export async function refuseCaseFoldingCheckpointRoot(root: string, fs: CaseProbeFs = nodeCaseProbeFs): Promise<void> {
+  let names: string[];
+  try {
+    names = await readdir(root);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return;
+    throw error;
+  }
+  await removeStaleProbeFiles(root, names);
+  await refuseCaseFoldingDir(root, "checkpoint root", fs);
 }
