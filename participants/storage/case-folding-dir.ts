@@ -58,7 +58,8 @@ export async function refuseCaseFoldingDir(dir: string, what: string, fs: CasePr
  * `<root>/<checkpoint_id>/gym/<kind>/<instance>`, so checkpoint ids or instances differing only in
  * case would share a directory where the root folds case. A root not there yet is not probed (the
  * coordinator makes it, and refuses a folding one, as coordinator/publication/case-folding-root.ts).
- * Probe files a crash left there are removed first (stale-probe-files.ts).
+ * Probe files a crash left there are removed first (stale-probe-files.ts). A root this process may
+ * not write a probe into is not probed (its writes go below `<root>/<id>/`).
  */
 export async function refuseCaseFoldingCheckpointRoot(root: string, fs: CaseProbeFs = nodeCaseProbeFs): Promise<void> {
   let names: string[];
@@ -69,5 +70,12 @@ export async function refuseCaseFoldingCheckpointRoot(root: string, fs: CaseProb
     throw error;
   }
   await removeStaleProbeFiles(root, names);
-  await refuseCaseFoldingDir(root, "checkpoint root", fs);
+  try {
+    await refuseCaseFoldingDir(root, "checkpoint root", fs);
+  } catch (error) {
+    // Found folding: refused. A probe the root does not let this process write (a root it may only
+    // read, /proc, a read-only mount of the share) is no refusal: a participant writes only below
+    // `<root>/<id>/`, which the coordinator makes, and the coordinator probes the root itself.
+    if (error instanceof CheckpointError) throw error;
+  }
 }

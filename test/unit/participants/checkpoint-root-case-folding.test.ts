@@ -52,3 +52,10 @@ it("startParticipant probes its checkpointRoot before it touches NATS", async ()
   await expect(startParticipant({ nc, deployment: "default", token: "tok", instance: "env0", adapter: new ScriptableKind("environment"), checkpointRoot: file, announce: false })).rejects.toMatchObject({ code: "ENOTDIR" });
   expect(touched).toEqual([]);
 });
+
+it("a root this process may not create a probe file in is not probed: its start goes on (it writes only below <root>/<id>/)", async () => {
+  // /proc: listed, but no file can be made there (as a root a participant may only read).
+  await expect(refuseCaseFoldingCheckpointRoot("/proc")).resolves.toBeUndefined();
+  const refusing: CaseProbeFs = { ...nodeCaseProbeFs, create: async () => Promise.reject(Object.assign(new Error("EACCES: permission denied"), { code: "EACCES" })) };
+  await expect(refuseCaseFoldingCheckpointRoot(root, refusing)).resolves.toBeUndefined();
+});
