@@ -9,13 +9,16 @@ import { makeEngine, writeParticipant, writers } from "./fake-participants.js";
 import { deferred } from "../../support/deferred.js";
 
 // `held`: the next listing of that directory (the clean-up's sweep) waits for `release`, so the
-// sweep queued while leading runs only once leadership is lost and the successor staged.
-const sweep = vi.hoisted(() => ({ held: undefined as string | undefined, release: Promise.resolve() }));
+// sweep queued while leading runs only once leadership is lost and the successor staged. `reached`
+// is called once it is held: the test waits for it, or its own listing (latestTemps) could be the
+// one held when the sweep is queued behind the publication's background work (a loaded machine).
+const sweep = vi.hoisted(() => ({ held: undefined as string | undefined, release: Promise.resolve(), reached: () => {} }));
 vi.mock("node:fs/promises", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const readdir = (async (...args: Parameters<typeof real.readdir>) => {
     if (sweep.held !== undefined && String(args[0]) === sweep.held) {
       sweep.held = undefined;
+      sweep.reached();
       await sweep.release;
     }
     return (real.readdir as (...a: unknown[]) => unknown)(...args);
@@ -52,10 +55,13 @@ describe("a deposed leader's retention clean-up", () => {
     await publish(deposed, "c1", 100);
     await publish(deposed, "c2", 200);
     const slowRemoval = deferred();
+    const reached = deferred();
     sweep.held = root;
     sweep.release = slowRemoval.promise;
+    sweep.reached = () => reached.resolve();
     let leading = true;
     expect(deposed.retain("c2", () => leading)).toEqual(["c1"]);
+    await reached.promise; // the clean-up's sweep is held at its listing
 
     // The lease lapses; the successor stages c3 and its prepare lasts past LEFTOVER_TEMP_AGE_MS.
     leading = false;
