@@ -52,8 +52,7 @@ describe("afterCommit freeing a restored ledger while a call of its key is admit
     await f.kind.install([{ episode_id: ep("a"), rows: [ledgerRow("a", "mc-restored")], generation_cuts: [] }], {});
     const unlink = gateUnlinkOf("a-a1");
     const hook = f.kind.afterCommit([ep("other")]); // a-a1 is left out: freed
-    for (let i = 0; i < 100 && !unlink.reached; i++) await settle(1);
-    expect(unlink.reached).toBe(true);
+    await waitUntil(() => unlink.reached, "the clean-up's unlink of a-a1 reached");
     const admitted = f.kind.admit("a-a1", CHAT, chat("start over"));
     await settle();
     unlink.release();
@@ -132,8 +131,7 @@ async function freeingHeld() {
   await f.kind.install([{ episode_id: ep("a"), rows: [ledgerRow("a", "mc-restored")], generation_cuts: [] }], {});
   const unlink = gateUnlinkOf("a-a1", true);
   const hook = f.kind.afterCommit([ep("other")]);
-  for (let i = 0; i < 100 && !unlink.reached; i++) await settle(1);
-  expect(unlink.reached).toBe(true);
+  await waitUntil(() => unlink.reached, "the clean-up's unlink of a-a1 reached");
   return { unlink, hook };
 }
 

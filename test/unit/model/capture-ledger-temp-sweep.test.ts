@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { CaptureLedger } from "../../../participants/kinds/model/index.js";
 import { ledgerRow } from "./model-fixtures.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 let dir: string;
 beforeEach(async () => {
@@ -45,8 +46,7 @@ describe("rewrite temp files a crash left in the ledger directory", () => {
     const opener = new CaptureLedger(dir);
     // Its sweep is trying the stripe once its owner file is written beside the holder's.
     const owners = async () => (await readdir(join(dir, "locks"))).filter((name) => name.startsWith(".owner-")).length;
-    for (let turn = 0; turn < 1000 && (await owners()) < 2; turn++) await new Promise((resolve) => setImmediate(resolve));
-    expect(await owners()).toBe(2);
+    await waitUntil(async () => (await owners()) === 2, "the opener's owner file beside the holder's");
     expect(await readdir(dir)).toContain(tempOf("a", process.pid));
     // The holder's rewrite ends (a crash would leave the file): once the stripe is free the opener takes it.
     release();
