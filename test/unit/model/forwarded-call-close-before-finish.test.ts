@@ -2,6 +2,7 @@ import { EventEmitter } from "node:events";
 import type { ServerResponse } from "node:http";
 import type { Dispatcher } from "undici";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { waitUntil } from "../../support/wait-until.js";
 import { ForwardedCall } from "../../../participants/attach/forwarded-call.js";
 import type { AdmissionTicket } from "../../../participants/kinds/model/index.js";
 import { CHAT, chat, modelFixture, settle, type ModelFixture } from "./model-fixtures.js";
@@ -60,9 +61,8 @@ async function answeredCall(key: string): Promise<{ ticket: AdmissionTicket; res
   call.onResponseStart(upstream, 200, { "content-length": "2" });
   call.onResponseData(upstream, Buffer.from("ok"));
   call.onResponseEnd();
-  // The row's append is synced to disk before the end: polled, bounded.
-  for (let i = 0; i < 500 && !res.writableEnded; i++) await new Promise((resolve) => setTimeout(resolve, 10));
-  expect(res.writableEnded).toBe(true);
+  // The row's append is synced to disk before the end.
+  await waitUntil(() => res.writableEnded, "the response's end, once its row is synced");
   return { ticket, res };
 }
 

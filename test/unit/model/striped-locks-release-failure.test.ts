@@ -4,6 +4,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { waitUntil } from "../../support/wait-until.js";
 import { StripedLocks } from "../../../participants/kinds/model/index.js";
 
 // Removing a lock file fails while `failLockUnlinks` > 0 (an I/O error): root removes anything, so `unlink` is wrapped.
@@ -39,12 +40,6 @@ afterEach(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-/** Polls (bounded) until `done` holds. */
-async function until(done: () => boolean, what: string): Promise<void> {
-  for (let i = 0; i < 500 && !done(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
-  if (!done()) throw new Error(`timed out waiting for ${what}`);
-}
-
 describe("a stripe whose lock file cannot be removed", () => {
   it("stays owned (usable at once, not waited on as another owner's), is reported, and is released by a later sweep", async () => {
     locks = new StripedLocks(join(dir, "locks"), 4, 300, 20, (file, error) => failures.push(`${file}: ${(error as NodeJS.ErrnoException).code}`));
@@ -52,7 +47,7 @@ describe("a stripe whose lock file cannot be removed", () => {
     const file = locks.lockFile(stripe);
     failLockUnlinks = 1;
     expect(await locks.run("k", async () => "first")).toBe("first");
-    await until(() => failedLockUnlinks === 1, "the idle release to fail");
+    await waitUntil(() => failedLockUnlinks === 1, "the idle release to fail");
     // The file still names this process: the stripe is still ours, in memory as on disk.
     expect(existsSync(file)).toBe(true);
     expect(locks.ownedStripes()).toEqual([stripe]);
@@ -61,7 +56,7 @@ describe("a stripe whose lock file cannot be removed", () => {
     expect(await locks.run("k", async () => "second")).toBe("second");
     // The next idle release succeeds.
     // The file goes first, the stripe leaves the owned set when the unlink's promise settles after it.
-    await until(() => !existsSync(file) && locks.ownedStripes().length === 0, "the retried release");
+    await waitUntil(() => !existsSync(file) && locks.ownedStripes().length === 0, "the retried release");
     expect(existsSync(file)).toBe(false);
   });
 

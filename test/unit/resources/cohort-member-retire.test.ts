@@ -3,6 +3,7 @@ import { CheckpointError } from "../../../protocol/index.js";
 import { CohortCompareVerifier } from "../../../participants/verifiers/cohort-compare-verifier.js";
 import { CohortTable, DEFAULT_COHORT_SETTINGS } from "../../../participants/verifiers/cohort-table.js";
 import { resourcesWorld } from "./resources-world.js";
+import { waitUntil } from "../../support/wait-until.js";
 
 /**
  * docs/verifiers.md: "Because /verify is replayable, a member waiting for its cohort never holds up
@@ -15,11 +16,6 @@ let world: Awaited<ReturnType<typeof resourcesWorld>>;
 beforeEach(async () => (world = await resourcesWorld()));
 afterEach(() => world.close());
 
-const until = async (done: () => boolean) => {
-  for (let i = 0; i < 200 && !done(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
-  expect(done()).toBe(true);
-};
-
 describe("cohort verifier: retiring a member that waits in its cohort", () => {
   it("ends its wait (stale_attempt), so the retire and later prepares go through before the collection timeout", async () => {
     const judged: string[][] = [];
@@ -31,7 +27,7 @@ describe("cohort verifier: retiring a member that waits in its cohort", () => {
     const seed = await a.post("/ng-rollout/r1/seed_session", {});
     const cookie = String(seed.headers["set-cookie"]).split(";")[0]!;
     const waiting = a.post("/ng-rollout/r1/verify", { task: {}, answer: "x", _ng_group_id: "g1", _ng_rollout_index: 0 }, cookie);
-    await until(() => verifier.table.activeCohorts === 1);
+    await waitUntil(() => verifier.table.activeCohorts === 1, "the member waiting in its cohort");
 
     const retired = await a.call("retire", { checkpoint_id: "x1", episode_ids: [{ rollout_id: "r1", attempt: 0 }] } as never, 1);
     expect(retired).toEqual({ retired: ["r1"] });
