@@ -22,6 +22,13 @@ const HOP_BY_HOP = new Set([
   "expect",
 ]);
 
+/**
+ * The proxy's own control headers (`x-ng-*`) in any spelling of their separators: a WSGI/CGI upstream
+ * reads `x_ng_capture_key` as `x-ng-capture-key` (both `HTTP_X_NG_CAPTURE_KEY`), so an underscore
+ * spelling a caller sent would pass for, or override, the one the proxy sets.
+ */
+const CONTROL_HEADER = /^x[-_]ng[-_]/;
+
 /** The header names `Connection` values list (comma-separated, any case): options of that connection only. */
 function connectionOptions(values: readonly string[]): Set<string> {
   const names = new Set<string>();
@@ -37,7 +44,7 @@ function connectionOptions(values: readonly string[]): Set<string> {
 /**
  * The caller's headers for the upstream request, as a flat name/value list (undici's raw form):
  * read from `rawHeaders`, so the parsed `req.headers` object is never built on the hot path.
- * Caller-sent `x-ng-*` headers are dropped; the proxy sets its own. With `identity`, the answer is
+ * Caller-sent `x-ng-*` headers (also spelled with `_`) are dropped; the proxy sets its own. With `identity`, the answer is
  * asked for uncompressed (`accept-encoding: identity` instead of the caller's): the proxy reads a
  * tracked call's usage from its last bytes.
  */
@@ -48,7 +55,7 @@ export function upstreamHeaders(rawHeaders: string[], host: string, options: { i
   const out = ["host", host];
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase();
-    if (HOP_BY_HOP.has(name) || named.has(name) || name.startsWith("x-ng-") || (options.identity && name === "accept-encoding")) continue;
+    if (HOP_BY_HOP.has(name) || named.has(name) || CONTROL_HEADER.test(name) || (options.identity && name === "accept-encoding")) continue;
     out.push(name, rawHeaders[i + 1]!);
   }
   if (options.identity) out.push("accept-encoding", "identity");

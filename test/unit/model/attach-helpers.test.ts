@@ -272,6 +272,12 @@ describe("hop-by-hop headers", () => {
     expect(upstreamHeaders(raw, "upstream:2")).toEqual(["host", "upstream:2", "authorization", "Bearer k", "content-type", "application/json"]);
   });
 
+  it("drops a caller's x-ng-* headers in any spelling of their separators (a WSGI upstream reads x_ng_capture_key as x-ng-capture-key)", () => {
+    const raw = ["X-NG-Capture-Key", "a", "x_ng_capture_key", "b", "X_Ng_Model_Call_Id", "c", "x-ng_parent_call_id", "d", "x_ng-continuation", "e",
+      "x_ngx", "kept", "xng_y", "kept", "Content-Type", "application/json"];
+    expect(upstreamHeaders(raw, "upstream:2")).toEqual(["host", "upstream:2", "x_ngx", "kept", "xng_y", "kept", "content-type", "application/json"]);
+  });
+
   it("drops the headers the upstream's Connection names, and Proxy-Authenticate, from the caller's response (content-length kept)", () => {
     const headers = {
       connection: "close, x-backend-hop",
