@@ -42,39 +42,77 @@ function connectionOptions(values: readonly string[]): Set<string> {
 }
 
 /**
+ * The codings a `Transfer-Encoding` lists besides `chunked` (`gzip, chunked` → `["gzip"]`). Only the
+ * chunked framing belongs to the hop, and each hop's parser removes it; the body it hands over still
+ * carries the others, so they travel on as content codings: listed after the `Content-Encoding` ones
+ * (`content`), as they were applied after them. Undefined when there are none (the common case).
+ */
+function contentCodings(transfer: readonly string[], content: readonly string[]): string | undefined {
+  const codings = [];
+  for (const value of transfer) {
+    for (const token of value.split(",")) {
+      const coding = token.trim().toLowerCase();
+      if (coding && coding !== "chunked") codings.push(coding);
+    }
+  }
+  if (codings.length === 0) return undefined;
+  return [...content.map((value) => value.trim()).filter((value) => value), ...codings].join(", ");
+}
+
+/** A header's values (none, one or several), as a list. */
+function values(value: string | string[] | undefined): string[] {
+  return value === undefined ? [] : Array.isArray(value) ? value : [value];
+}
+
+/**
  * The caller's headers for the upstream request, as a flat name/value list (undici's raw form):
  * read from `rawHeaders`, so the parsed `req.headers` object is never built on the hot path.
  * Caller-sent `x-ng-*` headers (also spelled with `_`) are dropped; the proxy sets its own. With `identity`, the answer is
  * asked for uncompressed (`accept-encoding: identity` instead of the caller's): the proxy reads a
- * tracked call's usage from its last bytes.
+ * tracked call's usage from its last bytes. A body's transfer codings other than `chunked` are named
+ * in its `Content-Encoding` (undici frames the upstream hop itself and takes no `Transfer-Encoding`).
  */
 export function upstreamHeaders(rawHeaders: string[], host: string, options: { identity?: boolean } = {}): string[] {
   const connection: string[] = [];
-  for (let i = 0; i < rawHeaders.length; i += 2) if (rawHeaders[i]!.toLowerCase() === "connection") connection.push(rawHeaders[i + 1]!);
+  const transfer: string[] = [];
+  const content: string[] = [];
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i]!.toLowerCase();
+    if (name === "connection") connection.push(rawHeaders[i + 1]!);
+    else if (name === "transfer-encoding") transfer.push(rawHeaders[i + 1]!);
+    else if (name === "content-encoding") content.push(rawHeaders[i + 1]!);
+  }
   const named = connectionOptions(connection);
+  const coded = transfer.length === 0 ? undefined : contentCodings(transfer, content);
   const out = ["host", host];
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase();
     if (HOP_BY_HOP.has(name) || named.has(name) || CONTROL_HEADER.test(name) || (options.identity && name === "accept-encoding")) continue;
+    if (coded !== undefined && name === "content-encoding") continue;
     out.push(name, rawHeaders[i + 1]!);
   }
+  if (coded !== undefined) out.push("content-encoding", coded);
   if (options.identity) out.push("accept-encoding", "identity");
   return out;
 }
 
 /**
  * The upstream's response headers for the caller, hop-by-hop ones (and those its `Connection` names)
- * dropped; `content-length` kept, as the body is passed on as it came. `location` maps a `Location`
- * onto the proxy (`proxiedLocation`).
+ * dropped; `content-length` kept, as the body is passed on as it came. Transfer codings other than
+ * `chunked` are named in `Content-Encoding`, as for a request. `location` maps a `Location` onto the
+ * proxy (`proxiedLocation`).
  */
 export function callerHeaders(headers: IncomingHttpHeaders, location: (value: string) => string = (value) => value): OutgoingHttpHeaders {
   const connection = headers.connection;
-  const named = connection === undefined ? new Set<string>() : connectionOptions(Array.isArray(connection) ? connection : [connection]);
+  const named = connection === undefined ? new Set<string>() : connectionOptions(values(connection));
+  const transfer = headers["transfer-encoding"];
+  const coded = transfer === undefined ? undefined : contentCodings(values(transfer), values(headers["content-encoding"]));
   const out: OutgoingHttpHeaders = {};
   for (const name in headers) {
     const value = headers[name];
     if (value === undefined || (name !== "content-length" && (HOP_BY_HOP.has(name) || named.has(name)))) continue;
     out[name] = name === "location" && typeof value === "string" ? location(value) : value;
   }
+  if (coded !== undefined) out["content-encoding"] = coded;
   return out;
 }

@@ -278,6 +278,15 @@ describe("hop-by-hop headers", () => {
     expect(upstreamHeaders(raw, "upstream:2")).toEqual(["host", "upstream:2", "x_ngx", "kept", "xng_y", "kept", "content-type", "application/json"]);
   });
 
+  it("names a body's transfer codings other than chunked in its Content-Encoding, after the content codings, both ways", () => {
+    const raw = ["Content-Encoding", "br", "Transfer-Encoding", "GZIP, chunked", "Content-Type", "text/plain"];
+    expect(upstreamHeaders(raw, "upstream:2")).toEqual(["host", "upstream:2", "content-type", "text/plain", "content-encoding", "br, gzip"]);
+    expect(upstreamHeaders(["Transfer-Encoding", "chunked", "Content-Encoding", "br"], "upstream:2")).toEqual(["host", "upstream:2", "content-encoding", "br"]);
+    expect(callerHeaders({ "transfer-encoding": "deflate, gzip, chunked", "content-type": "text/plain" })).toEqual({ "content-type": "text/plain", "content-encoding": "deflate, gzip" });
+    expect(callerHeaders({ "transfer-encoding": "gzip, chunked", "content-encoding": "br" })).toEqual({ "content-encoding": "br, gzip" });
+    expect(callerHeaders({ "transfer-encoding": "chunked", "content-encoding": "br" })).toEqual({ "content-encoding": "br" });
+  });
+
   it("drops the headers the upstream's Connection names, and Proxy-Authenticate, from the caller's response (content-length kept)", () => {
     const headers = {
       connection: "close, x-backend-hop",
