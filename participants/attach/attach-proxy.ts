@@ -40,7 +40,8 @@ export interface AttachProxyOptions {
    * How long a recorded call's ended response may take to leave for its caller, and how long a
    * streaming answer (an untracked call's too) may wait for the caller's full socket to drain
    * (default 30 s): a caller that stopped reading would otherwise keep its ticket, a readiness
-   * blocker, open for ever (an untracked call: its upstream connection).
+   * blocker, open for ever (an untracked call: its upstream connection). Also how long the rest of a
+   * body refused `payload_too_large` may take to arrive (read and dropped) before its connection is closed.
    */
   finishWaitMs?: number;
 }
@@ -119,7 +120,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     const canonical = canonicalRoute(route);
     if (!isGenerationRoute(canonical)) return passthrough(req, res, route + query, relocate);
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
-    const body = await readBody(req, maxBody);
+    const body = await readBody(req, maxBody, finishWaitMs);
     let parsed: unknown;
     try {
       parsed = JSON.parse(body.toString("utf8"));
@@ -171,7 +172,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (path === "/ng-capture/v1/status" && req.method === "GET") return json(res, 200, { ...kind.readiness(), ...kind.statusExtras() });
     if (path === "/ng-capture/v1/ledger/retire" && req.method === "POST") {
       // Decoded as a control message is: a key named twice (JSON.parse keeps the last) is refused, not retired on.
-      const body = decodeRequest(RetireBodySchema, await readBody(req, 64 * 1024));
+      const body = decodeRequest(RetireBodySchema, await readBody(req, 64 * 1024, finishWaitMs));
       return json(res, 200, { retired: await kind.retireLedgers(body) });
     }
     const prefix = "/ng-capture/v1/ledger/";
@@ -211,7 +212,11 @@ export function originForm(target: string): string | undefined {
 /** How many times its limit a refused body may still send (read and dropped) before its connection is closed. */
 const DRAINED_LIMITS = 4;
 
-function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+/**
+ * The body of `req`, up to `limit` bytes; past it, refused `payload_too_large`, its rest read and
+ * dropped for at most `drainMs` (and DRAINED_LIMITS times the limit) before its connection is closed.
+ */
+function readBody(req: IncomingMessage, limit: number, drainMs: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -223,16 +228,29 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
       // limit, so a client that sends its whole body before it reads the answer (httpx, so
       // openai-python) still gets the 413, and the connection stays usable. A client still sending
       // past that (a chunked body that never ends) has its connection closed: read for ever, it stayed busy.
+      // So has one whose rest has not all come within `drainMs`: the server has no request timeout and
+      // keep-alive's idle timer restarts with every byte, so a slow sender held the connection for ever.
       req.off("data", onData);
       chunks.length = 0;
       let dropped = size - limit;
-      const drain = (more: Buffer) => {
-        dropped += more.length;
-        if (dropped <= DRAINED_LIMITS * limit) return;
-        req.off("data", drain);
+      const close = () => {
+        stopDraining();
         req.socket.destroy();
       };
+      const drain = (more: Buffer) => {
+        dropped += more.length;
+        if (dropped > DRAINED_LIMITS * limit) close();
+      };
+      const timer = setTimeout(close, drainMs);
+      const stopDraining = () => {
+        clearTimeout(timer);
+        req.off("data", drain);
+        req.off("end", stopDraining);
+        req.off("close", stopDraining);
+      };
       req.on("data", drain);
+      req.once("end", stopDraining);
+      req.once("close", stopDraining);
       reject(new CheckpointError("payload_too_large", `request body larger than ${limit} bytes`));
     };
     req.on("data", onData);

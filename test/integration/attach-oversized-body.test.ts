@@ -12,6 +12,8 @@ import { closeAttachFixture, listenLocal } from "../support/attach-proxy-fixture
 // A generation body over the limit is refused 413, and the rest of it was read and dropped with no
 // cap: a client that never ends its body (chunked) kept the connection, read for ever, busy.
 const LIMIT = 4096;
+/** The proxy's finishWaitMs, also how long a refused body's rest is waited for. */
+const FINISH_WAIT_MS = 1000;
 let dir: string;
 let upstream: Server;
 let proxy: Server;
@@ -28,7 +30,7 @@ beforeEach(async () => {
     res.end("{}");
   });
   kind = new ModelKind({ ledgerDir: join(dir, "ledger"), cutBackend: null });
-  proxy = createAttachProxy({ upstream: parseUpstream(await listenLocal(upstream)), kind, controlToken: "t", maxBodyBytes: LIMIT });
+  proxy = createAttachProxy({ upstream: parseUpstream(await listenLocal(upstream)), kind, controlToken: "t", maxBodyBytes: LIMIT, finishWaitMs: FINISH_WAIT_MS });
   proxyUrl = new URL(await listenLocal(proxy));
 });
 
@@ -107,3 +109,28 @@ it("answers fetch 413 for a body several times the limit", async () => {
   expect(response.status).toBe(413);
   expect(await response.json()).toMatchObject({ error: { code: "payload_too_large" } });
 });
+
+it("closes the connection of a refused body whose rest, under the drain cap, trickles in past finishWaitMs", async () => {
+  // The server has no requestTimeout (a held call's pipelined requests), and keep-alive's idle timer
+  // restarts with every byte: a refused body still owed, sent slowly, held its connection for ever.
+  const socket = connect(Number(proxyUrl.port), proxyUrl.hostname);
+  let reply = "";
+  socket.setEncoding("utf8");
+  socket.on("data", (chunk: string) => (reply += chunk));
+  socket.on("error", () => undefined);
+  const closed = new Promise<"closed">((resolve) => socket.once("close", () => resolve("closed")));
+  await new Promise((resolve) => socket.once("connect", resolve));
+  const started = Date.now();
+  socket.write(`POST /ng-rollout/k/v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: ${LIMIT * 2}\r\n\r\n${"x".repeat(LIMIT + 1)}`);
+  // One byte every 200 ms: well inside keep-alive's 5 s idle timeout, and far from the body's end.
+  const trickle = setInterval(() => socket.destroyed || socket.write("x"), 200);
+  let bound: NodeJS.Timeout | undefined;
+  const outcome = await Promise.race([closed, new Promise<"still open">((resolve) => (bound = setTimeout(() => resolve("still open"), FINISH_WAIT_MS + 10_000)))]);
+  clearInterval(trickle);
+  clearTimeout(bound);
+  socket.destroy();
+  expect(reply.split("\r\n")[0]).toBe("HTTP/1.1 413 Payload Too Large");
+  expect(outcome).toBe("closed");
+  expect(Date.now() - started).toBeGreaterThanOrEqual(FINISH_WAIT_MS - 50); // not cut at once: a client still sending gets its time
+  expect(upstreamCalls).toBe(0);
+}, 30_000);
