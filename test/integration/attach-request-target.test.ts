@@ -99,3 +99,23 @@ it("tracks a generation call whose request target carries a fragment", async () 
   // Without the prefix it is refused, as any unprefixed generation call is.
   expect((await raw("POST", "/v1/chat/completions#x", CHAT_BODY)).status).toBe(400);
 });
+
+it("classifies a route behind a path prefix by its end: chat completions tracked, legacy completions passed through", async () => {
+  // Legacy /v1/completions is no generation route (the protocol gates chat completions, responses and
+  // messages only), with or without a path before /v1: both spellings of each are classified alike.
+  for (const target of ["/ng-rollout/pre/v1/chat/completions", "/ng-rollout/pre/something/v1/chat/completions"]) {
+    expect([target, (await raw("POST", target, CHAT_BODY)).status]).toEqual([target, 200]);
+  }
+  const prompt = JSON.stringify({ model: "m", prompt: "hi" });
+  for (const target of ["/ng-rollout/pre/v1/completions", "/ng-rollout/pre/something/v1/completions", "/something/v1/completions"]) {
+    expect([target, (await raw("POST", target, prompt)).status]).toEqual([target, 200]);
+  }
+  expect(seen.map((s) => [s.url, typeof s.headers["x-ng-model-call-id"]])).toEqual([
+    ["/v1/chat/completions", "string"],
+    ["/something/v1/chat/completions", "string"],
+    ["/v1/completions", "undefined"],
+    ["/something/v1/completions", "undefined"],
+    ["/something/v1/completions", "undefined"],
+  ]);
+  expect((await kind.ledger.rows("pre")).map((r) => r.route)).toEqual(["/v1/chat/completions", "/something/v1/chat/completions"]);
+});
