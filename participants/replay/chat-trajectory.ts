@@ -39,7 +39,15 @@ export function chatToMessage(m: ChatMessageLike): Message {
       return { role: "tool", tool_call_id: m.tool_call_id ?? "", content, ...(m.name != null && { name: m.name }) };
     case "assistant": {
       const calls = (m.tool_calls ?? []).map((c) => ({ id: c.id, name: c.function.name, arguments: c.function.arguments }));
-      return { role: "assistant", content: m.content ?? null, ...(calls.length > 0 && { tool_calls: calls }) };
+      // The model's reasoning is part of the conversation a replay continues (a field chat messages
+      // pass through unchecked: only text, or null, is a record's).
+      const reasoning = m["reasoning_content"];
+      return {
+        role: "assistant",
+        content: m.content ?? null,
+        ...((typeof reasoning === "string" || reasoning === null) && { reasoning_content: reasoning }),
+        ...(calls.length > 0 && { tool_calls: calls }),
+      };
     }
   }
 }
@@ -56,11 +64,12 @@ export function messageToChat(m: Message): ChatMessageLike {
     case "user":
       return { role: m.role, content: text(m.content) };
     case "tool":
-      return { role: "tool", tool_call_id: m.tool_call_id, content: text(m.content) };
+      return { role: "tool", tool_call_id: m.tool_call_id, content: text(m.content), ...(m.name != null && { name: m.name }) };
     case "assistant":
       return {
         role: "assistant",
         content: m.content ?? null,
+        ...(m.reasoning_content !== undefined && { reasoning_content: m.reasoning_content }),
         ...(m.tool_calls && m.tool_calls.length > 0 && {
           tool_calls: m.tool_calls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.arguments } })),
         }),

@@ -87,6 +87,24 @@ describe("checkpoint seeds", () => {
     expect(exported.seeds[0]!.lineage).toMatchObject({ boundary: "invoke_agent", turns: 1 });
   });
 
+  it("keep a tool result's name and an assistant turn's reasoning_content, so a replay continues the same conversation", async () => {
+    const r1 = parked("r1");
+    const messages = [
+      { role: "system", content: "You solve." },
+      { role: "user", content: "Compute 6*7." },
+      { role: "assistant", content: null, reasoning_content: "Use python.", tool_calls: [{ id: "c1", type: "function", function: { name: "python", arguments: "{}" } }] },
+      { role: "tool", tool_call_id: "c1", name: "python", content: "42" },
+    ];
+    const agent = { ...r1.agent, boundary: { messages } };
+    await publish([await writeParticipant("environment", [r1.environment]), await writeParticipant("agent", [agent])]);
+    const exported = await exportCheckpointSeeds(checkpointDir());
+    expect(exported.seeds[0]!.prompt).toEqual([
+      { role: "user", content: "Compute 6*7." },
+      { role: "assistant", content: null, reasoning_content: "Use python.", tool_calls: [{ id: "c1", name: "python", arguments: "{}" }] },
+      { role: "tool", tool_call_id: "c1", name: "python", content: "42" },
+    ]);
+  });
+
   it("skip an episode whose agent boundary is not a turn-loop snapshot (another agent's own state) and export the rest", async () => {
     const [r1, r2] = [parked("r1"), parked("r2")];
     const custom = { ...r2.agent, boundary: { cursor: 7, scratchpad: "opaque" } };

@@ -310,6 +310,16 @@ describe("chat trajectories", () => {
     for (const m of conversation.slice(1)) expect(messageToChat(chatToMessage(m))).toEqual(m);
     expect(promptToChat("hi")).toEqual([{ role: "user", content: "hi" }]);
   });
+
+  it("keep a tool result's name and an assistant turn's reasoning_content both ways", () => {
+    const messages: ChatMessageLike[] = [
+      { role: "assistant", content: null, reasoning_content: "Use the calculator.", tool_calls: [{ id: "c1", type: "function", function: { name: "calculator", arguments: "{}" } }] },
+      { role: "tool", tool_call_id: "c1", name: "calculator", content: "42" },
+      { role: "assistant", content: "42", reasoning_content: null },
+    ];
+    for (const m of messages) expect(messageToChat(chatToMessage(m))).toEqual(m);
+    expect(chatToMessage(messages[0]!)).toEqual({ role: "assistant", content: null, reasoning_content: "Use the calculator.", tool_calls: [{ id: "c1", name: "calculator", arguments: "{}" }] });
+  });
 });
 
 describe("resume points", () => {
