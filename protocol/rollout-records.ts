@@ -4,7 +4,7 @@ import { z } from "zod";
 import { CheckpointError } from "./errors.js";
 import { jsonNestsDeeperThan } from "./json-depth.js";
 import { jsonTextWithin } from "./json-too-long.js";
-import { inInputKeyOrder, keepingProtoKey } from "./json-value.js";
+import { inInputKeyOrder, JsonObjectSchema, keepingProtoKey } from "./json-value.js";
 
 /**
  * Rollout records: the pure encoding shared by every writer (the replay record writer, the
@@ -546,8 +546,8 @@ export const RunTrajectorySchema = z
     turns: z.number().int().min(0),
     stop_condition: z.string().nullable(),
     is_completed: z.boolean(),
-    /** Lineage of a replayed task; its record then counts as replayed and is never mined again. */
-    replay: z.record(z.string(), z.unknown()).nullable(),
+    /** Lineage of a replayed task; its record then counts as replayed and is never mined again. A `__proto__` key is data. */
+    replay: JsonObjectSchema.nullable(),
   })
   .strict();
 export type RunTrajectory = z.infer<typeof RunTrajectorySchema>;

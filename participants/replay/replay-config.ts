@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { MAX_TIMER_MS } from "../../protocol/index.js";
+import { keepingProtoKey, MAX_TIMER_MS } from "../../protocol/index.js";
 import { describeIssues, invalidRequest } from "./errors.js";
 import { globProblem } from "./record-glob.js";
 import type { RecordFilters } from "./record-reader.js";
@@ -24,7 +24,8 @@ export const ReplayConfigSchema = z
   .object({
     /** A glob or list of globs (`**` allowed), re-expanded on every reload. */
     records: z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]),
-    source: z.object({ id: z.string().min(1) }).catchall(z.unknown()),
+    /** The source environment's own config: a key named `__proto__` is data too (zod would drop it). */
+    source: keepingProtoKey(z.object({ id: z.string().min(1) }).catchall(z.unknown())),
     mode: z.enum(["continue", "recheck"]).default("continue"),
     anchor: z.enum(["compaction", "tool-call"]).default(DEFAULT_ANCHOR),
     /** tool-call only: seeded draw of this many anchors per record; null keeps all. */

@@ -23,6 +23,15 @@ function refusal(raw: unknown): ReplayError {
 }
 
 describe("replay config (16)", () => {
+  it("keeps a source config key named __proto__ as data, through a dump and a re-parse", () => {
+    const raw = JSON.parse(`{"records":"step_*/x.jsonl","source":{"id":"gsm8k","__proto__":{"split":"test"},"k":1}}`) as unknown;
+    const config = parseReplayConfig(raw);
+    expect(Object.keys(config.source)).toEqual(["id", "__proto__", "k"]);
+    expect(Object.getOwnPropertyDescriptor(config.source, "__proto__")?.value).toEqual({ split: "test" });
+    expect(Object.getPrototypeOf(config.source)).toBe(Object.prototype);
+    expect(JSON.stringify(parseReplayConfig(dumpReplayConfig(config)).source)).toBe(`{"id":"gsm8k","__proto__":{"split":"test"},"k":1}`);
+  });
+
   it("fills defaults", () => {
     expect(parseReplayConfig(base)).toEqual({
       ...base,

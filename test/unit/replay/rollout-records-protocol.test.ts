@@ -290,6 +290,15 @@ describe("chat trajectories", () => {
     expect(promptToChat(source.tasks[0]!.prompt)).toEqual(conversation.slice(1, 4));
   });
 
+  it("a trajectory's replay lineage keeps a key named __proto__ as data, into the record's info", () => {
+    const trajectory = chatTrajectory({ messages: conversation, seeded: 4, reward: 1, taskName: "continue:abcdef12:tool-call3", prompt: null, replay: null });
+    const raw = JSON.parse(JSON.stringify({ ...trajectory, replay: "LINEAGE" }).replace(`"LINEAGE"`, `{"mode":"continue","__proto__":{"k":1}}`)) as unknown;
+    const parsed = RunTrajectorySchema.parse(raw);
+    expect(JSON.stringify(parsed.replay)).toBe(`{"mode":"continue","__proto__":{"k":1}}`);
+    const record = traceRecordFromTrajectory({ id: traceId(9), taskIdx: 0, task: {}, trajectory: parsed });
+    expect(JSON.stringify(record.info)).toBe(`{"replay":{"mode":"continue","__proto__":{"k":1}}}`);
+  });
+
   it("a replayed record carries its lineage and is never mined again", async () => {
     const trajectory = chatTrajectory({ messages: conversation, seeded: 4, reward: 1, taskName: "continue:abcdef12:tool-call3", prompt: null, replay: { sourceTraceId: "abc" } });
     const record = traceRecordFromTrajectory({ id: traceId(8), taskIdx: 0, task: { answer: "42" }, trajectory });
