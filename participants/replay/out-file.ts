@@ -1,7 +1,8 @@
 import { realpath, stat } from "node:fs/promises";
 import { basename, dirname, isAbsolute, join, relative, sep } from "node:path";
 import { isUnreadableStorage } from "../../protocol/index.js";
-import { writeFileAtomic } from "../storage/fs-durable.js";
+import { isTempNameOf, writeFileAtomic } from "../storage/fs-durable.js";
+import { removeStaleTempFiles } from "../storage/stale-temp-files.js";
 import { invalidRequest } from "./errors.js";
 
 /**
@@ -70,5 +71,7 @@ export async function writeJsonLines(path: string, values: readonly unknown[]): 
       yield NEWLINE;
     }
   }
+  // Temp files of this name a crashed export left (an export of a large checkpoint is one large file).
+  await removeStaleTempFiles(dirname(path), (name) => isTempNameOf(basename(path), name));
   await writeFileAtomic(path, lines(), { createParents: false });
 }

@@ -2,11 +2,12 @@ import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import path from "node:path";
 import { CheckpointError, MAX_ROLLOUT_BATCH_BYTES, MAX_ROLLOUT_STEP_MARKER_BYTES, encodeRecordLines, encodeRolloutRecords, encodeRolloutStepMarker, rolloutStepMarkerFiles, stepMarkerComplete, type EncodedRolloutRecords } from "../../protocol/index.js";
-import { writeFileAtomic } from "../storage/fs-durable.js";
+import { tempNameTarget, writeFileAtomic } from "../storage/fs-durable.js";
 import { openRegularFile, readRegularFile } from "../storage/regular-file.js";
+import { removeStaleTempFiles } from "../storage/stale-temp-files.js";
 import { invalidRequest } from "./errors.js";
-import { indexPathFor, parseRecordFileName, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
-import { stepMarkerName } from "./step-marker.js";
+import { indexPathFor, isIndexFileName, parseRecordFileName, recordFileName, stepDirName, type RecordKind } from "./record-paths.js";
+import { isStepMarkerName, stepMarkerName } from "./step-marker.js";
 import type { TraceRecord } from "./trace-record.js";
 
 /** Records of one env for one step. */
@@ -46,7 +47,21 @@ export async function encodeRecords(
  * Buffer (`maxBatchBytes`, smaller only in tests) is refused: write its records in more steps.
  */
 export async function writeRolloutRecords(rootDir: string, step: number, batch: EnvRecords, maxBatchBytes = MAX_ROLLOUT_BATCH_BYTES): Promise<WrittenRecords> {
-  return publish(await prepare(rootDir, step, batch, maxBatchBytes));
+  const prepared = await prepare(rootDir, step, batch, maxBatchBytes);
+  await removeStaleStepTemps(path.dirname(prepared.recordPath));
+  return publish(prepared);
+}
+
+/**
+ * Removes the temp files of a step's record files, indexes and markers (any writer's: the collector
+ * names them alike) that a crash left before their rename or link; nothing else ever would. Only
+ * those older than STALE_TEMP_AGE_MS: a younger one may be a live writer's, here or elsewhere.
+ */
+async function removeStaleStepTemps(stepDir: string): Promise<void> {
+  await removeStaleTempFiles(stepDir, (name) => {
+    const target = tempNameTarget(name);
+    return target !== null && (parseRecordFileName(target) !== null || isIndexFileName(target) || isStepMarkerName(target));
+  });
 }
 
 interface Prepared {
@@ -129,6 +144,7 @@ export async function writeStepRecords(
     const ours = prepared.filter((_, i) => batches[i]!.kind === kind).map((p) => path.basename(p.recordPath));
     encodeRolloutStepMarker(step, kind, (await markerListing(stepDir, step, kind, ours)).files, maxMarkerBytes);
   }
+  await removeStaleStepTemps(stepDir);
   // Settle every publish before failing, so a retry never races a write of this call still under way.
   const settled = await Promise.allSettled(prepared.map(publish));
   const failed = settled.find((r) => r.status === "rejected");

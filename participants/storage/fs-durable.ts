@@ -32,16 +32,37 @@ const NAME_MAX = 255;
  */
 function tempName(name: string): string {
   const suffix = `.${process.pid}.${randomBytes(6).toString("hex")}.tmp`;
+  return `.${fittedName(name, suffix)}${suffix}`;
+}
+
+/** `name`, cut on a character boundary as far as `.<name><suffix>` must to fit NAME_MAX. */
+function fittedName(name: string, suffix: string): string {
   const room = NAME_MAX - 1 - Buffer.byteLength(suffix);
-  if (Buffer.byteLength(name) > room) {
-    let kept = "";
-    for (const char of name) {
-      if (Buffer.byteLength(kept + char) > room) break;
-      kept += char;
-    }
-    name = kept;
+  if (Buffer.byteLength(name) <= room) return name;
+  let kept = "";
+  for (const char of name) {
+    if (Buffer.byteLength(kept + char) > room) break;
+    kept += char;
   }
-  return `.${name}${suffix}`;
+  return kept;
+}
+
+/** A temp name tempName makes: the (maybe cut) target name, then the pid, 12 hex and `.tmp`. */
+const TEMP_NAME = /^\.(.+)(\.[0-9]+\.[0-9a-f]{12}\.tmp)$/s;
+
+/**
+ * The file name a temp file of writeFileAtomic's was made for, as its name carries it (cut when the
+ * whole was too long); null when `candidate` is no such temp name. Lets a writer find the temp files
+ * a crash left between their create and their rename or link.
+ */
+export function tempNameTarget(candidate: string): string | null {
+  return TEMP_NAME.exec(candidate)?.[1] ?? null;
+}
+
+/** Whether `candidate` is a temp name writeFileAtomic makes for a file named `name` (any process's). */
+export function isTempNameOf(name: string, candidate: string): boolean {
+  const m = TEMP_NAME.exec(candidate);
+  return m !== null && m[1] === fittedName(name, m[2]!);
 }
 
 /** Writes all of `chunk` at the handle's position (a write may take fewer bytes than asked). */

@@ -19,10 +19,19 @@ export function isProbeFileName(name: string): boolean {
 
 /** Removes the probe files among `names` (in `dir`) older than STALE_PROBE_AGE_MS; a failure keeps one for the next open. */
 export async function removeStaleProbeFiles(dir: string, names: Iterable<string>, now: number = Date.now()): Promise<void> {
+  await removeStaleFiles(dir, names, isProbeFileName, STALE_PROBE_AGE_MS, now);
+}
+
+/**
+ * Removes the regular files among `names` (in `dir`) that `matches` and that were last modified more
+ * than `ageMs` ago (a live writer's file is modified by its every write); a failure keeps one for the
+ * next time. Shared by the probe files above and writers' temp files (stale-temp-files.ts).
+ */
+export async function removeStaleFiles(dir: string, names: Iterable<string>, matches: (name: string) => boolean, ageMs: number, now: number = Date.now()): Promise<void> {
   for (const name of names) {
-    if (!isProbeFileName(name)) continue;
+    if (!matches(name)) continue;
     const path = join(dir, name);
     const stat = await lstat(path).catch(() => undefined);
-    if (stat?.isFile() && stat.mtimeMs < now - STALE_PROBE_AGE_MS) await unlink(path).catch(() => undefined);
+    if (stat?.isFile() && stat.mtimeMs < now - ageMs) await unlink(path).catch(() => undefined);
   }
 }
