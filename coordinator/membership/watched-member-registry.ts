@@ -8,6 +8,9 @@ import { KvMemberRegistry, operationOf, readEntry, type MembershipSource, type U
 
 type KvWatch = QueuedIterator<KvWatchEntry>;
 
+/** Reads of the bucket (after a reconnect, or of a re-created bucket) tried before giving up: the watch still refreshes the view. */
+const RESEED_ATTEMPTS = 6;
+
 /** A key's latest entry: its member, or (never both) why it cannot be read. */
 interface Cached {
   member?: Member;
@@ -62,6 +65,16 @@ export class WatchedMemberRegistry implements MembershipSource {
    * checkpoint started then would go ahead without live participants.
    */
   private reseeding: Promise<void> | undefined;
+  /** Bumped per reconnect: an earlier reconnect's retries stop, the later one reads again. */
+  private reseedRound = 0;
+  /**
+   * When (monotonic) this process's connection was lost, until a read after it succeeds: cut off
+   * for less than the TTL less a heartbeat, every member still beating is in the view yet, and a
+   * listing need not wait for the read (viewMayMissMembers).
+   */
+  private lostAt: number | undefined;
+  /** The pauses between retries in flight: stop() ends them. */
+  private readonly pauses = new Set<() => void>();
   /** Per read in flight (reconnects may follow each other), the keys the watch delivered meanwhile: what it delivered is newer. */
   private readonly touchedWhileReseeding = new Set<Set<string>>();
   private connectionStatus: AsyncIterable<Status> | undefined;
@@ -96,15 +109,75 @@ export class WatchedMemberRegistry implements MembershipSource {
     const status = nc.status();
     this.connectionStatus = status;
     void (async () => {
-      for await (const s of status) if (s.type === "reconnect" && !this.stopped) this.reseedAfterReconnect();
+      for await (const s of status) {
+        if (s.type === "disconnect") this.lostAt ??= this.clock.monotonic();
+        if (s.type === "reconnect" && !this.stopped) void this.reseedAfterReconnect();
+      }
     })().catch((error: unknown) => this.logger?.warn({ err: error }, "membership_status_watch_failed"));
   }
 
-  private reseedAfterReconnect(): void {
+  /**
+   * Reads the bucket again, retried (a JetStream that answers nothing yet right after the
+   * reconnect, a stream leader being elected) until it succeeds, a later reconnect reads again, or
+   * this registry stops. Listings wait for the read in flight, not for the pauses between.
+   */
+  private async reseedAfterReconnect(): Promise<void> {
+    const round = ++this.reseedRound;
+    const succeeded = await this.retrying("membership_reseed_failed", () => this.stopped || round !== this.reseedRound, () => {
+      const attempt = this.reseedOnce();
+      // A listing waiting on it goes on with the view either way (the failure is logged by retrying).
+      const reseeding = attempt.catch(() => undefined).finally(() => {
+        if (this.reseeding === reseeding) this.reseeding = undefined;
+      });
+      this.reseeding = reseeding;
+      return attempt;
+    });
+    if (succeeded && round === this.reseedRound) this.lostAt = undefined;
+  }
+
+  /**
+   * Runs `attempt` until it succeeds (true), `ended()` or RESEED_ATTEMPTS failures (false), with a
+   * jittered pause growing per failure between (real time, drawn from the clock's random source:
+   * coordinators that lost NATS together spread out). Each failure is logged as `event`.
+   */
+  private async retrying(event: string, ended: () => boolean, attempt: () => Promise<void>): Promise<boolean> {
+    for (let n = 1; !ended(); n++) {
+      try {
+        await attempt();
+        return true;
+      } catch (error) {
+        this.logger?.warn({ err: error, attempt: n }, event);
+        if (n >= RESEED_ATTEMPTS) return false;
+      }
+      await this.pause(equalJitter(Math.min(5_000, 100 * 2 ** n), this.clock.random));
+    }
+    return false;
+  }
+
+  /** A real-time pause (a test clock's sleep returns at once) that stop() ends early. */
+  private pause(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const end = () => {
+        clearTimeout(timer);
+        this.pauses.delete(end);
+        resolve();
+      };
+      const timer = setTimeout(end, ms);
+      timer.unref();
+      this.pauses.add(end);
+    });
+  }
+
+  /** What the bucket holds now (a test's seam). */
+  private readBucket(): ReturnType<KvMemberRegistry["read"]> {
+    return new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
+  }
+
+  private async reseedOnce(): Promise<void> {
     const touched = new Set<string>();
     this.touchedWhileReseeding.add(touched);
-    const reseeding = (async () => {
-      const read = await new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
+    try {
+      const read = await this.readBucket();
       const now = this.clock.monotonic();
       const present = new Set<string>();
       const entries = [
@@ -123,13 +196,9 @@ export class WatchedMemberRegistry implements MembershipSource {
       }
       // Gone from the bucket meanwhile (deleted, expired): gone here too.
       for (const key of this.cache.keys()) if (!present.has(key) && !touched.has(key)) this.cache.delete(key);
-    })()
-      .catch((error: unknown) => this.logger?.warn({ err: error }, "membership_reseed_failed"))
-      .finally(() => {
-        this.touchedWhileReseeding.delete(touched);
-        if (this.reseeding === reseeding) this.reseeding = undefined;
-      });
-    this.reseeding = reseeding;
+    } finally {
+      this.touchedWhileReseeding.delete(touched);
+    }
   }
 
   private async streamInfo(): Promise<{ created: string; lastSeq: number } | undefined> {
@@ -175,7 +244,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   private async seed(): Promise<void> {
     const removed = (this.removedWhileSeeding = new Set());
     try {
-      const seeded = await new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
+      const seeded = await this.readBucket();
       const now = this.clock.monotonic();
       const entries = [
         ...seeded.members.map(({ member, ageMs, revision }) => ({ key: memberKey(member.kind, member.instance), cached: { member, revision }, ageMs })),
@@ -234,9 +303,8 @@ export class WatchedMemberRegistry implements MembershipSource {
         // The connection closed for good: its owner stops (the daemon exits); nothing to follow.
         if (error instanceof errors.ClosedConnectionError) return;
         this.logger?.warn({ err: error, attempt }, "membership_watch_reopen_failed");
-        // Real time, not this.clock: a test clock's sleep returns at once. Jittered (drawn from the
-        // clock's random source): coordinators that lost their watch in one NATS restart spread out.
-        await new Promise((resolve) => setTimeout(resolve, equalJitter(Math.min(5_000, 100 * 2 ** attempt), this.clock.random)).unref());
+        // Jittered (drawn from the clock's random source): coordinators that lost their watch in one NATS restart spread out.
+        await this.pause(equalJitter(Math.min(5_000, 100 * 2 ** attempt), this.clock.random));
         continue;
       }
       if (this.stopped) return void watch.stop();
@@ -246,8 +314,9 @@ export class WatchedMemberRegistry implements MembershipSource {
         continue;
       }
       this.follow(watch);
-      // Nothing applied yet: no revision to resume from, so what the bucket holds is read afresh.
-      if (this.lastRevision === 0) await this.seed().catch((error: unknown) => this.logger?.warn({ err: error }, "membership_seed_failed"));
+      // Nothing applied yet: no revision to resume from, so what the bucket holds is read afresh
+      // (retried: until then only members that beat again are listed). A later re-creation reads itself.
+      if (this.lastRevision === 0) await this.retrying("membership_seed_failed", () => this.stopped || generation !== this.generation, () => this.seed());
       return;
     }
   }
@@ -312,8 +381,20 @@ export class WatchedMemberRegistry implements MembershipSource {
     return this.live().flatMap((c) => (c.member ? [c.member] : []));
   }
 
+  /**
+   * Whether the view may lack a member that kept beating: the connection lost (and not read again
+   * since) for a TTL less a heartbeat or longer, long enough for a member's last beat seen before
+   * to age out. A shorter outage left every live member in the view: a listing answers at once
+   * rather than wait for the read after the reconnect (up to a JetStream request timeout, 5 s).
+   * A member that stopped during the outage may still be listed then, as one stopping while a
+   * checkpoint opens is.
+   */
+  private viewMayMissMembers(): boolean {
+    return this.lostAt !== undefined && this.clock.monotonic() - this.lostAt >= this.ttlMs - MEMBER_HEARTBEAT_MS;
+  }
+
   async list(): Promise<ParticipantRef[]> {
-    await this.reseeding;
+    if (this.viewMayMissMembers()) await this.reseeding;
     return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
   }
 
@@ -323,7 +404,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   async unreadable(): Promise<UnreadableMember[]> {
-    await this.reseeding;
+    if (this.viewMayMissMembers()) await this.reseeding;
     return this.unreadableMembers();
   }
 
@@ -341,6 +422,7 @@ export class WatchedMemberRegistry implements MembershipSource {
     if (this.streamCheck) clearInterval(this.streamCheck);
     this.streamCheck = undefined;
     this.watch?.stop();
+    for (const end of [...this.pauses]) end();
     // nats.js's status iterator has stop(); its declared type is only AsyncIterable.
     (this.connectionStatus as { stop?: () => void } | undefined)?.stop?.();
     this.connectionStatus = undefined;

@@ -1,0 +1,196 @@
+import type { KV } from "@nats-io/kv";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { WatchedMemberRegistry } from "../../../coordinator/membership/watched-member-registry.js";
+import type { KvMemberRegistry } from "../../../coordinator/membership/member-registry.js";
+import { MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, type Member } from "../../../protocol/index.js";
+import { TestClock } from "./fake-participants.js";
+
+type Read = Awaited<ReturnType<KvMemberRegistry["read"]>>;
+
+interface RegistryInternals {
+  lostAt: number | undefined;
+  readBucket(): Promise<Read>;
+  reseedAfterReconnect(): Promise<void>;
+  rewatch(): Promise<void>;
+  remember(key: string, cached: { member: Member; seenAt: number; revision: number }): void;
+}
+
+const member = (instance: string): Member => ({ kind: "model", instance, incarnation: "i1", started_at: 1, heartbeat_at: 1, protocol_version: 1 });
+const holding = (...instances: string[]): Read => ({ members: instances.map((instance, i) => ({ member: member(instance), ageMs: 0, revision: i + 1 })), unreadable: [] });
+
+/** Every pause the registry takes, recorded and cut to nothing (the tests do not wait them out). */
+function pausesCut(): number[] {
+  const delays: number[] = [];
+  const realSetTimeout = globalThis.setTimeout;
+  vi.spyOn(globalThis, "setTimeout").mockImplementation(((fn: () => void, ms?: number) => {
+    delays.push(ms ?? 0);
+    return realSetTimeout(fn, 0);
+  }) as typeof setTimeout);
+  return delays;
+}
+
+function registry(clock = new TestClock()) {
+  const watched = new WatchedMemberRegistry({} as KV, undefined, clock);
+  return { watched, internals: watched as unknown as RegistryInternals, clock };
+}
+
+/** Whether `promise` settled within one turn of the event loop (it awaited nothing outstanding). */
+async function settlesAtOnce(promise: Promise<unknown>): Promise<boolean> {
+  return Promise.race([promise.then(() => true), new Promise<boolean>((resolve) => setImmediate(() => resolve(false)))]);
+}
+
+afterEach(() => vi.restoreAllMocks());
+
+// After a reconnect the registry reads the bucket again: cut off longer than the TTL its view aged
+// every member out. That read failing (JetStream not answering yet right after the reconnect, a
+// stream leader being elected) left the view empty until the watch's consumer reset.
+describe("membership re-read after a reconnect", () => {
+  it("is retried after a failure, with a jittered pause growing per failure, until it succeeds", async () => {
+    const delays = pausesCut();
+    const { watched, internals, clock } = registry();
+    clock.random = () => 0;
+    let reads = 0;
+    internals.readBucket = async () => {
+      reads += 1;
+      if (reads < 3) throw new Error("JetStream not available");
+      return holding("live");
+    };
+    try {
+      await internals.reseedAfterReconnect();
+      expect(reads).toBe(3);
+      expect(delays).toEqual([100, 200]);
+      expect(await watched.list()).toEqual([{ kind: "model", instance: "live" }]);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("gives up after a bounded number of attempts (the watch still refreshes the view)", async () => {
+    pausesCut();
+    const { watched, internals } = registry();
+    let reads = 0;
+    internals.readBucket = async () => {
+      reads += 1;
+      throw new Error("JetStream not available");
+    };
+    try {
+      await internals.reseedAfterReconnect();
+      expect(reads).toBe(6);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("stops retrying when the registry stops, its pause cut short", async () => {
+    const { watched, internals } = registry();
+    let reads = 0;
+    let failed!: () => void;
+    const firstFailure = new Promise<void>((resolve) => (failed = resolve));
+    internals.readBucket = async () => {
+      reads += 1;
+      failed();
+      throw new Error("JetStream not available");
+    };
+    const retrying = internals.reseedAfterReconnect();
+    await firstFailure;
+    watched.stop();
+    // The pause (up to 200 ms real time) ends with the stop, and no read follows it.
+    await retrying;
+    expect(reads).toBe(1);
+  });
+
+  it("stops retrying when a later reconnect reads again", async () => {
+    pausesCut();
+    const { watched, internals } = registry();
+    const reads: string[] = [];
+    let failed!: () => void;
+    const firstFailure = new Promise<void>((resolve) => (failed = resolve));
+    internals.readBucket = async () => {
+      reads.push(reads.length === 0 ? "first" : "later");
+      if (reads.length === 1) {
+        failed();
+        throw new Error("JetStream not available");
+      }
+      return holding("live");
+    };
+    try {
+      const first = internals.reseedAfterReconnect();
+      await firstFailure;
+      await internals.reseedAfterReconnect();
+      await first;
+      expect(reads).toEqual(["first", "later"]);
+    } finally {
+      watched.stop();
+    }
+  });
+});
+
+// A watch opened afresh (the bucket found re-created) has no revision to resume from: the bucket is
+// read again, and that read failing left only the members that beat again.
+describe("membership read after the watch is opened afresh", () => {
+  it("is retried after a failure", async () => {
+    pausesCut();
+    let end!: () => void;
+    const ended = new Promise<void>((resolve) => (end = resolve));
+    const quietWatch = {
+      stop: () => end(),
+      async *[Symbol.asyncIterator]() {
+        await ended;
+      },
+    };
+    const watched = new WatchedMemberRegistry({ watch: async () => quietWatch } as unknown as KV, undefined, new TestClock());
+    const internals = watched as unknown as RegistryInternals;
+    let reads = 0;
+    internals.readBucket = async () => {
+      reads += 1;
+      if (reads < 2) throw new Error("JetStream not available");
+      return holding("live");
+    };
+    try {
+      await internals.rewatch();
+      expect(reads).toBe(2);
+      expect(await watched.list()).toEqual([{ kind: "model", instance: "live" }]);
+    } finally {
+      watched.stop();
+    }
+  });
+});
+
+describe("listing members while the re-read after a reconnect is in flight", () => {
+  it("answers from the view at once after an outage too short for a live member to age out", async () => {
+    const { watched, internals, clock } = registry();
+    internals.remember("model.live", { member: member("live"), seenAt: clock.monotonic(), revision: 1 });
+    internals.readBucket = () => new Promise<Read>(() => undefined); // JetStream not answering (yet)
+    internals.lostAt = clock.monotonic();
+    clock.current += 1_000;
+    void internals.reseedAfterReconnect();
+    try {
+      const listing = watched.list();
+      expect(await settlesAtOnce(listing)).toBe(true);
+      expect(await listing).toEqual([{ kind: "model", instance: "live" }]);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("waits for the read after an outage long enough for a live member's last beat to age out", async () => {
+    const { watched, internals, clock } = registry();
+    internals.remember("model.live", { member: member("live"), seenAt: clock.monotonic(), revision: 1 });
+    let answer!: (read: Read) => void;
+    internals.readBucket = () => new Promise<Read>((resolve) => (answer = resolve));
+    internals.lostAt = clock.monotonic();
+    clock.current += MEMBER_TTL_MS - MEMBER_HEARTBEAT_MS;
+    const reseeding = internals.reseedAfterReconnect();
+    try {
+      const listing = watched.list();
+      expect(await settlesAtOnce(listing)).toBe(false);
+      answer(holding("live", "joined"));
+      expect((await listing).map((m) => m.instance)).toEqual(["joined", "live"]);
+      await reseeding;
+      // Read since: the view is current again, nothing to wait for.
+      expect(internals.lostAt).toBeUndefined();
+    } finally {
+      watched.stop();
+    }
+  });
+});
