@@ -21,7 +21,7 @@ import { TRASH_PREFIX } from "../publication/retention.js";
 import { assertRootClaimed, claimRootForDeployment } from "../publication/root-deployment.js";
 import { refuseCaseFoldingRoot } from "../publication/case-folding-root.js";
 import { createLogger } from "../telemetry/logger.js";
-import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, finishedWithin, isMisplacedDirectory, kvReplicas, makeDirectories, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, ROOT_DEPLOYMENT_FILE, within } from "../../protocol/index.js";
+import { CheckpointError, DeploymentSchema, connectNatsWithin, equalJitter, finishedWithin, isMisplacedDirectory, kvReplicas, makeDirectories, MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, NATS_INBOX_PREFIXES, parentsOfCreated, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, PACKAGE_VERSION, PROTOCOL_VERSION, parseName, ROOT_DEPLOYMENT_FILE, within } from "../../protocol/index.js";
 import { newCoordinatorId } from "./coordinator-id.js";
 import { logNatsStatus } from "../../protocol/nats-status-log.js";
 import { highestEpochInUse } from "./epoch-floor.js";
@@ -110,7 +110,8 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
   let journal: KvDecisionJournal;
   try {
     const membersKv = await openMembersBucket(nc, config.deployment);
-    registry = new WatchedMemberRegistry(membersKv, logger, clock);
+    // Asserted again whenever the registry reads the bucket afresh (a reconnect, a re-created bucket).
+    registry = new WatchedMemberRegistry(membersKv, logger, clock, MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, () => openMembersBucket(nc, config.deployment));
     await registry.start();
     journal = await KvDecisionJournal.open(nc, config.deployment, logger);
   } catch (error) {

@@ -1,7 +1,7 @@
 import { Bucket, type KV, type KvEntry, type KvWatchEntry } from "@nats-io/kv";
 import { errors, type NatsConnection, type QueuedIterator, type Status } from "@nats-io/transport-node";
 import type { Logger } from "pino";
-import { equalJitter, MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
+import { CheckpointError, equalJitter, MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, memberKey, type Member } from "../../protocol/index.js";
 import { systemClock, type Clock } from "../engine/clock.js";
 import type { ParticipantRef } from "../engine/participant-client.js";
 import { KvMemberRegistry, operationOf, readEntry, type MembershipSource, type UnreadableMember } from "./member-registry.js";
@@ -78,6 +78,11 @@ export class WatchedMemberRegistry implements MembershipSource {
   /** Per read in flight (reconnects may follow each other), the keys the watch delivered meanwhile: what it delivered is newer. */
   private readonly touchedWhileReseeding = new Set<Set<string>>();
   private connectionStatus: AsyncIterable<Status> | undefined;
+  /**
+   * The refusal the bucket's config earned when checked again (see `assertBucket`): listings refuse
+   * with it, as the coordinator's start would have, until a later check passes.
+   */
+  private refusal: CheckpointError | undefined;
   /** onIncarnationChange's listeners, per member key. */
   private readonly incarnationListeners = new Map<string, Set<() => void>>();
 
@@ -88,6 +93,13 @@ export class WatchedMemberRegistry implements MembershipSource {
     private readonly ttlMs = MEMBER_TTL_MS,
     /** How often the bucket's stream is checked for a re-creation (real time). */
     private readonly streamCheckMs = MEMBER_HEARTBEAT_MS,
+    /**
+     * Asserts the bucket's config as the coordinator's start does (correcting what an update can,
+     * refusing with a CheckpointError what it cannot), before each read of the bucket after a
+     * reconnect or a re-creation: one re-created by hand (another TTL or history, memory storage)
+     * was otherwise never checked again. Unset (a test's stand-in), nothing is checked.
+     */
+    private readonly assertBucket?: () => Promise<unknown>,
   ) {}
 
   async start(): Promise<void> {
@@ -173,7 +185,25 @@ export class WatchedMemberRegistry implements MembershipSource {
     return new KvMemberRegistry(this.kv, this.logger).read(this.clock.now());
   }
 
+  /**
+   * `assertBucket`, its refusal kept for listings (logged once per reason) rather than thrown:
+   * retrying cannot change the config, and a bucket re-created again is checked again. Anything
+   * else (NATS not answering) is thrown, for the read to be retried.
+   */
+  private async reassertBucket(): Promise<void> {
+    if (!this.assertBucket) return;
+    try {
+      await this.assertBucket();
+      this.refusal = undefined;
+    } catch (error) {
+      if (!(error instanceof CheckpointError)) throw error;
+      if (this.refusal?.message !== error.message) this.logger?.error({ err: error, code: error.code }, "membership_bucket_refused");
+      this.refusal = error;
+    }
+  }
+
   private async reseedOnce(): Promise<void> {
+    await this.reassertBucket();
     const touched = new Set<string>();
     this.touchedWhileReseeding.add(touched);
     try {
@@ -316,7 +346,10 @@ export class WatchedMemberRegistry implements MembershipSource {
       this.follow(watch);
       // Nothing applied yet: no revision to resume from, so what the bucket holds is read afresh
       // (retried: until then only members that beat again are listed). A later re-creation reads itself.
-      if (this.lastRevision === 0) await this.retrying("membership_seed_failed", () => this.stopped || generation !== this.generation, () => this.seed());
+      if (this.lastRevision === 0) await this.retrying("membership_seed_failed", () => this.stopped || generation !== this.generation, async () => {
+          await this.reassertBucket();
+          await this.seed();
+        });
       return;
     }
   }
@@ -395,6 +428,7 @@ export class WatchedMemberRegistry implements MembershipSource {
 
   async list(): Promise<ParticipantRef[]> {
     if (this.viewMayMissMembers()) await this.reseeding;
+    if (this.refusal) throw this.refusal;
     return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
   }
 
@@ -405,6 +439,7 @@ export class WatchedMemberRegistry implements MembershipSource {
 
   async unreadable(): Promise<UnreadableMember[]> {
     if (this.viewMayMissMembers()) await this.reseeding;
+    if (this.refusal) throw this.refusal;
     return this.unreadableMembers();
   }
 

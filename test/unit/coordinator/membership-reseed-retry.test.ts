@@ -2,7 +2,8 @@ import type { KV } from "@nats-io/kv";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { WatchedMemberRegistry } from "../../../coordinator/membership/watched-member-registry.js";
 import type { KvMemberRegistry } from "../../../coordinator/membership/member-registry.js";
-import { MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, type Member } from "../../../protocol/index.js";
+import { CheckpointError, MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS, type Member } from "../../../protocol/index.js";
+import { refusalOf } from "../../support/refusal.js";
 import { TestClock } from "./fake-participants.js";
 
 type Read = Awaited<ReturnType<KvMemberRegistry["read"]>>;
@@ -189,6 +190,52 @@ describe("listing members while the re-read after a reconnect is in flight", () 
       await reseeding;
       // Read since: the view is current again, nothing to wait for.
       expect(internals.lostAt).toBeUndefined();
+    } finally {
+      watched.stop();
+    }
+  });
+});
+
+// The bucket's config is asserted again before each such read, as the coordinator's start does.
+describe("the members bucket's config, asserted again after a reconnect", () => {
+  it("refuses listings with what the assertion refused, until an assertion passes", async () => {
+    pausesCut();
+    let refusal: CheckpointError | undefined = new CheckpointError("invalid_request", "KV bucket gym_ckpt_d_members is kept in memory storage");
+    let asserts = 0;
+    const assertBucket = async () => {
+      asserts += 1;
+      if (refusal) throw refusal;
+    };
+    const watched = new WatchedMemberRegistry({} as KV, undefined, new TestClock(), MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, assertBucket);
+    const internals = watched as unknown as RegistryInternals;
+    internals.readBucket = async () => holding("live");
+    try {
+      await internals.reseedAfterReconnect();
+      expect(asserts).toBe(1); // not retried: only a bucket re-created again can change it
+      expect((await refusalOf(watched.list())).code).toBe("invalid_request");
+      expect((await refusalOf(watched.unreadable())).code).toBe("invalid_request");
+      refusal = undefined;
+      await internals.reseedAfterReconnect();
+      expect(await watched.list()).toEqual([{ kind: "model", instance: "live" }]);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("retries the read when the assertion fails otherwise (NATS not answering)", async () => {
+    pausesCut();
+    let asserts = 0;
+    const assertBucket = async () => {
+      asserts += 1;
+      if (asserts === 1) throw new Error("TIMEOUT");
+    };
+    const watched = new WatchedMemberRegistry({} as KV, undefined, new TestClock(), MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, assertBucket);
+    const internals = watched as unknown as RegistryInternals;
+    internals.readBucket = async () => holding("live");
+    try {
+      await internals.reseedAfterReconnect();
+      expect(asserts).toBe(2);
+      expect(await watched.list()).toEqual([{ kind: "model", instance: "live" }]);
     } finally {
       watched.stop();
     }
