@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { createReadStream, lstatSync, renameSync, statSync } from "node:fs";
 import { mkdir, rm, rmdir, stat } from "node:fs/promises";
-import { basename, join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import {
   CheckpointError,
   GLOBAL_MANIFEST_FILE,
@@ -320,14 +320,16 @@ export class GlobalManifestWriter {
   /**
    * Takes back the checkpoint.json of a publication that failed after its rename: left in place, it
    * would mark an aborted checkpoint published (listed, restorable by id, counted by retention, the
-   * newest that reads back). Its removal failing too, the whole checkpoint directory goes to the
-   * trash retention sweeps: one rename at the root, atomic, so at no point (a crash included) is
-   * there a half-removed checkpoint; its partial files would be retention's to delete anyway. That
-   * failing as well, it is retried before the next retention scan.
+   * newest that reads back). The removal is made durable by the directory's fsync: a crash before
+   * that reaches the disk brings the file back. Its removal (or that fsync) failing too, the whole
+   * checkpoint directory goes to the trash retention sweeps: one rename at the root, atomic, so at
+   * no point (a crash included) is there a half-removed checkpoint; its partial files would be
+   * retention's to delete anyway. That failing as well, it is retried before the next retention scan.
    */
   private async takeBack(checkpointId: string, manifestPath: string): Promise<void> {
     try {
       await rm(manifestPath, { force: true });
+      await fsyncDirectory(dirname(manifestPath));
       return;
     } catch {
       // The directory instead, below.

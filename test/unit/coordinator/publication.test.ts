@@ -16,6 +16,8 @@ import { refusalOf } from "../../support/refusal.js";
 // staged before, is written blocking too; a publication that stages it late must get that far.)
 // While `statFails`, a stat of a checkpoint.json fails as a storage that stops answering does (EIO).
 // While `dirOpenFails` names a directory, opening it (for its fsync) fails with EIO.
+// `fsynced`: the directories fsynced through durable-fs's fsyncDirectory, in order; while
+// `fsyncFails` names one, its fsync there fails with EIO.
 // `latestLinksAtRename`: the link count of the LATEST each rename onto it replaced (0: none yet).
 // While `rmFails` names a path, removing it (fs/promises rm) fails with EIO.
 const disk = vi.hoisted(() => ({
@@ -24,6 +26,8 @@ const disk = vi.hoisted(() => ({
   dirOpenFails: undefined as string | undefined,
   rmFails: undefined as string | undefined,
   renameFails: undefined as string | undefined,
+  fsynced: [] as string[],
+  fsyncFails: undefined as string | undefined,
   latestLinksAtRename: [] as number[],
   manifestFds: new Set<number>(),
 }));
@@ -68,6 +72,16 @@ vi.mock("node:fs", async (importOriginal) => {
   return { ...real, default: { ...real, writeSync, statSync, openSync, closeSync, renameSync }, writeSync, statSync, openSync, closeSync, renameSync };
 });
 
+vi.mock("../../../coordinator/publication/durable-fs.js", async (importOriginal) => {
+  const original = await importOriginal<typeof import("../../../coordinator/publication/durable-fs.js")>();
+  const fsyncDirectory = async (dir: string) => {
+    disk.fsynced.push(dir);
+    if (disk.fsyncFails === dir) throw Object.assign(new Error(`EIO: i/o error, fsync '${dir}'`), { code: "EIO", syscall: "fsync" });
+    return original.fsyncDirectory(dir);
+  };
+  return { ...original, fsyncDirectory };
+});
+
 let root: string;
 beforeEach(async () => {
   root = await mkdtemp(join(tmpdir(), "gym-ckpt-pub-"));
@@ -78,6 +92,8 @@ afterEach(async () => {
   disk.dirOpenFails = undefined;
   disk.rmFails = undefined;
   disk.renameFails = undefined;
+  disk.fsynced = [];
+  disk.fsyncFails = undefined;
   await rm(root, { recursive: true, force: true });
 });
 
@@ -175,6 +191,36 @@ describe("publication and retention", () => {
     expect(await fresh.latest()).toBe("c1");
     expect(fresh.has("c2")).toBe(false);
     expect(fresh.scan().partial).toContain("c2");
+  });
+
+  it("a checkpoint.json taken back has its removal made durable: its directory is fsynced after it", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.dirOpenFails = catalog.dirFor("c2");
+    disk.fsynced = [];
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
+    disk.dirOpenFails = undefined;
+    expect(await readdir(catalog.dirFor("c2"))).not.toContain("checkpoint.json");
+    // Without it, a crash before the directory reaches the disk brings the aborted checkpoint.json back.
+    expect(disk.fsynced).toContain(catalog.dirFor("c2"));
+  });
+
+  it("a checkpoint.json whose removal's fsync fails is taken away with its directory", async () => {
+    const catalog = new CheckpointCatalog(root);
+    const writer = new GlobalManifestWriter(catalog, 2);
+    await publish(writer, "c1", 1000);
+    disk.dirOpenFails = catalog.dirFor("c2");
+    disk.fsyncFails = catalog.dirFor("c2");
+    expect((await refusedPublication(writer, "c2", 1010)).code).toBe("storage_error");
+    disk.dirOpenFails = undefined;
+    disk.fsyncFails = undefined;
+    // Renamed into the trash at the root (and the root fsynced): no crash brings it back as c2.
+    expect(await readdir(root)).not.toContain("c2");
+    expect(disk.fsynced.at(-1)).toBe(root);
+    const fresh = new CheckpointCatalog(root);
+    expect(fresh.has("c2")).toBe(false);
+    expect(await fresh.latest()).toBe("c1");
   });
 
   it("a checkpoint.json whose directory's fsync fails and whose removal fails too is taken away with its directory: the aborted checkpoint is neither listed, restorable by id nor kept by retention", async () => {
