@@ -131,7 +131,7 @@ export const ERROR_CATALOG = {
   },
   restore_failed: {
     status: 409,
-    meaning: "A participant failed to restore (or, answering a `resume`, restarted since it restored; not when every participant refused it with a code that promises nothing was installed, `RESTORE_REFUSALS`, none parked in another checkpoint: that refusal is answered, nothing cleaned up); the replacement attempts were retired wherever the restore may have installed them (a retire that failed is sent again until the clean-up's deadline; where it still failed, the detail names that participant first) and everyone resumed (a resume that did not get through is sent again until that deadline too).",
+    meaning: "A participant failed to restore (or, answering a `resume`, restarted since it restored; not when every participant refused it with a code that promises nothing was installed, `RESTORE_REFUSALS`, none parked in another checkpoint: that refusal is answered, nothing cleaned up); the replacement attempts were retired wherever the restore may have installed them (a retire that failed, no responders included, is sent again until the clean-up's deadline; where it still failed, the detail names that participant first) and everyone resumed (a resume that did not get through is sent again until that deadline too, and named last where it still did not); neither is sent again to a participant the membership registry no longer lists, named `not in the membership registry any more`.",
     solve: "Restart the listed rollouts from their input as a later attempt; where the detail says attempt+1 could not be retired, `retire` it again first to free what that participant restored.",
   },
   invalid_coordinates: {

@@ -48,7 +48,7 @@ import type { GlobalManifestWriter } from "../publication/global-manifest-writer
 import { catalogListing, latestOrNone } from "../publication/catalog-listing.js";
 import { coordinatorTelemetry, inFanOutSpan, inSpan, SPAN_ATTR } from "../telemetry/coordinator-telemetry.js";
 import { AsyncLock } from "./async-lock.js";
-import { cleanupStageDeadline, RESTORE_CLEANUP_MS, sentAgainUntil } from "./cleanup-window.js";
+import { cleanupStageDeadline, RESTORE_CLEANUP_MS, sentAgainUntil, type SentAgain } from "./cleanup-window.js";
 import { newCheckpointId } from "./checkpoint-id.js";
 import type { Clock } from "./clock.js";
 import { Cancellation } from "./cancellation.js";
@@ -239,29 +239,63 @@ function failuresOf<O extends Op>(outcomes: Outcome<O>[]): Failure[] {
 }
 
 /**
- * What a restore_failed detail says first (the reply's detail is cut at 4096 characters) when the
- * clean-up could not retire attempt+1 somewhere: what those participants restored is still there.
+ * A clean-up's retire or resume that still failed when it ended; `unlisted`: given up before its
+ * deadline because the membership registry no longer listed the participant (sentAgainUntil).
  */
-function unretiredNote(unretired: readonly Failure[]): string {
-  if (unretired.length === 0) return "";
-  const where = unretired.map((f) => `${refName(f.participant)} (${f.code}: ${f.detail.slice(0, 200)})`).join(", ");
-  return `attempt+1 could not be retired at ${where} before the clean-up's deadline, so what it restored is still held there: retire attempt+1 there again before restarting those rollouts as attempt+2; `;
+type CleanupFailure = Failure & { unlisted?: true };
+
+/** The failures sentAgainUntil left, those it gave up marked so. */
+function cleanupFailures(sent: SentAgain<Failure>): CleanupFailure[] {
+  return [...sent.left, ...sent.unlisted.map((f) => ({ ...f, unlisted: true as const }))];
 }
 
-/** A cleaned-up restore's `restore_failed` detail: what failed, where attempt+1 was retired, what to do. */
-function cleanedUpDetail(unretired: readonly Failure[], cause: string, installedMaybe: readonly ParticipantRef[]): string {
-  const retired = installedMaybe.length
-    ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
-    : "every participant refused before installing anything, so nothing was retired";
-  return `${unretiredNote(unretired)}${cause}; ${retired}, and everyone resumed: restart those rollouts from input`;
+/** One clean-up failure as a restore_failed detail names it (the participant's detail cut to 200 characters). */
+function cleanupFailureNamed(f: CleanupFailure): string {
+  const given = f.unlisted ? ` (not in the membership registry any more: no heartbeat within ${MEMBER_TTL_MS / 1000} s, so not sent again)` : "";
+  return `${refName(f.participant)} (${f.code}: ${f.detail.slice(0, 200)})${given}`;
 }
 
 /**
- * A clean-up retire that failed because the process that restored is gone (no responders, or
- * another incarnation answers) is not sent again: what it restored went with it.
+ * What a restore_failed detail says first (the reply's detail is cut at 4096 characters) when the
+ * clean-up could not retire attempt+1 somewhere: what those participants restored may still be there.
+ */
+function unretiredNote(unretired: readonly CleanupFailure[]): string {
+  if (unretired.length === 0) return "";
+  return `attempt+1 could not be retired at ${unretired.map(cleanupFailureNamed).join(", ")} before the clean-up's deadline, so what it restored may still be held there: retire attempt+1 there again before restarting those rollouts as attempt+2; `;
+}
+
+/** What a restore_failed detail says last when the clean-up's resume did not get through somewhere. */
+function unresumedNote(unresumed: readonly CleanupFailure[]): string {
+  if (unresumed.length === 0) return "";
+  return `; the clean-up's resume did not get through at ${unresumed.map(cleanupFailureNamed).join(", ")}: a resume of this id sends it again there (else it resumes when its lease expires)`;
+}
+
+/** A cleaned-up restore's `restore_failed` detail: what failed, where attempt+1 was retired, what to do. */
+function cleanedUpDetail(cleanup: CleanupResult, cause: string, installedMaybe: readonly ParticipantRef[]): string {
+  const retired = installedMaybe.length
+    ? `attempt+1 was retired where the restore may have installed it (${installedMaybe.map(refName).join(", ")})`
+    : "every participant refused before installing anything, so nothing was retired";
+  return `${unretiredNote(cleanup.unretired)}${cause}; ${retired}, and everyone resumed: restart those rollouts from input${unresumedNote(cleanup.unresumed)}`;
+}
+
+/** restore_failed's data: the cause's (its `failures`), and where attempt+1 could not be retired (`unretired`, as `failures` lists them). */
+function cleanedUpData(cleanup: CleanupResult, data: Record<string, unknown> = {}): Record<string, unknown> {
+  return cleanup.unretired.length ? { ...data, unretired: failureRefs(cleanup.unretired) } : data;
+}
+
+/** What a restore's clean-up could not do: retires that still failed where attempt+1 may be held, resumes that did not get through. */
+interface CleanupResult {
+  unretired: CleanupFailure[];
+  unresumed: CleanupFailure[];
+}
+
+/**
+ * A clean-up retire that another incarnation answered is not sent again: the process that restored
+ * is gone, and what it restored went with it. One with no responders is (while the registry lists
+ * it): a participant off NATS for a moment still holds attempt+1.
  */
 function retireWorthRetrying(failure: Failure): boolean {
-  return failure.code !== "unreachable" && failure.code !== "stale_incarnation";
+  return failure.code !== "stale_incarnation";
 }
 
 /**
@@ -1141,11 +1175,11 @@ export class CheckpointEngine {
         // re-sent restore would answer restored where attempt+1 was already retired.
         log.info({ state: entry.state }, "recovery_restore_cleanup");
         if (entry.retire_at) open.retireAt = entry.retire_at;
-        const unretired = await this.restoreCleanup(open, deadlineMs, undefined);
+        const cleanup = await this.restoreCleanup(open, deadlineMs, undefined);
         // Its controller (told outcome_unknown) retries the restore: while these processes serve
         // (the clean-up fenced the id there) it gets this failure, as from the leader that failed it.
         const cause = `the restore of checkpoint ${open.id} failed under a previous leader (its cause went with it)`;
-        this.rememberFailedRestore(open, cleanedUpDetail(unretired, cause, open.retireAt ?? open.members), {});
+        this.rememberFailedRestore(open, cleanedUpDetail(cleanup, cause, open.retireAt ?? open.members), cleanedUpData(cleanup));
         return "retired_resumed";
       }
       case "open":
@@ -1667,10 +1701,11 @@ export class CheckpointEngine {
     await this.journal(open, "restore_cleanup").catch((error: unknown) => {
       throw unjournaled(error, `checkpoint ${open.id}: ${[...lost.keys()].join(", ")} restarted since the restore, and the clean-up that resume runs could not be journaled, so it was not run; the write may still have landed: send the resume again`);
     });
-    const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
+    const cleanup = await this.restoreCleanup(open, deadlineMs, ctx);
     throw new CheckpointError(
       "restore_failed",
-      `${unretiredNote(unretired)}${[...lost.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost.values()].join("; ")}), so attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input`,
+      `${unretiredNote(cleanup.unretired)}${[...lost.keys()].join(", ")} restarted since the restore and lost what it restored (${[...lost.values()].join("; ")}), so attempt+1 was retired everywhere and everyone resumed: restart those rollouts from input${unresumedNote(cleanup.unresumed)}`,
+      { data: cleanedUpData(cleanup) },
     );
   }
 
@@ -2009,10 +2044,11 @@ export class CheckpointEngine {
       if (toCheckpointError(error).code === "not_leader") throw error;
       this.checkpointLog(id).warn({ err: error }, "restore_cleanup_not_journaled");
     });
-    const unretired = await this.restoreCleanup(open, deadlineMs, ctx);
-    const message = cleanedUpDetail(unretired, cause.message, installedMaybe);
-    this.rememberFailedRestore(open, message, cause.data ?? {});
-    throw new CheckpointError("restore_failed", message, { data: cause.data ?? {} });
+    const cleanup = await this.restoreCleanup(open, deadlineMs, ctx);
+    const message = cleanedUpDetail(cleanup, cause.message, installedMaybe);
+    const data = cleanedUpData(cleanup, cause.data);
+    this.rememberFailedRestore(open, message, data);
+    throw new CheckpointError("restore_failed", message, { data });
   }
 
   /** Keeps a cleaned-up restore's failure for its retries (see failedRestores), for the last few ids. */
@@ -2042,19 +2078,21 @@ export class CheckpointEngine {
    * All-or-nothing restore clean-up: retire attempt+1 at `open.retireAt` (where the restore may have
    * installed it; default everyone, as journaled in `restore_cleanup`), each stage until its share
    * of the clean-up's window (cleanupStageDeadline), sent again where it failed and the restoring
-   * process still runs until the clean-up's deadline; then resume everyone (the
+   * process may still run until the clean-up's deadline; then resume everyone (the
    * protocol's rule: a participant is never left parked by a failed restore), sent again where it
-   * did not get through until that deadline. Returns the retires that still failed, for the reply
-   * to name: what those participants restored is still held there.
+   * did not get through until that deadline. Neither is sent again to a participant the membership
+   * registry no longer lists (stillListed). Returns the retires that still failed, for the reply to
+   * name first (what those participants restored may still be held there), and the resumes.
    */
-  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<Failure[]> {
+  private async restoreCleanup(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined): Promise<CleanupResult> {
     const retireAt = open.retireAt ?? open.members;
     const { clock } = this.options;
     this.restoreFailures.set(open.id, `the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
     const cleanupDeadline = Math.max(deadlineMs, clock.now() + RESTORE_CLEANUP_MS);
     const epoch = open.epoch;
     const replacements = (open.scope ?? []).map(nextAttempt);
-    let unretired: Failure[] = [];
+    const listed = (members: ParticipantRef[]) => this.stillListed(members);
+    let unretired: CleanupFailure[] = [];
     if (replacements.length && retireAt.length) {
       const retire = async (members: ParticipantRef[]): Promise<Failure[]> => {
         // One deadline per stage (its members are sent together), set as it starts.
@@ -2075,25 +2113,47 @@ export class CheckpointEngine {
         );
         return failuresOf(results.flatMap((r) => r.outcomes));
       };
-      // Sent again where the restoring process still runs (a free that failed, a timed-out try) while the deadline allows.
-      unretired = await sentAgainUntil(clock, cleanupDeadline, await retire([...retireAt]), retireWorthRetrying, retire);
-      if (unretired.length) this.log.warn({ checkpoint_id: open.id, failures: unretired.map((f) => `${refName(f.participant)}: ${f.code}`) }, "restore_retire_incomplete");
+      // Sent again where the restoring process may still run (a free that failed, a timed-out try, no responders) while the deadline allows.
+      unretired = cleanupFailures(await sentAgainUntil(clock, cleanupDeadline, await retire([...retireAt]), retireWorthRetrying, retire, listed));
+      if (unretired.length) this.log.warn({ checkpoint_id: open.id, failures: unretired.map((f) => `${refName(f.participant)}: ${f.code}${f.unlisted ? " (unlisted)" : ""}`) }, "restore_retire_incomplete");
     }
+    // Another incarnation answered: the restoring process is gone, and what it restored with it.
     const held = unretired.filter(retireWorthRetrying);
     if (held.length) {
       this.restoreFailures.set(open.id, `${unretiredNote(held)}the restore of checkpoint ${open.id} was cleaned up (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
     }
+    let unresumed: CleanupFailure[] = [];
     try {
       // Everyone, also where the retire failed: a participant left parked would refuse every
       // prepare and a plain retire until its lease expired, and then resume all the same.
       const { failures } = await this.resumeEveryone(open.id, cleanupDeadline, ctx);
-      const unresumed = await sentAgainUntil(clock, cleanupDeadline, failures, resumeWorthRetrying, async (members) => (await this.resendResume(open.id, members, cleanupDeadline, ctx)).failures);
+      const resend = async (members: ParticipantRef[]) => (await this.resendResume(open.id, members, cleanupDeadline, ctx)).failures;
+      const left = cleanupFailures(await sentAgainUntil(clock, cleanupDeadline, failures, resumeWorthRetrying, resend, listed));
       // Closed either way; where it still failed, a resume of the id sends it again (unresumed).
-      if (unresumed.length) this.log.warn({ checkpoint_id: open.id, err: combinedFailure("resume", unresumed) }, "restore_resume_incomplete");
+      if (left.length) this.log.warn({ checkpoint_id: open.id, err: combinedFailure("resume", left) }, "restore_resume_incomplete");
+      // Named in the reply where it did not get through (a refusal is that participant's answer; a restart counts as resumed).
+      unresumed = left.filter(resumeWorthRetrying);
     } catch (error) {
       this.log.warn({ checkpoint_id: open.id, err: error }, "restore_resume_incomplete");
     }
-    return held;
+    return { unretired: held, unresumed };
+  }
+
+  /**
+   * Those of `members` the membership registry still lists (an entry it cannot read counts: the
+   * participant still sends its heartbeat). A clean-up sends again only to them. A registry that
+   * cannot be read lists them all: a resend costs a pause, giving up may leave attempt+1 held.
+   */
+  private async stillListed(members: readonly ParticipantRef[]): Promise<ReadonlySet<ParticipantRef>> {
+    try {
+      const { membership } = this.options;
+      const keys = new Set((await membership.list()).map((m) => memberKey(m.kind, m.instance)));
+      for (const u of (await membership.unreadable?.()) ?? []) keys.add(u.key);
+      return new Set(members.filter((m) => keys.has(memberKey(m.kind, m.instance))));
+    } catch (error) {
+      this.log.warn({ err: error }, "membership_unlisted_check_failed");
+      return new Set(members);
+    }
   }
 
   // ---- helpers --------------------------------------------------------------------------
@@ -2558,7 +2618,11 @@ export class CheckpointEngine {
     const targets = failed.filter((m) => mayHoldAt(m, statuses, id));
     const resent = await this.resumeStages(id, targets, deadlineMs, ctx);
     const addressed = this.unresumed.get(id);
-    if (resent.failures.length && addressed) this.unresumed.set(id, { ...addressed, members: resent.failures.map((f) => f.participant) });
+    // Those not sent again here (a clean-up gave them up: no longer listed) stay where it failed.
+    const resentKeys = new Set(failed.map((m) => memberKey(m.kind, m.instance)));
+    const notResent = addressed?.members.filter((m) => !resentKeys.has(memberKey(m.kind, m.instance))) ?? [];
+    const stillFailed = [...notResent, ...resent.failures.map((f) => f.participant)];
+    if (stillFailed.length && addressed) this.unresumed.set(id, { ...addressed, members: stillFailed });
     else this.unresumed.delete(id);
     return resent;
   }

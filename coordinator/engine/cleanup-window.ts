@@ -27,10 +27,23 @@ export function cleanupStageDeadline(nowMs: number, windowEndMs: number, stagesL
   return nowMs + (usable > 0 ? usable : left) / Math.max(stagesLeft, 1);
 }
 
+/** What sentAgainUntil leaves: the failures still standing, and those given up as no longer listed. */
+export interface SentAgain<F> {
+  /** Those not worth a resend, and the last try's. */
+  left: F[];
+  /**
+   * Worth a resend, but the membership registry no longer lists their participant (its heartbeat
+   * lapsed, or it left): each one's last failure, never sent again.
+   */
+  unlisted: F[];
+}
+
 /**
  * Sends `resend` to the members of the `failures` that `worthRetrying` says a resend may change,
  * after a jittered pause (100 ms doubling to 5 s), until none is left or the next try would start
- * at `deadlineMs`. Returns the failures left: those not worth a resend, and the last try's.
+ * at `deadlineMs`. Before each pause, a member `listed` no longer shows is given up: a participant
+ * down for good would otherwise be sent to (and the clean-up's answer wait) until the deadline, up
+ * to 30 s, while one off NATS for a moment keeps its entry (a heartbeat's TTL) and is sent again.
  */
 export async function sentAgainUntil<F extends { participant: ParticipantRef }>(
   clock: Clock,
@@ -38,13 +51,22 @@ export async function sentAgainUntil<F extends { participant: ParticipantRef }>(
   failures: F[],
   worthRetrying: (failure: F) => boolean,
   resend: (members: ParticipantRef[]) => Promise<F[]>,
-): Promise<F[]> {
+  listed: (members: ParticipantRef[]) => Promise<ReadonlySet<ParticipantRef>>,
+): Promise<SentAgain<F>> {
   let left = failures;
+  const unlisted: F[] = [];
   for (let pause = CLEANUP_RETRY_MS; ; pause = Math.min(pause * 2, CLEANUP_RETRY_MAX_MS)) {
-    const again = left.filter(worthRetrying);
+    let again = left.filter(worthRetrying);
+    if (again.length) {
+      const still = await listed(again.map((f) => f.participant));
+      const gone = again.filter((f) => !still.has(f.participant));
+      unlisted.push(...gone);
+      left = left.filter((f) => !gone.includes(f));
+      again = again.filter((f) => !gone.includes(f));
+    }
     // Jittered: participants failing together are not all sent their retry at one instant.
     const wait = equalJitter(pause, clock.random);
-    if (!again.length || clock.now() + wait >= deadlineMs) return left;
+    if (!again.length || clock.now() + wait >= deadlineMs) return { left, unlisted };
     await clock.sleep(wait);
     left = [...left.filter((f) => !worthRetrying(f)), ...(await resend(again.map((f) => f.participant)))];
   }

@@ -695,7 +695,7 @@ describe("all-or-nothing restore", () => {
     const error = await refusal(engine.restore({ checkpoint_id: "base", deadline_ts: (start + 2000) / 1000, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(error.code).toBe("restore_failed");
     expect(error.message.startsWith("attempt+1 could not be retired at resources/r1 (internal_error: scripted)")).toBe(true);
-    expect(error.message).toContain("still held there");
+    expect(error.message).toContain("may still be held there");
     const retiresAtR1 = fake.ops("retire").filter((c) => c.instance === "r1");
     expect(retiresAtR1.length).toBeGreaterThan(1);
     for (const r of retiresAtR1) expect(r.body.deadline_ts).toBe((start + 30_000) / 1000);
@@ -731,18 +731,20 @@ describe("all-or-nothing restore", () => {
     expect(pauses.slice(0, 7)).toEqual([50, 100, 200, 400, 800, 1600, 2500]);
   });
 
-  it("a clean-up retire that failed because the restoring process is gone (unreachable) is not sent again", async () => {
-    const { engine, fake, clock } = makeEngine(root);
+  it("a clean-up retire that failed unreachable at a participant the registry no longer lists (down for good) is not sent again, and restore_failed names it", async () => {
+    const { engine, fake, clock, membership } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
     fake.calls.length = 0;
     fake.set("model", "m1", "restore", { error: "deadline_exceeded" });
     fake.set("resources", "r1", "retire", "unreachable");
+    membership.leave({ kind: "resources", instance: "r1" }); // heartbeat lapsed (a restore goes to checkpoint.json's participants all the same)
     const start = clock.now();
     const error = await refusal(engine.restore({ checkpoint_id: "base", deadline_ts: (start + 2000) / 1000, episode_ids: [{ rollout_id: "r1", attempt: 0 }] }));
     expect(error.code).toBe("restore_failed");
-    expect(error.message).not.toContain("could not be retired");
+    expect(error.message).toMatch(/^attempt\+1 could not be retired at resources\/r1 \(unreachable: [^)]*\) \(not in the membership registry any more/);
     expect(fake.ops("retire").filter((c) => c.instance === "r1")).toHaveLength(1);
     expect(fake.ops("resume")).toHaveLength(5);
+    expect(clock.now()).toBe(start); // nothing sent again, no pause
   });
 
   it("a scope naming attempt MAX_ATTEMPT (it has no next attempt) is invalid_request with nothing journaled or sent: the clean-up's resume would fence the checkpoint at every participant", async () => {

@@ -567,13 +567,16 @@ export function makeEngine(
 export class FakeMembership implements MembershipSource {
   private readonly listeners = new Map<string, Set<() => void>>();
 
+  /** Members whose entry is gone (leave), by `${kind}.${instance}`: the list a test passed (FOUR_KINDS) stays as it is. */
+  private readonly left = new Set<string>();
+
   constructor(
     private readonly members: { kind: Kind; instance: string }[],
     private readonly incarnations: Map<string, string> | undefined,
   ) {}
 
   async list(): Promise<ParticipantRef[]> {
-    return [...this.members];
+    return this.members.filter((m) => !this.left.has(`${m.kind}.${m.instance}`));
   }
 
   incarnationOf(m: ParticipantRef): string | undefined {
@@ -590,6 +593,11 @@ export class FakeMembership implements MembershipSource {
   /** Watchers of the member's entry, for a test to check none is left behind. */
   watchers(m: ParticipantRef): number {
     return this.listeners.get(`${m.kind}.${m.instance}`)?.size ?? 0;
+  }
+
+  /** Its entry is gone from the registry (its heartbeat lapsed, or it left): list() no longer shows it. */
+  leave(m: ParticipantRef): void {
+    this.left.add(`${m.kind}.${m.instance}`);
   }
 
   /** A restarted process announcing itself: the view now shows `incarnation`. */

@@ -109,3 +109,125 @@ describe("a failed restore's clean-up whose environment retire stalls", () => {
     expect(clock.now()).toBeLessThanOrEqual(started + 30_000 + 5000);
   });
 });
+
+const M1 = { kind: "model" as const, instance: "m1" };
+
+/** The tries of `op` at model/m1 for restore `id` (not the resume of the checkpoint op that made it). */
+function triesAtM1(fake: ReturnType<typeof makeEngine>["fake"], op: "retire" | "resume", id: string) {
+  const restored = fake.ops("restore").find((c) => c.body.checkpoint_id === id)!.seq;
+  return fake.ops(op).filter((c) => c.kind === "model" && c.body.checkpoint_id === id && c.seq > restored);
+}
+
+/**
+ * Before, a participant down for good was sent its clean-up resume again until the clean-up's
+ * deadline, max(deadline, now + 30 s), and the controller waited that long for `restore_failed`,
+ * though the membership registry no longer listed it (its heartbeat lapsed): no resend could reach it.
+ */
+describe("a failed restore's clean-up at a participant the membership registry no longer lists", () => {
+  it("gives up its resume at once, answers restore_failed without waiting out the window, and names it", async () => {
+    const { engine, fake, clock, journal, membership } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c4", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "resume", "unreachable");
+    // Down for good by the clean-up's resume: its entry lapsed.
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".model.m1.resume")) membership.leave(M1);
+      return request(subject, body, options);
+    };
+    const started = clock.now();
+    const failed = await refusalOf(engine.restore({ checkpoint_id: "c4", deadline_ts: started / 1000 + 10, episode_ids: SCOPE }));
+    expect(failed.code).toBe("restore_failed");
+    expect(triesAtM1(fake, "resume", "c4").length).toBe(1);
+    expect(clock.now()).toBeLessThan(started + 1000); // no resend, no pause
+    expect(failed.message).toMatch(/resume did not get through at model\/m1 \(unreachable[^)]*\) \(not in the membership registry/);
+    // Back after all (off NATS longer than its heartbeat's TTL): the controller's resume still releases it.
+    fake.set("model", "m1", "resume", "ok");
+    const sent = fake.ops("resume").length;
+    expect((await refusalOf(engine.resume({ checkpoint_id: "c4", deadline_ts: clock.now() / 1000 + 10 }))).code).toBe("restore_failed");
+    expect(fake.ops("resume").slice(sent).map((c) => `${c.kind}/${c.instance}`)).toEqual(["model/m1"]);
+  });
+
+  it("resends while it is listed, and stops once its entry lapses", async () => {
+    const { engine, fake, clock, journal, membership } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c5", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "resume", "unreachable");
+    let tries = 0;
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".model.m1.resume") && ++tries === 3) membership.leave(M1);
+      return request(subject, body, options);
+    };
+    const started = clock.now();
+    expect((await refusalOf(engine.restore({ checkpoint_id: "c5", deadline_ts: started / 1000 + 10, episode_ids: SCOPE }))).code).toBe("restore_failed");
+    expect(triesAtM1(fake, "resume", "c5").length).toBe(3);
+    expect(clock.now()).toBeLessThan(started + 5000); // 100 + 200 ms of pauses, not the 30 s window
+  });
+
+  it("gives up its retire too, and names it as not retired", async () => {
+    const { engine, fake, clock, journal, membership } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c6", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "retire", "unreachable");
+    fake.set("model", "m1", "resume", "unreachable");
+    let tries = 0;
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".model.m1.retire") && ++tries === 2) membership.leave(M1);
+      return request(subject, body, options);
+    };
+    const started = clock.now();
+    const failed = await refusalOf(engine.restore({ checkpoint_id: "c6", deadline_ts: started / 1000 + 10, episode_ids: SCOPE }));
+    expect(failed.code).toBe("restore_failed");
+    expect(triesAtM1(fake, "retire", "c6").length).toBe(2);
+    expect(triesAtM1(fake, "resume", "c6").length).toBe(1); // not listed any more when the resume ran
+    expect(clock.now()).toBeLessThan(started + 5000);
+    expect(failed.message).toMatch(/^attempt\+1 could not be retired at model\/m1 \(unreachable: [^)]*\) \(not in the membership registry/);
+    expect(failed.data?.unretired).toEqual([expect.objectContaining({ kind: "model", instance: "m1", code: "unreachable" })]);
+  });
+});
+
+/**
+ * Before, a clean-up retire that failed `unreachable` (no responders: never acknowledged) was
+ * neither sent again nor named in `restore_failed`, as if the process that restored were gone; a
+ * participant off NATS for a moment still holds attempt+1, and the controller could not tell.
+ */
+describe("a failed restore's clean-up retire that fails unreachable at a listed participant", () => {
+  it("is sent again until the clean-up's deadline, and restore_failed names it first", async () => {
+    const { engine, fake, clock, journal } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c7", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "retire", "unreachable");
+    const started = clock.now();
+    const failed = await refusalOf(engine.restore({ checkpoint_id: "c7", deadline_ts: started / 1000 + 10, episode_ids: SCOPE }));
+    expect(failed.code).toBe("restore_failed");
+    expect(triesAtM1(fake, "retire", "c7").length).toBeGreaterThan(1);
+    expect(failed.message).toMatch(/^attempt\+1 could not be retired at model\/m1 \(unreachable: /);
+    expect(failed.data?.unretired).toEqual([expect.objectContaining({ kind: "model", instance: "m1", code: "unreachable" })]);
+    // Everyone resumed, m1 included (it answers its resume).
+    expect(fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
+    expect(clock.now()).toBeLessThanOrEqual(started + 30_000 + 5000);
+  });
+
+  it("back on NATS before the deadline: retired then, and not named", async () => {
+    const { engine, fake, journal, clock } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c8", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    let dropped = 0;
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".model.m1.retire") && dropped++ === 0) throw new NoRespondersFailure(subject);
+      return request(subject, body, options);
+    };
+    const failed = await refusalOf(engine.restore({ checkpoint_id: "c8", deadline_ts: clock.now() / 1000 + 10, episode_ids: SCOPE }));
+    expect(failed.code).toBe("restore_failed");
+    expect(dropped).toBe(2);
+    expect(failed.message).not.toMatch(/could not be retired/);
+  });
+});
