@@ -1059,6 +1059,12 @@ export class CheckpointEngine {
       controllerState: entry.controller_state,
     });
     this.open = open;
+    if (entry.state === "restoring" || entry.state === "restored" || entry.state === "resuming") {
+      // A restore of the id sent since what this coordinator remembers of it (a clean-up it ran in an
+      // earlier term, the successor's restore journaled after it): that memory must not answer this
+      // one's resume or restore retried (restore_failed for a restore that succeeded). Its outcome will.
+      this.forgetRestoreHistory(open.id);
+    }
     switch (entry.state) {
       case "decided": {
         if (this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);

@@ -306,3 +306,38 @@ describe("a restore cleaned up whose clean-up's resume failed at a participant, 
     expect(fake.state.get("model.m1")?.checkpoint_id ?? null).toBeNull();
   });
 });
+
+/**
+ * A restore this coordinator cleaned up (restore_failed remembered), restored again by a successor
+ * that died before its resume; this coordinator leads again and re-drives the successor's journaled
+ * restore. Before, its memory of the earlier failure answered the resume's retry (its reply lost)
+ * with restore_failed, though this restore succeeded and was resumed: the controller would restart
+ * from input rollouts the Gym continues as attempt+1.
+ */
+describe("a restore cleaned up here, restored by a successor, re-driven after leadership came back", () => {
+  it("answers its resume's retry as resumed, not from the earlier failure", async () => {
+    const first = makeEngine(root, { requireRecovery: true });
+    await first.engine.recover();
+    await first.engine.checkpoint({ checkpoint_id: "c12", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    const scope = [{ rollout_id: "r1", attempt: 0 }];
+    first.fake.set("environment", "e1", "restore", { error: "storage_error" });
+    const deadline_ts = () => first.clock.now() / 1000 + 60;
+    expect((await refusalOf(first.engine.restore({ checkpoint_id: "c12", deadline_ts: deadline_ts(), episode_ids: scope }))).code).toBe("restore_failed");
+    await journalEmptied(first.journal);
+    first.engine.leadershipLost();
+    // The successor restores it again (fresh processes), and loses the lease before the resume.
+    for (const m of FOUR_KINDS) first.fake.restart(m.kind, m.instance);
+    first.fake.set("environment", "e1", "restore", "ok");
+    const second = makeEngine(root, { requireRecovery: true, successorOf: first, epoch: 8 });
+    await second.engine.recover();
+    await second.engine.restore({ checkpoint_id: "c12", deadline_ts: deadline_ts(), episode_ids: scope });
+    second.engine.leadershipLost();
+    // This coordinator leads again: its recovery re-drives the journaled restore, and the controller resumes it.
+    expect(await first.engine.recover()).toEqual([{ checkpoint_id: "c12", action: "restored" }]);
+    await first.engine.resume({ checkpoint_id: "c12", deadline_ts: deadline_ts() });
+    for (const m of FOUR_KINDS) expect(first.fake.state.get(`${m.kind}.${m.instance}`)?.checkpoint_id ?? null).toBeNull();
+    // Its reply was lost: the retry is answered as the resume it repeats.
+    await expect(first.engine.resume({ checkpoint_id: "c12", deadline_ts: deadline_ts() })).resolves.toEqual({ checkpoint_id: "c12", participants: [] });
+  });
+});
