@@ -1397,21 +1397,56 @@ export class Collector {
    * the collector again), every `pauses.retireS` for at most --run-timeout-s, as the run's own
    * retires are (flushRetires): a participant gone for good leaves the membership view within
    * its heartbeat TTL, and the retire then goes without it.
+   * One a participant refuses because it is still parked in a checkpoint the coordinator no longer
+   * has open (an earlier run's restore or checkpoint whose resume never reached it:
+   * `checkpoint_conflict` in a restore, `invalid_phase` in a checkpoint) is sent again once that
+   * checkpoint is resumed (see resumeParkedElsewhere), within the same --run-timeout-s.
    */
   private retireAtStart(episodes: EpisodeId[]): Promise<void> {
     return this.retireNow(episodes, async (retire) => {
       const since = performance.now();
+      let resumedParked = false;
       for (;;) {
         try {
           return await this.ownOps.resent("retire", undefined, retire);
         } catch (error) {
-          const unreachable = error instanceof CheckpointError && error.code === "unreachable";
-          if (!unreachable || performance.now() - since >= this.runTimeoutMs) throw error;
+          const code = error instanceof CheckpointError ? error.code : undefined;
+          if (performance.now() - since >= this.runTimeoutMs) throw error;
+          if (code === "checkpoint_conflict" || code === "invalid_phase") {
+            // Sent again at once after the first resume; paced after later ones (a participant whose resume keeps failing).
+            if (resumedParked) await delay(this.pauses.retireS);
+            if (!(await this.resumeParkedElsewhere(error))) throw error;
+            resumedParked = true;
+            continue;
+          }
+          if (code !== "unreachable") throw error;
           this.retireFailures.failed(error, "the start's retire found a participant unreachable; sending it again");
           await delay(this.pauses.retireS);
         }
       }
     });
+  }
+
+  /**
+   * Resumes the checkpoints participants' status shows them still parked in while the coordinator
+   * has none open: nobody else will (their controller is gone, its resume lost), and they refuse
+   * every retire until their lease expires. The refusal names the checkpoint only in its text, the
+   * status names it as data. With a checkpoint open at the coordinator nothing is resumed (another
+   * controller's op may be under way, and the coordinator itself refused): false, as when no
+   * participant holds one.
+   */
+  private async resumeParkedElsewhere(refusal: unknown): Promise<boolean> {
+    const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
+    if (status.checkpoint) return false;
+    const held = [...new Set(status.participants.filter((p) => p.checkpoint_id && p.phase !== null && p.phase !== "idle").map((p) => p.checkpoint_id!))];
+    for (const id of held) {
+      this.options.logger.warn({ checkpoint_id: id, err: refusal }, "the start's retire was refused by participants still parked in a checkpoint nobody resumed; resuming it");
+      await this.ownOps.resumeSent("resume of a checkpoint participants were left parked in", id).catch((error: unknown) => {
+        // A restore cleaned up after restore_failed: the coordinator sent its clean-up's resume again there (see resumeCleanedUp).
+        if (!(error instanceof CheckpointError && error.code === "restore_failed")) throw error;
+      });
+    }
+    return held.length > 0;
   }
 
   // ---- checkpoints -----------------------------------------------------------------------

@@ -1302,6 +1302,52 @@ describe("collector", () => {
     expect(after.some((c) => c.op === "retire")).toBe(true);
   });
 
+  // A participant still parked in a checkpoint the coordinator no longer has open (an earlier
+  // collector's restore or checkpoint whose resume never reached it) refuses every retire that does
+  // not name it. Before, only a retire right after restore_failed sent a resume first: this start's
+  // retire of the logged attempt failed, and so did the start, until that participant's lease expired.
+  it.each([
+    ["restored", "checkpoint_conflict", (id: string) => `model/m1: checkpoint ${id} is restored here; retire must name it`],
+    ["prepared", "invalid_phase", (id: string) => `model/m1: retire is refused while checkpoint ${id} is open (prepared); resume first`],
+  ] as const)("a start's retire refused by a participant still parked in a closed checkpoint (%s: %s) resumes that checkpoint and retires again", async (phase, code, detail) => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const parkedIn = "ckpt-20240101T000000-bbbbbbbb";
+    let parked = true;
+    const { controller, calls } = fakeController({
+      retire: async (req: never) => {
+        calls.push({ op: "retire", req });
+        if (parked) throw new CheckpointError(code, `retire failed on 1 participant(s): model/m1: ${code}; first details: ${detail(parkedIn)}`);
+        return { participants: [] };
+      },
+      // The coordinator has nothing open; the participant's status names what it holds.
+      status: async () => ({ checkpoint: null, participants: parked ? [{ kind: "model", instance: "m1", phase, checkpoint_id: parkedIn }] : [] }),
+      // As the engine answers a resume of an id it does not have open: the processes holding it are resumed.
+      resume: async (req: never) => {
+        calls.push({ op: "resume", req });
+        if ((req as { checkpoint_id: string }).checkpoint_id === parkedIn) parked = false;
+        return { checkpoint_id: parkedIn, participants: [] };
+      },
+    });
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(calls.filter((c) => c.op === "resume" || c.op === "retire").map((c) => `${c.op}:${String(c.req.checkpoint_id ?? "")}`)).toEqual(["retire:", `resume:${parkedIn}`, "retire:"]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+  });
+
+  it("a start's retire refused checkpoint_conflict while no participant's status shows a checkpoint held: the start fails with that refusal, nothing resumed", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const { controller, calls } = fakeController({
+      retire: async (req: never) => {
+        calls.push({ op: "retire", req });
+        throw new CheckpointError("checkpoint_conflict", "retire failed on 1 participant(s): model/m1: checkpoint_conflict");
+      },
+    });
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "checkpoint_conflict" });
+    expect(calls.filter((c) => c.op === "resume")).toEqual([]);
+  });
+
   it("a restore every participant refused (the surviving Gym already resumed from that checkpoint): nothing was cleaned up, so the collector fences what ran and restarts the rows from input, losing none", async () => {
     // run-1 dispatched a@0 and b@0, published a checkpoint continuing a@0 and resumed it; then only the collector died.
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }, { rollout_id: "b", attempt: 0 }]);
