@@ -1689,7 +1689,10 @@ describe("collector timer checkpoints", () => {
 
   /**
    * A collection whose first row's failed attempt holds the collector's lock in its retire: a
-   * checkpoint asked for meanwhile waits behind it, as does the stop that follows.
+   * checkpoint asked for meanwhile waits behind it, as does the stop that follows. Checkpoints asked
+   * for before the retire holds the lock (a timer tick before a's /run failed) are answered as
+   * skipped without running: one that took the lock just before a's /run failed would retire a's
+   * attempt itself, holding the lock, which is no checkpoint waiting behind the retire.
    */
   async function heldByARetire(options: { checkpointEverySeconds?: number }) {
     const release = deferred();
@@ -1699,13 +1702,9 @@ describe("collector timer checkpoints", () => {
       return { status: 200, body: { reward: 1 } };
     });
     let retireStarted = false;
-    // Calls made before the retire took the checkpoint lock: a timer tick on a loaded machine may
-    // check point before a's /run failed, which is no checkpoint waiting behind the retire.
-    let callsBeforeHold = 0;
     const retireHeld = deferred();
     const fake = slowPrepare(0, {
       retire: async (req: never) => {
-        callsBeforeHold = fake.calls.length;
         retireStarted = true;
         await retireHeld.promise;
         return fake.base.retire(req);
@@ -1716,14 +1715,13 @@ describe("collector timer checkpoints", () => {
     await collector.start();
     // Watched from the start: a timer tick that lands between the retire taking the lock and the
     // test looking (a loaded machine) is still seen; ticks skip while it waits, so none would follow.
-    const asked = vi.spyOn(collector, "checkpoint");
+    const checkpoint = collector.checkpoint.bind(collector);
+    const asked = vi.spyOn(collector, "checkpoint").mockImplementation((request) => (retireStarted ? checkpoint(request) : Promise.resolve({ published: false, checkpointId: "" })));
     const run = collector.run();
     await waitUntil(() => retireStarted, "the retire of a's failed attempt");
-    const callsSinceHold = (op: string) => fake.calls.slice(callsBeforeHold).filter((c) => c.op === op);
-    /**
-     * Checkpoints asked for and not settled. While the retire holds the lock, these are the ones
-     * waiting behind it (one that ran before the hold has settled by the time a poll looks).
-     */
+    // Nothing was checkpointed before the hold, so every call since the start is one since the hold.
+    const callsSinceHold = (op: string) => fake.calls.filter((c) => c.op === op);
+    /** Checkpoints asked for and not settled: while the retire holds the lock, those waiting behind it. */
     const waitingCheckpoints = () => asked.mock.settledResults.flatMap((r, i) => (r.type === "incomplete" ? [i] : []));
     return { collector, run, fake, asked, callsSinceHold, waitingCheckpoints, releaseRetire: () => retireHeld.resolve(), releaseRuns: () => release.resolve() };
   }
