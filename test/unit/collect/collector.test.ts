@@ -911,32 +911,37 @@ describe("collector", () => {
     // of that rollout (stale_attempt) until a retire has stopped it.
     const kind = new EnvironmentKind();
     const seen: string[] = [];
+    const bArrived = deferred();
     const url = await runServer(async (body) => {
+      if (body.rollout_id === "b") bArrived.resolve();
       try {
         const reply = await kind.begin({ rollout_id: body.rollout_id, attempt: body.attempt }, body.task, {}, async (episode) => {
-          if (episode.id.attempt === 0) await new Promise((_, reject) => episode.signal.addEventListener("abort", () => reject(episode.signal.reason as Error)));
+          if (episode.id.rollout_id === "a" && episode.id.attempt === 0) await new Promise((_, reject) => episode.signal.addEventListener("abort", () => reject(episode.signal.reason as Error)));
           return { reward: 1 };
         });
-        seen.push(`${body.attempt}:ok`);
+        seen.push(`${body.rollout_id}@${body.attempt}:ok`);
         return { status: 200, body: reply };
       } catch (error) {
         const code = (error as CheckpointError).code;
-        seen.push(`${body.attempt}:${code}`);
+        seen.push(`${body.rollout_id}@${body.attempt}:${code}`);
         return { status: 409, body: { error: { code, detail: String(error) } } };
       }
     });
     const { controller } = fakeController({
-      // Fault injection: the retire reaches the server a moment after the /run timed out.
+      // Fault injection: the retire reaches the server only once the collector's one worker has
+      // sent its next row after a's /run timed out: a row sent again before its retire finished
+      // (failed rows go ahead of rows never sent) would have been sent by then, instead of b.
       retire: async (req: never) => {
-        await new Promise((resolve) => setTimeout(resolve, 200));
+        await bArrived.promise;
         await kind.retire((req as { episode_ids: EpisodeId[] }).episode_ids);
         return { participants: [] };
       },
     });
-    const collector = collectorFor(controller, url, { runTimeoutSeconds: 0.3, maxAttempts: 2 });
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(controller, url, { rows, concurrency: 1, runTimeoutSeconds: 0.3, maxAttempts: 2 });
     await collector.start();
-    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
-    expect(seen).toEqual(["0:stale_attempt", "1:ok"]);
+    expect(await collector.run()).toMatchObject({ finished: 2, failed: 0 });
+    expect(seen).toEqual(["b@0:ok", "a@0:stale_attempt", "a@1:ok"]);
   });
 
   it("a 2xx /run reply without a numeric reward fails its attempt instead of being recorded as reward 0", async () => {
