@@ -184,6 +184,12 @@ interface RowState {
 const MAX_FENCED_SKIPS = 3;
 
 const RETIRE_BATCH = 1024;
+/**
+ * Rows waiting for --run-url that one connection made (or /run reply: its socket is free again)
+ * wakes while this collector is short of file descriptors: two, so a pool freed at once is taken up
+ * in log2(rows waiting) round trips, while each costs at most two connects failing EMFILE again.
+ */
+const WOKEN_PER_CONNECTION_SHORT_OF_DESCRIPTORS = 2;
 
 /**
  * Rollout collection with checkpoints: dispatches rows with bounded concurrency, appends results
@@ -1144,7 +1150,10 @@ export class Collector {
    */
   private runUrlBack(ticket: number): void {
     const down = this.runUrlDown;
-    if (!this.unreachable.answered(ticket) || down === undefined) return;
+    // Short of descriptors, a connection made frees none: waking every waiting row would have most
+    // fail EMFILE again at once. A few go per connection made; the spell ends once none waits.
+    const wakeAtMost = down?.noDescriptor === undefined ? Infinity : WOKEN_PER_CONNECTION_SHORT_OF_DESCRIPTORS;
+    if (!this.unreachable.answered(ticket, wakeAtMost) || down === undefined) return;
     const fields = { run_url: this.loggedRunUrl, down_s: (performance.now() - down.since) / 1000 };
     if (down.noDescriptor === undefined) this.options.logger.info(fields, "--run-url accepts connections again");
     else this.options.logger.info({ ...fields, code: down.noDescriptor }, "--run-url accepts connections again: this collector has a file descriptor to connect with again (it had none left: not the Gym's outage)");

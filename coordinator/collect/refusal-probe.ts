@@ -96,10 +96,18 @@ export class RefusalProbe<Row> {
    * `/run` `ticket` got an answer that says the cause is gone (any but admission_closed; any at
    * all for a connection): if it was sent after the last one refused, every row waiting is sent
    * again now, the next refusal starts the backoff over, and true is returned (false: sent before,
-   * it says nothing of now).
+   * it says nothing of now). With `wakeAtMost` (a shortage of this collector's file descriptors, where
+   * one connection made says one descriptor was free, not that all are), only that many rows waiting
+   * longest are sent again, the probe going on: false while others still wait. Each of those that
+   * connects wakes as many again, so freed descriptors are taken up in a few round trips, while one
+   * refused again stops its branch: a connection costs at most `wakeAtMost` failed ones.
    */
-  answered(ticket: number): boolean {
+  answered(ticket: number, wakeAtMost = Infinity): boolean {
     if (ticket <= this.lastRefused) return false;
+    if (this.waiting.length > wakeAtMost) {
+      for (const { wake } of this.waiting.splice(0, wakeAtMost)) wake();
+      return false;
+    }
     this.reopen();
     return true;
   }

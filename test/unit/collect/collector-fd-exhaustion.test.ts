@@ -57,6 +57,42 @@ describe("collector out of file descriptors", () => {
     expect(ended?.msg).toMatch(/file descriptor/);
   });
 
+  // Each connection made during a shortage woke every waiting row, and with the descriptors still
+  // taken nearly all of them failed EMFILE again: about as many failed connects per connection made
+  // as rows waited. Now each connection made, and each reply (its socket is free again), wakes at most two.
+  it("while descriptors stay short, a connection made wakes at most two waiting rows, not all of them", { timeout: 30_000 }, async () => {
+    server = createServer((req, res) => req.resume().on("end", () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }))));
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    const realFetch = globalThis.fetch;
+    // One descriptor to connect with, held until the /run's reply: every other connect meanwhile fails EMFILE.
+    let free = 1;
+    let connected = 0;
+    let failedAfterFirst = 0;
+    vi.stubGlobal("fetch", async (input: Parameters<typeof fetch>[0], init?: RequestInit) => {
+      if (free === 0) {
+        if (connected > 0) failedAfterFirst++;
+        throw Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("connect EMFILE 127.0.0.1"), { code: "EMFILE", syscall: "connect" }) });
+      }
+      free--;
+      connected++;
+      try {
+        const reply = await realFetch(input, init);
+        return new Response(await reply.text(), { status: reply.status, headers: reply.headers });
+      } finally {
+        free++;
+      }
+    });
+    const rows = Array.from({ length: 40 }, (_, i) => ({ rolloutId: `r${i}`, task: {} }));
+    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 40, maxAttempts: 1, retryPauses: { unreachableS: 0.01, unreachableMaxS: 0.02 } });
+    await collector.start();
+    expect(await collector.run()).toMatchObject({ finished: 40, failed: 0 });
+    expect(connected).toBe(40);
+    // Two wakes of at most two per /run (its connection, its reply). Before: each woke every row
+    // still waiting (39, 38, …), several hundred failed connects.
+    expect(failedAfterFirst).toBeLessThanOrEqual(2 * 2 * connected);
+  });
+
   it("an outage that began at the Gym (ECONNREFUSED) and then ran out of descriptors here says so when that happens, and at its end", async () => {
     server = createServer((req, res) => req.resume().on("end", () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1 }))));
     await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));

@@ -119,4 +119,31 @@ describe("RefusalProbe", () => {
     expect(probe.answered(early)).toBe(false);
     expect(probe.answered(probe.sending())).toBe(true);
   });
+
+  it("answered with a bound (a descriptor shortage here) wakes at most that many waiting rows, in the order they waited; the cause is over only once none is left waiting", async () => {
+    const clock = fakeSleep();
+    const probe = new RefusalProbe<string>(1, 4, clock.sleep, () => 1);
+    void probe.refused("p", probe.sending());
+    const woken: string[] = [];
+    const rows = ["a", "b", "c", "d", "e"];
+    const waits = rows.map((row) => probe.refused(row, probe.sending()).then(() => woken.push(row)));
+    expect(probe.answered(probe.sending(), 2)).toBe(false);
+    await settled(Promise.all(waits));
+    expect(woken).toEqual(["a", "b"]);
+    expect(probe.waitingRows).toBe(3);
+    // One woken refused again (still no descriptor): it waits again, and an answer to a /run sent before it wakes nobody.
+    const early = probe.sending();
+    const bAgain = probe.refused("b", probe.sending()).then(() => woken.push("b"));
+    expect(probe.answered(early, 2)).toBe(false);
+    await settled(bAgain);
+    expect(woken).toEqual(["a", "b"]);
+    // A later connection: the next two; then the last, which ends the cause.
+    expect(probe.answered(probe.sending(), 2)).toBe(false);
+    await settled(Promise.all(waits));
+    expect(woken).toEqual(["a", "b", "c", "d"]);
+    expect(probe.answered(probe.sending(), 2)).toBe(true);
+    await Promise.all([...waits, bAgain]);
+    expect(woken).toEqual(["a", "b", "c", "d", "e", "b"]);
+    expect(probe.probing).toBe(false);
+  });
 });
