@@ -34,10 +34,11 @@ export class TaskFile {
   }
 
   /**
-   * `byteLength` bytes at `offset`, as UTF-8 text: fewer when the file was cut since. Positional
-   * reads, so loads at once need no descriptor of their own and do not move one another's place.
+   * `byteLength` bytes at `offset`: fewer when the file was cut since. Bytes, not text: whether they
+   * are still UTF-8 is the caller's to check (decoded, a sequence that is not would read as U+FFFD).
+   * Positional reads, so loads at once need no descriptor of their own and do not move one another's place.
    */
-  async read(offset: number, byteLength: number): Promise<string> {
+  async read(offset: number, byteLength: number): Promise<Buffer> {
     // Rows are one collector's: it closes their file as it ends. Not a fault of the file (which
     // tasksFileError would report as an unreadable --tasks), so coded apart.
     if (this.closing) throw new CheckpointError("invalid_phase", `${this.path}: these task rows belong to a collection that has ended and closed its tasks file; read the tasks again (readTaskRows) for another collector`);
@@ -48,7 +49,7 @@ export class TaskFile {
       if (bytesRead === 0) break;
       read += bytesRead;
     }
-    return bytes.toString("utf8", 0, read);
+    return bytes.subarray(0, read);
   }
 
   /** Lets go of the descriptor (once reads under way have ended: FileHandle.close waits for them); again, a no-op. */

@@ -1,4 +1,4 @@
-import { constants as bufferConstants } from "node:buffer";
+import { constants as bufferConstants, isUtf8 } from "node:buffer";
 import { closeSync, constants, createReadStream, fstatSync, open } from "node:fs";
 import { createHash } from "node:crypto";
 import { Socket } from "node:net";
@@ -51,12 +51,16 @@ export async function loadTask(row: TaskRow): Promise<Record<string, unknown>> {
   const ref = row.task;
   if (!(ref instanceof TaskLineRef)) return ref;
   const { path } = ref.file;
-  let text: string;
+  let bytes: Buffer;
   try {
-    text = await ref.file.read(ref.offset, ref.byteLength);
+    bytes = await ref.file.read(ref.offset, ref.byteLength);
   } catch (error) {
     throw tasksFileError(error, path);
   }
+  // Checked on the bytes: the digest is of the text as decoded, and a line edited in place into bytes
+  // that are not UTF-8 may decode to the very text validated (U+FFFD written, U+FFFD decoded).
+  if (!isUtf8(bytes)) throw new CheckpointError("invalid_request", `${path}:${ref.number}: not UTF-8 text any more (changed since this collection read it); save the tasks file as UTF-8 and restart the collection`);
+  const text = bytes.toString("utf8");
   const changed = new CheckpointError("invalid_request", `${path}:${ref.number}: changed since this collection read it (its tasks are read again as rows are sent); restart the collection to run the file as it is now`);
   if (lineDigest(text) !== ref.digest) throw changed;
   // Through the schema as when validated, so the task sent is the one a held row would send.

@@ -1,6 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { statSync } from "node:fs";
-import { mkdtemp, rename, rm, truncate, unlink, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rename, rm, truncate, unlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -92,6 +92,20 @@ describe("task rows read from a regular file", () => {
     await expect(loadTask(rows[1]!)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:2: changed since`) });
   });
 
+  // The line's digest is of its text as decoded: bytes edited in place into a sequence that is not
+  // UTF-8 but decodes to the same text (U+FFFD) passed the check, and the task was sent as validated
+  // though the file no longer held it. Before, loadTask gave back { q: "\uFFFDx" }.
+  it("refuse a line edited in place into bytes that are not UTF-8, even ones decoding to the text validated, naming the line", async () => {
+    const path = join(dir, "tasks.jsonl");
+    await writeFile(path, '{"id":"a","task":{"q":"\uFFFDx"}}\n');
+    const rows = await readRows(path);
+    const bytes = await readFile(path);
+    const at = bytes.indexOf(Buffer.from([0xef, 0xbf, 0xbd]));
+    // A truncated 4-byte sequence: one U+FFFD, as the 3 bytes of a written U+FFFD decode to.
+    await writeFile(path, Buffer.concat([bytes.subarray(0, at), Buffer.from([0xf0, 0x90, 0x80]), bytes.subarray(at + 3)]));
+    await expect(loadTask(rows[0]!)).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${path}:1: not UTF-8 text`) });
+  });
+
   it("give back the tasks read at start-up when the file is replaced (mv) or removed: the file opened then is read, not the path", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, '{"id":"a","task":{"n":1}}\n{"id":"b","task":{"n":2}}\n{"id":"c","task":{"n":3}}\n');
@@ -154,7 +168,7 @@ describe("task rows read from a regular file", () => {
     await expect(TaskFile.openAs(path, statSync(other))).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`tasks file ${path} was replaced while it was being opened`) });
     expect(descriptorsOn(statSync(path).ino)).toBe(0);
     const file = await TaskFile.openAs(path, statSync(path));
-    expect(await file.read(0, 25)).toBe('{"id":"a","task":{"n":1}}');
+    expect((await file.read(0, 25)).toString()).toBe('{"id":"a","task":{"n":1}}');
     await file.close();
   });
 });
