@@ -3,7 +3,7 @@ import { createReadStream } from "node:fs";
 import { appendFile, open, stat, truncate, type FileHandle } from "node:fs/promises";
 import { dirname } from "node:path";
 import { z } from "zod";
-import { CheckpointError, EpisodeIdSchema, jsonTextWithin, namePath, textLines } from "../../protocol/index.js";
+import { CheckpointError, EpisodeIdSchema, JsonObjectSchema, jsonTextWithin, namePath, textLines } from "../../protocol/index.js";
 import { fsyncDirectory } from "../publication/durable-fs.js";
 import { parseStateValue } from "./state-file-value.js";
 
@@ -15,7 +15,9 @@ export const ResultLineSchema = z
     reward: z.number(),
     continued: z.boolean(),
     finished_at: z.number(),
-    response: z.record(z.string(), z.unknown()),
+    // The /run reply as received: a record would leave out a key named __proto__, from the line
+    // written and from one read back.
+    response: JsonObjectSchema,
   })
   .strict();
 export type ResultLine = z.infer<typeof ResultLineSchema>;
