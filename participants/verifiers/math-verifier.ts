@@ -97,22 +97,49 @@ const UNIT = /^[\p{L}°µ][\p{L}°µ\s./^\d-]*$/u;
 const UPRIGHT_CONSTANTS = new Set(["e", "i"]);
 /**
  * LaTeX's degree sign, `^\circ` or `^{\circ}` (spacing allowed; not `^\circle`), gensymb's `\degree`
- * (not `\degrees`), and the unit word `degree`/`degrees` alone in a text wrapper
- * (`90\text{ degrees}`; a plain-text `90 degrees` stays text, as other units do), read as `°`.
+ * and textcomp's `\textdegree` (not `\degrees`; an empty group may end the macro's name:
+ * `\textdegree{}C`), read as `°`.
  */
-const DEGREE_SPELLINGS = /\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})|\\degree(?![A-Za-z])|\\(?:text|textrm|mathrm|mbox)\{\s*[Dd]egrees?\s*\}/g;
-/** A degree sign closing the answer, once LaTeX's is read as `°`: a unit too (`90^\circ`, `90°`). */
-const FINAL_DEGREES = /°$/;
+const DEGREE_SPELLINGS = /\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})|\\(?:text)?degree(?![A-Za-z])(?:\{\})?/g;
+/** Every text wrapper: its macro's name and what it holds. */
+const TEXT_WRAPPERS = /\\(text|textrm|mathrm|mbox)\{([^{}]*)\}/g;
+/** The unit word closing what a text wrapper holds. */
+const DEGREE_WORD = /[Dd]egrees?$/;
+/**
+ * The degrees closing the answer, once LaTeX's are read as `°`: a unit too (`90^\circ`, `90°`), and
+ * so are degrees Celsius or Fahrenheit, the letter plain or wrapped (`90°C`, `90^\circ\text{C}`):
+ * the degree sign marks the letter as a unit, as a wrapper marks a word.
+ */
+const FINAL_DEGREES = /°\s*(?:[CF]|\\(?:text|textrm|mathrm|mbox)\{\s*[CF]\s*\})?$/;
+/** What a text wrapper holds when it ends in degrees (`\text{90°}`, `\text{90 °C}`). */
+const HELD_DEGREES = /°\s*[CF]?$/;
+
+/**
+ * `text` with LaTeX's degree signs (DEGREE_SPELLINGS) read as `°`, and so the unit word
+ * `degree`/`degrees` closing a text wrapper, alone in it or after a number (`90\text{ degrees}`,
+ * `\text{90 degrees}`): a wrapper marks it as a unit, while a plain-text `90 degrees` stays text, as
+ * other units do, and a word before it stays a word (`5\text{ in degrees}`).
+ */
+function degreeSigns(text: string): string {
+  return text.replace(DEGREE_SPELLINGS, "°").replace(TEXT_WRAPPERS, (wrapper: string, name: string, held: string) => {
+    const trimmed = held.trimEnd();
+    const word = DEGREE_WORD.exec(trimmed);
+    const before = word ? trimmed.slice(0, word.index).trimEnd() : "";
+    // Alone, or after a number's last digit (`\text{90degrees}` too); `\text{ in degrees}` stays words.
+    if (!word || (before !== "" && !/\d$/.test(before))) return wrapper;
+    return `\\${name}{${before}°}`;
+  });
+}
 
 /**
  * An answer that is a number followed by a unit in a text wrapper (`5\text{ cm}`,
- * `\boxed{\frac12\,\mathrm{m}}`) or by a degree sign (`90^\circ`, `90\degree`, `90°`, `\text{90°}`): its
- * normalized number. A unit is marked as text (or is the degree sign), so a plain-text suffix is
- * none (`5 x`, `2 pi` may be a variable or a constant), nor is one with anything after it
- * (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`).
+ * `\boxed{\frac12\,\mathrm{m}}`) or by degrees (`90^\circ`, `90\degree`, `90°`, `\text{90°}`,
+ * `\text{90 degrees}`, `90^\circ\text{C}`, `90°F`): its normalized number. A unit is marked as text
+ * (or by the degree sign), so a plain-text suffix is none (`5 x`, `2 pi` may be a variable or a
+ * constant), nor is one with anything after it (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`).
  */
 export function numberBeforeUnit(text: string): string | undefined {
-  const answer = degreesOutOfFinalWrapper(stripDecoration(extractAnswer(text).replace(DEGREE_SPELLINGS, "°")));
+  const answer = degreesOutOfFinalWrapper(stripDecoration(degreeSigns(extractAnswer(text))));
   const degrees = FINAL_DEGREES.exec(answer);
   if (degrees) {
     const number = normalizeAnswer(answer.slice(0, degrees.index));
@@ -125,11 +152,11 @@ export function numberBeforeUnit(text: string): string | undefined {
   return CANONICAL_NUMBER.test(number) ? number : undefined;
 }
 
-/** A final text wrapper ending in the degree sign (`\text{90°}`) unwrapped, so its `°` closes the answer (`90°`). */
+/** A final text wrapper ending in degrees (`\text{90°}`, `\text{90°C}`) unwrapped, so they close the answer (`90°`, `90°C`). */
 function degreesOutOfFinalWrapper(answer: string): string {
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
   const held = wrapper?.[1]!.trimEnd();
-  return wrapper && held!.endsWith("°") ? answer.slice(0, wrapper.index) + held : answer;
+  return wrapper && HELD_DEGREES.test(held!) ? answer.slice(0, wrapper.index) + held : answer;
 }
 
 /**
@@ -170,9 +197,8 @@ function signedLatexFraction(value: string): [string, string] | undefined {
  * before and after unwrapping, for `\text{90\degree}`), and the minus sign U+2212 is `-`.
  */
 function latexPlain(text: string): string {
-  return text
-    .replace(DEGREE_SPELLINGS, "°")
-    .replace(/\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}/g, "$1")
+  return degreeSigns(text)
+    .replace(TEXT_WRAPPERS, "$2")
     .replace(DEGREE_SPELLINGS, "°")
     .replace(/\\([$%])/g, "$1")
     .replace(/\{,\}/g, ",")

@@ -88,6 +88,40 @@ describe("math verifier: units", () => {
     expect(await reward("90", "90 degrees")).toBe(0);
   });
 
+  it("reads a number and the word degrees in one text wrapper, and textcomp's `\\textdegree`, as degrees", async () => {
+    expect(await reward("90", "\\text{90 degrees}")).toBe(1);
+    expect(await reward("\\text{90 degrees}", "90")).toBe(1);
+    expect(await reward("90^\\circ", "\\boxed{\\text{90 degree}}")).toBe(1);
+    expect(await reward("\\text{90degrees}", "90°")).toBe(1);
+    expect(await reward("90°", "90\\textdegree")).toBe(1);
+    expect(await reward("90", "90\\textdegree")).toBe(1);
+    expect(await reward("90\\textdegree{}", "90")).toBe(1);
+    expect(await reward("90", "\\text{90\\textdegree}")).toBe(1);
+    // Still a number with nothing after the unit; a word before degrees is no number, and `\\textdegrees` no degree sign.
+    expect(await reward("90", "\\text{91 degrees}")).toBe(0);
+    expect(await reward("90", "\\text{x = 90 degrees}")).toBe(0);
+    expect(await reward("5", "5\\text{ in degrees}")).toBe(1);
+    expect(await reward("90", "90\\textdegrees")).toBe(0);
+    expect(await reward("90", "\\text{90 degrees} 5")).toBe(0);
+  });
+
+  it("takes degrees Celsius or Fahrenheit (`°C`, `^\\circ\\text{C}`) as one unit: the bare number both ways, another unit not", async () => {
+    for (const celsius of ["90^\\circ\\text{C}", "90^{\\circ}\\mathrm{C}", "90\\,^\\circ\\mathrm{C}", "90°C", "90 ^\\circ C", "90\\text{°C}", "\\text{90°C}", "90\\textdegree C", "\\boxed{90^\\circ \\text{C}}"]) {
+      expect(await reward("90", celsius), celsius).toBe(1);
+      expect(await reward(celsius, "90"), celsius).toBe(1);
+      expect(await reward(celsius, "90°C"), celsius).toBe(1);
+      expect(await reward("91", celsius), celsius).toBe(0);
+    }
+    expect(await reward("212", "212^\\circ\\text{F}")).toBe(1);
+    // Both sides with a unit compare the units: Celsius is neither Fahrenheit nor an angle's degrees.
+    expect(await reward("90^\\circ\\text{C}", "90^\\circ\\text{F}")).toBe(0);
+    expect(await reward("90^\\circ\\text{C}", "90^\\circ")).toBe(0);
+    // Nothing may follow the unit, and only C or F after the degree sign is a temperature.
+    expect(await reward("90", "90^\\circ\\text{C} 5")).toBe(0);
+    expect(await reward("90", "90^\\circ\\text{Cx}")).toBe(0);
+    expect(await reward("90", "90^\\circ x")).toBe(0);
+  });
+
   it("finds the unit in linear time on long answers (a guard against backtracking, not a speed target)", { timeout: 10_000 }, async () => {
     const started = performance.now();
     expect(await reward("5", "\\text{".repeat(14_000))).toBe(0);
@@ -96,6 +130,8 @@ describe("math verifier: units", () => {
     expect(await reward("5", `5${"^ { ".repeat(24_000)}`)).toBe(0);
     expect(await reward("5", `\\text{${"° ".repeat(49_000)}x`)).toBe(0);
     expect(await reward("5", `${"\\text{ ".repeat(14_000)}`)).toBe(0);
+    expect(await reward("5", `\\text{${"degree".repeat(16_000)}}`)).toBe(0);
+    expect(await reward("5", `5°${" ".repeat(99_000)}x`)).toBe(0);
     expect(performance.now() - started).toBeLessThan(2_000);
   });
 });
