@@ -1,8 +1,8 @@
 import { z } from "zod";
-import { CheckpointError, canonicalJson } from "../../protocol/index.js";
+import { CheckpointError, JsonValueSchema, canonicalJson } from "../../protocol/index.js";
 import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sandbox/run-sandboxed.js";
 import { submittedCode } from "./code-block.js";
-import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
+import { VerifierServer, parseVerifierBody, verifierTaskSchema, type VerifyResult } from "./verifier-server.js";
 
 export const MAX_CASES = 100;
 
@@ -12,15 +12,14 @@ const RESERVED_WORDS = new Set(
 );
 const CodeVerifyBodySchema = z
   .object({
-    task: z
-      .object({
-        function_name: z
-          .string()
-          .regex(/^[A-Za-z_$][A-Za-z0-9_$]{0,63}$/, "function_name must be a JavaScript identifier")
-          .refine((name) => !RESERVED_WORDS.has(name), "function_name must not be a reserved word"),
-        tests: z.array(z.object({ args: z.array(z.json()).max(32), expected: z.json() }).strict()).min(1).max(MAX_CASES),
-      })
-      .catchall(z.json()),
+    task: verifierTaskSchema({
+      function_name: z
+        .string()
+        .regex(/^[A-Za-z_$][A-Za-z0-9_$]{0,63}$/, "function_name must be a JavaScript identifier")
+        .refine((name) => !RESERVED_WORDS.has(name), "function_name must not be a reserved word"),
+      // Used as sent, an own `__proto__` key included (JsonValueSchema keeps it as data).
+      tests: z.array(z.object({ args: z.array(JsonValueSchema).max(32), expected: JsonValueSchema }).strict()).min(1).max(MAX_CASES),
+    }),
     answer: z.string().min(1).max(100_000),
   })
   .strict();
@@ -37,10 +36,7 @@ export class CodeVerifier extends VerifierServer {
 
   /** `signal` (a retire of the request) stops the run: it rejects with the signal's `stale_attempt`. */
   async verify(body: unknown, _request?: unknown, signal?: AbortSignal): Promise<VerifyResult> {
-    const { task: checked, answer } = parseVerifierBody(CodeVerifyBodySchema, body);
-    // The tests as sent, once checked: zod's copy of a JSON object drops an own `__proto__` key (its
-    // assignment sets the copy's prototype instead), so a case's args or expected value would change.
-    const task = { ...checked, tests: (body as { task: { tests: typeof checked.tests } }).task.tests };
+    const { task, answer } = parseVerifierBody(CodeVerifyBodySchema, body);
     // A case returning more than the sandbox's output limit fails as output_limit, so such an expected value could never pass.
     const tooLong = task.tests.findIndex((test) => JSON.stringify(test.expected).length > this.limits.maxCaseOutputChars);
     if (tooLong !== -1) {

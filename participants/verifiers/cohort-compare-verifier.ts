@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { canonicalDigest } from "../../protocol/index.js";
+import { JsonValueSchema, canonicalDigest } from "../../protocol/index.js";
 import { CohortTable, DEFAULT_COHORT_SETTINGS, type CohortJudge, type CohortMember, type CohortSettings } from "./cohort-table.js";
 import { afterThinkBlock, type JudgeClient } from "./judge-client.js";
 import { VerifierError } from "./verifier-errors.js";
@@ -7,7 +7,8 @@ import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier
 
 const CohortBodySchema = z
   .object({
-    task: z.json(),
+    // Kept whole, an own `__proto__` key included: the judge is shown it, and it tells tasks apart.
+    task: JsonValueSchema,
     answer: z.string().max(100_000),
     _ng_group_id: z.unknown(),
     _ng_group_attempt: z.unknown().optional(),

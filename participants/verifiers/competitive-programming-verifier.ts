@@ -2,15 +2,13 @@ import { z } from "zod";
 import { DEFAULT_SANDBOX_LIMITS, runSandboxed, type SandboxLimits } from "./sandbox/run-sandboxed.js";
 import { MAX_CASES } from "./code-verifier.js";
 import { submittedCode } from "./code-block.js";
-import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
+import { VerifierServer, parseVerifierBody, verifierTaskSchema, type VerifyResult } from "./verifier-server.js";
 
 /** An expected output longer than the sandbox lets a case print could never pass: such a task is refused. */
 function cpVerifyBodySchema(maxOutputChars: number) {
   return z
     .object({
-      task: z
-        .object({ cases: z.array(z.object({ input: z.string().max(1_000_000), output: z.string().max(maxOutputChars) }).strict()).min(1).max(MAX_CASES) })
-        .catchall(z.json()),
+      task: verifierTaskSchema({ cases: z.array(z.object({ input: z.string().max(1_000_000), output: z.string().max(maxOutputChars) }).strict()).min(1).max(MAX_CASES) }),
       answer: z.string().min(1).max(100_000),
     })
     .strict();

@@ -1,10 +1,10 @@
 import { z } from "zod";
 import { afterThinkBlock, type JudgeClient } from "./judge-client.js";
-import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
+import { VerifierServer, parseVerifierBody, verifierTaskSchema, type VerifyResult } from "./verifier-server.js";
 
 const EquivalenceBodySchema = z
   .object({
-    task: z.object({ expected_answer: z.string().max(100_000), question: z.string().max(100_000).optional() }).catchall(z.json()),
+    task: verifierTaskSchema({ expected_answer: z.string().max(100_000), question: z.string().max(100_000).optional() }),
     answer: z.string().max(100_000),
   })
   .strict();

@@ -1,9 +1,9 @@
 import { z } from "zod";
 import { CheckpointError } from "../../protocol/index.js";
-import { VerifierServer, parseVerifierBody, type VerifyResult } from "./verifier-server.js";
+import { VerifierServer, parseVerifierBody, verifierTaskSchema, type VerifyResult } from "./verifier-server.js";
 
 const MathVerifyBodySchema = z
-  .object({ task: z.object({ expected_answer: z.string().max(10_000) }).catchall(z.json()), answer: z.string().max(100_000) })
+  .object({ task: verifierTaskSchema({ expected_answer: z.string().max(10_000) }), answer: z.string().max(100_000) })
   .strict();
 
 /**

@@ -1,10 +1,20 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { CheckpointError, MAX_JSON_DEPTH, describeZodError, jsonNestsDeeperThan } from "../../protocol/index.js";
+import { CheckpointError, JsonValueSchema, MAX_JSON_DEPTH, describeZodError, jsonNestsDeeperThan, keepingProtoKey } from "../../protocol/index.js";
 import { ResourcesServer, type CheckpointMode, type CheckpointVerify, type SessionAccess } from "../kinds/resources/index.js";
 import { sendVerifierRefusal } from "./verifier-errors.js";
 
-export const VerifierSeedBodySchema = z.object({ task: z.json().optional() }).strict();
+export const VerifierSeedBodySchema = z.object({ task: JsonValueSchema.optional() }).strict();
+
+/**
+ * A verifier's task: `shape`'s fields, and any other key a JSON value. An own `__proto__` key, at
+ * any depth, is kept as data (keepingProtoKey, JsonValueSchema): `z.object()` and `z.json()` build
+ * their output by assignment, which set the copy's prototype instead and dropped the key (the
+ * cohort judge was shown the task without it, and two tasks differing there compared equal).
+ */
+export function verifierTaskSchema<Shape extends z.ZodRawShape>(shape: Shape) {
+  return keepingProtoKey(z.object(shape).catchall(JsonValueSchema));
+}
 /** `/close_session` carries nothing (callers send `{}` or no body). */
 export const VerifierCloseBodySchema = z.object({}).strict();
 
