@@ -1,10 +1,11 @@
 import { z } from "zod";
-import { CheckpointError } from "../../protocol/index.js";
+import { CheckpointError, type JsonValue } from "../../protocol/index.js";
 import { VerifierServer, parseVerifierBody, verifierTaskSchema, type VerifyResult } from "./verifier-server.js";
 
-const MathVerifyBodySchema = z
-  .object({ task: verifierTaskSchema({ expected_answer: z.string().max(10_000) }), answer: z.string().max(100_000) })
-  .strict();
+const MathTaskSchema = verifierTaskSchema({ expected_answer: z.string().max(10_000) });
+const MathVerifyBodySchema = z.object({ task: MathTaskSchema, answer: z.string().max(100_000) }).strict();
+/** A seed's task, checked as `/verify` checks it (under the same field names). */
+const MathSeedTaskSchema = z.object({ task: MathTaskSchema }).strict();
 
 /**
  * The final answer of a response: the last \boxed{...} if any (spacing may come before its brace:
@@ -73,7 +74,7 @@ export function normalizeAnswer(text: string): string {
   // A leading group of zeros is no thousands grouping ("0,001" read as 1 is a decimal comma's 0.001),
   // nor is a comma followed by spacing, which separates list items ("2, 345" is two numbers, not 2345).
   if (/^-?[1-9]\d{0,2}(,\d{3})+(\.\d+)?$/.test(value) && !/,\s/.test(spaced)) value = value.replace(/,/g, "");
-  const fraction = /^(-?\d+)\/(\d+)$/.exec(value)?.slice(1) ?? signedLatexFraction(value);
+  const fraction = fractionTerms(value);
   const quotient = fraction ? canonicalQuotient(fraction[0]!, fraction[1]!) : undefined;
   if (quotient !== undefined) return quotient + percent;
   const literal = DECIMAL.exec(value);
@@ -172,6 +173,34 @@ export function sameAnswer(expected: string, answer: string): boolean {
   if (withUnit[0] !== undefined && withUnit[1] === undefined) return withUnit[0] === normalized[1];
   if (withUnit[1] !== undefined && withUnit[0] === undefined) return withUnit[1] === normalized[0];
   return false;
+}
+
+/** `a/b` or a LaTeX fraction (signedLatexFraction) as [a, b]. */
+function fractionTerms(value: string): [string, string] | undefined {
+  const plain = /^(-?\d+)\/(\d+)$/.exec(value);
+  return plain ? [plain[1]!, plain[2]!] : signedLatexFraction(value);
+}
+
+/**
+ * Why `expected` cannot be a task's expected answer, or undefined. Nothing once normalized: a data
+ * set's missing answer sent as "" would reward every empty answer and no real one. A fraction over
+ * zero (`1/0`, `\frac{1}{0}`, `0/0`): no number, so it was compared as text, and only the same
+ * division written out scored.
+ */
+export function expectedAnswerProblem(expected: string): string | undefined {
+  const normalized = normalizeAnswer(expected);
+  if (normalized === "") return "is empty once normalized (only spacing, `$`, periods or an empty \\boxed{})";
+  const fraction = fractionTerms(normalized.endsWith("%") ? normalized.slice(0, -1) : normalized);
+  if (fraction && /^0+$/.test(fraction[1])) return "divides by zero: it is no number, and no answer could equal it but the same division written out";
+  return undefined;
+}
+
+/** Refuses a task whose expected answer cannot be one (expectedAnswerProblem), quoting it (its start, if long). */
+function checkExpectedAnswer(expected: string): void {
+  const problem = expectedAnswerProblem(expected);
+  if (problem === undefined) return;
+  const quoted = expected.length > 100 ? `${JSON.stringify(expected.slice(0, 100)).slice(0, -1)}…"` : JSON.stringify(expected);
+  throw new CheckpointError("invalid_request", `task.expected_answer ${quoted} ${problem}`);
 }
 
 /**
@@ -298,11 +327,13 @@ function lastNotNine(digits: string): number {
 
 /** Exact-answer math: reward 1 when the answer is the expected one (sameAnswer). */
 export class MathVerifier extends VerifierServer {
+  override checkSeededTask(task: JsonValue): void {
+    checkExpectedAnswer(parseVerifierBody(MathSeedTaskSchema, { task }).task.expected_answer);
+  }
+
   async verify(body: unknown): Promise<VerifyResult> {
     const { task, answer } = parseVerifierBody(MathVerifyBodySchema, body);
-    const expected = normalizeAnswer(task.expected_answer);
-    // A missing answer sent as "" would reward every empty answer and no real one.
-    if (expected === "") throw new CheckpointError("invalid_request", "task.expected_answer is empty once normalized (only spacing, `$`, periods or an empty \\boxed{})");
+    checkExpectedAnswer(task.expected_answer);
     const extracted = normalizeAnswer(answer);
     return { reward: sameAnswer(task.expected_answer, answer) ? 1 : 0, extracted };
   }

@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { CheckpointError, JsonValueSchema, MAX_JSON_DEPTH, describeZodError, jsonNestsDeeperThan, keepingProtoKey } from "../../protocol/index.js";
+import { CheckpointError, JsonValueSchema, MAX_JSON_DEPTH, describeZodError, jsonNestsDeeperThan, keepingProtoKey, type JsonValue } from "../../protocol/index.js";
 import { ResourcesServer, type CheckpointMode, type CheckpointVerify, type SessionAccess } from "../kinds/resources/index.js";
 import { sendVerifierRefusal } from "./verifier-errors.js";
 
@@ -44,9 +44,18 @@ export abstract class VerifierServer extends ResourcesServer {
   /** `signal` aborts when a retire covers the request (see SessionAccess.signal). */
   abstract verify(body: unknown, request: FastifyRequest, signal: AbortSignal): Promise<VerifyResult>;
 
+  /**
+   * Checks the task a `/seed_session` carries, throwing the refusal `/verify` would answer it with:
+   * the reference agent seeds before any policy call, so a task no answer could pass fails there,
+   * not after the episode spent its model calls. By default nothing is checked.
+   */
+  checkSeededTask(_task: JsonValue): void {}
+
   routes(app: FastifyInstance, sessions: SessionAccess): void {
     app.post("/seed_session", async (request) => {
-      parseVerifierBody(VerifierSeedBodySchema, request.body);
+      const { task } = parseVerifierBody(VerifierSeedBodySchema, request.body);
+      // Before the session starts: a refused seed changes nothing.
+      if (task !== undefined) this.checkSeededTask(task);
       sessions.require(request);
       return {};
     });
