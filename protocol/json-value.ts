@@ -17,6 +17,8 @@ export function setOwnProperty(target: Record<string, unknown>, key: string, val
 }
 
 const NOT_JSON = Symbol("not JSON");
+/** What a refused value was not: says what JSON excludes, as an `[undefined]` is not nested too deep. */
+const NOT_JSON_MESSAGE = `expected a JSON value (no undefined, NaN, Infinity, function or class instance) nested at most ${MAX_JSON_DEPTH} levels deep`;
 
 function copyJson(value: unknown, depth: number): JsonValue | typeof NOT_JSON {
   if (value === null || typeof value === "string" || typeof value === "boolean") return value;
@@ -50,7 +52,7 @@ function copyJson(value: unknown, depth: number): JsonValue | typeof NOT_JSON {
 export const JsonValueSchema = z.unknown().transform((value, ctx): JsonValue => {
   const copy = copyJson(value, 1);
   if (copy !== NOT_JSON) return copy;
-  ctx.addIssue({ code: "custom", message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
+  ctx.addIssue({ code: "custom", message: NOT_JSON_MESSAGE });
   return z.NEVER;
 });
 
@@ -81,7 +83,7 @@ export function keepingProtoKey<T extends Record<string, unknown>>(schema: z.Zod
       if (!hasProtoKey) return parsed.data;
       const kept = copyJson(value["__proto__"], 2);
       if (kept === NOT_JSON) {
-        ctx.addIssue({ code: "custom", path: ["__proto__"], message: `expected a JSON value nested at most ${MAX_JSON_DEPTH} levels deep` });
+        ctx.addIssue({ code: "custom", path: ["__proto__"], message: NOT_JSON_MESSAGE });
         return z.NEVER;
       }
       // Back under its own name, in the input's key order, then any key the schema added.
