@@ -92,8 +92,13 @@ export function normalizeAnswer(text: string): string {
 const CANONICAL_NUMBER = /^-?\d+(?:\.\d+)?(?:e[-+]\d+)?$/;
 /** A text wrapper closing the answer: `\text{ cm}` (also `\textrm`, `\mathrm`, `\mbox`). */
 const FINAL_TEXT_WRAPPER = /\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}$/;
-/** What such a wrapper holds when it is a unit: words (`cm`, `km/h`, `m^2`, `°C`, `sq units`). */
-const UNIT = /^[\p{L}°µ][\p{L}°µ\s./^\d-]*$/u;
+/**
+ * What such a wrapper holds when it is a unit: words (`cm`, `km/h`, `m^2`, `m2`, `°C`, `sq units`),
+ * a digit only after a letter, `^` or a digit: a number after spacing is another answer (`\text{ or 7}`).
+ */
+const UNIT = /^[\p{L}°µ](?:[\p{L}°µ\s./^-]|(?<=[\p{L}°µ^\d])\d)*$/u;
+/** The word `or` in such a wrapper: an answer hedged between two (`5\text{ or seven}`), not a unit. */
+const HEDGE = /(?:^|\s)or(?:\s|$)/i;
 /** Euler's number and the imaginary unit, set upright (`2\mathrm{e}`, `3\mathrm{i}`): no units. */
 const UPRIGHT_CONSTANTS = new Set(["e", "i"]);
 /**
@@ -148,7 +153,7 @@ export function numberBeforeUnit(text: string): string | undefined {
   }
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
   const unit = wrapper?.[1]!.trim();
-  if (!wrapper || !unit || !UNIT.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
+  if (!wrapper || !unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
   const number = normalizeAnswer(answer.slice(0, wrapper.index));
   return CANONICAL_NUMBER.test(number) ? number : undefined;
 }

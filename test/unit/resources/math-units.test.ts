@@ -40,6 +40,13 @@ describe("math verifier: units", () => {
     expect(await reward("5", "x = 5\\text{ cm}")).toBe(0);
     expect(await reward("5", "5\\text{ cm}^2")).toBe(0);
     expect(await reward("5", "5\\text{ or }7")).toBe(0);
+    // A wrapper that hedges between answers is no unit, the other answer inside it or not.
+    expect(await reward("5", "5\\text{ or 7}")).toBe(0);
+    expect(await reward("5", "5\\text{ or seven}")).toBe(0);
+    expect(await reward("5", "5\\text{ cm or 7 cm}")).toBe(0);
+    expect(await reward("5\\text{ or 7}", "5")).toBe(0);
+    expect(await reward("5", "5\\text{ m2}")).toBe(1);
+    expect(await reward("5", "5\\text{ sq units}")).toBe(1);
     expect(await reward("50%", "50\\text{ cm}")).toBe(0);
     // Euler's number and the imaginary unit, set upright: 2e and 3i are not 2 and 3.
     expect(await reward("2", "2\\mathrm{e}")).toBe(0);
