@@ -227,8 +227,9 @@ function signedLatexFraction(value: string): [string, string] | undefined {
  * `\,` `\:` `\;` and `\ ` are spacing (`1\,000`), removed like spaces, the negative thin space
  * `\!` is none (`10,\!000`), `\text{…}` (`\textrm`, `\mathrm`, `\mbox`) is what it holds (a unit
  * stays: `5\text{ cm}` is `5 cm`; only sameAnswer sets it aside, against a bare number), `^\circ`,
- * `^{\circ}`, `\degree` and a wrapped `degrees` are the degree sign `°` (so `90^\circ` is `90°`; read
- * before and after unwrapping, for `\text{90\degree}`), and the minus sign U+2212 is `-`.
+ * `^{\circ}`, `\degree`, `\textdegree` and a wrapped `degrees` (degreeSigns) are the degree sign `°`
+ * (so `90^\circ` and `\text{90 degrees}` are `90°`; read before and after unwrapping, for
+ * `\text{90\degree}`), and the minus sign U+2212 is `-`.
  */
 function latexPlain(text: string): string {
   return degreeSigns(text)

@@ -15,6 +15,7 @@ export const VerifierSeedBodySchema = z.object({ task: JsonValueSchema.optional(
 export function verifierTaskSchema<Shape extends z.ZodRawShape>(shape: Shape) {
   return keepingProtoKey(z.object(shape).catchall(JsonValueSchema));
 }
+
 /** `/close_session` carries nothing (callers send `{}` or no body). */
 export const VerifierCloseBodySchema = z.object({}).strict();
 
