@@ -70,7 +70,12 @@ export class HttpControllerApi {
       return503OnClosing: false,
     });
     this.app = app;
-    this.connections = new StoppingConnections(app.server);
+    // Written on Node's response, under Fastify, which then runs nothing more for that request.
+    this.connections = new StoppingConnections(app.server, (res) => {
+      const refusal = stoppingRefusal();
+      const body = JSON.stringify(refusal.toReply());
+      res.writeHead(refusal.status, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" }).end(body);
+    });
     refuseUnknownExpectations(app.server);
     // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes. Bytes,
     // as NATS delivers them: decoded first, invalid UTF-8 (3 bytes per U+FFFD) would count as too large.
@@ -109,7 +114,7 @@ export class HttpControllerApi {
         // Before the body is read: an unauthenticated client cannot make us buffer 1 MiB.
         onRequest: async (req, reply) => {
           try {
-            if (this.stopping) throw new CheckpointError("not_leader", "this coordinator is stopping; send the request to its successor");
+            if (this.stopping) throw stoppingRefusal();
             authorizeController(req.headers.authorization, this.options.token);
           } catch (error) {
             return this.refuse(reply, toCheckpointError(error));
@@ -171,9 +176,10 @@ export class HttpControllerApi {
   }
 
   /**
-   * A request that still arrives (pipelined behind an op this stop lets finish) is refused
-   * `not_leader`: nothing ran, and a client sends it again, to the successor. Fastify's own 503
-   * body is no catalog refusal: a client would take it for a proxy's and answer `outcome_unknown`.
+   * A request that still arrives (pipelined behind an op this stop lets finish), or whose body was
+   * still arriving when the stop began, is refused `not_leader`: nothing ran, and a client sends it
+   * again, to the successor. Fastify's own 503 body is no catalog refusal: a client would take it
+   * for a proxy's and answer `outcome_unknown`.
    */
   async stop(): Promise<void> {
     this.stopping = true;
@@ -181,6 +187,11 @@ export class HttpControllerApi {
     await this.app?.close();
     this.app = undefined;
   }
+}
+
+/** A request this coordinator will not run because it is stopping: nothing ran, send it again (to its successor). */
+function stoppingRefusal(): CheckpointError {
+  return new CheckpointError("not_leader", "this coordinator is stopping; send the request to its successor");
 }
 
 /** The base URL of a listening address: an IPv6 literal in brackets (`http://[::1]:8480`), or no client could parse it. */

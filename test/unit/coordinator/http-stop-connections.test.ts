@@ -81,15 +81,19 @@ describe("HTTP API stop: an op running on a kept-alive connection", () => {
   });
 
   it.each([
-    ["head", "GET /v1/status HTTP/1.1\r\nHost: x\r\n"],
-    ["body", 'POST /v1/prepare HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\nContent-Length: 100\r\n\r\n{"checkpoint_id":'],
-  ])("closes a connection whose request %s is still arriving, runs nothing, and the stop ends", async (_part, partial) => {
+    ["head", "GET /v1/status HTTP/1.1\r\nHost: x\r\n", undefined],
+    // Answered: its client learns nothing ran (not_leader, sent again to the successor), where a cut
+    // connection after its request left was outcome_unknown to it.
+    ["body", 'POST /v1/prepare HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\nContent-Length: 100\r\n\r\n{"checkpoint_id":', "not_leader"],
+  ])("closes a connection whose request %s is still arriving (a body one answered not_leader first), runs nothing, and the stop ends", async (_part, partial, answered) => {
     const { engine, leadership, fake } = makeEngine(root);
     http = new HttpControllerApi({ engine, leadership, token: "t" });
     const { hostname, port } = new URL(await http.start());
     const accepted = new Promise<Socket>((resolve) => serverOf(http!).once("connection", resolve));
     let closed = false;
+    let received = "";
     client = connect(Number(port), hostname);
+    client.on("data", (chunk: Buffer) => (received += chunk.toString("utf8")));
     client.on("close", () => (closed = true));
     client.on("error", () => undefined);
     client.write(partial);
@@ -101,6 +105,13 @@ describe("HTTP API stop: an op running on a kept-alive connection", () => {
     const stopped = await Promise.race([http.stop().then(() => "stopped"), stillStopping()]);
     expect(stopped).toBe("stopped");
     await waitUntil(() => closed, "the connection to close", 1_000);
+    if (answered === undefined) expect(received).toBe("");
+    else {
+      const [refusal] = responses(received);
+      expect(refusal!.status).toBe("HTTP/1.1 503 Service Unavailable");
+      expect(received.toLowerCase()).toContain("\r\nconnection: close\r\n");
+      expect(JSON.parse(refusal!.body)).toMatchObject({ error: { code: answered } });
+    }
     expect(fake.calls).toEqual([]);
     http = undefined;
   });
