@@ -51,14 +51,24 @@ export const MAX_READYZ_REPLY_BYTES = 64 * 1024;
 const READY_FAILURES = 2;
 
 /**
- * How long `/readyz` may refuse connections while an op waits. Nothing listens there, yet the op's
- * connection stands, so the process lives: a coordinator stopping gracefully closes its listener
- * first, then answers the ops under way within its `stop_grace_ms` (at most MAX_STOP_GRACE_MS) and
- * exits, which drops the connection (`outcome_unknown` at once). Bounded all the same, with a
- * minute for the rest of its stop: a load balancer that refuses connections while no coordinator
- * is ready would otherwise leave an op sent to a host that died silently waiting its whole timeout.
+ * How long `/readyz` may be unreachable (a refused connection, or a proxy's 502/503 for one, see
+ * UNREACHABLE_VIA_GATEWAY) while an op waits. Nothing listens there, yet the op's connection
+ * stands, so the process lives: a coordinator stopping gracefully closes its listener first, then
+ * answers the ops under way within its `stop_grace_ms` (at most MAX_STOP_GRACE_MS) and exits, which
+ * drops the connection (`outcome_unknown` at once). Bounded all the same, with a minute for the
+ * rest of its stop: a load balancer that refuses connections while no coordinator is ready would
+ * otherwise leave an op sent to a host that died silently waiting its whole timeout.
  */
 const STOPPING_WAIT_MS = MAX_STOP_GRACE_MS + 60_000;
+
+/**
+ * What a proxy answers `/readyz` with, in a body of its own, when it cannot connect to the
+ * coordinator (nginx 502 for a refused connection, HAProxy's and Envoy's 503 for no healthy
+ * upstream): behind a proxy, the refused connection of a coordinator stopping gracefully. Its
+ * 504 (no answer in time: frozen, partitioned) is no stop and still fails the check, as the
+ * API's own 503 `not_leader` does.
+ */
+const UNREACHABLE_VIA_GATEWAY = new Set([502, 503]);
 
 /**
  * The base URL must be http(s) without credentials (fetch refuses them): `127.0.0.1:8480` or
@@ -178,15 +188,16 @@ export class HttpControllerClient extends ControllerClient {
    * leads now). That epoch is read beside the op, or taken from a read sent at most
    * LEASE_READ_REUSE_MS before it, as the NATS client reads the lease; one read failing then, the
    * first answer later. The checks start beside the op (`first` now) or one period after it was sent.
-   * A `/readyz` whose connection is refused is no failure (see STOPPING_WAIT_MS): the coordinator
-   * closed its listener to stop gracefully, and answers the op or exits, which drops the op's connection.
+   * A `/readyz` whose connection is refused, or a proxy's 502/503 for it, is no failure (see
+   * STOPPING_WAIT_MS): the coordinator closed its listener to stop gracefully, and answers the op or
+   * exits, which drops the op's connection.
    */
   private watchReadiness(answered: AbortSignal, lose: (error: CheckpointError) => void, first: "now" | "later"): void {
     let failures = 0;
     const sentAt = performance.now();
     const kept = this.lastReady && sentAt - this.lastReady.askedAt < LEASE_READ_REUSE_MS ? this.lastReady : undefined;
     let epoch: unknown = kept?.epoch;
-    let refusedSince: number | undefined;
+    let unreachableSince: number | undefined;
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
     const readyz = async () => {
@@ -194,25 +205,34 @@ export class HttpControllerClient extends ControllerClient {
       // Given up with the wait too (the op's reply came): left open, it would hold its socket, and a
       // CLI process that has its answer, until it timed out.
       const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), answered]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
-        // A refusal's body is not read at all (cancelled, closing the connection): a proxy's 503 may be endless too.
-        .then(async (response) => (response.status === 200 ? (JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown } | null) : (await response.body?.cancel().catch(() => undefined), undefined)))
-        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("refused" as const) : undefined));
-      if (ready && ready !== "refused") this.lastReady = { epoch: ready.epoch, askedAt };
+        .then(async (response) => {
+          if (response.status === 200) return JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown } | null;
+          // Read up to the cap (a proxy's 503 may be endless), to tell the API's own refusal from a proxy's.
+          if (UNREACHABLE_VIA_GATEWAY.has(response.status)) {
+            const text = await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz").catch(() => "");
+            return isRefusal(text) ? undefined : ("unreachable" as const);
+          }
+          // Any other refusal's body is not read at all (cancelled, closing the connection).
+          await response.body?.cancel().catch(() => undefined);
+          return undefined;
+        })
+        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("unreachable" as const) : undefined));
+      if (ready && ready !== "unreachable") this.lastReady = { epoch: ready.epoch, askedAt };
       return ready;
     };
     // Who led as the op was sent: the first check when it is asked now. Not a check itself (one
     // period later, as before, is the first that can fail the op): a `status` a follower answers
     // is refused by its /readyz all along.
-    const asSent = kept || first === "now" ? undefined : readyz().then((ready) => void (ready && ready !== "refused" && (epoch ??= ready.epoch)));
+    const asSent = kept || first === "now" ? undefined : readyz().then((ready) => void (ready && ready !== "unreachable" && (epoch ??= ready.epoch)));
     const check = async () => {
       await asSent;
       const ready = await readyz();
-      if (ready === "refused") {
-        refusedSince ??= performance.now();
+      if (ready === "unreachable") {
+        unreachableSince ??= performance.now();
         failures = 0;
-        return performance.now() - refusedSince >= STOPPING_WAIT_MS ? lost(`refused connections for ${Math.round(STOPPING_WAIT_MS / 1000)} s, longer than any stop takes,`) : undefined;
+        return performance.now() - unreachableSince >= STOPPING_WAIT_MS ? lost(`was unreachable (refused connections, or a proxy could not reach it) for ${Math.round(STOPPING_WAIT_MS / 1000)} s, longer than any stop takes,`) : undefined;
       }
-      refusedSince = undefined;
+      unreachableSince = undefined;
       if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
       if (ready) epoch ??= ready.epoch;
       failures = ready ? 0 : failures + 1;

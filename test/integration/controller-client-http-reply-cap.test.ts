@@ -45,9 +45,10 @@ describe("HTTP controller client reply size", () => {
     await server.cancelled;
   });
 
-  it("a refused /readyz (503) is not read whole either: its body is cancelled, the check failed", async () => {
+  // 504: a proxy's timeout fails the check unread; its 502 and 503 are read up to the cap (below).
+  it("a refused /readyz (504) is not read whole either: its body is cancelled, the check failed", async () => {
     server = await startOversizedBody(256 * MAX_READYZ_REPLY_BYTES, {
-      status: 503,
+      status: 504,
       route: (req) => req.url !== "/readyz",
     });
     // As above: 1 s lets an uncapped read take each 16 MiB body whole before the fetch's timeout.
@@ -59,6 +60,25 @@ describe("HTTP controller client reply size", () => {
     );
     await waitUntil(() => settled !== "pending", "the op to end once /readyz keeps failing", 12_000);
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader") });
+    expect(server.completed()).toBe(0);
+    await server.cancelled;
+  }, 20_000);
+
+  it("a proxy's 503 on /readyz, without the API's body, is read only up to the cap and does not end the op (a stop in progress)", async () => {
+    let checks = 0;
+    server = await startOversizedBody(256 * MAX_READYZ_REPLY_BYTES, {
+      status: 503,
+      route: (req) => req.url !== "/readyz" || (checks += 1) < 0,
+    });
+    const client = new HttpControllerClient({ baseUrl: server.url, token: "t", readyCheckMs: 1_000 });
+    let settled: unknown = "pending";
+    void client.checkpoint({ checkpoint_id: "h3", episode_ids: [] }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    // Three times the two failed checks that ended the wait before.
+    await waitUntil(() => checks >= 6 || settled !== "pending", "six readiness checks", 15_000);
+    expect(settled).toBe("pending");
     expect(server.completed()).toBe(0);
     await server.cancelled;
   }, 20_000);

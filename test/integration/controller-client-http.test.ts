@@ -21,6 +21,9 @@ const listen = async (handler: Parameters<typeof createServer>[1]) => {
   return `http://127.0.0.1:${(server!.address() as AddressInfo).port}`;
 };
 
+/** The API's `/readyz` refusal of a coordinator not (or no longer) the ready leader. */
+const NOT_LEADER = JSON.stringify({ error: { code: "not_leader", detail: "not ready" } });
+
 describe("HTTP controller client", () => {
   it("nobody listening: not_leader", async () => {
     const url = await listen(() => undefined);
@@ -123,7 +126,8 @@ describe("HTTP controller client", () => {
     let received = 0;
     let checks = 0;
     const url = await listen((req, res) => {
-      if (req.url === "/readyz") return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end("{}", () => (checks += 1));
+      // Not ready: the API's own refusal (a proxy's 502/503 without it is a stop in progress, no failure).
+      if (req.url === "/readyz") return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end(ready ? "{}" : NOT_LEADER, () => (checks += 1));
       received += 1; // the op itself: never answered (a coordinator that froze or lost its lease mid-op)
     });
     // The check's period is also each /readyz fetch's timeout: 20 ms made two slow fetches on a
