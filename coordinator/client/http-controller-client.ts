@@ -1,6 +1,6 @@
 import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
-import { fetch } from "undici";
+import { Agent, fetch } from "undici";
 import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
@@ -250,6 +250,8 @@ export class HttpControllerClient extends ControllerClient {
     signal: AbortSignal,
     timeout: number,
     headersIn: () => void,
+    /** Set on a read sent again: its own new connection (see below). */
+    fresh?: Agent,
   ): Promise<CtlReplyOf<O>> {
     let response: Response;
     try {
@@ -260,7 +262,7 @@ export class HttpControllerClient extends ControllerClient {
         signal,
         // Never followed (see redirectRefusal): the coordinator never redirects.
         redirect: "manual",
-        dispatcher: UNTIMED_DISPATCHER,
+        dispatcher: fresh ?? UNTIMED_DISPATCHER,
       });
     } catch (error) {
       if (error instanceof CheckpointError) throw error; // the readiness watch ended the wait
@@ -270,6 +272,18 @@ export class HttpControllerClient extends ControllerClient {
       // have cut off a reply to an op that ran (a coordinator crashing mid-commit).
       const notSent = neverSentCode(error);
       if (notSent !== undefined) throw new CheckpointError("not_leader", `cannot reach the coordinator at ${this.options.baseUrl}: ${notSent}`);
+      // A read changes nothing, so a cut before its reply (a kept-alive connection the coordinator
+      // closed as the request was written, as its stop does) is sent again, once, on a connection of
+      // its own: the pool's other kept-alive ones may have been closed by the same stop. An op that
+      // changes state is not: no client can tell that cut from a coordinator exiting mid-op.
+      if (CONTROLLER_OPS[op].method === "GET" && fresh === undefined) {
+        const agent = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
+        try {
+          return await this.send(op, path, method, headers, request, signal, timeout, headersIn, agent);
+        } finally {
+          void agent.close().catch(() => undefined);
+        }
+      }
       const code = ((error as Error).cause as { code?: string } | undefined)?.code;
       throw new CheckpointError("outcome_unknown", `the connection to ${this.options.baseUrl} failed during ${op}: ${code ?? (error as Error).message}; retry with the same arguments`);
     }
